@@ -1,0 +1,98 @@
+"""KV memory: request slots (ReqToTokenPool) and token-granular KV slots (TokenToKVPool).
+
+Slot 0 of the KV pool is a dummy that is never handed out, so padded writes have
+somewhere harmless to go.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+class ReqToTokenPool:
+    """Maps a request slot to the KV slot of each of its token positions."""
+
+    def __init__(self, size: int, max_context_len: int, device: str | torch.device = "cpu"):
+        self.size = size
+        self.max_context_len = max_context_len
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int64, device=device)
+        self.free_slots: list[int] = list(range(size))
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc(self) -> int | None:
+        if not self.free_slots:
+            return None
+        return self.free_slots.pop()
+
+    def free(self, idx: int) -> None:
+        assert 0 <= idx < self.size and idx not in self.free_slots, f"double free of req slot {idx}"
+        self.free_slots.append(idx)
+
+    def clear(self) -> None:
+        self.free_slots = list(range(self.size))
+
+
+class TokenToKVPool:
+    """Per-layer K and V buffers of shape [size + 1, kv_heads, head_dim] plus a free list."""
+
+    def __init__(
+        self,
+        size: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ):
+        self.size = size
+        self.num_layers = num_layers
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.dtype = dtype
+        self.device = torch.device(device)
+        shape = (size + 1, num_kv_heads, head_dim)
+        self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.clear()
+
+    @staticmethod
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+        elem = torch.tensor([], dtype=dtype).element_size()
+        return 2 * num_layers * num_kv_heads * head_dim * elem
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype) * (self.size + 1)
+
+    # --- allocator -------------------------------------------------------
+    def clear(self) -> None:
+        self.free_slots = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+
+    def available_size(self) -> int:
+        return int(self.free_slots.numel())
+
+    def alloc(self, need: int) -> torch.Tensor | None:
+        if need > self.free_slots.numel():
+            return None
+        out = self.free_slots[:need]
+        self.free_slots = self.free_slots[need:]
+        return out
+
+    def free(self, indices: torch.Tensor) -> None:
+        if indices.numel() == 0:
+            return
+        self.free_slots = torch.cat((self.free_slots, indices.to(self.free_slots.device)))
+
+    # --- data ----------------------------------------------------------------
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.k_buffer[layer_id][loc] = k
+        self.v_buffer[layer_id][loc] = v
+
+    def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.k_buffer[layer_id], self.v_buffer[layer_id]

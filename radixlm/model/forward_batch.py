@@ -1,0 +1,59 @@
+"""ForwardBatch: everything one model forward needs, built by the scheduler.
+
+Lives with the model (not the scheduler) so that model code never imports the
+scheduler; the scheduler turns its ScheduleBatch into one of these.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import IntEnum
+from typing import TYPE_CHECKING, Any, Optional
+
+import torch
+
+if TYPE_CHECKING:
+    from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+
+
+class ForwardMode(IntEnum):
+    EXTEND = 1  # prefill of new tokens, possibly after a cached prefix
+    DECODE = 2  # one new token per request
+
+    def is_extend(self) -> bool:
+        return self == ForwardMode.EXTEND
+
+    def is_decode(self) -> bool:
+        return self == ForwardMode.DECODE
+
+
+@dataclass
+class ForwardBatch:
+    forward_mode: ForwardMode
+    batch_size: int
+    # [num_tokens]: the new tokens of every request, concatenated in batch order.
+    input_ids: torch.Tensor
+    # [num_tokens]: absolute position of each new token in its sequence.
+    positions: torch.Tensor
+    # [bs]: row of each request in ReqToTokenPool.req_to_token.
+    req_pool_indices: torch.Tensor
+    # [bs]: total length of each sequence after this forward (prefix + new).
+    seq_lens: torch.Tensor
+    # [num_tokens]: KV slot where each new token's K/V is written.
+    out_cache_loc: torch.Tensor
+    req_to_token_pool: "ReqToTokenPool"
+    token_to_kv_pool: "TokenToKVPool"
+    # The attention backend (model/layers/attention.py) that runs this batch.
+    attn_backend: Any = None
+    # Host copies, so per-request Python loops never sync with the device.
+    seq_lens_cpu: list[int] = field(default_factory=list)
+    # Extend only: tokens already in the KV cache / new tokens, per request.
+    extend_prefix_lens_cpu: Optional[list[int]] = None
+    extend_seq_lens_cpu: Optional[list[int]] = None
+    # Extend only: per request, the first absolute position whose next-token
+    # logprob must be returned (prompt logprobs); None = only the last token.
+    extend_logprob_start_lens_cpu: Optional[list[Optional[int]]] = None
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.input_ids.shape[0])
