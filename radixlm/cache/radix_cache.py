@@ -1,0 +1,281 @@
+"""RadixCache: a radix tree from token-id prefixes to the KV slots that hold them.
+
+Page size 1: every token owns one slot in the TokenToKVPool. A node's `key` is the
+run of token ids on its edge and its `value` the int64 slot indices of those tokens,
+so the KV of a prefix is the concatenation of the values on its path from the root.
+
+Nodes that a running request still reads are pinned by `lock_ref` (counted on the
+whole path, since a request needs every ancestor too). Everything else is evictable,
+leaves first, least recently used first. Accounting is kept incrementally:
+evictable_size + protected_size == total_size at all times.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+if TYPE_CHECKING:
+    from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+
+# A global logical clock: strictly increasing, so LRU order is deterministic (two
+# nodes touched in one match never tie the way time.monotonic() readings can).
+_clock = itertools.count()
+
+
+def _empty_indices() -> torch.Tensor:
+    return torch.empty((0,), dtype=torch.int64)
+
+
+def _key_match(key0: list[int], key1: list[int]) -> int:
+    """Length of the common prefix of two keys."""
+    i = 0
+    for a, b in zip(key0, key1):
+        if a != b:
+            break
+        i += 1
+    return i
+
+
+class TreeNode:
+    _ids = itertools.count()
+
+    def __init__(self) -> None:
+        self.id = next(TreeNode._ids)
+        self.children: dict[int, TreeNode] = {}  # keyed by the first token of the child's key
+        self.parent: TreeNode | None = None
+        self.key: list[int] = []
+        self.value: torch.Tensor = _empty_indices()
+        self.lock_ref = 0
+        self.last_access_time = next(_clock)
+
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    def __lt__(self, other: TreeNode) -> bool:  # for the eviction heap
+        return self.last_access_time < other.last_access_time
+
+    def __repr__(self) -> str:
+        return f"TreeNode(id={self.id}, len={len(self.key)}, lock_ref={self.lock_ref})"
+
+
+class RadixCache:
+    def __init__(self, req_to_token_pool: ReqToTokenPool, token_to_kv_pool: TokenToKVPool, disable: bool = False):
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool = token_to_kv_pool
+        self.disable = disable
+        self.reset()
+
+    def reset(self) -> None:
+        """Drop the whole tree. Slots are not freed here: the caller clears the pools."""
+        self.root_node = TreeNode()
+        # The root is never evicted and locking stops below it; a permanent ref keeps
+        # it out of every "lock_ref == 0" test.
+        self.root_node.lock_ref = 1
+        self.evictable_size_ = 0
+        self.protected_size_ = 0
+
+    # --- lookup / insert ---------------------------------------------------------
+    def match_prefix(self, key: list[int]) -> tuple[torch.Tensor, TreeNode]:
+        """Longest cached prefix of `key`: its KV indices and the node where it ends.
+
+        A match that stops inside an edge splits that node, so the returned node always
+        ends exactly at the match and can be locked without pinning unmatched tokens.
+        """
+        if self.disable or len(key) == 0:
+            return _empty_indices(), self.root_node
+        key = list(key)
+        values: list[torch.Tensor] = []
+        node = self.root_node
+        node.last_access_time = next(_clock)
+        while key and key[0] in node.children:
+            child = node.children[key[0]]
+            child.last_access_time = next(_clock)
+            prefix_len = _key_match(child.key, key)
+            if prefix_len < len(child.key):
+                node = self._split_node(child, prefix_len)
+                values.append(node.value)
+                break
+            values.append(child.value)
+            node = child
+            key = key[prefix_len:]
+        if not values:
+            return _empty_indices(), node
+        return torch.cat(values), node
+
+    def insert(self, key: list[int], value: torch.Tensor) -> int:
+        """Insert key -> value. Returns how many leading tokens were already cached.
+
+        The tree keeps its own slots for that prefix; the caller owns (and must free)
+        value[:returned_len], which duplicate them.
+        """
+        if self.disable:
+            return 0
+        assert len(key) == len(value), f"key/value length mismatch: {len(key)} vs {len(value)}"
+        key = list(key)
+        node = self.root_node
+        node.last_access_time = next(_clock)
+        total_prefix_len = 0
+        while key:
+            child = node.children.get(key[0])
+            if child is None:
+                # Nothing cached past this point: hang the rest as a new (unlocked) leaf.
+                new_node = TreeNode()
+                new_node.parent = node
+                new_node.key = key
+                new_node.value = value.clone()
+                node.children[key[0]] = new_node
+                self.evictable_size_ += len(key)
+                break
+            child.last_access_time = next(_clock)
+            prefix_len = _key_match(child.key, key)
+            total_prefix_len += prefix_len
+            if prefix_len < len(child.key):
+                child = self._split_node(child, prefix_len)
+            node = child
+            key = key[prefix_len:]
+            value = value[prefix_len:]
+        return total_prefix_len
+
+    def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
+        """Cut `child`'s edge after split_len tokens; return the new upper node.
+
+        The upper half inherits child's lock_ref: every lock that pinned child pinned
+        the whole edge, so the sizes (evictable/protected) do not change.
+        """
+        new_node = TreeNode()
+        new_node.parent = child.parent
+        new_node.key = child.key[:split_len]
+        new_node.value = child.value[:split_len]
+        new_node.lock_ref = child.lock_ref
+        new_node.last_access_time = child.last_access_time
+        new_node.children = {child.key[split_len]: child}
+        new_node.parent.children[new_node.key[0]] = new_node
+        child.parent = new_node
+        child.key = child.key[split_len:]
+        child.value = child.value[split_len:]
+        return new_node
+
+    # --- request hooks (called by the scheduler) ---------------------------------
+    def cache_finished_req(self, req: Any) -> None:
+        """Hand a finished request's KV to the tree, then release its row and lock."""
+        kv_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(req.fill_ids)]
+        if self.disable:
+            self.token_to_kv_pool.free(kv_indices.clone())
+            self.req_to_token_pool.free(req.req_pool_idx)
+            return
+        new_prefix_len = self.insert(req.fill_ids, kv_indices.clone())
+        # [0, len(prefix_indices)) are the tree's own slots (shared, never ours to free);
+        # [len(prefix_indices), new_prefix_len) were computed again while another request
+        # inserted the same tokens: the tree keeps its copy, ours are duplicates.
+        self.token_to_kv_pool.free(kv_indices[len(req.prefix_indices) : new_prefix_len].clone())
+        self.req_to_token_pool.free(req.req_pool_idx)
+        self.dec_lock_ref(req.last_node)
+
+    def cache_unfinished_req(self, req: Any) -> None:
+        """Insert what a still-running request has so far, and re-point it at the tree.
+
+        Afterwards req_to_token[row, :len(fill_ids)] holds the tree's slots, all of them
+        locked for this request, so the request never frees a slot the tree owns.
+        """
+        if self.disable:
+            return
+        token_ids = req.fill_ids
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        kv_indices = row[: len(token_ids)].clone()
+        new_prefix_len = self.insert(token_ids, kv_indices)
+        self.token_to_kv_pool.free(kv_indices[len(req.prefix_indices) : new_prefix_len])
+
+        # No eviction can run between the insert and this match, so it is a full match.
+        new_indices, new_last_node = self.match_prefix(token_ids)
+        assert len(new_indices) == len(token_ids)
+        row[len(req.prefix_indices) : len(new_indices)] = new_indices[len(req.prefix_indices) :]
+
+        # Lock the new node before unlocking the old one (its ancestor), so the
+        # shared path is never momentarily evictable.
+        self.inc_lock_ref(new_last_node)
+        self.dec_lock_ref(req.last_node)
+        req.prefix_indices = new_indices
+        req.last_node = new_last_node
+
+    # --- eviction and locking ----------------------------------------------------
+    def evict(self, num_tokens: int) -> int:
+        """Free LRU unlocked leaves until num_tokens are freed or nothing is evictable."""
+        if self.disable or num_tokens <= 0:
+            return 0
+        leaves = [n for n in self._collect_nodes() if n.is_leaf() and n.lock_ref == 0]
+        heapq.heapify(leaves)
+        num_evicted = 0
+        while num_evicted < num_tokens and leaves:
+            node = heapq.heappop(leaves)
+            self.token_to_kv_pool.free(node.value)
+            num_evicted += len(node.value)
+            self.evictable_size_ -= len(node.value)
+            parent = node.parent
+            del parent.children[node.key[0]]
+            node.parent = None
+            # A parent left childless and unlocked is now an evictable leaf itself.
+            if parent.is_leaf() and parent.lock_ref == 0:
+                heapq.heappush(leaves, parent)
+        return num_evicted
+
+    def inc_lock_ref(self, node: TreeNode) -> int:
+        """Pin node and its ancestors. Returns the change in evictable size (<= 0)."""
+        if self.disable:
+            return 0
+        delta = 0
+        while node is not self.root_node:
+            if node.lock_ref == 0:
+                self.evictable_size_ -= len(node.value)
+                self.protected_size_ += len(node.value)
+                delta -= len(node.value)
+            node.lock_ref += 1
+            node = node.parent
+        return delta
+
+    def dec_lock_ref(self, node: TreeNode) -> int:
+        """Unpin node and its ancestors. Returns the change in evictable size (>= 0)."""
+        if self.disable:
+            return 0
+        delta = 0
+        while node is not self.root_node:
+            assert node.lock_ref > 0, f"unbalanced dec_lock_ref on {node}"
+            if node.lock_ref == 1:
+                self.evictable_size_ += len(node.value)
+                self.protected_size_ -= len(node.value)
+                delta += len(node.value)
+            node.lock_ref -= 1
+            node = node.parent
+        return delta
+
+    # --- sizes and debugging -----------------------------------------------------
+    def evictable_size(self) -> int:
+        return self.evictable_size_
+
+    def protected_size(self) -> int:
+        return self.protected_size_
+
+    def total_size(self) -> int:
+        # Counted by walking the tree, not from the counters, so it can catch drift.
+        return sum(len(n.value) for n in self._collect_nodes())
+
+    def _collect_nodes(self) -> list[TreeNode]:
+        """Every node except the root."""
+        nodes, stack = [], list(self.root_node.children.values())
+        while stack:
+            node = stack.pop()
+            nodes.append(node)
+            stack.extend(node.children.values())
+        return nodes
+
+    def pretty_print(self) -> None:
+        def visit(node: TreeNode, indent: int) -> None:
+            for child in node.children.values():
+                print(" " * indent + f"{child.key} -> {child.value.tolist()} lock_ref={child.lock_ref}")
+                visit(child, indent + 2)
+
+        visit(self.root_node, 0)
+        print(f"total={self.total_size()} evictable={self.evictable_size()} protected={self.protected_size()}")
