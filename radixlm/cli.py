@@ -1,0 +1,99 @@
+"""Command line: `radixlm generate` (later: serve, bench, router)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+SAMPLING_FLAGS = {
+    "max_new_tokens": int,
+    "min_new_tokens": int,
+    "temperature": float,
+    "top_p": float,
+    "top_k": int,
+    "min_p": float,
+    "frequency_penalty": float,
+    "presence_penalty": float,
+    "repetition_penalty": float,
+    "seed": int,
+    "n": int,
+}
+
+
+def _add_sampling_args(p: argparse.ArgumentParser) -> None:
+    for name, typ in SAMPLING_FLAGS.items():
+        p.add_argument("--" + name.replace("_", "-"), type=typ, default=None)
+    p.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    p.add_argument("--ignore-eos", action="store_true")
+
+
+def _sampling_params(args) -> dict:
+    sp = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k) is not None}
+    sp.setdefault("max_new_tokens", 128)
+    if args.stop:
+        sp["stop"] = args.stop
+    if args.ignore_eos:
+        sp["ignore_eos"] = True
+    return sp
+
+
+def cmd_generate(args) -> int:
+    from radixlm.config import ServerArgs
+    from radixlm.engine.engine import Engine
+
+    server_args = ServerArgs.from_cli_args(args)
+    kwargs = {k: v for k, v in vars(server_args).items() if k != "model_path"}
+    with Engine(server_args.model_path, **kwargs) as engine:
+        prompt = args.prompt
+        if args.chat:
+            prompt = engine.tokenizer.apply_chat_template(
+                [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+            )
+        sp = _sampling_params(args)
+        if args.stream and sp.get("n", 1) == 1:
+            shown = ""
+            for out in engine.generate(prompt, sp, stream=True):
+                sys.stdout.write(out["text"][len(shown) :])
+                sys.stdout.flush()
+                shown = out["text"]
+            sys.stdout.write("\n")
+            if args.json:
+                print(json.dumps(out["meta_info"]))
+            return 0
+        outs = engine.generate(prompt, sp)
+        for out in outs if isinstance(outs, list) else [outs]:
+            print(out["text"])
+            if args.json:
+                print(json.dumps(out["meta_info"]))
+    return 0
+
+
+def main(argv=None) -> int:
+    from radixlm.config import ServerArgs
+
+    parser = argparse.ArgumentParser(prog="radixlm")
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate text for one prompt with the in-process engine")
+    gen.add_argument("--prompt", required=True)
+    gen.add_argument("--model", dest="model_path_alias", default=None, help="alias of --model-path")
+    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument("--stream", action="store_true")
+    gen.add_argument("--json", action="store_true", help="also print meta_info as JSON")
+    _add_sampling_args(gen)
+    ServerArgs.add_cli_args(gen)
+    gen.set_defaults(func=cmd_generate)
+    args = parser.parse_args(argv)
+    if getattr(args, "model_path_alias", None):
+        args.model_path = args.model_path_alias
+    if args.command == "generate" and args.log_level == "info":
+        args.log_level = "warning"  # keep the answer readable; --log-level info shows the engine log
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"radixlm: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,111 @@
+"""ServerArgs: every option of radixlm, once, with its CLI flag and default."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Optional
+
+POLICIES = ("lpm", "fcfs", "dfs-weight", "lof", "random")
+
+
+@dataclass
+class ServerArgs:
+    # Model
+    model_path: Optional[str] = None  # None: the embedded default model (SmolLM2-135M-Instruct GGUF)
+    tokenizer_path: Optional[str] = None
+    served_model_name: Optional[str] = None
+    context_length: Optional[int] = None  # default: the model's own
+    device: str = "cpu"
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+
+    # Memory
+    max_total_tokens: Optional[int] = None  # KV pool size in tokens; default from kv_memory_gb
+    kv_memory_gb: float = 1.0  # KV budget when max_total_tokens is not given
+    max_running_requests: int = 64
+    chunked_prefill_size: int = 2048  # -1 disables chunking
+    max_prefill_tokens: int = 4096  # new tokens per extend batch
+    schedule_conservativeness: float = 1.0
+    new_token_ratio: float = 0.4  # share of each running request's max_new_tokens reserved at admission
+    min_new_token_ratio: float = 0.1
+    new_token_ratio_decay: float = 0.001
+
+    # Scheduling
+    schedule_policy: str = "lpm"
+    disable_radix_cache: bool = False
+    random_seed: int = 42
+
+    # Runtime
+    num_threads: Optional[int] = None  # torch intra-op threads; default all cores
+    log_level: str = "info"
+    decode_log_interval: int = 40
+    debug_memory_check: bool = False  # assert KV conservation at every idle point
+    skip_tokenizer_init: bool = False
+
+    def __post_init__(self):
+        if self.schedule_policy not in POLICIES:
+            raise ValueError(f"schedule_policy must be one of {POLICIES}, got {self.schedule_policy!r}")
+        if self.max_total_tokens is not None and self.max_total_tokens <= 0:
+            raise ValueError(f"max_total_tokens must be positive, got {self.max_total_tokens}")
+        if self.max_running_requests <= 0:
+            raise ValueError(f"max_running_requests must be positive, got {self.max_running_requests}")
+        if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
+            raise ValueError("chunked_prefill_size must be positive or -1 (off)")
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+
+    # --- CLI -------------------------------------------------------------------
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+        helps = {
+            "model_path": "HF directory or GGUF file; default: the embedded SmolLM2-135M-Instruct",
+            "max_total_tokens": "KV cache capacity in tokens",
+            "kv_memory_gb": "KV cache budget in GiB when --max-total-tokens is not given",
+            "chunked_prefill_size": "max new tokens of one request per extend step (-1: off)",
+            "schedule_policy": f"one of {', '.join(POLICIES)}",
+            "disable_radix_cache": "no prefix sharing (a baseline)",
+        }
+        for f in dataclasses.fields(ServerArgs):
+            flag = "--" + f.name.replace("_", "-")
+            default = f.default
+            if f.type in ("bool",) or isinstance(default, bool):
+                parser.add_argument(flag, action="store_true", default=default, help=helps.get(f.name))
+                continue
+            typ = {"int": int, "float": float, "str": str}
+            base = str(f.type).replace("Optional[", "").rstrip("]")
+            kw = dict(type=typ.get(base, str), default=default, help=helps.get(f.name))
+            if f.name == "schedule_policy":
+                kw["choices"] = POLICIES
+            parser.add_argument(flag, **kw)
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
+
+    def resolved_dtype(self):
+        import torch
+
+        if self.dtype == "auto":
+            return torch.float32 if self.device == "cpu" else torch.bfloat16
+        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
+
+
+@dataclass
+class PortArgs:
+    """ZMQ endpoints between the processes (ipc:// sockets in a private temp dir)."""
+
+    tokenizer_ipc_name: str  # detokenizer -> tokenizer manager
+    scheduler_input_ipc_name: str  # tokenizer manager -> scheduler
+    detokenizer_ipc_name: str  # scheduler -> detokenizer
+
+    @staticmethod
+    def init_new() -> "PortArgs":
+        import tempfile
+
+        d = tempfile.mkdtemp(prefix="radixlm-")
+        return PortArgs(
+            tokenizer_ipc_name=f"ipc://{d}/tokenizer",
+            scheduler_input_ipc_name=f"ipc://{d}/scheduler",
+            detokenizer_ipc_name=f"ipc://{d}/detokenizer",
+        )

@@ -1,0 +1,85 @@
+"""The detokenizer process: incremental, UTF-8-safe decoding and stop trimming, off the
+scheduler's critical path."""
+
+from __future__ import annotations
+
+import logging
+import signal
+from dataclasses import dataclass, field
+
+import zmq
+
+from radixlm.config import PortArgs, ServerArgs
+from radixlm.ipc import BatchStrOut, BatchTokenIDOut, ReqOutputChunk, ReqStrChunk
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DecodeStatus:
+    ids: list[int] = field(default_factory=list)
+    text: str = ""  # decoded text of ids[:surr_offset]... up to read_offset, complete characters only
+    surr_offset: int = 0
+    read_offset: int = 0
+
+
+class IncrementalDetokenizer:
+    """Decodes growing token lists; holds back text that ends in a partial UTF-8 character."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.states: dict[str, DecodeStatus] = {}
+
+    def _decode(self, ids: list[int], c: ReqOutputChunk) -> str:
+        return self.tokenizer.decode(
+            ids,
+            skip_special_tokens=c.skip_special_tokens,
+            spaces_between_special_tokens=c.spaces_between_special_tokens,
+        )
+
+    def step(self, c: ReqOutputChunk) -> str:
+        """Returns the request's cumulative text after this chunk."""
+        st = self.states.setdefault(c.rid, DecodeStatus())
+        st.ids.extend(c.new_output_ids)
+        if c.finished_reason is not None:
+            self.states.pop(c.rid, None)
+            return self.final_text(st.ids, c)
+        surr = self._decode(st.ids[st.surr_offset : st.read_offset], c)
+        new = self._decode(st.ids[st.surr_offset :], c)
+        if len(new) > len(surr) and not new.endswith("\ufffd"):
+            st.text += new[len(surr) :]
+            st.surr_offset, st.read_offset = st.read_offset, len(st.ids)
+        return st.text
+
+    def final_text(self, ids: list[int], c: ReqOutputChunk) -> str:
+        matched = c.finished_reason.get("matched") if c.finished_reason else None
+        if isinstance(matched, int) and c.trim_stop and ids and ids[-1] == matched:
+            ids = ids[:-1]
+        text = self._decode(ids, c)
+        if isinstance(matched, str) and c.trim_stop:
+            pos = text.find(matched)
+            if pos >= 0:
+                text = text[:pos]
+        return text
+
+
+def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> None:
+    from radixlm.model.loader import load_tokenizer, default_model_path
+    from radixlm.utils import configure_logging, kill_itself_when_parent_died
+
+    configure_logging(server_args.log_level, prefix="detokenizer")
+    kill_itself_when_parent_died()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    tokenizer = load_tokenizer(server_args.tokenizer_path or server_args.model_path or default_model_path())
+    detok = IncrementalDetokenizer(tokenizer)
+    ctx = zmq.Context(2)
+    recv = ctx.socket(zmq.PULL)
+    recv.bind(port_args.detokenizer_ipc_name)
+    send = ctx.socket(zmq.PUSH)
+    send.connect(port_args.tokenizer_ipc_name)
+    while True:
+        msg = recv.recv_pyobj()
+        if isinstance(msg, BatchTokenIDOut):
+            send.send_pyobj(BatchStrOut([ReqStrChunk(c, detok.step(c)) for c in msg.chunks]))
+        else:
+            logger.error("unknown message %r", type(msg))

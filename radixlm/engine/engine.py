@@ -1,0 +1,212 @@
+"""Engine: the offline, in-process API. Launches the scheduler and detokenizer processes and
+drives them through a TokenizerManager on a private event-loop thread."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import dataclasses
+import logging
+import multiprocessing as mp
+import os
+import queue
+import threading
+import weakref
+from typing import Any, Iterator, Optional, Union
+
+from radixlm.config import PortArgs, ServerArgs
+from radixlm.ipc import GenerateReqInput
+
+logger = logging.getLogger(__name__)
+
+Prompt = Union[str, list[str], None]
+
+
+def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, dict]:
+    """Start the scheduler and detokenizer processes; return them, the ports and the
+    scheduler's info once its model is loaded (or raise with its error)."""
+    from radixlm.engine.detokenizer import run_detokenizer_process
+    from radixlm.scheduler.scheduler import run_scheduler_process
+
+    port_args = PortArgs.init_new()
+    ctx = mp.get_context("spawn")
+    reader, writer = ctx.Pipe(duplex=False)
+    sched = ctx.Process(target=run_scheduler_process, args=(server_args, port_args, writer), daemon=True)
+    detok = ctx.Process(target=run_detokenizer_process, args=(server_args, port_args), daemon=True)
+    sched.start()
+    detok.start()
+    procs = [sched, detok]
+    try:
+        while not reader.poll(1.0):
+            if not sched.is_alive():
+                raise RuntimeError(f"the scheduler process died while starting (exit code {sched.exitcode})")
+        info = reader.recv()
+    except BaseException:
+        _stop(procs)
+        raise
+    if info.get("status") != "ready":
+        _stop(procs)
+        raise RuntimeError(f"the scheduler failed to start: {info.get('message')}")
+    return procs, port_args, info
+
+
+def _stop(procs: list) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    for p in procs:
+        p.join(timeout=10)
+
+
+class Engine:
+    """`Engine(model_path=None, **server_args)`; `generate`, `async_generate`, streaming,
+    `flush_cache`, `shutdown`; a context manager."""
+
+    def __init__(self, model_path: Optional[str] = None, **kwargs: Any):
+        from radixlm.model.loader import default_model_path, load_tokenizer
+        from radixlm.utils import configure_logging
+
+        known = {f.name for f in dataclasses.fields(ServerArgs)}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"Engine got unknown option(s): {', '.join(unknown)}")
+        self.server_args = ServerArgs(model_path=model_path, **kwargs)
+        configure_logging(self.server_args.log_level)
+        self._procs: list = []
+        self._closed = False
+        tok_path = self.server_args.tokenizer_path or self.server_args.model_path or default_model_path()
+        self.tokenizer = load_tokenizer(tok_path)
+        self._procs, self.port_args, self.scheduler_info = launch_engine_processes(self.server_args)
+        from radixlm.engine.tokenizer_manager import TokenizerManager
+
+        self.tokenizer_manager = TokenizerManager(self.server_args, self.port_args, self.tokenizer, self.scheduler_info)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="radixlm-engine-loop", daemon=True)
+        self._thread.start()
+        self._run(self.tokenizer_manager.start())
+        self._watchdog = threading.Thread(target=self._watch, name="radixlm-engine-watchdog", daemon=True)
+        self._watchdog.start()
+        self._finalizer = weakref.finalize(self, _stop, self._procs)
+        atexit.register(self.shutdown)
+
+    # ----------------------------------------------------------------- plumbing
+    def _run(self, coro, timeout: Optional[float] = None):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
+
+    def _watch(self) -> None:
+        import time
+
+        while not self._closed:
+            for p in self._procs:
+                if not p.is_alive() and not self._closed:
+                    msg = f"the {p.name} process died (exit code {p.exitcode})"
+                    self._loop.call_soon_threadsafe(self.tokenizer_manager.mark_dead, msg)
+                    return
+            time.sleep(0.5)
+
+    @staticmethod
+    def _make_request(prompt, sampling_params, input_ids, **kw) -> GenerateReqInput:
+        return GenerateReqInput(text=prompt, input_ids=input_ids, sampling_params=sampling_params, **kw)
+
+    async def _collect(self, obj: GenerateReqInput):
+        out = None
+        async for out in self.tokenizer_manager.generate_request(obj):
+            pass
+        return out
+
+    # ---------------------------------------------------------------- public
+    def generate(
+        self,
+        prompt: Prompt = None,
+        sampling_params: Optional[Union[dict, list[dict]]] = None,
+        input_ids: Optional[Union[list[int], list[list[int]]]] = None,
+        return_logprob: Union[bool, list[bool]] = False,
+        logprob_start_len: Union[int, list[int]] = -1,
+        top_logprobs_num: Union[int, list[int]] = 0,
+        return_text_in_logprobs: bool = False,
+        stream: bool = False,
+        rid: Optional[Union[str, list[str]]] = None,
+        priority: Optional[Union[int, list[int]]] = None,
+    ):
+        """A dict {text, output_ids, meta_info} for one prompt; a list for a batch (or n > 1);
+        with stream=True an iterator of cumulative dicts."""
+        obj = self._make_request(
+            prompt, sampling_params, input_ids, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs, stream=stream,
+            rid=rid, priority=priority,
+        )
+        if stream:
+            return self._stream(obj)
+        return self._run(self._collect(obj))
+
+    def _stream(self, obj: GenerateReqInput) -> Iterator[dict]:
+        q: queue.Queue = queue.Queue()
+        done = object()
+
+        async def pump():
+            try:
+                async for out in self.tokenizer_manager.generate_request(obj):
+                    q.put(out)
+            except BaseException as e:  # noqa: BLE001 - re-raised in the consumer thread
+                q.put(e)
+            finally:
+                q.put(done)
+
+        fut = asyncio.run_coroutine_threadsafe(pump(), self._loop)
+        try:
+            while True:
+                item = q.get()
+                if item is done:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            if not fut.done():
+                fut.cancel()  # the generator's finally aborts the request
+
+    async def async_generate(self, prompt: Prompt = None, sampling_params=None, input_ids=None, stream: bool = False, **kw):
+        """Awaitable from any event loop; with stream=True an async iterator."""
+        obj = self._make_request(prompt, sampling_params, input_ids, stream=stream, **kw)
+        if not stream:
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._collect(obj), self._loop))
+        return self._async_stream(obj)
+
+    async def _async_stream(self, obj):
+        it = self._stream(obj)
+        sentinel = object()
+        while True:
+            item = await asyncio.to_thread(next, it, sentinel)
+            if item is sentinel:
+                return
+            yield item
+
+    def flush_cache(self) -> bool:
+        return self._run(self.tokenizer_manager.flush_cache()).success
+
+    def get_internal_state(self) -> dict:
+        return self._run(self.tokenizer_manager.get_internal_state())
+
+    def abort_request(self, rid: str = "") -> None:
+        self._loop.call_soon_threadsafe(self.tokenizer_manager.abort_request, rid)
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        _stop(self._procs)
+        if self._loop.is_running():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> "Engine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.shutdown()
+
+    def __del__(self):
+        try:
+            self.shutdown()
+        except Exception:
+            pass

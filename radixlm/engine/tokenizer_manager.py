@@ -1,0 +1,323 @@
+"""TokenizerManager: validates and tokenizes requests, sends them to the scheduler, and
+turns the detokenizer's chunks into response dicts. Runs on one asyncio loop."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import dataclasses
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, AsyncIterator, Optional
+
+import zmq
+import zmq.asyncio
+
+from radixlm.config import PortArgs, ServerArgs
+from radixlm.ipc import (
+    AbortReq,
+    BatchStrOut,
+    FlushCacheReq,
+    FlushCacheReqOutput,
+    GenerateReqInput,
+    GetInternalStateReq,
+    GetInternalStateReqOutput,
+    ReqStrChunk,
+    TokenizedGenerateReqInput,
+)
+from radixlm.sampling_params import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+
+class EngineDeadError(RuntimeError):
+    pass
+
+
+@dataclass
+class ReqState:
+    rid: str
+    prompt_text: Optional[str]
+    return_text_in_logprobs: bool
+    created: float = field(default_factory=time.perf_counter)
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    finished_reason: Optional[dict] = None
+    meta: dict = field(default_factory=dict)
+    logprobs: dict = field(default_factory=dict)
+    dirty: bool = False  # news since the consumer last looked
+
+
+class TokenizerManager:
+    def __init__(self, server_args: ServerArgs, port_args: PortArgs, tokenizer, scheduler_info: dict):
+        self.server_args = server_args
+        self.port_args = port_args
+        self.tokenizer = tokenizer
+        self.context_len = scheduler_info["context_len"]
+        self.vocab_size = scheduler_info["vocab_size"]
+        self.scheduler_info = scheduler_info
+        self.rid_to_state: dict[str, ReqState] = {}
+        self._control_waiters: dict[type, list[asyncio.Future]] = {}
+        self.dead_message: Optional[str] = None
+
+    async def start(self) -> None:
+        """Create the sockets and the receive loop on the running event loop."""
+        ctx = zmq.asyncio.Context(2)
+        self.recv_from_detokenizer = ctx.socket(zmq.PULL)
+        self.recv_from_detokenizer.bind(self.port_args.tokenizer_ipc_name)
+        self.send_to_scheduler = ctx.socket(zmq.PUSH)
+        self.send_to_scheduler.connect(self.port_args.scheduler_input_ipc_name)
+        self._loop_task = asyncio.get_running_loop().create_task(self.handle_loop())
+
+    # ----------------------------------------------------------- validation
+    def tokenize_one(self, obj: GenerateReqInput, i: int) -> tuple[TokenizedGenerateReqInput, int]:
+        text = obj.text if obj.is_single or obj.text is None else obj.text[i]
+        if obj.input_ids is not None:
+            ids = obj.input_ids if obj.is_single else obj.input_ids[i]
+            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+                raise ValueError("input_ids must be a list of integers (or a list of such lists)")
+            bad = [t for t in ids if not 0 <= t < self.vocab_size]
+            if bad:
+                raise ValueError(f"input_ids has token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
+        else:
+            if not isinstance(text, str):
+                raise ValueError("text must be a string or a list of strings")
+            ids = self.tokenizer.encode(text)
+        if not ids:
+            raise ValueError("the prompt is empty (text / input_ids)")
+        if len(ids) >= self.context_len:
+            raise ValueError(
+                f"the prompt has {len(ids)} tokens, which does not fit the context length {self.context_len}"
+            )
+        sp = SamplingParams.from_dict(copy.deepcopy(obj.item(i, "sampling_params")))
+        sp.verify(self.vocab_size)
+        rid = obj.item(i, "rid") or uuid.uuid4().hex
+        lp_start = obj.item(i, "logprob_start_len", -1)
+        top_n = obj.item(i, "top_logprobs_num", 0)
+        if not isinstance(lp_start, int) or lp_start < -1:
+            raise ValueError(f"logprob_start_len must be an integer >= -1, got {lp_start!r}")
+        if not isinstance(top_n, int) or top_n < 0:
+            raise ValueError(f"top_logprobs_num must be an integer >= 0, got {top_n!r}")
+        req = TokenizedGenerateReqInput(
+            rid=str(rid),
+            input_text=text,
+            input_ids=ids,
+            sampling_params=sp,
+            return_logprob=bool(obj.item(i, "return_logprob", False)),
+            logprob_start_len=lp_start,
+            top_logprobs_num=top_n,
+            stream=obj.stream,
+            priority=obj.item(i, "priority"),
+        )
+        return req, sp.n
+
+    def expand(self, obj: GenerateReqInput) -> list[TokenizedGenerateReqInput]:
+        """All requests of obj, each n-sampled one split into n copies (seed offset per copy)."""
+        out = []
+        for i in range(obj.batch_size):
+            req, n = self.tokenize_one(obj, i)
+            if n == 1:
+                out.append(req)
+                continue
+            for j in range(n):
+                sp = dataclasses.replace(req.sampling_params, n=1)
+                if sp.seed is not None:
+                    sp.seed += j
+                out.append(dataclasses.replace(req, rid=f"{req.rid}-{j}", sampling_params=sp))
+        return out
+
+    # --------------------------------------------------------------- generate
+    async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator[Any]:
+        """Yields response dicts: for a single request with n == 1 one dict per update (the
+        final one when not streaming); otherwise a list (or, streaming, dicts with "index")."""
+        self._check_alive()
+        reqs = self.expand(obj)
+        single = obj.is_single and len(reqs) == 1
+        if len(reqs) > 1 and not obj.stream:
+            await self._cache_shared_prompts(reqs)
+        states = [self._register(r, obj.return_text_in_logprobs) for r in reqs]
+        try:
+            for r in reqs:
+                self.send_to_scheduler.send_pyobj(r)
+            if single:
+                async for out in self._wait_one(states[0], obj.stream):
+                    yield out
+            elif obj.stream:
+                queue: asyncio.Queue = asyncio.Queue()
+
+                async def pump(idx: int, st: ReqState):
+                    async for out in self._wait_one(st, True):
+                        out["index"] = idx
+                        await queue.put(out)
+                    await queue.put(None)
+
+                tasks = [asyncio.create_task(pump(i, st)) for i, st in enumerate(states)]
+                done = 0
+                while done < len(tasks):
+                    item = await queue.get()
+                    if item is None:
+                        done += 1
+                    else:
+                        yield item
+            else:
+                results = await asyncio.gather(*[self._last(st) for st in states])
+                yield results
+        finally:
+            for st in states:
+                if st.finished_reason is None:
+                    self.abort_request(st.rid)
+                self.rid_to_state.pop(st.rid, None)
+
+    async def _cache_shared_prompts(self, reqs: list[TokenizedGenerateReqInput]) -> None:
+        """n > 1 (or a batch repeating a prompt): prefill each distinct prompt once first, so the
+        copies share its KV through the radix cache instead of computing it in parallel."""
+        if self.server_args.disable_radix_cache:
+            return
+        seen, warm = set(), []
+        for r in reqs:
+            key = tuple(r.input_ids)
+            if key in seen and len(key) > 1:
+                warm.append(key)
+            seen.add(key)
+        if not warm:
+            return
+        prefill = [
+            TokenizedGenerateReqInput(
+                rid=uuid.uuid4().hex, input_text=None, input_ids=list(k), sampling_params=SamplingParams(max_new_tokens=0)
+            )
+            for k in dict.fromkeys(warm)
+        ]
+        states = [self._register(p, False) for p in prefill]
+        try:
+            for p in prefill:
+                self.send_to_scheduler.send_pyobj(p)
+            await asyncio.gather(*[self._last(st) for st in states])
+        finally:
+            for st in states:
+                self.rid_to_state.pop(st.rid, None)
+
+    def _register(self, r: TokenizedGenerateReqInput, text_in_logprobs: bool) -> ReqState:
+        if r.rid in self.rid_to_state:
+            raise ValueError(f"rid {r.rid!r} is already in use")
+        st = ReqState(rid=r.rid, prompt_text=r.input_text, return_text_in_logprobs=text_in_logprobs)
+        self.rid_to_state[r.rid] = st
+        return st
+
+    async def _last(self, st: ReqState) -> dict:
+        out = None
+        async for out in self._wait_one(st, False):
+            pass
+        return out
+
+    async def _wait_one(self, st: ReqState, stream: bool) -> AsyncIterator[dict]:
+        while True:
+            await st.event.wait()
+            st.event.clear()
+            self._check_alive()
+            if st.finished_reason is not None:
+                fr = st.finished_reason
+                if fr.get("type") == "abort" and fr.get("status_code") == 400:
+                    raise ValueError(fr.get("message"))
+                yield self._response(st)
+                return
+            if stream and st.dirty:
+                st.dirty = False
+                yield self._response(st)
+
+    def _response(self, st: ReqState) -> dict:
+        meta = {
+            "id": st.rid,
+            "finish_reason": _public_reason(st.finished_reason),
+            **st.meta,
+            "e2e_latency": time.perf_counter() - st.created,
+        }
+        for k, v in st.logprobs.items():
+            meta[k] = self._with_text(v, st.return_text_in_logprobs, top=k.endswith("top_logprobs"))
+        return {"text": st.text, "output_ids": list(st.output_ids), "meta_info": meta}
+
+    def _with_text(self, entries: list, with_text: bool, top: bool) -> list:
+        def one(e):
+            lp, tid = e
+            return (lp, tid, self.tokenizer.decode([tid]) if with_text else None)
+
+        if top:
+            return [None if pos is None else [one(e) for e in pos] for pos in entries]
+        return [one(e) for e in entries]
+
+    # -------------------------------------------------------------- receive
+    async def handle_loop(self) -> None:
+        while True:
+            msg = await self.recv_from_detokenizer.recv_pyobj()
+            if isinstance(msg, BatchStrOut):
+                for c in msg.chunks:
+                    self._on_chunk(c)
+            elif isinstance(msg, (FlushCacheReqOutput, GetInternalStateReqOutput)):
+                waiters = self._control_waiters.get(type(msg), [])
+                if waiters:
+                    fut = waiters.pop(0)
+                    if not fut.done():
+                        fut.set_result(msg)
+            else:
+                logger.error("unknown message %r", type(msg))
+
+    def _on_chunk(self, sc: ReqStrChunk) -> None:
+        c = sc.chunk
+        st = self.rid_to_state.get(c.rid)
+        if st is None:
+            return
+        st.output_ids.extend(c.new_output_ids)
+        st.text = sc.text
+        st.meta.update(
+            prompt_tokens=c.prompt_tokens,
+            completion_tokens=c.completion_tokens,
+            cached_tokens=c.cached_tokens,
+            forward_passes=c.forward_passes,
+        )
+        for k in ("input_token_logprobs", "input_top_logprobs", "output_token_logprobs", "output_top_logprobs"):
+            v = getattr(c, k)
+            if v is not None:
+                st.logprobs.setdefault(k, []).extend(v)
+        st.finished_reason = c.finished_reason
+        st.dirty = True
+        st.event.set()
+
+    # --------------------------------------------------------------- control
+    def abort_request(self, rid: str) -> None:
+        if self.dead_message is None:
+            self.send_to_scheduler.send_pyobj(AbortReq(rid))
+
+    async def _control(self, req, reply_type: type):
+        self._check_alive()
+        fut = asyncio.get_running_loop().create_future()
+        self._control_waiters.setdefault(reply_type, []).append(fut)
+        self.send_to_scheduler.send_pyobj(req)
+        return await fut
+
+    async def flush_cache(self) -> FlushCacheReqOutput:
+        return await self._control(FlushCacheReq(), FlushCacheReqOutput)
+
+    async def get_internal_state(self) -> dict:
+        return (await self._control(GetInternalStateReq(), GetInternalStateReqOutput)).state
+
+    def mark_dead(self, message: str) -> None:
+        """A child process died: fail everything in flight instead of hanging."""
+        self.dead_message = message
+        for st in self.rid_to_state.values():
+            st.event.set()
+        for waiters in self._control_waiters.values():
+            for fut in waiters:
+                if not fut.done():
+                    fut.set_exception(EngineDeadError(message))
+
+    def _check_alive(self) -> None:
+        if self.dead_message is not None:
+            raise EngineDeadError(self.dead_message)
+
+
+def _public_reason(fr: Optional[dict]) -> Optional[dict]:
+    if fr is None:
+        return None
+    return {k: v for k, v in fr.items() if k != "status_code"}

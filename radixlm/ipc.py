@@ -1,0 +1,148 @@
+"""Typed messages between the processes (a leaf module: it imports nothing of radixlm above it).
+
+tokenizer manager --TokenizedGenerateReqInput/AbortReq/...--> scheduler
+scheduler --BatchTokenIDOut--> detokenizer --BatchStrOut--> tokenizer manager
+scheduler --control replies (FlushCacheReqOutput, ...)--> tokenizer manager
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from radixlm.sampling_params import SamplingParams
+
+
+@dataclass
+class TokenizedGenerateReqInput:
+    rid: str
+    input_text: Optional[str]
+    input_ids: list[int]
+    sampling_params: SamplingParams
+    return_logprob: bool = False
+    logprob_start_len: int = -1  # -1: no prompt logprobs
+    top_logprobs_num: int = 0
+    stream: bool = False
+    priority: Optional[int] = None  # larger runs first (with --schedule-policy any)
+
+
+@dataclass
+class AbortReq:
+    rid: str  # "" aborts everything
+
+
+@dataclass
+class FlushCacheReq:
+    pass
+
+
+@dataclass
+class FlushCacheReqOutput:
+    success: bool
+    message: str = ""
+
+
+@dataclass
+class GetInternalStateReq:
+    pass
+
+
+@dataclass
+class GetInternalStateReqOutput:
+    state: dict[str, Any]
+
+
+@dataclass
+class ReqOutputChunk:
+    """What one request produced since its last chunk (ids and logprobs are increments)."""
+
+    rid: str
+    new_output_ids: list[int]
+    finished_reason: Optional[dict]
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+    # Detokenization options, so the detokenizer needs no per-request registration.
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    # Trim the matched stop from the text (False when no_stop_trim is set).
+    trim_stop: bool = True
+    # Logprobs, each a list of [logprob, token_id]; top: per position a list of them.
+    input_token_logprobs: Optional[list] = None
+    input_top_logprobs: Optional[list] = None
+    output_token_logprobs: Optional[list] = None
+    output_top_logprobs: Optional[list] = None
+    forward_passes: int = 0
+
+
+@dataclass
+class BatchTokenIDOut:
+    chunks: list[ReqOutputChunk]
+
+
+@dataclass
+class ReqStrChunk:
+    """ReqOutputChunk plus the text decoded so far (cumulative, stop strings trimmed)."""
+
+    chunk: ReqOutputChunk
+    text: str
+
+
+@dataclass
+class BatchStrOut:
+    chunks: list[ReqStrChunk]
+
+
+@dataclass
+class SchedulerReady:
+    """First message of the scheduler: it loaded the model and sized its pools."""
+
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class SchedulerError:
+    message: str
+
+
+@dataclass
+class GenerateReqInput:
+    """A user-level generate request (native API / Engine), single or batch."""
+
+    text: Optional[Any] = None  # str | list[str]
+    input_ids: Optional[Any] = None  # list[int] | list[list[int]]
+    sampling_params: Optional[Any] = None  # dict | list[dict]
+    rid: Optional[Any] = None  # str | list[str]
+    return_logprob: Any = False
+    logprob_start_len: Any = -1
+    top_logprobs_num: Any = 0
+    return_text_in_logprobs: bool = False
+    stream: bool = False
+    priority: Optional[Any] = None
+
+    def __post_init__(self):
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("exactly one of text or input_ids must be given")
+
+    @property
+    def is_single(self) -> bool:
+        if self.text is not None:
+            return isinstance(self.text, str)
+        return not self.input_ids or not isinstance(self.input_ids[0], list)
+
+    @property
+    def batch_size(self) -> int:
+        if self.is_single:
+            return 1
+        return len(self.text if self.text is not None else self.input_ids)
+
+    def item(self, i: int, name: str, default=None):
+        """Field `name` for batch item i: per-item lists are indexed, scalars shared."""
+        v = getattr(self, name)
+        per_item = {"sampling_params": dict, "rid": str, "return_logprob": bool, "logprob_start_len": int,
+                    "top_logprobs_num": int, "priority": int}
+        if not self.is_single and isinstance(v, list) and name in per_item:
+            if len(v) != self.batch_size:
+                raise ValueError(f"{name} has {len(v)} items but the batch has {self.batch_size}")
+            return v[i]
+        return default if v is None else v

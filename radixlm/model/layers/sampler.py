@@ -1,0 +1,150 @@
+"""Batched sampling on tensors: penalties, temperature, top-k / top-p / min-p, per-request seeds.
+
+Sampling uses the exponential race (argmax p_i / E_i, E_i ~ Exp(1)), which is exact
+categorical sampling and lets each seeded request draw its noise from its own
+generator while the batch stays one tensor op.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from radixlm.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingBatchInfo:
+    temperatures: torch.Tensor  # [bs, 1], 1.0 for greedy rows (unused there)
+    top_ps: torch.Tensor  # [bs]
+    top_ks: torch.Tensor  # [bs], vocab size for "all"
+    min_ps: torch.Tensor  # [bs]
+    greedy: torch.Tensor  # [bs] bool
+    is_all_greedy: bool
+    need_top_p: bool
+    need_top_k: bool
+    need_min_p: bool
+    # Penalties: None when no request in the batch uses them.
+    frequency_penalties: Optional[torch.Tensor]  # [bs, 1]
+    presence_penalties: Optional[torch.Tensor]  # [bs, 1]
+    repetition_penalties: Optional[torch.Tensor]  # [bs, 1]
+    output_counts: Optional[torch.Tensor]  # [bs, vocab] counts of generated tokens
+    seen_mask: Optional[torch.Tensor]  # [bs, vocab] prompt or output token seen (repetition penalty)
+    # [bs, vocab] additive mask (-inf) for tokens banned this step (EOS before min_new_tokens).
+    vocab_mask: Optional[torch.Tensor]
+    generators: list[Optional[torch.Generator]]
+
+    @classmethod
+    def build(
+        cls,
+        params: Sequence[SamplingParams],
+        vocab_size: int,
+        device: torch.device,
+        output_ids: Sequence[Sequence[int]],
+        prompt_ids: Sequence[Sequence[int]],
+        generators: Sequence[Optional[torch.Generator]],
+        banned_ids: Sequence[Sequence[int]],
+    ) -> "SamplingBatchInfo":
+        bs = len(params)
+        greedy = [p.is_greedy for p in params]
+        temps = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
+        top_ks = [vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params]
+        f = lambda xs, dt=torch.float32: torch.tensor(xs, dtype=dt, device=device)  # noqa: E731
+
+        freq = [p.frequency_penalty for p in params]
+        pres = [p.presence_penalty for p in params]
+        rep = [p.repetition_penalty for p in params]
+        use_fp = any(freq) or any(pres)
+        use_rep = any(r != 1.0 for r in rep)
+        counts = seen = None
+        if use_fp or use_rep:
+            counts = torch.zeros((bs, vocab_size), dtype=torch.float32, device=device)
+            for i, ids in enumerate(output_ids):
+                if ids:
+                    idx = torch.tensor(ids, dtype=torch.int64, device=device)
+                    counts[i].scatter_add_(0, idx, torch.ones_like(idx, dtype=torch.float32))
+        if use_rep:
+            seen = counts > 0
+            for i, ids in enumerate(prompt_ids):
+                if rep[i] != 1.0 and ids:
+                    seen[i, torch.tensor(ids, dtype=torch.int64, device=device)] = True
+        vocab_mask = None
+        if any(banned_ids):
+            vocab_mask = torch.zeros((bs, vocab_size), dtype=torch.float32, device=device)
+            for i, ids in enumerate(banned_ids):
+                if ids:
+                    vocab_mask[i, torch.tensor(ids, dtype=torch.int64, device=device)] = float("-inf")
+        return cls(
+            temperatures=f(temps).unsqueeze(1),
+            top_ps=f([p.top_p for p in params]),
+            top_ks=f(top_ks, torch.int64),
+            min_ps=f([p.min_p for p in params]),
+            greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            is_all_greedy=all(greedy),
+            need_top_p=any(p.top_p < 1.0 and not g for p, g in zip(params, greedy)),
+            need_top_k=any(k < vocab_size and not g for k, g in zip(top_ks, greedy)),
+            need_min_p=any(p.min_p > 0 and not g for p, g in zip(params, greedy)),
+            frequency_penalties=f(freq).unsqueeze(1) if use_fp else None,
+            presence_penalties=f(pres).unsqueeze(1) if use_fp else None,
+            repetition_penalties=f(rep).unsqueeze(1) if use_rep else None,
+            output_counts=counts,
+            seen_mask=seen,
+            vocab_mask=vocab_mask,
+            generators=list(generators),
+        )
+
+
+def apply_penalties(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    if info.repetition_penalties is not None:
+        # HF / CTRL style: divide positive logits, multiply negative ones, for seen tokens.
+        pen = info.repetition_penalties
+        penalized = torch.where(logits > 0, logits / pen, logits * pen)
+        logits = torch.where(info.seen_mask, penalized, logits)
+    if info.frequency_penalties is not None:
+        counts = info.output_counts
+        logits = logits - info.frequency_penalties * counts - info.presence_penalties * (counts > 0).float()
+    if info.vocab_mask is not None:
+        logits = logits + info.vocab_mask
+    return logits
+
+
+def _exponential_noise(shape: tuple[int, int], gens: list[Optional[torch.Generator]], device) -> torch.Tensor:
+    bs, vocab = shape
+    u = torch.empty(shape, dtype=torch.float32, device=device)
+    seeded = [i for i, g in enumerate(gens) if g is not None]
+    if len(seeded) < bs:
+        u.uniform_()
+    for i in seeded:
+        u[i].uniform_(generator=gens[i])
+    return -torch.log(u.clamp_(min=1e-20))
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+        """logits [bs, vocab] float32 (raw model logits) -> next token ids [bs]."""
+        logits = apply_penalties(logits, info)
+        greedy_ids = torch.argmax(logits, dim=-1)
+        if info.is_all_greedy:
+            return greedy_ids
+        probs = torch.softmax(logits / info.temperatures, dim=-1)
+        if info.need_top_k or info.need_top_p or info.need_min_p:
+            probs = top_k_top_p_min_p(probs, info)
+        noise = _exponential_noise(tuple(probs.shape), info.generators, probs.device)
+        sampled = torch.argmax(probs / noise, dim=-1)
+        return torch.where(info.greedy, greedy_ids, sampled)
+
+
+def top_k_top_p_min_p(probs: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    sorted_p, order = torch.sort(probs, dim=-1, descending=True)
+    ranks = torch.arange(sorted_p.shape[-1], device=probs.device).unsqueeze(0)
+    drop = ranks >= info.top_ks.unsqueeze(1)
+    if info.need_top_p:
+        # Keep the smallest prefix whose mass reaches top_p (the token crossing it stays).
+        cum_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
+        drop |= cum_before > info.top_ps.unsqueeze(1)
+    if info.need_min_p:
+        drop |= sorted_p < (sorted_p[:, :1] * info.min_ps.unsqueeze(1))
+    sorted_p = sorted_p.masked_fill(drop, 0.0)
+    return torch.zeros_like(probs).scatter_(-1, order, sorted_p)

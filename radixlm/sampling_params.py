@@ -1,0 +1,122 @@
+"""SamplingParams: SGLang's sampling keys, their defaults and their validation (a leaf module)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+_GREEDY_EPS = 1e-6
+
+
+class SamplingParamsError(ValueError):
+    """A bad sampling parameter; the message names the field."""
+
+
+@dataclass
+class SamplingParams:
+    max_new_tokens: int = 128
+    min_new_tokens: int = 0
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: the whole vocabulary
+    min_p: float = 0.0
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    stop: Optional[Union[str, list[str]]] = None
+    stop_token_ids: Optional[list[int]] = None
+    ignore_eos: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    no_stop_trim: bool = False
+    n: int = 1
+    seed: Optional[int] = None
+    # Reserved for structured generation (a later issue); accepted and validated for type only.
+    regex: Optional[str] = None
+    json_schema: Optional[Any] = None
+    ebnf: Optional[str] = None
+    custom_params: Optional[dict] = None
+
+    @classmethod
+    def from_dict(cls, d: Optional[dict]) -> "SamplingParams":
+        if d is None:
+            return cls()
+        if isinstance(d, SamplingParams):
+            return d
+        if not isinstance(d, dict):
+            raise SamplingParamsError(f"sampling_params must be a dict, got {type(d).__name__}")
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise SamplingParamsError(f"unknown sampling parameter(s): {', '.join(unknown)}")
+        if d.get("seed") is None and "sampling_seed" in d:  # SGLang's alias
+            d = {**d, "seed": d["sampling_seed"]}
+        sp = cls(**d)
+        sp.verify()
+        return sp
+
+    def verify(self, vocab_size: Optional[int] = None) -> None:
+        def bad(name: str, why: str):
+            raise SamplingParamsError(f"sampling_params.{name} {why}, got {getattr(self, name)!r}")
+
+        def num(name: str, integer: bool = False):
+            v = getattr(self, name)
+            ok = isinstance(v, int) if integer else isinstance(v, (int, float))
+            if not ok or isinstance(v, bool):
+                bad(name, "must be an integer" if integer else "must be a number")
+            return v
+
+        if num("max_new_tokens", True) < 0:
+            bad("max_new_tokens", "must be >= 0")
+        if num("min_new_tokens", True) < 0:
+            bad("min_new_tokens", "must be >= 0")
+        if self.min_new_tokens > self.max_new_tokens:
+            bad("min_new_tokens", f"must be <= max_new_tokens ({self.max_new_tokens})")
+        if num("temperature") < 0:
+            bad("temperature", "must be >= 0")
+        if not 0 < num("top_p") <= 1:
+            bad("top_p", "must be in (0, 1]")
+        if num("top_k", True) < 1 and self.top_k != -1:
+            bad("top_k", "must be -1 (all) or >= 1")
+        if not 0 <= num("min_p") <= 1:
+            bad("min_p", "must be in [0, 1]")
+        if not -2 <= num("frequency_penalty") <= 2:
+            bad("frequency_penalty", "must be in [-2, 2]")
+        if not -2 <= num("presence_penalty") <= 2:
+            bad("presence_penalty", "must be in [-2, 2]")
+        if not 0 < num("repetition_penalty") <= 2:
+            bad("repetition_penalty", "must be in (0, 2]")
+        if num("n", True) < 1:
+            bad("n", "must be >= 1")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
+            bad("seed", "must be an integer")
+        if self.stop is not None:
+            stops = [self.stop] if isinstance(self.stop, str) else self.stop
+            if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
+                bad("stop", "must be a non-empty string or a list of them")
+        if self.stop_token_ids is not None:
+            ids = self.stop_token_ids
+            if not isinstance(ids, list) or not all(isinstance(t, int) and t >= 0 for t in ids):
+                bad("stop_token_ids", "must be a list of non-negative token ids")
+            if vocab_size is not None and any(t >= vocab_size for t in ids):
+                bad("stop_token_ids", f"must be < vocab size {vocab_size}")
+        for name in ("regex", "ebnf"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                bad(name, "must be a string")
+        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+            if not isinstance(getattr(self, name), bool):
+                bad(name, "must be a boolean")
+
+    @property
+    def stop_strs(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature < _GREEDY_EPS or self.top_k == 1
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)

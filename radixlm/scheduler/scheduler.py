@@ -1,0 +1,449 @@
+"""The scheduler process: waiting queue -> prefill / decode batches -> model -> results.
+
+Each iteration builds one batch: a prefill (extend) batch when waiting requests fit
+the KV budget, otherwise a decode batch of everything running. It owns the KV pools,
+the radix tree and the model runner.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import logging
+import signal
+import time
+from typing import Optional
+
+import torch
+import zmq
+
+from radixlm.cache.radix_cache import RadixCache
+from radixlm.config import PortArgs, ServerArgs
+from radixlm.ipc import (
+    AbortReq,
+    BatchTokenIDOut,
+    FlushCacheReq,
+    FlushCacheReqOutput,
+    GetInternalStateReq,
+    GetInternalStateReqOutput,
+    ReqOutputChunk,
+    TokenizedGenerateReqInput,
+)
+from radixlm.model.forward_batch import ForwardMode
+from radixlm.model.layers.sampler import SamplingBatchInfo
+from radixlm.model.runner import LogitsOutput, ModelRunner
+from radixlm.scheduler.batch import Req, ScheduleBatch
+from radixlm.scheduler.policy import PrefillAdder, SchedulePolicy
+from radixlm.scheduler.stats import SchedulerStats
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    def __init__(self, server_args: ServerArgs, port_args: Optional[PortArgs], runner: Optional[ModelRunner] = None):
+        self.server_args = server_args
+        self.runner = runner or ModelRunner(server_args)
+        self.device = self.runner.device
+        self.req_to_token_pool = self.runner.req_to_token_pool
+        self.token_to_kv_pool = self.runner.token_to_kv_pool
+        self.tree_cache = RadixCache(
+            self.req_to_token_pool, self.token_to_kv_pool, disable=server_args.disable_radix_cache
+        )
+        self.policy = SchedulePolicy(
+            server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache, server_args.random_seed
+        )
+        self.context_len = self.runner.context_len
+        self.eos_token_ids = frozenset(self.runner.loaded.eos_token_ids)
+        self.tokenizer = None  # loaded on first stop string
+        self.waiting_queue: list[Req] = []
+        self.running: list[Req] = []
+        self.chunked_req: Optional[Req] = None
+        self.new_token_ratio = server_args.new_token_ratio
+        self.stats = SchedulerStats(self.runner.max_total_num_tokens)
+        self.chunk_size = None if server_args.chunked_prefill_size == -1 else server_args.chunked_prefill_size
+        self._out_chunks: list[ReqOutputChunk] = []
+
+        if port_args is not None:
+            ctx = zmq.Context(2)
+            self.recv_from_tokenizer = ctx.socket(zmq.PULL)
+            self.recv_from_tokenizer.bind(port_args.scheduler_input_ipc_name)
+            self.send_to_detokenizer = ctx.socket(zmq.PUSH)
+            self.send_to_detokenizer.connect(port_args.detokenizer_ipc_name)
+            self.send_to_tokenizer = ctx.socket(zmq.PUSH)
+            self.send_to_tokenizer.connect(port_args.tokenizer_ipc_name)
+
+    def info(self) -> dict:
+        r = self.runner
+        return {
+            "max_total_num_tokens": r.max_total_num_tokens,
+            "kv_cache_bytes": r.token_to_kv_pool.total_bytes,
+            "context_len": r.context_len,
+            "max_running_requests": r.max_running_requests,
+            "vocab_size": r.vocab_size,
+            "architecture": r.loaded.architecture,
+            "model_path": r.loaded.model_path,
+            "eos_token_ids": sorted(self.eos_token_ids),
+        }
+
+    # ------------------------------------------------------------------ loop
+    def event_loop(self) -> None:
+        poller = zmq.Poller()
+        poller.register(self.recv_from_tokenizer, zmq.POLLIN)
+        while True:
+            idle = not (self.waiting_queue or self.running or self.chunked_req)
+            if idle:
+                if self.server_args.debug_memory_check:
+                    self.check_memory()
+                poller.poll(1000)
+            for msg in self._drain():
+                self.handle(msg)
+            self.step()
+
+    def _drain(self):
+        while True:
+            try:
+                yield self.recv_from_tokenizer.recv_pyobj(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+
+    def handle(self, msg) -> None:
+        if isinstance(msg, TokenizedGenerateReqInput):
+            self.add_request(msg)
+        elif isinstance(msg, AbortReq):
+            self.abort_request(msg.rid)
+        elif isinstance(msg, FlushCacheReq):
+            self.send_to_tokenizer.send_pyobj(self.flush_cache())
+        elif isinstance(msg, GetInternalStateReq):
+            self.send_to_tokenizer.send_pyobj(GetInternalStateReqOutput(self.internal_state()))
+        else:
+            logger.error("unknown message %r", type(msg))
+
+    def step(self) -> None:
+        """One iteration: build a batch, run it, process and send its results."""
+        batch = self.get_next_batch_to_run()
+        if batch is not None:
+            self.run_batch(batch)
+        self.flush_outputs()
+
+    # -------------------------------------------------------------- requests
+    def add_request(self, recv: TokenizedGenerateReqInput) -> None:
+        req = Req(
+            rid=recv.rid,
+            origin_input_ids=list(recv.input_ids),
+            sampling_params=recv.sampling_params,
+            eos_token_ids=self.eos_token_ids,
+            return_logprob=recv.return_logprob,
+            logprob_start_len=recv.logprob_start_len,
+            top_logprobs_num=recv.top_logprobs_num,
+            stream=recv.stream,
+            priority=recv.priority,
+            input_text=recv.input_text,
+        )
+        error = None
+        if not req.origin_input_ids:
+            error = "the prompt is empty"
+        elif len(req.origin_input_ids) >= self.context_len:
+            error = f"the prompt has {len(req.origin_input_ids)} tokens; the context length is {self.context_len}"
+        if error:
+            req.finished_reason = {"type": "abort", "message": error, "status_code": 400}
+            self.emit(req)
+            return
+        self.waiting_queue.append(req)
+
+    def abort_request(self, rid: str) -> None:
+        for req in list(self.waiting_queue):
+            if rid in ("", req.rid):
+                self.waiting_queue.remove(req)
+                req.finished_reason = {"type": "abort", "message": "aborted"}
+                self.emit(req)
+        for req in self.running + ([self.chunked_req] if self.chunked_req else []):
+            if rid in ("", req.rid):
+                req.to_abort = True
+
+    def flush_cache(self) -> FlushCacheReqOutput:
+        if self.waiting_queue or self.running or self.chunked_req:
+            return FlushCacheReqOutput(False, "requests are running")
+        self.tree_cache.reset()
+        self.token_to_kv_pool.clear()
+        self.req_to_token_pool.clear()
+        self.stats.reset_cache_stats()
+        return FlushCacheReqOutput(True)
+
+    def internal_state(self) -> dict:
+        return {
+            "max_total_num_tokens": self.runner.max_total_num_tokens,
+            "available_kv_tokens": self.token_to_kv_pool.available_size(),
+            "evictable_tokens": self.tree_cache.evictable_size(),
+            "protected_tokens": self.tree_cache.protected_size(),
+            "req_slots_total": self.req_to_token_pool.size,
+            "req_slots_free": self.req_to_token_pool.available_size(),
+            "num_running": len(self.running) + (1 if self.chunked_req else 0),
+            "num_waiting": len(self.waiting_queue),
+            **self.stats.as_dict(),
+        }
+
+    def check_memory(self) -> None:
+        """DESIGN.md §4: at an idle point every KV slot is free or held by the tree."""
+        free = self.token_to_kv_pool.available_size()
+        tree = self.tree_cache.evictable_size() + self.tree_cache.protected_size()
+        total = self.runner.max_total_num_tokens
+        assert self.tree_cache.protected_size() == 0, "a lock leaked at an idle point"
+        assert free + tree == total, f"KV leak: free {free} + tree {tree} != {total}"
+        assert self.req_to_token_pool.available_size() == self.req_to_token_pool.size, "request slot leak"
+
+    # ------------------------------------------------------------- batching
+    def get_next_batch_to_run(self) -> Optional[ScheduleBatch]:
+        batch = self.get_new_batch_prefill()
+        if batch is not None:
+            return batch
+        if self.running:
+            return self.update_running_batch()
+        return None
+
+    def get_new_batch_prefill(self) -> Optional[ScheduleBatch]:
+        if not self.waiting_queue and self.chunked_req is None:
+            return None
+        if len(self.running) >= self.runner.max_running_requests and self.chunked_req is None:
+            return None
+        reserve = sum(PrefillAdder.reserve_for(r, self.new_token_ratio) for r in self.running)
+        adder = PrefillAdder(
+            tree_cache=self.tree_cache,
+            rem_total_tokens=self.token_to_kv_pool.available_size() + self.tree_cache.evictable_size() - reserve,
+            rem_input_tokens=self.server_args.max_prefill_tokens,
+            rem_chunk_tokens=self.chunk_size,
+            new_token_ratio=self.new_token_ratio,
+            free_req_slots=min(
+                self.req_to_token_pool.available_size(),
+                self.runner.max_running_requests - len(self.running),
+            ),
+        )
+        nothing_running = not self.running
+        if self.chunked_req is not None:
+            req, self.chunked_req = self.chunked_req, None
+            if req.to_abort:  # before init_next_round_input: fill_ids must match its KV
+                req.finished_reason = {"type": "abort", "message": "aborted"}
+                self.release(req)
+                self.emit(req)
+            else:
+                req.init_next_round_input(self.tree_cache)
+                adder.add_one_req(req, nothing_running)
+        if adder.new_chunked_req is None:
+            self.policy.calc_priority(self.waiting_queue)
+            for req in self.waiting_queue:
+                if len(adder.can_run) + len(self.running) >= self.runner.max_running_requests:
+                    break
+                req.init_next_round_input(self.tree_cache)
+                if not adder.add_one_req(req, nothing_running):
+                    break
+        if not adder.can_run:
+            return None
+        admitted = set(map(id, adder.can_run))
+        self.waiting_queue = [r for r in self.waiting_queue if id(r) not in admitted]
+        for r in adder.can_run:
+            if r.forward_passes == 0:
+                r.cached_tokens = len(r.prefix_indices)
+                self.stats.on_prefill(len(r.origin_input_ids), r.cached_tokens)
+        return ScheduleBatch(adder.can_run, ForwardMode.EXTEND)
+
+    def update_running_batch(self) -> ScheduleBatch:
+        for r in self.running:  # aborted requests finish before taking a KV slot
+            r.check_finished(None, self.context_len)
+        self._finish([r for r in self.running if r.finished()])
+        if not self.running:
+            return None
+        need = len(self.running)
+        if self.token_to_kv_pool.available_size() + self.tree_cache.evictable_size() < need:
+            self.retract_decode(need)
+        else:
+            self.new_token_ratio = max(
+                self.server_args.min_new_token_ratio, self.new_token_ratio - self.server_args.new_token_ratio_decay
+            )
+        return ScheduleBatch(list(self.running), ForwardMode.DECODE)
+
+    def retract_decode(self, need: int) -> None:
+        """Out of KV for one more decode step: free requests (fewest outputs first) and requeue
+        them; they resume later by re-prefilling prompt + outputs (mostly from the cache)."""
+        order = sorted(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)), reverse=True)
+        retracted = []
+        while len(order) > 1:
+            room = self.token_to_kv_pool.available_size() + self.tree_cache.evictable_size()
+            if room >= len(order):
+                break
+            req = order.pop()
+            self.tree_cache.cache_finished_req(req)
+            req.reset_for_retract()
+            retracted.append(req)
+        self.running = [r for r in self.running if r in order]
+        self.waiting_queue = retracted + self.waiting_queue
+        self.new_token_ratio = 1.0
+        self.stats.num_retracted += len(retracted)
+        logger.warning("KV cache full: retracted %d request(s); %d keep running", len(retracted), len(self.running))
+        if self.token_to_kv_pool.available_size() + self.tree_cache.evictable_size() < len(self.running):
+            # A lone request never outgrows the pool (context_len <= pool size); defensive only.
+            for r in self.running:
+                r.finished_reason = {"type": "abort", "message": "out of KV cache memory"}
+            self._finish(list(self.running))
+
+    # --------------------------------------------------------------- running
+    def run_batch(self, batch: ScheduleBatch) -> None:
+        if not batch.reqs:
+            return
+        t0 = time.perf_counter()
+        prepare = batch.prepare_for_extend if batch.forward_mode.is_extend() else batch.prepare_for_decode
+        fb = prepare(self.req_to_token_pool, self.token_to_kv_pool, self.tree_cache, self.device)
+        out = self.runner.forward(fb)
+        reqs = batch.reqs
+        info = SamplingBatchInfo.build(
+            [r.sampling_params for r in reqs],
+            self.runner.vocab_size,
+            self.device,
+            output_ids=[r.output_ids for r in reqs],
+            prompt_ids=[r.origin_input_ids for r in reqs],
+            generators=[r.generator for r in reqs],
+            banned_ids=[r.banned_token_ids() for r in reqs],
+        )
+        next_ids = self.runner.sample(out.next_token_logits, info).tolist()
+        if batch.forward_mode.is_extend():
+            self.process_extend_result(batch, out, next_ids)
+            self.stats.on_extend(fb.num_tokens, time.perf_counter() - t0)
+        else:
+            self.process_decode_result(batch, out, next_ids)
+            self.stats.on_decode(len(reqs), time.perf_counter() - t0)
+            if self.stats.decode_steps % self.server_args.decode_log_interval == 0:
+                logger.info(self.stats.decode_log_line(self, len(self.running), len(self.waiting_queue)))
+
+    def process_extend_result(self, batch: ScheduleBatch, out: LogitsOutput, next_ids: list[int]) -> None:
+        for i, req in enumerate(batch.reqs):
+            if out.prompt_logprobs is not None and out.prompt_logprobs[i] is not None:
+                self._add_input_logprobs(req, out.prompt_logprobs[i], len(req.fill_ids))
+            if req.is_chunked:
+                self.tree_cache.cache_unfinished_req(req)
+                self.chunked_req = req
+                continue
+            req.input_logprobs_done = True
+            req.prefilled = True
+            if req.to_abort:
+                req.finished_reason = {"type": "abort", "message": "aborted"}
+            elif req.sampling_params.max_new_tokens == 0:
+                req.finished_reason = {"type": "length", "length": 0}
+            else:
+                self._append_token(req, next_ids[i], out.next_token_logits[i])
+            if req.finished():
+                self._finish([req])
+            else:
+                self.tree_cache.cache_unfinished_req(req)
+                self.running.append(req)
+                self.emit(req)
+
+    def process_decode_result(self, batch: ScheduleBatch, out: LogitsOutput, next_ids: list[int]) -> None:
+        for i, req in enumerate(batch.reqs):
+            self._append_token(req, next_ids[i], out.next_token_logits[i])
+        done = [r for r in batch.reqs if r.finished()]
+        self._finish(done)
+        for r in batch.reqs:
+            if not r.finished():
+                self.emit(r)
+
+    def _append_token(self, req: Req, tok: int, logits_row: torch.Tensor) -> None:
+        req.output_ids.append(tok)
+        if req.return_logprob:
+            lp = torch.log_softmax(logits_row, dim=-1)
+            req.output_token_logprobs.append([float(lp[tok]), tok])
+            if req.top_logprobs_num > 0:
+                req.output_top_logprobs.append(_topk(lp, req.top_logprobs_num))
+        if req.sampling_params.stop_strs and self.tokenizer is None:
+            self.tokenizer = self._load_tokenizer()
+        req.check_finished(self.tokenizer, self.context_len)
+
+    def _add_input_logprobs(self, req: Req, lp: torch.Tensor, end: int) -> None:
+        """lp rows are positions first..end-1; row p predicts token p + 1."""
+        first = end - lp.shape[0]
+        ids, start = req.origin_input_ids, req.logprob_start_len
+        if start == 0 and first == 0:
+            req.input_token_logprobs.append([None, ids[0]])
+            if req.top_logprobs_num > 0:
+                req.input_top_logprobs.append(None)
+        lo = max(start, first + 1)
+        hi = min(len(ids), end + 1)
+        if hi <= lo:
+            return
+        targets = torch.tensor(ids[lo:hi], dtype=torch.int64)
+        rows = lp[lo - 1 - first : hi - 1 - first]
+        vals = rows.gather(1, targets.unsqueeze(1)).squeeze(1).tolist()
+        req.input_token_logprobs.extend([v, t] for v, t in zip(vals, ids[lo:hi]))
+        if req.top_logprobs_num > 0:
+            req.input_top_logprobs.extend(_topk(row, req.top_logprobs_num) for row in rows)
+
+    def _finish(self, reqs: list[Req]) -> None:
+        for req in reqs:
+            self.release(req)
+            if req in self.running:
+                self.running.remove(req)
+            self.emit(req)
+
+    def release(self, req: Req) -> None:
+        if req.req_pool_idx is not None:
+            self.tree_cache.cache_finished_req(req)
+            req.req_pool_idx = None
+
+    # --------------------------------------------------------------- output
+    def emit(self, req: Req) -> None:
+        """Queue the request's news for the detokenizer (finished, or streaming)."""
+        if not req.finished() and not req.stream:
+            return
+        new = req.output_ids[req.sent_output_len :]
+        if not req.finished() and not new:
+            return
+        req.sent_output_len = len(req.output_ids)
+        sp = req.sampling_params
+        chunk = ReqOutputChunk(
+            rid=req.rid,
+            new_output_ids=new,
+            finished_reason=req.finished_reason,
+            prompt_tokens=len(req.origin_input_ids),
+            completion_tokens=len(req.output_ids),
+            cached_tokens=req.cached_tokens,
+            skip_special_tokens=sp.skip_special_tokens,
+            spaces_between_special_tokens=sp.spaces_between_special_tokens,
+            trim_stop=not sp.no_stop_trim,
+            forward_passes=req.forward_passes,
+        )
+        if req.return_logprob:
+            chunk.input_token_logprobs, req.input_token_logprobs = req.input_token_logprobs, []
+            chunk.input_top_logprobs, req.input_top_logprobs = req.input_top_logprobs, []
+            chunk.output_token_logprobs, req.output_token_logprobs = req.output_token_logprobs, []
+            chunk.output_top_logprobs, req.output_top_logprobs = req.output_top_logprobs, []
+        self._out_chunks.append(chunk)
+
+    def flush_outputs(self) -> list[ReqOutputChunk]:
+        chunks, self._out_chunks = self._out_chunks, []
+        if chunks and hasattr(self, "send_to_detokenizer"):
+            self.send_to_detokenizer.send_pyobj(BatchTokenIDOut(chunks))
+        return chunks
+
+    def _load_tokenizer(self):
+        from radixlm.model.loader import load_tokenizer
+
+        return load_tokenizer(self.server_args.tokenizer_path or self.runner.loaded.model_path)
+
+
+def _topk(lp_row: torch.Tensor, k: int) -> list:
+    vals, idx = torch.topk(lp_row, min(k, lp_row.shape[-1]))
+    return [[v, i] for v, i in zip(vals.tolist(), idx.tolist())]
+
+
+def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe_writer) -> None:
+    """Entry point of the scheduler process."""
+    from radixlm.utils import configure_logging, kill_itself_when_parent_died
+
+    configure_logging(server_args.log_level, prefix="scheduler")
+    kill_itself_when_parent_died()
+    faulthandler.enable()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
+    try:
+        scheduler = Scheduler(server_args, port_args)
+        pipe_writer.send({"status": "ready", **scheduler.info()})
+    except Exception as e:  # report load errors to the launcher instead of dying silently
+        logger.exception("scheduler failed to start")
+        pipe_writer.send({"status": "error", "message": f"{type(e).__name__}: {e}"})
+        return
+    scheduler.event_loop()

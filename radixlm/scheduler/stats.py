@@ -1,0 +1,66 @@
+"""Scheduler counters: cache hit rate, throughput, and the periodic decode log line."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+
+@dataclass
+class SchedulerStats:
+    max_total_num_tokens: int
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    decode_steps: int = 0
+    extend_tokens: int = 0
+    num_retracted: int = 0
+    forward_time: float = 0.0
+    # (time, tokens) of recent decode steps for the log line's throughput.
+    _recent: deque = field(default_factory=lambda: deque(maxlen=64))
+
+    def on_prefill(self, prompt_tokens: int, cached: int) -> None:
+        self.prompt_tokens += prompt_tokens
+        self.cached_tokens += cached
+
+    def on_extend(self, num_tokens: int, seconds: float) -> None:
+        self.extend_tokens += num_tokens
+        self.forward_time += seconds
+
+    def on_decode(self, batch_size: int, seconds: float) -> None:
+        self.decode_steps += 1
+        self.generated_tokens += batch_size
+        self.forward_time += seconds
+        self._recent.append((time.perf_counter(), batch_size))
+
+    def reset_cache_stats(self) -> None:
+        self.prompt_tokens = self.cached_tokens = 0
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    def gen_throughput(self) -> float:
+        if len(self._recent) < 2:
+            return 0.0
+        span = self._recent[-1][0] - self._recent[0][0]
+        return sum(n for _, n in list(self._recent)[1:]) / span if span > 0 else 0.0
+
+    def as_dict(self) -> dict:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
+            "cache_hit_rate": self.cache_hit_rate,
+            "generated_tokens": self.generated_tokens,
+            "num_retracted": self.num_retracted,
+        }
+
+    def decode_log_line(self, scheduler, running: int, waiting: int) -> str:
+        used = self.max_total_num_tokens - scheduler.token_to_kv_pool.available_size()
+        return (
+            f"Decode: running {running}, waiting {waiting}, "
+            f"KV usage {used / self.max_total_num_tokens:.1%} ({used} tokens, "
+            f"{scheduler.tree_cache.evictable_size()} evictable), "
+            f"cache hit rate {self.cache_hit_rate:.1%}, gen throughput {self.gen_throughput():.1f} tok/s"
+        )

@@ -1,0 +1,46 @@
+"""Process plumbing shared by the engine's processes."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import sys
+
+
+def configure_logging(level: str = "info", prefix: str = "") -> None:
+    fmt = f"[%(asctime)s{' ' + prefix if prefix else ''}] %(levelname)s %(message)s"
+    logging.basicConfig(level=getattr(logging, level.upper()), format=fmt, datefmt="%H:%M:%S", force=True)
+
+
+def kill_itself_when_parent_died() -> None:
+    """Linux: get SIGKILL when the parent dies, so no child outlives a crashed launcher."""
+    if sys.platform != "linux":
+        return
+    PR_SET_PDEATHSIG = 1
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:  # the parent already died before prctl
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def kill_process_tree(pid: int, include_self: bool = True) -> None:
+    import psutil
+
+    try:
+        proc = psutil.Process(pid)
+    except psutil.NoSuchProcess:
+        return
+    children = proc.children(recursive=True)
+    for child in children:
+        try:
+            child.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(children, timeout=5)
+    if include_self:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
