@@ -175,11 +175,14 @@ class Engine:
     async def _async_stream(self, obj):
         it = self._stream(obj)
         sentinel = object()
-        while True:
-            item = await asyncio.to_thread(next, it, sentinel)
-            if item is sentinel:
-                return
-            yield item
+        try:
+            while True:
+                item = await asyncio.to_thread(next, it, sentinel)
+                if item is sentinel:
+                    return
+                yield item
+        finally:
+            it.close()  # a consumer that leaves early aborts the request
 
     def flush_cache(self) -> bool:
         return self._run(self.tokenizer_manager.flush_cache()).success
@@ -196,8 +199,14 @@ class Engine:
         self._closed = True
         _stop(self._procs)
         if self._loop.is_running():
+            try:
+                self._run(self.tokenizer_manager.close(), timeout=5)
+            except Exception:  # noqa: BLE001 - best effort on the way out
+                pass
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
+        if not self._loop.is_running():
+            self._loop.close()
 
     def __enter__(self) -> "Engine":
         return self

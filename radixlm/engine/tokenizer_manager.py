@@ -139,6 +139,7 @@ class TokenizerManager:
         if len(reqs) > 1 and not obj.stream:
             await self._cache_shared_prompts(reqs)
         states = [self._register(r, obj.return_text_in_logprobs) for r in reqs]
+        tasks: list[asyncio.Task] = []
         try:
             for r in reqs:
                 self.send_to_scheduler.send_pyobj(r)
@@ -166,6 +167,8 @@ class TokenizerManager:
                 results = await asyncio.gather(*[self._last(st) for st in states])
                 yield results
         finally:
+            for t in tasks:
+                t.cancel()
             for st in states:
                 if st.finished_reason is None:
                     self.abort_request(st.rid)
@@ -283,6 +286,15 @@ class TokenizerManager:
         st.finished_reason = c.finished_reason
         st.dirty = True
         st.event.set()
+
+    async def close(self) -> None:
+        self._loop_task.cancel()
+        try:
+            await self._loop_task
+        except (asyncio.CancelledError, Exception):  # noqa: BLE001
+            pass
+        self.recv_from_detokenizer.close(linger=0)
+        self.send_to_scheduler.close(linger=0)
 
     # --------------------------------------------------------------- control
     def abort_request(self, rid: str) -> None:
