@@ -83,10 +83,18 @@ def main(argv=None) -> int:
     _add_sampling_args(gen)
     ServerArgs.add_cli_args(gen)
     gen.set_defaults(func=cmd_generate)
+    bench = sub.add_parser("bench", help="benchmarks")
+    bench_sub = bench.add_subparsers(dest="bench_command", required=True)
+    offline = bench_sub.add_parser("offline", help="a workload through the in-process Engine")
+    from radixlm.bench import offline as offline_bench
+
+    offline_bench.add_args(offline)
+    ServerArgs.add_cli_args(offline)
+    offline.set_defaults(func=lambda a: offline_bench.main(a, ServerArgs.from_cli_args(a)))
     args = parser.parse_args(argv)
     if getattr(args, "model_path_alias", None):
         args.model_path = args.model_path_alias
-    if args.command == "generate" and args.log_level == "info":
+    if args.command in ("generate", "bench") and args.log_level == "info":
         args.log_level = "warning"  # keep the answer readable; --log-level info shows the engine log
     try:
         return args.func(args)

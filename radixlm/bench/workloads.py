@@ -1,0 +1,49 @@
+"""Benchmark workloads as token-id prompts (no tokenizer round trip, exact lengths)."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass
+class BenchRequest:
+    input_ids: list[int]
+    output_len: int
+    group: int = 0
+
+
+def _tokens(rng: random.Random, n: int, vocab: int) -> list[int]:
+    # Skip the low ids, which are special tokens in most vocabularies.
+    return [rng.randrange(256, vocab) for _ in range(n)]
+
+
+def generated_shared_prefix(
+    num_groups: int,
+    prompts_per_group: int,
+    system_prompt_len: int,
+    question_len: int,
+    output_len: int,
+    vocab_size: int,
+    seed: int = 0,
+) -> list[BenchRequest]:
+    """SGLang's gsp: groups of prompts that share a long system prompt, each with its own question.
+    Returned interleaved across groups (the arrival order that makes caching hard)."""
+    rng = random.Random(seed)
+    systems = [_tokens(rng, system_prompt_len, vocab_size) for _ in range(num_groups)]
+    reqs = [
+        BenchRequest(systems[g] + _tokens(rng, question_len, vocab_size), output_len, g)
+        for _ in range(prompts_per_group)
+        for g in range(num_groups)
+    ]
+    return reqs
+
+
+def random_prompts(num: int, input_len: int, output_len: int, vocab_size: int, range_ratio: float = 1.0, seed: int = 0):
+    rng = random.Random(seed)
+    out = []
+    for _ in range(num):
+        n = rng.randint(max(1, int(input_len * range_ratio)), input_len)
+        m = rng.randint(max(1, int(output_len * range_ratio)), output_len)
+        out.append(BenchRequest(_tokens(rng, n, vocab_size), m))
+    return out
