@@ -1,0 +1,34 @@
+"""RMSNorm with an optional fused residual add (SGLang's calling convention)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        # Same op order as HF's LlamaRMSNorm (float32 statistics, weight applied
+        # after casting back), so logits match the reference bit for bit in fp32.
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return self.weight * x32.to(dtype)
+
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """forward(x) -> normed x; forward(x, residual) -> (norm(x + residual), x + residual).
+
+        The second form lets a decoder layer carry the residual stream without a
+        separate add before every norm.
+        """
+        if residual is None:
+            return self._norm(x)
+        x = x + residual
+        return self._norm(x), x

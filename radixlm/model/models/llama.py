@@ -1,0 +1,178 @@
+"""Llama-family decoder (Llama 2/3, SmolLM2, Mistral); Qwen2/Qwen3 subclass it.
+
+Module names follow HF, except q/k/v -> qkv_proj and gate/up -> gate_up_proj,
+which `load_weights` fills from the HF tensors (stacked_params_mapping).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.model.forward_batch import ForwardBatch
+from radixlm.model.layers.activation import SiluAndMul
+from radixlm.model.layers.attention import RadixAttention, get_attn_backend
+from radixlm.model.layers.linear import Linear, MergedLinear, VocabEmbedding
+from radixlm.model.layers.norm import RMSNorm
+from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
+
+
+def get_head_dim(config: Any) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size] * 2, bias=bias)
+        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: Any, layer_id: int, rotary_emb: RotaryEmbedding, qkv_bias: bool, qk_norm: bool):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = get_head_dim(config)
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        o_bias = bool(getattr(config, "attention_bias", False))
+        self.qkv_proj = MergedLinear(
+            config.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=qkv_bias or o_bias
+        )
+        self.o_proj = Linear(self.q_size, config.hidden_size, bias=o_bias)
+        self.rotary_emb = rotary_emb  # shared by all layers (one cos/sin cache)
+        if qk_norm:  # Qwen3: RMSNorm over each head of q and k, before RoPE
+            self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.qk_norm = qk_norm
+        self.attn = RadixAttention(
+            self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id
+        )
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm:
+            q = self.q_norm(q.reshape(-1, self.num_heads, self.head_dim)).view(-1, self.q_size)
+            k = self.k_norm(k.reshape(-1, self.num_kv_heads, self.head_dim)).view(-1, self.kv_size)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v, forward_batch))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: Any, layer_id: int, rotary_emb: RotaryEmbedding, qkv_bias: bool, qk_norm: bool):
+        super().__init__()
+        self.self_attn = LlamaAttention(config, layer_id, rotary_emb, qkv_bias, qk_norm)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False)))
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, positions, hidden, forward_batch, residual):
+        # The residual stream rides along; each norm adds it in (fused add + norm).
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, forward_batch)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: Any, qkv_bias: bool = False, qk_norm: bool = False):
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        rotary_emb = get_rope(get_head_dim(config), config)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, qk_norm) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, input_ids, positions, forward_batch: ForwardBatch) -> torch.Tensor:
+        get_attn_backend(forward_batch).init_forward_metadata(forward_batch)
+        hidden, residual = self.embed_tokens(input_ids), None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, forward_batch, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    # Knobs the Qwen subclasses turn.
+    qkv_bias = False
+    qk_norm = False
+    # (fused param, HF name, shard index)
+    stacked_params_mapping = [
+        ("qkv_proj", "q_proj", 0),
+        ("qkv_proj", "k_proj", 1),
+        ("qkv_proj", "v_proj", 2),
+        ("gate_up_proj", "gate_proj", 0),
+        ("gate_up_proj", "up_proj", 1),
+    ]
+
+    def __init__(self, config: Any):
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        if not self.tie_word_embeddings:
+            self.lm_head = Linear(config.hidden_size, config.vocab_size)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+        """-> hidden states [num_tokens, hidden] after the final norm."""
+        return self.model(input_ids, positions, forward_batch)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
+        return F.linear(hidden_states, weight).float()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Fill every parameter from (HF name, tensor) pairs; raise on missing or unknown names
+        (parameters start uninitialized, so a silent miss would mean garbage output)."""
+        params = dict(self.named_parameters())
+        loaded: dict[str, set] = {}
+        unknown = []
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name or (self.tie_word_embeddings and name == "lm_head.weight"):
+                continue
+            target, shard = self._map_name(name)
+            if target not in params:
+                unknown.append(name)
+                continue
+            param = params[target]
+            if shard is None:
+                if param.shape != tensor.shape:
+                    raise ValueError(f"{name}: expected shape {tuple(param.shape)}, got {tuple(tensor.shape)}")
+                # Adopt the loaded tensor instead of copying it into the (never touched)
+                # empty param: halves the memory written at load, where page faults dominate.
+                param.data = tensor.to(device=param.device, dtype=param.dtype).contiguous()
+            else:
+                self.get_submodule(target.rsplit(".", 1)[0]).load_shard(param, tensor, shard)
+            loaded.setdefault(target, set()).add(shard or 0)
+        missing = [n for n in params if len(loaded.get(n, ())) < self._num_shards(n)]
+        if unknown or missing:
+            raise ValueError(
+                f"weights do not match {type(self).__name__}: missing {missing[:8]}, unknown {unknown[:8]}"
+            )
+
+    def _map_name(self, name: str) -> tuple[str, int | None]:
+        """HF name -> (our param name, shard index in a fused param or None)."""
+        for fused, hf_part, shard in self.stacked_params_mapping:
+            if f".{hf_part}." in name:
+                return name.replace(f".{hf_part}.", f".{fused}."), shard
+        return name, None
+
+    def _num_shards(self, param_name: str) -> int:
+        module = self.get_submodule(param_name.rsplit(".", 1)[0])
+        return len(module.output_sizes) if isinstance(module, MergedLinear) else 1
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Same graph as Llama (sliding window is handled by capping the context length)."""

@@ -1,0 +1,34 @@
+"""Model registry: HF `architectures` name -> our model class."""
+
+from __future__ import annotations
+
+from torch import nn
+
+from radixlm.model.models.llama import LlamaForCausalLM, MistralForCausalLM
+from radixlm.model.models.qwen2 import Qwen2ForCausalLM
+from radixlm.model.models.qwen3 import Qwen3ForCausalLM
+
+MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "LlamaForCausalLM": LlamaForCausalLM,
+    "MistralForCausalLM": MistralForCausalLM,
+    "Qwen2ForCausalLM": Qwen2ForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+}
+
+
+def supported_architectures() -> list[str]:
+    return sorted(MODEL_REGISTRY)
+
+
+def resolve_architecture(architectures: list[str] | None) -> tuple[str, type[nn.Module]]:
+    """The first of a config's `architectures` that radixlm implements."""
+    for arch in architectures or []:
+        if arch in MODEL_REGISTRY:
+            return arch, MODEL_REGISTRY[arch]
+    raise ValueError(
+        f"unsupported model architecture {architectures}; radixlm supports: {', '.join(supported_architectures())}"
+    )
+
+
+def get_model_class(architecture: str) -> type[nn.Module]:
+    return resolve_architecture([architecture])[1]

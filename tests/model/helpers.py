@@ -1,0 +1,111 @@
+"""Drive a model through the KV pools the way the scheduler does, so tests read as
+"prefill these, extend that over a shared prefix, decode these together"."""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixlm.model.forward_batch import ForwardBatch, ForwardMode
+from radixlm.model.models.llama import get_head_dim
+
+# Tiny model shape shared by the logits tests.
+SMALL = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+)
+
+
+class PoolHarness:
+    def __init__(self, model, config, max_reqs: int = 16, max_context: int = 512, kv_size: int = 4096, seed: int = 0):
+        self.model = model
+        self.req_pool = ReqToTokenPool(max_reqs, max_context)
+        self.kv_pool = TokenToKVPool(
+            kv_size,
+            config.num_hidden_layers,
+            getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            get_head_dim(config),
+        )
+        # Hand out KV slots in a scrambled order so no test passes by accident of
+        # contiguous, position-ordered slots.
+        g = torch.Generator().manual_seed(seed)
+        self.kv_pool.free_slots = self.kv_pool.free_slots[torch.randperm(kv_size, generator=g)]
+        self.lens: dict[int, int] = {}  # request slot -> tokens whose K/V are in the pool
+
+    def new_request(self, share_prefix_of: int | None = None, prefix_len: int = 0) -> int:
+        """A request slot; optionally starting with another request's first `prefix_len`
+        KV slots (what a radix-cache hit gives the scheduler)."""
+        slot = self.req_pool.alloc()
+        assert slot is not None
+        self.lens[slot] = 0
+        if share_prefix_of is not None:
+            assert prefix_len <= self.lens[share_prefix_of]
+            r2t = self.req_pool.req_to_token
+            r2t[slot, :prefix_len] = r2t[share_prefix_of, :prefix_len]
+            self.lens[slot] = prefix_len
+        return slot
+
+    def _run(self, mode, reqs, new_tokens: list[list[int]]) -> torch.Tensor:
+        prefix = [self.lens[r] for r in reqs]
+        extend = [len(t) for t in new_tokens]
+        seq = [p + e for p, e in zip(prefix, extend)]
+        out_cache_loc = self.kv_pool.alloc(sum(extend))
+        assert out_cache_loc is not None, "KV pool exhausted"
+        start = 0
+        for r, p, e in zip(reqs, prefix, extend):
+            self.req_pool.req_to_token[r, p : p + e] = out_cache_loc[start : start + e]
+            self.lens[r] = p + e
+            start += e
+        fb = ForwardBatch(
+            forward_mode=mode,
+            batch_size=len(reqs),
+            input_ids=torch.tensor([t for ts in new_tokens for t in ts], dtype=torch.int64),
+            positions=torch.cat([torch.arange(p, s) for p, s in zip(prefix, seq)]),
+            req_pool_indices=torch.tensor(reqs, dtype=torch.int64),
+            seq_lens=torch.tensor(seq, dtype=torch.int64),
+            out_cache_loc=out_cache_loc,
+            req_to_token_pool=self.req_pool,
+            token_to_kv_pool=self.kv_pool,
+            seq_lens_cpu=seq,
+            extend_prefix_lens_cpu=prefix if mode.is_extend() else None,
+            extend_seq_lens_cpu=extend if mode.is_extend() else None,
+        )
+        with torch.no_grad():
+            return self.model.compute_logits(self.model(fb.input_ids, fb.positions, fb))
+
+    def extend(self, reqs: list[int], new_tokens: list[list[int]]) -> list[torch.Tensor]:
+        """One EXTEND batch; returns each request's logits [new_tokens, vocab]."""
+        logits = self._run(ForwardMode.EXTEND, reqs, new_tokens)
+        return list(logits.split([len(t) for t in new_tokens]))
+
+    def decode(self, reqs: list[int], tokens: list[int]) -> torch.Tensor:
+        """One DECODE batch (one token per request); returns logits [bs, vocab]."""
+        return self._run(ForwardMode.DECODE, reqs, [[t] for t in tokens])
+
+
+def hf_logits(hf_model, ids: list[int]) -> torch.Tensor:
+    """Reference logits [len(ids), vocab] from a transformers model, one sequence, no padding."""
+    with torch.no_grad():
+        return hf_model(torch.tensor([ids])).logits[0].float()
+
+
+def randomize(model: torch.nn.Module) -> None:
+    """HF init leaves norms at 1 and biases at 0, which would hide a mis-loaded norm or
+    bias; draw everything, scaled so logits are O(1) and ATOL is a tight bound."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
+            elif name.endswith("bias"):
+                p.copy_(0.2 * torch.randn(p.shape, generator=g))
+            elif "embed_tokens" in name:
+                p.copy_(torch.randn(p.shape, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, generator=g) * p.shape[1] ** -0.5)
