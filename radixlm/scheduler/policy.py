@@ -11,6 +11,9 @@ from radixlm.scheduler.batch import Req
 
 # LPM costs a tree walk per waiting request; past this queue length fall back to FCFS.
 LPM_MAX_QUEUE = 128
+# A request whose uncached prefix shares at least this many tokens with a request already in
+# the batch waits a round (SGLang's in-batch prefix caching check).
+IN_BATCH_PREFIX_MIN = 32
 # Cap on the decode tokens reserved for one running request.
 CLIP_MAX_NEW_TOKENS = 4096
 
@@ -126,3 +129,17 @@ class PrefillAdder:
         self.rem_input_tokens -= ext
         if self.rem_chunk_tokens is not None:
             self.rem_chunk_tokens -= ext
+
+
+def shares_prefix_in_batch(req: Req, admitted: list[Req]) -> bool:
+    if req.req_pool_idx is not None or len(req.prefix_indices) >= IN_BATCH_PREFIX_MIN:
+        return False
+    ids = req.fill_ids
+    for other in admitted:
+        n = min(len(ids), len(other.fill_ids), 4 * IN_BATCH_PREFIX_MIN)
+        if n >= IN_BATCH_PREFIX_MIN and ids[:IN_BATCH_PREFIX_MIN] == other.fill_ids[:IN_BATCH_PREFIX_MIN]:
+            # Cheap first check, then the real common length beyond what the tree has.
+            common = next((i for i in range(n) if ids[i] != other.fill_ids[i]), n)
+            if common - len(req.prefix_indices) >= IN_BATCH_PREFIX_MIN:
+                return True
+    return False

@@ -32,7 +32,7 @@ from radixlm.model.forward_batch import ForwardMode
 from radixlm.model.layers.sampler import SamplingBatchInfo
 from radixlm.model.runner import LogitsOutput, ModelRunner
 from radixlm.scheduler.batch import Req, ScheduleBatch
-from radixlm.scheduler.policy import PrefillAdder, SchedulePolicy
+from radixlm.scheduler.policy import PrefillAdder, SchedulePolicy, shares_prefix_in_batch
 from radixlm.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)
@@ -59,6 +59,8 @@ class Scheduler:
         self.chunked_req: Optional[Req] = None
         self.new_token_ratio = server_args.new_token_ratio
         self.stats = SchedulerStats(self.runner.max_total_num_tokens)
+        # LPM-like policies hold back a request whose prefix another admitted request is computing.
+        self.dedup_in_batch = server_args.schedule_policy in ("lpm", "dfs-weight") and not server_args.disable_radix_cache
         self.chunk_size = None if server_args.chunked_prefill_size == -1 else server_args.chunked_prefill_size
         self._out_chunks: list[ReqOutputChunk] = []
 
@@ -232,6 +234,8 @@ class Scheduler:
                 if len(adder.can_run) + len(self.running) >= self.runner.max_running_requests:
                     break
                 req.init_next_round_input(self.tree_cache)
+                if self.dedup_in_batch and shares_prefix_in_batch(req, adder.can_run):
+                    continue  # it will hit the cache next round instead of computing the prefix twice
                 if not adder.add_one_req(req, nothing_running):
                     break
         if not adder.can_run:
