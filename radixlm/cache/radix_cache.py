@@ -182,6 +182,9 @@ class RadixCache:
         locked for this request, so the request never frees a slot the tree owns.
         """
         if self.disable:
+            # No sharing: the request keeps its own slots, but its next chunk must build on them.
+            row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+            req.prefix_indices = row[: len(req.fill_ids)].clone()
             return
         token_ids = req.fill_ids
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]

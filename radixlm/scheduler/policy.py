@@ -92,30 +92,39 @@ class PrefillAdder:
         return int(max(0, min(left, CLIP_MAX_NEW_TOKENS)) * ratio)
 
     def add_one_req(self, req: Req, nothing_running: bool) -> bool:
-        """Returns False when admission must stop (no budget left)."""
-        if self.free_req_slots <= 0 and req.req_pool_idx is None:
+        """Admit `req` (maybe only a chunk of it). Returns False when admission must stop."""
+        new_req = req.req_pool_idx is None  # a pending chunked request already holds its slot and lock
+        if new_req and self.free_req_slots <= 0:
             return False
         ext = req.extend_input_len
-        need = ext + self.reserve_for(req, self.new_token_ratio)
-        # With nothing running the first request needs only room for its prompt: progress first.
-        if need > self.rem_total_tokens and not (nothing_running and not self.can_run and ext <= self.rem_total_tokens):
+        chunking = self.rem_chunk_tokens is not None
+        limit = min(self.rem_chunk_tokens, self.rem_input_tokens) if chunking else self.rem_input_tokens
+        if not chunking and not self.can_run:
+            limit = ext  # without chunking the first prompt always fits the input budget
+        take = min(ext, limit)
+        if take < ext and not chunking:
             return False
-        if self.can_run and ext > self.rem_input_tokens and (self.rem_chunk_tokens is None):
+        # Lock the matched prefix first: what it pins is no longer evictable budget.
+        delta = self.tree_cache.inc_lock_ref(req.last_node) if new_req else 0
+        self.rem_total_tokens += delta
+        need = take if take < ext else take + self.reserve_for(req, self.new_token_ratio)
+        if need > self.rem_total_tokens:
+            # Progress first: with nothing running, admit what fits (a chunk, or the whole prompt).
+            if nothing_running and not self.can_run and chunking:
+                take = min(take, self.rem_total_tokens)
+                need = take
+            elif not (nothing_running and not self.can_run and ext <= self.rem_total_tokens):
+                take = 0
+        if take <= 0:
+            if new_req:
+                self.rem_total_tokens += self.tree_cache.dec_lock_ref(req.last_node)
             return False
-        # Lock the matched prefix now so admitting later requests cannot evict it.
-        self.rem_total_tokens += self.tree_cache.inc_lock_ref(req.last_node) if req.req_pool_idx is None else 0
-        chunk = self.rem_chunk_tokens
-        if chunk is not None and ext > min(chunk, self.rem_input_tokens):
-            take = min(chunk, self.rem_input_tokens)
-            if take <= 0:
-                self.tree_cache.dec_lock_ref(req.last_node) if req.req_pool_idx is None else None
-                return False
-            p = len(req.prefix_indices)
-            req.fill_ids = req.fill_ids[: p + take]
+        if take < ext:
+            req.fill_ids = req.fill_ids[: len(req.prefix_indices) + take]
             req.extend_input_len = take
             req.is_chunked = True
             self.new_chunked_req = req
-            self._take(req, take, take)
+            self._take(req, take, need)
             return False
         req.is_chunked = False
         self._take(req, ext, need)

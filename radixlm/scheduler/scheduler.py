@@ -228,6 +228,9 @@ class Scheduler:
             else:
                 req.init_next_round_input(self.tree_cache)
                 adder.add_one_req(req, nothing_running)
+                if req not in adder.can_run:  # no room now: it stays the pending chunked request
+                    self.chunked_req = req
+                    return None
         if adder.new_chunked_req is None:
             self.policy.calc_priority(self.waiting_queue)
             for req in self.waiting_queue:

@@ -207,3 +207,20 @@ def test_retraction_finishes_everything_with_the_alone_output(tiny_model_dir):
     assert state["num_retracted"] > 0, "the pool was meant to be too small for all requests"
     assert [o["output_ids"] for o in outs] == alone
     assert all(o["meta_info"]["finish_reason"]["type"] == "length" for o in outs)
+
+
+@pytest.mark.parametrize("disable_radix_cache", [True, False], ids=["no-cache", "cache"])
+def test_chunked_prefill_under_memory_pressure(tiny_model_dir, tiny_hf_model, disable_radix_cache):
+    """Small chunks, a small pool and shared prefixes: every request finishes with HF's greedy
+    output and the memory check (debug_memory_check) holds at every idle point."""
+    rng = random.Random(8)
+    shared = rand_prompt(rng, 90)
+    prompts = [shared + rand_prompt(rng, rng.randint(5, 40)) for _ in range(10)] + [rand_prompt(rng, 150)]
+    sp = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
+    refs = [hf_greedy(tiny_hf_model, p, 10) for p in prompts]
+    opts = engine_args(chunked_prefill_size=16, max_total_tokens=700, disable_radix_cache=disable_radix_cache)
+    with Engine(tiny_model_dir, **opts) as e:
+        outs = e.generate(input_ids=prompts, sampling_params=sp)
+        assert [o["output_ids"] for o in outs] == refs
+        st = e.get_internal_state()
+        assert st["available_kv_tokens"] + st["evictable_tokens"] == st["max_total_num_tokens"]
