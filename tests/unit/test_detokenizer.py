@@ -1,0 +1,42 @@
+"""Incremental detokenization with the real tokenizer: UTF-8 safe, cumulative, stop trimming."""
+
+import pytest
+
+from radixlm.engine.detokenizer import IncrementalDetokenizer
+from radixlm.ipc import ReqOutputChunk
+
+TEXT = "Héllo wörld 👋🏽 — 東京タワー is tall. ∑x² ≥ 0 🎉!"
+
+
+@pytest.fixture(scope="module")
+def tokenizer(default_model_path):
+    from radixlm.model.loader import load_tokenizer
+
+    return load_tokenizer(default_model_path)
+
+
+def chunk(rid, ids, finished=None, trim=True):
+    return ReqOutputChunk(rid, ids, finished, 0, 0, 0, trim_stop=trim)
+
+
+def test_one_token_at_a_time_never_shows_a_broken_character(tokenizer):
+    ids = tokenizer.encode(TEXT)
+    assert any("\ufffd" in tokenizer.decode(ids[:i]) for i in range(1, len(ids))), "the text must split a character"
+    detok = IncrementalDetokenizer(tokenizer)
+    seen = ""
+    for tok in ids[:-1]:
+        text = detok.step(chunk("r", [tok]))
+        assert "\ufffd" not in text
+        assert text.startswith(seen) and TEXT.startswith(text)
+        seen = text
+    final = detok.step(chunk("r", [ids[-1]], {"type": "length", "length": len(ids)}))
+    assert final == tokenizer.decode(ids) == TEXT
+    assert "r" not in detok.states
+
+
+def test_stop_string_and_stop_token_are_trimmed(tokenizer):
+    ids = tokenizer.encode("The answer is 42. Done")
+    detok = IncrementalDetokenizer(tokenizer)
+    assert detok.step(chunk("a", ids, {"type": "stop", "matched": "42"})) == "The answer is "
+    assert detok.step(chunk("b", ids, {"type": "stop", "matched": "42"}, trim=False)) == "The answer is 42. Done"
+    assert detok.step(chunk("c", ids, {"type": "stop", "matched": ids[-1]})) == tokenizer.decode(ids[:-1])
