@@ -1,4 +1,4 @@
-"""Command line: `radixlm generate` (later: serve, bench, router)."""
+"""Command line: `radixlm serve | generate | bench`."""
 
 from __future__ import annotations
 
@@ -69,6 +69,14 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    from radixlm.config import ServerArgs
+    from radixlm.server.launch import launch_server
+
+    launch_server(ServerArgs.from_cli_args(args))
+    return 0
+
+
 def main(argv=None) -> int:
     from radixlm.config import ServerArgs
 
@@ -83,6 +91,10 @@ def main(argv=None) -> int:
     _add_sampling_args(gen)
     ServerArgs.add_cli_args(gen)
     gen.set_defaults(func=cmd_generate)
+    serve = sub.add_parser("serve", help="serve the native (SGLang-compatible) and OpenAI-compatible HTTP APIs")
+    serve.add_argument("--model", dest="model_path_alias", default=None, help="alias of --model-path")
+    ServerArgs.add_cli_args(serve)
+    serve.set_defaults(func=cmd_serve)
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     offline = bench_sub.add_parser("offline", help="a workload through the in-process Engine")

@@ -36,6 +36,15 @@ class ServerArgs:
     disable_radix_cache: bool = False
     random_seed: int = 42
 
+    # HTTP server
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: Optional[str] = None  # require "Authorization: Bearer <key>"
+    enable_metrics: bool = False  # Prometheus /metrics
+    max_queued_requests: Optional[int] = None  # beyond this many waiting, 429
+    incremental_streaming_output: bool = False  # stream text deltas instead of cumulative text
+    watchdog_interval: float = 0.5  # seconds between checks that the child processes live
+
     # Runtime
     num_threads: Optional[int] = None  # torch intra-op threads; default all cores
     log_level: str = "info"

@@ -7,55 +7,18 @@ import asyncio
 import atexit
 import dataclasses
 import logging
-import multiprocessing as mp
-import os
 import queue
 import threading
 import weakref
 from typing import Any, Iterator, Optional, Union
 
-from radixlm.config import PortArgs, ServerArgs
+from radixlm.config import ServerArgs
+from radixlm.engine.launcher import stop_processes, launch_engine_processes, watch_processes
 from radixlm.ipc import GenerateReqInput
 
 logger = logging.getLogger(__name__)
 
 Prompt = Union[str, list[str], None]
-
-
-def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, dict]:
-    """Start the scheduler and detokenizer processes; return them, the ports and the
-    scheduler's info once its model is loaded (or raise with its error)."""
-    from radixlm.engine.detokenizer import run_detokenizer_process
-    from radixlm.scheduler.scheduler import run_scheduler_process
-
-    port_args = PortArgs.init_new()
-    ctx = mp.get_context("spawn")
-    reader, writer = ctx.Pipe(duplex=False)
-    sched = ctx.Process(target=run_scheduler_process, args=(server_args, port_args, writer), daemon=True)
-    detok = ctx.Process(target=run_detokenizer_process, args=(server_args, port_args), daemon=True)
-    sched.start()
-    detok.start()
-    procs = [sched, detok]
-    try:
-        while not reader.poll(1.0):
-            if not sched.is_alive():
-                raise RuntimeError(f"the scheduler process died while starting (exit code {sched.exitcode})")
-        info = reader.recv()
-    except BaseException:
-        _stop(procs)
-        raise
-    if info.get("status") != "ready":
-        _stop(procs)
-        raise RuntimeError(f"the scheduler failed to start: {info.get('message')}")
-    return procs, port_args, info
-
-
-def _stop(procs: list) -> None:
-    for p in procs:
-        if p.is_alive():
-            p.kill()
-    for p in procs:
-        p.join(timeout=10)
 
 
 class Engine:
@@ -84,25 +47,19 @@ class Engine:
         self._thread = threading.Thread(target=self._loop.run_forever, name="radixlm-engine-loop", daemon=True)
         self._thread.start()
         self._run(self.tokenizer_manager.start())
-        self._watchdog = threading.Thread(target=self._watch, name="radixlm-engine-watchdog", daemon=True)
-        self._watchdog.start()
-        self._finalizer = weakref.finalize(self, _stop, self._procs)
+        tm = self.tokenizer_manager
+        watch_processes(
+            self._procs,
+            lambda msg: self._loop.call_soon_threadsafe(tm.mark_dead, msg),
+            lambda: self._closed,
+            self.server_args.watchdog_interval,
+        )
+        self._finalizer = weakref.finalize(self, stop_processes, self._procs)
         atexit.register(self.shutdown)
 
     # ----------------------------------------------------------------- plumbing
     def _run(self, coro, timeout: Optional[float] = None):
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
-
-    def _watch(self) -> None:
-        import time
-
-        while not self._closed:
-            for p in self._procs:
-                if not p.is_alive() and not self._closed:
-                    msg = f"the {p.name} process died (exit code {p.exitcode})"
-                    self._loop.call_soon_threadsafe(self.tokenizer_manager.mark_dead, msg)
-                    return
-            time.sleep(0.5)
 
     @staticmethod
     def _make_request(prompt, sampling_params, input_ids, **kw) -> GenerateReqInput:
@@ -197,7 +154,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
-        _stop(self._procs)
+        stop_processes(self._procs)
         if self._loop.is_running():
             try:
                 self._run(self.tokenizer_manager.close(), timeout=5)

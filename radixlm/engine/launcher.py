@@ -1,0 +1,64 @@
+"""Starting, watching and stopping the engine's child processes (scheduler, detokenizer)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+import time
+from typing import Callable
+
+from radixlm.config import PortArgs, ServerArgs
+
+
+def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, dict]:
+    """Start the scheduler and detokenizer processes; return them, the ports and the
+    scheduler's info once its model is loaded (or raise with its error)."""
+    from radixlm.engine.detokenizer import run_detokenizer_process
+    from radixlm.scheduler.scheduler import run_scheduler_process
+
+    port_args = PortArgs.init_new()
+    ctx = mp.get_context("spawn")
+    reader, writer = ctx.Pipe(duplex=False)
+    sched = ctx.Process(
+        target=run_scheduler_process, args=(server_args, port_args, writer), daemon=True, name="scheduler"
+    )
+    detok = ctx.Process(target=run_detokenizer_process, args=(server_args, port_args), daemon=True, name="detokenizer")
+    sched.start()
+    detok.start()
+    procs = [sched, detok]
+    try:
+        while not reader.poll(1.0):
+            if not sched.is_alive():
+                raise RuntimeError(f"the scheduler process died while starting (exit code {sched.exitcode})")
+        info = reader.recv()
+    except BaseException:
+        stop_processes(procs)
+        raise
+    if info.get("status") != "ready":
+        stop_processes(procs)
+        raise RuntimeError(f"the scheduler failed to start: {info.get('message')}")
+    return procs, port_args, info
+
+
+def stop_processes(procs: list) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.kill()
+    for p in procs:
+        p.join(timeout=10)
+
+
+def watch_processes(procs: list, on_dead: Callable[[str], None], stopped: Callable[[], bool], interval: float) -> threading.Thread:
+    """A daemon thread that calls on_dead(message) once if a child process exits unasked."""
+
+    def run():
+        while not stopped():
+            for p in procs:
+                if not p.is_alive() and not stopped():
+                    on_dead(f"the {p.name} process died (exit code {p.exitcode})")
+                    return
+            time.sleep(interval)
+
+    t = threading.Thread(target=run, name="radixlm-watchdog", daemon=True)
+    t.start()
+    return t

@@ -1,0 +1,1 @@
+"""Prometheus metrics (placeholder until written)."""
