@@ -42,6 +42,7 @@ class ReqState:
     prompt_text: Optional[str]
     return_text_in_logprobs: bool
     created: float = field(default_factory=time.perf_counter)
+    created_wall: float = field(default_factory=time.time)
     event: asyncio.Event = field(default_factory=asyncio.Event)
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
@@ -279,6 +280,8 @@ class TokenizerManager:
             cached_tokens=c.cached_tokens,
             forward_passes=c.forward_passes,
         )
+        if c.first_token_time is not None:
+            st.meta["ttft"] = max(0.0, c.first_token_time - st.created_wall)
         for k in ("input_token_logprobs", "input_top_logprobs", "output_token_logprobs", "output_top_logprobs"):
             v = getattr(c, k)
             if v is not None:

@@ -46,6 +46,7 @@ class Req:
     prefilled: bool = False  # its first prefill finished
     input_logprobs_done: bool = False
     forward_passes: int = 0
+    first_token_time: Optional[float] = None
     generator: Optional[torch.Generator] = None
     retracted: int = 0
 

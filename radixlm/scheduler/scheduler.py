@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import faulthandler
 import logging
+import os
 import signal
 import time
 from typing import Optional
@@ -84,6 +85,7 @@ class Scheduler:
             "architecture": r.loaded.architecture,
             "model_path": r.loaded.model_path,
             "eos_token_ids": sorted(self.eos_token_ids),
+            "pid": os.getpid(),
         }
 
     # ------------------------------------------------------------------ loop
@@ -352,6 +354,8 @@ class Scheduler:
 
     def _append_token(self, req: Req, tok: int, logits_row: torch.Tensor) -> None:
         req.output_ids.append(tok)
+        if req.first_token_time is None:
+            req.first_token_time = time.time()
         if req.return_logprob:
             lp = torch.log_softmax(logits_row, dim=-1)
             req.output_token_logprobs.append([float(lp[tok]), tok])
@@ -413,6 +417,7 @@ class Scheduler:
             spaces_between_special_tokens=sp.spaces_between_special_tokens,
             trim_stop=not sp.no_stop_trim,
             forward_passes=req.forward_passes,
+            first_token_time=req.first_token_time,
         )
         if req.return_logprob:
             chunk.input_token_logprobs, req.input_token_logprobs = req.input_token_logprobs, []

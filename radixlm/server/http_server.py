@@ -234,6 +234,7 @@ def create_app(state_factory) -> FastAPI:
             "max_total_num_tokens": s.scheduler_info["max_total_num_tokens"],
             "kv_cache_bytes": s.scheduler_info["kv_cache_bytes"],
             "context_len": s.scheduler_info["context_len"],
+            "scheduler_pid": s.scheduler_info["pid"],
             "internal_state": internal,
         }
 

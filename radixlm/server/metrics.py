@@ -1,1 +1,60 @@
-"""Prometheus metrics (placeholder until written)."""
+"""Prometheus metrics (--enable-metrics): token counters, latency histograms, scheduler gauges."""
+
+from __future__ import annotations
+
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
+
+
+class ServerMetrics:
+    def __init__(self, tokenizer_manager):
+        self.tm = tokenizer_manager
+        r = self.registry = CollectorRegistry()
+        self.prompt_tokens = Counter("radixlm:prompt_tokens", "Prompt tokens processed", registry=r)
+        self.generation_tokens = Counter("radixlm:generation_tokens", "Tokens generated", registry=r)
+        self.cached_tokens = Counter("radixlm:cached_tokens", "Prompt tokens served from the radix cache", registry=r)
+        self.requests = Counter("radixlm:num_requests", "Finished requests", ["finish_reason"], registry=r)
+        self.ttft = Histogram("radixlm:time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r)
+        # Each request contributes its mean inter-token latency (the scheduler does not ship per-token times).
+        self.itl = Histogram("radixlm:inter_token_latency_seconds", "Mean inter-token latency per request", buckets=_LATENCY_BUCKETS, registry=r)
+        self.e2e = Histogram("radixlm:e2e_request_latency_seconds", "End-to-end request latency", buckets=_LATENCY_BUCKETS, registry=r)
+        self.running = Gauge("radixlm:num_running_reqs", "Running requests", registry=r)
+        self.waiting = Gauge("radixlm:num_queue_reqs", "Waiting requests", registry=r)
+        self.token_usage = Gauge("radixlm:token_usage", "Share of KV slots held by running requests", registry=r)
+        self.used_tokens = Gauge("radixlm:kv_used_tokens", "KV slots held by running requests", registry=r)
+        self.cache_hit_rate = Gauge("radixlm:cache_hit_rate", "Prompt tokens served from the cache / prompt tokens", registry=r)
+
+    def observe_finished(self, meta: dict) -> None:
+        self.prompt_tokens.inc(meta.get("prompt_tokens", 0))
+        self.generation_tokens.inc(meta.get("completion_tokens", 0))
+        self.cached_tokens.inc(meta.get("cached_tokens", 0))
+        fr = meta.get("finish_reason") or {}
+        self.requests.labels(fr.get("type", "unknown")).inc()
+        self.e2e.observe(meta.get("e2e_latency", 0.0))
+        ttft = meta.get("ttft")
+        if ttft is not None:
+            self.ttft.observe(ttft)
+            n = meta.get("completion_tokens", 0)
+            if n > 1:
+                self.itl.observe(max(0.0, meta["e2e_latency"] - ttft) / (n - 1))
+
+    async def refresh(self) -> None:
+        st = await self.tm.get_internal_state()
+        total = st["max_total_num_tokens"]
+        used = total - st["available_kv_tokens"] - st["evictable_tokens"]  # held by running requests
+        self.running.set(st["num_running"])
+        self.waiting.set(st["num_waiting"])
+        self.used_tokens.set(used)
+        self.token_usage.set(used / total if total else 0.0)
+        self.cache_hit_rate.set(st["cache_hit_rate"])
+
+
+def mount_metrics(app: FastAPI) -> None:
+    @app.get("/metrics")
+    async def metrics(request: Request):
+        m: ServerMetrics = request.app.state.srv.metrics
+        await m.refresh()
+        return Response(generate_latest(m.registry), media_type=CONTENT_TYPE_LATEST)

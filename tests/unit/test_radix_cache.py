@@ -325,8 +325,10 @@ def test_disabled_mode_no_sharing_frees_everything():
     assert values.numel() == 0 and node is cache.root_node
 
     a = admit(cache, req_pool, kv_pool, [1, 2, 3])
-    cache.cache_unfinished_req(a)  # no-op: a keeps its own slots
-    assert a.prefix_indices.numel() == 0 and a.last_node is cache.root_node
+    own = req_pool.req_to_token[a.req_pool_idx, :3].clone()
+    cache.cache_unfinished_req(a)  # no sharing: a keeps its own slots, and its next chunk builds on them
+    assert torch.equal(a.prefix_indices, own) and a.last_node is cache.root_node
+    assert cache.total_size() == 0
     b = admit(cache, req_pool, kv_pool, [1, 2, 3, 4])
     assert b.prefix_indices.numel() == 0  # no sharing
     assert kv_pool.available_size() == KV_SIZE - 7
