@@ -124,6 +124,18 @@ class GenerateReqInput:
     def __post_init__(self):
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("exactly one of text or input_ids must be given")
+        t = self.text
+        if t is not None and not (isinstance(t, str) or (isinstance(t, list) and t and all(isinstance(x, str) for x in t))):
+            raise ValueError("text must be a string or a non-empty list of strings")
+        ids = self.input_ids
+        is_int = lambda x: isinstance(x, int) and not isinstance(x, bool)  # noqa: E731
+        if ids is not None and not (
+            isinstance(ids, list)
+            and (all(is_int(x) for x in ids) or (ids and all(isinstance(x, list) and all(is_int(y) for y in x) for x in ids)))
+        ):
+            raise ValueError("input_ids must be a list of token ids or a list of such lists")
+        if not isinstance(self.stream, bool):
+            raise ValueError("stream must be a boolean")
 
     @property
     def is_single(self) -> bool:
