@@ -116,8 +116,8 @@ def _exponential_noise(shape: tuple[int, int], gens: list[Optional[torch.Generat
     seeded = [i for i, g in enumerate(gens) if g is not None]
     if len(seeded) < bs:
         u.uniform_()
-    for i in seeded:
-        u[i].uniform_(generator=gens[i])
+    for i in seeded:  # per-request CPU generators: the same draws on any device
+        u[i] = torch.rand(vocab, generator=gens[i]).to(device)
     return -torch.log(u.clamp_(min=1e-20))
 
 
