@@ -178,17 +178,8 @@ class ScheduleBatch:
             seq_lens.append(p + n)
             lp_starts.append(r.logprob_first_position(p))
             r.forward_passes += 1
-        return ForwardBatch(
-            forward_mode=ForwardMode.EXTEND,
-            batch_size=len(reqs),
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
-            positions=torch.tensor(positions, dtype=torch.int64, device=device),
-            req_pool_indices=torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64, device=device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
-            out_cache_loc=out_loc.to(device),
-            req_to_token_pool=req_to_token_pool,
-            token_to_kv_pool=token_to_kv_pool,
-            seq_lens_cpu=seq_lens,
+        return self._forward_batch(
+            ForwardMode.EXTEND, input_ids, positions, seq_lens, out_loc, req_to_token_pool, token_to_kv_pool, device,
             extend_prefix_lens_cpu=prefix_lens,
             extend_seq_lens_cpu=ext_lens,
             extend_logprob_start_lens_cpu=lp_starts,
@@ -198,27 +189,34 @@ class ScheduleBatch:
         reqs = self.reqs
         out_loc = alloc_kv(token_to_kv_pool, tree_cache, len(reqs))
         assert out_loc is not None, "the scheduler must retract before decoding without room"
-        input_ids, positions, seq_lens = [], [], []
-        for i, r in enumerate(reqs):
-            tok = r.output_ids[-1]
-            pos = len(r.fill_ids)
-            req_to_token_pool.req_to_token[r.req_pool_idx, pos] = out_loc[i]
+        input_ids = [r.output_ids[-1] for r in reqs]
+        positions = [len(r.fill_ids) for r in reqs]
+        for r, tok in zip(reqs, input_ids):
             r.fill_ids.append(tok)
-            input_ids.append(tok)
-            positions.append(pos)
-            seq_lens.append(pos + 1)
             r.forward_passes += 1
+        fb = self._forward_batch(
+            ForwardMode.DECODE, input_ids, positions, [p + 1 for p in positions], out_loc,
+            req_to_token_pool, token_to_kv_pool, device,
+        )
+        req_to_token_pool.req_to_token[fb.req_pool_indices, fb.positions] = fb.out_cache_loc
+        return fb
+
+    def _forward_batch(
+        self, mode, input_ids, positions, seq_lens, out_loc, req_to_token_pool, token_to_kv_pool, device, **extend
+    ) -> ForwardBatch:
+        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
         return ForwardBatch(
-            forward_mode=ForwardMode.DECODE,
-            batch_size=len(reqs),
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
-            positions=torch.tensor(positions, dtype=torch.int64, device=device),
-            req_pool_indices=torch.tensor([r.req_pool_idx for r in reqs], dtype=torch.int64, device=device),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64, device=device),
+            forward_mode=mode,
+            batch_size=len(self.reqs),
+            input_ids=as_tensor(input_ids),
+            positions=as_tensor(positions),
+            req_pool_indices=as_tensor([r.req_pool_idx for r in self.reqs]),
+            seq_lens=as_tensor(seq_lens),
             out_cache_loc=out_loc.to(device),
             req_to_token_pool=req_to_token_pool,
             token_to_kv_pool=token_to_kv_pool,
             seq_lens_cpu=seq_lens,
+            **extend,
         )
 
 
