@@ -1,0 +1,243 @@
+"""OpenAI request models (/v1/completions, /v1/chat/completions) and the logprob formats.
+
+Models are strict and forbid unknown fields, so a typo'd or wrongly typed field is a 400 that
+names it instead of being silently ignored or coerced (OpenAI itself rejects unknown fields).
+Known OpenAI fields radixlm cannot honour are accepted at their "off" value and refused otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+MAX_TOP_LOGPROBS = 20
+# A JSON-schema string that allows any object: what response_format json_object constrains to.
+ANY_JSON_OBJECT = '{"type": "object"}'
+
+
+class RequestError(ValueError):
+    """A bad request field; `param` names it (OpenAI's error.param)."""
+
+    def __init__(self, message: str, param: Optional[str] = None):
+        super().__init__(message)
+        self.param = param
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: Optional[bool] = False
+    include_obfuscation: Optional[bool] = None  # newer clients send it; nothing to obfuscate here
+
+
+class JsonSchemaSpec(_Strict):
+    name: Optional[str] = None
+    description: Optional[str] = None
+    schema_: Optional[dict] = Field(None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaSpec] = None
+
+
+class ChatMessage(BaseModel):
+    # Lenient about extra keys: clients often send back a whole previous response message
+    # (refusal, annotations, audio, ...); only the fields below reach the chat template.
+    model_config = ConfigDict(extra="ignore", strict=True)
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
+    content: Any = None
+    name: Optional[str] = None
+    tool_calls: Optional[list[dict]] = None
+    tool_call_id: Optional[str] = None
+
+    @field_validator("content")
+    @classmethod
+    def _text_only(cls, v):
+        if v is None or isinstance(v, str):
+            return v
+        if not isinstance(v, list):
+            raise ValueError("content must be a string or a list of content parts")
+        for part in v:
+            if not isinstance(part, dict) or "type" not in part:
+                raise ValueError('each content part must be an object with a "type"')
+            if part["type"] != "text":
+                raise ValueError(f"content part type {part['type']!r} is not supported (text only)")
+            if not isinstance(part.get("text"), str):
+                raise ValueError('a "text" content part needs a string field "text"')
+        return v
+
+    def for_template(self) -> dict:
+        content = self.content
+        if isinstance(content, list):  # parts are joined with newlines, as vLLM does
+            content = "\n".join(p["text"] for p in content)
+        # "developer" is OpenAI's newer name for "system"; templates know only the latter.
+        m = {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
+        for k in ("name", "tool_calls", "tool_call_id"):
+            if getattr(self, k) is not None:
+                m[k] = getattr(self, k)
+        return m
+
+
+class SGLangExtras(_Strict):
+    """SGLang's extra sampling fields, sent by clients through `extra_body`."""
+
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    min_tokens: Optional[int] = None
+    ignore_eos: Optional[bool] = None
+    stop_token_ids: Optional[list[int]] = None
+    skip_special_tokens: Optional[bool] = None
+    spaces_between_special_tokens: Optional[bool] = None
+    no_stop_trim: Optional[bool] = None
+    regex: Optional[str] = None
+    json_schema: Optional[Any] = None  # a JSON-schema string (or object)
+    ebnf: Optional[str] = None
+
+
+class _Common(SGLangExtras):
+    model: Optional[str] = None  # optional here; when given it must name the served model
+    max_tokens: Optional[int] = Field(None, ge=0)
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    n: Optional[int] = Field(None, ge=1)
+    stream: Optional[bool] = False
+    stream_options: Optional[StreamOptions] = None
+    stop: Any = None
+    seed: Optional[int] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    logit_bias: Optional[dict] = None
+    user: Optional[str] = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stop(cls, v):
+        if v is None or isinstance(v, str) or (isinstance(v, list) and all(isinstance(s, str) for s in v)):
+            return v or None  # [] and "" mean no stop
+        raise ValueError("stop must be a string or a list of strings")
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema_str(cls, v):
+        if v is None or isinstance(v, str):
+            return v
+        if isinstance(v, dict):
+            return json.dumps(v)
+        raise ValueError("json_schema must be a JSON-schema string or object")
+
+
+class CompletionRequest(_Common):
+    prompt: Any
+    echo: Optional[bool] = False
+    logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    best_of: Optional[int] = None
+    suffix: Optional[str] = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt(cls, v):
+        def ids(x):
+            return isinstance(x, list) and bool(x) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
+
+        if isinstance(v, str) or ids(v):
+            return v
+        if isinstance(v, list) and v and (all(isinstance(p, str) for p in v) or all(ids(p) for p in v)):
+            return v
+        raise ValueError("prompt must be a string, a list of strings, a list of token ids or a list of such lists")
+
+
+class ChatCompletionRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = Field(None, ge=0)
+    logprobs: Optional[bool] = False
+    top_logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: Optional[ResponseFormat] = None
+    tools: Optional[list[dict]] = None
+    tool_choice: Any = None
+    chat_template_kwargs: Optional[dict] = None
+    # Accepted and ignored: they change nothing about generation.
+    parallel_tool_calls: Optional[bool] = None
+    store: Optional[bool] = None
+    metadata: Optional[dict] = None
+    service_tier: Optional[str] = None
+
+
+def parse_request(cls: type[BaseModel], body: Any):
+    """Validate a JSON body into `cls`, turning pydantic's errors into one RequestError."""
+    if not isinstance(body, dict):
+        raise RequestError("the request body must be a JSON object")
+    try:
+        return cls.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        if err["type"] == "extra_forbidden":
+            raise RequestError(f"unknown field '{loc}' (unrecognized request argument)", loc) from None
+        if err["type"] == "missing":
+            raise RequestError(f"missing required field '{loc}'", loc) from None
+        msg = err["msg"].removeprefix("Value error, ")
+        got = repr(err.get("input"))
+        got = got if len(got) <= 60 else got[:57] + "..."
+        raise RequestError(f"invalid value for '{loc}': {msg} (got {got})", loc) from None
+
+
+def response_format_schema(rf: Optional[ResponseFormat]) -> Optional[str]:
+    """The sampling_params.json_schema string a response_format asks for (None: free text).
+    Structured generation enforces it; this is the one place the mapping lives."""
+    if rf is None or rf.type == "text":
+        return None
+    if rf.type == "json_object":
+        return ANY_JSON_OBJECT
+    if rf.json_schema is None:
+        raise RequestError("response_format of type json_schema needs a json_schema object",
+                           "response_format.json_schema")
+    if rf.json_schema.schema_ is None:
+        return ANY_JSON_OBJECT
+    return json.dumps(rf.json_schema.schema_)
+
+
+# ------------------------------------------------------------------ logprob formats
+def _lp(x: Optional[float]) -> Optional[float]:
+    # -inf is not valid JSON; clamp like vLLM does.
+    return None if x is None else max(float(x), -9999.0)
+
+
+def completion_logprobs(tokens: list, tops: list, offset: int) -> tuple[dict, int]:
+    """OpenAI's legacy format for (logprob, id, text) entries; `tops` per position is a list of
+    such entries (or None). text_offset counts from `offset`; returns the next offset too."""
+    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    for k, (lp, _tid, text) in enumerate(tokens):
+        top = tops[k] if k < len(tops) else None
+        text = text or ""
+        out["tokens"].append(text)
+        out["token_logprobs"].append(_lp(lp))
+        if lp is None and not top:  # the first prompt token has no logprob at all
+            out["top_logprobs"].append(None)
+        else:
+            d = {(t or ""): _lp(v) for v, _i, t in (top or [])}
+            if lp is not None:
+                d.setdefault(text, _lp(lp))  # the sampled token is always listed
+            out["top_logprobs"].append(d)
+        out["text_offset"].append(offset)
+        offset += len(text)
+    return out, offset
+
+
+def chat_logprobs(tokens: list, tops: list) -> list[dict]:
+    """The chat format: one {token, logprob, bytes, top_logprobs} per generated token."""
+
+    def entry(lp, text):
+        text = text or ""
+        return {"token": text, "logprob": _lp(lp), "bytes": list(text.encode("utf-8"))}
+
+    return [
+        {**entry(lp, text), "top_logprobs": [entry(v, t) for v, _i, t in ((tops[k] if k < len(tops) else None) or [])]}
+        for k, (lp, _tid, text) in enumerate(tokens)
+    ]
