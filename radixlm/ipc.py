@@ -67,6 +67,8 @@ class ReqOutputChunk:
     spaces_between_special_tokens: bool = True
     # Trim the matched stop from the text (False when no_stop_trim is set).
     trim_stop: bool = True
+    # Stop strings: while streaming, text that may be the start of one is held back.
+    stop_strs: Optional[list[str]] = None
     # Logprobs, each a list of [logprob, token_id]; top: per position a list of them.
     input_token_logprobs: Optional[list] = None
     input_top_logprobs: Optional[list] = None

@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 @dataclass
 class DecodeStatus:
     ids: list[int] = field(default_factory=list)
-    text: str = ""  # decoded text of ids[:surr_offset]... up to read_offset, complete characters only
+    text: str = ""  # decoded text of ids[:read_offset] (complete characters only)
     surr_offset: int = 0
     read_offset: int = 0
 
@@ -49,6 +49,8 @@ class IncrementalDetokenizer:
         if len(new) > len(surr) and not new.endswith("\ufffd"):
             st.text += new[len(surr) :]
             st.surr_offset, st.read_offset = st.read_offset, len(st.ids)
+        if c.stop_strs and c.trim_stop:
+            return st.text[: len(st.text) - _stop_prefix_len(st.text, c.stop_strs)]
         return st.text
 
     def final_text(self, ids: list[int], c: ReqOutputChunk) -> str:
@@ -61,6 +63,18 @@ class IncrementalDetokenizer:
             if pos >= 0:
                 text = text[:pos]
         return text
+
+
+def _stop_prefix_len(text: str, stops: list[str]) -> int:
+    """Length of the longest suffix of text that is a proper prefix of a stop string: that
+    text may yet become the stop string, which the final text trims."""
+    best = 0
+    for s in stops:
+        for n in range(min(len(s) - 1, len(text)), best, -1):
+            if text.endswith(s[:n]):
+                best = n
+                break
+    return best
 
 
 def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> None:

@@ -416,6 +416,7 @@ class Scheduler:
             skip_special_tokens=sp.skip_special_tokens,
             spaces_between_special_tokens=sp.spaces_between_special_tokens,
             trim_stop=not sp.no_stop_trim,
+            stop_strs=sp.stop_strs or None,
             forward_passes=req.forward_passes,
             first_token_time=req.first_token_time,
         )

@@ -79,15 +79,24 @@ SSE_DONE = b"data: [DONE]\n\n"
 
 
 async def run_until_disconnect(request: Request, coro):
-    """Await `coro`; if the client goes away first, cancel it (which aborts its requests)."""
+    """Await `coro`; if the client goes away first, cancel it (which aborts its requests).
+    Waits on the ASGI receive channel: polling request.is_disconnected() never fires behind
+    an http middleware."""
     task = asyncio.ensure_future(coro)
-    while True:
-        done, _ = await asyncio.wait({task}, timeout=0.5)
-        if done:
+
+    async def gone():
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(gone())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if task in done:
             return task.result()
-        if await request.is_disconnected():
-            task.cancel()
-            raise HTTPError(499, "client disconnected")
+        raise HTTPError(499, "client disconnected")
+    finally:
+        watcher.cancel()
+        task.cancel()
 
 
 def create_app(state_factory) -> FastAPI:

@@ -295,8 +295,6 @@ def test_stream_disconnect_aborts(server):
     assert wait_idle(server), "the streamed request kept running after the client left"
 
 
-@pytest.mark.xfail(reason="http_server.run_until_disconnect polls request.is_disconnected(), which never turns "
-                          "true behind the BaseHTTPMiddleware api_key_check (same for native /generate)")
 def test_disconnect_aborts(server):
     try:
         with pytest.raises(requests.Timeout):

@@ -40,3 +40,18 @@ def test_stop_string_and_stop_token_are_trimmed(tokenizer):
     assert detok.step(chunk("a", ids, {"type": "stop", "matched": "42"})) == "The answer is "
     assert detok.step(chunk("b", ids, {"type": "stop", "matched": "42"}, trim=False)) == "The answer is 42. Done"
     assert detok.step(chunk("c", ids, {"type": "stop", "matched": ids[-1]})) == tokenizer.decode(ids[:-1])
+
+
+def test_streaming_holds_back_a_possible_stop_string(tokenizer):
+    ids = tokenizer.encode(" Paris.\n\nThe answer")
+    detok = IncrementalDetokenizer(tokenizer)
+    stop = ["\n\nThe"]
+    shown = []
+    for i, tok in enumerate(ids):
+        if "\n\nThe" in tokenizer.decode(ids[: i + 1]):
+            break  # the scheduler finishes the request here
+        c = chunk("s", [tok])
+        c.stop_strs = stop
+        shown.append(detok.step(c))
+    assert len(shown) >= 3 and shown[-1] == " Paris."
+    assert all(not t.endswith("\n") for t in shown), shown
