@@ -31,6 +31,9 @@ class ServerArgs:
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.001
 
+    # Structured generation
+    grammar_backend: str = "xgrammar"  # or "none"
+
     # Scheduling
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
@@ -32,7 +33,7 @@ class SamplingParams:
     no_stop_trim: bool = False
     n: int = 1
     seed: Optional[int] = None
-    # Reserved for structured generation (a later issue); accepted and validated for type only.
+    # Structured output: at most one of these.
     regex: Optional[str] = None
     json_schema: Optional[Any] = None
     ebnf: Optional[str] = None
@@ -104,6 +105,11 @@ class SamplingParams:
         for name in ("regex", "ebnf"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 bad(name, "must be a string")
+        if self.json_schema is not None and not isinstance(self.json_schema, (str, dict)):
+            bad("json_schema", "must be a JSON schema (a string or an object)")
+        given = [n for n in ("json_schema", "regex", "ebnf") if getattr(self, n) is not None]
+        if len(given) > 1:
+            raise SamplingParamsError(f"only one of json_schema, regex, ebnf may be given, got {', '.join(given)}")
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, "must be a boolean")
@@ -113,6 +119,18 @@ class SamplingParams:
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    @property
+    def grammar_key(self) -> Optional[tuple[str, str]]:
+        """(kind, text) of the output constraint, the compile cache's key; None if unconstrained."""
+        if self.json_schema is not None:
+            text = self.json_schema if isinstance(self.json_schema, str) else json.dumps(self.json_schema)
+            return ("json", text)
+        if self.regex is not None:
+            return ("regex", self.regex)
+        if self.ebnf is not None:
+            return ("ebnf", self.ebnf)
+        return None
 
     @property
     def is_greedy(self) -> bool:

@@ -48,6 +48,8 @@ class Req:
     forward_passes: int = 0
     first_token_time: Optional[float] = None
     generator: Optional[torch.Generator] = None
+    # Grammar matcher (radixlm.constrained); a Future while its grammar compiles.
+    grammar: Any = None
     retracted: int = 0
 
     # Logprob increments not yet sent: [logprob, token_id] and per position top lists.
@@ -108,6 +110,9 @@ class Req:
             self.finished_reason = {"type": "length", "length": sp.max_new_tokens}
             return
         last = self.output_ids[-1] if self.output_ids else None
+        if self.grammar is not None and self.grammar.is_terminated():
+            self.finished_reason = {"type": "stop", "matched": last}
+            return
         if last is not None:
             if sp.stop_token_ids and last in sp.stop_token_ids:
                 self.finished_reason = {"type": "stop", "matched": last}

@@ -56,6 +56,9 @@ class Scheduler:
         self.eos_token_ids = frozenset(self.runner.loaded.eos_token_ids)
         self.tokenizer = None  # loaded on first stop string
         self.waiting_queue: list[Req] = []
+        # Requests whose grammar is compiling on the backend's thread pool.
+        self.grammar_queue: list[Req] = []
+        self.grammar_backend = None  # created on the first constrained request
         self.running: list[Req] = []
         self.chunked_req: Optional[Req] = None
         self.new_token_ratio = server_args.new_token_ratio
@@ -95,9 +98,9 @@ class Scheduler:
         while True:
             idle = not (self.waiting_queue or self.running or self.chunked_req)
             if idle:
-                if self.server_args.debug_memory_check:
+                if self.server_args.debug_memory_check and not self.grammar_queue:
                     self.check_memory()
-                poller.poll(1000)
+                poller.poll(2 if self.grammar_queue else 1000)
             for msg in self._drain():
                 self.handle(msg)
             self.step()
@@ -123,6 +126,8 @@ class Scheduler:
 
     def step(self) -> None:
         """One iteration: build a batch, run it, process and send its results."""
+        if self.grammar_queue:
+            self.move_ready_grammar_requests()
         batch = self.get_next_batch_to_run()
         if batch is not None:
             self.run_batch(batch)
@@ -147,13 +152,61 @@ class Scheduler:
             error = "the prompt is empty"
         elif len(req.origin_input_ids) >= self.context_len:
             error = f"the prompt has {len(req.origin_input_ids)} tokens; the context length is {self.context_len}"
+        key = req.sampling_params.grammar_key
+        if not error and key is not None:
+            try:
+                backend = self.get_grammar_backend()
+                req.grammar = backend.get_future(key)
+            except Exception as e:  # noqa: BLE001 - a missing backend is this request's error
+                error = f"structured output unavailable: {e}"
         if error:
             req.finished_reason = {"type": "abort", "message": error, "status_code": 400}
             self.emit(req)
             return
+        if req.grammar is not None:
+            self.grammar_queue.append(req)
+            self.move_ready_grammar_requests()  # a cached grammar is ready at once
+            return
         self.waiting_queue.append(req)
 
+    def get_grammar_backend(self):
+        if self.grammar_backend is None:
+            from radixlm.constrained import create_grammar_backend
+
+            if self.tokenizer is None:
+                self.tokenizer = self._load_tokenizer()
+            self.grammar_backend = create_grammar_backend(
+                self.server_args.grammar_backend, self.tokenizer, self.runner.vocab_size,
+                eos_token_ids=sorted(self.eos_token_ids),
+            )
+            if self.grammar_backend is None:
+                raise ValueError("the server runs with --grammar-backend none")
+        return self.grammar_backend
+
+    def move_ready_grammar_requests(self) -> None:
+        from radixlm.constrained import InvalidGrammar
+
+        for req in [r for r in self.grammar_queue if r.grammar.done() or r.to_abort]:
+            self.grammar_queue.remove(req)
+            if req.to_abort:
+                req.grammar.cancel()
+                req.finished_reason = {"type": "abort", "message": "aborted"}
+                self.emit(req)
+                continue
+            grammar = req.grammar.result()
+            if isinstance(grammar, InvalidGrammar):
+                kind = {"json": "json_schema", "regex": "regex", "ebnf": "ebnf"}[grammar.key[0]]
+                msg = f"invalid sampling_params.{kind}: {grammar.message}"
+                req.finished_reason = {"type": "abort", "message": msg, "status_code": 400}
+                self.emit(req)
+                continue
+            req.grammar = grammar
+            self.waiting_queue.append(req)
+
     def abort_request(self, rid: str) -> None:
+        for req in self.grammar_queue:
+            if rid in ("", req.rid):
+                req.to_abort = True
         for req in list(self.waiting_queue):
             if rid in ("", req.rid):
                 self.waiting_queue.remove(req)
@@ -164,7 +217,7 @@ class Scheduler:
                 req.to_abort = True
 
     def flush_cache(self) -> FlushCacheReqOutput:
-        if self.waiting_queue or self.running or self.chunked_req:
+        if self.waiting_queue or self.running or self.chunked_req or self.grammar_queue:
             return FlushCacheReqOutput(False, "requests are running")
         self.tree_cache.reset()
         self.token_to_kv_pool.clear()
@@ -181,7 +234,7 @@ class Scheduler:
             "req_slots_total": self.req_to_token_pool.size,
             "req_slots_free": self.req_to_token_pool.available_size(),
             "num_running": len(self.running) + (1 if self.chunked_req else 0),
-            "num_waiting": len(self.waiting_queue),
+            "num_waiting": len(self.waiting_queue) + len(self.grammar_queue),
             **self.stats.as_dict(),
         }
 
@@ -310,7 +363,7 @@ class Scheduler:
             generators=[r.generator for r in reqs],
             banned_ids=[r.banned_token_ids() for r in reqs],
         )
-        next_ids = self.runner.sample(out.next_token_logits, info).tolist()
+        next_ids = self.runner.sample(self.grammar_masked(batch, out.next_token_logits), info).tolist()
         if batch.forward_mode.is_extend():
             self.process_extend_result(batch, out, next_ids)
             self.stats.on_extend(fb.num_tokens, time.perf_counter() - t0)
@@ -319,6 +372,20 @@ class Scheduler:
             self.stats.on_decode(len(reqs), time.perf_counter() - t0)
             if self.stats.decode_steps % self.server_args.decode_log_interval == 0:
                 logger.info(self.stats.decode_log_line(self, len(self.running), len(self.waiting_queue)))
+
+    def grammar_masked(self, batch: ScheduleBatch, logits: torch.Tensor) -> torch.Tensor:
+        """Logits with each constrained request's disallowed tokens at -inf (a copy: logprobs
+        are reported from the model's own distribution). Rows without a grammar stay as they are."""
+        rows = [i for i, r in enumerate(batch.reqs) if r.grammar is not None and not r.is_chunked]
+        if not rows:
+            return logits
+        backend = self.grammar_backend
+        mask = backend.allocate_vocab_mask(self.runner.vocab_size, len(batch.reqs))
+        for i in rows:
+            batch.reqs[i].grammar.fill_vocab_mask(mask, i)
+        logits = logits.clone()
+        backend.apply_vocab_mask(logits, backend.move_vocab_mask(mask, logits.device))
+        return logits
 
     def process_extend_result(self, batch: ScheduleBatch, out: LogitsOutput, next_ids: list[int]) -> None:
         for i, req in enumerate(batch.reqs):
@@ -354,6 +421,9 @@ class Scheduler:
 
     def _append_token(self, req: Req, tok: int, logits_row: torch.Tensor) -> None:
         req.output_ids.append(tok)
+        if req.grammar is not None and not req.grammar.accept_token(tok):
+            logger.error("grammar rejected sampled token %d of request %s", tok, req.rid)
+            req.finished_reason = {"type": "abort", "message": "internal error: the grammar rejected a token"}
         if req.first_token_time is None:
             req.first_token_time = time.time()
         if req.return_logprob:
