@@ -167,7 +167,8 @@ def test_mixed_batch_leaves_unconstrained_requests_alone(server, tok):
         ({"json_schema": "{not json"}, "json_schema"),
         ({"json_schema": json.dumps({"type": "object", "properties": {"a": {"type": "nonsense"}}})}, "json_schema"),
         ({"regex": "(a"}, "parenthesis"),
-        ({"ebnf": "rule ::= 'a'"}, "root"),
+        ({"ebnf": 'rule ::= "a"'}, "root"),
+        ({"ebnf": "root ::= 'a"}, "ebnf"),
         ({"regex": "a", "ebnf": "root ::= \"a\""}, "only one"),
     ],
 )
