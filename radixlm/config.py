@@ -33,6 +33,7 @@ class ServerArgs:
 
     # Structured generation
     grammar_backend: str = "xgrammar"  # or "none"
+    disable_jump_forward: bool = False  # decode grammar-forced text token by token
 
     # Scheduling
     schedule_policy: str = "lpm"

@@ -141,14 +141,15 @@ class Req:
             banned |= self.eos_token_ids
         return sorted(banned)
 
-    def reset_for_retract(self) -> None:
+    def reset_for_retract(self, retracted: bool = True) -> None:
+        """Back to the waiting queue holding no slots (retraction, or a jump-forward)."""
         self.prefix_indices = _EMPTY
         self.last_node = None
         self.req_pool_idx = None
         self.fill_ids = []
         self.extend_input_len = 0
         self.is_chunked = False
-        self.retracted += 1
+        self.retracted += int(retracted)
 
 
 @dataclass

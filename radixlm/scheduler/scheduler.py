@@ -19,6 +19,7 @@ import zmq
 
 from radixlm.cache.radix_cache import RadixCache
 from radixlm.config import PortArgs, ServerArgs
+from radixlm.constrained.jump_forward import find_jump_forward
 from radixlm.ipc import (
     AbortReq,
     BatchTokenIDOut,
@@ -65,6 +66,7 @@ class Scheduler:
         self.stats = SchedulerStats(self.runner.max_total_num_tokens)
         # LPM-like policies hold back a request whose prefix another admitted request is computing.
         self.dedup_in_batch = server_args.schedule_policy in ("lpm", "dfs-weight") and not server_args.disable_radix_cache
+        self.jump_forward = not (server_args.disable_jump_forward or server_args.disable_radix_cache)
         self.chunk_size = None if server_args.chunked_prefill_size == -1 else server_args.chunked_prefill_size
         self._out_chunks: list[ReqOutputChunk] = []
 
@@ -403,6 +405,8 @@ class Scheduler:
                 req.finished_reason = {"type": "length", "length": 0}
             else:
                 self._append_token(req, next_ids[i], out.next_token_logits[i])
+            if not req.finished() and self.try_jump_forward(req):
+                continue
             if req.finished():
                 self._finish([req])
             else:
@@ -413,11 +417,41 @@ class Scheduler:
     def process_decode_result(self, batch: ScheduleBatch, out: LogitsOutput, next_ids: list[int]) -> None:
         for i, req in enumerate(batch.reqs):
             self._append_token(req, next_ids[i], out.next_token_logits[i])
+            if not req.finished() and self.try_jump_forward(req):
+                self.running.remove(req)
         done = [r for r in batch.reqs if r.finished()]
         self._finish(done)
         for r in batch.reqs:
             if not r.finished():
                 self.emit(r)
+
+    def try_jump_forward(self, req: Req) -> bool:
+        """Append the text req's grammar forces; the request then leaves the running batch and
+        comes back through one extend step over the forced tokens (its prefix from the cache).
+        Returns True when it was requeued."""
+        if not self.jump_forward or req.grammar is None or req.return_logprob:
+            return False
+        # Tokens that were streamed, or whose KV the tree shares, are never re-tokenized.
+        frozen = max(req.sent_output_len, len(req.prefix_indices) - len(req.origin_input_ids), 0)
+        jf = find_jump_forward(
+            req.grammar, self.tokenizer, req.output_ids, len(req.output_ids) - frozen, req.sampling_params.max_new_tokens
+        )
+        if jf is None:
+            return False
+        valid = min(len(req.fill_ids), len(req.origin_input_ids) + jf.keep)
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        if valid < len(req.fill_ids):  # KV of re-tokenized tokens: the request's own, never the tree's
+            self.token_to_kv_pool.free(row[valid : len(req.fill_ids)].clone())
+            req.fill_ids = req.fill_ids[:valid]
+        req.output_ids = req.output_ids[: jf.keep] + jf.new_tokens
+        self.stats.jump_forward_tokens += len(jf.new_tokens)
+        req.check_finished(self.tokenizer, self.context_len)
+        if req.finished():
+            return False  # the caller finishes it
+        self.tree_cache.cache_finished_req(req)  # shares the valid prefix, releases slot and lock
+        req.reset_for_retract(retracted=False)
+        self.waiting_queue.insert(0, req)
+        return True
 
     def _append_token(self, req: Req, tok: int, logits_row: torch.Tensor) -> None:
         req.output_ids.append(tok)

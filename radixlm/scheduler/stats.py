@@ -16,6 +16,7 @@ class SchedulerStats:
     decode_steps: int = 0
     extend_tokens: int = 0
     num_retracted: int = 0
+    jump_forward_tokens: int = 0  # output tokens appended by jump-forward instead of decoding
     forward_time: float = 0.0
     # (time, tokens) of recent decode steps for the log line's throughput.
     _recent: deque = field(default_factory=lambda: deque(maxlen=64))
@@ -54,6 +55,7 @@ class SchedulerStats:
             "cache_hit_rate": self.cache_hit_rate,
             "generated_tokens": self.generated_tokens,
             "num_retracted": self.num_retracted,
+            "jump_forward_tokens": self.jump_forward_tokens,
         }
 
     def decode_log_line(self, scheduler, running: int, waiting: int) -> str:

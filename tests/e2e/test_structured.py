@@ -177,3 +177,46 @@ def test_invalid_grammar_is_400_then_serving_continues(server, sp, word):
     assert r.status_code == 400 and word in r.json()["error"]["message"], r.text
     ok = requests.post(server.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 4, "regex": "[a-z]+"}}, timeout=60)
     assert ok.status_code == 200 and re.fullmatch("[a-z]+", ok.json()["text"])
+
+
+HEAVY = {  # many fixed keys: long forced runs
+    "type": "object",
+    "properties": {
+        "first_name": S, "last_name": S, "age": {"type": "integer", "minimum": 0, "maximum": 99},
+        "is_employed": {"type": "boolean"}, "favorite_color": {"enum": ["red", "green", "blue"]},
+        "home_city": S, "number_of_children": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
+    "required": ["first_name", "last_name", "age", "is_employed", "favorite_color", "home_city", "number_of_children"],
+}
+
+
+def test_jump_forward_on_and_off(server, tok):
+    from radixlm import Engine
+
+    prompts = [chat_prompt(tok, f"Invent person number {i} as JSON.") for i in range(4)]
+    sps = [{"max_new_tokens": 160, "temperature": 0.7, "seed": i, "json_schema": json.dumps(HEAVY)} for i in range(4)]
+
+    def passes_per_token(outs):
+        for out in outs:
+            assert out["meta_info"]["finish_reason"]["type"] == "stop"
+            jsonschema.validate(json.loads(out["text"]), HEAVY)
+        return sum(o["meta_info"]["forward_passes"] for o in outs) / sum(o["meta_info"]["completion_tokens"] for o in outs)
+
+    on = passes_per_token(generate(server, {"text": prompts, "sampling_params": sps}))
+    with Engine(disable_jump_forward=True, log_level="warning") as e:
+        off = passes_per_token(e.generate(prompts, sps))
+    assert off == 1.0  # one decode step per token
+    assert on <= 0.7 * off, f"jump-forward saved too little: {on:.2f} vs {off:.2f} passes per token"
+
+
+def test_grammar_with_n_stop_and_logprobs(server, tok):
+    p = chat_prompt(tok, "Pick a color.")
+    outs = generate(server, {"text": p, "sampling_params": {"max_new_tokens": 32, "temperature": 1.0, "n": 3, "seed": 1,
+                                                          "json_schema": json.dumps(SCHEMAS[3])}})
+    assert len(outs) == 3
+    for out in outs:
+        jsonschema.validate(json.loads(out["text"]), SCHEMAS[3])
+    r = generate(server, {"text": p, "sampling_params": {"max_new_tokens": 32, "temperature": 0, "regex": "(red|green|blue), (one|two)", "stop": ","},
+                          "return_logprob": True})
+    assert r["text"] in ("red", "green", "blue") and r["meta_info"]["finish_reason"]["matched"] == ","
+    assert len(r["meta_info"]["output_token_logprobs"]) == len(r["output_ids"])
