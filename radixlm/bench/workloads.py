@@ -47,3 +47,23 @@ def random_prompts(num: int, input_len: int, output_len: int, vocab_size: int, r
         m = rng.randint(max(1, int(output_len * range_ratio)), output_len)
         out.append(BenchRequest(_tokens(rng, n, vocab_size), m))
     return out
+
+
+# A schema-heavy JSON workload: many fixed keys, so the grammar forces long runs of text.
+PERSON_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "first_name": {"type": "string", "maxLength": 16},
+        "last_name": {"type": "string", "maxLength": 16},
+        "age": {"type": "integer", "minimum": 0, "maximum": 99},
+        "is_employed": {"type": "boolean"},
+        "favorite_color": {"enum": ["red", "green", "blue"]},
+        "home_city": {"type": "string", "maxLength": 16},
+        "number_of_children": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
+    "required": ["first_name", "last_name", "age", "is_employed", "favorite_color", "home_city", "number_of_children"],
+}
+
+
+def json_person_prompts(num: int) -> list[str]:
+    return [f"Invent a fictional person (number {i}) and describe them as a JSON object." for i in range(num)]

@@ -381,12 +381,15 @@ class Scheduler:
         rows = [i for i, r in enumerate(batch.reqs) if r.grammar is not None and not r.is_chunked]
         if not rows:
             return logits
+        t0 = time.perf_counter()
         backend = self.grammar_backend
         mask = backend.allocate_vocab_mask(self.runner.vocab_size, len(batch.reqs))
         for i in rows:
             batch.reqs[i].grammar.fill_vocab_mask(mask, i)
         logits = logits.clone()
         backend.apply_vocab_mask(logits, backend.move_vocab_mask(mask, logits.device))
+        self.stats.grammar_mask_seconds += time.perf_counter() - t0
+        self.stats.grammar_mask_steps += 1
         return logits
 
     def process_extend_result(self, batch: ScheduleBatch, out: LogitsOutput, next_ids: list[int]) -> None:

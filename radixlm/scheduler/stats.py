@@ -17,6 +17,8 @@ class SchedulerStats:
     extend_tokens: int = 0
     num_retracted: int = 0
     jump_forward_tokens: int = 0  # output tokens appended by jump-forward instead of decoding
+    grammar_mask_seconds: float = 0.0  # filling + applying vocab masks
+    grammar_mask_steps: int = 0
     forward_time: float = 0.0
     # (time, tokens) of recent decode steps for the log line's throughput.
     _recent: deque = field(default_factory=lambda: deque(maxlen=64))
@@ -56,6 +58,7 @@ class SchedulerStats:
             "generated_tokens": self.generated_tokens,
             "num_retracted": self.num_retracted,
             "jump_forward_tokens": self.jump_forward_tokens,
+            "grammar_mask_ms_per_step": 1000 * self.grammar_mask_seconds / max(self.grammar_mask_steps, 1),
         }
 
     def decode_log_line(self, scheduler, running: int, waiting: int) -> str:
