@@ -58,7 +58,6 @@ class _Job:
     echo_texts: Optional[list[str]] = None  # completions with echo: each prompt's text
     logprobs: bool = False
     include_usage: bool = False
-    hold_stops: list[str] = dataclasses.field(default_factory=list)  # see _stop_prefix_len
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
     @property
@@ -236,8 +235,6 @@ def register_openai_routes(app, srv, HTTPError, read_json, check_queue, observe,
         if job.chat and first:
             chunks.append({"index": idx, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                            "finish_reason": None})
-        if reason is None:  # hold back a possible start of a stop string until it is decided
-            text = text[: len(text) - _stop_prefix_len(text, job.hold_stops)]
         # The cumulative text only grows, except where a final stop-string trim cuts text already
         # streamed: that cannot be taken back, so nothing more is sent then.
         delta = text[len(st.text):] if text.startswith(st.text) else ""
@@ -302,8 +299,7 @@ def register_openai_routes(app, srv, HTTPError, read_json, check_queue, observe,
         )
         echo = (texts or [tok.decode(i) for i in ids]) if req.echo else None
         job = _Job(chat=False, id=f"cmpl-{rid}", model=model, n=n, obj=obj, echo_texts=echo, logprobs=want_lp,
-                   include_usage=bool(req.stream_options and req.stream_options.include_usage),
-                   hold_stops=_hold_stops(sp))
+                   include_usage=bool(req.stream_options and req.stream_options.include_usage))
         return await run(request, job)
 
     # -------------------------------------------------------- chat completions
@@ -343,8 +339,7 @@ def register_openai_routes(app, srv, HTTPError, read_json, check_queue, observe,
             stream=bool(req.stream),
         )
         job = _Job(chat=True, id=f"chatcmpl-{rid}", model=model, n=req.n or 1, obj=obj, logprobs=bool(req.logprobs),
-                   include_usage=bool(req.stream_options and req.stream_options.include_usage),
-                   hold_stops=_hold_stops(sp))
+                   include_usage=bool(req.stream_options and req.stream_options.include_usage))
         return await run(request, job)
 
     def render_chat(state, req: ChatCompletionRequest) -> list[int]:
@@ -359,25 +354,6 @@ def register_openai_routes(app, srv, HTTPError, read_json, check_queue, observe,
             raise HTTPError(400, f"cannot apply the chat template to messages: {e}", param="messages") from None
         # The template already wrote any BOS: encoding it again would double it (as SGLang does).
         return tok.encode(text, add_special_tokens=False)
-
-
-def _stop_prefix_len(text: str, stops: list[str]) -> int:
-    """Length of the longest end of `text` that begins a stop string. The engine trims a stop
-    only when it completes, so without this a stream would leak its first characters."""
-    best = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:k]):
-                best = k
-                break
-    return best
-
-
-def _hold_stops(sp: dict) -> list[str]:
-    stop = sp.get("stop")
-    if not stop or sp.get("no_stop_trim"):
-        return []
-    return [stop] if isinstance(stop, str) else list(stop)
 
 
 async def _last(gen: AsyncIterator):
