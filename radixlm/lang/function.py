@@ -1,0 +1,92 @@
+"""@function: a Python function over a ProgramState, with run / run_batch."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Optional
+
+from radixlm.lang.base_backend import get_default_backend
+from radixlm.lang.state import ProgramState
+
+# run()'s sampling defaults (SGLang's names), applied to every gen that leaves them unset.
+RUN_SAMPLING_ARGS = ("max_new_tokens", "max_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k",
+                     "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "seed")
+
+
+class SglFunction:
+    def __init__(self, func: Callable, num_api_spec_tokens: Optional[int] = None):
+        self.func = func
+        functools.update_wrapper(self, func)
+        params = list(inspect.signature(func).parameters)
+        if not params:
+            raise TypeError("@function: the program's first parameter must be the state `s`")
+        self.arg_names = params[1:]
+
+    def _split(self, kwargs: dict) -> tuple[dict, dict]:
+        sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in RUN_SAMPLING_ARGS and k not in self.arg_names}
+        if "max_tokens" in sampling:
+            sampling.setdefault("max_new_tokens", sampling.pop("max_tokens"))
+        if "max_new_tokens" in sampling:
+            sampling["max_tokens"] = sampling.pop("max_new_tokens")
+        return sampling, kwargs
+
+    def run(self, *args, backend=None, stream: bool = False, **kwargs) -> ProgramState:
+        """Run the program; returns its state (already complete unless stream=True, in which case
+        read it with s.text_iter() / s[...] as it runs)."""
+        sampling, kwargs = self._split(kwargs)
+        s = ProgramState(backend or get_default_backend(), sampling, stream=stream)
+
+        def body():
+            try:
+                s.ret_value = self.func(s, *args, **kwargs)
+                s.sync()
+            except BaseException as e:  # noqa: BLE001
+                if s._error is None:
+                    s._error = e
+            finally:
+                s._finish_stream()
+
+        if stream:
+            threading.Thread(target=body, name="radixlm-lang-run", daemon=True).start()
+            return s
+        body()
+        if s._error is not None:
+            raise s._error
+        return s
+
+    def run_batch(self, batch_kwargs: list[dict], *, backend=None, num_threads="auto", progress_bar: bool = False,
+                  **sampling) -> list[ProgramState]:
+        """Run once per kwargs dict, concurrently; states come back in input order."""
+        if num_threads == "auto":
+            num_threads = max(1, min(len(batch_kwargs), 4 * (os.cpu_count() or 1), 64))
+        backend = backend or get_default_backend()
+
+        def one(kw):
+            return self.run(backend=backend, **sampling, **kw)
+
+        with ThreadPoolExecutor(max(1, int(num_threads))) as pool:
+            futs = [pool.submit(one, kw) for kw in batch_kwargs]
+            if progress_bar:
+                try:
+                    from tqdm import tqdm
+                    from concurrent.futures import as_completed
+
+                    for _ in tqdm(as_completed(futs), total=len(futs)):
+                        pass
+                except ImportError:
+                    pass
+            return [f.result() for f in futs]
+
+    def __call__(self, *args, **kwargs) -> ProgramState:
+        return self.run(*args, **kwargs)
+
+
+def function(func: Optional[Callable] = None, *, num_api_spec_tokens: Optional[int] = None):
+    """`@function` or `@function(...)`: make a program from `def prog(s, ...)`."""
+    if func is None:
+        return lambda f: SglFunction(f, num_api_spec_tokens)
+    return SglFunction(func)

@@ -1,0 +1,188 @@
+"""The program's vocabulary: what `s += ...` accepts. Plain data; the state interprets it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+REGEX_INT = r"[-+]?[0-9]+"
+REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+"
+REGEX_BOOL = r"(True|False)"
+REGEX_STR = r"\"[\w\d\s]*\""
+
+# gen()'s sampling keywords -> the server's sampling_params keys.
+SAMPLING_KEYS = {
+    "max_tokens": "max_new_tokens", "max_new_tokens": "max_new_tokens", "min_tokens": "min_new_tokens",
+    "stop": "stop", "stop_token_ids": "stop_token_ids", "temperature": "temperature", "top_p": "top_p",
+    "top_k": "top_k", "min_p": "min_p", "frequency_penalty": "frequency_penalty",
+    "presence_penalty": "presence_penalty", "repetition_penalty": "repetition_penalty",
+    "ignore_eos": "ignore_eos", "seed": "seed", "regex": "regex", "json_schema": "json_schema", "ebnf": "ebnf",
+}
+LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+
+
+def sampling_params(kw: dict) -> dict:
+    """Map gen()/run() keywords (None = unset) to server sampling_params."""
+    out = {}
+    for k, v in kw.items():
+        if v is None or k not in SAMPLING_KEYS:
+            continue
+        if k == "json_schema" and not isinstance(v, str):
+            v = json.dumps(v)
+        out[SAMPLING_KEYS[k]] = v
+    return out
+
+
+class Expr:
+    """Anything that can be added to a state; `a + b` makes a sequence."""
+
+    def __add__(self, other):
+        return Seq([self, other])
+
+    def __radd__(self, other):
+        return Seq([other, self])
+
+
+@dataclass
+class Seq(Expr):
+    items: list
+
+    def __add__(self, other):
+        return Seq([*self.items, other])
+
+    def __radd__(self, other):
+        return Seq([other, *self.items])
+
+
+@dataclass
+class Gen(Expr):
+    name: Optional[str]
+    params: dict  # sampling keywords as given (None = inherit the run's default)
+    logprob: dict = field(default_factory=dict)
+    dtype: Any = None
+
+
+@dataclass
+class Select(Expr):
+    name: Optional[str]
+    choices: list
+    temperature: float = 0.0
+    choices_method: Any = None
+
+
+@dataclass
+class RoleBegin(Expr):
+    role: str
+
+
+@dataclass
+class RoleEnd(Expr):
+    role: str
+
+
+@dataclass
+class Image(Expr):  # accepted for API shape only; the default model is text-only
+    path: str
+
+
+def gen(
+    name: Optional[str] = None,
+    max_tokens: Optional[int] = None,
+    min_tokens: Optional[int] = None,
+    stop: Optional[Union[str, list]] = None,
+    stop_token_ids: Optional[list] = None,
+    temperature: Optional[float] = None,
+    top_p: Optional[float] = None,
+    top_k: Optional[int] = None,
+    min_p: Optional[float] = None,
+    frequency_penalty: Optional[float] = None,
+    presence_penalty: Optional[float] = None,
+    ignore_eos: Optional[bool] = None,
+    return_logprob: Optional[bool] = None,
+    logprob_start_len: Optional[int] = None,
+    top_logprobs_num: Optional[int] = None,
+    return_text_in_logprobs: Optional[bool] = None,
+    dtype: Any = None,
+    choices: Optional[list] = None,
+    choices_method: Any = None,
+    regex: Optional[str] = None,
+    json_schema: Any = None,
+    ebnf: Optional[str] = None,
+    seed: Optional[int] = None,
+) -> Expr:
+    """Generate into variable `name`; with `choices` it is `select`."""
+    if choices is not None:
+        return Select(name, list(choices), temperature or 0.0, choices_method)
+    if dtype is not None and regex is None:
+        regex = {int: REGEX_INT, "int": REGEX_INT, float: REGEX_FLOAT, "float": REGEX_FLOAT,
+                 bool: REGEX_BOOL, "bool": REGEX_BOOL, str: REGEX_STR, "str": REGEX_STR}.get(dtype)
+        if regex is None:
+            raise ValueError(f"gen: unsupported dtype {dtype!r}")
+    params = dict(max_tokens=max_tokens, min_tokens=min_tokens, stop=stop, stop_token_ids=stop_token_ids,
+                  temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p,
+                  frequency_penalty=frequency_penalty, presence_penalty=presence_penalty, ignore_eos=ignore_eos,
+                  regex=regex, json_schema=json_schema, ebnf=ebnf, seed=seed)
+    logprob = {k: v for k, v in zip(LOGPROB_KEYS, (return_logprob, logprob_start_len, top_logprobs_num,
+                                                    return_text_in_logprobs)) if v is not None}
+    return Gen(name, params, logprob, dtype)
+
+
+def gen_int(name: Optional[str] = None, **kw) -> Expr:
+    return gen(name, dtype=int, **kw)
+
+
+def gen_string(name: Optional[str] = None, **kw) -> Expr:
+    return gen(name, dtype=str, **kw)
+
+
+def select(name: Optional[str] = None, choices: Optional[list] = None, temperature: float = 0.0,
+           choices_method: Any = None) -> Expr:
+    """Pick one of `choices` by scoring each continuation (see radixlm.lang.choices)."""
+    if not choices:
+        raise ValueError("select needs a non-empty list of choices")
+    return Select(name, list(choices), temperature, choices_method)
+
+
+def _role(role: str, expr=None) -> Expr:
+    return Seq([RoleBegin(role), *([] if expr is None else [expr]), RoleEnd(role)])
+
+
+def system(expr=None) -> Expr:
+    return _role("system", expr)
+
+
+def user(expr=None) -> Expr:
+    return _role("user", expr)
+
+
+def assistant(expr=None) -> Expr:
+    return _role("assistant", expr)
+
+
+def system_begin() -> Expr:
+    return RoleBegin("system")
+
+
+def system_end() -> Expr:
+    return RoleEnd("system")
+
+
+def user_begin() -> Expr:
+    return RoleBegin("user")
+
+
+def user_end() -> Expr:
+    return RoleEnd("user")
+
+
+def assistant_begin() -> Expr:
+    return RoleBegin("assistant")
+
+
+def assistant_end() -> Expr:
+    return RoleEnd("assistant")
+
+
+def image(path: str) -> Expr:
+    return Image(path)
