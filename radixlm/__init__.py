@@ -17,4 +17,8 @@ def __getattr__(name):
         from radixlm.sampling_params import SamplingParams
 
         return SamplingParams
+    import radixlm.lang as lang  # the language: radixlm.function, radixlm.gen, radixlm.select, ...
+
+    if name in getattr(lang, "__all__", ()):
+        return getattr(lang, name)
     raise AttributeError(name)

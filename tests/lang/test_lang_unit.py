@@ -137,3 +137,11 @@ def test_run_batch_order_stream_and_errors():
 
     with pytest.raises(TypeError):
         boom.run(backend=be)
+
+
+def test_language_is_reexported_from_radixlm():
+    import radixlm
+    import radixlm.lang as lang
+
+    assert radixlm.function is lang.function and radixlm.gen is lang.gen and radixlm.select is lang.select
+    assert radixlm.RuntimeEndpoint is lang.RuntimeEndpoint
