@@ -26,7 +26,6 @@ class ServerArgs:
     max_running_requests: int = 64
     chunked_prefill_size: int = 2048  # -1 disables chunking
     max_prefill_tokens: int = 4096  # new tokens per extend batch
-    schedule_conservativeness: float = 1.0
     new_token_ratio: float = 0.4  # share of each running request's max_new_tokens reserved at admission
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.001
@@ -54,7 +53,6 @@ class ServerArgs:
     log_level: str = "info"
     decode_log_interval: int = 40
     debug_memory_check: bool = False  # assert KV conservation at every idle point
-    skip_tokenizer_init: bool = False
 
     def __post_init__(self):
         if self.schedule_policy not in POLICIES:
