@@ -178,6 +178,11 @@ class BaseGrammarBackend:
         pin = torch.device(device).type == "cuda" and torch.cuda.is_available()
         return torch.full((batch_size, (vocab_size + 31) // 32), -1, dtype=torch.int32, pin_memory=pin)
 
+    def fill_vocab_masks(self, grammars: list, vocab_mask: torch.Tensor, rows: list[int]) -> None:
+        """Fill row rows[i] for grammars[i]; a backend may fill the rows in parallel."""
+        for g, i in zip(grammars, rows):
+            g.fill_vocab_mask(vocab_mask, i)
+
     @staticmethod
     def reset_vocab_mask(vocab_mask: torch.Tensor) -> None:
         """All ones again, to reuse a mask for the next step."""

@@ -89,6 +89,18 @@ class XGrammarBackend(BaseGrammarBackend):
         self.compiler = xgr.GrammarCompiler(
             self.tokenizer_info, max_threads=min(8, os.cpu_count() or 1), cache_enabled=False
         )
+        self._batch_matcher = xgr.BatchGrammarMatcher(max_threads=os.cpu_count() or 1)
+
+    def fill_vocab_masks(self, grammars: list, vocab_mask: torch.Tensor, rows: list[int]) -> None:
+        # xgrammar fills a batch on its own threads (inside a JSON string a row takes ~0.5 ms).
+        live = [(g, i) for g, i in zip(grammars, rows) if not g.matcher.is_terminated()]
+        for g, i in zip(grammars, rows):
+            if g.matcher.is_terminated():
+                g.fill_vocab_mask(vocab_mask, i)
+        if len(live) == 1:
+            live[0][0].fill_vocab_mask(vocab_mask, live[0][1])
+        elif live:
+            self._batch_matcher.batch_fill_next_token_bitmask([g.matcher for g, _ in live], vocab_mask, [i for _, i in live])
 
     def _grammar(self, ctx: xgr.CompiledGrammar) -> XGrammarGrammar:
         return XGrammarGrammar(xgr.GrammarMatcher(ctx), ctx)

@@ -384,8 +384,7 @@ class Scheduler:
         t0 = time.perf_counter()
         backend = self.grammar_backend
         mask = backend.allocate_vocab_mask(self.runner.vocab_size, len(batch.reqs))
-        for i in rows:
-            batch.reqs[i].grammar.fill_vocab_mask(mask, i)
+        backend.fill_vocab_masks([batch.reqs[i].grammar for i in rows], mask, rows)
         logits = logits.clone()
         backend.apply_vocab_mask(logits, backend.move_vocab_mask(mask, logits.device))
         self.stats.grammar_mask_seconds += time.perf_counter() - t0
