@@ -4,7 +4,6 @@ drives them through a TokenizerManager on a private event-loop thread."""
 from __future__ import annotations
 
 import asyncio
-import atexit
 import dataclasses
 import logging
 import queue
@@ -54,8 +53,9 @@ class Engine:
             lambda: self._closed,
             self.server_args.watchdog_interval,
         )
-        self._finalizer = weakref.finalize(self, stop_processes, self._procs)
-        atexit.register(self.shutdown)
+        # Stops the child processes when the Engine is collected or the interpreter exits
+        # (an atexit hook on self.shutdown would pin every Engine in memory until exit).
+        weakref.finalize(self, stop_processes, self._procs)
 
     # ----------------------------------------------------------------- plumbing
     def _run(self, coro, timeout: Optional[float] = None):
@@ -170,9 +170,3 @@ class Engine:
 
     def __exit__(self, *exc) -> None:
         self.shutdown()
-
-    def __del__(self):
-        try:
-            self.shutdown()
-        except Exception:
-            pass
