@@ -109,6 +109,7 @@ class PortArgs:
     tokenizer_ipc_name: str  # detokenizer -> tokenizer manager
     scheduler_input_ipc_name: str  # tokenizer manager -> scheduler
     detokenizer_ipc_name: str  # scheduler -> detokenizer
+    ipc_dir: str = ""  # removed by cleanup() when the processes stop
 
     @staticmethod
     def init_new() -> "PortArgs":
@@ -119,4 +120,11 @@ class PortArgs:
             tokenizer_ipc_name=f"ipc://{d}/tokenizer",
             scheduler_input_ipc_name=f"ipc://{d}/scheduler",
             detokenizer_ipc_name=f"ipc://{d}/detokenizer",
+            ipc_dir=d,
         )
+
+    def cleanup(self) -> None:
+        if self.ipc_dir:
+            import shutil
+
+            shutil.rmtree(self.ipc_dir, ignore_errors=True)

@@ -55,7 +55,7 @@ class Engine:
         )
         # Stops the child processes when the Engine is collected or the interpreter exits
         # (an atexit hook on self.shutdown would pin every Engine in memory until exit).
-        weakref.finalize(self, stop_processes, self._procs)
+        weakref.finalize(self, stop_processes, self._procs, self.port_args)
 
     # ----------------------------------------------------------------- plumbing
     def _run(self, coro, timeout: Optional[float] = None):
@@ -154,7 +154,7 @@ class Engine:
         if self._closed:
             return
         self._closed = True
-        stop_processes(self._procs)
+        stop_processes(self._procs, self.port_args)
         if self._loop.is_running():
             try:
                 self._run(self.tokenizer_manager.close(), timeout=5)

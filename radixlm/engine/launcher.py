@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 import time
-from typing import Callable
+from typing import Callable, Optional
 
 from radixlm.config import PortArgs, ServerArgs
 
@@ -32,20 +32,22 @@ def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, di
                 raise RuntimeError(f"the scheduler process died while starting (exit code {sched.exitcode})")
         info = reader.recv()
     except BaseException:
-        stop_processes(procs)
+        stop_processes(procs, port_args)
         raise
     if info.get("status") != "ready":
-        stop_processes(procs)
+        stop_processes(procs, port_args)
         raise RuntimeError(f"the scheduler failed to start: {info.get('message')}")
     return procs, port_args, info
 
 
-def stop_processes(procs: list) -> None:
+def stop_processes(procs: list, port_args: Optional[PortArgs] = None) -> None:
     for p in procs:
         if p.is_alive():
             p.kill()
     for p in procs:
         p.join(timeout=10)
+    if port_args is not None:
+        port_args.cleanup()
 
 
 def watch_processes(procs: list, on_dead: Callable[[str], None], stopped: Callable[[], bool], interval: float) -> threading.Thread:

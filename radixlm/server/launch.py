@@ -62,4 +62,4 @@ def launch_server(server_args: ServerArgs) -> None:
         uvicorn.run(app, host=server_args.host, port=server_args.port, log_level="warning", timeout_graceful_shutdown=5)
     finally:
         stopping = True
-        stop_processes(procs)
+        stop_processes(procs, port_args)
