@@ -103,10 +103,21 @@ def main(argv=None) -> int:
     offline_bench.add_args(offline)
     ServerArgs.add_cli_args(offline)
     offline.set_defaults(func=lambda a: offline_bench.main(a, ServerArgs.from_cli_args(a)))
+    serving = bench_sub.add_parser("serving", help="load a running server (radixlm or OpenAI-compatible) over HTTP")
+    from radixlm.bench import serving as serving_bench
+
+    serving_bench.add_args(serving)
+    serving.set_defaults(func=serving_bench.main)
+    one_batch = bench_sub.add_parser("one-batch", help="one static batch on the ModelRunner: prefill and decode steps")
+    from radixlm.bench import one_batch as one_batch_bench
+
+    one_batch_bench.add_args(one_batch)
+    ServerArgs.add_cli_args(one_batch)
+    one_batch.set_defaults(func=lambda a: one_batch_bench.main(a, ServerArgs.from_cli_args(a)))
     args = parser.parse_args(argv)
     if getattr(args, "model_path_alias", None):
         args.model_path = args.model_path_alias
-    if args.command in ("generate", "bench") and args.log_level == "info":
+    if args.command in ("generate", "bench") and getattr(args, "log_level", None) == "info":
         args.log_level = "warning"  # keep the answer readable; --log-level info shows the engine log
     try:
         return args.func(args)

@@ -1,0 +1,206 @@
+"""`radixlm bench one-batch`: one static batch straight on the ModelRunner (no scheduler, no
+server), like SGLang's bench_one_batch: a prefill of batch_size x input_len random tokens,
+then output_len - 1 greedy decode steps.
+
+Each decode step is timed whole (ScheduleBatch.prepare_for_decode, the forward, sampling,
+appending the tokens) and the forward alone, so "outside" = the step's Python work and
+sampling. On CUDA the device is synchronized around every timed region.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import statistics
+import time
+
+from radixlm.bench.workloads import random_prompts
+
+
+def add_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch-size", type=int, nargs="+", default=[1], help="one or more batch sizes, run in turn")
+    p.add_argument("--input-len", type=int, default=256)
+    p.add_argument("--output-len", type=int, default=32,
+                   help="tokens per request: 1 from the prefill, the rest decoded")
+    p.add_argument("--seed", type=int, default=0, help="of the random prompt tokens")
+    p.add_argument("--output-file", default=None, help="append one JSON line per batch size")
+    p.add_argument("--profile", action="store_true",
+                   help="after the timed run, run each batch size again under the torch profiler")
+    p.add_argument("--profile-dir", default="radixlm-profile", help="where --profile writes traces and tables")
+
+
+def sized_server_args(args, server_args):
+    """The runner's pools sized for the largest batch unless the options say otherwise."""
+    need = max(args.batch_size) * (args.input_len + args.output_len)
+    return dataclasses.replace(
+        server_args,
+        max_total_tokens=server_args.max_total_tokens or need,
+        max_running_requests=max(server_args.max_running_requests, max(args.batch_size)),
+    )
+
+
+class _Timer:
+    def __init__(self, device):
+        import torch
+
+        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+
+    def now(self) -> float:
+        self.sync()
+        return time.perf_counter()
+
+
+def _sample(runner, reqs, logits) -> list[int]:
+    from radixlm.model.layers.sampler import SamplingBatchInfo
+
+    bs = len(reqs)
+    info = SamplingBatchInfo.build([r.sampling_params for r in reqs], runner.vocab_size, runner.device,
+                                   [r.output_ids for r in reqs], [r.origin_input_ids for r in reqs],
+                                   [None] * bs, [[]] * bs)
+    return runner.sample(logits, info).tolist()
+
+
+def run_once(runner, prompts: list[list[int]], output_len: int) -> dict:
+    """Prefill `prompts` as one batch, then decode; returns timings and the greedy tokens."""
+    from radixlm.model.forward_batch import ForwardMode
+    from radixlm.sampling_params import SamplingParams
+    from radixlm.scheduler.batch import Req, ScheduleBatch
+
+    need = sum(len(p) + output_len for p in prompts)
+    if need > runner.token_to_kv_pool.available_size() or len(prompts) > runner.req_to_token_pool.available_size():
+        raise ValueError(f"batch needs {need} KV slots and {len(prompts)} request slots; raise --max-total-tokens "
+                         "or --max-running-requests")
+    sp = SamplingParams(max_new_tokens=output_len, temperature=0.0, ignore_eos=True)
+    reqs = [Req(rid=str(i), origin_input_ids=list(p), sampling_params=sp) for i, p in enumerate(prompts)]
+    for r in reqs:
+        r.fill_ids = list(r.origin_input_ids)
+        r.extend_input_len = len(r.fill_ids)
+    pools = (runner.req_to_token_pool, runner.token_to_kv_pool, None, runner.device)  # no radix tree
+    timer = _Timer(runner.device)
+    batch = ScheduleBatch(reqs, ForwardMode.EXTEND)
+    try:
+        t0 = timer.now()
+        out = runner.forward(batch.prepare_for_extend(*pools))
+        for r, tok in zip(reqs, _sample(runner, reqs, out.next_token_logits)):
+            r.output_ids.append(tok)
+        prefill = timer.now() - t0
+        batch.forward_mode = ForwardMode.DECODE
+        steps, forwards = [], []
+        for _ in range(output_len - 1):
+            t0 = timer.now()
+            fb = batch.prepare_for_decode(*pools)
+            f0 = timer.now()
+            out = runner.forward(fb)
+            f1 = timer.now()
+            for r, tok in zip(reqs, _sample(runner, reqs, out.next_token_logits)):
+                r.output_ids.append(tok)
+            steps.append(timer.now() - t0)
+            forwards.append(f1 - f0)
+    finally:
+        runner.req_to_token_pool.clear()
+        runner.token_to_kv_pool.clear()
+    return {"prefill_s": prefill, "step_s": steps, "forward_s": forwards, "output_ids": [r.output_ids for r in reqs]}
+
+
+def summarize(bs: int, input_len: int, output_len: int, t: dict) -> dict:
+    steps, fwd = t["step_s"], t["forward_s"]
+    res = {
+        "batch_size": bs,
+        "input_len": input_len,
+        "output_len": output_len,
+        "prefill_latency_s": t["prefill_s"],
+        "prefill_throughput": bs * input_len / t["prefill_s"],
+        "decode_steps": len(steps),
+    }
+    if steps:
+        q = statistics.quantiles(steps, n=10, method="inclusive") if len(steps) > 1 else [steps[0]] * 9
+        med = statistics.median(steps)
+        total = sum(steps)
+        res.update({
+            "decode_median_ms": med * 1e3,
+            "decode_p90_ms": q[8] * 1e3,
+            "decode_throughput": bs / med,  # tokens/s at the median step
+            "decode_mean_throughput": bs * len(steps) / total,
+            "forward_median_ms": statistics.median(fwd) * 1e3,
+            "outside_forward_median_ms": statistics.median(s - f for s, f in zip(steps, fwd)) * 1e3,
+            "outside_forward_share": (total - sum(fwd)) / total,
+        })
+    total = t["prefill_s"] + sum(steps)
+    res["total_latency_s"] = total
+    res["total_throughput"] = bs * (input_len + output_len) / total
+    return res
+
+
+def _profile(runner, prompts, args, bs: int) -> str:
+    from torch.profiler import ProfilerActivity, profile
+
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == "cuda" else [])
+    with profile(activities=acts) as prof:
+        run_once(runner, prompts, args.output_len)
+    os.makedirs(args.profile_dir, exist_ok=True)
+    stem = os.path.join(args.profile_dir, f"one_batch_bs{bs}_in{args.input_len}_out{args.output_len}")
+    prof.export_chrome_trace(stem + ".trace.json")
+    sort = "self_cuda_time_total" if runner.device.type == "cuda" else "self_cpu_time_total"
+    with open(stem + ".txt", "w") as f:
+        f.write(prof.key_averages().table(sort_by=sort, row_limit=40))
+    return stem
+
+
+def run(args, server_args) -> list[dict]:
+    """One result per batch size; each carries its greedy tokens under 'output_ids'."""
+    from radixlm.model.runner import ModelRunner
+
+    if args.input_len < 1 or args.output_len < 1:
+        raise ValueError("--input-len and --output-len must be at least 1")
+    runner = ModelRunner(sized_server_args(args, server_args))
+    results = []
+    for bs in args.batch_size:
+        reqs = random_prompts(bs, args.input_len, args.output_len, runner.vocab_size, seed=args.seed)
+        prompts = [r.input_ids for r in reqs]
+        run_once(runner, prompts, min(args.output_len, 4))  # warm-up: first-call allocations, kernels
+        t = run_once(runner, prompts, args.output_len)
+        res = summarize(bs, args.input_len, args.output_len, t)
+        res.update(device=str(runner.device), dtype=str(runner.dtype).replace("torch.", ""),
+                   model=server_args.model_path or "default", vocab_size=runner.vocab_size,
+                   output_ids=t["output_ids"])
+        if args.profile:
+            res["profile"] = _profile(runner, prompts, args, bs)
+        results.append(res)
+    return results
+
+
+COLUMNS = (
+    ("batch_size", "bs", "{}"),
+    ("prefill_latency_s", "prefill s", "{:.3f}"),
+    ("prefill_throughput", "prefill tok/s", "{:.1f}"),
+    ("decode_median_ms", "step p50 ms", "{:.2f}"),
+    ("decode_p90_ms", "step p90 ms", "{:.2f}"),
+    ("decode_throughput", "decode tok/s", "{:.1f}"),
+    ("forward_median_ms", "fwd p50 ms", "{:.2f}"),
+    ("outside_forward_median_ms", "outside ms", "{:.2f}"),
+    ("outside_forward_share", "outside %", "{:.1%}"),
+)
+
+
+def format_table(results: list[dict]) -> str:
+    lines = ["".join(f"{h:>15}" for _, h, _ in COLUMNS)]
+    for r in results:
+        lines.append("".join(f"{(f.format(r[k]) if r.get(k) is not None else 'n/a'):>15}" for k, _, f in COLUMNS))
+    return "\n".join(lines)
+
+
+def main(args, server_args) -> int:
+    results = run(args, server_args)
+    r0 = results[0]
+    print(f"one batch: input {args.input_len}, output {args.output_len}, {r0['device']}, {r0['dtype']}, {r0['model']}")
+    print(format_table(results))
+    for r in results:
+        if r.get("profile"):
+            print(f"profile: {r['profile']}.trace.json and .txt")
+    if args.output_file:
+        with open(args.output_file, "a") as f:
+            for r in results:
+                f.write(json.dumps({k: v for k, v in r.items() if k != "output_ids"}) + "\n")
+    return 0

@@ -1,0 +1,190 @@
+"""`radixlm bench serving` against tiny-model servers (every dataset x backend), its parsing and
+metrics without a server, and `radixlm bench one-batch` against the Engine's greedy output."""
+
+import argparse
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from radixlm.bench import one_batch, serving
+from radixlm.bench.metrics import LATENCIES, compute_metrics
+from radixlm.bench.serving_client import OpenAIBackend, OpenAIChatBackend, RequestOutput, parse_sse_line
+from tests.conftest import engine_args
+from tests.e2e.conftest import ServerProcess
+
+TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05")
+SMALL = dict(
+    num_prompts=3, random_input_len=24, random_output_len=6,
+    gsp_num_groups=2, gsp_prompts_per_group=3, gsp_system_prompt_len=48, gsp_question_len=6, gsp_output_len=6,
+    num_conversations=2, num_turns=3, multi_turn_question_len=8, multi_turn_output_len=5,
+    fork_prefix_len=48, fork_n=3, fork_branch_len=4, fork_output_len=6, json_output_len=120,
+)
+EXPECTED_REQUESTS = {"random": 3, "gsp": 6, "multi-turn": 6, "fork": 9, "json": 3}
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model_dir):
+    """Two tiny-model servers started side by side: radix cache on, and off."""
+    with ThreadPoolExecutor(2) as pool:
+        futs = [pool.submit(ServerProcess, "--model-path", tiny_model_dir, *TINY, *extra)
+                for extra in ((), ("--disable-radix-cache",))]
+        started = [f.result() for f in futs]
+    yield {"cache": started[0], "nocache": started[1]}
+    for s in started:
+        s.stop()
+
+
+def bench_args(url, tokenizer, *cli, **kw):
+    p = argparse.ArgumentParser()
+    serving.add_args(p)
+    args = p.parse_args(["--base-url", url, "--tokenizer", tokenizer, "--disable-tqdm", *cli])
+    for k, v in {**SMALL, **kw}.items():
+        setattr(args, k, v)
+    return args
+
+
+def check_latencies(res):
+    for name in LATENCIES:
+        p50, p90, p99 = (res[f"{q}_{name}_ms"] for q in ("p50", "p90", "p99"))
+        assert 0 <= p50 <= p90 <= p99, name
+        assert res[f"mean_{name}_ms"] >= 0
+    for o in res["outputs"]:
+        assert 0 < o.ttft <= o.latency
+        assert all(g >= 0 for g in o.itl)
+    assert res["p99_ttft_ms"] <= res["p99_e2e_ms"]
+
+
+@pytest.mark.parametrize("backend", ["radixlm", "openai", "openai-chat"])
+@pytest.mark.parametrize("dataset", ["random", "gsp", "multi-turn", "fork", "json"])
+def test_serving_datasets_backends(servers, tiny_model_dir, backend, dataset):
+    res = serving.run(bench_args(servers["cache"].url, tiny_model_dir, "--backend", backend, "--dataset", dataset))
+    n = EXPECTED_REQUESTS[dataset]
+    assert res["requests"] == res["completed"] == n and res["errors"] == 0, res["error_samples"]
+    check_latencies(res)
+    outs = res["outputs"]
+    # radixlm reports prompt / completion / cached tokens on every API.
+    assert all(o.cached_tokens is not None for o in outs)
+    assert res["cached_token_share"] is not None
+    if dataset == "json":
+        assert res["json_valid_share"] == 1.0  # the server constrains the output to the schema
+        assert all(o.output_len <= SMALL["json_output_len"] for o in outs)
+        return
+    assert res["json_valid_share"] is None
+    for o in outs:  # ignore_eos: exact output lengths
+        assert o.output_len == o.request.output_len
+    assert res["total_output_tokens"] == sum(o.request.output_len for o in outs)
+    if dataset == "random" and backend != "openai-chat":
+        # Prompts are single-token words: token-exact lengths on the completion APIs.
+        assert all(o.prompt_len == SMALL["random_input_len"] for o in outs)
+        assert res["cached_token_share"] == 0.0  # cache flushed, random prompts share nothing
+    if dataset == "multi-turn":
+        turns = SMALL["num_turns"]
+        for c in range(SMALL["num_conversations"]):
+            conv = [o for o in outs if o.request.messages[0] == outs[c * turns].request.messages[0]]
+            assert len(conv) == turns
+            for prev, cur in zip(conv, conv[1:]):  # each turn's prompt is the whole history
+                assert cur.request.messages[-2] == {"role": "assistant", "content": prev.text}
+                assert cur.prompt_len > prev.prompt_len + SMALL["multi_turn_question_len"]
+        assert res["cached_token_share"] > 0
+    if dataset in ("gsp", "fork"):
+        assert res["cached_token_share"] > 0
+
+
+def test_gsp_cached_share_radix_cache_on_vs_off(servers, tiny_model_dir):
+    kw = dict(gsp_num_groups=2, gsp_prompts_per_group=4, gsp_system_prompt_len=96, gsp_question_len=8)
+    cli = ("--dataset", "gsp", "--max-concurrency", "2")
+    on = serving.run(bench_args(servers["cache"].url, tiny_model_dir, *cli, **kw))
+    off = serving.run(bench_args(servers["nocache"].url, tiny_model_dir, *cli, **kw))
+    assert on["completed"] == off["completed"] == 8
+    # 2 of 8 prompts compute their group's 96-token prefix; the rest reuse it.
+    assert on["cached_token_share"] > 0.5
+    assert off["cached_token_share"] == 0.0
+
+
+def test_cli_writes_json_lines_and_png(servers, tiny_model_dir, tmp_path, capsys):
+    from radixlm.cli import main
+
+    out, png = tmp_path / "result.jsonl", tmp_path / "plot.png"
+    common = ["bench", "serving", "--base-url", servers["cache"].url, "--tokenizer", tiny_model_dir, "--disable-tqdm",
+              "--num-prompts", "4", "--random-input-len", "16", "--random-output-len", "4", "--output-file", str(out)]
+    assert main([*common, "--backend", "openai", "--request-rate", "50", "--seed", "3", "--plot", str(png)]) == 0
+    assert main([*common, "--backend", "radixlm", "--max-concurrency", "1", "--warmup-requests", "0"]) == 0
+    printed = capsys.readouterr().out
+    assert "Output throughput (tok/s)" in printed and "TTFT" in printed
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [x["backend"] for x in lines] == ["openai", "radixlm"]
+    for x in lines:
+        assert x["completed"] == 4 and x["total_output_tokens"] == 16 and x["errors"] == 0
+        assert x["args"]["random_input_len"] == 16 and "outputs" not in x
+    assert lines[0]["args"]["request_rate"] == 50.0 and lines[1]["args"]["request_rate"] == "inf"
+    assert lines[1]["concurrency"] <= 1.01  # --max-concurrency 1: one request in flight at a time
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_unreachable_server_counts_errors(tiny_model_dir):
+    res = serving.run(bench_args("http://127.0.0.1:9", tiny_model_dir, "--backend", "radixlm"))
+    assert res["completed"] == 0 and res["errors"] == 3 and res["error_samples"]
+    assert res["mean_ttft_ms"] is None and res["cached_token_share"] is None
+
+
+def test_openai_chunks_llama_server_style():
+    """llama-server: cached tokens in usage.prompt_tokens_details or timings.cache_n; missing = unknown."""
+    be, out, st = OpenAIBackend("m"), RequestOutput(), {}
+    assert be.update({"choices": [{"index": 0, "text": "Hi"}]}, out, st) == 1
+    assert be.update({"choices": [{"index": 0, "text": ""}], "timings": {"cache_n": 7, "prompt_n": 3}}, out, st) == 0
+    assert out.text == "Hi" and out.cached_tokens == 7 and out.prompt_len is None
+    be.update({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 2,
+                                        "prompt_tokens_details": {"cached_tokens": 8}}}, out, st)
+    assert (out.prompt_len, out.output_len, out.cached_tokens) == (10, 2, 8)
+    chat, out2 = OpenAIChatBackend("m"), RequestOutput()
+    assert chat.update({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}, out2, {}) == 0
+    assert chat.update({"choices": [{"index": 0, "delta": {"content": "yo"}}], "usage": None}, out2, {}) == 1
+    assert out2.text == "yo" and out2.cached_tokens is None  # never reported: unknown, not 0
+    assert parse_sse_line("data: [DONE]") is None and parse_sse_line(": keep-alive") is None
+    with pytest.raises(Exception, match="bad schema"):
+        parse_sse_line('data: {"error": {"message": "bad schema"}}')
+
+
+def test_metrics_formulas():
+    outs = [
+        RequestOutput(success=True, prompt_len=10, output_len=5, cached_tokens=4, ttft=0.1, latency=0.5, itl=[0.1] * 4),
+        RequestOutput(success=True, prompt_len=30, output_len=1, cached_tokens=None, ttft=0.2, latency=0.2),
+        RequestOutput(success=False, error="boom"),
+    ]
+    res = compute_metrics(outs, duration=2.0)
+    assert (res["completed"], res["errors"]) == (2, 1)
+    assert res["output_throughput"] == 3.0 and res["input_throughput"] == 20.0
+    assert res["mean_tpot_ms"] == pytest.approx(100.0)  # (0.5 - 0.1) / 4; one-token outputs have none
+    assert res["cached_token_share"] == pytest.approx(0.4)  # over the requests that report it
+    assert res["mean_ttft_ms"] == pytest.approx(150.0) and res["error_samples"] == ["boom"]
+
+
+def test_one_batch_matches_engine_greedy(tiny_model_dir, tmp_path):
+    from radixlm.config import ServerArgs
+    from radixlm.engine.engine import Engine
+
+    p = argparse.ArgumentParser()
+    one_batch.add_args(p)
+    args = p.parse_args(["--batch-size", "1", "3", "--input-len", "20", "--output-len", "6", "--profile",
+                         "--profile-dir", str(tmp_path / "prof"), "--output-file", str(tmp_path / "ob.jsonl")])
+    server_args = ServerArgs(model_path=tiny_model_dir, num_threads=1, log_level="warning")
+    results = one_batch.run(args, server_args)
+    assert [r["batch_size"] for r in results] == [1, 3]
+    for r in results:
+        assert r["decode_steps"] == 5 and r["prefill_throughput"] > 0 and r["decode_throughput"] > 0
+        assert r["decode_median_ms"] <= r["decode_p90_ms"]
+        assert 0 < r["forward_median_ms"] <= r["decode_median_ms"]
+        assert 0 <= r["outside_forward_share"] < 1
+        assert (tmp_path / "prof" / f"one_batch_bs{r['batch_size']}_in20_out6.txt").read_text().strip()
+        assert len(r["output_ids"]) == r["batch_size"] and all(len(t) == 6 for t in r["output_ids"])
+    prompts = [q.input_ids for q in one_batch.random_prompts(3, 20, 6, results[1]["vocab_size"], seed=0)]
+    with Engine(tiny_model_dir, **engine_args()) as engine:
+        sp = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+        outs = engine.generate(input_ids=prompts, sampling_params=sp)
+    assert [o["output_ids"] for o in outs] == results[1]["output_ids"]
+    assert results[0]["output_ids"] == results[1]["output_ids"][:1]  # batching changes nothing
+    one_batch.main(args, server_args)
+    lines = [json.loads(x) for x in (tmp_path / "ob.jsonl").read_text().splitlines()]
+    assert [x["batch_size"] for x in lines] == [1, 3] and "output_ids" not in lines[0]
