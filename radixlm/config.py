@@ -90,6 +90,23 @@ class ServerArgs:
                 kw["choices"] = POLICIES
             parser.add_argument(flag, **kw)
 
+    @staticmethod
+    def to_cli_argv(**options) -> list[str]:
+        """`radixlm serve` flags for these ServerArgs options (names and values checked here)."""
+        fields = {f.name: f for f in dataclasses.fields(ServerArgs)}
+        unknown = sorted(set(options) - set(fields))
+        if unknown:
+            raise ValueError(f"unknown server option(s) {unknown}: options are ServerArgs fields")
+        ServerArgs(**options)
+        argv: list[str] = []
+        for name, value in options.items():
+            flag = "--" + name.replace("_", "-")
+            if isinstance(fields[name].default, bool):
+                argv += [flag] if value else []
+            elif value is not None:
+                argv += [flag, str(value)]
+        return argv
+
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
         return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})

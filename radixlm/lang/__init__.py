@@ -3,7 +3,9 @@
     from radixlm.lang import function, gen, select, user, assistant, RuntimeEndpoint, set_default_backend
 """
 
-from radixlm.lang.base_backend import BaseBackend, get_default_backend, set_default_backend
+from typing import Optional
+
+from radixlm.lang.base_backend import BaseBackend, Prompt, get_default_backend, set_default_backend
 from radixlm.lang.choices import (
     greedy_token_selection,
     token_length_normalized,
@@ -17,22 +19,28 @@ from radixlm.lang.ir import (
 from radixlm.lang.state import ForkGroup, ProgramState
 
 
+_LAZY = {  # backends import on first use: RuntimeEndpoint needs requests, EngineBackend torch, OpenAI openai
+    "RuntimeEndpoint": "radixlm.lang.runtime_endpoint", "Runtime": "radixlm.lang.runtime_endpoint",
+    "EngineBackend": "radixlm.lang.engine_backend", "OpenAI": "radixlm.lang.openai_backend",
+}
+
+
 def __getattr__(name):
-    # Backends import lazily: RuntimeEndpoint needs requests, EngineBackend torch.
-    if name == "RuntimeEndpoint":
-        from radixlm.lang.runtime_endpoint import RuntimeEndpoint
+    if name in _LAZY:
+        import importlib
 
-        return RuntimeEndpoint
-    if name in ("EngineBackend", "Runtime"):
-        from radixlm.lang.engine_backend import EngineBackend
-
-        return EngineBackend
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(name)
+
+
+def flush_cache(backend: Optional[BaseBackend] = None) -> None:
+    """Empty the default (or given) backend's prefix cache."""
+    (backend or get_default_backend()).flush_cache()
 
 
 __all__ = [
     "function", "SglFunction", "gen", "gen_int", "gen_string", "select", "image", "system", "user", "assistant",
     "system_begin", "system_end", "user_begin", "user_end", "assistant_begin", "assistant_end", "ProgramState",
-    "ForkGroup", "BaseBackend", "RuntimeEndpoint", "EngineBackend", "set_default_backend", "get_default_backend",
+    "ForkGroup", "BaseBackend", "RuntimeEndpoint", "Runtime", "EngineBackend", "OpenAI", "flush_cache", "set_default_backend", "get_default_backend",
     "token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized",
 ]

@@ -1,37 +1,39 @@
-"""What the interpreter needs from a backend, on top of one primitive: a native /generate call."""
+"""What the interpreter asks of a backend: generate (whole or streamed), select among choices,
+prefill a shared prefix, and the chat template that renders roles. Plus the default backend."""
 
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass, field
 from typing import Iterator, Optional
 
 from radixlm.lang.chat_template import ChatTemplate
 
 
-def _lps(meta: dict) -> list[float]:
-    return [e[0] for e in meta.get("input_token_logprobs") or [] if e and e[0] is not None]
+@dataclass
+class Prompt:
+    """The state as a backend sees it: the whole text, and the same as chat messages."""
+
+    text: str
+    messages: list[dict] = field(default_factory=list)  # closed messages
+    role: Optional[str] = None  # the role still open, if any
+    role_text: str = ""  # what the open role holds so far
 
 
 class BaseBackend:
-    """Subclasses implement `_call(body)` (a /generate body -> its JSON answer) and `_stream(body)`
-    (cumulative answers), and `_load_tokenizer()`."""
+    """Subclasses implement generate, generate_stream and select; prefill is optional."""
 
     def __init__(self):
         self._tok_lock = threading.Lock()
         self._tokenizer = None
         self._chat_template: Optional[ChatTemplate] = None
 
-    # -- to implement
-    def _call(self, body: dict):
-        raise NotImplementedError
-
-    def _stream(self, body: dict) -> Iterator[dict]:
-        raise NotImplementedError
-
     def _load_tokenizer(self):
         return None
 
-    # -- shared
+    def _make_chat_template(self) -> ChatTemplate:
+        return ChatTemplate(self.tokenizer)
+
     @property
     def tokenizer(self):
         with self._tok_lock:
@@ -42,32 +44,28 @@ class BaseBackend:
     @property
     def chat_template(self) -> ChatTemplate:
         if self._chat_template is None:
-            self._chat_template = ChatTemplate(self.tokenizer)
+            self._chat_template = self._make_chat_template()
         return self._chat_template
 
-    def generate(self, text: str, sampling_params: dict, logprob: Optional[dict] = None) -> dict:
-        return self._call({"text": text, "sampling_params": sampling_params, **(logprob or {})})
+    def generate(self, prompt: Prompt, sampling_params: dict, logprob: Optional[dict] = None) -> dict:
+        """-> {"text": completion, "meta_info": {...}}"""
+        raise NotImplementedError
 
-    def generate_stream(self, text: str, sampling_params: dict, logprob: Optional[dict] = None) -> Iterator[dict]:
-        return self._stream({"text": text, "sampling_params": sampling_params, "stream": True, **(logprob or {})})
+    def generate_stream(self, prompt: Prompt, sampling_params: dict, logprob: Optional[dict] = None) -> Iterator[dict]:
+        """Cumulative {"text", "meta_info"} as the completion grows."""
+        raise NotImplementedError
 
-    def prefill(self, text: str) -> dict:
-        """Score `text` with no generation: puts it in the radix cache; returns meta_info."""
-        return self._call({"text": text, "sampling_params": {"max_new_tokens": 0}})["meta_info"]
+    def select(self, prompt: Prompt, choices: list[str], method) -> tuple[int, dict]:
+        """-> (index of the chosen choice, meta info with the scores)"""
+        raise NotImplementedError
 
-    def score(self, prefix: str, choices: list[str], unconditional: bool = False) -> dict:
-        """Logprobs of each choice's tokens after `prefix`, in one batched request (the prefix is
-        sent first so the batch hits the cache). With `unconditional`, also each choice alone."""
-        n = self.prefill(prefix)["prompt_tokens"]
-        outs = self._call({"text": [prefix + c for c in choices], "sampling_params": {"max_new_tokens": 0},
-                           "return_logprob": True, "logprob_start_len": n, "return_text_in_logprobs": True})
-        res = {"prompt_tokens": n, "metas": [o["meta_info"] for o in outs],
-               "logprobs": [_lps(o["meta_info"]) for o in outs]}
-        if unconditional:
-            un = self._call({"text": list(choices), "sampling_params": {"max_new_tokens": 0},
-                             "return_logprob": True, "logprob_start_len": 0})
-            res["unconditional"] = [_lps(o["meta_info"]) for o in un]
-        return res
+    def prefill(self, text: str) -> Optional[dict]:
+        """Put `text` in the server's prefix cache without generating; returns its meta_info
+        (None where the backend cannot)."""
+        return None
+
+    def flush_cache(self) -> None:
+        pass
 
     def shutdown(self) -> None:
         pass

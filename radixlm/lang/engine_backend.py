@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from radixlm.lang.base_backend import BaseBackend
+from radixlm.lang.native_backend import NativeBackend
 
-_LOGPROB_ARGS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
+_ARGS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 
 
-class EngineBackend(BaseBackend):
+class EngineBackend(NativeBackend):
     def __init__(self, engine=None, **engine_kwargs):
         super().__init__()
         if engine is None or isinstance(engine, str):
@@ -24,9 +24,13 @@ class EngineBackend(BaseBackend):
     def _load_tokenizer(self):
         return self.engine.tokenizer
 
+    def tokenize(self, texts: list[str]) -> list[list[int]]:
+        # The tokenizer manager's own encoding, so cache keys match what the engine stores.
+        return [self.engine.tokenizer.encode(t) for t in texts]
+
     def _args(self, body: dict) -> dict:
-        return dict(prompt=body["text"], sampling_params=body.get("sampling_params"),
-                    **{k: body[k] for k in _LOGPROB_ARGS if k in body})
+        return dict(prompt=body.get("text"), input_ids=body.get("input_ids"), sampling_params=body.get("sampling_params"),
+                    **{k: body[k] for k in _ARGS if k in body})
 
     def _call(self, body: dict):
         return self.engine.generate(**self._args(body))

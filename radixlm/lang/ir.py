@@ -113,7 +113,7 @@ def gen(
 ) -> Expr:
     """Generate into variable `name`; with `choices` it is `select`."""
     if choices is not None:
-        return Select(name, list(choices), temperature or 0.0, choices_method)
+        return select(name, choices, temperature or 0.0, choices_method)
     if dtype is not None and regex is None:
         regex = {int: REGEX_INT, "int": REGEX_INT, float: REGEX_FLOAT, "float": REGEX_FLOAT,
                  bool: REGEX_BOOL, "bool": REGEX_BOOL, str: REGEX_STR, "str": REGEX_STR}.get(dtype)
@@ -140,7 +140,10 @@ def select(name: Optional[str] = None, choices: Optional[list] = None, temperatu
            choices_method: Any = None) -> Expr:
     """Pick one of `choices` by scoring each continuation (see radixlm.lang.choices)."""
     if not choices:
-        raise ValueError("select needs a non-empty list of choices")
+        raise ValueError("select: choices must be a non-empty list of strings")
+    bad = [c for c in choices if not isinstance(c, str) or not c]
+    if bad:
+        raise ValueError(f"select: every choice must be a non-empty string, got {bad[0]!r}")
     return Select(name, list(choices), temperature, choices_method)
 
 

@@ -11,18 +11,21 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Iterator, Optional
 
 from radixlm.lang import choices as choices_mod
+from radixlm.lang.base_backend import Prompt
 from radixlm.lang.ir import Expr, Gen, Image, RoleBegin, RoleEnd, Select, Seq, sampling_params
 
 _END = object()
 
 
 class ProgramState:
-    def __init__(self, backend, defaults: Optional[dict] = None, stream: bool = False):
+    def __init__(self, backend, defaults: Optional[dict] = None, stream: bool = False, precache: bool = True):
         if backend is None:
             raise ValueError("no backend: pass backend= or call radixlm.lang.set_default_backend()")
         self.backend = backend
         self.defaults = dict(defaults or {})
         self.stream = stream
+        self.precache = precache  # fork() sends the shared prefix first
+        self.fork_prefill_meta: Optional[dict] = None
         self.variables: dict[str, Any] = {}
         self.meta_info: dict[str, Any] = {}
         self.ret_value: Any = None
@@ -108,17 +111,21 @@ class ProgramState:
         merged.update({k: v for k, v in g.params.items() if v is not None})
         return sampling_params(merged)
 
+    def _prompt(self) -> Prompt:
+        role, start = self._role if self._role else (None, len(self._text))
+        return Prompt(self._text, self._messages, role, self._text[start:])
+
     def _gen(self, g: Gen) -> None:
         sp = self._sampling(g)
         if self.stream:
             out, sent = None, 0
-            for out in self.backend.generate_stream(self._text, sp, g.logprob):
+            for out in self.backend.generate_stream(self._prompt(), sp, g.logprob):
                 delta = out["text"][sent:]
                 sent = len(out["text"])
                 self._append(delta, g.name)
             text = out["text"] if out else ""
         else:
-            out = self.backend.generate(self._text, sp, g.logprob)
+            out = self.backend.generate(self._prompt(), sp, g.logprob)
             text = out["text"]
             self._append(text, g.name)
         if g.name is not None:
@@ -127,17 +134,12 @@ class ProgramState:
 
     def _select(self, sel: Select) -> None:
         method = choices_mod.resolve(sel.choices_method)
-        res = self.backend.score(self._text, sel.choices, unconditional=method.needs_unconditional)
-        idx, meta = method(sel.choices, res["logprobs"], res.get("unconditional"))
+        idx, meta = self.backend.select(self._prompt(), sel.choices, method)
         choice = sel.choices[idx]
         self._append(choice, sel.name)
         if sel.name is not None:
             self.variables[sel.name] = choice
-            self.meta_info[sel.name] = {
-                **meta, "choice_logprobs": res["logprobs"], "prompt_tokens": res["prompt_tokens"],
-                "input_token_logprobs": [m.get("input_token_logprobs") for m in res["metas"]],
-                "unconditional_logprobs": res.get("unconditional"),
-            }
+            self.meta_info[sel.name] = meta
 
     # ------------------------------------------------------------ reading
     def text(self) -> str:
@@ -192,11 +194,11 @@ class ProgramState:
         """n branch states that start from this state's text. The shared prefix is sent once
         first (no generation), so every branch's request hits the radix cache."""
         self.sync()
-        if self._text:
+        if self._text and self.precache:
             self.fork_prefill_meta = self.backend.prefill(self._text)
         branches = []
         for _ in range(n):
-            b = ProgramState(self.backend, self.defaults)
+            b = ProgramState(self.backend, self.defaults, precache=self.precache)
             b._text, b._role = self._text, self._role
             b.variables, b.meta_info = dict(self.variables), dict(self.meta_info)
             b._messages = copy.deepcopy(self._messages)

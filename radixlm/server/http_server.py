@@ -227,6 +227,8 @@ def create_app(state_factory) -> FastAPI:
             "is_generation": True,
             "architectures": [s.scheduler_info["architecture"]],
             "context_length": s.scheduler_info["context_len"],
+            "bos_token_id": s.tokenizer_manager.tokenizer.bos_token_id,
+            "eos_token_id": s.tokenizer_manager.tokenizer.eos_token_id,
         }
 
     @app.get("/server_info")

@@ -1,11 +1,28 @@
 """radixlm.lang programs end to end on the default model, through both backends: the native HTTP
 endpoint (one server for the module) and the in-process Engine (started after the server stops)."""
 
+import importlib
+import json
+import re
+import sys
+from pathlib import Path
+
+import jsonschema
 import pytest
 import requests
 
 import radixlm.lang as sgl
+from radixlm.lang.ir import REGEX_BOOL, REGEX_FLOAT, REGEX_INT, REGEX_STR
 from tests.conftest import engine_args
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _example(name: str):
+    """An example script as a module (they import their sibling _backend.py)."""
+    if str(EXAMPLES) not in sys.path:
+        sys.path.insert(0, str(EXAMPLES))
+    return importlib.import_module(name)
 
 FEW_SHOT = "Q: What is 2+2?\nA: 4\n\nQ: What is the capital of France?\nA: Paris\n\n"
 CHOICES = [" True", " False", " Unknown"]
@@ -29,34 +46,16 @@ def two_turn_chat(s):
 
 
 @sgl.function
-def true_false(s, statement):
-    s += "Statement: " + statement + "\nIs the statement true? Answer True, False or Unknown.\nAnswer:"
-    s += sgl.select("verdict", choices=CHOICES)
-
-
-@sgl.function
 def legs(s):
     s += "Q: How many legs does a spider have?\nA: " + sgl.gen("n", dtype=int, max_tokens=4)
-
-
-@sgl.function
-def fruits(s):
-    s += "Here are four fruit names, one per branch. This introduction is shared by every branch.\n"
-    forks = s.fork(4)
-    for i, f in enumerate(forks):
-        f += f"Fruit {i + 1}:" + sgl.gen("fruit", max_tokens=6, stop="\n")
-    forks.join()
 
 
 @pytest.fixture(scope="module", params=["http", "engine"])
 def backend(request):
     if request.param == "http":
-        from tests.e2e.conftest import ServerProcess
-
-        server = ServerProcess()
-        be = sgl.RuntimeEndpoint(server.url)
+        be = sgl.Runtime(kv_memory_gb=0.3)  # a server process of its own, over the native HTTP API
         yield be
-        server.stop()
+        be.shutdown()
     else:
         be = sgl.EngineBackend(None, **engine_args(kv_memory_gb=0.2, debug_memory_check=False))
         yield be
@@ -69,8 +68,10 @@ def raw(backend, body):
         r = requests.post(backend.base_url + "/generate", json=body, timeout=120)
         assert r.status_code == 200, r.text
         return r.json()
-    return backend.engine.generate(body["text"], body["sampling_params"], return_logprob=body.get("return_logprob", False),
-                                   logprob_start_len=body.get("logprob_start_len", -1))
+    return backend.engine.generate(body.get("text"), body["sampling_params"], input_ids=body.get("input_ids"),
+                                   return_logprob=body.get("return_logprob", False),
+                                   logprob_start_len=body.get("logprob_start_len", -1),
+                                   top_logprobs_num=body.get("top_logprobs_num", 0))
 
 
 def test_few_shot_qa_with_stop(backend):
@@ -97,59 +98,222 @@ def test_two_turn_chat_uses_the_chat_template(backend):
     assert s.text() == rendered
 
 
-def test_select_is_argmax_of_mean_prompt_logprobs(backend):
-    s = true_false.run("The sky is blue on a clear day.", backend=backend)
+def _prompt_logprobs(backend, text: str, start: int) -> list[float]:
+    out = raw(backend, {"text": text, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
+                        "logprob_start_len": start})
+    return [e[0] for e in out["meta_info"]["input_token_logprobs"] if e[0] is not None]
+
+
+@pytest.mark.parametrize("method", ["token_length_normalized", "greedy_token_selection",
+                                    "unconditional_likelihood_normalized"])
+def test_select_picks_the_best_score_computed_from_generate(backend, method):
+    @sgl.function
+    def prog(s, statement):
+        s += "Statement: " + statement + "\nIs the statement true? Answer True, False or Unknown.\nAnswer:"
+        s += sgl.select("verdict", choices=CHOICES, choices_method=method)
+
+    s = prog.run("The sky is blue on a clear day.", backend=backend)
     prefix = "Statement: The sky is blue on a clear day.\nIs the statement true? Answer True, False or Unknown.\nAnswer:"
     n = raw(backend, {"text": prefix, "sampling_params": {"max_new_tokens": 0}})["meta_info"]["prompt_tokens"]
-    scores = []
-    for c in CHOICES:
-        out = raw(backend, {"text": prefix + c, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
-                            "logprob_start_len": n})
-        lps = [e[0] for e in out["meta_info"]["input_token_logprobs"]]
-        assert lps
-        scores.append(sum(lps) / len(lps))
+    cond = [_prompt_logprobs(backend, prefix + c, n) for c in CHOICES]
+    assert all(cond)
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    if method == "token_length_normalized":
+        scores = [mean(lp) for lp in cond]
+    elif method == "greedy_token_selection":  # token by token, as greedy decoding would compare them
+        width = max(map(len, cond))
+        scores = [tuple(lp + [mean(lp)] * (width - len(lp))) for lp in cond]
+    else:  # each token's logprob minus its logprob with no context (after the start token only)
+        tok = backend.tokenizer
+        start = tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id
+        uncond = []
+        for c in CHOICES:
+            ids = tok.encode(prefix + c)
+            assert ids[:n] == tok.encode(prefix)  # no token straddles prefix and choice here
+            out = raw(backend, {"input_ids": [start] + ids[n:], "sampling_params": {"max_new_tokens": 0},
+                                "return_logprob": True, "logprob_start_len": 1})
+            uncond.append([e[0] for e in out["meta_info"]["input_token_logprobs"]])
+        scores = [mean([a - b for a, b in zip(lp, u)]) for lp, u in zip(cond, uncond)]
     assert s["verdict"] == CHOICES[max(range(3), key=scores.__getitem__)]
     assert s.text() == prefix + s["verdict"]
-    got = s.get_meta_info("verdict")["normalized_prompt_logprobs"]
-    assert got == pytest.approx(scores, abs=1e-3)
+    meta = s.get_meta_info("verdict")
+    assert meta["normalized_prompt_logprobs"] == pytest.approx([mean(lp) for lp in cond], abs=1e-3)
+    if method == "unconditional_likelihood_normalized":
+        assert meta["unconditional_normalized_logprobs"] == pytest.approx(scores, abs=1e-3)
 
 
-def test_select_other_methods(backend):
-    for method in ("greedy_token_selection", "unconditional_likelihood_normalized"):
-        @sgl.function
-        def prog(s):
-            s += "The opposite of hot is" + sgl.select("w", choices=[" cold", " warm", " blue"], choices_method=method)
+def test_select_heals_the_token_boundary(backend):
+    """"Answer: " + "True" is scored as the model sees it: the space joins the choice's first
+    token, so the scores equal those of "Answer:" + " True"."""
+    @sgl.function
+    def prog(s, prefix, choices):
+        s += "Is fire hot? Answer True or False.\n" + prefix + sgl.select("v", choices=choices)
 
-        s = prog.run(backend=backend)
-        assert s["w"] in (" cold", " warm", " blue")
-        assert len(s.get_meta_info("w")["normalized_prompt_logprobs"]) == 3
+    healed = prog.run("Answer: ", ["True", "False"], backend=backend)
+    plain = prog.run("Answer:", [" True", " False"], backend=backend)
+    assert healed.get_meta_info("v")["healed_tokens"] == [1, 1]
+    assert plain.get_meta_info("v")["healed_tokens"] == [0, 0]
+    assert healed.get_meta_info("v")["normalized_prompt_logprobs"] == pytest.approx(
+        plain.get_meta_info("v")["normalized_prompt_logprobs"], abs=1e-4)
+    assert healed["v"] == plain["v"].lstrip()
+    assert healed.text() == "Is fire hot? Answer True or False.\nAnswer: " + healed["v"]
 
 
 def test_int_via_regex(backend):
     s = legs.run(backend=backend, temperature=0)
-    assert s["n"].lstrip("+-").isdigit()
-    int(s["n"])
+    assert re.fullmatch(REGEX_INT, s["n"]), s["n"]
+    assert s.get_meta_info("n")["completion_tokens"] <= 4
 
 
-def test_fork_join_hits_the_cache(backend):
-    s = fruits.run(backend=backend, temperature=0)
+@pytest.mark.parametrize("dtype,parse,question", [
+    (int, int, "How many legs does a cat have?"),
+    (float, float, "What is pi, to two decimals?"),
+    (bool, {"True": True, "False": False}.__getitem__, "Is water wet? Answer True or False."),
+    (str, json.loads, 'What is the capital of France? Answer in double quotes, like "London".'),
+])
+def test_dtype_gen(backend, dtype, parse, question):
+    @sgl.function
+    def prog(s):
+        s += "Q: " + question + "\nA: " + sgl.gen("v", dtype=dtype, max_tokens=12)
+
+    s = prog.run(backend=backend, temperature=0)
+    value = s["v"]
+    # The dtype's regex holds and the text parses back to the type (str is a quoted string).
+    assert re.fullmatch({int: REGEX_INT, float: REGEX_FLOAT, bool: REGEX_BOOL, str: REGEX_STR}[dtype], value), value
+    assert isinstance(parse(value), dtype)
+
+
+PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
+          "required": ["name", "age"], "additionalProperties": False}
+
+
+def test_json_via_regex_pieces_and_json_schema(backend):
+    @sgl.function
+    def pieces(s):
+        s += "Describe Alice, aged 30, as JSON.\n"
+        s += '{\n  "name": "' + sgl.gen("name", max_tokens=8, regex=r"[A-Za-z ]{1,16}") + '",\n'
+        s += '  "age": ' + sgl.gen("age", max_tokens=4, regex=r"(120|1[01][0-9]|[1-9]?[0-9])") + "\n}"
+
+    @sgl.function
+    def whole(s):
+        s += sgl.user("Describe Alice, aged 30, as JSON with name and age.")
+        s += sgl.assistant(sgl.gen("json", max_tokens=48, json_schema=PERSON))
+
+    a = pieces.run(backend=backend, temperature=0)
+    obj = json.loads(a.text().split("\n", 1)[1])
+    jsonschema.validate(obj, PERSON)
+    assert obj == {"name": a["name"], "age": int(a["age"])}
+    b = whole.run(backend=backend, temperature=0)
+    jsonschema.validate(json.loads(b["json"]), PERSON)
+
+
+def test_tool_use_with_a_stop_string(backend):
+    calls = []
+
+    def calculator(expr):
+        calls.append(expr)
+        return "4"
+
+    @sgl.function
+    def tool_use(s):
+        s += ("Use the calculator like this: calc[3 + 5] gives 8.\n"
+              "Question: what is 2 + 2?\nAction: calc[" + sgl.gen("expr", max_tokens=12, stop="]"))
+        s += "]\nResult: " + calculator(s["expr"]) + "\nAnswer:" + sgl.gen("answer", max_tokens=8, stop="\n")
+
+    s = tool_use.run(backend=backend, temperature=0)
+    assert "]" not in s["expr"] and calls == [s["expr"]]
+    meta = s.get_meta_info("expr")
+    assert meta["finish_reason"] == {"type": "stop", "matched": "]"} or meta["finish_reason"]["type"] == "length"
+    assert s.text().endswith("]\nResult: 4\nAnswer:" + s["answer"])
+
+
+def test_react_loop_mixes_gen_and_select(backend):
+    react_tools = _example("react_tools")
+    s = react_tools.react.run("How long is the Nile in metres?", max_steps=2, backend=backend, temperature=0)
+    steps = 0
+    for step in range(2):
+        if f"action_{step}" not in s:
+            break
+        steps += 1
+        action = s[f"action_{step}"]
+        assert action in react_tools.ACTIONS and s[f"thought_{step}"].strip()
+        if action.strip() != "finish":  # the program ran the tool on what the model chose
+            tool = react_tools.TOOLS[action.strip()]
+            assert s[f"observation_{step}"] == tool(s[f"input_{step}"])
+    assert steps >= 1 and s.text().startswith(react_tools.INSTRUCTIONS)
+
+
+LONG_PREFIX = "Background notes, shared by every branch.\n" + "".join(
+    f"Note {i}: the warehouse in district {i} stores {i * 7 % 50} crates of apples and {i * 3 % 20} of pears.\n"
+    for i in range(20))
+
+
+@sgl.function
+def four_branches(s):
+    s += LONG_PREFIX
+    forks = s.fork(4)
+    for i, f in enumerate(forks):
+        f += f"Summary {i + 1}:" + sgl.gen("summary", max_tokens=4)
+    forks.join()
+
+
+def test_fork_sends_the_shared_prefix_once(backend):
+    backend.flush_cache()
+    s = four_branches.run(backend=backend, temperature=0)
     prefix_tokens = s.fork_prefill_meta["prompt_tokens"]
-    metas = s.get_meta_info("fruit")
-    assert len(s["fruit"]) == 4 and len(metas) == 4
-    for m in metas:
-        assert m["cached_tokens"] >= prefix_tokens
-    assert all("\n" not in f for f in s["fruit"])
+    assert prefix_tokens >= 500
+    metas = s.get_meta_info("summary")
+    assert len(s["summary"]) == 4 and len(metas) == 4
+    assert all(m["cached_tokens"] >= prefix_tokens for m in metas), [m["cached_tokens"] for m in metas]
+    # Without pre-caching, the branches race for the prefix: one of them computes it.
+    backend.flush_cache()
+    t = four_branches.run(backend=backend, temperature=0, precache=False)
+    assert t.fork_prefill_meta is None
+    cold = [m["cached_tokens"] for m in t.get_meta_info("summary")]
+    assert min(cold) < prefix_tokens, cold
+    assert t["summary"] == s["summary"]
 
 
-def test_run_batch_keeps_order(backend):
-    qs = ["What is 1+1?", "What is the capital of Italy?", "What is 5+5?", "What color is grass?"]
-    states = few_shot_qa.run_batch([{"question": q} for q in qs], backend=backend, temperature=0, num_threads=4)
-    assert [st.text().split("Q: ")[-1].split("\n")[0] for st in states] == qs
-    alone = [few_shot_qa.run(q, backend=backend, temperature=0)["answer"] for q in qs]
-    assert [st["answer"] for st in states] == alone
+def test_run_batch_32_in_order_with_progress_bar_and_a_failing_program(backend, capsys):
+    @sgl.function
+    def qa(s, i):
+        if i == 13:
+            raise ValueError("program 13 fails")
+        s += FEW_SHOT + f"Q: What is {i} plus 1?\nA:" + sgl.gen("answer", max_tokens=4, stop="\n")
+
+    states = qa.run_batch([{"i": i} for i in range(32)], backend=backend, temperature=0, progress_bar=True)
+    assert "32/32" in capsys.readouterr().err
+    assert len(states) == 32
+    assert isinstance(states[13].error(), ValueError)
+    for i, st in enumerate(states):
+        if i != 13:
+            assert st.error() is None and f"Q: What is {i} plus 1?" in st.text()
+    # The common prefix (the few-shot examples) was traced and sent first: every program hit it.
+    n = raw(backend, {"text": FEW_SHOT, "sampling_params": {"max_new_tokens": 0}})["meta_info"]["prompt_tokens"]
+    assert all(st.get_meta_info("answer")["cached_tokens"] >= n - 1 for i, st in enumerate(states) if i != 13)
+    assert states[7]["answer"] == qa.run(7, backend=backend, temperature=0)["answer"]
 
 
 def test_stream_text_iter(backend):
     s = few_shot_qa.run("What is 3+3?", backend=backend, temperature=0, stream=True)
     chunks = list(s.text_iter("answer"))
     assert "".join(chunks) == s["answer"]
+
+
+def test_examples_run(backend):
+    """Every example in examples/ runs as it is (given this backend) and does what it says."""
+    states = _example("few_shot_qa").main(backend)
+    assert [st["answer"].strip() for st in states][0] and all("\n" not in st["answer"] for st in states)
+    chat = _example("multi_turn_chat").main(backend)
+    assert [m["role"] for m in chat.messages()] == ["system", "user", "assistant", "user", "assistant"]
+    fork = _example("parallel_fork")
+    s = fork.main(backend)
+    assert len(s["tip"]) == len(fork.ASPECTS) and s.text().endswith(f"- {fork.ASPECTS[-1]}:{s['tip'][-1]}\n")
+    jx = _example("json_extraction")
+    for person in jx.main(backend):
+        jsonschema.validate(person, jx.SCHEMA)
+    chunks, st = _example("streaming").main(backend)
+    assert len(chunks) > 1 and "".join(chunks) == st["story"]
+    react = _example("react_tools").main(backend)
+    assert react["action_0"] in _example("react_tools").ACTIONS

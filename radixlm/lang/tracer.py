@@ -1,0 +1,53 @@
+"""Tracing a program's constant prefix: run it on a backend that stops at the first model call,
+so run_batch can send the text every input shares once, before the batch."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from radixlm.lang.base_backend import BaseBackend
+
+
+class _StopTrace(Exception):
+    pass
+
+
+class TracingBackend(BaseBackend):
+    """Renders roles like the real backend; any call that needs the model ends the trace."""
+
+    def __init__(self, real: BaseBackend):
+        super().__init__()
+        self.real = real
+
+    @property
+    def chat_template(self):
+        return self.real.chat_template
+
+    def generate(self, *a, **k):
+        raise _StopTrace
+
+    generate_stream = select = prefill = generate
+
+
+def trace_text(program, kwargs: dict, backend: BaseBackend) -> Optional[str]:
+    """The text `program(**kwargs)` writes before its first gen / select / fork; None if the
+    program failed before reaching one (its text says nothing of the others')."""
+    from radixlm.lang.state import ProgramState
+
+    s = ProgramState(TracingBackend(backend))
+    try:
+        program.func(s, **kwargs)
+    except _StopTrace:
+        pass
+    except Exception:  # noqa: BLE001 - it may be the program's reaction to the stopped trace
+        if not isinstance(s.error(), _StopTrace):
+            return None
+    if s.error() is not None and not isinstance(s.error(), _StopTrace):
+        return None
+    return s._text
+
+
+def common_prefix(program, batch_kwargs: list[dict], backend: BaseBackend) -> str:
+    texts = [t for t in (trace_text(program, kw, backend) for kw in batch_kwargs) if t is not None]
+    return os.path.commonprefix(texts) if texts else ""

@@ -1,0 +1,68 @@
+"""A radixlm server in a child process: started, health-checked and stopped from Python
+(used by the language's `Runtime` and by the tests)."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from typing import Optional
+
+import requests
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _stop(proc: subprocess.Popen, timeout: float = 30) -> Optional[int]:
+    if proc.poll() is None:
+        # SIGTERM lets uvicorn shut down and the server stop its scheduler and detokenizer.
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+class ServerProcess:
+    """`python -m radixlm.cli serve --port <free> *args`, ready when /health answers 200."""
+
+    def __init__(self, *args: str, port: Optional[int] = None, timeout: float = 180):
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "radixlm.cli", "serve", "--port", str(self.port), "--log-level", "warning", *args]
+        # A file, not a pipe: nobody reads the server's output while it runs, and a full pipe blocks it.
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True)
+        self._finalizer = weakref.finalize(self, _stop, self.proc)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the radixlm server exited ({self.proc.returncode}): {self.output()[-3000:]}")
+            try:
+                if requests.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise TimeoutError(f"the radixlm server did not become healthy in {timeout:.0f} s: {self.output()[-3000:]}")
+
+    def output(self) -> str:
+        self.log.seek(0)
+        return self.log.read()
+
+    def stop(self) -> Optional[int]:
+        """SIGTERM, then SIGKILL after 30 s; returns the exit code."""
+        code = _stop(self.proc)
+        self._finalizer.detach()
+        return code
