@@ -37,6 +37,10 @@ class ServerArgs:
     # Scheduling
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
+    # Overlap scheduling (scheduler/overlap.py) is on by default on CUDA only: on a CPU the forward
+    # already uses every core, and the scheduler's ~1% of a step is not worth the GIL contention.
+    disable_overlap_schedule: bool = False
+    enable_overlap_schedule: bool = False  # turn it on on CPU too
     random_seed: int = 42
 
     # HTTP server
@@ -65,6 +69,10 @@ class ServerArgs:
             raise ValueError("chunked_prefill_size must be positive or -1 (off)")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+
+    @property
+    def overlap_schedule(self) -> bool:
+        return self.enable_overlap_schedule or (self.device != "cpu" and not self.disable_overlap_schedule)
 
     # --- CLI -------------------------------------------------------------------
     @staticmethod

@@ -51,6 +51,10 @@ class Req:
     # Grammar matcher (radixlm.constrained); a Future while its grammar compiles.
     grammar: Any = None
     retracted: int = 0
+    # Overlap scheduling: the future slot of the launched step whose token is not processed yet,
+    # and where in fill_ids a later step put a placeholder for that token.
+    future_slot: Optional[int] = None
+    placeholder_pos: Optional[int] = None
 
     # Logprob increments not yet sent: [logprob, token_id] and per position top lists.
     input_token_logprobs: list = field(default_factory=list)
@@ -195,9 +199,12 @@ class ScheduleBatch:
         reqs = self.reqs
         out_loc = alloc_kv(token_to_kv_pool, tree_cache, len(reqs))
         assert out_loc is not None, "the scheduler must retract before decoding without room"
-        input_ids = [r.output_ids[-1] for r in reqs]
+        # A token still being sampled by the step in flight is named by its future slot.
+        input_ids = [r.output_ids[-1] if r.future_slot is None else -(r.future_slot + 1) for r in reqs]
         positions = [len(r.fill_ids) for r in reqs]
         for r, tok in zip(reqs, input_ids):
+            if tok < 0:
+                r.placeholder_pos = len(r.fill_ids)
             r.fill_ids.append(tok)
             r.forward_passes += 1
         fb = self._forward_batch(

@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Optional
 
 import torch
@@ -34,6 +35,7 @@ from radixlm.model.forward_batch import ForwardMode
 from radixlm.model.layers.sampler import SamplingBatchInfo
 from radixlm.model.runner import LogitsOutput, ModelRunner
 from radixlm.scheduler.batch import Req, ScheduleBatch
+from radixlm.scheduler.overlap import FutureTokenMap, LaunchedBatch, can_overlap
 from radixlm.scheduler.policy import PrefillAdder, SchedulePolicy, shares_prefix_in_batch
 from radixlm.scheduler.stats import SchedulerStats
 
@@ -69,6 +71,12 @@ class Scheduler:
         self.jump_forward = not (server_args.disable_jump_forward or server_args.disable_radix_cache)
         self.chunk_size = None if server_args.chunked_prefill_size == -1 else server_args.chunked_prefill_size
         self._out_chunks: list[ReqOutputChunk] = []
+        # Overlap scheduling (overlap.py): the decode step in flight on the worker thread.
+        self.overlap = server_args.overlap_schedule
+        self.inflight: Optional[LaunchedBatch] = None
+        if self.overlap:
+            self.worker = ThreadPoolExecutor(1, thread_name_prefix="radixlm-forward")
+            self.future_map = FutureTokenMap(2 * self.runner.max_running_requests + 2, self.device)
 
         if port_args is not None:
             ctx = zmq.Context(2)
@@ -98,7 +106,7 @@ class Scheduler:
         poller = zmq.Poller()
         poller.register(self.recv_from_tokenizer, zmq.POLLIN)
         while True:
-            idle = not (self.waiting_queue or self.running or self.chunked_req)
+            idle = not (self.waiting_queue or self.running or self.chunked_req or self.inflight)
             if idle:
                 if self.server_args.debug_memory_check and not self.grammar_queue:
                     self.check_memory()
@@ -127,13 +135,38 @@ class Scheduler:
             logger.error("unknown message %r", type(msg))
 
     def step(self) -> None:
-        """One iteration: build a batch, run it, process and send its results."""
+        """One iteration: build a batch, run it, process and send its results. With overlap,
+        a decode step stays in flight while the next one is built and launched."""
         if self.grammar_queue:
             self.move_ready_grammar_requests()
-        batch = self.get_next_batch_to_run()
-        if batch is not None:
-            self.run_batch(batch)
+        prev, self.inflight = self.inflight, None
+        if prev is not None:
+            self.step_overlapped(prev)
+        else:
+            batch = self.get_next_batch_to_run()
+            if batch is not None:
+                launched = self.launch(batch)
+                if self.overlap and batch.forward_mode.is_decode() and can_overlap(batch.reqs, self.context_len):
+                    self.inflight = launched
+                else:
+                    self.process_result(launched)
         self.flush_outputs()
+
+    def step_overlapped(self, prev: LaunchedBatch) -> None:
+        """prev: a decode step in flight. Launch what comes next, then process prev."""
+        prefill = self.get_new_batch_prefill()
+        if prefill is not None:  # new requests need nothing of prev: prefill them behind it
+            launched = self.launch(prefill)
+            self.process_result(prev)
+            self.process_result(launched)
+            return
+        room = self.token_to_kv_pool.available_size() + self.tree_cache.evictable_size()
+        if not self.running or not can_overlap(self.running, self.context_len) or room < len(self.running):
+            self.process_result(prev)  # the next step needs prev's tokens (or a retraction): wait
+            return
+        self.decay_new_token_ratio()
+        self.inflight = self.launch(ScheduleBatch(list(self.running), ForwardMode.DECODE))
+        self.process_result(prev)
 
     # -------------------------------------------------------------- requests
     def add_request(self, recv: TokenizedGenerateReqInput) -> None:
@@ -318,10 +351,13 @@ class Scheduler:
         if self.token_to_kv_pool.available_size() + self.tree_cache.evictable_size() < need:
             self.retract_decode(need)
         else:
-            self.new_token_ratio = max(
-                self.server_args.min_new_token_ratio, self.new_token_ratio - self.server_args.new_token_ratio_decay
-            )
+            self.decay_new_token_ratio()
         return ScheduleBatch(list(self.running), ForwardMode.DECODE)
+
+    def decay_new_token_ratio(self) -> None:
+        self.new_token_ratio = max(
+            self.server_args.min_new_token_ratio, self.new_token_ratio - self.server_args.new_token_ratio_decay
+        )
 
     def retract_decode(self, need: int) -> None:
         """Out of KV for one more decode step: free requests (fewest outputs first) and requeue
@@ -348,13 +384,11 @@ class Scheduler:
             self._finish(list(self.running))
 
     # --------------------------------------------------------------- running
-    def run_batch(self, batch: ScheduleBatch) -> None:
-        if not batch.reqs:
-            return
-        t0 = time.perf_counter()
+    def launch(self, batch: ScheduleBatch) -> LaunchedBatch:
+        """Prepare the batch here; run forward + sampling on the worker thread (inline without
+        overlap). Decode steps store their sampled ids in future slots for the next step."""
         prepare = batch.prepare_for_extend if batch.forward_mode.is_extend() else batch.prepare_for_decode
         fb = prepare(self.req_to_token_pool, self.token_to_kv_pool, self.tree_cache, self.device)
-        out = self.runner.forward(fb)
         reqs = batch.reqs
         info = SamplingBatchInfo.build(
             [r.sampling_params for r in reqs],
@@ -365,13 +399,38 @@ class Scheduler:
             generators=[r.generator for r in reqs],
             banned_ids=[r.banned_token_ids() for r in reqs],
         )
-        next_ids = self.runner.sample(self.grammar_masked(batch, out.next_token_logits), info).tolist()
+        slots = None
+        if self.overlap and batch.forward_mode.is_decode():
+            slots = self.future_map.alloc(len(reqs))
+            for r, slot in zip(reqs, slots):
+                r.future_slot = slot
+        has_future = any(r.placeholder_pos is not None for r in reqs)
+        launched = LaunchedBatch(batch, fb, Future(), slots)
+        if self.overlap:
+            launched.result = self.worker.submit(self._forward_and_sample, batch, fb, info, slots, has_future)
+        else:
+            launched.result.set_result(self._forward_and_sample(batch, fb, info, slots, has_future))
+        return launched
+
+    def _forward_and_sample(self, batch: ScheduleBatch, fb, info, slots, has_future: bool):
+        t0 = time.perf_counter()
+        if has_future:
+            fb.input_ids = self.future_map.resolve(fb.input_ids)
+        out = self.runner.forward(fb)
+        next_ids = self.runner.sample(self.grammar_masked(batch, out.next_token_logits), info)
+        if slots is not None:
+            self.future_map.store(torch.tensor(slots, dtype=torch.int64, device=self.device), next_ids)
+        return out, next_ids, time.perf_counter() - t0
+
+    def process_result(self, launched: LaunchedBatch) -> None:
+        out, next_ids, seconds = launched.result.result()
+        batch, next_ids = launched.batch, next_ids.tolist()
         if batch.forward_mode.is_extend():
             self.process_extend_result(batch, out, next_ids)
-            self.stats.on_extend(fb.num_tokens, time.perf_counter() - t0)
+            self.stats.on_extend(launched.forward_batch.num_tokens, seconds)
         else:
-            self.process_decode_result(batch, out, next_ids)
-            self.stats.on_decode(len(reqs), time.perf_counter() - t0)
+            self.process_decode_result(batch, out, next_ids, launched.future_slots)
+            self.stats.on_decode(len(batch.reqs), seconds, launched.launch_time)
             if self.stats.decode_steps % self.server_args.decode_log_interval == 0:
                 logger.info(self.stats.decode_log_line(self, len(self.running), len(self.waiting_queue)))
 
@@ -416,12 +475,20 @@ class Scheduler:
                 self.running.append(req)
                 self.emit(req)
 
-    def process_decode_result(self, batch: ScheduleBatch, out: LogitsOutput, next_ids: list[int]) -> None:
+    def process_decode_result(self, batch: ScheduleBatch, out: LogitsOutput, next_ids: list[int],
+                              slots: Optional[list[int]] = None) -> None:
         for i, req in enumerate(batch.reqs):
+            if slots is not None and req.future_slot == slots[i]:
+                req.future_slot = None
+            if req.finished():  # finished by the step before, while this one was in flight: drop
+                continue
+            if req.placeholder_pos is not None:  # the step after this one was launched already
+                req.fill_ids[req.placeholder_pos] = next_ids[i]
+                req.placeholder_pos = None
             self._append_token(req, next_ids[i], out.next_token_logits[i])
             if not req.finished() and self.try_jump_forward(req):
                 self.running.remove(req)
-        done = [r for r in batch.reqs if r.finished()]
+        done = [r for r in batch.reqs if r.finished() and r.req_pool_idx is not None]
         self._finish(done)
         for r in batch.reqs:
             if not r.finished():

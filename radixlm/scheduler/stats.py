@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Optional
 
 
 @dataclass
@@ -20,6 +21,11 @@ class SchedulerStats:
     grammar_mask_seconds: float = 0.0  # filling + applying vocab masks
     grammar_mask_steps: int = 0
     forward_time: float = 0.0
+    # Back-to-back decode steps: launch-to-launch wall time, and the forward + sampling time
+    # of the same steps; their difference is the time the model waited on the scheduler.
+    decode_wall_seconds: float = 0.0
+    decode_busy_seconds: float = 0.0
+    _last_decode: Optional[tuple] = None  # (launch time, forward seconds) of the previous decode step
     # (time, tokens) of recent decode steps for the log line's throughput.
     _recent: deque = field(default_factory=lambda: deque(maxlen=64))
 
@@ -30,15 +36,29 @@ class SchedulerStats:
     def on_extend(self, num_tokens: int, seconds: float) -> None:
         self.extend_tokens += num_tokens
         self.forward_time += seconds
+        self._last_decode = None
 
-    def on_decode(self, batch_size: int, seconds: float) -> None:
+    def on_decode(self, batch_size: int, seconds: float, launch_time: Optional[float] = None) -> None:
         self.decode_steps += 1
         self.generated_tokens += batch_size
         self.forward_time += seconds
         self._recent.append((time.perf_counter(), batch_size))
+        if launch_time is not None:
+            if self._last_decode is not None:
+                self.decode_wall_seconds += launch_time - self._last_decode[0]
+                self.decode_busy_seconds += self._last_decode[1]
+            self._last_decode = (launch_time, seconds)
+
+    @property
+    def decode_outside_share(self) -> Optional[float]:
+        """Share of back-to-back decode time spent outside forward + sampling."""
+        if self.decode_wall_seconds <= 0:
+            return None
+        return max(0.0, 1.0 - self.decode_busy_seconds / self.decode_wall_seconds)
 
     def reset_cache_stats(self) -> None:
         self.prompt_tokens = self.cached_tokens = 0
+        self.decode_wall_seconds = self.decode_busy_seconds = 0.0
 
     @property
     def cache_hit_rate(self) -> float:
@@ -59,6 +79,8 @@ class SchedulerStats:
             "num_retracted": self.num_retracted,
             "jump_forward_tokens": self.jump_forward_tokens,
             "grammar_mask_ms_per_step": 1000 * self.grammar_mask_seconds / max(self.grammar_mask_steps, 1),
+            "decode_steps": self.decode_steps,
+            "decode_outside_share": self.decode_outside_share,
         }
 
     def decode_log_line(self, scheduler, running: int, waiting: int) -> str:
@@ -67,5 +89,6 @@ class SchedulerStats:
             f"Decode: running {running}, waiting {waiting}, "
             f"KV usage {used / self.max_total_num_tokens:.1%} ({used} tokens, "
             f"{scheduler.tree_cache.evictable_size()} evictable), "
-            f"cache hit rate {self.cache_hit_rate:.1%}, gen throughput {self.gen_throughput():.1f} tok/s"
+            f"cache hit rate {self.cache_hit_rate:.1%}, gen throughput {self.gen_throughput():.1f} tok/s, "
+            f"outside forward {100 * (self.decode_outside_share or 0):.1f}%"
         )

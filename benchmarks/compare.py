@@ -1,0 +1,212 @@
+"""radixlm vs radixlm without its radix cache vs llama.cpp's llama-server, on the same GGUF and the
+same workloads, one system at a time on an otherwise idle machine (DEVELOPERS.md: build
+llama-server from the llama.cpp source in the llama-cpp-python sdist, outside this repo).
+Optionally (--offline) radixlm's in-process Engine vs HF transformers `generate`.
+
+    python benchmarks/compare.py --llama-server /path/to/llama-server [--scale 0.25] [--write-docs]
+
+Every system gets the same client (`radixlm bench serving --backend openai`, /v1/completions,
+streaming, temperature 0, ignore_eos) and the same prompts (same seed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import requests
+
+from radixlm.bench import serving
+from radixlm.model.loader import default_model_path
+from radixlm.server.process import ServerProcess, free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclasses.dataclass
+class Workload:
+    name: str
+    args: dict  # `radixlm bench serving` options
+    target: str  # what the issue asks of it
+
+
+def workloads(scale: float) -> list[Workload]:
+    n = lambda x: max(1, round(x * scale))  # noqa: E731
+    return [
+        Workload("gsp", dict(dataset="gsp", gsp_num_groups=16, gsp_prompts_per_group=n(16), gsp_system_prompt_len=1024,
+                             gsp_question_len=32, gsp_output_len=64, max_concurrency=32),
+                 ">= 3x llama-server, >= 2x radixlm without cache"),
+        Workload("multi-turn", dict(dataset="multi-turn", num_conversations=8, num_turns=n(4), max_concurrency=8),
+                 ">= 2x llama-server"),
+        Workload("random", dict(dataset="random", num_prompts=n(64), random_input_len=200, random_output_len=64,
+                                max_concurrency=8), ">= 1.0x llama-server"),
+    ]
+
+
+def bench_args(base_url: str, extra: dict) -> argparse.Namespace:
+    p = argparse.ArgumentParser()
+    serving.add_args(p)
+    args = p.parse_args(["--backend", "openai", "--base-url", base_url, "--disable-tqdm"])
+    for k, v in extra.items():
+        setattr(args, k, v)
+    return args
+
+
+class LlamaServer:
+    def __init__(self, binary: str, gguf: str, threads: int):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        # 8 slots, each with room for a gsp prompt (1,120 tokens) plus margin.
+        cmd = [binary, "-m", gguf, "-np", "8", "-c", "16384", "-t", str(threads), "--host", "127.0.0.1",
+               "--port", str(self.port), "--no-webui"]
+        self.cmd = cmd
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"llama-server exited ({self.proc.returncode}): {shlex.join(cmd)}")
+            try:
+                if requests.get(self.url + "/health", timeout=1).status_code == 200:
+                    return
+            except requests.ConnectionError:
+                pass
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError("llama-server did not become healthy")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def run_system(name: str, start, loads: list[Workload]) -> dict:
+    server = start()
+    results = {}
+    try:
+        for w in loads:
+            print(f"== {name} / {w.name}", flush=True)
+            res = serving.run(bench_args(server.url, w.args))
+            res.pop("outputs", None)
+            results[w.name] = res
+            print(f"   output {res['output_throughput']:.1f} tok/s, TTFT p50 {res['p50_ttft_ms']:.0f} ms, "
+                  f"cached {res['cached_token_share']}, errors {res['errors']}", flush=True)
+    finally:
+        server.stop()
+    return results
+
+
+def offline_compare(num: int, input_len: int, output_len: int) -> dict:
+    """Greedy generation of the same token prompts, all at once: radixlm Engine vs HF generate."""
+    import random
+
+    import torch
+
+    from radixlm.engine.engine import Engine
+
+    rng = random.Random(0)
+    prompts = [[rng.randrange(256, 49152) for _ in range(input_len)] for _ in range(num)]
+    sp = {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True}
+    with Engine(None, log_level="warning") as engine:
+        engine.generate(input_ids=prompts[0][:16], sampling_params={"max_new_tokens": 2})
+        t = time.perf_counter()
+        engine.generate(input_ids=prompts, sampling_params=sp)
+        radixlm_s = time.perf_counter() - t
+    from transformers import AutoModelForCausalLM
+
+    path = default_model_path()
+    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                 torch_dtype=torch.float32).eval()
+    ids = torch.tensor(prompts)
+    with torch.inference_mode():
+        model.generate(ids[:1, :16], max_new_tokens=2, do_sample=False)
+        t = time.perf_counter()
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=output_len,
+                       min_new_tokens=output_len, do_sample=False)
+        hf_s = time.perf_counter() - t
+    total = num * output_len
+    return {"prompts": num, "input_len": input_len, "output_len": output_len,
+            "radixlm_tok_s": total / radixlm_s, "hf_tok_s": total / hf_s, "radixlm_s": radixlm_s, "hf_s": hf_s}
+
+
+def table(results: dict, loads: list[Workload]) -> str:
+    systems = list(results)
+    lines = ["| workload | " + " | ".join(f"{s} out tok/s" for s in systems)
+             + " | radixlm / llama-server | radixlm / no cache | target |",
+             "|---" * (len(systems) + 4) + "|"]
+    for w in loads:
+        tps = {s: results[s][w.name]["output_throughput"] for s in systems if w.name in results[s]}
+        r = tps.get("radixlm")
+        ratio = lambda other: f"{r / tps[other]:.2f}x" if r and tps.get(other) else "-"  # noqa: E731
+        lines.append(f"| {w.name} | " + " | ".join(f"{tps.get(s, float('nan')):.1f}" for s in systems)
+                     + f" | {ratio('llama-server')} | {ratio('radixlm-no-cache')} | {w.target} |")
+    lines.append("")
+    lines.append("| workload | system | TTFT p50 / p99 ms | TPOT p50 ms | ITL p50 / p99 ms | cached share | errors |")
+    lines.append("|---|---|---|---|---|---|---|")
+    for w in loads:
+        for s in systems:
+            m = results[s].get(w.name)
+            if m is None:
+                continue
+            cs = "n/a" if m["cached_token_share"] is None else f"{m['cached_token_share']:.0%}"
+            lines.append(f"| {w.name} | {s} | {m['p50_ttft_ms']:.0f} / {m['p99_ttft_ms']:.0f} | {m['p50_tpot_ms']:.1f} | "
+                         f"{m['p50_itl_ms']:.1f} / {m['p99_itl_ms']:.1f} | {cs} | {m['errors']} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--llama-server", help="path to a llama-server binary (omit to skip it)")
+    p.add_argument("--systems", default="radixlm,radixlm-no-cache,llama-server")
+    p.add_argument("--workloads", default="gsp,multi-turn,random")
+    p.add_argument("--scale", type=float, default=1.0, help="shrink the request counts (1.0: the issue's sizes)")
+    p.add_argument("--threads", type=int, default=os.cpu_count(), help="llama-server -t")
+    p.add_argument("--radixlm-args", default="", help="extra `radixlm serve` flags for both radixlm systems")
+    p.add_argument("--offline", action="store_true", help="also radixlm Engine vs HF transformers generate")
+    p.add_argument("--output", default=None, help="write all results as JSON")
+    p.add_argument("--write-docs", action="store_true", help="append the tables to docs/benchmarks.md")
+    a = p.parse_args()
+    gguf = default_model_path()
+    loads = [w for w in workloads(a.scale) if w.name in a.workloads.split(",")]
+    extra = shlex.split(a.radixlm_args)
+    starters = {
+        "radixlm": lambda: ServerProcess(*extra),
+        "radixlm-no-cache": lambda: ServerProcess("--disable-radix-cache", *extra),
+        "llama-server": lambda: LlamaServer(a.llama_server, gguf, a.threads),
+    }
+    results = {}
+    for name in a.systems.split(","):
+        if name == "llama-server" and not a.llama_server:
+            print("skipping llama-server (no --llama-server)")
+            continue
+        results[name] = run_system(name, starters[name], loads)
+    md = table(results, loads)
+    offline = offline_compare(16, 200, 64) if a.offline else None
+    if offline:
+        md += (f"\n\nOffline, {offline['prompts']} prompts x {offline['input_len']} tokens, {offline['output_len']} out "
+               f"each, all at once, greedy: radixlm Engine {offline['radixlm_tok_s']:.1f} out tok/s, HF transformers "
+               f"generate {offline['hf_tok_s']:.1f} out tok/s ({offline['radixlm_tok_s'] / offline['hf_tok_s']:.2f}x).")
+    print(md)
+    if a.output:
+        Path(a.output).write_text(json.dumps({"results": results, "offline": offline}, indent=1, default=str))
+    if a.write_docs:
+        cmd = "python benchmarks/compare.py " + shlex.join(sys.argv[1:])
+        with open(ROOT / "docs" / "benchmarks.md", "a") as f:
+            f.write(f"\n## radixlm vs llama-server ({datetime.now():%Y-%m-%d %H:%M}, {platform.processor() or 'cpu'}, "
+                    f"{os.cpu_count()} cores)\n\n`{cmd}`\n\n{md}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The overlap scheduler's parts. While the model runs decode step N on a worker thread (torch
+releases the GIL inside its ops), the scheduler thread builds and launches step N+1 and then
+processes N's results, so the Python work of a step hides behind the next step's forward.
+
+Step N+1 is built before N's sampled tokens are known on the scheduler thread: its input ids
+name them by future slots (-(slot + 1)), resolved on the worker from the ids N wrote there.
+A request that N finishes (EOS, stop string) has run one extra step in N+1, whose token is
+dropped. Requests whose next step depends on N's token on the scheduler side (grammar masks,
+penalties, min_new_tokens, a step that reaches max_new_tokens or the context) are not overlapped:
+the scheduler then waits for N first.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from radixlm.model.forward_batch import ForwardBatch
+from radixlm.scheduler.batch import Req, ScheduleBatch
+
+
+class FutureTokenMap:
+    """Ring of token-id slots on the device: step N writes its sampled ids, step N+1 reads them."""
+
+    def __init__(self, size: int, device):
+        self.size = size
+        self.ids = torch.zeros(size, dtype=torch.int64, device=device)
+        self._next = 0
+
+    def alloc(self, n: int) -> list[int]:
+        slots = [(self._next + i) % self.size for i in range(n)]
+        self._next = (self._next + n) % self.size
+        return slots
+
+    def resolve(self, input_ids: torch.Tensor) -> torch.Tensor:
+        future = input_ids < 0
+        return torch.where(future, self.ids[(-input_ids - 1).clamp(min=0)], input_ids)
+
+    def store(self, slots: torch.Tensor, next_ids: torch.Tensor) -> None:
+        self.ids[slots] = next_ids
+
+
+def can_overlap(reqs: list[Req], context_len: int) -> bool:
+    """Whether the next decode step of these requests may be built before this step's tokens
+    are known on the scheduler thread."""
+    for r in reqs:
+        sp = r.sampling_params
+        if r.grammar is not None or sp.frequency_penalty or sp.presence_penalty or sp.repetition_penalty != 1.0:
+            return False
+        n_out = len(r.output_ids) + (r.future_slot is not None)
+        if n_out < sp.min_new_tokens or n_out >= sp.max_new_tokens or len(r.fill_ids) + 1 >= context_len:
+            return False
+    return True
+
+
+@dataclass
+class LaunchedBatch:
+    """A batch whose forward + sampling was handed to the worker (or already ran inline)."""
+
+    batch: ScheduleBatch
+    forward_batch: ForwardBatch
+    result: Future  # -> (LogitsOutput, next_ids tensor, seconds on the worker)
+    future_slots: Optional[list[int]] = None  # where the worker stores the sampled ids
+    launch_time: float = field(default_factory=time.perf_counter)
