@@ -17,17 +17,14 @@ import json
 import os
 import platform
 import shlex
-import subprocess
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
 
-import requests
-
 from radixlm.bench import serving
 from radixlm.model.loader import default_model_path
-from radixlm.server.process import ServerProcess, free_port
+from radixlm.server.process import ServerProcess
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -61,34 +58,11 @@ def bench_args(base_url: str, extra: dict) -> argparse.Namespace:
     return args
 
 
-class LlamaServer:
-    def __init__(self, binary: str, gguf: str, threads: int):
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        # 8 slots, each with room for a gsp prompt (1,120 tokens) plus margin.
-        cmd = [binary, "-m", gguf, "-np", "8", "-c", "16384", "-t", str(threads), "--host", "127.0.0.1",
-               "--port", str(self.port), "--no-webui"]
-        self.cmd = cmd
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"llama-server exited ({self.proc.returncode}): {shlex.join(cmd)}")
-            try:
-                if requests.get(self.url + "/health", timeout=1).status_code == 200:
-                    return
-            except requests.ConnectionError:
-                pass
-            time.sleep(0.5)
-        self.stop()
-        raise TimeoutError("llama-server did not become healthy")
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+def llama_server(binary: str, gguf: str, threads: int) -> ServerProcess:
+    # 8 slots, each with room for a gsp prompt (1,120 tokens) plus margin.
+    return ServerProcess(command=lambda port: [binary, "-m", gguf, "-np", "8", "-c", "16384", "-t", str(threads),
+                                               "--host", "127.0.0.1", "--port", str(port), "--no-webui"],
+                         name="llama-server", timeout=120)
 
 
 def run_system(name: str, start, loads: list[Workload]) -> dict:
@@ -183,7 +157,7 @@ def main() -> int:
     starters = {
         "radixlm": lambda: ServerProcess(*extra),
         "radixlm-no-cache": lambda: ServerProcess("--disable-radix-cache", *extra),
-        "llama-server": lambda: LlamaServer(a.llama_server, gguf, a.threads),
+        "llama-server": lambda: llama_server(a.llama_server, gguf, a.threads),
     }
     results = {}
     for name in a.systems.split(","):

@@ -37,6 +37,7 @@ class ServerArgs:
     # Scheduling
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
+    disable_shared_prefix_attention: bool = False  # decode reads a shared cached prefix once per group
     # Overlap scheduling (scheduler/overlap.py) is on by default on CUDA only: on a CPU the forward
     # already uses every core, and the scheduler's ~1% of a step is not worth the GIL contention.
     disable_overlap_schedule: bool = False

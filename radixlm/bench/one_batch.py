@@ -4,7 +4,9 @@ then output_len - 1 greedy decode steps.
 
 Each decode step is timed whole (ScheduleBatch.prepare_for_decode, the forward, sampling,
 appending the tokens) and the forward alone, so "outside" = the step's Python work and
-sampling. On CUDA the device is synchronized around every timed region.
+sampling. The step's linear-layer FLOPs over the forward time, against the same products run
+alone (matmul_reference), say how close a decode step gets to the machine's matmul rate.
+On CUDA the device is synchronized around every timed region.
 """
 
 from __future__ import annotations
@@ -148,6 +150,36 @@ def _profile(runner, prompts, args, bs: int) -> str:
     return stem
 
 
+def linear_weights(model) -> list:
+    """The weights a decode step multiplies by: every 2-D parameter but the embedding lookup,
+    plus the embedding itself when it is tied to the LM head."""
+    named = [(n, p) for n, p in model.named_parameters() if p.dim() == 2]
+    weights = [p for n, p in named if "embed" not in n]
+    if not any("lm_head" in n for n, _ in named):
+        weights += [p for n, p in named if "embed" in n]
+    return weights
+
+
+def matmul_reference(runner, bs: int, repeats: int = 20) -> dict:
+    """The same matrix products as one decode step's linear layers, run back to back with nothing
+    else: the machine's fp32 matmul rate at the model's shapes (what a step could reach)."""
+    import torch
+    import torch.nn.functional as F
+
+    timer = _Timer(runner.device)
+    weights = linear_weights(runner.model)
+    xs = {w.shape[1]: torch.randn(bs, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
+    flops = sum(2 * bs * w.shape[0] * w.shape[1] for w in weights)
+    times = []
+    with torch.inference_mode():
+        for _ in range(repeats + 2):
+            t0 = timer.now()
+            for w in weights:
+                F.linear(xs[w.shape[1]], w)
+            times.append(timer.now() - t0)
+    return {"linear_flops": flops, "matmul_only_ms": statistics.median(times[2:]) * 1e3}
+
+
 def run(args, server_args) -> list[dict]:
     """One result per batch size; each carries its greedy tokens under 'output_ids'."""
     from radixlm.model.runner import ModelRunner
@@ -165,6 +197,12 @@ def run(args, server_args) -> list[dict]:
         res.update(device=str(runner.device), dtype=str(runner.dtype).replace("torch.", ""),
                    model=server_args.model_path or "default", vocab_size=runner.vocab_size,
                    output_ids=t["output_ids"])
+        if res.get("forward_median_ms"):
+            ref = matmul_reference(runner, bs)
+            res.update(ref)
+            res["model_gflops"] = ref["linear_flops"] / res["forward_median_ms"] / 1e6
+            res["matmul_gflops"] = ref["linear_flops"] / ref["matmul_only_ms"] / 1e6
+            res["share_of_matmul_rate"] = ref["matmul_only_ms"] / res["forward_median_ms"]
         if args.profile:
             res["profile"] = _profile(runner, prompts, args, bs)
         results.append(res)
@@ -181,6 +219,9 @@ COLUMNS = (
     ("forward_median_ms", "fwd p50 ms", "{:.2f}"),
     ("outside_forward_median_ms", "outside ms", "{:.2f}"),
     ("outside_forward_share", "outside %", "{:.1%}"),
+    ("model_gflops", "fwd GFLOP/s", "{:.1f}"),
+    ("matmul_gflops", "matmul GFLOP/s", "{:.1f}"),
+    ("share_of_matmul_rate", "of matmul", "{:.0%}"),
 )
 
 

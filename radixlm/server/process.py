@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 import weakref
-from typing import Optional
+from typing import Callable, Optional
 
 import requests
 
@@ -34,12 +34,16 @@ def _stop(proc: subprocess.Popen, timeout: float = 30) -> Optional[int]:
 
 
 class ServerProcess:
-    """`python -m radixlm.cli serve --port <free> *args`, ready when /health answers 200."""
+    """`python -m radixlm.cli serve --port <free> *args`, ready when /health answers 200.
+    `command(port) -> argv` starts another HTTP server instead (e.g. llama-server)."""
 
-    def __init__(self, *args: str, port: Optional[int] = None, timeout: float = 180):
+    def __init__(self, *args: str, port: Optional[int] = None, timeout: float = 180,
+                 command: Optional[Callable[[int], list]] = None, name: str = "the radixlm server"):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "radixlm.cli", "serve", "--port", str(self.port), "--log-level", "warning", *args]
+        if command is not None:
+            cmd = command(self.port)
         # A file, not a pipe: nobody reads the server's output while it runs, and a full pipe blocks it.
         self.log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True)
@@ -47,7 +51,7 @@ class ServerProcess:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"the radixlm server exited ({self.proc.returncode}): {self.output()[-3000:]}")
+                raise RuntimeError(f"{name} exited ({self.proc.returncode}): {self.output()[-3000:]}")
             try:
                 if requests.get(self.url + "/health", timeout=1).status_code == 200:
                     return
@@ -55,7 +59,7 @@ class ServerProcess:
                 pass
             time.sleep(0.3)
         self.stop()
-        raise TimeoutError(f"the radixlm server did not become healthy in {timeout:.0f} s: {self.output()[-3000:]}")
+        raise TimeoutError(f"{name} did not become healthy in {timeout:.0f} s: {self.output()[-3000:]}")
 
     def output(self) -> str:
         self.log.seek(0)

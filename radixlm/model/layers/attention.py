@@ -15,6 +15,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.model.layers.shared_prefix_attention import (
+    SharedPrefixMetadata,
+    build_shared_prefix_metadata,
+    shared_prefix_decode,
+)
+
 if TYPE_CHECKING:
     from radixlm.model.forward_batch import ForwardBatch
 
@@ -54,12 +60,15 @@ def gather_kv(buf: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
 
 
 class TorchSDPABackend(AttentionBackend):
-    """torch.nn.functional.scaled_dot_product_attention; runs on any device."""
+    """torch.nn.functional.scaled_dot_product_attention; runs on any device. Decode batches
+    whose requests share a cached prefix attend to it once per group (shared_prefix_attention)."""
 
-    def __init__(self):
+    def __init__(self, shared_prefix: bool = True):
+        self.shared_prefix = shared_prefix
         self._extend: list[_ExtendReq] = []
         self._decode_indices: Optional[torch.Tensor] = None  # [bs, max_len]
         self._decode_mask: Optional[torch.Tensor] = None  # [bs, 1, 1, max_len]
+        self._shared: Optional[SharedPrefixMetadata] = None
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         fb = forward_batch
@@ -74,6 +83,7 @@ class TorchSDPABackend(AttentionBackend):
             self._decode_indices = req_to_token[fb.req_pool_indices, :max_len]
             arange = torch.arange(max_len, device=fb.seq_lens.device)
             self._decode_mask = (arange[None, :] < fb.seq_lens[:, None]).view(fb.batch_size, 1, 1, max_len)
+            self._shared = build_shared_prefix_metadata(self._decode_indices, seq_lens) if self.shared_prefix else None
             return
         prefix_lens = fb.extend_prefix_lens_cpu or [0] * fb.batch_size
         extend_lens = fb.extend_seq_lens_cpu or [s - p for s, p in zip(seq_lens, prefix_lens)]
@@ -116,6 +126,8 @@ class TorchSDPABackend(AttentionBackend):
         idx = self._decode_indices
         if idx is None:  # empty batch
             return torch.empty_like(q)
+        if self._shared is not None:
+            return shared_prefix_decode(q, k_buf, v_buf, self._shared, layer.scaling, gather_kv)
         # [bs, max_len, kv_heads, D] -> [bs, kv_heads, max_len, D]; GQA via enable_gqa
         # (repeat_interleave of K/V is ~15x slower on CPU).
         o = F.scaled_dot_product_attention(

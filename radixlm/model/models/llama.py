@@ -15,7 +15,7 @@ from torch import nn
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.activation import SiluAndMul
 from radixlm.model.layers.attention import RadixAttention, get_attn_backend
-from radixlm.model.layers.linear import Linear, MergedLinear, VocabEmbedding
+from radixlm.model.layers.linear import Linear, MergedLinear, VocabEmbedding, linear
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
 
@@ -130,7 +130,7 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return F.linear(hidden_states, weight).float()
+        return linear(hidden_states, weight).float()
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:

@@ -1,0 +1,115 @@
+"""Decode attention that reads a prefix shared by several requests once (cascade attention).
+
+Requests that hit the radix cache for the same prefix hold the very same KV slots for it. The
+plain decode path gathers every request's whole KV ([bs, max_len] rows) and so copies and reads
+a shared 1,000-token system prompt once per request; on a CPU that memory traffic is most of a
+long-context decode step. Here each group of requests sharing a prefix attends to it in one
+batched product (its queries stacked), every request attends to its own rest, and the two
+partial softmaxes are merged by their log-sum-exp: the same result, with the prefix read once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+MIN_SHARED_LEN = 32  # shorter shared prefixes are not worth a second pass
+NEG_INF = float("-inf")
+
+
+@dataclass
+class SharedPrefixMetadata:
+    prefix_indices: torch.Tensor  # [G, P] pool slots of each group's shared prefix (padded)
+    prefix_mask: torch.Tensor  # [G, 1, 1, P] True where a slot is part of the prefix
+    query_map: torch.Tensor  # [G, n] batch row of each group member (padded with row 0)
+    member_rows: torch.Tensor  # [M] batch rows in a group, in group-major order
+    member_flat: torch.Tensor  # [M] their index into the flattened [G * n] members
+    suffix_indices: torch.Tensor  # [bs, S] each request's own slots after its group's prefix
+    suffix_mask: torch.Tensor  # [bs, 1, 1, S]
+
+
+def build_shared_prefix_metadata(rows: torch.Tensor, seq_lens: list[int]) -> Optional[SharedPrefixMetadata]:
+    """rows: [bs, max_len] req_to_token rows of a decode batch. None when no two requests share
+    at least MIN_SHARED_LEN leading slots."""
+    bs = len(seq_lens)
+    if bs < 2:
+        return None
+    firsts = rows[:, 0].tolist()
+    by_first: dict[int, list[int]] = {}
+    for b, f in enumerate(firsts):
+        by_first.setdefault(f, []).append(b)
+    groups, shared = [], []
+    for members in by_first.values():
+        if len(members) < 2:
+            continue
+        n = min(seq_lens[b] for b in members) - 1  # every member keeps at least its newest token
+        if n < MIN_SHARED_LEN:
+            continue
+        block = rows[members, :n]
+        differs = (block != block[0]).any(0).nonzero()
+        p = int(differs[0]) if len(differs) else n
+        if p >= MIN_SHARED_LEN:
+            groups.append(members)
+            shared.append(p)
+    if not groups:
+        return None
+    device = rows.device
+    g, pmax, nmax = len(groups), max(shared), max(len(m) for m in groups)
+    prefix_indices = torch.zeros((g, pmax), dtype=torch.int64, device=device)
+    prefix_mask = torch.zeros((g, 1, 1, pmax), dtype=torch.bool, device=device)
+    query_map = torch.zeros((g, nmax), dtype=torch.int64, device=device)
+    starts = [0] * bs
+    member_rows, member_flat = [], []
+    for gi, (members, p) in enumerate(zip(groups, shared)):
+        prefix_indices[gi, :p] = rows[members[0], :p]
+        prefix_mask[gi, ..., :p] = True
+        query_map[gi, : len(members)] = torch.tensor(members, dtype=torch.int64)
+        for j, b in enumerate(members):
+            starts[b] = p
+            member_rows.append(b)
+            member_flat.append(gi * nmax + j)
+    smax = max(s - st for s, st in zip(seq_lens, starts))
+    start_t = torch.tensor(starts, dtype=torch.int64, device=device)
+    lens_t = torch.tensor(seq_lens, dtype=torch.int64, device=device)
+    pos = start_t[:, None] + torch.arange(smax, device=device)[None, :]
+    valid = pos < lens_t[:, None]
+    suffix_indices = rows.gather(1, torch.where(valid, pos, torch.zeros_like(pos)))
+    as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
+    return SharedPrefixMetadata(prefix_indices, prefix_mask, query_map, as_t(member_rows), as_t(member_flat),
+                                suffix_indices, valid.view(bs, 1, 1, smax))
+
+
+def _partial(q, k, v, mask, scale):
+    """Unnormalized attention of q [B, kvh, r, d] over k/v [B, kvh, S, d]: (o, max, sum)."""
+    s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).masked_fill_(~mask, NEG_INF)
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp_(s.sub_(m))
+    return torch.matmul(p, v), m, p.sum(-1, keepdim=True)
+
+
+def shared_prefix_decode(q, k_buf, v_buf, meta: SharedPrefixMetadata, scale: float, gather) -> torch.Tensor:
+    """q: [bs, heads, d] -> [bs, heads, d]."""
+    bs, heads, d = q.shape
+    kvh = k_buf.shape[1]
+    gh = heads // kvh
+    qh = q.view(bs, kvh, gh, d)
+    # Each request over its own slots after the shared prefix.
+    ks = gather(k_buf, meta.suffix_indices).transpose(1, 2)
+    vs = gather(v_buf, meta.suffix_indices).transpose(1, 2)
+    o2, m2, l2 = _partial(qh, ks, vs, meta.suffix_mask, scale)
+    # Each group's queries, stacked, over the group's prefix read once.
+    g, n = meta.query_map.shape
+    qg = qh[meta.query_map].permute(0, 2, 1, 3, 4).reshape(g, kvh, n * gh, d)
+    kp = gather(k_buf, meta.prefix_indices).transpose(1, 2)
+    vp = gather(v_buf, meta.prefix_indices).transpose(1, 2)
+    o1, m1, l1 = _partial(qg, kp, vp, meta.prefix_mask, scale)
+    unstack = lambda t: t.view(g, kvh, n, gh, -1).permute(0, 2, 1, 3, 4).reshape(g * n, kvh, gh, -1)  # noqa: E731
+    o1, m1, l1 = (unstack(t)[meta.member_flat] for t in (o1, m1, l1))
+    rows = meta.member_rows
+    m = torch.maximum(m1, m2[rows])
+    a1, a2 = torch.exp(m1 - m), torch.exp(m2[rows] - m)
+    out = o2 / l2
+    out[rows] = (o1 * a1 + o2[rows] * a2) / (l1 * a1 + l2[rows] * a2)
+    return out.reshape(bs, heads, d)
