@@ -82,11 +82,19 @@ def build_shared_prefix_metadata(rows: torch.Tensor, seq_lens: list[int]) -> Opt
 
 
 def _partial(q, k, v, mask, scale):
-    """Unnormalized attention of q [B, kvh, r, d] over k/v [B, kvh, S, d]: (o, max, sum)."""
-    s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).masked_fill_(~mask, NEG_INF)
-    m = s.amax(-1, keepdim=True)
-    p = torch.exp_(s.sub_(m))
-    return torch.matmul(p, v), m, p.sum(-1, keepdim=True)
+    """Unnormalized attention of q [B, kvh, r, d] over gathered k/v [B, S, kvh, d]:
+    (o, max, sum), each [B, kvh, r, *]. One bmm per KV head on k[:, :, h] (a strided view
+    that BLAS reads in place): a batched matmul over the [B, kvh] pair would copy k first,
+    which measured 3-4x slower."""
+    outs, maxes, sums = [], [], []
+    for h in range(k.shape[2]):
+        s = torch.bmm(q[:, h], k[:, :, h].transpose(1, 2)).mul_(scale).masked_fill_(~mask[:, 0], NEG_INF)
+        m = s.amax(-1, keepdim=True)
+        p = torch.exp_(s.sub_(m))
+        outs.append(torch.bmm(p, v[:, :, h]))
+        maxes.append(m)
+        sums.append(p.sum(-1, keepdim=True))
+    return torch.stack(outs, 1), torch.stack(maxes, 1), torch.stack(sums, 1)
 
 
 def shared_prefix_decode(q, k_buf, v_buf, meta: SharedPrefixMetadata, scale: float, gather) -> torch.Tensor:
@@ -96,14 +104,12 @@ def shared_prefix_decode(q, k_buf, v_buf, meta: SharedPrefixMetadata, scale: flo
     gh = heads // kvh
     qh = q.view(bs, kvh, gh, d)
     # Each request over its own slots after the shared prefix.
-    ks = gather(k_buf, meta.suffix_indices).transpose(1, 2)
-    vs = gather(v_buf, meta.suffix_indices).transpose(1, 2)
+    ks, vs = gather(k_buf, meta.suffix_indices), gather(v_buf, meta.suffix_indices)
     o2, m2, l2 = _partial(qh, ks, vs, meta.suffix_mask, scale)
     # Each group's queries, stacked, over the group's prefix read once.
     g, n = meta.query_map.shape
     qg = qh[meta.query_map].permute(0, 2, 1, 3, 4).reshape(g, kvh, n * gh, d)
-    kp = gather(k_buf, meta.prefix_indices).transpose(1, 2)
-    vp = gather(v_buf, meta.prefix_indices).transpose(1, 2)
+    kp, vp = gather(k_buf, meta.prefix_indices), gather(v_buf, meta.prefix_indices)
     o1, m1, l1 = _partial(qg, kp, vp, meta.prefix_mask, scale)
     unstack = lambda t: t.view(g, kvh, n, gh, -1).permute(0, 2, 1, 3, 4).reshape(g * n, kvh, gh, -1)  # noqa: E731
     o1, m1, l1 = (unstack(t)[meta.member_flat] for t in (o1, m1, l1))
