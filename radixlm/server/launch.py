@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import signal
 import sys
 
 from radixlm.config import ServerArgs
@@ -58,6 +59,10 @@ def launch_server(server_args: ServerArgs) -> None:
         f"  OpenAI API: {url}/v1",
         flush=True,
     )
+    # uvicorn shuts down gracefully on SIGTERM, then re-raises it with the previous handler: make
+    # that an exit that runs the `finally` below (the default handler would skip it, leaving the
+    # ipc socket dir behind).
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         uvicorn.run(app, host=server_args.host, port=server_args.port, log_level="warning", timeout_graceful_shutdown=5)
     finally:

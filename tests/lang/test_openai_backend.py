@@ -2,7 +2,10 @@
 reference), its error paths against a mock server that ignores what it does not know, and the
 Runtime's process lifecycle."""
 
+import glob
 import json
+import os
+import tempfile
 
 import httpx
 import jsonschema
@@ -127,7 +130,11 @@ def test_clear_errors_where_the_server_cannot():
 
 
 def test_runtime_stops_its_server_and_children(tiny_model_dir):
+    ipc_dirs = lambda: set(glob.glob(os.path.join(tempfile.gettempdir(), "radixlm-*")))  # noqa: E731
+    before = ipc_dirs()
     rt = sgl.Runtime(str(tiny_model_dir), kv_memory_gb=0.05)
+    mine = ipc_dirs() - before
+    assert mine  # the server's ipc socket dir
     server = psutil.Process(rt.process.proc.pid)
     children = server.children(recursive=True)
     assert len(children) >= 2  # scheduler and detokenizer
@@ -137,5 +144,6 @@ def test_runtime_stops_its_server_and_children(tiny_model_dir):
     assert rt.process.proc.poll() is not None
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive
+    assert not (mine & ipc_dirs())  # removed on the way out
     with pytest.raises(ValueError, match="unknown server option"):
         sgl.Runtime(str(tiny_model_dir), not_an_option=1)
