@@ -5,7 +5,7 @@
 
 from typing import Optional
 
-from radixlm.lang.base_backend import BaseBackend, Prompt, get_default_backend, set_default_backend
+from radixlm.lang.base_backend import BaseBackend, get_default_backend, set_default_backend
 from radixlm.lang.choices import (
     greedy_token_selection,
     token_length_normalized,

@@ -4,7 +4,7 @@ one (so roles render exactly as the model expects), else from a small by-name re
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 _MARK = "\x00RADIXLM_CONTENT\x00"

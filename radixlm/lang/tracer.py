@@ -36,16 +36,17 @@ def trace_text(program, kwargs: dict, backend: BaseBackend) -> Optional[str]:
     from radixlm.lang.state import ProgramState
 
     s = ProgramState(TracingBackend(backend))
+    raised = False
     try:
         program.func(s, **kwargs)
     except _StopTrace:
         pass
-    except Exception:  # noqa: BLE001 - it may be the program's reaction to the stopped trace
-        if not isinstance(s.error(), _StopTrace):
-            return None
-    if s.error() is not None and not isinstance(s.error(), _StopTrace):
-        return None
-    return s._text
+    except Exception:  # noqa: BLE001 - maybe the program's reaction to the stopped trace
+        raised = True
+    err = s.error()  # waits for the queued text
+    if isinstance(err, _StopTrace) or (err is None and not raised):
+        return s._text
+    return None
 
 
 def common_prefix(program, batch_kwargs: list[dict], backend: BaseBackend) -> str:

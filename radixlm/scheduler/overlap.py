@@ -12,9 +12,8 @@ the scheduler then waits for N first.
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -65,4 +64,4 @@ class LaunchedBatch:
     forward_batch: ForwardBatch
     result: Future  # -> (LogitsOutput, next_ids tensor, seconds on the worker)
     future_slots: Optional[list[int]] = None  # where the worker stores the sampled ids
-    launch_time: float = field(default_factory=time.perf_counter)
+    launch_time: float = 0.0  # time.perf_counter() when handed over

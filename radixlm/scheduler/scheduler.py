@@ -405,12 +405,13 @@ class Scheduler:
             for r, slot in zip(reqs, slots):
                 r.future_slot = slot
         has_future = any(r.placeholder_pos is not None for r in reqs)
-        launched = LaunchedBatch(batch, fb, Future(), slots)
+        launch_time = time.perf_counter()
         if self.overlap:
-            launched.result = self.worker.submit(self._forward_and_sample, batch, fb, info, slots, has_future)
+            result = self.worker.submit(self._forward_and_sample, batch, fb, info, slots, has_future)
         else:
-            launched.result.set_result(self._forward_and_sample(batch, fb, info, slots, has_future))
-        return launched
+            result = Future()
+            result.set_result(self._forward_and_sample(batch, fb, info, slots, has_future))
+        return LaunchedBatch(batch, fb, result, slots, launch_time)
 
     def _forward_and_sample(self, batch: ScheduleBatch, fb, info, slots, has_future: bool):
         t0 = time.perf_counter()

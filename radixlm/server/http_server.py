@@ -7,7 +7,6 @@ import asyncio
 import dataclasses
 import json
 import logging
-import time
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Optional
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from radixlm.model.forward_batch import ForwardBatch
