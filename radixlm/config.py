@@ -23,6 +23,9 @@ class ServerArgs:
     # Memory
     max_total_tokens: Optional[int] = None  # KV pool size in tokens; default from kv_memory_gb
     kv_memory_gb: float = 1.0  # KV budget when max_total_tokens is not given
+    # Dense copy of the decoding requests' KV (model/layers/decode_kv_mirror.py), on top of the pool;
+    # None: 1 GiB on CPU (where it saves the per-step gather), 0 (off) on CUDA.
+    decode_kv_mirror_gb: Optional[float] = None
     max_running_requests: int = 64
     chunked_prefill_size: int = 2048  # -1 disables chunking
     max_prefill_tokens: int = 4096  # new tokens per extend batch
@@ -38,6 +41,9 @@ class ServerArgs:
     schedule_policy: str = "lpm"
     disable_radix_cache: bool = False
     disable_shared_prefix_attention: bool = False  # decode reads a shared cached prefix once per group
+    # Run new requests' prefill and the running requests' decode step in one forward (SGLang's
+    # mixed chunk): the step reads the weights once for both.
+    enable_mixed_chunk: bool = False
     # Overlap scheduling (scheduler/overlap.py) is on by default on CUDA only: on a CPU the forward
     # already uses every core, and the scheduler's ~1% of a step is not worth the GIL contention.
     disable_overlap_schedule: bool = False
@@ -68,8 +74,15 @@ class ServerArgs:
             raise ValueError(f"max_running_requests must be positive, got {self.max_running_requests}")
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
             raise ValueError("chunked_prefill_size must be positive or -1 (off)")
+        if self.decode_kv_mirror_gb is not None and self.decode_kv_mirror_gb < 0:
+            raise ValueError(f"decode_kv_mirror_gb must be >= 0, got {self.decode_kv_mirror_gb}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+
+    @property
+    def decode_kv_mirror_bytes(self) -> int:
+        gb = self.decode_kv_mirror_gb if self.decode_kv_mirror_gb is not None else (1.0 if self.device == "cpu" else 0.0)
+        return int(gb * 2**30)
 
     @property
     def overlap_schedule(self) -> bool:
@@ -85,6 +98,8 @@ class ServerArgs:
             "chunked_prefill_size": "max new tokens of one request per extend step (-1: off)",
             "schedule_policy": f"one of {', '.join(POLICIES)}",
             "disable_radix_cache": "no prefix sharing (a baseline)",
+            "decode_kv_mirror_gb": "memory for a dense copy of the decoding requests' KV (0: off; default 1 on CPU, "
+            "0 on CUDA)",
         }
         for f in dataclasses.fields(ServerArgs):
             flag = "--" + f.name.replace("_", "-")

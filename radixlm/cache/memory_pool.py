@@ -21,6 +21,8 @@ class ReqToTokenPool:
         self.max_context_len = max_context_len
         self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int64, device=device)
         self.free_slots: list[int] = list(range(size))
+        # Bumped at each alloc, so (slot, generation) names one request's tenure of a slot.
+        self.generation: list[int] = [0] * size
 
     def available_size(self) -> int:
         return len(self.free_slots)
@@ -28,7 +30,9 @@ class ReqToTokenPool:
     def alloc(self) -> int | None:
         if not self.free_slots:
             return None
-        return self.free_slots.pop()
+        idx = self.free_slots.pop()
+        self.generation[idx] += 1
+        return idx
 
     def free(self, idx: int) -> None:
         assert 0 <= idx < self.size and idx not in self.free_slots, f"double free of req slot {idx}"

@@ -19,9 +19,16 @@ if TYPE_CHECKING:
 class ForwardMode(IntEnum):
     EXTEND = 1  # prefill of new tokens, possibly after a cached prefix
     DECODE = 2  # one new token per request
+    # Prefill of new requests and a decode step of running ones in one forward (SGLang's mixed
+    # chunk): the weights are read once for both. The decode requests come last.
+    MIXED = 3
 
     def is_extend(self) -> bool:
-        return self == ForwardMode.EXTEND
+        """Extend-shaped: every request has prefix + new tokens (1 for a MIXED batch's decodes)."""
+        return self in (ForwardMode.EXTEND, ForwardMode.MIXED)
+
+    def is_mixed(self) -> bool:
+        return self == ForwardMode.MIXED
 
     def is_decode(self) -> bool:
         return self == ForwardMode.DECODE
@@ -53,6 +60,8 @@ class ForwardBatch:
     # Extend only: per request, the first absolute position whose next-token
     # logprob must be returned (prompt logprobs); None = only the last token.
     extend_logprob_start_lens_cpu: Optional[list[Optional[int]]] = None
+    # MIXED only: the last num_decode requests are decode steps (one token after their context).
+    num_decode: int = 0
 
     @property
     def num_tokens(self) -> int:

@@ -58,7 +58,8 @@ class ModelRunner:
         self.sampler = Sampler()
         from radixlm.model.layers.attention import TorchSDPABackend
 
-        self.attn_backend = TorchSDPABackend(shared_prefix=not server_args.disable_shared_prefix_attention)
+        self.attn_backend = TorchSDPABackend(shared_prefix=not server_args.disable_shared_prefix_attention,
+                                             mirror_bytes=server_args.decode_kv_mirror_bytes)
         logger.info(
             "KV cache: %d tokens, %.1f MiB (%s, %d layers x %d kv heads x %d dims); context %d",
             self.max_total_num_tokens,

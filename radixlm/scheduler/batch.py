@@ -160,17 +160,31 @@ class Req:
 class ScheduleBatch:
     reqs: list[Req]
     forward_mode: ForwardMode
+    # MIXED: the last num_decode reqs are running requests taking a decode step.
+    num_decode: int = 0
 
     def batch_size(self) -> int:
         return len(self.reqs)
 
+    @classmethod
+    def mixed(cls, prefill: "ScheduleBatch", running: list[Req]) -> "ScheduleBatch":
+        return cls(prefill.reqs + running, ForwardMode.MIXED, num_decode=len(running))
+
+    @property
+    def prefill_reqs(self) -> list[Req]:
+        return self.reqs[: len(self.reqs) - self.num_decode]
+
+    @property
+    def decode_reqs(self) -> list[Req]:
+        return self.reqs[len(self.reqs) - self.num_decode :]
+
     def prepare_for_extend(self, req_to_token_pool, token_to_kv_pool, tree_cache, device) -> ForwardBatch:
-        reqs = self.reqs
+        reqs, decode = self.prefill_reqs, self.decode_reqs
         for r in reqs:
             if r.req_pool_idx is None:
                 r.req_pool_idx = req_to_token_pool.alloc()
                 assert r.req_pool_idx is not None, "admission must check request slots"
-        total = sum(r.extend_input_len for r in reqs)
+        total = sum(r.extend_input_len for r in reqs) + len(decode)
         out_loc = alloc_kv(token_to_kv_pool, tree_cache, total)
         assert out_loc is not None, "admission must check KV space"
         input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts = [], [], [], [], [], []
@@ -188,11 +202,24 @@ class ScheduleBatch:
             seq_lens.append(p + n)
             lp_starts.append(r.logprob_first_position(p))
             r.forward_passes += 1
+        for r in decode:  # as prepare_for_decode: one token after everything already in the KV
+            p = len(r.fill_ids)
+            req_to_token_pool.req_to_token[r.req_pool_idx, p] = out_loc[pt]
+            pt += 1
+            input_ids.append(r.output_ids[-1])
+            r.fill_ids.append(r.output_ids[-1])
+            positions.append(p)
+            prefix_lens.append(p)
+            ext_lens.append(1)
+            seq_lens.append(p + 1)
+            lp_starts.append(None)
+            r.forward_passes += 1
         return self._forward_batch(
-            ForwardMode.EXTEND, input_ids, positions, seq_lens, out_loc, req_to_token_pool, token_to_kv_pool, device,
+            self.forward_mode, input_ids, positions, seq_lens, out_loc, req_to_token_pool, token_to_kv_pool, device,
             extend_prefix_lens_cpu=prefix_lens,
             extend_seq_lens_cpu=ext_lens,
             extend_logprob_start_lens_cpu=lp_starts,
+            num_decode=len(decode),
         )
 
     def prepare_for_decode(self, req_to_token_pool, token_to_kv_pool, tree_cache, device) -> ForwardBatch:

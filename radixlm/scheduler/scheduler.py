@@ -286,7 +286,7 @@ class Scheduler:
     def get_next_batch_to_run(self) -> Optional[ScheduleBatch]:
         batch = self.get_new_batch_prefill()
         if batch is not None:
-            return batch
+            return self.mix_with_running(batch) if self.server_args.enable_mixed_chunk else batch
         if self.running:
             return self.update_running_batch()
         return None
@@ -353,6 +353,20 @@ class Scheduler:
         else:
             self.decay_new_token_ratio()
         return ScheduleBatch(list(self.running), ForwardMode.DECODE)
+
+    def mix_with_running(self, prefill: ScheduleBatch) -> ScheduleBatch:
+        """prefill plus a decode step of every running request, when the pool has a slot for each
+        (else the prefill alone, and the decode step follows as usual)."""
+        for r in self.running:  # aborted requests finish before taking a KV slot
+            r.check_finished(None, self.context_len)
+        self._finish([r for r in self.running if r.finished()])
+        if not self.running:
+            return prefill
+        need = sum(r.extend_input_len for r in prefill.reqs) + len(self.running)
+        if self.token_to_kv_pool.available_size() + self.tree_cache.evictable_size() < need:
+            return prefill
+        self.decay_new_token_ratio()
+        return ScheduleBatch.mixed(prefill, list(self.running))
 
     def decay_new_token_ratio(self) -> None:
         self.new_token_ratio = max(
@@ -426,7 +440,14 @@ class Scheduler:
     def process_result(self, launched: LaunchedBatch) -> None:
         out, next_ids, seconds = launched.result.result()
         batch, next_ids = launched.batch, next_ids.tolist()
-        if batch.forward_mode.is_extend():
+        if batch.forward_mode.is_mixed():
+            n = len(batch.reqs) - batch.num_decode
+            # Decode part first: its finished requests leave `running` before the new ones join.
+            decode_out = LogitsOutput(next_token_logits=out.next_token_logits[n:])
+            self.process_decode_result(ScheduleBatch(batch.decode_reqs, ForwardMode.DECODE), decode_out, next_ids[n:])
+            self.process_extend_result(ScheduleBatch(batch.prefill_reqs, ForwardMode.EXTEND), out, next_ids[:n])
+            self.stats.on_mixed(launched.forward_batch.num_tokens - batch.num_decode, batch.num_decode, seconds)
+        elif batch.forward_mode.is_extend():
             self.process_extend_result(batch, out, next_ids)
             self.stats.on_extend(launched.forward_batch.num_tokens, seconds)
         else:

@@ -15,6 +15,7 @@ class SchedulerStats:
     cached_tokens: int = 0
     generated_tokens: int = 0
     decode_steps: int = 0
+    mixed_steps: int = 0  # forwards that ran a prefill and a decode step together
     extend_tokens: int = 0
     num_retracted: int = 0
     jump_forward_tokens: int = 0  # output tokens appended by jump-forward instead of decoding
@@ -37,6 +38,12 @@ class SchedulerStats:
         self.extend_tokens += num_tokens
         self.forward_time += seconds
         self._last_decode = None
+
+    def on_mixed(self, extend_tokens: int, num_decode: int, seconds: float) -> None:
+        self.on_extend(extend_tokens, seconds)
+        self.mixed_steps += 1
+        self.generated_tokens += num_decode
+        self._recent.append((time.perf_counter(), num_decode))
 
     def on_decode(self, batch_size: int, seconds: float, launch_time: Optional[float] = None) -> None:
         self.decode_steps += 1
@@ -80,6 +87,7 @@ class SchedulerStats:
             "jump_forward_tokens": self.jump_forward_tokens,
             "grammar_mask_ms_per_step": 1000 * self.grammar_mask_seconds / max(self.grammar_mask_steps, 1),
             "decode_steps": self.decode_steps,
+            "mixed_steps": self.mixed_steps,
             "decode_outside_share": self.decode_outside_share,
         }
 

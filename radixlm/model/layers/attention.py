@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.model.layers.decode_kv_mirror import DecodeKVMirror
 from radixlm.model.layers.shared_prefix_attention import (
     SharedPrefixMetadata,
     build_shared_prefix_metadata,
@@ -30,7 +31,8 @@ class AttentionBackend:
 
     q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
     (the new tokens' own K/V, which a backend may use instead of re-reading the
-    pool). Returns [num_tokens, num_heads, head_dim].
+    pool). Returns [num_tokens, num_heads, head_dim]. A MIXED batch comes to forward_extend;
+    its last forward_batch.num_decode rows are decode queries.
     """
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
@@ -63,8 +65,11 @@ class TorchSDPABackend(AttentionBackend):
     """torch.nn.functional.scaled_dot_product_attention; runs on any device. Decode batches
     whose requests share a cached prefix attend to it once per group (shared_prefix_attention)."""
 
-    def __init__(self, shared_prefix: bool = True):
+    def __init__(self, shared_prefix: bool = True, mirror_bytes: int = 0):
         self.shared_prefix = shared_prefix
+        self.mirror = DecodeKVMirror(mirror_bytes) if mirror_bytes > 0 else None
+        self._use_mirror = False
+        self._max_len = 0
         self._extend: list[_ExtendReq] = []
         self._decode_indices: Optional[torch.Tensor] = None  # [bs, max_len]
         self._decode_mask: Optional[torch.Tensor] = None  # [bs, 1, 1, max_len]
@@ -74,22 +79,25 @@ class TorchSDPABackend(AttentionBackend):
         fb = forward_batch
         req_to_token = fb.req_to_token_pool.req_to_token
         seq_lens = fb.seq_lens_cpu or fb.seq_lens.tolist()
+        self._extend, self._decode_indices, self._decode_mask, self._shared = [], None, None, None
+        self._use_mirror = False
         if fb.batch_size == 0:
-            self._extend, self._decode_indices, self._decode_mask = [], None, None
             return
-        max_len = max(seq_lens)
         if fb.forward_mode.is_decode():
-            # One padded gather for the whole batch; padding masked out below.
-            self._decode_indices = req_to_token[fb.req_pool_indices, :max_len]
-            arange = torch.arange(max_len, device=fb.seq_lens.device)
-            self._decode_mask = (arange[None, :] < fb.seq_lens[:, None]).view(fb.batch_size, 1, 1, max_len)
-            self._shared = build_shared_prefix_metadata(self._decode_indices, seq_lens) if self.shared_prefix else None
+            self._init_decode(fb, fb.req_pool_indices, fb.seq_lens, seq_lens)
             return
-        prefix_lens = fb.extend_prefix_lens_cpu or [0] * fb.batch_size
-        extend_lens = fb.extend_seq_lens_cpu or [s - p for s, p in zip(seq_lens, prefix_lens)]
+        n_ext = fb.batch_size - fb.num_decode
+        if fb.num_decode:  # MIXED: the decode tail goes through the batched decode path
+            self._init_decode(fb, fb.req_pool_indices[n_ext:], fb.seq_lens[n_ext:], seq_lens[n_ext:])
+        if n_ext == 0:
+            return
+        seq_lens = seq_lens[:n_ext]
+        prefix_lens = (fb.extend_prefix_lens_cpu or [0] * fb.batch_size)[:n_ext]
+        extend_lens = fb.extend_seq_lens_cpu[:n_ext] if fb.extend_seq_lens_cpu else [
+            s - p for s, p in zip(seq_lens, prefix_lens)]
         device = fb.out_cache_loc.device
-        rows = req_to_token[fb.req_pool_indices, :max_len] if any(prefix_lens) else None
-        self._extend, start = [], 0
+        rows = req_to_token[fb.req_pool_indices[:n_ext], : max(seq_lens)] if any(prefix_lens) else None
+        start = 0
         for i, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
             if p == 0:
                 self._extend.append(_ExtendReq(start, e, None, None))
@@ -100,9 +108,26 @@ class TorchSDPABackend(AttentionBackend):
                 self._extend.append(_ExtendReq(start, e, rows[i, : p + e], mask))
             start += e
 
+    def _init_decode(self, fb: "ForwardBatch", req_pool_indices, seq_lens_t, seq_lens: list[int]) -> None:
+        # One padded gather for the whole batch (or the mirror's rows); padding masked out below.
+        bs, max_len = len(seq_lens), max(seq_lens)
+        self._max_len = max_len
+        self._decode_indices = fb.req_to_token_pool.req_to_token[req_pool_indices, :max_len]
+        self._shared = build_shared_prefix_metadata(self._decode_indices, seq_lens) if self.shared_prefix else None
+        if self._shared is None and self.mirror is not None:
+            self._use_mirror = self.mirror.prepare(req_pool_indices.tolist(), seq_lens, fb.req_to_token_pool,
+                                                   fb.token_to_kv_pool)
+            if self._use_mirror and self.mirror.batch_of_row is not None:  # the mask goes in row order
+                seq_lens_t = seq_lens_t[self.mirror.batch_of_row]
+        arange = torch.arange(max_len, device=seq_lens_t.device)
+        self._decode_mask = (arange[None, :] < seq_lens_t[:, None]).view(bs, 1, 1, max_len)
+
     def forward_extend(self, q, k, v, layer, forward_batch):
         k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
         out = torch.empty_like(q)
+        if forward_batch.num_decode:  # MIXED: the last num_decode rows are decode queries
+            t = q.shape[0] - forward_batch.num_decode
+            out[t:] = self.forward_decode(q[t:], k[t:], v[t:], layer, forward_batch)
         for r in self._extend:  # per request: prompts of different lengths
             s, e = r.start, r.start + r.length
             if r.kv_indices is None:  # no prefix: this request's K/V are the new ones
@@ -128,17 +153,26 @@ class TorchSDPABackend(AttentionBackend):
             return torch.empty_like(q)
         if self._shared is not None:
             return shared_prefix_decode(q, k_buf, v_buf, self._shared, layer.scaling, gather_kv)
-        # [bs, max_len, kv_heads, D] -> [bs, kv_heads, max_len, D]; GQA via enable_gqa
-        # (repeat_interleave of K/V is ~15x slower on CPU).
-        o = F.scaled_dot_product_attention(
-            q.unsqueeze(2),
-            gather_kv(k_buf, idx).transpose(1, 2),
-            gather_kv(v_buf, idx).transpose(1, 2),
-            attn_mask=self._decode_mask,
-            scale=layer.scaling,
-            enable_gqa=True,
-        )
-        return o.squeeze(2)
+        if self._use_mirror:  # rows 0..bs-1 of the dense copy hold the batch (in row order)
+            m = self.mirror
+            kd, vd = m.write_and_view(layer.layer_id, k, v, self._max_len)
+            if m.row_of is None:
+                return _decode_sdpa(q, kd, vd, self._decode_mask, layer.scaling)
+            return _decode_sdpa(q[m.batch_of_row], kd, vd, self._decode_mask, layer.scaling)[m.row_of]
+        # [bs, max_len, kv_heads, D] -> [bs, kv_heads, max_len, D]
+        return _decode_sdpa(q, gather_kv(k_buf, idx).transpose(1, 2), gather_kv(v_buf, idx).transpose(1, 2),
+                            self._decode_mask, layer.scaling)
+
+
+def _decode_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """One new token per request: q [bs, heads, D] over k/v [bs, kv_heads, L, D] -> [bs, heads, D].
+    The query heads sharing a KV head go in as that head's query rows, so K/V are read once per KV
+    head (SDPA's enable_gqa reads them once per query head: ~1.3x slower here; repeat_interleave
+    of K/V ~15x). The mask [bs, 1, 1, L] is the same for every row."""
+    bs, heads, d = q.shape
+    kvh = k.shape[1]
+    o = F.scaled_dot_product_attention(q.view(bs, kvh, heads // kvh, d), k, v, attn_mask=mask, scale=scale)
+    return o.reshape(bs, heads, d)
 
 
 _default_backend = TorchSDPABackend()

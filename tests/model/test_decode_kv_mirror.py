@@ -1,0 +1,75 @@
+"""The decode KV mirror gives exactly the attention of the gather path while decode batches change
+under it: requests join and leave, request slots are reused, a request's KV grows outside decode
+(an extend after a jump-forward), capacity grows, and batches too big for its budget fall back."""
+
+import random
+
+import pytest
+import torch
+
+from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixlm.model.forward_batch import ForwardBatch, ForwardMode
+from radixlm.model.layers.attention import RadixAttention, TorchSDPABackend
+
+LAYERS, KVH, HEADS, D = 2, 2, 4, 8
+
+
+def write_kv(kv_pool, slots, gen):
+    for layer in range(LAYERS):
+        k = torch.randn(len(slots), KVH, D, generator=gen)
+        kv_pool.set_kv_buffer(layer, slots, k, torch.randn(len(slots), KVH, D, generator=gen))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_mirror_matches_gather_path(seed):
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    req_pool, kv_pool = ReqToTokenPool(12, 700), TokenToKVPool(6000, LAYERS, KVH, D)
+    per_token = LAYERS * 2 * KVH * D * 4
+    # Room for about 6 requests of 300 tokens: bigger batches take the gather path.
+    mirrored = TorchSDPABackend(shared_prefix=False, mirror_bytes=6 * 300 * per_token)
+    plain = TorchSDPABackend(shared_prefix=False)
+    layers = [RadixAttention(HEADS, D, D**-0.5, KVH, i) for i in range(LAYERS)]
+    live: dict[int, list[int]] = {}  # req slot -> its KV slots
+    used_mirror = fell_back = in_order = 0
+    for step in range(120):
+        freed_len = None
+        if live and rng.random() < 0.25:  # a request finishes: its slots go back
+            idx = rng.choice(list(live))
+            freed_len = len(live[idx])
+            kv_pool.free(torch.tensor(live.pop(idx)))
+            req_pool.free(idx)
+        while len(live) < 2 or (len(live) < 10 and rng.random() < 0.2):  # a request joins
+            idx, n = req_pool.alloc(), rng.randrange(1, 260)
+            if freed_len is not None:  # the freed request slot, at the length its last owner had
+                n, freed_len = freed_len, None
+            slots = kv_pool.alloc(n)
+            write_kv(kv_pool, slots, gen)
+            req_pool.req_to_token[idx, :n] = slots
+            live[idx] = slots.tolist()
+        if rng.random() < 0.1:  # a request's KV grows by an extend step (jump-forward)
+            idx, n = rng.choice(list(live)), rng.randrange(1, 9)
+            slots = kv_pool.alloc(n)
+            write_kv(kv_pool, slots, gen)
+            req_pool.req_to_token[idx, len(live[idx]) : len(live[idx]) + n] = slots
+            live[idx] += slots.tolist()
+        batch = rng.sample(list(live), len(live)) if rng.random() < 0.3 else list(live)  # any order
+        out = kv_pool.alloc(len(batch))
+        for idx, slot in zip(batch, out.tolist()):
+            req_pool.req_to_token[idx, len(live[idx])] = slot
+            live[idx].append(slot)
+        seq_lens = [len(live[i]) for i in batch]
+        fb = ForwardBatch(ForwardMode.DECODE, len(batch), torch.zeros(len(batch), dtype=torch.int64),
+                          torch.tensor(seq_lens) - 1, torch.tensor(batch), torch.tensor(seq_lens), out,
+                          req_pool, kv_pool, seq_lens_cpu=seq_lens)
+        mirrored.init_forward_metadata(fb)
+        plain.init_forward_metadata(fb)
+        used_mirror += mirrored._use_mirror
+        fell_back += not mirrored._use_mirror
+        in_order += mirrored._use_mirror and mirrored.mirror.row_of is None  # rows need no reordering
+        for layer in layers:
+            q = torch.randn(len(batch), HEADS, D, generator=gen)
+            k, v = torch.randn(len(batch), KVH, D, generator=gen), torch.randn(len(batch), KVH, D, generator=gen)
+            kv_pool.set_kv_buffer(layer.layer_id, out, k, v)
+            torch.testing.assert_close(mirrored.forward_decode(q, k, v, layer, fb),
+                                       plain.forward_decode(q, k, v, layer, fb), rtol=1e-5, atol=1e-5)
+    assert used_mirror > 10 and fell_back > 0 and 0 < in_order < used_mirror  # every path ran
