@@ -44,3 +44,20 @@ def kill_process_tree(pid: int, include_self: bool = True) -> None:
             proc.kill()
         except psutil.NoSuchProcess:
             pass
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters (malloc.h)
+
+
+def keep_freed_memory_in_heap() -> bool:
+    """Make glibc keep freed memory for reuse instead of returning it to the OS.
+
+    By default glibc serves big allocations (a prefill's activations: MBs each) with fresh mmaps
+    and trims freed heap memory, so every forward re-faults its activations page by page: ~20%
+    of a 1,024-token CPU prefill (docs/benchmarks.md). Returns False where it does not apply
+    (not glibc)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30) and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 31))
+    except (OSError, AttributeError):
+        return False

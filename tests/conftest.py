@@ -1,7 +1,6 @@
 """Shared fixtures: the default model's path, and a tiny random Llama with the real tokenizer
 (fast engine tests that still exercise every scheduler path)."""
 
-import os
 
 import pytest
 import torch

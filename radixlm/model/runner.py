@@ -13,6 +13,7 @@ from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.config import ServerArgs
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.sampler import Sampler, SamplingBatchInfo
+from radixlm.utils import keep_freed_memory_in_heap
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,7 @@ class ModelRunner:
         self.dtype = server_args.resolved_dtype()
         if self.device.type == "cpu":
             torch.set_num_threads(server_args.num_threads or os.cpu_count() or 1)
+            keep_freed_memory_in_heap()
         torch.manual_seed(server_args.random_seed)
         self.loaded = load_model(server_args.model_path, dtype=self.dtype, device=self.device)
         self.model = self.loaded.model

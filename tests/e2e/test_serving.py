@@ -6,7 +6,6 @@ import threading
 import time
 
 import psutil
-import pytest
 import requests
 
 from tests.e2e.conftest import ServerProcess

@@ -1,6 +1,5 @@
 """Scheduling policies keep outputs exact; priorities order admission; CLI; no orphan processes."""
 
-import os
 import random
 import signal
 import subprocess

@@ -27,8 +27,8 @@ _GROW = 256  # capacity grows in steps of this many tokens
 class DecodeKVMirror:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
-        self.k: list[torch.Tensor] = []  # per layer [rows, kv_heads, capacity, head_dim]
-        self.v: list[torch.Tensor] = []
+        self.k: list = []  # per layer [rows, kv_heads, capacity, head_dim]
+        self.v: list = []
         self.owner: list[Optional[tuple[int, int]]] = []  # (req slot, generation) per row
         self.length: list[int] = []  # tokens present per row
         # Set by prepare() for the current batch:
@@ -102,18 +102,16 @@ class DecodeKVMirror:
         if self.k and rows <= self.k[0].shape[0] and cap <= self.capacity:
             return
         kvh, d = kv_pool.num_kv_heads, kv_pool.head_dim
-        new_k, new_v = [], []
-        for old_k, old_v in zip(self.k or [None] * kv_pool.num_layers, self.v or [None] * kv_pool.num_layers):
-            # Zeros, not empty: masked positions are still multiplied in, and garbage may be NaN.
-            nk = torch.zeros((rows, kvh, cap, d), dtype=kv_pool.dtype, device=kv_pool.device)
-            nv = torch.zeros_like(nk)
-            if old_k is not None:
-                keep = min(old_k.shape[2], cap)
-                nk[: old_k.shape[0], :, :keep] = old_k[:, :, :keep]
-                nv[: old_v.shape[0], :, :keep] = old_v[:, :, :keep]
-            new_k.append(nk)
-            new_v.append(nv)
-        self.k, self.v = new_k, new_v
+        if not self.k:
+            self.k, self.v = [None] * kv_pool.num_layers, [None] * kv_pool.num_layers
+        for bufs in (self.k, self.v):
+            for layer, old in enumerate(bufs):  # layer by layer: the old buffer goes as the new one comes
+                # Zeros, not empty: masked positions are still multiplied in, and garbage may be NaN.
+                new = torch.zeros((rows, kvh, cap, d), dtype=kv_pool.dtype, device=kv_pool.device)
+                if old is not None:
+                    keep = min(old.shape[2], cap)
+                    new[: old.shape[0], :, :keep] = old[:, :, :keep]
+                bufs[layer] = new
         self.owner += [None] * (rows - len(self.owner))
         self.length += [0] * (rows - len(self.length))
 
