@@ -77,6 +77,8 @@ class TokenToKVPool:
     # --- allocator -------------------------------------------------------
     def clear(self) -> None:
         self.free_slots = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+        # Bumped whenever slots are freed: copies of KV read earlier are stale only after that.
+        self.free_epoch = getattr(self, "free_epoch", 0) + 1
 
     def available_size(self) -> int:
         return int(self.free_slots.numel())
@@ -92,6 +94,7 @@ class TokenToKVPool:
         if indices.numel() == 0:
             return
         self.free_slots = torch.cat((self.free_slots, indices.to(self.free_slots.device)))
+        self.free_epoch += 1
 
     # --- data ----------------------------------------------------------------
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:

@@ -73,3 +73,50 @@ def test_mirror_matches_gather_path(seed):
             torch.testing.assert_close(mirrored.forward_decode(q, k, v, layer, fb),
                                        plain.forward_decode(q, k, v, layer, fb), rtol=1e-5, atol=1e-5)
     assert used_mirror > 10 and fell_back > 0 and 0 < in_order < used_mirror  # every path ran
+
+
+def test_kept_shared_prefix_kv_matches_and_goes_stale_when_slots_are_freed():
+    """The shared-prefix path keeps each group's gathered prefix K/V across steps: same output as
+    gathering anew, reused while the groups' prefixes stay, dropped once any KV slot is freed
+    (the slots may then hold other tokens)."""
+    gen = torch.Generator().manual_seed(0)
+    req_pool, kv_pool = ReqToTokenPool(8, 400), TokenToKVPool(3000, LAYERS, KVH, D)
+    keeping = TorchSDPABackend(shared_prefix=True, mirror_bytes=1 << 24)
+    plain = TorchSDPABackend(shared_prefix=True)
+    layers = [RadixAttention(HEADS, D, D**-0.5, KVH, i) for i in range(LAYERS)]
+    live = {}
+    for g in range(2):  # two groups of three requests, each sharing a 100-token prefix
+        prefix = kv_pool.alloc(100)
+        write_kv(kv_pool, prefix, gen)
+        for _ in range(3):
+            idx, own = req_pool.alloc(), kv_pool.alloc(5)
+            write_kv(kv_pool, own, gen)
+            slots = torch.cat((prefix, own))
+            req_pool.req_to_token[idx, : len(slots)] = slots
+            live[idx] = slots.tolist()
+    keys = []
+    for step in range(6):
+        if step == 3:  # a slot is freed (an eviction elsewhere) and the prefixes' slots rewritten
+            kv_pool.free(kv_pool.alloc(1))
+            write_kv(kv_pool, torch.tensor(live[next(iter(live))][:100]), gen)
+        batch = list(live)
+        out = kv_pool.alloc(len(batch))
+        for idx, slot in zip(batch, out.tolist()):
+            req_pool.req_to_token[idx, len(live[idx])] = slot
+            live[idx].append(slot)
+        seq_lens = [len(live[i]) for i in batch]
+        fb = ForwardBatch(ForwardMode.DECODE, len(batch), torch.zeros(len(batch), dtype=torch.int64),
+                          torch.tensor(seq_lens) - 1, torch.tensor(batch), torch.tensor(seq_lens), out,
+                          req_pool, kv_pool, seq_lens_cpu=seq_lens)
+        keeping.init_forward_metadata(fb)
+        plain.init_forward_metadata(fb)
+        assert keeping._shared is not None and keeping._prefix_key is not None
+        keys.append(keeping._prefix_key)
+        for layer in layers:
+            q = torch.randn(len(batch), HEADS, D, generator=gen)
+            k, v = torch.randn(len(batch), KVH, D, generator=gen), torch.randn(len(batch), KVH, D, generator=gen)
+            kv_pool.set_kv_buffer(layer.layer_id, out, k, v)
+            torch.testing.assert_close(keeping.forward_decode(q, k, v, layer, fb),
+                                       plain.forward_decode(q, k, v, layer, fb), rtol=1e-5, atol=1e-5)
+    assert keys[0] is keys[1] is keys[2]  # kept
+    assert keys[3] is not keys[2] and keys[3] is keys[4]  # dropped after the free, then kept again

@@ -74,6 +74,12 @@ class TorchSDPABackend(AttentionBackend):
         self._decode_indices: Optional[torch.Tensor] = None  # [bs, max_len]
         self._decode_mask: Optional[torch.Tensor] = None  # [bs, 1, 1, max_len]
         self._shared: Optional[SharedPrefixMetadata] = None
+        # The shared prefixes' gathered K/V per layer, kept across decode steps while the groups'
+        # prefixes stay the same and no KV slot was freed (their content is immutable till then).
+        # Shares the mirror's memory budget; only one of the two holds memory at a time.
+        self._kv_copy_bytes = mirror_bytes
+        self._prefix_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._prefix_key: Optional[tuple] = None
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         fb = forward_batch
@@ -114,13 +120,27 @@ class TorchSDPABackend(AttentionBackend):
         self._max_len = max_len
         self._decode_indices = fb.req_to_token_pool.req_to_token[req_pool_indices, :max_len]
         self._shared = build_shared_prefix_metadata(self._decode_indices, seq_lens) if self.shared_prefix else None
-        if self._shared is None and self.mirror is not None:
+        if self._shared is not None:
+            self._keep_prefix_kv(fb.token_to_kv_pool)
+        elif self.mirror is not None:
+            self._prefix_kv, self._prefix_key = {}, None
             self._use_mirror = self.mirror.prepare(req_pool_indices.tolist(), seq_lens, fb.req_to_token_pool,
                                                    fb.token_to_kv_pool)
             if self._use_mirror and self.mirror.batch_of_row is not None:  # the mask goes in row order
                 seq_lens_t = seq_lens_t[self.mirror.batch_of_row]
         arange = torch.arange(max_len, device=seq_lens_t.device)
         self._decode_mask = (arange[None, :] < seq_lens_t[:, None]).view(bs, 1, 1, max_len)
+
+    def _keep_prefix_kv(self, pool) -> None:
+        idx = self._shared.prefix_indices
+        key = self._prefix_key
+        if key is not None and key[1] == pool.free_epoch and key[0].shape == idx.shape and torch.equal(key[0], idx):
+            return  # the copies of the last step still hold
+        self._prefix_kv = {}
+        per_token = pool.bytes_per_token(pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.dtype)
+        self._prefix_key = (idx, pool.free_epoch) if idx.numel() * per_token <= self._kv_copy_bytes else None
+        if self._prefix_key is not None and self.mirror is not None:
+            self.mirror.release()
 
     def forward_extend(self, q, k, v, layer, forward_batch):
         k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
@@ -152,7 +172,13 @@ class TorchSDPABackend(AttentionBackend):
         if idx is None:  # empty batch
             return torch.empty_like(q)
         if self._shared is not None:
-            return shared_prefix_decode(q, k_buf, v_buf, self._shared, layer.scaling, gather_kv)
+            prefix_kv = self._prefix_kv.get(layer.layer_id)
+            if prefix_kv is None:
+                p = self._shared.prefix_indices
+                prefix_kv = (gather_kv(k_buf, p), gather_kv(v_buf, p))
+                if self._prefix_key is not None:
+                    self._prefix_kv[layer.layer_id] = prefix_kv
+            return shared_prefix_decode(q, k_buf, v_buf, self._shared, layer.scaling, gather_kv, prefix_kv)
         if self._use_mirror:  # rows 0..bs-1 of the dense copy hold the batch (in row order)
             m = self.mirror
             kd, vd = m.write_and_view(layer.layer_id, k, v, self._max_len)

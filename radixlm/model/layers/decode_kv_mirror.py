@@ -50,7 +50,7 @@ class DecodeKVMirror:
         """Arrange rows 0..bs-1 to hold the batch's requests with every token but the new one.
         False (and the buffers released) when that would take more than max_bytes."""
         bs, need_cap = len(seq_lens), max(seq_lens)
-        per_token = kv_pool.num_layers * 2 * kv_pool.num_kv_heads * kv_pool.head_dim * kv_pool.k_buffer[0].element_size()
+        per_token = kv_pool.bytes_per_token(kv_pool.num_layers, kv_pool.num_kv_heads, kv_pool.head_dim, kv_pool.dtype)
         cap = max(self.capacity, -(-need_cap // _GROW) * _GROW)
         if max(bs, len(self.owner)) * cap * per_token > self.max_bytes:
             cap = -(-need_cap // _GROW) * _GROW

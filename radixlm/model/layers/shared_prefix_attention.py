@@ -97,8 +97,10 @@ def _partial(q, k, v, mask, scale):
     return torch.stack(outs, 1), torch.stack(maxes, 1), torch.stack(sums, 1)
 
 
-def shared_prefix_decode(q, k_buf, v_buf, meta: SharedPrefixMetadata, scale: float, gather) -> torch.Tensor:
-    """q: [bs, heads, d] -> [bs, heads, d]."""
+def shared_prefix_decode(q, k_buf, v_buf, meta: SharedPrefixMetadata, scale: float, gather,
+                         prefix_kv=None) -> torch.Tensor:
+    """q: [bs, heads, d] -> [bs, heads, d]. prefix_kv: the prefixes' gathered (k, v), if the
+    caller kept them from an earlier step."""
     bs, heads, d = q.shape
     kvh = k_buf.shape[1]
     gh = heads // kvh
@@ -109,7 +111,7 @@ def shared_prefix_decode(q, k_buf, v_buf, meta: SharedPrefixMetadata, scale: flo
     # Each group's queries, stacked, over the group's prefix read once.
     g, n = meta.query_map.shape
     qg = qh[meta.query_map].permute(0, 2, 1, 3, 4).reshape(g, kvh, n * gh, d)
-    kp, vp = gather(k_buf, meta.prefix_indices), gather(v_buf, meta.prefix_indices)
+    kp, vp = prefix_kv or (gather(k_buf, meta.prefix_indices), gather(v_buf, meta.prefix_indices))
     o1, m1, l1 = _partial(qg, kp, vp, meta.prefix_mask, scale)
     unstack = lambda t: t.view(g, kvh, n, gh, -1).permute(0, 2, 1, 3, 4).reshape(g * n, kvh, gh, -1)  # noqa: E731
     o1, m1, l1 = (unstack(t)[meta.member_flat] for t in (o1, m1, l1))
