@@ -63,7 +63,9 @@ def gather_kv(buf: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
 
 class TorchSDPABackend(AttentionBackend):
     """torch.nn.functional.scaled_dot_product_attention; runs on any device. Decode batches
-    whose requests share a cached prefix attend to it once per group (shared_prefix_attention)."""
+    whose requests share a cached prefix attend to it once per group (shared_prefix_attention);
+    other decode batches read the decode KV mirror when one is configured (decode_kv_mirror),
+    else gather their KV from the pool."""
 
     def __init__(self, shared_prefix: bool = True, mirror_bytes: int = 0):
         self.shared_prefix = shared_prefix
