@@ -160,7 +160,7 @@ class Scheduler:
             self.process_result(prev)
             self.process_result(launched)
             return
-        room = self.token_to_kv_pool.available_size() + self.tree_cache.evictable_size()
+        room = self.kv_room()
         if not self.running or not can_overlap(self.running, self.context_len) or room < len(self.running):
             self.process_result(prev)  # the next step needs prev's tokens (or a retraction): wait
             return
@@ -299,7 +299,7 @@ class Scheduler:
         reserve = sum(PrefillAdder.reserve_for(r, self.new_token_ratio) for r in self.running)
         adder = PrefillAdder(
             tree_cache=self.tree_cache,
-            rem_total_tokens=self.token_to_kv_pool.available_size() + self.tree_cache.evictable_size() - reserve,
+            rem_total_tokens=self.kv_room() - reserve,
             rem_input_tokens=self.server_args.max_prefill_tokens,
             rem_chunk_tokens=self.chunk_size,
             new_token_ratio=self.new_token_ratio,
@@ -341,14 +341,22 @@ class Scheduler:
                 self.stats.on_prefill(len(r.origin_input_ids), r.cached_tokens)
         return ScheduleBatch(adder.can_run, ForwardMode.EXTEND)
 
-    def update_running_batch(self) -> ScheduleBatch:
-        for r in self.running:  # aborted requests finish before taking a KV slot
+    def kv_room(self) -> int:
+        """KV slots an allocation can get: free ones plus evictable radix-tree leaves."""
+        return self.token_to_kv_pool.available_size() + self.tree_cache.evictable_size()
+
+    def finish_aborted_running(self) -> None:
+        """Aborted running requests finish before their next step takes a KV slot."""
+        for r in self.running:
             r.check_finished(None, self.context_len)
         self._finish([r for r in self.running if r.finished()])
+
+    def update_running_batch(self) -> ScheduleBatch:
+        self.finish_aborted_running()
         if not self.running:
             return None
         need = len(self.running)
-        if self.token_to_kv_pool.available_size() + self.tree_cache.evictable_size() < need:
+        if self.kv_room() < need:
             self.retract_decode(need)
         else:
             self.decay_new_token_ratio()
@@ -357,13 +365,11 @@ class Scheduler:
     def mix_with_running(self, prefill: ScheduleBatch) -> ScheduleBatch:
         """prefill plus a decode step of every running request, when the pool has a slot for each
         (else the prefill alone, and the decode step follows as usual)."""
-        for r in self.running:  # aborted requests finish before taking a KV slot
-            r.check_finished(None, self.context_len)
-        self._finish([r for r in self.running if r.finished()])
+        self.finish_aborted_running()
         if not self.running:
             return prefill
         need = sum(r.extend_input_len for r in prefill.reqs) + len(self.running)
-        if self.token_to_kv_pool.available_size() + self.tree_cache.evictable_size() < need:
+        if self.kv_room() < need:
             return prefill
         self.decay_new_token_ratio()
         return ScheduleBatch.mixed(prefill, list(self.running))
@@ -379,7 +385,7 @@ class Scheduler:
         order = sorted(self.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)), reverse=True)
         retracted = []
         while len(order) > 1:
-            room = self.token_to_kv_pool.available_size() + self.tree_cache.evictable_size()
+            room = self.kv_room()
             if room >= len(order):
                 break
             req = order.pop()
@@ -391,7 +397,7 @@ class Scheduler:
         self.new_token_ratio = 1.0
         self.stats.num_retracted += len(retracted)
         logger.warning("KV cache full: retracted %d request(s); %d keep running", len(retracted), len(self.running))
-        if self.token_to_kv_pool.available_size() + self.tree_cache.evictable_size() < len(self.running):
+        if self.kv_room() < len(self.running):
             # A lone request never outgrows the pool (context_len <= pool size); defensive only.
             for r in self.running:
                 r.finished_reason = {"type": "abort", "message": "out of KV cache memory"}

@@ -20,6 +20,28 @@ def write_kv(kv_pool, slots, gen):
         kv_pool.set_kv_buffer(layer, slots, k, torch.randn(len(slots), KVH, D, generator=gen))
 
 
+def decode_step(tested, reference, req_pool, kv_pool, live, batch, gen):
+    """One decode step of `batch` (request slots; `live` maps each to its KV slots, extended here)
+    through both backends, every layer's attention compared."""
+    out = kv_pool.alloc(len(batch))
+    for idx, slot in zip(batch, out.tolist()):
+        req_pool.req_to_token[idx, len(live[idx])] = slot
+        live[idx].append(slot)
+    seq_lens = [len(live[i]) for i in batch]
+    fb = ForwardBatch(ForwardMode.DECODE, len(batch), torch.zeros(len(batch), dtype=torch.int64),
+                      torch.tensor(seq_lens) - 1, torch.tensor(batch), torch.tensor(seq_lens), out,
+                      req_pool, kv_pool, seq_lens_cpu=seq_lens)
+    tested.init_forward_metadata(fb)
+    reference.init_forward_metadata(fb)
+    for i in range(LAYERS):
+        layer = RadixAttention(HEADS, D, D**-0.5, KVH, i)
+        q = torch.randn(len(batch), HEADS, D, generator=gen)
+        k, v = torch.randn(len(batch), KVH, D, generator=gen), torch.randn(len(batch), KVH, D, generator=gen)
+        kv_pool.set_kv_buffer(i, out, k, v)
+        torch.testing.assert_close(tested.forward_decode(q, k, v, layer, fb),
+                                   reference.forward_decode(q, k, v, layer, fb), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_mirror_matches_gather_path(seed):
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
@@ -28,7 +50,6 @@ def test_mirror_matches_gather_path(seed):
     # Room for about 6 requests of 300 tokens: bigger batches take the gather path.
     mirrored = TorchSDPABackend(shared_prefix=False, mirror_bytes=6 * 300 * per_token)
     plain = TorchSDPABackend(shared_prefix=False)
-    layers = [RadixAttention(HEADS, D, D**-0.5, KVH, i) for i in range(LAYERS)]
     live: dict[int, list[int]] = {}  # req slot -> its KV slots
     used_mirror = fell_back = in_order = 0
     for step in range(120):
@@ -53,25 +74,10 @@ def test_mirror_matches_gather_path(seed):
             req_pool.req_to_token[idx, len(live[idx]) : len(live[idx]) + n] = slots
             live[idx] += slots.tolist()
         batch = rng.sample(list(live), len(live)) if rng.random() < 0.3 else list(live)  # any order
-        out = kv_pool.alloc(len(batch))
-        for idx, slot in zip(batch, out.tolist()):
-            req_pool.req_to_token[idx, len(live[idx])] = slot
-            live[idx].append(slot)
-        seq_lens = [len(live[i]) for i in batch]
-        fb = ForwardBatch(ForwardMode.DECODE, len(batch), torch.zeros(len(batch), dtype=torch.int64),
-                          torch.tensor(seq_lens) - 1, torch.tensor(batch), torch.tensor(seq_lens), out,
-                          req_pool, kv_pool, seq_lens_cpu=seq_lens)
-        mirrored.init_forward_metadata(fb)
-        plain.init_forward_metadata(fb)
+        decode_step(mirrored, plain, req_pool, kv_pool, live, batch, gen)
         used_mirror += mirrored._use_mirror
         fell_back += not mirrored._use_mirror
         in_order += mirrored._use_mirror and mirrored.mirror.row_of is None  # rows need no reordering
-        for layer in layers:
-            q = torch.randn(len(batch), HEADS, D, generator=gen)
-            k, v = torch.randn(len(batch), KVH, D, generator=gen), torch.randn(len(batch), KVH, D, generator=gen)
-            kv_pool.set_kv_buffer(layer.layer_id, out, k, v)
-            torch.testing.assert_close(mirrored.forward_decode(q, k, v, layer, fb),
-                                       plain.forward_decode(q, k, v, layer, fb), rtol=1e-5, atol=1e-5)
     assert used_mirror > 10 and fell_back > 0 and 0 < in_order < used_mirror  # every path ran
 
 
@@ -83,7 +89,6 @@ def test_kept_shared_prefix_kv_matches_and_goes_stale_when_slots_are_freed():
     req_pool, kv_pool = ReqToTokenPool(8, 400), TokenToKVPool(3000, LAYERS, KVH, D)
     keeping = TorchSDPABackend(shared_prefix=True, mirror_bytes=1 << 24)
     plain = TorchSDPABackend(shared_prefix=True)
-    layers = [RadixAttention(HEADS, D, D**-0.5, KVH, i) for i in range(LAYERS)]
     live = {}
     for g in range(2):  # two groups of three requests, each sharing a 100-token prefix
         prefix = kv_pool.alloc(100)
@@ -100,23 +105,8 @@ def test_kept_shared_prefix_kv_matches_and_goes_stale_when_slots_are_freed():
             kv_pool.free(kv_pool.alloc(1))
             write_kv(kv_pool, torch.tensor(live[next(iter(live))][:100]), gen)
         batch = list(live)
-        out = kv_pool.alloc(len(batch))
-        for idx, slot in zip(batch, out.tolist()):
-            req_pool.req_to_token[idx, len(live[idx])] = slot
-            live[idx].append(slot)
-        seq_lens = [len(live[i]) for i in batch]
-        fb = ForwardBatch(ForwardMode.DECODE, len(batch), torch.zeros(len(batch), dtype=torch.int64),
-                          torch.tensor(seq_lens) - 1, torch.tensor(batch), torch.tensor(seq_lens), out,
-                          req_pool, kv_pool, seq_lens_cpu=seq_lens)
-        keeping.init_forward_metadata(fb)
-        plain.init_forward_metadata(fb)
+        decode_step(keeping, plain, req_pool, kv_pool, live, batch, gen)
         assert keeping._shared is not None and keeping._prefix_key is not None
         keys.append(keeping._prefix_key)
-        for layer in layers:
-            q = torch.randn(len(batch), HEADS, D, generator=gen)
-            k, v = torch.randn(len(batch), KVH, D, generator=gen), torch.randn(len(batch), KVH, D, generator=gen)
-            kv_pool.set_kv_buffer(layer.layer_id, out, k, v)
-            torch.testing.assert_close(keeping.forward_decode(q, k, v, layer, fb),
-                                       plain.forward_decode(q, k, v, layer, fb), rtol=1e-5, atol=1e-5)
     assert keys[0] is keys[1] is keys[2]  # kept
     assert keys[3] is not keys[2] and keys[3] is keys[4]  # dropped after the free, then kept again

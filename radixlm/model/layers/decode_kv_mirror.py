@@ -51,14 +51,13 @@ class DecodeKVMirror:
         False (and the buffers released) when that would take more than max_bytes."""
         bs, need_cap = len(seq_lens), max(seq_lens)
         per_token = kv_pool.bytes_per_token(kv_pool.num_layers, kv_pool.num_kv_heads, kv_pool.head_dim, kv_pool.dtype)
-        cap = max(self.capacity, -(-need_cap // _GROW) * _GROW)
-        if max(bs, len(self.owner)) * cap * per_token > self.max_bytes:
-            cap = -(-need_cap // _GROW) * _GROW
-            if bs * cap * per_token > self.max_bytes:
-                self.release()
-                return False
-            self.release()  # start over at the size this batch needs
-        self._ensure(bs, cap, kv_pool)
+        need = -(-need_cap // _GROW) * _GROW
+        if bs * need * per_token > self.max_bytes:
+            self.release()
+            return False
+        if max(bs, len(self.owner)) * max(need, self.capacity) * per_token > self.max_bytes:
+            self.release()  # grown past the budget: start over at the size this batch needs
+        self._ensure(bs, max(need, self.capacity), kv_pool)
         gens = req_to_token_pool.generation
         keys = [(i, gens[i]) for i in req_pool_indices]
         row_by_key = {k: r for r, k in enumerate(self.owner) if k is not None}
