@@ -19,6 +19,7 @@ from radixlm.model.layers.decode_kv_mirror import DecodeKVMirror
 from radixlm.model.layers.shared_prefix_attention import (
     SharedPrefixMetadata,
     build_shared_prefix_metadata,
+    gather_prefix_kv,
     shared_prefix_decode,
 )
 
@@ -121,7 +122,8 @@ class TorchSDPABackend(AttentionBackend):
         bs, max_len = len(seq_lens), max(seq_lens)
         self._max_len = max_len
         self._decode_indices = fb.req_to_token_pool.req_to_token[req_pool_indices, :max_len]
-        self._shared = build_shared_prefix_metadata(self._decode_indices, seq_lens) if self.shared_prefix else None
+        self._shared = (build_shared_prefix_metadata(self._decode_indices, seq_lens, fb.token_to_kv_pool.dtype)
+                        if self.shared_prefix else None)
         if self._shared is not None:
             self._keep_prefix_kv(fb.token_to_kv_pool)
         elif self.mirror is not None:
@@ -176,9 +178,9 @@ class TorchSDPABackend(AttentionBackend):
         if self._shared is not None:
             prefix_kv = self._prefix_kv.get(layer.layer_id)
             if prefix_kv is None:
-                p = self._shared.prefix_indices
-                prefix_kv = (gather_kv(k_buf, p), gather_kv(v_buf, p))
-                if self._prefix_key is not None:
+                keep = self._prefix_key is not None
+                prefix_kv = gather_prefix_kv(k_buf, v_buf, self._shared, gather_kv, contiguous=keep)
+                if keep:
                     self._prefix_kv[layer.layer_id] = prefix_kv
             return shared_prefix_decode(q, k_buf, v_buf, self._shared, layer.scaling, gather_kv, prefix_kv)
         if self._use_mirror:  # rows 0..bs-1 of the dense copy hold the batch (in row order)
