@@ -1,6 +1,9 @@
 """`radixlm bench one-batch`: one static batch straight on the ModelRunner (no scheduler, no
 server), like SGLang's bench_one_batch: a prefill of batch_size x input_len random tokens,
-then output_len - 1 greedy decode steps.
+then output_len - 1 greedy decode steps. With --shared-prefix-len P, request i's prompt is group
+(i mod --num-groups)'s P-token prefix + its own input_len tokens; each prefix is computed once
+first and the requests start from its KV slots, as after a radix-cache hit, so the decode runs
+the shared-prefix attention path (the shape of generated-shared-prefix serving).
 
 Each decode step is timed whole (ScheduleBatch.prepare_for_decode, the forward, sampling,
 appending the tokens) and the forward alone, so "outside" = the step's Python work and
@@ -26,6 +29,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input-len", type=int, default=256)
     p.add_argument("--output-len", type=int, default=32,
                    help="tokens per request: 1 from the prefill, the rest decoded")
+    p.add_argument("--shared-prefix-len", type=int, default=0,
+                   help="tokens of a cached prefix in front of every prompt (0: none)")
+    p.add_argument("--num-groups", type=int, default=1, help="distinct shared prefixes (with --shared-prefix-len)")
     p.add_argument("--seed", type=int, default=0, help="of the random prompt tokens")
     p.add_argument("--output-file", default=None, help="append one JSON line per batch size")
     p.add_argument("--profile", action="store_true",
@@ -35,11 +41,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
 
 def sized_server_args(args, server_args):
     """The runner's pools sized for the largest batch unless the options say otherwise."""
-    need = max(args.batch_size) * (args.input_len + args.output_len)
+    groups = args.num_groups if args.shared_prefix_len else 0
+    need = max(args.batch_size) * (args.input_len + args.output_len) + groups * args.shared_prefix_len
     return dataclasses.replace(
         server_args,
         max_total_tokens=server_args.max_total_tokens or need,
-        max_running_requests=max(server_args.max_running_requests, max(args.batch_size)),
+        max_running_requests=max(server_args.max_running_requests, max(args.batch_size) + groups),
     )
 
 
@@ -64,25 +71,39 @@ def _sample(runner, reqs, logits) -> list[int]:
     return runner.sample(logits, info).tolist()
 
 
-def run_once(runner, prompts: list[list[int]], output_len: int) -> dict:
-    """Prefill `prompts` as one batch, then decode; returns timings and the greedy tokens."""
+def run_once(runner, prompts: list[list[int]], output_len: int, prefixes: list[list[int]] = ()) -> dict:
+    """Prefill `prompts` as one batch, then decode; returns timings and the greedy tokens.
+    prefixes: prompt i continues prefixes[i % len(prefixes)], computed once before the batch."""
     from radixlm.model.forward_batch import ForwardMode
     from radixlm.sampling_params import SamplingParams
     from radixlm.scheduler.batch import Req, ScheduleBatch
 
-    need = sum(len(p) + output_len for p in prompts)
-    if need > runner.token_to_kv_pool.available_size() or len(prompts) > runner.req_to_token_pool.available_size():
-        raise ValueError(f"batch needs {need} KV slots and {len(prompts)} request slots; raise --max-total-tokens "
+    need = sum(len(p) + output_len for p in prompts) + sum(map(len, prefixes))
+    slots = len(prompts) + len(prefixes)
+    if need > runner.token_to_kv_pool.available_size() or slots > runner.req_to_token_pool.available_size():
+        raise ValueError(f"batch needs {need} KV slots and {slots} request slots; raise --max-total-tokens "
                          "or --max-running-requests")
     sp = SamplingParams(max_new_tokens=output_len, temperature=0.0, ignore_eos=True)
-    reqs = [Req(rid=str(i), origin_input_ids=list(p), sampling_params=sp) for i, p in enumerate(prompts)]
-    for r in reqs:
-        r.fill_ids = list(r.origin_input_ids)
-        r.extend_input_len = len(r.fill_ids)
     pools = (runner.req_to_token_pool, runner.token_to_kv_pool, None, runner.device)  # no radix tree
     timer = _Timer(runner.device)
-    batch = ScheduleBatch(reqs, ForwardMode.EXTEND)
+
+    def new_req(rid: str, ids: list[int], cached=None) -> Req:
+        r = Req(rid=rid, origin_input_ids=ids, sampling_params=sp)
+        r.fill_ids = list(ids)
+        if cached is not None:  # starts from the prefix's KV slots, as a radix-cache hit does
+            r.prefix_indices = cached
+        r.extend_input_len = len(ids) - (0 if cached is None else len(cached))
+        return r
+
     try:
+        cached = []
+        for g, pre in enumerate(prefixes):
+            r = new_req(f"prefix{g}", list(pre))
+            runner.forward(ScheduleBatch([r], ForwardMode.EXTEND).prepare_for_extend(*pools))
+            cached.append(runner.req_to_token_pool.req_to_token[r.req_pool_idx, : len(pre)].clone())
+        reqs = [new_req(str(i), list(prefixes[i % len(prefixes)]) + list(p) if prefixes else list(p),
+                        cached[i % len(cached)] if cached else None) for i, p in enumerate(prompts)]
+        batch = ScheduleBatch(reqs, ForwardMode.EXTEND)
         t0 = timer.now()
         out = runner.forward(batch.prepare_for_extend(*pools))
         for r, tok in zip(reqs, _sample(runner, reqs, out.next_token_logits)):
@@ -135,12 +156,12 @@ def summarize(bs: int, input_len: int, output_len: int, t: dict) -> dict:
     return res
 
 
-def _profile(runner, prompts, args, bs: int) -> str:
+def _profile(runner, prompts, args, bs: int, prefixes) -> str:
     from torch.profiler import ProfilerActivity, profile
 
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == "cuda" else [])
     with profile(activities=acts) as prof:
-        run_once(runner, prompts, args.output_len)
+        run_once(runner, prompts, args.output_len, prefixes)
     os.makedirs(args.profile_dir, exist_ok=True)
     stem = os.path.join(args.profile_dir, f"one_batch_bs{bs}_in{args.input_len}_out{args.output_len}")
     prof.export_chrome_trace(stem + ".trace.json")
@@ -187,14 +208,21 @@ def run(args, server_args) -> list[dict]:
     if args.input_len < 1 or args.output_len < 1:
         raise ValueError("--input-len and --output-len must be at least 1")
     runner = ModelRunner(sized_server_args(args, server_args))
+    if args.shared_prefix_len < 0 or args.num_groups < 1:
+        raise ValueError("--shared-prefix-len must be >= 0 and --num-groups >= 1")
+    prefixes = []
+    if args.shared_prefix_len:
+        prefixes = [r.input_ids for r in random_prompts(args.num_groups, args.shared_prefix_len, 1, runner.vocab_size,
+                                                        seed=args.seed + 1)]
     results = []
     for bs in args.batch_size:
         reqs = random_prompts(bs, args.input_len, args.output_len, runner.vocab_size, seed=args.seed)
         prompts = [r.input_ids for r in reqs]
-        run_once(runner, prompts, min(args.output_len, 4))  # warm-up: first-call allocations, kernels
-        t = run_once(runner, prompts, args.output_len)
+        run_once(runner, prompts, min(args.output_len, 4), prefixes)  # warm-up: first-call allocations, kernels
+        t = run_once(runner, prompts, args.output_len, prefixes)
         res = summarize(bs, args.input_len, args.output_len, t)
-        res.update(device=str(runner.device), dtype=str(runner.dtype).replace("torch.", ""),
+        res.update(shared_prefix_len=args.shared_prefix_len, num_groups=len(prefixes),
+                   device=str(runner.device), dtype=str(runner.dtype).replace("torch.", ""),
                    model=server_args.model_path or "default", vocab_size=runner.vocab_size,
                    output_ids=t["output_ids"])
         if res.get("forward_median_ms"):
@@ -204,7 +232,7 @@ def run(args, server_args) -> list[dict]:
             res["matmul_gflops"] = ref["linear_flops"] / ref["matmul_only_ms"] / 1e6
             res["share_of_matmul_rate"] = ref["matmul_only_ms"] / res["forward_median_ms"]
         if args.profile:
-            res["profile"] = _profile(runner, prompts, args, bs)
+            res["profile"] = _profile(runner, prompts, args, bs, prefixes)
         results.append(res)
     return results
 
@@ -235,7 +263,9 @@ def format_table(results: list[dict]) -> str:
 def main(args, server_args) -> int:
     results = run(args, server_args)
     r0 = results[0]
-    print(f"one batch: input {args.input_len}, output {args.output_len}, {r0['device']}, {r0['dtype']}, {r0['model']}")
+    shared = f" after a cached {args.shared_prefix_len}-token prefix ({r0['num_groups']} groups)" if r0["num_groups"] else ""
+    print(f"one batch: input {args.input_len}{shared}, output {args.output_len}, {r0['device']}, {r0['dtype']}, "
+          f"{r0['model']}")
     print(format_table(results))
     for r in results:
         if r.get("profile"):

@@ -17,6 +17,9 @@ class SchedulerStats:
     decode_steps: int = 0
     mixed_steps: int = 0  # forwards that ran a prefill and a decode step together
     extend_tokens: int = 0
+    extend_steps: int = 0  # forwards that ran a prefill (mixed ones included)
+    extend_seconds: float = 0.0  # their forward + sampling time
+    decode_seconds: float = 0.0  # forward + sampling time of decode-only steps
     num_retracted: int = 0
     jump_forward_tokens: int = 0  # output tokens appended by jump-forward instead of decoding
     grammar_mask_seconds: float = 0.0  # filling + applying vocab masks
@@ -36,6 +39,8 @@ class SchedulerStats:
 
     def on_extend(self, num_tokens: int, seconds: float) -> None:
         self.extend_tokens += num_tokens
+        self.extend_steps += 1
+        self.extend_seconds += seconds
         self.forward_time += seconds
         self._last_decode = None
 
@@ -48,6 +53,7 @@ class SchedulerStats:
     def on_decode(self, batch_size: int, seconds: float, launch_time: Optional[float] = None) -> None:
         self.decode_steps += 1
         self.generated_tokens += batch_size
+        self.decode_seconds += seconds
         self.forward_time += seconds
         self._recent.append((time.perf_counter(), batch_size))
         if launch_time is not None:
@@ -87,6 +93,10 @@ class SchedulerStats:
             "jump_forward_tokens": self.jump_forward_tokens,
             "grammar_mask_ms_per_step": 1000 * self.grammar_mask_seconds / max(self.grammar_mask_steps, 1),
             "decode_steps": self.decode_steps,
+            "decode_seconds": self.decode_seconds,
+            "extend_steps": self.extend_steps,
+            "extend_tokens": self.extend_tokens,
+            "extend_seconds": self.extend_seconds,
             "mixed_steps": self.mixed_steps,
             "decode_outside_share": self.decode_outside_share,
         }

@@ -188,3 +188,31 @@ def test_one_batch_matches_engine_greedy(tiny_model_dir, tmp_path):
     one_batch.main(args, server_args)
     lines = [json.loads(x) for x in (tmp_path / "ob.jsonl").read_text().splitlines()]
     assert [x["batch_size"] for x in lines] == [1, 3] and "output_ids" not in lines[0]
+
+
+def test_one_batch_shared_prefix_matches_engine_greedy(tiny_model_dir, monkeypatch):
+    """--shared-prefix-len: requests start from their group's cached prefix (so decode takes the
+    shared-prefix attention path) and still give the Engine's greedy tokens for the whole prompts."""
+    from radixlm.config import ServerArgs
+    from radixlm.engine.engine import Engine
+    from radixlm.model.layers import attention
+
+    calls = []
+    real = attention.shared_prefix_decode
+    monkeypatch.setattr(attention, "shared_prefix_decode", lambda *a, **k: calls.append(1) or real(*a, **k))
+
+    p = argparse.ArgumentParser()
+    one_batch.add_args(p)
+    args = p.parse_args(["--batch-size", "5", "--input-len", "7", "--output-len", "5", "--shared-prefix-len", "40",
+                         "--num-groups", "2"])
+    server_args = ServerArgs(model_path=tiny_model_dir, num_threads=1, log_level="warning")
+    (res,) = one_batch.run(args, server_args)
+    assert res["num_groups"] == 2 and res["shared_prefix_len"] == 40 and res["decode_steps"] == 4
+    assert calls  # the decode steps attended to the shared prefixes once per group
+    vocab = res["vocab_size"]
+    prefixes = [q.input_ids for q in one_batch.random_prompts(2, 40, 1, vocab, seed=1)]
+    prompts = [prefixes[i % 2] + q.input_ids for i, q in enumerate(one_batch.random_prompts(5, 7, 5, vocab, seed=0))]
+    with Engine(tiny_model_dir, **engine_args()) as engine:
+        sp = {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
+        outs = engine.generate(input_ids=prompts, sampling_params=sp)
+    assert [o["output_ids"] for o in outs] == res["output_ids"]
