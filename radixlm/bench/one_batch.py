@@ -207,9 +207,9 @@ def run(args, server_args) -> list[dict]:
 
     if args.input_len < 1 or args.output_len < 1:
         raise ValueError("--input-len and --output-len must be at least 1")
-    runner = ModelRunner(sized_server_args(args, server_args))
     if args.shared_prefix_len < 0 or args.num_groups < 1:
         raise ValueError("--shared-prefix-len must be >= 0 and --num-groups >= 1")
+    runner = ModelRunner(sized_server_args(args, server_args))
     prefixes = []
     if args.shared_prefix_len:
         prefixes = [r.input_ids for r in random_prompts(args.num_groups, args.shared_prefix_len, 1, runner.vocab_size,

@@ -24,7 +24,6 @@ class SchedulerStats:
     jump_forward_tokens: int = 0  # output tokens appended by jump-forward instead of decoding
     grammar_mask_seconds: float = 0.0  # filling + applying vocab masks
     grammar_mask_steps: int = 0
-    forward_time: float = 0.0
     # Back-to-back decode steps: launch-to-launch wall time, and the forward + sampling time
     # of the same steps; their difference is the time the model waited on the scheduler.
     decode_wall_seconds: float = 0.0
@@ -41,7 +40,6 @@ class SchedulerStats:
         self.extend_tokens += num_tokens
         self.extend_steps += 1
         self.extend_seconds += seconds
-        self.forward_time += seconds
         self._last_decode = None
 
     def on_mixed(self, extend_tokens: int, num_decode: int, seconds: float) -> None:
@@ -54,7 +52,6 @@ class SchedulerStats:
         self.decode_steps += 1
         self.generated_tokens += batch_size
         self.decode_seconds += seconds
-        self.forward_time += seconds
         self._recent.append((time.perf_counter(), batch_size))
         if launch_time is not None:
             if self._last_decode is not None:

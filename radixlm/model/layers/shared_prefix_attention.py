@@ -122,9 +122,8 @@ def shared_prefix_decode(q, k_buf, v_buf, meta: SharedPrefixMetadata, scale: flo
     rows = meta.member_rows
     m = torch.maximum(l1, l2[rows])
     w1, w2 = torch.exp(l1 - m), torch.exp(l2[rows] - m)
-    out = o2.clone() if o2.is_contiguous() else o2.contiguous()
-    out[rows] = (o1 * w1 + o2[rows] * w2) / (w1 + w2)
-    return out.reshape(bs, heads, d)
+    o2[rows] = (o1 * w1 + o2[rows] * w2) / (w1 + w2)  # o2 is this call's own tensor: merge in place
+    return o2.reshape(bs, heads, d)
 
 
 def gather_prefix_kv(k_buf, v_buf, meta: SharedPrefixMetadata, gather, contiguous: bool = False):
