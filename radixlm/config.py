@@ -63,7 +63,9 @@ class ServerArgs:
     num_threads: Optional[int] = None  # torch intra-op threads; default all cores
     log_level: str = "info"
     decode_log_interval: int = 40
-    debug_memory_check: bool = False  # assert KV conservation at every idle point
+    # After every scheduler step, check that every KV slot has exactly one owner and every radix-tree
+    # lock is held (scheduler/invariants.py); a broken invariant stops the scheduler. On in tests.
+    enable_invariant_checks: bool = False
 
     def __post_init__(self):
         if self.schedule_policy not in POLICIES:

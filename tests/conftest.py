@@ -52,6 +52,6 @@ def tiny_hf_model(tiny_model_dir):
 
 def engine_args(**kw):
     """Small engines for tests: 1 thread each, so a test does not fight its reference."""
-    base = dict(num_threads=1, kv_memory_gb=0.05, debug_memory_check=True, log_level="warning")
+    base = dict(num_threads=1, kv_memory_gb=0.05, enable_invariant_checks=True, log_level="warning")
     base.update(kw)
     return base

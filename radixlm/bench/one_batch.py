@@ -74,9 +74,14 @@ def _sample(runner, reqs, logits) -> list[int]:
 def run_once(runner, prompts: list[list[int]], output_len: int, prefixes: list[list[int]] = ()) -> dict:
     """Prefill `prompts` as one batch, then decode; returns timings and the greedy tokens.
     prefixes: prompt i continues prefixes[i % len(prefixes)], computed once before the batch."""
+    import torch
+
+    from radixlm.cache.radix_cache import RadixCache
     from radixlm.model.forward_batch import ForwardMode
     from radixlm.sampling_params import SamplingParams
-    from radixlm.scheduler.batch import Req, ScheduleBatch
+    from radixlm.scheduler.batch import PrefillChunk, ScheduleBatch
+    from radixlm.scheduler.cache_manager import CacheManager
+    from radixlm.scheduler.req import Req
 
     need = sum(len(p) + output_len for p in prompts) + sum(map(len, prefixes))
     slots = len(prompts) + len(prefixes)
@@ -84,36 +89,38 @@ def run_once(runner, prompts: list[list[int]], output_len: int, prefixes: list[l
         raise ValueError(f"batch needs {need} KV slots and {slots} request slots; raise --max-total-tokens "
                          "or --max-running-requests")
     sp = SamplingParams(max_new_tokens=output_len, temperature=0.0, ignore_eos=True)
-    pools = (runner.req_to_token_pool, runner.token_to_kv_pool, None, runner.device)  # no radix tree
+    tree = RadixCache(runner.token_to_kv_pool, disable=True)  # no radix tree: prefixes are shared by hand
+    cm = CacheManager(runner.req_to_token_pool, runner.token_to_kv_pool, tree)
     timer = _Timer(runner.device)
 
     def new_req(rid: str, ids: list[int], cached=None) -> Req:
         r = Req(rid=rid, origin_input_ids=ids, sampling_params=sp)
-        r.fill_ids = list(ids)
-        if cached is not None:  # starts from the prefix's KV slots, as a radix-cache hit does
-            r.prefix_indices = cached
-        r.extend_input_len = len(ids) - (0 if cached is None else len(cached))
+        # Starts from the prefix's KV slots, as a radix-cache hit does.
+        cm.assign(r, cached if cached is not None else torch.empty(0, dtype=torch.int64), tree.root_node)
         return r
+
+    def extend(reqs: list[Req]) -> ScheduleBatch:
+        return ScheduleBatch(ForwardMode.EXTEND, chunks=[PrefillChunk.plan(r, r.seqlen - r.kv_committed_len)
+                                                          for r in reqs])
 
     try:
         cached = []
         for g, pre in enumerate(prefixes):
             r = new_req(f"prefix{g}", list(pre))
-            runner.forward(ScheduleBatch([r], ForwardMode.EXTEND).prepare_for_extend(*pools))
+            runner.forward(extend([r]).prepare(cm, runner.device))
             cached.append(runner.req_to_token_pool.req_to_token[r.req_pool_idx, : len(pre)].clone())
         reqs = [new_req(str(i), list(prefixes[i % len(prefixes)]) + list(p) if prefixes else list(p),
                         cached[i % len(cached)] if cached else None) for i, p in enumerate(prompts)]
-        batch = ScheduleBatch(reqs, ForwardMode.EXTEND)
         t0 = timer.now()
-        out = runner.forward(batch.prepare_for_extend(*pools))
+        out = runner.forward(extend(reqs).prepare(cm, runner.device))
         for r, tok in zip(reqs, _sample(runner, reqs, out.next_token_logits)):
             r.output_ids.append(tok)
         prefill = timer.now() - t0
-        batch.forward_mode = ForwardMode.DECODE
+        batch = ScheduleBatch(ForwardMode.DECODE, decode_reqs=reqs)
         steps, forwards = [], []
         for _ in range(output_len - 1):
             t0 = timer.now()
-            fb = batch.prepare_for_decode(*pools)
+            fb = batch.prepare(cm, runner.device)
             f0 = timer.now()
             out = runner.forward(fb)
             f1 = timer.now()

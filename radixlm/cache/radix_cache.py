@@ -8,18 +8,21 @@ Nodes that a running request still reads are pinned by `lock_ref` (counted on th
 whole path, since a request needs every ancestor too). Everything else is evictable,
 leaves first, least recently used first. Accounting is kept incrementally:
 evictable_size + protected_size == total_size at all times.
+
+The tree knows token ids and slot tensors only; moving KV between a request and the tree
+is the scheduler's cache manager's job (scheduler/cache_manager.py).
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
-    from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+    from radixlm.cache.memory_pool import TokenToKVPool
 
 # A global logical clock: strictly increasing, so LRU order is deterministic (two
 # nodes touched in one match never tie the way time.monotonic() readings can).
@@ -63,8 +66,7 @@ class TreeNode:
 
 
 class RadixCache:
-    def __init__(self, req_to_token_pool: ReqToTokenPool, token_to_kv_pool: TokenToKVPool, disable: bool = False):
-        self.req_to_token_pool = req_to_token_pool
+    def __init__(self, token_to_kv_pool: TokenToKVPool, disable: bool = False):
         self.token_to_kv_pool = token_to_kv_pool
         self.disable = disable
         self.reset()
@@ -79,11 +81,13 @@ class RadixCache:
         self.protected_size_ = 0
 
     # --- lookup / insert ---------------------------------------------------------
-    def match_prefix(self, key: list[int]) -> tuple[torch.Tensor, TreeNode]:
+    def match_prefix(self, key: list[int], split: bool = True) -> tuple[torch.Tensor, TreeNode]:
         """Longest cached prefix of `key`: its KV indices and the node where it ends.
 
         A match that stops inside an edge splits that node, so the returned node always
         ends exactly at the match and can be locked without pinning unmatched tokens.
+        split=False (a lookup for ordering only) leaves the tree as it is; the node is then
+        the deepest one the match reached, which may extend past the match.
         """
         if self.disable or len(key) == 0:
             return _empty_indices(), self.root_node
@@ -96,8 +100,12 @@ class RadixCache:
             child.last_access_time = next(_clock)
             prefix_len = _key_match(child.key, key)
             if prefix_len < len(child.key):
-                node = self._split_node(child, prefix_len)
-                values.append(node.value)
+                if split:
+                    node = self._split_node(child, prefix_len)
+                    values.append(node.value)
+                else:
+                    node = child
+                    values.append(child.value[:prefix_len])
                 break
             values.append(child.value)
             node = child
@@ -159,57 +167,12 @@ class RadixCache:
         child.value = child.value[split_len:]
         return new_node
 
-    # --- request hooks (called by the scheduler) ---------------------------------
-    def cache_finished_req(self, req: Any) -> None:
-        """Hand a finished request's KV to the tree, then release its row and lock."""
-        kv_indices = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(req.fill_ids)]
-        if self.disable:
-            self.token_to_kv_pool.free(kv_indices.clone())
-            self.req_to_token_pool.free(req.req_pool_idx)
-            return
-        new_prefix_len = self.insert(req.fill_ids, kv_indices.clone())
-        # [0, len(prefix_indices)) are the tree's own slots (shared, never ours to free);
-        # [len(prefix_indices), new_prefix_len) were computed again while another request
-        # inserted the same tokens: the tree keeps its copy, ours are duplicates.
-        self.token_to_kv_pool.free(kv_indices[len(req.prefix_indices) : new_prefix_len].clone())
-        self.req_to_token_pool.free(req.req_pool_idx)
-        self.dec_lock_ref(req.last_node)
-
-    def cache_unfinished_req(self, req: Any) -> None:
-        """Insert what a still-running request has so far, and re-point it at the tree.
-
-        Afterwards req_to_token[row, :len(fill_ids)] holds the tree's slots, all of them
-        locked for this request, so the request never frees a slot the tree owns.
-        """
-        if self.disable:
-            # No sharing: the request keeps its own slots, but its next chunk must build on them.
-            row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-            req.prefix_indices = row[: len(req.fill_ids)].clone()
-            return
-        token_ids = req.fill_ids
-        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        kv_indices = row[: len(token_ids)].clone()
-        new_prefix_len = self.insert(token_ids, kv_indices)
-        self.token_to_kv_pool.free(kv_indices[len(req.prefix_indices) : new_prefix_len])
-
-        # No eviction can run between the insert and this match, so it is a full match.
-        new_indices, new_last_node = self.match_prefix(token_ids)
-        assert len(new_indices) == len(token_ids)
-        row[len(req.prefix_indices) : len(new_indices)] = new_indices[len(req.prefix_indices) :]
-
-        # Lock the new node before unlocking the old one (its ancestor), so the
-        # shared path is never momentarily evictable.
-        self.inc_lock_ref(new_last_node)
-        self.dec_lock_ref(req.last_node)
-        req.prefix_indices = new_indices
-        req.last_node = new_last_node
-
     # --- eviction and locking ----------------------------------------------------
     def evict(self, num_tokens: int) -> int:
         """Free LRU unlocked leaves until num_tokens are freed or nothing is evictable."""
         if self.disable or num_tokens <= 0:
             return 0
-        leaves = [n for n in self._collect_nodes() if n.is_leaf() and n.lock_ref == 0]
+        leaves = [n for n in self.all_nodes() if n.is_leaf() and n.lock_ref == 0]
         heapq.heapify(leaves)
         num_evicted = 0
         while num_evicted < num_tokens and leaves:
@@ -263,9 +226,19 @@ class RadixCache:
 
     def total_size(self) -> int:
         # Counted by walking the tree, not from the counters, so it can catch drift.
-        return sum(len(n.value) for n in self._collect_nodes())
+        return sum(len(n.value) for n in self.all_nodes())
 
-    def _collect_nodes(self) -> list[TreeNode]:
+    def path_to(self, node: TreeNode) -> tuple[list[int], torch.Tensor]:
+        """Token ids and KV slots on the path from the root to `node`."""
+        keys, values = [], []
+        while node is not self.root_node:
+            keys.append(node.key)
+            values.append(node.value)
+            node = node.parent
+        ids = [t for k in reversed(keys) for t in k]
+        return ids, torch.cat(values[::-1]) if values else _empty_indices()
+
+    def all_nodes(self) -> list[TreeNode]:
         """Every node except the root."""
         nodes, stack = [], list(self.root_node.children.values())
         while stack:

@@ -100,6 +100,8 @@ class TokenizerManager:
         top_n = obj.item(i, "top_logprobs_num", 0)
         if not isinstance(lp_start, int) or lp_start < -1:
             raise ValueError(f"logprob_start_len must be an integer >= -1, got {lp_start!r}")
+        if obj.item(i, "return_logprob", False) and lp_start >= len(ids):
+            raise ValueError(f"logprob_start_len {lp_start} must be below the prompt length {len(ids)}")
         if not isinstance(top_n, int) or top_n < 0:
             raise ValueError(f"top_logprobs_num must be an integer >= 0, got {top_n!r}")
         req = TokenizedGenerateReqInput(

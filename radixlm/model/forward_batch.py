@@ -50,8 +50,10 @@ class ForwardBatch:
     out_cache_loc: torch.Tensor
     req_to_token_pool: "ReqToTokenPool"
     token_to_kv_pool: "TokenToKVPool"
-    # The attention backend (model/layers/attention.py) that runs this batch.
+    # The attention backend (model/layers/attention.py) that runs this batch, and its per-batch
+    # metadata (built at launch by the scheduler, or by the model's forward if nobody did).
     attn_backend: Any = None
+    attn_metadata: Any = None
     # Host copies, so per-request Python loops never sync with the device.
     seq_lens_cpu: list[int] = field(default_factory=list)
     # Extend only: tokens already in the KV cache / new tokens, per request.

@@ -79,6 +79,11 @@ class ModelRunner:
         per_token = TokenToKVPool.bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
         return max(256, int(self.server_args.kv_memory_gb * 2**30 // per_token))
 
+    def init_forward_metadata(self, fb: ForwardBatch) -> None:
+        """Attention metadata for fb, built now (the scheduler does it at launch)."""
+        fb.attn_backend = self.attn_backend
+        self.attn_backend.init_forward_metadata(fb)
+
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> LogitsOutput:
         fb.attn_backend = self.attn_backend
@@ -95,6 +100,9 @@ class ModelRunner:
         rows, spans, offset = [], [], 0
         for i, n in enumerate(ext):
             first = n - 1 if starts[i] is None else starts[i] - fb.extend_prefix_lens_cpu[i]
+            if not 0 <= first < n:
+                raise ValueError(f"logprob start {starts[i]} outside request {i}'s extend of {n} tokens "
+                                 f"after {fb.extend_prefix_lens_cpu[i]}")
             rows.append(torch.arange(offset + first, offset + n))
             spans.append(n - first)
             offset += n

@@ -5,21 +5,26 @@ processes N's results, so the Python work of a step hides behind the next step's
 Step N+1 is built before N's sampled tokens are known on the scheduler thread: its input ids
 name them by future slots (-(slot + 1)), resolved on the worker from the ids N wrote there.
 A request that N finishes (EOS, stop string) has run one extra step in N+1, whose token is
-dropped. Requests whose next step depends on N's token on the scheduler side (grammar masks,
-penalties, min_new_tokens, a step that reaches max_new_tokens or the context) are not overlapped:
-the scheduler then waits for N first.
+dropped; its row and KV slots stay its own (the release is deferred) until N+1 completes, so no
+new request gets them while N+1 may still use them. N+1's attention metadata is built on the
+scheduler thread at launch, so the worker never reads rows the scheduler is rewriting.
+Requests whose next step depends on N's token on the scheduler side (grammar masks, penalties,
+min_new_tokens, a step that reaches max_new_tokens or the context) are not overlapped: the
+scheduler then waits for N first.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
 
 from radixlm.model.forward_batch import ForwardBatch
-from radixlm.scheduler.batch import Req, ScheduleBatch
+from radixlm.model.runner import LogitsOutput
+from radixlm.scheduler.batch import ScheduleBatch
+from radixlm.scheduler.req import Req
 
 
 class FutureTokenMap:
@@ -51,9 +56,20 @@ def can_overlap(reqs: list[Req], context_len: int) -> bool:
         if r.grammar is not None or sp.frequency_penalty or sp.presence_penalty or sp.repetition_penalty != 1.0:
             return False
         n_out = len(r.output_ids) + (r.future_slot is not None)
-        if n_out < sp.min_new_tokens or n_out >= sp.max_new_tokens or len(r.fill_ids) + 1 >= context_len:
+        if n_out < sp.min_new_tokens or n_out >= sp.max_new_tokens or r.kv_allocated_len + 1 >= context_len:
             return False
     return True
+
+
+@dataclass
+class StepOutput:
+    """What the worker returns for one launched batch."""
+
+    logits: LogitsOutput
+    next_ids: list[int]
+    seconds: float  # forward + sampling on the worker
+    # Rows whose grammar mask could not be filled: that request fails, the others go on.
+    row_errors: dict[int, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -62,6 +78,14 @@ class LaunchedBatch:
 
     batch: ScheduleBatch
     forward_batch: ForwardBatch
-    result: Future  # -> (LogitsOutput, next_ids tensor, seconds on the worker)
+    result: Future  # -> StepOutput
     future_slots: Optional[list[int]] = None  # where the worker stores the sampled ids
     launch_time: float = 0.0  # time.perf_counter() when handed over
+    # Requests that finished while this batch was in flight: released once it completes.
+    deferred_release: list[Req] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.req_ids = {id(r) for r in self.batch.reqs}
+
+    def holds(self, req: Req) -> bool:
+        return id(req) in self.req_ids

@@ -13,7 +13,7 @@ from radixlm.bench.serving_client import OpenAIBackend, OpenAIChatBackend, Reque
 from tests.conftest import engine_args
 from tests.e2e.conftest import ServerProcess
 
-TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05")
+TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks")
 SMALL = dict(
     num_prompts=3, random_input_len=24, random_output_len=6,
     gsp_num_groups=2, gsp_prompts_per_group=3, gsp_system_prompt_len=48, gsp_question_len=6, gsp_output_len=6,
@@ -64,8 +64,9 @@ def test_serving_datasets_backends(servers, tiny_model_dir, backend, dataset):
     check_latencies(res)
     outs = res["outputs"]
     # radixlm reports prompt / completion / cached tokens on every API.
-    assert all(o.cached_tokens is not None for o in outs)
-    assert res["cached_token_share"] is not None
+    assert all(isinstance(o.cached_tokens, int) and 0 <= o.cached_tokens < o.prompt_len for o in outs)
+    assert res["cached_token_share"] == pytest.approx(
+        sum(o.cached_tokens for o in outs) / sum(o.prompt_len for o in outs))
     if dataset == "json":
         assert res["json_valid_share"] == 1.0  # the server constrains the output to the schema
         assert all(o.output_len <= SMALL["json_output_len"] for o in outs)

@@ -8,6 +8,6 @@ from radixlm.server.process import ServerProcess
 @pytest.fixture(scope="session")
 def server():
     """The default model with default options, shared by the e2e tests that only read."""
-    s = ServerProcess()
+    s = ServerProcess("--enable-invariant-checks")
     yield s
     s.stop()

@@ -49,7 +49,9 @@ def test_stream_is_cumulative_and_ends_with_done(server):
     for a, b in zip(chunks, chunks[1:]):
         assert b["text"].startswith(a["text"])
     final = post(server, "/generate", {"text": "Once upon a time", "sampling_params": GREEDY}).json()
-    assert chunks[-1]["text"] == final["text"] and chunks[-1]["meta_info"]["finish_reason"] is not None
+    assert chunks[-1]["text"] == final["text"]
+    assert chunks[-1]["meta_info"]["finish_reason"] == final["meta_info"]["finish_reason"]
+    assert final["meta_info"]["finish_reason"]["type"] in ("length", "stop")
 
 
 def test_prompt_scoring_and_logprob_shapes(server, default_model_path):
@@ -74,6 +76,7 @@ def test_prompt_scoring_and_logprob_shapes(server, default_model_path):
     out = g["meta_info"]["output_token_logprobs"]
     assert [t for _, t, _ in out] == g["output_ids"] and all(x is None for _, _, x in out)
     # Greedy picks the top token, so its logprob is the top-1 logprob.
+    assert len(out) == len(g["meta_info"]["output_top_logprobs"]) == 3
     assert all(abs(lp - top[0][0]) < 1e-6 for (lp, _, _), top in zip(out, g["meta_info"]["output_top_logprobs"]))
 
 

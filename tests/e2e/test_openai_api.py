@@ -191,6 +191,7 @@ def test_chat_logprobs(server, client, model, tokenizer):
     assert len(content) == out.usage.completion_tokens
     assert "".join(e.token for e in content) == out.choices[0].message.content
     assert_logprobs_equal([e.logprob for e in content], [e[0] for e in ref["meta_info"]["output_token_logprobs"]])
+    assert len(ref["meta_info"]["output_top_logprobs"]) == len(content)
     for e, top in zip(content, ref["meta_info"]["output_top_logprobs"]):
         assert len(e.top_logprobs) == 2 and e.top_logprobs[0].token == e.token
         assert bytes(e.bytes) == e.token.encode()
@@ -206,7 +207,8 @@ def test_chat_response_format_accepted(client, model):
     for rf in ({"type": "text"}, {"type": "json_object"},
                {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}, "strict": True}}):
         out = client.chat.completions.create(model=model, messages=CHAT, max_tokens=2, response_format=rf)
-        assert out.choices[0].message.content is not None
+        assert isinstance(out.choices[0].message.content, str) and out.choices[0].finish_reason in ("stop", "length")
+        assert 1 <= out.usage.completion_tokens <= 2
 
 
 # ---------------------------------------------------------------------- errors

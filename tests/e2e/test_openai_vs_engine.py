@@ -8,7 +8,7 @@ from radixlm import Engine
 
 @pytest.fixture(scope="module")
 def engine():
-    with Engine(log_level="warning") as e:
+    with Engine(log_level="warning", enable_invariant_checks=True) as e:
         yield e
 
 

@@ -10,7 +10,7 @@ import requests
 
 from tests.e2e.conftest import ServerProcess
 
-TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05")
+TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks")
 
 
 def gen(url, headers=None, **sp):

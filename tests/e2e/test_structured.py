@@ -210,7 +210,7 @@ def test_jump_forward_on_and_off(server, tok):
         return sum(o["meta_info"]["forward_passes"] for o in outs) / sum(o["meta_info"]["completion_tokens"] for o in outs)
 
     on = passes_per_token(generate(server, {"text": prompts, "sampling_params": sps}))
-    with Engine(disable_jump_forward=True, log_level="warning") as e:
+    with Engine(disable_jump_forward=True, log_level="warning", enable_invariant_checks=True) as e:
         off = passes_per_token(e.generate(prompts, sps))
     assert off == 1.0  # one decode step per token
     assert on <= 0.7 * off, f"jump-forward saved too little: {on:.2f} vs {off:.2f} passes per token"

@@ -146,6 +146,7 @@ def test_seed_n_and_sampling(engine):
         (dict(prompt="hi", sampling_params={"temperature": -1}), "temperature"),
         (dict(prompt="hi", sampling_params={"not_a_key": 1}), "not_a_key"),
         (dict(input_ids=[10**9]), "vocabulary"),
+        (dict(input_ids=[5, 6, 7], return_logprob=True, logprob_start_len=3), "logprob_start_len"),
     ],
 )
 def test_bad_input_raises_and_engine_keeps_working(engine, kwargs, field):
@@ -212,7 +213,7 @@ def test_retraction_finishes_everything_with_the_alone_output(tiny_model_dir):
 @pytest.mark.parametrize("disable_radix_cache", [True, False], ids=["no-cache", "cache"])
 def test_chunked_prefill_under_memory_pressure(tiny_model_dir, tiny_hf_model, disable_radix_cache):
     """Small chunks, a small pool and shared prefixes: every request finishes with HF's greedy
-    output and the memory check (debug_memory_check) holds at every idle point."""
+    output and the ownership check (enable_invariant_checks) holds after every step."""
     rng = random.Random(8)
     shared = rand_prompt(rng, 90)
     prompts = [shared + rand_prompt(rng, rng.randint(5, 40)) for _ in range(10)] + [rand_prompt(rng, 150)]

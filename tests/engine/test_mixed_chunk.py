@@ -1,7 +1,7 @@
 """Mixed chunk: new requests' prefill runs in one forward with the running requests' decode step.
 Outputs equal those of separate prefill and decode steps, requests of every kind (stops, penalties,
 min_new_tokens, chunked prefill, logprobs) go through mixed steps, and nothing leaks
-(debug_memory_check asserts KV conservation at every idle point)."""
+(enable_invariant_checks checks KV ownership after every step)."""
 
 import pytest
 
@@ -50,10 +50,13 @@ def test_mixed_chunk_logprobs_match_separate_steps(tiny_model_dir):
                 assert e.get_internal_state()["mixed_steps"] > 0
     (a, la), (b, lb) = outs[False], outs[True]
     assert a["output_ids"] == b["output_ids"]
+    assert len(a["meta_info"]["output_token_logprobs"]) == len(b["meta_info"]["output_token_logprobs"]) == len(a["output_ids"])
     for x, y in zip(a["meta_info"]["output_token_logprobs"], b["meta_info"]["output_token_logprobs"]):
         assert x[1] == y[1] and x[0] == pytest.approx(y[0], abs=1e-4)
+    assert len(la) == len(lb)
     for x, y in zip(la, lb):
         assert x["output_ids"] == y["output_ids"]
+        assert len(x["meta_info"]["input_token_logprobs"]) == len(y["meta_info"]["input_token_logprobs"]) == 40
         for p, q in zip(x["meta_info"]["input_token_logprobs"], y["meta_info"]["input_token_logprobs"]):
             assert p[1] == q[1] and (p[0] is None) == (q[0] is None)
             if p[0] is not None:

@@ -1,6 +1,6 @@
 """The overlap scheduler (one decode step in flight while the next is built) gives exactly the
-outputs of the plain loop, stops where it should, and leaks nothing (debug_memory_check asserts
-KV conservation at every idle point)."""
+outputs of the plain loop, stops where it should, and leaks nothing (enable_invariant_checks checks
+KV ownership after every step)."""
 
 import random
 import threading
@@ -58,7 +58,8 @@ def test_overlap_gives_the_plain_loops_outputs(tiny_model_dir, chunk):
             results[overlap] += run(e, prompts, sps)
             greedy = [{"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}] * 6
             results[overlap] += run(e, prompts[:6], greedy)
-            assert e.get_internal_state()["decode_outside_share"] is not None
+            share = e.get_internal_state()["decode_outside_share"]  # measured over back-to-back decode steps
+            assert isinstance(share, float) and 0.0 <= share < 1.0
     assert results[True] == results[False]
     reasons = {r["type"] for _, r, _ in results[True]}
     assert reasons == {"length", "stop"}  # both kinds of ending were exercised

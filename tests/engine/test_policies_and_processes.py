@@ -48,7 +48,8 @@ def test_priority_runs_first(tiny_model_dir):
 def test_cli_generate(tiny_model_dir):
     out = subprocess.run(
         [sys.executable, "-m", "radixlm.cli", "generate", "--model", tiny_model_dir, "--prompt", "Hello",
-         "--max-new-tokens", "5", "--temperature", "0", "--ignore-eos", "--json", "--num-threads", "1"],
+         "--max-new-tokens", "5", "--temperature", "0", "--ignore-eos", "--json", "--num-threads", "1",
+         "--enable-invariant-checks"],
         capture_output=True, text=True, timeout=120,
     )
     assert out.returncode == 0, out.stderr
@@ -70,7 +71,7 @@ def _children_of(pid):
 SCRIPT = """
 import sys, time
 from radixlm import Engine
-e = Engine(sys.argv[1], num_threads=1, kv_memory_gb=0.05, log_level="warning")
+e = Engine(sys.argv[1], num_threads=1, kv_memory_gb=0.05, log_level="warning", enable_invariant_checks=True)
 print("ready", flush=True)
 e.generate("hi", {"max_new_tokens": 2})
 {tail}

@@ -53,11 +53,11 @@ def legs(s):
 @pytest.fixture(scope="module", params=["http", "engine"])
 def backend(request):
     if request.param == "http":
-        be = sgl.Runtime(kv_memory_gb=0.3)  # a server process of its own, over the native HTTP API
+        be = sgl.Runtime(kv_memory_gb=0.3, enable_invariant_checks=True)  # a server process of its own, over the native HTTP API
         yield be
         be.shutdown()
     else:
-        be = sgl.EngineBackend(None, **engine_args(kv_memory_gb=0.2, debug_memory_check=False))
+        be = sgl.EngineBackend(None, **engine_args(kv_memory_gb=0.2))
         yield be
         be.shutdown()
 
@@ -133,6 +133,7 @@ def test_select_picks_the_best_score_computed_from_generate(backend, method):
             out = raw(backend, {"input_ids": [start] + ids[n:], "sampling_params": {"max_new_tokens": 0},
                                 "return_logprob": True, "logprob_start_len": 1})
             uncond.append([e[0] for e in out["meta_info"]["input_token_logprobs"]])
+        assert len(cond) == len(uncond) == len(CHOICES) and all(len(lp) == len(u) for lp, u in zip(cond, uncond))
         scores = [mean([a - b for a, b in zip(lp, u)]) for lp, u in zip(cond, uncond)]
     assert s["verdict"] == CHOICES[max(range(3), key=scores.__getitem__)]
     assert s.text() == prefix + s["verdict"]

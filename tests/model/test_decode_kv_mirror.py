@@ -2,6 +2,7 @@
 under it: requests join and leave, request slots are reused, a request's KV grows outside decode
 (an extend after a jump-forward), capacity grows, and batches too big for its budget fall back."""
 
+import dataclasses
 import random
 
 import pytest
@@ -20,26 +21,39 @@ def write_kv(kv_pool, slots, gen):
         kv_pool.set_kv_buffer(layer, slots, k, torch.randn(len(slots), KVH, D, generator=gen))
 
 
-def decode_step(tested, reference, req_pool, kv_pool, live, batch, gen):
-    """One decode step of `batch` (request slots; `live` maps each to its KV slots, extended here)
-    through both backends, every layer's attention compared."""
+def new_step(req_pool, kv_pool, live, batch):
+    """A decode step of `batch` (request slots; `live` maps each to its KV slots, extended here):
+    its new slots written into the rows, as the scheduler does at launch."""
     out = kv_pool.alloc(len(batch))
     for idx, slot in zip(batch, out.tolist()):
         req_pool.req_to_token[idx, len(live[idx])] = slot
         live[idx].append(slot)
     seq_lens = [len(live[i]) for i in batch]
-    fb = ForwardBatch(ForwardMode.DECODE, len(batch), torch.zeros(len(batch), dtype=torch.int64),
-                      torch.tensor(seq_lens) - 1, torch.tensor(batch), torch.tensor(seq_lens), out,
-                      req_pool, kv_pool, seq_lens_cpu=seq_lens)
-    tested.init_forward_metadata(fb)
-    reference.init_forward_metadata(fb)
+    return ForwardBatch(ForwardMode.DECODE, len(batch), torch.zeros(len(batch), dtype=torch.int64),
+                        torch.tensor(seq_lens) - 1, torch.tensor(batch), torch.tensor(seq_lens), out,
+                        req_pool, kv_pool, seq_lens_cpu=seq_lens)
+
+
+def run_step(tested, reference, fb, gen):
+    """Run a step planned earlier (fb holds `tested`'s metadata) through both backends, every
+    layer's attention compared; the reference plans at run time."""
+    ref_fb = dataclasses.replace(fb, attn_metadata=None)
+    reference.init_forward_metadata(ref_fb)
+    tested.begin_forward(fb)
     for i in range(LAYERS):
         layer = RadixAttention(HEADS, D, D**-0.5, KVH, i)
-        q = torch.randn(len(batch), HEADS, D, generator=gen)
-        k, v = torch.randn(len(batch), KVH, D, generator=gen), torch.randn(len(batch), KVH, D, generator=gen)
-        kv_pool.set_kv_buffer(i, out, k, v)
+        q = torch.randn(fb.batch_size, HEADS, D, generator=gen)
+        k, v = torch.randn(fb.batch_size, KVH, D, generator=gen), torch.randn(fb.batch_size, KVH, D, generator=gen)
+        fb.token_to_kv_pool.set_kv_buffer(i, fb.out_cache_loc, k, v)
         torch.testing.assert_close(tested.forward_decode(q, k, v, layer, fb),
-                                   reference.forward_decode(q, k, v, layer, fb), rtol=1e-5, atol=1e-5)
+                                   reference.forward_decode(q, k, v, layer, ref_fb), rtol=1e-5, atol=1e-5)
+
+
+def decode_step(tested, reference, req_pool, kv_pool, live, batch, gen):
+    fb = new_step(req_pool, kv_pool, live, batch)
+    tested.init_forward_metadata(fb)
+    run_step(tested, reference, fb, gen)
+    return fb.attn_metadata
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -74,10 +88,10 @@ def test_mirror_matches_gather_path(seed):
             req_pool.req_to_token[idx, len(live[idx]) : len(live[idx]) + n] = slots
             live[idx] += slots.tolist()
         batch = rng.sample(list(live), len(live)) if rng.random() < 0.3 else list(live)  # any order
-        decode_step(mirrored, plain, req_pool, kv_pool, live, batch, gen)
-        used_mirror += mirrored._use_mirror
-        fell_back += not mirrored._use_mirror
-        in_order += mirrored._use_mirror and mirrored.mirror.row_of is None  # rows need no reordering
+        plan = decode_step(mirrored, plain, req_pool, kv_pool, live, batch, gen).mirror
+        used_mirror += plan.use
+        fell_back += not plan.use
+        in_order += plan.use and plan.row_of is None  # rows need no reordering
     assert used_mirror > 10 and fell_back > 0 and 0 < in_order < used_mirror  # every path ran
 
 
@@ -105,8 +119,45 @@ def test_kept_shared_prefix_kv_matches_and_goes_stale_when_slots_are_freed():
             kv_pool.free(kv_pool.alloc(1))
             write_kv(kv_pool, torch.tensor(live[next(iter(live))][:100]), gen)
         batch = list(live)
-        decode_step(keeping, plain, req_pool, kv_pool, live, batch, gen)
-        assert keeping._shared is not None and keeping._prefix_key is not None
-        keys.append(keeping._prefix_key)
+        md = decode_step(keeping, plain, req_pool, kv_pool, live, batch, gen)
+        assert md.shared is not None and md.prefix_kv is not None
+        keys.append(md.prefix_kv)
     assert keys[0] is keys[1] is keys[2]  # kept
     assert keys[3] is not keys[2] and keys[3] is keys[4]  # dropped after the free, then kept again
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_mirror_planned_a_step_ahead_matches_gather_path(seed):
+    """The overlap scheduler plans step N+1 (rows, fills, moves) while step N has not run yet; the
+    data moves then run in launch order. Requests join, leave and reorder between the two."""
+    rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
+    req_pool, kv_pool = ReqToTokenPool(12, 700), TokenToKVPool(6000, LAYERS, KVH, D)
+    per_token = LAYERS * 2 * KVH * D * 4
+    mirrored = TorchSDPABackend(shared_prefix=False, mirror_bytes=6 * 300 * per_token)
+    plain = TorchSDPABackend(shared_prefix=False)
+    live: dict[int, list[int]] = {}
+    pending, leaving = None, []  # the step planned but not run yet; requests it still uses that left
+    fills = moves = 0
+    for step in range(80):
+        if len(live) > 2 and rng.random() < 0.5:  # a request leaves: not in the next plan, freed later
+            idx = rng.choice(list(live))
+            leaving.append((idx, live.pop(idx)))
+        while len(live) < 2 or (len(live) < 8 and rng.random() < 0.3):
+            idx, n = req_pool.alloc(), rng.randrange(1, 100)
+            slots = kv_pool.alloc(n)
+            write_kv(kv_pool, slots, gen)
+            req_pool.req_to_token[idx, :n] = slots
+            live[idx] = slots.tolist()
+        batch = rng.sample(list(live), len(live)) if rng.random() < 0.3 else list(live)
+        fb = new_step(req_pool, kv_pool, live, batch)
+        mirrored.init_forward_metadata(fb)  # planned before the previous step ran
+        fills += len(fb.attn_metadata.mirror.fills)
+        moves += len(fb.attn_metadata.mirror.moves)
+        if pending is not None:
+            run_step(mirrored, plain, pending, gen)
+        for idx, slots in leaving:  # the step that used them has run: their frees were deferred till now
+            kv_pool.free(torch.tensor(slots))
+            req_pool.free(idx)
+        leaving, pending = [], fb
+    run_step(mirrored, plain, pending, gen)
+    assert fills > 5 and moves > 0

@@ -62,7 +62,9 @@ def test_forced_runs_are_canonical(backend):
 def test_nothing_forced_and_limits(backend):
     tok, _ = backend
     g = matcher(backend)
-    assert find_jump_forward(g, tok, [], max_replace=0, max_new=100) is not None  # '{"name": "' from the start
+    # From the start the first key is forced; what follows its colon is not (any whitespace may).
+    jf = find_jump_forward(g, tok, [], max_replace=0, max_new=100)
+    assert jf.keep == 0 and tok.decode(jf.new_tokens) == '{"name":'
     g = matcher(backend)
     out = tok.encode('{"name": "', add_special_tokens=False)
     feed(g, out)

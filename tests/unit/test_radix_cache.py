@@ -1,8 +1,7 @@
-"""RadixCache: unit tests plus a stateful property test against a naive model."""
+"""RadixCache: unit tests plus a stateful property test against a naive model. (Moving KV between
+requests and the tree is the cache manager's: tests/unit/test_cache_manager.py.)"""
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -10,16 +9,15 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixlm.cache.memory_pool import TokenToKVPool
 from radixlm.cache.radix_cache import RadixCache, TreeNode
 
 KV_SIZE = 64
 
 
-def make_cache(kv_size: int = KV_SIZE, disable: bool = False, num_reqs: int = 4, max_len: int = 32):
-    req_pool = ReqToTokenPool(num_reqs, max_len)
+def make_cache(kv_size: int = KV_SIZE, disable: bool = False):
     kv_pool = TokenToKVPool(kv_size, num_layers=1, num_kv_heads=1, head_dim=1)
-    return RadixCache(req_pool, kv_pool, disable=disable), req_pool, kv_pool
+    return RadixCache(kv_pool, disable=disable), kv_pool
 
 
 def t(xs) -> torch.Tensor:
@@ -37,7 +35,7 @@ def path_key(node: TreeNode) -> list[int]:
 
 
 def tree_slots(cache: RadixCache) -> list[int]:
-    return [s for n in cache._collect_nodes() for s in n.value.tolist()]
+    return [s for n in cache.all_nodes() for s in n.value.tolist()]
 
 
 def cached_prefixes(cache: RadixCache) -> dict[tuple[int, ...], int]:
@@ -69,7 +67,7 @@ def insert_fresh(cache: RadixCache, kv_pool: TokenToKVPool, key: list[int]) -> i
 
 
 def test_partial_match_splits_edge():
-    cache, _, _ = make_cache()
+    cache, _ = make_cache()
     cache.insert([1, 2, 3, 4], t([10, 11, 12, 13]))
     (node,) = cache.root_node.children.values()
     assert node.key == [1, 2, 3, 4]
@@ -87,7 +85,7 @@ def test_partial_match_splits_edge():
 
 
 def test_match_ending_on_node_boundary_does_not_split():
-    cache, _, _ = make_cache()
+    cache, _ = make_cache()
     cache.insert([1, 2], t([10, 11]))
     cache.insert([1, 2, 3], t([20, 21, 22]))
     values, last = cache.match_prefix([1, 2, 3, 4])
@@ -98,7 +96,7 @@ def test_match_ending_on_node_boundary_does_not_split():
 
 
 def test_match_miss_and_empty_key():
-    cache, _, _ = make_cache()
+    cache, _ = make_cache()
     cache.insert([1, 2], t([10, 11]))
     for key in ([], [2, 1], [3]):
         values, last = cache.match_prefix(key)
@@ -107,7 +105,7 @@ def test_match_miss_and_empty_key():
 
 
 def test_insert_returns_already_present_prefix_len_and_keeps_old_values():
-    cache, _, _ = make_cache()
+    cache, _ = make_cache()
     assert cache.insert([1, 2, 3], t([10, 11, 12])) == 0
     assert cache.insert([1, 2, 3], t([20, 21, 22])) == 3
     assert cache.insert([1, 2, 4, 5], t([30, 31, 32, 33])) == 2  # splits [1,2,3]
@@ -121,7 +119,7 @@ def test_insert_returns_already_present_prefix_len_and_keeps_old_values():
 
 
 def test_insert_does_not_alias_caller_tensor():
-    cache, _, _ = make_cache()
+    cache, _ = make_cache()
     value = t([10, 11, 12])
     cache.insert([1, 2, 3], value)
     value[:] = -1
@@ -132,7 +130,7 @@ def test_insert_does_not_alias_caller_tensor():
 
 
 def test_evict_lru_leaves_in_order():
-    cache, _, kv_pool = make_cache()
+    cache, kv_pool = make_cache()
     for key in ([1, 1], [2, 2, 2], [3]):
         insert_fresh(cache, kv_pool, key)
     cache.match_prefix([1, 1])  # [1,1] is now the most recently used
@@ -148,7 +146,7 @@ def test_evict_lru_leaves_in_order():
 
 
 def test_evict_only_leaves_then_parent_becomes_leaf():
-    cache, _, kv_pool = make_cache()
+    cache, kv_pool = make_cache()
     insert_fresh(cache, kv_pool, [1, 2])
     insert_fresh(cache, kv_pool, [1, 2, 3])  # [1,2] -> [3]
     insert_fresh(cache, kv_pool, [4])
@@ -164,7 +162,7 @@ def test_evict_only_leaves_then_parent_becomes_leaf():
 
 
 def test_locked_node_and_ancestors_never_evicted():
-    cache, _, kv_pool = make_cache()
+    cache, kv_pool = make_cache()
     insert_fresh(cache, kv_pool, [1, 2])
     insert_fresh(cache, kv_pool, [1, 2, 3, 4])
     insert_fresh(cache, kv_pool, [1, 2, 5])
@@ -180,7 +178,7 @@ def test_locked_node_and_ancestors_never_evicted():
 
 
 def test_lock_accounting_and_split_under_lock():
-    cache, _, _ = make_cache()
+    cache, _ = make_cache()
     cache.insert([1, 2, 3, 4], t([10, 11, 12, 13]))
     cache.insert([1, 2, 7], t([10, 11, 14]))
     _, deep = cache.match_prefix([1, 2, 3, 4])
@@ -206,7 +204,7 @@ def test_lock_accounting_and_split_under_lock():
 
 
 def test_reset():
-    cache, _, _ = make_cache()
+    cache, _ = make_cache()
     cache.insert([1, 2, 3], t([10, 11, 12]))
     cache.inc_lock_ref(cache.match_prefix([1, 2, 3])[1])
     cache.reset()
@@ -215,127 +213,35 @@ def test_reset():
     assert cache.insert([1, 2, 3], t([20, 21, 22])) == 0
 
 
-# --- requests ---------------------------------------------------------------------
+def test_match_without_split_leaves_the_tree_as_it_is():
+    cache, _ = make_cache()
+    cache.insert([1, 2, 3, 4], t([10, 11, 12, 13]))
+    (node,) = cache.root_node.children.values()
+    values, last = cache.match_prefix([1, 2, 9], split=False)
+    assert values.tolist() == [10, 11]
+    assert last is node and node.key == [1, 2, 3, 4] and len(cache.all_nodes()) == 1  # no split
+    values, last = cache.match_prefix([1, 2, 9])  # the splitting match agrees on the slots
+    assert values.tolist() == [10, 11] and last.key == [1, 2] and len(cache.all_nodes()) == 2
 
 
-@dataclass
-class FakeReq:
-    fill_ids: list[int]
-    req_pool_idx: int
-    prefix_indices: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
-    last_node: TreeNode | None = None
-
-
-def admit(cache, req_pool, kv_pool, fill_ids: list[int]) -> FakeReq:
-    """What the scheduler does for a new request: match, lock, allocate the rest."""
-    prefix, node = cache.match_prefix(fill_ids)
-    cache.inc_lock_ref(node)
-    idx = req_pool.alloc()
-    row = req_pool.req_to_token[idx]
-    row[: len(prefix)] = prefix
-    row[len(prefix) : len(fill_ids)] = kv_pool.alloc(len(fill_ids) - len(prefix))
-    return FakeReq(list(fill_ids), idx, prefix, node)
-
-
-def held_outside_tree(reqs: list[FakeReq]) -> int:
-    return sum(len(r.fill_ids) - len(r.prefix_indices) for r in reqs)
-
-
-def assert_conserved(cache, req_pool, kv_pool, reqs):
-    assert cache.evictable_size() + cache.protected_size() == cache.total_size()
-    held = held_outside_tree(reqs)
-    assert kv_pool.available_size() + cache.total_size() + held == kv_pool.size
-
-
-def test_cache_finished_req_shares_and_frees_duplicates():
-    cache, req_pool, kv_pool = make_cache()
-    a = admit(cache, req_pool, kv_pool, [1, 2, 3, 4])
-    b = admit(cache, req_pool, kv_pool, [1, 2, 3, 5])  # nothing cached yet: no sharing
-    assert b.prefix_indices.numel() == 0
-    assert_conserved(cache, req_pool, kv_pool, [a, b])
-
-    a_slots = req_pool.req_to_token[a.req_pool_idx, :4].tolist()
-    cache.cache_finished_req(a)
-    assert_conserved(cache, req_pool, kv_pool, [b])
-    assert cache.match_prefix([1, 2, 3, 4])[0].tolist() == a_slots
-
-    b_slots = req_pool.req_to_token[b.req_pool_idx, :4].tolist()
-    free_before = kv_pool.available_size()
-    cache.cache_finished_req(b)
-    # b's [1,2,3] duplicated a's: those 3 slots are freed, its last one joins the tree.
-    assert kv_pool.available_size() == free_before + 3
-    assert set(b_slots[:3]) <= set(kv_pool.free_slots.tolist())
-    assert cache.match_prefix([1, 2, 3, 5])[0].tolist() == a_slots[:3] + b_slots[3:]
-    assert_conserved(cache, req_pool, kv_pool, [])
-    assert req_pool.available_size() == req_pool.size
-
-    c = admit(cache, req_pool, kv_pool, [1, 2, 3, 4, 6])
-    assert c.prefix_indices.tolist() == a_slots and c.last_node.lock_ref == 1
-    assert cache.protected_size() == 4
-    cache.cache_finished_req(c)
-    assert cache.protected_size() == 0 and cache.total_size() == 6
-    assert cache.evict(100) == 6 and kv_pool.available_size() == KV_SIZE
-
-
-def test_cache_unfinished_req_repoints_request_to_tree():
-    cache, req_pool, kv_pool = make_cache()
-    a = admit(cache, req_pool, kv_pool, [1, 2, 3])
-    b = admit(cache, req_pool, kv_pool, [1, 2, 3, 4, 5])  # computes [1,2,3] again
-    cache.cache_unfinished_req(a)
-    a_slots = req_pool.req_to_token[a.req_pool_idx, :3].tolist()
-    assert a.prefix_indices.tolist() == a_slots and path_key(a.last_node) == [1, 2, 3]
-    assert cache.protected_size() == 3 and cache.evictable_size() == 0
-    assert_conserved(cache, req_pool, kv_pool, [a, b])
-
-    b_old = req_pool.req_to_token[b.req_pool_idx, :5].tolist()
-    cache.cache_unfinished_req(b)
-    b_row = req_pool.req_to_token[b.req_pool_idx, :5].tolist()
-    # b's duplicate slots for [1,2,3] were freed and its row now points at the tree's.
-    assert b_row == a_slots + b_old[3:] and b.prefix_indices.tolist() == b_row
-    assert set(b_old[:3]) <= set(kv_pool.free_slots.tolist())
-    assert path_key(b.last_node) == [1, 2, 3, 4, 5]
-    assert a.last_node.lock_ref == 2 and b.last_node.lock_ref == 1
-    assert_conserved(cache, req_pool, kv_pool, [a, b])
-
-    # Chunked prefill: b grows, gets fresh slots for the new tokens, caches again.
-    b.fill_ids += [6, 7]
-    req_pool.req_to_token[b.req_pool_idx, 5:7] = kv_pool.alloc(2)
-    assert_conserved(cache, req_pool, kv_pool, [a, b])
-    old_last = b.last_node
-    cache.cache_unfinished_req(b)
-    # The lock moved down to [6,7]; old_last is now its (still locked) parent.
-    assert b.last_node.parent is old_last and b.last_node.lock_ref == old_last.lock_ref == 1
-    assert len(b.prefix_indices) == 7 and cache.evictable_size() == 0
-    assert_conserved(cache, req_pool, kv_pool, [a, b])
-
-    assert cache.evict(100) == 0  # everything is locked by a or b
-    cache.cache_finished_req(a)
-    cache.cache_finished_req(b)  # b's whole row is in the tree: nothing to free
-    assert_conserved(cache, req_pool, kv_pool, [])
-    assert cache.protected_size() == 0 and cache.total_size() == 7
-    cache.evict(100)
-    assert kv_pool.available_size() == KV_SIZE and req_pool.available_size() == req_pool.size
-
-
-def test_disabled_mode_no_sharing_frees_everything():
-    cache, req_pool, kv_pool = make_cache(disable=True)
+def test_disabled_mode_caches_nothing():
+    cache, _ = make_cache(disable=True)
     assert cache.insert([1, 2, 3], t([1, 2, 3])) == 0
     assert cache.total_size() == 0
     values, node = cache.match_prefix([1, 2, 3])
     assert values.numel() == 0 and node is cache.root_node
+    assert cache.evict(10) == 0
 
-    a = admit(cache, req_pool, kv_pool, [1, 2, 3])
-    own = req_pool.req_to_token[a.req_pool_idx, :3].clone()
-    cache.cache_unfinished_req(a)  # no sharing: a keeps its own slots, and its next chunk builds on them
-    assert torch.equal(a.prefix_indices, own) and a.last_node is cache.root_node
-    assert cache.total_size() == 0
-    b = admit(cache, req_pool, kv_pool, [1, 2, 3, 4])
-    assert b.prefix_indices.numel() == 0  # no sharing
-    assert kv_pool.available_size() == KV_SIZE - 7
-    cache.cache_finished_req(a)
-    cache.cache_finished_req(b)
-    assert kv_pool.available_size() == KV_SIZE and req_pool.available_size() == req_pool.size
-    assert cache.total_size() == 0 and cache.evict(10) == 0
+
+def test_path_to_gives_the_ids_and_slots_from_the_root():
+    cache, _ = make_cache()
+    cache.insert([1, 2, 3], t([10, 11, 12]))
+    cache.insert([1, 2, 5, 6], t([10, 11, 20, 21]))
+    _, node = cache.match_prefix([1, 2, 5, 6])
+    ids, slots = cache.path_to(node)
+    assert ids == [1, 2, 5, 6] and slots.tolist() == [10, 11, 20, 21]
+    ids, slots = cache.path_to(cache.root_node)
+    assert ids == [] and slots.numel() == 0
 
 
 # --- stateful property test against a naive model -----------------------------------
@@ -352,10 +258,9 @@ class RadixCacheMachine(RuleBasedStateMachine):
 
     @initialize()
     def setup(self):
-        self.cache, self.req_pool, self.kv_pool = make_cache(kv_size=40, num_reqs=3, max_len=16)
+        self.cache, self.kv_pool = make_cache(kv_size=40)
         self.cached: dict[tuple[int, ...], int] = {}
         self.locks: list[tuple[TreeNode, tuple[int, ...]]] = []
-        self.reqs: list[FakeReq] = []
 
     # helpers
     def model_match_len(self, key) -> int:
@@ -369,7 +274,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
             self.cached.setdefault(tuple(key[: i + 1]), value[i])
 
     def pinned(self) -> set[tuple[int, ...]]:
-        paths = [p for _, p in self.locks] + [tuple(r.fill_ids[: len(r.prefix_indices)]) for r in self.reqs]
+        paths = [p for _, p in self.locks]
         return {p[: i + 1] for p in paths for i in range(len(p))}
 
     def alloc(self, n: int):
@@ -429,44 +334,14 @@ class RadixCacheMachine(RuleBasedStateMachine):
     def evict(self, num_tokens):
         self.do_evict(num_tokens)
 
-    @precondition(lambda self: self.req_pool.available_size() > 0)
     @rule(key=TOKENS)
-    def admit_req(self, key):
-        prefix, node = self.cache.match_prefix(key)
-        self.cache.inc_lock_ref(node)
-        fresh = self.alloc(len(key) - len(prefix))
-        if fresh is None:
-            self.cache.dec_lock_ref(node)
-            return
-        idx = self.req_pool.alloc()
-        row = self.req_pool.req_to_token[idx]
-        row[: len(prefix)] = prefix
-        row[len(prefix) : len(key)] = fresh
-        self.reqs.append(FakeReq(list(key), idx, prefix, node))
-
-    @precondition(lambda self: self.reqs)
-    @rule(data=st.data(), more=st.lists(st.integers(0, 3), max_size=3))
-    def unfinished_req(self, data, more):
-        req = data.draw(st.sampled_from(self.reqs))
-        row = self.req_pool.req_to_token[req.req_pool_idx]
-        self.model_insert(req.fill_ids, row[: len(req.fill_ids)].tolist())
-        self.cache.cache_unfinished_req(req)
-        expected = [self.cached[tuple(req.fill_ids[: i + 1])] for i in range(len(req.fill_ids))]
-        assert req.prefix_indices.tolist() == expected == row[: len(req.fill_ids)].tolist()
-        assert path_key(req.last_node) == req.fill_ids
-        # Then the next chunk arrives (if it fits).
-        if more and len(req.fill_ids) + len(more) <= self.req_pool.max_context_len:
-            fresh = self.alloc(len(more))
-            if fresh is not None:
-                row[len(req.fill_ids) : len(req.fill_ids) + len(more)] = fresh
-                req.fill_ids = req.fill_ids + more
-
-    @precondition(lambda self: self.reqs)
-    @rule(data=st.data())
-    def finish_req(self, data):
-        req = self.reqs.pop(data.draw(st.integers(0, len(self.reqs) - 1)))
-        self.model_insert(req.fill_ids, self.req_pool.req_to_token[req.req_pool_idx, : len(req.fill_ids)].tolist())
-        self.cache.cache_finished_req(req)
+    def match_without_split(self, key):
+        shape = [(n.id, len(n.key)) for n in self.cache.all_nodes()]
+        values, node = self.cache.match_prefix(key, split=False)
+        n = self.model_match_len(key)
+        assert values.tolist() == [self.cached[tuple(key[: i + 1])] for i in range(n)]
+        assert path_key(node)[:n] == key[:n]  # the node reached may extend past the match
+        assert [(m.id, len(m.key)) for m in self.cache.all_nodes()] == shape
 
     # invariants (checked after every step)
     @invariant()
@@ -474,24 +349,19 @@ class RadixCacheMachine(RuleBasedStateMachine):
         cache = self.cache
         assert cache.evictable_size() + cache.protected_size() == cache.total_size() == len(self.cached)
         assert cache.protected_size() == len(self.pinned())
-        assert sum(len(n.value) for n in cache._collect_nodes() if n.lock_ref > 0) == cache.protected_size()
-        held = held_outside_tree(self.reqs)
-        assert self.kv_pool.available_size() + cache.total_size() + held == self.kv_pool.size
+        assert sum(len(n.value) for n in cache.all_nodes() if n.lock_ref > 0) == cache.protected_size()
+        assert self.kv_pool.available_size() + cache.total_size() == self.kv_pool.size
 
     @invariant()
     def tree_matches_model_and_slots_unique(self):
         assert cached_prefixes(self.cache) == self.cached
-        rows = self.req_pool.req_to_token
-        held = [s for r in self.reqs for s in rows[r.req_pool_idx, len(r.prefix_indices) : len(r.fill_ids)].tolist()]
-        owned = tree_slots(self.cache) + held + self.kv_pool.free_slots.tolist()
-        assert sorted(owned) == list(range(1, self.kv_pool.size + 1)), "a slot is lost or owned twice"
+        owned = tree_slots(self.cache) + self.kv_pool.free_slots.tolist()
+        assert len(owned) == len(set(owned)) == self.kv_pool.size, "a slot is lost or owned twice"
 
     @invariant()
     def locked_nodes_still_attached(self):
         for node, path in self.locks:
             assert tuple(path_key(node)) == path and node.lock_ref > 0
-        for req in self.reqs:
-            assert path_key(req.last_node) == req.fill_ids[: len(req.prefix_indices)]
 
 
 RadixCacheMachine.TestCase.settings = settings(

@@ -8,14 +8,14 @@ cached by another request (radix cache) is attended exactly like one computed no
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.model.layers.decode_kv_mirror import DecodeKVMirror
+from radixlm.model.layers.decode_kv_mirror import DecodeKVMirror, MirrorPlan
 from radixlm.model.layers.shared_prefix_attention import (
     SharedPrefixMetadata,
     build_shared_prefix_metadata,
@@ -37,8 +37,19 @@ class AttentionBackend:
     """
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
-        """Per-batch precompute (indices, masks) shared by all layers; the model
-        calls it once at the start of each forward."""
+        """Per-batch precompute (indices, masks) shared by all layers, stored in
+        forward_batch.attn_metadata. The scheduler calls it when it launches the batch (on its
+        own thread, while another step may still run), so it reads the request rows as they are
+        at launch; it must not touch data a running forward uses."""
+
+    def begin_forward(self, forward_batch: "ForwardBatch") -> None:
+        """Called by the model at the start of each forward, on the thread that runs it: builds
+        the metadata if nobody did, then performs any data moves the metadata planned."""
+        if forward_batch.attn_metadata is None:
+            self.init_forward_metadata(forward_batch)
+
+    def reset(self) -> None:
+        """Forget state kept across steps (a forward failed half way)."""
 
     def forward_extend(self, q, k, v, layer: "RadixAttention", forward_batch: "ForwardBatch") -> torch.Tensor:
         raise NotImplementedError
@@ -53,6 +64,19 @@ class _ExtendReq:
     length: int  # new tokens
     kv_indices: Optional[torch.Tensor]  # [prefix + new] pool slots; None: no prefix
     mask: Optional[torch.Tensor]  # [new, prefix + new] causal mask offset by the prefix
+
+
+@dataclass
+class SDPAMetadata:
+    extend: list[_ExtendReq] = field(default_factory=list)
+    max_len: int = 0
+    decode_indices: Optional[torch.Tensor] = None  # [bs, max_len]
+    decode_mask: Optional[torch.Tensor] = None  # [bs, 1, 1, max_len]
+    shared: Optional[SharedPrefixMetadata] = None
+    # The shared prefixes' gathered K/V per layer: filled by the first forward that needs them and
+    # handed to later batches with the same prefixes (None: gather without keeping).
+    prefix_kv: Optional[dict] = None
+    mirror: Optional[MirrorPlan] = None  # decode reads the mirror when mirror.use
 
 
 def gather_kv(buf: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
@@ -70,34 +94,31 @@ class TorchSDPABackend(AttentionBackend):
 
     def __init__(self, shared_prefix: bool = True, mirror_bytes: int = 0):
         self.shared_prefix = shared_prefix
-        self.mirror = DecodeKVMirror(mirror_bytes) if mirror_bytes > 0 else None
-        self._use_mirror = False
-        self._max_len = 0
-        self._extend: list[_ExtendReq] = []
-        self._decode_indices: Optional[torch.Tensor] = None  # [bs, max_len]
-        self._decode_mask: Optional[torch.Tensor] = None  # [bs, 1, 1, max_len]
-        self._shared: Optional[SharedPrefixMetadata] = None
-        # The shared prefixes' gathered K/V per layer, kept across decode steps while the groups'
-        # prefixes stay the same and no KV slot was freed (their content is immutable till then).
-        # Shares the mirror's memory budget; only one of the two holds memory at a time.
+        self.mirror_bytes = mirror_bytes
+        # The shared prefixes' gathered K/V, kept across decode steps while the groups' prefixes
+        # stay the same and no KV slot was freed (their content is immutable till then). Shares the
+        # mirror's memory budget; only one of the two holds memory at a time.
         self._kv_copy_bytes = mirror_bytes
-        self._prefix_kv: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self.reset()
+
+    def reset(self) -> None:
+        self.mirror = DecodeKVMirror(self.mirror_bytes) if self.mirror_bytes > 0 else None
+        self._prefix_kv: Optional[dict] = None
         self._prefix_key: Optional[tuple] = None
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         fb = forward_batch
+        md = fb.attn_metadata = SDPAMetadata()
         req_to_token = fb.req_to_token_pool.req_to_token
         seq_lens = fb.seq_lens_cpu or fb.seq_lens.tolist()
-        self._extend, self._decode_indices, self._decode_mask, self._shared = [], None, None, None
-        self._use_mirror = False
         if fb.batch_size == 0:
             return
         if fb.forward_mode.is_decode():
-            self._init_decode(fb, fb.req_pool_indices, fb.seq_lens, seq_lens)
+            self._init_decode(md, fb, fb.req_pool_indices, fb.seq_lens, seq_lens)
             return
         n_ext = fb.batch_size - fb.num_decode
         if fb.num_decode:  # MIXED: the decode tail goes through the batched decode path
-            self._init_decode(fb, fb.req_pool_indices[n_ext:], fb.seq_lens[n_ext:], seq_lens[n_ext:])
+            self._init_decode(md, fb, fb.req_pool_indices[n_ext:], fb.seq_lens[n_ext:], seq_lens[n_ext:])
         if n_ext == 0:
             return
         seq_lens = seq_lens[:n_ext]
@@ -109,42 +130,51 @@ class TorchSDPABackend(AttentionBackend):
         start = 0
         for i, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
             if p == 0:
-                self._extend.append(_ExtendReq(start, e, None, None))
+                md.extend.append(_ExtendReq(start, e, None, None))
             else:
                 pos_k = torch.arange(p + e, device=device)
                 pos_q = torch.arange(p, p + e, device=device)
                 mask = pos_k[None, :] <= pos_q[:, None]
-                self._extend.append(_ExtendReq(start, e, rows[i, : p + e], mask))
+                md.extend.append(_ExtendReq(start, e, rows[i, : p + e], mask))
             start += e
 
-    def _init_decode(self, fb: "ForwardBatch", req_pool_indices, seq_lens_t, seq_lens: list[int]) -> None:
+    def _init_decode(self, md: SDPAMetadata, fb: "ForwardBatch", req_pool_indices, seq_lens_t, seq_lens: list[int]):
         # One padded gather for the whole batch (or the mirror's rows); padding masked out below.
         bs, max_len = len(seq_lens), max(seq_lens)
-        self._max_len = max_len
-        self._decode_indices = fb.req_to_token_pool.req_to_token[req_pool_indices, :max_len]
-        self._shared = (build_shared_prefix_metadata(self._decode_indices, seq_lens, fb.token_to_kv_pool.dtype)
-                        if self.shared_prefix else None)
-        if self._shared is not None:
-            self._keep_prefix_kv(fb.token_to_kv_pool)
+        md.max_len = max_len
+        md.decode_indices = fb.req_to_token_pool.req_to_token[req_pool_indices, :max_len]
+        pool = fb.token_to_kv_pool
+        md.shared = (build_shared_prefix_metadata(md.decode_indices, seq_lens, pool.dtype)
+                     if self.shared_prefix else None)
+        if md.shared is not None:
+            self._keep_prefix_kv(md, pool)
         elif self.mirror is not None:
-            self._prefix_kv, self._prefix_key = {}, None
-            self._use_mirror = self.mirror.prepare(req_pool_indices.tolist(), seq_lens, fb.req_to_token_pool,
-                                                   fb.token_to_kv_pool)
-            if self._use_mirror and self.mirror.batch_of_row is not None:  # the mask goes in row order
-                seq_lens_t = seq_lens_t[self.mirror.batch_of_row]
+            self._prefix_kv, self._prefix_key = None, None
+            rows = req_pool_indices.tolist()
+            gens = [fb.req_to_token_pool.generation[i] for i in rows]
+            md.mirror = self.mirror.plan(rows, gens, seq_lens, md.decode_indices, pool)
+            if md.mirror.use and md.mirror.batch_of_row is not None:  # the mask goes in row order
+                seq_lens_t = seq_lens_t[md.mirror.batch_of_row]
         arange = torch.arange(max_len, device=seq_lens_t.device)
-        self._decode_mask = (arange[None, :] < seq_lens_t[:, None]).view(bs, 1, 1, max_len)
+        md.decode_mask = (arange[None, :] < seq_lens_t[:, None]).view(bs, 1, 1, max_len)
 
-    def _keep_prefix_kv(self, pool) -> None:
-        idx = self._shared.prefix_indices
+    def _keep_prefix_kv(self, md: SDPAMetadata, pool) -> None:
+        idx = md.shared.prefix_indices
         key = self._prefix_key
-        if key is not None and key[1] == pool.free_epoch and key[0].shape == idx.shape and torch.equal(key[0], idx):
-            return  # the copies of the last step still hold
-        self._prefix_kv = {}
-        per_token = pool.bytes_per_token(pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.dtype)
-        self._prefix_key = (idx, pool.free_epoch) if idx.numel() * per_token <= self._kv_copy_bytes else None
-        if self._prefix_key is not None and self.mirror is not None:
-            self.mirror.release()
+        if not (key is not None and key[1] == pool.free_epoch and key[0].shape == idx.shape and torch.equal(key[0], idx)):
+            per_token = pool.bytes_per_token(pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.dtype)
+            keep = idx.numel() * per_token <= self._kv_copy_bytes
+            self._prefix_key = (idx, pool.free_epoch) if keep else None
+            self._prefix_kv = {} if keep else None  # a new store: batches planned earlier keep theirs
+            if keep and self.mirror is not None:
+                md.mirror = self.mirror.plan_release()
+        md.prefix_kv = self._prefix_kv
+
+    def begin_forward(self, forward_batch: "ForwardBatch") -> None:
+        super().begin_forward(forward_batch)
+        plan = forward_batch.attn_metadata.mirror
+        if plan is not None:
+            self.mirror.apply(plan, forward_batch.token_to_kv_pool)
 
     def forward_extend(self, q, k, v, layer, forward_batch):
         k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
@@ -152,7 +182,7 @@ class TorchSDPABackend(AttentionBackend):
         if forward_batch.num_decode:  # MIXED: the last num_decode rows are decode queries
             t = q.shape[0] - forward_batch.num_decode
             out[t:] = self.forward_decode(q[t:], k[t:], v[t:], layer, forward_batch)
-        for r in self._extend:  # per request: prompts of different lengths
+        for r in forward_batch.attn_metadata.extend:  # per request: prompts of different lengths
             s, e = r.start, r.start + r.length
             if r.kv_indices is None:  # no prefix: this request's K/V are the new ones
                 ki, vi = k[s:e], v[s:e]
@@ -172,26 +202,27 @@ class TorchSDPABackend(AttentionBackend):
 
     def forward_decode(self, q, k, v, layer, forward_batch):
         k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
-        idx = self._decode_indices
+        md = forward_batch.attn_metadata
+        idx = md.decode_indices
         if idx is None:  # empty batch
             return torch.empty_like(q)
-        if self._shared is not None:
-            prefix_kv = self._prefix_kv.get(layer.layer_id)
+        if md.shared is not None:
+            prefix_kv = md.prefix_kv.get(layer.layer_id) if md.prefix_kv is not None else None
             if prefix_kv is None:
-                keep = self._prefix_key is not None
-                prefix_kv = gather_prefix_kv(k_buf, v_buf, self._shared, gather_kv, contiguous=keep)
+                keep = md.prefix_kv is not None
+                prefix_kv = gather_prefix_kv(k_buf, v_buf, md.shared, gather_kv, contiguous=keep)
                 if keep:
-                    self._prefix_kv[layer.layer_id] = prefix_kv
-            return shared_prefix_decode(q, k_buf, v_buf, self._shared, layer.scaling, gather_kv, prefix_kv)
-        if self._use_mirror:  # rows 0..bs-1 of the dense copy hold the batch (in row order)
-            m = self.mirror
-            kd, vd = m.write_and_view(layer.layer_id, k, v, self._max_len)
-            if m.row_of is None:
-                return _decode_sdpa(q, kd, vd, self._decode_mask, layer.scaling)
-            return _decode_sdpa(q[m.batch_of_row], kd, vd, self._decode_mask, layer.scaling)[m.row_of]
+                    md.prefix_kv[layer.layer_id] = prefix_kv
+            return shared_prefix_decode(q, k_buf, v_buf, md.shared, layer.scaling, gather_kv, prefix_kv)
+        plan = md.mirror
+        if plan is not None and plan.use:  # rows 0..bs-1 of the dense copy hold the batch (in row order)
+            kd, vd = self.mirror.write_and_view(layer.layer_id, k, v, md.max_len, plan)
+            if plan.row_of is None:
+                return _decode_sdpa(q, kd, vd, md.decode_mask, layer.scaling)
+            return _decode_sdpa(q[plan.batch_of_row], kd, vd, md.decode_mask, layer.scaling)[plan.row_of]
         # [bs, max_len, kv_heads, D] -> [bs, kv_heads, max_len, D]
         return _decode_sdpa(q, gather_kv(k_buf, idx).transpose(1, 2), gather_kv(v_buf, idx).transpose(1, 2),
-                            self._decode_mask, layer.scaling)
+                            md.decode_mask, layer.scaling)
 
 
 def _decode_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:

@@ -94,7 +94,7 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, input_ids, positions, forward_batch: ForwardBatch) -> torch.Tensor:
-        get_attn_backend(forward_batch).init_forward_metadata(forward_batch)
+        get_attn_backend(forward_batch).begin_forward(forward_batch)
         hidden, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, forward_batch, residual)

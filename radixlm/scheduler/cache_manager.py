@@ -1,0 +1,132 @@
+"""CacheManager: the only code that moves KV between a request and the radix tree.
+
+Ownership. Every KV slot of TokenToKVPool (1..size; slot 0 is a dummy) has exactly one owner:
+
+    the free list   token_to_kv_pool.free_slots
+    the tree        the values of RadixCache nodes; a node is protected (not evictable) while
+                    some request's `last_node` is the node or below it
+    one request     req_to_token[req_pool_idx, cache_protected_len:kv_allocated_len]
+
+and every request slot (a row of ReqToTokenPool) is free or held by exactly one request.
+
+Moves (all on the scheduler thread):
+
+    assign        admission: the matched prefix's slots become the request's protected range
+                  (its node locked), a row is taken from the free rows
+    alloc_kv      free list -> a step's new slots (after evicting unlocked LRU leaves); ScheduleBatch
+                  writes them into the requests' rows, extending their own range
+    cache_req(finished=False)
+                  the request's committed KV -> the tree; own slots that duplicate what the tree
+                  already holds are freed, the row is repointed at the tree's slots, the lock moves
+                  down to the new node: its protected range grows to kv_committed_len
+    cache_req(finished=True), release
+                  as above, then the uncommitted tail (a step that ran for nothing) -> free list,
+                  the lock is dropped, the row is freed; the request holds nothing afterwards
+    free_tail     the request's own slots past a length -> free list (jump-forward re-tokenizes)
+
+With the radix cache disabled the tree stays empty and a request's whole range is its own.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixlm.cache.radix_cache import RadixCache, TreeNode
+from radixlm.scheduler.req import Req
+
+
+class CacheManager:
+    def __init__(self, req_to_token_pool: ReqToTokenPool, token_to_kv_pool: TokenToKVPool, tree_cache: RadixCache):
+        self.req_to_token_pool = req_to_token_pool
+        self.token_to_kv_pool = token_to_kv_pool
+        self.tree_cache = tree_cache
+
+    # --- budget -----------------------------------------------------------------
+    def kv_room(self) -> int:
+        """KV slots an allocation can get: free ones plus evictable radix-tree leaves."""
+        return self.token_to_kv_pool.available_size() + self.tree_cache.evictable_size()
+
+    # --- admission --------------------------------------------------------------
+    def match(self, req: Req, split: bool = True) -> tuple[torch.Tensor, TreeNode]:
+        """The cached prefix `req` may reuse (see Req.max_prefix_len)."""
+        return self.tree_cache.match_prefix(req.all_ids()[: req.max_prefix_len()], split=split)
+
+    def lock(self, node: TreeNode) -> int:
+        """Pin node's path; returns the change in evictable tokens (<= 0)."""
+        return self.tree_cache.inc_lock_ref(node)
+
+    def unlock(self, node: TreeNode) -> int:
+        return self.tree_cache.dec_lock_ref(node)
+
+    def assign(self, req: Req, prefix_indices: torch.Tensor, node: TreeNode) -> None:
+        """Give a waiting request a row starting with its matched prefix; `node` (where the match
+        ends) must already be locked for it."""
+        assert not req.holds_kv() and req.last_node is None, f"{req.rid} already holds KV"
+        idx = self.req_to_token_pool.alloc()
+        assert idx is not None, "admission must check request slots"
+        n = len(prefix_indices)
+        self.req_to_token_pool.req_to_token[idx, :n] = prefix_indices
+        req.req_pool_idx, req.last_node = idx, node
+        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = n
+
+    def alloc_kv(self, need: int) -> Optional[torch.Tensor]:
+        """`need` free KV slots, evicting unlocked radix-tree leaves if the pool is short."""
+        short = need - self.token_to_kv_pool.available_size()
+        if short > 0:
+            self.tree_cache.evict(short)
+        return self.token_to_kv_pool.alloc(need)
+
+    # --- request <-> tree -------------------------------------------------------
+    def cache_req(self, req: Req, finished: bool) -> None:
+        """Hand req's committed KV to the tree (module docstring). finished=True also frees the
+        uncommitted tail, the lock and the row."""
+        tree, pool = self.tree_cache, self.token_to_kv_pool
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        protected, committed, allocated = req.cache_protected_len, req.kv_committed_len, req.kv_allocated_len
+        assert 0 <= protected <= committed <= allocated, (req.rid, protected, committed, allocated)
+        if not tree.disable and committed > protected:
+            ids = req.all_ids()[:committed]
+            shared = tree.insert(ids, row[:committed].clone())
+            # [0, shared) was in the tree already: [0, protected) is ours through the lock, and
+            # [protected, shared) another request inserted meanwhile, so our copies are duplicates.
+            assert shared >= protected, (req.rid, shared, protected)
+            pool.free(row[protected:shared].clone())
+            if not finished:
+                # No eviction runs between the insert and this match, so it is a full match.
+                indices, node = tree.match_prefix(ids)
+                assert len(indices) == committed
+                row[protected:committed] = indices[protected:]
+                # Lock the new node before unlocking its ancestor: the shared path never looks evictable.
+                tree.inc_lock_ref(node)
+                tree.dec_lock_ref(req.last_node)
+                req.last_node, req.cache_protected_len = node, committed
+                protected = committed
+        if finished:
+            # Own slots past the protected range: the uncommitted tail, or everything without a tree.
+            own_from = committed if not tree.disable else protected
+            pool.free(row[own_from:allocated].clone())
+            tree.dec_lock_ref(req.last_node)
+            self.req_to_token_pool.free(req.req_pool_idx)
+            req.req_pool_idx, req.last_node = None, None
+            req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = 0
+
+    def release(self, req: Req) -> None:
+        """req leaves (finished, aborted, retracted): its KV goes to the tree or the free list."""
+        if req.holds_kv():
+            self.cache_req(req, finished=True)
+
+    def free_tail(self, req: Req, keep: int) -> None:
+        """Free req's own slots from position `keep` on (tokens it will recompute)."""
+        assert req.cache_protected_len <= keep <= req.kv_committed_len == req.kv_allocated_len, (
+            req.rid, keep, req.cache_protected_len, req.kv_committed_len, req.kv_allocated_len)
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        self.token_to_kv_pool.free(row[keep : req.kv_allocated_len].clone())
+        req.kv_committed_len = req.kv_allocated_len = keep
+
+    def flush(self) -> None:
+        self.tree_cache.reset()
+        self.token_to_kv_pool.clear()
+        self.req_to_token_pool.clear()

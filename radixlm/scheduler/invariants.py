@@ -1,0 +1,91 @@
+"""The scheduler's invariants, checked after every step with --enable-invariant-checks (always
+on in tests). A broken invariant is the one error that stops the scheduler: serving on would
+hand out wrong KV."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Iterable
+
+import torch
+
+from radixlm.scheduler.cache_manager import CacheManager
+from radixlm.scheduler.req import Req
+
+
+class InvariantError(AssertionError):
+    pass
+
+
+def _fail(msg: str) -> None:
+    raise InvariantError(msg)
+
+
+def check_invariants(cm: CacheManager, holders: Iterable[Req], idle: Iterable[Req]) -> None:
+    """holders: every request that holds KV (running, the chunked request, releases deferred
+    behind the step in flight); idle: requests that must hold nothing (waiting, compiling).
+
+    - every KV slot has exactly one owner: the free list, the tree, or one request's own range
+      (cache_manager.py); slot 0 has none
+    - a request's protected range is exactly the tree path to its last_node (ids and slots)
+    - every node's lock count equals the number of requests whose last_node is at or below it;
+      the evictable / protected counters agree with the locks
+    - every request slot is free or held by one request
+    """
+    tree, pool, rows = cm.tree_cache, cm.token_to_kv_pool, cm.req_to_token_pool
+    nodes = tree.all_nodes()
+    parts = [pool.free_slots] + [n.value for n in nodes]
+    locks: Counter = Counter()
+    owner_of_row: dict[int, str] = {}
+    for r in holders:
+        if r.req_pool_idx is None or r.last_node is None:
+            _fail(f"request {r.rid} is scheduled but holds no row or lock")
+        if not 0 <= r.cache_protected_len <= r.kv_committed_len <= r.kv_allocated_len:
+            _fail(f"request {r.rid}: bad lengths protected {r.cache_protected_len} committed "
+                  f"{r.kv_committed_len} allocated {r.kv_allocated_len}")
+        if r.req_pool_idx in owner_of_row:
+            _fail(f"request slot {r.req_pool_idx} held by {owner_of_row[r.req_pool_idx]} and {r.rid}")
+        owner_of_row[r.req_pool_idx] = r.rid
+        row = rows.req_to_token[r.req_pool_idx]
+        parts.append(row[r.cache_protected_len : r.kv_allocated_len])
+        ids, slots = tree.path_to(r.last_node)
+        if len(ids) != r.cache_protected_len or not torch.equal(slots.to(row.device), row[: len(ids)]):
+            _fail(f"request {r.rid}: protected range ({r.cache_protected_len}) is not its node's path ({len(ids)})")
+        if ids != r.all_ids()[: len(ids)]:
+            _fail(f"request {r.rid}: its node's path holds other tokens")
+        node = r.last_node
+        while node is not tree.root_node:
+            locks[node.id] += 1
+            node = node.parent
+    for r in idle:
+        if r.holds_kv() or r.last_node is not None or r.kv_allocated_len or r.cache_protected_len:
+            _fail(f"waiting request {r.rid} holds KV")
+
+    counts = torch.bincount(torch.cat(parts), minlength=pool.size + 1)
+    if counts.numel() > pool.size + 1:
+        _fail(f"slot ids beyond the pool: {(counts[pool.size + 1:] > 0).nonzero().flatten()[:8].tolist()}")
+    if counts[0] != 0:
+        _fail("the dummy slot 0 is owned")
+    bad = (counts[1:] != 1).nonzero().flatten()
+    if bad.numel():
+        s = int(bad[0]) + 1
+        _fail(f"{bad.numel()} KV slot(s) without exactly one owner, e.g. slot {s} with {int(counts[s])} "
+              f"(free {pool.available_size()}, tree {sum(len(n.key) for n in nodes)}, holders {len(owner_of_row)})")
+
+    protected = total = 0
+    for n in nodes:  # len(key) == len(value): the tree asserts it on insert
+        if n.lock_ref != locks[n.id]:
+            _fail(f"{n} has lock_ref {n.lock_ref} but {locks[n.id]} request(s) hold it")
+        total += len(n.key)
+        protected += len(n.key) if n.lock_ref > 0 else 0
+    if tree.root_node.lock_ref != 1:
+        _fail(f"root lock_ref {tree.root_node.lock_ref}")
+    if protected != tree.protected_size() or total - protected != tree.evictable_size():
+        _fail(f"tree counters drifted: protected {tree.protected_size()} (walk {protected}), "
+              f"evictable {tree.evictable_size()} (walk {total - protected})")
+
+    free_rows = rows.free_slots
+    if len(set(free_rows)) != len(free_rows) or set(free_rows) & set(owner_of_row):
+        _fail("a request slot is free twice, or free and held")
+    if len(free_rows) + len(owner_of_row) != rows.size:
+        _fail(f"request slot leak: {len(free_rows)} free + {len(owner_of_row)} held != {rows.size}")

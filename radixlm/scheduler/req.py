@@ -1,0 +1,149 @@
+"""Req: one request's scheduling state.
+
+KV state, in the request's row of ReqToTokenPool (`req_to_token[req_pool_idx]`):
+
+    [0, cache_protected_len)                  the radix tree's slots, locked through `last_node`
+    [cache_protected_len, kv_allocated_len)   slots this request owns (freed or handed to the tree
+                                              by the cache manager, never by anyone else)
+    [0, kv_committed_len)                     positions whose K/V a finished forward wrote
+                                              (kv_committed_len <= kv_allocated_len; the gap is a
+                                              step in flight)
+
+Only the cache manager (cache_manager.py) moves KV between a request and the tree, and only
+ScheduleBatch allocates a step's slots. A request in the waiting queue holds nothing: no row, no
+lock, all three lengths 0. Token ids are `origin_input_ids + output_ids`; the K/V of the last
+output token is computed by the step that samples the token after it.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from radixlm.sampling_params import SamplingParams
+
+
+@dataclass(eq=False)
+class Req:
+    rid: str
+    origin_input_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: frozenset[int] = frozenset()
+    return_logprob: bool = False
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    stream: bool = False
+    priority: Optional[int] = None
+    input_text: Optional[str] = None
+    arrival_time: float = field(default_factory=time.monotonic)
+
+    output_ids: list[int] = field(default_factory=list)
+    # KV state (module docstring).
+    req_pool_idx: Optional[int] = None
+    last_node: Any = None  # the tree node locked for this request; None: no lock held
+    cache_protected_len: int = 0
+    kv_allocated_len: int = 0
+    kv_committed_len: int = 0
+
+    finished_reason: Optional[dict] = None
+    to_abort: bool = False
+    cached_tokens: int = 0  # prompt tokens served from the radix cache (first prefill)
+    forward_passes: int = 0
+    first_token_time: Optional[float] = None
+    generator: Optional[torch.Generator] = None
+    # Grammar matcher (radixlm.constrained); a Future while its grammar compiles.
+    grammar: Any = None
+    retracted: int = 0
+    # Overlap scheduling: where the launched, unprocessed decode step stores this request's token.
+    future_slot: Optional[int] = None
+
+    # Prompt logprobs: the next prompt position whose logprob is still owed (chunks, retraction
+    # and re-prefill never compute one twice).
+    logprob_pos: int = 0
+    # Logprob increments not yet sent: [logprob, token_id] and per position top lists.
+    input_token_logprobs: list = field(default_factory=list)
+    input_top_logprobs: list = field(default_factory=list)
+    output_token_logprobs: list = field(default_factory=list)
+    output_top_logprobs: list = field(default_factory=list)
+    sent_output_len: int = 0
+
+    def __post_init__(self):
+        if self.sampling_params.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.sampling_params.seed)
+        n = len(self.origin_input_ids)
+        self.logprob_pos = self.logprob_start_len if self.return_logprob and self.logprob_start_len >= 0 else n
+
+    @property
+    def seqlen(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def all_ids(self) -> list[int]:
+        return self.origin_input_ids + self.output_ids
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def holds_kv(self) -> bool:
+        return self.req_pool_idx is not None
+
+    def wants_prompt_logprobs(self) -> bool:
+        return self.logprob_pos < len(self.origin_input_ids)
+
+    def max_prefix_len(self) -> int:
+        """Cached tokens this request may reuse: at least one token must be computed, and the
+        prompt logprobs still owed need the logits from position logprob_pos - 1 on."""
+        limit = self.seqlen - 1
+        if self.wants_prompt_logprobs():
+            limit = min(limit, max(self.logprob_pos - 1, 0))
+        return limit
+
+    def abort(self, message: str = "aborted", status_code: Optional[int] = None) -> None:
+        if self.finished_reason is None:
+            self.finished_reason = {"type": "abort", "message": message}
+            if status_code is not None:
+                self.finished_reason["status_code"] = status_code
+
+    def check_finished(self, tokenizer, context_len: int) -> None:
+        if self.finished_reason is not None:
+            return
+        sp = self.sampling_params
+        if self.to_abort:
+            self.abort()
+            return
+        if len(self.output_ids) >= sp.max_new_tokens:
+            self.finished_reason = {"type": "length", "length": sp.max_new_tokens}
+            return
+        last = self.output_ids[-1] if self.output_ids else None
+        if self.grammar is not None and self.grammar.is_terminated():
+            self.finished_reason = {"type": "stop", "matched": last}
+            return
+        if last is not None:
+            if sp.stop_token_ids and last in sp.stop_token_ids:
+                self.finished_reason = {"type": "stop", "matched": last}
+                return
+            if not sp.ignore_eos and last in self.eos_token_ids:
+                self.finished_reason = {"type": "stop", "matched": last}
+                return
+            stops = sp.stop_strs
+            if stops and tokenizer is not None:
+                n = max(len(s) for s in stops) + 1
+                tail = tokenizer.decode(self.output_ids[-n:], skip_special_tokens=sp.skip_special_tokens)
+                for s in stops:
+                    if s in tail:
+                        self.finished_reason = {"type": "stop", "matched": s}
+                        return
+        if self.seqlen >= context_len:
+            self.finished_reason = {"type": "length", "length": len(self.output_ids)}
+
+    def banned_token_ids(self) -> list[int]:
+        """EOS and stop tokens are banned until min_new_tokens outputs exist."""
+        sp = self.sampling_params
+        if len(self.output_ids) >= sp.min_new_tokens:
+            return []
+        banned = set(sp.stop_token_ids or [])
+        if not sp.ignore_eos:
+            banned |= self.eos_token_ids
+        return sorted(banned)
