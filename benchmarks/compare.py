@@ -34,6 +34,7 @@ class Workload:
     name: str
     args: dict  # `radixlm bench serving` options
     target: str  # what the issue asks of it
+    metric: str = "output_throughput"  # the figure the ratio compares (higher is better)
 
 
 def workloads(scale: float) -> list[Workload]:
@@ -43,9 +44,16 @@ def workloads(scale: float) -> list[Workload]:
                              gsp_question_len=32, gsp_output_len=64, max_concurrency=32),
                  ">= 3x llama-server, >= 2x radixlm without cache"),
         Workload("multi-turn", dict(dataset="multi-turn", num_conversations=8, num_turns=n(4), max_concurrency=8),
-                 ">= 2x llama-server"),
+                 ">= 1.5x llama-server"),
         Workload("random", dict(dataset="random", num_prompts=n(64), random_input_len=200, random_output_len=64,
-                                max_concurrency=8), ">= 1.0x llama-server"),
+                                max_concurrency=8), ">= 1.5x llama-server"),
+        # One person chatting: one request at a time, the decode step's latency is everything.
+        Workload("single-stream", dict(dataset="random", num_prompts=n(8), random_input_len=128, random_output_len=128,
+                                       random_range_ratio=1.0, max_concurrency=1), ">= 1.2x llama-server"),
+        # Prefill of one 512-token prompt at a time (1 output token): input tokens per second.
+        Workload("prefill-512", dict(dataset="random", num_prompts=n(8), random_input_len=512, random_output_len=1,
+                                     random_range_ratio=1.0, max_concurrency=1), ">= 1.0x llama-server",
+                 metric="input_throughput"),
     ]
 
 
@@ -116,14 +124,14 @@ def offline_compare(num: int, input_len: int, output_len: int) -> dict:
 
 def table(results: dict, loads: list[Workload]) -> str:
     systems = list(results)
-    lines = ["| workload | " + " | ".join(f"{s} out tok/s" for s in systems)
-             + " | radixlm / llama-server | radixlm / no cache | target |",
-             "|---" * (len(systems) + 4) + "|"]
+    lines = ["| workload | figure | " + " | ".join(systems) + " | radixlm / llama-server | radixlm / no cache | target |",
+             "|---" * (len(systems) + 5) + "|"]
     for w in loads:
-        tps = {s: results[s][w.name]["output_throughput"] for s in systems if w.name in results[s]}
+        tps = {s: results[s][w.name][w.metric] for s in systems if w.name in results[s]}
         r = tps.get("radixlm")
         ratio = lambda other: f"{r / tps[other]:.2f}x" if r and tps.get(other) else "-"  # noqa: E731
-        lines.append(f"| {w.name} | " + " | ".join(f"{tps.get(s, float('nan')):.1f}" for s in systems)
+        figure = "in tok/s" if w.metric == "input_throughput" else "out tok/s"
+        lines.append(f"| {w.name} | {figure} | " + " | ".join(f"{tps.get(s, float('nan')):.1f}" for s in systems)
                      + f" | {ratio('llama-server')} | {ratio('radixlm-no-cache')} | {w.target} |")
     lines.append("")
     lines.append("| workload | system | TTFT p50 / p99 ms | TPOT p50 ms | ITL p50 / p99 ms | cached share | errors |")
@@ -143,7 +151,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--llama-server", help="path to a llama-server binary (omit to skip it)")
     p.add_argument("--systems", default="radixlm,radixlm-no-cache,llama-server")
-    p.add_argument("--workloads", default="gsp,multi-turn,random")
+    p.add_argument("--workloads", default="gsp,multi-turn,random,single-stream,prefill-512")
     p.add_argument("--scale", type=float, default=1.0, help="shrink the request counts (1.0: the issue's sizes)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="llama-server -t")
     p.add_argument("--radixlm-args", default="", help="extra `radixlm serve` flags for both radixlm systems")

@@ -108,6 +108,12 @@ def main(argv=None) -> int:
 
     serving_bench.add_args(serving)
     serving.set_defaults(func=serving_bench.main)
+    quality = bench_sub.add_parser("quality", help="quantized weights / KV cache vs float32: perplexity, greedy agreement")
+    from radixlm.bench import quality as quality_bench
+
+    quality_bench.add_args(quality)
+    ServerArgs.add_cli_args(quality)
+    quality.set_defaults(func=lambda a: quality_bench.main(a, ServerArgs.from_cli_args(a)))
     one_batch = bench_sub.add_parser("one-batch", help="one static batch on the ModelRunner: prefill and decode steps")
     from radixlm.bench import one_batch as one_batch_bench
 

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from typing import Optional
 
 POLICIES = ("lpm", "fcfs", "dfs-weight", "lof", "random")
+QUANTIZATIONS = ("none", "int8", "q4_0", "q8_0")
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 
 
 @dataclass
@@ -19,6 +21,12 @@ class ServerArgs:
     context_length: Optional[int] = None  # default: the model's own
     device: str = "cpu"
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    # Weights: None keeps a GGUF's own quantization on CPU (the native kernels; like llama.cpp) and
+    # loads a safetensors checkpoint in `dtype`; "none" dequantizes to `dtype` (the HF-equality
+    # reference); int8 (per output channel) / q4_0 / q8_0 quantize at load. CUDA: always the torch path.
+    quantization: Optional[str] = None
+    # KV cache element type; auto = the model dtype. int8 keeps a float32 scale per token and head.
+    kv_cache_dtype: str = "auto"
 
     # Memory
     max_total_tokens: Optional[int] = None  # KV pool size in tokens; default from kv_memory_gb
@@ -78,6 +86,10 @@ class ServerArgs:
             raise ValueError("chunked_prefill_size must be positive or -1 (off)")
         if self.decode_kv_mirror_gb is not None and self.decode_kv_mirror_gb < 0:
             raise ValueError(f"decode_kv_mirror_gb must be >= 0, got {self.decode_kv_mirror_gb}")
+        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
+            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
 
@@ -100,6 +112,9 @@ class ServerArgs:
             "chunked_prefill_size": "max new tokens of one request per extend step (-1: off)",
             "schedule_policy": f"one of {', '.join(POLICIES)}",
             "disable_radix_cache": "no prefix sharing (a baseline)",
+            "quantization": "weights: none (dequantize to --dtype), int8, q4_0, q8_0; default: a GGUF's own "
+            "quantization on CPU, --dtype otherwise",
+            "kv_cache_dtype": "KV cache element type (auto: the model dtype; int8 with per-token scales)",
             "decode_kv_mirror_gb": "memory for a dense copy of the decoding requests' KV (0: off; default 1 on CPU, "
             "0 on CUDA)",
         }
@@ -114,6 +129,10 @@ class ServerArgs:
             kw = dict(type=typ.get(base, str), default=default, help=helps.get(f.name))
             if f.name == "schedule_policy":
                 kw["choices"] = POLICIES
+            elif f.name == "quantization":
+                kw["choices"] = QUANTIZATIONS
+            elif f.name == "kv_cache_dtype":
+                kw["choices"] = KV_CACHE_DTYPES
             parser.add_argument(flag, **kw)
 
     @staticmethod
@@ -143,6 +162,13 @@ class ServerArgs:
         if self.dtype == "auto":
             return torch.float32 if self.device == "cpu" else torch.bfloat16
         return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
+
+    def resolved_kv_cache_dtype(self):
+        import torch
+
+        if self.kv_cache_dtype == "auto":
+            return self.resolved_dtype()
+        return getattr(torch, self.kv_cache_dtype)
 
 
 @dataclass

@@ -1,7 +1,8 @@
 """GGUF files (llama.cpp's format): HF config from metadata, HF-named dequantized weights.
 
 Only the parts radixlm runs: architectures llama (SmolLM2, Llama 2/3, Mistral),
-qwen2 and qwen3. Tensors are dequantized to float32 at load with gguf's own
+qwen2 and qwen3. Tensors in a format the native kernels read (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) can
+stay quantized (keep_quantized); the rest are dequantized to float32 at load with gguf's own
 (vectorized numpy) kernels, so they equal what transformers' GGUF loader produces.
 """
 
@@ -183,24 +184,34 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def gguf_weights(reader, config) -> Iterator[tuple[str, torch.Tensor]]:
-    """(HF name, float32 tensor) for every model tensor, one at a time (peak memory
-    stays at the model plus one tensor). Single-threaded on purpose: numpy's
-    dequant kernels are memory-bound and threads made them slower here."""
+def gguf_weights(reader, config, keep_quantized: bool = False) -> Iterator[tuple[str, Any]]:
+    """(HF name, tensor) for every model tensor, one at a time (peak memory stays at the model
+    plus one tensor): a QuantizedTensor for 2-D tensors in a kernel format when keep_quantized,
+    else float32. Single-threaded on purpose: numpy's dequant kernels are memory-bound and
+    threads made them slower here."""
     from gguf.quants import dequantize
+
+    from radixlm.kernels.formats import format_of_ggml
+    from radixlm.model.layers.quantized import QuantizedTensor
 
     permute = field(reader, "general.architecture") == "llama"  # llama.cpp permutes q/k only for llama
     for t in reader.tensors:
         name = _hf_name(t.name)
         if name is None:  # rope_freqs (read into the config) and the like
             continue
-        arr = dequantize(t.data, t.tensor_type)
-        w = torch.from_numpy(arr if arr.flags.writeable else arr.copy()).float()
+        fmt = format_of_ggml(t.tensor_type) if keep_quantized and t.data.ndim == 2 else None
+        if fmt is not None:
+            # Row permutations act on whole rows, so q/k un-permute the blocks as they are.
+            w = torch.from_numpy(np.array(t.data, dtype=np.uint8))
+            cols = w.shape[1] // fmt.block_bytes * fmt.block
+        else:
+            arr = dequantize(t.data, t.tensor_type)
+            w = torch.from_numpy(arr if arr.flags.writeable else arr.copy()).float()
         if permute and ".self_attn.q_proj." in name:
             w = _unpermute(w, config.num_attention_heads)
         elif permute and ".self_attn.k_proj." in name:
             w = _unpermute(w, config.num_key_value_heads)
-        yield name, w
+        yield name, (w if fmt is None else QuantizedTensor(w.contiguous(), fmt, cols))
 
 
 def gguf_eos_token_ids(reader) -> list[int]:

@@ -41,6 +41,7 @@ class LoadedModel:
     eos_token_ids: list[int]
     context_len: int
     load_seconds: float = 0.0
+    quantization: str = "none"  # what the linear layers run in: none, gguf (the file's own formats), int8, ...
 
 
 def default_model_path() -> str:
@@ -149,15 +150,40 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
-def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu") -> LoadedModel:
-    """Build our model for `path` (default: the SmolLM2 GGUF) and fill its weights."""
+def resolve_quantization(quantization: str | None, is_gguf: bool, device) -> str:
+    """What the weights will run in: "none" (float), "gguf" (the file's own block formats) or a
+    format to quantize to at load. Quantized weights need the native CPU kernels; without them
+    (or on CUDA, where the torch path stays) the weights are dequantized, with a warning if asked."""
+    from radixlm import kernels
+
+    want = quantization or ("gguf" if is_gguf else "none")
+    if want == "none":
+        return want
+    if torch.device(device).type != "cpu":
+        if quantization:
+            logger.warning("--quantization %s: quantized kernels are CPU-only; %s runs in float", quantization, device)
+        return "none"
+    if not kernels.available():
+        if quantization:
+            logger.warning("--quantization %s needs the native CPU kernels (%s); running in float",
+                           quantization, kernels.unavailable_reason())
+        return "none"
+    return want
+
+
+def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
+               quantization: str | None = None) -> LoadedModel:
+    """Build our model for `path` (default: the SmolLM2 GGUF) and fill its weights.
+    quantization: see ServerArgs.quantization (None: a GGUF's own formats on CPU)."""
     t0 = time.perf_counter()
     path = os.path.abspath(path or default_model_path())
-    if _model_kind(path) == "gguf":
+    is_gguf = _model_kind(path) == "gguf"
+    quant = resolve_quantization(quantization, is_gguf, device)
+    if is_gguf:
         reader = gguf_loader.open_gguf(path)
         config = gguf_loader.gguf_config(reader)
         architecture, model_cls = resolve_architecture(config.architectures)
-        weights = gguf_loader.gguf_weights(reader, config)
+        weights = gguf_loader.gguf_weights(reader, config, keep_quantized=quant == "gguf")
         chat_template, eos_ids = gguf_loader.gguf_chat_template(reader), gguf_loader.gguf_eos_token_ids(reader)
     else:
         from transformers import AutoConfig
@@ -169,9 +195,16 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
     with torch.device(device), _default_dtype(dtype):
         model = model_cls(config)
     model.load_weights(weights)
+    if quant not in ("none", "gguf"):
+        from radixlm.model.layers.linear import quantize_module_weights
+
+        skipped = quantize_module_weights(model, quant)
+        if skipped:
+            logger.warning("--quantization %s: %d layers stay float (input size not a multiple of the block): %s",
+                           quant, len(skipped), ", ".join(skipped[:4]))
     model.eval()
     seconds = time.perf_counter() - t0
-    logger.info("loaded %s (%s) in %.2f s", path, architecture, seconds)
+    logger.info("loaded %s (%s, weights: %s) in %.2f s", path, architecture, quant, seconds)
     return LoadedModel(
         model=model,
         hf_config=config,
@@ -182,6 +215,7 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
         eos_token_ids=eos_ids,
         context_len=_context_len(config),
         load_seconds=seconds,
+        quantization=quant,
     )
 
 

@@ -38,7 +38,8 @@ class ModelRunner:
             torch.set_num_threads(server_args.num_threads or os.cpu_count() or 1)
             keep_freed_memory_in_heap()
         torch.manual_seed(server_args.random_seed)
-        self.loaded = load_model(server_args.model_path, dtype=self.dtype, device=self.device)
+        self.loaded = load_model(server_args.model_path, dtype=self.dtype, device=self.device,
+                                 quantization=server_args.quantization)
         self.model = self.loaded.model
         cfg = self.loaded.hf_config
         self.hf_config = cfg

@@ -69,7 +69,7 @@ SP = {"max_new_tokens": NEW_TOKENS, "temperature": 0}
 
 def test_default_engine_alone_concurrent_and_cached(reference):
     prompts, refs = reference
-    with Engine(enable_invariant_checks=True, log_level="warning") as engine:
+    with Engine(enable_invariant_checks=True, log_level="warning", quantization="none") as engine:
         for i, p in enumerate(prompts):
             assert engine.flush_cache()
             out = engine.generate(p, SP)
@@ -90,7 +90,7 @@ def test_default_engine_alone_concurrent_and_cached(reference):
 )
 def test_default_engine_variants(reference, options):
     prompts, refs = reference
-    with Engine(enable_invariant_checks=True, log_level="warning", **options) as engine:
+    with Engine(enable_invariant_checks=True, log_level="warning", quantization="none", **options) as engine:
         outs = engine.generate(prompts, SP)
         for i, out in enumerate(outs):
             assert_greedy_equal(out["output_ids"], refs[i], f"{options} #{i}")

@@ -38,7 +38,7 @@ def gguf_path():
 @pytest.fixture(scope="module")
 def ours(gguf_path):
     t0 = time.perf_counter()
-    loaded = load_model(gguf_path)
+    loaded = load_model(gguf_path, quantization="none")  # the HF reference dequantizes to fp32 too
     print(f"\nradixlm GGUF load: {time.perf_counter() - t0:.2f} s")
     return loaded
 

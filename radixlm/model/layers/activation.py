@@ -6,10 +6,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.kernels.ops import cpu_float_ops
+
 
 class SiluAndMul(nn.Module):
     """silu(gate) * up on a fused [..., 2 * d] gate_up projection -> [..., d]."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        native = cpu_float_ops(x) if x.dim() == 2 else None
+        if native is not None:
+            return native.silu_and_mul(x)
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]

@@ -3,6 +3,8 @@
 A fused layer holds several HF projections stacked along the output dim
 (q/k/v -> qkv_proj, gate/up -> gate_up_proj): one matmul instead of three.
 `load_shard` copies one HF tensor into its slice; the loader calls it.
+A weight the loader hands over quantized (layers/quantized.py) replaces the float parameter
+(`weight` becomes None, `qweight` holds the blocks) and the native kernels multiply by it.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from radixlm.model.layers.quantized import QuantizedMatrix, QuantizedTensor
 
 
 # MKL's fp32 GEMM (CPU) is pathologically slow for 9..15 rows: 12 rows take up to ~1.9x the
@@ -34,9 +38,20 @@ class Linear(nn.Module):
         # Uninitialized: every weight is overwritten by load_weights.
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
+        self.qweight: QuantizedMatrix | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.qweight is not None:
+            return self.qweight.matmul(x, self.bias)
         return linear(x, self.weight, self.bias)
+
+    def set_quantized(self, parts: list) -> None:
+        """Multiply by these row blocks (QuantizedTensor or float) from now on; drops the float weight."""
+        self.qweight = QuantizedMatrix(parts)
+        self.weight = None
+
+    def finish_loading(self) -> None:
+        """Called once every tensor is in (MergedLinear assembles quantized shards here)."""
 
 
 class MergedLinear(Linear):
@@ -46,13 +61,24 @@ class MergedLinear(Linear):
         super().__init__(in_features, sum(output_sizes), bias)
         self.output_sizes = list(output_sizes)
         self.offsets = [sum(output_sizes[:i]) for i in range(len(output_sizes))]
+        self._quantized_shards: dict[int, QuantizedTensor] = {}
 
-    def load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard: int) -> None:
+    def load_shard(self, param: nn.Parameter, loaded, shard: int) -> None:
         start, size = self.offsets[shard], self.output_sizes[shard]
-        if loaded.shape[0] != size:
-            raise ValueError(f"shard {shard}: expected {size} rows, got {tuple(loaded.shape)}")
+        if tuple(loaded.shape) != (size, *param.shape[1:]):
+            raise ValueError(f"shard {shard}: expected {(size, *param.shape[1:])}, got {tuple(loaded.shape)}")
+        if isinstance(loaded, QuantizedTensor):
+            self._quantized_shards[shard] = loaded
+            return
         with torch.no_grad():
             param[start : start + size].copy_(loaded)
+
+    def finish_loading(self) -> None:
+        if self._quantized_shards:
+            parts = [self._quantized_shards.get(i) for i in range(len(self.output_sizes))]
+            self.set_quantized([p if p is not None else self.weight[o : o + n].detach().clone()
+                                for p, o, n in zip(parts, self.offsets, self.output_sizes)])
+            self._quantized_shards = {}
 
 
 class VocabEmbedding(nn.Module):
@@ -63,6 +89,37 @@ class VocabEmbedding(nn.Module):
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         # Uninitialized (nn.Embedding would spend ~0.3 s drawing random numbers).
         self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
+        self.qweight: QuantizedMatrix | None = None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.qweight is not None:
+            return self.qweight.embedding(input_ids)
         return F.embedding(input_ids, self.weight)
+
+    def set_quantized(self, parts: list) -> None:
+        self.qweight = QuantizedMatrix(parts)
+        self.weight = None
+
+    def finish_loading(self) -> None:
+        pass
+
+    def as_lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden @ weight.T: the tied output projection."""
+        if self.qweight is not None:
+            return self.qweight.matmul(hidden)
+        return linear(hidden, self.weight)
+
+
+def quantize_module_weights(model: nn.Module, fmt_name: str) -> list[str]:
+    """Quantize every linear layer's and the embedding's float weight to `fmt_name` in place
+    (--quantization); layers whose input size the format cannot block stay float (returned)."""
+    from radixlm.kernels.formats import FORMATS
+
+    fmt, skipped = FORMATS[fmt_name], []
+    for name, module in model.named_modules():
+        if isinstance(module, (Linear, VocabEmbedding)) and module.qweight is None:
+            if fmt.supports(module.weight.shape[1]):
+                module.set_quantized([QuantizedTensor.quantize(module.weight.detach(), fmt_name)])
+            else:
+                skipped.append(name)
+    return skipped

@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from radixlm.kernels.ops import cpu_float_ops
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
 
 
@@ -118,6 +120,10 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        native = cpu_float_ops(q) if q.dim() == 2 and q.stride(1) == 1 and k.stride(1) == 1 else None
+        if native is not None:  # in place: q and k are this layer's fresh projections
+            native.rotary_embedding_(positions, q, k, self.head_dim, self.cos_sin_cache)
+            return q, k
         cos, sin = self.cos_sin_cache[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 

@@ -14,8 +14,9 @@ from torch import nn
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.activation import SiluAndMul
 from radixlm.model.layers.attention import RadixAttention, get_attn_backend
-from radixlm.model.layers.linear import Linear, MergedLinear, VocabEmbedding, linear
+from radixlm.model.layers.linear import Linear, MergedLinear, VocabEmbedding
 from radixlm.model.layers.norm import RMSNorm
+from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
 
 
@@ -128,8 +129,8 @@ class LlamaForCausalLM(nn.Module):
         return self.model(input_ids, positions, forward_batch)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        weight = self.model.embed_tokens.weight if self.tie_word_embeddings else self.lm_head.weight
-        return linear(hidden_states, weight).float()
+        head = self.model.embed_tokens.as_lm_head if self.tie_word_embeddings else self.lm_head
+        return head(hidden_states).float()
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -149,12 +150,23 @@ class LlamaForCausalLM(nn.Module):
             if shard is None:
                 if param.shape != tensor.shape:
                     raise ValueError(f"{name}: expected shape {tuple(param.shape)}, got {tuple(tensor.shape)}")
+                if isinstance(tensor, QuantizedTensor):
+                    owner = self.get_submodule(target.rsplit(".", 1)[0])
+                    if hasattr(owner, "set_quantized") and target.endswith(".weight"):
+                        owner.set_quantized([tensor])
+                    else:  # not a matrix the kernels multiply by
+                        param.data = tensor.dequantize().to(device=param.device, dtype=param.dtype)
+                    loaded.setdefault(target, set()).add(0)
+                    continue
                 # Adopt the loaded tensor instead of copying it into the (never touched)
                 # empty param: halves the memory written at load, where page faults dominate.
                 param.data = tensor.to(device=param.device, dtype=param.dtype).contiguous()
             else:
                 self.get_submodule(target.rsplit(".", 1)[0]).load_shard(param, tensor, shard)
             loaded.setdefault(target, set()).add(shard or 0)
+        for module in self.modules():
+            if hasattr(module, "finish_loading"):
+                module.finish_loading()
         missing = [n for n in params if len(loaded.get(n, ())) < self._num_shards(n)]
         if unknown or missing:
             raise ValueError(

@@ -1,0 +1,114 @@
+"""Build and load the native CPU kernels (csrc/*.cpp) as torch ops under torch.ops.radixlm.
+
+Built on first use with the machine's C++ compiler through torch's extension tooling, into a cache
+directory keyed by the sources, the flags and the torch version, so a rebuild happens only when one
+of them changes (~1 min on 2 cores, progress on stderr). AVX2+FMA+F16C is the baseline, checked at
+run time before loading; never -march=native (some VMs report flags they cannot execute). Anything
+that goes wrong gives one warning line and `load()` returns False: callers keep the torch path.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import logging
+import os
+import sys
+import threading
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-DNDEBUG"]
+LDFLAGS = ["-fopenmp"]
+DISABLE_ENV = "RADIXLM_DISABLE_KERNELS"  # =1: never build or load (the torch path everywhere)
+
+_lock = threading.Lock()
+_state: dict = {}  # "ok": bool, "reason": str
+
+
+def cpu_supported() -> tuple[bool, str]:
+    """AVX2, FMA and F16C as the OS reports them (torch's own cpuinfo check says AVX2 or better;
+    /proc/cpuinfo adds FMA and F16C, which AVX2 CPUs have in practice)."""
+    if not torch.backends.cpu.get_cpu_capability().startswith("AVX"):
+        return False, f"CPU capability {torch.backends.cpu.get_cpu_capability()} (need AVX2)"
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+    except OSError:
+        flags = []
+    missing = [f for f in ("avx2", "fma", "f16c") if flags and f not in flags]
+    return (not missing), (f"CPU lacks {', '.join(missing)}" if missing else "")
+
+
+def sources() -> list[str]:
+    return sorted(glob.glob(os.path.join(CSRC, "*.cpp")))
+
+
+def build_dir() -> str:
+    h = hashlib.sha256()
+    for path in sources() + sorted(glob.glob(os.path.join(CSRC, "*.h"))):
+        with open(path, "rb") as f:
+            h.update(os.path.basename(path).encode() + f.read())
+    h.update(" ".join(CFLAGS + LDFLAGS).encode() + torch.__version__.encode() + sys.version.encode())
+    root = os.environ.get("RADIXLM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "radixlm")
+    return os.path.join(root, "kernels", h.hexdigest()[:16])
+
+
+def _ninja_on_path() -> None:
+    """torch runs `ninja` from PATH; the PyPI ninja (a dependency) may live in an unactivated venv."""
+    try:
+        import ninja
+    except ImportError:
+        return
+    if ninja.BIN_DIR not in os.environ.get("PATH", "").split(os.pathsep):
+        os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + os.environ.get("PATH", "")
+
+
+def _build_and_load() -> None:
+    from torch.utils import cpp_extension
+
+    _ninja_on_path()
+    directory = build_dir()
+    os.makedirs(directory, exist_ok=True)
+    lib = os.path.join(directory, "radixlm_kernels.so")
+    if not os.path.isfile(lib):
+        print(f"radixlm: building native CPU kernels into {directory} (first use, about a minute)...",
+              file=sys.stderr, flush=True)
+    # verbose shows ninja's [i/n] progress while it compiles; nothing when the cache is warm.
+    cpp_extension.load(
+        name="radixlm_kernels",
+        sources=sources(),
+        extra_cflags=CFLAGS,
+        extra_ldflags=LDFLAGS,
+        build_directory=directory,
+        is_python_module=False,
+        verbose=not os.path.isfile(lib),
+    )
+
+
+def load() -> bool:
+    """Build (once) and load the kernels; True when torch.ops.radixlm is usable."""
+    with _lock:
+        if "ok" in _state:
+            return _state["ok"]
+        reason = ""
+        if os.environ.get(DISABLE_ENV, "") not in ("", "0"):
+            reason = f"{DISABLE_ENV} is set"
+        else:
+            ok, reason = cpu_supported()
+            if ok:
+                try:
+                    _build_and_load()
+                except Exception as e:  # no compiler, no ninja, a compile error, a load error
+                    reason = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+        _state["ok"], _state["reason"] = not reason, reason
+        if reason and os.environ.get(DISABLE_ENV, "") in ("", "0"):
+            logger.warning("radixlm native CPU kernels unavailable (%s); using the torch path", reason)
+        return _state["ok"]
+
+
+def unavailable_reason() -> str:
+    return _state.get("reason", "not loaded yet")

@@ -1,0 +1,70 @@
+// Shared AVX2 helpers and the quantized formats' ids (radixlm/kernels/formats.py mirrors them).
+#pragma once
+#include <immintrin.h>
+#include <torch/library.h>
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <cstdint>
+#include <cstring>
+
+namespace radixlm {
+
+// Weight formats: a quantized matrix is a uint8 tensor [rows, row_bytes] of GGUF blocks.
+enum Fmt : int64_t {
+  FMT_Q8_0 = 0,  // 32 values: fp16 d, int8 q[32]               x = d*q
+  FMT_Q4_0 = 1,  // 32 values: fp16 d, nibbles[16]               x = d*(q-8)
+  FMT_Q4_1 = 2,  // 32 values: fp16 d, fp16 m, nibbles[16]       x = d*q + m
+  FMT_Q4_K = 3,  // 256 values: fp16 d, dmin, scales[12], nibbles[128]
+  FMT_Q6_K = 4,  // 256 values: ql[128], qh[64], int8 scales[16], fp16 d
+  FMT_I8 = 5,    // a row: fp32 scale, int8 q[cols]              x = s*q (per output channel)
+};
+
+inline int64_t fmt_block(int64_t f) { return (f == FMT_Q4_K || f == FMT_Q6_K) ? 256 : 32; }
+inline int64_t fmt_block_bytes(int64_t f) {
+  switch (f) {
+    case FMT_Q8_0: return 34;
+    case FMT_Q4_0: return 18;
+    case FMT_Q4_1: return 20;
+    case FMT_Q4_K: return 144;
+    case FMT_Q6_K: return 210;
+    case FMT_I8: return 32;  // 32 int8 per 32 values; the row's 4-byte scale comes first
+  }
+  TORCH_CHECK(false, "unknown quantized format id ", f);
+}
+inline int64_t fmt_row_bytes(int64_t f, int64_t cols) {
+  return cols / fmt_block(f) * fmt_block_bytes(f) + (f == FMT_I8 ? 4 : 0);
+}
+
+static inline float fp16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+static inline float hsum(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+static inline float hmax(__m256 v) {
+  __m128 lo = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_max_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_max_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+// sum over 32 bytes of u[i] * s[i] (u unsigned < 128 or so, s signed) as 8 int32 lanes.
+static inline __m256i dot_us(__m256i u, __m256i s) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+// sum over 32 bytes of a[i] * b[i], both signed int8 (|a| <= 127 or b's sign trick is exact).
+static inline __m256i dot_ss(__m256i a, __m256i b) {
+  return dot_us(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+}
+
+static inline __m256 load8_as_float(const float* p) { return _mm256_loadu_ps(p); }
+
+}  // namespace radixlm

@@ -1,0 +1,80 @@
+"""Quantized weight formats the kernels read: GGUF block formats and per-channel int8.
+
+A quantized matrix is a uint8 tensor [rows, row_bytes] holding each row's blocks exactly as a GGUF
+file stores them (so a GGUF tensor is used as is, and `gguf.quants` is the reference), or, for
+int8, a float32 scale followed by the row's int8 values. The ids match csrc/common.h.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    name: str  # as --quantization and GGUF name it (lower case)
+    kernel_id: int
+    block: int  # values per block
+    block_bytes: int
+    row_extra: int = 0  # bytes before a row's blocks (int8's scale)
+
+    def row_bytes(self, cols: int) -> int:
+        return cols // self.block * self.block_bytes + self.row_extra
+
+    def supports(self, cols: int) -> bool:
+        return cols % self.block == 0
+
+    @property
+    def ggml_type(self):
+        import gguf
+
+        return getattr(gguf.GGMLQuantizationType, self.name.upper(), None)
+
+
+FORMATS = {
+    f.name: f
+    for f in (
+        QuantFormat("q8_0", 0, 32, 34),
+        QuantFormat("q4_0", 1, 32, 18),
+        QuantFormat("q4_1", 2, 32, 20),
+        QuantFormat("q4_k", 3, 256, 144),
+        QuantFormat("q6_k", 4, 256, 210),
+        QuantFormat("int8", 5, 32, 32, row_extra=4),
+    )
+}
+# What --quantization can make from float weights at load.
+QUANTIZE_AT_LOAD = ("int8", "q4_0", "q8_0")
+
+
+def format_of_ggml(ggml_type) -> QuantFormat | None:
+    """The kernel format of a GGUF tensor type, None for types the kernels do not read."""
+    return FORMATS.get(ggml_type.name.lower())
+
+
+def quantize(w: torch.Tensor, name: str) -> torch.Tensor:
+    """float [rows, cols] -> the format's uint8 [rows, row_bytes] (GGUF's own quantizers for the
+    block formats; symmetric per-row absmax for int8)."""
+    fmt = FORMATS[name]
+    if not fmt.supports(w.shape[1]):
+        raise ValueError(f"{name} needs columns in multiples of {fmt.block}, got {w.shape[1]}")
+    w = w.detach().float().cpu()
+    if name == "int8":
+        scale = w.abs().amax(dim=1, keepdim=True) / 127.0
+        q = torch.where(scale > 0, torch.round(w / scale.clamp_min(1e-30)), 0.0).to(torch.int8)
+        return torch.cat([scale.view(torch.uint8).reshape(-1, 4), q.view(torch.uint8)], dim=1).contiguous()
+    from gguf.quants import quantize as gguf_quantize
+
+    return torch.from_numpy(np.ascontiguousarray(gguf_quantize(w.numpy(), fmt.ggml_type)))
+
+
+def dequantize_reference(q: torch.Tensor, name: str, cols: int) -> torch.Tensor:
+    """The reference the kernels are tested against: gguf's numpy dequantizers (int8: scale * q)."""
+    if name == "int8":
+        scale = q[:, :4].contiguous().view(torch.float32)
+        return q[:, 4:].contiguous().view(torch.int8).float() * scale
+    from gguf.quants import dequantize as gguf_dequantize
+
+    return torch.from_numpy(np.array(gguf_dequantize(q.numpy(), FORMATS[name].ggml_type), dtype=np.float32)).reshape(-1, cols)

@@ -1,0 +1,63 @@
+"""Python entry points of the native ops (torch.ops.radixlm), with fake (meta) implementations
+so torch.compile can trace through them."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from radixlm.kernels import build
+
+
+@functools.cache
+def ops():
+    """torch.ops.radixlm with the kernels loaded; RuntimeError if they cannot be."""
+    if not build.load():
+        raise RuntimeError(f"radixlm native kernels unavailable: {build.unavailable_reason()}")
+    lib = torch.ops.radixlm
+    _register_fakes()
+    return lib
+
+
+_cpu_ops = None
+
+
+def cpu_float_ops(x: torch.Tensor):
+    """torch.ops.radixlm when x is a CPU float32 tensor and the kernels loaded, else None: the
+    element-wise layers take the fused op then and their torch code otherwise."""
+    global _cpu_ops
+    if x.dtype != torch.float32 or x.device.type != "cpu":
+        return None
+    if _cpu_ops is None:
+        _cpu_ops = ops() if build.load() else False
+    return _cpu_ops or None
+
+
+def _register_fakes() -> None:
+    def qlinear_fake(x, w, fmt, bias=None):
+        return x.new_empty(x.shape[0], w.shape[0])
+
+    def dequantize_fake(w, fmt, cols):
+        return torch.empty(w.shape[0], cols, dtype=torch.float32, device=w.device)
+
+    def dequantize_rows_fake(w, fmt, cols, ids):
+        return torch.empty(ids.numel(), cols, dtype=torch.float32, device=w.device)
+
+    def rmsnorm_fake(x, weight, eps):
+        return torch.empty_like(x)
+
+    def silu_and_mul_fake(x):
+        return x.new_empty(x.shape[0], x.shape[1] // 2)
+
+    def inplace_fake(*args):
+        return None
+
+    for name, fn in (("qlinear", qlinear_fake), ("dequantize", dequantize_fake),
+                     ("dequantize_rows", dequantize_rows_fake), ("rmsnorm", rmsnorm_fake),
+                     ("silu_and_mul", silu_and_mul_fake), ("add_rmsnorm_", inplace_fake),
+                     ("rotary_embedding_", inplace_fake), ("qlinear_out", inplace_fake)):
+        try:
+            torch.library.register_fake(f"radixlm::{name}")(fn)
+        except RuntimeError:  # registered already (a second import path)
+            pass

@@ -1,0 +1,133 @@
+"""Quantized linear kernels against gguf's own dequantizers + float32 matmul, every format.
+
+Two references: (1) the exact one: the kernel's own int8 activations, dequantized, times the
+dequantized weight; the kernel must match it to float32 rounding, |err| <= 1e-5 * sum|x_i w_i| (a
+wrong nibble, scale or block offset shows up as O(1)). (2) plain fp32 x @ W.T: then the error is
+the 8-bit activation quantization's, at most half a step per value: |err| <= sum (d_i / 2) |w_i|,
+d_i = the block's max|x| / 127 (relative to max|ref| that is ~0.5% for random data).
+"""
+
+import pytest
+import torch
+
+from radixlm.kernels.formats import FORMATS, dequantize_reference, quantize
+from radixlm.model.layers.quantized import DEQUANT_GEMM_MIN_ROWS, QuantizedMatrix, QuantizedTensor
+
+EXACT_RTOL = 1e-5  # vs the exact reference, relative to sum |x_i w_i|
+
+
+def random_quantized(name: str, rows: int, cols: int, g: torch.Generator) -> torch.Tensor:
+    fmt = FORMATS[name]
+    if name in ("q4_k", "q6_k"):  # no gguf quantizer: random blocks with sane fp16 scales
+        raw = torch.randint(0, 256, (rows, fmt.row_bytes(cols)), dtype=torch.uint8, generator=g)
+        blocks = raw.view(rows, -1, fmt.block_bytes)
+        scales = (torch.rand(rows, blocks.shape[1], 2, generator=g) * 0.02 + 1e-3).half().view(torch.uint8)
+        if name == "q4_k":
+            blocks[:, :, 0:4] = scales.reshape(rows, -1, 4)  # d, dmin
+        else:
+            blocks[:, :, 208:210] = scales[:, :, :2]  # d
+        return raw
+    return quantize(torch.randn(rows, cols, generator=g), name)
+
+
+def exact_reference(kernel_ops, x, w_ref):
+    q, d, _ = kernel_ops.quantize_act(x)
+    xa = (q.float().view(x.shape[0], -1, 32) * d[:, :, None]).view_as(x)
+    return xa @ w_ref.T
+
+
+def dot_err(y, ref, x, w):
+    """max |y - ref| relative to sum_i |x_i w_i|, the scale of a dot product's rounding error."""
+    return ((y - ref).abs() / (x.abs() @ w.abs().T).clamp_min(1e-30)).max().item()
+
+
+def act_q8_bound(kernel_ops, x, w):
+    _, d, _ = kernel_ops.quantize_act(x)
+    half_step = (d / 2).repeat_interleave(32, dim=1)
+    return half_step @ w.abs().T
+
+
+SHAPES = [(1, 37, 1), (2, 64, 2), (3, 1, 3), (4, 130, 1), (5, 17, 2), (7, 96, 3), (13, 33, 1), (31, 40, 2), (64, 9, 1)]
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_qlinear_matches_dequantized_reference(kernel_ops, name):
+    g = torch.Generator().manual_seed(list(FORMATS).index(name))
+    fmt = FORMATS[name]
+    for m, n, blocks in SHAPES:
+        k = blocks * fmt.block
+        w = random_quantized(name, n, k, g)
+        w_ref = dequantize_reference(w, name, k)
+        assert torch.equal(kernel_ops.dequantize(w, fmt.kernel_id, k), w_ref), f"{name}: dequantize"
+        ids = torch.randint(0, n, (5,), generator=g)
+        assert torch.equal(kernel_ops.dequantize_rows(w, fmt.kernel_id, k, ids), w_ref[ids])
+        x = torch.randn(m, k, generator=g)
+        bias = torch.randn(n, generator=g)
+        y = kernel_ops.qlinear(x, w, fmt.kernel_id, bias)
+        assert y.shape == (m, n)
+        e_exact = dot_err(y - bias, exact_reference(kernel_ops, x, w_ref), x, w_ref)
+        assert e_exact < EXACT_RTOL, f"{name} {m}x{k}x{n}: {e_exact:.2e} vs the exact reference"
+        err_fp32 = (y - (x @ w_ref.T + bias)).abs()
+        bound = act_q8_bound(kernel_ops, x, w_ref) * (1 + 1e-4) + EXACT_RTOL * (x.abs() @ w_ref.abs().T)
+        assert (err_fp32 <= bound).all(), f"{name} {m}x{k}x{n}: beyond the 8-bit activation bound"
+
+
+def test_quantize_act_rounds_to_nearest(kernel_ops):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(6, 96, generator=g) * torch.tensor([1e-3, 1, 10, 100, 0.5, 3])[:, None]
+    x[2, :32] = 0  # an all-zero block: scale 0, values 0
+    q, d, s = kernel_ops.quantize_act(x)
+    blocks = x.view(6, 3, 32)
+    assert torch.allclose(d, blocks.abs().amax(-1) / 127, rtol=1e-6, atol=0)
+    recon = q.float().view(6, 3, 32) * d[:, :, None]
+    assert ((recon - blocks).abs() <= d[:, :, None] * 0.5 * (1 + 1e-5)).all()
+    assert torch.allclose(s, d * q.float().view(6, 3, 32).sum(-1), rtol=1e-6)
+    assert q.view(6, 3, 32)[2, 0].abs().sum() == 0 and d[2, 0] == 0
+
+
+def test_qlinear_out_writes_a_column_slice(kernel_ops):
+    g = torch.Generator().manual_seed(2)
+    w = quantize(torch.randn(24, 64, generator=g), "q8_0")
+    x = torch.randn(3, 64, generator=g)
+    out = torch.full((3, 40), 7.0)
+    kernel_ops.qlinear_out(x, w, FORMATS["q8_0"].kernel_id, None, out[:, 10:34])
+    assert torch.equal(out[:, :10], torch.full((3, 10), 7.0)) and torch.equal(out[:, 34:], torch.full((3, 6), 7.0))
+    w_ref = dequantize_reference(w, "q8_0", 64)
+    assert dot_err(out[:, 10:34], exact_reference(kernel_ops, x, w_ref), x, w_ref) < EXACT_RTOL
+
+
+@pytest.mark.parametrize("rows", [1, 3, DEQUANT_GEMM_MIN_ROWS - 1, DEQUANT_GEMM_MIN_ROWS, 70])
+def test_mixed_format_matrix(kernel_ops, rows):
+    """A fused layer whose shards come in different formats (Q4_K_M: q/k Q4_K, v Q6_K) or float."""
+    g = torch.Generator().manual_seed(3)
+    k = 512
+    parts = [QuantizedTensor(random_quantized("q4_k", 20, k, g), FORMATS["q4_k"], k),
+             QuantizedTensor(random_quantized("q4_k", 12, k, g), FORMATS["q4_k"], k),
+             QuantizedTensor(random_quantized("q6_k", 9, k, g), FORMATS["q6_k"], k),
+             torch.randn(5, k, generator=g)]
+    mat = QuantizedMatrix(parts)
+    assert mat.formats == ["q4_k", "q6_k", "torch.float32"] and mat.rows == 46
+    w_ref = torch.cat([dequantize_reference(p.data, p.fmt.name, k) if isinstance(p, QuantizedTensor) else p
+                       for p in parts])
+    assert torch.equal(mat.dequantize(), w_ref)
+    x = torch.randn(rows, k, generator=g)
+    bias = torch.randn(46, generator=g)
+    y = mat.matmul(x, bias)
+    # Quantized shards see int8 activations below DEQUANT_GEMM_MIN_ROWS; the float shard never does.
+    xq = x if rows >= DEQUANT_GEMM_MIN_ROWS else exact_reference(kernel_ops, x, torch.eye(k))
+    ref = torch.cat([xq @ w_ref[:41].T, x @ w_ref[41:].T], dim=1) + bias
+    assert dot_err(y - bias, ref - bias, x, w_ref) < EXACT_RTOL
+    ids = torch.tensor([[0, 45], [21, 33]])
+    assert torch.equal(mat.embedding(ids), w_ref[ids])
+
+
+def test_bad_weights_are_refused_by_name(kernel_ops):
+    w = quantize(torch.randn(4, 64), "q4_0")
+    with pytest.raises(RuntimeError, match="row_bytes|bytes"):
+        kernel_ops.qlinear(torch.randn(1, 96), w, FORMATS["q4_0"].kernel_id, None)
+    with pytest.raises(RuntimeError, match="unknown quantized format"):
+        kernel_ops.qlinear(torch.randn(1, 64), w, 99, None)
+    with pytest.raises(RuntimeError, match="out of range"):
+        kernel_ops.dequantize_rows(w, FORMATS["q4_0"].kernel_id, 64, torch.tensor([4]))
+    with pytest.raises(ValueError, match="multiples of 32"):
+        quantize(torch.randn(4, 48), "q8_0")
