@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 POLICIES = ("lpm", "fcfs", "dfs-weight", "lof", "random")
-QUANTIZATIONS = ("none", "int8", "q4_0", "q8_0")
+QUANTIZATIONS = ("none", "gguf", "int8", "q4_0", "q8_0")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 
 
@@ -21,9 +21,10 @@ class ServerArgs:
     context_length: Optional[int] = None  # default: the model's own
     device: str = "cpu"
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
-    # Weights: None keeps a GGUF's own quantization on CPU (the native kernels; like llama.cpp) and
-    # loads a safetensors checkpoint in `dtype`; "none" dequantizes to `dtype` (the HF-equality
-    # reference); int8 (per output channel) / q4_0 / q8_0 quantize at load. CUDA: always the torch path.
+    # Weights: None/"none" dequantizes to `dtype` (the HF-equality reference); "gguf" keeps a GGUF's
+    # own quantization (the native CPU kernels, like llama.cpp); int8 (per output channel) / q4_0 /
+    # q8_0 quantize at load. CUDA: always the torch path. "gguf" becomes the GGUF default once the
+    # quantized path is batch-invariant (issue 13 note).
     quantization: Optional[str] = None
     # KV cache element type; auto = the model dtype. int8 keeps a float32 scale per token and head.
     kv_cache_dtype: str = "auto"
@@ -112,8 +113,8 @@ class ServerArgs:
             "chunked_prefill_size": "max new tokens of one request per extend step (-1: off)",
             "schedule_policy": f"one of {', '.join(POLICIES)}",
             "disable_radix_cache": "no prefix sharing (a baseline)",
-            "quantization": "weights: none (dequantize to --dtype), int8, q4_0, q8_0; default: a GGUF's own "
-            "quantization on CPU, --dtype otherwise",
+            "quantization": "weights: none (dequantize to --dtype, the default), gguf (the file's own quantization), "
+            "int8, q4_0, q8_0 (quantize at load); quantized weights run the native CPU kernels",
             "kv_cache_dtype": "KV cache element type (auto: the model dtype; int8 with per-token scales)",
             "decode_kv_mirror_gb": "memory for a dense copy of the decoding requests' KV (0: off; default 1 on CPU, "
             "0 on CUDA)",

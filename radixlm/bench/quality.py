@@ -83,7 +83,8 @@ def compare(candidate: ServerArgs, num_prompts: int = 50, max_new_tokens: int = 
                                        tokenize=False, add_generation_prompt=True) for t in TOPICS[:num_prompts]]
     reference = dataclasses.replace(candidate, quantization="none", kv_cache_dtype="float32",
                                     chunked_prefill_size=candidate.chunked_prefill_size)
-    candidate = dataclasses.replace(candidate, chunked_prefill_size=16)
+    candidate = dataclasses.replace(candidate, chunked_prefill_size=16,
+                                    quantization=candidate.quantization or "gguf")
     res = {}
     for name, args in (("reference", reference), ("candidate", candidate)):
         with _engine(args) as engine:

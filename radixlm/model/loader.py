@@ -156,9 +156,11 @@ def resolve_quantization(quantization: str | None, is_gguf: bool, device) -> str
     (or on CUDA, where the torch path stays) the weights are dequantized, with a warning if asked."""
     from radixlm import kernels
 
-    want = quantization or ("gguf" if is_gguf else "none")
+    want = quantization or "none"
     if want == "none":
         return want
+    if want == "gguf" and not is_gguf:
+        raise ValueError("quantization 'gguf' keeps a GGUF file's own formats; the model is not a GGUF")
     if torch.device(device).type != "cpu":
         if quantization:
             logger.warning("--quantization %s: quantized kernels are CPU-only; %s runs in float", quantization, device)
@@ -174,7 +176,7 @@ def resolve_quantization(quantization: str | None, is_gguf: bool, device) -> str
 def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
                quantization: str | None = None) -> LoadedModel:
     """Build our model for `path` (default: the SmolLM2 GGUF) and fill its weights.
-    quantization: see ServerArgs.quantization (None: a GGUF's own formats on CPU)."""
+    quantization: see ServerArgs.quantization (None: float weights)."""
     t0 = time.perf_counter()
     path = os.path.abspath(path or default_model_path())
     is_gguf = _model_kind(path) == "gguf"

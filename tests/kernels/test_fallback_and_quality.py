@@ -54,7 +54,7 @@ def test_default_model_quantized_quality(kernel_ops):
     """Q4_1 weights through the int8-activation kernels vs the same weights dequantized to fp32."""
     from radixlm.bench.quality import compare
 
-    r = compare(ServerArgs(num_threads=2, kv_memory_gb=0.05, enable_invariant_checks=True, log_level="warning"),
+    r = compare(ServerArgs(quantization="gguf", num_threads=2, kv_memory_gb=0.05, enable_invariant_checks=True, log_level="warning"),
                 num_prompts=4, max_new_tokens=16)
     print(r)
     assert abs(r["ppl_ratio"] - 1) < 0.01, r

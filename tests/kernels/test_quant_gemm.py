@@ -113,12 +113,25 @@ def test_mixed_format_matrix(kernel_ops, rows):
     x = torch.randn(rows, k, generator=g)
     bias = torch.randn(46, generator=g)
     y = mat.matmul(x, bias)
-    # Quantized shards see int8 activations below DEQUANT_GEMM_MIN_ROWS; the float shard never does.
-    xq = x if rows >= DEQUANT_GEMM_MIN_ROWS else exact_reference(kernel_ops, x, torch.eye(k))
+    # Quantized shards see int8-grid activations at every batch size; the float shard never does.
+    xq = exact_reference(kernel_ops, x, torch.eye(k))
     ref = torch.cat([xq @ w_ref[:41].T, x @ w_ref[41:].T], dim=1) + bias
     assert dot_err(y - bias, ref - bias, x, w_ref) < EXACT_RTOL
     ids = torch.tensor([[0, 45], [21, 33]])
     assert torch.equal(mat.embedding(ids), w_ref[ids])
+
+
+def test_rows_do_not_depend_on_the_batch(kernel_ops):
+    """A row's output is the same alone, in a small batch (int8 kernel) and in a large one (dequant +
+    GEMM): prompt logprobs and greedy outputs must not depend on what else is batched."""
+    g = torch.Generator().manual_seed(4)
+    w = random_quantized("q4_1", 50, 256, g)
+    mat = QuantizedMatrix([QuantizedTensor(w, FORMATS["q4_1"], 256)])
+    x = torch.randn(DEQUANT_GEMM_MIN_ROWS + 8, 256, generator=g)
+    alone, small, large = mat.matmul(x[:1]), mat.matmul(x[:3]), mat.matmul(x)
+    w_ref = dequantize_reference(w, "q4_1", 256)
+    assert dot_err(small[:1], alone, x[:1], w_ref) < EXACT_RTOL
+    assert dot_err(large[:1], alone, x[:1], w_ref) < EXACT_RTOL
 
 
 def test_bad_weights_are_refused_by_name(kernel_ops):

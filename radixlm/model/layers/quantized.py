@@ -18,8 +18,16 @@ from radixlm.kernels.formats import FORMATS, QuantFormat
 from radixlm.kernels.ops import ops
 
 # From this many rows on, dequantizing the weight and running torch's fp32 GEMM beats the int8
-# kernel (which re-reads the weight per 4-row tile); measured in docs/benchmarks.md.
+# kernel (which re-reads the weight per 4-row tile); measured in docs/benchmarks.md. That path
+# rounds the activations to the kernel's int8 grid first, so a row's result does not depend on how
+# many rows share its batch (prompt logprobs, select scores and greedy outputs stay batch-invariant).
 DEQUANT_GEMM_MIN_ROWS = 32
+
+
+def act_int8_grid(x: torch.Tensor) -> torch.Tensor:
+    """x rounded exactly as the kernels quantize activations (int8 per 32 values), as float32."""
+    q, d, _ = ops().quantize_act(x)
+    return (q.float().view(x.shape[0], -1, 32) * d[:, :, None]).view(x.shape)
 
 
 @dataclass
@@ -87,7 +95,14 @@ class QuantizedMatrix:
         if x2.dtype != torch.float32:
             x2 = x2.float()
         if x2.shape[0] >= DEQUANT_GEMM_MIN_ROWS:
-            out = F.linear(x2, self.dequantize(), bias)
+            if self._single is not None:
+                out = F.linear(act_int8_grid(x2), self.dequantize(), bias)
+            else:  # float segments see float activations, as in the kernel path
+                out = torch.cat([F.linear(act_int8_grid(x2) if isinstance(s.weight, QuantizedTensor) else x2,
+                                          s.weight.dequantize() if isinstance(s.weight, QuantizedTensor) else
+                                          s.weight.float()) for s in self.segments], dim=1)
+                if bias is not None:
+                    out += bias
         elif self._single is not None:
             out = ops().qlinear(x2, self._single[0], self._single[1], bias)
         else:
