@@ -10,6 +10,7 @@ from typing import Optional
 POLICIES = ("lpm", "fcfs", "dfs-weight", "lof", "random")
 QUANTIZATIONS = ("none", "gguf", "int8", "q4_0", "q8_0")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
+ATTENTION_BACKENDS = ("native", "torch")
 
 
 @dataclass
@@ -21,13 +22,15 @@ class ServerArgs:
     context_length: Optional[int] = None  # default: the model's own
     device: str = "cpu"
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
-    # Weights: None/"none" dequantizes to `dtype` (the HF-equality reference); "gguf" keeps a GGUF's
-    # own quantization (the native CPU kernels, like llama.cpp); int8 (per output channel) / q4_0 /
-    # q8_0 quantize at load. CUDA: always the torch path. "gguf" becomes the GGUF default once the
-    # quantized path is batch-invariant (issue 13 note).
+    # Weights: None = "gguf" for a GGUF file (its own block formats through the native CPU kernels,
+    # like llama.cpp), else "none"; "none" dequantizes to `dtype` (the HF-equality reference);
+    # int8 (per output channel) / q4_0 / q8_0 quantize at load. CUDA: always the torch path.
     quantization: Optional[str] = None
     # KV cache element type; auto = the model dtype. int8 keeps a float32 scale per token and head.
     kv_cache_dtype: str = "auto"
+    # native: the project's paged CPU kernel (any KV dtype, batch-invariant); torch: SDPA over
+    # gathered K/V (any device). None: native on CPU when the kernels load, else torch.
+    attention_backend: Optional[str] = None
 
     # Memory
     max_total_tokens: Optional[int] = None  # KV pool size in tokens; default from kv_memory_gb
@@ -91,6 +94,8 @@ class ServerArgs:
             raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
+        if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
+            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
 
@@ -113,9 +118,11 @@ class ServerArgs:
             "chunked_prefill_size": "max new tokens of one request per extend step (-1: off)",
             "schedule_policy": f"one of {', '.join(POLICIES)}",
             "disable_radix_cache": "no prefix sharing (a baseline)",
-            "quantization": "weights: none (dequantize to --dtype, the default), gguf (the file's own quantization), "
+            "quantization": "weights: gguf (a GGUF's own quantization, its default), none (dequantize to --dtype, "
+            "the default for other checkpoints), "
             "int8, q4_0, q8_0 (quantize at load); quantized weights run the native CPU kernels",
             "kv_cache_dtype": "KV cache element type (auto: the model dtype; int8 with per-token scales)",
+            "attention_backend": "native (the paged CPU kernel; default on CPU when the kernels build) or torch (SDPA)",
             "decode_kv_mirror_gb": "memory for a dense copy of the decoding requests' KV (0: off; default 1 on CPU, "
             "0 on CUDA)",
         }
@@ -134,6 +141,8 @@ class ServerArgs:
                 kw["choices"] = QUANTIZATIONS
             elif f.name == "kv_cache_dtype":
                 kw["choices"] = KV_CACHE_DTYPES
+            elif f.name == "attention_backend":
+                kw["choices"] = ATTENTION_BACKENDS
             parser.add_argument(flag, **kw)
 
     @staticmethod

@@ -43,7 +43,11 @@ class ReqToTokenPool:
 
 
 class TokenToKVPool:
-    """Per-layer K and V buffers of shape [size + 1, kv_heads, head_dim] plus a free list."""
+    """Per-layer K and V buffers of shape [size + 1, kv_heads, head_dim] plus a free list.
+
+    dtype is the element type stored: the model's, a 16-bit float, or int8 with a float32 scale per
+    token and head (k_scale_buffer / v_scale_buffer [size + 1, kv_heads]). Writes convert; on CPU
+    the native kv_store op does it in one pass (int8 needs it)."""
 
     def __init__(
         self,
@@ -63,12 +67,19 @@ class TokenToKVPool:
         shape = (size + 1, num_kv_heads, head_dim)
         self.k_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v_buffer = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.k_scale_buffer: list[torch.Tensor] | None = None
+        self.v_scale_buffer: list[torch.Tensor] | None = None
+        if dtype == torch.int8:
+            self.k_scale_buffer = [torch.zeros(shape[:2], device=device) for _ in range(num_layers)]
+            self.v_scale_buffer = [torch.zeros(shape[:2], device=device) for _ in range(num_layers)]
+        self._native = None  # the native kv_store op, looked up at the first write
         self.clear()
 
     @staticmethod
     def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
         elem = torch.tensor([], dtype=dtype).element_size()
-        return 2 * num_layers * num_kv_heads * head_dim * elem
+        scales = 4 if dtype == torch.int8 else 0  # one float32 per token and head
+        return 2 * num_layers * num_kv_heads * (head_dim * elem + scales)
 
     @property
     def total_bytes(self) -> int:
@@ -98,8 +109,25 @@ class TokenToKVPool:
 
     # --- data ----------------------------------------------------------------
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        self.k_buffer[layer_id][loc] = k
-        self.v_buffer[layer_id][loc] = v
+        """k, v: [tokens, kv_heads, head_dim] in the model dtype, stored at slots loc."""
+        if self._native is None:
+            from radixlm.kernels.ops import cpu_float_ops
+
+            self._native = (cpu_float_ops(k) if self.head_dim % 8 == 0 else None) or False
+            if self.dtype == torch.int8 and not self._native:
+                raise RuntimeError("an int8 KV cache needs the native CPU kernels (float32 on CPU)")
+        if self._native:
+            scales = self.get_kv_scales(layer_id)
+            self._native.kv_store_(k, v, loc, self.k_buffer[layer_id], self.v_buffer[layer_id], *scales)
+        else:
+            self.k_buffer[layer_id][loc] = k.to(self.dtype)
+            self.v_buffer[layer_id][loc] = v.to(self.dtype)
 
     def get_kv_buffer(self, layer_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         return self.k_buffer[layer_id], self.v_buffer[layer_id]
+
+    def get_kv_scales(self, layer_id: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """int8 pools: the per-token, per-head scales of K and V; else (None, None)."""
+        if self.k_scale_buffer is None:
+            return None, None
+        return self.k_scale_buffer[layer_id], self.v_scale_buffer[layer_id]

@@ -21,7 +21,10 @@ import torch
 logger = logging.getLogger(__name__)
 
 CSRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "csrc")
-CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-fopenmp", "-DNDEBUG"]
+# -ffp-contract=off: scalar a * b + c stays two roundings everywhere; GCC would fuse it into an FMA
+# in some inlined copies of a kernel and not in others, and a row's result would depend on which
+# tile shape computed it (the kernels promise batch invariance).
+CFLAGS = ["-O3", "-mavx2", "-mfma", "-mf16c", "-ffp-contract=off", "-fopenmp", "-DNDEBUG"]
 LDFLAGS = ["-fopenmp"]
 DISABLE_ENV = "RADIXLM_DISABLE_KERNELS"  # =1: never build or load (the torch path everywhere)
 

@@ -152,11 +152,12 @@ def _default_dtype(dtype: torch.dtype):
 
 def resolve_quantization(quantization: str | None, is_gguf: bool, device) -> str:
     """What the weights will run in: "none" (float), "gguf" (the file's own block formats) or a
-    format to quantize to at load. Quantized weights need the native CPU kernels; without them
-    (or on CUDA, where the torch path stays) the weights are dequantized, with a warning if asked."""
+    format to quantize to at load. Unset: a GGUF runs in its own quantization (like llama.cpp),
+    anything else in float. Quantized weights need the native CPU kernels; without them (or on
+    CUDA, where the torch path stays) the weights are dequantized, with a warning if asked."""
     from radixlm import kernels
 
-    want = quantization or "none"
+    want = quantization or ("gguf" if is_gguf else "none")
     if want == "none":
         return want
     if want == "gguf" and not is_gguf:

@@ -47,6 +47,8 @@ class ModelRunner:
         self.num_layers = cfg.num_hidden_layers
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        self.kv_dtype = server_args.resolved_kv_cache_dtype()
+        self.attn_backend = self._make_attn_backend()
         self.max_total_num_tokens = self._kv_capacity()
         model_ctx = server_args.context_length or self.loaded.context_len
         # A lone request must always fit in the pool, so the context never exceeds it.
@@ -56,28 +58,41 @@ class ModelRunner:
             self.max_running_requests + 1, self.context_len + 4, device=self.device
         )
         self.token_to_kv_pool = TokenToKVPool(
-            self.max_total_num_tokens, self.num_layers, self.num_kv_heads, self.head_dim, self.dtype, self.device
+            self.max_total_num_tokens, self.num_layers, self.num_kv_heads, self.head_dim, self.kv_dtype, self.device
         )
         self.sampler = Sampler()
-        from radixlm.model.layers.attention import TorchSDPABackend
-
-        self.attn_backend = TorchSDPABackend(shared_prefix=not server_args.disable_shared_prefix_attention,
-                                             mirror_bytes=server_args.decode_kv_mirror_bytes)
         logger.info(
-            "KV cache: %d tokens, %.1f MiB (%s, %d layers x %d kv heads x %d dims); context %d",
+            "KV cache: %d tokens, %.1f MiB (%s, %d layers x %d kv heads x %d dims); context %d; attention: %s",
             self.max_total_num_tokens,
             self.token_to_kv_pool.total_bytes / 2**20,
-            str(self.dtype).replace("torch.", ""),
+            str(self.kv_dtype).replace("torch.", ""),
             self.num_layers,
             self.num_kv_heads,
             self.head_dim,
             self.context_len,
+            type(self.attn_backend).__name__,
         )
+
+    def _make_attn_backend(self):
+        from radixlm.model.layers.attention import TorchSDPABackend
+        from radixlm.model.layers.native_attention import NativeCPUBackend, native_attention_supported
+
+        args = self.server_args
+        ok, why = native_attention_supported(self.head_dim, self.dtype, self.device)
+        if args.attention_backend == "native" and not ok:
+            raise ValueError(f"attention_backend native: {why}")
+        if ok and args.attention_backend != "torch":
+            return NativeCPUBackend()
+        if self.kv_dtype != self.dtype:
+            raise ValueError(f"kv_cache_dtype {args.kv_cache_dtype} differs from the model dtype and needs the native "
+                             f"attention backend ({why or 'attention_backend is torch'})")
+        return TorchSDPABackend(shared_prefix=not args.disable_shared_prefix_attention,
+                                mirror_bytes=args.decode_kv_mirror_bytes)
 
     def _kv_capacity(self) -> int:
         if self.server_args.max_total_tokens:
             return self.server_args.max_total_tokens
-        per_token = TokenToKVPool.bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype)
+        per_token = TokenToKVPool.bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.kv_dtype)
         return max(256, int(self.server_args.kv_memory_gb * 2**30 // per_token))
 
     def init_forward_metadata(self, fb: ForwardBatch) -> None:

@@ -192,8 +192,9 @@ def test_one_batch_matches_engine_greedy(tiny_model_dir, tmp_path):
 
 
 def test_one_batch_shared_prefix_matches_engine_greedy(tiny_model_dir, monkeypatch):
-    """--shared-prefix-len: requests start from their group's cached prefix (so decode takes the
-    shared-prefix attention path) and still give the Engine's greedy tokens for the whole prompts."""
+    """--shared-prefix-len: requests start from their group's cached prefix (so decode takes the torch
+    backend's shared-prefix attention path) and still give the Engine's greedy tokens for the whole
+    prompts."""
     from radixlm.config import ServerArgs
     from radixlm.engine.engine import Engine
     from radixlm.model.layers import attention
@@ -206,14 +207,14 @@ def test_one_batch_shared_prefix_matches_engine_greedy(tiny_model_dir, monkeypat
     one_batch.add_args(p)
     args = p.parse_args(["--batch-size", "5", "--input-len", "7", "--output-len", "5", "--shared-prefix-len", "40",
                          "--num-groups", "2"])
-    server_args = ServerArgs(model_path=tiny_model_dir, num_threads=1, log_level="warning")
+    server_args = ServerArgs(model_path=tiny_model_dir, num_threads=1, log_level="warning", attention_backend="torch")
     (res,) = one_batch.run(args, server_args)
     assert res["num_groups"] == 2 and res["shared_prefix_len"] == 40 and res["decode_steps"] == 4
     assert calls  # the decode steps attended to the shared prefixes once per group
     vocab = res["vocab_size"]
     prefixes = [q.input_ids for q in one_batch.random_prompts(2, 40, 1, vocab, seed=1)]
     prompts = [prefixes[i % 2] + q.input_ids for i, q in enumerate(one_batch.random_prompts(5, 7, 5, vocab, seed=0))]
-    with Engine(tiny_model_dir, **engine_args()) as engine:
+    with Engine(tiny_model_dir, **engine_args(attention_backend="torch")) as engine:
         sp = {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
         outs = engine.generate(input_ids=prompts, sampling_params=sp)
     assert [o["output_ids"] for o in outs] == res["output_ids"]

@@ -59,3 +59,47 @@ def test_default_model_quantized_quality(kernel_ops):
     print(r)
     assert abs(r["ppl_ratio"] - 1) < 0.01, r
     assert r["mean_agreeing_prefix"] > 0.2, r  # greedy starts the same; a broken kernel diverges at once
+
+
+def test_default_model_int8_kv_quality(kernel_ops):
+    """Q4_1 weights and an int8 KV cache (per-token scales) vs fp32 weights and KV: within 2%."""
+    from radixlm.bench.quality import compare
+
+    r = compare(ServerArgs(kv_cache_dtype="int8", num_threads=2, kv_memory_gb=0.05, enable_invariant_checks=True,
+                           log_level="warning"), num_prompts=2, max_new_tokens=8)
+    print(r)
+    assert abs(r["ppl_ratio"] - 1) < 0.02, r
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
+def test_default_model_is_batch_invariant(kernel_ops, kv_dtype):
+    """The default model in its own quantization (the default) gives bitwise the same logits for a
+    position however the work is cut: one extend, chunks, a decode step, beside other requests, after
+    a prefix another request computed (a radix-cache hit). With int8-rounded activations any
+    last-bit difference would grow into a different token."""
+    import torch
+
+    from radixlm.model.layers.native_attention import NativeCPUBackend
+    from radixlm.model.loader import load_model
+    from tests.model.helpers import PoolHarness
+
+    torch.set_num_threads(2)
+    lm = load_model(None)
+    assert lm.quantization == "gguf"
+    h = PoolHarness(lm.model, lm.hf_config, attn_backend=NativeCPUBackend(), kv_dtype=getattr(torch, kv_dtype))
+    g = torch.Generator().manual_seed(5)
+    ids = torch.randint(100, 40000, (70,), generator=g).tolist()
+    other = torch.randint(100, 40000, (37,), generator=g).tolist()
+    a = h.new_request()
+    full = h.extend([a], [ids[:60]])[0]
+    b = h.new_request()
+    chunks = torch.cat([h.extend([b], [ids[:25]])[0], h.extend([b], [ids[25:26]])[0], h.extend([b], [ids[26:60]])[0]])
+    assert torch.equal(chunks, full)
+    c, d = h.new_request(), h.new_request()
+    h.extend([c], [ids[:59]])
+    h.extend([d], [other[:30]])
+    dec = h.decode([d, c], [other[30], ids[59]])  # a decode step beside another request
+    assert torch.equal(dec[1], full[59])
+    e = h.new_request(share_prefix_of=a, prefix_len=40)  # the first 40 tokens' KV from request a
+    x, hit = h.extend([h.new_request(), e], [other, ids[40:60]])
+    assert torch.equal(hit, full[40:60])

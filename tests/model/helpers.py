@@ -23,14 +23,17 @@ SMALL = dict(
 
 
 class PoolHarness:
-    def __init__(self, model, config, max_reqs: int = 16, max_context: int = 512, kv_size: int = 4096, seed: int = 0):
+    def __init__(self, model, config, max_reqs: int = 16, max_context: int = 512, kv_size: int = 4096, seed: int = 0,
+                 attn_backend=None, kv_dtype: torch.dtype = torch.float32):
         self.model = model
+        self.attn_backend = attn_backend  # None: the torch SDPA backend
         self.req_pool = ReqToTokenPool(max_reqs, max_context)
         self.kv_pool = TokenToKVPool(
             kv_size,
             config.num_hidden_layers,
             getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
             get_head_dim(config),
+            kv_dtype,
         )
         # Hand out KV slots in a scrambled order so no test passes by accident of
         # contiguous, position-ordered slots.
@@ -75,6 +78,7 @@ class PoolHarness:
             seq_lens_cpu=seq,
             extend_prefix_lens_cpu=prefix if mode.is_extend() else None,
             extend_seq_lens_cpu=extend if mode.is_extend() else None,
+            attn_backend=self.attn_backend,
         )
         with torch.no_grad():
             return self.model.compute_logits(self.model(fb.input_ids, fb.positions, fb))

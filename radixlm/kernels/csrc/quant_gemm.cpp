@@ -48,74 +48,141 @@ void quantize_row(const float* x, int8_t* q, float* d, float* s, int64_t K) {
   }
 }
 
-// One kernel per format: dot one weight row with R activation rows starting at m.
-struct KQ8_0 {
-  template <int R>
-  static void run(const uint8_t* w, const QAct& a, int64_t m, float* res) {
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < a.nb; ++b) {
-      const uint8_t* blk = w + b * 34;
-      const __m256i wq = _mm256_loadu_si256((const __m256i*)(blk + 2));
-      const __m256i wu = _mm256_sign_epi8(wq, wq);
-      const float dw = fp16(blk);
-      for (int r = 0; r < R; ++r) {
-        const __m256i av = _mm256_loadu_si256((const __m256i*)(a.qrow(m + r) + b * 32));
-        const __m256i p = dot_us(wu, _mm256_sign_epi8(av, wq));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * a.drow(m + r)[b]), acc[r]);
-      }
-    }
-    for (int r = 0; r < R; ++r) res[r] = hsum(acc[r]);
+// ---- 32-value block formats (Q8_0, Q4_0, Q4_1, per-channel int8): register-tiled ----
+// A tile is RM activation rows x RN weight rows; each weight block is unpacked once per tile and
+// each activation block loaded once per row. Every output element is computed by the same
+// sequence of operations whatever the tile shape (acc += cvt(int dot) * (dw * da) per block in
+// order, then hsum + the offset term), so a row's result never depends on its batch.
+struct FQ8_0 {
+  static constexpr int64_t bytes = 34, header = 0;
+  static constexpr bool is_signed = true, has_offset = false;
+  static inline __m256i unpack(const uint8_t* blk, float& dw, float& off) {
+    dw = fp16(blk), off = 0.0f;
+    return _mm256_loadu_si256((const __m256i*)(blk + 2));
+  }
+  static inline float row_scale(const uint8_t*) { return 1.0f; }
+};
+struct FI8 {  // a row: fp32 scale, then int8 values; the scale multiplies the finished dot
+  static constexpr int64_t bytes = 32, header = 4;
+  static constexpr bool is_signed = true, has_offset = false;
+  static inline __m256i unpack(const uint8_t* blk, float& dw, float& off) {
+    dw = 1.0f, off = 0.0f;
+    return _mm256_loadu_si256((const __m256i*)blk);
+  }
+  static inline float row_scale(const uint8_t* row) {
+    float s;
+    std::memcpy(&s, row, 4);
+    return s;
   }
 };
-
-struct KI8 {
-  template <int R>
-  static void run(const uint8_t* w, const QAct& a, int64_t m, float* res) {
-    float scale;
-    std::memcpy(&scale, w, 4);
-    w += 4;
-    __m256 acc[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < a.nb; ++b) {
-      const __m256i wq = _mm256_loadu_si256((const __m256i*)(w + b * 32));
-      const __m256i wu = _mm256_sign_epi8(wq, wq);
-      for (int r = 0; r < R; ++r) {
-        const __m256i av = _mm256_loadu_si256((const __m256i*)(a.qrow(m + r) + b * 32));
-        const __m256i p = dot_us(wu, _mm256_sign_epi8(av, wq));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(a.drow(m + r)[b]), acc[r]);
-      }
-    }
-    for (int r = 0; r < R; ++r) res[r] = hsum(acc[r]) * scale;
-  }
-};
-
 // Q4_0 and Q4_1: nibbles 0..15 dotted as unsigned bytes; the offset (-8 d, or + m) folds in
 // through the activation block's sum.
 template <bool HasMin>
-struct KQ4 {
-  template <int R>
-  static void run(const uint8_t* w, const QAct& a, int64_t m, float* res) {
-    constexpr int64_t bytes = HasMin ? 20 : 18;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-    __m256 acc[R];
-    float corr[R];
-    for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps(), corr[r] = 0.0f;
-    for (int64_t b = 0; b < a.nb; ++b) {
-      const uint8_t* blk = w + b * bytes;
-      const float dw = fp16(blk);
-      const float off = HasMin ? fp16(blk + 2) : -8.0f * dw;
-      const __m128i raw = _mm_loadu_si128((const __m128i*)(blk + (HasMin ? 4 : 2)));
-      const __m256i wq = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), m4);
-      for (int r = 0; r < R; ++r) {
-        const __m256i av = _mm256_loadu_si256((const __m256i*)(a.qrow(m + r) + b * 32));
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_us(wq, av)), _mm256_set1_ps(dw * a.drow(m + r)[b]), acc[r]);
-        corr[r] += off * a.srow(m + r)[b];
+struct FQ4 {
+  static constexpr int64_t bytes = HasMin ? 20 : 18, header = 0;
+  static constexpr bool is_signed = false, has_offset = true;
+  static inline __m256i unpack(const uint8_t* blk, float& dw, float& off) {
+    dw = fp16(blk);
+    off = HasMin ? fp16(blk + 2) : -8.0f * dw;
+    const __m128i raw = _mm_loadu_si128((const __m128i*)(blk + (HasMin ? 4 : 2)));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(raw, 4), raw), _mm256_set1_epi8(0x0F));
+  }
+  static inline float row_scale(const uint8_t*) { return 1.0f; }
+};
+
+// Per block: acc += (cvt(int dot) * dw) * da, the broadcasts hoisted out of the (m, n) loop; the
+// offset term (Q4: -8 dw or m, times the activation block's sum) is a dot over blocks done after.
+constexpr int64_t MAX_BLOCKS = 4096;  // in_features up to 131072
+
+template <class F, int RM, int RN>
+inline void tile32(const uint8_t* W, int64_t row_bytes, int64_t n0, const QAct& a, int64_t m0, float* out, int64_t ldo,
+                   const float* bias) {
+  __m256 acc[RM][RN];
+  for (int m = 0; m < RM; ++m)
+    for (int n = 0; n < RN; ++n) acc[m][n] = _mm256_setzero_ps();
+  alignas(32) float offs[F::has_offset ? RN : 1][F::has_offset ? MAX_BLOCKS : 1];
+  const uint8_t* rows[RN];
+  for (int n = 0; n < RN; ++n) rows[n] = W + (n0 + n) * row_bytes;
+  for (int64_t b = 0; b < a.nb; ++b) {
+    __m256i u[RN], sg[RN];
+    __m256 dwv[RN];
+    for (int n = 0; n < RN; ++n) {
+      float dw, off;
+      const __m256i w = F::unpack(rows[n] + F::header + b * F::bytes, dw, off);
+      dwv[n] = _mm256_set1_ps(dw);
+      if constexpr (F::has_offset) offs[n][b] = off;
+      if constexpr (F::is_signed) {
+        u[n] = _mm256_sign_epi8(w, w);
+        sg[n] = w;
+      } else {
+        u[n] = w;
       }
     }
-    for (int r = 0; r < R; ++r) res[r] = hsum(acc[r]) + corr[r];
+    for (int m = 0; m < RM; ++m) {
+      const __m256i av = _mm256_loadu_si256((const __m256i*)(a.qrow(m0 + m) + b * 32));
+      const __m256 dav = _mm256_broadcast_ss(a.drow(m0 + m) + b);
+      for (int n = 0; n < RN; ++n) {
+        __m256i p;
+        if constexpr (F::is_signed) {
+          p = dot_us(u[n], _mm256_sign_epi8(av, sg[n]));
+        } else {
+          p = dot_us(u[n], av);
+        }
+        acc[m][n] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(p), dwv[n]), dav, acc[m][n]);
+      }
+    }
   }
-};
+  for (int n = 0; n < RN; ++n) {
+    const float rs = F::row_scale(rows[n]), bn = bias ? bias[n0 + n] : 0.0f;
+    for (int m = 0; m < RM; ++m) {
+      float corr = 0.0f;
+      if constexpr (F::has_offset) {
+        const float* s = a.srow(m0 + m);
+        __m256 c = _mm256_setzero_ps();
+        int64_t b = 0;
+        for (; b + 8 <= a.nb; b += 8) c = _mm256_fmadd_ps(_mm256_load_ps(offs[n] + b), _mm256_loadu_ps(s + b), c);
+        corr = hsum(c);
+        for (; b < a.nb; ++b) corr += offs[n][b] * s[b];
+      }
+      out[(m0 + m) * ldo + n0 + n] = (hsum(acc[m][n]) + corr) * rs + bn;
+    }
+  }
+}
+
+// Rows of M in blocks that stay in L2 while a thread's weight tiles pass over them.
+constexpr int64_t M_BLOCK = 64;
+
+template <class F>
+void gemm32(const uint8_t* W, int64_t row_bytes, int64_t N, const QAct& a, int64_t M, float* out, int64_t ldo,
+            const float* bias) {
+  // Column tiles of 4 for one activation row (decode: 4 independent accumulator chains), of 2
+  // when several rows share each unpacked weight block.
+  const int64_t RN = M == 1 ? 4 : 2;
+  const int64_t tiles = (N + RN - 1) / RN;
+  const int64_t grain = std::max<int64_t>(1, tiles / (4 * at::get_num_threads()));
+  at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
+    for (int64_t mb = 0; mb < M; mb += M_BLOCK) {
+      const int64_t me = std::min(M, mb + M_BLOCK);
+      for (int64_t t = t0; t < t1; ++t) {
+        const int64_t n0 = t * RN;
+        if (n0 + RN > N) {  // ragged last columns, one at a time
+          for (int64_t n = n0; n < N; ++n)
+            for (int64_t m = mb; m < me; ++m) tile32<F, 1, 1>(W, row_bytes, n, a, m, out, ldo, bias);
+          continue;
+        }
+        if (M == 1) {
+          tile32<F, 1, 4>(W, row_bytes, n0, a, 0, out, ldo, bias);
+          continue;
+        }
+        int64_t m = mb;
+        for (; m + 4 <= me; m += 4) tile32<F, 4, 2>(W, row_bytes, n0, a, m, out, ldo, bias);
+        for (; m < me; ++m) tile32<F, 1, 2>(W, row_bytes, n0, a, m, out, ldo, bias);
+      }
+    }
+  });
+}
+
+// ---- K-quants (256-value super-blocks): one weight row at a time against up to 4 activation rows ----
 
 inline void q4k_scale_min(int j, const uint8_t* q, uint8_t* sc, uint8_t* mn) {
   if (j < 4) {
@@ -266,18 +333,19 @@ void qlinear_out(const at::Tensor& x_, const at::Tensor& w, int64_t fmt, const c
     bp = b.data_ptr<float>();
   }
   if (M == 0) return;
+  TORCH_CHECK(K / 32 <= MAX_BLOCKS, "qlinear: in_features ", K, " above ", MAX_BLOCKS * 32);
   auto [q, d, s] = quantize_act(x_);
   QAct a{q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>(), K, K / 32};
   const uint8_t* W = w.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   const int64_t rb = w.size(1), ld = out.stride(0);
   switch (fmt) {
-    case FMT_Q8_0: gemm<KQ8_0>(W, rb, N, a, M, o, ld, bp); break;
-    case FMT_Q4_0: gemm<KQ4<false>>(W, rb, N, a, M, o, ld, bp); break;
-    case FMT_Q4_1: gemm<KQ4<true>>(W, rb, N, a, M, o, ld, bp); break;
+    case FMT_Q8_0: gemm32<FQ8_0>(W, rb, N, a, M, o, ld, bp); break;
+    case FMT_Q4_0: gemm32<FQ4<false>>(W, rb, N, a, M, o, ld, bp); break;
+    case FMT_Q4_1: gemm32<FQ4<true>>(W, rb, N, a, M, o, ld, bp); break;
     case FMT_Q4_K: gemm<KQ4_K>(W, rb, N, a, M, o, ld, bp); break;
     case FMT_Q6_K: gemm<KQ6_K>(W, rb, N, a, M, o, ld, bp); break;
-    case FMT_I8: gemm<KI8>(W, rb, N, a, M, o, ld, bp); break;
+    case FMT_I8: gemm32<FI8>(W, rb, N, a, M, o, ld, bp); break;
     default: TORCH_CHECK(false, "unknown quantized format id ", fmt);
   }
 }

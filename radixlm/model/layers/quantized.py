@@ -17,19 +17,6 @@ import torch.nn.functional as F
 from radixlm.kernels.formats import FORMATS, QuantFormat
 from radixlm.kernels.ops import ops
 
-# From this many rows on, dequantizing the weight and running torch's fp32 GEMM beats the int8
-# kernel (which re-reads the weight per 4-row tile); measured in docs/benchmarks.md. That path
-# rounds the activations to the kernel's int8 grid first, so a row's result does not depend on how
-# many rows share its batch (prompt logprobs, select scores and greedy outputs stay batch-invariant).
-DEQUANT_GEMM_MIN_ROWS = 32
-
-
-def act_int8_grid(x: torch.Tensor) -> torch.Tensor:
-    """x rounded exactly as the kernels quantize activations (int8 per 32 values), as float32."""
-    q, d, _ = ops().quantize_act(x)
-    return (q.float().view(x.shape[0], -1, 32) * d[:, :, None]).view(x.shape)
-
-
 @dataclass
 class QuantizedTensor:
     """A 2-D weight as quantized blocks: data uint8 [rows, fmt.row_bytes(cols)]."""
@@ -94,16 +81,11 @@ class QuantizedMatrix:
         x2 = x.reshape(-1, self.cols)
         if x2.dtype != torch.float32:
             x2 = x2.float()
-        if x2.shape[0] >= DEQUANT_GEMM_MIN_ROWS:
-            if self._single is not None:
-                out = F.linear(act_int8_grid(x2), self.dequantize(), bias)
-            else:  # float segments see float activations, as in the kernel path
-                out = torch.cat([F.linear(act_int8_grid(x2) if isinstance(s.weight, QuantizedTensor) else x2,
-                                          s.weight.dequantize() if isinstance(s.weight, QuantizedTensor) else
-                                          s.weight.float()) for s in self.segments], dim=1)
-                if bias is not None:
-                    out += bias
-        elif self._single is not None:
+        # The int8 kernels at every batch size: each output row is computed by the same operations
+        # whatever else is batched (bitwise), so chunking, decode vs prefill and neighbours never
+        # change a token. (A dequantize + fp32 GEMM path for large batches would not be: the int8
+        # activation grid turns its last-bit differences into different roundings downstream.)
+        if self._single is not None:
             out = ops().qlinear(x2, self._single[0], self._single[1], bias)
         else:
             out = x2.new_empty(x2.shape[0], self.rows)

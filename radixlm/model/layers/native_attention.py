@@ -1,0 +1,88 @@
+"""Attention through the native paged kernel (radixlm/kernels/csrc/attention.cpp) on CPU.
+
+It reads K/V straight from the pool by slot (req_to_token), for extend, decode and mixed batches
+alike: no gather, no per-request copy, no decode mirror, and every KV dtype of the pool. A query's
+result does not depend on how the batch was cut (one extend, chunks, decode steps, neighbours), so
+with int8-rounded activations (quantized linear layers) outputs stay the same under any batching.
+
+The batch's req_to_token rows are copied when its metadata is built (at launch, on the scheduler
+thread), so under overlap the worker never reads rows the scheduler is rewriting (overlap.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixlm.model.layers.attention import AttentionBackend
+
+if TYPE_CHECKING:
+    from radixlm.model.forward_batch import ForwardBatch
+
+MAX_HEAD_DIM = 256
+
+
+def native_attention_supported(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[bool, str]:
+    """Whether NativeCPUBackend can run this model, and why not."""
+    from radixlm.kernels import build
+
+    if device.type != "cpu" or dtype != torch.float32:
+        return False, "the native attention kernel runs float32 models on CPU"
+    if head_dim % 8 or head_dim > MAX_HEAD_DIM:
+        return False, f"head_dim {head_dim} is not a multiple of 8 up to {MAX_HEAD_DIM}"
+    if not build.load():
+        return False, f"native kernels unavailable: {build.unavailable_reason()}"
+    return True, ""
+
+
+@dataclass
+class NativeMetadata:
+    q_start: torch.Tensor  # [bs + 1] int64: first query row of each request
+    seq_lens: torch.Tensor  # [bs] int64: keys (prefix + new) of each request
+    kv_slots: torch.Tensor  # [bs, max seq_len] int64: each request's req_to_token row, copied at launch
+    rows: torch.Tensor  # [bs] int64: 0..bs-1, the row of each request in kv_slots
+
+
+class NativeCPUBackend(AttentionBackend):
+    def __init__(self):
+        from radixlm.kernels.ops import ops
+
+        self.ops = ops()
+        self._q_starts: dict[int, torch.Tensor] = {}  # decode: arange(bs + 1), per bs
+        self._rows: dict[int, torch.Tensor] = {}  # arange(bs), per bs
+
+    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
+        fb = forward_batch
+        bs = fb.batch_size
+        seq_lens = fb.seq_lens_cpu or fb.seq_lens.tolist()
+        if fb.forward_mode.is_decode():
+            q_start = self._q_starts.get(bs)
+            if q_start is None:
+                q_start = self._q_starts[bs] = torch.arange(bs + 1, dtype=torch.int64)
+        else:
+            lens = fb.extend_seq_lens_cpu or [s - p for s, p in zip(seq_lens, fb.extend_prefix_lens_cpu or [0] * bs)]
+            lens = list(lens) + [1] * (bs - len(lens))  # a MIXED batch's decode tail: one query each
+            q_start = torch.zeros(bs + 1, dtype=torch.int64)
+            torch.cumsum(torch.tensor(lens, dtype=torch.int64), 0, out=q_start[1:])
+        rows = self._rows.get(bs)
+        if rows is None:
+            rows = self._rows[bs] = torch.arange(bs, dtype=torch.int64)
+        req_to_token = fb.req_to_token_pool.req_to_token
+        fb.attn_metadata = NativeMetadata(
+            q_start=q_start,
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+            kv_slots=req_to_token[fb.req_pool_indices, : max(seq_lens, default=0)],
+            rows=rows,
+        )
+
+    def forward_extend(self, q, k, v, layer, forward_batch):
+        md: NativeMetadata = forward_batch.attn_metadata
+        pool = forward_batch.token_to_kv_pool
+        k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
+        k_scale, v_scale = pool.get_kv_scales(layer.layer_id)
+        return self.ops.paged_attention(q, k_buf, v_buf, k_scale, v_scale, md.kv_slots, md.rows, md.seq_lens,
+                                        md.q_start, layer.scaling)
+
+    forward_decode = forward_extend
