@@ -90,7 +90,7 @@ struct FQ4 {
   static inline float row_scale(const uint8_t*) { return 1.0f; }
 };
 
-// Per block: acc += (cvt(int dot) * dw) * da, the broadcasts hoisted out of the (m, n) loop; the
+// Per block: acc += cvt(int dot) * (dw * da); the
 // offset term (Q4: -8 dw or m, times the activation block's sum) is a dot over blocks done after.
 constexpr int64_t MAX_BLOCKS = 4096;  // in_features up to 131072
 
@@ -105,11 +105,10 @@ inline void tile32(const uint8_t* W, int64_t row_bytes, int64_t n0, const QAct& 
   for (int n = 0; n < RN; ++n) rows[n] = W + (n0 + n) * row_bytes;
   for (int64_t b = 0; b < a.nb; ++b) {
     __m256i u[RN], sg[RN];
-    __m256 dwv[RN];
+    float dw[RN];
     for (int n = 0; n < RN; ++n) {
-      float dw, off;
-      const __m256i w = F::unpack(rows[n] + F::header + b * F::bytes, dw, off);
-      dwv[n] = _mm256_set1_ps(dw);
+      float off;
+      const __m256i w = F::unpack(rows[n] + F::header + b * F::bytes, dw[n], off);
       if constexpr (F::has_offset) offs[n][b] = off;
       if constexpr (F::is_signed) {
         u[n] = _mm256_sign_epi8(w, w);
@@ -120,7 +119,7 @@ inline void tile32(const uint8_t* W, int64_t row_bytes, int64_t n0, const QAct& 
     }
     for (int m = 0; m < RM; ++m) {
       const __m256i av = _mm256_loadu_si256((const __m256i*)(a.qrow(m0 + m) + b * 32));
-      const __m256 dav = _mm256_broadcast_ss(a.drow(m0 + m) + b);
+      const float da = a.drow(m0 + m)[b];
       for (int n = 0; n < RN; ++n) {
         __m256i p;
         if constexpr (F::is_signed) {
@@ -128,7 +127,7 @@ inline void tile32(const uint8_t* W, int64_t row_bytes, int64_t n0, const QAct& 
         } else {
           p = dot_us(u[n], av);
         }
-        acc[m][n] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(p), dwv[n]), dav, acc[m][n]);
+        acc[m][n] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw[n] * da), acc[m][n]);
       }
     }
   }
@@ -157,7 +156,7 @@ void gemm32(const uint8_t* W, int64_t row_bytes, int64_t N, const QAct& a, int64
             const float* bias) {
   // Column tiles of 4 for one activation row (decode: 4 independent accumulator chains), of 2
   // when several rows share each unpacked weight block.
-  const int64_t RN = M == 1 ? 4 : 2;
+  const int64_t RN = 2;
   const int64_t tiles = (N + RN - 1) / RN;
   const int64_t grain = std::max<int64_t>(1, tiles / (4 * at::get_num_threads()));
   at::parallel_for(0, tiles, grain, [&](int64_t t0, int64_t t1) {
@@ -171,7 +170,8 @@ void gemm32(const uint8_t* W, int64_t row_bytes, int64_t N, const QAct& a, int64
           continue;
         }
         if (M == 1) {
-          tile32<F, 1, 4>(W, row_bytes, n0, a, 0, out, ldo, bias);
+          tile32<F, 1, 1>(W, row_bytes, n0, a, 0, out, ldo, bias);
+          tile32<F, 1, 1>(W, row_bytes, n0 + 1, a, 0, out, ldo, bias);
           continue;
         }
         int64_t m = mb;
