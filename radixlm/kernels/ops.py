@@ -53,6 +53,9 @@ def _register_fakes() -> None:
     def inplace_fake(*args):
         return None
 
+    def llama_layers_fake(hidden, *args):
+        return torch.empty_like(hidden)
+
     def paged_attention_fake(q, *args):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
@@ -60,7 +63,8 @@ def _register_fakes() -> None:
                      ("dequantize_rows", dequantize_rows_fake), ("rmsnorm", rmsnorm_fake),
                      ("silu_and_mul", silu_and_mul_fake), ("add_rmsnorm_", inplace_fake),
                      ("rotary_embedding_", inplace_fake), ("qlinear_out", inplace_fake),
-                     ("paged_attention", paged_attention_fake), ("kv_store_", inplace_fake)):
+                     ("paged_attention", paged_attention_fake), ("kv_store_", inplace_fake),
+                     ("llama_layers", llama_layers_fake)):
         try:
             torch.library.register_fake(f"radixlm::{name}")(fn)
         except RuntimeError:  # registered already (a second import path)

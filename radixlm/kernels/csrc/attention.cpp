@@ -6,7 +6,7 @@
 // fixed blocks of 32 anchored at position 0, one online softmax per query in block order, every
 // sum in a fixed order; a query never touches keys past its position. The quantized linear layers
 // round activations to an int8 grid, so any difference here would be amplified into another token.
-#include "common.h"
+#include "api.h"
 
 #include <cmath>
 #include <limits>
@@ -291,6 +291,20 @@ void kv_store_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& loc_,
 }
 
 }  // namespace
+
+namespace api {
+void kv_store_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& loc, at::Tensor& k_buf, at::Tensor& v_buf,
+               const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale) {
+  radixlm::kv_store_(k, v, loc, k_buf, v_buf, k_scale, v_scale);
+}
+void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+                         const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,
+                         const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
+                         const at::Tensor& q_start, double scale, at::Tensor& out) {
+  radixlm::paged_attention_out(q, k_buf, v_buf, k_scale, v_scale, req_to_token, req_pool_indices, seq_lens, q_start,
+                               scale, out);
+}
+}  // namespace api
 
 TORCH_LIBRARY_FRAGMENT(radixlm, m) {
   m.def("paged_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor? k_scale, Tensor? v_scale, Tensor req_to_token, "

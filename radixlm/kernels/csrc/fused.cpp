@@ -1,6 +1,6 @@
 // Element-wise layers fused into one pass each: at batch 1 every torch op costs a few microseconds
 // of dispatch, and RMSNorm (8 ops), RoPE (~12 per tensor) and SiLU*mul (3) run 30-60 times a step.
-#include "common.h"
+#include "api.h"
 
 #include <cmath>
 
@@ -122,6 +122,18 @@ void rotary_embedding_(const at::Tensor& positions, at::Tensor& q, at::Tensor& k
 }
 
 }  // namespace
+
+namespace api {
+at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& w, double eps) { return radixlm::rmsnorm(x, w, eps); }
+void add_rmsnorm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& w, double eps) {
+  radixlm::add_rmsnorm_(x, residual, w, eps);
+}
+at::Tensor silu_and_mul(const at::Tensor& x) { return radixlm::silu_and_mul(x); }
+void rotary_embedding_(const at::Tensor& positions, at::Tensor& q, at::Tensor& k, int64_t head_dim,
+                       const at::Tensor& cos_sin) {
+  radixlm::rotary_embedding_(positions, q, k, head_dim, cos_sin);
+}
+}  // namespace api
 
 TORCH_LIBRARY_FRAGMENT(radixlm, m) {
   m.def("rmsnorm(Tensor x, Tensor weight, float eps) -> Tensor");

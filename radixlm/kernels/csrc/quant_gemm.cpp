@@ -1,7 +1,7 @@
 // Linear layers on quantized weights (GGUF block formats and per-channel int8), llama.cpp's way:
 // activations are quantized to int8 per 32 values, each weight block is unpacked to bytes once
 // and dotted with up to 4 activation rows by integer multiply-adds; fp32 scales fold in per block.
-#include "common.h"
+#include "api.h"
 
 #include <algorithm>
 #include <vector>
@@ -460,6 +460,13 @@ at::Tensor dequantize(const at::Tensor& w, int64_t fmt, int64_t cols) {
 }
 
 }  // namespace
+
+namespace api {
+void qlinear_out(const at::Tensor& x, const at::Tensor& w, int64_t fmt, const c10::optional<at::Tensor>& bias,
+                 at::Tensor& out) {
+  radixlm::qlinear_out(x, w, fmt, bias, out);
+}
+}  // namespace api
 
 TORCH_LIBRARY_FRAGMENT(radixlm, m) {
   m.def("quantize_act(Tensor x) -> (Tensor, Tensor, Tensor)");

@@ -14,7 +14,9 @@ from torch import nn
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.activation import SiluAndMul
 from radixlm.model.layers.attention import RadixAttention, get_attn_backend
+from radixlm.model.layers.fused_layers import build_fused_layers, run_fused_layers
 from radixlm.model.layers.linear import Linear, MergedLinear, VocabEmbedding
+from radixlm.model.layers.native_attention import NativeCPUBackend
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
@@ -93,14 +95,29 @@ class LlamaModel(nn.Module):
             LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, qk_norm) for i in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        # All layers in one native op where it applies (model/layers/fused_layers.py); False: never.
+        self.use_fused_layers = True
+        self._fused: Any = None  # its arguments, built at the first forward (None: not yet, False: n/a)
 
     def forward(self, input_ids, positions, forward_batch: ForwardBatch) -> torch.Tensor:
-        get_attn_backend(forward_batch).begin_forward(forward_batch)
+        backend = get_attn_backend(forward_batch)
+        backend.begin_forward(forward_batch)
         hidden, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, forward_batch, residual)
+        fused = self._fused_layers(backend) if hidden.shape[0] else None
+        if fused:
+            hidden, residual = run_fused_layers(fused, hidden, positions, forward_batch)
+        else:
+            for layer in self.layers:
+                hidden, residual = layer(positions, hidden, forward_batch, residual)
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+    def _fused_layers(self, backend):
+        if not self.use_fused_layers or type(backend) is not NativeCPUBackend:
+            return None
+        if self._fused is None:
+            self._fused = build_fused_layers(self) or False
+        return self._fused
 
 
 class LlamaForCausalLM(nn.Module):

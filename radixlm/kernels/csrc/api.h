@@ -1,0 +1,20 @@
+// The kernels as C++ functions, for ops that chain several of them without going back to Python
+// (layers.cpp). Each forwards to the function its own torch op runs.
+#pragma once
+#include "common.h"
+
+namespace radixlm::api {
+void qlinear_out(const at::Tensor& x, const at::Tensor& w, int64_t fmt, const c10::optional<at::Tensor>& bias,
+                 at::Tensor& out);
+at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& w, double eps);
+void add_rmsnorm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& w, double eps);
+at::Tensor silu_and_mul(const at::Tensor& x);
+void rotary_embedding_(const at::Tensor& positions, at::Tensor& q, at::Tensor& k, int64_t head_dim,
+                       const at::Tensor& cos_sin);
+void kv_store_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& loc, at::Tensor& k_buf, at::Tensor& v_buf,
+               const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale);
+void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
+                         const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,
+                         const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
+                         const at::Tensor& q_start, double scale, at::Tensor& out);
+}  // namespace radixlm::api

@@ -1,0 +1,84 @@
+"""All decoder layers of a Llama-family model in one native op (radixlm/kernels/csrc/layers.cpp).
+
+Used on CPU when every projection is one quantized matrix and attention is the native backend: a
+bs-1 step is ~400 small ops, and Python plus torch's dispatcher cost ~10 ms of it. The op calls the
+same kernels as the Python layers in the same order, so outputs are bitwise the same; anything it
+does not cover (Qwen3's q/k norms, mixed-format or float projections, biases outside qkv) keeps the
+Python path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+if TYPE_CHECKING:
+    from radixlm.model.forward_batch import ForwardBatch
+    from radixlm.model.models.llama import LlamaModel
+
+
+@dataclass
+class FusedLayers:
+    weights: list[torch.Tensor]  # per layer: input norm, qkv, o, post norm, gate_up, down
+    fmts: list[int]  # per layer: qkv, o, gate_up, down
+    qkv_bias: list[torch.Tensor]  # per layer, or empty
+    cos_sin: torch.Tensor
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    eps: float
+    scaling: float
+
+
+def _single(linear) -> Optional[tuple[torch.Tensor, int]]:
+    q = linear.qweight
+    return q._single if q is not None else None
+
+
+def build_fused_layers(model: "LlamaModel") -> Optional[FusedLayers]:
+    """The op's arguments for this model, or None where it does not apply."""
+    from radixlm.kernels.ops import cpu_float_ops
+
+    layers = list(model.layers)
+    if not layers or cpu_float_ops(model.norm.weight) is None:
+        return None
+    weights, fmts, biases = [], [], []
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        projs = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
+        singles = [_single(p) for p in projs]
+        if attn.qk_norm or any(s is None for s in singles) or any(p.bias is not None for p in projs[1:]):
+            return None
+        if (attn.qkv_proj.bias is not None) != (layers[0].self_attn.qkv_proj.bias is not None):
+            return None
+        rope = attn.rotary_emb
+        if rope.cos_sin_cache.dtype != torch.float32 or attn.head_dim % 8:
+            return None
+        weights += [layer.input_layernorm.weight, singles[0][0], singles[1][0], layer.post_attention_layernorm.weight,
+                    singles[2][0], singles[3][0]]
+        fmts += [s[1] for s in singles]
+        if attn.qkv_proj.bias is not None:
+            biases.append(attn.qkv_proj.bias)
+    a = layers[0].self_attn
+    eps = {layer.input_layernorm.variance_epsilon for layer in layers} | {
+        layer.post_attention_layernorm.variance_epsilon for layer in layers}
+    if len(eps) != 1:
+        return None
+    return FusedLayers(weights, fmts, biases, a.rotary_emb.cos_sin_cache, a.num_heads, a.num_kv_heads, a.head_dim,
+                       eps.pop(), a.attn.scaling)
+
+
+def run_fused_layers(f: FusedLayers, hidden: torch.Tensor, positions: torch.Tensor,
+                     fb: "ForwardBatch") -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden: the embeddings [tokens, hidden]; -> (last layer's output, residual stream)."""
+    from radixlm.kernels.ops import ops
+
+    pool, md = fb.token_to_kv_pool, fb.attn_metadata
+    scales = ([], []) if pool.k_scale_buffer is None else (pool.k_scale_buffer, pool.v_scale_buffer)
+    residual = torch.empty_like(hidden)
+    out = ops().llama_layers(hidden, residual, positions, f.cos_sin, f.weights, f.fmts, f.qkv_bias, pool.k_buffer,
+                             pool.v_buffer, scales[0], scales[1], fb.out_cache_loc, md.kv_slots, md.rows, md.seq_lens,
+                             md.q_start, f.num_heads, f.num_kv_heads, f.head_dim, f.eps, f.scaling)
+    return out, residual
