@@ -208,6 +208,38 @@ def matmul_reference(runner, bs: int, repeats: int = 20) -> dict:
     return {"linear_flops": flops, "matmul_only_ms": statistics.median(times[2:]) * 1e3}
 
 
+def bytes_per_step(runner, bs: int, context: float) -> int:
+    """What one decode step must read: every weight as stored (quantized blocks as they are; the
+    embedding table only when it is the tied LM head) and the K/V of `context` tokens per request."""
+    from radixlm.model.layers.linear import VocabEmbedding
+
+    model = runner.model
+    tied = not any("lm_head" in n for n, _ in model.named_modules())
+    total = 0
+    for mod in model.modules():
+        q = getattr(mod, "qweight", None)
+        if q is not None and (tied or not isinstance(mod, VocabEmbedding)):
+            total += q.nbytes
+    total += sum(p.nbytes for n, p in model.named_parameters() if tied or "embed" not in n)
+    pool = runner.token_to_kv_pool
+    per_token = pool.bytes_per_token(pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.dtype)
+    return int(total + bs * context * per_token)
+
+
+def read_rate_gbps(device, nbytes: int = 256 * 2**20, repeats: int = 7) -> float:
+    """The machine's plain read rate (a sum over a buffer far larger than the caches), GB/s."""
+    import torch
+
+    x = torch.ones(nbytes // 4, device=device)
+    timer = _Timer(torch.device(device))
+    times = []
+    for _ in range(repeats):
+        t0 = timer.now()
+        x.sum()
+        times.append(timer.now() - t0)
+    return nbytes / statistics.median(times) / 1e9
+
+
 def run(args, server_args) -> list[dict]:
     """One result per batch size; each carries its greedy tokens under 'output_ids'."""
     from radixlm.model.runner import ModelRunner
@@ -232,7 +264,14 @@ def run(args, server_args) -> list[dict]:
                    device=str(runner.device), dtype=str(runner.dtype).replace("torch.", ""),
                    model=server_args.model_path or "default", vocab_size=runner.vocab_size,
                    output_ids=t["output_ids"])
-        if res.get("forward_median_ms"):
+        if res.get("decode_median_ms"):
+            # The bandwidth roofline: the step's bytes at the machine's read rate, against the step.
+            step_bytes = bytes_per_step(runner, bs, (len(prefixes[0]) if prefixes else 0) + args.input_len
+                                        + (args.output_len - 1) / 2)
+            rate = read_rate_gbps(runner.device)
+            res.update(step_bytes_mb=step_bytes / 1e6, read_gbps=rate,
+                       roofline_share=step_bytes / (rate * 1e9) / (res["decode_median_ms"] / 1e3))
+        if res.get("forward_median_ms") and linear_weights(runner.model):
             ref = matmul_reference(runner, bs)
             res.update(ref)
             res["model_gflops"] = ref["linear_flops"] / res["forward_median_ms"] / 1e6
@@ -257,6 +296,9 @@ COLUMNS = (
     ("model_gflops", "fwd GFLOP/s", "{:.1f}"),
     ("matmul_gflops", "matmul GFLOP/s", "{:.1f}"),
     ("share_of_matmul_rate", "of matmul", "{:.0%}"),
+    ("step_bytes_mb", "MB/step", "{:.1f}"),
+    ("read_gbps", "read GB/s", "{:.1f}"),
+    ("roofline_share", "of roofline", "{:.0%}"),
 )
 
 

@@ -178,6 +178,7 @@ def test_one_batch_matches_engine_greedy(tiny_model_dir, tmp_path):
         assert r["decode_median_ms"] <= r["decode_p90_ms"]
         assert 0 < r["forward_median_ms"] <= r["decode_median_ms"]
         assert 0 <= r["outside_forward_share"] < 1
+        assert r["step_bytes_mb"] > 0 and r["read_gbps"] > 0 and r["roofline_share"] > 0
         assert (tmp_path / "prof" / f"one_batch_bs{r['batch_size']}_in20_out6.txt").read_text().strip()
         assert len(r["output_ids"]) == r["batch_size"] and all(len(t) == 6 for t in r["output_ids"])
     prompts = [q.input_ids for q in one_batch.random_prompts(3, 20, 6, results[1]["vocab_size"], seed=0)]
