@@ -57,7 +57,8 @@ def default_model_path() -> str:
 
 
 def _model_kind(path: str) -> str:
-    """'dir' or 'gguf', or a clear error naming the path and what was expected."""
+    """'dir', 'gguf' or 'config' (a bare HF config.json: random weights, for benchmarks), or a clear
+    error naming the path and what was expected."""
     expected = "a HF model directory (config.json + *.safetensors) or a .gguf file"
     if not os.path.exists(path):
         raise FileNotFoundError(f"model path {path!r} does not exist; expected {expected}")
@@ -65,6 +66,8 @@ def _model_kind(path: str) -> str:
         if not os.path.isfile(os.path.join(path, "config.json")):
             raise FileNotFoundError(f"model directory {path!r} has no config.json; expected {expected}")
         return "dir"
+    if path.endswith(".json"):
+        return "config"
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != gguf_loader.GGUF_MAGIC:
@@ -74,11 +77,41 @@ def _model_kind(path: str) -> str:
 
 def load_model_config(path: str):
     """The transformers config of a HF directory or a GGUF file."""
-    if _model_kind(path) == "gguf":
+    kind = _model_kind(path)
+    if kind == "gguf":
         return gguf_loader.gguf_config(gguf_loader.open_gguf(path))
+    if kind == "config":
+        return _json_config(path)
     from transformers import AutoConfig
 
     return AutoConfig.from_pretrained(path)
+
+
+def _json_config(path: str):
+    """The transformers config a bare config.json describes (model_type defaults to llama)."""
+    from transformers import AutoConfig
+
+    with open(path, encoding="utf-8") as f:
+        d = json.load(f)
+    return AutoConfig.for_model(d.pop("model_type", "llama"), **d)
+
+
+RANDOM_WEIGHTS_STD = 0.02
+
+
+@torch.no_grad()
+def fill_random_weights(model: nn.Module, seed: int = 0, std: float = RANDOM_WEIGHTS_STD) -> None:
+    """Random weights in place, drawn on the parameters' device: matrices ~ N(0, std), biases 0,
+    norm weights left at their 1.0 (a model with a real model's shape, for speed measurements)."""
+    gens: dict = {}
+    for name, p in model.named_parameters():
+        if p.dim() >= 2:
+            g = gens.get(p.device)
+            if g is None:
+                g = gens[p.device] = torch.Generator(device=p.device).manual_seed(seed)
+            p.normal_(0.0, std, generator=g)
+        elif name.endswith(".bias"):
+            p.zero_()
 
 
 def _safetensors_files(path: str) -> list[str]:
@@ -180,9 +213,15 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
     quantization: see ServerArgs.quantization (None: float weights)."""
     t0 = time.perf_counter()
     path = os.path.abspath(path or default_model_path())
-    is_gguf = _model_kind(path) == "gguf"
+    kind = _model_kind(path)
+    is_gguf = kind == "gguf"
     quant = resolve_quantization(quantization, is_gguf, device)
-    if is_gguf:
+    weights = None  # a bare config.json: random weights
+    if kind == "config":
+        config = _json_config(path)
+        architecture, model_cls = resolve_architecture(getattr(config, "architectures", None))
+        chat_template, eos_ids = None, _as_id_list(getattr(config, "eos_token_id", None))
+    elif is_gguf:
         reader = gguf_loader.open_gguf(path)
         config = gguf_loader.gguf_config(reader)
         architecture, model_cls = resolve_architecture(config.architectures)
@@ -197,7 +236,13 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
         chat_template, eos_ids = _dir_chat_template(path), _dir_eos_token_ids(path, config)
     with torch.device(device), _default_dtype(dtype):
         model = model_cls(config)
-    model.load_weights(weights)
+    if weights is None:
+        fill_random_weights(model)
+        for module in model.modules():
+            if hasattr(module, "finish_loading"):
+                module.finish_loading()
+    else:
+        model.load_weights(weights)
     if quant not in ("none", "gguf"):
         from radixlm.model.layers.linear import quantize_module_weights
 
