@@ -4,6 +4,7 @@ figures for shapes whose weights cannot travel, benchmarks/configs/)."""
 import argparse
 import json
 
+import pytest
 import torch
 
 from tests.model.helpers import SMALL
@@ -45,5 +46,14 @@ def test_one_batch_runs_a_random_weight_model(tmp_path):
     results = one_batch.run(args, ServerArgs(model_path=write_config(tmp_path), num_threads=1))
     assert [r["batch_size"] for r in results] == [1, 3]
     assert all(r["decode_throughput"] > 0 and len(r["output_ids"]) == r["batch_size"] for r in results)
-    assert "roofline_share" not in results[0]  # the roofline is measured on CUDA only
+    # The roofline's bytes: every weight once (the untied embedding only for the looked-up rows, not
+    # counted) and each request's K/V at the mid-decode context (8 + 1.5 tokens), float32.
+    from radixlm.model.loader import load_model
+
+    model = load_model(write_config(tmp_path)).model
+    weights = sum(p.nbytes for n, p in model.named_parameters() if "embed" not in n)
+    kv_per_token = 2 * SMALL["num_hidden_layers"] * SMALL["num_key_value_heads"] * 16 * 4
+    for r in results:
+        assert r["step_bytes_mb"] * 1e6 == pytest.approx(weights + r["batch_size"] * 9.5 * kv_per_token, rel=1e-9)
+        assert r["read_gbps"] > 0 and r["roofline_share"] > 0
     one_batch.format_table(results)
