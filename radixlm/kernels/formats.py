@@ -20,8 +20,10 @@ class QuantFormat:
     block: int  # values per block
     block_bytes: int
     row_extra: int = 0  # bytes before a row's blocks (int8's scale)
+    group: int = 1  # weight rows per stored row (8: rows interleaved for the kernels, made at load)
 
     def row_bytes(self, cols: int) -> int:
+        """Bytes of one stored row (of `group` weight rows)."""
         return cols // self.block * self.block_bytes + self.row_extra
 
     def supports(self, cols: int) -> bool:
@@ -44,6 +46,14 @@ FORMATS = {
         QuantFormat("q6_k", 4, 256, 210),
         QuantFormat("int8", 5, 32, 32, row_extra=4),
     )
+}
+# The 8-row interleaved layouts (csrc/quant_x8.cpp) the loader repacks these formats into when a
+# matrix has a multiple of 8 rows: one integer multiply-add then serves 8 rows (2-2.7x the row-major
+# kernels, docs/benchmarks.md). Q4_0 shares Q4_1's kernel (its offset -8 d becomes the min).
+INTERLEAVED = {
+    "q4_0": QuantFormat("q4_0x8", 6, 32, 160, group=8),
+    "q4_1": QuantFormat("q4_1x8", 6, 32, 160, group=8),
+    "q8_0": QuantFormat("q8_0x8", 7, 32, 272, group=8),
 }
 # What --quantization can make from float weights at load.
 QUANTIZE_AT_LOAD = ("int8", "q4_0", "q8_0")

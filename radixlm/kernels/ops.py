@@ -34,12 +34,19 @@ def cpu_float_ops(x: torch.Tensor):
     return _cpu_ops or None
 
 
+def _weight_rows(w: torch.Tensor, fmt: int) -> int:
+    from radixlm.kernels.formats import INTERLEAVED
+
+    group = next((f.group for f in INTERLEAVED.values() if f.kernel_id == fmt), 1)
+    return w.shape[0] * group
+
+
 def _register_fakes() -> None:
     def qlinear_fake(x, w, fmt, bias=None):
-        return x.new_empty(x.shape[0], w.shape[0])
+        return x.new_empty(x.shape[0], _weight_rows(w, fmt))
 
     def dequantize_fake(w, fmt, cols):
-        return torch.empty(w.shape[0], cols, dtype=torch.float32, device=w.device)
+        return torch.empty(_weight_rows(w, fmt), cols, dtype=torch.float32, device=w.device)
 
     def dequantize_rows_fake(w, fmt, cols, ids):
         return torch.empty(ids.numel(), cols, dtype=torch.float32, device=w.device)

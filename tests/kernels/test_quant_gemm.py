@@ -10,7 +10,7 @@ d_i = the block's max|x| / 127 (relative to max|ref| that is ~0.5% for random da
 import pytest
 import torch
 
-from radixlm.kernels.formats import FORMATS, dequantize_reference, quantize
+from radixlm.kernels.formats import FORMATS, INTERLEAVED, dequantize_reference, quantize
 from radixlm.model.layers.quantized import QuantizedMatrix, QuantizedTensor
 
 EXACT_RTOL = 1e-5  # vs the exact reference, relative to sum |x_i w_i|
@@ -72,6 +72,42 @@ def test_qlinear_matches_dequantized_reference(kernel_ops, name):
         assert (err_fp32 <= bound).all(), f"{name} {m}x{k}x{n}: beyond the 8-bit activation bound"
 
 
+@pytest.mark.parametrize("name", list(INTERLEAVED))
+def test_interleaved_layout_matches_dequantized_reference(kernel_ops, name):
+    """The 8-row interleaved repack keeps every value (dequantize and row lookups are exact) and its
+    kernel meets the same two references as the row-major one, at 1-64 rows and 8-64 columns."""
+    g = torch.Generator().manual_seed(10 + list(INTERLEAVED).index(name))
+    src, packed = FORMATS[name], INTERLEAVED[name]
+    for m, n, blocks in [(1, 8, 1), (2, 16, 3), (3, 40, 2), (4, 8, 5), (5, 64, 1), (13, 24, 2), (64, 32, 3), (37, 56, 1)]:
+        k = blocks * 32
+        w = random_quantized(name, n, k, g)
+        w_ref = dequantize_reference(w, name, k)
+        p = kernel_ops.repack_x8(w, src.kernel_id, k)
+        assert p.shape == (n // 8, packed.row_bytes(k))
+        assert torch.equal(kernel_ops.dequantize(p, packed.kernel_id, k), w_ref), f"{name}: dequantize"
+        ids = torch.randint(0, n, (7,), generator=g)
+        assert torch.equal(kernel_ops.dequantize_rows(p, packed.kernel_id, k, ids), w_ref[ids])
+        x = torch.randn(m, k, generator=g)
+        bias = torch.randn(n, generator=g)
+        y = kernel_ops.qlinear(x, p, packed.kernel_id, bias)
+        assert y.shape == (m, n)
+        e_exact = dot_err(y - bias, exact_reference(kernel_ops, x, w_ref), x, w_ref)
+        assert e_exact < EXACT_RTOL, f"{name} {m}x{k}x{n}: {e_exact:.2e} vs the exact reference"
+        err_fp32 = (y - (x @ w_ref.T + bias)).abs()
+        bound = act_q8_bound(kernel_ops, x, w_ref) * (1 + 1e-4) + EXACT_RTOL * (x.abs() @ w_ref.abs().T)
+        assert (err_fp32 <= bound).all(), f"{name} {m}x{k}x{n}: beyond the 8-bit activation bound"
+    with pytest.raises(RuntimeError, match="multiple of 8"):
+        kernel_ops.repack_x8(random_quantized(name, 12, 64, g), src.kernel_id, 64)
+
+
+def test_matrices_with_rows_in_eights_are_interleaved(kernel_ops):
+    g = torch.Generator().manual_seed(11)
+    for name, rows in (("q4_1", 48), ("q4_0", 16), ("q8_0", 24), ("q4_1", 50), ("q4_k", 16)):
+        mat = QuantizedMatrix([QuantizedTensor(random_quantized(name, rows, 64, g), FORMATS[name], 64)])
+        want = INTERLEAVED[name].name if name in INTERLEAVED and rows % 8 == 0 else name
+        assert mat.formats == [want] and mat.rows == rows
+
+
 def test_quantize_act_rounds_to_nearest(kernel_ops):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(6, 96, generator=g) * torch.tensor([1e-3, 1, 10, 100, 0.5, 3])[:, None]
@@ -121,14 +157,15 @@ def test_mixed_format_matrix(kernel_ops, rows):
     assert torch.equal(mat.embedding(ids), w_ref[ids])
 
 
+@pytest.mark.parametrize("rows", [51, 56])  # 56: the interleaved layout where the format has one
 @pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1", "int8", "q4_k", "q6_k"])
-def test_rows_do_not_depend_on_the_batch(kernel_ops, fmt):
+def test_rows_do_not_depend_on_the_batch(kernel_ops, fmt, rows):
     """A row's output is bitwise the same alone, in any tile of a small batch and in a large one
     (and for odd column counts): prompt logprobs and greedy outputs must not depend on what else
     is batched, since the next layer rounds activations to an int8 grid."""
     g = torch.Generator().manual_seed(4)
     k = 512
-    w = random_quantized(fmt, 51, k, g)
+    w = random_quantized(fmt, rows, k, g)
     mat = QuantizedMatrix([QuantizedTensor(w, FORMATS[fmt], k)])
     x = torch.randn(150, k, generator=g)
     full = mat.matmul(x)

@@ -17,7 +17,14 @@ enum Fmt : int64_t {
   FMT_Q4_K = 3,  // 256 values: fp16 d, dmin, scales[12], nibbles[128]
   FMT_Q6_K = 4,  // 256 values: ql[128], qh[64], int8 scales[16], fp16 d
   FMT_I8 = 5,    // a row: fp32 scale, int8 q[cols]              x = s*q (per output channel)
+  // 8 rows interleaved (quant_x8.cpp), made at load; a stored row is a group of 8 weight rows.
+  FMT_Q4X8 = 6,  // per 32 values: fp16 d[8], fp16 m[8], 4 x (8 rows x 4 nibble bytes)   x = d*q + m
+  FMT_Q8X8 = 7,  // per 32 values: fp16 d[8], 8 x (8 rows x 4 int8)                      x = d*q
 };
+
+inline bool fmt_is_x8(int64_t f) { return f == FMT_Q4X8 || f == FMT_Q8X8; }
+// Weight rows per stored row: 8 for the interleaved formats.
+inline int64_t fmt_group(int64_t f) { return fmt_is_x8(f) ? 8 : 1; }
 
 inline int64_t fmt_block(int64_t f) { return (f == FMT_Q4_K || f == FMT_Q6_K) ? 256 : 32; }
 inline int64_t fmt_block_bytes(int64_t f) {
@@ -28,6 +35,8 @@ inline int64_t fmt_block_bytes(int64_t f) {
     case FMT_Q4_K: return 144;
     case FMT_Q6_K: return 210;
     case FMT_I8: return 32;  // 32 int8 per 32 values; the row's 4-byte scale comes first
+    case FMT_Q4X8: return 160;
+    case FMT_Q8X8: return 272;
   }
   TORCH_CHECK(false, "unknown quantized format id ", f);
 }

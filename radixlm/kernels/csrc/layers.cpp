@@ -29,9 +29,10 @@ void llama_layers_(at::Tensor& hidden, at::Tensor& residual, const at::Tensor& p
   };
   auto linear = [&](const at::Tensor& x, int64_t i, int64_t which, const c10::optional<at::Tensor>& bias) {
     const at::Tensor& w = weights[i * PER_LAYER + which];
-    at::Tensor out = at::empty({T, w.size(0)}, x.options());
     static constexpr int64_t fmt_slot[PER_LAYER] = {-1, 0, 1, -1, 2, 3};
-    api::qlinear_out(x, w, fmts[i * 4 + fmt_slot[which]], bias, out);
+    const int64_t fmt = fmts[i * 4 + fmt_slot[which]];
+    at::Tensor out = at::empty({T, w.size(0) * fmt_group(fmt)}, x.options());
+    api::qlinear_out(x, w, fmt, bias, out);
     return out;
   };
   for (int64_t i = 0; i < L; ++i) {

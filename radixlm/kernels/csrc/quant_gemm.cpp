@@ -1,52 +1,13 @@
 // Linear layers on quantized weights (GGUF block formats and per-channel int8), llama.cpp's way:
 // activations are quantized to int8 per 32 values, each weight block is unpacked to bytes once
 // and dotted with up to 4 activation rows by integer multiply-adds; fp32 scales fold in per block.
-#include "api.h"
+#include "qact.h"
 
 #include <algorithm>
 #include <vector>
 
 namespace radixlm {
 namespace {
-
-// Activations quantized per 32 values: q = round(x / d), d = max|x| / 127, s = d * sum(q).
-struct QAct {
-  const int8_t* q;
-  const float* d;
-  const float* s;
-  int64_t K, nb;  // values and blocks per row
-  const int8_t* qrow(int64_t m) const { return q + m * K; }
-  const float* drow(int64_t m) const { return d + m * nb; }
-  const float* srow(int64_t m) const { return s + m * nb; }
-};
-
-void quantize_row(const float* x, int8_t* q, float* d, float* s, int64_t K) {
-  const __m256 sign = _mm256_set1_ps(-0.0f);
-  for (int64_t b = 0; b < K / 32; ++b) {
-    const float* xb = x + b * 32;
-    __m256 v[4];
-    __m256 amax = _mm256_setzero_ps();
-    for (int i = 0; i < 4; ++i) {
-      v[i] = _mm256_loadu_ps(xb + 8 * i);
-      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
-    }
-    const float m = hmax(amax);
-    const float db = m / 127.0f;
-    const __m256 id = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
-    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], id));  // round to nearest even
-    __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[1], id));
-    __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v[2], id));
-    __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v[3], id));
-    __m256i isum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
-    i0 = _mm256_packs_epi32(i0, i1);
-    i2 = _mm256_packs_epi32(i2, i3);
-    i0 = _mm256_packs_epi16(i0, i2);
-    i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256((__m256i*)(q + b * 32), i0);
-    d[b] = db;
-    s[b] = db * hsum(_mm256_cvtepi32_ps(isum));
-  }
-}
 
 // ---- 32-value block formats (Q8_0, Q4_0, Q4_1, per-channel int8): register-tiled ----
 // A tile is RM activation rows x RN weight rows; each weight block is unpacked once per tile and
@@ -321,7 +282,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x_
 void qlinear_out(const at::Tensor& x_, const at::Tensor& w, int64_t fmt, const c10::optional<at::Tensor>& bias,
                  at::Tensor& out) {
   TORCH_CHECK(x_.dtype() == at::kFloat && x_.dim() == 2, "qlinear: x must be float32 [rows, in_features]");
-  const int64_t M = x_.size(0), K = x_.size(1), N = w.size(0);
+  const int64_t M = x_.size(0), K = x_.size(1), N = w.size(0) * fmt_group(fmt);
   check_weight(w, fmt, K);
   TORCH_CHECK(out.dtype() == at::kFloat && out.dim() == 2 && out.size(0) == M && out.size(1) == N && out.stride(1) == 1,
               "qlinear: out must be float32 [rows, out_features] with unit column stride");
@@ -346,12 +307,14 @@ void qlinear_out(const at::Tensor& x_, const at::Tensor& w, int64_t fmt, const c
     case FMT_Q4_K: gemm<KQ4_K>(W, rb, N, a, M, o, ld, bp); break;
     case FMT_Q6_K: gemm<KQ6_K>(W, rb, N, a, M, o, ld, bp); break;
     case FMT_I8: gemm32<FI8>(W, rb, N, a, M, o, ld, bp); break;
+    case FMT_Q4X8:
+    case FMT_Q8X8: gemm_x8(fmt, W, rb, N, a, M, o, ld, bp); break;
     default: TORCH_CHECK(false, "unknown quantized format id ", fmt);
   }
 }
 
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& w, int64_t fmt, const c10::optional<at::Tensor>& bias) {
-  auto out = at::empty({x.size(0), w.size(0)}, x.options());
+  auto out = at::empty({x.size(0), w.size(0) * fmt_group(fmt)}, x.options());
   qlinear_out(x, w, fmt, bias, out);
   return out;
 }
@@ -432,29 +395,38 @@ void dequant_row(int64_t fmt, const uint8_t* w, int64_t K, float* y) {
   }
 }
 
+// Weight row `row` of a matrix whose stored rows are `rb` bytes, in any format.
+void dequant_any(int64_t fmt, const uint8_t* W, int64_t rb, int64_t row, int64_t K, float* y) {
+  if (fmt_is_x8(fmt)) {
+    dequant_row_x8(fmt, W, rb, row, K, y);
+  } else {
+    dequant_row(fmt, W + row * rb, K, y);
+  }
+}
+
 at::Tensor dequantize_rows(const at::Tensor& w, int64_t fmt, int64_t cols, const at::Tensor& ids_) {
   check_weight(w, fmt, cols);
   const at::Tensor ids = ids_.to(at::kLong).contiguous();
-  const int64_t n = ids.numel(), rows = w.size(0), rb = w.size(1);
+  const int64_t n = ids.numel(), rows = w.size(0) * fmt_group(fmt), rb = w.size(1);
   auto out = at::empty({n, cols}, w.options().dtype(at::kFloat));
   const int64_t* ip = ids.data_ptr<int64_t>();
   for (int64_t i = 0; i < n; ++i) TORCH_CHECK(ip[i] >= 0 && ip[i] < rows, "row id ", ip[i], " out of range [0, ", rows, ")");
   const uint8_t* W = w.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, n, 64, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) dequant_row(fmt, W + ip[i] * rb, cols, o + i * cols);
+    for (int64_t i = i0; i < i1; ++i) dequant_any(fmt, W, rb, ip[i], cols, o + i * cols);
   });
   return out;
 }
 
 at::Tensor dequantize(const at::Tensor& w, int64_t fmt, int64_t cols) {
   check_weight(w, fmt, cols);
-  const int64_t rows = w.size(0), rb = w.size(1);
+  const int64_t rows = w.size(0) * fmt_group(fmt), rb = w.size(1);
   auto out = at::empty({rows, cols}, w.options().dtype(at::kFloat));
   const uint8_t* W = w.data_ptr<uint8_t>();
   float* o = out.data_ptr<float>();
   at::parallel_for(0, rows, 16, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) dequant_row(fmt, W + r * rb, cols, o + r * cols);
+    for (int64_t r = r0; r < r1; ++r) dequant_any(fmt, W, rb, r, cols, o + r * cols);
   });
   return out;
 }

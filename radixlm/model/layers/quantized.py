@@ -14,12 +14,12 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from radixlm.kernels.formats import FORMATS, QuantFormat
+from radixlm.kernels.formats import FORMATS, INTERLEAVED, QuantFormat
 from radixlm.kernels.ops import ops
 
 @dataclass
 class QuantizedTensor:
-    """A 2-D weight as quantized blocks: data uint8 [rows, fmt.row_bytes(cols)]."""
+    """A 2-D weight as quantized blocks: data uint8 [rows / fmt.group, fmt.row_bytes(cols)]."""
 
     data: torch.Tensor
     fmt: QuantFormat
@@ -27,7 +27,14 @@ class QuantizedTensor:
 
     @property
     def shape(self) -> tuple[int, int]:
-        return (self.data.shape[0], self.cols)
+        return (self.data.shape[0] * self.fmt.group, self.cols)
+
+    def interleaved(self) -> "QuantizedTensor":
+        """This weight in the kernels' 8-row interleaved layout where there is one (same values)."""
+        fmt = INTERLEAVED.get(self.fmt.name)
+        if fmt is None or self.data.shape[0] % fmt.group:
+            return self
+        return QuantizedTensor(ops().repack_x8(self.data, self.fmt.kernel_id, self.cols), fmt, self.cols)
 
     def dequantize(self) -> torch.Tensor:
         return ops().dequantize(self.data, self.fmt.kernel_id, self.cols)
@@ -59,6 +66,7 @@ class QuantizedMatrix:
                 merged[-1] = torch.cat([prev, p])
             else:
                 merged.append(p)
+        merged = [p.interleaved() if isinstance(p, QuantizedTensor) else p for p in merged]
         self.segments, start = [], 0
         for p in merged:
             self.segments.append(_Segment(start, p.shape[0], p))

@@ -1,0 +1,53 @@
+// Activations quantized to int8 per 32 values (llama.cpp's Q8 activations), shared by the
+// row-major kernels (quant_gemm.cpp) and the 8-row interleaved ones (quant_x8.cpp).
+#pragma once
+#include "api.h"
+
+namespace radixlm {
+
+// Activations quantized per 32 values: q = round(x / d), d = max|x| / 127, s = d * sum(q).
+struct QAct {
+  const int8_t* q;
+  const float* d;
+  const float* s;
+  int64_t K, nb;  // values and blocks per row
+  const int8_t* qrow(int64_t m) const { return q + m * K; }
+  const float* drow(int64_t m) const { return d + m * nb; }
+  const float* srow(int64_t m) const { return s + m * nb; }
+};
+
+inline void quantize_row(const float* x, int8_t* q, float* d, float* s, int64_t K) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const float* xb = x + b * 32;
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < 4; ++i) {
+      v[i] = _mm256_loadu_ps(xb + 8 * i);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
+    }
+    const float m = hmax(amax);
+    const float db = m / 127.0f;
+    const __m256 id = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+    __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], id));  // round to nearest even
+    __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[1], id));
+    __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v[2], id));
+    __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(v[3], id));
+    __m256i isum = _mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3));
+    i0 = _mm256_packs_epi32(i0, i1);
+    i2 = _mm256_packs_epi32(i2, i3);
+    i0 = _mm256_packs_epi16(i0, i2);
+    i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i*)(q + b * 32), i0);
+    d[b] = db;
+    s[b] = db * hsum(_mm256_cvtepi32_ps(isum));
+  }
+}
+
+// 8-row interleaved formats (quant_x8.cpp): repacked at load from Q4_0 / Q4_1 / Q8_0.
+at::Tensor repack_x8(const at::Tensor& w, int64_t fmt, int64_t cols);
+void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64_t M, float* out,
+             int64_t ldo, const float* bias);
+void dequant_row_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t row, int64_t K, float* y);
+
+}  // namespace radixlm

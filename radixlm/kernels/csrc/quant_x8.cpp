@@ -1,0 +1,209 @@
+// Quantized linear layers on weights repacked 8 rows at a time (Q4_0 / Q4_1 -> Q4X8, Q8_0 -> Q8X8).
+//
+// Row-major blocks cost a horizontal sum and a scale broadcast per row and block; interleaving 8
+// rows puts row r's 4-value groups in 32-bit lane r, so one integer multiply-add serves 8 rows,
+// the 8 block dots land in the 8 lanes of one vector and the 8 rows' scales multiply them at once
+// (llama.cpp's repacked CPU layouts work the same way). Activations are the int8 blocks of qact.h.
+//
+// Batch invariance: lane r of acc is output (m, 8g + r) and sees, block by block in order,
+// acc = fma(float(exact int dot), d_w * d_a, acc) (+ fma(m_w, s_a, acc) for Q4), whatever M is and
+// however the rows are tiled, so a row's result never depends on its batch.
+#include "qact.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace radixlm {
+namespace {
+
+inline __m256i bcast32(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm256_set1_epi32(v);
+}
+
+inline __m256 scales8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+
+// RM activation rows x one group of 8 weight rows, Q4X8: a block is d[8], m[8] (fp16) and 4 chunks
+// of 32 bytes; chunk i, lane r = row r's GGUF nibble bytes 4i..4i+3 (values 4i.. low, 16+4i.. high).
+template <int RM>
+inline void tile_q4x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  __m256 acc[RM];
+  for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const uint8_t* blk = g + b * 160;
+    const __m256 dw = scales8(blk), mw = scales8(blk + 16);
+    __m256i lo[4], hi[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m256i raw = _mm256_loadu_si256((const __m256i*)(blk + 32 + 32 * i));
+      lo[i] = _mm256_and_si256(raw, m4);
+      hi[i] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+    }
+    for (int m = 0; m < RM; ++m) {
+      const int8_t* aq = a.qrow(m0 + m) + b * 32;
+      // 16-bit partial sums: 8 x (2 x 15 x 127) stays below 32767.
+      __m256i s = _mm256_maddubs_epi16(lo[0], bcast32(aq));
+      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[1], bcast32(aq + 4)));
+      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[2], bcast32(aq + 8)));
+      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[3], bcast32(aq + 12)));
+      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[0], bcast32(aq + 16)));
+      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[1], bcast32(aq + 20)));
+      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[2], bcast32(aq + 24)));
+      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[3], bcast32(aq + 28)));
+      const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(s, ones));
+      acc[m] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_set1_ps(a.drow(m0 + m)[b])), acc[m]);
+      acc[m] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.srow(m0 + m)[b]), acc[m]);
+    }
+  }
+  for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
+}
+
+// Q8X8: a block is d[8] (fp16) and 8 chunks of 32 bytes; chunk i, lane r = row r's int8 values 4i..4i+3.
+template <int RM>
+inline void tile_q8x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[RM];
+  for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const uint8_t* blk = g + b * 272;
+    const __m256 dw = scales8(blk);
+    for (int m = 0; m < RM; ++m) {
+      const int8_t* aq = a.qrow(m0 + m) + b * 32;
+      __m256i s = _mm256_setzero_si256();
+      for (int i = 0; i < 8; ++i) {
+        const __m256i w = _mm256_loadu_si256((const __m256i*)(blk + 16 + 32 * i));
+        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(bcast32(aq + 4 * i), w));
+        s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
+      }
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(a.drow(m0 + m)[b])), acc[m]);
+    }
+  }
+  for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
+}
+
+template <int RM>
+struct Q4Tile {
+  static void run(const uint8_t* g, const QAct& a, int64_t m0, float* o, int64_t ldo, __m256 b) {
+    tile_q4x8<RM>(g, a, m0, o, ldo, b);
+  }
+};
+template <int RM>
+struct Q8Tile {
+  static void run(const uint8_t* g, const QAct& a, int64_t m0, float* o, int64_t ldo, __m256 b) {
+    tile_q8x8<RM>(g, a, m0, o, ldo, b);
+  }
+};
+
+// Rows of M in blocks that stay in L2 while a thread's weight groups pass over them.
+constexpr int64_t M_BLOCK = 64;
+
+template <template <int> class T>
+void gemm(const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64_t M, float* out, int64_t ldo,
+          const float* bias) {
+  const int64_t groups = N / 8;
+  const int64_t grain = std::max<int64_t>(1, groups / (4 * at::get_num_threads()));
+  at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    for (int64_t mb = 0; mb < M; mb += M_BLOCK) {
+      const int64_t me = std::min(M, mb + M_BLOCK);
+      for (int64_t g = g0; g < g1; ++g) {
+        const uint8_t* gw = W + g * group_bytes;
+        const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * g) : _mm256_setzero_ps();
+        float* o = out + 8 * g;
+        int64_t m = mb;
+        for (; m + 4 <= me; m += 4) T<4>::run(gw, a, m, o, ldo, bv);
+        switch (me - m) {
+          case 3: T<3>::run(gw, a, m, o, ldo, bv); break;
+          case 2: T<2>::run(gw, a, m, o, ldo, bv); break;
+          case 1: T<1>::run(gw, a, m, o, ldo, bv); break;
+          default: break;
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64_t M, float* out,
+             int64_t ldo, const float* bias) {
+  if (fmt == FMT_Q4X8) {
+    gemm<Q4Tile>(W, group_bytes, N, a, M, out, ldo, bias);
+  } else {
+    gemm<Q8Tile>(W, group_bytes, N, a, M, out, ldo, bias);
+  }
+}
+
+void dequant_row_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t row, int64_t K, float* y) {
+  const uint8_t* g = W + (row / 8) * group_bytes;
+  const int64_t r = row % 8;
+  for (int64_t b = 0; b < K / 32; ++b) {
+    float* yb = y + 32 * b;
+    if (fmt == FMT_Q4X8) {
+      const uint8_t* blk = g + b * 160;
+      const float d = fp16(blk + 2 * r), mn = fp16(blk + 16 + 2 * r);
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) {
+          const uint8_t q = blk[32 + 32 * i + 4 * r + j];
+          yb[4 * i + j] = d * (q & 0xF) + mn;
+          yb[16 + 4 * i + j] = d * (q >> 4) + mn;
+        }
+    } else {
+      const uint8_t* blk = g + b * 272;
+      const float d = fp16(blk + 2 * r);
+      for (int i = 0; i < 8; ++i)
+        for (int j = 0; j < 4; ++j) yb[4 * i + j] = d * (int8_t)blk[16 + 32 * i + 4 * r + j];
+    }
+  }
+}
+
+// [N, row_bytes] GGUF blocks (Q4_0, Q4_1 or Q8_0) -> [N / 8, blocks * group block bytes]. Q4_0's
+// offset -8 d becomes Q4_1's m (exact in fp16: a power-of-two multiple).
+at::Tensor repack_x8(const at::Tensor& w, int64_t fmt, int64_t cols) {
+  TORCH_CHECK(fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_Q8_0, "repack_x8: Q4_0, Q4_1 or Q8_0 weights, got format ", fmt);
+  TORCH_CHECK(w.dtype() == at::kByte && w.dim() == 2 && w.is_contiguous() && w.size(1) == fmt_row_bytes(fmt, cols),
+              "repack_x8: contiguous uint8 [rows, row_bytes] in the format");
+  TORCH_CHECK(cols % 32 == 0 && w.size(0) % 8 == 0, "repack_x8: rows must be a multiple of 8 (got ", w.size(0), ")");
+  const int64_t N = w.size(0), nb = cols / 32, src_bytes = fmt_block_bytes(fmt);
+  const int64_t packed = fmt == FMT_Q8_0 ? FMT_Q8X8 : FMT_Q4X8, gb = fmt_block_bytes(packed);
+  auto out = at::empty({N / 8, nb * gb}, w.options());
+  const uint8_t* src = w.data_ptr<uint8_t>();
+  uint8_t* dst = out.data_ptr<uint8_t>();
+  const int64_t rb = w.size(1);
+  at::parallel_for(0, N / 8, 16, [&](int64_t g0, int64_t g1) {
+    for (int64_t g = g0; g < g1; ++g)
+      for (int64_t b = 0; b < nb; ++b) {
+        uint8_t* o = dst + g * nb * gb + b * gb;
+        for (int64_t r = 0; r < 8; ++r) {
+          const uint8_t* blk = src + (8 * g + r) * rb + b * src_bytes;
+          if (packed == FMT_Q8X8) {
+            std::memcpy(o + 2 * r, blk, 2);
+            for (int i = 0; i < 8; ++i) std::memcpy(o + 16 + 32 * i + 4 * r, blk + 2 + 4 * i, 4);
+            continue;
+          }
+          const uint8_t* qs = blk + (fmt == FMT_Q4_1 ? 4 : 2);
+          std::memcpy(o + 2 * r, blk, 2);
+          if (fmt == FMT_Q4_1) {
+            std::memcpy(o + 16 + 2 * r, blk + 2, 2);
+          } else {
+            const float m = -8.0f * fp16(blk);
+            TORCH_CHECK(std::isfinite(m) || !std::isfinite(fp16(blk)), "repack_x8: Q4_0 scale too large for fp16 offset");
+            const uint16_t h = _cvtss_sh(m, _MM_FROUND_TO_NEAREST_INT);
+            std::memcpy(o + 16 + 2 * r, &h, 2);
+          }
+          for (int i = 0; i < 4; ++i) std::memcpy(o + 32 + 32 * i + 4 * r, qs + 4 * i, 4);
+        }
+      }
+  });
+  return out;
+}
+
+TORCH_LIBRARY_FRAGMENT(radixlm, m) {
+  m.def("repack_x8(Tensor w, int fmt, int cols) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
+  m.impl("repack_x8", &repack_x8);
+}
+
+}  // namespace radixlm
