@@ -142,8 +142,11 @@ def table(results: dict, loads: list[Workload]) -> str:
             if m is None:
                 continue
             cs = "n/a" if m["cached_token_share"] is None else f"{m['cached_token_share']:.0%}"
-            lines.append(f"| {w.name} | {s} | {m['p50_ttft_ms']:.0f} / {m['p99_ttft_ms']:.0f} | {m['p50_tpot_ms']:.1f} | "
-                         f"{m['p50_itl_ms']:.1f} / {m['p99_itl_ms']:.1f} | {cs} | {m['errors']} |")
+            # One-token outputs (prefill-512) have no TPOT or ITL.
+            f = lambda key, spec: "n/a" if m.get(key) is None else format(m[key], spec)  # noqa: E731
+            lines.append(f"| {w.name} | {s} | {f('p50_ttft_ms', '.0f')} / {f('p99_ttft_ms', '.0f')} | "
+                         f"{f('p50_tpot_ms', '.1f')} | {f('p50_itl_ms', '.1f')} / {f('p99_itl_ms', '.1f')} | {cs} | "
+                         f"{m['errors']} |")
     return "\n".join(lines)
 
 

@@ -8,6 +8,7 @@
 // round activations to an int8 grid, so any difference here would be amplified into another token.
 #include "api.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -28,33 +29,6 @@ KVType kv_type(const at::Tensor& buf) {
     case at::kBFloat16: return KV_BF16;
     case at::kChar: return KV_I8;
     default: TORCH_CHECK(false, "KV buffer dtype ", buf.scalar_type(), " not supported (float32, float16, bfloat16, int8)");
-  }
-}
-
-// One head vector (D values, D % 8 == 0) of the pool as fp32.
-inline void to_f32(KVType t, const void* src, float scale, float* dst, int64_t D) {
-  switch (t) {
-    case KV_F32:
-      std::memcpy(dst, src, D * 4);
-      break;
-    case KV_F16:
-      for (int64_t i = 0; i < D; i += 8)
-        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)src + i))));
-      break;
-    case KV_BF16:
-      for (int64_t i = 0; i < D; i += 8) {
-        const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)((const uint16_t*)src + i)));
-        _mm256_storeu_ps(dst + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-      }
-      break;
-    case KV_I8: {
-      const __m256 s = _mm256_set1_ps(scale);
-      for (int64_t i = 0; i < D; i += 8) {
-        const __m256i w = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)((const int8_t*)src + i)));
-        _mm256_storeu_ps(dst + i, _mm256_mul_ps(_mm256_cvtepi32_ps(w), s));
-      }
-      break;
-    }
   }
 }
 
@@ -126,6 +100,146 @@ struct Item {
   int64_t b, h, row0, rows;
 };
 
+// 8 values of a head vector in the pool's element type, as fp32 (int8: before its scale).
+template <int T>
+inline __m256 ld8(const void* p, int64_t c) {
+  if constexpr (T == KV_F32) {
+    return _mm256_loadu_ps((const float*)p + c);
+  } else if constexpr (T == KV_F16) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)p + c)));
+  } else if constexpr (T == KV_BF16) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)((const uint16_t*)p + c)));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+  } else {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)((const int8_t*)p + c))));
+  }
+}
+
+// s[j] = (q . k_j) * scale (* k_j's int8 scale) for the n keys of a block, read in place, 8 keys
+// at a time: one 8-lane FMA chain per key (q[0:8] * k[0:8], then an FMA per 8 dims), the 8 chains
+// reduced by one fixed hadd tree into the 8 keys' lanes. Past n, lanes read key 0 again, unused.
+template <int T>
+inline void scores(const float* q, const void* const* kp, const float* ksc, int64_t n, int64_t D, float scale, float* s) {
+  const __m256 sc = _mm256_set1_ps(scale);
+  for (int64_t j = 0; j < n; j += 8) {
+    const void* k[8];
+    for (int i = 0; i < 8; ++i) k[i] = kp[j + i < n ? j + i : j];
+    const __m256 q0 = _mm256_loadu_ps(q);
+    __m256 a[8];
+    for (int i = 0; i < 8; ++i) a[i] = _mm256_mul_ps(q0, ld8<T>(k[i], 0));
+    for (int64_t c = 8; c < D; c += 8) {
+      const __m256 qc = _mm256_loadu_ps(q + c);
+      for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(qc, ld8<T>(k[i], c), a[i]);
+    }
+    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
+    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
+    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // keys 0-3 | keys 4-7, per 128-bit half
+    __m256 r = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+    if constexpr (T == KV_I8) r = _mm256_mul_ps(r, _mm256_load_ps(ksc + j));
+    _mm256_store_ps(s + j, _mm256_mul_ps(r, sc));
+  }
+}
+
+// o = o * alpha + sum_j p_j v_j (p_j times v_j's int8 scale): per element, o * alpha then one FMA
+// per key in key order; up to 64 dims at a time so 8 independent chains fill the pipeline.
+template <int T>
+inline void accumulate_pv(float* o, float alpha, const float* p, const void* const* vp, const float* vsc, int64_t n,
+                          int64_t D) {
+  const __m256 av = _mm256_set1_ps(alpha);
+  for (int64_t c0 = 0; c0 < D; c0 += 64) {
+    const int nc = (int)std::min<int64_t>(8, (D - c0) / 8);
+    __m256 acc[8];
+    for (int c = 0; c < nc; ++c) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(o + c0 + 8 * c), av);
+    for (int64_t j = 0; j < n; ++j) {
+      const __m256 pj = _mm256_set1_ps(T == KV_I8 ? p[j] * vsc[j] : p[j]);
+      if (nc == 8) {
+        for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(pj, ld8<T>(vp[j], c0 + 8 * c), acc[c]);
+      } else {
+        for (int c = 0; c < nc; ++c) acc[c] = _mm256_fmadd_ps(pj, ld8<T>(vp[j], c0 + 8 * c), acc[c]);
+      }
+    }
+    for (int c = 0; c < nc; ++c) _mm256_storeu_ps(o + c0 + 8 * c, acc[c]);
+  }
+}
+
+struct Args {
+  const float* q;
+  int64_t q_row_stride, Hq, G, D;
+  float* out;
+  const int64_t *rtt, *rpi, *sl, *qs;
+  int64_t C, slots;
+  float scale;
+};
+
+// The work items [i0, i1): each is QT query rows x the G query heads of one KV head of a request.
+template <int T>
+void run_items(const Args& A, const Pool& K, const Pool& V, const std::vector<Item>& items, int64_t i0, int64_t i1) {
+  const int64_t G = A.G, D = A.D, NQ = QT * G;
+  std::vector<float> o(NQ * D), m(NQ), l(NQ);
+  alignas(32) float s[KB], p[KB], ksc[KB], vsc[KB];
+  const void* kp[KB];
+  const void* vp[KB];
+  for (int64_t it = i0; it < i1; ++it) {
+    const Item& w = items[it];
+    const int64_t n_b = A.qs[w.b + 1] - A.qs[w.b], first_pos = A.sl[w.b] - n_b + w.row0;
+    const int64_t last_pos = first_pos + w.rows - 1;
+    const int64_t* slots_of = A.rtt + A.rpi[w.b] * A.C;
+    const int64_t nq = w.rows * G;
+    std::fill(o.begin(), o.begin() + nq * D, 0.0f);
+    std::fill(m.begin(), m.begin() + nq, -std::numeric_limits<float>::infinity());
+    std::fill(l.begin(), l.begin() + nq, 0.0f);
+    for (int64_t j0 = 0; j0 <= last_pos; j0 += KB) {
+      const int64_t nk = std::min<int64_t>(KB, last_pos + 1 - j0);
+      for (int64_t j = 0; j < nk; ++j) {
+        const int64_t slot = slots_of[j0 + j];
+        TORCH_CHECK(slot >= 0 && slot < A.slots, "paged_attention: KV slot ", slot, " out of range");
+        kp[j] = K.at(slot, w.h);
+        vp[j] = V.at(slot, w.h);
+        if constexpr (T == KV_I8) ksc[j] = K.scale_at(slot, w.h), vsc[j] = V.scale_at(slot, w.h);
+      }
+      for (int64_t r = 0; r < w.rows; ++r) {
+        const int64_t pos = first_pos + r;
+        const int64_t n = std::min<int64_t>(nk, pos + 1 - j0);  // keys this query sees in the block
+        if (n <= 0) continue;
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t qi = r * G + g;
+          const float* qv = A.q + (A.qs[w.b] + w.row0 + r) * A.q_row_stride + (w.h * G + g) * D;
+          scores<T>(qv, kp, ksc, n, D, A.scale, s);
+          float mb = -std::numeric_limits<float>::infinity();
+          for (int64_t j = 0; j < n; ++j) mb = std::max(mb, s[j]);
+          const float m_new = std::max(m[qi], mb);
+          const float alpha = m[qi] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m[qi] - m_new);
+          const __m256 mv = _mm256_set1_ps(m_new);
+          __m256 psum = _mm256_setzero_ps();
+          for (int64_t j = 0; j < KB; j += 8) {
+            __m256 e = _mm256_setzero_ps();
+            if (j < n) {
+              e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
+              if (j + 8 > n) {  // keys past the query's position weigh exactly 0
+                const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+                const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - j)), lane));
+                e = _mm256_and_ps(e, keep);
+              }
+            }
+            _mm256_store_ps(p + j, e);
+            psum = _mm256_add_ps(psum, e);
+          }
+          l[qi] = l[qi] * alpha + hsum(psum);
+          accumulate_pv<T>(o.data() + qi * D, alpha, p, vp, vsc, n, D);
+          m[qi] = m_new;
+        }
+      }
+    }
+    for (int64_t r = 0; r < w.rows; ++r)
+      for (int64_t g = 0; g < G; ++g) {
+        const int64_t qi = r * G + g;
+        float* dst = A.out + ((A.qs[w.b] + w.row0 + r) * A.Hq + w.h * G + g) * D;
+        const __m256 inv = _mm256_set1_ps(1.0f / l[qi]);
+        for (int64_t c = 0; c < D; c += 8) _mm256_storeu_ps(dst + c, _mm256_mul_ps(_mm256_loadu_ps(o.data() + qi * D + c), inv));
+      }
+  }
+}
+
 // q [T, Hq, D] (row stride free), out [T, Hq, D] contiguous. Request b has q rows
 // q_start[b] .. q_start[b+1] at positions seq_lens[b] - n_b ... seq_lens[b] - 1 and keys at slots
 // req_to_token[req_pool_indices[b], 0 .. seq_lens[b]).
@@ -160,92 +274,20 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at:
     for (int64_t r = 0; r < n; r += QT)
       for (int64_t h = 0; h < Hkv; ++h) items.push_back({b, h, r, std::min<int64_t>(QT, n - r)});
   }
-  const float sc = (float)scale;
-  const float* qp = q.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const int64_t qrs = q.stride(0);
-  const bool convert = K.type != KV_F32;
-
+  // Requests that share a cached prefix share its first slot: run their items for one KV head back
+  // to back, so the prefix's K/V is still in cache for the next (the results do not change).
+  auto first_slot = [&](const Item& w) { return sl[w.b] > 0 ? rtt[rpi[w.b] * C] : -1; };
+  std::stable_sort(items.begin(), items.end(), [&](const Item& x, const Item& y) {
+    const int64_t fx = first_slot(x), fy = first_slot(y);
+    return fx != fy ? fx < fy : x.h < y.h;
+  });
+  const Args A{q.data_ptr<float>(), q.stride(0), Hq, G, D, out.data_ptr<float>(), rtt, rpi, sl, qs, C, slots, (float)scale};
   at::parallel_for(0, (int64_t)items.size(), 1, [&](int64_t i0, int64_t i1) {
-    const int64_t NQ = QT * G;
-    std::vector<float> o(NQ * D), m(NQ), l(NQ), kbuf(convert ? KB * D : 0), vbuf(convert ? KB * D : 0);
-    alignas(32) float s[KB], p[KB];
-    const float* kp[KB];
-    const float* vp[KB];
-    for (int64_t it = i0; it < i1; ++it) {
-      const Item& w = items[it];
-      const int64_t n_b = qs[w.b + 1] - qs[w.b], first_pos = sl[w.b] - n_b + w.row0;
-      const int64_t last_pos = first_pos + w.rows - 1;
-      const int64_t* slots_of = rtt + rpi[w.b] * C;
-      const int64_t nq = w.rows * G;
-      std::fill(o.begin(), o.begin() + nq * D, 0.0f);
-      std::fill(m.begin(), m.begin() + nq, -std::numeric_limits<float>::infinity());
-      std::fill(l.begin(), l.begin() + nq, 0.0f);
-      for (int64_t j0 = 0; j0 <= last_pos; j0 += KB) {
-        const int64_t nk = std::min<int64_t>(KB, last_pos + 1 - j0);
-        for (int64_t j = 0; j < nk; ++j) {
-          const int64_t slot = slots_of[j0 + j];
-          TORCH_CHECK(slot >= 0 && slot < slots, "paged_attention: KV slot ", slot, " out of range");
-          if (convert) {
-            to_f32(K.type, K.at(slot, w.h), K.scale_at(slot, w.h), kbuf.data() + j * D, D);
-            to_f32(V.type, V.at(slot, w.h), V.scale_at(slot, w.h), vbuf.data() + j * D, D);
-            kp[j] = kbuf.data() + j * D;
-            vp[j] = vbuf.data() + j * D;
-          } else {
-            kp[j] = (const float*)K.at(slot, w.h);
-            vp[j] = (const float*)V.at(slot, w.h);
-          }
-        }
-        for (int64_t r = 0; r < w.rows; ++r) {
-          const int64_t pos = first_pos + r;
-          const int64_t n = std::min<int64_t>(nk, pos + 1 - j0);  // keys this query sees in the block
-          if (n <= 0) continue;
-          for (int64_t g = 0; g < G; ++g) {
-            const int64_t qi = r * G + g;
-            const float* qv = qp + (qs[w.b] + w.row0 + r) * qrs + (w.h * G + g) * D;
-            float mb = -std::numeric_limits<float>::infinity();
-            for (int64_t j = 0; j < n; ++j) {
-              __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(qv), _mm256_loadu_ps(kp[j]));
-              for (int64_t c = 8; c < D; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(qv + c), _mm256_loadu_ps(kp[j] + c), acc);
-              s[j] = hsum(acc) * sc;
-              mb = std::max(mb, s[j]);
-            }
-            const float m_new = std::max(m[qi], mb);
-            const float alpha = m[qi] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m[qi] - m_new);
-            const __m256 mv = _mm256_set1_ps(m_new);
-            __m256 psum = _mm256_setzero_ps();
-            for (int64_t j = 0; j < KB; j += 8) {
-              __m256 e = _mm256_setzero_ps();
-              if (j < n) {
-                e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
-                if (j + 8 > n) {  // keys past the query's position weigh exactly 0
-                  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-                  const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - j)), lane));
-                  e = _mm256_and_ps(e, keep);
-                }
-              }
-              _mm256_store_ps(p + j, e);
-              psum = _mm256_add_ps(psum, e);
-            }
-            l[qi] = l[qi] * alpha + hsum(psum);
-            float* ov = o.data() + qi * D;
-            const __m256 av = _mm256_set1_ps(alpha);
-            for (int64_t c = 0; c < D; c += 8) {
-              __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(ov + c), av);
-              for (int64_t j = 0; j < n; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(vp[j] + c), acc);
-              _mm256_storeu_ps(ov + c, acc);
-            }
-            m[qi] = m_new;
-          }
-        }
-      }
-      for (int64_t r = 0; r < w.rows; ++r)
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t qi = r * G + g;
-          float* dst = op + ((qs[w.b] + w.row0 + r) * Hq + w.h * G + g) * D;
-          const __m256 inv = _mm256_set1_ps(1.0f / l[qi]);
-          for (int64_t c = 0; c < D; c += 8) _mm256_storeu_ps(dst + c, _mm256_mul_ps(_mm256_loadu_ps(o.data() + qi * D + c), inv));
-        }
+    switch (K.type) {
+      case KV_F32: run_items<KV_F32>(A, K, V, items, i0, i1); break;
+      case KV_F16: run_items<KV_F16>(A, K, V, items, i0, i1); break;
+      case KV_BF16: run_items<KV_BF16>(A, K, V, items, i0, i1); break;
+      case KV_I8: run_items<KV_I8>(A, K, V, items, i0, i1); break;
     }
   });
 }
