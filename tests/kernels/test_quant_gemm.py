@@ -47,6 +47,24 @@ def act_q8_bound(kernel_ops, x, w):
     return half_step @ w.abs().T
 
 
+def check_kernel(kernel_ops, w, kernel_id, w_ref, m, g, label):
+    """Weight `w` (stored as kernel_id) against its dequantized reference w_ref [n, k]: dequantize
+    and row lookups exact, and qlinear on m random rows within both references' bounds."""
+    n, k = w_ref.shape
+    assert torch.equal(kernel_ops.dequantize(w, kernel_id, k), w_ref), f"{label}: dequantize"
+    ids = torch.randint(0, n, (5,), generator=g)
+    assert torch.equal(kernel_ops.dequantize_rows(w, kernel_id, k, ids), w_ref[ids])
+    x = torch.randn(m, k, generator=g)
+    bias = torch.randn(n, generator=g)
+    y = kernel_ops.qlinear(x, w, kernel_id, bias)
+    assert y.shape == (m, n)
+    e_exact = dot_err(y - bias, exact_reference(kernel_ops, x, w_ref), x, w_ref)
+    assert e_exact < EXACT_RTOL, f"{label} {m}x{k}x{n}: {e_exact:.2e} vs the exact reference"
+    err_fp32 = (y - (x @ w_ref.T + bias)).abs()
+    bound = act_q8_bound(kernel_ops, x, w_ref) * (1 + 1e-4) + EXACT_RTOL * (x.abs() @ w_ref.abs().T)
+    assert (err_fp32 <= bound).all(), f"{label} {m}x{k}x{n}: beyond the 8-bit activation bound"
+
+
 SHAPES = [(1, 37, 1), (2, 64, 2), (3, 1, 3), (4, 130, 1), (5, 17, 2), (7, 96, 3), (13, 33, 1), (31, 40, 2), (64, 9, 1)]
 
 
@@ -58,18 +76,7 @@ def test_qlinear_matches_dequantized_reference(kernel_ops, name):
         k = blocks * fmt.block
         w = random_quantized(name, n, k, g)
         w_ref = dequantize_reference(w, name, k)
-        assert torch.equal(kernel_ops.dequantize(w, fmt.kernel_id, k), w_ref), f"{name}: dequantize"
-        ids = torch.randint(0, n, (5,), generator=g)
-        assert torch.equal(kernel_ops.dequantize_rows(w, fmt.kernel_id, k, ids), w_ref[ids])
-        x = torch.randn(m, k, generator=g)
-        bias = torch.randn(n, generator=g)
-        y = kernel_ops.qlinear(x, w, fmt.kernel_id, bias)
-        assert y.shape == (m, n)
-        e_exact = dot_err(y - bias, exact_reference(kernel_ops, x, w_ref), x, w_ref)
-        assert e_exact < EXACT_RTOL, f"{name} {m}x{k}x{n}: {e_exact:.2e} vs the exact reference"
-        err_fp32 = (y - (x @ w_ref.T + bias)).abs()
-        bound = act_q8_bound(kernel_ops, x, w_ref) * (1 + 1e-4) + EXACT_RTOL * (x.abs() @ w_ref.abs().T)
-        assert (err_fp32 <= bound).all(), f"{name} {m}x{k}x{n}: beyond the 8-bit activation bound"
+        check_kernel(kernel_ops, w, fmt.kernel_id, w_ref, m, g, name)
 
 
 @pytest.mark.parametrize("name", list(INTERLEAVED))
@@ -84,18 +91,7 @@ def test_interleaved_layout_matches_dequantized_reference(kernel_ops, name):
         w_ref = dequantize_reference(w, name, k)
         p = kernel_ops.repack_x8(w, src.kernel_id, k)
         assert p.shape == (n // 8, packed.row_bytes(k))
-        assert torch.equal(kernel_ops.dequantize(p, packed.kernel_id, k), w_ref), f"{name}: dequantize"
-        ids = torch.randint(0, n, (7,), generator=g)
-        assert torch.equal(kernel_ops.dequantize_rows(p, packed.kernel_id, k, ids), w_ref[ids])
-        x = torch.randn(m, k, generator=g)
-        bias = torch.randn(n, generator=g)
-        y = kernel_ops.qlinear(x, p, packed.kernel_id, bias)
-        assert y.shape == (m, n)
-        e_exact = dot_err(y - bias, exact_reference(kernel_ops, x, w_ref), x, w_ref)
-        assert e_exact < EXACT_RTOL, f"{name} {m}x{k}x{n}: {e_exact:.2e} vs the exact reference"
-        err_fp32 = (y - (x @ w_ref.T + bias)).abs()
-        bound = act_q8_bound(kernel_ops, x, w_ref) * (1 + 1e-4) + EXACT_RTOL * (x.abs() @ w_ref.abs().T)
-        assert (err_fp32 <= bound).all(), f"{name} {m}x{k}x{n}: beyond the 8-bit activation bound"
+        check_kernel(kernel_ops, p, packed.kernel_id, w_ref, m, g, packed.name)
     with pytest.raises(RuntimeError, match="multiple of 8"):
         kernel_ops.repack_x8(random_quantized(name, 12, 64, g), src.kernel_id, 64)
 
