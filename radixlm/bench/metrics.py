@@ -34,6 +34,8 @@ def compute_metrics(outputs: Sequence[RequestOutput], duration: float) -> dict:
         "duration_s": duration,
         "completed": len(ok),
         "errors": len(outputs) - len(ok),
+        # Sent again after a stale keep-alive connection (no answer had started): not errors.
+        "retried_requests": sum(1 for o in outputs if o.retries),
         "total_input_tokens": prompt,
         "total_output_tokens": output,
         "request_throughput": len(ok) / duration if duration > 0 else 0.0,
@@ -69,6 +71,7 @@ def format_table(res: dict, title: str = "Serving benchmark") -> str:
     rows: list[Optional[tuple[str, str]]] = [
         ("Backend / dataset", f"{res.get('backend')} / {res.get('dataset')}"),
         ("Completed / errors", f"{res['completed']} / {res['errors']}"),
+        ("Retried (stale connection)", str(res.get("retried_requests", 0))),
         ("Duration (s)", _fmt(res["duration_s"])),
         ("Total input / output tokens", f"{res['total_input_tokens']} / {res['total_output_tokens']}"),
         ("Request throughput (req/s)", _fmt(res["request_throughput"])),

@@ -50,6 +50,7 @@ class RequestOutput:
     latency: float = 0.0  # seconds from send to the end of the stream
     itl: list[float] = field(default_factory=list)  # gaps between streamed tokens, seconds
     json_valid: Optional[bool] = None  # json workload: the output parses and validates
+    retries: int = 0  # sends again after a stale keep-alive connection failed before any answer
     request: Optional[RequestInput] = field(default=None, repr=False)  # what was sent
 
 
@@ -179,32 +180,53 @@ def parse_sse_line(line: str) -> Optional[dict]:
     return event
 
 
+# A server may close an idle keep-alive connection just as the client reuses it (llama-server
+# does): the request then fails before any byte of an answer. Such a request never reached the
+# server's queue, so it is sent again on a new connection; the clock keeps running from the first try.
+_STALE_CONNECTION_RETRIES = 2
+
+
+def _stale_connection(e: Exception) -> bool:
+    import httpx
+
+    return isinstance(e, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectError))
+
+
 async def send_request(client, base_url: str, backend: Backend, req: RequestInput, headers: dict) -> RequestOutput:
     """Send one streaming request; never raises (a failure is RequestOutput.success False)."""
-    out = RequestOutput(request=req)
-    state: dict = {}
-    start = last = time.perf_counter()
-    try:
-        async with client.stream("POST", base_url + backend.path, json=backend.payload(req), headers=headers) as resp:
-            if resp.status_code != 200:
-                body = (await resp.aread()).decode(errors="replace")
-                raise RequestFailed(f"HTTP {resp.status_code}: {body[:300]}")
-            async for line in resp.aiter_lines():
-                event = parse_sse_line(line)
-                if event is None:
-                    continue
-                new = backend.update(event, out, state)
-                if new:
-                    now = time.perf_counter()
-                    if out.ttft is None:
-                        out.ttft = now - start
-                    else:  # several tokens in one chunk: spread the gap over them (as SGLang does)
-                        out.itl.extend([(now - last) / new] * new)
-                    last = now
-        out.latency = time.perf_counter() - start
-        if out.ttft is None:  # nothing visible streamed (e.g. only special tokens): first = last
-            out.ttft = out.latency
-        out.success = True
-    except Exception as e:  # noqa: BLE001 - a benchmark counts failures, it does not stop on them
-        out.error = f"{type(e).__name__}: {e}" if not isinstance(e, RequestFailed) else str(e)
+    start = time.perf_counter()
+    for attempt in range(_STALE_CONNECTION_RETRIES + 1):
+        out = RequestOutput(request=req)
+        got_response = False
+        try:
+            last = start
+            async with client.stream("POST", base_url + backend.path, json=backend.payload(req), headers=headers) as resp:
+                got_response = True
+                if resp.status_code != 200:
+                    body = (await resp.aread()).decode(errors="replace")
+                    raise RequestFailed(f"HTTP {resp.status_code}: {body[:300]}")
+                state: dict = {}
+                async for line in resp.aiter_lines():
+                    event = parse_sse_line(line)
+                    if event is None:
+                        continue
+                    new = backend.update(event, out, state)
+                    if new:
+                        now = time.perf_counter()
+                        if out.ttft is None:
+                            out.ttft = now - start
+                        else:  # several tokens in one chunk: spread the gap over them (as SGLang does)
+                            out.itl.extend([(now - last) / new] * new)
+                        last = now
+            out.latency = time.perf_counter() - start
+            if out.ttft is None:  # nothing visible streamed (e.g. only special tokens): first = last
+                out.ttft = out.latency
+            out.success = True
+            out.retries = attempt
+            return out
+        except Exception as e:  # noqa: BLE001 - a benchmark counts failures, it does not stop on them
+            out.error = f"{type(e).__name__}: {e}" if not isinstance(e, RequestFailed) else str(e)
+            out.retries = attempt
+            if got_response or not _stale_connection(e):
+                return out
     return out

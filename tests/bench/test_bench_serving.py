@@ -219,3 +219,79 @@ def test_one_batch_shared_prefix_matches_engine_greedy(tiny_model_dir, monkeypat
         sp = {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
         outs = engine.generate(input_ids=prompts, sampling_params=sp)
     assert [o["output_ids"] for o in outs] == res["output_ids"]
+
+
+def _one_answer_per_connection_server():
+    """A raw HTTP/1.1 server that promises keep-alive but closes each connection, unanswered, when
+    its second request arrives (as llama-server drops idle connections a client pool reuses)."""
+    import asyncio
+
+    sse = b'data: {"choices":[{"index":0,"text":"ok"}]}\n\ndata: [DONE]\n\n'
+    stats = {"connections": 0, "answered": 0, "dropped": 0}
+
+    async def read_request(reader) -> bool:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = next((int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")), 0)
+        await reader.readexactly(length)
+        return True
+
+    async def handle(reader, writer):
+        stats["connections"] += 1
+        try:
+            await read_request(reader)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: keep-alive\r\n"
+                         b"Content-Length: %d\r\n\r\n" % len(sse) + sse)
+            await writer.drain()
+            stats["answered"] += 1
+            await read_request(reader)
+            stats["dropped"] += 1
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    return handle, stats
+
+
+def test_stale_keepalive_connection_is_retried_not_counted_as_error():
+    import asyncio
+
+    import httpx
+
+    from radixlm.bench.serving_client import RequestInput, send_request
+
+    async def main():
+        handle, stats = _one_answer_per_connection_server()
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+        async with httpx.AsyncClient() as client:
+            outs = [await send_request(client, url, OpenAIBackend("m"), RequestInput([{"content": "hi"}], 2), {})
+                    for _ in range(4)]
+        server.close()
+        return outs, stats
+
+    outs, stats = asyncio.run(main())
+    assert all(o.success and o.text == "ok" for o in outs), [o.error for o in outs]
+    assert stats["answered"] == 4 and stats["dropped"] == 3  # requests 2-4 each met a dropped connection first
+    assert [o.retries for o in outs] == [0, 1, 1, 1]
+    assert compute_metrics(outs, 1.0)["retried_requests"] == 3
+
+
+def test_request_rejected_with_an_answer_is_not_retried():
+    import asyncio
+
+    import httpx
+
+    from radixlm.bench.serving_client import RequestInput, send_request
+
+    calls = []
+
+    def app(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        return httpx.Response(503, text="overloaded")
+
+    async def main():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(app)) as client:
+            return await send_request(client, "http://x", OpenAIBackend("m"), RequestInput([{"content": "hi"}], 2), {})
+
+    out = asyncio.run(main())
+    assert not out.success and out.error.startswith("HTTP 503") and len(calls) == 1 and out.retries == 0
