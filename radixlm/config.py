@@ -26,7 +26,8 @@ class ServerArgs:
     # like llama.cpp), else "none"; "none" dequantizes to `dtype` (the HF-equality reference);
     # int8 (per output channel) / q4_0 / q8_0 quantize at load. CUDA: always the torch path.
     quantization: Optional[str] = None
-    # KV cache element type; auto = the model dtype. int8 keeps a float32 scale per token and head.
+    # KV cache element type; auto = float16 for quantized weights on the native CPU kernels (like
+    # llama.cpp), else the model dtype. int8 keeps a float32 scale per token and head.
     kv_cache_dtype: str = "auto"
     # native: the project's paged CPU kernel (any KV dtype, batch-invariant); torch: SDPA over
     # gathered K/V (any device). None: native on CPU when the kernels load, else torch.
@@ -121,7 +122,7 @@ class ServerArgs:
             "quantization": "weights: gguf (a GGUF's own quantization, its default), none (dequantize to --dtype, "
             "the default for other checkpoints), "
             "int8, q4_0, q8_0 (quantize at load); quantized weights run the native CPU kernels",
-            "kv_cache_dtype": "KV cache element type (auto: the model dtype; int8 with per-token scales)",
+            "kv_cache_dtype": "KV cache element type (auto: float16 for quantized weights on the native CPU kernels, else the model dtype; int8 with per-token scales)",
             "attention_backend": "native (the paged CPU kernel; default on CPU when the kernels build) or torch (SDPA)",
             "decode_kv_mirror_gb": "memory for a dense copy of the decoding requests' KV (0: off; default 1 on CPU, "
             "0 on CUDA)",

@@ -47,7 +47,7 @@ class ModelRunner:
         self.num_layers = cfg.num_hidden_layers
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-        self.kv_dtype = server_args.resolved_kv_cache_dtype()
+        self.kv_dtype = self._kv_dtype()
         self.attn_backend = self._make_attn_backend()
         self.max_total_num_tokens = self._kv_capacity()
         model_ctx = server_args.context_length or self.loaded.context_len
@@ -72,6 +72,17 @@ class ModelRunner:
             self.context_len,
             type(self.attn_backend).__name__,
         )
+
+    def _kv_dtype(self):
+        """auto: float16 where quantized weights run the native kernels (llama.cpp's default KV type;
+        decode attention reads half the bytes), else the model dtype (float32: the HF reference)."""
+        from radixlm.model.layers.native_attention import native_attention_supported
+
+        args = self.server_args
+        if (args.kv_cache_dtype == "auto" and self.loaded.quantization != "none" and args.attention_backend != "torch"
+                and native_attention_supported(self.head_dim, self.dtype, self.device)[0]):
+            return torch.float16
+        return args.resolved_kv_cache_dtype()
 
     def _make_attn_backend(self):
         from radixlm.model.layers.attention import TorchSDPABackend

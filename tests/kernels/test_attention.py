@@ -124,3 +124,54 @@ def test_paged_attention_bad_input(kernel_ops):
         kb, vb = lay.pool.get_kv_buffer(0)
         kernel_ops.paged_attention(torch.randn(1, 2, 8), kb, vb, None, None, lay.req_pool.req_to_token,
                                    torch.tensor([lay.rows[0]]), torch.tensor([10]), torch.tensor([0, 1]), 0.25)
+
+
+class SharedLayout(Layout):
+    """Requests whose rows start with the same slots, as after radix-cache hits: request i holds the
+    first prefixes[i] slots of one shared chain, then tails[i] slots of its own."""
+
+    def __init__(self, prefixes, tails, kvh, d, dtype, seed):
+        self.g = torch.Generator().manual_seed(seed)
+        self.kvh, self.d = kvh, d
+        chain = max(prefixes)
+        total = chain + sum(tails)
+        self.pool = TokenToKVPool(total + 50, 1, kvh, d, dtype)
+        # The chain takes the lowest slots, so a request with a longer share of it sorts before one
+        # that branches off earlier: units start deep and then take in shallower requests.
+        perm = torch.randperm(total + 50, generator=self.g) + 1
+        slots = torch.cat([perm[perm <= chain + 25][:chain], perm[perm > chain + 25][: total - chain]])
+        k = torch.randn(total, kvh, d, generator=self.g) * 2
+        v = torch.randn(total, kvh, d, generator=self.g)
+        self.pool.set_kv_buffer(0, slots, k, v)
+        self.lens = [p + t for p, t in zip(prefixes, tails)]
+        self.req_pool = ReqToTokenPool(len(tails) + 3, max(self.lens) + 8)
+        self.rows = []
+        off = chain
+        for p, t in zip(prefixes, tails):
+            row = self.req_pool.alloc()
+            self.req_pool.req_to_token[row, : p + t] = torch.cat([slots[:p], slots[off : off + t]])
+            self.rows.append(row)
+            off += t
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+def test_paged_attention_shared_prefixes(kernel_ops, dtype):
+    """Requests sharing cached prefixes of different lengths (K/V read once per group of queries)
+    match SDPA, and each request's output is bitwise what it gets alone."""
+    prefixes = [270, 200, 270, 40, 200, 270, 0, 200, 100, 270, 31, 270, 200, 256, 224, 256, 224, 230, 256]
+    tails = [1, 5, 40, 1, 33, 2, 20, 64, 10, 9, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+    # decode steps; extends, one from inside the prefix
+    q_lens = [1, 5, 40, 1, 3, 2, 20, 64, 60, 9, 1, 1, 1, 1, 1, 1, 1, 1, 1]
+    lay = SharedLayout(prefixes, tails, 3, 64, dtype, seed=11)
+    q = torch.randn(sum(q_lens), 9, 64, generator=lay.g)
+    scale = 0.125
+    out = lay.run(kernel_ops, q, list(range(len(tails))), q_lens, scale)
+    off = 0
+    for i, n in enumerate(q_lens):
+        k, v = lay.stored(i)
+        ref = sdpa_ref(q[off : off + n], k, v, scale)
+        err = ((out[off : off + n] - ref).abs().max() / ref.abs().max()).item()
+        assert err < RTOL, f"request {i} ({lay.lens[i]} keys, {n} queries): relative error {err:.2e}"
+        alone = lay.run(kernel_ops, q[off : off + n].clone(), [i], [n], scale)
+        assert torch.equal(alone, out[off : off + n]), f"request {i} differs beside the others"
+        off += n

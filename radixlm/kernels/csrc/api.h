@@ -3,6 +3,17 @@
 #pragma once
 #include "common.h"
 
+#include <memory>
+
+namespace radixlm {
+// How one batch's queries are cut into work for paged attention (attention.cpp); depends only on
+// the index tensors, so one plan serves every layer of a forward.
+struct AttentionPlan;
+std::shared_ptr<const AttentionPlan> plan_attention(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                                                    const at::Tensor& seq_lens, const at::Tensor& q_start,
+                                                    int64_t num_kv_heads, int64_t group);
+}  // namespace radixlm
+
 namespace radixlm::api {
 void qlinear_out(const at::Tensor& x, const at::Tensor& w, int64_t fmt, const c10::optional<at::Tensor>& bias,
                  at::Tensor& out);
@@ -16,5 +27,5 @@ void kv_store_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& loc, 
 void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                          const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,
                          const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
-                         const at::Tensor& q_start, double scale, at::Tensor& out);
+                         const at::Tensor& q_start, double scale, at::Tensor& out, const AttentionPlan* plan = nullptr);
 }  // namespace radixlm::api

@@ -9,6 +9,7 @@
 #include "api.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <vector>
@@ -19,6 +20,7 @@ namespace {
 constexpr int KB = 32;    // keys per block
 constexpr int QT = 4;     // query rows per work item (each with all the query heads of a KV head)
 constexpr int MAXD = 256;
+constexpr int64_t PF_AHEAD = 2;  // blocks of K/V asked for ahead of use
 
 enum KVType : int { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2, KV_I8 = 3 };
 
@@ -84,7 +86,8 @@ struct Pool {
 };
 
 Pool make_pool(const at::Tensor& buf, const c10::optional<at::Tensor>& scale, const char* what) {
-  TORCH_CHECK(buf.dim() == 3 && buf.is_contiguous(), what, ": contiguous [slots, kv_heads, head_dim]");
+  // Any strides over slots and heads (the pool stores CPU buffers head-major); a head's row is contiguous.
+  TORCH_CHECK(buf.dim() == 3 && buf.stride(2) == 1, what, ": [slots, kv_heads, head_dim] with contiguous rows");
   Pool p{(const uint8_t*)buf.data_ptr(), kv_type(buf), buf.stride(0) * buf.element_size(), buf.stride(1) * buf.element_size(),
          nullptr, buf.size(1)};
   if (p.type == KV_I8) {
@@ -96,8 +99,8 @@ Pool make_pool(const at::Tensor& buf, const c10::optional<at::Tensor>& scale, co
   return p;
 }
 
-struct Item {
-  int64_t b, h, row0, rows;
+struct Item {  // query rows [row0, row0 + rows) of request b
+  int64_t b, row0, rows;
 };
 
 // 8 values of a head vector in the pool's element type, as fp32 (int8: before its scale).
@@ -115,138 +118,376 @@ inline __m256 ld8(const void* p, int64_t c) {
   }
 }
 
-// s[j] = (q . k_j) * scale (* k_j's int8 scale) for the n keys of a block, read in place, 8 keys
-// at a time: one 8-lane FMA chain per key (q[0:8] * k[0:8], then an FMA per 8 dims), the 8 chains
-// reduced by one fixed hadd tree into the 8 keys' lanes. Past n, lanes read key 0 again, unused.
-template <int T>
-inline void scores(const float* q, const void* const* kp, const float* ksc, int64_t n, int64_t D, float scale, float* s) {
-  const __m256 sc = _mm256_set1_ps(scale);
-  for (int64_t j = 0; j < n; j += 8) {
-    const void* k[8];
-    for (int i = 0; i < 8; ++i) k[i] = kp[j + i < n ? j + i : j];
-    const __m256 q0 = _mm256_loadu_ps(q);
-    __m256 a[8];
-    for (int i = 0; i < 8; ++i) a[i] = _mm256_mul_ps(q0, ld8<T>(k[i], 0));
-    for (int64_t c = 8; c < D; c += 8) {
-      const __m256 qc = _mm256_loadu_ps(q + c);
-      for (int i = 0; i < 8; ++i) a[i] = _mm256_fmadd_ps(qc, ld8<T>(k[i], c), a[i]);
-    }
-    const __m256 t0 = _mm256_hadd_ps(a[0], a[1]), t1 = _mm256_hadd_ps(a[2], a[3]);
-    const __m256 t2 = _mm256_hadd_ps(a[4], a[5]), t3 = _mm256_hadd_ps(a[6], a[7]);
-    const __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);  // keys 0-3 | keys 4-7, per 128-bit half
-    __m256 r = _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-    if constexpr (T == KV_I8) r = _mm256_mul_ps(r, _mm256_load_ps(ksc + j));
-    _mm256_store_ps(s + j, _mm256_mul_ps(r, sc));
-  }
-}
+struct Index {  // the batch's index tensors, checked
+  const int64_t *rtt, *rpi, *sl, *qs;
+  int64_t B, C, rows;
+  const int64_t* slots_of(int64_t b) const { return rtt + rpi[b] * C; }
+  int64_t first_pos(const Item& w) const { return sl[w.b] - (qs[w.b + 1] - qs[w.b]) + w.row0; }
+};
 
-// o = o * alpha + sum_j p_j v_j (p_j times v_j's int8 scale): per element, o * alpha then one FMA
-// per key in key order; up to 64 dims at a time so 8 independent chains fill the pipeline.
-template <int T>
-inline void accumulate_pv(float* o, float alpha, const float* p, const void* const* vp, const float* vsc, int64_t n,
-                          int64_t D) {
-  const __m256 av = _mm256_set1_ps(alpha);
-  for (int64_t c0 = 0; c0 < D; c0 += 64) {
-    const int nc = (int)std::min<int64_t>(8, (D - c0) / 8);
-    __m256 acc[8];
-    for (int c = 0; c < nc; ++c) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(o + c0 + 8 * c), av);
-    for (int64_t j = 0; j < n; ++j) {
-      const __m256 pj = _mm256_set1_ps(T == KV_I8 ? p[j] * vsc[j] : p[j]);
-      if (nc == 8) {
-        for (int c = 0; c < 8; ++c) acc[c] = _mm256_fmadd_ps(pj, ld8<T>(vp[j], c0 + 8 * c), acc[c]);
-      } else {
-        for (int c = 0; c < nc; ++c) acc[c] = _mm256_fmadd_ps(pj, ld8<T>(vp[j], c0 + 8 * c), acc[c]);
-      }
-    }
-    for (int c = 0; c < nc; ++c) _mm256_storeu_ps(o + c0 + 8 * c, acc[c]);
+Index check_index(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
+                  const at::Tensor& q_start) {
+  for (const at::Tensor* t : {&req_to_token, &req_pool_indices, &seq_lens, &q_start})
+    TORCH_CHECK(t->dtype() == at::kLong && t->is_contiguous() && t->device().is_cpu(), "paged_attention: index tensors are contiguous int64");
+  TORCH_CHECK(req_to_token.dim() == 2, "paged_attention: req_to_token [rows, context]");
+  const int64_t B = seq_lens.numel(), C = req_to_token.size(1);
+  TORCH_CHECK(req_pool_indices.numel() == B && q_start.numel() == B + 1, "paged_attention: batch sizes disagree");
+  const Index x{req_to_token.data_ptr<int64_t>(), req_pool_indices.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(),
+                q_start.data_ptr<int64_t>(), B, C, req_to_token.size(0)};
+  TORCH_CHECK(x.qs[0] == 0, "paged_attention: q_start must start at 0");
+  for (int64_t b = 0; b < B; ++b) {
+    const int64_t n = x.qs[b + 1] - x.qs[b];
+    TORCH_CHECK(n >= 0 && n <= x.sl[b] && x.sl[b] <= C, "paged_attention: request ", b, " has ", n, " queries over ",
+                x.sl[b], " keys");
+    TORCH_CHECK(x.rpi[b] >= 0 && x.rpi[b] < x.rows, "paged_attention: req_pool_index out of range");
   }
+  return x;
 }
 
 struct Args {
   const float* q;
   int64_t q_row_stride, Hq, G, D;
   float* out;
-  const int64_t *rtt, *rpi, *sl, *qs;
-  int64_t C, slots;
+  Index x;
+  int64_t slots;
   float scale;
 };
 
-// The work items [i0, i1): each is QT query rows x the G query heads of one KV head of a request.
+// A unit of work: items [i0, i1) of one KV head whose queries all see the first `shared` blocks
+// of keys, which sit at the same slots for all of them (one request's query rows, or requests that
+// share a cached prefix). Those blocks are read once for the whole unit, then each item walks the
+// rest of its own keys. Every query still goes through its blocks in order with the same
+// arithmetic, so grouping never changes a result; it only saves K/V reads.
+struct Unit {
+  int64_t i0, i1, shared, h0, h1;  // items, shared blocks, KV heads [h0, h1)
+  double cost;
+};
+
+// The block of keys [j0, j0 + nk) at slots `slot_row` (+ j0), as pointers (and int8 scales).
 template <int T>
-void run_items(const Args& A, const Pool& K, const Pool& V, const std::vector<Item>& items, int64_t i0, int64_t i1) {
-  const int64_t G = A.G, D = A.D, NQ = QT * G;
-  std::vector<float> o(NQ * D), m(NQ), l(NQ);
-  alignas(32) float s[KB], p[KB], ksc[KB], vsc[KB];
-  const void* kp[KB];
-  const void* vp[KB];
-  for (int64_t it = i0; it < i1; ++it) {
-    const Item& w = items[it];
-    const int64_t n_b = A.qs[w.b + 1] - A.qs[w.b], first_pos = A.sl[w.b] - n_b + w.row0;
-    const int64_t last_pos = first_pos + w.rows - 1;
-    const int64_t* slots_of = A.rtt + A.rpi[w.b] * A.C;
-    const int64_t nq = w.rows * G;
-    std::fill(o.begin(), o.begin() + nq * D, 0.0f);
-    std::fill(m.begin(), m.begin() + nq, -std::numeric_limits<float>::infinity());
-    std::fill(l.begin(), l.begin() + nq, 0.0f);
-    for (int64_t j0 = 0; j0 <= last_pos; j0 += KB) {
-      const int64_t nk = std::min<int64_t>(KB, last_pos + 1 - j0);
-      for (int64_t j = 0; j < nk; ++j) {
-        const int64_t slot = slots_of[j0 + j];
-        TORCH_CHECK(slot >= 0 && slot < A.slots, "paged_attention: KV slot ", slot, " out of range");
-        kp[j] = K.at(slot, w.h);
-        vp[j] = V.at(slot, w.h);
-        if constexpr (T == KV_I8) ksc[j] = K.scale_at(slot, w.h), vsc[j] = V.scale_at(slot, w.h);
-      }
-      for (int64_t r = 0; r < w.rows; ++r) {
-        const int64_t pos = first_pos + r;
-        const int64_t n = std::min<int64_t>(nk, pos + 1 - j0);  // keys this query sees in the block
-        if (n <= 0) continue;
-        for (int64_t g = 0; g < G; ++g) {
-          const int64_t qi = r * G + g;
-          const float* qv = A.q + (A.qs[w.b] + w.row0 + r) * A.q_row_stride + (w.h * G + g) * D;
-          scores<T>(qv, kp, ksc, n, D, A.scale, s);
-          float mb = -std::numeric_limits<float>::infinity();
-          for (int64_t j = 0; j < n; ++j) mb = std::max(mb, s[j]);
-          const float m_new = std::max(m[qi], mb);
-          const float alpha = m[qi] == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(m[qi] - m_new);
-          const __m256 mv = _mm256_set1_ps(m_new);
-          __m256 psum = _mm256_setzero_ps();
-          for (int64_t j = 0; j < KB; j += 8) {
-            __m256 e = _mm256_setzero_ps();
-            if (j < n) {
-              e = exp8(_mm256_sub_ps(_mm256_loadu_ps(s + j), mv));
-              if (j + 8 > n) {  // keys past the query's position weigh exactly 0
-                const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-                const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - j)), lane));
-                e = _mm256_and_ps(e, keep);
-              }
-            }
-            _mm256_store_ps(p + j, e);
-            psum = _mm256_add_ps(psum, e);
-          }
-          l[qi] = l[qi] * alpha + hsum(psum);
-          accumulate_pv<T>(o.data() + qi * D, alpha, p, vp, vsc, n, D);
-          m[qi] = m_new;
-        }
-      }
-    }
-    for (int64_t r = 0; r < w.rows; ++r)
-      for (int64_t g = 0; g < G; ++g) {
-        const int64_t qi = r * G + g;
-        float* dst = A.out + ((A.qs[w.b] + w.row0 + r) * A.Hq + w.h * G + g) * D;
-        const __m256 inv = _mm256_set1_ps(1.0f / l[qi]);
-        for (int64_t c = 0; c < D; c += 8) _mm256_storeu_ps(dst + c, _mm256_mul_ps(_mm256_loadu_ps(o.data() + qi * D + c), inv));
-      }
+inline void load_block(const Args& A, const Pool& K, const Pool& V, const int64_t* slot_row, int64_t h, int64_t j0,
+                       int64_t nk, const void** kp, const void** vp, float* ksc, float* vsc) {
+  for (int64_t j = 0; j < nk; ++j) {
+    const int64_t slot = slot_row[j0 + j];
+    TORCH_CHECK(slot >= 0 && slot < A.slots, "paged_attention: KV slot ", slot, " out of range");
+    kp[j] = K.at(slot, h);
+    vp[j] = V.at(slot, h);
+    if constexpr (T == KV_I8) ksc[j] = K.scale_at(slot, h), vsc[j] = V.scale_at(slot, h);
   }
 }
 
+// Asks for the K/V rows of keys [j0, j0 + nk) ahead of use: slots are scattered over the pool, so
+// the hardware prefetcher cannot guess them, and a block's compute hides the next one's misses.
+// always_inline: GCC finds a function of prefetches alone free of side effects and drops its calls.
+__attribute__((always_inline)) inline void prefetch_block(const Pool& K, const Pool& V, const int64_t* slot_row, int64_t h0,
+                                                          int64_t h1, int64_t j0, int64_t nk, int64_t row_bytes) {
+  for (int64_t h = h0; h < h1; ++h)
+    for (int64_t j = 0; j < nk; ++j) {
+      const int64_t slot = slot_row[j0 + j];
+      const char* kr = (const char*)K.at(slot, h);
+      const char* vr = (const char*)V.at(slot, h);
+      for (int64_t c = 0; c < row_bytes; c += 64) {
+        _mm_prefetch(kr + c, _MM_HINT_T0);
+        _mm_prefetch(vr + c, _MM_HINT_T0);
+      }
+    }
+}
+
+// The queries of a unit, as the block loop sees them.
+struct Queries {
+  std::vector<const float*> q;  // each query's vector
+  std::vector<int64_t> pos;     // its position (it sees keys 0..pos)
+  float *o, *m, *l;             // state [n, D], [n], [n]
+};
+
+// Scores of NQ queries against keys [j, j + 4) of a block: s[t * KB + j + i] = (q_t . k_i) * scale
+// (* k_i's int8 scale). Per key: an 8-lane product, an FMA per further 8 dims, then a fixed hadd
+// tree; the 4 keys and NQ queries share the loads. Keys past nk read key 0 again, unused.
+template <int T, int NQ>
+inline void scores4(const float* const* q, const void* const* kp, const float* ksc, int64_t j, int64_t nk, int64_t D,
+                    float scale, float* s) {
+  const void* k[4];
+  for (int i = 0; i < 4; ++i) k[i] = kp[j + i < nk ? j + i : 0];
+  __m256 a[NQ][4];
+  for (int i = 0; i < 4; ++i) {
+    const __m256 kv = ld8<T>(k[i], 0);
+    for (int t = 0; t < NQ; ++t) a[t][i] = _mm256_mul_ps(_mm256_loadu_ps(q[t]), kv);
+  }
+  for (int64_t c = 8; c < D; c += 8)
+    for (int i = 0; i < 4; ++i) {
+      const __m256 kv = ld8<T>(k[i], c);
+      for (int t = 0; t < NQ; ++t) a[t][i] = _mm256_fmadd_ps(_mm256_loadu_ps(q[t] + c), kv, a[t][i]);
+    }
+  const __m128 sc = _mm_set1_ps(scale);
+  for (int t = 0; t < NQ; ++t) {
+    const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a[t][0], a[t][1]), _mm256_hadd_ps(a[t][2], a[t][3]));
+    __m128 r = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
+    if constexpr (T == KV_I8) r = _mm_mul_ps(r, _mm_loadu_ps(ksc + j));
+    _mm_storeu_ps(s + t * KB + j, _mm_mul_ps(r, sc));
+  }
+}
+
+// o_t[c0, c0 + 8 NC) = o_t * alpha_t + sum_{j < n} p_tj v_j (p times v_j's int8 scale) for NQ
+// queries: per element o * alpha, then one FMA per key in key order.
+template <int T, int NQ, int NC>
+inline void pv_chunk(float* const* o, const float* alpha, const float* p, const void* const* vp, const float* vsc,
+                     int64_t n, int64_t c0) {
+  __m256 acc[NQ][NC];
+  for (int t = 0; t < NQ; ++t) {
+    const __m256 av = _mm256_set1_ps(alpha[t]);
+    for (int c = 0; c < NC; ++c) acc[t][c] = _mm256_mul_ps(_mm256_loadu_ps(o[t] + c0 + 8 * c), av);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    __m256 pj[NQ];
+    for (int t = 0; t < NQ; ++t) pj[t] = _mm256_set1_ps(T == KV_I8 ? p[t * KB + j] * vsc[j] : p[t * KB + j]);
+    for (int c = 0; c < NC; ++c) {
+      const __m256 vv = ld8<T>(vp[j], c0 + 8 * c);
+      for (int t = 0; t < NQ; ++t) acc[t][c] = _mm256_fmadd_ps(pj[t], vv, acc[t][c]);
+    }
+  }
+  for (int t = 0; t < NQ; ++t)
+    for (int c = 0; c < NC; ++c) _mm256_storeu_ps(o[t] + c0 + 8 * c, acc[t][c]);
+}
+
+template <int T, int NQ>
+inline void pv_tile(float* const* o, const float* alpha, const float* p, const void* const* vp, const float* vsc,
+                    int64_t n, int64_t D) {
+  int64_t c0 = 0;
+  for (; c0 + 32 <= D; c0 += 32) pv_chunk<T, NQ, 4>(o, alpha, p, vp, vsc, n, c0);
+  for (; c0 < D; c0 += 8) pv_chunk<T, NQ, 1>(o, alpha, p, vp, vsc, n, c0);
+}
+
+// max of s[0, n), n <= KB (the max of a set: the same whatever the order).
+inline float block_max(const float* s, int64_t n) {
+  const __m256 ninf = _mm256_set1_ps(-std::numeric_limits<float>::infinity());
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  __m256 mx = ninf;
+  for (int64_t j = 0; j < n; j += 8) {
+    const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n - j)), lane));
+    mx = _mm256_max_ps(mx, _mm256_blendv_ps(ninf, _mm256_loadu_ps(s + j), keep));
+  }
+  return hmax(mx);
+}
+
+// Queries [t0, t0 + NQ) of Q against one block of keys [j0, j0 + nk): scores, the online softmax
+// update and P.V, each query's arithmetic the same whatever queries share its tile.
+template <int T, int NQ>
+inline void attend_tile(const Queries& Q, int64_t t0, int64_t j0, int64_t nk, const void* const* kp,
+                        const void* const* vp, const float* ksc, const float* vsc, int64_t D, float scale) {
+  alignas(32) float s[NQ * KB], p[NQ * KB];
+  int64_t n[NQ];
+  float alpha[NQ];
+  float* o[NQ];
+  for (int t = 0; t < NQ; ++t) {
+    n[t] = std::min<int64_t>(nk, Q.pos[t0 + t] + 1 - j0);  // keys this query sees in the block
+    o[t] = Q.o + (t0 + t) * D;
+  }
+  const int64_t n_max = *std::max_element(n, n + NQ);
+  for (int64_t j = 0; j < n_max; j += 4) scores4<T, NQ>(&Q.q[t0], kp, ksc, j, nk, D, scale, s);
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  for (int t = 0; t < NQ; ++t) {
+    float* m = Q.m + t0 + t;
+    float* l = Q.l + t0 + t;
+    const float* st = s + t * KB;
+    const float m_new = std::max(*m, block_max(st, n[t]));
+    alpha[t] = *m == -std::numeric_limits<float>::infinity() ? 0.0f : std::exp(*m - m_new);
+    const __m256 mv = _mm256_set1_ps(m_new);
+    __m256 psum = _mm256_setzero_ps();
+    for (int64_t j = 0; j < KB; j += 8) {
+      __m256 e = _mm256_setzero_ps();
+      if (j < n[t]) {
+        e = exp8(_mm256_sub_ps(_mm256_loadu_ps(st + j), mv));
+        if (j + 8 > n[t]) {  // keys past the query's position weigh exactly 0
+          const __m256 keep = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n[t] - j)), lane));
+          e = _mm256_and_ps(e, keep);
+        }
+      }
+      _mm256_store_ps(p + t * KB + j, e);
+      psum = _mm256_add_ps(psum, e);
+    }
+    *l = *l * alpha[t] + hsum(psum);
+    *m = m_new;
+  }
+  const int64_t n_min = *std::min_element(n, n + NQ);
+  if (n_min == n_max) {
+    pv_tile<T, NQ>(o, alpha, p, vp, vsc, n_min, D);
+  } else {  // a block on the diagonal: each query on its own, over exactly the keys it sees
+    for (int t = 0; t < NQ; ++t)
+      if (n[t] > 0) pv_tile<T, 1>(&o[t], &alpha[t], p + t * KB, vp, vsc, n[t], D);
+  }
+}
+
+// Queries [t0, t1) of Q against one block, in tiles of 3 (then 2, 1).
+template <int T>
+inline void attend_block(const Queries& Q, int64_t t0, int64_t t1, int64_t j0, int64_t nk, const void* const* kp,
+                         const void* const* vp, const float* ksc, const float* vsc, int64_t D, float scale) {
+  int64_t t = t0;
+  for (; t + 3 <= t1; t += 3) attend_tile<T, 3>(Q, t, j0, nk, kp, vp, ksc, vsc, D, scale);
+  if (t1 - t == 2) attend_tile<T, 2>(Q, t, j0, nk, kp, vp, ksc, vsc, D, scale);
+  if (t1 - t == 1) attend_tile<T, 1>(Q, t, j0, nk, kp, vp, ksc, vsc, D, scale);
+}
+
+template <int T>
+void run_unit(const Args& A, const Pool& K, const Pool& V, const std::vector<Item>& items, const Unit& u,
+              std::vector<float>& ws, Queries& Q) {
+  const int64_t G = A.G, D = A.D;
+  // Queries by KV head, then item, row and query head: a head's queries (and an item's) are a range.
+  Q.q.clear();
+  Q.pos.clear();
+  for (int64_t h = u.h0; h < u.h1; ++h)
+    for (int64_t it = u.i0; it < u.i1; ++it) {
+      const Item& w = items[it];
+      const int64_t first_pos = A.x.first_pos(w);
+      for (int64_t r = 0; r < w.rows; ++r)
+        for (int64_t g = 0; g < G; ++g) {
+          Q.q.push_back(A.q + (A.x.qs[w.b] + w.row0 + r) * A.q_row_stride + (h * G + g) * D);
+          Q.pos.push_back(first_pos + r);
+        }
+    }
+  const int64_t nq = Q.q.size(), per_head = nq / (u.h1 - u.h0);
+  ws.resize(nq * (D + 2));
+  Q.o = ws.data(), Q.m = Q.o + nq * D, Q.l = Q.m + nq;
+  std::fill(Q.o, Q.o + nq * D, 0.0f);
+  std::fill(Q.m, Q.m + nq, -std::numeric_limits<float>::infinity());
+  std::fill(Q.l, Q.l + nq, 0.0f);
+  alignas(32) float ksc[KB], vsc[KB];
+  const void* kp[KB];
+  const void* vp[KB];
+  const int64_t* shared_row = A.x.slots_of(items[u.i0].b);
+  const int64_t row_bytes = D * (T == KV_F32 ? 4 : T == KV_I8 ? 1 : 2);
+  const int64_t shared_keys = u.shared * KB;
+  for (int64_t a = 1; a < PF_AHEAD && a * KB < shared_keys; ++a)
+    prefetch_block(K, V, shared_row, u.h0, u.h1, a * KB, KB, row_bytes);
+  for (int64_t j0 = 0; j0 < shared_keys; j0 += KB) {
+    if (j0 + PF_AHEAD * KB < shared_keys) prefetch_block(K, V, shared_row, u.h0, u.h1, j0 + PF_AHEAD * KB, KB, row_bytes);
+    for (int64_t h = u.h0; h < u.h1; ++h) {
+      load_block<T>(A, K, V, shared_row, h, j0, KB, kp, vp, ksc, vsc);
+      const int64_t t0 = (h - u.h0) * per_head;
+      attend_block<T>(Q, t0, t0 + per_head, j0, KB, kp, vp, ksc, vsc, D, A.scale);
+    }
+  }
+  int64_t q0 = 0;  // the item's first query within its head's range
+  for (int64_t it = u.i0; it < u.i1; ++it) {
+    const Item& w = items[it];
+    const int64_t last_pos = A.x.first_pos(w) + w.rows - 1, nw = w.rows * G;
+    const int64_t* row = A.x.slots_of(w.b);
+    for (int64_t j0 = shared_keys; j0 <= last_pos; j0 += KB) {
+      const int64_t nk = std::min<int64_t>(KB, last_pos + 1 - j0);
+      if (j0 + KB <= last_pos) prefetch_block(K, V, row, u.h0, u.h1, j0 + KB, std::min<int64_t>(KB, last_pos + 1 - j0 - KB),
+                                                row_bytes);
+      for (int64_t h = u.h0; h < u.h1; ++h) {
+        load_block<T>(A, K, V, row, h, j0, nk, kp, vp, ksc, vsc);
+        const int64_t t0 = (h - u.h0) * per_head + q0;
+        attend_block<T>(Q, t0, t0 + nw, j0, nk, kp, vp, ksc, vsc, D, A.scale);
+      }
+    }
+    for (int64_t h = u.h0; h < u.h1; ++h)
+      for (int64_t r = 0; r < w.rows; ++r)
+        for (int64_t g = 0; g < G; ++g) {
+          const int64_t qi = (h - u.h0) * per_head + q0 + r * G + g;
+          float* dst = A.out + ((A.x.qs[w.b] + w.row0 + r) * A.Hq + h * G + g) * D;
+          const __m256 inv = _mm256_set1_ps(1.0f / Q.l[qi]);
+          for (int64_t c = 0; c < D; c += 8)
+            _mm256_storeu_ps(dst + c, _mm256_mul_ps(_mm256_loadu_ps(Q.o + qi * D + c), inv));
+        }
+    q0 += nw;
+  }
+}
+
+}  // namespace
+
+// How one batch's queries are cut into units, made once per forward (the layers op shares it
+// across layers). Requests are sorted by their slot rows, so those sharing a cached prefix sit
+// together, however their prefixes branch; per KV head, consecutive items go into one unit while
+// they keep most of its shared blocks and it holds at most UNIT_QUERIES queries.
+struct AttentionPlan {
+  int64_t B, T, Hkv, G;
+  std::vector<Item> items;
+  std::vector<Unit> units;
+};
+
+constexpr int64_t UNIT_QUERIES = 64;
+
+std::shared_ptr<const AttentionPlan> plan_attention(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
+                                                    const at::Tensor& seq_lens, const at::Tensor& q_start, int64_t Hkv,
+                                                    int64_t G) {
+  const Index x = check_index(req_to_token, req_pool_indices, seq_lens, q_start);
+  const int64_t B = x.B;
+  auto plan = std::make_shared<AttentionPlan>();
+  plan->B = B, plan->T = x.qs[B], plan->Hkv = Hkv, plan->G = G;
+  std::vector<int64_t> order(B);
+  for (int64_t b = 0; b < B; ++b) order[b] = b;
+  auto lcp = [&](int64_t a, int64_t b) {  // leading slots two requests share
+    const int64_t n = std::min(x.sl[a], x.sl[b]);
+    const int64_t *ra = x.slots_of(a), *rb = x.slots_of(b);
+    return (int64_t)(std::mismatch(ra, ra + n, rb).first - ra);
+  };
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+    const int64_t k = lcp(a, b);
+    if (k < x.sl[a] && k < x.sl[b]) return x.slots_of(a)[k] < x.slots_of(b)[k];
+    return x.sl[a] < x.sl[b];  // one is a prefix of the other: the shorter first
+  });
+  // shares[i]: leading slots request order[i] shares with order[i - 1] (sorted rows: a run of
+  // requests shares the minimum of its neighbours' shares).
+  std::vector<int64_t> shares(B, 0);
+  for (int64_t i = 1; i < B; ++i) shares[i] = lcp(order[i - 1], order[i]);
+  // A unit takes all KV heads (each K/V row is then read whole, once) unless that leaves too few
+  // units for the threads.
+  auto cut = [&](int64_t heads) {
+    plan->items.clear();
+    plan->units.clear();
+    for (int64_t h0 = 0; h0 < Hkv; h0 += heads) {
+      const int64_t h1 = std::min(Hkv, h0 + heads);
+      Unit u{};
+      int64_t nq = 0;  // queries per head
+      auto close = [&]() {
+        if (nq == 0) return;
+        u.i1 = (int64_t)plan->items.size();
+        plan->units.push_back(u);
+        nq = 0;
+      };
+      for (int64_t i = 0; i < B; ++i) {
+        const int64_t b = order[i], n = x.qs[b + 1] - x.qs[b];
+        // A request's items from its last rows back: each sees at least the keys of the one after it.
+        for (int64_t r = ((n + QT - 1) / QT - 1) * QT; r >= 0; r -= QT) {
+          const Item w{b, r, std::min<int64_t>(QT, n - r)};
+          const int64_t sees = (x.first_pos(w) + 1) / KB;  // whole blocks every query of w sees
+          const int64_t q = w.rows * G;
+          if (nq > 0) {
+            // Joining keeps the blocks the unit shares with this item (through the requests between).
+            const int64_t with = std::min({u.shared, sees, (r + QT >= n ? shares[i] : x.sl[b]) / KB});
+            if (nq + q > UNIT_QUERIES || with == 0 || 4 * with < 3 * u.shared) {
+              close();
+            } else {
+              u.shared = with;
+            }
+          }
+          if (nq == 0) u = Unit{(int64_t)plan->items.size(), 0, sees, h0, h1, 0.0};
+          plan->items.push_back(w);
+          nq += q;
+          u.cost += (double)(h1 - h0) * (q * (x.first_pos(w) + w.rows) + 64.0);
+        }
+      }
+      close();
+    }
+  };
+  cut(Hkv);
+  if (Hkv > 1 && (int64_t)plan->units.size() < 2 * at::get_num_threads()) cut(1);
+  // Largest first, pulled by whichever thread is free: the units' sizes vary a lot.
+  std::stable_sort(plan->units.begin(), plan->units.end(), [](const Unit& a, const Unit& b) { return a.cost > b.cost; });
+  return plan;
+}
+
+namespace {
+
 // q [T, Hq, D] (row stride free), out [T, Hq, D] contiguous. Request b has q rows
 // q_start[b] .. q_start[b+1] at positions seq_lens[b] - n_b ... seq_lens[b] - 1 and keys at slots
-// req_to_token[req_pool_indices[b], 0 .. seq_lens[b]).
+// req_to_token[req_pool_indices[b], 0 .. seq_lens[b]). plan: made by plan_attention for these
+// index tensors (the layers op makes one per forward), or null to make one here.
 void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                          const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,
                          const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
-                         const at::Tensor& q_start, double scale, at::Tensor& out) {
+                         const at::Tensor& q_start, double scale, at::Tensor& out, const AttentionPlan* plan) {
   TORCH_CHECK(q.dtype() == at::kFloat && q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
               "paged_attention: q must be float32 [tokens, heads, head_dim] with contiguous heads");
   const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2);
@@ -258,36 +499,30 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at:
               ") must match, be a multiple of 8 and at most ", MAXD);
   TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "paged_attention: ", Hq, " query heads over ", Hkv, " KV heads");
   const int64_t G = Hq / Hkv;
-  for (const at::Tensor* t : {&req_to_token, &req_pool_indices, &seq_lens, &q_start})
-    TORCH_CHECK(t->dtype() == at::kLong && t->is_contiguous() && t->device().is_cpu(), "paged_attention: index tensors are contiguous int64");
-  TORCH_CHECK(req_to_token.dim() == 2, "paged_attention: req_to_token [rows, context]");
-  const int64_t B = seq_lens.numel(), C = req_to_token.size(1);
-  TORCH_CHECK(req_pool_indices.numel() == B && q_start.numel() == B + 1, "paged_attention: batch sizes disagree");
-  const int64_t *rtt = req_to_token.data_ptr<int64_t>(), *rpi = req_pool_indices.data_ptr<int64_t>(),
-                *sl = seq_lens.data_ptr<int64_t>(), *qs = q_start.data_ptr<int64_t>();
-  TORCH_CHECK(qs[0] == 0 && qs[B] == T, "paged_attention: q_start must run from 0 to the number of tokens");
-  std::vector<Item> items;
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t n = qs[b + 1] - qs[b];
-    TORCH_CHECK(n >= 0 && n <= sl[b] && sl[b] <= C, "paged_attention: request ", b, " has ", n, " queries over ", sl[b], " keys");
-    TORCH_CHECK(rpi[b] >= 0 && rpi[b] < req_to_token.size(0), "paged_attention: req_pool_index out of range");
-    for (int64_t r = 0; r < n; r += QT)
-      for (int64_t h = 0; h < Hkv; ++h) items.push_back({b, h, r, std::min<int64_t>(QT, n - r)});
+  std::shared_ptr<const AttentionPlan> own;
+  if (plan == nullptr) {
+    own = plan_attention(req_to_token, req_pool_indices, seq_lens, q_start, Hkv, G);
+    plan = own.get();
   }
-  // Requests that share a cached prefix share its first slot: run their items for one KV head back
-  // to back, so the prefix's K/V is still in cache for the next (the results do not change).
-  auto first_slot = [&](const Item& w) { return sl[w.b] > 0 ? rtt[rpi[w.b] * C] : -1; };
-  std::stable_sort(items.begin(), items.end(), [&](const Item& x, const Item& y) {
-    const int64_t fx = first_slot(x), fy = first_slot(y);
-    return fx != fy ? fx < fy : x.h < y.h;
-  });
-  const Args A{q.data_ptr<float>(), q.stride(0), Hq, G, D, out.data_ptr<float>(), rtt, rpi, sl, qs, C, slots, (float)scale};
-  at::parallel_for(0, (int64_t)items.size(), 1, [&](int64_t i0, int64_t i1) {
-    switch (K.type) {
-      case KV_F32: run_items<KV_F32>(A, K, V, items, i0, i1); break;
-      case KV_F16: run_items<KV_F16>(A, K, V, items, i0, i1); break;
-      case KV_BF16: run_items<KV_BF16>(A, K, V, items, i0, i1); break;
-      case KV_I8: run_items<KV_I8>(A, K, V, items, i0, i1); break;
+  TORCH_CHECK(plan->B == seq_lens.numel() && plan->Hkv == Hkv && plan->G == G,
+              "paged_attention: the plan was made for another batch or model");
+  TORCH_CHECK(plan->T == T, "paged_attention: q_start must run from 0 to the number of tokens");
+  const Index x{req_to_token.data_ptr<int64_t>(), req_pool_indices.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(),
+                q_start.data_ptr<int64_t>(), plan->B, req_to_token.size(1), req_to_token.size(0)};
+  const Args A{q.data_ptr<float>(), q.stride(0), Hq, G, D, out.data_ptr<float>(), x, slots, (float)scale};
+  const std::vector<Unit>& units = plan->units;
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), (int64_t)units.size());
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    std::vector<float> ws;
+    Queries Q;
+    for (int64_t u; (u = next.fetch_add(1)) < (int64_t)units.size();) {
+      switch (K.type) {
+        case KV_F32: run_unit<KV_F32>(A, K, V, plan->items, units[u], ws, Q); break;
+        case KV_F16: run_unit<KV_F16>(A, K, V, plan->items, units[u], ws, Q); break;
+        case KV_BF16: run_unit<KV_BF16>(A, K, V, plan->items, units[u], ws, Q); break;
+        case KV_I8: run_unit<KV_I8>(A, K, V, plan->items, units[u], ws, Q); break;
+      }
     }
   });
 }
@@ -297,7 +532,8 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const a
                            const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
                            const at::Tensor& q_start, double scale) {
   auto out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
-  paged_attention_out(q, k_buf, v_buf, k_scale, v_scale, req_to_token, req_pool_indices, seq_lens, q_start, scale, out);
+  paged_attention_out(q, k_buf, v_buf, k_scale, v_scale, req_to_token, req_pool_indices, seq_lens, q_start, scale, out,
+                      nullptr);
   return out;
 }
 
@@ -342,9 +578,9 @@ void kv_store_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& loc, 
 void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                          const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,
                          const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
-                         const at::Tensor& q_start, double scale, at::Tensor& out) {
+                         const at::Tensor& q_start, double scale, at::Tensor& out, const AttentionPlan* plan) {
   radixlm::paged_attention_out(q, k_buf, v_buf, k_scale, v_scale, req_to_token, req_pool_indices, seq_lens, q_start,
-                               scale, out);
+                               scale, out, plan);
 }
 }  // namespace api
 

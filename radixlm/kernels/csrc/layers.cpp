@@ -35,6 +35,7 @@ void llama_layers_(at::Tensor& hidden, at::Tensor& residual, const at::Tensor& p
     api::qlinear_out(x, w, fmt, bias, out);
     return out;
   };
+  const auto plan = plan_attention(kv_slots, rows, seq_lens, q_start, num_kv_heads, num_heads / num_kv_heads);
   for (int64_t i = 0; i < L; ++i) {
     const at::Tensor* w = &weights[i * PER_LAYER];
     if (i == 0) {  // the first norm has no residual to add: the stream starts as the embedding
@@ -51,7 +52,7 @@ void llama_layers_(at::Tensor& hidden, at::Tensor& residual, const at::Tensor& p
     api::kv_store_(k3, v3, out_cache_loc, kb, vb, opt(k_scales, i), opt(v_scales, i));
     at::Tensor attn = at::empty({T, num_heads, head_dim}, hidden.options());
     api::paged_attention_out(q.view({T, num_heads, head_dim}), kb, vb, opt(k_scales, i), opt(v_scales, i), kv_slots, rows,
-                             seq_lens, q_start, scaling, attn);
+                             seq_lens, q_start, scaling, attn, plan.get());
     hidden = linear(attn.view({T, qs}), i, 2, c10::nullopt);
     api::add_rmsnorm_(hidden, residual, w[3], eps);
     hidden = linear(api::silu_and_mul(linear(hidden, i, 4, c10::nullopt)), i, 5, c10::nullopt);

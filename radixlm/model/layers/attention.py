@@ -81,7 +81,11 @@ class SDPAMetadata:
 
 def gather_kv(buf: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
     """buf[indices] for a pool buffer [slots, heads, D]: index_select on a 2-D view is
-    ~4x faster on CPU than advanced indexing (the gather dominates decode there)."""
+    ~4x faster on CPU than advanced indexing (the gather dominates decode there). CPU pools are
+    stored head-major (memory_pool.TokenToKVPool): gather each head's rows there."""
+    if not buf.is_contiguous():
+        rows = buf.transpose(0, 1).index_select(1, indices.reshape(-1))  # [heads, n, D]
+        return rows.transpose(0, 1).reshape(*indices.shape, *buf.shape[1:])
     rows = buf.view(buf.shape[0], -1).index_select(0, indices.reshape(-1))
     return rows.view(*indices.shape, *buf.shape[1:])
 
