@@ -1,5 +1,5 @@
 // Attention straight over the paged KV pool (slots listed by req_to_token), for decode and
-// extend alike, and the KV write with its element type (fp32, fp16, bf16, int8 + per-token scale).
+// extend alike, over every KV element type (fp32, fp16, bf16, int8 + per-token scale).
 //
 // Batch invariance: a query's result depends only on its position and the K/V it attends, never on
 // how the batch was cut (one extend, chunks, decode steps, other requests beside it). Keys go in
@@ -7,6 +7,8 @@
 // sum in a fixed order; a query never touches keys past its position. The quantized linear layers
 // round activations to an int8 grid, so any difference here would be amplified into another token.
 #include "api.h"
+#include "attention_plan.h"
+#include "kv_pool.h"
 
 #include <algorithm>
 #include <atomic>
@@ -16,133 +18,10 @@
 
 namespace radixlm {
 namespace {
+using namespace kv;
 
-constexpr int KB = 32;    // keys per block
-constexpr int QT = 4;     // query rows per work item (each with all the query heads of a KV head)
 constexpr int MAXD = 256;
 constexpr int64_t PF_AHEAD = 2;  // blocks of K/V asked for ahead of use
-
-enum KVType : int { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2, KV_I8 = 3 };
-
-KVType kv_type(const at::Tensor& buf) {
-  switch (buf.scalar_type()) {
-    case at::kFloat: return KV_F32;
-    case at::kHalf: return KV_F16;
-    case at::kBFloat16: return KV_BF16;
-    case at::kChar: return KV_I8;
-    default: TORCH_CHECK(false, "KV buffer dtype ", buf.scalar_type(), " not supported (float32, float16, bfloat16, int8)");
-  }
-}
-
-// fp32 head vector -> the pool's element type (round to nearest even; int8: scale = max|x| / 127).
-inline void from_f32(KVType t, const float* x, void* dst, float* scale, int64_t D) {
-  switch (t) {
-    case KV_F32:
-      std::memcpy(dst, x, D * 4);
-      break;
-    case KV_F16:
-      for (int64_t i = 0; i < D; i += 8)
-        _mm_storeu_si128((__m128i*)((uint16_t*)dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
-      break;
-    case KV_BF16: {
-      uint16_t* o = (uint16_t*)dst;
-      for (int64_t i = 0; i < D; ++i) {
-        uint32_t u;
-        std::memcpy(&u, x + i, 4);
-        if ((u & 0x7fffffff) > 0x7f800000) {  // NaN stays NaN
-          o[i] = (uint16_t)((u >> 16) | 0x40);
-        } else {
-          o[i] = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-        }
-      }
-      break;
-    }
-    case KV_I8: {
-      const __m256 sign = _mm256_set1_ps(-0.0f);
-      __m256 amax = _mm256_setzero_ps();
-      for (int64_t i = 0; i < D; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
-      const float m = hmax(amax);
-      *scale = m / 127.0f;
-      const __m256 inv = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
-      int8_t* o = (int8_t*)dst;
-      for (int64_t i = 0; i < D; i += 8) {
-        alignas(32) int32_t q[8];
-        _mm256_store_si256((__m256i*)q, _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv)));
-        for (int l = 0; l < 8; ++l) o[i + l] = (int8_t)std::max(-127, std::min(127, q[l]));
-      }
-      break;
-    }
-  }
-}
-
-struct Pool {
-  const uint8_t* base;
-  KVType type;
-  int64_t slot_stride, head_stride;  // bytes
-  const float* scale;                // int8: [slots, kv_heads]
-  int64_t Hkv;
-  const void* at(int64_t slot, int64_t h) const { return base + slot * slot_stride + h * head_stride; }
-  float scale_at(int64_t slot, int64_t h) const { return scale ? scale[slot * Hkv + h] : 1.0f; }
-};
-
-Pool make_pool(const at::Tensor& buf, const c10::optional<at::Tensor>& scale, const char* what) {
-  // Any strides over slots and heads (the pool stores CPU buffers head-major); a head's row is contiguous.
-  TORCH_CHECK(buf.dim() == 3 && buf.stride(2) == 1, what, ": [slots, kv_heads, head_dim] with contiguous rows");
-  Pool p{(const uint8_t*)buf.data_ptr(), kv_type(buf), buf.stride(0) * buf.element_size(), buf.stride(1) * buf.element_size(),
-         nullptr, buf.size(1)};
-  if (p.type == KV_I8) {
-    TORCH_CHECK(scale.has_value() && scale->defined() && scale->dtype() == at::kFloat && scale->is_contiguous() &&
-                    scale->size(0) == buf.size(0) && scale->numel() == buf.size(0) * buf.size(1),
-                what, ": an int8 KV buffer needs float32 scales [slots, kv_heads]");
-    p.scale = scale->data_ptr<float>();
-  }
-  return p;
-}
-
-struct Item {  // query rows [row0, row0 + rows) of request b
-  int64_t b, row0, rows;
-};
-
-// 8 values of a head vector in the pool's element type, as fp32 (int8: before its scale).
-template <int T>
-inline __m256 ld8(const void* p, int64_t c) {
-  if constexpr (T == KV_F32) {
-    return _mm256_loadu_ps((const float*)p + c);
-  } else if constexpr (T == KV_F16) {
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)((const uint16_t*)p + c)));
-  } else if constexpr (T == KV_BF16) {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)((const uint16_t*)p + c)));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-  } else {
-    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)((const int8_t*)p + c))));
-  }
-}
-
-struct Index {  // the batch's index tensors, checked
-  const int64_t *rtt, *rpi, *sl, *qs;
-  int64_t B, C, rows;
-  const int64_t* slots_of(int64_t b) const { return rtt + rpi[b] * C; }
-  int64_t first_pos(const Item& w) const { return sl[w.b] - (qs[w.b + 1] - qs[w.b]) + w.row0; }
-};
-
-Index check_index(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
-                  const at::Tensor& q_start) {
-  for (const at::Tensor* t : {&req_to_token, &req_pool_indices, &seq_lens, &q_start})
-    TORCH_CHECK(t->dtype() == at::kLong && t->is_contiguous() && t->device().is_cpu(), "paged_attention: index tensors are contiguous int64");
-  TORCH_CHECK(req_to_token.dim() == 2, "paged_attention: req_to_token [rows, context]");
-  const int64_t B = seq_lens.numel(), C = req_to_token.size(1);
-  TORCH_CHECK(req_pool_indices.numel() == B && q_start.numel() == B + 1, "paged_attention: batch sizes disagree");
-  const Index x{req_to_token.data_ptr<int64_t>(), req_pool_indices.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(),
-                q_start.data_ptr<int64_t>(), B, C, req_to_token.size(0)};
-  TORCH_CHECK(x.qs[0] == 0, "paged_attention: q_start must start at 0");
-  for (int64_t b = 0; b < B; ++b) {
-    const int64_t n = x.qs[b + 1] - x.qs[b];
-    TORCH_CHECK(n >= 0 && n <= x.sl[b] && x.sl[b] <= C, "paged_attention: request ", b, " has ", n, " queries over ",
-                x.sl[b], " keys");
-    TORCH_CHECK(x.rpi[b] >= 0 && x.rpi[b] < x.rows, "paged_attention: req_pool_index out of range");
-  }
-  return x;
-}
 
 struct Args {
   const float* q;
@@ -151,16 +30,6 @@ struct Args {
   Index x;
   int64_t slots;
   float scale;
-};
-
-// A unit of work: items [i0, i1) of one KV head whose queries all see the first `shared` blocks
-// of keys, which sit at the same slots for all of them (one request's query rows, or requests that
-// share a cached prefix). Those blocks are read once for the whole unit, then each item walks the
-// rest of its own keys. Every query still goes through its blocks in order with the same
-// arithmetic, so grouping never changes a result; it only saves K/V reads.
-struct Unit {
-  int64_t i0, i1, shared, h0, h1;  // items, shared blocks, KV heads [h0, h1)
-  double cost;
 };
 
 // The block of keys [j0, j0 + nk) at slots `slot_row` (+ j0), as pointers (and int8 scales).
@@ -394,92 +263,6 @@ void run_unit(const Args& A, const Pool& K, const Pool& V, const std::vector<Ite
   }
 }
 
-}  // namespace
-
-// How one batch's queries are cut into units, made once per forward (the layers op shares it
-// across layers). Requests are sorted by their slot rows, so those sharing a cached prefix sit
-// together, however their prefixes branch; per KV head, consecutive items go into one unit while
-// they keep most of its shared blocks and it holds at most UNIT_QUERIES queries.
-struct AttentionPlan {
-  int64_t B, T, Hkv, G;
-  std::vector<Item> items;
-  std::vector<Unit> units;
-};
-
-constexpr int64_t UNIT_QUERIES = 64;
-
-std::shared_ptr<const AttentionPlan> plan_attention(const at::Tensor& req_to_token, const at::Tensor& req_pool_indices,
-                                                    const at::Tensor& seq_lens, const at::Tensor& q_start, int64_t Hkv,
-                                                    int64_t G) {
-  const Index x = check_index(req_to_token, req_pool_indices, seq_lens, q_start);
-  const int64_t B = x.B;
-  auto plan = std::make_shared<AttentionPlan>();
-  plan->B = B, plan->T = x.qs[B], plan->Hkv = Hkv, plan->G = G;
-  std::vector<int64_t> order(B);
-  for (int64_t b = 0; b < B; ++b) order[b] = b;
-  auto lcp = [&](int64_t a, int64_t b) {  // leading slots two requests share
-    const int64_t n = std::min(x.sl[a], x.sl[b]);
-    const int64_t *ra = x.slots_of(a), *rb = x.slots_of(b);
-    return (int64_t)(std::mismatch(ra, ra + n, rb).first - ra);
-  };
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    const int64_t k = lcp(a, b);
-    if (k < x.sl[a] && k < x.sl[b]) return x.slots_of(a)[k] < x.slots_of(b)[k];
-    return x.sl[a] < x.sl[b];  // one is a prefix of the other: the shorter first
-  });
-  // shares[i]: leading slots request order[i] shares with order[i - 1] (sorted rows: a run of
-  // requests shares the minimum of its neighbours' shares).
-  std::vector<int64_t> shares(B, 0);
-  for (int64_t i = 1; i < B; ++i) shares[i] = lcp(order[i - 1], order[i]);
-  // A unit takes all KV heads (each K/V row is then read whole, once) unless that leaves too few
-  // units for the threads.
-  auto cut = [&](int64_t heads) {
-    plan->items.clear();
-    plan->units.clear();
-    for (int64_t h0 = 0; h0 < Hkv; h0 += heads) {
-      const int64_t h1 = std::min(Hkv, h0 + heads);
-      Unit u{};
-      int64_t nq = 0;  // queries per head
-      auto close = [&]() {
-        if (nq == 0) return;
-        u.i1 = (int64_t)plan->items.size();
-        plan->units.push_back(u);
-        nq = 0;
-      };
-      for (int64_t i = 0; i < B; ++i) {
-        const int64_t b = order[i], n = x.qs[b + 1] - x.qs[b];
-        // A request's items from its last rows back: each sees at least the keys of the one after it.
-        for (int64_t r = ((n + QT - 1) / QT - 1) * QT; r >= 0; r -= QT) {
-          const Item w{b, r, std::min<int64_t>(QT, n - r)};
-          const int64_t sees = (x.first_pos(w) + 1) / KB;  // whole blocks every query of w sees
-          const int64_t q = w.rows * G;
-          if (nq > 0) {
-            // Joining keeps the blocks the unit shares with this item (through the requests between).
-            const int64_t with = std::min({u.shared, sees, (r + QT >= n ? shares[i] : x.sl[b]) / KB});
-            if (nq + q > UNIT_QUERIES || with == 0 || 4 * with < 3 * u.shared) {
-              close();
-            } else {
-              u.shared = with;
-            }
-          }
-          if (nq == 0) u = Unit{(int64_t)plan->items.size(), 0, sees, h0, h1, 0.0};
-          plan->items.push_back(w);
-          nq += q;
-          u.cost += (double)(h1 - h0) * (q * (x.first_pos(w) + w.rows) + 64.0);
-        }
-      }
-      close();
-    }
-  };
-  cut(Hkv);
-  if (Hkv > 1 && (int64_t)plan->units.size() < 2 * at::get_num_threads()) cut(1);
-  // Largest first, pulled by whichever thread is free: the units' sizes vary a lot.
-  std::stable_sort(plan->units.begin(), plan->units.end(), [](const Unit& a, const Unit& b) { return a.cost > b.cost; });
-  return plan;
-}
-
-namespace {
-
 // q [T, Hq, D] (row stride free), out [T, Hq, D] contiguous. Request b has q rows
 // q_start[b] .. q_start[b+1] at positions seq_lens[b] - n_b ... seq_lens[b] - 1 and keys at slots
 // req_to_token[req_pool_indices[b], 0 .. seq_lens[b]). plan: made by plan_attention for these
@@ -537,44 +320,9 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const a
   return out;
 }
 
-// k_buf[loc[t]] = k[t] (and v), converted to the pool's element type; int8 also stores the scale.
-void kv_store_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& loc_, at::Tensor& k_buf, at::Tensor& v_buf,
-               const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale) {
-  for (const at::Tensor* t : {&k, &v})
-    TORCH_CHECK(t->dtype() == at::kFloat && t->dim() == 3 && t->stride(2) == 1 && t->stride(1) == t->size(2),
-                "kv_store: k and v must be float32 [tokens, kv_heads, head_dim] with contiguous heads");
-  TORCH_CHECK(k.sizes() == v.sizes(), "kv_store: k and v shapes differ");
-  const Pool K = make_pool(k_buf, k_scale, "k_buf"), V = make_pool(v_buf, v_scale, "v_buf");
-  const int64_t T = k.size(0), H = k.size(1), D = k.size(2), slots = k_buf.size(0);
-  TORCH_CHECK(k_buf.size(1) == H && k_buf.size(2) == D && v_buf.sizes() == k_buf.sizes() && D % 8 == 0,
-              "kv_store: pool shape [", slots, ", ", k_buf.size(1), ", ", k_buf.size(2), "] does not fit k [", T, ", ", H, ", ", D, "]");
-  const at::Tensor loc = loc_.to(at::kLong).contiguous();
-  TORCH_CHECK(loc.numel() == T, "kv_store: ", loc.numel(), " slots for ", T, " tokens");
-  const int64_t* lp = loc.data_ptr<int64_t>();
-  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(lp[t] >= 0 && lp[t] < slots, "kv_store: slot ", lp[t], " out of range");
-  uint8_t* kb = (uint8_t*)k_buf.data_ptr();
-  uint8_t* vb = (uint8_t*)v_buf.data_ptr();
-  float* ks = K.scale ? const_cast<float*>(K.scale) : nullptr;
-  float* vs = V.scale ? const_cast<float*>(V.scale) : nullptr;
-  at::parallel_for(0, T, 64, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t)
-      for (int64_t h = 0; h < H; ++h) {
-        const int64_t s = lp[t];
-        from_f32(K.type, k.data_ptr<float>() + t * k.stride(0) + h * D, kb + s * K.slot_stride + h * K.head_stride,
-                 ks ? ks + s * H + h : nullptr, D);
-        from_f32(V.type, v.data_ptr<float>() + t * v.stride(0) + h * D, vb + s * V.slot_stride + h * V.head_stride,
-                 vs ? vs + s * H + h : nullptr, D);
-      }
-  });
-}
-
 }  // namespace
 
 namespace api {
-void kv_store_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& loc, at::Tensor& k_buf, at::Tensor& v_buf,
-               const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale) {
-  radixlm::kv_store_(k, v, loc, k_buf, v_buf, k_scale, v_scale);
-}
 void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                          const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,
                          const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
@@ -587,13 +335,8 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at:
 TORCH_LIBRARY_FRAGMENT(radixlm, m) {
   m.def("paged_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor? k_scale, Tensor? v_scale, Tensor req_to_token, "
         "Tensor req_pool_indices, Tensor seq_lens, Tensor q_start, float scale) -> Tensor");
-  m.def("kv_store_(Tensor k, Tensor v, Tensor loc, Tensor(a!) k_buf, Tensor(b!) v_buf, Tensor(c!)? k_scale, "
-        "Tensor(d!)? v_scale) -> ()");
 }
 
-TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
-  m.impl("paged_attention", &paged_attention);
-  m.impl("kv_store_", &kv_store_);
-}
+TORCH_LIBRARY_IMPL(radixlm, CPU, m) { m.impl("paged_attention", &paged_attention); }
 
 }  // namespace radixlm

@@ -1,0 +1,100 @@
+// The KV write: float32 K/V of new tokens into the pool's slots, converted to its element type
+// (fp32, fp16, bf16, int8 with a per-token, per-head scale).
+#include "api.h"
+#include "kv_pool.h"
+
+#include <algorithm>
+
+namespace radixlm {
+namespace {
+using namespace kv;
+
+// fp32 head vector -> the pool's element type (round to nearest even; int8: scale = max|x| / 127).
+inline void from_f32(KVType t, const float* x, void* dst, float* scale, int64_t D) {
+  switch (t) {
+    case KV_F32:
+      std::memcpy(dst, x, D * 4);
+      break;
+    case KV_F16:
+      for (int64_t i = 0; i < D; i += 8)
+        _mm_storeu_si128((__m128i*)((uint16_t*)dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT));
+      break;
+    case KV_BF16: {
+      uint16_t* o = (uint16_t*)dst;
+      for (int64_t i = 0; i < D; ++i) {
+        uint32_t u;
+        std::memcpy(&u, x + i, 4);
+        if ((u & 0x7fffffff) > 0x7f800000) {  // NaN stays NaN
+          o[i] = (uint16_t)((u >> 16) | 0x40);
+        } else {
+          o[i] = (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+        }
+      }
+      break;
+    }
+    case KV_I8: {
+      const __m256 sign = _mm256_set1_ps(-0.0f);
+      __m256 amax = _mm256_setzero_ps();
+      for (int64_t i = 0; i < D; i += 8) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(x + i)));
+      const float m = hmax(amax);
+      *scale = m / 127.0f;
+      const __m256 inv = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+      int8_t* o = (int8_t*)dst;
+      for (int64_t i = 0; i < D; i += 8) {
+        alignas(32) int32_t q[8];
+        _mm256_store_si256((__m256i*)q, _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv)));
+        for (int l = 0; l < 8; ++l) o[i + l] = (int8_t)std::max(-127, std::min(127, q[l]));
+      }
+      break;
+    }
+  }
+}
+
+// k_buf[loc[t]] = k[t] (and v), converted to the pool's element type; int8 also stores the scale.
+void kv_store_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& loc_, at::Tensor& k_buf, at::Tensor& v_buf,
+               const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale) {
+  for (const at::Tensor* t : {&k, &v})
+    TORCH_CHECK(t->dtype() == at::kFloat && t->dim() == 3 && t->stride(2) == 1 && t->stride(1) == t->size(2),
+                "kv_store: k and v must be float32 [tokens, kv_heads, head_dim] with contiguous heads");
+  TORCH_CHECK(k.sizes() == v.sizes(), "kv_store: k and v shapes differ");
+  const Pool K = make_pool(k_buf, k_scale, "k_buf"), V = make_pool(v_buf, v_scale, "v_buf");
+  const int64_t T = k.size(0), H = k.size(1), D = k.size(2), slots = k_buf.size(0);
+  TORCH_CHECK(k_buf.size(1) == H && k_buf.size(2) == D && v_buf.sizes() == k_buf.sizes() && D % 8 == 0,
+              "kv_store: pool shape [", slots, ", ", k_buf.size(1), ", ", k_buf.size(2), "] does not fit k [", T, ", ", H, ", ", D, "]");
+  const at::Tensor loc = loc_.to(at::kLong).contiguous();
+  TORCH_CHECK(loc.numel() == T, "kv_store: ", loc.numel(), " slots for ", T, " tokens");
+  const int64_t* lp = loc.data_ptr<int64_t>();
+  for (int64_t t = 0; t < T; ++t) TORCH_CHECK(lp[t] >= 0 && lp[t] < slots, "kv_store: slot ", lp[t], " out of range");
+  uint8_t* kb = (uint8_t*)k_buf.data_ptr();
+  uint8_t* vb = (uint8_t*)v_buf.data_ptr();
+  float* ks = K.scale ? const_cast<float*>(K.scale) : nullptr;
+  float* vs = V.scale ? const_cast<float*>(V.scale) : nullptr;
+  at::parallel_for(0, T, 64, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t s = lp[t];
+        from_f32(K.type, k.data_ptr<float>() + t * k.stride(0) + h * D, kb + s * K.slot_stride + h * K.head_stride,
+                 ks ? ks + s * H + h : nullptr, D);
+        from_f32(V.type, v.data_ptr<float>() + t * v.stride(0) + h * D, vb + s * V.slot_stride + h * V.head_stride,
+                 vs ? vs + s * H + h : nullptr, D);
+      }
+  });
+}
+
+}  // namespace
+
+namespace api {
+void kv_store_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& loc, at::Tensor& k_buf, at::Tensor& v_buf,
+               const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale) {
+  radixlm::kv_store_(k, v, loc, k_buf, v_buf, k_scale, v_scale);
+}
+}  // namespace api
+
+TORCH_LIBRARY_FRAGMENT(radixlm, m) {
+  m.def("kv_store_(Tensor k, Tensor v, Tensor loc, Tensor(a!) k_buf, Tensor(b!) v_buf, Tensor(c!)? k_scale, "
+        "Tensor(d!)? v_scale) -> ()");
+}
+
+TORCH_LIBRARY_IMPL(radixlm, CPU, m) { m.impl("kv_store_", &kv_store_); }
+
+}  // namespace radixlm
