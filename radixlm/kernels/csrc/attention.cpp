@@ -21,7 +21,7 @@ namespace {
 using namespace kv;
 
 constexpr int MAXD = 256;
-constexpr int64_t PF_AHEAD = 2;  // blocks of K/V asked for ahead of use
+constexpr int64_t PF_AHEAD = 4;  // blocks of K/V asked for ahead of use (into L2: into L1 they evict the block in use)
 
 struct Args {
   const float* q;
@@ -56,8 +56,8 @@ __attribute__((always_inline)) inline void prefetch_block(const Pool& K, const P
       const char* kr = (const char*)K.at(slot, h);
       const char* vr = (const char*)V.at(slot, h);
       for (int64_t c = 0; c < row_bytes; c += 64) {
-        _mm_prefetch(kr + c, _MM_HINT_T0);
-        _mm_prefetch(vr + c, _MM_HINT_T0);
+        _mm_prefetch(kr + c, _MM_HINT_T1);
+        _mm_prefetch(vr + c, _MM_HINT_T1);
       }
     }
 }
