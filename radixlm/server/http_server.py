@@ -7,11 +7,13 @@ import asyncio
 import dataclasses
 import json
 import logging
+import secrets
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.datastructures import Headers
 
 import radixlm
 from radixlm.config import ServerArgs
@@ -98,6 +100,29 @@ async def run_until_disconnect(request: Request, coro):
         task.cancel()
 
 
+class APIKeyMiddleware:
+    """Bearer-key check on every route but /health and /metrics. A plain ASGI middleware:
+    FastAPI's @app.middleware("http") passes each streamed chunk through an extra task and
+    memory stream, which costs a streaming request CPU on every token."""
+
+    OPEN_PATHS = ("/health", "/metrics")
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"] not in self.OPEN_PATHS:
+            key = scope["app"].state.api_key
+            if key:
+                auth = Headers(scope=scope).get("authorization", "")
+                if not secrets.compare_digest(auth.encode(), f"Bearer {key}".encode()):
+                    response = error_json(401, "invalid or missing API key (Authorization: Bearer <key>)",
+                                          "authentication_error")
+                    await response(scope, receive, send)
+                    return
+        await self.app(scope, receive, send)
+
+
 def create_app(state_factory) -> FastAPI:
     """`state_factory()` runs on the server's event loop at start-up and returns a ServerState."""
 
@@ -121,14 +146,7 @@ def create_app(state_factory) -> FastAPI:
     async def _dead(request: Request, e: EngineDeadError):
         return error_json(503, str(e), "server_error")
 
-    @app.middleware("http")
-    async def api_key_check(request: Request, call_next):
-        key = request.app.state.api_key
-        if key and request.url.path not in ("/health", "/metrics") and request.method != "OPTIONS":
-            auth = request.headers.get("authorization", "")
-            if auth != f"Bearer {key}":
-                return error_json(401, "invalid or missing API key (Authorization: Bearer <key>)", "authentication_error")
-        return await call_next(request)
+    app.add_middleware(APIKeyMiddleware)
 
     async def read_json(request: Request) -> Any:
         try:
