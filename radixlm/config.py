@@ -63,6 +63,12 @@ class ServerArgs:
     enable_overlap_schedule: bool = False  # turn it on on CPU too
     random_seed: int = 42
 
+    # Speculative decoding (radixlm/speculative/): drafts verified in one forward, outputs unchanged.
+    speculative_algorithm: Optional[str] = None  # ngram; None: off
+    speculative_num_draft_tokens: int = 4  # most draft tokens per request and step
+    speculative_ngram_min_match_window_size: int = 2  # shortest suffix a prompt-lookup match may use
+    speculative_ngram_max_match_window_size: int = 8  # longest suffix tried first
+
     # HTTP server
     host: str = "127.0.0.1"
     port: int = 30000
@@ -97,6 +103,16 @@ class ServerArgs:
             raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
             raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        if self.speculative_algorithm is not None:
+            from radixlm.speculative.draft_source import SPECULATIVE_ALGORITHMS
+
+            if self.speculative_algorithm not in SPECULATIVE_ALGORITHMS:
+                raise ValueError(f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS}, "
+                                 f"got {self.speculative_algorithm!r}")
+            if self.speculative_num_draft_tokens < 1:
+                raise ValueError(f"speculative_num_draft_tokens must be >= 1, got {self.speculative_num_draft_tokens}")
+            if not 1 <= self.speculative_ngram_min_match_window_size <= self.speculative_ngram_max_match_window_size:
+                raise ValueError("speculative ngram match window sizes need 1 <= min <= max")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
 
@@ -107,6 +123,9 @@ class ServerArgs:
 
     @property
     def overlap_schedule(self) -> bool:
+        """Off with speculative decoding: a verify step's inputs are the previous step's outputs."""
+        if self.speculative_algorithm is not None:
+            return False
         return self.enable_overlap_schedule or (self.device != "cpu" and not self.disable_overlap_schedule)
 
     # --- CLI -------------------------------------------------------------------
@@ -124,6 +143,9 @@ class ServerArgs:
             "int8, q4_0, q8_0 (quantize at load); quantized weights run the native CPU kernels",
             "kv_cache_dtype": "KV cache element type (auto: float16 for quantized weights on the native CPU kernels, else the model dtype; int8 with per-token scales)",
             "attention_backend": "native (the paged CPU kernel; default on CPU when the kernels build) or torch (SDPA)",
+            "speculative_algorithm": "draft tokens to verify in one forward: ngram (prompt lookup over the "
+            "request's own text); outputs stay those of plain decoding",
+            "speculative_num_draft_tokens": "most draft tokens per request and step (fewer where drafts keep failing)",
             "decode_kv_mirror_gb": "memory for a dense copy of the decoding requests' KV (0: off; default 1 on CPU, "
             "0 on CUDA)",
         }
@@ -144,6 +166,10 @@ class ServerArgs:
                 kw["choices"] = KV_CACHE_DTYPES
             elif f.name == "attention_backend":
                 kw["choices"] = ATTENTION_BACKENDS
+            elif f.name == "speculative_algorithm":
+                from radixlm.speculative.draft_source import SPECULATIVE_ALGORITHMS
+
+                kw["choices"] = SPECULATIVE_ALGORITHMS
             parser.add_argument(flag, **kw)
 
     @staticmethod

@@ -75,6 +75,8 @@ class ReqOutputChunk:
     output_token_logprobs: Optional[list] = None
     output_top_logprobs: Optional[list] = None
     forward_passes: int = 0
+    spec_verify_ct: int = 0
+    spec_accepted_tokens: int = 0
     first_token_time: Optional[float] = None  # wall clock (time.time) of the first output token
 
 

@@ -148,6 +148,30 @@ class RadixCache:
             value = value[prefix_len:]
         return total_prefix_len
 
+    def continuation(self, key: list[int], k: int, node: TreeNode | None = None) -> list[int]:
+        """Up to k cached tokens that follow `key` (read from `node`, default the root), along the
+        most recently used children; [] when `key` leaves the tree. Read-only: no split, no
+        access-time update (a draft is not a use)."""
+        if self.disable or k <= 0:
+            return []
+        node = node or self.root_node
+        out: list[int] = []
+        while key:
+            child = node.children.get(key[0])
+            if child is None:
+                return []
+            m = _key_match(child.key, key)
+            if m < len(key):
+                if m < len(child.key):
+                    return []
+                key, node = key[m:], child
+                continue
+            out, node, key = child.key[m : m + k], child, []
+        while len(out) < k and node.children:
+            node = max(node.children.values(), key=lambda c: c.last_access_time)
+            out += node.key[: k - len(out)]
+        return out
+
     def _split_node(self, child: TreeNode, split_len: int) -> TreeNode:
         """Cut `child`'s edge after split_len tokens; return the new upper node.
 

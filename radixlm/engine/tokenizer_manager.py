@@ -281,6 +281,8 @@ class TokenizerManager:
             completion_tokens=c.completion_tokens,
             cached_tokens=c.cached_tokens,
             forward_passes=c.forward_passes,
+            spec_verify_ct=c.spec_verify_ct,
+            spec_accepted_tokens=c.spec_accepted_tokens,
         )
         if c.first_token_time is not None:
             st.meta["ttft"] = max(0.0, c.first_token_time - st.created_wall)

@@ -22,10 +22,16 @@ class ForwardMode(IntEnum):
     # Prefill of new requests and a decode step of running ones in one forward (SGLang's mixed
     # chunk): the weights are read once for both. The decode requests come last.
     MIXED = 3
+    # Speculative verification: each running request's next input plus its draft tokens after its
+    # context, every row's logits returned (SGLang's name). The model runs it as an extend.
+    TARGET_VERIFY = 4
 
     def is_extend(self) -> bool:
         """Extend-shaped: every request has prefix + new tokens (1 for a MIXED batch's decodes)."""
-        return self in (ForwardMode.EXTEND, ForwardMode.MIXED)
+        return self in (ForwardMode.EXTEND, ForwardMode.MIXED, ForwardMode.TARGET_VERIFY)
+
+    def is_verify(self) -> bool:
+        return self == ForwardMode.TARGET_VERIFY
 
     def is_mixed(self) -> bool:
         return self == ForwardMode.MIXED

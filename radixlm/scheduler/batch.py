@@ -59,14 +59,17 @@ class PrefillChunk:
 class ScheduleBatch:
     forward_mode: ForwardMode
     chunks: list[PrefillChunk] = field(default_factory=list)  # EXTEND / MIXED
-    decode_reqs: list[Req] = field(default_factory=list)  # DECODE / MIXED (after the chunks)
+    decode_reqs: list[Req] = field(default_factory=list)  # DECODE / MIXED (after the chunks) / TARGET_VERIFY
+    # TARGET_VERIFY: per decode request, the draft tokens verified after its next input (maybe none).
+    drafts: list[list[int]] = field(default_factory=list)
 
     def __post_init__(self):
         assert self.chunks or self.decode_reqs, "an empty batch never runs"
         if self.forward_mode == ForwardMode.EXTEND:
             assert not self.decode_reqs
-        elif self.forward_mode == ForwardMode.DECODE:
+        elif self.forward_mode in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY):
             assert not self.chunks
+        assert len(self.drafts) == (len(self.decode_reqs) if self.forward_mode.is_verify() else 0)
 
     @property
     def reqs(self) -> list[Req]:
@@ -80,14 +83,17 @@ class ScheduleBatch:
         return len(self.decode_reqs)
 
     def sampling_rows(self) -> list[bool]:
-        """Per row: whether its sampled token is kept (and so may draw from its seeded generator)."""
+        """Per row: whether its sampled token is kept (and so may draw from its seeded generator).
+        A drafted request's tokens come from the verifier instead."""
+        if self.forward_mode.is_verify():
+            return [not d for d in self.drafts]
         return [c.samples for c in self.chunks] + [True] * len(self.decode_reqs)
 
     def prepare(self, cache_manager: "CacheManager", device) -> ForwardBatch:
         """Allocate this step's KV slots, write them into the requests' rows, and build the forward.
         A decode input whose token the step in flight is still sampling is named by its future
         slot (-(slot + 1)), resolved on the worker (overlap.py)."""
-        total = sum(c.length for c in self.chunks) + len(self.decode_reqs)
+        total = sum(c.length for c in self.chunks) + len(self.decode_reqs) + sum(map(len, self.drafts))
         out_loc = cache_manager.alloc_kv(total)
         assert out_loc is not None, "admission and retraction must leave room for the step"
         r2t = cache_manager.req_to_token_pool.req_to_token
@@ -106,28 +112,10 @@ class ScheduleBatch:
             ext_lens.append(c.length)
             seq_lens.append(c.end)
             lp_starts.append(c.logprob_start)
-        decode_pos = []
-        for r in self.decode_reqs:
-            p = r.kv_allocated_len
-            n_in, n_out = len(r.origin_input_ids), len(r.output_ids)
-            if p < n_in + n_out:
-                tok = r.origin_input_ids[p] if p < n_in else r.output_ids[p - n_in]
-            else:
-                assert p == n_in + n_out and r.future_slot is not None, (r.rid, p, n_in + n_out)
-                tok = -(r.future_slot + 1)
-            r.kv_allocated_len = p + 1
-            r.forward_passes += 1
-            input_ids.append(tok)
-            decode_pos.append(p)
-        if self.decode_reqs:
-            rows = torch.tensor([r.req_pool_idx for r in self.decode_reqs], dtype=torch.int64, device=r2t.device)
-            pos = torch.tensor(decode_pos, dtype=torch.int64, device=r2t.device)
-            r2t[rows, pos] = out_loc[pt:].to(r2t.device)
-            positions.extend(decode_pos)
-            seq_lens.extend(p + 1 for p in decode_pos)
-            prefix_lens.extend(decode_pos)
-            ext_lens.extend([1] * len(decode_pos))
-            lp_starts.extend([None] * len(decode_pos))
+        if self.forward_mode.is_verify():
+            self._prepare_verify(r2t, out_loc, input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts)
+        else:
+            self._prepare_decode(r2t, out_loc[pt:], input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts)
         as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
         extend = self.forward_mode.is_extend()
         return ForwardBatch(
@@ -144,5 +132,53 @@ class ScheduleBatch:
             extend_prefix_lens_cpu=prefix_lens if extend else None,
             extend_seq_lens_cpu=ext_lens if extend else None,
             extend_logprob_start_lens_cpu=lp_starts if extend else None,
-            num_decode=len(self.decode_reqs) if extend else 0,
+            num_decode=len(self.decode_reqs) if self.forward_mode.is_mixed() else 0,
         )
+
+    @staticmethod
+    def _next_input(r: Req) -> int:
+        """The token a decode step feeds for r: its last one, or the future slot of the step in flight."""
+        p = r.kv_allocated_len
+        n_in, n_out = len(r.origin_input_ids), len(r.output_ids)
+        if p < n_in + n_out:
+            return r.origin_input_ids[p] if p < n_in else r.output_ids[p - n_in]
+        assert p == n_in + n_out and r.future_slot is not None, (r.rid, p, n_in + n_out)
+        return -(r.future_slot + 1)
+
+    def _prepare_decode(self, r2t, out_loc, input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts):
+        decode_pos = []
+        for r in self.decode_reqs:
+            p = r.kv_allocated_len
+            input_ids.append(self._next_input(r))
+            r.kv_allocated_len = p + 1
+            r.forward_passes += 1
+            decode_pos.append(p)
+        if self.decode_reqs:
+            rows = torch.tensor([r.req_pool_idx for r in self.decode_reqs], dtype=torch.int64, device=r2t.device)
+            pos = torch.tensor(decode_pos, dtype=torch.int64, device=r2t.device)
+            r2t[rows, pos] = out_loc.to(r2t.device)
+            positions.extend(decode_pos)
+            seq_lens.extend(p + 1 for p in decode_pos)
+            prefix_lens.extend(decode_pos)
+            ext_lens.extend([1] * len(decode_pos))
+            lp_starts.extend([None] * len(decode_pos))
+
+    def _prepare_verify(self, r2t, out_loc, input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts):
+        """Each request: its next input and its draft, as an extend after its context; a drafted
+        request gets every row's logits back (lp_start at its first new position)."""
+        pt = 0
+        for r, draft in zip(self.decode_reqs, self.drafts):
+            p, n = r.kv_allocated_len, 1 + len(draft)
+            tok = self._next_input(r)
+            assert tok >= 0, "a verify step never follows a step in flight"
+            r2t[r.req_pool_idx, p : p + n] = out_loc[pt : pt + n].to(r2t.device)
+            pt += n
+            r.kv_allocated_len = p + n
+            r.forward_passes += 1
+            input_ids.append(tok)
+            input_ids.extend(draft)
+            positions.extend(range(p, p + n))
+            prefix_lens.append(p)
+            ext_lens.append(n)
+            seq_lens.append(p + n)
+            lp_starts.append(p if draft else None)

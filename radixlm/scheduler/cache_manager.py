@@ -23,6 +23,8 @@ Moves (all on the scheduler thread):
                   as above, then the uncommitted tail (a step that ran for nothing) -> free list,
                   the lock is dropped, the row is freed; the request holds nothing afterwards
     free_tail     the request's own slots past a length -> free list (jump-forward re-tokenizes)
+    free_uncommitted
+                  the request's allocated but uncommitted slots -> free list (rejected drafts)
 
 With the radix cache disabled the tree stays empty and a request's whole range is its own.
 """
@@ -125,6 +127,14 @@ class CacheManager:
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         self.token_to_kv_pool.free(row[keep : req.kv_allocated_len].clone())
         req.kv_committed_len = req.kv_allocated_len = keep
+
+    def free_uncommitted(self, req: Req) -> None:
+        """Free req's own slots past kv_committed_len: the KV of draft tokens a verify step rejected."""
+        assert req.cache_protected_len <= req.kv_committed_len <= req.kv_allocated_len, (
+            req.rid, req.cache_protected_len, req.kv_committed_len, req.kv_allocated_len)
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        self.token_to_kv_pool.free(row[req.kv_committed_len : req.kv_allocated_len].clone())
+        req.kv_allocated_len = req.kv_committed_len
 
     def flush(self) -> None:
         self.tree_cache.reset()

@@ -35,7 +35,11 @@ class SchedulerOutputProcessorMixin:
             return
         batch, out, ids, errors = launched.batch, res.logits, res.next_ids, res.row_errors
         n = len(batch.chunks)
-        if batch.forward_mode.is_mixed():
+        if batch.forward_mode.is_verify():
+            self.process_decode_result(batch.decode_reqs, out, ids, errors, verified=res.verified, drafts=batch.drafts)
+            self.stats.on_decode(sum(map(len, res.verified)), res.seconds, launched.launch_time)
+            self.spec.stats.verify_steps += 1
+        elif batch.forward_mode.is_mixed():
             # Decode part first: its finished requests leave `running` before the new ones join.
             decode_out = LogitsOutput(next_token_logits=out.next_token_logits[n:])
             decode_err = {i - n: e for i, e in errors.items() if i >= n}
@@ -85,7 +89,9 @@ class SchedulerOutputProcessorMixin:
                 self.fail_request(req, e)
 
     def process_decode_result(self: "Scheduler", reqs: list[Req], out: LogitsOutput, next_ids: list[int],
-                              errors: dict[int, str], slots=None) -> None:
+                              errors: dict[int, str], slots=None, verified=None, drafts=None) -> None:
+        """A decode step's tokens, or a verify step's (verified[i]: request i's emitted tokens
+        for its draft drafts[i])."""
         running = {id(r) for r in self.running}
         for i, req in enumerate(reqs):
             if slots is not None and req.future_slot == slots[i]:
@@ -93,10 +99,13 @@ class SchedulerOutputProcessorMixin:
             if req.finished() or id(req) not in running:
                 continue  # finished by the step before, while this one was in flight: dropped
             try:
-                req.kv_committed_len += 1
                 if i in errors:
+                    req.kv_committed_len += 1
                     req.abort(errors[i], 500)
+                elif drafts is not None and drafts[i]:
+                    self.append_verified(req, drafts[i], verified[i], out.prompt_logprobs[i])
                 else:
+                    req.kv_committed_len += 1
                     self.append_token(req, next_ids[i], out.next_token_logits[i])
                 if not req.finished() and self.try_jump_forward(req):
                     self.running.remove(req)
@@ -107,6 +116,23 @@ class SchedulerOutputProcessorMixin:
                 self.finish_req(req)
             elif not req.finished() and id(req) in running:
                 self.emit(req)
+
+    def append_verified(self: "Scheduler", req: Req, draft: list[int], tokens: list[int], rows: torch.Tensor) -> None:
+        """A verify step's tokens for req, one by one as decoding would append them (logprobs from
+        the row that predicted each, stop checks after each); the step wrote the KV of the next
+        input and of every draft, so each appended token commits one more position. The KV of
+        drafts that were rejected or fall after a stop is freed."""
+        start = req.kv_committed_len
+        for j, tok in enumerate(tokens):
+            req.kv_committed_len = start + j + 1
+            self.append_token(req, tok, rows[j])
+            if req.finished():
+                break
+        req.spec_verify_ct += 1
+        req.spec_accepted_tokens += len(tokens) - 1
+        self.spec.on_verified(req, len(draft), len(tokens) - 1)
+        if not req.finished():
+            self.cache_manager.free_uncommitted(req)
 
     def append_token(self: "Scheduler", req: Req, tok: int, logits_row: torch.Tensor) -> None:
         req.output_ids.append(tok)
@@ -177,6 +203,8 @@ class SchedulerOutputProcessorMixin:
         the step in flight, if that step still uses it), and its last chunk goes out."""
         if req in self.running:
             self.running.remove(req)
+        if self.spec is not None:
+            self.spec.release(req)
         if self.chunked_req is req:
             self.chunked_req = None
         if self.inflight is not None and self.inflight.holds(req):
@@ -232,6 +260,8 @@ class SchedulerOutputProcessorMixin:
             trim_stop=not sp.no_stop_trim,
             stop_strs=sp.stop_strs or None,
             forward_passes=req.forward_passes,
+            spec_verify_ct=req.spec_verify_ct,
+            spec_accepted_tokens=req.spec_accepted_tokens,
             first_token_time=req.first_token_time,
         )
         if req.return_logprob:

@@ -70,6 +70,8 @@ class StepOutput:
     seconds: float  # forward + sampling on the worker
     # Rows whose grammar mask could not be filled: that request fails, the others go on.
     row_errors: dict[int, str] = field(default_factory=dict)
+    # TARGET_VERIFY: per request, the tokens the step emits (accepted drafts + the model's token).
+    verified: Optional[list[list[int]]] = None
 
 
 @dataclass

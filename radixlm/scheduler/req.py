@@ -52,6 +52,9 @@ class Req:
     to_abort: bool = False
     cached_tokens: int = 0  # prompt tokens served from the radix cache (first prefill)
     forward_passes: int = 0
+    # Speculative decoding: verify steps that carried a draft of this request, drafts accepted.
+    spec_verify_ct: int = 0
+    spec_accepted_tokens: int = 0
     first_token_time: Optional[float] = None
     generator: Optional[torch.Generator] = None
     # Grammar matcher (radixlm.constrained); a Future while its grammar compiles.

@@ -42,6 +42,9 @@ from radixlm.scheduler.overlap import FutureTokenMap, LaunchedBatch, StepOutput,
 from radixlm.scheduler.policy import SchedulePolicy
 from radixlm.scheduler.req import Req
 from radixlm.scheduler.stats import SchedulerStats
+from radixlm.speculative.controller import SpecController
+from radixlm.speculative.draft_source import create_draft_source
+from radixlm.speculative.verify import accept_draft
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +82,11 @@ class Scheduler(SchedulerOutputProcessorMixin):
         # Overlap scheduling (overlap.py): the decode step in flight on the worker thread.
         self.overlap = server_args.overlap_schedule
         self.inflight: Optional[LaunchedBatch] = None
+        # Speculative decoding (radixlm/speculative/): drafts verified in TARGET_VERIFY steps.
+        self.spec: Optional[SpecController] = None
+        if server_args.speculative_algorithm:
+            self.spec = SpecController(create_draft_source(server_args.speculative_algorithm, server_args, self.tree_cache),
+                                       server_args.speculative_num_draft_tokens)
         if self.overlap:
             self.worker = ThreadPoolExecutor(1, thread_name_prefix="radixlm-forward")
             self.future_map = FutureTokenMap(2 * self.runner.max_running_requests + 2, self.device)
@@ -302,6 +310,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
             "num_running": len(self.running) + (1 if self.chunked_req else 0),
             "num_waiting": len(self.waiting_queue) + len(self.grammar_queue),
             **self.stats.as_dict(),
+            **(self.spec.stats.as_dict() if self.spec else {}),
         }
 
     # ------------------------------------------------------------- batching
@@ -376,6 +385,11 @@ class Scheduler(SchedulerOutputProcessorMixin):
             self.decay_new_token_ratio()
         if not self.running:
             return None
+        if self.spec is not None:
+            spare = self.cache_manager.kv_room() - len(self.running)
+            drafts = self.spec.propose(self.running, spare, self.context_len)
+            if any(drafts):
+                return ScheduleBatch(ForwardMode.TARGET_VERIFY, decode_reqs=list(self.running), drafts=drafts)
         return ScheduleBatch(ForwardMode.DECODE, decode_reqs=list(self.running))
 
     def mix_with_running(self, prefill: ScheduleBatch) -> ScheduleBatch:
@@ -477,7 +491,14 @@ class Scheduler(SchedulerOutputProcessorMixin):
         next_ids = self.runner.sample(logits, info)
         if slots is not None:
             self.future_map.store(torch.tensor(slots, dtype=torch.int64, device=self.device), next_ids)
-        return StepOutput(out, next_ids.tolist(), time.perf_counter() - t0, errors)
+        next_ids = next_ids.tolist()
+        verified = None
+        if batch.forward_mode.is_verify():
+            verified = [
+                accept_draft(out.prompt_logprobs[i], d, r.sampling_params, r.generator) if d else [next_ids[i]]
+                for i, (r, d) in enumerate(zip(batch.decode_reqs, batch.drafts))
+            ]
+        return StepOutput(out, next_ids, time.perf_counter() - t0, errors, verified)
 
     def drain_worker(self) -> None:
         """Wait until the worker has run everything handed to it."""

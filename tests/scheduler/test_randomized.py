@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
+from typing import Optional
 
 import pytest
 
@@ -41,6 +42,7 @@ class Run:
     results: dict
     aborted_in: dict = field(default_factory=dict)  # rid -> where it was when aborted
     steps: int = 0
+    spec_stats: dict = field(default_factory=dict)
 
 
 def workload(seed: int, n: int) -> list[Spec]:
@@ -91,8 +93,36 @@ def where(d: Driver, rid: str):
     return None
 
 
-def run(model_dir: str, specs: list[Spec], abort_seed, **opts) -> Run:
+class NoisyDrafts:
+    """Wraps a draft source and an oracle (the quiet run's greedy outputs): proposes the true
+    continuation, the source's draft or random tokens, each kept, cut or corrupted at random, so
+    verify steps see every accept / reject pattern (all, none, some, then a wrong token)."""
+
+    def __init__(self, source, seed: int, oracle: dict):
+        self.source, self.rng, self.oracle = source, random.Random(seed), oracle
+
+    def propose(self, req, k: int) -> list[int]:
+        rng, roll = self.rng, self.rng.random()
+        truth = self.oracle.get(req.rid)
+        if truth is not None and roll < 0.6:
+            draft = truth[len(req.output_ids) : len(req.output_ids) + k]
+        elif roll < 0.8:
+            draft = self.source.propose(req, k)
+        else:
+            draft = [rng.randrange(3, 40000) for _ in range(rng.randrange(1, k + 1))]
+        if draft and rng.random() < 0.4:
+            cut = rng.randrange(len(draft))
+            draft = draft[:cut] + [rng.randrange(3, 40000)] + draft[cut + 1 :]
+        return draft
+
+    def release(self, rid: str) -> None:
+        self.source.release(rid)
+
+
+def run(model_dir: str, specs: list[Spec], abort_seed, oracle: Optional[dict] = None, **opts) -> Run:
     d = Driver(make_scheduler(model_dir, **OPTIONS, **opts))
+    if oracle is not None:
+        d.s.spec.source = NoisyDrafts(d.s.spec.source, abort_seed or 0, oracle)
     rng = random.Random(abort_seed)
     pending, live, out = list(specs), [], Run({})
     try:
@@ -120,6 +150,7 @@ def run(model_dir: str, specs: list[Spec], abort_seed, **opts) -> Run:
         if d.s.overlap:
             d.s.worker.shutdown()
     out.results, out.steps = d.results, d.steps
+    out.spec_stats = d.s.spec.stats.as_dict() if d.s.spec else {}
     return out
 
 
@@ -159,6 +190,22 @@ def check_matrix(model_dir: str, seed: int, n: int) -> None:
 
 def test_randomized_scheduler(tiny_model_dir):
     check_matrix(tiny_model_dir, seed=1, n=170)
+
+
+@pytest.mark.parametrize("algorithm", ["ngram", "radix"])
+def test_randomized_scheduler_speculative(tiny_model_dir, algorithm):
+    """Speculative decoding under the same workload, aborts and a pool this small (drafts compete
+    for slots, retraction): greedy outputs equal the quiet plain run's, invariants hold at every
+    step, drafts are accepted and rejected."""
+    specs = workload(seed=3, n=120)
+    quiet = run(tiny_model_dir, specs, None)
+    oracle = {sp.rid: quiet.results[sp.rid].output_ids for sp in specs if sp.greedy}
+    noisy = run(tiny_model_dir, specs, 37, oracle=oracle, speculative_algorithm=algorithm,
+                speculative_num_draft_tokens=5)
+    compare(specs, quiet, noisy, f"speculative={algorithm}")
+    assert {"waiting", "decoding"} <= set(noisy.aborted_in.values())
+    stats = noisy.spec_stats
+    assert stats["spec_verify_steps"] > 0 and 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"]
 
 
 @pytest.mark.soak

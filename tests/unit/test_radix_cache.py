@@ -368,3 +368,22 @@ RadixCacheMachine.TestCase.settings = settings(
     max_examples=150, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_radix_cache_state_machine = RadixCacheMachine.TestCase
+
+
+def test_continuation_follows_the_most_recently_used_branch():
+    cache, _ = make_cache()
+    cache.insert([1, 2, 3, 4, 5, 6], t([1, 2, 3, 4, 5, 6]))
+    cache.insert([1, 2, 3, 9, 9], t([7, 8, 9, 10, 11]))
+    before = [(n.key, n.last_access_time) for n in cache.all_nodes()]
+    assert cache.continuation([1, 2], 3) == [3, 9, 9]  # the later insert is the most recent branch
+    assert [(n.key, n.last_access_time) for n in cache.all_nodes()] == before, "a draft lookup changed the tree"
+    cache.match_prefix([1, 2, 3, 4, 5, 6])
+    assert cache.continuation([1, 2], 3) == [3, 4, 5]
+    assert cache.continuation([1, 2, 3, 4], 10) == [5, 6]
+    assert cache.continuation([1, 7], 3) == []  # leaves the tree
+    assert cache.continuation([1, 2, 3, 4, 5, 6], 3) == []  # nothing cached after it
+    assert cache.continuation([1, 2, 3, 4, 5, 6, 7], 3) == []
+    _, node = cache.match_prefix([1, 2, 3])
+    assert cache.continuation([9], 4, node) == [9]
+    assert cache.continuation([], 2, node) in ([4, 5], [9, 9])
+    assert make_cache(disable=True)[0].continuation([1], 2) == []

@@ -1,0 +1,7 @@
+"""Speculative decoding: draft sources propose tokens, one extend-shaped forward verifies them.
+
+    draft_source.py   the interface every source implements, and the factory
+    ngram.py          prompt lookup over the request's own prompt and output
+    verify.py         greedy and rejection-sampling acceptance of a draft chain
+    controller.py     which requests draft how many tokens this step (adaptive), and the counters
+"""

@@ -1,0 +1,202 @@
+"""Speculative decoding through the engine: greedy outputs token for token those of plain
+decoding (tiny random models of each architecture, batching, chunked prefill, stops, penalties,
+logprobs, grammars, aborts, streaming), with the KV ownership invariants checked after every step
+(engine_args turns them on) and drafts actually verified and accepted."""
+
+import threading
+
+import pytest
+import torch
+
+from radixlm import Engine
+from tests.conftest import engine_args
+from tests.engine.test_overlap import run, workload
+
+LOOPY = [[5 + (i % 7) for i in range(40)], [100, 200, 300, 100, 200, 300, 100, 200], list(range(1000, 1030))]
+GREEDY = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
+
+
+def echo_prompts(engine) -> list[list[int]]:
+    """Prompts P + G + P, G the model's greedy continuation of P: prompt lookup drafts G[1:] when
+    the model starts its answer as it did the first time."""
+    out = []
+    for p in LOOPY:
+        g = engine.generate(input_ids=p, sampling_params=GREEDY)["output_ids"]
+        out.append(p + g + p)
+    return out
+
+
+@pytest.fixture(scope="module")
+def arch_dir(request, tiny_model_dir, tmp_path_factory, default_model_path):
+    if request.param == "llama":
+        return tiny_model_dir
+    import transformers
+
+    from radixlm.model.loader import load_tokenizer
+
+    tok = load_tokenizer(default_model_path)
+    common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                  bos_token_id=1, eos_token_id=2, initializer_range=0.25)
+    if request.param == "qwen2":
+        cfg, cls = transformers.Qwen2Config(**common, tie_word_embeddings=True), transformers.Qwen2ForCausalLM
+    else:
+        cfg, cls = transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=False), transformers.Qwen3ForCausalLM
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp(f"tiny-{request.param}")
+    cls(cfg).eval().save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+# Unchunked prefill on llama only: the scheduler path does not depend on the architecture.
+@pytest.mark.parametrize("arch_dir,chunk", [("llama", -1), ("llama", 16), ("qwen2", 16), ("qwen3", 16)],
+                         indirect=["arch_dir"])
+@pytest.mark.parametrize("algorithm", ["ngram", "radix"])
+def test_greedy_outputs_equal_plain_decoding(arch_dir, chunk, algorithm):
+    """The mixed workload twice (the second pass finds the first's outputs in the radix tree) and
+    echo prompts, with and without speculation. (Random tiny models seldom repeat themselves, so
+    prompt lookup seldom drafts here: its drafts are exercised by the default model below and by
+    tests/scheduler/test_randomized.py's noisy drafts.)"""
+    results, work, state = {}, None, {}
+    for spec in (None, algorithm):
+        with Engine(arch_dir, **engine_args(speculative_algorithm=spec, chunked_prefill_size=chunk,
+                                            max_running_requests=8)) as e:
+            work = work or (workload(e), echo_prompts(e))
+            (prompts, sps), echo = work
+            outs = e.generate(input_ids=echo, sampling_params=[GREEDY] * len(echo))
+            results[spec] = (run(e, prompts, sps), run(e, prompts, sps), [o["output_ids"] for o in outs])
+            state = e.get_internal_state()
+    assert results[algorithm] == results[None]
+    if algorithm == "radix":  # repeated requests: the earlier greedy answers are the drafts
+        assert state["spec_verify_steps"] > 0 and state["spec_accepted_tokens"] > 0
+
+
+@pytest.mark.parametrize("algorithm", ["ngram", "radix"])
+def test_default_model_greedy_equal(default_model_path, algorithm):
+    """The default model (GGUF weights on the native kernels) copies text it has seen: prompt
+    lookup drafts the copy, and a verify step's rows give exactly the decode steps' tokens."""
+    prompts = ["Fruits: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango.\n"
+               "Fruits again: apple, banana,",
+               "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n",
+               "Once upon a time"]
+    sp = {"max_new_tokens": 32, "temperature": 0}
+    res = {}
+    for spec in (None, algorithm):
+        with Engine(default_model_path, **engine_args(speculative_algorithm=spec, num_threads=2)) as e:
+            outs = [e.generate(prompts, [sp] * len(prompts)) for _ in range(2)]
+            res[spec] = [[o["output_ids"] for o in out] for out in outs]
+            if spec:
+                st = e.get_internal_state()
+                assert st["spec_verify_steps"] > 0 and st["spec_accepted_tokens"] > 0
+    assert res[algorithm] == res[None]
+
+
+def test_logprobs_and_meta_info(tiny_model_dir):
+    """The second identical request verifies the first's answer (radix drafts): its logprobs are
+    those of plain decoding, in fewer forwards."""
+    outs = {}
+    for spec in (None, "radix"):
+        with Engine(tiny_model_dir, **engine_args(speculative_algorithm=spec)) as e:
+            for _ in range(2):
+                outs[spec] = e.generate(input_ids=LOOPY[0], sampling_params=GREEDY,
+                                        return_logprob=True, top_logprobs_num=3, logprob_start_len=30)
+    a, b = outs[None], outs["radix"]
+    assert a["output_ids"] == b["output_ids"]
+    ma, mb = a["meta_info"], b["meta_info"]
+    for key in ("output_token_logprobs", "input_token_logprobs"):
+        assert len(ma[key]) == len(mb[key])
+        for x, y in zip(ma[key], mb[key]):
+            assert x[1] == y[1] and (x[0] is None) == (y[0] is None)
+            if x[0] is not None:
+                assert x[0] == pytest.approx(y[0], abs=1e-4)
+    for xs, ys in zip(ma["output_top_logprobs"], mb["output_top_logprobs"]):
+        assert [e[1] for e in xs] == [e[1] for e in ys]
+        assert [e[0] for e in xs] == pytest.approx([e[0] for e in ys], abs=1e-4)
+    assert mb["spec_verify_ct"] > 0 and mb["spec_accepted_tokens"] > 0
+    assert ma["spec_verify_ct"] == 0
+    # Fewer forwards than tokens: accepted drafts came for free.
+    assert mb["forward_passes"] < ma["forward_passes"]
+
+
+def test_stop_strings_inside_an_accepted_draft(tiny_model_dir):
+    """A stop token, stop string or length limit that lands inside a verified chain ends the
+    output there (radix drafts: the same prompt's full answer is in the tree)."""
+    with Engine(tiny_model_dir, **engine_args()) as e:
+        ref = e.generate(input_ids=LOOPY[1], sampling_params=GREEDY)["output_ids"]
+        text = e.tokenizer.decode(ref[20:22])
+    cases = [{"stop_token_ids": [ref[25]]}, {"stop": [text]}, {"max_new_tokens": 23}, {"stop": [text], "no_stop_trim": True}]
+    res = {}
+    for spec in (None, "radix"):
+        with Engine(tiny_model_dir, **engine_args(speculative_algorithm=spec)) as e:
+            e.generate(input_ids=LOOPY[1], sampling_params=GREEDY)
+            res[spec] = [e.generate(input_ids=LOOPY[1], sampling_params={**GREEDY, **c}) for c in cases]
+            if spec:
+                assert all(o["meta_info"]["spec_accepted_tokens"] > 0 for o in res[spec])
+    for a, b in zip(res[None], res["radix"]):
+        assert a["output_ids"] == b["output_ids"] and a["text"] == b["text"]
+        assert a["meta_info"]["finish_reason"] == b["meta_info"]["finish_reason"]
+    assert len(res[None][0]["output_ids"]) < 40
+
+
+def test_grammar_requests_run_beside_drafted_ones(tiny_model_dir):
+    pytest.importorskip("xgrammar")
+    regex = {"max_new_tokens": 12, "temperature": 0, "regex": "(ab|cd){2,5}"}
+    res = {}
+    for spec in (None, "radix"):
+        with Engine(tiny_model_dir, **engine_args(speculative_algorithm=spec)) as e:
+            for _ in range(2):  # the second pass drafts the free requests' first answers
+                outs = e.generate(input_ids=[LOOPY[0], [7, 8, 9, 10], LOOPY[2]], sampling_params=[GREEDY, regex, GREEDY])
+            res[spec] = [(o["output_ids"], o["text"]) for o in outs]
+            if spec:
+                assert e.get_internal_state()["spec_accepted_tokens"] > 0
+    assert res["radix"] == res[None]
+
+
+def test_abort_and_stream_with_drafts(tiny_model_dir):
+    """Aborted requests release everything (invariants after every step), the rest are unchanged;
+    a stream carries the same tokens as the whole answer."""
+    sp = {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}
+    with Engine(tiny_model_dir, **engine_args()) as e:
+        ref = e.generate(input_ids=LOOPY[2], sampling_params=GREEDY)["output_ids"]
+    with Engine(tiny_model_dir, **engine_args(speculative_algorithm="radix")) as e:
+        e.generate(input_ids=[LOOPY[0], LOOPY[2]], sampling_params=[sp, GREEDY])
+        t = threading.Thread(target=lambda: e.generate(input_ids=[LOOPY[0]] * 3, sampling_params=sp, rid=["x1", "x2", "x3"]))
+        t.start()
+        pieces = list(e.generate(input_ids=LOOPY[2], sampling_params=GREEDY, stream=True))
+        e.abort_request("x2")
+        e.abort_request("x1")
+        t.join()
+        assert pieces[-1]["output_ids"] == ref
+        assert pieces[-1]["meta_info"]["spec_accepted_tokens"] > 0
+        st = e.get_internal_state()
+        assert st["num_running"] == 0 and st["req_slots_free"] == st["req_slots_total"]
+        assert st["available_kv_tokens"] + st["evictable_tokens"] == st["max_total_num_tokens"]
+
+
+@pytest.mark.parametrize("algorithm", ["radix"])
+def test_sampling_distribution_unchanged(tiny_model_dir, algorithm):
+    """Many draws of 3 tokens at one fixed context (temperature 1, top-k 4: few outcomes, so drafts
+    from earlier draws often match): the joint frequencies of the
+    2nd and 3rd tokens (those verify steps emit) with speculation match plain sampling's
+    (two-sample chi-square, significance 0.001; tokens seen fewer than 10 times pooled)."""
+    from collections import Counter
+
+    chi2_contingency = pytest.importorskip("scipy.stats").chi2_contingency
+    n, sp = 1536, {"max_new_tokens": 3, "temperature": 1.0, "top_k": 4, "ignore_eos": True}
+    draws = {}
+    for spec in (None, algorithm):
+        with Engine(tiny_model_dir, **engine_args(speculative_algorithm=spec, max_running_requests=64,
+                                                  enable_invariant_checks=False)) as e:
+            outs = e.generate(input_ids=[LOOPY[0]] * n, sampling_params=sp)
+            draws[spec] = Counter(tuple(o["output_ids"][1:]) for o in outs)
+            if spec:
+                st = e.get_internal_state()
+                assert st["spec_verify_steps"] > 0 and 0 < st["spec_accepted_tokens"] < st["spec_draft_tokens"]
+    seen = draws[None] + draws[algorithm]
+    common = [k for k, c in seen.items() if c >= 10]
+    table = [[d[k] for k in common] + [sum(c for k, c in d.items() if k not in common)] for d in draws.values()]
+    if table[0][-1] + table[1][-1] == 0:
+        table = [row[:-1] for row in table]
+    assert len(table[0]) >= 3, "too few distinct outcomes for the test to say anything"
+    assert chi2_contingency(table).pvalue > 0.001, table
