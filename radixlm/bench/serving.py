@@ -54,6 +54,11 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fork-branch-len", type=int, default=16, help="tokens of each branch after the prefix")
     p.add_argument("--fork-output-len", type=int, default=64)
     p.add_argument("--json-output-len", type=int, default=160, help="max tokens of a JSON answer")
+    p.add_argument("--grounded-sentences", type=int, default=8, help="sentences of each grounded passage")
+    p.add_argument("--grounded-output-len", type=int, default=160, help="max tokens of a grounded answer")
+    p.add_argument("--recurring-num-prompts", type=int, default=8, help="distinct recurring agent calls")
+    p.add_argument("--recurring-repeats", type=int, default=4, help="times each recurring call is sent")
+    p.add_argument("--recurring-output-len", type=int, default=64, help="max tokens of a recurring answer")
     p.add_argument("--request-rate", type=float, default=float("inf"),
                    help="sessions per second (Poisson arrivals); inf: all at once")
     p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")

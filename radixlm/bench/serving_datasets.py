@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from radixlm.bench.serving_client import RequestInput
 from radixlm.bench.workloads import PERSON_SCHEMA, generated_shared_prefix, json_person_prompts, random_prompts
 
-DATASETS = ("random", "gsp", "multi-turn", "fork", "json")
+DATASETS = ("random", "gsp", "multi-turn", "fork", "json", "grounded", "recurring")
 
 
 class WordVocab:
@@ -101,6 +101,16 @@ def build_sessions(args, words: WordVocab) -> list[Session]:
                                  args.json_output_len, ignore_eos=False, json_schema=PERSON_SCHEMA))
             for q in json_person_prompts(args.num_prompts)
         ]
+    if args.dataset == "grounded":
+        from radixlm.bench.spec_datasets import grounded_requests
+
+        return [_single(r) for r in grounded_requests(args.num_prompts, args.grounded_sentences,
+                                                      args.grounded_output_len, seed)]
+    if args.dataset == "recurring":
+        from radixlm.bench.spec_datasets import recurring_requests
+
+        return [_single(r) for r in recurring_requests(args.recurring_num_prompts, args.recurring_repeats,
+                                                       args.recurring_output_len, seed)]
     raise ValueError(f"unknown dataset {args.dataset!r}; one of {', '.join(DATASETS)}")
 
 

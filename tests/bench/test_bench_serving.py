@@ -92,6 +92,28 @@ def test_serving_datasets_backends(servers, tiny_model_dir, backend, dataset):
         assert res["cached_token_share"] > 0
 
 
+def test_speculation_datasets(servers, tiny_model_dir):
+    """grounded: each prompt a passage of the benchmark's sentences plus a copy/extract task;
+    recurring: every agent call sent `repeats` times (its repeats hit the cache)."""
+    from radixlm.bench.spec_datasets import SENTENCES, TASKS
+
+    res = serving.run(bench_args(servers["cache"].url, tiny_model_dir, "--dataset", "grounded",
+                                 grounded_sentences=5, grounded_output_len=6))
+    assert res["completed"] == SMALL["num_prompts"] and res["errors"] == 0
+    for o in res["outputs"]:
+        text = o.request.text
+        assert sum(s in text for s in SENTENCES) == 5 and any(text.endswith(t) for t in TASKS)
+        assert 0 < o.output_len <= 6
+    res = serving.run(bench_args(servers["cache"].url, tiny_model_dir, "--dataset", "recurring",
+                                 recurring_num_prompts=3, recurring_repeats=3, recurring_output_len=5))
+    assert res["completed"] == 9 and res["errors"] == 0
+    counts: dict = {}
+    for o in res["outputs"]:
+        counts[o.request.text] = counts.get(o.request.text, 0) + 1
+    assert sorted(counts.values()) == [3, 3, 3]
+    assert res["cached_token_share"] > 0
+
+
 def test_gsp_cached_share_radix_cache_on_vs_off(servers, tiny_model_dir):
     kw = dict(gsp_num_groups=2, gsp_prompts_per_group=4, gsp_system_prompt_len=96, gsp_question_len=8)
     cli = ("--dataset", "gsp", "--max-concurrency", "2")

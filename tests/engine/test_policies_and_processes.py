@@ -69,7 +69,8 @@ def _children_of(pid):
 
 
 SCRIPT = """
-import sys, time
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # the test asks for a traceback if it hangs
 from radixlm import Engine
 e = Engine(sys.argv[1], num_threads=1, kv_memory_gb=0.05, log_level="warning", enable_invariant_checks=True)
 print("ready", flush=True)
@@ -79,11 +80,11 @@ e.generate("hi", {"max_new_tokens": 2})
 
 
 @pytest.mark.parametrize("how", ["exit", "sigint", "sigkill"])
-def test_no_orphan_processes(tiny_model_dir, how):
+def test_no_orphan_processes(tiny_model_dir, how, tmp_path):
     tail = {"exit": "print('done', flush=True)", "sigint": "time.sleep(600)", "sigkill": "time.sleep(600)"}[how]
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SCRIPT.replace("{tail}", tail), tiny_model_dir], stdout=subprocess.PIPE, text=True
-    )
+    err = open(tmp_path / "stderr", "w+")  # a file, not a pipe: a chatty child never blocks on it
+    proc = subprocess.Popen([sys.executable, "-c", SCRIPT.replace("{tail}", tail), tiny_model_dir],
+                            stdout=subprocess.PIPE, stderr=err, text=True)
     assert proc.stdout.readline().strip() == "ready"
     kids = _children_of(proc.pid)
     assert len(kids) >= 2, "scheduler and detokenizer processes"
@@ -92,6 +93,14 @@ def test_no_orphan_processes(tiny_model_dir, how):
         proc.send_signal(signal.SIGINT)
     elif how == "sigkill":
         proc.kill()
-    proc.wait(timeout=60)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGUSR1)  # every thread's stack, to stderr
+        time.sleep(2)
+        proc.kill()
+        proc.wait()
+        err.seek(0)
+        pytest.fail(f"the engine process did not exit after {how}; its stacks and stderr:\n{err.read()[-6000:]}")
     gone, alive = psutil.wait_procs(kids, timeout=20)
     assert not alive, f"orphans after {how}: {[p.pid for p in alive]}"
