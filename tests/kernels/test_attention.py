@@ -64,6 +64,21 @@ def sdpa_ref(q, k, v, scale):
     return o[0].transpose(0, 1).float()
 
 
+def check_against_sdpa(lay, out, q, q_lens, scale, alone_ops=None) -> None:
+    """Each request's rows of `out` against SDPA over its stored K/V (relative error < RTOL); with
+    alone_ops, also bitwise equal to the kernel run on that request alone."""
+    off = 0
+    for i, n in enumerate(q_lens):
+        k, v = lay.stored(i)
+        ref = sdpa_ref(q[off : off + n], k, v, scale)
+        err = ((out[off : off + n] - ref).abs().max() / ref.abs().max()).item()
+        assert err < RTOL, f"request {i} ({lay.lens[i]} keys, {n} queries): relative error {err:.2e}"
+        if alone_ops is not None:
+            alone = lay.run(alone_ops, q[off : off + n].clone(), [i], [n], scale)
+            assert torch.equal(alone, out[off : off + n]), f"request {i} differs beside the others"
+        off += n
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("kvh,g,d", [(3, 3, 64), (2, 1, 128), (1, 4, 16)])
 def test_paged_attention_matches_sdpa(kernel_ops, dtype, kvh, g, d):
@@ -73,13 +88,7 @@ def test_paged_attention_matches_sdpa(kernel_ops, dtype, kvh, g, d):
     q = torch.randn(sum(q_lens), kvh * g, d, generator=lay.g)
     scale = d**-0.5
     out = lay.run(kernel_ops, q, list(range(len(lens))), q_lens, scale)
-    off = 0
-    for i, n in enumerate(q_lens):
-        k, v = lay.stored(i)
-        ref = sdpa_ref(q[off : off + n], k, v, scale)
-        err = ((out[off : off + n] - ref).abs().max() / ref.abs().max()).item()
-        assert err < RTOL, f"request {i} ({lens[i]} keys, {n} queries): relative error {err:.2e}"
-        off += n
+    check_against_sdpa(lay, out, q, q_lens, scale)
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
@@ -166,12 +175,4 @@ def test_paged_attention_shared_prefixes(kernel_ops, dtype):
     q = torch.randn(sum(q_lens), 9, 64, generator=lay.g)
     scale = 0.125
     out = lay.run(kernel_ops, q, list(range(len(tails))), q_lens, scale)
-    off = 0
-    for i, n in enumerate(q_lens):
-        k, v = lay.stored(i)
-        ref = sdpa_ref(q[off : off + n], k, v, scale)
-        err = ((out[off : off + n] - ref).abs().max() / ref.abs().max()).item()
-        assert err < RTOL, f"request {i} ({lay.lens[i]} keys, {n} queries): relative error {err:.2e}"
-        alone = lay.run(kernel_ops, q[off : off + n].clone(), [i], [n], scale)
-        assert torch.equal(alone, out[off : off + n]), f"request {i} differs beside the others"
-        off += n
+    check_against_sdpa(lay, out, q, q_lens, scale, alone_ops=kernel_ops)
