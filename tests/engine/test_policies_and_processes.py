@@ -83,8 +83,11 @@ e.generate("hi", {"max_new_tokens": 2})
 def test_no_orphan_processes(tiny_model_dir, how, tmp_path):
     tail = {"exit": "print('done', flush=True)", "sigint": "time.sleep(600)", "sigkill": "time.sleep(600)"}[how]
     err = open(tmp_path / "stderr", "w+")  # a file, not a pipe: a chatty child never blocks on it
+    # SIGINT back to its default in the child: a test run started in the background (`cmd &` in a
+    # script) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt.
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT.replace("{tail}", tail), tiny_model_dir],
-                            stdout=subprocess.PIPE, stderr=err, text=True)
+                            stdout=subprocess.PIPE, stderr=err, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     assert proc.stdout.readline().strip() == "ready"
     kids = _children_of(proc.pid)
     assert len(kids) >= 2, "scheduler and detokenizer processes"
