@@ -122,15 +122,17 @@ class SchedulerOutputProcessorMixin:
         the row that predicted each, stop checks after each); the step wrote the KV of the next
         input and of every draft, so each appended token commits one more position. The KV of
         drafts that were rejected or fall after a stop is freed."""
-        start = req.kv_committed_len
+        start, appended = req.kv_committed_len, 0
         for j, tok in enumerate(tokens):
             req.kv_committed_len = start + j + 1
             self.append_token(req, tok, rows[j])
+            appended += 1
             if req.finished():
                 break
+        accepted = len(tokens) - 1  # drafts the model agreed with (those after a stop are dropped)
         req.spec_verify_ct += 1
-        req.spec_accepted_tokens += len(tokens) - 1
-        self.spec.on_verified(req, len(draft), len(tokens) - 1)
+        req.spec_accepted_tokens += min(accepted, appended)
+        self.spec.on_verified(req, len(draft), accepted)
         if not req.finished():
             self.cache_manager.free_uncommitted(req)
 

@@ -2,6 +2,7 @@
 
     draft_source.py   the interface every source implements, and the factory
     ngram.py          prompt lookup over the request's own prompt and output
+    radix.py          the continuation along the radix tree from the request's context
     verify.py         greedy and rejection-sampling acceptance of a draft chain
     controller.py     which requests draft how many tokens this step (adaptive), and the counters
 """

@@ -110,6 +110,7 @@ def test_logprobs_and_meta_info(tiny_model_dir):
             assert x[1] == y[1] and (x[0] is None) == (y[0] is None)
             if x[0] is not None:
                 assert x[0] == pytest.approx(y[0], abs=1e-4)
+    assert len(ma["output_top_logprobs"]) == len(mb["output_top_logprobs"]) == len(a["output_ids"])
     for xs, ys in zip(ma["output_top_logprobs"], mb["output_top_logprobs"]):
         assert [e[1] for e in xs] == [e[1] for e in ys]
         assert [e[0] for e in xs] == pytest.approx([e[0] for e in ys], abs=1e-4)
