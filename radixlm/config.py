@@ -64,10 +64,17 @@ class ServerArgs:
     random_seed: int = 42
 
     # Speculative decoding (radixlm/speculative/): drafts verified in one forward, outputs unchanged.
-    speculative_algorithm: Optional[str] = None  # ngram; None: off
+    speculative_algorithm: Optional[str] = None  # ngram, radix or draft-model; None: off
     speculative_num_draft_tokens: int = 4  # most draft tokens per request and step
-    speculative_ngram_min_match_window_size: int = 2  # shortest suffix a prompt-lookup match may use
+    speculative_ngram_min_match_window_size: int = 2  # shortest suffix a lookup match may use (ngram, radix's index)
     speculative_ngram_max_match_window_size: int = 8  # longest suffix tried first
+    # radix: where a request leaves the tree, drafts come from an index of the last this many tokens of
+    # finished requests' outputs (speculative/suffix_index.py; about 1 KB a token). 0: tree only.
+    speculative_suffix_index_tokens: int = 16384
+    # draft-model (SGLang's STANDALONE): a smaller model with the target's vocabulary drafts by greedy
+    # decoding, in its own KV pool of speculative_draft_kv_tokens tokens (None: as many as the target's).
+    speculative_draft_model_path: Optional[str] = None
+    speculative_draft_kv_tokens: Optional[int] = None
 
     # HTTP server
     host: str = "127.0.0.1"
@@ -113,6 +120,16 @@ class ServerArgs:
                 raise ValueError(f"speculative_num_draft_tokens must be >= 1, got {self.speculative_num_draft_tokens}")
             if not 1 <= self.speculative_ngram_min_match_window_size <= self.speculative_ngram_max_match_window_size:
                 raise ValueError("speculative ngram match window sizes need 1 <= min <= max")
+            if self.speculative_suffix_index_tokens < 0:
+                raise ValueError(f"speculative_suffix_index_tokens must be >= 0, got {self.speculative_suffix_index_tokens}")
+        if self.speculative_algorithm == "draft-model" and not self.speculative_draft_model_path:
+            raise ValueError("speculative_algorithm draft-model needs speculative_draft_model_path "
+                             "(--speculative-draft-model-path: a HF directory or GGUF file with the target's vocabulary)")
+        if self.speculative_draft_model_path and self.speculative_algorithm != "draft-model":
+            raise ValueError(f"speculative_draft_model_path is used by speculative_algorithm draft-model only, "
+                             f"got speculative_algorithm {self.speculative_algorithm!r}")
+        if self.speculative_draft_kv_tokens is not None and self.speculative_draft_kv_tokens <= 0:
+            raise ValueError(f"speculative_draft_kv_tokens must be positive, got {self.speculative_draft_kv_tokens}")
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
 
@@ -144,8 +161,15 @@ class ServerArgs:
             "kv_cache_dtype": "KV cache element type (auto: float16 for quantized weights on the native CPU kernels, else the model dtype; int8 with per-token scales)",
             "attention_backend": "native (the paged CPU kernel; default on CPU when the kernels build) or torch (SDPA)",
             "speculative_algorithm": "draft tokens to verify in one forward: ngram (prompt lookup over the "
-            "request's own text); outputs stay those of plain decoding",
+            "request's own text), radix (continuations in the radix cache), draft-model (greedy decoding of "
+            "--speculative-draft-model-path); outputs stay those of plain decoding",
+            "speculative_draft_model_path": "draft-model: the draft model (HF directory or GGUF file), smaller than "
+            "the target, with the same vocabulary",
+            "speculative_draft_kv_tokens": "draft-model: the draft model's KV pool in tokens (default: the target's "
+            "KV capacity)",
             "speculative_num_draft_tokens": "most draft tokens per request and step (fewer where drafts keep failing)",
+            "speculative_suffix_index_tokens": "radix: tokens of recently finished requests' outputs kept to draft "
+            "from where a request leaves the radix tree (0: off; about 1 KB of memory a token)",
             "decode_kv_mirror_gb": "memory for a dense copy of the decoding requests' KV (0: off; default 1 on CPU, "
             "0 on CUDA)",
         }

@@ -1,7 +1,7 @@
 """Workloads where speculative decoding pays, for `radixlm bench serving`.
 
-grounded   rewrite / extract tasks over a passage given in the prompt: the answer mostly copies
-           spans of the passage (prompt-lookup drafts).
+grounded   edit tasks over a passage given in the prompt (fix its spelling, punctuation, grammar and
+           return it): the answer mostly copies the passage (prompt-lookup drafts).
 recurring  agent-style calls that come back with the same prompt (a tool loop re-asking, a
            retried step): greedy answers repeat, so an earlier answer is a draft (radix drafts).
 
@@ -34,11 +34,13 @@ SENTENCES = [
     "The town office also hands out maps, bus tickets and parking cards for visitors.",
 ]
 
+# Edit tasks: the answer is the passage again with small changes, as in document and code edits.
+# (Asked to "rewrite" or "extract", the 135M default model paraphrases; asked to fix and return
+# the text in full it mostly copies, which is the grounded case this dataset measures.)
 TASKS = [
-    "Rewrite the passage above word for word, keeping every sentence.",
-    "Copy the passage above as a numbered list, one sentence per line.",
-    "Extract every sentence of the passage above that mentions a place, unchanged.",
-    "Repeat the passage above, then stop.",
+    "Fix the spelling in this text and return it in full",
+    "Fix the punctuation in this text and return it in full",
+    "Correct the grammar of this text and return it in full",
 ]
 
 AGENT_PROMPTS = [
@@ -61,7 +63,7 @@ def passage(rng: random.Random, n_sentences: int) -> str:
 
 def grounded_requests(num: int, n_sentences: int, output_len: int, seed: int) -> list[RequestInput]:
     rng = random.Random(seed)
-    return [RequestInput([{"role": "user", "content": f"{passage(rng, n_sentences)}\n\n{TASKS[i % len(TASKS)]}"}],
+    return [RequestInput([{"role": "user", "content": f"{TASKS[i % len(TASKS)]}:\n\n{passage(rng, n_sentences)}"}],
                          output_len, ignore_eos=False)
             for i in range(num)]
 

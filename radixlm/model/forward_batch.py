@@ -74,3 +74,31 @@ class ForwardBatch:
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
+
+    @classmethod
+    def build(cls, mode: ForwardMode, input_ids: list[int], positions: list[int], req_pool_indices: list[int],
+              seq_lens: list[int], out_cache_loc: torch.Tensor, req_to_token_pool: "ReqToTokenPool",
+              token_to_kv_pool: "TokenToKVPool", device, prefix_lens: Optional[list[int]] = None,
+              ext_lens: Optional[list[int]] = None, logprob_starts: Optional[list[Optional[int]]] = None,
+              num_decode: int = 0) -> "ForwardBatch":
+        """A forward from host lists whose slots are already in the request rows (the scheduler's
+        ScheduleBatch.prepare and the draft model's steps). Extend fields are kept for
+        extend-shaped modes only."""
+        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
+        extend = mode.is_extend()
+        return cls(
+            forward_mode=mode,
+            batch_size=len(req_pool_indices),
+            input_ids=as_tensor(input_ids),
+            positions=as_tensor(positions),
+            req_pool_indices=as_tensor(req_pool_indices),
+            seq_lens=as_tensor(seq_lens),
+            out_cache_loc=out_cache_loc.to(device),
+            req_to_token_pool=req_to_token_pool,
+            token_to_kv_pool=token_to_kv_pool,
+            seq_lens_cpu=seq_lens,
+            extend_prefix_lens_cpu=prefix_lens if extend else None,
+            extend_seq_lens_cpu=ext_lens if extend else None,
+            extend_logprob_start_lens_cpu=logprob_starts if extend else None,
+            num_decode=num_decode,
+        )

@@ -116,22 +116,10 @@ class ScheduleBatch:
             self._prepare_verify(r2t, out_loc, input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts)
         else:
             self._prepare_decode(r2t, out_loc[pt:], input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts)
-        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
-        extend = self.forward_mode.is_extend()
-        return ForwardBatch(
-            forward_mode=self.forward_mode,
-            batch_size=self.batch_size(),
-            input_ids=as_tensor(input_ids),
-            positions=as_tensor(positions),
-            req_pool_indices=as_tensor([r.req_pool_idx for r in self.reqs]),
-            seq_lens=as_tensor(seq_lens),
-            out_cache_loc=out_loc.to(device),
-            req_to_token_pool=cache_manager.req_to_token_pool,
-            token_to_kv_pool=cache_manager.token_to_kv_pool,
-            seq_lens_cpu=seq_lens,
-            extend_prefix_lens_cpu=prefix_lens if extend else None,
-            extend_seq_lens_cpu=ext_lens if extend else None,
-            extend_logprob_start_lens_cpu=lp_starts if extend else None,
+        return ForwardBatch.build(
+            self.forward_mode, input_ids, positions, [r.req_pool_idx for r in self.reqs], seq_lens, out_loc,
+            cache_manager.req_to_token_pool, cache_manager.token_to_kv_pool, device,
+            prefix_lens=prefix_lens, ext_lens=ext_lens, logprob_starts=lp_starts,
             num_decode=len(self.decode_reqs) if self.forward_mode.is_mixed() else 0,
         )
 

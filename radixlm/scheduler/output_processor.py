@@ -39,6 +39,7 @@ class SchedulerOutputProcessorMixin:
             self.process_decode_result(batch.decode_reqs, out, ids, errors, verified=res.verified, drafts=batch.drafts)
             self.stats.on_decode(sum(map(len, res.verified)), res.seconds, launched.launch_time)
             self.spec.stats.verify_steps += 1
+            self.spec.on_step(launched.forward_batch.num_tokens, res.seconds)
         elif batch.forward_mode.is_mixed():
             # Decode part first: its finished requests leave `running` before the new ones join.
             decode_out = LogitsOutput(next_token_logits=out.next_token_logits[n:])
@@ -52,6 +53,8 @@ class SchedulerOutputProcessorMixin:
         else:
             self.process_decode_result(batch.decode_reqs, out, ids, errors, launched.future_slots)
             self.stats.on_decode(len(batch.decode_reqs), res.seconds, launched.launch_time)
+            if self.spec is not None:
+                self.spec.on_step(len(batch.decode_reqs), res.seconds)
             if self.stats.decode_steps % self.server_args.decode_log_interval == 0:
                 logger.info(self.stats.decode_log_line(self, len(self.running), len(self.waiting_queue)))
         for req in launched.deferred_release:

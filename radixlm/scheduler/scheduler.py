@@ -283,6 +283,8 @@ class Scheduler(SchedulerOutputProcessorMixin):
             if rid in ("", req.rid):
                 self.waiting_queue.remove(req)
                 req.abort()
+                if self.spec is not None:  # a retracted request keeps its drafting state
+                    self.spec.release(req)
                 self.emit(req)
         req = self.chunked_req
         if req is not None and rid in ("", req.rid):  # between its chunks: no step uses it

@@ -26,11 +26,17 @@ class ServerMetrics:
         self.token_usage = Gauge("radixlm:token_usage", "Share of KV slots held by running requests", registry=r)
         self.used_tokens = Gauge("radixlm:kv_used_tokens", "KV slots held by running requests", registry=r)
         self.cache_hit_rate = Gauge("radixlm:cache_hit_rate", "Prompt tokens served from the cache / prompt tokens", registry=r)
+        # Speculative decoding (zero without --speculative-algorithm).
+        self.spec_verify_steps = Counter("radixlm:spec_verify_steps", "Verify steps of finished requests that carried a draft", registry=r)
+        self.spec_accepted_tokens = Counter("radixlm:spec_accepted_tokens", "Draft tokens accepted in finished requests", registry=r)
+        self.spec_accept_length = Gauge("radixlm:spec_accept_length", "Tokens emitted per drafted request per verify step (accepted drafts + 1), since start", registry=r)
 
     def observe_finished(self, meta: dict) -> None:
         self.prompt_tokens.inc(meta.get("prompt_tokens", 0))
         self.generation_tokens.inc(meta.get("completion_tokens", 0))
         self.cached_tokens.inc(meta.get("cached_tokens", 0))
+        self.spec_verify_steps.inc(meta.get("spec_verify_ct", 0))
+        self.spec_accepted_tokens.inc(meta.get("spec_accepted_tokens", 0))
         fr = meta.get("finish_reason") or {}
         self.requests.labels(fr.get("type", "unknown")).inc()
         self.e2e.observe(meta.get("e2e_latency", 0.0))
@@ -50,6 +56,7 @@ class ServerMetrics:
         self.used_tokens.set(used)
         self.token_usage.set(used / total if total else 0.0)
         self.cache_hit_rate.set(st["cache_hit_rate"])
+        self.spec_accept_length.set(st.get("spec_accept_length", 0.0))
 
 
 def mount_metrics(app: FastAPI) -> None:

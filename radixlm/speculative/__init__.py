@@ -3,6 +3,8 @@
     draft_source.py   the interface every source implements, and the factory
     ngram.py          prompt lookup over the request's own prompt and output
     radix.py          the continuation along the radix tree from the request's context
+    suffix_index.py   radix's second half: what followed the request's last tokens in recent outputs
+    draft_model.py    greedy decoding of a smaller draft model in its own KV pool (batched forwards)
     verify.py         greedy and rejection-sampling acceptance of a draft chain
     controller.py     which requests draft how many tokens this step (adaptive), and the counters
 """

@@ -2,23 +2,35 @@
 
 A request drafts when the verifier can keep its output exact and cheap: no grammar (its matcher
 would have to follow the drafts), no penalties and no pending min_new_tokens ban (they change
-with every accepted token). Its draft length follows its recent acceptance: an exponential
-average of accepted / drafted, scaled to the configured maximum, so text where drafts keep
-failing drafts fewer tokens, then none for a while.
+with every accepted token). How many tokens each drafts is a batch-level choice: draft token j
+of a request is worth the chance that it and the j - 1 before it are accepted (its recent
+per-token acceptance rate to the power j); the step costs what StepCostModel measured for that
+many rows. The controller adds draft tokens in order of worth while they raise the expected
+tokens per second of the step, so drafting stops where it does not pay: large batches (the
+step is already compute-bound), text where drafts keep failing, slow hardware.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from radixlm.speculative.cost_model import PRIOR_ROW_SHARE, StepCostModel
 from radixlm.speculative.draft_source import DraftSource
 
 if TYPE_CHECKING:
     from radixlm.scheduler.req import Req
 
-ACCEPT_EMA = 0.5  # weight of the newest verify step in a request's acceptance average
-RECOVER = 0.01  # added to the average per step a request skips drafting (a probe every ~10 steps)
+ACCEPT_DECAY = 0.8  # a request's acceptance counts fade by this per verify step (recent behaviour counts)
+IDLE_DECAY = 0.97  # ... and per step it does not draft: its estimate drifts back to the global rate
+PRIOR_WEIGHT = 2.0  # pseudo-trials of the global rate in a request's estimate
+INITIAL_RATE = 0.7  # the global rate before anything was verified
+MIN_WORTH = 0.05  # draft tokens less likely than this to be accepted are never proposed
+# After this many steps in a row where drafts were possible but did not pay, one step drafts as
+# the prior cost model would: a measurement taken during a transient slowdown must not turn
+# speculation off for good.
+PROBE_INTERVAL = 32
 
 
 @dataclass
@@ -45,7 +57,11 @@ class SpecController:
         self.source = source
         self.max_draft = num_draft_tokens
         self.stats = SpecStats()
-        self._accept: dict[str, float] = {}  # rid -> recent accepted / drafted
+        self.costs = StepCostModel()
+        self._rates: dict[str, _Rate] = {}
+        self._global = _Rate(INITIAL_RATE * 10, 10.0)
+        self._propose_seconds = 0.0
+        self._idle_steps = 0  # steps in a row with drafts possible and none chosen
 
     @staticmethod
     def can_draft(req: "Req") -> bool:
@@ -56,25 +72,72 @@ class SpecController:
     def propose(self, reqs: list["Req"], spare_slots: int, context_len: int) -> list[list[int]]:
         """Per request, the draft to verify with its next token (maybe empty). Uses at most
         spare_slots KV slots beyond one per request."""
-        drafts: list[list[int]] = []
+        t0 = time.perf_counter()
+        caps = []
         for req in reqs:
-            k = 0
+            cap = 0
             if self.can_draft(req):
                 left = req.sampling_params.max_new_tokens - len(req.output_ids) - 1  # room for the bonus token
-                k = min(self._draft_len(req.rid), left, context_len - req.seqlen - 1, spare_slots)
-            draft = self.source.propose(req, k) if k > 0 else []
-            spare_slots -= len(draft)
-            drafts.append(draft)
+                cap = max(0, min(self.max_draft, left, context_len - req.seqlen - 1))
+            caps.append(cap)
+        rates = [self.rate(r.rid) for r in reqs]
+        ks = self.allocate(rates, caps, spare_slots)
+        if any(ks) or not any(caps):
+            self._idle_steps = 0
+        else:
+            self._idle_steps += 1
+            if self._idle_steps >= PROBE_INTERVAL:
+                self._idle_steps = 0
+                base = self.costs.cost(len(reqs))
+                ks = self.allocate(rates, caps, spare_slots, lambda rows: base * (1 + PRIOR_ROW_SHARE * (rows - len(reqs))))
+        for req, k, cap in zip(reqs, ks, caps):
+            if k == 0 and cap > 0:
+                self._rates.setdefault(req.rid, _Rate()).fade(IDLE_DECAY)
+        drafts = self.source.propose(reqs, ks) if any(ks) else [[] for _ in reqs]
+        drafts = [d[:k] for d, k in zip(drafts, ks)]
+        self._propose_seconds = time.perf_counter() - t0
         return drafts
 
-    def _draft_len(self, rid: str) -> int:
-        """max_draft scaled by the recent acceptance; 0 (no draft) once drafts keep failing, and
-        the average creeps back up while the request does not draft, so it probes again later."""
-        rate = self._accept.get(rid, 1.0)
-        k = int(self.max_draft * rate + 0.5)
-        if k == 0:
-            self._accept[rid] = rate + RECOVER
-        return k
+    def allocate(self, rates: list[float], caps: list[int], spare_slots: int, cost=None) -> list[int]:
+        """Draft lengths maximizing expected tokens per second of the step: request i's j-th
+        draft token adds rates[i] ** j expected tokens and one row to the step. cost(rows): the
+        step's seconds (default: the measured model)."""
+        cost = cost or self.costs.cost
+        worth = []
+        for i, (a, cap) in enumerate(zip(rates, caps)):
+            w = 1.0
+            for _ in range(cap):
+                w *= a
+                if w < MIN_WORTH:
+                    break
+                worth.append((w, i))
+        worth.sort(key=lambda x: -x[0])
+        del worth[max(spare_slots, 0):]
+        bs = len(rates)
+        best_n, best, total = 0, bs / cost(bs), float(bs)
+        for n, (w, _) in enumerate(worth, 1):
+            total += w
+            rate = total / cost(bs + n)
+            if rate > best:
+                best_n, best = n, rate
+        ks = [0] * bs
+        for _, i in worth[:best_n]:
+            ks[i] += 1
+        return ks
+
+    def rate(self, rid: str) -> float:
+        """Recent per-token acceptance of rid's drafts, pulled towards the global rate."""
+        g = self._global.value()
+        r = self._rates.get(rid)
+        if r is None:
+            return g
+        return (r.accepted + PRIOR_WEIGHT * g) / (r.trials + PRIOR_WEIGHT)
+
+    def on_step(self, rows: int, seconds: float) -> None:
+        """A decode or verify step of `rows` query rows ran in `seconds` (forward + sampling +
+        acceptance); this step's drafting time is added here."""
+        self.costs.observe(rows, seconds + self._propose_seconds)
+        self._propose_seconds = 0.0
 
     def on_verified(self, req: "Req", drafted: int, accepted: int) -> None:
         if drafted == 0:
@@ -82,9 +145,31 @@ class SpecController:
         self.stats.draft_tokens += drafted
         self.stats.accepted_tokens += accepted
         self.stats.drafted_requests += 1
-        old = self._accept.get(req.rid, 1.0)
-        self._accept[req.rid] = (1 - ACCEPT_EMA) * old + ACCEPT_EMA * accepted / drafted
+        # Per-token trials: every accepted draft, plus the first rejected one (later ones were
+        # never tried: the chain broke before them).
+        trials = accepted + (accepted < drafted)
+        self._rates.setdefault(req.rid, _Rate()).add(accepted, trials, ACCEPT_DECAY)
+        self._global.add(accepted, trials, 0.99)
 
     def release(self, req: "Req") -> None:
-        self._accept.pop(req.rid, None)
-        self.source.release(req.rid)
+        self._rates.pop(req.rid, None)
+        self.source.release(req)
+
+
+@dataclass
+class _Rate:
+    """Discounted counts of accepted draft tokens out of the tokens tried."""
+
+    accepted: float = 0.0
+    trials: float = 0.0
+
+    def add(self, accepted: int, trials: int, decay: float) -> None:
+        self.accepted = decay * self.accepted + accepted
+        self.trials = decay * self.trials + trials
+
+    def fade(self, decay: float) -> None:
+        self.accepted *= decay
+        self.trials *= decay
+
+    def value(self) -> float:
+        return self.accepted / self.trials if self.trials else INITIAL_RATE

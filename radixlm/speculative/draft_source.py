@@ -14,17 +14,31 @@ if TYPE_CHECKING:
     from radixlm.cache.radix_cache import RadixCache
     from radixlm.scheduler.req import Req
 
-SPECULATIVE_ALGORITHMS = ("ngram", "radix")
+SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft-model")
 
 
 class DraftSource(Protocol):
-    def propose(self, req: "Req", k: int) -> list[int]:
-        """Up to k draft tokens to follow req's tokens (prompt + output so far)."""
+    def propose(self, reqs: list["Req"], ks: list[int]) -> list[list[int]]:
+        """Per request, up to ks[i] draft tokens to follow its tokens (prompt + output so far);
+        ks[i] == 0: none. One call per step, so a source that runs a model batches it."""
         ...
 
-    def release(self, rid: str) -> None:
-        """The request left: drop whatever per-request state the source keeps."""
+    def release(self, req: "Req") -> None:
+        """The request finished or left: drop (or learn from) what the source keeps for it."""
         ...
+
+
+class PerRequestDraftSource:
+    """A source whose drafts come one request at a time (lookups, no forward)."""
+
+    def propose(self, reqs: list["Req"], ks: list[int]) -> list[list[int]]:
+        return [self.draft_for(r, k) if k > 0 else [] for r, k in zip(reqs, ks)]
+
+    def draft_for(self, req: "Req", k: int) -> list[int]:
+        raise NotImplementedError
+
+    def release(self, req: "Req") -> None:
+        pass
 
 
 def create_draft_source(algorithm: str, server_args, tree_cache: "RadixCache") -> DraftSource:
@@ -36,5 +50,17 @@ def create_draft_source(algorithm: str, server_args, tree_cache: "RadixCache") -
     if algorithm == "radix":
         from radixlm.speculative.radix import RadixDraftSource
 
-        return RadixDraftSource(tree_cache)
+        suffix_index = None
+        if server_args.speculative_suffix_index_tokens > 0:
+            from radixlm.speculative.suffix_index import SuffixIndex
+
+            suffix_index = SuffixIndex(server_args.speculative_suffix_index_tokens,
+                                       server_args.speculative_ngram_min_match_window_size,
+                                       server_args.speculative_ngram_max_match_window_size)
+        return RadixDraftSource(tree_cache, suffix_index)
+    if algorithm == "draft-model":
+        from radixlm.speculative.draft_model import DraftModelSource
+
+        # The draft pool defaults to the target's KV capacity: the running requests never hold more.
+        return DraftModelSource(server_args, default_kv_tokens=tree_cache.token_to_kv_pool.size)
     raise ValueError(f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS}, got {algorithm!r}")

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from radixlm.speculative.draft_source import PerRequestDraftSource
+
 
 @dataclass
 class _Index:
@@ -17,14 +19,14 @@ class _Index:
     indexed: int = 0  # n-grams ending at positions < indexed are in `ends`
 
 
-class NgramDraftSource:
+class NgramDraftSource(PerRequestDraftSource):
     def __init__(self, min_n: int = 2, max_n: int = 8):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"ngram match window sizes need 1 <= min <= max, got {min_n}, {max_n}")
         self.min_n, self.max_n = min_n, max_n
         self._indexes: dict[str, _Index] = {}
 
-    def propose(self, req, k: int) -> list[int]:
+    def draft_for(self, req, k: int) -> list[int]:
         return self.lookup(req.rid, req.all_ids(), k)
 
     def lookup(self, rid: str, token_ids: list[int], k: int) -> list[int]:
@@ -47,5 +49,8 @@ class NgramDraftSource:
                 return token_ids[end : end + k]
         return []
 
-    def release(self, rid: str) -> None:
+    def release(self, req) -> None:
+        self.forget(req.rid)
+
+    def forget(self, rid: str) -> None:
         self._indexes.pop(rid, None)

@@ -5,27 +5,48 @@ requests). A running request's tokens walk down from its locked node; where they
 continuation along the most recently used children is the draft: a request that repeats an
 earlier one (an agent's recurring call, a retried prompt, n > 1 samples) gets the earlier
 answer proposed token for token, and pays for verifying it only where it diverges.
+
+The tree drafts only while the request's whole chain is cached. Where it gives fewer than k
+tokens (the request left the tree, or its chain ends), a SuffixIndex of recent outputs
+(suffix_index.py) continues from the request's last tokens: answers that repeat in pieces after
+a different prompt, or after the tree evicted them.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
+
+from radixlm.speculative.draft_source import PerRequestDraftSource
 
 if TYPE_CHECKING:
     from radixlm.cache.radix_cache import RadixCache
     from radixlm.scheduler.req import Req
+    from radixlm.speculative.suffix_index import SuffixIndex
 
 
-class RadixDraftSource:
-    def __init__(self, tree_cache: "RadixCache"):
+class RadixDraftSource(PerRequestDraftSource):
+    def __init__(self, tree_cache: "RadixCache", suffix_index: Optional["SuffixIndex"] = None):
         if tree_cache.disable:
             raise ValueError("speculative_algorithm radix drafts from the radix cache: it is disabled")
         self.tree = tree_cache
+        self.suffix = suffix_index  # None: tree drafts only
 
-    def propose(self, req: "Req", k: int) -> list[int]:
+    def draft_for(self, req: "Req", k: int) -> list[int]:
+        ids = req.all_ids()
         node = req.last_node if req.last_node is not None else self.tree.root_node
         start = req.cache_protected_len if req.last_node is not None else 0
-        return self.tree.continuation(req.all_ids()[start:], k, node)
+        draft = self.tree.continuation(ids[start:], k, node)
+        if len(draft) < k and self.suffix is not None:
+            # The index continues the context as the tree's draft extends it.
+            draft = draft + self.suffix.propose(ids[-self.suffix.max_match :] + draft, k - len(draft))
+        return draft
 
-    def release(self, rid: str) -> None:
-        pass
+    def release(self, req: "Req") -> None:
+        # Learn from answers that ended at a stop or the length limit. An aborted one is cut
+        # wherever the client left or an error struck, and often is the text nobody wanted (a
+        # runaway repetition cancelled): not worth proposing to others.
+        reason = req.finished_reason
+        if self.suffix is None or not req.output_ids or reason is None or reason.get("type") == "abort":
+            return
+        # The prompt's last tokens come along: they are the context the answer's start follows.
+        self.suffix.add(req.origin_input_ids[-self.suffix.max_match :] + req.output_ids)

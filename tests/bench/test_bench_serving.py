@@ -93,7 +93,7 @@ def test_serving_datasets_backends(servers, tiny_model_dir, backend, dataset):
 
 
 def test_speculation_datasets(servers, tiny_model_dir):
-    """grounded: each prompt a passage of the benchmark's sentences plus a copy/extract task;
+    """grounded: each prompt an edit task followed by a passage of the benchmark's sentences;
     recurring: every agent call sent `repeats` times (its repeats hit the cache)."""
     from radixlm.bench.spec_datasets import SENTENCES, TASKS
 
@@ -102,7 +102,7 @@ def test_speculation_datasets(servers, tiny_model_dir):
     assert res["completed"] == SMALL["num_prompts"] and res["errors"] == 0
     for o in res["outputs"]:
         text = o.request.text
-        assert sum(s in text for s in SENTENCES) == 5 and any(text.endswith(t) for t in TASKS)
+        assert sum(s in text for s in SENTENCES) == 5 and any(text.startswith(t + ":\n\n") for t in TASKS)
         assert 0 < o.output_len <= 6
     res = serving.run(bench_args(servers["cache"].url, tiny_model_dir, "--dataset", "recurring",
                                  recurring_num_prompts=3, recurring_repeats=3, recurring_output_len=5))

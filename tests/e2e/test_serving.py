@@ -117,3 +117,25 @@ def test_start_stop_ten_times_leaves_no_process(tiny_model_dir):
             s.stop()  # SIGTERM
         gone, alive = psutil.wait_procs(kids, timeout=15)
         assert not alive, f"round {i}: {[p.pid for p in alive]} still running"
+
+
+def test_speculative_stats_over_http(tiny_model_dir):
+    """A prompt sent twice with radix drafts: the second answer is the first (greedy), drafted
+    from the tree and accepted; meta_info, /get_server_info and /metrics agree on the counts."""
+    s = ServerProcess("--model-path", tiny_model_dir, "--enable-metrics", "--speculative-algorithm", "radix", *TINY)
+    try:
+        body = {"input_ids": list(range(300, 340)), "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}
+        first, second = (requests.post(s.url + "/generate", json=body, timeout=60).json() for _ in range(2))
+        assert second["output_ids"] == first["output_ids"]
+        m1, m2 = first["meta_info"], second["meta_info"]
+        assert m1["spec_accepted_tokens"] == 0 and m2["spec_accepted_tokens"] > 0 and m2["spec_verify_ct"] > 0
+        st = requests.get(s.url + "/get_server_info", timeout=10).json()["internal_state"]
+        assert st["spec_accepted_tokens"] == m2["spec_accepted_tokens"]
+        assert st["spec_accept_length"] == round((st["spec_accepted_tokens"] + m2["spec_verify_ct"]) / m2["spec_verify_ct"], 3)
+        text = requests.get(s.url + "/metrics").text
+        metric = {ln.split(" ")[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith("radixlm:spec")}
+        assert metric["radixlm:spec_accepted_tokens_total"] == m2["spec_accepted_tokens"]
+        assert metric["radixlm:spec_verify_steps_total"] == m2["spec_verify_ct"]
+        assert metric["radixlm:spec_accept_length"] == st["spec_accept_length"] > 1
+    finally:
+        s.stop()

@@ -101,13 +101,16 @@ class NoisyDrafts:
     def __init__(self, source, seed: int, oracle: dict):
         self.source, self.rng, self.oracle = source, random.Random(seed), oracle
 
-    def propose(self, req, k: int) -> list[int]:
+    def propose(self, reqs, ks: list[int]) -> list[list[int]]:
+        return [self.draft_for(r, k) if k > 0 else [] for r, k in zip(reqs, ks)]
+
+    def draft_for(self, req, k: int) -> list[int]:
         rng, roll = self.rng, self.rng.random()
         truth = self.oracle.get(req.rid)
         if truth is not None and roll < 0.6:
             draft = truth[len(req.output_ids) : len(req.output_ids) + k]
         elif roll < 0.8:
-            draft = self.source.propose(req, k)
+            (draft,) = self.source.propose([req], [k])
         else:
             draft = [rng.randrange(3, 40000) for _ in range(rng.randrange(1, k + 1))]
         if draft and rng.random() < 0.4:
@@ -115,8 +118,8 @@ class NoisyDrafts:
             draft = draft[:cut] + [rng.randrange(3, 40000)] + draft[cut + 1 :]
         return draft
 
-    def release(self, rid: str) -> None:
-        self.source.release(rid)
+    def release(self, req) -> None:
+        self.source.release(req)
 
 
 def run(model_dir: str, specs: list[Spec], abort_seed, oracle: Optional[dict] = None, **opts) -> Run:

@@ -42,7 +42,7 @@ def test_ngram_matches_a_naive_scan_as_tokens_arrive(tokens, cuts, k, windows):
     for c in cuts + [len(tokens)]:  # the request's tokens grow between calls
         n = min(len(tokens), n + c)
         assert src.lookup("r", tokens[:n], k) == naive_lookup(tokens[:n], k, min_n, max_n)
-    src.release("r")
+    src.forget("r")
     assert not src._indexes
 
 

@@ -133,7 +133,7 @@ def test_stop_strings_inside_an_accepted_draft(tiny_model_dir):
             e.generate(input_ids=LOOPY[1], sampling_params=GREEDY)
             res[spec] = [e.generate(input_ids=LOOPY[1], sampling_params={**GREEDY, **c}) for c in cases]
             if spec:
-                assert all(o["meta_info"]["spec_accepted_tokens"] > 0 for o in res[spec])
+                assert all(o["meta_info"]["spec_accepted_tokens"] > 0 for o in res[spec]), [o["meta_info"] for o in res[spec]]
     for a, b in zip(res[None], res["radix"]):
         assert a["output_ids"] == b["output_ids"] and a["text"] == b["text"]
         assert a["meta_info"]["finish_reason"] == b["meta_info"]["finish_reason"]

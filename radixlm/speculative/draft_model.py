@@ -1,0 +1,273 @@
+"""Drafts from a smaller model: greedy decoding of a draft model with the target's vocabulary
+(SGLang's STANDALONE speculative algorithm; `--speculative-algorithm draft-model`).
+
+The draft model runs in its own ModelRunner: its own weights and its own ReqToTokenPool and
+TokenToKVPool, never the target's (the target's radix tree, admission and invariants know nothing
+of it). Per request the source keeps a row of the draft pool and the token ids whose K/V that row
+holds. At each step, for the requests the controller asks to draft:
+
+  1. catch up: the row's ids are compared with the request's (prompt + output so far); the K/V
+     past their common prefix is freed (drafts the target rejected, a jump-forward's rewrite) and
+     the missing tokens run through batched extend forwards (at most max_prefill_tokens tokens
+     each); the logits after the request's last token give draft token 1;
+  2. k - 1 batched decode forwards, argmax each, requests dropping out as they reach their k.
+
+The drafts' own K/V stays in the row: at the next step the common prefix keeps exactly what the
+target accepted. Short of slots or rows, requests that are not running (retracted) lose their
+rows first; a request that still finds no room drafts fewer tokens, or none, this step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from radixlm.model.forward_batch import ForwardBatch, ForwardMode
+
+if TYPE_CHECKING:
+    from radixlm.config import ServerArgs
+    from radixlm.scheduler.req import Req
+
+logger = logging.getLogger(__name__)
+
+
+def draft_server_args(args: "ServerArgs", kv_tokens: int) -> "ServerArgs":
+    """The target's options for the draft model's ModelRunner (same device, dtype, threads, seed)."""
+    return dataclasses.replace(
+        args,
+        model_path=args.speculative_draft_model_path,
+        tokenizer_path=None,
+        # "gguf" names a GGUF's own formats; a draft from a HF directory runs in float then.
+        quantization=None if args.quantization == "gguf" else args.quantization,
+        max_total_tokens=kv_tokens,
+        # The decode KV mirror trusts a row's KV below its length never to change; the draft
+        # rewrites positions (rejected drafts are recomputed as the target's tokens).
+        decode_kv_mirror_gb=0.0,
+        speculative_algorithm=None,
+        speculative_draft_model_path=None,
+        speculative_draft_kv_tokens=None,
+    )
+
+
+def common_prefix_len(a: list[int], b: list[int]) -> int:
+    """Length of the longest common prefix (list slices compare at C speed: binary search)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+@dataclass(eq=False)
+class _DraftReq:
+    req: "Req"
+    row: int  # the request's row of the draft ReqToTokenPool
+    ids: list[int] = field(default_factory=list)  # tokens whose K/V the row holds, positions 0..len - 1
+    # Slots this request owns: req_to_token[row, :slots]. Equals len(ids) between steps; during a
+    # step it includes the slots allocated for the tokens about to be computed.
+    slots: int = 0
+
+
+@dataclass(eq=False)
+class _Work:
+    st: _DraftReq
+    tokens: list[int]  # the request's tokens (prompt + output)
+    pos: int  # catch-up progress: K/V of tokens[:pos] is in the row
+    k: int  # draft tokens to produce
+    draft: list[int] = field(default_factory=list)
+
+
+class DraftModelSource:
+    def __init__(self, server_args: "ServerArgs", default_kv_tokens: int, target_vocab_size: Optional[int] = None):
+        from radixlm.model.loader import default_model_path, load_model_config
+        from radixlm.model.runner import ModelRunner
+
+        if target_vocab_size is None:
+            target = os.path.abspath(server_args.model_path or default_model_path())
+            target_vocab_size = load_model_config(target).vocab_size
+        kv_tokens = server_args.speculative_draft_kv_tokens or default_kv_tokens
+        self.runner = ModelRunner(draft_server_args(server_args, kv_tokens))
+        if self.runner.vocab_size != target_vocab_size:
+            raise ValueError(f"speculative_draft_model_path {server_args.speculative_draft_model_path!r}: vocab size "
+                             f"{self.runner.vocab_size} differs from the target's {target_vocab_size} (the draft "
+                             "model must share the target's tokenizer)")
+        self.req_to_token_pool = self.runner.req_to_token_pool
+        self.kv_pool = self.runner.token_to_kv_pool
+        self.context_len = self.runner.context_len
+        self.max_extend_tokens = max(1, server_args.max_prefill_tokens)
+        self.check_invariants = server_args.enable_invariant_checks
+        self._reqs: dict[str, _DraftReq] = {}  # rid -> its draft row
+        logger.info("draft model %s: %s, vocab %d, KV pool %d tokens", self.runner.loaded.model_path,
+                    self.runner.loaded.architecture, self.runner.vocab_size, self.kv_pool.size)
+
+    # ------------------------------------------------------------------ DraftSource
+    def propose(self, reqs: list["Req"], ks: list[int]) -> list[list[int]]:
+        running = {id(r) for r in reqs}
+        # A request that finished without a release (aborted while retracted) never comes back.
+        for st in [s for s in self._reqs.values() if s.req.finished() and id(s.req) not in running]:
+            self._drop(st)
+        out: list[list[int]] = [[] for _ in reqs]
+        work: list[tuple[int, _Work]] = []
+        for i, (req, k) in enumerate(zip(reqs, ks)):
+            w = self._plan(req, k, running) if k > 0 else None
+            if w is not None:
+                work.append((i, w))
+        if work:
+            try:
+                self._run_drafts([w for _, w in work])
+            except Exception:
+                if self.check_invariants:
+                    raise
+                # Drafts only buy speed: the target decodes on without them; the rows start over.
+                logger.exception("draft model forward failed: no drafts this step")
+                for _, w in work:
+                    self._drop(w.st)
+                self.runner.attn_backend.reset()
+                return out
+            for i, w in work:
+                out[i] = w.draft
+        if self.check_invariants:
+            self.check()
+        return out
+
+    def release(self, req: "Req") -> None:
+        st = self._reqs.get(req.rid)
+        if st is not None and st.req is req:
+            self._drop(st)
+
+    # ------------------------------------------------------------------ planning
+    def _plan(self, req: "Req", k: int, running: set[int]) -> Optional[_Work]:
+        """Free the row's K/V past what still matches req's tokens and allocate slots for the
+        missing tokens and k - 1 drafts (the last draft needs logits, no K/V)."""
+        tokens = req.all_ids()
+        n = len(tokens)
+        st = self._reqs.get(req.rid)
+        if st is not None and st.req is not req:  # a new request reusing a finished one's rid
+            self._drop(st)
+            st = None
+        k = min(k, self.context_len - n + 1)  # K/V up to position n + k - 2
+        if k < 1:
+            if st is not None:  # the context only grows: this request never drafts again
+                self._drop(st)
+            return None
+        if st is None:
+            row = self.req_to_token_pool.alloc()
+            if row is None and self._evict_idle(running):
+                row = self.req_to_token_pool.alloc()
+            if row is None:
+                return None
+            st = self._reqs[req.rid] = _DraftReq(req, row)
+        # At least the last token runs: its logits give draft token 1.
+        keep = min(common_prefix_len(st.ids, tokens), n - 1)
+        self._truncate(st, keep)
+        missing = n - keep
+        if self.kv_pool.available_size() < missing + k - 1:
+            self._evict_idle(running)
+        k = min(k, self.kv_pool.available_size() - missing + 1)
+        if k < 1:
+            return None  # the row keeps its K/V for a later step
+        slots = self.kv_pool.alloc(missing + k - 1)
+        r2t = self.req_to_token_pool.req_to_token
+        r2t[st.row, keep : n + k - 1] = slots.to(r2t.device)
+        st.slots = n + k - 1
+        return _Work(st, tokens, keep, k)
+
+    def _truncate(self, st: _DraftReq, length: int) -> None:
+        if st.slots > length:
+            self.kv_pool.free(self.req_to_token_pool.req_to_token[st.row, length : st.slots])
+            st.slots = length
+        del st.ids[length:]
+
+    def _drop(self, st: _DraftReq) -> None:
+        self._truncate(st, 0)
+        self.req_to_token_pool.free(st.row)
+        del self._reqs[st.req.rid]
+
+    def _evict_idle(self, running: set[int]) -> bool:
+        """Drop the rows of requests not running this step (retracted ones re-prefill later)."""
+        idle = [st for st in self._reqs.values() if id(st.req) not in running]
+        for st in idle:
+            self._drop(st)
+        return bool(idle)
+
+    # ------------------------------------------------------------------ forwards
+    def _run_drafts(self, work: list[_Work]) -> None:
+        # Catch up in extend forwards of at most max_extend_tokens tokens (a new request's prompt
+        # may be long); a request's chunks go in order, one per forward.
+        pending = list(work)
+        while pending:
+            budget, batch = self.max_extend_tokens, []
+            for w in pending:
+                if budget == 0:
+                    break
+                end = min(len(w.tokens), w.pos + budget)
+                batch.append((w, w.pos, end))
+                budget -= end - w.pos
+            r2t = self.req_to_token_pool.req_to_token
+            ids = self._forward(
+                ForwardMode.EXTEND,
+                input_ids=[t for w, s, e in batch for t in w.tokens[s:e]],
+                positions=[p for _, s, e in batch for p in range(s, e)],
+                rows=[w.st.row for w, _, _ in batch],
+                seq_lens=[e for _, _, e in batch],
+                out_loc=torch.cat([r2t[w.st.row, s:e] for w, s, e in batch]),
+                prefix_lens=[s for _, s, _ in batch],
+                ext_lens=[e - s for _, s, e in batch],
+            )
+            for (w, _, end), tok in zip(batch, ids):
+                w.pos = end
+                if end == len(w.tokens):
+                    w.draft.append(tok)
+            pending = [w for w in pending if w.pos < len(w.tokens)]
+        # Decode: step j feeds draft token j at position n + j - 1.
+        for j in range(1, max(w.k for w in work)):
+            active = [w for w in work if w.k > j]
+            pos = [len(w.tokens) + j - 1 for w in active]
+            rows = [w.st.row for w in active]
+            r2t = self.req_to_token_pool.req_to_token
+            loc = r2t[torch.tensor(rows, device=r2t.device), torch.tensor(pos, device=r2t.device)]
+            ids = self._forward(ForwardMode.DECODE, input_ids=[w.draft[j - 1] for w in active], positions=pos,
+                                rows=rows, seq_lens=[p + 1 for p in pos], out_loc=loc)
+            for w, tok in zip(active, ids):
+                w.draft.append(tok)
+        for w in work:
+            w.st.ids = w.tokens + w.draft[: w.k - 1]
+            assert len(w.st.ids) == w.st.slots, (w.st.req.rid, len(w.st.ids), w.st.slots)
+
+    def _forward(self, mode: ForwardMode, input_ids, positions, rows, seq_lens, out_loc,
+                 prefix_lens=None, ext_lens=None) -> list[int]:
+        """One forward of the draft model; the argmax token after each request's last new token."""
+        fb = ForwardBatch.build(mode, input_ids, positions, rows, seq_lens, out_loc, self.req_to_token_pool,
+                                self.kv_pool, self.runner.device, prefix_lens=prefix_lens, ext_lens=ext_lens)
+        self.runner.init_forward_metadata(fb)
+        logits = self.runner.forward(fb).next_token_logits
+        return torch.argmax(logits, dim=-1).tolist()
+
+    # ------------------------------------------------------------------ checks
+    def check(self) -> None:
+        """Every draft KV slot is free or in exactly one request's row, every row free or held
+        once, and each row's ids cover exactly its slots (enable_invariant_checks)."""
+        from radixlm.scheduler.invariants import InvariantError
+
+        r2t, states = self.req_to_token_pool.req_to_token, list(self._reqs.values())
+        owned = torch.cat([self.kv_pool.free_slots.cpu()] + [r2t[st.row, : st.slots].cpu() for st in states])
+        if not torch.equal(owned.sort().values, torch.arange(1, self.kv_pool.size + 1)):
+            raise InvariantError(f"draft KV pool: {owned.numel()} owned slots for {self.kv_pool.size}, "
+                                 f"{owned.numel() - owned.unique().numel()} duplicated")
+        rows = sorted(self.req_to_token_pool.free_slots + [st.row for st in states])
+        if rows != list(range(self.req_to_token_pool.size)):
+            raise InvariantError("draft request rows: some row is lost or held twice")
+        for st in states:
+            if len(st.ids) != st.slots:
+                raise InvariantError(f"draft row of {st.req.rid}: {len(st.ids)} ids for {st.slots} slots")
