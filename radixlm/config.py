@@ -65,7 +65,7 @@ class ServerArgs:
 
     # Speculative decoding (radixlm/speculative/): drafts verified in one forward, outputs unchanged.
     speculative_algorithm: Optional[str] = None  # ngram, radix or draft-model; None: off
-    speculative_num_draft_tokens: int = 4  # most draft tokens per request and step
+    speculative_num_draft_tokens: int = 16  # most draft tokens per request and step (the controller picks fewer where they do not pay)
     speculative_ngram_min_match_window_size: int = 2  # shortest suffix a lookup match may use (ngram, radix's index)
     speculative_ngram_max_match_window_size: int = 8  # longest suffix tried first
     # radix: where a request leaves the tree, drafts come from an index of the last this many tokens of

@@ -62,6 +62,12 @@ class SpecController:
         self._global = _Rate(INITIAL_RATE * 10, 10.0)
         self._propose_seconds = 0.0
         self._idle_steps = 0  # steps in a row with drafts possible and none chosen
+        # A cheap source (a lookup, no forward) also drafts for requests that do not draft this
+        # step: rid -> (output length then, its first draft token), scored against the token the
+        # step produces. So rates are learned where drafting is off (a large batch, a new
+        # request), and drafting starts when they rise.
+        self._shadow: dict[str, tuple[int, int]] = {}
+        self._shadows = bool(getattr(source, "cheap", False))
 
     @staticmethod
     def can_draft(req: "Req") -> bool:
@@ -80,6 +86,9 @@ class SpecController:
                 left = req.sampling_params.max_new_tokens - len(req.output_ids) - 1  # room for the bonus token
                 cap = max(0, min(self.max_draft, left, context_len - req.seqlen - 1))
             caps.append(cap)
+            shadow = self._shadow.pop(req.rid, None)
+            if shadow is not None and cap > 0 and len(req.output_ids) > shadow[0]:
+                self._learn(req.rid, int(req.output_ids[shadow[0]] == shadow[1]), 1)
         rates = [self.rate(r.rid) for r in reqs]
         ks = self.allocate(rates, caps, spare_slots)
         if any(ks) or not any(caps):
@@ -90,9 +99,14 @@ class SpecController:
                 self._idle_steps = 0
                 base = self.costs.cost(len(reqs))
                 ks = self.allocate(rates, caps, spare_slots, lambda rows: base * (1 + PRIOR_ROW_SHARE * (rows - len(reqs))))
-        for req, k, cap in zip(reqs, ks, caps):
-            if k == 0 and cap > 0:
-                self._rates.setdefault(req.rid, _Rate()).fade(IDLE_DECAY)
+        idle = [i for i, (k, cap) in enumerate(zip(ks, caps)) if k == 0 and cap > 0]
+        if idle and self._shadows:
+            for i, d in zip(idle, self.source.propose([reqs[i] for i in idle], [1] * len(idle))):
+                if d:
+                    self._shadow[reqs[i].rid] = (len(reqs[i].output_ids), d[0])
+        else:
+            for i in idle:
+                self._rates.setdefault(reqs[i].rid, _Rate()).fade(IDLE_DECAY)
         drafts = self.source.propose(reqs, ks) if any(ks) else [[] for _ in reqs]
         drafts = [d[:k] for d, k in zip(drafts, ks)]
         self._propose_seconds = time.perf_counter() - t0
@@ -147,12 +161,15 @@ class SpecController:
         self.stats.drafted_requests += 1
         # Per-token trials: every accepted draft, plus the first rejected one (later ones were
         # never tried: the chain broke before them).
-        trials = accepted + (accepted < drafted)
-        self._rates.setdefault(req.rid, _Rate()).add(accepted, trials, ACCEPT_DECAY)
+        self._learn(req.rid, accepted, accepted + (accepted < drafted))
+
+    def _learn(self, rid: str, accepted: int, trials: int) -> None:
+        self._rates.setdefault(rid, _Rate()).add(accepted, trials, ACCEPT_DECAY)
         self._global.add(accepted, trials, 0.99)
 
     def release(self, req: "Req") -> None:
         self._rates.pop(req.rid, None)
+        self._shadow.pop(req.rid, None)
         self.source.release(req)
 
 

@@ -18,6 +18,9 @@ SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft-model")
 
 
 class DraftSource(Protocol):
+    # True where proposing costs no forward (a lookup): the controller then also drafts for
+    # requests it does not verify this step, to learn their acceptance rates for free.
+    cheap: bool
     def propose(self, reqs: list["Req"], ks: list[int]) -> list[list[int]]:
         """Per request, up to ks[i] draft tokens to follow its tokens (prompt + output so far);
         ks[i] == 0: none. One call per step, so a source that runs a model batches it."""
@@ -30,6 +33,8 @@ class DraftSource(Protocol):
 
 class PerRequestDraftSource:
     """A source whose drafts come one request at a time (lookups, no forward)."""
+
+    cheap = True  # drafting costs next to nothing: the controller may draft to learn rates
 
     def propose(self, reqs: list["Req"], ks: list[int]) -> list[list[int]]:
         return [self.draft_for(r, k) if k > 0 else [] for r, k in zip(reqs, ks)]

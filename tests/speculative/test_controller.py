@@ -144,3 +144,36 @@ def test_probe_after_a_run_of_unpaying_steps():
                           sampling_params=SamplingParams(max_new_tokens=100, temperature=0))
     drafted = [i for i in range(1, 3 * PROBE_INTERVAL + 1) if ctl.propose([req], 100, 1000)[0]]
     assert drafted == [PROBE_INTERVAL, 2 * PROBE_INTERVAL, 3 * PROBE_INTERVAL]
+
+
+def test_cheap_sources_learn_rates_without_verifying():
+    """A batch where the prior rate does not pay: a cheap source's unverified drafts are scored
+    against the tokens the steps produce, and drafting starts once they prove right; a source
+    whose drafts are wrong never starts."""
+    from types import SimpleNamespace
+
+    from radixlm.sampling_params import SamplingParams
+
+    def run(right: bool) -> list[int]:
+        class Source(NoSource):
+            cheap = True
+
+            def propose(self, reqs, ks):  # the next token is always 5
+                return [[5 if right else 6] * k for k in ks]
+
+        ctl = SpecController(Source(), 4)
+        for rows in range(1, 80):
+            ctl.costs.observe(rows, 2.0 + rows)  # compute-bound: only likely drafts pay at bs 8
+        reqs = [SimpleNamespace(rid=f"r{i}", grammar=None, output_ids=[1], seqlen=10,
+                                sampling_params=SamplingParams(max_new_tokens=100, temperature=0)) for i in range(8)]
+        drafted = []
+        for _ in range(12):
+            drafts = ctl.propose(reqs, 1000, 1000)
+            drafted.append(sum(map(len, drafts)))
+            for r in reqs:
+                r.output_ids.append(5)  # the step's token
+        return drafted
+
+    assert run(right=False) == [0] * 12
+    got = run(right=True)
+    assert got[0] == 0 and got[-1] > 0

@@ -175,25 +175,42 @@ def test_abort_and_stream_with_drafts(tiny_model_dir):
         assert st["available_kv_tokens"] + st["evictable_tokens"] == st["max_total_num_tokens"]
 
 
+def every_draft(rates, caps, spare, cost=None) -> list[int]:
+    """SpecController.allocate that sends every draft token KV room allows."""
+    ks = []
+    for cap in caps:
+        ks.append(min(cap, max(spare, 0)))
+        spare -= ks[-1]
+    return ks
+
+
 @pytest.mark.parametrize("algorithm", ["radix"])
 def test_sampling_distribution_unchanged(tiny_model_dir, algorithm):
     """Many draws of 3 tokens at one fixed context (temperature 1, top-k 4: few outcomes, so drafts
     from earlier draws often match): the joint frequencies of the
     2nd and 3rd tokens (those verify steps emit) with speculation match plain sampling's
-    (two-sample chi-square, significance 0.001; tokens seen fewer than 10 times pooled)."""
+    (two-sample chi-square, significance 0.001; tokens seen fewer than 10 times pooled).
+    In-process scheduler with every draft the controller may send forced: at this batch size
+    the cost model would rightly draft little, and this test is about the verifier."""
     from collections import Counter
+
+    from tests.scheduler.harness import Driver, make_scheduler
 
     chi2_contingency = pytest.importorskip("scipy.stats").chi2_contingency
     n, sp = 1536, {"max_new_tokens": 3, "temperature": 1.0, "top_k": 4, "ignore_eos": True}
     draws = {}
     for spec in (None, algorithm):
-        with Engine(tiny_model_dir, **engine_args(speculative_algorithm=spec, max_running_requests=64,
-                                                  enable_invariant_checks=False)) as e:
-            outs = e.generate(input_ids=[LOOPY[0]] * n, sampling_params=sp)
-            draws[spec] = Counter(tuple(o["output_ids"][1:]) for o in outs)
-            if spec:
-                st = e.get_internal_state()
-                assert st["spec_verify_steps"] > 0 and 0 < st["spec_accepted_tokens"] < st["spec_draft_tokens"]
+        d = Driver(make_scheduler(tiny_model_dir, speculative_algorithm=spec, max_running_requests=64,
+                                  enable_invariant_checks=False))
+        if spec:
+            d.s.spec.allocate = every_draft
+        rids = [d.submit(LOOPY[0], **sp) for _ in range(n)]
+        while not d.idle():
+            d.step()
+        draws[spec] = Counter(tuple(d.results[r].output_ids[1:]) for r in rids)
+        if spec:
+            st = d.s.spec.stats.as_dict()
+            assert st["spec_verify_steps"] > 0 and 0 < st["spec_accepted_tokens"] < st["spec_draft_tokens"]
     seen = draws[None] + draws[algorithm]
     common = [k for k, c in seen.items() if c >= 10]
     table = [[d[k] for k in common] + [sum(c for k, c in d.items() if k not in common)] for d in draws.values()]
