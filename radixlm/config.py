@@ -11,6 +11,7 @@ POLICIES = ("lpm", "fcfs", "dfs-weight", "lof", "random")
 QUANTIZATIONS = ("none", "gguf", "int8", "q4_0", "q8_0")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 ATTENTION_BACKENDS = ("native", "torch")
+DRAFT_POLICIES = ("adaptive", "fixed")
 
 
 @dataclass
@@ -66,6 +67,7 @@ class ServerArgs:
     # Speculative decoding (radixlm/speculative/): drafts verified in one forward, outputs unchanged.
     speculative_algorithm: Optional[str] = None  # ngram, radix or draft-model; None: off
     speculative_num_draft_tokens: int = 16  # most draft tokens per request and step (the controller picks fewer where they do not pay)
+    speculative_draft_policy: str = "adaptive"  # adaptive | fixed (every draft up to the maximum, as SGLang)
     speculative_ngram_min_match_window_size: int = 2  # shortest suffix a lookup match may use (ngram, radix's index)
     speculative_ngram_max_match_window_size: int = 8  # longest suffix tried first
     # radix: where a request leaves the tree, drafts come from an index of the last this many tokens of
@@ -118,6 +120,8 @@ class ServerArgs:
                                  f"got {self.speculative_algorithm!r}")
             if self.speculative_num_draft_tokens < 1:
                 raise ValueError(f"speculative_num_draft_tokens must be >= 1, got {self.speculative_num_draft_tokens}")
+            if self.speculative_draft_policy not in DRAFT_POLICIES:
+                raise ValueError(f"speculative_draft_policy must be one of {DRAFT_POLICIES}, got {self.speculative_draft_policy!r}")
             if not 1 <= self.speculative_ngram_min_match_window_size <= self.speculative_ngram_max_match_window_size:
                 raise ValueError("speculative ngram match window sizes need 1 <= min <= max")
             if self.speculative_suffix_index_tokens < 0:
@@ -167,7 +171,10 @@ class ServerArgs:
             "the target, with the same vocabulary",
             "speculative_draft_kv_tokens": "draft-model: the draft model's KV pool in tokens (default: the target's "
             "KV capacity)",
-            "speculative_num_draft_tokens": "most draft tokens per request and step (fewer where drafts keep failing)",
+            "speculative_num_draft_tokens": "most draft tokens per request and step",
+            "speculative_draft_policy": "adaptive: per step, each request's draft length that maximizes expected "
+            "tokens per second (its recent acceptance, the measured cost of verify steps at this batch size); fixed: "
+            "every draft the source has, up to the maximum (reproducible step shapes, for tests and comparisons)",
             "speculative_suffix_index_tokens": "radix: tokens of recently finished requests' outputs kept to draft "
             "from where a request leaves the radix tree (0: off; about 1 KB of memory a token)",
             "decode_kv_mirror_gb": "memory for a dense copy of the decoding requests' KV (0: off; default 1 on CPU, "
@@ -190,6 +197,8 @@ class ServerArgs:
                 kw["choices"] = KV_CACHE_DTYPES
             elif f.name == "attention_backend":
                 kw["choices"] = ATTENTION_BACKENDS
+            elif f.name == "speculative_draft_policy":
+                kw["choices"] = DRAFT_POLICIES
             elif f.name == "speculative_algorithm":
                 from radixlm.speculative.draft_source import SPECULATIVE_ALGORITHMS
 

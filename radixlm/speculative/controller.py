@@ -51,11 +51,13 @@ class SpecStats:
 
 
 class SpecController:
-    def __init__(self, source: DraftSource, num_draft_tokens: int):
+    def __init__(self, source: DraftSource, num_draft_tokens: int, policy: str = "adaptive"):
         if num_draft_tokens < 1:
             raise ValueError(f"speculative_num_draft_tokens must be >= 1, got {num_draft_tokens}")
         self.source = source
         self.max_draft = num_draft_tokens
+        if policy == "fixed":
+            self.allocate = self.allocate_all
         self.stats = SpecStats()
         self.costs = StepCostModel()
         self._rates: dict[str, _Rate] = {}
@@ -137,6 +139,15 @@ class SpecController:
         ks = [0] * bs
         for _, i in worth[:best_n]:
             ks[i] += 1
+        return ks
+
+    @staticmethod
+    def allocate_all(rates: list[float], caps: list[int], spare_slots: int, cost=None) -> list[int]:
+        """The fixed policy: every request its whole cap, while the KV room lasts."""
+        ks = []
+        for cap in caps:
+            ks.append(min(cap, max(spare_slots, 0)))
+            spare_slots -= ks[-1]
         return ks
 
     def rate(self, rid: str) -> float:

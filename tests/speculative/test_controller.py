@@ -177,3 +177,11 @@ def test_cheap_sources_learn_rates_without_verifying():
     assert run(right=False) == [0] * 12
     got = run(right=True)
     assert got[0] == 0 and got[-1] > 0
+
+
+def test_fixed_policy_sends_every_draft():
+    ctl = SpecController(NoSource(), 8, policy="fixed")
+    for rows in range(1, 40):
+        ctl.costs.observe(rows, rows ** 2)  # drafts that never pay
+    assert ctl.allocate([0.1, 0.0, 1.0], [8, 3, 8], 100) == [8, 3, 8]
+    assert ctl.allocate([0.1, 0.0, 1.0], [8, 3, 8], 10) == [8, 2, 0]  # KV room

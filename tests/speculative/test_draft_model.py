@@ -195,7 +195,8 @@ def test_tiny_target_and_draft_greedy_equal(tiny_model_dir, other_llama_dir, noi
     for draft in (None, other_llama_dir, noisy_llama_dir):
         opts = dict(max_running_requests=8, chunked_prefill_size=16)
         if draft:
-            opts.update(speculative_algorithm="draft-model", speculative_draft_model_path=draft)
+            opts.update(speculative_algorithm="draft-model", speculative_draft_model_path=draft,
+                        speculative_draft_policy="fixed")  # drafts that rarely pay: verified anyway
         with Engine(tiny_model_dir, **engine_args(**opts)) as e:
             outs = e.generate(input_ids=PROMPTS, sampling_params=[GREEDY] * len(PROMPTS))
             res[draft] = [o["output_ids"] for o in outs]
@@ -215,7 +216,8 @@ def test_default_model_as_its_own_draft(default_model_path):
     for spec in (None, "draft-model"):
         opts = dict(speculative_algorithm=spec, num_threads=2)
         if spec:
-            opts["speculative_draft_model_path"] = default_model_path
+            # fixed: a draft as costly as the target never pays, the adaptive policy would stop it.
+            opts.update(speculative_draft_model_path=default_model_path, speculative_draft_policy="fixed")
         with Engine(default_model_path, **engine_args(**opts)) as e:
             outs = e.generate(prompts, [GREEDY] * len(prompts))
             res[spec] = [o["output_ids"] for o in outs]
