@@ -85,8 +85,10 @@ class Scheduler(SchedulerOutputProcessorMixin):
         # Speculative decoding (radixlm/speculative/): drafts verified in TARGET_VERIFY steps.
         self.spec: Optional[SpecController] = None
         if server_args.speculative_algorithm:
-            self.spec = SpecController(create_draft_source(server_args.speculative_algorithm, server_args, self.tree_cache),
-                                       server_args.speculative_num_draft_tokens, server_args.speculative_draft_policy)
+            source = create_draft_source(server_args.speculative_algorithm, server_args, self.tree_cache,
+                                         target_vocab_size=self.runner.vocab_size)
+            self.spec = SpecController(source, server_args.speculative_num_draft_tokens,
+                                       server_args.speculative_draft_policy)
         if self.overlap:
             self.worker = ThreadPoolExecutor(1, thread_name_prefix="radixlm-forward")
             self.future_map = FutureTokenMap(2 * self.runner.max_running_requests + 2, self.device)

@@ -8,7 +8,7 @@ keeps the output distribution exact.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Optional, Protocol
 
 if TYPE_CHECKING:
     from radixlm.cache.radix_cache import RadixCache
@@ -21,6 +21,7 @@ class DraftSource(Protocol):
     # True where proposing costs no forward (a lookup): the controller then also drafts for
     # requests it does not verify this step, to learn their acceptance rates for free.
     cheap: bool
+
     def propose(self, reqs: list["Req"], ks: list[int]) -> list[list[int]]:
         """Per request, up to ks[i] draft tokens to follow its tokens (prompt + output so far);
         ks[i] == 0: none. One call per step, so a source that runs a model batches it."""
@@ -46,7 +47,9 @@ class PerRequestDraftSource:
         pass
 
 
-def create_draft_source(algorithm: str, server_args, tree_cache: "RadixCache") -> DraftSource:
+def create_draft_source(algorithm: str, server_args, tree_cache: "RadixCache",
+                        target_vocab_size: Optional[int] = None) -> DraftSource:
+    """target_vocab_size: the target model's (a draft model must match it; None: read from its config)."""
     if algorithm == "ngram":
         from radixlm.speculative.ngram import NgramDraftSource
 
@@ -67,5 +70,6 @@ def create_draft_source(algorithm: str, server_args, tree_cache: "RadixCache") -
         from radixlm.speculative.draft_model import DraftModelSource
 
         # The draft pool defaults to the target's KV capacity: the running requests never hold more.
-        return DraftModelSource(server_args, default_kv_tokens=tree_cache.token_to_kv_pool.size)
+        return DraftModelSource(server_args, default_kv_tokens=tree_cache.token_to_kv_pool.size,
+                                target_vocab_size=target_vocab_size)
     raise ValueError(f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS}, got {algorithm!r}")
