@@ -179,3 +179,30 @@ def test_bad_weights_are_refused_by_name(kernel_ops):
         kernel_ops.dequantize_rows(w, FORMATS["q4_0"].kernel_id, 64, torch.tensor([4]))
     with pytest.raises(ValueError, match="multiples of 32"):
         quantize(torch.randn(4, 48), "q8_0")
+
+
+@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
+def test_vnni_tiles_equal_avx2_tiles_bitwise(kernel_ops, fmt):
+    """With AVX-512 VNNI the interleaved kernels take vpdpbusd tiles of up to 8 rows; the integer
+    block dots are exact either way, so every output must be bitwise the AVX2 tiles' (a server's
+    greedy outputs must not depend on the CPU it runs on), at every row count and tile remainder."""
+    if kernel_ops.qlinear_isa() != "avx512vnni":
+        with pytest.raises(RuntimeError, match="no AVX-512 VNNI"):
+            kernel_ops.qlinear_isa("avx512vnni")
+        pytest.skip("this CPU has no AVX-512 VNNI: only the AVX2 tiles exist here")
+    g = torch.Generator().manual_seed(7)
+    k = 1536  # 48 blocks: offsets over several 8-block strides
+    mat = QuantizedMatrix([QuantizedTensor(random_quantized(fmt, 72, k, g), FORMATS[fmt], k)])
+    assert mat.formats[0].endswith("x8")
+    w, fid = mat._single
+    x, bias = torch.randn(83, k, generator=g), torch.randn(72, generator=g)
+    try:
+        for m in (1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 16, 17, 31, 64, 65, 83):
+            kernel_ops.qlinear_isa("avx2")
+            ref = kernel_ops.qlinear(x[:m], w, fid, bias)
+            kernel_ops.qlinear_isa("avx512vnni")
+            assert torch.equal(kernel_ops.qlinear(x[:m], w, fid, bias), ref), f"{m} rows"
+    finally:
+        kernel_ops.qlinear_isa("avx512vnni")
+    with pytest.raises(RuntimeError, match="must be 'avx2' or 'avx512vnni'"):
+        kernel_ops.qlinear_isa("sse2")

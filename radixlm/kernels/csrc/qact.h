@@ -2,19 +2,9 @@
 // row-major kernels (quant_gemm.cpp) and the 8-row interleaved ones (quant_x8.cpp).
 #pragma once
 #include "api.h"
+#include "qact_view.h"
 
 namespace radixlm {
-
-// Activations quantized per 32 values: q = round(x / d), d = max|x| / 127, s = d * sum(q).
-struct QAct {
-  const int8_t* q;
-  const float* d;
-  const float* s;
-  int64_t K, nb;  // values and blocks per row
-  const int8_t* qrow(int64_t m) const { return q + m * K; }
-  const float* drow(int64_t m) const { return d + m * nb; }
-  const float* srow(int64_t m) const { return s + m * nb; }
-};
 
 inline void quantize_row(const float* x, int8_t* q, float* d, float* s, int64_t K) {
   const __m256 sign = _mm256_set1_ps(-0.0f);

@@ -5,119 +5,83 @@
 // the 8 block dots land in the 8 lanes of one vector and the 8 rows' scales multiply them at once
 // (llama.cpp's repacked CPU layouts work the same way). Activations are the int8 blocks of qact.h.
 //
-// Batch invariance: lane r of acc is output (m, 8g + r) and sees, block by block in order,
-// acc = fma(float(exact int dot), d_w * d_a, acc) (+ fma(m_w, s_a, acc) for Q4), whatever M is and
-// however the rows are tiled, so a row's result never depends on its batch.
+// The tiles are in x8_tiles.h; with AVX-512 VNNI the CPU's own byte dot product serves them
+// (quant_x8_vnni.cpp), with the same integers and so the same results.
 #include "qact.h"
+#include "x8_tiles.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <string>
 
 namespace radixlm {
+
+void x8_group_rows_vnni(bool q4, const uint8_t* g, const QAct& a, int64_t m0, int64_t m1, float* out, int64_t ldo,
+                        const float* bias8);
+
 namespace {
 
-inline __m256i bcast32(const int8_t* p) {
-  int32_t v;
-  std::memcpy(&v, p, 4);
-  return _mm256_set1_epi32(v);
-}
-
-inline __m256 scales8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
-
-// RM activation rows x one group of 8 weight rows, Q4X8: a block is d[8], m[8] (fp16) and 4 chunks
-// of 32 bytes; chunk i, lane r = row r's GGUF nibble bytes 4i..4i+3 (values 4i.. low, 16+4i.. high).
-template <int RM>
-inline void tile_q4x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
-  __m256 acc[RM];
-  for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < a.nb; ++b) {
-    const uint8_t* blk = g + b * 160;
-    const __m256 dw = scales8(blk), mw = scales8(blk + 16);
-    __m256i lo[4], hi[4];
-    for (int i = 0; i < 4; ++i) {
-      const __m256i raw = _mm256_loadu_si256((const __m256i*)(blk + 32 + 32 * i));
-      lo[i] = _mm256_and_si256(raw, m4);
-      hi[i] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
-    }
-    for (int m = 0; m < RM; ++m) {
-      const int8_t* aq = a.qrow(m0 + m) + b * 32;
-      // 16-bit partial sums: 8 x (2 x 15 x 127) stays below 32767.
-      __m256i s = _mm256_maddubs_epi16(lo[0], bcast32(aq));
-      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[1], bcast32(aq + 4)));
-      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[2], bcast32(aq + 8)));
-      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[3], bcast32(aq + 12)));
-      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[0], bcast32(aq + 16)));
-      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[1], bcast32(aq + 20)));
-      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[2], bcast32(aq + 24)));
-      s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[3], bcast32(aq + 28)));
-      const __m256 p = _mm256_cvtepi32_ps(_mm256_madd_epi16(s, ones));
-      acc[m] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_set1_ps(a.drow(m0 + m)[b])), acc[m]);
-      acc[m] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.srow(m0 + m)[b]), acc[m]);
-    }
+struct Avx2Dot {
+  static constexpr int RM = 4;
+  static inline __m256i q4(const __m256i* lo, const __m256i* hi, const int8_t* aq) {
+    // 16-bit partial sums: 8 x (2 x 15 x 127) stays below 32767.
+    __m256i s = _mm256_maddubs_epi16(lo[0], bcast32(aq));
+    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[1], bcast32(aq + 4)));
+    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[2], bcast32(aq + 8)));
+    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(lo[3], bcast32(aq + 12)));
+    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[0], bcast32(aq + 16)));
+    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[1], bcast32(aq + 20)));
+    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[2], bcast32(aq + 24)));
+    s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[3], bcast32(aq + 28)));
+    return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
   }
-  for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
-}
-
-// Q8X8: a block is d[8] (fp16) and 8 chunks of 32 bytes; chunk i, lane r = row r's int8 values 4i..4i+3.
-template <int RM>
-inline void tile_q8x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
-  const __m256i ones = _mm256_set1_epi16(1);
-  __m256 acc[RM];
-  for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < a.nb; ++b) {
-    const uint8_t* blk = g + b * 272;
-    const __m256 dw = scales8(blk);
-    for (int m = 0; m < RM; ++m) {
-      const int8_t* aq = a.qrow(m0 + m) + b * 32;
-      __m256i s = _mm256_setzero_si256();
-      for (int i = 0; i < 8; ++i) {
-        const __m256i w = _mm256_loadu_si256((const __m256i*)(blk + 16 + 32 * i));
-        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(bcast32(aq + 4 * i), w));
-        s = _mm256_add_epi32(s, _mm256_madd_epi16(p, ones));
-      }
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dw, _mm256_set1_ps(a.drow(m0 + m)[b])), acc[m]);
+  static inline __m256i q8(const __m256i* w, const int8_t* aq) {
+    __m256i s = _mm256_setzero_si256();
+    for (int i = 0; i < 8; ++i) {
+      const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w[i], w[i]), _mm256_sign_epi8(bcast32(aq + 4 * i), w[i]));
+      s = _mm256_add_epi32(s, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
     }
-  }
-  for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
-}
-
-template <int RM>
-struct Q4Tile {
-  static void run(const uint8_t* g, const QAct& a, int64_t m0, float* o, int64_t ldo, __m256 b) {
-    tile_q4x8<RM>(g, a, m0, o, ldo, b);
+    return s;
   }
 };
-template <int RM>
-struct Q8Tile {
-  static void run(const uint8_t* g, const QAct& a, int64_t m0, float* o, int64_t ldo, __m256 b) {
-    tile_q8x8<RM>(g, a, m0, o, ldo, b);
-  }
-};
+
+// Which tiles run: VNNI where the CPU has it (libgcc's check includes the OS saving the AVX-512
+// state), unless RADIXLM_KERNEL_ISA=avx2 asks for the baseline; qlinear_isa() switches at run time.
+bool vnni_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512bw");
+}
+bool& use_vnni() {
+  static bool on = [] {
+    const char* env = std::getenv("RADIXLM_KERNEL_ISA");
+    return vnni_supported() && !(env && std::string(env) == "avx2");
+  }();
+  return on;
+}
 
 // Rows of M in blocks that stay in L2 while a thread's weight groups pass over them.
 constexpr int64_t M_BLOCK = 64;
 
-template <template <int> class T>
+template <bool Q4>
 void gemm(const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64_t M, float* out, int64_t ldo,
           const float* bias) {
   const int64_t groups = N / 8;
+  const bool vnni = use_vnni();
   const int64_t grain = std::max<int64_t>(1, groups / (4 * at::get_num_threads()));
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
     for (int64_t mb = 0; mb < M; mb += M_BLOCK) {
       const int64_t me = std::min(M, mb + M_BLOCK);
       for (int64_t g = g0; g < g1; ++g) {
         const uint8_t* gw = W + g * group_bytes;
-        const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * g) : _mm256_setzero_ps();
         float* o = out + 8 * g;
-        int64_t m = mb;
-        for (; m + 4 <= me; m += 4) T<4>::run(gw, a, m, o, ldo, bv);
-        switch (me - m) {
-          case 3: T<3>::run(gw, a, m, o, ldo, bv); break;
-          case 2: T<2>::run(gw, a, m, o, ldo, bv); break;
-          case 1: T<1>::run(gw, a, m, o, ldo, bv); break;
-          default: break;
+        if (vnni) {
+          x8_group_rows_vnni(Q4, gw, a, mb, me, o, ldo, bias ? bias + 8 * g : nullptr);
+          continue;
         }
+        const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * g) : _mm256_setzero_ps();
+        group_rows<Avx2Dot, Q4>(gw, a, mb, me, o, ldo, bv);
       }
     }
   });
@@ -128,9 +92,9 @@ void gemm(const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64
 void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64_t M, float* out,
              int64_t ldo, const float* bias) {
   if (fmt == FMT_Q4X8) {
-    gemm<Q4Tile>(W, group_bytes, N, a, M, out, ldo, bias);
+    gemm<true>(W, group_bytes, N, a, M, out, ldo, bias);
   } else {
-    gemm<Q8Tile>(W, group_bytes, N, a, M, out, ldo, bias);
+    gemm<false>(W, group_bytes, N, a, M, out, ldo, bias);
   }
 }
 
@@ -198,8 +162,20 @@ at::Tensor repack_x8(const at::Tensor& w, int64_t fmt, int64_t cols) {
   return out;
 }
 
+// The ISA the interleaved kernels use ("avx512vnni" or "avx2"); `isa` non-empty switches first
+// (tests compare the two; an ISA the CPU lacks is refused).
+std::string qlinear_isa(const std::string& isa) {
+  if (!isa.empty()) {
+    TORCH_CHECK(isa == "avx2" || isa == "avx512vnni", "qlinear_isa: isa must be 'avx2' or 'avx512vnni', got '", isa, "'");
+    TORCH_CHECK(isa == "avx2" || vnni_supported(), "qlinear_isa: this CPU has no AVX-512 VNNI");
+    use_vnni() = isa == "avx512vnni";
+  }
+  return use_vnni() ? "avx512vnni" : "avx2";
+}
+
 TORCH_LIBRARY_FRAGMENT(radixlm, m) {
   m.def("repack_x8(Tensor w, int fmt, int cols) -> Tensor");
+  m.def("qlinear_isa(str isa=\"\") -> str", &qlinear_isa);
 }
 
 TORCH_LIBRARY_IMPL(radixlm, CPU, m) {

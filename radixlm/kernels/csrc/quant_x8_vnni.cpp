@@ -1,0 +1,46 @@
+// The 8-row interleaved kernels' tiles with AVX-512 VNNI (256-bit vpdpbusd: 4 byte products summed
+// into each int32 lane in one instruction, where AVX2 needs maddubs + adds + madd). Compiled for
+// that ISA here only and called when the CPU has it (quant_x8.cpp asks); torch's headers stay out
+// of this file so no inline function of theirs is built for an ISA the baseline may lack.
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni")
+#include "x8_tiles.h"
+
+namespace radixlm {
+namespace {
+
+struct VnniDot {
+  static constexpr int RM = 8;  // 32 vector registers: 8 rows of accumulators beside the weights
+  // Two chains per row (low and high nibbles): the integer sum is exact in any order.
+  static inline __m256i q4(const __m256i* lo, const __m256i* hi, const int8_t* aq) {
+    __m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), lo[0], bcast32(aq));
+    __m256i s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), hi[0], bcast32(aq + 16));
+    for (int i = 1; i < 4; ++i) {
+      s0 = _mm256_dpbusd_epi32(s0, lo[i], bcast32(aq + 4 * i));
+      s1 = _mm256_dpbusd_epi32(s1, hi[i], bcast32(aq + 16 + 4 * i));
+    }
+    return _mm256_add_epi32(s0, s1);
+  }
+  // Signed x signed through the sign trick: |w| (unsigned) times a carrying w's sign.
+  static inline __m256i q8(const __m256i* w, const int8_t* aq) {
+    __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+    for (int i = 0; i < 8; i += 2) {
+      s0 = _mm256_dpbusd_epi32(s0, _mm256_abs_epi8(w[i]), _mm256_sign_epi8(bcast32(aq + 4 * i), w[i]));
+      s1 = _mm256_dpbusd_epi32(s1, _mm256_abs_epi8(w[i + 1]), _mm256_sign_epi8(bcast32(aq + 4 * i + 4), w[i + 1]));
+    }
+    return _mm256_add_epi32(s0, s1);
+  }
+};
+
+}  // namespace
+
+void x8_group_rows_vnni(bool q4, const uint8_t* g, const QAct& a, int64_t m0, int64_t m1, float* out, int64_t ldo,
+                        const float* bias8) {
+  const __m256 bv = bias8 ? _mm256_loadu_ps(bias8) : _mm256_setzero_ps();
+  if (q4) {
+    group_rows<VnniDot, true>(g, a, m0, m1, out, ldo, bv);
+  } else {
+    group_rows<VnniDot, false>(g, a, m0, m1, out, ldo, bv);
+  }
+}
+
+}  // namespace radixlm
