@@ -25,6 +25,9 @@ class LogitsOutput:
     # Extend with prompt logprobs: per request, [rows, vocab] log-softmax for positions
     # extend_logprob_start_lens_cpu[i] .. end-1 (the last row equals next_token_logits'); else None.
     prompt_logprobs: Optional[list[Optional[torch.Tensor]]] = None
+    # TARGET_VERIFY: per request, [1 + drafts, vocab] raw logits (the verifier picks tokens from
+    # them exactly as decoding picks from next_token_logits; no log-softmax is spent on them).
+    row_logits: Optional[list[torch.Tensor]] = None
 
 
 class ModelRunner:
@@ -136,6 +139,8 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[torch.cat(rows).to(hidden.device)]).float()
         parts = list(torch.split(logits, spans))
         next_logits = torch.stack([p[-1] for p in parts])
+        if fb.forward_mode.is_verify():
+            return LogitsOutput(next_token_logits=next_logits, row_logits=parts)
         prompt = [
             None if starts[i] is None else torch.log_softmax(parts[i], dim=-1) for i in range(len(parts))
         ]

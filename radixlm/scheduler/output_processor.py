@@ -106,7 +106,7 @@ class SchedulerOutputProcessorMixin:
                     req.kv_committed_len += 1
                     req.abort(errors[i], 500)
                 elif drafts is not None and drafts[i]:
-                    self.append_verified(req, drafts[i], verified[i], out.prompt_logprobs[i])
+                    self.append_verified(req, drafts[i], verified[i], out.row_logits[i])
                 else:
                     req.kv_committed_len += 1
                     self.append_token(req, next_ids[i], out.next_token_logits[i])

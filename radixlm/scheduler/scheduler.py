@@ -44,6 +44,7 @@ from radixlm.scheduler.req import Req
 from radixlm.scheduler.stats import SchedulerStats
 from radixlm.speculative.controller import SpecController
 from radixlm.speculative.draft_source import create_draft_source
+from radixlm.speculative.grammar import masked_draft_rows
 from radixlm.speculative.verify import accept_draft
 
 logger = logging.getLogger(__name__)
@@ -498,11 +499,19 @@ class Scheduler(SchedulerOutputProcessorMixin):
         next_ids = next_ids.tolist()
         verified = None
         if batch.forward_mode.is_verify():
-            verified = [
-                accept_draft(out.prompt_logprobs[i], d, r.sampling_params, r.generator) if d else [next_ids[i]]
-                for i, (r, d) in enumerate(zip(batch.decode_reqs, batch.drafts))
-            ]
+            verified = [self._verify(r, d, out.row_logits[i], errors, i) if d else [next_ids[i]]
+                        for i, (r, d) in enumerate(zip(batch.decode_reqs, batch.drafts))]
         return StepOutput(out, next_ids, time.perf_counter() - t0, errors, verified)
+
+    def _verify(self, req: Req, draft: list[int], rows: torch.Tensor, errors: dict[int, str], i: int) -> list[int]:
+        """The tokens req emits for its draft; a constrained request's rows masked first."""
+        if req.grammar is not None:
+            try:
+                rows = masked_draft_rows(self.grammar_backend, req.grammar, draft, rows)
+            except Exception as e:  # noqa: BLE001 - this request fails (process_decode_result), not the batch
+                errors[i] = f"internal error: grammar mask: {type(e).__name__}: {e}"
+                return []
+        return accept_draft(rows, draft, req.sampling_params, req.generator)
 
     def drain_worker(self) -> None:
         """Wait until the worker has run everything handed to it."""

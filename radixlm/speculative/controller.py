@@ -1,8 +1,8 @@
 """SpecController: which running requests draft how many tokens this step, and the counters.
 
-A request drafts when the verifier can keep its output exact and cheap: no grammar (its matcher
-would have to follow the drafts), no penalties and no pending min_new_tokens ban (they change
-with every accepted token). How many tokens each drafts is a batch-level choice: draft token j
+A request drafts when the verifier can keep its output exact and cheap: no penalties and no
+pending min_new_tokens ban (they change with every accepted token). A constrained request's draft
+is cut where its grammar rejects (grammar.py; verification masks each row as decoding would). How many tokens each drafts is a batch-level choice: draft token j
 of a request is worth the chance that it and the j - 1 before it are accepted (its recent
 per-token acceptance rate to the power j); the step costs what StepCostModel measured for that
 many rows. The controller adds draft tokens in order of worth while they raise the expected
@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from radixlm.speculative.cost_model import PRIOR_ROW_SHARE, StepCostModel
 from radixlm.speculative.draft_source import DraftSource
+from radixlm.speculative.grammar import cut_draft
 
 if TYPE_CHECKING:
     from radixlm.scheduler.req import Req
@@ -74,8 +75,7 @@ class SpecController:
     @staticmethod
     def can_draft(req: "Req") -> bool:
         sp = req.sampling_params
-        return (req.grammar is None and not sp.frequency_penalty and not sp.presence_penalty
-                and sp.repetition_penalty == 1.0 and len(req.output_ids) >= sp.min_new_tokens)
+        return (not sp.frequency_penalty and not sp.presence_penalty and sp.repetition_penalty == 1.0 and len(req.output_ids) >= sp.min_new_tokens)
 
     def propose(self, reqs: list["Req"], spare_slots: int, context_len: int) -> list[list[int]]:
         """Per request, the draft to verify with its next token (maybe empty). Uses at most
@@ -111,6 +111,7 @@ class SpecController:
                 self._rates.setdefault(reqs[i].rid, _Rate()).fade(IDLE_DECAY)
         drafts = self.source.propose(reqs, ks) if any(ks) else [[] for _ in reqs]
         drafts = [d[:k] for d, k in zip(drafts, ks)]
+        drafts = [cut_draft(r.grammar, d) if d and r.grammar is not None else d for r, d in zip(reqs, drafts)]
         self._propose_seconds = time.perf_counter() - t0
         return drafts
 

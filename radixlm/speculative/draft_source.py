@@ -65,7 +65,11 @@ def create_draft_source(algorithm: str, server_args, tree_cache: "RadixCache",
             suffix_index = SuffixIndex(server_args.speculative_suffix_index_tokens,
                                        server_args.speculative_ngram_min_match_window_size,
                                        server_args.speculative_ngram_max_match_window_size)
-        return RadixDraftSource(tree_cache, suffix_index)
+        from radixlm.speculative.ngram import NgramDraftSource
+
+        lookup = NgramDraftSource(server_args.speculative_ngram_min_match_window_size,
+                                  server_args.speculative_ngram_max_match_window_size)
+        return RadixDraftSource(tree_cache, suffix_index, lookup)
     if algorithm == "draft-model":
         from radixlm.speculative.draft_model import DraftModelSource
 

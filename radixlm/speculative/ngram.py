@@ -30,9 +30,13 @@ class NgramDraftSource(PerRequestDraftSource):
         return self.lookup(req.rid, req.all_ids(), k)
 
     def lookup(self, rid: str, token_ids: list[int], k: int) -> list[int]:
+        return self.lookup_with_match(rid, token_ids, k)[0]
+
+    def lookup_with_match(self, rid: str, token_ids: list[int], k: int) -> tuple[list[int], int]:
+        """lookup's draft and the length of the suffix it matched (0: none)."""
         n_tok = len(token_ids)
         if k <= 0 or n_tok <= self.min_n:
-            return []
+            return [], 0
         idx = self._indexes.get(rid)
         if idx is None or idx.indexed > n_tok:  # new, or the tokens were rewritten (jump-forward)
             idx = self._indexes[rid] = _Index()
@@ -46,8 +50,8 @@ class NgramDraftSource(PerRequestDraftSource):
         for n in range(min(self.max_n, n_tok - 1), self.min_n - 1, -1):
             end = ends.get(tuple(token_ids[n_tok - n :]))
             if end is not None:
-                return token_ids[end : end + k]
-        return []
+                return token_ids[end : end + k], n
+        return [], 0
 
     def release(self, req) -> None:
         self.forget(req.rid)

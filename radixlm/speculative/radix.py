@@ -9,7 +9,10 @@ answer proposed token for token, and pays for verifying it only where it diverge
 The tree drafts only while the request's whole chain is cached. Where it gives fewer than k
 tokens (the request left the tree, or its chain ends), a SuffixIndex of recent outputs
 (suffix_index.py) continues from the request's last tokens: answers that repeat in pieces after
-a different prompt, or after the tree evicted them.
+a different prompt, or after the tree evicted them. Where the tree has nothing, prompt lookup over
+the request's own tokens (ngram.py) competes with the index: the longer context match drafts (a
+request's own text on a tie). So the first occurrence of a prompt drafts what it copies from
+itself, as the ngram source would.
 """
 
 from __future__ import annotations
@@ -21,27 +24,39 @@ from radixlm.speculative.draft_source import PerRequestDraftSource
 if TYPE_CHECKING:
     from radixlm.cache.radix_cache import RadixCache
     from radixlm.scheduler.req import Req
+    from radixlm.speculative.ngram import NgramDraftSource
     from radixlm.speculative.suffix_index import SuffixIndex
 
 
 class RadixDraftSource(PerRequestDraftSource):
-    def __init__(self, tree_cache: "RadixCache", suffix_index: Optional["SuffixIndex"] = None):
+    def __init__(self, tree_cache: "RadixCache", suffix_index: Optional["SuffixIndex"] = None,
+                 lookup: Optional["NgramDraftSource"] = None):
         if tree_cache.disable:
             raise ValueError("speculative_algorithm radix drafts from the radix cache: it is disabled")
         self.tree = tree_cache
-        self.suffix = suffix_index  # None: tree drafts only
+        self.suffix = suffix_index  # None: no index of recent outputs
+        self.lookup = lookup  # None: no prompt lookup
 
     def draft_for(self, req: "Req", k: int) -> list[int]:
         ids = req.all_ids()
         node = req.last_node if req.last_node is not None else self.tree.root_node
         start = req.cache_protected_len if req.last_node is not None else 0
         draft = self.tree.continuation(ids[start:], k, node)
-        if len(draft) < k and self.suffix is not None:
+        if len(draft) == k:
+            return draft
+        more, match = [], 0
+        if self.suffix is not None:
             # The index continues the context as the tree's draft extends it.
-            draft = draft + self.suffix.propose(ids[-self.suffix.max_match :] + draft, k - len(draft))
-        return draft
+            more, match = self.suffix.propose_with_match(ids[-self.suffix.max_match :] + draft, k - len(draft))
+        if not draft and self.lookup is not None:
+            own, own_match = self.lookup.lookup_with_match(req.rid, ids, k)
+            if own_match >= match and own:
+                more = own
+        return draft + more
 
     def release(self, req: "Req") -> None:
+        if self.lookup is not None:
+            self.lookup.forget(req.rid)
         # Learn from answers that ended at a stop or the length limit. An aborted one is cut
         # wherever the client left or an error struck, and often is the text nobody wanted (a
         # runaway repetition cancelled): not worth proposing to others.

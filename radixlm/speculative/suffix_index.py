@@ -80,14 +80,18 @@ class SuffixIndex:
 
     def propose(self, context: list[int], k: int) -> list[int]:
         """Up to k tokens to follow `context`, from the held sequences (module docstring)."""
+        return self.propose_with_match(context, k)[0]
+
+    def propose_with_match(self, context: list[int], k: int) -> tuple[list[int], int]:
+        """propose's tokens and the length of the context suffix they follow (0: none)."""
         if k <= 0 or not self._last:
-            return []
+            return [], 0
         for n in range(min(self.max_match, len(context)), self.min_match - 1, -1):
             pos = self._last.get(tuple(context[-n:]))
             if pos is not None:
                 break
         else:
-            return []
+            return [], 0
         toks, prev, base, w = self._tokens, self._prev, self._base, self._windows
         occ = []  # the latest occurrences, newest first
         while pos >= base and len(occ) < self.max_occurrences:
@@ -102,10 +106,10 @@ class SuffixIndex:
             best = max(counts, key=counts.__getitem__)
             out.append(best)
             if len(out) == k:
-                return out
+                return out, n
             occ = [pos + 1 for pos in occ if toks[pos - base] == best and toks[pos + 1 - base] != SEP]
             if not occ:
-                return out
+                return out, n
 
     def _ngrams(self, tokens: list[int], start: int):
         """(n-gram, global position of the token after it, its `_prev` slot) for every n-gram

@@ -1,6 +1,7 @@
 """Acceptance of a draft chain from the target model's rows.
 
-rows[j] is the target's log-distribution after the request's tokens plus draft[:j] (j = 0..k).
+rows[j] is the target's logits after the request's tokens plus draft[:j] (j = 0..k), raw (as
+decoding samples from them; grammar-masked for a constrained request).
 
 Greedy keeps the longest prefix of the draft that equals the target's argmax chain, then the
 target's own next token: exactly the tokens plain greedy decoding gives.

@@ -1,0 +1,103 @@
+"""Drafts of constrained requests: cut where the grammar rejects, each verify row masked with the
+matcher's state at that position, the matcher rolled back to where it was; through the engine,
+greedy outputs equal plain constrained decoding while the constrained requests themselves draft."""
+
+import json
+import re
+
+import jsonschema
+import pytest
+import torch
+
+from radixlm import Engine
+from radixlm.speculative.grammar import cut_draft, masked_draft_rows
+from tests.conftest import engine_args
+
+pytest.importorskip("xgrammar")
+
+FRUITS = "apple|banana|cherry|date|fig|grape"
+REGEX = f"({FRUITS})(, ({FRUITS})){{3,6}}"
+SCHEMA = {"type": "object", "properties": {"fruits": {"type": "array", "items": {"type": "string"}, "maxItems": 8}},
+          "required": ["fruits"]}
+PROMPT = "Fruits: apple, banana, cherry, date, elderberry, fig, grape.\nThe same fruits, as a list: apple, banana,"
+
+
+@pytest.fixture(scope="module")
+def backend(default_model_path):
+    from radixlm.constrained.xgrammar_backend import XGrammarBackend
+    from radixlm.model.loader import load_tokenizer
+
+    tok = load_tokenizer(default_model_path)
+    return tok, XGrammarBackend(tok, 49152, eos_token_ids=[2])
+
+
+def mask_of(backend, grammar):
+    m = backend.allocate_vocab_mask(49152, 1)
+    grammar.fill_vocab_mask(m, 0)
+    return m
+
+
+def test_cut_draft_stops_at_the_first_rejected_token_and_restores_the_matcher(backend):
+    tok, be = backend
+    g = be.get_future(("regex", REGEX)).result(timeout=30)
+    for t in tok.encode("apple, ", add_special_tokens=False):
+        assert g.accept_token(t)
+    before = mask_of(be, g)
+    good = tok.encode("banana, cherry", add_special_tokens=False)
+    bad = tok.encode(", elderberry, fig", add_special_tokens=False)
+    draft = good + bad
+    cut = cut_draft(g, draft)
+    # The cut keeps every token a matcher accepts one by one, and stops where one is rejected.
+    probe = g.fork()
+    n = 0
+    while n < len(draft) and probe.accept_token(draft[n]):
+        n += 1
+    assert cut == draft[:n] and len(good) <= n < len(draft)
+    assert torch.equal(mask_of(be, g), before)  # rolled back: the same next-token mask
+    assert cut_draft(g, []) == []
+
+
+def test_verify_rows_masked_as_decoding_would(backend):
+    tok, be = backend
+    g = be.get_future(("json", json.dumps(SCHEMA))).result(timeout=30)
+    prefix = tok.encode('{"fruits": ["app', add_special_tokens=False)
+    for t in prefix:
+        assert g.accept_token(t)
+    draft = cut_draft(g, tok.encode('le", "banana", "ch', add_special_tokens=False))
+    assert len(draft) >= 4
+    before = mask_of(be, g)
+    rows = torch.randn(len(draft) + 1, 49152, generator=torch.Generator().manual_seed(0))
+    masked = masked_draft_rows(be, g, draft, rows)
+    assert torch.equal(mask_of(be, g), before)
+    step = g.fork()
+    for j in range(len(draft) + 1):
+        ref = rows[j : j + 1].clone()
+        be.apply_vocab_mask(ref, mask_of(be, step))
+        assert torch.equal(masked[j], ref[0]), f"row {j}"
+        if j < len(draft):
+            assert step.accept_token(draft[j])
+    assert torch.isinf(masked).any() and not torch.isinf(rows).any()  # a copy, masked
+
+
+@pytest.mark.parametrize("algorithm", ["ngram", "radix"])
+def test_constrained_requests_draft_and_equal_plain_decoding(default_model_path, algorithm):
+    """The default model copies the prompt's list under a regex (prompt lookup drafts the copy,
+    and cuts it at "elderberry", which the regex forbids) and under a JSON schema; run twice, so
+    radix drafts the first answers. Outputs equal plain decoding and satisfy their grammar."""
+    sps = [{"max_new_tokens": 40, "temperature": 0, "regex": REGEX},
+           {"max_new_tokens": 48, "temperature": 0, "json_schema": json.dumps(SCHEMA)},
+           {"max_new_tokens": 24, "temperature": 0}]
+    res, metas = {}, []
+    for spec in (None, algorithm):
+        kw = dict(speculative_algorithm=spec, speculative_draft_policy="fixed") if spec else {}
+        with Engine(default_model_path, **engine_args(num_threads=2, **kw)) as e:
+            outs = [e.generate([PROMPT] * 3, sps) for _ in range(2)]
+            res[spec] = [[o["output_ids"] for o in out] for out in outs]
+            if spec:
+                metas = [o["meta_info"] for out in outs for o in out[:2]]
+            for out in outs:
+                assert re.fullmatch(REGEX, out[0]["text"]), out[0]["text"]
+                jsonschema.validate(json.loads(out[1]["text"]), SCHEMA)
+    assert res[algorithm] == res[None]
+    # The constrained requests themselves verified drafts and accepted some.
+    assert sum(m["spec_verify_ct"] for m in metas) > 0 and sum(m["spec_accepted_tokens"] for m in metas) > 0
