@@ -106,4 +106,6 @@ class SchedulerStats:
             f"{scheduler.tree_cache.evictable_size()} evictable), "
             f"cache hit rate {self.cache_hit_rate:.1%}, gen throughput {self.gen_throughput():.1f} tok/s, "
             f"outside forward {100 * (self.decode_outside_share or 0):.1f}%"
+            # As SGLang's log: tokens per drafted request per verify step, since start.
+            + (f", accept len {scheduler.spec.stats.accept_length:.2f}" if scheduler.spec is not None else "")
         )
