@@ -77,6 +77,13 @@ def cmd_serve(args) -> int:
     return 0
 
 
+def cmd_router(args) -> int:
+    from radixlm.router.launch import router_args_from_cli, run_router
+
+    run_router(router_args_from_cli(args))
+    return 0
+
+
 def main(argv=None) -> int:
     from radixlm.config import ServerArgs
 
@@ -95,6 +102,11 @@ def main(argv=None) -> int:
     serve.add_argument("--model", dest="model_path_alias", default=None, help="alias of --model-path")
     ServerArgs.add_cli_args(serve)
     serve.set_defaults(func=cmd_serve)
+    router = sub.add_parser("router", help="one endpoint in front of several radixlm servers (cache-aware routing)")
+    from radixlm.router.launch import add_router_args
+
+    add_router_args(router)
+    router.set_defaults(func=cmd_router)
     bench = sub.add_parser("bench", help="benchmarks")
     bench_sub = bench.add_subparsers(dest="bench_command", required=True)
     offline = bench_sub.add_parser("offline", help="a workload through the in-process Engine")

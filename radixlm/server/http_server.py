@@ -7,17 +7,16 @@ import asyncio
 import dataclasses
 import json
 import logging
-import secrets
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.datastructures import Headers
 
 import radixlm
 from radixlm.config import ServerArgs
 from radixlm.engine.tokenizer_manager import EngineDeadError, TokenizerManager
+from radixlm.http_common import APIKeyMiddleware, error_json
 from radixlm.ipc import GenerateReqInput
 
 logger = logging.getLogger(__name__)
@@ -64,14 +63,6 @@ def parse_generate_body(body: Any) -> GenerateReqInput:
         raise HTTPError(400, str(e)) from None
 
 
-def error_json(status: int, message: str, kind: str = "invalid_request_error", param=None) -> JSONResponse:
-    # One shape for both APIs: OpenAI's {"error": {...}}, which SGLang clients also read.
-    return JSONResponse(
-        {"error": {"message": message, "type": kind, "param": param, "code": status}, "object": "error"},
-        status_code=status,
-    )
-
-
 def sse(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, ensure_ascii=False).encode() + b"\n\n"
 
@@ -98,29 +89,6 @@ async def run_until_disconnect(request: Request, coro):
     finally:
         watcher.cancel()
         task.cancel()
-
-
-class APIKeyMiddleware:
-    """Bearer-key check on every route but /health and /metrics. A plain ASGI middleware:
-    FastAPI's @app.middleware("http") passes each streamed chunk through an extra task and
-    memory stream, which costs a streaming request CPU on every token."""
-
-    OPEN_PATHS = ("/health", "/metrics")
-
-    def __init__(self, app):
-        self.app = app
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and scope["method"] != "OPTIONS" and scope["path"] not in self.OPEN_PATHS:
-            key = scope["app"].state.api_key
-            if key:
-                auth = Headers(scope=scope).get("authorization", "")
-                if not secrets.compare_digest(auth.encode(), f"Bearer {key}".encode()):
-                    response = error_json(401, "invalid or missing API key (Authorization: Bearer <key>)",
-                                          "authentication_error")
-                    await response(scope, receive, send)
-                    return
-        await self.app(scope, receive, send)
 
 
 def create_app(state_factory) -> FastAPI:

@@ -1,0 +1,64 @@
+"""The router's Prometheus metrics, read from its state at scrape time: per-worker load, health,
+routed requests and errors, the cache-aware policy's decisions and its tree per worker, and the
+time routing takes."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+if TYPE_CHECKING:
+    from radixlm.router.server import RouterState
+
+
+class _Collector:
+    def __init__(self, state: "RouterState"):
+        self.state = state
+
+    def collect(self):
+        st = self.state
+        workers = list(st.registry.workers.values())
+        load = GaugeMetricFamily("radixlm_router:worker_load", "Requests in flight at the worker", labels=["worker"])
+        healthy = GaugeMetricFamily("radixlm_router:worker_healthy", "1 while the worker takes traffic", labels=["worker"])
+        routed = CounterMetricFamily("radixlm_router:requests_routed", "Requests sent to the worker (retries included)",
+                                     labels=["worker"])
+        errors = CounterMetricFamily("radixlm_router:worker_errors", "Requests the worker failed (connection, 5xx)",
+                                     labels=["worker"])
+        for w in workers:
+            load.add_metric([w.url], w.load)
+            healthy.add_metric([w.url], 1.0 if w.healthy else 0.0)
+            routed.add_metric([w.url], w.routed)
+            errors.add_metric([w.url], w.errors)
+        yield from (load, healthy, routed, errors)
+        decisions = getattr(st.policy, "decisions", None)
+        if decisions is not None:
+            d = CounterMetricFamily("radixlm_router:cache_aware_decisions",
+                                    "Routing decisions: cache_hit (followed a cached prefix), cache_miss, imbalanced",
+                                    labels=["kind"])
+            for kind, n in decisions.items():
+                d.add_metric([kind], n)
+            yield d
+            total = sum(decisions.values())
+            yield GaugeMetricFamily("radixlm_router:cache_hit_rate",
+                                    "Share of routed requests that followed a cached prefix",
+                                    value=decisions["cache_hit"] / total if total else 0.0)
+            tree = GaugeMetricFamily("radixlm_router:tree_chars", "Characters of request text the tree holds per worker",
+                                     labels=["worker"])
+            for tenant, chars in st.policy.tree.tenant_chars.items():
+                tree.add_metric([tenant], chars)
+            yield tree
+        rs = sorted(st.route_seconds)
+        yield GaugeMetricFamily("radixlm_router:route_seconds_p50", "Median time the policy takes per request (last 1000)",
+                                value=rs[len(rs) // 2] if rs else 0.0)
+
+
+class RouterMetrics:
+    def __init__(self, state: "RouterState"):
+        self.registry = CollectorRegistry()
+        self.registry.register(_Collector(state))
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,153 @@
+"""Which worker a request goes to. A policy sees the healthy workers, the router's own count of
+in-flight requests per worker (its load) and the request's routing text (for chat: the whole
+rendered conversation, not its first message), and names one worker.
+
+cache_aware is SGLang's router policy with its fixes: when the load is imbalanced
+(max - min > balance_abs_threshold and max > min x balance_rel_threshold) the least loaded worker;
+otherwise the worker holding the longest cached prefix if it covers more than cache_threshold of
+the text, else the least loaded worker (not the one with the smallest tree: that sends every miss
+to a worker that may be overloaded). The chosen worker then becomes a tenant of the text.
+"""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass
+from typing import Optional
+
+from radixlm.router.tree import ApproxRadixTree
+
+POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
+
+
+@dataclass
+class CacheAwareConfig:
+    cache_threshold: float = 0.5  # share of the text that must be cached on a worker to follow it
+    balance_abs_threshold: int = 32  # in-flight requests of difference before load wins ...
+    balance_rel_threshold: float = 1.5  # ... and this ratio of max to min as well
+    eviction_interval_secs: float = 60.0  # how often the tree is trimmed
+    max_tree_size: int = 2**24  # characters per worker kept in the tree
+
+    def __post_init__(self):
+        if not 0.0 <= self.cache_threshold <= 1.0:
+            raise ValueError(f"cache_threshold must be in [0, 1], got {self.cache_threshold}")
+        if self.balance_abs_threshold < 0 or self.balance_rel_threshold < 1.0:
+            raise ValueError("balance_abs_threshold must be >= 0 and balance_rel_threshold >= 1")
+        if self.max_tree_size < 1 or self.eviction_interval_secs <= 0:
+            raise ValueError("max_tree_size and eviction_interval_secs must be positive")
+
+
+def least_loaded(workers: list[str], loads: dict[str, int]) -> str:
+    """The worker with the fewest in-flight requests (the first listed on a tie)."""
+    return min(workers, key=lambda w: loads.get(w, 0))
+
+
+class Policy:
+    name = ""
+
+    def select(self, workers: list[str], loads: dict[str, int], text: str) -> str:
+        raise NotImplementedError
+
+    def remove_worker(self, worker: str) -> None:
+        """A worker left (removed, or found dead): forget what the policy knew of it."""
+
+    def maintain(self) -> None:
+        """Periodic upkeep (the router calls it every few seconds)."""
+
+
+class RoundRobinPolicy(Policy):
+    name = "round_robin"
+
+    def __init__(self):
+        self._next = 0
+        self._lock = threading.Lock()
+
+    def select(self, workers, loads, text):
+        with self._lock:
+            w = workers[self._next % len(workers)]
+            self._next += 1
+        return w
+
+
+class RandomPolicy(Policy):
+    name = "random"
+
+    def __init__(self, seed: Optional[int] = None):
+        self._rng = random.Random(seed)
+
+    def select(self, workers, loads, text):
+        return self._rng.choice(workers)
+
+
+class PowerOfTwoPolicy(Policy):
+    """Two workers drawn at random, the less loaded one taken."""
+
+    name = "power_of_two"
+
+    def __init__(self, seed: Optional[int] = None):
+        self._rng = random.Random(seed)
+
+    def select(self, workers, loads, text):
+        if len(workers) == 1:
+            return workers[0]
+        a, b = self._rng.sample(workers, 2)
+        return a if loads.get(a, 0) <= loads.get(b, 0) else b
+
+
+class CacheAwarePolicy(Policy):
+    name = "cache_aware"
+
+    def __init__(self, config: Optional[CacheAwareConfig] = None, clock=None):
+        import time
+
+        self.config = config or CacheAwareConfig()
+        self.tree = ApproxRadixTree()
+        self._lock = threading.Lock()
+        self._clock = clock or time.monotonic
+        self._last_eviction = self._clock()
+        self.decisions = {"imbalanced": 0, "cache_hit": 0, "cache_miss": 0}
+
+    def is_imbalanced(self, workers: list[str], loads: dict[str, int]) -> bool:
+        ls = [loads.get(w, 0) for w in workers]
+        hi, lo = max(ls), min(ls)
+        return hi - lo > self.config.balance_abs_threshold and hi > lo * self.config.balance_rel_threshold
+
+    def select(self, workers, loads, text):
+        with self._lock:
+            if self.is_imbalanced(workers, loads):
+                choice, kind = least_loaded(workers, loads), "imbalanced"
+            else:
+                matched, tenants = self.tree.prefix_match(text, self._clock())
+                holders = [w for w in workers if w in tenants]
+                if holders and text and matched / len(text) > self.config.cache_threshold:
+                    choice, kind = least_loaded(holders, loads), "cache_hit"
+                else:
+                    choice, kind = least_loaded(workers, loads), "cache_miss"
+            self.decisions[kind] += 1
+            self.tree.insert(text, choice, self._clock())
+            return choice
+
+    def remove_worker(self, worker):
+        with self._lock:
+            self.tree.remove_tenant(worker)
+
+    def maintain(self):
+        now = self._clock()
+        if now - self._last_eviction < self.config.eviction_interval_secs:
+            return
+        self._last_eviction = now
+        with self._lock:
+            self.tree.evict_tenant_by_size(self.config.max_tree_size)
+
+
+def make_policy(name: str, config: Optional[CacheAwareConfig] = None, seed: Optional[int] = None) -> Policy:
+    if name == "cache_aware":
+        return CacheAwarePolicy(config)
+    if name == "round_robin":
+        return RoundRobinPolicy()
+    if name == "random":
+        return RandomPolicy(seed)
+    if name == "power_of_two":
+        return PowerOfTwoPolicy(seed)
+    raise ValueError(f"policy must be one of {POLICIES}, got {name!r}")

@@ -1,0 +1,52 @@
+"""The text a request is routed on: what a worker's radix cache will hold a prefix of.
+
+Native /generate: `text` (the first, for a batch) or `input_ids` spelled "id," per token (so one
+id list is a character prefix of another exactly when it is a token prefix). OpenAI completions:
+`prompt`. Chat: the whole conversation rendered role by role, not its first message: turns of
+one conversation then share the prefix their own history makes, as they do in the worker's cache
+after its chat template.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _ids_text(ids: list) -> str:
+    return "".join(f"{i}," for i in ids)
+
+
+def _prompt_text(p: Any) -> str:
+    if isinstance(p, str):
+        return p
+    if isinstance(p, list) and p:
+        if all(isinstance(x, int) for x in p):
+            return _ids_text(p)
+        return _prompt_text(p[0])  # a batch goes to one worker: route it on its first prompt
+    return ""
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):  # OpenAI content parts
+        return "".join(part.get("text", "") for part in content if isinstance(part, dict))
+    return ""
+
+
+def routing_text(path: str, body: Any) -> str:
+    if not isinstance(body, dict):
+        return ""
+    if path.endswith("/chat/completions"):
+        msgs = body.get("messages")
+        if not isinstance(msgs, list):
+            return ""
+        return "".join(f"<|{m.get('role', '')}|>{_content_text(m.get('content'))}\n" for m in msgs if isinstance(m, dict))
+    if path.endswith("/completions"):
+        return _prompt_text(body.get("prompt"))
+    if body.get("text") is not None:
+        return _prompt_text(body["text"])
+    if body.get("input_ids") is not None:
+        ids = body["input_ids"]
+        return _prompt_text(ids[0] if ids and isinstance(ids[0], list) else ids)
+    return ""

@@ -1,0 +1,265 @@
+"""The router's HTTP server: one endpoint in front of the workers (FastAPI + uvicorn, httpx).
+
+Generation routes (native /generate, OpenAI completions and chat) go to the worker the policy
+picks and come back byte for byte, streams chunk by chunk; a client that goes away closes the
+worker connection, which aborts the request there. A request whose worker fails before answering
+(connection refused or reset, a 5xx status) is retried on another worker with backoff: nothing has
+reached the client yet, so it never sees the failure. /flush_cache and /abort_request go to every
+worker, /get_server_info gathers every worker's, /health is 200 while one worker is healthy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Optional
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from radixlm.http_common import APIKeyMiddleware, error_json
+from radixlm.router.policies import CacheAwareConfig, Policy, make_policy
+from radixlm.router.routing_text import routing_text
+from radixlm.router.workers import HealthConfig, WorkerRegistry, normalize_url
+
+logger = logging.getLogger(__name__)
+
+GENERATE_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
+_HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"}
+
+
+@dataclass
+class RouterArgs:
+    worker_urls: list[str] = field(default_factory=list)
+    policy: str = "cache_aware"
+    host: str = "127.0.0.1"
+    port: int = 30000
+    api_key: Optional[str] = None  # clients must send it (every route but /health and /metrics)
+    worker_api_key: Optional[str] = None  # sent to the workers
+    cache_aware: CacheAwareConfig = field(default_factory=CacheAwareConfig)
+    health: HealthConfig = field(default_factory=HealthConfig)
+    max_retries: int = 3  # other workers tried for a request whose worker failed before answering
+    retry_backoff: float = 0.05  # seconds before the first retry, doubled for each further one
+    log_level: str = "info"
+
+
+class RouterState:
+    def __init__(self, args: RouterArgs, policy: Optional[Policy] = None):
+        self.args = args
+        self.policy = policy or make_policy(args.policy, args.cache_aware)
+        headers = {"Authorization": f"Bearer {args.worker_api_key}"} if args.worker_api_key else {}
+        self.registry = WorkerRegistry(args.health, headers, on_unhealthy=self.policy.remove_worker)
+        for url in args.worker_urls:
+            self.registry.add(url)
+        self.client: Optional[httpx.AsyncClient] = None
+        self.route_seconds: list[float] = []  # the policy's time per routed request (last 1000)
+        from radixlm.router.metrics import RouterMetrics
+
+        self.metrics = RouterMetrics(self)
+
+    def pick(self, text: str) -> Optional[str]:
+        workers = self.registry.healthy()
+        if not workers:
+            return None
+        t = time.perf_counter()
+        url = self.policy.select(workers, self.registry.loads(), text)
+        self.route_seconds = self.route_seconds[-999:] + [time.perf_counter() - t]
+        return url
+
+
+def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> FastAPI:
+    state = RouterState(args, policy)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
+                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        await state.registry.check_all(state.client)  # know who is up before the first request
+        tasks = [asyncio.ensure_future(state.registry.run_health_checks(state.client)),
+                 asyncio.ensure_future(_maintain(state))]
+        yield
+        for t in tasks:
+            t.cancel()
+        await state.client.aclose()
+
+    app = FastAPI(title="radixlm router", lifespan=lifespan)
+    app.state.api_key = args.api_key
+    app.state.router = state
+    app.add_middleware(APIKeyMiddleware)
+
+    async def read_body(request: Request):
+        raw = await request.body()
+        try:
+            return raw, json.loads(raw) if raw else {}
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            return raw, e
+
+    for path in GENERATE_PATHS:
+        async def generate(request: Request, path=path):
+            raw, body = await read_body(request)
+            if isinstance(body, Exception):
+                return error_json(400, f"malformed JSON body: {body}")
+            return await forward(state, request, path, raw, routing_text(path, body))
+
+        app.add_api_route(path, generate, methods=["POST"])
+
+    @app.get("/health")
+    async def health():
+        n = len(state.registry.healthy())
+        return JSONResponse({"healthy_workers": n}, status_code=200 if n else 503)
+
+    @app.get("/v1/models")
+    @app.get("/get_model_info")
+    @app.get("/model_info")
+    async def one_worker_get(request: Request):
+        return await forward_get(state, request.url.path)
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        results = await broadcast(state, "POST", "/flush_cache")
+        ok = all(r.get("status", 500) < 300 for r in results.values())
+        return JSONResponse({"workers": results}, status_code=200 if ok else 502)
+
+    @app.post("/abort_request")
+    async def abort_request(request: Request):
+        raw, _ = await read_body(request)
+        return JSONResponse({"workers": await broadcast(state, "POST", "/abort_request", raw)})
+
+    @app.get("/get_server_info")
+    @app.get("/server_info")
+    async def server_info():
+        infos = await broadcast(state, "GET", "/get_server_info")
+        return {"router": router_info(state), "workers": infos}
+
+    @app.get("/list_workers")
+    async def list_workers():
+        return {"workers": [w.as_dict() for w in state.registry.workers.values()]}
+
+    @app.post("/add_worker")
+    async def add_worker(url: str):
+        try:
+            w = state.registry.add(url)
+        except ValueError as e:
+            return error_json(400, str(e), param="url")
+        await state.registry.check(state.client, w.url)
+        return {"added": w.url, "healthy": w.healthy}
+
+    @app.post("/remove_worker")
+    async def remove_worker(url: str):
+        try:
+            removed = state.registry.remove(url)
+        except ValueError as e:
+            return error_json(400, str(e), param="url")
+        if not removed:
+            return error_json(404, f"no worker {url}", param="url")
+        return {"removed": normalize_url(url)}
+
+    @app.get("/metrics")
+    async def metrics():
+        body, content_type = state.metrics.render()
+        return Response(body, media_type=content_type)
+
+    return app
+
+
+def router_info(state: RouterState) -> dict:
+    rs = sorted(state.route_seconds)
+    return {"policy": state.policy.name, "workers": [w.as_dict() for w in state.registry.workers.values()],
+            "decisions": getattr(state.policy, "decisions", {}),
+            "route_ms_p50": round(1e3 * rs[len(rs) // 2], 4) if rs else None}
+
+
+async def _maintain(state: RouterState) -> None:
+    while True:
+        await asyncio.sleep(1.0)
+        state.policy.maintain()
+
+
+def _request_headers(state: RouterState, request: Request) -> dict:
+    h = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS | {"host", "authorization"}}
+    h.update(state.registry.headers)
+    return h
+
+
+async def forward(state: RouterState, request: Request, path: str, raw: bytes, text: str) -> Response:
+    """Send the request to a picked worker; on a failure before any answer, to another one."""
+    headers = _request_headers(state, request)
+    tried: set[str] = set()
+    last_error = "no healthy worker"
+    for attempt in range(state.args.max_retries + 1):
+        if attempt:
+            await asyncio.sleep(state.args.retry_backoff * 2 ** (attempt - 1))
+        url = state.pick(text)
+        if url is None:
+            break
+        if url in tried and len(state.registry.healthy()) > len(tried):  # prefer one not tried yet
+            url = next(u for u in state.registry.healthy() if u not in tried)
+        tried.add(url)
+        worker = state.registry.workers[url]
+        worker.load += 1
+        worker.routed += 1
+        try:
+            resp = await state.client.send(state.client.build_request("POST", url + path, content=raw, headers=headers),
+                                           stream=True)
+        except httpx.HTTPError as e:
+            worker.load -= 1
+            worker.errors += 1
+            state.registry.record(url, False)
+            last_error = f"worker {url}: {type(e).__name__}: {e}"
+            logger.warning("request to %s failed (%s); retrying elsewhere", url, last_error)
+            continue
+        if resp.status_code >= 500:
+            await resp.aclose()
+            worker.load -= 1
+            worker.errors += 1
+            state.registry.record(url, False)
+            last_error = f"worker {url} answered {resp.status_code}"
+            continue
+        state.registry.record(url, True)
+        return StreamingResponse(_relay(resp, worker), status_code=resp.status_code,
+                                 headers={k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS})
+    return error_json(503, f"no worker could serve the request ({last_error})", "server_error")
+
+
+async def _relay(resp: httpx.Response, worker):
+    """The worker's bytes as they come; closing (client gone, or done) closes the worker's
+    connection, which aborts the request there if it is still running."""
+    try:
+        async for chunk in resp.aiter_raw():
+            yield chunk
+    finally:
+        worker.load -= 1
+        await resp.aclose()
+
+
+async def forward_get(state: RouterState, path: str) -> Response:
+    for url in state.registry.healthy():
+        try:
+            r = await state.client.get(url + path, headers=state.registry.headers, timeout=10.0)
+        except httpx.HTTPError:
+            state.registry.record(url, False)
+            continue
+        return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
+    return error_json(503, "no healthy worker", "server_error")
+
+
+async def broadcast(state: RouterState, method: str, path: str, content: bytes = b"") -> dict:
+    async def one(url: str) -> dict:
+        try:
+            r = await state.client.request(method, url + path, content=content or None, headers=state.registry.headers,
+                                           timeout=30.0)
+            try:
+                body = r.json()
+            except ValueError:
+                body = r.text
+            return {"status": r.status_code, "body": body}
+        except httpx.HTTPError as e:
+            return {"status": 502, "error": f"{type(e).__name__}: {e}"}
+
+    urls = list(state.registry.workers)
+    return dict(zip(urls, await asyncio.gather(*(one(u) for u in urls))))

@@ -1,0 +1,183 @@
+"""An approximate, multi-tenant radix tree over request text (SGLang router's cache-aware tree).
+
+The router never sees a worker's KV cache; it remembers which texts it sent where. Each node is
+an edge of characters; `tenants` maps every worker whose requests passed through the node to the
+last time one did. A tenant on a node is on all of its ancestors, so a worker's share of a
+request is the depth of the deepest matched node it is on. The tree is trimmed per tenant, least
+recently used leaves first, to `max_tree_size` characters (the worker's own cache forgets old
+prefixes too; the router's picture should not outlive them by much).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from typing import Optional
+
+
+class _Node:
+    __slots__ = ("text", "parent", "children", "tenants")
+
+    def __init__(self, text: str, parent: Optional["_Node"]):
+        self.text = text
+        self.parent = parent
+        self.children: dict[str, _Node] = {}  # first character -> child
+        self.tenants: dict[str, float] = {}  # tenant -> last access
+
+
+def _common_prefix(a: str, b: str) -> int:
+    """Length of the common prefix, by bisection over slice comparisons (C speed on long texts)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+class ApproxRadixTree:
+    def __init__(self):
+        self.root = _Node("", None)
+        self.tenant_chars: dict[str, int] = {}  # characters each tenant holds
+        self._clock = itertools.count()  # tie-breaker: insertions in one clock tick stay ordered
+
+    def _now(self, now: Optional[float]) -> float:
+        return time.monotonic() if now is None else now
+
+    def insert(self, text: str, tenant: str, now: Optional[float] = None) -> None:
+        """Record that `tenant` served `text` (it now caches every prefix of it)."""
+        t = self._now(now)
+        node = self.root
+        self._touch(node, tenant, t)
+        i = 0
+        while i < len(text):
+            child = node.children.get(text[i])
+            if child is None:
+                child = _Node(text[i:], node)
+                node.children[text[i]] = child
+                self._touch(child, tenant, t)
+                return
+            n = _common_prefix(child.text, text[i:])
+            if n < len(child.text):
+                child = self._split(child, n)
+            self._touch(child, tenant, t)
+            node, i = child, i + n
+
+    def _touch(self, node: _Node, tenant: str, t: float) -> None:
+        if tenant not in node.tenants:
+            self.tenant_chars[tenant] = self.tenant_chars.get(tenant, 0) + len(node.text)
+        node.tenants[tenant] = t
+
+    def _split(self, child: _Node, n: int) -> _Node:
+        """child's edge cut after n characters: returns the new upper node (same tenants)."""
+        parent = child.parent
+        upper = _Node(child.text[:n], parent)
+        upper.tenants = dict(child.tenants)
+        parent.children[child.text[0]] = upper
+        child.text = child.text[n:]
+        child.parent = upper
+        upper.children[child.text[0]] = child
+        return upper
+
+    def prefix_match(self, text: str, now: Optional[float] = None) -> tuple[int, list[str]]:
+        """(characters of text's longest cached prefix, the tenants that hold all of it). The
+        match may end inside an edge. Touches the matched path for those tenants."""
+        node, i = self.root, 0
+        path = []
+        while i < len(text):
+            child = node.children.get(text[i])
+            if child is None:
+                break
+            n = _common_prefix(child.text, text[i:])
+            path.append(child)
+            i += n
+            if n < len(child.text):
+                break
+            node = child
+        if not path:
+            return 0, []
+        tenants = list(path[-1].tenants)
+        t = self._now(now)
+        for nd in path:
+            for tenant in tenants:
+                nd.tenants[tenant] = t
+        return i, tenants
+
+    def prefix_match_tenant(self, text: str, tenant: str) -> int:
+        """Characters of text's longest prefix that `tenant` holds."""
+        node, i = self.root, 0
+        while i < len(text):
+            child = node.children.get(text[i])
+            if child is None or tenant not in child.tenants:
+                break
+            n = _common_prefix(child.text, text[i:])
+            i += n
+            if n < len(child.text):
+                break
+            node = child
+        return i
+
+    def remove_tenant(self, tenant: str) -> None:
+        """Forget everything `tenant` held (a worker removed or dead)."""
+        stack = [self.root]
+        while stack:
+            node = stack.pop()
+            node.tenants.pop(tenant, None)
+            stack.extend(node.children.values())
+        self._prune(self.root)
+        self.tenant_chars.pop(tenant, None)
+
+    def _prune(self, node: _Node) -> None:
+        for key, child in list(node.children.items()):
+            if child.tenants:
+                self._prune(child)
+            else:
+                del node.children[key]
+
+    def evict_tenant_by_size(self, max_size: int) -> dict[str, int]:
+        """Trim every tenant above max_size characters, its least recently used leaves first.
+        Returns the characters removed per tenant."""
+        removed: dict[str, int] = {}
+        for tenant, chars in list(self.tenant_chars.items()):
+            if chars <= max_size:
+                continue
+            heap = [(nd.tenants[tenant], next(self._clock), nd) for nd in self._tenant_leaves(tenant)]
+            heapq.heapify(heap)
+            while heap and self.tenant_chars[tenant] > max_size:
+                _, _, node = heapq.heappop(heap)
+                del node.tenants[tenant]
+                self.tenant_chars[tenant] -= len(node.text)
+                removed[tenant] = removed.get(tenant, 0) + len(node.text)
+                parent = node.parent
+                if not node.tenants and parent is not None:
+                    del parent.children[node.text[0]]
+                if parent is not self.root and parent is not None and not any(
+                        tenant in c.tenants for c in parent.children.values()):
+                    heapq.heappush(heap, (parent.tenants[tenant], next(self._clock), parent))
+        return removed
+
+    def _tenant_leaves(self, tenant: str) -> list[_Node]:
+        out, stack = [], [c for c in self.root.children.values() if tenant in c.tenants]
+        while stack:
+            node = stack.pop()
+            kids = [c for c in node.children.values() if tenant in c.tenants]
+            if kids:
+                stack.extend(kids)
+            else:
+                out.append(node)
+        return out
+
+    def size(self) -> int:
+        """Nodes in the tree (the root excluded)."""
+        n, stack = 0, list(self.root.children.values())
+        while stack:
+            node = stack.pop()
+            n += 1
+            stack.extend(node.children.values())
+        return n

@@ -1,0 +1,155 @@
+"""`radixlm router` in front of two tiny-model servers: every API through it, streaming chunk by
+chunk, the official openai client, cache-aware stickiness, workers added, removed, killed and
+back, API keys on both sides."""
+
+import json
+import sys
+import threading
+
+import openai
+import pytest
+import requests
+
+from radixlm.server.process import ServerProcess, free_port
+
+WORKER_KEY, ROUTER_KEY = "worker-secret", "router-secret"
+GREEDY = {"max_new_tokens": 16, "temperature": 0}
+
+
+def worker(model_dir, port=None):
+    return ServerProcess("--model-path", model_dir, "--num-threads", "1", "--kv-memory-gb", "0.05",
+                         "--api-key", WORKER_KEY, port=port)
+
+
+def router(urls, *extra):
+    def cmd(port):
+        return [sys.executable, "-m", "radixlm.cli", "router", "--port", str(port), "--worker-urls", *urls,
+                "--worker-api-key", WORKER_KEY, "--api-key", ROUTER_KEY, "--health-check-interval-secs", "0.5",
+                "--health-failure-threshold", "2", "--health-success-threshold", "1", "--log-level", "warning",
+                *extra]
+    return ServerProcess(command=cmd, name="the router")
+
+
+def post(url, path, body, key=ROUTER_KEY, **kw):
+    return requests.post(url + path, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60, **kw)
+
+
+@pytest.fixture(scope="module")
+def cluster(tiny_model_dir):
+    ws = [worker(tiny_model_dir), worker(tiny_model_dir)]
+    r = router([w.url for w in ws])
+    yield r, ws
+    r.stop()
+    for w in ws:
+        w.stop()
+
+
+def test_native_generate_equals_a_worker_and_streams_chunk_by_chunk(cluster):
+    r, ws = cluster
+    body = {"text": "The quick brown fox", "sampling_params": GREEDY}
+    direct = post(ws[0].url, "/generate", body, key=WORKER_KEY).json()
+    via = post(r.url, "/generate", body)
+    assert via.status_code == 200 and via.json()["text"] == direct["text"]
+    with post(r.url, "/generate", {**body, "stream": True}, stream=True) as resp:
+        events = [line for line in resp.iter_lines() if line.startswith(b"data: ")]
+    assert events[-1] == b"data: [DONE]" and len(events) > 3  # many chunks, not one buffered answer
+    assert json.loads(events[-2][6:])["text"] == direct["text"]
+    # The key: the router's for clients, the workers' never accepted at the router.
+    assert post(r.url, "/generate", body, key="wrong").status_code == 401
+    assert post(r.url, "/generate", body, key=WORKER_KEY).status_code == 401
+    assert requests.get(r.url + "/health", timeout=5).status_code == 200  # open route
+
+
+def test_openai_client_through_the_router(cluster):
+    r, _ = cluster
+    client = openai.OpenAI(base_url=r.url + "/v1", api_key=ROUTER_KEY)
+    model = client.models.list().data[0].id
+    c = client.completions.create(model=model, prompt="Once upon a time", max_tokens=8, temperature=0)
+    assert c.choices[0].text and c.usage.completion_tokens > 0
+    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
+                                          temperature=0)
+    assert chat.choices[0].message.content is not None
+    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
+                                            temperature=0, stream=True)
+    assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == chat.choices[0].message.content
+    with pytest.raises(openai.BadRequestError):  # a worker's 4xx comes back as it is
+        client.completions.create(model=model, prompt="x", max_tokens=-1)
+
+
+def test_cache_aware_keeps_a_prefix_on_one_worker_and_admin_routes(cluster):
+    r, ws = cluster
+    before = {w["url"]: w["routed"] for w in requests.get(r.url + "/list_workers", headers=_auth(), timeout=5).json()["workers"]}
+    doc = "A long shared document about rivers and bridges. " * 20
+    for i in range(6):
+        assert post(r.url, "/generate", {"text": doc + f"Question {i}?", "sampling_params": GREEDY}).status_code == 200
+    after = {w["url"]: w["routed"] for w in requests.get(r.url + "/list_workers", headers=_auth(), timeout=5).json()["workers"]}
+    assert sorted(after[u] - before[u] for u in after) == [0, 6]  # all six on one worker
+    info = requests.get(r.url + "/get_server_info", headers=_auth(), timeout=10).json()
+    assert set(info["workers"]) == {w.url for w in ws} and info["router"]["policy"] == "cache_aware"
+    assert info["router"]["decisions"]["cache_hit"] >= 5
+    flushed = post(r.url, "/flush_cache", {})
+    assert flushed.status_code == 200 and all(v["status"] == 200 for v in flushed.json()["workers"].values())
+    metrics = requests.get(r.url + "/metrics", timeout=5).text
+    assert "radixlm_router:worker_load" in metrics and "radixlm_router:cache_hit_rate" in metrics
+
+
+def _auth():
+    return {"Authorization": f"Bearer {ROUTER_KEY}"}
+
+
+def test_killed_worker_fails_no_request_and_its_return_is_noticed(tiny_model_dir):
+    port = free_port()
+    stable, victim = worker(tiny_model_dir), worker(tiny_model_dir, port=port)
+    r = router([stable.url, victim.url], "--policy", "round_robin")
+    try:
+        results, errors = [], []
+
+        def client(i):
+            try:
+                resp = post(r.url, "/generate", {"text": f"request {i}", "sampling_params": {**GREEDY, "max_new_tokens": 24}})
+                results.append(resp.status_code)
+            except requests.RequestException as e:  # noqa: PERF203
+                errors.append(e)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+        for i, t in enumerate(threads):
+            t.start()
+            if i == 4:
+                victim.proc.kill()  # no drain: connections refused or reset from here on
+        for t in threads:
+            t.join()
+        # A request whose worker died before answering was retried on the other one.
+        assert not errors and results.count(200) == len(results) == 16, results
+        status = {w["url"]: w for w in requests.get(r.url + "/list_workers", headers=_auth(), timeout=5).json()["workers"]}
+        _wait(lambda: not _workers(r)[victim.url]["healthy"])
+        assert requests.get(r.url + "/health", timeout=5).status_code == 200
+        assert status[stable.url]["healthy"]
+        back = worker(tiny_model_dir, port=port)
+        try:
+            _wait(lambda: _workers(r)[back.url]["healthy"])
+        finally:
+            back.stop()
+        # Removed and added at run time.
+        assert post(r.url, "/remove_worker?url=" + victim.url, {}).status_code == 200
+        assert victim.url not in _workers(r)
+        assert post(r.url, "/remove_worker?url=" + victim.url, {}).status_code == 404
+        assert post(r.url, "/add_worker?url=not-a-url", {}).status_code == 400
+    finally:
+        r.stop()
+        stable.stop()
+        victim.stop()
+
+
+def _workers(r):
+    return {w["url"]: w for w in requests.get(r.url + "/list_workers", headers=_auth(), timeout=5).json()["workers"]}
+
+
+def _wait(cond, timeout=20.0):
+    import time
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if cond():
+            return
+        time.sleep(0.2)
+    raise AssertionError("condition not reached in time")
