@@ -61,3 +61,19 @@ def keep_freed_memory_in_heap() -> bool:
         return bool(libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30) and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 31))
     except (OSError, AttributeError):
         return False
+
+
+def common_prefix_len(a, b) -> int:
+    """Length of the longest common prefix of two lists or strings (slices compare at C speed:
+    a binary search over them instead of a Python loop per element)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -6,14 +6,7 @@ from __future__ import annotations
 from typing import Iterator, Optional
 
 from radixlm.lang.base_backend import BaseBackend, Prompt
-
-
-def _common_prefix_len(a: list, b: list) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
+from radixlm.utils import common_prefix_len
 
 
 def _lps(meta: dict) -> list[float]:
@@ -63,7 +56,7 @@ class NativeBackend(BaseBackend):
         the batch hits the cache up to there."""
         ids = self.tokenize([prefix, *(prefix + c for c in choices)])
         base, full = ids[0], ids[1:]
-        starts = [_common_prefix_len(base, f) for f in full]
+        starts = [common_prefix_len(base, f) for f in full]
         if base:
             self.prefill(base)
         outs = self._call({"input_ids": full, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,

@@ -15,6 +15,8 @@ import itertools
 import time
 from typing import Optional
 
+from radixlm.utils import common_prefix_len
+
 
 class _Node:
     __slots__ = ("text", "parent", "children", "tenants")
@@ -24,21 +26,6 @@ class _Node:
         self.parent = parent
         self.children: dict[str, _Node] = {}  # first character -> child
         self.tenants: dict[str, float] = {}  # tenant -> last access
-
-
-def _common_prefix(a: str, b: str) -> int:
-    """Length of the common prefix, by bisection over slice comparisons (C speed on long texts)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 class ApproxRadixTree:
@@ -63,7 +50,7 @@ class ApproxRadixTree:
                 node.children[text[i]] = child
                 self._touch(child, tenant, t)
                 return
-            n = _common_prefix(child.text, text[i:])
+            n = common_prefix_len(child.text, text[i:])
             if n < len(child.text):
                 child = self._split(child, n)
             self._touch(child, tenant, t)
@@ -94,7 +81,7 @@ class ApproxRadixTree:
             child = node.children.get(text[i])
             if child is None:
                 break
-            n = _common_prefix(child.text, text[i:])
+            n = common_prefix_len(child.text, text[i:])
             path.append(child)
             i += n
             if n < len(child.text):
@@ -116,7 +103,7 @@ class ApproxRadixTree:
             child = node.children.get(text[i])
             if child is None or tenant not in child.tenants:
                 break
-            n = _common_prefix(child.text, text[i:])
+            n = common_prefix_len(child.text, text[i:])
             i += n
             if n < len(child.text):
                 break

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from radixlm.model.forward_batch import ForwardBatch, ForwardMode
+from radixlm.utils import common_prefix_len
 
 if TYPE_CHECKING:
     from radixlm.config import ServerArgs
@@ -52,21 +53,6 @@ def draft_server_args(args: "ServerArgs", kv_tokens: int) -> "ServerArgs":
         speculative_draft_model_path=None,
         speculative_draft_kv_tokens=None,
     )
-
-
-def common_prefix_len(a: list[int], b: list[int]) -> int:
-    """Length of the longest common prefix (list slices compare at C speed: binary search)."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[:mid] == b[:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 @dataclass(eq=False)

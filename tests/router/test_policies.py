@@ -111,3 +111,15 @@ def test_bad_names_and_configs_are_refused():
         CacheAwareConfig(cache_threshold=1.5)
     with pytest.raises(ValueError, match="balance_rel_threshold"):
         CacheAwareConfig(balance_rel_threshold=0.5)
+
+
+def test_the_router_imports_nothing_of_the_engine():
+    """radixlm/router/ is its own layer: a machine that only routes needs no torch, no model code."""
+    import subprocess
+    import sys
+
+    code = ("import sys, radixlm.router.launch, radixlm.router.server; "
+            "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('radixlm.engine', 'radixlm.model', "
+            "'radixlm.scheduler', 'radixlm.server', 'radixlm.cache', 'radixlm.kernels'))]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]", out

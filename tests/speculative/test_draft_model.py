@@ -9,7 +9,8 @@ from radixlm import Engine
 from radixlm.config import ServerArgs
 from radixlm.sampling_params import SamplingParams
 from radixlm.scheduler.req import Req
-from radixlm.speculative.draft_model import DraftModelSource, common_prefix_len
+from radixlm.speculative.draft_model import DraftModelSource
+from radixlm.utils import common_prefix_len
 from tests.conftest import engine_args
 from tests.scheduler.harness import Driver, assert_idle_memory_ok, hf_greedy, make_scheduler
 
