@@ -73,7 +73,13 @@ def cmd_serve(args) -> int:
     from radixlm.config import ServerArgs
     from radixlm.server.launch import launch_server
 
-    launch_server(ServerArgs.from_cli_args(args))
+    server_args = ServerArgs.from_cli_args(args)
+    if server_args.dp_size > 1:
+        from radixlm.server.dp import launch_dp
+
+        launch_dp(server_args)
+    else:
+        launch_server(server_args)
     return 0
 
 

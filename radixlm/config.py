@@ -86,6 +86,9 @@ class ServerArgs:
     max_queued_requests: Optional[int] = None  # beyond this many waiting, 429
     incremental_streaming_output: bool = False  # stream text deltas instead of cumulative text
     watchdog_interval: float = 0.5  # seconds between checks that the child processes live
+    # Data parallelism: `--dp N` runs N servers (each on its share of the cores) behind the
+    # cache-aware router (radixlm/router/) on --host/--port. Every other option is per server.
+    dp_size: int = 1
 
     # Runtime
     num_threads: Optional[int] = None  # torch intra-op threads; default all cores
@@ -96,6 +99,8 @@ class ServerArgs:
     enable_invariant_checks: bool = False
 
     def __post_init__(self):
+        if self.dp_size < 1:
+            raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
         if self.schedule_policy not in POLICIES:
             raise ValueError(f"schedule_policy must be one of {POLICIES}, got {self.schedule_policy!r}")
         if self.max_total_tokens is not None and self.max_total_tokens <= 0:
@@ -177,6 +182,8 @@ class ServerArgs:
             "every draft the source has, up to the maximum (reproducible step shapes, for tests and comparisons)",
             "speculative_suffix_index_tokens": "radix: tokens of recently finished requests' outputs kept to draft "
             "from where a request leaves the radix tree (0: off; about 1 KB of memory a token)",
+            "dp_size": "data parallelism: N servers, each on its share of the cores, behind the cache-aware router "
+            "on --host/--port (one endpoint); the other options apply to each server",
             "decode_kv_mirror_gb": "memory for a dense copy of the decoding requests' KV (0: off; default 1 on CPU, "
             "0 on CUDA)",
         }
@@ -203,7 +210,8 @@ class ServerArgs:
                 from radixlm.speculative.draft_source import SPECULATIVE_ALGORITHMS
 
                 kw["choices"] = SPECULATIVE_ALGORITHMS
-            parser.add_argument(flag, **kw)
+            flags = [flag, "--dp"] if f.name == "dp_size" else [flag]  # SGLang's --dp-size; the issue's --dp
+            parser.add_argument(*flags, **kw)
 
     @staticmethod
     def to_cli_argv(**options) -> list[str]:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -38,7 +39,8 @@ class ServerProcess:
     `command(port) -> argv` starts another HTTP server instead (e.g. llama-server)."""
 
     def __init__(self, *args: str, port: Optional[int] = None, timeout: float = 180,
-                 command: Optional[Callable[[int], list]] = None, name: str = "the radixlm server"):
+                 command: Optional[Callable[[int], list]] = None, name: str = "the radixlm server",
+                 cpus: Optional[list[int]] = None):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "radixlm.cli", "serve", "--port", str(self.port), "--log-level", "warning", *args]
@@ -46,7 +48,9 @@ class ServerProcess:
             cmd = command(self.port)
         # A file, not a pipe: nobody reads the server's output while it runs, and a full pipe blocks it.
         self.log = tempfile.TemporaryFile(mode="w+")
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True)
+        # cpus: the cores the server may run on (its share under `serve --dp`; Linux only).
+        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus and hasattr(os, "sched_setaffinity") else None
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True, preexec_fn=pin)
         self._finalizer = weakref.finalize(self, _stop, self.proc)
         deadline = time.time() + timeout
         while time.time() < deadline:

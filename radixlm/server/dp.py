@@ -1,0 +1,59 @@
+"""`radixlm serve --dp N`: N radixlm servers behind the cache-aware router, as one endpoint.
+
+Each server is a child `radixlm serve` on a loopback port with its share of the cores (its torch
+threads and, where the OS allows, its CPU affinity); the router runs in this process on
+--host/--port with --api-key, and reaches the servers with a key of its own. Stopping this
+process (SIGINT, SIGTERM) stops every server.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import secrets
+import signal
+import sys
+
+from radixlm.config import ServerArgs
+
+
+def core_shares(n: int, cores: list[int]) -> list[list[int]]:
+    """n disjoint, near-equal slices of the cores (each at least one core; shared when n > cores)."""
+    if n <= len(cores):
+        per, extra = divmod(len(cores), n)
+        out, i = [], 0
+        for k in range(n):
+            size = per + (1 if k < extra else 0)
+            out.append(cores[i:i + size])
+            i += size
+        return out
+    return [[cores[k % len(cores)]] for k in range(n)]
+
+
+def launch_dp(server_args: ServerArgs) -> None:
+    from radixlm.router.launch import run_router
+    from radixlm.router.server import RouterArgs
+    from radixlm.server.process import ServerProcess
+
+    n = server_args.dp_size
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    shares = core_shares(n, cores)
+    worker_key = secrets.token_urlsafe(24)
+    defaults = {f.name: f.default for f in dataclasses.fields(ServerArgs)}
+    skip = {"host", "port", "api_key", "dp_size", "num_threads", "log_level"}
+    options = {k: v for k, v in dataclasses.asdict(server_args).items()
+               if k not in skip and v != defaults.get(k)}
+    workers: list[ServerProcess] = []
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    try:
+        for k, share in enumerate(shares):
+            threads = server_args.num_threads or len(share)
+            argv = ServerArgs.to_cli_argv(**options, num_threads=threads, api_key=worker_key)
+            workers.append(ServerProcess(*argv, cpus=share, name=f"dp worker {k}"))
+            print(f"radixlm dp worker {k}: {workers[-1].url} on cores {share}, {threads} thread(s)", flush=True)
+        print(f"radixlm router on http://{server_args.host}:{server_args.port} in front of {n} servers", flush=True)
+        run_router(RouterArgs(worker_urls=[w.url for w in workers], host=server_args.host, port=server_args.port,
+                              api_key=server_args.api_key, worker_api_key=worker_key, log_level=server_args.log_level))
+    finally:
+        for w in workers:
+            w.stop()

@@ -1,0 +1,62 @@
+"""`radixlm serve --dp 2`: one command, one endpoint (the router in front of two servers), every
+API through it, the language's RuntimeEndpoint and the openai client unchanged, and a clean stop
+of every process."""
+
+import json
+import re
+
+import openai
+import psutil
+import pytest
+import requests
+
+import radixlm.lang as sgl
+from radixlm.server.dp import core_shares
+from radixlm.server.process import ServerProcess
+
+KEY = "dp-secret"
+
+
+def test_core_shares():
+    assert core_shares(2, [0, 1]) == [[0], [1]]
+    assert core_shares(2, [0, 1, 2, 3, 4]) == [[0, 1, 2], [3, 4]]
+    assert core_shares(3, [0, 1]) == [[0], [1], [0]]
+
+
+@sgl.function
+def chat_then_number(s):
+    s += sgl.user("Say hello.")
+    s += sgl.assistant(sgl.gen("hello", max_tokens=8))
+    s += sgl.user("How many legs does a spider have?")
+    s += sgl.assistant(sgl.gen("n", dtype=int, max_tokens=4))
+
+
+def test_serve_dp_two_is_one_endpoint(tiny_model_dir):
+    srv = ServerProcess("--dp", "2", "--model-path", tiny_model_dir, "--kv-memory-gb", "0.05", "--api-key", KEY,
+                        "--enable-invariant-checks")
+    try:
+        children = psutil.Process(srv.proc.pid).children(recursive=True)
+        servers = [c for c in children if "serve" in " ".join(c.cmdline())]
+        assert len(servers) >= 2  # two servers (and their scheduler / detokenizer processes)
+        auth = {"Authorization": f"Bearer {KEY}"}
+        workers = requests.get(srv.url + "/list_workers", headers=auth, timeout=5).json()["workers"]
+        assert len(workers) == 2 and all(w["healthy"] for w in workers)
+        body = {"text": "Hello there", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
+        out = requests.post(srv.url + "/generate", json=body, headers=auth, timeout=60)
+        assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 8
+        with requests.post(srv.url + "/generate", json={**body, "stream": True}, headers=auth, stream=True, timeout=60) as r:
+            events = [line for line in r.iter_lines() if line.startswith(b"data: ") and line != b"data: [DONE]"]
+        assert len(events) > 1 and json.loads(events[-1][6:])["text"] == out.json()["text"]
+        assert requests.post(srv.url + "/generate", json=body, timeout=10).status_code == 401
+        client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY)
+        model = client.models.list().data[0].id
+        assert client.completions.create(model=model, prompt="Hi", max_tokens=4, temperature=0).usage.completion_tokens == 4
+        state = chat_then_number.run(backend=sgl.RuntimeEndpoint(srv.url, api_key=KEY), temperature=0)
+        assert re.fullmatch(r"-?\d+", state["n"]) and state["hello"] is not None  # dtype=int: an integer's text
+        info = requests.get(srv.url + "/get_server_info", headers=auth, timeout=10).json()
+        assert len(info["workers"]) == 2 and all(v["status"] == 200 for v in info["workers"].values())
+    finally:
+        code = srv.stop()
+    assert code is not None
+    gone = psutil.wait_procs(children, timeout=30)[1]
+    assert not gone, f"processes left after the stop: {[p.pid for p in gone]}"
