@@ -45,6 +45,8 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gsp-system-prompt-len", type=int, default=1024)
     p.add_argument("--gsp-question-len", type=int, default=32)
     p.add_argument("--gsp-output-len", type=int, default=64)
+    p.add_argument("--gsp-order", choices=["interleaved", "shuffled"], default="interleaved",
+                   help="arrival order: round-robin over the groups, or random (many clients)")
     p.add_argument("--num-conversations", type=int, default=8)
     p.add_argument("--num-turns", type=int, default=4)
     p.add_argument("--multi-turn-question-len", type=int, default=64, help="new user tokens per turn")

@@ -73,7 +73,7 @@ def build_sessions(args, words: WordVocab) -> list[Session]:
         else:
             shape = (args.num_prompts, args.fork_n, args.fork_prefix_len, args.fork_branch_len, args.fork_output_len)
         prefix_len = shape[2]
-        reqs = generated_shared_prefix(*shape, vocab, seed)
+        reqs = generated_shared_prefix(*shape, vocab, seed, shuffle=args.dataset == "gsp" and args.gsp_order == "shuffled")
         inputs = [
             RequestInput(
                 [{"role": "system", "content": words.text(r.input_ids[:prefix_len])},

@@ -26,9 +26,12 @@ def generated_shared_prefix(
     output_len: int,
     vocab_size: int,
     seed: int = 0,
+    shuffle: bool = False,
 ) -> list[BenchRequest]:
     """SGLang's gsp: groups of prompts that share a long system prompt, each with its own question.
-    Returned interleaved across groups (the arrival order that makes caching hard)."""
+    Returned interleaved across groups (the arrival order that makes caching hard), or in a random
+    order (shuffle: many clients at once; a round-robin over replicas then sends every group
+    everywhere, where the interleaved order would hand each replica fixed groups by accident)."""
     rng = random.Random(seed)
     systems = [_tokens(rng, system_prompt_len, vocab_size) for _ in range(num_groups)]
     reqs = [
@@ -36,6 +39,8 @@ def generated_shared_prefix(
         for _ in range(prompts_per_group)
         for g in range(num_groups)
     ]
+    if shuffle:
+        rng.shuffle(reqs)
     return reqs
 
 
