@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 import threading
+import time
 from dataclasses import dataclass
 from typing import Optional
 
@@ -99,8 +100,6 @@ class CacheAwarePolicy(Policy):
     name = "cache_aware"
 
     def __init__(self, config: Optional[CacheAwareConfig] = None, clock=None):
-        import time
-
         self.config = config or CacheAwareConfig()
         self.tree = ApproxRadixTree()
         self._lock = threading.Lock()

@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Optional
@@ -23,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from radixlm.http_common import APIKeyMiddleware, error_json
+from radixlm.router.metrics import RouterMetrics
 from radixlm.router.policies import CacheAwareConfig, Policy, make_policy
 from radixlm.router.routing_text import routing_text
 from radixlm.router.workers import HealthConfig, WorkerRegistry, normalize_url
@@ -57,9 +59,7 @@ class RouterState:
         for url in args.worker_urls:
             self.registry.add(url)
         self.client: Optional[httpx.AsyncClient] = None
-        self.route_seconds: list[float] = []  # the policy's time per routed request (last 1000)
-        from radixlm.router.metrics import RouterMetrics
-
+        self.route_seconds: deque[float] = deque(maxlen=1000)  # the policy's time per routed request
         self.metrics = RouterMetrics(self)
 
     def pick(self, text: str) -> Optional[str]:
@@ -68,7 +68,7 @@ class RouterState:
             return None
         t = time.perf_counter()
         url = self.policy.select(workers, self.registry.loads(), text)
-        self.route_seconds = self.route_seconds[-999:] + [time.perf_counter() - t]
+        self.route_seconds.append(time.perf_counter() - t)
         return url
 
 
@@ -142,19 +142,17 @@ def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> Fast
 
     @app.post("/add_worker")
     async def add_worker(url: str):
-        try:
-            w = state.registry.add(url)
-        except ValueError as e:
-            return error_json(400, str(e), param="url")
+        w = _url_or_error(state.registry.add, url)
+        if isinstance(w, Response):
+            return w
         await state.registry.check(state.client, w.url)
         return {"added": w.url, "healthy": w.healthy}
 
     @app.post("/remove_worker")
     async def remove_worker(url: str):
-        try:
-            removed = state.registry.remove(url)
-        except ValueError as e:
-            return error_json(400, str(e), param="url")
+        removed = _url_or_error(state.registry.remove, url)
+        if isinstance(removed, Response):
+            return removed
         if not removed:
             return error_json(404, f"no worker {url}", param="url")
         return {"removed": normalize_url(url)}
@@ -165,6 +163,14 @@ def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> Fast
         return Response(body, media_type=content_type)
 
     return app
+
+
+def _url_or_error(op, url: str):
+    """op(url), or a 400 naming the `url` parameter when it is not an http(s) URL."""
+    try:
+        return op(url)
+    except ValueError as e:
+        return error_json(400, str(e), param="url")
 
 
 def router_info(state: RouterState) -> dict:

@@ -52,7 +52,7 @@ def test_serve_dp_two_is_one_endpoint(tiny_model_dir):
         model = client.models.list().data[0].id
         assert client.completions.create(model=model, prompt="Hi", max_tokens=4, temperature=0).usage.completion_tokens == 4
         state = chat_then_number.run(backend=sgl.RuntimeEndpoint(srv.url, api_key=KEY), temperature=0)
-        assert re.fullmatch(r"-?\d+", state["n"]) and state["hello"] is not None  # dtype=int: an integer's text
+        assert re.fullmatch(r"-?\d+", state["n"]) and isinstance(state["hello"], str)  # dtype=int: an integer's text
         info = requests.get(srv.url + "/get_server_info", headers=auth, timeout=10).json()
         assert len(info["workers"]) == 2 and all(v["status"] == 200 for v in info["workers"].values())
     finally:
