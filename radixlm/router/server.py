@@ -60,6 +60,7 @@ class RouterState:
             self.registry.add(url)
         self.client: Optional[httpx.AsyncClient] = None
         self.route_seconds: deque[float] = deque(maxlen=1000)  # the policy's time per routed request
+        self.worker_cache: dict[str, dict] = {}  # each worker's internal state at the last /metrics scrape
         self.metrics = RouterMetrics(self)
 
     def pick(self, text: str) -> Optional[str]:
@@ -159,6 +160,11 @@ def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> Fast
 
     @app.get("/metrics")
     async def metrics():
+        # The workers' own prompt/cached token counts: the hit rate that matters is theirs.
+        infos = await broadcast(state, "GET", "/get_server_info", timeout=state.args.health.timeout)
+        state.worker_cache = {u: r["body"]["internal_state"] for u, r in infos.items()
+                              if r.get("status") == 200 and isinstance(r.get("body"), dict)
+                              and isinstance(r["body"].get("internal_state"), dict)}
         body, content_type = state.metrics.render()
         return Response(body, media_type=content_type)
 
@@ -254,11 +260,11 @@ async def forward_get(state: RouterState, path: str) -> Response:
     return error_json(503, "no healthy worker", "server_error")
 
 
-async def broadcast(state: RouterState, method: str, path: str, content: bytes = b"") -> dict:
+async def broadcast(state: RouterState, method: str, path: str, content: bytes = b"", timeout: float = 30.0) -> dict:
     async def one(url: str) -> dict:
         try:
             r = await state.client.request(method, url + path, content=content or None, headers=state.registry.headers,
-                                           timeout=30.0)
+                                           timeout=timeout)
             try:
                 body = r.json()
             except ValueError:

@@ -9,6 +9,7 @@ import threading
 import openai
 import pytest
 import requests
+from prometheus_client.parser import text_string_to_metric_families
 
 from radixlm.server.process import ServerProcess, free_port
 
@@ -87,10 +88,21 @@ def test_cache_aware_keeps_a_prefix_on_one_worker_and_admin_routes(cluster):
     info = requests.get(r.url + "/get_server_info", headers=_auth(), timeout=10).json()
     assert set(info["workers"]) == {w.url for w in ws} and info["router"]["policy"] == "cache_aware"
     assert info["router"]["decisions"]["cache_hit"] >= 5
+    # /metrics carries the workers' own cache hit rates, as each reports it.
+    samples = {(s.name, s.labels.get("worker")): s.value
+               for fam in text_string_to_metric_families(requests.get(r.url + "/metrics", timeout=5).text)
+               for s in fam.samples}
+    busy = max(after, key=lambda u: after[u] - before[u])
+    st = requests.get(busy + "/get_server_info", headers={"Authorization": f"Bearer {WORKER_KEY}"},
+                      timeout=10).json()["internal_state"]
+    assert st["cached_tokens"] > 0  # five of the six found the document cached
+    assert samples[("radixlm_router:worker_cache_hit_rate", busy)] == pytest.approx(st["cached_tokens"] / st["prompt_tokens"])
+    assert samples[("radixlm_router:worker_cached_tokens", busy)] == st["cached_tokens"]
+    assert 0 < samples[("radixlm_router:cache_hit_rate", None)] <= 1
+    assert samples[("radixlm_router:cache_aware_hit_rate", None)] > 0
+    assert ("radixlm_router:worker_load", busy) in samples
     flushed = post(r.url, "/flush_cache", {})
     assert flushed.status_code == 200 and all(v["status"] == 200 for v in flushed.json()["workers"].values())
-    metrics = requests.get(r.url + "/metrics", timeout=5).text
-    assert "radixlm_router:worker_load" in metrics and "radixlm_router:cache_hit_rate" in metrics
 
 
 def _auth():
@@ -102,24 +114,45 @@ def test_killed_worker_fails_no_request_and_its_return_is_noticed(tiny_model_dir
     stable, victim = worker(tiny_model_dir), worker(tiny_model_dir, port=port)
     r = router([stable.url, victim.url], "--policy", "round_robin")
     try:
-        results, errors = [], []
+        results, errors, cut_streams = [], [], []
 
         def client(i):
+            body = {"text": f"request {i}", "sampling_params": {**GREEDY, "max_new_tokens": 24}}
+            if i % 2:
+                try:
+                    resp = post(r.url, "/generate", body)
+                    results.append(resp.status_code)
+                except requests.RequestException as e:  # noqa: PERF203
+                    errors.append(e)
+                return
+            started = False  # a stream may break only after its first chunk reached the client
             try:
-                resp = post(r.url, "/generate", {"text": f"request {i}", "sampling_params": {**GREEDY, "max_new_tokens": 24}})
-                results.append(resp.status_code)
-            except requests.RequestException as e:  # noqa: PERF203
-                errors.append(e)
+                with post(r.url, "/generate", {**body, "stream": True}, stream=True) as resp:
+                    status = resp.status_code
+                    events = []
+                    for line in resp.iter_lines():
+                        if line.startswith(b"data: "):
+                            started = True
+                            events.append(line)
+                if status == 200 and events and events[-1] == b"data: [DONE]":
+                    results.append(200)
+                elif started:
+                    cut_streams.append(i)
+                else:
+                    results.append(status)
+            except requests.RequestException as e:
+                (cut_streams if started else errors).append(i if started else e)
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
         for i, t in enumerate(threads):
             t.start()
-            if i == 4:
+            if i == 6:
                 victim.proc.kill()  # no drain: connections refused or reset from here on
         for t in threads:
             t.join()
-        # A request whose worker died before answering was retried on the other one.
-        assert not errors and results.count(200) == len(results) == 16, results
+        # A request whose worker died before answering was retried on the other one; only a stream
+        # already under way may have been cut.
+        assert not errors and results.count(200) == len(results) == 16 - len(cut_streams), (results, errors)
         status = {w["url"]: w for w in requests.get(r.url + "/list_workers", headers=_auth(), timeout=5).json()["workers"]}
         _wait(lambda: not _workers(r)[victim.url]["healthy"])
         assert requests.get(r.url + "/health", timeout=5).status_code == 200
