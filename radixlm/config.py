@@ -85,6 +85,7 @@ class ServerArgs:
     enable_metrics: bool = False  # Prometheus /metrics
     max_queued_requests: Optional[int] = None  # beyond this many waiting, 429
     incremental_streaming_output: bool = False  # stream text deltas instead of cumulative text
+    stream_interval: int = 1  # tokens per streamed chunk (a request's sampling_params.stream_interval wins)
     watchdog_interval: float = 0.5  # seconds between checks that the child processes live
     # Data parallelism: `--dp N` runs N servers (each on its share of the cores) behind the
     # cache-aware router (radixlm/router/) on --host/--port. Every other option is per server.
@@ -105,6 +106,8 @@ class ServerArgs:
             raise ValueError(f"schedule_policy must be one of {POLICIES}, got {self.schedule_policy!r}")
         if self.max_total_tokens is not None and self.max_total_tokens <= 0:
             raise ValueError(f"max_total_tokens must be positive, got {self.max_total_tokens}")
+        if self.stream_interval < 1:
+            raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.max_running_requests <= 0:
             raise ValueError(f"max_running_requests must be positive, got {self.max_running_requests}")
         if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:

@@ -69,6 +69,7 @@ class ReqOutputChunk:
     trim_stop: bool = True
     # Stop strings: while streaming, text that may be the start of one is held back.
     stop_strs: Optional[list[str]] = None
+    stop_regex: Optional[list[str]] = None  # likewise, text a stop_regex may yet match from
     # Logprobs, each a list of [logprob, token_id]; top: per position a list of them.
     input_token_logprobs: Optional[list] = None
     input_top_logprobs: Optional[list] = None

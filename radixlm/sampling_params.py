@@ -4,10 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
+import re
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
+try:  # Python 3.11+: sre_parse is deprecated
+    import re._parser as sre_parse
+except ImportError:  # pragma: no cover
+    import sre_parse
+
 _GREEDY_EPS = 1e-6
+_UNBOUNDED = 1 << 16  # a stop_regex wider than this is searched over the whole output
+_GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 
 
 class SamplingParamsError(ValueError):
@@ -27,16 +36,23 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: Optional[Union[str, list[str]]] = None
     stop_token_ids: Optional[list[int]] = None
+    # Stop when the output matches one of these (Python regex syntax), trimmed unless no_stop_trim.
+    stop_regex: Optional[Union[str, list[str]]] = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     n: int = 1
-    seed: Optional[int] = None
+    seed: Optional[int] = None  # radixlm's older name of sampling_seed
+    sampling_seed: Optional[int] = None
     # Structured output: at most one of these.
     regex: Optional[str] = None
     json_schema: Optional[Any] = None
     ebnf: Optional[str] = None
+    structural_tag: Optional[Any] = None  # xgrammar structural tag (JSON string or object)
+    # {token id (as a string, JSON keys are): bias} added to the logits before sampling.
+    logit_bias: Optional[dict] = None
+    stream_interval: Optional[int] = None  # tokens per streamed chunk (None: the server's --stream-interval)
     custom_params: Optional[dict] = None
 
     @classmethod
@@ -51,9 +67,13 @@ class SamplingParams:
         unknown = sorted(set(d) - known)
         if unknown:
             raise SamplingParamsError(f"unknown sampling parameter(s): {', '.join(unknown)}")
-        if d.get("seed") is None and "sampling_seed" in d:  # SGLang's alias
-            d = {**d, "seed": d["sampling_seed"]}
-        sp = cls(**d)
+        # As SGLang: null means the default (its frontend sends every key, most of them null).
+        sp = cls(**{k: v for k, v in d.items() if v is not None})
+        if sp.sampling_seed is not None:
+            if sp.seed is not None and sp.seed != sp.sampling_seed:
+                raise SamplingParamsError("sampling_params.seed and sampling_seed differ; give one of them")
+            sp.seed = sp.sampling_seed
+        sp.sampling_seed = sp.seed
         sp.verify()
         return sp
 
@@ -96,6 +116,31 @@ class SamplingParams:
             stops = [self.stop] if isinstance(self.stop, str) else self.stop
             if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
                 bad("stop", "must be a non-empty string or a list of them")
+        for p in self.stop_regex_list:
+            if not isinstance(p, str) or not p:
+                bad("stop_regex", "must be a non-empty regex string or a list of them")
+            try:
+                if sre_parse.parse(p).getwidth()[0] == 0:
+                    bad("stop_regex", f"must not match the empty string ({p!r} does)")
+            except re.error as e:
+                raise SamplingParamsError(f"sampling_params.stop_regex {p!r} is not a valid regex: {e}") from None
+        if self.stop_regex is not None and not isinstance(self.stop_regex, (str, list)):
+            bad("stop_regex", "must be a regex string or a list of them")
+        if self.stream_interval is not None and (num("stream_interval", True) < 1):
+            bad("stream_interval", "must be >= 1")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                bad("logit_bias", "must be an object of token id -> bias")
+            for k, v in self.logit_bias.items():
+                try:
+                    t = int(k)
+                except (TypeError, ValueError):
+                    raise SamplingParamsError(f"sampling_params.logit_bias key {k!r} is not a token id") from None
+                if t < 0 or (vocab_size is not None and t >= vocab_size):
+                    raise SamplingParamsError(f"sampling_params.logit_bias key {k!r} must be a token id in "
+                                              f"[0, {vocab_size if vocab_size is not None else 'vocab size'})")
+                if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                    raise SamplingParamsError(f"sampling_params.logit_bias[{k!r}] must be a finite number, got {v!r}")
         if self.stop_token_ids is not None:
             ids = self.stop_token_ids
             if not isinstance(ids, list) or not all(isinstance(t, int) and t >= 0 for t in ids):
@@ -105,11 +150,12 @@ class SamplingParams:
         for name in ("regex", "ebnf"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 bad(name, "must be a string")
-        if self.json_schema is not None and not isinstance(self.json_schema, (str, dict)):
-            bad("json_schema", "must be a JSON schema (a string or an object)")
-        given = [n for n in ("json_schema", "regex", "ebnf") if getattr(self, n) is not None]
+        for name in ("json_schema", "structural_tag"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), (str, dict)):
+                bad(name, "must be a JSON string or an object")
+        given = [n for n in _GRAMMAR_FIELDS if getattr(self, n) is not None]
         if len(given) > 1:
-            raise SamplingParamsError(f"only one of json_schema, regex, ebnf may be given, got {', '.join(given)}")
+            raise SamplingParamsError(f"only one of {', '.join(_GRAMMAR_FIELDS)} may be given, got {', '.join(given)}")
         for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
             if not isinstance(getattr(self, name), bool):
                 bad(name, "must be a boolean")
@@ -121,6 +167,17 @@ class SamplingParams:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
     @property
+    def stop_regex_list(self) -> list[str]:
+        if self.stop_regex is None:
+            return []
+        return [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex)
+
+    def stop_regex_window(self) -> Optional[int]:
+        """The most characters a stop_regex match can span (None: unbounded, search the whole output)."""
+        widths = [sre_parse.parse(p).getwidth()[1] for p in self.stop_regex_list]
+        return None if any(w >= _UNBOUNDED for w in widths) else max(widths, default=0)
+
+    @property
     def grammar_key(self) -> Optional[tuple[str, str]]:
         """(kind, text) of the output constraint, the compile cache's key; None if unconstrained."""
         if self.json_schema is not None:
@@ -130,6 +187,9 @@ class SamplingParams:
             return ("regex", self.regex)
         if self.ebnf is not None:
             return ("ebnf", self.ebnf)
+        if self.structural_tag is not None:
+            tag = self.structural_tag
+            return ("structural_tag", tag if isinstance(tag, str) else json.dumps(tag))
         return None
 
     @property

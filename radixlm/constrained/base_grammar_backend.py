@@ -25,7 +25,7 @@ import torch
 logger = logging.getLogger(__name__)
 
 GrammarKey = tuple[str, str]  # (kind, text)
-GRAMMAR_KINDS = ("json", "regex", "ebnf")
+GRAMMAR_KINDS = ("json", "regex", "ebnf", "structural_tag")
 # ("json", ANY_JSON_OBJECT) is the OpenAI json_object mode: any JSON object (SGLang's sentinel).
 ANY_JSON_OBJECT = "$$ANY$$"
 
@@ -110,6 +110,9 @@ class BaseGrammarBackend:
     def dispatch_ebnf(self, ebnf: str) -> BaseGrammarObject:
         raise NotImplementedError
 
+    def dispatch_structural_tag(self, tag: str) -> BaseGrammarObject:
+        raise NotImplementedError
+
     # --- compile cache ---
     def get_future(self, key: GrammarKey) -> "Future[BaseGrammarObject | InvalidGrammar]":
         """A future of a fresh grammar object for `key`; already done on a cache hit.
@@ -153,7 +156,8 @@ class BaseGrammarBackend:
     def _compile(self, key: GrammarKey) -> "BaseGrammarObject | InvalidGrammar":
         kind, text = key
         try:
-            dispatch = {"json": self.dispatch_json, "regex": self.dispatch_regex, "ebnf": self.dispatch_ebnf}[kind]
+            dispatch = {"json": self.dispatch_json, "regex": self.dispatch_regex, "ebnf": self.dispatch_ebnf,
+                        "structural_tag": self.dispatch_structural_tag}[kind]
             return dispatch(text)
         except Exception as e:  # noqa: BLE001 - compiler errors become a result, never an exception
             logger.info("invalid %s grammar: %s", kind, _clean_message(e))

@@ -121,3 +121,24 @@ class XGrammarBackend(BaseGrammarBackend):
 
     def dispatch_ebnf(self, ebnf: str) -> XGrammarGrammar:
         return self._grammar(self.compiler.compile_grammar(ebnf, root_rule_name="root"))
+
+    def dispatch_structural_tag(self, tag: str) -> XGrammarGrammar:
+        """SGLang's two forms: {"structures": [{begin, schema, end}], "triggers": [...]} (free text
+        until a trigger, then a begin, JSON by the schema, the end), or xgrammar's own
+        {"type": "structural_tag", "format": {...}}."""
+        try:
+            obj = json.loads(tag)
+        except ValueError as e:
+            raise ValueError(f"structural_tag is not valid JSON: {e}") from None
+        if not isinstance(obj, dict):
+            raise ValueError("structural_tag must be a JSON object")
+        if "structures" in obj:
+            try:
+                items = [xgr.StructuralTagItem(begin=s["begin"], end=s["end"],
+                                               schema=s["schema"] if isinstance(s["schema"], str) else json.dumps(s["schema"]))
+                         for s in obj["structures"]]
+                triggers = list(obj["triggers"])
+            except (KeyError, TypeError) as e:
+                raise ValueError(f"structural_tag structures need begin, schema and end, and triggers: {e!r}") from None
+            return self._grammar(self.compiler.compile_structural_tag(items, triggers))
+        return self._grammar(self.compiler.compile_structural_tag(tag))

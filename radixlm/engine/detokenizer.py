@@ -4,9 +4,11 @@ scheduler's critical path."""
 from __future__ import annotations
 
 import logging
+import re
 import signal
 from dataclasses import dataclass, field
 
+import regex
 import zmq
 
 from radixlm.config import PortArgs, ServerArgs
@@ -49,9 +51,14 @@ class IncrementalDetokenizer:
         if len(new) > len(surr) and not new.endswith("\ufffd"):
             st.text += new[len(surr) :]
             st.surr_offset, st.read_offset = st.read_offset, len(st.ids)
-        if c.stop_strs and c.trim_stop:
-            return st.text[: len(st.text) - _stop_prefix_len(st.text, c.stop_strs)]
-        return st.text
+        if not c.trim_stop:
+            return st.text
+        end = len(st.text)
+        if c.stop_strs:
+            end -= _stop_prefix_len(st.text, c.stop_strs)
+        if c.stop_regex:
+            end = min(end, _regex_hold_from(st.text, c.stop_regex))
+        return st.text[:end]
 
     def final_text(self, ids: list[int], c: ReqOutputChunk) -> str:
         matched = c.finished_reason.get("matched") if c.finished_reason else None
@@ -59,7 +66,11 @@ class IncrementalDetokenizer:
             ids = ids[:-1]
         text = self._decode(ids, c)
         if isinstance(matched, str) and c.trim_stop:
-            pos = text.find(matched)
+            if c.finished_reason.get("matched_regex"):
+                m = re.search(matched, text)
+                pos = m.start() if m else -1
+            else:
+                pos = text.find(matched)
             if pos >= 0:
                 text = text[:pos]
         return text
@@ -75,6 +86,20 @@ def _stop_prefix_len(text: str, stops: list[str]) -> int:
                 best = n
                 break
     return best
+
+
+def _regex_hold_from(text: str, patterns: list[str]) -> int:
+    """Where the text a stop_regex may still match (given more output) begins: the earliest
+    partial match that reaches the end (the `regex` module's partial matching)."""
+    hold = len(text)
+    for p in patterns:
+        try:
+            m = regex.search(p, text, partial=True)
+        except regex.error:  # a pattern only `re` accepts: nothing held back, the final text is trimmed
+            continue
+        if m is not None and (m.partial or m.end() == len(text)):
+            hold = min(hold, m.start())
+    return hold
 
 
 def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> None:

@@ -151,7 +151,7 @@ class SchedulerOutputProcessorMixin:
             req.output_token_logprobs.append([float(lp[tok]), tok])
             if req.top_logprobs_num > 0:
                 req.output_top_logprobs.append(_topk(lp, req.top_logprobs_num))
-        if req.sampling_params.stop_strs and self.tokenizer is None:
+        if (req.sampling_params.stop_strs or req.sampling_params.stop_regex) and self.tokenizer is None:
             self.tokenizer = self._load_tokenizer()
         req.check_finished(self.tokenizer, self.context_len)
 
@@ -249,7 +249,7 @@ class SchedulerOutputProcessorMixin:
         if not req.finished() and not req.stream:
             return
         new = req.output_ids[req.sent_output_len :]
-        if not req.finished() and not new:
+        if not req.finished() and len(new) < (req.sampling_params.stream_interval or self.server_args.stream_interval):
             return
         req.sent_output_len = len(req.output_ids)
         sp = req.sampling_params
@@ -264,6 +264,7 @@ class SchedulerOutputProcessorMixin:
             spaces_between_special_tokens=sp.spaces_between_special_tokens,
             trim_stop=not sp.no_stop_trim,
             stop_strs=sp.stop_strs or None,
+            stop_regex=sp.stop_regex_list or None,
             forward_passes=req.forward_passes,
             spec_verify_ct=req.spec_verify_ct,
             spec_accepted_tokens=req.spec_accepted_tokens,

@@ -271,7 +271,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
             except Exception as e:  # noqa: BLE001 - a compile that crashed fails its request only
                 grammar = InvalidGrammar(req.sampling_params.grammar_key, f"{type(e).__name__}: {e}")
             if isinstance(grammar, InvalidGrammar):
-                kind = {"json": "json_schema", "regex": "regex", "ebnf": "ebnf"}[grammar.key[0]]
+                kind = {"json": "json_schema"}.get(grammar.key[0], grammar.key[0])
                 req.abort(f"invalid sampling_params.{kind}: {grammar.message}", 400)
                 self.emit(req)
                 continue

@@ -27,14 +27,14 @@ from radixlm.server.openai_protocol import (
     chat_logprobs,
     completion_logprobs,
     parse_request,
-    response_format_schema,
+    response_format_constraint,
 )
 
 # Request fields copied verbatim into sampling_params when given.
 _SAMPLING_FIELDS = (
     "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
     "seed", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
-    "no_stop_trim", "regex", "json_schema", "ebnf",
+    "no_stop_trim", "regex", "json_schema", "ebnf", "structural_tag", "stop_regex", "logit_bias",
 )
 
 
@@ -163,8 +163,6 @@ def register_openai_routes(app, srv, HTTPError, read_json, check_queue, observe,
         sp.update({k: getattr(req, k) for k in _SAMPLING_FIELDS if getattr(req, k) is not None})
         if req.min_tokens is not None:
             sp["min_new_tokens"] = req.min_tokens
-        if req.logit_bias:
-            raise HTTPError(400, "logit_bias is not supported", param="logit_bias")
         if req.stream_options is not None and not req.stream:
             raise HTTPError(400, "stream_options is only allowed when stream is true", param="stream_options")
         try:  # validate here so that a stream fails with a 400 before it starts
@@ -313,14 +311,14 @@ def register_openai_routes(app, srv, HTTPError, read_json, check_queue, observe,
         if req.tools and req.tool_choice != "none":
             raise HTTPError(400, "tool calling is not supported (tools need tool_choice 'none')", param="tools")
         try:
-            schema = response_format_schema(req.response_format)
+            constraint = response_format_constraint(req.response_format)
         except RequestError as e:
             raise HTTPError(400, str(e), param=e.param) from None
-        if schema is not None:
-            if req.regex or req.json_schema or req.ebnf:
-                raise HTTPError(400, "response_format cannot be combined with regex, json_schema or ebnf",
-                                param="response_format")
-            req.json_schema = schema
+        if constraint is not None:
+            if req.regex or req.json_schema or req.ebnf or req.structural_tag:
+                raise HTTPError(400, "response_format cannot be combined with regex, json_schema, ebnf or "
+                                "structural_tag", param="response_format")
+            setattr(req, *constraint)
         ids = render_chat(state, req)
         check_length(state, [ids], "messages")
         ctx = state.scheduler_info["context_len"]

@@ -42,8 +42,12 @@ class JsonSchemaSpec(_Strict):
 
 
 class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
+    type: Literal["text", "json_object", "json_schema", "structural_tag"]
     json_schema: Optional[JsonSchemaSpec] = None
+    # type structural_tag, SGLang's form: free text until a trigger, then begin + JSON by the schema + end.
+    structures: Optional[list[dict]] = None
+    triggers: Optional[list[str]] = None
+    format: Optional[dict] = None  # or xgrammar's own structural-tag format
 
 
 class ChatMessage(BaseModel):
@@ -99,6 +103,8 @@ class SGLangExtras(_Strict):
     regex: Optional[str] = None
     json_schema: Optional[Any] = None  # a JSON-schema string (or object)
     ebnf: Optional[str] = None
+    structural_tag: Optional[Any] = None
+    stop_regex: Any = None  # a regex string or a list of them
 
 
 class _Common(SGLangExtras):
@@ -115,6 +121,16 @@ class _Common(SGLangExtras):
     frequency_penalty: Optional[float] = None
     logit_bias: Optional[dict] = None
     user: Optional[str] = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _logit_bias(cls, v):
+        for k, b in (v or {}).items():
+            if not str(k).isdigit():
+                raise ValueError(f"keys must be token ids, got {k!r}")
+            if isinstance(b, bool) or not isinstance(b, (int, float)) or not -100 <= b <= 100:
+                raise ValueError(f"biases must be numbers in [-100, 100], got {b!r} for {k!r}")
+        return v
 
     @field_validator("stop")
     @classmethod
@@ -188,11 +204,22 @@ def parse_request(cls: type[BaseModel], body: Any):
         raise RequestError(f"invalid value for '{loc}': {msg} (got {got})", loc) from None
 
 
-def response_format_schema(rf: Optional[ResponseFormat]) -> Optional[str]:
-    """The sampling_params.json_schema string a response_format asks for (None: free text).
-    Structured generation enforces it; this is the one place the mapping lives."""
+def response_format_constraint(rf: Optional[ResponseFormat]) -> Optional[tuple[str, str]]:
+    """(sampling_params field, value) a response_format asks for: json_schema or structural_tag
+    (None: free text). Structured generation enforces it; this is the one place the mapping lives."""
     if rf is None or rf.type == "text":
         return None
+    if rf.type == "structural_tag":
+        if rf.format is not None:
+            return "structural_tag", json.dumps({"type": "structural_tag", "format": rf.format})
+        if rf.structures is None or rf.triggers is None:
+            raise RequestError("response_format of type structural_tag needs structures and triggers (or format)",
+                               "response_format.structures")
+        return "structural_tag", json.dumps({"structures": rf.structures, "triggers": rf.triggers})
+    return "json_schema", _json_schema(rf)
+
+
+def _json_schema(rf: ResponseFormat) -> str:
     if rf.type == "json_object":
         return ANY_JSON_OBJECT
     if rf.json_schema is None:

@@ -75,7 +75,10 @@ class SpecController:
     @staticmethod
     def can_draft(req: "Req") -> bool:
         sp = req.sampling_params
-        return (not sp.frequency_penalty and not sp.presence_penalty and sp.repetition_penalty == 1.0 and len(req.output_ids) >= sp.min_new_tokens)
+        # Verification takes the argmax of the model's logits (grammar-masked): what the sampler
+        # would add to them (penalties, logit_bias, bans before min_new_tokens) rules drafting out.
+        return (not sp.frequency_penalty and not sp.presence_penalty and sp.repetition_penalty == 1.0
+                and not sp.logit_bias and len(req.output_ids) >= sp.min_new_tokens)
 
     def propose(self, reqs: list["Req"], spare_slots: int, context_len: int) -> list[list[int]]:
         """Per request, the draft to verify with its next token (maybe empty). Uses at most

@@ -2,8 +2,10 @@
 cases), against the native /generate of the same server."""
 
 import json
+import re
 import time
 
+import jsonschema
 import openai
 import pytest
 import requests
@@ -211,6 +213,49 @@ def test_chat_response_format_accepted(client, model):
         assert 1 <= out.usage.completion_tokens <= 2
 
 
+def test_logit_bias_and_stop_regex_equal_native(server, client, model):
+    ids = requests.post(server.url + "/tokenize", json={"text": " Paris"}).json()["tokens"]
+    bias = {str(ids[0]): -100}  # the greedy answer banned
+    out = client.completions.create(model=model, prompt=PROMPT, max_tokens=8, temperature=0, logit_bias=bias)
+    ref = native(server, text=PROMPT, sampling_params={"max_new_tokens": 8, "temperature": 0, "logit_bias": bias})
+    assert out.choices[0].text == ref["text"] and not ref["text"].startswith(" Paris")
+    stopped = client.completions.create(model=model, prompt="Count: 1, 2, 3, 4,", max_tokens=30, temperature=0,
+                                        extra_body={"stop_regex": r" [6-9],"})
+    full = native(server, text="Count: 1, 2, 3, 4,", sampling_params={"max_new_tokens": 30, "temperature": 0})["text"]
+    assert stopped.choices[0].text == full[: re.search(r" [6-9],", full).start()]
+    assert stopped.choices[0].finish_reason == "stop"
+
+
+def test_chat_structural_tag(client, model):
+    """SGLang's structural_tag response_format: free text, and after a trigger, begin + JSON by
+    the schema + end."""
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+              "required": ["city"], "additionalProperties": False}
+    rf = {"type": "structural_tag", "triggers": ["<weather="],
+          "structures": [{"begin": "<weather=", "schema": schema, "end": "/>"}]}
+    messages = [{"role": "user", "content": "Write <weather={\"city\": \"Paris\"}/> and nothing else."}]
+    out = client.chat.completions.create(model=model, messages=messages, max_tokens=40, temperature=0,
+                                         response_format=rf)
+    for call in re.findall(r"<weather=(.*?)/>", out.choices[0].message.content):
+        jsonschema.validate(json.loads(call), schema)
+    # The same tag as SGLang's native structural_tag (extra_body), on a prompt that triggers it.
+    listing = '<weather={"city": "Paris"}/>\n<weather={"city": "Rome"}/>\n<weather={"city": "Oslo"}/>\n'
+    out = client.completions.create(model=model, prompt=listing, max_tokens=30, temperature=0,
+                                    extra_body={"structural_tag": json.dumps(rf)})
+    calls = re.findall(r"<weather=(.*?)/>", out.choices[0].text)
+    assert calls, out.choices[0].text
+    for call in calls:
+        jsonschema.validate(json.loads(call), schema)
+    # The xgrammar form: the whole answer is the tag.
+    rf2 = {"type": "structural_tag", "format": {"type": "tag", "begin": "<city>", "end": "</city>",
+                                                 "content": {"type": "json_schema", "json_schema": schema}}}
+    out = client.chat.completions.create(model=model, messages=messages, max_tokens=40, temperature=0,
+                                         response_format=rf2)
+    text = out.choices[0].message.content
+    assert text.startswith("<city>") and text.endswith("</city>"), text
+    jsonschema.validate(json.loads(text[len("<city>"):-len("</city>")]), schema)
+
+
 # ---------------------------------------------------------------------- errors
 def post(server, path: str, body) -> requests.Response:
     data = body if isinstance(body, str) else json.dumps(body)
@@ -245,6 +290,13 @@ BAD = [
     ("/v1/completions", {"prompt": [1] * 9000, "stream": True}, 400, "context length"),
     ("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 9000}]}, 400, "context length"),
     ("/v1/completions", {"prompt": [10**7]}, 400, "vocabulary"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 300}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"x": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"99999999": 1}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "stop_regex": "("}, 400, "stop_regex"),
+    ("/v1/chat/completions", {**OK_CHAT, "response_format": {"type": "structural_tag"}}, 400, "structures"),
+    ("/v1/chat/completions", {**OK_CHAT, "response_format": {"type": "structural_tag", "triggers": ["<a"],
+                                                             "structures": [{"begin": "<a"}]}}, 400, "structural_tag"),
 ]
 
 

@@ -32,7 +32,8 @@ class SamplingBatchInfo:
     repetition_penalties: Optional[torch.Tensor]  # [bs, 1]
     output_counts: Optional[torch.Tensor]  # [bs, vocab] counts of generated tokens
     seen_mask: Optional[torch.Tensor]  # [bs, vocab] prompt or output token seen (repetition penalty)
-    # [bs, vocab] additive mask (-inf) for tokens banned this step (EOS before min_new_tokens).
+    # [bs, vocab] added to the logits: logit_bias, and -inf for tokens banned this step (EOS before
+    # min_new_tokens). None when no request has either.
     vocab_mask: Optional[torch.Tensor]
     generators: list[Optional[torch.Generator]]
 
@@ -71,8 +72,12 @@ class SamplingBatchInfo:
                 if rep[i] != 1.0 and ids:
                     seen[i, torch.tensor(ids, dtype=torch.int64, device=device)] = True
         vocab_mask = None
-        if any(banned_ids):
+        if any(banned_ids) or any(p.logit_bias for p in params):
             vocab_mask = torch.zeros((bs, vocab_size), dtype=torch.float32, device=device)
+            for i, p in enumerate(params):
+                if p.logit_bias:
+                    ids = torch.tensor([int(t) for t in p.logit_bias], dtype=torch.int64, device=device)
+                    vocab_mask[i, ids] = f([float(b) for b in p.logit_bias.values()])
             for i, ids in enumerate(banned_ids):
                 if ids:
                     vocab_mask[i, torch.tensor(ids, dtype=torch.int64, device=device)] = float("-inf")
