@@ -16,11 +16,12 @@ import requests
 
 PROGRAMS = Path(__file__).with_name("sglang_programs.py")
 sys.path.insert(0, str(PROGRAMS.parent))
-from sglang_programs import CITY_SCHEMA, IP_REGEX  # noqa: E402  (no sglang import at module level)
+from sglang_programs import CITY_SCHEMA, IP_REGEX  # noqa: E402  (constants only: sglang loads in main())
 
 
 @pytest.fixture(scope="module")
 def results(server):
+    assert "sglang" not in sys.modules  # the frontend runs in its own process
     proc = subprocess.run([sys.executable, str(PROGRAMS), server.url], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
