@@ -116,6 +116,8 @@ class SamplingParams:
             stops = [self.stop] if isinstance(self.stop, str) else self.stop
             if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
                 bad("stop", "must be a non-empty string or a list of them")
+        if self.stop_regex is not None and not isinstance(self.stop_regex, (str, list)):
+            bad("stop_regex", "must be a regex string or a list of them")
         for p in self.stop_regex_list:
             if not isinstance(p, str) or not p:
                 bad("stop_regex", "must be a non-empty regex string or a list of them")
@@ -124,8 +126,6 @@ class SamplingParams:
                     bad("stop_regex", f"must not match the empty string ({p!r} does)")
             except re.error as e:
                 raise SamplingParamsError(f"sampling_params.stop_regex {p!r} is not a valid regex: {e}") from None
-        if self.stop_regex is not None and not isinstance(self.stop_regex, (str, list)):
-            bad("stop_regex", "must be a regex string or a list of them")
         if self.stream_interval is not None and (num("stream_interval", True) < 1):
             bad("stream_interval", "must be >= 1")
         if self.logit_bias is not None:

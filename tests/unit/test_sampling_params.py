@@ -22,6 +22,7 @@ from radixlm.sampling_params import SamplingParams, SamplingParamsError
         ({"stop_regex": "("}, "stop_regex"),
         ({"stop_regex": "a*"}, "stop_regex"),  # matches the empty string: would stop at once
         ({"stop_regex": [3]}, "stop_regex"),
+        ({"stop_regex": 5}, "stop_regex"),
         ({"logit_bias": {"x": 1}}, "logit_bias"),
         ({"logit_bias": {"5": float("inf")}}, "logit_bias"),
         ({"logit_bias": [1, 2]}, "logit_bias"),
