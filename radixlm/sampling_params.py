@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import re
@@ -172,8 +173,10 @@ class SamplingParams:
             return []
         return [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex)
 
+    @functools.cached_property
     def stop_regex_window(self) -> Optional[int]:
-        """The most characters a stop_regex match can span (None: unbounded, search the whole output)."""
+        """The most characters a stop_regex match can span (None: unbounded, search the whole output).
+        Computed once per request (not a field: to_dict and equality ignore it)."""
         widths = [sre_parse.parse(p).getwidth()[1] for p in self.stop_regex_list]
         return None if any(w >= _UNBOUNDED for w in widths) else max(widths, default=0)
 

@@ -58,7 +58,6 @@ class Req:
     spec_accepted_tokens: int = 0
     first_token_time: Optional[float] = None
     generator: Optional[torch.Generator] = None
-    _stop_regex_window: Optional[int] = field(default=None, repr=False)  # chars; -1: unbounded
     # Grammar matcher (radixlm.constrained); a Future while its grammar compiles.
     grammar: Any = None
     retracted: int = 0
@@ -141,12 +140,10 @@ class Req:
                         self.finished_reason = {"type": "stop", "matched": s}
                         return
             if sp.stop_regex and tokenizer is not None:
-                if self._stop_regex_window is None:
-                    self._stop_regex_window = sp.stop_regex_window() or -1
                 # Each token is at least one character, so a match of w characters lies in the
                 # last w + 1 tokens; an unbounded pattern is searched over the whole output.
-                w = self._stop_regex_window
-                tail = tokenizer.decode(self.output_ids[-(w + 1):] if w > 0 else self.output_ids,
+                w = sp.stop_regex_window
+                tail = tokenizer.decode(self.output_ids if w is None else self.output_ids[-(w + 1):],
                                         skip_special_tokens=sp.skip_special_tokens)
                 for p in sp.stop_regex_list:
                     if re.search(p, tail):

@@ -57,8 +57,8 @@ def test_sglang_frontend_payload():
 
 
 def test_stop_regex_window_and_grammar_keys():
-    assert SamplingParams.from_dict({"stop_regex": [r"ab\d{2}", "xyz"]}).stop_regex_window() == 4
-    assert SamplingParams.from_dict({"stop_regex": r"a.*b"}).stop_regex_window() is None
+    assert SamplingParams.from_dict({"stop_regex": [r"ab\d{2}", "xyz"]}).stop_regex_window == 4
+    assert SamplingParams.from_dict({"stop_regex": r"a.*b"}).stop_regex_window is None
     tag = {"structures": [], "triggers": []}
     assert SamplingParams.from_dict({"structural_tag": tag}).grammar_key == ("structural_tag", '{"structures": [], "triggers": []}')
     sp = SamplingParams.from_dict({"sampling_seed": 5})
