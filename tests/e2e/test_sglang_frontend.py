@@ -71,6 +71,7 @@ def test_select_follows_the_prompt_logprobs(server, results):
     sel = results["select"]
     choices = ["blue", "green", "red"]
     norm = sel["meta"]["normalized_prompt_logprobs"]
+    assert len(norm) == len(sel["meta"]["input_token_logprobs"]) == len(choices)
     assert sel["color"] == choices[max(range(3), key=lambda i: norm[i])]
     prompt = "Q: What color is the sky on a clear day?\nA: "
     for c, lps in zip(choices, sel["meta"]["input_token_logprobs"]):
