@@ -87,6 +87,16 @@ class ServerArgs:
     incremental_streaming_output: bool = False  # stream text deltas instead of cumulative text
     stream_interval: int = 1  # tokens per streamed chunk (a request's sampling_params.stream_interval wins)
     watchdog_interval: float = 0.5  # seconds between checks that the child processes live
+    # Faults (docs/reliability.md): when the scheduler or detokenizer dies, in-flight requests fail
+    # with a 503 and /health answers 503; then the server exits non-zero after engine_failure_exit_delay
+    # seconds (time for health checkers to see it), or, with restart_on_failure, starts a new engine.
+    restart_on_failure: bool = False
+    engine_failure_exit_delay: float = 2.0
+    graceful_shutdown_timeout: float = 30.0  # on SIGTERM: seconds to let in-flight requests finish
+    # Limits: a larger body is a 413; n and top_logprobs_num above these are a 400.
+    max_request_body_bytes: int = 32 * 2**20
+    max_n: int = 128
+    max_top_logprobs_num: int = 20
     # Data parallelism: `--dp N` runs N servers (each on its share of the cores) behind the
     # cache-aware router (radixlm/router/) on --host/--port. Every other option is per server.
     dp_size: int = 1
@@ -106,6 +116,11 @@ class ServerArgs:
             raise ValueError(f"schedule_policy must be one of {POLICIES}, got {self.schedule_policy!r}")
         if self.max_total_tokens is not None and self.max_total_tokens <= 0:
             raise ValueError(f"max_total_tokens must be positive, got {self.max_total_tokens}")
+        for name in ("max_request_body_bytes", "max_n"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_top_logprobs_num < 0 or self.graceful_shutdown_timeout < 0 or self.engine_failure_exit_delay < 0:
+            raise ValueError("max_top_logprobs_num, graceful_shutdown_timeout and engine_failure_exit_delay must be >= 0")
         if self.stream_interval < 1:
             raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
         if self.max_running_requests <= 0:
@@ -187,6 +202,14 @@ class ServerArgs:
             "from where a request leaves the radix tree (0: off; about 1 KB of memory a token)",
             "dp_size": "data parallelism: N servers, each on its share of the cores, behind the cache-aware router "
             "on --host/--port (one endpoint); the other options apply to each server",
+            "restart_on_failure": "when the scheduler or detokenizer process dies, start a new engine (in-flight "
+            "requests fail with a 503) instead of exiting non-zero",
+            "engine_failure_exit_delay": "seconds the server keeps answering 503 after its engine died, before it exits",
+            "graceful_shutdown_timeout": "on SIGTERM, seconds in-flight requests may take to finish before every "
+            "process stops (new connections are refused at once)",
+            "max_request_body_bytes": "larger request bodies are refused with 413",
+            "max_n": "largest n (completions per prompt) a request may ask for",
+            "max_top_logprobs_num": "largest top_logprobs_num (OpenAI: logprobs / top_logprobs) a request may ask for",
             "decode_kv_mirror_gb": "memory for a dense copy of the decoding requests' KV (0: off; default 1 on CPU, "
             "0 on CUDA)",
         }

@@ -17,11 +17,12 @@ def error_json(status: int, message: str, kind: str = "invalid_request_error", p
 
 
 class APIKeyMiddleware:
-    """Bearer-key check on every route but /health and /metrics. A plain ASGI middleware:
+    """Bearer-key check on every route but /health (liveness probes carry no key; Prometheus
+    scrapes /metrics with `authorization: {credentials: <key>}`). A plain ASGI middleware:
     FastAPI's @app.middleware("http") passes each streamed chunk through an extra task and
     memory stream, which costs a streaming request CPU on every token."""
 
-    OPEN_PATHS = ("/health", "/metrics")
+    OPEN_PATHS = ("/health",)
 
     def __init__(self, app):
         self.app = app

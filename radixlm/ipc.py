@@ -3,6 +3,8 @@
 tokenizer manager --TokenizedGenerateReqInput/AbortReq/...--> scheduler
 scheduler --BatchTokenIDOut--> detokenizer --BatchStrOut--> tokenizer manager
 scheduler --control replies (FlushCacheReqOutput, ...)--> tokenizer manager
+
+See docs/architecture.md, "Processes" (the channels and their sockets).
 """
 
 from __future__ import annotations

@@ -18,6 +18,22 @@ except ImportError:  # pragma: no cover
 _GREEDY_EPS = 1e-6
 _UNBOUNDED = 1 << 16  # a stop_regex wider than this is searched over the whole output
 _GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
+_FLOAT32_MAX = 3.4028234663852886e38  # the sampler's tensors are float32: larger numbers become inf there
+_INT64 = 1 << 63
+
+
+def _brief(v) -> str:
+    """repr of a client's value, cut short for an error message."""
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _finite32(v) -> bool:
+    """A number the sampler can hold in float32 (a huge JSON integer does not even fit a float)."""
+    try:
+        return math.isfinite(v) and abs(v) <= _FLOAT32_MAX
+    except OverflowError:
+        return False
 
 
 class SamplingParamsError(ValueError):
@@ -80,13 +96,15 @@ class SamplingParams:
 
     def verify(self, vocab_size: Optional[int] = None) -> None:
         def bad(name: str, why: str):
-            raise SamplingParamsError(f"sampling_params.{name} {why}, got {getattr(self, name)!r}")
+            raise SamplingParamsError(f"sampling_params.{name} {why}, got {_brief(getattr(self, name))}")
 
         def num(name: str, integer: bool = False):
             v = getattr(self, name)
             ok = isinstance(v, int) if integer else isinstance(v, (int, float))
             if not ok or isinstance(v, bool):
                 bad(name, "must be an integer" if integer else "must be a number")
+            if not integer and not _finite32(v):
+                bad(name, f"must be a finite number of at most {_FLOAT32_MAX:.3g} in magnitude")
             return v
 
         if num("max_new_tokens", True) < 0:
@@ -111,8 +129,9 @@ class SamplingParams:
             bad("repetition_penalty", "must be in (0, 2]")
         if num("n", True) < 1:
             bad("n", "must be >= 1")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)):
-            bad("seed", "must be an integer")
+        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
+                                      or not -_INT64 <= self.seed < _INT64):
+            bad("seed", "must be a 64-bit integer")
         if self.stop is not None:
             stops = [self.stop] if isinstance(self.stop, str) else self.stop
             if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
@@ -136,12 +155,13 @@ class SamplingParams:
                 try:
                     t = int(k)
                 except (TypeError, ValueError):
-                    raise SamplingParamsError(f"sampling_params.logit_bias key {k!r} is not a token id") from None
+                    raise SamplingParamsError(f"sampling_params.logit_bias key {_brief(k)} is not a token id") from None
                 if t < 0 or (vocab_size is not None and t >= vocab_size):
-                    raise SamplingParamsError(f"sampling_params.logit_bias key {k!r} must be a token id in "
+                    raise SamplingParamsError(f"sampling_params.logit_bias key {_brief(k)} must be a token id in "
                                               f"[0, {vocab_size if vocab_size is not None else 'vocab size'})")
-                if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
-                    raise SamplingParamsError(f"sampling_params.logit_bias[{k!r}] must be a finite number, got {v!r}")
+                if not isinstance(v, (int, float)) or isinstance(v, bool) or not _finite32(v):
+                    raise SamplingParamsError(f"sampling_params.logit_bias[{_brief(k)}] must be a finite number of at most "
+                                              f"{_FLOAT32_MAX:.3g} in magnitude, got {_brief(v)}")
         if self.stop_token_ids is not None:
             ids = self.stop_token_ids
             if not isinstance(ids, list) or not all(isinstance(t, int) and t >= 0 for t in ids):

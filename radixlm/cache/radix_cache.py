@@ -11,6 +11,7 @@ evictable_size + protected_size == total_size at all times.
 
 The tree knows token ids and slot tensors only; moving KV between a request and the tree
 is the scheduler's cache manager's job (scheduler/cache_manager.py).
+See docs/architecture.md, "KV ownership".
 """
 
 from __future__ import annotations

@@ -45,7 +45,12 @@ class XGrammarGrammar(BaseGrammarObject):
         self.matcher.fill_next_token_bitmask(vocab_mask, idx)
 
     def find_jump_forward_str(self) -> str:
-        return self.matcher.find_jump_forward_string()
+        try:
+            return self.matcher.find_jump_forward_string()
+        except UnicodeDecodeError:
+            # The forced bytes end (or start, after a token that held part of a character) inside a
+            # UTF-8 character: not text to re-tokenize, so no jump; the model generates them.
+            return ""
 
     def copy(self) -> "XGrammarGrammar":
         return XGrammarGrammar(xgr.GrammarMatcher(self.ctx), self.ctx)

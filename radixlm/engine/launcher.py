@@ -1,4 +1,5 @@
-"""Starting, watching and stopping the engine's child processes (scheduler, detokenizer)."""
+"""Starting, watching and stopping the engine's child processes (scheduler, detokenizer).
+See docs/architecture.md, "Processes"."""
 
 from __future__ import annotations
 

@@ -36,6 +36,16 @@ class EngineDeadError(RuntimeError):
     pass
 
 
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _brief(v) -> str:
+    """repr of a client's value, cut short for an error message."""
+    r = repr(v)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
 @dataclass
 class ReqState:
     rid: str
@@ -63,6 +73,8 @@ class TokenizerManager:
         self.rid_to_state: dict[str, ReqState] = {}
         self._control_waiters: dict[type, list[asyncio.Future]] = {}
         self.dead_message: Optional[str] = None
+        # Characters of text one token can cover at most (its byte-level / piece form is no shorter).
+        self.max_token_chars = max((len(t) for t in tokenizer.get_vocab()), default=1) + 1
 
     async def start(self) -> None:
         """Create the sockets and the receive loop on the running event loop."""
@@ -86,7 +98,7 @@ class TokenizerManager:
         else:
             if not isinstance(text, str):
                 raise ValueError("text must be a string or a list of strings")
-            ids = self.tokenizer.encode(text)
+            ids = self.encode_prompt(text)
         if not ids:
             raise ValueError("the prompt is empty (text / input_ids)")
         if len(ids) >= self.context_len:
@@ -95,27 +107,58 @@ class TokenizerManager:
             )
         sp = SamplingParams.from_dict(copy.deepcopy(obj.item(i, "sampling_params")))
         sp.verify(self.vocab_size)
+        if len(ids) + sp.max_new_tokens > self.context_len:
+            raise ValueError(
+                f"sampling_params.max_new_tokens {_brief(sp.max_new_tokens)} plus the prompt's {len(ids)} tokens exceed the "
+                f"context length {self.context_len}; ask for at most {self.context_len - len(ids)}"
+            )
+        if sp.n > self.server_args.max_n:
+            raise ValueError(f"sampling_params.n must be <= {self.server_args.max_n} (--max-n), got {_brief(sp.n)}")
         rid = obj.item(i, "rid") or uuid.uuid4().hex
         lp_start = obj.item(i, "logprob_start_len", -1)
         top_n = obj.item(i, "top_logprobs_num", 0)
-        if not isinstance(lp_start, int) or lp_start < -1:
-            raise ValueError(f"logprob_start_len must be an integer >= -1, got {lp_start!r}")
-        if obj.item(i, "return_logprob", False) and lp_start >= len(ids):
+        return_logprob = obj.item(i, "return_logprob", False)
+        priority = obj.item(i, "priority")
+        if not isinstance(rid, str):
+            raise ValueError(f"rid must be a string (a list of them for a batch), got {_brief(rid)}")
+        if not isinstance(return_logprob, bool):
+            raise ValueError(f"return_logprob must be a boolean (a list of them for a batch), got {_brief(return_logprob)}")
+        if not _is_int(lp_start) or lp_start < -1:
+            raise ValueError(f"logprob_start_len must be an integer >= -1, got {_brief(lp_start)}")
+        if return_logprob and lp_start >= len(ids):
             raise ValueError(f"logprob_start_len {lp_start} must be below the prompt length {len(ids)}")
-        if not isinstance(top_n, int) or top_n < 0:
-            raise ValueError(f"top_logprobs_num must be an integer >= 0, got {top_n!r}")
+        if not _is_int(top_n) or not 0 <= top_n <= self.server_args.max_top_logprobs_num:
+            raise ValueError(f"top_logprobs_num must be an integer in [0, {self.server_args.max_top_logprobs_num}] "
+                             f"(--max-top-logprobs-num), got {_brief(top_n)}")
+        # The scheduler sorts its queue by priority: anything but an integer would kill it there.
+        if priority is not None and not _is_int(priority):
+            raise ValueError(f"priority must be an integer (a list of them for a batch), got {_brief(priority)}")
         req = TokenizedGenerateReqInput(
-            rid=str(rid),
+            rid=rid,
             input_text=text,
             input_ids=ids,
             sampling_params=sp,
-            return_logprob=bool(obj.item(i, "return_logprob", False)),
+            return_logprob=return_logprob,
             logprob_start_len=lp_start,
             top_logprobs_num=top_n,
             stream=obj.stream,
-            priority=obj.item(i, "priority"),
+            priority=priority,
         )
         return req, sp.n
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """Tokenize, refusing a text longer than the context before tokenizing all of it: no token
+        spans more than max_token_chars characters, and a prefix with more tokens than the context
+        already decides it."""
+        ctx = self.context_len
+        if len(text) > ctx * self.max_token_chars:
+            raise ValueError(f"the prompt has {len(text)} characters, more than the context length {ctx} tokens "
+                             "can hold")
+        probe = ctx * 8
+        if len(text) > probe and len(self.tokenizer.encode(text[:probe])) > ctx + 1:
+            raise ValueError(f"the prompt has more tokens than the context length {ctx} "
+                             f"(its first {probe} characters alone do)")
+        return self.tokenizer.encode(text)
 
     def expand(self, obj: GenerateReqInput) -> list[TokenizedGenerateReqInput]:
         """All requests of obj, each n-sampled one split into n copies (seed offset per copy)."""
@@ -141,9 +184,11 @@ class TokenizerManager:
         single = obj.is_single and len(reqs) == 1
         if len(reqs) > 1 and not obj.stream:
             await self._cache_shared_prompts(reqs)
-        states = [self._register(r, obj.return_text_in_logprobs) for r in reqs]
+        states: list[ReqState] = []
         tasks: list[asyncio.Task] = []
         try:
+            for r in reqs:  # inside the try: a rid already in use must not leave the others registered
+                states.append(self._register(r, obj.return_text_in_logprobs))
             for r in reqs:
                 self.send_to_scheduler.send_pyobj(r)
             if single:
@@ -153,9 +198,13 @@ class TokenizerManager:
                 queue: asyncio.Queue = asyncio.Queue()
 
                 async def pump(idx: int, st: ReqState):
-                    async for out in self._wait_one(st, True):
-                        out["index"] = idx
-                        await queue.put(out)
+                    try:
+                        async for out in self._wait_one(st, True):
+                            out["index"] = idx
+                            await queue.put(out)
+                    except Exception as e:  # noqa: BLE001 - e.g. a 400 for this item: the whole request fails with it
+                        await queue.put(e)  # (not raised in this task, where nobody would see it: the loop waits)
+                        return
                     await queue.put(None)
 
                 tasks = [asyncio.create_task(pump(i, st)) for i, st in enumerate(states)]
@@ -164,10 +213,15 @@ class TokenizerManager:
                     item = await queue.get()
                     if item is None:
                         done += 1
+                    elif isinstance(item, Exception):
+                        raise item
                     else:
                         yield item
             else:
-                results = await asyncio.gather(*[self._last(st) for st in states])
+                # Tasks, so that the finally below cancels the others when one fails (left pending, they
+                # would wait forever on requests already aborted).
+                tasks = [asyncio.create_task(self._last(st)) for st in states]
+                results = await asyncio.gather(*tasks)
                 yield results
         finally:
             for t in tasks:

@@ -41,7 +41,7 @@ class RouterArgs:
     policy: str = "cache_aware"
     host: str = "127.0.0.1"
     port: int = 30000
-    api_key: Optional[str] = None  # clients must send it (every route but /health and /metrics)
+    api_key: Optional[str] = None  # clients must send it (every route but /health)
     worker_api_key: Optional[str] = None  # sent to the workers
     cache_aware: CacheAwareConfig = field(default_factory=CacheAwareConfig)
     health: HealthConfig = field(default_factory=HealthConfig)

@@ -4,6 +4,7 @@ Each iteration builds one batch: a prefill (extend) batch when waiting requests 
 budget, otherwise a decode batch of everything running. It owns the KV pools, the radix tree
 (through the cache manager) and the model runner. Result processing is output_processor.py's,
 admission admission.py's, queue order policy.py's.
+See docs/architecture.md, "Request flow" (steps 3-6) and "KV ownership".
 """
 
 from __future__ import annotations

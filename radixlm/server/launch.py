@@ -1,4 +1,6 @@
-"""`radixlm serve`: start the engine processes, then the HTTP server on this process."""
+"""`radixlm serve`: start the engine processes, then the HTTP server on this process; watch the
+engine and, when one of its processes dies, exit non-zero or (--restart-on-failure) start a new
+engine. See docs/architecture.md, "Processes", and docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -6,40 +8,112 @@ import asyncio
 import logging
 import signal
 import sys
+from typing import Optional
 
-from radixlm.config import ServerArgs
+from radixlm.config import PortArgs, ServerArgs
 
 logger = logging.getLogger(__name__)
+
+
+class EngineSupervisor:
+    """Owns the engine's child processes for the HTTP server: starts them, swaps in a new engine
+    after a failure (--restart-on-failure) or asks the server to exit with code 1."""
+
+    def __init__(self, server_args: ServerArgs, tokenizer, uvicorn_server):
+        self.server_args = server_args
+        self.tokenizer = tokenizer
+        self.uvicorn_server = uvicorn_server
+        self.procs: list = []
+        self.port_args: Optional[PortArgs] = None
+        self.info: dict = {}
+        self.state = None  # the ServerState, once the app started
+        self.stopping = False
+        self.exit_code = 0
+        self.restarts = 0
+
+    def launch(self) -> dict:
+        from radixlm.engine.launcher import launch_engine_processes
+
+        self.procs, self.port_args, info = launch_engine_processes(self.server_args)
+        self.info = {**info, "detokenizer_pid": self.procs[1].pid}
+        return self.info
+
+    async def attach(self):
+        """A TokenizerManager on this loop for the current engine, watched."""
+        from radixlm.engine.launcher import watch_processes
+        from radixlm.engine.tokenizer_manager import TokenizerManager
+
+        tm = TokenizerManager(self.server_args, self.port_args, self.tokenizer, self.info)
+        await tm.start()
+        loop = asyncio.get_running_loop()
+        procs = self.procs
+        watch_processes(procs, lambda msg: loop.call_soon_threadsafe(self._on_dead, tm, msg),
+                        lambda: self.stopping or procs is not self.procs, self.server_args.watchdog_interval)
+        return tm
+
+    def _on_dead(self, tm, message: str) -> None:
+        tm.mark_dead(message)  # in-flight requests fail with a 503 now; /health answers 503
+        if self.stopping:
+            return
+        if self.server_args.restart_on_failure:
+            logger.error("%s; restarting the engine (--restart-on-failure)", message)
+            asyncio.get_running_loop().create_task(self._restart(tm))
+        else:
+            print(f"radixlm: error: {message}; the server exits in {self.server_args.engine_failure_exit_delay:g} s "
+                  "(--restart-on-failure restarts the engine instead)", file=sys.stderr, flush=True)
+            asyncio.get_running_loop().call_later(self.server_args.engine_failure_exit_delay, self.shutdown, 1)
+
+    async def _restart(self, old_tm) -> None:
+        from radixlm.engine.launcher import stop_processes
+
+        old_procs, old_ports = self.procs, self.port_args
+        await asyncio.to_thread(stop_processes, old_procs, old_ports)
+        try:
+            await asyncio.to_thread(self.launch)
+        except Exception as e:  # noqa: BLE001  (the model no longer loads: nothing left to serve)
+            print(f"radixlm: error: the engine did not restart: {e}", file=sys.stderr, flush=True)
+            self.shutdown(1)
+            return
+        tm = await self.attach()
+        self.restarts += 1
+        st = self.state
+        st.tokenizer_manager, st.scheduler_info, st.engine_restarts = tm, self.info, self.restarts
+        if st.metrics is not None:
+            st.metrics.tm = tm
+        await old_tm.close()
+        logger.warning("engine restarted (%d restart(s) so far)", self.restarts)
+
+    def shutdown(self, code: int) -> None:
+        self.exit_code = max(self.exit_code, code)
+        self.uvicorn_server.should_exit = True
+
+    def stop(self) -> None:
+        from radixlm.engine.launcher import stop_processes
+
+        self.stopping = True
+        stop_processes(self.procs, self.port_args)
 
 
 def launch_server(server_args: ServerArgs) -> None:
     import uvicorn
 
-    from radixlm.engine.launcher import launch_engine_processes, stop_processes, watch_processes
-    from radixlm.engine.tokenizer_manager import TokenizerManager
     from radixlm.model.loader import default_model_path, load_tokenizer
-    from radixlm.server.http_server import ServerState, create_app, served_model_name
+    from radixlm.server.api_common import ServerState, served_model_name
+    from radixlm.server.http_server import create_app
     from radixlm.utils import configure_logging
 
     configure_logging(server_args.log_level)
     tokenizer = load_tokenizer(server_args.tokenizer_path or server_args.model_path or default_model_path())
-    procs, port_args, info = launch_engine_processes(server_args)
-    stopping = False
 
     async def state_factory() -> ServerState:
-        tm = TokenizerManager(server_args, port_args, tokenizer, info)
-        await tm.start()
-        loop = asyncio.get_running_loop()
-        watch_processes(
-            procs, lambda msg: loop.call_soon_threadsafe(tm.mark_dead, msg), lambda: stopping,
-            server_args.watchdog_interval,
-        )
+        tm = await supervisor.attach()
         metrics = None
         if server_args.enable_metrics:
             from radixlm.server.metrics import ServerMetrics
 
             metrics = ServerMetrics(tm)
-        return ServerState(server_args, tm, info, metrics)
+        supervisor.state = ServerState(server_args, tm, info, metrics)
+        return supervisor.state
 
     app = create_app(state_factory)
     app.state.api_key = server_args.api_key
@@ -47,6 +121,12 @@ def launch_server(server_args: ServerArgs) -> None:
         from radixlm.server.metrics import mount_metrics
 
         mount_metrics(app)
+    # uvicorn drains in-flight requests on SIGTERM for up to --graceful-shutdown-timeout (it stops
+    # accepting connections at once), then cancels what is left, which aborts those requests.
+    server = uvicorn.Server(uvicorn.Config(app, host=server_args.host, port=server_args.port, log_level="warning",
+                                           timeout_graceful_shutdown=server_args.graceful_shutdown_timeout))
+    supervisor = EngineSupervisor(server_args, tokenizer, server)
+    info = supervisor.launch()
     url = f"http://{server_args.host}:{server_args.port}"
     auth = f" -H 'Authorization: Bearer {server_args.api_key}'" if server_args.api_key else ""
     print(
@@ -58,12 +138,12 @@ def launch_server(server_args: ServerArgs) -> None:
         f"  OpenAI API: {url}/v1",
         flush=True,
     )
-    # uvicorn shuts down gracefully on SIGTERM, then re-raises it with the previous handler: make
-    # that an exit that runs the `finally` below (the default handler would skip it, leaving the
-    # ipc socket dir behind).
+    # uvicorn re-raises SIGTERM after its shutdown with the previous handler: make that an exit
+    # that runs the `finally` below (the default handler would skip it, leaving the ipc socket dir).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
-        uvicorn.run(app, host=server_args.host, port=server_args.port, log_level="warning", timeout_graceful_shutdown=5)
+        server.run()
     finally:
-        stopping = True
-        stop_processes(procs, port_args)
+        supervisor.stop()
+    if supervisor.exit_code:
+        sys.exit(supervisor.exit_code)

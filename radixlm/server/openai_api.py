@@ -13,13 +13,26 @@ import time
 import uuid
 from typing import Any, AsyncIterator, Optional
 
-from fastapi import Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from radixlm.engine.tokenizer_manager import EngineDeadError
 from radixlm.ipc import GenerateReqInput
 from radixlm.sampling_params import SamplingParams, SamplingParamsError
-from radixlm.server.http_server import SSE_DONE, served_model_name, sse
+from radixlm.server.api_common import (
+    SSE_DONE,
+    HTTPError,
+    ServerState,
+    check_queue,
+    json_body,
+    observe,
+    read_json,
+    run_until_disconnect,
+    served_model_name,
+    srv,
+    sse,
+    sse_error,
+)
 from radixlm.server.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -115,243 +128,273 @@ class _Sent:
     started: bool = False
 
 
-def register_openai_routes(app, srv, HTTPError, read_json, check_queue, observe, run_until_disconnect) -> None:
-    started_at = int(time.time())
+router = APIRouter()
 
-    def model_card(state) -> dict:
-        info = state.scheduler_info
-        return {
-            "id": served_model_name(state.server_args, info),
-            "object": "model",
-            "created": started_at,
-            "owned_by": "radixlm",
-            "root": info["model_path"],
-            "parent": None,
-            "max_model_len": info["context_len"],
-        }
 
-    def known_names(state) -> set:
-        info = state.scheduler_info
-        names = {served_model_name(state.server_args, info), info["model_path"], os.path.basename(info["model_path"])}
-        return names | ({state.server_args.model_path} if state.server_args.model_path else set())
+def _model_card(state: ServerState) -> dict:
+    info = state.scheduler_info
+    return {
+        "id": served_model_name(state.server_args, info),
+        "object": "model",
+        "created": state.started_at,
+        "owned_by": "radixlm",
+        "root": info["model_path"],
+        "parent": None,
+        "max_model_len": info["context_len"],
+    }
 
-    def check_model(state, name: Optional[str]) -> str:
-        served = served_model_name(state.server_args, state.scheduler_info)
-        if name is not None and name not in known_names(state):
-            raise HTTPError(404, f"The model '{name}' does not exist; this server serves '{served}'.",
-                            "not_found_error", "model")
-        return served
 
-    @app.get("/v1/models")
-    async def list_models(request: Request):
-        return {"object": "list", "data": [model_card(srv(request))]}
+def _known_names(state: ServerState) -> set:
+    info = state.scheduler_info
+    names = {served_model_name(state.server_args, info), info["model_path"], os.path.basename(info["model_path"])}
+    return names | ({state.server_args.model_path} if state.server_args.model_path else set())
 
-    @app.get("/v1/models/{model_id:path}")
-    async def get_model(request: Request, model_id: str):
-        state = srv(request)
-        check_model(state, model_id)
-        return model_card(state)
 
-    def parse(cls, body):
-        try:
-            return parse_request(cls, body)
-        except RequestError as e:
-            raise HTTPError(400, str(e), param=e.param) from None
+def _check_model(state: ServerState, name: Optional[str]) -> str:
+    served = served_model_name(state.server_args, state.scheduler_info)
+    if name is not None and name not in _known_names(state):
+        raise HTTPError(404, f"The model '{name}' does not exist; this server serves '{served}'.",
+                        "not_found_error", "model")
+    return served
 
-    def sampling_params(state, req, max_new_tokens: int, max_field: str) -> dict:
-        sp = {"max_new_tokens": max_new_tokens, "n": req.n or 1}
-        sp.update({k: getattr(req, k) for k in _SAMPLING_FIELDS if getattr(req, k) is not None})
-        if req.min_tokens is not None:
-            sp["min_new_tokens"] = req.min_tokens
-        if req.stream_options is not None and not req.stream:
-            raise HTTPError(400, "stream_options is only allowed when stream is true", param="stream_options")
-        try:  # validate here so that a stream fails with a 400 before it starts
-            SamplingParams.from_dict(dict(sp)).verify(state.scheduler_info["vocab_size"])
-        except SamplingParamsError as e:
-            # Name the fields as the client sent them, not the native names.
-            msg = str(e).replace("max_new_tokens", max_field).replace("min_new_tokens", "min_tokens")
-            field = msg.split()[0].removeprefix("sampling_params.")
-            raise HTTPError(400, msg.replace("sampling_params.", ""), param=field) from None
-        return sp
 
-    def check_length(state, prompts: list[list[int]], field: str) -> None:
-        ctx = state.scheduler_info["context_len"]
-        for p in prompts:
-            if len(p) >= ctx:
-                raise HTTPError(400, f"the {field} has {len(p)} tokens; this model's context length is {ctx} "
-                                     f"(prompt + completion), so it must be shorter", param=field)
+@router.get("/v1/models")
+async def list_models(request: Request):
+    return {"object": "list", "data": [_model_card(srv(request))]}
 
-    async def run(request: Request, job: _Job):
-        state = srv(request)
-        check_queue(state)
-        gen = state.tokenizer_manager.generate_request(job.obj)
-        try:
-            if job.obj.stream:
-                # Wait for the first output before answering, so that an error the engine finds
-                # (a bad prompt, a grammar that does not compile) is still a proper 4xx.
-                first = await run_until_disconnect(request, gen.__anext__())
-                return StreamingResponse(stream(state, job, gen, first), media_type="text/event-stream")
-            out = await run_until_disconnect(request, _last(gen))
-        except ValueError as e:
-            raise HTTPError(400, str(e)) from None
-        observe(state, out)
-        outs = out if isinstance(out, list) else [out]
-        return JSONResponse(job.body([job.choice(i, o) for i, o in enumerate(outs)], usage=job.usage(outs),
-                                     system_fingerprint=None))
 
-    async def stream(state, job: _Job, gen: AsyncIterator, first: dict):
-        sent: dict[int, _Sent] = {}
-        finals: dict[int, dict] = {}
-        try:
-            out = first
-            while out is not None:
-                idx = out.get("index", 0)
-                for chunk in stream_chunks(job, idx, out, sent.setdefault(idx, _Sent())):
-                    yield sse(chunk)
-                if out["meta_info"]["finish_reason"] is not None:
-                    finals[idx] = out
-                    observe(state, out)
-                out = await anext(gen, None)
-            if job.include_usage:
-                yield sse(job.body([], usage=job.usage([finals[i] for i in sorted(finals)])))
-        except ValueError as e:
-            yield sse({"error": {"message": str(e), "type": "invalid_request_error", "param": None, "code": 400}})
-        except EngineDeadError as e:
-            yield sse({"error": {"message": str(e), "type": "server_error", "param": None, "code": 503}})
-        finally:
-            # Closing the native generator aborts whatever still runs (client gone, error). A
-            # cancellation (disconnect) is not caught above, so it propagates after this.
-            await gen.aclose()
-        yield SSE_DONE
+@router.get("/v1/models/{model_id:path}")
+async def get_model(request: Request, model_id: str):
+    state = srv(request)
+    _check_model(state, model_id)
+    return _model_card(state)
 
-    def stream_chunks(job: _Job, idx: int, out: dict, st: _Sent) -> list[dict]:
-        """The chunks for one native update of choice idx (cumulative text -> deltas)."""
-        meta, text = out["meta_info"], out["text"]
-        reason, matched = _finish(meta["finish_reason"])
-        chunks = []
-        first = not st.started
-        if job.chat and first:
-            chunks.append({"index": idx, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                           "finish_reason": None})
-        # The cumulative text only grows, except where a final stop-string trim cuts text already
-        # streamed: that cannot be taken back, so nothing more is sent then.
-        delta = text[len(st.text):] if text.startswith(st.text) else ""
-        st.text = text if text.startswith(st.text) else st.text
-        echo = job.echo_texts is not None and first
-        if echo:
-            delta = job.echo_texts[idx // job.n] + delta
-        lp = None
-        if job.logprobs:
-            toks, tops = job.logprob_entries(meta, st.n_logprobs, echo)
-            st.n_logprobs = len(meta.get("output_token_logprobs") or [])
-            if toks:
-                if job.chat:
-                    lp = {"content": chat_logprobs(toks, tops)}
-                else:
-                    lp, st.offset = completion_logprobs(toks, tops, st.offset)
-        st.started = True
-        if job.chat:
-            if delta or lp:
-                chunks.append({"index": idx, "delta": {"content": delta}, "logprobs": lp, "finish_reason": None})
-            if reason:
-                chunks.append({"index": idx, "delta": {}, "logprobs": None, "finish_reason": reason,
-                               "matched_stop": matched})
-        elif delta or lp or reason:
-            chunks.append({"index": idx, "text": delta, "logprobs": lp, "finish_reason": reason,
+
+def _parse(cls, body):
+    try:
+        return parse_request(cls, body)
+    except RequestError as e:
+        raise HTTPError(400, str(e), param=e.param) from None
+
+
+def _sampling_params(state: ServerState, req, max_new_tokens: int, max_field: str, prompt_len: int) -> dict:
+    limits = state.server_args
+    room = state.context_len - prompt_len
+    if max_new_tokens > room:  # named here as the client sent it (the engine would say max_new_tokens)
+        got = str(max_new_tokens) if max_new_tokens < 10**12 else f"a {len(str(max_new_tokens))}-digit number"
+        raise HTTPError(400, f"{max_field} must be at most {room} (the context length {state.context_len} minus the "
+                             f"prompt's {prompt_len} tokens), got {got}", param=max_field)
+    if req.n is not None and req.n > limits.max_n:
+        raise HTTPError(400, f"n must be <= {limits.max_n} (--max-n), got {req.n}", param="n")
+    field = "top_logprobs" if isinstance(req, ChatCompletionRequest) else "logprobs"
+    top = getattr(req, field)
+    if top is not None and top > limits.max_top_logprobs_num:
+        raise HTTPError(400, f"{field} must be <= {limits.max_top_logprobs_num} (--max-top-logprobs-num), got {top}",
+                        param=field)
+    sp = {"max_new_tokens": max_new_tokens, "n": req.n or 1}
+    sp.update({k: getattr(req, k) for k in _SAMPLING_FIELDS if getattr(req, k) is not None})
+    if req.min_tokens is not None:
+        sp["min_new_tokens"] = req.min_tokens
+    if req.stream_options is not None and not req.stream:
+        raise HTTPError(400, "stream_options is only allowed when stream is true", param="stream_options")
+    try:  # validate here so that a stream fails with a 400 before it starts
+        SamplingParams.from_dict(dict(sp)).verify(state.scheduler_info["vocab_size"])
+    except SamplingParamsError as e:
+        # Name the fields as the client sent them, not the native names.
+        msg = str(e).replace("max_new_tokens", max_field).replace("min_new_tokens", "min_tokens")
+        field = msg.split()[0].removeprefix("sampling_params.")
+        raise HTTPError(400, msg.replace("sampling_params.", ""), param=field) from None
+    return sp
+
+
+def _check_length(state: ServerState, prompts: list[list[int]], field: str) -> None:
+    ctx = state.scheduler_info["context_len"]
+    for p in prompts:
+        if len(p) >= ctx:
+            raise HTTPError(400, f"the {field} has {len(p)} tokens; this model's context length is {ctx} "
+                                 f"(prompt + completion), so it must be shorter", param=field)
+
+
+async def _run(request: Request, job: _Job):
+    state = srv(request)
+    check_queue(state)
+    gen = state.tokenizer_manager.generate_request(job.obj)
+    try:
+        if job.obj.stream:
+            # Wait for the first output before answering, so that an error the engine finds
+            # (a bad prompt, a grammar that does not compile) is still a proper 4xx.
+            first = await run_until_disconnect(request, gen.__anext__())
+            return StreamingResponse(_stream(state, job, gen, first), media_type="text/event-stream")
+        out = await run_until_disconnect(request, _last(gen))
+    except ValueError as e:
+        raise HTTPError(400, str(e)) from None
+    observe(state, out)
+    outs = out if isinstance(out, list) else [out]
+    return JSONResponse(job.body([job.choice(i, o) for i, o in enumerate(outs)], usage=job.usage(outs),
+                                 system_fingerprint=None))
+
+
+async def _stream(state: ServerState, job: _Job, gen: AsyncIterator, first: dict):
+    sent: dict[int, _Sent] = {}
+    finals: dict[int, dict] = {}
+    try:
+        out = first
+        while out is not None:
+            idx = out.get("index", 0)
+            for chunk in _stream_chunks(job, idx, out, sent.setdefault(idx, _Sent())):
+                yield sse(chunk)
+            if out["meta_info"]["finish_reason"] is not None:
+                finals[idx] = out
+                observe(state, out)
+            out = await anext(gen, None)
+        if job.include_usage:
+            yield sse(job.body([], usage=job.usage([finals[i] for i in sorted(finals)])))
+    except ValueError as e:
+        yield sse_error(400, str(e), "invalid_request_error")
+    except EngineDeadError as e:
+        yield sse_error(503, str(e), "server_error")
+    finally:
+        # Closing the native generator aborts whatever still runs (client gone, error). A
+        # cancellation (disconnect) is not caught above, so it propagates after this.
+        await gen.aclose()
+    yield SSE_DONE
+
+
+def _stream_chunks(job: _Job, idx: int, out: dict, st: _Sent) -> list[dict]:
+    """The chunks for one native update of choice idx (cumulative text -> deltas)."""
+    meta, text = out["meta_info"], out["text"]
+    reason, matched = _finish(meta["finish_reason"])
+    chunks = []
+    first = not st.started
+    if job.chat and first:
+        chunks.append({"index": idx, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                       "finish_reason": None})
+    # The cumulative text only grows, except where a final stop-string trim cuts text already
+    # streamed: that cannot be taken back, so nothing more is sent then.
+    delta = text[len(st.text):] if text.startswith(st.text) else ""
+    st.text = text if text.startswith(st.text) else st.text
+    echo = job.echo_texts is not None and first
+    if echo:
+        delta = job.echo_texts[idx // job.n] + delta
+    lp = None
+    if job.logprobs:
+        toks, tops = job.logprob_entries(meta, st.n_logprobs, echo)
+        st.n_logprobs = len(meta.get("output_token_logprobs") or [])
+        if toks:
+            if job.chat:
+                lp = {"content": chat_logprobs(toks, tops)}
+            else:
+                lp, st.offset = completion_logprobs(toks, tops, st.offset)
+    st.started = True
+    if job.chat:
+        if delta or lp:
+            chunks.append({"index": idx, "delta": {"content": delta}, "logprobs": lp, "finish_reason": None})
+        if reason:
+            chunks.append({"index": idx, "delta": {}, "logprobs": None, "finish_reason": reason,
                            "matched_stop": matched})
-        return [job.body([c]) for c in chunks]
+    elif delta or lp or reason:
+        chunks.append({"index": idx, "text": delta, "logprobs": lp, "finish_reason": reason,
+                       "matched_stop": matched})
+    return [job.body([c]) for c in chunks]
 
-    # ------------------------------------------------------------ completions
-    @app.post("/v1/completions")
-    async def completions(request: Request):
-        state = srv(request)
-        req: CompletionRequest = parse(CompletionRequest, await read_json(request))
-        model = check_model(state, req.model)
-        if req.suffix:
-            raise HTTPError(400, "suffix is not supported", param="suffix")
-        n = req.n or 1
-        if req.best_of is not None and req.best_of != n:
-            raise HTTPError(400, f"best_of must equal n ({n}); choosing the best of several is not supported",
-                            param="best_of")
-        tok = state.tokenizer_manager.tokenizer
-        p = req.prompt
-        texts = [p] if isinstance(p, str) else p if isinstance(p[0], str) else None
-        ids = [tok.encode(t) for t in texts] if texts else [p] if isinstance(p[0], int) else p
-        if texts is not None and not all(ids):
-            raise HTTPError(400, "the prompt is empty", param="prompt")
-        check_length(state, ids, "prompt")
-        max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
-        sp = sampling_params(state, req, max_tokens, "max_tokens")
-        single = len(ids) == 1 and (isinstance(p, str) or isinstance(p[0], int))
-        rid = uuid.uuid4().hex
-        want_lp = req.logprobs is not None
-        obj = GenerateReqInput(
-            input_ids=ids[0] if single else ids,
-            sampling_params=sp,
-            rid=rid if single else [f"{rid}-{i}" for i in range(len(ids))],
-            return_logprob=want_lp,
-            logprob_start_len=0 if want_lp and req.echo else -1,
-            top_logprobs_num=req.logprobs or 0,
-            return_text_in_logprobs=True,
-            stream=bool(req.stream),
-        )
-        echo = (texts or [tok.decode(i) for i in ids]) if req.echo else None
-        job = _Job(chat=False, id=f"cmpl-{rid}", model=model, n=n, obj=obj, echo_texts=echo, logprobs=want_lp,
-                   include_usage=bool(req.stream_options and req.stream_options.include_usage))
-        return await run(request, job)
+# ------------------------------------------------------------ completions
+@router.post("/v1/completions", openapi_extra=json_body(CompletionRequest.model_json_schema()))
+async def completions(request: Request):
+    state = srv(request)
+    req: CompletionRequest = _parse(CompletionRequest, await read_json(request))
+    model = _check_model(state, req.model)
+    if req.suffix:
+        raise HTTPError(400, "suffix is not supported", param="suffix")
+    n = req.n or 1
+    if req.best_of is not None and req.best_of != n:
+        raise HTTPError(400, f"best_of must equal n ({n}); choosing the best of several is not supported",
+                        param="best_of")
+    tok = state.tokenizer_manager.tokenizer
+    p = req.prompt
+    texts = [p] if isinstance(p, str) else p if isinstance(p[0], str) else None
+    try:
+        ids = [state.tokenizer_manager.encode_prompt(t) for t in texts] if texts else [p] if isinstance(p[0], int) else p
+    except ValueError as e:
+        raise HTTPError(400, str(e), param="prompt") from None
+    if texts is not None and not all(ids):
+        raise HTTPError(400, "the prompt is empty", param="prompt")
+    _check_length(state, ids, "prompt")
+    max_tokens = 16 if req.max_tokens is None else req.max_tokens  # OpenAI's default
+    sp = _sampling_params(state, req, max_tokens, "max_tokens", max(len(i) for i in ids))
+    single = len(ids) == 1 and (isinstance(p, str) or isinstance(p[0], int))
+    rid = uuid.uuid4().hex
+    want_lp = req.logprobs is not None
+    obj = GenerateReqInput(
+        input_ids=ids[0] if single else ids,
+        sampling_params=sp,
+        rid=rid if single else [f"{rid}-{i}" for i in range(len(ids))],
+        return_logprob=want_lp,
+        logprob_start_len=0 if want_lp and req.echo else -1,
+        top_logprobs_num=req.logprobs or 0,
+        return_text_in_logprobs=True,
+        stream=bool(req.stream),
+    )
+    echo = (texts or [tok.decode(i) for i in ids]) if req.echo else None
+    job = _Job(chat=False, id=f"cmpl-{rid}", model=model, n=n, obj=obj, echo_texts=echo, logprobs=want_lp,
+               include_usage=bool(req.stream_options and req.stream_options.include_usage))
+    return await _run(request, job)
 
-    # -------------------------------------------------------- chat completions
-    @app.post("/v1/chat/completions")
-    async def chat_completions(request: Request):
-        state = srv(request)
-        req: ChatCompletionRequest = parse(ChatCompletionRequest, await read_json(request))
-        model = check_model(state, req.model)
-        if req.top_logprobs is not None and not req.logprobs:
-            raise HTTPError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
-        if req.tools and req.tool_choice != "none":
-            raise HTTPError(400, "tool calling is not supported (tools need tool_choice 'none')", param="tools")
-        try:
-            constraint = response_format_constraint(req.response_format)
-        except RequestError as e:
-            raise HTTPError(400, str(e), param=e.param) from None
-        if constraint is not None:
-            if req.regex or req.json_schema or req.ebnf or req.structural_tag:
-                raise HTTPError(400, "response_format cannot be combined with regex, json_schema, ebnf or "
-                                "structural_tag", param="response_format")
-            setattr(req, *constraint)
-        ids = render_chat(state, req)
-        check_length(state, [ids], "messages")
-        ctx = state.scheduler_info["context_len"]
-        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
-        # No limit given: up to the end of the context, as vLLM and OpenAI do.
-        sp = sampling_params(state, req, ctx - len(ids) if max_tokens is None else max_tokens, field)
-        rid = uuid.uuid4().hex
-        obj = GenerateReqInput(
-            input_ids=ids,
-            sampling_params=sp,
-            rid=rid,
-            return_logprob=bool(req.logprobs),
-            top_logprobs_num=req.top_logprobs or 0,
-            return_text_in_logprobs=True,
-            stream=bool(req.stream),
-        )
-        job = _Job(chat=True, id=f"chatcmpl-{rid}", model=model, n=req.n or 1, obj=obj, logprobs=bool(req.logprobs),
-                   include_usage=bool(req.stream_options and req.stream_options.include_usage))
-        return await run(request, job)
+# -------------------------------------------------------- chat completions
+@router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest.model_json_schema()))
+async def chat_completions(request: Request):
+    state = srv(request)
+    req: ChatCompletionRequest = _parse(ChatCompletionRequest, await read_json(request))
+    model = _check_model(state, req.model)
+    if req.top_logprobs is not None and not req.logprobs:
+        raise HTTPError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
+    if req.tools and req.tool_choice != "none":
+        raise HTTPError(400, "tool calling is not supported (tools need tool_choice 'none')", param="tools")
+    try:
+        constraint = response_format_constraint(req.response_format)
+    except RequestError as e:
+        raise HTTPError(400, str(e), param=e.param) from None
+    if constraint is not None:
+        if req.regex or req.json_schema or req.ebnf or req.structural_tag:
+            raise HTTPError(400, "response_format cannot be combined with regex, json_schema, ebnf or "
+                            "structural_tag", param="response_format")
+        setattr(req, *constraint)
+    ids = _render_chat(state, req)
+    _check_length(state, [ids], "messages")
+    ctx = state.scheduler_info["context_len"]
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+    # No limit given: up to the end of the context, as vLLM and OpenAI do.
+    sp = _sampling_params(state, req, ctx - len(ids) if max_tokens is None else max_tokens, field, len(ids))
+    rid = uuid.uuid4().hex
+    obj = GenerateReqInput(
+        input_ids=ids,
+        sampling_params=sp,
+        rid=rid,
+        return_logprob=bool(req.logprobs),
+        top_logprobs_num=req.top_logprobs or 0,
+        return_text_in_logprobs=True,
+        stream=bool(req.stream),
+    )
+    job = _Job(chat=True, id=f"chatcmpl-{rid}", model=model, n=req.n or 1, obj=obj, logprobs=bool(req.logprobs),
+               include_usage=bool(req.stream_options and req.stream_options.include_usage))
+    return await _run(request, job)
 
-    def render_chat(state, req: ChatCompletionRequest) -> list[int]:
-        tok = state.tokenizer_manager.tokenizer
-        kwargs = dict(req.chat_template_kwargs or {})
-        if req.tools:
-            kwargs["tools"] = req.tools
-        try:
-            text = tok.apply_chat_template([m.for_template() for m in req.messages], tokenize=False,
-                                           add_generation_prompt=True, **kwargs)
-        except Exception as e:  # a template error (bad roles, no template) is the request's problem
-            raise HTTPError(400, f"cannot apply the chat template to messages: {e}", param="messages") from None
-        # The template already wrote any BOS: encoding it again would double it (as SGLang does).
-        return tok.encode(text, add_special_tokens=False)
+
+def _render_chat(state: ServerState, req: ChatCompletionRequest) -> list[int]:
+    tok = state.tokenizer_manager.tokenizer
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.tools:
+        kwargs["tools"] = req.tools
+    try:
+        text = tok.apply_chat_template([m.for_template() for m in req.messages], tokenize=False,
+                                       add_generation_prompt=True, **kwargs)
+    except Exception as e:  # a template error (bad roles, no template) is the request's problem
+        raise HTTPError(400, f"cannot apply the chat template to messages: {e}", param="messages") from None
+    if len(text) > state.context_len * state.tokenizer_manager.max_token_chars:
+        raise HTTPError(400, f"the messages have {len(text)} characters, more than the context length "
+                             f"{state.context_len} tokens can hold", param="messages")
+    # The template already wrote any BOS: encoding it again would double it (as SGLang does).
+    return tok.encode(text, add_special_tokens=False)
 
 
 async def _last(gen: AsyncIterator):

@@ -16,6 +16,16 @@ MAX_TOP_LOGPROBS = 20
 # A JSON-schema string that allows any object: what response_format json_object constrains to.
 ANY_JSON_OBJECT = '{"type": "object"}'
 
+# What the free-form (Any) fields below accept, for the OpenAPI document (their validators check it).
+_STR = {"type": "string"}
+_STRS = {"type": "array", "items": _STR}
+_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+_NULL = {"type": "null"}
+
+
+def _doc(*alternatives: dict):
+    return Field(None, json_schema_extra={"anyOf": [*alternatives, _NULL]})
+
 
 class RequestError(ValueError):
     """A bad request field; `param` names it (OpenAI's error.param)."""
@@ -55,7 +65,8 @@ class ChatMessage(BaseModel):
     # (refusal, annotations, audio, ...); only the fields below reach the chat template.
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: Any = None
+    content: Any = _doc(_STR, {"type": "array", "items": {
+        "type": "object", "properties": {"type": {"const": "text"}, "text": _STR}, "required": ["type", "text"]}})
     name: Optional[str] = None
     tool_calls: Optional[list[dict]] = None
     tool_call_id: Optional[str] = None
@@ -101,10 +112,10 @@ class SGLangExtras(_Strict):
     spaces_between_special_tokens: Optional[bool] = None
     no_stop_trim: Optional[bool] = None
     regex: Optional[str] = None
-    json_schema: Optional[Any] = None  # a JSON-schema string (or object)
+    json_schema: Optional[Any] = _doc(_STR, {"type": "object"})  # a JSON-schema string (or object)
     ebnf: Optional[str] = None
-    structural_tag: Optional[Any] = None
-    stop_regex: Any = None  # a regex string or a list of them
+    structural_tag: Optional[Any] = _doc(_STR, {"type": "object"})
+    stop_regex: Any = _doc(_STR, _STRS)  # a regex string or a list of them
 
 
 class _Common(SGLangExtras):
@@ -115,7 +126,7 @@ class _Common(SGLangExtras):
     n: Optional[int] = Field(None, ge=1)
     stream: Optional[bool] = False
     stream_options: Optional[StreamOptions] = None
-    stop: Any = None
+    stop: Any = _doc(_STR, _STRS)
     seed: Optional[int] = None
     presence_penalty: Optional[float] = None
     frequency_penalty: Optional[float] = None
@@ -150,7 +161,8 @@ class _Common(SGLangExtras):
 
 
 class CompletionRequest(_Common):
-    prompt: Any
+    prompt: Any = Field(json_schema_extra={"anyOf": [
+        {**_STR, "minLength": 1}, {**_STRS, "minItems": 1}, _IDS, {"type": "array", "items": _IDS, "minItems": 1}]})
     echo: Optional[bool] = False
     logprobs: Optional[int] = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     best_of: Optional[int] = None

@@ -90,7 +90,7 @@ def test_cache_aware_keeps_a_prefix_on_one_worker_and_admin_routes(cluster):
     assert info["router"]["decisions"]["cache_hit"] >= 5
     # /metrics carries the workers' own cache hit rates, as each reports it.
     samples = {(s.name, s.labels.get("worker")): s.value
-               for fam in text_string_to_metric_families(requests.get(r.url + "/metrics", timeout=5).text)
+               for fam in text_string_to_metric_families(requests.get(r.url + "/metrics", headers=_auth(), timeout=5).text)
                for s in fam.samples}
     busy = max(after, key=lambda u: after[u] - before[u])
     st = requests.get(busy + "/get_server_info", headers={"Authorization": f"Bearer {WORKER_KEY}"},
