@@ -1,0 +1,20 @@
+"""Soak test of a radixlm server: ≥ 1,000 mixed requests (native and OpenAI, chat and completions,
+streaming and not, n > 1, JSON schema, regex, logprobs, long and short prompts), ~20% of clients
+disconnecting at random moments, against a KV pool ~10x too small for the offered load; then checks
+statuses, the hang bound, the server's health, leaks and greedy equality with a quiet replay.
+Figures: docs/reliability.md, "Soak". The code is radixlm/bench/soak.py (tests/e2e/test_soak.py
+runs it on a tiny model).
+
+    python benchmarks/soak.py --server-args "--max-total-tokens 2600 --enable-invariant-checks" \\
+        --num-requests 1000 --concurrency 64 --output soak.json
+    python benchmarks/soak.py --url http://127.0.0.1:30000 --num-requests 200
+
+Exit status 0 when every check passed, 1 otherwise.
+"""
+
+import sys
+
+from radixlm.bench.soak import main
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""The soak (radixlm/bench/soak.py, docs/reliability.md "Soak") on the tiny model: 200 mixed requests
+(native and OpenAI, chat and completions, streaming and not, n > 1, JSON schema, regex, logprobs, long
+and short prompts sharing prefixes), ~20% of clients disconnecting at random moments, against a KV
+pool ~10x too small for the offered load, with the scheduler's invariant checks on. Every check
+must pass: no 5xx or other unexpected status, no hang, valid outputs, the server alive, nothing
+leaked, and greedy outputs equal to a quiet replay's."""
+
+from radixlm.bench.soak import SoakConfig, format_summary, run
+
+# The largest request (a 600-word prompt + 32 new tokens, ~700 tokens) must fit the pool alone.
+POOL = 750
+
+
+def test_soak_tiny(tiny_model_dir):
+    cfg = SoakConfig(
+        num_requests=200,
+        concurrency=48,
+        seed=1,
+        disconnect_rate=0.2,
+        request_timeout=120.0,
+        max_new_tokens=(4, 32),
+        short_words=(3, 30),
+        long_words=(200, 600),
+        drain_timeout=30.0,
+    )
+    server_args = ["--model-path", tiny_model_dir, "--num-threads", "1", "--max-total-tokens", str(POOL),
+                   "--enable-invariant-checks"]
+    s = run(None, cfg, server_args, log=lambda *a: None)
+    s.pop("_results")
+    report = format_summary(s)
+    print(report)  # pytest -s shows the figures
+    assert s["ok"], report
+    # The workload is what the soak claims: overloaded pool, every kind, disconnects, a replay.
+    assert 7 <= s["offered_load_ratio"] <= 15, report
+    assert set(s["by_kind_status"]) == {f"{a}/{m}" for a in ("native", "completions", "chat") for m in ("plain", "stream")}
+    for f in ("n>1", "json", "regex", "logprobs", "long", "short", "greedy", "sampled"):
+        assert s["features"].get(f, 0) >= 10, (f, report)
+    assert 0.1 * cfg.num_requests <= s["disconnects"] <= 0.3 * cfg.num_requests, report
+    assert len(s["disconnect_phases"]) >= 2, report  # before the answer and mid-stream
+    assert s["greedy_replayed"] >= 50 and s["greedy_mismatches"] == 0, report
+    # Alive until stopped; then SIGTERM's clean exit (128 + 15), not an engine failure's code.
+    assert s["server_alive_at_end"] and s["server_exit_code"] in (0, 143), report
