@@ -5,8 +5,8 @@ statuses, the hang bound, the server's health, leaks and greedy equality with a 
 Figures: docs/reliability.md, "Soak". The code is radixlm/bench/soak.py (tests/e2e/test_soak.py
 runs it on a tiny model).
 
-    python benchmarks/soak.py --server-args "--max-total-tokens 2600 --enable-invariant-checks" \\
-        --num-requests 1000 --concurrency 64 --output soak.json
+    python benchmarks/soak.py --server-args "--max-total-tokens 3000 --enable-invariant-checks" \\
+        --num-requests 1000 --concurrency 64 --seed 0 --request-timeout 900 --output soak.json
     python benchmarks/soak.py --url http://127.0.0.1:30000 --num-requests 200
 
 Exit status 0 when every check passed, 1 otherwise.

@@ -22,7 +22,7 @@ _FLOAT32_MAX = 3.4028234663852886e38  # the sampler's tensors are float32: large
 _INT64 = 1 << 63
 
 
-def _brief(v) -> str:
+def brief_repr(v) -> str:
     """repr of a client's value, cut short for an error message."""
     r = repr(v)
     return r if len(r) <= 60 else r[:57] + "..."
@@ -96,7 +96,7 @@ class SamplingParams:
 
     def verify(self, vocab_size: Optional[int] = None) -> None:
         def bad(name: str, why: str):
-            raise SamplingParamsError(f"sampling_params.{name} {why}, got {_brief(getattr(self, name))}")
+            raise SamplingParamsError(f"sampling_params.{name} {why}, got {brief_repr(getattr(self, name))}")
 
         def num(name: str, integer: bool = False):
             v = getattr(self, name)
@@ -155,13 +155,13 @@ class SamplingParams:
                 try:
                     t = int(k)
                 except (TypeError, ValueError):
-                    raise SamplingParamsError(f"sampling_params.logit_bias key {_brief(k)} is not a token id") from None
+                    raise SamplingParamsError(f"sampling_params.logit_bias key {brief_repr(k)} is not a token id") from None
                 if t < 0 or (vocab_size is not None and t >= vocab_size):
-                    raise SamplingParamsError(f"sampling_params.logit_bias key {_brief(k)} must be a token id in "
+                    raise SamplingParamsError(f"sampling_params.logit_bias key {brief_repr(k)} must be a token id in "
                                               f"[0, {vocab_size if vocab_size is not None else 'vocab size'})")
                 if not isinstance(v, (int, float)) or isinstance(v, bool) or not _finite32(v):
-                    raise SamplingParamsError(f"sampling_params.logit_bias[{_brief(k)}] must be a finite number of at most "
-                                              f"{_FLOAT32_MAX:.3g} in magnitude, got {_brief(v)}")
+                    raise SamplingParamsError(f"sampling_params.logit_bias[{brief_repr(k)}] must be a finite number of at most "
+                                              f"{_FLOAT32_MAX:.3g} in magnitude, got {brief_repr(v)}")
         if self.stop_token_ids is not None:
             ids = self.stop_token_ids
             if not isinstance(ids, list) or not all(isinstance(t, int) and t >= 0 for t in ids):

@@ -2,7 +2,7 @@
 disconnecting at random moments; then checks that nothing failed, hung, died or leaked, and that
 greedy outputs equal a quiet run's (docs/reliability.md, "Soak").
 
-    python benchmarks/soak.py --server-args "--max-total-tokens 2600 --enable-invariant-checks"
+    python benchmarks/soak.py --server-args "--max-total-tokens 3000 --enable-invariant-checks"
     python benchmarks/soak.py --url http://127.0.0.1:30000
 
 The workload is a seeded mix of: the native API (/generate) and the OpenAI API (/v1/completions,
@@ -163,7 +163,8 @@ def build_workload(cfg: SoakConfig) -> list[SoakRequest]:
         n = rng.randint(2, 3) if rng.random() < cfg.n_fraction else 1
         greedy = rng.random() < cfg.greedy_fraction
         r = rng.random()
-        constraint = "json" if r < cfg.json_fraction else "regex" if r < cfg.json_fraction + cfg.regex_fraction else None
+        constraint = ("json" if r < cfg.json_fraction else
+                      "regex" if r < cfg.json_fraction + cfg.regex_fraction else None)
         cval = rng.choice(SCHEMAS) if constraint == "json" else rng.choice(REGEXES) if constraint == "regex" else None
         logprobs = rng.random() < cfg.logprob_fraction
         top = rng.choice([0, 1, 3, 5]) if logprobs else 0
@@ -553,30 +554,34 @@ async def soak(url: str, cfg: SoakConfig, log=print, proc=None) -> dict:
         await asyncio.gather(*[worker() for _ in range(cfg.concurrency)])
         duration = time.perf_counter() - t0
 
-        # --- after the load: alive, drained, flushable
-        leaks, after, drain_s = await drain(client, url, cfg.drain_timeout)
-        after_load = after["internal_state"]
-        flush = await client.post(url + "/flush_cache")
-        flushed = (await client.get(url + "/get_server_info")).json()["internal_state"]
-        flush_ok = flush.status_code == 200 and flushed["available_kv_tokens"] == flushed["max_total_num_tokens"]
-
-        # --- the quiet run: greedy requests that were answered, one at a time, no disconnects
+        # --- after the load: drained, flushable; then the quiet run: the greedy requests that were
+        # answered, one at a time, no disconnects
         by_idx = {q.idx: q for q in reqs}
         greedy = [i for i, r in sorted(results.items())
                   if by_idx[i].greedy and r.status == 200 and not r.stream_error and r.choices]
-        mismatches, replay_s = [], 0.0
-        if cfg.replay:
-            t1 = time.perf_counter()
-            for k, i in enumerate(greedy):
-                quiet = await run_request(client, url, by_idx[i], cfg, incremental, disconnect=False)
-                if quiet.status != 200 or quiet.outputs() != results[i].outputs():
-                    mismatches.append({"idx": i, "kind": by_idx[i].kind, "features": by_idx[i].features(),
-                                       "load": results[i].outputs(), "quiet": quiet.outputs(),
-                                       "quiet_status": quiet.status})
-                if (k + 1) % max(1, len(greedy) // 5) == 0:
-                    log(f"  replayed {k + 1}/{len(greedy)} greedy requests")
-            replay_s = time.perf_counter() - t1
-        leaks_end, _, _ = await drain(client, url, cfg.drain_timeout)
+        leaks = leaks_end = ["not checked"]
+        after_load, drain_s, flush_ok, mismatches, replay_s, post_error = {}, 0.0, False, [], 0.0, None
+        try:
+            leaks, after, drain_s = await drain(client, url, cfg.drain_timeout)
+            after_load = after["internal_state"]
+            flush = await client.post(url + "/flush_cache")
+            flushed = (await client.get(url + "/get_server_info")).json()["internal_state"]
+            flush_ok = flush.status_code == 200 and flushed["available_kv_tokens"] == flushed["max_total_num_tokens"]
+            if cfg.replay:
+                t1 = time.perf_counter()
+                for k, i in enumerate(greedy):
+                    quiet = await run_request(client, url, by_idx[i], cfg, incremental, disconnect=False)
+                    if quiet.status != 200 or quiet.outputs() != results[i].outputs():
+                        mismatches.append({"idx": i, "kind": by_idx[i].kind, "features": by_idx[i].features(),
+                                           "load": results[i].outputs(), "quiet": quiet.outputs(),
+                                           "quiet_status": quiet.status})
+                    if (k + 1) % max(1, len(greedy) // 5) == 0:
+                        log(f"  replayed {k + 1}/{len(greedy)} greedy requests")
+                replay_s = time.perf_counter() - t1
+            leaks_end, _, _ = await drain(client, url, cfg.drain_timeout)
+        except (httpx.HTTPError, KeyError, ValueError) as e:  # the server died, or answers 503
+            post_error = f"{type(e).__name__}: {e}"[:300]
+            log(f"the server failed after the load: {post_error}")
         try:
             health = (await client.get(url + "/health")).status_code
         except httpx.HTTPError:
@@ -604,7 +609,7 @@ async def soak(url: str, cfg: SoakConfig, log=print, proc=None) -> dict:
         "alive": alive,
         "no_leaks": not leaks and not leaks_end,
         "flush": flush_ok,
-        "greedy_equal": not mismatches,
+        "greedy_equal": not mismatches and post_error is None,
     }
     summary = {
         "ok": all(checks.values()),
@@ -645,6 +650,7 @@ async def soak(url: str, cfg: SoakConfig, log=print, proc=None) -> dict:
         "num_retracted": after_load.get("num_retracted", 0) - stats0.get("num_retracted", 0),
         "cache_hit_rate": after_load.get("cache_hit_rate"),
         "flush_ok": flush_ok,
+        "post_load_error": post_error,
         "health": health,
         "greedy_replayed": len(greedy) if cfg.replay else 0,
         "greedy_matches": len(greedy) - len(mismatches) if cfg.replay else 0,
@@ -658,7 +664,8 @@ async def soak(url: str, cfg: SoakConfig, log=print, proc=None) -> dict:
 
 def format_summary(s: dict) -> str:
     lines = [
-        f"requests {s['requests']} in {s['duration_s']} s ({s['requests_per_s']}/s); pool {s['pool_tokens']} KV tokens, "
+        f"requests {s['requests']} in {s['duration_s']} s ({s['requests_per_s']}/s); "
+        f"pool {s['pool_tokens']} KV tokens, "
         f"offered load {s['offered_load_tokens']} ({s['offered_load_ratio']}x); mean prompt "
         f"{s['mean_prompt_tokens_est']} tokens (served: {s['mean_prompt_tokens_served']})",
         "by kind and status: " + "; ".join(f"{k} {v}" for k, v in s["by_kind_status"].items()),
@@ -670,11 +677,14 @@ def format_summary(s: dict) -> str:
             *(None if x is None else round(x, 2) for x in (s["latency_p50_s"], s["latency_p99_s"], s["latency_max_s"],
                                                            s["latency_max_all_s"]))),
         f"retractions {s['num_retracted']}, cache hit rate {s['cache_hit_rate']}",
-        f"after the load (drained in {s['drain_s']} s): {s['state_after_load']}; leaks {s['leaks_after_load'] or 'none'}; "
+        f"after the load (drained in {s['drain_s']} s): {s['state_after_load']}; "
+        f"leaks {s['leaks_after_load'] or 'none'}; "
         f"after the replay: {s['leaks_after_replay'] or 'none'}; flush ok {s['flush_ok']}; /health {s['health']}",
         f"greedy replayed {s['greedy_replayed']} in {s['replay_s']} s: {s['greedy_matches']} equal, "
         f"{s['greedy_mismatches']} different",
     ]
+    if s["post_load_error"]:
+        lines.append(f"the server failed after the load: {s['post_load_error']}")
     if s["bad_status"]:
         lines.append(f"bad statuses: {s['bad_status']}")
     if s["json_control_chars"]:
@@ -700,10 +710,12 @@ def _range(s: str) -> tuple[int, int]:
 
 def parser() -> argparse.ArgumentParser:
     d = SoakConfig()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="a running server")
-    where.add_argument("--server-args", help="start `radixlm serve` with these arguments (one string)")
+    where.add_argument("--server-args", help="start `radixlm serve` with these arguments (one string; write "
+                       "--server-args=--flag when it is a single flag)")
     p.add_argument("--num-requests", type=int, default=d.num_requests)
     p.add_argument("--concurrency", type=int, default=d.concurrency)
     p.add_argument("--disconnect-rate", type=float, default=d.disconnect_rate)
@@ -747,6 +759,10 @@ def run(url: Optional[str], cfg: SoakConfig, server_args: Optional[list[str]] = 
         url = server.url
     try:
         summary = asyncio.run(soak(url, cfg, log=log, proc=server.proc if server else None))
+    except BaseException:
+        if server is not None:
+            print("server log (tail):\n" + server.output()[-4000:], file=sys.stderr)
+        raise
     finally:
         if server is not None:
             alive = server.proc.poll() is None

@@ -27,7 +27,7 @@ from radixlm.ipc import (
     ReqStrChunk,
     TokenizedGenerateReqInput,
 )
-from radixlm.sampling_params import SamplingParams
+from radixlm.sampling_params import SamplingParams, brief_repr
 
 logger = logging.getLogger(__name__)
 
@@ -38,12 +38,6 @@ class EngineDeadError(RuntimeError):
 
 def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _brief(v) -> str:
-    """repr of a client's value, cut short for an error message."""
-    r = repr(v)
-    return r if len(r) <= 60 else r[:57] + "..."
 
 
 @dataclass
@@ -109,30 +103,30 @@ class TokenizerManager:
         sp.verify(self.vocab_size)
         if len(ids) + sp.max_new_tokens > self.context_len:
             raise ValueError(
-                f"sampling_params.max_new_tokens {_brief(sp.max_new_tokens)} plus the prompt's {len(ids)} tokens exceed the "
+                f"sampling_params.max_new_tokens {brief_repr(sp.max_new_tokens)} plus the prompt's {len(ids)} tokens exceed the "
                 f"context length {self.context_len}; ask for at most {self.context_len - len(ids)}"
             )
         if sp.n > self.server_args.max_n:
-            raise ValueError(f"sampling_params.n must be <= {self.server_args.max_n} (--max-n), got {_brief(sp.n)}")
+            raise ValueError(f"sampling_params.n must be <= {self.server_args.max_n} (--max-n), got {brief_repr(sp.n)}")
         rid = obj.item(i, "rid") or uuid.uuid4().hex
         lp_start = obj.item(i, "logprob_start_len", -1)
         top_n = obj.item(i, "top_logprobs_num", 0)
         return_logprob = obj.item(i, "return_logprob", False)
         priority = obj.item(i, "priority")
         if not isinstance(rid, str):
-            raise ValueError(f"rid must be a string (a list of them for a batch), got {_brief(rid)}")
+            raise ValueError(f"rid must be a string (a list of them for a batch), got {brief_repr(rid)}")
         if not isinstance(return_logprob, bool):
-            raise ValueError(f"return_logprob must be a boolean (a list of them for a batch), got {_brief(return_logprob)}")
+            raise ValueError(f"return_logprob must be a boolean (a list of them for a batch), got {brief_repr(return_logprob)}")
         if not _is_int(lp_start) or lp_start < -1:
-            raise ValueError(f"logprob_start_len must be an integer >= -1, got {_brief(lp_start)}")
+            raise ValueError(f"logprob_start_len must be an integer >= -1, got {brief_repr(lp_start)}")
         if return_logprob and lp_start >= len(ids):
             raise ValueError(f"logprob_start_len {lp_start} must be below the prompt length {len(ids)}")
         if not _is_int(top_n) or not 0 <= top_n <= self.server_args.max_top_logprobs_num:
             raise ValueError(f"top_logprobs_num must be an integer in [0, {self.server_args.max_top_logprobs_num}] "
-                             f"(--max-top-logprobs-num), got {_brief(top_n)}")
+                             f"(--max-top-logprobs-num), got {brief_repr(top_n)}")
         # The scheduler sorts its queue by priority: anything but an integer would kill it there.
         if priority is not None and not _is_int(priority):
-            raise ValueError(f"priority must be an integer (a list of them for a batch), got {_brief(priority)}")
+            raise ValueError(f"priority must be an integer (a list of them for a batch), got {brief_repr(priority)}")
         req = TokenizedGenerateReqInput(
             rid=rid,
             input_text=text,

@@ -124,14 +124,25 @@ class SchedulerOutputProcessorMixin:
         """A verify step's tokens for req, one by one as decoding would append them (logprobs from
         the row that predicted each, stop checks after each); the step wrote the KV of the next
         input and of every draft, so each appended token commits one more position. The KV of
-        drafts that were rejected or fall after a stop is freed."""
+        drafts that were rejected or fall after a stop is freed.
+
+        A request that jump-forward may move (constrained, no logprobs) stops taking tokens where
+        its grammar forces text: decoding would have jumped there (the caller does), and the
+        forced text's canonical tokens can differ from those the model would pick one by one.
+        Before that, each token is emitted as decoding emits it, since what was streamed is
+        what a jump may not re-tokenize."""
         start, appended = req.kv_committed_len, 0
+        may_jump = self.jump_forward and req.grammar is not None and not req.return_logprob
         for j, tok in enumerate(tokens):
             req.kv_committed_len = start + j + 1
             self.append_token(req, tok, rows[j])
             appended += 1
             if req.finished():
                 break
+            if may_jump and j < len(tokens) - 1:
+                if req.grammar.find_jump_forward_str():
+                    break
+                self.emit(req)
         accepted = len(tokens) - 1  # drafts the model agreed with (those after a stop are dropped)
         req.spec_verify_ct += 1
         req.spec_accepted_tokens += min(accepted, appended)

@@ -32,7 +32,8 @@ def test_soak_tiny(tiny_model_dir):
     assert s["ok"], report
     # The workload is what the soak claims: overloaded pool, every kind, disconnects, a replay.
     assert 7 <= s["offered_load_ratio"] <= 15, report
-    assert set(s["by_kind_status"]) == {f"{a}/{m}" for a in ("native", "completions", "chat") for m in ("plain", "stream")}
+    kinds = {f"{api}/{mode}" for api in ("native", "completions", "chat") for mode in ("plain", "stream")}
+    assert set(s["by_kind_status"]) == kinds, report
     for f in ("n>1", "json", "regex", "logprobs", "long", "short", "greedy", "sampled"):
         assert s["features"].get(f, 0) >= 10, (f, report)
     assert 0.1 * cfg.num_requests <= s["disconnects"] <= 0.3 * cfg.num_requests, report
@@ -40,3 +41,29 @@ def test_soak_tiny(tiny_model_dir):
     assert s["greedy_replayed"] >= 50 and s["greedy_mismatches"] == 0, report
     # Alive until stopped; then SIGTERM's clean exit (128 + 15), not an engine failure's code.
     assert s["server_alive_at_end"] and s["server_exit_code"] in (0, 143), report
+
+
+def test_soak_checks_catch_failures():
+    """The checks themselves: a leak, a server abort, a broken schema, a greedy mismatch are caught."""
+    from radixlm.bench.soak import SCHEMAS, SoakResult, build_workload, leak_state, output_problems
+
+    state = dict(max_total_num_tokens=100, available_kv_tokens=60, evictable_tokens=40, protected_tokens=0,
+                 req_slots_total=8, req_slots_free=8, num_running=0, num_waiting=0)
+    assert leak_state({"num_tracked_requests": 0, "internal_state": state}) == []
+    assert leak_state({"num_tracked_requests": 1, "internal_state": state})
+    for k, v in dict(available_kv_tokens=59, req_slots_free=7, protected_tokens=3, num_waiting=1).items():
+        assert leak_state({"num_tracked_requests": 0, "internal_state": {**state, k: v}}), k
+
+    req = next(q for q in build_workload(SoakConfig(num_requests=300)) if q.constraint == "json" and q.n == 1)
+    req.constraint_value, req.greedy = SCHEMAS[0], True
+    ok = {"text": '{"name": "Ann", "age": 30}', "ids": None, "finish": "stop", "lp": None, "top": None}
+    res = SoakResult(req.idx, req.kind, status=200, choices={0: ok})
+    req.logprobs = False
+    assert output_problems(req, res) == []
+    bad = SoakResult(req.idx, req.kind, status=200, choices={0: {**ok, "text": '{"name": "Ann"}'}})
+    assert "breaks the schema" in output_problems(req, bad)[0]
+    aborted = SoakResult(req.idx, req.kind, status=200, choices={0: {**ok, "finish": "abort"}})
+    assert "finished 'abort'" in output_problems(req, aborted)[0]
+    req.n = 2
+    differ = SoakResult(req.idx, req.kind, status=200, choices={0: ok, 1: {**ok, "text": '{"name": "Bo", "age": 3}'}})
+    assert output_problems(req, differ) == ["greedy choices differ"]
