@@ -232,17 +232,33 @@ async def forward(state: RouterState, request: Request, path: str, raw: bytes, t
             state.registry.record(url, False)
             last_error = f"worker {url} answered {resp.status_code}"
             continue
+        # Nothing is sent to the client before the worker's first body bytes: a worker that dies
+        # between its headers and its first chunk (a stream's headers go out before any token)
+        # is a failure before any answer, retried elsewhere like a refused connection.
+        chunks = resp.aiter_raw()
+        try:
+            first = await anext(chunks, b"")
+        except httpx.HTTPError as e:
+            await resp.aclose()
+            worker.load -= 1
+            worker.errors += 1
+            state.registry.record(url, False)
+            last_error = f"worker {url}: {type(e).__name__}: {e}"
+            logger.warning("request to %s failed before its first bytes (%s); retrying elsewhere", url, last_error)
+            continue
         state.registry.record(url, True)
-        return StreamingResponse(_relay(resp, worker), status_code=resp.status_code,
+        return StreamingResponse(_relay(resp, first, chunks, worker), status_code=resp.status_code,
                                  headers={k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS})
     return error_json(503, f"no worker could serve the request ({last_error})", "server_error")
 
 
-async def _relay(resp: httpx.Response, worker):
+async def _relay(resp: httpx.Response, first: bytes, chunks, worker):
     """The worker's bytes as they come; closing (client gone, or done) closes the worker's
     connection, which aborts the request there if it is still running."""
     try:
-        async for chunk in resp.aiter_raw():
+        if first:
+            yield first
+        async for chunk in chunks:
             yield chunk
     finally:
         worker.load -= 1
