@@ -215,22 +215,23 @@ async def forward(state: RouterState, request: Request, path: str, raw: bytes, t
         worker = state.registry.workers[url]
         worker.load += 1
         worker.routed += 1
+
+        def failed(why: str) -> str:
+            worker.load -= 1
+            worker.errors += 1
+            state.registry.record(url, False)
+            logger.warning("request to %s failed (%s); retrying elsewhere", url, why)
+            return f"worker {url}: {why}"
+
         try:
             resp = await state.client.send(state.client.build_request("POST", url + path, content=raw, headers=headers),
                                            stream=True)
         except httpx.HTTPError as e:
-            worker.load -= 1
-            worker.errors += 1
-            state.registry.record(url, False)
-            last_error = f"worker {url}: {type(e).__name__}: {e}"
-            logger.warning("request to %s failed (%s); retrying elsewhere", url, last_error)
+            last_error = failed(f"{type(e).__name__}: {e}")
             continue
         if resp.status_code >= 500:
             await resp.aclose()
-            worker.load -= 1
-            worker.errors += 1
-            state.registry.record(url, False)
-            last_error = f"worker {url} answered {resp.status_code}"
+            last_error = failed(f"answered {resp.status_code}")
             continue
         # Nothing is sent to the client before the worker's first body bytes: a worker that dies
         # between its headers and its first chunk (a stream's headers go out before any token)
@@ -240,11 +241,7 @@ async def forward(state: RouterState, request: Request, path: str, raw: bytes, t
             first = await anext(chunks, b"")
         except httpx.HTTPError as e:
             await resp.aclose()
-            worker.load -= 1
-            worker.errors += 1
-            state.registry.record(url, False)
-            last_error = f"worker {url}: {type(e).__name__}: {e}"
-            logger.warning("request to %s failed before its first bytes (%s); retrying elsewhere", url, last_error)
+            last_error = failed(f"{type(e).__name__} before its first bytes: {e}")
             continue
         state.registry.record(url, True)
         return StreamingResponse(_relay(resp, first, chunks, worker), status_code=resp.status_code,
