@@ -235,7 +235,10 @@ async def fit_workload(client, url: str, reqs: list[SoakRequest], context_len: i
     request fits the context (prompt + max_new_tokens < context)."""
     r = await client.post(url + "/tokenize", json={"text": [_prompt_text(q) for q in reqs]})
     r.raise_for_status()
-    for q, count in zip(reqs, r.json()["count"]):
+    counts = r.json()["count"]
+    if len(counts) != len(reqs):
+        raise ValueError(f"/tokenize counted {len(counts)} prompts of {len(reqs)}")
+    for q, count in zip(reqs, counts):
         q.est_prompt_tokens = count + (CHAT_TEMPLATE_TOKENS if q.api == "chat" else 0)
         room = context_len - q.est_prompt_tokens - 8
         if room < 1:

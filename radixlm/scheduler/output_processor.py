@@ -132,7 +132,7 @@ class SchedulerOutputProcessorMixin:
         Before that, each token is emitted as decoding emits it, since what was streamed is
         what a jump may not re-tokenize."""
         start, appended = req.kv_committed_len, 0
-        may_jump = self.jump_forward and req.grammar is not None and not req.return_logprob
+        may_jump = self.can_jump_forward(req)
         for j, tok in enumerate(tokens):
             req.kv_committed_len = start + j + 1
             self.append_token(req, tok, rows[j])
@@ -188,11 +188,14 @@ class SchedulerOutputProcessorMixin:
             req.input_top_logprobs.extend(_topk(row, req.top_logprobs_num) for row in rows)
         req.logprob_pos = hi
 
+    def can_jump_forward(self: "Scheduler", req: Req) -> bool:
+        return self.jump_forward and req.grammar is not None and not req.return_logprob
+
     def try_jump_forward(self: "Scheduler", req: Req) -> bool:
         """Append the text req's grammar forces; the request then leaves the running batch and
         comes back through one extend step over the forced tokens (its prefix from the cache).
         Returns True when it was requeued."""
-        if not self.jump_forward or req.grammar is None or req.return_logprob:
+        if not self.can_jump_forward(req):
             return False
         assert self.inflight is None or not self.inflight.holds(req), "constrained requests never overlap"
         # Tokens that were streamed, or whose KV the tree shares, are never re-tokenized.

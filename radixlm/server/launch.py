@@ -29,7 +29,6 @@ class EngineSupervisor:
         self.state = None  # the ServerState, once the app started
         self.stopping = False
         self.exit_code = 0
-        self.restarts = 0
 
     def launch(self) -> dict:
         from radixlm.engine.launcher import launch_engine_processes
@@ -75,13 +74,13 @@ class EngineSupervisor:
             self.shutdown(1)
             return
         tm = await self.attach()
-        self.restarts += 1
         st = self.state
-        st.tokenizer_manager, st.scheduler_info, st.engine_restarts = tm, self.info, self.restarts
+        st.tokenizer_manager, st.scheduler_info = tm, self.info
+        st.engine_restarts += 1
         if st.metrics is not None:
             st.metrics.tm = tm
         await old_tm.close()
-        logger.warning("engine restarted (%d restart(s) so far)", self.restarts)
+        logger.warning("engine restarted (%d restart(s) so far)", st.engine_restarts)
 
     def shutdown(self, code: int) -> None:
         self.exit_code = max(self.exit_code, code)
@@ -112,7 +111,7 @@ def launch_server(server_args: ServerArgs) -> None:
             from radixlm.server.metrics import ServerMetrics
 
             metrics = ServerMetrics(tm)
-        supervisor.state = ServerState(server_args, tm, info, metrics)
+        supervisor.state = ServerState(server_args, tm, supervisor.info, metrics)
         return supervisor.state
 
     app = create_app(state_factory)
