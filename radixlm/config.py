@@ -14,6 +14,18 @@ ATTENTION_BACKENDS = ("native", "torch")
 DRAFT_POLICIES = ("adaptive", "fixed")
 
 
+def _hicache_choices(name: str):
+    def get():
+        from radixlm.cache import hiradix_cache, host_pool
+
+        return getattr(hiradix_cache, name, None) or getattr(host_pool, name)
+    return get
+
+
+_CHOICES = {"hicache_write_policy": _hicache_choices("WRITE_POLICIES"), "hicache_dtype": _hicache_choices("HICACHE_DTYPES"),
+            "hicache_storage_backend": _hicache_choices("STORAGE_BACKENDS")}
+
+
 @dataclass
 class ServerArgs:
     # Model
@@ -77,6 +89,19 @@ class ServerArgs:
     # decoding, in its own KV pool of speculative_draft_kv_tokens tokens (None: as many as the target's).
     speculative_draft_model_path: Optional[str] = None
     speculative_draft_kv_tokens: Optional[int] = None
+
+    # Hierarchical cache (cache/hiradix_cache.py, SGLang's HiCache flags): the radix tree over L1 (the
+    # KV pool), L2 (a larger host pool, --hicache-ratio x L1 or --hicache-size GiB) and L3 (a storage
+    # backend that outlives the process: --hicache-storage-backend file in --hicache-storage-dir).
+    enable_hierarchical_cache: bool = False
+    hicache_ratio: float = 2.0
+    hicache_size: float = 0.0  # GiB; 0: from hicache_ratio
+    hicache_write_policy: str = "write_through"
+    hicache_dtype: str = "auto"  # L2/L3 element type; auto: float16 for a float32 L1, else L1's
+    hicache_storage_backend: Optional[str] = None
+    hicache_storage_dir: Optional[str] = None  # default $RADIXLM_CACHE_DIR/hicache (~/.cache/radixlm/hicache)
+    hicache_storage_size_gb: float = 16.0  # least recently used chunks go past this (0: unbounded)
+    hicache_storage_chunk_size: int = 64  # tokens per stored chunk
 
     # HTTP server
     host: str = "127.0.0.1"
@@ -157,8 +182,39 @@ class ServerArgs:
                              f"got speculative_algorithm {self.speculative_algorithm!r}")
         if self.speculative_draft_kv_tokens is not None and self.speculative_draft_kv_tokens <= 0:
             raise ValueError(f"speculative_draft_kv_tokens must be positive, got {self.speculative_draft_kv_tokens}")
+        self._check_hicache()
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+
+    def _check_hicache(self) -> None:
+        from radixlm.cache.hiradix_cache import STORAGE_BACKENDS, WRITE_POLICIES
+        from radixlm.cache.host_pool import HICACHE_DTYPES
+
+        if self.hicache_write_policy not in WRITE_POLICIES:
+            raise ValueError(f"hicache_write_policy must be one of {WRITE_POLICIES}, got {self.hicache_write_policy!r}")
+        if self.hicache_dtype not in HICACHE_DTYPES:
+            raise ValueError(f"hicache_dtype must be one of {HICACHE_DTYPES}, got {self.hicache_dtype!r}")
+        if self.hicache_storage_backend is not None and self.hicache_storage_backend not in STORAGE_BACKENDS:
+            raise ValueError(f"hicache_storage_backend must be one of {STORAGE_BACKENDS}, "
+                             f"got {self.hicache_storage_backend!r}")
+        if self.hicache_ratio <= 0 or self.hicache_size < 0 or self.hicache_storage_size_gb < 0:
+            raise ValueError("hicache_ratio must be positive, hicache_size and hicache_storage_size_gb >= 0")
+        if self.hicache_storage_chunk_size < 1:
+            raise ValueError(f"hicache_storage_chunk_size must be >= 1, got {self.hicache_storage_chunk_size}")
+        if not self.enable_hierarchical_cache:
+            if self.hicache_storage_backend is not None:
+                raise ValueError("hicache_storage_backend needs enable_hierarchical_cache (--enable-hierarchical-cache)")
+        elif self.disable_radix_cache:
+            raise ValueError("enable_hierarchical_cache needs the radix cache (drop --disable-radix-cache)")
+
+    @property
+    def hicache_storage_path(self) -> str:
+        import os
+
+        if self.hicache_storage_dir:
+            return self.hicache_storage_dir
+        root = os.environ.get("RADIXLM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "radixlm")
+        return os.path.join(root, "hicache")
 
     @property
     def decode_kv_mirror_bytes(self) -> int:
@@ -210,6 +266,17 @@ class ServerArgs:
             "max_request_body_bytes": "larger request bodies are refused with 413",
             "max_n": "largest n (completions per prompt) a request may ask for",
             "max_top_logprobs_num": "largest top_logprobs_num (OpenAI: logprobs / top_logprobs) a request may ask for",
+            "enable_hierarchical_cache": "keep KV evicted from the pool in host memory (L2) and, with "
+            "--hicache-storage-backend, on disk (L3), and load it back instead of recomputing",
+            "hicache_ratio": "L2 size as a multiple of the KV pool (when --hicache-size is 0)",
+            "hicache_size": "L2 size in GiB (0: --hicache-ratio)",
+            "hicache_write_policy": "when KV is copied down: write_through (at insert), write_through_selective "
+            "(once a prefix is hit twice), write_back (at eviction)",
+            "hicache_dtype": "L2/L3 element type (auto: float16 for a float32 KV pool, else the pool's)",
+            "hicache_storage_backend": "L3: file (chunks of KV in --hicache-storage-dir, kept across restarts)",
+            "hicache_storage_dir": "the file backend's directory (default: $RADIXLM_CACHE_DIR/hicache)",
+            "hicache_storage_size_gb": "the file backend's size bound in GiB (least recently used chunks go; 0: none)",
+            "hicache_storage_chunk_size": "tokens per stored chunk (a prefix is stored in whole chunks)",
             "decode_kv_mirror_gb": "memory for a dense copy of the decoding requests' KV (0: off; default 1 on CPU, "
             "0 on CUDA)",
         }
@@ -230,6 +297,8 @@ class ServerArgs:
                 kw["choices"] = KV_CACHE_DTYPES
             elif f.name == "attention_backend":
                 kw["choices"] = ATTENTION_BACKENDS
+            elif f.name in _CHOICES:
+                kw["choices"] = _CHOICES[f.name]()
             elif f.name == "speculative_draft_policy":
                 kw["choices"] = DRAFT_POLICIES
             elif f.name == "speculative_algorithm":

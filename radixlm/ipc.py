@@ -35,7 +35,10 @@ class AbortReq:
 
 @dataclass
 class FlushCacheReq:
-    pass
+    level: str = "l1"  # l1: the KV pool; l2: also the host tier; l3: also the storage tier
+
+
+FLUSH_LEVELS = ("l1", "l2", "l3")
 
 
 @dataclass

@@ -55,6 +55,11 @@ class TreeNode:
         self.value: torch.Tensor = _empty_indices()
         self.lock_ref = 0
         self.last_access_time = next(_clock)
+        # Hierarchical cache (hiradix_cache.py) only: value is None when the node's KV left L1;
+        # host_value its slots in the host pool (L2); host_lock pins it there during a load.
+        self.host_value: torch.Tensor | None = None
+        self.host_lock = 0
+        self.hit_count = 0
 
     def is_leaf(self) -> bool:
         return not self.children
@@ -96,7 +101,7 @@ class RadixCache:
         values: list[torch.Tensor] = []
         node = self.root_node
         node.last_access_time = next(_clock)
-        while key and key[0] in node.children:
+        while key and key[0] in node.children and self._in_l1(node.children[key[0]]):
             child = node.children[key[0]]
             child.last_access_time = next(_clock)
             prefix_len = _key_match(child.key, key)
@@ -182,15 +187,25 @@ class RadixCache:
         new_node = TreeNode()
         new_node.parent = child.parent
         new_node.key = child.key[:split_len]
-        new_node.value = child.value[:split_len]
         new_node.lock_ref = child.lock_ref
         new_node.last_access_time = child.last_access_time
+        new_node.host_lock, new_node.hit_count = child.host_lock, child.hit_count
+        if child.value is not None:
+            new_node.value, child.value = child.value[:split_len], child.value[split_len:]
+        else:
+            new_node.value = None
+        if child.host_value is not None:
+            new_node.host_value, child.host_value = child.host_value[:split_len], child.host_value[split_len:]
         new_node.children = {child.key[split_len]: child}
         new_node.parent.children[new_node.key[0]] = new_node
         child.parent = new_node
         child.key = child.key[split_len:]
-        child.value = child.value[split_len:]
         return new_node
+
+    @staticmethod
+    def _in_l1(node: TreeNode) -> bool:
+        """Whether node's KV is in the device pool (always, without the hierarchical cache)."""
+        return node.value is not None
 
     # --- eviction and locking ----------------------------------------------------
     def evict(self, num_tokens: int) -> int:
@@ -250,8 +265,8 @@ class RadixCache:
         return self.protected_size_
 
     def total_size(self) -> int:
-        # Counted by walking the tree, not from the counters, so it can catch drift.
-        return sum(len(n.value) for n in self.all_nodes())
+        # Counted by walking the tree, not from the counters, so it can catch drift. L1 tokens only.
+        return sum(len(n.value) for n in self.all_nodes() if n.value is not None)
 
     def path_to(self, node: TreeNode) -> tuple[list[int], torch.Tensor]:
         """Token ids and KV slots on the path from the root to `node`."""
@@ -275,7 +290,7 @@ class RadixCache:
     def pretty_print(self) -> None:
         def visit(node: TreeNode, indent: int) -> None:
             for child in node.children.values():
-                print(" " * indent + f"{child.key} -> {child.value.tolist()} lock_ref={child.lock_ref}")
+                print(" " * indent + f"{child.key} -> {child.value.tolist() if child.value is not None else 'L2'} lock_ref={child.lock_ref}")
                 visit(child, indent + 2)
 
         visit(self.root_node, 0)

@@ -141,8 +141,10 @@ class Engine:
         finally:
             it.close()  # a consumer that leaves early aborts the request
 
-    def flush_cache(self) -> bool:
-        return self._run(self.tokenizer_manager.flush_cache()).success
+    def flush_cache(self, level: str = "l1") -> bool:
+        """Empty the KV pool; with --enable-hierarchical-cache, level "l2" / "l3" also empties the host
+        tier / the storage tier."""
+        return self._run(self.tokenizer_manager.flush_cache(level)).success
 
     def get_internal_state(self) -> dict:
         return self._run(self.tokenizer_manager.get_internal_state())

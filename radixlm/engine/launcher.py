@@ -41,7 +41,15 @@ def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, di
     return procs, port_args, info
 
 
-def stop_processes(procs: list, port_args: Optional[PortArgs] = None) -> None:
+def stop_processes(procs: list, port_args: Optional[PortArgs] = None, grace: float = 5.0) -> None:
+    """SIGTERM (the scheduler finishes its storage writes, see run_scheduler_process), then SIGKILL
+    what is left after `grace` seconds."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in procs:
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
     for p in procs:
         if p.is_alive():
             p.kill()

@@ -363,8 +363,8 @@ class TokenizerManager:
         self.send_to_scheduler.send_pyobj(req)
         return await fut
 
-    async def flush_cache(self) -> FlushCacheReqOutput:
-        return await self._control(FlushCacheReq(), FlushCacheReqOutput)
+    async def flush_cache(self, level: str = "l1") -> FlushCacheReqOutput:
+        return await self._control(FlushCacheReq(level), FlushCacheReqOutput)
 
     async def get_internal_state(self) -> dict:
         return (await self._control(GetInternalStateReq(), GetInternalStateReqOutput)).state

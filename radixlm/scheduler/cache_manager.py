@@ -53,8 +53,12 @@ class CacheManager:
 
     # --- admission --------------------------------------------------------------
     def match(self, req: Req, split: bool = True) -> tuple[torch.Tensor, TreeNode]:
-        """The cached prefix `req` may reuse (see Req.max_prefix_len)."""
-        return self.tree_cache.match_prefix(req.all_ids()[: req.max_prefix_len()], split=split)
+        """The cached prefix `req` may reuse (see Req.max_prefix_len). For admission (split) a
+        hierarchical tree also loads the part held in L2 back into L1."""
+        key = req.all_ids()[: req.max_prefix_len()]
+        if split and hasattr(self.tree_cache, "match_and_load"):
+            return self.tree_cache.match_and_load(key)
+        return self.tree_cache.match_prefix(key, split=split)
 
     def lock(self, node: TreeNode) -> int:
         """Pin node's path; returns the change in evictable tokens (<= 0)."""
@@ -136,7 +140,11 @@ class CacheManager:
         self.token_to_kv_pool.free(row[req.kv_committed_len : req.kv_allocated_len].clone())
         req.kv_allocated_len = req.kv_committed_len
 
-    def flush(self) -> None:
-        self.tree_cache.reset()
+    def flush(self, level: str = "l1") -> None:
+        """Idle only. A hierarchical tree keeps what it moved down to L2/L3 unless level says more."""
+        if hasattr(self.tree_cache, "flush"):
+            self.tree_cache.flush(level)
+        else:
+            self.tree_cache.reset()
         self.token_to_kv_pool.clear()
         self.req_to_token_pool.clear()

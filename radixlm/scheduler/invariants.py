@@ -34,7 +34,8 @@ def check_invariants(cm: CacheManager, holders: Iterable[Req], idle: Iterable[Re
     """
     tree, pool, rows = cm.tree_cache, cm.token_to_kv_pool, cm.req_to_token_pool
     nodes = tree.all_nodes()
-    parts = [pool.free_slots] + [n.value for n in nodes]
+    # A hierarchical tree's nodes outside L1 (value None) own no KV slot; check_tiers covers them.
+    parts = [pool.free_slots] + [n.value for n in nodes if n.value is not None]
     locks: Counter = Counter()
     owner_of_row: dict[int, str] = {}
     for r in holders:
@@ -70,19 +71,24 @@ def check_invariants(cm: CacheManager, holders: Iterable[Req], idle: Iterable[Re
     if bad.numel():
         s = int(bad[0]) + 1
         _fail(f"{bad.numel()} KV slot(s) without exactly one owner, e.g. slot {s} with {int(counts[s])} "
-              f"(free {pool.available_size()}, tree {sum(len(n.key) for n in nodes)}, holders {len(owner_of_row)})")
+              f"(free {pool.available_size()}, tree {tree.total_size()}, holders {len(owner_of_row)})")
 
     protected = total = 0
     for n in nodes:  # len(key) == len(value): the tree asserts it on insert
         if n.lock_ref != locks[n.id]:
             _fail(f"{n} has lock_ref {n.lock_ref} but {locks[n.id]} request(s) hold it")
-        total += len(n.key)
-        protected += len(n.key) if n.lock_ref > 0 else 0
+        if n.value is not None:
+            total += len(n.key)
+            protected += len(n.key) if n.lock_ref > 0 else 0
     if tree.root_node.lock_ref != 1:
         _fail(f"root lock_ref {tree.root_node.lock_ref}")
     if protected != tree.protected_size() or total - protected != tree.evictable_size():
         _fail(f"tree counters drifted: protected {tree.protected_size()} (walk {protected}), "
               f"evictable {tree.evictable_size()} (walk {total - protected})")
+
+    tier_error = tree.check_tiers() if hasattr(tree, "check_tiers") else None
+    if tier_error:
+        _fail(f"hierarchical cache: {tier_error}")
 
     free_rows = rows.free_slots
     if len(set(free_rows)) != len(free_rows) or set(free_rows) & set(owner_of_row):

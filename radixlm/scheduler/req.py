@@ -61,6 +61,8 @@ class Req:
     # Grammar matcher (radixlm.constrained); a Future while its grammar compiles.
     grammar: Any = None
     retracted: int = 0
+    # Hierarchical cache: the L3 read of this request's prefix it waits for (cache/hicache_io.Prefetch).
+    prefetch: Any = None
     # Overlap scheduling: where the launched, unprocessed decode step stores this request's token.
     future_slot: Optional[int] = None
 

@@ -20,10 +20,12 @@ from typing import Optional
 import torch
 import zmq
 
+from radixlm.cache.hiradix_cache import HiRadixCache, create_hiradix_cache
 from radixlm.cache.radix_cache import RadixCache
 from radixlm.config import PortArgs, ServerArgs
 from radixlm.ipc import (
     AbortReq,
+    FLUSH_LEVELS,
     FlushCacheReq,
     FlushCacheReqOutput,
     GetInternalStateReq,
@@ -58,7 +60,11 @@ class Scheduler(SchedulerOutputProcessorMixin):
         self.device = self.runner.device
         self.req_to_token_pool = self.runner.req_to_token_pool
         self.token_to_kv_pool = self.runner.token_to_kv_pool
-        self.tree_cache = RadixCache(self.token_to_kv_pool, disable=server_args.disable_radix_cache)
+        self.hicache: Optional[HiRadixCache] = None
+        if server_args.enable_hierarchical_cache:
+            self.tree_cache = self.hicache = create_hiradix_cache(server_args, self.runner, self._load_tokenizer)
+        else:
+            self.tree_cache = RadixCache(self.token_to_kv_pool, disable=server_args.disable_radix_cache)
         self.cache_manager = CacheManager(self.req_to_token_pool, self.token_to_kv_pool, self.tree_cache)
         self.policy = SchedulePolicy(
             server_args.schedule_policy, self.tree_cache, server_args.disable_radix_cache, server_args.random_seed
@@ -70,6 +76,8 @@ class Scheduler(SchedulerOutputProcessorMixin):
         # Requests whose grammar is compiling on the backend's thread pool.
         self.grammar_queue: list[Req] = []
         self.grammar_backend = None  # created on the first constrained request
+        # Requests waiting for their prefix's KV to be read from storage (hierarchical cache, L3).
+        self.prefetch_queue: list[Req] = []
         self.running: list[Req] = []
         # The request being prefilled in chunks, between its chunks (it holds its row and lock).
         self.chunked_req: Optional[Req] = None
@@ -120,14 +128,15 @@ class Scheduler(SchedulerOutputProcessorMixin):
 
     # ------------------------------------------------------------------ loop
     def is_idle(self) -> bool:
-        return not (self.waiting_queue or self.running or self.chunked_req or self.inflight or self.grammar_queue)
+        return not (self.waiting_queue or self.running or self.chunked_req or self.inflight or self.grammar_queue
+                    or self.prefetch_queue)
 
     def event_loop(self) -> None:
         poller = zmq.Poller()
         poller.register(self.recv_from_tokenizer, zmq.POLLIN)
         while True:
             if not (self.waiting_queue or self.running or self.chunked_req or self.inflight):
-                poller.poll(2 if self.grammar_queue else 1000)
+                poller.poll(2 if self.grammar_queue or self.prefetch_queue else 1000)
             for msg in self._drain():
                 self.handle(msg)
             self.step()
@@ -146,7 +155,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
             elif isinstance(msg, AbortReq):
                 self.abort_request(msg.rid)
             elif isinstance(msg, FlushCacheReq):
-                self.send_to_tokenizer.send_pyobj(self.flush_cache())
+                self.send_to_tokenizer.send_pyobj(self.flush_cache(msg.level))
             elif isinstance(msg, GetInternalStateReq):
                 self.send_to_tokenizer.send_pyobj(GetInternalStateReqOutput(self.internal_state()))
             else:
@@ -163,6 +172,8 @@ class Scheduler(SchedulerOutputProcessorMixin):
         a decode step stays in flight while the next one is built and launched."""
         if self.grammar_queue:
             self.move_ready_grammar_requests()
+        if self.hicache is not None and self.hicache.prefetches:
+            self.move_prefetched_requests()
         prev, self.inflight = self.inflight, None
         if prev is not None:
             self.step_overlapped(prev)
@@ -198,7 +209,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
         holders = list(self.running) + ([self.chunked_req] if self.chunked_req else [])
         if self.inflight is not None:
             holders += self.inflight.deferred_release
-        check_invariants(self.cache_manager, holders, self.waiting_queue + self.grammar_queue)
+        check_invariants(self.cache_manager, holders, self.waiting_queue + self.grammar_queue + self.prefetch_queue)
 
     # -------------------------------------------------------------- requests
     def add_request(self, recv: TokenizedGenerateReqInput) -> None:
@@ -225,6 +236,8 @@ class Scheduler(SchedulerOutputProcessorMixin):
             priority=recv.priority,
             input_text=recv.input_text,
         )
+        if self.hicache is not None:
+            req.prefetch = self.hicache.start_prefetch(req.all_ids()[: req.max_prefix_len()])
         key = req.sampling_params.grammar_key
         if key is not None:
             try:
@@ -236,7 +249,20 @@ class Scheduler(SchedulerOutputProcessorMixin):
             self.grammar_queue.append(req)
             self.move_ready_grammar_requests()  # a cached grammar is ready at once
             return
-        self.waiting_queue.append(req)
+        self._enqueue(req)
+
+    def _enqueue(self, req: Req) -> None:
+        """A request ready but for its prefix's L3 read waits for that; else it is schedulable."""
+        if req.prefetch is not None and not req.prefetch.done:
+            self.prefetch_queue.append(req)
+        else:
+            self.waiting_queue.append(req)
+
+    def move_prefetched_requests(self) -> None:
+        self.hicache.poll_prefetches()
+        for req in [r for r in self.prefetch_queue if r.prefetch.done]:
+            self.prefetch_queue.remove(req)
+            self.waiting_queue.append(req)
 
     def _reject(self, rid: str, prompt_len: int, message: str, status_code: int) -> None:
         reason = {"type": "abort", "message": message, "status_code": status_code}
@@ -277,15 +303,15 @@ class Scheduler(SchedulerOutputProcessorMixin):
                 self.emit(req)
                 continue
             req.grammar = grammar
-            self.waiting_queue.append(req)
+            self._enqueue(req)
 
     def abort_request(self, rid: str) -> None:
         for req in self.grammar_queue:
             if rid in ("", req.rid):
                 req.to_abort = True
-        for req in list(self.waiting_queue):
-            if rid in ("", req.rid):
-                self.waiting_queue.remove(req)
+        for queue in (self.prefetch_queue, self.waiting_queue):
+            for req in [r for r in queue if rid in ("", r.rid)]:
+                queue.remove(req)
                 req.abort()
                 if self.spec is not None:  # a retracted request keeps its drafting state
                     self.spec.release(req)
@@ -298,10 +324,13 @@ class Scheduler(SchedulerOutputProcessorMixin):
             if rid in ("", req.rid):
                 req.to_abort = True
 
-    def flush_cache(self) -> FlushCacheReqOutput:
+    def flush_cache(self, level: str = "l1") -> FlushCacheReqOutput:
+        """Empty the cache: L1 (the KV pool), or with the hierarchical cache down to "l2" or "l3"."""
         if not self.is_idle():
             return FlushCacheReqOutput(False, "requests are running")
-        self.cache_manager.flush()
+        if level not in FLUSH_LEVELS:
+            return FlushCacheReqOutput(False, f"level must be one of {', '.join(FLUSH_LEVELS)}, got {level!r}")
+        self.cache_manager.flush(level)
         self.stats.reset_cache_stats()
         return FlushCacheReqOutput(True)
 
@@ -317,6 +346,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
             "num_waiting": len(self.waiting_queue) + len(self.grammar_queue),
             **self.stats.as_dict(),
             **(self.spec.stats.as_dict() if self.spec else {}),
+            **({"hicache": self.hicache.info()} if self.hicache is not None else {}),
         }
 
     # ------------------------------------------------------------- batching
@@ -564,6 +594,12 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe_wri
         logger.exception("scheduler failed to start")
         pipe_writer.send({"status": "error", "message": f"{type(e).__name__}: {e}"})
         return
+    if scheduler.hicache is not None and scheduler.hicache.io is not None:
+        def finish_stores(*_):  # stores queued for L3 are what the next start serves from
+            scheduler.hicache.io.wait_writes(timeout=4.0)
+            raise SystemExit(0)
+
+        signal.signal(signal.SIGTERM, finish_stores)
     try:
         scheduler.event_loop()
     except InvariantError:

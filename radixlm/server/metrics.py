@@ -29,6 +29,16 @@ class ServerMetrics:
         # Speculative decoding (zero without --speculative-algorithm).
         self.spec_verify_steps = Counter("radixlm:spec_verify_steps", "Verify steps of finished requests that carried a draft", registry=r)
         self.spec_accepted_tokens = Counter("radixlm:spec_accepted_tokens", "Draft tokens accepted in finished requests", registry=r)
+        # Hierarchical cache (zero without --enable-hierarchical-cache): per tier, since start.
+        self.hicache_hit_tokens = Gauge("radixlm:hicache_hit_tokens", "Prompt tokens loaded back from a lower tier "
+                                        "instead of recomputed", ["tier"], registry=r)
+        self.hicache_loads = Gauge("radixlm:hicache_loads", "Loads from a lower tier", ["tier"], registry=r)
+        self.hicache_load_seconds = Gauge("radixlm:hicache_load_seconds", "Time spent loading from a lower tier "
+                                          "(L3: request arrival to its chunks in L2)", ["tier"], registry=r)
+        self.hicache_bytes = Gauge("radixlm:hicache_bytes_moved", "Bytes moved between tiers", ["direction"], registry=r)
+        self.hicache_used = Gauge("radixlm:hicache_used", "L2 tokens held, L3 bytes held", ["tier"], registry=r)
+        self.hicache_errors = Gauge("radixlm:hicache_errors", "Stored chunks skipped or not written",
+                                    ["kind"], registry=r)
         self.spec_accept_length = Gauge("radixlm:spec_accept_length", "Tokens emitted per drafted request per verify step (accepted drafts + 1), since start", registry=r)
 
     def observe_finished(self, meta: dict) -> None:
@@ -57,6 +67,18 @@ class ServerMetrics:
         self.token_usage.set(used / total if total else 0.0)
         self.cache_hit_rate.set(st["cache_hit_rate"])
         self.spec_accept_length.set(st.get("spec_accept_length", 0.0))
+        hc = st.get("hicache")
+        if hc:
+            for tier in ("l2", "l3"):
+                self.hicache_hit_tokens.labels(tier).set(hc[f"{tier}_hit_tokens"])
+                self.hicache_loads.labels(tier).set(hc[f"{tier}_loads"])
+                self.hicache_load_seconds.labels(tier).set(hc[f"{tier}_load_seconds"])
+            for direction in ("l1_to_l2", "l2_to_l1", "to_l3", "from_l3"):
+                self.hicache_bytes.labels(direction).set(hc[f"bytes_{direction}"])
+            self.hicache_used.labels("l2").set(hc["l2_used_tokens"])
+            self.hicache_used.labels("l3").set(hc.get("l3_bytes") or 0)
+            for kind in ("corrupt_chunks", "read_errors", "write_errors", "writes_dropped"):
+                self.hicache_errors.labels(kind).set(hc[kind])
 
 
 def mount_metrics(app: FastAPI) -> None:

@@ -65,7 +65,7 @@ class Driver:
 
     def idle(self) -> bool:
         s = self.s
-        return not (s.waiting_queue or s.running or s.chunked_req or s.inflight or s.grammar_queue)
+        return s.is_idle()
 
     def step(self) -> None:
         self.s.step()
@@ -96,7 +96,7 @@ class Driver:
     def find(self, rid: str):
         """The scheduler's Req for rid, wherever it is."""
         s = self.s
-        for r in s.waiting_queue + s.running + s.grammar_queue + ([s.chunked_req] if s.chunked_req else []):
+        for r in s.waiting_queue + s.running + s.grammar_queue + s.prefetch_queue + ([s.chunked_req] if s.chunked_req else []):
             if r.rid == rid:
                 return r
         return None
@@ -110,7 +110,7 @@ def assert_idle_memory_ok(s: Scheduler) -> None:
         n = stack.pop()
         nodes.append(n)
         stack.extend(n.children.values())
-    owned = pool.free_slots.tolist() + [x for n in nodes for x in n.value.tolist()]
+    owned = pool.free_slots.tolist() + [x for n in nodes if n.value is not None for x in n.value.tolist()]
     assert sorted(owned) == list(range(1, pool.size + 1)), (
         f"{len(owned)} owned slots for {pool.size}, {len(owned) - len(set(owned))} duplicated")
     assert all(n.lock_ref == 0 for n in nodes), "a lock is held at an idle point"

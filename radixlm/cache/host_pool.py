@@ -1,0 +1,82 @@
+"""HostKVPool: the L2 tier of the hierarchical cache, a host-memory KV pool larger than L1.
+
+Token-granular like TokenToKVPool (slot 0 unused), per-layer [slots, kv_heads, head_dim] buffers.
+Its element type may be more compact than L1's: a float32 L1 is kept as float16 by default (half
+the bytes; a restored prefix then differs from a recomputed one by float16 rounding, ~1e-3
+relative). An int8 L1 is kept as int8 with its scales (exact).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.cache.kv_data import KVData, gather_pool, scatter_pool
+from radixlm.cache.memory_pool import TokenToKVPool
+
+HICACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
+
+
+def host_dtype_for(device_dtype: torch.dtype, option: str) -> torch.dtype:
+    """The L2/L3 element type for an L1 of `device_dtype` (`--hicache-dtype`)."""
+    if device_dtype == torch.int8:
+        if option not in ("auto", "int8"):
+            raise ValueError("hicache_dtype: an int8 KV cache is kept as int8 (use auto)")
+        return torch.int8
+    if option == "auto":
+        return torch.float16 if device_dtype == torch.float32 else device_dtype
+    return getattr(torch, option)
+
+
+class HostKVPool:
+    def __init__(self, size: int, device_pool: TokenToKVPool, dtype: torch.dtype):
+        self.size = size
+        self.dtype = dtype
+        self.num_layers = device_pool.num_layers
+        shape = (size + 1, device_pool.num_kv_heads, device_pool.head_dim)
+        self.k_buffer = [torch.zeros(shape, dtype=dtype) for _ in range(self.num_layers)]
+        self.v_buffer = [torch.zeros(shape, dtype=dtype) for _ in range(self.num_layers)]
+        self.k_scale_buffer = self.v_scale_buffer = None
+        if dtype == torch.int8:
+            self.k_scale_buffer = [torch.zeros(shape[:2]) for _ in range(self.num_layers)]
+            self.v_scale_buffer = [torch.zeros(shape[:2]) for _ in range(self.num_layers)]
+        self.bytes_per_token = TokenToKVPool.bytes_per_token(
+            self.num_layers, device_pool.num_kv_heads, device_pool.head_dim, dtype)
+        self.clear()
+
+    def clear(self) -> None:
+        self.free_slots = torch.arange(1, self.size + 1, dtype=torch.int64)
+
+    def available_size(self) -> int:
+        return int(self.free_slots.numel())
+
+    def alloc(self, need: int) -> torch.Tensor | None:
+        if need > self.free_slots.numel():
+            return None
+        out, self.free_slots = self.free_slots[:need], self.free_slots[need:]
+        return out
+
+    def free(self, indices: torch.Tensor) -> None:
+        if indices.numel():
+            self.free_slots = torch.cat((self.free_slots, indices))
+
+    # --- data ---------------------------------------------------------------------
+    def get(self, idx: torch.Tensor) -> KVData:
+        return gather_pool(self.k_buffer, self.v_buffer, self.k_scale_buffer, self.v_scale_buffer, idx, self.dtype)
+
+    def set(self, idx: torch.Tensor, data: KVData) -> None:
+        scatter_pool(self.k_buffer, self.v_buffer, self.k_scale_buffer, self.v_scale_buffer, idx, data)
+
+    @staticmethod
+    def read_device(pool: TokenToKVPool, idx: torch.Tensor, dtype: torch.dtype) -> KVData:
+        """L1 -> host: the KV at device slots idx, as `dtype`."""
+        return gather_pool(pool.k_buffer, pool.v_buffer, pool.k_scale_buffer, pool.v_scale_buffer,
+                           idx.to(pool.device), dtype)
+
+    @staticmethod
+    def write_device(pool: TokenToKVPool, idx: torch.Tensor, data: KVData) -> None:
+        """host -> L1: data into device slots idx (converted to the pool's type)."""
+        dev = pool.device
+        if dev.type != "cpu":
+            data = KVData(*[t.to(dev, non_blocking=True) if t is not None else None
+                            for t in (data.k, data.v, data.k_scale, data.v_scale)])
+        scatter_pool(pool.k_buffer, pool.v_buffer, pool.k_scale_buffer, pool.v_scale_buffer, idx.to(dev), data)

@@ -1,0 +1,162 @@
+"""L3 file backend: round trips, the hash chain, and every way a stored chunk can be wrong (each is
+skipped, reported, never served)."""
+
+import errno
+import os
+
+import pytest
+import torch
+
+from radixlm.cache.hicache_io import HiCacheIO, HiCacheStats
+from radixlm.cache.kv_data import KVData
+from radixlm.cache.storage import HiCacheFile, chunk_keys, decode_chunk, encode_chunk
+
+C = 8
+
+
+def chunk(seed: int, dtype=torch.float16, scales=False) -> KVData:
+    g = torch.Generator().manual_seed(seed)
+    if dtype == torch.int8:
+        k, v = (torch.randint(-127, 128, (3, C, 2, 4), generator=g, dtype=torch.int8) for _ in range(2))
+    else:
+        k, v = (torch.randn(3, C, 2, 4, generator=g).to(dtype) for _ in range(2))
+    if scales:
+        return KVData(k, v, torch.rand(3, C, 2, generator=g), torch.rand(3, C, 2, generator=g))
+    return KVData(k, v)
+
+
+def same(a: KVData, b: KVData) -> bool:
+    return len(a.tensors()) == len(b.tensors()) and all(torch.equal(x, y) for x, y in zip(a.tensors(), b.tensors()))
+
+
+def store(tmp_path, key="model-a", stats=None, **kw) -> HiCacheFile:
+    return HiCacheFile(str(tmp_path), key, stats=stats or HiCacheStats(), **kw)
+
+
+@pytest.mark.parametrize("dtype,scales", [(torch.float32, False), (torch.float16, False), (torch.bfloat16, False),
+                                          (torch.int8, True)])
+def test_round_trip_every_dtype(tmp_path, dtype, scales):
+    s = store(tmp_path)
+    ids = list(range(C))
+    data = chunk(1, dtype, scales)
+    assert s.set("k1", ids, data)
+    assert s.exists("k1") and not s.exists("k2")
+    assert same(s.get("k1", ids), data)
+    # A new process on the same directory sees it (restart).
+    assert same(store(tmp_path).get("k1", ids), data)
+
+
+def test_chunk_keys_chain_the_prefix_and_the_model():
+    a = list(range(3 * C))
+    b = a[:C] + [99] + a[C + 1 :]
+    ka, kb = chunk_keys("m", a, C, 3), chunk_keys("m", b, C, 3)
+    assert ka[0] == kb[0] and ka[1] != kb[1] and ka[2] != kb[2]  # a change poisons every later chunk
+    assert chunk_keys("m", a, C, 2) == ka[:2]
+    assert chunk_keys("other-model", a, C, 1)[0] != ka[0]
+    # Same tokens at another position: another key.
+    assert chunk_keys("m", a[C : 2 * C] * 2, C, 2)[1] != chunk_keys("m", a, C, 2)[1]
+
+
+def corrupt(path, how):
+    blob = bytearray(open(path, "rb").read())
+    if how == "truncate":
+        blob = blob[: len(blob) // 2]
+    elif how == "flip":
+        blob[len(blob) // 2] ^= 0x40
+    elif how == "empty":
+        blob = bytearray()
+    elif how == "garbage":
+        blob = bytearray(os.urandom(len(blob)))
+    open(path, "wb").write(blob)
+
+
+@pytest.mark.parametrize("how", ["truncate", "flip", "empty", "garbage"])
+def test_damaged_file_is_skipped_and_reported(tmp_path, how, caplog):
+    stats = HiCacheStats()
+    s = store(tmp_path, stats=stats)
+    ids = list(range(C))
+    s.set("k1", ids, chunk(1))
+    corrupt(s._path("k1"), how)
+    assert s.get("k1", ids) is None
+    assert stats.corrupt_chunks == 1
+    assert "skipping stored KV chunk" in caplog.text
+
+
+def test_file_of_another_model_or_other_tokens_is_never_served(tmp_path):
+    stats = HiCacheStats()
+    other = store(tmp_path, key="model-b", stats=stats)
+    ids = list(range(C))
+    other.set("k1", ids, chunk(1))
+    mine = store(tmp_path, key="model-a", stats=stats)
+    assert mine.get("k1", ids) is None  # same name, another model's KV
+    other.set("k2", ids, chunk(2))
+    assert other.get("k2", [t + 1 for t in ids]) is None  # the header names other tokens
+    assert stats.corrupt_chunks == 2
+    with pytest.raises(Exception, match="another model"):
+        decode_chunk(bytearray(encode_chunk("model-b", "k", ids, chunk(3))), "model-a", "k", ids)
+
+
+def test_full_disk_fails_the_write_only(tmp_path, monkeypatch, caplog):
+    """ENOSPC while writing: the chunk is not stored, no partial or temporary file is left, the
+    writer keeps working once there is room again."""
+    stats = HiCacheStats()
+    s = store(tmp_path, stats=stats)
+    real_open = open
+
+    class FullDisk:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            self.f.close()
+
+        def write(self, b):
+            self.f.write(b[: len(b) // 3])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def fake_open(path, mode="r", *a, **kw):
+        f = real_open(path, mode, *a, **kw)
+        return FullDisk(f) if "w" in mode else f
+
+    import radixlm.cache.storage as storage_mod
+
+    monkeypatch.setattr(storage_mod, "open", fake_open, raising=False)
+    ids = list(range(C))
+    assert not s.set("k1", ids, chunk(1))
+    assert stats.write_errors == 1 and "No space left" in caplog.text
+    assert os.listdir(tmp_path) == [] and not s.exists("k1")
+    monkeypatch.undo()
+    assert s.set("k1", ids, chunk(1)) and same(s.get("k1", ids), chunk(1))
+
+
+def test_size_bound_drops_least_recently_used(tmp_path):
+    ids = list(range(C))
+    one = len(encode_chunk("model-a", "k0", ids, chunk(0)))
+    s = store(tmp_path, max_bytes=3 * one)
+    for i in range(3):
+        s.set(f"k{i}", ids, chunk(i))
+    os.utime(s._path("k0"), (1, 1))
+    os.utime(s._path("k1"), (2, 2))
+    s = store(tmp_path, max_bytes=3 * one)  # the LRU order survives a restart (file times)
+    assert s.get("k0", ids) is not None  # k0 used again: k1 is now the oldest
+    s.set("k3", ids, chunk(3))
+    assert [s.exists(f"k{i}") for i in range(4)] == [True, False, True, True]
+    assert s.bytes <= 3 * one
+
+
+def test_io_shares_reads_and_writes_in_background(tmp_path):
+    stats = HiCacheStats()
+    s = store(tmp_path, stats=stats)
+    io = HiCacheIO(s, stats)
+    ids = list(range(C))
+    assert io.write("k1", ids, chunk(1)) and io.write("k1", ids, chunk(1))  # the second is pending already
+    io.wait_writes()
+    assert stats.l3_chunks_written == 1
+    f1, f2 = io.read("k1", ids), io.read("k1", ids)
+    assert f1 is f2 and same(f1.result(), chunk(1))
+    io.forget(["k1"])
+    assert io.read("k1", ids) is not f1
+    io.close()
