@@ -61,7 +61,10 @@ class Prefetch:
     futures: list[Future]
     keys: list[str]
     started: float = field(default_factory=time.perf_counter)
-    done: bool = False  # results inserted into the tree (by HiRadixCache.poll_prefetches)
+    taken: int = 0  # leading chunks already hung into the tree
+    added: int = 0  # tokens they added
+    failed: bool = False  # a chunk could not be read: the ones after it are not used
+    done: bool = False  # every read ended and its results are in the tree (HiRadixCache.poll_prefetches)
 
 
 class HiCacheIO:

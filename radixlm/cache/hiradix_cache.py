@@ -98,7 +98,7 @@ class HiRadixCache(RadixCache):
         for h in host_nodes:
             n = len(h.key)
             h.value = slots[off : off + n]
-            HostKVPool.write_device(self.token_to_kv_pool, h.value, self.host_pool.get(h.host_value))
+            self.host_pool.load_into(self.token_to_kv_pool, h.host_value, h.value)
             self.evictable_size_ += n
             off += n
         self.stats.count("l2_hit_tokens", need)
@@ -191,9 +191,10 @@ class HiRadixCache(RadixCache):
             self._store_path(node)
         return shared
 
-    def insert_host(self, token_ids: list[int], start: int, data: KVData) -> int:
-        """Hang KV read from L3 (covering token_ids[start:]) below the tree's match of token_ids, in
-        L2. Returns the tokens added (0 when the tree no longer reaches `start`)."""
+    def insert_host(self, token_ids: list[int], start: int, chunks: list[KVData]) -> int:
+        """Hang KV read from L3 (consecutive chunks covering token_ids[start:]) below the tree's
+        match of token_ids, in L2. Returns the tokens added (0 when the tree no longer reaches
+        `start`)."""
         node, pos = self.root_node, 0
         while pos < len(token_ids):
             child = node.children.get(token_ids[pos])
@@ -213,9 +214,14 @@ class HiRadixCache(RadixCache):
             node.host_lock -= 1
         if host is None:
             return 0
-        off = pos - start
-        self.host_pool.set(host, KVData(*[t[:, off:] if t is not None else None
-                                          for t in (data.k, data.v, data.k_scale, data.v_scale)]))
+        at = start  # token position of the chunk's first token
+        for data in chunks:  # chunk by chunk: concatenating them first costs a slow copy
+            lo, hi = max(pos, at), at + data.num_tokens
+            if lo < hi:
+                part = KVData(*[t[:, lo - at :] if t is not None else None
+                                for t in (data.k, data.v, data.k_scale, data.v_scale)])
+                self.host_pool.set(host[lo - pos : hi - pos], part)
+            at = hi
         leaf = TreeNode()
         leaf.parent, leaf.key, leaf.value, leaf.host_value = node, token_ids[pos:], None, host
         node.children[token_ids[pos]] = leaf
@@ -279,7 +285,7 @@ class HiRadixCache(RadixCache):
             node.host_lock -= 1
         if host is None:
             return False
-        self.host_pool.set(host, HostKVPool.read_device(self.token_to_kv_pool, node.value, self.host_pool.dtype))
+        self.host_pool.backup_from(self.token_to_kv_pool, node.value, host)
         node.host_value = host
         self.stats.count("bytes_l1_to_l2", len(host) * self.host_pool.bytes_per_token)
         return True
@@ -384,24 +390,32 @@ class HiRadixCache(RadixCache):
         return p
 
     def poll_prefetches(self) -> None:
-        """Hang finished prefetches' chunks into L2 (scheduler thread)."""
-        for p in [p for p in self.prefetches if all(f.done() for f in p.futures)]:
-            self.prefetches.remove(p)
-            chunks = []
-            for f in p.futures:
+        """Hang the chunks read so far into L2, in order, while later ones are still being read
+        (the copy overlaps the reads); a prefetch is done when every read has ended."""
+        c = self.chunk_size
+        for p in list(self.prefetches):
+            ready = []
+            while not p.failed and p.taken + len(ready) < len(p.futures) and p.futures[p.taken + len(ready)].done():
+                f = p.futures[p.taken + len(ready)]
                 data = None if f.cancelled() or f.exception() is not None else f.result()
                 if data is None:
-                    break
-                chunks.append(data)
-            self.io.forget(p.keys)
-            if chunks:
-                end = p.start + len(chunks) * self.chunk_size
-                added = self.insert_host(p.token_ids[:end], p.start, KVData.cat(chunks))
-                if added:
-                    self.stats.count("l3_hit_tokens", added)
+                    p.failed = True
+                else:
+                    ready.append(data)
+            if ready:
+                lo, p.taken = p.start + p.taken * c, p.taken + len(ready)
+                added = self.insert_host(p.token_ids[: p.start + p.taken * c], lo, ready)
+                self.stats.count("l3_hit_tokens", added)
+                p.added += added
+            # Done once every chunk is in the tree, or a read failed and the rest have ended (a read
+            # that ends after `ready` was collected is taken at the next poll).
+            if p.taken == len(p.futures) or (p.failed and all(f.done() for f in p.futures)):
+                self.prefetches.remove(p)
+                self.io.forget(p.keys)
+                if p.added:
                     self.stats.count("l3_loads")
                     self.stats.count("l3_load_seconds", time.perf_counter() - p.started)
-            p.done = True
+                p.done = True
 
     # --- flush, introspection ----------------------------------------------------
     def flush(self, level: str = "l1") -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.cache.kv_data import KVData, gather_pool, scatter_pool
+from radixlm.cache.kv_data import KVData, copy_slots, gather, scatter
 from radixlm.cache.memory_pool import TokenToKVPool
 
 HICACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
@@ -60,23 +60,32 @@ class HostKVPool:
             self.free_slots = torch.cat((self.free_slots, indices))
 
     # --- data ---------------------------------------------------------------------
+    def _bufs(self) -> tuple:
+        return self.k_buffer, self.v_buffer, self.k_scale_buffer, self.v_scale_buffer
+
     def get(self, idx: torch.Tensor) -> KVData:
-        return gather_pool(self.k_buffer, self.v_buffer, self.k_scale_buffer, self.v_scale_buffer, idx, self.dtype)
+        return gather(*self._bufs(), idx, self.dtype)
 
     def set(self, idx: torch.Tensor, data: KVData) -> None:
-        scatter_pool(self.k_buffer, self.v_buffer, self.k_scale_buffer, self.v_scale_buffer, idx, data)
+        scatter(*self._bufs(), idx, data)
+
+    def backup_from(self, pool: TokenToKVPool, dev_idx: torch.Tensor, host_idx: torch.Tensor) -> None:
+        """L1 -> L2, slot to slot."""
+        for dst, src in zip(self._bufs(), _pool_bufs(pool)):
+            if dst is not None:
+                copy_slots(dst, host_idx, src, dev_idx)
+
+    def load_into(self, pool: TokenToKVPool, host_idx: torch.Tensor, dev_idx: torch.Tensor) -> None:
+        """L2 -> L1, slot to slot."""
+        for dst, src in zip(_pool_bufs(pool), self._bufs()):
+            if dst is not None:
+                copy_slots(dst, dev_idx, src, host_idx)
 
     @staticmethod
     def read_device(pool: TokenToKVPool, idx: torch.Tensor, dtype: torch.dtype) -> KVData:
-        """L1 -> host: the KV at device slots idx, as `dtype`."""
-        return gather_pool(pool.k_buffer, pool.v_buffer, pool.k_scale_buffer, pool.v_scale_buffer,
-                           idx.to(pool.device), dtype)
+        """A copy of the KV at device slots idx, as `dtype` (kept by the L3 writer)."""
+        return gather(*_pool_bufs(pool), idx, dtype)
 
-    @staticmethod
-    def write_device(pool: TokenToKVPool, idx: torch.Tensor, data: KVData) -> None:
-        """host -> L1: data into device slots idx (converted to the pool's type)."""
-        dev = pool.device
-        if dev.type != "cpu":
-            data = KVData(*[t.to(dev, non_blocking=True) if t is not None else None
-                            for t in (data.k, data.v, data.k_scale, data.v_scale)])
-        scatter_pool(pool.k_buffer, pool.v_buffer, pool.k_scale_buffer, pool.v_scale_buffer, idx.to(dev), data)
+
+def _pool_bufs(pool: TokenToKVPool) -> tuple:
+    return pool.k_buffer, pool.v_buffer, pool.k_scale_buffer, pool.v_scale_buffer

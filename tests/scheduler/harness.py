@@ -4,6 +4,7 @@ and collect what it sends to the detokenizer. Tests then see every step boundary
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -90,6 +91,8 @@ class Driver:
         for _ in range(max_steps):
             if self.idle():
                 return
+            if self.s.prefetch_queue and not (self.s.waiting_queue or self.s.running or self.s.chunked_req):
+                time.sleep(0.001)  # only storage reads are pending: give them time, not steps
             self.step()
         raise AssertionError(f"not idle after {max_steps} steps")
 

@@ -85,7 +85,7 @@ def test_restored_prefix_equals_recompute_every_kv_dtype(tiny_model_dir, tmp_pat
 
     d2 = hicache(tiny_model_dir, tmp_path, kv_cache_dtype=kv_dtype, hicache_dtype=hicache_dtype)  # a restart
     from_l3 = run(d2, ps[1:])
-    assert from_l3[0][2] == PREFIX // CHUNK * CHUNK and d2.s.hicache.stats.l3_hit_tokens == PREFIX // CHUNK * CHUNK
+    assert from_l3[0][2] == PREFIX // CHUNK * CHUNK and d2.s.hicache.stats.l3_hit_tokens == PREFIX // CHUNK * CHUNK, d2.s.hicache.stats
     assert_same(from_l3, ref, tol)
     assert_idle_memory_ok(d2.s)
 
@@ -119,7 +119,8 @@ def test_concurrent_requests_share_one_load(tiny_model_dir, tmp_path):
     chunk_bytes = CHUNK * d2.s.hicache.host_pool.bytes_per_token
     # Three requests, one read of each chunk (reads of a chunk in flight are shared).
     assert st.bytes_from_l3 == (PREFIX // CHUNK) * chunk_bytes
-    assert [c for _, _, c in got] == [PREFIX // CHUNK * CHUNK] + [PREFIX] * 2  # later ones hit L1
+    # The first one admitted loads the stored chunks; the others then find the document in L1.
+    assert sorted(c for _, _, c in got) == [PREFIX // CHUNK * CHUNK] + [PREFIX] * 2
     assert_idle_memory_ok(d2.s)
 
 
