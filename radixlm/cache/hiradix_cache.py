@@ -152,10 +152,7 @@ class HiRadixCache(RadixCache):
         return pos
 
     def _alloc_l1(self, need: int) -> Optional[torch.Tensor]:
-        short = need - self.token_to_kv_pool.available_size()
-        if short > 0:
-            self.evict(short)
-        return self.token_to_kv_pool.alloc(need)
+        return _alloc(self.token_to_kv_pool, self.evict, need)
 
     # --- insert -----------------------------------------------------------------
     def insert(self, key: list[int], value: torch.Tensor) -> int:
@@ -291,10 +288,7 @@ class HiRadixCache(RadixCache):
         return True
 
     def _alloc_host(self, need: int) -> Optional[torch.Tensor]:
-        short = need - self.host_pool.available_size()
-        if short > 0:
-            self.evict_host(short)
-        return self.host_pool.alloc(need)
+        return _alloc(self.host_pool, self.evict_host, need)
 
     def evict_host(self, num_tokens: int) -> int:
         """Free L2 slots, least recently used first: L2-only leaves (gone from the tree; stored in
@@ -464,6 +458,14 @@ class HiRadixCache(RadixCache):
         if self.io is not None:
             self.io.close()
 
+
+
+def _alloc(pool, evict, need: int) -> Optional[torch.Tensor]:
+    """`need` slots of a tier's pool, evicting from that tier first when it is short."""
+    short = need - pool.available_size()
+    if short > 0:
+        evict(short)
+    return pool.alloc(need)
 
 
 def create_hiradix_cache(server_args, runner, load_tokenizer) -> HiRadixCache:

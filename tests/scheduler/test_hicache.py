@@ -106,13 +106,19 @@ def test_eviction_pressure_and_chunked_prefill(tiny_model_dir, policy):
     assert st.l2_hit_tokens > 0 and st.l1_evicted_tokens > 0
 
 
-def test_concurrent_requests_share_one_load(tiny_model_dir, tmp_path):
-    ps = prompts(4)
-    ref = reference(tiny_model_dir, ps[1:])
-    d = hicache(tiny_model_dir, tmp_path)
+def stored_then_restarted(model, storage_dir, n: int):
+    """n prompts on one document: the first answered and stored by one server, the recomputed
+    answers of the others, and a new server on the same directory."""
+    ps = prompts(n)
+    ref = reference(model, ps[1:])
+    d = hicache(model, storage_dir)
     run(d, ps[:1])
     finish_writes(d)
-    d2 = hicache(tiny_model_dir, tmp_path)
+    return ps, ref, hicache(model, storage_dir)
+
+
+def test_concurrent_requests_share_one_load(tiny_model_dir, tmp_path):
+    ps, ref, d2 = stored_then_restarted(tiny_model_dir, tmp_path, 4)
     got = run(d2, ps[1:], together=True)
     assert_same(got, ref, FP16_COPY_TOL)
     st = d2.s.hicache.stats
@@ -125,12 +131,7 @@ def test_concurrent_requests_share_one_load(tiny_model_dir, tmp_path):
 
 
 def test_abort_while_loading(tiny_model_dir, tmp_path):
-    ps = prompts(2)
-    ref = reference(tiny_model_dir, ps[1:])
-    d = hicache(tiny_model_dir, tmp_path)
-    run(d, ps[:1])
-    finish_writes(d)
-    d2 = hicache(tiny_model_dir, tmp_path)
+    ps, ref, d2 = stored_then_restarted(tiny_model_dir, tmp_path, 2)
     storage, gate = d2.s.hicache.storage, threading.Event()
     real_get = storage.get
 
