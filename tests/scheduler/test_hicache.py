@@ -239,3 +239,20 @@ def test_flush_levels(tiny_model_dir, tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".kv")]
     assert run(d, ps[1:2])[0][2] == 0
     assert_idle_memory_ok(d.s)
+
+
+def test_loaded_prefix_then_chunked_prefill(tiny_model_dir, tmp_path):
+    """A document from disk, then 150 new tokens prefilled in chunks of 64 on top of it."""
+    ps = prompts(1)
+    g = torch.Generator().manual_seed(7)
+    long_q = ps[0][:PREFIX] + torch.randint(100, 4000, (150,), generator=g).tolist()
+    ref = reference(tiny_model_dir, [long_q])
+    d = hicache(tiny_model_dir, tmp_path)
+    run(d, ps)
+    finish_writes(d)
+    d2 = hicache(tiny_model_dir, tmp_path, chunked_prefill_size=64)
+    got = run(d2, [long_q])
+    assert got[0][2] == PREFIX // CHUNK * CHUNK
+    assert_same(got, ref, FP16_COPY_TOL)
+    assert d2.s.stats.extend_steps >= 3  # 158 computed tokens in chunks of 64
+    assert_idle_memory_ok(d2.s)
