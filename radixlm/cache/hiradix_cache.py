@@ -49,28 +49,23 @@ SELECTIVE_HITS = 2
 
 class HiRadixCache(RadixCache):
     def __init__(self, token_to_kv_pool: TokenToKVPool, host_pool: HostKVPool, write_policy: str = "write_through",
-                 storage: Optional[HiCacheStorage] = None, model_key: str = "", chunk_size: int = 64):
+                 storage: Optional[HiCacheStorage] = None, model_key: str = "", chunk_size: int = 64,
+                 stats: Optional[HiCacheStats] = None):
         if write_policy not in WRITE_POLICIES:
             raise ValueError(f"hicache_write_policy must be one of {WRITE_POLICIES}, got {write_policy!r}")
         self.host_pool = host_pool
         self.write_policy = write_policy
-        self.stats = HiCacheStats()
+        self.stats = stats or HiCacheStats()  # shared with the storage backend's error counts
         self.storage = storage
         self.model_key = model_key
         self.chunk_size = chunk_size
         self.io = HiCacheIO(storage, self.stats) if storage is not None else None
-        if storage is not None and hasattr(storage, "stats"):
-            storage.stats = self.stats
         self.prefetches: list[Prefetch] = []
         super().__init__(token_to_kv_pool)
 
     def reset(self) -> None:
         super().reset()
         self.host_pool.clear()
-
-    @staticmethod
-    def _in_l1(node: TreeNode) -> bool:
-        return node.value is not None
 
     # --- admission: L1 match + L2 load-back --------------------------------------
     def match_and_load(self, key: list[int]) -> tuple[torch.Tensor, TreeNode]:
@@ -240,11 +235,10 @@ class HiRadixCache(RadixCache):
                 self._backup(node)
             self.token_to_kv_pool.free(node.value)
             self.evictable_size_ -= n
+            node.value = None
             if node.host_value is not None:
-                node.value = None
                 self.stats.count("l1_evicted_tokens", n)
             else:
-                node.value = None
                 self._drop_subtree(node)
             evicted += n
             if parent is not self.root_node and self._l1_evictable(parent):
@@ -482,13 +476,13 @@ def create_hiradix_cache(server_args, runner, load_tokenizer) -> HiRadixCache:
         size = int(server_args.hicache_ratio * runner.max_total_num_tokens)
     if size < 1:
         raise ValueError("the L2 pool would hold no token (raise --hicache-size or --hicache-ratio)")
-    storage, key = None, ""
+    storage, key, stats = None, "", HiCacheStats()
     if server_args.hicache_storage_backend is not None:
         key = model_key(runner, tokenizer_fingerprint(load_tokenizer()), dtype)
         storage = create_storage(server_args.hicache_storage_backend, server_args.hicache_storage_path, key,
-                                 int(server_args.hicache_storage_size_gb * 2**30))
+                                 int(server_args.hicache_storage_size_gb * 2**30), stats)
     logger.info("hierarchical cache: L2 %d tokens (%.1f MiB, %s), write policy %s%s", size,
                 size * per_token / 2**20, str(dtype).replace("torch.", ""), server_args.hicache_write_policy,
                 f", L3 {server_args.hicache_storage_backend} in {server_args.hicache_storage_path}" if storage else "")
     return HiRadixCache(pool, HostKVPool(size, pool, dtype), server_args.hicache_write_policy, storage, key,
-                        server_args.hicache_storage_chunk_size)
+                        server_args.hicache_storage_chunk_size, stats)

@@ -202,6 +202,18 @@ class RadixCache:
         child.key = child.key[split_len:]
         return new_node
 
+    def match_and_load(self, key: list[int]) -> tuple[torch.Tensor, TreeNode]:
+        """Admission's match: with one tier, match_prefix (HiRadixCache also loads lower tiers)."""
+        return self.match_prefix(key)
+
+    def flush(self, level: str = "l1") -> None:
+        """Drop the whole tree (idle only; the caller clears the pools). HiRadixCache keeps lower tiers."""
+        self.reset()
+
+    def check_tiers(self) -> str | None:
+        """What is wrong with the lower tiers (HiRadixCache), or None."""
+        return None
+
     @staticmethod
     def _in_l1(node: TreeNode) -> bool:
         """Whether node's KV is in the device pool (always, without the hierarchical cache)."""

@@ -56,7 +56,7 @@ class CacheManager:
         """The cached prefix `req` may reuse (see Req.max_prefix_len). For admission (split) a
         hierarchical tree also loads the part held in L2 back into L1."""
         key = req.all_ids()[: req.max_prefix_len()]
-        if split and hasattr(self.tree_cache, "match_and_load"):
+        if split:
             return self.tree_cache.match_and_load(key)
         return self.tree_cache.match_prefix(key, split=split)
 
@@ -142,9 +142,6 @@ class CacheManager:
 
     def flush(self, level: str = "l1") -> None:
         """Idle only. A hierarchical tree keeps what it moved down to L2/L3 unless level says more."""
-        if hasattr(self.tree_cache, "flush"):
-            self.tree_cache.flush(level)
-        else:
-            self.tree_cache.reset()
+        self.tree_cache.flush(level)
         self.token_to_kv_pool.clear()
         self.req_to_token_pool.clear()

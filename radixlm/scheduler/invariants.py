@@ -86,7 +86,7 @@ def check_invariants(cm: CacheManager, holders: Iterable[Req], idle: Iterable[Re
         _fail(f"tree counters drifted: protected {tree.protected_size()} (walk {protected}), "
               f"evictable {tree.evictable_size()} (walk {total - protected})")
 
-    tier_error = tree.check_tiers() if hasattr(tree, "check_tiers") else None
+    tier_error = tree.check_tiers()
     if tier_error:
         _fail(f"hierarchical cache: {tier_error}")
 

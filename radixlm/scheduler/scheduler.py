@@ -44,6 +44,7 @@ from radixlm.scheduler.output_processor import SchedulerOutputProcessorMixin
 from radixlm.scheduler.overlap import FutureTokenMap, LaunchedBatch, StepOutput, can_overlap
 from radixlm.scheduler.policy import SchedulePolicy
 from radixlm.scheduler.req import Req
+from radixlm.sampling_params import brief_repr
 from radixlm.scheduler.stats import SchedulerStats
 from radixlm.speculative.controller import SpecController
 from radixlm.speculative.draft_source import create_draft_source
@@ -329,7 +330,7 @@ class Scheduler(SchedulerOutputProcessorMixin):
         if not self.is_idle():
             return FlushCacheReqOutput(False, "requests are running")
         if level not in FLUSH_LEVELS:
-            return FlushCacheReqOutput(False, f"level must be one of {', '.join(FLUSH_LEVELS)}, got {level!r}")
+            return FlushCacheReqOutput(False, f"level must be one of {', '.join(FLUSH_LEVELS)}, got {brief_repr(level)}")
         self.cache_manager.flush(level)
         self.stats.reset_cache_stats()
         return FlushCacheReqOutput(True)

@@ -52,6 +52,7 @@ def test_document_served_from_disk_after_restart(tmp_path):
         lp_b = [x[0] for x in again["meta_info"]["output_token_logprobs"]]
         # The default model's KV is float16 and so are the stored copies: bit-exact, only the
         # batch shape of the prefill differs.
+        assert len(lp_a) == len(lp_b) == 12
         assert max(abs(x - y) for x, y in zip(lp_a, lp_b)) < 1e-3
         info = hicache_info(b.url)
         assert info["l3_hit_tokens"] == cached and info["corrupt_chunks"] == 0

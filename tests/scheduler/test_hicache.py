@@ -47,6 +47,7 @@ def run(d: Driver, ps: list[list[int]], together: bool = False):
 
 
 def assert_same(got, ref, tol):
+    assert len(got) == len(ref)
     for (ids, lps, _), (rids, rlps, _) in zip(got, ref):
         assert ids == rids
         assert torch.allclose(lps, rlps, atol=tol, rtol=0), (lps - rlps).abs().max()

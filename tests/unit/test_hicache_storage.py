@@ -141,7 +141,7 @@ def test_size_bound_drops_least_recently_used(tmp_path):
     os.utime(s._path("k0"), (1, 1))
     os.utime(s._path("k1"), (2, 2))
     s = store(tmp_path, max_bytes=3 * one)  # the LRU order survives a restart (file times)
-    assert s.get("k0", ids) is not None  # k0 used again: k1 is now the oldest
+    assert same(s.get("k0", ids), chunk(0))  # k0 used again: k1 is now the oldest
     s.set("k3", ids, chunk(3))
     assert [s.exists(f"k{i}") for i in range(4)] == [True, False, True, True]
     assert s.bytes <= 3 * one
