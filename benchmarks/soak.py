@@ -2,7 +2,7 @@
 streaming and not, n > 1, JSON schema, regex, logprobs, long and short prompts), ~20% of clients
 disconnecting at random moments, against a KV pool ~10x too small for the offered load; then checks
 statuses, the hang bound, the server's health, leaks and greedy equality with a quiet replay.
-Figures: docs/reliability.md, "Soak". The code is radixlm/bench/soak.py (tests/e2e/test_soak.py
+Figures: docs/reliability.md, "Soak". The code is radixlm/bench/soak/ (tests/e2e/test_soak.py
 runs it on a tiny model).
 
     python benchmarks/soak.py --server-args "--max-total-tokens 3000 --enable-invariant-checks" \\
@@ -14,7 +14,7 @@ Exit status 0 when every check passed, 1 otherwise.
 
 import sys
 
-from radixlm.bench.soak import main
+from radixlm.bench.soak.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -2,7 +2,7 @@
 
 import os
 
-__version__ = "0.1.0"
+from radixlm.version import __version__  # noqa: F401
 
 # Transparent huge pages for torch's large CPU buffers (weights, the KV pool): a decode step walks
 # ~100 MB of weights and, with long shared prefixes, GBs of K/V, and with 4 KiB pages the TLB misses

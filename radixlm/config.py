@@ -16,9 +16,9 @@ DRAFT_POLICIES = ("adaptive", "fixed")
 
 def _hicache_choices(name: str):
     def get():
-        from radixlm.cache import hiradix_cache, host_pool
+        from radixlm.cache import hicache_config
 
-        return getattr(hiradix_cache, name, None) or getattr(host_pool, name)
+        return getattr(hicache_config, name)
     return get
 
 
@@ -45,11 +45,14 @@ class ServerArgs:
     # native: the project's paged CPU kernel (any KV dtype, batch-invariant); torch: SDPA over
     # gathered K/V (any device). None: native on CPU when the kernels load, else torch.
     attention_backend: Optional[str] = None
+    # SGLang's per-phase backends (a HybridAttnBackend when they differ); None: attention_backend.
+    prefill_attention_backend: Optional[str] = None
+    decode_attention_backend: Optional[str] = None
 
     # Memory
     max_total_tokens: Optional[int] = None  # KV pool size in tokens; default from kv_memory_gb
     kv_memory_gb: float = 1.0  # KV budget when max_total_tokens is not given
-    # Dense copy of the decoding requests' KV (model/layers/decode_kv_mirror.py), on top of the pool;
+    # Dense copy of the decoding requests' KV (model/layers/attention/decode_kv_mirror.py), on top of the pool;
     # None: 1 GiB on CPU (where it saves the per-step gather), 0 (off) on CUDA.
     decode_kv_mirror_gb: Optional[float] = None
     max_running_requests: int = 64
@@ -187,8 +190,7 @@ class ServerArgs:
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
 
     def _check_hicache(self) -> None:
-        from radixlm.cache.hiradix_cache import STORAGE_BACKENDS, WRITE_POLICIES
-        from radixlm.cache.host_pool import HICACHE_DTYPES
+        from radixlm.cache.hicache_config import HICACHE_DTYPES, STORAGE_BACKENDS, WRITE_POLICIES
 
         if self.hicache_write_policy not in WRITE_POLICIES:
             raise ValueError(f"hicache_write_policy must be one of {WRITE_POLICIES}, got {self.hicache_write_policy!r}")
@@ -243,6 +245,9 @@ class ServerArgs:
             "int8, q4_0, q8_0 (quantize at load); quantized weights run the native CPU kernels",
             "kv_cache_dtype": "KV cache element type (auto: float16 for quantized weights on the native CPU kernels, else the model dtype; int8 with per-token scales)",
             "attention_backend": "native (the paged CPU kernel; default on CPU when the kernels build) or torch (SDPA)",
+            "prefill_attention_backend": "attention backend of extend-shaped batches (prefill, mixed, verify); "
+            "default: --attention-backend",
+            "decode_attention_backend": "attention backend of decode batches; default: --attention-backend",
             "speculative_algorithm": "draft tokens to verify in one forward: ngram (prompt lookup over the "
             "request's own text), radix (continuations in the radix cache), draft-model (greedy decoding of "
             "--speculative-draft-model-path); outputs stay those of plain decoding",
@@ -295,7 +300,7 @@ class ServerArgs:
                 kw["choices"] = QUANTIZATIONS
             elif f.name == "kv_cache_dtype":
                 kw["choices"] = KV_CACHE_DTYPES
-            elif f.name == "attention_backend":
+            elif f.name in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
                 kw["choices"] = ATTENTION_BACKENDS
             elif f.name in _CHOICES:
                 kw["choices"] = _CHOICES[f.name]()
@@ -328,20 +333,6 @@ class ServerArgs:
     @classmethod
     def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
         return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls)})
-
-    def resolved_dtype(self):
-        import torch
-
-        if self.dtype == "auto":
-            return torch.float32 if self.device == "cpu" else torch.bfloat16
-        return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[self.dtype]
-
-    def resolved_kv_cache_dtype(self):
-        import torch
-
-        if self.kv_cache_dtype == "auto":
-            return self.resolved_dtype()
-        return getattr(torch, self.kv_cache_dtype)
 
 
 @dataclass

@@ -10,13 +10,55 @@ See docs/architecture.md, "Processes" (the channels and their sockets).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from radixlm.sampling_params import SamplingParams
 
 
-@dataclass
+# --- why a request finished: typed here, turned into SGLang's JSON only at the HTTP edge --------
+@dataclass(frozen=True)
+class FinishReason:
+    def to_json(self) -> dict:
+        """SGLang's meta_info.finish_reason."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class FinishLength(FinishReason):
+    length: int  # max_new_tokens reached, or the context
+
+    def to_json(self) -> dict:
+        return {"type": "length", "length": self.length}
+
+
+@dataclass(frozen=True)
+class FinishStop(FinishReason):
+    matched: Union[int, str, None] = None  # the stop token id, stop string or stop regex
+    matched_regex: bool = False
+
+    def to_json(self) -> dict:
+        out = {"type": "stop", "matched": self.matched}
+        if self.matched_regex:
+            out["matched_regex"] = True
+        return out
+
+
+@dataclass(frozen=True)
+class FinishAbort(FinishReason):
+    message: str = "aborted"
+    # The HTTP status the failure maps to: 400 for a request the scheduler refused, 500 for an
+    # internal error; None: aborted by the client or the operator. Never shown to clients.
+    status_code: Optional[int] = None
+
+    def to_json(self) -> dict:
+        return {"type": "abort", "message": self.message}
+
+
+@dataclass(frozen=True)
 class TokenizedGenerateReqInput:
+    """One validated, tokenized request (the tokenizer manager checked every field: the scheduler
+    trusts it). Immutable: n > 1 and batches are copies made with dataclasses.replace."""
+
     rid: str
     input_text: Optional[str]
     input_ids: list[int]
@@ -27,6 +69,15 @@ class TokenizedGenerateReqInput:
     stream: bool = False
     priority: Optional[int] = None  # larger runs first (with --schedule-policy any)
 
+    def __post_init__(self):
+        # What the scheduler relies on without looking (the context length is the tokenizer
+        # manager's to check: it knows it).
+        if not self.input_ids:
+            raise ValueError("the prompt is empty (text / input_ids)")
+        if self.return_logprob and self.logprob_start_len >= len(self.input_ids):
+            raise ValueError(f"logprob_start_len {self.logprob_start_len} must be below the prompt length "
+                             f"{len(self.input_ids)}")
+
 
 @dataclass
 class AbortReq:
@@ -36,9 +87,6 @@ class AbortReq:
 @dataclass
 class FlushCacheReq:
     level: str = "l1"  # l1: the KV pool; l2: also the host tier; l3: also the storage tier
-
-
-FLUSH_LEVELS = ("l1", "l2", "l3")
 
 
 @dataclass
@@ -63,7 +111,7 @@ class ReqOutputChunk:
 
     rid: str
     new_output_ids: list[int]
-    finished_reason: Optional[dict]
+    finished_reason: Optional[FinishReason]
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int

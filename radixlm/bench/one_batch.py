@@ -61,14 +61,11 @@ class _Timer:
         return time.perf_counter()
 
 
-def _sample(runner, reqs, logits) -> list[int]:
-    from radixlm.model.layers.sampler import SamplingBatchInfo
-
-    bs = len(reqs)
-    info = SamplingBatchInfo.build([r.sampling_params for r in reqs], runner.vocab_size, runner.device,
-                                   [r.output_ids for r in reqs], [r.origin_input_ids for r in reqs],
-                                   [None] * bs, [[]] * bs)
-    return runner.sample(logits, info).tolist()
+def _forward(runner, batch, cm):
+    """(forward batch, logits output) of a ScheduleBatch; the attention metadata is built in the
+    runner's prepare, inside the caller's forward timing (as the model's own forward built it)."""
+    fb = runner.prepare(batch.prepare(cm))
+    return fb, runner.forward(fb)
 
 
 def run_once(runner, prompts: list[list[int]], output_len: int, prefixes: list[list[int]] = ()) -> dict:
@@ -76,7 +73,7 @@ def run_once(runner, prompts: list[list[int]], output_len: int, prefixes: list[l
     prefixes: prompt i continues prefixes[i % len(prefixes)], computed once before the batch."""
     import torch
 
-    from radixlm.cache.radix_cache import RadixCache
+    from radixlm.cache.no_prefix_cache import NoPrefixCache
     from radixlm.model.forward_batch import ForwardMode
     from radixlm.sampling_params import SamplingParams
     from radixlm.scheduler.batch import PrefillChunk, ScheduleBatch
@@ -89,8 +86,8 @@ def run_once(runner, prompts: list[list[int]], output_len: int, prefixes: list[l
         raise ValueError(f"batch needs {need} KV slots and {slots} request slots; raise --max-total-tokens "
                          "or --max-running-requests")
     sp = SamplingParams(max_new_tokens=output_len, temperature=0.0, ignore_eos=True)
-    tree = RadixCache(runner.token_to_kv_pool, disable=True)  # no radix tree: prefixes are shared by hand
-    cm = CacheManager(runner.req_to_token_pool, runner.token_to_kv_pool, tree)
+    tree = NoPrefixCache()  # no radix tree: prefixes are shared by hand
+    cm = CacheManager.create(runner.req_to_token_pool, runner.token_to_kv_pool, tree)
     timer = _Timer(runner.device)
 
     def new_req(rid: str, ids: list[int], cached=None) -> Req:
@@ -107,24 +104,25 @@ def run_once(runner, prompts: list[list[int]], output_len: int, prefixes: list[l
         cached = []
         for g, pre in enumerate(prefixes):
             r = new_req(f"prefix{g}", list(pre))
-            runner.forward(extend([r]).prepare(cm, runner.device))
+            _forward(runner, extend([r]), cm)
             cached.append(runner.req_to_token_pool.req_to_token[r.req_pool_idx, : len(pre)].clone())
         reqs = [new_req(str(i), list(prefixes[i % len(prefixes)]) + list(p) if prefixes else list(p),
                         cached[i % len(cached)] if cached else None) for i, p in enumerate(prompts)]
         t0 = timer.now()
-        out = runner.forward(extend(reqs).prepare(cm, runner.device))
-        for r, tok in zip(reqs, _sample(runner, reqs, out.next_token_logits)):
+        fb, out = _forward(runner, extend(reqs), cm)
+        for r, tok in zip(reqs, runner.sample(fb, out.next_token_logits).tolist()):
             r.output_ids.append(tok)
         prefill = timer.now() - t0
         batch = ScheduleBatch(ForwardMode.DECODE, decode_reqs=reqs)
         steps, forwards = [], []
         for _ in range(output_len - 1):
             t0 = timer.now()
-            fb = batch.prepare(cm, runner.device)
+            mwb = batch.prepare(cm)
             f0 = timer.now()
+            fb = runner.prepare(mwb)
             out = runner.forward(fb)
             f1 = timer.now()
-            for r, tok in zip(reqs, _sample(runner, reqs, out.next_token_logits)):
+            for r, tok in zip(reqs, runner.sample(fb, out.next_token_logits).tolist()):
                 r.output_ids.append(tok)
             steps.append(timer.now() - t0)
             forwards.append(f1 - f0)
@@ -243,12 +241,13 @@ def read_rate_gbps(device, nbytes: int = 256 * 2**20, repeats: int = 7) -> float
 def run(args, server_args) -> list[dict]:
     """One result per batch size; each carries its greedy tokens under 'output_ids'."""
     from radixlm.model.runner import ModelRunner
+    from radixlm.model.runner_config import ModelRunnerConfig
 
     if args.input_len < 1 or args.output_len < 1:
         raise ValueError("--input-len and --output-len must be at least 1")
     if args.shared_prefix_len < 0 or args.num_groups < 1:
         raise ValueError("--shared-prefix-len must be >= 0 and --num-groups >= 1")
-    runner = ModelRunner(sized_server_args(args, server_args))
+    runner = ModelRunner(ModelRunnerConfig.from_server_args(sized_server_args(args, server_args)))
     prefixes = []
     if args.shared_prefix_len:
         prefixes = [r.input_ids for r in random_prompts(args.num_groups, args.shared_prefix_len, 1, runner.vocab_size,

@@ -11,7 +11,7 @@ import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from typing import Optional
+from typing import Hashable, Optional
 
 from radixlm.cache.kv_data import KVData
 from radixlm.cache.storage import HiCacheStorage
@@ -60,6 +60,7 @@ class Prefetch:
     start: int  # token position of the first chunk
     futures: list[Future]
     keys: list[str]
+    namespace: Hashable = None  # the prefix's (PrefixKey.namespace)
     started: float = field(default_factory=time.perf_counter)
     taken: int = 0  # leading chunks already hung into the tree
     added: int = 0  # tokens they added

@@ -12,7 +12,7 @@ import regex
 import zmq
 
 from radixlm.config import PortArgs, ServerArgs
-from radixlm.ipc import BatchStrOut, BatchTokenIDOut, ReqOutputChunk, ReqStrChunk
+from radixlm.ipc import BatchStrOut, BatchTokenIDOut, FinishStop, ReqOutputChunk, ReqStrChunk
 
 logger = logging.getLogger(__name__)
 
@@ -61,12 +61,13 @@ class IncrementalDetokenizer:
         return st.text[:end]
 
     def final_text(self, ids: list[int], c: ReqOutputChunk) -> str:
-        matched = c.finished_reason.get("matched") if c.finished_reason else None
+        stop = c.finished_reason if isinstance(c.finished_reason, FinishStop) else None
+        matched = stop.matched if stop is not None else None
         if isinstance(matched, int) and c.trim_stop and ids and ids[-1] == matched:
             ids = ids[:-1]
         text = self._decode(ids, c)
         if isinstance(matched, str) and c.trim_stop:
-            if c.finished_reason.get("matched_regex"):
+            if stop.matched_regex:
                 m = re.search(matched, text)
                 pos = m.start() if m else -1
             else:

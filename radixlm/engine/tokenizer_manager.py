@@ -19,6 +19,8 @@ from radixlm.config import PortArgs, ServerArgs
 from radixlm.ipc import (
     AbortReq,
     BatchStrOut,
+    FinishAbort,
+    FinishReason,
     FlushCacheReq,
     FlushCacheReqOutput,
     GenerateReqInput,
@@ -50,7 +52,7 @@ class ReqState:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     output_ids: list[int] = field(default_factory=list)
     text: str = ""
-    finished_reason: Optional[dict] = None
+    finished_reason: Optional[FinishReason] = None
     meta: dict = field(default_factory=dict)
     logprobs: dict = field(default_factory=dict)
     dirty: bool = False  # news since the consumer last looked
@@ -273,8 +275,8 @@ class TokenizerManager:
             self._check_alive()
             if st.finished_reason is not None:
                 fr = st.finished_reason
-                if fr.get("type") == "abort" and fr.get("status_code") == 400:
-                    raise ValueError(fr.get("message"))
+                if isinstance(fr, FinishAbort) and fr.status_code == 400:
+                    raise ValueError(fr.message)
                 yield self._response(st)
                 return
             if stream and st.dirty:
@@ -284,7 +286,8 @@ class TokenizerManager:
     def _response(self, st: ReqState) -> dict:
         meta = {
             "id": st.rid,
-            "finish_reason": _public_reason(st.finished_reason),
+            # The edge: SGLang's JSON (an abort's HTTP status stays inside).
+            "finish_reason": st.finished_reason.to_json() if st.finished_reason is not None else None,
             **st.meta,
             "e2e_latency": time.perf_counter() - st.created,
         }
@@ -383,8 +386,3 @@ class TokenizerManager:
         if self.dead_message is not None:
             raise EngineDeadError(self.dead_message)
 
-
-def _public_reason(fr: Optional[dict]) -> Optional[dict]:
-    if fr is None:
-        return None
-    return {k: v for k, v in fr.items() if k != "status_code"}

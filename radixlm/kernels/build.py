@@ -56,6 +56,9 @@ def build_dir() -> str:
         with open(path, "rb") as f:
             h.update(os.path.basename(path).encode() + f.read())
     h.update(" ".join(CFLAGS + LDFLAGS).encode() + torch.__version__.encode() + sys.version.encode())
+    # ninja's build file names the sources by path: two checkouts sharing one directory would
+    # rebuild it for each other at every start.
+    h.update(CSRC.encode())
     root = os.environ.get("RADIXLM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "radixlm")
     return os.path.join(root, "kernels", h.hexdigest()[:16])
 

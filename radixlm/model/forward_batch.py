@@ -1,7 +1,7 @@
-"""ForwardBatch: everything one model forward needs, built by the scheduler.
+"""ForwardBatch: everything one model forward needs, on the model's device.
 
-Lives with the model (not the scheduler) so that model code never imports the
-scheduler; the scheduler turns its ScheduleBatch into one of these.
+The model runner builds it from the scheduler's ModelWorkerBatch (ModelRunner.prepare), so model
+code never imports the scheduler.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class ForwardBatch:
     out_cache_loc: torch.Tensor
     req_to_token_pool: "ReqToTokenPool"
     token_to_kv_pool: "TokenToKVPool"
-    # The attention backend (model/layers/attention.py) that runs this batch, and its per-batch
+    # The attention backend (model/layers/attention/) that runs this batch, and its per-batch
     # metadata (built at launch by the scheduler, or by the model's forward if nobody did).
     attn_backend: Any = None
     attn_metadata: Any = None
@@ -70,35 +70,9 @@ class ForwardBatch:
     extend_logprob_start_lens_cpu: Optional[list[Optional[int]]] = None
     # MIXED only: the last num_decode requests are decode steps (one token after their context).
     num_decode: int = 0
+    # The sampler's tensors for this batch (model/layers/sampler.py), built by ModelRunner.prepare.
+    sampling_info: Any = None
 
     @property
     def num_tokens(self) -> int:
         return int(self.input_ids.shape[0])
-
-    @classmethod
-    def build(cls, mode: ForwardMode, input_ids: list[int], positions: list[int], req_pool_indices: list[int],
-              seq_lens: list[int], out_cache_loc: torch.Tensor, req_to_token_pool: "ReqToTokenPool",
-              token_to_kv_pool: "TokenToKVPool", device, prefix_lens: Optional[list[int]] = None,
-              ext_lens: Optional[list[int]] = None, logprob_starts: Optional[list[Optional[int]]] = None,
-              num_decode: int = 0) -> "ForwardBatch":
-        """A forward from host lists whose slots are already in the request rows (the scheduler's
-        ScheduleBatch.prepare and the draft model's steps). Extend fields are kept for
-        extend-shaped modes only."""
-        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
-        extend = mode.is_extend()
-        return cls(
-            forward_mode=mode,
-            batch_size=len(req_pool_indices),
-            input_ids=as_tensor(input_ids),
-            positions=as_tensor(positions),
-            req_pool_indices=as_tensor(req_pool_indices),
-            seq_lens=as_tensor(seq_lens),
-            out_cache_loc=out_cache_loc.to(device),
-            req_to_token_pool=req_to_token_pool,
-            token_to_kv_pool=token_to_kv_pool,
-            seq_lens_cpu=seq_lens,
-            extend_prefix_lens_cpu=prefix_lens if extend else None,
-            extend_seq_lens_cpu=ext_lens if extend else None,
-            extend_logprob_start_lens_cpu=logprob_starts if extend else None,
-            num_decode=num_decode,
-        )

@@ -28,6 +28,9 @@ from radixlm.model.registry import resolve_architecture
 logger = logging.getLogger(__name__)
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# --quantization: gguf keeps a GGUF file's own block formats, none runs float weights, the rest
+# quantize at load (resolve_quantization).
+QUANTIZATIONS = ("none", "gguf", "int8", "q4_0", "q8_0")
 
 
 @dataclass

@@ -10,9 +10,11 @@ from typing import Optional
 import torch
 
 from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
-from radixlm.config import ServerArgs
 from radixlm.model.forward_batch import ForwardBatch
+from radixlm.model.layers.attention import AttentionBackendSpec, create_attention_backend, resolve_attention_backends
 from radixlm.model.layers.sampler import Sampler, SamplingBatchInfo
+from radixlm.model.runner_config import ModelRunnerConfig
+from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.utils import keep_freed_memory_in_heap
 
 logger = logging.getLogger(__name__)
@@ -31,18 +33,18 @@ class LogitsOutput:
 
 
 class ModelRunner:
-    def __init__(self, server_args: ServerArgs):
+    def __init__(self, config: ModelRunnerConfig):
         from radixlm.model.loader import load_model
 
-        self.server_args = server_args
-        self.device = torch.device(server_args.device)
-        self.dtype = server_args.resolved_dtype()
+        self.config = config
+        self.device = torch.device(config.device)
+        self.dtype = config.resolved_dtype()
         if self.device.type == "cpu":
-            torch.set_num_threads(server_args.num_threads or os.cpu_count() or 1)
+            torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
             keep_freed_memory_in_heap()
-        torch.manual_seed(server_args.random_seed)
-        self.loaded = load_model(server_args.model_path, dtype=self.dtype, device=self.device,
-                                 quantization=server_args.quantization)
+        torch.manual_seed(config.random_seed)
+        self.loaded = load_model(config.model_path, dtype=self.dtype, device=self.device,
+                                 quantization=config.quantization)
         self.model = self.loaded.model
         cfg = self.loaded.hf_config
         self.hf_config = cfg
@@ -51,12 +53,14 @@ class ModelRunner:
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self.kv_dtype = self._kv_dtype()
-        self.attn_backend = self._make_attn_backend()
+        self.attn_backend = create_attention_backend(config.attention_backend, self._attn_spec(self.kv_dtype),
+                                                     prefill=config.prefill_attention_backend,
+                                                     decode=config.decode_attention_backend)
         self.max_total_num_tokens = self._kv_capacity()
-        model_ctx = server_args.context_length or self.loaded.context_len
+        model_ctx = config.context_length or self.loaded.context_len
         # A lone request must always fit in the pool, so the context never exceeds it.
         self.context_len = min(model_ctx, self.max_total_num_tokens)
-        self.max_running_requests = server_args.max_running_requests
+        self.max_running_requests = config.max_running_requests
         self.req_to_token_pool = ReqToTokenPool(
             self.max_running_requests + 1, self.context_len + 4, device=self.device
         )
@@ -65,7 +69,7 @@ class ModelRunner:
         )
         self.sampler = Sampler()
         logger.info(
-            "KV cache: %d tokens, %.1f MiB (%s, %d layers x %d kv heads x %d dims); context %d; attention: %s",
+            "KV cache: %d tokens, %.1f MiB (%s, %d layers x %d kv heads x %d dims); context %d; attention: %r",
             self.max_total_num_tokens,
             self.token_to_kv_pool.total_bytes / 2**20,
             str(self.kv_dtype).replace("torch.", ""),
@@ -73,50 +77,68 @@ class ModelRunner:
             self.num_kv_heads,
             self.head_dim,
             self.context_len,
-            type(self.attn_backend).__name__,
+            self.attn_backend,
         )
 
-    def _kv_dtype(self):
-        """auto: float16 where quantized weights run the native kernels (llama.cpp's default KV type;
-        decode attention reads half the bytes), else the model dtype (float32: the HF reference)."""
-        from radixlm.model.layers.native_attention import native_attention_supported
+    def _attn_spec(self, kv_dtype: torch.dtype) -> AttentionBackendSpec:
+        return AttentionBackendSpec(head_dim=self.head_dim, dtype=self.dtype, kv_dtype=kv_dtype, device=self.device,
+                                    shared_prefix=not self.config.disable_shared_prefix_attention,
+                                    mirror_bytes=self.config.decode_kv_mirror_bytes)
 
-        args = self.server_args
-        if (args.kv_cache_dtype == "auto" and self.loaded.quantization != "none" and args.attention_backend != "torch"
-                and native_attention_supported(self.head_dim, self.dtype, self.device)[0]):
-            return torch.float16
-        return args.resolved_kv_cache_dtype()
-
-    def _make_attn_backend(self):
-        from radixlm.model.layers.attention import TorchSDPABackend
-        from radixlm.model.layers.native_attention import NativeCPUBackend, native_attention_supported
-
-        args = self.server_args
-        ok, why = native_attention_supported(self.head_dim, self.dtype, self.device)
-        if args.attention_backend == "native" and not ok:
-            raise ValueError(f"attention_backend native: {why}")
-        if ok and args.attention_backend != "torch":
-            return NativeCPUBackend()
-        if self.kv_dtype != self.dtype:
-            raise ValueError(f"kv_cache_dtype {args.kv_cache_dtype} differs from the model dtype and needs the native "
-                             f"attention backend ({why or 'attention_backend is torch'})")
-        return TorchSDPABackend(shared_prefix=not args.disable_shared_prefix_attention,
-                                mirror_bytes=args.decode_kv_mirror_bytes)
+    def _kv_dtype(self) -> torch.dtype:
+        """auto: float16 where quantized weights run and every attention backend in use reads float16
+        KV (the native kernels; llama.cpp's default KV type: decode attention reads half the bytes),
+        else the model dtype (float32: the HF reference)."""
+        cfg = self.config
+        if cfg.kv_cache_dtype == "auto" and self.loaded.quantization != "none":
+            try:
+                resolve_attention_backends(self._attn_spec(torch.float16), cfg.attention_backend,
+                                           cfg.prefill_attention_backend, cfg.decode_attention_backend)
+                return torch.float16
+            except ValueError:  # a backend that needs the model dtype (the error, if any, comes below)
+                pass
+        return cfg.resolved_kv_cache_dtype()
 
     def _kv_capacity(self) -> int:
-        if self.server_args.max_total_tokens:
-            return self.server_args.max_total_tokens
+        if self.config.max_total_tokens:
+            return self.config.max_total_tokens
         per_token = TokenToKVPool.bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.kv_dtype)
-        return max(256, int(self.server_args.kv_memory_gb * 2**30 // per_token))
+        return max(256, int(self.config.kv_memory_gb * 2**30 // per_token))
 
-    def init_forward_metadata(self, fb: ForwardBatch) -> None:
-        """Attention metadata for fb, built now (the scheduler does it at launch)."""
-        fb.attn_backend = self.attn_backend
+    def prepare(self, b: ModelWorkerBatch) -> ForwardBatch:
+        """The forward of a step: tensors on the device, the attention metadata and the sampler's
+        tensors, built now (the scheduler calls it at launch, possibly while another step runs:
+        the backend copies what it reads of the request rows)."""
+        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)  # noqa: E731
+        extend = b.forward_mode.is_extend()
+        fb = ForwardBatch(
+            forward_mode=b.forward_mode,
+            batch_size=b.batch_size,
+            input_ids=as_tensor(b.input_ids),
+            positions=as_tensor(b.positions),
+            req_pool_indices=as_tensor(b.req_pool_indices),
+            seq_lens=as_tensor(b.seq_lens),
+            out_cache_loc=b.out_cache_loc.to(self.device),
+            req_to_token_pool=self.req_to_token_pool,
+            token_to_kv_pool=self.token_to_kv_pool,
+            seq_lens_cpu=b.seq_lens,
+            extend_prefix_lens_cpu=b.extend_prefix_lens if extend else None,
+            extend_seq_lens_cpu=b.extend_seq_lens if extend else None,
+            extend_logprob_start_lens_cpu=b.extend_logprob_start_lens if extend else None,
+            num_decode=b.num_decode,
+            attn_backend=self.attn_backend,
+        )
+        if b.sampling:
+            fb.sampling_info = SamplingBatchInfo.build(b.sampling, self.vocab_size, self.device)
         self.attn_backend.init_forward_metadata(fb)
+        return fb
+
+    def reset_attention_state(self) -> None:
+        """Forget what the attention backend keeps across steps (a forward failed half way)."""
+        self.attn_backend.reset()
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> LogitsOutput:
-        fb.attn_backend = self.attn_backend
         hidden = self.model.forward(fb.input_ids, fb.positions, fb)
         if fb.forward_mode.is_decode():
             return LogitsOutput(next_token_logits=self.model.compute_logits(hidden).float())
@@ -146,5 +168,6 @@ class ModelRunner:
         ]
         return LogitsOutput(next_token_logits=next_logits, prompt_logprobs=prompt)
 
-    def sample(self, logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-        return self.sampler(logits, info)
+    def sample(self, fb: ForwardBatch, logits: torch.Tensor) -> torch.Tensor:
+        """Next token ids [bs] from logits [bs, vocab] (raw, or grammar-masked) with fb's sampling."""
+        return self.sampler(logits, fb.sampling_info)

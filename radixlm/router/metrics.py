@@ -4,18 +4,29 @@ time routing takes."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-if TYPE_CHECKING:
-    from radixlm.router.server import RouterState
+from radixlm.router.policies import Policy
+from radixlm.router.workers import WorkerRegistry
+
+
+class MetricsSource(Protocol):
+    """What the metrics read at scrape time (server.RouterState has it). A protocol of its own,
+    so that metrics does not import the server that serves them (no import cycle)."""
+
+    registry: WorkerRegistry
+    policy: Policy
+    route_seconds: Iterable[float]  # the policy's time per routed request, the latest ones
+    worker_cache: dict[str, dict]  # each worker's internal state at the last scrape
 
 
 class _Collector:
-    def __init__(self, state: "RouterState"):
+    def __init__(self, state: MetricsSource):
         self.state = state
 
     def collect(self):
@@ -76,7 +87,7 @@ def _worker_cache_metrics(worker_cache: dict[str, dict]):
 
 
 class RouterMetrics:
-    def __init__(self, state: "RouterState"):
+    def __init__(self, state: MetricsSource):
         self.registry = CollectorRegistry()
         self.registry.register(_Collector(state))
 

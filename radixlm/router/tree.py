@@ -5,7 +5,8 @@ an edge of characters; `tenants` maps every worker whose requests passed through
 last time one did. A tenant on a node is on all of its ancestors, so a worker's share of a
 request is the depth of the deepest matched node it is on. The tree is trimmed per tenant, least
 recently used leaves first, to `max_tree_size` characters (the worker's own cache forgets old
-prefixes too; the router's picture should not outlive them by much).
+prefixes too; the router's picture should not outlive them by much). The descent is
+radix_walk.walk, the one shared with the KV cache's trees.
 """
 
 from __future__ import annotations
@@ -15,14 +16,15 @@ import itertools
 import time
 from typing import Optional
 
-from radixlm.utils import common_prefix_len
+from radixlm.radix_walk import walk
 
 
 class _Node:
-    __slots__ = ("text", "parent", "children", "tenants")
+    # `key`/`children`: the node shape radix_walk.walk descends.
+    __slots__ = ("key", "parent", "children", "tenants")
 
-    def __init__(self, text: str, parent: Optional["_Node"]):
-        self.text = text
+    def __init__(self, key: str, parent: Optional["_Node"]):
+        self.key = key  # the characters on the edge into this node
         self.parent = parent
         self.children: dict[str, _Node] = {}  # first character -> child
         self.tenants: dict[str, float] = {}  # tenant -> last access
@@ -40,53 +42,44 @@ class ApproxRadixTree:
     def insert(self, text: str, tenant: str, now: Optional[float] = None) -> None:
         """Record that `tenant` served `text` (it now caches every prefix of it)."""
         t = self._now(now)
-        node = self.root
+        node, end = self.root, 0
         self._touch(node, tenant, t)
-        i = 0
-        while i < len(text):
-            child = node.children.get(text[i])
-            if child is None:
-                child = _Node(text[i:], node)
-                node.children[text[i]] = child
-                self._touch(child, tenant, t)
-                return
-            n = common_prefix_len(child.text, text[i:])
-            if n < len(child.text):
-                child = self._split(child, n)
+        for child, pos, m in walk(self.root, text):
+            split = m < len(child.key)
+            if split:
+                child = self._split(child, m)
             self._touch(child, tenant, t)
-            node, i = child, i + n
+            node, end = child, pos + m
+            if split:  # the walk would end here anyway; stop before it looks at the edge just cut
+                break
+        if end < len(text):
+            leaf = _Node(text[end:], node)
+            node.children[text[end]] = leaf
+            self._touch(leaf, tenant, t)
 
     def _touch(self, node: _Node, tenant: str, t: float) -> None:
         if tenant not in node.tenants:
-            self.tenant_chars[tenant] = self.tenant_chars.get(tenant, 0) + len(node.text)
+            self.tenant_chars[tenant] = self.tenant_chars.get(tenant, 0) + len(node.key)
         node.tenants[tenant] = t
 
     def _split(self, child: _Node, n: int) -> _Node:
         """child's edge cut after n characters: returns the new upper node (same tenants)."""
         parent = child.parent
-        upper = _Node(child.text[:n], parent)
+        upper = _Node(child.key[:n], parent)
         upper.tenants = dict(child.tenants)
-        parent.children[child.text[0]] = upper
-        child.text = child.text[n:]
+        parent.children[child.key[0]] = upper
+        child.key = child.key[n:]
         child.parent = upper
-        upper.children[child.text[0]] = child
+        upper.children[child.key[0]] = child
         return upper
 
     def prefix_match(self, text: str, now: Optional[float] = None) -> tuple[int, list[str]]:
         """(characters of text's longest cached prefix, the tenants that hold all of it). The
         match may end inside an edge. Touches the matched path for those tenants."""
-        node, i = self.root, 0
-        path = []
-        while i < len(text):
-            child = node.children.get(text[i])
-            if child is None:
-                break
-            n = common_prefix_len(child.text, text[i:])
+        path, end = [], 0
+        for child, pos, m in walk(self.root, text):
             path.append(child)
-            i += n
-            if n < len(child.text):
-                break
-            node = child
+            end = pos + m
         if not path:
             return 0, []
         tenants = list(path[-1].tenants)
@@ -94,21 +87,16 @@ class ApproxRadixTree:
         for nd in path:
             for tenant in tenants:
                 nd.tenants[tenant] = t
-        return i, tenants
+        return end, tenants
 
     def prefix_match_tenant(self, text: str, tenant: str) -> int:
         """Characters of text's longest prefix that `tenant` holds."""
-        node, i = self.root, 0
-        while i < len(text):
-            child = node.children.get(text[i])
-            if child is None or tenant not in child.tenants:
+        end = 0
+        for child, pos, m in walk(self.root, text):
+            if tenant not in child.tenants:  # a tenant is on every ancestor: nothing deeper is its
                 break
-            n = common_prefix_len(child.text, text[i:])
-            i += n
-            if n < len(child.text):
-                break
-            node = child
-        return i
+            end = pos + m
+        return end
 
     def remove_tenant(self, tenant: str) -> None:
         """Forget everything `tenant` held (a worker removed or dead)."""
@@ -139,11 +127,11 @@ class ApproxRadixTree:
             while heap and self.tenant_chars[tenant] > max_size:
                 _, _, node = heapq.heappop(heap)
                 del node.tenants[tenant]
-                self.tenant_chars[tenant] -= len(node.text)
-                removed[tenant] = removed.get(tenant, 0) + len(node.text)
+                self.tenant_chars[tenant] -= len(node.key)
+                removed[tenant] = removed.get(tenant, 0) + len(node.key)
                 parent = node.parent
                 if not node.tenants and parent is not None:
-                    del parent.children[node.text[0]]
+                    del parent.children[node.key[0]]
                 if parent is not self.root and parent is not None and not any(
                         tenant in c.tenants for c in parent.children.values()):
                     heapq.heappush(heap, (parent.tenants[tenant], next(self._clock), parent))

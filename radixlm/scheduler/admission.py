@@ -21,6 +21,26 @@ IN_BATCH_PREFIX_MIN = 32
 CLIP_MAX_NEW_TOKENS = 4096
 
 
+@dataclass
+class NewTokenRatio:
+    """The share of each running request's remaining max_new_tokens that admission reserves (SGLang's
+    new_token_ratio): high after a retraction, decaying by `decay` per decode step to `minimum`."""
+
+    initial: float
+    minimum: float
+    decay: float
+    value: float = -1.0
+
+    def __post_init__(self):
+        self.value = self.initial
+
+    def step(self) -> None:
+        self.value = max(self.minimum, self.value - self.decay)
+
+    def after_retraction(self) -> None:
+        self.value = 1.0
+
+
 def reserve_for(req: Req, ratio: float) -> int:
     """KV tokens held back for a running request's future outputs."""
     left = req.sampling_params.max_new_tokens - len(req.output_ids)

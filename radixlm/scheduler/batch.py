@@ -1,7 +1,7 @@
 """PrefillChunk (one request's part of an extend step) and ScheduleBatch (what runs in one step).
 
-A ScheduleBatch allocates the step's KV slots and turns itself into the model's ForwardBatch;
-the model never sees a Req.
+A ScheduleBatch allocates the step's KV slots and turns itself into the ModelWorkerBatch the model
+runner takes; the model never sees a Req.
 """
 
 from __future__ import annotations
@@ -11,7 +11,9 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from radixlm.model.forward_batch import ForwardBatch, ForwardMode
+from radixlm.model.forward_batch import ForwardMode
+from radixlm.model.layers.sampler import SamplingRow
+from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.scheduler.req import Req
 
 if TYPE_CHECKING:
@@ -89,8 +91,14 @@ class ScheduleBatch:
             return [not d for d in self.drafts]
         return [c.samples for c in self.chunks] + [True] * len(self.decode_reqs)
 
-    def prepare(self, cache_manager: "CacheManager", device) -> ForwardBatch:
-        """Allocate this step's KV slots, write them into the requests' rows, and build the forward.
+    def sampling(self) -> list[SamplingRow]:
+        """Per request, what the sampler needs this step."""
+        return [SamplingRow(r.sampling_params, r.output_ids, r.origin_input_ids,
+                            r.generator if keep else None, r.banned_token_ids())
+                for r, keep in zip(self.reqs, self.sampling_rows())]
+
+    def prepare(self, cache_manager: "CacheManager") -> ModelWorkerBatch:
+        """Allocate this step's KV slots, write them into the requests' rows, and describe the step.
         A decode input whose token the step in flight is still sampling is named by its future
         slot (-(slot + 1)), resolved on the worker (overlap.py)."""
         total = sum(c.length for c in self.chunks) + len(self.decode_reqs) + sum(map(len, self.drafts))
@@ -116,11 +124,11 @@ class ScheduleBatch:
             self._prepare_verify(r2t, out_loc, input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts)
         else:
             self._prepare_decode(r2t, out_loc[pt:], input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts)
-        return ForwardBatch.build(
+        return ModelWorkerBatch(
             self.forward_mode, input_ids, positions, [r.req_pool_idx for r in self.reqs], seq_lens, out_loc,
-            cache_manager.req_to_token_pool, cache_manager.token_to_kv_pool, device,
-            prefix_lens=prefix_lens, ext_lens=ext_lens, logprob_starts=lp_starts,
+            extend_prefix_lens=prefix_lens, extend_seq_lens=ext_lens, extend_logprob_start_lens=lp_starts,
             num_decode=len(self.decode_reqs) if self.forward_mode.is_mixed() else 0,
+            sampling=self.sampling(),
         )
 
     @staticmethod

@@ -26,7 +26,8 @@ Moves (all on the scheduler thread):
     free_uncommitted
                   the request's allocated but uncommitted slots -> free list (rejected drafts)
 
-With the radix cache disabled the tree stays empty and a request's whole range is its own.
+With the radix cache disabled (NoPrefixCache) nothing moves to a tree: NoCacheManager keeps a
+request's whole range its own until it leaves.
 """
 
 from __future__ import annotations
@@ -35,16 +36,25 @@ from typing import Optional
 
 import torch
 
+from radixlm.cache.base_prefix_cache import BasePrefixCache, MatchResult
 from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
-from radixlm.cache.radix_cache import RadixCache, TreeNode
+from radixlm.cache.tree_node import TreeNode
 from radixlm.scheduler.req import Req
 
 
 class CacheManager:
-    def __init__(self, req_to_token_pool: ReqToTokenPool, token_to_kv_pool: TokenToKVPool, tree_cache: RadixCache):
+    def __init__(self, req_to_token_pool: ReqToTokenPool, token_to_kv_pool: TokenToKVPool,
+                 tree_cache: BasePrefixCache):
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool = token_to_kv_pool
         self.tree_cache = tree_cache
+
+    @staticmethod
+    def create(req_to_token_pool: ReqToTokenPool, token_to_kv_pool: TokenToKVPool,
+               tree_cache: BasePrefixCache) -> "CacheManager":
+        """The manager for this cache: one that hands KV to the tree, or keeps it with the request."""
+        cls = CacheManager if tree_cache.shares_prefixes else NoCacheManager
+        return cls(req_to_token_pool, token_to_kv_pool, tree_cache)
 
     # --- budget -----------------------------------------------------------------
     def kv_room(self) -> int:
@@ -52,13 +62,14 @@ class CacheManager:
         return self.token_to_kv_pool.available_size() + self.tree_cache.evictable_size()
 
     # --- admission --------------------------------------------------------------
-    def match(self, req: Req, split: bool = True) -> tuple[torch.Tensor, TreeNode]:
-        """The cached prefix `req` may reuse (see Req.max_prefix_len). For admission (split) a
+    def match(self, req: Req) -> MatchResult:
+        """Admission's match of the cached prefix req may reuse (see Req.max_prefix_len); a
         hierarchical tree also loads the part held in L2 back into L1."""
-        key = req.all_ids()[: req.max_prefix_len()]
-        if split:
-            return self.tree_cache.match_and_load(key)
-        return self.tree_cache.match_prefix(key, split=split)
+        return self.tree_cache.match_prefix(req.prefix_key(req.max_prefix_len()))
+
+    def peek(self, req: Req) -> MatchResult:
+        """The same lookup for ordering only: the tree is left as it is."""
+        return self.tree_cache.peek_prefix(req.prefix_key(req.max_prefix_len()))
 
     def lock(self, node: TreeNode) -> int:
         """Pin node's path; returns the change in evictable tokens (<= 0)."""
@@ -93,16 +104,17 @@ class CacheManager:
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         protected, committed, allocated = req.cache_protected_len, req.kv_committed_len, req.kv_allocated_len
         assert 0 <= protected <= committed <= allocated, (req.rid, protected, committed, allocated)
-        if not tree.disable and committed > protected:
-            ids = req.all_ids()[:committed]
-            shared = tree.insert(ids, row[:committed].clone())
+        if committed > protected:
+            key = req.prefix_key(committed)
+            shared = tree.insert(key, row[:committed].clone())
             # [0, shared) was in the tree already: [0, protected) is ours through the lock, and
             # [protected, shared) another request inserted meanwhile, so our copies are duplicates.
             assert shared >= protected, (req.rid, shared, protected)
             pool.free(row[protected:shared].clone())
             if not finished:
-                # No eviction runs between the insert and this match, so it is a full match.
-                indices, node = tree.match_prefix(ids)
+                # No eviction runs between the insert and this lookup, so it is a full match; the
+                # insert made a node end exactly at `committed`.
+                indices, node = tree.peek_prefix(key)
                 assert len(indices) == committed
                 row[protected:committed] = indices[protected:]
                 # Lock the new node before unlocking its ancestor: the shared path never looks evictable.
@@ -111,13 +123,16 @@ class CacheManager:
                 req.last_node, req.cache_protected_len = node, committed
                 protected = committed
         if finished:
-            # Own slots past the protected range: the uncommitted tail, or everything without a tree.
-            own_from = committed if not tree.disable else protected
-            pool.free(row[own_from:allocated].clone())
-            tree.dec_lock_ref(req.last_node)
-            self.req_to_token_pool.free(req.req_pool_idx)
-            req.req_pool_idx, req.last_node = None, None
-            req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = 0
+            self._leave(req, own_from=committed)
+
+    def _leave(self, req: Req, own_from: int) -> None:
+        """req gives up its row: its own slots from own_from on go to the free list, the lock goes."""
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        self.token_to_kv_pool.free(row[own_from : req.kv_allocated_len].clone())
+        self.tree_cache.dec_lock_ref(req.last_node)
+        self.req_to_token_pool.free(req.req_pool_idx)
+        req.req_pool_idx, req.last_node = None, None
+        req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = 0
 
     def release(self, req: Req) -> None:
         """req leaves (finished, aborted, retracted): its KV goes to the tree or the free list."""
@@ -145,3 +160,12 @@ class CacheManager:
         self.tree_cache.flush(level)
         self.token_to_kv_pool.clear()
         self.req_to_token_pool.clear()
+
+
+class NoCacheManager(CacheManager):
+    """Without a prefix cache: a request's KV is its own from admission to the end, then freed."""
+
+    def cache_req(self, req: Req, finished: bool) -> None:
+        assert req.cache_protected_len == 0, req.rid
+        if finished:
+            self._leave(req, own_from=0)

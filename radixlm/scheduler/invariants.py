@@ -11,6 +11,7 @@ import torch
 
 from radixlm.scheduler.cache_manager import CacheManager
 from radixlm.scheduler.req import Req
+from radixlm.scheduler.req_queues import ReqQueues
 
 
 class InvariantError(AssertionError):
@@ -34,7 +35,7 @@ def check_invariants(cm: CacheManager, holders: Iterable[Req], idle: Iterable[Re
     """
     tree, pool, rows = cm.tree_cache, cm.token_to_kv_pool, cm.req_to_token_pool
     nodes = tree.all_nodes()
-    # A hierarchical tree's nodes outside L1 (value None) own no KV slot; check_tiers covers them.
+    # A hierarchical tree's nodes outside L1 (value None) own no KV slot; the tree's own check covers them.
     parts = [pool.free_slots] + [n.value for n in nodes if n.value is not None]
     locks: Counter = Counter()
     owner_of_row: dict[int, str] = {}
@@ -54,6 +55,8 @@ def check_invariants(cm: CacheManager, holders: Iterable[Req], idle: Iterable[Re
             _fail(f"request {r.rid}: protected range ({r.cache_protected_len}) is not its node's path ({len(ids)})")
         if ids != r.all_ids()[: len(ids)]:
             _fail(f"request {r.rid}: its node's path holds other tokens")
+        if ids and r.last_node.namespace != r.cache_namespace:
+            _fail(f"request {r.rid} (namespace {r.cache_namespace!r}) holds KV of namespace {r.last_node.namespace!r}")
         node = r.last_node
         while node is not tree.root_node:
             locks[node.id] += 1
@@ -86,7 +89,7 @@ def check_invariants(cm: CacheManager, holders: Iterable[Req], idle: Iterable[Re
         _fail(f"tree counters drifted: protected {tree.protected_size()} (walk {protected}), "
               f"evictable {tree.evictable_size()} (walk {total - protected})")
 
-    tier_error = tree.check_tiers()
+    tier_error = tree.check()
     if tier_error:
         _fail(f"hierarchical cache: {tier_error}")
 
@@ -95,3 +98,23 @@ def check_invariants(cm: CacheManager, holders: Iterable[Req], idle: Iterable[Re
         _fail("a request slot is free twice, or free and held")
     if len(free_rows) + len(owner_of_row) != rows.size:
         _fail(f"request slot leak: {len(free_rows)} free + {len(owner_of_row)} held != {rows.size}")
+
+
+class InvariantChecker:
+    """--enable-invariant-checks: after every step, each request's status names the container that
+    holds it (ReqQueues.check), and check_invariants on the KV."""
+
+    def __init__(self, cache_manager: CacheManager, queues: ReqQueues):
+        self.cache_manager = cache_manager
+        self.queues = queues
+
+    def after_step(self) -> None:
+        error = self.queues.check()
+        if error:
+            _fail(f"request lifecycle: {error}")
+        check_invariants(self.cache_manager, self.queues.holders(), self.queues.idle_reqs())
+
+
+class NoInvariantChecks:
+    def after_step(self) -> None:
+        pass

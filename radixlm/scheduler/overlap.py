@@ -21,8 +21,8 @@ from typing import Optional
 
 import torch
 
-from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.runner import LogitsOutput
+from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.scheduler.batch import ScheduleBatch
 from radixlm.scheduler.req import Req
 
@@ -79,7 +79,7 @@ class LaunchedBatch:
     """A batch whose forward + sampling was handed to the worker (or already ran inline)."""
 
     batch: ScheduleBatch
-    forward_batch: ForwardBatch
+    worker_batch: ModelWorkerBatch
     result: Future  # -> StepOutput
     future_slots: Optional[list[int]] = None  # where the worker stores the sampled ids
     launch_time: float = 0.0  # time.perf_counter() when handed over

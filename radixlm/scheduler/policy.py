@@ -10,7 +10,8 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 
-from radixlm.cache.radix_cache import RadixCache, TreeNode
+from radixlm.cache.base_prefix_cache import BasePrefixCache
+from radixlm.cache.tree_node import TreeNode
 from radixlm.scheduler.req import Req
 
 # LPM costs a tree walk per waiting request; past this queue length fall back to FCFS.
@@ -18,23 +19,22 @@ LPM_MAX_QUEUE = 128
 
 
 class SchedulePolicy:
-    def __init__(self, policy: str, tree_cache: RadixCache, disable_radix_cache: bool, seed: int = 0):
+    def __init__(self, policy: str, tree_cache: BasePrefixCache, seed: int = 0):
         self.policy = policy
         self.tree_cache = tree_cache
-        self.disable_radix_cache = disable_radix_cache
         self.rng = random.Random(seed)
 
     def calc_priority(self, queue: list[Req]) -> dict[int, int]:
         """Sorts `queue` in place: request priority first (higher first), then the policy.
         Returns the cached prefix length found per request (by id) when the policy looked."""
         policy = self.policy
-        if policy in ("lpm", "dfs-weight") and (self.disable_radix_cache or len(queue) > LPM_MAX_QUEUE):
+        if policy in ("lpm", "dfs-weight") and (not self.tree_cache.shares_prefixes or len(queue) > LPM_MAX_QUEUE):
             policy = "fcfs"
         prefix_len: dict[int, int] = {}
         nodes: dict[int, TreeNode] = {}
         if policy in ("lpm", "dfs-weight"):
             for r in queue:
-                indices, node = self.tree_cache.match_prefix(r.all_ids()[: r.max_prefix_len()], split=False)
+                indices, node = self.tree_cache.peek_prefix(r.prefix_key(r.max_prefix_len()))
                 prefix_len[id(r)], nodes[id(r)] = len(indices), node
         if policy == "fcfs":
             queue.sort(key=lambda r: r.arrival_time)

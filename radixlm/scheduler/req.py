@@ -1,4 +1,13 @@
-"""Req: one request's scheduling state.
+"""Req: one request's scheduling state, and ReqStatus, the step of its lifecycle it is at.
+
+Lifecycle (each status names the one container that holds the request: req_queues.py):
+
+    arrival --> GRAMMAR_PENDING --> PREFETCHING --> WAITING --> PREFILLING (chunk k of n) --> RUNNING
+                (its grammar         (its prefix      (queued      (admitted: row, lock,        (decoding)
+                 compiles)            read from L3)    for admission) KV of its chunks)
+    WAITING <-- RUNNING / PREFILLING: retraction (out of KV), jump-forward (re-prefills forced text)
+    any --> FINISHING (finished while the step in flight still uses its KV) --> FINISHED
+    any --> FINISHED (aborted, done, failed; its KV released, its last chunk sent)
 
 KV state, in the request's row of ReqToTokenPool (`req_to_token[req_pool_idx]`):
 
@@ -20,11 +29,25 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, Optional
 
 import torch
 
+from radixlm.cache.base_prefix_cache import PrefixKey
+from radixlm.ipc import FinishAbort, FinishLength, FinishReason, FinishStop, TokenizedGenerateReqInput
 from radixlm.sampling_params import SamplingParams
+
+
+class ReqStatus(Enum):
+    NEW = "new"  # built, not queued yet
+    GRAMMAR_PENDING = "grammar-pending"
+    PREFETCHING = "prefetching"
+    WAITING = "waiting"
+    PREFILLING = "prefilling"
+    RUNNING = "running"
+    FINISHING = "finishing"
+    FINISHED = "finished"
 
 
 @dataclass(eq=False)
@@ -39,6 +62,8 @@ class Req:
     stream: bool = False
     priority: Optional[int] = None
     input_text: Optional[str] = None
+    # The prefix cache's namespace of this request's KV (PrefixKey); None: the common one.
+    cache_namespace: Optional[str] = None
     arrival_time: float = field(default_factory=time.monotonic)
 
     output_ids: list[int] = field(default_factory=list)
@@ -49,10 +74,12 @@ class Req:
     kv_allocated_len: int = 0
     kv_committed_len: int = 0
 
-    finished_reason: Optional[dict] = None
+    status: ReqStatus = ReqStatus.NEW
+    finished_reason: Optional[FinishReason] = None
     to_abort: bool = False
     cached_tokens: int = 0  # prompt tokens served from the radix cache (first prefill)
     forward_passes: int = 0
+    prefill_chunks: int = 0  # chunks of its current prefill computed so far (PREFILLING: chunk k of n)
     # Speculative decoding: verify steps that carried a draft of this request, drafts accepted.
     spec_verify_ct: int = 0
     spec_accepted_tokens: int = 0
@@ -76,6 +103,13 @@ class Req:
     output_top_logprobs: list = field(default_factory=list)
     sent_output_len: int = 0
 
+    @classmethod
+    def from_input(cls, recv: TokenizedGenerateReqInput, eos_token_ids: frozenset[int]) -> "Req":
+        return cls(rid=recv.rid, origin_input_ids=list(recv.input_ids), sampling_params=recv.sampling_params,
+                   eos_token_ids=eos_token_ids, return_logprob=recv.return_logprob,
+                   logprob_start_len=recv.logprob_start_len, top_logprobs_num=recv.top_logprobs_num,
+                   stream=recv.stream, priority=recv.priority, input_text=recv.input_text)
+
     def __post_init__(self):
         if self.sampling_params.seed is not None:
             self.generator = torch.Generator().manual_seed(self.sampling_params.seed)
@@ -88,6 +122,10 @@ class Req:
 
     def all_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
+
+    def prefix_key(self, length: int) -> PrefixKey:
+        """The prefix cache's key of this request's first `length` tokens."""
+        return PrefixKey(self.all_ids()[:length], self.cache_namespace)
 
     def finished(self) -> bool:
         return self.finished_reason is not None
@@ -108,9 +146,7 @@ class Req:
 
     def abort(self, message: str = "aborted", status_code: Optional[int] = None) -> None:
         if self.finished_reason is None:
-            self.finished_reason = {"type": "abort", "message": message}
-            if status_code is not None:
-                self.finished_reason["status_code"] = status_code
+            self.finished_reason = FinishAbort(message, status_code)
 
     def check_finished(self, tokenizer, context_len: int) -> None:
         if self.finished_reason is not None:
@@ -120,18 +156,18 @@ class Req:
             self.abort()
             return
         if len(self.output_ids) >= sp.max_new_tokens:
-            self.finished_reason = {"type": "length", "length": sp.max_new_tokens}
+            self.finished_reason = FinishLength(sp.max_new_tokens)
             return
         last = self.output_ids[-1] if self.output_ids else None
         if self.grammar is not None and self.grammar.is_terminated():
-            self.finished_reason = {"type": "stop", "matched": last}
+            self.finished_reason = FinishStop(last)
             return
         if last is not None:
             if sp.stop_token_ids and last in sp.stop_token_ids:
-                self.finished_reason = {"type": "stop", "matched": last}
+                self.finished_reason = FinishStop(last)
                 return
             if not sp.ignore_eos and last in self.eos_token_ids:
-                self.finished_reason = {"type": "stop", "matched": last}
+                self.finished_reason = FinishStop(last)
                 return
             stops = sp.stop_strs
             if stops and tokenizer is not None:
@@ -139,7 +175,7 @@ class Req:
                 tail = tokenizer.decode(self.output_ids[-n:], skip_special_tokens=sp.skip_special_tokens)
                 for s in stops:
                     if s in tail:
-                        self.finished_reason = {"type": "stop", "matched": s}
+                        self.finished_reason = FinishStop(s)
                         return
             if sp.stop_regex and tokenizer is not None:
                 # Each token is at least one character, so a match of w characters lies in the
@@ -149,10 +185,10 @@ class Req:
                                         skip_special_tokens=sp.skip_special_tokens)
                 for p in sp.stop_regex_list:
                     if re.search(p, tail):
-                        self.finished_reason = {"type": "stop", "matched": p, "matched_regex": True}
+                        self.finished_reason = FinishStop(p, matched_regex=True)
                         return
         if self.seqlen >= context_len:
-            self.finished_reason = {"type": "length", "length": len(self.output_ids)}
+            self.finished_reason = FinishLength(len(self.output_ids))
 
     def banned_token_ids(self) -> list[int]:
         """EOS and stop tokens are banned until min_new_tokens outputs exist."""

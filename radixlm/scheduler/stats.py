@@ -98,14 +98,11 @@ class SchedulerStats:
             "decode_outside_share": self.decode_outside_share,
         }
 
-    def decode_log_line(self, scheduler, running: int, waiting: int) -> str:
-        used = self.max_total_num_tokens - scheduler.token_to_kv_pool.available_size()
+    def decode_log_line(self, kv_free: int, evictable: int, running: int, waiting: int, suffix: str = "") -> str:
+        used = self.max_total_num_tokens - kv_free
         return (
             f"Decode: running {running}, waiting {waiting}, "
-            f"KV usage {used / self.max_total_num_tokens:.1%} ({used} tokens, "
-            f"{scheduler.tree_cache.evictable_size()} evictable), "
+            f"KV usage {used / self.max_total_num_tokens:.1%} ({used} tokens, {evictable} evictable), "
             f"cache hit rate {self.cache_hit_rate:.1%}, gen throughput {self.gen_throughput():.1f} tok/s, "
-            f"outside forward {100 * (self.decode_outside_share or 0):.1f}%"
-            # As SGLang's log: tokens per drafted request per verify step, since start.
-            + (f", accept len {scheduler.spec.stats.accept_length:.2f}" if scheduler.spec is not None else "")
+            f"outside forward {100 * (self.decode_outside_share or 0):.1f}%{suffix}"
         )

@@ -17,7 +17,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-import radixlm
 from radixlm.engine.tokenizer_manager import EngineDeadError
 from radixlm.http_common import APIKeyMiddleware, error_json
 from radixlm.ipc import GenerateReqInput
@@ -37,6 +36,7 @@ from radixlm.server.api_common import (
     sse_error,
 )
 from radixlm.server.openai_api import router as openai_router
+from radixlm.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -194,7 +194,7 @@ async def server_info(request: Request):
         args["api_key"] = "***"
     return {
         **args,
-        "version": radixlm.__version__,
+        "version": __version__,
         "max_total_num_tokens": s.scheduler_info["max_total_num_tokens"],
         "kv_cache_bytes": s.scheduler_info["kv_cache_bytes"],
         "context_len": s.scheduler_info["context_len"],
@@ -282,7 +282,7 @@ def create_app(state_factory) -> FastAPI:
         yield
         await app.state.srv.tokenizer_manager.close()
 
-    app = FastAPI(title="radixlm", version=radixlm.__version__, lifespan=lifespan)
+    app = FastAPI(title="radixlm", version=__version__, lifespan=lifespan)
     app.openapi = lambda: _openapi_with_unique_ids(app)
     app.add_middleware(APIKeyMiddleware)
     app.include_router(router)

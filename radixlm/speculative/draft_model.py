@@ -27,7 +27,9 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from radixlm.model.forward_batch import ForwardBatch, ForwardMode
+from radixlm.model.forward_batch import ForwardMode
+from radixlm.model.runner_config import ModelRunnerConfig
+from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.utils import common_prefix_len
 
 if TYPE_CHECKING:
@@ -37,21 +39,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def draft_server_args(args: "ServerArgs", kv_tokens: int) -> "ServerArgs":
-    """The target's options for the draft model's ModelRunner (same device, dtype, threads, seed)."""
+def draft_runner_config(target: ModelRunnerConfig, draft_model_path: str, kv_tokens: int) -> ModelRunnerConfig:
+    """The draft model's ModelRunner options: the target's (device, dtype, attention, threads, seed)
+    for another model in its own pool."""
     return dataclasses.replace(
-        args,
-        model_path=args.speculative_draft_model_path,
-        tokenizer_path=None,
+        target,
+        model_path=draft_model_path,
         # "gguf" names a GGUF's own formats; a draft from a HF directory runs in float then.
-        quantization=None if args.quantization == "gguf" else args.quantization,
+        quantization=None if target.quantization == "gguf" else target.quantization,
         max_total_tokens=kv_tokens,
         # The decode KV mirror trusts a row's KV below its length never to change; the draft
         # rewrites positions (rejected drafts are recomputed as the target's tokens).
-        decode_kv_mirror_gb=0.0,
-        speculative_algorithm=None,
-        speculative_draft_model_path=None,
-        speculative_draft_kv_tokens=None,
+        decode_kv_mirror_bytes=0,
     )
 
 
@@ -83,7 +82,8 @@ class DraftModelSource:
             target = os.path.abspath(server_args.model_path or default_model_path())
             target_vocab_size = load_model_config(target).vocab_size
         kv_tokens = server_args.speculative_draft_kv_tokens or default_kv_tokens
-        self.runner = ModelRunner(draft_server_args(server_args, kv_tokens))
+        self.runner = ModelRunner(draft_runner_config(ModelRunnerConfig.from_server_args(server_args),
+                                                      server_args.speculative_draft_model_path, kv_tokens))
         if self.runner.vocab_size != target_vocab_size:
             raise ValueError(f"speculative_draft_model_path {server_args.speculative_draft_model_path!r}: vocab size "
                              f"{self.runner.vocab_size} differs from the target's {target_vocab_size} (the draft "
@@ -119,7 +119,7 @@ class DraftModelSource:
                 logger.exception("draft model forward failed: no drafts this step")
                 for _, w in work:
                     self._drop(w.st)
-                self.runner.attn_backend.reset()
+                self.runner.reset_attention_state()
                 return out
             for i, w in work:
                 out[i] = w.draft
@@ -234,9 +234,8 @@ class DraftModelSource:
     def _forward(self, mode: ForwardMode, input_ids, positions, rows, seq_lens, out_loc,
                  prefix_lens=None, ext_lens=None) -> list[int]:
         """One forward of the draft model; the argmax token after each request's last new token."""
-        fb = ForwardBatch.build(mode, input_ids, positions, rows, seq_lens, out_loc, self.req_to_token_pool,
-                                self.kv_pool, self.runner.device, prefix_lens=prefix_lens, ext_lens=ext_lens)
-        self.runner.init_forward_metadata(fb)
+        fb = self.runner.prepare(ModelWorkerBatch(mode, input_ids, positions, rows, seq_lens, out_loc,
+                                                  extend_prefix_lens=prefix_lens, extend_seq_lens=ext_lens))
         logits = self.runner.forward(fb).next_token_logits
         return torch.argmax(logits, dim=-1).tolist()
 

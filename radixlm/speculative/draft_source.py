@@ -47,7 +47,7 @@ class PerRequestDraftSource:
         pass
 
 
-def create_draft_source(algorithm: str, server_args, tree_cache: "RadixCache",
+def create_draft_source(algorithm: str, server_args, tree_cache: "RadixCache", kv_pool_size: int,
                         target_vocab_size: Optional[int] = None) -> DraftSource:
     """target_vocab_size: the target model's (a draft model must match it; None: read from its config)."""
     if algorithm == "ngram":
@@ -74,6 +74,6 @@ def create_draft_source(algorithm: str, server_args, tree_cache: "RadixCache",
         from radixlm.speculative.draft_model import DraftModelSource
 
         # The draft pool defaults to the target's KV capacity: the running requests never hold more.
-        return DraftModelSource(server_args, default_kv_tokens=tree_cache.token_to_kv_pool.size,
+        return DraftModelSource(server_args, default_kv_tokens=kv_pool_size,
                                 target_vocab_size=target_vocab_size)
     raise ValueError(f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS}, got {algorithm!r}")

@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Optional
 
+from radixlm.cache.base_prefix_cache import PrefixKey
+from radixlm.ipc import FinishAbort
 from radixlm.speculative.draft_source import PerRequestDraftSource
 
 if TYPE_CHECKING:
@@ -31,7 +33,7 @@ if TYPE_CHECKING:
 class RadixDraftSource(PerRequestDraftSource):
     def __init__(self, tree_cache: "RadixCache", suffix_index: Optional["SuffixIndex"] = None,
                  lookup: Optional["NgramDraftSource"] = None):
-        if tree_cache.disable:
+        if not tree_cache.shares_prefixes:
             raise ValueError("speculative_algorithm radix drafts from the radix cache: it is disabled")
         self.tree = tree_cache
         self.suffix = suffix_index  # None: no index of recent outputs
@@ -41,7 +43,7 @@ class RadixDraftSource(PerRequestDraftSource):
         ids = req.all_ids()
         node = req.last_node if req.last_node is not None else self.tree.root_node
         start = req.cache_protected_len if req.last_node is not None else 0
-        draft = self.tree.continuation(ids[start:], k, node)
+        draft = self.tree.continuation(PrefixKey(ids[start:], req.cache_namespace), k, node)
         if len(draft) == k:
             return draft
         more, match = [], 0
@@ -61,7 +63,7 @@ class RadixDraftSource(PerRequestDraftSource):
         # wherever the client left or an error struck, and often is the text nobody wanted (a
         # runaway repetition cancelled): not worth proposing to others.
         reason = req.finished_reason
-        if self.suffix is None or not req.output_ids or reason is None or reason.get("type") == "abort":
+        if self.suffix is None or not req.output_ids or reason is None or isinstance(reason, FinishAbort):
             return
         # The prompt's last tokens come along: they are the context the answer's start follows.
         self.suffix.add(req.origin_input_ids[-self.suffix.max_match :] + req.output_ids)

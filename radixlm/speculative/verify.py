@@ -19,7 +19,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from radixlm.model.layers.sampler import SamplingBatchInfo, top_k_top_p_min_p
+from radixlm.model.layers.sampler import SamplingBatchInfo, SamplingRow, top_k_top_p_min_p
 from radixlm.sampling_params import SamplingParams
 
 
@@ -34,8 +34,7 @@ def accept_greedy(rows: torch.Tensor, draft: Sequence[int]) -> list[int]:
 def target_probs(rows: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """The distribution the sampler draws from for each row: temperature, then top-k / top-p / min-p."""
     n, vocab = rows.shape
-    info = SamplingBatchInfo.build([params] * n, vocab, rows.device, output_ids=[[]] * n, prompt_ids=[[]] * n,
-                                   generators=[None] * n, banned_ids=[[]] * n)
+    info = SamplingBatchInfo.build([SamplingRow(params)] * n, vocab, rows.device)
     probs = torch.softmax(rows / info.temperatures, dim=-1)
     if info.need_top_k or info.need_top_p or info.need_min_p:
         probs = top_k_top_p_min_p(probs, info)

@@ -1,11 +1,13 @@
-"""The soak (radixlm/bench/soak.py, docs/reliability.md "Soak") on the tiny model: 200 mixed requests
+"""The soak (radixlm/bench/soak/, docs/reliability.md "Soak") on the tiny model: 200 mixed requests
 (native and OpenAI, chat and completions, streaming and not, n > 1, JSON schema, regex, logprobs, long
 and short prompts sharing prefixes), ~20% of clients disconnecting at random moments, against a KV
 pool ~10x too small for the offered load, with the scheduler's invariant checks on. Every check
 must pass: no 5xx or other unexpected status, no hang, valid outputs, the server alive, nothing
 leaked, and greedy outputs equal to a quiet replay's."""
 
-from radixlm.bench.soak import SoakConfig, format_summary, run
+from radixlm.bench.soak.config import SoakConfig
+from radixlm.bench.soak.report import format_summary
+from radixlm.bench.soak.runner import run
 
 # The largest request (a 600-word prompt + 32 new tokens, ~700 tokens) must fit the pool alone.
 POOL = 750
@@ -45,7 +47,9 @@ def test_soak_tiny(tiny_model_dir):
 
 def test_soak_checks_catch_failures():
     """The checks themselves: a leak, a server abort, a broken schema, a greedy mismatch are caught."""
-    from radixlm.bench.soak import SCHEMAS, SoakResult, build_workload, leak_state, output_problems
+    from radixlm.bench.soak.checks import leak_state, output_problems
+    from radixlm.bench.soak.client import SoakResult
+    from radixlm.bench.soak.workload import SCHEMAS, build_workload
 
     state = dict(max_total_num_tokens=100, available_kv_tokens=60, evictable_tokens=40, protected_tokens=0,
                  req_slots_total=8, req_slots_free=8, num_running=0, num_waiting=0)

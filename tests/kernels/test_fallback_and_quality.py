@@ -79,7 +79,7 @@ def test_default_model_is_batch_invariant(kernel_ops, kv_dtype):
     last-bit difference would grow into a different token."""
     import torch
 
-    from radixlm.model.layers.native_attention import NativeCPUBackend
+    from radixlm.model.layers.attention import NativeCPUBackend
     from radixlm.model.loader import load_model
     from tests.model.helpers import PoolHarness
 

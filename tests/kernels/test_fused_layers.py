@@ -4,7 +4,7 @@ bitwise the same logits, prefill and decode, every KV dtype it is used with."""
 import pytest
 import torch
 
-from radixlm.model.layers.native_attention import NativeCPUBackend
+from radixlm.model.layers.attention import NativeCPUBackend
 from radixlm.model.loader import load_model
 from tests.model.helpers import PoolHarness
 

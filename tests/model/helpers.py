@@ -7,6 +7,7 @@ import torch
 
 from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.model.forward_batch import ForwardBatch, ForwardMode
+from radixlm.model.layers.attention import TorchSDPABackend
 from radixlm.model.models.llama import get_head_dim
 
 # Tiny model shape shared by the logits tests.
@@ -26,7 +27,7 @@ class PoolHarness:
     def __init__(self, model, config, max_reqs: int = 16, max_context: int = 512, kv_size: int = 4096, seed: int = 0,
                  attn_backend=None, kv_dtype: torch.dtype = torch.float32):
         self.model = model
-        self.attn_backend = attn_backend  # None: the torch SDPA backend
+        self.attn_backend = attn_backend if attn_backend is not None else TorchSDPABackend()
         self.req_pool = ReqToTokenPool(max_reqs, max_context)
         self.kv_pool = TokenToKVPool(
             kv_size,

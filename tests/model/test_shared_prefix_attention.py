@@ -6,9 +6,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixlm.model.layers.attention import gather_kv
-from radixlm.model.layers import shared_prefix_attention
-from radixlm.model.layers.shared_prefix_attention import build_shared_prefix_metadata, shared_prefix_decode
+from radixlm.model.layers.attention import shared_prefix
+from radixlm.model.layers.attention.shared_prefix import build_shared_prefix_metadata, shared_prefix_decode
+from radixlm.model.layers.attention.torch_sdpa import gather_kv
 
 
 def reference(q, k_buf, v_buf, rows, seq_lens, scale):
@@ -25,7 +25,7 @@ def reference(q, k_buf, v_buf, rows, seq_lens, scale):
 @pytest.mark.parametrize("seed", range(4))
 def test_matches_per_request_attention(seed, cpu_flash, monkeypatch):
     # generic: the matmul path other devices take, run here on the CPU
-    monkeypatch.setattr(shared_prefix_attention, "_cpu_flash", lambda q: cpu_flash)
+    monkeypatch.setattr(shared_prefix, "_cpu_flash", lambda q: cpu_flash)
     rng = random.Random(seed)
     torch.manual_seed(seed)
     heads, kvh, d, slots = 9, 3, 16, 4000
@@ -53,7 +53,7 @@ def test_matches_per_request_attention(seed, cpu_flash, monkeypatch):
     got = shared_prefix_decode(q, k_buf, v_buf, meta, 0.125, gather_kv)
     assert torch.allclose(got, want, atol=2e-6, rtol=1e-5), (got - want).abs().max()
     # The prefixes' K/V as kept across steps (head-major copies) give the same.
-    kept = shared_prefix_attention.gather_prefix_kv(k_buf, v_buf, meta, gather_kv, contiguous=True)
+    kept = shared_prefix.gather_prefix_kv(k_buf, v_buf, meta, gather_kv, contiguous=True)
     got = shared_prefix_decode(q, k_buf, v_buf, meta, 0.125, gather_kv, kept)
     assert torch.allclose(got, want, atol=2e-6, rtol=1e-5), (got - want).abs().max()
 

@@ -26,7 +26,7 @@ def chars(tree: ApproxRadixTree) -> dict[str, int]:
     while stack:
         node = stack.pop()
         for t in node.tenants:
-            out[t] = out.get(t, 0) + len(node.text)
+            out[t] = out.get(t, 0) + len(node.key)
             assert node.parent is tree.root or t in node.parent.tenants  # a tenant is on every ancestor
         assert node.tenants, "a node no tenant holds is pruned"
         stack.extend(node.children.values())

@@ -11,19 +11,47 @@ from typing import Optional
 import torch
 
 from radixlm.config import ServerArgs
-from radixlm.ipc import AbortReq, BatchTokenIDOut, TokenizedGenerateReqInput
+from radixlm.ipc import AbortReq, BatchTokenIDOut, FinishAbort, TokenizedGenerateReqInput
 from radixlm.sampling_params import SamplingParams
+from radixlm.scheduler.io import BaseSchedulerIO
 from radixlm.scheduler.scheduler import Scheduler
 
 DEFAULTS = dict(num_threads=1, enable_invariant_checks=True, log_level="warning")
 
 
+class InProcessIO(BaseSchedulerIO):
+    """The scheduler's channels as lists: nothing arrives on its own, outputs and replies are kept."""
+
+    def __init__(self):
+        self.sent: list = []
+        self.replies: list = []
+
+    def recv_requests(self, timeout_ms: int) -> list:
+        return []
+
+    def send_output(self, out: BatchTokenIDOut) -> None:
+        self.sent += out.chunks
+
+    def reply(self, msg) -> None:
+        self.replies.append(msg)
+
+
 def make_scheduler(model_dir: str, **opts) -> Scheduler:
     threads = torch.get_num_threads()  # the runner sets the process's torch threads; give them back
     try:
-        return Scheduler(ServerArgs(model_path=model_dir, **{**DEFAULTS, **opts}), None)
+        return Scheduler(ServerArgs(model_path=model_dir, **{**DEFAULTS, **opts}), InProcessIO())
     finally:
         torch.set_num_threads(threads)
+
+
+def reason_dict(reason) -> Optional[dict]:
+    """A typed finish reason as the scheduler's dict of old: SGLang's JSON, plus an abort's HTTP status."""
+    if reason is None:
+        return None
+    out = reason.to_json()
+    if isinstance(reason, FinishAbort) and reason.status_code is not None:
+        out["status_code"] = reason.status_code
+    return out
 
 
 @dataclass
@@ -43,17 +71,13 @@ class Driver:
         self.results: dict[str, Result] = {}
         self.steps = 0
         self._ids = itertools.count()
-        self._sent: list = []
-        scheduler.send_to_detokenizer = self  # the scheduler flushes its outputs here (send_pyobj)
-
-    def send_pyobj(self, msg: BatchTokenIDOut) -> None:
-        self._sent += msg.chunks
+        self.io: InProcessIO = scheduler.io
 
     def submit(self, ids: list[int], rid: Optional[str] = None, *, return_logprob: bool = False,
                logprob_start_len: int = -1, top_logprobs_num: int = 0, stream: bool = False, **sampling) -> str:
         rid = rid or f"q{next(self._ids)}"
         self.results[rid] = Result()
-        self.s.add_request(TokenizedGenerateReqInput(
+        self.s.intake.add(TokenizedGenerateReqInput(
             rid=rid, input_text=None, input_ids=list(ids), sampling_params=SamplingParams(**sampling),
             return_logprob=return_logprob, logprob_start_len=logprob_start_len,
             top_logprobs_num=top_logprobs_num, stream=stream))
@@ -65,8 +89,7 @@ class Driver:
         self.collect()
 
     def idle(self) -> bool:
-        s = self.s
-        return s.is_idle()
+        return self.s.is_idle()
 
     def step(self) -> None:
         self.s.step()
@@ -74,8 +97,8 @@ class Driver:
         self.collect()
 
     def collect(self) -> None:
-        self.s.flush_outputs()
-        chunks, self._sent = self._sent, []
+        self.s.outputs.flush()
+        chunks, self.io.sent = self.io.sent, []
         for c in chunks:
             r = self.results[c.rid]
             r.output_ids += c.new_output_ids
@@ -84,31 +107,32 @@ class Driver:
             r.input_top_logprobs += c.input_top_logprobs or []
             r.output_token_logprobs += c.output_token_logprobs or []
             if c.finished_reason is not None:
-                r.finish_reason = c.finished_reason
+                r.finish_reason = reason_dict(c.finished_reason)
                 r.finishes += 1
 
     def run(self, max_steps: int = 20000) -> None:
         for _ in range(max_steps):
             if self.idle():
                 return
-            if self.s.prefetch_queue and not (self.s.waiting_queue or self.s.running or self.s.chunked_req):
+            q = self.s.queues
+            if q.prefetching and not (q.waiting or q.running or q.prefilling):
                 time.sleep(0.001)  # only storage reads are pending: give them time, not steps
             self.step()
         raise AssertionError(f"not idle after {max_steps} steps")
 
+    def chunked(self):
+        """The request between its prefill chunks, if any."""
+        return next(iter(self.s.queues.prefilling), None)
+
     def find(self, rid: str):
         """The scheduler's Req for rid, wherever it is."""
-        s = self.s
-        for r in s.waiting_queue + s.running + s.grammar_queue + s.prefetch_queue + ([s.chunked_req] if s.chunked_req else []):
-            if r.rid == rid:
-                return r
-        return None
+        return self.s.queues.find(rid)
 
 
 def assert_idle_memory_ok(s: Scheduler) -> None:
     """At an idle point every KV slot is free or in the tree, exactly once; no lock is held; every
     request slot is free. Uses the pools and the tree's nodes only."""
-    pool, nodes, stack = s.token_to_kv_pool, [], list(s.tree_cache.root_node.children.values())
+    pool, nodes, stack = s.runner.token_to_kv_pool, [], list(s.tree_cache.root_node.children.values())
     while stack:
         n = stack.pop()
         nodes.append(n)
@@ -117,7 +141,8 @@ def assert_idle_memory_ok(s: Scheduler) -> None:
     assert sorted(owned) == list(range(1, pool.size + 1)), (
         f"{len(owned)} owned slots for {pool.size}, {len(owned) - len(set(owned))} duplicated")
     assert all(n.lock_ref == 0 for n in nodes), "a lock is held at an idle point"
-    assert s.req_to_token_pool.available_size() == s.req_to_token_pool.size, "a request slot leaked"
+    rows = s.runner.req_to_token_pool
+    assert rows.available_size() == rows.size, "a request slot leaked"
 
 
 def hf_greedy(hf, ids: list[int], n: int) -> list[int]:

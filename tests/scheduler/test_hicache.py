@@ -65,7 +65,7 @@ def reference(model, ps, **kw):
 
 
 def finish_writes(d: Driver) -> None:
-    d.s.hicache.io.wait_writes()
+    d.s.tree_cache.storage_tier.wait_writes()
 
 
 @pytest.mark.parametrize("kv_dtype,hicache_dtype,tol", [
@@ -79,14 +79,14 @@ def test_restored_prefix_equals_recompute_every_kv_dtype(tiny_model_dir, tmp_pat
     finish_writes(d)
     assert d.s.flush_cache("l1").success  # L1 empty, the document stays in L2
     from_l2 = run(d, ps[1:])
-    assert from_l2[0][2] == PREFIX and d.s.hicache.stats.l2_hit_tokens >= PREFIX
+    assert from_l2[0][2] == PREFIX and d.s.tree_cache.stats.l2_hit_tokens >= PREFIX
     assert_same(from_l2, ref, tol)
     assert_idle_memory_ok(d.s)
-    d.s.hicache.close()
+    d.s.tree_cache.close()
 
     d2 = hicache(tiny_model_dir, tmp_path, kv_cache_dtype=kv_dtype, hicache_dtype=hicache_dtype)  # a restart
     from_l3 = run(d2, ps[1:])
-    assert from_l3[0][2] == PREFIX // CHUNK * CHUNK and d2.s.hicache.stats.l3_hit_tokens == PREFIX // CHUNK * CHUNK, d2.s.hicache.stats
+    assert from_l3[0][2] == PREFIX // CHUNK * CHUNK and d2.s.tree_cache.stats.l3_hit_tokens == PREFIX // CHUNK * CHUNK, d2.s.tree_cache.stats
     assert_same(from_l3, ref, tol)
     assert_idle_memory_ok(d2.s)
 
@@ -103,7 +103,7 @@ def test_eviction_pressure_and_chunked_prefill(tiny_model_dir, policy):
     for _ in range(3):
         assert_same(run(d, docs, together=True), ref, EXACT_TOL)
         assert_idle_memory_ok(d.s)
-    st = d.s.hicache.stats
+    st = d.s.tree_cache.stats
     assert st.l2_hit_tokens > 0 and st.l1_evicted_tokens > 0
 
 
@@ -122,8 +122,8 @@ def test_concurrent_requests_share_one_load(tiny_model_dir, tmp_path):
     ps, ref, d2 = stored_then_restarted(tiny_model_dir, tmp_path, 4)
     got = run(d2, ps[1:], together=True)
     assert_same(got, ref, FP16_COPY_TOL)
-    st = d2.s.hicache.stats
-    chunk_bytes = CHUNK * d2.s.hicache.host_pool.bytes_per_token
+    st = d2.s.tree_cache.stats
+    chunk_bytes = CHUNK * d2.s.tree_cache.host_pool.bytes_per_token
     # Three requests, one read of each chunk (reads of a chunk in flight are shared).
     assert st.bytes_from_l3 == (PREFIX // CHUNK) * chunk_bytes
     # The first one admitted loads the stored chunks; the others then find the document in L1.
@@ -133,7 +133,7 @@ def test_concurrent_requests_share_one_load(tiny_model_dir, tmp_path):
 
 def test_abort_while_loading(tiny_model_dir, tmp_path):
     ps, ref, d2 = stored_then_restarted(tiny_model_dir, tmp_path, 2)
-    storage, gate = d2.s.hicache.storage, threading.Event()
+    storage, gate = d2.s.tree_cache.storage_tier.backend, threading.Event()
     real_get = storage.get
 
     def slow_get(*a):
@@ -142,16 +142,16 @@ def test_abort_while_loading(tiny_model_dir, tmp_path):
 
     storage.get = slow_get
     rid = d2.submit(ps[0], max_new_tokens=4, temperature=0)
-    assert d2.find(rid) in d2.s.prefetch_queue
+    assert d2.find(rid) in d2.s.queues.prefetching
     d2.step()
     d2.abort(rid)
     assert d2.results[rid].finish_reason["type"] == "abort"
     gate.set()
     d2.run()
-    while d2.s.hicache.prefetches:  # the read finishes after the abort: its chunks still land in L2
+    while d2.s.tree_cache.prefetches:  # the read finishes after the abort: its chunks still land in L2
         d2.step()
     assert_idle_memory_ok(d2.s)
-    assert d2.s.hicache.check_tiers() is None
+    assert d2.s.tree_cache.check() is None
     got = run(d2, ps[1:])
     assert_same(got, ref, FP16_COPY_TOL)
     assert got[0][2] == PREFIX // CHUNK * CHUNK
@@ -173,13 +173,13 @@ def test_damaged_chunk_is_skipped(tiny_model_dir, tmp_path, how, caplog):
     d = hicache(tiny_model_dir, tmp_path)
     run(d, ps[:1])
     finish_writes(d)
-    keys = chunk_keys(d.s.hicache.model_key, ps[0], CHUNK, PREFIX // CHUNK)
+    keys = chunk_keys(d.s.tree_cache.storage_tier.model_key, ps[0], CHUNK, PREFIX // CHUNK)
     damage(os.path.join(tmp_path, keys[3] + ".kv"), how)
     d2 = hicache(tiny_model_dir, tmp_path)
     got = run(d2, ps[1:])
     assert_same(got, ref, FP16_COPY_TOL)
     assert got[0][2] == 3 * CHUNK  # the chunks before the damaged one, not one token more
-    assert d2.s.hicache.stats.corrupt_chunks == 1 and "checksum mismatch" in caplog.text
+    assert d2.s.tree_cache.stats.corrupt_chunks == 1 and "checksum mismatch" in caplog.text
     assert_idle_memory_ok(d2.s)
     finish_writes(d2)  # the recomputed chunk replaced the damaged file
     assert run(hicache(tiny_model_dir, tmp_path), ps[1:])[0][2] == PREFIX // CHUNK * CHUNK
@@ -193,14 +193,14 @@ def test_chunks_of_another_model_are_never_served(tiny_model_dir, tmp_path):
     other = hicache(tiny_model_dir, tmp_path, hicache_dtype="float32")
     run(other, ps[:1])
     finish_writes(other)
-    other_keys = chunk_keys(other.s.hicache.model_key, ps[0], CHUNK, PREFIX // CHUNK)
+    other_keys = chunk_keys(other.s.tree_cache.storage_tier.model_key, ps[0], CHUNK, PREFIX // CHUNK)
     d = hicache(tiny_model_dir, tmp_path)  # float16 copies: another model key
-    assert d.s.hicache.model_key != other.s.hicache.model_key
-    for a, b in zip(other_keys, chunk_keys(d.s.hicache.model_key, ps[0], CHUNK, PREFIX // CHUNK)):
+    assert d.s.tree_cache.storage_tier.model_key != other.s.tree_cache.storage_tier.model_key
+    for a, b in zip(other_keys, chunk_keys(d.s.tree_cache.storage_tier.model_key, ps[0], CHUNK, PREFIX // CHUNK)):
         os.replace(os.path.join(tmp_path, a + ".kv"), os.path.join(tmp_path, b + ".kv"))
     got = run(d, ps[1:])
     assert_same(got, ref, FP16_COPY_TOL)
-    assert got[0][2] == 0 and d.s.hicache.stats.corrupt_chunks == PREFIX // CHUNK
+    assert got[0][2] == 0 and d.s.tree_cache.stats.corrupt_chunks == PREFIX // CHUNK
 
 
 def test_full_disk_keeps_serving(tiny_model_dir, tmp_path, monkeypatch, caplog):
@@ -219,7 +219,7 @@ def test_full_disk_keeps_serving(tiny_model_dir, tmp_path, monkeypatch, caplog):
     d = hicache(tiny_model_dir, tmp_path)
     assert_same(run(d, ps), ref, FP16_COPY_TOL)
     finish_writes(d)
-    st = d.s.hicache.stats
+    st = d.s.tree_cache.stats
     assert st.write_errors > 0 and st.l3_chunks_written == 0 and "No space left" in caplog.text
     assert [f for f in os.listdir(tmp_path)] == []
     assert_idle_memory_ok(d.s)
@@ -232,9 +232,9 @@ def test_flush_levels(tiny_model_dir, tmp_path):
     finish_writes(d)
     assert not d.s.flush_cache("l4").success
     assert d.s.flush_cache("l1").success
-    assert run(d, ps[1:])[0][2] == PREFIX and d.s.hicache.stats.l2_hit_tokens == PREFIX  # from L2
+    assert run(d, ps[1:])[0][2] == PREFIX and d.s.tree_cache.stats.l2_hit_tokens == PREFIX  # from L2
     assert d.s.flush_cache("l2").success
-    assert d.s.hicache.host_size() == 0
+    assert d.s.tree_cache.host_size() == 0
     assert run(d, ps[1:2])[0][2] == PREFIX // CHUNK * CHUNK  # from L3
     assert d.s.flush_cache("l3").success
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".kv")]

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import random
 
+from radixlm.cache.base_prefix_cache import PrefixKey
 from radixlm.cache.memory_pool import TokenToKVPool
+from radixlm.cache.no_prefix_cache import NoPrefixCache
 from radixlm.cache.radix_cache import RadixCache
 from radixlm.sampling_params import SamplingParams
 from radixlm.scheduler.policy import LPM_MAX_QUEUE, SchedulePolicy
@@ -17,7 +19,7 @@ def tree_with(*seqs: list[int]) -> RadixCache:
     pool = TokenToKVPool(500, num_layers=1, num_kv_heads=1, head_dim=1)
     tree = RadixCache(pool)
     for s in seqs:
-        tree.insert(s, pool.alloc(len(s)))
+        tree.insert(PrefixKey(s), pool.alloc(len(s)))
     return tree
 
 
@@ -43,7 +45,7 @@ def test_lpm_orders_by_cached_prefix_then_arrival_without_splitting():
         req("a40", A + [9], 3.0),
         req("a10-late", A[:10] + [6], 4.0),
     ]
-    lens = SchedulePolicy("lpm", tree, False).calc_priority(queue)
+    lens = SchedulePolicy("lpm", tree).calc_priority(queue)
     assert [r.rid for r in queue] == ["a40", "b30", "a10", "a10-late", "none"]
     assert [lens[id(r)] for r in queue] == [40, 30, 10, 10, 0]
     assert shape(tree) == before  # partial matches inside A's edge split nothing
@@ -54,19 +56,19 @@ def test_fcfs_lof_priority_and_random():
     tree = tree_with(A)
     mk = lambda: [req(f"r{i}", [i + 1], t, max_new=m) for i, (t, m) in enumerate([(3, 5), (1, 50), (2, 20), (0, 5)])]
     q = mk()
-    SchedulePolicy("fcfs", tree, False).calc_priority(q)
+    SchedulePolicy("fcfs", tree).calc_priority(q)
     assert [r.rid for r in q] == ["r3", "r1", "r2", "r0"]
     q = mk()
-    SchedulePolicy("lof", tree, False).calc_priority(q)
+    SchedulePolicy("lof", tree).calc_priority(q)
     assert [r.rid for r in q] == ["r1", "r2", "r3", "r0"]  # longest output first, then arrival
     q = mk()
     q[2].priority, q[0].priority = 5, 1
-    SchedulePolicy("fcfs", tree, False).calc_priority(q)
+    SchedulePolicy("fcfs", tree).calc_priority(q)
     assert [r.rid for r in q] == ["r2", "r0", "r3", "r1"]  # priority first, the policy breaks ties
     orders = []
     for seed in (0, 0, 1):
         q = [req(f"r{i}", [i + 1], float(i)) for i in range(12)]
-        SchedulePolicy("random", tree, False, seed=seed).calc_priority(q)
+        SchedulePolicy("random", tree, seed=seed).calc_priority(q)
         orders.append([r.rid for r in q])
     assert orders[0] == orders[1] != orders[2]  # seeded
     assert sorted(orders[2]) == sorted(f"r{i}" for i in range(12)) and orders[2] != [f"r{i}" for i in range(12)]
@@ -76,10 +78,10 @@ def test_lpm_falls_back_to_fcfs_for_long_queues_and_without_cache():
     tree = tree_with(A)
     q = [req(f"r{i}", A + [i] if i % 2 else [i + 1], float(i)) for i in range(LPM_MAX_QUEUE + 1)]
     random.Random(0).shuffle(q)
-    assert SchedulePolicy("lpm", tree, False).calc_priority(q) == {}
+    assert SchedulePolicy("lpm", tree).calc_priority(q) == {}
     assert [r.arrival_time for r in q] == sorted(r.arrival_time for r in q)
     q = [req("x", [5], 1.0), req("a", A + [1], 2.0)]
-    SchedulePolicy("lpm", tree, True).calc_priority(q)
+    SchedulePolicy("lpm", NoPrefixCache()).calc_priority(q)
     assert [r.rid for r in q] == ["x", "a"]
 
 
@@ -96,7 +98,7 @@ def test_dfs_weight_runs_heavier_subtrees_first_deepest_match_first():
         req("a-deep2", A + [1, 2, 3, 8], 5.0),
         req("a-mid", A + [5], 6.0),
     ]
-    SchedulePolicy("dfs-weight", tree, False).calc_priority(queue)
+    SchedulePolicy("dfs-weight", tree).calc_priority(queue)
     order = [r.rid for r in queue]
     # A's subtree holds 4 waiting requests, B's 2: A first; inside A its deeper child first; the
     # request matching nothing last.

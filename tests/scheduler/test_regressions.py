@@ -36,7 +36,7 @@ def test_abort_of_a_chunked_request_waiting_for_room(tiny_model_dir, tiny_hf_mod
     for _ in range(20):
         before = len(d.find("R").output_ids)
         d.step()
-        chunked = d.s.chunked_req
+        chunked = d.chunked()
         if chunked is not None and chunked.rid == "A" and len(d.find("R").output_ids) > before:
             waited = True
             break
@@ -116,7 +116,7 @@ def test_overlap_never_hands_a_row_in_use_to_the_next_request(tiny_model_dir, ti
     d = Driver(make_scheduler(tiny_model_dir, enable_overlap_schedule=True, max_running_requests=1))
     s = d.s
     b_launched, held = threading.Event(), []
-    forward, launch = s.runner.forward, s.launch
+    forward, launch = s.runner.forward, s.executor.launch
 
     def gated_forward(fb):
         if fb.forward_mode.is_decode() and int(fb.positions[0]) == len(a_ids) + k:  # N+1: A's token k in
@@ -129,7 +129,7 @@ def test_overlap_never_hands_a_row_in_use_to_the_next_request(tiny_model_dir, ti
             b_launched.set()
         return out
 
-    s.runner.forward, s.launch = gated_forward, noting_launch
+    s.runner.forward, s.executor.launch = gated_forward, noting_launch
     d.submit(a_ids, "A", max_new_tokens=30, temperature=0, ignore_eos=True, stop_token_ids=[ref_a[k]])
     d.submit(b_ids, "B", max_new_tokens=8, temperature=0, ignore_eos=True)
     d.run()
@@ -137,7 +137,7 @@ def test_overlap_never_hands_a_row_in_use_to_the_next_request(tiny_model_dir, ti
     assert d.results["A"].output_ids == ref_a[: k + 1]
     assert d.results["B"].output_ids == hf_greedy(tiny_hf_model, b_ids, 8)
     assert_idle_memory_ok(s)
-    s.worker.shutdown()
+    s.executor.shutdown()
 
 
 def test_a_failing_request_fails_alone(tiny_model_dir, tiny_hf_model):
@@ -151,7 +151,7 @@ def test_a_failing_request_fails_alone(tiny_model_dir, tiny_hf_model):
         def decode(self, *args, **kwargs):
             raise RuntimeError("tokenizer exploded")
 
-    d.s.tokenizer = BrokenTokenizer()
+    d.s.tokenizer.set(BrokenTokenizer())
     d.submit(ids[0], "plain", max_new_tokens=6, temperature=0, ignore_eos=True)
     d.submit(ids[1], "stop-string", max_new_tokens=6, temperature=0, ignore_eos=True, stop=["zzz"])
     d.run()
@@ -160,13 +160,13 @@ def test_a_failing_request_fails_alone(tiny_model_dir, tiny_hf_model):
     assert d.results["plain"].output_ids == hf_greedy(tiny_hf_model, ids[0], 6)
     assert_idle_memory_ok(d.s)
 
-    d.s.tokenizer = None
+    d.s.tokenizer.set(None)
     d.submit(ids[2], "re-ok", max_new_tokens=6, temperature=0, ignore_eos=True, regex="[ab]{6}")
     d.submit(ids[3], "re-bad", max_new_tokens=6, temperature=0, ignore_eos=True, regex="[cd]{6}")
-    while d.find("re-bad") is None or d.find("re-bad") in d.s.grammar_queue:
+    while d.find("re-bad") is None or d.find("re-bad") in d.s.queues.grammar_pending:
         d.step()
     victim = d.find("re-bad").grammar
-    backend = d.s.grammar_backend
+    backend = d.s.grammar.backend
     fill = backend.fill_vocab_masks
 
     def failing_fill(grammars, mask, rows):
@@ -180,7 +180,7 @@ def test_a_failing_request_fails_alone(tiny_model_dir, tiny_hf_model):
     assert bad["type"] == "abort" and bad["status_code"] == 500 and "mask exploded" in bad["message"]
     ok = d.results["re-ok"]
     assert ok.finish_reason["type"] == "stop"  # the grammar completed
-    assert re.fullmatch("[ab]{6}", d.s.tokenizer.decode(ok.output_ids, skip_special_tokens=True))
+    assert re.fullmatch("[ab]{6}", d.s.tokenizer.get().decode(ok.output_ids, skip_special_tokens=True))
     assert_idle_memory_ok(d.s)
 
 
@@ -209,13 +209,15 @@ def test_a_failing_forward_fails_its_batch_and_the_scheduler_goes_on(tiny_model_
     assert_idle_memory_ok(d.s)
 
 
-def test_bad_logprob_start_is_a_400_for_that_request(tiny_model_dir):
+def test_bad_logprob_start_never_reaches_the_scheduler(tiny_model_dir):
+    """Validation happens once, where the request is built (the tokenizer manager): a typed request
+    with a logprob start past its prompt cannot be made; the scheduler trusts what it gets."""
     d = Driver(make_scheduler(tiny_model_dir))
-    d.submit([5, 6, 7], "bad", max_new_tokens=2, return_logprob=True, logprob_start_len=3)
+    with pytest.raises(ValueError, match="logprob_start_len 3 must be below the prompt length 3"):
+        d.submit([5, 6, 7], "bad", max_new_tokens=2, return_logprob=True, logprob_start_len=3)
     d.submit([5, 6, 7], "good", max_new_tokens=2, temperature=0, return_logprob=True, logprob_start_len=2)
     d.run()
-    bad = d.results["bad"].finish_reason
-    assert bad["status_code"] == 400 and "logprob_start_len" in bad["message"]
+    assert d.s.queues.find("bad") is None and d.results["bad"].finishes == 0
     assert d.results["good"].finish_reason == {"type": "length", "length": 2}
     assert len(d.results["good"].input_token_logprobs) == 1
     assert_idle_memory_ok(d.s)

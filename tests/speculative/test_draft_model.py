@@ -175,13 +175,13 @@ def test_draft_pool_is_freed_after_finish_and_abort(tiny_model_dir, pool):
     ref = drive(tiny_model_dir, False, max_total_tokens=pool)
     d = drive(tiny_model_dir, True, max_total_tokens=pool, speculative_algorithm="draft-model",
               speculative_draft_model_path=tiny_model_dir)
-    src = d.s.spec.source
-    assert isinstance(src, DraftModelSource) and src.kv_pool is not d.s.token_to_kv_pool
+    src = d.s.spec.controller.source
+    assert isinstance(src, DraftModelSource) and src.kv_pool is not d.s.runner.token_to_kv_pool
     assert d.results["r1"].finish_reason["type"] == "abort" and len(d.results["r1"].output_ids) < 40
     for i in (0, 2, 3, 4):
         assert d.results[f"r{i}"].output_ids == ref.results[f"r{i}"].output_ids
         assert len(d.results[f"r{i}"].output_ids) == 40
-    assert d.s.spec.stats.draft_tokens > 0 and d.s.spec.stats.accepted_tokens > 0
+    assert d.s.spec.controller.stats.draft_tokens > 0 and d.s.spec.controller.stats.accepted_tokens > 0
     if pool == 160:
         assert d.s.stats.num_retracted > 0
     assert_idle_memory_ok(d.s)
@@ -261,3 +261,26 @@ def test_draft_vocab_must_match(tmp_path, tiny_model_dir):
     AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="vocab size 1000 differs"):
         make_source(tiny_model_dir, str(tmp_path))
+
+
+def test_draft_runner_config_is_the_targets_for_another_model(tiny_model_dir, other_llama_dir):
+    """The draft runner keeps the target's device, dtype, attention backends, threads and seed; it
+    gets its own model and pool size, float weights where the target named a GGUF's own formats, and
+    no decode KV mirror (the draft rewrites positions below a row's length)."""
+    import dataclasses
+
+    from radixlm.model.runner_config import ModelRunnerConfig
+    from radixlm.speculative.draft_model import draft_runner_config
+
+    args = ServerArgs(model_path=tiny_model_dir, quantization="gguf", attention_backend="torch",
+                      decode_attention_backend="native", num_threads=3, random_seed=9, context_length=200,
+                      speculative_algorithm="draft-model", speculative_draft_model_path=other_llama_dir)
+    target = ModelRunnerConfig.from_server_args(args)
+    assert target.decode_kv_mirror_bytes > 0
+    draft = draft_runner_config(target, other_llama_dir, kv_tokens=321)
+    changed = {"model_path": other_llama_dir, "quantization": None, "max_total_tokens": 321,
+               "decode_kv_mirror_bytes": 0}
+    for f in dataclasses.fields(ModelRunnerConfig):
+        assert getattr(draft, f.name) == changed.get(f.name, getattr(target, f.name)), f.name
+    int8 = dataclasses.replace(target, quantization="int8")
+    assert draft_runner_config(int8, other_llama_dir, kv_tokens=1).quantization == "int8"

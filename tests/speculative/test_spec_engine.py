@@ -198,7 +198,7 @@ def test_sampling_distribution_unchanged(tiny_model_dir, algorithm):
             d.step()
         draws[spec] = Counter(tuple(d.results[r].output_ids[1:]) for r in rids)
         if spec:
-            st = d.s.spec.stats.as_dict()
+            st = d.s.spec.info()
             assert st["spec_verify_steps"] > 0 and 0 < st["spec_accepted_tokens"] < st["spec_draft_tokens"]
     seen = draws[None] + draws[algorithm]
     common = [k for k, c in seen.items() if c >= 10]

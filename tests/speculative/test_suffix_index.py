@@ -8,6 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from radixlm.ipc import FinishAbort, FinishStop
+from radixlm.cache.base_prefix_cache import PrefixKey
 from radixlm.cache.memory_pool import TokenToKVPool
 from radixlm.cache.radix_cache import RadixCache
 from radixlm.config import ServerArgs
@@ -129,8 +131,8 @@ def test_radix_source_drafts_from_earlier_outputs_after_a_different_prompt():
     tree = RadixCache(TokenToKVPool(256, num_layers=1, num_kv_heads=1, head_dim=1))
     answer = [50, 51, 52, 53, 54, 55, 56, 57]
     src = RadixDraftSource(tree, SuffixIndex(1000, 2, 4))
-    a = make_req("a", [1, 2, 3], answer, {"type": "stop", "matched": 57})
-    tree.insert(a.all_ids(), torch.arange(len(a.all_ids())))
+    a = make_req("a", [1, 2, 3], answer, FinishStop(57))
+    tree.insert(PrefixKey(a.all_ids()), torch.arange(len(a.all_ids())))
     src.release(a)
     # B's prompt differs: the tree has nothing after it, the suffix index has A's answer.
     b = make_req("b", [9, 9, 9], [52, 53])
@@ -139,11 +141,11 @@ def test_radix_source_drafts_from_earlier_outputs_after_a_different_prompt():
     c = make_req("c", [1, 2, 3], [50])
     assert src.draft_for(c, 10) == answer[1:]
     # The tree runs out (A's chain ends), the index continues from the context + the tree's part.
-    tree.insert([7, 7, 50, 51], torch.arange(100, 104))
+    tree.insert(PrefixKey([7, 7, 50, 51]), torch.arange(100, 104))
     d = make_req("d", [7, 7], [])
     assert src.draft_for(d, 4) == [50, 51, 52, 53]
     # Aborted requests are not learned from; without an index the source drafts from the tree only.
-    src.release(make_req("e", [4], [60, 61, 62, 63], {"type": "abort", "message": "aborted"}))
+    src.release(make_req("e", [4], [60, 61, 62, 63], FinishAbort("aborted")))
     assert src.draft_for(make_req("f", [8], [60, 61]), 2) == []
     assert RadixDraftSource(tree).draft_for(b, 3) == []
 
@@ -152,9 +154,9 @@ def test_create_draft_source_builds_the_index_from_server_args():
     tree = RadixCache(TokenToKVPool(16, num_layers=1, num_kv_heads=1, head_dim=1))
     args = ServerArgs(speculative_algorithm="radix", speculative_suffix_index_tokens=123,
                       speculative_ngram_min_match_window_size=1, speculative_ngram_max_match_window_size=3)
-    src = create_draft_source("radix", args, tree)
+    src = create_draft_source("radix", args, tree, 16)
     assert (src.suffix.max_tokens, src.suffix.min_match, src.suffix.max_match) == (123, 1, 3)
     off = ServerArgs(speculative_algorithm="radix", speculative_suffix_index_tokens=0)
-    assert create_draft_source("radix", off, tree).suffix is None
+    assert create_draft_source("radix", off, tree, 16).suffix is None
     with pytest.raises(ValueError, match="suffix_index_tokens"):
         ServerArgs(speculative_algorithm="radix", speculative_suffix_index_tokens=-1)

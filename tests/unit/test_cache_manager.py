@@ -10,7 +10,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from radixlm.cache.base_prefix_cache import PrefixKey
 from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixlm.cache.no_prefix_cache import NoPrefixCache
 from radixlm.cache.radix_cache import RadixCache
 from radixlm.sampling_params import SamplingParams
 from radixlm.scheduler.cache_manager import CacheManager
@@ -23,7 +25,8 @@ KV_SIZE = 64
 
 def make_manager(kv_size: int = KV_SIZE, disable: bool = False, num_reqs: int = 4, max_len: int = 32) -> CacheManager:
     kv_pool = TokenToKVPool(kv_size, num_layers=1, num_kv_heads=1, head_dim=1)
-    return CacheManager(ReqToTokenPool(num_reqs, max_len), kv_pool, RadixCache(kv_pool, disable=disable))
+    tree = NoPrefixCache() if disable else RadixCache(kv_pool)
+    return CacheManager.create(ReqToTokenPool(num_reqs, max_len), kv_pool, tree)
 
 
 def new_req(ids: list[int], rid: str = "r") -> Req:
@@ -71,7 +74,7 @@ def test_finished_request_shares_and_frees_duplicates():
     a_slots = row(cm, a, 4)
     cm.release(a)
     check(cm, b)
-    assert tree.match_prefix([1, 2, 3, 4])[0].tolist() == a_slots
+    assert tree.match_prefix(PrefixKey([1, 2, 3, 4]))[0].tolist() == a_slots
 
     b_slots = row(cm, b, 4)
     free_before = pool.available_size()
@@ -79,7 +82,7 @@ def test_finished_request_shares_and_frees_duplicates():
     # b's [1,2,3] duplicated a's: those 3 slots are freed, its last one joins the tree.
     assert pool.available_size() == free_before + 3
     assert set(b_slots[:3]) <= set(pool.free_slots.tolist())
-    assert tree.match_prefix([1, 2, 3, 5])[0].tolist() == a_slots[:3] + b_slots[3:]
+    assert tree.match_prefix(PrefixKey([1, 2, 3, 5]))[0].tolist() == a_slots[:3] + b_slots[3:]
     check(cm)
     assert cm.req_to_token_pool.available_size() == cm.req_to_token_pool.size
 
@@ -143,7 +146,7 @@ def test_release_inserts_only_committed_kv_and_frees_the_uncommitted_tail():
     check(cm, a)
     cm.release(a)
     assert cm.tree_cache.total_size() == 4 and cached_prefixes(cm.tree_cache).keys() == {
-        (1,), (1, 2), (1, 2, 3), (1, 2, 3, 4)}
+        (None, 1), (None, 1, 2), (None, 1, 2, 3), (None, 1, 2, 3, 4)}
     assert tail in cm.token_to_kv_pool.free_slots.tolist()
     check(cm)
 
@@ -238,6 +241,7 @@ def test_invariant_check_catches_a_waiting_request_that_holds_kv():
 # --- stateful property test -----------------------------------------------------------
 
 TOKENS = st.lists(st.integers(0, 3), min_size=1, max_size=6)
+NAMESPACES = st.sampled_from([None, "tenant-b"])  # a request's KV is shared within its namespace only
 
 
 class CacheManagerMachine(RuleBasedStateMachine):
@@ -248,14 +252,14 @@ class CacheManagerMachine(RuleBasedStateMachine):
     @initialize()
     def setup(self):
         self.cm = make_manager(kv_size=40, num_reqs=3, max_len=24)
-        self.cached: dict[tuple[int, ...], int] = {}
+        self.cached: dict[tuple, int] = {}  # (namespace, *token ids) -> the slot of the last token
         self.reqs: list[Req] = []
         self.n = 0
 
     def model_insert(self, req: Req) -> None:
         ids, slots = req.all_ids(), row(self.cm, req, req.kv_committed_len)
         for i in range(req.kv_committed_len):
-            self.cached.setdefault(tuple(ids[: i + 1]), slots[i])
+            self.cached.setdefault((req.cache_namespace, *ids[: i + 1]), slots[i])
 
     def model_evicted(self) -> None:
         now = cached_prefixes(self.cm.tree_cache)
@@ -263,13 +267,14 @@ class CacheManagerMachine(RuleBasedStateMachine):
         self.cached = now
 
     @precondition(lambda self: self.cm.req_to_token_pool.available_size() > 0)
-    @rule(key=TOKENS)
-    def admit(self, key):
+    @rule(key=TOKENS, ns=NAMESPACES)
+    def admit(self, key, ns):
         req = new_req(key, f"r{self.n}")
+        req.cache_namespace = ns
         self.n += 1
         prefix, node = self.cm.match(req)
         expect = 0
-        while expect < len(key) - 1 and tuple(key[: expect + 1]) in self.cached:
+        while expect < len(key) - 1 and (ns, *key[: expect + 1]) in self.cached:
             expect += 1
         assert len(prefix) == expect
         self.cm.lock(node)
@@ -304,7 +309,7 @@ class CacheManagerMachine(RuleBasedStateMachine):
         self.cm.cache_req(req, finished=False)
         ids = req.all_ids()[: req.kv_committed_len]
         assert req.cache_protected_len == len(ids) and path_key(req.last_node) == ids
-        assert row(self.cm, req, len(ids)) == [self.cached[tuple(ids[: i + 1])] for i in range(len(ids))]
+        assert row(self.cm, req, len(ids)) == [self.cached[(req.cache_namespace, *ids[: i + 1])] for i in range(len(ids))]
 
     @precondition(lambda self: self.reqs)
     @rule(data=st.data())

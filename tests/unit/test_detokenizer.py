@@ -3,7 +3,7 @@
 import pytest
 
 from radixlm.engine.detokenizer import IncrementalDetokenizer
-from radixlm.ipc import ReqOutputChunk
+from radixlm.ipc import FinishLength, FinishStop, ReqOutputChunk
 
 TEXT = "Héllo wörld 👋🏽 — 東京タワー is tall. ∑x² ≥ 0 🎉!"
 
@@ -29,7 +29,7 @@ def test_one_token_at_a_time_never_shows_a_broken_character(tokenizer):
         assert "\ufffd" not in text
         assert text.startswith(seen) and TEXT.startswith(text)
         seen = text
-    final = detok.step(chunk("r", [ids[-1]], {"type": "length", "length": len(ids)}))
+    final = detok.step(chunk("r", [ids[-1]], FinishLength(len(ids))))
     assert final == tokenizer.decode(ids) == TEXT
     assert "r" not in detok.states
 
@@ -37,9 +37,9 @@ def test_one_token_at_a_time_never_shows_a_broken_character(tokenizer):
 def test_stop_string_and_stop_token_are_trimmed(tokenizer):
     ids = tokenizer.encode("The answer is 42. Done")
     detok = IncrementalDetokenizer(tokenizer)
-    assert detok.step(chunk("a", ids, {"type": "stop", "matched": "42"})) == "The answer is "
-    assert detok.step(chunk("b", ids, {"type": "stop", "matched": "42"}, trim=False)) == "The answer is 42. Done"
-    assert detok.step(chunk("c", ids, {"type": "stop", "matched": ids[-1]})) == tokenizer.decode(ids[:-1])
+    assert detok.step(chunk("a", ids, FinishStop("42"))) == "The answer is "
+    assert detok.step(chunk("b", ids, FinishStop("42"), trim=False)) == "The answer is 42. Done"
+    assert detok.step(chunk("c", ids, FinishStop(ids[-1]))) == tokenizer.decode(ids[:-1])
 
 
 def test_streaming_holds_back_a_possible_stop_string(tokenizer):

@@ -13,24 +13,30 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
 
-from radixlm.cache.hiradix_cache import WRITE_POLICIES, HiRadixCache
+from radixlm.cache.base_prefix_cache import PrefixKey
+from radixlm.cache.hicache_config import WRITE_POLICIES
+from radixlm.cache.hicache_io import HiCacheStats
+from radixlm.cache.hiradix_cache import HiRadixCache
 from radixlm.cache.host_pool import HostKVPool
 from radixlm.cache.memory_pool import TokenToKVPool
 from radixlm.cache.storage import HiCacheFile
+from radixlm.cache.storage_tier import StorageTier
 
 L1 = 48
 CHUNK = 4
 # Sequences share prefixes: a small alphabet, and the machine extends earlier sequences.
 TOKENS = st.lists(st.integers(1, 3), min_size=1, max_size=24)
+# Two namespaces (e.g. two LoRA adapters): the same tokens under each have different KV.
+NAMESPACES = st.sampled_from([None, "adapter-a"])
 
 
-def kv_of(prefix: list[int]) -> float:
-    """The KV 'computed' for the last token of prefix: a function of the whole prefix."""
-    return int(hashlib.sha256(str(prefix).encode()).hexdigest()[:6], 16) / 2**20
+def kv_of(prefix: list[int], ns=None) -> float:
+    """The KV 'computed' for the last token of prefix: a function of the whole prefix (and namespace)."""
+    return int(hashlib.sha256(str((ns, prefix)).encode()).hexdigest()[:6], 16) / 2**20
 
 
-def expected(seq: list[int], n: int) -> torch.Tensor:
-    return torch.tensor([kv_of(seq[: i + 1]) for i in range(n)])
+def expected(seq: list[int], n: int, ns=None) -> torch.Tensor:
+    return torch.tensor([kv_of(seq[: i + 1], ns) for i in range(n)])
 
 
 def lcp(a: list[int], b: list[int]) -> int:
@@ -47,16 +53,18 @@ class HiCacheMachine(RuleBasedStateMachine):
         super().__init__()
         self.pool = TokenToKVPool(L1, num_layers=2, num_kv_heads=1, head_dim=2)
         host = HostKVPool(l2, self.pool, torch.float32)
-        storage = HiCacheFile(storage_dir, "m") if storage_dir else None
-        self.tree = HiRadixCache(self.pool, host, policy, storage, "m", CHUNK)
-        self.inserted: list[list[int]] = []
+        stats = HiCacheStats()
+        storage = StorageTier(HiCacheFile(storage_dir, "m"), "m", CHUNK, stats) if storage_dir else None
+        self.has_storage = storage is not None
+        self.tree = HiRadixCache(self.pool, host, policy, storage, stats)
+        self.inserted: list[tuple] = []  # (namespace, sequence)
         self.lossless = policy != "write_through_selective" and l2 >= 10_000
 
     def teardown(self):
         self.tree.close()
 
-    def _check_kv(self, seq: list[int], indices: torch.Tensor) -> None:
-        exp = expected(seq, len(indices))
+    def _check_kv(self, seq: list[int], indices: torch.Tensor, ns=None) -> None:
+        exp = expected(seq, len(indices), ns)
         for layer in range(2):
             k, v = self.pool.get_kv_buffer(layer)
             assert torch.equal(k[indices][:, 0, 0], exp), "L1 holds other KV than was computed"
@@ -66,17 +74,18 @@ class HiCacheMachine(RuleBasedStateMachine):
     def start(self):
         pass
 
-    @rule(seq=TOKENS, extend=st.booleans())
-    def request(self, seq, extend):
+    @rule(seq=TOKENS, extend=st.booleans(), ns=NAMESPACES)
+    def request(self, seq, extend, ns):
         if extend and self.inserted:
-            seq = self.inserted[-1] + seq
+            ns, last = self.inserted[-1]
+            seq = last + seq
         seq = seq[:40]
-        known = max((lcp(seq, s) for s in self.inserted), default=0)
-        indices, node = self.tree.match_and_load(seq)
+        known = max((lcp(seq, s) for n, s in self.inserted if n == ns), default=0)
+        indices, node = self.tree.match_prefix(PrefixKey(seq, ns))
         assert len(indices) <= known, "matched tokens never inserted"
         if self.lossless:
             assert len(indices) == known, f"lost KV: matched {len(indices)} of {known}"
-        self._check_kv(seq, indices)
+        self._check_kv(seq, indices, ns)
         self.tree.inc_lock_ref(node)
         rest = len(seq) - len(indices)
         short = rest - self.pool.available_size()
@@ -86,15 +95,15 @@ class HiCacheMachine(RuleBasedStateMachine):
         if new is None:
             self.tree.dec_lock_ref(node)
             return
-        vals = expected(seq, len(seq))[len(indices):]
+        vals = expected(seq, len(seq), ns)[len(indices):]
         for layer in range(2):
             kv = torch.stack([vals, vals + layer], -1)[:, None, :]
             self.pool.set_kv_buffer(layer, new, kv, kv)
         row = torch.cat([indices, new])
-        shared = self.tree.insert(seq, row)
+        shared = self.tree.insert(PrefixKey(seq, ns), row)
         self.pool.free(row[len(indices) : shared])
         self.tree.dec_lock_ref(node)
-        self.inserted.append(seq)
+        self.inserted.append((ns, seq))
 
     @rule(n=st.integers(1, L1))
     def evict_l1(self, n):
@@ -105,25 +114,25 @@ class HiCacheMachine(RuleBasedStateMachine):
         self.tree.evict_host(n)
         self.lossless = False  # dropped on purpose from here on
 
-    @rule(seq=TOKENS)
-    def prefetch_from_storage(self, seq):
-        if self.tree.io is None:
+    @rule(seq=TOKENS, ns=NAMESPACES)
+    def prefetch_from_storage(self, seq, ns):
+        if not self.has_storage:
             return
-        if self.inserted:
-            seq = (self.inserted[-1] + seq)[:40]
-        self.tree.io.wait_writes()
-        p = self.tree.start_prefetch(seq)
+        if self.inserted:  # the namespace drawn: tokens stored under the other one must not come back
+            seq = (self.inserted[-1][1] + seq)[:40]
+        self.tree.storage_tier.wait_writes()
+        p = self.tree.start_prefetch(PrefixKey(seq, ns))
         if p is not None:
             for f in p.futures:
                 f.result()
             self.tree.poll_prefetches()
             assert p.done
-        indices, _ = self.tree.match_and_load(seq)
-        self._check_kv(seq, indices)
+        indices, _ = self.tree.match_prefix(PrefixKey(seq, ns))
+        self._check_kv(seq, indices, ns)
 
     @invariant()
     def tiers_sound(self):
-        assert self.tree.check_tiers() is None, self.tree.check_tiers()
+        assert self.tree.check() is None, self.tree.check()
         nodes = self.tree.all_nodes()
         owned = self.pool.free_slots.tolist() + [s for n in nodes if n.value is not None for s in n.value.tolist()]
         assert sorted(owned) == list(range(1, L1 + 1)), "an L1 slot without exactly one owner"
@@ -152,11 +161,11 @@ def test_eviction_moves_down_and_load_back_restores():
     seq = [1, 2, 3, 4, 5]
     slots = pool.alloc(5)
     pool.set_kv_buffer(0, slots, torch.arange(5.0)[:, None, None], -torch.arange(5.0)[:, None, None])
-    tree.insert(seq, slots)
+    tree.insert(PrefixKey(seq), slots)
     assert tree.evict(5) == 5 and pool.available_size() == L1
-    assert tree.match_prefix(seq)[0].numel() == 0  # not in L1 ...
-    assert tree.match_len(seq) == 5  # ... but in L2
-    indices, node = tree.match_and_load(seq + [9])
+    assert tree.peek_prefix(PrefixKey(seq))[0].numel() == 0  # not in L1 ...
+    assert tree.match_len(PrefixKey(seq)) == 5  # ... but in L2
+    indices, node = tree.match_prefix(PrefixKey(seq + [9]))
     assert len(indices) == 5 and tree.stats.l2_hit_tokens == 5
     k, v = pool.get_kv_buffer(0)
     assert k[indices].flatten().tolist() == [0, 1, 2, 3, 4] and v[indices].flatten().tolist() == [0, -1, -2, -3, -4]

@@ -9,15 +9,22 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from radixlm.cache.base_prefix_cache import PrefixKey
 from radixlm.cache.memory_pool import TokenToKVPool
+from radixlm.cache.no_prefix_cache import NoPrefixCache
 from radixlm.cache.radix_cache import RadixCache, TreeNode
+from radixlm.speculative.radix import RadixDraftSource
 
 KV_SIZE = 64
 
 
-def make_cache(kv_size: int = KV_SIZE, disable: bool = False):
+def make_cache(kv_size: int = KV_SIZE):
     kv_pool = TokenToKVPool(kv_size, num_layers=1, num_kv_heads=1, head_dim=1)
-    return RadixCache(kv_pool, disable=disable), kv_pool
+    return RadixCache(kv_pool), kv_pool
+
+
+def K(ids, namespace=None) -> PrefixKey:
+    return PrefixKey(list(ids), namespace)
 
 
 def t(xs) -> torch.Tensor:
@@ -28,7 +35,8 @@ def path_key(node: TreeNode) -> list[int]:
     """The full token sequence from the root to the end of `node`, via parent links."""
     parts = []
     while node.parent is not None:
-        assert node.parent.children[node.key[0]] is node, "parent/child links disagree"
+        assert node.parent.children[node.lookup_key()] is node, "parent/child links disagree"
+        assert node.parent.parent is None or node.parent.namespace == node.namespace, "a namespace changes on a path"
         parts.append(node.key)
         node = node.parent
     return [tok for part in reversed(parts) for tok in part]
@@ -38,18 +46,18 @@ def tree_slots(cache: RadixCache) -> list[int]:
     return [s for n in cache.all_nodes() for s in n.value.tolist()]
 
 
-def cached_prefixes(cache: RadixCache) -> dict[tuple[int, ...], int]:
-    """Every non-empty cached prefix -> the slot of its last token."""
-    out: dict[tuple[int, ...], int] = {}
+def cached_prefixes(cache: RadixCache) -> dict[tuple, int]:
+    """Every non-empty cached prefix, as (namespace, *token ids) -> the slot of its last token."""
+    out: dict[tuple, int] = {}
 
-    def visit(node: TreeNode, prefix: tuple[int, ...]) -> None:
+    def visit(node: TreeNode, prefix: tuple) -> None:
         for child in node.children.values():
             assert len(child.key) == len(child.value) > 0
+            start = prefix if prefix else (child.namespace,)
             for tok, slot in zip(child.key, child.value.tolist()):
-                prefix = prefix + (tok,)
-                out[prefix] = slot
-            visit(child, prefix)
-            prefix = prefix[: len(prefix) - len(child.key)]
+                start = start + (tok,)
+                out[start] = slot
+            visit(child, start)
 
     visit(cache.root_node, ())
     return out
@@ -58,7 +66,7 @@ def cached_prefixes(cache: RadixCache) -> dict[tuple[int, ...], int]:
 def insert_fresh(cache: RadixCache, kv_pool: TokenToKVPool, key: list[int]) -> int:
     """Insert `key` with fresh slots and free the duplicates, as a request would."""
     value = kv_pool.alloc(len(key))
-    prefix_len = cache.insert(key, value)
+    prefix_len = cache.insert(K(key), value)
     kv_pool.free(value[:prefix_len])
     return prefix_len
 
@@ -68,11 +76,11 @@ def insert_fresh(cache: RadixCache, kv_pool: TokenToKVPool, key: list[int]) -> i
 
 def test_partial_match_splits_edge():
     cache, _ = make_cache()
-    cache.insert([1, 2, 3, 4], t([10, 11, 12, 13]))
+    cache.insert(K([1, 2, 3, 4]), t([10, 11, 12, 13]))
     (node,) = cache.root_node.children.values()
     assert node.key == [1, 2, 3, 4]
 
-    values, last = cache.match_prefix([1, 2, 9])
+    values, last = cache.match_prefix(K([1, 2, 9]))
     assert values.tolist() == [10, 11]
     assert values.dtype == torch.int64
     # The edge [1,2,3,4] became [1,2] -> [3,4]; the returned node ends at the match.
@@ -86,44 +94,44 @@ def test_partial_match_splits_edge():
 
 def test_match_ending_on_node_boundary_does_not_split():
     cache, _ = make_cache()
-    cache.insert([1, 2], t([10, 11]))
-    cache.insert([1, 2, 3], t([20, 21, 22]))
-    values, last = cache.match_prefix([1, 2, 3, 4])
+    cache.insert(K([1, 2]), t([10, 11]))
+    cache.insert(K([1, 2, 3]), t([20, 21, 22]))
+    values, last = cache.match_prefix(K([1, 2, 3, 4]))
     assert values.tolist() == [10, 11, 22]
     assert last.key == [3] and path_key(last) == [1, 2, 3]
-    values, last = cache.match_prefix([1, 2])
+    values, last = cache.match_prefix(K([1, 2]))
     assert values.tolist() == [10, 11] and last.key == [1, 2] and len(last.children) == 1
 
 
 def test_match_miss_and_empty_key():
     cache, _ = make_cache()
-    cache.insert([1, 2], t([10, 11]))
+    cache.insert(K([1, 2]), t([10, 11]))
     for key in ([], [2, 1], [3]):
-        values, last = cache.match_prefix(key)
+        values, last = cache.match_prefix(K(key))
         assert values.numel() == 0 and values.dtype == torch.int64
         assert last is cache.root_node
 
 
 def test_insert_returns_already_present_prefix_len_and_keeps_old_values():
     cache, _ = make_cache()
-    assert cache.insert([1, 2, 3], t([10, 11, 12])) == 0
-    assert cache.insert([1, 2, 3], t([20, 21, 22])) == 3
-    assert cache.insert([1, 2, 4, 5], t([30, 31, 32, 33])) == 2  # splits [1,2,3]
-    assert cache.insert([1], t([40])) == 1  # ends inside an edge: split, nothing new
-    assert cache.insert([7], t([50])) == 0
+    assert cache.insert(K([1, 2, 3]), t([10, 11, 12])) == 0
+    assert cache.insert(K([1, 2, 3]), t([20, 21, 22])) == 3
+    assert cache.insert(K([1, 2, 4, 5]), t([30, 31, 32, 33])) == 2  # splits [1,2,3]
+    assert cache.insert(K([1]), t([40])) == 1  # ends inside an edge: split, nothing new
+    assert cache.insert(K([7]), t([50])) == 0
     assert cache.total_size() == 6  # 1,2 | 3 | 4,5 | 7
-    assert cache.match_prefix([1, 2, 3])[0].tolist() == [10, 11, 12]
-    assert cache.match_prefix([1, 2, 4, 5])[0].tolist() == [10, 11, 32, 33]
-    assert cache.match_prefix([7, 7])[0].tolist() == [50]
+    assert cache.match_prefix(K([1, 2, 3]))[0].tolist() == [10, 11, 12]
+    assert cache.match_prefix(K([1, 2, 4, 5]))[0].tolist() == [10, 11, 32, 33]
+    assert cache.match_prefix(K([7, 7]))[0].tolist() == [50]
     assert sorted(n.key[0] for n in cache.root_node.children.values()) == [1, 7]
 
 
 def test_insert_does_not_alias_caller_tensor():
     cache, _ = make_cache()
     value = t([10, 11, 12])
-    cache.insert([1, 2, 3], value)
+    cache.insert(K([1, 2, 3]), value)
     value[:] = -1
-    assert cache.match_prefix([1, 2, 3])[0].tolist() == [10, 11, 12]
+    assert cache.match_prefix(K([1, 2, 3]))[0].tolist() == [10, 11, 12]
 
 
 # --- eviction and locking ----------------------------------------------------------
@@ -133,14 +141,14 @@ def test_evict_lru_leaves_in_order():
     cache, kv_pool = make_cache()
     for key in ([1, 1], [2, 2, 2], [3]):
         insert_fresh(cache, kv_pool, key)
-    cache.match_prefix([1, 1])  # [1,1] is now the most recently used
+    cache.match_prefix(K([1, 1]))  # [1,1] is now the most recently used
     free_before = kv_pool.available_size()
 
     assert cache.evict(1) == 3  # LRU leaf [2,2,2], evicted whole
-    assert cache.match_prefix([2])[0].numel() == 0
+    assert cache.match_prefix(K([2]))[0].numel() == 0
     assert cache.evict(1) == 1  # then [3]
-    assert cache.match_prefix([3])[0].numel() == 0
-    assert cache.match_prefix([1, 1])[0].numel() == 2
+    assert cache.match_prefix(K([3]))[0].numel() == 0
+    assert cache.match_prefix(K([1, 1]))[0].numel() == 2
     assert kv_pool.available_size() == free_before + 4
     assert cache.evictable_size() == cache.total_size() == 2
 
@@ -150,13 +158,13 @@ def test_evict_only_leaves_then_parent_becomes_leaf():
     insert_fresh(cache, kv_pool, [1, 2])
     insert_fresh(cache, kv_pool, [1, 2, 3])  # [1,2] -> [3]
     insert_fresh(cache, kv_pool, [4])
-    cache.match_prefix([1, 2])  # the inner node [1,2] is newer than [4]; leaf [3] is oldest
+    cache.match_prefix(K([1, 2]))  # the inner node [1,2] is newer than [4]; leaf [3] is oldest
     # [3] goes first (a leaf, oldest), even though evicting [1,2] alone would cover 2 tokens.
     assert cache.evict(1) == 1
-    assert cache.match_prefix([1, 2, 3])[0].numel() == 2
+    assert cache.match_prefix(K([1, 2, 3]))[0].numel() == 2
     # [1,2] is now a leaf but newer than [4].
     assert cache.evict(1) == 1
-    assert cache.match_prefix([4])[0].numel() == 0 and cache.total_size() == 2
+    assert cache.match_prefix(K([4]))[0].numel() == 0 and cache.total_size() == 2
     assert cache.evict(100) == 2  # asks for more than exists: frees all, stops
     assert cache.total_size() == 0 and kv_pool.available_size() == KV_SIZE
 
@@ -167,10 +175,10 @@ def test_locked_node_and_ancestors_never_evicted():
     insert_fresh(cache, kv_pool, [1, 2, 3, 4])
     insert_fresh(cache, kv_pool, [1, 2, 5])
     insert_fresh(cache, kv_pool, [6])
-    _, node = cache.match_prefix([1, 2, 3, 4])
+    _, node = cache.match_prefix(K([1, 2, 3, 4]))
     assert cache.inc_lock_ref(node) == -4
     assert cache.evict(100) == 2  # only [5] and [6]
-    assert cache.match_prefix([1, 2, 3, 4])[0].numel() == 4 and path_key(node) == [1, 2, 3, 4]
+    assert cache.match_prefix(K([1, 2, 3, 4]))[0].numel() == 4 and path_key(node) == [1, 2, 3, 4]
     assert cache.evictable_size() == 0 and cache.protected_size() == 4 == cache.total_size()
     assert cache.dec_lock_ref(node) == 4
     assert cache.evict(100) == 4 and cache.total_size() == 0
@@ -179,17 +187,17 @@ def test_locked_node_and_ancestors_never_evicted():
 
 def test_lock_accounting_and_split_under_lock():
     cache, _ = make_cache()
-    cache.insert([1, 2, 3, 4], t([10, 11, 12, 13]))
-    cache.insert([1, 2, 7], t([10, 11, 14]))
-    _, deep = cache.match_prefix([1, 2, 3, 4])
-    _, shallow = cache.match_prefix([1, 2])
+    cache.insert(K([1, 2, 3, 4]), t([10, 11, 12, 13]))
+    cache.insert(K([1, 2, 7]), t([10, 11, 14]))
+    _, deep = cache.match_prefix(K([1, 2, 3, 4]))
+    _, shallow = cache.match_prefix(K([1, 2]))
     assert cache.inc_lock_ref(deep) == -4  # [3,4] and [1,2] go 0 -> 1
     assert cache.inc_lock_ref(shallow) == 0  # [1,2] goes 1 -> 2: no change
     assert (cache.evictable_size(), cache.protected_size(), cache.total_size()) == (1, 4, 5)
     assert shallow.lock_ref == 2 and deep.lock_ref == 1
 
     # A split of a locked edge keeps the lock on both halves and the sizes unchanged.
-    _, mid = cache.match_prefix([1, 2, 3, 9])
+    _, mid = cache.match_prefix(K([1, 2, 3, 9]))
     assert mid.key == [3] and mid.lock_ref == 1 and deep.key == [4] and deep.parent is mid
     assert (cache.evictable_size(), cache.protected_size()) == (1, 4)
 
@@ -205,39 +213,42 @@ def test_lock_accounting_and_split_under_lock():
 
 def test_reset():
     cache, _ = make_cache()
-    cache.insert([1, 2, 3], t([10, 11, 12]))
-    cache.inc_lock_ref(cache.match_prefix([1, 2, 3])[1])
+    cache.insert(K([1, 2, 3]), t([10, 11, 12]))
+    cache.inc_lock_ref(cache.match_prefix(K([1, 2, 3]))[1])
     cache.reset()
     assert (cache.total_size(), cache.evictable_size(), cache.protected_size()) == (0, 0, 0)
-    assert cache.match_prefix([1, 2, 3])[0].numel() == 0
-    assert cache.insert([1, 2, 3], t([20, 21, 22])) == 0
+    assert cache.match_prefix(K([1, 2, 3]))[0].numel() == 0
+    assert cache.insert(K([1, 2, 3]), t([20, 21, 22])) == 0
 
 
 def test_match_without_split_leaves_the_tree_as_it_is():
     cache, _ = make_cache()
-    cache.insert([1, 2, 3, 4], t([10, 11, 12, 13]))
+    cache.insert(K([1, 2, 3, 4]), t([10, 11, 12, 13]))
     (node,) = cache.root_node.children.values()
-    values, last = cache.match_prefix([1, 2, 9], split=False)
+    values, last = cache.peek_prefix(K([1, 2, 9]))
     assert values.tolist() == [10, 11]
     assert last is node and node.key == [1, 2, 3, 4] and len(cache.all_nodes()) == 1  # no split
-    values, last = cache.match_prefix([1, 2, 9])  # the splitting match agrees on the slots
+    values, last = cache.match_prefix(K([1, 2, 9]))  # the splitting match agrees on the slots
     assert values.tolist() == [10, 11] and last.key == [1, 2] and len(cache.all_nodes()) == 2
 
 
 def test_disabled_mode_caches_nothing():
-    cache, _ = make_cache(disable=True)
-    assert cache.insert([1, 2, 3], t([1, 2, 3])) == 0
-    assert cache.total_size() == 0
-    values, node = cache.match_prefix([1, 2, 3])
-    assert values.numel() == 0 and node is cache.root_node
+    cache = NoPrefixCache()
+    with pytest.raises(TypeError):  # the cache manager keeps a request's KV itself (NoCacheManager)
+        cache.insert(K([1, 2, 3]), t([1, 2, 3]))
+    assert cache.total_size() == 0 and not cache.shares_prefixes
+    for lookup in (cache.match_prefix, cache.peek_prefix):
+        values, node = lookup(K([1, 2, 3]))
+        assert values.numel() == 0 and node is cache.root_node
     assert cache.evict(10) == 0
+    assert cache.inc_lock_ref(cache.root_node) == 0 and cache.dec_lock_ref(cache.root_node) == 0
 
 
 def test_path_to_gives_the_ids_and_slots_from_the_root():
     cache, _ = make_cache()
-    cache.insert([1, 2, 3], t([10, 11, 12]))
-    cache.insert([1, 2, 5, 6], t([10, 11, 20, 21]))
-    _, node = cache.match_prefix([1, 2, 5, 6])
+    cache.insert(K([1, 2, 3]), t([10, 11, 12]))
+    cache.insert(K([1, 2, 5, 6]), t([10, 11, 20, 21]))
+    _, node = cache.match_prefix(K([1, 2, 5, 6]))
     ids, slots = cache.path_to(node)
     assert ids == [1, 2, 5, 6] and slots.tolist() == [10, 11, 20, 21]
     ids, slots = cache.path_to(cache.root_node)
@@ -247,6 +258,7 @@ def test_path_to_gives_the_ids_and_slots_from_the_root():
 # --- stateful property test against a naive model -----------------------------------
 
 TOKENS = st.lists(st.integers(0, 3), min_size=1, max_size=6)
+NAMESPACES = st.sampled_from([None, "adapter-a"])  # the same tokens in two namespaces never share
 
 
 class RadixCacheMachine(RuleBasedStateMachine):
@@ -263,19 +275,22 @@ class RadixCacheMachine(RuleBasedStateMachine):
         self.locks: list[tuple[TreeNode, tuple[int, ...]]] = []
 
     # helpers
-    def model_match_len(self, key) -> int:
+    def model_match_len(self, key, ns) -> int:
         n = 0
-        while n < len(key) and tuple(key[: n + 1]) in self.cached:
+        while n < len(key) and (ns, *key[: n + 1]) in self.cached:
             n += 1
         return n
 
-    def model_insert(self, key, value: list[int]) -> None:
+    def model_insert(self, key, ns, value: list[int]) -> None:
         for i in range(len(key)):
-            self.cached.setdefault(tuple(key[: i + 1]), value[i])
+            self.cached.setdefault((ns, *key[: i + 1]), value[i])
 
-    def pinned(self) -> set[tuple[int, ...]]:
+    def model_slots(self, key, ns, n) -> list[int]:
+        return [self.cached[(ns, *key[: i + 1])] for i in range(n)]
+
+    def pinned(self) -> set[tuple]:
         paths = [p for _, p in self.locks]
-        return {p[: i + 1] for p in paths for i in range(len(p))}
+        return {p[: i + 2] for p in paths for i in range(len(p) - 1)}
 
     def alloc(self, n: int):
         value = self.kv_pool.alloc(n)
@@ -300,28 +315,29 @@ class RadixCacheMachine(RuleBasedStateMachine):
         return freed
 
     # rules
-    @rule(key=TOKENS)
-    def insert(self, key):
+    @rule(key=TOKENS, ns=NAMESPACES)
+    def insert(self, key, ns):
         value = self.alloc(len(key))
         if value is None:
             return
-        expected = self.model_match_len(key)
-        assert self.cache.insert(key, value) == expected
+        expected = self.model_match_len(key, ns)
+        assert self.cache.insert(K(key, ns), value) == expected
         self.kv_pool.free(value[:expected])
-        self.model_insert(key, value.tolist())
+        self.model_insert(key, ns, value.tolist())
 
-    @rule(key=TOKENS)
-    def match(self, key):
-        values, node = self.cache.match_prefix(key)
-        n = self.model_match_len(key)
-        assert values.tolist() == [self.cached[tuple(key[: i + 1])] for i in range(n)]
+    @rule(key=TOKENS, ns=NAMESPACES)
+    def match(self, key, ns):
+        values, node = self.cache.match_prefix(K(key, ns))
+        n = self.model_match_len(key, ns)
+        assert values.tolist() == self.model_slots(key, ns, n)
         assert path_key(node) == key[:n]
+        assert n == 0 or node.namespace == ns
 
-    @rule(key=TOKENS)
-    def lock(self, key):
-        _, node = self.cache.match_prefix(key)
+    @rule(key=TOKENS, ns=NAMESPACES)
+    def lock(self, key, ns):
+        _, node = self.cache.match_prefix(K(key, ns))
         self.cache.inc_lock_ref(node)
-        self.locks.append((node, tuple(path_key(node))))
+        self.locks.append((node, (node.namespace, *path_key(node))))
 
     @precondition(lambda self: self.locks)
     @rule(data=st.data())
@@ -334,12 +350,12 @@ class RadixCacheMachine(RuleBasedStateMachine):
     def evict(self, num_tokens):
         self.do_evict(num_tokens)
 
-    @rule(key=TOKENS)
-    def match_without_split(self, key):
+    @rule(key=TOKENS, ns=NAMESPACES)
+    def match_without_split(self, key, ns):
         shape = [(n.id, len(n.key)) for n in self.cache.all_nodes()]
-        values, node = self.cache.match_prefix(key, split=False)
-        n = self.model_match_len(key)
-        assert values.tolist() == [self.cached[tuple(key[: i + 1])] for i in range(n)]
+        values, node = self.cache.peek_prefix(K(key, ns))
+        n = self.model_match_len(key, ns)
+        assert values.tolist() == self.model_slots(key, ns, n)
         assert path_key(node)[:n] == key[:n]  # the node reached may extend past the match
         assert [(m.id, len(m.key)) for m in self.cache.all_nodes()] == shape
 
@@ -361,7 +377,7 @@ class RadixCacheMachine(RuleBasedStateMachine):
     @invariant()
     def locked_nodes_still_attached(self):
         for node, path in self.locks:
-            assert tuple(path_key(node)) == path and node.lock_ref > 0
+            assert (node.namespace, *path_key(node)) == path and node.lock_ref > 0
 
 
 RadixCacheMachine.TestCase.settings = settings(
@@ -372,18 +388,32 @@ test_radix_cache_state_machine = RadixCacheMachine.TestCase
 
 def test_continuation_follows_the_most_recently_used_branch():
     cache, _ = make_cache()
-    cache.insert([1, 2, 3, 4, 5, 6], t([1, 2, 3, 4, 5, 6]))
-    cache.insert([1, 2, 3, 9, 9], t([7, 8, 9, 10, 11]))
+    cache.insert(K([1, 2, 3, 4, 5, 6]), t([1, 2, 3, 4, 5, 6]))
+    cache.insert(K([1, 2, 3, 9, 9]), t([7, 8, 9, 10, 11]))
     before = [(n.key, n.last_access_time) for n in cache.all_nodes()]
-    assert cache.continuation([1, 2], 3) == [3, 9, 9]  # the later insert is the most recent branch
+    assert cache.continuation(K([1, 2]), 3) == [3, 9, 9]  # the later insert is the most recent branch
     assert [(n.key, n.last_access_time) for n in cache.all_nodes()] == before, "a draft lookup changed the tree"
-    cache.match_prefix([1, 2, 3, 4, 5, 6])
-    assert cache.continuation([1, 2], 3) == [3, 4, 5]
-    assert cache.continuation([1, 2, 3, 4], 10) == [5, 6]
-    assert cache.continuation([1, 7], 3) == []  # leaves the tree
-    assert cache.continuation([1, 2, 3, 4, 5, 6], 3) == []  # nothing cached after it
-    assert cache.continuation([1, 2, 3, 4, 5, 6, 7], 3) == []
-    _, node = cache.match_prefix([1, 2, 3])
-    assert cache.continuation([9], 4, node) == [9]
-    assert cache.continuation([], 2, node) in ([4, 5], [9, 9])
-    assert make_cache(disable=True)[0].continuation([1], 2) == []
+    cache.match_prefix(K([1, 2, 3, 4, 5, 6]))
+    assert cache.continuation(K([1, 2]), 3) == [3, 4, 5]
+    assert cache.continuation(K([1, 2, 3, 4]), 10) == [5, 6]
+    assert cache.continuation(K([1, 7]), 3) == []  # leaves the tree
+    assert cache.continuation(K([1, 2, 3, 4, 5, 6]), 3) == []  # nothing cached after it
+    assert cache.continuation(K([1, 2, 3, 4, 5, 6, 7]), 3) == []
+    _, node = cache.match_prefix(K([1, 2, 3]))
+    assert cache.continuation(K([9]), 4, node) == [9]
+    assert cache.continuation(K([]), 2, node) in ([4, 5], [9, 9])
+    with pytest.raises(ValueError, match="radix cache"):  # no tree, no drafts from it
+        RadixDraftSource(NoPrefixCache())
+
+
+def test_namespaces_never_share_kv():
+    cache, _ = make_cache()
+    assert cache.insert(K([1, 2, 3]), t([10, 11, 12])) == 0
+    assert cache.insert(K([1, 2, 3], "lora-a"), t([20, 21, 22])) == 0  # same tokens, own KV
+    assert cache.insert(K([1, 2, 4], "lora-a"), t([20, 21, 23])) == 2  # shares within its namespace
+    assert cache.match_prefix(K([1, 2, 3])).indices.tolist() == [10, 11, 12]
+    assert cache.match_prefix(K([1, 2, 3], "lora-a")).indices.tolist() == [20, 21, 22]
+    assert cache.match_prefix(K([1, 2, 3], "lora-b")).indices.numel() == 0
+    assert cache.continuation(K([1], "lora-a"), 2) in ([2, 3], [2, 4])
+    assert cache.continuation(K([1], "lora-b"), 2) == []
+    assert cache.total_size() == 7

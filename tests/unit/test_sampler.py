@@ -10,7 +10,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from radixlm.model.layers.sampler import Sampler, SamplingBatchInfo, apply_penalties, top_k_top_p_min_p
+from radixlm.model.layers.sampler import Sampler, SamplingBatchInfo, SamplingRow, apply_penalties, top_k_top_p_min_p
 from radixlm.sampling_params import SamplingParams
 
 V = 50
@@ -18,15 +18,10 @@ V = 50
 
 def info_for(params, outputs=None, prompts=None, gens=None, banned=None):
     n = len(params)
-    return SamplingBatchInfo.build(
-        params,
-        V,
-        torch.device("cpu"),
-        output_ids=outputs or [[] for _ in range(n)],
-        prompt_ids=prompts or [[] for _ in range(n)],
-        generators=gens or [None] * n,
-        banned_ids=banned or [[] for _ in range(n)],
-    )
+    outputs, prompts = outputs or [[] for _ in range(n)], prompts or [[] for _ in range(n)]
+    gens, banned = gens or [None] * n, banned or [[] for _ in range(n)]
+    rows = [SamplingRow(p, o, q, g, b) for p, o, q, g, b in zip(params, outputs, prompts, gens, banned)]
+    return SamplingBatchInfo.build(rows, V, torch.device("cpu"))
 
 
 def hf_support(logits_row, sp: SamplingParams):

@@ -1,6 +1,7 @@
 """All decoder layers of a Llama-family model in one native op (radixlm/kernels/csrc/layers.cpp).
 
-Used on CPU when every projection is one quantized matrix and attention is the native backend: a
+Used on CPU when every projection is one quantized matrix and the attention backend runs it for the
+batch (AttentionBackend.runs_fused_layers: the op reads the native backend's metadata): a
 bs-1 step is ~400 small ops, and Python plus torch's dispatcher cost ~10 ms of it. The op calls the
 same kernels as the Python layers in the same order, so outputs are bitwise the same; anything it
 does not cover (Qwen3's q/k norms, mixed-format or float projections, biases outside qkv) keeps the
@@ -10,13 +11,21 @@ Python path.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Optional, Protocol
 
 import torch
+from torch import nn
 
 if TYPE_CHECKING:
     from radixlm.model.forward_batch import ForwardBatch
-    from radixlm.model.models.llama import LlamaModel
+
+
+class DecoderStack(Protocol):
+    """What the builder reads of a Llama-family model (models/llama.py: LlamaModel), typed here so
+    this module never imports the model."""
+
+    layers: nn.ModuleList  # LlamaDecoderLayer: self_attn (qkv/o, rotary_emb, attn), mlp, the two norms
+    norm: nn.Module
 
 
 @dataclass
@@ -37,7 +46,7 @@ def _single(linear) -> Optional[tuple[torch.Tensor, int]]:
     return q._single if q is not None else None
 
 
-def build_fused_layers(model: "LlamaModel") -> Optional[FusedLayers]:
+def build_fused_layers(model: DecoderStack) -> Optional[FusedLayers]:
     """The op's arguments for this model, or None where it does not apply."""
     from radixlm.kernels.ops import cpu_float_ops
 

@@ -7,12 +7,25 @@ generator while the batch stays one tensor op.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import torch
 
 from radixlm.sampling_params import SamplingParams
+
+
+@dataclass(frozen=True)
+class SamplingRow:
+    """What the sampler needs of one request in a step."""
+
+    params: SamplingParams
+    output_ids: Sequence[int] = ()  # frequency / presence / repetition penalties
+    prompt_ids: Sequence[int] = ()  # repetition penalty
+    # The request's seeded generator (None: the global one; also for a row whose sample is dropped,
+    # which must not consume a seeded request's draws).
+    generator: Optional[torch.Generator] = field(default=None, compare=False)
+    banned_ids: Sequence[int] = ()  # at -inf this step (EOS and stop tokens before min_new_tokens)
 
 
 @dataclass
@@ -38,16 +51,11 @@ class SamplingBatchInfo:
     generators: list[Optional[torch.Generator]]
 
     @classmethod
-    def build(
-        cls,
-        params: Sequence[SamplingParams],
-        vocab_size: int,
-        device: torch.device,
-        output_ids: Sequence[Sequence[int]],
-        prompt_ids: Sequence[Sequence[int]],
-        generators: Sequence[Optional[torch.Generator]],
-        banned_ids: Sequence[Sequence[int]],
-    ) -> "SamplingBatchInfo":
+    def build(cls, rows: Sequence[SamplingRow], vocab_size: int, device: torch.device) -> "SamplingBatchInfo":
+        params = [r.params for r in rows]
+        output_ids = [r.output_ids for r in rows]
+        prompt_ids = [r.prompt_ids for r in rows]
+        banned_ids = [r.banned_ids for r in rows]
         bs = len(params)
         greedy = [p.is_greedy for p in params]
         temps = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
@@ -97,7 +105,7 @@ class SamplingBatchInfo:
             output_counts=counts,
             seen_mask=seen,
             vocab_mask=vocab_mask,
-            generators=list(generators),
+            generators=[r.generator for r in rows],
         )
 
 

@@ -13,10 +13,9 @@ from torch import nn
 
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.activation import SiluAndMul
-from radixlm.model.layers.attention import RadixAttention, get_attn_backend
+from radixlm.model.layers.attention import RadixAttention
 from radixlm.model.layers.fused_layers import build_fused_layers, run_fused_layers
 from radixlm.model.layers.linear import Linear, MergedLinear, VocabEmbedding
-from radixlm.model.layers.native_attention import NativeCPUBackend
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
@@ -100,10 +99,10 @@ class LlamaModel(nn.Module):
         self._fused: Any = None  # its arguments, built at the first forward (None: not yet, False: n/a)
 
     def forward(self, input_ids, positions, forward_batch: ForwardBatch) -> torch.Tensor:
-        backend = get_attn_backend(forward_batch)
+        backend = forward_batch.attn_backend
         backend.begin_forward(forward_batch)
         hidden, residual = self.embed_tokens(input_ids), None
-        fused = self._fused_layers(backend) if hidden.shape[0] else None
+        fused = self._fused_layers() if hidden.shape[0] and backend.runs_fused_layers(forward_batch) else None
         if fused:
             hidden, residual = run_fused_layers(fused, hidden, positions, forward_batch)
         else:
@@ -112,8 +111,8 @@ class LlamaModel(nn.Module):
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
-    def _fused_layers(self, backend):
-        if not self.use_fused_layers or type(backend) is not NativeCPUBackend:
+    def _fused_layers(self):
+        if not self.use_fused_layers:
             return None
         if self._fused is None:
             self._fused = build_fused_layers(self) or False

@@ -1,9 +1,9 @@
-"""Attention over the paged KV pool: the backend interface, a torch SDPA backend,
-and the RadixAttention layer that models call.
+"""TorchSDPABackend: torch.nn.functional.scaled_dot_product_attention over K/V gathered from the
+pool; runs on any device, with the model's dtype as the KV dtype.
 
-K/V of a request live at scattered slots of TokenToKVPool; `req_to_token[row, :len]`
-lists them in position order. A backend gathers them from there, so a prefix
-cached by another request (radix cache) is attended exactly like one computed now.
+Decode batches whose requests share a cached prefix attend to it once per group (shared_prefix.py);
+other decode batches read the decode KV mirror when one is configured (decode_kv_mirror.py), else
+gather their KV from the pool.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
-from radixlm.model.layers.decode_kv_mirror import DecodeKVMirror, MirrorPlan
-from radixlm.model.layers.shared_prefix_attention import (
+from radixlm.model.layers.attention.base import AttentionBackend, AttentionBackendSpec
+from radixlm.model.layers.attention.decode_kv_mirror import DecodeKVMirror, MirrorPlan
+from radixlm.model.layers.attention.shared_prefix import (
     SharedPrefixMetadata,
     build_shared_prefix_metadata,
     gather_prefix_kv,
@@ -27,35 +27,12 @@ if TYPE_CHECKING:
     from radixlm.model.forward_batch import ForwardBatch
 
 
-class AttentionBackend:
-    """Computes attention for one layer; K/V of the new tokens are already in the pool.
-
-    q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
-    (the new tokens' own K/V, which a backend may use instead of re-reading the
-    pool). Returns [num_tokens, num_heads, head_dim]. A MIXED batch comes to forward_extend;
-    its last forward_batch.num_decode rows are decode queries.
-    """
-
-    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
-        """Per-batch precompute (indices, masks) shared by all layers, stored in
-        forward_batch.attn_metadata. The scheduler calls it when it launches the batch (on its
-        own thread, while another step may still run), so it reads the request rows as they are
-        at launch; it must not touch data a running forward uses."""
-
-    def begin_forward(self, forward_batch: "ForwardBatch") -> None:
-        """Called by the model at the start of each forward, on the thread that runs it: builds
-        the metadata if nobody did, then performs any data moves the metadata planned."""
-        if forward_batch.attn_metadata is None:
-            self.init_forward_metadata(forward_batch)
-
-    def reset(self) -> None:
-        """Forget state kept across steps (a forward failed half way)."""
-
-    def forward_extend(self, q, k, v, layer: "RadixAttention", forward_batch: "ForwardBatch") -> torch.Tensor:
-        raise NotImplementedError
-
-    def forward_decode(self, q, k, v, layer: "RadixAttention", forward_batch: "ForwardBatch") -> torch.Tensor:
-        raise NotImplementedError
+def supported(spec: AttentionBackendSpec) -> Optional[str]:
+    """None where TorchSDPABackend runs spec, else why not: SDPA reads K/V in the queries' dtype."""
+    if spec.kv_dtype != spec.dtype:
+        return (f"kv_cache_dtype {str(spec.kv_dtype).replace('torch.', '')} differs from the model dtype and needs "
+                "the native attention backend")
+    return None
 
 
 @dataclass
@@ -91,10 +68,7 @@ def gather_kv(buf: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
 
 
 class TorchSDPABackend(AttentionBackend):
-    """torch.nn.functional.scaled_dot_product_attention; runs on any device. Decode batches
-    whose requests share a cached prefix attend to it once per group (shared_prefix_attention);
-    other decode batches read the decode KV mirror when one is configured (decode_kv_mirror),
-    else gather their KV from the pool."""
+    """SDPA per extend request, one padded SDPA per decode batch (see the module docstring)."""
 
     def __init__(self, shared_prefix: bool = True, mirror_bytes: int = 0):
         self.shared_prefix = shared_prefix
@@ -238,32 +212,3 @@ def _decode_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.
     kvh = k.shape[1]
     o = F.scaled_dot_product_attention(q.view(bs, kvh, heads // kvh, d), k, v, attn_mask=mask, scale=scale)
     return o.reshape(bs, heads, d)
-
-
-_default_backend = TorchSDPABackend()
-
-
-def get_attn_backend(forward_batch: "ForwardBatch") -> AttentionBackend:
-    return forward_batch.attn_backend if forward_batch.attn_backend is not None else _default_backend
-
-
-class RadixAttention(nn.Module):
-    """The attention op of one layer: store the new K/V in the pool, then attend."""
-
-    def __init__(self, num_heads: int, head_dim: int, scaling: float, num_kv_heads: int, layer_id: int):
-        super().__init__()
-        self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
-        self.scaling, self.layer_id = scaling, layer_id
-
-    def forward(self, q, k, v, forward_batch: "ForwardBatch") -> torch.Tensor:
-        """q: [T, heads * D], k/v: [T, kv_heads * D] -> [T, heads * D]."""
-        q = q.view(-1, self.num_heads, self.head_dim)
-        k = k.view(-1, self.num_kv_heads, self.head_dim)
-        v = v.view(-1, self.num_kv_heads, self.head_dim)
-        forward_batch.token_to_kv_pool.set_kv_buffer(self.layer_id, forward_batch.out_cache_loc, k, v)
-        backend = get_attn_backend(forward_batch)
-        if forward_batch.forward_mode.is_decode():
-            o = backend.forward_decode(q, k, v, self, forward_batch)
-        else:
-            o = backend.forward_extend(q, k, v, self, forward_batch)
-        return o.reshape(-1, self.num_heads * self.head_dim)

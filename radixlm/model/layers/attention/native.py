@@ -12,11 +12,11 @@ thread), so under overlap the worker never reads rows the scheduler is rewriting
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from radixlm.model.layers.attention import AttentionBackend
+from radixlm.model.layers.attention.base import AttentionBackend, AttentionBackendSpec
 
 if TYPE_CHECKING:
     from radixlm.model.forward_batch import ForwardBatch
@@ -24,17 +24,17 @@ if TYPE_CHECKING:
 MAX_HEAD_DIM = 256
 
 
-def native_attention_supported(head_dim: int, dtype: torch.dtype, device: torch.device) -> tuple[bool, str]:
-    """Whether NativeCPUBackend can run this model, and why not."""
+def supported(spec: AttentionBackendSpec) -> Optional[str]:
+    """None where NativeCPUBackend runs spec, else why not (it reads every KV dtype)."""
     from radixlm.kernels import build
 
-    if device.type != "cpu" or dtype != torch.float32:
-        return False, "the native attention kernel runs float32 models on CPU"
-    if head_dim % 8 or head_dim > MAX_HEAD_DIM:
-        return False, f"head_dim {head_dim} is not a multiple of 8 up to {MAX_HEAD_DIM}"
+    if spec.device.type != "cpu" or spec.dtype != torch.float32:
+        return "the native attention kernel runs float32 models on CPU"
+    if spec.head_dim % 8 or spec.head_dim > MAX_HEAD_DIM:
+        return f"head_dim {spec.head_dim} is not a multiple of 8 up to {MAX_HEAD_DIM}"
     if not build.load():
-        return False, f"native kernels unavailable: {build.unavailable_reason()}"
-    return True, ""
+        return f"native kernels unavailable: {build.unavailable_reason()}"
+    return None
 
 
 @dataclass
@@ -86,3 +86,6 @@ class NativeCPUBackend(AttentionBackend):
                                         md.q_start, layer.scaling)
 
     forward_decode = forward_extend
+
+    def runs_fused_layers(self, forward_batch: "ForwardBatch") -> bool:
+        return True  # every batch's metadata is the op's (NativeMetadata)

@@ -1,0 +1,133 @@
+"""The prefix-cache interface: what the scheduler's cache manager, the scheduling policy, the
+invariant checks and the speculative radix drafts may ask of a cache of KV prefixes.
+
+Implementations: RadixCache (radix_cache.py: a radix tree over the KV pool), HiRadixCache
+(hiradix_cache.py: the same tree over three tiers) and NoPrefixCache (no_prefix_cache.py:
+--disable-radix-cache, nothing is shared). A cache knows token ids and KV slot tensors, never a
+request: moving KV between a request and the cache is scheduler/cache_manager.py's job.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Hashable, NamedTuple, Optional
+
+import torch
+
+if TYPE_CHECKING:
+    from radixlm.cache.hicache_io import Prefetch
+    from radixlm.cache.tree_node import TreeNode
+
+FLUSH_LEVELS = ("l1", "l2", "l3")  # the KV pool; also host memory; also storage (hierarchical cache)
+
+
+@dataclass(frozen=True)
+class PrefixKey:
+    """What a cached prefix is found by: its token ids, and a namespace. Prefixes in different
+    namespaces never share KV even when their tokens agree (a LoRA adapter's KV is not the base
+    model's; one tenant's cache must not answer another's probe). None: the common namespace."""
+
+    token_ids: list[int]
+    namespace: Optional[Hashable] = None
+
+    def __len__(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def child_key(self) -> Optional[Callable[[int], Hashable]]:
+        """How a tree looks a child up by its first token (radix_walk.walk's child_key)."""
+        ns = self.namespace
+        return None if ns is None else (lambda token: (ns, token))
+
+
+class MatchResult(NamedTuple):
+    indices: torch.Tensor  # int64 KV slots of the cached prefix, in position order
+    last_node: "TreeNode"  # where the match ends: what a request locks to keep the prefix
+
+
+class BasePrefixCache(ABC):
+    # Whether the cache shares KV between requests at all (a scheduling policy that orders by
+    # shared prefixes, jump-forward and radix drafts need it to).
+    shares_prefixes: bool = True
+    root_node: "TreeNode"
+
+    # --- lookup / insert ---------------------------------------------------------
+    @abstractmethod
+    def match_prefix(self, key: PrefixKey) -> MatchResult:
+        """Admission's match: the longest cached prefix of key, its last node ending exactly at the
+        match (so locking it pins nothing unmatched). A tiered cache brings lower tiers' KV back
+        into the pool first."""
+
+    @abstractmethod
+    def peek_prefix(self, key: PrefixKey) -> MatchResult:
+        """A lookup for ordering only: the tree's shape is left as it is (the node may extend past
+        the match) and no tier moves."""
+
+    @abstractmethod
+    def insert(self, key: PrefixKey, value: torch.Tensor) -> int:
+        """Insert key -> value (KV slots). Returns how many leading tokens were already cached: the
+        caller keeps (and frees) value[:returned], the cache owns the rest."""
+
+    # --- locks and eviction --------------------------------------------------------
+    @abstractmethod
+    def inc_lock_ref(self, node: "TreeNode") -> int:
+        """Pin node and its ancestors; returns the change in evictable tokens (<= 0)."""
+
+    @abstractmethod
+    def dec_lock_ref(self, node: "TreeNode") -> int:
+        """Unpin node and its ancestors; returns the change in evictable tokens (>= 0)."""
+
+    @abstractmethod
+    def evict(self, num_tokens: int) -> int:
+        """Free unlocked KV, least recently used first, until num_tokens are free or none is left."""
+
+    @abstractmethod
+    def flush(self, level: str = "l1") -> None:
+        """Empty the cache (idle only; the caller clears the pools). Levels: FLUSH_LEVELS."""
+
+    # --- sizes and introspection -----------------------------------------------------
+    @abstractmethod
+    def evictable_size(self) -> int: ...
+
+    @abstractmethod
+    def protected_size(self) -> int: ...
+
+    @abstractmethod
+    def total_size(self) -> int:
+        """KV slots the cache holds in the pool, counted by a walk (so it can catch drift)."""
+
+    @abstractmethod
+    def path_to(self, node: "TreeNode") -> tuple[list[int], torch.Tensor]:
+        """Token ids and KV slots on the path from the root to node."""
+
+    @abstractmethod
+    def all_nodes(self) -> list["TreeNode"]:
+        """Every node but the root."""
+
+    # --- prefetch from a slower tier (the hierarchical cache's storage) ----------------------
+    def start_prefetch(self, key: PrefixKey) -> Optional["Prefetch"]:
+        """Start reading the KV that continues key's cached prefix from a slower tier; None when
+        there is nothing to read."""
+        return None
+
+    def has_prefetches(self) -> bool:
+        return False
+
+    def poll_prefetches(self) -> None:
+        """Bring what the reads returned so far into the cache."""
+
+    def check(self) -> Optional[str]:
+        """What is wrong with the cache's own invariants beyond the pool's (lower tiers), or None."""
+        return None
+
+    def info(self) -> dict:
+        """Counters for /get_server_info and /metrics (empty: none beyond the sizes)."""
+        return {}
+
+    def wait_writes(self, timeout: Optional[float] = None) -> bool:
+        """Block until KV queued for storage is written (shutdown); False on timeout."""
+        return True
+
+    def close(self) -> None:
+        """Stop background work (storage threads)."""

@@ -1,0 +1,68 @@
+"""HiCacheConfig: the hierarchical cache's options (SGLang's --hicache-* flags), validated here,
+where their choices live."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+from radixlm.cache.host_pool import HICACHE_DTYPES
+
+if TYPE_CHECKING:
+    from radixlm.config import ServerArgs
+
+WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
+STORAGE_BACKENDS = ("file",)
+
+
+@dataclass(frozen=True)
+class HiCacheConfig:
+    ratio: float = 2.0  # L2 size as a multiple of the KV pool (when size_gb is 0)
+    size_gb: float = 0.0
+    write_policy: str = "write_through"
+    dtype: str = "auto"  # L2/L3 element type; auto: float16 for a float32 L1, else L1's
+    storage_backend: Optional[str] = None  # L3; None: none
+    storage_dir: str = ""
+    storage_size_gb: float = 16.0  # 0: unbounded
+    storage_chunk_size: int = 64  # tokens per stored chunk
+
+    def __post_init__(self):
+        def bad(field: str, why: str):
+            raise ValueError(f"hicache_{field} {why}, got {getattr(self, field)!r}")
+
+        if self.write_policy not in WRITE_POLICIES:
+            bad("write_policy", f"must be one of {', '.join(WRITE_POLICIES)}")
+        if self.dtype not in HICACHE_DTYPES:
+            bad("dtype", f"must be one of {', '.join(HICACHE_DTYPES)}")
+        if self.storage_backend is not None and self.storage_backend not in STORAGE_BACKENDS:
+            bad("storage_backend", f"must be one of {', '.join(STORAGE_BACKENDS)}")
+        if self.ratio <= 0:
+            bad("ratio", "must be positive")
+        if self.size_gb < 0:
+            raise ValueError(f"hicache_size must be >= 0, got {self.size_gb!r}")
+        if self.storage_size_gb < 0:
+            bad("storage_size_gb", "must be >= 0")
+        if self.storage_chunk_size < 1:
+            bad("storage_chunk_size", "must be >= 1")
+
+    @classmethod
+    def from_server_args(cls, args: "ServerArgs") -> Optional["HiCacheConfig"]:
+        """The hierarchical cache's config; None when --enable-hierarchical-cache is off."""
+        if not args.enable_hierarchical_cache:
+            if args.hicache_storage_backend is not None:
+                raise ValueError("hicache_storage_backend needs enable_hierarchical_cache (--enable-hierarchical-cache)")
+            return None
+        if args.disable_radix_cache:
+            raise ValueError("enable_hierarchical_cache needs the radix cache (drop --disable-radix-cache)")
+        return cls(args.hicache_ratio, args.hicache_size, args.hicache_write_policy, args.hicache_dtype,
+                   args.hicache_storage_backend, storage_dir(args.hicache_storage_dir), args.hicache_storage_size_gb,
+                   args.hicache_storage_chunk_size)
+
+
+def storage_dir(option: Optional[str]) -> str:
+    """--hicache-storage-dir, default $RADIXLM_CACHE_DIR/hicache (~/.cache/radixlm/hicache)."""
+    if option:
+        return option
+    root = os.environ.get("RADIXLM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "radixlm")
+    return os.path.join(root, "hicache")

@@ -1,0 +1,54 @@
+"""TreeNode: a node of the KV cache's radix trees (radix_cache.py, hiradix_cache.py)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Hashable, Optional
+
+import torch
+
+# A global logical clock: strictly increasing, so LRU order is deterministic (two
+# nodes touched in one match never tie the way time.monotonic() readings can).
+_clock = itertools.count()
+
+
+def empty_indices() -> torch.Tensor:
+    return torch.empty((0,), dtype=torch.int64)
+
+
+class TreeNode:
+    _ids = itertools.count()
+
+    def __init__(self, key: Optional[list[int]] = None, value: Optional[torch.Tensor] = None,
+                 namespace: Optional[Hashable] = None) -> None:
+        self.id = next(TreeNode._ids)
+        self.children: dict[Hashable, TreeNode] = {}  # keyed by lookup_key() of the child
+        self.parent: TreeNode | None = None
+        self.key: list[int] = key if key is not None else []
+        # KV slots in the pool (L1); None: the KV left L1 (hierarchical cache: it is in host_value).
+        self.value: torch.Tensor | None = value if value is not None else empty_indices()
+        self.namespace = namespace
+        self.lock_ref = 0
+        self.last_access_time = next(_clock)
+        # Hierarchical cache (hiradix_cache.py) only: host_value its slots in the host pool (L2);
+        # host_lock pins it there during a load; hit_count drives write_through_selective.
+        self.host_value: torch.Tensor | None = None
+        self.host_lock = 0
+        self.hit_count = 0
+
+    def lookup_key(self) -> Hashable:
+        """The key of this node in its parent's children: its first token (and its namespace)."""
+        return self.key[0] if self.namespace is None else (self.namespace, self.key[0])
+
+    def is_leaf(self) -> bool:
+        return not self.children
+
+    def __lt__(self, other: TreeNode) -> bool:  # for the eviction heap
+        return self.last_access_time < other.last_access_time
+
+    def __repr__(self) -> str:
+        return f"TreeNode(id={self.id}, len={len(self.key)}, lock_ref={self.lock_ref})"
+
+
+def touch(node: TreeNode) -> None:
+    node.last_access_time = next(_clock)

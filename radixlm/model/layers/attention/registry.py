@@ -1,0 +1,104 @@
+"""Attention backends by name (SGLang's attention_registry): --attention-backend, and
+--prefill-attention-backend / --decode-attention-backend for a HybridAttnBackend.
+
+A new backend is its own module (the AttentionBackend subclass and a `supported(spec)`) plus one
+`@register_attention_backend` entry below. Entries are in auto's order of preference: with no name
+given, the first backend that supports the model runs it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from radixlm.model.layers.attention.base import AttentionBackend, AttentionBackendSpec
+from radixlm.model.layers.attention.hybrid import HybridAttnBackend
+from radixlm.model.layers.attention.native import NativeCPUBackend
+from radixlm.model.layers.attention.native import supported as native_supported
+from radixlm.model.layers.attention.torch_sdpa import TorchSDPABackend
+from radixlm.model.layers.attention.torch_sdpa import supported as torch_sdpa_supported
+
+BackendFactory = Callable[[AttentionBackendSpec], AttentionBackend]
+
+
+@dataclass(frozen=True)
+class AttentionBackendEntry:
+    supported: Callable[[AttentionBackendSpec], Optional[str]]  # None, or why the backend cannot run spec
+    create: BackendFactory
+
+
+_REGISTRY: dict[str, AttentionBackendEntry] = {}
+
+
+def register_attention_backend(name: str, supported: Callable[[AttentionBackendSpec], Optional[str]]):
+    def decorator(factory: BackendFactory) -> BackendFactory:
+        _REGISTRY[name] = AttentionBackendEntry(supported, factory)
+        return factory
+    return decorator
+
+
+@register_attention_backend("native", supported=native_supported)
+def create_native_backend(spec: AttentionBackendSpec) -> AttentionBackend:
+    return NativeCPUBackend()
+
+
+@register_attention_backend("torch", supported=torch_sdpa_supported)
+def create_torch_sdpa_backend(spec: AttentionBackendSpec) -> AttentionBackend:
+    return TorchSDPABackend(shared_prefix=spec.shared_prefix, mirror_bytes=spec.mirror_bytes)
+
+
+ATTENTION_BACKENDS: tuple[str, ...] = tuple(_REGISTRY)
+
+
+def check_attention_backend_name(name: Optional[str], field: str = "attention_backend") -> None:
+    """A ValueError naming the option for a name no entry has (None: auto)."""
+    if name is not None and name not in _REGISTRY:
+        raise ValueError(f"{field} must be one of {', '.join(_REGISTRY)}, got {name!r}")
+
+
+def resolve_attention_backend(name: Optional[str], spec: AttentionBackendSpec,
+                              field: str = "attention_backend") -> str:
+    """The backend that runs spec: `name`, or (None) the first entry that supports spec. A
+    ValueError, naming `field`, when that backend cannot."""
+    check_attention_backend_name(name, field)
+    if name is not None:
+        why = _REGISTRY[name].supported(spec)
+        if why is not None:
+            raise ValueError(f"{field} {name}: {why}")
+        return name
+    reasons = []
+    for candidate, entry in _REGISTRY.items():
+        why = entry.supported(spec)
+        if why is None:
+            return candidate
+        reasons.append(f"{candidate}: {why}")
+    raise ValueError(f"{field}: no attention backend runs this model ({'; '.join(reasons)})")
+
+
+def resolve_attention_backends(spec: AttentionBackendSpec, attention_backend: Optional[str] = None,
+                               prefill_attention_backend: Optional[str] = None,
+                               decode_attention_backend: Optional[str] = None) -> tuple[str, str]:
+    """(prefill, decode) backend names; a role's own name (None) falls back to attention_backend,
+    which (None) is auto."""
+    # Every name first: a bad one is reported before any backend is probed.
+    check_attention_backend_name(attention_backend)
+    check_attention_backend_name(prefill_attention_backend, "prefill_attention_backend")
+    check_attention_backend_name(decode_attention_backend, "decode_attention_backend")
+
+    def resolve(own: Optional[str], field: str) -> str:
+        if own is None:
+            return resolve_attention_backend(attention_backend, spec)
+        return resolve_attention_backend(own, spec, field)
+
+    return (resolve(prefill_attention_backend, "prefill_attention_backend"),
+            resolve(decode_attention_backend, "decode_attention_backend"))
+
+
+def create_attention_backend(name: Optional[str], spec: AttentionBackendSpec, *,
+                             prefill: Optional[str] = None, decode: Optional[str] = None) -> AttentionBackend:
+    """The backend of --attention-backend `name` (None: auto) for spec; with --prefill- /
+    --decode-attention-backend naming different backends, a HybridAttnBackend of the two."""
+    prefill_name, decode_name = resolve_attention_backends(spec, name, prefill, decode)
+    if prefill_name == decode_name:
+        return _REGISTRY[prefill_name].create(spec)
+    return HybridAttnBackend(_REGISTRY[prefill_name].create(spec), _REGISTRY[decode_name].create(spec))

@@ -1,0 +1,102 @@
+"""ModelRunnerConfig: what a ModelRunner is built from (ServerArgs stays the one CLI surface)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import torch
+
+from radixlm.model.layers.attention.registry import ATTENTION_BACKENDS
+from radixlm.model.loader import QUANTIZATIONS
+
+if TYPE_CHECKING:
+    from radixlm.config import ServerArgs
+
+DTYPES = ("auto", "float32", "float16", "bfloat16")
+# int8 keeps a float32 scale per token and head (memory_pool.TokenToKVPool).
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
+
+
+def _check_choice(field: str, value: Optional[str], choices: tuple[str, ...], optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if value not in choices:
+        raise ValueError(f"{field} must be one of {', '.join(choices)}, got {value!r}")
+
+
+@dataclass(frozen=True)
+class ModelRunnerConfig:
+    model_path: Optional[str] = None  # None: the embedded default model (loader.default_model_path)
+    device: str = "cpu"
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
+    quantization: Optional[str] = None  # None: gguf for a GGUF file, else none (loader.resolve_quantization)
+    # auto: float16 for quantized weights where every attention backend reads it (ModelRunner), else dtype.
+    kv_cache_dtype: str = "auto"
+    # Backend names (attention registry); None: auto. The prefill / decode ones default to attention_backend,
+    # and naming different ones makes a HybridAttnBackend.
+    attention_backend: Optional[str] = None
+    prefill_attention_backend: Optional[str] = None
+    decode_attention_backend: Optional[str] = None
+    max_total_tokens: Optional[int] = None  # KV pool size in tokens; None: from kv_memory_gb
+    kv_memory_gb: float = 1.0
+    # The torch backend's dense decode KV copy (0: off). from_server_args resolves ServerArgs' default
+    # (1 GiB on CPU).
+    decode_kv_mirror_bytes: int = 0
+    disable_shared_prefix_attention: bool = False
+    max_running_requests: int = 64
+    context_length: Optional[int] = None  # None: the model's own (capped by the pool either way)
+    num_threads: Optional[int] = None  # CPU: torch intra-op threads; None: all cores
+    random_seed: int = 42
+
+    def __post_init__(self):
+        _check_choice("dtype", self.dtype, DTYPES)
+        _check_choice("quantization", self.quantization, QUANTIZATIONS, optional=True)
+        _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
+        for field in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
+            _check_choice(field, getattr(self, field), ATTENTION_BACKENDS, optional=True)
+        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
+        for field in ("max_total_tokens", "context_length", "num_threads"):
+            value = getattr(self, field)
+            if value is not None and value <= 0:
+                raise ValueError(f"{field} must be positive, got {value}")
+        if self.max_running_requests <= 0:
+            raise ValueError(f"max_running_requests must be positive, got {self.max_running_requests}")
+        if self.kv_memory_gb <= 0:
+            raise ValueError(f"kv_memory_gb must be positive, got {self.kv_memory_gb}")
+        if self.decode_kv_mirror_bytes < 0:
+            raise ValueError(f"decode_kv_mirror_bytes must be >= 0, got {self.decode_kv_mirror_bytes}")
+
+    @classmethod
+    def from_server_args(cls, args: "ServerArgs") -> "ModelRunnerConfig":
+        return cls(
+            model_path=args.model_path,
+            device=args.device,
+            dtype=args.dtype,
+            quantization=args.quantization,
+            kv_cache_dtype=args.kv_cache_dtype,
+            attention_backend=args.attention_backend,
+            prefill_attention_backend=args.prefill_attention_backend,
+            decode_attention_backend=args.decode_attention_backend,
+            max_total_tokens=args.max_total_tokens,
+            kv_memory_gb=args.kv_memory_gb,
+            decode_kv_mirror_bytes=args.decode_kv_mirror_bytes,
+            disable_shared_prefix_attention=args.disable_shared_prefix_attention,
+            max_running_requests=args.max_running_requests,
+            context_length=args.context_length,
+            num_threads=args.num_threads,
+            random_seed=args.random_seed,
+        )
+
+    def resolved_dtype(self) -> torch.dtype:
+        if self.dtype == "auto":
+            return torch.float32 if self.device == "cpu" else torch.bfloat16
+        return getattr(torch, self.dtype)
+
+    def resolved_kv_cache_dtype(self) -> torch.dtype:
+        """The KV dtype asked for; auto is the model dtype here (ModelRunner may pick float16 for
+        quantized weights)."""
+        if self.kv_cache_dtype == "auto":
+            return self.resolved_dtype()
+        return getattr(torch, self.kv_cache_dtype)

@@ -1,0 +1,37 @@
+"""ModelWorkerBatch: what the scheduler hands the model runner for one step.
+
+Host lists and the step's KV slots, no Req: the runner builds the ForwardBatch, the attention
+metadata and the sampler's tensors from it (ModelRunner.prepare), so the scheduler never touches
+a tensor of the model's. SGLang's name for the same boundary.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from radixlm.model.forward_batch import ForwardMode
+from radixlm.model.layers.sampler import SamplingRow
+
+
+@dataclass
+class ModelWorkerBatch:
+    forward_mode: ForwardMode
+    input_ids: list[int]  # the new tokens of every request, in batch order (negative: a future slot)
+    positions: list[int]
+    req_pool_indices: list[int]
+    seq_lens: list[int]  # prefix + new, per request
+    out_cache_loc: torch.Tensor  # KV slot of each new token, already written into the request rows
+    # Extend-shaped modes: cached tokens, new tokens, first prompt-logprob position (None: last only).
+    extend_prefix_lens: Optional[list[int]] = None
+    extend_seq_lens: Optional[list[int]] = None
+    extend_logprob_start_lens: Optional[list[Optional[int]]] = None
+    num_decode: int = 0  # MIXED: the last num_decode requests are decode steps
+    # One per request: what the sampler needs (empty: the caller takes the logits itself).
+    sampling: list[SamplingRow] = field(default_factory=list)
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.req_pool_indices)

@@ -1,0 +1,163 @@
+"""Executors: how a launched batch runs — forward, grammar masks, sampling, draft verification.
+
+InlineExecutor runs it at once on the scheduler thread. OverlapExecutor (--enable-overlap-schedule;
+default on GPU) runs it on a worker thread, and a decode step may stay in flight while the scheduler
+builds and launches the next one (overlap.py says how the next step names this one's tokens).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Optional
+
+import torch
+
+from radixlm.model.forward_batch import ForwardBatch
+from radixlm.model.runner import ModelRunner
+from radixlm.scheduler.batch import ScheduleBatch
+from radixlm.scheduler.cache_manager import CacheManager
+from radixlm.scheduler.grammar_manager import GrammarManager
+from radixlm.scheduler.overlap import FutureTokenMap, LaunchedBatch, StepOutput, can_overlap
+from radixlm.scheduler.req import Req
+from radixlm.scheduler.speculation import NoSpeculation
+
+
+class InlineExecutor:
+    def __init__(self, runner: ModelRunner, cache_manager: CacheManager, grammar: GrammarManager,
+                 spec: NoSpeculation):
+        self.runner = runner
+        self.cache_manager = cache_manager
+        self.grammar = grammar
+        self.spec = spec
+
+    def launch(self, batch: ScheduleBatch) -> LaunchedBatch:
+        """Allocate the step's KV and build its forward here; run it (_submit). A failure past the
+        slot allocation is the batch's, reported when its result is read."""
+        mwb = batch.prepare(self.cache_manager)
+        has_future = self._reads_future(batch)
+        slots = self._future_slots(batch)
+        launch_time = time.perf_counter()
+        try:
+            fb = self.runner.prepare(mwb)
+            result = self._submit(batch, fb, slots, has_future)
+        except Exception as e:  # noqa: BLE001
+            result = Future()
+            result.set_exception(e)
+        return LaunchedBatch(batch, mwb, result, slots, launch_time)
+
+    def _reads_future(self, batch: ScheduleBatch) -> bool:
+        """Whether some input is a token the step in flight is still sampling."""
+        return False
+
+    def _future_slots(self, batch: ScheduleBatch) -> Optional[list[int]]:
+        return None
+
+    def _submit(self, batch: ScheduleBatch, fb: ForwardBatch, slots: Optional[list[int]], has_future: bool) -> Future:
+        result = Future()
+        result.set_result(self.run_step(batch, fb, slots, has_future))
+        return result
+
+    def run_step(self, batch: ScheduleBatch, fb: ForwardBatch, slots: Optional[list[int]],
+                 has_future: bool) -> StepOutput:
+        t0 = time.perf_counter()
+        self._resolve_inputs(fb, has_future)
+        out = self.runner.forward(fb)
+        logits, errors = self.grammar.mask(batch, out.next_token_logits)
+        next_ids = self.runner.sample(fb, logits)
+        self._store_outputs(slots, next_ids)
+        next_ids = next_ids.tolist()
+        verified = self.spec.verify(batch, out.row_logits, next_ids, errors) if batch.forward_mode.is_verify() else None
+        return StepOutput(out, next_ids, time.perf_counter() - t0, errors, verified)
+
+    def _resolve_inputs(self, fb: ForwardBatch, has_future: bool) -> None:
+        pass
+
+    def _store_outputs(self, slots: Optional[list[int]], next_ids: torch.Tensor) -> None:
+        pass
+
+    # --- the step in flight (OverlapExecutor only) --------------------------------------
+    def keep_in_flight(self, launched: LaunchedBatch) -> bool:
+        """Leave a launched decode step running while the next is built; False: process it now."""
+        return False
+
+    def take_in_flight(self) -> Optional[LaunchedBatch]:
+        return None
+
+    def holds(self, req: Req) -> bool:
+        return False
+
+    def defer_release(self, req: Req) -> None:
+        raise AssertionError("no step in flight")
+
+    def in_flight(self) -> bool:
+        return False
+
+    def drain(self) -> None:
+        """Wait until every step handed over has run."""
+
+    def shutdown(self) -> None:
+        pass
+
+
+class OverlapExecutor(InlineExecutor):
+    def __init__(self, runner: ModelRunner, cache_manager: CacheManager, grammar: GrammarManager,
+                 spec: NoSpeculation):
+        super().__init__(runner, cache_manager, grammar, spec)
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix="radixlm-forward")
+        self.future_map = FutureTokenMap(2 * runner.max_running_requests + 2, runner.device)
+        self.context_len = runner.context_len
+        self._in_flight: Optional[LaunchedBatch] = None
+
+    def _future_slots(self, batch: ScheduleBatch) -> Optional[list[int]]:
+        """Decode steps store their sampled ids in future slots, for the next step to read."""
+        if not batch.forward_mode.is_decode():
+            return None
+        slots = self.future_map.alloc(batch.batch_size())
+        for r, slot in zip(batch.decode_reqs, slots):
+            r.future_slot = slot
+        return slots
+
+    def _reads_future(self, batch: ScheduleBatch) -> bool:
+        # Their future slots belong to the step in flight (checked before this step takes new ones).
+        return any(r.future_slot is not None for r in batch.decode_reqs)
+
+    def _submit(self, batch: ScheduleBatch, fb: ForwardBatch, slots: Optional[list[int]], has_future: bool) -> Future:
+        return self.worker.submit(self.run_step, batch, fb, slots, has_future)
+
+    def _resolve_inputs(self, fb: ForwardBatch, has_future: bool) -> None:
+        if has_future:
+            fb.input_ids = self.future_map.resolve(fb.input_ids)
+
+    def _store_outputs(self, slots: Optional[list[int]], next_ids: torch.Tensor) -> None:
+        if slots is not None:
+            self.future_map.store(torch.tensor(slots, dtype=torch.int64, device=next_ids.device), next_ids)
+
+    def keep_in_flight(self, launched: LaunchedBatch) -> bool:
+        batch = launched.batch
+        if batch.forward_mode.is_decode() and can_overlap(batch.decode_reqs, self.context_len):
+            self._in_flight = launched
+            return True
+        return False
+
+    def take_in_flight(self) -> Optional[LaunchedBatch]:
+        prev, self._in_flight = self._in_flight, None
+        return prev
+
+    def set_in_flight(self, launched: LaunchedBatch) -> None:
+        self._in_flight = launched
+
+    def holds(self, req: Req) -> bool:
+        return self._in_flight is not None and self._in_flight.holds(req)
+
+    def defer_release(self, req: Req) -> None:
+        self._in_flight.deferred_release.append(req)
+
+    def in_flight(self) -> bool:
+        return self._in_flight is not None
+
+    def drain(self) -> None:
+        self.worker.submit(lambda: None).result()
+
+    def shutdown(self) -> None:
+        self.worker.shutdown()

@@ -1,0 +1,98 @@
+"""GrammarManager: structured output for the scheduler.
+
+A constrained request's grammar compiles on the backend's thread pool while the request waits
+(GRAMMAR_PENDING); each step masks the logits of constrained rows; a verify step masks each draft
+row with the matcher's state at that position (speculative/grammar.py). The backend
+(constrained/) is created at the first constrained request.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+
+from radixlm.constrained import InvalidGrammar, create_grammar_backend
+from radixlm.constrained.base_grammar_backend import BaseGrammarBackend
+from radixlm.scheduler.batch import ScheduleBatch
+from radixlm.scheduler.lazy_tokenizer import LazyTokenizer
+from radixlm.scheduler.req import Req
+from radixlm.scheduler.stats import SchedulerStats
+from radixlm.speculative.grammar import masked_draft_rows
+
+
+class GrammarManager:
+    def __init__(self, backend_name: str, tokenizer: LazyTokenizer, vocab_size: int, eos_token_ids: frozenset[int],
+                 stats: SchedulerStats):
+        self.backend_name = backend_name
+        self.tokenizer = tokenizer
+        self.vocab_size = vocab_size
+        self.eos_token_ids = eos_token_ids
+        self.stats = stats
+        self._backend: Optional[BaseGrammarBackend] = None
+
+    @property
+    def backend(self) -> BaseGrammarBackend:
+        if self._backend is None:
+            backend = create_grammar_backend(self.backend_name, self.tokenizer.get(), self.vocab_size,
+                                             eos_token_ids=sorted(self.eos_token_ids))
+            if backend is None:
+                raise ValueError("the server runs with --grammar-backend none")
+            self._backend = backend
+        return self._backend
+
+    # --- compile ------------------------------------------------------------------
+    def start(self, req: Req) -> Optional[str]:
+        """Start compiling req's grammar (req.grammar becomes its future); the error message when
+        structured output is unavailable."""
+        try:
+            req.grammar = self.backend.get_future(req.sampling_params.grammar_key)
+        except Exception as e:  # noqa: BLE001 - a missing backend is this request's error
+            return f"structured output unavailable: {e}"
+        return None
+
+    @staticmethod
+    def compiled(req: Req) -> bool:
+        return req.grammar.done()
+
+    def resolve(self, req: Req) -> Optional[str]:
+        """Swap req's finished compile for its matcher; the 400 message when the grammar is invalid."""
+        try:
+            grammar = req.grammar.result()
+        except Exception as e:  # noqa: BLE001 - a compile that crashed fails its request only
+            grammar = InvalidGrammar(req.sampling_params.grammar_key, f"{type(e).__name__}: {e}")
+        if isinstance(grammar, InvalidGrammar):
+            kind = {"json": "json_schema"}.get(grammar.key[0], grammar.key[0])
+            return f"invalid sampling_params.{kind}: {grammar.message}"
+        req.grammar = grammar
+        return None
+
+    # --- masks (on the thread that runs the forward) --------------------------------
+    def mask(self, batch: ScheduleBatch, logits: torch.Tensor) -> tuple[torch.Tensor, dict[int, str]]:
+        """Logits with each constrained row's disallowed tokens at -inf (a copy: logprobs are
+        reported from the model's own distribution), and the rows whose mask failed. A middle
+        chunk's row is left alone: its sample is dropped and its grammar has not started."""
+        reqs = batch.reqs
+        rows = [i for i, (r, keep) in enumerate(zip(reqs, batch.sampling_rows())) if keep and r.grammar is not None]
+        if not rows:
+            return logits, {}
+        t0 = time.perf_counter()
+        backend, errors = self.backend, {}
+        mask = backend.allocate_vocab_mask(self.vocab_size, len(reqs))
+        try:
+            backend.fill_vocab_masks([reqs[i].grammar for i in rows], mask, rows)
+        except Exception:  # noqa: BLE001 - find the failing row(s); the others keep their masks
+            for i in rows:
+                try:
+                    backend.fill_vocab_masks([reqs[i].grammar], mask, [i])
+                except Exception as e:  # noqa: BLE001
+                    errors[i] = f"internal error: grammar mask: {type(e).__name__}: {e}"
+        logits = logits.clone()
+        backend.apply_vocab_mask(logits, backend.move_vocab_mask(mask, logits.device))
+        self.stats.grammar_mask_seconds += time.perf_counter() - t0
+        self.stats.grammar_mask_steps += 1
+        return logits, errors
+
+    def masked_draft_rows(self, req: Req, draft: list[int], rows: torch.Tensor) -> torch.Tensor:
+        return masked_draft_rows(self.backend, req.grammar, draft, rows)

@@ -1,0 +1,79 @@
+"""RequestIntake: new requests and aborts.
+
+A request arrives validated (the tokenizer manager built an immutable TokenizedGenerateReqInput)
+and becomes a Req that waits for what it needs before admission: GRAMMAR_PENDING while its grammar
+compiles, PREFETCHING while its prefix is read from storage, then WAITING. A step it needs nothing
+for is skipped.
+"""
+
+from __future__ import annotations
+
+from radixlm.ipc import TokenizedGenerateReqInput
+from radixlm.scheduler.finisher import Finisher
+from radixlm.scheduler.grammar_manager import GrammarManager
+from radixlm.scheduler.prefetcher import Prefetcher
+from radixlm.scheduler.req import Req, ReqStatus
+from radixlm.scheduler.req_queues import ReqQueues
+
+S = ReqStatus
+
+
+class RequestIntake:
+    def __init__(self, queues: ReqQueues, grammar: GrammarManager, prefetcher: Prefetcher, finisher: Finisher,
+                 eos_token_ids: frozenset[int]):
+        self.queues = queues
+        self.grammar = grammar
+        self.prefetcher = prefetcher
+        self.finisher = finisher
+        self.eos_token_ids = eos_token_ids
+
+    def add(self, recv: TokenizedGenerateReqInput) -> None:
+        req = Req.from_input(recv, self.eos_token_ids)
+        self.prefetcher.start(req)
+        if not req.sampling_params.grammar_key:
+            self._ready(req)
+            return
+        error = self.grammar.start(req)
+        if error:
+            req.abort(error, 400)
+            self.finisher.finish(req)
+            return
+        self.queues.move(req, S.GRAMMAR_PENDING)
+        self._poll_grammars()  # a cached grammar is ready at once
+
+    def _ready(self, req: Req) -> None:
+        """Nothing left to compile: it waits for its prefix's reads, or for admission."""
+        self.queues.move(req, S.PREFETCHING if self.prefetcher.pending(req) else S.WAITING)
+
+    def poll(self) -> None:
+        """Compiled grammars and completed prefetches move their requests on."""
+        if self.queues.grammar_pending:
+            self._poll_grammars()
+        self.prefetcher.poll()
+        for req in [r for r in self.queues.prefetching if not self.prefetcher.pending(r)]:
+            self.queues.move(req, S.WAITING)
+
+    def _poll_grammars(self) -> None:
+        for req in [r for r in self.queues.grammar_pending if r.to_abort or self.grammar.compiled(r)]:
+            if req.to_abort:
+                req.grammar.cancel()
+                req.abort()
+                self.finisher.finish(req)
+                continue
+            error = self.grammar.resolve(req)
+            if error:
+                req.abort(error, 400)
+                self.finisher.finish(req)
+            else:
+                self._ready(req)
+
+    def abort(self, rid: str) -> None:
+        """Abort rid ("": every request). A compiling request goes when its compile ends; a waiting
+        one (or the one between prefill chunks) at once; a running one before its next step."""
+        q = self.queues
+        for req in q.matching(rid, [S.GRAMMAR_PENDING, S.RUNNING]):
+            req.to_abort = True
+        # A retracted request keeps its drafting state: the finisher's release drops it.
+        for req in q.matching(rid, [S.PREFETCHING, S.WAITING, S.PREFILLING]):
+            req.abort()
+            self.finisher.finish(req)

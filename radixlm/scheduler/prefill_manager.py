@@ -1,0 +1,100 @@
+"""PrefillManager: the next extend batch — which waiting requests (and how much of each) it admits.
+
+The request being prefilled in chunks goes first (its next chunk); then the policy orders the
+waiting queue and PrefillAdder (admission.py) admits in that order while the KV budget lasts.
+Admitted requests become PREFILLING; a request whose chunk is not its last stays PREFILLING
+between steps (at most one at a time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from radixlm.model.forward_batch import ForwardMode
+from radixlm.scheduler.admission import NewTokenRatio, PrefillAdder, reserve_for, shares_prefix_in_batch
+from radixlm.scheduler.batch import ScheduleBatch
+from radixlm.scheduler.cache_manager import CacheManager
+from radixlm.scheduler.policy import SchedulePolicy
+from radixlm.scheduler.req import Req, ReqStatus
+from radixlm.scheduler.req_queues import ReqQueues
+from radixlm.scheduler.stats import SchedulerStats
+
+# Policies that order by shared prefixes; with them a request whose prefix another admitted request
+# is computing waits a round (it hits the cache then).
+PREFIX_POLICIES = ("lpm", "dfs-weight")
+
+
+@dataclass(frozen=True)
+class PrefillLimits:
+    max_running_requests: int
+    max_prefill_tokens: int  # new tokens per extend batch
+    chunk_size: Optional[int]  # new tokens of one request per step; None: no chunking
+
+
+class PrefillManager:
+    def __init__(self, queues: ReqQueues, cache_manager: CacheManager, policy: SchedulePolicy,
+                 limits: PrefillLimits, ratio: NewTokenRatio, stats: SchedulerStats):
+        self.queues = queues
+        self.cache_manager = cache_manager
+        self.policy = policy
+        self.limits = limits
+        self.ratio = ratio
+        self.stats = stats
+        self.dedup_in_batch = policy.policy in PREFIX_POLICIES and cache_manager.tree_cache.shares_prefixes
+
+    def schedule(self) -> Optional[ScheduleBatch]:
+        """The next extend batch, or None when nothing can be admitted now."""
+        q, max_running = self.queues, self.limits.max_running_requests
+        chunked = q.prefilling[0] if q.prefilling else None
+        if not q.waiting and chunked is None:
+            return None
+        if len(q.running) >= max_running and chunked is None:
+            return None
+        cm = self.cache_manager
+        reserve = sum(reserve_for(r, self.ratio.value) for r in q.running)
+        adder = PrefillAdder(
+            cache=cm,
+            rem_total_tokens=cm.kv_room() - reserve,
+            rem_input_tokens=self.limits.max_prefill_tokens,
+            rem_chunk_tokens=self.limits.chunk_size,
+            new_token_ratio=self.ratio.value,
+            free_req_slots=min(cm.req_to_token_pool.available_size(), max_running - len(q.running)),
+            nothing_running=not q.running,
+        )
+        if chunked is not None and not adder.add_chunked_req(chunked):
+            return None  # no room for its next chunk now: it stays between its chunks
+        # Order the queue only when some request could be admitted: a cache-aware policy walks the
+        # tree for every waiting request.
+        if q.waiting and adder.can_admit_more():
+            self._admit_waiting(adder)
+        if not adder.chunks:
+            return None
+        admitted = [c.req for c in adder.chunks if c.req.status is ReqStatus.WAITING]
+        for r in admitted:
+            r.prefill_chunks = 0
+        q.move_all(admitted, ReqStatus.PREFILLING)
+        for c in adder.chunks:
+            r = c.req
+            if r.forward_passes == 0:
+                r.cached_tokens = c.start
+                self.stats.on_prefill(len(r.origin_input_ids), r.cached_tokens)
+        return ScheduleBatch(ForwardMode.EXTEND, chunks=adder.chunks)
+
+    def _admit_waiting(self, adder: PrefillAdder) -> None:
+        max_running = self.limits.max_running_requests
+        prefix_len = self.policy.calc_priority(self.queues.waiting)
+        for req in self.queues.waiting:
+            if len(adder.chunks) + len(self.queues.running) >= max_running:
+                break
+            if self.dedup_in_batch and shares_prefix_in_batch(
+                req, [c.req for c in adder.chunks], lambda r=req: self._prefix_len(r, prefix_len)
+            ):
+                continue  # it will hit the cache next round instead of computing the prefix twice
+            if not adder.add_one_req(req):
+                break
+
+    def _prefix_len(self, req: Req, known: dict[int, int]) -> int:
+        if id(req) not in known:
+            known[id(req)] = len(self.cache_manager.peek(req).indices)
+        return known[id(req)]

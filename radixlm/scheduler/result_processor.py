@@ -1,0 +1,206 @@
+"""ResultProcessor: a step's sampled tokens and logits become request state (tokens, logprobs,
+stops, jump-forward), and requests move on: an extend's requests start running, finished ones end.
+
+One request's failure here (a grammar that rejects, a tokenizer error, ...) finishes that request
+with an error; the others in the batch go on. A batch whose forward raised fails its requests and
+the scheduler goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Callable, Optional
+
+import torch
+
+from radixlm.ipc import FinishLength
+from radixlm.model.runner import LogitsOutput, ModelRunner
+from radixlm.scheduler.batch import PrefillChunk
+from radixlm.scheduler.cache_manager import CacheManager
+from radixlm.scheduler.executor import InlineExecutor
+from radixlm.scheduler.finisher import Finisher
+from radixlm.scheduler.jump_forward import NoJumpForward
+from radixlm.scheduler.lazy_tokenizer import LazyTokenizer
+from radixlm.scheduler.logprobs import add_input_logprobs, add_output_logprob
+from radixlm.scheduler.output_streamer import OutputStreamer
+from radixlm.scheduler.overlap import LaunchedBatch, StepOutput
+from radixlm.scheduler.req import Req, ReqStatus
+from radixlm.scheduler.req_queues import ReqQueues
+from radixlm.scheduler.speculation import NoSpeculation
+from radixlm.scheduler.stats import SchedulerStats
+
+logger = logging.getLogger(__name__)
+S = ReqStatus
+
+
+class ResultProcessor:
+    def __init__(self, queues: ReqQueues, cache_manager: CacheManager, finisher: Finisher, outputs: OutputStreamer,
+                 executor: InlineExecutor, runner: ModelRunner, spec: NoSpeculation, jump_forward: NoJumpForward,
+                 tokenizer: LazyTokenizer, stats: SchedulerStats, log_decode: Callable[[], None]):
+        self.queues = queues
+        self.cache_manager = cache_manager
+        self.finisher = finisher
+        self.outputs = outputs
+        self.executor = executor
+        self.runner = runner
+        self.spec = spec
+        self.jump_forward = jump_forward
+        self.tokenizer = tokenizer
+        self.stats = stats
+        self.log_decode = log_decode
+        self.context_len = runner.context_len
+
+    def process(self, launched: LaunchedBatch) -> None:
+        try:
+            res: StepOutput = launched.result.result()
+        except Exception as e:  # noqa: BLE001 - the batch fails, the scheduler goes on
+            self.fail_batch(launched, e)
+            return
+        batch, out, ids, errors = launched.batch, res.logits, res.next_ids, res.row_errors
+        n, tokens = len(batch.chunks), len(launched.worker_batch.input_ids)
+        mode = batch.forward_mode
+        if mode.is_verify():
+            self.process_decode(batch.decode_reqs, out, ids, errors, verified=res.verified, drafts=batch.drafts)
+            self.stats.on_decode(sum(map(len, res.verified)), res.seconds, launched.launch_time)
+            self.spec.on_verify_step(tokens, res.seconds)
+        elif mode.is_mixed():
+            # Decode part first: its finished requests leave before the new ones join.
+            decode_out = LogitsOutput(next_token_logits=out.next_token_logits[n:])
+            decode_err = {i - n: e for i, e in errors.items() if i >= n}
+            self.process_decode(batch.decode_reqs, decode_out, ids[n:], decode_err)
+            self.process_extend(batch.chunks, out, ids[:n], errors)
+            self.stats.on_mixed(tokens - batch.num_decode, batch.num_decode, res.seconds)
+        elif mode.is_extend():
+            self.process_extend(batch.chunks, out, ids, errors)
+            self.stats.on_extend(tokens, res.seconds)
+        else:
+            self.process_decode(batch.decode_reqs, out, ids, errors, launched.future_slots)
+            self.stats.on_decode(len(batch.decode_reqs), res.seconds, launched.launch_time)
+            self.spec.on_step(len(batch.decode_reqs), res.seconds)
+            self.log_decode()
+        self._release_deferred(launched)
+
+    def _release_deferred(self, launched: LaunchedBatch) -> None:
+        for req in launched.deferred_release:
+            self.finisher.release(req)
+
+    def process_extend(self, chunks: list[PrefillChunk], out: LogitsOutput, next_ids: list[int],
+                       errors: dict[int, str]) -> None:
+        for i, chunk in enumerate(chunks):
+            req = chunk.req
+            try:
+                req.kv_committed_len = chunk.end
+                req.prefill_chunks += 1
+                if out.prompt_logprobs is not None and out.prompt_logprobs[i] is not None:
+                    add_input_logprobs(req, out.prompt_logprobs[i], chunk)
+                if not chunk.is_last:
+                    self.cache_manager.cache_req(req, finished=False)
+                    continue  # PREFILLING until its next chunk
+                if i in errors:
+                    req.abort(errors[i], 500)
+                elif req.to_abort:
+                    req.abort()
+                elif req.sampling_params.max_new_tokens == 0:
+                    req.finished_reason = FinishLength(0)
+                else:
+                    self.append_token(req, next_ids[i], out.next_token_logits[i])
+                if not req.finished() and self.jump_forward.try_jump(req):
+                    continue
+                if req.finished():
+                    self.finisher.finish(req)
+                else:
+                    self.cache_manager.cache_req(req, finished=False)
+                    req.prefill_chunks = 0
+                    self.queues.move(req, S.RUNNING)
+                    self.outputs.emit(req)
+            except Exception as e:  # noqa: BLE001 - this request fails, the batch goes on
+                self.finisher.fail(req, e)
+
+    def process_decode(self, reqs: list[Req], out: LogitsOutput, next_ids: list[int], errors: dict[int, str],
+                       slots: Optional[list[int]] = None, verified: Optional[list[list[int]]] = None,
+                       drafts: Optional[list[list[int]]] = None) -> None:
+        """A decode step's tokens, or a verify step's (verified[i]: request i's emitted tokens
+        for its draft drafts[i])."""
+        was_running = [req.status is S.RUNNING for req in reqs]
+        for i, req in enumerate(reqs):
+            if slots is not None and req.future_slot == slots[i]:
+                req.future_slot = None
+            if not was_running[i] or req.finished():
+                continue  # finished by the step before, while this one was in flight: dropped
+            try:
+                if i in errors:
+                    req.kv_committed_len += 1
+                    req.abort(errors[i], 500)
+                elif drafts is not None and drafts[i]:
+                    self.append_verified(req, drafts[i], verified[i], out.row_logits[i])
+                else:
+                    req.kv_committed_len += 1
+                    self.append_token(req, next_ids[i], out.next_token_logits[i])
+                if not req.finished():
+                    self.jump_forward.try_jump(req)
+            except Exception as e:  # noqa: BLE001
+                self.finisher.fail(req, e)
+        for req, ran in zip(reqs, was_running):
+            if req.finished() and req.status is S.RUNNING:
+                self.finisher.finish(req)
+            elif ran and not req.finished():
+                self.outputs.emit(req)  # a request that jumped forward streams its forced text now
+
+    def append_verified(self, req: Req, draft: list[int], tokens: list[int], rows: torch.Tensor) -> None:
+        """A verify step's tokens for req, one by one as decoding would append them (logprobs from
+        the row that predicted each, stop checks after each); the step wrote the KV of the next
+        input and of every draft, so each appended token commits one more position. The KV of
+        drafts that were rejected or fall after a stop is freed.
+
+        A request that jump-forward may move (constrained, no logprobs) stops taking tokens where
+        its grammar forces text: decoding would have jumped there (the caller does), and the
+        forced text's canonical tokens can differ from those the model would pick one by one.
+        Before that, each token is emitted as decoding emits it, since what was streamed is
+        what a jump may not re-tokenize."""
+        start, appended = req.kv_committed_len, 0
+        may_jump = self.jump_forward.can_jump(req)
+        for j, tok in enumerate(tokens):
+            req.kv_committed_len = start + j + 1
+            self.append_token(req, tok, rows[j])
+            appended += 1
+            if req.finished():
+                break
+            if may_jump and j < len(tokens) - 1:
+                if req.grammar.find_jump_forward_str():
+                    break
+                self.outputs.emit(req)
+        accepted = len(tokens) - 1  # drafts the model agreed with (those after a stop are dropped)
+        req.spec_verify_ct += 1
+        req.spec_accepted_tokens += min(accepted, appended)
+        self.spec.on_verified(req, len(draft), accepted)
+        if not req.finished():
+            self.cache_manager.free_uncommitted(req)
+
+    def append_token(self, req: Req, tok: int, logits_row: torch.Tensor) -> None:
+        req.output_ids.append(tok)
+        if req.grammar is not None and not req.grammar.accept_token(tok):
+            logger.error("grammar rejected sampled token %d of request %s", tok, req.rid)
+            req.abort("internal error: the grammar rejected a token", 500)
+        if req.first_token_time is None:
+            req.first_token_time = time.time()
+        if req.return_logprob:
+            add_output_logprob(req, tok, logits_row)
+        sp = req.sampling_params
+        tokenizer = self.tokenizer.get() if sp.stop_strs or sp.stop_regex else None
+        req.check_finished(tokenizer, self.context_len)
+
+    def fail_batch(self, launched: LaunchedBatch, exc: BaseException) -> None:
+        """The forward (or sampling) of a whole batch raised: its requests fail with the error, the
+        scheduler goes on. Cross-step attention caches may be half-updated: wait for the worker,
+        then drop them."""
+        logger.error("a %s step of %d request(s) failed", launched.batch.forward_mode.name,
+                     launched.batch.batch_size(), exc_info=exc)
+        self.executor.drain()
+        self.runner.reset_attention_state()
+        for req in launched.batch.reqs:
+            if req.finished():
+                continue  # finished by an earlier step; released below (or already)
+            req.abort(f"internal error: {type(exc).__name__}: {exc}", 500)
+            self.finisher.finish(req)
+        self._release_deferred(launched)

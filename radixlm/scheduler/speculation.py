@@ -1,0 +1,97 @@
+"""Speculative decoding as a scheduler component (the drafting itself lives in radixlm/speculative/).
+
+NoSpeculation is the component of a server without --speculative-algorithm: every decode step is a
+plain one. SpecDecoding asks the controller for drafts, turns the step into TARGET_VERIFY when any
+request drafts, verifies each draft on the worker thread, and keeps the controller's books.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.model.forward_batch import ForwardMode
+from radixlm.scheduler.batch import ScheduleBatch
+from radixlm.scheduler.grammar_manager import GrammarManager
+from radixlm.scheduler.req import Req
+from radixlm.speculative.controller import SpecController
+from radixlm.speculative.verify import accept_draft
+
+
+class NoSpeculation:
+    def decode_batch(self, running: list[Req], spare_slots: int, context_len: int) -> ScheduleBatch:
+        return ScheduleBatch(ForwardMode.DECODE, decode_reqs=list(running))
+
+    def verify(self, batch: ScheduleBatch, row_logits: list[torch.Tensor], next_ids: list[int],
+               errors: dict[int, str]) -> list[list[int]]:
+        raise AssertionError("no verify step without speculative decoding")
+
+    def on_step(self, rows: int, seconds: float) -> None:
+        """A decode step of `rows` query rows ran in `seconds` (the cost model learns from it)."""
+
+    def on_verify_step(self, rows: int, seconds: float) -> None:
+        pass
+
+    def on_verified(self, req: Req, drafted: int, accepted: int) -> None:
+        pass
+
+    def release(self, req: Req) -> None:
+        pass
+
+    def info(self) -> dict:
+        return {}
+
+    def log_suffix(self) -> str:
+        return ""
+
+
+class SpecDecoding(NoSpeculation):
+    def __init__(self, controller: SpecController, grammar: GrammarManager):
+        self.controller = controller
+        self.grammar = grammar
+
+    def decode_batch(self, running: list[Req], spare_slots: int, context_len: int) -> ScheduleBatch:
+        drafts = self.controller.propose(running, spare_slots, context_len)
+        if any(drafts):
+            return ScheduleBatch(ForwardMode.TARGET_VERIFY, decode_reqs=list(running), drafts=drafts)
+        return super().decode_batch(running, spare_slots, context_len)
+
+    def verify(self, batch: ScheduleBatch, row_logits: list[torch.Tensor], next_ids: list[int],
+               errors: dict[int, str]) -> list[list[int]]:
+        """Per request, the tokens the step emits: its accepted drafts and the model's own token (the
+        sampled one where it drafted nothing). A constrained request's rows are masked first; a mask
+        that fails fails that request (errors[i]), not the batch."""
+        out = []
+        for i, (req, draft) in enumerate(zip(batch.decode_reqs, batch.drafts)):
+            if not draft:
+                out.append([next_ids[i]])
+                continue
+            rows = row_logits[i]
+            if req.grammar is not None:
+                try:
+                    rows = self.grammar.masked_draft_rows(req, draft, rows)
+                except Exception as e:  # noqa: BLE001 - this request fails, not the batch
+                    errors[i] = f"internal error: grammar mask: {type(e).__name__}: {e}"
+                    out.append([])
+                    continue
+            out.append(accept_draft(rows, draft, req.sampling_params, req.generator))
+        return out
+
+    def on_step(self, rows: int, seconds: float) -> None:
+        self.controller.on_step(rows, seconds)
+
+    def on_verify_step(self, rows: int, seconds: float) -> None:
+        self.controller.stats.verify_steps += 1
+        self.controller.on_step(rows, seconds)
+
+    def on_verified(self, req: Req, drafted: int, accepted: int) -> None:
+        self.controller.on_verified(req, drafted, accepted)
+
+    def release(self, req: Req) -> None:
+        self.controller.release(req)
+
+    def info(self) -> dict:
+        return self.controller.stats.as_dict()
+
+    def log_suffix(self) -> str:
+        # As SGLang's log: tokens per drafted request per verify step, since start.
+        return f", accept len {self.controller.stats.accept_length:.2f}"

@@ -1,0 +1,91 @@
+"""ModelRunnerConfig: built from ServerArgs field for field, and a bad value is an error that names
+its field."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from radixlm.config import ServerArgs
+from radixlm.model.runner_config import ModelRunnerConfig
+
+# A value other than ModelRunnerConfig's default for every field ServerArgs sets.
+OPTIONS = dict(
+    model_path="/models/m.gguf",
+    device="cuda:1",
+    dtype="bfloat16",
+    quantization="q8_0",
+    kv_cache_dtype="int8",
+    attention_backend="torch",
+    prefill_attention_backend="native",
+    decode_attention_backend="torch",
+    max_total_tokens=1234,
+    kv_memory_gb=0.25,
+    decode_kv_mirror_gb=0.5,
+    disable_shared_prefix_attention=True,
+    max_running_requests=7,
+    context_length=300,
+    num_threads=3,
+    random_seed=5,
+)
+
+
+def test_from_server_args_maps_every_field():
+    args = ServerArgs(**OPTIONS)
+    config = ModelRunnerConfig.from_server_args(args)
+    default = ModelRunnerConfig()
+    for f in dataclasses.fields(ModelRunnerConfig):
+        # decode_kv_mirror_bytes is ServerArgs' property over decode_kv_mirror_gb
+        assert getattr(config, f.name) == getattr(args, f.name), f.name
+        assert getattr(config, f.name) != getattr(default, f.name), f"{f.name}: OPTIONS must set it"
+    assert config.decode_kv_mirror_bytes == 2**29
+
+
+def test_server_args_defaults():
+    config = ModelRunnerConfig.from_server_args(ServerArgs())
+    assert config.decode_kv_mirror_bytes == 2**30  # 1 GiB on CPU
+    assert dataclasses.replace(config, decode_kv_mirror_bytes=0) == ModelRunnerConfig()
+    cuda = ModelRunnerConfig.from_server_args(ServerArgs(device="cuda"))
+    assert cuda.decode_kv_mirror_bytes == 0 and cuda.resolved_dtype() == torch.bfloat16
+
+
+def test_resolved_dtypes():
+    assert ModelRunnerConfig().resolved_dtype() == torch.float32
+    assert ModelRunnerConfig().resolved_kv_cache_dtype() == torch.float32
+    assert ModelRunnerConfig(dtype="float16").resolved_kv_cache_dtype() == torch.float16
+    assert ModelRunnerConfig(dtype="bfloat16", kv_cache_dtype="int8").resolved_kv_cache_dtype() == torch.int8
+
+
+def test_frozen():
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        ModelRunnerConfig().device = "cuda"
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("attention_backend", "flash", "attention_backend must be one of native, torch, got 'flash'"),
+    ("prefill_attention_backend", "flash", "prefill_attention_backend must be one of native, torch, got 'flash'"),
+    ("decode_attention_backend", "", "decode_attention_backend must be one of native, torch, got ''"),
+    ("quantization", "q3_k", "quantization must be one of none, gguf, int8, q4_0, q8_0, got 'q3_k'"),
+    ("kv_cache_dtype", "fp8", "kv_cache_dtype must be one of auto, float32, float16, bfloat16, int8, got 'fp8'"),
+    ("dtype", "float64", "dtype must be one of auto, float32, float16, bfloat16, got 'float64'"),
+    ("device", "mps", "device must be cpu or cuda, got 'mps'"),
+    ("max_total_tokens", 0, "max_total_tokens must be positive, got 0"),
+    ("context_length", -1, "context_length must be positive, got -1"),
+    ("num_threads", 0, "num_threads must be positive, got 0"),
+    ("max_running_requests", 0, "max_running_requests must be positive, got 0"),
+    ("kv_memory_gb", 0.0, "kv_memory_gb must be positive, got 0.0"),
+    ("decode_kv_mirror_bytes", -1, "decode_kv_mirror_bytes must be >= 0, got -1"),
+])
+def test_bad_value_names_the_field(field, value, message):
+    with pytest.raises(ValueError) as e:
+        ModelRunnerConfig(**{field: value})
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("field", ["prefill_attention_backend", "decode_attention_backend", "kv_memory_gb"])
+def test_from_server_args_rejects_what_server_args_lets_through(field):
+    """ServerArgs leaves these to the component's config."""
+    value = 0.0 if field == "kv_memory_gb" else "flash"
+    args = ServerArgs(**{field: value})
+    with pytest.raises(ValueError, match=f"^{field} must be"):
+        ModelRunnerConfig.from_server_args(args)
