@@ -90,9 +90,30 @@ def cmd_router(args) -> int:
     return 0
 
 
+def option_choices() -> dict[str, tuple[str, ...]]:
+    """ServerArgs field -> its allowed values, from the component that owns each list."""
+    from radixlm.cache.hicache_config import HICACHE_DTYPES, STORAGE_BACKENDS, WRITE_POLICIES
+    from radixlm.constrained import GRAMMAR_BACKENDS
+    from radixlm.model.layers.attention import ATTENTION_BACKENDS
+    from radixlm.model.loader import QUANTIZATIONS
+    from radixlm.model.runner_config import DTYPES, KV_CACHE_DTYPES
+    from radixlm.scheduler.policy import POLICIES
+    from radixlm.speculative.config import DRAFT_POLICIES, SPECULATIVE_ALGORITHMS
+
+    return {
+        "dtype": DTYPES, "quantization": QUANTIZATIONS, "kv_cache_dtype": KV_CACHE_DTYPES,
+        "attention_backend": ATTENTION_BACKENDS, "prefill_attention_backend": ATTENTION_BACKENDS,
+        "decode_attention_backend": ATTENTION_BACKENDS, "schedule_policy": POLICIES, "grammar_backend": GRAMMAR_BACKENDS,
+        "speculative_algorithm": SPECULATIVE_ALGORITHMS, "speculative_draft_policy": DRAFT_POLICIES,
+        "hicache_write_policy": WRITE_POLICIES, "hicache_dtype": HICACHE_DTYPES,
+        "hicache_storage_backend": STORAGE_BACKENDS,
+    }
+
+
 def main(argv=None) -> int:
     from radixlm.config import ServerArgs
 
+    choices = option_choices()
     parser = argparse.ArgumentParser(prog="radixlm")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text for one prompt with the in-process engine")
@@ -102,11 +123,11 @@ def main(argv=None) -> int:
     gen.add_argument("--stream", action="store_true")
     gen.add_argument("--json", action="store_true", help="also print meta_info as JSON")
     _add_sampling_args(gen)
-    ServerArgs.add_cli_args(gen)
+    ServerArgs.add_cli_args(gen, choices)
     gen.set_defaults(func=cmd_generate)
     serve = sub.add_parser("serve", help="serve the native (SGLang-compatible) and OpenAI-compatible HTTP APIs")
     serve.add_argument("--model", dest="model_path_alias", default=None, help="alias of --model-path")
-    ServerArgs.add_cli_args(serve)
+    ServerArgs.add_cli_args(serve, choices)
     serve.set_defaults(func=cmd_serve)
     router = sub.add_parser("router", help="one endpoint in front of several radixlm servers (cache-aware routing)")
     from radixlm.router.launch import add_router_args
@@ -119,7 +140,7 @@ def main(argv=None) -> int:
     from radixlm.bench import offline as offline_bench
 
     offline_bench.add_args(offline)
-    ServerArgs.add_cli_args(offline)
+    ServerArgs.add_cli_args(offline, choices)
     offline.set_defaults(func=lambda a: offline_bench.main(a, ServerArgs.from_cli_args(a)))
     serving = bench_sub.add_parser("serving", help="load a running server (radixlm or OpenAI-compatible) over HTTP")
     from radixlm.bench import serving as serving_bench
@@ -130,13 +151,13 @@ def main(argv=None) -> int:
     from radixlm.bench import quality as quality_bench
 
     quality_bench.add_args(quality)
-    ServerArgs.add_cli_args(quality)
+    ServerArgs.add_cli_args(quality, choices)
     quality.set_defaults(func=lambda a: quality_bench.main(a, ServerArgs.from_cli_args(a)))
     one_batch = bench_sub.add_parser("one-batch", help="one static batch on the ModelRunner: prefill and decode steps")
     from radixlm.bench import one_batch as one_batch_bench
 
     one_batch_bench.add_args(one_batch)
-    ServerArgs.add_cli_args(one_batch)
+    ServerArgs.add_cli_args(one_batch, choices)
     one_batch.set_defaults(func=lambda a: one_batch_bench.main(a, ServerArgs.from_cli_args(a)))
     args = parser.parse_args(argv)
     if getattr(args, "model_path_alias", None):

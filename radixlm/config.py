@@ -1,30 +1,18 @@
-"""ServerArgs: every option of radixlm, once, with its CLI flag and default."""
+"""ServerArgs: every option of radixlm, once, with its CLI flag and default (a leaf module).
+
+ServerArgs is the one CLI surface; each component takes a small typed config built from it and
+validated where the component lives (ModelRunnerConfig, SchedulerConfig, HiCacheConfig,
+SpeculativeConfig, TokenizerManagerConfig; engine/launcher.py: check_server_args builds them
+all before any process starts). The choice lists live with their owners too: the CLI hands them
+to add_cli_args. What is checked here are the HTTP server's own options."""
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
 from dataclasses import dataclass
-from typing import Optional
-
-POLICIES = ("lpm", "fcfs", "dfs-weight", "lof", "random")
-QUANTIZATIONS = ("none", "gguf", "int8", "q4_0", "q8_0")
-KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
-ATTENTION_BACKENDS = ("native", "torch")
-DRAFT_POLICIES = ("adaptive", "fixed")
-
-
-def _hicache_choices(name: str):
-    def get():
-        from radixlm.cache import hicache_config
-
-        return getattr(hicache_config, name)
-    return get
-
-
-_CHOICES = {"hicache_write_policy": _hicache_choices("WRITE_POLICIES"), "hicache_dtype": _hicache_choices("HICACHE_DTYPES"),
-            "hicache_storage_backend": _hicache_choices("STORAGE_BACKENDS")}
-
+from types import MappingProxyType
+from typing import Mapping, Optional, Sequence
 
 @dataclass
 class ServerArgs:
@@ -140,105 +128,22 @@ class ServerArgs:
     def __post_init__(self):
         if self.dp_size < 1:
             raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
-        if self.schedule_policy not in POLICIES:
-            raise ValueError(f"schedule_policy must be one of {POLICIES}, got {self.schedule_policy!r}")
-        if self.max_total_tokens is not None and self.max_total_tokens <= 0:
-            raise ValueError(f"max_total_tokens must be positive, got {self.max_total_tokens}")
-        for name in ("max_request_body_bytes", "max_n"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_top_logprobs_num < 0 or self.graceful_shutdown_timeout < 0 or self.engine_failure_exit_delay < 0:
-            raise ValueError("max_top_logprobs_num, graceful_shutdown_timeout and engine_failure_exit_delay must be >= 0")
-        if self.stream_interval < 1:
-            raise ValueError(f"stream_interval must be >= 1, got {self.stream_interval}")
-        if self.max_running_requests <= 0:
-            raise ValueError(f"max_running_requests must be positive, got {self.max_running_requests}")
-        if self.chunked_prefill_size == 0 or self.chunked_prefill_size < -1:
-            raise ValueError("chunked_prefill_size must be positive or -1 (off)")
+        if self.max_request_body_bytes < 1:
+            raise ValueError(f"max_request_body_bytes must be >= 1, got {self.max_request_body_bytes}")
+        if self.graceful_shutdown_timeout < 0 or self.engine_failure_exit_delay < 0:
+            raise ValueError("graceful_shutdown_timeout and engine_failure_exit_delay must be >= 0")
         if self.decode_kv_mirror_gb is not None and self.decode_kv_mirror_gb < 0:
             raise ValueError(f"decode_kv_mirror_gb must be >= 0, got {self.decode_kv_mirror_gb}")
-        if self.quantization is not None and self.quantization not in QUANTIZATIONS:
-            raise ValueError(f"quantization must be one of {QUANTIZATIONS}, got {self.quantization!r}")
-        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
-        if self.attention_backend is not None and self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention_backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
-        if self.speculative_algorithm is not None:
-            from radixlm.speculative.draft_source import SPECULATIVE_ALGORITHMS
-
-            if self.speculative_algorithm not in SPECULATIVE_ALGORITHMS:
-                raise ValueError(f"speculative_algorithm must be one of {SPECULATIVE_ALGORITHMS}, "
-                                 f"got {self.speculative_algorithm!r}")
-            if self.speculative_num_draft_tokens < 1:
-                raise ValueError(f"speculative_num_draft_tokens must be >= 1, got {self.speculative_num_draft_tokens}")
-            if self.speculative_draft_policy not in DRAFT_POLICIES:
-                raise ValueError(f"speculative_draft_policy must be one of {DRAFT_POLICIES}, got {self.speculative_draft_policy!r}")
-            if not 1 <= self.speculative_ngram_min_match_window_size <= self.speculative_ngram_max_match_window_size:
-                raise ValueError("speculative ngram match window sizes need 1 <= min <= max")
-            if self.speculative_suffix_index_tokens < 0:
-                raise ValueError(f"speculative_suffix_index_tokens must be >= 0, got {self.speculative_suffix_index_tokens}")
-        if self.speculative_algorithm == "draft-model" and not self.speculative_draft_model_path:
-            raise ValueError("speculative_algorithm draft-model needs speculative_draft_model_path "
-                             "(--speculative-draft-model-path: a HF directory or GGUF file with the target's vocabulary)")
-        if self.speculative_draft_model_path and self.speculative_algorithm != "draft-model":
-            raise ValueError(f"speculative_draft_model_path is used by speculative_algorithm draft-model only, "
-                             f"got speculative_algorithm {self.speculative_algorithm!r}")
-        if self.speculative_draft_kv_tokens is not None and self.speculative_draft_kv_tokens <= 0:
-            raise ValueError(f"speculative_draft_kv_tokens must be positive, got {self.speculative_draft_kv_tokens}")
-        self._check_hicache()
-        if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
-
-    def _check_hicache(self) -> None:
-        from radixlm.cache.hicache_config import HICACHE_DTYPES, STORAGE_BACKENDS, WRITE_POLICIES
-
-        if self.hicache_write_policy not in WRITE_POLICIES:
-            raise ValueError(f"hicache_write_policy must be one of {WRITE_POLICIES}, got {self.hicache_write_policy!r}")
-        if self.hicache_dtype not in HICACHE_DTYPES:
-            raise ValueError(f"hicache_dtype must be one of {HICACHE_DTYPES}, got {self.hicache_dtype!r}")
-        if self.hicache_storage_backend is not None and self.hicache_storage_backend not in STORAGE_BACKENDS:
-            raise ValueError(f"hicache_storage_backend must be one of {STORAGE_BACKENDS}, "
-                             f"got {self.hicache_storage_backend!r}")
-        if self.hicache_ratio <= 0 or self.hicache_size < 0 or self.hicache_storage_size_gb < 0:
-            raise ValueError("hicache_ratio must be positive, hicache_size and hicache_storage_size_gb >= 0")
-        if self.hicache_storage_chunk_size < 1:
-            raise ValueError(f"hicache_storage_chunk_size must be >= 1, got {self.hicache_storage_chunk_size}")
-        if not self.enable_hierarchical_cache:
-            if self.hicache_storage_backend is not None:
-                raise ValueError("hicache_storage_backend needs enable_hierarchical_cache (--enable-hierarchical-cache)")
-        elif self.disable_radix_cache:
-            raise ValueError("enable_hierarchical_cache needs the radix cache (drop --disable-radix-cache)")
-
-    @property
-    def hicache_storage_path(self) -> str:
-        import os
-
-        if self.hicache_storage_dir:
-            return self.hicache_storage_dir
-        root = os.environ.get("RADIXLM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "radixlm")
-        return os.path.join(root, "hicache")
-
-    @property
-    def decode_kv_mirror_bytes(self) -> int:
-        gb = self.decode_kv_mirror_gb if self.decode_kv_mirror_gb is not None else (1.0 if self.device == "cpu" else 0.0)
-        return int(gb * 2**30)
-
-    @property
-    def overlap_schedule(self) -> bool:
-        """Off with speculative decoding: a verify step's inputs are the previous step's outputs."""
-        if self.speculative_algorithm is not None:
-            return False
-        return self.enable_overlap_schedule or (self.device != "cpu" and not self.disable_overlap_schedule)
 
     # --- CLI -------------------------------------------------------------------
     @staticmethod
-    def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    def add_cli_args(parser: argparse.ArgumentParser, choices: Mapping[str, Sequence[str]] = MappingProxyType({})) -> None:
+        """A flag per field; choices: field -> its allowed values (from the component that owns it)."""
         helps = {
             "model_path": "HF directory or GGUF file; default: the embedded SmolLM2-135M-Instruct",
             "max_total_tokens": "KV cache capacity in tokens",
             "kv_memory_gb": "KV cache budget in GiB when --max-total-tokens is not given",
             "chunked_prefill_size": "max new tokens of one request per extend step (-1: off)",
-            "schedule_policy": f"one of {', '.join(POLICIES)}",
             "disable_radix_cache": "no prefix sharing (a baseline)",
             "quantization": "weights: gguf (a GGUF's own quantization, its default), none (dequantize to --dtype, "
             "the default for other checkpoints), "
@@ -294,28 +199,14 @@ class ServerArgs:
             typ = {"int": int, "float": float, "str": str}
             base = str(f.type).replace("Optional[", "").rstrip("]")
             kw = dict(type=typ.get(base, str), default=default, help=helps.get(f.name))
-            if f.name == "schedule_policy":
-                kw["choices"] = POLICIES
-            elif f.name == "quantization":
-                kw["choices"] = QUANTIZATIONS
-            elif f.name == "kv_cache_dtype":
-                kw["choices"] = KV_CACHE_DTYPES
-            elif f.name in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
-                kw["choices"] = ATTENTION_BACKENDS
-            elif f.name in _CHOICES:
-                kw["choices"] = _CHOICES[f.name]()
-            elif f.name == "speculative_draft_policy":
-                kw["choices"] = DRAFT_POLICIES
-            elif f.name == "speculative_algorithm":
-                from radixlm.speculative.draft_source import SPECULATIVE_ALGORITHMS
-
-                kw["choices"] = SPECULATIVE_ALGORITHMS
+            if f.name in choices:
+                kw["choices"] = tuple(choices[f.name])
             flags = [flag, "--dp"] if f.name == "dp_size" else [flag]  # SGLang's --dp-size; the issue's --dp
             parser.add_argument(*flags, **kw)
 
     @staticmethod
     def to_cli_argv(**options) -> list[str]:
-        """`radixlm serve` flags for these ServerArgs options (names and values checked here)."""
+        """`radixlm serve` flags for these ServerArgs options (names checked here; values by the server)."""
         fields = {f.name: f for f in dataclasses.fields(ServerArgs)}
         unknown = sorted(set(options) - set(fields))
         if unknown:

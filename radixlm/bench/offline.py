@@ -9,6 +9,7 @@ import time
 import json as _json
 
 from radixlm.bench.workloads import PERSON_SCHEMA, generated_shared_prefix, json_person_prompts, random_prompts
+from radixlm.scheduler.config import SchedulerConfig
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
@@ -83,7 +84,7 @@ def run(args, server_args) -> dict:
         "forward_passes_per_output_token": sum(o["meta_info"]["forward_passes"] for o in outs) / max(gen, 1),
         "jump_forward_tokens": state["jump_forward_tokens"],
         "grammar_mask_ms_per_step": state["grammar_mask_ms_per_step"],
-        "overlap_schedule": server_args.overlap_schedule,
+        "overlap_schedule": SchedulerConfig.from_server_args(server_args).overlap_schedule,
         "decode_steps": state["decode_steps"],
         "decode_outside_forward": state["decode_outside_share"],
         "valid_json": _valid_json_share(outs) if args.workload == "json" else None,

@@ -48,16 +48,18 @@ class HiCacheConfig:
 
     @classmethod
     def from_server_args(cls, args: "ServerArgs") -> Optional["HiCacheConfig"]:
-        """The hierarchical cache's config; None when --enable-hierarchical-cache is off."""
+        """The hierarchical cache's config (its options are checked either way); None when
+        --enable-hierarchical-cache is off."""
+        config = cls(args.hicache_ratio, args.hicache_size, args.hicache_write_policy, args.hicache_dtype,
+                     args.hicache_storage_backend, storage_dir(args.hicache_storage_dir), args.hicache_storage_size_gb,
+                     args.hicache_storage_chunk_size)
         if not args.enable_hierarchical_cache:
             if args.hicache_storage_backend is not None:
                 raise ValueError("hicache_storage_backend needs enable_hierarchical_cache (--enable-hierarchical-cache)")
             return None
         if args.disable_radix_cache:
             raise ValueError("enable_hierarchical_cache needs the radix cache (drop --disable-radix-cache)")
-        return cls(args.hicache_ratio, args.hicache_size, args.hicache_write_policy, args.hicache_dtype,
-                   args.hicache_storage_backend, storage_dir(args.hicache_storage_dir), args.hicache_storage_size_gb,
-                   args.hicache_storage_chunk_size)
+        return config
 
 
 def storage_dir(option: Optional[str]) -> str:

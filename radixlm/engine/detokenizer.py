@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 import regex
 import zmq
 
-from radixlm.config import PortArgs, ServerArgs
+from radixlm.config import PortArgs
 from radixlm.ipc import BatchStrOut, BatchTokenIDOut, FinishStop, ReqOutputChunk, ReqStrChunk
 
 logger = logging.getLogger(__name__)
@@ -103,14 +103,14 @@ def _regex_hold_from(text: str, patterns: list[str]) -> int:
     return hold
 
 
-def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> None:
-    from radixlm.model.loader import load_tokenizer, default_model_path
+def run_detokenizer_process(tokenizer_path: str, log_level: str, port_args: PortArgs) -> None:
+    from radixlm.model.loader import load_tokenizer
     from radixlm.utils import configure_logging, kill_itself_when_parent_died
 
-    configure_logging(server_args.log_level, prefix="detokenizer")
+    configure_logging(log_level, prefix="detokenizer")
     kill_itself_when_parent_died()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    tokenizer = load_tokenizer(server_args.tokenizer_path or server_args.model_path or default_model_path())
+    tokenizer = load_tokenizer(tokenizer_path)
     detok = IncrementalDetokenizer(tokenizer)
     ctx = zmq.Context(2)
     recv = ctx.socket(zmq.PULL)

@@ -39,9 +39,10 @@ class Engine:
         tok_path = self.server_args.tokenizer_path or self.server_args.model_path or default_model_path()
         self.tokenizer = load_tokenizer(tok_path)
         self._procs, self.port_args, self.scheduler_info = launch_engine_processes(self.server_args)
-        from radixlm.engine.tokenizer_manager import TokenizerManager
+        from radixlm.engine.tokenizer_manager import TokenizerManager, TokenizerManagerConfig
 
-        self.tokenizer_manager = TokenizerManager(self.server_args, self.port_args, self.tokenizer, self.scheduler_info)
+        self.tokenizer_manager = TokenizerManager(TokenizerManagerConfig.from_server_args(self.server_args),
+                                                  self.port_args, self.tokenizer, self.scheduler_info)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="radixlm-engine-loop", daemon=True)
         self._thread.start()

@@ -6,24 +6,42 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 import time
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from radixlm.config import PortArgs, ServerArgs
+from radixlm.engine.tokenizer_manager import TokenizerManagerConfig
+
+if TYPE_CHECKING:
+    from radixlm.scheduler.config import SchedulerConfig
+
+
+def check_server_args(server_args: ServerArgs) -> "SchedulerConfig":
+    """The scheduler's config from the options; a ValueError naming the option when one is bad (each
+    component's config validates its own)."""
+    from radixlm.scheduler.config import SchedulerConfig
+
+    TokenizerManagerConfig.from_server_args(server_args)
+    return SchedulerConfig.from_server_args(server_args)
 
 
 def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, dict]:
     """Start the scheduler and detokenizer processes; return them, the ports and the
-    scheduler's info once its model is loaded (or raise with its error)."""
+    scheduler's info once its model is loaded (or raise with its error). A bad option is a
+    ValueError here, before any process starts."""
     from radixlm.engine.detokenizer import run_detokenizer_process
+    from radixlm.model.loader import default_model_path
     from radixlm.scheduler.scheduler import run_scheduler_process
 
+    config = check_server_args(server_args)
+    tokenizer_path = server_args.tokenizer_path or server_args.model_path or default_model_path()
     port_args = PortArgs.init_new()
     ctx = mp.get_context("spawn")
     reader, writer = ctx.Pipe(duplex=False)
     sched = ctx.Process(
-        target=run_scheduler_process, args=(server_args, port_args, writer), daemon=True, name="scheduler"
+        target=run_scheduler_process, args=(config, port_args, writer), daemon=True, name="scheduler"
     )
-    detok = ctx.Process(target=run_detokenizer_process, args=(server_args, port_args), daemon=True, name="detokenizer")
+    detok = ctx.Process(target=run_detokenizer_process, args=(tokenizer_path, server_args.log_level, port_args),
+                        daemon=True, name="detokenizer")
     sched.start()
     detok.start()
     procs = [sched, detok]

@@ -58,9 +58,27 @@ class ReqState:
     dirty: bool = False  # news since the consumer last looked
 
 
+@dataclass(frozen=True)
+class TokenizerManagerConfig:
+    max_n: int = 128  # largest n a request may ask for
+    max_top_logprobs_num: int = 20
+    # Prefill a prompt that a batch repeats once first, so the copies share it (off without a prefix cache).
+    cache_shared_prompts: bool = True
+
+    def __post_init__(self):
+        if self.max_n < 1:
+            raise ValueError(f"max_n must be >= 1, got {self.max_n}")
+        if self.max_top_logprobs_num < 0:
+            raise ValueError(f"max_top_logprobs_num must be >= 0, got {self.max_top_logprobs_num}")
+
+    @classmethod
+    def from_server_args(cls, args: ServerArgs) -> "TokenizerManagerConfig":
+        return cls(args.max_n, args.max_top_logprobs_num, not args.disable_radix_cache)
+
+
 class TokenizerManager:
-    def __init__(self, server_args: ServerArgs, port_args: PortArgs, tokenizer, scheduler_info: dict):
-        self.server_args = server_args
+    def __init__(self, config: TokenizerManagerConfig, port_args: PortArgs, tokenizer, scheduler_info: dict):
+        self.config = config
         self.port_args = port_args
         self.tokenizer = tokenizer
         self.context_len = scheduler_info["context_len"]
@@ -108,8 +126,8 @@ class TokenizerManager:
                 f"sampling_params.max_new_tokens {brief_repr(sp.max_new_tokens)} plus the prompt's {len(ids)} tokens exceed the "
                 f"context length {self.context_len}; ask for at most {self.context_len - len(ids)}"
             )
-        if sp.n > self.server_args.max_n:
-            raise ValueError(f"sampling_params.n must be <= {self.server_args.max_n} (--max-n), got {brief_repr(sp.n)}")
+        if sp.n > self.config.max_n:
+            raise ValueError(f"sampling_params.n must be <= {self.config.max_n} (--max-n), got {brief_repr(sp.n)}")
         rid = obj.item(i, "rid") or uuid.uuid4().hex
         lp_start = obj.item(i, "logprob_start_len", -1)
         top_n = obj.item(i, "top_logprobs_num", 0)
@@ -123,8 +141,8 @@ class TokenizerManager:
             raise ValueError(f"logprob_start_len must be an integer >= -1, got {brief_repr(lp_start)}")
         if return_logprob and lp_start >= len(ids):
             raise ValueError(f"logprob_start_len {lp_start} must be below the prompt length {len(ids)}")
-        if not _is_int(top_n) or not 0 <= top_n <= self.server_args.max_top_logprobs_num:
-            raise ValueError(f"top_logprobs_num must be an integer in [0, {self.server_args.max_top_logprobs_num}] "
+        if not _is_int(top_n) or not 0 <= top_n <= self.config.max_top_logprobs_num:
+            raise ValueError(f"top_logprobs_num must be an integer in [0, {self.config.max_top_logprobs_num}] "
                              f"(--max-top-logprobs-num), got {brief_repr(top_n)}")
         # The scheduler sorts its queue by priority: anything but an integer would kill it there.
         if priority is not None and not _is_int(priority):
@@ -230,7 +248,7 @@ class TokenizerManager:
     async def _cache_shared_prompts(self, reqs: list[TokenizedGenerateReqInput]) -> None:
         """n > 1 (or a batch repeating a prompt): prefill each distinct prompt once first, so the
         copies share its KV through the radix cache instead of computing it in parallel."""
-        if self.server_args.disable_radix_cache:
+        if not self.config.cache_shared_prompts:
             return
         seen, warm = set(), []
         for r in reqs:

@@ -81,7 +81,9 @@ class ModelRunnerConfig:
             decode_attention_backend=args.decode_attention_backend,
             max_total_tokens=args.max_total_tokens,
             kv_memory_gb=args.kv_memory_gb,
-            decode_kv_mirror_bytes=args.decode_kv_mirror_bytes,
+            # The torch backend's decode mirror: 1 GiB on CPU (where it saves the per-step gather), off on CUDA.
+            decode_kv_mirror_bytes=int((1.0 if args.device == "cpu" else 0.0) * 2**30 if args.decode_kv_mirror_gb is None
+                                       else args.decode_kv_mirror_gb * 2**30),
             disable_shared_prefix_attention=args.disable_shared_prefix_attention,
             max_running_requests=args.max_running_requests,
             context_length=args.context_length,

@@ -29,7 +29,7 @@ class PrefillChunk:
     start: int
     length: int
     # The chunk reaches the end of the request's tokens: its last logits give the next token.
-    # A request whose chunk is not the last cannot decode; it waits as the scheduler's chunked_req.
+    # A request whose chunk is not the last cannot decode; it stays PREFILLING between its chunks.
     is_last: bool
     # Prompt logprobs: the first position whose logits row the forward returns (None: only the last).
     logprob_start: Optional[int]

@@ -9,13 +9,12 @@ from typing import Iterable
 
 import torch
 
+from radixlm.errors import InvariantError
 from radixlm.scheduler.cache_manager import CacheManager
 from radixlm.scheduler.req import Req
 from radixlm.scheduler.req_queues import ReqQueues
 
-
-class InvariantError(AssertionError):
-    pass
+__all__ = ["InvariantChecker", "InvariantError", "NoInvariantChecks", "check_invariants"]
 
 
 def _fail(msg: str) -> None:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable
 
 from radixlm.cache.base_prefix_cache import BasePrefixCache
 from radixlm.cache.tree_node import TreeNode
@@ -16,6 +18,35 @@ from radixlm.scheduler.req import Req
 
 # LPM costs a tree walk per waiting request; past this queue length fall back to FCFS.
 LPM_MAX_QUEUE = 128
+
+
+@dataclass
+class Lookup:
+    """What a cache-aware policy found for each waiting request (by id): its cached prefix length
+    and the tree node the match reached. Empty for other policies."""
+
+    prefix_len: dict[int, int] = field(default_factory=dict)
+    nodes: dict[int, TreeNode] = field(default_factory=dict)
+
+
+# order(policy, queue, lookup): sorts queue in place (ties keep arrival order).
+Order = Callable[["SchedulePolicy", list[Req], Lookup], None]
+
+
+@dataclass(frozen=True)
+class _Entry:
+    order: Order
+    cache_aware: bool  # looks every waiting request up in the tree first
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def register_policy(name: str, cache_aware: bool = False) -> Callable[[Order], Order]:
+    def decorator(order: Order) -> Order:
+        _REGISTRY[name] = _Entry(order, cache_aware)
+        return order
+    return decorator
 
 
 class SchedulePolicy:
@@ -27,29 +58,19 @@ class SchedulePolicy:
     def calc_priority(self, queue: list[Req]) -> dict[int, int]:
         """Sorts `queue` in place: request priority first (higher first), then the policy.
         Returns the cached prefix length found per request (by id) when the policy looked."""
-        policy = self.policy
-        if policy in ("lpm", "dfs-weight") and (not self.tree_cache.shares_prefixes or len(queue) > LPM_MAX_QUEUE):
-            policy = "fcfs"
-        prefix_len: dict[int, int] = {}
-        nodes: dict[int, TreeNode] = {}
-        if policy in ("lpm", "dfs-weight"):
+        entry = _REGISTRY[self.policy]
+        if entry.cache_aware and (not self.tree_cache.shares_prefixes or len(queue) > LPM_MAX_QUEUE):
+            entry = _REGISTRY["fcfs"]
+        lookup = Lookup()
+        if entry.cache_aware:
             for r in queue:
                 indices, node = self.tree_cache.peek_prefix(r.prefix_key(r.max_prefix_len()))
-                prefix_len[id(r)], nodes[id(r)] = len(indices), node
-        if policy == "fcfs":
-            queue.sort(key=lambda r: r.arrival_time)
-        elif policy == "lpm":
-            queue.sort(key=lambda r: (-prefix_len[id(r)], r.arrival_time))
-        elif policy == "lof":
-            queue.sort(key=lambda r: (-r.sampling_params.max_new_tokens, r.arrival_time))
-        elif policy == "random":
-            self.rng.shuffle(queue)
-        elif policy == "dfs-weight":
-            queue[:] = self._dfs_weight_order(queue, nodes)
+                lookup.prefix_len[id(r)], lookup.nodes[id(r)] = len(indices), node
+        entry.order(self, queue, lookup)
         # Stable sort: priority dominates, the policy order breaks ties.
         if any(r.priority is not None for r in queue):
             queue.sort(key=lambda r: -(r.priority or 0))
-        return prefix_len
+        return lookup.prefix_len
 
     def _dfs_weight_order(self, queue: list[Req], nodes: dict[int, TreeNode]) -> list[Req]:
         """SGLang's dfs-weight: walk the tree depth-first, heavier subtrees (more waiting requests)
@@ -76,3 +97,36 @@ class SchedulePolicy:
             kids.sort(key=lambda c: (-weight[id(c)], c.id))  # heaviest, then oldest node, first
             stack.extend((c, False) for c in reversed(kids))
         return out
+
+
+@register_policy("lpm", cache_aware=True)
+def longest_prefix_match(policy: SchedulePolicy, queue: list[Req], lookup: Lookup) -> None:
+    queue.sort(key=lambda r: (-lookup.prefix_len[id(r)], r.arrival_time))
+
+
+@register_policy("fcfs")
+def first_come_first_served(policy: SchedulePolicy, queue: list[Req], lookup: Lookup) -> None:
+    queue.sort(key=lambda r: r.arrival_time)
+
+
+@register_policy("dfs-weight", cache_aware=True)
+def dfs_weight(policy: SchedulePolicy, queue: list[Req], lookup: Lookup) -> None:
+    queue[:] = policy._dfs_weight_order(queue, lookup.nodes)
+
+
+@register_policy("lof")
+def longest_output_first(policy: SchedulePolicy, queue: list[Req], lookup: Lookup) -> None:
+    queue.sort(key=lambda r: (-r.sampling_params.max_new_tokens, r.arrival_time))
+
+
+@register_policy("random")
+def random_order(policy: SchedulePolicy, queue: list[Req], lookup: Lookup) -> None:
+    policy.rng.shuffle(queue)
+
+
+# --schedule-policy: longest prefix match, first come first served, SGLang's dfs-weight, longest
+# output first, random.
+POLICIES = tuple(_REGISTRY)
+# Policies that order by shared prefixes (admission then holds back a request whose prefix another
+# admitted request is computing: it hits the cache next round).
+PREFIX_POLICIES = tuple(name for name, e in _REGISTRY.items() if e.cache_aware)

@@ -15,14 +15,10 @@ from radixlm.model.forward_batch import ForwardMode
 from radixlm.scheduler.admission import NewTokenRatio, PrefillAdder, reserve_for, shares_prefix_in_batch
 from radixlm.scheduler.batch import ScheduleBatch
 from radixlm.scheduler.cache_manager import CacheManager
-from radixlm.scheduler.policy import SchedulePolicy
+from radixlm.scheduler.policy import PREFIX_POLICIES, SchedulePolicy
 from radixlm.scheduler.req import Req, ReqStatus
 from radixlm.scheduler.req_queues import ReqQueues
 from radixlm.scheduler.stats import SchedulerStats
-
-# Policies that order by shared prefixes; with them a request whose prefix another admitted request
-# is computing waits a round (it hits the cache then).
-PREFIX_POLICIES = ("lpm", "dfs-weight")
 
 
 @dataclass(frozen=True)

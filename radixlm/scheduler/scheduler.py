@@ -16,10 +16,9 @@ import logging
 import os
 import signal
 
-from radixlm.cache.factory import create_prefix_cache
 from radixlm.cache.base_prefix_cache import FLUSH_LEVELS
-from radixlm.cache.hicache_config import HiCacheConfig
-from radixlm.config import PortArgs, ServerArgs
+from radixlm.cache.factory import create_prefix_cache
+from radixlm.config import PortArgs
 from radixlm.ipc import (
     AbortReq,
     FinishAbort,
@@ -30,10 +29,10 @@ from radixlm.ipc import (
     TokenizedGenerateReqInput,
 )
 from radixlm.model.runner import ModelRunner
-from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.sampling_params import brief_repr
 from radixlm.scheduler.admission import NewTokenRatio
 from radixlm.scheduler.cache_manager import CacheManager
+from radixlm.scheduler.config import SchedulerConfig
 from radixlm.scheduler.decode_manager import DecodeManager
 from radixlm.scheduler.executor import InlineExecutor, OverlapExecutor
 from radixlm.scheduler.finisher import Finisher
@@ -59,52 +58,51 @@ PENDING_POLL_MS = 2  # only compiles or storage reads pending: look again soon
 
 
 class Scheduler:
-    def __init__(self, server_args: ServerArgs, io: BaseSchedulerIO):
-        args = server_args
+    def __init__(self, config: SchedulerConfig, io: BaseSchedulerIO):
+        self.config = config
         self.io = io
-        self.runner = runner = ModelRunner(ModelRunnerConfig.from_server_args(args))
+        self.runner = runner = ModelRunner(config.runner)
         self.context_len = runner.context_len
         eos = frozenset(runner.loaded.eos_token_ids)
-        self.tokenizer = LazyTokenizer(lambda: _load_tokenizer(args.tokenizer_path or runner.loaded.model_path))
-        self.tree_cache = create_prefix_cache(runner.token_to_kv_pool, args.disable_radix_cache,
-                                              HiCacheConfig.from_server_args(args), self._model_key)
+        self.tokenizer = LazyTokenizer(lambda: _load_tokenizer(config.tokenizer_path or runner.loaded.model_path))
+        self.tree_cache = create_prefix_cache(runner.token_to_kv_pool, config.disable_radix_cache, config.hicache,
+                                              self._model_key)
         self.cache_manager = cm = CacheManager.create(runner.req_to_token_pool, runner.token_to_kv_pool,
                                                       self.tree_cache)
         self.queues = queues = ReqQueues()
         self.stats = stats = SchedulerStats(runner.max_total_num_tokens)
-        self.outputs = OutputStreamer(io, args.stream_interval)
-        self.grammar = GrammarManager(args.grammar_backend, self.tokenizer, runner.vocab_size, eos, stats)
-        self.spec = self._make_speculation(args)
-        executor_cls = OverlapExecutor if args.overlap_schedule else InlineExecutor
+        self.outputs = OutputStreamer(io, config.stream_interval)
+        self.grammar = GrammarManager(config.grammar_backend, self.tokenizer, runner.vocab_size, eos, stats)
+        self.spec = self._make_speculation()
+        executor_cls = OverlapExecutor if config.overlap_schedule else InlineExecutor
         self.executor = executor = executor_cls(runner, cm, self.grammar, self.spec)
         self.finisher = Finisher(queues, cm, executor, self.spec, self.outputs)
         self.intake = RequestIntake(queues, self.grammar, Prefetcher(self.tree_cache), self.finisher, eos)
-        ratio = NewTokenRatio(args.new_token_ratio, args.min_new_token_ratio, args.new_token_ratio_decay)
-        self.policy = SchedulePolicy(args.schedule_policy, self.tree_cache, args.random_seed)
-        chunk = None if args.chunked_prefill_size == -1 else args.chunked_prefill_size
-        limits = PrefillLimits(runner.max_running_requests, args.max_prefill_tokens, chunk)
+        ratio = NewTokenRatio(config.new_token_ratio, config.min_new_token_ratio, config.new_token_ratio_decay)
+        self.policy = SchedulePolicy(config.schedule_policy, self.tree_cache, config.random_seed)
+        limits = PrefillLimits(runner.max_running_requests, config.max_prefill_tokens, config.chunk_size)
         self.prefill = PrefillManager(queues, cm, self.policy, limits, ratio, stats)
         self.decode = DecodeManager(queues, cm, self.finisher, self.spec, ratio, stats, self.context_len,
                                     executor.in_flight)
         # Mixed chunk: new requests' prefill and the running requests' decode step in one forward.
-        self.mix = self.decode.mix_with_running if args.enable_mixed_chunk else (lambda prefill: prefill)
+        self.mix = self.decode.mix_with_running if config.enable_mixed_chunk else (lambda prefill: prefill)
         jump = (JumpForward(queues, cm, self.tokenizer, stats, self.context_len, executor)
-                if self.tree_cache.shares_prefixes and not args.disable_jump_forward else NoJumpForward())
-        self.decode_log_interval = args.decode_log_interval
+                if self.tree_cache.shares_prefixes and not config.disable_jump_forward else NoJumpForward())
+        self.decode_log_interval = config.decode_log_interval
         self.results = ResultProcessor(queues, cm, self.finisher, self.outputs, executor, runner, self.spec, jump,
                                        self.tokenizer, stats, self._log_decode)
-        self.checks = InvariantChecker(cm, queues) if args.enable_invariant_checks else NoInvariantChecks()
+        self.checks = InvariantChecker(cm, queues) if config.enable_invariant_checks else NoInvariantChecks()
 
-    def _make_speculation(self, args: ServerArgs) -> NoSpeculation:
-        if not args.speculative_algorithm:
+    def _make_speculation(self) -> NoSpeculation:
+        spec = self.config.speculative
+        if not spec:
             return NoSpeculation()
         from radixlm.speculative.controller import SpecController
-        from radixlm.speculative.draft_source import create_draft_source
+        from radixlm.speculative.factory import create_draft_source
 
-        source = create_draft_source(args.speculative_algorithm, args, self.tree_cache,
-                                     self.runner.token_to_kv_pool.size, target_vocab_size=self.runner.vocab_size)
-        controller = SpecController(source, args.speculative_num_draft_tokens, args.speculative_draft_policy)
-        return SpecDecoding(controller, self.grammar)
+        source = create_draft_source(spec, self.tree_cache, self.runner.token_to_kv_pool.size, self.config.runner,
+                                     self.runner.vocab_size)
+        return SpecDecoding(SpecController(source, spec.num_draft_tokens, spec.draft_policy), self.grammar)
 
     # ------------------------------------------------------------------ loop
     def is_idle(self) -> bool:
@@ -235,16 +233,16 @@ def _load_tokenizer(path: str):
     return load_tokenizer(path)
 
 
-def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, pipe_writer) -> None:
+def run_scheduler_process(config: SchedulerConfig, port_args: PortArgs, pipe_writer) -> None:
     """Entry point of the scheduler process."""
     from radixlm.utils import configure_logging, kill_itself_when_parent_died
 
-    configure_logging(server_args.log_level, prefix="scheduler")
+    configure_logging(config.log_level, prefix="scheduler")
     kill_itself_when_parent_died()
     faulthandler.enable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     try:
-        scheduler = Scheduler(server_args, SchedulerIO(port_args))
+        scheduler = Scheduler(config, SchedulerIO(port_args))
         pipe_writer.send({"status": "ready", **scheduler.info()})
     except Exception as e:  # report load errors to the launcher instead of dying silently
         logger.exception("scheduler failed to start")

@@ -15,6 +15,7 @@ import signal
 import sys
 
 from radixlm.config import ServerArgs
+from radixlm.engine.launcher import check_server_args
 
 
 def core_shares(n: int, cores: list[int]) -> list[list[int]]:
@@ -35,6 +36,7 @@ def launch_dp(server_args: ServerArgs) -> None:
     from radixlm.router.server import RouterArgs
     from radixlm.server.process import ServerProcess
 
+    check_server_args(server_args)  # a bad option: one error here, not one per server
     n = server_args.dp_size
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
     shares = core_shares(n, cores)

@@ -11,6 +11,7 @@ import sys
 from typing import Optional
 
 from radixlm.config import PortArgs, ServerArgs
+from radixlm.engine.launcher import check_server_args
 
 logger = logging.getLogger(__name__)
 
@@ -40,9 +41,10 @@ class EngineSupervisor:
     async def attach(self):
         """A TokenizerManager on this loop for the current engine, watched."""
         from radixlm.engine.launcher import watch_processes
-        from radixlm.engine.tokenizer_manager import TokenizerManager
+        from radixlm.engine.tokenizer_manager import TokenizerManager, TokenizerManagerConfig
 
-        tm = TokenizerManager(self.server_args, self.port_args, self.tokenizer, self.info)
+        tm = TokenizerManager(TokenizerManagerConfig.from_server_args(self.server_args), self.port_args,
+                              self.tokenizer, self.info)
         await tm.start()
         loop = asyncio.get_running_loop()
         procs = self.procs
@@ -102,6 +104,7 @@ def launch_server(server_args: ServerArgs) -> None:
     from radixlm.utils import configure_logging
 
     configure_logging(server_args.log_level)
+    check_server_args(server_args)  # a bad option: one error before anything loads
     tokenizer = load_tokenizer(server_args.tokenizer_path or server_args.model_path or default_model_path())
 
     async def state_factory() -> ServerState:

@@ -1,6 +1,8 @@
 """Speculative decoding: draft sources propose tokens, one extend-shaped forward verifies them.
 
-    draft_source.py   the interface every source implements, and the factory
+    config.py         SpeculativeConfig: the options, validated, and the algorithms' names
+    draft_source.py   the interface every source implements (DraftSource, and DraftReq: what it reads)
+    factory.py        the source of --speculative-algorithm
     ngram.py          prompt lookup over the request's own prompt and output
     radix.py          the continuation along the radix tree from the request's context
     suffix_index.py   radix's second half: what followed the request's last tokens in recent outputs

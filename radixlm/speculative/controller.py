@@ -14,14 +14,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from radixlm.speculative.cost_model import PRIOR_ROW_SHARE, StepCostModel
-from radixlm.speculative.draft_source import DraftSource
+from radixlm.speculative.draft_source import DraftReq, DraftSource
 from radixlm.speculative.grammar import cut_draft
-
-if TYPE_CHECKING:
-    from radixlm.scheduler.req import Req
 
 ACCEPT_DECAY = 0.8  # a request's acceptance counts fade by this per verify step (recent behaviour counts)
 IDLE_DECAY = 0.97  # ... and per step it does not draft: its estimate drifts back to the global rate
@@ -73,14 +69,14 @@ class SpecController:
         self._shadows = bool(getattr(source, "cheap", False))
 
     @staticmethod
-    def can_draft(req: "Req") -> bool:
+    def can_draft(req: DraftReq) -> bool:
         sp = req.sampling_params
         # Verification takes the argmax of the model's logits (grammar-masked): what the sampler
         # would add to them (penalties, logit_bias, bans before min_new_tokens) rules drafting out.
         return (not sp.frequency_penalty and not sp.presence_penalty and sp.repetition_penalty == 1.0
                 and not sp.logit_bias and len(req.output_ids) >= sp.min_new_tokens)
 
-    def propose(self, reqs: list["Req"], spare_slots: int, context_len: int) -> list[list[int]]:
+    def propose(self, reqs: list[DraftReq], spare_slots: int, context_len: int) -> list[list[int]]:
         """Per request, the draft to verify with its next token (maybe empty). Uses at most
         spare_slots KV slots beyond one per request."""
         t0 = time.perf_counter()
@@ -168,7 +164,7 @@ class SpecController:
         self.costs.observe(rows, seconds + self._propose_seconds)
         self._propose_seconds = 0.0
 
-    def on_verified(self, req: "Req", drafted: int, accepted: int) -> None:
+    def on_verified(self, req: DraftReq, drafted: int, accepted: int) -> None:
         if drafted == 0:
             return
         self.stats.draft_tokens += drafted
@@ -182,7 +178,7 @@ class SpecController:
         self._rates.setdefault(rid, _Rate()).add(accepted, trials, ACCEPT_DECAY)
         self._global.add(accepted, trials, 0.99)
 
-    def release(self, req: "Req") -> None:
+    def release(self, req: DraftReq) -> None:
         self._rates.pop(req.rid, None)
         self._shadow.pop(req.rid, None)
         self.source.release(req)

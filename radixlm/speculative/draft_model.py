@@ -21,20 +21,20 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from radixlm.errors import InvariantError
 from radixlm.model.forward_batch import ForwardMode
 from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.model.worker_batch import ModelWorkerBatch
+from radixlm.speculative.draft_source import DraftReq
 from radixlm.utils import common_prefix_len
 
 if TYPE_CHECKING:
-    from radixlm.config import ServerArgs
-    from radixlm.scheduler.req import Req
+    from radixlm.speculative.config import SpeculativeConfig
 
 logger = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ def draft_runner_config(target: ModelRunnerConfig, draft_model_path: str, kv_tok
 
 @dataclass(eq=False)
 class _DraftReq:
-    req: "Req"
+    req: DraftReq
     row: int  # the request's row of the draft ReqToTokenPool
     ids: list[int] = field(default_factory=list)  # tokens whose K/V the row holds, positions 0..len - 1
     # Slots this request owns: req_to_token[row, :slots]. Equals len(ids) between steps; during a
@@ -74,31 +74,26 @@ class _Work:
 
 
 class DraftModelSource:
-    def __init__(self, server_args: "ServerArgs", default_kv_tokens: int, target_vocab_size: Optional[int] = None):
-        from radixlm.model.loader import default_model_path, load_model_config
+    def __init__(self, config: "SpeculativeConfig", target: ModelRunnerConfig, kv_tokens: int,
+                 target_vocab_size: int):
         from radixlm.model.runner import ModelRunner
 
-        if target_vocab_size is None:
-            target = os.path.abspath(server_args.model_path or default_model_path())
-            target_vocab_size = load_model_config(target).vocab_size
-        kv_tokens = server_args.speculative_draft_kv_tokens or default_kv_tokens
-        self.runner = ModelRunner(draft_runner_config(ModelRunnerConfig.from_server_args(server_args),
-                                                      server_args.speculative_draft_model_path, kv_tokens))
+        self.runner = ModelRunner(draft_runner_config(target, config.draft_model_path, kv_tokens))
         if self.runner.vocab_size != target_vocab_size:
-            raise ValueError(f"speculative_draft_model_path {server_args.speculative_draft_model_path!r}: vocab size "
+            raise ValueError(f"speculative_draft_model_path {config.draft_model_path!r}: vocab size "
                              f"{self.runner.vocab_size} differs from the target's {target_vocab_size} (the draft "
                              "model must share the target's tokenizer)")
         self.req_to_token_pool = self.runner.req_to_token_pool
         self.kv_pool = self.runner.token_to_kv_pool
         self.context_len = self.runner.context_len
-        self.max_extend_tokens = max(1, server_args.max_prefill_tokens)
-        self.check_invariants = server_args.enable_invariant_checks
+        self.max_extend_tokens = max(1, config.max_extend_tokens)
+        self.check_invariants = config.check_invariants
         self._reqs: dict[str, _DraftReq] = {}  # rid -> its draft row
         logger.info("draft model %s: %s, vocab %d, KV pool %d tokens", self.runner.loaded.model_path,
                     self.runner.loaded.architecture, self.runner.vocab_size, self.kv_pool.size)
 
     # ------------------------------------------------------------------ DraftSource
-    def propose(self, reqs: list["Req"], ks: list[int]) -> list[list[int]]:
+    def propose(self, reqs: list[DraftReq], ks: list[int]) -> list[list[int]]:
         running = {id(r) for r in reqs}
         # A request that finished without a release (aborted while retracted) never comes back.
         for st in [s for s in self._reqs.values() if s.req.finished() and id(s.req) not in running]:
@@ -127,13 +122,13 @@ class DraftModelSource:
             self.check()
         return out
 
-    def release(self, req: "Req") -> None:
+    def release(self, req: DraftReq) -> None:
         st = self._reqs.get(req.rid)
         if st is not None and st.req is req:
             self._drop(st)
 
     # ------------------------------------------------------------------ planning
-    def _plan(self, req: "Req", k: int, running: set[int]) -> Optional[_Work]:
+    def _plan(self, req: DraftReq, k: int, running: set[int]) -> Optional[_Work]:
         """Free the row's K/V past what still matches req's tokens and allocate slots for the
         missing tokens and k - 1 drafts (the last draft needs logits, no K/V)."""
         tokens = req.all_ids()
@@ -243,7 +238,6 @@ class DraftModelSource:
     def check(self) -> None:
         """Every draft KV slot is free or in exactly one request's row, every row free or held
         once, and each row's ids cover exactly its slots (enable_invariant_checks)."""
-        from radixlm.scheduler.invariants import InvariantError
 
         r2t, states = self.req_to_token_pool.req_to_token, list(self._reqs.values())
         owned = torch.cat([self.kv_pool.free_slots.cpu()] + [r2t[st.row, : st.slots].cpu() for st in states])

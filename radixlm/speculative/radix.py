@@ -21,11 +21,10 @@ from typing import TYPE_CHECKING, Optional
 
 from radixlm.cache.base_prefix_cache import PrefixKey
 from radixlm.ipc import FinishAbort
-from radixlm.speculative.draft_source import PerRequestDraftSource
+from radixlm.speculative.draft_source import DraftReq, PerRequestDraftSource
 
 if TYPE_CHECKING:
     from radixlm.cache.radix_cache import RadixCache
-    from radixlm.scheduler.req import Req
     from radixlm.speculative.ngram import NgramDraftSource
     from radixlm.speculative.suffix_index import SuffixIndex
 
@@ -39,7 +38,7 @@ class RadixDraftSource(PerRequestDraftSource):
         self.suffix = suffix_index  # None: no index of recent outputs
         self.lookup = lookup  # None: no prompt lookup
 
-    def draft_for(self, req: "Req", k: int) -> list[int]:
+    def draft_for(self, req: DraftReq, k: int) -> list[int]:
         ids = req.all_ids()
         node = req.last_node if req.last_node is not None else self.tree.root_node
         start = req.cache_protected_len if req.last_node is not None else 0
@@ -56,7 +55,7 @@ class RadixDraftSource(PerRequestDraftSource):
                 more = own
         return draft + more
 
-    def release(self, req: "Req") -> None:
+    def release(self, req: DraftReq) -> None:
         if self.lookup is not None:
             self.lookup.forget(req.rid)
         # Learn from answers that ended at a stop or the length limit. An aborted one is cut

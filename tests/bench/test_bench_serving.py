@@ -220,11 +220,11 @@ def test_one_batch_shared_prefix_matches_engine_greedy(tiny_model_dir, monkeypat
     prompts."""
     from radixlm.config import ServerArgs
     from radixlm.engine.engine import Engine
-    from radixlm.model.layers.attention import torch_sdpa
+    from radixlm.model.layers.attention import shared_prefix_decode_path
 
     calls = []
-    real = torch_sdpa.shared_prefix_decode
-    monkeypatch.setattr(torch_sdpa, "shared_prefix_decode", lambda *a, **k: calls.append(1) or real(*a, **k))
+    real = shared_prefix_decode_path.shared_prefix_decode
+    monkeypatch.setattr(shared_prefix_decode_path, "shared_prefix_decode", lambda *a, **k: calls.append(1) or real(*a, **k))
 
     p = argparse.ArgumentParser()
     one_batch.add_args(p)

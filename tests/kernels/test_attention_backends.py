@@ -19,7 +19,10 @@ from radixlm.model.layers.attention import (
     TorchSDPABackend,
     create_attention_backend,
 )
+from radixlm.model.layers.attention.decode_kv_mirror_path import DecodeKVMirrorPath
+from radixlm.model.layers.attention.gather_decode_path import GatherDecodePath
 from radixlm.model.layers.attention.native import NativeMetadata
+from radixlm.model.layers.attention.shared_prefix_decode_path import SharedPrefixDecodePath
 from radixlm.model.layers.attention.torch_sdpa import SDPAMetadata
 from radixlm.model.loader import load_model
 from tests.model.helpers import SMALL, PoolHarness, hf_logits, randomize
@@ -63,7 +66,10 @@ def test_auto_picks_torch_where_native_does_not_apply(kernel_ops, where):
 def test_torch_backend_is_built_from_the_spec():
     backend = create_attention_backend("torch", spec(shared_prefix=False, mirror_bytes=1 << 20))
     assert type(backend) is TorchSDPABackend
-    assert backend.shared_prefix is False and backend.mirror_bytes == 1 << 20 and backend.mirror is not None
+    assert [type(p) for p in backend.decode_paths] == [DecodeKVMirrorPath, GatherDecodePath]
+    assert backend.decode_paths[0].max_bytes == 1 << 20
+    backend = create_attention_backend("torch", spec(shared_prefix=True, mirror_bytes=0))
+    assert [type(p) for p in backend.decode_paths] == [SharedPrefixDecodePath, GatherDecodePath]
 
 
 def test_kv_dtype_other_than_the_model_dtype_needs_native(kernel_ops):

@@ -1,6 +1,8 @@
-"""The decode KV mirror gives exactly the attention of the gather path while decode batches change
-under it: requests join and leave, request slots are reused, a request's KV grows outside decode
-(an extend after a jump-forward), capacity grows, and batches too big for its budget fall back."""
+"""TorchSDPABackend's decode paths give exactly the attention of the gather path. The decode KV
+mirror does while decode batches change under it: requests join and leave, request slots are
+reused, a request's KV grows outside decode (an extend after a jump-forward), capacity grows, and
+batches too big for its budget fall back. A batch goes to the first enabled path that plans it, and
+the mirror and the kept shared-prefix K/V hold their shared budget one at a time."""
 
 import dataclasses
 import random
@@ -11,6 +13,13 @@ import torch
 from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.model.forward_batch import ForwardBatch, ForwardMode
 from radixlm.model.layers.attention import RadixAttention, TorchSDPABackend
+from radixlm.model.layers.attention.decode_kv_mirror_path import (
+    DecodeKVMirrorPath,
+    MirrorDecodePlan,
+    MirrorReleasePlan,
+)
+from radixlm.model.layers.attention.gather_decode_path import GatherDecodePath, GatherDecodePlan
+from radixlm.model.layers.attention.shared_prefix_decode_path import SharedPrefixDecodePath, SharedPrefixDecodePlan
 
 LAYERS, KVH, HEADS, D = 2, 2, 4, 8
 
@@ -56,6 +65,11 @@ def decode_step(tested, reference, req_pool, kv_pool, live, batch, gen):
     return fb.attn_metadata
 
 
+def mirror_plan(md):
+    """The batch's MirrorPlan, or None where the batch went to another path."""
+    return md.decode.mirror if isinstance(md.decode, MirrorDecodePlan) else None
+
+
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_mirror_matches_gather_path(seed):
     rng, gen = random.Random(seed), torch.Generator().manual_seed(seed)
@@ -88,10 +102,12 @@ def test_mirror_matches_gather_path(seed):
             req_pool.req_to_token[idx, len(live[idx]) : len(live[idx]) + n] = slots
             live[idx] += slots.tolist()
         batch = rng.sample(list(live), len(live)) if rng.random() < 0.3 else list(live)  # any order
-        plan = decode_step(mirrored, plain, req_pool, kv_pool, live, batch, gen).mirror
-        used_mirror += plan.use
-        fell_back += not plan.use
-        in_order += plan.use and plan.row_of is None  # rows need no reordering
+        md = decode_step(mirrored, plain, req_pool, kv_pool, live, batch, gen)
+        plan = mirror_plan(md)
+        assert plan is not None or isinstance(md.decode, GatherDecodePlan)
+        used_mirror += plan is not None
+        fell_back += plan is None
+        in_order += plan is not None and plan.row_of is None  # rows need no reordering
     assert used_mirror > 10 and fell_back > 0 and 0 < in_order < used_mirror  # every path ran
 
 
@@ -120,8 +136,8 @@ def test_kept_shared_prefix_kv_matches_and_goes_stale_when_slots_are_freed():
             write_kv(kv_pool, torch.tensor(live[next(iter(live))][:100]), gen)
         batch = list(live)
         md = decode_step(keeping, plain, req_pool, kv_pool, live, batch, gen)
-        assert md.shared is not None and md.prefix_kv is not None
-        keys.append(md.prefix_kv)
+        assert isinstance(md.decode, SharedPrefixDecodePlan) and md.decode.prefix_kv is not None
+        keys.append(md.decode.prefix_kv)
     assert keys[0] is keys[1] is keys[2]  # kept
     assert keys[3] is not keys[2] and keys[3] is keys[4]  # dropped after the free, then kept again
 
@@ -151,8 +167,9 @@ def test_mirror_planned_a_step_ahead_matches_gather_path(seed):
         batch = rng.sample(list(live), len(live)) if rng.random() < 0.3 else list(live)
         fb = new_step(req_pool, kv_pool, live, batch)
         mirrored.init_forward_metadata(fb)  # planned before the previous step ran
-        fills += len(fb.attn_metadata.mirror.fills)
-        moves += len(fb.attn_metadata.mirror.moves)
+        plan = mirror_plan(fb.attn_metadata)
+        fills += len(plan.fills) if plan is not None else 0
+        moves += len(plan.moves) if plan is not None else 0
         if pending is not None:
             run_step(mirrored, plain, pending, gen)
         for idx, slots in leaving:  # the step that used them has run: their frees were deferred till now
@@ -161,3 +178,55 @@ def test_mirror_planned_a_step_ahead_matches_gather_path(seed):
         leaving, pending = [], fb
     run_step(mirrored, plain, pending, gen)
     assert fills > 5 and moves > 0
+
+
+def add_request(req_pool, kv_pool, live, gen, n, prefix=None):
+    """A request of n own tokens after `prefix` (KV slots of a cached prefix it shares)."""
+    idx, own = req_pool.alloc(), kv_pool.alloc(n)
+    write_kv(kv_pool, own, gen)
+    slots = own if prefix is None else torch.cat((prefix, own))
+    req_pool.req_to_token[idx, : len(slots)] = slots
+    live[idx] = slots.tolist()
+    return idx
+
+
+@pytest.mark.parametrize("shared_prefix", [True, False], ids=["shared", "no-shared"])
+@pytest.mark.parametrize("mirror_bytes", [1 << 24, 0], ids=["mirror", "no-mirror"])
+def test_batch_goes_to_the_first_path_that_plans_it(shared_prefix, mirror_bytes):
+    """The flags make the path list; a batch whose requests share a prefix takes the shared-prefix
+    path, one whose requests do not takes the mirror (else the gather), each with the gather's
+    attention; the kept prefix K/V and the mirror take their budget from each other."""
+    gen = torch.Generator().manual_seed(5)
+    req_pool, kv_pool = ReqToTokenPool(8, 400), TokenToKVPool(3000, LAYERS, KVH, D)
+    backend = TorchSDPABackend(shared_prefix=shared_prefix, mirror_bytes=mirror_bytes)
+    gather_only = TorchSDPABackend(shared_prefix=False)
+    assert [type(p) for p in gather_only.decode_paths] == [GatherDecodePath]
+    want = [SharedPrefixDecodePath] * shared_prefix + [DecodeKVMirrorPath] * bool(mirror_bytes) + [GatherDecodePath]
+    assert [type(p) for p in backend.decode_paths] == want
+    mirror = next((p for p in backend.decode_paths if isinstance(p, DecodeKVMirrorPath)), None)
+
+    live = {}
+    prefix = kv_pool.alloc(100)
+    write_kv(kv_pool, prefix, gen)
+    sharing = [add_request(req_pool, kv_pool, live, gen, n, prefix) for n in (3, 7, 5)]
+    alone = [add_request(req_pool, kv_pool, live, gen, n) for n in (40, 90, 12)]
+    unshared = GatherDecodePlan if mirror is None else MirrorDecodePlan
+    kept = []  # the shared-prefix plans' kept prefix K/V, per step
+    for run in range(3):
+        for step in range(2):  # the same prefixes in consecutive steps: the prefix K/V are kept
+            md = decode_step(backend, gather_only, req_pool, kv_pool, live, sharing, gen)  # outputs compared
+            assert type(md.decode) is (SharedPrefixDecodePlan if shared_prefix else unshared)
+            if shared_prefix:
+                kept.append(md.decode.prefix_kv)
+            if shared_prefix and mirror is not None:  # the mirror's memory goes when the prefix K/V are kept
+                assert md.decode.prefix_kv is not None and mirror.mirror.k == []
+                assert [type(r) for r in md.releases] == [MirrorReleasePlan] * (step == 0)
+        md = decode_step(backend, gather_only, req_pool, kv_pool, live, alone, gen)
+        assert type(md.decode) is unshared and md.releases == []
+        if mirror is not None:
+            assert len(mirror.mirror.k) == LAYERS  # the mirror holds rows
+    if shared_prefix and mirror is not None:  # kept within a run; dropped when the mirror took the budget
+        assert all(kept[i] is kept[i + 1] for i in (0, 2, 4))
+        assert kept[0] is not kept[2] and kept[2] is not kept[4]
+    elif shared_prefix:  # no budget: nothing kept
+        assert kept == [None] * 6

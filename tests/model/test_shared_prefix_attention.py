@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from radixlm.model.layers.attention import shared_prefix
 from radixlm.model.layers.attention.shared_prefix import build_shared_prefix_metadata, shared_prefix_decode
-from radixlm.model.layers.attention.torch_sdpa import gather_kv
+from radixlm.model.layers.attention.decode_path import gather_kv
 
 
 def reference(q, k_buf, v_buf, rows, seq_lens, scale):

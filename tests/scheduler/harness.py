@@ -13,6 +13,7 @@ import torch
 from radixlm.config import ServerArgs
 from radixlm.ipc import AbortReq, BatchTokenIDOut, FinishAbort, TokenizedGenerateReqInput
 from radixlm.sampling_params import SamplingParams
+from radixlm.scheduler.config import SchedulerConfig
 from radixlm.scheduler.io import BaseSchedulerIO
 from radixlm.scheduler.scheduler import Scheduler
 
@@ -39,7 +40,8 @@ class InProcessIO(BaseSchedulerIO):
 def make_scheduler(model_dir: str, **opts) -> Scheduler:
     threads = torch.get_num_threads()  # the runner sets the process's torch threads; give them back
     try:
-        return Scheduler(ServerArgs(model_path=model_dir, **{**DEFAULTS, **opts}), InProcessIO())
+        args = ServerArgs(model_path=model_dir, **{**DEFAULTS, **opts})
+        return Scheduler(SchedulerConfig.from_server_args(args), InProcessIO())
     finally:
         torch.set_num_threads(threads)
 

@@ -150,3 +150,20 @@ def test_admission_follows_the_policy_order(tiny_model_dir):
         finished += [r for r in ("p10", "p70", "p0", "p40") if d.results[r].finish_reason and r not in finished]
     assert finished == ["p70", "p40", "p10", "p0"]
     assert [d.results[r].cached_tokens for r in finished] == [70, 40, 10, 0]
+
+
+def test_a_registered_policy_orders_the_queue_after_priorities():
+    """A policy is one registered ordering function (docs/architecture.md's example)."""
+    from radixlm.scheduler import policy as policy_mod
+
+    @policy_mod.register_policy("sjf-test")
+    def shortest_first(policy, queue, lookup):
+        queue.sort(key=lambda r: (r.sampling_params.max_new_tokens, r.arrival_time))
+
+    try:
+        q = [req("long", [1], 1.0, max_new=50), req("short", [2], 2.0, max_new=5),
+             req("mid", [3], 3.0, max_new=20), req("urgent", [4], 4.0, max_new=90, priority=1)]
+        assert SchedulePolicy("sjf-test", tree_with(A)).calc_priority(q) == {}  # not cache-aware: no lookups
+        assert [r.rid for r in q] == ["urgent", "short", "mid", "long"]
+    finally:
+        del policy_mod._REGISTRY["sjf-test"]

@@ -7,8 +7,12 @@ import torch
 
 from radixlm import Engine
 from radixlm.config import ServerArgs
+from radixlm.engine.launcher import check_server_args
+from radixlm.model.loader import load_model_config
+from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.sampling_params import SamplingParams
 from radixlm.scheduler.req import Req
+from radixlm.speculative.config import SpeculativeConfig
 from radixlm.speculative.draft_model import DraftModelSource
 from radixlm.utils import common_prefix_len
 from tests.conftest import engine_args
@@ -54,7 +58,9 @@ def make_source(model_dir: str, draft_dir: str, kv_tokens: int = 4096, **opts) -
         opts = dict(num_threads=1, enable_invariant_checks=True, log_level="warning") | opts
         args = ServerArgs(model_path=model_dir, speculative_algorithm="draft-model",
                           speculative_draft_model_path=draft_dir, speculative_draft_kv_tokens=kv_tokens, **opts)
-        return DraftModelSource(args, default_kv_tokens=kv_tokens)
+        target_vocab = load_model_config(model_dir).vocab_size
+        return DraftModelSource(SpeculativeConfig.from_server_args(args), ModelRunnerConfig.from_server_args(args),
+                                kv_tokens, target_vocab)
     finally:
         torch.set_num_threads(threads)
 
@@ -232,13 +238,18 @@ def test_default_model_as_its_own_draft(default_model_path):
 
 
 def test_config_validation(tiny_model_dir, other_llama_dir, default_model_path):
+    def check(**options):  # what the engine does with the options before it starts a process
+        check_server_args(ServerArgs(**options))
+
     with pytest.raises(ValueError, match="speculative_draft_model_path"):
-        ServerArgs(speculative_algorithm="draft-model")
+        check(speculative_algorithm="draft-model")
     with pytest.raises(ValueError, match="speculative_draft_model_path"):
-        ServerArgs(speculative_algorithm="ngram", speculative_draft_model_path=tiny_model_dir)
+        check(speculative_algorithm="ngram", speculative_draft_model_path=tiny_model_dir)
+    with pytest.raises(ValueError, match="speculative_draft_model_path"):
+        check(speculative_draft_model_path=tiny_model_dir)
     with pytest.raises(ValueError, match="speculative_draft_kv_tokens"):
-        ServerArgs(speculative_algorithm="draft-model", speculative_draft_model_path=tiny_model_dir,
-                   speculative_draft_kv_tokens=0)
+        check(speculative_algorithm="draft-model", speculative_draft_model_path=tiny_model_dir,
+              speculative_draft_kv_tokens=0)
     import argparse
 
     parser = argparse.ArgumentParser()

@@ -15,7 +15,9 @@ from radixlm.cache.radix_cache import RadixCache
 from radixlm.config import ServerArgs
 from radixlm.sampling_params import SamplingParams
 from radixlm.scheduler.req import Req
-from radixlm.speculative.draft_source import create_draft_source
+from radixlm.model.runner_config import ModelRunnerConfig
+from radixlm.speculative.config import SpeculativeConfig
+from radixlm.speculative.factory import create_draft_source
 from radixlm.speculative.radix import RadixDraftSource
 from radixlm.speculative.suffix_index import SuffixIndex
 
@@ -154,9 +156,9 @@ def test_create_draft_source_builds_the_index_from_server_args():
     tree = RadixCache(TokenToKVPool(16, num_layers=1, num_kv_heads=1, head_dim=1))
     args = ServerArgs(speculative_algorithm="radix", speculative_suffix_index_tokens=123,
                       speculative_ngram_min_match_window_size=1, speculative_ngram_max_match_window_size=3)
-    src = create_draft_source("radix", args, tree, 16)
+    src = create_draft_source(SpeculativeConfig.from_server_args(args), tree, 16, ModelRunnerConfig(), 256)
     assert (src.suffix.max_tokens, src.suffix.min_match, src.suffix.max_match) == (123, 1, 3)
     off = ServerArgs(speculative_algorithm="radix", speculative_suffix_index_tokens=0)
-    assert create_draft_source("radix", off, tree, 16).suffix is None
+    assert create_draft_source(SpeculativeConfig.from_server_args(off), tree, 16, ModelRunnerConfig(), 256).suffix is None
     with pytest.raises(ValueError, match="suffix_index_tokens"):
-        ServerArgs(speculative_algorithm="radix", speculative_suffix_index_tokens=-1)
+        SpeculativeConfig.from_server_args(ServerArgs(speculative_algorithm="radix", speculative_suffix_index_tokens=-1))

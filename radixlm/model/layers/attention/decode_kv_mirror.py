@@ -12,7 +12,7 @@ Rows are keyed by (request slot, the slot's allocation generation), so a reused 
 sees an earlier request's KV, and a request whose KV grew outside decode (an extend step after a
 jump-forward) is refilled. The batch's rows are kept at 0..bs-1 (in any order), so attention runs
 on one view of the buffers. The buffers never exceed `max_bytes`; a batch that would is served by
-the gather path instead.
+another decode path instead (decode_kv_mirror_path.py).
 
 Two halves, so the overlap scheduler can prepare step N+1 while step N runs: `plan` (on the
 scheduler thread, at launch) decides rows from the bookkeeping alone and returns the data moves;
@@ -31,7 +31,7 @@ _GROW = 256  # capacity grows in steps of this many tokens
 
 @dataclass
 class MirrorPlan:
-    use: bool  # False: the batch takes the gather path
+    use: bool  # False: a release only (no batch reads the mirror)
     release: bool = False  # drop the buffers before anything else
     rows: int = 0  # buffers must have at least this many rows ...
     cap: int = 0  # ... and this capacity
@@ -60,15 +60,15 @@ class DecodeKVMirror:
         return MirrorPlan(use=False, release=True)
 
     def plan(self, req_pool_indices: list[int], generations: list[int], seq_lens: list[int],
-             slot_rows: torch.Tensor, kv_pool) -> MirrorPlan:
+             slot_rows: torch.Tensor, kv_pool) -> Optional[MirrorPlan]:
         """Arrange rows 0..bs-1 to hold the batch's requests with every token but the new one.
-        slot_rows: [bs, >= max(seq_lens)] the requests' pool slots. use=False (and the buffers
-        released) when that would take more than max_bytes."""
+        slot_rows: [bs, >= max(seq_lens)] the requests' pool slots. None, with nothing changed,
+        when that would take more than max_bytes (the caller then lets the rows go: plan_release)."""
         bs, need_cap = len(seq_lens), max(seq_lens)
         per_token = kv_pool.bytes_per_token(kv_pool.num_layers, kv_pool.num_kv_heads, kv_pool.head_dim, kv_pool.dtype)
         need = -(-need_cap // _GROW) * _GROW
         if bs * need * per_token > self.max_bytes:
-            return self.plan_release()
+            return None
         plan = MirrorPlan(use=True)
         if max(bs, len(self.owner)) * max(need, self.cap) * per_token > self.max_bytes:
             self.plan_release()  # grown past the budget: start over at the size this batch needs
