@@ -2,7 +2,7 @@
 
 A quantized matrix is a uint8 tensor [rows, row_bytes] holding each row's blocks exactly as a GGUF
 file stores them (so a GGUF tensor is used as is, and `gguf.quants` is the reference), or, for
-int8, a float32 scale followed by the row's int8 values. The ids match csrc/common.h.
+int8, a float32 scale followed by the row's int8 values. The ids match csrc/common.h's Fmt.
 """
 
 from __future__ import annotations
@@ -45,6 +45,13 @@ FORMATS = {
         QuantFormat("q4_k", 3, 256, 144),
         QuantFormat("q6_k", 4, 256, 210),
         QuantFormat("int8", 5, 32, 32, row_extra=4),
+        QuantFormat("q5_0", 8, 32, 22),
+        QuantFormat("q5_1", 9, 32, 24),
+        QuantFormat("iq4_nl", 10, 32, 18),
+        QuantFormat("q5_k", 11, 256, 176),
+        QuantFormat("q3_k", 12, 256, 110),
+        QuantFormat("q2_k", 13, 256, 84),
+        QuantFormat("iq4_xs", 14, 256, 136),
     )
 }
 # The 8-row interleaved layouts (csrc/quant_x8.cpp) the loader repacks these formats into when a

@@ -1,9 +1,10 @@
 """GGUF files (llama.cpp's format): HF config from metadata, HF-named dequantized weights.
 
 Only the parts radixlm runs: architectures llama (SmolLM2, Llama 2/3, Mistral),
-qwen2 and qwen3. Tensors in a format the native kernels read (Q8_0, Q4_0, Q4_1, Q4_K, Q6_K) can
-stay quantized (keep_quantized); the rest are dequantized to float32 at load with gguf's own
-(vectorized numpy) kernels, so they equal what transformers' GGUF loader produces.
+qwen2 and qwen3. Tensors in a format the native kernels read (radixlm.kernels.formats.FORMATS:
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) can stay quantized
+(keep_quantized); the rest are dequantized to float32 at load with gguf's own (vectorized numpy)
+kernels, so they equal what transformers' GGUF loader produces.
 """
 
 from __future__ import annotations

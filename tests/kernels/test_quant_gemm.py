@@ -16,16 +16,19 @@ from radixlm.model.layers.quantized import QuantizedMatrix, QuantizedTensor
 EXACT_RTOL = 1e-5  # vs the exact reference, relative to sum |x_i w_i|
 
 
+# Formats gguf has no quantizer for: where each block's fp16 scales sit (byte offset, how many).
+FP16_SCALES = {"q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208, 1), "q3_k": (108, 1), "q2_k": (80, 2),
+               "iq4_nl": (0, 1), "iq4_xs": (0, 1)}
+
+
 def random_quantized(name: str, rows: int, cols: int, g: torch.Generator) -> torch.Tensor:
     fmt = FORMATS[name]
-    if name in ("q4_k", "q6_k"):  # no gguf quantizer: random blocks with sane fp16 scales
+    if name in FP16_SCALES:  # random blocks with sane fp16 scales (d, and dmin where there is one)
         raw = torch.randint(0, 256, (rows, fmt.row_bytes(cols)), dtype=torch.uint8, generator=g)
         blocks = raw.view(rows, -1, fmt.block_bytes)
         scales = (torch.rand(rows, blocks.shape[1], 2, generator=g) * 0.02 + 1e-3).half().view(torch.uint8)
-        if name == "q4_k":
-            blocks[:, :, 0:4] = scales.reshape(rows, -1, 4)  # d, dmin
-        else:
-            blocks[:, :, 208:210] = scales[:, :, :2]  # d
+        at, count = FP16_SCALES[name]
+        blocks[:, :, at:at + 2 * count] = scales.reshape(rows, -1, 4)[:, :, :2 * count]
         return raw
     return quantize(torch.randn(rows, cols, generator=g), name)
 
@@ -65,7 +68,9 @@ def check_kernel(kernel_ops, w, kernel_id, w_ref, m, g, label):
     assert (err_fp32 <= bound).all(), f"{label} {m}x{k}x{n}: beyond the 8-bit activation bound"
 
 
-SHAPES = [(1, 37, 1), (2, 64, 2), (3, 1, 3), (4, 130, 1), (5, 17, 2), (7, 96, 3), (13, 33, 1), (31, 40, 2), (64, 9, 1)]
+# (activation rows M, weight rows, blocks): odd row counts (not multiples of the 2- and 4-row tiles).
+SHAPES = [(1, 37, 1), (2, 64, 2), (3, 1, 3), (4, 130, 1), (5, 17, 2), (7, 96, 3), (13, 33, 1), (31, 40, 2), (64, 9, 1),
+          (8, 67, 2), (17, 3, 1), (1, 67, 3)]
 
 
 @pytest.mark.parametrize("name", list(FORMATS))
@@ -154,7 +159,7 @@ def test_mixed_format_matrix(kernel_ops, rows):
 
 
 @pytest.mark.parametrize("rows", [51, 56])  # 56: the interleaved layout where the format has one
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1", "int8", "q4_k", "q6_k"])
+@pytest.mark.parametrize("fmt", list(FORMATS))
 def test_rows_do_not_depend_on_the_batch(kernel_ops, fmt, rows):
     """A row's output is bitwise the same alone, in any tile of a small batch and in a large one
     (and for odd column counts): prompt logprobs and greedy outputs must not depend on what else
@@ -167,6 +172,30 @@ def test_rows_do_not_depend_on_the_batch(kernel_ops, fmt, rows):
     full = mat.matmul(x)
     for lo, hi in ((0, 1), (5, 6), (3, 6), (1, 9), (64, 70), (60, 133), (149, 150)):
         assert torch.equal(mat.matmul(x[lo:hi].clone()), full[lo:hi]), f"rows {lo}:{hi}"
+
+
+@pytest.mark.parametrize("name", list(FORMATS))
+def test_kernel_rows_equal_single_row_calls(kernel_ops, name):
+    """The op itself (no matrix wrapper): row i of qlinear(x) is bitwise qlinear(x[i:i+1]), for
+    every M in the tile remainders and an odd number of weight rows."""
+    g = torch.Generator().manual_seed(5)
+    fmt = FORMATS[name]
+    k = 2 * fmt.block
+    w = random_quantized(name, 67, k, g)
+    x, bias = torch.randn(64, k, generator=g), torch.randn(67, generator=g)
+    singles = torch.cat([kernel_ops.qlinear(x[i:i + 1].clone(), w, fmt.kernel_id, bias) for i in range(64)])
+    for m in (1, 2, 3, 5, 8, 17, 64):
+        assert torch.equal(kernel_ops.qlinear(x[:m].clone(), w, fmt.kernel_id, bias), singles[:m]), f"M = {m}"
+
+
+def test_block_formats_match_gguf_sizes():
+    """Every GGUF format listed is the GGUF type of the same name, block for block (the loader keeps
+    such tensors as they are)."""
+    import gguf
+
+    for name, fmt in FORMATS.items():
+        if name != "int8":
+            assert gguf.GGML_QUANT_SIZES[fmt.ggml_type] == (fmt.block, fmt.block_bytes), name
 
 
 def test_bad_weights_are_refused_by_name(kernel_ops):

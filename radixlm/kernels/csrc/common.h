@@ -20,13 +20,31 @@ enum Fmt : int64_t {
   // 8 rows interleaved (quant_x8.cpp), made at load; a stored row is a group of 8 weight rows.
   FMT_Q4X8 = 6,  // per 32 values: fp16 d[8], fp16 m[8], 4 x (8 rows x 4 nibble bytes)   x = d*q + m
   FMT_Q8X8 = 7,  // per 32 values: fp16 d[8], 8 x (8 rows x 4 int8)                      x = d*q
+  // More GGUF formats (quant_gguf.cpp).
+  FMT_Q5_0 = 8,     // 32 values: fp16 d, qh[4], nibbles[16]            x = d*(q-16), q = 5 bits
+  FMT_Q5_1 = 9,     // 32 values: fp16 d, fp16 m, qh[4], nibbles[16]    x = d*q + m
+  FMT_IQ4_NL = 10,  // 32 values: fp16 d, nibbles[16]                   x = d*kvalues[q]
+  FMT_Q5_K = 11,    // 256 values: fp16 d, dmin, scales[12], qh[32], nibbles[128]
+  FMT_Q3_K = 12,    // 256 values: hmask[32], 2-bit qs[64], scales[12], fp16 d
+  FMT_Q2_K = 13,    // 256 values: scales[16], 2-bit qs[64], fp16 d, dmin
+  FMT_IQ4_XS = 14,  // 256 values: fp16 d, scales_h[2], scales_l[4], nibbles[128]
 };
 
 inline bool fmt_is_x8(int64_t f) { return f == FMT_Q4X8 || f == FMT_Q8X8; }
 // Weight rows per stored row: 8 for the interleaved formats.
 inline int64_t fmt_group(int64_t f) { return fmt_is_x8(f) ? 8 : 1; }
 
-inline int64_t fmt_block(int64_t f) { return (f == FMT_Q4_K || f == FMT_Q6_K) ? 256 : 32; }
+inline int64_t fmt_block(int64_t f) {
+  switch (f) {
+    case FMT_Q4_K:
+    case FMT_Q6_K:
+    case FMT_Q5_K:
+    case FMT_Q3_K:
+    case FMT_Q2_K:
+    case FMT_IQ4_XS: return 256;
+    default: return 32;
+  }
+}
 inline int64_t fmt_block_bytes(int64_t f) {
   switch (f) {
     case FMT_Q8_0: return 34;
@@ -37,6 +55,13 @@ inline int64_t fmt_block_bytes(int64_t f) {
     case FMT_I8: return 32;  // 32 int8 per 32 values; the row's 4-byte scale comes first
     case FMT_Q4X8: return 160;
     case FMT_Q8X8: return 272;
+    case FMT_Q5_0: return 22;
+    case FMT_Q5_1: return 24;
+    case FMT_IQ4_NL: return 18;
+    case FMT_Q5_K: return 176;
+    case FMT_Q3_K: return 110;
+    case FMT_Q2_K: return 84;
+    case FMT_IQ4_XS: return 136;
   }
   TORCH_CHECK(false, "unknown quantized format id ", f);
 }
