@@ -1,7 +1,7 @@
 """GGUF files (llama.cpp's format): HF config from metadata, HF-named dequantized weights.
 
 Only the parts radixlm runs: architectures llama (SmolLM2, Llama 2/3, Mistral),
-qwen2 and qwen3. Tensors in a format the native kernels read (radixlm.kernels.formats.FORMATS:
+qwen2, qwen3 and phi3. Tensors in a format the native kernels read (radixlm.kernels.formats.FORMATS:
 Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) can stay quantized
 (keep_quantized); the rest are dequantized to float32 at load with gguf's own (vectorized numpy)
 kernels, so they equal what transformers' GGUF loader produces.
@@ -10,6 +10,7 @@ kernels, so they equal what transformers' GGUF loader produces.
 from __future__ import annotations
 
 import functools
+import math
 import re
 from typing import Any, Iterator
 
@@ -23,6 +24,7 @@ GGUF_ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", "LlamaConfig"),
     "qwen2": ("Qwen2ForCausalLM", "Qwen2Config"),
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
+    "phi3": ("Phi3ForCausalLM", "Phi3Config"),
 }
 
 # {arch}.<key> -> HF config attribute
@@ -54,6 +56,11 @@ _TENSOR_NAMES = {
     "ffn_gate": "model.layers.{}.mlp.gate_proj",
     "ffn_up": "model.layers.{}.mlp.up_proj",
     "ffn_down": "model.layers.{}.mlp.down_proj",
+}
+# Per architecture, where its tensors differ: llama.cpp keeps Phi-3's fused projections, and its
+# ffn_up is HF's gate_up_proj (gate rows, then up rows).
+_ARCH_TENSOR_NAMES = {
+    "phi3": {"attn_qkv": "model.layers.{}.self_attn.qkv_proj", "ffn_up": "model.layers.{}.mlp.gate_up_proj"},
 }
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _TOP_RE = re.compile(r"^(\w+)\.(weight|bias)$")
@@ -133,6 +140,8 @@ def gguf_config(reader):
     rope_scaling = _rope_scaling(reader, arch, kw)
     if rope_scaling:
         kw["rope_scaling"] = rope_scaling
+    if arch == "phi3":
+        kw.update(_phi3_config(reader, kw))
     config = getattr(transformers, config_cls)(**kw)
     config.architectures = [hf_arch]
     return config
@@ -168,10 +177,38 @@ def _llama3_from_rope_freqs(factors: np.ndarray, kw: dict) -> dict:
     return params
 
 
-def _hf_name(name: str) -> str | None:
+def _phi3_config(reader, kw: dict) -> dict:
+    """What llama.cpp's converter (Phi3MiniModel) writes differently: rope.dimension_count is the
+    rotary width (partial_rotary_factor), head_dim is embedding / heads, longrope's factors are
+    tensors beside the original context length, and sliding_window 0 means none."""
+    head_dim = kw["hidden_size"] // kw["num_attention_heads"]
+    window = field(reader, "phi3.attention.sliding_window")
+    out: dict[str, Any] = {"head_dim": head_dim, "sliding_window": window or None}
+    n_rot = field(reader, "phi3.rope.dimension_count") or head_dim
+    if n_rot != head_dim:
+        out["partial_rotary_factor"] = n_rot / head_dim
+    orig = field(reader, "phi3.rope.scaling.original_context_length")
+    if orig:
+        out["original_max_position_embeddings"] = orig = int(orig)
+    factors = {t.name: np.asarray(t.data, np.float32) for t in reader.tensors if t.name.startswith("rope_factors_")}
+    if factors:
+        rs = {"rope_type": "longrope", "long_factor": factors["rope_factors_long.weight"].tolist(),
+              "short_factor": factors["rope_factors_short.weight"].tolist()}
+        # The converter writes transformers' default attention factor (from the context ratio);
+        # pass one on only where it is another (it is stored in float32).
+        scale = kw["max_position_embeddings"] / orig
+        default = math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0
+        attn = field(reader, "phi3.rope.scaling.attn_factor")
+        if attn is not None and not math.isclose(attn, default, rel_tol=1e-6):
+            rs["attention_factor"] = float(attn)
+        out["rope_scaling"] = rs
+    return out
+
+
+def _hf_name(name: str, arch: str = "llama") -> str | None:
     m = _BLOCK_RE.match(name)
     if m:
-        hf = _TENSOR_NAMES.get(m.group(2))
+        hf = _ARCH_TENSOR_NAMES.get(arch, {}).get(m.group(2)) or _TENSOR_NAMES.get(m.group(2))
         return None if hf is None else f"{hf.format(m.group(1))}.{m.group(3)}"
     m = _TOP_RE.match(name)
     if m and m.group(1) in _TENSOR_NAMES:
@@ -195,9 +232,10 @@ def gguf_weights(reader, config, keep_quantized: bool = False) -> Iterator[tuple
     from radixlm.kernels.formats import format_of_ggml
     from radixlm.model.layers.quantized import QuantizedTensor
 
-    permute = field(reader, "general.architecture") == "llama"  # llama.cpp permutes q/k only for llama
+    arch = field(reader, "general.architecture")
+    permute = arch == "llama"  # llama.cpp permutes q/k only for llama
     for t in reader.tensors:
-        name = _hf_name(t.name)
+        name = _hf_name(t.name, arch)
         if name is None:  # rope_freqs (read into the config) and the like
             continue
         fmt = format_of_ggml(t.tensor_type) if keep_quantized and t.data.ndim == 2 else None

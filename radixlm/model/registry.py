@@ -5,12 +5,14 @@ from __future__ import annotations
 from torch import nn
 
 from radixlm.model.models.llama import LlamaForCausalLM, MistralForCausalLM
+from radixlm.model.models.phi3 import Phi3ForCausalLM
 from radixlm.model.models.qwen2 import Qwen2ForCausalLM
 from radixlm.model.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
 }

@@ -81,6 +81,17 @@ class MergedLinear(Linear):
             self._quantized_shards = {}
 
 
+def split_rows(tensor, sizes: list[int]) -> list:
+    """A fused checkpoint tensor (Phi-3's qkv_proj, gate_up_proj) cut into its shards' rows, for
+    MergedLinear.load_shard. Quantized blocks are cut too: each row's blocks stand alone."""
+    if not isinstance(tensor, QuantizedTensor):
+        return list(tensor.split(sizes, dim=0))
+    if tensor.shape[0] != sum(sizes) or any(n % tensor.fmt.group for n in sizes):
+        raise ValueError(f"cannot cut {tensor.shape[0]} quantized rows (groups of {tensor.fmt.group}) into {sizes}")
+    starts = [sum(sizes[:i]) // tensor.fmt.group for i in range(len(sizes) + 1)]
+    return [QuantizedTensor(tensor.data[a:b], tensor.fmt, tensor.cols) for a, b in zip(starts, starts[1:])]
+
+
 class VocabEmbedding(nn.Module):
     """Token embedding; its weight doubles as the lm_head when embeddings are tied."""
 

@@ -2,21 +2,27 @@
 
 The inverse frequencies follow transformers' `modeling_rope_utils` op for op, so
 cos/sin are bit-identical to the reference. Supported `rope_type`s: default,
-linear, llama3, yarn, and dynamic (which equals default for every position
-below `max_position_embeddings`, and radixlm never runs past that).
+linear, llama3, yarn, dynamic (which equals default for every position
+below `max_position_embeddings`, and radixlm never runs past that), and longrope
+(Phi-3's; "su" in older configs), whose factor set depends on the sequence's length
+(LongRopeRotaryEmbedding).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
 from radixlm.kernels.ops import cpu_float_ops
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn")
+if TYPE_CHECKING:
+    from radixlm.model.forward_batch import ForwardBatch
+
+SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+LONGROPE_TYPES = ("longrope", "su")  # "su": the name in Phi-3's first configs
 
 
 def rope_parameters(config: Any) -> dict:
@@ -30,6 +36,9 @@ def rope_parameters(config: Any) -> dict:
     params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
     if "partial_rotary_factor" not in params and getattr(config, "partial_rotary_factor", None):
         params["partial_rotary_factor"] = config.partial_rotary_factor
+    if params["rope_type"] in LONGROPE_TYPES and getattr(config, "original_max_position_embeddings", None):
+        # Phi-3 keeps it beside rope_scaling; transformers gives that value priority.
+        params["original_max_position_embeddings"] = config.original_max_position_embeddings
     return params
 
 
@@ -37,8 +46,9 @@ def _base_inv_freq(base: float, dim: int) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float) / dim))
 
 
-def compute_inv_freq(params: dict, dim: int, max_position: int) -> tuple[torch.Tensor, float]:
-    """(inv_freq [dim // 2], attention_factor applied to cos/sin)."""
+def compute_inv_freq(params: dict, dim: int, max_position: int,
+                     seq_len: int | None = None) -> tuple[torch.Tensor, float]:
+    """(inv_freq [dim // 2], attention_factor applied to cos/sin). seq_len matters to longrope only."""
     rope_type, base = params["rope_type"], float(params["rope_theta"])
     if rope_type in ("default", "dynamic"):
         return _base_inv_freq(base, dim), 1.0
@@ -57,6 +67,8 @@ def compute_inv_freq(params: dict, dim: int, max_position: int) -> tuple[torch.T
         return torch.where(is_medium, smoothed, inv_freq_llama), 1.0
     if rope_type == "yarn":
         return _yarn_inv_freq(params, base, dim, max_position)
+    if rope_type in LONGROPE_TYPES:
+        return _longrope_inv_freq(params, base, dim, max_position, seq_len)
     raise ValueError(f"unsupported rope_type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
 
 
@@ -92,6 +104,28 @@ def _yarn_inv_freq(params: dict, base: float, dim: int, max_position: int) -> tu
     return inv_freq, attention_factor
 
 
+def _longrope_inv_freq(params: dict, base: float, dim: int, max_position: int,
+                       seq_len: int | None) -> tuple[torch.Tensor, float]:
+    # transformers' _compute_longrope_parameters: the long factors past the original context.
+    orig = params["original_max_position_embeddings"]
+    factor, attention_factor = params.get("factor"), params.get("attention_factor")
+    if factor is None:  # Phi-3 states the ratio as max_position_embeddings / original
+        factor = max_position / orig
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+    long = seq_len and seq_len > orig
+    ext_factors = torch.tensor(params["long_factor"] if long else params["short_factor"], dtype=torch.float32)
+    inv_freq_shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
+    return 1.0 / (ext_factors * base**inv_freq_shape), attention_factor
+
+
+def cos_sin_table(inv_freq: torch.Tensor, attention_factor: float, num_positions: int) -> torch.Tensor:
+    """[num_positions, rotary_dim]: cos | sin of every position, scaled as transformers scales them."""
+    t = torch.arange(num_positions, dtype=torch.float32)
+    freqs = t[:, None] * inv_freq[None, :].float()
+    return torch.cat((freqs.cos() * attention_factor, freqs.sin() * attention_factor), dim=-1)
+
+
 class RotaryEmbedding(nn.Module):
     """Applies RoPE to q and k of shape [num_tokens, heads * head_dim] at `positions`.
 
@@ -103,11 +137,14 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_dim = head_dim
         self.rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
-        inv_freq, attention_factor = compute_inv_freq(params, self.rotary_dim, max_position)
-        t = torch.arange(max_position, dtype=torch.float32)
-        freqs = t[:, None] * inv_freq[None, :].float()
-        cache = torch.cat((freqs.cos() * attention_factor, freqs.sin() * attention_factor), dim=-1)
-        self.register_buffer("cos_sin_cache", cache, persistent=False)
+        self.register_buffer("cos_sin_cache", self._build_cache(params, max_position), persistent=False)
+
+    def _build_cache(self, params: dict, max_position: int) -> torch.Tensor:
+        return cos_sin_table(*compute_inv_freq(params, self.rotary_dim, max_position), max_position)
+
+    def cache_rows(self, positions: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
+        """The cos_sin_cache row of each token: its position (LongRopeRotaryEmbedding differs)."""
+        return positions
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -128,6 +165,45 @@ class RotaryEmbedding(nn.Module):
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
 
+class LongRopeRotaryEmbedding(RotaryEmbedding):
+    """longrope: a request uses the short factors while its sequence fits the original context
+    (original_max_position_embeddings) and the long ones past it.
+
+    transformers decides per forward (max(position_ids) + 1 > original): a prompt longer than the
+    original context is prefilled with the long factors, a shorter one with the short ones, and a
+    forward over a KV cache that crosses the original length rotates its new tokens with the long
+    ones while the cached keys keep theirs. Deciding per request from its length after this
+    forward does the same for every request, whatever else is batched with it. (transformers'
+    generate goes further: at the crossing it drops its cache and recomputes the whole sequence
+    with the long factors; radixlm keeps the cached keys, which the radix tree may share.)
+    The cache holds both tables: short rows [0, original), then long rows original + position
+    (vLLM's layout), so a token's row is one gather for the torch path and the native ops alike.
+    """
+
+    def _build_cache(self, params: dict, max_position: int) -> torch.Tensor:
+        self.original_max_position = orig = int(params["original_max_position_embeddings"])
+        short = compute_inv_freq(params, self.rotary_dim, max_position)
+        long = compute_inv_freq(params, self.rotary_dim, max_position, seq_len=orig + 1)
+        return torch.cat((cos_sin_table(*short, orig), cos_sin_table(*long, max_position)))
+
+    def cache_rows(self, positions: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
+        orig = self.original_max_position
+        is_long = [n > orig for n in forward_batch.seq_lens_cpu]
+        if not any(is_long):
+            return positions
+        if all(is_long):
+            return positions + orig
+        # Extend-shaped batches (MIXED's decodes included) list their new tokens; decode has one each.
+        new_tokens = forward_batch.extend_seq_lens_cpu if forward_batch.forward_mode.is_extend() else None
+        offsets = torch.tensor([orig if x else 0 for x in is_long], dtype=positions.dtype, device=positions.device)
+        if new_tokens is None:
+            return positions + offsets
+        counts = torch.tensor(new_tokens, dtype=torch.int64, device=positions.device)
+        return positions + torch.repeat_interleave(offsets, counts, output_size=positions.shape[0])
+
+
 def get_rope(head_dim: int, config: Any) -> RotaryEmbedding:
     """The RotaryEmbedding an HF config asks for."""
-    return RotaryEmbedding(head_dim, config.max_position_embeddings, rope_parameters(config))
+    params = rope_parameters(config)
+    cls = LongRopeRotaryEmbedding if params["rope_type"] in LONGROPE_TYPES else RotaryEmbedding
+    return cls(head_dim, config.max_position_embeddings, params)

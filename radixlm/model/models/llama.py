@@ -89,7 +89,7 @@ class LlamaModel(nn.Module):
     def __init__(self, config: Any, qkv_bias: bool = False, qk_norm: bool = False):
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
-        rotary_emb = get_rope(get_head_dim(config), config)
+        self.rotary_emb = rotary_emb = get_rope(get_head_dim(config), config)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, qk_norm) for i in range(config.num_hidden_layers)
         )
@@ -102,6 +102,7 @@ class LlamaModel(nn.Module):
         backend = forward_batch.attn_backend
         backend.begin_forward(forward_batch)
         hidden, residual = self.embed_tokens(input_ids), None
+        positions = self.rotary_emb.cache_rows(positions, forward_batch)  # longrope: its table per request
         fused = self._fused_layers() if hidden.shape[0] and backend.runs_fused_layers(forward_batch) else None
         if fused:
             hidden, residual = run_fused_layers(fused, hidden, positions, forward_batch)

@@ -1,0 +1,52 @@
+"""Phi-3 / Phi-3.5 / Phi-4-mini (transformers' Phi3ForCausalLM): the Llama graph.
+
+Differences from Llama, all outside the graph:
+- checkpoints store q/k/v as one `self_attn.qkv_proj` and gate/up as one `mlp.gate_up_proj`
+  (rows q | k | v and gate | up, our fused layers' order); `load_weights` cuts them into the
+  shards Llama's loader fills, so shapes are checked per shard and quantized GGUF blocks stay so;
+- longrope rope scaling (the 128k variants) and partial_rotary_factor (Phi-4-mini): layers/rotary.py.
+  Each request uses the short factors while it fits original_max_position_embeddings and the long
+  ones past it, as transformers' forward does; a request that crosses that length while decoding
+  keeps the keys it cached with the short factors, where transformers' generate would recompute
+  the whole sequence once (LongRopeRotaryEmbedding);
+- `sliding_window`: not implemented as such. A window at least the context length changes
+  nothing (Phi-3-mini-128k, Phi-3.5: 262144); a smaller one (Phi-3-mini-4k: 2047) makes the loader
+  cap the served context to the window (loader._context_len, as for Mistral), where full attention
+  equals sliding-window attention.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from radixlm.model.layers.linear import split_rows
+from radixlm.model.models.llama import LlamaForCausalLM
+
+
+class Phi3ForCausalLM(LlamaForCausalLM):
+    # fused HF module -> the shard names Llama's stacked_params_mapping packs back into it
+    fused_params = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+
+    def __init__(self, config: Any):
+        act = getattr(config, "hidden_act", "silu")
+        if act != "silu":  # the MLP is SiluAndMul
+            raise NotImplementedError(f"Phi3ForCausalLM: hidden_act {act!r} (only 'silu')")
+        super().__init__(config)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        super().load_weights(self._split_fused(weights))
+
+    def _split_fused(self, weights: Iterable[tuple[str, Any]]) -> Iterator[tuple[str, Any]]:
+        for name, tensor in weights:
+            *prefix, module, kind = name.split(".")
+            shards = self.fused_params.get(module)
+            if shards is None:
+                yield name, tensor
+                continue
+            sizes = self.get_submodule(".".join(prefix + [module])).output_sizes
+            if tensor.shape[0] != sum(sizes):
+                raise ValueError(f"{name}: expected {sum(sizes)} rows ({sizes}), got {tensor.shape[0]}")
+            for shard, part in zip(shards, split_rows(tensor, sizes)):
+                yield ".".join(prefix + [shard, kind]), part
