@@ -166,14 +166,8 @@ def _dir_eos_token_ids(path: str, config) -> list[int]:
 
 
 def _context_len(config) -> int:
-    context_len = int(getattr(config, "max_position_embeddings", 0) or 2048)
-    window = getattr(config, "sliding_window", None)
-    # Sliding-window attention is not implemented: stay within one window so the
-    # full attention we compute equals it.
-    if window and getattr(config, "use_sliding_window", True) and window < context_len:
-        logger.warning("sliding window %d < context %d: capping context length to the window", window, context_len)
-        context_len = int(window)
-    return context_len
+    # Sliding windows are honoured by the attention (RadixAttention.sliding_window_size): no cap.
+    return int(getattr(config, "max_position_embeddings", 0) or 2048)
 
 
 @contextlib.contextmanager

@@ -11,7 +11,12 @@ import torch
 
 from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.model.forward_batch import ForwardBatch
-from radixlm.model.layers.attention import AttentionBackendSpec, create_attention_backend, resolve_attention_backends
+from radixlm.model.layers.attention import (
+    AttentionBackendSpec,
+    attention_features,
+    create_attention_backend,
+    resolve_attention_backends,
+)
 from radixlm.model.layers.sampler import Sampler, SamplingBatchInfo
 from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.model.worker_batch import ModelWorkerBatch
@@ -52,6 +57,8 @@ class ModelRunner:
         self.num_layers = cfg.num_hidden_layers
         self.num_kv_heads = cfg.num_key_value_heads
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        # Per-layer attention features a backend must support (sliding windows, logit soft-capping).
+        self.sliding_window_size, self.logit_cap = attention_features(self.model.modules())
         self.kv_dtype = self._kv_dtype()
         self.attn_backend = create_attention_backend(config.attention_backend, self._attn_spec(self.kv_dtype),
                                                      prefill=config.prefill_attention_backend,
@@ -83,7 +90,8 @@ class ModelRunner:
     def _attn_spec(self, kv_dtype: torch.dtype) -> AttentionBackendSpec:
         return AttentionBackendSpec(head_dim=self.head_dim, dtype=self.dtype, kv_dtype=kv_dtype, device=self.device,
                                     shared_prefix=not self.config.disable_shared_prefix_attention,
-                                    mirror_bytes=self.config.decode_kv_mirror_bytes)
+                                    mirror_bytes=self.config.decode_kv_mirror_bytes,
+                                    sliding_window_size=self.sliding_window_size, logit_cap=self.logit_cap)
 
     def _kv_dtype(self) -> torch.dtype:
         """auto: float16 where quantized weights run and every attention backend in use reads float16

@@ -7,7 +7,7 @@ import torch
 
 from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.model.forward_batch import ForwardBatch, ForwardMode
-from radixlm.model.layers.attention import TorchSDPABackend
+from radixlm.model.layers.attention import TorchSDPABackend, attention_features
 from radixlm.model.models.llama import get_head_dim
 
 # Tiny model shape shared by the logits tests.
@@ -27,7 +27,10 @@ class PoolHarness:
     def __init__(self, model, config, max_reqs: int = 16, max_context: int = 512, kv_size: int = 4096, seed: int = 0,
                  attn_backend=None, kv_dtype: torch.dtype = torch.float32):
         self.model = model
-        self.attn_backend = attn_backend if attn_backend is not None else TorchSDPABackend()
+        if attn_backend is None:  # built for the model's sliding windows and logit caps, as ModelRunner does
+            window, cap = attention_features(model.modules())
+            attn_backend = TorchSDPABackend(sliding_window_size=window, logit_cap=cap)
+        self.attn_backend = attn_backend
         self.req_pool = ReqToTokenPool(max_reqs, max_context)
         self.kv_pool = TokenToKVPool(
             kv_size,

@@ -6,7 +6,7 @@ which `load_weights` fills from the HF tensors (stacked_params_mapping).
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 import torch
 from torch import nn
@@ -25,19 +25,36 @@ def get_head_dim(config: Any) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+def get_sliding_window(config: Any, layer_id: int) -> Optional[int]:
+    """The attention window of layer layer_id (None: full attention), as HF decides it: from
+    config.layer_types where the config has them (Gemma, Qwen2 with use_sliding_window), else
+    config.sliding_window for every layer (Mistral). A window the context never exceeds changes
+    nothing, so it is None too (such a model keeps every backend)."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None and layer_types[layer_id] != "sliding_attention":
+        return None
+    if not window or window >= getattr(config, "max_position_embeddings", 0):
+        return None
+    return int(window)
+
+
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False):
+    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, act_fn: Optional[nn.Module] = None):
         super().__init__()
         self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size] * 2, bias=bias)
         self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
-        self.act_fn = SiluAndMul()
+        self.act_fn = act_fn if act_fn is not None else SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: Any, layer_id: int, rotary_emb: RotaryEmbedding, qkv_bias: bool, qk_norm: bool):
+    def __init__(self, config: Any, layer_id: int, rotary_emb: RotaryEmbedding, qkv_bias: bool, qk_norm: bool,
+                 scaling: Optional[float] = None, logit_cap: float = 0.0, norm_cls: type[RMSNorm] = RMSNorm):
+        """scaling (None: head_dim ** -0.5), logit_cap and norm_cls (of the q/k norms) are the knobs
+        other families turn (Gemma: query_pre_attn_scalar, attn_logit_softcapping, GemmaRMSNorm)."""
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -50,12 +67,11 @@ class LlamaAttention(nn.Module):
         self.o_proj = Linear(self.q_size, config.hidden_size, bias=o_bias)
         self.rotary_emb = rotary_emb  # shared by all layers (one cos/sin cache)
         if qk_norm:  # Qwen3: RMSNorm over each head of q and k, before RoPE
-            self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
-            self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps)
+            self.q_norm = norm_cls(self.head_dim, eps=config.rms_norm_eps)
+            self.k_norm = norm_cls(self.head_dim, eps=config.rms_norm_eps)
         self.qk_norm = qk_norm
-        self.attn = RadixAttention(
-            self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id
-        )
+        self.attn = RadixAttention(self.num_heads, self.head_dim, scaling or self.head_dim**-0.5, self.num_kv_heads,
+                                   layer_id, logit_cap=logit_cap, sliding_window_size=get_sliding_window(config, layer_id))
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
@@ -136,10 +152,14 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: Any):
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm)
+        self.model = self.build_model(config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
             self.lm_head = Linear(config.hidden_size, config.vocab_size)
+
+    def build_model(self, config: Any) -> nn.Module:
+        """The decoder stack (families with another layer structure override it)."""
+        return LlamaModel(config, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
         """-> hidden states [num_tokens, hidden] after the final norm."""
@@ -203,4 +223,4 @@ class LlamaForCausalLM(nn.Module):
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    """Same graph as Llama (sliding window is handled by capping the context length)."""
+    """The Llama graph; config.sliding_window (every layer) reaches the attention (get_sliding_window)."""

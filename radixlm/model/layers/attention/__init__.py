@@ -4,7 +4,7 @@ the RadixAttention layer models call."""
 from radixlm.model.layers.attention.base import AttentionBackend, AttentionBackendSpec
 from radixlm.model.layers.attention.hybrid import HybridAttnBackend
 from radixlm.model.layers.attention.native import NativeCPUBackend
-from radixlm.model.layers.attention.radix_attention import RadixAttention
+from radixlm.model.layers.attention.radix_attention import RadixAttention, attention_features
 from radixlm.model.layers.attention.registry import (
     ATTENTION_BACKENDS,
     create_attention_backend,
@@ -21,6 +21,7 @@ __all__ = [
     "NativeCPUBackend",
     "RadixAttention",
     "TorchSDPABackend",
+    "attention_features",
     "create_attention_backend",
     "register_attention_backend",
     "resolve_attention_backends",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
@@ -28,6 +28,10 @@ class AttentionBackendSpec:
     device: torch.device
     shared_prefix: bool = True  # torch: decode reads a prefix shared by a group of requests once
     mirror_bytes: int = 0  # torch: budget of the dense decode KV copy (0: off)
+    # The model's attention features (radix_attention.attention_features): the window of its
+    # windowed layers (None: none), its largest attention logit soft-cap (0: none).
+    sliding_window_size: Optional[int] = None
+    logit_cap: float = 0.0
 
 
 class AttentionBackend(ABC):

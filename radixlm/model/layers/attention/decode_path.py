@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Optional
 import torch
 import torch.nn.functional as F
 
+from radixlm.model.layers.attention.softcap import softcap_attention
+
 if TYPE_CHECKING:
     from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixlm.model.layers.attention.radix_attention import RadixAttention
@@ -95,6 +97,25 @@ def padding_mask(seq_lens: torch.Tensor, max_len: int) -> torch.Tensor:
     """[bs, 1, 1, max_len]: True at each request's own positions, False over the padding."""
     arange = torch.arange(max_len, device=seq_lens.device)
     return (arange[None, :] < seq_lens[:, None]).view(len(seq_lens), 1, 1, max_len)
+
+
+def window_mask(seq_lens: torch.Tensor, max_len: int, window: int) -> torch.Tensor:
+    """padding_mask, with the keys outside the newest token's window (positions <= seq_len - 1 -
+    window) masked out too: [bs, 1, 1, max_len]."""
+    arange = torch.arange(max_len, device=seq_lens.device)[None, :]
+    ok = (arange < seq_lens[:, None]) & (arange >= seq_lens[:, None] - window)
+    return ok.view(len(seq_lens), 1, 1, max_len)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     layer: "RadixAttention") -> torch.Tensor:
+    """decode_sdpa, or for a layer with a logit cap the explicit soft-capped attention (same shapes)."""
+    if not layer.logit_cap:
+        return decode_sdpa(q, k, v, mask, layer.scaling)
+    bs, heads, d = q.shape
+    kvh = k.shape[1]
+    o = softcap_attention(q.view(bs, kvh, heads // kvh, d), k, v, mask, layer.scaling, layer.logit_cap)
+    return o.reshape(bs, heads, d)
 
 
 def decode_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:

@@ -28,6 +28,10 @@ def supported(spec: AttentionBackendSpec) -> Optional[str]:
     """None where NativeCPUBackend runs spec, else why not (it reads every KV dtype)."""
     from radixlm.kernels import build
 
+    if spec.sliding_window_size is not None:
+        return "the native attention kernel has no sliding-window attention"
+    if spec.logit_cap:
+        return "the native attention kernel has no attention logit soft-capping"
     if spec.device.type != "cpu" or spec.dtype != torch.float32:
         return "the native attention kernel runs float32 models on CPU"
     if spec.head_dim % 8 or spec.head_dim > MAX_HEAD_DIM:

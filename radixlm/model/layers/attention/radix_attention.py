@@ -2,11 +2,17 @@
 
 It stores the new tokens' K/V in the pool and hands the attention to the batch's backend
 (forward_batch.attn_backend, set by whoever builds the ForwardBatch: ModelRunner.prepare).
+
+Two per-layer properties (SGLang's names) change what a query sees:
+- sliding_window_size: a query at position p attends keys at positions > p - window (HF's
+  sliding_window_overlay: the window counts the query itself); None: every earlier key.
+- logit_cap: scores become cap * tanh(scores / cap) before the mask and softmax (Gemma 2); 0: off.
+The KV pool keeps every token either way (windowed layers read only part of it).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable, Optional
 
 import torch
 from torch import nn
@@ -16,10 +22,15 @@ if TYPE_CHECKING:
 
 
 class RadixAttention(nn.Module):
-    def __init__(self, num_heads: int, head_dim: int, scaling: float, num_kv_heads: int, layer_id: int):
+    def __init__(self, num_heads: int, head_dim: int, scaling: float, num_kv_heads: int, layer_id: int,
+                 logit_cap: float = 0.0, sliding_window_size: Optional[int] = None):
         super().__init__()
+        if sliding_window_size is not None and sliding_window_size <= 0:
+            raise ValueError(f"sliding_window_size must be positive or None, got {sliding_window_size}")
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scaling, self.layer_id = scaling, layer_id
+        self.logit_cap = float(logit_cap or 0.0)
+        self.sliding_window_size = sliding_window_size
 
     def forward(self, q, k, v, forward_batch: "ForwardBatch") -> torch.Tensor:
         """q: [T, heads * D], k/v: [T, kv_heads * D] -> [T, heads * D]."""
@@ -33,3 +44,18 @@ class RadixAttention(nn.Module):
         else:
             o = backend.forward_extend(q, k, v, self, forward_batch)
         return o.reshape(-1, self.num_heads * self.head_dim)
+
+
+def attention_features(layers: Iterable[nn.Module]) -> tuple[Optional[int], float]:
+    """(the sliding window of the windowed layers or None, the largest logit cap or 0) of a model's
+    modules: what a backend must support to run it (AttentionBackendSpec). Every windowed layer of
+    a supported model has the same window; a backend builds its window masks once per batch."""
+    windows, cap = set(), 0.0
+    for m in layers:
+        if isinstance(m, RadixAttention):
+            if m.sliding_window_size is not None:
+                windows.add(m.sliding_window_size)
+            cap = max(cap, m.logit_cap)
+    if len(windows) > 1:
+        raise ValueError(f"layers with different sliding windows {sorted(windows)} are not supported")
+    return (windows.pop() if windows else None), cap

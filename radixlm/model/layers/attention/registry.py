@@ -44,7 +44,7 @@ def create_native_backend(spec: AttentionBackendSpec) -> AttentionBackend:
 
 @register_attention_backend("torch", supported=torch_sdpa_supported)
 def create_torch_sdpa_backend(spec: AttentionBackendSpec) -> AttentionBackend:
-    return TorchSDPABackend(shared_prefix=spec.shared_prefix, mirror_bytes=spec.mirror_bytes)
+    return TorchSDPABackend.for_spec(spec)
 
 
 ATTENTION_BACKENDS: tuple[str, ...] = tuple(_REGISTRY)

@@ -5,6 +5,10 @@ Extend requests attend one by one. A decode batch goes to the first of the backe
 that plans it (decode_path.py): shared-prefix decode (requests sharing a cached prefix attend to it
 once per group), the decode KV mirror (a dense copy of the decoding requests' KV), the plain gather
 from the pool. The flags the backend is built with choose which paths it has.
+
+A model with sliding-window layers or attention logit soft-capping (AttentionBackendSpec) gets the
+window in its masks and the soft-capped layers an explicit softmax (softcap.py); its decode
+batches all take the gather path (the shared-prefix and mirror paths know neither feature).
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from radixlm.model.layers.attention.decode_kv_mirror_path import DecodeKVMirrorP
 from radixlm.model.layers.attention.decode_path import DecodeBatch, DecodePath, DecodePlan, gather_kv
 from radixlm.model.layers.attention.gather_decode_path import GatherDecodePath
 from radixlm.model.layers.attention.shared_prefix_decode_path import SharedPrefixDecodePath
+from radixlm.model.layers.attention.softcap import softcap_attention
 
 if TYPE_CHECKING:
     from radixlm.model.forward_batch import ForwardBatch
@@ -38,6 +43,9 @@ class _ExtendReq:
     length: int  # new tokens
     kv_indices: Optional[torch.Tensor]  # [prefix + new] pool slots; None: no prefix
     mask: Optional[torch.Tensor]  # [new, prefix + new] causal mask offset by the prefix
+    # The windowed layers' mask (the causal one less the keys out of each query's window); None
+    # where the window covers every key (the backend has no window, or the request is shorter).
+    window_mask: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -48,23 +56,40 @@ class SDPAMetadata:
     releases: list[DecodePlan] = field(default_factory=list)
 
 
-def build_decode_paths(shared_prefix: bool = True, mirror_bytes: int = 0) -> list[DecodePath]:
+def build_decode_paths(shared_prefix: bool = True, mirror_bytes: int = 0,
+                       sliding_window_size: Optional[int] = None, logit_cap: float = 0.0) -> list[DecodePath]:
     """The decode paths the flags enable, in the order they are tried; the gather serves any batch.
-    The kept shared-prefix K/V and the mirror share the mirror's byte budget."""
+    The kept shared-prefix K/V and the mirror share the mirror's byte budget. A model with a window
+    or a logit cap takes the gather path only."""
     paths: list[DecodePath] = []
-    if shared_prefix:
+    plain = sliding_window_size is None and not logit_cap
+    if shared_prefix and plain:
         paths.append(SharedPrefixDecodePath(max_kept_bytes=mirror_bytes))
-    if mirror_bytes > 0:
+    if mirror_bytes > 0 and plain:
         paths.append(DecodeKVMirrorPath(mirror_bytes))
-    paths.append(GatherDecodePath())
+    paths.append(GatherDecodePath(sliding_window_size))
     return paths
 
 
 class TorchSDPABackend(AttentionBackend):
     """SDPA per extend request, one decode path per decode batch (see the module docstring)."""
 
-    def __init__(self, shared_prefix: bool = True, mirror_bytes: int = 0):
-        self.decode_paths = build_decode_paths(shared_prefix, mirror_bytes)
+    def __init__(self, shared_prefix: bool = True, mirror_bytes: int = 0, sliding_window_size: Optional[int] = None,
+                 logit_cap: float = 0.0):
+        self.sliding_window_size, self.logit_cap = sliding_window_size, logit_cap
+        self.decode_paths = build_decode_paths(shared_prefix, mirror_bytes, sliding_window_size, logit_cap)
+
+    @classmethod
+    def for_spec(cls, spec: AttentionBackendSpec) -> "TorchSDPABackend":
+        return cls(shared_prefix=spec.shared_prefix, mirror_bytes=spec.mirror_bytes,
+                   sliding_window_size=spec.sliding_window_size, logit_cap=spec.logit_cap)
+
+    def _check_layer(self, layer) -> None:
+        # A layer feature the backend was not built for would be silently ignored by its masks/paths.
+        if (layer.sliding_window_size not in (None, self.sliding_window_size)
+                or (layer.logit_cap and not self.logit_cap)):
+            raise ValueError(f"layer {layer.layer_id} (sliding_window_size {layer.sliding_window_size}, logit_cap "
+                             f"{layer.logit_cap}) needs a TorchSDPABackend built for them (TorchSDPABackend.for_spec)")
 
     def reset(self) -> None:
         for path in self.decode_paths:
@@ -91,15 +116,18 @@ class TorchSDPABackend(AttentionBackend):
             s - p for s, p in zip(seq_lens, prefix_lens)]
         device = fb.out_cache_loc.device
         rows = req_to_token[fb.req_pool_indices[:n_ext], : max(seq_lens)] if any(prefix_lens) else None
+        window = self.sliding_window_size
         start = 0
         for i, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
-            if p == 0:
-                md.extend.append(_ExtendReq(start, e, None, None))
-            else:
+            req = _ExtendReq(start, e, None if p == 0 else rows[i, : p + e], None)
+            if p or (window is not None and p + e > window):
                 pos_k = torch.arange(p + e, device=device)
                 pos_q = torch.arange(p, p + e, device=device)
-                mask = pos_k[None, :] <= pos_q[:, None]
-                md.extend.append(_ExtendReq(start, e, rows[i, : p + e], mask))
+                causal = pos_k[None, :] <= pos_q[:, None]
+                req.mask = causal if p else None  # no prefix: SDPA's is_causal
+                if window is not None and p + e > window:  # the last query's window misses a key
+                    req.window_mask = causal & (pos_k[None, :] > pos_q[:, None] - window)
+            md.extend.append(req)
             start += e
 
     def _plan_decode(self, md: SDPAMetadata, fb: "ForwardBatch", req_pool_indices, seq_lens_t,
@@ -136,6 +164,7 @@ class TorchSDPABackend(AttentionBackend):
             md.decode.path.begin_forward(md.decode, pool)
 
     def forward_extend(self, q, k, v, layer, forward_batch):
+        self._check_layer(layer)
         k_buf, v_buf = forward_batch.token_to_kv_pool.get_kv_buffer(layer.layer_id)
         out = torch.empty_like(q)
         if forward_batch.num_decode:  # MIXED: the last num_decode rows are decode queries
@@ -147,19 +176,36 @@ class TorchSDPABackend(AttentionBackend):
                 ki, vi = k[s:e], v[s:e]
             else:
                 ki, vi = gather_kv(k_buf, r.kv_indices), gather_kv(v_buf, r.kv_indices)
+            mask = r.window_mask if layer.sliding_window_size is not None and r.window_mask is not None else r.mask
+            if layer.logit_cap:
+                out[s:e] = self._softcap_extend(q[s:e], ki, vi, mask, layer)
+                continue
             o = F.scaled_dot_product_attention(
                 q[s:e].transpose(0, 1).unsqueeze(0),
                 ki.transpose(0, 1).unsqueeze(0),
                 vi.transpose(0, 1).unsqueeze(0),
-                attn_mask=r.mask,
-                is_causal=r.mask is None,
+                attn_mask=mask,
+                is_causal=mask is None,
                 scale=layer.scaling,
                 enable_gqa=True,
             )
             out[s:e] = o[0].transpose(0, 1)
         return out
 
+    @staticmethod
+    def _softcap_extend(q, k, v, mask, layer) -> torch.Tensor:
+        """One request: q [n, heads, D] over k/v [L, kv_heads, D] (mask [n, L], None: causal, L == n)."""
+        n, heads, d = q.shape
+        kvh = k.shape[1]
+        if mask is None:
+            mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril_()
+        qg = q.transpose(0, 1).reshape(kvh, heads // kvh, n, d)  # each KV head's query heads
+        o = softcap_attention(qg, k.transpose(0, 1).unsqueeze(1), v.transpose(0, 1).unsqueeze(1), mask,
+                              layer.scaling, layer.logit_cap)
+        return o.reshape(heads, n, d).transpose(0, 1)
+
     def forward_decode(self, q, k, v, layer, forward_batch):
+        self._check_layer(layer)
         plan = forward_batch.attn_metadata.decode
         if plan is None:  # empty batch
             return torch.empty_like(q)
