@@ -1,7 +1,7 @@
 """GGUF files (llama.cpp's format): HF config from metadata, HF-named dequantized weights.
 
-Only the parts radixlm runs: architectures llama (SmolLM2, Llama 2/3, Mistral),
-qwen2, qwen3 and phi3. Tensors in a format the native kernels read (radixlm.kernels.formats.FORMATS:
+Only the parts radixlm runs: architectures llama (SmolLM2, Llama 2/3, Mistral), qwen2, qwen3,
+phi3, gemma2 and gemma3 (gguf_gemma.py: what llama.cpp fixes by architecture instead of writing it). Tensors in a format the native kernels read (radixlm.kernels.formats.FORMATS:
 Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) can stay quantized
 (keep_quantized); the rest are dequantized to float32 at load with gguf's own (vectorized numpy)
 kernels, so they equal what transformers' GGUF loader produces.
@@ -17,6 +17,8 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
+from radixlm.model.gguf_gemma import GEMMA_ARCHS, gemma_config_kwargs
+
 GGUF_MAGIC = b"GGUF"
 
 # general.architecture -> (HF architectures name, transformers config class name)
@@ -25,7 +27,11 @@ GGUF_ARCHITECTURES = {
     "qwen2": ("Qwen2ForCausalLM", "Qwen2Config"),
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
     "phi3": ("Phi3ForCausalLM", "Phi3Config"),
+    "gemma2": ("Gemma2ForCausalLM", "Gemma2Config"),
+    "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig"),
 }
+# A llama file with a sliding window is a Mistral (llama.cpp writes Mistral as llama).
+_MISTRAL = ("MistralForCausalLM", "MistralConfig")
 
 # {arch}.<key> -> HF config attribute
 _CONFIG_KEYS = {
@@ -57,10 +63,20 @@ _TENSOR_NAMES = {
     "ffn_up": "model.layers.{}.mlp.up_proj",
     "ffn_down": "model.layers.{}.mlp.down_proj",
 }
-# Per architecture, where its tensors differ: llama.cpp keeps Phi-3's fused projections, and its
+# Per architecture, where its tensors differ. Gemma's sandwich norms: ffn_norm is the norm before
+# the MLP, the post norms have their own names. llama.cpp keeps Phi-3's fused projections, and its
 # ffn_up is HF's gate_up_proj (gate rows, then up rows).
+_GEMMA_TENSOR_NAMES = dict(
+    _TENSOR_NAMES,
+    ffn_norm="model.layers.{}.pre_feedforward_layernorm",
+    post_attention_norm="model.layers.{}.post_attention_layernorm",
+    post_ffw_norm="model.layers.{}.post_feedforward_layernorm",
+)
 _ARCH_TENSOR_NAMES = {
-    "phi3": {"attn_qkv": "model.layers.{}.self_attn.qkv_proj", "ffn_up": "model.layers.{}.mlp.gate_up_proj"},
+    "gemma2": _GEMMA_TENSOR_NAMES,
+    "gemma3": _GEMMA_TENSOR_NAMES,
+    "phi3": dict(_TENSOR_NAMES, attn_qkv="model.layers.{}.self_attn.qkv_proj",
+                 ffn_up="model.layers.{}.mlp.gate_up_proj"),
 }
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _TOP_RE = re.compile(r"^(\w+)\.(weight|bias)$")
@@ -140,6 +156,12 @@ def gguf_config(reader):
     rope_scaling = _rope_scaling(reader, arch, kw)
     if rope_scaling:
         kw["rope_scaling"] = rope_scaling
+    window = field(reader, f"{arch}.attention.sliding_window")
+    if arch == "llama" and window:
+        hf_arch, config_cls = _MISTRAL
+        kw["sliding_window"] = window
+    if arch in GEMMA_ARCHS:
+        kw = gemma_config_kwargs(reader, arch, kw)
     if arch == "phi3":
         kw.update(_phi3_config(reader, kw))
     config = getattr(transformers, config_cls)(**kw)
@@ -206,13 +228,14 @@ def _phi3_config(reader, kw: dict) -> dict:
 
 
 def _hf_name(name: str, arch: str = "llama") -> str | None:
+    names = _ARCH_TENSOR_NAMES.get(arch, _TENSOR_NAMES)
     m = _BLOCK_RE.match(name)
     if m:
-        hf = _ARCH_TENSOR_NAMES.get(arch, {}).get(m.group(2)) or _TENSOR_NAMES.get(m.group(2))
+        hf = names.get(m.group(2))
         return None if hf is None else f"{hf.format(m.group(1))}.{m.group(3)}"
     m = _TOP_RE.match(name)
-    if m and m.group(1) in _TENSOR_NAMES:
-        return f"{_TENSOR_NAMES[m.group(1)]}.{m.group(2)}"
+    if m and m.group(1) in names:
+        return f"{names[m.group(1)]}.{m.group(2)}"
     return None
 
 
@@ -234,6 +257,7 @@ def gguf_weights(reader, config, keep_quantized: bool = False) -> Iterator[tuple
 
     arch = field(reader, "general.architecture")
     permute = arch == "llama"  # llama.cpp permutes q/k only for llama
+    norm_offset = arch in GEMMA_ARCHS  # llama.cpp stores Gemma's norm weights as 1 + w
     for t in reader.tensors:
         name = _hf_name(t.name, arch)
         if name is None:  # rope_freqs (read into the config) and the like
@@ -250,6 +274,8 @@ def gguf_weights(reader, config, keep_quantized: bool = False) -> Iterator[tuple
             w = _unpermute(w, config.num_attention_heads)
         elif permute and ".self_attn.k_proj." in name:
             w = _unpermute(w, config.num_key_value_heads)
+        elif norm_offset and name.endswith("norm.weight"):
+            w = w - 1  # exact for the stored fl(1 + w): GemmaRMSNorm adds the 1 back
         yield name, (w if fmt is None else QuantizedTensor(w.contiguous(), fmt, cols))
 
 

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from torch import nn
 
+from radixlm.model.models.gemma2 import Gemma2ForCausalLM
+from radixlm.model.models.gemma3 import Gemma3ForCausalLM
 from radixlm.model.models.llama import LlamaForCausalLM, MistralForCausalLM
 from radixlm.model.models.phi3 import Phi3ForCausalLM
 from radixlm.model.models.qwen2 import Qwen2ForCausalLM
 from radixlm.model.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": MistralForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,

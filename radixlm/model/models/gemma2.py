@@ -1,0 +1,100 @@
+"""Gemma 2: the Llama attention and MLP with Gemma's knobs, in a sandwich-norm decoder layer.
+
+What differs from Llama: embeddings scaled by sqrt(hidden) (in the model dtype, as HF), GemmaRMSNorm
+(x * (1 + w) in float32), a norm before and after both attention and MLP, a GELU-tanh gated MLP,
+query_pre_attn_scalar ** -0.5 as the attention scale, attention and final logit soft-capping,
+and sliding-window (local) layers alternating with global ones (config.layer_types). Gemma 3
+(gemma3.py) turns two more knobs: q/k norms and a RoPE per layer type.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+
+from radixlm.model.forward_batch import ForwardBatch
+from radixlm.model.layers.activation import GeluAndMul
+from radixlm.model.layers.linear import VocabEmbedding
+from radixlm.model.layers.norm import GemmaRMSNorm
+from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
+from radixlm.model.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, get_head_dim
+
+# HF hidden_activation -> F.gelu's approximate
+_GELU = {"gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu": "none"}
+
+
+def gemma_act(config: Any) -> GeluAndMul:
+    act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None) or "gelu_pytorch_tanh"
+    if act not in _GELU:
+        raise ValueError(f"unsupported Gemma hidden_activation {act!r}; supported: {', '.join(_GELU)}")
+    return GeluAndMul(_GELU[act])
+
+
+class Gemma2DecoderLayer(nn.Module):
+    def __init__(self, config: Any, layer_id: int, rotary_emb: RotaryEmbedding, qk_norm: bool):
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.self_attn = LlamaAttention(
+            config, layer_id, rotary_emb, qkv_bias=bool(getattr(config, "attention_bias", False)), qk_norm=qk_norm,
+            scaling=config.query_pre_attn_scalar**-0.5, logit_cap=getattr(config, "attn_logit_softcapping", None) or 0.0,
+            norm_cls=GemmaRMSNorm)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, act_fn=gemma_act(config))
+        self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=eps)
+        self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps=eps)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(config.hidden_size, eps=eps)
+        self.post_feedforward_layernorm = GemmaRMSNorm(config.hidden_size, eps=eps)
+
+    def forward(self, positions, hidden, forward_batch, residual):
+        # The residual stream rides along as in Llama; the post norms apply to the branch outputs
+        # before they join it (HF: residual + post_norm(branch)).
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.post_attention_layernorm(self.self_attn(positions, hidden, forward_batch))
+        hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
+        return self.post_feedforward_layernorm(self.mlp(hidden)), residual
+
+
+class Gemma2Model(nn.Module):
+    def __init__(self, config: Any, rotary_embs: list[RotaryEmbedding], qk_norm: bool = False):
+        """rotary_embs: each layer's RoPE (shared objects: one cos/sin cache per kind)."""
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        # HF multiplies by sqrt(hidden) cast to the weights' dtype (Gemma2TextScaledWordEmbedding).
+        self.register_buffer("normalizer", torch.tensor(math.sqrt(config.hidden_size), dtype=torch.float32),
+                             persistent=False)
+        self.layers = nn.ModuleList(
+            Gemma2DecoderLayer(config, i, rotary_embs[i], qk_norm) for i in range(config.num_hidden_layers))
+        self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, input_ids, positions, forward_batch: ForwardBatch) -> torch.Tensor:
+        forward_batch.attn_backend.begin_forward(forward_batch)
+        hidden = self.embed_tokens(input_ids)
+        hidden = hidden * self.normalizer.to(hidden.dtype)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, forward_batch, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class Gemma2ForCausalLM(LlamaForCausalLM):
+    qk_norm = False
+
+    def build_model(self, config: Any) -> nn.Module:
+        return Gemma2Model(config, self.rotary_embs(config), qk_norm=self.qk_norm)
+
+    def rotary_embs(self, config: Any) -> list[RotaryEmbedding]:
+        """Each layer's RoPE: Gemma 2 has one for all."""
+        return [get_rope(get_head_dim(config), config)] * config.num_hidden_layers
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        logits = super().compute_logits(hidden_states)
+        cap = getattr(self.config, "final_logit_softcapping", None)
+        if cap:  # HF: cap * tanh(logits / cap), on the lm_head's output
+            logits = torch.tanh(logits / cap) * cap
+        return logits
