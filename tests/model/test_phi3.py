@@ -235,16 +235,24 @@ def test_greedy_crossing_the_original_context(models):
     assert _greedy(loaded, [prompt]) == [ref]
 
 
-def test_sliding_window_caps_the_context(tmp_path):
-    """Phi-3-mini-4k's window (2047 < 4096) is read from the GGUF and caps the served context, where
-    the full attention radixlm computes equals the window's."""
+def test_sliding_window_from_gguf(tmp_path):
+    """Phi-3-mini-4k's window (2047 < 4096) is read from the GGUF and reaches every layer's
+    attention: a prompt longer than the window gives transformers' logits (which apply it too)."""
     cfg = _phi3_config("plain")
     cfg.sliding_window = 16
     hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
     path = str(tmp_path / "window.gguf")
     write_phi3_gguf(path, hf, cfg)
     loaded = load_model(path)
-    assert loaded.hf_config.sliding_window == 16 and loaded.context_len == 16
+    assert loaded.hf_config.sliding_window == 16 and loaded.context_len == cfg.max_position_embeddings
+    assert {layer.self_attn.attn.sliding_window_size for layer in loaded.model.model.layers} == {16}
+    (seq,) = _prompts([40], seed=8)
+    h = PoolHarness(loaded.model, loaded.hf_config)
+    req = h.new_request()
+    (out,) = h.extend([req], [seq[:-1]])
+    out = torch.cat([out, h.decode([req], [seq[-1]])])
+    ref = hf_logits(hf, seq)
+    assert (out - ref).abs().max().item() < ATOL
 
 
 def test_quantized_fused_tensors_stay_whole(tmp_path):

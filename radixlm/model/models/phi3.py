@@ -9,10 +9,8 @@ Differences from Llama, all outside the graph:
   ones past it, as transformers' forward does; a request that crosses that length while decoding
   keeps the keys it cached with the short factors, where transformers' generate would recompute
   the whole sequence once (LongRopeRotaryEmbedding);
-- `sliding_window`: not implemented as such. A window at least the context length changes
-  nothing (Phi-3-mini-128k, Phi-3.5: 262144); a smaller one (Phi-3-mini-4k: 2047) makes the loader
-  cap the served context to the window (loader._context_len, as for Mistral), where full attention
-  equals sliding-window attention.
+- `sliding_window` (Phi-3-mini-4k: 2047) applies to every layer, as for Mistral
+  (llama.get_sliding_window); one at least the context length changes nothing (128k, 3.5).
 """
 
 from __future__ import annotations
