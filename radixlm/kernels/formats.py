@@ -1,8 +1,10 @@
-"""Quantized weight formats the kernels read: GGUF block formats and per-channel int8.
+"""Weight formats the kernels read: GGUF block formats, per-channel int8, and 16-bit floats.
 
 A quantized matrix is a uint8 tensor [rows, row_bytes] holding each row's blocks exactly as a GGUF
 file stores them (so a GGUF tensor is used as is, and `gguf.quants` is the reference), or, for
-int8, a float32 scale followed by the row's int8 values. The ids match csrc/common.h's Fmt.
+int8, a float32 scale followed by the row's int8 values. F16 and BF16 (GGUF's, block 1) are the
+row's 16-bit values as stored; their kernels keep activations in fp32 where the block formats
+round them to int8. The ids match csrc/common.h's Fmt.
 """
 
 from __future__ import annotations
@@ -52,8 +54,13 @@ FORMATS = {
         QuantFormat("q3_k", 12, 256, 110),
         QuantFormat("q2_k", 13, 256, 84),
         QuantFormat("iq4_xs", 14, 256, 136),
+        QuantFormat("f16", 15, 1, 2),
+        QuantFormat("bf16", 16, 1, 2),
     )
 }
+# Formats whose kernels take fp32 activations as they are (csrc/float16_gemm.cpp); the others
+# quantize each activation row to int8 per 32 values first.
+FLOAT16 = ("f16", "bf16")
 # The 8-row interleaved layouts (csrc/quant_x8.cpp) the loader repacks these formats into when a
 # matrix has a multiple of 8 rows: one integer multiply-add then serves 8 rows (2-2.7x the row-major
 # kernels, docs/benchmarks.md). Q4_0 shares Q4_1's kernel (its offset -8 d becomes the min).
@@ -78,6 +85,8 @@ def quantize(w: torch.Tensor, name: str) -> torch.Tensor:
     if not fmt.supports(w.shape[1]):
         raise ValueError(f"{name} needs columns in multiples of {fmt.block}, got {w.shape[1]}")
     w = w.detach().float().cpu()
+    if name in FLOAT16:  # round to nearest even, as gguf's converters do
+        return w.to(torch.float16 if name == "f16" else torch.bfloat16).view(torch.uint8).contiguous()
     if name == "int8":
         scale = w.abs().amax(dim=1, keepdim=True) / 127.0
         q = torch.where(scale > 0, torch.round(w / scale.clamp_min(1e-30)), 0.0).to(torch.int8)
@@ -88,7 +97,10 @@ def quantize(w: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def dequantize_reference(q: torch.Tensor, name: str, cols: int) -> torch.Tensor:
-    """The reference the kernels are tested against: gguf's numpy dequantizers (int8: scale * q)."""
+    """The reference the kernels are tested against: gguf's numpy dequantizers (int8: scale * q;
+    f16 / bf16: torch's exact widening)."""
+    if name in FLOAT16:
+        return q.contiguous().view(torch.float16 if name == "f16" else torch.bfloat16).float().reshape(-1, cols)
     if name == "int8":
         scale = q[:, :4].contiguous().view(torch.float32)
         return q[:, 4:].contiguous().view(torch.int8).float() * scale

@@ -1,10 +1,13 @@
 """GGUF files (llama.cpp's format): HF config from metadata, HF-named dequantized weights.
 
 Only the parts radixlm runs: architectures llama (SmolLM2, Llama 2/3, Mistral), qwen2, qwen3,
-phi3, gemma2 and gemma3 (gguf_gemma.py: what llama.cpp fixes by architecture instead of writing it). Tensors in a format the native kernels read (radixlm.kernels.formats.FORMATS:
-Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS) can stay quantized
-(keep_quantized); the rest are dequantized to float32 at load with gguf's own (vectorized numpy)
-kernels, so they equal what transformers' GGUF loader produces.
+phi3, gemma2 and gemma3 (gguf_gemma.py: what llama.cpp fixes by architecture instead of writing it).
+With keep_quantized, 2-D weights in a format the native kernels read (radixlm.kernels.formats.FORMATS:
+Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, F16, BF16) stay as
+stored, F32 ones are plain float32, and any other type is refused by name (no silent float32
+copy at several times the file's memory); 1-D tensors (norms, biases) are always float32.
+Without keep_quantized every tensor is dequantized to float32 at load with gguf's own (vectorized
+numpy) kernels, so they equal what transformers' GGUF loader produces.
 """
 
 from __future__ import annotations
@@ -247,12 +250,13 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
 
 def gguf_weights(reader, config, keep_quantized: bool = False) -> Iterator[tuple[str, Any]]:
     """(HF name, tensor) for every model tensor, one at a time (peak memory stays at the model
-    plus one tensor): a QuantizedTensor for 2-D tensors in a kernel format when keep_quantized,
-    else float32. Single-threaded on purpose: numpy's dequant kernels are memory-bound and
-    threads made them slower here."""
+    plus one tensor): a QuantizedTensor for 2-D tensors in a kernel format when keep_quantized
+    (ValueError for a 2-D type with no kernel other than F32), else float32. Single-threaded on
+    purpose: numpy's dequant kernels are memory-bound and threads made them slower here."""
+    from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    from radixlm.kernels.formats import format_of_ggml
+    from radixlm.kernels.formats import FORMATS, format_of_ggml
     from radixlm.model.layers.quantized import QuantizedTensor
 
     arch = field(reader, "general.architecture")
@@ -263,9 +267,14 @@ def gguf_weights(reader, config, keep_quantized: bool = False) -> Iterator[tuple
         if name is None:  # rope_freqs (read into the config) and the like
             continue
         fmt = format_of_ggml(t.tensor_type) if keep_quantized and t.data.ndim == 2 else None
+        if keep_quantized and t.data.ndim == 2 and fmt is None and t.tensor_type != GGMLQuantizationType.F32:
+            raise ValueError(f"{t.name} ({name}): GGUF type {t.tensor_type.name} has no native kernel in radixlm "
+                             f"(supported: {', '.join(f.upper() for f in FORMATS if f != 'int8')}, F32); "
+                             f"--quantization none loads it dequantized to float32")
         if fmt is not None:
-            # Row permutations act on whole rows, so q/k un-permute the blocks as they are.
-            w = torch.from_numpy(np.array(t.data, dtype=np.uint8))
+            # Row permutations act on whole rows, so q/k un-permute the blocks as they are. The
+            # reader gives F16 as float16 values, the others as bytes: the bytes either way.
+            w = torch.from_numpy(np.array(t.data).view(np.uint8))
             cols = w.shape[1] // fmt.block_bytes * fmt.block
         else:
             arr = dequantize(t.data, t.tensor_type)

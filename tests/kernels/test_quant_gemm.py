@@ -5,15 +5,17 @@ dequantized weight; the kernel must match it to float32 rounding, |err| <= 1e-5 
 wrong nibble, scale or block offset shows up as O(1)). (2) plain fp32 x @ W.T: then the error is
 the 8-bit activation quantization's, at most half a step per value: |err| <= sum (d_i / 2) |w_i|,
 d_i = the block's max|x| / 127 (relative to max|ref| that is ~0.5% for random data).
+F16 / BF16 keep activations in fp32: their one reference is the widened weight times x in float64.
 """
 
 import pytest
 import torch
 
-from radixlm.kernels.formats import FORMATS, INTERLEAVED, dequantize_reference, quantize
+from radixlm.kernels.formats import FLOAT16, FORMATS, INTERLEAVED, dequantize_reference, quantize
 from radixlm.model.layers.quantized import QuantizedMatrix, QuantizedTensor
 
 EXACT_RTOL = 1e-5  # vs the exact reference, relative to sum |x_i w_i|
+BLOCK_FORMATS = [n for n in FORMATS if n not in FLOAT16]  # int8 activations
 
 
 # Formats gguf has no quantizer for: where each block's fp16 scales sit (byte offset, how many).
@@ -73,7 +75,7 @@ SHAPES = [(1, 37, 1), (2, 64, 2), (3, 1, 3), (4, 130, 1), (5, 17, 2), (7, 96, 3)
           (8, 67, 2), (17, 3, 1), (1, 67, 3)]
 
 
-@pytest.mark.parametrize("name", list(FORMATS))
+@pytest.mark.parametrize("name", BLOCK_FORMATS)
 def test_qlinear_matches_dequantized_reference(kernel_ops, name):
     g = torch.Generator().manual_seed(list(FORMATS).index(name))
     fmt = FORMATS[name]
@@ -180,7 +182,7 @@ def test_kernel_rows_equal_single_row_calls(kernel_ops, name):
     every M in the tile remainders and an odd number of weight rows."""
     g = torch.Generator().manual_seed(5)
     fmt = FORMATS[name]
-    k = 2 * fmt.block
+    k = 2 * fmt.block if fmt.block > 1 else 67  # 16-bit floats: 8-value chunks and a tail of 3
     w = random_quantized(name, 67, k, g)
     x, bias = torch.randn(64, k, generator=g), torch.randn(67, generator=g)
     singles = torch.cat([kernel_ops.qlinear(x[i:i + 1].clone(), w, fmt.kernel_id, bias) for i in range(64)])
@@ -237,3 +239,77 @@ def test_vnni_tiles_equal_avx2_tiles_bitwise(kernel_ops, fmt):
         kernel_ops.qlinear_isa("avx512vnni")
     with pytest.raises(RuntimeError, match="must be 'avx2' or 'avx512vnni'"):
         kernel_ops.qlinear_isa("sse2")
+
+
+# (activation rows M, weight rows, in_features): K below, at and past the 8-value chunks with
+# ragged tails; M over the 1 x 4 (decode) and 4 x 2 tiles' remainders.
+FLOAT16_SHAPES = [(1, 37, 1), (1, 67, 8), (2, 64, 9), (3, 1, 515), (4, 130, 64), (5, 17, 23), (7, 96, 130),
+                  (13, 33, 1000), (64, 9, 40), (70, 67, 17), (1, 4, 4096)]
+
+
+def float_dot_bound(x, w, bias=None):
+    """The fp32 error bound of the kernels' dot (gamma_n (sum_i |x_i w_i| + |b|)): a product passes
+    through at most n = K // 8 chunk FMAs + 3 hsum adds + K % 8 tail adds (+ 1 multiply there) + the
+    bias add, each rounding by at most 2^-24 (1.01: gamma_n's n u / (1 - n u) and float64's own)."""
+    k = x.shape[1]
+    n = k // 8 + 3 + k % 8 + 1 + 1
+    mag = x.abs().double() @ w.abs().double().T
+    if bias is not None:
+        mag = mag + bias.abs().double()
+    return 1.01 * n * 2.0 ** -24 * mag
+
+
+@pytest.mark.parametrize("name", FLOAT16)
+def test_float16_qlinear_matches_fp64_reference(kernel_ops, name):
+    """F16 / BF16 weights: dequantize and row lookups are torch's widening bitwise, and qlinear on
+    fp32 activations is the float64 product of x and the widened weight within fp32 accumulation."""
+    g = torch.Generator().manual_seed(20 + FLOAT16.index(name))
+    fid = FORMATS[name].kernel_id
+    for m, n, k in FLOAT16_SHAPES:
+        w = quantize(torch.randn(n, k, generator=g), name)
+        assert w.shape == (n, 2 * k) and w.dtype == torch.uint8
+        w_ref = dequantize_reference(w, name, k)
+        assert torch.equal(kernel_ops.dequantize(w, fid, k), w_ref), f"{name}: dequantize"
+        ids = torch.randint(0, n, (5,), generator=g)
+        assert torch.equal(kernel_ops.dequantize_rows(w, fid, k, ids), w_ref[ids])
+        x, bias = torch.randn(m, k, generator=g), torch.randn(n, generator=g)
+        y = kernel_ops.qlinear(x, w, fid, bias)
+        ref = x.double() @ w_ref.double().T + bias.double()
+        assert ((y.double() - ref).abs() <= float_dot_bound(x, w_ref, bias)).all(), f"{name} {m}x{k}x{n}"
+
+
+@pytest.mark.parametrize("name", FLOAT16)
+def test_float16_widening_is_exact_over_all_bit_patterns(kernel_ops, name):
+    """Every finite 16-bit pattern (subnormals, extremes, -0) widens as torch does, in the 8-value
+    chunks and the scalar tail alike (a row of 65535 values ends in a tail of 7)."""
+    bits = torch.arange(0, 65536, dtype=torch.int32)
+    exp_all_ones = (bits >> 10 & 0x1F) == 0x1F if name == "f16" else (bits >> 7 & 0xFF) == 0xFF
+    bits = bits[~exp_all_ones]
+    bits = torch.cat([bits, bits[: 7 - (bits.numel() % 8) + 8]])  # a ragged tail
+    w = bits.to(torch.int16).view(torch.uint8).reshape(1, -1)
+    k = bits.numel()
+    ref = dequantize_reference(w, name, k)
+    assert torch.isfinite(ref).all() and k % 8 != 0
+    assert torch.equal(kernel_ops.dequantize(w, FORMATS[name].kernel_id, k), ref)
+
+
+@pytest.mark.parametrize("name", FLOAT16)
+def test_float16_embedding_and_lm_head(kernel_ops, name):
+    """A tied embedding kept 16-bit: the lookup is the widened rows bitwise, the LM head the
+    widened weight's product."""
+    from radixlm.model.layers.linear import VocabEmbedding
+
+    g = torch.Generator().manual_seed(30)
+    vocab, hidden = 101, 72
+    w = quantize(torch.randn(vocab, hidden, generator=g), name)
+    emb = VocabEmbedding(vocab, hidden)
+    emb.set_quantized([QuantizedTensor(w, FORMATS[name], hidden)])
+    assert emb.qweight.formats == [name] and emb.qweight.nbytes == vocab * hidden * 2
+    w_ref = dequantize_reference(w, name, hidden)
+    ids = torch.tensor([[0, 100, 7], [55, 55, 3]])
+    assert torch.equal(emb(ids), w_ref[ids])
+    h = torch.randn(2, 3, hidden, generator=g)
+    logits = emb.as_lm_head(h)
+    assert logits.shape == (2, 3, vocab)
+    ref = h.reshape(-1, hidden).double() @ w_ref.double().T
+    assert ((logits.reshape(-1, vocab).double() - ref).abs() <= float_dot_bound(h.reshape(-1, hidden), w_ref)).all()

@@ -55,7 +55,8 @@ def _llama_cpp_rope_freqs(theta: float, dim: int, rs: dict) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def _write_gguf(path: str, arch: str, hf, cfg) -> None:
+def _write_gguf(path: str, arch: str, hf, cfg, matrix_type: str = "f32") -> None:
+    """matrix_type: how 2-D weights are stored, "f32", "f16" or "bf16" (as the converter's --outtype)."""
     import gguf
 
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -90,7 +91,13 @@ def _write_gguf(path: str, arch: str, hf, cfg) -> None:
         else:
             gname = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                      "lm_head.weight": "output.weight"}[name]
-        w.add_tensor(gname, a)
+        if a.ndim == 2 and matrix_type == "f16":
+            w.add_tensor(gname, a.astype(np.float16))
+        elif a.ndim == 2 and matrix_type == "bf16":
+            raw = torch.from_numpy(a).bfloat16().view(torch.uint8).numpy()
+            w.add_tensor(gname, raw, raw_dtype=gguf.GGMLQuantizationType.BF16)  # bytes [rows, 2 cols]
+        else:
+            w.add_tensor(gname, a)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -28,14 +28,21 @@ enum Fmt : int64_t {
   FMT_Q3_K = 12,    // 256 values: hmask[32], 2-bit qs[64], scales[12], fp16 d
   FMT_Q2_K = 13,    // 256 values: scales[16], 2-bit qs[64], fp16 d, dmin
   FMT_IQ4_XS = 14,  // 256 values: fp16 d, scales_h[2], scales_l[4], nibbles[128]
+  // 16-bit floats (float16_gemm.cpp): a row is its values as stored; activations stay fp32.
+  FMT_F16 = 15,   // IEEE half
+  FMT_BF16 = 16,  // bfloat16 (a float32's top 16 bits)
 };
 
 inline bool fmt_is_x8(int64_t f) { return f == FMT_Q4X8 || f == FMT_Q8X8; }
 // Weight rows per stored row: 8 for the interleaved formats.
 inline int64_t fmt_group(int64_t f) { return fmt_is_x8(f) ? 8 : 1; }
 
+inline bool fmt_is_float16(int64_t f) { return f == FMT_F16 || f == FMT_BF16; }
+
 inline int64_t fmt_block(int64_t f) {
   switch (f) {
+    case FMT_F16:
+    case FMT_BF16: return 1;
     case FMT_Q4_K:
     case FMT_Q6_K:
     case FMT_Q5_K:
@@ -62,6 +69,8 @@ inline int64_t fmt_block_bytes(int64_t f) {
     case FMT_Q3_K: return 110;
     case FMT_Q2_K: return 84;
     case FMT_IQ4_XS: return 136;
+    case FMT_F16:
+    case FMT_BF16: return 2;
   }
   TORCH_CHECK(false, "unknown quantized format id ", f);
 }

@@ -162,6 +162,12 @@ void qlinear_out(const at::Tensor& x_, const at::Tensor& w, int64_t fmt, const c
     bp = b.data_ptr<float>();
   }
   if (M == 0) return;
+  if (fmt_is_float16(fmt)) {  // fp32 activations as they are: no int8 grid
+    const at::Tensor x = x_.contiguous();
+    gemm_float16(fmt, w.data_ptr<uint8_t>(), w.size(1), N, x.data_ptr<float>(), K, M, K, out.data_ptr<float>(),
+                 out.stride(0), bp);
+    return;
+  }
   TORCH_CHECK(K / 32 <= MAX_BLOCKS, "qlinear: in_features ", K, " above ", MAX_BLOCKS * 32);
   auto [q, d, s] = quantize_act(x_);
   QAct a{q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>(), K, K / 32};
@@ -259,7 +265,7 @@ void dequant_row(int64_t fmt, const uint8_t* w, int64_t K, float* y) {
       }
       break;
     default:
-      TORCH_CHECK(dequant_row_gguf(fmt, w, K, y), "unknown quantized format id ", fmt);
+      TORCH_CHECK(dequant_row_gguf(fmt, w, K, y) || dequant_row_float16(fmt, w, K, y), "unknown quantized format id ", fmt);
   }
 }
 

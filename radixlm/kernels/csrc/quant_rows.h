@@ -152,5 +152,9 @@ void gemm(const uint8_t* W, int64_t row_bytes, int64_t N, const QAct& a, int64_t
 bool gemm_gguf(int64_t fmt, const uint8_t* W, int64_t row_bytes, int64_t N, const QAct& a, int64_t M, float* out,
                int64_t ldo, const float* bias);
 bool dequant_row_gguf(int64_t fmt, const uint8_t* w, int64_t K, float* y);
+// The 16-bit float formats (float16_gemm.cpp), on fp32 activations x [M, K] (row stride ldx).
+bool gemm_float16(int64_t fmt, const uint8_t* W, int64_t row_bytes, int64_t N, const float* x, int64_t ldx, int64_t M,
+                  int64_t K, float* out, int64_t ldo, const float* bias);
+bool dequant_row_float16(int64_t fmt, const uint8_t* w, int64_t K, float* y);
 
 }  // namespace radixlm

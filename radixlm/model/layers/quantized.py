@@ -89,7 +89,7 @@ class QuantizedMatrix:
         x2 = x.reshape(-1, self.cols)
         if x2.dtype != torch.float32:
             x2 = x2.float()
-        # The int8 kernels at every batch size: each output row is computed by the same operations
+        # The native kernels at every batch size: each output row is computed by the same operations
         # whatever else is batched (bitwise), so chunking, decode vs prefill and neighbours never
         # change a token. (A dequantize + fp32 GEMM path for large batches would not be: the int8
         # activation grid turns its last-bit differences into different roundings downstream.)
