@@ -3,7 +3,10 @@ same workloads, one system at a time on an otherwise idle machine (DEVELOPERS.md
 llama-server from the llama.cpp source in the llama-cpp-python sdist, outside this repo).
 Optionally (--offline) radixlm's in-process Engine vs HF transformers `generate`.
 
-    python benchmarks/compare.py --llama-server /path/to/llama-server [--scale 0.25] [--write-docs]
+    python benchmarks/compare.py --llama-server /path/to/llama-server [--model F.gguf] [--scale 0.25] [--write-docs]
+
+--model: the GGUF every system serves (default: the embedded SmolLM2-135M), e.g. a random-weight
+file of a real model's shape from benchmarks/make_random_gguf.py.
 
 Every system gets the same client (`radixlm bench serving --backend openai`, /v1/completions,
 streaming, temperature 0, ignore_eos) and the same prompts (same seed).
@@ -57,10 +60,11 @@ def workloads(scale: float) -> list[Workload]:
     ]
 
 
-def bench_args(base_url: str, extra: dict) -> argparse.Namespace:
+def bench_args(base_url: str, extra: dict, gguf: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     serving.add_args(p)
-    args = p.parse_args(["--backend", "openai", "--base-url", base_url, "--disable-tqdm"])
+    # The served file's tokenizer builds the prompts and counts tokens.
+    args = p.parse_args(["--backend", "openai", "--base-url", base_url, "--disable-tqdm", "--tokenizer", gguf])
     for k, v in extra.items():
         setattr(args, k, v)
     return args
@@ -70,16 +74,16 @@ def llama_server(binary: str, gguf: str, threads: int) -> ServerProcess:
     # 8 slots, each with room for a gsp prompt (1,120 tokens) plus margin.
     return ServerProcess(command=lambda port: [binary, "-m", gguf, "-np", "8", "-c", "16384", "-t", str(threads),
                                                "--host", "127.0.0.1", "--port", str(port), "--no-webui"],
-                         name="llama-server", timeout=120)
+                         name="llama-server", timeout=900)
 
 
-def run_system(name: str, start, loads: list[Workload]) -> dict:
+def run_system(name: str, start, loads: list[Workload], gguf: str) -> dict:
     server = start()
     results = {}
     try:
         for w in loads:
             print(f"== {name} / {w.name}", flush=True)
-            res = serving.run(bench_args(server.url, w.args))
+            res = serving.run(bench_args(server.url, w.args, gguf))
             res.pop("outputs", None)
             results[w.name] = res
             print(f"   output {res['output_throughput']:.1f} tok/s, TTFT p50 {res['p50_ttft_ms']:.0f} ms, "
@@ -89,25 +93,26 @@ def run_system(name: str, start, loads: list[Workload]) -> dict:
     return results
 
 
-def offline_compare(num: int, input_len: int, output_len: int) -> dict:
+def offline_compare(path: str, num: int, input_len: int, output_len: int) -> dict:
     """Greedy generation of the same token prompts, all at once: radixlm Engine vs HF generate."""
     import random
 
     import torch
 
     from radixlm.engine.engine import Engine
+    from radixlm.model.loader import load_model_config
 
     rng = random.Random(0)
-    prompts = [[rng.randrange(256, 49152) for _ in range(input_len)] for _ in range(num)]
+    top = min(49152, load_model_config(path).vocab_size)  # SmolLM2's vocab, also the random files' real tokens
+    prompts = [[rng.randrange(256, top) for _ in range(input_len)] for _ in range(num)]
     sp = {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True}
-    with Engine(None, log_level="warning") as engine:
+    with Engine(path, log_level="warning") as engine:
         engine.generate(input_ids=prompts[0][:16], sampling_params={"max_new_tokens": 2})
         t = time.perf_counter()
         engine.generate(input_ids=prompts, sampling_params=sp)
         radixlm_s = time.perf_counter() - t
     from transformers import AutoModelForCausalLM
 
-    path = default_model_path()
     model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                                  torch_dtype=torch.float32).eval()
     ids = torch.tensor(prompts)
@@ -153,6 +158,7 @@ def table(results: dict, loads: list[Workload]) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--llama-server", help="path to a llama-server binary (omit to skip it)")
+    p.add_argument("--model", help="the GGUF every system serves (default: the embedded SmolLM2-135M)")
     p.add_argument("--systems", default="radixlm,radixlm-no-cache,llama-server")
     p.add_argument("--workloads", default="gsp,multi-turn,random,single-stream,prefill-512")
     p.add_argument("--scale", type=float, default=1.0, help="shrink the request counts (1.0: the issue's sizes)")
@@ -162,12 +168,13 @@ def main() -> int:
     p.add_argument("--output", default=None, help="write all results as JSON")
     p.add_argument("--write-docs", action="store_true", help="append the tables to docs/benchmarks.md")
     a = p.parse_args()
-    gguf = default_model_path()
+    gguf = os.path.abspath(a.model) if a.model else default_model_path()
     loads = [w for w in workloads(a.scale) if w.name in a.workloads.split(",")]
     extra = shlex.split(a.radixlm_args)
     starters = {
-        "radixlm": lambda: ServerProcess(*extra),
-        "radixlm-no-cache": lambda: ServerProcess("--disable-radix-cache", *extra),
+        # Big files load for minutes: the timeouts only bound a server that never comes up.
+        "radixlm": lambda: ServerProcess("--model-path", gguf, *extra, timeout=900),
+        "radixlm-no-cache": lambda: ServerProcess("--model-path", gguf, "--disable-radix-cache", *extra, timeout=900),
         "llama-server": lambda: llama_server(a.llama_server, gguf, a.threads),
     }
     results = {}
@@ -175,9 +182,9 @@ def main() -> int:
         if name == "llama-server" and not a.llama_server:
             print("skipping llama-server (no --llama-server)")
             continue
-        results[name] = run_system(name, starters[name], loads)
+        results[name] = run_system(name, starters[name], loads, gguf)
     md = table(results, loads)
-    offline = offline_compare(16, 200, 64) if a.offline else None
+    offline = offline_compare(gguf, 16, 200, 64) if a.offline else None
     if offline:
         md += (f"\n\nOffline, {offline['prompts']} prompts x {offline['input_len']} tokens, {offline['output_len']} out "
                f"each, all at once, greedy: radixlm Engine {offline['radixlm_tok_s']:.1f} out tok/s, HF transformers "
@@ -189,7 +196,7 @@ def main() -> int:
         cmd = "python benchmarks/compare.py " + shlex.join(sys.argv[1:])
         with open(ROOT / "docs" / "benchmarks.md", "a") as f:
             f.write(f"\n## radixlm vs llama-server ({datetime.now():%Y-%m-%d %H:%M}, {platform.processor() or 'cpu'}, "
-                    f"{os.cpu_count()} cores)\n\n`{cmd}`\n\n{md}\n")
+                    f"{os.cpu_count()} cores, {os.path.basename(gguf)})\n\n`{cmd}`\n\n{md}\n")
     return 0
 
 

@@ -1,0 +1,273 @@
+"""A random-weight GGUF with a real model's shape, for speed benchmarks on realistic sizes
+(issue 34): both radixlm and llama.cpp's llama-server load it, so compare.py --model can serve
+the same file to both.
+
+    python benchmarks/make_random_gguf.py --shape llama-3.2-1b --type q8_0 -o /data/llama-3.2-1b.q8_0.gguf
+    python benchmarks/make_random_gguf.py --shape llama-3-8b --type q4_k_m -o /data/llama-3-8b.q4_k_m.gguf \\
+        --llama-quantize ~/.cache/peers/llama_cpp_python-*/vendor/llama.cpp/build/bin/llama-quantize
+    python benchmarks/make_random_gguf.py --shape qwen2.5-1.5b --type q4_0 --dry-run   # the plan, no file
+
+f16 / q8_0 / q4_0 are written directly; k-quants and iq4_xs go through llama.cpp's llama-quantize
+from an F16 (Q8_0 above 4B parameters, to halve the intermediate file) file. Outputs of random
+weights are noise: benchmarks must fix output lengths (ignore_eos), as compare.py's client does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # run as a script: benchmarks/ is on the path, the repo root is not
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.model_shapes import SHAPES, Shape  # noqa: E402
+
+DIRECT_TYPES = ("f16", "q8_0", "q4_0")
+# --type -> llama-quantize's type name
+LLAMA_QUANTIZE_TYPES = {"q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q6_k": "Q6_K", "iq4_xs": "IQ4_XS"}
+BUILD_HINT = ("build it with /work/shared/peers/build-llama-server.sh (or ../shared/peers/ from the repo), then "
+              "`cmake --build build --target llama-quantize` in the llama.cpp tree it prints; the binary is "
+              "<that tree>/build/bin/llama-quantize")
+PAD_TOKEN = "[PAD{}]"  # what llama.cpp's converter names the vocab's padding tokens
+CHUNK_VALUES = 1 << 22  # values drawn per step: bounds the float32 scratch to 16 MB
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    name: str
+    shape: tuple[int, ...]  # numpy order: [rows, cols] or [n]
+    ggml_type: object  # gguf.GGMLQuantizationType
+
+    @property
+    def nbytes(self) -> int:
+        import gguf
+
+        block, type_size = gguf.GGML_QUANT_SIZES[self.ggml_type]
+        return math.prod(self.shape) // block * type_size
+
+
+def _output_name(shape: Shape) -> str:
+    # A tied model's token_embd is its output matrix too; llama.cpp types it as the output.
+    return "token_embd.weight" if shape.tied else "output.weight"
+
+
+def tensor_type(name: str, dims: tuple[int, ...], shape: Shape, type_name: str):
+    """The GGML type of a tensor in a `type_name` file, as llama.cpp makes one: 1-D tensors F32;
+    f16 and q8_0 (convert_hf_to_gguf --outtype) every matrix; q4_0 every matrix except the output,
+    which llama-quantize makes Q6_K and gguf-py cannot write, so Q8_0, the nearest it can."""
+    import gguf
+
+    T = gguf.GGMLQuantizationType
+    if len(dims) == 1:
+        return T.F32
+    if type_name == "q4_0" and name == _output_name(shape):
+        return T.Q8_0
+    return {"f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0}[type_name]
+
+
+def plan(shape: Shape, type_name: str) -> list[TensorPlan]:
+    """Every tensor of the file, in order (rope_freqs first, as the converter writes it)."""
+    import gguf
+
+    out = []
+    if shape.llama3_rope:
+        out.append(TensorPlan("rope_freqs.weight", (shape.head_dim // 2,), gguf.GGMLQuantizationType.F32))
+    out += [TensorPlan(n, d, tensor_type(n, d, shape, type_name)) for n, d in shape.tensors()]
+    return out
+
+
+def llama3_rope_freqs(theta: float, head_dim: int, rs: dict) -> np.ndarray:
+    """llama.cpp's rope_freqs for HF's llama3 rope_scaling: per frequency, the factor its
+    wavelength is divided by (1 for short wavelengths, `factor` for long ones, smooth between)."""
+    freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
+    wavelen = 2 * math.pi / freqs
+    orig, lo, hi, factor = (rs["original_max_position_embeddings"], rs["low_freq_factor"], rs["high_freq_factor"],
+                            rs["factor"])
+    smooth = (orig / wavelen - lo) / (hi - lo)
+    mid = 1 / ((1 - smooth) / factor + smooth)
+    out = np.where(wavelen < orig / hi, 1.0, np.where(wavelen > orig / lo, factor, mid))
+    return out.astype(np.float32)
+
+
+def padded_vocab(tokens: list[str], types: list[int], size: int) -> tuple[list[str], list[int]]:
+    """The tokenizer's tokens padded to the model's vocab with unique `[PAD{id}]` tokens of type
+    NORMAL (llama.cpp's converter pads with that name; NORMAL so every engine detokenizes them to
+    text: a random model samples them as often as real tokens)."""
+    if size < len(tokens):
+        raise ValueError(f"vocab {size} is smaller than the tokenizer's {len(tokens)} tokens")
+    pads = [PAD_TOKEN.format(i) for i in range(len(tokens), size)]
+    if set(pads) & set(tokens):
+        raise ValueError("padding tokens collide with the tokenizer's own")
+    return tokens + pads, types + [1] * len(pads)  # 1: gguf.TokenType.NORMAL
+
+
+def _copy_tokenizer(writer, tokenizer_gguf: str, vocab: int) -> None:
+    """Every tokenizer.* key of `tokenizer_gguf` (a gpt2 BPE vocab, e.g. SmolLM2's), its value type
+    kept, with the token list padded to `vocab`."""
+    import gguf
+
+    from radixlm.model.gguf_loader import field, open_gguf
+
+    reader = open_gguf(tokenizer_gguf)
+    if field(reader, "tokenizer.ggml.model") != "gpt2":
+        raise ValueError(f"{tokenizer_gguf}: need a gpt2 (byte-level BPE) tokenizer to pad")
+    tokens, types = padded_vocab(field(reader, "tokenizer.ggml.tokens"), field(reader, "tokenizer.ggml.token_type"),
+                                 vocab)
+    for key, f in reader.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        value = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types}.get(key, f.contents())
+        array = f.types[0] == gguf.GGUFValueType.ARRAY
+        writer.add_key_value(key, value, f.types[0], sub_type=f.types[-1] if array else None)
+
+
+def _random_tensor(p: TensorPlan, rng: np.random.Generator, std: float) -> np.ndarray:
+    """The tensor as stored: norms 1, biases 0, matrices N(0, std) drawn and converted in row chunks
+    (peak memory: the stored tensor plus one chunk)."""
+    from gguf.quants import quantize
+
+    import gguf
+
+    if len(p.shape) == 1:
+        value = 0.0 if p.name.endswith(".bias") else 1.0
+        return np.full(p.shape, value, dtype=np.float32)
+    rows, cols = p.shape
+    f16 = p.ggml_type == gguf.GGMLQuantizationType.F16
+    out = np.empty((rows, cols) if f16 else (rows, p.nbytes // rows), dtype=np.float16 if f16 else np.uint8)
+    step = max(1, CHUNK_VALUES // cols)
+    for r in range(0, rows, step):
+        chunk = rng.standard_normal((min(step, rows - r), cols), dtype=np.float32) * np.float32(std)
+        out[r:r + len(chunk)] = chunk if f16 else quantize(chunk, p.ggml_type)
+    return out
+
+
+def write_random_gguf(path: str, shape_name: str, type_name: str, seed: int = 0, std: float = 0.02,
+                      tokenizer_gguf: str | None = None, log=print) -> None:
+    """Write the file tensor by tensor (`type_name` in DIRECT_TYPES)."""
+    import gguf
+
+    from radixlm.model.loader import default_model_path
+
+    shape = SHAPES[shape_name]
+    tensors = plan(shape, type_name)
+    w = gguf.GGUFWriter(path, shape.arch)
+    w.add_name(f"random-{shape_name}")
+    w.add_file_type({"f16": gguf.LlamaFileType.MOSTLY_F16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+                     "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[type_name])
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_context_length(shape.context)
+    w.add_embedding_length(shape.hidden)
+    w.add_block_count(shape.layers)
+    w.add_feed_forward_length(shape.intermediate)
+    w.add_head_count(shape.heads)
+    w.add_head_count_kv(shape.kv_heads)
+    w.add_rope_dimension_count(shape.head_dim)
+    w.add_key_length(shape.head_dim)
+    w.add_value_length(shape.head_dim)
+    w.add_rope_freq_base(shape.rope_theta)
+    w.add_layer_norm_rms_eps(shape.rms_eps)
+    w.add_vocab_size(shape.vocab)
+    _copy_tokenizer(w, tokenizer_gguf or default_model_path(), shape.vocab)
+    for p in tensors:
+        dtype = np.float16 if p.ggml_type == gguf.GGMLQuantizationType.F16 else np.float32
+        w.add_tensor_info(p.name, p.shape, dtype, p.nbytes, raw_dtype=p.ggml_type)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    # q/k rows are not permuted as the converter would: for random weights it changes nothing.
+    for i, p in enumerate(tensors):
+        if p.name == "rope_freqs.weight":
+            data = llama3_rope_freqs(shape.rope_theta, shape.head_dim, shape.llama3_rope)
+        else:  # a generator per tensor: the same seed gives the same tensor whatever the chunking
+            data = _random_tensor(p, np.random.default_rng([seed, i]), std)
+        w.write_tensor_data(data)
+        if len(p.shape) == 2 and log:
+            log(f"  {i + 1}/{len(tensors)} {p.name} {p.ggml_type.name} {list(p.shape)}")
+    w.close()
+
+
+def find_llama_quantize(path: str | None) -> str:
+    """The llama-quantize binary, or a FileNotFoundError saying how to build it."""
+    found = path and (shutil.which(path) or (os.path.isfile(path) and os.access(path, os.X_OK) and path))
+    if not found:
+        given = f"{path!r} is not an executable" if path else "no --llama-quantize given"
+        raise FileNotFoundError(f"llama-quantize is needed for k-quants and iq4_xs ({given}); {BUILD_HINT}")
+    return found
+
+
+def quantize_with_llama_cpp(binary: str, src: str, dst: str, type_name: str, threads: int | None = None) -> None:
+    # --allow-requantize: the source may be Q8_0 (the 8B intermediate).
+    cmd = [binary, "--allow-requantize", src, dst, LLAMA_QUANTIZE_TYPES[type_name], str(threads or os.cpu_count())]
+    print("$ " + " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True)
+
+
+def make(out: str, shape_name: str, type_name: str, seed: int = 0, std: float = 0.02,
+         llama_quantize: str | None = None, intermediate: str | None = None, tokenizer_gguf: str | None = None,
+         log=print) -> None:
+    if type_name in DIRECT_TYPES:
+        write_random_gguf(out, shape_name, type_name, seed, std, tokenizer_gguf, log)
+        return
+    binary = find_llama_quantize(llama_quantize)  # before the minutes of writing the intermediate
+    inter = intermediate or ("q8_0" if SHAPES[shape_name].num_params() > 4e9 else "f16")
+    tmp = f"{out}.{inter}.tmp.gguf"
+    try:
+        write_random_gguf(tmp, shape_name, inter, seed, std, tokenizer_gguf, log)
+        quantize_with_llama_cpp(binary, tmp, out, type_name)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def describe(shape_name: str, type_name: str) -> str:
+    """The --dry-run report: config, parameter count and the direct types' tensor list and size."""
+    shape = SHAPES[shape_name]
+    lines = [f"{shape_name} ({shape.source}): {shape}", f"parameters: {shape.num_params():,}"]
+    if type_name in DIRECT_TYPES:
+        tensors = plan(shape, type_name)
+        lines.append(f"{type_name}: {len(tensors)} tensors, {sum(p.nbytes for p in tensors) / 2**30:.2f} GiB of data")
+        counts: dict[str, int] = {}
+        for p in tensors:
+            counts[p.ggml_type.name] = counts.get(p.ggml_type.name, 0) + 1
+        lines.append("types: " + ", ".join(f"{k} x{v}" for k, v in counts.items()))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shape", required=True, choices=list(SHAPES))
+    p.add_argument("--type", required=True, choices=[*DIRECT_TYPES, *LLAMA_QUANTIZE_TYPES])
+    p.add_argument("-o", "--output", help="the .gguf to write (required unless --dry-run)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--std", type=float, default=0.02, help="standard deviation of the matrices' values")
+    p.add_argument("--llama-quantize", help="llama.cpp's llama-quantize binary (k-quants and iq4_xs)")
+    p.add_argument("--intermediate", choices=["f16", "q8_0"],
+                   help="what llama-quantize starts from (default: f16, q8_0 above 4B parameters)")
+    p.add_argument("--tokenizer-gguf", help="the GGUF whose gpt2 tokenizer is padded in (default: embedded SmolLM2)")
+    p.add_argument("--dry-run", action="store_true", help="print the config and tensors, write nothing")
+    a = p.parse_args(argv)
+    if a.dry_run:
+        print(describe(a.shape, a.type))
+        return 0
+    if not a.output:
+        p.error("--output is required (or --dry-run)")
+    try:
+        make(a.output, a.shape, a.type, a.seed, a.std, a.llama_quantize, a.intermediate, a.tokenizer_gguf)
+    except FileNotFoundError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {a.output} ({os.path.getsize(a.output) / 2**30:.2f} GiB)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""benchmarks/make_random_gguf.py: random-weight GGUFs of real shapes. Tiny shapes are written and
+loaded (config, tensor types kept quantized, tokenizer); real shapes only through the metadata path
+(no large files in tests); llama-quantize is replaced by a stand-in script (not built in CI)."""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import numpy as np
+import pytest
+
+from benchmarks import make_random_gguf as mrg
+from benchmarks.model_shapes import SHAPES
+
+# The real models' parameter counts (their model cards: 1.24B, 1.54B, 8.03B).
+REAL_PARAMS = {"llama-3.2-1b": 1.24e9, "qwen2.5-1.5b": 1.54e9, "llama-3-8b": 8.03e9}
+
+
+@pytest.mark.parametrize("name", list(REAL_PARAMS))
+def test_real_shapes_parameter_count(name):
+    assert SHAPES[name].num_params() == pytest.approx(REAL_PARAMS[name], rel=0.01)
+
+
+def test_llama_3_2_1b_plan(capsys):
+    s = SHAPES["llama-3.2-1b"]
+    assert (s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim, s.intermediate, s.vocab) == (
+        2048, 16, 32, 8, 64, 8192, 128256)
+    tensors = {p.name: p for p in mrg.plan(s, "q4_0")}
+    assert "output.weight" not in tensors  # tied, as the real one
+    assert tensors["token_embd.weight"].shape == (128256, 2048)
+    assert tensors["token_embd.weight"].ggml_type.name == "Q8_0"  # the output matrix: not Q4_0
+    assert tensors["blk.15.ffn_down.weight"].ggml_type.name == "Q4_0"
+    assert tensors["blk.0.attn_norm.weight"].ggml_type.name == "F32"
+    assert tensors["rope_freqs.weight"].shape == (32,)
+    assert mrg.main(["--shape", "llama-3.2-1b", "--type", "q4_0", "--dry-run"]) == 0
+    assert "1,235,814,400" in capsys.readouterr().out
+
+
+def test_llama3_rope_freqs_match_the_loader():
+    # The loader recovers HF's rope_scaling from these factors and refuses anything else.
+    from radixlm.model.gguf_loader import _llama3_from_rope_freqs
+
+    s = SHAPES["llama-3.2-1b"]
+    factors = mrg.llama3_rope_freqs(s.rope_theta, s.head_dim, s.llama3_rope)
+    assert factors.min() == 1.0 and factors.max() == 32.0
+    got = _llama3_from_rope_freqs(factors, {"head_dim": s.head_dim, "rope_theta": s.rope_theta})
+    assert got == s.llama3_rope
+
+
+@pytest.mark.parametrize("shape_name,type_name", [("tiny", "f16"), ("tiny", "q8_0"), ("tiny", "q4_0"),
+                                                  ("tiny-qwen2", "q4_0")])
+def test_tiny_file_loads(shape_name, type_name, tmp_path):
+    from radixlm import kernels
+    from radixlm.model.gguf_loader import open_gguf
+    from radixlm.model.loader import load_model, load_tokenizer
+
+    s = SHAPES[shape_name]
+    path = str(tmp_path / f"{shape_name}.{type_name}.gguf")
+    mrg.make(path, shape_name, type_name, log=None)
+
+    planned = {p.name: p.ggml_type.name for p in mrg.plan(s, type_name)}
+    reader = open_gguf(path)
+    assert {t.name: t.tensor_type.name for t in reader.tensors} == planned
+
+    loaded = load_model(path, quantization="gguf")
+    c = loaded.hf_config
+    assert loaded.architecture == {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[s.arch]
+    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
+            c.intermediate_size, c.vocab_size, c.tie_word_embeddings, c.max_position_embeddings) == (
+        s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim, s.intermediate, s.vocab, s.tied, s.context)
+    assert c.rope_parameters["rope_theta"] == s.rope_theta
+    assert c.rms_norm_eps == pytest.approx(s.rms_eps)
+    assert c.rope_parameters.get("rope_type", "default") == ("llama3" if s.llama3_rope else "default")
+
+    layer = loaded.model.model.layers[1]
+    if s.qkv_bias:
+        assert layer.self_attn.qkv_proj.bias is not None and not layer.self_attn.qkv_proj.bias.any()
+    norm = layer.input_layernorm.weight.detach()
+    assert float(norm.min()) == float(norm.max()) == 1.0
+    down = layer.mlp.down_proj
+    if type_name == "f16":  # not a kernel format: float weights with the file's values
+        assert down.qweight is None
+        want = reader.tensors[[t.name for t in reader.tensors].index("blk.1.ffn_down.weight")].data
+        assert np.array_equal(down.weight.detach().numpy(), np.asarray(want, np.float32))
+        assert 0.015 < float(down.weight.std()) < 0.025
+    elif kernels.available():  # kept in the file's format (maybe 8-row interleaved: "q4_0x8")
+        assert [f.removesuffix("x8") for f in down.qweight.formats] == [type_name]
+
+    tok = load_tokenizer(path)
+    assert len(tok) == s.vocab
+    text = "Hello world, random weights!"
+    ids = tok(text, add_special_tokens=False)["input_ids"]
+    assert tok.decode(ids) == text and max(ids) < 49152
+    assert tok.decode([s.vocab - 1]) == f"[PAD{s.vocab - 1}]"  # padding decodes as text
+
+
+def test_same_seed_same_file(tmp_path):
+    a, b, c = (str(tmp_path / f"{n}.gguf") for n in "abc")
+    mrg.make(a, "tiny", "q8_0", seed=1, log=None)
+    mrg.make(b, "tiny", "q8_0", seed=1, log=None)
+    mrg.make(c, "tiny", "q8_0", seed=2, log=None)
+    data = [open(p, "rb").read() for p in (a, b, c)]
+    assert data[0] == data[1] and data[0] != data[2]
+
+
+def test_vocab_smaller_than_tokenizer_refused():
+    with pytest.raises(ValueError, match="smaller than"):
+        mrg.padded_vocab(["a", "b", "c"], [1, 1, 1], 2)
+
+
+@pytest.mark.parametrize("given", [None, "/nonexistent/llama-quantize"])
+def test_missing_llama_quantize(given, tmp_path, capsys):
+    out = tmp_path / "x.gguf"
+    argv = ["--shape", "tiny", "--type", "q4_k_m", "-o", str(out)] + (["--llama-quantize", given] if given else [])
+    assert mrg.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "llama-quantize" in err and "build-llama-server.sh" in err and "build/bin/llama-quantize" in err
+    assert list(tmp_path.iterdir()) == []  # refused before writing the intermediate
+
+
+def _fake_llama_quantize(tmp_path) -> str:
+    # Records its arguments and copies the input to the output, as a successful run would leave one.
+    script = tmp_path / "llama-quantize"
+    script.write_text('#!/bin/sh\necho "$@" > "$(dirname "$0")/args"\ncp "$2" "$3"\n')
+    script.chmod(script.stat().st_mode | stat.S_IXUSR)
+    return str(script)
+
+
+@pytest.mark.parametrize("intermediate", [None, "q8_0"])
+def test_llama_quantize_call(intermediate, tmp_path):
+    from radixlm.model.gguf_loader import open_gguf
+
+    out = str(tmp_path / "tiny.q4_k_m.gguf")
+    mrg.make(out, "tiny", "q4_k_m", llama_quantize=_fake_llama_quantize(tmp_path), intermediate=intermediate,
+             log=None)
+    args = (tmp_path / "args").read_text().split()
+    inter = intermediate or "f16"  # tiny is far below 4B parameters
+    assert args == ["--allow-requantize", f"{out}.{inter}.tmp.gguf", out, "Q4_K_M", str(os.cpu_count())]
+    assert not os.path.exists(args[1])  # the intermediate is removed
+    assert open_gguf(out).tensors[1].tensor_type.name == inter.upper()  # [0] is rope_freqs (F32)
