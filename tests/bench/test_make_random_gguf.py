@@ -82,8 +82,9 @@ def test_tiny_file_loads(shape_name, type_name, tmp_path):
     if type_name == "f16":  # not a kernel format: float weights with the file's values
         assert down.qweight is None
         want = reader.tensors[[t.name for t in reader.tensors].index("blk.1.ffn_down.weight")].data
-        assert np.array_equal(down.weight.detach().numpy(), np.asarray(want, np.float32))
-        assert 0.015 < float(down.weight.std()) < 0.025
+        weight = down.weight.detach()
+        assert np.array_equal(weight.numpy(), np.asarray(want, np.float32))
+        assert 0.015 < float(weight.std()) < 0.025
     elif kernels.available():  # kept in the file's format (maybe 8-row interleaved: "q4_0x8")
         assert [f.removesuffix("x8") for f in down.qweight.formats] == [type_name]
 
