@@ -164,7 +164,7 @@ def run_scenario(model, config, backends) -> tuple[list[torch.Tensor], list[torc
     decodes = []
     for _ in range(STEPS):
         tokens = [int(torch.argmax(x)) for x in last]
-        for s, t in zip(seqs, tokens):
+        for s, t in zip(seqs, tokens, strict=True):
             s.append(t)
         out = h.decode([a, b, c], tokens)
         decodes.append(out)
@@ -190,8 +190,8 @@ def test_hybrid_routes_prefill_and_decode(kernel_ops, tiny_llama, prefill, decod
     # Bitwise the logits of each phase run on its own backend (switched by hand between batches).
     by_hand = run_scenario(loaded.model, loaded.hf_config, (create_attention_backend(prefill, s),
                                                              create_attention_backend(decode, s)))
-    assert all(torch.equal(x, y) for x, y in zip(extends, by_hand[0]))
-    assert all(torch.equal(x, y) for x, y in zip(decodes, by_hand[1]))
+    assert all(torch.equal(x, y) for x, y in zip(extends, by_hand[0], strict=True))
+    assert all(torch.equal(x, y) for x, y in zip(decodes, by_hand[1], strict=True))
     assert seqs == by_hand[2]
 
     # The same greedy tokens as either backend alone, and transformers' logits.
@@ -199,11 +199,11 @@ def test_hybrid_routes_prefill_and_decode(kernel_ops, tiny_llama, prefill, decod
         assert run_scenario(loaded.model, loaded.hf_config, create_attention_backend(single, s))[2] == seqs
     refs = [hf_logits(hf, ids) for ids in seqs]
     offsets = [0, 0, 12]
-    for i, (out, ref) in enumerate(zip(extends, refs)):
+    for i, (out, ref) in enumerate(zip(extends, refs, strict=True)):
         torch.testing.assert_close(out, ref[offsets[i]: offsets[i] + len(out)], atol=ATOL, rtol=0)
     for step, out in enumerate(decodes):
         pos = [len(PROMPTS[0]) + step, len(PROMPTS[1]) + step, 17 + step]
-        torch.testing.assert_close(out, torch.stack([r[p] for r, p in zip(refs, pos)]), atol=ATOL, rtol=0)
+        torch.testing.assert_close(out, torch.stack([r[p] for r, p in zip(refs, pos, strict=True)]), atol=ATOL, rtol=0)
 
 
 def test_hybrid_routes_every_method_by_batch_shape(kernel_ops, tiny_llama, monkeypatch):
@@ -257,7 +257,7 @@ def test_fused_layers_follow_the_phase_backend(kernel_ops, default_model, monkey
     native_mode = ForwardMode.DECODE if decode == "native" else ForwardMode.EXTEND
     assert fused == Counter({native_mode: STEPS if decode == "native" else 2})
     by_hand = run_scenario(model, config, (create_attention_backend(prefill, s), create_attention_backend(decode, s)))
-    assert all(torch.equal(x, y) for x, y in zip(got[0] + got[1], by_hand[0] + by_hand[1]))
+    assert all(torch.equal(x, y) for x, y in zip(got[0] + got[1], by_hand[0] + by_hand[1], strict=True))
 
 
 # --- through ModelRunner --------------------------------------------------------------------------
@@ -283,13 +283,13 @@ def greedy(runner, prompts: list[list[int]], steps: int) -> tuple[list[list[int]
     seqs, logits = [list(p) for p in prompts], []
 
     def step(mode, new: list[list[int]]) -> torch.Tensor:
-        prefix = [len(s) - len(n) for s, n in zip(seqs, new)]
+        prefix = [len(s) - len(n) for s, n in zip(seqs, new, strict=True)]
         out = runner.token_to_kv_pool.alloc(sum(map(len, new)))
         start = 0
-        for r, p, n in zip(rows, prefix, new):
+        for r, p, n in zip(rows, prefix, new, strict=True):
             runner.req_to_token_pool.req_to_token[r, p: p + len(n)] = out[start: start + len(n)]
             start += len(n)
-        positions = [i for p, n in zip(prefix, new) for i in range(p, p + len(n))]
+        positions = [i for p, n in zip(prefix, new, strict=True) for i in range(p, p + len(n))]
         b = ModelWorkerBatch(mode, [t for n in new for t in n], positions, rows, [len(s) for s in seqs], out,
                              extend_prefix_lens=prefix, extend_seq_lens=[len(n) for n in new])
         return runner.forward(runner.prepare(b)).next_token_logits
@@ -299,7 +299,7 @@ def greedy(runner, prompts: list[list[int]], steps: int) -> tuple[list[list[int]
         out = step(ForwardMode.EXTEND if i == 0 else ForwardMode.DECODE, new)
         logits.append(out)
         new = [[int(t)] for t in out.argmax(-1)]
-        for s, n in zip(seqs, new):
+        for s, n in zip(seqs, new, strict=True):
             s += n
     return seqs, logits
 

@@ -157,8 +157,8 @@ def test_logits_prefill_chunked_extend_and_decode(models):
     _check(f"{name} extend over a prefix", oa, refs[0][10:21])
     for step in range(steps):
         pos = [21 + step, 13 + step]
-        out = h.decode([a, b], [s[p] for s, p in zip(seqs, pos)])
-        _check(f"{name} decode step {step}", out, torch.stack([r[p] for r, p in zip(refs, pos)]))
+        out = h.decode([a, b], [s[p] for s, p in zip(seqs, pos, strict=True)])
+        _check(f"{name} decode step {step}", out, torch.stack([r[p] for r, p in zip(refs, pos, strict=True)]))
 
 
 def test_greedy_32_tokens_match_hf_generate(models):

@@ -108,6 +108,6 @@ def test_16_bit_llama_runs_on_the_kernels(tmp_path, matrix_type):
     seqs = [torch.randint(0, SMALL["vocab_size"], (n,), generator=g).tolist() for n in (12, 7)]
     reqs = [h.new_request() for _ in seqs]
     outs = h.extend(reqs, [s[:-1] for s in seqs])
-    outs = [torch.cat([o, d[None]]) for o, d in zip(outs, h.decode(reqs, [s[-1] for s in seqs]))]
-    for s, o in zip(seqs, outs):
+    outs = [torch.cat([o, d[None]]) for o, d in zip(outs, h.decode(reqs, [s[-1] for s in seqs]), strict=True)]
+    for s, o in zip(seqs, outs, strict=True):
         assert (o - hf_logits(hf, s)).abs().max().item() < ATOL

@@ -129,18 +129,18 @@ def test_longrope_cos_sin_bitwise(partial):
 
     # extend: prefixes 0, 0, 10, 60 and lengths on both sides of ORIG (64: short, 65: long)
     prefix, new = [0, 0, 10, 60], [ORIG, ORIG + 1, 90, 4]
-    seq = [p + n for p, n in zip(prefix, new)]
-    positions = torch.cat([torch.arange(p, s) for p, s in zip(prefix, seq)])
+    seq = [p + n for p, n in zip(prefix, new, strict=True)]
+    positions = torch.cat([torch.arange(p, s) for p, s in zip(prefix, seq, strict=True)])
     rows = ours.cache_rows(positions, _batch(seq, new))
     got = ours.cos_sin_cache[rows].split(new)
-    for p, s, g in zip(prefix, seq, got):
+    for p, s, g in zip(prefix, seq, got, strict=True):
         # transformers sees one sequence of length s; its last tokens are ours
         ref = hf_cos_sin(torch.arange(s))[p:]
         assert torch.equal(g, ref), f"seq_len {s}"
     # decode: one token each at positions ORIG - 1 (short) and ORIG (first long) and beyond
     seq = [ORIG, ORIG + 1, 200]
     rows = ours.cache_rows(torch.tensor([s - 1 for s in seq]), _batch(seq, [1, 1, 1]))
-    for s, g in zip(seq, ours.cos_sin_cache[rows]):
+    for s, g in zip(seq, ours.cos_sin_cache[rows], strict=True):
         assert torch.equal(g, hf_cos_sin(torch.arange(s))[-1])
     # the two tables do differ, or the above proves nothing
     assert not torch.equal(ours.cos_sin_cache[ORIG - 1], ours.cos_sin_cache[2 * ORIG - 1])
@@ -184,8 +184,8 @@ def test_logits_prefill_and_decode(models):
     seqs = _prompts([12, 40, ORIG + 2, 90], seed=5)
     reqs = [h.new_request() for _ in seqs]
     outs = h.extend(reqs, [s[:-1] for s in seqs])
-    outs = [torch.cat([o, d[None]]) for o, d in zip(outs, h.decode(reqs, [s[-1] for s in seqs]))]
-    for s, o in zip(seqs, outs):
+    outs = [torch.cat([o, d[None]]) for o, d in zip(outs, h.decode(reqs, [s[-1] for s in seqs]), strict=True)]
+    for s, o in zip(seqs, outs, strict=True):
         ref = hf_logits(hf, s)
         diff = (o - ref).abs().max().item()
         print(f"phi3 {name} len {len(s)}: max|diff| {diff:.2e} (max|logit| {ref.abs().max():.1f})")
@@ -199,7 +199,7 @@ def _greedy(loaded, prompts: list[list[int]], n: int = 32) -> list[list[int]]:
     reqs = [h.new_request() for _ in prompts]
     tokens = [[int(o[-1].argmax())] for o in h.extend(reqs, prompts)]
     for _ in range(n - 1):
-        for t, nxt in zip(tokens, h.decode(reqs, [t[-1] for t in tokens]).argmax(-1).tolist()):
+        for t, nxt in zip(tokens, h.decode(reqs, [t[-1] for t in tokens]).argmax(-1).tolist(), strict=True):
             t.append(nxt)
     return tokens
 

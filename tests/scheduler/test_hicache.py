@@ -196,7 +196,7 @@ def test_chunks_of_another_model_are_never_served(tiny_model_dir, tmp_path):
     other_keys = chunk_keys(other.s.tree_cache.storage_tier.model_key, ps[0], CHUNK, PREFIX // CHUNK)
     d = hicache(tiny_model_dir, tmp_path)  # float16 copies: another model key
     assert d.s.tree_cache.storage_tier.model_key != other.s.tree_cache.storage_tier.model_key
-    for a, b in zip(other_keys, chunk_keys(d.s.tree_cache.storage_tier.model_key, ps[0], CHUNK, PREFIX // CHUNK)):
+    for a, b in zip(other_keys, chunk_keys(d.s.tree_cache.storage_tier.model_key, ps[0], CHUNK, PREFIX // CHUNK), strict=True):
         os.replace(os.path.join(tmp_path, a + ".kv"), os.path.join(tmp_path, b + ".kv"))
     got = run(d, ps[1:])
     assert_same(got, ref, FP16_COPY_TOL)

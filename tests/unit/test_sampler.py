@@ -20,7 +20,7 @@ def info_for(params, outputs=None, prompts=None, gens=None, banned=None):
     n = len(params)
     outputs, prompts = outputs or [[] for _ in range(n)], prompts or [[] for _ in range(n)]
     gens, banned = gens or [None] * n, banned or [[] for _ in range(n)]
-    rows = [SamplingRow(p, o, q, g, b) for p, o, q, g, b in zip(params, outputs, prompts, gens, banned)]
+    rows = [SamplingRow(p, o, q, g, b) for p, o, q, g, b in zip(params, outputs, prompts, gens, banned, strict=True)]
     return SamplingBatchInfo.build(rows, V, torch.device("cpu"))
 
 
