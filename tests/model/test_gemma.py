@@ -14,7 +14,7 @@ import transformers
 
 from radixlm.model.loader import load_model
 from tests.model.helpers import SMALL, PoolHarness, hf_logits, randomize
-from tests.model.test_gguf_archs import _llama_cpp_permute
+from tests.model.test_gguf_archs import add_hf_tensors, write_and_close
 
 ATOL = 1e-4
 WINDOW = 8
@@ -73,29 +73,9 @@ def _write_gguf(path: str, arch: str, hf, cfg) -> None:
         w.add_rope_freq_base(full["rope_theta"])
         w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
         w.add_rope_scaling_factor(full["factor"])
-    names = _LLAMA_NAMES if arch == "llama" else _GEMMA_NAMES
-    for name, t in hf.state_dict().items():
-        if cfg.tie_word_embeddings and name == "lm_head.weight":
-            continue
-        a = t.float().numpy().copy()
-        if arch != "llama" and name.endswith("norm.weight"):
-            a = a + 1  # Gemma norms: llama.cpp stores 1 + w
-        if name.startswith("model.layers."):
-            layer, rest = name[len("model.layers."):].split(".", 1)
-            module, kind = rest.rsplit(".", 1)
-            if arch == "llama" and module == "self_attn.q_proj":
-                a = _llama_cpp_permute(a, cfg.num_attention_heads)
-            elif arch == "llama" and module == "self_attn.k_proj":
-                a = _llama_cpp_permute(a, cfg.num_key_value_heads)
-            gname = f"blk.{layer}.{names[module]}.{kind}"
-        else:
-            gname = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                     "lm_head.weight": "output.weight"}[name]
-        w.add_tensor(gname, a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    # llama.cpp stores Gemma's norm weights as 1 + w
+    add_hf_tensors(w, hf, cfg, arch, _LLAMA_NAMES if arch == "llama" else _GEMMA_NAMES, norm_offset=arch != "llama")
+    write_and_close(w)
 
 
 @pytest.fixture(scope="module", params=[(c, kind) for c in CASES for kind in ("safetensors", "gguf")

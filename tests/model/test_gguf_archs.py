@@ -76,10 +76,22 @@ def _write_gguf(path: str, arch: str, hf, cfg, matrix_type: str = "f32") -> None
     if cfg.rope_parameters.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", _llama_cpp_rope_freqs(cfg.rope_parameters["rope_theta"], head_dim,
                                                                 cfg.rope_parameters))
+    add_hf_tensors(w, hf, cfg, arch, _NAMES, matrix_type=matrix_type)
+    write_and_close(w)
+
+
+def add_hf_tensors(w, hf, cfg, arch: str, names: dict, norm_offset: bool = False, matrix_type: str = "f32") -> None:
+    """hf's weights under llama.cpp's names (names: HF module in a layer -> GGUF name), q/k rows
+    permuted for the llama arch, norms stored as 1 + w where norm_offset (Gemma), 2-D weights as
+    matrix_type ("f32", "f16" or "bf16", as the converter's --outtype)."""
+    import gguf
+
     for name, t in hf.state_dict().items():
         if cfg.tie_word_embeddings and name == "lm_head.weight":
             continue
         a = t.float().numpy().copy()
+        if norm_offset and name.endswith("norm.weight"):
+            a = a + 1
         if name.startswith("model.layers."):
             layer, rest = name[len("model.layers."):].split(".", 1)
             module, kind = rest.rsplit(".", 1)
@@ -87,7 +99,7 @@ def _write_gguf(path: str, arch: str, hf, cfg, matrix_type: str = "f32") -> None
                 a = _llama_cpp_permute(a, cfg.num_attention_heads)
             elif arch == "llama" and module == "self_attn.k_proj":
                 a = _llama_cpp_permute(a, cfg.num_key_value_heads)
-            gname = f"blk.{layer}.{_NAMES[module]}.{kind}"
+            gname = f"blk.{layer}.{names[module]}.{kind}"
         else:
             gname = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                      "lm_head.weight": "output.weight"}[name]
@@ -98,6 +110,9 @@ def _write_gguf(path: str, arch: str, hf, cfg, matrix_type: str = "f32") -> None
             w.add_tensor(gname, raw, raw_dtype=gguf.GGMLQuantizationType.BF16)  # bytes [rows, 2 cols]
         else:
             w.add_tensor(gname, a)
+
+
+def write_and_close(w) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

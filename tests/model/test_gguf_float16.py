@@ -13,7 +13,7 @@ from radixlm.model.gguf_loader import gguf_weights, open_gguf
 from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.loader import load_model
 from tests.model.helpers import SMALL, PoolHarness, hf_logits, randomize
-from tests.model.test_gguf_archs import ATOL, _write_gguf
+from tests.model.test_gguf_archs import ATOL, _write_gguf, write_and_close
 
 
 def _write(path, tensors: dict) -> None:
@@ -26,10 +26,7 @@ def _write(path, tensors: dict) -> None:
             w.add_tensor(name, t[0], raw_dtype=t[1])
         else:
             w.add_tensor(name, t)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_and_close(w)
 
 
 def test_f16_and_bf16_matrices_stay_16_bit(tmp_path):
