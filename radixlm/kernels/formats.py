@@ -68,6 +68,8 @@ INTERLEAVED = {
     "q4_0": QuantFormat("q4_0x8", 6, 32, 160, group=8),
     "q4_1": QuantFormat("q4_1x8", 6, 32, 160, group=8),
     "q8_0": QuantFormat("q8_0x8", 7, 32, 272, group=8),
+    "q4_k": QuantFormat("q4_kx8", 17, 256, 1184, group=8),  # scales unpacked to bytes: +2.8%
+    "q6_k": QuantFormat("q6_kx8", 18, 256, 1680, group=8),
 }
 # What --quantization can make from float weights at load.
 QUANTIZE_AT_LOAD = ("int8", "q4_0", "q8_0")

@@ -93,20 +93,22 @@ def test_interleaved_layout_matches_dequantized_reference(kernel_ops, name):
     g = torch.Generator().manual_seed(10 + list(INTERLEAVED).index(name))
     src, packed = FORMATS[name], INTERLEAVED[name]
     for m, n, blocks in [(1, 8, 1), (2, 16, 3), (3, 40, 2), (4, 8, 5), (5, 64, 1), (13, 24, 2), (64, 32, 3), (37, 56, 1)]:
-        k = blocks * 32
+        k = blocks * src.block
         w = random_quantized(name, n, k, g)
         w_ref = dequantize_reference(w, name, k)
         p = kernel_ops.repack_x8(w, src.kernel_id, k)
         assert p.shape == (n // 8, packed.row_bytes(k))
         check_kernel(kernel_ops, p, packed.kernel_id, w_ref, m, g, packed.name)
     with pytest.raises(RuntimeError, match="multiple of 8"):
-        kernel_ops.repack_x8(random_quantized(name, 12, 64, g), src.kernel_id, 64)
+        kernel_ops.repack_x8(random_quantized(name, 12, src.block * 2, g), src.kernel_id, src.block * 2)
 
 
 def test_matrices_with_rows_in_eights_are_interleaved(kernel_ops):
     g = torch.Generator().manual_seed(11)
-    for name, rows in (("q4_1", 48), ("q4_0", 16), ("q8_0", 24), ("q4_1", 50), ("q4_k", 16)):
-        mat = QuantizedMatrix([QuantizedTensor(random_quantized(name, rows, 64, g), FORMATS[name], 64)])
+    for name, rows in (("q4_1", 48), ("q4_0", 16), ("q8_0", 24), ("q4_1", 50), ("q4_k", 16), ("q6_k", 12),
+                       ("q5_k", 16)):
+        k = FORMATS[name].block * 2
+        mat = QuantizedMatrix([QuantizedTensor(random_quantized(name, rows, k, g), FORMATS[name], k)])
         want = INTERLEAVED[name].name if name in INTERLEAVED and rows % 8 == 0 else name
         assert mat.formats == [want] and mat.rows == rows
 
@@ -145,7 +147,7 @@ def test_mixed_format_matrix(kernel_ops, rows):
              QuantizedTensor(random_quantized("q6_k", 9, k, g), FORMATS["q6_k"], k),
              torch.randn(5, k, generator=g)]
     mat = QuantizedMatrix(parts)
-    assert mat.formats == ["q4_k", "q6_k", "torch.float32"] and mat.rows == 46
+    assert mat.formats == ["q4_kx8", "q6_k", "torch.float32"] and mat.rows == 46  # 32 q4_k rows: interleaved
     w_ref = torch.cat([dequantize_reference(p.data, p.fmt.name, k) if isinstance(p, QuantizedTensor) else p
                        for p in parts])
     assert torch.equal(mat.dequantize(), w_ref)
@@ -212,7 +214,7 @@ def test_bad_weights_are_refused_by_name(kernel_ops):
         quantize(torch.randn(4, 48), "q8_0")
 
 
-@pytest.mark.parametrize("fmt", ["q8_0", "q4_0", "q4_1"])
+@pytest.mark.parametrize("fmt", list(INTERLEAVED))
 def test_vnni_tiles_equal_avx2_tiles_bitwise(kernel_ops, fmt):
     """With AVX-512 VNNI the interleaved kernels take vpdpbusd tiles of up to 8 rows; the integer
     block dots are exact either way, so every output must be bitwise the AVX2 tiles' (a server's

@@ -31,9 +31,12 @@ enum Fmt : int64_t {
   // 16-bit floats (float16_gemm.cpp): a row is its values as stored; activations stay fp32.
   FMT_F16 = 15,   // IEEE half
   FMT_BF16 = 16,  // bfloat16 (a float32's top 16 bits)
+  // K-quants 8 rows interleaved (x8_tiles.h has the layouts), made at load from Q4_K / Q6_K.
+  FMT_Q4KX8 = 17,  // per 256 values: 1184 bytes (Q4_K's 8 x 144, scales unpacked to bytes)
+  FMT_Q6KX8 = 18,  // per 256 values: 1680 bytes (Q6_K's 8 x 210)
 };
 
-inline bool fmt_is_x8(int64_t f) { return f == FMT_Q4X8 || f == FMT_Q8X8; }
+inline bool fmt_is_x8(int64_t f) { return f == FMT_Q4X8 || f == FMT_Q8X8 || f == FMT_Q4KX8 || f == FMT_Q6KX8; }
 // Weight rows per stored row: 8 for the interleaved formats.
 inline int64_t fmt_group(int64_t f) { return fmt_is_x8(f) ? 8 : 1; }
 
@@ -48,7 +51,9 @@ inline int64_t fmt_block(int64_t f) {
     case FMT_Q5_K:
     case FMT_Q3_K:
     case FMT_Q2_K:
-    case FMT_IQ4_XS: return 256;
+    case FMT_IQ4_XS:
+    case FMT_Q4KX8:
+    case FMT_Q6KX8: return 256;
     default: return 32;
   }
 }
@@ -69,6 +74,8 @@ inline int64_t fmt_block_bytes(int64_t f) {
     case FMT_Q3_K: return 110;
     case FMT_Q2_K: return 84;
     case FMT_IQ4_XS: return 136;
+    case FMT_Q4KX8: return 1184;
+    case FMT_Q6KX8: return 1680;
     case FMT_F16:
     case FMT_BF16: return 2;
   }

@@ -39,5 +39,8 @@ at::Tensor repack_x8(const at::Tensor& w, int64_t fmt, int64_t cols);
 void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64_t M, float* out,
              int64_t ldo, const float* bias);
 void dequant_row_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t row, int64_t K, float* y);
+// Their K-quant layouts (quant_kx8.cpp): repacked from Q4_K / Q6_K.
+at::Tensor repack_kx8(const at::Tensor& w, int64_t fmt, int64_t cols);
+void dequant_row_kx8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t row, int64_t K, float* y);
 
 }  // namespace radixlm

@@ -182,7 +182,9 @@ void qlinear_out(const at::Tensor& x_, const at::Tensor& w, int64_t fmt, const c
     case FMT_Q6_K: gemm<KQ6_K>(W, rb, N, a, M, o, ld, bp); break;
     case FMT_I8: gemm32<FI8>(W, rb, N, a, M, o, ld, bp); break;
     case FMT_Q4X8:
-    case FMT_Q8X8: gemm_x8(fmt, W, rb, N, a, M, o, ld, bp); break;
+    case FMT_Q8X8:
+    case FMT_Q4KX8:
+    case FMT_Q6KX8: gemm_x8(fmt, W, rb, N, a, M, o, ld, bp); break;
     default: TORCH_CHECK(gemm_gguf(fmt, W, rb, N, a, M, o, ld, bp), "unknown quantized format id ", fmt);
   }
 }

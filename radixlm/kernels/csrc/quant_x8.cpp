@@ -1,4 +1,5 @@
-// Quantized linear layers on weights repacked 8 rows at a time (Q4_0 / Q4_1 -> Q4X8, Q8_0 -> Q8X8).
+// Quantized linear layers on weights repacked 8 rows at a time (Q4_0 / Q4_1 -> Q4X8, Q8_0 -> Q8X8,
+// Q4_K -> Q4_KX8, Q6_K -> Q6_KX8; the K-quants' repacking is in quant_kx8.cpp).
 //
 // Row-major blocks cost a horizontal sum and a scale broadcast per row and block; interleaving 8
 // rows puts row r's 4-value groups in 32-bit lane r, so one integer multiply-add serves 8 rows,
@@ -17,7 +18,7 @@
 
 namespace radixlm {
 
-void x8_group_rows_vnni(bool q4, const uint8_t* g, const QAct& a, int64_t m0, int64_t m1, float* out, int64_t ldo,
+void x8_group_rows_vnni(X8Kind kind, const uint8_t* g, const QAct& a, int64_t m0, int64_t m1, float* out, int64_t ldo,
                         const float* bias8);
 
 namespace {
@@ -44,6 +45,17 @@ struct Avx2Dot {
     }
     return s;
   }
+  // Q6_K: 16 values of (q - 32) (w signed, wu = |w| <= 32) times the row's scale, exact: 4 maddubs
+  // of 8 products each stay within 4 x 2 x 32 x 127 = 32512 in 16 bits; madd applies the scale.
+  static inline __m256i q6_scale(const int8_t* sc) {  // lane r: row r's scale in both 16-bit halves
+    const __m256i s = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)sc));
+    return _mm256_or_si256(_mm256_and_si256(s, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(s, 16));
+  }
+  static inline __m256i q6(const __m256i* w, const __m256i* wu, const int8_t* aq, __m256i scale) {
+    __m256i s = _mm256_maddubs_epi16(wu[0], _mm256_sign_epi8(bcast32(aq), w[0]));
+    for (int i = 1; i < 4; ++i) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(wu[i], _mm256_sign_epi8(bcast32(aq + 4 * i), w[i])));
+    return _mm256_madd_epi16(s, scale);
+  }
 };
 
 // Which tiles run: VNNI where the CPU has it (libgcc's check includes the OS saving the AVX-512
@@ -64,9 +76,9 @@ bool& use_vnni() {
 // Rows of M in blocks that stay in L2 while a thread's weight groups pass over them.
 constexpr int64_t M_BLOCK = 64;
 
-template <bool Q4>
-void gemm(const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64_t M, float* out, int64_t ldo,
-          const float* bias) {
+template <X8Kind Kind>
+void gemm(const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64_t M, float* out,
+          int64_t ldo, const float* bias) {
   const int64_t groups = N / 8;
   const bool vnni = use_vnni();
   const int64_t grain = std::max<int64_t>(1, groups / (4 * at::get_num_threads()));
@@ -77,11 +89,11 @@ void gemm(const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64
         const uint8_t* gw = W + g * group_bytes;
         float* o = out + 8 * g;
         if (vnni) {
-          x8_group_rows_vnni(Q4, gw, a, mb, me, o, ldo, bias ? bias + 8 * g : nullptr);
+          x8_group_rows_vnni(Kind, gw, a, mb, me, o, ldo, bias ? bias + 8 * g : nullptr);
           continue;
         }
         const __m256 bv = bias ? _mm256_loadu_ps(bias + 8 * g) : _mm256_setzero_ps();
-        group_rows<Avx2Dot, Q4>(gw, a, mb, me, o, ldo, bv);
+        group_rows<Avx2Dot, Kind>(gw, a, mb, me, o, ldo, bv);
       }
     }
   });
@@ -91,14 +103,19 @@ void gemm(const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64
 
 void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64_t M, float* out,
              int64_t ldo, const float* bias) {
-  if (fmt == FMT_Q4X8) {
-    gemm<true>(W, group_bytes, N, a, M, out, ldo, bias);
-  } else {
-    gemm<false>(W, group_bytes, N, a, M, out, ldo, bias);
+  switch (fmt) {
+    case FMT_Q4X8: gemm<X8Kind::Q4>(W, group_bytes, N, a, M, out, ldo, bias); break;
+    case FMT_Q8X8: gemm<X8Kind::Q8>(W, group_bytes, N, a, M, out, ldo, bias); break;
+    case FMT_Q4KX8: gemm<X8Kind::Q4K>(W, group_bytes, N, a, M, out, ldo, bias); break;
+    default: gemm<X8Kind::Q6K>(W, group_bytes, N, a, M, out, ldo, bias); break;
   }
 }
 
 void dequant_row_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t row, int64_t K, float* y) {
+  if (fmt == FMT_Q4KX8 || fmt == FMT_Q6KX8) {
+    dequant_row_kx8(fmt, W, group_bytes, row, K, y);
+    return;
+  }
   const uint8_t* g = W + (row / 8) * group_bytes;
   const int64_t r = row % 8;
   for (int64_t b = 0; b < K / 32; ++b) {
@@ -124,7 +141,8 @@ void dequant_row_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t 
 // [N, row_bytes] GGUF blocks (Q4_0, Q4_1 or Q8_0) -> [N / 8, blocks * group block bytes]. Q4_0's
 // offset -8 d becomes Q4_1's m (exact in fp16: a power-of-two multiple).
 at::Tensor repack_x8(const at::Tensor& w, int64_t fmt, int64_t cols) {
-  TORCH_CHECK(fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_Q8_0, "repack_x8: Q4_0, Q4_1 or Q8_0 weights, got format ", fmt);
+  if (fmt == FMT_Q4_K || fmt == FMT_Q6_K) return repack_kx8(w, fmt, cols);
+  TORCH_CHECK(fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_Q8_0, "repack_x8: Q4_0, Q4_1, Q8_0, Q4_K or Q6_K weights, got format ", fmt);
   TORCH_CHECK(w.dtype() == at::kByte && w.dim() == 2 && w.is_contiguous() && w.size(1) == fmt_row_bytes(fmt, cols),
               "repack_x8: contiguous uint8 [rows, row_bytes] in the format");
   TORCH_CHECK(cols % 32 == 0 && w.size(0) % 8 == 0, "repack_x8: rows must be a multiple of 8 (got ", w.size(0), ")");

@@ -29,17 +29,27 @@ struct VnniDot {
     }
     return _mm256_add_epi32(s0, s1);
   }
+  // Q6_K: the same integers as the AVX2 tiles' maddubs + madd (quant_x8.cpp), in int32 throughout.
+  static inline __m256i q6_scale(const int8_t* sc) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)sc)); }
+  static inline __m256i q6(const __m256i* w, const __m256i* wu, const int8_t* aq, __m256i scale) {
+    __m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu[0], _mm256_sign_epi8(bcast32(aq), w[0]));
+    __m256i s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu[1], _mm256_sign_epi8(bcast32(aq + 4), w[1]));
+    s0 = _mm256_dpbusd_epi32(s0, wu[2], _mm256_sign_epi8(bcast32(aq + 8), w[2]));
+    s1 = _mm256_dpbusd_epi32(s1, wu[3], _mm256_sign_epi8(bcast32(aq + 12), w[3]));
+    return _mm256_mullo_epi32(_mm256_add_epi32(s0, s1), scale);
+  }
 };
 
 }  // namespace
 
-void x8_group_rows_vnni(bool q4, const uint8_t* g, const QAct& a, int64_t m0, int64_t m1, float* out, int64_t ldo,
+void x8_group_rows_vnni(X8Kind kind, const uint8_t* g, const QAct& a, int64_t m0, int64_t m1, float* out, int64_t ldo,
                         const float* bias8) {
   const __m256 bv = bias8 ? _mm256_loadu_ps(bias8) : _mm256_setzero_ps();
-  if (q4) {
-    group_rows<VnniDot, true>(g, a, m0, m1, out, ldo, bv);
-  } else {
-    group_rows<VnniDot, false>(g, a, m0, m1, out, ldo, bv);
+  switch (kind) {
+    case X8Kind::Q4: group_rows<VnniDot, X8Kind::Q4>(g, a, m0, m1, out, ldo, bv); break;
+    case X8Kind::Q8: group_rows<VnniDot, X8Kind::Q8>(g, a, m0, m1, out, ldo, bv); break;
+    case X8Kind::Q4K: group_rows<VnniDot, X8Kind::Q4K>(g, a, m0, m1, out, ldo, bv); break;
+    case X8Kind::Q6K: group_rows<VnniDot, X8Kind::Q6K>(g, a, m0, m1, out, ldo, bv); break;
   }
 }
 

@@ -17,6 +17,10 @@
 #include "qact_view.h"
 
 namespace radixlm {
+
+// The interleaved layouts, by tile kind (outside the anonymous namespace: both ISAs' files name it).
+enum class X8Kind { Q4, Q8, Q4K, Q6K };
+
 namespace {
 
 inline __m256i bcast32(const int8_t* p) {
@@ -70,28 +74,119 @@ inline void tile_q8x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, i
   for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
 }
 
+inline __m256 u8x8_to_ps(const uint8_t* p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)));
+}
+
+// Q4_KX8, per 256 values (1184 bytes): d[8], dmin[8] (fp16), then the 6-bit sub-block scales and mins
+// as bytes, sc[8 sub-blocks][8 rows] and mn[8][8], then 4 x 256 bytes of nibbles: pair p, chunk i,
+// lane r = row r's GGUF qs bytes 32p + 4i..4i+3 (low nibbles: sub-block 2p's values 4i..4i+3, high:
+// sub-block 2p+1's). A 32-value sub-block is then one Q4X8 block whose scale d*sc and min dmin*mn
+// are exact in fp32, so each row sees the Q4X8 sequence: acc = fma(dot, d*sc*d_a, acc) - dmin*mn*s_a.
+constexpr int64_t Q4KX8_BYTES = 1184;
+
+template <class Dot, int RM>
+inline void tile_q4kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  __m256 acc[RM];
+  for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
+    const uint8_t* blk = g + sb * Q4KX8_BYTES;
+    const __m256 d = scales8(blk), dmin = scales8(blk + 16);
+    for (int s = 0; s < 8; ++s) {
+      const uint8_t* qs = blk + 160 + 256 * (s / 2);
+      __m256i w[8];
+      for (int i = 0; i < 8; ++i) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i*)(qs + 32 * i));
+        w[i] = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(raw, 4) : raw, m4);
+      }
+      const __m256 dsc = _mm256_mul_ps(d, u8x8_to_ps(blk + 32 + 8 * s));
+      const __m256 dmn = _mm256_mul_ps(dmin, u8x8_to_ps(blk + 96 + 8 * s));
+      const int64_t b = 8 * sb + s;
+      for (int m = 0; m < RM; ++m) {
+        const __m256 p = _mm256_cvtepi32_ps(Dot::q4(w, w + 4, a.qrow(m0 + m) + b * 32));
+        acc[m] = _mm256_fmadd_ps(p, _mm256_mul_ps(dsc, _mm256_set1_ps(a.drow(m0 + m)[b])), acc[m]);
+        acc[m] = _mm256_fnmadd_ps(dmn, _mm256_set1_ps(a.srow(m0 + m)[b]), acc[m]);
+      }
+    }
+  }
+  for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
+}
+
+// Q6_KX8, per 256 values (1680 bytes): d[8] (fp16), sc[16 sub-blocks][8 rows] (int8), then 8 x 192
+// bytes, one per 32 values: 4 nibble chunks (chunk i, lane r: row r's values 4i..4i+3 in the low
+// nibbles, 16+4i..16+4i+3 in the high ones), then 2 chunks of the values' top 2 bits (h0 for values
+// 0..15, h1 for 16..31; bits 2i..2i+1 of a byte belong to chunk i). Per 16 values the exact dot of
+// (q - 32) with the activations times the row's scale (Dot::q6), two of them an int32 per 32 values.
+constexpr int64_t Q6KX8_BYTES = 1680;
+
+template <class Dot, int RM>
+inline void tile_q6kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
+  __m256 acc[RM];
+  for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
+    const uint8_t* blk = g + sb * Q6KX8_BYTES;
+    const __m256 d = scales8(blk);
+    const int8_t* sc = (const int8_t*)(blk + 16);
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* qb = blk + 144 + 192 * j;
+      const int64_t b = 8 * sb + j;
+      __m256i isum[RM];
+      for (int h = 0; h < 2; ++h) {
+        const __m256i hb = _mm256_loadu_si256((const __m256i*)(qb + 128 + 32 * h));
+        __m256i w[4], wu[4];
+        for (int i = 0; i < 4; ++i) {
+          const __m256i nib = _mm256_loadu_si256((const __m256i*)(qb + 32 * i));
+          const __m256i lo = _mm256_and_si256(h ? _mm256_srli_epi16(nib, 4) : nib, m4);
+          const __m256i top = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * i)), m3);
+          w[i] = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(top, 4)), c32);
+          wu[i] = _mm256_sign_epi8(w[i], w[i]);
+        }
+        const __m256i scp = Dot::q6_scale(sc + 8 * (2 * j + h));
+        for (int m = 0; m < RM; ++m) {
+          const __m256i p = Dot::q6(w, wu, a.qrow(m0 + m) + b * 32 + 16 * h, scp);
+          isum[m] = h ? _mm256_add_epi32(isum[m], p) : p;
+        }
+      }
+      for (int m = 0; m < RM; ++m)
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_mul_ps(d, _mm256_set1_ps(a.drow(m0 + m)[b])), acc[m]);
+    }
+  }
+  for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
+}
+
+template <class Dot, X8Kind Kind, int RM>
+inline void tile_x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
+  if constexpr (Kind == X8Kind::Q4) {
+    tile_q4x8<Dot, RM>(g, a, m0, out, ldo, bias);
+  } else if constexpr (Kind == X8Kind::Q8) {
+    tile_q8x8<Dot, RM>(g, a, m0, out, ldo, bias);
+  } else if constexpr (Kind == X8Kind::Q4K) {
+    tile_q4kx8<Dot, RM>(g, a, m0, out, ldo, bias);
+  } else {
+    tile_q6kx8<Dot, RM>(g, a, m0, out, ldo, bias);
+  }
+}
+
 // Activation rows [m0, m1) against one group of 8 weight rows, in tiles of Dot::RM rows.
-template <class Dot, bool Q4>
+template <class Dot, X8Kind Kind>
 inline void group_rows(const uint8_t* g, const QAct& a, int64_t m0, int64_t m1, float* out, int64_t ldo, __m256 bias) {
   constexpr int R = Dot::RM;
   int64_t m = m0;
-#define RADIXLM_TILE(n)                                 \
-  if constexpr (Q4) {                                   \
-    tile_q4x8<Dot, n>(g, a, m, out, ldo, bias);         \
-  } else {                                              \
-    tile_q8x8<Dot, n>(g, a, m, out, ldo, bias);         \
-  }
-  for (; m + R <= m1; m += R) { RADIXLM_TILE(R) }
+  for (; m + R <= m1; m += R) tile_x8<Dot, Kind, R>(g, a, m, out, ldo, bias);
   if constexpr (R > 4) {
-    if (m + 4 <= m1) { RADIXLM_TILE(4) m += 4; }
+    if (m + 4 <= m1) {
+      tile_x8<Dot, Kind, 4>(g, a, m, out, ldo, bias);
+      m += 4;
+    }
   }
   switch (m1 - m) {
-    case 3: RADIXLM_TILE(3) break;
-    case 2: RADIXLM_TILE(2) break;
-    case 1: RADIXLM_TILE(1) break;
+    case 3: tile_x8<Dot, Kind, 3>(g, a, m, out, ldo, bias); break;
+    case 2: tile_x8<Dot, Kind, 2>(g, a, m, out, ldo, bias); break;
+    case 1: tile_x8<Dot, Kind, 1>(g, a, m, out, ldo, bias); break;
     default: break;
   }
-#undef RADIXLM_TILE
 }
 
 }  // namespace

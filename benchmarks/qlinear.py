@@ -1,0 +1,78 @@
+"""The quantized linear kernels alone, on a GGUF's own tensors: time per call, weight bytes read per
+second (the decode figure) and multiply-adds per second (the prefill figure), for each tensor kind
+of one layer plus the LM head, at a few batch sizes.
+
+    python benchmarks/qlinear.py /data/llama-3.2-1b.q4_k_m.gguf --rows 1 8 64 512
+
+Weights go through the loader's own path (QuantizedMatrix: interleaved where the format has a
+layout for it), so the figures are the engine's. Medians over --repeat calls after a warm-up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from radixlm.kernels.formats import format_of_ggml  # noqa: E402
+from radixlm.model.layers.quantized import QuantizedMatrix, QuantizedTensor  # noqa: E402
+
+# One layer's matrices and the LM head: the names llama.cpp writes.
+KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+
+
+def pick_tensors(path: str) -> list:
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    by_name = {t.name: t for t in reader.tensors}
+    chosen = [by_name[f"blk.0.{k}.weight"] for k in KINDS if f"blk.0.{k}.weight" in by_name]
+    chosen.append(by_name.get("output.weight") or by_name["token_embd.weight"])
+    return chosen
+
+
+def median_us(fn, repeat: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times) * 1e6
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("gguf")
+    p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
+    p.add_argument("--repeat", type=int, default=20)
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    a = p.parse_args()
+    torch.set_num_threads(a.threads)
+    print(f"| tensor | type | out x in | MB | " + " | ".join(f"M={m} us (GB/s, GMAC/s)" for m in a.rows) + " |")
+    print("|---" * (4 + len(a.rows)) + "|")
+    for t in pick_tensors(a.gguf):
+        fmt = format_of_ggml(t.tensor_type)
+        rows, cols = int(t.shape[1]), int(t.shape[0])
+        data = torch.from_numpy(np.ascontiguousarray(t.data).view(np.uint8).reshape(rows, -1).copy())
+        mat = QuantizedMatrix([QuantizedTensor(data, fmt, cols)])
+        mb = mat.nbytes / 1e6
+        cells = []
+        for m in a.rows:
+            x = torch.randn(m, cols)
+            us = median_us(lambda: mat.matmul(x), a.repeat if m <= 64 else max(3, a.repeat // 4))
+            cells.append(f"{us:.0f} ({mb * 1e6 / us / 1e3:.1f}, {m * rows * cols / us / 1e3:.0f})")
+        print(f"| {t.name} | {'+'.join(mat.formats)} | {rows} x {cols} | {mb:.1f} | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
