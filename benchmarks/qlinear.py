@@ -6,6 +6,8 @@ of one layer plus the LM head, at a few batch sizes.
 
 Weights go through the loader's own path (QuantizedMatrix: interleaved where the format has a
 layout for it), so the figures are the engine's. Medians over --repeat calls after a warm-up.
+--cold: each call reads another copy of the weight, --cold-mb of copies in all, so the weights come
+from memory as in a model's step (a warm matrix sits in the last-level cache).
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def main() -> None:
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--cold", action="store_true", help="rotate over copies of each weight (memory, not cache)")
+    p.add_argument("--cold-mb", type=float, default=512.0)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     print(f"| tensor | type | out x in | MB | " + " | ".join(f"M={m} us (GB/s, GMAC/s)" for m in a.rows) + " |")
@@ -66,10 +70,14 @@ def main() -> None:
         data = torch.from_numpy(np.ascontiguousarray(t.data).view(np.uint8).reshape(rows, -1).copy())
         mat = QuantizedMatrix([QuantizedTensor(data, fmt, cols)])
         mb = mat.nbytes / 1e6
+        copies = [mat] + [QuantizedMatrix([QuantizedTensor(data.clone(), fmt, cols)])
+                          for _ in range(int(a.cold_mb / mb) if a.cold else 0)]
         cells = []
         for m in a.rows:
             x = torch.randn(m, cols)
-            us = median_us(lambda: mat.matmul(x), a.repeat if m <= 64 else max(3, a.repeat // 4))
+            turn = iter(range(1 << 62))
+            us = median_us(lambda: copies[next(turn) % len(copies)].matmul(x),
+                           a.repeat if m <= 64 else max(3, a.repeat // 4))
             cells.append(f"{us:.0f} ({mb * 1e6 / us / 1e3:.1f}, {m * rows * cols / us / 1e3:.0f})")
         print(f"| {t.name} | {'+'.join(mat.formats)} | {rows} x {cols} | {mb:.1f} | " + " | ".join(cells) + " |")
 

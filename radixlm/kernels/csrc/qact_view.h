@@ -12,9 +12,13 @@ struct QAct {
   const float* d;
   const float* s;
   int64_t K, nb;  // values and blocks per row
+  // Per 32 values, the integer sums of q's two halves as a pair of int16 (low: values 0..15) in one
+  // int32: made only where a kernel needs them (Q6_KX8 folds its -32 offset in through them).
+  const int32_t* sum16 = nullptr;
   const int8_t* qrow(int64_t m) const { return q + m * K; }
   const float* drow(int64_t m) const { return d + m * nb; }
   const float* srow(int64_t m) const { return s + m * nb; }
+  const int32_t* sum16row(int64_t m) const { return sum16 + m * nb; }
 };
 
 }  // namespace radixlm

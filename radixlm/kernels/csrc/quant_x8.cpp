@@ -15,6 +15,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <vector>
 
 namespace radixlm {
 
@@ -45,16 +46,16 @@ struct Avx2Dot {
     }
     return s;
   }
-  // Q6_K: 16 values of (q - 32) (w signed, wu = |w| <= 32) times the row's scale, exact: 4 maddubs
-  // of 8 products each stay within 4 x 2 x 32 x 127 = 32512 in 16 bits; madd applies the scale.
+  // Q6_K: the scale times the dot of 16 unsigned 6-bit values with the activations, exact: two
+  // maddubs stay within 2 x 2 x 63 x 127 = 32004 in 16 bits, then madd applies the scale.
   static inline __m256i q6_scale(const int8_t* sc) {  // lane r: row r's scale in both 16-bit halves
     const __m256i s = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)sc));
     return _mm256_or_si256(_mm256_and_si256(s, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(s, 16));
   }
-  static inline __m256i q6(const __m256i* w, const __m256i* wu, const int8_t* aq, __m256i scale) {
-    __m256i s = _mm256_maddubs_epi16(wu[0], _mm256_sign_epi8(bcast32(aq), w[0]));
-    for (int i = 1; i < 4; ++i) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(wu[i], _mm256_sign_epi8(bcast32(aq + 4 * i), w[i])));
-    return _mm256_madd_epi16(s, scale);
+  static inline __m256i q6(const __m256i* q, const int8_t* aq, __m256i scale) {
+    const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(q[0], bcast32(aq)), _mm256_maddubs_epi16(q[1], bcast32(aq + 4)));
+    const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(q[2], bcast32(aq + 8)), _mm256_maddubs_epi16(q[3], bcast32(aq + 12)));
+    return _mm256_add_epi32(_mm256_madd_epi16(s01, scale), _mm256_madd_epi16(s23, scale));
   }
 };
 
@@ -99,15 +100,35 @@ void gemm(const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64
   });
 }
 
+
+// The activations' 16-value integer sums, a pair per 32 values (QAct::sum16).
+std::vector<int32_t> sums16(const QAct& a, int64_t M) {
+  std::vector<int32_t> out(M * a.nb);
+  for (int64_t m = 0; m < M; ++m)
+    for (int64_t b = 0; b < a.nb; ++b) {
+      const int8_t* q = a.qrow(m) + 32 * b;
+      int32_t lo = 0, hi = 0;
+      for (int i = 0; i < 16; ++i) lo += q[i], hi += q[16 + i];
+      out[m * a.nb + b] = (int32_t)(((uint32_t)(uint16_t)(int16_t)hi << 16) | (uint16_t)(int16_t)lo);
+    }
+  return out;
+}
+
 }  // namespace
 
 void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64_t M, float* out,
              int64_t ldo, const float* bias) {
+  if (fmt == FMT_Q6KX8) {
+    const std::vector<int32_t> s16 = sums16(a, M);
+    QAct with = a;
+    with.sum16 = s16.data();
+    gemm<X8Kind::Q6K>(W, group_bytes, N, with, M, out, ldo, bias);
+    return;
+  }
   switch (fmt) {
     case FMT_Q4X8: gemm<X8Kind::Q4>(W, group_bytes, N, a, M, out, ldo, bias); break;
     case FMT_Q8X8: gemm<X8Kind::Q8>(W, group_bytes, N, a, M, out, ldo, bias); break;
-    case FMT_Q4KX8: gemm<X8Kind::Q4K>(W, group_bytes, N, a, M, out, ldo, bias); break;
-    default: gemm<X8Kind::Q6K>(W, group_bytes, N, a, M, out, ldo, bias); break;
+    default: gemm<X8Kind::Q4K>(W, group_bytes, N, a, M, out, ldo, bias); break;
   }
 }
 

@@ -31,11 +31,11 @@ struct VnniDot {
   }
   // Q6_K: the same integers as the AVX2 tiles' maddubs + madd (quant_x8.cpp), in int32 throughout.
   static inline __m256i q6_scale(const int8_t* sc) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)sc)); }
-  static inline __m256i q6(const __m256i* w, const __m256i* wu, const int8_t* aq, __m256i scale) {
-    __m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu[0], _mm256_sign_epi8(bcast32(aq), w[0]));
-    __m256i s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), wu[1], _mm256_sign_epi8(bcast32(aq + 4), w[1]));
-    s0 = _mm256_dpbusd_epi32(s0, wu[2], _mm256_sign_epi8(bcast32(aq + 8), w[2]));
-    s1 = _mm256_dpbusd_epi32(s1, wu[3], _mm256_sign_epi8(bcast32(aq + 12), w[3]));
+  static inline __m256i q6(const __m256i* q, const int8_t* aq, __m256i scale) {
+    __m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q[0], bcast32(aq));
+    __m256i s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q[1], bcast32(aq + 4));
+    s0 = _mm256_dpbusd_epi32(s0, q[2], bcast32(aq + 8));
+    s1 = _mm256_dpbusd_epi32(s1, q[3], bcast32(aq + 12));
     return _mm256_mullo_epi32(_mm256_add_epi32(s0, s1), scale);
   }
 };

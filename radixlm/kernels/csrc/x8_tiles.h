@@ -116,13 +116,25 @@ inline void tile_q4kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, 
 // Q6_KX8, per 256 values (1680 bytes): d[8] (fp16), sc[16 sub-blocks][8 rows] (int8), then 8 x 192
 // bytes, one per 32 values: 4 nibble chunks (chunk i, lane r: row r's values 4i..4i+3 in the low
 // nibbles, 16+4i..16+4i+3 in the high ones), then 2 chunks of the values' top 2 bits (h0 for values
-// 0..15, h1 for 16..31; bits 2i..2i+1 of a byte belong to chunk i). Per 16 values the exact dot of
-// (q - 32) with the activations times the row's scale (Dot::q6), two of them an int32 per 32 values.
+// 0..15, h1 for 16..31; bits 2i..2i+1 of a byte belong to chunk i). The 6-bit q (0..63) are dotted
+// unsigned (Dot::q6: times the sub-block's scale), and the -32 offset folds in once per 32 values
+// through the activations' 16-value sums: isum = sc_lo dot_lo + sc_hi dot_hi - 32 (sc_lo S_lo + sc_hi S_hi),
+// exact in int32 and in its float (|isum| <= 2 x 128 x 16 x 32 x 127 < 2^24).
 constexpr int64_t Q6KX8_BYTES = 1680;
+
+// Bits 4..5 of each byte <- chunk i's 2 bits of h (at 2i..2i+1); bits crossing bytes are masked off.
+template <int I>
+inline __m256i q6_top(__m256i h) {
+  const __m256i m = _mm256_set1_epi8(0x30);
+  if constexpr (I == 0) return _mm256_and_si256(_mm256_slli_epi16(h, 4), m);
+  if constexpr (I == 1) return _mm256_and_si256(_mm256_slli_epi16(h, 2), m);
+  if constexpr (I == 2) return _mm256_and_si256(h, m);
+  if constexpr (I == 3) return _mm256_and_si256(_mm256_srli_epi16(h, 2), m);
+}
 
 template <class Dot, int RM>
 inline void tile_q6kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F), m3 = _mm256_set1_epi8(3), c32 = _mm256_set1_epi8(32);
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
   __m256 acc[RM];
   for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
@@ -131,26 +143,32 @@ inline void tile_q6kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, 
     const int8_t* sc = (const int8_t*)(blk + 16);
     for (int j = 0; j < 8; ++j) {
       const uint8_t* qb = blk + 144 + 192 * j;
+      const __m256i h0 = _mm256_loadu_si256((const __m256i*)(qb + 128));
+      const __m256i h1 = _mm256_loadu_si256((const __m256i*)(qb + 160));
+      __m256i q[8];
+      const __m256i n0 = _mm256_loadu_si256((const __m256i*)qb), n1 = _mm256_loadu_si256((const __m256i*)(qb + 32));
+      const __m256i n2 = _mm256_loadu_si256((const __m256i*)(qb + 64)), n3 = _mm256_loadu_si256((const __m256i*)(qb + 96));
+      q[0] = _mm256_or_si256(_mm256_and_si256(n0, m4), q6_top<0>(h0));
+      q[1] = _mm256_or_si256(_mm256_and_si256(n1, m4), q6_top<1>(h0));
+      q[2] = _mm256_or_si256(_mm256_and_si256(n2, m4), q6_top<2>(h0));
+      q[3] = _mm256_or_si256(_mm256_and_si256(n3, m4), q6_top<3>(h0));
+      q[4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n0, 4), m4), q6_top<0>(h1));
+      q[5] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n1, 4), m4), q6_top<1>(h1));
+      q[6] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n2, 4), m4), q6_top<2>(h1));
+      q[7] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n3, 4), m4), q6_top<3>(h1));
+      const int8_t* sl = sc + 16 * j;  // sub-blocks 2j (values 0..15) and 2j+1, 8 rows each
+      const __m256i slo = Dot::q6_scale(sl), shi = Dot::q6_scale(sl + 8);
+      const __m128i l16 = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)sl));
+      const __m128i h16 = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)(sl + 8)));
+      const __m256i pair = _mm256_set_m128i(_mm_unpackhi_epi16(l16, h16), _mm_unpacklo_epi16(l16, h16));
       const int64_t b = 8 * sb + j;
-      __m256i isum[RM];
-      for (int h = 0; h < 2; ++h) {
-        const __m256i hb = _mm256_loadu_si256((const __m256i*)(qb + 128 + 32 * h));
-        __m256i w[4], wu[4];
-        for (int i = 0; i < 4; ++i) {
-          const __m256i nib = _mm256_loadu_si256((const __m256i*)(qb + 32 * i));
-          const __m256i lo = _mm256_and_si256(h ? _mm256_srli_epi16(nib, 4) : nib, m4);
-          const __m256i top = _mm256_and_si256(_mm256_srl_epi16(hb, _mm_cvtsi32_si128(2 * i)), m3);
-          w[i] = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(top, 4)), c32);
-          wu[i] = _mm256_sign_epi8(w[i], w[i]);
-        }
-        const __m256i scp = Dot::q6_scale(sc + 8 * (2 * j + h));
-        for (int m = 0; m < RM; ++m) {
-          const __m256i p = Dot::q6(w, wu, a.qrow(m0 + m) + b * 32 + 16 * h, scp);
-          isum[m] = h ? _mm256_add_epi32(isum[m], p) : p;
-        }
+      for (int m = 0; m < RM; ++m) {
+        const int8_t* aq = a.qrow(m0 + m) + b * 32;
+        const __m256i off = _mm256_madd_epi16(pair, _mm256_set1_epi32(a.sum16row(m0 + m)[b]));
+        const __m256i isum = _mm256_sub_epi32(_mm256_add_epi32(Dot::q6(q, aq, slo), Dot::q6(q + 4, aq + 16, shi)),
+                                              _mm256_slli_epi32(off, 5));
+        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(a.drow(m0 + m)[b])), acc[m]);
       }
-      for (int m = 0; m < RM; ++m)
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_mul_ps(d, _mm256_set1_ps(a.drow(m0 + m)[b])), acc[m]);
     }
   }
   for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
