@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from radixlm.model import gguf_loader
+from radixlm.model import gguf_loader, memory
 from radixlm.model.registry import resolve_architecture
 
 logger = logging.getLogger(__name__)
@@ -44,6 +44,8 @@ class LoadedModel:
     eos_token_ids: list[int]
     context_len: int
     load_seconds: float = 0.0
+    weight_bytes: int = 0  # the weights as held in memory (quantized layouts included)
+    resident_bytes: int = 0  # the process's RSS once loaded (before any KV pool)
     quantization: str = "none"  # what the linear layers run in: none, gguf (the file's own formats), int8, ...
 
 
@@ -209,6 +211,7 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
     """Build our model for `path` (default: the SmolLM2 GGUF) and fill its weights.
     quantization: see ServerArgs.quantization (None: float weights)."""
     t0 = time.perf_counter()
+    memory.return_large_frees_to_os()
     path = os.path.abspath(path or default_model_path())
     kind = _model_kind(path)
     is_gguf = kind == "gguf"
@@ -249,7 +252,10 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
                            quant, len(skipped), ", ".join(skipped[:4]))
     model.eval()
     seconds = time.perf_counter() - t0
-    logger.info("loaded %s (%s, weights: %s) in %.2f s", path, architecture, quant, seconds)
+    held, resident = memory.weight_bytes(model), memory.resident_bytes()
+    file_note = f" (file {memory.gib(os.path.getsize(path))})" if os.path.isfile(path) else ""
+    logger.info("loaded %s (%s, weights: %s) in %.2f s: weights %s%s, resident %s", path, architecture, quant,
+                seconds, memory.gib(held), file_note, memory.gib(resident))
     return LoadedModel(
         model=model,
         hf_config=config,
@@ -260,6 +266,8 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
         eos_token_ids=eos_ids,
         context_len=_context_len(config),
         load_seconds=seconds,
+        weight_bytes=held,
+        resident_bytes=resident,
         quantization=quant,
     )
 

@@ -115,3 +115,30 @@ def test_seed_makes_a_row_independent_of_its_batch():
     for _ in range(20):
         draws.append(int(Sampler()(logits[0:1], info)[0]))
     assert len(set(draws)) > 1, "a seeded generator must advance between steps"
+
+
+@pytest.mark.parametrize("peaked", [True, False])  # nucleus inside the top-1024 candidates, or not (full sort)
+def test_filters_on_a_large_vocabulary_keep_hfs_tokens(peaked):
+    """On a 150k-entry vocabulary the filters sort only the candidates that can survive (top-k,
+    the top 1024 when they hold the nucleus, none for min-p alone); the kept tokens stay HF's,
+    row by row in a batch mixing every filter."""
+    vocab = 151_936
+    torch.manual_seed(1)
+    kws = [dict(top_k=40), dict(top_p=0.9), dict(min_p=0.1), dict(top_k=2000, top_p=0.8), dict(top_p=0.95, min_p=0.02),
+           dict(top_k=7, min_p=0.3)]
+    for batch in ([kw] for kw in kws):
+        params = [SamplingParams(temperature=0.9, **kw) for kw in batch] * 2
+        logits = torch.randn(len(params), vocab) * (6.0 if peaked else 0.5)
+        rows = [SamplingRow(p, [], [], None, []) for p in params]
+        info = SamplingBatchInfo.build(rows, vocab, torch.device("cpu"))
+        probs = torch.softmax(logits / info.temperatures, dim=-1)
+        kept = top_k_top_p_min_p(probs, info)
+        for i, p in enumerate(params):
+            assert torch.equal(kept[i] > 0, hf_support(logits[i], p)), batch
+            assert torch.equal(kept[i][kept[i] > 0], probs[i][kept[i] > 0])  # survivors keep their mass
+    mixed = [SamplingParams(temperature=0.9, **kw) for kw in kws]
+    logits = torch.randn(len(mixed), vocab) * (6.0 if peaked else 0.5)
+    info = SamplingBatchInfo.build([SamplingRow(p, [], [], None, []) for p in mixed], vocab, torch.device("cpu"))
+    kept = top_k_top_p_min_p(torch.softmax(logits / info.temperatures, dim=-1), info) > 0
+    for i, p in enumerate(mixed):
+        assert torch.equal(kept[i], hf_support(logits[i], p)), p

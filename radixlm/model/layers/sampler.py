@@ -149,15 +149,45 @@ class Sampler:
         return torch.where(info.greedy, greedy_ids, sampled)
 
 
+# top-p without a top-k sorts only this many candidates when their mass covers every row's nucleus
+# (a 150k-entry sort per row costs milliseconds on a CPU); otherwise the whole row is sorted.
+TOP_P_CANDIDATES = 1024
+
+
 def top_k_top_p_min_p(probs: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+    """probs with the tokens outside top-k, top-p (smallest prefix reaching top_p of the top-k's
+    mass, the crossing token kept: HF's and vLLM's top-p after top-k) and min-p zeroed. Only the candidates that can survive are sorted: the top k (topk
+    is a partial sort), the top TOP_P_CANDIDATES when they hold every row's nucleus, none for min-p
+    alone."""
+    vocab = probs.shape[-1]
+    k_max = int(info.top_ks.max())
+    if not info.need_top_k and not info.need_top_p:  # min-p alone: a threshold, no order needed
+        return probs.masked_fill(probs < probs.amax(-1, keepdim=True) * info.min_ps.unsqueeze(1), 0.0)
+    cand = k_max if not info.need_top_p else min(vocab, max(TOP_P_CANDIDATES, k_max if k_max < vocab else 0))
+    if cand < vocab:
+        vals, order = torch.topk(probs, cand, dim=-1)
+        # Exact when no row keeps a token past the candidates: its top-k is within them, or its
+        # nucleus is (their mass passes top_p, so every later token has cum_before > top_p).
+        # (A top-k past the candidates but short of the vocabulary needs its own mass: full sort.)
+        covered = (info.top_ks <= cand) | ((info.top_ks >= vocab) & (info.top_ps < 1) & (vals.sum(-1) > info.top_ps))
+        if bool(covered.all()):
+            return torch.zeros_like(probs).scatter_(-1, order, _filter_sorted(vals, info, probs))
     sorted_p, order = torch.sort(probs, dim=-1, descending=True)
-    ranks = torch.arange(sorted_p.shape[-1], device=probs.device).unsqueeze(0)
-    drop = ranks >= info.top_ks.unsqueeze(1)
+    return torch.zeros_like(probs).scatter_(-1, order, _filter_sorted(sorted_p, info, probs))
+
+
+def _filter_sorted(sorted_p: torch.Tensor, info: SamplingBatchInfo, probs: torch.Tensor) -> torch.Tensor:
+    """The filters on probabilities sorted descending (a prefix of each row's order, holding its
+    top-k; a row without top-k takes the whole row's mass for top-p)."""
+    ranks = torch.arange(sorted_p.shape[-1], device=sorted_p.device).unsqueeze(0)
+    in_k = ranks < info.top_ks.unsqueeze(1)
+    drop = ~in_k
     if info.need_top_p:
-        # Keep the smallest prefix whose mass reaches top_p (the token crossing it stays).
+        # Keep the smallest prefix reaching top_p of the top-k's mass (the token crossing it stays).
+        whole = info.top_ks >= probs.shape[-1]
+        mass = torch.where(whole, probs.sum(-1), (sorted_p * in_k).sum(-1))
         cum_before = torch.cumsum(sorted_p, dim=-1) - sorted_p
-        drop |= cum_before > info.top_ps.unsqueeze(1)
+        drop |= cum_before > (info.top_ps * mass).unsqueeze(1)
     if info.need_min_p:
         drop |= sorted_p < (sorted_p[:, :1] * info.min_ps.unsqueeze(1))
-    sorted_p = sorted_p.masked_fill(drop, 0.0)
-    return torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+    return sorted_p.masked_fill(drop, 0.0)

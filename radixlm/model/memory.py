@@ -1,0 +1,57 @@
+"""What the loaded weights hold in memory, and the process's resident memory (reported at load).
+
+Loading makes large short-lived copies (a tensor read from the file, stacked shards, the repacked
+layout): with glibc's default the threshold for serving large allocations by mmap grows after the
+first frees, so later copies come from the heap and stay resident after they are freed. A fixed
+threshold hands every large block back to the OS when it is freed.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+
+from torch import nn
+
+M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
+MMAP_THRESHOLD_BYTES = 1 << 20
+
+
+def return_large_frees_to_os() -> bool:
+    """Fix glibc's mmap threshold at 1 MiB (no-op elsewhere); True if it took effect."""
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        return bool(libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES))
+    except (OSError, AttributeError, TypeError):
+        return False
+
+
+def weight_bytes(model: nn.Module) -> int:
+    """Bytes of the model's weights: parameters and quantized matrices, each storage once (buffers,
+    such as RoPE's cos/sin tables, are derived and left out)."""
+    from radixlm.model.layers.quantized import QuantizedMatrix
+
+    seen: set[int] = set()
+    total = 0
+    for t in model.parameters():
+        ptr = t.untyped_storage().data_ptr()
+        if ptr not in seen:
+            seen.add(ptr)
+            total += t.untyped_storage().nbytes()
+    for m in model.modules():
+        for v in vars(m).values():
+            if isinstance(v, QuantizedMatrix) and id(v) not in seen:
+                seen.add(id(v))
+                total += v.nbytes
+    return total
+
+
+def resident_bytes() -> int:
+    import psutil
+
+    return psutil.Process().memory_info().rss
+
+
+def gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
