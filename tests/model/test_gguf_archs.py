@@ -55,7 +55,7 @@ def _llama_cpp_rope_freqs(theta: float, dim: int, rs: dict) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def _write_gguf(path: str, arch: str, hf, cfg, matrix_type: str = "f32", raw: dict | None = None) -> None:
+def _write_gguf(path: str, arch: str, hf, cfg, matrix_type: str = "f32", raw_blocks: dict | None = None) -> None:
     """matrix_type: how 2-D weights are stored, "f32", "f16" or "bf16" (as the converter's --outtype)."""
     import gguf
 
@@ -76,15 +76,15 @@ def _write_gguf(path: str, arch: str, hf, cfg, matrix_type: str = "f32", raw: di
     if cfg.rope_parameters.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", _llama_cpp_rope_freqs(cfg.rope_parameters["rope_theta"], head_dim,
                                                                 cfg.rope_parameters))
-    add_hf_tensors(w, hf, cfg, arch, _NAMES, matrix_type=matrix_type, raw=raw)
+    add_hf_tensors(w, hf, cfg, arch, _NAMES, matrix_type=matrix_type, raw_blocks=raw_blocks)
     write_and_close(w)
 
 
 def add_hf_tensors(w, hf, cfg, arch: str, names: dict, norm_offset: bool = False, matrix_type: str = "f32",
-                   raw: dict | None = None) -> None:
+                   raw_blocks: dict | None = None) -> None:
     """hf's weights under llama.cpp's names (names: HF module in a layer -> GGUF name), q/k rows
     permuted for the llama arch, norms stored as 1 + w where norm_offset (Gemma), 2-D weights as
-    matrix_type ("f32", "f16" or "bf16", as the converter's --outtype). raw: GGUF name -> (uint8
+    matrix_type ("f32", "f16" or "bf16", as the converter's --outtype). raw_blocks: GGUF name -> (uint8
     blocks in the file's row order, GGMLQuantizationType) written instead of the HF tensor."""
     import gguf
 
@@ -105,8 +105,8 @@ def add_hf_tensors(w, hf, cfg, arch: str, names: dict, norm_offset: bool = False
         else:
             gname = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
                      "lm_head.weight": "output.weight"}[name]
-        if raw and gname in raw:
-            w.add_tensor(gname, raw[gname][0], raw_dtype=raw[gname][1])
+        if raw_blocks and gname in raw_blocks:
+            w.add_tensor(gname, raw_blocks[gname][0], raw_dtype=raw_blocks[gname][1])
         elif a.ndim == 2 and matrix_type == "f16":
             w.add_tensor(gname, a.astype(np.float16))
         elif a.ndim == 2 and matrix_type == "bf16":

@@ -81,7 +81,7 @@ def _mixed_model(tmp_path):
             state[hf_name].copy_(torch.from_numpy(values))
             raw[f"{gname}.weight"] = (blocks.numpy(), gguf.GGMLQuantizationType[qname.upper()])
     path = str(tmp_path / "mixed.q4_k_m.gguf")
-    _write_gguf(path, "llama", hf, cfg, raw=raw)
+    _write_gguf(path, "llama", hf, cfg, raw_blocks=raw)
     return path, cfg
 
 
