@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import glob
 import hashlib
 import importlib.util
@@ -252,6 +253,8 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
                            quant, len(skipped), ", ".join(skipped[:4]))
     model.eval()
     seconds = time.perf_counter() - t0
+    weights = reader = None  # the file's views and the loading generator's last tensor: not resident
+    gc.collect()
     held, resident = memory.weight_bytes(model), memory.resident_bytes()
     file_note = f" (file {memory.gib(os.path.getsize(path))})" if os.path.isfile(path) else ""
     logger.info("loaded %s (%s, weights: %s) in %.2f s: weights %s%s, resident %s", path, architecture, quant,
