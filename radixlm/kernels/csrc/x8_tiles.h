@@ -74,6 +74,14 @@ inline void tile_q8x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, i
   for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
 }
 
+// Software prefetch PF_AHEAD bytes past the super-block a small tile starts (the next groups follow
+// contiguously): in decode, where one or two rows stream the weights from memory, the next blocks'
+// loads then overlap the dots (K-quant tiles at M = 1: +5-18% GB/s on cold weights, docs/benchmarks.md).
+constexpr int64_t PF_AHEAD = 4096;
+inline void prefetch_span(const uint8_t* p, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch((const char*)(p + PF_AHEAD + o), _MM_HINT_T0);
+}
+
 inline __m256 u8x8_to_ps(const uint8_t* p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)));
 }
@@ -92,6 +100,7 @@ inline void tile_q4kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, 
   for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* blk = g + sb * Q4KX8_BYTES;
+    if constexpr (RM <= 2) prefetch_span(blk, Q4KX8_BYTES);
     const __m256 d = scales8(blk), dmin = scales8(blk + 16);
     for (int s = 0; s < 8; ++s) {
       const uint8_t* qs = blk + 160 + 256 * (s / 2);
@@ -139,6 +148,7 @@ inline void tile_q6kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, 
   for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* blk = g + sb * Q6KX8_BYTES;
+    if constexpr (RM <= 2) prefetch_span(blk, Q6KX8_BYTES);
     const __m256 d = scales8(blk);
     const int8_t* sc = (const int8_t*)(blk + 16);
     for (int j = 0; j < 8; ++j) {
