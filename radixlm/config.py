@@ -147,7 +147,8 @@ class ServerArgs:
             "disable_radix_cache": "no prefix sharing (a baseline)",
             "quantization": "weights: gguf (a GGUF's own quantization, its default), none (dequantize to --dtype, "
             "the default for other checkpoints), "
-            "int8, q4_0, q8_0 (quantize at load); quantized weights run the native CPU kernels",
+            "int8, q4_0, q8_0, q4_k (quantize at load), f16, bf16 (16-bit weights); quantized weights run the "
+            "native CPU kernels",
             "kv_cache_dtype": "KV cache element type (auto: float16 for quantized weights on the native CPU kernels, else the model dtype; int8 with per-token scales)",
             "attention_backend": "native (the paged CPU kernel; default on CPU when the kernels build) or torch (SDPA)",
             "prefill_attention_backend": "attention backend of extend-shaped batches (prefill, mixed, verify); "

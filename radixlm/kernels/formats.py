@@ -71,8 +71,9 @@ INTERLEAVED = {
     "q4_k": QuantFormat("q4_kx8", 17, 256, 1184, group=8),  # scales unpacked to bytes: +2.8%
     "q6_k": QuantFormat("q6_kx8", 18, 256, 1680, group=8),
 }
-# What --quantization can make from float weights at load.
-QUANTIZE_AT_LOAD = ("int8", "q4_0", "q8_0")
+# What --quantization can make from float weights at load (f16 / bf16: keep 16-bit weights, on the
+# native kernels).
+QUANTIZE_AT_LOAD = ("int8", "q4_0", "q8_0", "q4_k", "f16", "bf16")
 
 
 def format_of_ggml(ggml_type) -> QuantFormat | None:
@@ -82,7 +83,7 @@ def format_of_ggml(ggml_type) -> QuantFormat | None:
 
 def quantize(w: torch.Tensor, name: str) -> torch.Tensor:
     """float [rows, cols] -> the format's uint8 [rows, row_bytes] (GGUF's own quantizers for the
-    block formats; symmetric per-row absmax for int8)."""
+    block formats, ours for Q4_K, which gguf lacks; symmetric per-row absmax for int8)."""
     fmt = FORMATS[name]
     if not fmt.supports(w.shape[1]):
         raise ValueError(f"{name} needs columns in multiples of {fmt.block}, got {w.shape[1]}")
@@ -93,6 +94,12 @@ def quantize(w: torch.Tensor, name: str) -> torch.Tensor:
         scale = w.abs().amax(dim=1, keepdim=True) / 127.0
         q = torch.where(scale > 0, torch.round(w / scale.clamp_min(1e-30)), 0.0).to(torch.int8)
         return torch.cat([scale.view(torch.uint8).reshape(-1, 4), q.view(torch.uint8)], dim=1).contiguous()
+    if name == "q4_k":  # llama.cpp's search, native (csrc/quantize_k.cpp)
+        from radixlm.kernels import build
+
+        if not build.load():
+            raise RuntimeError(f"q4_k quantization needs the native kernels: {build.unavailable_reason()}")
+        return torch.ops.radixlm.quantize_q4_k(w.contiguous())
     from gguf.quants import quantize as gguf_quantize
 
     return torch.from_numpy(np.ascontiguousarray(gguf_quantize(w.numpy(), fmt.ggml_type)))

@@ -23,6 +23,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from radixlm.kernels.formats import FORMATS, QUANTIZE_AT_LOAD
 from radixlm.model import gguf_loader, memory
 from radixlm.model.registry import resolve_architecture
 
@@ -31,7 +32,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 # --quantization: gguf keeps a GGUF file's own block formats, none runs float weights, the rest
 # quantize at load (resolve_quantization).
-QUANTIZATIONS = ("none", "gguf", "int8", "q4_0", "q8_0")
+QUANTIZATIONS = ("none", "gguf", *QUANTIZE_AT_LOAD)
 
 
 @dataclass
@@ -134,6 +135,23 @@ def _safetensors_weights(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in f.keys():
                 yield name, f.get_tensor(name)
+
+
+def _quantized_as_loaded(weights: Iterator[tuple[str, torch.Tensor]], model: nn.Module,
+                         fmt_name: str) -> Iterator[tuple[str, Any]]:
+    """Quantize each matrix the model multiplies by as it streams in (--quantization of a float
+    checkpoint): only one tensor is ever held in float, so a bf16 8B checkpoint never needs its
+    fp32 size in memory. Logs the time spent quantizing."""
+    from radixlm.model.layers.quantized import QuantizedTensor
+
+    fmt, count, seconds = FORMATS[fmt_name], 0, 0.0
+    for name, tensor in weights:
+        if tensor.dim() == 2 and fmt.supports(tensor.shape[1]) and model.takes_quantized(name):
+            t0 = time.perf_counter()
+            tensor = QuantizedTensor.quantize(tensor, fmt_name)
+            seconds, count = seconds + time.perf_counter() - t0, count + 1
+        yield name, tensor
+    logger.info("quantized %d matrices to %s in %.2f s", count, fmt_name, seconds)
 
 
 def _dir_chat_template(path: str) -> str | None:
@@ -243,6 +261,8 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
             if hasattr(module, "finish_loading"):
                 module.finish_loading()
     else:
+        if quant in QUANTIZE_AT_LOAD:
+            weights = _quantized_as_loaded(weights, model, quant)
         model.load_weights(weights)
     if quant not in ("none", "gguf"):
         from radixlm.model.layers.linear import quantize_module_weights

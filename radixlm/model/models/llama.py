@@ -210,6 +210,18 @@ class LlamaForCausalLM(nn.Module):
                 f"weights do not match {type(self).__name__}: missing {missing[:8]}, unknown {unknown[:8]}"
             )
 
+    def takes_quantized(self, name: str) -> bool:
+        """Whether load_weights puts the HF tensor `name` in a matrix the kernels multiply by (a
+        quantized tensor for anything else would be dequantized again)."""
+        if self.tie_word_embeddings and name == "lm_head.weight":
+            return False
+        target, _ = self._map_name(name)
+        try:
+            owner = self.get_submodule(target.rsplit(".", 1)[0])
+        except AttributeError:
+            return False
+        return target.endswith(".weight") and hasattr(owner, "set_quantized")
+
     def _map_name(self, name: str) -> tuple[str, int | None]:
         """HF name -> (our param name, shard index in a fused param or None)."""
         for fused, hf_part, shard in self.stacked_params_mapping:
