@@ -1,10 +1,11 @@
 """All decoder layers of a Llama-family model in one native op (radixlm/kernels/csrc/layers.cpp).
 
-Used on CPU when every projection is one quantized matrix and the attention backend runs it for the
+Used on CPU when every projection is quantized (one segment, or one per format: a Q4_K_M file's
+qkv holds Q4_K q/k beside a Q6_K v) and the attention backend runs it for the
 batch (AttentionBackend.runs_fused_layers: the op reads the native backend's metadata): a
 bs-1 step is ~400 small ops, and Python plus torch's dispatcher cost ~10 ms of it. The op calls the
 same kernels as the Python layers in the same order, so outputs are bitwise the same; anything it
-does not cover (Qwen3's q/k norms, mixed-format or float projections, biases outside qkv) keeps the
+does not cover (Qwen3's q/k norms, float projections or segments, biases outside qkv) keeps the
 Python path.
 """
 
@@ -15,6 +16,8 @@ from typing import TYPE_CHECKING, Optional, Protocol
 
 import torch
 from torch import nn
+
+from radixlm.model.layers.quantized import QuantizedTensor
 
 if TYPE_CHECKING:
     from radixlm.model.forward_batch import ForwardBatch
@@ -30,8 +33,9 @@ class DecoderStack(Protocol):
 
 @dataclass
 class FusedLayers:
-    weights: list[torch.Tensor]  # per layer: input norm, qkv, o, post norm, gate_up, down
-    fmts: list[int]  # per layer: qkv, o, gate_up, down
+    weights: list[torch.Tensor]  # per layer: input norm, post norm, the segments of qkv, o, gate_up, down
+    fmts: list[int]  # per segment
+    seg_counts: list[int]  # per layer: segments of qkv, o, gate_up, down
     qkv_bias: list[torch.Tensor]  # per layer, or empty
     cos_sin: torch.Tensor
     num_heads: int
@@ -41,9 +45,12 @@ class FusedLayers:
     scaling: float
 
 
-def _single(linear) -> Optional[tuple[torch.Tensor, int]]:
+def _segments(linear) -> Optional[list[tuple[torch.Tensor, int]]]:
+    """(blocks, format id) per segment, or None when the projection is not all quantized."""
     q = linear.qweight
-    return q._single if q is not None else None
+    if q is None or not all(isinstance(s.weight, QuantizedTensor) for s in q.segments):
+        return None
+    return [(s.weight.data, s.weight.fmt.kernel_id) for s in q.segments]
 
 
 def build_fused_layers(model: DecoderStack) -> Optional[FusedLayers]:
@@ -53,21 +60,23 @@ def build_fused_layers(model: DecoderStack) -> Optional[FusedLayers]:
     layers = list(model.layers)
     if not layers or cpu_float_ops(model.norm.weight) is None:
         return None
-    weights, fmts, biases = [], [], []
+    weights, fmts, counts, biases = [], [], [], []
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
         projs = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
-        singles = [_single(p) for p in projs]
-        if attn.qk_norm or any(s is None for s in singles) or any(p.bias is not None for p in projs[1:]):
+        segments = [_segments(p) for p in projs]
+        if attn.qk_norm or any(s is None for s in segments) or any(p.bias is not None for p in projs[1:]):
             return None
         if (attn.qkv_proj.bias is not None) != (layers[0].self_attn.qkv_proj.bias is not None):
             return None
         rope = attn.rotary_emb
         if rope.cos_sin_cache.dtype != torch.float32 or attn.head_dim % 8:
             return None
-        weights += [layer.input_layernorm.weight, singles[0][0], singles[1][0], layer.post_attention_layernorm.weight,
-                    singles[2][0], singles[3][0]]
-        fmts += [s[1] for s in singles]
+        weights += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
+        for segs in segments:
+            weights += [w for w, _ in segs]
+            fmts += [f for _, f in segs]
+            counts.append(len(segs))
         if attn.qkv_proj.bias is not None:
             biases.append(attn.qkv_proj.bias)
     a = layers[0].self_attn
@@ -75,7 +84,7 @@ def build_fused_layers(model: DecoderStack) -> Optional[FusedLayers]:
         layer.post_attention_layernorm.variance_epsilon for layer in layers}
     if len(eps) != 1:
         return None
-    return FusedLayers(weights, fmts, biases, a.rotary_emb.cos_sin_cache, a.num_heads, a.num_kv_heads, a.head_dim,
+    return FusedLayers(weights, fmts, counts, biases, a.rotary_emb.cos_sin_cache, a.num_heads, a.num_kv_heads, a.head_dim,
                        eps.pop(), a.attn.scaling)
 
 
@@ -87,7 +96,7 @@ def run_fused_layers(f: FusedLayers, hidden: torch.Tensor, positions: torch.Tens
     pool, md = fb.token_to_kv_pool, fb.attn_metadata
     scales = ([], []) if pool.k_scale_buffer is None else (pool.k_scale_buffer, pool.v_scale_buffer)
     residual = torch.empty_like(hidden)
-    out = ops().llama_layers(hidden, residual, positions, f.cos_sin, f.weights, f.fmts, f.qkv_bias, pool.k_buffer,
+    out = ops().llama_layers(hidden, residual, positions, f.cos_sin, f.weights, f.fmts, f.seg_counts, f.qkv_bias, pool.k_buffer,
                              pool.v_buffer, scales[0], scales[1], fb.out_cache_loc, md.kv_slots, md.rows, md.seq_lens,
                              md.q_start, f.num_heads, f.num_kv_heads, f.head_dim, f.eps, f.scaling)
     return out, residual
