@@ -95,6 +95,7 @@ def naive_q4_k_block(x: np.ndarray) -> bytes:
 
 def _blocks() -> torch.Tensor:
     g = torch.Generator().manual_seed(0)
+    torch.manual_seed(0)  # StudentT draws from the global generator
     normal = 0.05 * torch.randn(256, generator=g)
     outliers = normal.clone()
     outliers[[3, 100, 200]] = torch.tensor([2.0, -3.5, 1.25])
@@ -102,15 +103,19 @@ def _blocks() -> torch.Tensor:
     constant = torch.full((256,), -0.75)
     zeros = torch.zeros(256)
     mixed = torch.cat([torch.zeros(64), 1e-6 * torch.randn(64, generator=g), 10 * torch.randn(128, generator=g)])
-    return torch.stack([normal, outliers, positive, constant, zeros, mixed])
+    # Trained-weight-like rows: heavy tails, sparse, one-signed sub-blocks, several scales.
+    heavy = torch.distributions.StudentT(3.0).sample((12, 256)) * 0.02
+    sparse = torch.randn(6, 256, generator=g) * (torch.rand(6, 256, generator=g) < 0.1)
+    signed = (torch.rand(6, 256, generator=g) * torch.tensor([1.0, -1.0]).repeat_interleave(128)).abs() * 3
+    return torch.cat([torch.stack([normal, outliers, positive, constant, zeros, mixed]), heavy, sparse, signed])
 
 
 def test_q4_k_blocks_match_llama_cpps_reference_search(kernel_ops):
     x = _blocks()
-    got = kernel_ops.quantize_q4_k(x.reshape(3, 512))  # two blocks per row
-    assert got.shape == (3, 2 * FORMATS["q4_k"].block_bytes)
-    got = got.reshape(6, -1)
-    for i in range(6):
+    got = kernel_ops.quantize_q4_k(x.reshape(-1, 512))  # two blocks per row
+    assert got.shape == (x.shape[0] // 2, 2 * FORMATS["q4_k"].block_bytes)
+    got = got.reshape(x.shape[0], -1)
+    for i in range(x.shape[0]):
         assert bytes(got[i].tolist()) == naive_q4_k_block(x[i].numpy()), f"block {i}"
 
 

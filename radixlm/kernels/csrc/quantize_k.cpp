@@ -2,7 +2,8 @@
 // hold, so the loaded matrix takes the same kernels and interleaved layout as a Q4_K_M file's.
 // The search is llama.cpp's reference one (quantize_row_q4_K_ref, make_qkx2_quants): per 32
 // values a scale and min fit by weighted least squares over 21 candidate grids, then the 8
-// sub-block scales and mins quantized to 6 bits against the block's largest. The gguf package has
+// sub-block scales and mins quantized to 6 bits against the block's largest. The 8 fits of a
+// super-block run in the 8 lanes of AVX2 registers (the scalar search is latency-bound on its sums). The gguf package has
 // no Q4_K quantizer; tests/kernels/test_quantize_k.py checks this one bit for bit against a naive
 // Python port of the same search.
 #include "common.h"
@@ -21,65 +22,70 @@ inline int nearest_int(float x) { return static_cast<int>(std::nearbyintf(x)); }
 inline uint16_t to_fp16(float x) { return _cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT); }
 inline float from_fp16(uint16_t h) { return _cvtsh_ss(h); }
 
-// One sub-block's scale (returned) and -min (out) with levels L in [0, nmax]: llama.cpp's
-// make_qkx2_quants with use_mad false.
-float fit_scale_min(int n, int nmax, const float* x, const float* w, uint8_t* L, float* neg_min, float rmin,
-                    float rdelta, int nstep) {
-  float lo = x[0], hi = x[0], sum_w = w[0], sum_x = sum_w * x[0];
-  for (int i = 1; i < n; ++i) {
-    lo = std::min(lo, x[i]);
-    hi = std::max(hi, x[i]);
-    sum_w += w[i];
-    sum_x += w[i] * x[i];
+// The 8 sub-blocks of a super-block fit side by side, sub-block j in lane j: each lane runs the
+// reference's scalar sequence (same operations, same order: -ffp-contract=off keeps every product
+// and sum rounded), so the result is bitwise the scalar search's at 8 sub-blocks per instruction.
+// xt[i], wt[i]: value i of every sub-block and its weight. Out: each lane's scale, -min and levels.
+void fit_scale_min8(const __m256* xt, const __m256* wt, __m256* L, __m256* scale_out, __m256* neg_min_out) {
+  constexpr float nmax = 15.f, rmin = -1.f, rdelta = 0.1f;
+  constexpr int nstep = 20;
+  const __m256 zero = _mm256_setzero_ps(), vmax = _mm256_set1_ps(nmax);
+  __m256 lo = xt[0], hi = xt[0], sum_w = wt[0], sum_x = _mm256_mul_ps(wt[0], xt[0]);
+  for (int i = 1; i < 32; ++i) {
+    lo = _mm256_min_ps(xt[i], lo);  // x < lo ? x : lo, as std::min(lo, x)
+    hi = _mm256_max_ps(xt[i], hi);
+    sum_w = _mm256_add_ps(sum_w, wt[i]);
+    sum_x = _mm256_add_ps(sum_x, _mm256_mul_ps(wt[i], xt[i]));
   }
-  if (lo > 0) lo = 0;
-  if (hi == lo) {
-    std::memset(L, 0, n);
-    *neg_min = -lo;
-    return 0.f;
+  lo = _mm256_min_ps(zero, lo);  // lo > 0 ? 0 : lo
+  const __m256 flat = _mm256_cmp_ps(hi, lo, _CMP_EQ_OQ);
+  auto levels = [&](__m256 iscale, __m256 x) {
+    const __m256 l = _mm256_round_ps(_mm256_mul_ps(iscale, _mm256_sub_ps(x, lo)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    return _mm256_min_ps(vmax, _mm256_max_ps(l, zero));  // max(l, 0): +0, never -0, as the int levels
+  };
+  __m256 iscale = _mm256_div_ps(vmax, _mm256_sub_ps(hi, lo));
+  __m256 scale = _mm256_div_ps(_mm256_set1_ps(1.f), iscale), best = zero;
+  for (int i = 0; i < 32; ++i) {
+    L[i] = levels(iscale, xt[i]);
+    const __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(scale, L[i]), lo), xt[i]);
+    best = _mm256_add_ps(best, _mm256_mul_ps(wt[i], _mm256_mul_ps(diff, diff)));
   }
-  float iscale = nmax / (hi - lo), scale = 1 / iscale, best_error = 0;
-  for (int i = 0; i < n; ++i) {
-    int l = std::max(0, std::min(nmax, nearest_int(iscale * (x[i] - lo))));
-    L[i] = static_cast<uint8_t>(l);
-    float diff = scale * L[i] + lo - x[i];
-    best_error += w[i] * (diff * diff);
-  }
-  uint8_t aux[32];
+  __m256 aux[32];
   for (int is = 0; is <= nstep; ++is) {
-    iscale = (rmin + rdelta * is + nmax) / (hi - lo);
-    float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-    for (int i = 0; i < n; ++i) {
-      int l = std::max(0, std::min(nmax, nearest_int(iscale * (x[i] - lo))));
-      aux[i] = static_cast<uint8_t>(l);
-      float wl = w[i] * l;
-      sum_l += wl;
-      sum_l2 += wl * l;
-      sum_xl += wl * x[i];
+    // The range is taken from the best min so far, as the reference does.
+    iscale = _mm256_div_ps(_mm256_set1_ps(rmin + rdelta * is + nmax), _mm256_sub_ps(hi, lo));
+    __m256 sum_l = zero, sum_l2 = zero, sum_xl = zero;
+    for (int i = 0; i < 32; ++i) {
+      aux[i] = levels(iscale, xt[i]);
+      const __m256 wl = _mm256_mul_ps(wt[i], aux[i]);
+      sum_l = _mm256_add_ps(sum_l, wl);
+      sum_l2 = _mm256_add_ps(sum_l2, _mm256_mul_ps(wl, aux[i]));
+      sum_xl = _mm256_add_ps(sum_xl, _mm256_mul_ps(wl, xt[i]));
     }
-    float D = sum_w * sum_l2 - sum_l * sum_l;
-    if (D > 0) {
-      float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-      float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-      if (this_min > 0) {
-        this_min = 0;
-        this_scale = sum_xl / sum_l2;
-      }
-      float cur_error = 0;
-      for (int i = 0; i < n; ++i) {
-        float diff = this_scale * aux[i] + this_min - x[i];
-        cur_error += w[i] * (diff * diff);
-      }
-      if (cur_error < best_error) {
-        std::memcpy(L, aux, n);
-        best_error = cur_error;
-        scale = this_scale;
-        lo = this_min;
-      }
+    const __m256 D = _mm256_sub_ps(_mm256_mul_ps(sum_w, sum_l2), _mm256_mul_ps(sum_l, sum_l));
+    const __m256 positive = _mm256_cmp_ps(D, zero, _CMP_GT_OQ);
+    if (_mm256_movemask_ps(positive) == 0) continue;
+    __m256 this_scale = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sum_w, sum_xl), _mm256_mul_ps(sum_x, sum_l)), D);
+    __m256 this_min = _mm256_div_ps(_mm256_sub_ps(_mm256_mul_ps(sum_l2, sum_x), _mm256_mul_ps(sum_l, sum_xl)), D);
+    const __m256 min_above = _mm256_cmp_ps(this_min, zero, _CMP_GT_OQ);
+    this_min = _mm256_blendv_ps(this_min, zero, min_above);
+    this_scale = _mm256_blendv_ps(this_scale, _mm256_div_ps(sum_xl, sum_l2), min_above);
+    __m256 err = zero;
+    for (int i = 0; i < 32; ++i) {
+      const __m256 diff = _mm256_sub_ps(_mm256_add_ps(_mm256_mul_ps(this_scale, aux[i]), this_min), xt[i]);
+      err = _mm256_add_ps(err, _mm256_mul_ps(wt[i], _mm256_mul_ps(diff, diff)));
     }
+    const __m256 take = _mm256_and_ps(positive, _mm256_cmp_ps(err, best, _CMP_LT_OQ));
+    if (_mm256_movemask_ps(take) == 0) continue;
+    for (int i = 0; i < 32; ++i) L[i] = _mm256_blendv_ps(L[i], aux[i], take);
+    best = _mm256_blendv_ps(best, err, take);
+    scale = _mm256_blendv_ps(scale, this_scale, take);
+    lo = _mm256_blendv_ps(lo, this_min, take);
   }
-  *neg_min = -lo;
-  return scale;
+  // A constant sub-block (hi == lo): levels 0, scale 0, -min = -lo.
+  for (int i = 0; i < 32; ++i) L[i] = _mm256_blendv_ps(L[i], zero, flat);
+  *scale_out = _mm256_blendv_ps(scale, zero, flat);
+  *neg_min_out = _mm256_xor_ps(lo, _mm256_set1_ps(-0.f));  // -lo exactly (0 - lo would lose -0's sign)
 }
 
 inline void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
@@ -93,15 +99,30 @@ inline void scale_min_k4(int j, const uint8_t* q, uint8_t* d, uint8_t* m) {
 }
 
 void quantize_block_q4_k(const float* x, uint8_t* out) {
+  // Transposed: xt[i] holds value i of the 8 sub-blocks; each weight is av_x + |x| (the sub-block's
+  // RMS plus the value's magnitude), as in the reference.
+  alignas(32) float t[32][8];
+  for (int j = 0; j < 8; ++j)
+    for (int i = 0; i < 32; ++i) t[i][j] = x[32 * j + i];
+  __m256 xt[32], wt[32], Lv[32], sum_x2 = _mm256_setzero_ps();
+  for (int i = 0; i < 32; ++i) {
+    xt[i] = _mm256_load_ps(t[i]);
+    sum_x2 = _mm256_add_ps(sum_x2, _mm256_mul_ps(xt[i], xt[i]));
+  }
+  const __m256 av_x = _mm256_sqrt_ps(_mm256_div_ps(sum_x2, _mm256_set1_ps(32.f)));
+  for (int i = 0; i < 32; ++i) wt[i] = _mm256_add_ps(av_x, _mm256_andnot_ps(_mm256_set1_ps(-0.f), xt[i]));
+  __m256 vscale, vmin;
+  fit_scale_min8(xt, wt, Lv, &vscale, &vmin);
+  alignas(32) float scales[8], mins[8];
+  _mm256_store_ps(scales, vscale);
+  _mm256_store_ps(mins, vmin);
   uint8_t L[QK];
-  float weights[32], mins[8], scales[8], max_scale = 0, max_min = 0;
+  for (int i = 0; i < 32; ++i) {
+    _mm256_store_ps(t[i], Lv[i]);
+    for (int j = 0; j < 8; ++j) L[32 * j + i] = static_cast<uint8_t>(t[i][j]);
+  }
+  float max_scale = 0, max_min = 0;
   for (int j = 0; j < 8; ++j) {
-    const float* xs = x + 32 * j;
-    float sum_x2 = 0;
-    for (int l = 0; l < 32; ++l) sum_x2 += xs[l] * xs[l];
-    float av_x = std::sqrt(sum_x2 / 32);
-    for (int l = 0; l < 32; ++l) weights[l] = av_x + std::fabs(xs[l]);
-    scales[j] = fit_scale_min(32, 15, xs, weights, L + 32 * j, &mins[j], -1.f, 0.1f, 20);
     max_scale = std::max(max_scale, scales[j]);
     max_min = std::max(max_min, mins[j]);
   }
