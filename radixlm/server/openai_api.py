@@ -33,6 +33,7 @@ from radixlm.server.api_common import (
     sse,
     sse_error,
 )
+from radixlm.server.chat_render import render_chat
 from radixlm.server.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -358,7 +359,7 @@ async def chat_completions(request: Request):
             raise HTTPError(400, "response_format cannot be combined with regex, json_schema, ebnf or "
                             "structural_tag", param="response_format")
         setattr(req, *constraint)
-    ids = _render_chat(state, req)
+    ids = render_chat(state, req)
     _check_length(state, [ids], "messages")
     ctx = state.scheduler_info["context_len"]
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -378,23 +379,6 @@ async def chat_completions(request: Request):
     job = _Job(chat=True, id=f"chatcmpl-{rid}", model=model, n=req.n or 1, obj=obj, logprobs=bool(req.logprobs),
                include_usage=bool(req.stream_options and req.stream_options.include_usage))
     return await _run(request, job)
-
-
-def _render_chat(state: ServerState, req: ChatCompletionRequest) -> list[int]:
-    tok = state.tokenizer_manager.tokenizer
-    kwargs = dict(req.chat_template_kwargs or {})
-    if req.tools:
-        kwargs["tools"] = req.tools
-    try:
-        text = tok.apply_chat_template([m.for_template() for m in req.messages], tokenize=False,
-                                       add_generation_prompt=True, **kwargs)
-    except Exception as e:  # a template error (bad roles, no template) is the request's problem
-        raise HTTPError(400, f"cannot apply the chat template to messages: {e}", param="messages") from None
-    if len(text) > state.context_len * state.tokenizer_manager.max_token_chars:
-        raise HTTPError(400, f"the messages have {len(text)} characters, more than the context length "
-                             f"{state.context_len} tokens can hold", param="messages")
-    # The template already wrote any BOS: encoding it again would double it (as SGLang does).
-    return tok.encode(text, add_special_tokens=False)
 
 
 async def _last(gen: AsyncIterator):

@@ -1,0 +1,24 @@
+"""Chat messages -> prompt token ids through the served model's chat template (the OpenAI chat
+route's rendering; template choice, tools, assistant prefill and template kwargs live here)."""
+
+from __future__ import annotations
+
+from radixlm.server.api_common import HTTPError, ServerState
+from radixlm.server.openai_protocol import ChatCompletionRequest
+
+
+def render_chat(state: ServerState, req: ChatCompletionRequest) -> list[int]:
+    tok = state.tokenizer_manager.tokenizer
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.tools:
+        kwargs["tools"] = req.tools
+    try:
+        text = tok.apply_chat_template([m.for_template() for m in req.messages], tokenize=False,
+                                       add_generation_prompt=True, **kwargs)
+    except Exception as e:  # a template error (bad roles, no template) is the request's problem
+        raise HTTPError(400, f"cannot apply the chat template to messages: {e}", param="messages") from None
+    if len(text) > state.context_len * state.tokenizer_manager.max_token_chars:
+        raise HTTPError(400, f"the messages have {len(text)} characters, more than the context length "
+                             f"{state.context_len} tokens can hold", param="messages")
+    # The template already wrote any BOS: encoding it again would double it (as SGLang does).
+    return tok.encode(text, add_special_tokens=False)
