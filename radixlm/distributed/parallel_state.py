@@ -94,12 +94,14 @@ def init_parallel_state(config: DistConfig, rank: int) -> ParallelState:
     for start in range(0, config.world_size, tp_size):  # every rank creates every group, in the same order
         ranks = list(range(start, start + tp_size))
         cpu = dist.new_group(ranks, backend="gloo", timeout=timeout)
-        dev = dist.new_group(ranks, backend="nccl", timeout=timeout) if config.allreduce_backend == "nccl" else cpu
+        # The forward's own group: with overlap scheduling it runs on a worker thread beside the
+        # scheduler's broadcasts, and two threads must never interleave collectives on one group.
+        dev = dist.new_group(ranks, backend="nccl" if config.allreduce_backend == "nccl" else "gloo", timeout=timeout)
         if rank in ranks:
             tp_ranks, cpu_group, dev_group = tuple(ranks), cpu, dev
     assert tp_ranks is not None
     cpu_comm = GlooCommunicator(cpu_group)
-    device_comm = _device_comm(config, cpu_comm, dev_group)
+    device_comm = _device_comm(config, dev_group)
     state = ParallelState(rank, config.world_size, GroupCoordinator("tp", tp_ranks, tp_ranks.index(rank), device_comm,
                                                                     cpu_comm))
     set_parallel_state(state)
@@ -108,16 +110,17 @@ def init_parallel_state(config: DistConfig, rank: int) -> ParallelState:
     return state
 
 
-def _device_comm(config: DistConfig, cpu_comm: GlooCommunicator, dev_group) -> Communicator:
+def _device_comm(config: DistConfig, dev_group) -> Communicator:
     backend = config.allreduce_backend
     assert backend in ALLREDUCE_BACKENDS and backend != "auto", backend  # DistConfig resolved auto
     if backend == "nccl":
         return NcclCommunicator(dev_group, torch.device("cuda", torch.cuda.current_device()))
+    gloo = GlooCommunicator(dev_group)
     if backend == "shm":
         from radixlm.distributed.shm_communicator import ShmCommunicator
 
-        return ShmCommunicator(cpu_comm, timeout=config.timeout)
-    return cpu_comm
+        return ShmCommunicator(gloo, timeout=config.timeout)
+    return gloo
 
 
 def destroy_parallel_state() -> None:
