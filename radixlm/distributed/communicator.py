@@ -45,18 +45,20 @@ class Communicator(ABC):
         """Wait until every rank got here."""
 
     def broadcast_pyobj(self, obj: Any, src: int = 0) -> Any:
-        """obj of rank src (pickled; the others pass anything, e.g. None) on every rank."""
+        """obj of rank src (pickled; the others pass anything, e.g. None) on every rank. The size goes
+        by all-reduce, not broadcast: every rank then hears from every other on each call, so a dead
+        peer is an error on every rank (a broadcast's root only sends, and a send to a peer that
+        died can succeed into the socket's buffer)."""
+        data = None
+        size = torch.zeros(1, dtype=torch.int64)
         if self.rank == src:
             data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
-            size = torch.tensor([data.numel()], dtype=torch.int64)
-            self.broadcast(size, src)
-            self.broadcast(data, src)
-            return obj
-        size = torch.zeros(1, dtype=torch.int64)
-        self.broadcast(size, src)
-        data = torch.empty(int(size.item()), dtype=torch.uint8)
+            size[0] = data.numel()
+        self.all_reduce(size)
+        if self.rank != src:
+            data = torch.empty(int(size.item()), dtype=torch.uint8)
         self.broadcast(data, src)
-        return pickle.loads(data.numpy().tobytes())
+        return obj if self.rank == src else pickle.loads(data.numpy().tobytes())
 
     def close(self) -> None:
         """Release what the communicator holds (shared memory); the process group outlives it."""

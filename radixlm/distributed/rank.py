@@ -17,7 +17,7 @@ from typing import Any, Optional
 from radixlm.distributed.config import DistConfig
 
 HEARTBEAT_INTERVAL = 0.5  # seconds between beats
-HEARTBEAT_TIMEOUT = 5.0  # a rank silent this long is taken for hung (the launcher stops the group)
+HEARTBEAT_TIMEOUT = 4.0  # a rank silent this long is taken for hung (the launcher stops the group)
 
 
 @dataclass

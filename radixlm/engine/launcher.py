@@ -111,12 +111,15 @@ def watch_processes(procs: list, on_dead: Callable[[str], None], stopped: Callab
 
 
 def dead_message(procs: list) -> Optional[str]:
-    """One message for the processes that died or hung, None when all live. A tp rank's death
+    """One message for the processes that died or hung (killed here), None when all live. A tp rank's death
     makes its peers fail too: the ones killed by a signal (the cause, usually) are named first."""
     hung = [p for p in procs if p.is_alive() and heartbeat_age(getattr(p, "heartbeat", None)) > HEARTBEAT_TIMEOUT]
     if hung:
         p = hung[0]
-        return f"the {p.name} process (pid {p.pid}) hung: no heartbeat for {heartbeat_age(p.heartbeat):.1f} s"
+        age = heartbeat_age(p.heartbeat)
+        for h in hung:  # nothing to save in a hung rank; its peers, waiting on it in a collective, fail now
+            h.kill()
+        return f"the {p.name} process (pid {p.pid}) hung: no heartbeat for {age:.1f} s; killed"
     dead = sorted((p for p in procs if not p.is_alive()), key=lambda p: (p.exitcode or 0) >= 0)
     if not dead:
         return None
