@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
@@ -57,10 +58,16 @@ class DistConfig:
                    allreduce_backend=args.tp_allreduce_backend, device=args.device).resolved()
 
     def resolved(self) -> "DistConfig":
-        """auto made concrete."""
+        """auto made concrete: nccl on CUDA; shm when every rank is on this host with a core of its own
+        (shm ranks spin while they wait: on shared cores they would take turns with the rank they wait
+        for); gloo otherwise."""
         if self.allreduce_backend != "auto":
             return self
-        backend = "nccl" if self.device.startswith("cuda") else ("shm" if self.nnodes == 1 else "gloo")
+        if self.device.startswith("cuda"):
+            backend = "nccl"
+        else:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            backend = "shm" if self.nnodes == 1 and self.ranks_per_node <= cores else "gloo"
         return dataclasses.replace(self, allreduce_backend=backend)
 
     def with_init_addr(self) -> "DistConfig":
