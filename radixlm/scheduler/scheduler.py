@@ -275,4 +275,13 @@ def run_scheduler_process(config: SchedulerConfig, port_args: Optional[PortArgs]
         scheduler.event_loop()
     except InvariantError:
         logger.exception("scheduler invariant broken: stopping")
+        if rank is not None:
+            os._exit(1)
         raise
+    except Exception:
+        if rank is None:
+            raise
+        # A rank whose peer died (or that failed) exits now: the interpreter's teardown would wait on
+        # the process group's pending work, up to --dist-timeout.
+        logger.exception("tp rank %d stopping", rank.rank)
+        os._exit(1)

@@ -223,25 +223,25 @@ class LlamaForCausalLM(nn.Module):
     def takes_quantized(self, name: str) -> bool:
         """Whether load_weights puts the HF tensor `name` in a matrix the kernels multiply by (a
         quantized tensor for anything else would be dequantized again)."""
-        if self.tie_word_embeddings and name == "lm_head.weight":
-            return False
-        target, _ = self._map_name(name)
-        try:
-            owner = self.get_submodule(target.rsplit(".", 1)[0])
-        except AttributeError:
-            return False
-        return target.endswith(".weight") and hasattr(owner, "set_quantized")
+        owner, kind, _ = self._owner_of(name)
+        return kind == "weight" and hasattr(owner, "set_quantized")
 
     def tp_slice(self, name: str) -> Optional[TensorSlice]:
         """The part of checkpoint tensor `name` this tensor-parallel rank holds (None: all of it)."""
+        owner, kind, shard = self._owner_of(name)
+        return owner.tp_slice(kind, shard) if hasattr(owner, "tp_slice") else None
+
+    def _owner_of(self, name: str) -> tuple[Optional[nn.Module], str, Optional[int]]:
+        """(the module that takes HF tensor `name`, its parameter name, shard); no module for a tied
+        lm_head or an unknown name (load_weights names those)."""
         if self.tie_word_embeddings and name == "lm_head.weight":
-            return None
+            return None, "", None
         target, shard = self._map_name(name)
+        module, _, kind = target.rpartition(".")
         try:
-            owner = self.get_submodule(target.rsplit(".", 1)[0])
+            return self.get_submodule(module), kind, shard
         except AttributeError:
-            return None  # unknown: load_weights names it
-        return owner.tp_slice(target.rsplit(".", 1)[1], shard) if hasattr(owner, "tp_slice") else None
+            return None, kind, shard
 
     def _map_name(self, name: str) -> tuple[str, int | None]:
         """HF name -> (our param name, shard index in a fused param or None)."""
