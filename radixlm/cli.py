@@ -74,7 +74,11 @@ def cmd_serve(args) -> int:
     from radixlm.server.launch import launch_server
 
     server_args = ServerArgs.from_cli_args(args)
-    if server_args.dp_size > 1:
+    if server_args.node_rank > 0:  # this node's tensor-parallel ranks only: node 0 serves HTTP
+        from radixlm.engine.node import run_node
+
+        run_node(server_args)
+    elif server_args.dp_size > 1:
         from radixlm.server.dp import launch_dp
 
         launch_dp(server_args)

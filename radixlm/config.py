@@ -14,6 +14,9 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Mapping, Optional, Sequence
 
+_ALIASES = {"dp_size": ("--dp",), "tp_size": ("--tp",)}
+
+
 @dataclass
 class ServerArgs:
     # Model
@@ -117,6 +120,18 @@ class ServerArgs:
     # cache-aware router (radixlm/router/) on --host/--port. Every other option is per server.
     dp_size: int = 1
 
+    # Tensor parallelism and multi-node serving (issue 36; docs/architecture.md, "Tensor parallelism"):
+    # tp_size scheduler processes (ranks), each holding 1/tp_size of every layer, rank 0 talking to
+    # the tokenizer manager; nnodes hosts each run tp_size / nnodes of them (node_rank > 0 runs no
+    # HTTP server), meeting at dist_init_addr (rank 0's HOST:PORT). With dp_size, each replica is a
+    # tp group. num_threads is per rank (default: the rank's share of the cores, pinned).
+    tp_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: Optional[str] = None  # None: a free loopback port (one node)
+    dist_timeout: float = 600.0  # seconds a rendezvous or collective may wait
+    tp_allreduce_backend: str = "auto"  # auto: nccl on CUDA, shm on one host, gloo across hosts
+
     # Runtime
     num_threads: Optional[int] = None  # torch intra-op threads; default all cores
     log_level: str = "info"
@@ -188,6 +203,15 @@ class ServerArgs:
             "hicache_storage_dir": "the file backend's directory (default: $RADIXLM_CACHE_DIR/hicache)",
             "hicache_storage_size_gb": "the file backend's size bound in GiB (least recently used chunks go; 0: none)",
             "hicache_storage_chunk_size": "tokens per stored chunk (a prefix is stored in whole chunks)",
+            "tp_size": "tensor parallelism: N ranks (scheduler processes), each with 1/N of every layer and its "
+            "share of the cores (--num-threads is per rank)",
+            "nnodes": "hosts the tp ranks are spread over (each runs tp_size / nnodes ranks)",
+            "node_rank": "this host's index among --nnodes; hosts other than 0 run their ranks and no HTTP server",
+            "dist_init_addr": "HOST:PORT where the ranks meet (rank 0's host; the same on every node); default a "
+            "free loopback port",
+            "dist_timeout": "seconds the ranks' rendezvous or a collective may wait before it fails",
+            "tp_allreduce_backend": "how a tp group sums its partial outputs: gloo (torch.distributed), shm (shared "
+            "memory, one host), nccl (CUDA); auto: nccl on CUDA, shm on one host, else gloo",
             "decode_kv_mirror_gb": "memory for a dense copy of the decoding requests' KV (0: off; default 1 on CPU, "
             "0 on CUDA)",
         }
@@ -202,7 +226,7 @@ class ServerArgs:
             kw = dict(type=typ.get(base, str), default=default, help=helps.get(f.name))
             if f.name in choices:
                 kw["choices"] = tuple(choices[f.name])
-            flags = [flag, "--dp"] if f.name == "dp_size" else [flag]  # SGLang's --dp-size; the issue's --dp
+            flags = [flag, *_ALIASES.get(f.name, ())]  # SGLang's --dp-size / --tp-size, and their short forms
             parser.add_argument(*flags, **kw)
 
     @staticmethod

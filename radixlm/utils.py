@@ -25,6 +25,19 @@ def kill_itself_when_parent_died() -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def core_shares(n: int, cores: list[int]) -> list[list[int]]:
+    """n disjoint, near-equal slices of the cores (each at least one core; shared when n > cores)."""
+    if n <= len(cores):
+        per, extra = divmod(len(cores), n)
+        out, i = [], 0
+        for k in range(n):
+            size = per + (1 if k < extra else 0)
+            out.append(cores[i:i + size])
+            i += size
+        return out
+    return [[cores[k % len(cores)]] for k in range(n)]
+
+
 def kill_process_tree(pid: int, include_self: bool = True) -> None:
     import psutil
 

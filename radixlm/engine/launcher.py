@@ -9,6 +9,8 @@ import time
 from typing import TYPE_CHECKING, Callable, Optional
 
 from radixlm.config import PortArgs, ServerArgs
+from radixlm.distributed.config import DistConfig
+from radixlm.distributed.rank import HEARTBEAT_TIMEOUT, heartbeat_age
 from radixlm.engine.tokenizer_manager import TokenizerManagerConfig
 
 if TYPE_CHECKING:
@@ -21,47 +23,61 @@ def check_server_args(server_args: ServerArgs) -> "SchedulerConfig":
     from radixlm.scheduler.config import SchedulerConfig
 
     TokenizerManagerConfig.from_server_args(server_args)
+    dist = DistConfig.from_server_args(server_args)
+    if server_args.dp_size > 1 and (dist.nnodes > 1 or dist.dist_init_addr):
+        raise ValueError("dp_size > 1 runs each replica's tp group on this host at its own free port: leave "
+                         "nnodes at 1 and dist_init_addr unset")
+    if dist.enabled and server_args.hicache_storage_backend:
+        raise ValueError("hicache_storage_backend (L3) is not supported with tp_size > 1 yet: its reads and writes "
+                         "finish at a different moment on each rank (the hierarchical cache's L2 is)")
     return SchedulerConfig.from_server_args(server_args)
 
 
 def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, dict]:
-    """Start the scheduler and detokenizer processes; return them, the ports and the
+    """Start the scheduler (with --tp-size, this node's scheduler ranks) and detokenizer processes;
+    return them (the scheduler or rank 0 first, the detokenizer second), the ports and the
     scheduler's info once its model is loaded (or raise with its error). A bad option is a
     ValueError here, before any process starts."""
     from radixlm.engine.detokenizer import run_detokenizer_process
+    from radixlm.engine.tp_launch import start_ranks, wait_ready
     from radixlm.model.loader import default_model_path
     from radixlm.scheduler.scheduler import run_scheduler_process
 
     config = check_server_args(server_args)
+    dist = DistConfig.from_server_args(server_args)
+    if dist.node_rank != 0:
+        raise ValueError("node_rank > 0 runs its ranks only (radixlm serve --node-rank K), no engine front end")
     tokenizer_path = server_args.tokenizer_path or server_args.model_path or default_model_path()
     port_args = PortArgs.init_new()
     ctx = mp.get_context("spawn")
-    reader, writer = ctx.Pipe(duplex=False)
-    sched = ctx.Process(
-        target=run_scheduler_process, args=(config, port_args, writer), daemon=True, name="scheduler"
-    )
+    if dist.enabled:
+        started = start_ranks(ctx, config, dist.with_init_addr(), port_args)
+    else:
+        reader, writer = ctx.Pipe(duplex=False)
+        sched = ctx.Process(target=run_scheduler_process, args=(config, port_args, writer), daemon=True,
+                            name="scheduler")
+        sched.start()
+        started = [(sched, reader)]
     detok = ctx.Process(target=run_detokenizer_process, args=(tokenizer_path, server_args.log_level, port_args),
                         daemon=True, name="detokenizer")
-    sched.start()
     detok.start()
-    procs = [sched, detok]
+    ranks = [p for p, _ in started]
+    procs = [ranks[0], detok, *ranks[1:]]
     try:
-        while not reader.poll(1.0):
-            if not sched.is_alive():
-                raise RuntimeError(f"the scheduler process died while starting (exit code {sched.exitcode})")
-        info = reader.recv()
+        info = wait_ready(started, [detok])[0]
     except BaseException:
         stop_processes(procs, port_args)
         raise
-    if info.get("status") != "ready":
-        stop_processes(procs, port_args)
-        raise RuntimeError(f"the scheduler failed to start: {info.get('message')}")
-    return procs, port_args, info
+    return procs, port_args, {**info, "tp_size": dist.tp_size}
 
 
 def stop_processes(procs: list, port_args: Optional[PortArgs] = None, grace: float = 5.0) -> None:
     """SIGTERM (the scheduler finishes its storage writes, see run_scheduler_process), then SIGKILL
-    what is left after `grace` seconds."""
+    what is left after `grace` seconds; a rank that stopped beating is hung: SIGKILL at once (its
+    peers, waiting in a collective with it, then fail and exit)."""
+    for p in procs:
+        if p.is_alive() and heartbeat_age(getattr(p, "heartbeat", None)) > HEARTBEAT_TIMEOUT:
+            p.kill()
     for p in procs:
         if p.is_alive():
             p.terminate()
@@ -78,16 +94,35 @@ def stop_processes(procs: list, port_args: Optional[PortArgs] = None, grace: flo
 
 
 def watch_processes(procs: list, on_dead: Callable[[str], None], stopped: Callable[[], bool], interval: float) -> threading.Thread:
-    """A daemon thread that calls on_dead(message) once if a child process exits unasked."""
+    """A daemon thread that calls on_dead(message) once if a child process exits unasked, or a
+    scheduler rank stops beating its heartbeat (hung)."""
 
     def run():
         while not stopped():
-            for p in procs:
-                if not p.is_alive() and not stopped():
-                    on_dead(f"the {p.name} process died (exit code {p.exitcode})")
-                    return
+            message = dead_message(procs)
+            if message and not stopped():
+                on_dead(message)
+                return
             time.sleep(interval)
 
     t = threading.Thread(target=run, name="radixlm-watchdog", daemon=True)
     t.start()
     return t
+
+
+def dead_message(procs: list) -> Optional[str]:
+    """One message for the processes that died or hung (killed here), None when all live. A tp rank's death
+    makes its peers fail too: the ones killed by a signal (the cause, usually) are named first."""
+    hung = [p for p in procs if p.is_alive() and heartbeat_age(getattr(p, "heartbeat", None)) > HEARTBEAT_TIMEOUT]
+    if hung:
+        p = hung[0]
+        age = heartbeat_age(p.heartbeat)
+        for h in hung:  # nothing to save in a hung rank; its peers, waiting on it in a collective, fail now
+            h.kill()
+        return f"the {p.name} process (pid {p.pid}) hung: no heartbeat for {age:.1f} s; killed"
+    dead = sorted((p for p in procs if not p.is_alive()), key=lambda p: (p.exitcode or 0) >= 0)
+    if not dead:
+        return None
+    first, rest = dead[0], dead[1:]
+    also = f"; also exited: {', '.join(f'{p.name} ({p.exitcode})' for p in rest)}" if rest else ""
+    return f"the {first.name} process died (exit code {first.exitcode}){also}"

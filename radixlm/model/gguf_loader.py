@@ -15,12 +15,13 @@ from __future__ import annotations
 import functools
 import math
 import re
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import numpy as np
 import torch
 
 from radixlm.model.gguf_gemma import GEMMA_ARCHS, gemma_config_kwargs
+from radixlm.model.tp_shard import Slicer
 
 GGUF_MAGIC = b"GGUF"
 
@@ -248,16 +249,17 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def gguf_weights(reader, config, keep_quantized: bool = False) -> Iterator[tuple[str, Any]]:
+def gguf_weights(reader, config, keep_quantized: bool = False, slicer: Optional[Slicer] = None) -> Iterator[tuple[str, Any]]:
     """(HF name, tensor) for every model tensor, one at a time (peak memory stays at the model
     plus one tensor): a QuantizedTensor for 2-D tensors in a kernel format when keep_quantized
     (ValueError for a 2-D type with no kernel other than F32), else float32. Single-threaded on
-    purpose: numpy's dequant kernels are memory-bound and threads made them slower here."""
+    purpose: numpy's dequant kernels are memory-bound and threads made them slower here.
+    slicer (tensor parallelism): HF name -> the part of the tensor this rank holds; only that part
+    is read from the file (gguf_shard.py)."""
     from gguf import GGMLQuantizationType
-    from gguf.quants import dequantize
 
     from radixlm.kernels.formats import FORMATS, format_of_ggml
-    from radixlm.model.layers.quantized import QuantizedTensor
+    from radixlm.model.gguf_shard import read_tensor
 
     arch = field(reader, "general.architecture")
     permute = arch == "llama"  # llama.cpp permutes q/k only for llama
@@ -271,21 +273,26 @@ def gguf_weights(reader, config, keep_quantized: bool = False) -> Iterator[tuple
             raise ValueError(f"{t.name} ({name}): GGUF type {t.tensor_type.name} has no native kernel in radixlm "
                              f"(supported: {', '.join(f.upper() for f in FORMATS if f != 'int8')}, F32); "
                              f"--quantization none loads it dequantized to float32")
-        if fmt is not None:
-            # Row permutations act on whole rows, so q/k un-permute the blocks as they are. The
-            # reader gives F16 as float16 values, the others as bytes: the bytes either way.
-            w = torch.from_numpy(np.array(t.data).view(np.uint8))
-            cols = w.shape[1] // fmt.block_bytes * fmt.block
-        else:
-            arr = dequantize(t.data, t.tensor_type)
-            w = torch.from_numpy(arr if arr.flags.writeable else arr.copy()).float()
+        full_rows = t.data.shape[0]
+        w = read_tensor(t, fmt, slicer(name) if slicer is not None else None, name)
         if permute and ".self_attn.q_proj." in name:
-            w = _unpermute(w, config.num_attention_heads)
+            w = _unpermute_rows(w, config.num_attention_heads, full_rows)
         elif permute and ".self_attn.k_proj." in name:
-            w = _unpermute(w, config.num_key_value_heads)
+            w = _unpermute_rows(w, config.num_key_value_heads, full_rows)
         elif norm_offset and name.endswith("norm.weight"):
             w = w - 1  # exact for the stored fl(1 + w): GemmaRMSNorm adds the 1 back
-        yield name, (w if fmt is None else QuantizedTensor(w.contiguous(), fmt, cols))
+        yield name, w
+
+
+def _unpermute_rows(w, n_head: int, full_rows: int):
+    """_unpermute of whole heads (a tensor-parallel rank's slice holds whole heads: the permutation
+    acts within each head, so the slice's heads un-permute alone). Quantized blocks move as rows."""
+    from radixlm.model.layers.quantized import QuantizedTensor
+
+    heads = n_head * (w.shape[0] if not isinstance(w, QuantizedTensor) else w.data.shape[0]) // full_rows
+    if isinstance(w, QuantizedTensor):
+        return QuantizedTensor(_unpermute(w.data, heads).contiguous(), w.fmt, w.cols)
+    return _unpermute(w, heads)
 
 
 def gguf_eos_token_ids(reader) -> list[int]:

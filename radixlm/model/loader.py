@@ -18,7 +18,7 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Optional
 
 import torch
 from torch import nn
@@ -26,6 +26,7 @@ from torch import nn
 from radixlm.kernels.formats import FORMATS, QUANTIZE_AT_LOAD
 from radixlm.model import gguf_loader, memory
 from radixlm.model.registry import resolve_architecture
+from radixlm.model.tp_shard import Slicer, slice_tensor
 
 logger = logging.getLogger(__name__)
 
@@ -128,13 +129,15 @@ def _safetensors_files(path: str) -> list[str]:
     return files
 
 
-def _safetensors_weights(files: list[str]) -> Iterator[tuple[str, torch.Tensor]]:
+def _safetensors_weights(files: list[str], slicer: Optional[Slicer] = None) -> Iterator[tuple[str, torch.Tensor]]:
+    """slicer (tensor parallelism): only this rank's part of each tensor is read."""
     from safetensors import safe_open
 
     for file in files:  # all shards; the index json only says which holds what
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in f.keys():
-                yield name, f.get_tensor(name)
+                part = slicer(name) if slicer is not None else None
+                yield name, f.get_tensor(name) if part is None else slice_tensor(f.get_slice(name), part).contiguous()
 
 
 def _quantized_as_loaded(weights: Iterator[tuple[str, torch.Tensor]], model: nn.Module,
@@ -201,6 +204,10 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
+def _is_sharded(model: nn.Module) -> bool:
+    return any(getattr(m, "tp_size", 1) > 1 for m in model.modules())
+
+
 def resolve_quantization(quantization: str | None, is_gguf: bool, device) -> str:
     """What the weights will run in: "none" (float), "gguf" (the file's own block formats) or a
     format to quantize to at load. Unset: a GGUF runs in its own quantization (like llama.cpp),
@@ -235,7 +242,7 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
     kind = _model_kind(path)
     is_gguf = kind == "gguf"
     quant = resolve_quantization(quantization, is_gguf, device)
-    weights = None  # a bare config.json: random weights
+    files = None  # a bare config.json: random weights
     if kind == "config":
         config = _json_config(path)
         architecture, model_cls = resolve_architecture(getattr(config, "architectures", None))
@@ -244,17 +251,19 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
         reader = gguf_loader.open_gguf(path)
         config = gguf_loader.gguf_config(reader)
         architecture, model_cls = resolve_architecture(config.architectures)
-        weights = gguf_loader.gguf_weights(reader, config, keep_quantized=quant == "gguf")
         chat_template, eos_ids = gguf_loader.gguf_chat_template(reader), gguf_loader.gguf_eos_token_ids(reader)
     else:
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(path)
         architecture, model_cls = resolve_architecture(getattr(config, "architectures", None))
-        weights = _safetensors_weights(_safetensors_files(path))
+        files = _safetensors_files(path)
         chat_template, eos_ids = _dir_chat_template(path), _dir_eos_token_ids(path, config)
     with torch.device(device), _default_dtype(dtype):
-        model = model_cls(config)
+        model = model_cls(config)  # a tensor-parallel rank builds its shard (parallel_state's tp group)
+    slicer = model.tp_slice if _is_sharded(model) else None
+    weights = (gguf_loader.gguf_weights(reader, config, keep_quantized=quant == "gguf", slicer=slicer) if is_gguf
+               else None if files is None else _safetensors_weights(files, slicer))
     if weights is None:
         fill_random_weights(model)
         for module in model.modules():

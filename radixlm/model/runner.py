@@ -13,6 +13,7 @@ from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.attention import (
     AttentionBackendSpec,
+    RadixAttention,
     attention_features,
     create_attention_backend,
     resolve_attention_backends,
@@ -55,7 +56,8 @@ class ModelRunner:
         self.hf_config = cfg
         self.vocab_size = cfg.vocab_size
         self.num_layers = cfg.num_hidden_layers
-        self.num_kv_heads = cfg.num_key_value_heads
+        # This rank's KV heads (tensor parallelism splits or replicates them; all of them with tp 1).
+        self.num_kv_heads = next(m.num_kv_heads for m in self.model.modules() if isinstance(m, RadixAttention))
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         # Per-layer attention features a backend must support (sliding windows, logit soft-capping).
         self.sliding_window_size, self.logit_cap = attention_features(self.model.modules())

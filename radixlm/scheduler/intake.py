@@ -14,14 +14,16 @@ from radixlm.scheduler.grammar_manager import GrammarManager
 from radixlm.scheduler.prefetcher import Prefetcher
 from radixlm.scheduler.req import Req, ReqStatus
 from radixlm.scheduler.req_queues import ReqQueues
+from radixlm.scheduler.tp_sync import NoStepSync
 
 S = ReqStatus
 
 
 class RequestIntake:
     def __init__(self, queues: ReqQueues, grammar: GrammarManager, prefetcher: Prefetcher, finisher: Finisher,
-                 eos_token_ids: frozenset[int]):
+                 eos_token_ids: frozenset[int], sync: NoStepSync = NoStepSync()):
         self.queues = queues
+        self.sync = sync  # tensor parallelism: a compile is done when it is done on every rank
         self.grammar = grammar
         self.prefetcher = prefetcher
         self.finisher = finisher
@@ -54,7 +56,9 @@ class RequestIntake:
             self.queues.move(req, S.WAITING)
 
     def _poll_grammars(self) -> None:
-        for req in [r for r in self.queues.grammar_pending if r.to_abort or self.grammar.compiled(r)]:
+        pending = self.queues.grammar_pending
+        done = self.sync.all_done([r.to_abort or self.grammar.compiled(r) for r in pending])
+        for req in [r for r, d in zip(pending, done, strict=True) if d]:
             if req.to_abort:
                 req.grammar.cancel()
                 req.abort()

@@ -15,6 +15,7 @@ import faulthandler
 import logging
 import os
 import signal
+from typing import TYPE_CHECKING, Optional
 
 from radixlm.cache.base_prefix_cache import FLUSH_LEVELS
 from radixlm.cache.factory import create_prefix_cache
@@ -50,6 +51,10 @@ from radixlm.scheduler.req_queues import ReqQueues
 from radixlm.scheduler.result_processor import ResultProcessor
 from radixlm.scheduler.speculation import NoSpeculation, SpecDecoding
 from radixlm.scheduler.stats import SchedulerStats
+from radixlm.scheduler.tp_sync import AgreedStepCosts, NoStepSync
+
+if TYPE_CHECKING:
+    from radixlm.distributed.rank import RankSpec
 
 logger = logging.getLogger(__name__)
 
@@ -58,9 +63,11 @@ PENDING_POLL_MS = 2  # only compiles or storage reads pending: look again soon
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, io: BaseSchedulerIO):
+    def __init__(self, config: SchedulerConfig, io: BaseSchedulerIO, sync: NoStepSync = NoStepSync()):
+        """sync: how the ranks of a tensor-parallel group agree (tp_sync.py); NoStepSync alone."""
         self.config = config
         self.io = io
+        self.sync = sync
         self.runner = runner = ModelRunner(config.runner)
         self.context_len = runner.context_len
         eos = frozenset(runner.loaded.eos_token_ids)
@@ -77,7 +84,7 @@ class Scheduler:
         executor_cls = OverlapExecutor if config.overlap_schedule else InlineExecutor
         self.executor = executor = executor_cls(runner, cm, self.grammar, self.spec)
         self.finisher = Finisher(queues, cm, executor, self.spec, self.outputs)
-        self.intake = RequestIntake(queues, self.grammar, Prefetcher(self.tree_cache), self.finisher, eos)
+        self.intake = RequestIntake(queues, self.grammar, Prefetcher(self.tree_cache), self.finisher, eos, sync)
         ratio = NewTokenRatio(config.new_token_ratio, config.min_new_token_ratio, config.new_token_ratio_decay)
         self.policy = SchedulePolicy(config.schedule_policy, self.tree_cache, config.random_seed)
         limits = PrefillLimits(runner.max_running_requests, config.max_prefill_tokens, config.chunk_size)
@@ -91,7 +98,8 @@ class Scheduler:
         self.decode_log_interval = config.decode_log_interval
         self.results = ResultProcessor(queues, cm, self.finisher, self.outputs, executor, runner, self.spec, jump,
                                        self.tokenizer, stats, self._log_decode)
-        self.checks = InvariantChecker(cm, queues) if config.enable_invariant_checks else NoInvariantChecks()
+        self.checks = (sync.checked(InvariantChecker(cm, queues), cm, queues) if config.enable_invariant_checks
+                       else NoInvariantChecks())
 
     def _make_speculation(self) -> NoSpeculation:
         spec = self.config.speculative
@@ -102,7 +110,9 @@ class Scheduler:
 
         source = create_draft_source(spec, self.tree_cache, self.runner.token_to_kv_pool.size, self.config.runner,
                                      self.runner.vocab_size)
-        return SpecDecoding(SpecController(source, spec.num_draft_tokens, spec.draft_policy), self.grammar)
+        controller = SpecController(source, spec.num_draft_tokens, spec.draft_policy)
+        controller.costs = AgreedStepCosts(controller.costs, self.sync)  # draft lengths alike on every rank
+        return SpecDecoding(controller, self.grammar)
 
     # ------------------------------------------------------------------ loop
     def is_idle(self) -> bool:
@@ -233,16 +243,23 @@ def _load_tokenizer(path: str):
     return load_tokenizer(path)
 
 
-def run_scheduler_process(config: SchedulerConfig, port_args: PortArgs, pipe_writer) -> None:
-    """Entry point of the scheduler process."""
+def run_scheduler_process(config: SchedulerConfig, port_args: Optional[PortArgs], pipe_writer,
+                          rank: Optional["RankSpec"] = None) -> None:
+    """Entry point of the scheduler process; rank: this process is that rank of a tensor-parallel
+    group (port_args: rank 0's channels, None on the other ranks)."""
     from radixlm.utils import configure_logging, kill_itself_when_parent_died
 
-    configure_logging(config.log_level, prefix="scheduler")
+    configure_logging(config.log_level, prefix="scheduler" if rank is None else f"scheduler tp{rank.rank}")
     kill_itself_when_parent_died()
     faulthandler.enable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
     try:
-        scheduler = Scheduler(config, SchedulerIO(port_args))
+        if rank is None:
+            scheduler = Scheduler(config, SchedulerIO(port_args))
+        else:
+            from radixlm.scheduler.tp_rank import join_tp_group
+
+            scheduler = Scheduler(*join_tp_group(config, port_args, rank))
         pipe_writer.send({"status": "ready", **scheduler.info()})
     except Exception as e:  # report load errors to the launcher instead of dying silently
         logger.exception("scheduler failed to start")
@@ -258,4 +275,13 @@ def run_scheduler_process(config: SchedulerConfig, port_args: PortArgs, pipe_wri
         scheduler.event_loop()
     except InvariantError:
         logger.exception("scheduler invariant broken: stopping")
+        if rank is not None:
+            os._exit(1)
         raise
+    except Exception:
+        if rank is None:
+            raise
+        # A rank whose peer died (or that failed) exits now: the interpreter's teardown would wait on
+        # the process group's pending work, up to --dist-timeout.
+        logger.exception("tp rank %d stopping", rank.rank)
+        os._exit(1)

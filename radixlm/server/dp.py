@@ -16,19 +16,7 @@ import sys
 
 from radixlm.config import ServerArgs
 from radixlm.engine.launcher import check_server_args
-
-
-def core_shares(n: int, cores: list[int]) -> list[list[int]]:
-    """n disjoint, near-equal slices of the cores (each at least one core; shared when n > cores)."""
-    if n <= len(cores):
-        per, extra = divmod(len(cores), n)
-        out, i = [], 0
-        for k in range(n):
-            size = per + (1 if k < extra else 0)
-            out.append(cores[i:i + size])
-            i += size
-        return out
-    return [[cores[k % len(cores)]] for k in range(n)]
+from radixlm.utils import core_shares
 
 
 def launch_dp(server_args: ServerArgs) -> None:
@@ -49,7 +37,8 @@ def launch_dp(server_args: ServerArgs) -> None:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     try:
         for k, share in enumerate(shares):
-            threads = server_args.num_threads or len(share)
+            # With --tp-size each server's ranks split its share (num_threads is per rank).
+            threads = server_args.num_threads or max(1, len(share) // server_args.tp_size)
             argv = ServerArgs.to_cli_argv(**options, num_threads=threads, api_key=worker_key)
             workers.append(ServerProcess(*argv, cpus=share, name=f"dp worker {k}"))
             print(f"radixlm dp worker {k}: {workers[-1].url} on cores {share}, {threads} thread(s)", flush=True)

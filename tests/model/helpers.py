@@ -7,7 +7,7 @@ import torch
 
 from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.model.forward_batch import ForwardBatch, ForwardMode
-from radixlm.model.layers.attention import TorchSDPABackend, attention_features
+from radixlm.model.layers.attention import RadixAttention, TorchSDPABackend, attention_features
 from radixlm.model.models.llama import get_head_dim
 
 # Tiny model shape shared by the logits tests.
@@ -35,7 +35,8 @@ class PoolHarness:
         self.kv_pool = TokenToKVPool(
             kv_size,
             config.num_hidden_layers,
-            getattr(config, "num_key_value_heads", None) or config.num_attention_heads,
+            # the model's own KV heads (a tensor-parallel rank's share), as ModelRunner sizes them
+            next(m.num_kv_heads for m in model.modules() if isinstance(m, RadixAttention)),
             get_head_dim(config),
             kv_dtype,
         )

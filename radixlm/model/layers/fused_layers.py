@@ -60,6 +60,8 @@ def build_fused_layers(model: DecoderStack) -> Optional[FusedLayers]:
     layers = list(model.layers)
     if not layers or cpu_float_ops(model.norm.weight) is None:
         return None
+    if getattr(layers[0].self_attn.o_proj, "tp_size", 1) > 1:  # tensor parallel: the Python layers, all-reduce between
+        return None
     weights, fmts, counts, biases = [], [], [], []
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp

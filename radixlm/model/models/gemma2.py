@@ -17,8 +17,8 @@ from torch import nn
 
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.activation import GeluAndMul
-from radixlm.model.layers.linear import VocabEmbedding
 from radixlm.model.layers.norm import GemmaRMSNorm
+from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
 from radixlm.model.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, get_head_dim
 
@@ -63,7 +63,7 @@ class Gemma2Model(nn.Module):
     def __init__(self, config: Any, rotary_embs: list[RotaryEmbedding], qk_norm: bool = False):
         """rotary_embs: each layer's RoPE (shared objects: one cos/sin cache per kind)."""
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         # HF multiplies by sqrt(hidden) cast to the weights' dtype (Gemma2TextScaledWordEmbedding).
         self.register_buffer("normalizer", torch.tensor(math.sqrt(config.hidden_size), dtype=torch.float32),
                              persistent=False)

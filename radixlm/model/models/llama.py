@@ -15,10 +15,18 @@ from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.activation import SiluAndMul
 from radixlm.model.layers.attention import RadixAttention
 from radixlm.model.layers.fused_layers import build_fused_layers, run_fused_layers
-from radixlm.model.layers.linear import Linear, MergedLinear, VocabEmbedding
+from radixlm.model.layers.linear import MergedLinear
 from radixlm.model.layers.norm import RMSNorm
+from radixlm.model.layers.parallel_linear import (
+    MergedColumnParallelLinear,
+    ParallelLMHead,
+    QKVParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
 from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
+from radixlm.model.tp_shard import TensorSlice
 
 
 def get_head_dim(config: Any) -> int:
@@ -42,8 +50,8 @@ def get_sliding_window(config: Any, layer_id: int) -> Optional[int]:
 class LlamaMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, act_fn: Optional[nn.Module] = None):
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size] * 2, bias=bias)
-        self.down_proj = Linear(intermediate_size, hidden_size, bias=bias)
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=bias)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, what="intermediate_size")
         self.act_fn = act_fn if act_fn is not None else SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -56,15 +64,17 @@ class LlamaAttention(nn.Module):
         """scaling (None: head_dim ** -0.5), logit_cap and norm_cls (of the q/k norms) are the knobs
         other families turn (Gemma: query_pre_attn_scalar, attn_logit_softcapping, GemmaRMSNorm)."""
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
         self.head_dim = get_head_dim(config)
-        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         o_bias = bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = MergedLinear(
-            config.hidden_size, [self.q_size, self.kv_size, self.kv_size], bias=qkv_bias or o_bias
-        )
-        self.o_proj = Linear(self.q_size, config.hidden_size, bias=o_bias)
+        # This tensor-parallel rank's heads (all of them with tp_size 1).
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, total_heads, total_kv_heads,
+                                          bias=qkv_bias or o_bias)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, config.hidden_size, bias=o_bias,
+                                        what="num_attention_heads * head_dim")
         self.rotary_emb = rotary_emb  # shared by all layers (one cos/sin cache)
         if qk_norm:  # Qwen3: RMSNorm over each head of q and k, before RoPE
             self.q_norm = norm_cls(self.head_dim, eps=config.rms_norm_eps)
@@ -104,7 +114,7 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: Any, qkv_bias: bool = False, qk_norm: bool = False):
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.rotary_emb = rotary_emb = get_rope(get_head_dim(config), config)
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, qk_norm) for i in range(config.num_hidden_layers)
@@ -155,7 +165,7 @@ class LlamaForCausalLM(nn.Module):
         self.model = self.build_model(config)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
-            self.lm_head = Linear(config.hidden_size, config.vocab_size)
+            self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size)
 
     def build_model(self, config: Any) -> nn.Module:
         """The decoder stack (families with another layer structure override it)."""
@@ -213,14 +223,25 @@ class LlamaForCausalLM(nn.Module):
     def takes_quantized(self, name: str) -> bool:
         """Whether load_weights puts the HF tensor `name` in a matrix the kernels multiply by (a
         quantized tensor for anything else would be dequantized again)."""
+        owner, kind, _ = self._owner_of(name)
+        return kind == "weight" and hasattr(owner, "set_quantized")
+
+    def tp_slice(self, name: str) -> Optional[TensorSlice]:
+        """The part of checkpoint tensor `name` this tensor-parallel rank holds (None: all of it)."""
+        owner, kind, shard = self._owner_of(name)
+        return owner.tp_slice(kind, shard) if hasattr(owner, "tp_slice") else None
+
+    def _owner_of(self, name: str) -> tuple[Optional[nn.Module], str, Optional[int]]:
+        """(the module that takes HF tensor `name`, its parameter name, shard); no module for a tied
+        lm_head or an unknown name (load_weights names those)."""
         if self.tie_word_embeddings and name == "lm_head.weight":
-            return False
-        target, _ = self._map_name(name)
+            return None, "", None
+        target, shard = self._map_name(name)
+        module, _, kind = target.rpartition(".")
         try:
-            owner = self.get_submodule(target.rsplit(".", 1)[0])
+            return self.get_submodule(module), kind, shard
         except AttributeError:
-            return False
-        return target.endswith(".weight") and hasattr(owner, "set_quantized")
+            return None, kind, shard
 
     def _map_name(self, name: str) -> tuple[str, int | None]:
         """HF name -> (our param name, shard index in a fused param or None)."""

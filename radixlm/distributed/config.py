@@ -1,0 +1,102 @@
+"""DistConfig: how the ranks of a served model find each other and talk (from ServerArgs' --tp-size,
+--nnodes, --node-rank, --dist-init-addr, --dist-timeout, --tp-allreduce-backend)."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:
+    from radixlm.config import ServerArgs
+
+# auto: nccl on CUDA, shm when every rank is on this host, else gloo.
+ALLREDUCE_BACKENDS = ("auto", "gloo", "shm", "nccl")
+
+
+@dataclass(frozen=True)
+class DistConfig:
+    tp_size: int = 1
+    nnodes: int = 1
+    node_rank: int = 0
+    dist_init_addr: Optional[str] = None  # HOST:PORT of rank 0's rendezvous; None: a free local port (one node)
+    timeout: float = 600.0  # seconds a collective or the rendezvous may wait before it fails
+    allreduce_backend: str = "auto"
+    device: str = "cpu"
+
+    def __post_init__(self):
+        if self.tp_size < 1:
+            raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be in [0, nnodes={self.nnodes}), got {self.node_rank}")
+        if self.tp_size % self.nnodes:
+            raise ValueError(f"tp_size {self.tp_size} is not divisible by nnodes {self.nnodes} (each node runs "
+                             "the same number of ranks)")
+        if self.nnodes > 1 and not self.dist_init_addr:
+            raise ValueError("nnodes > 1 needs --dist-init-addr HOST:PORT (rank 0's address, the same on every node)")
+        if self.dist_init_addr is not None:
+            host, _, port = self.dist_init_addr.rpartition(":")
+            if not host or not port.isdigit() or not 0 < int(port) < 65536:
+                raise ValueError(f"dist_init_addr must be HOST:PORT, got {self.dist_init_addr!r}")
+        if self.timeout <= 0:
+            raise ValueError(f"dist_timeout must be positive, got {self.timeout}")
+        if self.allreduce_backend not in ALLREDUCE_BACKENDS:
+            raise ValueError(f"tp_allreduce_backend must be one of {', '.join(ALLREDUCE_BACKENDS)}, "
+                             f"got {self.allreduce_backend!r}")
+        on_cuda = self.device.startswith("cuda")
+        if self.allreduce_backend == "nccl" and not on_cuda:
+            raise ValueError("tp_allreduce_backend nccl needs --device cuda")
+        if self.allreduce_backend == "shm" and self.nnodes > 1:
+            raise ValueError("tp_allreduce_backend shm needs every rank on one host (nnodes 1)")
+
+    @classmethod
+    def from_server_args(cls, args: "ServerArgs") -> "DistConfig":
+        return cls(tp_size=args.tp_size, nnodes=args.nnodes, node_rank=args.node_rank,
+                   dist_init_addr=args.dist_init_addr, timeout=args.dist_timeout,
+                   allreduce_backend=args.tp_allreduce_backend, device=args.device).resolved()
+
+    def resolved(self) -> "DistConfig":
+        """auto made concrete: nccl on CUDA; shm when every rank is on this host with a core of its own
+        (shm ranks spin while they wait: on shared cores they would take turns with the rank they wait
+        for); gloo otherwise."""
+        if self.allreduce_backend != "auto":
+            return self
+        if self.device.startswith("cuda"):
+            backend = "nccl"
+        else:
+            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+            backend = "shm" if self.nnodes == 1 and self.ranks_per_node <= cores else "gloo"
+        return dataclasses.replace(self, allreduce_backend=backend)
+
+    def with_init_addr(self) -> "DistConfig":
+        """A free loopback port for the rendezvous when none was given (one node only)."""
+        if self.dist_init_addr:
+            return self
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        return dataclasses.replace(self, dist_init_addr=f"127.0.0.1:{port}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.tp_size > 1
+
+    @property
+    def world_size(self) -> int:
+        return self.tp_size
+
+    @property
+    def ranks_per_node(self) -> int:
+        return self.tp_size // self.nnodes
+
+    def node_ranks(self) -> list[int]:
+        """The global ranks this node runs."""
+        n = self.ranks_per_node
+        return list(range(self.node_rank * n, (self.node_rank + 1) * n))
+
+    @property
+    def init_method(self) -> str:
+        host, _, port = (self.dist_init_addr or "").rpartition(":")
+        return f"tcp://{host}:{port}"

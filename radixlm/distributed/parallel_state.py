@@ -1,0 +1,139 @@
+"""The world of ranks and its process groups by role (SGLang's parallel_state, without globals
+scattered around: one ParallelState, set once per process).
+
+A rank is one scheduler process. Today the world is one tensor-parallel group (tp); the shape is
+ready for the roles later issues add, each a GroupCoordinator over its own ranks:
+  pp        pipeline stages (each stage a tp group; send/recv of hidden states between stages),
+  ep        expert parallelism for MoE (all-reduce over the experts' group),
+  attn_dp   DP attention (all-gather of the attention outputs).
+Ranks are laid out tp-major: the tp group of global rank r is the tp_size consecutive ranks
+around it (pp would stack such groups).
+
+A process that never called init_parallel_state (tp=1, tests, benchmarks) sees a world of one
+whose groups are SingleProcessCommunicator: every collective is the identity.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from radixlm.distributed.communicator import (
+    Communicator,
+    GlooCommunicator,
+    NcclCommunicator,
+    SingleProcessCommunicator,
+)
+from radixlm.distributed.config import ALLREDUCE_BACKENDS, DistConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class GroupCoordinator:
+    """One process group of a role: where this rank sits in it and how it talks."""
+
+    name: str  # "tp" (later "pp", "ep", "attn_dp")
+    ranks: tuple[int, ...]  # global ranks of the group, in group order
+    rank_in_group: int
+    device_comm: Communicator  # tensors of the forward (all-reduce of row-parallel outputs, logits gather)
+    cpu_comm: Communicator  # gloo: the scheduler's messages (broadcast_pyobj), step hashes, barriers
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    @property
+    def is_first_rank(self) -> bool:
+        return self.rank_in_group == 0
+
+
+def _single_group(name: str) -> GroupCoordinator:
+    comm = SingleProcessCommunicator()
+    return GroupCoordinator(name, (0,), 0, comm, comm)
+
+
+@dataclass(frozen=True)
+class ParallelState:
+    world_rank: int = 0
+    world_size: int = 1
+    tp: GroupCoordinator = field(default_factory=lambda: _single_group("tp"))
+
+
+_STATE = ParallelState()
+
+
+def get_parallel_state() -> ParallelState:
+    return _STATE
+
+
+def get_tp_group() -> GroupCoordinator:
+    return _STATE.tp
+
+
+def set_parallel_state(state: ParallelState) -> None:
+    """Install a state (init_parallel_state does; tests may install a hand-made one)."""
+    global _STATE
+    _STATE = state
+
+
+def init_parallel_state(config: DistConfig, rank: int) -> ParallelState:
+    """Join the world (torch.distributed over gloo, rendezvous at config.init_method) and build the
+    groups this rank belongs to. Blocks until every rank joined or config.timeout passes."""
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=config.timeout)
+    dist.init_process_group("gloo", init_method=config.init_method, world_size=config.world_size, rank=rank,
+                            timeout=timeout)
+    tp_size = config.tp_size
+    tp_ranks = None
+    for start in range(0, config.world_size, tp_size):  # every rank creates every group, in the same order
+        ranks = list(range(start, start + tp_size))
+        cpu = dist.new_group(ranks, backend="gloo", timeout=timeout)
+        # The forward's own group: with overlap scheduling it runs on a worker thread beside the
+        # scheduler's broadcasts, and two threads must never interleave collectives on one group.
+        dev = dist.new_group(ranks, backend="nccl" if config.allreduce_backend == "nccl" else "gloo", timeout=timeout)
+        if rank in ranks:
+            tp_ranks, cpu_group, dev_group = tuple(ranks), cpu, dev
+    assert tp_ranks is not None
+    cpu_comm = GlooCommunicator(cpu_group)
+    device_comm = _device_comm(config, dev_group)
+    state = ParallelState(rank, config.world_size, GroupCoordinator("tp", tp_ranks, tp_ranks.index(rank), device_comm,
+                                                                    cpu_comm))
+    set_parallel_state(state)
+    logger.info("rank %d of %d joined (tp group %s, all-reduce over %s)", rank, config.world_size, list(tp_ranks),
+                type(device_comm).__name__)
+    return state
+
+
+def _device_comm(config: DistConfig, dev_group) -> Communicator:
+    backend = config.allreduce_backend
+    assert backend in ALLREDUCE_BACKENDS and backend != "auto", backend  # DistConfig resolved auto
+    if backend == "nccl":
+        return NcclCommunicator(dev_group, torch.device("cuda", torch.cuda.current_device()))
+    gloo = GlooCommunicator(dev_group)
+    if backend == "shm":
+        from radixlm.distributed.shm_communicator import ShmCommunicator
+
+        return ShmCommunicator(gloo, timeout=config.timeout)
+    return gloo
+
+
+def destroy_parallel_state() -> None:
+    """Leave the world (a clean exit; a killed rank just goes)."""
+    import torch.distributed as dist
+
+    state = get_parallel_state()
+    state.tp.device_comm.close()
+    set_parallel_state(ParallelState())
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def tp_rank_and_size(group: Optional[GroupCoordinator] = None) -> tuple[int, int]:
+    g = group or get_tp_group()
+    return g.rank_in_group, g.world_size

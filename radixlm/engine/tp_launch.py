@@ -1,0 +1,88 @@
+"""Starting the scheduler ranks of a tensor-parallel engine on this node (docs/architecture.md,
+"Tensor parallelism").
+
+Each rank is a spawned process running run_scheduler_process with its RankSpec: its global rank,
+the DistConfig (rendezvous address, timeout, all-reduce backend), its slice of this node's cores
+(disjoint when there are enough; unpinned otherwise) and a heartbeat. Node 0 runs rank 0, which
+owns the scheduler's channels, next to the detokenizer (launcher.py); a node > 0 runs only its
+ranks and waits (node.py: run_node). PYTHONHASHSEED is fixed for the ranks: every rank must iterate its
+sets and dicts of strings in the same order to make the same decisions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+from typing import TYPE_CHECKING, Optional
+
+from radixlm.config import PortArgs
+from radixlm.distributed.config import DistConfig
+from radixlm.distributed.rank import RankSpec
+from radixlm.utils import core_shares
+
+if TYPE_CHECKING:
+    from radixlm.scheduler.config import SchedulerConfig
+
+logger = logging.getLogger(__name__)
+
+
+def node_cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def rank_cpus(dist: DistConfig) -> list[list[int]]:
+    """Each local rank's cores: disjoint slices of this process's cores, or none (unpinned) when
+    there are fewer cores than ranks."""
+    cores = node_cores()
+    n = dist.ranks_per_node
+    return core_shares(n, cores) if n <= len(cores) else [[] for _ in range(n)]
+
+
+@contextlib.contextmanager
+def _fixed_hash_seed():
+    old = os.environ.get("PYTHONHASHSEED")
+    os.environ["PYTHONHASHSEED"] = old or "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["PYTHONHASHSEED"]
+
+
+def start_ranks(ctx, config: "SchedulerConfig", dist: DistConfig, port_args: Optional[PortArgs]) -> list[tuple]:
+    """Start this node's ranks; [(process, pipe reader)] in rank order. port_args: rank 0's channels
+    (node 0 only)."""
+    from radixlm.scheduler.scheduler import run_scheduler_process
+
+    started = []
+    with _fixed_hash_seed():
+        for cpus, rank in zip(rank_cpus(dist), dist.node_ranks(), strict=True):
+            reader, writer = ctx.Pipe(duplex=False)
+            heartbeat = ctx.Value("d", 0.0, lock=False)
+            spec = RankSpec(rank, dist, cpus, heartbeat)
+            p = ctx.Process(target=run_scheduler_process, args=(config, port_args if rank == 0 else None, writer, spec),
+                            daemon=True, name=f"scheduler rank {rank}")
+            p.heartbeat = heartbeat  # read by watch_processes / stop_processes
+            p.start()
+            started.append((p, reader))
+    return started
+
+
+def wait_ready(started: list[tuple], others: list = ()) -> list[dict]:
+    """Each scheduler's ready report, in order; a RuntimeError naming the rank that failed or died
+    (others: processes whose death also ends the wait, e.g. the detokenizer)."""
+    infos: list[Optional[dict]] = [None] * len(started)
+    while any(i is None for i in infos):
+        for k, (p, reader) in enumerate(started):
+            if infos[k] is None and reader.poll(0.2):
+                info = reader.recv()
+                if info.get("status") != "ready":
+                    raise RuntimeError(f"the {p.name} failed to start: {info.get('message')}")
+                infos[k] = info
+            elif infos[k] is None and not p.is_alive():
+                raise RuntimeError(f"the {p.name} process died while starting (exit code {p.exitcode})")
+        for p in others:
+            if not p.is_alive():
+                raise RuntimeError(f"the {p.name} process died while starting (exit code {p.exitcode})")
+    return infos  # type: ignore[return-value]

@@ -1,0 +1,40 @@
+"""A scheduler rank of a tensor-parallel group: the process setup before its Scheduler exists."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from typing import Optional
+
+from radixlm.config import PortArgs
+from radixlm.distributed.parallel_state import init_parallel_state
+from radixlm.distributed.rank import RankSpec, pin_cpus, start_heartbeat
+from radixlm.scheduler.config import SchedulerConfig
+from radixlm.scheduler.io import SchedulerIO
+from radixlm.scheduler.tp_io import TPSchedulerIO
+from radixlm.scheduler.tp_sync import TPStepSync
+
+logger = logging.getLogger(__name__)
+
+
+def rank_threads(config: SchedulerConfig, spec: RankSpec, cpus: Optional[list[int]]) -> int:
+    """--num-threads (per rank), else the rank's pinned cores, else its share of the host's."""
+    if config.runner.num_threads:
+        return config.runner.num_threads
+    return len(cpus) if cpus else max(1, (os.cpu_count() or 1) // spec.dist.ranks_per_node)
+
+
+def join_tp_group(config: SchedulerConfig, port_args: Optional[PortArgs],
+                  spec: RankSpec) -> tuple[SchedulerConfig, TPSchedulerIO, TPStepSync]:
+    """Beat, pin, join the world; -> what this rank's Scheduler is built from (its config with the
+    rank's threads, its channels, its sync). The model built next is this rank's shard."""
+    start_heartbeat(spec.heartbeat)
+    cpus = pin_cpus(spec.cpus)
+    threads = rank_threads(config, spec, cpus)
+    config = dataclasses.replace(config, runner=dataclasses.replace(config.runner, num_threads=threads))
+    state = init_parallel_state(spec.dist, spec.rank)
+    logger.info("tp rank %d of %d: cores %s, %d thread(s)", spec.rank, spec.dist.tp_size, cpus or "unpinned", threads)
+    comm = state.tp.cpu_comm
+    io = TPSchedulerIO(comm, SchedulerIO(port_args) if state.tp.is_first_rank else None)
+    return config, io, TPStepSync(comm)
