@@ -153,8 +153,10 @@ class ServerArgs:
             raise ValueError("graceful_shutdown_timeout and engine_failure_exit_delay must be >= 0")
         if self.decode_kv_mirror_gb is not None and self.decode_kv_mirror_gb < 0:
             raise ValueError(f"decode_kv_mirror_gb must be >= 0, got {self.decode_kv_mirror_gb}")
-        if self.max_client_batch_size < 1 or not self.tokenizer_timeout > 0:
-            raise ValueError("max_client_batch_size must be >= 1 and tokenizer_timeout > 0")
+        if self.max_client_batch_size < 1:
+            raise ValueError(f"max_client_batch_size must be >= 1, got {self.max_client_batch_size}")
+        if not self.tokenizer_timeout > 0:
+            raise ValueError(f"tokenizer_timeout must be > 0, got {self.tokenizer_timeout}")
 
     # --- CLI -------------------------------------------------------------------
     @staticmethod

@@ -16,7 +16,7 @@ import requests
 from radixlm.server.process import ServerProcess
 
 TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks")
-# spin**3 loop turns in Jinja: spin 500 is seconds of CPU, on whichever thread renders it.
+# spin**3 loop turns in Jinja: spin 600 is seconds of CPU (7 s here), on whichever thread renders it.
 _LOOP = "{% for _ in range(spin|default(0)) %}"
 SPIN = _LOOP * 3 + "{% endfor %}" * 3
 
@@ -116,6 +116,7 @@ def test_expanded_requests_count_against_the_queue(tiny_model_dir):
         r = _post(s.url, "/generate", {"text": ["a", "b", "c"], "sampling_params": {"n": 2, "max_new_tokens": 1}})
         assert r.status_code == 400 and r.json()["error"]["param"] == "text", r.text
         with ThreadPoolExecutor(8) as pool:
+            # Runs for seconds: the only running slot stays taken while the calls below are answered.
             long = pool.submit(_post, s.url, "/generate", {"text": "hi", "sampling_params": {
                 "max_new_tokens": 900, "ignore_eos": True}}, 120)
             deadline = time.monotonic() + 30
@@ -146,7 +147,7 @@ def test_templating_runs_off_the_event_loop_under_a_time_bound(tiny_model_dir, t
     s = ServerProcess("--model-path", tiny_model_dir, "--tokenizer-path", str(tmp_path), "--tokenizer-timeout", "1",
                       *TINY)
     try:
-        slow = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "chat_template_kwargs": {"spin": 500}}
+        slow = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "chat_template_kwargs": {"spin": 600}}
         with _HealthPoller(s.url), ThreadPoolExecutor(2) as pool:
             f = pool.submit(_post, s.url, "/v1/chat/completions", slow, 60)
             time.sleep(0.3)

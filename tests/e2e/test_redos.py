@@ -77,9 +77,10 @@ def test_catastrophic_stop_regex_does_not_freeze_other_requests(server, x_token)
             r = alternation.result()
             assert r.status_code == 400, r.text
             assert "stop_regex" in r.json()["error"]["message"]
-            r = nested.result()
-            assert r.status_code == 200, r.text
-            assert r.json()["text"] == "x" * 200 and r.json()["meta_info"]["finish_reason"]["type"] == "length"
+            r = nested.result()  # finished either way: no match, or stopped by its time budget
+            assert r.status_code == 200 or (r.status_code == 400 and "stop_regex" in r.text), r.text
+            if r.status_code == 200:
+                assert r.json()["text"] == "x" * 200 and r.json()["meta_info"]["finish_reason"]["type"] == "length"
     finally:
         stop.set()
         poller.join()
