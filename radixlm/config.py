@@ -116,6 +116,10 @@ class ServerArgs:
     max_request_body_bytes: int = 32 * 2**20
     max_n: int = 128
     max_top_logprobs_num: int = 20
+    # Fan-out: one request's prompts x n (each a sequence the scheduler runs) above this are a 400.
+    max_client_batch_size: int = 1024
+    # Seconds one request's tokenization and chat template may take (on worker threads): then a 504.
+    tokenizer_timeout: float = 30.0
     # Data parallelism: `--dp N` runs N servers (each on its share of the cores) behind the
     # cache-aware router (radixlm/router/) on --host/--port. Every other option is per server.
     dp_size: int = 1
@@ -149,6 +153,10 @@ class ServerArgs:
             raise ValueError("graceful_shutdown_timeout and engine_failure_exit_delay must be >= 0")
         if self.decode_kv_mirror_gb is not None and self.decode_kv_mirror_gb < 0:
             raise ValueError(f"decode_kv_mirror_gb must be >= 0, got {self.decode_kv_mirror_gb}")
+        if self.max_client_batch_size < 1:
+            raise ValueError(f"max_client_batch_size must be >= 1, got {self.max_client_batch_size}")
+        if not self.tokenizer_timeout > 0:
+            raise ValueError(f"tokenizer_timeout must be > 0, got {self.tokenizer_timeout}")
 
     # --- CLI -------------------------------------------------------------------
     @staticmethod
@@ -192,6 +200,10 @@ class ServerArgs:
             "max_request_body_bytes": "larger request bodies are refused with 413",
             "max_n": "largest n (completions per prompt) a request may ask for",
             "max_top_logprobs_num": "largest top_logprobs_num (OpenAI: logprobs / top_logprobs) a request may ask for",
+            "max_client_batch_size": "most sequences one request may start: its prompts (a batch) times n; "
+            "beyond it a 400 (as TGI's flag, n counted)",
+            "tokenizer_timeout": "seconds one request's tokenization and chat template may take (they run off the "
+            "event loop); beyond it a 504",
             "enable_hierarchical_cache": "keep KV evicted from the pool in host memory (L2) and, with "
             "--hicache-storage-backend, on disk (L3), and load it back instead of recomputing",
             "hicache_ratio": "L2 size as a multiple of the KV pool (when --hicache-size is 0)",

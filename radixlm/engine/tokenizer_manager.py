@@ -10,12 +10,13 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 import zmq
 import zmq.asyncio
 
 from radixlm.config import PortArgs, ServerArgs
+from radixlm.engine.tokenizer_pool import TokenizerPool
 from radixlm.ipc import (
     AbortReq,
     BatchStrOut,
@@ -64,16 +65,21 @@ class TokenizerManagerConfig:
     max_top_logprobs_num: int = 20
     # Prefill a prompt that a batch repeats once first, so the copies share it (off without a prefix cache).
     cache_shared_prompts: bool = True
+    # Seconds a request's tokenization may take on the tokenizer threads (tokenizer_pool.py).
+    tokenizer_timeout: float = 30.0
 
     def __post_init__(self):
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n}")
+        if not self.tokenizer_timeout > 0:
+            raise ValueError(f"tokenizer_timeout must be > 0, got {self.tokenizer_timeout}")
         if self.max_top_logprobs_num < 0:
             raise ValueError(f"max_top_logprobs_num must be >= 0, got {self.max_top_logprobs_num}")
 
     @classmethod
     def from_server_args(cls, args: ServerArgs) -> "TokenizerManagerConfig":
-        return cls(args.max_n, args.max_top_logprobs_num, not args.disable_radix_cache)
+        return cls(args.max_n, args.max_top_logprobs_num, not args.disable_radix_cache,
+                   tokenizer_timeout=args.tokenizer_timeout)
 
 
 class TokenizerManager:
@@ -89,6 +95,8 @@ class TokenizerManager:
         self.dead_message: Optional[str] = None
         # Characters of text one token can cover at most (its byte-level / piece form is no shorter).
         self.max_token_chars = max((len(t) for t in tokenizer.get_vocab()), default=1) + 1
+        # Tokenization and chat templates run there, off the event loop.
+        self.tokenizer_pool = TokenizerPool(config.tokenizer_timeout)
 
     async def start(self) -> None:
         """Create the sockets and the receive loop on the running event loop."""
@@ -190,19 +198,25 @@ class TokenizerManager:
         return out
 
     # --------------------------------------------------------------- generate
-    async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator[Any]:
+    async def generate_request(self, obj: GenerateReqInput,
+                               admit: Optional[Callable[[int], None]] = None) -> AsyncIterator[Any]:
         """Yields response dicts: for a single request with n == 1 one dict per update (the
-        final one when not streaming); otherwise a list (or, streaming, dicts with "index")."""
+        final one when not streaming); otherwise a list (or, streaming, dicts with "index").
+        admit(number of requests) may refuse them (by raising) right before they are registered,
+        with no await in between: a queue limit counted there holds however many calls race."""
         self._check_alive()
-        reqs = self.expand(obj)
+        reqs = await self.tokenizer_pool.run(self.expand, obj)
+        self._check_alive()
+        if admit is not None:
+            admit(len(reqs))
         single = obj.is_single and len(reqs) == 1
-        if len(reqs) > 1 and not obj.stream:
-            await self._cache_shared_prompts(reqs)
         states: list[ReqState] = []
         tasks: list[asyncio.Task] = []
         try:
             for r in reqs:  # inside the try: a rid already in use must not leave the others registered
                 states.append(self._register(r, obj.return_text_in_logprobs))
+            if len(reqs) > 1 and not obj.stream:
+                await self._cache_shared_prompts(reqs)
             for r in reqs:
                 self.send_to_scheduler.send_pyobj(r)
             if single:
@@ -364,6 +378,7 @@ class TokenizerManager:
         st.event.set()
 
     async def close(self) -> None:
+        self.tokenizer_pool.close()
         self._loop_task.cancel()
         try:
             await self._loop_task

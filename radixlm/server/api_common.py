@@ -198,14 +198,19 @@ async def run_until_disconnect(request: Request, coro):
         task.cancel()
 
 
-def check_queue(state: ServerState) -> None:
+def check_queue(state: ServerState, incoming: int = 1, field: str = "n") -> None:
+    """Refuse `incoming` new sequences (a request's prompts x n) that would queue past the limit."""
     limit = state.server_args.max_queued_requests
     if limit is None:
         return
-    queued = len(state.tokenizer_manager.rid_to_state) - state.server_args.max_running_requests
-    if queued >= limit:
-        raise HTTPError(429, f"too many queued requests ({queued} >= --max-queued-requests {limit}); retry later",
-                        "rate_limit_error")
+    running = state.server_args.max_running_requests
+    if incoming > limit + running:  # would not fit an empty server either: retrying cannot help
+        raise HTTPError(400, f"the request starts {incoming} sequences (prompts x n), more than the server queues "
+                             f"(--max-queued-requests {limit} + --max-running-requests {running})", param=field)
+    queued = len(state.tokenizer_manager.rid_to_state) - running
+    if queued + incoming > limit:
+        raise HTTPError(429, f"too many queued requests ({max(queued, 0)} queued + {incoming} new > "
+                             f"--max-queued-requests {limit}); retry later", "rate_limit_error")
 
 
 def observe(state: ServerState, out: Any) -> None:

@@ -18,6 +18,7 @@ from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixlm.engine.tokenizer_manager import EngineDeadError
+from radixlm.engine.tokenizer_pool import TokenizerTimeout
 from radixlm.http_common import APIKeyMiddleware, error_json
 from radixlm.ipc import GenerateReqInput
 from radixlm.sampling_params import SamplingParams
@@ -25,7 +26,6 @@ from radixlm.server.api_common import (
     SSE_DONE,
     HTTPError,
     ServerState,
-    check_queue,
     json_body,
     observe,
     read_json,
@@ -35,6 +35,7 @@ from radixlm.server.api_common import (
     sse,
     sse_error,
 )
+from radixlm.server.fanout import admit_to_queue, check_fanout, native_sequences
 from radixlm.server.openai_api import router as openai_router
 from radixlm.version import __version__
 
@@ -103,8 +104,8 @@ router = APIRouter()
 async def generate(request: Request):
     state = srv(request)
     obj = parse_generate_body(await read_json(request))
-    check_queue(state)
-    gen = state.tokenizer_manager.generate_request(obj)
+    check_fanout(state, native_sequences(obj), obj.batch_size, "text" if obj.text is not None else "input_ids")
+    gen = state.tokenizer_manager.generate_request(obj, admit=admit_to_queue(state))
     if obj.stream:
         return StreamingResponse(_stream_native(state, gen), media_type="text/event-stream")
 
@@ -140,6 +141,10 @@ async def _stream_native(state: ServerState, gen: AsyncIterator):
         yield sse_error(400, str(e), "invalid_request_error")
     except EngineDeadError as e:
         yield sse_error(503, str(e), "server_error")
+    except HTTPError as e:  # the queue filled while the request was tokenized
+        yield sse_error(e.status, e.message, e.kind)
+    except TokenizerTimeout as e:
+        yield sse_error(504, str(e), "server_error")
     yield SSE_DONE
 
 
@@ -240,7 +245,7 @@ async def tokenize(request: Request):
     texts = [text] if isinstance(text, str) else text
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise HTTPError(400, "tokenize needs a string (or list of strings) field text", param="text")
-    ids = [s.tokenizer_manager.tokenizer.encode(t) for t in texts]
+    ids = await _tokenize_texts(s, texts)
     if isinstance(text, str):
         return {"tokens": ids[0], "count": len(ids[0]), "max_model_len": s.scheduler_info["context_len"]}
     return {"tokens": ids, "count": [len(i) for i in ids]}
@@ -251,10 +256,38 @@ async def tokenize(request: Request):
 async def detokenize(request: Request):
     body = await read_json(request)
     toks = body.get("tokens") if isinstance(body, dict) else None
-    vocab = srv(request).scheduler_info["vocab_size"]
+    s = srv(request)
+    vocab = s.scheduler_info["vocab_size"]
     if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in toks):
         raise HTTPError(400, f"detokenize needs a field tokens: a list of token ids in [0, {vocab})", param="tokens")
-    return {"text": srv(request).tokenizer_manager.tokenizer.decode(toks)}
+    if len(toks) > s.context_len:
+        raise HTTPError(400, f"tokens has {len(toks)} token ids, more than the context length {s.context_len}",
+                        param="tokens")
+    tm = s.tokenizer_manager
+    return {"text": await tm.tokenizer_pool.run(tm.tokenizer.decode, toks, what="detokenizing")}
+
+
+async def _tokenize_texts(s: ServerState, texts: list[str]) -> list[list[int]]:
+    """/tokenize's texts, each at most the context length (as vLLM), on the tokenizer threads."""
+    cap = s.server_args.max_client_batch_size
+    if len(texts) > cap:
+        raise HTTPError(400, f"text has {len(texts)} items, more than --max-client-batch-size {cap}", param="text")
+    tm = s.tokenizer_manager
+
+    def encode_all() -> list[list[int]]:
+        out = []
+        for t in texts:
+            try:  # refuses a text far past the context before tokenizing all of it
+                ids = tm.encode_prompt(t)
+            except ValueError as e:
+                raise HTTPError(400, f"text: {e}", param="text") from None
+            if len(ids) > s.context_len:
+                raise HTTPError(400, f"text has {len(ids)} tokens, more than the context length {s.context_len}",
+                                param="text")
+            out.append(ids)
+        return out
+
+    return await tm.tokenizer_pool.run(encode_all, what="tokenizing the text")
 
 
 def _openapi_with_unique_ids(app: FastAPI) -> dict:
@@ -303,6 +336,10 @@ def create_app(state_factory) -> FastAPI:
     @app.exception_handler(EngineDeadError)
     async def _dead(request: Request, e: EngineDeadError):
         return error_json(503, str(e), "server_error")
+
+    @app.exception_handler(TokenizerTimeout)
+    async def _tokenizer_timeout(request: Request, e: TokenizerTimeout):
+        return error_json(504, str(e), "server_error")
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, e: RequestValidationError):
