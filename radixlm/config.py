@@ -100,7 +100,11 @@ class ServerArgs:
     # HTTP server
     host: str = "127.0.0.1"
     port: int = 30000
-    api_key: Optional[str] = None  # require "Authorization: Bearer <key>"
+    # Keys (radixlm/http_access.py): users', and the operator's for admin actions (/flush_cache,
+    # aborting every request). Left out of repr, so that no log line shows them.
+    api_key: Optional[str] = dataclasses.field(default=None, repr=False)
+    admin_api_key: Optional[str] = dataclasses.field(default=None, repr=False)
+    allowed_origins: Optional[str] = None  # browser origins allowed to call (CSRF); "*": any
     enable_metrics: bool = False  # Prometheus /metrics
     max_queued_requests: Optional[int] = None  # beyond this many waiting, 429
     incremental_streaming_output: bool = False  # stream text deltas instead of cumulative text
@@ -198,6 +202,13 @@ class ServerArgs:
             "graceful_shutdown_timeout": "on SIGTERM, seconds in-flight requests may take to finish before every "
             "process stops (new connections are refused at once)",
             "max_request_body_bytes": "larger request bodies are refused with 413",
+            "api_key": "clients must send Authorization: Bearer <key> (every route but /health); default "
+            "$RADIXLM_API_KEY (the environment keeps it out of `ps`)",
+            "admin_api_key": "the operator's key, needed by admin actions (/flush_cache, aborting every request) and "
+            "accepted everywhere; default $RADIXLM_ADMIN_API_KEY. Without it admin actions are refused, except "
+            "with no key at all on a loopback address",
+            "allowed_origins": "browser origins (comma-separated, or a JSON list; \"*\": any) whose pages may call "
+            "the server; other cross-origin browser requests are refused with 403",
             "max_n": "largest n (completions per prompt) a request may ask for",
             "max_top_logprobs_num": "largest top_logprobs_num (OpenAI: logprobs / top_logprobs) a request may ask for",
             "max_client_batch_size": "most sequences one request may start: its prompts (a batch) times n; "

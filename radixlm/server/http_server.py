@@ -19,7 +19,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from radixlm.engine.tokenizer_manager import EngineDeadError
 from radixlm.engine.tokenizer_pool import TokenizerTimeout
-from radixlm.http_common import APIKeyMiddleware, error_json
+from radixlm.http_access import AccessMiddleware, Refusal, abort_target
+from radixlm.http_common import error_json
 from radixlm.ipc import GenerateReqInput
 from radixlm.sampling_params import SamplingParams
 from radixlm.server.api_common import (
@@ -195,8 +196,9 @@ async def server_info(request: Request):
     s = srv(request)
     internal = await s.tokenizer_manager.get_internal_state()
     args = dataclasses.asdict(s.server_args)
-    if args.get("api_key"):
-        args["api_key"] = "***"
+    for secret in ("api_key", "admin_api_key"):
+        if args.get(secret):
+            args[secret] = "***"
     return {
         **args,
         "version": __version__,
@@ -213,7 +215,11 @@ async def server_info(request: Request):
 
 
 # --------------------------------------------------------------------- admin
-@router.api_route("/flush_cache", methods=["GET", "POST"])
+# Routes only the admin may call (AccessMiddleware); /abort_request's abort-all part is checked in the route.
+ADMIN_PATHS = ("/flush_cache",)
+
+
+@router.post("/flush_cache")  # POST only: a GET is what a page's <img> or link can send
 async def flush_cache(request: Request, level: str = "l1"):
     """level (query): l1 empties the KV pool (the hierarchical cache keeps what it moved to host memory
     and storage); l2 also the host tier; l3 also the storage tier."""
@@ -224,12 +230,12 @@ async def flush_cache(request: Request, level: str = "l1"):
 
 
 @router.post("/abort_request", openapi_extra=json_body(
-    {"type": "object", "properties": {"rid": {"type": "string"}}, "required": ["rid"]}))
+    {"type": "object", "properties": {"rid": {"type": "string"}, "abort_all": {"type": "boolean"}}}))
 async def abort_request(request: Request):
-    body = await read_json(request)
-    rid = body.get("rid") if isinstance(body, dict) else None
-    if not isinstance(rid, str):
-        raise HTTPError(400, "abort_request needs a string field rid", param="rid")
+    try:
+        rid = abort_target(await read_json(request), request)
+    except Refusal as e:
+        raise HTTPError(e.status, e.message, e.kind, e.param) from None
     srv(request).tokenizer_manager.abort_request(rid)
     return Response(status_code=200)
 
@@ -317,7 +323,7 @@ def create_app(state_factory) -> FastAPI:
 
     app = FastAPI(title="radixlm", version=__version__, lifespan=lifespan)
     app.openapi = lambda: _openapi_with_unique_ids(app)
-    app.add_middleware(APIKeyMiddleware)
+    app.add_middleware(AccessMiddleware, admin_paths=ADMIN_PATHS)
     app.include_router(router)
     app.include_router(openai_router)
 
