@@ -502,7 +502,7 @@ def test_body_over_the_limit(small_limit_server, route):
     # A Content-Length that lies: smaller than the body (the server reads what it announced: a
     # truncated JSON body), and larger than the limit with a small body (refused at once).
     path = route.encode()
-    head = b"POST " + path + b" HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    head = b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\n"
     status, body = _raw_request(s, head + b"Content-Length: 10\r\n", dumps(route))
     assert status == 400 and "JSON" in check_error_body(status, body), body
     status, body = _raw_request(s, head + b"Content-Length: 10000000\r\n", dumps(route), half_close=True)
