@@ -123,13 +123,13 @@ def caller_role(cfg: AccessConfig, authorization: str) -> Optional[Role]:
     """The caller's role, or None for a wrong or missing key where one is needed. Each configured
     key is compared in constant time, whatever the header holds."""
     got = authorization.encode()
-    admin = cfg.admin_api_key is not None and secrets.compare_digest(got, f"Bearer {cfg.admin_api_key}".encode())
-    user = cfg.api_key is not None and secrets.compare_digest(got, f"Bearer {cfg.api_key}".encode())
+    admin = bool(cfg.admin_api_key) and secrets.compare_digest(got, f"Bearer {cfg.admin_api_key}".encode())
+    user = bool(cfg.api_key) and secrets.compare_digest(got, f"Bearer {cfg.api_key}".encode())
     if admin:
         return Role.ADMIN
     if cfg.api_key:
         return Role.USER if user else None
-    if cfg.admin_api_key is None and cfg.loopback:
+    if not cfg.admin_api_key and cfg.loopback:
         return Role.ADMIN  # no key at all, loopback: the operator at this machine
     return Role.USER
 
