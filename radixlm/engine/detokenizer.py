@@ -103,7 +103,9 @@ def _regex_hold_from(text: str, patterns: list[str]) -> int:
     return hold
 
 
-def run_detokenizer_process(tokenizer_path: str, log_level: str, port_args: PortArgs) -> None:
+def run_detokenizer_process(tokenizer_path: str, log_level: str, port_args: PortArgs, heartbeat=None) -> None:
+    """heartbeat: beaten after every message and every idle second (the launcher's --watchdog-timeout)."""
+    from radixlm.distributed.rank import beat
     from radixlm.model.loader import load_tokenizer
     from radixlm.utils import configure_logging, kill_itself_when_parent_died
 
@@ -118,6 +120,9 @@ def run_detokenizer_process(tokenizer_path: str, log_level: str, port_args: Port
     send = ctx.socket(zmq.PUSH)
     send.connect(port_args.tokenizer_ipc_name)
     while True:
+        beat(heartbeat)
+        if not recv.poll(1000):
+            continue
         msg = recv.recv_pyobj()
         if isinstance(msg, BatchTokenIDOut):
             send.send_pyobj(BatchStrOut([ReqStrChunk(c, detok.step(c)) for c in msg.chunks]))

@@ -86,6 +86,7 @@ class TokenizerManager:
         self.scheduler_info = scheduler_info
         self.rid_to_state: dict[str, ReqState] = {}
         self._control_waiters: dict[type, list[asyncio.Future]] = {}
+        self._control_sent: dict[asyncio.Future, float] = {}  # control calls in flight: when each was sent
         self.dead_message: Optional[str] = None
         # Characters of text one token can cover at most (its byte-level / piece form is no shorter).
         self.max_token_chars = max((len(t) for t in tokenizer.get_vocab()), default=1) + 1
@@ -381,8 +382,19 @@ class TokenizerManager:
         self._check_alive()
         fut = asyncio.get_running_loop().create_future()
         self._control_waiters.setdefault(reply_type, []).append(fut)
-        self.send_to_scheduler.send_pyobj(req)
-        return await fut
+        self._control_sent[fut] = time.perf_counter()
+        try:
+            self.send_to_scheduler.send_pyobj(req)
+            return await fut
+        finally:
+            self._control_sent.pop(fut, None)
+
+    def pending_age(self) -> float:
+        """Seconds the oldest request or control call still waiting on the engine has waited (0:
+        none). Read by the watchdog thread: it copies the containers (atomic under the GIL)."""
+        sent = [st.created for st in list(self.rid_to_state.values()) if st.finished_reason is None]
+        sent += list(self._control_sent.values())
+        return time.perf_counter() - min(sent) if sent else 0.0
 
     async def flush_cache(self, level: str = "l1") -> FlushCacheReqOutput:
         return await self._control(FlushCacheReq(level), FlushCacheReqOutput)

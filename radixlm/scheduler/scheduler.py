@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Optional
 from radixlm.cache.base_prefix_cache import FLUSH_LEVELS
 from radixlm.cache.factory import create_prefix_cache
 from radixlm.config import PortArgs
+from radixlm.distributed.rank import beat
 from radixlm.ipc import (
     AbortReq,
     FinishAbort,
@@ -118,11 +119,15 @@ class Scheduler:
     def is_idle(self) -> bool:
         return self.queues.is_idle() and not self.executor.in_flight()
 
-    def event_loop(self) -> None:
+    def event_loop(self, heartbeat=None) -> None:
+        """heartbeat: beaten as the loop starts and after every iteration (at least once per
+        IDLE_POLL_MS when idle), so the launcher tells a hung loop from a busy one (--watchdog-timeout)."""
+        beat(heartbeat)
         while True:
             for msg in self.io_wait():
                 self.handle(msg)
             self.step()
+            beat(heartbeat)
 
     def io_wait(self) -> list:
         q = self.queues
@@ -244,9 +249,9 @@ def _load_tokenizer(path: str):
 
 
 def run_scheduler_process(config: SchedulerConfig, port_args: Optional[PortArgs], pipe_writer,
-                          rank: Optional["RankSpec"] = None) -> None:
+                          rank: Optional["RankSpec"] = None, loop_heartbeat=None) -> None:
     """Entry point of the scheduler process; rank: this process is that rank of a tensor-parallel
-    group (port_args: rank 0's channels, None on the other ranks)."""
+    group (port_args: rank 0's channels, None on the other ranks); loop_heartbeat: see event_loop."""
     from radixlm.utils import configure_logging, kill_itself_when_parent_died
 
     configure_logging(config.log_level, prefix="scheduler" if rank is None else f"scheduler tp{rank.rank}")
@@ -272,7 +277,7 @@ def run_scheduler_process(config: SchedulerConfig, port_args: Optional[PortArgs]
 
     signal.signal(signal.SIGTERM, finish_stores)
     try:
-        scheduler.event_loop()
+        scheduler.event_loop(loop_heartbeat)
     except InvariantError:
         logger.exception("scheduler invariant broken: stopping")
         if rank is not None:
