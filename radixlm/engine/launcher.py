@@ -4,7 +4,8 @@ See docs/architecture.md, "Processes".
 The watchdog ends the engine when a child process exits, when a tp rank stops beating its
 heartbeat, when the scheduler's or the detokenizer's loop completes no iteration for
 --watchdog-timeout seconds while a request (or a control call) has waited that long (its loop
-heartbeat; an idle loop still beats once a second)."""
+heartbeat; an idle loop still beats once a second), or when the tokenizer manager's receive loop
+failed."""
 
 from __future__ import annotations
 
@@ -106,6 +107,8 @@ def stop_processes(procs: list, port_args: Optional[PortArgs] = None, grace: flo
 class WatchedFrontEnd(Protocol):
     """What the watchdog reads of the tokenizer manager (from its own thread)."""
 
+    loop_failure: Optional[str]  # set when its receive loop failed: the engine is unusable
+
     def pending_age(self) -> float:
         """Seconds the oldest request or control call still waiting on the engine has waited (0: none)."""
 
@@ -115,13 +118,13 @@ def watch_processes(procs: list, on_dead: Callable[[str], None], stopped: Callab
                     watchdog_timeout: Optional[float] = None) -> threading.Thread:
     """A daemon thread that calls on_dead(message) once if a child process exits unasked, a
     scheduler rank stops beating its heartbeat, or (with front and watchdog_timeout) a loop stalls
-    with work pending."""
+    with work pending or the front end's receive loop failed."""
 
     def run():
         while not stopped():
             message = dead_message(procs)
             if not message and front is not None:
-                message = stalled_message(procs, front, watchdog_timeout)
+                message = stalled_message(procs, front, watchdog_timeout) or front.loop_failure
             if message and not stopped():
                 on_dead(message)
                 return

@@ -23,6 +23,7 @@ from radixlm.config import PortArgs
 from radixlm.distributed.rank import beat
 from radixlm.ipc import (
     AbortReq,
+    ControlFailed,
     FinishAbort,
     FlushCacheReq,
     FlushCacheReqOutput,
@@ -61,6 +62,8 @@ logger = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 1000  # nothing to do: wait this long for a message
 PENDING_POLL_MS = 2  # only compiles or storage reads pending: look again soon
+# The reply each control call waits for (ControlFailed names it when the call raised).
+_CONTROL_REPLIES = {FlushCacheReq: FlushCacheReqOutput, GetInternalStateReq: GetInternalStateReqOutput}
 
 
 class Scheduler:
@@ -187,6 +190,8 @@ class Scheduler:
             if isinstance(msg, TokenizedGenerateReqInput):
                 self.outputs.reject(msg.rid, len(msg.input_ids),
                                     FinishAbort(f"internal error: {type(e).__name__}: {e}", 500))
+            elif type(msg) in _CONTROL_REPLIES:  # its caller waits for an answer
+                self.io.reply(ControlFailed(_CONTROL_REPLIES[type(msg)]))
 
     def _log_decode(self) -> None:
         if self.stats.decode_steps % self.decode_log_interval == 0:
@@ -285,6 +290,9 @@ def run_scheduler_process(config: SchedulerConfig, port_args: Optional[PortArgs]
         raise
     except Exception:
         if rank is None:
+            # Not one request's failure (those are contained where they happen): the scheduler's
+            # state is unknown, so it stops, and the server exits or (--restart-on-failure) restarts.
+            logger.exception("scheduler step failed: stopping")
             raise
         # A rank whose peer died (or that failed) exits now: the interpreter's teardown would wait on
         # the process group's pending work, up to --dist-timeout.
