@@ -110,6 +110,9 @@ class ServerArgs:
     incremental_streaming_output: bool = False  # stream text deltas instead of cumulative text
     stream_interval: int = 1  # tokens per streamed chunk (a request's sampling_params.stream_interval wins)
     watchdog_interval: float = 0.5  # seconds between checks that the child processes live
+    # A scheduler (or detokenizer) loop that completes no iteration for this long while a request
+    # waits as long is hung: killed, then handled as a dead process (SGLang's flag and default).
+    watchdog_timeout: float = 300.0
     # Faults (docs/reliability.md): when the scheduler or detokenizer dies, in-flight requests fail
     # with a 503 and /health answers 503; then the server exits non-zero after engine_failure_exit_delay
     # seconds (time for health checkers to see it), or, with restart_on_failure, starts a new engine.
@@ -155,6 +158,8 @@ class ServerArgs:
             raise ValueError(f"max_request_body_bytes must be >= 1, got {self.max_request_body_bytes}")
         if self.graceful_shutdown_timeout < 0 or self.engine_failure_exit_delay < 0:
             raise ValueError("graceful_shutdown_timeout and engine_failure_exit_delay must be >= 0")
+        if not self.watchdog_timeout > 0:
+            raise ValueError(f"watchdog_timeout must be > 0, got {self.watchdog_timeout}")
         if self.decode_kv_mirror_gb is not None and self.decode_kv_mirror_gb < 0:
             raise ValueError(f"decode_kv_mirror_gb must be >= 0, got {self.decode_kv_mirror_gb}")
         if self.max_client_batch_size < 1:
@@ -199,6 +204,9 @@ class ServerArgs:
             "restart_on_failure": "when the scheduler or detokenizer process dies, start a new engine (in-flight "
             "requests fail with a 503) instead of exiting non-zero",
             "engine_failure_exit_delay": "seconds the server keeps answering 503 after its engine died, before it exits",
+            "watchdog_timeout": "seconds the scheduler's (or detokenizer's) loop may go without completing an "
+            "iteration while a request waits: then it counts as hung, /health answers 503, in-flight requests fail "
+            "with a 503 and the engine is killed (restarted with --restart-on-failure, else the server exits)",
             "graceful_shutdown_timeout": "on SIGTERM, seconds in-flight requests may take to finish before every "
             "process stops (new connections are refused at once)",
             "max_request_body_bytes": "larger request bodies are refused with 413",

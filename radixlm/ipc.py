@@ -106,6 +106,13 @@ class GetInternalStateReqOutput:
 
 
 @dataclass
+class ControlFailed:
+    """The scheduler's answer to a control call that raised (the details are in its log)."""
+
+    reply_type: type  # the reply the call was waiting for (FlushCacheReqOutput, ...)
+
+
+@dataclass
 class ReqOutputChunk:
     """What one request produced since its last chunk (ids and logprobs are increments)."""
 

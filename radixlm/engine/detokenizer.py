@@ -3,6 +3,7 @@ scheduler's critical path."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 from dataclasses import dataclass, field
@@ -12,7 +13,7 @@ import zmq
 
 from radixlm import stop_match
 from radixlm.config import PortArgs
-from radixlm.ipc import BatchStrOut, BatchTokenIDOut, FinishStop, ReqOutputChunk, ReqStrChunk
+from radixlm.ipc import BatchStrOut, BatchTokenIDOut, FinishAbort, FinishStop, ReqOutputChunk, ReqStrChunk
 from radixlm.sampling_params import brief_repr
 
 logger = logging.getLogger(__name__)
@@ -108,7 +109,22 @@ def _regex_stop_start(text: str, pattern: str) -> int:
     return start + hit[1].start() if hit is not None else -1
 
 
-def run_detokenizer_process(tokenizer_path: str, log_level: str, port_args: PortArgs) -> None:
+def _step_or_fail(detok: IncrementalDetokenizer, c: ReqOutputChunk) -> ReqStrChunk:
+    """The request's text after chunk c; if decoding it raises, the request fails alone (an internal
+    error, 500: the tokenizer manager answers it and aborts it in the scheduler), the others go on."""
+    try:
+        return ReqStrChunk(c, detok.step(c))
+    except Exception as e:  # noqa: BLE001
+        logger.exception("request %s: detokenizing failed", c.rid)
+        detok.states.pop(c.rid, None)
+        failed = dataclasses.replace(c, finished_reason=FinishAbort(f"internal error: detokenizer: {type(e).__name__}: "
+                                                                    f"{e}", 500))
+        return ReqStrChunk(failed, "")
+
+
+def run_detokenizer_process(tokenizer_path: str, log_level: str, port_args: PortArgs, heartbeat=None) -> None:
+    """heartbeat: beaten after every message and every idle second (the launcher's --watchdog-timeout)."""
+    from radixlm.distributed.rank import beat
     from radixlm.model.loader import load_tokenizer
     from radixlm.utils import configure_logging, kill_itself_when_parent_died
 
@@ -123,8 +139,11 @@ def run_detokenizer_process(tokenizer_path: str, log_level: str, port_args: Port
     send = ctx.socket(zmq.PUSH)
     send.connect(port_args.tokenizer_ipc_name)
     while True:
+        beat(heartbeat)
+        if not recv.poll(1000):
+            continue
         msg = recv.recv_pyobj()
         if isinstance(msg, BatchTokenIDOut):
-            send.send_pyobj(BatchStrOut([ReqStrChunk(c, detok.step(c)) for c in msg.chunks]))
+            send.send_pyobj(BatchStrOut([_step_or_fail(detok, c) for c in msg.chunks]))
         else:
             logger.error("unknown message %r", type(msg))

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixlm.engine.tokenizer_manager import EngineDeadError
+from radixlm.engine.tokenizer_manager import EngineDeadError, InternalRequestError
 from radixlm.engine.tokenizer_pool import TokenizerTimeout
 from radixlm.http_access import AccessMiddleware, Refusal, abort_target
 from radixlm.http_common import error_json
@@ -146,6 +146,8 @@ async def _stream_native(state: ServerState, gen: AsyncIterator):
         yield sse_error(e.status, e.message, e.kind)
     except TokenizerTimeout as e:
         yield sse_error(504, str(e), "server_error")
+    except InternalRequestError as e:
+        yield sse_error(500, str(e), "server_error")
     yield SSE_DONE
 
 
@@ -169,7 +171,7 @@ async def health_generate(request: Request):
     try:
         async for _ in state.tokenizer_manager.generate_request(obj):
             pass
-    except EngineDeadError as e:
+    except (EngineDeadError, InternalRequestError) as e:
         return Response(str(e), status_code=503)
     return Response(status_code=200)
 
@@ -346,6 +348,13 @@ def create_app(state_factory) -> FastAPI:
     @app.exception_handler(TokenizerTimeout)
     async def _tokenizer_timeout(request: Request, e: TokenizerTimeout):
         return error_json(504, str(e), "server_error")
+
+    @app.exception_handler(InternalRequestError)
+    async def _failed(request: Request, e: InternalRequestError):
+        # Generic, with the request id the server log names (tokenizer_manager.py logs the details).
+        response = error_json(500, str(e), "server_error")
+        response.headers["X-Request-Id"] = e.rid
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, e: RequestValidationError):

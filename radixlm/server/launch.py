@@ -1,6 +1,6 @@
 """`radixlm serve`: start the engine processes, then the HTTP server on this process; watch the
-engine and, when one of its processes dies, exit non-zero or (--restart-on-failure) start a new
-engine. See docs/architecture.md, "Processes", and docs/reliability.md."""
+engine and, when one of its processes dies or hangs (--watchdog-timeout), exit non-zero or
+(--restart-on-failure) start a new engine. See docs/architecture.md, "Processes", and docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ class EngineSupervisor:
         loop = asyncio.get_running_loop()
         procs = self.procs
         watch_processes(procs, lambda msg: loop.call_soon_threadsafe(self._on_dead, tm, msg),
-                        lambda: self.stopping or procs is not self.procs, self.server_args.watchdog_interval)
+                        lambda: self.stopping or procs is not self.procs, self.server_args.watchdog_interval,
+                        tm, self.server_args.watchdog_timeout)
         return tm
 
     def _on_dead(self, tm, message: str) -> None:

@@ -16,7 +16,7 @@ from typing import Any, AsyncIterator, Optional
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from radixlm.engine.tokenizer_manager import EngineDeadError
+from radixlm.engine.tokenizer_manager import EngineDeadError, InternalRequestError
 from radixlm.ipc import GenerateReqInput
 from radixlm.sampling_params import SamplingParams, SamplingParamsError
 from radixlm.server.api_common import (
@@ -253,6 +253,8 @@ async def _stream(state: ServerState, job: _Job, gen: AsyncIterator, first: dict
         yield sse_error(400, str(e), "invalid_request_error")
     except EngineDeadError as e:
         yield sse_error(503, str(e), "server_error")
+    except InternalRequestError as e:
+        yield sse_error(500, str(e), "server_error")
     finally:
         # Closing the native generator aborts whatever still runs (client gone, error). A
         # cancellation (disconnect) is not caught above, so it propagates after this.
