@@ -192,6 +192,8 @@ async def server_info(request: Request):
     args = dataclasses.asdict(s.server_args)
     if args.get("api_key"):
         args["api_key"] = "***"
+    if args.get("hicache_storage_key"):
+        args["hicache_storage_key"] = "***"
     return {
         **args,
         "version": __version__,
