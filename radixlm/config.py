@@ -96,6 +96,9 @@ class ServerArgs:
     hicache_storage_dir: Optional[str] = None  # default $RADIXLM_CACHE_DIR/hicache (~/.cache/radixlm/hicache)
     hicache_storage_size_gb: float = 16.0  # least recently used chunks go past this (0: unbounded)
     hicache_storage_chunk_size: int = 64  # tokens per stored chunk
+    # The stored chunks' MAC key (and their names'); None: $RADIXLM_HICACHE_STORAGE_KEY, else a random
+    # key kept 0600 in the directory (.key). Not shown by /get_server_info.
+    hicache_storage_key: Optional[str] = dataclasses.field(default=None, repr=False)
 
     # HTTP server
     host: str = "127.0.0.1"
@@ -234,6 +237,9 @@ class ServerArgs:
             "hicache_storage_dir": "the file backend's directory (default: $RADIXLM_CACHE_DIR/hicache)",
             "hicache_storage_size_gb": "the file backend's size bound in GiB (least recently used chunks go; 0: none)",
             "hicache_storage_chunk_size": "tokens per stored chunk (a prefix is stored in whole chunks)",
+            "hicache_storage_key": "secret (16+ characters) that authenticates the stored chunks (HMAC-SHA256) and "
+            "keys their file names; default: $RADIXLM_HICACHE_STORAGE_KEY, else a random key created 0600 in "
+            "--hicache-storage-dir/.key (servers sharing the directory share it)",
             "tp_size": "tensor parallelism: N ranks (scheduler processes), each with 1/N of every layer and its "
             "share of the cores (--num-threads is per rank)",
             "nnodes": "hosts the tp ranks are spread over (each runs tp_size / nnodes ranks)",

@@ -4,7 +4,7 @@ where their choices live."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from radixlm.cache.host_pool import HICACHE_DTYPES
@@ -14,6 +14,8 @@ if TYPE_CHECKING:
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 STORAGE_BACKENDS = ("file",)
+STORAGE_KEY_ENV = "RADIXLM_HICACHE_STORAGE_KEY"  # the key without putting it on a command line
+MIN_KEY_CHARS = 16
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,7 @@ class HiCacheConfig:
     storage_dir: str = ""
     storage_size_gb: float = 16.0  # 0: unbounded
     storage_chunk_size: int = 64  # tokens per stored chunk
+    storage_key: Optional[str] = field(default=None, repr=False)  # None: the directory's key file
 
     def __post_init__(self):
         def bad(field: str, why: str):
@@ -45,6 +48,9 @@ class HiCacheConfig:
             bad("storage_size_gb", "must be >= 0")
         if self.storage_chunk_size < 1:
             bad("storage_chunk_size", "must be >= 1")
+        if self.storage_key is not None and len(self.storage_key) < MIN_KEY_CHARS:
+            # The value itself stays out of the message (it is a secret, however weak).
+            raise ValueError(f"hicache_storage_key must have at least {MIN_KEY_CHARS} characters")
 
     @classmethod
     def from_server_args(cls, args: "ServerArgs") -> Optional["HiCacheConfig"]:
@@ -52,7 +58,8 @@ class HiCacheConfig:
         --enable-hierarchical-cache is off."""
         config = cls(args.hicache_ratio, args.hicache_size, args.hicache_write_policy, args.hicache_dtype,
                      args.hicache_storage_backend, storage_dir(args.hicache_storage_dir), args.hicache_storage_size_gb,
-                     args.hicache_storage_chunk_size)
+                     args.hicache_storage_chunk_size,
+                     args.hicache_storage_key or (args.hicache_storage_backend and os.environ.get(STORAGE_KEY_ENV)) or None)
         if not args.enable_hierarchical_cache:
             if args.hicache_storage_backend is not None:
                 raise ValueError("hicache_storage_backend needs enable_hierarchical_cache (--enable-hierarchical-cache)")

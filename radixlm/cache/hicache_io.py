@@ -77,6 +77,7 @@ class HiCacheIO:
         self.writes: queue.Queue = queue.Queue()
         self.pending_keys: set[str] = set()  # queued or being written (scheduler thread adds)
         self._lock = threading.Lock()
+        self._logged: set[str] = set()  # failure kinds logged once already
         self.writer = threading.Thread(target=self._write_loop, name="radixlm-hicache-write", daemon=True)
         self.writer.start()
 
@@ -88,10 +89,25 @@ class HiCacheIO:
         return f
 
     def _read(self, key: str, token_ids: list[int]) -> Optional[KVData]:
-        data = self.storage.get(key, token_ids)
+        """The chunk, or None: whatever goes wrong in the backend is a cache miss, and what reaches
+        the tree has the pool's layout (a wrong one would fail in the scheduler's step)."""
+        try:
+            data = self.storage.get(key, token_ids)
+        except Exception:  # noqa: BLE001 - a failed read loses that chunk only
+            self._failed("read_errors", "reading a KV chunk failed")
+            return None
+        if data is not None and not self.storage.layout.fits(data):
+            self._failed("corrupt_chunks", "a stored KV chunk of another layout")
+            return None
         if data is not None:
             self.stats.count("bytes_from_l3", data.nbytes)
         return data
+
+    def _failed(self, counter: str, message: str) -> None:
+        self.stats.count(counter)
+        if counter not in self._logged:
+            self._logged.add(counter)
+            logger.exception("hicache: %s (further ones are counted in %s)", message, counter)
 
     def forget(self, keys: list[str]) -> None:
         for k in keys:
@@ -126,8 +142,7 @@ class HiCacheIO:
                     self.stats.count("bytes_to_l3", data.nbytes)
                     self.stats.count("l3_chunks_written")
             except Exception:  # noqa: BLE001 - a failed store loses that chunk only
-                logger.exception("hicache: storing a KV chunk failed")
-                self.stats.count("write_errors")
+                self._failed("write_errors", "storing a KV chunk failed")
             finally:
                 with self._lock:
                     self.pending_keys.discard(key)

@@ -350,6 +350,7 @@ def create_hiradix_cache(config: "HiCacheConfig", pool: TokenToKVPool,
     when there is a storage tier: it reads the weights and the tokenizer)."""
     from radixlm.cache.host_pool import host_dtype_for
     from radixlm.cache.storage import create_storage
+    from radixlm.cache.storage_codec import ChunkLayout
     from radixlm.cache.storage_tier import StorageTier
 
     dtype = host_dtype_for(pool.dtype, config.dtype)
@@ -360,8 +361,9 @@ def create_hiradix_cache(config: "HiCacheConfig", pool: TokenToKVPool,
     stats, storage = HiCacheStats(), NoStorageTier()
     if config.storage_backend is not None:
         key = model_key(dtype)
-        backend = create_storage(config.storage_backend, config.storage_dir, key,
-                                 int(config.storage_size_gb * 2**30), stats)
+        layout = ChunkLayout(pool.num_layers, pool.num_kv_heads, pool.head_dim, dtype, config.storage_chunk_size)
+        backend = create_storage(config.storage_backend, config.storage_dir, key, layout,
+                                 int(config.storage_size_gb * 2**30), stats, config.storage_key)
         storage = StorageTier(backend, key, config.storage_chunk_size, stats)
     logger.info("hierarchical cache: L2 %d tokens (%.1f MiB, %s), write policy %s%s", size, size * per_token / 2**20,
                 str(dtype).replace("torch.", ""), config.write_policy,

@@ -5,35 +5,57 @@ covers tokens [i*C, (i+1)*C)), like LMCache. A chunk's key chains the hashes of 
 before it and starts from the *model key* (weights, KV element type, tokenizer), so a chunk only
 ever matches the same tokens at the same position under the same model.
 
-The file backend (HiCacheFile) writes one file per chunk: a temporary name and an atomic rename
-(a crash never leaves a partial file under a real name), with a header naming the model key, the
-chunk key and its token ids, and a CRC32 over everything; a file that fails any check is skipped
-with a warning, never served, and removed (the next store of that chunk replaces it). Size-bounded: past `max_bytes`, least recently used files go.
+The file backend (HiCacheFile) writes one file per chunk, named by an HMAC of the chunk key (the
+name tells nothing about the prompt without the storage secret), under a temporary name and an
+atomic rename (a crash never leaves a partial file under a real name). What is in a file and the
+checks it passes before it is served: storage_codec.py; the directory, the secret, sharing it
+between servers: storage_dir.py. A file that fails any check, and any error reading one, is a
+cache miss: counted (`corrupt_chunks`, `read_errors`), logged once, the file removed when it is
+wrong (the next store of that chunk replaces it); never an exception in the scheduler.
+
+Servers sharing a directory: one byte count for all of them (`--hicache-storage-size-gb` bounds
+the directory, least recently used files first, whoever wrote them), and each file names its
+writer's owner id: `/flush_cache?level=l3` removes this server's files only. Every server with the
+secret reads every file.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
+import hmac
 import json
 import logging
 import os
 import struct
-import threading
 import time
 import uuid
-import zlib
+import weakref
 from abc import ABC, abstractmethod
 from typing import Optional
 
 import torch
 
 from radixlm.cache.kv_data import KVData
+from radixlm.cache.storage_codec import MAX_HEADER, ChunkLayout, StorageError, decode_chunk, encode_chunk, read_owner
+from radixlm.cache.storage_dir import (
+    SUFFIX,
+    DirUsage,
+    UnsafeFileError,
+    claim_owner,
+    open_private_dir,
+    open_regular,
+    read_all,
+    storage_secret,
+    write_new,
+)
 
 logger = logging.getLogger(__name__)
 
-MAGIC = b"RLMKV001"
-SUFFIX = ".kv"
-_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int8": torch.int8}
+# Evicting for room frees down to this share of the bound, so that a full directory is recounted
+# once per tenth of its size written rather than at every store.
+LOW_WATERMARK = 0.9
+STALE_TMP_SECONDS = 3600
 
 
 def chunk_keys(model_key: str, token_ids: list[int], chunk_size: int, n_chunks: int) -> list[str]:
@@ -67,63 +89,11 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(json.dumps([vocab, tokenizer.all_special_tokens]).encode()).hexdigest()
 
 
-class StorageError(Exception):
-    """A stored chunk that must not be served (truncated, corrupted, another model's)."""
-
-
-def encode_chunk(model_key_: str, key: str, token_ids: list[int], data: KVData) -> bytes:
-    dtype = str(data.k.dtype).replace("torch.", "")
-    header = json.dumps({"model_key": model_key_, "key": key, "token_ids": token_ids, "dtype": dtype,
-                         "shape": list(data.k.shape), "scales": data.k_scale is not None}).encode()
-    parts = [MAGIC, struct.pack("<I", len(header)), header]
-    for t in data.tensors():
-        parts.append(t.contiguous().view(torch.uint8).numpy().tobytes())
-    body = b"".join(parts)
-    return body + struct.pack("<I", zlib.crc32(body))
-
-
-def decode_chunk(blob, model_key_: str, key: str, token_ids: list[int]) -> KVData:
-    """The chunk in blob (a writable buffer; its tensors share blob's memory), or StorageError
-    naming what is wrong."""
-    mv = memoryview(blob).cast("B")
-    if len(blob) < len(MAGIC) + 8 or bytes(mv[: len(MAGIC)]) != MAGIC:
-        raise StorageError("not a radixlm KV chunk (bad magic or too short)")
-    (crc,) = struct.unpack("<I", mv[-4:])
-    if zlib.crc32(mv[:-4]) != crc:
-        raise StorageError("checksum mismatch (truncated or corrupted)")
-    end = len(blob) - 4
-    (hlen,) = struct.unpack("<I", mv[len(MAGIC) : len(MAGIC) + 4])
-    start = len(MAGIC) + 4 + hlen
-    try:
-        header = json.loads(bytes(mv[len(MAGIC) + 4 : start]))
-    except ValueError as e:
-        raise StorageError(f"unreadable header: {e}") from None
-    if not isinstance(header, dict) or header.get("model_key") != model_key_:
-        raise StorageError("written by another model, KV dtype or tokenizer")
-    if header.get("key") != key or header.get("token_ids") != token_ids:
-        raise StorageError("holds other tokens than its name says")
-    dtype = _DTYPES.get(header.get("dtype"))
-    shape = header.get("shape")
-    if dtype is None or not isinstance(shape, list) or len(shape) != 4 or shape[1] != len(token_ids):
-        raise StorageError("bad header")
-    scales = bool(header.get("scales"))
-    sizes = [shape, shape] + ([shape[:3], shape[:3]] if scales else [])
-    dtypes = [dtype, dtype] + ([torch.float32] * 2 if scales else [])
-    tensors, off = [], start
-    for size, dt in zip(sizes, dtypes):
-        count = int(torch.Size(size).numel())
-        n = count * torch.tensor([], dtype=dt).element_size()
-        if off + n > end:
-            raise StorageError("payload shorter than its header says")
-        tensors.append(torch.frombuffer(mv, dtype=dt, count=count, offset=off).view(size))
-        off += n
-    if off != end:
-        raise StorageError("payload longer than its header says")
-    return KVData(*tensors)
-
-
 class HiCacheStorage(ABC):
-    """L3 backend interface (SGLang's HiCacheStorage shape): values are whole chunks."""
+    """L3 backend interface (SGLang's HiCacheStorage shape): values are whole chunks, each of
+    `layout` (what get returns is checked against it again before it reaches the tree)."""
+
+    layout: ChunkLayout
 
     @abstractmethod
     def get(self, key: str, token_ids: list[int]) -> Optional[KVData]:
@@ -137,123 +107,213 @@ class HiCacheStorage(ABC):
         """Store a chunk; False when it could not be written (the backend reports why)."""
 
     def clear(self) -> None:
-        """Remove every chunk."""
+        """Remove every chunk (of this server, where servers share the storage)."""
+
+    def close(self) -> None:
+        pass
+
+
 
 
 class HiCacheFile(HiCacheStorage):
-    def __init__(self, directory: str, model_key_: str, max_bytes: int = 0, stats=None):
+    def __init__(self, directory: str, model_key_: str, layout: ChunkLayout, max_bytes: int = 0, stats=None,
+                 storage_key: Optional[str] = None):
         self.dir = os.path.abspath(directory)
         self.model_key = model_key_
+        self.layout = layout
         self.max_bytes = max_bytes  # 0: unbounded
         self.stats = stats
-        self.lock = threading.Lock()  # the writer thread and the prefetch threads share the index
-        os.makedirs(self.dir, exist_ok=True)
-        # name -> (last use, size): LRU order for the size bound; files of other servers sharing the
-        # directory are found by their name (exists / get look at the file system, not this index).
-        self.index: dict[str, tuple[float, int]] = {}
-        now = time.time()
-        for entry in os.scandir(self.dir):
-            if entry.name.endswith(SUFFIX) and not entry.name.startswith("."):
-                st = entry.stat()
-                self.index[entry.name[: -len(SUFFIX)]] = (st.st_mtime, st.st_size)
-            elif entry.name.endswith(".tmp") and now - entry.stat().st_mtime > 3600:
-                _unlink(entry.path)  # left behind by a crash long ago
-        self.bytes = sum(size for _, size in self.index.values())
+        self._reported: set[str] = set()
+        self.dir_fd = open_private_dir(self.dir)
+        fds = [self.dir_fd]
+        try:
+            self.secret = storage_secret(self.dir_fd, storage_key)
+            self.owner, self._owner_fd = claim_owner(self.dir_fd, hashlib.sha256(model_key_.encode()).hexdigest()[:12])
+            fds.append(self._owner_fd)
+            self.usage = DirUsage(self.dir_fd)
+            fds.append(self.usage.fd)
+            with self.usage:
+                self.usage.recount()  # another server may have died mid-update
+            self._remove_stale_tmp()
+        except (OSError, ValueError) as e:
+            for fd in fds:
+                os.close(fd)
+            if isinstance(e, ValueError):
+                raise
+            raise ValueError(f"hicache_storage_dir {self.dir}: {e.strerror or e}") from None
+        # The descriptors close once nothing can use them (the I/O threads hold this object).
+        weakref.finalize(self, _close_all, fds)
 
-    def _path(self, key: str) -> str:
-        return os.path.join(self.dir, key + SUFFIX)
+    def _remove_stale_tmp(self) -> None:
+        now = time.time()
+        with os.scandir(self.dir_fd) as it:
+            for entry in it:
+                if entry.name.endswith(".tmp") and now - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_SECONDS:
+                    _unlink(self.dir_fd, entry.name)  # left behind by a crash long ago
+
+    @property
+    def bytes(self) -> int:
+        """The directory's chunk bytes, all servers' (as last seen)."""
+        return self.usage.cached
+
+    def name(self, key: str) -> str:
+        return hmac.new(self.secret, b"radixlm-kv-name\0" + key.encode(), hashlib.sha256).hexdigest() + SUFFIX
+
+    def path(self, key: str) -> str:
+        return os.path.join(self.dir, self.name(key))
 
     def exists(self, key: str) -> bool:
-        return os.path.exists(self._path(key))
+        """Anything under the chunk's name (get inspects it: a planted file is reported there)."""
+        try:
+            os.stat(self.name(key), dir_fd=self.dir_fd, follow_symlinks=False)
+            return True
+        except OSError:
+            return False
 
     def get(self, key: str, token_ids: list[int]) -> Optional[KVData]:
-        path = self._path(key)
+        name = self.name(key)
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                # Uninitialized memory (a bytearray would be zero-filled first: ~15% of a load).
-                blob = torch.empty(size, dtype=torch.uint8).numpy()
-                if f.readinto(blob) != size:
-                    raise OSError("short read")
+            fd, st = open_regular(self.dir_fd, name, self.layout.max_file_bytes)
         except FileNotFoundError:
             return None
+        except UnsafeFileError as e:
+            return self._reject(name, None, f"{e.strerror}")
         except OSError as e:
-            self._report("read_errors", f"cannot read {path}: {e}")
+            self._report("read_errors", f"cannot read {name}: {e}")
             return None
         try:
-            data = decode_chunk(blob, self.model_key, key, token_ids)
+            # Uninitialized memory (a bytearray would be zero-filled first: ~15% of a load).
+            blob = torch.empty(st.st_size, dtype=torch.uint8).numpy()
+            read_all(fd, blob)
+        except OSError as e:
+            self._report("read_errors", f"cannot read {name}: {e}")
+            return None
+        finally:
+            os.close(fd)
+        try:
+            data = decode_chunk(blob, self.secret, self.model_key, key, token_ids, self.layout)
         except StorageError as e:
-            # Wrong under this name whatever it holds: remove it so the next store replaces it.
-            self._report("corrupt_chunks", f"skipping stored KV chunk {path}: {e} (removed)")
-            with self.lock:
-                old = self.index.pop(key, None)
-                self.bytes -= old[1] if old else 0
-            _unlink(path)
-            return None
-        with self.lock:
-            self.index[key] = (time.time(), len(blob))
+            return self._reject(name, st, str(e))
         try:
-            os.utime(path)  # LRU by modification time, also across restarts
+            os.utime(name, dir_fd=self.dir_fd, follow_symlinks=False)  # LRU by modification time, across restarts
         except OSError:
             pass
         return data
 
+    def _reject(self, name: str, st: Optional[os.stat_result], why: str) -> None:
+        """A file under a chunk's name that must not be served: removed (unless it was replaced meanwhile)."""
+        self._report("corrupt_chunks", f"skipping stored KV chunk {name}: {why} (removed)")
+        with self.usage:
+            try:
+                now = os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False)
+            except OSError:
+                return None
+            if st is None or (now.st_ino, now.st_dev) == (st.st_ino, st.st_dev):
+                _unlink(self.dir_fd, name)
+                if st is not None:
+                    self.usage.write(self.usage.read() - st.st_size)
+        return None
+
     def set(self, key: str, token_ids: list[int], data: KVData) -> bool:
-        blob = encode_chunk(self.model_key, key, token_ids, data)
-        tmp = os.path.join(self.dir, f".{key}.{uuid.uuid4().hex[:8]}.tmp")
+        if not self.layout.fits(data):
+            raise ValueError(f"a KV chunk of another layout than {self.layout}")
+        blob = encode_chunk(self.secret, self.model_key, key, token_ids, data, self.owner)
+        if self.max_bytes and len(blob) > self.max_bytes:
+            self._report("write_errors", f"a KV chunk of {len(blob)} bytes exceeds the storage bound")
+            return False
+        name = self.name(key)
+        tmp = f".{name[:16]}.{uuid.uuid4().hex[:8]}.tmp"
         try:
-            with open(tmp, "wb") as f:
-                f.write(blob)
-            os.replace(tmp, self._path(key))
+            write_new(self.dir_fd, tmp, blob)
+            with self.usage:
+                try:
+                    old = os.stat(name, dir_fd=self.dir_fd, follow_symlinks=False).st_size
+                except FileNotFoundError:
+                    old = 0
+                total = self.usage.read() + len(blob) - old
+                if self.max_bytes and total > self.max_bytes:
+                    total = self._evict(len(blob) - old)
+                os.replace(tmp, name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
+                self.usage.write(total)
         except OSError as e:  # full disk, permissions: this chunk is not stored, nothing else changes
-            _unlink(tmp)
+            _unlink(self.dir_fd, tmp)
             self._report("write_errors", f"cannot store a KV chunk in {self.dir}: {e}")
             return False
-        with self.lock:
-            old = self.index.get(key)
-            self.bytes += len(blob) - (old[1] if old else 0)
-            self.index[key] = (time.time(), len(blob))
-            victims = self._over_budget()
-        for victim in victims:
-            _unlink(self._path(victim))
         return True
 
-    def _over_budget(self) -> list[str]:
-        if not self.max_bytes or self.bytes <= self.max_bytes:
-            return []
-        victims = []
-        for name, (_, size) in sorted(self.index.items(), key=lambda kv: kv[1][0]):
-            if self.bytes <= self.max_bytes:
+    def _evict(self, adding: int) -> int:
+        """Recount the directory and remove least recently used files (any server's) until `adding`
+        more bytes fit under the low watermark; the new total. Holds the usage lock."""
+        files = sorted(self.usage.files())
+        total = sum(size for _, size, _ in files)
+        goal = int(self.max_bytes * LOW_WATERMARK)
+        for _, size, name in files:
+            if total + adding <= goal:
                 break
-            victims.append(name)
-            self.bytes -= size
-            del self.index[name]
-        return victims
+            _unlink(self.dir_fd, name)
+            total -= size
+        return total + adding
 
     def clear(self) -> None:
-        with self.lock:
-            self.index, self.bytes = {}, 0
-        for entry in os.scandir(self.dir):
-            if entry.name.endswith(SUFFIX):
-                _unlink(entry.path)
+        """Remove this server's files (those naming its owner id) and files no server can use (an
+        older format's, a broken header); other servers' stay."""
+        try:
+            with self.usage:
+                for _, _, name in self.usage.files():
+                    if self._owner_of(name) in (self.owner, None):
+                        _unlink(self.dir_fd, name)
+                self.usage.recount()
+        except OSError as e:
+            self._report("write_errors", f"cannot clear {self.dir}: {e}")
+
+    def _owner_of(self, name: str) -> Optional[str]:
+        """The owner id a file names; None when it is not a readable chunk of this format."""
+        try:
+            fd, _ = open_regular(self.dir_fd, name, 1 << 62)  # another model's chunks may be larger
+        except OSError:
+            return None
+        try:
+            return read_owner(os.pread(fd, 12 + MAX_HEADER, 0))
+        finally:
+            os.close(fd)
 
     def _report(self, counter: str, message: str) -> None:
-        logger.warning("hicache: %s", message)
+        """Count a failure; log the first of each kind (a directory of planted files must not flood
+        the log: the counters in /get_server_info and /metrics say how many)."""
+        if counter not in self._reported:
+            self._reported.add(counter)
+            logger.warning("hicache: %s (further ones are counted in %s, logged at debug level)", message, counter)
+        else:
+            logger.debug("hicache: %s", message)
         if self.stats is not None:
             self.stats.count(counter)
 
+    def close(self) -> None:
+        """Give up the owner id (a server started next in this process may take it)."""
+        fcntl.flock(self._owner_fd, fcntl.LOCK_UN)
 
-def _unlink(path: str) -> None:
+
+def _close_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.close(fd)
+
+
+def _unlink(dir_fd: int, name: str) -> None:
     try:
-        os.unlink(path)
+        os.unlink(name, dir_fd=dir_fd)
+    except IsADirectoryError:
+        try:
+            os.rmdir(name, dir_fd=dir_fd)  # a directory planted under a chunk's name (when empty)
+        except OSError:
+            pass
     except OSError:
         pass
 
 
-def create_storage(backend: Optional[str], directory: str, model_key_: str, max_bytes: int,
-                   stats=None) -> Optional[HiCacheStorage]:
+def create_storage(backend: Optional[str], directory: str, model_key_: str, layout: ChunkLayout, max_bytes: int,
+                   stats=None, storage_key: Optional[str] = None) -> Optional[HiCacheStorage]:
     if backend is None:
         return None
     if backend == "file":
-        return HiCacheFile(directory, model_key_, max_bytes, stats)
+        return HiCacheFile(directory, model_key_, layout, max_bytes, stats, storage_key)
     raise ValueError(f"unknown hicache storage backend {backend!r} (known: file)")

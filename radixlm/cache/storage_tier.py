@@ -9,12 +9,15 @@ knows how. NoStorageTier is the tier of a hierarchical cache without --hicache-s
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Callable, Hashable, Optional
 
 from radixlm.cache.hicache_io import HiCacheIO, HiCacheStats, Prefetch
 from radixlm.cache.kv_data import KVData
 from radixlm.cache.storage import HiCacheStorage, chunk_keys
+
+logger = logging.getLogger(__name__)
 
 # hang(namespace, token_ids, start, chunks) -> tokens added to L2: the tree's insert of chunks read
 # from L3 covering token_ids[start:].
@@ -127,10 +130,14 @@ class StorageTier(NoStorageTier):
 
     def clear(self) -> None:
         self.io.wait_writes()
-        self.backend.clear()
+        try:
+            self.backend.clear()
+        except Exception:  # noqa: BLE001 - a flush that could not remove files is no scheduler failure
+            logger.exception("hicache: clearing the storage failed")
 
     def close(self) -> None:
         self.io.close()
+        self.backend.close()
 
     def info(self) -> dict:
         return {"l3_bytes": getattr(self.backend, "bytes", None)}

@@ -198,7 +198,7 @@ async def server_info(request: Request):
     s = srv(request)
     internal = await s.tokenizer_manager.get_internal_state()
     args = dataclasses.asdict(s.server_args)
-    for secret in ("api_key", "admin_api_key"):
+    for secret in ("api_key", "admin_api_key", "hicache_storage_key"):
         if args.get(secret):
             args[secret] = "***"
     return {

@@ -174,12 +174,12 @@ def test_damaged_chunk_is_skipped(tiny_model_dir, tmp_path, how, caplog):
     run(d, ps[:1])
     finish_writes(d)
     keys = chunk_keys(d.s.tree_cache.storage_tier.model_key, ps[0], CHUNK, PREFIX // CHUNK)
-    damage(os.path.join(tmp_path, keys[3] + ".kv"), how)
+    damage(d.s.tree_cache.storage_tier.backend.path(keys[3]), how)
     d2 = hicache(tiny_model_dir, tmp_path)
     got = run(d2, ps[1:])
     assert_same(got, ref, FP16_COPY_TOL)
     assert got[0][2] == 3 * CHUNK  # the chunks before the damaged one, not one token more
-    assert d2.s.tree_cache.stats.corrupt_chunks == 1 and "checksum mismatch" in caplog.text
+    assert d2.s.tree_cache.stats.corrupt_chunks == 1 and "MAC mismatch" in caplog.text
     assert_idle_memory_ok(d2.s)
     finish_writes(d2)  # the recomputed chunk replaced the damaged file
     assert run(hicache(tiny_model_dir, tmp_path), ps[1:])[0][2] == PREFIX // CHUNK * CHUNK
@@ -187,7 +187,7 @@ def test_damaged_chunk_is_skipped(tiny_model_dir, tmp_path, how, caplog):
 
 def test_chunks_of_another_model_are_never_served(tiny_model_dir, tmp_path):
     """Chunks written under another model key (here: float32 copies), renamed to the names this
-    server looks up, fail the header check: skipped, recomputed."""
+    server looks up, fail the MAC (it covers the model key): skipped, recomputed."""
     ps = prompts(2)
     ref = reference(tiny_model_dir, ps[1:])
     other = hicache(tiny_model_dir, tmp_path, hicache_dtype="float32")
@@ -197,7 +197,7 @@ def test_chunks_of_another_model_are_never_served(tiny_model_dir, tmp_path):
     d = hicache(tiny_model_dir, tmp_path)  # float16 copies: another model key
     assert d.s.tree_cache.storage_tier.model_key != other.s.tree_cache.storage_tier.model_key
     for a, b in zip(other_keys, chunk_keys(d.s.tree_cache.storage_tier.model_key, ps[0], CHUNK, PREFIX // CHUNK), strict=True):
-        os.replace(os.path.join(tmp_path, a + ".kv"), os.path.join(tmp_path, b + ".kv"))
+        os.replace(other.s.tree_cache.storage_tier.backend.path(a), d.s.tree_cache.storage_tier.backend.path(b))
     got = run(d, ps[1:])
     assert_same(got, ref, FP16_COPY_TOL)
     assert got[0][2] == 0 and d.s.tree_cache.stats.corrupt_chunks == PREFIX // CHUNK
@@ -206,14 +206,10 @@ def test_chunks_of_another_model_are_never_served(tiny_model_dir, tmp_path):
 def test_full_disk_keeps_serving(tiny_model_dir, tmp_path, monkeypatch, caplog):
     import radixlm.cache.storage as storage_mod
 
-    real_open = open
+    def full_disk(dir_fd, name, data):
+        raise OSError(errno.ENOSPC, "No space left on device", name)
 
-    def full_open(path, mode="r", *a, **kw):
-        if "w" in mode:
-            raise OSError(errno.ENOSPC, "No space left on device", path)
-        return real_open(path, mode, *a, **kw)
-
-    monkeypatch.setattr(storage_mod, "open", full_open, raising=False)
+    monkeypatch.setattr(storage_mod, "write_new", full_disk)
     ps = prompts(3)
     ref = reference(tiny_model_dir, ps)
     d = hicache(tiny_model_dir, tmp_path)
@@ -221,7 +217,7 @@ def test_full_disk_keeps_serving(tiny_model_dir, tmp_path, monkeypatch, caplog):
     finish_writes(d)
     st = d.s.tree_cache.stats
     assert st.write_errors > 0 and st.l3_chunks_written == 0 and "No space left" in caplog.text
-    assert [f for f in os.listdir(tmp_path)] == []
+    assert [f for f in os.listdir(tmp_path) if f.endswith(".kv")] == []
     assert_idle_memory_ok(d.s)
 
 

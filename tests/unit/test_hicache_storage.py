@@ -1,5 +1,6 @@
 """L3 file backend: round trips, the hash chain, and every way a stored chunk can be wrong (each is
-skipped, reported, never served)."""
+skipped, reported, never served); what a local attacker finds on disk (private modes, no token ids,
+keyed names) and what a planted file does (nothing but a miss); two servers on one directory."""
 
 import errno
 import os
@@ -9,9 +10,11 @@ import torch
 
 from radixlm.cache.hicache_io import HiCacheIO, HiCacheStats
 from radixlm.cache.kv_data import KVData
-from radixlm.cache.storage import HiCacheFile, chunk_keys, decode_chunk, encode_chunk
+from radixlm.cache.storage import HiCacheFile, chunk_keys
+from radixlm.cache.storage_codec import ChunkLayout, StorageError, decode_chunk, encode_chunk
 
 C = 8
+SECRET = b"s" * 32
 
 
 def chunk(seed: int, dtype=torch.float16, scales=False) -> KVData:
@@ -29,21 +32,25 @@ def same(a: KVData, b: KVData) -> bool:
     return len(a.tensors()) == len(b.tensors()) and all(torch.equal(x, y) for x, y in zip(a.tensors(), b.tensors()))
 
 
-def store(tmp_path, key="model-a", stats=None, **kw) -> HiCacheFile:
-    return HiCacheFile(str(tmp_path), key, stats=stats or HiCacheStats(), **kw)
+def layout(dtype=torch.float16) -> ChunkLayout:
+    return ChunkLayout(3, 2, 4, dtype, C)
+
+
+def store(tmp_path, key="model-a", stats=None, dtype=torch.float16, **kw) -> HiCacheFile:
+    return HiCacheFile(str(tmp_path), key, layout(dtype), stats=stats or HiCacheStats(), **kw)
 
 
 @pytest.mark.parametrize("dtype,scales", [(torch.float32, False), (torch.float16, False), (torch.bfloat16, False),
                                           (torch.int8, True)])
 def test_round_trip_every_dtype(tmp_path, dtype, scales):
-    s = store(tmp_path)
+    s = store(tmp_path, dtype=dtype)
     ids = list(range(C))
     data = chunk(1, dtype, scales)
     assert s.set("k1", ids, data)
     assert s.exists("k1") and not s.exists("k2")
     assert same(s.get("k1", ids), data)
     # A new process on the same directory sees it (restart).
-    assert same(store(tmp_path).get("k1", ids), data)
+    assert same(store(tmp_path, dtype=dtype).get("k1", ids), data)
 
 
 def test_chunk_keys_chain_the_prefix_and_the_model():
@@ -76,10 +83,11 @@ def test_damaged_file_is_skipped_and_reported(tmp_path, how, caplog):
     s = store(tmp_path, stats=stats)
     ids = list(range(C))
     s.set("k1", ids, chunk(1))
-    corrupt(s._path("k1"), how)
+    corrupt(s.path("k1"), how)
     assert s.get("k1", ids) is None
     assert stats.corrupt_chunks == 1
     assert "skipping stored KV chunk" in caplog.text
+    assert not os.path.exists(s.path("k1"))  # removed: the next store replaces it
 
 
 def test_file_of_another_model_or_other_tokens_is_never_served(tmp_path):
@@ -90,61 +98,61 @@ def test_file_of_another_model_or_other_tokens_is_never_served(tmp_path):
     mine = store(tmp_path, key="model-a", stats=stats)
     assert mine.get("k1", ids) is None  # same name, another model's KV
     other.set("k2", ids, chunk(2))
-    assert other.get("k2", [t + 1 for t in ids]) is None  # the header names other tokens
+    assert other.get("k2", [t + 1 for t in ids]) is None  # the MAC covers the tokens
     assert stats.corrupt_chunks == 2
-    with pytest.raises(Exception, match="another model"):
-        decode_chunk(bytearray(encode_chunk("model-b", "k", ids, chunk(3))), "model-a", "k", ids)
+    blob = encode_chunk(SECRET, "model-b", "k", ids, chunk(3))
+    with pytest.raises(StorageError, match="MAC mismatch"):
+        decode_chunk(bytearray(blob), SECRET, "model-a", "k", ids, layout())
+    assert same(decode_chunk(bytearray(blob), SECRET, "model-b", "k", ids, layout()), chunk(3))
 
 
 def test_full_disk_fails_the_write_only(tmp_path, monkeypatch, caplog):
     """ENOSPC while writing: the chunk is not stored, no partial or temporary file is left, the
     writer keeps working once there is room again."""
-    stats = HiCacheStats()
-    s = store(tmp_path, stats=stats)
-    real_open = open
-
-    class FullDisk:
-        def __init__(self, f):
-            self.f = f
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *a):
-            self.f.close()
-
-        def write(self, b):
-            self.f.write(b[: len(b) // 3])
-            raise OSError(errno.ENOSPC, "No space left on device")
-
-    def fake_open(path, mode="r", *a, **kw):
-        f = real_open(path, mode, *a, **kw)
-        return FullDisk(f) if "w" in mode else f
-
     import radixlm.cache.storage as storage_mod
 
-    monkeypatch.setattr(storage_mod, "open", fake_open, raising=False)
+    stats = HiCacheStats()
+    s = store(tmp_path, stats=stats)
+    real_write_new = storage_mod.write_new
+
+    def full_disk(dir_fd, name, data):
+        real_write_new(dir_fd, name, data[: len(data) // 3])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(storage_mod, "write_new", full_disk)
     ids = list(range(C))
     assert not s.set("k1", ids, chunk(1))
     assert stats.write_errors == 1 and "No space left" in caplog.text
-    assert os.listdir(tmp_path) == [] and not s.exists("k1")
+    assert chunk_files(tmp_path) == [] and not s.exists("k1")
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
     monkeypatch.undo()
     assert s.set("k1", ids, chunk(1)) and same(s.get("k1", ids), chunk(1))
 
 
+def chunk_files(d) -> list[str]:
+    return sorted(f for f in os.listdir(d) if f.endswith(".kv"))
+
+
+def dir_bytes(d) -> int:
+    return sum(os.path.getsize(os.path.join(d, f)) for f in chunk_files(d))
+
+
 def test_size_bound_drops_least_recently_used(tmp_path):
     ids = list(range(C))
-    one = len(encode_chunk("model-a", "k0", ids, chunk(0)))
-    s = store(tmp_path, max_bytes=3 * one)
-    for i in range(3):
+    one = len(encode_chunk(SECRET, "model-a", "k0", ids, chunk(0), owner="0" * 12 + "-0"))  # as the store writes
+    s = store(tmp_path, max_bytes=10 * one)
+    for i in range(10):
         s.set(f"k{i}", ids, chunk(i))
-    os.utime(s._path("k0"), (1, 1))
-    os.utime(s._path("k1"), (2, 2))
-    s = store(tmp_path, max_bytes=3 * one)  # the LRU order survives a restart (file times)
+    for i in range(10):
+        os.utime(s.path(f"k{i}"), (100 + i, 100 + i))
+    s.close()
+    s = store(tmp_path, max_bytes=10 * one)  # the LRU order survives a restart (file times)
     assert same(s.get("k0", ids), chunk(0))  # k0 used again: k1 is now the oldest
-    s.set("k3", ids, chunk(3))
-    assert [s.exists(f"k{i}") for i in range(4)] == [True, False, True, True]
-    assert s.bytes <= 3 * one
+    s.set("k10", ids, chunk(10))
+    # Past the bound, least recently used files go until 90% of it is used (then 10% of it can be
+    # written before the directory is recounted again).
+    assert [s.exists(f"k{i}") for i in range(11)] == [True, False, False] + [True] * 8
+    assert s.bytes == dir_bytes(tmp_path) == 9 * one
 
 
 def test_io_shares_reads_and_writes_in_background(tmp_path):

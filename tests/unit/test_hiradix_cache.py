@@ -20,6 +20,7 @@ from radixlm.cache.hiradix_cache import HiRadixCache
 from radixlm.cache.host_pool import HostKVPool
 from radixlm.cache.memory_pool import TokenToKVPool
 from radixlm.cache.storage import HiCacheFile
+from radixlm.cache.storage_codec import ChunkLayout
 from radixlm.cache.storage_tier import StorageTier
 
 L1 = 48
@@ -54,7 +55,8 @@ class HiCacheMachine(RuleBasedStateMachine):
         self.pool = TokenToKVPool(L1, num_layers=2, num_kv_heads=1, head_dim=2)
         host = HostKVPool(l2, self.pool, torch.float32)
         stats = HiCacheStats()
-        storage = StorageTier(HiCacheFile(storage_dir, "m"), "m", CHUNK, stats) if storage_dir else None
+        layout = ChunkLayout(2, 1, 2, torch.float32, CHUNK)
+        storage = StorageTier(HiCacheFile(storage_dir, "m", layout), "m", CHUNK, stats) if storage_dir else None
         self.has_storage = storage is not None
         self.tree = HiRadixCache(self.pool, host, policy, storage, stats)
         self.inserted: list[tuple] = []  # (namespace, sequence)
