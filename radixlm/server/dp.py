@@ -17,6 +17,7 @@ import sys
 
 from radixlm.config import ServerArgs
 from radixlm.engine.launcher import check_server_args
+from radixlm.cache.hicache_config import STORAGE_KEY_ENV
 from radixlm.http_access import ADMIN_API_KEY_ENV, API_KEY_ENV, parse_origins
 from radixlm.utils import core_shares
 
@@ -33,8 +34,11 @@ def launch_dp(server_args: ServerArgs) -> None:
     shares = core_shares(n, cores)
     worker_key, worker_admin_key = secrets.token_urlsafe(24), secrets.token_urlsafe(24)
     worker_env = {API_KEY_ENV: worker_key, ADMIN_API_KEY_ENV: worker_admin_key}
+    if server_args.hicache_storage_key:  # a secret too: the environment, not the command line
+        worker_env[STORAGE_KEY_ENV] = server_args.hicache_storage_key
     defaults = {f.name: f.default for f in dataclasses.fields(ServerArgs)}
-    skip = {"host", "port", "api_key", "admin_api_key", "allowed_origins", "dp_size", "num_threads", "log_level"}
+    skip = {"host", "port", "api_key", "admin_api_key", "hicache_storage_key", "allowed_origins", "dp_size",
+            "num_threads", "log_level"}
     options = {k: v for k, v in dataclasses.asdict(server_args).items()
                if k not in skip and v != defaults.get(k)}
     workers: list[ServerProcess] = []

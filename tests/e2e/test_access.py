@@ -149,3 +149,22 @@ def test_keys_on_no_command_line_and_in_no_output(server, tiny_model_dir):
     finally:
         dp.stop()
     assert os.environ.get("RADIXLM_API_KEY") is None  # the test's own environment was not changed
+
+
+def test_dp_workers_get_the_storage_key_by_environment(tiny_model_dir, tmp_path):
+    """`serve --dp 2 --hicache-storage-key K`: the key authenticates the disk cache's files in each
+    worker, which gets it in its environment; no worker's command line or output holds it."""
+    key = "storage-key-0123456789abcdef"
+    dp = ServerProcess("--dp", "2", "--model-path", tiny_model_dir, "--kv-memory-gb", "0.05",
+                       "--enable-hierarchical-cache", "--hicache-storage-backend", "file",
+                       "--hicache-storage-dir", str(tmp_path / "l3"), "--hicache-storage-key", key)
+    try:
+        servers = [p for p in psutil.Process(dp.proc.pid).children(recursive=True) if "serve" in p.cmdline()]
+        assert len(servers) == 2
+        for p in servers:
+            assert _environ(p.pid)["RADIXLM_HICACHE_STORAGE_KEY"] == key
+            assert key not in " ".join(p.cmdline()) and "storage-key" not in " ".join(p.cmdline())
+            assert key not in _output_of(p.pid)
+        assert requests.post(dp.url + "/generate", json=BODY, timeout=60).status_code == 200
+    finally:
+        dp.stop()
