@@ -110,6 +110,7 @@ def test_hostile_soak_tiny(tiny_model_dir, tmp_path):
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(3 * 3600)
 def test_hostile_soak_30_minutes(tiny_model_dir, tmp_path):
     """The long hostile load (pytest -m soak): about 30 minutes on this 2-core machine."""
     cfg = SoakConfig(num_requests=15000, concurrency=32, seed=4, disconnect_rate=0.15, request_timeout=300.0,
