@@ -169,15 +169,18 @@ def _prompt_text(req: SoakRequest) -> str:
     return b.get("text") or b.get("prompt") or "\n".join(m["content"] for m in b["messages"])
 
 
+TOKENIZE_BATCH = 256  # prompts per /tokenize call
 CHAT_TEMPLATE_TOKENS = 48  # a margin for the chat template's own tokens (roles, default system prompt)
 
 
 async def fit_workload(client, url: str, reqs: list[SoakRequest], context_len: int) -> None:
     """Count each prompt's tokens (the server's /tokenize) and trim max_new_tokens so that every
     request fits the context (prompt + max_new_tokens < context)."""
-    r = await client.post(url + "/tokenize", json={"text": [_prompt_text(q) for q in reqs]})
-    r.raise_for_status()
-    counts = r.json()["count"]
+    counts = []
+    for i in range(0, len(reqs), TOKENIZE_BATCH):  # within the server's --max-client-batch-size
+        r = await client.post(url + "/tokenize", json={"text": [_prompt_text(q) for q in reqs[i:i + TOKENIZE_BATCH]]})
+        r.raise_for_status()
+        counts += r.json()["count"]
     if len(counts) != len(reqs):
         raise ValueError(f"/tokenize counted {len(counts)} prompts of {len(reqs)}")
     for q, count in zip(reqs, counts):
