@@ -102,10 +102,10 @@ def _copy_on_this_thread(d: torch.Tensor, d_idx: Optional[torch.Tensor], s_: tor
                          s_idx: Optional[torch.Tensor]) -> bool:
     """d[d_idx] = s_[s_idx] (whole tensors when the indices are None) through numpy, on the calling
     thread: False when numpy cannot (another device, a bfloat16 conversion). These copies are
-    memory-bound, so torch's intra-op team gains little on them; under CPU contention (other
-    processes on the cores) each of its parallel regions waits for a descheduled team thread: 3,300
-    tokens L2 -> L1 of the default model took 224 ms on 2 threads against 27 ms on one beside 4
-    busy processes (benchmarks/hicache_load_under_load.py), and seconds on a loaded machine."""
+    memory-bound, so torch's intra-op team gains little on them (7 against 13 ms for 3,300 tokens of
+    the default model, idle); under CPU contention each of its parallel regions waits for a
+    descheduled team thread: the same copy beside 4 busy processes took up to 7.2 s in a server,
+    35-65 ms this way (docs/benchmarks.md, "a prefix from disk under CPU contention")."""
     if d.device.type != "cpu" or s_.device.type != "cpu":
         return False
     if d.dtype == s_.dtype and d.dtype in _NUMPY_VIEW:
