@@ -71,9 +71,13 @@ def cmd_generate(args) -> int:
 
 def cmd_serve(args) -> int:
     from radixlm.config import ServerArgs
+    from radixlm.http_access import ADMIN_API_KEY_ENV, API_KEY_ENV, key_from_env
     from radixlm.server.launch import launch_server
 
     server_args = ServerArgs.from_cli_args(args)
+    # Keys given by the environment (how `serve --dp` and Runtime hand them to a server): out of `ps`.
+    server_args.api_key = key_from_env(server_args.api_key, API_KEY_ENV)
+    server_args.admin_api_key = key_from_env(server_args.admin_api_key, ADMIN_API_KEY_ENV)
     if server_args.node_rank > 0:  # this node's tensor-parallel ranks only: node 0 serves HTTP
         from radixlm.engine.node import run_node
 

@@ -104,12 +104,19 @@ class ServerArgs:
     # HTTP server
     host: str = "127.0.0.1"
     port: int = 30000
-    api_key: Optional[str] = None  # require "Authorization: Bearer <key>"
+    # Keys (radixlm/http_access.py): users', and the operator's for admin actions (/flush_cache,
+    # aborting every request). Left out of repr, so that no log line shows them.
+    api_key: Optional[str] = dataclasses.field(default=None, repr=False)
+    admin_api_key: Optional[str] = dataclasses.field(default=None, repr=False)
+    allowed_origins: Optional[str] = None  # browser origins allowed to call (CSRF); "*": any
     enable_metrics: bool = False  # Prometheus /metrics
     max_queued_requests: Optional[int] = None  # beyond this many waiting, 429
     incremental_streaming_output: bool = False  # stream text deltas instead of cumulative text
     stream_interval: int = 1  # tokens per streamed chunk (a request's sampling_params.stream_interval wins)
     watchdog_interval: float = 0.5  # seconds between checks that the child processes live
+    # A scheduler (or detokenizer) loop that completes no iteration for this long while a request
+    # waits as long is hung: killed, then handled as a dead process (SGLang's flag and default).
+    watchdog_timeout: float = 300.0
     # Faults (docs/reliability.md): when the scheduler or detokenizer dies, in-flight requests fail
     # with a 503 and /health answers 503; then the server exits non-zero after engine_failure_exit_delay
     # seconds (time for health checkers to see it), or, with restart_on_failure, starts a new engine.
@@ -120,6 +127,10 @@ class ServerArgs:
     max_request_body_bytes: int = 32 * 2**20
     max_n: int = 128
     max_top_logprobs_num: int = 20
+    # Fan-out: one request's prompts x n (each a sequence the scheduler runs) above this are a 400.
+    max_client_batch_size: int = 1024
+    # Seconds one request's tokenization and chat template may take (on worker threads): then a 504.
+    tokenizer_timeout: float = 30.0
     # Data parallelism: `--dp N` runs N servers (each on its share of the cores) behind the
     # cache-aware router (radixlm/router/) on --host/--port. Every other option is per server.
     dp_size: int = 1
@@ -151,8 +162,14 @@ class ServerArgs:
             raise ValueError(f"max_request_body_bytes must be >= 1, got {self.max_request_body_bytes}")
         if self.graceful_shutdown_timeout < 0 or self.engine_failure_exit_delay < 0:
             raise ValueError("graceful_shutdown_timeout and engine_failure_exit_delay must be >= 0")
+        if not self.watchdog_timeout > 0:
+            raise ValueError(f"watchdog_timeout must be > 0, got {self.watchdog_timeout}")
         if self.decode_kv_mirror_gb is not None and self.decode_kv_mirror_gb < 0:
             raise ValueError(f"decode_kv_mirror_gb must be >= 0, got {self.decode_kv_mirror_gb}")
+        if self.max_client_batch_size < 1:
+            raise ValueError(f"max_client_batch_size must be >= 1, got {self.max_client_batch_size}")
+        if not self.tokenizer_timeout > 0:
+            raise ValueError(f"tokenizer_timeout must be > 0, got {self.tokenizer_timeout}")
 
     # --- CLI -------------------------------------------------------------------
     @staticmethod
@@ -191,11 +208,25 @@ class ServerArgs:
             "restart_on_failure": "when the scheduler or detokenizer process dies, start a new engine (in-flight "
             "requests fail with a 503) instead of exiting non-zero",
             "engine_failure_exit_delay": "seconds the server keeps answering 503 after its engine died, before it exits",
+            "watchdog_timeout": "seconds the scheduler's (or detokenizer's) loop may go without completing an "
+            "iteration while a request waits: then it counts as hung, /health answers 503, in-flight requests fail "
+            "with a 503 and the engine is killed (restarted with --restart-on-failure, else the server exits)",
             "graceful_shutdown_timeout": "on SIGTERM, seconds in-flight requests may take to finish before every "
             "process stops (new connections are refused at once)",
             "max_request_body_bytes": "larger request bodies are refused with 413",
+            "api_key": "clients must send Authorization: Bearer <key> (every route but /health); default "
+            "$RADIXLM_API_KEY (the environment keeps it out of `ps`)",
+            "admin_api_key": "the operator's key, needed by admin actions (/flush_cache, aborting every request) and "
+            "accepted everywhere; default $RADIXLM_ADMIN_API_KEY. Without it admin actions are refused, except "
+            "with no key at all on a loopback address",
+            "allowed_origins": "browser origins (comma-separated, or a JSON list; \"*\": any) whose pages may call "
+            "the server; other cross-origin browser requests are refused with 403",
             "max_n": "largest n (completions per prompt) a request may ask for",
             "max_top_logprobs_num": "largest top_logprobs_num (OpenAI: logprobs / top_logprobs) a request may ask for",
+            "max_client_batch_size": "most sequences one request may start: its prompts (a batch) times n; "
+            "beyond it a 400 (as TGI's flag, n counted)",
+            "tokenizer_timeout": "seconds one request's tokenization and chat template may take (they run off the "
+            "event loop); beyond it a 504",
             "enable_hierarchical_cache": "keep KV evicted from the pool in host memory (L2) and, with "
             "--hicache-storage-backend, on disk (L3), and load it back instead of recomputing",
             "hicache_ratio": "L2 size as a multiple of the KV pool (when --hicache-size is 0)",

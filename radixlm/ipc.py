@@ -108,6 +108,13 @@ class GetInternalStateReqOutput:
 
 
 @dataclass
+class ControlFailed:
+    """The scheduler's answer to a control call that raised (the details are in its log)."""
+
+    reply_type: type  # the reply the call was waiting for (FlushCacheReqOutput, ...)
+
+
+@dataclass
 class ReqOutputChunk:
     """What one request produced since its last chunk (ids and logprobs are increments)."""
 
@@ -122,7 +129,8 @@ class ReqOutputChunk:
     spaces_between_special_tokens: bool = True
     # Trim the matched stop from the text (False when no_stop_trim is set).
     trim_stop: bool = True
-    # Stop strings: while streaming, text that may be the start of one is held back.
+    # Stop strings: while streaming, text that may be the start of one is held back. Sent in a
+    # request's first chunk only: the detokenizer keeps them with the request's decode state.
     stop_strs: Optional[list[str]] = None
     stop_regex: Optional[list[str]] = None  # likewise, text a stop_regex may yet match from
     # Logprobs, each a list of [logprob, token_id]; top: per position a list of them.

@@ -10,13 +10,26 @@ import re
 from dataclasses import dataclass
 from typing import Any, Optional, Union
 
+import regex
+
+from radixlm.stop_match import STOP_REGEX_WINDOW, compile_stop_regex
+
 try:  # Python 3.11+: sre_parse is deprecated
     import re._parser as sre_parse
+    from re import _constants as sre_constants
 except ImportError:  # pragma: no cover
+    import sre_constants
     import sre_parse
 
 _GREEDY_EPS = 1e-6
-_UNBOUNDED = 1 << 16  # a stop_regex wider than this is searched over the whole output
+# Stop conditions are checked for every generated token (stop_match.py): at most this many stop
+# strings and stop_regex patterns each, of at most this many characters (OpenAI allows 4 stop
+# strings; SGLang and vLLM set no bound).
+MAX_STOPS = 16
+MAX_STOP_LEN = 256
+# A stop_regex's size once its counted repeats are written out: the `regex` module compiles
+# `(a{1000}){1000}` to a million nodes (seconds; `((x{65535}){65535}){65535}` exhausts memory).
+MAX_STOP_REGEX_UNROLLED = 10_000
 _GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 _FLOAT32_MAX = 3.4028234663852886e38  # the sampler's tensors are float32: larger numbers become inf there
 _INT64 = 1 << 63
@@ -38,6 +51,61 @@ def _finite32(v) -> bool:
 
 class SamplingParamsError(ValueError):
     """A bad sampling parameter; the message names the field."""
+
+
+def _check_count_and_lengths(name: str, items: list) -> None:
+    if len(items) > MAX_STOPS:
+        raise SamplingParamsError(f"sampling_params.{name} may hold at most {MAX_STOPS} items, got {len(items)}")
+    for s in items:
+        if len(s) > MAX_STOP_LEN:
+            raise SamplingParamsError(f"sampling_params.{name} items may have at most {MAX_STOP_LEN} characters, "
+                                      f"got one of {len(s)}: {brief_repr(s)}")
+
+
+_REPEATS = (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT, getattr(sre_constants, "POSSESSIVE_REPEAT", None))
+
+
+def _unrolled_size(items) -> int:
+    """Nodes of a parsed pattern with each counted repeat written out min-count times (what the
+    `regex` module compiles); capped early, the count can be astronomical."""
+    size = 0
+    for op, av in items:
+        if op in _REPEATS:
+            lo, _, sub = av
+            size += max(lo, 1) * _unrolled_size(sub)
+        elif op is sre_constants.SUBPATTERN:
+            size += 1 + _unrolled_size(av[-1])
+        elif op is sre_constants.BRANCH:
+            size += 1 + sum(_unrolled_size(b) for b in av[1])
+        elif op in (sre_constants.ASSERT, sre_constants.ASSERT_NOT):
+            size += 1 + _unrolled_size(av[1])
+        elif op is getattr(sre_constants, "ATOMIC_GROUP", None):
+            size += 1 + _unrolled_size(av)
+        elif op is sre_constants.GROUPREF_EXISTS:
+            size += 1 + sum(_unrolled_size(b) for b in av[1:] if b is not None)
+        else:
+            size += 1
+        if size > MAX_STOP_REGEX_UNROLLED:
+            break
+    return size
+
+
+def _check_stop_regex(p: str) -> None:
+    """Valid for both `re`'s parser (its width bounds the search window) and the `regex` module
+    (which matches it), matching no empty string, and cheap to compile."""
+    try:
+        parsed = sre_parse.parse(p)
+    except re.error as e:
+        raise SamplingParamsError(f"sampling_params.stop_regex {p!r} is not a valid regex: {e}") from None
+    if parsed.getwidth()[0] == 0:
+        raise SamplingParamsError(f"sampling_params.stop_regex must not match the empty string ({p!r} does)")
+    if _unrolled_size(parsed) > MAX_STOP_REGEX_UNROLLED:
+        raise SamplingParamsError(f"sampling_params.stop_regex {brief_repr(p)} repeats too much: written out, its "
+                                  f"counted repeats exceed {MAX_STOP_REGEX_UNROLLED} elements")
+    try:
+        compile_stop_regex(p)
+    except regex.error as e:
+        raise SamplingParamsError(f"sampling_params.stop_regex {p!r} is not a valid regex: {e}") from None
 
 
 @dataclass
@@ -136,16 +204,15 @@ class SamplingParams:
             stops = [self.stop] if isinstance(self.stop, str) else self.stop
             if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
                 bad("stop", "must be a non-empty string or a list of them")
+            _check_count_and_lengths("stop", stops)
         if self.stop_regex is not None and not isinstance(self.stop_regex, (str, list)):
             bad("stop_regex", "must be a regex string or a list of them")
         for p in self.stop_regex_list:
             if not isinstance(p, str) or not p:
                 bad("stop_regex", "must be a non-empty regex string or a list of them")
-            try:
-                if sre_parse.parse(p).getwidth()[0] == 0:
-                    bad("stop_regex", f"must not match the empty string ({p!r} does)")
-            except re.error as e:
-                raise SamplingParamsError(f"sampling_params.stop_regex {p!r} is not a valid regex: {e}") from None
+        _check_count_and_lengths("stop_regex", self.stop_regex_list)
+        for p in self.stop_regex_list:
+            _check_stop_regex(p)
         if self.stream_interval is not None and (num("stream_interval", True) < 1):
             bad("stream_interval", "must be >= 1")
         if self.logit_bias is not None:
@@ -194,11 +261,12 @@ class SamplingParams:
         return [self.stop_regex] if isinstance(self.stop_regex, str) else list(self.stop_regex)
 
     @functools.cached_property
-    def stop_regex_window(self) -> Optional[int]:
-        """The most characters a stop_regex match can span (None: unbounded, search the whole output).
-        Computed once per request (not a field: to_dict and equality ignore it)."""
+    def stop_regex_window(self) -> int:
+        """The most characters a stop_regex match can span, at most STOP_REGEX_WINDOW (a wider or
+        unbounded pattern is searched in that many). Computed once per request (not a field:
+        to_dict and equality ignore it)."""
         widths = [sre_parse.parse(p).getwidth()[1] for p in self.stop_regex_list]
-        return None if any(w >= _UNBOUNDED for w in widths) else max(widths, default=0)
+        return min(max(widths, default=0), STOP_REGEX_WINDOW)
 
     @property
     def grammar_key(self) -> Optional[tuple[str, str]]:

@@ -31,6 +31,7 @@ def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=None,
                    help="model name for the OpenAI backends (default: the first of /v1/models)")
     p.add_argument("--api-key", default=None)
+    p.add_argument("--admin-api-key", default=None, help="the server's admin key, for --flush-cache")
     p.add_argument("--tokenizer", default=None,
                    help="HF directory or GGUF whose tokenizer builds the prompts and counts tokens the server "
                         "does not report (default: the embedded SmolLM2)")
@@ -187,7 +188,10 @@ async def benchmark(args) -> dict:
             print(f"warm-up failed: {bad[0]}", file=sys.stderr)
         if args.flush_cache:
             try:
-                await client.post(args.base_url + "/flush_cache", headers=_headers(args))
+                admin = {"Authorization": f"Bearer {args.admin_api_key}"} if args.admin_api_key else {}
+                r = await client.post(args.base_url + "/flush_cache", headers={**_headers(args), **admin})
+                if r.status_code in (401, 403):  # an admin action: the run would start from a warm cache
+                    print(f"warning: /flush_cache refused ({r.status_code}); pass --admin-api-key", file=sys.stderr)
             except httpx.HTTPError:
                 pass  # the requests below say what is wrong with the server
         pbar = None

@@ -4,6 +4,10 @@ The launcher (engine/tp_launch.py) hands each rank process a RankSpec. The rank 
 its share of this node's cores (os.sched_setaffinity: disjoint slices when there are enough
 cores; torch then runs that many intra-op threads, or --num-threads) and beats a heartbeat in
 shared memory from a thread, so the launcher tells a stopped or frozen rank from a busy one.
+
+A heartbeat is a shared double holding time.monotonic() of the last beat (0: none expected yet).
+The same kind, beaten once per loop iteration instead of from a thread, tells the launcher that the
+scheduler's loop (and the detokenizer's) still makes progress (engine/launcher.py, --watchdog-timeout).
 """
 
 from __future__ import annotations
@@ -43,18 +47,29 @@ def pin_cpus(cpus: list[int]) -> Optional[list[int]]:
     return cpus
 
 
+def new_heartbeat(ctx):
+    """A heartbeat shared with a process started from the multiprocessing context ctx."""
+    return ctx.Value("d", 0.0, lock=False)
+
+
+def beat(value) -> None:
+    """Record a beat now: time.monotonic(), one clock for every process of the host (None: no heartbeat)."""
+    if value is not None:
+        value.value = time.monotonic()
+
+
 def start_heartbeat(value) -> None:
-    """A daemon thread writing time.monotonic() (one clock for every process of the host) into value."""
+    """A daemon thread beating value every HEARTBEAT_INTERVAL seconds."""
     if value is None:
         return
 
-    def beat():
+    def run():
         while True:
-            value.value = time.monotonic()
+            beat(value)
             time.sleep(HEARTBEAT_INTERVAL)
 
-    value.value = time.monotonic()
-    threading.Thread(target=beat, name="radixlm-heartbeat", daemon=True).start()
+    beat(value)
+    threading.Thread(target=run, name="radixlm-heartbeat", daemon=True).start()
 
 
 def heartbeat_age(value) -> float:

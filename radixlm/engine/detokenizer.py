@@ -3,16 +3,18 @@ scheduler's critical path."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-import re
 import signal
 from dataclasses import dataclass, field
+from typing import Optional
 
-import regex
 import zmq
 
+from radixlm import stop_match
 from radixlm.config import PortArgs
-from radixlm.ipc import BatchStrOut, BatchTokenIDOut, FinishStop, ReqOutputChunk, ReqStrChunk
+from radixlm.ipc import BatchStrOut, BatchTokenIDOut, FinishAbort, FinishStop, ReqOutputChunk, ReqStrChunk
+from radixlm.sampling_params import brief_repr
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +25,12 @@ class DecodeStatus:
     text: str = ""  # decoded text of ids[:read_offset] (complete characters only)
     surr_offset: int = 0
     read_offset: int = 0
+    # The stop options come with a request's first chunk only (output_streamer.py).
+    stop_tail: Optional[stop_match.StopStringTail] = None
+    stop_regex: Optional[list[str]] = None
+    # Set when a stop_regex's partial search ran out of time: text from here on is held back
+    # until the request ends (one timeout per request, not one per chunk).
+    regex_hold: Optional[int] = None
 
 
 class IncrementalDetokenizer:
@@ -41,7 +49,11 @@ class IncrementalDetokenizer:
 
     def step(self, c: ReqOutputChunk) -> str:
         """Returns the request's cumulative text after this chunk."""
-        st = self.states.setdefault(c.rid, DecodeStatus())
+        st = self.states.get(c.rid)
+        if st is None:
+            st = self.states[c.rid] = DecodeStatus(stop_regex=c.stop_regex)
+            if c.trim_stop and c.stop_strs:
+                st.stop_tail = stop_match.StopStringTail(c.stop_strs)
         st.ids.extend(c.new_output_ids)
         if c.finished_reason is not None:
             self.states.pop(c.rid, None)
@@ -51,14 +63,27 @@ class IncrementalDetokenizer:
         if len(new) > len(surr) and not new.endswith("\ufffd"):
             st.text += new[len(surr) :]
             st.surr_offset, st.read_offset = st.read_offset, len(st.ids)
+            if st.stop_tail is not None:
+                st.stop_tail.feed(new[len(surr) :])
         if not c.trim_stop:
             return st.text
         end = len(st.text)
-        if c.stop_strs:
-            end -= _stop_prefix_len(st.text, c.stop_strs)
-        if c.stop_regex:
-            end = min(end, _regex_hold_from(st.text, c.stop_regex))
+        if st.stop_tail is not None:
+            end -= st.stop_tail.held
+        if st.stop_regex:
+            end = min(end, self._regex_hold(c.rid, st))
         return st.text[:end]
+
+    @staticmethod
+    def _regex_hold(rid: str, st: DecodeStatus) -> int:
+        if st.regex_hold is None:
+            try:
+                return stop_match.hold_from(st.text, st.stop_regex)
+            except stop_match.StopRegexTimeout as e:
+                logger.warning("request %s: stop_regex %s timed out; holding its text back until it ends", rid,
+                               brief_repr(e.pattern))
+                st.regex_hold = stop_match.window(st.text)[0]
+        return st.regex_hold
 
     def final_text(self, ids: list[int], c: ReqOutputChunk) -> str:
         stop = c.finished_reason if isinstance(c.finished_reason, FinishStop) else None
@@ -67,43 +92,39 @@ class IncrementalDetokenizer:
             ids = ids[:-1]
         text = self._decode(ids, c)
         if isinstance(matched, str) and c.trim_stop:
-            if stop.matched_regex:
-                m = re.search(matched, text)
-                pos = m.start() if m else -1
-            else:
-                pos = text.find(matched)
+            pos = _regex_stop_start(text, matched) if stop.matched_regex else text.find(matched)
             if pos >= 0:
                 text = text[:pos]
         return text
 
 
-def _stop_prefix_len(text: str, stops: list[str]) -> int:
-    """Length of the longest suffix of text that is a proper prefix of a stop string: that
-    text may yet become the stop string, which the final text trims."""
-    best = 0
-    for s in stops:
-        for n in range(min(len(s) - 1, len(text)), best, -1):
-            if text.endswith(s[:n]):
-                best = n
-                break
-    return best
+def _regex_stop_start(text: str, pattern: str) -> int:
+    """Where the stop_regex match the scheduler found begins: in the same window it searched."""
+    start, tail = stop_match.window(text)
+    try:
+        hit = stop_match.first_match([pattern], tail)
+    except stop_match.StopRegexTimeout:
+        logger.warning("stop_regex %s timed out on the final text; not trimmed", brief_repr(pattern))
+        return -1
+    return start + hit[1].start() if hit is not None else -1
 
 
-def _regex_hold_from(text: str, patterns: list[str]) -> int:
-    """Where the text a stop_regex may still match (given more output) begins: the earliest
-    partial match that reaches the end (the `regex` module's partial matching)."""
-    hold = len(text)
-    for p in patterns:
-        try:
-            m = regex.search(p, text, partial=True)
-        except regex.error:  # a pattern only `re` accepts: nothing held back, the final text is trimmed
-            continue
-        if m is not None and (m.partial or m.end() == len(text)):
-            hold = min(hold, m.start())
-    return hold
+def _step_or_fail(detok: IncrementalDetokenizer, c: ReqOutputChunk) -> ReqStrChunk:
+    """The request's text after chunk c; if decoding it raises, the request fails alone (an internal
+    error, 500: the tokenizer manager answers it and aborts it in the scheduler), the others go on."""
+    try:
+        return ReqStrChunk(c, detok.step(c))
+    except Exception as e:  # noqa: BLE001
+        logger.exception("request %s: detokenizing failed", c.rid)
+        detok.states.pop(c.rid, None)
+        failed = dataclasses.replace(c, finished_reason=FinishAbort(f"internal error: detokenizer: {type(e).__name__}: "
+                                                                    f"{e}", 500))
+        return ReqStrChunk(failed, "")
 
 
-def run_detokenizer_process(tokenizer_path: str, log_level: str, port_args: PortArgs) -> None:
+def run_detokenizer_process(tokenizer_path: str, log_level: str, port_args: PortArgs, heartbeat=None) -> None:
+    """heartbeat: beaten after every message and every idle second (the launcher's --watchdog-timeout)."""
+    from radixlm.distributed.rank import beat
     from radixlm.model.loader import load_tokenizer
     from radixlm.utils import configure_logging, kill_itself_when_parent_died
 
@@ -118,8 +139,11 @@ def run_detokenizer_process(tokenizer_path: str, log_level: str, port_args: Port
     send = ctx.socket(zmq.PUSH)
     send.connect(port_args.tokenizer_ipc_name)
     while True:
+        beat(heartbeat)
+        if not recv.poll(1000):
+            continue
         msg = recv.recv_pyobj()
         if isinstance(msg, BatchTokenIDOut):
-            send.send_pyobj(BatchStrOut([ReqStrChunk(c, detok.step(c)) for c in msg.chunks]))
+            send.send_pyobj(BatchStrOut([_step_or_fail(detok, c) for c in msg.chunks]))
         else:
             logger.error("unknown message %r", type(msg))

@@ -53,6 +53,8 @@ class Engine:
             lambda msg: self._loop.call_soon_threadsafe(tm.mark_dead, msg),
             lambda: self._closed,
             self.server_args.watchdog_interval,
+            tm,
+            self.server_args.watchdog_timeout,
         )
         # Stops the child processes when the Engine is collected or the interpreter exits
         # (an atexit hook on self.shutdown would pin every Engine in memory until exit).

@@ -1,16 +1,22 @@
 """Starting, watching and stopping the engine's child processes (scheduler, detokenizer).
-See docs/architecture.md, "Processes"."""
+See docs/architecture.md, "Processes".
+
+The watchdog ends the engine when a child process exits, when a tp rank stops beating its
+heartbeat, when the scheduler's or the detokenizer's loop completes no iteration for
+--watchdog-timeout seconds while a request (or a control call) has waited that long (its loop
+heartbeat; an idle loop still beats once a second), or when the tokenizer manager's receive loop
+failed."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional, Protocol
 
 from radixlm.config import PortArgs, ServerArgs
 from radixlm.distributed.config import DistConfig
-from radixlm.distributed.rank import HEARTBEAT_TIMEOUT, heartbeat_age
+from radixlm.distributed.rank import HEARTBEAT_TIMEOUT, heartbeat_age, new_heartbeat
 from radixlm.engine.tokenizer_manager import TokenizerManagerConfig
 
 if TYPE_CHECKING:
@@ -54,12 +60,17 @@ def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, di
         started = start_ranks(ctx, config, dist.with_init_addr(), port_args)
     else:
         reader, writer = ctx.Pipe(duplex=False)
-        sched = ctx.Process(target=run_scheduler_process, args=(config, port_args, writer), daemon=True,
-                            name="scheduler")
+        loop_heartbeat = new_heartbeat(ctx)
+        sched = ctx.Process(target=run_scheduler_process, args=(config, port_args, writer, None, loop_heartbeat),
+                            daemon=True, name="scheduler")
+        sched.loop_heartbeat = loop_heartbeat
         sched.start()
         started = [(sched, reader)]
-    detok = ctx.Process(target=run_detokenizer_process, args=(tokenizer_path, server_args.log_level, port_args),
+    detok_heartbeat = new_heartbeat(ctx)
+    detok = ctx.Process(target=run_detokenizer_process,
+                        args=(tokenizer_path, server_args.log_level, port_args, detok_heartbeat),
                         daemon=True, name="detokenizer")
+    detok.loop_heartbeat = detok_heartbeat
     detok.start()
     ranks = [p for p, _ in started]
     procs = [ranks[0], detok, *ranks[1:]]
@@ -93,13 +104,27 @@ def stop_processes(procs: list, port_args: Optional[PortArgs] = None, grace: flo
         port_args.cleanup()
 
 
-def watch_processes(procs: list, on_dead: Callable[[str], None], stopped: Callable[[], bool], interval: float) -> threading.Thread:
-    """A daemon thread that calls on_dead(message) once if a child process exits unasked, or a
-    scheduler rank stops beating its heartbeat (hung)."""
+class WatchedFrontEnd(Protocol):
+    """What the watchdog reads of the tokenizer manager (from its own thread)."""
+
+    loop_failure: Optional[str]  # set when its receive loop failed: the engine is unusable
+
+    def pending_age(self) -> float:
+        """Seconds the oldest request or control call still waiting on the engine has waited (0: none)."""
+
+
+def watch_processes(procs: list, on_dead: Callable[[str], None], stopped: Callable[[], bool], interval: float,
+                    front: Optional[WatchedFrontEnd] = None,
+                    watchdog_timeout: Optional[float] = None) -> threading.Thread:
+    """A daemon thread that calls on_dead(message) once if a child process exits unasked, a
+    scheduler rank stops beating its heartbeat, or (with front and watchdog_timeout) a loop stalls
+    with work pending or the front end's receive loop failed."""
 
     def run():
         while not stopped():
             message = dead_message(procs)
+            if not message and front is not None:
+                message = stalled_message(procs, front, watchdog_timeout) or front.loop_failure
             if message and not stopped():
                 on_dead(message)
                 return
@@ -126,3 +151,18 @@ def dead_message(procs: list) -> Optional[str]:
     first, rest = dead[0], dead[1:]
     also = f"; also exited: {', '.join(f'{p.name} ({p.exitcode})' for p in rest)}" if rest else ""
     return f"the {first.name} process died (exit code {first.exitcode}){also}"
+
+
+def stalled_message(procs: list, front: WatchedFrontEnd, timeout: Optional[float]) -> Optional[str]:
+    """A message for a process whose loop completed no iteration for more than timeout seconds
+    while the oldest pending request (or control call) waited as long (killed here: a hung loop has
+    nothing left to save); None when none stalls."""
+    if timeout is None:
+        return None
+    for p in procs:
+        since = min(heartbeat_age(getattr(p, "loop_heartbeat", None)), front.pending_age())
+        if since > timeout and p.is_alive():
+            p.kill()
+            return (f"the {p.name} process (pid {p.pid}) hung: no loop iteration for {since:.1f} s with requests "
+                    f"waiting (--watchdog-timeout {timeout:g}); killed")
+    return None

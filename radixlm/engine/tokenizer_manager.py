@@ -11,15 +11,17 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 import zmq
 import zmq.asyncio
 
 from radixlm.config import PortArgs, ServerArgs
+from radixlm.engine.tokenizer_pool import TokenizerPool
 from radixlm.ipc import (
     AbortReq,
     BatchStrOut,
+    ControlFailed,
     FinishAbort,
     FinishReason,
     FlushCacheReq,
@@ -37,6 +39,19 @@ logger = logging.getLogger(__name__)
 
 class EngineDeadError(RuntimeError):
     pass
+
+
+class InternalRequestError(RuntimeError):
+    """The engine failed this request (an abort with a status >= 500). The client gets this generic
+    message with the request id; the details are in the server log only."""
+
+    def __init__(self, rid: str):
+        super().__init__(f"internal error (request id {rid}); the details are in the server log")
+        self.rid = rid
+
+
+def is_internal_failure(reason: Optional[FinishReason]) -> bool:
+    return isinstance(reason, FinishAbort) and (reason.status_code or 0) >= 500
 
 
 def _is_int(v) -> bool:
@@ -76,6 +91,8 @@ class TokenizerManagerConfig:
     max_top_logprobs_num: int = 20
     # Prefill a prompt that a batch repeats once first, so the copies share it (off without a prefix cache).
     cache_shared_prompts: bool = True
+    # Seconds a request's tokenization may take on the tokenizer threads (tokenizer_pool.py).
+    tokenizer_timeout: float = 30.0
     # Requests' `priority` reaches the scheduler only with --enable-priority-scheduling (else it is
     # ignored, as SGLang does): otherwise any client could put itself ahead of every other.
     enable_priority_scheduling: bool = False
@@ -83,12 +100,15 @@ class TokenizerManagerConfig:
     def __post_init__(self):
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n}")
+        if not self.tokenizer_timeout > 0:
+            raise ValueError(f"tokenizer_timeout must be > 0, got {self.tokenizer_timeout}")
         if self.max_top_logprobs_num < 0:
             raise ValueError(f"max_top_logprobs_num must be >= 0, got {self.max_top_logprobs_num}")
 
     @classmethod
     def from_server_args(cls, args: ServerArgs) -> "TokenizerManagerConfig":
-        return cls(args.max_n, args.max_top_logprobs_num, not args.disable_radix_cache, args.enable_priority_scheduling)
+        return cls(args.max_n, args.max_top_logprobs_num, not args.disable_radix_cache,
+                   tokenizer_timeout=args.tokenizer_timeout, enable_priority_scheduling=args.enable_priority_scheduling)
 
 
 class TokenizerManager:
@@ -101,9 +121,13 @@ class TokenizerManager:
         self.scheduler_info = scheduler_info
         self.rid_to_state: dict[str, ReqState] = {}
         self._control_waiters: dict[type, list[asyncio.Future]] = {}
+        self._control_sent: dict[asyncio.Future, float] = {}  # control calls in flight: when each was sent
         self.dead_message: Optional[str] = None
+        self.loop_failure: Optional[str] = None  # the receive loop failed: the engine must go (the watchdog reads it)
         # Characters of text one token can cover at most (its byte-level / piece form is no shorter).
         self.max_token_chars = max((len(t) for t in tokenizer.get_vocab()), default=1) + 1
+        # Tokenization and chat templates run there, off the event loop.
+        self.tokenizer_pool = TokenizerPool(config.tokenizer_timeout)
 
     async def start(self) -> None:
         """Create the sockets and the receive loop on the running event loop."""
@@ -210,19 +234,25 @@ class TokenizerManager:
         return out
 
     # --------------------------------------------------------------- generate
-    async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator[Any]:
+    async def generate_request(self, obj: GenerateReqInput,
+                               admit: Optional[Callable[[int], None]] = None) -> AsyncIterator[Any]:
         """Yields response dicts: for a single request with n == 1 one dict per update (the
-        final one when not streaming); otherwise a list (or, streaming, dicts with "index")."""
+        final one when not streaming); otherwise a list (or, streaming, dicts with "index").
+        admit(number of requests) may refuse them (by raising) right before they are registered,
+        with no await in between: a queue limit counted there holds however many calls race."""
         self._check_alive()
-        reqs = self.expand(obj)
+        reqs = await self.tokenizer_pool.run(self.expand, obj)
+        self._check_alive()
+        if admit is not None:
+            admit(len(reqs))
         single = obj.is_single and len(reqs) == 1
-        if len(reqs) > 1 and not obj.stream:
-            await self._cache_shared_prompts(reqs)
         states: list[ReqState] = []
         tasks: list[asyncio.Task] = []
         try:
             for r in reqs:  # inside the try: a rid already in use must not leave the others registered
                 states.append(self._register(r, obj.return_text_in_logprobs))
+            if len(reqs) > 1 and not obj.stream:
+                await self._cache_shared_prompts(reqs)
             for r in reqs:
                 self.send_to_scheduler.send_pyobj(r)
             if single:
@@ -261,7 +291,8 @@ class TokenizerManager:
             for t in tasks:
                 t.cancel()
             for st in states:
-                if st.finished_reason is None:
+                # An internal failure may come from past the scheduler (the detokenizer): stop it there too.
+                if st.finished_reason is None or is_internal_failure(st.finished_reason):
                     self.abort_request(st.rid)
                 self.rid_to_state.pop(st.rid, None)
 
@@ -316,6 +347,9 @@ class TokenizerManager:
                 fr = st.finished_reason
                 if isinstance(fr, FinishAbort) and fr.status_code == 400:
                     raise ValueError(fr.message)
+                if is_internal_failure(fr):
+                    logger.error("request %s failed: %s", st.rid, fr.message)
+                    raise InternalRequestError(st.rid)
                 yield self._response(st)
                 return
             if stream and st.dirty:
@@ -345,24 +379,50 @@ class TokenizerManager:
 
     # -------------------------------------------------------------- receive
     async def handle_loop(self) -> None:
-        while True:
-            msg = await self.recv_from_detokenizer.recv_pyobj()
-            if isinstance(msg, BatchStrOut):
-                for c in msg.chunks:
+        """One chunk that cannot be applied fails its request only; anything else that fails here
+        (a message that does not unpickle: whose news was lost is unknown) ends the engine: every
+        request fails now, and the watchdog reads loop_failure (restart, or exit non-zero)."""
+        try:
+            while True:
+                self._dispatch(await self.recv_from_detokenizer.recv_pyobj())
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("the tokenizer manager's receive loop failed")
+            self.loop_failure = "the tokenizer manager's receive loop failed"
+            self.mark_dead(self.loop_failure)
+
+    def _dispatch(self, msg) -> None:
+        if isinstance(msg, BatchStrOut):
+            for c in msg.chunks:
+                try:
                     self._on_chunk(c)
-            elif isinstance(msg, (FlushCacheReqOutput, GetInternalStateReqOutput)):
-                waiters = self._control_waiters.get(type(msg), [])
-                if waiters:
-                    fut = waiters.pop(0)
-                    if not fut.done():
+                except Exception as e:  # noqa: BLE001 - this request fails, the others go on
+                    logger.exception("request %s: its output could not be applied", c.chunk.rid)
+                    self._fail(c.chunk.rid, f"internal error: tokenizer manager: {type(e).__name__}: {e}")
+        elif isinstance(msg, (FlushCacheReqOutput, GetInternalStateReqOutput, ControlFailed)):
+            failed = isinstance(msg, ControlFailed)
+            waiters = self._control_waiters.get(msg.reply_type if failed else type(msg), [])
+            if waiters:
+                fut = waiters.pop(0)
+                if not fut.done():
+                    if failed:  # the HTTP layer answers a generic 500
+                        fut.set_exception(RuntimeError(f"the scheduler failed a {msg.reply_type.__name__} call"))
+                    else:
                         fut.set_result(msg)
-            else:
-                logger.error("unknown message %r", type(msg))
+        else:
+            logger.error("unknown message %r", type(msg))
+
+    def _fail(self, rid: str, message: str) -> None:
+        st = self.rid_to_state.get(rid)
+        if st is not None:
+            st.finished_reason = FinishAbort(message, 500)
+            st.event.set()
 
     def _on_chunk(self, sc: ReqStrChunk) -> None:
         c = sc.chunk
         st = self.rid_to_state.get(c.rid)
-        if st is None:
+        if st is None or st.finished_reason is not None:  # a finished request takes no more news
             return
         st.output_ids.extend(c.new_output_ids)
         st.text = sc.text
@@ -385,6 +445,7 @@ class TokenizerManager:
         st.event.set()
 
     async def close(self) -> None:
+        self.tokenizer_pool.close()
         self._loop_task.cancel()
         try:
             await self._loop_task
@@ -402,8 +463,19 @@ class TokenizerManager:
         self._check_alive()
         fut = asyncio.get_running_loop().create_future()
         self._control_waiters.setdefault(reply_type, []).append(fut)
-        self.send_to_scheduler.send_pyobj(req)
-        return await fut
+        self._control_sent[fut] = time.perf_counter()
+        try:
+            self.send_to_scheduler.send_pyobj(req)
+            return await fut
+        finally:
+            self._control_sent.pop(fut, None)
+
+    def pending_age(self) -> float:
+        """Seconds the oldest request or control call still waiting on the engine has waited (0:
+        none). Read by the watchdog thread: it copies the containers (atomic under the GIL)."""
+        sent = [st.created for st in list(self.rid_to_state.values()) if st.finished_reason is None]
+        sent += list(self._control_sent.values())
+        return time.perf_counter() - min(sent) if sent else 0.0
 
     async def flush_cache(self, level: str = "l1") -> FlushCacheReqOutput:
         return await self._control(FlushCacheReq(level), FlushCacheReqOutput)

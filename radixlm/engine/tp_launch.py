@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Optional
 
 from radixlm.config import PortArgs
 from radixlm.distributed.config import DistConfig
-from radixlm.distributed.rank import RankSpec
+from radixlm.distributed.rank import RankSpec, new_heartbeat
 from radixlm.utils import core_shares
 
 if TYPE_CHECKING:
@@ -59,11 +59,13 @@ def start_ranks(ctx, config: "SchedulerConfig", dist: DistConfig, port_args: Opt
     with _fixed_hash_seed():
         for cpus, rank in zip(rank_cpus(dist), dist.node_ranks(), strict=True):
             reader, writer = ctx.Pipe(duplex=False)
-            heartbeat = ctx.Value("d", 0.0, lock=False)
+            heartbeat, loop_heartbeat = new_heartbeat(ctx), new_heartbeat(ctx)
             spec = RankSpec(rank, dist, cpus, heartbeat)
-            p = ctx.Process(target=run_scheduler_process, args=(config, port_args if rank == 0 else None, writer, spec),
+            p = ctx.Process(target=run_scheduler_process,
+                            args=(config, port_args if rank == 0 else None, writer, spec, loop_heartbeat),
                             daemon=True, name=f"scheduler rank {rank}")
             p.heartbeat = heartbeat  # read by watch_processes / stop_processes
+            p.loop_heartbeat = loop_heartbeat  # beaten by the rank's scheduler loop (--watchdog-timeout)
             p.start()
             started.append((p, reader))
     return started

@@ -17,8 +17,10 @@ logger = logging.getLogger(__name__)
 
 
 class RuntimeEndpoint(NativeBackend):
-    def __init__(self, base_url: str, api_key: Optional[str] = None, timeout: float = 600):
+    def __init__(self, base_url: str, api_key: Optional[str] = None, timeout: float = 600,
+                 admin_api_key: Optional[str] = None):
         super().__init__()
+        self.admin_api_key = admin_api_key  # flush_cache is an admin action (the server's --admin-api-key)
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.session = requests.Session()
@@ -88,7 +90,8 @@ class RuntimeEndpoint(NativeBackend):
                 yield out
 
     def flush_cache(self) -> None:
-        self._check(self.session.post(self.base_url + "/flush_cache", timeout=self.timeout))
+        headers = {"Authorization": f"Bearer {self.admin_api_key}"} if self.admin_api_key else None
+        self._check(self.session.post(self.base_url + "/flush_cache", headers=headers, timeout=self.timeout))
 
 
 class Runtime(RuntimeEndpoint):
@@ -99,13 +102,17 @@ class Runtime(RuntimeEndpoint):
 
     def __init__(self, model_path: Optional[str] = None, *, startup_timeout: float = 300, **options):
         from radixlm.config import ServerArgs
+        from radixlm.http_access import ADMIN_API_KEY_ENV, API_KEY_ENV
         from radixlm.server.process import ServerProcess
 
         options.pop("port", None)
+        api_key, admin_api_key = options.pop("api_key", None), options.pop("admin_api_key", None)
         argv = ServerArgs.to_cli_argv(model_path=model_path, **options)
-        self.process = ServerProcess(*argv, timeout=startup_timeout)
+        # Keys through the environment, not the command line (`ps` shows that to every user).
+        env = {API_KEY_ENV: api_key or "", ADMIN_API_KEY_ENV: admin_api_key or ""}
+        self.process = ServerProcess(*argv, timeout=startup_timeout, env=env)
         try:
-            super().__init__(self.process.url, api_key=options.get("api_key"))
+            super().__init__(self.process.url, api_key=api_key, admin_api_key=admin_api_key)
         except BaseException:
             self.process.stop()
             raise

@@ -5,9 +5,14 @@ from __future__ import annotations
 import argparse
 import logging
 
+from radixlm.http_access import ADMIN_API_KEY_ENV, API_KEY_ENV, key_from_env, parse_origins
 from radixlm.router.policies import POLICIES, CacheAwareConfig
 from radixlm.router.server import RouterArgs, create_router_app
 from radixlm.router.workers import HealthConfig
+
+
+WORKER_API_KEY_ENV = "RADIXLM_WORKER_API_KEY"
+WORKER_ADMIN_API_KEY_ENV = "RADIXLM_WORKER_ADMIN_API_KEY"
 
 
 def add_router_args(p: argparse.ArgumentParser) -> None:
@@ -16,8 +21,28 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--policy", choices=POLICIES, default=d.policy)
     p.add_argument("--host", default=d.host, help="bind address (loopback by default)")
     p.add_argument("--port", type=int, default=d.port)
-    p.add_argument("--api-key", default=None, help="clients must send Authorization: Bearer <key>")
-    p.add_argument("--worker-api-key", default=None, help="the key the workers require, sent to them")
+    p.add_argument("--api-key", default=None,
+                   help=f"clients must send Authorization: Bearer <key>; default ${API_KEY_ENV}")
+    p.add_argument("--worker-api-key", default=None,
+                   help=f"the key the workers require, sent to verified workers only; default ${WORKER_API_KEY_ENV}")
+    p.add_argument("--admin-api-key", default=None,
+                   help="the operator's key for /add_worker, /remove_worker, /flush_cache and aborting every request "
+                   f"(also accepted wherever --api-key is); default ${ADMIN_API_KEY_ENV}. Without it those are "
+                   "refused, except with no key at all on a loopback address")
+    p.add_argument("--worker-admin-api-key", default=None,
+                   help=f"the workers' admin key, sent with admin actions only; default ${WORKER_ADMIN_API_KEY_ENV}")
+    p.add_argument("--allowed-origins", default=None,
+                   help="browser origins (comma-separated, or a JSON list; \"*\": any) whose pages may call the "
+                   "router; other cross-origin browser requests are refused with 403")
+    p.add_argument("--worker-allowlist", nargs="*", default=[],
+                   help="host patterns (fnmatch, e.g. '10.0.*' '*.internal' 'gpu-?:30000') that worker URLs must "
+                   "match (--worker-urls and /add_worker: 403); default any host")
+    p.add_argument("--max-request-body-bytes", type=int, default=d.max_request_body_bytes,
+                   help="larger request bodies are refused with 413")
+    p.add_argument("--connect-timeout-secs", type=float, default=d.connect_timeout,
+                   help="seconds to connect to a worker before trying another")
+    p.add_argument("--request-timeout-secs", type=float, default=d.request_timeout,
+                   help="seconds a worker may send nothing on a request before it fails")
     p.add_argument("--cache-threshold", type=float, default=c.cache_threshold,
                    help="share of a request's text cached on a worker for cache_aware to follow it")
     p.add_argument("--balance-abs-threshold", type=int, default=c.balance_abs_threshold,
@@ -37,8 +62,13 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
 
 def router_args_from_cli(a: argparse.Namespace) -> RouterArgs:
     return RouterArgs(
-        worker_urls=list(a.worker_urls), policy=a.policy, host=a.host, port=a.port, api_key=a.api_key,
-        worker_api_key=a.worker_api_key,
+        worker_urls=list(a.worker_urls), policy=a.policy, host=a.host, port=a.port,
+        api_key=key_from_env(a.api_key, API_KEY_ENV), worker_api_key=key_from_env(a.worker_api_key, WORKER_API_KEY_ENV),
+        admin_api_key=key_from_env(a.admin_api_key, ADMIN_API_KEY_ENV),
+        worker_admin_api_key=key_from_env(a.worker_admin_api_key, WORKER_ADMIN_API_KEY_ENV),
+        allowed_origins=parse_origins(a.allowed_origins), worker_allowlist=tuple(a.worker_allowlist),
+        max_request_body_bytes=a.max_request_body_bytes, connect_timeout=a.connect_timeout_secs,
+        request_timeout=a.request_timeout_secs,
         cache_aware=CacheAwareConfig(a.cache_threshold, a.balance_abs_threshold, a.balance_rel_threshold,
                                      a.eviction_interval_secs, a.max_tree_size),
         health=HealthConfig(a.health_check_interval_secs, a.health_check_timeout_secs, a.health_failure_threshold,

@@ -5,7 +5,13 @@ picks and come back byte for byte, streams chunk by chunk; a client that goes aw
 worker connection, which aborts the request there. A request whose worker fails before answering
 (connection refused or reset, a 5xx status) is retried on another worker with backoff: nothing has
 reached the client yet, so it never sees the failure. /flush_cache and /abort_request go to every
-worker, /get_server_info gathers every worker's, /health is 200 while one worker is healthy.
+verified worker, /get_server_info gathers every worker's, /health is 200 while one worker is healthy.
+
+Access (radixlm/http_access.py): --api-key for clients; --admin-api-key for the admin routes
+(/add_worker, /remove_worker, /flush_cache, and /abort_request of every request), which reach the
+workers with --worker-admin-api-key; a user's abort goes out as an abort of its one rid. Bodies
+are bounded (--max-request-body-bytes) and every upstream wait is finite (--connect-timeout-secs,
+--request-timeout-secs).
 """
 
 from __future__ import annotations
@@ -23,16 +29,28 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from radixlm.http_common import APIKeyMiddleware, error_json
+from radixlm.http_access import (
+    AccessConfig,
+    AccessMiddleware,
+    Refusal,
+    abort_target,
+    install_access,
+    json_content_type_error,
+)
+from radixlm.http_common import error_json
 from radixlm.router.metrics import RouterMetrics
 from radixlm.router.policies import CacheAwareConfig, Policy, make_policy
 from radixlm.router.routing_text import routing_text
-from radixlm.router.workers import HealthConfig, WorkerRegistry, normalize_url
+from radixlm.router.workers import HealthConfig, WorkerNotAllowed, WorkerRegistry, normalize_url
 
 logger = logging.getLogger(__name__)
 
 GENERATE_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"}
+# A browser's headers stay here: a worker would take them for a cross-origin call of its own.
+_BROWSER_HEADERS = {"origin", "referer", "cookie", "sec-fetch-site", "sec-fetch-mode", "sec-fetch-dest",
+                    "sec-fetch-user"}
+ADMIN_PATHS = ("/add_worker", "/remove_worker", "/flush_cache")
 
 
 @dataclass
@@ -42,7 +60,14 @@ class RouterArgs:
     host: str = "127.0.0.1"
     port: int = 30000
     api_key: Optional[str] = None  # clients must send it (every route but /health)
-    worker_api_key: Optional[str] = None  # sent to the workers
+    worker_api_key: Optional[str] = None  # sent to the verified workers
+    admin_api_key: Optional[str] = None  # the operator's: the admin routes need it
+    worker_admin_api_key: Optional[str] = None  # sent to the workers for admin actions (flush, abort all)
+    allowed_origins: tuple[str, ...] = ()  # browser origins allowed to call the router; "*": any
+    worker_allowlist: tuple[str, ...] = ()  # host patterns (fnmatch) a worker URL must match; empty: any
+    max_request_body_bytes: int = 32 * 2**20  # a larger request body is a 413
+    connect_timeout: float = 5.0  # seconds to connect to a worker
+    request_timeout: float = 1800.0  # seconds a worker may stay silent (no byte) on a request
     cache_aware: CacheAwareConfig = field(default_factory=CacheAwareConfig)
     health: HealthConfig = field(default_factory=HealthConfig)
     max_retries: int = 3  # other workers tried for a request whose worker failed before answering
@@ -55,7 +80,10 @@ class RouterState:
         self.args = args
         self.policy = policy or make_policy(args.policy, args.cache_aware)
         headers = {"Authorization": f"Bearer {args.worker_api_key}"} if args.worker_api_key else {}
-        self.registry = WorkerRegistry(args.health, headers, on_unhealthy=self.policy.remove_worker)
+        self.registry = WorkerRegistry(args.health, headers, on_unhealthy=self.policy.remove_worker,
+                                       allowlist=tuple(args.worker_allowlist))
+        self.admin_headers = ({"Authorization": f"Bearer {args.worker_admin_api_key}"} if args.worker_admin_api_key
+                              else headers)
         for url in args.worker_urls:
             self.registry.add(url)
         self.client: Optional[httpx.AsyncClient] = None
@@ -78,7 +106,7 @@ def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> Fast
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        state.client = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=5.0),
+        state.client = httpx.AsyncClient(timeout=httpx.Timeout(args.request_timeout, connect=args.connect_timeout),
                                          limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
         await state.registry.check_all(state.client)  # know who is up before the first request
         tasks = [asyncio.ensure_future(state.registry.run_health_checks(state.client)),
@@ -89,22 +117,17 @@ def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> Fast
         await state.client.aclose()
 
     app = FastAPI(title="radixlm router", lifespan=lifespan)
-    app.state.api_key = args.api_key
     app.state.router = state
-    app.add_middleware(APIKeyMiddleware)
+    app.add_middleware(AccessMiddleware, admin_paths=ADMIN_PATHS)
+    install_access(app, AccessConfig(args.api_key, args.admin_api_key, args.host, tuple(args.allowed_origins)))
 
-    async def read_body(request: Request):
-        raw = await request.body()
-        try:
-            return raw, json.loads(raw) if raw else {}
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            return raw, e
+    @app.exception_handler(Refusal)
+    async def _refused(request: Request, e: Refusal):
+        return error_json(e.status, e.message, e.kind, e.param)
 
     for path in GENERATE_PATHS:
         async def generate(request: Request, path=path):
-            raw, body = await read_body(request)
-            if isinstance(body, Exception):
-                return error_json(400, f"malformed JSON body: {body}")
+            raw, body = await read_body(request, args.max_request_body_bytes)
             return await forward(state, request, path, raw, routing_text(path, body))
 
         app.add_api_route(path, generate, methods=["POST"])
@@ -120,16 +143,19 @@ def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> Fast
     async def one_worker_get(request: Request):
         return await forward_get(state, request.url.path)
 
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    @app.post("/flush_cache")  # POST only: a GET is what a page's <img> or link can send
     async def flush_cache():
-        results = await broadcast(state, "POST", "/flush_cache")
+        results = await broadcast(state, "POST", "/flush_cache", headers=state.admin_headers)
         ok = all(r.get("status", 500) < 300 for r in results.values())
         return JSONResponse({"workers": results}, status_code=200 if ok else 502)
 
     @app.post("/abort_request")
     async def abort_request(request: Request):
-        raw, _ = await read_body(request)
-        return JSONResponse({"workers": await broadcast(state, "POST", "/abort_request", raw)})
+        # Sent on as the one rid it names (the workers cannot tell a user's empty rid from the admin's).
+        rid = abort_target((await read_body(request, args.max_request_body_bytes))[1], request)
+        body, headers = ({"rid": rid}, state.registry.headers) if rid else ({"abort_all": True}, state.admin_headers)
+        return JSONResponse({"workers": await broadcast(state, "POST", "/abort_request", json.dumps(body).encode(),
+                                                        headers=headers)})
 
     @app.get("/get_server_info")
     @app.get("/server_info")
@@ -143,11 +169,12 @@ def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> Fast
 
     @app.post("/add_worker")
     async def add_worker(url: str):
+        """The worker gets traffic once verified (now, or by a later health check)."""
         w = _url_or_error(state.registry.add, url)
         if isinstance(w, Response):
             return w
         await state.registry.check(state.client, w.url)
-        return {"added": w.url, "healthy": w.healthy}
+        return {"added": w.url, "healthy": w.healthy, "verified": w.verified, "note": w.note}
 
     @app.post("/remove_worker")
     async def remove_worker(url: str):
@@ -172,11 +199,38 @@ def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> Fast
 
 
 def _url_or_error(op, url: str):
-    """op(url), or a 400 naming the `url` parameter when it is not an http(s) URL."""
+    """op(url), or a 400 naming the `url` parameter when it is not an http(s) URL (403 when
+    --worker-allowlist does not name its host)."""
     try:
         return op(url)
+    except WorkerNotAllowed as e:
+        return error_json(403, str(e), "permission_error", param="url")
     except ValueError as e:
         return error_json(400, str(e), param="url")
+
+
+async def read_body(request: Request, limit: int) -> tuple[bytes, object]:
+    """The body (raw, parsed): JSON as application/json, at most `limit` bytes (on Content-Length
+    before reading, and while reading a chunked one), else a Refusal (415, 413, 400)."""
+    problem = json_content_type_error(request.headers.get("content-type"))
+    if problem:
+        raise Refusal(415, problem, "content-type")
+    too_big = Refusal(413, f"the request body is larger than the limit of {limit} bytes (--max-request-body-bytes)",
+                      "body")
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    raw = b"".join(chunks)
+    try:
+        return raw, json.loads(raw)
+    except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError; too deep
+        raise Refusal(400, f"malformed JSON body: {str(e)[:200] or type(e).__name__}") from None
 
 
 def router_info(state: RouterState) -> dict:
@@ -193,7 +247,8 @@ async def _maintain(state: RouterState) -> None:
 
 
 def _request_headers(state: RouterState, request: Request) -> dict:
-    h = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_HEADERS | {"host", "authorization"}}
+    h = {k: v for k, v in request.headers.items()
+         if k.lower() not in _HOP_HEADERS | _BROWSER_HEADERS | {"host", "authorization"}}
     h.update(state.registry.headers)
     return h
 
@@ -273,10 +328,15 @@ async def forward_get(state: RouterState, path: str) -> Response:
     return error_json(503, "no healthy worker", "server_error")
 
 
-async def broadcast(state: RouterState, method: str, path: str, content: bytes = b"", timeout: float = 30.0) -> dict:
+async def broadcast(state: RouterState, method: str, path: str, content: bytes = b"", timeout: float = 30.0,
+                    headers: Optional[dict] = None) -> dict:
+    """`method path` on every verified worker, with `headers` (default: the workers' user key)."""
+    headers = {**(state.registry.headers if headers is None else headers),
+               **({"Content-Type": "application/json"} if content else {})}
+
     async def one(url: str) -> dict:
         try:
-            r = await state.client.request(method, url + path, content=content or None, headers=state.registry.headers,
+            r = await state.client.request(method, url + path, content=content or None, headers=headers,
                                            timeout=timeout)
             try:
                 body = r.json()
@@ -286,5 +346,5 @@ async def broadcast(state: RouterState, method: str, path: str, content: bytes =
         except httpx.HTTPError as e:
             return {"status": 502, "error": f"{type(e).__name__}: {e}"}
 
-    urls = list(state.registry.workers)
+    urls = state.registry.verified()
     return dict(zip(urls, await asyncio.gather(*(one(u) for u in urls))))

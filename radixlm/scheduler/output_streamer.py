@@ -1,8 +1,9 @@
 """OutputStreamer: each request's news for the detokenizer, sent as one BatchTokenIDOut per step.
 
 A request's chunk carries its new token ids (and logprobs) since the last one: when it finished,
-or, streaming, every stream_interval tokens. Chunks carry the detokenization options too, so the
-detokenizer keeps no per-request registration.
+or, streaming, every stream_interval tokens. Chunks carry the detokenization options too; the
+stop strings and patterns only in a request's first chunk (the detokenizer keeps them with its
+decode state).
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ class OutputStreamer:
         new = req.output_ids[req.sent_output_len :]
         if not req.finished() and len(new) < (req.sampling_params.stream_interval or self.stream_interval):
             return
+        # The stop options go with the first chunk only: the detokenizer keeps them with the
+        # request's decode state (up to 16 strings and 16 patterns, not re-sent per token).
+        first = req.sent_output_len == 0
         req.sent_output_len = len(req.output_ids)
         sp = req.sampling_params
         chunk = ReqOutputChunk(
@@ -37,8 +41,8 @@ class OutputStreamer:
             skip_special_tokens=sp.skip_special_tokens,
             spaces_between_special_tokens=sp.spaces_between_special_tokens,
             trim_stop=not sp.no_stop_trim,
-            stop_strs=sp.stop_strs or None,
-            stop_regex=sp.stop_regex_list or None,
+            stop_strs=(sp.stop_strs or None) if first else None,
+            stop_regex=(sp.stop_regex_list or None) if first else None,
             forward_passes=req.forward_passes,
             spec_verify_ct=req.spec_verify_ct,
             spec_accepted_tokens=req.spec_accepted_tokens,

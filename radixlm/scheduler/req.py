@@ -26,7 +26,7 @@ output token is computed by the step that samples the token after it.
 
 from __future__ import annotations
 
-import re
+import logging
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -36,7 +36,10 @@ import torch
 
 from radixlm.cache.base_prefix_cache import PrefixKey
 from radixlm.ipc import FinishAbort, FinishLength, FinishReason, FinishStop, TokenizedGenerateReqInput
-from radixlm.sampling_params import SamplingParams
+from radixlm.sampling_params import SamplingParams, brief_repr
+from radixlm.stop_match import STOP_REGEX_BUDGET_S, STOP_REGEX_WINDOW, StopRegexTimeout, first_match
+
+logger = logging.getLogger(__name__)
 
 
 class ReqStatus(Enum):
@@ -178,18 +181,31 @@ class Req:
                     if s in tail:
                         self.finished_reason = FinishStop(s)
                         return
-            if sp.stop_regex and tokenizer is not None:
-                # Each token is at least one character, so a match of w characters lies in the
-                # last w + 1 tokens; an unbounded pattern is searched over the whole output.
-                w = sp.stop_regex_window
-                tail = tokenizer.decode(self.output_ids if w is None else self.output_ids[-(w + 1):],
-                                        skip_special_tokens=sp.skip_special_tokens)
-                for p in sp.stop_regex_list:
-                    if re.search(p, tail):
-                        self.finished_reason = FinishStop(p, matched_regex=True)
-                        return
+            if sp.stop_regex and tokenizer is not None and self._check_stop_regex(tokenizer):
+                return
         if self.seqlen >= context_len:
             self.finished_reason = FinishLength(len(self.output_ids))
+
+    def _check_stop_regex(self, tokenizer) -> bool:
+        """Finish on a stop_regex match in the output's last characters (stop_match.py): each token
+        is at least one character, so a match of w characters lies in the last w + 1 tokens. A
+        search past its time budget ends this request with a 400, never the scheduler's loop."""
+        sp = self.sampling_params
+        tail = tokenizer.decode(self.output_ids[-(sp.stop_regex_window + 1):],
+                                skip_special_tokens=sp.skip_special_tokens)[-STOP_REGEX_WINDOW:]
+        try:
+            hit = first_match(sp.stop_regex_list, tail)
+        except StopRegexTimeout as e:
+            logger.warning("request %s: stop_regex %s timed out after %d output tokens", self.rid,
+                           brief_repr(e.pattern), len(self.output_ids))
+            self.abort(f"sampling_params.stop_regex {brief_repr(e.pattern)} took longer than "
+                       f"{STOP_REGEX_BUDGET_S * 1000:.0f} ms to search the last {len(tail)} characters of the "
+                       "output; the request was stopped (simplify the pattern)", 400)
+            return True
+        if hit is not None:
+            self.finished_reason = FinishStop(hit[0], matched_regex=True)
+            return True
+        return False
 
     def banned_token_ids(self) -> list[int]:
         """EOS and stop tokens are banned until min_new_tokens outputs exist."""

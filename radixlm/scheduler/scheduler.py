@@ -20,8 +20,10 @@ from typing import TYPE_CHECKING, Optional
 from radixlm.cache.base_prefix_cache import FLUSH_LEVELS
 from radixlm.cache.factory import create_prefix_cache
 from radixlm.config import PortArgs
+from radixlm.distributed.rank import beat
 from radixlm.ipc import (
     AbortReq,
+    ControlFailed,
     FinishAbort,
     FlushCacheReq,
     FlushCacheReqOutput,
@@ -60,6 +62,8 @@ logger = logging.getLogger(__name__)
 
 IDLE_POLL_MS = 1000  # nothing to do: wait this long for a message
 PENDING_POLL_MS = 2  # only compiles or storage reads pending: look again soon
+# The reply each control call waits for (ControlFailed names it when the call raised).
+_CONTROL_REPLIES = {FlushCacheReq: FlushCacheReqOutput, GetInternalStateReq: GetInternalStateReqOutput}
 
 
 class Scheduler:
@@ -118,11 +122,15 @@ class Scheduler:
     def is_idle(self) -> bool:
         return self.queues.is_idle() and not self.executor.in_flight()
 
-    def event_loop(self) -> None:
+    def event_loop(self, heartbeat=None) -> None:
+        """heartbeat: beaten as the loop starts and after every iteration (at least once per
+        IDLE_POLL_MS when idle), so the launcher tells a hung loop from a busy one (--watchdog-timeout)."""
+        beat(heartbeat)
         while True:
             for msg in self.io_wait():
                 self.handle(msg)
             self.step()
+            beat(heartbeat)
 
     def io_wait(self) -> list:
         q = self.queues
@@ -182,6 +190,8 @@ class Scheduler:
             if isinstance(msg, TokenizedGenerateReqInput):
                 self.outputs.reject(msg.rid, len(msg.input_ids),
                                     FinishAbort(f"internal error: {type(e).__name__}: {e}", 500))
+            elif type(msg) in _CONTROL_REPLIES:  # its caller waits for an answer
+                self.io.reply(ControlFailed(_CONTROL_REPLIES[type(msg)]))
 
     def _log_decode(self) -> None:
         if self.stats.decode_steps % self.decode_log_interval == 0:
@@ -244,9 +254,9 @@ def _load_tokenizer(path: str):
 
 
 def run_scheduler_process(config: SchedulerConfig, port_args: Optional[PortArgs], pipe_writer,
-                          rank: Optional["RankSpec"] = None) -> None:
+                          rank: Optional["RankSpec"] = None, loop_heartbeat=None) -> None:
     """Entry point of the scheduler process; rank: this process is that rank of a tensor-parallel
-    group (port_args: rank 0's channels, None on the other ranks)."""
+    group (port_args: rank 0's channels, None on the other ranks); loop_heartbeat: see event_loop."""
     from radixlm.utils import configure_logging, kill_itself_when_parent_died
 
     configure_logging(config.log_level, prefix="scheduler" if rank is None else f"scheduler tp{rank.rank}")
@@ -272,7 +282,7 @@ def run_scheduler_process(config: SchedulerConfig, port_args: Optional[PortArgs]
 
     signal.signal(signal.SIGTERM, finish_stores)
     try:
-        scheduler.event_loop()
+        scheduler.event_loop(loop_heartbeat)
     except InvariantError:
         logger.exception("scheduler invariant broken: stopping")
         if rank is not None:
@@ -280,6 +290,9 @@ def run_scheduler_process(config: SchedulerConfig, port_args: Optional[PortArgs]
         raise
     except Exception:
         if rank is None:
+            # Not one request's failure (those are contained where they happen): the scheduler's
+            # state is unknown, so it stops, and the server exits or (--restart-on-failure) restarts.
+            logger.exception("scheduler step failed: stopping")
             raise
         # A rank whose peer died (or that failed) exits now: the interpreter's teardown would wait on
         # the process group's pending work, up to --dist-timeout.

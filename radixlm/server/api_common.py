@@ -18,6 +18,7 @@ from fastapi import Request
 
 from radixlm.config import ServerArgs
 from radixlm.engine.tokenizer_manager import TokenizerManager
+from radixlm.http_access import json_content_type_error
 
 
 class HTTPError(Exception):
@@ -133,16 +134,10 @@ def parse_json(body: bytes) -> Any:
     return obj
 
 
-# Content types a JSON body may come with besides application/json and */*+json: none (some
-# clients send none), curl -d's default, and the generic text and bytes types of HTTP libraries.
-_JSON_COMPATIBLE_TYPES = {"", "text/plain", "application/x-www-form-urlencoded", "application/octet-stream"}
-
-
 def _check_content_type(request: Request) -> None:
-    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if ctype not in _JSON_COMPATIBLE_TYPES and ctype != "application/json" and not ctype.endswith("+json"):
-        raise HTTPError(415, f"unsupported Content-Type {ctype[:100]!r}: the body must be JSON "
-                             "(Content-Type: application/json)", param="content-type")
+    problem = json_content_type_error(request.headers.get("content-type"))
+    if problem:
+        raise HTTPError(415, problem, param="content-type")
 
 
 async def read_json(request: Request) -> Any:
@@ -198,14 +193,19 @@ async def run_until_disconnect(request: Request, coro):
         task.cancel()
 
 
-def check_queue(state: ServerState) -> None:
+def check_queue(state: ServerState, incoming: int = 1, field: str = "n") -> None:
+    """Refuse `incoming` new sequences (a request's prompts x n) that would queue past the limit."""
     limit = state.server_args.max_queued_requests
     if limit is None:
         return
-    queued = len(state.tokenizer_manager.rid_to_state) - state.server_args.max_running_requests
-    if queued >= limit:
-        raise HTTPError(429, f"too many queued requests ({queued} >= --max-queued-requests {limit}); retry later",
-                        "rate_limit_error")
+    running = state.server_args.max_running_requests
+    if incoming > limit + running:  # would not fit an empty server either: retrying cannot help
+        raise HTTPError(400, f"the request starts {incoming} sequences (prompts x n), more than the server queues "
+                             f"(--max-queued-requests {limit} + --max-running-requests {running})", param=field)
+    queued = len(state.tokenizer_manager.rid_to_state) - running
+    if queued + incoming > limit:
+        raise HTTPError(429, f"too many queued requests ({max(queued, 0)} queued + {incoming} new > "
+                             f"--max-queued-requests {limit}); retry later", "rate_limit_error")
 
 
 def observe(state: ServerState, out: Any) -> None:

@@ -7,9 +7,25 @@ from radixlm.server.api_common import HTTPError, ServerState
 from radixlm.server.openai_protocol import ChatCompletionRequest
 
 
+# chat_template_kwargs go to HF's apply_chat_template and into the template; these names are the
+# server's to set: apply_chat_template's own parameters (a client's `chat_template` would run its
+# own Jinja, nested loops burning the CPU; `tokenize` / `return_*` / `padding` change what comes
+# back) and the template's inputs the request has fields for (`messages`, `tools`, `documents`).
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "chat_template", "tokenize", "add_generation_prompt", "continue_final_message", "conversation", "messages",
+    "tools", "documents", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+    "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
+
+
 def render_chat(state: ServerState, req: ChatCompletionRequest) -> list[int]:
+    """On a tokenizer thread (the route runs it through the TokenizerPool)."""
     tok = state.tokenizer_manager.tokenizer
     kwargs = dict(req.chat_template_kwargs or {})
+    reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
+    if reserved:
+        raise HTTPError(400, f"chat_template_kwargs may not set {', '.join(reserved)} (the server's template and "
+                             "the request's own fields decide them)", param="chat_template_kwargs")
     if req.tools:
         kwargs["tools"] = req.tools
     try:

@@ -17,15 +17,16 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixlm.engine.tokenizer_manager import EngineDeadError
-from radixlm.http_common import APIKeyMiddleware, error_json
+from radixlm.engine.tokenizer_manager import EngineDeadError, InternalRequestError
+from radixlm.engine.tokenizer_pool import TokenizerTimeout
+from radixlm.http_access import AccessMiddleware, Refusal, abort_target
+from radixlm.http_common import error_json
 from radixlm.ipc import GenerateReqInput
 from radixlm.sampling_params import SamplingParams
 from radixlm.server.api_common import (
     SSE_DONE,
     HTTPError,
     ServerState,
-    check_queue,
     json_body,
     observe,
     read_json,
@@ -35,6 +36,7 @@ from radixlm.server.api_common import (
     sse,
     sse_error,
 )
+from radixlm.server.fanout import admit_to_queue, check_fanout, native_sequences
 from radixlm.server.openai_api import router as openai_router
 from radixlm.version import __version__
 
@@ -104,8 +106,8 @@ router = APIRouter()
 async def generate(request: Request):
     state = srv(request)
     obj = parse_generate_body(await read_json(request))
-    check_queue(state)
-    gen = state.tokenizer_manager.generate_request(obj)
+    check_fanout(state, native_sequences(obj), obj.batch_size, "text" if obj.text is not None else "input_ids")
+    gen = state.tokenizer_manager.generate_request(obj, admit=admit_to_queue(state))
     if obj.stream:
         return StreamingResponse(_stream_native(state, gen), media_type="text/event-stream")
 
@@ -141,6 +143,12 @@ async def _stream_native(state: ServerState, gen: AsyncIterator):
         yield sse_error(400, str(e), "invalid_request_error")
     except EngineDeadError as e:
         yield sse_error(503, str(e), "server_error")
+    except HTTPError as e:  # the queue filled while the request was tokenized
+        yield sse_error(e.status, e.message, e.kind)
+    except TokenizerTimeout as e:
+        yield sse_error(504, str(e), "server_error")
+    except InternalRequestError as e:
+        yield sse_error(500, str(e), "server_error")
     yield SSE_DONE
 
 
@@ -164,7 +172,7 @@ async def health_generate(request: Request):
     try:
         async for _ in state.tokenizer_manager.generate_request(obj):
             pass
-    except EngineDeadError as e:
+    except (EngineDeadError, InternalRequestError) as e:
         return Response(str(e), status_code=503)
     return Response(status_code=200)
 
@@ -191,10 +199,9 @@ async def server_info(request: Request):
     s = srv(request)
     internal = await s.tokenizer_manager.get_internal_state()
     args = dataclasses.asdict(s.server_args)
-    if args.get("api_key"):
-        args["api_key"] = "***"
-    if args.get("hicache_storage_key"):
-        args["hicache_storage_key"] = "***"
+    for secret in ("api_key", "admin_api_key", "hicache_storage_key"):
+        if args.get(secret):
+            args[secret] = "***"
     return {
         **args,
         "version": __version__,
@@ -211,7 +218,11 @@ async def server_info(request: Request):
 
 
 # --------------------------------------------------------------------- admin
-@router.api_route("/flush_cache", methods=["GET", "POST"])
+# Routes only the admin may call (AccessMiddleware); /abort_request's abort-all part is checked in the route.
+ADMIN_PATHS = ("/flush_cache",)
+
+
+@router.post("/flush_cache")  # POST only: a GET is what a page's <img> or link can send
 async def flush_cache(request: Request, level: str = "l1"):
     """level (query): l1 empties the KV pool (the hierarchical cache keeps what it moved to host memory
     and storage); l2 also the host tier; l3 also the storage tier."""
@@ -222,12 +233,12 @@ async def flush_cache(request: Request, level: str = "l1"):
 
 
 @router.post("/abort_request", openapi_extra=json_body(
-    {"type": "object", "properties": {"rid": {"type": "string"}}, "required": ["rid"]}))
+    {"type": "object", "properties": {"rid": {"type": "string"}, "abort_all": {"type": "boolean"}}}))
 async def abort_request(request: Request):
-    body = await read_json(request)
-    rid = body.get("rid") if isinstance(body, dict) else None
-    if not isinstance(rid, str):
-        raise HTTPError(400, "abort_request needs a string field rid", param="rid")
+    try:
+        rid = abort_target(await read_json(request), request)
+    except Refusal as e:
+        raise HTTPError(e.status, e.message, e.kind, e.param) from None
     srv(request).tokenizer_manager.abort_request(rid)
     return Response(status_code=200)
 
@@ -243,7 +254,7 @@ async def tokenize(request: Request):
     texts = [text] if isinstance(text, str) else text
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise HTTPError(400, "tokenize needs a string (or list of strings) field text", param="text")
-    ids = [s.tokenizer_manager.tokenizer.encode(t) for t in texts]
+    ids = await _tokenize_texts(s, texts)
     if isinstance(text, str):
         return {"tokens": ids[0], "count": len(ids[0]), "max_model_len": s.scheduler_info["context_len"]}
     return {"tokens": ids, "count": [len(i) for i in ids]}
@@ -254,10 +265,38 @@ async def tokenize(request: Request):
 async def detokenize(request: Request):
     body = await read_json(request)
     toks = body.get("tokens") if isinstance(body, dict) else None
-    vocab = srv(request).scheduler_info["vocab_size"]
+    s = srv(request)
+    vocab = s.scheduler_info["vocab_size"]
     if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in toks):
         raise HTTPError(400, f"detokenize needs a field tokens: a list of token ids in [0, {vocab})", param="tokens")
-    return {"text": srv(request).tokenizer_manager.tokenizer.decode(toks)}
+    if len(toks) > s.context_len:
+        raise HTTPError(400, f"tokens has {len(toks)} token ids, more than the context length {s.context_len}",
+                        param="tokens")
+    tm = s.tokenizer_manager
+    return {"text": await tm.tokenizer_pool.run(tm.tokenizer.decode, toks, what="detokenizing")}
+
+
+async def _tokenize_texts(s: ServerState, texts: list[str]) -> list[list[int]]:
+    """/tokenize's texts, each at most the context length (as vLLM), on the tokenizer threads."""
+    cap = s.server_args.max_client_batch_size
+    if len(texts) > cap:
+        raise HTTPError(400, f"text has {len(texts)} items, more than --max-client-batch-size {cap}", param="text")
+    tm = s.tokenizer_manager
+
+    def encode_all() -> list[list[int]]:
+        out = []
+        for t in texts:
+            try:  # refuses a text far past the context before tokenizing all of it
+                ids = tm.encode_prompt(t)
+            except ValueError as e:
+                raise HTTPError(400, f"text: {e}", param="text") from None
+            if len(ids) > s.context_len:
+                raise HTTPError(400, f"text has {len(ids)} tokens, more than the context length {s.context_len}",
+                                param="text")
+            out.append(ids)
+        return out
+
+    return await tm.tokenizer_pool.run(encode_all, what="tokenizing the text")
 
 
 def _openapi_with_unique_ids(app: FastAPI) -> dict:
@@ -287,7 +326,7 @@ def create_app(state_factory) -> FastAPI:
 
     app = FastAPI(title="radixlm", version=__version__, lifespan=lifespan)
     app.openapi = lambda: _openapi_with_unique_ids(app)
-    app.add_middleware(APIKeyMiddleware)
+    app.add_middleware(AccessMiddleware, admin_paths=ADMIN_PATHS)
     app.include_router(router)
     app.include_router(openai_router)
 
@@ -306,6 +345,17 @@ def create_app(state_factory) -> FastAPI:
     @app.exception_handler(EngineDeadError)
     async def _dead(request: Request, e: EngineDeadError):
         return error_json(503, str(e), "server_error")
+
+    @app.exception_handler(TokenizerTimeout)
+    async def _tokenizer_timeout(request: Request, e: TokenizerTimeout):
+        return error_json(504, str(e), "server_error")
+
+    @app.exception_handler(InternalRequestError)
+    async def _failed(request: Request, e: InternalRequestError):
+        # Generic, with the request id the server log names (tokenizer_manager.py logs the details).
+        response = error_json(500, str(e), "server_error")
+        response.headers["X-Request-Id"] = e.rid
+        return response
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, e: RequestValidationError):

@@ -1,6 +1,6 @@
 """`radixlm serve`: start the engine processes, then the HTTP server on this process; watch the
-engine and, when one of its processes dies, exit non-zero or (--restart-on-failure) start a new
-engine. See docs/architecture.md, "Processes", and docs/reliability.md."""
+engine and, when one of its processes dies or hangs (--watchdog-timeout), exit non-zero or
+(--restart-on-failure) start a new engine. See docs/architecture.md, "Processes", and docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -49,7 +49,8 @@ class EngineSupervisor:
         loop = asyncio.get_running_loop()
         procs = self.procs
         watch_processes(procs, lambda msg: loop.call_soon_threadsafe(self._on_dead, tm, msg),
-                        lambda: self.stopping or procs is not self.procs, self.server_args.watchdog_interval)
+                        lambda: self.stopping or procs is not self.procs, self.server_args.watchdog_interval,
+                        tm, self.server_args.watchdog_timeout)
         return tm
 
     def _on_dead(self, tm, message: str) -> None:
@@ -99,12 +100,15 @@ def launch_server(server_args: ServerArgs) -> None:
     import uvicorn
 
     from radixlm.model.loader import default_model_path, load_tokenizer
+    from radixlm.http_access import AccessConfig, install_access, parse_origins
     from radixlm.server.api_common import ServerState, served_model_name
     from radixlm.server.http_server import create_app
     from radixlm.utils import configure_logging
 
     configure_logging(server_args.log_level)
     check_server_args(server_args)  # a bad option: one error before anything loads
+    access = AccessConfig(server_args.api_key, server_args.admin_api_key, server_args.host,
+                          parse_origins(server_args.allowed_origins))
     tokenizer = load_tokenizer(server_args.tokenizer_path or server_args.model_path or default_model_path())
 
     async def state_factory() -> ServerState:
@@ -118,7 +122,7 @@ def launch_server(server_args: ServerArgs) -> None:
         return supervisor.state
 
     app = create_app(state_factory)
-    app.state.api_key = server_args.api_key
+    install_access(app, access)
     if server_args.enable_metrics:
         from radixlm.server.metrics import mount_metrics
 
@@ -130,7 +134,7 @@ def launch_server(server_args: ServerArgs) -> None:
     supervisor = EngineSupervisor(server_args, tokenizer, server)
     info = supervisor.launch()
     url = f"http://{server_args.host}:{server_args.port}"
-    auth = f" -H 'Authorization: Bearer {server_args.api_key}'" if server_args.api_key else ""
+    auth = " -H 'Authorization: Bearer <api key>'" if server_args.api_key else ""  # keys are printed nowhere
     print(
         f"radixlm serving {served_model_name(server_args, info)} at {url}\n"
         f"  KV cache: {info['max_total_num_tokens']} tokens ({info['kv_cache_bytes'] / 2**20:.0f} MiB), "

@@ -16,14 +16,13 @@ from typing import Any, AsyncIterator, Optional
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from radixlm.engine.tokenizer_manager import EngineDeadError
+from radixlm.engine.tokenizer_manager import EngineDeadError, InternalRequestError
 from radixlm.ipc import GenerateReqInput
 from radixlm.sampling_params import SamplingParams, SamplingParamsError
 from radixlm.server.api_common import (
     SSE_DONE,
     HTTPError,
     ServerState,
-    check_queue,
     json_body,
     observe,
     read_json,
@@ -34,6 +33,7 @@ from radixlm.server.api_common import (
     sse_error,
 )
 from radixlm.server.chat_render import render_chat
+from radixlm.server.fanout import admit_to_queue, check_fanout
 from radixlm.server.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -218,8 +218,7 @@ def _check_length(state: ServerState, prompts: list[list[int]], field: str) -> N
 
 async def _run(request: Request, job: _Job):
     state = srv(request)
-    check_queue(state)
-    gen = state.tokenizer_manager.generate_request(job.obj)
+    gen = state.tokenizer_manager.generate_request(job.obj, admit=admit_to_queue(state))
     try:
         if job.obj.stream:
             # Wait for the first output before answering, so that an error the engine finds
@@ -254,6 +253,8 @@ async def _stream(state: ServerState, job: _Job, gen: AsyncIterator, first: dict
         yield sse_error(400, str(e), "invalid_request_error")
     except EngineDeadError as e:
         yield sse_error(503, str(e), "server_error")
+    except InternalRequestError as e:
+        yield sse_error(500, str(e), "server_error")
     finally:
         # Closing the native generator aborts whatever still runs (client gone, error). A
         # cancellation (disconnect) is not caught above, so it propagates after this.
@@ -310,11 +311,15 @@ async def completions(request: Request):
     if req.best_of is not None and req.best_of != n:
         raise HTTPError(400, f"best_of must equal n ({n}); choosing the best of several is not supported",
                         param="best_of")
-    tok = state.tokenizer_manager.tokenizer
+    tm = state.tokenizer_manager
+    tok = tm.tokenizer
     p = req.prompt
     texts = [p] if isinstance(p, str) else p if isinstance(p[0], str) else None
+    prompts = 1 if isinstance(p, str) or isinstance(p[0], int) else len(p)
+    check_fanout(state, prompts * n, prompts, "prompt")  # before tokenizing any of them
     try:
-        ids = [state.tokenizer_manager.encode_prompt(t) for t in texts] if texts else [p] if isinstance(p[0], int) else p
+        ids = (await tm.tokenizer_pool.run(lambda: [tm.encode_prompt(t) for t in texts], what="tokenizing the prompt")
+               if texts else [p] if isinstance(p[0], int) else p)
     except ValueError as e:
         raise HTTPError(400, str(e), param="prompt") from None
     if texts is not None and not all(ids):
@@ -360,7 +365,8 @@ async def chat_completions(request: Request):
             raise HTTPError(400, "response_format cannot be combined with regex, json_schema, ebnf or "
                             "structural_tag", param="response_format")
         setattr(req, *constraint)
-    ids = render_chat(state, req)
+    check_fanout(state, req.n or 1, 1, "messages")
+    ids = await state.tokenizer_manager.tokenizer_pool.run(render_chat, state, req, what="rendering the chat template")
     _check_length(state, [ids], "messages")
     ctx = state.scheduler_info["context_len"]
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens

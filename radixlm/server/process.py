@@ -40,7 +40,7 @@ class ServerProcess:
 
     def __init__(self, *args: str, port: Optional[int] = None, timeout: float = 180,
                  command: Optional[Callable[[int], list]] = None, name: str = "the radixlm server",
-                 cpus: Optional[list[int]] = None):
+                 cpus: Optional[list[int]] = None, env: Optional[dict[str, str]] = None):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         cmd = [sys.executable, "-m", "radixlm.cli", "serve", "--port", str(self.port), "--log-level", "warning", *args]
@@ -50,7 +50,9 @@ class ServerProcess:
         self.log = tempfile.TemporaryFile(mode="w+")
         # cpus: the cores the server may run on (its share under `serve --dp`; Linux only).
         pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus and hasattr(os, "sched_setaffinity") else None
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True, preexec_fn=pin)
+        # env: added to this process's environment (keys go there: a command line is public in `ps`).
+        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True, preexec_fn=pin,
+                                     env={**os.environ, **env} if env else None)
         self._finalizer = weakref.finalize(self, _stop, self.proc)
         deadline = time.time() + timeout
         while time.time() < deadline:

@@ -1,5 +1,6 @@
 """Security of the HTTP server: --api-key on every route but /health (compared in constant time),
-loopback by default, and error bodies without stack traces or file paths."""
+loopback by default, and error bodies without stack traces or file paths. (Admin actions, browser
+checks and keys kept out of command lines: test_access.py.)"""
 
 import asyncio
 import re
@@ -11,7 +12,7 @@ import requests
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-import radixlm.http_common as http_common
+import radixlm.http_access as http_access
 from radixlm.config import ServerArgs
 from radixlm.router.server import RouterArgs
 from radixlm.server.process import ServerProcess
@@ -56,7 +57,9 @@ def test_every_route_but_health_needs_the_key(keyed):
             assert r.json()["error"]["type"] == "authentication_error"
     ok = {"Authorization": f"Bearer {KEY}"}
     assert requests.get(keyed.url + "/metrics", headers=ok, timeout=10).status_code == 200
-    assert requests.post(keyed.url + "/flush_cache", headers=ok, timeout=10).status_code == 200
+    # An admin action: without --admin-api-key nobody may (the user key is a user's).
+    flush = requests.post(keyed.url + "/flush_cache", headers=ok, timeout=10)
+    assert flush.status_code == 403 and "--admin-api-key" in flush.json()["error"]["message"]
     assert requests.post(keyed.url + "/abort_request", json={"rid": "none"}, headers=ok, timeout=10).status_code == 200
     r = requests.post(keyed.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}},
                       headers=ok, timeout=60)
@@ -112,18 +115,18 @@ def test_key_comparison_is_constant_time(monkeypatch):
     """The check goes through secrets.compare_digest on the whole header, for right and wrong keys
     alike: no early exit on the first differing byte, on length, or on a missing header."""
     calls = []
-    real = http_common.secrets.compare_digest
+    real = http_access.secrets.compare_digest
 
     def spy(a, b):
         calls.append((a, b))
         return real(a, b)
 
-    monkeypatch.setattr(http_common.secrets, "compare_digest", spy)
+    monkeypatch.setattr(http_access.secrets, "compare_digest", spy)
     app = FastAPI()
     app.get("/x")(lambda: {"ok": True})
     app.get("/health")(lambda: {"ok": True})
     app.state.api_key = KEY
-    app.add_middleware(http_common.APIKeyMiddleware)
+    app.add_middleware(http_access.AccessMiddleware)
 
     def call(path, auth):
         async def go():

@@ -5,7 +5,12 @@ pool ~10x too small for the offered load, with the scheduler's invariant checks 
 must pass: no 5xx or other unexpected status, no hang, valid outputs, the server alive, nothing
 leaked, and greedy outputs equal to a quiet replay's."""
 
+import time
+
+import pytest
+
 from radixlm.bench.soak.config import SoakConfig
+from radixlm.bench.soak.hostile import HostileConfig, HostileLoad
 from radixlm.bench.soak.report import format_summary
 from radixlm.bench.soak.runner import run
 
@@ -71,3 +76,47 @@ def test_soak_checks_catch_failures():
     req.n = 2
     differ = SoakResult(req.idx, req.kind, status=200, choices={0: ok, 1: {**ok, "text": '{"name": "Bo", "age": 3}'}})
     assert output_problems(req, differ) == ["greedy choices differ"]
+
+
+def _hostile(tiny_model_dir, tmp_path, cfg: SoakConfig, interval: float) -> tuple[dict, str]:
+    """The soak with attackers alongside, against a server with a disk (L3) cache whose files they forge."""
+    store = tmp_path / "l3"
+    server_args = ["--model-path", tiny_model_dir, "--num-threads", "1", "--max-total-tokens", str(POOL),
+                   "--enable-invariant-checks", "--enable-hierarchical-cache", "--hicache-storage-backend", "file",
+                   "--hicache-storage-dir", str(store), "--hicache-dtype", "float32",
+                   "--hicache-storage-chunk-size", "16"]
+    side = HostileLoad(HostileConfig(interval=interval, forge_dir=str(store), seed=cfg.seed))
+    s = run(None, cfg, server_args, log=lambda *a: None, side=[side])
+    s.pop("_results")
+    return s, format_summary(s)
+
+
+def test_hostile_soak_tiny(tiny_model_dir, tmp_path):
+    """A short hostile load: a ReDoS stop_regex forced by logit_bias, batch x n fan-out, an oversized
+    /tokenize, a client's Jinja template bomb, slow-loris connections and forged disk-cache files,
+    mixed into the normal soak: /health answers within 2 s every time, every attack is refused (or,
+    the ReDoS, stopped), and the normal requests pass every soak check (no 5xx, outputs, no leaks,
+    invariants, greedy replay)."""
+    cfg = SoakConfig(num_requests=120, concurrency=24, seed=3, disconnect_rate=0.1, request_timeout=120.0,
+                     max_new_tokens=(4, 24), short_words=(3, 30), long_words=(200, 600), drain_timeout=30.0)
+    s, report = _hostile(tiny_model_dir, tmp_path, cfg, interval=1.0)
+    print(report)
+    assert s["ok"], report
+    h = s["hostile"]
+    assert h["health_probes"] >= 10 and h["health_max_s"] <= 2.0, report
+    assert all(sum(v.values()) >= 2 for v in h["attacks"].values()), report
+    assert sum(h["forged"].values()) >= 3, report
+    assert s["greedy_replayed"] >= 20 and s["greedy_mismatches"] == 0, report
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(3 * 3600)
+def test_hostile_soak_30_minutes(tiny_model_dir, tmp_path):
+    """The long hostile load (pytest -m soak): about 30 minutes on this 2-core machine."""
+    cfg = SoakConfig(num_requests=15000, concurrency=32, seed=4, disconnect_rate=0.15, request_timeout=300.0,
+                     max_new_tokens=(4, 32), short_words=(3, 30), long_words=(200, 600), drain_timeout=60.0)
+    t0 = time.monotonic()
+    s, report = _hostile(tiny_model_dir, tmp_path, cfg, interval=3.0)
+    print(f"{time.monotonic() - t0:.0f} s\n{report}")
+    assert s["ok"], report
+    assert all(sum(v.values()) >= 100 for v in s["hostile"]["attacks"].values()), report

@@ -12,6 +12,7 @@ import httpx
 import jsonschema
 import psutil
 import pytest
+import requests
 
 import radixlm.lang as sgl
 
@@ -133,12 +134,17 @@ def test_clear_errors_where_the_server_cannot():
 def test_runtime_stops_its_server_and_children(tiny_model_dir):
     ipc_dirs = lambda: set(glob.glob(os.path.join(tempfile.gettempdir(), "radixlm-*")))  # noqa: E731
     before = ipc_dirs()
-    rt = sgl.Runtime(str(tiny_model_dir), kv_memory_gb=0.05, enable_invariant_checks=True)
+    rt = sgl.Runtime(str(tiny_model_dir), kv_memory_gb=0.05, enable_invariant_checks=True, api_key="rt-user-key",
+                     admin_api_key="rt-admin-key")
     mine = ipc_dirs() - before
     assert mine  # the server's ipc socket dir
     server = psutil.Process(rt.process.proc.pid)
     children = server.children(recursive=True)
     assert len(children) >= 2  # scheduler and detokenizer
+    # The keys reach the server through its environment, not its command line (public in `ps`).
+    assert not any("rt-" in " ".join(p.cmdline()) for p in [server, *children])
+    assert requests.post(rt.url + "/flush_cache", timeout=10).status_code == 401
+    rt.flush_cache()  # an admin action: with the admin key
     out = sgl.function(lambda s: s.__iadd__("Hello" + sgl.gen("g", max_tokens=3, ignore_eos=True))).run(backend=rt)
     assert out.get_meta_info("g")["completion_tokens"] == 3
     rt.shutdown()

@@ -14,18 +14,20 @@ from prometheus_client.parser import text_string_to_metric_families
 from radixlm.server.process import ServerProcess, free_port
 
 WORKER_KEY, ROUTER_KEY = "worker-secret", "router-secret"
+WORKER_ADMIN_KEY, ROUTER_ADMIN_KEY = "worker-admin-secret", "router-admin-secret"
 GREEDY = {"max_new_tokens": 16, "temperature": 0}
 
 
 def worker(model_dir, port=None):
     return ServerProcess("--model-path", model_dir, "--num-threads", "1", "--kv-memory-gb", "0.05",
-                         "--api-key", WORKER_KEY, port=port)
+                         "--api-key", WORKER_KEY, "--admin-api-key", WORKER_ADMIN_KEY, port=port)
 
 
 def router(urls, *extra):
     def cmd(port):
         return [sys.executable, "-m", "radixlm.cli", "router", "--port", str(port), "--worker-urls", *urls,
-                "--worker-api-key", WORKER_KEY, "--api-key", ROUTER_KEY, "--health-check-interval-secs", "0.5",
+                "--worker-api-key", WORKER_KEY, "--api-key", ROUTER_KEY, "--admin-api-key", ROUTER_ADMIN_KEY,
+                "--worker-admin-api-key", WORKER_ADMIN_KEY, "--health-check-interval-secs", "0.5",
                 "--health-failure-threshold", "2", "--health-success-threshold", "1", "--log-level", "warning",
                 *extra]
     return ServerProcess(command=cmd, name="the router")
@@ -101,7 +103,8 @@ def test_cache_aware_keeps_a_prefix_on_one_worker_and_admin_routes(cluster):
     assert 0 < samples[("radixlm_router:cache_hit_rate", None)] <= 1
     assert samples[("radixlm_router:cache_aware_hit_rate", None)] > 0
     assert ("radixlm_router:worker_load", busy) in samples
-    flushed = post(r.url, "/flush_cache", {})
+    assert post(r.url, "/flush_cache", {}).status_code == 403  # an admin route
+    flushed = post(r.url, "/flush_cache", {}, key=ROUTER_ADMIN_KEY)
     assert flushed.status_code == 200 and all(v["status"] == 200 for v in flushed.json()["workers"].values())
 
 
@@ -163,10 +166,11 @@ def test_killed_worker_fails_no_request_and_its_return_is_noticed(tiny_model_dir
         finally:
             back.stop()
         # Removed and added at run time.
-        assert post(r.url, "/remove_worker?url=" + victim.url, {}).status_code == 200
+        assert post(r.url, "/remove_worker?url=" + victim.url, {}).status_code == 403  # admin routes
+        assert post(r.url, "/remove_worker?url=" + victim.url, {}, key=ROUTER_ADMIN_KEY).status_code == 200
         assert victim.url not in _workers(r)
-        assert post(r.url, "/remove_worker?url=" + victim.url, {}).status_code == 404
-        assert post(r.url, "/add_worker?url=not-a-url", {}).status_code == 400
+        assert post(r.url, "/remove_worker?url=" + victim.url, {}, key=ROUTER_ADMIN_KEY).status_code == 404
+        assert post(r.url, "/add_worker?url=not-a-url", {}, key=ROUTER_ADMIN_KEY).status_code == 400
     finally:
         r.stop()
         stable.stop()

@@ -1,6 +1,7 @@
 import pytest
 
 from radixlm.sampling_params import SamplingParams, SamplingParamsError
+from radixlm.stop_match import STOP_REGEX_WINDOW
 
 
 @pytest.mark.parametrize(
@@ -30,6 +31,14 @@ from radixlm.sampling_params import SamplingParams, SamplingParamsError
         ({"structural_tag": 5}, "structural_tag"),
         ({"regex": "a", "structural_tag": "{}"}, "structural_tag"),
         ({"seed": 1, "sampling_seed": 2}, "sampling_seed"),
+        # Stop conditions run per token: bounded in number, length and compiled size.
+        ({"stop": ["s"] * 17}, "stop"),
+        ({"stop": "s" * 257}, "stop"),
+        ({"stop_regex": ["a"] * 17}, "stop_regex"),
+        ({"stop_regex": "a" * 257}, "stop_regex"),
+        ({"stop_regex": "(?:a{1000}){1000}"}, "stop_regex"),  # the regex module unrolls counted repeats
+        ({"stop_regex": "((((x{65535}){65535}){65535}){65535})"}, "stop_regex"),
+        ({"stop_regex": r"\p{L}x"}, "stop_regex"),  # the regex module's syntax, not re's: no window
     ],
 )
 def test_bad_values_name_the_field(bad, field):
@@ -58,7 +67,7 @@ def test_sglang_frontend_payload():
 
 def test_stop_regex_window_and_grammar_keys():
     assert SamplingParams.from_dict({"stop_regex": [r"ab\d{2}", "xyz"]}).stop_regex_window == 4
-    assert SamplingParams.from_dict({"stop_regex": r"a.*b"}).stop_regex_window is None
+    assert SamplingParams.from_dict({"stop_regex": r"a.*b"}).stop_regex_window == STOP_REGEX_WINDOW  # unbounded: the cap
     tag = {"structures": [], "triggers": []}
     assert SamplingParams.from_dict({"structural_tag": tag}).grammar_key == ("structural_tag", '{"structures": [], "triggers": []}')
     sp = SamplingParams.from_dict({"sampling_seed": 5})

@@ -10,6 +10,7 @@ workload.py  the seeded request mix (SoakRequest) and its fitting to the server'
 client.py    one request sent, disconnected on plan, its answer folded into a SoakResult
 checks.py    what is wrong with an answer, what the server still holds after the load
 runner.py    the load, the drain, the flush, the quiet replay; run() starts a server when asked
+hostile.py   attackers and a /health prober alongside the load (issue 35's findings; --hostile)
 report.py    the checks' verdicts and the figures (summarize), their text (format_summary)
 cli.py       the command line (benchmarks/soak.py)
 

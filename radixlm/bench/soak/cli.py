@@ -19,6 +19,7 @@ import time
 from typing import Optional
 
 from radixlm.bench.soak.config import SoakConfig
+from radixlm.bench.soak.hostile import HostileConfig, HostileLoad
 from radixlm.bench.soak.report import format_summary
 from radixlm.bench.soak.runner import run
 
@@ -57,6 +58,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--greedy-fraction", type=float, default=d.greedy_fraction)
     p.add_argument("--drain-timeout", type=float, default=d.drain_timeout)
     p.add_argument("--no-replay", action="store_true", help="skip the quiet replay of greedy requests")
+    p.add_argument("--hostile", action="store_true",
+                   help="attackers alongside the load (ReDoS, fan-out, template bombs, slow loris; hostile.py)")
+    p.add_argument("--forge-dir", help="with --hostile: the server's --hicache-storage-dir, whose files get forged")
     p.add_argument("--output", help="write the JSON summary here")
     p.add_argument("--requests-output", help="write one JSON line per request here")
     return p
@@ -75,7 +79,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     a = parser().parse_args(argv)
     cfg = config_from_args(a)
     t0 = time.time()
-    summary = run(a.url, cfg, shlex.split(a.server_args) if a.server_args else None)
+    side = [HostileLoad(HostileConfig(forge_dir=a.forge_dir, seed=a.seed))] if a.hostile else []
+    summary = run(a.url, cfg, shlex.split(a.server_args) if a.server_args else None, side=side)
     results = summary.pop("_results")
     summary["command"] = " ".join(shlex.quote(x) for x in (sys.argv if argv is None else ["soak.py", *argv]))
     summary["wall_s"] = round(time.time() - t0, 1)

@@ -166,6 +166,8 @@ def format_summary(s: dict) -> str:
         lines.append(f"output problems ({s['num_output_problems']}): {s['output_problems']}")
     for m in s["mismatches"]:
         lines.append(f"mismatch: {json.dumps(m)[:600]}")
+    if "hostile" in s:
+        lines.append("hostile: " + json.dumps({k: v for k, v in s["hostile"].items() if k != "checks"}))
     lines += [f"check {k}: {'ok' if v else 'FAILED'}" for k, v in s["checks"].items()]
     lines.append("SOAK OK" if s["ok"] else "SOAK FAILED")
     return "\n".join(lines)

@@ -8,7 +8,7 @@ import asyncio
 import statistics
 import sys
 import time
-from typing import Optional
+from typing import Optional, Sequence
 
 from radixlm.bench.soak.checks import drain
 from radixlm.bench.soak.client import SoakResult, run_request
@@ -17,9 +17,10 @@ from radixlm.bench.soak.report import AfterLoad, SoakRun, summarize
 from radixlm.bench.soak.workload import SoakRequest, build_workload, fit_workload, offered_load
 
 
-async def soak(url: str, cfg: SoakConfig, log=print, proc=None) -> dict:
-    """Run the soak against the server at `url` (`proc`: its process when the caller started it);
-    returns the summary (summary["ok"]: every check passed)."""
+async def soak(url: str, cfg: SoakConfig, log=print, proc=None, side: Sequence = ()) -> dict:
+    """Run the soak against the server at `url` (`proc`: its process when the caller started it),
+    with the `side` loads (e.g. hostile.HostileLoad) running while the normal requests do; returns
+    the summary (summary["ok"]: every check passed, the side loads' included)."""
     import httpx
 
     limits = httpx.Limits(max_connections=cfg.concurrency + 8, max_keepalive_connections=cfg.concurrency + 8)
@@ -33,14 +34,25 @@ async def soak(url: str, cfg: SoakConfig, log=print, proc=None) -> dict:
         log(f"soak: {len(reqs)} requests, concurrency {cfg.concurrency}, offered load {load:.0f} KV tokens "
             f"= {load / pool:.1f}x the pool of {pool}")
         stats0 = info["internal_state"]
-        results, duration = await _load(client, url, reqs, cfg, incremental, log)
+        stop = asyncio.Event()
+        sides = [asyncio.create_task(s.run(url, stop)) for s in side]
+        try:
+            results, duration = await _load(client, url, reqs, cfg, incremental, log)
+        finally:
+            stop.set()
+            await asyncio.gather(*sides)
         after = await _after_load(client, url, reqs, results, cfg, incremental, log)
         try:
             health = (await client.get(url + "/health")).status_code
         except httpx.HTTPError:
             health = None
     alive = health == 200 and (proc is None or proc.poll() is None)
-    return summarize(SoakRun(cfg, reqs, results, pool, load, stats0, duration, after, health, alive))
+    summary = summarize(SoakRun(cfg, reqs, results, pool, load, stats0, duration, after, health, alive))
+    for s in side:
+        summary[s.name] = s.summary()
+        summary["checks"].update({f"{s.name}_{k}": v for k, v in summary[s.name]["checks"].items()})
+    summary["ok"] = all(summary["checks"].values())
+    return summary
 
 
 async def _load(client, url: str, reqs: list[SoakRequest], cfg: SoakConfig, incremental: bool,
@@ -106,8 +118,9 @@ async def _after_load(client, url: str, reqs: list[SoakRequest], results: dict[i
 
 
 def run(url: Optional[str], cfg: SoakConfig, server_args: Optional[list[str]] = None, log=print,
-        start_timeout: float = 600) -> dict:
-    """The soak against `url`, or against a server started here with `server_args` (stopped after)."""
+        start_timeout: float = 600, side: Sequence = ()) -> dict:
+    """The soak against `url`, or against a server started here with `server_args` (stopped after),
+    with the `side` loads alongside."""
     server = None
     if url is None:
         from radixlm.server.process import ServerProcess
@@ -115,7 +128,7 @@ def run(url: Optional[str], cfg: SoakConfig, server_args: Optional[list[str]] = 
         server = ServerProcess(*(server_args or []), timeout=start_timeout)
         url = server.url
     try:
-        summary = asyncio.run(soak(url, cfg, log=log, proc=server.proc if server else None))
+        summary = asyncio.run(soak(url, cfg, log=log, proc=server.proc if server else None, side=side))
     except BaseException:
         if server is not None:
             print("server log (tail):\n" + server.output()[-4000:], file=sys.stderr)

@@ -1,0 +1,211 @@
+"""The soak's hostile side (docs/reliability.md, "Hostile load"): while the normal mix runs, attackers
+send what issue 35's findings describe, each on its own connections, and a prober times /health.
+
+- redos: a catastrophic stop_regex with a logit_bias that forces its character (400 or 200, never a
+  frozen scheduler);
+- fan-out: a batch x n past --max-client-batch-size (400), a /tokenize text past the context (400);
+- template bomb: a client's own Jinja chat_template in chat_template_kwargs (400);
+- slow loris: connections that send a header byte now and then and never finish their request;
+- forged cache files (when given the L3 directory): stored chunks flipped, truncated, swapped for
+  another chunk's file, a symlink or a FIFO — the server must treat each as a cache miss.
+
+Checks: /health answered 200 within `health_bound` seconds every time it was asked; each attack got
+one of its expected statuses (never a 5xx); the normal requests keep the soak's own checks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+import random
+import time
+from collections import Counter
+from typing import Optional
+from urllib.parse import urlsplit
+
+from radixlm.cache.storage import SUFFIX
+
+BOMB = "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}"
+
+
+@dataclasses.dataclass
+class HostileConfig:
+    interval: float = 2.0  # seconds between two attacks of one attacker
+    health_interval: float = 0.5
+    health_bound: float = 2.0  # /health must answer 200 within this, every time
+    slow_loris: int = 16  # connections held open, a header byte every few seconds
+    forge_dir: Optional[str] = None  # the server's --hicache-storage-dir: its chunk files get forged
+    seed: int = 0
+
+
+# what each attack may be answered with (a ReDoS either stops on its budget, 400, or finishes)
+EXPECTED = {"redos": {200, 400}, "fanout": {400}, "tokenize": {400}, "template": {400}}
+
+
+class HostileLoad:
+    """Attackers and the /health prober, run until `stop` is set; summary() holds their checks."""
+
+    name = "hostile"
+
+    def __init__(self, cfg: HostileConfig):
+        self.cfg = cfg
+        self.rng = random.Random(cfg.seed)
+        self.health: list[float] = []  # latency of each /health answered 200
+        self.health_failures: list[str] = []
+        self.attacks: dict[str, Counter] = {k: Counter() for k in EXPECTED}
+        self.forged: Counter = Counter()
+        self.loris_opened = 0
+
+    async def run(self, url: str, stop: asyncio.Event) -> None:
+        import httpx
+
+        # Own connections: the normal load's client pool must not delay the prober or the attackers.
+        async with httpx.AsyncClient(timeout=httpx.Timeout(120.0, connect=10.0)) as client:
+            info = (await client.get(url + "/get_server_info")).json()
+            x_ids = (await client.post(url + "/tokenize", json={"text": "x"})).json()["tokens"]
+            model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
+            tasks = [self._health(client, url, stop), self._loris(url, stop),
+                     self._every(stop, lambda: self._redos(client, url, x_ids[-1])),
+                     self._every(stop, lambda: self._fanout(client, url, info["context_len"])),
+                     self._every(stop, lambda: self._template(client, url, model))]
+            if self.cfg.forge_dir:
+                tasks.append(self._every(stop, self._forge))
+            await asyncio.gather(*tasks)
+
+    async def _every(self, stop: asyncio.Event, attack) -> None:
+        while not stop.is_set():
+            await attack()
+            try:
+                await asyncio.wait_for(stop.wait(), self.cfg.interval * (0.5 + self.rng.random()))
+            except asyncio.TimeoutError:
+                pass
+
+    async def _health(self, client, url: str, stop: asyncio.Event) -> None:
+        import httpx
+
+        while not stop.is_set():
+            t0 = time.perf_counter()
+            try:
+                r = await client.get(url + "/health", timeout=self.cfg.health_bound)
+                dt = time.perf_counter() - t0
+                if r.status_code == 200 and dt <= self.cfg.health_bound:
+                    self.health.append(dt)
+                else:
+                    self.health_failures.append(f"{r.status_code} after {dt:.2f} s")
+            except httpx.HTTPError as e:
+                self.health_failures.append(f"{type(e).__name__} after {time.perf_counter() - t0:.2f} s")
+            await asyncio.sleep(self.cfg.health_interval)
+
+    async def _post(self, client, kind: str, url: str, body: dict) -> None:
+        import httpx
+
+        try:
+            r = await client.post(url, json=body)
+            self.attacks[kind][r.status_code] += 1
+        except httpx.HTTPError as e:
+            self.attacks[kind][type(e).__name__] += 1
+
+    async def _redos(self, client, url: str, x_id: int) -> None:
+        sp = {"max_new_tokens": 256, "stop_regex": "(x|xx)+z", "logit_bias": {str(x_id): 100.0}, "temperature": 0}
+        await self._post(client, "redos", url + "/generate", {"text": "x", "sampling_params": sp})
+
+    async def _fanout(self, client, url: str, context_len: int) -> None:
+        await self._post(client, "fanout", url + "/generate",
+                         {"text": ["hi"] * 256, "sampling_params": {"n": 64, "max_new_tokens": 4}})
+        await self._post(client, "tokenize", url + "/tokenize", {"text": "word " * (4 * context_len)})
+
+    async def _template(self, client, url: str, model: str) -> None:
+        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                "chat_template_kwargs": {"chat_template": BOMB}}
+        await self._post(client, "template", url + "/v1/chat/completions", body)
+
+    async def _loris(self, url: str, stop: asyncio.Event) -> None:
+        """Connections that start a request and feed it a header byte every few seconds, never ending it."""
+        u = urlsplit(url)
+        writers = []
+        try:
+            for _ in range(self.cfg.slow_loris):
+                _, w = await asyncio.open_connection(u.hostname, u.port)
+                w.write(f"POST /generate HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\nX-a: ".encode())
+                writers.append(w)
+                self.loris_opened += 1
+            while not stop.is_set():
+                for w in writers:
+                    if not w.is_closing():
+                        w.write(b"a")
+                try:
+                    await asyncio.wait_for(stop.wait(), 3.0)
+                except asyncio.TimeoutError:
+                    pass
+        except OSError:  # the server may refuse or close them: that is allowed
+            pass
+        finally:
+            for w in writers:
+                w.close()
+
+    async def _forge(self) -> None:
+        """Tamper with one stored chunk file, as a local user with write access to the directory could."""
+        d = self.cfg.forge_dir
+        try:
+            names = sorted(n for n in os.listdir(d) if n.endswith(SUFFIX))
+        except OSError:
+            return
+        if not names:
+            return
+        path = os.path.join(d, self.rng.choice(names))
+        kind = self.rng.choice(["flip", "truncate", "swap", "symlink", "fifo"])
+        try:
+            if kind in ("flip", "truncate"):
+                with open(path, "r+b") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    if kind == "truncate":
+                        f.truncate(size // 2)
+                    else:
+                        f.seek(self.rng.randrange(max(1, size)))
+                        f.write(os.urandom(8))
+            elif kind == "swap" and len(names) > 1:  # another chunk's genuine file under this chunk's name
+                other = os.path.join(d, self.rng.choice([n for n in names if n != os.path.basename(path)]))
+                with open(other, "rb") as src:
+                    data = src.read()
+                with open(path, "wb") as dst:
+                    dst.write(data)
+            elif kind == "symlink":
+                os.replace(_symlink_beside(path, "/dev/zero"), path)
+            elif kind == "fifo":
+                tmp = path + ".fifo"
+                os.mkfifo(tmp)
+                os.replace(tmp, path)
+            else:
+                return
+            self.forged[kind] += 1
+        except OSError:
+            pass  # the server removed or replaced it meanwhile
+
+    def summary(self) -> dict:
+        attacks = {k: {str(s): n for s, n in v.items()} for k, v in self.attacks.items()}
+        unexpected = {k: {s: n for s, n in v.items() if s not in EXPECTED[k]} for k, v in self.attacks.items()}
+        unexpected = {k: {str(s): n for s, n in v.items()} for k, v in unexpected.items() if v}
+        checks = {
+            "health_within_bound": bool(self.health) and not self.health_failures,
+            "attacks_refused": not unexpected and all(sum(v.values()) > 0 for v in self.attacks.values()),
+            "slow_loris_held": self.loris_opened == self.cfg.slow_loris,
+        }
+        if self.cfg.forge_dir:
+            checks["files_forged"] = sum(self.forged.values()) > 0
+        return {
+            "checks": checks,
+            "health_probes": len(self.health) + len(self.health_failures),
+            "health_max_s": round(max(self.health, default=0.0), 3),
+            "health_failures": self.health_failures[:20],
+            "attacks": attacks,
+            "unexpected": unexpected,
+            "forged": dict(self.forged),
+            "slow_loris": self.loris_opened,
+        }
+
+
+def _symlink_beside(path: str, target: str) -> str:
+    tmp = path + ".lnk"
+    os.symlink(target, tmp)
+    return tmp

@@ -1,0 +1,100 @@
+"""Tensor parallelism inside the server's other features: `--dp 2 --tp-size 2` is one endpoint whose
+router sees one worker per replica (each a TP group) and answers with TP=1's greedy tokens; with
+`--restart-on-failure` a killed rank brings up a new group that serves the same outputs, and the
+old group's ranks are gone."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import psutil
+import requests
+
+from radixlm import Engine
+from radixlm.server.process import ServerProcess
+from tests.conftest import engine_args
+
+PROMPTS = ["The capital of France is", "def fib(n):", "One, two, three,"]
+MORE = [f"{p} (take {k})" for k in range(2) for p in PROMPTS]
+GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+
+
+def _tp1_outputs(model: str, prompts: list[str] = PROMPTS) -> list[list[int]]:
+    with Engine(model, **engine_args()) as e:
+        return [o["output_ids"] for o in e.generate(prompts, GREEDY)]
+
+
+def _generate(url: str, prompts: list[str] = PROMPTS) -> list[list[int]]:
+    r = requests.post(url + "/generate", json={"text": prompts, "sampling_params": GREEDY}, timeout=120)
+    assert r.status_code == 200, r.text
+    return [o["output_ids"] for o in r.json()]
+
+
+def _health(url: str):
+    try:
+        return requests.get(url + "/health", timeout=1).status_code
+    except requests.RequestException:
+        return None
+
+
+def _ranks(server_pid: int) -> list[psutil.Process]:
+    """The server's scheduler ranks: its multiprocessing children less the detokenizer and the
+    resource tracker."""
+    return [p for p in psutil.Process(server_pid).children()
+            if "multiprocessing" in " ".join(p.cmdline()) and "resource_tracker" not in " ".join(p.cmdline())]
+
+
+def test_dp2_tp2_router_sees_one_worker_per_replica(tiny_model_dir):
+    want_more = _tp1_outputs(tiny_model_dir, MORE)
+    srv = ServerProcess("--dp", "2", "--tp-size", "2", "--num-threads", "1", "--model-path", tiny_model_dir,
+                        "--kv-memory-gb", "0.05", "--enable-invariant-checks")
+    try:
+        workers = requests.get(srv.url + "/list_workers", timeout=5).json()["workers"]
+        assert len(workers) == 2 and all(w["healthy"] for w in workers)
+        infos = requests.get(srv.url + "/get_server_info", timeout=10).json()["workers"]
+        assert sorted(infos) == sorted(w["url"] for w in workers)
+        assert [v["body"]["tp_size"] for v in infos.values()] == [2, 2]  # each replica is a TP group of 2
+        # through the router: sent together, the requests spread over both replicas (least loaded)
+        with ThreadPoolExecutor(len(MORE)) as pool:
+            got = list(pool.map(lambda text: _generate(srv.url, [text])[0], MORE))
+        assert got == want_more
+        routed = [w["routed"] for w in requests.get(srv.url + "/list_workers", timeout=5).json()["workers"]]
+        assert len(routed) == 2 and all(n >= 1 for n in routed), routed
+    finally:
+        kids = psutil.Process(srv.proc.pid).children(recursive=True)
+        srv.stop()
+        _, alive = psutil.wait_procs(kids, timeout=20)
+        assert not alive
+
+
+def test_tp2_restart_on_failure_starts_a_new_group(tiny_model_dir):
+    want = _tp1_outputs(tiny_model_dir)
+    s = ServerProcess("--model-path", tiny_model_dir, "--tp-size", "2", "--num-threads", "1", "--kv-memory-gb", "0.05",
+                      "--restart-on-failure", "--enable-invariant-checks")
+    try:
+        assert _generate(s.url) == want
+        info = requests.get(s.url + "/get_server_info", timeout=10).json()
+        old = [p for p in psutil.Process(s.proc.pid).children(recursive=True)
+               if "resource_tracker" not in " ".join(p.cmdline())]  # the tracker outlives engines
+        (rank1,) = [p for p in _ranks(s.proc.pid) if p.pid not in (info["scheduler_pid"], info["detokenizer_pid"])]
+        rank1.kill()
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 120:
+            if _health(s.url) == 200:
+                info2 = requests.get(s.url + "/get_server_info", timeout=10).json()
+                if info2.get("engine_restarts") == 1:
+                    break
+            time.sleep(0.2)
+        else:
+            raise AssertionError("the TP group did not come back: " + s.output()[-2000:])
+        assert info2["tp_size"] == 2 and info2["scheduler_pid"] != info["scheduler_pid"]
+        assert _generate(s.url) == want
+        _, alive = psutil.wait_procs(old, timeout=15)
+        assert not alive, alive  # every process of the old group stopped
+        assert s.proc.poll() is None
+    finally:
+        kids = psutil.Process(s.proc.pid).children(recursive=True)
+        s.stop()
+        _, alive = psutil.wait_procs(kids, timeout=15)
+        assert not alive
