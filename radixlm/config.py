@@ -59,6 +59,7 @@ class ServerArgs:
 
     # Scheduling
     schedule_policy: str = "lpm"
+    enable_priority_scheduling: bool = False  # honour requests' `priority` (else it is ignored, as SGLang)
     disable_radix_cache: bool = False
     disable_shared_prefix_attention: bool = False  # decode reads a shared cached prefix once per group
     # Run new requests' prefill and the running requests' decode step in one forward (SGLang's
@@ -240,6 +241,8 @@ class ServerArgs:
             "hicache_storage_key": "secret (16+ characters) that authenticates the stored chunks (HMAC-SHA256) and "
             "keys their file names; default: $RADIXLM_HICACHE_STORAGE_KEY, else a random key created 0600 in "
             "--hicache-storage-dir/.key (servers sharing the directory share it)",
+            "enable_priority_scheduling": "order the waiting queue by the requests' `priority` field (larger first); "
+            "without it the field is ignored",
             "tp_size": "tensor parallelism: N ranks (scheduler processes), each with 1/N of every layer and its "
             "share of the cores (--num-threads is per rank)",
             "nnodes": "hosts the tp ranks are spread over (each runs tp_size / nnodes ranks)",

@@ -67,7 +67,9 @@ class TokenizedGenerateReqInput:
     logprob_start_len: int = -1  # -1: no prompt logprobs
     top_logprobs_num: int = 0
     stream: bool = False
-    priority: Optional[int] = None  # larger runs first (with --schedule-policy any)
+    priority: Optional[int] = None  # larger runs first (with --enable-priority-scheduling)
+    # The prefix cache's namespace of this request's KV (from its cache_salt); None: the common one.
+    cache_namespace: Optional[str] = None
 
     def __post_init__(self):
         # What the scheduler relies on without looking (the context length is the tokenizer
@@ -186,6 +188,8 @@ class GenerateReqInput:
     return_text_in_logprobs: bool = False
     stream: bool = False
     priority: Optional[Any] = None
+    # vLLM's cache_salt: requests share cached KV only with requests of the same salt (str | list[str]).
+    cache_salt: Optional[Any] = None
 
     def __post_init__(self):
         if (self.text is None) == (self.input_ids is None):
@@ -219,7 +223,7 @@ class GenerateReqInput:
         """Field `name` for batch item i: per-item lists are indexed, scalars shared."""
         v = getattr(self, name)
         per_item = {"sampling_params": dict, "rid": str, "return_logprob": bool, "logprob_start_len": int,
-                    "top_logprobs_num": int, "priority": int}
+                    "top_logprobs_num": int, "priority": int, "cache_salt": str}
         if not self.is_single and isinstance(v, list) and name in per_item:
             if len(v) != self.batch_size:
                 raise ValueError(f"{name} has {len(v)} items but the batch has {self.batch_size}")

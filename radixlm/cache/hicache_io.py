@@ -97,17 +97,17 @@ class HiCacheIO:
             self._failed("read_errors", "reading a KV chunk failed")
             return None
         if data is not None and not self.storage.layout.fits(data):
-            self._failed("corrupt_chunks", "a stored KV chunk of another layout")
+            self._failed("corrupt_chunks", "a stored KV chunk of another layout", exc_info=False)
             return None
         if data is not None:
             self.stats.count("bytes_from_l3", data.nbytes)
         return data
 
-    def _failed(self, counter: str, message: str) -> None:
+    def _failed(self, counter: str, message: str, exc_info: bool = True) -> None:
         self.stats.count(counter)
         if counter not in self._logged:
             self._logged.add(counter)
-            logger.exception("hicache: %s (further ones are counted in %s)", message, counter)
+            logger.warning("hicache: %s (further ones are counted in %s)", message, counter, exc_info=exc_info)
 
     def forget(self, keys: list[str]) -> None:
         for k in keys:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
 import torch
 
 FP16_MAX = 65504.0
@@ -81,13 +82,46 @@ def copy_slots(dst: list[torch.Tensor], dst_idx: torch.Tensor, src: list[torch.T
     runs = _runs(dst_idx.cpu(), src_idx.cpu())
     for d, s_ in zip(dst, src):
         if runs is None:
-            d[dst_idx.to(d.device)] = convert(s_[src_idx.to(s_.device)], d.dtype).to(d.device)
+            if not _copy_on_this_thread(d, dst_idx, s_, src_idx):
+                d[dst_idx.to(d.device)] = convert(s_[src_idx.to(s_.device)], d.dtype).to(d.device)
             continue
         for a, b, n in runs:
             part = s_[b : b + n]
+            if _copy_on_this_thread(d[a : a + n], None, part, None):
+                continue
             if d.dtype == torch.float16 and part.dtype != torch.float16:
                 part = convert(part, d.dtype)
             d[a : a + n].copy_(part)
+
+
+# Same-size views numpy can copy (it has no bfloat16).
+_NUMPY_VIEW = {torch.bfloat16: torch.int16}
+
+
+def _copy_on_this_thread(d: torch.Tensor, d_idx: Optional[torch.Tensor], s_: torch.Tensor,
+                         s_idx: Optional[torch.Tensor]) -> bool:
+    """d[d_idx] = s_[s_idx] (whole tensors when the indices are None) through numpy, on the calling
+    thread: False when numpy cannot (another device, a bfloat16 conversion). These copies are
+    memory-bound, so torch's intra-op team gains little on them (7 against 13 ms for 3,300 tokens of
+    the default model, idle); under CPU contention each of its parallel regions waits for a
+    descheduled team thread: the same copy beside 4 busy processes took up to 7.2 s in a server,
+    35-65 ms this way (docs/benchmarks.md, "a prefix from disk under CPU contention")."""
+    if d.device.type != "cpu" or s_.device.type != "cpu":
+        return False
+    if d.dtype == s_.dtype and d.dtype in _NUMPY_VIEW:
+        d, s_ = d.view(_NUMPY_VIEW[d.dtype]), s_.view(_NUMPY_VIEW[d.dtype])
+    elif torch.bfloat16 in (d.dtype, s_.dtype):
+        return False
+    a, b = d.numpy(), s_.numpy()
+    if s_idx is not None:
+        b = b[s_idx.numpy()]
+    if d.dtype == torch.float16 and s_.dtype != torch.float16:
+        b = np.clip(b, -FP16_MAX, FP16_MAX)  # saturate, as convert() does
+    if d_idx is None:
+        np.copyto(a, b, casting="unsafe")
+    else:
+        a[d_idx.numpy()] = b
+    return True
 
 
 def gather(layers_k, layers_v, scales_k, scales_v, idx: torch.Tensor, dtype: torch.dtype) -> KVData:

@@ -87,13 +87,14 @@ class Engine:
         stream: bool = False,
         rid: Optional[Union[str, list[str]]] = None,
         priority: Optional[Union[int, list[int]]] = None,
+        cache_salt: Optional[Union[str, list[str]]] = None,
     ):
         """A dict {text, output_ids, meta_info} for one prompt; a list for a batch (or n > 1);
         with stream=True an iterator of cumulative dicts."""
         obj = self._make_request(
             prompt, sampling_params, input_ids, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
             top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs, stream=stream,
-            rid=rid, priority=priority,
+            rid=rid, priority=priority, cache_salt=cache_salt,
         )
         if stream:
             return self._stream(obj)

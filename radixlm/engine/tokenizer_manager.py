@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import dataclasses
+import hashlib
 import logging
 import time
 import uuid
@@ -57,6 +58,17 @@ def _is_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+MAX_CACHE_SALT_CHARS = 1024
+
+
+def cache_namespace(salt: Optional[str]) -> Optional[str]:
+    """The prefix cache's namespace of requests with this cache_salt (vLLM's field): a hash, so the
+    salt itself is kept nowhere (the tree, the L3 chunk keys). None: the common namespace."""
+    if salt is None:
+        return None
+    return "salt:" + hashlib.sha256(salt.encode()).hexdigest()[:32]
+
+
 @dataclass
 class ReqState:
     rid: str
@@ -81,6 +93,9 @@ class TokenizerManagerConfig:
     cache_shared_prompts: bool = True
     # Seconds a request's tokenization may take on the tokenizer threads (tokenizer_pool.py).
     tokenizer_timeout: float = 30.0
+    # Requests' `priority` reaches the scheduler only with --enable-priority-scheduling (else it is
+    # ignored, as SGLang does): otherwise any client could put itself ahead of every other.
+    enable_priority_scheduling: bool = False
 
     def __post_init__(self):
         if self.max_n < 1:
@@ -93,7 +108,7 @@ class TokenizerManagerConfig:
     @classmethod
     def from_server_args(cls, args: ServerArgs) -> "TokenizerManagerConfig":
         return cls(args.max_n, args.max_top_logprobs_num, not args.disable_radix_cache,
-                   tokenizer_timeout=args.tokenizer_timeout)
+                   tokenizer_timeout=args.tokenizer_timeout, enable_priority_scheduling=args.enable_priority_scheduling)
 
 
 class TokenizerManager:
@@ -157,6 +172,7 @@ class TokenizerManager:
         top_n = obj.item(i, "top_logprobs_num", 0)
         return_logprob = obj.item(i, "return_logprob", False)
         priority = obj.item(i, "priority")
+        salt = obj.item(i, "cache_salt")
         if not isinstance(rid, str):
             raise ValueError(f"rid must be a string (a list of them for a batch), got {brief_repr(rid)}")
         if not isinstance(return_logprob, bool):
@@ -171,6 +187,9 @@ class TokenizerManager:
         # The scheduler sorts its queue by priority: anything but an integer would kill it there.
         if priority is not None and not _is_int(priority):
             raise ValueError(f"priority must be an integer (a list of them for a batch), got {brief_repr(priority)}")
+        if salt is not None and not (isinstance(salt, str) and 0 < len(salt) <= MAX_CACHE_SALT_CHARS):
+            raise ValueError(f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters (a "
+                             f"list of them for a batch), got {brief_repr(salt)}")
         req = TokenizedGenerateReqInput(
             rid=rid,
             input_text=text,
@@ -180,7 +199,8 @@ class TokenizerManager:
             logprob_start_len=lp_start,
             top_logprobs_num=top_n,
             stream=obj.stream,
-            priority=priority,
+            priority=priority if self.config.enable_priority_scheduling else None,
+            cache_namespace=cache_namespace(salt),
         )
         return req, sp.n
 
@@ -283,17 +303,18 @@ class TokenizerManager:
             return
         seen, warm = set(), []
         for r in reqs:
-            key = tuple(r.input_ids)
-            if key in seen and len(key) > 1:
+            key = (tuple(r.input_ids), r.cache_namespace)  # a salted prompt is warmed in its own namespace
+            if key in seen and len(key[0]) > 1:
                 warm.append(key)
             seen.add(key)
         if not warm:
             return
         prefill = [
             TokenizedGenerateReqInput(
-                rid=uuid.uuid4().hex, input_text=None, input_ids=list(k), sampling_params=SamplingParams(max_new_tokens=0)
+                rid=uuid.uuid4().hex, input_text=None, input_ids=list(ids), sampling_params=SamplingParams(max_new_tokens=0),
+                cache_namespace=ns,
             )
-            for k in dict.fromkeys(warm)
+            for ids, ns in dict.fromkeys(warm)
         ]
         states = [self._register(p, False) for p in prefill]
         try:

@@ -5,10 +5,16 @@ id list is a character prefix of another exactly when it is a token prefix). Ope
 `prompt`. Chat: the whole conversation rendered role by role, not its first message: turns of
 one conversation then share the prefix their own history makes, as they do in the worker's cache
 after its chat template.
+
+A request with a `cache_salt` shares cached KV only with requests of the same salt (the worker
+keeps them in a namespace of their own), so its text starts with a mark of the salt: requests of
+one salt gather on the worker that holds their prefixes, and a prefix another salt made does not
+attract them where it would not be reused.
 """
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 
@@ -37,6 +43,16 @@ def _content_text(content: Any) -> str:
 def routing_text(path: str, body: Any) -> str:
     if not isinstance(body, dict):
         return ""
+    salt = body.get("cache_salt")
+    if isinstance(salt, list) and salt:
+        salt = salt[0]  # a batch is routed on its first item
+    text = _text(path, body)
+    if isinstance(salt, str) and salt:
+        return f"\0salt {hashlib.sha256(salt.encode()).hexdigest()[:16]}\0{text}"
+    return text
+
+
+def _text(path: str, body: dict) -> str:
     if path.endswith("/chat/completions"):
         msgs = body.get("messages")
         if not isinstance(msgs, list):

@@ -111,7 +111,8 @@ class Req:
         return cls(rid=recv.rid, origin_input_ids=list(recv.input_ids), sampling_params=recv.sampling_params,
                    eos_token_ids=eos_token_ids, return_logprob=recv.return_logprob,
                    logprob_start_len=recv.logprob_start_len, top_logprobs_num=recv.top_logprobs_num,
-                   stream=recv.stream, priority=recv.priority, input_text=recv.input_text)
+                   stream=recv.stream, priority=recv.priority, input_text=recv.input_text,
+                   cache_namespace=recv.cache_namespace)
 
     def __post_init__(self):
         if self.sampling_params.seed is not None:

@@ -73,6 +73,7 @@ def _generate_schema() -> dict:
             "return_text_in_logprobs": {"type": "boolean"},
             "stream": {"type": "boolean"},
             "priority": one_or_list({"type": "integer"}),
+            "cache_salt": one_or_list({"type": "string", "minLength": 1, "maxLength": 1024}),
         },
         # Exactly one of text and input_ids.
         "oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}],

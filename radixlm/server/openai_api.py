@@ -339,6 +339,7 @@ async def completions(request: Request):
         top_logprobs_num=req.logprobs or 0,
         return_text_in_logprobs=True,
         stream=bool(req.stream),
+        cache_salt=req.cache_salt,
     )
     echo = (texts or [tok.decode(i) for i in ids]) if req.echo else None
     job = _Job(chat=False, id=f"cmpl-{rid}", model=model, n=n, obj=obj, echo_texts=echo, logprobs=want_lp,
@@ -381,6 +382,7 @@ async def chat_completions(request: Request):
         top_logprobs_num=req.top_logprobs or 0,
         return_text_in_logprobs=True,
         stream=bool(req.stream),
+        cache_salt=req.cache_salt,
     )
     job = _Job(chat=True, id=f"chatcmpl-{rid}", model=model, n=req.n or 1, obj=obj, logprobs=bool(req.logprobs),
                include_usage=bool(req.stream_options and req.stream_options.include_usage))

@@ -132,6 +132,8 @@ class _Common(SGLangExtras):
     frequency_penalty: Optional[float] = None
     logit_bias: Optional[dict] = None
     user: Optional[str] = None
+    # vLLM's: requests share cached prompt KV only with requests of the same salt (a tenant's own).
+    cache_salt: Optional[str] = Field(None, min_length=1, max_length=1024)
 
     @field_validator("logit_bias")
     @classmethod

@@ -21,10 +21,13 @@ N_CHUNKS = 6
 IDS = [1000 + 37 * i for i in range(N_CHUNKS * CHUNK + 4)]  # 6 full chunks and 4 tokens more
 
 
-def serve(model: str, d) -> ServerProcess:
+KEY = "storage-key-0123456789"
+
+
+def serve(model: str, d, *extra: str) -> ServerProcess:
     return ServerProcess("--model-path", model, "--num-threads", "1", "--max-total-tokens", "2000",
                          "--enable-hierarchical-cache", "--hicache-storage-backend", "file", "--hicache-storage-dir",
-                         str(d), "--hicache-storage-chunk-size", str(CHUNK), "--enable-invariant-checks")
+                         str(d), "--hicache-storage-chunk-size", str(CHUNK), "--enable-invariant-checks", *extra)
 
 
 def generate(url: str) -> dict:
@@ -69,13 +72,15 @@ def plant(path: str, how: str) -> None:
         raise AssertionError(how)
 
 
-def test_files_are_private_and_planted_files_are_misses(tiny_model_dir, tmp_path):
+def test_files_are_private_and_planted_files_are_misses(tiny_model_dir, tmp_path, monkeypatch):
     d = tmp_path / "hicache"  # created by the server
     old = os.umask(0o000)  # the server's umask would give everyone access to what it creates
+    monkeypatch.setenv("RADIXLM_HICACHE_STORAGE_KEY", KEY)  # the storage key from the environment...
     try:
         a = serve(tiny_model_dir, d)
     finally:
         os.umask(old)
+        monkeypatch.delenv("RADIXLM_HICACHE_STORAGE_KEY")
     try:
         ref = generate(a.url)
         assert ref["meta_info"]["cached_tokens"] == 0
@@ -83,7 +88,7 @@ def test_files_are_private_and_planted_files_are_misses(tiny_model_dir, tmp_path
     finally:
         a.stop()
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
-    assert len(chunk_files(d)) == N_CHUNKS
+    assert len(chunk_files(d)) == N_CHUNKS and not os.path.exists(d / ".key")  # (a given key: no key file)
     for name in os.listdir(d):
         assert stat.S_IMODE(os.lstat(d / name).st_mode) == 0o600, name
     everything = b"".join(open(d / n, "rb").read() for n in os.listdir(d))
@@ -91,8 +96,9 @@ def test_files_are_private_and_planted_files_are_misses(tiny_model_dir, tmp_path
                    b"token_ids"):
         assert needle not in everything, needle
 
-    b = serve(tiny_model_dir, d)
+    b = serve(tiny_model_dir, d, "--hicache-storage-key", KEY)  # ... or the command line: the same key
     try:
+        assert info(b.url)["hicache_storage_key"] == "***"  # never shown
         pid = info(b.url)["scheduler_pid"]
         assert generate(b.url)["meta_info"]["cached_tokens"] == N_CHUNKS * CHUNK  # from disk: the files are good
         stored, corrupt = 0, 0

@@ -38,7 +38,8 @@ def test_priority_runs_first(tiny_model_dir):
     rng = random.Random(1)
     prompts = [rand_prompt(rng, 20) for _ in range(5)]
     sp = [{"max_new_tokens": 40 if i == 0 else 8, "temperature": 0, "ignore_eos": True} for i in range(5)]
-    with Engine(tiny_model_dir, **engine_args(max_running_requests=1, schedule_policy="fcfs")) as e:
+    with Engine(tiny_model_dir, **engine_args(max_running_requests=1, schedule_policy="fcfs",
+                                              enable_priority_scheduling=True)) as e:
         # Request 0 (top priority) holds the only slot while the others queue up behind it.
         outs = e.generate(input_ids=prompts, sampling_params=sp, priority=[100, 0, 0, 0, 10])
     lat = [o["meta_info"]["e2e_latency"] for o in outs]

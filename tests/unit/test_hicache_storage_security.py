@@ -233,3 +233,33 @@ def test_flush_removes_files_of_an_older_format(tmp_path):
     s.set("k1", IDS, chunk(1))
     s.clear()
     assert chunk_files(tmp_path) == []
+
+
+def test_any_backend_failure_is_a_miss(caplog):
+    """Whatever a backend does (raises, returns another layout), the tree gets None, not an
+    exception in the scheduler's step."""
+    from radixlm.cache.kv_data import KVData
+    from radixlm.cache.storage import HiCacheStorage
+
+    class Broken(HiCacheStorage):
+        layout = layout()
+
+        def get(self, key, token_ids):
+            if key == "raise":
+                raise RuntimeError("disk on fire")
+            return KVData(torch.zeros(3, C, 1, 4).half(), torch.zeros(3, C, 1, 4).half())
+
+        def exists(self, key):
+            return True
+
+        def set(self, key, token_ids, data):
+            raise RuntimeError("disk on fire")
+
+    stats = HiCacheStats()
+    io = HiCacheIO(Broken(), stats)
+    assert io.read("raise", IDS).result(timeout=10) is None
+    assert io.read("wrong", IDS).result(timeout=10) is None
+    assert io.write("k", IDS, chunk(1))
+    io.wait_writes(timeout=10)
+    assert (stats.read_errors, stats.corrupt_chunks, stats.write_errors) == (1, 1, 1)
+    io.close()
