@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from fastapi import Request
 from fastapi.responses import JSONResponse
 
 
@@ -12,3 +13,18 @@ def error_json(status: int, message: str, kind: str = "invalid_request_error", p
         status_code=status,
     )
 
+
+
+async def read_bounded(request: Request, limit: int, too_big: Exception) -> bytes:
+    """The request's body, at most `limit` bytes: checked on Content-Length before reading and again
+    while reading (a chunked upload cannot grow past it); `too_big` is raised past it."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise too_big
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_big
+        chunks.append(chunk)
+    return b"".join(chunks)

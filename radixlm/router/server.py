@@ -37,7 +37,7 @@ from radixlm.http_access import (
     install_access,
     json_content_type_error,
 )
-from radixlm.http_common import error_json
+from radixlm.http_common import error_json, read_bounded
 from radixlm.router.metrics import RouterMetrics
 from radixlm.router.policies import CacheAwareConfig, Policy, make_policy
 from radixlm.router.routing_text import routing_text
@@ -217,16 +217,7 @@ async def read_body(request: Request, limit: int) -> tuple[bytes, object]:
         raise Refusal(415, problem, "content-type")
     too_big = Refusal(413, f"the request body is larger than the limit of {limit} bytes (--max-request-body-bytes)",
                       "body")
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_big
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
-    raw = b"".join(chunks)
+    raw = await read_bounded(request, limit, too_big)
     try:
         return raw, json.loads(raw)
     except (ValueError, RecursionError) as e:  # JSONDecodeError, UnicodeDecodeError; too deep

@@ -19,6 +19,7 @@ from fastapi import Request
 from radixlm.config import ServerArgs
 from radixlm.engine.tokenizer_manager import TokenizerManager
 from radixlm.http_access import json_content_type_error
+from radixlm.http_common import read_bounded
 
 
 class HTTPError(Exception):
@@ -147,16 +148,7 @@ async def read_json(request: Request) -> Any:
     limit = srv(request).server_args.max_request_body_bytes
     too_big = HTTPError(413, f"the request body is larger than the limit of {limit} bytes (--max-request-body-bytes)",
                         param="body")
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_big
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
-    return parse_json(b"".join(chunks))
+    return parse_json(await read_bounded(request, limit, too_big))
 
 
 # ------------------------------------------------------------------ responses

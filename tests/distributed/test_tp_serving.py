@@ -5,7 +5,6 @@ old group's ranks are gone."""
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import psutil
@@ -14,6 +13,7 @@ import requests
 from radixlm import Engine
 from radixlm.server.process import ServerProcess
 from tests.conftest import engine_args
+from tests.server_faults import health_status, stop_leaving_nothing, wait_until
 
 PROMPTS = ["The capital of France is", "def fib(n):", "One, two, three,"]
 MORE = [f"{p} (take {k})" for k in range(2) for p in PROMPTS]
@@ -29,13 +29,6 @@ def _generate(url: str, prompts: list[str] = PROMPTS) -> list[list[int]]:
     r = requests.post(url + "/generate", json={"text": prompts, "sampling_params": GREEDY}, timeout=120)
     assert r.status_code == 200, r.text
     return [o["output_ids"] for o in r.json()]
-
-
-def _health(url: str):
-    try:
-        return requests.get(url + "/health", timeout=1).status_code
-    except requests.RequestException:
-        return None
 
 
 def _ranks(server_pid: int) -> list[psutil.Process]:
@@ -62,10 +55,7 @@ def test_dp2_tp2_router_sees_one_worker_per_replica(tiny_model_dir):
         routed = [w["routed"] for w in requests.get(srv.url + "/list_workers", timeout=5).json()["workers"]]
         assert len(routed) == 2 and all(n >= 1 for n in routed), routed
     finally:
-        kids = psutil.Process(srv.proc.pid).children(recursive=True)
-        srv.stop()
-        _, alive = psutil.wait_procs(kids, timeout=20)
-        assert not alive
+        stop_leaving_nothing(srv, timeout=20)
 
 
 def test_tp2_restart_on_failure_starts_a_new_group(tiny_model_dir):
@@ -79,22 +69,16 @@ def test_tp2_restart_on_failure_starts_a_new_group(tiny_model_dir):
                if "resource_tracker" not in " ".join(p.cmdline())]  # the tracker outlives engines
         (rank1,) = [p for p in _ranks(s.proc.pid) if p.pid not in (info["scheduler_pid"], info["detokenizer_pid"])]
         rank1.kill()
-        t0 = time.monotonic()
-        while time.monotonic() - t0 < 120:
-            if _health(s.url) == 200:
-                info2 = requests.get(s.url + "/get_server_info", timeout=10).json()
-                if info2.get("engine_restarts") == 1:
-                    break
-            time.sleep(0.2)
-        else:
-            raise AssertionError("the TP group did not come back: " + s.output()[-2000:])
+        def restarted() -> bool:
+            return (health_status(s.url) == 200
+                    and requests.get(s.url + "/get_server_info", timeout=10).json().get("engine_restarts") == 1)
+
+        assert wait_until(restarted, 120, 0.2), "the TP group did not come back: " + s.output()[-2000:]
+        info2 = requests.get(s.url + "/get_server_info", timeout=10).json()
         assert info2["tp_size"] == 2 and info2["scheduler_pid"] != info["scheduler_pid"]
         assert _generate(s.url) == want
         _, alive = psutil.wait_procs(old, timeout=15)
         assert not alive, alive  # every process of the old group stopped
         assert s.proc.poll() is None
     finally:
-        kids = psutil.Process(s.proc.pid).children(recursive=True)
-        s.stop()
-        _, alive = psutil.wait_procs(kids, timeout=15)
-        assert not alive
+        stop_leaving_nothing(s)

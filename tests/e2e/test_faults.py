@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from radixlm.server.process import ServerProcess
+from tests.server_faults import health_status, stop_leaving_nothing, wait_until
 
 TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks")
 GREEDY = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
@@ -35,22 +36,6 @@ def _first_chunk_then_rest(url, body, out: dict):
     out["ended"] = time.monotonic()
 
 
-def _wait(pred, timeout, step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(step)
-    return False
-
-
-def _health(url):
-    try:
-        return requests.get(url + "/health", timeout=1).status_code
-    except requests.RequestException:
-        return None
-
-
 @pytest.mark.parametrize("victim", ["scheduler", "detokenizer"])
 def test_engine_process_killed_health_503_requests_fail_fast_server_exits_1(tiny_model_dir, victim):
     s = ServerProcess("--model-path", tiny_model_dir, *TINY)
@@ -71,10 +56,10 @@ def test_engine_process_killed_health_503_requests_fail_fast_server_exits_1(tiny
                                                                          args=(s.url, _body(), stream))]
         for t in threads:
             t.start()
-        assert _wait(lambda: stream.get("started"), 30)
+        assert wait_until(lambda: stream.get("started"), 30)
         killed = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        assert _wait(lambda: _health(s.url) == 503, 2.0), "/health did not turn 503 within 2 s"
+        assert wait_until(lambda: health_status(s.url) == 503, 2.0), "/health did not turn 503 within 2 s"
         health_503_after = time.monotonic() - killed
         for t in threads:
             t.join(timeout=10)
@@ -105,11 +90,11 @@ def test_restart_on_failure_serves_again_with_the_same_outputs(tiny_model_dir):
         result = {}
         t = threading.Thread(target=_first_chunk_then_rest, args=(s.url, _body(), result))
         t.start()
-        assert _wait(lambda: result.get("started"), 30)
+        assert wait_until(lambda: result.get("started"), 30)
         old[0].kill()
         t.join(timeout=10)
         assert not t.is_alive() and json.loads(result["events"][-2])["error"]["code"] == 503
-        assert _wait(lambda: _health(s.url) == 200, 120, 0.2), "the engine did not come back"
+        assert wait_until(lambda: health_status(s.url) == 200, 120, 0.2), "the engine did not come back"
         after = requests.post(s.url + "/generate", json=greedy, timeout=60).json()
         assert after["output_ids"] == before["output_ids"] and after["text"] == before["text"]
         info2 = requests.get(s.url + "/get_server_info", timeout=10).json()
@@ -118,10 +103,7 @@ def test_restart_on_failure_serves_again_with_the_same_outputs(tiny_model_dir):
         assert not alive
         assert s.proc.poll() is None
     finally:
-        kids = psutil.Process(s.proc.pid).children(recursive=True)
-        s.stop()
-        _, alive = psutil.wait_procs(kids, timeout=15)
-        assert not alive
+        stop_leaving_nothing(s)
 
 
 def test_sigterm_drains_in_flight_requests_then_stops_everything(tiny_model_dir):
@@ -130,10 +112,10 @@ def test_sigterm_drains_in_flight_requests_then_stops_everything(tiny_model_dir)
     result = {}
     t = threading.Thread(target=_first_chunk_then_rest, args=(s.url, _body(600), result))
     t.start()
-    assert _wait(lambda: result.get("started"), 30)
+    assert wait_until(lambda: result.get("started"), 30)
     s.proc.send_signal(signal.SIGTERM)
     # New connections are refused at once while the in-flight stream goes on to its end.
-    assert _wait(lambda: _health(s.url) is None, 5)
+    assert wait_until(lambda: health_status(s.url) is None, 5)
     t.join(timeout=60)
     assert result["status"] == 200 and result["events"][-1] == "[DONE]"
     final = json.loads(result["events"][-2])
@@ -151,7 +133,7 @@ def test_sigterm_stops_after_graceful_shutdown_timeout(tiny_model_dir):
     body = {**_body(), "sampling_params": {**_body()["sampling_params"], "n": 32}}
     t = threading.Thread(target=_first_chunk_then_rest, args=(s.url, body, result))
     t.start()
-    assert _wait(lambda: result.get("started"), 30)
+    assert wait_until(lambda: result.get("started"), 30)
     sent = time.monotonic()
     s.proc.send_signal(signal.SIGTERM)
     s.proc.wait(timeout=30)

@@ -13,28 +13,13 @@ import psutil
 import requests
 
 from radixlm.server.process import ServerProcess
+from tests.server_faults import health_status, stop_leaving_nothing, wait_until
 
 TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks")
 TIMEOUT = 2.0  # --watchdog-timeout
 INTERVAL = 0.5  # --watchdog-interval (the default)
 SLACK = 2.5  # a loaded 2-core machine: the watchdog thread's tick and the HTTP round trip
 GREEDY = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
-
-
-def _wait(pred, timeout, step=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pred():
-            return True
-        time.sleep(step)
-    return False
-
-
-def _health(url):
-    try:
-        return requests.get(url + "/health", timeout=1).status_code
-    except requests.RequestException:
-        return None
 
 
 def _stream(url, out: dict):
@@ -66,14 +51,14 @@ def test_hung_scheduler_health_503_requests_fail_server_exits_1(tiny_model_dir):
         os.kill(sched, signal.SIGSTOP)
         # Idle: nothing waits on the scheduler, so it is not hung (yet).
         time.sleep(TIMEOUT + 2 * INTERVAL)
-        assert _health(s.url) == 200
+        assert health_status(s.url) == 200
         plain, stream = {}, {}
         threads = [threading.Thread(target=_plain, args=(s.url, plain)),
                    threading.Thread(target=_stream, args=(s.url, stream))]
         sent = time.monotonic()
         for t in threads:
             t.start()
-        assert _wait(lambda: _health(s.url) == 503, TIMEOUT + INTERVAL + SLACK), "/health did not turn 503"
+        assert wait_until(lambda: health_status(s.url) == 503, TIMEOUT + INTERVAL + SLACK), "/health did not turn 503"
         health_503_after = time.monotonic() - sent
         for t in threads:
             t.join(timeout=10)
@@ -106,14 +91,14 @@ def test_hung_scheduler_restart_on_failure_serves_again_with_the_same_outputs(ti
         stream = {}
         t = threading.Thread(target=_stream, args=(s.url, stream))
         t.start()
-        assert _wait(lambda: stream.get("started"), 30)
+        assert wait_until(lambda: stream.get("started"), 30)
         old[0].suspend()  # SIGSTOP mid-stream
         stopped = time.monotonic()
-        assert _wait(lambda: _health(s.url) == 503, TIMEOUT + INTERVAL + SLACK), "/health did not turn 503"
+        assert wait_until(lambda: health_status(s.url) == 503, TIMEOUT + INTERVAL + SLACK), "/health did not turn 503"
         print(f"scheduler stopped mid-stream: /health 503 after {time.monotonic() - stopped:.2f} s")
         t.join(timeout=10)
         assert not t.is_alive() and json.loads(stream["events"][-2])["error"]["code"] == 503
-        assert _wait(lambda: _health(s.url) == 200, 120, 0.2), "the engine did not come back"
+        assert wait_until(lambda: health_status(s.url) == 200, 120, 0.2), "the engine did not come back"
         after = requests.post(s.url + "/generate", json=greedy, timeout=60).json()
         assert after["output_ids"] == before["output_ids"] and after["text"] == before["text"]
         info2 = requests.get(s.url + "/get_server_info", timeout=10).json()
@@ -122,7 +107,4 @@ def test_hung_scheduler_restart_on_failure_serves_again_with_the_same_outputs(ti
         assert not alive
         assert s.proc.poll() is None
     finally:
-        kids = psutil.Process(s.proc.pid).children(recursive=True)
-        s.stop()
-        _, alive = psutil.wait_procs(kids, timeout=15)
-        assert not alive
+        stop_leaving_nothing(s)

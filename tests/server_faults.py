@@ -1,0 +1,37 @@
+"""Helpers of the tests that break a live server (test_faults, test_hang_watchdog, test_tp_serving):
+waiting for a condition with a bound, /health's status, stopping a server and checking that none of
+its processes is left."""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Optional
+
+import psutil
+import requests
+
+
+def wait_until(pred: Callable[[], object], timeout: float, step: float = 0.05) -> bool:
+    """True as soon as pred() is truthy, False when `timeout` seconds pass first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return True
+        time.sleep(step)
+    return False
+
+
+def health_status(url: str) -> Optional[int]:
+    """/health's status, or None when the server does not answer within a second."""
+    try:
+        return requests.get(url + "/health", timeout=1).status_code
+    except requests.RequestException:
+        return None
+
+
+def stop_leaving_nothing(server, timeout: float = 15) -> None:
+    """Stop a ServerProcess and assert that every process under it ended."""
+    kids = psutil.Process(server.proc.pid).children(recursive=True)
+    server.stop()
+    _, alive = psutil.wait_procs(kids, timeout=timeout)
+    assert not alive, alive
