@@ -19,6 +19,7 @@ import asyncio
 import dataclasses
 import os
 import random
+import stat
 import time
 from collections import Counter
 from typing import Optional
@@ -157,7 +158,7 @@ class HostileLoad:
         kind = self.rng.choice(["flip", "truncate", "swap", "symlink", "fifo"])
         try:
             if kind in ("flip", "truncate"):
-                with open(path, "r+b") as f:
+                with _open_regular(path, os.O_RDWR) as f:
                     size = os.fstat(f.fileno()).st_size
                     if kind == "truncate":
                         f.truncate(size // 2)
@@ -166,9 +167,10 @@ class HostileLoad:
                         f.write(os.urandom(8))
             elif kind == "swap" and len(names) > 1:  # another chunk's genuine file under this chunk's name
                 other = os.path.join(d, self.rng.choice([n for n in names if n != os.path.basename(path)]))
-                with open(other, "rb") as src:
+                with _open_regular(other, os.O_RDONLY) as src:
                     data = src.read()
-                with open(path, "wb") as dst:
+                with _open_regular(path, os.O_WRONLY) as dst:
+                    dst.truncate(0)
                     dst.write(data)
             elif kind == "symlink":
                 os.replace(_symlink_beside(path, "/dev/zero"), path)
@@ -179,8 +181,8 @@ class HostileLoad:
             else:
                 return
             self.forged[kind] += 1
-        except OSError:
-            pass  # the server removed or replaced it meanwhile
+        except (OSError, _NotRegular):
+            pass  # the server removed or replaced it meanwhile, or an earlier forgery left a link or FIFO there
 
     def summary(self) -> dict:
         attacks = {k: {str(s): n for s, n in v.items()} for k, v in self.attacks.items()}
@@ -203,6 +205,20 @@ class HostileLoad:
             "forged": dict(self.forged),
             "slow_loris": self.loris_opened,
         }
+
+
+class _NotRegular(Exception):
+    pass
+
+
+def _open_regular(path: str, flags: int):
+    """A regular file opened unbuffered, never through a symlink and never blocking on a FIFO (the
+    forger's own earlier work may sit under any name)."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise _NotRegular(path)
+    return os.fdopen(fd, "rb" if flags == os.O_RDONLY else "r+b" if flags == os.O_RDWR else "wb", buffering=0)
 
 
 def _symlink_beside(path: str, target: str) -> str:
