@@ -1,6 +1,6 @@
 """Helpers of the tests that break a live server (test_faults, test_hang_watchdog, test_tp_serving):
-waiting for a condition with a bound, /health's status, stopping a server and checking that none of
-its processes is left."""
+waiting for a condition with a bound, /health's status, a stream's events kept as they come,
+stopping a server and checking that none of its processes is left."""
 
 from __future__ import annotations
 
@@ -35,3 +35,18 @@ def stop_leaving_nothing(server, timeout: float = 15) -> None:
     server.stop()
     _, alive = psutil.wait_procs(kids, timeout=timeout)
     assert not alive, alive
+
+
+def stream_events(url: str, body: dict, out: dict) -> None:
+    """Stream /generate's `body`: out["status"], every event in out["events"], out["started"] at the
+    first, out["error"] on a transport error, out["ended"] (time.monotonic()) when it ends."""
+    try:
+        with requests.post(url + "/generate", json={**body, "stream": True}, stream=True, timeout=120) as r:
+            out["status"] = r.status_code
+            for line in r.iter_lines():
+                if line.startswith(b"data: "):
+                    out.setdefault("events", []).append(line[6:].decode())
+                    out["started"] = True
+    except requests.RequestException as e:
+        out["error"] = e
+    out["ended"] = time.monotonic()

@@ -12,7 +12,7 @@ import pytest
 import requests
 
 from radixlm.server.process import ServerProcess
-from tests.server_faults import health_status, stop_leaving_nothing, wait_until
+from tests.server_faults import health_status, stop_leaving_nothing, stream_events, wait_until
 
 TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks")
 GREEDY = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
@@ -20,20 +20,6 @@ GREEDY = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
 
 def _body(max_new_tokens=900, **kw):
     return {"text": "hello there", "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True, **kw}}
-
-
-def _first_chunk_then_rest(url, body, out: dict):
-    """Stream `body`; set out["started"] at the first event, keep every event in out["events"]."""
-    try:
-        with requests.post(url + "/generate", json={**body, "stream": True}, stream=True, timeout=120) as r:
-            out["status"] = r.status_code
-            for line in r.iter_lines():
-                if line.startswith(b"data: "):
-                    out.setdefault("events", []).append(line[6:].decode())
-                    out["started"] = True
-    except requests.RequestException as e:
-        out["error"] = e
-    out["ended"] = time.monotonic()
 
 
 @pytest.mark.parametrize("victim", ["scheduler", "detokenizer"])
@@ -52,7 +38,7 @@ def test_engine_process_killed_health_503_requests_fail_fast_server_exits_1(tiny
                 plain["r"] = e
             plain["ended"] = time.monotonic()
 
-        threads = [threading.Thread(target=inflight), threading.Thread(target=_first_chunk_then_rest,
+        threads = [threading.Thread(target=inflight), threading.Thread(target=stream_events,
                                                                          args=(s.url, _body(), stream))]
         for t in threads:
             t.start()
@@ -88,7 +74,7 @@ def test_restart_on_failure_serves_again_with_the_same_outputs(tiny_model_dir):
         info = requests.get(s.url + "/get_server_info", timeout=10).json()
         old = [psutil.Process(info["scheduler_pid"]), psutil.Process(info["detokenizer_pid"])]
         result = {}
-        t = threading.Thread(target=_first_chunk_then_rest, args=(s.url, _body(), result))
+        t = threading.Thread(target=stream_events, args=(s.url, _body(), result))
         t.start()
         assert wait_until(lambda: result.get("started"), 30)
         old[0].kill()
@@ -110,7 +96,7 @@ def test_sigterm_drains_in_flight_requests_then_stops_everything(tiny_model_dir)
     s = ServerProcess("--model-path", tiny_model_dir, *TINY)
     kids = psutil.Process(s.proc.pid).children(recursive=True)
     result = {}
-    t = threading.Thread(target=_first_chunk_then_rest, args=(s.url, _body(600), result))
+    t = threading.Thread(target=stream_events, args=(s.url, _body(600), result))
     t.start()
     assert wait_until(lambda: result.get("started"), 30)
     s.proc.send_signal(signal.SIGTERM)
@@ -131,7 +117,7 @@ def test_sigterm_stops_after_graceful_shutdown_timeout(tiny_model_dir):
     result = {}
     # Far more work than one second: 32 streams of 900 tokens on one thread.
     body = {**_body(), "sampling_params": {**_body()["sampling_params"], "n": 32}}
-    t = threading.Thread(target=_first_chunk_then_rest, args=(s.url, body, result))
+    t = threading.Thread(target=stream_events, args=(s.url, body, result))
     t.start()
     assert wait_until(lambda: result.get("started"), 30)
     sent = time.monotonic()

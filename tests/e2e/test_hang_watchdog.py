@@ -13,26 +13,14 @@ import psutil
 import requests
 
 from radixlm.server.process import ServerProcess
-from tests.server_faults import health_status, stop_leaving_nothing, wait_until
+from tests.server_faults import health_status, stop_leaving_nothing, stream_events, wait_until
 
 TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks")
 TIMEOUT = 2.0  # --watchdog-timeout
 INTERVAL = 0.5  # --watchdog-interval (the default)
 SLACK = 2.5  # a loaded 2-core machine: the watchdog thread's tick and the HTTP round trip
 GREEDY = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
-
-
-def _stream(url, out: dict):
-    body = {"text": "hello there", "stream": True, "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
-    try:
-        with requests.post(url + "/generate", json=body, stream=True, timeout=120) as r:
-            out["status"] = r.status_code
-            for line in r.iter_lines():
-                if line.startswith(b"data: "):
-                    out.setdefault("events", []).append(line[6:].decode())
-                    out["started"] = True
-    except requests.RequestException as e:
-        out["error"] = e
+LONG = {"text": "hello there", "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
 
 
 def _plain(url, out: dict):
@@ -54,7 +42,7 @@ def test_hung_scheduler_health_503_requests_fail_server_exits_1(tiny_model_dir):
         assert health_status(s.url) == 200
         plain, stream = {}, {}
         threads = [threading.Thread(target=_plain, args=(s.url, plain)),
-                   threading.Thread(target=_stream, args=(s.url, stream))]
+                   threading.Thread(target=stream_events, args=(s.url, LONG, stream))]
         sent = time.monotonic()
         for t in threads:
             t.start()
@@ -89,7 +77,7 @@ def test_hung_scheduler_restart_on_failure_serves_again_with_the_same_outputs(ti
         info = requests.get(s.url + "/get_server_info", timeout=10).json()
         old = [psutil.Process(info["scheduler_pid"]), psutil.Process(info["detokenizer_pid"])]
         stream = {}
-        t = threading.Thread(target=_stream, args=(s.url, stream))
+        t = threading.Thread(target=stream_events, args=(s.url, LONG, stream))
         t.start()
         assert wait_until(lambda: stream.get("started"), 30)
         old[0].suspend()  # SIGSTOP mid-stream
