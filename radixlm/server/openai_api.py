@@ -229,40 +229,39 @@ def _check_length(state: ServerState, prompts: list[list[int]], field: str) -> N
                                  f"(prompt + completion), so it must be shorter", param=field)
 
 
-async def _run(request: Request, job: _Job):
+async def _open(request: Request, job: _Job):
+    """Start the job: its response body (a dict), or, streaming, an async iterator of chunk bodies.
+    A stream waits for its first output first, so that an error the engine finds (a bad prompt, a
+    grammar that does not compile) is still a proper 4xx; later errors raise from the iterator
+    (ValueError, EngineDeadError, InternalRequestError) for the caller to shape."""
     state = srv(request)
     gen = state.tokenizer_manager.generate_request(job.obj, admit=admit_to_queue(state))
     try:
         if job.obj.stream:
-            # Wait for the first output before answering, so that an error the engine finds
-            # (a bad prompt, a grammar that does not compile) is still a proper 4xx.
             first = await run_until_disconnect(request, gen.__anext__())
-            return StreamingResponse(_stream(state, job, gen, first), media_type="text/event-stream")
+            return _chunks(state, job, gen, first)
         out = await run_until_disconnect(request, _last(gen))
     except ValueError as e:
         raise HTTPError(400, str(e)) from None
     observe(state, out)
     outs = out if isinstance(out, list) else [out]
     extra = {"prompt_token_ids": job.prompt_ids[0]} if job.chat and job.prompt_ids is not None else {}
-    return JSONResponse(job.body([job.choice(i, o) for i, o in enumerate(outs)], usage=job.usage(outs),
-                                 system_fingerprint=None, **extra))
+    return job.body([job.choice(i, o) for i, o in enumerate(outs)], usage=job.usage(outs), system_fingerprint=None,
+                    **extra)
 
 
-async def _stream(state: ServerState, job: _Job, gen: AsyncIterator, first: dict):
-    sent: dict[int, _Sent] = {}
-    finals: dict[int, dict] = {}
+def _respond(result):
+    """A body (JSON) or a chunk iterator (SSE), as _open returns them."""
+    if isinstance(result, dict):
+        return JSONResponse(result)
+    return StreamingResponse(_sse(result), media_type="text/event-stream")
+
+
+async def _sse(chunks: AsyncIterator[dict]):
+    """OpenAI's SSE framing of a chunk iterator; an error after the start is an error event."""
     try:
-        out = first
-        while out is not None:
-            idx = out.get("index", 0)
-            for chunk in _stream_chunks(job, idx, out, sent.setdefault(idx, _Sent())):
-                yield sse(chunk)
-            if out["meta_info"]["finish_reason"] is not None:
-                finals[idx] = out
-                observe(state, out)
-            out = await anext(gen, None)
-        if job.include_usage:
-            yield sse(job.body([], usage=job.usage([finals[i] for i in sorted(finals)])))
+        async for chunk in chunks:
+            yield sse(chunk)
     except ValueError as e:
         yield sse_error(400, str(e), "invalid_request_error")
     except EngineDeadError as e:
@@ -270,10 +269,29 @@ async def _stream(state: ServerState, job: _Job, gen: AsyncIterator, first: dict
     except InternalRequestError as e:
         yield sse_error(500, str(e), "server_error")
     finally:
-        # Closing the native generator aborts whatever still runs (client gone, error). A
-        # cancellation (disconnect) is not caught above, so it propagates after this.
-        await gen.aclose()
+        await chunks.aclose()
     yield SSE_DONE
+
+
+async def _chunks(state: ServerState, job: _Job, gen: AsyncIterator, first: dict) -> AsyncIterator[dict]:
+    sent: dict[int, _Sent] = {}
+    finals: dict[int, dict] = {}
+    try:
+        out = first
+        while out is not None:
+            idx = out.get("index", 0)
+            for chunk in _stream_chunks(job, idx, out, sent.setdefault(idx, _Sent())):
+                yield chunk
+            if out["meta_info"]["finish_reason"] is not None:
+                finals[idx] = out
+                observe(state, out)
+            out = await anext(gen, None)
+        if job.include_usage:
+            yield job.body([], usage=job.usage([finals[i] for i in sorted(finals)]))
+    finally:
+        # Closing the native generator aborts whatever still runs (client gone, error). A
+        # cancellation (disconnect) is not caught, so it propagates after this.
+        await gen.aclose()
 
 
 def _stream_chunks(job: _Job, idx: int, out: dict, st: _Sent) -> list[dict]:
@@ -363,13 +381,21 @@ async def completions(request: Request):
     job = _Job(chat=False, id=f"cmpl-{rid}", model=model, n=n, obj=obj, echo_texts=echo, logprobs=want_lp,
                include_usage=bool(req.stream_options and req.stream_options.include_usage),
                prompt_ids=ids if req.return_token_ids else None)
-    return await _run(request, job)
+    return _respond(await _open(request, job))
 
 # -------------------------------------------------------- chat completions
 @router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest.model_json_schema()))
 async def chat_completions(request: Request):
-    state = srv(request)
     req: ChatCompletionRequest = parse_body(ChatCompletionRequest, await read_json(request))
+    return _respond(await open_chat(request, req))
+
+
+async def open_chat(request: Request, req: ChatCompletionRequest):
+    """The chat pipeline for a parsed request: the chat.completion body (a dict), or, streaming, an
+    async iterator of chat.completion.chunk bodies (see _open). Other APIs' routes (Anthropic's
+    Messages, OpenAI's Responses) translate their request into a ChatCompletionRequest and shape
+    what this returns."""
+    state = srv(request)
     model = _requested_model(state, req.model)
     if req.top_logprobs is not None and not req.logprobs:
         raise HTTPError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
@@ -409,7 +435,7 @@ async def chat_completions(request: Request):
     job = _Job(chat=True, id=f"chatcmpl-{rid}", model=model, n=req.n or 1, obj=obj, logprobs=bool(req.logprobs),
                include_usage=bool(req.stream_options and req.stream_options.include_usage),
                prompt_ids=[ids] if req.return_token_ids else None)
-    return await _run(request, job)
+    return await _open(request, job)
 
 
 async def _last(gen: AsyncIterator):
