@@ -87,6 +87,7 @@ class ServerArgs:
     random_seed: int = 42
     enable_torch_compile: bool = False  # SGLang's: compile decode steps (model/compiled_decode.py)
     torch_compile_max_bs: int = 32  # SGLang's default
+    is_embedding: bool = False  # SGLang's: serve an embedding model (/v1/embeddings, /encode; model/pooler.py)
 
     # Speculative decoding (radixlm/speculative/): drafts verified in one forward, outputs unchanged.
     speculative_algorithm: Optional[str] = None  # ngram, radix or draft-model; None: off
@@ -227,6 +228,9 @@ class ServerArgs:
             "Python (CPU, the native attention backend; not where the fused native decoder op runs); batches are "
             "padded to the next compiled size; one log line says what was compiled or why not",
             "torch_compile_max_bs": "largest decode batch --enable-torch-compile compiles (larger ones run eager)",
+            "is_embedding": "serve an embedding model: /v1/embeddings and /encode return its pooled, normalized "
+            "final hidden states (pooling from its sentence-transformers config or GGUF, else last-token); the "
+            "generation routes answer 400",
             "quantization": "weights: gguf (a GGUF's own quantization, its default), none (dequantize to --dtype, "
             "the default for other checkpoints), "
             "int8, q4_0, q8_0, q4_k (quantize at load), f16, bf16 (16-bit weights); quantized weights run the "

@@ -329,7 +329,6 @@ GROUPS: tuple[FlagGroup, ...] = (
              "--ds-channel-config-path V", "--ds-heavy-channel-num V", "--ds-heavy-token-num V",
              "--ds-heavy-channel-type V", "--ds-sparse-decode-threshold V", "--enable-hisparse", "--hisparse-config V",
              "--enable-lmcache", "--dllm-algorithm V", "--dllm-algorithm-config V"),
-    _refused("embedding models are not in radixlm", "serve a causal LM", "--is-embedding"),
     _refused("multi-item scoring is not in radixlm", "score each item as a request of its own (max_new_tokens 0, "
              "return_logprob)", "--multi-item-scoring-delimiter V"),
     _refused("returning hidden states is not in radixlm", "logprobs (return_logprob, top_logprobs_num)",
