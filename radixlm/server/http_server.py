@@ -227,6 +227,7 @@ async def server_info(request: Request):
         "context_len": s.scheduler_info["context_len"],
         "scheduler_pid": s.scheduler_info["pid"],
         "detokenizer_pid": s.scheduler_info.get("detokenizer_pid"),
+        "pooling": s.scheduler_info.get("pooling"),  # --is-embedding: the model's pooling (model/pooler.py)
         "engine_restarts": s.engine_restarts,
         # Requests the HTTP side still tracks (0 when idle: nothing leaked on this side).
         "num_tracked_requests": len(s.tokenizer_manager.rid_to_state),

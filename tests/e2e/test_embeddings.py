@@ -141,8 +141,9 @@ def test_mean_pooling_matches_hf_float_and_base64(llama_server, llama_mean_dir):
     b64 = client.embeddings.create(model="any", input=ids[0])
     _check([b64.data[0].embedding], want[:1])
     # Repeated: the answer does not depend on what the cache holds (mean pooling takes no cached prefix).
-    again = client.embeddings.create(model="any", input=TEXTS[0])
-    _check([again.data[0].embedding], want[:1])
+    again = requests.post(llama_server.url + "/encode", json={"text": TEXTS[0]}, timeout=60).json()
+    assert again["meta_info"]["cached_tokens"] == 0
+    _check([again["embedding"]], want[:1])
 
 
 def test_encode_native_route(llama_server, llama_mean_dir):
@@ -174,6 +175,8 @@ def test_bad_input_is_400_naming_input(llama_server):
         assert r.status_code == 400 and "embedding model" in r.text, (route, r.text)
     assert requests.get(url + "/health_generate", timeout=60).status_code == 200
     assert requests.get(url + "/get_model_info", timeout=60).json()["is_generation"] is False
+    info = requests.get(url + "/get_server_info", timeout=60).json()
+    assert info["is_embedding"] is True and info["pooling"] == "mean"
 
 
 def test_qwen2_base_model_last_token_pooling(qwen2_base_dir):
@@ -185,14 +188,18 @@ def test_qwen2_base_model_last_token_pooling(qwen2_base_dir):
         _check([d.embedding for d in res.data], want)
         # Last-token pooling reuses a cached prefix: a longer input after a shorter one.
         longer = ids[0] + ids[2]
-        first = _client(s).embeddings.create(model="any", input=[longer]).data[0].embedding
-        _check([first], reference(qwen2_base_dir, [longer], "last"))
+        out = requests.post(s.url + "/encode", json={"input_ids": longer}, timeout=60).json()
+        assert out["meta_info"]["cached_tokens"] == len(ids[0])
+        _check([out["embedding"]], reference(qwen2_base_dir, [longer], "last"))
+        assert requests.get(s.url + "/get_server_info", timeout=60).json()["pooling"] == "last"
     finally:
         s.stop()
 
 
 def test_gguf_embedding_model(llama_mean_gguf, llama_mean_dir):
-    s = ServerProcess("--model-path", llama_mean_gguf, "--tokenizer-path", llama_mean_dir, *SERVE)
+    # float32 KV: a GGUF's default is float16 KV (llama.cpp's), which the 1e-4 check would measure instead.
+    s = ServerProcess("--model-path", llama_mean_gguf, "--tokenizer-path", llama_mean_dir, "--kv-cache-dtype", "float32",
+                      *SERVE)
     try:
         ids = _ids(llama_mean_dir, TEXTS)
         res = _client(s).embeddings.create(model="any", input=ids)
@@ -212,3 +219,19 @@ def test_embeddings_on_a_generation_server_is_400(tiny_model_dir):
         assert r.status_code == 200
     finally:
         s.stop()
+
+
+def test_engine_encode(qwen2_base_dir):
+    """The Python API: Engine(is_embedding=True).encode, one input and a batch of ids; generate refused."""
+    from radixlm import Engine
+    from tests.conftest import engine_args
+
+    ids = _ids(qwen2_base_dir, TEXTS)
+    want = reference(qwen2_base_dir, ids, "last")
+    with Engine(qwen2_base_dir, **engine_args(is_embedding=True)) as engine:
+        one = engine.encode(TEXTS[1])
+        _check([one["embedding"]], want[1:2])
+        assert one["meta_info"]["prompt_tokens"] == len(ids[1])
+        _check([o["embedding"] for o in engine.encode(ids)], want)
+        with pytest.raises(ValueError, match="embedding model"):
+            engine.generate("hi", {"max_new_tokens": 1})
