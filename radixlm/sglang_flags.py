@@ -338,7 +338,7 @@ GROUPS: tuple[FlagGroup, ...] = (
              "--ssl-certfile V", "--ssl-ca-certs V", "--ssl-keyfile-password V", "--enable-ssl-refresh"),
     _refused("radixlm serves HTTP only", "the HTTP API (SGLang's native routes and OpenAI's)", "--grpc-mode"),
     _refused("tool-call and reasoning parsing are not in radixlm yet", "requests with tools need tool_choice none; "
-             "the whole output comes back as content", "--tool-call-parser V", "--reasoning-parser V",
+             "the whole output comes back as content", "--tool-call-parser V",
              "--tool-server V"),
     _refused("SGLang's streaming sessions and KV-event publishing are not in radixlm", "the radix cache reuses a "
              "conversation's prefix without sessions; /metrics shows the cache", "--enable-streaming-session",
