@@ -129,6 +129,9 @@ VALUE_RULES: dict[str, ValueRule] = {
     "grammar_backend": ValueRule("--grammar-backend", refused=(RefusedValues(
         ("outlines", "llguidance"), "radixlm compiles grammars with xgrammar only", "--grammar-backend xgrammar "
         "(the default) or none"),)),
+    "reasoning_parser": ValueRule("--reasoning-parser", refused=(RefusedValues(
+        ("gpt-oss", "minimax-append-think", "nemotron_3", "step3p5"), "a reasoning format radixlm/reasoning does "
+        "not have", "a format with the same markers (qwen3 and deepseek-r1 read <think>...</think>)"),)),
     "hicache_storage_backend": ValueRule("--hicache-storage-backend", refused=(RefusedValues(
         ("mooncake", "hf3fs", "nixl", "aibrix", "dynamic", "eic"), "a distributed KV store radixlm has no client for",
         "--hicache-storage-backend file"),)),
