@@ -33,6 +33,7 @@ class RequestIntake:
         req = Req.from_input(recv, self.eos_token_ids)
         self.prefetcher.start(req)
         if not req.sampling_params.grammar_key:
+            req.grammar = self.grammar.with_thinking(req, None)  # a think block needs no compile
             self._ready(req)
             return
         error = self.grammar.start(req)
