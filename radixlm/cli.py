@@ -117,6 +117,7 @@ def option_choices() -> dict[str, tuple[str, ...]]:
     from radixlm.model.loader import QUANTIZATIONS
     from radixlm.model.runner_config import DTYPES, KV_CACHE_DTYPES
     from radixlm.model.sampling_defaults import SAMPLING_DEFAULTS_MODES
+    from radixlm.reasoning import REASONING_PARSERS
     from radixlm.scheduler.policy import POLICIES
     from radixlm.speculative.config import DRAFT_POLICIES, SPECULATIVE_ALGORITHMS
 
@@ -128,7 +129,7 @@ def option_choices() -> dict[str, tuple[str, ...]]:
         "hicache_write_policy": WRITE_POLICIES, "hicache_dtype": HICACHE_DTYPES,
         "hicache_storage_backend": STORAGE_BACKENDS,
         "log_requests_level": LOG_REQUESTS_LEVELS, "log_requests_format": LOG_REQUESTS_FORMATS,
-        "sampling_defaults": SAMPLING_DEFAULTS_MODES,
+        "sampling_defaults": SAMPLING_DEFAULTS_MODES, "reasoning_parser": REASONING_PARSERS,
     }
 
 

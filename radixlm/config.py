@@ -67,6 +67,7 @@ class ServerArgs:
     disable_jump_forward: bool = False  # decode grammar-forced text token by token
     # model: the model's generation_config.json / GGUF general.sampling.* are requests' defaults; openai: not
     sampling_defaults: str = "model"
+    reasoning_parser: Optional[str] = None  # SGLang's: the think block's format (radixlm/reasoning)
 
     # Scheduling
     schedule_policy: str = "lpm"
@@ -277,6 +278,8 @@ class ServerArgs:
             "beyond it a 400 (as TGI's flag, n counted)",
             "tokenizer_timeout": "seconds one request's tokenization and chat template may take (they run off the "
             "event loop); beyond it a 504",
+            "reasoning_parser": "the reasoning model's think-block format (SGLang's names): thinking budgets "
+            "(max_thinking_tokens) and grammars that apply after the thinking",
             "chat_template": "the chat template: a Jinja file, SGLang's JSON conversation file, or a built-in name "
             "(chatml, gemma-it, llama-2, llama-4, mistral, vicuna_v1.1); default: the tokenizer's own",
             "completion_template": "the fill-in-the-middle tokens of completions' suffix and /infill: star_coder, "

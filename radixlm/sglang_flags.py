@@ -129,6 +129,9 @@ VALUE_RULES: dict[str, ValueRule] = {
     "grammar_backend": ValueRule("--grammar-backend", refused=(RefusedValues(
         ("outlines", "llguidance"), "radixlm compiles grammars with xgrammar only", "--grammar-backend xgrammar "
         "(the default) or none"),)),
+    "reasoning_parser": ValueRule("--reasoning-parser", refused=(RefusedValues(
+        ("gpt-oss", "minimax-append-think", "nemotron_3", "step3p5"), "a reasoning format radixlm/reasoning does "
+        "not have", "a format with the same markers (qwen3 and deepseek-r1 read <think>...</think>)"),)),
     "hicache_storage_backend": ValueRule("--hicache-storage-backend", refused=(RefusedValues(
         ("mooncake", "hf3fs", "nixl", "aibrix", "dynamic", "eic"), "a distributed KV store radixlm has no client for",
         "--hicache-storage-backend file"),)),
@@ -337,7 +340,7 @@ GROUPS: tuple[FlagGroup, ...] = (
              "--ssl-certfile V", "--ssl-ca-certs V", "--ssl-keyfile-password V", "--enable-ssl-refresh"),
     _refused("radixlm serves HTTP only", "the HTTP API (SGLang's native routes and OpenAI's)", "--grpc-mode"),
     _refused("tool-call and reasoning parsing are not in radixlm yet", "requests with tools need tool_choice none; "
-             "the whole output comes back as content", "--tool-call-parser V", "--reasoning-parser V",
+             "the whole output comes back as content", "--tool-call-parser V",
              "--tool-server V"),
     _refused("SGLang's streaming sessions and KV-event publishing are not in radixlm", "the radix cache reuses a "
              "conversation's prefix without sessions; /metrics shows the cache", "--enable-streaming-session",

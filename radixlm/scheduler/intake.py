@@ -35,6 +35,7 @@ class RequestIntake:
         req.pool_all_tokens = self.pool_all_tokens
         self.prefetcher.start(req)
         if not req.sampling_params.grammar_key:
+            req.grammar = self.grammar.with_thinking(req, None)  # a think block needs no compile
             self._ready(req)
             return
         error = self.grammar.start(req)
