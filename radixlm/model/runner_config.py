@@ -93,12 +93,14 @@ class ModelRunnerConfig:
             max_total_tokens=args.max_total_tokens,
             kv_memory_gb=args.kv_memory_gb,
             mem_fraction_static=args.mem_fraction_static,
-            memory_share=max(1, args.tp_size // max(1, args.nnodes)),
+            memory_share=max(1, args.tp_size * args.pp_size // max(1, args.nnodes)),
             # The torch backend's decode mirror: 1 GiB on CPU (where it saves the per-step gather), off on CUDA.
             decode_kv_mirror_bytes=int((1.0 if args.device == "cpu" else 0.0) * 2**30 if args.decode_kv_mirror_gb is None
                                        else args.decode_kv_mirror_gb * 2**30),
             disable_shared_prefix_attention=args.disable_shared_prefix_attention,
-            max_running_requests=args.max_running_requests,
+            # One batch in the pipeline at a time today: a micro-batch is the running batch.
+            max_running_requests=min(args.max_running_requests, (args.pp_size > 1 and args.pp_max_micro_batch_size)
+                                     or args.max_running_requests),
             context_length=args.context_length,
             num_threads=args.num_threads,
             random_seed=args.random_seed,
