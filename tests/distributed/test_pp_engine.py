@@ -1,0 +1,91 @@
+"""Pipeline-parallel engines end to end (gloo, one thread per rank): a 4-layer random Llama with an
+untied LM head at PP=2 (an uneven --pp-layer-partition) and PP=3 (the even split, 1,2,1) gives
+PP=1's greedy outputs, streaming and not, from the radix cache, for a prompt that needs chunked
+prefill, with a json_schema and for a concurrent batch of mixed lengths (mixed chunks on); each
+stage's KV pool holds its layers only. A pp size larger than the model's layers, or a partition
+that does not add up, is refused before any process starts, naming both numbers."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+import pytest
+import torch
+
+from radixlm import Engine
+from tests.conftest import engine_args
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+          "required": ["name", "age"], "additionalProperties": False}
+SHARED = "You are a helpful assistant. Answer briefly and precisely. " * 4
+LONG = "Once upon a time, " * 30 + "the end. Summary:"  # ~150 tokens: 5 chunks of 32
+PROMPTS = [SHARED + "What is the capital of France?", SHARED + "Name three primes.", LONG, "def fib(n):"]
+GREEDY = {"max_new_tokens": 16, "temperature": 0, "ignore_eos": True}
+MIXED = [("Count: one, two,", 3), (LONG + " again", 20), ("Hello", 9), (SHARED + "Why?", 14), ("1 2 3", 1)]
+OPTIONS = dict(chunked_prefill_size=32, enable_mixed_chunk=True, max_total_tokens=4000)
+
+
+@pytest.fixture(scope="module")
+def tiny4_model_dir(tmp_path_factory, default_model_path):
+    """A 4-layer Llama whose LM head is its own matrix (the last stage holds it, not the embedding)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from radixlm.model.loader import load_tokenizer
+
+    path = tmp_path_factory.mktemp("tiny4-llama")
+    tok = load_tokenizer(default_model_path)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, initializer_range=0.25)
+    torch.manual_seed(1)
+    LlamaForCausalLM(cfg).eval().save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def _run(model: str, pp: int, **options) -> dict:
+    kw = engine_args(**OPTIONS, **options)
+    if pp > 1:
+        kw["pp_size"] = pp
+    with Engine(model, **kw) as e:
+        assert e.scheduler_info["pp_size"] == pp
+        out: dict = {"kv_bytes": e.scheduler_info["kv_cache_bytes"], "tokens": e.scheduler_info["max_total_num_tokens"]}
+        out["plain"] = [o["output_ids"] for o in e.generate(PROMPTS, GREEDY)]
+        out["again"] = [o["output_ids"] for o in e.generate(PROMPTS, GREEDY)]  # now from the radix cache
+        out["stream"] = [c["output_ids"] for c in e.generate(LONG, GREEDY, stream=True)][-1]
+        sp = dict(GREEDY, max_new_tokens=48, ignore_eos=False, json_schema=json.dumps(SCHEMA))
+        out["json"] = e.generate("Describe a person as JSON:", sp)["text"]
+        with ThreadPoolExecutor(len(MIXED)) as pool:  # arriving at different steps: prefills beside decodes
+            out["mixed"] = list(pool.map(
+                lambda pn: e.generate(pn[0], dict(GREEDY, max_new_tokens=pn[1]))["output_ids"], MIXED))
+    return out
+
+
+@pytest.fixture(scope="module")
+def pp1(tiny4_model_dir) -> dict:
+    return _run(tiny4_model_dir, 1)
+
+
+@pytest.mark.parametrize("pp, partition, first_stage_layers", [(2, "3,1", 3), (3, None, 1)])
+def test_pp_matches_pp1(pp, partition, first_stage_layers, pp1, tiny4_model_dir):
+    got = _run(tiny4_model_dir, pp, **({"pp_layer_partition": partition} if partition else {}))
+    assert pp1["again"] == pp1["plain"]
+    for key in ("plain", "again", "stream", "json", "mixed"):
+        assert got[key] == pp1[key], key
+    assert got["stream"] == pp1["plain"][2]
+    jsonschema.validate(json.loads(got["json"]), SCHEMA)
+    # Stage 0 (whose info the engine reports) keeps KV for its layers only, for as many slots.
+    assert got["tokens"] == pp1["tokens"]
+    assert got["kv_bytes"] * 4 == pp1["kv_bytes"] * first_stage_layers
+
+
+def test_pp_larger_than_layers_is_refused(tiny_model_dir):
+    with pytest.raises(ValueError, match="pp_size 3 is larger than the model's 2 layers"):
+        Engine(tiny_model_dir, **engine_args(pp_size=3))
+    with pytest.raises(ValueError, match="pp_layer_partition 1,2 must have pp_size 2 entries summing to the "
+                                         "model's 2 layers"):
+        Engine(tiny_model_dir, **engine_args(pp_size=2, pp_layer_partition="1,2"))
+    with pytest.raises(ValueError, match="pp_layer_partition must be layers per stage"):
+        Engine(tiny_model_dir, **engine_args(pp_size=2, pp_layer_partition="1;1"))
