@@ -62,7 +62,8 @@ class DistConfig:
 
     @classmethod
     def from_server_args(cls, args: "ServerArgs") -> "DistConfig":
-        return cls(tp_size=args.tp_size, pp_size=args.pp_size, pp_layer_partition=parse_partition(args.pp_layer_partition),
+        return cls(tp_size=args.tp_size, pp_size=args.pp_size,
+                   pp_layer_partition=parse_partition(args.pp_layer_partition),
                    nnodes=args.nnodes, node_rank=args.node_rank,
                    dist_init_addr=args.dist_init_addr, timeout=args.dist_timeout,
                    allreduce_backend=args.tp_allreduce_backend, device=args.device).resolved()

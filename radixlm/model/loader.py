@@ -271,9 +271,8 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
         model = model_cls(config)  # a tensor-parallel rank builds its shard (parallel_state's tp group)
     slicer = model.tp_slice if _is_sharded(model) else None
     keep = functools.partial(stage_owns, model)  # a pipeline stage loads its own layers only
-    weights = (filter(lambda nt: keep(nt[0]), gguf_loader.gguf_weights(reader, config, keep_quantized=quant == "gguf",
-                                                                      slicer=slicer)) if is_gguf
-               else None if files is None else _safetensors_weights(files, slicer, keep))
+    weights = (gguf_loader.gguf_weights(reader, config, keep_quantized=quant == "gguf", slicer=slicer, keep=keep)
+               if is_gguf else None if files is None else _safetensors_weights(files, slicer, keep))
     if weights is None:
         fill_random_weights(model)
         for module in model.modules():

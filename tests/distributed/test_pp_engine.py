@@ -89,3 +89,16 @@ def test_pp_larger_than_layers_is_refused(tiny_model_dir):
         Engine(tiny_model_dir, **engine_args(pp_size=2, pp_layer_partition="1,2"))
     with pytest.raises(ValueError, match="pp_layer_partition must be layers per stage"):
         Engine(tiny_model_dir, **engine_args(pp_size=2, pp_layer_partition="1;1"))
+
+
+def test_default_model_pp2_matches_pp1(default_model_path):
+    """The default model (30 layers, tied embeddings) in float32: stage 1 reads the embedding matrix as
+    its LM head."""
+    sp = dict(GREEDY, max_new_tokens=12)
+    prompts = PROMPTS[:2] + ["def fib(n):"]
+    outs = []
+    for pp in (1, 2):
+        kw = engine_args(quantization="none", chunked_prefill_size=32, **({"pp_size": 2} if pp > 1 else {}))
+        with Engine(default_model_path, **kw) as e:
+            outs.append([o["output_ids"] for o in e.generate(prompts, sp)])
+    assert outs[1] == outs[0]
