@@ -1,8 +1,9 @@
 """Pipeline-parallel engines end to end (gloo, one thread per rank): a 4-layer random Llama with an
 untied LM head at PP=2 (an uneven --pp-layer-partition) and PP=3 (the even split, 1,2,1) gives
 PP=1's greedy outputs, streaming and not, from the radix cache, for a prompt that needs chunked
-prefill, with a json_schema and for a concurrent batch of mixed lengths (mixed chunks on); each
-stage's KV pool holds its layers only. A pp size larger than the model's layers, or a partition
+prefill, with a json_schema and for a concurrent batch of mixed lengths (mixed chunks on; at PP=3
+with --pp-max-micro-batch-size 2 bounding the running batch); each stage's KV pool holds its layers
+only. A pp size larger than the model's layers, or a partition
 that does not add up, is refused before any process starts, naming both numbers."""
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ def _run(model: str, pp: int, **options) -> dict:
         kw["pp_size"] = pp
     with Engine(model, **kw) as e:
         assert e.scheduler_info["pp_size"] == pp
-        out: dict = {"kv_bytes": e.scheduler_info["kv_cache_bytes"], "tokens": e.scheduler_info["max_total_num_tokens"]}
+        info = e.scheduler_info
+        out: dict = {"kv_bytes": info["kv_cache_bytes"], "tokens": info["max_total_num_tokens"],
+                     "max_running": info["max_running_requests"]}
         out["plain"] = [o["output_ids"] for o in e.generate(PROMPTS, GREEDY)]
         out["again"] = [o["output_ids"] for o in e.generate(PROMPTS, GREEDY)]  # now from the radix cache
         out["stream"] = [c["output_ids"] for c in e.generate(LONG, GREEDY, stream=True)][-1]
@@ -68,9 +71,12 @@ def pp1(tiny4_model_dir) -> dict:
     return _run(tiny4_model_dir, 1)
 
 
-@pytest.mark.parametrize("pp, partition, first_stage_layers", [(2, "3,1", 3), (3, None, 1)])
-def test_pp_matches_pp1(pp, partition, first_stage_layers, pp1, tiny4_model_dir):
-    got = _run(tiny4_model_dir, pp, **({"pp_layer_partition": partition} if partition else {}))
+@pytest.mark.parametrize("pp, options, first_stage_layers", [(2, {"pp_layer_partition": "3,1"}, 3),
+                                                             (3, {"pp_max_micro_batch_size": 2}, 1)])
+def test_pp_matches_pp1(pp, options, first_stage_layers, pp1, tiny4_model_dir):
+    got = _run(tiny4_model_dir, pp, **options)
+    # one batch in the pipeline at a time: --pp-max-micro-batch-size bounds the running batch
+    assert got["max_running"] == options.get("pp_max_micro_batch_size", pp1["max_running"])
     assert pp1["again"] == pp1["plain"]
     for key in ("plain", "again", "stream", "json", "mixed"):
         assert got[key] == pp1[key], key
@@ -89,6 +95,8 @@ def test_pp_larger_than_layers_is_refused(tiny_model_dir):
         Engine(tiny_model_dir, **engine_args(pp_size=2, pp_layer_partition="1,2"))
     with pytest.raises(ValueError, match="pp_layer_partition must be layers per stage"):
         Engine(tiny_model_dir, **engine_args(pp_size=2, pp_layer_partition="1;1"))
+    with pytest.raises(ValueError, match="pp_max_micro_batch_size must be >= 1, got 0"):
+        Engine(tiny_model_dir, **engine_args(pp_size=2, pp_max_micro_batch_size=0))
 
 
 def test_default_model_pp2_matches_pp1(default_model_path):
