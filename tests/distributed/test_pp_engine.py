@@ -9,6 +9,7 @@ that does not add up, is refused before any process starts, naming both numbers.
 from __future__ import annotations
 
 import json
+import random
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
@@ -110,3 +111,26 @@ def test_default_model_pp2_matches_pp1(default_model_path):
         with Engine(default_model_path, **kw) as e:
             outs.append([o["output_ids"] for o in e.generate(prompts, sp)])
     assert outs[1] == outs[0]
+
+
+def test_pp2_retraction_and_abort_match_hf(tiny_model_dir, tiny_hf_model):
+    """A pool too small for every request at once: requests are retracted and come back, each with
+    HF's greedy output; an aborted stream ends as aborted and frees its KV on every stage."""
+    from tests.scheduler.harness import hf_greedy
+
+    rng = random.Random(7)
+    prompts = [[rng.randrange(3, 40000) for _ in range(30)] for _ in range(8)]
+    sp = {"max_new_tokens": 60, "temperature": 0, "ignore_eos": True}
+    with Engine(tiny_model_dir, **engine_args(pp_size=2, max_total_tokens=400)) as e:
+        outs = e.generate(input_ids=prompts, sampling_params=sp)
+        assert e.get_internal_state()["num_retracted"] > 0, "the pool was meant to be too small for all requests"
+        stream = e.generate("Go on:", {"max_new_tokens": 300, "temperature": 0, "ignore_eos": True}, stream=True,
+                            rid="long")
+        next(stream)
+        e.abort_request("long")
+        last = list(stream)[-1]
+        assert last["meta_info"]["finish_reason"]["type"] == "abort"
+        assert len(last["output_ids"]) < 300
+        state = e.get_internal_state()
+        assert state["available_kv_tokens"] + state["evictable_tokens"] == state["max_total_num_tokens"]
+    assert [o["output_ids"] for o in outs] == [hf_greedy(tiny_hf_model, p, 60) for p in prompts]
