@@ -3,8 +3,9 @@ untied LM head at PP=2 (an uneven --pp-layer-partition) and PP=3 (the even split
 PP=1's greedy outputs, streaming and not, from the radix cache, for a prompt that needs chunked
 prefill, with a json_schema and for a concurrent batch of mixed lengths (mixed chunks on; at PP=3
 with --pp-max-micro-batch-size 2 bounding the running batch); each stage's KV pool holds its layers
-only. A pp size larger than the model's layers, or a partition
-that does not add up, is refused before any process starts, naming both numbers."""
+only. Under a pool too small for every request, PP=2 retracts and still gives HF's greedy outputs,
+and an aborted stream frees its KV. A pp size larger than the model's layers, or a partition that
+does not add up, is refused before any process starts, naming both numbers."""
 
 from __future__ import annotations
 

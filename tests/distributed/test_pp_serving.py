@@ -1,7 +1,9 @@
 """Pipeline parallelism served: `radixlm serve --pp-size 2 --nnodes 2 --node-rank 0|1 --dist-init-addr`,
 one stage per "node" on localhost (node 1 runs no HTTP server). Through the official openai client,
 streaming and not, and /generate, the outputs are PP=1's; killing the second stage's process while a
-request runs answers that request with a 5xx and ends both nodes within 10 s, leaving no rank."""
+request runs answers that request with a 5xx and ends both nodes within 10 s, leaving no rank. A
+stage that hangs (SIGSTOP) is found by its heartbeat: the next request gets a 5xx within 10 s and
+the server exits."""
 
 from __future__ import annotations
 
@@ -88,3 +90,25 @@ def test_pp2_two_nodes_openai_then_kill_a_stage(tiny_model_dir):
             node1.kill()
         log1.seek(0)
         print(log1.read()[-2000:])
+
+
+def test_pp2_hung_stage_stops_the_server(tiny_model_dir):
+    server = ServerProcess("--model-path", tiny_model_dir, "--pp-size", "2", "--num-threads", "1",
+                           "--kv-memory-gb", "0.05", "--enable-invariant-checks")
+    try:
+        r = requests.post(server.url + "/generate", json={"text": PROMPTS, "sampling_params": GREEDY}, timeout=120)
+        assert r.status_code == 200, r.text
+        info = requests.get(server.url + "/get_server_info", timeout=10).json()
+        children = psutil.Process(server.proc.pid).children(recursive=True)
+        (stage1,) = [p for p in children if p.pid not in (info["scheduler_pid"], info["detokenizer_pid"])
+                     and p.ppid() == server.proc.pid and "resource_tracker" not in " ".join(p.cmdline())]
+        t0 = time.monotonic()
+        os.kill(stage1.pid, signal.SIGSTOP)
+        r = requests.post(server.url + "/generate", json={"text": PROMPTS[0], "sampling_params": GREEDY}, timeout=30)
+        assert 500 <= r.status_code < 600 and time.monotonic() - t0 < 10, (r.status_code, time.monotonic() - t0)
+        assert server.proc.wait(timeout=20) != 0
+        psutil.wait_procs(children, timeout=5)
+        assert _alive(children) == []
+        assert "scheduler rank 1 process" in server.output() and "hung: no heartbeat" in server.output()
+    finally:
+        server.stop()
