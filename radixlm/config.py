@@ -178,7 +178,7 @@ class ServerArgs:
     tp_allreduce_backend: str = "auto"  # auto: nccl on CUDA, shm on one host, gloo across hosts
     # Pipeline parallelism (issue 45): pp_size stages of consecutive layers, each a tp group.
     pp_size: int = 1
-    pp_max_micro_batch_size: Optional[int] = None  # None: max_running_requests
+    pp_max_micro_batch_size: Optional[int] = None  # None: a decode step splits into pp_size micro-batches
     pp_layer_partition: Optional[str] = None  # layers per stage, "10,11,11"; None: even
 
     # Runtime
@@ -311,7 +311,8 @@ class ServerArgs:
             "dist_timeout": "seconds the ranks' rendezvous or a collective may wait before it fails",
             "pp_size": "pipeline parallelism: N stages (each a tp group of --tp-size ranks), each holding a "
             "contiguous range of layers and their KV; ranks = tp x pp",
-            "pp_max_micro_batch_size": "most requests in one pipeline micro-batch (default: --max-running-requests)",
+            "pp_max_micro_batch_size": "most requests in one pipeline micro-batch of a decode step (default: the "
+            "step's requests in pp-size micro-batches)",
             "pp_layer_partition": "layers per pipeline stage, comma separated, first stage first (e.g. 10,11,11; "
             "SGLang's SGLANG_PP_LAYER_PARTITION spelling); default: even, the remainder to the middle stages",
             "tp_allreduce_backend": "how a tp group sums its partial outputs: gloo (torch.distributed), shm (shared "

@@ -10,7 +10,7 @@ the checkpoint's names, stay global (SGLang's make_layers / PPMissingLayer).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import torch
@@ -35,6 +35,9 @@ class PPStage:
     layers: range  # the decoder layers this stage holds (global ids)
     comm: Optional[Communicator] = None  # the pp group's device communicator (None: one stage)
     cpu_comm: Optional[Communicator] = None  # its gloo communicator (pickled objects)
+    # Sends not yet complete (their tensors stay referenced until then): a stage goes on with its
+    # next micro-batch while the next stage still works on the last one.
+    pending: list = field(default_factory=list)
 
     @property
     def is_first(self) -> bool:
@@ -54,11 +57,17 @@ class PPStage:
 
     def send(self, hidden: torch.Tensor, residual: torch.Tensor) -> None:
         if hidden.shape[0]:
-            self.comm.send(torch.stack((hidden, residual)), self.rank + 1)
+            t = torch.stack((hidden, residual))
+            self.pending.append((self.comm.isend(t, self.rank + 1), t))
+
+    def wait_sends(self) -> None:
+        while self.pending:
+            self.pending.pop(0)[0].wait()
 
     def from_last(self, obj):
         """obj of the last stage on every stage (an exception there is raised on every stage, so no
         stage waits for a result that will not come)."""
+        self.wait_sends()
         obj = self.cpu_comm.broadcast_pyobj(obj, src=self.size - 1)
         if isinstance(obj, BaseException):
             raise obj

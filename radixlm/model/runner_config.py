@@ -57,6 +57,8 @@ class ModelRunnerConfig:
     # Decode steps of up to torch_compile_max_bs requests through torch.compile (model/compiled_decode.py).
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 32
+    # Pipeline: most requests in one decode micro-batch (None: pp_size micro-batches; pp_micro.py).
+    pp_max_micro_batch_size: Optional[int] = None
 
     def __post_init__(self):
         _check_choice("dtype", self.dtype, DTYPES)
@@ -98,14 +100,13 @@ class ModelRunnerConfig:
             decode_kv_mirror_bytes=int((1.0 if args.device == "cpu" else 0.0) * 2**30 if args.decode_kv_mirror_gb is None
                                        else args.decode_kv_mirror_gb * 2**30),
             disable_shared_prefix_attention=args.disable_shared_prefix_attention,
-            # One batch in the pipeline at a time today: a micro-batch is the running batch.
-            max_running_requests=min(args.max_running_requests, (args.pp_size > 1 and args.pp_max_micro_batch_size)
-                                     or args.max_running_requests),
+            max_running_requests=args.max_running_requests,
             context_length=args.context_length,
             num_threads=args.num_threads,
             random_seed=args.random_seed,
             enable_torch_compile=args.enable_torch_compile,
             torch_compile_max_bs=args.torch_compile_max_bs,
+            pp_max_micro_batch_size=args.pp_max_micro_batch_size,
         )
 
     def resolved_dtype(self) -> torch.dtype:
