@@ -21,7 +21,7 @@ from radixlm.model.layers.attention import (
     resolve_attention_backends,
 )
 from radixlm.model.layers.sampler import Sampler, SamplingBatchInfo
-from radixlm.model.pp_micro import micro_batch_count, split_decode
+from radixlm.model import pp_micro
 from radixlm.model.pp_stage import pp_stage
 from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.model.worker_batch import ModelWorkerBatch
@@ -63,7 +63,7 @@ class ModelRunner:
         self.vocab_size = cfg.vocab_size
         self.num_layers = cfg.num_hidden_layers
         self.pp = pp_stage(self.num_layers)  # a pipeline stage holds (and keeps KV for) its layers only
-        self.pp_micro_batches = 0  # decode micro-batches run (pp_micro.py)
+        self.pp_micro_batches = self.pp_prefill_pieces = 0  # parts run (pp_micro.py)
         # This rank's KV heads (tensor parallelism splits or replicates them; all of them with tp 1).
         self.num_kv_heads = next(m.num_kv_heads for m in self.model.modules() if isinstance(m, RadixAttention))
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -189,23 +189,31 @@ class ModelRunner:
         return self.pp.from_last(out)
 
     def pp_info(self) -> dict:
-        return {"pp_micro_batches": self.pp_micro_batches} if self.pp.size > 1 else {}
+        if self.pp.size == 1:
+            return {}
+        return {"pp_micro_batches": self.pp_micro_batches, "pp_prefill_pieces": self.pp_prefill_pieces}
 
     def _pp_forward(self, fb: ForwardBatch) -> Optional[LogitsOutput]:
         """This stage's part of the step: the LogitsOutput on the last stage, None before it. A
-        DECODE step runs as micro-batches following each other through the stages (pp_micro.py)."""
-        parts = micro_batch_count(fb.batch_size, self.pp.size, self.config.pp_max_micro_batch_size)
-        if not fb.forward_mode.is_decode() or parts < 2:
+        decode step or one request's prefill runs as parts following each other through the stages
+        (pp_micro.py)."""
+        parts = pp_micro.plan(fb, self.pp.size, self.config.pp_max_micro_batch_size)
+        if parts is None:
             hidden = self.model.forward(fb.input_ids, fb.positions, fb)
             return self._logits(fb, hidden) if self.pp.is_last else None
-        logits = []
-        self.pp_micro_batches += parts
-        for mb in split_decode(fb, parts):
+        if fb.forward_mode.is_decode():
+            self.pp_micro_batches += len(parts)
+        else:
+            self.pp_prefill_pieces += len(parts)
+        hidden = []
+        for mb in parts:
             self.attn_backend.init_forward_metadata(mb)
-            hidden = self.model.forward(mb.input_ids, mb.positions, mb)
-            if self.pp.is_last:
-                logits.append(self.model.compute_logits(hidden).float())
-        return LogitsOutput(next_token_logits=torch.cat(logits)) if self.pp.is_last else None
+            hidden.append(self.model.forward(mb.input_ids, mb.positions, mb))
+        if not self.pp.is_last:
+            return None
+        if fb.forward_mode.is_decode():
+            return LogitsOutput(next_token_logits=self.model.compute_logits(torch.cat(hidden)).float())
+        return self._logits(parts[-1], hidden[-1])  # a prefill's pieces: the last token's logits
 
     def _logits(self, fb: ForwardBatch, hidden: torch.Tensor) -> LogitsOutput:
         if fb.forward_mode.is_decode():

@@ -3,7 +3,7 @@ untied LM head at PP=2 (an uneven --pp-layer-partition) and PP=3 (the even split
 PP=1's greedy outputs, streaming and not, from the radix cache, for a prompt that needs chunked
 prefill, with a json_schema and for a concurrent batch of mixed lengths (mixed chunks on; decode
 steps as micro-batches following each other through the stages, at PP=3 of at most
---pp-max-micro-batch-size 2 requests); each stage's KV pool holds its layers
+--pp-max-micro-batch-size 2 requests, and each prefill chunk as pipelined pieces); each stage's KV pool holds its layers
 only. Under a pool too small for every request, PP=2 retracts and still gives HF's greedy outputs,
 and an aborted stream frees its KV. A pp size larger than the model's layers, or a partition that
 does not add up, is refused before any process starts, naming both numbers."""
@@ -64,7 +64,8 @@ def _run(model: str, pp: int, **options) -> dict:
         with ThreadPoolExecutor(len(MIXED)) as pool:  # arriving at different steps: prefills beside decodes
             out["mixed"] = list(pool.map(
                 lambda pn: e.generate(pn[0], dict(GREEDY, max_new_tokens=pn[1]))["output_ids"], MIXED))
-        out["micro_batches"] = e.get_internal_state().get("pp_micro_batches")
+        state = e.get_internal_state()
+        out["parts"] = state.get("pp_micro_batches"), state.get("pp_prefill_pieces")
     return out
 
 
@@ -77,8 +78,8 @@ def pp1(tiny4_model_dir) -> dict:
                                                              (3, {"pp_max_micro_batch_size": 2}, 1)])
 def test_pp_matches_pp1(pp, options, first_stage_layers, pp1, tiny4_model_dir):
     got = _run(tiny4_model_dir, pp, **options)
-    # decode steps of several requests ran as micro-batches through the stages
-    assert pp1["micro_batches"] is None and got["micro_batches"] > 0
+    # decode steps of several requests ran as micro-batches, prefill chunks as pieces, through the stages
+    assert pp1["parts"] == (None, None) and min(got["parts"]) > 0, got["parts"]
     assert pp1["again"] == pp1["plain"]
     for key in ("plain", "again", "stream", "json", "mixed"):
         assert got[key] == pp1[key], key
