@@ -16,6 +16,7 @@ from typing import Mapping, Optional, Sequence
 
 # SGLang's other spellings of these flags (radixlm/sglang_flags.py has the rest of SGLang's flags)
 _ALIASES = {"dp_size": ("--dp", "--data-parallel-size"), "tp_size": ("--tp", "--tensor-parallel-size"),
+            "pp_size": ("--pipeline-parallel-size",),
             "dist_init_addr": ("--nccl-init-addr",), "speculative_draft_model_path": ("--speculative-draft-model",)}
 
 
@@ -177,6 +178,10 @@ class ServerArgs:
     dist_init_addr: Optional[str] = None  # None: a free loopback port (one node)
     dist_timeout: float = 600.0  # seconds a rendezvous or collective may wait
     tp_allreduce_backend: str = "auto"  # auto: nccl on CUDA, shm on one host, gloo across hosts
+    # Pipeline parallelism (issue 45): pp_size stages of consecutive layers, each a tp group.
+    pp_size: int = 1
+    pp_max_micro_batch_size: Optional[int] = None  # None: a decode step splits into pp_size micro-batches
+    pp_layer_partition: Optional[str] = None  # layers per stage, "10,11,11"; None: even
 
     # Runtime
     num_threads: Optional[int] = None  # torch intra-op threads; default all cores
@@ -311,6 +316,12 @@ class ServerArgs:
             "dist_init_addr": "HOST:PORT where the ranks meet (rank 0's host; the same on every node); default a "
             "free loopback port",
             "dist_timeout": "seconds the ranks' rendezvous or a collective may wait before it fails",
+            "pp_size": "pipeline parallelism: N stages (each a tp group of --tp-size ranks), each holding a "
+            "contiguous range of layers and their KV; ranks = tp x pp",
+            "pp_max_micro_batch_size": "most requests in one pipeline micro-batch of a decode step (default: the "
+            "step's requests in pp-size micro-batches)",
+            "pp_layer_partition": "layers per pipeline stage, comma separated, first stage first (e.g. 10,11,11; "
+            "SGLang's SGLANG_PP_LAYER_PARTITION spelling); default: even, the remainder to the middle stages",
             "tp_allreduce_backend": "how a tp group sums its partial outputs: gloo (torch.distributed), shm (shared "
             "memory, one host), nccl (CUDA); auto: nccl on CUDA, shm on one host, else gloo",
             "log_requests": "log every request's metadata, inputs and outputs (as --log-requests-level says) to "

@@ -260,9 +260,9 @@ GROUPS: tuple[FlagGroup, ...] = (
              "--num-reserved-decode-tokens V", "--disaggregation-decode-polling-interval V", "--enable-pdmux",
              "--pdmux-config-path V", "--sm-group-num V", "--encoder-only", "--language-only",
              "--encoder-transfer-backend V", "--encoder-urls V...", "--enable-adaptive-dispatch-to-encoder"),
-    _refused("pipeline, context, DP-attention and two-batch-overlap parallelism are not in radixlm yet",
-             "--tp-size (ranks on this host or over --nnodes) and --dp-size (servers behind the router)",
-             "--pipeline-parallel-size/--pp-size V=1", "--pp-max-micro-batch-size V", "--pp-async-batch-depth V",
+    _refused("context, DP-attention and two-batch-overlap parallelism (and an asynchronous pipeline depth) are "
+             "not in radixlm yet", "--tp-size and --pp-size (ranks on this host or over --nnodes) and --dp-size "
+             "(servers behind the router)", "--pp-async-batch-depth V",
              "--attention-context-parallel-size/--attn-cp-size V=1", "--moe-data-parallel-size/--moe-dp-size V=1",
              "--enable-dp-attention", "--enable-dp-lm-head", "--enable-two-batch-overlap",
              "--enable-single-batch-overlap", "--tbo-token-distribution-threshold V",

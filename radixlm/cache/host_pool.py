@@ -32,15 +32,17 @@ class HostKVPool:
         self.size = size
         self.dtype = dtype
         self.num_layers = device_pool.num_layers
-        shape = (size + 1, device_pool.num_kv_heads, device_pool.head_dim)
-        self.k_buffer = [torch.zeros(shape, dtype=dtype) for _ in range(self.num_layers)]
-        self.v_buffer = [torch.zeros(shape, dtype=dtype) for _ in range(self.num_layers)]
+        held = device_pool.layers  # a pipeline stage's layers: the others' buffers are empty, as in L1
+        shapes = [(size + 1, device_pool.num_kv_heads if i in held else 0, device_pool.head_dim)
+                  for i in range(self.num_layers)]
+        self.k_buffer = [torch.zeros(shape, dtype=dtype) for shape in shapes]
+        self.v_buffer = [torch.zeros(shape, dtype=dtype) for shape in shapes]
         self.k_scale_buffer = self.v_scale_buffer = None
         if dtype == torch.int8:
-            self.k_scale_buffer = [torch.zeros(shape[:2]) for _ in range(self.num_layers)]
-            self.v_scale_buffer = [torch.zeros(shape[:2]) for _ in range(self.num_layers)]
+            self.k_scale_buffer = [torch.zeros(shape[:2]) for shape in shapes]
+            self.v_scale_buffer = [torch.zeros(shape[:2]) for shape in shapes]
         self.bytes_per_token = TokenToKVPool.bytes_per_token(
-            self.num_layers, device_pool.num_kv_heads, device_pool.head_dim, dtype)
+            len(held), device_pool.num_kv_heads, device_pool.head_dim, dtype)
         self.clear()
 
     def clear(self) -> None:

@@ -72,21 +72,26 @@ class TokenToKVPool:
         head_dim: int,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        layers: range | None = None,
     ):
+        """layers: the layer ids this pool holds KV for (a pipeline stage's; None: all). The others
+        get empty placeholders (no KV heads), so layer ids stay global."""
         self.size = size
         self.num_layers = num_layers
+        self.layers = range(num_layers) if layers is None else layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.dtype = dtype
         self.device = torch.device(device)
         shape = (size + 1, num_kv_heads, head_dim)
-        self.k_buffer = [self._buffer(shape) for _ in range(num_layers)]
-        self.v_buffer = [self._buffer(shape) for _ in range(num_layers)]
+        shape_of = lambda i: shape if i in self.layers else (size + 1, 0, head_dim)  # noqa: E731
+        self.k_buffer = [self._buffer(shape_of(i)) for i in range(num_layers)]
+        self.v_buffer = [self._buffer(shape_of(i)) for i in range(num_layers)]
         self.k_scale_buffer: list[torch.Tensor] | None = None
         self.v_scale_buffer: list[torch.Tensor] | None = None
         if dtype == torch.int8:
-            self.k_scale_buffer = [torch.zeros(shape[:2], device=device) for _ in range(num_layers)]
-            self.v_scale_buffer = [torch.zeros(shape[:2], device=device) for _ in range(num_layers)]
+            self.k_scale_buffer = [torch.zeros(shape_of(i)[:2], device=device) for i in range(num_layers)]
+            self.v_scale_buffer = [torch.zeros(shape_of(i)[:2], device=device) for i in range(num_layers)]
         self._native = None  # the native kv_store op, looked up at the first write
         self.clear()
 
@@ -94,7 +99,7 @@ class TokenToKVPool:
         """[slots, kv_heads, head_dim]. On CPU stored head-major (a view of [kv_heads, slots,
         head_dim]): a KV head's rows of consecutive slots are then one stream in memory, which the
         CPU's prefetchers follow (decode attention reads K/V at ~1.4x the rate of slot-major rows)."""
-        if self.device.type != "cpu":
+        if self.device.type != "cpu" or 0 in shape:  # (no heads: another pipeline stage's layer)
             return torch.zeros(shape, dtype=self.dtype, device=self.device)
         return untouched_zeros((shape[1], shape[0], shape[2]), self.dtype).permute(1, 0, 2)
 
@@ -106,7 +111,7 @@ class TokenToKVPool:
 
     @property
     def total_bytes(self) -> int:
-        return self.bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.dtype) * (self.size + 1)
+        return self.bytes_per_token(len(self.layers), self.num_kv_heads, self.head_dim, self.dtype) * (self.size + 1)
 
     # --- allocator -------------------------------------------------------
     def clear(self) -> None:

@@ -3,8 +3,8 @@
 Implementations: SingleProcessCommunicator (a group of one: every op is the identity, so tp=1 pays
 nothing), TorchDistCommunicator (torch.distributed over a gloo group for CPU tensors, or an NCCL
 group for CUDA tensors) and shm_communicator.ShmCommunicator (ranks on one host: all-reduce and
-all-gather through shared memory, the rest delegated to gloo). Pipeline parallelism will use
-send/recv, expert parallelism all_reduce over its group, DP attention all_gather.
+all-gather through shared memory, the rest delegated to gloo). Pipeline parallelism uses
+isend/recv (and broadcast_pyobj for the logits), expert parallelism all_reduce over its group, DP attention all_gather.
 """
 
 from __future__ import annotations
@@ -36,6 +36,12 @@ class Communicator(ABC):
     def send(self, t: torch.Tensor, dst: int) -> None:
         """Point to point (pipeline stages hand hidden states on)."""
 
+    def isend(self, t: torch.Tensor, dst: int) -> Any:
+        """send without waiting: a handle whose wait() returns once t may be reused (this default
+        sends now)."""
+        self.send(t, dst)
+        return _Done()
+
     @abstractmethod
     def recv(self, t: torch.Tensor, src: int) -> torch.Tensor:
         """Fill t from rank src; returns t."""
@@ -62,6 +68,11 @@ class Communicator(ABC):
 
     def close(self) -> None:
         """Release what the communicator holds (shared memory); the process group outlives it."""
+
+
+class _Done:
+    def wait(self) -> None:
+        pass
 
 
 class SingleProcessCommunicator(Communicator):
@@ -124,6 +135,9 @@ class TorchDistCommunicator(Communicator):
 
     def send(self, t: torch.Tensor, dst: int) -> None:
         self.dist.send(t.contiguous(), dst=self._global(dst), group=self.group)
+
+    def isend(self, t: torch.Tensor, dst: int) -> Any:
+        return self.dist.isend(t.contiguous(), dst=self._global(dst), group=self.group)
 
     def recv(self, t: torch.Tensor, src: int) -> torch.Tensor:
         self.dist.recv(t, src=self._global(src), group=self.group)

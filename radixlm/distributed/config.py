@@ -1,5 +1,5 @@
 """DistConfig: how the ranks of a served model find each other and talk (from ServerArgs' --tp-size,
---nnodes, --node-rank, --dist-init-addr, --dist-timeout, --tp-allreduce-backend)."""
+--pp-size, --pp-layer-partition, --nnodes, --node-rank, --dist-init-addr, --dist-timeout, --tp-allreduce-backend)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import os
 import socket
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
+
+from radixlm.distributed.pp_partition import parse_partition
 
 if TYPE_CHECKING:
     from radixlm.config import ServerArgs
@@ -19,6 +21,8 @@ ALLREDUCE_BACKENDS = ("auto", "gloo", "shm", "nccl")
 @dataclass(frozen=True)
 class DistConfig:
     tp_size: int = 1
+    pp_size: int = 1  # pipeline stages, each a tp group: world = tp_size x pp_size ranks
+    pp_layer_partition: Optional[tuple[int, ...]] = None  # layers per stage (None: even)
     nnodes: int = 1
     node_rank: int = 0
     dist_init_addr: Optional[str] = None  # HOST:PORT of rank 0's rendezvous; None: a free local port (one node)
@@ -31,9 +35,14 @@ class DistConfig:
             raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank must be in [0, nnodes={self.nnodes}), got {self.node_rank}")
-        if self.tp_size % self.nnodes:
-            raise ValueError(f"tp_size {self.tp_size} is not divisible by nnodes {self.nnodes} (each node runs "
-                             "the same number of ranks)")
+        if self.pp_size < 1:
+            raise ValueError(f"pp_size must be >= 1, got {self.pp_size}")
+        if self.world_size % self.nnodes:
+            raise ValueError(f"tp_size x pp_size {self.world_size} is not divisible by nnodes {self.nnodes} (each node "
+                             "runs the same number of ranks)")
+        if self.pp_layer_partition is not None and len(self.pp_layer_partition) != self.pp_size:
+            raise ValueError(f"pp_layer_partition {','.join(map(str, self.pp_layer_partition))} must have pp_size "
+                             f"{self.pp_size} entries")
         if self.nnodes > 1 and not self.dist_init_addr:
             raise ValueError("nnodes > 1 needs --dist-init-addr HOST:PORT (rank 0's address, the same on every node)")
         if self.dist_init_addr is not None:
@@ -53,7 +62,9 @@ class DistConfig:
 
     @classmethod
     def from_server_args(cls, args: "ServerArgs") -> "DistConfig":
-        return cls(tp_size=args.tp_size, nnodes=args.nnodes, node_rank=args.node_rank,
+        return cls(tp_size=args.tp_size, pp_size=args.pp_size,
+                   pp_layer_partition=parse_partition(args.pp_layer_partition),
+                   nnodes=args.nnodes, node_rank=args.node_rank,
                    dist_init_addr=args.dist_init_addr, timeout=args.dist_timeout,
                    allreduce_backend=args.tp_allreduce_backend, device=args.device).resolved()
 
@@ -81,15 +92,15 @@ class DistConfig:
 
     @property
     def enabled(self) -> bool:
-        return self.tp_size > 1
+        return self.world_size > 1
 
     @property
     def world_size(self) -> int:
-        return self.tp_size
+        return self.tp_size * self.pp_size
 
     @property
     def ranks_per_node(self) -> int:
-        return self.tp_size // self.nnodes
+        return self.world_size // self.nnodes
 
     def node_ranks(self) -> list[int]:
         """The global ranks this node runs."""

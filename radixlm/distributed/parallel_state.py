@@ -1,13 +1,13 @@
 """The world of ranks and its process groups by role (SGLang's parallel_state, without globals
 scattered around: one ParallelState, set once per process).
 
-A rank is one scheduler process. Today the world is one tensor-parallel group (tp); the shape is
-ready for the roles later issues add, each a GroupCoordinator over its own ranks:
-  pp        pipeline stages (each stage a tp group; send/recv of hidden states between stages),
+A rank is one scheduler process. The world is pp_size pipeline stages of one tensor-parallel group
+(tp) each; pp groups join the ranks of the same tp index across the stages (send/recv of hidden
+states between stages, the last stage's logits broadcast back). Roles later issues add:
   ep        expert parallelism for MoE (all-reduce over the experts' group),
   attn_dp   DP attention (all-gather of the attention outputs).
 Ranks are laid out tp-major: the tp group of global rank r is the tp_size consecutive ranks
-around it (pp would stack such groups).
+around it; stage s holds ranks s * tp_size .. (s + 1) * tp_size - 1 (SGLang's layout).
 
 A process that never called init_parallel_state (tp=1, tests, benchmarks) sees a world of one
 whose groups are SingleProcessCommunicator: every collective is the identity.
@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 class GroupCoordinator:
     """One process group of a role: where this rank sits in it and how it talks."""
 
-    name: str  # "tp" (later "pp", "ep", "attn_dp")
+    name: str  # "tp", "pp" (later "ep", "attn_dp")
     ranks: tuple[int, ...]  # global ranks of the group, in group order
     rank_in_group: int
     device_comm: Communicator  # tensors of the forward (all-reduce of row-parallel outputs, logits gather)
@@ -62,6 +62,14 @@ class ParallelState:
     world_rank: int = 0
     world_size: int = 1
     tp: GroupCoordinator = field(default_factory=lambda: _single_group("tp"))
+    pp: GroupCoordinator = field(default_factory=lambda: _single_group("pp"))
+    pp_layer_partition: Optional[tuple[int, ...]] = None  # layers per stage (None: even)
+    # The scheduler's messages go to every rank of the world: the tp group's when there is one stage.
+    world_cpu_comm: Optional[Communicator] = None
+
+    @property
+    def scheduler_comm(self) -> Communicator:
+        return self.world_cpu_comm or self.tp.cpu_comm
 
 
 _STATE = ParallelState()
@@ -73,6 +81,10 @@ def get_parallel_state() -> ParallelState:
 
 def get_tp_group() -> GroupCoordinator:
     return _STATE.tp
+
+
+def get_pp_group() -> GroupCoordinator:
+    return _STATE.pp
 
 
 def set_parallel_state(state: ParallelState) -> None:
@@ -89,7 +101,7 @@ def init_parallel_state(config: DistConfig, rank: int) -> ParallelState:
     timeout = datetime.timedelta(seconds=config.timeout)
     dist.init_process_group("gloo", init_method=config.init_method, world_size=config.world_size, rank=rank,
                             timeout=timeout)
-    tp_size = config.tp_size
+    tp_size, pp_size = config.tp_size, config.pp_size
     tp_ranks = None
     for start in range(0, config.world_size, tp_size):  # every rank creates every group, in the same order
         ranks = list(range(start, start + tp_size))
@@ -102,12 +114,35 @@ def init_parallel_state(config: DistConfig, rank: int) -> ParallelState:
     assert tp_ranks is not None
     cpu_comm = GlooCommunicator(cpu_group)
     device_comm = _device_comm(config, dev_group)
-    state = ParallelState(rank, config.world_size, GroupCoordinator("tp", tp_ranks, tp_ranks.index(rank), device_comm,
-                                                                    cpu_comm))
+    tp = GroupCoordinator("tp", tp_ranks, tp_ranks.index(rank), device_comm, cpu_comm)
+    pp, world_cpu = _single_group("pp"), None
+    if pp_size > 1:
+        pp = _pp_group(config, rank, timeout)
+        world_cpu = GlooCommunicator(dist.new_group(list(range(config.world_size)), backend="gloo", timeout=timeout))
+    state = ParallelState(rank, config.world_size, tp, pp, config.pp_layer_partition, world_cpu)
     set_parallel_state(state)
-    logger.info("rank %d of %d joined (tp group %s, all-reduce over %s)", rank, config.world_size, list(tp_ranks),
-                type(device_comm).__name__)
+    logger.info("rank %d of %d joined (tp group %s, all-reduce over %s; pipeline stage %d of %d)", rank,
+                config.world_size, list(tp_ranks), type(device_comm).__name__, pp.rank_in_group, pp.world_size)
     return state
+
+
+def _pp_group(config: DistConfig, rank: int, timeout) -> GroupCoordinator:
+    """The ranks of one tp index across the stages, in stage order: the hidden states go over the
+    device group (gloo; NCCL on CUDA), the last stage's logits over the cpu group (pickled)."""
+    import torch.distributed as dist
+
+    found = None
+    for t in range(config.tp_size):
+        ranks = [s * config.tp_size + t for s in range(config.pp_size)]
+        cpu = dist.new_group(ranks, backend="gloo", timeout=timeout)
+        dev = dist.new_group(ranks, backend="nccl" if config.allreduce_backend == "nccl" else "gloo", timeout=timeout)
+        if rank in ranks:
+            found = (tuple(ranks), cpu, dev)
+    assert found is not None
+    ranks, cpu, dev = found
+    device = torch.device("cuda", torch.cuda.current_device()) if config.allreduce_backend == "nccl" else None
+    dev_comm = NcclCommunicator(dev, device) if device is not None else GlooCommunicator(dev)
+    return GroupCoordinator("pp", ranks, ranks.index(rank), dev_comm, GlooCommunicator(cpu))
 
 
 def _device_comm(config: DistConfig, dev_group) -> Communicator:

@@ -45,7 +45,25 @@ def check_server_args(server_args: ServerArgs) -> "SchedulerConfig":
     if dist.enabled and server_args.hicache_storage_backend:
         raise ValueError("hicache_storage_backend (L3) is not supported with tp_size > 1 yet: its reads and writes "
                          "finish at a different moment on each rank (the hierarchical cache's L2 is)")
+    if dist.pp_size > 1:
+        _check_pipeline(server_args, dist)
     return SchedulerConfig.from_server_args(server_args)
+
+
+def _check_pipeline(server_args: ServerArgs, dist: DistConfig) -> None:
+    """--pp-size against the model's layers (and --pp-layer-partition), before any process starts."""
+    import os
+
+    from radixlm.distributed.pp_partition import layer_counts
+    from radixlm.model.loader import default_model_path, load_model_config
+
+    if server_args.is_embedding:  # the pooled partials are the last stage's, and nothing sends them back
+        raise ValueError("is_embedding is not supported with pp_size > 1")
+    if server_args.pp_max_micro_batch_size is not None and server_args.pp_max_micro_batch_size < 1:
+        raise ValueError(f"pp_max_micro_batch_size must be >= 1, got {server_args.pp_max_micro_batch_size}")
+    path = server_args.model_path or default_model_path()
+    if os.path.exists(path):  # a hub id is resolved later (the ranks check again as they build the model)
+        layer_counts(load_model_config(path).num_hidden_layers, dist.pp_size, dist.pp_layer_partition)
 
 
 def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, dict]:
@@ -89,7 +107,7 @@ def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, di
         stop_processes(procs, port_args)
         raise
     defaults = sampling_defaults.applied(server_args.sampling_defaults, info.get("model_sampling_defaults", {}))
-    return procs, port_args, {**info, "tp_size": dist.tp_size, "sampling_defaults": defaults,
+    return procs, port_args, {**info, "tp_size": dist.tp_size, "pp_size": dist.pp_size, "sampling_defaults": defaults,
                               "reasoning_parser": server_args.reasoning_parser}
 
 

@@ -71,6 +71,8 @@ def why_not_compiled(runner: RunnerView) -> Optional[str]:
         return f"decode attention runs {runner.attn_backend!r}; only the native backend's decode compiles"
     if any(getattr(m, "tp_size", 1) > 1 for m in model.modules()):
         return "tensor parallelism all-reduces inside the layers (not traced)"
+    if getattr(getattr(model, "pp", None), "size", 1) > 1:
+        return "a pipeline stage hands its activations to the next stage inside the forward (not traced)"
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
     if rotary is not None and type(rotary).cache_rows is not RotaryEmbedding.cache_rows:
         return "longrope picks each request's rotary table from its length (a per-step Python decision)"

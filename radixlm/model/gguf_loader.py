@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -249,13 +249,14 @@ def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
 
 
-def gguf_weights(reader, config, keep_quantized: bool = False, slicer: Optional[Slicer] = None) -> Iterator[tuple[str, Any]]:
+def gguf_weights(reader, config, keep_quantized: bool = False, slicer: Optional[Slicer] = None,
+                 keep: Optional[Callable[[str], bool]] = None) -> Iterator[tuple[str, Any]]:
     """(HF name, tensor) for every model tensor, one at a time (peak memory stays at the model
     plus one tensor): a QuantizedTensor for 2-D tensors in a kernel format when keep_quantized
     (ValueError for a 2-D type with no kernel other than F32), else float32. Single-threaded on
     purpose: numpy's dequant kernels are memory-bound and threads made them slower here.
     slicer (tensor parallelism): HF name -> the part of the tensor this rank holds; only that part
-    is read from the file (gguf_shard.py)."""
+    is read from the file (gguf_shard.py). keep (a pipeline stage): the HF names read at all."""
     from gguf import GGMLQuantizationType
 
     from radixlm.kernels.formats import FORMATS, format_of_ggml
@@ -266,7 +267,7 @@ def gguf_weights(reader, config, keep_quantized: bool = False, slicer: Optional[
     norm_offset = arch in GEMMA_ARCHS  # llama.cpp stores Gemma's norm weights as 1 + w
     for t in reader.tensors:
         name = _hf_name(t.name, arch)
-        if name is None:  # rope_freqs (read into the config) and the like
+        if name is None or (keep is not None and not keep(name)):  # rope_freqs (read into the config) and the like
             continue
         fmt = format_of_ggml(t.tensor_type) if keep_quantized and t.data.ndim == 2 else None
         if keep_quantized and t.data.ndim == 2 and fmt is None and t.tensor_type != GGMLQuantizationType.F32:

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import glob
 import hashlib
@@ -18,13 +19,14 @@ import shutil
 import tempfile
 import time
 from dataclasses import dataclass
-from typing import Any, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional
 
 import torch
 from torch import nn
 
 from radixlm.kernels.formats import FORMATS, QUANTIZE_AT_LOAD
 from radixlm.model import gguf_loader, memory, sampling_defaults
+from radixlm.model.pp_stage import stage_owns
 from radixlm.model.registry import resolve_architecture
 from radixlm.model.tp_shard import Slicer, slice_tensor
 
@@ -130,13 +132,15 @@ def _safetensors_files(path: str) -> list[str]:
     return files
 
 
-def _safetensors_weights(files: list[str], slicer: Optional[Slicer] = None) -> Iterator[tuple[str, torch.Tensor]]:
-    """slicer (tensor parallelism): only this rank's part of each tensor is read."""
+def _safetensors_weights(files: list[str], slicer: Optional[Slicer] = None,
+                         keep: Callable[[str], bool] = lambda name: True) -> Iterator[tuple[str, torch.Tensor]]:
+    """slicer (tensor parallelism): only this rank's part of each tensor is read; keep (a pipeline
+    stage): only the tensors of its layers are."""
     from safetensors import safe_open
 
     for file in files:  # all shards; the index json only says which holds what
         with safe_open(file, framework="pt", device="cpu") as f:
-            for name in f.keys():
+            for name in filter(keep, f.keys()):
                 part = slicer(name) if slicer is not None else None
                 yield name, f.get_tensor(name) if part is None else slice_tensor(f.get_slice(name), part).contiguous()
 
@@ -276,8 +280,9 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
     with torch.device(device), _default_dtype(dtype):
         model = model_cls(config)  # a tensor-parallel rank builds its shard (parallel_state's tp group)
     slicer = model.tp_slice if _is_sharded(model) else None
-    weights = (gguf_loader.gguf_weights(reader, config, keep_quantized=quant == "gguf", slicer=slicer) if is_gguf
-               else None if files is None else _safetensors_weights(files, slicer))
+    keep = functools.partial(stage_owns, model)  # a pipeline stage loads its own layers only
+    weights = (gguf_loader.gguf_weights(reader, config, keep_quantized=quant == "gguf", slicer=slicer, keep=keep)
+               if is_gguf else None if files is None else _safetensors_weights(files, slicer, keep))
     if weights is None:
         fill_random_weights(model)
         for module in model.modules():

@@ -22,6 +22,8 @@ from radixlm.model.layers.attention import (
 )
 from radixlm.model.layers.sampler import Sampler, SamplingBatchInfo
 from radixlm.model.pooler import Pooler, read_pooling_type
+from radixlm.model import pp_micro
+from radixlm.model.pp_stage import pp_stage
 from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.utils import keep_freed_memory_in_heap
@@ -66,6 +68,8 @@ class ModelRunner:
         self.hf_config = cfg
         self.vocab_size = cfg.vocab_size
         self.num_layers = cfg.num_hidden_layers
+        self.pp = pp_stage(self.num_layers)  # a pipeline stage holds (and keeps KV for) its layers only
+        self.pp_micro_batches = self.pp_prefill_pieces = 0  # parts run (pp_micro.py)
         # This rank's KV heads (tensor parallelism splits or replicates them; all of them with tp 1).
         self.num_kv_heads = next(m.num_kv_heads for m in self.model.modules() if isinstance(m, RadixAttention))
         self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
@@ -84,7 +88,8 @@ class ModelRunner:
             self.max_running_requests + 1, self.context_len + 4, device=self.device
         )
         self.token_to_kv_pool = TokenToKVPool(
-            self.max_total_num_tokens, self.num_layers, self.num_kv_heads, self.head_dim, self.kv_dtype, self.device
+            self.max_total_num_tokens, self.num_layers, self.num_kv_heads, self.head_dim, self.kv_dtype, self.device,
+            layers=self.pp.layers,
         )
         self.sampler = Sampler()
         # --enable-torch-compile: decode batches through compiled graphs (EagerDecode: none).
@@ -122,7 +127,12 @@ class ModelRunner:
         return cfg.resolved_kv_cache_dtype()
 
     def _kv_capacity(self) -> int:
-        per_token = TokenToKVPool.bytes_per_token(self.num_layers, self.num_kv_heads, self.head_dim, self.kv_dtype)
+        # The stages' pools hold the same slots (the scheduler's slot indices are the same on every
+        # stage), each sized by its own layers: the smallest count wins.
+        return self.pp.agree_min(self._stage_kv_capacity())
+
+    def _stage_kv_capacity(self) -> int:
+        per_token = TokenToKVPool.bytes_per_token(len(self.pp.layers), self.num_kv_heads, self.head_dim, self.kv_dtype)
         if self.config.mem_fraction_static:  # SGLang's sizing; --max-total-tokens caps it, as in SGLang
             budget = fraction_kv_budget(self.config.mem_fraction_static, self._memory_before_load,
                                         available_memory_bytes(self.device), self.config.memory_share)
@@ -171,7 +181,47 @@ class ModelRunner:
     def forward(self, fb: ForwardBatch) -> LogitsOutput:
         if self.decode_graphs.can_run(fb):
             return LogitsOutput(next_token_logits=self.decode_graphs.forward(fb))
-        hidden = self.model.forward(fb.input_ids, fb.positions, fb)
+        if self.pp.size == 1:
+            return self._logits(fb, self.model.forward(fb.input_ids, fb.positions, fb))
+        # Pipeline: the last stage's logits reach every stage, which then samples alike (the same
+        # scheduler state and seeded generators everywhere, as in a tensor-parallel group).
+        out = None
+        try:
+            out = self._pp_forward(fb)
+        except Exception as e:  # noqa: BLE001 - the last stage's failure is raised on every stage by from_last
+            if not self.pp.is_last:
+                raise
+            out = e
+        return self.pp.from_last(out)
+
+    def pp_info(self) -> dict:
+        if self.pp.size == 1:
+            return {}
+        return {"pp_micro_batches": self.pp_micro_batches, "pp_prefill_pieces": self.pp_prefill_pieces}
+
+    def _pp_forward(self, fb: ForwardBatch) -> Optional[LogitsOutput]:
+        """This stage's part of the step: the LogitsOutput on the last stage, None before it. A
+        decode step or one request's prefill runs as parts following each other through the stages
+        (pp_micro.py)."""
+        parts = pp_micro.plan(fb, self.pp.size, self.config.pp_max_micro_batch_size)
+        if parts is None:
+            hidden = self.model.forward(fb.input_ids, fb.positions, fb)
+            return self._logits(fb, hidden) if self.pp.is_last else None
+        if fb.forward_mode.is_decode():
+            self.pp_micro_batches += len(parts)
+        else:
+            self.pp_prefill_pieces += len(parts)
+        hidden = []
+        for mb in parts:
+            self.attn_backend.init_forward_metadata(mb)
+            hidden.append(self.model.forward(mb.input_ids, mb.positions, mb))
+        if not self.pp.is_last:
+            return None
+        if fb.forward_mode.is_decode():
+            return LogitsOutput(next_token_logits=self.model.compute_logits(torch.cat(hidden)).float())
+        return self._logits(parts[-1], hidden[-1])  # a prefill's pieces: the last token's logits
+
+    def _logits(self, fb: ForwardBatch, hidden: torch.Tensor) -> LogitsOutput:
         if fb.forward_mode.is_decode():
             return LogitsOutput(next_token_logits=self.model.compute_logits(hidden).float())
         ext = fb.extend_seq_lens_cpu

@@ -59,6 +59,8 @@ class ModelRunnerConfig:
     torch_compile_max_bs: int = 32
     # An embedding model (--is-embedding): extends return pooled hidden states, never logits (model/pooler.py).
     is_embedding: bool = False
+    # Pipeline: most requests in one decode micro-batch (None: pp_size micro-batches; pp_micro.py).
+    pp_max_micro_batch_size: Optional[int] = None
 
     def __post_init__(self):
         _check_choice("dtype", self.dtype, DTYPES)
@@ -95,7 +97,7 @@ class ModelRunnerConfig:
             max_total_tokens=args.max_total_tokens,
             kv_memory_gb=args.kv_memory_gb,
             mem_fraction_static=args.mem_fraction_static,
-            memory_share=max(1, args.tp_size // max(1, args.nnodes)),
+            memory_share=max(1, args.tp_size * args.pp_size // max(1, args.nnodes)),
             # The torch backend's decode mirror: 1 GiB on CPU (where it saves the per-step gather), off on CUDA.
             decode_kv_mirror_bytes=int((1.0 if args.device == "cpu" else 0.0) * 2**30 if args.decode_kv_mirror_gb is None
                                        else args.decode_kv_mirror_gb * 2**30),
@@ -107,6 +109,7 @@ class ModelRunnerConfig:
             enable_torch_compile=args.enable_torch_compile,
             torch_compile_max_bs=args.torch_compile_max_bs,
             is_embedding=args.is_embedding,
+            pp_max_micro_batch_size=args.pp_max_micro_batch_size,
         )
 
     def resolved_dtype(self) -> torch.dtype:

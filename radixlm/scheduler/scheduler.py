@@ -276,6 +276,7 @@ class Scheduler:
             **({"hicache": hicache} if hicache else {}),
             **self.control.info(),
             **self.runner.decode_graphs.info(),  # --enable-torch-compile: what was compiled, or why not
+            **self.runner.pp_info(),  # --pp-size: decode micro-batches and prefill pieces run
         }
 
     def _model_key(self, stored_dtype) -> str:

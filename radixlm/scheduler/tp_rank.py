@@ -1,4 +1,5 @@
-"""A scheduler rank of a tensor-parallel group: the process setup before its Scheduler exists."""
+"""A scheduler rank of a tensor-parallel group or a pipeline stage: the process setup before its Scheduler
+exists."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ def join_tp_group(config: SchedulerConfig, port_args: Optional[PortArgs],
     threads = rank_threads(config, spec, cpus)
     config = dataclasses.replace(config, runner=dataclasses.replace(config.runner, num_threads=threads))
     state = init_parallel_state(spec.dist, spec.rank)
-    logger.info("tp rank %d of %d: cores %s, %d thread(s)", spec.rank, spec.dist.tp_size, cpus or "unpinned", threads)
-    comm = state.tp.cpu_comm
-    io = TPSchedulerIO(comm, SchedulerIO(port_args) if state.tp.is_first_rank else None)
+    logger.info("rank %d of %d: cores %s, %d thread(s)", spec.rank, spec.dist.world_size, cpus or "unpinned", threads)
+    # Every rank (each stage of a pipeline too) runs the same Scheduler on the messages rank 0 got.
+    comm = state.scheduler_comm
+    io = TPSchedulerIO(comm, SchedulerIO(port_args) if state.world_rank == 0 else None)
     return config, io, TPStepSync(comm)

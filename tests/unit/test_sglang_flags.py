@@ -119,13 +119,13 @@ def test_refusal_and_inert_lines(monkeypatch, capsys):
     rc, err, _ = run(["--enable-lora", "--disable-cuda-graph"], monkeypatch, capsys)
     assert rc == 2 and err == ["radixlm: error: --enable-lora: LoRA adapters are not in radixlm yet ; serve a "
                                "checkpoint with the adapter merged into its weights"]
-    rc, err, _ = run(["--disable-cuda-graph", "--cuda-graph-max-bs", "8", "--pp-size", "1"], monkeypatch, capsys)
+    rc, err, _ = run(["--disable-cuda-graph", "--cuda-graph-max-bs", "8", "--attn-cp-size", "1"], monkeypatch, capsys)
     assert rc == 0 and len(err) == 3
     assert any("--disable-cuda-graph ignored: CUDA graphs" in line for line in err)
     assert any("--cuda-graph-max-bs 8 ignored" in line for line in err)
-    assert any("--pipeline-parallel-size 1: accepted" in line for line in err)
-    rc, err, _ = run(["--pp-size", "2"], monkeypatch, capsys)
-    assert rc == 2 and err[0].startswith("radixlm: error: --pipeline-parallel-size 2: pipeline")
+    assert any("--attention-context-parallel-size 1: accepted" in line for line in err)
+    rc, err, _ = run(["--attn-cp-size", "2"], monkeypatch, capsys)
+    assert rc == 2 and err[0].startswith("radixlm: error: --attention-context-parallel-size 2: context")
 
 
 def test_human_readable_ints_and_conservativeness(monkeypatch, capsys):

@@ -20,6 +20,7 @@ from radixlm.model.layers.activation import GeluAndMul
 from radixlm.model.layers.norm import GemmaRMSNorm
 from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
+from radixlm.model.pp_stage import pp_stage
 from radixlm.model.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, get_head_dim
 
 # HF hidden_activation -> F.gelu's approximate
@@ -63,6 +64,9 @@ class Gemma2Model(nn.Module):
     def __init__(self, config: Any, rotary_embs: list[RotaryEmbedding], qk_norm: bool = False):
         """rotary_embs: each layer's RoPE (shared objects: one cos/sin cache per kind)."""
         super().__init__()
+        if pp_stage(config.num_hidden_layers).size > 1:
+            raise ValueError("pp_size > 1 runs the Llama-family models (Llama, Mistral, Qwen2/3, Phi-3), not Gemma "
+                             "2/3 yet")
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         # HF multiplies by sqrt(hidden) cast to the weights' dtype (Gemma2TextScaledWordEmbedding).
         self.register_buffer("normalizer", torch.tensor(math.sqrt(config.hidden_size), dtype=torch.float32),

@@ -26,6 +26,7 @@ from radixlm.model.layers.parallel_linear import (
 )
 from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
+from radixlm.model.pp_stage import PPMissingLayer, pp_stage
 from radixlm.model.tp_shard import TensorSlice
 
 
@@ -114,29 +115,48 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, config: Any, qkv_bias: bool = False, qk_norm: bool = False):
         super().__init__()
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        # A pipeline stage builds its layers only: the embedding on the first stage (and on the last
+        # when the LM head is tied to it), the final norm on the last (pp_stage.py).
+        self.pp = pp = pp_stage(config.num_hidden_layers)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.embed_tokens = (VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+                             if pp.is_first or (tied and pp.is_last) else PPMissingLayer())
         self.rotary_emb = rotary_emb = get_rope(get_head_dim(config), config)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, qk_norm) for i in range(config.num_hidden_layers)
+            LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, qk_norm) if i in pp.layers else PPMissingLayer()
+            for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if pp.is_last else PPMissingLayer()
+        self.hidden_size = config.hidden_size
         # All layers in one native op where it applies (model/layers/fused_layers.py); False: never.
-        self.use_fused_layers = True
+        self.use_fused_layers = pp.size == 1
         self._fused: Any = None  # its arguments, built at the first forward (None: not yet, False: n/a)
 
-    def forward(self, input_ids, positions, forward_batch: ForwardBatch) -> torch.Tensor:
+    def forward(self, input_ids, positions, forward_batch: ForwardBatch) -> Optional[torch.Tensor]:
+        """-> the final hidden states (None on a pipeline stage before the last: it sent them on)."""
         backend = forward_batch.attn_backend
         backend.begin_forward(forward_batch)
-        hidden, residual = self.embed_tokens(input_ids), None
+        pp = self.pp
+        if pp.is_first:
+            hidden, residual = self.embed_tokens(input_ids), None
+        else:
+            hidden, residual = pp.recv(input_ids.shape[0], self.hidden_size, self._stream_dtype(), input_ids.device)
         positions = self.rotary_emb.cache_rows(positions, forward_batch)  # longrope: its table per request
         fused = self._fused_layers() if hidden.shape[0] and backend.runs_fused_layers(forward_batch) else None
         if fused:
             hidden, residual = run_fused_layers(fused, hidden, positions, forward_batch)
         else:
-            for layer in self.layers:
-                hidden, residual = layer(positions, hidden, forward_batch, residual)
+            for i in pp.layers:
+                hidden, residual = self.layers[i](positions, hidden, forward_batch, residual)
+        if not pp.is_last:
+            pp.send(hidden, residual)
+            return None
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+    def _stream_dtype(self) -> torch.dtype:
+        """The dtype of the residual stream (the layers' weights)."""
+        return self.layers[self.pp.layers.start].input_layernorm.weight.dtype
 
     def _fused_layers(self):
         if not self.use_fused_layers:
@@ -163,9 +183,11 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = self.build_model(config)
+        self.pp = pp_stage(config.num_hidden_layers)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
-            self.lm_head = ParallelLMHead(config.hidden_size, config.vocab_size)
+            self.lm_head = (ParallelLMHead(config.hidden_size, config.vocab_size) if self.pp.is_last
+                            else PPMissingLayer())
 
     def build_model(self, config: Any) -> nn.Module:
         """The decoder stack (families with another layer structure override it)."""
