@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from radixlm.lora.config import LoRAConfig
 from radixlm.model.layers.attention.registry import ATTENTION_BACKENDS
 from radixlm.model.loader import QUANTIZATIONS
 
@@ -57,6 +58,7 @@ class ModelRunnerConfig:
     # Decode steps of up to torch_compile_max_bs requests through torch.compile (model/compiled_decode.py).
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 32
+    lora: Optional[LoRAConfig] = None  # --enable-lora (radixlm/lora/); None: off
 
     def __post_init__(self):
         _check_choice("dtype", self.dtype, DTYPES)
@@ -104,6 +106,7 @@ class ModelRunnerConfig:
             random_seed=args.random_seed,
             enable_torch_compile=args.enable_torch_compile,
             torch_compile_max_bs=args.torch_compile_max_bs,
+            lora=LoRAConfig.from_server_args(args),
         )
 
     def resolved_dtype(self) -> torch.dtype:

@@ -9,6 +9,7 @@ for is skipped.
 from __future__ import annotations
 
 from radixlm.ipc import TokenizedGenerateReqInput
+from radixlm.lora.runtime import NoLoRA
 from radixlm.scheduler.finisher import Finisher
 from radixlm.scheduler.grammar_manager import GrammarManager
 from radixlm.scheduler.prefetcher import Prefetcher
@@ -21,16 +22,21 @@ S = ReqStatus
 
 class RequestIntake:
     def __init__(self, queues: ReqQueues, grammar: GrammarManager, prefetcher: Prefetcher, finisher: Finisher,
-                 eos_token_ids: frozenset[int], sync: NoStepSync = NoStepSync()):
+                 eos_token_ids: frozenset[int], sync: NoStepSync = NoStepSync(), lora: NoLoRA = NoLoRA()):
         self.queues = queues
         self.sync = sync  # tensor parallelism: a compile is done when it is done on every rank
         self.grammar = grammar
         self.prefetcher = prefetcher
         self.finisher = finisher
         self.eos_token_ids = eos_token_ids
+        self.lora = lora
 
     def add(self, recv: TokenizedGenerateReqInput) -> None:
         req = Req.from_input(recv, self.eos_token_ids)
+        if not self.lora.serves(req.lora_id):  # unloaded while this request was being tokenized
+            req.abort(f"lora_path: the LoRA adapter {req.lora_id.split('#')[0]!r} was unloaded", 400)
+            self.finisher.finish(req)
+            return
         self.prefetcher.start(req)
         if not req.sampling_params.grammar_key:
             self._ready(req)

@@ -129,7 +129,9 @@ class LlamaModel(nn.Module):
         backend.begin_forward(forward_batch)
         hidden, residual = self.embed_tokens(input_ids), None
         positions = self.rotary_emb.cache_rows(positions, forward_batch)  # longrope: its table per request
-        fused = self._fused_layers() if hidden.shape[0] and backend.runs_fused_layers(forward_batch) else None
+        # The fused op runs the base weights only: a batch with LoRA tokens takes the layers (and their hooks).
+        fused = (self._fused_layers() if hidden.shape[0] and not forward_batch.uses_lora
+                 and backend.runs_fused_layers(forward_batch) else None)
         if fused:
             hidden, residual = run_fused_layers(fused, hidden, positions, forward_batch)
         else:
