@@ -50,6 +50,20 @@ def test_mixed_batch_equals_each_alone(engine, lora_adapters):
     assert len({tuple(o) for o in outs}) == 3
 
 
+@pytest.mark.parametrize("policy", ["lru", "fifo"])
+def test_more_adapters_than_one_batch_holds(tiny_model_dir, lora_adapters, tiny_hf_model, policy):
+    """--max-loras-per-batch 2 (the base counting as one) with three adapters and the base in one call:
+    admission keeps each batch within two, the two slots evict (LRU / FIFO), every request finishes
+    with peft's output."""
+    paths = [f"{name}={path}" for name, (path, _) in lora_adapters.items()]
+    names = ["a8", "b4", "c16", None, "a8", "c16", "b4"]
+    ids = prompts((7, 11, 13, 5, 9, 6, 8), seed=3)
+    with Engine(tiny_model_dir, **engine_args(lora_paths=paths, max_loras_per_batch=2,
+                                              lora_eviction_policy=policy)) as e:
+        outs = [o["output_ids"] for o in e.generate(input_ids=ids, sampling_params=SP, lora_path=names)]
+    assert outs == [hf_greedy(lora_adapters[n][1] if n else tiny_hf_model, p, 8) for p, n in zip(ids, names)]
+
+
 def test_unknown_adapter_names_the_field(engine):
     with pytest.raises(ValueError, match="lora_path.*'nope'.*not loaded"):
         engine.generate(input_ids=[5, 6, 7], sampling_params=SP, lora_path="nope")
