@@ -1,8 +1,8 @@
 """The tokenizer manager's side of LoRA serving: adapter names -> ids, and loading / unloading live.
 
 Requests name an adapter (/generate `lora_path`, the OpenAI routes' `BASE:ADAPTER`); the scheduler
-gets the adapter's id, unique per load, which is also its prefix-cache namespace (a name reloaded
-with other weights shares no KV with the old ones). Unloading an adapter that requests use waits
+gets the adapter's id (its name and a digest of its files), which is also its prefix-cache
+namespace (a name reloaded with other weights shares no KV with the old ones). Unloading an adapter that requests use waits
 for them (SGLang does the same): the name is gone at once (new requests get a 400 / 404), the
 scheduler drops the weights when the last request under it has finished.
 """

@@ -110,8 +110,10 @@ def gen(
     json_schema: Any = None,
     ebnf: Optional[str] = None,
     seed: Optional[int] = None,
+    lora_path: Optional[str] = None,
 ) -> Expr:
-    """Generate into variable `name`; with `choices` it is `select`."""
+    """Generate into variable `name`; with `choices` it is `select`. lora_path: the LoRA adapter to
+    generate with (a native backend's; the OpenAI backend names one in its model, BASE:ADAPTER)."""
     if choices is not None:
         return select(name, choices, temperature or 0.0, choices_method)
     if dtype is not None and regex is None:
@@ -125,6 +127,8 @@ def gen(
                   regex=regex, json_schema=json_schema, ebnf=ebnf, seed=seed)
     logprob = {k: v for k, v in zip(LOGPROB_KEYS, (return_logprob, logprob_start_len, top_logprobs_num,
                                                     return_text_in_logprobs)) if v is not None}
+    if lora_path is not None:  # a request field beside the logprob ones (native backends pass them through)
+        logprob["lora_path"] = lora_path
     return Gen(name, params, logprob, dtype)
 
 

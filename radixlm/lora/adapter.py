@@ -9,6 +9,7 @@ ranks (rank_pattern, alpha_pattern), fan_in_fan_out, and any tensor that is not 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -69,7 +70,9 @@ class LoRAAdapter:
     scale * B [out, r]), in the model's dtype."""
 
     ref: LoRARef
-    uid: str  # unique per load: the cache namespace (a name reloaded with other weights shares no KV)
+    # NAME@digest of its files: its prefix-cache namespace (the storage tier's keys outlive the process),
+    # so a name reloaded with other weights shares no KV, and the same files keep theirs.
+    uid: str
     config: AdapterConfig
     weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
 
@@ -82,16 +85,21 @@ class LoRAAdapter:
         return frozenset(p.rsplit(".", 1)[-1] for p in self.weights)
 
 
-def load_adapter(ref: LoRARef, uid: str, dtype: torch.dtype) -> LoRAAdapter:
+def load_adapter(ref: LoRARef, dtype: torch.dtype) -> LoRAAdapter:
     from safetensors import SafetensorError
-    from safetensors.torch import load_file
+    from safetensors.torch import load
 
     cfg = AdapterConfig.read(ref.lora_path)
     file = os.path.join(ref.lora_path, WEIGHTS_FILE)
     try:
-        tensors = load_file(file)
+        with open(file, "rb") as f:
+            data = f.read()
+        with open(os.path.join(ref.lora_path, CONFIG_FILE), "rb") as f:
+            digest = hashlib.sha256(f.read() + data).hexdigest()[:16]
+        tensors = load(data)
     except (OSError, SafetensorError) as e:
         raise AdapterError(f"{file}: cannot read the adapter weights ({e})") from None
+    uid = f"{ref.lora_name}@{digest}"
     pairs: dict[str, dict[str, torch.Tensor]] = {}
     for key, t in tensors.items():
         module, dot, kind = key.removeprefix(_PREFIX).rpartition(".lora_")

@@ -53,12 +53,11 @@ class LoRARuntime(NoLoRA):
     def __init__(self, config: LoRAConfig, model: nn.Module, dtype: torch.dtype, device: torch.device):
         self.config, self.dtype = config, dtype
         self.max_loras_per_batch = config.max_loras_per_batch
-        initial = [load_adapter(ref, f"{ref.lora_name}#0", dtype) for ref in config.adapters]
+        initial = [load_adapter(ref, dtype) for ref in config.adapters]
         rank = config.max_lora_rank or max(a.rank for a in initial)
         targets = config.target_modules or frozenset().union(*(a.targets for a in initial))
         self.pool = LoRAPool(model, config.max_loras_per_batch, rank, targets, config.eviction_policy, dtype, device)
         self.adapters: dict[str, LoRAAdapter] = {}
-        self._loads = 0
         for a in initial:
             self._add(a)
         self._layers = {id(t.module): t for t in self.pool.layers}
@@ -70,14 +69,13 @@ class LoRARuntime(NoLoRA):
 
     # ------------------------------------------------------------ adapters
     def load(self, ref: LoRARef) -> LoRAAdapter:
-        """Load and check an adapter (AdapterError naming what is wrong); its uid is new."""
+        """Load and check an adapter (AdapterError naming what is wrong)."""
         limit = self.config.max_loaded_loras
         if limit is not None and len(self.adapters) >= limit:
             raise AdapterError(f"max_loaded_loras ({limit}) adapters are loaded: unload one first")
         if ref.pinned and len(self.pool.pinned) >= self.max_loras_per_batch - 1:
             raise AdapterError(f"at most max_loras_per_batch - 1 ({self.max_loras_per_batch - 1}) adapters may be pinned")
-        self._loads += 1
-        adapter = load_adapter(ref, f"{ref.lora_name}#{self._loads}", self.dtype)
+        adapter = load_adapter(ref, self.dtype)
         self._add(adapter)
         return adapter
 

@@ -34,7 +34,7 @@ class RequestIntake:
     def add(self, recv: TokenizedGenerateReqInput) -> None:
         req = Req.from_input(recv, self.eos_token_ids)
         if not self.lora.serves(req.lora_id):  # unloaded while this request was being tokenized
-            req.abort(f"lora_path: the LoRA adapter {req.lora_id.split('#')[0]!r} was unloaded", 400)
+            req.abort(f"lora_path: the LoRA adapter {req.lora_id.split('@')[0]!r} was unloaded", 400)
             self.finisher.finish(req)
             return
         self.prefetcher.start(req)

@@ -81,10 +81,16 @@ def test_load_generate_unload_and_their_errors(server, lora_adapters):
     assert r.status_code == 400 and "lora_path" in r.text
     r = post(server, "/unload_lora_adapter", {"lora_name": "b4"})
     assert r.status_code == 404 and r.json()["error"]["param"] == "lora_name"
-    # Loaded again under the same name: served again (a new id: nothing cached under the old one is read).
+    # Loaded again under the same name: served again.
     assert post(server, "/load_lora_adapter", {"lora_name": "b4", "lora_path": path}).status_code == 200
     assert generate(server, ids, "b4")["output_ids"] == hf_greedy(lora_adapters["b4"][1], ids, 8)
     assert generate(server, ids, "b4")["meta_info"]["cached_tokens"] > 0
+    # The name reloaded with other weights: none of the KV cached under the old ones is read.
+    assert post(server, "/unload_lora_adapter", {"lora_name": "b4"}).status_code == 200
+    assert post(server, "/load_lora_adapter", {"lora_name": "b4", "lora_path": lora_adapters["c16"][0]}).ok
+    out = generate(server, ids, "b4")
+    assert out["meta_info"]["cached_tokens"] == 0 and out["output_ids"] == hf_greedy(lora_adapters["c16"][1], ids, 8)
+    assert post(server, "/unload_lora_adapter", {"lora_name": "b4"}).status_code == 200
     assert requests.get(server.url + "/health", timeout=10).status_code == 200
 
 
