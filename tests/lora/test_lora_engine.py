@@ -133,3 +133,19 @@ def test_bad_lora_flags_fail_at_start_naming_them(tiny_model_dir, lora_adapters)
                       (dict(lora_paths=[path], lora_target_modules=["o_proj"]), "lora_target_modules")]:
         with pytest.raises(Exception, match=named):
             Engine(tiny_model_dir, **engine_args(**kw))
+
+
+def test_pinned_adapter_keeps_its_slot(tiny_model_dir, lora_adapters, tiny_hf_model):
+    """--max-loras-per-batch 3: one adapter pinned (at most 3 - 1 may be), the others share what is left
+    of the slots; every request still gets peft's output, and a second pin past the limit is refused."""
+    pinned = json.dumps({"lora_name": "a8", "lora_path": lora_adapters["a8"][0], "pinned": True})
+    with Engine(tiny_model_dir, **engine_args(lora_paths=[pinned], max_loras_per_batch=3, max_lora_rank=16,
+                                              lora_target_modules=["all"])) as e:
+        e.load_lora_adapter("b4", lora_adapters["b4"][0], pinned=True)
+        with pytest.raises(ValueError, match="pinned"):
+            e.load_lora_adapter("c16", lora_adapters["c16"][0], pinned=True)
+        e.load_lora_adapter("c16", lora_adapters["c16"][0])
+        names = ["c16", "a8", None, "b4", "c16", "a8"]
+        ids = prompts((5, 9, 7, 12, 6, 10), seed=4)
+        outs = [o["output_ids"] for o in e.generate(input_ids=ids, sampling_params=SP, lora_path=names)]
+    assert outs == [hf_greedy(lora_adapters[n][1] if n else tiny_hf_model, p, 8) for p, n in zip(ids, names)]
