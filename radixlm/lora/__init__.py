@@ -2,6 +2,7 @@
 
 config.py (the flags, --lora-paths entries), adapter.py (peft adapters read and checked), pool.py (the
 slots the batched compute reads, padded to the max rank, LRU/FIFO eviction, pinned adapters),
-runtime.py (the per-forward segments and the delta added to each target linear layer's output),
-registry.py (names -> ids and the requests in flight per adapter, on the tokenizer manager's side).
+runtime.py (the per-forward segments and the delta added to each target linear layer's output).
+Names -> ids and live loading are the tokenizer manager's (engine/lora_control.py); the scheduler's
+answers to those calls are scheduler/lora_admin.py.
 """
