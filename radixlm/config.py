@@ -122,6 +122,16 @@ class ServerArgs:
     # key kept 0600 in the directory (.key). Not shown by /get_server_info.
     hicache_storage_key: Optional[str] = dataclasses.field(default=None, repr=False)
 
+    # LoRA adapters (radixlm/lora/, docs/lora.md; SGLang's flags): many peft adapters on one base, mixed in a batch.
+    enable_lora: bool = False
+    lora_paths: Optional[list[str]] = None  # NAME=PATH, PATH or {"lora_name", "lora_path", "pinned"} JSON
+    max_loras_per_batch: int = 8
+    max_loaded_loras: Optional[int] = None
+    max_lora_rank: Optional[int] = None
+    lora_target_modules: Optional[list[str]] = None
+    lora_eviction_policy: str = "lru"
+    lora_backend: str = "csgmv"
+
     # Templates (SGLang's flags): the chat route's template (engine/chat_templates.py) and the FIM
     # tokens of completions' suffix and /infill (server/fim.py); None: the tokenizer's own.
     chat_template: Optional[str] = None
@@ -303,6 +313,17 @@ class ServerArgs:
             "hicache_storage_key": "secret (16+ characters) that authenticates the stored chunks (HMAC-SHA256) and "
             "keys their file names; default: $RADIXLM_HICACHE_STORAGE_KEY, else a random key created 0600 in "
             "--hicache-storage-dir/.key (servers sharing the directory share it)",
+            "enable_lora": "serve LoRA adapters (peft format) on the base model: requests name theirs (/generate "
+            "lora_path, OpenAI model BASE:ADAPTER); implied by --lora-paths",
+            "lora_paths": "adapters loaded at start: NAME=PATH, PATH, or JSON {\"lora_name\", \"lora_path\", \"pinned\"}",
+            "max_loras_per_batch": "distinct adapters in one batch, the base model counting as one (also the adapter slots)",
+            "max_loaded_loras": "most adapters loaded at once (default: no limit)",
+            "max_lora_rank": "the adapter slots' rank (default: the largest of --lora-paths); larger ranks are refused",
+            "lora_target_modules": "projections adapters may target: q_proj k_proj v_proj o_proj gate_proj up_proj "
+            "down_proj, qkv_proj, gate_up_proj or all (default: those of --lora-paths)",
+            "lora_eviction_policy": "which adapter leaves a full slot pool: lru or fifo (pinned ones never)",
+            "lora_backend": "SGLang's LoRA kernels (csgmv, triton, torch_native, ...): accepted; every one runs "
+            "radixlm's segmented torch compute (one shrink and one expand per adapter and layer)",
             "enable_priority_scheduling": "order the waiting queue by the requests' `priority` field (larger first); "
             "without it the field is ignored",
             "session_timeout": "seconds a session (/open_session) may stay idle before it is closed and its pinned KV "
@@ -352,6 +373,8 @@ class ServerArgs:
             kw = dict(type=typ.get(base, str), default=default, help=helps.get(f.name))
             if f.name in choices:
                 kw["choices"] = tuple(choices[f.name])
+            if base.startswith("list"):  # SGLang's list flags (--lora-paths A B)
+                kw["nargs"] = "*"
             flags = [flag, *_ALIASES.get(f.name, ())]  # SGLang's --dp-size / --tp-size, and their short forms
             parser.add_argument(*flags, **kw)
 
@@ -368,6 +391,8 @@ class ServerArgs:
             flag = "--" + name.replace("_", "-")
             if isinstance(fields[name].default, bool):
                 argv += [flag] if value else []
+            elif isinstance(value, (list, tuple)):
+                argv += [flag, *map(str, value)]
             elif value is not None:
                 argv += [flag, str(value)]
         return argv

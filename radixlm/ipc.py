@@ -70,6 +70,7 @@ class TokenizedGenerateReqInput:
     priority: Optional[int] = None  # larger runs first (with --enable-priority-scheduling)
     # The prefix cache's namespace of this request's KV (from its cache_salt); None: the common one.
     cache_namespace: Optional[str] = None
+    lora_id: Optional[str] = None  # the LoRA adapter's uid (its cache_namespace keeps its KV apart); None: base
 
     def __post_init__(self):
         # What the scheduler relies on without looking (the context length is the tokenizer
@@ -191,6 +192,26 @@ class WeightControlReqOutput:
     message: str = ""
 
 
+# --- LoRA adapters (SGLang's /load_lora_adapter, /unload_lora_adapter; radixlm/lora/) --------------
+@dataclass
+class LoadLoRAAdapterReqInput:
+    lora_name: str
+    lora_path: str
+    pinned: bool = False
+
+
+@dataclass
+class UnloadLoRAAdapterReqInput:
+    lora_uid: str  # the loaded adapter's id (the tokenizer manager maps names to ids)
+
+
+@dataclass
+class LoRAUpdateReqOutput:
+    success: bool
+    message: str = ""
+    adapter: Optional[dict] = None  # load: {lora_name, lora_path, pinned, uid}
+
+
 @dataclass
 class BindSessionReq:
     """Request `rid` (sent next) is a turn of session `session_id`: when it finishes, its KV stays
@@ -291,6 +312,7 @@ class GenerateReqInput:
     priority: Optional[Any] = None
     # vLLM's cache_salt: requests share cached KV only with requests of the same salt (str | list[str]).
     cache_salt: Optional[Any] = None
+    lora_path: Optional[Any] = None  # SGLang's: the LoRA adapter's name (str | list per prompt); None: base
 
     def __post_init__(self):
         if (self.text is None) == (self.input_ids is None):
@@ -324,7 +346,7 @@ class GenerateReqInput:
         """Field `name` for batch item i: per-item lists are indexed, scalars shared."""
         v = getattr(self, name)
         per_item = {"sampling_params": dict, "rid": str, "return_logprob": bool, "logprob_start_len": int,
-                    "top_logprobs_num": int, "priority": int, "cache_salt": str}
+                    "top_logprobs_num": int, "priority": int, "cache_salt": str, "lora_path": str}
         if not self.is_single and isinstance(v, list) and name in per_item:
             if len(v) != self.batch_size:
                 raise ValueError(f"{name} has {len(v)} items but the batch has {self.batch_size}")

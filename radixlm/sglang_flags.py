@@ -249,10 +249,10 @@ GROUPS: tuple[FlagGroup, ...] = (
     _inert("radixlm's native CPU path (quantized weights: a GGUF's own or --quantization int8|q4_0|q8_0|q4_k) is "
            "batch-invariant already; float32 weights run MKL's GEMM, whose sums may change with the batch",
            "--enable-deterministic-inference"),
-    _refused("LoRA adapters are not in radixlm yet", "serve a checkpoint with the adapter merged into its weights",
-             "--enable-lora", "--enable-lora-overlap-loading", "--max-lora-rank V", "--lora-target-modules [V...]",
-             "--lora-paths [V...]", "--max-loras-per-batch V", "--max-loaded-loras V", "--lora-eviction-policy V",
-             "--lora-backend V", "--max-lora-chunk-size V", "--[no-]experts-shared-outer-loras"),
+    _inert("radixlm's LoRA compute is one segmented torch path (--lora-backend accepts SGLang's names); adapters "
+           "load synchronously", "--enable-lora-overlap-loading", "--max-lora-chunk-size V"),
+    _refused("LoRA on mixture-of-experts models is not in radixlm", "a dense model's adapters (--enable-lora)",
+             "--[no-]experts-shared-outer-loras"),
     _refused("prefill/decode (and encoder) disaggregation is not in radixlm yet", "one server runs prefill and "
              "decode (--enable-mixed-chunk puts both in one step); --dp-size N servers behind the router",
              "--disaggregation-mode V=null", "--disaggregation-transfer-backend V", "--disaggregation-bootstrap-port V",

@@ -112,6 +112,7 @@ class Engine:
         priority: Optional[Union[int, list[int]]] = None,
         cache_salt: Optional[Union[str, list[str]]] = None,
         session_params: Optional[dict] = None,
+        lora_path: Optional[Union[str, list[Optional[str]]]] = None,
     ):
         """A dict {text, output_ids, meta_info} for one prompt; a list for a batch (or n > 1);
         with stream=True an iterator of cumulative dicts. session_params: a turn of an open session
@@ -119,7 +120,7 @@ class Engine:
         obj = self._make_request(
             prompt, sampling_params, input_ids, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
             top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs, stream=stream,
-            rid=rid, priority=priority, cache_salt=cache_salt,
+            rid=rid, priority=priority, cache_salt=cache_salt, lora_path=lora_path,
         )
         if stream:
             return self._stream(obj, session_params)
@@ -205,6 +206,14 @@ class Engine:
             self._sessions().close(_ENGINE_OWNER, session_id)
 
         self._run(close())
+
+    def load_lora_adapter(self, lora_name: str, lora_path: str, pinned: bool = False) -> dict:
+        """Load a peft adapter under `lora_name` (SGLang's call); ValueError naming what is wrong."""
+        return dataclasses.asdict(self._run(self.tokenizer_manager.load_lora_adapter(lora_name, lora_path, pinned)))
+
+    def unload_lora_adapter(self, lora_name: str) -> None:
+        """Unload an adapter, once the requests under it have finished."""
+        self._run(self.tokenizer_manager.unload_lora_adapter(lora_name))
 
     def flush_cache(self, level: str = "l1") -> bool:
         """Empty the KV pool; with --enable-hierarchical-cache, level "l2" / "l3" also empties the host

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hashlib
 import logging
 import time
 import uuid
@@ -16,6 +15,7 @@ import zmq
 import zmq.asyncio
 
 from radixlm.config import PortArgs, ServerArgs
+from radixlm.engine.lora_control import LoRAControlMixin, cache_namespace
 from radixlm.engine.request_sampling import RequestSampling
 from radixlm.engine.rl_control import RLControlMixin
 from radixlm.engine.tokenizer_pool import TokenizerPool
@@ -62,14 +62,6 @@ def _is_int(v) -> bool:
 MAX_CACHE_SALT_CHARS = 1024
 
 
-def cache_namespace(salt: Optional[str]) -> Optional[str]:
-    """The prefix cache's namespace of requests with this cache_salt (vLLM's field): a hash, so the
-    salt itself is kept nowhere (the tree, the L3 chunk keys). None: the common namespace."""
-    if salt is None:
-        return None
-    return "salt:" + hashlib.sha256(salt.encode()).hexdigest()[:32]
-
-
 @dataclass
 class ReqState:
     rid: str
@@ -84,6 +76,7 @@ class ReqState:
     meta: dict = field(default_factory=dict)
     logprobs: dict = field(default_factory=dict)
     dirty: bool = False  # news since the consumer last looked
+    lora_id: Optional[str] = None  # its LoRA adapter (unloading one waits for its requests)
 
 
 @dataclass(frozen=True)
@@ -112,7 +105,7 @@ class TokenizerManagerConfig:
                    tokenizer_timeout=args.tokenizer_timeout, enable_priority_scheduling=args.enable_priority_scheduling)
 
 
-class TokenizerManager(RLControlMixin):
+class TokenizerManager(RLControlMixin, LoRAControlMixin):
     def __init__(self, config: TokenizerManagerConfig, port_args: PortArgs, tokenizer, scheduler_info: dict):
         self.config = config
         self.port_args = port_args
@@ -173,7 +166,7 @@ class TokenizerManager(RLControlMixin):
         top_n = obj.item(i, "top_logprobs_num", 0)
         return_logprob = obj.item(i, "return_logprob", False)
         priority = obj.item(i, "priority")
-        salt = obj.item(i, "cache_salt")
+        salt, lora_id = obj.item(i, "cache_salt"), self.resolve_lora(obj.item(i, "lora_path"))
         if not isinstance(rid, str):
             raise ValueError(f"rid must be a string (a list of them for a batch), got {brief_repr(rid)}")
         if not isinstance(return_logprob, bool):
@@ -201,7 +194,7 @@ class TokenizerManager(RLControlMixin):
             top_logprobs_num=top_n,
             stream=obj.stream,
             priority=priority if self.config.enable_priority_scheduling else None,
-            cache_namespace=cache_namespace(salt),
+            cache_namespace=self.lora_namespace(lora_id, cache_namespace(salt)), lora_id=lora_id,
         )
         return req, sp.n
 
@@ -304,7 +297,7 @@ class TokenizerManager(RLControlMixin):
             return
         seen, warm = set(), []
         for r in reqs:
-            key = (tuple(r.input_ids), r.cache_namespace)  # a salted prompt is warmed in its own namespace
+            key = (tuple(r.input_ids), r.cache_namespace, r.lora_id)  # warmed in its own namespace, adapter
             if key in seen and len(key[0]) > 1:
                 warm.append(key)
             seen.add(key)
@@ -313,9 +306,9 @@ class TokenizerManager(RLControlMixin):
         prefill = [
             TokenizedGenerateReqInput(
                 rid=uuid.uuid4().hex, input_text=None, input_ids=list(ids), sampling_params=SamplingParams(max_new_tokens=0),
-                cache_namespace=ns,
+                cache_namespace=ns, lora_id=lora,
             )
-            for ids, ns in dict.fromkeys(warm)
+            for ids, ns, lora in dict.fromkeys(warm)
         ]
         states = [self._register(p, False) for p in prefill]
         try:
@@ -329,7 +322,7 @@ class TokenizerManager(RLControlMixin):
     def _register(self, r: TokenizedGenerateReqInput, text_in_logprobs: bool) -> ReqState:
         if r.rid in self.rid_to_state:
             raise ValueError(f"rid {r.rid!r} is already in use")
-        st = ReqState(rid=r.rid, prompt_text=r.input_text, return_text_in_logprobs=text_in_logprobs)
+        st = ReqState(rid=r.rid, prompt_text=r.input_text, return_text_in_logprobs=text_in_logprobs, lora_id=r.lora_id)
         self.rid_to_state[r.rid] = st
         return st
 

@@ -118,9 +118,11 @@ def gen(
     tool_choice: Any = "required",
     parallel_tool_calls: bool = True,
     tool_call_parser: Optional[str] = None,
+    lora_path: Optional[str] = None,
 ) -> Expr:
     """Generate into variable `name`; with `choices` it is `select`; with `tools` the variable holds
-    the parsed calls (lang/tools.py)."""
+    the parsed calls (lang/tools.py). lora_path: the LoRA adapter to generate with (a native
+    backend's; the OpenAI backend names one in its model, BASE:ADAPTER)."""
     if choices is not None:
         return select(name, choices, temperature or 0.0, choices_method)
     if dtype is not None and regex is None:
@@ -134,6 +136,8 @@ def gen(
                   regex=regex, json_schema=json_schema, ebnf=ebnf, seed=seed)
     logprob = {k: v for k, v in zip(LOGPROB_KEYS, (return_logprob, logprob_start_len, top_logprobs_num,
                                                     return_text_in_logprobs)) if v is not None}
+    if lora_path is not None:  # a request field beside the logprob ones (native backends pass them through)
+        logprob["lora_path"] = lora_path
     if tools is not None:
         if regex or json_schema or ebnf:
             raise ValueError("gen: tools cannot be combined with regex, json_schema or ebnf (the calls' grammar)")

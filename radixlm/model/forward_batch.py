@@ -72,6 +72,12 @@ class ForwardBatch:
     num_decode: int = 0
     # The sampler's tensors for this batch (model/layers/sampler.py), built by ModelRunner.prepare.
     sampling_info: Any = None
+    # Per request, the LoRA adapter it runs under (lora/runtime.py; None: the base model); empty: none.
+    lora_ids: list = field(default_factory=list)
+
+    @property
+    def uses_lora(self) -> bool:
+        return any(self.lora_ids)
 
     @property
     def num_tokens(self) -> int:

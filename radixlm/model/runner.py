@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 
 from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixlm.lora.runtime import create_lora_runtime
 from radixlm.model.compiled_decode import create_decode_graphs
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.kv_budget import available_memory_bytes, fraction_kv_budget
@@ -92,6 +93,8 @@ class ModelRunner:
             layers=self.pp.layers,
         )
         self.sampler = Sampler()
+        # --enable-lora: the adapters and their batched delta on the target layers (NoLoRA: none).
+        self.lora = create_lora_runtime(config.lora, self.model, self.dtype, self.device)
         # --enable-torch-compile: decode batches through compiled graphs (EagerDecode: none).
         self.decode_graphs = create_decode_graphs(self, config.enable_torch_compile, config.torch_compile_max_bs)
         logger.info(
@@ -167,6 +170,7 @@ class ModelRunner:
             extend_logprob_start_lens_cpu=b.extend_logprob_start_lens if extend else None,
             num_decode=b.num_decode,
             attn_backend=self.attn_backend,
+            lora_ids=b.lora_ids,
         )
         if b.sampling:
             fb.sampling_info = SamplingBatchInfo.build(b.sampling, self.vocab_size, self.device)
@@ -181,6 +185,7 @@ class ModelRunner:
     def forward(self, fb: ForwardBatch) -> LogitsOutput:
         if self.decode_graphs.can_run(fb):
             return LogitsOutput(next_token_logits=self.decode_graphs.forward(fb))
+        self.lora.begin_forward(fb)
         if self.pp.size == 1:
             return self._logits(fb, self.model.forward(fb.input_ids, fb.positions, fb))
         # Pipeline: the last stage's logits reach every stage, which then samples alike (the same

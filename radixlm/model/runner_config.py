@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from radixlm.lora.config import LoRAConfig
 from radixlm.model.layers.attention.registry import ATTENTION_BACKENDS
 from radixlm.model.loader import QUANTIZATIONS
 
@@ -61,6 +62,7 @@ class ModelRunnerConfig:
     is_embedding: bool = False
     # Pipeline: most requests in one decode micro-batch (None: pp_size micro-batches; pp_micro.py).
     pp_max_micro_batch_size: Optional[int] = None
+    lora: Optional[LoRAConfig] = None  # --enable-lora (radixlm/lora/); None: off
 
     def __post_init__(self):
         _check_choice("dtype", self.dtype, DTYPES)
@@ -110,6 +112,7 @@ class ModelRunnerConfig:
             torch_compile_max_bs=args.torch_compile_max_bs,
             is_embedding=args.is_embedding,
             pp_max_micro_batch_size=args.pp_max_micro_batch_size,
+            lora=LoRAConfig.from_server_args(args),
         )
 
     def resolved_dtype(self) -> torch.dtype:

@@ -31,6 +31,7 @@ class ModelWorkerBatch:
     num_decode: int = 0  # MIXED: the last num_decode requests are decode steps
     # One per request: what the sampler needs (empty: the caller takes the logits itself).
     sampling: list[SamplingRow] = field(default_factory=list)
+    lora_ids: list[Optional[str]] = field(default_factory=list)  # per request, its adapter's uid (None: base)
 
     @property
     def batch_size(self) -> int:

@@ -128,7 +128,7 @@ class ScheduleBatch:
             self.forward_mode, input_ids, positions, [r.req_pool_idx for r in self.reqs], seq_lens, out_loc,
             extend_prefix_lens=prefix_lens, extend_seq_lens=ext_lens, extend_logprob_start_lens=lp_starts,
             num_decode=len(self.decode_reqs) if self.forward_mode.is_mixed() else 0,
-            sampling=self.sampling(),
+            sampling=self.sampling(), lora_ids=[r.lora_id for r in self.reqs],
         )
 
     @staticmethod

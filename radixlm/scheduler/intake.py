@@ -9,6 +9,7 @@ for is skipped.
 from __future__ import annotations
 
 from radixlm.ipc import TokenizedGenerateReqInput
+from radixlm.lora.runtime import NoLoRA
 from radixlm.scheduler.finisher import Finisher
 from radixlm.scheduler.grammar_manager import GrammarManager
 from radixlm.scheduler.prefetcher import Prefetcher
@@ -21,7 +22,8 @@ S = ReqStatus
 
 class RequestIntake:
     def __init__(self, queues: ReqQueues, grammar: GrammarManager, prefetcher: Prefetcher, finisher: Finisher,
-                 eos_token_ids: frozenset[int], sync: NoStepSync = NoStepSync(), pool_all_tokens: bool = False):
+                 eos_token_ids: frozenset[int], sync: NoStepSync = NoStepSync(), pool_all_tokens: bool = False,
+                 lora: NoLoRA = NoLoRA()):
         self.queues = queues
         self.sync = sync  # tensor parallelism: a compile is done when it is done on every rank
         self.grammar = grammar
@@ -29,10 +31,15 @@ class RequestIntake:
         self.finisher = finisher
         self.eos_token_ids = eos_token_ids
         self.pool_all_tokens = pool_all_tokens  # an embedding model whose pooling reads every token
+        self.lora = lora
 
     def add(self, recv: TokenizedGenerateReqInput) -> None:
         req = Req.from_input(recv, self.eos_token_ids)
         req.pool_all_tokens = self.pool_all_tokens
+        if not self.lora.serves(req.lora_id):  # unloaded while this request was being tokenized
+            req.abort(f"lora_path: the LoRA adapter {req.lora_id.split('@')[0]!r} was unloaded", 400)
+            self.finisher.finish(req)
+            return
         self.prefetcher.start(req)
         if not req.sampling_params.grammar_key:
             req.grammar = self.grammar.with_thinking(req, None)  # a think block needs no compile

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from radixlm.lora.runtime import NoLoRA
 from radixlm.model.forward_batch import ForwardMode
 from radixlm.scheduler.admission import NewTokenRatio, PrefillAdder, reserve_for, shares_prefix_in_batch
 from radixlm.scheduler.batch import ScheduleBatch
@@ -30,13 +31,14 @@ class PrefillLimits:
 
 class PrefillManager:
     def __init__(self, queues: ReqQueues, cache_manager: CacheManager, policy: SchedulePolicy,
-                 limits: PrefillLimits, ratio: NewTokenRatio, stats: SchedulerStats):
+                 limits: PrefillLimits, ratio: NewTokenRatio, stats: SchedulerStats, lora: NoLoRA = NoLoRA()):
         self.queues = queues
         self.cache_manager = cache_manager
         self.policy = policy
         self.limits = limits
         self.ratio = ratio
         self.stats = stats
+        self.lora = lora  # which adapters a batch may mix (--max-loras-per-batch)
         self.dedup_in_batch = policy.policy in PREFIX_POLICIES and cache_manager.tree_cache.shares_prefixes
 
     def schedule(self) -> Optional[ScheduleBatch]:
@@ -80,6 +82,7 @@ class PrefillManager:
     def _admit_waiting(self, adder: PrefillAdder) -> None:
         max_running = self.limits.max_running_requests
         prefix_len = self.policy.calc_priority(self.queues.waiting)
+        adapters = {r.lora_id for r in self.queues.running} | {c.req.lora_id for c in adder.chunks}
         for req in self.queues.waiting:
             if len(adder.chunks) + len(self.queues.running) >= max_running:
                 break
@@ -87,8 +90,11 @@ class PrefillManager:
                 req, [c.req for c in adder.chunks], lambda r=req: self._prefix_len(r, prefix_len)
             ):
                 continue  # it will hit the cache next round instead of computing the prefix twice
-            if not adder.add_one_req(req):
+            # Head of the line: no later request passes one whose adapter does not fit, so it runs as
+            # soon as the running requests' adapters leave (nobody starves).
+            if not self.lora.fits(adapters | {req.lora_id}) or not adder.add_one_req(req):
                 break
+            adapters.add(req.lora_id)
 
     def _prefix_len(self, req: Req, known: dict[int, int]) -> int:
         if id(req) not in known:

@@ -67,6 +67,7 @@ class Req:
     input_text: Optional[str] = None
     # The prefix cache's namespace of this request's KV (PrefixKey); None: the common one.
     cache_namespace: Optional[str] = None
+    lora_id: Optional[str] = None  # the LoRA adapter's uid (None: the base model)
     arrival_time: float = field(default_factory=time.monotonic)
 
     output_ids: list[int] = field(default_factory=list)
@@ -117,7 +118,7 @@ class Req:
                    eos_token_ids=eos_token_ids, return_logprob=recv.return_logprob,
                    logprob_start_len=recv.logprob_start_len, top_logprobs_num=recv.top_logprobs_num,
                    stream=recv.stream, priority=recv.priority, input_text=recv.input_text,
-                   cache_namespace=recv.cache_namespace)
+                   cache_namespace=recv.cache_namespace, lora_id=recv.lora_id)
 
     def __post_init__(self):
         if self.sampling_params.seed is not None:

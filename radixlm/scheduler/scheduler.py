@@ -47,6 +47,7 @@ from radixlm.scheduler.invariants import InvariantChecker, InvariantError, NoInv
 from radixlm.scheduler.io import BaseSchedulerIO, SchedulerIO
 from radixlm.scheduler.jump_forward import JumpForward, NoJumpForward
 from radixlm.scheduler.lazy_tokenizer import LazyTokenizer
+from radixlm.scheduler.lora_admin import LORA_MESSAGES, LORA_REPLIES, handle_lora_message
 from radixlm.scheduler.output_streamer import OutputStreamer
 from radixlm.scheduler.policy import SchedulePolicy
 from radixlm.scheduler.prefetcher import Prefetcher
@@ -69,7 +70,7 @@ IDLE_POLL_MS = 1000  # nothing to do: wait this long for a message
 PENDING_POLL_MS = 2  # only compiles or storage reads pending: look again soon
 # The reply each control call waits for (ControlFailed names it when the call raised).
 _CONTROL_REPLIES = {FlushCacheReq: FlushCacheReqOutput, GetInternalStateReq: GetInternalStateReqOutput,
-                    ProfileReq: ProfileReqOutput, **WEIGHT_CONTROL_REPLIES}
+                    ProfileReq: ProfileReqOutput, **WEIGHT_CONTROL_REPLIES, **LORA_REPLIES}
 
 
 class Scheduler:
@@ -96,11 +97,12 @@ class Scheduler:
         self.sessions = SessionPins.create(cm)  # open sessions' KV stays in the tree
         self.finisher = Finisher(queues, cm, executor, self.spec, self.outputs, self.sessions)
         self.intake = RequestIntake(queues, self.grammar, Prefetcher(self.tree_cache), self.finisher, eos, sync,
-                                    pool_all_tokens=runner.pooler is not None and runner.pooler.needs_all_tokens)
+                                    pool_all_tokens=runner.pooler is not None and runner.pooler.needs_all_tokens,
+                                    lora=runner.lora)
         ratio = NewTokenRatio(config.new_token_ratio, config.min_new_token_ratio, config.new_token_ratio_decay)
         self.policy = SchedulePolicy(config.schedule_policy, self.tree_cache, config.random_seed)
         limits = PrefillLimits(runner.max_running_requests, config.max_prefill_tokens, config.chunk_size)
-        self.prefill = PrefillManager(queues, cm, self.policy, limits, ratio, stats)
+        self.prefill = PrefillManager(queues, cm, self.policy, limits, ratio, stats, runner.lora)
         self.decode = DecodeManager(queues, cm, self.finisher, self.spec, ratio, stats, self.context_len,
                                     executor.in_flight)
         # Mixed chunk: new requests' prefill and the running requests' decode step in one forward.
@@ -208,6 +210,8 @@ class Scheduler:
                 self.io.reply(self.profiler.handle(msg))
             elif type(msg) in WEIGHT_CONTROL_REPLIES:
                 self.control.handle(msg)
+            elif isinstance(msg, LORA_MESSAGES):
+                self.io.reply(handle_lora_message(self.runner.lora, msg))
             elif isinstance(msg, SESSION_MESSAGES):
                 self.sessions.handle(msg)
             else:
@@ -256,6 +260,7 @@ class Scheduler:
             "eos_token_ids": sorted(r.loaded.eos_token_ids),
             "model_sampling_defaults": r.loaded.sampling_defaults or {},
             "pid": os.getpid(),
+            "lora_enabled": bool(r.config.lora), "lora_adapters": r.lora.adapters_info(),
         }
 
     def internal_state(self) -> dict:

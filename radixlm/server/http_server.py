@@ -43,6 +43,7 @@ from radixlm.server.infill_api import router as infill_router
 from radixlm.server.openai_api import router as openai_router
 from radixlm.server.score_api import router as score_router
 from radixlm.server.embedding_api import router as embedding_router
+from radixlm.server.lora_api import LORA_ADMIN_PATHS, router as lora_router
 from radixlm.server.rl_api import RL_ADMIN_PATHS
 from radixlm.server.rl_api import router as rl_router
 from radixlm.server.session_api import pop_session_params, session_turn
@@ -55,7 +56,7 @@ __all__ = ["ServerState", "create_app", "served_model_name"]
 
 # SGLang request fields radixlm accepts only at their "off" value (multimodal, LoRA, ...).
 _IGNORED_WHEN_EMPTY = {
-    "image_data", "video_data", "audio_data", "lora_path", "modalities", "session_params",
+    "image_data", "video_data", "audio_data", "modalities", "session_params",
     "custom_logit_processor", "return_hidden_states", "bootstrap_host", "bootstrap_port", "bootstrap_room",
     "data_parallel_rank", "log_metrics",
 }
@@ -83,6 +84,8 @@ def _generate_schema() -> dict:
             "stream": {"type": "boolean"},
             "priority": one_or_list({"type": "integer"}),
             "cache_salt": one_or_list({"type": "string", "minLength": 1, "maxLength": 1024}),
+            "lora_path": {"anyOf": [{"type": "string"}, {"type": "null"},
+                                    {"type": "array", "items": {"type": ["string", "null"]}, "minItems": 1}]},
             "session_params": {"type": "object"},  # session_api.py
         },
         # Exactly one of text and input_ids.
@@ -237,7 +240,7 @@ async def server_info(request: Request):
 
 # --------------------------------------------------------------------- admin
 # Routes only the admin may call (AccessMiddleware); /abort_request's abort-all part is checked in the route.
-ADMIN_PATHS = ("/flush_cache", *RL_ADMIN_PATHS)
+ADMIN_PATHS = ("/flush_cache", *RL_ADMIN_PATHS, *LORA_ADMIN_PATHS)
 
 
 @router.post("/flush_cache")  # POST only: a GET is what a page's <img> or link can send
@@ -353,6 +356,7 @@ def create_app(state_factory) -> FastAPI:
     app.include_router(infill_router)
     app.include_router(rl_router)
     app.include_router(session_router)
+    app.include_router(lora_router)
 
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, e: HTTPError):

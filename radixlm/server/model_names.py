@@ -20,14 +20,14 @@ class ModelNameError(Exception):
 @dataclass(frozen=True)
 class RequestedModel:
     name: str  # what the answer's `model` says: the client's name, as SGLang echoes it
-    adapter: Optional[str] = None  # the LoRA adapter after the colon (none are served yet)
+    adapter: Optional[str] = None  # the LoRA adapter after the colon (radixlm/lora/)
 
 
 def resolve_requested_model(requested: Optional[str], served: str, known: Collection[str], strict: bool,
                             adapters: Collection[str] = ()) -> RequestedModel:
     """The model a request asks for; ModelNameError when it names an adapter that is not loaded or
     (strict) a model that is not served. `known`: the names of the served model (its served name,
-    path, ...); `adapters`: the loaded LoRA adapters' names (LoRA serving comes with a later issue)."""
+    path, ...); `adapters`: the loaded LoRA adapters' names."""
     if requested is None or requested in known:
         return RequestedModel(requested or served)
     base, sep, adapter = requested.partition(":")

@@ -35,7 +35,8 @@ from radixlm.server.api_common import (
 )
 from radixlm.server.chat_render import chat_stop, render_chat
 from radixlm.server.fanout import admit_to_queue, check_fanout
-from radixlm.server.model_names import ModelNameError, resolve_requested_model
+from radixlm.server.lora_api import lora_model_cards
+from radixlm.server.model_names import ModelNameError, RequestedModel, resolve_requested_model
 from radixlm.server.thinking_params import thinking_params
 from radixlm.server.fim import fim_prompt_ids
 from radixlm.server.openai_protocol import (
@@ -171,16 +172,27 @@ def _check_model(state: ServerState, name: Optional[str]) -> str:
 
 def _requested_model(state: ServerState, name: Optional[str]) -> str:
     """The chat and completions routes' `model` (server/model_names.py): any name by default, as SGLang."""
+    return _requested(state, name).name
+
+
+def _requested(state: ServerState, name: Optional[str]) -> RequestedModel:
+    """The `model` and its LoRA adapter (BASE:ADAPTER; or a loaded adapter's name alone, as SGLang)."""
     served = served_model_name(state.server_args, state.scheduler_info)
+    adapters = state.tokenizer_manager.lora_adapter_names()
+    if name in adapters and name not in _known_names(state):
+        return RequestedModel(name, name)
     try:
-        return resolve_requested_model(name, served, _known_names(state), state.server_args.strict_model_name).name
+        return resolve_requested_model(name, served, _known_names(state), state.server_args.strict_model_name,
+                                       adapters)
     except ModelNameError as e:
         raise HTTPError(404, str(e), "not_found_error", "model") from None
 
 
 @router.get("/v1/models")
 async def list_models(request: Request):
-    return {"object": "list", "data": [_model_card(srv(request))]}
+    state = srv(request)
+    base = _model_card(state)
+    return {"object": "list", "data": [base, *lora_model_cards(state, base)]}
 
 
 @router.get("/v1/models/{model_id:path}")
@@ -337,7 +349,8 @@ def _stream_chunks(job: _Job, idx: int, out: dict, st: _Sent) -> list[dict]:
 async def completions(request: Request):
     state = srv(request)
     req: CompletionRequest = parse_body(CompletionRequest, await read_json(request))
-    model = _requested_model(state, req.model)
+    requested = _requested(state, req.model)
+    model = requested.name
     if req.suffix and req.echo:
         raise HTTPError(400, "echo cannot be combined with suffix", param="echo")
     n = req.n or 1
@@ -377,6 +390,7 @@ async def completions(request: Request):
         return_text_in_logprobs=True,
         stream=bool(req.stream),
         cache_salt=req.cache_salt,
+        lora_path=requested.adapter,
     )
     echo = (texts or [tok.decode(i) for i in ids]) if req.echo else None
     job = _Job(chat=False, id=f"cmpl-{rid}", model=model, n=n, obj=obj, echo_texts=echo, logprobs=want_lp,
@@ -397,7 +411,8 @@ async def open_chat(request: Request, req: ChatCompletionRequest):
     Messages, OpenAI's Responses) translate their request into a ChatCompletionRequest and shape
     what this returns."""
     state = srv(request)
-    model = _requested_model(state, req.model)
+    requested = _requested(state, req.model)
+    model = requested.name
     if req.top_logprobs is not None and not req.logprobs:
         raise HTTPError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
     if req.tools and req.tool_choice != "none":
@@ -433,6 +448,7 @@ async def open_chat(request: Request, req: ChatCompletionRequest):
         return_text_in_logprobs=True,
         stream=bool(req.stream),
         cache_salt=req.cache_salt,
+        lora_path=requested.adapter,
     )
     job = _Job(chat=True, id=f"chatcmpl-{rid}", model=model, n=req.n or 1, obj=obj, logprobs=bool(req.logprobs),
                include_usage=bool(req.stream_options and req.stream_options.include_usage),

@@ -70,10 +70,11 @@ def test_sglang_keys_of_every_kind(tmp_path, monkeypatch, capsys):
     assert (args.model_path, args.enable_mixed_chunk, args.speculative_algorithm) == ("/m", False, "ngram")
     assert ns.__dict__["sglang:cuda-graph-bs"] == ["1", "2", "4"]
     assert sum("--disable-cuda-graph ignored" in line for line in err) == 1
-    path = write(tmp_path, "enable-lora: true\n", "lora.yaml")
+    path = write(tmp_path, "enable-pdmux: true\n", "pdmux.yaml")
     rc, err, _, _ = run(["--config", path], monkeypatch, capsys)
-    assert rc == 2 and err == ["radixlm: error: --enable-lora: LoRA adapters are not in radixlm yet ; serve a "
-                               "checkpoint with the adapter merged into its weights"]
+    assert rc == 2 and err == ["radixlm: error: --enable-pdmux: prefill/decode (and encoder) disaggregation is not in "
+                               "radixlm yet ; one server runs prefill and decode (--enable-mixed-chunk puts both in "
+                               "one step); --dp-size N servers behind the router"]
 
 
 @pytest.mark.parametrize("text,name,argv_extra,message", [

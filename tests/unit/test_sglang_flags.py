@@ -116,9 +116,10 @@ def test_every_radixlm_choice_reaches_its_consumer(serve_parser):
 
 
 def test_refusal_and_inert_lines(monkeypatch, capsys):
-    rc, err, _ = run(["--enable-lora", "--disable-cuda-graph"], monkeypatch, capsys)
-    assert rc == 2 and err == ["radixlm: error: --enable-lora: LoRA adapters are not in radixlm yet ; serve a "
-                               "checkpoint with the adapter merged into its weights"]
+    rc, err, _ = run(["--enable-pdmux", "--disable-cuda-graph"], monkeypatch, capsys)
+    assert rc == 2 and err == ["radixlm: error: --enable-pdmux: prefill/decode (and encoder) disaggregation is not in "
+                               "radixlm yet ; one server runs prefill and decode (--enable-mixed-chunk puts both in "
+                               "one step); --dp-size N servers behind the router"]
     rc, err, _ = run(["--disable-cuda-graph", "--cuda-graph-max-bs", "8", "--attn-cp-size", "1"], monkeypatch, capsys)
     assert rc == 0 and len(err) == 3
     assert any("--disable-cuda-graph ignored: CUDA graphs" in line for line in err)

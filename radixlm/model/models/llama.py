@@ -142,7 +142,9 @@ class LlamaModel(nn.Module):
         else:
             hidden, residual = pp.recv(input_ids.shape[0], self.hidden_size, self._stream_dtype(), input_ids.device)
         positions = self.rotary_emb.cache_rows(positions, forward_batch)  # longrope: its table per request
-        fused = self._fused_layers() if hidden.shape[0] and backend.runs_fused_layers(forward_batch) else None
+        # The fused op runs the base weights only: a batch with LoRA tokens takes the layers (and their hooks).
+        fused = (self._fused_layers() if hidden.shape[0] and not forward_batch.uses_lora
+                 and backend.runs_fused_layers(forward_batch) else None)
         if fused:
             hidden, residual = run_fused_layers(fused, hidden, positions, forward_batch)
         else:
