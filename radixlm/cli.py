@@ -113,10 +113,12 @@ def option_choices() -> dict[str, tuple[str, ...]]:
     from radixlm.cache.hicache_config import HICACHE_DTYPES, STORAGE_BACKENDS, WRITE_POLICIES
     from radixlm.constrained import GRAMMAR_BACKENDS
     from radixlm.engine.request_log import LOG_REQUESTS_FORMATS, LOG_REQUESTS_LEVELS
+    from radixlm.function_call import TOOL_CALL_PARSERS
     from radixlm.model.layers.attention import ATTENTION_BACKENDS
     from radixlm.model.loader import QUANTIZATIONS
     from radixlm.model.runner_config import DTYPES, KV_CACHE_DTYPES
     from radixlm.model.sampling_defaults import SAMPLING_DEFAULTS_MODES
+    from radixlm.reasoning import REASONING_PARSERS
     from radixlm.scheduler.policy import POLICIES
     from radixlm.speculative.config import DRAFT_POLICIES, SPECULATIVE_ALGORITHMS
 
@@ -129,6 +131,7 @@ def option_choices() -> dict[str, tuple[str, ...]]:
         "hicache_storage_backend": STORAGE_BACKENDS,
         "log_requests_level": LOG_REQUESTS_LEVELS, "log_requests_format": LOG_REQUESTS_FORMATS,
         "sampling_defaults": SAMPLING_DEFAULTS_MODES,
+        "tool_call_parser": TOOL_CALL_PARSERS, "reasoning_parser": REASONING_PARSERS,
     }
 
 

@@ -123,6 +123,9 @@ class ServerArgs:
     # tokens of completions' suffix and /infill (server/fim.py); None: the tokenizer's own.
     chat_template: Optional[str] = None
     completion_template: Optional[str] = None
+    # Agents (docs/agents.md): tool calls and think blocks read out of chat output; None: detected / off.
+    tool_call_parser: Optional[str] = None
+    reasoning_parser: Optional[str] = None
 
     # HTTP server
     host: str = "127.0.0.1"
@@ -275,6 +278,9 @@ class ServerArgs:
             "event loop); beyond it a 504",
             "chat_template": "the chat template: a Jinja file, SGLang's JSON conversation file, or a built-in name "
             "(chatml, gemma-it, llama-2, llama-4, mistral, vicuna_v1.1); default: the tokenizer's own",
+            "tool_call_parser": "how tool calls are read out of the chat output (SGLang's names); default: detected "
+            "from the chat template, else hermes's <tool_call> format, described to the model in a system message",
+            "reasoning_parser": "split the think block out of the chat output into reasoning_content (SGLang's names)",
             "completion_template": "the fill-in-the-middle tokens of completions' suffix and /infill: star_coder, "
             "qwen_coder, deepseek_coder, or SGLang's JSON file; default: found in the tokenizer by their spellings",
             "enable_hierarchical_cache": "keep KV evicted from the pool in host memory (L2) and, with "

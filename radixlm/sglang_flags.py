@@ -337,9 +337,8 @@ GROUPS: tuple[FlagGroup, ...] = (
     _refused("TLS is not in radixlm", "serve HTTP behind a TLS-terminating proxy", "--ssl-keyfile V",
              "--ssl-certfile V", "--ssl-ca-certs V", "--ssl-keyfile-password V", "--enable-ssl-refresh"),
     _refused("radixlm serves HTTP only", "the HTTP API (SGLang's native routes and OpenAI's)", "--grpc-mode"),
-    _refused("tool-call and reasoning parsing are not in radixlm yet", "requests with tools need tool_choice none; "
-             "the whole output comes back as content", "--tool-call-parser V", "--reasoning-parser V",
-             "--tool-server V"),
+    _refused("built-in tool servers are not in radixlm", "the client runs its tools (tool_calls in the answer, "
+             "tool messages back)", "--tool-server V"),
     _refused("SGLang's streaming sessions and KV-event publishing are not in radixlm", "the radix cache reuses a "
              "conversation's prefix without sessions; /metrics shows the cache", "--enable-streaming-session",
              "--kv-events-config V"),
