@@ -132,6 +132,13 @@ VALUE_RULES: dict[str, ValueRule] = {
     "hicache_storage_backend": ValueRule("--hicache-storage-backend", refused=(RefusedValues(
         ("mooncake", "hf3fs", "nixl", "aibrix", "dynamic", "eic"), "a distributed KV store radixlm has no client for",
         "--hicache-storage-backend file"),)),
+    "tool_call_parser": ValueRule("--tool-call-parser", refused=(RefusedValues(
+        ("deepseekv32", "glm", "glm45", "glm47", "gpt-oss", "kimi_k2", "lfm2", "mimo", "qwen3_coder", "step3", "step3p5",
+         "minimax-m2", "trinity", "interns1", "gigachat3"), "radixlm has no parser for this model family's tool-call "
+        "syntax yet", "hermes, qwen25, qwen, llama3, mistral, pythonic, deepseekv3 or deepseekv31 (docs/agents.md)"),)),
+    "reasoning_parser": ValueRule("--reasoning-parser", refused=(RefusedValues(
+        ("gpt-oss", "minimax-append-think", "step3p5", "nemotron_3"), "radixlm has no parser for this model family's "
+        "reasoning syntax yet", "qwen3, deepseek-r1 or another <think>-style parser (docs/agents.md)"),)),
 }
 
 # ServerArgs fields whose meaning differs from SGLang's (VALUE_RULES' renames and refusals come on top).

@@ -207,3 +207,26 @@ def test_tool_message_without_a_matching_call_is_400(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="m", messages=messages[:3], tools=TOOLS, max_tokens=2)
     assert e.value.body["param"] == "messages[1].tool_calls[0].function.arguments"
+
+
+def test_docs_example_runs(server, tmp_path):
+    """docs/agents.md's example, as pasted into a script, against this server."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
+    (code,) = re.findall(r"^```python\n(.*?)^```", doc, re.M | re.S)
+    script = tmp_path / "agents_example.py"
+    script.write_text(code.replace("http://127.0.0.1:30000", server.url))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    lines = proc.stdout.strip().splitlines()
+    finish, name, args = lines[0].split(" ", 2)
+    assert (finish, name) == ("tool_calls", "get_weather")
+    import ast
+
+    jsonschema.validate(ast.literal_eval(args), SCHEMAS["get_weather"] | {"required": ["city", "unit"]})
+    cached, total = map(int, re.fullmatch(r"cached: (\d+) of (\d+)", lines[-1]).groups())
+    assert 0 < cached < total
