@@ -37,8 +37,9 @@ class OutputSpec:
         return self.reasoning is not None or self.tools is not None or self.has_reasoning_field
 
 
-def _call(index: int, call_id: str, name: str, arguments: str) -> dict:
-    return {"index": index, "id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+def _call(call_id: str, name: str, arguments: str) -> dict:
+    """A tool call as OpenAI's message has it (a stream's first delta of it adds its index)."""
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
 
 def shape_message(spec: OutputSpec, text: str) -> tuple[dict, bool]:
@@ -57,7 +58,7 @@ def shape_message(spec: OutputSpec, text: str) -> tuple[dict, bool]:
         text = parsed.content
     msg["content"] = None if spec.calls_only or (calls and not text.strip()) else text
     if calls:
-        msg["tool_calls"] = [_call(c.index, c.id, c.name, c.arguments) for c in calls]
+        msg["tool_calls"] = [_call(c.id, c.name, c.arguments) for c in calls]
     return msg, bool(calls)
 
 
@@ -95,7 +96,7 @@ class ChoiceStream:
                 continue
             elif isinstance(e, CallStart):
                 self.has_calls = True
-                out.append({"tool_calls": [_call(e.index, e.id, e.name, "")]})
+                out.append({"tool_calls": [{"index": e.index, **_call(e.id, e.name, "")}]})
             elif isinstance(e, ArgsDelta):
                 out.append({"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]})
         return out

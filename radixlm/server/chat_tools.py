@@ -140,9 +140,12 @@ def plan_tools(req: ChatCompletionRequest, setup: ToolSetup) -> ToolPlan:
         if own:
             raise _bad(f"tool_choice {kind} forces a call and cannot be combined with response_format or "
                        f"{', '.join(own)}", "tool_choice")
-        req.json_schema = json.dumps(tool_choice_schema(tools, req.tool_choice, not single))  # single: maxItems 1
+        try:  # single: maxItems 1
+            req.json_schema = json.dumps(tool_choice_schema(tools, req.tool_choice, not single))
+        except ValueError as e:  # two tools' schemas define the same $defs name differently
+            raise _bad(str(e), "tools") from None
         chosen = [t for t in tools if t["function"]["name"] == named] if named else tools
-        return ToolPlan(kind, get_tool_call_format(JSON_ARRAY), tuple(named and [named] or names), single, chosen,
+        return ToolPlan(kind, get_tool_call_format(JSON_ARRAY), tuple([named] if named else names), single, chosen,
                         history)
     fmt = get_tool_call_format(setup.parser) if setup.parser else None
     if fmt is not None and not own:
