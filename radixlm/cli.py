@@ -130,8 +130,8 @@ def option_choices() -> dict[str, tuple[str, ...]]:
         "hicache_write_policy": WRITE_POLICIES, "hicache_dtype": HICACHE_DTYPES,
         "hicache_storage_backend": STORAGE_BACKENDS,
         "log_requests_level": LOG_REQUESTS_LEVELS, "log_requests_format": LOG_REQUESTS_FORMATS,
-        "sampling_defaults": SAMPLING_DEFAULTS_MODES,
-        "tool_call_parser": TOOL_CALL_PARSERS, "reasoning_parser": REASONING_PARSERS,
+        "sampling_defaults": SAMPLING_DEFAULTS_MODES, "reasoning_parser": REASONING_PARSERS,
+        "tool_call_parser": TOOL_CALL_PARSERS,
     }
 
 

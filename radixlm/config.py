@@ -67,6 +67,7 @@ class ServerArgs:
     disable_jump_forward: bool = False  # decode grammar-forced text token by token
     # model: the model's generation_config.json / GGUF general.sampling.* are requests' defaults; openai: not
     sampling_defaults: str = "model"
+    reasoning_parser: Optional[str] = None  # SGLang's: the think block's format (radixlm/reasoning)
 
     # Scheduling
     schedule_policy: str = "lpm"
@@ -87,6 +88,7 @@ class ServerArgs:
     random_seed: int = 42
     enable_torch_compile: bool = False  # SGLang's: compile decode steps (model/compiled_decode.py)
     torch_compile_max_bs: int = 32  # SGLang's default
+    is_embedding: bool = False  # SGLang's: serve an embedding model (/v1/embeddings, /encode; model/pooler.py)
 
     # Speculative decoding (radixlm/speculative/): drafts verified in one forward, outputs unchanged.
     speculative_algorithm: Optional[str] = None  # ngram, radix or draft-model; None: off
@@ -123,9 +125,8 @@ class ServerArgs:
     # tokens of completions' suffix and /infill (server/fim.py); None: the tokenizer's own.
     chat_template: Optional[str] = None
     completion_template: Optional[str] = None
-    # Agents (docs/agents.md): tool calls and think blocks read out of chat output; None: detected / off.
+    # Agents (docs/agents.md): how tool calls are read out of chat output; None: detected from the template.
     tool_call_parser: Optional[str] = None
-    reasoning_parser: Optional[str] = None
 
     # HTTP server
     host: str = "127.0.0.1"
@@ -230,6 +231,9 @@ class ServerArgs:
             "Python (CPU, the native attention backend; not where the fused native decoder op runs); batches are "
             "padded to the next compiled size; one log line says what was compiled or why not",
             "torch_compile_max_bs": "largest decode batch --enable-torch-compile compiles (larger ones run eager)",
+            "is_embedding": "serve an embedding model: /v1/embeddings and /encode return its pooled, normalized "
+            "final hidden states (pooling from its sentence-transformers config or GGUF, else last-token); the "
+            "generation routes answer 400",
             "quantization": "weights: gguf (a GGUF's own quantization, its default), none (dequantize to --dtype, "
             "the default for other checkpoints), "
             "int8, q4_0, q8_0, q4_k (quantize at load), f16, bf16 (16-bit weights); quantized weights run the "
@@ -276,11 +280,12 @@ class ServerArgs:
             "beyond it a 400 (as TGI's flag, n counted)",
             "tokenizer_timeout": "seconds one request's tokenization and chat template may take (they run off the "
             "event loop); beyond it a 504",
+            "reasoning_parser": "the reasoning model's think-block format (SGLang's names): thinking budgets "
+            "(max_thinking_tokens), grammars that apply after the thinking, and the chat answer's reasoning_content",
             "chat_template": "the chat template: a Jinja file, SGLang's JSON conversation file, or a built-in name "
             "(chatml, gemma-it, llama-2, llama-4, mistral, vicuna_v1.1); default: the tokenizer's own",
             "tool_call_parser": "how tool calls are read out of the chat output (SGLang's names); default: detected "
             "from the chat template, else hermes's <tool_call> format, described to the model in a system message",
-            "reasoning_parser": "split the think block out of the chat output into reasoning_content (SGLang's names)",
             "completion_template": "the fill-in-the-middle tokens of completions' suffix and /infill: star_coder, "
             "qwen_coder, deepseek_coder, or SGLang's JSON file; default: found in the tokenizer by their spellings",
             "enable_hierarchical_cache": "keep KV evicted from the pool in host memory (L2) and, with "

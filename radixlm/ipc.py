@@ -242,6 +242,7 @@ class ReqOutputChunk:
     spec_verify_ct: int = 0
     spec_accepted_tokens: int = 0
     first_token_time: Optional[float] = None  # wall clock (time.time) of the first output token
+    embedding: Optional[list[float]] = None  # an embedding model's finished request: its vector
 
 
 @dataclass

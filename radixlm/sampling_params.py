@@ -37,7 +37,9 @@ DRY_SEQUENCE_BREAKERS = ("\n", ":", "\"", "*")
 MAX_DRY_BREAKER_LEN = 40  # characters (llama.cpp cuts longer ones)
 MAX_BAD_WORDS = 128
 # Fields the server fills in (the token forms of bad_words and dry_sequence_breakers), never a client.
-_INTERNAL_FIELDS = frozenset({"resolved_tokens"})
+_INTERNAL_FIELDS = frozenset({"resolved_tokens", "think_markers"})
+# The thinking budget's spellings: the issue's and NVIDIA's, SGLang's (custom_params), vLLM's.
+_BUDGET_ALIASES = ("thinking_budget", "thinking_token_budget")
 _FLOAT32_MAX = 3.4028234663852886e38  # the sampler's tensors are float32: larger numbers become inf there
 _INT64 = 1 << 63
 
@@ -169,9 +171,16 @@ class SamplingParams:
     dry_sequence_breakers: Optional[list[str]] = None  # None: DRY_SEQUENCE_BREAKERS
     xtc_probability: float = 0.0  # llama.cpp's exclude-top-choices (0: off)
     xtc_threshold: float = 0.1
+    # Reasoning (constrained/thinking.py): the request starts inside the think block (SGLang's
+    # require_reasoning; a budget implies it), which ends after at most this many tokens.
+    require_reasoning: bool = False
+    max_thinking_tokens: Optional[int] = None
+    thinking_budget: Optional[int] = None
+    thinking_token_budget: Optional[int] = None
     # Not the client's (left out of /generate's documented schema): set by the tokenizer manager.
     resolved_tokens: SkipJsonSchema[Optional[SamplerTokens]] = dataclasses.field(default=None, repr=False,
                                                                                   compare=False)
+    think_markers: SkipJsonSchema[Optional[Any]] = dataclasses.field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_dict(cls, d: Optional[dict]) -> "SamplingParams":
@@ -196,6 +205,7 @@ class SamplingParams:
             if d.get("min_new_tokens") is not None and d["min_new_tokens"] != sp.min_tokens:
                 raise SamplingParamsError("sampling_params.min_tokens and min_new_tokens differ; give one of them")
             sp.min_new_tokens = sp.min_tokens
+        sp._merge_budget_aliases()
         sp.verify()
         return sp
 
@@ -287,6 +297,28 @@ class SamplingParams:
             if not isinstance(getattr(self, name), bool):
                 bad(name, "must be a boolean")
         self._verify_extra_samplers(vocab_size, bad, num)
+        if self.max_thinking_tokens is not None and num("max_thinking_tokens", True) < 0:
+            bad("max_thinking_tokens", "must be >= 0")
+        if not isinstance(self.require_reasoning, bool):
+            bad("require_reasoning", "must be a boolean")
+
+    def _merge_budget_aliases(self) -> None:
+        """One budget from its spellings (and SGLang's custom_params.thinking_budget); they must agree."""
+        given = {n: getattr(self, n) for n in ("max_thinking_tokens", *_BUDGET_ALIASES) if getattr(self, n) is not None}
+        if isinstance(self.custom_params, dict) and self.custom_params.get("thinking_budget") is not None:
+            given["custom_params.thinking_budget"] = self.custom_params["thinking_budget"]
+        for n, v in given.items():
+            if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                raise SamplingParamsError(f"sampling_params.{n} must be an integer >= 0, got {brief_repr(v)}")
+        if len(set(given.values())) > 1:
+            raise SamplingParamsError(f"sampling_params.{', '.join(given)} differ; give one of them")
+        if given:
+            self.max_thinking_tokens = next(iter(given.values()))
+
+    @property
+    def thinks(self) -> bool:
+        """The request starts inside a think block (constrained/thinking.py)."""
+        return self.require_reasoning or self.max_thinking_tokens is not None
 
     def _verify_extra_samplers(self, vocab_size, bad, num) -> None:
         if not 0 < num("typical_p") <= 1:

@@ -129,6 +129,9 @@ VALUE_RULES: dict[str, ValueRule] = {
     "grammar_backend": ValueRule("--grammar-backend", refused=(RefusedValues(
         ("outlines", "llguidance"), "radixlm compiles grammars with xgrammar only", "--grammar-backend xgrammar "
         "(the default) or none"),)),
+    "reasoning_parser": ValueRule("--reasoning-parser", refused=(RefusedValues(
+        ("gpt-oss", "minimax-append-think", "nemotron_3", "step3p5"), "a reasoning format radixlm/reasoning does "
+        "not have", "a format with the same markers (qwen3 and deepseek-r1 read <think>...</think>)"),)),
     "hicache_storage_backend": ValueRule("--hicache-storage-backend", refused=(RefusedValues(
         ("mooncake", "hf3fs", "nixl", "aibrix", "dynamic", "eic"), "a distributed KV store radixlm has no client for",
         "--hicache-storage-backend file"),)),
@@ -136,9 +139,6 @@ VALUE_RULES: dict[str, ValueRule] = {
         ("deepseekv32", "glm", "glm45", "glm47", "gpt-oss", "kimi_k2", "lfm2", "mimo", "qwen3_coder", "step3", "step3p5",
          "minimax-m2", "trinity", "interns1", "gigachat3"), "radixlm has no parser for this model family's tool-call "
         "syntax yet", "hermes, qwen25, qwen, llama3, mistral, pythonic, deepseekv3 or deepseekv31 (docs/agents.md)"),)),
-    "reasoning_parser": ValueRule("--reasoning-parser", refused=(RefusedValues(
-        ("gpt-oss", "minimax-append-think", "step3p5", "nemotron_3"), "radixlm has no parser for this model family's "
-        "reasoning syntax yet", "qwen3, deepseek-r1 or another <think>-style parser (docs/agents.md)"),)),
 }
 
 # ServerArgs fields whose meaning differs from SGLang's (VALUE_RULES' renames and refusals come on top).
@@ -336,7 +336,6 @@ GROUPS: tuple[FlagGroup, ...] = (
              "--ds-channel-config-path V", "--ds-heavy-channel-num V", "--ds-heavy-token-num V",
              "--ds-heavy-channel-type V", "--ds-sparse-decode-threshold V", "--enable-hisparse", "--hisparse-config V",
              "--enable-lmcache", "--dllm-algorithm V", "--dllm-algorithm-config V"),
-    _refused("embedding models are not in radixlm", "serve a causal LM", "--is-embedding"),
     _refused("multi-item scoring is not in radixlm", "score each item as a request of its own (max_new_tokens 0, "
              "return_logprob)", "--multi-item-scoring-delimiter V"),
     _refused("returning hidden states is not in radixlm", "logprobs (return_logprob, top_logprobs_num)",

@@ -77,6 +77,15 @@ class BaseGrammarObject:
         """The text the grammar forces next ("" when there is a choice); does not advance."""
         raise NotImplementedError
 
+    def masks(self) -> bool:
+        """Whether this step's row is constrained at all (a think block's is not: thinking.py)."""
+        return True
+
+    def backend_grammar(self) -> "BaseGrammarObject | None":
+        """The grammar whose row the backend fills now, batched with others; None: fill_vocab_mask
+        of this object itself fills the row, backend-free (thinking.py)."""
+        return self
+
     def copy(self) -> "BaseGrammarObject":
         """A fresh matcher (at the start) on the same compiled grammar: one per request / per sample."""
         raise NotImplementedError

@@ -179,6 +179,16 @@ class Engine:
         query + item (engine/scoring.py); a ScoreError (ValueError) names a bad argument."""
         return self._run(score_request(self.tokenizer_manager, query, items, label_token_ids, apply_softmax, item_first))
 
+    def encode(self, prompt: Any) -> Union[dict, list[dict]]:
+        """SGLang's Engine.encode (an engine made with is_embedding=True): {"embedding", "meta_info"}
+        for a str or a list of token ids, a list of them for a list of either (engine/embedding.py)."""
+        from radixlm.engine.embedding import embedding_items
+
+        single = embedding_items(prompt)[1]
+        res = self._run(self.tokenizer_manager.encode(prompt))
+        outs = [{"embedding": e, "meta_info": m} for e, m in zip(res.embeddings, res.meta_infos)]
+        return outs[0] if single else outs
+
     def open_session(self, capacity_of_str_len: Optional[int] = None, session_id: Optional[str] = None,
                      timeout: Optional[float] = None) -> str:
         """Open a session (its KV stays pinned until close_session or `timeout` idle seconds, at most

@@ -21,6 +21,7 @@ from radixlm.engine.observed_manager import check_observability_args
 from radixlm.engine.sessions import SessionConfig
 from radixlm.engine.tokenizer_manager import TokenizerManagerConfig
 from radixlm.model import sampling_defaults
+from radixlm.reasoning import get_reasoning_format
 
 if TYPE_CHECKING:
     from radixlm.scheduler.config import SchedulerConfig
@@ -34,6 +35,8 @@ def check_server_args(server_args: ServerArgs) -> "SchedulerConfig":
     TokenizerManagerConfig.from_server_args(server_args)
     check_observability_args(server_args)
     sampling_defaults.check_mode(server_args.sampling_defaults)
+    if server_args.reasoning_parser is not None:
+        get_reasoning_format(server_args.reasoning_parser)  # a ValueError naming the choices
     SessionConfig.from_server_args(server_args)
     dist = DistConfig.from_server_args(server_args)
     if server_args.dp_size > 1 and (dist.nnodes > 1 or dist.dist_init_addr):
@@ -86,7 +89,8 @@ def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, di
         stop_processes(procs, port_args)
         raise
     defaults = sampling_defaults.applied(server_args.sampling_defaults, info.get("model_sampling_defaults", {}))
-    return procs, port_args, {**info, "tp_size": dist.tp_size, "sampling_defaults": defaults}
+    return procs, port_args, {**info, "tp_size": dist.tp_size, "sampling_defaults": defaults,
+                              "reasoning_parser": server_args.reasoning_parser}
 
 
 def stop_processes(procs: list, port_args: Optional[PortArgs] = None, grace: float = 5.0) -> None:

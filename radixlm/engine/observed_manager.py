@@ -13,6 +13,7 @@ from typing import Any, AsyncIterator, Callable, Optional
 
 from radixlm.config import PortArgs, ServerArgs
 from radixlm.engine.crash_dump import CrashDump, check_crash_dump_folder
+from radixlm.engine.embedding import EmbeddingMixin
 from radixlm.engine.profiling import STOP_PROFILE, start_profile_request
 from radixlm.engine.request_log import RequestLogConfig, RequestLogger
 from radixlm.engine.tokenizer_manager import TokenizerManager, TokenizerManagerConfig
@@ -47,7 +48,7 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {getattr(e, 'message', None) or e}"
 
 
-class ObservedTokenizerManager(TokenizerManager):
+class ObservedTokenizerManager(EmbeddingMixin, TokenizerManager):  # EmbeddingMixin: encode (embedding.py)
     def __init__(self, config: TokenizerManagerConfig, port_args: PortArgs, tokenizer, scheduler_info: dict,
                  observability: Optional[Observability] = None):
         super().__init__(config, port_args, tokenizer, scheduler_info)

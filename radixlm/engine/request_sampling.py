@@ -10,6 +10,8 @@ import functools
 import threading
 from typing import Any, Mapping, Optional
 
+from radixlm.constrained.thinking import ThinkMarkers
+from radixlm.reasoning import get_reasoning_format
 from radixlm.sampling_params import (
     DRY_SEQUENCE_BREAKERS,
     SamplerTokens,
@@ -21,10 +23,12 @@ MAX_BREAKER_TAIL_TOKENS = 20  # llama.cpp's bound on a breaker's tokens after it
 
 
 class RequestSampling:
-    def __init__(self, tokenizer, vocab_size: int, defaults: Optional[Mapping[str, Any]] = None):
+    def __init__(self, tokenizer, vocab_size: int, defaults: Optional[Mapping[str, Any]] = None,
+                 reasoning_parser: Optional[str] = None):
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.defaults = dict(defaults or {})
+        self.think_markers = None if reasoning_parser is None else self._markers(reasoning_parser)
         self._pieces: Optional[list[str]] = None
         self._lock = threading.Lock()
         self.breaker_forms = functools.lru_cache(maxsize=64)(self._breaker_forms)
@@ -38,7 +42,24 @@ class RequestSampling:
         sp.verify(self.vocab_size)
         if sp.uses_history_samplers:
             sp.resolved_tokens = self.tokens(sp)
+        if sp.thinks:
+            if self.think_markers is None:
+                name = "max_thinking_tokens" if sp.max_thinking_tokens is not None else "require_reasoning"
+                raise SamplingParamsError(f"sampling_params.{name} needs a server started with --reasoning-parser "
+                                          "(the think block's markers)")
+            sp.think_markers = self.think_markers
         return sp
+
+    @classmethod
+    def from_info(cls, tokenizer, info: Mapping[str, Any]) -> "RequestSampling":
+        """From the engine's facts (launcher.py): vocabulary, sampling defaults, reasoning parser."""
+        return cls(tokenizer, info["vocab_size"], info.get("sampling_defaults"), info.get("reasoning_parser"))
+
+    def _markers(self, reasoning_parser: str) -> ThinkMarkers:
+        """The reasoning format's markers as the served tokenizer spells them (one or several tokens)."""
+        fmt = get_reasoning_format(reasoning_parser)
+        encode = lambda text: tuple(self.tokenizer.encode(text, add_special_tokens=False))  # noqa: E731
+        return ThinkMarkers(encode(fmt.start), encode(fmt.end))
 
     def tokens(self, sp: SamplingParams) -> SamplerTokens:
         words = tuple(ids for w in sp.bad_words_list for ids in self.bad_word_ids(w))

@@ -120,7 +120,7 @@ class TokenizerManager(RLControlMixin):
         self.context_len = scheduler_info["context_len"]
         self.vocab_size = scheduler_info["vocab_size"]
         self.scheduler_info = scheduler_info
-        self.sampling = RequestSampling(tokenizer, self.vocab_size, scheduler_info.get("sampling_defaults"))
+        self.sampling = RequestSampling.from_info(tokenizer, scheduler_info)
         self.rid_to_state: dict[str, ReqState] = {}
         self._control_waiters: dict[type, list[asyncio.Future]] = {}
         self._control_sent: dict[asyncio.Future, float] = {}  # control calls in flight: when each was sent

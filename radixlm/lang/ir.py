@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
+from radixlm.lang.tools import ToolRequest
+
 REGEX_INT = r"[-+]?[0-9]+"
 REGEX_FLOAT = r"[-+]?[0-9]*\.?[0-9]+"
 REGEX_BOOL = r"(True|False)"
@@ -18,6 +20,7 @@ SAMPLING_KEYS = {
     "top_k": "top_k", "min_p": "min_p", "frequency_penalty": "frequency_penalty",
     "presence_penalty": "presence_penalty", "repetition_penalty": "repetition_penalty",
     "ignore_eos": "ignore_eos", "seed": "seed", "regex": "regex", "json_schema": "json_schema", "ebnf": "ebnf",
+    "structural_tag": "structural_tag",
 }
 LOGPROB_KEYS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs")
 
@@ -61,6 +64,7 @@ class Gen(Expr):
     params: dict  # sampling keywords as given (None = inherit the run's default)
     logprob: dict = field(default_factory=dict)
     dtype: Any = None
+    tools: Optional[ToolRequest] = None  # gen(tools=...): the variable holds the parsed calls
 
 
 @dataclass
@@ -110,8 +114,13 @@ def gen(
     json_schema: Any = None,
     ebnf: Optional[str] = None,
     seed: Optional[int] = None,
+    tools: Optional[list] = None,
+    tool_choice: Any = "required",
+    parallel_tool_calls: bool = True,
+    tool_call_parser: Optional[str] = None,
 ) -> Expr:
-    """Generate into variable `name`; with `choices` it is `select`."""
+    """Generate into variable `name`; with `choices` it is `select`; with `tools` the variable holds
+    the parsed calls (lang/tools.py)."""
     if choices is not None:
         return select(name, choices, temperature or 0.0, choices_method)
     if dtype is not None and regex is None:
@@ -125,6 +134,11 @@ def gen(
                   regex=regex, json_schema=json_schema, ebnf=ebnf, seed=seed)
     logprob = {k: v for k, v in zip(LOGPROB_KEYS, (return_logprob, logprob_start_len, top_logprobs_num,
                                                     return_text_in_logprobs)) if v is not None}
+    if tools is not None:
+        if regex or json_schema or ebnf:
+            raise ValueError("gen: tools cannot be combined with regex, json_schema or ebnf (the calls' grammar)")
+        call = ToolRequest.make(tools, tool_choice, parallel_tool_calls, tool_call_parser)
+        return Gen(name, params, logprob, dtype, call)
     return Gen(name, params, logprob, dtype)
 
 

@@ -117,6 +117,8 @@ class ProgramState:
 
     def _gen(self, g: Gen) -> None:
         sp = self._sampling(g)
+        if g.tools is not None:
+            sp.update(g.tools.sampling_params())
         if self.stream:
             out, sent = None, 0
             for out in self.backend.generate_stream(self._prompt(), sp, g.logprob):
@@ -131,6 +133,10 @@ class ProgramState:
         if g.name is not None:
             self.variables[g.name] = text
             self.meta_info[g.name] = out["meta_info"] if out else {}
+            if g.tools is not None:
+                calls, content = g.tools.parse(text)
+                self.variables[g.name] = calls
+                self.meta_info[g.name] = {**self.meta_info[g.name], "content": content}
 
     def _select(self, sel: Select) -> None:
         method = choices_mod.resolve(sel.choices_method)

@@ -158,6 +158,13 @@ def _quantized_as_loaded(weights: Iterator[tuple[str, torch.Tensor]], model: nn.
     logger.info("quantized %d matrices to %s in %.2f s", count, fmt_name, seconds)
 
 
+def _with_model_prefix(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    """A base-model checkpoint (Qwen2Model, LlamaModel: `layers.0...`, `norm.weight`) under the
+    causal LM's names (`model.layers.0...`)."""
+    for name, tensor in weights:
+        yield (name if name.startswith(("model.", "lm_head.")) else "model." + name), tensor
+
+
 def _dir_chat_template(path: str) -> str | None:
     jinja = os.path.join(path, "chat_template.jinja")  # transformers >= 4.50 writes it apart
     if os.path.isfile(jinja):
@@ -234,9 +241,10 @@ def resolve_quantization(quantization: str | None, is_gguf: bool, device) -> str
 
 
 def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
-               quantization: str | None = None) -> LoadedModel:
+               quantization: str | None = None, is_embedding: bool = False) -> LoadedModel:
     """Build our model for `path` (default: the SmolLM2 GGUF) and fill its weights.
-    quantization: see ServerArgs.quantization (None: float weights)."""
+    quantization: see ServerArgs.quantization (None: float weights). is_embedding: no lm_head (an
+    embedding checkpoint has none, or one never read), tensor names with or without `model.`."""
     t0 = time.perf_counter()
     memory.return_large_frees_to_os()
     path = os.path.abspath(path or default_model_path())
@@ -263,6 +271,8 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
         files = _safetensors_files(path)
         chat_template, eos_ids = _dir_chat_template(path), _dir_eos_token_ids(path, config)
         defaults = sampling_defaults.from_hf_dir(path)
+    if is_embedding:
+        config.tie_word_embeddings = True  # builds no lm_head; a checkpoint's lm_head.weight is skipped
     with torch.device(device), _default_dtype(dtype):
         model = model_cls(config)  # a tensor-parallel rank builds its shard (parallel_state's tp group)
     slicer = model.tp_slice if _is_sharded(model) else None
@@ -274,6 +284,8 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
             if hasattr(module, "finish_loading"):
                 module.finish_loading()
     else:
+        if is_embedding:
+            weights = _with_model_prefix(weights)
         if quant in QUANTIZE_AT_LOAD:
             weights = _quantized_as_loaded(weights, model, quant)
         model.load_weights(weights)

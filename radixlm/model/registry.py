@@ -19,6 +19,9 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Qwen2ForCausalLM": Qwen2ForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    # Base-model checkpoints (no lm_head): embedding models, served with --is-embedding.
+    "LlamaModel": LlamaForCausalLM,
+    "Qwen2Model": Qwen2ForCausalLM,
 }
 
 

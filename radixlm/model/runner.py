@@ -21,6 +21,7 @@ from radixlm.model.layers.attention import (
     resolve_attention_backends,
 )
 from radixlm.model.layers.sampler import Sampler, SamplingBatchInfo
+from radixlm.model.pooler import Pooler, read_pooling_type
 from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.utils import keep_freed_memory_in_heap
@@ -38,6 +39,9 @@ class LogitsOutput:
     # TARGET_VERIFY: per request, [1 + drafts, vocab] raw logits (the verifier picks tokens from
     # them exactly as decoding picks from next_token_logits; no log-softmax is spent on them).
     row_logits: Optional[list[torch.Tensor]] = None
+    # An embedding model's extend: per request, its pooled part of this forward [bs, hidden] float32
+    # (model/pooler.py); next_token_logits is then empty ([bs, 0]) and nothing is sampled.
+    embeddings: Optional[torch.Tensor] = None
 
 
 class ModelRunner:
@@ -54,8 +58,10 @@ class ModelRunner:
         # --mem-fraction-static sizes the pool from what the weights leave (SGLang's before / after reading).
         self._memory_before_load = available_memory_bytes(self.device) if config.mem_fraction_static else 0
         self.loaded = load_model(config.model_path, dtype=self.dtype, device=self.device,
-                                 quantization=config.quantization)
+                                 quantization=config.quantization, is_embedding=config.is_embedding)
         self.model = self.loaded.model
+        # --is-embedding: extends return pooled hidden states (no lm_head, no sampling).
+        self.pooler = Pooler(read_pooling_type(self.loaded.model_path)) if config.is_embedding else None
         cfg = self.loaded.hf_config
         self.hf_config = cfg
         self.vocab_size = cfg.vocab_size
@@ -169,6 +175,9 @@ class ModelRunner:
         if fb.forward_mode.is_decode():
             return LogitsOutput(next_token_logits=self.model.compute_logits(hidden).float())
         ext = fb.extend_seq_lens_cpu
+        if self.pooler is not None:
+            return LogitsOutput(next_token_logits=hidden.new_empty((fb.batch_size, 0), dtype=torch.float32),
+                                embeddings=self.pooler.partial(hidden, ext))
         ends = torch.tensor(ext, dtype=torch.int64).cumsum(0) - 1
         starts = fb.extend_logprob_start_lens_cpu
         if not starts or all(s is None for s in starts):
@@ -196,4 +205,6 @@ class ModelRunner:
 
     def sample(self, fb: ForwardBatch, logits: torch.Tensor) -> torch.Tensor:
         """Next token ids [bs] from logits [bs, vocab] (raw, or grammar-masked) with fb's sampling."""
+        if self.pooler is not None:  # an embedding model's prefill-only requests sample nothing
+            return torch.zeros(fb.batch_size, dtype=torch.int64, device=logits.device)
         return self.sampler(logits, fb.sampling_info)

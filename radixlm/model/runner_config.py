@@ -57,6 +57,8 @@ class ModelRunnerConfig:
     # Decode steps of up to torch_compile_max_bs requests through torch.compile (model/compiled_decode.py).
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 32
+    # An embedding model (--is-embedding): extends return pooled hidden states, never logits (model/pooler.py).
+    is_embedding: bool = False
 
     def __post_init__(self):
         _check_choice("dtype", self.dtype, DTYPES)
@@ -104,6 +106,7 @@ class ModelRunnerConfig:
             random_seed=args.random_seed,
             enable_torch_compile=args.enable_torch_compile,
             torch_compile_max_bs=args.torch_compile_max_bs,
+            is_embedding=args.is_embedding,
         )
 
     def resolved_dtype(self) -> torch.dtype:

@@ -97,7 +97,8 @@ def load_checkpoint(runner: "ModelRunner", model_path: str, load_format: Optiona
     check_checkpoint(runner, model_path, load_format)
     cfg = runner.config
     try:
-        loaded = load_model(model_path, dtype=runner.dtype, device=runner.device, quantization=cfg.quantization)
+        loaded = load_model(model_path, dtype=runner.dtype, device=runner.device, quantization=cfg.quantization,
+                            is_embedding=cfg.is_embedding)
     except MemoryError:  # no room beside the served model: the server's limit, not the checkpoint's fault
         raise
     except Exception as e:  # noqa: BLE001 - a damaged or incomplete checkpoint: the old weights stay

@@ -6,6 +6,9 @@ worker connection, which aborts the request there. A request whose worker fails 
 (connection refused or reset, a 5xx status) is retried on another worker with backoff: nothing has
 reached the client yet, so it never sees the failure. /flush_cache and /abort_request go to every
 verified worker, /get_server_info gathers every worker's, /health is 200 while one worker is healthy.
+The other APIs' POST routes (Messages, Responses, embeddings, score, infill, tokenize) go where the
+policy picks too. A session (/open_session) stays on the worker that opened it: its turns (/generate
+with session_params) and its close go there, without retries elsewhere (affinity.py).
 
 Access (radixlm/http_access.py): --api-key for clients; --admin-api-key for the admin routes
 (/add_worker, /remove_worker, /flush_cache, and /abort_request of every request), which reach the
@@ -38,6 +41,7 @@ from radixlm.http_access import (
     json_content_type_error,
 )
 from radixlm.http_common import error_json, read_bounded
+from radixlm.router.affinity import SessionAffinity, client_owner, session_id_of
 from radixlm.router.metrics import RouterMetrics
 from radixlm.router.policies import CacheAwareConfig, Policy, make_policy
 from radixlm.router.routing_text import routing_text
@@ -46,6 +50,9 @@ from radixlm.router.workers import HealthConfig, WorkerNotAllowed, WorkerRegistr
 logger = logging.getLogger(__name__)
 
 GENERATE_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
+# Routed by the policy too, on their text where they have one (routing_text.py).
+OTHER_POST_PATHS = ("/v1/messages", "/v1/messages/count_tokens", "/v1/responses", "/v1/embeddings", "/encode",
+                    "/v1/score", "/infill", "/tokenize", "/detokenize")
 _HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"}
 # A browser's headers stay here: a worker would take them for a cross-origin call of its own.
 _BROWSER_HEADERS = {"origin", "referer", "cookie", "sec-fetch-site", "sec-fetch-mode", "sec-fetch-dest",
@@ -90,6 +97,7 @@ class RouterState:
         self.route_seconds: deque[float] = deque(maxlen=1000)  # the policy's time per routed request
         self.worker_cache: dict[str, dict] = {}  # each worker's internal state at the last /metrics scrape
         self.metrics = RouterMetrics(self)
+        self.sessions = SessionAffinity()
 
     def pick(self, text: str) -> Optional[str]:
         workers = self.registry.healthy()
@@ -125,12 +133,43 @@ def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> Fast
     async def _refused(request: Request, e: Refusal):
         return error_json(e.status, e.message, e.kind, e.param)
 
-    for path in GENERATE_PATHS:
+    for path in GENERATE_PATHS + OTHER_POST_PATHS:
         async def generate(request: Request, path=path):
             raw, body = await read_body(request, args.max_request_body_bytes)
-            return await forward(state, request, path, raw, routing_text(path, body))
+            sid = session_id_of(body) if path == "/generate" else None
+            if sid is None:
+                return await forward(state, request, path, raw, routing_text(path, body))
+            home = state.sessions.home(sid, client_owner(request.headers.get("authorization")))
+            if home is None:
+                return error_json(400, f"session_params.id: no open session {sid!r}", param="session_params.id")
+            return await forward(state, request, path, raw, "", pinned=home)
 
         app.add_api_route(path, generate, methods=["POST"])
+
+    @app.post("/open_session")
+    async def open_session(request: Request):
+        """On the policy's worker; the session's later turns and its close go to the same one."""
+        raw, _ = await read_body(request, args.max_request_body_bytes)
+        url = state.pick("")
+        if url is None:
+            return error_json(503, "no healthy worker", "server_error")
+        resp = await forward_once(state, request, url, "/open_session", raw)
+        if resp.status_code == 200:
+            state.sessions.record(json.loads(resp.body), url, client_owner(request.headers.get("authorization")))
+        return resp
+
+    @app.post("/close_session")
+    async def close_session(request: Request):
+        raw, body = await read_body(request, args.max_request_body_bytes)
+        sid = body.get("session_id") if isinstance(body, dict) else None
+        home = state.sessions.home(sid, client_owner(request.headers.get("authorization"))) if isinstance(
+            sid, str) else None
+        if home is None:
+            return error_json(400, f"session_id: no open session {sid!r}", param="session_id")
+        resp = await forward_once(state, request, home, "/close_session", raw)
+        if resp.status_code < 500:  # closed, or the worker no longer has it (timed out)
+            state.sessions.forget(sid)
+        return resp
 
     @app.get("/health")
     async def health():
@@ -183,6 +222,7 @@ def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> Fast
             return removed
         if not removed:
             return error_json(404, f"no worker {url}", param="url")
+        state.sessions.forget_worker(normalize_url(url))
         return {"removed": normalize_url(url)}
 
     @app.get("/metrics")
@@ -244,15 +284,17 @@ def _request_headers(state: RouterState, request: Request) -> dict:
     return h
 
 
-async def forward(state: RouterState, request: Request, path: str, raw: bytes, text: str) -> Response:
-    """Send the request to a picked worker; on a failure before any answer, to another one."""
+async def forward(state: RouterState, request: Request, path: str, raw: bytes, text: str,
+                  pinned: Optional[str] = None) -> Response:
+    """Send the request to a picked worker; on a failure before any answer, to another one. A
+    `pinned` request (a session's turn) goes to that worker only: its state lives nowhere else."""
     headers = _request_headers(state, request)
     tried: set[str] = set()
-    last_error = "no healthy worker"
-    for attempt in range(state.args.max_retries + 1):
+    last_error = "no healthy worker" if pinned is None else f"the session's worker {pinned} is not healthy"
+    for attempt in range(1 if pinned else state.args.max_retries + 1):
         if attempt:
             await asyncio.sleep(state.args.retry_backoff * 2 ** (attempt - 1))
-        url = state.pick(text)
+        url = state.pick(text) if pinned is None else pinned if pinned in state.registry.healthy() else None
         if url is None:
             break
         if url in tried and len(state.registry.healthy()) > len(tried):  # prefer one not tried yet
@@ -293,6 +335,16 @@ async def forward(state: RouterState, request: Request, path: str, raw: bytes, t
         return StreamingResponse(_relay(resp, first, chunks, worker), status_code=resp.status_code,
                                  headers={k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS})
     return error_json(503, f"no worker could serve the request ({last_error})", "server_error")
+
+
+async def forward_once(state: RouterState, request: Request, url: str, path: str, raw: bytes) -> Response:
+    """One small request to one worker, answered whole (a 502 when it cannot be reached)."""
+    try:
+        r = await state.client.post(url + path, content=raw, headers=_request_headers(state, request))
+    except httpx.HTTPError as e:
+        state.registry.record(url, False)
+        return error_json(502, f"worker {url}: {type(e).__name__}: {e}", "server_error")
+    return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
 
 
 async def _relay(resp: httpx.Response, first: bytes, chunks, worker):

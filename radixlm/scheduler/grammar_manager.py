@@ -14,7 +14,8 @@ from typing import Optional
 import torch
 
 from radixlm.constrained import InvalidGrammar, create_grammar_backend
-from radixlm.constrained.base_grammar_backend import BaseGrammarBackend
+from radixlm.constrained.base_grammar_backend import BaseGrammarBackend, BaseGrammarObject
+from radixlm.constrained.thinking import ThinkingGrammar
 from radixlm.scheduler.batch import ScheduleBatch
 from radixlm.scheduler.lazy_tokenizer import LazyTokenizer
 from radixlm.scheduler.req import Req
@@ -65,8 +66,17 @@ class GrammarManager:
         if isinstance(grammar, InvalidGrammar):
             kind = {"json": "json_schema"}.get(grammar.key[0], grammar.key[0])
             return f"invalid sampling_params.{kind}: {grammar.message}"
-        req.grammar = grammar
+        req.grammar = self.with_thinking(req, grammar)
         return None
+
+    @staticmethod
+    def with_thinking(req: Req, inner: Optional[BaseGrammarObject]) -> Optional[BaseGrammarObject]:
+        """A request that thinks gets its think block (and budget) around its grammar, which then
+        applies to the answer only (constrained/thinking.py); others keep theirs (or none)."""
+        sp = req.sampling_params
+        if sp.think_markers is None:
+            return inner
+        return ThinkingGrammar(sp.think_markers, sp.max_thinking_tokens, inner)
 
     # --- masks (on the thread that runs the forward) --------------------------------
     def mask(self, batch: ScheduleBatch, logits: torch.Tensor) -> tuple[torch.Tensor, dict[int, str]]:
@@ -74,18 +84,27 @@ class GrammarManager:
         reported from the model's own distribution), and the rows whose mask failed. A middle
         chunk's row is left alone: its sample is dropped and its grammar has not started."""
         reqs = batch.reqs
-        rows = [i for i, (r, keep) in enumerate(zip(reqs, batch.sampling_rows())) if keep and r.grammar is not None]
+        rows = [i for i, (r, keep) in enumerate(zip(reqs, batch.sampling_rows())) if keep and r.grammar is not None
+                and r.grammar.masks()]
         if not rows:
             return logits, {}
         t0 = time.perf_counter()
-        backend, errors = self.backend, {}
+        # The backend's grammars fill their rows in one batch; a think block fills its own (the
+        # forced end marker), without a backend: a budget alone needs no grammar engine.
+        inner = {i: reqs[i].grammar.backend_grammar() for i in rows}
+        own = [i for i in rows if inner[i] is None]
+        rows = [i for i in rows if inner[i] is not None]
+        backend, errors = self.backend if rows else BaseGrammarBackend, {}
         mask = backend.allocate_vocab_mask(self.vocab_size, len(reqs))
+        for i in own:
+            reqs[i].grammar.fill_vocab_mask(mask, i)
         try:
-            backend.fill_vocab_masks([reqs[i].grammar for i in rows], mask, rows)
+            if rows:
+                backend.fill_vocab_masks([inner[i] for i in rows], mask, rows)
         except Exception:  # noqa: BLE001 - find the failing row(s); the others keep their masks
             for i in rows:
                 try:
-                    backend.fill_vocab_masks([reqs[i].grammar], mask, [i])
+                    backend.fill_vocab_masks([inner[i]], mask, [i])
                 except Exception as e:  # noqa: BLE001
                     errors[i] = f"internal error: grammar mask: {type(e).__name__}: {e}"
         logits = logits.clone()
@@ -95,4 +114,6 @@ class GrammarManager:
         return logits, errors
 
     def masked_draft_rows(self, req: Req, draft: list[int], rows: torch.Tensor) -> torch.Tensor:
-        return masked_draft_rows(self.backend, req.grammar, draft, rows)
+        # Only the mask layout's static helpers are used: a think block needs no grammar engine.
+        return masked_draft_rows(self._backend or BaseGrammarBackend, req.grammar, draft, rows)
+

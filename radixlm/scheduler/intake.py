@@ -21,18 +21,21 @@ S = ReqStatus
 
 class RequestIntake:
     def __init__(self, queues: ReqQueues, grammar: GrammarManager, prefetcher: Prefetcher, finisher: Finisher,
-                 eos_token_ids: frozenset[int], sync: NoStepSync = NoStepSync()):
+                 eos_token_ids: frozenset[int], sync: NoStepSync = NoStepSync(), pool_all_tokens: bool = False):
         self.queues = queues
         self.sync = sync  # tensor parallelism: a compile is done when it is done on every rank
         self.grammar = grammar
         self.prefetcher = prefetcher
         self.finisher = finisher
         self.eos_token_ids = eos_token_ids
+        self.pool_all_tokens = pool_all_tokens  # an embedding model whose pooling reads every token
 
     def add(self, recv: TokenizedGenerateReqInput) -> None:
         req = Req.from_input(recv, self.eos_token_ids)
+        req.pool_all_tokens = self.pool_all_tokens
         self.prefetcher.start(req)
         if not req.sampling_params.grammar_key:
+            req.grammar = self.grammar.with_thinking(req, None)  # a think block needs no compile
             self._ready(req)
             return
         error = self.grammar.start(req)

@@ -47,6 +47,7 @@ class OutputStreamer:
             spec_verify_ct=req.spec_verify_ct,
             spec_accepted_tokens=req.spec_accepted_tokens,
             first_token_time=req.first_token_time,
+            embedding=req.embedding,
         )
         if req.return_logprob:
             chunk.input_token_logprobs, req.input_token_logprobs = req.input_token_logprobs, []

@@ -95,6 +95,11 @@ class Req:
     prefetch: Any = None
     # Overlap scheduling: where the launched, unprocessed decode step stores this request's token.
     future_slot: Optional[int] = None
+    # An embedding model's request (--is-embedding; model/pooler.py): whether its pooling reads
+    # every prompt token (no cached prefix then), its partials folded so far, the finished vector.
+    pool_all_tokens: bool = False
+    pooled: Optional[torch.Tensor] = None
+    embedding: Optional[list[float]] = None
 
     # Prompt logprobs: the next prompt position whose logprob is still owed (chunks, retraction
     # and re-prefill never compute one twice).
@@ -144,6 +149,8 @@ class Req:
         """Cached tokens this request may reuse: at least one token must be computed, and the
         prompt logprobs still owed need the logits from position logprob_pos - 1 on."""
         limit = self.seqlen - 1
+        if self.pool_all_tokens:  # mean / cls pooling: the hidden state of every token is needed
+            return 0
         if self.wants_prompt_logprobs():
             limit = min(limit, max(self.logprob_pos - 1, 0))
         return limit

@@ -92,6 +92,8 @@ class ResultProcessor:
             try:
                 req.kv_committed_len = chunk.end
                 req.prefill_chunks += 1
+                if out.embeddings is not None:  # an embedding model: fold this chunk's pooled part
+                    req.pooled = self.runner.pooler.fold(req.pooled, out.embeddings[i])
                 if out.prompt_logprobs is not None and out.prompt_logprobs[i] is not None:
                     add_input_logprobs(req, out.prompt_logprobs[i], chunk)
                 if not chunk.is_last:
@@ -103,6 +105,8 @@ class ResultProcessor:
                     req.abort()
                 elif req.sampling_params.max_new_tokens == 0:
                     req.finished_reason = FinishLength(0)
+                    if req.pooled is not None:
+                        req.embedding = self.runner.pooler.finish(req.pooled, req.seqlen)
                 else:
                     self.append_token(req, next_ids[i], out.next_token_logits[i])
                 if not req.finished() and self.jump_forward.try_jump(req):

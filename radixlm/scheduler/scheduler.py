@@ -95,7 +95,8 @@ class Scheduler:
         self.executor = executor = executor_cls(runner, cm, self.grammar, self.spec)
         self.sessions = SessionPins.create(cm)  # open sessions' KV stays in the tree
         self.finisher = Finisher(queues, cm, executor, self.spec, self.outputs, self.sessions)
-        self.intake = RequestIntake(queues, self.grammar, Prefetcher(self.tree_cache), self.finisher, eos, sync)
+        self.intake = RequestIntake(queues, self.grammar, Prefetcher(self.tree_cache), self.finisher, eos, sync,
+                                    pool_all_tokens=runner.pooler is not None and runner.pooler.needs_all_tokens)
         ratio = NewTokenRatio(config.new_token_ratio, config.min_new_token_ratio, config.new_token_ratio_decay)
         self.policy = SchedulePolicy(config.schedule_policy, self.tree_cache, config.random_seed)
         limits = PrefillLimits(runner.max_running_requests, config.max_prefill_tokens, config.chunk_size)
@@ -248,6 +249,9 @@ class Scheduler:
             "max_running_requests": r.max_running_requests,
             "vocab_size": r.vocab_size,
             "architecture": r.loaded.architecture,
+            "is_embedding": r.pooler is not None,
+            "pooling": r.pooler.pooling_type.value if r.pooler is not None else None,
+            "hidden_size": r.hf_config.hidden_size,
             "model_path": r.loaded.model_path,
             "eos_token_ids": sorted(r.loaded.eos_token_ids),
             "model_sampling_defaults": r.loaded.sampling_defaults or {},

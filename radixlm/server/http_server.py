@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from radixlm.engine.embedding import EmbeddingReqInput
 from radixlm.engine.tokenizer_manager import EngineDeadError, InternalRequestError
 from radixlm.engine.tokenizer_pool import TokenizerTimeout
 from radixlm.http_access import AccessMiddleware, Refusal, abort_target
@@ -41,6 +42,7 @@ from radixlm.server.observability_api import ADMIN_PATHS as OBSERVABILITY_ADMIN_
 from radixlm.server.infill_api import router as infill_router
 from radixlm.server.openai_api import router as openai_router
 from radixlm.server.score_api import router as score_router
+from radixlm.server.embedding_api import router as embedding_router
 from radixlm.server.rl_api import RL_ADMIN_PATHS
 from radixlm.server.rl_api import router as rl_router
 from radixlm.server.session_api import pop_session_params, session_turn
@@ -180,6 +182,8 @@ async def health_generate(request: Request):
     if state is None or not state.ready or state.tokenizer_manager.dead_message:
         return Response("not ready", status_code=503)
     obj = GenerateReqInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0})
+    if state.scheduler_info.get("is_embedding"):  # an embedding server: one prefill-only request
+        obj = EmbeddingReqInput(input_ids=[[0]], sampling_params={"max_new_tokens": 0})
     try:
         async for _ in state.tokenizer_manager.generate_request(obj):
             pass
@@ -196,7 +200,7 @@ async def model_info(request: Request):
         "model_path": s.scheduler_info["model_path"],
         "served_model_name": served_model_name(s.server_args, s.scheduler_info),
         "tokenizer_path": s.server_args.tokenizer_path or s.scheduler_info["model_path"],
-        "is_generation": True,
+        "is_generation": not s.scheduler_info.get("is_embedding"),
         "architectures": [s.scheduler_info["architecture"]],
         "context_length": s.scheduler_info["context_len"],
         "bos_token_id": s.tokenizer_manager.tokenizer.bos_token_id,
@@ -223,6 +227,7 @@ async def server_info(request: Request):
         "context_len": s.scheduler_info["context_len"],
         "scheduler_pid": s.scheduler_info["pid"],
         "detokenizer_pid": s.scheduler_info.get("detokenizer_pid"),
+        "pooling": s.scheduler_info.get("pooling"),  # --is-embedding: the model's pooling (model/pooler.py)
         "engine_restarts": s.engine_restarts,
         # Requests the HTTP side still tracks (0 when idle: nothing leaked on this side).
         "num_tracked_requests": len(s.tokenizer_manager.rid_to_state),
@@ -344,6 +349,7 @@ def create_app(state_factory) -> FastAPI:
     app.include_router(openai_router)
     app.include_router(observability_router)
     app.include_router(score_router)
+    app.include_router(embedding_router)
     app.include_router(infill_router)
     app.include_router(rl_router)
     app.include_router(session_router)

@@ -35,6 +35,7 @@ from radixlm.server.chat_render import chat_stop, render_chat
 from radixlm.server.chat_tools import output_spec, plan_tools
 from radixlm.server.fanout import admit_to_queue, check_fanout
 from radixlm.server.model_names import ModelNameError, resolve_requested_model
+from radixlm.server.thinking_params import thinking_params
 from radixlm.server.fim import fim_prompt_ids
 from radixlm.server.openai_job import Job as _Job, Sent as _Sent, stream_chunks as _stream_chunks
 from radixlm.server.openai_protocol import (
@@ -299,6 +300,7 @@ async def open_chat(request: Request, req: ChatCompletionRequest):
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     # No limit given: up to the end of the context, as vLLM and OpenAI do.
     sp = _sampling_params(state, req, ctx - len(ids) if max_tokens is None else max_tokens, field, len(ids))
+    sp.update(thinking_params(state, req))  # the think block and its budget (--reasoning-parser)
     if chat_stop(state):  # a conversation template's stop strings join the request's, as in SGLang
         given = sp.get("stop") or []
         sp["stop"] = [*([given] if isinstance(given, str) else given), *chat_stop(state)]

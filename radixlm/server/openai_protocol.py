@@ -216,6 +216,10 @@ class ChatCompletionRequest(_Common):
     # turn opened (add_generation_prompt; default: unless continuing), as vLLM and SGLang name them.
     continue_final_message: Optional[bool] = None
     add_generation_prompt: Optional[bool] = None
+    # A thinking budget (server/thinking_params.py): the issue's, SGLang's and vLLM's spellings.
+    max_thinking_tokens: Optional[int] = Field(None, ge=0)
+    thinking_budget: Optional[int] = Field(None, ge=0)
+    thinking_token_budget: Optional[int] = Field(None, ge=0)
     parallel_tool_calls: Optional[bool] = None  # false: one call at most (docs/agents.md)
     # Accepted and ignored: they change nothing about generation.
     store: Optional[bool] = None

@@ -229,6 +229,49 @@ def test_tool_use_with_a_stop_string(backend):
     assert s.text().endswith("]\nResult: 4\nAnswer:" + s["answer"])
 
 
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+                                     "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}}
+ADD = {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                                     "required": ["a", "b"], "additionalProperties": False}}  # a bare function
+
+
+def test_gen_with_tools_returns_the_parsed_calls(backend):
+    """gen(tools=...): the variable holds the calls, each valid for its tool's schema, whether the
+    model must call (required, a named function) or may (auto, in the Hermes format)."""
+    @sgl.function
+    def agent(s, choice, parser=None, parallel=True):
+        s += sgl.system("You can call get_weather(city, unit) and add(a, b). Answer with tool calls.")
+        s += sgl.user("What is the weather in Paris, in celsius? And what is 2 + 3?")
+        s += sgl.assistant(sgl.gen("calls", max_tokens=64, tools=[WEATHER, ADD], tool_choice=choice,
+                                   tool_call_parser=parser, parallel_tool_calls=parallel))
+
+    schemas = {"get_weather": WEATHER["function"]["parameters"], "add": ADD["parameters"]}
+    for choice in ("required", {"type": "function", "function": {"name": "add"}}):
+        s = agent.run(choice, backend=backend, temperature=0)
+        calls = s["calls"]
+        assert calls and all(set(c) == {"name", "arguments"} for c in calls), calls
+        for c in calls:
+            jsonschema.validate(c["arguments"], schemas[c["name"]])
+        if isinstance(choice, dict):
+            assert {c["name"] for c in calls} == {"add"}
+        # What the model wrote is the JSON array the calls were read from.
+        assert [{"name": c["name"], "parameters": c["arguments"]} for c in calls] == json.loads(
+            s.text().split("assistant\n")[-1].split("<|im_end|>")[0])
+    one = agent.run("required", parallel=False, backend=backend, temperature=0)
+    assert len(one["calls"]) == 1
+    # auto: the model may write text; whatever calls it opens are complete and valid.
+    auto = agent.run("auto", "hermes", backend=backend, temperature=0)
+    for c in auto["calls"]:
+        jsonschema.validate(c["arguments"], schemas[c["name"]])
+    assert auto.get_meta_info("calls")["content"] is not None
+    with pytest.raises(ValueError, match="tool_call_parser"):
+        sgl.gen("x", tools=[WEATHER], tool_choice="auto")
+    with pytest.raises(ValueError, match="not among the tools"):
+        sgl.gen("x", tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}})
+
+
 def test_react_loop_mixes_gen_and_select(backend):
     react_tools = _example("react_tools")
     s = react_tools.react.run("How long is the Nile in metres?", max_steps=2, backend=backend, temperature=0)
