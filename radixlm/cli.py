@@ -114,6 +114,7 @@ def option_choices() -> dict[str, tuple[str, ...]]:
     from radixlm.constrained import GRAMMAR_BACKENDS
     from radixlm.engine.request_log import LOG_REQUESTS_FORMATS, LOG_REQUESTS_LEVELS
     from radixlm.lora.config import EVICTION_POLICIES, LORA_BACKENDS
+    from radixlm.function_call import TOOL_CALL_PARSERS
     from radixlm.model.layers.attention import ATTENTION_BACKENDS
     from radixlm.model.loader import QUANTIZATIONS
     from radixlm.model.runner_config import DTYPES, KV_CACHE_DTYPES
@@ -132,6 +133,7 @@ def option_choices() -> dict[str, tuple[str, ...]]:
         "log_requests_level": LOG_REQUESTS_LEVELS, "log_requests_format": LOG_REQUESTS_FORMATS,
         "sampling_defaults": SAMPLING_DEFAULTS_MODES, "reasoning_parser": REASONING_PARSERS,
         "lora_eviction_policy": EVICTION_POLICIES, "lora_backend": LORA_BACKENDS,
+        "tool_call_parser": TOOL_CALL_PARSERS,
     }
 
 

@@ -136,6 +136,8 @@ class ServerArgs:
     # tokens of completions' suffix and /infill (server/fim.py); None: the tokenizer's own.
     chat_template: Optional[str] = None
     completion_template: Optional[str] = None
+    # Agents (docs/agents.md): how tool calls are read out of chat output; None: detected from the template.
+    tool_call_parser: Optional[str] = None
 
     # HTTP server
     host: str = "127.0.0.1"
@@ -294,9 +296,11 @@ class ServerArgs:
             "tokenizer_timeout": "seconds one request's tokenization and chat template may take (they run off the "
             "event loop); beyond it a 504",
             "reasoning_parser": "the reasoning model's think-block format (SGLang's names): thinking budgets "
-            "(max_thinking_tokens) and grammars that apply after the thinking",
+            "(max_thinking_tokens), grammars that apply after the thinking, and the chat answer's reasoning_content",
             "chat_template": "the chat template: a Jinja file, SGLang's JSON conversation file, or a built-in name "
             "(chatml, gemma-it, llama-2, llama-4, mistral, vicuna_v1.1); default: the tokenizer's own",
+            "tool_call_parser": "how tool calls are read out of the chat output (SGLang's names); default: detected "
+            "from the chat template, else hermes's <tool_call> format, described to the model in a system message",
             "completion_template": "the fill-in-the-middle tokens of completions' suffix and /infill: star_coder, "
             "qwen_coder, deepseek_coder, or SGLang's JSON file; default: found in the tokenizer by their spellings",
             "enable_hierarchical_cache": "keep KV evicted from the pool in host memory (L2) and, with "

@@ -135,6 +135,10 @@ VALUE_RULES: dict[str, ValueRule] = {
     "hicache_storage_backend": ValueRule("--hicache-storage-backend", refused=(RefusedValues(
         ("mooncake", "hf3fs", "nixl", "aibrix", "dynamic", "eic"), "a distributed KV store radixlm has no client for",
         "--hicache-storage-backend file"),)),
+    "tool_call_parser": ValueRule("--tool-call-parser", refused=(RefusedValues(
+        ("deepseekv32", "glm", "glm45", "glm47", "gpt-oss", "kimi_k2", "lfm2", "mimo", "qwen3_coder", "step3", "step3p5",
+         "minimax-m2", "trinity", "interns1", "gigachat3"), "radixlm has no parser for this model family's tool-call "
+        "syntax yet", "hermes, qwen25, qwen, llama3, mistral, pythonic, deepseekv3 or deepseekv31 (docs/agents.md)"),)),
 }
 
 # ServerArgs fields whose meaning differs from SGLang's (VALUE_RULES' renames and refusals come on top).
@@ -339,9 +343,8 @@ GROUPS: tuple[FlagGroup, ...] = (
     _refused("TLS is not in radixlm", "serve HTTP behind a TLS-terminating proxy", "--ssl-keyfile V",
              "--ssl-certfile V", "--ssl-ca-certs V", "--ssl-keyfile-password V", "--enable-ssl-refresh"),
     _refused("radixlm serves HTTP only", "the HTTP API (SGLang's native routes and OpenAI's)", "--grpc-mode"),
-    _refused("tool-call and reasoning parsing are not in radixlm yet", "requests with tools need tool_choice none; "
-             "the whole output comes back as content", "--tool-call-parser V",
-             "--tool-server V"),
+    _refused("built-in tool servers are not in radixlm", "the client runs its tools (tool_calls in the answer, "
+             "tool messages back)", "--tool-server V"),
     _refused("SGLang's streaming sessions and KV-event publishing are not in radixlm", "the radix cache reuses a "
              "conversation's prefix without sessions; /metrics shows the cache", "--enable-streaming-session",
              "--kv-events-config V"),

@@ -3,9 +3,13 @@ route's rendering; template choice, tools, assistant prefill and template kwargs
 
 from __future__ import annotations
 
+from typing import Optional
+
 from radixlm.engine.chat_templates import resolve_chat_template
 from radixlm.server.api_common import HTTPError, ServerState
+from radixlm.server.chat_tools import ToolPlan, template_inputs
 from radixlm.server.openai_protocol import ChatCompletionRequest
+from radixlm.server.tool_template import tool_setup
 
 
 # chat_template_kwargs go to HF's apply_chat_template and into the template; these names are the
@@ -19,17 +23,22 @@ RESERVED_TEMPLATE_KWARGS = frozenset({
 })
 
 
-def render_chat(state: ServerState, req: ChatCompletionRequest) -> list[int]:
-    """On a tokenizer thread (the route runs it through the TokenizerPool)."""
+def render_chat(state: ServerState, req: ChatCompletionRequest, plan: Optional[ToolPlan] = None) -> list[int]:
+    """On a tokenizer thread (the route runs it through the TokenizerPool). `plan`: the request's
+    tools as chat_tools.plan_tools decided them (else `tools` go to the template as sent)."""
     tok = state.tokenizer_manager.tokenizer
     kwargs = dict(req.chat_template_kwargs or {})
     reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
     if reserved:
         raise HTTPError(400, f"chat_template_kwargs may not set {', '.join(reserved)} (the server's template and "
                              "the request's own fields decide them)", param="chat_template_kwargs")
-    if req.tools:
-        kwargs["tools"] = req.tools
     messages = [m.for_template() for m in req.messages]
+    if plan is not None:
+        messages, tools = template_inputs(plan, tool_setup(tok, state.server_args.tool_call_parser), messages)
+        if tools:
+            kwargs["tools"] = tools
+    elif req.tools:
+        kwargs["tools"] = req.tools
     continue_final, add_generation = _turn_options(req)
     if continue_final and messages[-1]["content"] == "":
         # Nothing to continue: HF's search for the final content would match the whole text (and

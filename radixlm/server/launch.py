@@ -107,6 +107,7 @@ def launch_server(server_args: ServerArgs) -> None:
     from radixlm.model.loader import default_model_path, load_tokenizer
     from radixlm.http_access import AccessConfig, install_access, parse_origins
     from radixlm.server.fim import fim_tokens
+    from radixlm.server.tool_template import agent_setup_line
     from radixlm.server.api_common import ServerState, served_model_name
     from radixlm.server.http_server import create_app
     from radixlm.utils import configure_logging
@@ -119,6 +120,7 @@ def launch_server(server_args: ServerArgs) -> None:
     # The templates are checked here, before the model loads: a bad one is one error line.
     apply_chat_template_option(tokenizer, server_args.chat_template)
     fim_tokens(tokenizer, server_args.completion_template)
+    tools_line = agent_setup_line(tokenizer, server_args)  # before the model loads: a bad parser is one error
 
     async def state_factory() -> ServerState:
         tm = await supervisor.attach()
@@ -150,7 +152,8 @@ def launch_server(server_args: ServerArgs) -> None:
         f"context {info['context_len']}\n"
         f"  try: curl {url}/generate{auth} -H 'Content-Type: application/json' "
         "-d '{\"text\": \"The capital of France is\", \"sampling_params\": {\"max_new_tokens\": 16, \"temperature\": 0}}'\n"
-        f"  OpenAI API: {url}/v1",
+        f"  OpenAI API: {url}/v1\n"
+        f"  {tools_line}",
         flush=True,
     )
     # uvicorn re-raises SIGTERM after its shutdown with the previous handler: make that an exit

@@ -7,11 +7,9 @@ Request models and the logprob formats live in openai_protocol.py.
 
 from __future__ import annotations
 
-import dataclasses
 import os
-import time
 import uuid
-from typing import Any, AsyncIterator, Optional
+from typing import AsyncIterator, Optional
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -34,19 +32,20 @@ from radixlm.server.api_common import (
     sse_error,
 )
 from radixlm.server.chat_render import chat_stop, render_chat
+from radixlm.server.chat_tools import output_spec, plan_tools
 from radixlm.server.fanout import admit_to_queue, check_fanout
 from radixlm.server.lora_api import lora_model_cards
 from radixlm.server.model_names import ModelNameError, RequestedModel, resolve_requested_model
 from radixlm.server.thinking_params import thinking_params
 from radixlm.server.fim import fim_prompt_ids
+from radixlm.server.openai_job import Job as _Job, Sent as _Sent, stream_chunks as _stream_chunks
 from radixlm.server.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     RequestError,
-    chat_logprobs,
-    completion_logprobs,
     response_format_constraint,
 )
+from radixlm.server.tool_template import tool_setup
 
 # Request fields copied verbatim into sampling_params when given.
 _SAMPLING_FIELDS = (
@@ -56,88 +55,6 @@ _SAMPLING_FIELDS = (
     "typical_p", "bad_words", "allowed_token_ids", "dry_multiplier", "dry_base", "dry_allowed_length",
     "dry_penalty_last_n", "dry_sequence_breakers", "xtc_probability", "xtc_threshold",
 )
-
-
-def _finish(fr: Optional[dict]) -> tuple[Optional[str], Any]:
-    """Native finish_reason -> (OpenAI finish_reason, matched_stop). Aborts read "abort", as in vLLM."""
-    if fr is None:
-        return None, None
-    kind = fr.get("type")
-    return (kind if kind in ("stop", "length") else "abort"), fr.get("matched")
-
-
-@dataclasses.dataclass
-class _Job:
-    """One OpenAI request, translated: what the native request is and how to shape its answers."""
-
-    chat: bool
-    id: str
-    model: str
-    n: int
-    obj: GenerateReqInput
-    echo_texts: Optional[list[str]] = None  # completions with echo: each prompt's text
-    logprobs: bool = False
-    include_usage: bool = False
-    prompt_ids: Optional[list] = None  # return_token_ids: each prompt's token ids
-    created: int = dataclasses.field(default_factory=lambda: int(time.time()))
-
-    @property
-    def object(self) -> str:
-        return "chat.completion" if self.chat else "text_completion"
-
-    def body(self, choices: list, **extra) -> dict:
-        obj = self.object + (".chunk" if self.obj.stream and self.chat else "")
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices,
-                **extra}
-
-    def usage(self, outs: list[dict]) -> dict:
-        # A prompt is counted once however many (n) completions share it.
-        firsts = [o["meta_info"] for o in outs[:: self.n]]
-        prompt = sum(m["prompt_tokens"] for m in firsts)
-        completion = sum(o["meta_info"]["completion_tokens"] for o in outs)
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(m.get("cached_tokens", 0) for m in firsts)},
-        }
-
-    def logprob_entries(self, meta: dict, start: int, with_prompt: bool) -> tuple[list, list]:
-        toks = meta.get("output_token_logprobs") or []
-        tops = meta.get("output_top_logprobs") or []
-        toks, tops = toks[start:], tops[start:]
-        if with_prompt:
-            toks = (meta.get("input_token_logprobs") or []) + toks
-            tops = (meta.get("input_top_logprobs") or []) + tops
-        return toks, tops
-
-    def choice(self, i: int, out: dict) -> dict:
-        meta = out["meta_info"]
-        reason, matched = _finish(meta["finish_reason"])
-        echo = self.echo_texts is not None
-        toks, tops = self.logprob_entries(meta, 0, echo) if self.logprobs else ([], [])
-        c: dict[str, Any] = {"index": i}
-        if self.chat:
-            c["message"] = {"role": "assistant", "content": out["text"], "refusal": None}
-            c["logprobs"] = {"content": chat_logprobs(toks, tops)} if self.logprobs else None
-        else:
-            c["text"] = (self.echo_texts[i // self.n] if echo else "") + out["text"]
-            c["logprobs"] = completion_logprobs(toks, tops, 0)[0] if self.logprobs else None
-        if self.prompt_ids is not None:  # vLLM's return_token_ids (a chat's prompt ids are the response's)
-            c["token_ids"] = out["output_ids"]
-            if not self.chat:
-                c["prompt_token_ids"] = self.prompt_ids[i // self.n]
-        return {**c, "finish_reason": reason, "matched_stop": matched}
-
-
-@dataclasses.dataclass
-class _Sent:
-    """What a stream already sent for one choice."""
-
-    text: str = ""
-    n_logprobs: int = 0
-    offset: int = 0
-    started: bool = False
 
 
 router = APIRouter()
@@ -307,43 +224,6 @@ async def _chunks(state: ServerState, job: _Job, gen: AsyncIterator, first: dict
         await gen.aclose()
 
 
-def _stream_chunks(job: _Job, idx: int, out: dict, st: _Sent) -> list[dict]:
-    """The chunks for one native update of choice idx (cumulative text -> deltas)."""
-    meta, text = out["meta_info"], out["text"]
-    reason, matched = _finish(meta["finish_reason"])
-    chunks = []
-    first = not st.started
-    if job.chat and first:
-        chunks.append({"index": idx, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                       "finish_reason": None})
-    # The cumulative text only grows, except where a final stop-string trim cuts text already
-    # streamed: that cannot be taken back, so nothing more is sent then.
-    delta = text[len(st.text):] if text.startswith(st.text) else ""
-    st.text = text if text.startswith(st.text) else st.text
-    echo = job.echo_texts is not None and first
-    if echo:
-        delta = job.echo_texts[idx // job.n] + delta
-    lp = None
-    if job.logprobs:
-        toks, tops = job.logprob_entries(meta, st.n_logprobs, echo)
-        st.n_logprobs = len(meta.get("output_token_logprobs") or [])
-        if toks:
-            if job.chat:
-                lp = {"content": chat_logprobs(toks, tops)}
-            else:
-                lp, st.offset = completion_logprobs(toks, tops, st.offset)
-    st.started = True
-    if job.chat:
-        if delta or lp:
-            chunks.append({"index": idx, "delta": {"content": delta}, "logprobs": lp, "finish_reason": None})
-        if reason:
-            chunks.append({"index": idx, "delta": {}, "logprobs": None, "finish_reason": reason,
-                           "matched_stop": matched})
-    elif delta or lp or reason:
-        chunks.append({"index": idx, "text": delta, "logprobs": lp, "finish_reason": reason,
-                       "matched_stop": matched})
-    return [job.body([c]) for c in chunks]
-
 # ------------------------------------------------------------ completions
 @router.post("/v1/completions", openapi_extra=json_body(CompletionRequest.model_json_schema()))
 async def completions(request: Request):
@@ -415,8 +295,6 @@ async def open_chat(request: Request, req: ChatCompletionRequest):
     model = requested.name
     if req.top_logprobs is not None and not req.logprobs:
         raise HTTPError(400, "top_logprobs needs logprobs set to true", param="top_logprobs")
-    if req.tools and req.tool_choice != "none":
-        raise HTTPError(400, "tool calling is not supported (tools need tool_choice 'none')", param="tools")
     try:
         constraint = response_format_constraint(req.response_format)
     except RequestError as e:
@@ -426,8 +304,11 @@ async def open_chat(request: Request, req: ChatCompletionRequest):
             raise HTTPError(400, "response_format cannot be combined with regex, json_schema, ebnf or "
                             "structural_tag", param="response_format")
         setattr(req, *constraint)
+    tok = state.tokenizer_manager.tokenizer
+    plan = plan_tools(req, tool_setup(tok, state.server_args.tool_call_parser))  # sets req's tool constraint
     check_fanout(state, req.n or 1, 1, "messages")
-    ids = await state.tokenizer_manager.tokenizer_pool.run(render_chat, state, req, what="rendering the chat template")
+    ids = await state.tokenizer_manager.tokenizer_pool.run(render_chat, state, req, plan,
+                                                           what="rendering the chat template")
     _check_length(state, [ids], "messages")
     ctx = state.scheduler_info["context_len"]
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -452,7 +333,8 @@ async def open_chat(request: Request, req: ChatCompletionRequest):
     )
     job = _Job(chat=True, id=f"chatcmpl-{rid}", model=model, n=req.n or 1, obj=obj, logprobs=bool(req.logprobs),
                include_usage=bool(req.stream_options and req.stream_options.include_usage),
-               prompt_ids=[ids] if req.return_token_ids else None)
+               prompt_ids=[ids] if req.return_token_ids else None,
+               output=output_spec(req, plan, state.server_args.reasoning_parser, tok.chat_template))
     return await _open(request, job)
 
 

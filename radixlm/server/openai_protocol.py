@@ -209,6 +209,9 @@ class ChatCompletionRequest(_Common):
     tools: Optional[list[dict]] = None
     tool_choice: Any = None
     chat_template_kwargs: Optional[dict] = None
+    # SGLang's: false keeps the think block in content (--reasoning-parser); OpenAI's effort switches Mistral's.
+    separate_reasoning: Optional[bool] = None
+    reasoning_effort: Optional[Literal["none", "minimal", "low", "medium", "high"]] = None
     # The last message continued (no end of turn; HF's continue_final_message), or a new assistant
     # turn opened (add_generation_prompt; default: unless continuing), as vLLM and SGLang name them.
     continue_final_message: Optional[bool] = None
@@ -217,8 +220,8 @@ class ChatCompletionRequest(_Common):
     max_thinking_tokens: Optional[int] = Field(None, ge=0)
     thinking_budget: Optional[int] = Field(None, ge=0)
     thinking_token_budget: Optional[int] = Field(None, ge=0)
+    parallel_tool_calls: Optional[bool] = None  # false: one call at most (docs/agents.md)
     # Accepted and ignored: they change nothing about generation.
-    parallel_tool_calls: Optional[bool] = None
     store: Optional[bool] = None
     metadata: Optional[dict] = None
     service_tier: Optional[str] = None
