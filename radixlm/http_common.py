@@ -14,6 +14,10 @@ def error_json(status: int, message: str, kind: str = "invalid_request_error", p
     )
 
 
+def anthropic_error(kind: str, message: str) -> dict:
+    """Anthropic's error shape (/v1/messages): a response body, or a stream's error event."""
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
 
 async def read_bounded(request: Request, limit: int, too_big: Exception) -> bytes:
     """The request's body, at most `limit` bytes: checked on Content-Length before reading and again
