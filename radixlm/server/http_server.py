@@ -40,6 +40,7 @@ from radixlm.server.fanout import admit_to_queue, check_fanout, native_sequences
 from radixlm.server.observability_api import ADMIN_PATHS as OBSERVABILITY_ADMIN_PATHS, router as observability_router
 from radixlm.server.infill_api import router as infill_router
 from radixlm.server.openai_api import router as openai_router
+from radixlm.server.anthropic_api import router as anthropic_router
 from radixlm.server.score_api import router as score_router
 from radixlm.server.rl_api import RL_ADMIN_PATHS
 from radixlm.server.rl_api import router as rl_router
@@ -347,6 +348,7 @@ def create_app(state_factory) -> FastAPI:
     app.include_router(infill_router)
     app.include_router(rl_router)
     app.include_router(session_router)
+    app.include_router(anthropic_router)
 
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, e: HTTPError):
