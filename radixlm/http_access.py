@@ -21,9 +21,8 @@ from dataclasses import dataclass
 from typing import Iterable, Optional
 
 from starlette.datastructures import Headers
-from starlette.responses import JSONResponse
 
-from radixlm.http_common import anthropic_error, error_json
+from radixlm.http_common import error_json_for
 
 # Where child processes and scripts put keys: a command line is visible to every user (`ps`),
 # a process's environment only to its owner.
@@ -194,13 +193,6 @@ def presented_key(headers: Headers) -> str:
     return headers.get("authorization") or (f"Bearer {key}" if key else "")
 
 
-def _refusal_json(path: str, status: int, message: str, kind: str, param=None) -> JSONResponse:
-    """The refusal in the error shape of the API the path belongs to (Anthropic's for /v1/messages)."""
-    if path == "/v1/messages" or path.startswith("/v1/messages/"):
-        return JSONResponse(anthropic_error(kind, message), status_code=status)
-    return error_json(status, message, kind, param)
-
-
 class AccessMiddleware:
     """Every request: the browser checks (403), the key (401, every route but /health), admin
     routes (403); the caller's role is left in the scope for routes whose admin part depends on
@@ -223,14 +215,14 @@ class AccessMiddleware:
         response = None
         refused = browser_refusal(cfg, scope, headers)
         if refused:
-            response = _refusal_json(scope["path"], 403, refused[1], "permission_error", refused[0])
+            response = error_json_for(scope["path"], 403, refused[1], "permission_error", refused[0])
         elif scope["path"] not in self.OPEN_PATHS:
             role = caller_role(cfg, presented_key(headers))
             if role is None:
-                response = _refusal_json(scope["path"], 401, "invalid or missing API key (Authorization: Bearer <key>, "
-                                         "or x-api-key: <key>)", "authentication_error")
+                response = error_json_for(scope["path"], 401, "invalid or missing API key (Authorization: Bearer "
+                                          "<key>, or x-api-key: <key>)", "authentication_error")
             elif scope["path"] in self.admin_paths and role < Role.ADMIN:
-                response = _refusal_json(scope["path"], 403, admin_refusal(cfg), "permission_error")
+                response = error_json_for(scope["path"], 403, admin_refusal(cfg), "permission_error")
             else:
                 scope[ROLE_SCOPE_KEY] = role
         if response is not None:

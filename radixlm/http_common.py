@@ -19,6 +19,14 @@ def anthropic_error(kind: str, message: str) -> dict:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
+def error_json_for(path: str, status: int, message: str, kind: str = "invalid_request_error",
+                   param=None) -> JSONResponse:
+    """An error in the shape of the API the path belongs to: Anthropic's for /v1/messages, else error_json's."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return JSONResponse(anthropic_error(kind, message), status_code=status)
+    return error_json(status, message, kind, param)
+
+
 async def read_bounded(request: Request, limit: int, too_big: Exception) -> bytes:
     """The request's body, at most `limit` bytes: checked on Content-Length before reading and again
     while reading (a chunked upload cannot grow past it); `too_big` is raised past it."""

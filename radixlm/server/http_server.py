@@ -20,7 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from radixlm.engine.tokenizer_manager import EngineDeadError, InternalRequestError
 from radixlm.engine.tokenizer_pool import TokenizerTimeout
 from radixlm.http_access import AccessMiddleware, Refusal, abort_target
-from radixlm.http_common import error_json
+from radixlm.http_common import error_json, error_json_for
 from radixlm.ipc import GenerateReqInput
 from radixlm.sampling_params import SamplingParams
 from radixlm.server.api_common import (
@@ -357,8 +357,8 @@ def create_app(state_factory) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _starlette_error(request: Request, e: StarletteHTTPException):
         # The router's own answers (unknown path: 404, method not allowed: 405) in the one error shape.
-        response = error_json(e.status_code, str(e.detail), "not_found_error" if e.status_code == 404
-                              else "invalid_request_error")
+        response = error_json_for(request.url.path, e.status_code, str(e.detail),
+                                  "not_found_error" if e.status_code == 404 else "invalid_request_error")
         response.headers.update(e.headers or {})
         return response
 
