@@ -22,13 +22,15 @@ def new_message_id() -> str:
     return f"msg_{uuid.uuid4().hex}"
 
 
-def stop_reason(finish_reason: Optional[str], matched: Any, stop_sequences: list[str]) -> tuple[str, Optional[str]]:
-    """(stop_reason, stop_sequence). A stop string the request gave is "stop_sequence"; the end of
-    turn, a chat template's own stop string or an EOS token is "end_turn". An abort has no
-    Anthropic name: "end_turn", as in SGLang."""
+def stop_reason(finish_reason: Optional[str], matched: Any, stop_sequences: list[str],
+                called: bool = False) -> tuple[str, Optional[str]]:
+    """(stop_reason, stop_sequence). An answer with tool calls is "tool_use" (whatever finish_reason
+    says: OpenAI reports "stop" for a forced call); a stop string the request gave is
+    "stop_sequence"; the end of turn, a chat template's own stop string or an EOS token is
+    "end_turn". An abort has no Anthropic name: "end_turn", as in SGLang."""
     if finish_reason == "length":
         return "max_tokens", None
-    if finish_reason == "tool_calls":
+    if finish_reason == "tool_calls" or called:
         return "tool_use", None
     if finish_reason == "stop" and isinstance(matched, str) and matched in stop_sequences:
         return "stop_sequence", matched
@@ -67,7 +69,8 @@ def message_from_chat(body: dict, model: str, stop_sequences: list[str]) -> dict
         fn = call["function"]
         content.append({"type": "tool_use", "id": call["id"], "name": fn["name"],
                         "input": _tool_input(fn["arguments"])})
-    reason, sequence = stop_reason(choice.get("finish_reason"), choice.get("matched_stop"), stop_sequences)
+    reason, sequence = stop_reason(choice.get("finish_reason"), choice.get("matched_stop"), stop_sequences,
+                                   bool(msg.get("tool_calls")))
     return {"id": new_message_id(), "type": "message", "role": "assistant", "model": model, "content": content,
             "stop_reason": reason, "stop_sequence": sequence, "usage": usage(body.get("usage"))}
 
@@ -142,7 +145,7 @@ class StreamConverter:
         return events
 
     def finish(self) -> list[dict]:
-        reason, sequence = stop_reason(self.finish_reason, self.matched, self.stop_sequences)
+        reason, sequence = stop_reason(self.finish_reason, self.matched, self.stop_sequences, bool(self.tool_blocks))
         u = usage(self.usage)
         return self._close() + [
             {"type": "message_delta", "delta": {"stop_reason": reason, "stop_sequence": sequence}, "usage": u},

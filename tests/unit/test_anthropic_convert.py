@@ -111,6 +111,17 @@ def test_stream_order_and_assembly():
     assert got["usage"] == want["usage"]
 
 
+def test_forced_call_with_finish_stop_is_tool_use():
+    """OpenAI reports finish_reason "stop" for a named tool_choice; Anthropic says tool_use."""
+    cid, name, args = CALLS[0]
+    msg = message_from_chat(body({"content": None, "tool_calls": [
+        {"id": cid, "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}]}, "stop"), "m", [])
+    assert msg["stop_reason"] == "tool_use" and [b["type"] for b in msg["content"]] == ["tool_use"]
+    events, final = run_stream([chunk({"role": "assistant", "content": ""}), *tool_call_chunks()[:1 + 3],
+                                chunk({}, "stop")])
+    assert final.stop_reason == "tool_use"
+
+
 def test_stream_without_output_closes_cleanly():
     events, final = run_stream([chunk({"role": "assistant", "content": ""}), chunk({}, "length")])
     assert [e["type"] for e in events] == ["message_start", "message_delta", "message_stop"]
