@@ -53,8 +53,8 @@ async def _answer(request: Request, handle):
         return _error(500, "internal server error (see the server log)")
 
 
-def _chat_request(req: CountTokensRequest) -> ChatCompletionRequest:
-    return parse_body(ChatCompletionRequest, chat_body(req))
+def _chat_request(request: Request, req: CountTokensRequest) -> ChatCompletionRequest:
+    return parse_body(ChatCompletionRequest, chat_body(req, srv(request).server_args.reasoning_parser))
 
 
 @router.post("/v1/messages", openapi_extra=json_body(MessagesRequest.model_json_schema()))
@@ -62,7 +62,7 @@ async def messages(request: Request):
     async def handle():
         req: MessagesRequest = parse_body(MessagesRequest, await read_json(request))
         stops = req.stop_sequences or []
-        result = await open_chat(request, _chat_request(req))
+        result = await open_chat(request, _chat_request(request, req))
         if isinstance(result, dict):
             return JSONResponse(message_from_chat(result, result["model"], stops))
         first = await anext(result, None)  # open_chat has its first output: this does not wait on the model
@@ -106,7 +106,7 @@ async def count_tokens(request: Request):
 
     async def handle():
         req: CountTokensRequest = parse_body(CountTokensRequest, await read_json(request))
-        chat = _chat_request(req)
+        chat = _chat_request(request, req)
         state = srv(request)
         _requested_model(state, chat.model)  # the same model check as /v1/messages
         ids = await state.tokenizer_manager.tokenizer_pool.run(render_chat, state, chat,

@@ -18,6 +18,7 @@ from typing import Any, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from radixlm.reasoning import get_reasoning_format
 from radixlm.server.openai_protocol import RequestError
 
 
@@ -31,7 +32,7 @@ class Message(_Strict):
 
 
 class Thinking(_Strict):
-    type: Literal["enabled", "disabled", "adaptive"]
+    type: Literal["enabled", "disabled", "adaptive"]  # adaptive: the model thinks as long as it wants
     budget_tokens: Optional[int] = Field(None, ge=1)
     display: Optional[str] = None
 
@@ -194,8 +195,32 @@ def _tool_choice(choice: Optional[dict], names: list[str]) -> dict:
     return out
 
 
-def chat_body(req: CountTokensRequest) -> dict:
-    """The OpenAI chat request (a dict for ChatCompletionRequest) that asks what `req` asks."""
+def _thinking(req: CountTokensRequest, reasoning_parser: Optional[str]) -> dict:
+    """thinking -> the chat request's: the format's switch (Qwen3's enable_thinking, ...) in
+    chat_template_kwargs, and budget_tokens as max_thinking_tokens (server/thinking_params.py).
+    Left out: the server's default. Thinking needs --reasoning-parser (the think block's markers)."""
+    t = req.thinking
+    if t is None:
+        return {}
+    on = t.type != "disabled"
+    if on and reasoning_parser is None:
+        raise RequestError("thinking: extended thinking needs a server started with --reasoning-parser", "thinking")
+    if t.type == "enabled":
+        if t.budget_tokens is None:
+            raise RequestError("thinking.budget_tokens: required when thinking is enabled", "thinking.budget_tokens")
+        if isinstance(req, MessagesRequest) and t.budget_tokens >= req.max_tokens:
+            raise RequestError(f"thinking.budget_tokens: must be less than max_tokens ({req.max_tokens}), got "
+                               f"{t.budget_tokens}", "thinking.budget_tokens")
+    out: dict = {"max_thinking_tokens": t.budget_tokens} if t.type == "enabled" else {}
+    switch = get_reasoning_format(reasoning_parser).switch if reasoning_parser else None
+    if switch is not None:
+        out["chat_template_kwargs"] = {switch: on}
+    return out
+
+
+def chat_body(req: CountTokensRequest, reasoning_parser: Optional[str] = None) -> dict:
+    """The OpenAI chat request (a dict for ChatCompletionRequest) that asks what `req` asks, on a
+    server with that --reasoning-parser."""
     messages: list[dict] = []
     system = system_text(req.system)
     if system is not None:
@@ -210,10 +235,7 @@ def chat_body(req: CountTokensRequest) -> dict:
     if req.tools:
         body["tools"] = _tools(req.tools)
     body.update(_tool_choice(req.tool_choice, [t["function"]["name"] for t in body.get("tools", [])]))
-    if req.thinking is not None and req.thinking.type != "disabled":
-        # The chat pipeline has no reasoning parser or thinking budget yet (issue 48's other part).
-        raise RequestError("thinking: extended thinking is not supported yet (send type disabled, or leave it out)",
-                           "thinking")
+    body.update(_thinking(req, reasoning_parser))
     if req.messages[-1].role == "assistant":  # Anthropic's prefill: the answer continues that text
         body["continue_final_message"] = True
     if isinstance(req, MessagesRequest):

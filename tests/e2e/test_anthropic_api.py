@@ -179,7 +179,40 @@ def test_errors_in_anthropics_shape(server, claude, model):
                  400, "invalid_request_error", "top_k")
     assert_error(post(server, {"model": model, "messages": [user]}, "/v1/messages/count_tokens", key="wrong"),
                  401, "authentication_error")
-    with pytest.raises(anthropic.BadRequestError):
+    with pytest.raises(anthropic.BadRequestError, match="--reasoning-parser"):  # this server has none
         claude.messages.create(model=model, max_tokens=4, messages=[user],
-                               thinking={"type": "enabled", "budget_tokens": 1024})
+                               thinking={"type": "enabled", "budget_tokens": 2})
     assert claude.messages.create(model=model, max_tokens=2, messages=[user]).usage.output_tokens == 2
+
+
+# ------------------------------------------------------------------ thinking
+@pytest.fixture(scope="module")
+def thinking_server(tiny_model_dir):
+    s = ServerProcess("--model-path", tiny_model_dir, "--reasoning-parser", "qwen3", "--num-threads", "1",
+                      "--kv-memory-gb", "0.05", "--enable-invariant-checks")
+    yield s
+    s.stop()
+
+
+def test_thinking_budget_is_the_chat_routes(thinking_server):
+    """thinking.budget_tokens runs as the chat route's max_thinking_tokens (the think block closed
+    after that many tokens); disabled as the format's switch off (Qwen3's enable_thinking)."""
+    url = thinking_server.url
+    claude = anthropic.Anthropic(base_url=url, api_key="x", max_retries=0, timeout=120)
+    oai = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0, timeout=120)
+    ask = [{"role": "user", "content": "Is the sky blue?"}]
+
+    def chat(**extra):
+        m = oai.chat.completions.create(model="m", messages=ask, max_tokens=20, temperature=0,
+                                        extra_body=extra).choices[0].message
+        return (m.model_extra.get("reasoning_content") or "") + (m.content or "")
+
+    def message(thinking):
+        msg = claude.messages.create(model="m", max_tokens=20, messages=ask, thinking=thinking, **GREEDY)
+        return "".join(b.thinking if b.type == "thinking" else b.text for b in msg.content)
+
+    budgeted = message({"type": "enabled", "budget_tokens": 5})
+    assert budgeted == chat(max_thinking_tokens=5) != chat()  # the budget cut the block
+    assert message({"type": "disabled"}) == chat(chat_template_kwargs={"enable_thinking": False})
+    with pytest.raises(anthropic.BadRequestError, match="thinking.budget_tokens"):
+        claude.messages.create(model="m", max_tokens=5, messages=ask, thinking={"type": "enabled", "budget_tokens": 5})

@@ -173,3 +173,21 @@ def test_bad_blocks_are_named(messages, param):
     with pytest.raises(RequestError) as e:
         request(messages=messages)
     assert e.value.param == param
+
+
+def test_thinking_translation():
+    user = [{"role": "user", "content": "q"}]
+    on = chat_body(MessagesRequest.model_validate({"max_tokens": 50, "messages": user, "thinking": {
+        "type": "enabled", "budget_tokens": 20}}), "qwen3")
+    assert on["max_thinking_tokens"] == 20 and on["chat_template_kwargs"] == {"enable_thinking": True}
+    off = chat_body(MessagesRequest.model_validate({"max_tokens": 50, "messages": user, "thinking": {
+        "type": "disabled"}}), "qwen3")
+    assert "max_thinking_tokens" not in off and off["chat_template_kwargs"] == {"enable_thinking": False}
+    assert "chat_template_kwargs" not in request(messages=user, thinking={"type": "disabled"})  # no parser
+    with pytest.raises(RequestError) as e:
+        request(messages=user, thinking={"type": "enabled", "budget_tokens": 4})
+    assert e.value.param == "thinking" and "--reasoning-parser" in str(e.value)
+    with pytest.raises(RequestError) as e:
+        chat_body(MessagesRequest.model_validate({"max_tokens": 8, "messages": user, "thinking": {
+            "type": "enabled", "budget_tokens": 8}}), "qwen3")
+    assert e.value.param == "thinking.budget_tokens"
