@@ -279,7 +279,7 @@ async def _maintain(state: RouterState) -> None:
 
 def _request_headers(state: RouterState, request: Request) -> dict:
     h = {k: v for k, v in request.headers.items()
-         if k.lower() not in _HOP_HEADERS | _BROWSER_HEADERS | {"host", "authorization"}}
+         if k.lower() not in _HOP_HEADERS | _BROWSER_HEADERS | {"host", "authorization", "x-api-key"}}
     h.update(state.registry.headers)
     return h
 
