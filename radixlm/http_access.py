@@ -22,7 +22,7 @@ from typing import Iterable, Optional
 
 from starlette.datastructures import Headers
 
-from radixlm.http_common import error_json
+from radixlm.http_common import error_json_for
 
 # Where child processes and scripts put keys: a command line is visible to every user (`ps`),
 # a process's environment only to its owner.
@@ -186,6 +186,13 @@ def json_content_type_error(content_type: Optional[str]) -> Optional[str]:
     return f"unsupported {got}: the body must be JSON sent as Content-Type: application/json"
 
 
+def presented_key(headers: Headers) -> str:
+    """The Authorization header, else Anthropic's x-api-key as its Bearer equivalent (the
+    anthropic client sends only that one)."""
+    key = headers.get("x-api-key")
+    return headers.get("authorization") or (f"Bearer {key}" if key else "")
+
+
 class AccessMiddleware:
     """Every request: the browser checks (403), the key (401, every route but /health), admin
     routes (403); the caller's role is left in the scope for routes whose admin part depends on
@@ -208,14 +215,14 @@ class AccessMiddleware:
         response = None
         refused = browser_refusal(cfg, scope, headers)
         if refused:
-            response = error_json(403, refused[1], "permission_error", refused[0])
+            response = error_json_for(scope["path"], 403, refused[1], "permission_error", refused[0])
         elif scope["path"] not in self.OPEN_PATHS:
-            role = caller_role(cfg, headers.get("authorization", ""))
+            role = caller_role(cfg, presented_key(headers))
             if role is None:
-                response = error_json(401, "invalid or missing API key (Authorization: Bearer <key>)",
-                                      "authentication_error")
+                response = error_json_for(scope["path"], 401, "invalid or missing API key (Authorization: Bearer "
+                                          "<key>, or x-api-key: <key>)", "authentication_error")
             elif scope["path"] in self.admin_paths and role < Role.ADMIN:
-                response = error_json(403, admin_refusal(cfg), "permission_error")
+                response = error_json_for(scope["path"], 403, admin_refusal(cfg), "permission_error")
             else:
                 scope[ROLE_SCOPE_KEY] = role
         if response is not None:

@@ -14,6 +14,18 @@ def error_json(status: int, message: str, kind: str = "invalid_request_error", p
     )
 
 
+def anthropic_error(kind: str, message: str) -> dict:
+    """Anthropic's error shape (/v1/messages): a response body, or a stream's error event."""
+    return {"type": "error", "error": {"type": kind, "message": message}}
+
+
+def error_json_for(path: str, status: int, message: str, kind: str = "invalid_request_error",
+                   param=None) -> JSONResponse:
+    """An error in the shape of the API the path belongs to: Anthropic's for /v1/messages, else error_json's."""
+    if path == "/v1/messages" or path.startswith("/v1/messages/"):
+        return JSONResponse(anthropic_error(kind, message), status_code=status)
+    return error_json(status, message, kind, param)
+
 
 async def read_bounded(request: Request, limit: int, too_big: Exception) -> bytes:
     """The request's body, at most `limit` bytes: checked on Content-Length before reading and again

@@ -39,6 +39,7 @@ from radixlm.http_access import (
     abort_target,
     install_access,
     json_content_type_error,
+    presented_key,
 )
 from radixlm.http_common import error_json, read_bounded
 from radixlm.router.affinity import SessionAffinity, client_owner, session_id_of
@@ -139,7 +140,7 @@ def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> Fast
             sid = session_id_of(body) if path == "/generate" else None
             if sid is None:
                 return await forward(state, request, path, raw, routing_text(path, body))
-            home = state.sessions.home(sid, client_owner(request.headers.get("authorization")))
+            home = state.sessions.home(sid, client_owner(presented_key(request.headers)))
             if home is None:
                 return error_json(400, f"session_params.id: no open session {sid!r}", param="session_params.id")
             return await forward(state, request, path, raw, "", pinned=home)
@@ -155,14 +156,14 @@ def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> Fast
             return error_json(503, "no healthy worker", "server_error")
         resp = await forward_once(state, request, url, "/open_session", raw)
         if resp.status_code == 200:
-            state.sessions.record(json.loads(resp.body), url, client_owner(request.headers.get("authorization")))
+            state.sessions.record(json.loads(resp.body), url, client_owner(presented_key(request.headers)))
         return resp
 
     @app.post("/close_session")
     async def close_session(request: Request):
         raw, body = await read_body(request, args.max_request_body_bytes)
         sid = body.get("session_id") if isinstance(body, dict) else None
-        home = state.sessions.home(sid, client_owner(request.headers.get("authorization"))) if isinstance(
+        home = state.sessions.home(sid, client_owner(presented_key(request.headers))) if isinstance(
             sid, str) else None
         if home is None:
             return error_json(400, f"session_id: no open session {sid!r}", param="session_id")
@@ -279,7 +280,7 @@ async def _maintain(state: RouterState) -> None:
 
 def _request_headers(state: RouterState, request: Request) -> dict:
     h = {k: v for k, v in request.headers.items()
-         if k.lower() not in _HOP_HEADERS | _BROWSER_HEADERS | {"host", "authorization"}}
+         if k.lower() not in _HOP_HEADERS | _BROWSER_HEADERS | {"host", "authorization", "x-api-key"}}
     h.update(state.registry.headers)
     return h
 

@@ -21,7 +21,7 @@ from radixlm.engine.embedding import EmbeddingReqInput
 from radixlm.engine.tokenizer_manager import EngineDeadError, InternalRequestError
 from radixlm.engine.tokenizer_pool import TokenizerTimeout
 from radixlm.http_access import AccessMiddleware, Refusal, abort_target
-from radixlm.http_common import error_json
+from radixlm.http_common import error_json, error_json_for
 from radixlm.ipc import GenerateReqInput
 from radixlm.sampling_params import SamplingParams
 from radixlm.server.api_common import (
@@ -41,6 +41,7 @@ from radixlm.server.fanout import admit_to_queue, check_fanout, native_sequences
 from radixlm.server.observability_api import ADMIN_PATHS as OBSERVABILITY_ADMIN_PATHS, router as observability_router
 from radixlm.server.infill_api import router as infill_router
 from radixlm.server.openai_api import router as openai_router
+from radixlm.server.anthropic_api import router as anthropic_router
 from radixlm.server.score_api import router as score_router
 from radixlm.server.embedding_api import router as embedding_router
 from radixlm.server.lora_api import LORA_ADMIN_PATHS, router as lora_router
@@ -357,6 +358,7 @@ def create_app(state_factory) -> FastAPI:
     app.include_router(rl_router)
     app.include_router(session_router)
     app.include_router(lora_router)
+    app.include_router(anthropic_router)
 
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, e: HTTPError):
@@ -365,8 +367,8 @@ def create_app(state_factory) -> FastAPI:
     @app.exception_handler(StarletteHTTPException)
     async def _starlette_error(request: Request, e: StarletteHTTPException):
         # The router's own answers (unknown path: 404, method not allowed: 405) in the one error shape.
-        response = error_json(e.status_code, str(e.detail), "not_found_error" if e.status_code == 404
-                              else "invalid_request_error")
+        response = error_json_for(request.url.path, e.status_code, str(e.detail),
+                                  "not_found_error" if e.status_code == 404 else "invalid_request_error")
         response.headers.update(e.headers or {})
         return response
 

@@ -11,6 +11,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from radixlm.engine.sessions import SessionError, SessionManager, session_manager
+from radixlm.http_access import presented_key
 from radixlm.ipc import GenerateReqInput
 from radixlm.server.api_common import HTTPError, json_body, read_json, srv
 
@@ -24,7 +25,7 @@ def sessions(request: Request) -> SessionManager:
 
 def owner(request: Request) -> str:
     """The caller's key, hashed (the middleware has checked it; a key is not kept in memory twice)."""
-    return hashlib.sha256(request.headers.get("authorization", "").encode()).hexdigest()[:32]
+    return hashlib.sha256(presented_key(request.headers).encode()).hexdigest()[:32]
 
 
 def pop_session_params(body: Any) -> Optional[Any]:

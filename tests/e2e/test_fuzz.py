@@ -71,6 +71,30 @@ def check_error_body(status: int, text: str, sent: str = "") -> str:
     return err["message"]
 
 
+ANTHROPIC_ERRORS = ("invalid_request_error", "authentication_error", "permission_error", "not_found_error",
+                    "request_too_large", "rate_limit_error")
+
+
+def check_anthropic_error(status: int, text: str, sent: str = "") -> None:
+    """/v1/messages answers errors in Anthropic's shape: {"type": "error", "error": {type, message}}."""
+    body = json.loads(text)
+    assert isinstance(body, dict) and set(body) == {"type", "error"} and body["type"] == "error", text[:500]
+    err = body["error"]
+    assert set(err) == {"type", "message"} and err["message"].strip() and err["type"], text[:500]
+    assert err["type"] in ANTHROPIC_ERRORS, text[:500]
+    for marker in LEAKS:
+        assert marker not in text or marker in sent, f"{marker!r} in an error body: {text[:500]}"
+
+
+def check_anthropic_stream(text: str) -> None:
+    """Anthropic's events end with message_stop, or with an error event that is not a server error."""
+    events = [json.loads(line[len("data: "):]) for line in text.split("\n") if line.startswith("data: ")]
+    assert events and events[0]["type"] == "message_start", text[:500]
+    assert events[-1]["type"] in ("message_stop", "error"), text[-500:]
+    if events[-1]["type"] == "error":
+        assert events[-1]["error"]["type"] == "invalid_request_error", f"server error inside a stream: {text[-500:]}"
+
+
 def check_no_internal_failure(outs) -> None:
     """A native response (or streamed chunk) whose request the engine failed: a 200 status line,
     but finish_reason says abort with a 5xx status (an exception in the scheduler)."""
@@ -98,11 +122,12 @@ def check_stream_errors(text: str) -> None:
 def error_shape(ctx, response, case):
     """schemathesis check: every 4xx has the error shape; every stream is well formed."""
     sent = f"{case.body!r} {case.path_parameters!r} {case.query!r}"
+    anthropic = case.operation.path.startswith("/v1/messages")
     if 400 <= response.status_code < 500:
-        check_error_body(response.status_code, response.text, sent)
+        (check_anthropic_error if anthropic else check_error_body)(response.status_code, response.text, sent)
     ctype = response.headers.get("content-type", [""])[0]
     if ctype.startswith("text/event-stream"):
-        check_stream_errors(response.text)
+        (check_anthropic_stream if anthropic else check_stream_errors)(response.text)
     elif response.status_code == 200 and ctype.startswith("application/json"):
         check_no_internal_failure(json.loads(response.text))
 
@@ -138,6 +163,8 @@ def cap_body(case, profile_dir: str) -> None:
             if isinstance(sp, dict):
                 _cap(sp, "max_new_tokens", MAX_NEW, set_missing=True)
                 _cap(sp, "n", MAX_N)
+    elif case.operation.path == "/v1/messages":
+        _cap(body, "max_tokens", MAX_NEW)  # required there: a body without it is a 400 to keep
     elif case.operation.path in ("/v1/completions", "/v1/chat/completions"):
         _cap(body, "max_tokens", MAX_NEW, set_missing=True)
         _cap(body, "max_completion_tokens", MAX_NEW)

@@ -84,6 +84,18 @@ def test_admin_routes_need_the_admin_key_and_user_aborts_stay_one_rid(cluster):
     assert requests.get(r.url + "/flush_cache", headers=as_(ADMIN), timeout=10).status_code == 405  # POST only
 
 
+def test_x_api_key_opens_the_router_and_stays_there(cluster):
+    """Anthropic's clients send the key as x-api-key: the router takes it as its own key and, like
+    Authorization, never passes it on (the worker gets the worker key)."""
+    r, good = cluster
+    good.seen.clear()
+    assert requests.post(r.url + "/generate", json=BODY, headers={"x-api-key": "wrong"}, timeout=30).status_code == 401
+    ok = requests.post(r.url + "/generate", json=BODY, headers={"x-api-key": KEY}, timeout=30)
+    assert ok.status_code == 200, ok.text
+    [seen] = good.requests_to("/generate")
+    assert seen.auth == f"Bearer {WKEY}" and "x-api-key" not in seen.headers
+
+
 def test_an_added_worker_gets_no_traffic_and_no_key_until_verified(cluster):
     r, good = cluster
     # Answers /health, but is no radixlm or SGLang server: a typo, or someone else's service.

@@ -89,6 +89,20 @@ def test_another_clients_key_cannot_use_or_close_a_session(cluster):
     assert post(r, "/close_session", {"session_id": sid}, who="alice").status_code == 200
 
 
+def test_a_key_sent_as_x_api_key_owns_its_sessions_too(cluster):
+    """Anthropic's clients send their key as x-api-key: it tells clients apart as Authorization does."""
+    r, ws = cluster
+
+    def as_x(path, body, who):
+        return requests.post(r.url + path, json=body, headers={"x-api-key": who}, timeout=30)
+
+    sid = as_x("/open_session", {"session_id": "private-x"}, "alice").json()
+    resp = as_x("/generate", turn(sid), "mallory")
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "session_params.id", resp.text
+    assert as_x("/generate", turn(sid), "alice").status_code == 200
+    assert as_x("/close_session", {"session_id": sid}, "alice").status_code == 200
+
+
 def test_a_session_turn_is_not_retried_elsewhere_and_other_apis_are_routed(cluster):
     r, ws = cluster
     sid = post(r, "/open_session", {"session_id": "on-removed"}).json()

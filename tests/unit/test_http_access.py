@@ -76,3 +76,23 @@ def test_parse_origins():
     assert parse_origins('["*"]') == ("*",)
     with pytest.raises(ValueError, match="allowed_origins"):
         parse_origins('[1, 2]')
+
+
+def test_x_api_key_and_anthropic_shaped_refusals():
+    """Anthropic's clients send the key as x-api-key; refusals on /v1/messages are in its error shape."""
+    app = app_with(AccessConfig("u", "a", bind_host="127.0.0.1"))
+    app.post("/v1/messages")(lambda: {"ok": True})
+    assert call(app, "GET", "/x", {"x-api-key": "u"}) == 200
+    assert call(app, "POST", "/admin", {"x-api-key": "u"}) == 403
+    assert call(app, "POST", "/admin", {"x-api-key": "a"}) == 200
+    assert call(app, "GET", "/x", {"x-api-key": "wrong"}) == 401
+
+    async def go(path, key):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://127.0.0.1") as c:
+            return await c.post(path, headers={"x-api-key": key})
+
+    r = asyncio.run(go("/v1/messages", "wrong"))
+    assert r.status_code == 401 and r.json() == {"type": "error", "error": {
+        "type": "authentication_error", "message": r.json()["error"]["message"]}}
+    assert asyncio.run(go("/v1/messages", "u")).json() == {"ok": True}
+    assert asyncio.run(go("/admin", "wrong")).json()["error"]["code"] == 401  # OpenAI's shape elsewhere

@@ -161,3 +161,18 @@ def test_one_turn_at_a_time():
         assert e.value.status == 409
 
     run(main())
+
+
+def test_the_owner_is_the_key_however_it_is_sent():
+    """The server's session owner: the API key from Authorization or Anthropic's x-api-key alike."""
+    from types import SimpleNamespace
+
+    from starlette.datastructures import Headers
+
+    from radixlm.server.session_api import owner
+
+    def of(**headers):
+        return owner(SimpleNamespace(headers=Headers(headers)))
+
+    assert of(authorization="Bearer alice") == of(**{"x-api-key": "alice"})
+    assert of(**{"x-api-key": "alice"}) != of(**{"x-api-key": "mallory"})
