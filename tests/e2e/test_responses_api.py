@@ -1,7 +1,7 @@
-"""OpenAI's Responses API (/v1/responses) through the official `openai` client on the default
-model, against the same server's /v1/chat/completions with the equivalent messages (the adapter
-must give the chat pipeline's answer); stored responses per API key; a continued conversation
-served from the radix cache."""
+"""OpenAI's Responses API (/v1/responses) through the official `openai` client on the tiny model
+(the default model's tokenizer and chat template), against the same server's /v1/chat/completions
+with the equivalent messages (the adapter must give the chat pipeline's answer); stored responses
+per API key; a continued conversation served from the radix cache."""
 
 import json
 
@@ -21,8 +21,9 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLengt
 
 
 @pytest.fixture(scope="module")
-def server():
-    s = ServerProcess("--enable-invariant-checks", "--max-stored-responses", str(STORED),
+def server(tiny_model_dir):
+    s = ServerProcess("--model-path", tiny_model_dir, "--num-threads", "1", "--kv-memory-gb", "0.05",
+                      "--enable-invariant-checks", "--max-stored-responses", str(STORED),
                       env={"RADIXLM_API_KEY": USER, "RADIXLM_ADMIN_API_KEY": ADMIN})
     yield s
     s.stop()
