@@ -77,6 +77,9 @@ class ServerArgs:
     session_timeout: float = 300.0
     max_sessions: int = 64  # open sessions in all (0: /open_session refused)
     max_sessions_per_key: int = 16
+    # Stored responses (/v1/responses, server/responses_store.py): in memory, per API key, LRU.
+    max_stored_responses: int = 1000
+    stored_response_ttl: float = 3600.0
     disable_radix_cache: bool = False
     disable_shared_prefix_attention: bool = False  # decode reads a shared cached prefix once per group
     # Run new requests' prefill and the running requests' decode step in one forward (SGLang's
@@ -225,6 +228,8 @@ class ServerArgs:
             raise ValueError(f"max_client_batch_size must be >= 1, got {self.max_client_batch_size}")
         if not self.tokenizer_timeout > 0:
             raise ValueError(f"tokenizer_timeout must be > 0, got {self.tokenizer_timeout}")
+        if self.max_stored_responses < 0 or not self.stored_response_ttl > 0:
+            raise ValueError("max_stored_responses must be >= 0 and stored_response_ttl > 0")
 
     # --- CLI -------------------------------------------------------------------
     @staticmethod
@@ -334,6 +339,9 @@ class ServerArgs:
             "becomes evictable; also the most a session's own `timeout` may ask",
             "max_sessions": "most open sessions in all (each pins its history's KV in the cache); beyond it a 429",
             "max_sessions_per_key": "most open sessions of one API key; beyond it a 429",
+            "max_stored_responses": "most /v1/responses kept for GET and previous_response_id (all keys; least "
+            "recently used out first; 0: none kept)",
+            "stored_response_ttl": "seconds a stored response is kept after its last use",
             "tp_size": "tensor parallelism: N ranks (scheduler processes), each with 1/N of every layer and its "
             "share of the cores (--num-threads is per rank)",
             "nnodes": "hosts the tp ranks are spread over (each runs tp_size / nnodes ranks)",

@@ -47,6 +47,7 @@ from radixlm.server.embedding_api import router as embedding_router
 from radixlm.server.lora_api import LORA_ADMIN_PATHS, router as lora_router
 from radixlm.server.rl_api import RL_ADMIN_PATHS
 from radixlm.server.rl_api import router as rl_router
+from radixlm.server.responses_api import router as responses_router
 from radixlm.server.session_api import pop_session_params, session_turn
 from radixlm.server.session_api import router as session_router
 from radixlm.version import __version__
@@ -359,6 +360,7 @@ def create_app(state_factory) -> FastAPI:
     app.include_router(session_router)
     app.include_router(lora_router)
     app.include_router(anthropic_router)
+    app.include_router(responses_router)
 
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, e: HTTPError):

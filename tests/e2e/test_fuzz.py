@@ -169,6 +169,8 @@ def cap_body(case, profile_dir: str) -> None:
         _cap(body, "max_tokens", MAX_NEW, set_missing=True)
         _cap(body, "max_completion_tokens", MAX_NEW)
         _cap(body, "n", MAX_N)
+    elif case.operation.path == "/v1/responses":
+        _cap(body, "max_output_tokens", MAX_NEW, set_missing=True)
 
 
 @pytest.fixture(scope="module")
