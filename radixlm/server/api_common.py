@@ -17,7 +17,8 @@ from typing import Any, Optional
 from fastapi import Request
 
 from radixlm.config import ServerArgs
-from radixlm.engine.tokenizer_manager import TokenizerManager
+from radixlm.engine.tokenizer_manager import EngineDeadError, InternalRequestError, TokenizerManager
+from radixlm.engine.tokenizer_pool import TokenizerTimeout
 from radixlm.http_access import json_content_type_error
 from radixlm.http_common import read_bounded
 from radixlm.server.openai_protocol import RequestError, parse_request
@@ -163,6 +164,23 @@ SSE_DONE = b"data: [DONE]\n\n"
 def sse_error(status: int, message: str, kind: str) -> bytes:
     """An error after a stream started (the status line is already sent): as an SSE event."""
     return sse({"error": {"message": message, "type": kind, "param": None, "code": status}})
+
+
+# What a stream may raise after it started, each shaped by stream_error_event.
+STREAM_ERRORS = (HTTPError, ValueError, EngineDeadError, TokenizerTimeout, InternalRequestError)
+
+
+def stream_error_event(e: BaseException) -> bytes:
+    """The error event for one of STREAM_ERRORS: the status a response before the start would have had."""
+    if isinstance(e, HTTPError):  # e.g. the queue filled while the request was tokenized
+        return sse_error(e.status, e.message, e.kind)
+    if isinstance(e, ValueError):
+        return sse_error(400, str(e), "invalid_request_error")
+    if isinstance(e, EngineDeadError):
+        return sse_error(503, str(e), "server_error")
+    if isinstance(e, TokenizerTimeout):
+        return sse_error(504, str(e), "server_error")
+    return sse_error(500, str(e), "server_error")
 
 
 async def run_until_disconnect(request: Request, coro):

@@ -35,7 +35,8 @@ from radixlm.server.api_common import (
     served_model_name,
     srv,
     sse,
-    sse_error,
+    STREAM_ERRORS,
+    stream_error_event,
 )
 from radixlm.server.fanout import admit_to_queue, check_fanout, native_sequences
 from radixlm.server.observability_api import ADMIN_PATHS as OBSERVABILITY_ADMIN_PATHS, router as observability_router
@@ -157,16 +158,8 @@ async def _stream_native(state: ServerState, gen: AsyncIterator):
             if out["meta_info"].get("finish_reason") is not None:
                 observe(state, out)
             yield sse(out)
-    except ValueError as e:
-        yield sse_error(400, str(e), "invalid_request_error")
-    except EngineDeadError as e:
-        yield sse_error(503, str(e), "server_error")
-    except HTTPError as e:  # the queue filled while the request was tokenized
-        yield sse_error(e.status, e.message, e.kind)
-    except TokenizerTimeout as e:
-        yield sse_error(504, str(e), "server_error")
-    except InternalRequestError as e:
-        yield sse_error(500, str(e), "server_error")
+    except STREAM_ERRORS as e:
+        yield stream_error_event(e)
     yield SSE_DONE
 
 

@@ -19,7 +19,6 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from radixlm.engine.tokenizer_manager import EngineDeadError, InternalRequestError
 from radixlm.ipc import GenerateReqInput
 from radixlm.sampling_params import SamplingParams, SamplingParamsError
 from radixlm.server.api_common import (
@@ -33,7 +32,8 @@ from radixlm.server.api_common import (
     served_model_name,
     srv,
     sse,
-    sse_error,
+    STREAM_ERRORS,
+    stream_error_event,
 )
 from radixlm.server.fanout import admit_to_queue, check_fanout
 from radixlm.server.fim import FimTokens, fim_tokens, no_fim_message, psm_ids, repo_context_ids
@@ -209,11 +209,7 @@ class _Infill:
                     yield sse({"index": 0, "content": text[text_sent:], "tokens": ids[ids_sent:], "stop": False})
                 text_sent, ids_sent = len(text), len(ids)
                 out = await anext(gen, None)
-        except ValueError as e:  # the stream started: errors are events, as on the other routes
-            yield sse_error(400, str(e), "invalid_request_error")
-        except EngineDeadError as e:
-            yield sse_error(503, str(e), "server_error")
-        except InternalRequestError as e:
-            yield sse_error(500, str(e), "server_error")
+        except STREAM_ERRORS as e:  # the stream started: errors are events, as on the other routes
+            yield stream_error_event(e)
         finally:
             await gen.aclose()

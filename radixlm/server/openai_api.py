@@ -14,7 +14,6 @@ from typing import AsyncIterator, Optional
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from radixlm.engine.tokenizer_manager import EngineDeadError, InternalRequestError
 from radixlm.ipc import GenerateReqInput
 from radixlm.sampling_params import SamplingParams, SamplingParamsError
 from radixlm.server.api_common import (
@@ -29,7 +28,8 @@ from radixlm.server.api_common import (
     served_model_name,
     srv,
     sse,
-    sse_error,
+    STREAM_ERRORS,
+    stream_error_event,
 )
 from radixlm.server.chat_render import chat_stop, render_chat
 from radixlm.server.chat_tools import output_spec, plan_tools
@@ -192,12 +192,8 @@ async def _sse(chunks: AsyncIterator[dict]):
     try:
         async for chunk in chunks:
             yield sse(chunk)
-    except ValueError as e:
-        yield sse_error(400, str(e), "invalid_request_error")
-    except EngineDeadError as e:
-        yield sse_error(503, str(e), "server_error")
-    except InternalRequestError as e:
-        yield sse_error(500, str(e), "server_error")
+    except STREAM_ERRORS as e:
+        yield stream_error_event(e)
     finally:
         await chunks.aclose()
     yield SSE_DONE
