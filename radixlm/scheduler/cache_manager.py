@@ -147,6 +147,15 @@ class CacheManager:
         self.token_to_kv_pool.free(row[keep : req.kv_allocated_len].clone())
         req.kv_committed_len = req.kv_allocated_len = keep
 
+    def release_from(self, req: Req, keep: int) -> None:
+        """Free req's KV from position `keep` on. Past the tree's share (cache_protected_len) its
+        own slots go; within it req must leave (it holds a path, not a prefix of one) and comes
+        back through the tree later; the tree's nodes stay."""
+        if keep >= req.cache_protected_len:
+            self.free_tail(req, keep)
+        else:
+            self._leave(req, own_from=req.cache_protected_len)
+
     def free_uncommitted(self, req: Req) -> None:
         """Free req's own slots past kv_committed_len: the KV of draft tokens a verify step rejected."""
         assert req.cache_protected_len <= req.kv_committed_len <= req.kv_allocated_len, (

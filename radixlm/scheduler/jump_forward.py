@@ -1,11 +1,16 @@
 """Jump-forward as a scheduler component: text a request's grammar forces is appended at once and
 the request comes back through one extend step over the forced tokens (its prefix from the cache),
 instead of decoding them one by one. NoJumpForward: --disable-jump-forward, or no prefix cache to
-come back through. The forced text itself is constrained/jump_forward.py's."""
+come back through. The forced text itself is constrained/jump_forward.py's.
+
+A jump re-tokenizes the request's last RETOKENIZE_TOKENS tokens with the forced text whether it
+streams or not and whatever the tree holds (their KV is recomputed), so greedy outputs do not
+depend on `stream` or on the cache: a stream holds those tokens back until they can no longer
+change (hold_back). SGLang's jump-forward re-tokenized the whole output for both as well."""
 
 from __future__ import annotations
 
-from radixlm.constrained.jump_forward import find_jump_forward
+from radixlm.constrained.jump_forward import RETOKENIZE_TOKENS, find_jump_forward
 from radixlm.scheduler.cache_manager import CacheManager
 from radixlm.scheduler.finisher import StepsInFlight
 from radixlm.scheduler.lazy_tokenizer import LazyTokenizer
@@ -20,6 +25,10 @@ class NoJumpForward:
 
     def try_jump(self, req: Req) -> bool:
         return False
+
+    def hold_back(self, req: Req) -> int:
+        """How many of req's last tokens a stream may not send yet (a jump may re-tokenize them)."""
+        return 0
 
 
 class JumpForward(NoJumpForward):
@@ -36,21 +45,25 @@ class JumpForward(NoJumpForward):
         """Constrained requests without logprobs (a jump has no logprobs to report)."""
         return req.grammar is not None and not req.return_logprob
 
+    def hold_back(self, req: Req) -> int:
+        return RETOKENIZE_TOKENS if self.can_jump(req) else 0
+
     def try_jump(self, req: Req) -> bool:
         """Append the text req's grammar forces; the request then leaves its batch for the front of
         the waiting queue. True when it was requeued (False: nothing forced, or it finished)."""
         if not self.can_jump(req):
             return False
         assert not self.in_flight.holds(req), "constrained requests never overlap"
-        # Tokens that were streamed, or whose KV the tree shares, are never re-tokenized.
-        frozen = max(req.sent_output_len, req.cache_protected_len - len(req.origin_input_ids), 0)
+        # Streamed tokens are never re-tokenized; hold_back keeps the last ones unsent, so this
+        # is the same tail as unstreamed (the tree's share of it does not count: release_from).
+        frozen = req.sent_output_len
         tokenizer = self.tokenizer.get()
         jf = find_jump_forward(req.grammar, tokenizer, req.output_ids, len(req.output_ids) - frozen,
                                req.sampling_params.max_new_tokens)
         if jf is None:
             return False
-        # KV of re-tokenized tokens: the request's own, never the tree's.
-        self.cache_manager.free_tail(req, min(req.kv_committed_len, len(req.origin_input_ids) + jf.keep))
+        # KV of re-tokenized tokens is dropped (the tree's copy stays, for the old tokenization).
+        self.cache_manager.release_from(req, min(req.kv_committed_len, len(req.origin_input_ids) + jf.keep))
         req.output_ids = req.output_ids[: jf.keep] + jf.new_tokens
         self.stats.jump_forward_tokens += len(jf.new_tokens)
         req.check_finished(tokenizer, self.context_len)

@@ -4,9 +4,13 @@ A request's chunk carries its new token ids (and logprobs) since the last one: w
 or, streaming, every stream_interval tokens. Chunks carry the detokenization options too; the
 stop strings and patterns only in a request's first chunk (the detokenizer keeps them with its
 decode state).
+A stream leaves out the last hold_back(req) tokens until the request finishes: jump-forward may
+still re-tokenize them (scheduler/jump_forward.py), and what was sent never changes.
 """
 
 from __future__ import annotations
+
+from typing import Callable
 
 from radixlm.ipc import BatchTokenIDOut, FinishAbort, ReqOutputChunk
 from radixlm.scheduler.io import BaseSchedulerIO
@@ -18,18 +22,20 @@ class OutputStreamer:
         self.io = io
         self.stream_interval = stream_interval
         self._chunks: list[ReqOutputChunk] = []
+        self.hold_back: Callable[[Req], int] = lambda req: 0  # the scheduler's jump-forward says
 
     def emit(self, req: Req) -> None:
         """Queue the request's news (finished, or streaming and past its interval)."""
         if not req.finished() and not req.stream:
             return
-        new = req.output_ids[req.sent_output_len :]
+        end = len(req.output_ids) if req.finished() else max(len(req.output_ids) - self.hold_back(req), 0)
+        new = req.output_ids[req.sent_output_len : end]
         if not req.finished() and len(new) < (req.sampling_params.stream_interval or self.stream_interval):
             return
         # The stop options go with the first chunk only: the detokenizer keeps them with the
         # request's decode state (up to 16 strings and 16 patterns, not re-sent per token).
         first = req.sent_output_len == 0
-        req.sent_output_len = len(req.output_ids)
+        req.sent_output_len = end
         sp = req.sampling_params
         chunk = ReqOutputChunk(
             rid=req.rid,

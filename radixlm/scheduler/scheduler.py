@@ -109,6 +109,7 @@ class Scheduler:
         self.mix = self.decode.mix_with_running if config.enable_mixed_chunk else (lambda prefill: prefill)
         jump = (JumpForward(queues, cm, self.tokenizer, stats, self.context_len, executor)
                 if self.tree_cache.shares_prefixes and not config.disable_jump_forward else NoJumpForward())
+        self.outputs.hold_back = jump.hold_back
         self.decode_log_interval = config.decode_log_interval
         self.results = ResultProcessor(queues, cm, self.finisher, self.outputs, executor, runner, self.spec, jump,
                                        self.tokenizer, stats, self._log_decode)

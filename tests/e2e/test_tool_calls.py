@@ -76,10 +76,7 @@ MAX = 120  # every forced call here fits; a cut-off call would fail the validati
 
 @pytest.fixture(scope="module")
 def server():
-    # The default model. Without jump-forward: with it, a streamed request keeps the tokens it has
-    # already sent while a whole one re-tokenizes them with the forced text (scheduler/
-    # jump_forward.py), so the two may continue differently (docs/agents.md).
-    s = ServerProcess("--disable-jump-forward")
+    s = ServerProcess()  # the default model, jump-forward on
     yield s
     s.stop()
 
@@ -92,14 +89,6 @@ def client(server):
 def ask(client, prompt, **kw):
     kw = {"temperature": 0, "max_tokens": MAX, "tools": TOOLS, **kw}
     return client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}], **kw)
-
-
-def warm(client, prompt, **kw):
-    """The prompt into the radix cache first, so that the two answers compared next start from the
-    same cached prefix: a fresh prefill and a cached one differ in the last float bits, which can
-    flip a near tie of this quantized model's greedy choice (an engine matter, not the shaping
-    these tests compare)."""
-    ask(client, prompt, **{**kw, "max_tokens": 1})
 
 
 def assembled(client, prompt, **kw):
@@ -131,7 +120,6 @@ def check_calls(message, names):
 def test_named_tool_choice_gives_valid_calls_streamed_or_not(client, i):
     name = TOOLS[i]["function"]["name"]
     choice = {"type": "function", "function": {"name": name}}
-    warm(client, PROMPTS[i], tool_choice=choice)
     r = ask(client, PROMPTS[i], tool_choice=choice)
     c = r.choices[0]
     assert c.finish_reason == "tool_calls" and c.message.content is None
@@ -147,7 +135,6 @@ def test_required_tool_choice_gives_valid_calls_streamed_or_not(client, i):
     # One call (parallel_tool_calls false): this small model, free to add calls, repeats its call
     # until max_tokens (test_parallel_tool_calls shows several).
     kw = dict(tool_choice="required", parallel_tool_calls=False)
-    warm(client, PROMPTS[i], **kw)
     r = ask(client, PROMPTS[i], **kw)
     whole = check_calls(r.choices[0].message, set(SCHEMAS))
     assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
@@ -195,7 +182,6 @@ def test_auto_call_follows_the_history(client):
                 {"role": "assistant", "content": "It is 18 degrees in Paris."},
                 {"role": "user", "content": "What's the weather in Tokyo?"}]
     kw = dict(model="m", messages=messages, tools=TOOLS, temperature=0, max_tokens=60)
-    client.chat.completions.create(**{**kw, "max_tokens": 1})  # see warm()
     r = client.chat.completions.create(**kw)
     assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
     whole = check_calls(r.choices[0].message, set(SCHEMAS))

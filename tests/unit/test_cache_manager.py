@@ -168,6 +168,32 @@ def test_free_tail_frees_own_slots_only():
     check(cm)
 
 
+def test_release_from_within_the_trees_share_leaves_the_row_and_keeps_the_nodes():
+    """Jump-forward re-tokenizes tokens whatever the tree holds: below the protected range the
+    request leaves (own slots freed, lock dropped) and the tree keeps the old path."""
+    cm = make_manager()
+    a = admit(cm, [1, 2, 3], "a")
+    a.output_ids = [4, 5]
+    grow(cm, a, 2)  # KV of 4 and 5
+    cm.cache_req(a, finished=False)  # [1..5] in the tree, all protected
+    a.output_ids = [4, 5, 6]
+    grow(cm, a, 1)  # KV of 6: a's own
+    own = row(cm, a, 6)[5:]
+    cm.release_from(a, 4)  # re-tokenize 5 and 6
+    assert not a.holds_kv() and a.cache_protected_len == 0
+    assert set(own) <= set(cm.token_to_kv_pool.free_slots.tolist())
+    assert (None, 1, 2, 3, 4, 5) in cached_prefixes(cm.tree_cache)
+    check(cm)
+    b = admit(cm, [1, 2, 3], "b")
+    b.output_ids = [4, 5]
+    grow(cm, b, 2)
+    cm.release_from(b, 4)  # at or past the protected range: free_tail, the row stays
+    assert b.holds_kv() and b.kv_committed_len == 4
+    check(cm, b)
+    cm.release(b)
+    check(cm)
+
+
 def test_disabled_cache_no_sharing_frees_everything():
     cm = make_manager(disable=True)
     a = admit(cm, [1, 2, 3], "a")
