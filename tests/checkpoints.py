@@ -46,6 +46,17 @@ def safetensors_tensor(model_dir: str, name: str) -> torch.Tensor:
         return f.get_tensor(name).float()
 
 
+def add_llama_header(w, cfg) -> None:
+    """A llama GGUF's hyperparameters from a HF LlamaConfig."""
+    for add, value in [(w.add_context_length, cfg.max_position_embeddings), (w.add_block_count, cfg.num_hidden_layers),
+                       (w.add_feed_forward_length, cfg.intermediate_size), (w.add_embedding_length, cfg.hidden_size),
+                       (w.add_head_count, cfg.num_attention_heads), (w.add_head_count_kv, cfg.num_key_value_heads),
+                       (w.add_layer_norm_rms_eps, cfg.rms_norm_eps),
+                       (w.add_rope_freq_base, cfg.rope_parameters["rope_theta"]),
+                       (w.add_vocab_size, cfg.vocab_size), (w.add_eos_token_id, 2)]:
+        add(value)
+
+
 def q8_0_gguf(model_dir: str, path: str) -> str:
     """model_dir's weights as a llama GGUF file, every matrix in Q8_0 blocks (norms in float32)."""
     import gguf
@@ -57,13 +68,7 @@ def q8_0_gguf(model_dir: str, path: str) -> str:
     cfg = AutoConfig.from_pretrained(model_dir)
     hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     w = gguf.GGUFWriter(path, "llama")
-    for add, value in [(w.add_context_length, cfg.max_position_embeddings), (w.add_block_count, cfg.num_hidden_layers),
-                       (w.add_feed_forward_length, cfg.intermediate_size), (w.add_embedding_length, cfg.hidden_size),
-                       (w.add_head_count, cfg.num_attention_heads), (w.add_head_count_kv, cfg.num_key_value_heads),
-                       (w.add_layer_norm_rms_eps, cfg.rms_norm_eps),
-                       (w.add_rope_freq_base, cfg.rope_parameters["rope_theta"]),
-                       (w.add_vocab_size, cfg.vocab_size), (w.add_eos_token_id, 2)]:
-        add(value)
+    add_llama_header(w, cfg)
 
     class Q8Writer:  # add_hf_tensors' writer: each matrix quantized on its way in (after the q/k permutation)
         def add_tensor(self, name, a, raw_dtype=None):

@@ -66,20 +66,15 @@ def llama_mean_gguf(tmp_path_factory, llama_mean_dir):
     import gguf
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    from tests.checkpoints import add_llama_header
     from tests.model.test_gguf_archs import _NAMES, add_hf_tensors, write_and_close
 
     path = str(tmp_path_factory.mktemp("emb-gguf") / "emb.gguf")
     cfg = AutoConfig.from_pretrained(llama_mean_dir)
     hf = AutoModelForCausalLM.from_pretrained(llama_mean_dir, dtype=torch.float32)
     w = gguf.GGUFWriter(path, "llama")
-    for add, value in [(w.add_context_length, cfg.max_position_embeddings), (w.add_block_count, cfg.num_hidden_layers),
-                       (w.add_feed_forward_length, cfg.intermediate_size), (w.add_embedding_length, cfg.hidden_size),
-                       (w.add_head_count, cfg.num_attention_heads), (w.add_head_count_kv, cfg.num_key_value_heads),
-                       (w.add_layer_norm_rms_eps, cfg.rms_norm_eps),
-                       (w.add_rope_freq_base, cfg.rope_parameters["rope_theta"]),
-                       (w.add_vocab_size, cfg.vocab_size), (w.add_eos_token_id, 2),
-                       (w.add_pooling_type, gguf.PoolingType.MEAN)]:
-        add(value)
+    add_llama_header(w, cfg)
+    w.add_pooling_type(gguf.PoolingType.MEAN)
     add_hf_tensors(w, hf, cfg, "llama", _NAMES)
     write_and_close(w)
     return path
