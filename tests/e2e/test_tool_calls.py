@@ -230,7 +230,7 @@ def test_docs_example_runs(server, tmp_path):
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
-    (code,) = re.findall(r"^```python\n(.*?)^```", doc, re.M | re.S)
+    code = re.findall(r"^```python\n(.*?)^```", doc, re.M | re.S)[0]  # the second: test_agents_sdk.py
     script = tmp_path / "agents_example.py"
     script.write_text(code.replace("http://127.0.0.1:30000", server.url))
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
