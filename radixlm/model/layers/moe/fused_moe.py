@@ -5,6 +5,9 @@ native CPU op (registered by the kernels) computes the same on the quantized blo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 
@@ -41,3 +44,28 @@ def fused_experts_torch(hidden: torch.Tensor, topk_weights: torch.Tensor, topk_i
         out.index_add_(0, tokens, y * weight_of[start:start + n, None].to(y.dtype))
         start += n
     return out
+
+
+@dataclass(frozen=True)
+class ExpertsPath:
+    """Another way to compute fused_experts (a native op), taken when `supports` says so."""
+
+    name: str
+    supports: Callable[[torch.Tensor, ExpertWeights, ExpertWeights], bool]
+    run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ExpertWeights, ExpertWeights], torch.Tensor]
+
+
+_PATHS: list[ExpertsPath] = []
+
+
+def register_experts_path(path: ExpertsPath) -> None:
+    _PATHS.append(path)
+
+
+def fused_experts(hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
+                  w13: ExpertWeights, w2: ExpertWeights) -> torch.Tensor:
+    """What a MoE layer calls: the first registered path that takes these weights, else torch."""
+    for path in _PATHS:
+        if path.supports(hidden, w13, w2):
+            return path.run(hidden, topk_weights, topk_ids, w13, w2)
+    return fused_experts_torch(hidden, topk_weights, topk_ids, w13, w2)
