@@ -162,6 +162,18 @@ def test_ids_of_minus_one_are_skipped(kernel_ops):
     assert torch.equal(op(kernel_ops, x, tw, ti.masked_fill(drop, -1), w13, w2), zeroed)
     assert torch.equal(fused_experts_torch(x, tw, ti.masked_fill(drop, -1), w13, w2), zeroed)
     assert torch.equal(op(kernel_ops, x, tw, torch.full_like(ti, -1), w13, w2), torch.zeros_like(x))
+    assert torch.equal(op(kernel_ops, x, tw, ti.long(), w13, w2), op(kernel_ops, x, tw, ti, w13, w2))  # int64 ids
+
+
+def test_fake_implementation_gives_the_output_shape(kernel_ops):
+    """torch.compile traces the op through its fake (kernels/ops.py)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    g = torch.Generator().manual_seed(8)
+    w13, w2 = make_experts("q8_0", False, g)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        out = op(kernel_ops, torch.empty(5, w13.cols), torch.empty(5, 2), torch.zeros(5, 2, dtype=torch.int32), w13, w2)
+    assert out.shape == (5, w13.cols) and out.dtype == torch.float32
 
 
 def test_fused_experts_takes_the_native_op_for_quantized_cpu_weights(kernel_ops):
