@@ -190,6 +190,19 @@ def test_fused_experts_takes_the_native_op_for_quantized_cpu_weights(kernel_ops)
     assert not native.supports(x, dense, dense)
 
 
+def test_long_batches_run_in_slices_with_the_same_values(kernel_ops, monkeypatch):
+    g = torch.Generator().manual_seed(9)
+    w13, w2 = make_experts("q4_k", True, g)
+    x = torch.randn(23, w13.cols, generator=g)
+    tw, ti = routing(23, 2, False, g)
+    monkeypatch.setattr(native, "MAX_TOKENS", 5)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        out = fused_experts(x, tw, ti, w13, w2)
+    assert sum(e.name == "radixlm::fused_moe" for e in prof.events()) == 5  # 23 tokens, 5 at a time
+    assert torch.equal(out, fused_experts_torch(x, tw, ti, w13, w2))
+    assert torch.equal(fused_experts(x[:0], tw[:0], ti[:0], w13, w2), x[:0])
+
+
 def test_interleaved_experts_keep_their_values(kernel_ops):
     g = torch.Generator().manual_seed(4)
     for name in INTERLEAVED:

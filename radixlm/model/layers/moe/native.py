@@ -14,6 +14,11 @@ from radixlm.kernels import build
 from radixlm.model.layers.moe.experts import ExpertWeights
 
 NAME = "native"
+# Tokens per op call: the op's buffers are [tokens * top_k, 2 * intermediate] and [tokens * top_k,
+# hidden] float32 (a 8k-token prefill chunk of OLMoE would hold ~1.3 GB); a token's output does not
+# depend on its batch, so slicing changes no value, and at 1024 tokens the experts' weights are
+# re-read once per ~100 GFLOP.
+MAX_TOKENS = 1024
 
 
 def supports(hidden: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights) -> bool:
@@ -30,8 +35,11 @@ def run(hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
         w2: ExpertWeights) -> torch.Tensor:
     from radixlm.kernels.ops import ops
 
-    x = hidden.reshape(-1, hidden.shape[-1])
-    out = ops().fused_moe(x.float().contiguous(), topk_ids.reshape(x.shape[0], -1),
-                          topk_weights.reshape(x.shape[0], -1).float(), w13.data, w13.fmt.kernel_id,
-                          w2.data, w2.fmt.kernel_id)
+    x = hidden.reshape(-1, hidden.shape[-1]).float().contiguous()
+    k = topk_ids.shape[-1]
+    ids, weights = topk_ids.reshape(x.shape[0], k), topk_weights.reshape(x.shape[0], k).float()
+    parts = [ops().fused_moe(x[s:s + MAX_TOKENS], ids[s:s + MAX_TOKENS], weights[s:s + MAX_TOKENS],
+                             w13.data, w13.fmt.kernel_id, w2.data, w2.fmt.kernel_id)
+             for s in range(0, max(x.shape[0], 1), MAX_TOKENS)]  # one call when empty
+    out = parts[0] if len(parts) == 1 else torch.cat(parts)
     return out.view(hidden.shape).to(hidden.dtype)
