@@ -272,9 +272,9 @@ GROUPS: tuple[FlagGroup, ...] = (
              "--enable-single-batch-overlap", "--tbo-token-distribution-threshold V",
              "--enable-attn-tp-input-scattered", "--enable-nsa-prefill-context-parallel", "--nsa-prefill-cp-mode V",
              "--enable-prefill-context-parallel", "--prefill-cp-mode V", "--load-balance-method V=auto"),
-    _refused("mixture-of-experts models, expert parallelism and their kernels are not in radixlm (dense Llama, "
-             "Qwen, Gemma, Mistral and Phi-3 models only)", "serve a dense model",
-             "--expert-parallel-size/--ep-size/--ep V=1", "--moe-a2a-backend V=none", "--moe-runner-backend V=auto",
+    _refused("these mixture-of-experts options (all-to-all backends, EPLB, DeepEP, other MoE runners) are not in "
+             "radixlm", "--ep-size N (experts split over the tp group, then an all-reduce; docs/moe.md)",
+             "--moe-a2a-backend V=none", "--moe-runner-backend V=auto",
              "--flashinfer-mxfp4-moe-precision V", "--deepep-mode V", "--ep-num-redundant-experts V",
              "--ep-dispatch-algorithm V", "--init-expert-location V", "--enable-eplb", "--eplb-algorithm V",
              "--eplb-rebalance-num-iterations V", "--eplb-rebalance-layers-per-chunk V",

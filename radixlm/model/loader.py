@@ -298,6 +298,9 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
         from radixlm.model.layers.linear import quantize_module_weights
 
         skipped = quantize_module_weights(model, quant)
+        for module in model.modules():  # MoE experts: quantized per expert (layers/moe/moe_block.py)
+            if hasattr(module, "quantize_weights"):
+                module.quantize_weights(quant)
         if skipped:
             logger.warning("--quantization %s: %d layers stay float (input size not a multiple of the block): %s",
                            quant, len(skipped), ", ".join(skipped[:4]))
