@@ -96,11 +96,12 @@ class SparseMoeBlock(nn.Module):
             tensor = tensor.unsqueeze(0)
         else:
             local = list(range(n))
-            if tensor.shape[0] == self.spec.num_experts and n != self.spec.num_experts:
+            if tensor.data.shape[0] == self.spec.num_experts and n != self.spec.num_experts:
                 tensor = (ExpertWeights(tensor.data[start:start + n], tensor.fmt, tensor.rows, tensor.cols)
                           if isinstance(tensor, ExpertWeights) else tensor[start:start + n])
-            if tensor.shape[0] != n:
-                raise ValueError(f"layer {self.layer_id} experts' {proj}: expected {n} experts, got {tensor.shape[0]}")
+            if tensor.data.shape[0] != n:
+                raise ValueError(f"layer {self.layer_id} experts' {proj}: expected {n} experts, "
+                                 f"got {tensor.data.shape[0]}")
         parts = ("gate", "up") if proj == "gate_up" else (proj,)
         if isinstance(tensor, ExpertWeights):
             if tensor.quantized:
