@@ -162,6 +162,9 @@ DIFFERENT: dict[str, str] = {
     "--mem-fraction-static": "on CPU the KV pool gets the RAM available after the weights load less (1 - F) x the "
     "RAM available before (SGLang's formula with RAM for GPU memory), split among this host's tp ranks; "
     "unset: --kv-memory-gb",
+    "--ep-size": "1 or --tp-size only: the experts are split over the whole tp group (SGLang also takes a divisor of "
+    "tp-size, the experts' matrices then split over tp-size / ep-size ranks); --ep-size 1 with --tp-size N keeps "
+    "every expert on every rank",
     "--schedule-conservativeness": "scales radixlm's --new-token-ratio and --min-new-token-ratio (at most 1), as "
     "SGLang scales its initial new-token ratio",
 }
