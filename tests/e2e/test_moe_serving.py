@@ -83,3 +83,13 @@ def test_sglang_spellings_of_ep_size(flag):
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
     assert ServerArgs.from_cli_args(parser.parse_args([flag, "2", "--tp-size", "2"])).ep_size == 2
+
+
+def test_pipeline_stages_of_a_moe_model_match_one_stage(tiny_moe_dir):
+    """--pp-size 2: each stage builds and loads its own layer's MoE block (stage_owns skips the other's experts)."""
+    greedy = {"max_new_tokens": 12, "temperature": 0}
+    with Engine(tiny_moe_dir, **engine_args()) as e:
+        want = [o["output_ids"] for o in e.generate(PROMPTS, greedy)]
+    with Engine(tiny_moe_dir, **engine_args(pp_size=2)) as e:
+        assert e.scheduler_info["pp_size"] == 2
+        assert [o["output_ids"] for o in e.generate(PROMPTS, greedy)] == want
