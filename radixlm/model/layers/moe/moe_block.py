@@ -29,9 +29,6 @@ from radixlm.model.layers.moe.fused_moe import fused_experts
 from radixlm.model.layers.moe.topk import TopKRouting
 from radixlm.model.tp_shard import divide
 
-# Projections a checkpoint names: per expert (gate, up, down) or fused (gate_up: [gate; up] rows).
-PROJECTIONS = ("gate", "up", "down", "gate_up")
-
 
 @dataclass(frozen=True)
 class MoeSpec:
@@ -104,6 +101,12 @@ class SparseMoeBlock(nn.Module):
                                  f"got {tensor.data.shape[0]}")
         parts = ("gate", "up") if proj == "gate_up" else (proj,)
         if isinstance(tensor, ExpertWeights):
+            inter, hidden = self.spec.intermediate_size, self.hidden_size
+            want = {"gate": (inter, hidden), "up": (inter, hidden), "gate_up": (2 * inter, hidden),
+                    "down": (hidden, inter)}[proj]
+            if (tensor.rows, tensor.cols) != want:
+                raise ValueError(f"layer {self.layer_id} experts' {proj}_proj: expected [{n}, {want[0]}, {want[1]}], "
+                                 f"got [{n}, {tensor.rows}, {tensor.cols}]")
             if tensor.quantized:
                 self._quantized[proj] = tensor
                 self._loaded.update((p, i) for p in parts for i in local)
