@@ -16,7 +16,7 @@ from typing import Mapping, Optional, Sequence
 
 # SGLang's other spellings of these flags (radixlm/sglang_flags.py has the rest of SGLang's flags)
 _ALIASES = {"dp_size": ("--dp", "--data-parallel-size"), "tp_size": ("--tp", "--tensor-parallel-size"),
-            "pp_size": ("--pipeline-parallel-size",),
+            "pp_size": ("--pipeline-parallel-size",), "ep_size": ("--expert-parallel-size", "--ep"),
             "dist_init_addr": ("--nccl-init-addr",), "speculative_draft_model_path": ("--speculative-draft-model",)}
 
 
@@ -197,6 +197,9 @@ class ServerArgs:
     pp_size: int = 1
     pp_max_micro_batch_size: Optional[int] = None  # None: a decode step splits into pp_size micro-batches
     pp_layer_partition: Optional[str] = None  # layers per stage, "10,11,11"; None: even
+    # Expert parallelism (issue 38, docs/moe.md): 1 or tp_size; tp_size splits each MoE layer's experts
+    # over the tp ranks (each computes its experts for every token, then an all-reduce).
+    ep_size: int = 1
 
     # Runtime
     num_threads: Optional[int] = None  # torch intra-op threads; default all cores
@@ -342,6 +345,8 @@ class ServerArgs:
             "max_stored_responses": "most /v1/responses kept for GET and previous_response_id (all keys; least "
             "recently used out first; 0: none kept)",
             "stored_response_ttl": "seconds a stored response is kept after its last use",
+            "ep_size": "expert parallelism for MoE models: 1 (every tp rank holds every expert) or --tp-size (each "
+            "rank holds num_experts / N experts and computes them for all tokens, then an all-reduce)",
             "tp_size": "tensor parallelism: N ranks (scheduler processes), each with 1/N of every layer and its "
             "share of the cores (--num-threads is per rank)",
             "nnodes": "hosts the tp ranks are spread over (each runs tp_size / nnodes ranks)",

@@ -162,6 +162,9 @@ DIFFERENT: dict[str, str] = {
     "--mem-fraction-static": "on CPU the KV pool gets the RAM available after the weights load less (1 - F) x the "
     "RAM available before (SGLang's formula with RAM for GPU memory), split among this host's tp ranks; "
     "unset: --kv-memory-gb",
+    "--ep-size": "1 or --tp-size only: the experts are split over the whole tp group (SGLang also takes a divisor of "
+    "tp-size, the experts' matrices then split over tp-size / ep-size ranks); --ep-size 1 with --tp-size N keeps "
+    "every expert on every rank",
     "--schedule-conservativeness": "scales radixlm's --new-token-ratio and --min-new-token-ratio (at most 1), as "
     "SGLang scales its initial new-token ratio",
 }
@@ -272,9 +275,9 @@ GROUPS: tuple[FlagGroup, ...] = (
              "--enable-single-batch-overlap", "--tbo-token-distribution-threshold V",
              "--enable-attn-tp-input-scattered", "--enable-nsa-prefill-context-parallel", "--nsa-prefill-cp-mode V",
              "--enable-prefill-context-parallel", "--prefill-cp-mode V", "--load-balance-method V=auto"),
-    _refused("mixture-of-experts models, expert parallelism and their kernels are not in radixlm (dense Llama, "
-             "Qwen, Gemma, Mistral and Phi-3 models only)", "serve a dense model",
-             "--expert-parallel-size/--ep-size/--ep V=1", "--moe-a2a-backend V=none", "--moe-runner-backend V=auto",
+    _refused("these mixture-of-experts options (all-to-all backends, EPLB, DeepEP, other MoE runners) are not in "
+             "radixlm", "--ep-size N (experts split over the tp group, then an all-reduce; docs/moe.md)",
+             "--moe-a2a-backend V=none", "--moe-runner-backend V=auto",
              "--flashinfer-mxfp4-moe-precision V", "--deepep-mode V", "--ep-num-redundant-experts V",
              "--ep-dispatch-algorithm V", "--init-expert-location V", "--enable-eplb", "--eplb-algorithm V",
              "--eplb-rebalance-num-iterations V", "--eplb-rebalance-layers-per-chunk V",

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from radixlm.model.gguf_gemma import GEMMA_ARCHS, gemma_config_kwargs
+from radixlm.model.gguf_moe import MIXTRAL, MOE_ARCHITECTURES, MOE_TENSOR_NAMES, has_experts, moe_config_kwargs
 from radixlm.model.tp_shard import Slicer
 
 GGUF_MAGIC = b"GGUF"
@@ -33,6 +34,7 @@ GGUF_ARCHITECTURES = {
     "phi3": ("Phi3ForCausalLM", "Phi3Config"),
     "gemma2": ("Gemma2ForCausalLM", "Gemma2Config"),
     "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig"),
+    **MOE_ARCHITECTURES,
 }
 # A llama file with a sliding window is a Mistral (llama.cpp writes Mistral as llama).
 _MISTRAL = ("MistralForCausalLM", "MistralConfig")
@@ -66,6 +68,7 @@ _TENSOR_NAMES = {
     "ffn_gate": "model.layers.{}.mlp.gate_proj",
     "ffn_up": "model.layers.{}.mlp.up_proj",
     "ffn_down": "model.layers.{}.mlp.down_proj",
+    **MOE_TENSOR_NAMES,
 }
 # Per architecture, where its tensors differ. Gemma's sandwich norms: ffn_norm is the norm before
 # the MLP, the post norms have their own names. llama.cpp keeps Phi-3's fused projections, and its
@@ -164,6 +167,10 @@ def gguf_config(reader):
     if arch == "llama" and window:
         hf_arch, config_cls = _MISTRAL
         kw["sliding_window"] = window
+    if has_experts(reader, arch):
+        kw = moe_config_kwargs(reader, arch, kw)
+        if arch == "llama":
+            hf_arch, config_cls = MIXTRAL
     if arch in GEMMA_ARCHS:
         kw = gemma_config_kwargs(reader, arch, kw)
     if arch == "phi3":
@@ -260,6 +267,7 @@ def gguf_weights(reader, config, keep_quantized: bool = False, slicer: Optional[
     from gguf import GGMLQuantizationType
 
     from radixlm.kernels.formats import FORMATS, format_of_ggml
+    from radixlm.model.gguf_moe import read_experts
     from radixlm.model.gguf_shard import read_tensor
 
     arch = field(reader, "general.architecture")
@@ -268,6 +276,9 @@ def gguf_weights(reader, config, keep_quantized: bool = False, slicer: Optional[
     for t in reader.tensors:
         name = _hf_name(t.name, arch)
         if name is None or (keep is not None and not keep(name)):  # rope_freqs (read into the config) and the like
+            continue
+        if t.data.ndim == 3:  # a MoE layer's experts, stacked (gguf_moe.py)
+            yield name, read_experts(t, keep_quantized, slicer(name) if slicer is not None else None, name)
             continue
         fmt = format_of_ggml(t.tensor_type) if keep_quantized and t.data.ndim == 2 else None
         if keep_quantized and t.data.ndim == 2 and fmt is None and t.tensor_type != GGMLQuantizationType.F32:

@@ -298,6 +298,9 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
         from radixlm.model.layers.linear import quantize_module_weights
 
         skipped = quantize_module_weights(model, quant)
+        for module in model.modules():  # MoE experts: quantized per expert (layers/moe/moe_block.py)
+            if hasattr(module, "quantize_weights"):
+                module.quantize_weights(quant)
         if skipped:
             logger.warning("--quantization %s: %d layers stay float (input size not a multiple of the block): %s",
                            quant, len(skipped), ", ".join(skipped[:4]))
@@ -355,7 +358,14 @@ def load_tokenizer(path: str | None = None):
         except Exception as e:  # a damaged cache is rebuilt, never fatal
             logger.warning("tokenizer cache %s unreadable (%s); rebuilding", cache, e)
             shutil.rmtree(cache, ignore_errors=True)
-    tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    except ValueError as e:  # transformers reads the vocabulary but not this architecture's config (olmoe)
+        if "is not supported yet" not in str(e):
+            raise
+        from transformers import PreTrainedTokenizerFast
+
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
     if not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = gguf_loader.gguf_chat_template(gguf_loader.open_gguf(path))
     try:  # save to a temp dir, then rename: concurrent processes never see half a cache

@@ -33,6 +33,7 @@ from radixlm.ipc import (
     ProfileReqOutput,
     TokenizedGenerateReqInput,
 )
+from radixlm.model.layers.moe.moe_block import expert_load_info
 from radixlm.model.runner import ModelRunner
 from radixlm.sampling_params import brief_repr
 from radixlm.scheduler.admission import NewTokenRatio
@@ -283,6 +284,7 @@ class Scheduler:
             **self.control.info(),
             **self.runner.decode_graphs.info(),  # --enable-torch-compile: what was compiled, or why not
             **self.runner.pp_info(),  # --pp-size: decode micro-batches and prefill pieces run
+            **expert_load_info(self.runner.model),  # MoE: tokens routed per expert per layer
         }
 
     def _model_key(self, stored_dtype) -> str:
