@@ -146,7 +146,9 @@ class SparseMoeBlock(nn.Module):
         self._views()
 
     def _set(self, which: str, w: ExpertWeights) -> None:
-        """Hold w as the parameter (quantized blocks stay as they are) and remember its format."""
+        """Hold w as the parameter (quantized blocks stay as they are, in the kernels' 8-row interleaved
+        layout where the format has one: 2-2.7x the row-major kernels) and remember its format."""
+        w = w.interleaved(parts=2 if which == "w13" else 1)  # gate and up rows never share a group
         setattr(self, f"{which}_weight", nn.Parameter(w.data, requires_grad=False))
         self._fmts[which] = w.fmt
 
