@@ -17,12 +17,14 @@
   const ms = (v) => (v === null || v === undefined ? null : 1000 * v);
   const pct = (v) => (v === null || v === undefined ? null : 100 * v);
   let lastTree = "";
+  let showText = false;
   let retractedAtStart = null;
   const tip = document.getElementById("treetip");
 
   function recentRow(r) {
     const when = new Date(r.finished_at * 1000).toLocaleTimeString();
-    const head = r.prompt_head === null ? RL.el("span", { class: "muted" }, "hidden (--dashboard-show-text)") : r.prompt_head;
+    const head = r.prompt_head !== null ? r.prompt_head
+      : RL.el("span", { class: "muted" }, showText ? "(no text)" : "hidden (--dashboard-show-text)");
     return RL.el("tr", { "data-rid": r.rid },
       RL.el("td", {}, when), RL.el("td", { class: "prompt" }, head), RL.el("td", {}, r.prompt_tokens),
       RL.el("td", {}, RL.fmt(100 * r.cached_share, 0) + "%"), RL.el("td", {}, RL.fmt(ms(r.ttft), 0)),
@@ -36,6 +38,7 @@
     }
     RL.setStatus("live", "good");
     document.getElementById("model").textContent = ev.model;
+    showText = ev.show_text;
     Playground.model = ev.model;
     const s = ev.state, r = ev.rates, l = ev.latency;
     if (retractedAtStart === null) retractedAtStart = s.num_retracted;

@@ -16,7 +16,7 @@ from radixlm.config import PortArgs, ServerArgs
 from radixlm.engine.crash_dump import CrashDump, check_crash_dump_folder
 from radixlm.engine.embedding import EmbeddingMixin
 from radixlm.engine.profiling import STOP_PROFILE, start_profile_request
-from radixlm.engine.recent_requests import RecentRequests
+from radixlm.engine.recent_requests import PROMPT_HEAD_TOKENS, RecentRequests
 from radixlm.engine.request_log import RequestLogConfig, RequestLogger
 from radixlm.engine.tokenizer_manager import TokenizerManager, TokenizerManagerConfig
 from radixlm.ipc import (
@@ -25,6 +25,7 @@ from radixlm.ipc import (
     GenerateReqInput,
     ProfileReqOutput,
     ReqStrChunk,
+    TokenizedGenerateReqInput,
 )
 
 logger = logging.getLogger(__name__)
@@ -42,7 +43,8 @@ class Observability:
     @classmethod
     def from_server_args(cls, args: ServerArgs) -> "Observability":
         dump = CrashDump(args.crash_dump_folder, args) if args.crash_dump_folder else None
-        return cls(RequestLogger(RequestLogConfig.from_server_args(args)), dump, args.device)
+        return cls(RequestLogger(RequestLogConfig.from_server_args(args)), dump, args.device,
+                   RecentRequests(keep_text=args.dashboard_show_text))
 
 
 def check_observability_args(args: ServerArgs) -> None:
@@ -115,6 +117,12 @@ class ObservedTokenizerManager(EmbeddingMixin, TokenizerManager):  # EmbeddingMi
         return self.observability.request_log.configure(**{names[k]: v for k, v in changes.items() if v is not None})
 
     # ------------------------------------------------------------------- dashboard
+    def _register(self, r: TokenizedGenerateReqInput, text_in_logprobs: bool):
+        st = super()._register(r, text_in_logprobs)
+        if st.prompt_text is None and self.observability.recent.keep_text:  # ids (the chat routes): their head
+            st.prompt_text = self.tokenizer.decode(r.input_ids[:PROMPT_HEAD_TOKENS])
+        return st
+
     def _on_chunk(self, sc: ReqStrChunk) -> None:
         st = self.rid_to_state.get(sc.chunk.rid)
         running = st is not None and st.finished_reason is None

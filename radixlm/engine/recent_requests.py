@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import Optional
 
 PROMPT_HEAD_CHARS = 120
+PROMPT_HEAD_TOKENS = 48  # a prompt given as ids (the chat routes): its head is these decoded
 MAX_RECENT = 200
 
 
@@ -17,7 +18,7 @@ MAX_RECENT = 200
 class RecentRequest:
     rid: str
     finished_at: float  # wall time (time.time())
-    prompt_head: Optional[str]  # the first characters of the prompt text (None: given as ids)
+    prompt_head: Optional[str]  # the prompt's first characters (None: without --dashboard-show-text)
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
@@ -42,8 +43,10 @@ class RecentRequest:
 
 
 class RecentRequests:
-    def __init__(self, maxlen: int = MAX_RECENT):
+    def __init__(self, maxlen: int = MAX_RECENT, keep_text: bool = False):
+        """keep_text: --dashboard-show-text; without it no prompt text is kept at all."""
         self.items: deque[RecentRequest] = deque(maxlen=maxlen)
+        self.keep_text = keep_text
         self.finished = 0  # all ever recorded: a client sees what it missed between ticks
 
     def add(self, rid: str, prompt_text: Optional[str], meta: dict, finish_reason: Optional[dict],
@@ -51,7 +54,7 @@ class RecentRequests:
         self.finished += 1
         self.items.append(RecentRequest(
             rid=rid, finished_at=time.time(),
-            prompt_head=prompt_text[:PROMPT_HEAD_CHARS] if isinstance(prompt_text, str) else None,
+            prompt_head=prompt_text[:PROMPT_HEAD_CHARS] if self.keep_text and isinstance(prompt_text, str) else None,
             prompt_tokens=meta.get("prompt_tokens", 0), cached_tokens=meta.get("cached_tokens", 0),
             completion_tokens=meta.get("completion_tokens", 0), ttft=meta.get("ttft"),
             e2e_latency=e2e_latency, finish_reason=(finish_reason or {}).get("type")))

@@ -4,6 +4,7 @@ a CDN). Where either is missing the browser tests are skipped, and the summary s
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 
@@ -22,9 +23,7 @@ def browser_missing() -> str | None:
     """Why the browser tests cannot run here, or None."""
     if shutil.which("chromium") is None:
         return "no chromium on PATH (Debian: apt-get install -y chromium; .ci/run installs it)"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("playwright") is None:
         return "the playwright package is missing (pip install -e '.[test]')"
     return None
 

@@ -99,6 +99,20 @@ def test_tree_text_only_with_dashboard_show_text(keyed_server, open_server, tiny
             assert ev["recent"][0]["cached_tokens"] == outs[1]["meta_info"]["cached_tokens"] > 0
 
 
+def test_a_chat_prompts_head_is_its_templated_text(keyed_server, tiny_model_dir):
+    """The chat routes send ids: with --dashboard-show-text the head is their first tokens decoded."""
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    messages = [{"role": "user", "content": "What is the tallest mountain on Earth, and how tall is it?"}]
+    r = requests.post(keyed_server.url + "/v1/chat/completions", headers=AUTH, timeout=60,
+                      json={"messages": messages, "max_tokens": 4, "temperature": 0})
+    assert r.status_code == 200, r.text
+    ids = tok(tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+              add_special_tokens=False)["input_ids"]
+    assert r.json()["usage"]["prompt_tokens"] == len(ids)
+    head = events(keyed_server.url, 1, AUTH)[0]["recent"][0]["prompt_head"]
+    assert head == tok.decode(ids[:48])[:120]
+
+
 def test_no_dashboard_work_in_the_scheduler_without_a_client(open_server):
     u = open_server.url
     before = snapshots(u)

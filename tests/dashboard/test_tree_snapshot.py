@@ -7,7 +7,6 @@ import random
 
 import numpy as np
 import pytest
-import torch
 
 from radixlm.cache.base_prefix_cache import PrefixKey
 from radixlm.cache.memory_pool import TokenToKVPool
