@@ -16,7 +16,7 @@ KEY = "dash-user-key-0123456789"
 ADMIN_KEY = "dash-admin-key-9876543210"
 TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks")
 
-_browser_skips: list[str] = []
+SKIP_PREFIX = "dashboard browser tests not run: "
 
 
 def browser_missing() -> str | None:
@@ -61,8 +61,7 @@ def router(keyed_server, open_server):
 def browser():
     why = browser_missing()
     if why is not None:
-        _browser_skips.append(why)
-        pytest.skip(f"browser tests not run: {why}")
+        pytest.skip(f"{SKIP_PREFIX}{why}")
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -87,5 +86,9 @@ def page(browser, tmp_path):
 
 
 def pytest_terminal_summary(terminalreporter):
-    if _browser_skips:
-        terminalreporter.write_line(f"dashboard browser tests did not run: {_browser_skips[0]}", yellow=True)
+    """`pytest -q` prints no skip reasons: say once why the browser tests did not run."""
+    reasons = [r.longrepr[2] for r in terminalreporter.stats.get("skipped", [])
+               if isinstance(r.longrepr, tuple) and SKIP_PREFIX in r.longrepr[2]]
+    if reasons:
+        why = reasons[0][reasons[0].index(SKIP_PREFIX):]
+        terminalreporter.write_line(f"{len(reasons)} {why}", yellow=True)

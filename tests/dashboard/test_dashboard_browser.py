@@ -13,11 +13,15 @@ import time
 
 import jsonschema
 import openai
+import pytest
 import requests
 from transformers import AutoTokenizer
 
-from tests.dashboard.conftest import ADMIN_KEY, KEY
+from tests.dashboard.conftest import ADMIN_KEY, KEY, SKIP_PREFIX, browser_missing
 from tests.dashboard.test_dashboard_stream import PROMPTS, common_prefix, generate
+
+# Checked before any server starts: where no browser can run, nothing is started for nothing.
+pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=f"{SKIP_PREFIX}{browser_missing()}")
 
 LIVE = "#status.good"
 SCHEMA = {"type": "object", "properties": {"color": {"type": "string", "enum": ["red", "green", "blue"]},
