@@ -46,7 +46,8 @@ def router_dashboard(workers: Callable[[], list[dict]],
     router = APIRouter()
     router.include_router(dashboard_pages("router.html"))
 
-    @router.get("/dashboard/stream")
+    # Out of the OpenAPI document, as the page: an endless stream for a page, not an API to generate calls for.
+    @router.get("/dashboard/stream", include_in_schema=False)
     async def dashboard_stream(request: Request):
         raw = request.query_params.get("interval", "1")
         try:

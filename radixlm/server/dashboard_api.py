@@ -43,7 +43,8 @@ def _number(request: Request, name: str, default: float, lo: float, hi: float, i
     return v
 
 
-@router.get("/dashboard/stream")
+# Out of the OpenAPI document, as the page: an endless stream for a page, not an API to generate calls for.
+@router.get("/dashboard/stream", include_in_schema=False)
 async def dashboard_stream(request: Request):
     interval = _number(request, "interval", 1.0, MIN_INTERVAL, MAX_INTERVAL)
     max_nodes = int(_number(request, "max_nodes", 64, 0, MAX_NODES, integer=True))
