@@ -152,6 +152,8 @@ class ServerArgs:
     allowed_origins: Optional[str] = None  # browser origins allowed to call (CSRF); "*": any
     enable_metrics: bool = False  # Prometheus /metrics
     strict_model_name: bool = False  # vLLM's 404 for a `model` not served; default: any name (SGLang)
+    # /dashboard's radix tree and recent requests show token text and prompt heads (prompts are user data).
+    dashboard_show_text: bool = False
     # Observability (docs/observability.md; SGLang's flags): the request log, the crash dump.
     log_requests: bool = False
     log_requests_level: int = 2  # 0: metadata, 1: + sampling params, 2: + inputs/outputs cut at 2048, 3: all
@@ -246,6 +248,8 @@ class ServerArgs:
             "speculative_draft_model_revision": "the Hub draft model's version (default: main)",
             "strict_model_name": "answer 404 to a request whose `model` is neither the served model name nor its "
             "path (as vLLM); default: any name is served (as SGLang)",
+            "dashboard_show_text": "/dashboard shows token text in the radix tree and prompt heads in the recent "
+            "requests (off by default: prompts are user data; counts and shapes only)",
             "max_total_tokens": "KV cache capacity in tokens",
             "kv_memory_gb": "KV cache budget in GiB when --max-total-tokens is not given",
             "chunked_prefill_size": "max new tokens of one request per extend step (-1: off)",

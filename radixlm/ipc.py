@@ -109,6 +109,22 @@ class GetInternalStateReqOutput:
 
 
 @dataclass(frozen=True)
+class DashboardSnapshotReq:
+    """/dashboard/stream, once per tick while a client watches: the internal state plus the radix
+    tree's largest shared prefixes (cache/tree_snapshot.py). The scheduler does nothing for the
+    dashboard but answer this, so with nobody watching it pays nothing."""
+
+    max_nodes: int = 64
+    with_token_ids: bool = False  # --dashboard-show-text: each node's token ids (prompts are user data)
+
+
+@dataclass
+class DashboardSnapshotReqOutput:
+    state: dict[str, Any]
+    tree: list[dict[str, Any]]  # nodes, parents first: id, parent, tokens, subtree_tokens, lock_ref, age, ...
+
+
+@dataclass(frozen=True)
 class ProfileReq:
     """/start_profile (start=True) or /stop_profile: SGLang's fields (engine/profiling.py checks them)."""
 

@@ -24,6 +24,8 @@ from radixlm.distributed.rank import beat
 from radixlm.ipc import (
     AbortReq,
     ControlFailed,
+    DashboardSnapshotReq,
+    DashboardSnapshotReqOutput,
     FinishAbort,
     FlushCacheReq,
     FlushCacheReqOutput,
@@ -39,6 +41,7 @@ from radixlm.sampling_params import brief_repr
 from radixlm.scheduler.admission import NewTokenRatio
 from radixlm.scheduler.cache_manager import CacheManager
 from radixlm.scheduler.config import SchedulerConfig
+from radixlm.scheduler.dashboard_probe import DashboardProbe
 from radixlm.scheduler.decode_manager import DecodeManager
 from radixlm.scheduler.executor import InlineExecutor, OverlapExecutor
 from radixlm.scheduler.finisher import Finisher
@@ -71,7 +74,8 @@ IDLE_POLL_MS = 1000  # nothing to do: wait this long for a message
 PENDING_POLL_MS = 2  # only compiles or storage reads pending: look again soon
 # The reply each control call waits for (ControlFailed names it when the call raised).
 _CONTROL_REPLIES = {FlushCacheReq: FlushCacheReqOutput, GetInternalStateReq: GetInternalStateReqOutput,
-                    ProfileReq: ProfileReqOutput, **WEIGHT_CONTROL_REPLIES, **LORA_REPLIES}
+                    ProfileReq: ProfileReqOutput, **WEIGHT_CONTROL_REPLIES, **LORA_REPLIES,
+                    DashboardSnapshotReq: DashboardSnapshotReqOutput}
 
 
 class Scheduler:
@@ -117,6 +121,7 @@ class Scheduler:
         self.checks = (sync.checked(InvariantChecker(cm, queues, self.sessions.nodes), cm, queues) if config.enable_invariant_checks
                        else NoInvariantChecks())
         self.profiler = Profiler(stats, runner.device.type)  # /start_profile, /stop_profile
+        self.dashboard = DashboardProbe(self.tree_cache, self.internal_state)  # /dashboard/stream, on request only
         # Pause / continue, weight updates, memory release (SGLang's RL calls; weight_control.py).
         self.control = WeightControl(runner, cm, queues, self.intake, io, sync, stats, config.hicache,
                                      self.decode.finish_aborted, self._process_in_flight, self.is_idle)
@@ -210,6 +215,8 @@ class Scheduler:
                 self.io.reply(GetInternalStateReqOutput(self.internal_state()))
             elif isinstance(msg, ProfileReq):
                 self.io.reply(self.profiler.handle(msg))
+            elif isinstance(msg, DashboardSnapshotReq):
+                self.io.reply(self.dashboard.handle(msg))
             elif type(msg) in WEIGHT_CONTROL_REPLIES:
                 self.control.handle(msg)
             elif isinstance(msg, LORA_MESSAGES):
@@ -285,6 +292,7 @@ class Scheduler:
             **self.runner.decode_graphs.info(),  # --enable-torch-compile: what was compiled, or why not
             **self.runner.pp_info(),  # --pp-size: decode micro-batches and prefill pieces run
             **expert_load_info(self.runner.model),  # MoE: tokens routed per expert per layer
+            **self.dashboard.info(),
         }
 
     def _model_key(self, stored_dtype) -> str:
