@@ -262,6 +262,7 @@ class Scheduler:
             "model_sampling_defaults": r.loaded.sampling_defaults or {},
             "pid": os.getpid(),
             "lora_enabled": bool(r.config.lora), "lora_adapters": r.lora.adapters_info(),
+            "modalities": list(r.modalities),
         }
 
     def internal_state(self) -> dict:
@@ -283,6 +284,7 @@ class Scheduler:
             **self.control.info(),
             **self.runner.decode_graphs.info(),  # --enable-torch-compile: what was compiled, or why not
             **self.runner.pp_info(),  # --pp-size: decode micro-batches and prefill pieces run
+            **self.runner.mm_info(),  # a vision model: encoder runs, images encoded, encoder-cache hits
         }
 
     def _model_key(self, stored_dtype) -> str:

@@ -1,0 +1,108 @@
+"""A multimodal model's prompt: text with image placeholders plus images -> token ids whose image
+spans carry pad values (radixlm/mm_inputs.py) and one MultimodalItem per image, in order.
+
+The pixels come from the model's own HF processor (AutoProcessor, e.g. LlavaProcessor with its
+CLIPImageProcessor): the same resizing, normalization and placeholder expansion as transformers.
+Runs on the tokenizer threads.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Optional
+
+import numpy as np
+
+from radixlm.engine.media import MediaConfig, load_image
+from radixlm.mm_inputs import MultimodalInputs, MultimodalItem, content_hash, pad_value
+
+logger = logging.getLogger(__name__)
+
+
+class MultimodalProcessor:
+    def __init__(self, model_path: str, vocab_size: int, media: MediaConfig):
+        from transformers import AutoProcessor
+
+        self.processor = AutoProcessor.from_pretrained(model_path)
+        tok = self.processor.tokenizer
+        self.image_token: str = self.processor.image_token
+        self.image_token_id: int = tok.convert_tokens_to_ids(self.image_token)
+        self.vocab_size = vocab_size
+        self.media = media
+
+    def load_images(self, sources: list[str], field: str) -> list:
+        return [load_image(s, f"{field}[{i}]", self.media) for i, s in enumerate(sources)]
+
+    def process(self, text: str, images: list, field: str) -> tuple[list[int], Optional[MultimodalInputs]]:
+        """(token ids with pad values in each image span, the items); `text` holds one image token
+        per image, where it goes."""
+        marks = text.count(self.image_token)
+        if marks != len(images):
+            raise ValueError(f"{field}: {len(images)} image(s) given but the prompt has {marks} {self.image_token!r} "
+                             "placeholder(s); put one where each image goes")
+        out = self.processor(text=text, images=images, return_tensors="pt")
+        ids = out["input_ids"][0].tolist()
+        pixels = out["pixel_values"]
+        spans = _image_spans(ids, self.image_token_id, len(images))
+        items = []
+        for i, (start, length) in enumerate(spans):
+            pv = pixels[i].contiguous()
+            h = content_hash(pv.numpy().tobytes())
+            ids[start:start + length] = [pad_value(h, self.vocab_size)] * length
+            items.append(MultimodalItem(hash=h, offset=start, length=length, pixel_values=pv))
+        return ids, MultimodalInputs(tuple(items))
+
+
+def _image_spans(ids: list[int], token_id: int, n_images: int) -> list[tuple[int, int]]:
+    """(start, length) of each image's placeholder run; images placed side by side make one run,
+    split evenly (every image of one request has the same token count in LLaVA)."""
+    arr = np.asarray(ids)
+    pos = np.flatnonzero(arr == token_id)
+    if len(pos) == 0 or len(pos) % n_images:
+        raise ValueError(f"the processor wrote {len(pos)} image tokens for {n_images} image(s)")
+    per = len(pos) // n_images
+    runs, start = [], pos[0]
+    for a, b in zip(pos[:-1], pos[1:]):
+        if b != a + 1:
+            runs.append((int(start), int(a - start + 1)))
+            start = b
+    runs.append((int(start), int(pos[-1] - start + 1)))
+    spans = []
+    for s, n in runs:
+        if n % per:
+            raise ValueError(f"an image placeholder run of {n} tokens does not split into images of {per}")
+        spans += [(s + k * per, per) for k in range(n // per)]
+    return spans
+
+
+def request_images(obj, i: int) -> Optional[list[str]]:
+    """Item i's image sources from GenerateReqInput.image_data (None: none): a string or list for a
+    single prompt; for a batch, one string, list or null per prompt."""
+    data = obj.image_data
+    if data in (None, [], ""):
+        return None
+    if not obj.is_single:
+        if not isinstance(data, list) or len(data) != obj.batch_size:
+            raise ValueError(f"image_data must have one entry (a string, a list or null) per prompt: "
+                             f"{obj.batch_size} for this batch")
+        data = data[i]
+        if data in (None, [], ""):
+            return None
+    return [data] if isinstance(data, str) else data
+
+
+def multimodal_prompt(tm, obj, i: int, text: str):
+    """(ids, MultimodalInputs) for item i of obj when it has images, else None; tm: the
+    TokenizerManager (its processor is built at the first image)."""
+    images = request_images(obj, i)
+    if images is None:
+        return None
+    field = "image_data" if obj.is_single else f"image_data[{i}]"
+    if not isinstance(images, list) or not all(isinstance(s, str) for s in images):
+        raise ValueError(f"{field} must be a string or a list of strings")
+    if "image" not in tm.scheduler_info.get("modalities", ["text"]):
+        raise ValueError(f"{field}: the served model takes text only")
+    proc = getattr(tm, "mm_processor", None)
+    if proc is None:
+        proc = tm.mm_processor = MultimodalProcessor(tm.scheduler_info["model_path"], tm.vocab_size, tm.config.media)
+    return proc.process(text, proc.load_images(images, field), field)
