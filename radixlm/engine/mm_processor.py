@@ -30,8 +30,11 @@ class MultimodalProcessor:
         self.vocab_size = vocab_size
         self.media = media
 
+    def load_image(self, source: str, field: str):
+        return load_image(source, field, self.media)
+
     def load_images(self, sources: list[str], field: str) -> list:
-        return [load_image(s, f"{field}[{i}]", self.media) for i, s in enumerate(sources)]
+        return [self.load_image(s, f"{field}[{i}]") for i, s in enumerate(sources)]
 
     def process(self, text: str, images: list, field: str) -> tuple[list[int], Optional[MultimodalInputs]]:
         """(token ids with pad values in each image span, the items); `text` holds one image token
@@ -94,6 +97,9 @@ def request_images(obj, i: int) -> Optional[list[str]]:
 def multimodal_prompt(tm, obj, i: int, text: str):
     """(ids, MultimodalInputs) for item i of obj when it has images, else None; tm: the
     TokenizerManager (its processor is built at the first image)."""
+    pre = getattr(obj, "_mm_prompt", None)  # the chat route processed its images already (server/chat_images.py)
+    if pre is not None and obj.is_single:
+        return pre
     images = request_images(obj, i)
     if images is None:
         return None
@@ -102,7 +108,14 @@ def multimodal_prompt(tm, obj, i: int, text: str):
         raise ValueError(f"{field} must be a string or a list of strings")
     if "image" not in tm.scheduler_info.get("modalities", ["text"]):
         raise ValueError(f"{field}: the served model takes text only")
+    proc = processor_of(tm)
+    return proc.process(text, proc.load_images(images, field), field)
+
+
+def processor_of(tm) -> MultimodalProcessor:
+    """The TokenizerManager's processor, built at its first image (any tokenizer thread may: the
+    same one twice is harmless)."""
     proc = getattr(tm, "mm_processor", None)
     if proc is None:
         proc = tm.mm_processor = MultimodalProcessor(tm.scheduler_info["model_path"], tm.vocab_size, tm.config.media)
-    return proc.process(text, proc.load_images(images, field), field)
+    return proc

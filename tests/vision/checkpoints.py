@@ -44,8 +44,7 @@ def write_tiny_llava(path: str, base_tokenizer_path: str) -> str:
                                          "{{ m['content'] }}{% else %}{% for c in m['content'] %}{% if c['type'] == "
                                          "'image' %}<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
                                          "\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"))
-    proc.save_pretrained(path)
-    tok.save_pretrained(path)
+    proc.save_pretrained(path)  # its tokenizer too (the chat template is the processor's)
     return path
 
 
