@@ -51,6 +51,8 @@ class LlavaForConditionalGeneration(nn.Module):
         if text.model_type not in TEXT_MODELS:
             raise ValueError(f"LLaVA with a {text.model_type!r} decoder is not supported ({', '.join(TEXT_MODELS)})")
         self.language_model = TEXT_MODELS[text.model_type](text)
+        if self.language_model.pp.size > 1 or any((getattr(m, "tp_size", 1) or 1) > 1 for m in self.language_model.modules()):
+            raise ValueError("LLaVA runs with --tp-size 1 and --pp-size 1 (the image embeddings enter on one rank)")
         if config.vision_config.model_type != "clip_vision_model":
             raise ValueError(f"LLaVA with a {config.vision_config.model_type!r} vision tower is not supported (CLIP)")
         tower = CLIPVisionModel(config.vision_config)
