@@ -5,6 +5,7 @@ and saved as a HF directory: the reference every vision test compares against.""
 from __future__ import annotations
 
 import io
+from typing import Optional
 
 import numpy as np
 import torch
@@ -12,18 +13,21 @@ import torch
 IMAGE_SIZE, PATCH = 32, 8  # 16 patches: 16 image tokens per image ("default": the CLS dropped)
 
 
-def write_tiny_llava(path: str, base_tokenizer_path: str) -> str:
+def write_tiny_llava(path: str, base_tokenizer_path: str, image_size: int = IMAGE_SIZE, patch: int = PATCH,
+                     vision: Optional[dict] = None, text: Optional[dict] = None) -> str:
+    """vision / text: CLIPVisionConfig / LlamaConfig fields over the tiny ones (benchmarks/vision.py
+    writes a LLaVA-1.5-shaped one)."""
     from transformers import (AutoTokenizer, CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
                               LlavaForConditionalGeneration, LlavaProcessor)
 
     tok = AutoTokenizer.from_pretrained(base_tokenizer_path)
     tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
     image_token_id = tok.convert_tokens_to_ids("<image>")
-    text = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                       bos_token_id=1, eos_token_id=2, initializer_range=0.25)
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                              image_size=IMAGE_SIZE, patch_size=PATCH, projection_dim=32)
+    text = LlamaConfig(**{**dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                                 bos_token_id=1, eos_token_id=2, initializer_range=0.25), **(text or {})})
+    vision = CLIPVisionConfig(**{**dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                        image_size=image_size, patch_size=patch, projection_dim=32), **(vision or {})})
     cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_id=image_token_id,
                       vision_feature_layer=-2, vision_feature_select_strategy="default")
     torch.manual_seed(0)
@@ -37,8 +41,8 @@ def write_tiny_llava(path: str, base_tokenizer_path: str) -> str:
                 p.normal_(0.0, 0.2)
         model.lm_head.weight.normal_(0.0, 0.25)
     model.save_pretrained(path)
-    ip = CLIPImageProcessor(size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE})
-    proc = LlavaProcessor(image_processor=ip, tokenizer=tok, patch_size=PATCH, vision_feature_select_strategy="default",
+    ip = CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size})
+    proc = LlavaProcessor(image_processor=ip, tokenizer=tok, patch_size=patch, vision_feature_select_strategy="default",
                           num_additional_image_tokens=1,
                           chat_template=("{% for m in messages %}{{ m['role'] }}: {% if m['content'] is string %}"
                                          "{{ m['content'] }}{% else %}{% for c in m['content'] %}{% if c['type'] == "

@@ -77,6 +77,8 @@ class LlavaForConditionalGeneration(nn.Module):
         lm = self.language_model
         embeds = embed_with_images(forward_batch, input_ids, lm.model.embed_tokens, self.vocab_size,
                                    self.encoder_cache, self.encode_images)
+        if embeds is None:  # no image span here; a draft may copy a pad value (never sampled: it is rejected)
+            input_ids = input_ids.clamp(max=self.vocab_size - 1)
         return lm.model(input_ids, positions, forward_batch, input_embeds=embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
