@@ -29,6 +29,8 @@ class MultimodalProcessor:
         self.image_token_id: int = tok.convert_tokens_to_ids(self.image_token)
         self.vocab_size = vocab_size
         self.media = media
+        # Idefics3 / SmolVLM take each prompt's images as one list (a batch of one sample).
+        self.nested = type(self.processor).__name__ in ("Idefics3Processor", "SmolVLMProcessor")
 
     def load_image(self, source: str, field: str):
         return load_image(source, field, self.media)
@@ -43,22 +45,29 @@ class MultimodalProcessor:
         if marks != len(images):
             raise ValueError(f"{field}: {len(images)} image(s) given but the prompt has {marks} {self.image_token!r} "
                              "placeholder(s); put one where each image goes")
-        out = self.processor(text=text, images=images, return_tensors="pt")
+        out = self.processor(text=text, images=[images] if self.nested else images, return_tensors="pt")
         ids = out["input_ids"][0].tolist()
+        # Units: what the encoder takes one at a time (an image; Idefics3: each tile of its split and the
+        # whole image), in the order of the placeholder runs; all-zero units are padding (as in HF).
         pixels = out["pixel_values"]
-        spans = _image_spans(ids, self.image_token_id, len(images))
+        units = pixels.reshape(-1, *pixels.shape[-3:])
+        masks = out.get("pixel_attention_mask")
+        masks = None if masks is None else masks.reshape(-1, *masks.shape[-2:])
+        real = [k for k in range(units.shape[0]) if bool((units[k] != 0).any())]
+        spans = _image_spans(ids, self.image_token_id, len(real))
         items = []
-        for i, (start, length) in enumerate(spans):
-            pv = pixels[i].contiguous()
-            h = content_hash(pv.numpy().tobytes())
+        for k, (start, length) in zip(real, spans):
+            pv = units[k].contiguous()
+            extra = {} if masks is None else {"pixel_attention_mask": masks[k].contiguous()}
+            h = content_hash(pv.numpy().tobytes() + b"".join(m.numpy().tobytes() for m in extra.values()))
             ids[start:start + length] = [pad_value(h, self.vocab_size)] * length
-            items.append(MultimodalItem(hash=h, offset=start, length=length, pixel_values=pv))
+            items.append(MultimodalItem(hash=h, offset=start, length=length, pixel_values=pv, extra=extra))
         return ids, MultimodalInputs(tuple(items))
 
 
 def _image_spans(ids: list[int], token_id: int, n_images: int) -> list[tuple[int, int]]:
-    """(start, length) of each image's placeholder run; images placed side by side make one run,
-    split evenly (every image of one request has the same token count in LLaVA)."""
+    """(start, length) of each unit's placeholder run; units placed side by side make one run, split
+    evenly (every unit of one request has the same token count: LLaVA's images, Idefics3's tiles)."""
     arr = np.asarray(ids)
     pos = np.flatnonzero(arr == token_id)
     if len(pos) == 0 or len(pos) % n_images:

@@ -7,6 +7,7 @@ from torch import nn
 from radixlm.model.models.gemma2 import Gemma2ForCausalLM
 from radixlm.model.models.gemma3 import Gemma3ForCausalLM
 from radixlm.model.models.llama import LlamaForCausalLM, MistralForCausalLM
+from radixlm.model.models.idefics3 import Idefics3ForConditionalGeneration
 from radixlm.model.models.llava import LlavaForConditionalGeneration
 from radixlm.model.models.phi3 import Phi3ForCausalLM
 from radixlm.model.models.qwen2 import Qwen2ForCausalLM
@@ -22,6 +23,7 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
     # Vision-language (images in; docs/vision.md).
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
+    "Idefics3ForConditionalGeneration": Idefics3ForConditionalGeneration,
     # Base-model checkpoints (no lm_head): embedding models, served with --is-embedding.
     "LlamaModel": LlamaForCausalLM,
     "Qwen2Model": Qwen2ForCausalLM,

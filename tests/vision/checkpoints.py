@@ -61,3 +61,34 @@ def png_bytes(seed: int, size: tuple[int, int] = (40, 36)) -> bytes:
     buf = io.BytesIO()
     img.save(buf, format="PNG")
     return buf.getvalue()
+
+
+def write_tiny_idefics3(path: str, base_tokenizer_path: str) -> str:
+    """A tiny Idefics3 (SmolVLM's architecture): 2-layer SigLIP at 32 px (patch 8, pixel shuffle 2: 4 tokens
+    per tile), images up to 64 px split into 32 px tiles plus the whole image, a 2-layer Llama."""
+    from transformers import AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers import Idefics3VisionConfig, LlamaConfig
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    tok = AutoTokenizer.from_pretrained(base_tokenizer_path)
+    tok.add_special_tokens({"additional_special_tokens": [
+        "<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
+        *[f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]]})
+    text = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                       bos_token_id=1, eos_token_id=2)
+    vision = Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  image_size=IMAGE_SIZE, patch_size=PATCH)
+    cfg = Idefics3Config(vision_config=vision.to_dict(), text_config=text.to_dict(), scale_factor=2,
+                         image_token_id=tok.convert_tokens_to_ids("<image>"))
+    torch.manual_seed(0)
+    model = Idefics3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # peaked logits: greedy choices far from ties
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.25 if "text_model" in name or "lm_head" in name else 0.2)
+    model.save_pretrained(path)
+    ip = Idefics3ImageProcessorPil(size={"longest_edge": 2 * IMAGE_SIZE}, max_image_size={"longest_edge": IMAGE_SIZE},
+                                   do_image_splitting=True)
+    Idefics3Processor(image_processor=ip, tokenizer=tok, image_seq_len=4).save_pretrained(path)
+    return path

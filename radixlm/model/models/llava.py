@@ -46,18 +46,24 @@ class LlavaForConditionalGeneration(nn.Module):
         super().__init__()
         from transformers import CLIPVisionModel
 
-        self.config = config
-        text = config.text_config
-        if text.model_type not in TEXT_MODELS:
-            raise ValueError(f"LLaVA with a {text.model_type!r} decoder is not supported ({', '.join(TEXT_MODELS)})")
-        self.language_model = TEXT_MODELS[text.model_type](text)
-        if self.language_model.pp.size > 1 or any((getattr(m, "tp_size", 1) or 1) > 1 for m in self.language_model.modules()):
-            raise ValueError("LLaVA runs with --tp-size 1 and --pp-size 1 (the image embeddings enter on one rank)")
+        self._build_text(config)
         if config.vision_config.model_type != "clip_vision_model":
             raise ValueError(f"LLaVA with a {config.vision_config.model_type!r} vision tower is not supported (CLIP)")
         tower = CLIPVisionModel(config.vision_config)
         self.vision_tower = getattr(tower, "vision_model", tower)  # transformers < 5 nests it
         self.multi_modal_projector = LlavaProjector(config)
+
+    def _build_text(self, config: Any) -> None:
+        """The decoder (radixlm's), the vocabulary and the encoder cache."""
+        self.config = config
+        text = config.text_config
+        if text.model_type not in TEXT_MODELS:
+            raise ValueError(f"{type(self).__name__} with a {text.model_type!r} decoder is not supported "
+                             f"({', '.join(TEXT_MODELS)})")
+        self.language_model = TEXT_MODELS[text.model_type](text)
+        if self.language_model.pp.size > 1 or any((getattr(m, "tp_size", 1) or 1) > 1 for m in self.language_model.modules()):
+            raise ValueError(f"{type(self).__name__} runs with --tp-size 1 and --pp-size 1 (the image embeddings "
+                             "enter on one rank)")
         self.vocab_size = text.vocab_size
         self.encoder_cache = EncoderCache(DEFAULT_ENCODER_CACHE_BYTES)
 
@@ -84,13 +90,13 @@ class LlavaForConditionalGeneration(nn.Module):
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.language_model.compute_logits(hidden_states)
 
-    @staticmethod
-    def _map_name(name: str) -> str:
-        """Both HF layouts (transformers >= 4.52's model.language_model.* and the older
-        language_model.model.*; CLIPVisionModel's vision_model.*) -> this module's names."""
-        for old, new in (("model.language_model.", "language_model.model."), ("model.vision_tower.", "vision_tower."),
-                         ("model.multi_modal_projector.", "multi_modal_projector."),
-                         ("vision_tower.vision_model.", "vision_tower.")):
+    # Both HF layouts (transformers >= 4.52's model.language_model.* and the older language_model.model.*;
+    # CLIPVisionModel's vision_model.*) -> this module's names.
+    NAME_MAP = (("model.language_model.", "language_model.model."), ("model.vision_tower.", "vision_tower."),
+                ("model.multi_modal_projector.", "multi_modal_projector."), ("vision_tower.vision_model.", "vision_tower."))
+
+    def _map_name(self, name: str) -> str:
+        for old, new in self.NAME_MAP:
             if name.startswith(old):
                 name = new + name[len(old):]
         if name.startswith("lm_head."):
