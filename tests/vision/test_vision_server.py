@@ -192,3 +192,12 @@ def test_slow_url_times_out_and_100mb_body_is_refused(server, client, image_host
                       json={"model": "m", "messages": messages(huge, "x"), "max_tokens": 1})
     assert r.status_code == 413
     assert requests.get(server.url + "/health", timeout=10).status_code == 200
+
+
+def test_session_turn_with_an_image_is_a_400(server, hf_llava):
+    sid = requests.post(server.url + "/open_session", json={"capacity_of_str_len": 1000}, timeout=30).json()
+    r = requests.post(server.url + "/generate", timeout=60, json={
+        "text": rendered(hf_llava, data_url(0), "x"), "image_data": data_url(1), "sampling_params": SP,
+        "session_params": {"id": sid}})
+    assert r.status_code == 400 and "image_data is not supported in session turns" in r.text
+    requests.post(server.url + "/close_session", json={"session_id": sid}, timeout=30)
