@@ -20,6 +20,19 @@ _ALIASES = {"dp_size": ("--dp", "--data-parallel-size"), "tp_size": ("--tp", "--
             "dist_init_addr": ("--nccl-init-addr",), "speculative_draft_model_path": ("--speculative-draft-model",)}
 
 
+_VISION_HELPS = {  # kept out of ServerArgs (its size limit)
+    "enable_multimodal": "serve images where the architecture could also run text-only (SGLang's flag); "
+    "vision-language architectures (LLaVA) take images without it",
+    "mm_cache_size_mb": "MiB of vision-encoder outputs kept by image hash (LRU): an image asked about again "
+    "is not encoded again",
+    "allowed_media_domains": "hosts (and their subdomains) http(s) image URLs may point at; default none: "
+    "only data: URLs, base64 and file:// paths",
+    "media_url_max_file_size_mb": "largest image file a request may give (any source), in MiB",
+    "media_url_timeout": "seconds an image download may take",
+    "max_image_pixels": "largest image (width x height) decoded; more is refused as a decompression bomb",
+}
+
+
 @dataclass
 class ServerArgs:
     # Model
@@ -135,6 +148,13 @@ class ServerArgs:
     lora_eviction_policy: str = "lru"
     lora_backend: str = "csgmv"
 
+    # Images in (docs/vision.md; help texts in _VISION_HELPS): the encoder cache, where images may come from.
+    enable_multimodal: bool = False
+    mm_cache_size_mb: int = 64
+    allowed_media_domains: Optional[list[str]] = None
+    media_url_max_file_size_mb: float = 16.0
+    media_url_timeout: float = 10.0
+    max_image_pixels: int = 64 * 2**20
     # Templates (SGLang's flags): the chat route's template (engine/chat_templates.py) and the FIM
     # tokens of completions' suffix and /infill (server/fim.py); None: the tokenizer's own.
     chat_template: Optional[str] = None
@@ -383,6 +403,7 @@ class ServerArgs:
             "from the model's generation_config.json (a GGUF: its general.sampling.* metadata); openai: the "
             "OpenAI defaults (temperature 1, top_p 1, no top-k) (SGLang's flag)",
         }
+        helps.update(_VISION_HELPS)
         for f in dataclasses.fields(ServerArgs):
             flag = "--" + f.name.replace("_", "-")
             default = f.default

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from radixlm.sampling_params import SamplingParams
+from radixlm.mm_inputs import MultimodalInputs
 
 
 # --- why a request finished: typed here, turned into SGLang's JSON only at the HTTP edge --------
@@ -71,6 +72,7 @@ class TokenizedGenerateReqInput:
     # The prefix cache's namespace of this request's KV (from its cache_salt); None: the common one.
     cache_namespace: Optional[str] = None
     lora_id: Optional[str] = None  # the LoRA adapter's uid (its cache_namespace keeps its KV apart); None: base
+    mm_inputs: Optional[MultimodalInputs] = None  # images: their spans (pad values in input_ids) and pixels
 
     def __post_init__(self):
         # What the scheduler relies on without looking (the context length is the tokenizer
@@ -329,10 +331,15 @@ class GenerateReqInput:
     # vLLM's cache_salt: requests share cached KV only with requests of the same salt (str | list[str]).
     cache_salt: Optional[Any] = None
     lora_path: Optional[Any] = None  # SGLang's: the LoRA adapter's name (str | list per prompt); None: base
+    # SGLang's: images (data: URL, base64, file:// or http(s) URL), str | list per prompt; the text holds
+    # the model's image token where each goes (engine/mm_processor.py).
+    image_data: Optional[Any] = None
 
     def __post_init__(self):
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("exactly one of text or input_ids must be given")
+        if self.image_data not in (None, [], "") and self.input_ids is not None:
+            raise ValueError("image_data needs text with the model's image token (input_ids cannot place images)")
         t = self.text
         if t is not None and not (isinstance(t, str) or (isinstance(t, list) and t and all(isinstance(x, str) for x in t))):
             raise ValueError("text must be a string or a non-empty list of strings")

@@ -217,7 +217,7 @@ def _default_dtype(dtype: torch.dtype):
 
 
 def _is_sharded(model: nn.Module) -> bool:
-    return any(getattr(m, "tp_size", 1) > 1 for m in model.modules())
+    return any((getattr(m, "tp_size", 1) or 1) > 1 for m in model.modules())  # HF modules inside hold tp_size None
 
 
 def resolve_quantization(quantization: str | None, is_gguf: bool, device) -> str:
@@ -314,13 +314,13 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
                 seconds, memory.gib(held), file_note, memory.gib(resident))
     return LoadedModel(
         model=model,
-        hf_config=config,
+        hf_config=config.get_text_config(),  # a vision-language model's decoder (the model holds the whole config)
         model_path=path,
         architecture=architecture,
         tokenizer_path=path,
         chat_template=chat_template,
         eos_token_ids=eos_ids,
-        context_len=_context_len(config),
+        context_len=_context_len(config.get_text_config()),
         load_seconds=seconds,
         weight_bytes=held,
         resident_bytes=resident,

@@ -13,6 +13,8 @@ from radixlm.model.models.moe_families import (
     Qwen2MoeForCausalLM,
     Qwen3MoeForCausalLM,
 )
+from radixlm.model.models.idefics3 import Idefics3ForConditionalGeneration
+from radixlm.model.models.llava import LlavaForConditionalGeneration
 from radixlm.model.models.phi3 import Phi3ForCausalLM
 from radixlm.model.models.qwen2 import Qwen2ForCausalLM
 from radixlm.model.models.qwen3 import Qwen3ForCausalLM
@@ -30,6 +32,9 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "OlmoeForCausalLM": OlmoeForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    # Vision-language (images in; docs/vision.md).
+    "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
+    "Idefics3ForConditionalGeneration": Idefics3ForConditionalGeneration,
     # Base-model checkpoints (no lm_head): embedding models, served with --is-embedding.
     "LlamaModel": LlamaForCausalLM,
     "Qwen2Model": Qwen2ForCausalLM,

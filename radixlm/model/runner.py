@@ -67,6 +67,9 @@ class ModelRunner:
         self.pooler = Pooler(read_pooling_type(self.loaded.model_path)) if config.is_embedding else None
         cfg = self.loaded.hf_config
         self.hf_config = cfg
+        self.modalities = tuple(getattr(self.model, "modalities", ("text",)))  # a vision model's: text, image
+        if hasattr(self.model, "encoder_cache"):  # its LRU of encoder outputs (model/mm_embed.py)
+            self.model.encoder_cache.max_bytes = config.mm_cache_size_mb * 2**20
         self.vocab_size = cfg.vocab_size
         self.num_layers = cfg.num_hidden_layers
         self.pp = pp_stage(self.num_layers)  # a pipeline stage holds (and keeps KV for) its layers only
@@ -171,6 +174,7 @@ class ModelRunner:
             num_decode=b.num_decode,
             attn_backend=self.attn_backend,
             lora_ids=b.lora_ids,
+            mm_inputs=b.mm_inputs,
         )
         if b.sampling:
             fb.sampling_info = SamplingBatchInfo.build(b.sampling, self.vocab_size, self.device)
@@ -198,6 +202,11 @@ class ModelRunner:
                 raise
             out = e
         return self.pp.from_last(out)
+
+    def mm_info(self) -> dict:
+        """A vision model's encoder counters (runs, images, cache hits) for the internal state."""
+        cache = getattr(self.model, "encoder_cache", None)
+        return cache.info() if cache is not None else {}
 
     def pp_info(self) -> dict:
         if self.pp.size == 1:

@@ -270,6 +270,7 @@ class Scheduler:
             "model_sampling_defaults": r.loaded.sampling_defaults or {},
             "pid": os.getpid(),
             "lora_enabled": bool(r.config.lora), "lora_adapters": r.lora.adapters_info(),
+            "modalities": list(r.modalities),
         }
 
     def internal_state(self) -> dict:
@@ -293,6 +294,7 @@ class Scheduler:
             **self.runner.pp_info(),  # --pp-size: decode micro-batches and prefill pieces run
             **expert_load_info(self.runner.model),  # MoE: tokens routed per expert per layer
             **self.dashboard.info(),
+            **self.runner.mm_info(),  # a vision model: encoder runs, images encoded, encoder-cache hits
         }
 
     def _model_key(self, stored_dtype) -> str:

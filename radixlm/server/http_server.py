@@ -61,7 +61,7 @@ __all__ = ["ServerState", "create_app", "served_model_name"]
 
 # SGLang request fields radixlm accepts only at their "off" value (multimodal, LoRA, ...).
 _IGNORED_WHEN_EMPTY = {
-    "image_data", "video_data", "audio_data", "modalities", "session_params",
+    "video_data", "audio_data", "modalities", "session_params",
     "custom_logit_processor", "return_hidden_states", "bootstrap_host", "bootstrap_port", "bootstrap_room",
     "data_parallel_rank", "log_metrics",
 }
@@ -92,6 +92,9 @@ def _generate_schema() -> dict:
             "lora_path": {"anyOf": [{"type": "string"}, {"type": "null"},
                                     {"type": "array", "items": {"type": ["string", "null"]}, "minItems": 1}]},
             "session_params": {"type": "object"},  # session_api.py
+            # SGLang's: images (data: URL, base64, file://, allowed http(s)), one or a list per prompt.
+            "image_data": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {
+                "anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {"type": "string"}}]}}]},
         },
         # Exactly one of text and input_ids.
         "oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}],

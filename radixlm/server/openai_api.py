@@ -31,6 +31,7 @@ from radixlm.server.api_common import (
     STREAM_ERRORS,
     stream_error_event,
 )
+from radixlm.server.chat_images import chat_images
 from radixlm.server.chat_render import chat_stop, render_chat
 from radixlm.server.chat_tools import output_spec, plan_tools
 from radixlm.server.fanout import admit_to_queue, check_fanout
@@ -70,6 +71,7 @@ def _model_card(state: ServerState) -> dict:
         "root": info["model_path"],
         "parent": None,
         "max_model_len": info["context_len"],
+        "modalities": info.get("modalities", ["text"]),  # what the model takes in: text, and image for a vision model
     }
 
 
@@ -303,8 +305,9 @@ async def open_chat(request: Request, req: ChatCompletionRequest):
     tok = state.tokenizer_manager.tokenizer
     plan = plan_tools(req, tool_setup(tok, state.server_args.tool_call_parser))  # sets req's tool constraint
     check_fanout(state, req.n or 1, 1, "messages")
-    ids = await state.tokenizer_manager.tokenizer_pool.run(render_chat, state, req, plan,
-                                                           what="rendering the chat template")
+    images = await chat_images(state, req, plan)  # None: text only
+    ids = images.ids if images else await state.tokenizer_manager.tokenizer_pool.run(
+        render_chat, state, req, plan, what="rendering the chat template")
     _check_length(state, [ids], "messages")
     ctx = state.scheduler_info["context_len"]
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -317,7 +320,8 @@ async def open_chat(request: Request, req: ChatCompletionRequest):
         sp["stop"] = [*([given] if isinstance(given, str) else given), *chat_stop(state)]
     rid = uuid.uuid4().hex
     obj = GenerateReqInput(
-        input_ids=ids,
+        input_ids=None if images else ids, text=images.text if images else None,
+        image_data=images.urls if images else None,
         sampling_params=sp,
         rid=rid,
         return_logprob=bool(req.logprobs),
@@ -327,6 +331,8 @@ async def open_chat(request: Request, req: ChatCompletionRequest):
         cache_salt=req.cache_salt,
         lora_path=requested.adapter,
     )
+    if images:
+        images.attach(obj)
     job = _Job(chat=True, id=f"chatcmpl-{rid}", model=model, n=req.n or 1, obj=obj, logprobs=bool(req.logprobs),
                include_usage=bool(req.stream_options and req.stream_options.include_usage),
                prompt_ids=[ids] if req.return_token_ids else None,
