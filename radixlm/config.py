@@ -26,7 +26,9 @@ _VISION_HELPS = {  # kept out of ServerArgs (its size limit)
     "mm_cache_size_mb": "MiB of vision-encoder outputs kept by image hash (LRU): an image asked about again "
     "is not encoded again",
     "allowed_media_domains": "hosts (and their subdomains) http(s) image URLs may point at; default none: "
-    "only data: URLs, base64 and file:// paths",
+    "only data: URLs and base64",
+    "allowed_local_media_path": "directory file:// image paths may point into (vLLM's flag); default none: "
+    "a request cannot read the server's files",
     "media_url_max_file_size_mb": "largest image file a request may give (any source), in MiB",
     "media_url_timeout": "seconds an image download may take",
     "max_image_pixels": "largest image (width x height) decoded; more is refused as a decompression bomb",
@@ -152,6 +154,7 @@ class ServerArgs:
     enable_multimodal: bool = False
     mm_cache_size_mb: int = 64
     allowed_media_domains: Optional[list[str]] = None
+    allowed_local_media_path: Optional[str] = None
     media_url_max_file_size_mb: float = 16.0
     media_url_timeout: float = 10.0
     max_image_pixels: int = 64 * 2**20

@@ -26,6 +26,7 @@ class MediaConfig:
     max_file_bytes: int = 16 * MB  # one image's encoded bytes, whatever its source
     url_timeout: float = 10.0  # seconds a download may take in all
     max_image_pixels: int = 64 * MB  # width x height; more is a decompression bomb
+    allowed_local_media_path: str = ""  # the directory file:// images may come from; empty: none
 
     def __post_init__(self):
         if self.max_file_bytes < 1:
@@ -39,7 +40,7 @@ class MediaConfig:
         if isinstance(domains, str):
             domains = [d for d in domains.split(",") if d]
         return cls(tuple(d.strip().lower() for d in domains), int(args.media_url_max_file_size_mb * MB),
-                   float(args.media_url_timeout), int(args.max_image_pixels))
+                   float(args.media_url_timeout), int(args.max_image_pixels), args.allowed_local_media_path or "")
 
 
 def image_bytes(source: str, field: str, config: MediaConfig) -> bytes:
@@ -72,6 +73,14 @@ def _b64(payload: str, field: str, config: MediaConfig) -> bytes:
 
 
 def _read_file(path: str, field: str, config: MediaConfig) -> bytes:
+    # A request must not read the server's files (vLLM's --allowed-local-media-path): only below the
+    # directory given, after symlinks resolve; the same error whether or not the file exists.
+    root = config.allowed_local_media_path
+    real = os.path.realpath(path)
+    if not root or os.path.commonpath([real, os.path.realpath(root)]) != os.path.realpath(root):
+        raise ValueError(f"{field}: file:// images are allowed only below --allowed-local-media-path"
+                         + ("" if root else " (not set)"))
+    path = real
     try:
         with open(path, "rb") as f:
             if os.fstat(f.fileno()).st_size > config.max_file_bytes:
