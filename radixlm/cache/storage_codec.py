@@ -43,6 +43,7 @@ class ChunkLayout:
     head_dim: int
     dtype: torch.dtype
     tokens: int
+    v_head_dim: Optional[int] = None  # None: head_dim (0: an MLA latent pool, no V)
 
     @property
     def scales(self) -> bool:
@@ -50,7 +51,8 @@ class ChunkLayout:
 
     def tensors(self) -> list[tuple[list[int], torch.dtype]]:
         kv = [self.num_layers, self.tokens, self.num_kv_heads, self.head_dim]
-        out = [(kv, self.dtype), (kv, self.dtype)]
+        v = kv[:3] + [self.head_dim if self.v_head_dim is None else self.v_head_dim]
+        out = [(kv, self.dtype), (v, self.dtype)]
         return out + [(kv[:3], torch.float32)] * 2 if self.scales else out
 
     @property
