@@ -142,6 +142,9 @@ def decode_chunk(blob, secret: bytes, model_key: str, key: str, token_ids: list[
     tensors, off = [], start
     for shape, dt in layout.tensors():
         count = _numel(shape)
+        if count == 0:  # an MLA latent pool's V (frombuffer refuses an empty count)
+            tensors.append(torch.empty(shape, dtype=dt))
+            continue
         tensors.append(torch.frombuffer(mv, dtype=dt, count=count, offset=off).view(shape))
         off += count * tensors[-1].element_size()
     return KVData(*tensors)
