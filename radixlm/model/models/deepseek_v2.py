@@ -150,6 +150,8 @@ class DeepseekV2Model(nn.Module):
 _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")
 _STACKED_EXPERTS = re.compile(r"^(.*\.mlp\.experts)\.(gate_up_proj|down_proj)$")
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
+_EXPERT_PROJ = re.compile(r"^(.*\.mlp\.experts)\.(gate_proj|up_proj|down_proj)\.weight$")
+_SPLIT_KV_B = re.compile(r"^(.*\.self_attn)\.(k_b_proj|v_b_proj)\.weight$")
 
 
 class DeepseekV2ForCausalLM(LlamaForCausalLM):
@@ -179,30 +181,60 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """The Llama loader (its checks, quantized tensors) for everything but the routed experts,
-        whose per-expert tensors go into their stacked parameters here; V3's multi-token-prediction
-        layers (past num_hidden_layers) are skipped."""
+        whose tensors go into their stacked parameters here. Also read: GGUF's 3-D expert tensors
+        and kv_b_proj split per head (gguf_deepseek.py). V3's multi-token-prediction layers (past
+        num_hidden_layers) are skipped."""
         n = self.config.num_hidden_layers
         filled: dict[str, set] = {}
+        split_kv_b: dict[str, dict[str, torch.Tensor]] = {}  # GGUF's attn_k_b / attn_v_b, per layer
+        whole_kv_b: set[str] = set()
+
+        def load_expert(name: str, tensor: torch.Tensor) -> None:
+            target, shard = self._map_name(name)
+            owner, _, kind = target.rpartition(".")
+            module = self.get_submodule(owner)
+            filled.setdefault(target, set()).update(module.load_shard(getattr(module, kind), _dequantized(tensor), shard))
 
         def others() -> Iterable[tuple[str, torch.Tensor]]:
             for name, tensor in weights:
                 m = _LAYER.match(name)
                 if m and int(m.group(1)) >= n:
                     continue
-                target, shard = self._map_name(name)
-                owner, _, kind = target.rpartition(".")
-                if kind in ("w13", "w2") and owner.endswith(".mlp.experts"):
-                    module = self.get_submodule(owner)
-                    dequant = tensor.dequantize() if hasattr(tensor, "dequantize") else tensor
-                    filled.setdefault(target, set()).update(module.load_shard(getattr(module, kind), dequant, shard))
+                name = name.replace(".mlp.gate.e_score_correction.bias", ".mlp.gate.e_score_correction_bias")
+                m = _SPLIT_KV_B.match(name)
+                if m:
+                    split_kv_b.setdefault(m.group(1), {})[m.group(2)] = _dequantized(tensor)
                     continue
-                yield name, tensor
+                if name.endswith(".self_attn.kv_b_proj.weight"):
+                    whole_kv_b.add(name[: -len(".kv_b_proj.weight")])
+                m = _EXPERT_PROJ.match(name)
+                if m and tensor.dim() == 3:  # GGUF: one projection of every expert, [experts, rows, cols]
+                    for e, w in enumerate(_dequantized(tensor)):
+                        load_expert(f"{m.group(1)}.{e}.{m.group(2)}.weight", w)
+                elif _EXPERT.match(name) or _STACKED_EXPERTS.match(name):
+                    load_expert(name, tensor)
+                else:
+                    yield name, tensor
+            for attn, parts in split_kv_b.items():  # kv_b_proj from its per-head split, unless given whole
+                if attn not in whole_kv_b:
+                    yield f"{attn}.kv_b_proj.weight", _join_kv_b(parts["k_b_proj"], parts["v_b_proj"])
 
         super().load_weights(others())
         missing = [t for t, _ in self.named_parameters() if t.endswith((".experts.w13", ".experts.w2"))
                    and len(filled.get(t, ())) < self.get_submodule(t.rpartition(".")[0]).num_shards(t.rpartition(".")[2])]
         if missing:
             raise ValueError(f"weights do not match {type(self).__name__}: missing experts of {missing[:8]}")
+
+
+def _dequantized(t) -> torch.Tensor:
+    return t.dequantize() if hasattr(t, "dequantize") else t
+
+
+def _join_kv_b(k_b: torch.Tensor, v_b: torch.Tensor) -> torch.Tensor:
+    """kv_b_proj.weight [heads * (qk_nope + v_head_dim), kv_lora_rank] from llama.cpp's split:
+    k_b [heads, kv_lora_rank, qk_nope] (transposed per head) and v_b [heads, v_head_dim, kv_lora_rank]."""
+    rank = v_b.shape[2]
+    return torch.cat((k_b.transpose(1, 2), v_b), dim=1).reshape(-1, rank).contiguous()
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
