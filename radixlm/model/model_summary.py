@@ -25,6 +25,10 @@ def parameter_counts(model: nn.Module) -> tuple[int, int]:
     return total, int(total - inactive)
 
 
+def _count(n: int) -> str:
+    return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
+
+
 def summary(architecture: str, model: nn.Module, hf_config: Any, layout: KVLayout, num_layers: int,
             kv_dtype: torch.dtype) -> str:
     total, active = parameter_counts(model)
@@ -34,7 +38,7 @@ def summary(architecture: str, model: nn.Module, hf_config: Any, layout: KVLayou
         shared = getattr(hf_config, "n_shared_experts", None)
         parts.append(f"{experts} routed experts, top-{hf_config.num_experts_per_tok}"
                      + (f", {shared} shared" if shared else ""))
-    parts.append(f"params {total / 1e9:.3f}B total, {active / 1e9:.3f}B active")
+    parts.append(f"params {_count(total)} total, {_count(active)} active")
     per_token = layout.bytes_per_token(num_layers, kv_dtype)
     kv = f"KV {per_token} bytes/token"
     if layout.mla:

@@ -117,3 +117,24 @@ def test_startup_summary_reports_mla_bytes(models):
     assert total - active == moe_layers * per_expert * (cfg.n_routed_experts - cfg.num_experts_per_tok)
     line = summary(loaded.architecture, loaded.model, cfg, layout, L, torch.float32)
     assert loaded.architecture in line and "MHA would be" in line and f"top-{cfg.num_experts_per_tok}" in line
+    assert f"{active / 1e6:.2f}M active" in line
+
+
+def test_other_backends_refuse_the_latent_pool():
+    """--attention-backend native / torch on an MLA model: a ValueError naming the option and why;
+    auto picks mla, which in turn refuses a model with per-head K/V."""
+    from radixlm.model.layers.attention import resolve_attention_backends
+    from radixlm.model.layers.attention.base import AttentionBackendSpec
+
+    spec = AttentionBackendSpec(head_dim=40, dtype=torch.float32, kv_dtype=torch.float32,
+                                device=torch.device("cpu"), mla=True)
+    assert resolve_attention_backends(spec) == ("mla", "mla")
+    for name in ("native", "torch"):
+        with pytest.raises(ValueError, match=f"attention_backend {name}: reads per-head K/V"):
+            resolve_attention_backends(spec, name)
+    with pytest.raises(ValueError, match="decode_attention_backend torch"):
+        resolve_attention_backends(spec, decode_attention_backend="torch")
+    plain = AttentionBackendSpec(head_dim=64, dtype=torch.float32, kv_dtype=torch.float32, device=torch.device("cpu"))
+    assert resolve_attention_backends(plain)[0] != "mla"
+    with pytest.raises(ValueError, match="attention_backend mla: runs multi-head latent attention models"):
+        resolve_attention_backends(plain, "mla")
