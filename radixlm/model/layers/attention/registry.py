@@ -47,11 +47,6 @@ def register_attention_backend(name: str, supported: Callable[[AttentionBackendS
     return decorator
 
 
-@register_attention_backend("mla", supported=mla_supported, mla=True)
-def create_mla_backend(spec: AttentionBackendSpec) -> AttentionBackend:
-    return MLABackend()
-
-
 @register_attention_backend("native", supported=native_supported)
 def create_native_backend(spec: AttentionBackendSpec) -> AttentionBackend:
     return NativeCPUBackend()
@@ -60,6 +55,12 @@ def create_native_backend(spec: AttentionBackendSpec) -> AttentionBackend:
 @register_attention_backend("torch", supported=torch_sdpa_supported)
 def create_torch_sdpa_backend(spec: AttentionBackendSpec) -> AttentionBackend:
     return TorchSDPABackend.for_spec(spec)
+
+
+# Last: it serves only the models the others refuse (spec.mla), so auto's order is unchanged.
+@register_attention_backend("mla", supported=mla_supported, mla=True)
+def create_mla_backend(spec: AttentionBackendSpec) -> AttentionBackend:
+    return MLABackend()
 
 
 ATTENTION_BACKENDS: tuple[str, ...] = tuple(_REGISTRY)
