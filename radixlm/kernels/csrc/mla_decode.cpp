@@ -24,12 +24,6 @@ inline void load_row(const void* src, float* dst, int64_t D) {
   for (int64_t c = 0; c < D; c += 8) _mm256_storeu_ps(dst + c, ld8<T>(src, c));
 }
 
-inline float dot(const float* a, const float* b, int64_t D) {
-  __m256 acc = _mm256_setzero_ps();
-  for (int64_t c = 0; c < D; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + c), _mm256_loadu_ps(b + c), acc);
-  return hsum(acc);
-}
-
 inline void scale_add(float* y, float a, const float* x, float keep, int64_t n) {  // y = keep * y + a * x
   const __m256 va = _mm256_set1_ps(a), vk = _mm256_set1_ps(keep);
   for (int64_t c = 0; c < n; c += 8)
@@ -39,6 +33,30 @@ inline void scale_add(float* y, float a, const float* x, float keep, int64_t n) 
 struct Item {
   int64_t b, k0, k1;
 };
+
+// Four dot products of one query with four rows: independent accumulators (one chain would wait
+// on each FMA's latency) and the query loaded once.
+inline void dot4(const float* q, const float* r, int64_t D, float* out) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  for (int64_t c = 0; c < D; c += 8) {
+    const __m256 x = _mm256_loadu_ps(q + c);
+    a0 = _mm256_fmadd_ps(x, _mm256_loadu_ps(r + c), a0);
+    a1 = _mm256_fmadd_ps(x, _mm256_loadu_ps(r + D + c), a1);
+    a2 = _mm256_fmadd_ps(x, _mm256_loadu_ps(r + 2 * D + c), a2);
+    a3 = _mm256_fmadd_ps(x, _mm256_loadu_ps(r + 3 * D + c), a3);
+  }
+  out[0] = hsum(a0), out[1] = hsum(a1), out[2] = hsum(a2), out[3] = hsum(a3);
+}
+
+// y = keep * y + sum_j p[j] * rows[j][:n] over n_rows rows (stride D): y is loaded and stored once.
+inline void accumulate(float* y, float keep, const float* p, const float* rows, int64_t n_rows, int64_t D, int64_t n) {
+  const __m256 vk = _mm256_set1_ps(keep);
+  for (int64_t c = 0; c < n; c += 8) {
+    __m256 acc = _mm256_mul_ps(vk, _mm256_loadu_ps(y + c));
+    for (int64_t j = 0; j < n_rows; ++j) acc = _mm256_fmadd_ps(_mm256_set1_ps(p[j]), _mm256_loadu_ps(rows + j * D + c), acc);
+    _mm256_storeu_ps(y + c, acc);
+  }
+}
 
 // Keys [k0, k1) of one request: running max m[h], sum l[h] and unnormalized output acc[h][R].
 template <int T>
@@ -51,20 +69,22 @@ void run_item(const float* q, const uint8_t* base, int64_t slot_stride, const in
   for (int64_t kb = it.k0; kb < it.k1; kb += BLK) {
     const int64_t n = std::min(BLK, it.k1 - kb);
     for (int64_t j = 0; j < n; ++j) load_row<T>(base + idx[kb + j] * slot_stride, rows.data() + j * D, D);
+    for (int64_t j = n; j < ((n + 3) & ~int64_t(3)); ++j) std::fill(rows.data() + j * D, rows.data() + (j + 1) * D, 0.0f);
     for (int64_t h = 0; h < H; ++h) {
       float mx = m[h];
+      for (int64_t j = 0; j < n; j += 4) dot4(q + h * D, rows.data() + j * D, D, s.data() + j);
       for (int64_t j = 0; j < n; ++j) {
-        s[j] = dot(q + h * D, rows.data() + j * D, D) * scale;
+        s[j] *= scale;
         mx = std::max(mx, s[j]);
       }
       const float corr = std::isinf(m[h]) ? 0.0f : std::exp(m[h] - mx);
-      float* a = acc + h * R;
-      l[h] *= corr;
+      float sum = 0.0f;
       for (int64_t j = 0; j < n; ++j) {
-        const float p = std::exp(s[j] - mx);
-        l[h] += p;
-        scale_add(a, p, rows.data() + j * D, j == 0 ? corr : 1.0f, R);
+        s[j] = std::exp(s[j] - mx);
+        sum += s[j];
       }
+      l[h] = l[h] * corr + sum;
+      accumulate(acc + h * R, corr, s.data(), rows.data(), n, D, R);
       m[h] = mx;
     }
   }
