@@ -148,7 +148,8 @@ DIFFERENT: dict[str, str] = {
     "--quantization": "radixlm's values: gguf (a GGUF's own block formats, its default), none (dequantized to "
     "--dtype), int8, q4_0, q8_0, q4_k, f16, bf16 (quantized at load; native CPU kernels)",
     "--kv-cache-dtype": "radixlm adds float32, float16 and int8 (a float32 scale per token and head)",
-    "--attention-backend": "radixlm's backends: native (the paged CPU kernel) and torch (SDPA)",
+    "--attention-backend": "radixlm's backends: native (the paged CPU kernel) and torch (SDPA), and mla for "
+    "DeepSeek-V2/V3's latent KV cache (auto picks it for them)",
     "--prefill-attention-backend": "as --attention-backend",
     "--decode-attention-backend": "as --attention-backend",
     "--speculative-algorithm": "radixlm's: ngram (prompt lookup), radix (continuations in the radix cache), "

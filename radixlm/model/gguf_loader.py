@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import torch
 
+from radixlm.model.gguf_deepseek import DEEPSEEK2_TENSOR_NAMES, deepseek2_config
 from radixlm.model.gguf_gemma import GEMMA_ARCHS, gemma_config_kwargs
 from radixlm.model.gguf_moe import MIXTRAL, MOE_ARCHITECTURES, MOE_TENSOR_NAMES, has_experts, moe_config_kwargs
 from radixlm.model.tp_shard import Slicer
@@ -35,6 +36,7 @@ GGUF_ARCHITECTURES = {
     "gemma2": ("Gemma2ForCausalLM", "Gemma2Config"),
     "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig"),
     **MOE_ARCHITECTURES,
+    "deepseek2": ("DeepseekV2ForCausalLM", "DeepseekV2Config"),  # V3 when its gating is sigmoid (gguf_deepseek.py)
 }
 # A llama file with a sliding window is a Mistral (llama.cpp writes Mistral as llama).
 _MISTRAL = ("MistralForCausalLM", "MistralConfig")
@@ -84,6 +86,7 @@ _ARCH_TENSOR_NAMES = {
     "gemma3": _GEMMA_TENSOR_NAMES,
     "phi3": dict(_TENSOR_NAMES, attn_qkv="model.layers.{}.self_attn.qkv_proj",
                  ffn_up="model.layers.{}.mlp.gate_up_proj"),
+    "deepseek2": DEEPSEEK2_TENSOR_NAMES,
 }
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _TOP_RE = re.compile(r"^(\w+)\.(weight|bias)$")
@@ -175,6 +178,8 @@ def gguf_config(reader):
         kw = gemma_config_kwargs(reader, arch, kw)
     if arch == "phi3":
         kw.update(_phi3_config(reader, kw))
+    if arch == "deepseek2":
+        hf_arch, config_cls, kw = deepseek2_config(reader, kw)
     config = getattr(transformers, config_cls)(**kw)
     config.architectures = [hf_arch]
     return config

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from radixlm.model.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from radixlm.model.models.gemma2 import Gemma2ForCausalLM
 from radixlm.model.models.gemma3 import Gemma3ForCausalLM
 from radixlm.model.models.llama import LlamaForCausalLM, MistralForCausalLM
@@ -20,6 +21,8 @@ from radixlm.model.models.qwen2 import Qwen2ForCausalLM
 from radixlm.model.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
+    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
     "LlamaForCausalLM": LlamaForCausalLM,
