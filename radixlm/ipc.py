@@ -71,6 +71,8 @@ class TokenizedGenerateReqInput:
     # The prefix cache's namespace of this request's KV (from its cache_salt); None: the common one.
     cache_namespace: Optional[str] = None
     lora_id: Optional[str] = None  # the LoRA adapter's uid (its cache_namespace keeps its KV apart); None: base
+    # PD disaggregation (docs/disaggregation.md): the prefill server and transfer room the router chose.
+    bootstrap: Optional["BootstrapInfo"] = None
 
     def __post_init__(self):
         # What the scheduler relies on without looking (the context length is the tokenizer
@@ -80,6 +82,16 @@ class TokenizedGenerateReqInput:
         if self.return_logprob and self.logprob_start_len >= len(self.input_ids):
             raise ValueError(f"logprob_start_len {self.logprob_start_len} must be below the prompt length "
                              f"{len(self.input_ids)}")
+
+
+@dataclass(frozen=True)
+class BootstrapInfo:
+    """SGLang's bootstrap_host / bootstrap_port / bootstrap_room of one request: where the prefill
+    server's bootstrap service answers, and the id both servers name this request's KV transfer by."""
+
+    host: str
+    port: int
+    room: int
 
 
 @dataclass
@@ -313,6 +325,10 @@ class GenerateReqInput:
     # vLLM's cache_salt: requests share cached KV only with requests of the same salt (str | list[str]).
     cache_salt: Optional[Any] = None
     lora_path: Optional[Any] = None  # SGLang's: the LoRA adapter's name (str | list per prompt); None: base
+    # SGLang's PD disaggregation fields, set by the router (docs/disaggregation.md).
+    bootstrap_host: Optional[Any] = None
+    bootstrap_port: Optional[Any] = None
+    bootstrap_room: Optional[Any] = None
 
     def __post_init__(self):
         if (self.text is None) == (self.input_ids is None):
@@ -346,7 +362,8 @@ class GenerateReqInput:
         """Field `name` for batch item i: per-item lists are indexed, scalars shared."""
         v = getattr(self, name)
         per_item = {"sampling_params": dict, "rid": str, "return_logprob": bool, "logprob_start_len": int,
-                    "top_logprobs_num": int, "priority": int, "cache_salt": str, "lora_path": str}
+                    "top_logprobs_num": int, "priority": int, "cache_salt": str, "lora_path": str,
+                    "bootstrap_host": str, "bootstrap_port": int, "bootstrap_room": int}
         if not self.is_single and isinstance(v, list) and name in per_item:
             if len(v) != self.batch_size:
                 raise ValueError(f"{name} has {len(v)} items but the batch has {self.batch_size}")

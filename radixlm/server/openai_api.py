@@ -267,6 +267,7 @@ async def completions(request: Request):
         stream=bool(req.stream),
         cache_salt=req.cache_salt,
         lora_path=requested.adapter,
+        bootstrap_host=req.bootstrap_host, bootstrap_port=req.bootstrap_port, bootstrap_room=req.bootstrap_room,
     )
     echo = (texts or [tok.decode(i) for i in ids]) if req.echo else None
     job = _Job(chat=False, id=f"cmpl-{rid}", model=model, n=n, obj=obj, echo_texts=echo, logprobs=want_lp,
@@ -326,6 +327,7 @@ async def open_chat(request: Request, req: ChatCompletionRequest):
         stream=bool(req.stream),
         cache_salt=req.cache_salt,
         lora_path=requested.adapter,
+        bootstrap_host=req.bootstrap_host, bootstrap_port=req.bootstrap_port, bootstrap_room=req.bootstrap_room,
     )
     job = _Job(chat=True, id=f"chatcmpl-{rid}", model=model, n=req.n or 1, obj=obj, logprobs=bool(req.logprobs),
                include_usage=bool(req.stream_options and req.stream_options.include_usage),
