@@ -54,18 +54,21 @@ class PDDecode(NoDisaggregation):
         return bool(self.queues.kv_bootstrap or self.queues.kv_transfer)
 
     def poll(self) -> None:
-        now = time.monotonic()
+        now, arrived = time.monotonic(), False
         for req in list(self.queues.kv_transfer):
             aux = self.transfer.arrived(req.bootstrap.room)
             if aux is not None and aux.error:
                 self._fail(req, f"the prefill server failed: {aux.error}")
             elif aux is not None:
                 self._complete(req, aux)
+                arrived = True
             elif req.to_abort:
                 self._fail(req, "aborted", None)
             elif now - self.since[id(req)] > self.config.waiting_timeout:
                 self._fail(req, f"the KV did not arrive within {self.config.waiting_timeout:g} s "
                            "(--disaggregation-waiting-timeout)")
+        if arrived:  # the first tokens go out now, not with the next decode step's
+            self.outputs.flush()
         for req in list(self.queues.kv_bootstrap):
             if req.to_abort:
                 self._fail(req, "aborted", None)
