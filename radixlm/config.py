@@ -20,6 +20,26 @@ _ALIASES = {"dp_size": ("--dp", "--data-parallel-size"), "tp_size": ("--tp", "--
             "dist_init_addr": ("--nccl-init-addr",), "speculative_draft_model_path": ("--speculative-draft-model",)}
 
 
+# PD disaggregation's flag help (docs/disaggregation.md), kept out of ServerArgs (its size limit).
+_PD_HELPS = {
+    "disaggregation_mode": "PD disaggregation: null (one server does both), prefill (runs prompts and sends "
+    "their KV; runs the bootstrap service) or decode (receives the KV into slots it reserved, then decodes); "
+    "behind `radixlm router --pd-disaggregation`",
+    "disaggregation_transfer_backend": "how KV moves: tcp (ZMQ, per layer), shm (the decode server's KV pool in "
+    "shared memory, written at its slots; same host, CPU) or fake (nothing moves: warm-up)",
+    "disaggregation_bootstrap_port": "prefill: the port of the bootstrap service where its ranks register and "
+    "decode servers find them",
+    "num_reserved_decode_tokens": "decode: KV tokens kept free per request for its outputs when slots are "
+    "reserved for an arriving prompt",
+    "disaggregation_bootstrap_timeout": "seconds a request may wait for its peer (prefill: the decode side's "
+    "slots; decode: the prefill server's bootstrap and KV room) before it fails with a 5xx",
+    "disaggregation_waiting_timeout": "seconds a transfer may take once started (prefill: until the decode "
+    "side acknowledges; decode: until the KV arrived) before both sides free its slots and it fails",
+    "disaggregation_debug_checksum": "debug: SHA-256 of every transfer's KV on both sides (compared on the "
+    "decode side; both in /get_server_info)",
+}
+
+
 @dataclass
 class ServerArgs:
     # Model
@@ -197,9 +217,7 @@ class ServerArgs:
     pp_size: int = 1
     pp_max_micro_batch_size: Optional[int] = None  # None: a decode step splits into pp_size micro-batches
     pp_layer_partition: Optional[str] = None  # layers per stage, "10,11,11"; None: even
-    # PD disaggregation (issue 39; docs/disaggregation.md; SGLang's flags): prefill and decode on separate
-    # servers, the prompt's KV moved from one to the other, behind `radixlm router --pd-disaggregation`.
-    disaggregation_mode: str = "null"
+    disaggregation_mode: str = "null"  # PD disaggregation (docs/disaggregation.md; help: _PD_HELPS)
     disaggregation_transfer_backend: str = "tcp"
     disaggregation_bootstrap_port: int = 8998
     num_reserved_decode_tokens: int = 512
@@ -379,25 +397,11 @@ class ServerArgs:
             "lower admits more requests, higher retracts fewer",
             "decode_kv_mirror_gb": "memory for a dense copy of the decoding requests' KV (0: off; default 1 on CPU, "
             "0 on CUDA)",
-            "disaggregation_mode": "PD disaggregation: null (one server does both), prefill (runs prompts and sends "
-            "their KV; runs the bootstrap service) or decode (receives the KV into slots it reserved, then decodes); "
-            "behind `radixlm router --pd-disaggregation`",
-            "disaggregation_transfer_backend": "how KV moves: tcp (ZMQ, per layer), shm (the decode server's KV pool in "
-            "shared memory, written at its slots; same host, CPU) or fake (nothing moves: warm-up)",
-            "disaggregation_bootstrap_port": "prefill: the port of the bootstrap service where its ranks register and "
-            "decode servers find them",
-            "num_reserved_decode_tokens": "decode: KV tokens kept free per request for its outputs when slots are "
-            "reserved for an arriving prompt",
-            "disaggregation_bootstrap_timeout": "seconds a request may wait for its peer (prefill: the decode side's "
-            "slots; decode: the prefill server's bootstrap and KV room) before it fails with a 5xx",
-            "disaggregation_waiting_timeout": "seconds a transfer may take once started (prefill: until the decode "
-            "side acknowledges; decode: until the KV arrived) before both sides free its slots and it fails",
-            "disaggregation_debug_checksum": "debug: SHA-256 of every transfer's KV on both sides (compared on the "
-            "decode side; both in /get_server_info)",
             "sampling_defaults": "model: a request's unset temperature, top_p, top_k, min_p, repetition_penalty come "
             "from the model's generation_config.json (a GGUF: its general.sampling.* metadata); openai: the "
             "OpenAI defaults (temperature 1, top_p 1, no top-k) (SGLang's flag)",
         }
+        helps.update(_PD_HELPS)
         for f in dataclasses.fields(ServerArgs):
             flag = "--" + f.name.replace("_", "-")
             default = f.default

@@ -126,6 +126,10 @@ VALUE_RULES: dict[str, ValueRule] = {
         RefusedValues(("routing-key",), "routing keys (set by SGLang's gateway) are not in radixlm",
                       "lpm, fcfs, lof, random or dfs-weight"),
     )),
+    "disaggregation_transfer_backend": ValueRule("--disaggregation-transfer-backend", refused=(RefusedValues(
+        ("mooncake", "nixl", "ascend", "mori"), "an RDMA transfer engine radixlm has no client for "
+        "(docs/disaggregation.md says how one plugs into its Sender/Receiver interface)",
+        "--disaggregation-transfer-backend tcp (ZMQ, any host) or shm (shared memory, one host)"),)),
     "grammar_backend": ValueRule("--grammar-backend", refused=(RefusedValues(
         ("outlines", "llguidance"), "radixlm compiles grammars with xgrammar only", "--grammar-backend xgrammar "
         "(the default) or none"),)),
