@@ -105,6 +105,9 @@ class PDDecode(NoDisaggregation):
             return False
         cm.assign(req, indices, node)
         slots = cm.alloc_kv(need)
+        if slots is None:  # not after the kv_room check; never keep a half-reserved request
+            cm.release(req)
+            return False
         cm.req_to_token_pool.req_to_token[req.req_pool_idx, prefix_len:prompt_len] = slots
         req.kv_allocated_len = prompt_len
         self.transfer.start(info.room, route, slots.clone(), prefix_len)
