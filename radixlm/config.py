@@ -33,6 +33,24 @@ _VISION_HELPS = {  # kept out of ServerArgs (its size limit)
     "media_url_timeout": "seconds an image download may take",
     "max_image_pixels": "largest image (width x height) decoded; more is refused as a decompression bomb",
 }
+# PD disaggregation's flag help (docs/disaggregation.md), kept out of ServerArgs (its size limit).
+_PD_HELPS = {
+    "disaggregation_mode": "PD disaggregation: null (one server does both), prefill (runs prompts and sends "
+    "their KV; runs the bootstrap service) or decode (receives the KV into slots it reserved, then decodes); "
+    "behind `radixlm router --pd-disaggregation`",
+    "disaggregation_transfer_backend": "how KV moves: tcp (ZMQ, per layer), shm (the decode server's KV pool in "
+    "shared memory, written at its slots; same host, CPU) or fake (nothing moves: warm-up)",
+    "disaggregation_bootstrap_port": "prefill: the port of the bootstrap service where its ranks register and "
+    "decode servers find them",
+    "num_reserved_decode_tokens": "decode: KV tokens kept free per request for its outputs when slots are "
+    "reserved for an arriving prompt",
+    "disaggregation_bootstrap_timeout": "seconds a request may wait for its peer (prefill: the decode side's "
+    "slots; decode: the prefill server's bootstrap and KV room) before it fails with a 5xx",
+    "disaggregation_waiting_timeout": "seconds a transfer may take once started (prefill: until the decode "
+    "side acknowledges; decode: until the KV arrived) before both sides free its slots and it fails",
+    "disaggregation_debug_checksum": "debug: SHA-256 of every transfer's KV on both sides (compared on the "
+    "decode side; both in /get_server_info)",
+}
 
 
 @dataclass
@@ -225,6 +243,13 @@ class ServerArgs:
     # Expert parallelism (issue 38, docs/moe.md): 1 or tp_size; tp_size splits each MoE layer's experts
     # over the tp ranks (each computes its experts for every token, then an all-reduce).
     ep_size: int = 1
+    disaggregation_mode: str = "null"  # PD disaggregation (docs/disaggregation.md; help: _PD_HELPS)
+    disaggregation_transfer_backend: str = "tcp"
+    disaggregation_bootstrap_port: int = 8998
+    num_reserved_decode_tokens: int = 512
+    disaggregation_bootstrap_timeout: float = 300.0  # SGLang's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT
+    disaggregation_waiting_timeout: float = 300.0  # SGLang's SGLANG_DISAGGREGATION_WAITING_TIMEOUT
+    disaggregation_debug_checksum: bool = False
 
     # Runtime
     num_threads: Optional[int] = None  # torch intra-op threads; default all cores
@@ -407,6 +432,7 @@ class ServerArgs:
             "OpenAI defaults (temperature 1, top_p 1, no top-k) (SGLang's flag)",
         }
         helps.update(_VISION_HELPS)
+        helps.update(_PD_HELPS)
         for f in dataclasses.fields(ServerArgs):
             flag = "--" + f.name.replace("_", "-")
             default = f.default

@@ -73,6 +73,8 @@ class TokenizedGenerateReqInput:
     cache_namespace: Optional[str] = None
     lora_id: Optional[str] = None  # the LoRA adapter's uid (its cache_namespace keeps its KV apart); None: base
     mm_inputs: Optional[MultimodalInputs] = None  # images: their spans (pad values in input_ids) and pixels
+    # PD disaggregation (docs/disaggregation.md): the prefill server and transfer room the router chose.
+    bootstrap: Optional["BootstrapInfo"] = None
 
     def __post_init__(self):
         # What the scheduler relies on without looking (the context length is the tokenizer
@@ -82,6 +84,16 @@ class TokenizedGenerateReqInput:
         if self.return_logprob and self.logprob_start_len >= len(self.input_ids):
             raise ValueError(f"logprob_start_len {self.logprob_start_len} must be below the prompt length "
                              f"{len(self.input_ids)}")
+
+
+@dataclass(frozen=True)
+class BootstrapInfo:
+    """SGLang's bootstrap_host / bootstrap_port / bootstrap_room of one request: where the prefill
+    server's bootstrap service answers, and the id both servers name this request's KV transfer by."""
+
+    host: str
+    port: int
+    room: int
 
 
 @dataclass
@@ -334,6 +346,10 @@ class GenerateReqInput:
     # SGLang's: images (data: URL, base64, file:// or http(s) URL), str | list per prompt; the text holds
     # the model's image token where each goes (engine/mm_processor.py).
     image_data: Optional[Any] = None
+    # SGLang's PD disaggregation fields, set by the router (docs/disaggregation.md).
+    bootstrap_host: Optional[Any] = None
+    bootstrap_port: Optional[Any] = None
+    bootstrap_room: Optional[Any] = None
 
     def __post_init__(self):
         if (self.text is None) == (self.input_ids is None):
@@ -369,7 +385,8 @@ class GenerateReqInput:
         """Field `name` for batch item i: per-item lists are indexed, scalars shared."""
         v = getattr(self, name)
         per_item = {"sampling_params": dict, "rid": str, "return_logprob": bool, "logprob_start_len": int,
-                    "top_logprobs_num": int, "priority": int, "cache_salt": str, "lora_path": str}
+                    "top_logprobs_num": int, "priority": int, "cache_salt": str, "lora_path": str,
+                    "bootstrap_host": str, "bootstrap_port": int, "bootstrap_room": int}
         if not self.is_single and isinstance(v, list) and name in per_item:
             if len(v) != self.batch_size:
                 raise ValueError(f"{name} has {len(v)} items but the batch has {self.batch_size}")

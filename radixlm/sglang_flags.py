@@ -126,6 +126,10 @@ VALUE_RULES: dict[str, ValueRule] = {
         RefusedValues(("routing-key",), "routing keys (set by SGLang's gateway) are not in radixlm",
                       "lpm, fcfs, lof, random or dfs-weight"),
     )),
+    "disaggregation_transfer_backend": ValueRule("--disaggregation-transfer-backend", refused=(RefusedValues(
+        ("mooncake", "nixl", "ascend", "mori"), "an RDMA transfer engine radixlm has no client for "
+        "(docs/disaggregation.md says how one plugs into its Sender/Receiver interface)",
+        "--disaggregation-transfer-backend tcp (ZMQ, any host) or shm (shared memory, one host)"),)),
     "grammar_backend": ValueRule("--grammar-backend", refused=(RefusedValues(
         ("outlines", "llguidance"), "radixlm compiles grammars with xgrammar only", "--grammar-backend xgrammar "
         "(the default) or none"),)),
@@ -261,11 +265,11 @@ GROUPS: tuple[FlagGroup, ...] = (
            "load synchronously", "--enable-lora-overlap-loading", "--max-lora-chunk-size V"),
     _refused("LoRA on mixture-of-experts models is not in radixlm", "a dense model's adapters (--enable-lora)",
              "--[no-]experts-shared-outer-loras"),
-    _refused("prefill/decode (and encoder) disaggregation is not in radixlm yet", "one server runs prefill and "
-             "decode (--enable-mixed-chunk puts both in one step); --dp-size N servers behind the router",
-             "--disaggregation-mode V=null", "--disaggregation-transfer-backend V", "--disaggregation-bootstrap-port V",
+    _refused("these parts of prefill/decode disaggregation (RDMA devices, decode-side KV offload, PD "
+             "multiplexing) and encoder disaggregation are not in radixlm", "--disaggregation-mode prefill|decode "
+             "with --disaggregation-transfer-backend tcp|shm behind `radixlm router --pd-disaggregation`",
              "--disaggregation-ib-device V", "--disaggregation-decode-enable-offload-kvcache",
-             "--num-reserved-decode-tokens V", "--disaggregation-decode-polling-interval V", "--enable-pdmux",
+             "--disaggregation-decode-polling-interval V", "--enable-pdmux",
              "--pdmux-config-path V", "--sm-group-num V", "--encoder-only", "--language-only",
              "--encoder-transfer-backend V", "--encoder-urls V...", "--enable-adaptive-dispatch-to-encoder"),
     _refused("context, DP-attention and two-batch-overlap parallelism (and an asynchronous pipeline depth) are "

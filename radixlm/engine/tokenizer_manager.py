@@ -15,6 +15,7 @@ import zmq
 import zmq.asyncio
 
 from radixlm.config import PortArgs, ServerArgs
+from radixlm.disaggregation.config import parse_bootstrap
 from radixlm.engine.lora_control import LoRAControlMixin, cache_namespace
 from radixlm.engine.media import MediaConfig
 from radixlm.engine.mm_processor import multimodal_prompt
@@ -93,6 +94,7 @@ class TokenizerManagerConfig:
     # ignored, as SGLang does): otherwise any client could put itself ahead of every other.
     enable_priority_scheduling: bool = False
     media: MediaConfig = MediaConfig()  # images in requests: sources, size and pixel bounds (engine/media.py)
+    disaggregation_mode: str = "null"  # PD disaggregation: which requests may carry bootstrap fields
 
     def __post_init__(self):
         if self.max_n < 1:
@@ -106,7 +108,7 @@ class TokenizerManagerConfig:
     def from_server_args(cls, args: ServerArgs) -> "TokenizerManagerConfig":
         return cls(args.max_n, args.max_top_logprobs_num, not args.disable_radix_cache,
                    tokenizer_timeout=args.tokenizer_timeout, enable_priority_scheduling=args.enable_priority_scheduling,
-                   media=MediaConfig.from_server_args(args))
+                   media=MediaConfig.from_server_args(args), disaggregation_mode=args.disaggregation_mode)
 
 
 class TokenizerManager(RLControlMixin, LoRAControlMixin):
@@ -201,6 +203,8 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
             stream=obj.stream,
             priority=priority if self.config.enable_priority_scheduling else None,
             cache_namespace=self.lora_namespace(lora_id, cache_namespace(salt)), lora_id=lora_id, mm_inputs=mm,
+            bootstrap=parse_bootstrap(obj.item(i, "bootstrap_host"), obj.item(i, "bootstrap_port"),
+                                      obj.item(i, "bootstrap_room"), self.config.disaggregation_mode, sp.n),
         )
         return req, sp.n
 

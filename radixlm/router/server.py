@@ -83,6 +83,12 @@ class RouterArgs:
     max_retries: int = 3  # other workers tried for a request whose worker failed before answering
     retry_backoff: float = 0.05  # seconds before the first retry, doubled for each further one
     log_level: str = "info"
+    # PD disaggregation (router/pd.py): prefill servers (url, bootstrap port or None) and decode servers.
+    pd_disaggregation: bool = False
+    prefill_urls: list = field(default_factory=list)
+    decode_urls: list[str] = field(default_factory=list)
+    prefill_policy: Optional[str] = None  # None: --policy
+    decode_policy: Optional[str] = None
 
 
 class RouterState:

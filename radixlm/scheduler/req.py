@@ -52,6 +52,11 @@ class ReqStatus(Enum):
     RUNNING = "running"
     FINISHING = "finishing"
     FINISHED = "finished"
+    # PD disaggregation (pd_decode.py, pd_prefill.py): decode side, waiting for the prefill server's
+    # bootstrap and for KV room (holds nothing); holding reserved slots while the KV arrives, or
+    # (prefill side) holding the KV while it is sent.
+    KV_BOOTSTRAP = "kv-bootstrap"
+    KV_TRANSFER = "kv-transfer"
 
 
 @dataclass(eq=False)
@@ -70,6 +75,7 @@ class Req:
     cache_namespace: Optional[str] = None
     lora_id: Optional[str] = None  # the LoRA adapter's uid (None: the base model)
     mm_inputs: Optional[MultimodalInputs] = None  # images: their spans hold pad values (radixlm/mm_inputs.py)
+    bootstrap: Any = None  # PD disaggregation: its ipc.BootstrapInfo (the transfer's room)
     arrival_time: float = field(default_factory=time.monotonic)
 
     output_ids: list[int] = field(default_factory=list)
@@ -120,7 +126,8 @@ class Req:
                    eos_token_ids=eos_token_ids, return_logprob=recv.return_logprob,
                    logprob_start_len=recv.logprob_start_len, top_logprobs_num=recv.top_logprobs_num,
                    stream=recv.stream, priority=recv.priority, input_text=recv.input_text,
-                   cache_namespace=recv.cache_namespace, lora_id=recv.lora_id, mm_inputs=recv.mm_inputs)
+                   cache_namespace=recv.cache_namespace, lora_id=recv.lora_id, mm_inputs=recv.mm_inputs,
+                   bootstrap=recv.bootstrap)
 
     def __post_init__(self):
         if self.sampling_params.seed is not None:

@@ -44,7 +44,6 @@ from radixlm.scheduler.config import SchedulerConfig
 from radixlm.scheduler.dashboard_probe import DashboardProbe
 from radixlm.scheduler.decode_manager import DecodeManager
 from radixlm.scheduler.executor import InlineExecutor, OverlapExecutor
-from radixlm.scheduler.finisher import Finisher
 from radixlm.scheduler.grammar_manager import GrammarManager
 from radixlm.scheduler.intake import RequestIntake
 from radixlm.scheduler.invariants import InvariantChecker, InvariantError, NoInvariantChecks
@@ -53,6 +52,8 @@ from radixlm.scheduler.jump_forward import JumpForward, NoJumpForward
 from radixlm.scheduler.lazy_tokenizer import LazyTokenizer
 from radixlm.scheduler.lora_admin import LORA_MESSAGES, LORA_REPLIES, handle_lora_message
 from radixlm.scheduler.output_streamer import OutputStreamer
+from radixlm.scheduler.pd_mode import create_pd_mode, pd_finisher_class
+from radixlm.scheduler.pd_none import PDContext
 from radixlm.scheduler.policy import SchedulePolicy
 from radixlm.scheduler.prefetcher import Prefetcher
 from radixlm.scheduler.prefill_manager import PrefillLimits, PrefillManager
@@ -100,7 +101,8 @@ class Scheduler:
         executor_cls = OverlapExecutor if config.overlap_schedule else InlineExecutor
         self.executor = executor = executor_cls(runner, cm, self.grammar, self.spec)
         self.sessions = SessionPins.create(cm)  # open sessions' KV stays in the tree
-        self.finisher = Finisher(queues, cm, executor, self.spec, self.outputs, self.sessions)
+        finisher_cls = pd_finisher_class(config.disaggregation)  # PD prefill: KV kept until it was sent
+        self.finisher = finisher_cls(queues, cm, executor, self.spec, self.outputs, self.sessions)
         self.intake = RequestIntake(queues, self.grammar, Prefetcher(self.tree_cache), self.finisher, eos, sync,
                                     pool_all_tokens=runner.pooler is not None and runner.pooler.needs_all_tokens,
                                     lora=runner.lora)
@@ -125,6 +127,11 @@ class Scheduler:
         # Pause / continue, weight updates, memory release (SGLang's RL calls; weight_control.py).
         self.control = WeightControl(runner, cm, queues, self.intake, io, sync, stats, config.hicache,
                                      self.decode.finish_aborted, self._process_in_flight, self.is_idle)
+        # PD disaggregation (pd_mode.py): NoDisaggregation unless --disaggregation-mode prefill|decode.
+        self.pd = create_pd_mode(config.disaggregation, PDContext(queues, cm, self.finisher, self.outputs, self.tokenizer,
+                                                                  self.context_len, runner.max_running_requests),
+                                 runner.token_to_kv_pool)
+        self.intake.ready_status = self.pd.ready_status
 
     def _make_speculation(self) -> NoSpeculation:
         spec = self.config.speculative
@@ -157,13 +164,15 @@ class Scheduler:
         q = self.queues
         # Held (paused, memory released): waiting requests are no work until a message changes that.
         busy = (q.has_work() and not self.control.holds_generation()) or self.executor.in_flight()
-        timeout = 0 if busy else (PENDING_POLL_MS if q.grammar_pending or q.prefetching else IDLE_POLL_MS)
+        pending = q.grammar_pending or q.prefetching or self.pd.pending()
+        timeout = 0 if busy else (PENDING_POLL_MS if pending else IDLE_POLL_MS)
         return self.io.recv_requests(timeout)
 
     def step(self) -> None:
         """One iteration: requests whose compile or reads completed move on, one batch runs (with
         overlap, a decode step may stay in flight while the next is built), news goes out."""
         self.intake.poll()
+        self.pd.poll()  # PD transfers: requests whose KV arrived (or was sent) move on
         prev = self.executor.take_in_flight()
         if prev:
             self.step_behind(prev)
@@ -206,7 +215,7 @@ class Scheduler:
     def handle(self, msg) -> None:
         try:
             if isinstance(msg, TokenizedGenerateReqInput):
-                self.control.add(msg)  # held back while a weight update waits
+                self.control.add(self.pd.on_add(msg))  # held back while a weight update waits
             elif isinstance(msg, AbortReq):
                 self.control.abort(msg.rid)
             elif isinstance(msg, FlushCacheReq):
@@ -295,6 +304,7 @@ class Scheduler:
             **expert_load_info(self.runner.model),  # MoE: tokens routed per expert per layer
             **self.dashboard.info(),
             **self.runner.mm_info(),  # a vision model: encoder runs, images encoded, encoder-cache hits
+            **self.pd.info(),  # --disaggregation-mode: transfers, bytes, checksums
         }
 
     def _model_key(self, stored_dtype) -> str:

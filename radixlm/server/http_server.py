@@ -62,8 +62,7 @@ __all__ = ["ServerState", "create_app", "served_model_name"]
 # SGLang request fields radixlm accepts only at their "off" value (multimodal, LoRA, ...).
 _IGNORED_WHEN_EMPTY = {
     "video_data", "audio_data", "modalities", "session_params",
-    "custom_logit_processor", "return_hidden_states", "bootstrap_host", "bootstrap_port", "bootstrap_room",
-    "data_parallel_rank", "log_metrics",
+    "custom_logit_processor", "return_hidden_states", "data_parallel_rank", "log_metrics",
 }
 _GENERATE_FIELDS = {f.name for f in dataclasses.fields(GenerateReqInput)}
 
@@ -95,6 +94,10 @@ def _generate_schema() -> dict:
             # SGLang's: images (data: URL, base64, file://, allowed http(s)), one or a list per prompt.
             "image_data": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {
                 "anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {"type": "string"}}]}}]},
+            # PD disaggregation (docs/disaggregation.md): set by `radixlm router --pd-disaggregation`.
+            "bootstrap_host": one_or_list({"type": "string"}),
+            "bootstrap_port": one_or_list({"type": "integer"}),
+            "bootstrap_room": one_or_list({"type": "integer"}),
         },
         # Exactly one of text and input_ids.
         "oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}],

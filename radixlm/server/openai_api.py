@@ -269,6 +269,7 @@ async def completions(request: Request):
         stream=bool(req.stream),
         cache_salt=req.cache_salt,
         lora_path=requested.adapter,
+        bootstrap_host=req.bootstrap_host, bootstrap_port=req.bootstrap_port, bootstrap_room=req.bootstrap_room,
     )
     echo = (texts or [tok.decode(i) for i in ids]) if req.echo else None
     job = _Job(chat=False, id=f"cmpl-{rid}", model=model, n=n, obj=obj, echo_texts=echo, logprobs=want_lp,
@@ -330,6 +331,7 @@ async def open_chat(request: Request, req: ChatCompletionRequest):
         stream=bool(req.stream),
         cache_salt=req.cache_salt,
         lora_path=requested.adapter,
+        bootstrap_host=req.bootstrap_host, bootstrap_port=req.bootstrap_port, bootstrap_room=req.bootstrap_room,
     )
     if images:
         images.attach(obj)

@@ -166,6 +166,10 @@ class _Common(SGLangExtras, ExtraSamplers):
     cache_salt: Optional[str] = Field(None, min_length=1, max_length=1024)
     # vLLM's: the prompt's token ids (prompt_token_ids) and each choice's (token_ids) in the answer.
     return_token_ids: Optional[bool] = None
+    # SGLang's PD disaggregation fields (docs/disaggregation.md), set by `radixlm router --pd-disaggregation`.
+    bootstrap_host: Optional[str] = None
+    bootstrap_port: Optional[int] = None
+    bootstrap_room: Optional[int] = None
 
     @field_validator("logit_bias")
     @classmethod

@@ -165,7 +165,7 @@ def test_contracts_are_the_designed_ones():
         assert not c.get("ignore_imports") and not c.get("exclude_type_checking_imports", False), c["id"]
     assert contracts["layers"]["layers"] == [
         "radixlm.cli", "radixlm.bench | radixlm.lang", "radixlm.server", "radixlm.engine", "radixlm.scheduler",
-        "radixlm.speculative | radixlm.constrained", "radixlm.model", "radixlm.lora", "radixlm.distributed", "radixlm.cache",
+        "radixlm.disaggregation", "radixlm.speculative | radixlm.constrained", "radixlm.model", "radixlm.lora", "radixlm.distributed", "radixlm.cache",
         "radixlm.kernels", "radixlm.function_call | radixlm.reasoning"]
     packages = {p.strip() for layer in contracts["layers"]["layers"] for p in layer.split("|")}
     assert set(contracts["leaves"]["source_modules"]) == {
