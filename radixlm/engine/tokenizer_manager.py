@@ -8,7 +8,7 @@ import dataclasses
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Optional
 
 import zmq
@@ -18,6 +18,7 @@ from radixlm.config import PortArgs, ServerArgs
 from radixlm.disaggregation.config import parse_bootstrap
 from radixlm.engine.lora_control import LoRAControlMixin, cache_namespace
 from radixlm.engine.media import MediaConfig
+from radixlm.engine.req_state import ReqState
 from radixlm.engine.mm_processor import multimodal_prompt
 from radixlm.engine.request_sampling import RequestSampling
 from radixlm.engine.rl_control import RLControlMixin
@@ -63,23 +64,6 @@ def _is_int(v) -> bool:
 
 
 MAX_CACHE_SALT_CHARS = 1024
-
-
-@dataclass
-class ReqState:
-    rid: str
-    prompt_text: Optional[str]
-    return_text_in_logprobs: bool
-    created: float = field(default_factory=time.perf_counter)
-    created_wall: float = field(default_factory=time.time)
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-    output_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finished_reason: Optional[FinishReason] = None
-    meta: dict = field(default_factory=dict)
-    logprobs: dict = field(default_factory=dict)
-    dirty: bool = False  # news since the consumer last looked
-    lora_id: Optional[str] = None  # its LoRA adapter (unloading one waits for its requests)
 
 
 @dataclass(frozen=True)

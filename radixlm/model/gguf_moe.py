@@ -40,6 +40,9 @@ _ROUTER_RE = re.compile(r"^blk\.(\d+)\.ffn_gate_inp\.weight$")
 
 
 def has_experts(reader, arch: str) -> bool:
+    """An arch this module reads (Qwen-MoE, OLMoE, Mixtral as llama) with experts; deepseek2 has its own."""
+    if arch not in _RENORMALIZE:
+        return False
     f = reader.fields.get(f"{arch}.expert_count")
     return f is not None and int(f.contents()) > 0
 

@@ -5,6 +5,7 @@ has no olmoe GGUF config), and its step-bytes arithmetic matches the default (OL
 from __future__ import annotations
 
 from benchmarks import moe as bench
+from radixlm.kernels.formats import INTERLEAVED  # experts are kept in the kernels' 8-row layout
 from radixlm.model.layers.moe.moe_block import SparseMoeBlock
 from radixlm.model.loader import load_model, load_tokenizer
 
@@ -19,7 +20,7 @@ def test_tiny_olmoe_gguf_loads_with_its_tokenizer(tmp_path, default_model_path):
     loaded = load_model(path)
     assert loaded.architecture == "OlmoeForCausalLM" and loaded.hf_config.num_experts_per_tok == 2
     blocks = [m for m in loaded.model.modules() if isinstance(m, SparseMoeBlock)]
-    assert len(blocks) == 2 and all(b.w13.fmt.name == "q8_0" and b.w13.num_experts == 8 for b in blocks)
+    assert len(blocks) == 2 and all(b.w13.fmt == INTERLEAVED["q8_0"] and b.w13.num_experts == 8 for b in blocks)
 
 
 def test_olmoe_shape_step_bytes():

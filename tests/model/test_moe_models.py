@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from radixlm.kernels.formats import INTERLEAVED  # experts are kept in the kernels' 8-row layout
 from radixlm.model.layers.moe.moe_block import SparseMoeBlock
 from radixlm.model.loader import load_model
 from tests.model.helpers import PoolHarness, hf_logits
@@ -81,7 +82,7 @@ def test_quantized_gguf_experts(experts_type, tmp_path):
     loaded = load_model(write_gguf(hf, str(tmp_path / "q.gguf"), experts_type=experts_type))
     assert loaded.quantization == "gguf"
     blocks = [m for m in loaded.model.modules() if isinstance(m, SparseMoeBlock)]
-    assert blocks and all(b.w13.fmt.name == experts_type and b.w2.fmt.name == experts_type for b in blocks)
+    assert blocks and all(b.w13.fmt == INTERLEAVED[experts_type] and b.w2.fmt == INTERLEAVED[experts_type] for b in blocks)
     _dequantized_reference(hf, loaded)
     logits, _ = our_greedy(loaded.model, loaded.hf_config, PROMPT, 1)
     ref = hf_logits(hf, PROMPT)
@@ -101,11 +102,14 @@ def test_quantization_flag_quantizes_each_expert(tmp_path):
     blocks = [m for m in loaded.model.modules() if isinstance(m, SparseMoeBlock)]
     assert len(blocks) == 2
     for b in blocks:
-        assert b.w13.fmt.name == "q8_0" and b.w2.fmt.name == "q8_0" and b.w13_weight.dtype == torch.uint8
+        assert b.w13.fmt == INTERLEAVED["q8_0"] and b.w2.fmt == INTERLEAVED["q8_0"] and b.w13_weight.dtype == torch.uint8
         experts = hf.model.layers[b.layer_id].mlp.experts
         for e in range(8):
-            assert torch.equal(b.w13.data[e], QuantizedTensor.quantize(experts.gate_up_proj[e].detach(), "q8_0").data)
-            assert torch.equal(b.w2.data[e], QuantizedTensor.quantize(experts.down_proj[e].detach(), "q8_0").data)
+            # the same blocks, in the kernels' 8-row interleaved layout (QuantizedTensor.interleaved)
+            assert torch.equal(b.w13.data[e], QuantizedTensor.quantize(experts.gate_up_proj[e].detach(), "q8_0")
+                               .interleaved().data)
+            assert torch.equal(b.w2.data[e], QuantizedTensor.quantize(experts.down_proj[e].detach(), "q8_0")
+                               .interleaved().data)
 
 
 def test_missing_expert_is_named(tmp_path):

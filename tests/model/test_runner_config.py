@@ -34,6 +34,7 @@ OPTIONS = dict(
     torch_compile_max_bs=8,
     is_embedding=True,
     pp_max_micro_batch_size=2,
+    mm_cache_size_mb=16,
 )
 
 

@@ -171,7 +171,7 @@ def test_contracts_are_the_designed_ones():
     assert set(contracts["leaves"]["source_modules"]) == {
         "radixlm.ipc", "radixlm.config", "radixlm.sampling_params", "radixlm.utils", "radixlm.http_common",
         "radixlm.radix_walk", "radixlm.errors", "radixlm.version", "radixlm.stop_match", "radixlm.http_access",
-        "radixlm.http_dashboard", "radixlm.mm_inputs"}
+        "radixlm.http_dashboard", "radixlm.mm_inputs", "radixlm.config_help"}
     assert packages <= set(contracts["leaves"]["forbidden_modules"])
     assert contracts["router"]["source_modules"] == ["radixlm.router"]
     assert packages | {"torch"} <= set(contracts["router"]["forbidden_modules"])

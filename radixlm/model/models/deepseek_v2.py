@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from radixlm.distributed.parallel_state import get_tp_group
+from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.attention.mla_attention import MLAAttention
 from radixlm.model.layers.linear import Linear
@@ -208,6 +209,8 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
                 if name.endswith(".self_attn.kv_b_proj.weight"):
                     whole_kv_b.add(name[: -len(".kv_b_proj.weight")])
                 m = _EXPERT_PROJ.match(name)
+                if m and isinstance(tensor, ExpertWeights):  # GGUF's 3-D blocks (gguf_moe.py); kept float here
+                    tensor = tensor.dequantize()
                 if m and tensor.dim() == 3:  # GGUF: one projection of every expert, [experts, rows, cols]
                     for e, w in enumerate(_dequantized(tensor)):
                         load_expert(f"{m.group(1)}.{e}.{m.group(2)}.weight", w)
