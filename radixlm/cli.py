@@ -112,6 +112,7 @@ def option_choices() -> dict[str, tuple[str, ...]]:
     """ServerArgs field -> its allowed values, from the component that owns each list."""
     from radixlm.cache.hicache_config import HICACHE_DTYPES, STORAGE_BACKENDS, WRITE_POLICIES
     from radixlm.constrained import GRAMMAR_BACKENDS
+    from radixlm.disaggregation.config import DISAGGREGATION_MODES, TRANSFER_BACKENDS
     from radixlm.engine.request_log import LOG_REQUESTS_FORMATS, LOG_REQUESTS_LEVELS
     from radixlm.lora.config import EVICTION_POLICIES, LORA_BACKENDS
     from radixlm.function_call import TOOL_CALL_PARSERS
@@ -134,6 +135,7 @@ def option_choices() -> dict[str, tuple[str, ...]]:
         "sampling_defaults": SAMPLING_DEFAULTS_MODES, "reasoning_parser": REASONING_PARSERS,
         "lora_eviction_policy": EVICTION_POLICIES, "lora_backend": LORA_BACKENDS,
         "tool_call_parser": TOOL_CALL_PARSERS,
+        "disaggregation_mode": DISAGGREGATION_MODES, "disaggregation_transfer_backend": TRANSFER_BACKENDS,
     }
 
 

@@ -202,9 +202,11 @@ class AccessMiddleware:
 
     OPEN_PATHS = ("/health",)
 
-    def __init__(self, app, admin_paths: Iterable[str] = ()):
+    def __init__(self, app, admin_paths: Iterable[str] = (), open_paths: Iterable[str] = ()):
+        """open_paths: more routes without a key (the dashboard's pages: they hold no data)."""
         self.app = app
         self.admin_paths = frozenset(admin_paths)
+        self.open_paths = frozenset((*self.OPEN_PATHS, *open_paths))
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] == "OPTIONS":  # OPTIONS: CORS preflights
@@ -216,7 +218,7 @@ class AccessMiddleware:
         refused = browser_refusal(cfg, scope, headers)
         if refused:
             response = error_json_for(scope["path"], 403, refused[1], "permission_error", refused[0])
-        elif scope["path"] not in self.OPEN_PATHS:
+        elif scope["path"] not in self.open_paths:
             role = caller_role(cfg, presented_key(headers))
             if role is None:
                 response = error_json_for(scope["path"], 401, "invalid or missing API key (Authorization: Bearer "

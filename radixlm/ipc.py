@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional, Union
 
 from radixlm.sampling_params import SamplingParams
+from radixlm.mm_inputs import MultimodalInputs
 
 
 # --- why a request finished: typed here, turned into SGLang's JSON only at the HTTP edge --------
@@ -71,6 +72,9 @@ class TokenizedGenerateReqInput:
     # The prefix cache's namespace of this request's KV (from its cache_salt); None: the common one.
     cache_namespace: Optional[str] = None
     lora_id: Optional[str] = None  # the LoRA adapter's uid (its cache_namespace keeps its KV apart); None: base
+    mm_inputs: Optional[MultimodalInputs] = None  # images: their spans (pad values in input_ids) and pixels
+    # PD disaggregation (docs/disaggregation.md): the prefill server and transfer room the router chose.
+    bootstrap: Optional["BootstrapInfo"] = None
 
     def __post_init__(self):
         # What the scheduler relies on without looking (the context length is the tokenizer
@@ -80,6 +84,16 @@ class TokenizedGenerateReqInput:
         if self.return_logprob and self.logprob_start_len >= len(self.input_ids):
             raise ValueError(f"logprob_start_len {self.logprob_start_len} must be below the prompt length "
                              f"{len(self.input_ids)}")
+
+
+@dataclass(frozen=True)
+class BootstrapInfo:
+    """SGLang's bootstrap_host / bootstrap_port / bootstrap_room of one request: where the prefill
+    server's bootstrap service answers, and the id both servers name this request's KV transfer by."""
+
+    host: str
+    port: int
+    room: int
 
 
 @dataclass
@@ -106,6 +120,22 @@ class GetInternalStateReq:
 @dataclass
 class GetInternalStateReqOutput:
     state: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class DashboardSnapshotReq:
+    """/dashboard/stream, once per tick while a client watches: the internal state plus the radix
+    tree's largest shared prefixes (cache/tree_snapshot.py). The scheduler does nothing for the
+    dashboard but answer this, so with nobody watching it pays nothing."""
+
+    max_nodes: int = 64
+    with_token_ids: bool = False  # --dashboard-show-text: each node's token ids (prompts are user data)
+
+
+@dataclass
+class DashboardSnapshotReqOutput:
+    state: dict[str, Any]
+    tree: list[dict[str, Any]]  # nodes, parents first: id, parent, tokens, subtree_tokens, lock_ref, age, ...
 
 
 @dataclass(frozen=True)
@@ -313,10 +343,19 @@ class GenerateReqInput:
     # vLLM's cache_salt: requests share cached KV only with requests of the same salt (str | list[str]).
     cache_salt: Optional[Any] = None
     lora_path: Optional[Any] = None  # SGLang's: the LoRA adapter's name (str | list per prompt); None: base
+    # SGLang's: images (data: URL, base64, file:// or http(s) URL), str | list per prompt; the text holds
+    # the model's image token where each goes (engine/mm_processor.py).
+    image_data: Optional[Any] = None
+    # SGLang's PD disaggregation fields, set by the router (docs/disaggregation.md).
+    bootstrap_host: Optional[Any] = None
+    bootstrap_port: Optional[Any] = None
+    bootstrap_room: Optional[Any] = None
 
     def __post_init__(self):
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("exactly one of text or input_ids must be given")
+        if self.image_data not in (None, [], "") and self.input_ids is not None:
+            raise ValueError("image_data needs text with the model's image token (input_ids cannot place images)")
         t = self.text
         if t is not None and not (isinstance(t, str) or (isinstance(t, list) and t and all(isinstance(x, str) for x in t))):
             raise ValueError("text must be a string or a non-empty list of strings")
@@ -346,7 +385,8 @@ class GenerateReqInput:
         """Field `name` for batch item i: per-item lists are indexed, scalars shared."""
         v = getattr(self, name)
         per_item = {"sampling_params": dict, "rid": str, "return_logprob": bool, "logprob_start_len": int,
-                    "top_logprobs_num": int, "priority": int, "cache_salt": str, "lora_path": str}
+                    "top_logprobs_num": int, "priority": int, "cache_salt": str, "lora_path": str,
+                    "bootstrap_host": str, "bootstrap_port": int, "bootstrap_room": int}
         if not self.is_single and isinstance(v, list) and name in per_item:
             if len(v) != self.batch_size:
                 raise ValueError(f"{name} has {len(v)} items but the batch has {self.batch_size}")

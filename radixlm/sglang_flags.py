@@ -126,6 +126,10 @@ VALUE_RULES: dict[str, ValueRule] = {
         RefusedValues(("routing-key",), "routing keys (set by SGLang's gateway) are not in radixlm",
                       "lpm, fcfs, lof, random or dfs-weight"),
     )),
+    "disaggregation_transfer_backend": ValueRule("--disaggregation-transfer-backend", refused=(RefusedValues(
+        ("mooncake", "nixl", "ascend", "mori"), "an RDMA transfer engine radixlm has no client for "
+        "(docs/disaggregation.md says how one plugs into its Sender/Receiver interface)",
+        "--disaggregation-transfer-backend tcp (ZMQ, any host) or shm (shared memory, one host)"),)),
     "grammar_backend": ValueRule("--grammar-backend", refused=(RefusedValues(
         ("outlines", "llguidance"), "radixlm compiles grammars with xgrammar only", "--grammar-backend xgrammar "
         "(the default) or none"),)),
@@ -148,7 +152,8 @@ DIFFERENT: dict[str, str] = {
     "--quantization": "radixlm's values: gguf (a GGUF's own block formats, its default), none (dequantized to "
     "--dtype), int8, q4_0, q8_0, q4_k, f16, bf16 (quantized at load; native CPU kernels)",
     "--kv-cache-dtype": "radixlm adds float32, float16 and int8 (a float32 scale per token and head)",
-    "--attention-backend": "radixlm's backends: native (the paged CPU kernel) and torch (SDPA)",
+    "--attention-backend": "radixlm's backends: native (the paged CPU kernel) and torch (SDPA), and mla for "
+    "DeepSeek-V2/V3's latent KV cache (auto picks it for them)",
     "--prefill-attention-backend": "as --attention-backend",
     "--decode-attention-backend": "as --attention-backend",
     "--speculative-algorithm": "radixlm's: ngram (prompt lookup), radix (continuations in the radix cache), "
@@ -162,6 +167,9 @@ DIFFERENT: dict[str, str] = {
     "--mem-fraction-static": "on CPU the KV pool gets the RAM available after the weights load less (1 - F) x the "
     "RAM available before (SGLang's formula with RAM for GPU memory), split among this host's tp ranks; "
     "unset: --kv-memory-gb",
+    "--ep-size": "1 or --tp-size only: the experts are split over the whole tp group (SGLang also takes a divisor of "
+    "tp-size, the experts' matrices then split over tp-size / ep-size ranks); --ep-size 1 with --tp-size N keeps "
+    "every expert on every rank",
     "--schedule-conservativeness": "scales radixlm's --new-token-ratio and --min-new-token-ratio (at most 1), as "
     "SGLang scales its initial new-token ratio",
 }
@@ -225,8 +233,8 @@ GROUPS: tuple[FlagGroup, ...] = (
            "--mamba-scheduler-strategy V", "--mamba-track-interval V", "--mamba-backend V", "--linear-attn-backend V",
            "--linear-attn-decode-backend V", "--linear-attn-prefill-backend V", "--nsa-prefill-backend V",
            "--nsa-decode-backend V"),
-    _inert("multimodal inputs: radixlm serves text-only models (a multimodal checkpoint is refused when it loads)",
-           "--enable-multimodal", "--mm-attention-backend V", "--disable-fast-image-processor",
+    _inert("multimodal tuning radixlm does not have (its vision encoder runs in the scheduler, batched per step)",
+           "--mm-attention-backend V", "--disable-fast-image-processor",
            "--keep-mm-feature-on-device", "--enable-broadcast-mm-inputs-process", "--mm-process-config V",
            "--mm-enable-dp-encoder", "--limit-mm-data-per-request V", "--enable-prefix-mm-cache",
            "--enable-mm-global-cache", "--enable-precise-embedding-interpolation"),
@@ -257,11 +265,11 @@ GROUPS: tuple[FlagGroup, ...] = (
            "load synchronously", "--enable-lora-overlap-loading", "--max-lora-chunk-size V"),
     _refused("LoRA on mixture-of-experts models is not in radixlm", "a dense model's adapters (--enable-lora)",
              "--[no-]experts-shared-outer-loras"),
-    _refused("prefill/decode (and encoder) disaggregation is not in radixlm yet", "one server runs prefill and "
-             "decode (--enable-mixed-chunk puts both in one step); --dp-size N servers behind the router",
-             "--disaggregation-mode V=null", "--disaggregation-transfer-backend V", "--disaggregation-bootstrap-port V",
+    _refused("these parts of prefill/decode disaggregation (RDMA devices, decode-side KV offload, PD "
+             "multiplexing) and encoder disaggregation are not in radixlm", "--disaggregation-mode prefill|decode "
+             "with --disaggregation-transfer-backend tcp|shm behind `radixlm router --pd-disaggregation`",
              "--disaggregation-ib-device V", "--disaggregation-decode-enable-offload-kvcache",
-             "--num-reserved-decode-tokens V", "--disaggregation-decode-polling-interval V", "--enable-pdmux",
+             "--disaggregation-decode-polling-interval V", "--enable-pdmux",
              "--pdmux-config-path V", "--sm-group-num V", "--encoder-only", "--language-only",
              "--encoder-transfer-backend V", "--encoder-urls V...", "--enable-adaptive-dispatch-to-encoder"),
     _refused("context, DP-attention and two-batch-overlap parallelism (and an asynchronous pipeline depth) are "
@@ -272,9 +280,9 @@ GROUPS: tuple[FlagGroup, ...] = (
              "--enable-single-batch-overlap", "--tbo-token-distribution-threshold V",
              "--enable-attn-tp-input-scattered", "--enable-nsa-prefill-context-parallel", "--nsa-prefill-cp-mode V",
              "--enable-prefill-context-parallel", "--prefill-cp-mode V", "--load-balance-method V=auto"),
-    _refused("mixture-of-experts models, expert parallelism and their kernels are not in radixlm (dense Llama, "
-             "Qwen, Gemma, Mistral and Phi-3 models only)", "serve a dense model",
-             "--expert-parallel-size/--ep-size/--ep V=1", "--moe-a2a-backend V=none", "--moe-runner-backend V=auto",
+    _refused("these mixture-of-experts options (all-to-all backends, EPLB, DeepEP, other MoE runners) are not in "
+             "radixlm", "--ep-size N (experts split over the tp group, then an all-reduce; docs/moe.md)",
+             "--moe-a2a-backend V=none", "--moe-runner-backend V=auto",
              "--flashinfer-mxfp4-moe-precision V", "--deepep-mode V", "--ep-num-redundant-experts V",
              "--ep-dispatch-algorithm V", "--init-expert-location V", "--enable-eplb", "--eplb-algorithm V",
              "--eplb-rebalance-num-iterations V", "--eplb-rebalance-layers-per-chunk V",

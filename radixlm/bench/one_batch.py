@@ -220,7 +220,7 @@ def bytes_per_step(runner, bs: int, context: float) -> int:
             total += q.nbytes
     total += sum(p.nbytes for n, p in model.named_parameters() if tied or "embed" not in n)
     pool = runner.token_to_kv_pool
-    per_token = pool.bytes_per_token(pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.dtype)
+    per_token = pool.bytes_per_token(pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.dtype, pool.v_head_dim)
     return int(total + bs * context * per_token)
 
 

@@ -354,14 +354,16 @@ def create_hiradix_cache(config: "HiCacheConfig", pool: TokenToKVPool,
     from radixlm.cache.storage_tier import StorageTier
 
     dtype = host_dtype_for(pool.dtype, config.dtype)
-    per_token = TokenToKVPool.bytes_per_token(pool.num_layers, pool.num_kv_heads, pool.head_dim, dtype)
+    per_token = TokenToKVPool.bytes_per_token(pool.num_layers, pool.num_kv_heads, pool.head_dim, dtype,
+                                              pool.v_head_dim)
     size = int(config.size_gb * 2**30) // per_token if config.size_gb > 0 else int(config.ratio * pool.size)
     if size < 1:
         raise ValueError("the L2 pool would hold no token (raise --hicache-size or --hicache-ratio)")
     stats, storage = HiCacheStats(), NoStorageTier()
     if config.storage_backend is not None:
         key = model_key(dtype)
-        layout = ChunkLayout(pool.num_layers, pool.num_kv_heads, pool.head_dim, dtype, config.storage_chunk_size)
+        layout = ChunkLayout(pool.num_layers, pool.num_kv_heads, pool.head_dim, dtype, config.storage_chunk_size,
+                             pool.v_head_dim)
         backend = create_storage(config.storage_backend, config.storage_dir, key, layout,
                                  int(config.storage_size_gb * 2**30), stats, config.storage_key)
         storage = StorageTier(backend, key, config.storage_chunk_size, stats)

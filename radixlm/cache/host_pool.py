@@ -35,14 +35,15 @@ class HostKVPool:
         held = device_pool.layers  # a pipeline stage's layers: the others' buffers are empty, as in L1
         shapes = [(size + 1, device_pool.num_kv_heads if i in held else 0, device_pool.head_dim)
                   for i in range(self.num_layers)]
+        v_dim = device_pool.v_head_dim  # 0 for an MLA latent pool: no V
         self.k_buffer = [torch.zeros(shape, dtype=dtype) for shape in shapes]
-        self.v_buffer = [torch.zeros(shape, dtype=dtype) for shape in shapes]
+        self.v_buffer = [torch.zeros((*shape[:2], v_dim), dtype=dtype) for shape in shapes]
         self.k_scale_buffer = self.v_scale_buffer = None
         if dtype == torch.int8:
             self.k_scale_buffer = [torch.zeros(shape[:2]) for shape in shapes]
             self.v_scale_buffer = [torch.zeros(shape[:2]) for shape in shapes]
         self.bytes_per_token = TokenToKVPool.bytes_per_token(
-            len(held), device_pool.num_kv_heads, device_pool.head_dim, dtype)
+            len(held), device_pool.num_kv_heads, device_pool.head_dim, dtype, v_dim)
         self.clear()
 
     def clear(self) -> None:

@@ -128,7 +128,8 @@ def gather(layers_k, layers_v, scales_k, scales_v, idx: torch.Tensor, dtype: tor
     """A new KVData holding the KV at slots idx of per-layer buffers, as `dtype`."""
     n, seq = idx.numel(), torch.arange(idx.numel())
     shape = (len(layers_k), n, *layers_k[0].shape[1:])
-    out = KVData(torch.empty(shape, dtype=dtype), torch.empty(shape, dtype=dtype))
+    v_shape = (*shape[:3], layers_v[0].shape[2])  # V may be narrower than K (an MLA latent pool: none)
+    out = KVData(torch.empty(shape, dtype=dtype), torch.empty(v_shape, dtype=dtype))
     if scales_k is not None:
         out.k_scale, out.v_scale = (torch.empty(shape[:3]) for _ in range(2))
     for dst, src in zip(out.tensors(), (layers_k, layers_v, scales_k, scales_v)):

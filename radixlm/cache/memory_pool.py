@@ -81,6 +81,7 @@ class TokenToKVPool:
         self.layers = range(num_layers) if layers is None else layers
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
+        self.v_head_dim = head_dim  # V's width per head (0 in an MLA latent pool: mla_pool.py)
         self.dtype = dtype
         self.device = torch.device(device)
         shape = (size + 1, num_kv_heads, head_dim)
@@ -104,10 +105,12 @@ class TokenToKVPool:
         return untouched_zeros((shape[1], shape[0], shape[2]), self.dtype).permute(1, 0, 2)
 
     @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype) -> int:
+    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
+                        v_head_dim: int | None = None) -> int:
         elem = torch.tensor([], dtype=dtype).element_size()
         scales = 4 if dtype == torch.int8 else 0  # one float32 per token and head
-        return 2 * num_layers * num_kv_heads * (head_dim * elem + scales)
+        v_dim = head_dim if v_head_dim is None else v_head_dim
+        return num_layers * num_kv_heads * ((head_dim + v_dim) * elem + 2 * scales)
 
     @property
     def total_bytes(self) -> int:

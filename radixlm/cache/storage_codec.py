@@ -43,6 +43,7 @@ class ChunkLayout:
     head_dim: int
     dtype: torch.dtype
     tokens: int
+    v_head_dim: Optional[int] = None  # None: head_dim (0: an MLA latent pool, no V)
 
     @property
     def scales(self) -> bool:
@@ -50,7 +51,8 @@ class ChunkLayout:
 
     def tensors(self) -> list[tuple[list[int], torch.dtype]]:
         kv = [self.num_layers, self.tokens, self.num_kv_heads, self.head_dim]
-        out = [(kv, self.dtype), (kv, self.dtype)]
+        v = kv[:3] + [self.head_dim if self.v_head_dim is None else self.v_head_dim]
+        out = [(kv, self.dtype), (v, self.dtype)]
         return out + [(kv[:3], torch.float32)] * 2 if self.scales else out
 
     @property
@@ -140,6 +142,9 @@ def decode_chunk(blob, secret: bytes, model_key: str, key: str, token_ids: list[
     tensors, off = [], start
     for shape, dt in layout.tensors():
         count = _numel(shape)
+        if count == 0:  # an MLA latent pool's V (frombuffer refuses an empty count)
+            tensors.append(torch.empty(shape, dtype=dt))
+            continue
         tensors.append(torch.frombuffer(mv, dtype=dt, count=count, offset=off).view(shape))
         off += count * tensors[-1].element_size()
     return KVData(*tensors)

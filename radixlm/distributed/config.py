@@ -29,10 +29,16 @@ class DistConfig:
     timeout: float = 600.0  # seconds a collective or the rendezvous may wait before it fails
     allreduce_backend: str = "auto"
     device: str = "cpu"
+    # Expert parallelism (MoE layers): 1 keeps every expert on every rank; tp_size splits the experts
+    # over the tp group (SGLang's --ep-size inside the tp group, --moe-a2a-backend none).
+    ep_size: int = 1
 
     def __post_init__(self):
         if self.tp_size < 1:
             raise ValueError(f"tp_size must be >= 1, got {self.tp_size}")
+        if self.ep_size not in (1, self.tp_size):
+            raise ValueError(f"ep_size must be 1 or tp_size ({self.tp_size}): experts are split over the "
+                             f"tensor-parallel group, got ep_size {self.ep_size}")
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank must be in [0, nnodes={self.nnodes}), got {self.node_rank}")
         if self.pp_size < 1:
@@ -66,7 +72,8 @@ class DistConfig:
                    pp_layer_partition=parse_partition(args.pp_layer_partition),
                    nnodes=args.nnodes, node_rank=args.node_rank,
                    dist_init_addr=args.dist_init_addr, timeout=args.dist_timeout,
-                   allreduce_backend=args.tp_allreduce_backend, device=args.device).resolved()
+                   allreduce_backend=args.tp_allreduce_backend, device=args.device,
+                   ep_size=args.ep_size).resolved()
 
     def resolved(self) -> "DistConfig":
         """auto made concrete: nccl on CUDA; shm when every rank is on this host with a core of its own

@@ -66,6 +66,8 @@ class ParallelState:
     pp_layer_partition: Optional[tuple[int, ...]] = None  # layers per stage (None: even)
     # The scheduler's messages go to every rank of the world: the tp group's when there is one stage.
     world_cpu_comm: Optional[Communicator] = None
+    # Expert parallelism: the tp group's ranks and communicators when ep_size == tp_size > 1.
+    ep: GroupCoordinator = field(default_factory=lambda: _single_group("ep"))
 
     @property
     def scheduler_comm(self) -> Communicator:
@@ -85,6 +87,10 @@ def get_tp_group() -> GroupCoordinator:
 
 def get_pp_group() -> GroupCoordinator:
     return _STATE.pp
+
+
+def get_ep_group() -> GroupCoordinator:
+    return _STATE.ep
 
 
 def set_parallel_state(state: ParallelState) -> None:
@@ -119,7 +125,9 @@ def init_parallel_state(config: DistConfig, rank: int) -> ParallelState:
     if pp_size > 1:
         pp = _pp_group(config, rank, timeout)
         world_cpu = GlooCommunicator(dist.new_group(list(range(config.world_size)), backend="gloo", timeout=timeout))
-    state = ParallelState(rank, config.world_size, tp, pp, config.pp_layer_partition, world_cpu)
+    ep = (GroupCoordinator("ep", tp.ranks, tp.rank_in_group, tp.device_comm, tp.cpu_comm) if config.ep_size > 1
+          else _single_group("ep"))
+    state = ParallelState(rank, config.world_size, tp, pp, config.pp_layer_partition, world_cpu, ep)
     set_parallel_state(state)
     logger.info("rank %d of %d joined (tp group %s, all-reduce over %s; pipeline stage %d of %d)", rank,
                 config.world_size, list(tp_ranks), type(device_comm).__name__, pp.rank_in_group, pp.world_size)

@@ -113,6 +113,7 @@ class Engine:
         cache_salt: Optional[Union[str, list[str]]] = None,
         session_params: Optional[dict] = None,
         lora_path: Optional[Union[str, list[Optional[str]]]] = None,
+        image_data: Optional[Union[str, list]] = None,
     ):
         """A dict {text, output_ids, meta_info} for one prompt; a list for a batch (or n > 1);
         with stream=True an iterator of cumulative dicts. session_params: a turn of an open session
@@ -120,7 +121,7 @@ class Engine:
         obj = self._make_request(
             prompt, sampling_params, input_ids, return_logprob=return_logprob, logprob_start_len=logprob_start_len,
             top_logprobs_num=top_logprobs_num, return_text_in_logprobs=return_text_in_logprobs, stream=stream,
-            rid=rid, priority=priority, cache_salt=cache_salt, lora_path=lora_path,
+            rid=rid, priority=priority, cache_salt=cache_salt, lora_path=lora_path, image_data=image_data,
         )
         if stream:
             return self._stream(obj, session_params)

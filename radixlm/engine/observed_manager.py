@@ -7,17 +7,26 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, AsyncIterator, Callable, Optional
 
 from radixlm.config import PortArgs, ServerArgs
 from radixlm.engine.crash_dump import CrashDump, check_crash_dump_folder
 from radixlm.engine.embedding import EmbeddingMixin
 from radixlm.engine.profiling import STOP_PROFILE, start_profile_request
+from radixlm.engine.recent_requests import PROMPT_HEAD_TOKENS, RecentRequests
 from radixlm.engine.request_log import RequestLogConfig, RequestLogger
 from radixlm.engine.tokenizer_manager import TokenizerManager, TokenizerManagerConfig
-from radixlm.ipc import GenerateReqInput, ProfileReqOutput
+from radixlm.ipc import (
+    DashboardSnapshotReq,
+    DashboardSnapshotReqOutput,
+    GenerateReqInput,
+    ProfileReqOutput,
+    ReqStrChunk,
+    TokenizedGenerateReqInput,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -29,11 +38,13 @@ class Observability:
     request_log: RequestLogger
     crash_dump: Optional[CrashDump] = None
     device: str = "cpu"  # the profiler's default activities depend on it
+    recent: RecentRequests = field(default_factory=RecentRequests)  # /dashboard's recent requests
 
     @classmethod
     def from_server_args(cls, args: ServerArgs) -> "Observability":
         dump = CrashDump(args.crash_dump_folder, args) if args.crash_dump_folder else None
-        return cls(RequestLogger(RequestLogConfig.from_server_args(args)), dump, args.device)
+        return cls(RequestLogger(RequestLogConfig.from_server_args(args)), dump, args.device,
+                   RecentRequests(keep_text=args.dashboard_show_text))
 
 
 def check_observability_args(args: ServerArgs) -> None:
@@ -104,6 +115,25 @@ class ObservedTokenizerManager(EmbeddingMixin, TokenizerManager):  # EmbeddingMi
         """SGLang's /configure_logging: log_requests -> enabled, log_requests_level, log_requests_format."""
         names = {"log_requests": "enabled", "log_requests_level": "level", "log_requests_format": "format"}
         return self.observability.request_log.configure(**{names[k]: v for k, v in changes.items() if v is not None})
+
+    # ------------------------------------------------------------------- dashboard
+    def _register(self, r: TokenizedGenerateReqInput, text_in_logprobs: bool):
+        st = super()._register(r, text_in_logprobs)
+        if st.prompt_text is None and self.observability.recent.keep_text:  # ids (the chat routes): their head
+            st.prompt_text = self.tokenizer.decode(r.input_ids[:PROMPT_HEAD_TOKENS])
+        return st
+
+    def _on_chunk(self, sc: ReqStrChunk) -> None:
+        st = self.rid_to_state.get(sc.chunk.rid)
+        running = st is not None and st.finished_reason is None
+        super()._on_chunk(sc)
+        if running and st.finished_reason is not None:  # its last chunk: one record per request
+            self.observability.recent.add(st.rid, st.prompt_text, st.meta, st.finished_reason.to_json(),
+                                          time.perf_counter() - st.created)
+
+    async def dashboard_snapshot(self, max_nodes: int, with_token_ids: bool) -> DashboardSnapshotReqOutput:
+        """The scheduler's internal state and its tree's largest shared prefixes (one control call)."""
+        return await self._control(DashboardSnapshotReq(max_nodes, with_token_ids), DashboardSnapshotReqOutput)
 
     # -------------------------------------------------------------------- profiler
     async def start_profile(self, body: Optional[dict] = None) -> ProfileReqOutput:

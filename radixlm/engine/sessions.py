@@ -194,6 +194,8 @@ class SessionManager:
                 raise SessionError(400, f"session_params.offset must be an integer in [0, {len(base)}] (the "
                                         f"continued turn's tokens), got {brief_repr(offset)}", "session_params.offset")
             base = base[:offset] if offset else base  # SGLang: 0 means no cut
+        if obj.image_data not in (None, [], ""):  # a turn's history is ids: it cannot place images (yet)
+            raise SessionError(400, "image_data is not supported in session turns", "image_data")
         try:
             new = obj.input_ids if obj.input_ids is not None else await self.tm.tokenizer_pool.run(
                 self.tm.encode_prompt, obj.text)

@@ -8,14 +8,18 @@ import dataclasses
 import logging
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable, Optional
 
 import zmq
 import zmq.asyncio
 
 from radixlm.config import PortArgs, ServerArgs
+from radixlm.disaggregation.config import parse_bootstrap
 from radixlm.engine.lora_control import LoRAControlMixin, cache_namespace
+from radixlm.engine.media import MediaConfig
+from radixlm.engine.req_state import ReqState
+from radixlm.engine.mm_processor import multimodal_prompt
 from radixlm.engine.request_sampling import RequestSampling
 from radixlm.engine.rl_control import RLControlMixin
 from radixlm.engine.tokenizer_pool import TokenizerPool
@@ -62,23 +66,6 @@ def _is_int(v) -> bool:
 MAX_CACHE_SALT_CHARS = 1024
 
 
-@dataclass
-class ReqState:
-    rid: str
-    prompt_text: Optional[str]
-    return_text_in_logprobs: bool
-    created: float = field(default_factory=time.perf_counter)
-    created_wall: float = field(default_factory=time.time)
-    event: asyncio.Event = field(default_factory=asyncio.Event)
-    output_ids: list[int] = field(default_factory=list)
-    text: str = ""
-    finished_reason: Optional[FinishReason] = None
-    meta: dict = field(default_factory=dict)
-    logprobs: dict = field(default_factory=dict)
-    dirty: bool = False  # news since the consumer last looked
-    lora_id: Optional[str] = None  # its LoRA adapter (unloading one waits for its requests)
-
-
 @dataclass(frozen=True)
 class TokenizerManagerConfig:
     max_n: int = 128  # largest n a request may ask for
@@ -90,6 +77,8 @@ class TokenizerManagerConfig:
     # Requests' `priority` reaches the scheduler only with --enable-priority-scheduling (else it is
     # ignored, as SGLang does): otherwise any client could put itself ahead of every other.
     enable_priority_scheduling: bool = False
+    media: MediaConfig = MediaConfig()  # images in requests: sources, size and pixel bounds (engine/media.py)
+    disaggregation_mode: str = "null"  # PD disaggregation: which requests may carry bootstrap fields
 
     def __post_init__(self):
         if self.max_n < 1:
@@ -102,7 +91,8 @@ class TokenizerManagerConfig:
     @classmethod
     def from_server_args(cls, args: ServerArgs) -> "TokenizerManagerConfig":
         return cls(args.max_n, args.max_top_logprobs_num, not args.disable_radix_cache,
-                   tokenizer_timeout=args.tokenizer_timeout, enable_priority_scheduling=args.enable_priority_scheduling)
+                   tokenizer_timeout=args.tokenizer_timeout, enable_priority_scheduling=args.enable_priority_scheduling,
+                   media=MediaConfig.from_server_args(args), disaggregation_mode=args.disaggregation_mode)
 
 
 class TokenizerManager(RLControlMixin, LoRAControlMixin):
@@ -135,7 +125,7 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
 
     # ----------------------------------------------------------- validation
     def tokenize_one(self, obj: GenerateReqInput, i: int) -> tuple[TokenizedGenerateReqInput, int]:
-        text = obj.text if obj.is_single or obj.text is None else obj.text[i]
+        text, mm = obj.text if obj.is_single or obj.text is None else obj.text[i], None
         if obj.input_ids is not None:
             ids = obj.input_ids if obj.is_single else obj.input_ids[i]
             if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
@@ -146,7 +136,7 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
         else:
             if not isinstance(text, str):
                 raise ValueError("text must be a string or a list of strings")
-            ids = self.encode_prompt(text)
+            ids, mm = multimodal_prompt(self, obj, i, text) or (self.encode_prompt(text), None)
         if not ids:
             raise ValueError("the prompt is empty (text / input_ids)")
         if len(ids) >= self.context_len:
@@ -175,6 +165,8 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
             raise ValueError(f"logprob_start_len must be an integer >= -1, got {brief_repr(lp_start)}")
         if return_logprob and lp_start >= len(ids):
             raise ValueError(f"logprob_start_len {lp_start} must be below the prompt length {len(ids)}")
+        if mm is not None and return_logprob and 0 <= lp_start < mm.last_end:  # an image token has no logprob
+            raise ValueError(f"logprob_start_len must be -1 or >= {mm.last_end} (after the last image) with image_data")
         if not _is_int(top_n) or not 0 <= top_n <= self.config.max_top_logprobs_num:
             raise ValueError(f"top_logprobs_num must be an integer in [0, {self.config.max_top_logprobs_num}] "
                              f"(--max-top-logprobs-num), got {brief_repr(top_n)}")
@@ -194,7 +186,9 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
             top_logprobs_num=top_n,
             stream=obj.stream,
             priority=priority if self.config.enable_priority_scheduling else None,
-            cache_namespace=self.lora_namespace(lora_id, cache_namespace(salt)), lora_id=lora_id,
+            cache_namespace=self.lora_namespace(lora_id, cache_namespace(salt)), lora_id=lora_id, mm_inputs=mm,
+            bootstrap=parse_bootstrap(obj.item(i, "bootstrap_host"), obj.item(i, "bootstrap_port"),
+                                      obj.item(i, "bootstrap_room"), self.config.disaggregation_mode, sp.n),
         )
         return req, sp.n
 
@@ -297,7 +291,7 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
             return
         seen, warm = set(), []
         for r in reqs:
-            key = (tuple(r.input_ids), r.cache_namespace, r.lora_id)  # warmed in its own namespace, adapter
+            key = (tuple(r.input_ids), r.cache_namespace, r.lora_id, r.mm_inputs)  # its namespace, adapter, images
             if key in seen and len(key[0]) > 1:
                 warm.append(key)
             seen.add(key)
@@ -306,9 +300,9 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
         prefill = [
             TokenizedGenerateReqInput(
                 rid=uuid.uuid4().hex, input_text=None, input_ids=list(ids), sampling_params=SamplingParams(max_new_tokens=0),
-                cache_namespace=ns, lora_id=lora,
+                cache_namespace=ns, lora_id=lora, mm_inputs=mm,
             )
-            for ids, ns, lora in dict.fromkeys(warm)
+            for ids, ns, lora, mm in dict.fromkeys(warm)
         ]
         states = [self._register(p, False) for p in prefill]
         try:

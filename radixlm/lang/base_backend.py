@@ -18,6 +18,7 @@ class Prompt:
     messages: list[dict] = field(default_factory=list)  # closed messages
     role: Optional[str] = None  # the role still open, if any
     role_text: str = ""  # what the open role holds so far
+    images: list[str] = field(default_factory=list)  # image(): base64 images, in the text's order
 
 
 class BaseBackend:
@@ -46,6 +47,12 @@ class BaseBackend:
         if self._chat_template is None:
             self._chat_template = self._make_chat_template()
         return self._chat_template
+
+    @property
+    def image_token(self) -> str:
+        """What image() writes into the text where the image goes: the tokenizer's image token
+        (transformers' multimodal tokenizers name it), else LLaVA's "<image>"."""
+        return getattr(self.tokenizer, "image_token", None) or "<image>"
 
     def generate(self, prompt: Prompt, sampling_params: dict, logprob: Optional[dict] = None) -> dict:
         """-> {"text": completion, "meta_info": {...}}"""

@@ -7,7 +7,7 @@ from typing import Iterator
 
 from radixlm.lang.native_backend import NativeBackend
 
-_ARGS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "lora_path")
+_ARGS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "lora_path", "image_data")
 
 
 class EngineBackend(NativeBackend):

@@ -86,7 +86,7 @@ class RoleEnd(Expr):
 
 
 @dataclass
-class Image(Expr):  # accepted for API shape only; the default model is text-only
+class Image(Expr):  # the backend's image token in the text, the image sent as the request's image_data
     path: str
 
 

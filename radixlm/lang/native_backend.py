@@ -13,6 +13,10 @@ def _lps(meta: dict) -> list[float]:
     return [e[0] for e in meta.get("input_token_logprobs") or [] if e and e[0] is not None]
 
 
+def _images(prompt: Prompt) -> dict:
+    return {"image_data": list(prompt.images)} if prompt.images else {}
+
+
 class NativeBackend(BaseBackend):
     """Subclasses implement `_call(body)` (a /generate body -> its JSON answer), `_stream(body)`
     (cumulative answers) and `tokenize(texts)` (the server's own tokenization)."""
@@ -35,11 +39,11 @@ class NativeBackend(BaseBackend):
         return tid
 
     def generate(self, prompt: Prompt, sampling_params: dict, logprob: Optional[dict] = None) -> dict:
-        return self._call({"text": prompt.text, "sampling_params": sampling_params, **(logprob or {})})
+        return self._call({"text": prompt.text, "sampling_params": sampling_params, **_images(prompt), **(logprob or {})})
 
     def generate_stream(self, prompt: Prompt, sampling_params: dict, logprob: Optional[dict] = None) -> Iterator[dict]:
         return self._stream({"text": prompt.text, "sampling_params": sampling_params, "stream": True,
-                             **(logprob or {})})
+                             **_images(prompt), **(logprob or {})})
 
     def prefill(self, text) -> dict:
         """Score `text` (a string or token ids) with no generation: it lands in the radix cache."""

@@ -17,6 +17,13 @@ from radixlm.lang.ir import Expr, Gen, Image, RoleBegin, RoleEnd, Select, Seq, s
 _END = object()
 
 
+def _image_b64(path: str) -> str:
+    import base64
+
+    with open(path, "rb") as f:
+        return base64.b64encode(f.read()).decode()
+
+
 class ProgramState:
     def __init__(self, backend, defaults: Optional[dict] = None, stream: bool = False, precache: bool = True):
         if backend is None:
@@ -30,6 +37,7 @@ class ProgramState:
         self.meta_info: dict[str, Any] = {}
         self.ret_value: Any = None
         self._text = ""
+        self._images: list[str] = []  # image(): base64, one per image token in _text
         self._messages: list[dict] = []
         self._role: Optional[tuple[str, int]] = None  # open role and where its content starts
         self._error: Optional[BaseException] = None
@@ -94,8 +102,9 @@ class ProgramState:
             self._messages.append({"role": role, "content": self._text[start:]})
             self._role = None
             self._append(self.backend.chat_template.suffix(role))
-        elif isinstance(expr, Image):
-            raise NotImplementedError("image(): the served models are text-only")
+        elif isinstance(expr, Image):  # as SGLang's frontend: the image token here, the image as image_data
+            self._images.append(_image_b64(expr.path))
+            self._append(self.backend.image_token)
         elif isinstance(expr, Expr):
             raise TypeError(f"cannot execute {type(expr).__name__}")
         else:
@@ -113,7 +122,7 @@ class ProgramState:
 
     def _prompt(self) -> Prompt:
         role, start = self._role if self._role else (None, len(self._text))
-        return Prompt(self._text, self._messages, role, self._text[start:])
+        return Prompt(self._text, self._messages, role, self._text[start:], list(self._images))
 
     def _gen(self, g: Gen) -> None:
         sp = self._sampling(g)
@@ -140,6 +149,8 @@ class ProgramState:
 
     def _select(self, sel: Select) -> None:
         method = choices_mod.resolve(sel.choices_method)
+        if self._images:
+            raise NotImplementedError("select() after image(): choices are scored by token ids, which carry no image")
         idx, meta = self.backend.select(self._prompt(), sel.choices, method)
         choice = sel.choices[idx]
         self._append(choice, sel.name)
@@ -200,12 +211,12 @@ class ProgramState:
         """n branch states that start from this state's text. The shared prefix is sent once
         first (no generation), so every branch's request hits the radix cache."""
         self.sync()
-        if self._text and self.precache:
+        if self._text and self.precache and not self._images:  # with images, the branches' first gens share it
             self.fork_prefill_meta = self.backend.prefill(self._text)
         branches = []
         for _ in range(n):
             b = ProgramState(self.backend, self.defaults, precache=self.precache)
-            b._text, b._role = self._text, self._role
+            b._text, b._role, b._images = self._text, self._role, list(self._images)
             b.variables, b.meta_info = dict(self.variables), dict(self.meta_info)
             b._messages = copy.deepcopy(self._messages)
             branches.append(b)

@@ -74,6 +74,9 @@ class ForwardBatch:
     sampling_info: Any = None
     # Per request, the LoRA adapter it runs under (lora/runtime.py; None: the base model); empty: none.
     lora_ids: list = field(default_factory=list)
+    # Per request, its images (MultimodalInputs or None; empty: none in the batch): the model embeds the
+    # parts of their spans this extend covers (model/mm_embed.py).
+    mm_inputs: list = field(default_factory=list)
 
     @property
     def uses_lora(self) -> bool:

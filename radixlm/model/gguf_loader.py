@@ -20,7 +20,9 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 import torch
 
+from radixlm.model.gguf_deepseek import DEEPSEEK2_TENSOR_NAMES, deepseek2_config
 from radixlm.model.gguf_gemma import GEMMA_ARCHS, gemma_config_kwargs
+from radixlm.model.gguf_moe import MIXTRAL, MOE_ARCHITECTURES, MOE_TENSOR_NAMES, has_experts, moe_config_kwargs
 from radixlm.model.tp_shard import Slicer
 
 GGUF_MAGIC = b"GGUF"
@@ -33,6 +35,8 @@ GGUF_ARCHITECTURES = {
     "phi3": ("Phi3ForCausalLM", "Phi3Config"),
     "gemma2": ("Gemma2ForCausalLM", "Gemma2Config"),
     "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig"),
+    **MOE_ARCHITECTURES,
+    "deepseek2": ("DeepseekV2ForCausalLM", "DeepseekV2Config"),  # V3 when its gating is sigmoid (gguf_deepseek.py)
 }
 # A llama file with a sliding window is a Mistral (llama.cpp writes Mistral as llama).
 _MISTRAL = ("MistralForCausalLM", "MistralConfig")
@@ -66,6 +70,7 @@ _TENSOR_NAMES = {
     "ffn_gate": "model.layers.{}.mlp.gate_proj",
     "ffn_up": "model.layers.{}.mlp.up_proj",
     "ffn_down": "model.layers.{}.mlp.down_proj",
+    **MOE_TENSOR_NAMES,
 }
 # Per architecture, where its tensors differ. Gemma's sandwich norms: ffn_norm is the norm before
 # the MLP, the post norms have their own names. llama.cpp keeps Phi-3's fused projections, and its
@@ -81,6 +86,7 @@ _ARCH_TENSOR_NAMES = {
     "gemma3": _GEMMA_TENSOR_NAMES,
     "phi3": dict(_TENSOR_NAMES, attn_qkv="model.layers.{}.self_attn.qkv_proj",
                  ffn_up="model.layers.{}.mlp.gate_up_proj"),
+    "deepseek2": DEEPSEEK2_TENSOR_NAMES,
 }
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _TOP_RE = re.compile(r"^(\w+)\.(weight|bias)$")
@@ -164,10 +170,16 @@ def gguf_config(reader):
     if arch == "llama" and window:
         hf_arch, config_cls = _MISTRAL
         kw["sliding_window"] = window
+    if has_experts(reader, arch):
+        kw = moe_config_kwargs(reader, arch, kw)
+        if arch == "llama":
+            hf_arch, config_cls = MIXTRAL
     if arch in GEMMA_ARCHS:
         kw = gemma_config_kwargs(reader, arch, kw)
     if arch == "phi3":
         kw.update(_phi3_config(reader, kw))
+    if arch == "deepseek2":
+        hf_arch, config_cls, kw = deepseek2_config(reader, kw)
     config = getattr(transformers, config_cls)(**kw)
     config.architectures = [hf_arch]
     return config
@@ -260,6 +272,7 @@ def gguf_weights(reader, config, keep_quantized: bool = False, slicer: Optional[
     from gguf import GGMLQuantizationType
 
     from radixlm.kernels.formats import FORMATS, format_of_ggml
+    from radixlm.model.gguf_moe import read_experts
     from radixlm.model.gguf_shard import read_tensor
 
     arch = field(reader, "general.architecture")
@@ -268,6 +281,9 @@ def gguf_weights(reader, config, keep_quantized: bool = False, slicer: Optional[
     for t in reader.tensors:
         name = _hf_name(t.name, arch)
         if name is None or (keep is not None and not keep(name)):  # rope_freqs (read into the config) and the like
+            continue
+        if t.data.ndim == 3:  # a MoE layer's experts, stacked (gguf_moe.py)
+            yield name, read_experts(t, keep_quantized, slicer(name) if slicer is not None else None, name)
             continue
         fmt = format_of_ggml(t.tensor_type) if keep_quantized and t.data.ndim == 2 else None
         if keep_quantized and t.data.ndim == 2 and fmt is None and t.tensor_type != GGMLQuantizationType.F32:

@@ -217,7 +217,7 @@ def _default_dtype(dtype: torch.dtype):
 
 
 def _is_sharded(model: nn.Module) -> bool:
-    return any(getattr(m, "tp_size", 1) > 1 for m in model.modules())
+    return any((getattr(m, "tp_size", 1) or 1) > 1 for m in model.modules())  # HF modules inside hold tp_size None
 
 
 def resolve_quantization(quantization: str | None, is_gguf: bool, device) -> str:
@@ -298,6 +298,9 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
         from radixlm.model.layers.linear import quantize_module_weights
 
         skipped = quantize_module_weights(model, quant)
+        for module in model.modules():  # MoE experts: quantized per expert (layers/moe/moe_block.py)
+            if hasattr(module, "quantize_weights"):
+                module.quantize_weights(quant)
         if skipped:
             logger.warning("--quantization %s: %d layers stay float (input size not a multiple of the block): %s",
                            quant, len(skipped), ", ".join(skipped[:4]))
@@ -311,13 +314,13 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
                 seconds, memory.gib(held), file_note, memory.gib(resident))
     return LoadedModel(
         model=model,
-        hf_config=config,
+        hf_config=config.get_text_config(),  # a vision-language model's decoder (the model holds the whole config)
         model_path=path,
         architecture=architecture,
         tokenizer_path=path,
         chat_template=chat_template,
         eos_token_ids=eos_ids,
-        context_len=_context_len(config),
+        context_len=_context_len(config.get_text_config()),
         load_seconds=seconds,
         weight_bytes=held,
         resident_bytes=resident,
@@ -355,7 +358,14 @@ def load_tokenizer(path: str | None = None):
         except Exception as e:  # a damaged cache is rebuilt, never fatal
             logger.warning("tokenizer cache %s unreadable (%s); rebuilding", cache, e)
             shutil.rmtree(cache, ignore_errors=True)
-    tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+    except ValueError as e:  # transformers reads the vocabulary but not this architecture's config (olmoe)
+        if "is not supported yet" not in str(e):
+            raise
+        from transformers import PreTrainedTokenizerFast
+
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
     if not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = gguf_loader.gguf_chat_template(gguf_loader.open_gguf(path))
     try:  # save to a temp dir, then rename: concurrent processes never see half a cache

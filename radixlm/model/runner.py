@@ -9,21 +9,21 @@ from typing import Optional
 
 import torch
 
-from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixlm.cache.memory_pool import ReqToTokenPool
 from radixlm.lora.runtime import create_lora_runtime
 from radixlm.model.compiled_decode import create_decode_graphs
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.kv_budget import available_memory_bytes, fraction_kv_budget
+from radixlm.model.kv_layout import kv_layout
 from radixlm.model.layers.attention import (
     AttentionBackendSpec,
-    RadixAttention,
     attention_features,
     create_attention_backend,
     resolve_attention_backends,
 )
 from radixlm.model.layers.sampler import Sampler, SamplingBatchInfo
 from radixlm.model.pooler import Pooler, read_pooling_type
-from radixlm.model import pp_micro
+from radixlm.model import model_summary, pp_micro
 from radixlm.model.pp_stage import pp_stage
 from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.model.worker_batch import ModelWorkerBatch
@@ -67,13 +67,17 @@ class ModelRunner:
         self.pooler = Pooler(read_pooling_type(self.loaded.model_path)) if config.is_embedding else None
         cfg = self.loaded.hf_config
         self.hf_config = cfg
+        self.modalities = tuple(getattr(self.model, "modalities", ("text",)))  # a vision model's: text, image
+        if hasattr(self.model, "encoder_cache"):  # its LRU of encoder outputs (model/mm_embed.py)
+            self.model.encoder_cache.max_bytes = config.mm_cache_size_mb * 2**20
         self.vocab_size = cfg.vocab_size
         self.num_layers = cfg.num_hidden_layers
         self.pp = pp_stage(self.num_layers)  # a pipeline stage holds (and keeps KV for) its layers only
         self.pp_micro_batches = self.pp_prefill_pieces = 0  # parts run (pp_micro.py)
         # This rank's KV heads (tensor parallelism splits or replicates them; all of them with tp 1).
-        self.num_kv_heads = next(m.num_kv_heads for m in self.model.modules() if isinstance(m, RadixAttention))
-        self.head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        # (An MLA model's pool holds one latent per token instead: model/kv_layout.py.)
+        self.kv_layout = kv_layout(self.model, cfg)
+        self.num_kv_heads, self.head_dim = self.kv_layout.num_kv_heads, self.kv_layout.head_dim
         # Per-layer attention features a backend must support (sliding windows, logit soft-capping).
         self.sliding_window_size, self.logit_cap = attention_features(self.model.modules())
         self.kv_dtype = self._kv_dtype()
@@ -88,10 +92,8 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(
             self.max_running_requests + 1, self.context_len + 4, device=self.device
         )
-        self.token_to_kv_pool = TokenToKVPool(
-            self.max_total_num_tokens, self.num_layers, self.num_kv_heads, self.head_dim, self.kv_dtype, self.device,
-            layers=self.pp.layers,
-        )
+        self.token_to_kv_pool = self.kv_layout.create_pool(self.max_total_num_tokens, self.num_layers, self.kv_dtype,
+                                                           self.device, layers=self.pp.layers)
         self.sampler = Sampler()
         # --enable-lora: the adapters and their batched delta on the target layers (NoLoRA: none).
         self.lora = create_lora_runtime(config.lora, self.model, self.dtype, self.device)
@@ -108,12 +110,15 @@ class ModelRunner:
             self.context_len,
             self.attn_backend,
         )
+        logger.info("model: %s", model_summary.summary(self.loaded.architecture, self.model, cfg, self.kv_layout,
+                                                       len(self.pp.layers), self.kv_dtype))
 
     def _attn_spec(self, kv_dtype: torch.dtype) -> AttentionBackendSpec:
         return AttentionBackendSpec(head_dim=self.head_dim, dtype=self.dtype, kv_dtype=kv_dtype, device=self.device,
                                     shared_prefix=not self.config.disable_shared_prefix_attention,
                                     mirror_bytes=self.config.decode_kv_mirror_bytes,
-                                    sliding_window_size=self.sliding_window_size, logit_cap=self.logit_cap)
+                                    sliding_window_size=self.sliding_window_size, logit_cap=self.logit_cap,
+                                    mla=self.kv_layout.mla)
 
     def _kv_dtype(self) -> torch.dtype:
         """auto: float16 where quantized weights run and every attention backend in use reads float16
@@ -135,7 +140,7 @@ class ModelRunner:
         return self.pp.agree_min(self._stage_kv_capacity())
 
     def _stage_kv_capacity(self) -> int:
-        per_token = TokenToKVPool.bytes_per_token(len(self.pp.layers), self.num_kv_heads, self.head_dim, self.kv_dtype)
+        per_token = self.kv_layout.bytes_per_token(len(self.pp.layers), self.kv_dtype)
         if self.config.mem_fraction_static:  # SGLang's sizing; --max-total-tokens caps it, as in SGLang
             budget = fraction_kv_budget(self.config.mem_fraction_static, self._memory_before_load,
                                         available_memory_bytes(self.device), self.config.memory_share)
@@ -171,6 +176,7 @@ class ModelRunner:
             num_decode=b.num_decode,
             attn_backend=self.attn_backend,
             lora_ids=b.lora_ids,
+            mm_inputs=b.mm_inputs,
         )
         if b.sampling:
             fb.sampling_info = SamplingBatchInfo.build(b.sampling, self.vocab_size, self.device)
@@ -198,6 +204,11 @@ class ModelRunner:
                 raise
             out = e
         return self.pp.from_last(out)
+
+    def mm_info(self) -> dict:
+        """A vision model's encoder counters (runs, images, cache hits) for the internal state."""
+        cache = getattr(self.model, "encoder_cache", None)
+        return cache.info() if cache is not None else {}
 
     def pp_info(self) -> dict:
         if self.pp.size == 1:

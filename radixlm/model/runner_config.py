@@ -63,6 +63,7 @@ class ModelRunnerConfig:
     # Pipeline: most requests in one decode micro-batch (None: pp_size micro-batches; pp_micro.py).
     pp_max_micro_batch_size: Optional[int] = None
     lora: Optional[LoRAConfig] = None  # --enable-lora (radixlm/lora/); None: off
+    mm_cache_size_mb: int = 64  # a vision model's LRU of encoder outputs by image hash (model/mm_embed.py)
 
     def __post_init__(self):
         _check_choice("dtype", self.dtype, DTYPES)
@@ -82,6 +83,8 @@ class ModelRunnerConfig:
             raise ValueError(f"max_running_requests must be positive, got {self.max_running_requests}")
         if self.kv_memory_gb <= 0:
             raise ValueError(f"kv_memory_gb must be positive, got {self.kv_memory_gb}")
+        if self.mm_cache_size_mb < 0:
+            raise ValueError(f"mm_cache_size_mb must be >= 0, got {self.mm_cache_size_mb}")
         if self.decode_kv_mirror_bytes < 0:
             raise ValueError(f"decode_kv_mirror_bytes must be >= 0, got {self.decode_kv_mirror_bytes}")
 
@@ -113,6 +116,7 @@ class ModelRunnerConfig:
             is_embedding=args.is_embedding,
             pp_max_micro_batch_size=args.pp_max_micro_batch_size,
             lora=LoRAConfig.from_server_args(args),
+            mm_cache_size_mb=args.mm_cache_size_mb,
         )
 
     def resolved_dtype(self) -> torch.dtype:

@@ -32,6 +32,8 @@ class ModelWorkerBatch:
     # One per request: what the sampler needs (empty: the caller takes the logits itself).
     sampling: list[SamplingRow] = field(default_factory=list)
     lora_ids: list[Optional[str]] = field(default_factory=list)  # per request, its adapter's uid (None: base)
+    # Per request, its images (radixlm/mm_inputs.py; None: none); empty: no request of the batch has any.
+    mm_inputs: list = field(default_factory=list)
 
     @property
     def batch_size(self) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import Optional
 
 from radixlm.http_access import ADMIN_API_KEY_ENV, API_KEY_ENV, key_from_env, parse_origins
 from radixlm.router.policies import POLICIES, CacheAwareConfig
@@ -58,6 +59,14 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-retries", type=int, default=d.max_retries)
     p.add_argument("--retry-backoff-secs", type=float, default=d.retry_backoff)
     p.add_argument("--log-level", default=d.log_level)
+    # PD disaggregation (SGLang router's flags; docs/disaggregation.md).
+    p.add_argument("--pd-disaggregation", action="store_true",
+                   help="route each request to a prefill and a decode server (--prefill, --decode)")
+    p.add_argument("--prefill", nargs="+", action="append", default=[], metavar=("URL", "BOOTSTRAP_PORT"),
+                   help="a prefill server and its bootstrap port (default 8998); repeatable")
+    p.add_argument("--decode", action="append", default=[], metavar="URL", help="a decode server; repeatable")
+    p.add_argument("--prefill-policy", choices=POLICIES, default=None, help="picks the prefill server (default --policy)")
+    p.add_argument("--decode-policy", choices=POLICIES, default=None, help="picks the decode server (default --policy)")
 
 
 def router_args_from_cli(a: argparse.Namespace) -> RouterArgs:
@@ -73,7 +82,16 @@ def router_args_from_cli(a: argparse.Namespace) -> RouterArgs:
                                      a.eviction_interval_secs, a.max_tree_size),
         health=HealthConfig(a.health_check_interval_secs, a.health_check_timeout_secs, a.health_failure_threshold,
                             a.health_success_threshold),
-        max_retries=a.max_retries, retry_backoff=a.retry_backoff_secs, log_level=a.log_level)
+        max_retries=a.max_retries, retry_backoff=a.retry_backoff_secs, log_level=a.log_level,
+        pd_disaggregation=a.pd_disaggregation, prefill_urls=[_prefill_arg(v) for v in a.prefill],
+        decode_urls=list(a.decode), prefill_policy=a.prefill_policy, decode_policy=a.decode_policy)
+
+
+def _prefill_arg(values: list[str]) -> tuple[str, Optional[int]]:
+    """--prefill URL [BOOTSTRAP_PORT]"""
+    if len(values) > 2 or (len(values) == 2 and not values[1].isdigit()):
+        raise SystemExit(f"--prefill takes URL [BOOTSTRAP_PORT], got {' '.join(values)}")
+    return values[0], int(values[1]) if len(values) == 2 else None
 
 
 def run_router(args: RouterArgs) -> None:
@@ -81,5 +99,12 @@ def run_router(args: RouterArgs) -> None:
 
     logging.basicConfig(level=args.log_level.upper(), format="[%(asctime)s router] %(levelname)s %(message)s",
                         datefmt="%H:%M:%S")
-    app = create_router_app(args)
+    if args.pd_disaggregation:
+        from radixlm.router.pd import create_pd_router_app
+
+        if not args.prefill_urls or not args.decode_urls:
+            raise SystemExit("--pd-disaggregation needs at least one --prefill and one --decode server")
+        app = create_pd_router_app(args)
+    else:
+        app = create_router_app(args)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning", timeout_keep_alive=30)

@@ -42,7 +42,9 @@ from radixlm.http_access import (
     presented_key,
 )
 from radixlm.http_common import error_json, read_bounded
+from radixlm.http_dashboard import OPEN_PATHS as DASHBOARD_OPEN_PATHS
 from radixlm.router.affinity import SessionAffinity, client_owner, session_id_of
+from radixlm.router.dashboard import router_dashboard
 from radixlm.router.metrics import RouterMetrics
 from radixlm.router.policies import CacheAwareConfig, Policy, make_policy
 from radixlm.router.routing_text import routing_text
@@ -81,6 +83,12 @@ class RouterArgs:
     max_retries: int = 3  # other workers tried for a request whose worker failed before answering
     retry_backoff: float = 0.05  # seconds before the first retry, doubled for each further one
     log_level: str = "info"
+    # PD disaggregation (router/pd.py): prefill servers (url, bootstrap port or None) and decode servers.
+    pd_disaggregation: bool = False
+    prefill_urls: list = field(default_factory=list)
+    decode_urls: list[str] = field(default_factory=list)
+    prefill_policy: Optional[str] = None  # None: --policy
+    decode_policy: Optional[str] = None
 
 
 class RouterState:
@@ -127,12 +135,16 @@ def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> Fast
 
     app = FastAPI(title="radixlm router", lifespan=lifespan)
     app.state.router = state
-    app.add_middleware(AccessMiddleware, admin_paths=ADMIN_PATHS)
+    app.add_middleware(AccessMiddleware, admin_paths=ADMIN_PATHS, open_paths=DASHBOARD_OPEN_PATHS)
     install_access(app, AccessConfig(args.api_key, args.admin_api_key, args.host, tuple(args.allowed_origins)))
 
     @app.exception_handler(Refusal)
     async def _refused(request: Request, e: Refusal):
         return error_json(e.status, e.message, e.kind, e.param)
+
+    # /dashboard: every worker side by side, gathered only while a page is open.
+    app.include_router(router_dashboard(lambda: [w.as_dict() for w in state.registry.workers.values()],
+                                        lambda: broadcast(state, "GET", "/get_server_info", timeout=5.0)))
 
     for path in GENERATE_PATHS + OTHER_POST_PATHS:
         async def generate(request: Request, path=path):

@@ -93,7 +93,7 @@ class ScheduleBatch:
 
     def sampling(self) -> list[SamplingRow]:
         """Per request, what the sampler needs this step."""
-        return [SamplingRow(r.sampling_params, r.output_ids, r.origin_input_ids,
+        return [SamplingRow(r.sampling_params, r.output_ids, r.text_input_ids(),
                             r.generator if keep else None, r.banned_token_ids())
                 for r, keep in zip(self.reqs, self.sampling_rows())]
 
@@ -129,6 +129,7 @@ class ScheduleBatch:
             extend_prefix_lens=prefix_lens, extend_seq_lens=ext_lens, extend_logprob_start_lens=lp_starts,
             num_decode=len(self.decode_reqs) if self.forward_mode.is_mixed() else 0,
             sampling=self.sampling(), lora_ids=[r.lora_id for r in self.reqs],
+            mm_inputs=[r.mm_inputs for r in self.reqs] if any(r.mm_inputs for r in self.reqs) else [],
         )
 
     @staticmethod

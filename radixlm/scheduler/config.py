@@ -10,6 +10,7 @@ from typing import Optional
 from radixlm.cache.hicache_config import HiCacheConfig
 from radixlm.config import ServerArgs
 from radixlm.constrained import GRAMMAR_BACKENDS
+from radixlm.disaggregation.config import DisaggregationConfig
 from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.scheduler.policy import POLICIES
 from radixlm.speculative.config import SpeculativeConfig
@@ -37,6 +38,7 @@ class SchedulerConfig:
     enable_invariant_checks: bool = False
     random_seed: int = 42
     log_level: str = "info"
+    disaggregation: DisaggregationConfig = DisaggregationConfig()  # PD: this server's role (default: both)
 
     def __post_init__(self):
         if self.schedule_policy not in POLICIES:
@@ -64,6 +66,8 @@ class SchedulerConfig:
         # decoding: a verify step's inputs are the previous step's outputs.
         overlap = speculative is None and (args.enable_overlap_schedule or
                                            (runner.device != "cpu" and not args.disable_overlap_schedule))
+        disaggregation = DisaggregationConfig.from_server_args(args)
+        overlap = overlap and not disaggregation.enabled  # the PD modes hand KV over between whole steps
         return cls(
             runner=runner,
             hicache=HiCacheConfig.from_server_args(args),
@@ -86,4 +90,5 @@ class SchedulerConfig:
             enable_invariant_checks=args.enable_invariant_checks,
             random_seed=args.random_seed,
             log_level=args.log_level,
+            disaggregation=disaggregation,
         )

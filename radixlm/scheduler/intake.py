@@ -8,6 +8,8 @@ for is skipped.
 
 from __future__ import annotations
 
+from typing import Callable
+
 from radixlm.ipc import TokenizedGenerateReqInput
 from radixlm.lora.runtime import NoLoRA
 from radixlm.scheduler.finisher import Finisher
@@ -32,6 +34,8 @@ class RequestIntake:
         self.eos_token_ids = eos_token_ids
         self.pool_all_tokens = pool_all_tokens  # an embedding model whose pooling reads every token
         self.lora = lora
+        # Where a ready request goes (PD decode: a request with a bootstrap room waits for its KV).
+        self.ready_status: Callable[[Req], ReqStatus] = lambda req: S.WAITING
 
     def add(self, recv: TokenizedGenerateReqInput) -> None:
         req = Req.from_input(recv, self.eos_token_ids)
@@ -55,7 +59,7 @@ class RequestIntake:
 
     def _ready(self, req: Req) -> None:
         """Nothing left to compile: it waits for its prefix's reads, or for admission."""
-        self.queues.move(req, S.PREFETCHING if self.prefetcher.pending(req) else S.WAITING)
+        self.queues.move(req, S.PREFETCHING if self.prefetcher.pending(req) else self.ready_status(req))
 
     def poll(self) -> None:
         """Compiled grammars and completed prefetches move their requests on."""
@@ -63,7 +67,7 @@ class RequestIntake:
             self._poll_grammars()
         self.prefetcher.poll()
         for req in [r for r in self.queues.prefetching if not self.prefetcher.pending(r)]:
-            self.queues.move(req, S.WAITING)
+            self.queues.move(req, self.ready_status(req))
 
     def _poll_grammars(self) -> None:
         pending = self.queues.grammar_pending
@@ -85,7 +89,7 @@ class RequestIntake:
         """Abort rid ("": every request). A compiling request goes when its compile ends; a waiting
         one (or the one between prefill chunks) at once; a running one before its next step."""
         q = self.queues
-        for req in q.matching(rid, [S.GRAMMAR_PENDING, S.RUNNING]):
+        for req in q.matching(rid, [S.GRAMMAR_PENDING, S.RUNNING, S.KV_BOOTSTRAP, S.KV_TRANSFER]):
             req.to_abort = True
         # A retracted request keeps its drafting state: the finisher's release drops it.
         for req in q.matching(rid, [S.PREFETCHING, S.WAITING, S.PREFILLING]):

@@ -35,6 +35,7 @@ from typing import Any, Optional
 import torch
 
 from radixlm.cache.base_prefix_cache import PrefixKey
+from radixlm.mm_inputs import MultimodalInputs
 from radixlm.ipc import FinishAbort, FinishLength, FinishReason, FinishStop, TokenizedGenerateReqInput
 from radixlm.sampling_params import SamplingParams, brief_repr
 from radixlm.stop_match import STOP_REGEX_BUDGET_S, STOP_REGEX_WINDOW, StopRegexTimeout, first_match
@@ -51,6 +52,11 @@ class ReqStatus(Enum):
     RUNNING = "running"
     FINISHING = "finishing"
     FINISHED = "finished"
+    # PD disaggregation (pd_decode.py, pd_prefill.py): decode side, waiting for the prefill server's
+    # bootstrap and for KV room (holds nothing); holding reserved slots while the KV arrives, or
+    # (prefill side) holding the KV while it is sent.
+    KV_BOOTSTRAP = "kv-bootstrap"
+    KV_TRANSFER = "kv-transfer"
 
 
 @dataclass(eq=False)
@@ -68,6 +74,8 @@ class Req:
     # The prefix cache's namespace of this request's KV (PrefixKey); None: the common one.
     cache_namespace: Optional[str] = None
     lora_id: Optional[str] = None  # the LoRA adapter's uid (None: the base model)
+    mm_inputs: Optional[MultimodalInputs] = None  # images: their spans hold pad values (radixlm/mm_inputs.py)
+    bootstrap: Any = None  # PD disaggregation: its ipc.BootstrapInfo (the transfer's room)
     arrival_time: float = field(default_factory=time.monotonic)
 
     output_ids: list[int] = field(default_factory=list)
@@ -118,7 +126,8 @@ class Req:
                    eos_token_ids=eos_token_ids, return_logprob=recv.return_logprob,
                    logprob_start_len=recv.logprob_start_len, top_logprobs_num=recv.top_logprobs_num,
                    stream=recv.stream, priority=recv.priority, input_text=recv.input_text,
-                   cache_namespace=recv.cache_namespace, lora_id=recv.lora_id)
+                   cache_namespace=recv.cache_namespace, lora_id=recv.lora_id, mm_inputs=recv.mm_inputs,
+                   bootstrap=recv.bootstrap)
 
     def __post_init__(self):
         if self.sampling_params.seed is not None:
@@ -132,6 +141,14 @@ class Req:
 
     def all_ids(self) -> list[int]:
         return self.origin_input_ids + self.output_ids
+
+    def text_input_ids(self) -> list[int]:
+        """The prompt without its image spans' pad values (what penalties over the prompt read)."""
+        ids = self.origin_input_ids
+        if self.mm_inputs is None:
+            return ids
+        inside = {p for it in self.mm_inputs.items for p in range(it.offset, it.end)}
+        return [t for p, t in enumerate(ids) if p not in inside]
 
     def prefix_key(self, length: int) -> PrefixKey:
         """The prefix cache's key of this request's first `length` tokens."""

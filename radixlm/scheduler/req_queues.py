@@ -49,6 +49,16 @@ class ReqQueues:
         """Finished; their KV is released when the step in flight that still reads it completes."""
         return self._by_status[S.FINISHING]
 
+    @property
+    def kv_bootstrap(self) -> list[Req]:
+        """PD decode: waiting for the prefill server's route and for KV room (nothing held)."""
+        return self._by_status[S.KV_BOOTSTRAP]
+
+    @property
+    def kv_transfer(self) -> list[Req]:
+        """PD: holding KV slots while a transfer runs (decode: arriving; prefill: being sent)."""
+        return self._by_status[S.KV_TRANSFER]
+
     # --- moves ----------------------------------------------------------------------
     def move(self, req: Req, status: ReqStatus, front: bool = False) -> None:
         """req goes to `status` (and its container: at the front with front=True)."""
@@ -103,11 +113,11 @@ class ReqQueues:
 
     def holders(self) -> list[Req]:
         """Requests that hold KV: prefilling, running, or finishing behind the step in flight."""
-        return self.of(S.PREFILLING, S.RUNNING, S.FINISHING)
+        return self.of(S.PREFILLING, S.RUNNING, S.FINISHING, S.KV_TRANSFER)
 
     def idle_reqs(self) -> list[Req]:
         """Requests that must hold nothing."""
-        return self.of(S.GRAMMAR_PENDING, S.PREFETCHING, S.WAITING)
+        return self.of(S.GRAMMAR_PENDING, S.PREFETCHING, S.WAITING, S.KV_BOOTSTRAP)
 
     def find(self, rid: str) -> Optional[Req]:
         return next((r for r in self if r.rid == rid), None)

@@ -24,6 +24,8 @@ from radixlm.distributed.rank import beat
 from radixlm.ipc import (
     AbortReq,
     ControlFailed,
+    DashboardSnapshotReq,
+    DashboardSnapshotReqOutput,
     FinishAbort,
     FlushCacheReq,
     FlushCacheReqOutput,
@@ -33,14 +35,15 @@ from radixlm.ipc import (
     ProfileReqOutput,
     TokenizedGenerateReqInput,
 )
+from radixlm.model.layers.moe.moe_block import expert_load_info
 from radixlm.model.runner import ModelRunner
 from radixlm.sampling_params import brief_repr
 from radixlm.scheduler.admission import NewTokenRatio
 from radixlm.scheduler.cache_manager import CacheManager
 from radixlm.scheduler.config import SchedulerConfig
+from radixlm.scheduler.dashboard_probe import DashboardProbe
 from radixlm.scheduler.decode_manager import DecodeManager
 from radixlm.scheduler.executor import InlineExecutor, OverlapExecutor
-from radixlm.scheduler.finisher import Finisher
 from radixlm.scheduler.grammar_manager import GrammarManager
 from radixlm.scheduler.intake import RequestIntake
 from radixlm.scheduler.invariants import InvariantChecker, InvariantError, NoInvariantChecks
@@ -49,6 +52,8 @@ from radixlm.scheduler.jump_forward import JumpForward, NoJumpForward
 from radixlm.scheduler.lazy_tokenizer import LazyTokenizer
 from radixlm.scheduler.lora_admin import LORA_MESSAGES, LORA_REPLIES, handle_lora_message
 from radixlm.scheduler.output_streamer import OutputStreamer
+from radixlm.scheduler.pd_mode import create_pd_mode, pd_finisher_class
+from radixlm.scheduler.pd_none import PDContext
 from radixlm.scheduler.policy import SchedulePolicy
 from radixlm.scheduler.prefetcher import Prefetcher
 from radixlm.scheduler.prefill_manager import PrefillLimits, PrefillManager
@@ -70,7 +75,8 @@ IDLE_POLL_MS = 1000  # nothing to do: wait this long for a message
 PENDING_POLL_MS = 2  # only compiles or storage reads pending: look again soon
 # The reply each control call waits for (ControlFailed names it when the call raised).
 _CONTROL_REPLIES = {FlushCacheReq: FlushCacheReqOutput, GetInternalStateReq: GetInternalStateReqOutput,
-                    ProfileReq: ProfileReqOutput, **WEIGHT_CONTROL_REPLIES, **LORA_REPLIES}
+                    ProfileReq: ProfileReqOutput, **WEIGHT_CONTROL_REPLIES, **LORA_REPLIES,
+                    DashboardSnapshotReq: DashboardSnapshotReqOutput}
 
 
 class Scheduler:
@@ -95,7 +101,8 @@ class Scheduler:
         executor_cls = OverlapExecutor if config.overlap_schedule else InlineExecutor
         self.executor = executor = executor_cls(runner, cm, self.grammar, self.spec)
         self.sessions = SessionPins.create(cm)  # open sessions' KV stays in the tree
-        self.finisher = Finisher(queues, cm, executor, self.spec, self.outputs, self.sessions)
+        finisher_cls = pd_finisher_class(config.disaggregation)  # PD prefill: KV kept until it was sent
+        self.finisher = finisher_cls(queues, cm, executor, self.spec, self.outputs, self.sessions)
         self.intake = RequestIntake(queues, self.grammar, Prefetcher(self.tree_cache), self.finisher, eos, sync,
                                     pool_all_tokens=runner.pooler is not None and runner.pooler.needs_all_tokens,
                                     lora=runner.lora)
@@ -116,9 +123,15 @@ class Scheduler:
         self.checks = (sync.checked(InvariantChecker(cm, queues, self.sessions.nodes), cm, queues) if config.enable_invariant_checks
                        else NoInvariantChecks())
         self.profiler = Profiler(stats, runner.device.type)  # /start_profile, /stop_profile
+        self.dashboard = DashboardProbe(self.tree_cache, self.internal_state)  # /dashboard/stream, on request only
         # Pause / continue, weight updates, memory release (SGLang's RL calls; weight_control.py).
         self.control = WeightControl(runner, cm, queues, self.intake, io, sync, stats, config.hicache,
                                      self.decode.finish_aborted, self._process_in_flight, self.is_idle)
+        # PD disaggregation (pd_mode.py): NoDisaggregation unless --disaggregation-mode prefill|decode.
+        self.pd = create_pd_mode(config.disaggregation, PDContext(queues, cm, self.finisher, self.outputs, self.tokenizer,
+                                                                  self.context_len, runner.max_running_requests),
+                                 runner.token_to_kv_pool)
+        self.intake.ready_status = self.pd.ready_status
 
     def _make_speculation(self) -> NoSpeculation:
         spec = self.config.speculative
@@ -151,13 +164,15 @@ class Scheduler:
         q = self.queues
         # Held (paused, memory released): waiting requests are no work until a message changes that.
         busy = (q.has_work() and not self.control.holds_generation()) or self.executor.in_flight()
-        timeout = 0 if busy else (PENDING_POLL_MS if q.grammar_pending or q.prefetching else IDLE_POLL_MS)
+        pending = q.grammar_pending or q.prefetching or self.pd.pending()
+        timeout = 0 if busy else (PENDING_POLL_MS if pending else IDLE_POLL_MS)
         return self.io.recv_requests(timeout)
 
     def step(self) -> None:
         """One iteration: requests whose compile or reads completed move on, one batch runs (with
         overlap, a decode step may stay in flight while the next is built), news goes out."""
         self.intake.poll()
+        self.pd.poll()  # PD transfers: requests whose KV arrived (or was sent) move on
         prev = self.executor.take_in_flight()
         if prev:
             self.step_behind(prev)
@@ -200,7 +215,7 @@ class Scheduler:
     def handle(self, msg) -> None:
         try:
             if isinstance(msg, TokenizedGenerateReqInput):
-                self.control.add(msg)  # held back while a weight update waits
+                self.control.add(self.pd.on_add(msg))  # held back while a weight update waits
             elif isinstance(msg, AbortReq):
                 self.control.abort(msg.rid)
             elif isinstance(msg, FlushCacheReq):
@@ -209,6 +224,8 @@ class Scheduler:
                 self.io.reply(GetInternalStateReqOutput(self.internal_state()))
             elif isinstance(msg, ProfileReq):
                 self.io.reply(self.profiler.handle(msg))
+            elif isinstance(msg, DashboardSnapshotReq):
+                self.io.reply(self.dashboard.handle(msg))
             elif type(msg) in WEIGHT_CONTROL_REPLIES:
                 self.control.handle(msg)
             elif isinstance(msg, LORA_MESSAGES):
@@ -262,6 +279,7 @@ class Scheduler:
             "model_sampling_defaults": r.loaded.sampling_defaults or {},
             "pid": os.getpid(),
             "lora_enabled": bool(r.config.lora), "lora_adapters": r.lora.adapters_info(),
+            "modalities": list(r.modalities),
         }
 
     def internal_state(self) -> dict:
@@ -283,6 +301,10 @@ class Scheduler:
             **self.control.info(),
             **self.runner.decode_graphs.info(),  # --enable-torch-compile: what was compiled, or why not
             **self.runner.pp_info(),  # --pp-size: decode micro-batches and prefill pieces run
+            **expert_load_info(self.runner.model),  # MoE: tokens routed per expert per layer
+            **self.dashboard.info(),
+            **self.runner.mm_info(),  # a vision model: encoder runs, images encoded, encoder-cache hits
+            **self.pd.info(),  # --disaggregation-mode: transfers, bytes, checksums
         }
 
     def _model_key(self, stored_dtype) -> str:

@@ -23,9 +23,12 @@ RESERVED_TEMPLATE_KWARGS = frozenset({
 })
 
 
-def render_chat(state: ServerState, req: ChatCompletionRequest, plan: Optional[ToolPlan] = None) -> list[int]:
+def render_chat(state: ServerState, req: ChatCompletionRequest, plan: Optional[ToolPlan] = None,
+                mm_template: Optional[str] = None):
     """On a tokenizer thread (the route runs it through the TokenizerPool). `plan`: the request's
-    tools as chat_tools.plan_tools decided them (else `tools` go to the template as sent)."""
+    tools as chat_tools.plan_tools decided them (else `tools` go to the template as sent).
+    mm_template: images (server/chat_images.py): the rendered text instead of its ids (the model's
+    processor tokenizes it), with this template (the processor's; "": the tokenizer's)."""
     tok = state.tokenizer_manager.tokenizer
     kwargs = dict(req.chat_template_kwargs or {})
     reserved = sorted(RESERVED_TEMPLATE_KWARGS.intersection(kwargs))
@@ -39,6 +42,8 @@ def render_chat(state: ServerState, req: ChatCompletionRequest, plan: Optional[T
             kwargs["tools"] = tools
     elif req.tools:
         kwargs["tools"] = req.tools
+    if mm_template:
+        kwargs["chat_template"] = mm_template
     continue_final, add_generation = _turn_options(req)
     if continue_final and messages[-1]["content"] == "":
         # Nothing to continue: HF's search for the final content would match the whole text (and
@@ -55,6 +60,8 @@ def render_chat(state: ServerState, req: ChatCompletionRequest, plan: Optional[T
     # A Jinja template already wrote any BOS: encoding it again would double it (as SGLang does); a
     # conversation template (--chat-template NAME or .json) writes none, so the encoder adds it.
     template = resolve_chat_template(state.server_args.chat_template)
+    if mm_template is not None:
+        return text
     return tok.encode(text, add_special_tokens=template.encode_special_tokens)
 
 

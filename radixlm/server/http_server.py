@@ -21,6 +21,7 @@ from radixlm.engine.embedding import EmbeddingReqInput
 from radixlm.engine.tokenizer_manager import EngineDeadError, InternalRequestError
 from radixlm.engine.tokenizer_pool import TokenizerTimeout
 from radixlm.http_access import AccessMiddleware, Refusal, abort_target
+from radixlm.http_dashboard import OPEN_PATHS as DASHBOARD_OPEN_PATHS
 from radixlm.http_common import error_json, error_json_for
 from radixlm.ipc import GenerateReqInput
 from radixlm.sampling_params import SamplingParams
@@ -38,6 +39,7 @@ from radixlm.server.api_common import (
     STREAM_ERRORS,
     stream_error_event,
 )
+from radixlm.server.dashboard_api import router as dashboard_router
 from radixlm.server.fanout import admit_to_queue, check_fanout, native_sequences
 from radixlm.server.observability_api import ADMIN_PATHS as OBSERVABILITY_ADMIN_PATHS, router as observability_router
 from radixlm.server.infill_api import router as infill_router
@@ -59,9 +61,8 @@ __all__ = ["ServerState", "create_app", "served_model_name"]
 
 # SGLang request fields radixlm accepts only at their "off" value (multimodal, LoRA, ...).
 _IGNORED_WHEN_EMPTY = {
-    "image_data", "video_data", "audio_data", "modalities", "session_params",
-    "custom_logit_processor", "return_hidden_states", "bootstrap_host", "bootstrap_port", "bootstrap_room",
-    "data_parallel_rank", "log_metrics",
+    "video_data", "audio_data", "modalities", "session_params",
+    "custom_logit_processor", "return_hidden_states", "data_parallel_rank", "log_metrics",
 }
 _GENERATE_FIELDS = {f.name for f in dataclasses.fields(GenerateReqInput)}
 
@@ -90,6 +91,13 @@ def _generate_schema() -> dict:
             "lora_path": {"anyOf": [{"type": "string"}, {"type": "null"},
                                     {"type": "array", "items": {"type": ["string", "null"]}, "minItems": 1}]},
             "session_params": {"type": "object"},  # session_api.py
+            # SGLang's: images (data: URL, base64, file://, allowed http(s)), one or a list per prompt.
+            "image_data": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {
+                "anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {"type": "string"}}]}}]},
+            # PD disaggregation (docs/disaggregation.md): set by `radixlm router --pd-disaggregation`.
+            "bootstrap_host": one_or_list({"type": "string"}),
+            "bootstrap_port": one_or_list({"type": "integer"}),
+            "bootstrap_room": one_or_list({"type": "integer"}),
         },
         # Exactly one of text and input_ids.
         "oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}],
@@ -342,7 +350,8 @@ def create_app(state_factory) -> FastAPI:
 
     app = FastAPI(title="radixlm", version=__version__, lifespan=lifespan)
     app.openapi = lambda: _openapi_with_unique_ids(app)
-    app.add_middleware(AccessMiddleware, admin_paths=ADMIN_PATHS + OBSERVABILITY_ADMIN_PATHS)
+    app.add_middleware(AccessMiddleware, admin_paths=ADMIN_PATHS + OBSERVABILITY_ADMIN_PATHS,
+                       open_paths=DASHBOARD_OPEN_PATHS)
     app.include_router(router)
     app.include_router(openai_router)
     app.include_router(observability_router)
@@ -354,6 +363,7 @@ def create_app(state_factory) -> FastAPI:
     app.include_router(lora_router)
     app.include_router(anthropic_router)
     app.include_router(responses_router)
+    app.include_router(dashboard_router)
 
     @app.exception_handler(HTTPError)
     async def _http_error(request: Request, e: HTTPError):

@@ -43,6 +43,10 @@ class ServerMetrics:
         self.hicache_used = Gauge("radixlm:hicache_used", "L2 tokens held, L3 bytes held", ["tier"], registry=r)
         self.hicache_errors = Gauge("radixlm:hicache_errors", "Stored chunks skipped or not written",
                                     ["kind"], registry=r)
+        # MoE models: tokens routed to each expert of each layer since start (placement, --ep-size).
+        self.expert_tokens = Counter("radixlm:moe_expert_tokens", "Tokens routed to an expert (top-k slots) since start",
+                                     ["layer", "expert"], registry=r)
+        self._expert_seen: dict[tuple[str, str], int] = {}
         self.spec_accept_length = Gauge("radixlm:spec_accept_length", "Tokens emitted per drafted request per verify step (accepted drafts + 1), since start", registry=r)
 
     def observe_finished(self, meta: dict) -> None:
@@ -73,6 +77,7 @@ class ServerMetrics:
         self.cache_hit_rate.set(st["cache_hit_rate"])
         self.spec_accept_length.set(st.get("spec_accept_length", 0.0))
         self.sglang.refresh(st, used)
+        self._export_expert_load(st.get("expert_load") or {})
         hc = st.get("hicache")
         if hc:
             for tier in ("l2", "l3"):
@@ -85,6 +90,16 @@ class ServerMetrics:
             self.hicache_used.labels("l3").set(hc.get("l3_bytes") or 0)
             for kind in ("corrupt_chunks", "read_errors", "write_errors", "writes_dropped"):
                 self.hicache_errors.labels(kind).set(hc[kind])
+
+    def _export_expert_load(self, load: dict) -> None:
+        """The scheduler's running totals as counter increments (a restarted engine starts from 0)."""
+        for layer, counts in load.items():
+            for expert, total in enumerate(counts):
+                key = (layer, str(expert))
+                seen = self._expert_seen.get(key, 0)
+                if total != seen:
+                    self.expert_tokens.labels(*key).inc(max(0, total - seen))
+                    self._expert_seen[key] = total
 
 
 def mount_metrics(app: FastAPI) -> None:

@@ -31,6 +31,7 @@ from radixlm.server.api_common import (
     STREAM_ERRORS,
     stream_error_event,
 )
+from radixlm.server.chat_images import chat_images
 from radixlm.server.chat_render import chat_stop, render_chat
 from radixlm.server.chat_tools import output_spec, plan_tools
 from radixlm.server.fanout import admit_to_queue, check_fanout
@@ -70,6 +71,7 @@ def _model_card(state: ServerState) -> dict:
         "root": info["model_path"],
         "parent": None,
         "max_model_len": info["context_len"],
+        "modalities": info.get("modalities", ["text"]),  # what the model takes in: text, and image for a vision model
     }
 
 
@@ -267,6 +269,7 @@ async def completions(request: Request):
         stream=bool(req.stream),
         cache_salt=req.cache_salt,
         lora_path=requested.adapter,
+        bootstrap_host=req.bootstrap_host, bootstrap_port=req.bootstrap_port, bootstrap_room=req.bootstrap_room,
     )
     echo = (texts or [tok.decode(i) for i in ids]) if req.echo else None
     job = _Job(chat=False, id=f"cmpl-{rid}", model=model, n=n, obj=obj, echo_texts=echo, logprobs=want_lp,
@@ -303,8 +306,9 @@ async def open_chat(request: Request, req: ChatCompletionRequest):
     tok = state.tokenizer_manager.tokenizer
     plan = plan_tools(req, tool_setup(tok, state.server_args.tool_call_parser))  # sets req's tool constraint
     check_fanout(state, req.n or 1, 1, "messages")
-    ids = await state.tokenizer_manager.tokenizer_pool.run(render_chat, state, req, plan,
-                                                           what="rendering the chat template")
+    images = await chat_images(state, req, plan)  # None: text only
+    ids = images.ids if images else await state.tokenizer_manager.tokenizer_pool.run(
+        render_chat, state, req, plan, what="rendering the chat template")
     _check_length(state, [ids], "messages")
     ctx = state.scheduler_info["context_len"]
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
@@ -317,7 +321,8 @@ async def open_chat(request: Request, req: ChatCompletionRequest):
         sp["stop"] = [*([given] if isinstance(given, str) else given), *chat_stop(state)]
     rid = uuid.uuid4().hex
     obj = GenerateReqInput(
-        input_ids=ids,
+        input_ids=None if images else ids, text=images.text if images else None,
+        image_data=images.urls if images else None,
         sampling_params=sp,
         rid=rid,
         return_logprob=bool(req.logprobs),
@@ -326,7 +331,10 @@ async def open_chat(request: Request, req: ChatCompletionRequest):
         stream=bool(req.stream),
         cache_salt=req.cache_salt,
         lora_path=requested.adapter,
+        bootstrap_host=req.bootstrap_host, bootstrap_port=req.bootstrap_port, bootstrap_room=req.bootstrap_room,
     )
+    if images:
+        images.attach(obj)
     job = _Job(chat=True, id=f"chatcmpl-{rid}", model=model, n=req.n or 1, obj=obj, logprobs=bool(req.logprobs),
                include_usage=bool(req.stream_options and req.stream_options.include_usage),
                prompt_ids=[ids] if req.return_token_ids else None,

@@ -65,8 +65,11 @@ class ChatMessage(BaseModel):
     # (refusal, annotations, audio, ...); only the fields below reach the chat template.
     model_config = ConfigDict(extra="ignore", strict=True)
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
-    content: Any = _doc(_STR, {"type": "array", "items": {
-        "type": "object", "properties": {"type": {"const": "text"}, "text": _STR}, "required": ["type", "text"]}})
+    content: Any = _doc(_STR, {"type": "array", "items": {"anyOf": [
+        {"type": "object", "properties": {"type": {"const": "text"}, "text": _STR}, "required": ["type", "text"]},
+        {"type": "object", "properties": {"type": {"const": "image_url"}, "image_url": {
+            "type": "object", "properties": {"url": _STR, "detail": _STR}, "required": ["url"]}},
+         "required": ["type", "image_url"]}]}})
     name: Optional[str] = None
     tool_calls: Optional[list[dict]] = None
     tool_call_id: Optional[str] = None
@@ -81,15 +84,27 @@ class ChatMessage(BaseModel):
         for part in v:
             if not isinstance(part, dict) or "type" not in part:
                 raise ValueError('each content part must be an object with a "type"')
+            if part["type"] == "image_url":  # OpenAI's image part: {"image_url": {"url": ..., "detail": ...}}
+                img = part.get("image_url")
+                if not isinstance(img, dict) or not isinstance(img.get("url"), str) or not img["url"]:
+                    raise ValueError('an "image_url" content part needs an object "image_url" with a string "url"')
+                continue
             if part["type"] != "text":
-                raise ValueError(f"content part type {part['type']!r} is not supported (text only)")
+                raise ValueError(f"content part type {part['type']!r} is not supported (text, image_url)")
             if not isinstance(part.get("text"), str):
                 raise ValueError('a "text" content part needs a string field "text"')
         return v
 
+    def image_urls(self) -> list[str]:
+        if not isinstance(self.content, list):
+            return []
+        return [p["image_url"]["url"] for p in self.content if p["type"] == "image_url"]
+
     def for_template(self) -> dict:
         content = self.content
-        if isinstance(content, list):  # parts are joined with newlines, as vLLM does
+        if isinstance(content, list) and self.image_urls():  # HF templates' parts: {"type": "image"} where each goes
+            content = [{"type": "image"} if p["type"] == "image_url" else p for p in content]
+        elif isinstance(content, list):  # parts are joined with newlines, as vLLM does
             content = "\n".join(p["text"] for p in content)
         # "developer" is OpenAI's newer name for "system"; templates know only the latter.
         m = {"role": "system" if self.role == "developer" else self.role, "content": content or ""}
@@ -151,6 +166,10 @@ class _Common(SGLangExtras, ExtraSamplers):
     cache_salt: Optional[str] = Field(None, min_length=1, max_length=1024)
     # vLLM's: the prompt's token ids (prompt_token_ids) and each choice's (token_ids) in the answer.
     return_token_ids: Optional[bool] = None
+    # SGLang's PD disaggregation fields (docs/disaggregation.md), set by `radixlm router --pd-disaggregation`.
+    bootstrap_host: Optional[str] = None
+    bootstrap_port: Optional[int] = None
+    bootstrap_room: Optional[int] = None
 
     @field_validator("logit_bias")
     @classmethod

@@ -36,14 +36,14 @@ def spec(head_dim=16, dtype=torch.float32, kv_dtype=None, device=CPU, **kw) -> A
 
 
 def test_names():
-    assert ATTENTION_BACKENDS == ("native", "torch")
+    assert ATTENTION_BACKENDS == ("native", "torch", "mla")
 
 
 @pytest.mark.parametrize("field", ["attention_backend", "prefill_attention_backend", "decode_attention_backend"])
 def test_unknown_name_names_the_field(field):
     kw = {"attention_backend": dict(name="flash"), "prefill_attention_backend": dict(name=None, prefill="flash"),
           "decode_attention_backend": dict(name=None, decode="flash")}[field]
-    with pytest.raises(ValueError, match=f"^{field} must be one of native, torch, got 'flash'$"):
+    with pytest.raises(ValueError, match=f"^{field} must be one of native, torch, mla, got 'flash'$"):
         create_attention_backend(spec=spec(), **kw)
 
 

@@ -34,6 +34,7 @@ OPTIONS = dict(
     torch_compile_max_bs=8,
     is_embedding=True,
     pp_max_micro_batch_size=2,
+    mm_cache_size_mb=16,
 )
 
 
@@ -73,9 +74,9 @@ def test_frozen():
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("attention_backend", "flash", "attention_backend must be one of native, torch, got 'flash'"),
-    ("prefill_attention_backend", "flash", "prefill_attention_backend must be one of native, torch, got 'flash'"),
-    ("decode_attention_backend", "", "decode_attention_backend must be one of native, torch, got ''"),
+    ("attention_backend", "flash", "attention_backend must be one of native, torch, mla, got 'flash'"),
+    ("prefill_attention_backend", "flash", "prefill_attention_backend must be one of native, torch, mla, got 'flash'"),
+    ("decode_attention_backend", "", "decode_attention_backend must be one of native, torch, mla, got ''"),
     ("quantization", "q3_k", "quantization must be one of none, gguf, int8, q4_0, q8_0, q4_k, f16, bf16, got 'q3_k'"),
     ("kv_cache_dtype", "fp8", "kv_cache_dtype must be one of auto, float32, float16, bfloat16, int8, got 'fp8'"),
     ("dtype", "float64", "dtype must be one of auto, float32, float16, bfloat16, half, float, got 'float64'"),

@@ -165,12 +165,13 @@ def test_contracts_are_the_designed_ones():
         assert not c.get("ignore_imports") and not c.get("exclude_type_checking_imports", False), c["id"]
     assert contracts["layers"]["layers"] == [
         "radixlm.cli", "radixlm.bench | radixlm.lang", "radixlm.server", "radixlm.engine", "radixlm.scheduler",
-        "radixlm.speculative | radixlm.constrained", "radixlm.model", "radixlm.lora", "radixlm.distributed", "radixlm.cache",
+        "radixlm.disaggregation", "radixlm.speculative | radixlm.constrained", "radixlm.model", "radixlm.lora", "radixlm.distributed", "radixlm.cache",
         "radixlm.kernels", "radixlm.function_call | radixlm.reasoning"]
     packages = {p.strip() for layer in contracts["layers"]["layers"] for p in layer.split("|")}
     assert set(contracts["leaves"]["source_modules"]) == {
         "radixlm.ipc", "radixlm.config", "radixlm.sampling_params", "radixlm.utils", "radixlm.http_common",
-        "radixlm.radix_walk", "radixlm.errors", "radixlm.version", "radixlm.stop_match", "radixlm.http_access"}
+        "radixlm.radix_walk", "radixlm.errors", "radixlm.version", "radixlm.stop_match", "radixlm.http_access",
+        "radixlm.http_dashboard", "radixlm.mm_inputs", "radixlm.config_help"}
     assert packages <= set(contracts["leaves"]["forbidden_modules"])
     assert contracts["router"]["source_modules"] == ["radixlm.router"]
     assert packages | {"torch"} <= set(contracts["router"]["forbidden_modules"])

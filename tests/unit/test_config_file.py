@@ -72,9 +72,10 @@ def test_sglang_keys_of_every_kind(tmp_path, monkeypatch, capsys):
     assert sum("--disable-cuda-graph ignored" in line for line in err) == 1
     path = write(tmp_path, "enable-pdmux: true\n", "pdmux.yaml")
     rc, err, _, _ = run(["--config", path], monkeypatch, capsys)
-    assert rc == 2 and err == ["radixlm: error: --enable-pdmux: prefill/decode (and encoder) disaggregation is not in "
-                               "radixlm yet ; one server runs prefill and decode (--enable-mixed-chunk puts both in "
-                               "one step); --dp-size N servers behind the router"]
+    assert rc == 2 and err == ["radixlm: error: --enable-pdmux: these parts of prefill/decode disaggregation (RDMA "
+                               "devices, decode-side KV offload, PD multiplexing) and encoder disaggregation are not in "
+                               "radixlm ; --disaggregation-mode prefill|decode with --disaggregation-transfer-backend "
+                               "tcp|shm behind `radixlm router --pd-disaggregation`"]
 
 
 @pytest.mark.parametrize("text,name,argv_extra,message", [

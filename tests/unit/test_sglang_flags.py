@@ -117,9 +117,10 @@ def test_every_radixlm_choice_reaches_its_consumer(serve_parser):
 
 def test_refusal_and_inert_lines(monkeypatch, capsys):
     rc, err, _ = run(["--enable-pdmux", "--disable-cuda-graph"], monkeypatch, capsys)
-    assert rc == 2 and err == ["radixlm: error: --enable-pdmux: prefill/decode (and encoder) disaggregation is not in "
-                               "radixlm yet ; one server runs prefill and decode (--enable-mixed-chunk puts both in "
-                               "one step); --dp-size N servers behind the router"]
+    assert rc == 2 and err == ["radixlm: error: --enable-pdmux: these parts of prefill/decode disaggregation (RDMA "
+                               "devices, decode-side KV offload, PD multiplexing) and encoder disaggregation are not in "
+                               "radixlm ; --disaggregation-mode prefill|decode with --disaggregation-transfer-backend "
+                               "tcp|shm behind `radixlm router --pd-disaggregation`"]
     rc, err, _ = run(["--disable-cuda-graph", "--cuda-graph-max-bs", "8", "--attn-cp-size", "1"], monkeypatch, capsys)
     assert rc == 0 and len(err) == 3
     assert any("--disable-cuda-graph ignored: CUDA graphs" in line for line in err)

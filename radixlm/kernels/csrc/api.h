@@ -17,6 +17,9 @@ std::shared_ptr<const AttentionPlan> plan_attention(const at::Tensor& req_to_tok
 namespace radixlm::api {
 void qlinear_out(const at::Tensor& x, const at::Tensor& w, int64_t fmt, const c10::optional<at::Tensor>& bias,
                  at::Tensor& out);
+// The experts of a MoE layer after routing (moe.cpp): hidden [T, H], topk ids / weights [T, k].
+at::Tensor fused_moe(const at::Tensor& hidden, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                     const at::Tensor& w13, int64_t w13_fmt, const at::Tensor& w2, int64_t w2_fmt);
 at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& w, double eps);
 void add_rmsnorm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& w, double eps);
 at::Tensor silu_and_mul(const at::Tensor& x);

@@ -38,6 +38,9 @@ inline void quantize_row(const float* x, int8_t* q, float* d, float* s, int64_t 
 at::Tensor repack_x8(const at::Tensor& w, int64_t fmt, int64_t cols);
 void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64_t M, float* out,
              int64_t ldo, const float* bias);
+// The activations' 16-value integer sums of rows [m0, m1), a pair per 32 values (QAct::sum16),
+// written at out + m * nb: what Q6_KX8 needs, made once by callers that run many slices.
+void act_sums16(const QAct& a, int64_t m0, int64_t m1, int32_t* out);
 void dequant_row_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t row, int64_t K, float* y);
 // Their K-quant layouts (quant_kx8.cpp): repacked from Q4_K / Q6_K.
 at::Tensor repack_kx8(const at::Tensor& w, int64_t fmt, int64_t cols);

@@ -123,6 +123,27 @@ struct KQ6_K {
   }
 };
 
+}  // namespace
+
+void gemm_quantized(int64_t fmt, const uint8_t* W, int64_t rb, int64_t N, const QAct& a, int64_t M, float* o,
+                    int64_t ld, const float* bp) {
+  switch (fmt) {
+    case FMT_Q8_0: gemm32<FQ8_0>(W, rb, N, a, M, o, ld, bp); break;
+    case FMT_Q4_0: gemm32<FQ4<false>>(W, rb, N, a, M, o, ld, bp); break;
+    case FMT_Q4_1: gemm32<FQ4<true>>(W, rb, N, a, M, o, ld, bp); break;
+    case FMT_Q4_K: gemm<KQ4_K>(W, rb, N, a, M, o, ld, bp); break;
+    case FMT_Q6_K: gemm<KQ6_K>(W, rb, N, a, M, o, ld, bp); break;
+    case FMT_I8: gemm32<FI8>(W, rb, N, a, M, o, ld, bp); break;
+    case FMT_Q4X8:
+    case FMT_Q8X8:
+    case FMT_Q4KX8:
+    case FMT_Q6KX8: gemm_x8(fmt, W, rb, N, a, M, o, ld, bp); break;
+    default: TORCH_CHECK(gemm_gguf(fmt, W, rb, N, a, M, o, ld, bp), "unknown quantized format id ", fmt);
+  }
+}
+
+namespace {
+
 void check_weight(const at::Tensor& w, int64_t fmt, int64_t cols) {
   TORCH_CHECK(w.dtype() == at::kByte && w.dim() == 2 && w.is_contiguous(), "quantized weight: contiguous uint8 [rows, row_bytes]");
   TORCH_CHECK(cols % fmt_block(fmt) == 0, "in_features ", cols, " is not a multiple of the format's block ", fmt_block(fmt));
@@ -171,22 +192,7 @@ void qlinear_out(const at::Tensor& x_, const at::Tensor& w, int64_t fmt, const c
   TORCH_CHECK(K / 32 <= MAX_BLOCKS, "qlinear: in_features ", K, " above ", MAX_BLOCKS * 32);
   auto [q, d, s] = quantize_act(x_);
   QAct a{q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>(), K, K / 32};
-  const uint8_t* W = w.data_ptr<uint8_t>();
-  float* o = out.data_ptr<float>();
-  const int64_t rb = w.size(1), ld = out.stride(0);
-  switch (fmt) {
-    case FMT_Q8_0: gemm32<FQ8_0>(W, rb, N, a, M, o, ld, bp); break;
-    case FMT_Q4_0: gemm32<FQ4<false>>(W, rb, N, a, M, o, ld, bp); break;
-    case FMT_Q4_1: gemm32<FQ4<true>>(W, rb, N, a, M, o, ld, bp); break;
-    case FMT_Q4_K: gemm<KQ4_K>(W, rb, N, a, M, o, ld, bp); break;
-    case FMT_Q6_K: gemm<KQ6_K>(W, rb, N, a, M, o, ld, bp); break;
-    case FMT_I8: gemm32<FI8>(W, rb, N, a, M, o, ld, bp); break;
-    case FMT_Q4X8:
-    case FMT_Q8X8:
-    case FMT_Q4KX8:
-    case FMT_Q6KX8: gemm_x8(fmt, W, rb, N, a, M, o, ld, bp); break;
-    default: TORCH_CHECK(gemm_gguf(fmt, W, rb, N, a, M, o, ld, bp), "unknown quantized format id ", fmt);
-  }
+  gemm_quantized(fmt, w.data_ptr<uint8_t>(), w.size(1), N, a, M, out.data_ptr<float>(), out.stride(0), bp);
 }
 
 at::Tensor qlinear(const at::Tensor& x, const at::Tensor& w, int64_t fmt, const c10::optional<at::Tensor>& bias) {

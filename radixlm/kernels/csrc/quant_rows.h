@@ -148,6 +148,10 @@ void gemm(const uint8_t* W, int64_t row_bytes, int64_t N, const QAct& a, int64_t
 }
 
 
+// out[m, n] = weight row n . activation row m for any int8-activation format (qlinear's dispatch
+// on raw pointers; fused ops such as moe.cpp call it on slices of a weight).
+void gemm_quantized(int64_t fmt, const uint8_t* W, int64_t row_bytes, int64_t N, const QAct& a, int64_t M, float* out,
+                    int64_t ldo, const float* bias);
 // The formats of quant_gguf.cpp (Q5_0, Q5_1, IQ4_NL, Q5_K, Q3_K, Q2_K, IQ4_XS); false for any other.
 bool gemm_gguf(int64_t fmt, const uint8_t* W, int64_t row_bytes, int64_t N, const QAct& a, int64_t M, float* out,
                int64_t ldo, const float* bias);

@@ -101,24 +101,27 @@ void gemm(const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64
 }
 
 
-// The activations' 16-value integer sums, a pair per 32 values (QAct::sum16).
 std::vector<int32_t> sums16(const QAct& a, int64_t M) {
   std::vector<int32_t> out(M * a.nb);
-  for (int64_t m = 0; m < M; ++m)
+  act_sums16(a, 0, M, out.data());
+  return out;
+}
+
+}  // namespace
+
+void act_sums16(const QAct& a, int64_t m0, int64_t m1, int32_t* out) {
+  for (int64_t m = m0; m < m1; ++m)
     for (int64_t b = 0; b < a.nb; ++b) {
       const int8_t* q = a.qrow(m) + 32 * b;
       int32_t lo = 0, hi = 0;
       for (int i = 0; i < 16; ++i) lo += q[i], hi += q[16 + i];
       out[m * a.nb + b] = (int32_t)(((uint32_t)(uint16_t)(int16_t)hi << 16) | (uint16_t)(int16_t)lo);
     }
-  return out;
 }
-
-}  // namespace
 
 void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64_t M, float* out,
              int64_t ldo, const float* bias) {
-  if (fmt == FMT_Q6KX8) {
+  if (fmt == FMT_Q6KX8 && a.sum16 == nullptr) {  // a caller may have made them once for many calls
     const std::vector<int32_t> s16 = sums16(a, M);
     QAct with = a;
     with.sum16 = s16.data();
@@ -126,6 +129,7 @@ void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, cons
     return;
   }
   switch (fmt) {
+    case FMT_Q6KX8: gemm<X8Kind::Q6K>(W, group_bytes, N, a, M, out, ldo, bias); break;
     case FMT_Q4X8: gemm<X8Kind::Q4>(W, group_bytes, N, a, M, out, ldo, bias); break;
     case FMT_Q8X8: gemm<X8Kind::Q8>(W, group_bytes, N, a, M, out, ldo, bias); break;
     default: gemm<X8Kind::Q4K>(W, group_bytes, N, a, M, out, ldo, bias); break;

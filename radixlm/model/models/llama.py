@@ -132,13 +132,15 @@ class LlamaModel(nn.Module):
         self.use_fused_layers = pp.size == 1
         self._fused: Any = None  # its arguments, built at the first forward (None: not yet, False: n/a)
 
-    def forward(self, input_ids, positions, forward_batch: ForwardBatch) -> Optional[torch.Tensor]:
-        """-> the final hidden states (None on a pipeline stage before the last: it sent them on)."""
+    def forward(self, input_ids, positions, forward_batch: ForwardBatch,
+                input_embeds: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+        """-> the final hidden states (None on a pipeline stage before the last: it sent them on).
+        input_embeds: the embeddings to start from instead of input_ids' (images: model/mm_embed.py)."""
         backend = forward_batch.attn_backend
         backend.begin_forward(forward_batch)
         pp = self.pp
         if pp.is_first:
-            hidden, residual = self.embed_tokens(input_ids), None
+            hidden, residual = self.embed_tokens(input_ids) if input_embeds is None else input_embeds, None
         else:
             hidden, residual = pp.recv(input_ids.shape[0], self.hidden_size, self._stream_dtype(), input_ids.device)
         positions = self.rotary_emb.cache_rows(positions, forward_batch)  # longrope: its table per request

@@ -32,6 +32,9 @@ class AttentionBackendSpec:
     # windowed layers (None: none), its largest attention logit soft-cap (0: none).
     sliding_window_size: Optional[int] = None
     logit_cap: float = 0.0
+    # Multi-head latent attention (DeepSeek-V2/V3): the pool holds one latent per token
+    # (cache/mla_pool.py); only backends built for it (mla_backend.py) run such a model.
+    mla: bool = False
 
 
 class AttentionBackend(ABC):

@@ -13,6 +13,8 @@ from typing import Callable, Optional
 
 from radixlm.model.layers.attention.base import AttentionBackend, AttentionBackendSpec
 from radixlm.model.layers.attention.hybrid import HybridAttnBackend
+from radixlm.model.layers.attention.mla_backend import MLABackend
+from radixlm.model.layers.attention.mla_backend import supported as mla_supported
 from radixlm.model.layers.attention.native import NativeCPUBackend
 from radixlm.model.layers.attention.native import supported as native_supported
 from radixlm.model.layers.attention.torch_sdpa import TorchSDPABackend
@@ -30,9 +32,17 @@ class AttentionBackendEntry:
 _REGISTRY: dict[str, AttentionBackendEntry] = {}
 
 
-def register_attention_backend(name: str, supported: Callable[[AttentionBackendSpec], Optional[str]]):
+def _refusing_mla(supported: Callable[[AttentionBackendSpec], Optional[str]]):
+    """A backend of per-head K/V cannot read the latent pool of an MLA model (spec.mla)."""
+    return lambda spec: "reads per-head K/V; an MLA model's pool holds latents (use mla)" if spec.mla else supported(spec)
+
+
+def register_attention_backend(name: str, supported: Callable[[AttentionBackendSpec], Optional[str]],
+                               mla: bool = False):
+    """mla: the backend reads the latent pool of multi-head latent attention models (else it is
+    refused for them without asking `supported`)."""
     def decorator(factory: BackendFactory) -> BackendFactory:
-        _REGISTRY[name] = AttentionBackendEntry(supported, factory)
+        _REGISTRY[name] = AttentionBackendEntry(supported if mla else _refusing_mla(supported), factory)
         return factory
     return decorator
 
@@ -45,6 +55,12 @@ def create_native_backend(spec: AttentionBackendSpec) -> AttentionBackend:
 @register_attention_backend("torch", supported=torch_sdpa_supported)
 def create_torch_sdpa_backend(spec: AttentionBackendSpec) -> AttentionBackend:
     return TorchSDPABackend.for_spec(spec)
+
+
+# Last: it serves only the models the others refuse (spec.mla), so auto's order is unchanged.
+@register_attention_backend("mla", supported=mla_supported, mla=True)
+def create_mla_backend(spec: AttentionBackendSpec) -> AttentionBackend:
+    return MLABackend()
 
 
 ATTENTION_BACKENDS: tuple[str, ...] = tuple(_REGISTRY)

@@ -11,7 +11,7 @@ from typing import Optional
 
 import torch
 
-from radixlm.kernels.formats import QuantFormat
+from radixlm.kernels.formats import INTERLEAVED, QuantFormat
 from radixlm.model.layers.quantized import QuantizedTensor
 
 
@@ -37,6 +37,19 @@ class ExpertWeights:
 
     def expert(self, e: int) -> QuantizedTensor | torch.Tensor:
         return QuantizedTensor(self.data[e], self.fmt, self.cols) if self.quantized else self.data[e]
+
+    def interleaved(self, parts: int = 1) -> "ExpertWeights":
+        """Each expert in the kernels' 8-row interleaved layout where its format has one (same values,
+        2-2.7x the row-major kernels), else self. parts: row ranges that must not share a group of 8
+        (w13 = [gate; up] passes 2: the fused op runs the halves as separate slices)."""
+        fmt = INTERLEAVED.get(self.fmt.name) if self.quantized else None
+        if fmt is None or self.rows % parts or (self.rows // parts) % fmt.group:
+            return self
+        from radixlm.kernels.ops import ops
+
+        data = torch.stack([ops().repack_x8(self.data[e].contiguous(), self.fmt.kernel_id, self.cols)
+                            for e in range(self.num_experts)])
+        return ExpertWeights(data, fmt, self.rows, self.cols)
 
     def dequantize(self) -> torch.Tensor:
         """float32 [E, rows, cols]."""

@@ -11,6 +11,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
+from radixlm.model.layers.activation import SiluAndMul
 from radixlm.model.layers.moe.experts import ExpertWeights
 
 
@@ -26,23 +27,27 @@ def _expert_linear(x: torch.Tensor, w: ExpertWeights, e: int) -> torch.Tensor:
 def fused_experts_torch(hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                         w13: ExpertWeights, w2: ExpertWeights) -> torch.Tensor:
     """hidden [T, H], topk_weights [T, k] (already normalized as the model wants), topk_ids [T, k]
-    -> [T, H]. One matmul per expert touched, over the tokens routed to it."""
-    out = torch.zeros_like(hidden)
+    (-1: skipped) -> [T, H]. One matmul per expert touched, over the tokens routed to it."""
+    T, k = topk_ids.shape
     flat_ids = topk_ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)
-    counts = torch.bincount(flat_ids, minlength=w13.num_experts).tolist()
-    token_of = order // topk_ids.shape[1]
-    weight_of = topk_weights.reshape(-1)[order]
-    start = 0
+    start = int((flat_ids < 0).sum())  # ids of -1 (an expert another rank holds) sort first: skipped
+    counts = torch.bincount(flat_ids[order[start:]], minlength=w13.num_experts).tolist()
+    rows = hidden.new_zeros(T * k, hidden.shape[-1])  # each (token, slot) pair's expert output
     for e, n in enumerate(counts):
         if n == 0:
             continue
-        tokens = token_of[start:start + n]
-        x = hidden.index_select(0, tokens)
-        gate, up = _expert_linear(x, w13, e).chunk(2, dim=-1)
-        y = _expert_linear(F.silu(gate) * up, w2, e)
-        out.index_add_(0, tokens, y * weight_of[start:start + n, None].to(y.dtype))
+        pairs = order[start:start + n]
+        x = hidden.index_select(0, pairs // k)
+        # SiluAndMul: the dense MLP's SiLU (the native one on CPU float32, as the native op's).
+        rows.index_copy_(0, pairs, _expert_linear(SiluAndMul()(_expert_linear(x, w13, e)), w2, e))
         start += n
+    # A token sums its rows in slot order, mul then add (the native op's order): its output does not
+    # depend on which other tokens share its experts.
+    rows, weights = rows.view(T, k, -1), topk_weights.to(hidden.dtype)
+    out = torch.zeros_like(hidden)
+    for j in range(k):
+        out = out + weights[:, j, None] * rows[:, j]
     return out
 
 
@@ -69,3 +74,8 @@ def fused_experts(hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: to
         if path.supports(hidden, w13, w2):
             return path.run(hidden, topk_weights, topk_ids, w13, w2)
     return fused_experts_torch(hidden, topk_weights, topk_ids, w13, w2)
+
+
+from radixlm.model.layers.moe import native as _native  # noqa: E402  (after the registry it joins)
+
+register_experts_path(ExpertsPath(_native.NAME, _native.supports, _native.run))

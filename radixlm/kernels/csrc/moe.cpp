@@ -1,0 +1,234 @@
+// The experts' half of a mixture-of-experts layer in one op (SGLang's fused_moe, on the CPU
+// kernels): the (token, slot) pairs are grouped by expert, each expert touched runs one matmul over
+// its tokens for gate and up (w13 = [gate; up] rows), SiLU(gate) * up, one matmul for down (w2), and
+// each token sums its k rows scaled by their routing weights. Only the experts some token chose are
+// read, so a decode step streams k experts' bytes, not E.
+//
+// The matmuls are the qlinear kernels' own (gemm_quantized: row-major, 8-row interleaved with the
+// run-time AVX2 / AVX-512 VNNI choice, the GGUF formats; gemm_float16), called on slices of an
+// expert's rows. Work is (expert, block of rows) tasks on ATen's threads, taken from a shared
+// counter heaviest expert first; the kernels' own parallel_for runs inline inside a task.
+//
+// Batch invariance: every output element of the kernels is computed by the same operations
+// whatever the batch and the slice (quant_rows.h, x8_tiles.h), activations are quantized per row,
+// SiLU's vector / scalar split depends on the column only (blocks start at multiples of 8), and a
+// token sums its k rows in slot order. So a token's output is bitwise the same alone or in any
+// batch, like the dense path's (model/layers/quantized.py).
+#include "qact.h"
+#include "quant_rows.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <vector>
+
+namespace radixlm {
+namespace {
+
+// One projection's stacked experts: expert e's stored rows start at base + e * expert_bytes.
+struct Experts {
+  const uint8_t* base;
+  int64_t fmt, group, row_bytes, expert_bytes, rows, cols;
+  const uint8_t* at(int64_t e, int64_t row) const { return base + e * expert_bytes + (row / group) * row_bytes; }
+};
+
+Experts check_experts(const at::Tensor& w, int64_t fmt, int64_t cols, const char* name) {
+  TORCH_CHECK(w.dtype() == at::kByte && w.dim() == 3 && w.is_contiguous(), "fused_moe: ", name,
+              " must be contiguous uint8 [experts, stored rows, row bytes]");
+  TORCH_CHECK(cols % fmt_block(fmt) == 0, "fused_moe: ", name, " has ", cols, " columns, not a multiple of its format's block ",
+              fmt_block(fmt));
+  TORCH_CHECK(w.size(2) == fmt_row_bytes(fmt, cols), "fused_moe: ", name, " rows have ", w.size(2), " bytes, format ", fmt,
+              " with ", cols, " columns needs ", fmt_row_bytes(fmt, cols));
+  TORCH_CHECK(fmt_is_float16(fmt) || cols / 32 <= MAX_BLOCKS, "fused_moe: ", name, " in_features ", cols, " above ",
+              MAX_BLOCKS * 32);
+  const int64_t g = fmt_group(fmt);
+  return Experts{w.data_ptr<uint8_t>(), fmt, g, w.size(2), w.size(1) * w.size(2), w.size(1) * g, cols};
+}
+
+// The gathered input rows of one matmul: fp32 as they are (16-bit float weights) or int8 blocks.
+struct Acts {
+  at::Tensor x, q, d, s;
+  std::vector<int32_t> s16;  // Q6_KX8's 16-value sums, made once for all the tasks
+  int64_t K = 0;
+
+  // Rows src(r) for r < R; int8 blocks when fmt takes them.
+  template <class Src>
+  void make(int64_t fmt, int64_t R, int64_t K_, const Src& src, const at::TensorOptions& opt) {
+    K = K_;
+    if (fmt_is_float16(fmt)) {
+      x = at::empty({R, K}, opt);
+      float* xp = x.data_ptr<float>();
+      at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) std::memcpy(xp + r * K, src(r), K * sizeof(float));
+      });
+      return;
+    }
+    q = at::empty({R, K}, opt.dtype(at::kChar));
+    d = at::empty({R, K / 32}, opt);
+    s = at::empty({R, K / 32}, opt);
+    int8_t* qp = q.data_ptr<int8_t>();
+    float *dp = d.data_ptr<float>(), *sp = s.data_ptr<float>();
+    at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) quantize_row(src(r), qp + r * K, dp + r * (K / 32), sp + r * (K / 32), K);
+    });
+    if (fmt == FMT_Q6KX8) {
+      s16.resize(R * (K / 32));
+      act_sums16(view(0), 0, R, s16.data());
+    }
+  }
+
+  QAct view(int64_t m0) const {
+    const int64_t nb = K / 32;
+    return QAct{q.data_ptr<int8_t>() + m0 * K, d.data_ptr<float>() + m0 * nb, s.data_ptr<float>() + m0 * nb, K, nb,
+                s16.empty() ? nullptr : s16.data() + m0 * nb};
+  }
+};
+
+// out[m, j] = act row m0 + m . weight row r0 + j of expert e, for m < M, j < n.
+void expert_matmul(const Experts& w, int64_t e, int64_t r0, int64_t n, const Acts& a, int64_t m0, int64_t M, float* out,
+                   int64_t ldo) {
+  if (fmt_is_float16(w.fmt)) {
+    gemm_float16(w.fmt, w.at(e, r0), w.row_bytes, n, a.x.data_ptr<float>() + m0 * a.K, a.K, M, a.K, out, ldo, nullptr);
+  } else {
+    gemm_quantized(w.fmt, w.at(e, r0), w.row_bytes, n, a.view(m0), M, out, ldo, nullptr);
+  }
+}
+
+// o[i] = silu(g[i]) * u[i] for columns [i0, i1) of a row of width I; the vector / scalar choice
+// is fused.cpp's silu_and_mul's (by column), so each value is that op's.
+void silu_mul(const float* g, const float* u, float* o, int64_t i0, int64_t i1, int64_t I) {
+  int64_t i = i0;
+  for (; i + 8 <= i1 && i + 8 <= I; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 sv = _mm256_div_ps(gv, _mm256_add_ps(_mm256_set1_ps(1.0f), exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
+    _mm256_storeu_ps(o + i, _mm256_mul_ps(sv, _mm256_loadu_ps(u + i)));
+  }
+  for (; i < i1; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+// Tasks 0..n-1 on ATen's threads, each taken from a shared counter (tasks differ in cost).
+template <class F>
+void run_tasks(int64_t n, const F& f) {
+  std::atomic<int64_t> next{0};
+  const int64_t workers = std::max<int64_t>(1, std::min<int64_t>(n, at::get_num_threads()));
+  at::parallel_for(0, workers, 1, [&](int64_t, int64_t) {
+    for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) f(i);
+  });
+}
+
+// Rows per task over `rows` output rows: a multiple of 8 (the interleaved groups, and SiLU's vector
+// columns) giving the active experts about 4 tasks per thread together.
+int64_t block_rows(int64_t rows, int64_t active) {
+  const int64_t per_expert = std::max<int64_t>(1, (4 * at::get_num_threads() + active - 1) / active);
+  const int64_t b = ((rows + per_expert - 1) / per_expert + 7) / 8 * 8;
+  return std::max<int64_t>(16, std::min(b, (rows + 7) / 8 * 8));
+}
+
+at::Tensor fused_moe(const at::Tensor& hidden_, const at::Tensor& topk_ids_, const at::Tensor& topk_weights_,
+                     const at::Tensor& w13_, int64_t w13_fmt, const at::Tensor& w2_, int64_t w2_fmt) {
+  TORCH_CHECK(hidden_.dtype() == at::kFloat && hidden_.dim() == 2, "fused_moe: hidden must be float32 [tokens, hidden]");
+  const at::Tensor hidden = hidden_.contiguous();
+  const int64_t T = hidden.size(0), H = hidden.size(1);
+  TORCH_CHECK(topk_ids_.dim() == 2 && topk_ids_.size(0) == T && !at::isFloatingType(topk_ids_.scalar_type()),
+              "fused_moe: topk_ids must be integer [tokens, top_k]");
+  TORCH_CHECK(topk_weights_.dtype() == at::kFloat && topk_weights_.sizes() == topk_ids_.sizes(),
+              "fused_moe: topk_weights must be float32 shaped like topk_ids");
+  const at::Tensor ids = topk_ids_.to(at::kLong).contiguous(), tw = topk_weights_.contiguous();
+  const int64_t k = ids.size(1);
+  TORCH_CHECK(w13_.dim() == 3 && w2_.dim() == 3 && w13_.size(0) == w2_.size(0), "fused_moe: w13 and w2 must be [experts, ...] with the same experts");
+  const int64_t E = w13_.size(0), I2 = w13_.size(1) * fmt_group(w13_fmt), I = I2 / 2;
+  TORCH_CHECK(I2 % 2 == 0, "fused_moe: w13 must have an even number of rows (gate; up), got ", I2);
+  TORCH_CHECK(!fmt_is_x8(w13_fmt) || I % 8 == 0, "fused_moe: interleaved w13 needs gate and up rows in multiples of 8");
+  const Experts w13 = check_experts(w13_, w13_fmt, H, "w13"), w2 = check_experts(w2_, w2_fmt, I, "w2");
+  TORCH_CHECK(w2.rows == H, "fused_moe: w2 has ", w2.rows, " rows per expert, hidden size is ", H);
+  at::Tensor out = at::zeros({T, H}, hidden.options());
+  if (T == 0 || k == 0) return out;
+
+  // Group the (token, slot) pairs by expert, in flat order within an expert: row_of[t * k + j] is
+  // the pair's row in the gathered buffers, -1 for id -1 (an expert another rank holds).
+  const int64_t* ip = ids.data_ptr<int64_t>();
+  std::vector<int64_t> count(E + 1, 0), row_of(T * k, -1);
+  for (int64_t i = 0; i < T * k; ++i) {
+    TORCH_CHECK(ip[i] >= -1 && ip[i] < E, "fused_moe: topk_ids value ", ip[i], " out of range [0, ", E, ") (or -1: skipped)");
+    if (ip[i] >= 0) ++count[ip[i] + 1];
+  }
+  std::vector<int64_t> start(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) start[e + 1] = start[e] + count[e + 1];
+  const int64_t R = start[E];
+  if (R == 0) return out;
+  std::vector<int64_t> fill(start.begin(), start.end() - 1), token_of(R);
+  for (int64_t i = 0; i < T * k; ++i)
+    if (ip[i] >= 0) token_of[row_of[i] = fill[ip[i]]++] = i / k;
+  std::vector<int64_t> experts;  // those touched, most rows first (their tasks are the longest)
+  for (int64_t e = 0; e < E; ++e)
+    if (start[e + 1] > start[e]) experts.push_back(e);
+  std::stable_sort(experts.begin(), experts.end(),
+                   [&](int64_t a, int64_t b) { return start[a + 1] - start[a] > start[b + 1] - start[b]; });
+  const int64_t active = experts.size();
+
+  // gate and up for a block of intermediate columns, then SiLU * mul into act.
+  const float* hp = hidden.data_ptr<float>();
+  Acts x;
+  x.make(w13_fmt, R, H, [&](int64_t r) { return hp + token_of[r] * H; }, hidden.options());
+  at::Tensor gu = at::empty({R, I2}, hidden.options()), act = at::empty({R, I}, hidden.options());
+  float *gup = gu.data_ptr<float>(), *actp = act.data_ptr<float>();
+  const int64_t bi = block_rows(I, active), nbi = (I + bi - 1) / bi;
+  run_tasks(active * nbi, [&](int64_t task) {
+    const int64_t e = experts[task / nbi], i0 = (task % nbi) * bi, n = std::min(bi, I - i0);
+    const int64_t m0 = start[e], M = start[e + 1] - m0;
+    expert_matmul(w13, e, i0, n, x, m0, M, gup + m0 * I2 + i0, I2);
+    expert_matmul(w13, e, I + i0, n, x, m0, M, gup + m0 * I2 + I + i0, I2);
+    for (int64_t m = m0; m < m0 + M; ++m) silu_mul(gup + m * I2, gup + m * I2 + I, actp + m * I, i0, i0 + n, I);
+  });
+
+  // down, per block of hidden columns.
+  Acts a;
+  a.make(w2_fmt, R, I, [&](int64_t r) { return actp + r * I; }, hidden.options());
+  at::Tensor y = at::empty({R, H}, hidden.options());
+  float* yp = y.data_ptr<float>();
+  const int64_t bh = block_rows(H, active), nbh = (H + bh - 1) / bh;
+  run_tasks(active * nbh, [&](int64_t task) {
+    const int64_t e = experts[task / nbh], h0 = (task % nbh) * bh;
+    const int64_t m0 = start[e], M = start[e + 1] - m0;
+    expert_matmul(w2, e, h0, std::min(bh, H - h0), a, m0, M, yp + m0 * H + h0, H);
+  });
+
+  // Each token: its rows times their weights, summed in slot order (mul, then add: two roundings).
+  const float* wp = tw.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      float* o = op + t * H;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t r = row_of[t * k + j];
+        if (r < 0) continue;
+        const float wt = wp[t * k + j];
+        const float* yr = yp + r * H;
+        const __m256 wv = _mm256_set1_ps(wt);
+        int64_t h = 0;
+        for (; h + 8 <= H; h += 8)
+          _mm256_storeu_ps(o + h, _mm256_add_ps(_mm256_loadu_ps(o + h), _mm256_mul_ps(wv, _mm256_loadu_ps(yr + h))));
+        for (; h < H; ++h) o[h] = o[h] + wt * yr[h];
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+namespace api {
+at::Tensor fused_moe(const at::Tensor& hidden, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                     const at::Tensor& w13, int64_t w13_fmt, const at::Tensor& w2, int64_t w2_fmt) {
+  return radixlm::fused_moe(hidden, topk_ids, topk_weights, w13, w13_fmt, w2, w2_fmt);
+}
+}  // namespace api
+
+TORCH_LIBRARY_FRAGMENT(radixlm, m) {
+  m.def("fused_moe(Tensor hidden, Tensor topk_ids, Tensor topk_weights, Tensor w13, int w13_fmt, Tensor w2, "
+        "int w2_fmt) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(radixlm, CPU, m) { m.impl("fused_moe", &fused_moe); }
+
+}  // namespace radixlm

@@ -1,0 +1,92 @@
+"""llama.cpp's `deepseek2` GGUF architecture (DeepSeek-V2, V2-Lite, V2.5, V3, R1): its metadata
+as a transformers DeepseekV2Config / DeepseekV3Config, and its tensor names.
+
+What the converter (convert_hf_to_gguf.py, DeepseekV2Model) writes and how it is read back:
+- sigmoid gating (`expert_gating_func` 2) with `exp_probs_b` is V3's router, softmax (1) V2's;
+  `expert_group_count` / `expert_group_used_count` are n_group / topk_group,
+  `expert_weights_scale` / `expert_weights_norm` routed_scaling_factor / norm_topk_prob;
+- `attention.key_length_mla` / `value_length_mla` (newer files, whose key_length is the MQA-ized
+  kv_lora_rank + rope and head_count_kv 1) or key_length / value_length give the head dims;
+- YaRN's `rope.scaling.yarn_log_multiplier` is 0.1 * mscale_all_dim (DeepSeek's mscale equals it);
+- the experts are 3-D (`ffn_gate_exps` [experts, rows, cols]), kv_b_proj is `attn_kv_b` and/or its
+  per-head split `attn_k_b` ([heads, kv_lora_rank, qk_nope], transposed) and `attn_v_b`
+  ([heads, v_head_dim, kv_lora_rank]); DeepseekV2ForCausalLM.load_weights takes these names.
+RoPE is llama.cpp's NORM (adjacent pairs), which is DeepSeek's interleaved layout: no permutation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEEPSEEK2_TENSOR_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    "attn_norm": "model.layers.{}.input_layernorm",
+    "ffn_norm": "model.layers.{}.post_attention_layernorm",
+    "attn_q": "model.layers.{}.self_attn.q_proj",
+    "attn_q_a": "model.layers.{}.self_attn.q_a_proj",
+    "attn_q_a_norm": "model.layers.{}.self_attn.q_a_layernorm",
+    "attn_q_b": "model.layers.{}.self_attn.q_b_proj",
+    "attn_kv_a_mqa": "model.layers.{}.self_attn.kv_a_proj_with_mqa",
+    "attn_kv_a_norm": "model.layers.{}.self_attn.kv_a_layernorm",
+    "attn_kv_b": "model.layers.{}.self_attn.kv_b_proj",
+    "attn_k_b": "model.layers.{}.self_attn.k_b_proj",
+    "attn_v_b": "model.layers.{}.self_attn.v_b_proj",
+    "attn_output": "model.layers.{}.self_attn.o_proj",
+    "ffn_gate_inp": "model.layers.{}.mlp.gate",
+    "exp_probs_b": "model.layers.{}.mlp.gate.e_score_correction",  # .bias -> e_score_correction_bias
+    "ffn_gate": "model.layers.{}.mlp.gate_proj",
+    "ffn_up": "model.layers.{}.mlp.up_proj",
+    "ffn_down": "model.layers.{}.mlp.down_proj",
+    "ffn_gate_exps": "model.layers.{}.mlp.experts.gate_proj",
+    "ffn_up_exps": "model.layers.{}.mlp.experts.up_proj",
+    "ffn_down_exps": "model.layers.{}.mlp.experts.down_proj",
+    "ffn_gate_shexp": "model.layers.{}.mlp.shared_experts.gate_proj",
+    "ffn_up_shexp": "model.layers.{}.mlp.shared_experts.up_proj",
+    "ffn_down_shexp": "model.layers.{}.mlp.shared_experts.down_proj",
+}
+
+SIGMOID_GATING = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+
+
+def _field(reader, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def deepseek2_config(reader, kw: dict) -> tuple[str, str, dict]:
+    """(HF architectures name, transformers config class, kwargs) of a deepseek2 GGUF; kw holds
+    the common keys gguf_config read already."""
+    f = lambda key, default=None: _field(reader, f"deepseek2.{key}", default)  # noqa: E731
+    rope = int(f("rope.dimension_count"))
+    key_len = f("attention.key_length_mla") or f("attention.key_length")
+    value_len = f("attention.value_length_mla") or f("attention.value_length")
+    v3 = f("expert_gating_func") == SIGMOID_GATING
+    n_group = int(f("expert_group_count") or 1)
+    out = {k: v for k, v in kw.items() if k not in ("head_dim", "num_key_value_heads")}
+    out.update(
+        num_key_value_heads=kw["num_attention_heads"], q_lora_rank=f("attention.q_lora_rank") or None,
+        kv_lora_rank=int(f("attention.kv_lora_rank")), qk_rope_head_dim=rope, qk_nope_head_dim=int(key_len) - rope,
+        v_head_dim=int(value_len), moe_intermediate_size=int(f("expert_feed_forward_length", 0)),
+        n_routed_experts=int(f("expert_count", 0)), num_experts_per_tok=int(f("expert_used_count", 0)),
+        n_shared_experts=int(f("expert_shared_count", 0)), first_k_dense_replace=int(f("leading_dense_block_count", 0)),
+        routed_scaling_factor=float(f("expert_weights_scale", 1.0)), norm_topk_prob=bool(f("expert_weights_norm", False)),
+        n_group=n_group, topk_group=int(f("expert_group_used_count") or 1))
+    if not v3:
+        out["topk_method"] = "group_limited_greedy" if n_group > 1 else "greedy"
+    rs = out.pop("rope_scaling", None)
+    params = {"rope_type": "default", "rope_theta": float(kw.get("rope_theta", 10000.0))}
+    if rs and rs.get("rope_type") == "yarn":
+        mscale = float(f("rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
+        params.update(rope_type="yarn", factor=rs["factor"], mscale=mscale, mscale_all_dim=mscale,
+                      beta_fast=float(f("rope.scaling.yarn_beta_fast", 32.0)),
+                      beta_slow=float(f("rope.scaling.yarn_beta_slow", 1.0)))
+        if "original_max_position_embeddings" in rs:
+            params["original_max_position_embeddings"] = rs["original_max_position_embeddings"]
+    out.pop("rope_theta", None)
+    out["rope_parameters"] = params
+    if v3:
+        return "DeepseekV3ForCausalLM", "DeepseekV3Config", out
+    return "DeepseekV2ForCausalLM", "DeepseekV2Config", out
+

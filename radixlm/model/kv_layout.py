@@ -1,0 +1,57 @@
+"""The KV pool layout a model needs, read off its attention layers: per-head K and V
+(TokenToKVPool), or one latent vector per token for multi-head latent attention
+(MLATokenToKVPool: DeepSeek-V2/V3). The runner sizes and builds its pool through this."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import nn
+
+from radixlm.cache.memory_pool import TokenToKVPool
+from radixlm.cache.mla_pool import MLATokenToKVPool
+from radixlm.model.layers.attention.mla_attention import MLAAttention
+from radixlm.model.layers.attention.radix_attention import RadixAttention
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    num_kv_heads: int  # this rank's KV heads (1 for a latent pool)
+    head_dim: int  # K's width per head (the latent + RoPE key's for MLA)
+    kv_lora_rank: int = 0  # > 0: an MLA latent pool
+    qk_rope_head_dim: int = 0
+    # MLA only: what ordinary multi-head caching of the same model would hold per layer and token
+    # (heads x (qk_head_dim + v_head_dim) elements), for the start-up report.
+    mha_elems_per_layer: int = 0
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    def bytes_per_token(self, num_layers: int, dtype: torch.dtype) -> int:
+        if self.mla:
+            return MLATokenToKVPool.latent_bytes_per_token(num_layers, self.kv_lora_rank, self.qk_rope_head_dim, dtype)
+        return TokenToKVPool.bytes_per_token(num_layers, self.num_kv_heads, self.head_dim, dtype)
+
+    def mha_bytes_per_token(self, num_layers: int, dtype: torch.dtype) -> int:
+        """The same model's KV bytes per token with per-head K and V (MHA caching)."""
+        if not self.mla:
+            return self.bytes_per_token(num_layers, dtype)
+        return num_layers * self.mha_elems_per_layer * torch.tensor([], dtype=dtype).element_size()
+
+    def create_pool(self, size: int, num_layers: int, dtype: torch.dtype, device: str | torch.device = "cpu",
+                    layers: Optional[range] = None) -> TokenToKVPool:
+        if self.mla:
+            return MLATokenToKVPool(size, num_layers, self.kv_lora_rank, self.qk_rope_head_dim, dtype, device, layers)
+        return TokenToKVPool(size, num_layers, self.num_kv_heads, self.head_dim, dtype, device, layers=layers)
+
+
+def kv_layout(model: nn.Module, hf_config: Any) -> KVLayout:
+    attn = next(m for m in model.modules() if isinstance(m, RadixAttention))
+    if isinstance(attn, MLAAttention):
+        return KVLayout(1, attn.head_dim, attn.kv_lora_rank, attn.qk_rope_head_dim,
+                        attn.num_heads * (attn.qk_head_dim + attn.v_head_dim))
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+    return KVLayout(attn.num_kv_heads, head_dim)

@@ -1,0 +1,54 @@
+"""A server's PD disaggregation mode as a scheduler component (docs/disaggregation.md).
+
+NoDisaggregation is the null mode's no-op twin, so the loop never asks which mode runs:
+
+    on_add(recv)        a request as it arrives (prefill: it computes the first output token only)
+    ready_status(req)   where a request goes once nothing is left to compile or read (decode: a
+                        request with a bootstrap room waits for its KV instead of a prefill)
+    poll()              once per step: move requests through the transfer's states
+    pending()           transfers under way: the loop polls soon instead of sleeping
+    info()              /get_server_info's internal_state["disaggregation"]
+
+pd_prefill.py and pd_decode.py are the two modes (pd_mode.py picks one); PDContext is what they
+are handed of the scheduler.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from radixlm.ipc import TokenizedGenerateReqInput
+from radixlm.scheduler.cache_manager import CacheManager
+from radixlm.scheduler.finisher import Finisher
+from radixlm.scheduler.lazy_tokenizer import LazyTokenizer
+from radixlm.scheduler.output_streamer import OutputStreamer
+from radixlm.scheduler.req import Req, ReqStatus
+from radixlm.scheduler.req_queues import ReqQueues
+
+
+@dataclass(frozen=True)
+class PDContext:
+    queues: ReqQueues
+    cache_manager: CacheManager
+    finisher: Finisher
+    outputs: OutputStreamer
+    tokenizer: LazyTokenizer
+    context_len: int
+    max_running_requests: int
+
+
+class NoDisaggregation:
+    def on_add(self, recv: TokenizedGenerateReqInput) -> TokenizedGenerateReqInput:
+        return recv
+
+    def ready_status(self, req: Req) -> ReqStatus:
+        return ReqStatus.WAITING
+
+    def poll(self) -> None:
+        pass
+
+    def pending(self) -> bool:
+        return False
+
+    def info(self) -> dict:
+        return {}

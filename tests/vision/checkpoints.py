@@ -1,0 +1,94 @@
+"""A tiny random-weight LLaVA (2-layer CLIP at 32 px + MLP projector + 2-layer Llama) with HF's
+LlavaProcessor (a CLIPImageProcessor and SmolLM2's tokenizer plus an `<image>` token), built in code
+and saved as a HF directory: the reference every vision test compares against."""
+
+from __future__ import annotations
+
+import io
+from typing import Optional
+
+import numpy as np
+import torch
+
+IMAGE_SIZE, PATCH = 32, 8  # 16 patches: 16 image tokens per image ("default": the CLS dropped)
+
+
+def write_tiny_llava(path: str, base_tokenizer_path: str, image_size: int = IMAGE_SIZE, patch: int = PATCH,
+                     vision: Optional[dict] = None, text: Optional[dict] = None) -> str:
+    """vision / text: CLIPVisionConfig / LlamaConfig fields over the tiny ones (benchmarks/vision.py
+    writes a LLaVA-1.5-shaped one)."""
+    from transformers import (AutoTokenizer, CLIPImageProcessor, CLIPVisionConfig, LlamaConfig, LlavaConfig,
+                              LlavaForConditionalGeneration, LlavaProcessor)
+
+    tok = AutoTokenizer.from_pretrained(base_tokenizer_path)
+    tok.add_special_tokens({"additional_special_tokens": ["<image>"]})
+    image_token_id = tok.convert_tokens_to_ids("<image>")
+    text = LlamaConfig(**{**dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                                 bos_token_id=1, eos_token_id=2, initializer_range=0.25), **(text or {})})
+    vision = CLIPVisionConfig(**{**dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                        image_size=image_size, patch_size=patch, projection_dim=32), **(vision or {})})
+    cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_id=image_token_id,
+                      vision_feature_layer=-2, vision_feature_select_strategy="default")
+    torch.manual_seed(0)
+    model = LlavaForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # peaked logits (as tiny_model_dir): greedy choices far from ties
+        for p in model.model.language_model.parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.25)
+        for p in list(model.model.multi_modal_projector.parameters()) + list(model.model.vision_tower.parameters()):
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2)
+        model.lm_head.weight.normal_(0.0, 0.25)
+    model.save_pretrained(path)
+    ip = CLIPImageProcessor(size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size})
+    proc = LlavaProcessor(image_processor=ip, tokenizer=tok, patch_size=patch, vision_feature_select_strategy="default",
+                          num_additional_image_tokens=1,
+                          chat_template=("{% for m in messages %}{{ m['role'] }}: {% if m['content'] is string %}"
+                                         "{{ m['content'] }}{% else %}{% for c in m['content'] %}{% if c['type'] == "
+                                         "'image' %}<image>{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}"
+                                         "\n{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"))
+    proc.save_pretrained(path)  # its tokenizer too (the chat template is the processor's)
+    return path
+
+
+def png_bytes(seed: int, size: tuple[int, int] = (40, 36)) -> bytes:
+    """A random RGB PNG (distinct per seed)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    img = Image.fromarray(rng.integers(0, 256, (size[1], size[0], 3), dtype=np.uint8))
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def write_tiny_idefics3(path: str, base_tokenizer_path: str) -> str:
+    """A tiny Idefics3 (SmolVLM's architecture): 2-layer SigLIP at 32 px (patch 8, pixel shuffle 2: 4 tokens
+    per tile), images up to 64 px split into 32 px tiles plus the whole image, a 2-layer Llama."""
+    from transformers import AutoTokenizer, Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers import Idefics3VisionConfig, LlamaConfig
+    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+
+    tok = AutoTokenizer.from_pretrained(base_tokenizer_path)
+    tok.add_special_tokens({"additional_special_tokens": [
+        "<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
+        *[f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7)]]})
+    text = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                       bos_token_id=1, eos_token_id=2)
+    vision = Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  image_size=IMAGE_SIZE, patch_size=PATCH)
+    cfg = Idefics3Config(vision_config=vision.to_dict(), text_config=text.to_dict(), scale_factor=2,
+                         image_token_id=tok.convert_tokens_to_ids("<image>"))
+    torch.manual_seed(0)
+    model = Idefics3ForConditionalGeneration(cfg).eval()
+    with torch.no_grad():  # peaked logits: greedy choices far from ties
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.25 if "text_model" in name or "lm_head" in name else 0.2)
+    model.save_pretrained(path)
+    ip = Idefics3ImageProcessorPil(size={"longest_edge": 2 * IMAGE_SIZE}, max_image_size={"longest_edge": IMAGE_SIZE},
+                                   do_image_splitting=True)
+    Idefics3Processor(image_processor=ip, tokenizer=tok, image_seq_len=4).save_pretrained(path)
+    return path
