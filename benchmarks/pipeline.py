@@ -61,9 +61,11 @@ def run(model: str | None, pp: int, micro: bool, args) -> dict:
         with ThreadPoolExecutor(args.batch) as pool:
             list(pool.map(lambda p: e.generate(p, sp), prompts))
         decode = args.batch * args.output_len / (time.perf_counter() - t0)
-        long = "lorem ipsum " * (args.ttft_len // 2)
+        # token ids, so the prompt is exactly --ttft-len tokens (a text's count depends on the tokenizer)
+        long = [(1000 + 7 * i) % 40000 + 100 for i in range(args.ttft_len)]
         t0 = time.perf_counter()
-        first = next(iter(e.generate(long, {"max_new_tokens": 1, "temperature": 0}, stream=True)))
+        first = next(iter(e.generate(input_ids=long, sampling_params={"max_new_tokens": 1, "temperature": 0},
+                                     stream=True)))
         ttft = time.perf_counter() - t0
         info = e.scheduler_info
     from radixlm.model.loader import default_model_path, load_model_config
@@ -81,7 +83,7 @@ def main() -> None:
     p.add_argument("--pp", type=int, nargs="+", default=[1, 2])
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--output-len", type=int, default=64)
-    p.add_argument("--ttft-len", type=int, default=8192, help="tokens of the long prompt (about)")
+    p.add_argument("--ttft-len", type=int, default=8000, help="tokens of the long prompt (the context is 8192)")
     p.add_argument("--chunk", type=int, default=512, help="--chunked-prefill-size")
     p.add_argument("--threads-pp1", type=int, default=0, help="threads of the PP=1 engine (0: 1)")
     p.add_argument("--paper", action="store_true", help="print the 70B PP-vs-TP arithmetic and stop")
