@@ -12,22 +12,15 @@ import torch
 import requests
 
 from radixlm.server.process import ServerProcess
-from tests.model.deepseek_refs import make_hf
+from tests.model.deepseek_refs import save_hf
 
 
 @pytest.fixture(scope="module")
 def deepseek(tmp_path_factory, default_model_path):
-    from radixlm.model.loader import load_tokenizer
-
-    hf, _ = make_hf("v2")
-    path = tmp_path_factory.mktemp("deepseek-v2-server")
-    hf.save_pretrained(path)
-    load_tokenizer(default_model_path).save_pretrained(path)
-    hf.generation_config.eos_token_id = None
-    hf.generation_config.pad_token_id = 0
-    server = ServerProcess("--model-path", str(path), "--num-threads", "1", "--kv-memory-gb", "0.02",
+    path, hf, _ = save_hf("v2", tmp_path_factory.mktemp("deepseek-v2-server"), default_model_path)
+    server = ServerProcess("--model-path", path, "--num-threads", "1", "--kv-memory-gb", "0.02",
                            "--enable-invariant-checks", "--chunked-prefill-size", "32")
-    yield hf, server, str(path)
+    yield hf, server, path
     server.stop()
 
 

@@ -7,7 +7,7 @@ import torch
 
 from radixlm import Engine
 from tests.conftest import engine_args
-from tests.model.deepseek_refs import make_hf
+from tests.model.deepseek_refs import save_hf
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -21,15 +21,7 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def deepseek_v3(tmp_path_factory, default_model_path):
-    from radixlm.model.loader import load_tokenizer
-
-    hf, cfg = make_hf("v3")
-    path = tmp_path_factory.mktemp("deepseek-v3")
-    hf.save_pretrained(path)
-    load_tokenizer(default_model_path).save_pretrained(path)
-    hf.generation_config.eos_token_id = None
-    hf.generation_config.pad_token_id = 0
-    return str(path), hf, cfg
+    return save_hf("v3", tmp_path_factory.mktemp("deepseek-v3"), default_model_path)
 
 
 def test_engine_greedy_batched_and_prefix_cache(deepseek_v3):

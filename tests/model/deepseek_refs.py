@@ -58,3 +58,16 @@ class MLAHarness(PoolHarness):
         g = torch.Generator().manual_seed(kw.get("seed", 0))
         self.kv_pool = kv_layout(model, config).create_pool(kv_size, config.num_hidden_layers, kv_dtype)
         self.kv_pool.free_slots = self.kv_pool.free_slots[torch.randperm(kv_size, generator=g)]
+
+
+def save_hf(name: str, path, tokenizer_path: str):
+    """make_hf(name) written to `path` as a checkpoint a server loads, with the default model's
+    tokenizer (the storage tier keys KV by a tokenizer); its generation config made greedy-comparable."""
+    from radixlm.model.loader import load_tokenizer
+
+    hf, cfg = make_hf(name)
+    hf.save_pretrained(path)
+    load_tokenizer(tokenizer_path).save_pretrained(path)
+    hf.generation_config.eos_token_id = None
+    hf.generation_config.pad_token_id = 0
+    return str(path), hf, cfg

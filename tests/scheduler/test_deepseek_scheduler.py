@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from radixlm.cache.mla_pool import MLATokenToKVPool
-from tests.model.deepseek_refs import make_hf
+from tests.model.deepseek_refs import save_hf
 from tests.scheduler.harness import Driver, assert_idle_memory_ok, make_scheduler
 
 
@@ -23,15 +23,8 @@ def one_thread():
 
 @pytest.fixture(scope="module")
 def deepseek(tmp_path_factory, default_model_path):
-    from radixlm.model.loader import load_tokenizer
-
-    hf, _ = make_hf("v2")
-    path = tmp_path_factory.mktemp("deepseek-v2")
-    hf.save_pretrained(path)
-    load_tokenizer(default_model_path).save_pretrained(path)  # the storage tier keys KV by a tokenizer
-    hf.generation_config.eos_token_id = None
-    hf.generation_config.pad_token_id = 0
-    return str(path), hf
+    path, hf, _ = save_hf("v2", tmp_path_factory.mktemp("deepseek-v2"), default_model_path)
+    return path, hf
 
 
 def hf_greedy(hf, ids, n):
