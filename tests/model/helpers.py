@@ -117,4 +117,4 @@ def randomize(model: torch.nn.Module) -> None:
             elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=g))
             else:
-                p.copy_(torch.randn(p.shape, generator=g) * p.shape[1] ** -0.5)
+                p.copy_(torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5)  # [.., out, in]: 3-D experts too

@@ -11,6 +11,8 @@ import numpy as np
 import torch
 import transformers
 
+from tests.checkpoints import add_llama_header
+from tests.model.helpers import randomize
 from tests.model.test_gguf_archs import _llama_cpp_permute, write_and_close
 
 BASE = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -39,24 +41,8 @@ def hf_model(family: str, **changes):
     config.architectures = [ARCHITECTURES[family]]
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
-    randomize_moe(hf)
+    randomize(hf)
     return hf.eval()
-
-
-def randomize_moe(model: torch.nn.Module) -> None:
-    """Everything drawn (norms near 1, biases, routers), matrices scaled by their input size so
-    logits are O(1) and routing is far from ties."""
-    g = torch.Generator().manual_seed(1)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
-            elif name.endswith("bias"):
-                p.copy_(0.2 * torch.randn(p.shape, generator=g))
-            elif "embed_tokens" in name:
-                p.copy_(torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5)
 
 
 def save_stacked(hf, path: str) -> str:
@@ -100,18 +86,9 @@ def write_gguf(hf, path: str, experts_type: str = "f32") -> str:
     arch = FAMILIES[next(f for f, a in ARCHITECTURES.items() if a == cfg.architectures[0])][2]
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     w = gguf.GGUFWriter(path, arch)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    w.add_vocab_size(cfg.vocab_size)
+    add_llama_header(w, cfg)
     w.add_key_length(head_dim)
     w.add_rope_dimension_count(head_dim)
-    w.add_eos_token_id(2)
     w.add_expert_count(getattr(cfg, "num_experts", None) or cfg.num_local_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
     if getattr(cfg, "moe_intermediate_size", None):

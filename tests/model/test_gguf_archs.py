@@ -13,6 +13,7 @@ import torch
 import transformers
 
 from radixlm.model.loader import load_model
+from tests.checkpoints import add_llama_header
 from tests.model.helpers import SMALL, PoolHarness, hf_logits, randomize
 
 ATOL = 1e-4
@@ -61,18 +62,9 @@ def _write_gguf(path: str, arch: str, hf, cfg, matrix_type: str = "f32", raw_blo
 
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     w = gguf.GGUFWriter(path, arch)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    w.add_vocab_size(cfg.vocab_size)
+    add_llama_header(w, cfg)
     w.add_key_length(head_dim)
     w.add_rope_dimension_count(head_dim)
-    w.add_eos_token_id(2)
     if cfg.rope_parameters.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", _llama_cpp_rope_freqs(cfg.rope_parameters["rope_theta"], head_dim,
                                                                 cfg.rope_parameters))
