@@ -33,6 +33,7 @@ from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
 from radixlm.model.layers.rotary import get_rope, rope_parameters
 from radixlm.model.models.deepseek_moe import ALL_EXPERTS, DeepseekExperts, DeepseekMoE, is_moe_layer
 from radixlm.model.models.llama import LlamaForCausalLM, LlamaMLP
+from radixlm.model.models.moe import MoeDecoderLayer
 from radixlm.model.pp_stage import pp_stage
 
 
@@ -104,28 +105,19 @@ class DeepseekV2Attention(nn.Module):
         return self.o_proj(o)
 
 
-class DeepseekV2DecoderLayer(nn.Module):
+class DeepseekV2DecoderLayer(MoeDecoderLayer):
+    """The Llama layer's forward (pre-norm, fused residual) over MLA attention and DeepSeek's MLP."""
+
     def __init__(self, config: Any, layer_id: int, rotary_emb: nn.Module, v3: bool):
-        super().__init__()
         interleaved = bool(getattr(config, "rope_interleave", True)) if v3 else True
-        self.self_attn = DeepseekV2Attention(config, layer_id, rotary_emb, interleaved)
+        attn = DeepseekV2Attention(config, layer_id, rotary_emb, interleaved)
         if is_moe_layer(config, layer_id):
             shared = (LlamaMLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts)
                       if getattr(config, "n_shared_experts", None) else None)
-            self.mlp = DeepseekMoE(config, v3, shared)
+            mlp = DeepseekMoE(config, v3, shared)
         else:
-            self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
-        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-
-    def forward(self, positions, hidden, forward_batch, residual):
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, hidden, forward_batch)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+            mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
+        super().__init__(config, attn, mlp)
 
 
 class DeepseekV2Model(nn.Module):
