@@ -7,16 +7,7 @@ import torch
 
 from radixlm import Engine
 from tests.conftest import engine_args
-from tests.model.deepseek_refs import save_hf
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The reference's tiny matmuls: one thread (torch's team only waits on a busy machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+from tests.model.deepseek_refs import one_thread, save_hf  # noqa: F401 (one_thread: an autouse fixture)
 
 
 @pytest.fixture(scope="module")

@@ -3,6 +3,7 @@ and the MLA backend (the layout ModelRunner picks for them)."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 import transformers
 
@@ -71,3 +72,13 @@ def save_hf(name: str, path, tokenizer_path: str):
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
     return str(path), hf, cfg
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """The references' tiny matmuls: one thread (torch's team only waits on a busy machine); a module
+    that imports this fixture runs with it."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -8,17 +8,8 @@ import pytest
 import torch
 
 from radixlm.cache.mla_pool import MLATokenToKVPool
-from tests.model.deepseek_refs import save_hf
+from tests.model.deepseek_refs import one_thread, save_hf  # noqa: F401 (one_thread: an autouse fixture)
 from tests.scheduler.harness import Driver, assert_idle_memory_ok, make_scheduler
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """The references' tiny matmuls: one thread (torch's team only waits on a busy machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")
