@@ -119,10 +119,14 @@ def install(runner: "ModelRunner", loaded: LoadedModel) -> None:
 
 class ReleasedModel:
     """The runner's model while its weights are released: any use is a clear error (the scheduler
-    runs no batch then)."""
+    runs no batch then), and introspection finds nothing: /get_server_info's per-model figures (MoE
+    expert load, a vision encoder's cache) read as absent, via modules() and getattr's default."""
+
+    def modules(self):
+        return iter(())
 
     def __getattr__(self, name: str):
-        raise RuntimeError("the weights are released (release_memory_occupation); resume_memory_occupation first")
+        raise AttributeError("the weights are released (release_memory_occupation); resume_memory_occupation first")
 
 
 def release_weights(runner: "ModelRunner") -> None:

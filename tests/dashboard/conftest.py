@@ -57,8 +57,10 @@ def router(keyed_server, open_server):
     r.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
+    """Module scope: Playwright's sync API keeps an event loop running on the main thread while it is
+    open, so a session-wide browser would make every later test's asyncio.run() fail."""
     why = browser_missing()
     if why is not None:
         pytest.skip(f"{SKIP_PREFIX}{why}")
