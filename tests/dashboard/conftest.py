@@ -1,4 +1,5 @@
-"""Servers for the dashboard tests (the tiny random model), and the browser: Debian's chromium
+"""Servers for the dashboard tests (the tiny random model; per package: stopped once these tests are
+done, not left polling for the rest of the run), and the browser: Debian's chromium
 driven by Playwright's client (executable_path; never `playwright install`, which downloads from
 a CDN). Where either is missing the browser tests are skipped, and the summary says why."""
 
@@ -28,7 +29,7 @@ def browser_missing() -> str | None:
     return None
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def keyed_server(tiny_model_dir):
     """--api-key and --dashboard-show-text: the dashboard's data needs the key, the tree has text."""
     s = ServerProcess("--model-path", tiny_model_dir, *TINY, "--dashboard-show-text", env={"RADIXLM_API_KEY": KEY, "RADIXLM_ADMIN_API_KEY": ADMIN_KEY})
@@ -36,7 +37,7 @@ def keyed_server(tiny_model_dir):
     s.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def open_server(tiny_model_dir):
     """No key, no text (the defaults)."""
     s = ServerProcess("--model-path", tiny_model_dir, *TINY)
@@ -44,7 +45,7 @@ def open_server(tiny_model_dir):
     s.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def router(keyed_server, open_server):
     """`radixlm router` in front of both (the open server, on loopback without a key, takes any)."""
     def cmd(port):
