@@ -58,23 +58,26 @@ def chat_stream(url: str, i: int, output_len: int, stop: threading.Event, itls: 
                 last = now
 
 
-def long_prompts(url: str, words: int, every: float, stop: threading.Event, ttfts: list) -> None:
+def long_prompts(url: str, tokens: int, every: float, stop: threading.Event, ttfts: list, errors: list) -> None:
     import requests
 
     while not stop.wait(every):
-        body = {"text": " ".join(f"w{random.randint(0, 9999)}" for _ in range(words)),
+        # token ids: exactly `tokens` of them (a text's count depends on the tokenizer), random so never cached
+        body = {"input_ids": [random.randint(100, 40000) for _ in range(tokens)],
                 "sampling_params": {"max_new_tokens": 4, "temperature": 0}}
         t0 = time.perf_counter()
         r = requests.post(url + "/generate", json=body, timeout=600)
         if r.status_code == 200:
             ttfts.append(time.perf_counter() - t0)
+        else:
+            errors.append(f"{r.status_code}: {r.text[:200]}")
 
 
 def measure_itl(url: str, args) -> dict:
-    stop, lock, itls, ttfts = threading.Event(), threading.Lock(), [], []
+    stop, lock, itls, ttfts, errors = threading.Event(), threading.Lock(), [], [], []
     threads = [threading.Thread(target=chat_stream, args=(url, i, args.output_len, stop, itls, lock), daemon=True)
                for i in range(args.streams)]
-    threads.append(threading.Thread(target=long_prompts, args=(url, args.long_len // 2, args.long_every, stop, ttfts),
+    threads.append(threading.Thread(target=long_prompts, args=(url, args.long_len, args.long_every, stop, ttfts, errors),
                                     daemon=True))
     for t in threads:
         t.start()
@@ -82,7 +85,13 @@ def measure_itl(url: str, args) -> dict:
     stop.set()
     for t in threads:
         t.join(timeout=120)
-    return {"itl_ms_p50": 1e3 * pct(itls, 0.5), "itl_ms_p99": 1e3 * pct(itls, 0.99), "itl_samples": len(itls),
+    if errors:
+        raise SystemExit(f"{len(errors)} long prompts failed, the first: {errors[0]}")
+    # A long prefill stalls every stream once per chunk: rare among thousands of ITLs, so the tail
+    # (p99.9, max, the share over 100 ms) shows it where p99 may not.
+    return {"itl_ms_p50": 1e3 * pct(itls, 0.5), "itl_ms_p99": 1e3 * pct(itls, 0.99),
+            "itl_ms_p999": 1e3 * pct(itls, 0.999), "itl_ms_max": 1e3 * max(itls, default=float("nan")),
+            "itl_over_100ms": sum(x > 0.1 for x in itls), "itl_samples": len(itls),
             "long_ttft_s_mean": statistics.mean(ttfts) if ttfts else None, "long_prompts": len(ttfts)}
 
 
@@ -181,7 +190,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="cores in all (disaggregated: half each)")
     ap.add_argument("--streams", type=int, default=4)
     ap.add_argument("--output-len", type=int, default=64)
-    ap.add_argument("--long-len", type=int, default=4096, help="tokens of a long prompt (about)")
+    ap.add_argument("--long-len", type=int, default=4096, help="tokens of a long prompt (random token ids)")
     ap.add_argument("--long-every", type=float, default=10.0, help="seconds between long prompts")
     ap.add_argument("--duration", type=float, default=120.0)
     ap.add_argument("--chunk", type=int, default=2048, help="--chunked-prefill-size of every server")
