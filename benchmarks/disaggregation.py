@@ -99,7 +99,7 @@ def itl_part(args) -> dict:
     from radixlm.server.process import ServerProcess, free_port
 
     model = ["--model-path", args.model_path] if args.model_path else []
-    common = [*model, "--log-level", "warning", "--chunked-prefill-size", str(args.chunk)]
+    common = [*model, "--log-level", "warning", "--chunked-prefill-size", str(args.chunk), *args.server_args.split()]
     half = max(1, args.threads // 2)
     out = {}
     s = ServerProcess(*common, "--num-threads", str(args.threads))
@@ -194,6 +194,8 @@ def main() -> None:
     ap.add_argument("--long-every", type=float, default=10.0, help="seconds between long prompts")
     ap.add_argument("--duration", type=float, default=120.0)
     ap.add_argument("--chunk", type=int, default=2048, help="--chunked-prefill-size of every server")
+    ap.add_argument("--server-args", default="", help="more `radixlm serve` flags for every server, e.g. "
+                    "--enable-mixed-chunk")
     ap.add_argument("--backend", default="tcp", choices=("tcp", "shm"))
     ap.add_argument("--transfer-tokens", type=int, default=4096)
     ap.add_argument("--kv-dtype", default="float32")
