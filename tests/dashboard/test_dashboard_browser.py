@@ -17,11 +17,11 @@ import pytest
 import requests
 from transformers import AutoTokenizer
 
-from tests.dashboard.conftest import ADMIN_KEY, KEY, SKIP_PREFIX, browser_missing
+from tests.dashboard.conftest import ADMIN_KEY, KEY, browser_skip_reason
 from tests.dashboard.test_dashboard_stream import PROMPTS, common_prefix, generate
 
 # Checked before any server starts: where no browser can run, nothing is started for nothing.
-pytestmark = pytest.mark.skipif(browser_missing() is not None, reason=f"{SKIP_PREFIX}{browser_missing()}")
+pytestmark = pytest.mark.skipif(browser_skip_reason() is not None, reason=str(browser_skip_reason()))
 
 LIVE = "#status.good"
 SCHEMA = {"type": "object", "properties": {"color": {"type": "string", "enum": ["red", "green", "blue"]},
