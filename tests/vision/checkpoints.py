@@ -108,7 +108,8 @@ def write_tiny_qwen2vl(path: str, base_tokenizer_path: str, v2_5: bool = False, 
     """A tiny random Qwen2-VL (v2_5: Qwen2.5-VL, window attention in the ViT) as its checkpoints come:
     config + safetensors, preprocessor_config.json (Qwen2VLImageProcessor: patch 4, merge 2, images
     resized to 8 px multiples between 16x16 and max_pixels), the tokenizer with Qwen's vision tokens and
-    chat_template.json. A 2-layer ViT, a 2-layer Qwen2 decoder with M-RoPE (mrope_section 2, 3, 3)."""
+    chat_template.json. A 2-layer ViT, a 2-layer Qwen2 decoder with M-RoPE (mrope_section 2, 3, 3).
+    vision / text: config fields over the tiny ones (benchmarks/vision.py writes a Qwen2-VL-2B ViT)."""
     import json
 
     from transformers import AutoTokenizer
@@ -121,12 +122,13 @@ def write_tiny_qwen2vl(path: str, base_tokenizer_path: str, v2_5: bool = False, 
                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=1,
                    eos_token_id=2, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3],
                                                     "rope_theta": 10000.0}), **(text or {})}
-    base = dict(depth=2, num_heads=4, patch_size=QWEN_PATCH, spatial_merge_size=QWEN_MERGE, temporal_patch_size=2)
+    patch = (vision or {}).get("patch_size", QWEN_PATCH)
+    base = dict(depth=2, num_heads=4, patch_size=patch, spatial_merge_size=QWEN_MERGE, temporal_patch_size=2)
     if v2_5:
         from transformers import Qwen2_5_VLConfig as Config, Qwen2_5_VLForConditionalGeneration as Model
 
         vision = {**base, **dict(hidden_size=32, intermediate_size=64, out_hidden_size=text["hidden_size"],
-                                 window_size=2 * QWEN_PATCH * QWEN_MERGE, fullatt_block_indexes=[1]), **(vision or {})}
+                                 window_size=2 * patch * QWEN_MERGE, fullatt_block_indexes=[1]), **(vision or {})}
     else:
         from transformers import Qwen2VLConfig as Config, Qwen2VLForConditionalGeneration as Model
 
@@ -141,7 +143,7 @@ def write_tiny_qwen2vl(path: str, base_tokenizer_path: str, v2_5: bool = False, 
             if p.dim() >= 2:
                 p.normal_(0.0, 0.2 if "visual" in name else 0.25)
     model.save_pretrained(path)
-    ip = Qwen2VLImageProcessorPil(patch_size=QWEN_PATCH, merge_size=QWEN_MERGE, temporal_patch_size=2,
+    ip = Qwen2VLImageProcessorPil(patch_size=patch, merge_size=QWEN_MERGE, temporal_patch_size=2,
                                   min_pixels=16 * 16, max_pixels=max_pixels)
     ip.save_pretrained(path)
     tok.save_pretrained(path)

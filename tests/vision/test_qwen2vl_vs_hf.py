@@ -12,50 +12,24 @@ import torch
 from radixlm import Engine
 from tests.conftest import engine_args
 from tests.vision.checkpoints import png_bytes, write_tiny_qwen2vl
-from tests.vision.conftest import data_url
+from tests.vision.conftest import data_url, load_hf_qwen
 
 N = 32
 SP = {"max_new_tokens": N, "temperature": 0, "ignore_eos": True}
 IMG = "<|vision_start|><|image_pad|><|vision_end|>"
-# (seed, size): a 40x36 image is a 5x4 grid of decoder tokens, 24x60 a 3x8 one, 64x64 8x8 (max_pixels).
+# (seed, (width, height)): 8 px per decoder token, sides rounded to 8 px: 40x36 is a grid of 4 rows of 5
+# tokens, 24x60 8 rows of 3, 17x30 4 of 2; 80x72 is past max_pixels (64x64): resized to 7 rows of 8.
 CASES = [
     (f"<|im_start|>user\n{IMG}what is this?<|im_end|>\n<|im_start|>assistant\n", [(1, (40, 36))]),
     (f"user: {IMG} and {IMG} differ how?\nassistant:", [(2, (40, 36)), (3, (24, 60))]),
-    (f"{IMG}{IMG} then {IMG}.", [(4, (64, 64)), (5, (17, 30)), (6, (90, 20))]),  # an image first; one resized down
+    (f"{IMG}{IMG} then {IMG}.", [(4, (80, 72)), (5, (17, 30)), (6, (90, 20))]),  # an image first
 ]
 
 
-def tok_dir(tmp_path_factory, default_model_path):
-    from radixlm.model.loader import load_tokenizer
-
-    path = tmp_path_factory.mktemp("tok")
-    load_tokenizer(default_model_path).save_pretrained(path)
-    return str(path)
-
-
 @pytest.fixture(scope="module")
-def qwen2vl_dir(tmp_path_factory, default_model_path):
-    return write_tiny_qwen2vl(str(tmp_path_factory.mktemp("tiny-qwen2vl")), tok_dir(tmp_path_factory, default_model_path))
-
-
-def load_hf(path, cls_name):
-    import transformers
-
-    from radixlm.engine.mm_processor import load_hf_processor
-
-    model = getattr(transformers, cls_name).from_pretrained(path, dtype=torch.float32).eval()
-    return model, load_hf_processor(path)  # Qwen2VLProcessor's own code, without its video processor
-
-
-@pytest.fixture(scope="module")
-def hf(qwen2vl_dir):
-    return load_hf(qwen2vl_dir, "Qwen2VLForConditionalGeneration")
-
-
-@pytest.fixture(scope="module")
-def engine(qwen2vl_dir):
-    # Chunks of 8 tokens: every image span (12 to 64 tokens) is cut, most of them more than once.
-    with Engine(qwen2vl_dir, **engine_args(chunked_prefill_size=8, max_prefill_tokens=8)) as e:
+def engine(tiny_qwen2vl_dir):
+    # Chunks of 8 tokens: every image span (8 to 56 tokens) is cut, most of them more than once.
+    with Engine(tiny_qwen2vl_dir, **engine_args(chunked_prefill_size=8, max_prefill_tokens=8)) as e:
         yield e
 
 
@@ -86,61 +60,60 @@ def check_logprobs(out, logprobs):
 
 
 @pytest.mark.parametrize("text,images", CASES, ids=["one", "two-sizes", "three-adjacent"])
-def test_greedy_and_logprobs_match_hf(engine, hf, text, images):
-    inputs, tokens, logprobs = hf_reference(hf, text, images)
+def test_greedy_and_logprobs_match_hf(engine, hf_qwen2vl, text, images):
+    inputs, tokens, logprobs = hf_reference(hf_qwen2vl, text, images)
     assert len({tuple(g) for g in inputs["image_grid_thw"].tolist()}) == len(images)  # the grids differ
     out = engine.generate(text, SP, image_data=urls(images), return_logprob=True, top_logprobs_num=5)
     assert out["output_ids"] == tokens
     check_logprobs(out, logprobs)
 
 
-def test_batch_matches_hf(engine, hf):
-    refs = [hf_reference(hf, t, imgs)[1] for t, imgs in CASES]
+def test_batch_matches_hf(engine, hf_qwen2vl):
+    refs = [hf_reference(hf_qwen2vl, t, imgs)[1] for t, imgs in CASES]
     outs = engine.generate([t for t, _ in CASES], SP, image_data=[urls(imgs) for _, imgs in CASES])
     assert [o["output_ids"] for o in outs] == refs
 
 
-def test_cache_hits_keep_the_positions(engine, hf):
+def test_cache_hits_keep_the_positions(engine, hf_qwen2vl):
     """The same prompt again hits past its images; a next turn that repeats the first turn's answer hits
     into the generated tokens (their K/V written at index + delta): both give HF's answer for the whole
     prompt."""
     engine.flush_cache()
     text, images = CASES[1]
-    inputs, tokens, _ = hf_reference(hf, text, images)
+    inputs, tokens, _ = hf_reference(hf_qwen2vl, text, images)
     first = engine.generate(text, SP, image_data=urls(images))
     again = engine.generate(text, SP, image_data=urls(images))
-    last_image = max(i for i, t in enumerate(inputs["input_ids"][0].tolist()) if t == hf[0].config.image_token_id)
+    last_image = max(i for i, t in enumerate(inputs["input_ids"][0].tolist()) if t == hf_qwen2vl[0].config.image_token_id)
     assert first["output_ids"] == again["output_ids"] == tokens
     assert again["meta_info"]["cached_tokens"] > last_image
-    turn2 = text + hf[1].tokenizer.decode(tokens) + "\nuser: and now?\nassistant:"
-    inputs2, tokens2, _ = hf_reference(hf, turn2, images)
+    turn2 = text + hf_qwen2vl[1].tokenizer.decode(tokens) + "\nuser: and now?\nassistant:"
+    inputs2, tokens2, _ = hf_reference(hf_qwen2vl, turn2, images)
     out = engine.generate(turn2, SP, image_data=urls(images))
     assert out["meta_info"]["cached_tokens"] > inputs["input_ids"].shape[1] + 4  # into the first answer
     assert out["output_ids"] == tokens2
 
 
-def test_retraction_and_speculative_verify_keep_the_positions(qwen2vl_dir, hf):
+def test_retraction_and_speculative_verify_keep_the_positions(tiny_qwen2vl_dir, hf_qwen2vl):
     """A pool too small for the batch retracts requests (their answers so far prefilled again after the
     images); radix drafts of an answer asked again are verified as an extend after the prompt."""
-    refs = [hf_reference(hf, t, imgs)[1] for t, imgs in CASES]
-    with Engine(qwen2vl_dir, **engine_args(max_total_tokens=260, chunked_prefill_size=32)) as small:
+    refs = [hf_reference(hf_qwen2vl, t, imgs)[1] for t, imgs in CASES]
+    with Engine(tiny_qwen2vl_dir, **engine_args(max_total_tokens=260, chunked_prefill_size=32)) as small:
         outs = small.generate([t for t, _ in CASES] * 2, SP, image_data=[urls(imgs) for _, imgs in CASES] * 2)
         assert small.get_internal_state()["num_retracted"] > 0, "the pool was meant to be too small for all requests"
     assert [o["output_ids"] for o in outs] == refs * 2
     spec = engine_args(speculative_algorithm="radix", speculative_num_draft_tokens=5, speculative_draft_policy="fixed")
-    with Engine(qwen2vl_dir, **spec) as e:
+    with Engine(tiny_qwen2vl_dir, **spec) as e:
         text, images = CASES[0]
         e.generate(text, SP, image_data=urls(images))
         out = e.generate(text, {**SP, "max_new_tokens": N + 8}, image_data=urls(images))
     assert out["meta_info"]["spec_accepted_tokens"] > 0
-    assert out["output_ids"] == hf_reference(hf, text, images, N + 8)[1]
+    assert out["output_ids"] == hf_reference(hf_qwen2vl, text, images, N + 8)[1]
 
 
-def test_qwen2_5_vl_matches_hf(tmp_path_factory, default_model_path):
+def test_qwen2_5_vl_matches_hf(tmp_path_factory, tokenizer_dir):
     """Qwen2.5-VL: the same decoder and positions, a ViT with window attention in all blocks but one."""
-    path = write_tiny_qwen2vl(str(tmp_path_factory.mktemp("tiny-qwen2.5vl")),
-                              tok_dir(tmp_path_factory, default_model_path), v2_5=True)
-    ref = load_hf(path, "Qwen2_5_VLForConditionalGeneration")
+    path = write_tiny_qwen2vl(str(tmp_path_factory.mktemp("tiny-qwen2.5vl")), tokenizer_dir, v2_5=True)
+    ref = load_hf_qwen(path, "Qwen2_5_VLForConditionalGeneration")
     text, images = CASES[2]
     _, tokens, logprobs = hf_reference(ref, text, images)
     with Engine(path, **engine_args(chunked_prefill_size=8, max_prefill_tokens=8)) as e:
