@@ -47,8 +47,8 @@ SIZES = {
     # SmolLM2-135M's decoder shape with M-RoPE (mrope_section scaled to its 64-dim heads).
     "qwen2-vl-2b": dict(write=write_tiny_qwen2vl, px=336, max_pixels=336 * 336,
                         vision=dict(depth=32, embed_dim=1280, num_heads=16, mlp_ratio=4, patch_size=14),
-                        text=dict(SMOLLM2_DECODER, rope_parameters={"rope_type": "default", "mrope_section": [8, 12, 12],
-                                                                    "rope_theta": 10000.0})),
+                        text=dict(SMOLLM2_DECODER, rope_parameters={
+                            "rope_type": "default", "mrope_section": [8, 12, 12], "rope_theta": 10000.0})),
 }
 
 

@@ -95,11 +95,15 @@ def test_cache_hits_keep_the_positions(engine, hf_qwen2vl):
 
 def test_retraction_and_speculative_verify_keep_the_positions(tiny_qwen2vl_dir, hf_qwen2vl):
     """A pool too small for the batch retracts requests (their answers so far prefilled again after the
-    images); radix drafts of an answer asked again are verified as an extend after the prompt."""
+    images; prefill chunks ride with decode steps: mixed batches); radix drafts of an answer asked again
+    are verified as an extend after the prompt."""
     refs = [hf_reference(hf_qwen2vl, t, imgs)[1] for t, imgs in CASES]
-    with Engine(tiny_qwen2vl_dir, **engine_args(max_total_tokens=260, chunked_prefill_size=32)) as small:
+    small_pool = engine_args(max_total_tokens=260, chunked_prefill_size=32, enable_mixed_chunk=True)
+    with Engine(tiny_qwen2vl_dir, **small_pool) as small:
         outs = small.generate([t for t, _ in CASES] * 2, SP, image_data=[urls(imgs) for _, imgs in CASES] * 2)
-        assert small.get_internal_state()["num_retracted"] > 0, "the pool was meant to be too small for all requests"
+        state = small.get_internal_state()
+    assert state["num_retracted"] > 0, "the pool was meant to be too small for all requests"
+    assert state["mixed_steps"] > 0
     assert [o["output_ids"] for o in outs] == refs * 2
     spec = engine_args(speculative_algorithm="radix", speculative_num_draft_tokens=5, speculative_draft_policy="fixed")
     with Engine(tiny_qwen2vl_dir, **spec) as e:
