@@ -82,7 +82,10 @@ class MultimodalProcessor:
         if marks != len(images):
             raise ValueError(f"{field}: {len(images)} image(s) given but the prompt has {marks} {self.image_token!r} "
                              "placeholder(s); put one where each image goes")
-        out = self.processor(text=text, images=[images] if self.nested else images, return_tensors="pt")
+        try:
+            out = self.processor(text=text, images=[images] if self.nested else images, return_tensors="pt")
+        except ValueError as e:  # e.g. Qwen2-VL's resize: an aspect ratio past 200
+            raise ValueError(f"{field}: the model's image processor refused the image(s): {e}") from None
         ids = out["input_ids"][0].tolist()
         units = self._grid_units(out) if "image_grid_thw" in out else _padded_units(out)
         spans = _image_spans(ids, self.image_token_id, [u.length for u in units])

@@ -93,6 +93,17 @@ def test_hostile_images_are_400s_naming_the_field(server, client, make, why):
     assert chat(client, messages(data_url(1, SIZE), "still there?")).choices[0].message.content
 
 
+def test_an_image_the_processor_refuses_is_a_400(server, client):
+    """Qwen2-VL's resize refuses an aspect ratio past 200: a 400, and the server goes on."""
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, messages(data_url(5, (600, 2)), "x"))
+    assert "aspect ratio must be smaller than 200" in e.value.message
+    r = requests.post(server.url + "/generate", timeout=60, json={
+        "text": f"{IMG} x", "image_data": data_url(5, (600, 2)), "sampling_params": SP})
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("image_data: ")
+    assert chat(client, messages(data_url(1, SIZE), "still there?")).choices[0].message.content
+
+
 def test_a_url_from_an_allowed_host(server, client, image_host):  # noqa: F811
     via_url = chat(client, messages(image_host + "/img.png", "and this one?"))
     via_data = chat(client, messages(data_url(7), "and this one?"))  # the host serves png_bytes(7)
