@@ -20,6 +20,7 @@ from typing import Any, Callable
 from radixlm.ipc import ControlFailed, DashboardSnapshotReqOutput, GetInternalStateReqOutput
 
 AVERAGED = ("grammar_mask_ms_per_step", "decode_outside_share")  # per-step figures: the ranks' mean
+OWN = ("dp_rank", "pid")  # a rank's identity: under dp_ranks only
 _TREE_ID_STRIDE = 1 << 40  # rank r's node ids become r * stride + id (exact in a JSON number)
 
 
@@ -70,7 +71,8 @@ def merge_states(states: list[dict]) -> dict:
         values = [s[key] for s in states if _is_number(s.get(key))]
         if key in merged and values:
             merged[key] = sum(values) / len(values)
-    merged.pop("dp_rank", None)  # each rank's own, under dp_ranks
+    for key in OWN:
+        merged.pop(key, None)
     merged["dp_ranks"] = states
     return merged
 

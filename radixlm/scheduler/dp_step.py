@@ -16,6 +16,7 @@ NoDPAttention is the twin of a scheduler alone (or a TP group, which runs one sc
 
 from __future__ import annotations
 
+import os
 from typing import Callable, Optional
 
 import torch
@@ -84,7 +85,7 @@ class DPAttentionStep(NoDPAttention):
                                   f"{error}); the other ranks may be waiting on it, so the engine stops") from error
 
     def info(self) -> dict:
-        info = {"dp_rank": self.comm.rank, "dp_idle_forwards": self.idle_forwards}
+        info = {"dp_rank": self.comm.rank, "pid": os.getpid(), "dp_idle_forwards": self.idle_forwards}
         if self.dispatcher is not None:
             info["dp_dispatch"] = self.dispatcher.info()
         return info
