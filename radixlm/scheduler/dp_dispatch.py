@@ -39,6 +39,8 @@ class DPView:
     timeouts_ms: list[int] = field(default_factory=list)  # how long each rank would wait for a message
     requests: list[int] = field(default_factory=list)  # requests each holds (waiting, running, ...)
     tokens: list[int] = field(default_factory=list)  # their prompt and output tokens so far
+    # New requests were handed out since (to any rank: every rank sees the whole routed list).
+    stale: bool = False
 
     def __post_init__(self):
         self.timeouts_ms = self.timeouts_ms or [0] * self.size

@@ -19,7 +19,7 @@ import zmq
 
 from radixlm.config import PortArgs
 from radixlm.distributed.communicator import Communicator
-from radixlm.ipc import BatchTokenIDOut
+from radixlm.ipc import BatchTokenIDOut, TokenizedGenerateReqInput
 from radixlm.scheduler.dp_dispatch import DPDispatcher, DPView
 from radixlm.scheduler.dp_replies import ReplyMerger
 from radixlm.scheduler.io import BaseSchedulerIO, SchedulerIO
@@ -51,6 +51,8 @@ class DPSchedulerIO(BaseSchedulerIO):
             self._take_replies()
             routed = [(self.dispatcher.assign(m), m) for m in msgs]
         routed = self.comm.broadcast_pyobj(routed, src=0)
+        if any(isinstance(m, TokenizedGenerateReqInput) for _, m in routed):
+            self.view.stale = True  # the ranks' counts miss these until the next step's exchange
         return [m for rank, m in routed if rank is None or rank == self.comm.rank]
 
     def _take_replies(self) -> None:

@@ -25,6 +25,7 @@ from torch import nn
 from radixlm.distributed.communicator import Communicator
 from radixlm.scheduler.dp_dispatch import BLOCK, DPDispatcher, DPView
 from radixlm.scheduler.overlap import LaunchedBatch
+from radixlm.scheduler.tp_sync import NoStepSync, TPStepSync
 
 # (poll timeout in ms this rank would wait for a message, requests it holds, their tokens)
 RankState = Callable[[], tuple[int, int, int]]
@@ -43,6 +44,15 @@ class NoDPAttention:
 
     def check(self, launched: LaunchedBatch) -> None:
         """After a launch: stop here if this rank's forward failed."""
+
+    def all_idle(self) -> bool:
+        """No rank holds a request, as every rank knows alike (a weight update swaps every rank's
+        weights in the same step, never under another rank's running requests)."""
+        return True
+
+    def control_sync(self, sync: NoStepSync) -> NoStepSync:
+        """How the ranks agree on a control call's outcome (a weight update's error)."""
+        return sync
 
     def info(self) -> dict:
         return {}
@@ -71,6 +81,7 @@ class DPAttentionStep(NoDPAttention):
         every = self.comm.all_gather(mine, dim=0).view(-1, 4).tolist()
         v = self.view
         v.timeouts_ms, v.requests, v.tokens = ([e[k] for e in every] for k in (1, 2, 3))
+        v.stale = False
         if self.dispatcher is not None:
             self.dispatcher.step_seen()
         if not has_batch and any(e[0] for e in every):
@@ -84,8 +95,23 @@ class DPAttentionStep(NoDPAttention):
             raise DPForwardFailed(f"DP attention rank {self.comm.rank}: a forward failed ({type(error).__name__}: "
                                   f"{error}); the other ranks may be waiting on it, so the engine stops") from error
 
+    def all_idle(self) -> bool:
+        return not self.view.stale and not any(self.view.requests)
+
+    def control_sync(self, sync: NoStepSync) -> NoStepSync:
+        return DPControlSync(self.comm)
+
     def info(self) -> dict:
         info = {"dp_rank": self.comm.rank, "pid": os.getpid(), "dp_idle_forwards": self.idle_forwards}
         if self.dispatcher is not None:
             info["dp_dispatch"] = self.dispatcher.info()
         return info
+
+
+class DPControlSync(TPStepSync):
+    """Control calls that every rank handles in the same step (a weight update: at its message, or
+    once all_idle): an error on any rank is an error on all, so no rank swaps weights alone. A
+    weight is read back from rank 0's own copy (every rank holds the whole model, its experts aside)."""
+
+    def gather(self, obj) -> list:
+        return [obj]

@@ -129,8 +129,9 @@ class Scheduler:
         self.profiler = Profiler(stats, runner.device.type)  # /start_profile, /stop_profile
         self.dashboard = DashboardProbe(self.tree_cache, self.internal_state)  # /dashboard/stream, on request only
         # Pause / continue, weight updates, memory release (SGLang's RL calls; weight_control.py).
-        self.control = WeightControl(runner, cm, queues, self.intake, io, sync, stats, config.hicache,
-                                     self.decode.finish_aborted, self._process_in_flight, self.is_idle)
+        self.control = WeightControl(runner, cm, queues, self.intake, io, dp.control_sync(sync), stats,
+                                     config.hicache, self.decode.finish_aborted, self._process_in_flight,
+                                     lambda: self.is_idle() and dp.all_idle())
         # PD disaggregation (pd_mode.py): NoDisaggregation unless --disaggregation-mode prefill|decode.
         self.pd = create_pd_mode(config.disaggregation, PDContext(queues, cm, self.finisher, self.outputs, self.tokenizer,
                                                                   self.context_len, runner.max_running_requests),

@@ -2,13 +2,15 @@
 DeepSeek-V2 (softmax, group-limited routing, no q LoRA) and V3 (sigmoid + bias, grouped top-k, q
 LoRA) models, 2 real ranks (gloo, shared memory for the forward's gathers):
 
-- the gathered experts: each rank's own tokens through DeepSeek's MoE layer, the experts split over
-  the ranks, a rank with no tokens joining the others' gather, equal the one-process layer;
+- the gathered experts: each rank's own tokens through DeepSeek's MoE layer (and the MoE families'
+  SparseMoeBlock), the experts split over the ranks, a rank with no tokens joining the others'
+  gather, equal the one-process layer;
 - the Engine: two concurrent requests land on different ranks (each rank's own prompt-token count
   says which), a third sharing the first's prefix follows it there (served from that rank's radix
-  cache), a session's turns stay on one rank, greedy tokens equal the one-rank engine's and
-  transformers' while one rank idles through the other's decode steps; every step's KV ownership
-  checked on each rank (--enable-invariant-checks); after a flush every slot of every rank is free.
+  cache), a session's turns stay on one rank, a weight update reaches every rank, greedy tokens
+  equal the one-rank engine's and transformers' while one rank idles through the other's decode
+  steps; every step's KV ownership checked on each rank (--enable-invariant-checks); after a flush
+  every slot of every rank is free.
 """
 
 from __future__ import annotations
@@ -44,6 +46,24 @@ def _moe(dispatch):
     return moe, cfg.hidden_size
 
 
+def _sparse_block(dispatch):
+    """A Qwen2-MoE-style SparseMoeBlock (8 experts, top-2, a gated shared expert) of the same hidden size."""
+    from radixlm.model.layers.moe.moe_block import MoeSpec, SparseMoeBlock
+    from radixlm.model.models.llama import LlamaMLP
+
+    h, e, i = 64, 8, 32
+    torch.manual_seed(0)
+    block = SparseMoeBlock(h, MoeSpec(e, 2, i, renormalize=False), 0, shared_expert=LlamaMLP(h, 48), dispatch=dispatch)
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        block.load_expert("gate_up", None, torch.randn(e, 2 * i, h, generator=g) * h ** -0.5)
+        block.load_expert("down", None, torch.randn(e, h, i, generator=g) * i ** -0.5)
+        for name, p in block.named_parameters():
+            if name not in ("w13_weight", "w2_weight"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.3)
+    return block
+
+
 def _tokens(step: int, rank: int, n: int, hidden: int) -> torch.Tensor:
     return torch.randn(n, hidden, generator=torch.Generator().manual_seed(100 * step + rank))
 
@@ -54,15 +74,19 @@ def _gathered_moe(rank: int) -> list:
     dispatch = expert_dispatch()
     assert isinstance(dispatch, DPGatheredExperts)
     moe, hidden = _moe(dispatch)
+    block = _sparse_block(dispatch)
     assert moe.experts.w13.shape[0] == 4 and moe.experts.start == 4 * rank  # half of the 8 experts
+    assert block.w13_weight.shape[0] == 4 and block.expert_start == 4 * rank
     outs = []
     with torch.no_grad():
         for step, counts in enumerate(STEPS):
-            dispatch.begin(counts[rank])
+            dispatch.begin(counts[rank])  # once per forward, for every MoE layer after it
             if counts[rank]:
-                outs.append(moe(_tokens(step, rank, counts[rank], hidden)))
+                x = _tokens(step, rank, counts[rank], hidden)
+                outs.append((moe(x), block(x)))
             else:
                 moe.idle(torch.float32)
+                block.idle(torch.float32)
                 outs.append(None)
     return outs
 
@@ -72,6 +96,7 @@ def test_gathered_experts_equal_one_process():
 
     torch.set_num_threads(1)
     moe, hidden = _moe(LocalExperts())
+    block = _sparse_block(LocalExperts())
     ranks = run_ranks(_gathered_moe, 2, ep=2, dp_attention=True)
     with torch.no_grad():
         for step, counts in enumerate(STEPS):
@@ -80,9 +105,10 @@ def test_gathered_experts_equal_one_process():
                 if n == 0:
                     assert got is None
                     continue
-                ref = moe(_tokens(step, rank, n, hidden))
-                assert got.shape == ref.shape
-                torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+                x = _tokens(step, rank, n, hidden)
+                for out, ref in zip(got, (moe(x), block(x))):
+                    assert out.shape == ref.shape
+                    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
 
 
 CASES = {"v2-ep1": ("v2", 1), "v3-ep2": ("v3", 2)}
@@ -136,6 +162,10 @@ def test_dp_attention_matches_one_rank_and_transformers(case, checkpoints):
             second = e.generate(input_ids=[7, 8, 9], sampling_params=_greedy(3), session_params={"id": sid})
             assert second["meta_info"]["cached_tokens"] >= len(a) + len(b)
             e.close_session(sid)
+        else:  # a weight update reaches every rank (each reloads its experts) and one answer comes back
+            ok, message, _ = e.update_weights_from_disk(path)
+            assert ok, message
+            assert e.generate(input_ids=c, sampling_params=_greedy(10))["output_ids"] == refs[2]
         assert e.flush_cache()
         idle = e.get_internal_state()
     assert got["ab"] == single["ab"] == refs[:2]
