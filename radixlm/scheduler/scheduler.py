@@ -361,6 +361,9 @@ def run_scheduler_process(config: SchedulerConfig, port_args: Optional[PortArgs]
 
     def finish_stores(*_):  # KV queued for storage is what the next start serves from
         scheduler.tree_cache.wait_writes(timeout=4.0)
+        if rank is not None:  # no interpreter teardown: the process group's threads would abort it
+            logging.shutdown()
+            os._exit(0)
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, finish_stores)
