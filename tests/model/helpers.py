@@ -59,7 +59,7 @@ class PoolHarness:
             self.lens[slot] = prefix_len
         return slot
 
-    def _run(self, mode, reqs, new_tokens: list[list[int]]) -> torch.Tensor:
+    def _run(self, mode, reqs, new_tokens: list[list[int]], num_decode: int = 0) -> torch.Tensor:
         prefix = [self.lens[r] for r in reqs]
         extend = [len(t) for t in new_tokens]
         seq = [p + e for p, e in zip(prefix, extend)]
@@ -84,6 +84,7 @@ class PoolHarness:
             extend_prefix_lens_cpu=prefix if mode.is_extend() else None,
             extend_seq_lens_cpu=extend if mode.is_extend() else None,
             attn_backend=self.attn_backend,
+            num_decode=num_decode,
         )
         with torch.no_grad():
             return self.model.compute_logits(self.model(fb.input_ids, fb.positions, fb))
@@ -96,6 +97,18 @@ class PoolHarness:
     def decode(self, reqs: list[int], tokens: list[int]) -> torch.Tensor:
         """One DECODE batch (one token per request); returns logits [bs, vocab]."""
         return self._run(ForwardMode.DECODE, reqs, [[t] for t in tokens])
+
+    def mixed(self, reqs: list[int], new_tokens: list[list[int]], decode_reqs: list[int],
+              tokens: list[int]) -> list[torch.Tensor]:
+        """One MIXED batch: extends of reqs, then a decode step of decode_reqs; per request its logits."""
+        all_tokens = new_tokens + [[t] for t in tokens]
+        logits = self._run(ForwardMode.MIXED, reqs + decode_reqs, all_tokens, num_decode=len(decode_reqs))
+        return list(logits.split([len(t) for t in all_tokens]))
+
+    def verify(self, reqs: list[int], new_tokens: list[list[int]]) -> list[torch.Tensor]:
+        """One TARGET_VERIFY batch (each request's next input and drafts); every row's logits."""
+        logits = self._run(ForwardMode.TARGET_VERIFY, reqs, new_tokens)
+        return list(logits.split([len(t) for t in new_tokens]))
 
 
 def hf_logits(hf_model, ids: list[int]) -> torch.Tensor:
