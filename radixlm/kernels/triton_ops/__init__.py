@@ -70,7 +70,8 @@ def decode_splits(batch_size: int, kv_heads: int, sms: int) -> int:
 
 
 def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (what split-KV sizes its grid by); 8 elsewhere."""
-    if device.type == "cuda":
+    """Streaming multiprocessors of a CUDA device (what split-KV sizes its grid by); 8 elsewhere (the
+    interpreter, or a spec naming CUDA on a machine without one)."""
+    if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 8
