@@ -82,6 +82,7 @@ class CudaGraphDecode:
         self.seq_lens = torch.ones(n, **i64)
         self.kv_slots = torch.zeros(n, width, **i64)
         self.req_pool_indices = torch.zeros(n, **i64)  # unused: the rows are copied into kv_slots
+        self.kv_start = torch.zeros(n, **i64)  # where no shared-prefix pass runs (bs 1, windowed models)
         kv_heads = runner.token_to_kv_pool.num_kv_heads
         self.static = {bs: self._static_batch(runner, bs, kv_heads) for bs in batch_sizes}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -108,7 +109,8 @@ class CudaGraphDecode:
         sms = self.backend.sms
         fb.attn_metadata = TritonMetadata(kv_slots=self.kv_slots[:bs], seq_lens=self.seq_lens[:bs],
                                           num_splits=triton_ops.decode_splits(bs, kv_heads, sms),
-                                          num_prefix_splits=triton_ops.decode_splits(1, kv_heads, sms))
+                                          num_prefix_splits=triton_ops.decode_splits(1, kv_heads, sms),
+                                          kv_start=self.kv_start[:bs])
         return fb
 
     def capture(self) -> float:

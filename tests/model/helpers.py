@@ -25,13 +25,14 @@ SMALL = dict(
 
 class PoolHarness:
     def __init__(self, model, config, max_reqs: int = 16, max_context: int = 512, kv_size: int = 4096, seed: int = 0,
-                 attn_backend=None, kv_dtype: torch.dtype = torch.float32):
+                 attn_backend=None, kv_dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
         self.model = model
         if attn_backend is None:  # built for the model's sliding windows and logit caps, as ModelRunner does
             window, cap = attention_features(model.modules())
             attn_backend = TorchSDPABackend(sliding_window_size=window, logit_cap=cap)
         self.attn_backend = attn_backend
-        self.req_pool = ReqToTokenPool(max_reqs, max_context)
+        self.device = torch.device(device)
+        self.req_pool = ReqToTokenPool(max_reqs, max_context, device=self.device)
         self.kv_pool = TokenToKVPool(
             kv_size,
             config.num_hidden_layers,
@@ -39,11 +40,12 @@ class PoolHarness:
             next(m.num_kv_heads for m in model.modules() if isinstance(m, RadixAttention)),
             get_head_dim(config),
             kv_dtype,
+            self.device,
         )
         # Hand out KV slots in a scrambled order so no test passes by accident of
         # contiguous, position-ordered slots.
         g = torch.Generator().manual_seed(seed)
-        self.kv_pool.free_slots = self.kv_pool.free_slots[torch.randperm(kv_size, generator=g)]
+        self.kv_pool.free_slots = self.kv_pool.free_slots[torch.randperm(kv_size, generator=g).to(self.device)]
         self.lens: dict[int, int] = {}  # request slot -> tokens whose K/V are in the pool
 
     def new_request(self, share_prefix_of: int | None = None, prefix_len: int = 0) -> int:
@@ -73,10 +75,10 @@ class PoolHarness:
         fb = ForwardBatch(
             forward_mode=mode,
             batch_size=len(reqs),
-            input_ids=torch.tensor([t for ts in new_tokens for t in ts], dtype=torch.int64),
-            positions=torch.cat([torch.arange(p, s) for p, s in zip(prefix, seq)]),
-            req_pool_indices=torch.tensor(reqs, dtype=torch.int64),
-            seq_lens=torch.tensor(seq, dtype=torch.int64),
+            input_ids=torch.tensor([t for ts in new_tokens for t in ts], dtype=torch.int64, device=self.device),
+            positions=torch.cat([torch.arange(p, s, device=self.device) for p, s in zip(prefix, seq)]),
+            req_pool_indices=torch.tensor(reqs, dtype=torch.int64, device=self.device),
+            seq_lens=torch.tensor(seq, dtype=torch.int64, device=self.device),
             out_cache_loc=out_cache_loc,
             req_to_token_pool=self.req_pool,
             token_to_kv_pool=self.kv_pool,

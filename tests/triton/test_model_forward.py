@@ -42,13 +42,9 @@ def test_triton_backend_equals_torch_backend_through_the_model(tiny, triton_devi
                         lambda *a, **kw: starts.append(find(*a, **kw)) or starts[-1])
     model = load_model(path, device=str(triton_device)).model
     spec = AttentionBackendSpec(head_dim=16, dtype=torch.float32, kv_dtype=torch.float32, device=triton_device)
-    ours = PoolHarness(model, config, attn_backend=TritonAttnBackend(spec), seed=7)
-    ref = PoolHarness(model, config, attn_backend=TorchSDPABackend(), seed=7)
-    for h in (ours, ref):  # the same slots for both: the scrambled free list moved to the model's device
-        h.kv_pool.free_slots = h.kv_pool.free_slots.to(triton_device)
-        h.req_pool.req_to_token = h.req_pool.req_to_token.to(triton_device)
-        h.kv_pool.k_buffer = [b.to(triton_device) for b in h.kv_pool.k_buffer]
-        h.kv_pool.v_buffer = [b.to(triton_device) for b in h.kv_pool.v_buffer]
+    # The same scrambled slots for both.
+    ours = PoolHarness(model, config, attn_backend=TritonAttnBackend(spec), seed=7, device=triton_device)
+    ref = PoolHarness(model, config, attn_backend=TorchSDPABackend(), seed=7, device=triton_device)
     g = torch.Generator().manual_seed(1)
     tokens = lambda n: torch.randint(0, SMALL["vocab_size"], (n,), generator=g).tolist()  # noqa: E731
     a_prompt, b_tail, c_prompt, d_prompt = tokens(45), tokens(6), tokens(12), tokens(5)

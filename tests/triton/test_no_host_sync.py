@@ -29,7 +29,7 @@ pytestmark = requires_triton
 
 
 @pytest.fixture(scope="module")
-def runner(tmp_path_factory):
+def runner(tmp_path_factory, triton_device):
     config = transformers.LlamaConfig(**SMALL, tie_word_embeddings=False)
     config.architectures = ["LlamaForCausalLM"]
     torch.manual_seed(0)
@@ -40,8 +40,9 @@ def runner(tmp_path_factory):
     threads = torch.get_num_threads()
     try:
         # bfloat16: the layers run the torch code a GPU runs where no fused kernel applies.
-        yield ModelRunner(ModelRunnerConfig(model_path=str(path), dtype="bfloat16", attention_backend="triton",
-                                            max_total_tokens=1024, max_running_requests=8, num_threads=1))
+        yield ModelRunner(ModelRunnerConfig(model_path=str(path), device=str(triton_device), dtype="bfloat16",
+                                            attention_backend="triton", max_total_tokens=1024, max_running_requests=8,
+                                            num_threads=1))
     finally:
         torch.set_num_threads(threads)
 
@@ -109,12 +110,15 @@ def test_moe_layer_on_the_triton_path_never_waits(triton_device):
     from radixlm.model.layers.moe import triton as moe_triton
 
     torch.manual_seed(0)
-    block = SparseMoeBlock(32, MoeSpec(num_experts=4, top_k=2, intermediate_size=24, renormalize=True), 0)
-    for p in block.parameters():
-        p.data.normal_(0, 0.2)
-    block.finish_loading()
+    with torch.device(triton_device):
+        block = SparseMoeBlock(32, MoeSpec(num_experts=4, top_k=2, intermediate_size=24, renormalize=True), 0)
+        for p in block.parameters():
+            p.data.normal_(0, 0.2)
+        block.finish_loading()
+        x = torch.randn(5, 32)
+    if triton_device.type == "cuda":
+        assert block._experts is moe_triton.run
     block._experts = moe_triton.run  # what experts_path picks for float experts on CUDA
-    x = torch.randn(5, 32)
     with device_guard(triton_device):
         out = block(x)
     assert torch.isfinite(out).all() and int(block.expert_load.sum()) == 10

@@ -36,11 +36,11 @@ def find_prefix_groups(kv_slots: torch.Tensor, seq_lens: torch.Tensor,
     """kv_slots [bs, width >= max seq_len] slot rows, seq_lens [bs] -> the groups."""
     bs, width = kv_slots.shape
     first = kv_slots[:, 0]
-    leader = (first[:, None] == first[None, :]).to(torch.int8).argmax(1)  # the first request with my first slot
+    leader = (first[:, None] == first[None, :]).to(torch.int32).argmax(1)  # the first request with my first slot
     limit = torch.minimum(seq_lens, seq_lens[leader]) - 1  # both keep their newest token
     pos = torch.arange(width, device=kv_slots.device)
     stop = (kv_slots != kv_slots[leader]) | (pos[None, :] >= limit[:, None])
-    shared = stop.to(torch.int8).argmax(1)  # the first position past the shared run (limit <= width - 1)
+    shared = stop.to(torch.int32).argmax(1)  # the first position past the shared run (limit <= width - 1)
     group_prefix = torch.full((bs,), width, dtype=torch.int64, device=kv_slots.device)
     group_prefix.scatter_reduce_(0, leader, shared, reduce="amin")
     group_count = torch.zeros(bs, dtype=torch.int64, device=kv_slots.device)

@@ -62,7 +62,8 @@ class TritonMetadata:
     # Tree verification (module docstring); None: causal within the extension.
     custom_mask: Optional[torch.Tensor] = None
     mask_start: Optional[torch.Tensor] = None
-    # Decode: splits per request, and the shared-prefix groups (begin_forward; None: no pass).
+    # Decode: splits per request, where each request's own keys start (zeros, or its group's prefix
+    # length), and the shared-prefix groups (begin_forward; None: no pass).
     num_splits: int = 1
     num_prefix_splits: int = 1
     kv_start: Optional[torch.Tensor] = None
@@ -75,7 +76,6 @@ class TritonAttnBackend(AttentionBackend):
         # The groups pass serves models without windows (a windowed layer reads a suffix of the keys).
         self.shared_prefix = spec.shared_prefix and spec.sliding_window_size is None
         self.sms = triton_ops.sm_count(spec.device)
-        self._zeros: dict[int, torch.Tensor] = {}  # decode kv_start without groups, per bs
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         fb = forward_batch
@@ -87,6 +87,9 @@ class TritonAttnBackend(AttentionBackend):
             kv_heads = fb.token_to_kv_pool.num_kv_heads
             md.num_splits = triton_ops.decode_splits(fb.batch_size, kv_heads, self.sms)
             md.num_prefix_splits = triton_ops.decode_splits(1, kv_heads, self.sms)
+            # Every request's keys from position 0, unless begin_forward finds groups (made here, at
+            # launch: a tensor made while a CUDA graph is captured holds its value only in replays).
+            md.kv_start = torch.zeros(fb.batch_size, dtype=torch.int64, device=self.device)
         else:
             ext = fb.extend_seq_lens_cpu
             as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)  # noqa: E731
@@ -100,21 +103,11 @@ class TritonAttnBackend(AttentionBackend):
     def begin_forward(self, forward_batch: "ForwardBatch") -> None:
         super().begin_forward(forward_batch)
         md: TritonMetadata = forward_batch.attn_metadata
-        if not forward_batch.forward_mode.is_decode():
-            return
-        if self.shared_prefix and forward_batch.batch_size > 1:
+        if self.shared_prefix and forward_batch.forward_mode.is_decode() and forward_batch.batch_size > 1:
             from radixlm.kernels.triton_ops.prefix_groups import find_prefix_groups
 
             md.prefix = find_prefix_groups(md.kv_slots, md.seq_lens)
             md.kv_start = md.prefix.kv_start
-        else:
-            md.kv_start = self._zeros_for(md.seq_lens.shape[0])
-
-    def _zeros_for(self, bs: int) -> torch.Tensor:
-        z = self._zeros.get(bs)
-        if z is None:
-            z = self._zeros[bs] = torch.zeros(bs, dtype=torch.int64, device=self.device)
-        return z
 
     def forward_extend(self, q, k, v, layer, forward_batch):
         from radixlm.kernels.triton_ops.extend_attention import extend_attention
