@@ -28,11 +28,16 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from radixlm.model.compiled_decode import EagerDecode, RunnerView, _decode_logits, compile_batch_sizes
+from radixlm.model.compiled_decode import EagerDecode, compile_batch_sizes
 from radixlm.model.forward_batch import ForwardBatch, ForwardMode
-from radixlm.model.layers.attention.hybrid import HybridAttnBackend
 from radixlm.model.layers.attention.triton_backend import TritonAttnBackend, TritonMetadata
-from radixlm.model.layers.rotary import RotaryEmbedding
+from radixlm.model.static_decode import (
+    RunnerView,
+    StaticDecodeInputs,
+    decode_backend_of,
+    decode_logits,
+    why_not_graphed,
+)
 
 if TYPE_CHECKING:
     from radixlm.model.runner_config import ModelRunnerConfig
@@ -42,27 +47,13 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_BS = 256
 
 
-def _triton_decode_backend(backend) -> Optional[TritonAttnBackend]:
-    if isinstance(backend, HybridAttnBackend):
-        backend = backend.decode_backend
-    return backend if isinstance(backend, TritonAttnBackend) else None
-
-
 def why_not_captured(runner: RunnerView) -> Optional[str]:
     """None where decode steps can be captured, else why not (said in the start-up log line)."""
-    model = runner.model
     if runner.device.type != "cuda":
         return "CUDA graphs need a CUDA device"
-    if _triton_decode_backend(runner.attn_backend) is None:
+    if decode_backend_of(runner.attn_backend, TritonAttnBackend) is None:
         return f"decode attention runs {runner.attn_backend!r}; only the triton backend's decode is captured"
-    if any(getattr(m, "tp_size", 1) > 1 for m in model.modules()):
-        return "tensor parallelism all-reduces inside the layers (not captured)"
-    if getattr(getattr(model, "pp", None), "size", 1) > 1:
-        return "a pipeline stage hands its activations to the next stage inside the forward (not captured)"
-    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
-    if rotary is not None and type(rotary).cache_rows is not RotaryEmbedding.cache_rows:
-        return "longrope picks each request's rotary table from its length (a per-step Python decision)"
-    return None
+    return why_not_graphed(runner.model)
 
 
 class CudaGraphDecode:
@@ -70,19 +61,9 @@ class CudaGraphDecode:
 
     def __init__(self, runner: RunnerView, batch_sizes: list[int]):
         self.model = runner.model
-        self.backend = _triton_decode_backend(runner.attn_backend)
+        self.backend = decode_backend_of(runner.attn_backend, TritonAttnBackend)
         self.batch_sizes = tuple(sorted(batch_sizes))
-        n = max(batch_sizes)
-        width = runner.req_to_token_pool.req_to_token.shape[1]
-        i64 = dict(dtype=torch.int64, device=runner.device)
-        # Padded rows: token 0 at position 0, K/V written to the dummy slot 0, attending to it alone.
-        self.input_ids = torch.zeros(n, **i64)
-        self.positions = torch.zeros(n, **i64)
-        self.out_cache_loc = torch.zeros(n, **i64)
-        self.seq_lens = torch.ones(n, **i64)
-        self.kv_slots = torch.zeros(n, width, **i64)
-        self.req_pool_indices = torch.zeros(n, **i64)  # unused: the rows are copied into kv_slots
-        self.kv_start = torch.zeros(n, **i64)  # where no shared-prefix pass runs (bs 1, windowed models)
+        self.inputs = StaticDecodeInputs(runner, max(batch_sizes))
         kv_heads = runner.token_to_kv_pool.num_kv_heads
         self.static = {bs: self._static_batch(runner, bs, kv_heads) for bs in batch_sizes}
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -93,31 +74,20 @@ class CudaGraphDecode:
     def _static_batch(self, runner: RunnerView, bs: int, kv_heads: int) -> ForwardBatch:
         from radixlm.kernels import triton_ops
 
-        fb = ForwardBatch(
-            forward_mode=ForwardMode.DECODE,
-            batch_size=bs,
-            input_ids=self.input_ids[:bs],
-            positions=self.positions[:bs],
-            req_pool_indices=self.req_pool_indices[:bs],
-            seq_lens=self.seq_lens[:bs],
-            out_cache_loc=self.out_cache_loc[:bs],
-            req_to_token_pool=runner.req_to_token_pool,
-            token_to_kv_pool=runner.token_to_kv_pool,
-            attn_backend=self.backend,
-            seq_lens_cpu=[1] * bs,
-        )
-        sms = self.backend.sms
-        fb.attn_metadata = TritonMetadata(kv_slots=self.kv_slots[:bs], seq_lens=self.seq_lens[:bs],
+        fb = self.inputs.batch(runner, bs, self.backend)
+        sms, i = self.backend.sms, self.inputs
+        # kv_start made here, not while capturing (a tensor made then holds its value in replays only).
+        fb.attn_metadata = TritonMetadata(kv_slots=i.kv_slots[:bs], seq_lens=i.seq_lens[:bs],
                                           num_splits=triton_ops.decode_splits(bs, kv_heads, sms),
                                           num_prefix_splits=triton_ops.decode_splits(1, kv_heads, sms),
-                                          kv_start=self.kv_start[:bs])
+                                          kv_start=i.kv_start[:bs])
         return fb
 
     def capture(self) -> float:
         """Capture every batch size now (on all-padding batches), the largest first so the smaller
         graphs reuse its memory; the seconds it took."""
         t0 = time.perf_counter()
-        self._reset_padding(0, max(self.batch_sizes))
+        self.inputs.reset_padding(0, max(self.batch_sizes))
         pool = torch.cuda.graph_pool_handle()
         with torch.inference_mode():
             for bs in sorted(self.batch_sizes, reverse=True):
@@ -127,11 +97,11 @@ class CudaGraphDecode:
                 side.wait_stream(torch.cuda.current_stream())
                 with torch.cuda.stream(side):
                     for _ in range(2):
-                        _decode_logits(self.model, fb)
+                        decode_logits(self.model, fb)
                 torch.cuda.current_stream().wait_stream(side)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    self.outputs[bs] = _decode_logits(self.model, fb)
+                    self.outputs[bs] = decode_logits(self.model, fb)
                 self.graphs[bs] = graph
         torch.cuda.synchronize()
         self.capture_s = time.perf_counter() - t0
@@ -145,13 +115,7 @@ class CudaGraphDecode:
         """The decode batch's logits [bs, vocab] (float32, a copy of the graph's output)."""
         bs = fb.batch_size
         size = next(s for s in self.batch_sizes if s >= bs)
-        md: TritonMetadata = fb.attn_metadata
-        self.input_ids[:bs].copy_(fb.input_ids)
-        self.positions[:bs].copy_(fb.positions)
-        self.out_cache_loc[:bs].copy_(fb.out_cache_loc)
-        self.seq_lens[:bs].copy_(fb.seq_lens)
-        self.kv_slots[:bs, : md.kv_slots.shape[1]].copy_(md.kv_slots)
-        self._reset_padding(bs, size)
+        self.inputs.copy_in(fb, fb.attn_metadata.kv_slots, size)
         self.graphs[size].replay()
         self.decode_steps += 1
         return self.outputs[size][:bs].clone()
@@ -159,13 +123,6 @@ class CudaGraphDecode:
     def info(self) -> dict:
         return {"cuda_graph": {"captured": True, "batch_sizes": list(self.batch_sizes),
                                "capture_s": round(self.capture_s, 1), "decode_steps": self.decode_steps}}
-
-    def _reset_padding(self, start: int, end: int) -> None:
-        if start < end:
-            for buf in (self.input_ids, self.positions, self.out_cache_loc):
-                buf[start:end] = 0
-            self.seq_lens[start:end] = 1
-            self.kv_slots[start:end, 0] = 0
 
 
 class NoCudaGraph(EagerDecode):

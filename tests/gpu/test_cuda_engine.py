@@ -10,7 +10,8 @@ import re
 import pytest
 
 from radixlm import Engine
-from tests.gpu.conftest import CUDA, SP, assert_greedy_equal
+from tests.e2e.test_default_model_greedy import assert_greedy_equal
+from tests.gpu.conftest import CUDA, SP
 
 pytestmark = CUDA
 
@@ -32,11 +33,11 @@ def test_float32_on_cuda_matches_hf(gpu_model, options):
     prompts = [ids for ids, _, _ in refs]
     with engine(path, dtype="float32", **options) as e:
         for i, ids in enumerate(prompts):  # alone, then all at once (ragged decode batches)
-            assert_greedy_equal(e.generate(input_ids=ids, sampling_params=SP)["output_ids"], refs[i], NEAR_TIE,
-                                f"{options} alone #{i}")
+            assert_greedy_equal(e.generate(input_ids=ids, sampling_params=SP)["output_ids"], refs[i],
+                                f"{options} alone #{i}", NEAR_TIE)
         outs = e.generate(input_ids=prompts, sampling_params=SP)
         for i, out in enumerate(outs):
-            assert_greedy_equal(out["output_ids"], refs[i], NEAR_TIE, f"{options} batch #{i}")
+            assert_greedy_equal(out["output_ids"], refs[i], f"{options} batch #{i}", NEAR_TIE)
         state = e.get_internal_state()
     graphs = state["cuda_graph"]
     if options:
@@ -54,7 +55,7 @@ def test_bfloat16_on_cuda_and_structured_output(gpu_model):
     with engine(path, dtype="bfloat16") as e:
         outs = e.generate(input_ids=[ids for ids, _, _ in refs], sampling_params=SP)
         for i, out in enumerate(outs):
-            assert_greedy_equal(out["output_ids"], refs[i], BF16_NEAR_TIE, f"bf16 #{i}")
+            assert_greedy_equal(out["output_ids"], refs[i], f"bf16 #{i}", BF16_NEAR_TIE)
         # Masks on the GPU: a pattern a random model never writes on its own, and a JSON schema.
         regex = r"[0-9]{3}-[a-z]{4}"
         outs = e.generate(["My code is"] * 3, [{"regex": regex, "max_new_tokens": 16, "temperature": t}

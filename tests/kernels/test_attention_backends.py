@@ -9,7 +9,6 @@ from collections import Counter
 
 import pytest
 import torch
-import transformers
 
 from radixlm.model.forward_batch import ForwardMode
 from radixlm.model.layers.attention import (
@@ -27,7 +26,7 @@ from radixlm.model.layers.attention.shared_prefix_decode_path import SharedPrefi
 from radixlm.model.layers.attention.torch_sdpa import SDPAMetadata
 from radixlm.model.layers.attention.triton_backend import TritonAttnBackend
 from radixlm.model.loader import load_model
-from tests.model.helpers import SMALL, PoolHarness, hf_logits, randomize
+from tests.model.helpers import SMALL, PoolHarness, hf_logits, save_random_llama
 
 ATOL = 1e-4  # as tests/model/test_logits.py
 CPU = torch.device("cpu")
@@ -139,14 +138,8 @@ def test_prefill_and_decode_names_make_a_hybrid(kernel_ops):
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     """A random Llama (head_dim 16: native applies) saved as HF safetensors, and transformers' model."""
-    config = transformers.LlamaConfig(**SMALL, tie_word_embeddings=False)
-    config.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
-    randomize(hf)
-    hf.eval()
     path = tmp_path_factory.mktemp("hybrid-llama")
-    hf.save_pretrained(path)
+    hf, _ = save_random_llama(path)
     return hf, load_model(str(path)), str(path)
 
 

@@ -113,6 +113,20 @@ class PoolHarness:
         return list(logits.split([len(t) for t in new_tokens]))
 
 
+def save_random_llama(path) -> tuple:
+    """A random Llama of SMALL's shape (GQA 2, head_dim 16, untied), every weight drawn (randomize),
+    saved as HF safetensors at path: (transformers' model, its config)."""
+    import transformers
+
+    config = transformers.LlamaConfig(**SMALL, tie_word_embeddings=False)
+    config.architectures = ["LlamaForCausalLM"]
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    randomize(hf)
+    hf.eval().save_pretrained(path)
+    return hf, config
+
+
 def hf_logits(hf_model, ids: list[int]) -> torch.Tensor:
     """Reference logits [len(ids), vocab] from a transformers model, one sequence, no padding."""
     with torch.no_grad():

@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 from radixlm.model.layers.attention import AttentionBackendSpec, TorchSDPABackend
 from radixlm.model.layers.attention.triton_backend import TritonAttnBackend
 from radixlm.model.loader import load_model
-from tests.model.helpers import SMALL, PoolHarness, hf_logits, randomize
+from tests.model.helpers import SMALL, PoolHarness, hf_logits, save_random_llama
 from tests.triton.conftest import requires_triton
 
 pytestmark = requires_triton
@@ -22,13 +21,8 @@ ATOL = 1e-4  # float32, as tests/model/test_logits.py
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
-    config = transformers.LlamaConfig(**SMALL, tie_word_embeddings=False)
-    config.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
-    randomize(hf)
     path = tmp_path_factory.mktemp("tiny-llama")
-    hf.eval().save_pretrained(path)
+    hf, config = save_random_llama(path)
     return hf, config, str(path)
 
 

@@ -26,34 +26,8 @@ import triton
 import triton.language as tl
 
 from radixlm.kernels.triton_ops import dot_in_f32, interpreting, next_pow2
-from radixlm.kernels.triton_ops.extend_attention import tanh
 from radixlm.kernels.triton_ops.prefix_groups import PrefixGroups
-
-@triton.jit
-def _attend_tile(q, K_buf, V_buf, slots, n_valid, kvh, offs_d, d_valid, m_i, l_i, acc, sm_scale, logit_cap,
-                 stride_ks, stride_kh, stride_vs, stride_vh, HAS_CAP: tl.constexpr, F32_DOT: tl.constexpr):
-    """One tile of keys (every row sees every valid key): the online-softmax update."""
-    kv_mask = n_valid[:, None] & d_valid[None, :]
-    k = tl.load(K_buf + slots[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-    if F32_DOT:
-        s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-    else:
-        s = tl.dot(q, tl.trans(k.to(q.dtype)))
-    s = s * sm_scale
-    if HAS_CAP:
-        s = logit_cap * tanh(s / logit_cap)
-    s = tl.where(n_valid[None, :], s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1))
-    alpha = tl.exp(m_i - m_new)
-    p = tl.exp(s - m_new[:, None])
-    l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(V_buf + slots[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-    if F32_DOT:
-        pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-    else:
-        pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
-    return m_new, l_i, acc * alpha[:, None] + pv
-
+from radixlm.kernels.triton_ops.tiles import attend_tile
 
 @triton.jit
 def _store_partial(Part_O, Part_L, rows_b, rows_h, split, row_valid, offs_d, d_valid, m_i, l_i, acc,
@@ -102,8 +76,9 @@ def _decode_partial_kernel(
         offs_n = pos + tl.arange(0, BLOCK_N)
         n_valid = offs_n < hi
         slots = tl.load(slot_row + offs_n, mask=n_valid, other=0).to(tl.int64)
-        m_i, l_i, acc = _attend_tile(q, K_buf, V_buf, slots, n_valid, kvh, offs_d, d_valid, m_i, l_i, acc, sm_scale,
-                                     logit_cap, stride_ks, stride_kh, stride_vs, stride_vh, HAS_CAP, F32_DOT)
+        m_i, l_i, acc = attend_tile(q, K_buf, V_buf, slots, n_valid, n_valid[None, :], kvh, offs_d, d_valid, m_i, l_i,
+                                    acc, sm_scale, logit_cap, stride_ks, stride_kh, stride_vs, stride_vh, HAS_CAP,
+                                    F32_DOT)
     rows_b = b + offs_h * 0
     _store_partial(Part_O, Part_L, rows_b, heads, split, h_valid, offs_d, d_valid, m_i, l_i, acc,
                    stride_pb, stride_ph, stride_ps, stride_lb, stride_lh)
@@ -151,9 +126,9 @@ def _decode_prefix_kernel(
             offs_n = pos + tl.arange(0, BLOCK_N)
             n_valid = offs_n < hi
             slots = tl.load(slot_row + offs_n, mask=n_valid, other=0).to(tl.int64)
-            m_i, l_i, acc = _attend_tile(q, K_buf, V_buf, slots, n_valid, kvh, offs_d, d_valid, m_i, l_i, acc,
-                                         sm_scale, logit_cap, stride_ks, stride_kh, stride_vs, stride_vh, HAS_CAP,
-                                         F32_DOT)
+            m_i, l_i, acc = attend_tile(q, K_buf, V_buf, slots, n_valid, n_valid[None, :], kvh, offs_d, d_valid, m_i,
+                                        l_i, acc, sm_scale, logit_cap, stride_ks, stride_kh, stride_vs, stride_vh,
+                                        HAS_CAP, F32_DOT)
         _store_partial(Part_O, Part_L, member, heads, split_offset + split, row_valid, offs_d, d_valid, m_i, l_i,
                        acc, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh)
 

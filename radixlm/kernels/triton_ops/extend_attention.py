@@ -25,12 +25,7 @@ import triton
 import triton.language as tl
 
 from radixlm.kernels.triton_ops import dot_in_f32, interpreting, next_pow2
-
-
-@triton.jit
-def tanh(x):
-    return 2.0 * tl.sigmoid(2.0 * x) - 1.0
-
+from radixlm.kernels.triton_ops.tiles import attend_tile
 
 @triton.jit
 def _extend_kernel(
@@ -82,15 +77,6 @@ def _extend_kernel(
         offs_n = start + tl.arange(0, BLOCK_N)
         n_valid = offs_n < hi
         slots = tl.load(slot_row + offs_n, mask=n_valid, other=0).to(tl.int64)
-        kv_mask = n_valid[:, None] & d_valid[None, :]
-        k = tl.load(K_buf + slots[:, None] * stride_ks + kvh * stride_kh + offs_d[None, :], mask=kv_mask, other=0.0)
-        if F32_DOT:
-            s = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
-        else:
-            s = tl.dot(q, tl.trans(k.to(q.dtype)))
-        s = s * sm_scale
-        if HAS_CAP:
-            s = logit_cap * tanh(s / logit_cap)
         if USE_CUSTOM_MASK:
             j = offs_n - prefix
             in_ext = j >= 0
@@ -101,18 +87,8 @@ def _extend_kernel(
             visible = n_valid[None, :] & (offs_n[None, :] <= q_pos[:, None])
         if HAS_WINDOW:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(V_buf + slots[:, None] * stride_vs + kvh * stride_vh + offs_d[None, :], mask=kv_mask, other=0.0)
-        if F32_DOT:
-            pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
-        else:
-            pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
-        acc = acc * alpha[:, None] + pv
-        m_i = m_new
+        m_i, l_i, acc = attend_tile(q, K_buf, V_buf, slots, n_valid, visible, kvh, offs_d, d_valid, m_i, l_i, acc,
+                                    sm_scale, logit_cap, stride_ks, stride_kh, stride_vs, stride_vh, HAS_CAP, F32_DOT)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(O + (q0 + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
              out.to(O.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])

@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from radixlm.kernels.triton_ops import dot_in_f32, interpreting
+from radixlm.kernels.triton_ops.tiles import rows_times_wt
 
 
 @triton.jit
@@ -41,20 +42,9 @@ def _moe_gemm_kernel(
         rows = pairs // TOPK
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_valid = offs_n < N
-    offs_k = tl.arange(0, BLOCK_K)
-    w_base = W + tl.maximum(expert, 0) * stride_we
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     k_end = tl.where(expert >= 0, K, 0)  # a block past the last expert's pairs reads nothing
-    for k0 in range(0, k_end, BLOCK_K):
-        k_valid = (k0 + offs_k) < K
-        a = tl.load(A + rows[:, None] * stride_am + (k0 + offs_k)[None, :] * stride_ak,
-                    mask=row_valid[:, None] & k_valid[None, :], other=0.0)
-        w = tl.load(w_base + offs_n[None, :] * stride_wn + (k0 + offs_k)[:, None] * stride_wk,
-                    mask=k_valid[:, None] & n_valid[None, :], other=0.0)
-        if F32_DOT:
-            acc += tl.dot(a.to(tl.float32), w.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(a, w.to(a.dtype))
+    acc = rows_times_wt(A, rows, row_valid, stride_am, stride_ak, W + tl.maximum(expert, 0) * stride_we, offs_n,
+                        n_valid, stride_wn, stride_wk, K, k_end, BLOCK_M, BLOCK_N, BLOCK_K, F32_DOT)
     if MUL_WEIGHT:
         acc = acc * tl.load(pair_weights + pairs, mask=row_valid, other=0.0).to(tl.float32)[:, None]
     tl.store(C + pairs[:, None] * stride_cm + offs_n[None, :] * stride_cn, acc.to(C.dtype.element_ty),

@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from radixlm.kernels.triton_ops import dot_in_f32, interpreting
+from radixlm.kernels.triton_ops.tiles import rows_times_wt
 
 
 @triton.jit
@@ -30,21 +31,10 @@ def _sgmv_kernel(X, W, Y, seg_start, seg_len, seg_slot, N, K,
     m_valid = offs_m < length
     offs_n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
     n_valid = offs_n < N
-    offs_k = tl.arange(0, BLOCK_K)
     rows = start + offs_m
-    w_base = W + tl.maximum(slot, 0) * stride_ws
-    acc = tl.zeros([BLOCK_M, BLOCK_N], tl.float32)
     k_end = tl.where(tl.program_id(1) * BLOCK_M < length, K, 0)  # a tile past the segment reads nothing
-    for k0 in range(0, k_end, BLOCK_K):
-        k_valid = (k0 + offs_k) < K
-        x = tl.load(X + rows[:, None] * stride_xm + (k0 + offs_k)[None, :] * stride_xk,
-                    mask=m_valid[:, None] & k_valid[None, :], other=0.0)
-        w = tl.load(w_base + offs_n[None, :] * stride_wn + (k0 + offs_k)[:, None] * stride_wk,
-                    mask=k_valid[:, None] & n_valid[None, :], other=0.0)
-        if F32_DOT:
-            acc += tl.dot(x.to(tl.float32), w.to(tl.float32), input_precision="ieee")
-        else:
-            acc += tl.dot(x, w.to(x.dtype))
+    acc = rows_times_wt(X, rows, m_valid, stride_xm, stride_xk, W + tl.maximum(slot, 0) * stride_ws, offs_n, n_valid,
+                        stride_wn, stride_wk, K, k_end, BLOCK_M, BLOCK_N, BLOCK_K, F32_DOT)
     ptrs = Y + rows[:, None] * stride_ym + offs_n[None, :] * stride_yn
     mask = m_valid[:, None] & n_valid[None, :]
     if ADD:
