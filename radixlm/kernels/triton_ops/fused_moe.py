@@ -111,7 +111,8 @@ def fused_experts_triton(hidden: torch.Tensor, topk_weights: torch.Tensor, topk_
     num_experts, two_i = w13.shape[0], w13.shape[1]
     block_m = _blocks(two_i, hidden.shape[1])[0]
     sorted_pairs, block_expert = moe_align(topk_ids, num_experts, block_m)
-    gate_up = torch.empty((t * top_k, two_i), dtype=hidden.dtype, device=hidden.device)
+    # Zeros: a pair left out (id -1) is never written, and its row then passes SiLU as zeros, not garbage.
+    gate_up = torch.zeros((t * top_k, two_i), dtype=hidden.dtype, device=hidden.device)
     moe_gemm(hidden, w13, gate_up, sorted_pairs, block_expert, top_k, False, block_m)
     act = TritonElementwiseOps.silu_and_mul(gate_up)
     down = torch.zeros((t * top_k, w2.shape[1]), dtype=hidden.dtype, device=hidden.device)
