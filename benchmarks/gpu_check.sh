@@ -4,9 +4,9 @@
 # here by benchmarks/gpu_wheels.sh). Installs radixlm, then runs each step time-boxed with its output
 # in $OUT, so one failure does not hide the others, and ends with $OUT/summary.txt:
 #   tests     the CUDA tests (tests/gpu: engine vs HF, CUDA graphs vs eager, overlap, structured output)
-#             and the Triton kernels compiled against their references (tests/triton)
-#   one-batch decode tok/s at bs 1/8/32/64/128, bf16, random weights of three shapes (SmolLM2-135M,
-#             Llama-3.2-1B, Llama-3-8B: benchmarks/configs), with the share of the HBM roofline
+#             and, after the 8B one-batch, the Triton kernels compiled against their references (tests/triton)
+#   one-batch decode tok/s at bs 1/8/32/64/128, bf16, random weights of three shapes (Llama-3-8B first,
+#             Llama-3.2-1B, SmolLM2-135M: benchmarks/configs), with the share of the HBM roofline
 #   offline   the share of decode time outside the forward, with and without overlap scheduling
 #   serving   radixlm serve + bench serving: random, gsp, multi-turn (if time is left)
 # Steps are skipped when less time is left than they may take (BUDGET_S, default 470 s in all).
@@ -27,10 +27,10 @@ export RADIXLM_GPU_TOKENIZER=$PWD/.whl/smollm2-tokenizer
 TOK=$RADIXLM_GPU_TOKENIZER
 PY=python3
 : > "$OUT/steps.txt"
-DEVICE=cuda DTYPE=bfloat16 BS="1 8 32 64 128" IN=256 OUTLEN=32 N=64 SN=128 TESTS="tests/gpu tests/triton"
+DEVICE=cuda DTYPE=bfloat16 BS="1 8 32 64 128" IN=256 OUTLEN=32 N=64 SN=128
 BIG=benchmarks/configs/llama3-8b.json MID=benchmarks/configs/llama3.2-1b.json SMALL=benchmarks/configs/smollm2-135m.json
 if [ -n "${GPU_CHECK_DRY:-}" ]; then
-  DEVICE=cpu DTYPE=float32 BS="1 2" IN=16 OUTLEN=4 N=4 SN=8 TESTS="tests/gpu"
+  DEVICE=cpu DTYPE=float32 BS="1 2" IN=16 OUTLEN=4 N=4 SN=8
   echo '{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
     "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 49152,
     "max_position_embeddings": 2048, "tie_word_embeddings": true}' > /tmp/gpu_check_tiny.json
@@ -66,12 +66,12 @@ export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 $PY -c "import radixlm, xgrammar, fastapi, zmq, gguf; print('imports ok', radixlm.__file__)" >> "$OUT/env.log" 2>&1
 echo "install: done in $(( $(date +%s) - START )) s" | tee -a "$OUT/steps.txt"
 
-# --- (a) tests -------------------------------------------------------------------------------------
-step tests 200 tests.log $PY -m pytest -q -rs -p no:cacheprovider --timeout 180 $TESTS
-
-# --- (b) one-batch decode against the roofline -----------------------------------------------------
+# --- (a) the CUDA tests, (b) one-batch on the goal's shape, then the kernels compiled -----------------
+PT="-m pytest -q -rs -p no:cacheprovider --timeout 150"
+step tests-gpu 160 tests.log $PY $PT tests/gpu
 OB="-m radixlm.cli bench one-batch --device $DEVICE --dtype $DTYPE --batch-size $BS --input-len $IN --output-len $OUTLEN --output-file $OUT/results.jsonl"
-step one-batch-llama3-8b 100 one_batch.log $PY $OB --model-path $BIG  # the goal's shape first
+step one-batch-llama3-8b 100 one_batch.log $PY $OB --model-path $BIG
+[ -z "${GPU_CHECK_DRY:-}" ] && step tests-triton 150 tests.log $PY $PT tests/triton
 step one-batch-llama3.2-1b 70 one_batch.log $PY $OB --model-path $MID
 step one-batch-smollm2-shape 70 one_batch.log $PY $OB --model-path $SMALL
 

@@ -68,9 +68,11 @@ def summary(out_dir: str) -> str:
         lines += ["## steps (exit code 0: ok, 124: timed out, skipped: no time left)", open(steps).read().rstrip(), ""]
     tests = os.path.join(out_dir, "tests.log")
     if os.path.exists(tests):
-        tail = [ln for ln in open(tests).read().splitlines()
-                if any(w in ln for w in (" passed", " failed", " skipped", " error"))]
-        lines += ["## tests", *(tail[-3:] or ["(no result line: see tests.log)"]), ""]
+        text = open(tests).read().splitlines()
+        results = [ln for ln in text if ln.startswith("=== ") or
+                   (" in " in ln and any(w in ln for w in (" passed", " failed", " skipped", " error")))]
+        failed = [ln for ln in text if ln.startswith(("FAILED ", "ERROR "))][:20]
+        lines += ["## tests (each run's command and result line; the failures)", *results, *failed, ""]
     rows = _lines(os.path.join(out_dir, "results.jsonl"))
     one = [r for r in rows if "batch_size" in r]
     off = [r for r in rows if "overlap_schedule" in r]

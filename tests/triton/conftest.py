@@ -35,6 +35,12 @@ def triton_device():
             os.environ[INTERPRET_ENV] = old
 
 
+# The dtypes each kernel test runs in. On a GPU float16 takes bfloat16's code path (the tensor
+# cores' other 16-bit type): two of them keep the compile time of the one GPU run down.
+DTYPES = ([torch.float32, torch.bfloat16] if torch.cuda.is_available()
+          else [torch.float32, torch.float16, torch.bfloat16])
+
+
 def tolerance(dtype: torch.dtype) -> float:
     """Largest error allowed, relative to the largest reference value: float32 to its rounding; the
     16-bit types to a few units of their last place (the kernels round where the torch code rounds;

@@ -8,11 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.triton.conftest import assert_close, requires_triton
+from tests.triton.conftest import DTYPES, assert_close, requires_triton
 
 pytestmark = requires_triton
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 GQA = [(2, 2), (6, 2), (8, 1)]  # (query heads, KV heads): ratios 1, 3, 8
 D = 32
 SCALE = D ** -0.5

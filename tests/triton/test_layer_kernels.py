@@ -10,11 +10,10 @@ import torch.nn.functional as F
 
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.rotary import RotaryEmbedding
-from tests.triton.conftest import assert_close, requires_triton
+from tests.triton.conftest import DTYPES, assert_close, requires_triton
 
 pytestmark = requires_triton
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 
 def ops():
