@@ -12,6 +12,7 @@ import torch
 from radixlm.cache.memory_pool import ReqToTokenPool
 from radixlm.lora.runtime import create_lora_runtime
 from radixlm.model.compiled_decode import create_decode_graphs
+from radixlm.model.cuda_graph_runner import create_cuda_graphs
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.kv_budget import available_memory_bytes, fraction_kv_budget
 from radixlm.model.kv_layout import kv_layout
@@ -101,8 +102,10 @@ class ModelRunner:
         self.sampler = Sampler()
         # --enable-lora: the adapters and their batched delta on the target layers (NoLoRA: none).
         self.lora = create_lora_runtime(config.lora, self.model, self.dtype, self.device)
-        # --enable-torch-compile: decode batches through compiled graphs (EagerDecode: none).
-        self.decode_graphs = create_decode_graphs(self, config.enable_torch_compile, config.torch_compile_max_bs)
+        # Decode steps through graphs: CUDA graphs on CUDA (--disable-cuda-graph: none), torch.compile on CPU with
+        # --enable-torch-compile (EagerDecode: none).
+        self.decode_graphs = (create_cuda_graphs(self, config) if self.device.type == "cuda" else
+                              create_decode_graphs(self, config.enable_torch_compile, config.torch_compile_max_bs))
         logger.info(
             "KV cache: %d tokens, %.1f MiB (%s, %d layers x %d kv heads x %d dims); context %d; attention: %r",
             self.max_total_num_tokens,
