@@ -56,12 +56,7 @@ step() {
 }
 
 # --- install ---------------------------------------------------------------------------------------
-[ -n "${GPU_CHECK_DRY:-}" ] || {
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-  $PY -m pip install -q --no-index --no-deps --no-build-isolation -e . || echo "editable install failed: PYTHONPATH instead"
-  $PY -c "import torch, triton; print('torch', torch.__version__, 'triton', triton.__version__, torch.cuda.get_device_name())"
-} > "$OUT/env.log" 2>&1
+[ -n "${GPU_CHECK_DRY:-}" ] || bash benchmarks/gpu_install.sh "$OUT"
 export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 $PY -c "import radixlm, xgrammar, fastapi, zmq, gguf; print('imports ok', radixlm.__file__)" >> "$OUT/env.log" 2>&1
 echo "install: done in $(( $(date +%s) - START )) s" | tee -a "$OUT/steps.txt"

@@ -170,7 +170,8 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
                      kv_slots: torch.Tensor, seq_lens: torch.Tensor, kv_start: torch.Tensor, num_splits: int,
                      sm_scale: float, logit_cap: float = 0.0, window: Optional[int] = None,
                      prefix: Optional[PrefixGroups] = None, num_prefix_splits: int = 1,
-                     block_n: Optional[int] = None) -> torch.Tensor:
+                     block_n: Optional[int] = None, num_warps: Optional[int] = None,
+                     num_stages: int = 2) -> torch.Tensor:
     """q [bs, H, D] over each request's keys at kv_slots[b, :seq_lens[b]] of k_buf / v_buf [slots,
     KVH, D] -> out [bs, H, D]. kv_start [bs]: where each request's own keys start (0, or its group's
     prefix length when `prefix` groups are given: their members read the prefix in the group pass)."""
@@ -180,13 +181,13 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     kv_heads = k_buf.shape[1]
     group = heads // kv_heads
     bn, bm, warps = _blocks()
-    bn = block_n or bn
+    bn, warps = block_n or bn, num_warps or warps  # block_n, num_warps, num_stages: tuning (gpu_attn_sweep.py)
     block_d = max(16, next_pow2(d))
     total = num_splits + (num_prefix_splits if prefix is not None else 0)
     part_o = torch.empty((bs, heads, total, block_d), dtype=torch.float32, device=q.device)
     part_l = torch.empty((bs, heads, total), dtype=torch.float32, device=q.device)
     common = dict(D=d, BLOCK_D=block_d, BLOCK_N=bn, HAS_CAP=bool(logit_cap), F32_DOT=dot_in_f32(q.dtype),
-                  num_warps=warps, num_stages=2)
+                  num_warps=warps, num_stages=num_stages)
     strides = (q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
                part_o.stride(0), part_o.stride(1), part_o.stride(2), part_l.stride(0), part_l.stride(1))
     cap = float(logit_cap or 1.0)
