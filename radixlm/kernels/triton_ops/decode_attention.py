@@ -87,50 +87,53 @@ def _decode_partial_kernel(
 @triton.jit
 def _decode_prefix_kernel(
     Q, K_buf, V_buf, Part_O, Part_L,
-    kv_slots, stride_slots, group_prefix, group_count, group_first, member_order,
+    kv_slots, stride_slots, group_prefix, group_count, group_first, member_order, leaders, num_groups,
     sm_scale, logit_cap, num_prefix_splits, split_offset,
     stride_qb, stride_qh, stride_ks, stride_kh, stride_vs, stride_vh,
     stride_pb, stride_ph, stride_ps, stride_lb, stride_lh,
     GROUP: tl.constexpr, GROUP_P2: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_CAP: tl.constexpr, F32_DOT: tl.constexpr,
 ):
-    """Program (g, kv head, split): the group led by request g (none: its prefix length is 0) over
-    its split of the shared prefix, read from the leader's slot row; rows are (member, query head)."""
-    g = tl.program_id(0)
-    kvh = tl.program_id(1)
-    split = tl.program_id(2)
-    plen = tl.load(group_prefix + g).to(tl.int64)
-    count = tl.where(plen > 0, tl.load(group_count + g), 0)
-    first = tl.load(group_first + g)
-    per = tl.cdiv(tl.cdiv(plen, num_prefix_splits), BLOCK_N) * BLOCK_N
-    lo = split * per
-    hi = tl.minimum(lo + per, plen)
+    """Program (kv head, split): each group worth a pass (leaders[:num_groups]) over its split of the
+    shared prefix, read from the leader's slot row; rows are (member, query head). Looping over the
+    groups keeps the grid small: a batch without groups (most) pays programs that exit at once."""
+    kvh = tl.program_id(0)
+    split = tl.program_id(1)
     MEMBERS: tl.constexpr = BLOCK_M // GROUP_P2
     r = tl.arange(0, BLOCK_M)
     member_local = r // GROUP_P2
     head_local = r % GROUP_P2
+    heads = kvh * GROUP + head_local
     offs_d = tl.arange(0, BLOCK_D)
     d_valid = offs_d < D
-    slot_row = kv_slots + g * stride_slots
-    for mb in range(0, count, MEMBERS):
-        idx = mb + member_local
-        row_valid = (idx < count) & (head_local < GROUP)
-        member = tl.load(member_order + first + idx, mask=row_valid, other=0).to(tl.int64)
-        heads = kvh * GROUP + head_local
-        q = tl.load(Q + member[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-                    mask=row_valid[:, None] & d_valid[None, :], other=0.0)
-        m_i = tl.full([BLOCK_M], -1e30, tl.float32)
-        l_i = tl.zeros([BLOCK_M], tl.float32)
-        acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
-        for pos in range(lo, hi, BLOCK_N):
-            offs_n = pos + tl.arange(0, BLOCK_N)
-            n_valid = offs_n < hi
-            slots = tl.load(slot_row + offs_n, mask=n_valid, other=0).to(tl.int64)
-            m_i, l_i, acc = attend_tile(q, K_buf, V_buf, slots, n_valid, n_valid[None, :], kvh, offs_d, d_valid, m_i,
-                                        l_i, acc, sm_scale, logit_cap, stride_ks, stride_kh, stride_vs, stride_vh,
-                                        HAS_CAP, F32_DOT)
-        _store_partial(Part_O, Part_L, member, heads, split_offset + split, row_valid, offs_d, d_valid, m_i, l_i,
-                       acc, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh)
+    n_groups = tl.load(num_groups)
+    for gi in range(0, n_groups):
+        g = tl.load(leaders + gi).to(tl.int64)
+        plen = tl.load(group_prefix + g).to(tl.int64)
+        count = tl.load(group_count + g)
+        first = tl.load(group_first + g)
+        per = tl.cdiv(tl.cdiv(plen, num_prefix_splits), BLOCK_N) * BLOCK_N
+        lo = split * per
+        hi = tl.minimum(lo + per, plen)
+        slot_row = kv_slots + g * stride_slots
+        for mb in range(0, count, MEMBERS):
+            idx = mb + member_local
+            row_valid = (idx < count) & (head_local < GROUP)
+            member = tl.load(member_order + first + idx, mask=row_valid, other=0).to(tl.int64)
+            q = tl.load(Q + member[:, None] * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+                        mask=row_valid[:, None] & d_valid[None, :], other=0.0)
+            m_i = tl.full([BLOCK_M], -1e30, tl.float32)
+            l_i = tl.zeros([BLOCK_M], tl.float32)
+            acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
+            for pos in range(lo, hi, BLOCK_N):
+                offs_n = pos + tl.arange(0, BLOCK_N)
+                n_valid = offs_n < hi
+                slots = tl.load(slot_row + offs_n, mask=n_valid, other=0).to(tl.int64)
+                m_i, l_i, acc = attend_tile(q, K_buf, V_buf, slots, n_valid, n_valid[None, :], kvh, offs_d, d_valid,
+                                            m_i, l_i, acc, sm_scale, logit_cap, stride_ks, stride_kh, stride_vs,
+                                            stride_vh, HAS_CAP, F32_DOT)
+            _store_partial(Part_O, Part_L, member, heads, split_offset + split, row_valid, offs_d, d_valid, m_i,
+                           l_i, acc, stride_pb, stride_ph, stride_ps, stride_lb, stride_lh)
 
 
 @triton.jit
@@ -171,7 +174,7 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
                      sm_scale: float, logit_cap: float = 0.0, window: Optional[int] = None,
                      prefix: Optional[PrefixGroups] = None, num_prefix_splits: int = 1,
                      block_n: Optional[int] = None, num_warps: Optional[int] = None,
-                     num_stages: int = 2) -> torch.Tensor:
+                     num_stages: int = 3) -> torch.Tensor:
     """q [bs, H, D] over each request's keys at kv_slots[b, :seq_lens[b]] of k_buf / v_buf [slots,
     KVH, D] -> out [bs, H, D]. kv_start [bs]: where each request's own keys start (0, or its group's
     prefix length when `prefix` groups are given: their members read the prefix in the group pass)."""
@@ -181,26 +184,30 @@ def decode_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     kv_heads = k_buf.shape[1]
     group = heads // kv_heads
     bn, bm, warps = _blocks()
-    bn, warps = block_n or bn, num_warps or warps  # block_n, num_warps, num_stages: tuning (gpu_attn_sweep.py)
+    # block_n, num_warps, num_stages: tuning (benchmarks/gpu_attn_sweep.py). On an H200 at the 8B shape,
+    # batch 64, 2,048 keys, three stages read the pool at 94% of the copy rate, two at 70%.
+    bn, warps = block_n or bn, num_warps or warps
     block_d = max(16, next_pow2(d))
     total = num_splits + (num_prefix_splits if prefix is not None else 0)
     part_o = torch.empty((bs, heads, total, block_d), dtype=torch.float32, device=q.device)
     part_l = torch.empty((bs, heads, total), dtype=torch.float32, device=q.device)
     common = dict(D=d, BLOCK_D=block_d, BLOCK_N=bn, HAS_CAP=bool(logit_cap), F32_DOT=dot_in_f32(q.dtype),
-                  num_warps=warps, num_stages=num_stages)
+                  num_warps=warps)
     strides = (q.stride(0), q.stride(1), k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
                part_o.stride(0), part_o.stride(1), part_o.stride(2), part_l.stride(0), part_l.stride(1))
     cap = float(logit_cap or 1.0)
     _decode_partial_kernel[(bs, kv_heads, num_splits)](
         q, k_buf, v_buf, part_o, part_l, kv_slots, kv_slots.stride(0), kv_start, seq_lens,
         float(sm_scale), cap, int(window or 0), num_splits, *strides,
-        GROUP=group, BLOCK_H=max(16, next_pow2(group)), HAS_WINDOW=window is not None, **common)
+        GROUP=group, BLOCK_H=max(16, next_pow2(group)), HAS_WINDOW=window is not None, num_stages=num_stages,
+        **common)
     if prefix is not None:
         group_p2 = next_pow2(group)
-        _decode_prefix_kernel[(bs, kv_heads, num_prefix_splits)](
+        _decode_prefix_kernel[(kv_heads, num_prefix_splits)](
             q, k_buf, v_buf, part_o, part_l, kv_slots, kv_slots.stride(0), prefix.group_prefix, prefix.group_count,
-            prefix.group_first, prefix.member_order, float(sm_scale), cap, num_prefix_splits, num_splits, *strides,
-            GROUP=group, GROUP_P2=group_p2, BLOCK_M=max(bm, 16, group_p2), **common)
+            prefix.group_first, prefix.member_order, prefix.leaders, prefix.num_groups, float(sm_scale), cap,
+            num_prefix_splits, num_splits, *strides,
+            GROUP=group, GROUP_P2=group_p2, BLOCK_M=max(bm, 16, group_p2), num_stages=2, **common)
     _decode_merge_kernel[(bs, heads)](
         part_o, part_l, out, kv_start, num_splits, num_prefix_splits,
         part_o.stride(0), part_o.stride(1), part_o.stride(2), part_l.stride(0), part_l.stride(1),

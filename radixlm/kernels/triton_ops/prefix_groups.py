@@ -22,13 +22,17 @@ MIN_SHARED_LEN = 32  # shorter shared prefixes are not worth a second pass (as o
 class PrefixGroups:
     """Per request b as a possible group leader: its group's prefix length (0: b leads no group
     worth a pass), member count, first entry in member_order (the requests ordered by leader); and
-    per request its own keys' start (kv_start: its group's prefix length, else 0)."""
+    per request its own keys' start (kv_start: its group's prefix length, else 0). The leaders of
+    groups worth a pass come first in `leaders` and number `num_groups` (one element): the pass's
+    programs loop over them, so a batch with none costs a grid of programs that exit at once."""
 
     group_prefix: torch.Tensor  # [bs] int64
     group_count: torch.Tensor  # [bs] int64
     group_first: torch.Tensor  # [bs] int64
     member_order: torch.Tensor  # [bs] int64
     kv_start: torch.Tensor  # [bs] int64
+    leaders: torch.Tensor  # [bs] int64: the active groups' leaders first
+    num_groups: torch.Tensor  # [1] int64
 
 
 def find_prefix_groups(kv_slots: torch.Tensor, seq_lens: torch.Tensor,
@@ -49,4 +53,6 @@ def find_prefix_groups(kv_slots: torch.Tensor, seq_lens: torch.Tensor,
     group_prefix = torch.where(active, group_prefix, torch.zeros_like(group_prefix))
     member_order = torch.argsort(leader, stable=True)
     group_first = torch.cumsum(group_count, 0) - group_count
-    return PrefixGroups(group_prefix, group_count, group_first, member_order, group_prefix[leader])
+    leaders = torch.argsort((~active).to(torch.int8), stable=True)
+    return PrefixGroups(group_prefix, group_count, group_first, member_order, group_prefix[leader], leaders,
+                        active.sum().reshape(1))
