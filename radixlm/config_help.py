@@ -33,9 +33,15 @@ HELPS = {
     "decode_attention_backend": "attention backend of decode batches; default: --attention-backend",
     "speculative_algorithm": "draft tokens to verify in one forward: ngram (prompt lookup over the "
     "request's own text), radix (continuations in the radix cache), draft-model (greedy decoding of "
-    "--speculative-draft-model-path); outputs stay those of plain decoding",
+    "--speculative-draft-model-path), eagle / eagle3 (an EAGLE / EAGLE-3 draft head on the target's hidden "
+    "states; SGLang's EAGLE / EAGLE3); outputs stay those of plain decoding",
     "speculative_draft_model_path": "draft-model: the draft model (HF directory or GGUF file), smaller than "
-    "the target, with the same vocabulary",
+    "the target, with the same vocabulary; eagle / eagle3: the draft head's directory (config.json + "
+    "safetensors in EAGLE's published layout; `radixlm train-eagle` writes one)",
+    "speculative_num_steps": "eagle / eagle3: levels of the draft tree, one head forward each (default 5)",
+    "speculative_eagle_topk": "eagle / eagle3: candidates the head proposes per node and step (default 1: a chain)",
+    "speculative_token_map": "eagle: a torch file of token ids (SGLang's FR-Spec token map): the head ranks "
+    "these tokens only, a fraction of the LM head's cost per draft step",
     "speculative_draft_kv_tokens": "draft-model: the draft model's KV pool in tokens (default: the target's "
     "KV capacity)",
     "speculative_num_draft_tokens": "most draft tokens per request and step",

@@ -141,8 +141,8 @@ class Scheduler:
         from radixlm.speculative.factory import create_draft_source
 
         source = create_draft_source(spec, self.tree_cache, self.runner.token_to_kv_pool.size, self.config.runner,
-                                     self.runner.vocab_size)
-        controller = SpecController(source, spec.num_draft_tokens, spec.draft_policy)
+                                     self.runner.vocab_size, self.runner)
+        controller = SpecController(source, spec.max_draft_tokens, spec.draft_policy)
         controller.costs = AgreedStepCosts(controller.costs, self.sync)  # draft lengths alike on every rank
         return SpecDecoding(controller, self.grammar)
 

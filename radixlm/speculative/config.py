@@ -9,7 +9,10 @@ from typing import TYPE_CHECKING, Optional
 if TYPE_CHECKING:
     from radixlm.config import ServerArgs
 
-SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft-model")
+SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft-model", "eagle", "eagle3")
+EAGLE_ALGORITHMS = ("eagle", "eagle3")  # a draft head on the target's hidden states (speculative/eagle.py)
+DEFAULT_NUM_STEPS = 5  # SGLang's EAGLE default depth
+DEFAULT_EAGLE_TOPK = 1  # a chain, verified as any chain is
 DRAFT_POLICIES = ("adaptive", "fixed")
 
 
@@ -25,6 +28,20 @@ class SpeculativeConfig:
     draft_kv_tokens: Optional[int] = None  # draft-model: its KV pool (None: the target's size)
     max_extend_tokens: int = 4096  # draft-model: tokens per catch-up forward (the target's max_prefill_tokens)
     check_invariants: bool = False  # draft-model: check its own pool after every proposal
+    num_steps: int = DEFAULT_NUM_STEPS  # eagle: levels of the draft tree (head forwards per step)
+    eagle_topk: int = DEFAULT_EAGLE_TOPK  # eagle: candidates per node and level
+    token_map: Optional[str] = None  # eagle: the token ids the head ranks (None: the whole vocabulary)
+
+    @property
+    def is_eagle(self) -> bool:
+        return self.algorithm in EAGLE_ALGORITHMS
+
+    @property
+    def max_draft_tokens(self) -> int:
+        """Most draft tokens per request and step: an EAGLE chain is at most num_steps long."""
+        if self.is_eagle and self.eagle_topk == 1:
+            return min(self.num_draft_tokens, self.num_steps)
+        return self.num_draft_tokens
 
     def __post_init__(self):
         def bad(field: str, why: str):
@@ -43,21 +60,58 @@ class SpeculativeConfig:
         if self.algorithm == "draft-model" and not self.draft_model_path:
             raise ValueError("speculative_algorithm draft-model needs speculative_draft_model_path "
                              "(--speculative-draft-model-path: a HF directory or GGUF file with the target's vocabulary)")
-        if self.draft_model_path and self.algorithm != "draft-model":
-            raise ValueError(f"speculative_draft_model_path is used by speculative_algorithm draft-model only, "
-                             f"got speculative_algorithm {self.algorithm!r}")
+        if self.is_eagle and not self.draft_model_path:
+            raise ValueError(f"speculative_algorithm {self.algorithm} needs speculative_draft_model_path "
+                             "(--speculative-draft-model-path: the draft head's directory, config.json + safetensors; "
+                             "`radixlm train-eagle` writes one)")
+        if self.draft_model_path and self.algorithm not in ("draft-model", *EAGLE_ALGORITHMS):
+            raise ValueError(f"speculative_draft_model_path is used by speculative_algorithm draft-model, eagle and "
+                             f"eagle3 only, got speculative_algorithm {self.algorithm!r}")
+        if self.num_steps < 1:
+            bad("num_steps", "must be >= 1")
+        if self.eagle_topk < 1:
+            bad("eagle_topk", "must be >= 1")
+        if self.eagle_topk > 1:
+            bad("eagle_topk", "above 1 needs tree verification, not in this build yet (1: a chain)")
+        if self.token_map is not None and self.algorithm != "eagle":
+            raise ValueError(f"speculative_token_map is used by speculative_algorithm eagle only (an EAGLE-3 head "
+                             f"carries its own vocabulary), got speculative_algorithm {self.algorithm!r}")
         if self.draft_kv_tokens is not None and self.draft_kv_tokens <= 0:
             bad("draft_kv_tokens", "must be positive")
 
     @classmethod
     def from_server_args(cls, args: "ServerArgs") -> Optional["SpeculativeConfig"]:
         """None when speculative decoding is off (no --speculative-algorithm)."""
+        eagle_only = {"speculative_num_steps": args.speculative_num_steps,
+                      "speculative_eagle_topk": args.speculative_eagle_topk,
+                      "speculative_token_map": args.speculative_token_map}
+        if args.speculative_algorithm not in EAGLE_ALGORITHMS:
+            for name, value in eagle_only.items():
+                if value is not None:
+                    raise ValueError(f"{name} is used by speculative_algorithm eagle and eagle3 only, got "
+                                     f"speculative_algorithm {args.speculative_algorithm!r}")
         if args.speculative_algorithm is None:
             if args.speculative_draft_model_path:
-                raise ValueError(f"speculative_draft_model_path is used by speculative_algorithm draft-model only, "
-                                 f"got speculative_algorithm {args.speculative_algorithm!r}")
+                raise ValueError(f"speculative_draft_model_path is used by speculative_algorithm draft-model, eagle "
+                                 f"and eagle3 only, got speculative_algorithm {args.speculative_algorithm!r}")
             return None
+        if args.speculative_algorithm in EAGLE_ALGORITHMS:
+            _check_eagle_args(args)
         return cls(args.speculative_algorithm, args.speculative_num_draft_tokens, args.speculative_draft_policy,
                    args.speculative_ngram_min_match_window_size, args.speculative_ngram_max_match_window_size,
                    args.speculative_suffix_index_tokens, args.speculative_draft_model_path,
-                   args.speculative_draft_kv_tokens, args.max_prefill_tokens, args.enable_invariant_checks)
+                   args.speculative_draft_kv_tokens, args.max_prefill_tokens, args.enable_invariant_checks,
+                   args.speculative_num_steps or DEFAULT_NUM_STEPS, args.speculative_eagle_topk or DEFAULT_EAGLE_TOPK,
+                   args.speculative_token_map)
+
+
+def _check_eagle_args(args: "ServerArgs") -> None:
+    """What an EAGLE head cannot run with yet: it reads the target's whole embedding and LM head and
+    its hidden states in this process, from every forward."""
+    refused = {"tp_size": args.tp_size > 1, "pp_size": args.pp_size > 1,
+               "enable_torch_compile": args.enable_torch_compile, "is_embedding": args.is_embedding}
+    for name, on in refused.items():
+        if on:
+            raise ValueError(f"speculative_algorithm {args.speculative_algorithm} is not supported with {name} "
+                             f"{getattr(args, name)!r} yet (the draft head reads the whole target's hidden states, "
+                             "embedding and LM head in one process, from every forward)")
