@@ -133,14 +133,16 @@ def memory_bandwidth(gib: float = 1.0) -> float:
     return 2 * a.nbytes / (time.perf_counter() - t0)
 
 
-def decode_rate(url: str, batch: int, output_len: int) -> float | None:
+def decode_rate(url: str, batch: int, output_len: int, prompt=None) -> float | None:
+    """prompt(i): request i's prompt (text, or token ids; default a short text)."""
     import requests
+
+    prompt = prompt or (lambda i: f"Request {i}: a story about the number {i}.")
 
     def run(n: int) -> float:
         def one(i: int):
             r = requests.post(url + "/v1/completions", timeout=3600, json={
-                "model": "default", "prompt": f"Request {i}: a story about the number {i}.", "max_tokens": n,
-                "temperature": 0, "ignore_eos": True})
+                "model": "default", "prompt": prompt(i), "max_tokens": n, "temperature": 0, "ignore_eos": True})
             r.raise_for_status()
         t0 = time.perf_counter()
         with ThreadPoolExecutor(batch) as pool:
@@ -152,9 +154,9 @@ def decode_rate(url: str, batch: int, output_len: int) -> float | None:
     return batch * (output_len - 1) / (tn - t1) if tn > t1 else None  # None: too short to tell
 
 
-def measure(name: str, server, batches: list[int], output_len: int) -> dict:
+def measure(name: str, server, batches: list[int], output_len: int, prompt=None) -> dict:
     try:
-        return {b: (lambda r: None if r is None else round(r, 2))(decode_rate(server.url, b, output_len))
+        return {b: (lambda r: None if r is None else round(r, 2))(decode_rate(server.url, b, output_len, prompt))
                 for b in batches}
     finally:
         server.stop()

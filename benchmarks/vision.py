@@ -5,6 +5,9 @@ throughput of 8 concurrent requests sharing one image (the encoder runs once for
     python benchmarks/vision.py --size tiny                 # a 2-layer CLIP at 32 px: a check only
     python benchmarks/vision.py --size llava-1.5            # LLaVA-1.5's CLIP ViT-L/14 at 336 px (576
                                                             # image tokens), SmolLM2-135M's decoder shape
+    python benchmarks/vision.py --size qwen2-vl-tiny        # a 2-layer Qwen2-VL ViT: a check only
+    python benchmarks/vision.py --size qwen2-vl-2b          # Qwen2-VL-2B's ViT at 336x336 (144 image
+                                                            # tokens), SmolLM2-135M's decoder shape, M-RoPE
 
 Random weights (written with transformers, the tokenizer of the default model); the server is a
 real `radixlm serve`. Run it on an otherwise idle machine; the figures go to docs/benchmarks.md.
@@ -28,15 +31,24 @@ if str(ROOT) not in sys.path:
 import requests  # noqa: E402
 
 from radixlm.server.process import ServerProcess  # noqa: E402
-from tests.vision.checkpoints import png_bytes, write_tiny_llava  # noqa: E402
+from tests.vision.checkpoints import png_bytes, write_tiny_llava, write_tiny_qwen2vl  # noqa: E402
 
+SMOLLM2_DECODER = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+                       num_key_value_heads=3, max_position_embeddings=4096)
+# Per size: the checkpoint writer, the side of the square test images (px), the writer's arguments.
 SIZES = {
-    "tiny": dict(image_size=32, patch=8),
-    "llava-1.5": dict(image_size=336, patch=14,
+    "tiny": dict(write=write_tiny_llava, px=52, image_size=32, patch=8),
+    "llava-1.5": dict(write=write_tiny_llava, px=356, image_size=336, patch=14,
                       vision=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
                                   num_attention_heads=16, projection_dim=768),
-                      text=dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                                num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=4096)),
+                      text=SMOLLM2_DECODER),
+    "qwen2-vl-tiny": dict(write=write_tiny_qwen2vl, px=40),
+    # Qwen2-VL-2B's ViT (32 blocks of 1280, patch 14, 2x2 merge) at 336x336 (12x12 = 144 image tokens),
+    # SmolLM2-135M's decoder shape with M-RoPE (mrope_section scaled to its 64-dim heads).
+    "qwen2-vl-2b": dict(write=write_tiny_qwen2vl, px=336, max_pixels=336 * 336,
+                        vision=dict(depth=32, embed_dim=1280, num_heads=16, mlp_ratio=4, patch_size=14),
+                        text=dict(SMOLLM2_DECODER, rope_parameters={
+                            "rope_type": "default", "mrope_section": [8, 12, 12], "rope_theta": 10000.0})),
 }
 
 
@@ -80,11 +92,11 @@ def main() -> None:
     args = ap.parse_args()
     from radixlm.model.loader import default_model_path, load_tokenizer
 
-    size = SIZES[args.size]
-    px = size["image_size"] + 20
+    spec = dict(SIZES[args.size])
+    write, px = spec.pop("write"), spec.pop("px")
     with tempfile.TemporaryDirectory() as tmp:
         load_tokenizer(default_model_path()).save_pretrained(tmp + "/tok")
-        model = write_tiny_llava(tmp + "/model", tmp + "/tok", **size)
+        model = write(tmp + "/model", tmp + "/tok", **spec)
         server = ServerProcess("--model-path", model, *args.server_args.split(), timeout=600)
         try:
             url, res = server.url, {"size": args.size}

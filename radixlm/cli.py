@@ -83,7 +83,7 @@ def cmd_serve(args) -> int:
         from radixlm.engine.node import run_node
 
         run_node(server_args)
-    elif server_args.dp_size > 1:
+    elif server_args.dp_size > 1 and not server_args.enable_dp_attention:  # DP attention: one server
         from radixlm.server.dp import launch_dp
 
         launch_dp(server_args)
@@ -121,6 +121,7 @@ def option_choices() -> dict[str, tuple[str, ...]]:
     from radixlm.model.runner_config import DTYPES, KV_CACHE_DTYPES
     from radixlm.model.sampling_defaults import SAMPLING_DEFAULTS_MODES
     from radixlm.reasoning import REASONING_PARSERS
+    from radixlm.scheduler.dp_dispatch import LOAD_BALANCE_METHODS
     from radixlm.scheduler.policy import POLICIES
     from radixlm.speculative.config import DRAFT_POLICIES, SPECULATIVE_ALGORITHMS
 
@@ -136,6 +137,7 @@ def option_choices() -> dict[str, tuple[str, ...]]:
         "lora_eviction_policy": EVICTION_POLICIES, "lora_backend": LORA_BACKENDS,
         "tool_call_parser": TOOL_CALL_PARSERS,
         "disaggregation_mode": DISAGGREGATION_MODES, "disaggregation_transfer_backend": TRANSFER_BACKENDS,
+        "load_balance_method": LOAD_BALANCE_METHODS,
     }
 
 

@@ -201,7 +201,8 @@ class ServerArgs:
     # Seconds one request's tokenization and chat template may take (on worker threads): then a 504.
     tokenizer_timeout: float = 30.0
     # Data parallelism: `--dp N` runs N servers (each on its share of the cores) behind the
-    # cache-aware router (radixlm/router/) on --host/--port. Every other option is per server.
+    # cache-aware router (radixlm/router/) on --host/--port. Every other option is per server. With
+    # enable_dp_attention it is instead the attention groups of one server (below).
     dp_size: int = 1
 
     # Tensor parallelism and multi-node serving (issue 36; docs/architecture.md, "Tensor parallelism"):
@@ -222,6 +223,10 @@ class ServerArgs:
     # Expert parallelism (issue 38, docs/moe.md): 1 or tp_size; tp_size splits each MoE layer's experts
     # over the tp ranks (each computes its experts for every token, then an all-reduce).
     ep_size: int = 1
+    # DP attention (issue 46, docs/architecture.md "DP attention"): with dp_size N and tp_size N, N ranks
+    # each serving their own requests with their own KV, the MoE layers over all of them (SGLang's flags).
+    enable_dp_attention: bool = False
+    load_balance_method: str = "auto"  # which DP-attention rank a request goes to
     disaggregation_mode: str = "null"  # PD disaggregation (docs/disaggregation.md; help: config_help.py)
     disaggregation_transfer_backend: str = "tcp"
     disaggregation_bootstrap_port: int = 8998
@@ -248,6 +253,8 @@ class ServerArgs:
             raise ValueError(f"schedule_conservativeness must be > 0, got {self.schedule_conservativeness}")
         if self.dp_size < 1:
             raise ValueError(f"dp_size must be >= 1, got {self.dp_size}")
+        if self.dp_size == 1:  # SGLang's rule: DP attention over one rank is no DP attention
+            self.enable_dp_attention = False
         if self.max_request_body_bytes < 1:
             raise ValueError(f"max_request_body_bytes must be >= 1, got {self.max_request_body_bytes}")
         if self.graceful_shutdown_timeout < 0 or self.engine_failure_exit_delay < 0:
@@ -328,6 +335,11 @@ class PortArgs:
             detokenizer_ipc_name=f"ipc://{d}/detokenizer",
             ipc_dir=d,
         )
+
+    @property
+    def dp_reply_ipc_name(self) -> str:
+        """DP attention: ranks > 0 -> rank 0, their answers to control calls (scheduler/dp_io.py)."""
+        return f"ipc://{self.ipc_dir}/dp_replies"
 
     def cleanup(self) -> None:
         if self.ipc_dir:

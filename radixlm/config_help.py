@@ -51,7 +51,13 @@ HELPS = {
     "speculative_suffix_index_tokens": "radix: tokens of recently finished requests' outputs kept to draft "
     "from where a request leaves the radix tree (0: off; about 1 KB of memory a token)",
     "dp_size": "data parallelism: N servers, each on its share of the cores, behind the cache-aware router "
-    "on --host/--port (one endpoint); the other options apply to each server",
+    "on --host/--port (one endpoint); the other options apply to each server. With --enable-dp-attention: "
+    "N attention ranks inside one server instead",
+    "enable_dp_attention": "DP attention for MoE models (DeepSeek-V2/V3, ...): --dp-size N ranks (with --tp-size "
+    "N) each serve their own requests with their own KV cache; the MoE layers gather every rank's tokens "
+    "(--ep-size N: each rank holds 1/N of the experts)",
+    "load_balance_method": "DP attention: which rank a new request goes to: auto or cache_aware (the rank "
+    "that was sent its prefix, else the least loaded), round_robin, total_requests, total_tokens",
     "restart_on_failure": "when the scheduler or detokenizer process dies, start a new engine (in-flight "
     "requests fail with a 503) instead of exiting non-zero",
     "engine_failure_exit_delay": "seconds the server keeps answering 503 after its engine died, before it exits",

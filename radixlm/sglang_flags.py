@@ -131,6 +131,9 @@ VALUE_RULES: dict[str, ValueRule] = {
         ("mooncake", "nixl", "ascend", "mori"), "an RDMA transfer engine radixlm has no client for "
         "(docs/disaggregation.md says how one plugs into its Sender/Receiver interface)",
         "--disaggregation-transfer-backend tcp (ZMQ, any host) or shm (shared memory, one host)"),)),
+    "load_balance_method": ValueRule("--load-balance-method", refused=(RefusedValues(
+        ("follow_bootstrap_room",), "PD disaggregation does not run with DP attention in radixlm",
+        "auto (cache-aware), round_robin, total_requests or total_tokens"),)),
     "grammar_backend": ValueRule("--grammar-backend", refused=(RefusedValues(
         ("outlines", "llguidance"), "radixlm compiles grammars with xgrammar only", "--grammar-backend xgrammar "
         "(the default) or none"),)),
@@ -170,7 +173,14 @@ DIFFERENT: dict[str, str] = {
     "--schedule-policy": "default lpm (SGLang's: fcfs)",
     "--device": "cpu or cuda (xpu, hpu, npu, mps: refused when the engine starts)",
     "--dp-size": "N whole servers behind radixlm's cache-aware router, on this host's cores (SGLang: N scheduler "
-    "processes behind its data-parallel controller)",
+    "processes behind its data-parallel controller); with --enable-dp-attention, as SGLang: N attention ranks of "
+    "one server",
+    "--enable-dp-attention": "MoE models only; --tp-size must equal --dp-size for now (no tensor parallelism "
+    "inside an attention group); the experts are split by --ep-size N, or with --ep-size 1 held whole by every rank "
+    "(SGLang splits each expert's matrices then); dense layers run on each rank's own tokens (SGLang's "
+    "--moe-dense-tp-size 1); chunked prefill and schedule conservativeness are not scaled by dp-size",
+    "--load-balance-method": "auto is radixlm's cache-aware choice (the rank that was sent the prompt's prefix, else "
+    "the least loaded; SGLang's auto is round_robin); follow_bootstrap_room (PD) is not taken",
     "--mem-fraction-static": "on CPU the KV pool gets the RAM available after the weights load less (1 - F) x the "
     "RAM available before (SGLang's formula with RAM for GPU memory), split among this host's tp ranks; "
     "unset: --kv-memory-gb",
@@ -279,14 +289,14 @@ GROUPS: tuple[FlagGroup, ...] = (
              "--disaggregation-decode-polling-interval V", "--enable-pdmux",
              "--pdmux-config-path V", "--sm-group-num V", "--encoder-only", "--language-only",
              "--encoder-transfer-backend V", "--encoder-urls V...", "--enable-adaptive-dispatch-to-encoder"),
-    _refused("context, DP-attention and two-batch-overlap parallelism (and an asynchronous pipeline depth) are "
-             "not in radixlm yet", "--tp-size and --pp-size (ranks on this host or over --nnodes) and --dp-size "
-             "(servers behind the router)", "--pp-async-batch-depth V",
+    _refused("context parallelism, a data-parallel LM head and two-batch overlap (and an asynchronous pipeline "
+             "depth) are not in radixlm yet", "--tp-size and --pp-size (ranks on this host or over --nnodes), --dp-size "
+             "(servers behind the router) and --enable-dp-attention", "--pp-async-batch-depth V",
              "--attention-context-parallel-size/--attn-cp-size V=1", "--moe-data-parallel-size/--moe-dp-size V=1",
-             "--enable-dp-attention", "--enable-dp-lm-head", "--enable-two-batch-overlap",
+             "--enable-dp-lm-head", "--enable-two-batch-overlap",
              "--enable-single-batch-overlap", "--tbo-token-distribution-threshold V",
              "--enable-attn-tp-input-scattered", "--enable-nsa-prefill-context-parallel", "--nsa-prefill-cp-mode V",
-             "--enable-prefill-context-parallel", "--prefill-cp-mode V", "--load-balance-method V=auto"),
+             "--enable-prefill-context-parallel", "--prefill-cp-mode V"),
     _refused("these mixture-of-experts options (all-to-all backends, EPLB, DeepEP, other MoE runners) are not in "
              "radixlm", "--ep-size N (experts split over the tp group, then an all-reduce; docs/moe.md)",
              "--moe-a2a-backend V=none", "--moe-runner-backend V=auto",

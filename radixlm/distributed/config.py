@@ -1,5 +1,6 @@
 """DistConfig: how the ranks of a served model find each other and talk (from ServerArgs' --tp-size,
---pp-size, --pp-layer-partition, --nnodes, --node-rank, --dist-init-addr, --dist-timeout, --tp-allreduce-backend)."""
+--pp-size, --pp-layer-partition, --nnodes, --node-rank, --dist-init-addr, --dist-timeout, --tp-allreduce-backend,
+--ep-size, and --dp-size with --enable-dp-attention)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,12 @@ class DistConfig:
     # Expert parallelism (MoE layers): 1 keeps every expert on every rank; tp_size splits the experts
     # over the tp group (SGLang's --ep-size inside the tp group, --moe-a2a-backend none).
     ep_size: int = 1
+    # DP attention (SGLang's --enable-dp-attention --dp-size N): the tp_size ranks form dp_size
+    # attention groups of tp_size / dp_size ranks, each with its own requests and KV; the MoE layers
+    # span all of them (docs/architecture.md, "DP attention"). Without it dp_size is not a DistConfig
+    # matter (`--dp-size` alone: whole servers behind the router, server/dp.py).
+    dp_size: int = 1
+    enable_dp_attention: bool = False
 
     def __post_init__(self):
         if self.tp_size < 1:
@@ -49,6 +56,8 @@ class DistConfig:
         if self.pp_layer_partition is not None and len(self.pp_layer_partition) != self.pp_size:
             raise ValueError(f"pp_layer_partition {','.join(map(str, self.pp_layer_partition))} must have pp_size "
                              f"{self.pp_size} entries")
+        if self.enable_dp_attention:
+            self._check_dp_attention()
         if self.nnodes > 1 and not self.dist_init_addr:
             raise ValueError("nnodes > 1 needs --dist-init-addr HOST:PORT (rank 0's address, the same on every node)")
         if self.dist_init_addr is not None:
@@ -66,6 +75,20 @@ class DistConfig:
         if self.allreduce_backend == "shm" and self.nnodes > 1:
             raise ValueError("tp_allreduce_backend shm needs every rank on one host (nnodes 1)")
 
+    def _check_dp_attention(self) -> None:
+        if self.dp_size < 2:
+            raise ValueError(f"enable_dp_attention needs dp_size >= 2 (the attention groups), got {self.dp_size}")
+        if self.tp_size % self.dp_size:
+            raise ValueError(f"enable_dp_attention: tp_size {self.tp_size} must be a multiple of dp_size {self.dp_size} "
+                             f"(SGLang's layout: tp_size ranks in all, tp_size / dp_size per attention group; e.g. "
+                             f"--tp-size {self.dp_size} --dp-size {self.dp_size})")
+        if self.tp_size != self.dp_size:
+            raise ValueError(f"enable_dp_attention: tp_size {self.tp_size} with dp_size {self.dp_size} would split each "
+                             "attention group's heads over several ranks, which radixlm does not do yet: use "
+                             f"--tp-size {self.dp_size}")
+        if self.pp_size > 1 or self.nnodes > 1:
+            raise ValueError("enable_dp_attention runs on one host without pipeline stages (pp_size 1, nnodes 1) for now")
+
     @classmethod
     def from_server_args(cls, args: "ServerArgs") -> "DistConfig":
         return cls(tp_size=args.tp_size, pp_size=args.pp_size,
@@ -73,7 +96,8 @@ class DistConfig:
                    nnodes=args.nnodes, node_rank=args.node_rank,
                    dist_init_addr=args.dist_init_addr, timeout=args.dist_timeout,
                    allreduce_backend=args.tp_allreduce_backend, device=args.device,
-                   ep_size=args.ep_size).resolved()
+                   ep_size=args.ep_size, dp_size=args.dp_size if args.enable_dp_attention else 1,
+                   enable_dp_attention=args.enable_dp_attention).resolved()
 
     def resolved(self) -> "DistConfig":
         """auto made concrete: nccl on CUDA; shm when every rank is on this host with a core of its own
@@ -104,6 +128,11 @@ class DistConfig:
     @property
     def world_size(self) -> int:
         return self.tp_size * self.pp_size
+
+    @property
+    def attn_tp_size(self) -> int:
+        """Ranks per attention (tensor-parallel) group: tp_size, or tp_size / dp_size with DP attention."""
+        return self.tp_size // self.dp_size if self.enable_dp_attention else self.tp_size
 
     @property
     def ranks_per_node(self) -> int:

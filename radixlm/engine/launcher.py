@@ -39,7 +39,9 @@ def check_server_args(server_args: ServerArgs) -> "SchedulerConfig":
         get_reasoning_format(server_args.reasoning_parser)  # a ValueError naming the choices
     SessionConfig.from_server_args(server_args)
     dist = DistConfig.from_server_args(server_args)
-    if server_args.dp_size > 1 and (dist.nnodes > 1 or dist.dist_init_addr):
+    if dist.enable_dp_attention:
+        _check_dp_attention(server_args)
+    elif server_args.dp_size > 1 and (dist.nnodes > 1 or dist.dist_init_addr):
         raise ValueError("dp_size > 1 runs each replica's tp group on this host at its own free port: leave "
                          "nnodes at 1 and dist_init_addr unset")
     if dist.enabled and server_args.hicache_storage_backend:
@@ -48,6 +50,18 @@ def check_server_args(server_args: ServerArgs) -> "SchedulerConfig":
     if dist.pp_size > 1:
         _check_pipeline(server_args, dist)
     return SchedulerConfig.from_server_args(server_args)
+
+
+def _check_dp_attention(server_args: ServerArgs) -> None:
+    """What DP attention does not run with yet (each rank's step must launch one forward after the
+    step's exchange: dp_step.py)."""
+    refused = {"speculative_algorithm": server_args.speculative_algorithm,
+               "enable_overlap_schedule": server_args.enable_overlap_schedule,
+               "enable_torch_compile": server_args.enable_torch_compile,
+               "disaggregation_mode": server_args.disaggregation_mode != "null" and server_args.disaggregation_mode}
+    for name, value in refused.items():
+        if value:
+            raise ValueError(f"{name} is not supported with enable_dp_attention yet")
 
 
 def _check_pipeline(server_args: ServerArgs, dist: DistConfig) -> None:
@@ -102,13 +116,21 @@ def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, di
     ranks = [p for p, _ in started]
     procs = [ranks[0], detok, *ranks[1:]]
     try:
-        info = wait_ready(started, [detok])[0]
+        infos = wait_ready(started, [detok])
+        info = infos[0]
     except BaseException:
         stop_processes(procs, port_args)
         raise
     defaults = sampling_defaults.applied(server_args.sampling_defaults, info.get("model_sampling_defaults", {}))
-    return procs, port_args, {**info, "tp_size": dist.tp_size, "pp_size": dist.pp_size, "sampling_defaults": defaults,
-                              "reasoning_parser": server_args.reasoning_parser}
+    return procs, port_args, {**info, **_dp_capacity(infos, dist), "tp_size": dist.tp_size, "pp_size": dist.pp_size,
+                              "sampling_defaults": defaults, "reasoning_parser": server_args.reasoning_parser}
+
+
+def _dp_capacity(infos: list[dict], dist: DistConfig) -> dict:
+    """DP attention: the engine's KV is every rank's pool (each rank's own requests in its own)."""
+    if not dist.enable_dp_attention:
+        return {}
+    return {"dp_size": dist.dp_size, **{k: sum(i[k] for i in infos) for k in ("max_total_num_tokens", "kv_cache_bytes")}}
 
 
 def stop_processes(procs: list, port_args: Optional[PortArgs] = None, grace: float = 5.0) -> None:

@@ -2,14 +2,15 @@
 spans carry pad values (radixlm/mm_inputs.py) and one MultimodalItem per image, in order.
 
 The pixels come from the model's own HF processor (AutoProcessor, e.g. LlavaProcessor with its
-CLIPImageProcessor): the same resizing, normalization and placeholder expansion as transformers.
-Runs on the tokenizer threads.
+CLIPImageProcessor; Qwen2-VL's without its video part): the same resizing, normalization and
+placeholder expansion as transformers. Runs on the tokenizer threads.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Optional
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import numpy as np
 
@@ -19,11 +20,47 @@ from radixlm.mm_inputs import MultimodalInputs, MultimodalItem, content_hash, pa
 logger = logging.getLogger(__name__)
 
 
+def load_hf_processor(model_path: str):
+    """The model's HF processor: AutoProcessor's, except for Qwen2-VL / Qwen2.5-VL, whose processors need
+    their video processor (torchvision): the same processor for images only (_ImageQwen2VLProcessor)."""
+    from transformers import AutoConfig, AutoProcessor
+
+    if AutoConfig.from_pretrained(model_path).model_type not in ("qwen2_vl", "qwen2_5_vl"):
+        return AutoProcessor.from_pretrained(model_path)
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    proc = _image_qwen2vl_processor().from_pretrained(model_path)
+    if not isinstance(proc.image_processor, Qwen2VLImageProcessorPil):  # the fast one may differ in the last bits
+        proc.image_processor = Qwen2VLImageProcessorPil.from_pretrained(model_path)
+    return proc
+
+
+def _image_qwen2vl_processor() -> type:
+    from transformers.models.qwen2_vl.processing_qwen2_vl import Qwen2VLProcessor
+
+    class _ImageQwen2VLProcessor(Qwen2VLProcessor):
+        """Qwen2VLProcessor without its video processor: transformers' text expansion (each
+        <|image_pad|> into its grid's tokens) and image processor, unchanged."""
+
+        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
+            super().__init__(image_processor, tokenizer, chat_template=chat_template, **kwargs)
+
+    return _ImageQwen2VLProcessor
+
+
+@dataclass
+class _Unit:
+    """What the encoder takes at once (an image; an Idefics3 tile) and how many tokens it gives."""
+
+    pixel_values: Any
+    extra: dict
+    length: Optional[int] = None  # None: the placeholder runs split evenly between the units
+    grid: Optional[tuple[int, int, int]] = None  # the decoder's token grid (M-RoPE)
+
+
 class MultimodalProcessor:
     def __init__(self, model_path: str, vocab_size: int, media: MediaConfig):
-        from transformers import AutoProcessor
-
-        self.processor = AutoProcessor.from_pretrained(model_path)
+        self.processor = load_hf_processor(model_path)
         tok = self.processor.tokenizer
         self.image_token: str = self.processor.image_token
         self.image_token_id: int = tok.convert_tokens_to_ids(self.image_token)
@@ -45,45 +82,70 @@ class MultimodalProcessor:
         if marks != len(images):
             raise ValueError(f"{field}: {len(images)} image(s) given but the prompt has {marks} {self.image_token!r} "
                              "placeholder(s); put one where each image goes")
-        out = self.processor(text=text, images=[images] if self.nested else images, return_tensors="pt")
+        try:
+            out = self.processor(text=text, images=[images] if self.nested else images, return_tensors="pt")
+        except ValueError as e:  # e.g. Qwen2-VL's resize: an aspect ratio past 200
+            raise ValueError(f"{field}: the model's image processor refused the image(s): {e}") from None
         ids = out["input_ids"][0].tolist()
-        # Units: what the encoder takes one at a time (an image; Idefics3: each tile of its split and the
-        # whole image), in the order of the placeholder runs; all-zero units are padding (as in HF).
-        pixels = out["pixel_values"]
-        units = pixels.reshape(-1, *pixels.shape[-3:])
-        masks = out.get("pixel_attention_mask")
-        masks = None if masks is None else masks.reshape(-1, *masks.shape[-2:])
-        real = [k for k in range(units.shape[0]) if bool((units[k] != 0).any())]
-        spans = _image_spans(ids, self.image_token_id, len(real))
+        units = self._grid_units(out) if "image_grid_thw" in out else _padded_units(out)
+        spans = _image_spans(ids, self.image_token_id, [u.length for u in units])
         items = []
-        for k, (start, length) in zip(real, spans):
-            pv = units[k].contiguous()
-            extra = {} if masks is None else {"pixel_attention_mask": masks[k].contiguous()}
-            h = content_hash(pv.numpy().tobytes() + b"".join(m.numpy().tobytes() for m in extra.values()))
+        for u, (start, length) in zip(units, spans):
+            h = content_hash(u.pixel_values.numpy().tobytes() + b"".join(t.numpy().tobytes() for t in u.extra.values()))
             ids[start:start + length] = [pad_value(h, self.vocab_size)] * length
-            items.append(MultimodalItem(hash=h, offset=start, length=length, pixel_values=pv, extra=extra))
+            items.append(MultimodalItem(hash=h, offset=start, length=length, pixel_values=u.pixel_values,
+                                        extra=u.extra, grid=u.grid))
         return ids, MultimodalInputs(tuple(items))
 
+    def _grid_units(self, out) -> list[_Unit]:
+        """Qwen2-VL: the images' patches packed in one [patches, dim] tensor, image_grid_thw giving each
+        image's (t, h, w) in patches; merge_size^2 patches make one token."""
+        m = self.processor.image_processor.merge_size
+        units, start = [], 0
+        for grid in out["image_grid_thw"]:
+            t, h, w = (int(x) for x in grid)
+            units.append(_Unit(out["pixel_values"][start:start + t * h * w].contiguous(),
+                               {"image_grid_thw": grid.clone()}, t * h * w // (m * m), (t, h // m, w // m)))
+            start += t * h * w
+        return units
 
-def _image_spans(ids: list[int], token_id: int, n_images: int) -> list[tuple[int, int]]:
-    """(start, length) of each unit's placeholder run; units placed side by side make one run, split
-    evenly (every unit of one request has the same token count: LLaVA's images, Idefics3's tiles)."""
+
+def _padded_units(out) -> list[_Unit]:
+    """LLaVA, Idefics3: pixel values [..., C, H, W], one unit each (Idefics3: each tile of its split and
+    the whole image), in the order of the placeholder runs; all-zero units are padding (as in HF)."""
+    pixels = out["pixel_values"]
+    units = pixels.reshape(-1, *pixels.shape[-3:])
+    masks = out.get("pixel_attention_mask")
+    masks = None if masks is None else masks.reshape(-1, *masks.shape[-2:])
+    return [_Unit(units[k].contiguous(), {} if masks is None else {"pixel_attention_mask": masks[k].contiguous()})
+            for k in range(units.shape[0]) if bool((units[k] != 0).any())]
+
+
+def _image_spans(ids: list[int], token_id: int, lengths: list[Optional[int]]) -> list[tuple[int, int]]:
+    """(start, length) of each unit's placeholder run. Units placed side by side make one run, cut by
+    the units' lengths where known, else evenly (every unit of a request then has the same count:
+    LLaVA's images, Idefics3's tiles)."""
     arr = np.asarray(ids)
     pos = np.flatnonzero(arr == token_id)
-    if len(pos) == 0 or len(pos) % n_images:
-        raise ValueError(f"the processor wrote {len(pos)} image tokens for {n_images} image(s)")
-    per = len(pos) // n_images
+    n_units = len(lengths)
+    if len(pos) == 0 or (None in lengths and len(pos) % n_units) or (None not in lengths and len(pos) != sum(lengths)):
+        raise ValueError(f"the processor wrote {len(pos)} image tokens for {n_units} image(s)")
     runs, start = [], pos[0]
     for a, b in zip(pos[:-1], pos[1:]):
         if b != a + 1:
             runs.append((int(start), int(a - start + 1)))
             start = b
     runs.append((int(start), int(pos[-1] - start + 1)))
+    per = len(pos) // n_units
+    sizes = iter(per if n is None else n for n in lengths)
     spans = []
     for s, n in runs:
-        if n % per:
-            raise ValueError(f"an image placeholder run of {n} tokens does not split into images of {per}")
-        spans += [(s + k * per, per) for k in range(n // per)]
+        while n > 0:
+            k = next(sizes)
+            if k > n:
+                raise ValueError(f"an image placeholder run of {n} tokens does not split into its images")
+            spans.append((s, k))
+            s, n = s + k, n - k
     return spans
 
 

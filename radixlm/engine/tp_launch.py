@@ -52,7 +52,7 @@ def _fixed_hash_seed():
 
 def start_ranks(ctx, config: "SchedulerConfig", dist: DistConfig, port_args: Optional[PortArgs]) -> list[tuple]:
     """Start this node's ranks; [(process, pipe reader)] in rank order. port_args: rank 0's channels
-    (node 0 only)."""
+    (node 0 only), every rank's with DP attention (each sends its own requests' news)."""
     from radixlm.scheduler.scheduler import run_scheduler_process
 
     started = []
@@ -62,7 +62,8 @@ def start_ranks(ctx, config: "SchedulerConfig", dist: DistConfig, port_args: Opt
             heartbeat, loop_heartbeat = new_heartbeat(ctx), new_heartbeat(ctx)
             spec = RankSpec(rank, dist, cpus, heartbeat)
             p = ctx.Process(target=run_scheduler_process,
-                            args=(config, port_args if rank == 0 else None, writer, spec, loop_heartbeat),
+                            args=(config, port_args if rank == 0 or dist.enable_dp_attention else None, writer, spec,
+                                  loop_heartbeat),
                             daemon=True, name=f"scheduler rank {rank}")
             p.heartbeat = heartbeat  # read by watch_processes / stop_processes
             p.loop_heartbeat = loop_heartbeat  # beaten by the rank's scheduler loop (--watchdog-timeout)

@@ -9,6 +9,8 @@ from typing import Iterator, Optional
 
 from radixlm.lang.chat_template import ChatTemplate
 
+QWEN_IMAGE_PAD = "<|image_pad|>"
+
 
 @dataclass
 class Prompt:
@@ -51,8 +53,13 @@ class BaseBackend:
     @property
     def image_token(self) -> str:
         """What image() writes into the text where the image goes: the tokenizer's image token
-        (transformers' multimodal tokenizers name it), else LLaVA's "<image>"."""
-        return getattr(self.tokenizer, "image_token", None) or "<image>"
+        (transformers' multimodal tokenizers name it), else LLaVA's "<image>"; Qwen2-VL's
+        <|image_pad|> between its vision markers, as its chat template (and SGLang's) writes an image."""
+        tok = self.tokenizer
+        token = getattr(tok, "image_token", None)
+        if token is None and tok.convert_tokens_to_ids(QWEN_IMAGE_PAD) not in (None, tok.unk_token_id):
+            token = QWEN_IMAGE_PAD
+        return f"<|vision_start|>{token}<|vision_end|>" if token == QWEN_IMAGE_PAD else token or "<image>"
 
     def generate(self, prompt: Prompt, sampling_params: dict, logprob: Optional[dict] = None) -> dict:
         """-> {"text": completion, "meta_info": {...}}"""

@@ -33,7 +33,7 @@ from radixlm.model.forward_batch import ForwardBatch, ForwardMode
 from radixlm.model.layers.attention.base import AttentionBackend
 from radixlm.model.layers.attention.hybrid import HybridAttnBackend
 from radixlm.model.layers.attention.native import NativeCPUBackend, NativeMetadata
-from radixlm.model.layers.rotary import RotaryEmbedding
+from radixlm.model.layers.rotary import MRotaryEmbedding, RotaryEmbedding
 
 logger = logging.getLogger(__name__)
 
@@ -73,6 +73,8 @@ def why_not_compiled(runner: RunnerView) -> Optional[str]:
         return "tensor parallelism all-reduces inside the layers (not traced)"
     if getattr(getattr(model, "pp", None), "size", 1) > 1:
         return "a pipeline stage hands its activations to the next stage inside the forward (not traced)"
+    if any(isinstance(m, MRotaryEmbedding) for m in model.modules()):
+        return "M-RoPE positions (Qwen2-VL) come from each request's images at every step"
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
     if rotary is not None and type(rotary).cache_rows is not RotaryEmbedding.cache_rows:
         return "longrope picks each request's rotary table from its length (a per-step Python decision)"

@@ -77,6 +77,9 @@ class ForwardBatch:
     # Per request, its images (MultimodalInputs or None; empty: none in the batch): the model embeds the
     # parts of their spans this extend covers (model/mm_embed.py).
     mm_inputs: list = field(default_factory=list)
+    # [3, num_tokens]: M-RoPE positions (temporal, height, width; model/mrope.py) of an M-RoPE model's
+    # step where a request has images; None: none (plain RoPE at `positions`).
+    mrope_positions: Optional[torch.Tensor] = None
 
     @property
     def uses_lora(self) -> bool:

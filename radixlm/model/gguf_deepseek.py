@@ -1,5 +1,6 @@
 """llama.cpp's `deepseek2` GGUF architecture (DeepSeek-V2, V2-Lite, V2.5, V3, R1): its metadata
-as a transformers DeepseekV2Config / DeepseekV3Config, and its tensor names.
+as a transformers DeepseekV2Config / DeepseekV3Config and back (write_deepseek2_metadata: tests and
+benchmarks write such files), and its tensor names.
 
 What the converter (convert_hf_to_gguf.py, DeepseekV2Model) writes and how it is read back:
 - sigmoid gating (`expert_gating_func` 2) with `exp_probs_b` is V3's router, softmax (1) V2's;
@@ -90,3 +91,37 @@ def deepseek2_config(reader, kw: dict) -> tuple[str, str, dict]:
         return "DeepseekV3ForCausalLM", "DeepseekV3Config", out
     return "DeepseekV2ForCausalLM", "DeepseekV2Config", out
 
+
+
+def write_deepseek2_metadata(writer, cfg: Any) -> None:
+    """The deepseek2 keys of a DeepseekV2Config / DeepseekV3Config (or anything with its fields) on
+    a gguf.GGUFWriter, as convert_hf_to_gguf.py writes them (MLA's MQA-ized key/value lengths, head
+    dims in the *_mla keys), so that radixlm and llama.cpp read the file alike. q_lora_rank is
+    written 0 when there is none: llama.cpp takes its absence for V2-Lite only by the layer count."""
+    a = "deepseek2"
+    v3 = cfg.architectures[0] == "DeepseekV3ForCausalLM"
+    rope = cfg.qk_rope_head_dim
+    for key, value in [("context_length", cfg.max_position_embeddings), ("embedding_length", cfg.hidden_size),
+                       ("feed_forward_length", cfg.intermediate_size), ("block_count", cfg.num_hidden_layers),
+                       ("attention.head_count", cfg.num_attention_heads), ("attention.head_count_kv", 1),
+                       ("rope.dimension_count", rope), ("vocab_size", cfg.vocab_size),
+                       ("leading_dense_block_count", cfg.first_k_dense_replace),
+                       ("attention.q_lora_rank", cfg.q_lora_rank or 0), ("attention.kv_lora_rank", cfg.kv_lora_rank),
+                       ("attention.key_length", cfg.kv_lora_rank + rope), ("attention.value_length", cfg.kv_lora_rank),
+                       ("attention.key_length_mla", cfg.qk_nope_head_dim + rope),
+                       ("attention.value_length_mla", cfg.v_head_dim),
+                       ("expert_feed_forward_length", cfg.moe_intermediate_size), ("expert_count", cfg.n_routed_experts),
+                       ("expert_used_count", cfg.num_experts_per_tok), ("expert_shared_count", cfg.n_shared_experts),
+                       ("expert_gating_func", SIGMOID_GATING if v3 else 1), ("expert_group_count", cfg.n_group or 1),
+                       ("expert_group_used_count", cfg.topk_group or 1)]:
+        writer.add_uint32(f"{a}.{key}", value)
+    writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
+    rp = cfg.rope_parameters
+    writer.add_float32(f"{a}.rope.freq_base", rp["rope_theta"])
+    writer.add_float32(f"{a}.expert_weights_scale", cfg.routed_scaling_factor)
+    writer.add_bool(f"{a}.expert_weights_norm", bool(cfg.norm_topk_prob))
+    if rp["rope_type"] == "yarn":
+        writer.add_string(f"{a}.rope.scaling.type", "yarn")
+        writer.add_float32(f"{a}.rope.scaling.factor", rp["factor"])
+        writer.add_uint32(f"{a}.rope.scaling.original_context_length", rp["original_max_position_embeddings"])
+        writer.add_float32(f"{a}.rope.scaling.yarn_log_multiplier", 0.1 * rp["mscale_all_dim"])

@@ -12,17 +12,20 @@ from radixlm.model.kv_layout import KVLayout
 
 
 def parameter_counts(model: nn.Module) -> tuple[int, int]:
-    """(total, active per token): a MoE layer's routed experts count top_k / num_experts toward
-    the active parameters (modules with `routing.top_k` and `experts.num_experts`)."""
-    total = sum(p.numel() for p in model.parameters())
+    """(total, active per token) of the whole model: a MoE layer's routed experts count top_k /
+    num_experts toward the active parameters (modules with `routing.top_k` and `experts.num_experts`;
+    a rank holding `experts.num_local` of them under --ep-size counts them all)."""
+    total = float(sum(p.numel() for p in model.parameters()))
     inactive = 0.0
     for m in model.modules():
         routing, experts = getattr(m, "routing", None), getattr(m, "experts", None)
         if routing is None or experts is None or not hasattr(experts, "num_experts"):
             continue
-        n = sum(p.numel() for p in experts.parameters())
+        held = sum(p.numel() for p in experts.parameters())
+        n = held * experts.num_experts / getattr(experts, "num_local", experts.num_experts)
+        total += n - held
         inactive += n * (1 - routing.top_k / experts.num_experts)
-    return total, int(total - inactive)
+    return int(total), int(total - inactive)
 
 
 def _count(n: int) -> str:

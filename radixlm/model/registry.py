@@ -18,6 +18,7 @@ from radixlm.model.models.idefics3 import Idefics3ForConditionalGeneration
 from radixlm.model.models.llava import LlavaForConditionalGeneration
 from radixlm.model.models.phi3 import Phi3ForCausalLM
 from radixlm.model.models.qwen2 import Qwen2ForCausalLM
+from radixlm.model.models.qwen2_vl import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
 from radixlm.model.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
@@ -38,6 +39,8 @@ MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     # Vision-language (images in; docs/vision.md).
     "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
     "Idefics3ForConditionalGeneration": Idefics3ForConditionalGeneration,
+    "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
+    "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
     # Base-model checkpoints (no lm_head): embedding models, served with --is-embedding.
     "LlamaModel": LlamaForCausalLM,
     "Qwen2Model": Qwen2ForCausalLM,

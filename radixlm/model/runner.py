@@ -22,7 +22,9 @@ from radixlm.model.layers.attention import (
     create_attention_backend,
     resolve_attention_backends,
 )
+from radixlm.model.layers.rotary import MRotaryEmbedding
 from radixlm.model.layers.sampler import Sampler, SamplingBatchInfo
+from radixlm.model.mrope import mrope_positions
 from radixlm.model.pooler import Pooler, read_pooling_type
 from radixlm.model import model_summary, pp_micro
 from radixlm.model.pp_stage import pp_stage
@@ -69,6 +71,8 @@ class ModelRunner:
         cfg = self.loaded.hf_config
         self.hf_config = cfg
         self.modalities = tuple(getattr(self.model, "modalities", ("text",)))  # a vision model's: text, image
+        # Qwen2-VL: three positions per token where images are (model/mrope.py), built per step.
+        self.uses_mrope = any(isinstance(m, MRotaryEmbedding) for m in self.model.modules())
         if hasattr(self.model, "encoder_cache"):  # its LRU of encoder outputs (model/mm_embed.py)
             self.model.encoder_cache.max_bytes = config.mm_cache_size_mb * 2**20
         self.vocab_size = cfg.vocab_size
@@ -180,6 +184,7 @@ class ModelRunner:
             attn_backend=self.attn_backend,
             lora_ids=b.lora_ids,
             mm_inputs=b.mm_inputs,
+            mrope_positions=mrope_positions(b, self.device) if self.uses_mrope else None,
         )
         if b.sampling:
             fb.sampling_info = SamplingBatchInfo.build(b.sampling, self.vocab_size, self.device)

@@ -12,6 +12,7 @@ from radixlm.config import ServerArgs
 from radixlm.constrained import GRAMMAR_BACKENDS
 from radixlm.disaggregation.config import DisaggregationConfig
 from radixlm.model.runner_config import ModelRunnerConfig
+from radixlm.scheduler.dp_dispatch import LOAD_BALANCE_METHODS
 from radixlm.scheduler.policy import POLICIES
 from radixlm.speculative.config import SpeculativeConfig
 
@@ -39,6 +40,7 @@ class SchedulerConfig:
     random_seed: int = 42
     log_level: str = "info"
     disaggregation: DisaggregationConfig = DisaggregationConfig()  # PD: this server's role (default: both)
+    load_balance_method: str = "auto"  # DP attention: which rank a request goes to (dp_dispatch.py)
 
     def __post_init__(self):
         if self.schedule_policy not in POLICIES:
@@ -46,6 +48,9 @@ class SchedulerConfig:
         if self.grammar_backend not in GRAMMAR_BACKENDS:
             raise ValueError(f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)}, "
                              f"got {self.grammar_backend!r}")
+        if self.load_balance_method not in LOAD_BALANCE_METHODS:
+            raise ValueError(f"load_balance_method must be one of {', '.join(LOAD_BALANCE_METHODS)}, "
+                             f"got {self.load_balance_method!r}")
         if self.chunk_size is not None and self.chunk_size <= 0:
             raise ValueError("chunked_prefill_size must be positive or -1 (off)")
         for name in ("max_prefill_tokens", "stream_interval", "decode_log_interval"):
@@ -68,6 +73,8 @@ class SchedulerConfig:
                                            (runner.device != "cpu" and not args.disable_overlap_schedule))
         disaggregation = DisaggregationConfig.from_server_args(args)
         overlap = overlap and not disaggregation.enabled  # the PD modes hand KV over between whole steps
+        # DP attention: every rank's forward of a step is launched after the step's exchange (dp_step.py).
+        overlap = overlap and not args.enable_dp_attention
         return cls(
             runner=runner,
             hicache=HiCacheConfig.from_server_args(args),
@@ -91,4 +98,5 @@ class SchedulerConfig:
             random_seed=args.random_seed,
             log_level=args.log_level,
             disaggregation=disaggregation,
+            load_balance_method=args.load_balance_method,
         )

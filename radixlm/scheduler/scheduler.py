@@ -43,6 +43,7 @@ from radixlm.scheduler.cache_manager import CacheManager
 from radixlm.scheduler.config import SchedulerConfig
 from radixlm.scheduler.dashboard_probe import DashboardProbe
 from radixlm.scheduler.decode_manager import DecodeManager
+from radixlm.scheduler.dp_step import NoDPAttention
 from radixlm.scheduler.executor import InlineExecutor, OverlapExecutor
 from radixlm.scheduler.grammar_manager import GrammarManager
 from radixlm.scheduler.intake import RequestIntake
@@ -80,11 +81,14 @@ _CONTROL_REPLIES = {FlushCacheReq: FlushCacheReqOutput, GetInternalStateReq: Get
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, io: BaseSchedulerIO, sync: NoStepSync = NoStepSync()):
-        """sync: how the ranks of a tensor-parallel group agree (tp_sync.py); NoStepSync alone."""
+    def __init__(self, config: SchedulerConfig, io: BaseSchedulerIO, sync: NoStepSync = NoStepSync(),
+                 dp: NoDPAttention = NoDPAttention()):
+        """sync: how the ranks of a tensor-parallel group agree (tp_sync.py); dp: how DP-attention
+        ranks keep their steps together (dp_step.py); the no-op twins alone."""
         self.config = config
         self.io = io
         self.sync = sync
+        self.dp = dp
         self.runner = runner = ModelRunner(config.runner)
         self.context_len = runner.context_len
         eos = frozenset(runner.loaded.eos_token_ids)
@@ -125,13 +129,15 @@ class Scheduler:
         self.profiler = Profiler(stats, runner.device.type)  # /start_profile, /stop_profile
         self.dashboard = DashboardProbe(self.tree_cache, self.internal_state)  # /dashboard/stream, on request only
         # Pause / continue, weight updates, memory release (SGLang's RL calls; weight_control.py).
-        self.control = WeightControl(runner, cm, queues, self.intake, io, sync, stats, config.hicache,
-                                     self.decode.finish_aborted, self._process_in_flight, self.is_idle)
+        self.control = WeightControl(runner, cm, queues, self.intake, io, dp.control_sync(sync), stats,
+                                     config.hicache, self.decode.finish_aborted, self._process_in_flight,
+                                     lambda: self.is_idle() and dp.all_idle())
         # PD disaggregation (pd_mode.py): NoDisaggregation unless --disaggregation-mode prefill|decode.
         self.pd = create_pd_mode(config.disaggregation, PDContext(queues, cm, self.finisher, self.outputs, self.tokenizer,
                                                                   self.context_len, runner.max_running_requests),
                                  runner.token_to_kv_pool)
         self.intake.ready_status = self.pd.ready_status
+        dp.attach(runner.model, self._dp_state, runner.max_total_num_tokens)
 
     def _make_speculation(self) -> NoSpeculation:
         spec = self.config.speculative
@@ -161,12 +167,20 @@ class Scheduler:
             beat(heartbeat)
 
     def io_wait(self) -> list:
+        return self.io.recv_requests(self.poll_timeout())
+
+    def poll_timeout(self) -> int:
+        """How long the next wait for messages may last (ms)."""
         q = self.queues
         # Held (paused, memory released): waiting requests are no work until a message changes that.
         busy = (q.has_work() and not self.control.holds_generation()) or self.executor.in_flight()
         pending = q.grammar_pending or q.prefetching or self.pd.pending()
-        timeout = 0 if busy else (PENDING_POLL_MS if pending else IDLE_POLL_MS)
-        return self.io.recv_requests(timeout)
+        return 0 if busy else (PENDING_POLL_MS if pending else IDLE_POLL_MS)
+
+    def _dp_state(self) -> tuple[int, int, int]:
+        """DP attention's step exchange: (poll timeout, requests held, their tokens)."""
+        reqs = list(self.queues)
+        return self.poll_timeout(), len(reqs), sum(r.seqlen for r in reqs)
 
     def step(self) -> None:
         """One iteration: requests whose compile or reads completed move on, one batch runs (with
@@ -178,8 +192,10 @@ class Scheduler:
             self.step_behind(prev)
         else:
             batch = self.next_batch()
+            self.dp.join(batch is not None)  # DP attention: a rank without a batch joins the others' forward
             if batch:
                 launched = self.executor.launch(batch)
+                self.dp.check(launched)
                 if not self.executor.keep_in_flight(launched):
                     self.results.process(launched)
         self.outputs.flush()
@@ -305,6 +321,7 @@ class Scheduler:
             **self.dashboard.info(),
             **self.runner.mm_info(),  # a vision model: encoder runs, images encoded, encoder-cache hits
             **self.pd.info(),  # --disaggregation-mode: transfers, bytes, checksums
+            **self.dp.info(),  # --enable-dp-attention: this rank, its idle forwards, rank 0's dispatch
         }
 
     def _model_key(self, stored_dtype) -> str:
@@ -344,6 +361,9 @@ def run_scheduler_process(config: SchedulerConfig, port_args: Optional[PortArgs]
 
     def finish_stores(*_):  # KV queued for storage is what the next start serves from
         scheduler.tree_cache.wait_writes(timeout=4.0)
+        if rank is not None:  # no interpreter teardown: the process group's threads would abort it
+            logging.shutdown()
+            os._exit(0)
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, finish_stores)

@@ -1,5 +1,5 @@
-"""A scheduler rank of a tensor-parallel group or a pipeline stage: the process setup before its Scheduler
-exists."""
+"""A scheduler rank of a tensor-parallel group, a pipeline stage or DP attention: the process setup
+before its Scheduler exists."""
 
 from __future__ import annotations
 
@@ -11,10 +11,14 @@ from typing import Optional
 from radixlm.config import PortArgs
 from radixlm.distributed.parallel_state import init_parallel_state
 from radixlm.distributed.rank import RankSpec, pin_cpus, start_heartbeat
+from radixlm.distributed.communicator import Communicator
 from radixlm.scheduler.config import SchedulerConfig
-from radixlm.scheduler.io import SchedulerIO
+from radixlm.scheduler.dp_dispatch import DPDispatcher, DPView
+from radixlm.scheduler.dp_io import DPSchedulerIO
+from radixlm.scheduler.dp_step import DPAttentionStep, NoDPAttention
+from radixlm.scheduler.io import BaseSchedulerIO, SchedulerIO
 from radixlm.scheduler.tp_io import TPSchedulerIO
-from radixlm.scheduler.tp_sync import TPStepSync
+from radixlm.scheduler.tp_sync import NoStepSync, TPStepSync
 
 logger = logging.getLogger(__name__)
 
@@ -27,16 +31,28 @@ def rank_threads(config: SchedulerConfig, spec: RankSpec, cpus: Optional[list[in
 
 
 def join_tp_group(config: SchedulerConfig, port_args: Optional[PortArgs],
-                  spec: RankSpec) -> tuple[SchedulerConfig, TPSchedulerIO, TPStepSync]:
+                  spec: RankSpec) -> tuple[SchedulerConfig, BaseSchedulerIO, NoStepSync, NoDPAttention]:
     """Beat, pin, join the world; -> what this rank's Scheduler is built from (its config with the
-    rank's threads, its channels, its sync). The model built next is this rank's shard."""
+    rank's threads, its channels, its sync, its DP-attention step). The model built next is this
+    rank's shard."""
     start_heartbeat(spec.heartbeat)
     cpus = pin_cpus(spec.cpus)
     threads = rank_threads(config, spec, cpus)
     config = dataclasses.replace(config, runner=dataclasses.replace(config.runner, num_threads=threads))
     state = init_parallel_state(spec.dist, spec.rank)
     logger.info("rank %d of %d: cores %s, %d thread(s)", spec.rank, spec.dist.world_size, cpus or "unpinned", threads)
-    # Every rank (each stage of a pipeline too) runs the same Scheduler on the messages rank 0 got.
     comm = state.scheduler_comm
+    if spec.dist.enable_dp_attention:
+        return (config, *_dp_attention(comm, port_args, config))
+    # Every rank (each stage of a pipeline too) runs the same Scheduler on the messages rank 0 got.
     io = TPSchedulerIO(comm, SchedulerIO(port_args) if state.world_rank == 0 else None)
-    return config, io, TPStepSync(comm)
+    return config, io, TPStepSync(comm), NoDPAttention()
+
+
+def _dp_attention(comm: Communicator, port_args: PortArgs,
+                  config: SchedulerConfig) -> tuple[DPSchedulerIO, NoStepSync, DPAttentionStep]:
+    """DP attention: each rank schedules its own requests (a sync of its own: nothing to agree on
+    beyond the step exchange), rank 0 dispatching them."""
+    view = DPView(comm.world_size)
+    dispatcher = DPDispatcher(view, config.load_balance_method) if comm.rank == 0 else None
+    return DPSchedulerIO(comm, port_args, view, dispatcher), NoStepSync(), DPAttentionStep(comm, view, dispatcher)

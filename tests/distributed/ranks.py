@@ -33,11 +33,13 @@ def _rank_main(fn, rank: int, dist: DistConfig, args: tuple, out) -> None:
         out.put((rank, "error", traceback.format_exc()))
 
 
-def run_ranks(fn, tp: int, *args, backend: str = "gloo", timeout: float = 300.0, ep: int = 1) -> list:
-    """[fn's result on rank 0, rank 1, ...]; ep: expert parallelism (1 or tp)."""
+def run_ranks(fn, tp: int, *args, backend: str = "gloo", timeout: float = 300.0, ep: int = 1,
+              dp_attention: bool = False) -> list:
+    """[fn's result on rank 0, rank 1, ...]; ep: expert parallelism (1 or tp); dp_attention: the tp
+    ranks are DP-attention ranks (dp_size tp, attention groups of one)."""
     ctx = mp.get_context("spawn")
     dist = DistConfig(tp_size=tp, dist_init_addr=f"127.0.0.1:{_free_port()}", allreduce_backend=backend, timeout=60,
-                      ep_size=ep)
+                      ep_size=ep, dp_size=tp if dp_attention else 1, enable_dp_attention=dp_attention)
     out = ctx.Queue()
     procs = [ctx.Process(target=_rank_main, args=(fn, r, dist, args, out), daemon=True) for r in range(tp)]
     for p in procs:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from radixlm.model.gguf_deepseek import write_deepseek2_metadata
 from radixlm.model.loader import load_model
 from tests.model.deepseek_refs import MLAHarness, make_hf
 from tests.model.helpers import hf_logits
@@ -54,36 +55,8 @@ def _hf_state(hf) -> dict[str, np.ndarray]:
 def write_deepseek2_gguf(path: str, hf, cfg, split_kv_b: bool, qtype=None) -> None:
     import gguf
 
-    v3 = cfg.architectures[0] == "DeepseekV3ForCausalLM"
     w = gguf.GGUFWriter(path, "deepseek2")
-    a = "deepseek2"
-    rope = cfg.qk_rope_head_dim
-    for key, value in [("context_length", cfg.max_position_embeddings), ("embedding_length", cfg.hidden_size),
-                       ("feed_forward_length", cfg.intermediate_size), ("block_count", cfg.num_hidden_layers),
-                       ("attention.head_count", cfg.num_attention_heads), ("attention.head_count_kv", 1),
-                       ("rope.dimension_count", rope), ("vocab_size", cfg.vocab_size),
-                       ("leading_dense_block_count", cfg.first_k_dense_replace),
-                       ("attention.kv_lora_rank", cfg.kv_lora_rank),
-                       ("attention.key_length", cfg.kv_lora_rank + rope), ("attention.value_length", cfg.kv_lora_rank),
-                       ("attention.key_length_mla", cfg.qk_nope_head_dim + rope),
-                       ("attention.value_length_mla", cfg.v_head_dim),
-                       ("expert_feed_forward_length", cfg.moe_intermediate_size), ("expert_count", cfg.n_routed_experts),
-                       ("expert_used_count", cfg.num_experts_per_tok), ("expert_shared_count", cfg.n_shared_experts),
-                       ("expert_gating_func", 2 if v3 else 1), ("expert_group_count", cfg.n_group),
-                       ("expert_group_used_count", cfg.topk_group)]:
-        w.add_uint32(f"{a}.{key}", value)
-    if cfg.q_lora_rank:
-        w.add_uint32(f"{a}.attention.q_lora_rank", cfg.q_lora_rank)
-    w.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
-    w.add_float32(f"{a}.rope.freq_base", cfg.rope_parameters["rope_theta"])
-    w.add_float32(f"{a}.expert_weights_scale", cfg.routed_scaling_factor)
-    w.add_bool(f"{a}.expert_weights_norm", bool(cfg.norm_topk_prob))
-    rp = cfg.rope_parameters
-    if rp["rope_type"] == "yarn":
-        w.add_string(f"{a}.rope.scaling.type", "yarn")
-        w.add_float32(f"{a}.rope.scaling.factor", rp["factor"])
-        w.add_uint32(f"{a}.rope.scaling.original_context_length", rp["original_max_position_embeddings"])
-        w.add_float32(f"{a}.rope.scaling.yarn_log_multiplier", 0.1 * rp["mscale_all_dim"])
+    write_deepseek2_metadata(w, cfg)
 
     def add(name, arr):
         if qtype is not None and arr.ndim >= 2 and arr.shape[-1] % 32 == 0 and "token_embd" not in name:

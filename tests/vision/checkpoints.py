@@ -92,3 +92,61 @@ def write_tiny_idefics3(path: str, base_tokenizer_path: str) -> str:
                                    do_image_splitting=True)
     Idefics3Processor(image_processor=ip, tokenizer=tok, image_seq_len=4).save_pretrained(path)
     return path
+
+
+QWEN_TOKENS = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+QWEN_PATCH, QWEN_MERGE = 4, 2  # 8 px per decoder token: a 40x36 image is a 5x4 grid (20 tokens)
+QWEN_CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{% if m['content'] is string %}{{ m['content'] }}"
+    "{% else %}{% for c in m['content'] %}{% if c['type'] == 'image' %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% else %}{{ c['text'] }}{% endif %}{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def write_tiny_qwen2vl(path: str, base_tokenizer_path: str, v2_5: bool = False, vision: Optional[dict] = None,
+                       text: Optional[dict] = None, max_pixels: int = 64 * 64) -> str:
+    """A tiny random Qwen2-VL (v2_5: Qwen2.5-VL, window attention in the ViT) as its checkpoints come:
+    config + safetensors, preprocessor_config.json (Qwen2VLImageProcessor: patch 4, merge 2, images
+    resized to 8 px multiples between 16x16 and max_pixels), the tokenizer with Qwen's vision tokens and
+    chat_template.json. A 2-layer ViT, a 2-layer Qwen2 decoder with M-RoPE (mrope_section 2, 3, 3).
+    vision / text: config fields over the tiny ones (benchmarks/vision.py writes a Qwen2-VL-2B ViT)."""
+    import json
+
+    from transformers import AutoTokenizer
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    tok = AutoTokenizer.from_pretrained(base_tokenizer_path)
+    tok.add_special_tokens({"additional_special_tokens": QWEN_TOKENS})
+    ids = {t: tok.convert_tokens_to_ids(t) for t in QWEN_TOKENS}
+    text = {**dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=1,
+                   eos_token_id=2, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3],
+                                                    "rope_theta": 10000.0}), **(text or {})}
+    patch = (vision or {}).get("patch_size", QWEN_PATCH)
+    base = dict(depth=2, num_heads=4, patch_size=patch, spatial_merge_size=QWEN_MERGE, temporal_patch_size=2)
+    if v2_5:
+        from transformers import Qwen2_5_VLConfig as Config, Qwen2_5_VLForConditionalGeneration as Model
+
+        vision = {**base, **dict(hidden_size=32, intermediate_size=64, out_hidden_size=text["hidden_size"],
+                                 window_size=2 * patch * QWEN_MERGE, fullatt_block_indexes=[1]), **(vision or {})}
+    else:
+        from transformers import Qwen2VLConfig as Config, Qwen2VLForConditionalGeneration as Model
+
+        vision = {**base, **dict(embed_dim=32, hidden_size=text["hidden_size"], mlp_ratio=2), **(vision or {})}
+    cfg = Config(text_config=text, vision_config=vision, image_token_id=ids["<|image_pad|>"],
+                 video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+                 vision_end_token_id=ids["<|vision_end|>"], tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = Model(cfg).eval()
+    with torch.no_grad():  # peaked logits: greedy choices far from ties
+        for name, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.normal_(0.0, 0.2 if "visual" in name else 0.25)
+    model.save_pretrained(path)
+    ip = Qwen2VLImageProcessorPil(patch_size=patch, merge_size=QWEN_MERGE, temporal_patch_size=2,
+                                  min_pixels=16 * 16, max_pixels=max_pixels)
+    ip.save_pretrained(path)
+    tok.save_pretrained(path)
+    with open(f"{path}/chat_template.json", "w") as f:
+        json.dump({"chat_template": QWEN_CHAT_TEMPLATE}, f)
+    return path

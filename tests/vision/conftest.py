@@ -3,7 +3,7 @@ import base64
 import pytest
 import torch
 
-from tests.vision.checkpoints import png_bytes, write_tiny_llava
+from tests.vision.checkpoints import png_bytes, write_tiny_llava, write_tiny_qwen2vl
 
 
 @pytest.fixture(scope="session")
@@ -13,6 +13,35 @@ def tiny_llava_dir(tmp_path_factory, default_model_path):
     tok_dir = tmp_path_factory.mktemp("smollm2-tokenizer")
     load_tokenizer(default_model_path).save_pretrained(tok_dir)
     return write_tiny_llava(str(tmp_path_factory.mktemp("tiny-llava")), str(tok_dir))
+
+
+@pytest.fixture(scope="session")
+def tokenizer_dir(tmp_path_factory, default_model_path) -> str:
+    """SmolLM2's tokenizer as a HF directory (the tiny checkpoints add their image tokens to it)."""
+    from radixlm.model.loader import load_tokenizer
+
+    path = tmp_path_factory.mktemp("smollm2-tok")
+    load_tokenizer(default_model_path).save_pretrained(path)
+    return str(path)
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2vl_dir(tmp_path_factory, tokenizer_dir):
+    return write_tiny_qwen2vl(str(tmp_path_factory.mktemp("tiny-qwen2vl")), tokenizer_dir)
+
+
+def load_hf_qwen(path: str, cls_name: str):
+    """transformers' model and Qwen2VLProcessor's own code (without its video processor, as the server)."""
+    import transformers
+
+    from radixlm.engine.mm_processor import load_hf_processor
+
+    return getattr(transformers, cls_name).from_pretrained(path, dtype=torch.float32).eval(), load_hf_processor(path)
+
+
+@pytest.fixture(scope="session")
+def hf_qwen2vl(tiny_qwen2vl_dir):
+    return load_hf_qwen(tiny_qwen2vl_dir, "Qwen2VLForConditionalGeneration")
 
 
 @pytest.fixture(scope="session")

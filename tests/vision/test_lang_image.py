@@ -20,10 +20,10 @@ def backend(tiny_llava_dir):
     be.shutdown()
 
 
-def hf_text(hf_llava, text, seed):
+def hf_text(hf, text, seed):
     from PIL import Image
 
-    model, proc = hf_llava
+    model, proc = hf
     inputs = proc(text=text, images=[Image.open(io.BytesIO(png_bytes(seed))).convert("RGB")], return_tensors="pt")
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=N, do_sample=False, eos_token_id=None, pad_token_id=0)
@@ -60,3 +60,18 @@ def test_fork_branches_keep_the_image(backend, hf_llava, tmp_path):
     base = "user: <image> what is this?\nassistant:"
     assert a == hf_text(hf_llava, base + " It is", 3)
     assert b == hf_text(hf_llava, base + " I see", 3)
+
+
+def test_qwen2vl_program_writes_the_vision_markers(tiny_qwen2vl_dir, hf_qwen2vl, tmp_path):
+    """For Qwen2-VL, image() writes <|vision_start|><|image_pad|><|vision_end|> (its chat template's
+    image) and the answer is HF's for that text."""
+    path = tmp_path / "img.png"
+    path.write_bytes(png_bytes(4))
+    be = sgl.EngineBackend(tiny_qwen2vl_dir, **engine_args())
+    try:
+        assert be.image_token == "<|vision_start|><|image_pad|><|vision_end|>"
+        state = describe.run(path=str(path), backend=be)
+    finally:
+        be.shutdown()
+    text = f"user: {be.image_token} what is this?\nassistant:"
+    assert state["answer"] == hf_text(hf_qwen2vl, text, 4)

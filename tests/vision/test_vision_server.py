@@ -43,11 +43,16 @@ def image_host():
     srv.shutdown()
 
 
+def vision_server(model_dir: str) -> ServerProcess:
+    """Chunks of 8 tokens (image spans cut), images from 127.0.0.1 only, at most 1 MB, 1 s to fetch."""
+    return ServerProcess("--model-path", model_dir, "--kv-memory-gb", "0.05", "--num-threads", "1",
+                         "--enable-invariant-checks", "--chunked-prefill-size", "8", "--allowed-media-domains",
+                         "127.0.0.1", "--media-url-max-file-size-mb", "1", "--media-url-timeout", "1")
+
+
 @pytest.fixture(scope="module")
 def server(tiny_llava_dir):
-    s = ServerProcess("--model-path", tiny_llava_dir, "--kv-memory-gb", "0.05", "--num-threads", "1",
-                      "--enable-invariant-checks", "--chunked-prefill-size", "8", "--allowed-media-domains", "127.0.0.1",
-                      "--media-url-max-file-size-mb", "1", "--media-url-timeout", "1")
+    s = vision_server(tiny_llava_dir)
     yield s
     s.stop()
 

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from radixlm.model.layers.quantized import QuantizedTensor
+from radixlm.model.layers.rotary import MRotaryEmbedding  # three positions per token: not the op's table rows
 
 if TYPE_CHECKING:
     from radixlm.model.forward_batch import ForwardBatch
@@ -92,7 +93,7 @@ def build_fused_layers(model: DecoderStack) -> Optional[FusedLayers]:
         if (attn.qkv_proj.bias is not None) != (layers[0].self_attn.qkv_proj.bias is not None):
             return None
         rope = attn.rotary_emb
-        if rope.cos_sin_cache.dtype != torch.float32 or attn.head_dim % 8:
+        if rope.cos_sin_cache.dtype != torch.float32 or attn.head_dim % 8 or isinstance(rope, MRotaryEmbedding):
             return None
         weights += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
         for segs in segments:

@@ -5,7 +5,8 @@ cos/sin are bit-identical to the reference. Supported `rope_type`s: default,
 linear, llama3, yarn, dynamic (which equals default for every position
 below `max_position_embeddings`, and radixlm never runs past that), and longrope
 (Phi-3's; "su" in older configs), whose factor set depends on the sequence's length
-(LongRopeRotaryEmbedding).
+(LongRopeRotaryEmbedding). Qwen2-VL's M-RoPE (`mrope_section`: three positions per token) is
+MRotaryEmbedding.
 """
 
 from __future__ import annotations
@@ -157,11 +158,16 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        return self._apply(positions, q, k, self.cos_sin_cache)
+
+    def _apply(self, rows: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+               cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotates each token by row `rows[i]` of the table `cos_sin` [rows, rotary_dim]."""
         native = cpu_float_ops(q) if q.dim() == 2 and q.stride(1) == 1 and k.stride(1) == 1 else None
         if native is not None:  # in place: q and k are this layer's fresh projections
-            native.rotary_embedding_(positions, q, k, self.head_dim, self.cos_sin_cache)
+            native.rotary_embedding_(rows, q, k, self.head_dim, cos_sin)
             return q, k
-        cos, sin = self.cos_sin_cache[positions].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
+        cos, sin = cos_sin[rows].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
 
@@ -202,8 +208,41 @@ class LongRopeRotaryEmbedding(RotaryEmbedding):
         return positions + torch.repeat_interleave(offsets, counts, output_size=positions.shape[0])
 
 
+class MRotaryEmbedding(RotaryEmbedding):
+    """M-RoPE (Qwen2-VL): three positions per token (temporal, height, width: model/mrope.py, in
+    ForwardBatch.mrope_positions); the rotary frequencies split into `mrope_section` parts, part i
+    turning with position i % 3 (transformers' recomposition). A batch without images has none:
+    its three positions are equal, which is plain RoPE at the token's position."""
+
+    def __init__(self, head_dim: int, max_position: int, params: dict):
+        super().__init__(head_dim, max_position, params)
+        section = [int(n) for n in params["mrope_section"]]
+        if sum(section) != self.rotary_dim // 2:
+            raise ValueError(f"mrope_section {section} must add up to half the rotary dims ({self.rotary_dim // 2})")
+        which = torch.tensor([i % 3 for i, n in enumerate(section) for _ in range(n)])
+        self.register_buffer("column_position", torch.cat([which, which]), persistent=False)  # cos | sin
+        self._last: tuple[Any, Any] = (None, None)  # (positions, their per-token table): one per forward
+
+    def cache_rows(self, positions: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
+        """[3, tokens] where the batch has images, else the 1-D positions."""
+        mrope = forward_batch.mrope_positions
+        return positions if mrope is None else mrope
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if positions.dim() == 1:
+            return super().forward(positions, q, k)
+        if self._last[0] is not positions:  # every layer of a forward gets the same tensor
+            n = positions.shape[1]
+            rows = self.cos_sin_cache[positions]  # [3, tokens, rotary_dim]
+            self._last = (positions, rows.gather(0, self.column_position.view(1, 1, -1).expand(1, n, -1))[0])
+        table = self._last[1]  # [tokens, rotary_dim]: token i's cos | sin, row i
+        return self._apply(torch.arange(table.shape[0], device=table.device), q, k, table)
+
+
 def get_rope(head_dim: int, config: Any) -> RotaryEmbedding:
     """The RotaryEmbedding an HF config asks for."""
     params = rope_parameters(config)
     cls = LongRopeRotaryEmbedding if params["rope_type"] in LONGROPE_TYPES else RotaryEmbedding
+    if params.get("mrope_section"):
+        cls = MRotaryEmbedding
     return cls(head_dim, config.max_position_embeddings, params)

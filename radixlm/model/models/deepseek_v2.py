@@ -28,6 +28,7 @@ from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.attention.mla_attention import MLAAttention
 from radixlm.model.layers.linear import Linear
+from radixlm.model.layers.moe.expert_dispatch import LocalExperts, expert_dispatch, forward_idle
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
 from radixlm.model.layers.rotary import get_rope, rope_parameters
@@ -108,13 +109,13 @@ class DeepseekV2Attention(nn.Module):
 class DeepseekV2DecoderLayer(MoeDecoderLayer):
     """The Llama layer's forward (pre-norm, fused residual) over MLA attention and DeepSeek's MLP."""
 
-    def __init__(self, config: Any, layer_id: int, rotary_emb: nn.Module, v3: bool):
+    def __init__(self, config: Any, layer_id: int, rotary_emb: nn.Module, v3: bool, dispatch: LocalExperts):
         interleaved = bool(getattr(config, "rope_interleave", True)) if v3 else True
         attn = DeepseekV2Attention(config, layer_id, rotary_emb, interleaved)
         if is_moe_layer(config, layer_id):
             shared = (LlamaMLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts)
                       if getattr(config, "n_shared_experts", None) else None)
-            mlp = DeepseekMoE(config, v3, shared)
+            mlp = DeepseekMoE(config, v3, shared, dispatch)
         else:
             mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
         super().__init__(config, attn, mlp)
@@ -124,14 +125,20 @@ class DeepseekV2Model(nn.Module):
     def __init__(self, config: Any, v3: bool):
         super().__init__()
         if pp_stage(config.num_hidden_layers).size > 1 or get_tp_group().world_size > 1:
-            raise ValueError("DeepSeek-V2/V3 run with tp_size 1 and pp_size 1 for now")
+            raise ValueError("DeepSeek-V2/V3 run with tp_size 1 and pp_size 1 for now (or over several ranks with "
+                             "--enable-dp-attention --dp-size N --tp-size N, and --ep-size N to split the experts)")
+        self.dispatch = expert_dispatch()  # one for every MoE layer (DP attention: per-forward counts)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.rotary_emb = get_rope(config.qk_rope_head_dim, config)
-        self.layers = nn.ModuleList(DeepseekV2DecoderLayer(config, i, self.rotary_emb, v3)
+        self.layers = nn.ModuleList(DeepseekV2DecoderLayer(config, i, self.rotary_emb, v3, self.dispatch)
                                     for i in range(config.num_hidden_layers))
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
+    def forward_idle(self) -> None:
+        forward_idle(self.dispatch, [layer.mlp for layer in self.layers], self.norm.weight.dtype)
+
     def forward(self, input_ids, positions, forward_batch: ForwardBatch) -> torch.Tensor:
+        self.dispatch.begin(input_ids.shape[0])
         forward_batch.attn_backend.begin_forward(forward_batch)
         hidden, residual = self.embed_tokens(input_ids), None
         for layer in self.layers:
@@ -154,6 +161,10 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
 
     def build_model(self, config: Any) -> nn.Module:
         return DeepseekV2Model(config, self.v3)
+
+    def forward_idle(self) -> None:
+        """DP attention: this rank has no batch while another has (expert_dispatch.forward_idle)."""
+        self.model.forward_idle()
 
     def _map_name(self, name: str) -> tuple[str, Optional[int]]:
         m = _EXPERT.match(name)

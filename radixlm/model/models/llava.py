@@ -41,6 +41,7 @@ class LlavaProjector(nn.Module):
 
 class LlavaForConditionalGeneration(nn.Module):
     modalities = ("text", "image")
+    TEXT_MODELS = TEXT_MODELS  # the decoders a family takes, by the text config's model_type
 
     def __init__(self, config: Any):
         super().__init__()
@@ -57,10 +58,10 @@ class LlavaForConditionalGeneration(nn.Module):
         """The decoder (radixlm's), the vocabulary and the encoder cache."""
         self.config = config
         text = config.text_config
-        if text.model_type not in TEXT_MODELS:
+        if text.model_type not in self.TEXT_MODELS:
             raise ValueError(f"{type(self).__name__} with a {text.model_type!r} decoder is not supported "
-                             f"({', '.join(TEXT_MODELS)})")
-        self.language_model = TEXT_MODELS[text.model_type](text)
+                             f"({', '.join(self.TEXT_MODELS)})")
+        self.language_model = self.TEXT_MODELS[text.model_type](text)
         if self.language_model.pp.size > 1 or any((getattr(m, "tp_size", 1) or 1) > 1 for m in self.language_model.modules()):
             raise ValueError(f"{type(self).__name__} runs with --tp-size 1 and --pp-size 1 (the image embeddings "
                              "enter on one rank)")

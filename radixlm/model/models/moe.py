@@ -17,6 +17,7 @@ from typing import Any, Iterable, Optional
 import torch
 from torch import nn
 
+from radixlm.model.layers.moe.expert_dispatch import LocalExperts, expert_dispatch, forward_idle
 from radixlm.model.layers.moe.moe_block import MoeSpec, SparseMoeBlock
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
@@ -53,6 +54,7 @@ class MoeModel(LlamaModel):
 
     def __init__(self, config: Any, family: "MoeForCausalLM"):
         nn.Module.__init__(self)
+        self.dispatch = family.expert_dispatch
         self.pp = pp = pp_stage(config.num_hidden_layers)
         tied = bool(getattr(config, "tie_word_embeddings", False))
         self.embed_tokens = (VocabParallelEmbedding(config.vocab_size, config.hidden_size)
@@ -65,14 +67,27 @@ class MoeModel(LlamaModel):
         self.use_fused_layers = False  # the one-op fused decoder has no MoE block
         self._fused = False
 
+    def forward(self, input_ids, positions, forward_batch, input_embeds=None):
+        self.dispatch.begin(input_ids.shape[0])  # DP attention: the ranks' token counts, once per forward
+        return super().forward(input_ids, positions, forward_batch, input_embeds)
+
+    def forward_idle(self) -> None:
+        forward_idle(self.dispatch, [getattr(layer, "mlp", None) for layer in self.layers], self.norm.weight.dtype)
+
 
 class MoeForCausalLM(LlamaForCausalLM):
     """A family sets its routing (moe_spec), its attention and its shared expert."""
 
     attention_cls: type[LlamaAttention] = LlamaAttention
+    expert_dispatch: LocalExperts
 
     def build_model(self, config: Any) -> nn.Module:
+        self.expert_dispatch = expert_dispatch()  # one for every MoE layer (DP attention: per-forward counts)
         return MoeModel(config, self)
+
+    def forward_idle(self) -> None:
+        """DP attention: this rank has no batch while another has (expert_dispatch.forward_idle)."""
+        self.model.forward_idle()
 
     # -- what a family says -------------------------------------------------------------------
     def moe_spec(self, config: Any) -> MoeSpec:
@@ -90,7 +105,7 @@ class MoeForCausalLM(LlamaForCausalLM):
         attn = self.attention_cls(config, layer_id, rotary_emb, self.qkv_bias, self.qk_norm)
         if self.is_sparse(config, layer_id):
             mlp: nn.Module = SparseMoeBlock(config.hidden_size, self.moe_spec(config), layer_id,
-                                            shared_expert=self.shared_expert(config))
+                                            shared_expert=self.shared_expert(config), dispatch=self.expert_dispatch)
         else:
             mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
         return MoeDecoderLayer(config, attn, mlp)

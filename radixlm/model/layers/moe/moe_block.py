@@ -7,8 +7,9 @@ quantized ones (a GGUF's 3-D blocks as stored, or --quantization per expert) uin
 
 Expert parallelism (the ep group, ep_size 1 or tp_size): this rank holds experts
 [start, start + num_experts / ep_size) and computes them for every token routed to any of them,
-then the ranks' partial sums are all-reduced (SGLang's --moe-a2a-backend none). Routing runs on
-every rank alike (replicated router weights, same inputs), so each rank knows all routes.
+then the ranks' partial sums are all-reduced (SGLang's --moe-a2a-backend none; expert_dispatch.py,
+which under DP attention first gathers every rank's tokens). Routing runs where the tokens are
+(every rank alike under TP: replicated router weights, same inputs), so the routes travel with them.
 
 Expert load (`expert_load`): tokens routed to each expert since start, one bincount added per
 forward (no host sync); read on a scrape (expert_load_info).
@@ -24,6 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.distributed.parallel_state import GroupCoordinator, get_ep_group
+from radixlm.model.layers.moe.expert_dispatch import LocalExperts, expert_dispatch, local_share
 from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.layers.moe.fused_moe import fused_experts
 from radixlm.model.layers.moe.topk import TopKRouting
@@ -52,10 +54,12 @@ class RouterGate(nn.Module):
 
 class SparseMoeBlock(nn.Module):
     def __init__(self, hidden_size: int, spec: MoeSpec, layer_id: int, shared_expert: Optional[nn.Module] = None,
-                 ep: Optional[GroupCoordinator] = None):
+                 ep: Optional[GroupCoordinator] = None, dispatch: Optional[LocalExperts] = None):
+        """dispatch: the model's expert_dispatch() (one for all its MoE layers), else this layer's own."""
         super().__init__()
         ep = ep or get_ep_group()
-        self.ep_rank, self.ep_size, self._comm = ep.rank_in_group, ep.world_size, ep.device_comm
+        self.ep_rank, self.ep_size = ep.rank_in_group, ep.world_size
+        self.dispatch = dispatch or expert_dispatch()
         self.layer_id, self.hidden_size, self.spec = layer_id, hidden_size, spec
         self.num_local = divide(spec.num_experts, ep.world_size, "num_experts")
         self.expert_start = ep.rank_in_group * self.num_local
@@ -182,22 +186,19 @@ class SparseMoeBlock(nn.Module):
         return out
 
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        return self.dispatch.run(x, weights, ids, self._local_experts)
+
+    def _local_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         if self.ep_size == 1:
             return fused_experts(x, weights, ids, self.w13, self.w2)
-        # This rank's experts only: tokens with none of them are left out; a token's slots routed
-        # elsewhere point at one of its own local experts with weight 0 (no extra expert read).
         start, n = self.local_range()
-        local = (ids >= start) & (ids < start + n)
-        rows = local.any(dim=1).nonzero().squeeze(1)
-        out = torch.zeros_like(x)
-        if rows.numel():
-            lids, lmask = ids[rows] - start, local[rows]
-            first = lids.gather(1, lmask.to(torch.int8).argmax(dim=1, keepdim=True))
-            lids = torch.where(lmask, lids, first)
-            lweights = torch.where(lmask, weights[rows], torch.zeros_like(weights[rows]))
-            out.index_copy_(0, rows, fused_experts(x.index_select(0, rows), lweights, lids, self.w13, self.w2))
-        self._comm.all_reduce(out)
-        return out
+        return local_share(x, weights, ids, start, n, lambda h, w, i: fused_experts(h, w, i, self.w13, self.w2))
+
+    def idle(self, dtype: torch.dtype) -> None:
+        """DP attention, this rank without tokens: join the others' gather (forward_idle)."""
+        if self.w13 is None:
+            self._views()
+        self.dispatch.run_empty(self.hidden_size, self.spec.top_k, dtype, self._local_experts)
 
 
 def expert_load_info(model: nn.Module) -> dict:
