@@ -14,6 +14,7 @@ import torch
 
 if TYPE_CHECKING:
     from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+    from radixlm.model.tree_mask import TreeMask
 
 
 class ForwardMode(IntEnum):
@@ -77,6 +78,9 @@ class ForwardBatch:
     # Per request, its images (MultimodalInputs or None; empty: none in the batch): the model embeds the
     # parts of their spans this extend covers (model/mm_embed.py).
     mm_inputs: list = field(default_factory=list)
+    # TARGET_VERIFY of draft trees: which new tokens each new token attends (model/tree_mask.py);
+    # None: causal (every other batch, and a verify batch of chains). Every backend honours it.
+    tree_mask: Optional["TreeMask"] = None
 
     @property
     def uses_lora(self) -> bool:
