@@ -102,6 +102,11 @@ class ServerArgs:
     speculative_algorithm: Optional[str] = None  # ngram, radix, draft-model, eagle or eagle3; None: off
     speculative_num_draft_tokens: int = 16  # most draft tokens per request and step (the controller picks fewer where they do not pay)
     speculative_draft_policy: str = "adaptive"  # adaptive | fixed (every draft up to the maximum, as SGLang)
+    # Draft trees (SGLang's EAGLE flags): at most this many children per node (1: chains; None: the
+    # algorithm's default, 4 for ngram, radix and eagle, 1 for draft-model) and this many levels below the
+    # request's last token (None: 5 for eagle, else speculative_num_draft_tokens).
+    speculative_eagle_topk: Optional[int] = None
+    speculative_num_steps: Optional[int] = None
     speculative_ngram_min_match_window_size: int = 2  # shortest suffix a lookup match may use (ngram, radix's index)
     speculative_ngram_max_match_window_size: int = 8  # longest suffix tried first
     # radix: where a request leaves the tree, drafts come from an index of the last this many tokens of
@@ -113,10 +118,7 @@ class ServerArgs:
     speculative_draft_kv_tokens: Optional[int] = None
     speculative_draft_model_revision: Optional[str] = None
     # eagle / eagle3 (SGLang's EAGLE / EAGLE3; speculative/eagle.py): a draft head in EAGLE's published layout
-    # (--speculative-draft-model-path: config.json + safetensors) drafts speculative_num_steps levels deep,
-    # speculative_eagle_topk candidates per node (1: a chain), on the target's own hidden states.
-    speculative_num_steps: Optional[int] = None  # None: 5
-    speculative_eagle_topk: Optional[int] = None  # None: 1
+    # (--speculative-draft-model-path: config.json + safetensors) drafts trees on the target's own hidden states.
     # eagle: the head's logits over these token ids only (a torch file of ids, SGLang's FR-Spec token map):
     # top-k over a few thousand frequent tokens instead of the whole vocabulary (`radixlm train-eagle` writes one).
     speculative_token_map: Optional[str] = None

@@ -162,13 +162,15 @@ DIFFERENT: dict[str, str] = {
     "--decode-attention-backend": "as --attention-backend",
     "--speculative-algorithm": "radixlm's: ngram (prompt lookup), radix (continuations in the radix cache), "
     "draft-model, eagle, eagle3",
-    "--speculative-num-draft-tokens": "the most draft tokens per request and step, not counting the verified "
-    "token before them (SGLang's count includes it): --speculative-draft-policy adaptive (the default) drafts "
-    "fewer where they do not pay; fixed drafts SGLang's way",
-    "--speculative-eagle-topk": "1 only in this build (a chain) until tree verification lands; default 1 (SGLang "
-    "picks one per model)",
-    "--speculative-num-steps": "EAGLE only; default 5 (SGLang picks one per model)",
-    "--speculative-token-map": "a local torch file of token ids (SGLang also fetches one from the Hub); EAGLE "
+    "--speculative-num-draft-tokens": "the most draft tokens per request and step, the root (the request's last "
+    "token) not counted (SGLang counts it): --speculative-draft-policy adaptive (the default) drafts fewer where "
+    "they do not pay; fixed drafts SGLang's way",
+    "--speculative-eagle-topk": "also bounds the trees of ngram and radix (default 4: their recorded "
+    "continuations; 4 for eagle / eagle3); the step's width is narrowed to the sibling ranks whose measured "
+    "acceptance still pays",
+    "--speculative-num-steps": "the most levels of any draft tree (default: 5 for eagle / eagle3, else "
+    "--speculative-num-draft-tokens)",
+    "--speculative-token-map": "a local torch file of token ids (SGLang also fetches one from the Hub); eagle "
     "only",
     "--schedule-policy": "default lpm (SGLang's: fcfs)",
     "--device": "cpu or cuda (xpu, hpu, npu, mps: refused when the engine starts)",
@@ -313,9 +315,10 @@ GROUPS: tuple[FlagGroup, ...] = (
              "--kt-max-deferred-experts-per-token V"),
     _refused("multi-layer EAGLE (several draft layers, one per step) is not in radixlm", "--speculative-algorithm "
              "EAGLE|EAGLE3 with a one-layer head", "--enable-multi-layer-eagle"),
-    _inert("radixlm drafts chains whose length it picks per step (up to --speculative-num-draft-tokens), by its "
-           "own prompt-lookup index (--speculative-ngram-min/max-match-window-size), in the draft model's own "
-           "attention backend", "--speculative-attention-mode V",
+    _inert("radixlm drafts trees whose size it picks per step (up to --speculative-num-draft-tokens, "
+           "--speculative-eagle-topk wide, --speculative-num-steps deep), by its own prompt-lookup index "
+           "(--speculative-ngram-min/max-match-window-size), in the draft model's own attention backend",
+           "--speculative-attention-mode V",
            "--speculative-draft-attention-backend V", "--speculative-ngram-min-bfs-breadth V",
            "--speculative-ngram-max-bfs-breadth V", "--speculative-ngram-match-type V",
            "--speculative-ngram-max-trie-depth V", "--speculative-ngram-capacity V"),

@@ -6,14 +6,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
+from radixlm.speculative.draft_tree import TreeShape
+
 if TYPE_CHECKING:
     from radixlm.config import ServerArgs
 
 SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft-model", "eagle", "eagle3")
 EAGLE_ALGORITHMS = ("eagle", "eagle3")  # a draft head on the target's hidden states (speculative/eagle.py)
-DEFAULT_NUM_STEPS = 5  # SGLang's EAGLE default depth
-DEFAULT_EAGLE_TOPK = 1  # a chain, verified as any chain is
 DRAFT_POLICIES = ("adaptive", "fixed")
+# Children per draft-tree node when --speculative-eagle-topk is not given: the lookups have several
+# recorded continuations to branch on, an EAGLE head its top candidates (SGLang's usual 4); the draft
+# model decodes one chain.
+DEFAULT_TOPK = {"ngram": 4, "radix": 4, "draft-model": 1, "eagle": 4, "eagle3": 4}
+EAGLE_NUM_STEPS = 5  # an EAGLE head's levels when --speculative-num-steps is not given (SGLang's default)
 
 
 @dataclass(frozen=True)
@@ -28,20 +33,13 @@ class SpeculativeConfig:
     draft_kv_tokens: Optional[int] = None  # draft-model: its KV pool (None: the target's size)
     max_extend_tokens: int = 4096  # draft-model: tokens per catch-up forward (the target's max_prefill_tokens)
     check_invariants: bool = False  # draft-model: check its own pool after every proposal
-    num_steps: int = DEFAULT_NUM_STEPS  # eagle: levels of the draft tree (head forwards per step)
-    eagle_topk: int = DEFAULT_EAGLE_TOPK  # eagle: candidates per node and level
+    eagle_topk: Optional[int] = None  # most children per tree node (None: DEFAULT_TOPK)
+    num_steps: Optional[int] = None  # most tree levels (None: EAGLE_NUM_STEPS for a head, else num_draft_tokens)
     token_map: Optional[str] = None  # eagle: the token ids the head ranks (None: the whole vocabulary)
 
     @property
     def is_eagle(self) -> bool:
         return self.algorithm in EAGLE_ALGORITHMS
-
-    @property
-    def max_draft_tokens(self) -> int:
-        """Most draft tokens per request and step: an EAGLE chain is at most num_steps long."""
-        if self.is_eagle and self.eagle_topk == 1:
-            return min(self.num_draft_tokens, self.num_steps)
-        return self.num_draft_tokens
 
     def __post_init__(self):
         def bad(field: str, why: str):
@@ -67,33 +65,32 @@ class SpeculativeConfig:
         if self.draft_model_path and self.algorithm not in ("draft-model", *EAGLE_ALGORITHMS):
             raise ValueError(f"speculative_draft_model_path is used by speculative_algorithm draft-model, eagle and "
                              f"eagle3 only, got speculative_algorithm {self.algorithm!r}")
-        if self.num_steps < 1:
-            bad("num_steps", "must be >= 1")
-        if self.eagle_topk < 1:
-            bad("eagle_topk", "must be >= 1")
-        if self.eagle_topk > 1:
-            bad("eagle_topk", "above 1 needs tree verification, not in this build yet (1: a chain)")
         if self.token_map is not None and self.algorithm != "eagle":
             raise ValueError(f"speculative_token_map is used by speculative_algorithm eagle only (an EAGLE-3 head "
                              f"carries its own vocabulary), got speculative_algorithm {self.algorithm!r}")
         if self.draft_kv_tokens is not None and self.draft_kv_tokens <= 0:
             bad("draft_kv_tokens", "must be positive")
+        if self.eagle_topk is not None and self.eagle_topk < 1:
+            bad("eagle_topk", "must be >= 1")
+        if self.eagle_topk is not None and self.eagle_topk > 1 and DEFAULT_TOPK[self.algorithm] == 1:
+            bad("eagle_topk", f"must be 1 for speculative_algorithm {self.algorithm} (it drafts chains)")
+        if self.num_steps is not None and self.num_steps < 1:
+            bad("num_steps", "must be >= 1")
+
+    @property
+    def tree_shape(self) -> TreeShape:
+        """The widest and deepest draft trees (the controller narrows them per step)."""
+        depth = self.num_steps or (EAGLE_NUM_STEPS if self.is_eagle else self.num_draft_tokens)
+        return TreeShape(self.eagle_topk or DEFAULT_TOPK[self.algorithm], depth)
 
     @classmethod
     def from_server_args(cls, args: "ServerArgs") -> Optional["SpeculativeConfig"]:
         """None when speculative decoding is off (no --speculative-algorithm)."""
-        eagle_only = {"speculative_num_steps": args.speculative_num_steps,
-                      "speculative_eagle_topk": args.speculative_eagle_topk,
-                      "speculative_token_map": args.speculative_token_map}
-        if args.speculative_algorithm not in EAGLE_ALGORITHMS:
-            for name, value in eagle_only.items():
-                if value is not None:
-                    raise ValueError(f"{name} is used by speculative_algorithm eagle and eagle3 only, got "
-                                     f"speculative_algorithm {args.speculative_algorithm!r}")
         if args.speculative_algorithm is None:
-            if args.speculative_draft_model_path:
-                raise ValueError(f"speculative_draft_model_path is used by speculative_algorithm draft-model, eagle "
-                                 f"and eagle3 only, got speculative_algorithm {args.speculative_algorithm!r}")
+            for name in ("speculative_draft_model_path", "speculative_token_map"):
+                if getattr(args, name):
+                    raise ValueError(f"{name} needs --speculative-algorithm (it is used by draft-model, eagle and "
+                                     f"eagle3), got speculative_algorithm None")
             return None
         if args.speculative_algorithm in EAGLE_ALGORITHMS:
             _check_eagle_args(args)
@@ -101,8 +98,7 @@ class SpeculativeConfig:
                    args.speculative_ngram_min_match_window_size, args.speculative_ngram_max_match_window_size,
                    args.speculative_suffix_index_tokens, args.speculative_draft_model_path,
                    args.speculative_draft_kv_tokens, args.max_prefill_tokens, args.enable_invariant_checks,
-                   args.speculative_num_steps or DEFAULT_NUM_STEPS, args.speculative_eagle_topk or DEFAULT_EAGLE_TOPK,
-                   args.speculative_token_map)
+                   args.speculative_eagle_topk, args.speculative_num_steps, args.speculative_token_map)
 
 
 def _check_eagle_args(args: "ServerArgs") -> None:

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from radixlm.speculative.draft_source import DraftReq
-from radixlm.speculative.draft_tree import ROOT, DraftTree
+from radixlm.speculative.draft_source import Draft, DraftReq, DraftSourceBase
+from radixlm.speculative.draft_tree import CHAIN, ROOT, DraftTree, TreeShape
 from radixlm.speculative.eagle_attention import HeadKVPool, ProposalAttention, RequestKV
 from radixlm.speculative.eagle_capture import EagleCapture
 from radixlm.speculative.eagle_checkpoint import head_summary, load_eagle_head, load_token_map
@@ -78,7 +78,7 @@ class _Work:
     frontier: list[int] = field(default_factory=list)
 
 
-class EagleDraftSource:
+class EagleDraftSource(DraftSourceBase):
     cheap = False  # a proposal is a forward of the head
 
     def __init__(self, config: "SpeculativeConfig", runner: "ModelRunner"):
@@ -102,21 +102,24 @@ class EagleDraftSource:
         token_map = load_token_map(config.token_map, runner.vocab_size) if config.token_map else None
         self.vocab: DraftVocab = (own_vocab(self.head.lm_head, self.head.draft_token_ids(), quantize)
                                   if self.head.own_vocab else target_vocab(target, token_map, hidden_size, quantize))
-        self.num_steps, self.topk = config.num_steps, config.eagle_topk
+        self.max_shape = config.tree_shape  # the controller narrows it per step
+        self.topk = self.max_shape.width  # this proposal's width (propose sets it from the step's shape)
         self.check_invariants = config.check_invariants
         self.missing_rows = 0  # catch-up rows whose target features were not captured (zeros instead)
         self._states: dict[str, _State] = {}
-        logger.info("%s, %d levels x top-%d, weights %s; head KV %.1f MiB (%s)", head_summary(self.head, token_map),
-                    self.num_steps, self.topk, quantize or "float", self.kv_pool.total_bytes / 2**20,
+        logger.info("%s, up to %d levels x top-%d, weights %s; head KV %.1f MiB (%s)", head_summary(self.head, token_map),
+                    self.max_shape.depth, self.max_shape.width, quantize or "float", self.kv_pool.total_bytes / 2**20,
                     str(kv_dtype).replace("torch.", ""))
 
     # ------------------------------------------------------------------ DraftSource
-    def propose(self, reqs: list[DraftReq], ks: list[int], shape=None) -> list[list[int]]:
+    def propose(self, reqs: list[DraftReq], ks: list[int], shape: TreeShape = CHAIN) -> list[Draft]:
         running = {id(r) for r in reqs}
         for st in [s for s in self._states.values() if s.req.finished() and id(s.req) not in running]:
             self._forget(st)
-        out: list[list[int]] = [[] for _ in reqs]
-        work = [(i, w) for i, (r, k) in enumerate(zip(reqs, ks)) if k > 0 for w in [self._plan(r, k)] if w]
+        out: list[Draft] = [[] for _ in reqs]
+        self.topk = max(1, min(shape.width, self.max_shape.width))
+        depth = max(1, min(shape.depth, self.max_shape.depth))
+        work = [(i, w) for i, (r, k) in enumerate(zip(reqs, ks)) if k > 0 for w in [self._plan(r, k, depth)] if w]
         if not work:
             return out
         try:
@@ -131,8 +134,12 @@ class EagleDraftSource:
                 self._forget(w.st)
             return out
         for (i, _), tree in zip(work, trees):
-            out[i] = list(tree.tokens)  # chains (topk 1) until tree verification
+            out[i] = tree
         return out
+
+    def on_verified(self, req: DraftReq, tree: DraftTree, accepted: list[int], rows: list[int]) -> None:
+        if req.req_pool_idx is not None:
+            self.capture.add_accepted(req.req_pool_idx, rows)
 
     def release(self, req: DraftReq) -> None:
         st = self._states.get(req.rid)
@@ -145,7 +152,7 @@ class EagleDraftSource:
             self.capture.drop(st.row)
 
     # ------------------------------------------------------------------ planning
-    def _plan(self, req: DraftReq, k: int) -> Optional[_Work]:
+    def _plan(self, req: DraftReq, k: int, depth: int) -> Optional[_Work]:
         """The positions req's head KV lacks (the target computed them since), with their features."""
         row = req.req_pool_idx
         if row is None:
@@ -171,7 +178,7 @@ class EagleDraftSource:
         st.ids, st.done = tokens, hi
         r2t = self.req_to_token_pool.req_to_token
         device = self.kv_pool.k[0].device
-        return _Work(st, k, min(k, self.num_steps), ids[lo + 1:hi + 1].to(device), hidden.to(device),
+        return _Work(st, k, min(k, depth), ids[lo + 1:hi + 1].to(device), hidden.to(device),
                      torch.arange(lo, hi, device=device), r2t[row, lo:hi].to(device), r2t[row, :lo].to(device))
 
     # ------------------------------------------------------------------ forwards

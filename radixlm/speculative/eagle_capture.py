@@ -42,6 +42,7 @@ class EagleCapture:
         self.features = features
         self.aux_layers = tuple(aux_layers)
         self._streams: dict[int, torch.Tensor] = {}
+        self._verify: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # the last verify step's rows
         self._spans: dict[int, tuple[int, list[Span]]] = {}  # row -> (generation, spans in arrival order)
 
     # ---------------------------------------------------------------- HiddenCapture
@@ -58,11 +59,24 @@ class EagleCapture:
             counts, starts = [1] * len(rows), [n - 1 for n in fb.seq_lens_cpu]
         else:
             counts, starts = fb.extend_seq_lens_cpu, fb.extend_prefix_lens_cpu
+        # A verify step's drafted requests keep the rows of their accepted path only, which the
+        # source hears of after acceptance (add_accepted); the step's rows wait here until then.
+        verify = fb.forward_mode.is_verify()
+        self._verify = (hidden, fb.positions.cpu(), ids) if verify else None
         offset = 0
         for row, n, start in zip(rows, counts, starts):
-            if n:
+            if n and not (verify and n > 1):
                 self._add(row, Span(start, ids[offset:offset + n], hidden[offset:offset + n].detach().clone()))
             offset += n
+
+    def add_accepted(self, row: int, step_rows: list[int]) -> None:
+        """The last verify step's rows `step_rows` (the root's, then each accepted node's, at positions
+        following each other) are what request row `row` kept."""
+        if self._verify is None:
+            return
+        hidden, positions, ids = self._verify
+        index = torch.tensor(step_rows)
+        self._add(row, Span(int(positions[step_rows[0]]), ids[index], hidden[index.to(hidden.device)].detach().clone()))
 
     # ---------------------------------------------------------------- the source's side
     def _add(self, row: int, span: Span) -> None:

@@ -69,8 +69,9 @@ SYSTEM_FREE = (  # single prompts of other shapes: code, rewriting, arithmetic, 
 )
 
 
-def default_prompts(n: int, seed: int = 0) -> list[str]:
-    """n prompts (at most len(TEMPLATES) * len(SUBJECTS) + len(SYSTEM_FREE)), the same for a seed."""
+def default_prompts(n: int, seed: int = 0, skip: int = 0) -> list[str]:
+    """n prompts (at most len(TEMPLATES) * len(SUBJECTS) + len(SYSTEM_FREE) in all), the same for a seed;
+    skip: leave out the first `skip` of that order (prompts a head was not trained on: skip its count)."""
     pool = [t.format(s=s) for t in TEMPLATES for s in SUBJECTS] + list(SYSTEM_FREE)
     random.Random(seed).shuffle(pool)
-    return pool[:n]
+    return pool[skip:skip + n]

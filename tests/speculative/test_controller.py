@@ -11,14 +11,18 @@ from hypothesis import strategies as st
 
 from radixlm.speculative.controller import MIN_WORTH, SpecController
 from radixlm.speculative.cost_model import StepCostModel
+from radixlm.speculative.draft_source import DraftSourceBase
+from radixlm.speculative.draft_tree import DraftTree
 
 
-class NoSource:
-    def propose(self, reqs, ks):
+class NoSource(DraftSourceBase):
+    def propose(self, reqs, ks, shape=None):
         raise AssertionError("not called here")
 
-    def release(self, req):
-        pass
+
+def verified(ctl: SpecController, req, drafted: int, accepted: int) -> None:
+    """A verify step of a chain of `drafted` tokens of which the first `accepted` were accepted."""
+    ctl.on_verified(req, DraftTree.chain([7] * drafted), list(range(accepted)), accepted, list(range(accepted + 1)))
 
 
 def model_with(points: dict[int, float]) -> StepCostModel:
@@ -111,15 +115,15 @@ def test_rates_follow_recent_acceptance():
     ctl = cpu_like()
     good, bad = R("good"), R("bad")
     for _ in range(6):
-        ctl.on_verified(good, 4, 4)
-        ctl.on_verified(bad, 4, 0)
+        verified(ctl, good, 4, 4)
+        verified(ctl, bad, 4, 0)
     assert ctl.rate("good") > 0.9 and ctl.rate("bad") < 0.3
     assert 0.3 < ctl.rate("new") < 0.9  # a new request starts from the global rate
     for _ in range(6):
-        ctl.on_verified(good, 4, 0)  # it stopped being predictable: its drafts shrink, then stop
+        verified(ctl, good, 4, 0)  # it stopped being predictable: its drafts shrink, then stop
     assert ctl.allocate([ctl.rate("good")], [8], 100) == [1]
     for _ in range(6):
-        ctl.on_verified(good, 4, 0)
+        verified(ctl, good, 4, 0)
     assert ctl.allocate([ctl.rate("good")], [8], 100) == [0]
     ctl.release(good)
     assert ctl.rate("good") == ctl.rate("new")
@@ -134,7 +138,7 @@ def test_probe_after_a_run_of_unpaying_steps():
     from radixlm.speculative.controller import PROBE_INTERVAL
 
     class Source(NoSource):
-        def propose(self, reqs, ks):
+        def propose(self, reqs, ks, shape=None):
             return [[7] * k for k in ks]
 
     ctl = SpecController(Source(), 4)
@@ -158,7 +162,7 @@ def test_cheap_sources_learn_rates_without_verifying():
         class Source(NoSource):
             cheap = True
 
-            def propose(self, reqs, ks):  # the next token is always 5
+            def propose(self, reqs, ks, shape=None):  # the next token is always 5
                 return [[5 if right else 6] * k for k in ks]
 
         ctl = SpecController(Source(), 4)
@@ -185,3 +189,31 @@ def test_fixed_policy_sends_every_draft():
         ctl.costs.observe(rows, rows ** 2)  # drafts that never pay
     assert ctl.allocate([0.1, 0.0, 1.0], [8, 3, 8], 100) == [8, 3, 8]
     assert ctl.allocate([0.1, 0.0, 1.0], [8, 3, 8], 10) == [8, 2, 0]  # KV room
+
+
+def test_tree_worth_prunes_nodes_and_sibling_acceptance_sets_the_width():
+    """A node's worth is the product along its path of its request's rate (first children) and
+    the measured acceptance of j-th children (j >= 1); nodes worth less than MIN_WORTH go. Sibling
+    ranks whose acceptance falls below it leave the step's width; the fixed policy keeps them all."""
+    from types import SimpleNamespace
+
+    from radixlm.speculative.draft_tree import ROOT, TreeShape
+
+    ctl = SpecController(NoSource(), 16, max_shape=TreeShape(3, 16))
+    # A - A1 - A2, B - B1, C under the root.
+    tree = DraftTree((1, 2, 3, 4, 5, 6), (ROOT, 0, 1, ROOT, 3, ROOT))
+    req = SimpleNamespace(rid="r", grammar=None)
+    assert ctl.shape(9) == TreeShape(3, 9)
+    # Worth at rate 0.3, j-th children 0.2 (the prior): A .3, A1 .09, A2 .027, B .2, B1 .06, C .2.
+    kept = ctl._fit(req, tree, 16, ctl.shape(16), 0.3)
+    assert kept.tokens == (1, 2, 4, 5, 6)
+    assert ctl._fit(req, tree, 2, ctl.shape(16), 0.3).tokens == (1, 2)  # the budget: the first nodes
+    assert ctl._fit(req, tree, 16, TreeShape(2, 1), 0.3).tokens == (1, 4)  # the step's shape
+    for _ in range(60):  # B is always the one accepted, C never, and nothing below B
+        ctl.on_verified(req, tree, [3], 1, [0, 4])
+    assert ctl._siblings[0].value() > 0.5 and ctl._siblings[1].value() < MIN_WORTH
+    assert ctl.shape(16) == TreeShape(2, 16) and ctl.rate("r") < 0.1
+    assert ctl.stats.tree_drafts == 60 and ctl.stats.branch_accepted == 60
+    fixed = SpecController(NoSource(), 16, policy="fixed", max_shape=TreeShape(3, 16))
+    fixed._siblings = ctl._siblings
+    assert fixed.shape(16) == TreeShape(3, 16) and fixed._fit(req, tree, 16, fixed.shape(16), 0.01) == tree
