@@ -100,8 +100,8 @@ def table(results: dict, training: dict) -> str:
     lines = ["| drafts | tok/s | vs off | mean accepted length | verify steps | drafted / accepted tokens |",
              "|---|---|---|---|---|---|"]
     for name, r in results.items():
-        s = r["spec"]
-        lines.append(f"| {name} | {r['tok_s']:.1f} | {f'{r['tok_s'] / off:.2f}x' if off else '-'} | "
+        s, ratio = r["spec"], (f"{r['tok_s'] / off:.2f}x" if off else "-")
+        lines.append(f"| {name} | {r['tok_s']:.1f} | {ratio} | "
                      f"{s.get('spec_accept_length', '-')} | {s.get('spec_verify_steps', '-')} | "
                      f"{s.get('spec_draft_tokens', '-')} / {s.get('spec_accepted_tokens', '-')} |")
     t = training

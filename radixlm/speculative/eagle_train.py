@@ -40,6 +40,7 @@ from radixlm.speculative.eagle_vocab import lm_head_rows
 logger = logging.getLogger(__name__)
 
 P_WEIGHT = 0.1  # EAGLE's weight of the token loss against the hidden-state regression
+MAX_PROMPT_TOKENS = 1024  # longer prompts (from --prompts) are left out
 NOISE = 0.2  # EAGLE's uniform noise on the input hidden states: [-NOISE/2, NOISE/2] x ...
 
 
@@ -96,7 +97,7 @@ def _target_runner(args):
     from radixlm.model.runner import ModelRunner
     from radixlm.model.runner_config import ModelRunnerConfig
 
-    tokens = args.batch_size * (args.max_new_tokens + 1024)
+    tokens = args.batch_size * (args.max_new_tokens + MAX_PROMPT_TOKENS)
     return ModelRunner(ModelRunnerConfig(model_path=args.model_path, max_total_tokens=tokens,
                                          max_running_requests=args.batch_size, num_threads=args.num_threads,
                                          random_seed=args.seed))
@@ -124,6 +125,10 @@ def _data(args, runner) -> tuple[list[Sample], float]:
     ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
                                               add_generation_prompt=True, chat_template=template)
                       if template else t) for t in texts]
+    long = sum(len(i) > MAX_PROMPT_TOKENS for i in ids)
+    if long:
+        logger.warning("train-eagle: %d prompts longer than %d tokens left out", long, MAX_PROMPT_TOKENS)
+        ids = [i for i in ids if len(i) <= MAX_PROMPT_TOKENS]
     t0 = time.perf_counter()
     with tqdm(total=len(ids), desc="answering prompts", unit="prompt") as bar:
         samples = generate_samples(runner, ids, args.max_new_tokens, args.temperature, args.batch_size,

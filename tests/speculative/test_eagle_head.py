@@ -142,3 +142,24 @@ def test_token_map(tmp_path):
     (tmp_path / "text.pt").write_text("not torch")
     with pytest.raises(ValueError, match="not a torch file of token ids"):
         load_token_map(str(tmp_path / "text.pt"), 10)
+
+
+def test_config_refusals():
+    from radixlm.config import ServerArgs
+    from radixlm.speculative.config import SpeculativeConfig
+
+    def config(**kw):
+        return SpeculativeConfig.from_server_args(ServerArgs(**kw))
+
+    with pytest.raises(ValueError, match="needs speculative_draft_model_path"):
+        config(speculative_algorithm="EAGLE")  # SGLang's spelling
+    with pytest.raises(ValueError, match="speculative_token_map is used by speculative_algorithm eagle only"):
+        config(speculative_algorithm="eagle3", speculative_draft_model_path="/h", speculative_token_map="/m.pt")
+    with pytest.raises(ValueError, match="not supported with tp_size 2"):
+        config(speculative_algorithm="eagle", speculative_draft_model_path="/h", tp_size=2)
+    with pytest.raises(ValueError, match="not supported with enable_torch_compile"):
+        config(speculative_algorithm="eagle", speculative_draft_model_path="/h", enable_torch_compile=True)
+    with pytest.raises(ValueError, match="needs --speculative-algorithm"):
+        config(speculative_token_map="/m.pt")
+    c = config(speculative_algorithm="EAGLE3", speculative_draft_model_path="/h")
+    assert c.algorithm == "eagle3" and (c.tree_shape.width, c.tree_shape.depth) == (4, 5)  # SGLang-like defaults
