@@ -1,4 +1,4 @@
-"""Command line: `radixlm serve | generate | bench`."""
+"""Command line: `radixlm serve | generate | bench | router | train-eagle`."""
 
 from __future__ import annotations
 

@@ -104,7 +104,7 @@ class EagleCapture:
         (tokens: its ids, prompt + output), the latest capture winning; then the row's spans are
         dropped (the caller has caught up with them). -> ([hi - lo, features], rows found)."""
         spans = self.spans(row)
-        out = torch.zeros(hi - lo, self.features)
+        out = torch.zeros(hi - lo, self.features, device=spans[0].hidden.device if spans else "cpu")
         found = torch.zeros(hi - lo, dtype=torch.bool)
         for s in spans:
             a, b = max(s.start, lo), min(s.end, hi)
