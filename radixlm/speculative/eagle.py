@@ -73,6 +73,7 @@ class _Work:
     positions: torch.Tensor
     slots: torch.Tensor  # their KV slots
     prefix_slots: torch.Tensor  # committed positions before them
+    tokens: torch.Tensor  # the request's tokens (prompt + output)
     kv: Optional[RequestKV] = None
     nodes: list[_Node] = field(default_factory=list)
     frontier: list[int] = field(default_factory=list)
@@ -179,15 +180,16 @@ class EagleDraftSource(DraftSourceBase):
         r2t = self.req_to_token_pool.req_to_token
         device = self.kv_pool.k[0].device
         return _Work(st, k, min(k, depth), ids[lo + 1:hi + 1].to(device), hidden.to(device),
-                     torch.arange(lo, hi, device=device), r2t[row, lo:hi].to(device), r2t[row, :lo].to(device))
+                     torch.arange(lo, hi, device=device), r2t[row, lo:hi].to(device), r2t[row, :lo].to(device), ids)
 
     # ------------------------------------------------------------------ forwards
     def _draft(self, work: list[_Work]) -> list[DraftTree]:
         attn = ProposalAttention(self.kv_pool, self.head.cfg.head_dim ** -0.5)
         for w in work:
-            w.kv = attn.add_request(w.prefix_slots, w.ids.numel(), self.topk * max(w.depth - 1, 0))
+            w.kv = attn.add_request(w.prefix_slots, w.tokens, w.ids.numel(), self.topk * max(w.depth - 1, 0))
         # 1. catch-up: every request's new rows in one forward; the last row of each is its root.
-        attn.set_batch([(w.kv, w.ids.numel(), None) for w in work], [w.slots for w in work])
+        attn.set_batch([(w.kv, w.ids.numel(), None) for w in work], [w.slots for w in work],
+                       [torch.stack([w.positions, w.ids], dim=1) for w in work])
         logit_h, next_h = self.head(self.embed(torch.cat([w.ids for w in work])).float(),
                                     torch.cat([w.hidden for w in work]), torch.cat([w.positions for w in work]),
                                     attn, from_target=True)

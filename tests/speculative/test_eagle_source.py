@@ -180,3 +180,35 @@ def test_engine_greedy_outputs_equal_plain_decoding(kind, hot_model_dir, trained
         assert outs == plain_outputs
     else:
         assert outs[1:] == plain_outputs[1:]
+
+
+def test_a_cached_prefix_brings_the_heads_kv_but_not_where_requests_part(hot_model_dir, trained_head_dir, monkeypatch):
+    """B shares A's prompt up to a point, from the radix tree: B's first proposal reads the head's KV
+    A wrote for the shared positions, except the last, which A computed with its own next token."""
+    from radixlm.speculative import eagle_attention
+
+    seen = []
+    add = eagle_attention.ProposalAttention.add_request
+
+    def recording(self, prefix_slots, tokens, catch_up, max_nodes):
+        r = add(self, prefix_slots, tokens, catch_up, max_nodes)
+        seen.append((tokens.tolist(), r.prefix, r.prefix_valid.tolist()))
+        return r
+
+    monkeypatch.setattr(eagle_attention.ProposalAttention, "add_request", recording)
+    d = Driver(make_scheduler(hot_model_dir, speculative_algorithm="eagle", speculative_draft_model_path=trained_head_dir,
+                              speculative_draft_policy="fixed", speculative_eagle_topk=1))
+    shared = [1000 + j for j in range(40)]
+    d.submit(shared + [7, 8, 9], max_new_tokens=6, temperature=0, ignore_eos=True)
+    while not d.idle():
+        d.step()
+    n = len(seen)
+    d.submit(shared + [5, 6], max_new_tokens=6, temperature=0, ignore_eos=True)
+    while not d.idle():
+        d.step()
+    tokens, prefix, valid = seen[n]  # B's first proposal
+    assert tokens[:42] == shared + [5, 6] and prefix == 40  # the tree gave B the 40 shared positions
+    assert valid == [True] * 39 + [False]  # position 39 read A's 7, not B's 5: left out
+    # B never computes position 39 (its target features came from A's prefill): left out for good;
+    # every other entry of its later proposals is valid.
+    assert len(seen) > n + 2 and all(v[:39] + v[40:] == [True] * (len(v) - 1) and not v[39] for _, _, v in seen[n + 1:])
