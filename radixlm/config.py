@@ -106,6 +106,11 @@ class ServerArgs:
     speculative_algorithm: Optional[str] = None  # ngram, radix or draft-model; None: off
     speculative_num_draft_tokens: int = 16  # most draft tokens per request and step (the controller picks fewer where they do not pay)
     speculative_draft_policy: str = "adaptive"  # adaptive | fixed (every draft up to the maximum, as SGLang)
+    # Draft trees (SGLang's EAGLE flags): at most this many children per node (1: chains; None: the
+    # algorithm's default, 4 for ngram and radix, 1 for draft-model) and this many levels below the
+    # request's last token (None: speculative_num_draft_tokens).
+    speculative_eagle_topk: Optional[int] = None
+    speculative_num_steps: Optional[int] = None
     speculative_ngram_min_match_window_size: int = 2  # shortest suffix a lookup match may use (ngram, radix's index)
     speculative_ngram_max_match_window_size: int = 8  # longest suffix tried first
     # radix: where a request leaves the tree, drafts come from an index of the last this many tokens of

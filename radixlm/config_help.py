@@ -42,7 +42,11 @@ HELPS = {
     "the target, with the same vocabulary",
     "speculative_draft_kv_tokens": "draft-model: the draft model's KV pool in tokens (default: the target's "
     "KV capacity)",
-    "speculative_num_draft_tokens": "most draft tokens per request and step",
+    "speculative_num_draft_tokens": "most draft tokens per request and step (a draft tree's nodes)",
+    "speculative_eagle_topk": "most children per node of a draft tree (1: chains; default 4 for ngram and "
+    "radix, whose trees are the continuations recorded after the same context; 1 for draft-model)",
+    "speculative_num_steps": "most levels of a draft tree below the request's last token (default: "
+    "--speculative-num-draft-tokens)",
     "speculative_draft_policy": "adaptive: per step, each request's draft length that maximizes expected "
     "tokens per second (its recent acceptance, the measured cost of verify steps at this batch size); fixed: "
     "every draft the source has, up to the maximum (reproducible step shapes, for tests and comparisons)",

@@ -162,8 +162,12 @@ DIFFERENT: dict[str, str] = {
     "--decode-attention-backend": "as --attention-backend",
     "--speculative-algorithm": "radixlm's: ngram (prompt lookup), radix (continuations in the radix cache), "
     "draft-model",
-    "--speculative-num-draft-tokens": "the most draft tokens per request and step: --speculative-draft-policy "
-    "adaptive (the default) drafts fewer where they do not pay; fixed drafts SGLang's way",
+    "--speculative-num-draft-tokens": "the most draft tokens per request and step, the root (the request's last "
+    "token) not counted (SGLang counts it): --speculative-draft-policy adaptive (the default) drafts fewer where "
+    "they do not pay; fixed drafts SGLang's way",
+    "--speculative-eagle-topk": "also bounds the trees of ngram and radix (default 4: their recorded "
+    "continuations); the step's width is narrowed to the sibling ranks whose measured acceptance still pays",
+    "--speculative-num-steps": "the most levels of any draft tree (default: --speculative-num-draft-tokens)",
     "--schedule-policy": "default lpm (SGLang's: fcfs)",
     "--device": "cpu or cuda (xpu, hpu, npu, mps: refused when the engine starts)",
     "--dp-size": "N whole servers behind radixlm's cache-aware router, on this host's cores (SGLang: N scheduler "
@@ -309,12 +313,14 @@ GROUPS: tuple[FlagGroup, ...] = (
              "--kt-method V", "--kt-cpuinfer V", "--kt-threadpool-count V", "--kt-num-gpu-experts V",
              "--kt-max-deferred-experts-per-token V"),
     _refused("EAGLE-style speculation (draft heads, trees, token maps) is a later issue", "--speculative-algorithm "
-             "NGRAM|STANDALONE|radix: chain drafts verified exactly, their length picked per step up to "
-             "--speculative-num-draft-tokens", "--speculative-eagle-topk V=1", "--speculative-token-map V",
+             "NGRAM|STANDALONE|radix: drafts verified exactly (trees of the recorded continuations for "
+             "ngram and radix), their size picked per step up to --speculative-num-draft-tokens",
+             "--speculative-token-map V",
              "--enable-multi-layer-eagle"),
-    _inert("radixlm drafts chains whose length it picks per step (up to --speculative-num-draft-tokens), by its "
-           "own prompt-lookup index (--speculative-ngram-min/max-match-window-size), in the draft model's own "
-           "attention backend", "--speculative-num-steps V", "--speculative-attention-mode V",
+    _inert("radixlm drafts trees whose size it picks per step (up to --speculative-num-draft-tokens, "
+           "--speculative-eagle-topk wide, --speculative-num-steps deep), by its own prompt-lookup index "
+           "(--speculative-ngram-min/max-match-window-size), in the draft model's own attention backend",
+           "--speculative-attention-mode V",
            "--speculative-draft-attention-backend V", "--speculative-ngram-min-bfs-breadth V",
            "--speculative-ngram-max-bfs-breadth V", "--speculative-ngram-match-type V",
            "--speculative-ngram-max-trie-depth V", "--speculative-ngram-capacity V"),

@@ -19,7 +19,7 @@ See docs/architecture.md, "KV ownership".
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Hashable, Optional
 
 import torch
 
@@ -89,6 +89,7 @@ class RadixCache(BasePrefixCache):
             touch(child)
             if m < len(child.key):
                 child = self._split_node(child, m)
+            child.insert_count += 1
             if child.value is None:
                 child.value = value[pos : pos + m].clone()
                 self.evictable_size_ += m
@@ -99,6 +100,7 @@ class RadixCache(BasePrefixCache):
             node, end = child, pos + m
         if end < len(ids):  # nothing cached past this point: the rest is a new (unlocked) leaf
             leaf = TreeNode(ids[end:], value[end:].clone(), key.namespace)
+            leaf.insert_count = 1
             leaf.parent = node
             node.children[leaf.lookup_key()] = leaf
             self.evictable_size_ += len(leaf.key)
@@ -111,25 +113,38 @@ class RadixCache(BasePrefixCache):
     def _on_inserted(self, new_nodes: list[TreeNode], last: TreeNode) -> None:
         """Hook: new_nodes (in path order, ending at last) just took KV slots."""
 
+    def locate(self, key: PrefixKey, node: Optional[TreeNode] = None) -> Optional[tuple[TreeNode, int]]:
+        """Where key (read from node, default the root) ends in the tree: (n, m), the key ending m
+        tokens into n's edge (m == len(n.key): at n); None when key leaves the tree. Read-only: no
+        split, no access-time update."""
+        node = node or self.root_node
+        ids = key.token_ids
+        if not ids:
+            return node, len(node.key)
+        for child, pos, m in walk(node, ids, child_key=key.child_key):
+            if pos + m == len(ids):
+                return child, m
+            if m < len(child.key):
+                return None
+        return None  # no child continues the key
+
+    @staticmethod
+    def branches(node: TreeNode, namespace: Hashable = None) -> list[TreeNode]:
+        """node's children in `namespace`, the most taken first (insert_count), the most recently
+        used on a tie."""
+        kids = [c for c in node.children.values() if c.namespace == namespace]
+        return sorted(kids, key=lambda c: (c.insert_count, c.last_access_time), reverse=True)
+
     def continuation(self, key: PrefixKey, k: int, node: Optional[TreeNode] = None) -> list[int]:
         """Up to k cached tokens that follow key (read from node, default the root), along the most
-        recently used children; [] when key leaves the tree. Read-only: no split, no access-time
-        update (a draft is not a use)."""
-        if k <= 0:
+        taken children (branches); [] when key leaves the tree. Read-only (a draft is not a use)."""
+        at = self.locate(key, node) if k > 0 else None
+        if at is None:
             return []
-        node = node or self.root_node
-        ids, reached, out = key.token_ids, 0, []
-        for child, pos, m in walk(node, ids, child_key=key.child_key):
-            if pos + m == len(ids):  # the key ends on this edge: its rest comes first
-                out, node, reached = list(child.key[m : m + k]), child, len(ids)
-                break
-            if m < len(child.key):
-                return []
-            node, reached = child, pos + m
-        if reached < len(ids):
-            return []
-        while len(out) < k and node.children:
-            node = max(node.children.values(), key=lambda c: c.last_access_time)
+        node, m = at
+        out = list(node.key[m : m + k])
+        while len(out) < k and (kids := self.branches(node, key.namespace)):
+            node = kids[0]
             out += node.key[: k - len(out)]
         return out
 
@@ -142,7 +157,7 @@ class RadixCache(BasePrefixCache):
         upper.parent = child.parent
         upper.lock_ref = child.lock_ref
         upper.last_access_time = child.last_access_time
-        upper.host_lock, upper.hit_count = child.host_lock, child.hit_count
+        upper.host_lock, upper.hit_count, upper.insert_count = child.host_lock, child.hit_count, child.insert_count
         if child.value is not None:
             upper.value, child.value = child.value[:split_len], child.value[split_len:]
         else:

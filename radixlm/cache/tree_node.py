@@ -35,6 +35,9 @@ class TreeNode:
         self.host_value: torch.Tensor | None = None
         self.host_lock = 0
         self.hit_count = 0
+        # Inserts that passed through this node (each request inserts its prompt after prefill and
+        # prompt + output when it finishes): how often this branch was taken, radix drafts' weight.
+        self.insert_count = 0
 
     def lookup_key(self) -> Hashable:
         """The key of this node in its parent's children: its first token (and its namespace)."""

@@ -14,6 +14,7 @@ import torch
 
 if TYPE_CHECKING:
     from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+    from radixlm.model.tree_mask import TreeMask
 
 
 class ForwardMode(IntEnum):
@@ -80,6 +81,9 @@ class ForwardBatch:
     # [3, num_tokens]: M-RoPE positions (temporal, height, width; model/mrope.py) of an M-RoPE model's
     # step where a request has images; None: none (plain RoPE at `positions`).
     mrope_positions: Optional[torch.Tensor] = None
+    # TARGET_VERIFY of draft trees: which new tokens each new token attends (model/tree_mask.py);
+    # None: causal (every other batch, and a verify batch of chains). Every backend honours it.
+    tree_mask: Optional["TreeMask"] = None
 
     @property
     def uses_lora(self) -> bool:

@@ -29,6 +29,7 @@ from radixlm.model.pooler import Pooler, read_pooling_type
 from radixlm.model import model_summary, pp_micro
 from radixlm.model.pp_stage import pp_stage
 from radixlm.model.runner_config import ModelRunnerConfig
+from radixlm.model.tree_mask import TreeMask
 from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.utils import keep_freed_memory_in_heap
 
@@ -185,6 +186,7 @@ class ModelRunner:
             lora_ids=b.lora_ids,
             mm_inputs=b.mm_inputs,
             mrope_positions=mrope_positions(b, self.device) if self.uses_mrope else None,
+            tree_mask=TreeMask.from_parents(b.tree_parents, self.device) if b.tree_parents else None,
         )
         if b.sampling:
             fb.sampling_info = SamplingBatchInfo.build(b.sampling, self.vocab_size, self.device)

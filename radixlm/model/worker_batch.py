@@ -34,6 +34,9 @@ class ModelWorkerBatch:
     lora_ids: list[Optional[str]] = field(default_factory=list)  # per request, its adapter's uid (None: base)
     # Per request, its images (radixlm/mm_inputs.py; None: none); empty: no request of the batch has any.
     mm_inputs: list = field(default_factory=list)
+    # TARGET_VERIFY of draft trees: per request, the parent of each new token among its new tokens
+    # (-1: the first, the request's next input); None: every request's new tokens form a chain.
+    tree_parents: Optional[list[list[int]]] = None
 
     @property
     def batch_size(self) -> int:

@@ -15,6 +15,7 @@ from radixlm.model.forward_batch import ForwardMode
 from radixlm.model.layers.sampler import SamplingRow
 from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.scheduler.req import Req
+from radixlm.speculative.draft_tree import DraftTree
 
 if TYPE_CHECKING:
     from radixlm.scheduler.cache_manager import CacheManager
@@ -62,8 +63,8 @@ class ScheduleBatch:
     forward_mode: ForwardMode
     chunks: list[PrefillChunk] = field(default_factory=list)  # EXTEND / MIXED
     decode_reqs: list[Req] = field(default_factory=list)  # DECODE / MIXED (after the chunks) / TARGET_VERIFY
-    # TARGET_VERIFY: per decode request, the draft tokens verified after its next input (maybe none).
-    drafts: list[list[int]] = field(default_factory=list)
+    # TARGET_VERIFY: per decode request, the draft tree verified after its next input (maybe empty).
+    drafts: list[DraftTree] = field(default_factory=list)
 
     def __post_init__(self):
         assert self.chunks or self.decode_reqs, "an empty batch never runs"
@@ -72,6 +73,11 @@ class ScheduleBatch:
         elif self.forward_mode in (ForwardMode.DECODE, ForwardMode.TARGET_VERIFY):
             assert not self.chunks
         assert len(self.drafts) == (len(self.decode_reqs) if self.forward_mode.is_verify() else 0)
+
+    def verify_rows(self, i: int) -> int:
+        """TARGET_VERIFY: the forward's row of decode request i's root (its next input); its tree's
+        node j is row verify_rows(i) + 1 + j."""
+        return i + sum(len(d) for d in self.drafts[:i])
 
     @property
     def reqs(self) -> list[Req]:
@@ -120,8 +126,11 @@ class ScheduleBatch:
             ext_lens.append(c.length)
             seq_lens.append(c.end)
             lp_starts.append(c.logprob_start)
+        tree_parents = None
         if self.forward_mode.is_verify():
             self._prepare_verify(r2t, out_loc, input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts)
+            if not all(d.is_chain for d in self.drafts):  # chains need no mask: causal attention is theirs
+                tree_parents = [[-1] + [p + 1 for p in d.parents] for d in self.drafts]
         else:
             self._prepare_decode(r2t, out_loc[pt:], input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts)
         return ModelWorkerBatch(
@@ -130,6 +139,7 @@ class ScheduleBatch:
             num_decode=len(self.decode_reqs) if self.forward_mode.is_mixed() else 0,
             sampling=self.sampling(), lora_ids=[r.lora_id for r in self.reqs],
             mm_inputs=[r.mm_inputs for r in self.reqs] if any(r.mm_inputs for r in self.reqs) else [],
+            tree_parents=tree_parents,
         )
 
     @staticmethod
@@ -161,8 +171,10 @@ class ScheduleBatch:
             lp_starts.extend([None] * len(decode_pos))
 
     def _prepare_verify(self, r2t, out_loc, input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts):
-        """Each request: its next input and its draft, as an extend after its context; a drafted
-        request gets every row's logits back (lp_start at its first new position)."""
+        """Each request: its next input and its draft tree's nodes, as an extend after its context
+        (node j at column p + 1 + j, position p + its depth: the tree mask, model/tree_mask.py, has
+        it attend its ancestors only); a drafted request gets every row's logits back (lp_start at
+        its first new position)."""
         pt = 0
         for r, draft in zip(self.decode_reqs, self.drafts):
             p, n = r.kv_allocated_len, 1 + len(draft)
@@ -173,8 +185,9 @@ class ScheduleBatch:
             r.kv_allocated_len = p + n
             r.forward_passes += 1
             input_ids.append(tok)
-            input_ids.extend(draft)
-            positions.extend(range(p, p + n))
+            input_ids.extend(draft.tokens)
+            positions.append(p)
+            positions.extend(p + d for d in draft.depths)
             prefix_lens.append(p)
             ext_lens.append(n)
             seq_lens.append(p + n)

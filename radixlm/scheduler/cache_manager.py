@@ -156,6 +156,16 @@ class CacheManager:
         else:
             self._leave(req, own_from=req.cache_protected_len)
 
+    def reorder_own(self, req: Req, start: int, order: list[int]) -> None:
+        """Reorder req's own uncommitted slots from column `start`: column start + j takes the slot
+        now at start + order[j] (a draft tree's accepted path moves up to follow the root; the
+        rest, now past it, is freed as uncommitted). The slots stay req's."""
+        assert req.kv_committed_len <= start and start + len(order) <= req.kv_allocated_len, (
+            req.rid, start, len(order), req.kv_committed_len, req.kv_allocated_len)
+        row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        cols = torch.tensor(order, dtype=torch.int64, device=row.device) + start
+        row[start : start + len(order)] = row[cols]
+
     def free_uncommitted(self, req: Req) -> None:
         """Free req's own slots past kv_committed_len: the KV of draft tokens a verify step rejected."""
         assert req.cache_protected_len <= req.kv_committed_len <= req.kv_allocated_len, (

@@ -20,7 +20,8 @@ from radixlm.scheduler.batch import ScheduleBatch
 from radixlm.scheduler.lazy_tokenizer import LazyTokenizer
 from radixlm.scheduler.req import Req
 from radixlm.scheduler.stats import SchedulerStats
-from radixlm.speculative.grammar import masked_draft_rows
+from radixlm.speculative.draft_tree import DraftTree
+from radixlm.speculative.grammar import masked_tree_rows
 
 
 class GrammarManager:
@@ -113,7 +114,7 @@ class GrammarManager:
         self.stats.grammar_mask_steps += 1
         return logits, errors
 
-    def masked_draft_rows(self, req: Req, draft: list[int], rows: torch.Tensor) -> torch.Tensor:
+    def masked_tree_rows(self, req: Req, tree: DraftTree, rows: torch.Tensor) -> torch.Tensor:
         # Only the mask layout's static helpers are used: a think block needs no grammar engine.
-        return masked_draft_rows(self._backend or BaseGrammarBackend, req.grammar, draft, rows)
+        return masked_tree_rows(self._backend or BaseGrammarBackend, req.grammar, tree, rows)
 

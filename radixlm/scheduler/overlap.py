@@ -25,6 +25,7 @@ from radixlm.model.runner import LogitsOutput
 from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.scheduler.batch import ScheduleBatch
 from radixlm.scheduler.req import Req
+from radixlm.speculative.verify import Acceptance
 
 
 class FutureTokenMap:
@@ -72,8 +73,9 @@ class StepOutput:
     seconds: float  # forward + sampling on the worker
     # Rows whose grammar mask could not be filled: that request fails, the others go on.
     row_errors: dict[int, str] = field(default_factory=dict)
-    # TARGET_VERIFY: per request, the tokens the step emits (accepted drafts + the model's token).
-    verified: Optional[list[list[int]]] = None
+    # TARGET_VERIFY: per request, what the step emits (accepted draft nodes' tokens + the model's
+    # token) and the accepted nodes.
+    verified: Optional[list[Acceptance]] = None
 
 
 @dataclass

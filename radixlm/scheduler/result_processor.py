@@ -29,6 +29,8 @@ from radixlm.scheduler.req import Req, ReqStatus
 from radixlm.scheduler.req_queues import ReqQueues
 from radixlm.scheduler.speculation import NoSpeculation
 from radixlm.scheduler.stats import SchedulerStats
+from radixlm.speculative.draft_tree import DraftTree
+from radixlm.speculative.verify import Acceptance
 
 logger = logging.getLogger(__name__)
 S = ReqStatus
@@ -62,7 +64,7 @@ class ResultProcessor:
         mode = batch.forward_mode
         if mode.is_verify():
             self.process_decode(batch.decode_reqs, out, ids, errors, verified=res.verified, drafts=batch.drafts)
-            self.stats.on_decode(sum(map(len, res.verified)), res.seconds, launched.launch_time)
+            self.stats.on_decode(sum(len(a.tokens) for a in res.verified), res.seconds, launched.launch_time)
             self.spec.on_verify_step(tokens, res.seconds)
         elif mode.is_mixed():
             # Decode part first: its finished requests leave before the new ones join.
@@ -122,12 +124,15 @@ class ResultProcessor:
                 self.finisher.fail(req, e)
 
     def process_decode(self, reqs: list[Req], out: LogitsOutput, next_ids: list[int], errors: dict[int, str],
-                       slots: Optional[list[int]] = None, verified: Optional[list[list[int]]] = None,
-                       drafts: Optional[list[list[int]]] = None) -> None:
-        """A decode step's tokens, or a verify step's (verified[i]: request i's emitted tokens
-        for its draft drafts[i])."""
+                       slots: Optional[list[int]] = None, verified: Optional[list[Acceptance]] = None,
+                       drafts: Optional[list[DraftTree]] = None) -> None:
+        """A decode step's tokens, or a verify step's (verified[i]: what request i's draft tree
+        drafts[i] gave)."""
         was_running = [req.status is S.RUNNING for req in reqs]
+        row0 = 0  # a verify step's forward row of request i's root
         for i, req in enumerate(reqs):
+            if i and drafts is not None:
+                row0 += 1 + len(drafts[i - 1])
             if slots is not None and req.future_slot == slots[i]:
                 req.future_slot = None
             if not was_running[i] or req.finished():
@@ -137,7 +142,7 @@ class ResultProcessor:
                     req.kv_committed_len += 1
                     req.abort(errors[i], 500)
                 elif drafts is not None and drafts[i]:
-                    self.append_verified(req, drafts[i], verified[i], out.row_logits[i])
+                    self.append_verified(req, drafts[i], verified[i], out.row_logits[i], row0)
                 else:
                     req.kv_committed_len += 1
                     self.append_token(req, next_ids[i], out.next_token_logits[i])
@@ -151,33 +156,37 @@ class ResultProcessor:
             elif ran and not req.finished():
                 self.outputs.emit(req)  # a request that jumped forward streams its forced text now
 
-    def append_verified(self, req: Req, draft: list[int], tokens: list[int], rows: torch.Tensor) -> None:
+    def append_verified(self, req: Req, tree: DraftTree, acc: Acceptance, rows: torch.Tensor, row0: int) -> None:
         """A verify step's tokens for req, one by one as decoding would append them (logprobs from
-        the row that predicted each, stop checks after each); the step wrote the KV of the next
-        input and of every draft, so each appended token commits one more position. The KV of
-        drafts that were rejected or fall after a stop is freed.
+        the row that predicted each, stop checks after each). The step wrote the KV of the next
+        input (the root) and of every node of the tree; the accepted path's KV moves to the columns
+        right after the root, so each appended token commits one more position, and the KV of the
+        other nodes, and of accepted ones after a stop, is freed. row0: the forward's row of the root.
 
         A request that jump-forward may move (constrained, no logprobs) stops taking tokens where
         its grammar forces text: decoding would have jumped there (the caller does), and the
         forced text's canonical tokens can differ from those the model would pick one by one.
         Before that, each token is emitted as decoding emits it, since what was streamed is
         what a jump may not re-tokenize."""
-        start, appended = req.kv_committed_len, 0
+        start, appended, path = req.kv_committed_len, 0, acc.path
+        if path != list(range(len(path))):  # a branch, not the first nodes in order: they move up
+            on_path = set(path)
+            self.cache_manager.reorder_own(req, start + 1, path + [j for j in range(len(tree)) if j not in on_path])
         may_jump = self.jump_forward.can_jump(req)
-        for j, tok in enumerate(tokens):
+        for j, tok in enumerate(acc.tokens):
             req.kv_committed_len = start + j + 1
-            self.append_token(req, tok, rows[j])
+            self.append_token(req, tok, rows[0 if j == 0 else 1 + path[j - 1]])
             appended += 1
             if req.finished():
                 break
-            if may_jump and j < len(tokens) - 1:
+            if may_jump and j < len(acc.tokens) - 1:
                 if req.grammar.find_jump_forward_str():
                     break
                 self.outputs.emit(req)
-        accepted = len(tokens) - 1  # drafts the model agreed with (those after a stop are dropped)
         req.spec_verify_ct += 1
-        req.spec_accepted_tokens += min(accepted, appended)
-        self.spec.on_verified(req, len(draft), accepted)
+        req.spec_accepted_tokens += min(len(path), appended)  # drafts the model agreed with, before any stop
+        kept = min(len(path), appended)
+        self.spec.on_verified(req, tree, path, kept, [row0] + [row0 + 1 + n for n in path[:kept]])
         if not req.finished():
             self.cache_manager.free_uncommitted(req)
 

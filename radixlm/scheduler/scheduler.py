@@ -148,7 +148,7 @@ class Scheduler:
 
         source = create_draft_source(spec, self.tree_cache, self.runner.token_to_kv_pool.size, self.config.runner,
                                      self.runner.vocab_size)
-        controller = SpecController(source, spec.num_draft_tokens, spec.draft_policy)
+        controller = SpecController(source, spec.num_draft_tokens, spec.draft_policy, spec.tree_shape)
         controller.costs = AgreedStepCosts(controller.costs, self.sync)  # draft lengths alike on every rank
         return SpecDecoding(controller, self.grammar)
 

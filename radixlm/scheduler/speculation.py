@@ -14,7 +14,8 @@ from radixlm.scheduler.batch import ScheduleBatch
 from radixlm.scheduler.grammar_manager import GrammarManager
 from radixlm.scheduler.req import Req
 from radixlm.speculative.controller import SpecController
-from radixlm.speculative.verify import accept_draft
+from radixlm.speculative.draft_tree import DraftTree
+from radixlm.speculative.verify import Acceptance, accept_tree
 
 
 class NoSpeculation:
@@ -22,7 +23,7 @@ class NoSpeculation:
         return ScheduleBatch(ForwardMode.DECODE, decode_reqs=list(running))
 
     def verify(self, batch: ScheduleBatch, row_logits: list[torch.Tensor], next_ids: list[int],
-               errors: dict[int, str]) -> list[list[int]]:
+               errors: dict[int, str]) -> list[Acceptance]:
         raise AssertionError("no verify step without speculative decoding")
 
     def on_step(self, rows: int, seconds: float) -> None:
@@ -31,7 +32,7 @@ class NoSpeculation:
     def on_verify_step(self, rows: int, seconds: float) -> None:
         pass
 
-    def on_verified(self, req: Req, drafted: int, accepted: int) -> None:
+    def on_verified(self, req: Req, tree: DraftTree, path: list[int], kept: int, rows: list[int]) -> None:
         pass
 
     def release(self, req: Req) -> None:
@@ -56,24 +57,24 @@ class SpecDecoding(NoSpeculation):
         return super().decode_batch(running, spare_slots, context_len)
 
     def verify(self, batch: ScheduleBatch, row_logits: list[torch.Tensor], next_ids: list[int],
-               errors: dict[int, str]) -> list[list[int]]:
-        """Per request, the tokens the step emits: its accepted drafts and the model's own token (the
-        sampled one where it drafted nothing). A constrained request's rows are masked first; a mask
-        that fails fails that request (errors[i]), not the batch."""
+               errors: dict[int, str]) -> list[Acceptance]:
+        """Per request, what the step emits: its accepted draft nodes' tokens and the model's own
+        token (the sampled one where it drafted nothing). A constrained request's rows are masked
+        first; a mask that fails fails that request (errors[i]), not the batch."""
         out = []
         for i, (req, draft) in enumerate(zip(batch.decode_reqs, batch.drafts)):
             if not draft:
-                out.append([next_ids[i]])
+                out.append(Acceptance([next_ids[i]], []))
                 continue
             rows = row_logits[i]
             if req.grammar is not None:
                 try:
-                    rows = self.grammar.masked_draft_rows(req, draft, rows)
+                    rows = self.grammar.masked_tree_rows(req, draft, rows)
                 except Exception as e:  # noqa: BLE001 - this request fails, not the batch
                     errors[i] = f"internal error: grammar mask: {type(e).__name__}: {e}"
-                    out.append([])
+                    out.append(Acceptance([], []))
                     continue
-            out.append(accept_draft(rows, draft, req.sampling_params, req.generator))
+            out.append(accept_tree(rows, draft, req.sampling_params, req.generator))
         return out
 
     def on_step(self, rows: int, seconds: float) -> None:
@@ -83,8 +84,8 @@ class SpecDecoding(NoSpeculation):
         self.controller.stats.verify_steps += 1
         self.controller.on_step(rows, seconds)
 
-    def on_verified(self, req: Req, drafted: int, accepted: int) -> None:
-        self.controller.on_verified(req, drafted, accepted)
+    def on_verified(self, req: Req, tree: DraftTree, path: list[int], kept: int, rows: list[int]) -> None:
+        self.controller.on_verified(req, tree, path, kept, rows)
 
     def release(self, req: Req) -> None:
         self.controller.release(req)

@@ -6,11 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
+from radixlm.speculative.draft_tree import TreeShape
+
 if TYPE_CHECKING:
     from radixlm.config import ServerArgs
 
 SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft-model")
 DRAFT_POLICIES = ("adaptive", "fixed")
+# Children per draft-tree node when --speculative-eagle-topk is not given: the lookups have several
+# recorded continuations to branch on; the draft model decodes one chain.
+DEFAULT_TOPK = {"ngram": 4, "radix": 4, "draft-model": 1}
 
 
 @dataclass(frozen=True)
@@ -25,6 +30,8 @@ class SpeculativeConfig:
     draft_kv_tokens: Optional[int] = None  # draft-model: its KV pool (None: the target's size)
     max_extend_tokens: int = 4096  # draft-model: tokens per catch-up forward (the target's max_prefill_tokens)
     check_invariants: bool = False  # draft-model: check its own pool after every proposal
+    eagle_topk: Optional[int] = None  # most children per tree node (None: DEFAULT_TOPK)
+    num_steps: Optional[int] = None  # most tree levels (None: num_draft_tokens)
 
     def __post_init__(self):
         def bad(field: str, why: str):
@@ -48,6 +55,17 @@ class SpeculativeConfig:
                              f"got speculative_algorithm {self.algorithm!r}")
         if self.draft_kv_tokens is not None and self.draft_kv_tokens <= 0:
             bad("draft_kv_tokens", "must be positive")
+        if self.eagle_topk is not None and self.eagle_topk < 1:
+            bad("eagle_topk", "must be >= 1")
+        if self.eagle_topk is not None and self.eagle_topk > 1 and DEFAULT_TOPK[self.algorithm] == 1:
+            bad("eagle_topk", f"must be 1 for speculative_algorithm {self.algorithm} (it drafts chains)")
+        if self.num_steps is not None and self.num_steps < 1:
+            bad("num_steps", "must be >= 1")
+
+    @property
+    def tree_shape(self) -> TreeShape:
+        """The widest and deepest draft trees (the controller narrows them per step)."""
+        return TreeShape(self.eagle_topk or DEFAULT_TOPK[self.algorithm], self.num_steps or self.num_draft_tokens)
 
     @classmethod
     def from_server_args(cls, args: "ServerArgs") -> Optional["SpeculativeConfig"]:
@@ -60,4 +78,5 @@ class SpeculativeConfig:
         return cls(args.speculative_algorithm, args.speculative_num_draft_tokens, args.speculative_draft_policy,
                    args.speculative_ngram_min_match_window_size, args.speculative_ngram_max_match_window_size,
                    args.speculative_suffix_index_tokens, args.speculative_draft_model_path,
-                   args.speculative_draft_kv_tokens, args.max_prefill_tokens, args.enable_invariant_checks)
+                   args.speculative_draft_kv_tokens, args.max_prefill_tokens, args.enable_invariant_checks,
+                   args.speculative_eagle_topk, args.speculative_num_steps)

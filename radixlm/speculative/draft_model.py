@@ -30,7 +30,8 @@ from radixlm.errors import InvariantError
 from radixlm.model.forward_batch import ForwardMode
 from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.model.worker_batch import ModelWorkerBatch
-from radixlm.speculative.draft_source import DraftReq
+from radixlm.speculative.draft_source import DraftReq, DraftSourceBase
+from radixlm.speculative.draft_tree import CHAIN, TreeShape
 from radixlm.utils import common_prefix_len
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class _Work:
     draft: list[int] = field(default_factory=list)
 
 
-class DraftModelSource:
+class DraftModelSource(DraftSourceBase):
     def __init__(self, config: "SpeculativeConfig", target: ModelRunnerConfig, kv_tokens: int,
                  target_vocab_size: int):
         from radixlm.model.runner import ModelRunner
@@ -93,7 +94,8 @@ class DraftModelSource:
                     self.runner.loaded.architecture, self.runner.vocab_size, self.kv_pool.size)
 
     # ------------------------------------------------------------------ DraftSource
-    def propose(self, reqs: list[DraftReq], ks: list[int]) -> list[list[int]]:
+    def propose(self, reqs: list[DraftReq], ks: list[int], shape: TreeShape = CHAIN) -> list[list[int]]:
+        """Chains: greedy decoding gives one candidate per step (shape is the controller's to cut)."""
         running = {id(r) for r in reqs}
         # A request that finished without a release (aborted while retracted) never comes back.
         for st in [s for s in self._reqs.values() if s.req.finished() and id(s.req) not in running]:

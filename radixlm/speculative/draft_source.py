@@ -1,17 +1,26 @@
 """DraftSource: what proposes draft tokens for a running request.
 
 A source sees the request (its tokens, prompt + output, and where it sits in the radix tree) and
-returns up to `k` token ids it expects the model to produce next. Proposals cost no forward of
-the target model; a wrong one costs only the verify step's extra query rows, and the verifier
-keeps the output distribution exact.
+returns up to `k` tokens it expects the model to produce next: a chain (a list of token ids), or a
+DraftTree (draft_tree.py) where it has several candidates (the radix tree's recorded branches,
+prompt lookup's several earlier continuations, a draft head's top-k). Proposals cost no forward of
+the target model; a wrong one costs only the verify step's extra query rows, and the verifier keeps
+the output distribution exact.
+
+After the verify step the source hears what happened (on_verified): which nodes of its tree the
+request kept and where they sat in the verify forward, so a source that reads the target's hidden
+states (EAGLE) can take the accepted rows' states from that forward.
 """
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol
+from typing import Any, Optional, Protocol, Sequence, Union
 
 from radixlm.ipc import FinishReason
 from radixlm.sampling_params import SamplingParams
+from radixlm.speculative.draft_tree import CHAIN, DraftTree, TreeShape
+
+Draft = Union[Sequence[int], DraftTree]  # a chain, or a tree
 
 
 class DraftReq(Protocol):
@@ -40,9 +49,21 @@ class DraftSource(Protocol):
     # requests it does not verify this step, to learn their acceptance rates for free.
     cheap: bool
 
-    def propose(self, reqs: list[DraftReq], ks: list[int]) -> list[list[int]]:
-        """Per request, up to ks[i] draft tokens to follow its tokens (prompt + output so far);
-        ks[i] == 0: none. One call per step, so a source that runs a model batches it."""
+    def propose(self, reqs: list[DraftReq], ks: list[int], shape: TreeShape = CHAIN) -> list[Draft]:
+        """Per request, at most ks[i] draft tokens (tree nodes) to follow its tokens (prompt +
+        output so far); ks[i] == 0: none. A tree source keeps within shape (children per node,
+        levels); the controller cuts every draft to it, so a chain source may ignore it. One call
+        per step, so a source that runs a model batches it."""
+        ...
+
+    def on_verified(self, req: DraftReq, tree: DraftTree, accepted: list[int], rows: list[int]) -> None:
+        """The verify step checked `tree` (as the controller sent it: cut and bounded, a chain as a
+        DraftTree.chain) for req and req kept `accepted`: node indices of tree, root excluded, in
+        path order (its output grew by their tokens, then the target's own next token; they are
+        the nodes whose KV the request keeps). rows[0] is the verify forward's row (an index into
+        the step's input_ids, positions and hidden states) of the root, the request's next input,
+        and rows[1 + j] that of accepted[j]. Called once per drafted request per verify step,
+        before release; the default does nothing."""
         ...
 
     def release(self, req: DraftReq) -> None:
@@ -50,16 +71,25 @@ class DraftSource(Protocol):
         ...
 
 
-class PerRequestDraftSource:
+class DraftSourceBase:
+    """The protocol's defaults: not cheap, a no-op on_verified and release."""
+
+    cheap = False
+
+    def on_verified(self, req: DraftReq, tree: DraftTree, accepted: list[int], rows: list[int]) -> None:
+        pass
+
+    def release(self, req: DraftReq) -> None:
+        pass
+
+
+class PerRequestDraftSource(DraftSourceBase):
     """A source whose drafts come one request at a time (lookups, no forward)."""
 
     cheap = True  # drafting costs next to nothing: the controller may draft to learn rates
 
-    def propose(self, reqs: list[DraftReq], ks: list[int]) -> list[list[int]]:
-        return [self.draft_for(r, k) if k > 0 else [] for r, k in zip(reqs, ks)]
+    def propose(self, reqs: list[DraftReq], ks: list[int], shape: TreeShape = CHAIN) -> list[Draft]:
+        return [self.draft_for(r, k, shape) if k > 0 else [] for r, k in zip(reqs, ks)]
 
-    def draft_for(self, req: DraftReq, k: int) -> list[int]:
+    def draft_for(self, req: DraftReq, k: int, shape: TreeShape = CHAIN) -> Draft:
         raise NotImplementedError
-
-    def release(self, req: DraftReq) -> None:
-        pass

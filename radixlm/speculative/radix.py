@@ -6,6 +6,11 @@ continuation along the most recently used children is the draft: a request that 
 earlier one (an agent's recurring call, a retried prompt, n > 1 samples) gets the earlier
 answer proposed token for token, and pays for verifying it only where it diverges.
 
+Where several requests went on differently after the same context (sampled answers, an agent's
+branching calls), the recorded branches become a draft tree (draft_tree.py): best first by how
+often each branch was taken (TreeNode.insert_count, the most recent first on a tie), at most the
+step's width of branches per node. The first path is the chain the source would draft alone.
+
 The tree drafts only while the request's whole chain is cached. Where it gives fewer than k
 tokens (the request left the tree, or its chain ends), a SuffixIndex of recent outputs
 (suffix_index.py) continues from the request's last tokens: answers that repeat in pieces after
@@ -22,6 +27,7 @@ from typing import TYPE_CHECKING, Optional
 from radixlm.cache.base_prefix_cache import PrefixKey
 from radixlm.ipc import FinishAbort
 from radixlm.speculative.draft_source import DraftReq, PerRequestDraftSource
+from radixlm.speculative.draft_tree import CHAIN, ROOT, DraftTree, TreeShape
 
 if TYPE_CHECKING:
     from radixlm.cache.radix_cache import RadixCache
@@ -38,22 +44,34 @@ class RadixDraftSource(PerRequestDraftSource):
         self.suffix = suffix_index  # None: no index of recent outputs
         self.lookup = lookup  # None: no prompt lookup
 
-    def draft_for(self, req: DraftReq, k: int) -> list[int]:
+    def draft_for(self, req: DraftReq, k: int, shape: TreeShape = CHAIN) -> DraftTree:
         ids = req.all_ids()
         node = req.last_node if req.last_node is not None else self.tree.root_node
         start = req.cache_protected_len if req.last_node is not None else 0
-        draft = self.tree.continuation(PrefixKey(ids[start:], req.cache_namespace), k, node)
-        if len(draft) == k:
-            return draft
+        at = self.tree.locate(PrefixKey(ids[start:], req.cache_namespace), node)
+        tree = DraftTree.empty() if at is None else DraftTree.grow(
+            at, lambda h: self._branches(h, req.cache_namespace), k, shape)
+        if len(tree) == k:
+            return tree
+        main = tree.first_path()
         more, match = [], 0
         if self.suffix is not None:
-            # The index continues the context as the tree's draft extends it.
-            more, match = self.suffix.propose_with_match(ids[-self.suffix.max_match :] + draft, k - len(draft))
-        if not draft and self.lookup is not None:
-            own, own_match = self.lookup.lookup_with_match(req.rid, ids, k)
-            if own_match >= match and own:
-                more = own
-        return draft + more
+            # The index continues the context as the tree's first path extends it.
+            context = ids[-self.suffix.max_match :] + tree.path_tokens(main)
+            more, match = self.suffix.propose_with_match(context, k - len(tree))
+        if not len(tree) and self.lookup is not None:
+            own, own_match = self.lookup.lookup_tree(req.rid, ids, k, shape)
+            if own_match >= match and len(own):
+                return own
+        return tree.with_chain(main[-1] if main else ROOT, more)
+
+    def _branches(self, h: tuple, namespace) -> list[tuple]:
+        """grow's children below (node, m), a point m tokens into node's edge: the edge's next
+        token, or at its end each branch weighted by how often it was taken."""
+        node, m = h
+        if m < len(node.key):
+            return [(node.key[m], 1.0, (node, m + 1))]
+        return [(c.key[0], float(max(c.insert_count, 1)), (c, 1)) for c in self.tree.branches(node, namespace)]
 
     def release(self, req: DraftReq) -> None:
         if self.lookup is not None:

@@ -16,6 +16,7 @@ from typing import Optional
 
 import pytest
 
+from radixlm.speculative.draft_tree import CHAIN, DraftTree, TreeShape
 from tests.scheduler.harness import Driver, assert_idle_memory_ok, make_scheduler
 
 POOL = 300
@@ -102,25 +103,52 @@ class NoisyDrafts:
     def __init__(self, source, seed: int, oracle: dict):
         self.source, self.rng, self.oracle = source, random.Random(seed), oracle
 
-    def propose(self, reqs, ks: list[int]) -> list[list[int]]:
-        return [self.draft_for(r, k) if k > 0 else [] for r, k in zip(reqs, ks)]
+    def propose(self, reqs, ks: list[int], shape=CHAIN) -> list:
+        return [self.draft_for(r, k, shape) if k > 0 else [] for r, k in zip(reqs, ks)]
 
-    def draft_for(self, req, k: int) -> list[int]:
+    def draft_for(self, req, k: int, shape):
         rng, roll = self.rng, self.rng.random()
         truth = self.oracle.get(req.rid)
         if truth is not None and roll < 0.6:
             draft = truth[len(req.output_ids) : len(req.output_ids) + k]
         elif roll < 0.8:
-            (draft,) = self.source.propose([req], [k])
+            (draft,) = self.source.propose([req], [k], shape)
+            if isinstance(draft, DraftTree):
+                return draft
         else:
             draft = [rng.randrange(3, 40000) for _ in range(rng.randrange(1, k + 1))]
         if draft and rng.random() < 0.4:
             cut = rng.randrange(len(draft))
             draft = draft[:cut] + [rng.randrange(3, 40000)] + draft[cut + 1 :]
+        if len(draft) > 1 and shape.width > 1 and rng.random() < 0.5:
+            return noisy_tree(rng, draft, k)
         return draft
+
+    def on_verified(self, req, tree, accepted, rows) -> None:
+        self.source.on_verified(req, tree, accepted, rows)
 
     def release(self, req) -> None:
         self.source.release(req)
+
+
+def noisy_tree(rng: random.Random, chain: list[int], k: int) -> DraftTree:
+    """chain as one path of a tree among random siblings and their children (at most k nodes):
+    the true path's node comes first, later or not at all among its siblings, so acceptance walks
+    every kind of branch."""
+    tokens, parents, node, mine = [], [], -1, -1
+    for t in chain:
+        siblings = [rng.randrange(3, 40000) for _ in range(rng.randrange(0, 3))]
+        at = rng.randrange(len(siblings) + 1)
+        for j, s in enumerate(siblings[:at] + [t] + siblings[at:]):
+            tokens.append(s)
+            parents.append(node)
+            if j == at:
+                mine = len(tokens) - 1
+            elif rng.random() < 0.3:
+                tokens.append(rng.randrange(3, 40000))
+                parents.append(len(tokens) - 2)
+        node = mine
+    return DraftTree(tuple(tokens), tuple(parents)).bounded(TreeShape(width=8), k)
 
 
 def run(model_dir: str, specs: list[Spec], abort_seed, oracle: Optional[dict] = None, **opts) -> Run:

@@ -11,14 +11,18 @@ from hypothesis import strategies as st
 
 from radixlm.speculative.controller import MIN_WORTH, SpecController
 from radixlm.speculative.cost_model import StepCostModel
+from radixlm.speculative.draft_source import DraftSourceBase
+from radixlm.speculative.draft_tree import DraftTree
 
 
-class NoSource:
-    def propose(self, reqs, ks):
+class NoSource(DraftSourceBase):
+    def propose(self, reqs, ks, shape=None):
         raise AssertionError("not called here")
 
-    def release(self, req):
-        pass
+
+def verified(ctl: SpecController, req, drafted: int, accepted: int) -> None:
+    """A verify step of a chain of `drafted` tokens of which the first `accepted` were accepted."""
+    ctl.on_verified(req, DraftTree.chain([7] * drafted), list(range(accepted)), accepted, list(range(accepted + 1)))
 
 
 def model_with(points: dict[int, float]) -> StepCostModel:
@@ -111,15 +115,15 @@ def test_rates_follow_recent_acceptance():
     ctl = cpu_like()
     good, bad = R("good"), R("bad")
     for _ in range(6):
-        ctl.on_verified(good, 4, 4)
-        ctl.on_verified(bad, 4, 0)
+        verified(ctl, good, 4, 4)
+        verified(ctl, bad, 4, 0)
     assert ctl.rate("good") > 0.9 and ctl.rate("bad") < 0.3
     assert 0.3 < ctl.rate("new") < 0.9  # a new request starts from the global rate
     for _ in range(6):
-        ctl.on_verified(good, 4, 0)  # it stopped being predictable: its drafts shrink, then stop
+        verified(ctl, good, 4, 0)  # it stopped being predictable: its drafts shrink, then stop
     assert ctl.allocate([ctl.rate("good")], [8], 100) == [1]
     for _ in range(6):
-        ctl.on_verified(good, 4, 0)
+        verified(ctl, good, 4, 0)
     assert ctl.allocate([ctl.rate("good")], [8], 100) == [0]
     ctl.release(good)
     assert ctl.rate("good") == ctl.rate("new")
@@ -134,7 +138,7 @@ def test_probe_after_a_run_of_unpaying_steps():
     from radixlm.speculative.controller import PROBE_INTERVAL
 
     class Source(NoSource):
-        def propose(self, reqs, ks):
+        def propose(self, reqs, ks, shape=None):
             return [[7] * k for k in ks]
 
     ctl = SpecController(Source(), 4)
@@ -158,7 +162,7 @@ def test_cheap_sources_learn_rates_without_verifying():
         class Source(NoSource):
             cheap = True
 
-            def propose(self, reqs, ks):  # the next token is always 5
+            def propose(self, reqs, ks, shape=None):  # the next token is always 5
                 return [[5 if right else 6] * k for k in ks]
 
         ctl = SpecController(Source(), 4)

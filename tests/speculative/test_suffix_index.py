@@ -16,6 +16,7 @@ from radixlm.config import ServerArgs
 from radixlm.sampling_params import SamplingParams
 from radixlm.scheduler.req import Req
 from radixlm.model.runner_config import ModelRunnerConfig
+from radixlm.speculative.draft_tree import DraftTree
 from radixlm.speculative.config import SpeculativeConfig
 from radixlm.speculative.factory import create_draft_source
 from radixlm.speculative.radix import RadixDraftSource
@@ -122,6 +123,13 @@ def test_suffix_index_evicts_the_oldest_sequences():
     assert off.num_tokens == 0 and off.propose([1, 2], 2) == []
 
 
+def chain(draft) -> list[int]:
+    """A draft that must be a chain, as its tokens."""
+    tree = draft if isinstance(draft, DraftTree) else DraftTree.chain(draft)
+    assert tree.is_chain, tree
+    return list(tree.tokens)
+
+
 def make_req(rid, prompt, output=(), finished=None):
     req = Req(rid=rid, origin_input_ids=list(prompt), sampling_params=SamplingParams(temperature=0))
     req.output_ids = list(output)
@@ -138,18 +146,18 @@ def test_radix_source_drafts_from_earlier_outputs_after_a_different_prompt():
     src.release(a)
     # B's prompt differs: the tree has nothing after it, the suffix index has A's answer.
     b = make_req("b", [9, 9, 9], [52, 53])
-    assert src.draft_for(b, 3) == [54, 55, 56]
+    assert chain(src.draft_for(b, 3)) == [54, 55, 56]
     # A repeat of A's prompt: the tree drafts to the end of A's answer, nothing held follows it.
     c = make_req("c", [1, 2, 3], [50])
-    assert src.draft_for(c, 10) == answer[1:]
+    assert chain(src.draft_for(c, 10)) == answer[1:]
     # The tree runs out (A's chain ends), the index continues from the context + the tree's part.
     tree.insert(PrefixKey([7, 7, 50, 51]), torch.arange(100, 104))
     d = make_req("d", [7, 7], [])
-    assert src.draft_for(d, 4) == [50, 51, 52, 53]
+    assert chain(src.draft_for(d, 4)) == [50, 51, 52, 53]
     # Aborted requests are not learned from; without an index the source drafts from the tree only.
     src.release(make_req("e", [4], [60, 61, 62, 63], FinishAbort("aborted")))
-    assert src.draft_for(make_req("f", [8], [60, 61]), 2) == []
-    assert RadixDraftSource(tree).draft_for(b, 3) == []
+    assert chain(src.draft_for(make_req("f", [8], [60, 61]), 2)) == []
+    assert chain(RadixDraftSource(tree).draft_for(b, 3)) == []
 
 
 def test_create_draft_source_builds_the_index_from_server_args():

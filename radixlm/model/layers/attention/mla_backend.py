@@ -41,6 +41,7 @@ class _ExtendReq:
     length: int  # its new tokens
     prefix: int  # its tokens already in the pool
     kv_indices: torch.Tensor  # [prefix + length] slots of its whole sequence
+    tree_mask: Optional[torch.Tensor] = None  # a draft tree's [length, prefix + length] mask; None: causal
 
 
 @dataclass
@@ -102,9 +103,12 @@ class MLABackend(AttentionBackend):
         extend_lens = (fb.extend_seq_lens_cpu[:n_ext] if fb.extend_seq_lens_cpu
                        else [s - p for s, p in zip(seq_lens[:n_ext], prefix_lens)])
         rows = req_to_token[fb.req_pool_indices[:n_ext], : max(seq_lens[:n_ext])]
-        start = 0
+        start, tree = 0, fb.tree_mask
         for i, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
-            md.extend.append(_ExtendReq(start, e, p, rows[i, : p + e]))
+            req = _ExtendReq(start, e, p, rows[i, : p + e])
+            if tree is not None and not tree.is_causal(i):
+                req.tree_mask = tree.extend_masks(i, p, None, rows.device)[0]
+            md.extend.append(req)
             start += e
 
     def forward_extend(self, q, k, v, layer: "MLAAttention", forward_batch: "ForwardBatch") -> torch.Tensor:
@@ -118,8 +122,8 @@ class MLABackend(AttentionBackend):
             s, e = r.start, r.start + r.length
             latent = k[s:e, 0] if r.prefix == 0 else latent_buf[r.kv_indices]
             ki, vi = decompress(layer, latent)
-            mask = None
-            if r.prefix:
+            mask = r.tree_mask
+            if mask is None and r.prefix:
                 pos_k = torch.arange(r.prefix + r.length, device=q.device)
                 mask = pos_k[None, :] <= torch.arange(r.prefix, r.prefix + r.length, device=q.device)[:, None]
             o = F.scaled_dot_product_attention(q[s:e].transpose(0, 1), ki.transpose(0, 1), vi.transpose(0, 1),

@@ -7,6 +7,13 @@ with int8-rounded activations (quantized linear layers) outputs stay the same un
 
 The batch's req_to_token rows are copied when its metadata is built (at launch, on the scheduler
 thread), so under overlap the worker never reads rows the scheduler is rewriting (overlap.py).
+
+A verify batch of draft trees (ForwardBatch.tree_mask) runs on the same kernel: each new token of a
+tree becomes a query of its own whose key list is its request's prefix followed by its ancestors and
+itself (tree_key_rows), in position order. That list is exactly the one a decode step at the node's
+place on its path reads, so the kernel (keys in fixed blocks by list position) gives a node bitwise
+the decode step's result; a mask applied inside the kernel's blocks would instead shift the
+ancestors' block and lane positions, and with them the sums' rounding.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from radixlm.model.layers.attention.base import AttentionBackend, AttentionBacke
 
 if TYPE_CHECKING:
     from radixlm.model.forward_batch import ForwardBatch
+    from radixlm.model.tree_mask import TreeMask
 
 MAX_HEAD_DIM = 256
 
@@ -74,10 +82,14 @@ class NativeCPUBackend(AttentionBackend):
         if rows is None:
             rows = self._rows[bs] = torch.arange(bs, dtype=torch.int64)
         req_to_token = fb.req_to_token_pool.req_to_token
+        kv_slots = req_to_token[fb.req_pool_indices, : max(seq_lens, default=0)]
+        if fb.tree_mask is not None:
+            fb.attn_metadata = tree_key_rows(kv_slots, seq_lens, q_start, fb.tree_mask)
+            return
         fb.attn_metadata = NativeMetadata(
             q_start=q_start,
             seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
-            kv_slots=req_to_token[fb.req_pool_indices, : max(seq_lens, default=0)],
+            kv_slots=kv_slots,
             rows=rows,
         )
 
@@ -93,3 +105,34 @@ class NativeCPUBackend(AttentionBackend):
 
     def runs_fused_layers(self, forward_batch: "ForwardBatch") -> bool:
         return True  # every batch's metadata is the op's (NativeMetadata)
+
+
+def tree_key_rows(kv_slots: torch.Tensor, seq_lens: list[int], q_start: torch.Tensor, tree: "TreeMask") -> NativeMetadata:
+    """The kernel's view of a batch with draft trees: a chain request stays one request; each new
+    token r of a tree request b becomes a request of one query whose keys are b's prefix, then the
+    new tokens its mask row allows (its ancestors and itself, in column order = depth order)."""
+    starts = q_start.tolist()
+    rows, lens, q_counts, extra = [], [], [], []
+    width, next_row = kv_slots.shape[1], kv_slots.shape[0]
+    for b, seq_len in enumerate(seq_lens):
+        n = starts[b + 1] - starts[b]
+        if tree.is_causal(b):
+            rows.append(b)
+            lens.append(seq_len)
+            q_counts.append(n)
+            continue
+        prefix, block = seq_len - n, tree.blocks_cpu[b]
+        keys = kv_slots.new_zeros(n, width)
+        keys[:, :prefix] = kv_slots[b, :prefix]
+        r_idx, c_idx = block.nonzero(as_tuple=True)
+        at = block.cumsum(1)[r_idx, c_idx] - 1  # a key's place among its row's allowed new tokens
+        keys[r_idx, prefix + at] = kv_slots[b, prefix + c_idx]
+        extra.append(keys)
+        rows.extend(range(next_row, next_row + n))
+        next_row += n
+        lens.extend((prefix + block.sum(1)).tolist())
+        q_counts.extend([1] * n)
+    q = torch.zeros(len(q_counts) + 1, dtype=torch.int64)
+    torch.cumsum(torch.tensor(q_counts, dtype=torch.int64), 0, out=q[1:])
+    return NativeMetadata(q_start=q, seq_lens=torch.tensor(lens, dtype=torch.int64),
+                          kv_slots=torch.cat([kv_slots] + extra), rows=torch.tensor(rows, dtype=torch.int64))

@@ -116,11 +116,13 @@ class TorchSDPABackend(AttentionBackend):
             s - p for s, p in zip(seq_lens, prefix_lens)]
         device = fb.out_cache_loc.device
         rows = req_to_token[fb.req_pool_indices[:n_ext], : max(seq_lens)] if any(prefix_lens) else None
-        window = self.sliding_window_size
+        window, tree = self.sliding_window_size, fb.tree_mask
         start = 0
         for i, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
             req = _ExtendReq(start, e, None if p == 0 else rows[i, : p + e], None)
-            if p or (window is not None and p + e > window):
+            if tree is not None and not tree.is_causal(i):
+                req.mask, req.window_mask = tree.extend_masks(i, p, window, device)
+            elif p or (window is not None and p + e > window):
                 pos_k = torch.arange(p + e, device=device)
                 pos_q = torch.arange(p, p + e, device=device)
                 causal = pos_k[None, :] <= pos_q[:, None]
