@@ -189,3 +189,31 @@ def test_fixed_policy_sends_every_draft():
         ctl.costs.observe(rows, rows ** 2)  # drafts that never pay
     assert ctl.allocate([0.1, 0.0, 1.0], [8, 3, 8], 100) == [8, 3, 8]
     assert ctl.allocate([0.1, 0.0, 1.0], [8, 3, 8], 10) == [8, 2, 0]  # KV room
+
+
+def test_tree_worth_prunes_nodes_and_sibling_acceptance_sets_the_width():
+    """A node's worth is the product along its path of its request's rate (first children) and
+    the measured acceptance of j-th children (j >= 1); nodes worth less than MIN_WORTH go. Sibling
+    ranks whose acceptance falls below it leave the step's width; the fixed policy keeps them all."""
+    from types import SimpleNamespace
+
+    from radixlm.speculative.draft_tree import ROOT, TreeShape
+
+    ctl = SpecController(NoSource(), 16, max_shape=TreeShape(3, 16))
+    # A - A1 - A2, B - B1, C under the root.
+    tree = DraftTree((1, 2, 3, 4, 5, 6), (ROOT, 0, 1, ROOT, 3, ROOT))
+    req = SimpleNamespace(rid="r", grammar=None)
+    assert ctl.shape(9) == TreeShape(3, 9)
+    # Worth at rate 0.3, j-th children 0.2 (the prior): A .3, A1 .09, A2 .027, B .2, B1 .06, C .2.
+    kept = ctl._fit(req, tree, 16, ctl.shape(16), 0.3)
+    assert kept.tokens == (1, 2, 4, 5, 6)
+    assert ctl._fit(req, tree, 2, ctl.shape(16), 0.3).tokens == (1, 2)  # the budget: the first nodes
+    assert ctl._fit(req, tree, 16, TreeShape(2, 1), 0.3).tokens == (1, 4)  # the step's shape
+    for _ in range(60):  # B is always the one accepted, C never, and nothing below B
+        ctl.on_verified(req, tree, [3], 1, [0, 4])
+    assert ctl._siblings[0].value() > 0.5 and ctl._siblings[1].value() < MIN_WORTH
+    assert ctl.shape(16) == TreeShape(2, 16) and ctl.rate("r") < 0.1
+    assert ctl.stats.tree_drafts == 60 and ctl.stats.branch_accepted == 60
+    fixed = SpecController(NoSource(), 16, policy="fixed", max_shape=TreeShape(3, 16))
+    fixed._siblings = ctl._siblings
+    assert fixed.shape(16) == TreeShape(3, 16) and fixed._fit(req, tree, 16, fixed.shape(16), 0.01) == tree

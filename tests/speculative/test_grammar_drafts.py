@@ -101,3 +101,41 @@ def test_constrained_requests_draft_and_equal_plain_decoding(default_model_path,
     assert res[algorithm] == res[None]
     # The constrained requests themselves verified drafts and accepted some.
     assert sum(m["spec_verify_ct"] for m in metas) > 0 and sum(m["spec_accepted_tokens"] for m in metas) > 0
+
+
+def test_tree_cut_and_rows_follow_each_path(backend):
+    """A tree of several continuations (some the regex forbids part way): cut_tree keeps exactly
+    the nodes whose whole path a fresh matcher accepts; each kept node's row is masked with the
+    matcher's state after its path, the root's with the state now; the matcher is restored."""
+    from radixlm.speculative.draft_tree import ROOT, TreeShape, DraftTree, trie_children
+    from radixlm.speculative.grammar import cut_tree, masked_tree_rows
+
+    tok, be = backend
+    g = be.get_future(("regex", REGEX)).result(timeout=30)
+    for t in tok.encode("apple, ", add_special_tokens=False):
+        assert g.accept_token(t)
+    texts = ["banana, cherry", "banana; fig", "grape, fig", "pear, fig", "banana, kiwi"]
+    paths = [(tok.encode(x, add_special_tokens=False), 1.0) for x in texts]
+    root, children = trie_children(paths)
+    tree = DraftTree.grow(root, children, 64, TreeShape(width=8))
+    before = mask_of(be, g)
+    cut = cut_tree(g, tree)
+    assert torch.equal(mask_of(be, g), before)
+
+    def accepted(path_tokens):
+        probe = g.fork()
+        return all(probe.accept_token(t) for t in path_tokens)
+
+    want = [tree.path_tokens(tree.ancestors(i)) for i in range(len(tree)) if accepted(tree.path_tokens(tree.ancestors(i)))]
+    assert sorted(cut.path_tokens(cut.ancestors(i)) for i in range(len(cut))) == sorted(want)
+    assert 0 < len(cut) < len(tree)
+    rows = torch.randn(len(cut) + 1, 49152, generator=torch.Generator().manual_seed(1))
+    masked = masked_tree_rows(be, g, cut, rows)
+    assert torch.equal(mask_of(be, g), before)
+    for node in [ROOT] + list(range(len(cut))):
+        probe = g.fork()
+        for t in cut.path_tokens(cut.ancestors(node) if node != ROOT else []):
+            assert probe.accept_token(t)
+        ref = rows[node + 1 : node + 2].clone()
+        be.apply_vocab_mask(ref, mask_of(be, probe))
+        assert torch.equal(masked[node + 1], ref[0]), f"node {node}"

@@ -137,3 +137,38 @@ def test_tree_verification_samples_the_target_distribution(small_vocab_model):
     expected = [exact[k] * draws for k in big] + [draws * (1 - sum(exact[k] for k in big))]
     assert len(big) >= 10, "too few likely sequences for the test to say anything"
     assert scipy_stats.chisquare(observed, expected).pvalue > ALPHA, (observed, expected)
+
+
+def test_sources_hear_the_kept_nodes_and_their_forward_rows(small_vocab_model):
+    """DraftSource.on_verified (the EAGLE half's socket): per drafted request and verify step, the
+    accepted nodes and the verify forward's rows of the root and of each of them: the rows hold
+    exactly those tokens in the step's input_ids, and the request's output grew by their tokens."""
+    path, _ = small_vocab_model
+    d = Driver(make_scheduler(path, speculative_algorithm="radix", speculative_draft_policy="fixed",
+                              max_running_requests=16, max_total_tokens=2048))
+    source, runner = d.s.spec.controller.source, d.s.runner
+    inputs, heard = {}, []
+    prepare = runner.prepare
+
+    def recording_prepare(mwb):
+        inputs["ids"], inputs["mode"] = list(mwb.input_ids), mwb.forward_mode
+        return prepare(mwb)
+
+    def on_verified(req, tree, accepted, rows):
+        assert inputs["mode"].is_verify()
+        ids = inputs["ids"]
+        assert len(rows) == len(accepted) + 1
+        assert [ids[r] for r in rows[1:]] == tree.path_tokens(accepted)
+        assert [r - rows[0] - 1 for r in rows[1:]] == accepted  # node j sits at the root's row + 1 + j
+        assert tree.ancestors(accepted[-1]) == accepted if accepted else True
+        heard.append((req.rid, len(req.output_ids), tree.path_tokens(accepted), ids[rows[0]]))
+
+    runner.prepare, source.on_verified = recording_prepare, on_verified
+    rids = [d.submit(PROMPT, max_new_tokens=6, temperature=t, ignore_eos=True) for t in (0.0, 1.0) * 40]
+    while not d.idle():
+        d.step()
+    assert heard and any(tokens for _, _, tokens, _ in heard)
+    for rid, n_out, tokens, root in heard:  # the output as it stood when the source heard:
+        out = PROMPT + d.results[rid].output_ids  # ..., the root, the kept tokens, the target's own
+        at = len(PROMPT) + n_out - len(tokens) - 2
+        assert out[at] == root and out[at + 1 : at + 1 + len(tokens)] == tokens
