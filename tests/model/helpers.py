@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import random
+
 import torch
 
 from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.model.forward_batch import ForwardBatch, ForwardMode
 from radixlm.model.layers.attention import RadixAttention, TorchSDPABackend, attention_features
 from radixlm.model.models.llama import get_head_dim
+from radixlm.model.tree_mask import NO_PARENT, TreeMask
 
 # Tiny model shape shared by the logits tests.
 SMALL = dict(
@@ -61,10 +64,12 @@ class PoolHarness:
             self.lens[slot] = prefix_len
         return slot
 
-    def _run(self, mode, reqs, new_tokens: list[list[int]], num_decode: int = 0) -> torch.Tensor:
+    def _run(self, mode, reqs, new_tokens: list[list[int]], num_decode: int = 0,
+             tree_parents: list[list[int]] | None = None) -> torch.Tensor:
         prefix = [self.lens[r] for r in reqs]
         extend = [len(t) for t in new_tokens]
         seq = [p + e for p, e in zip(prefix, extend)]
+        tree = None if tree_parents is None else TreeMask.from_parents(tree_parents, self.device)
         out_cache_loc = self.kv_pool.alloc(sum(extend))
         assert out_cache_loc is not None, "KV pool exhausted"
         start = 0
@@ -76,7 +81,8 @@ class PoolHarness:
             forward_mode=mode,
             batch_size=len(reqs),
             input_ids=torch.tensor([t for ts in new_tokens for t in ts], dtype=torch.int64, device=self.device),
-            positions=torch.cat([torch.arange(p, s, device=self.device) for p, s in zip(prefix, seq)]),
+            positions=torch.cat([torch.arange(p, s, device=self.device) for p, s in zip(prefix, seq)]) if tree is None
+            else torch.tensor([p + d for b, p in enumerate(prefix) for d in tree.depths(b)], device=self.device),
             req_pool_indices=torch.tensor(reqs, dtype=torch.int64, device=self.device),
             seq_lens=torch.tensor(seq, dtype=torch.int64, device=self.device),
             out_cache_loc=out_cache_loc,
@@ -87,6 +93,7 @@ class PoolHarness:
             extend_seq_lens_cpu=extend if mode.is_extend() else None,
             attn_backend=self.attn_backend,
             num_decode=num_decode,
+            tree_mask=tree,
         )
         with torch.no_grad():
             return self.model.compute_logits(self.model(fb.input_ids, fb.positions, fb))
@@ -107,9 +114,12 @@ class PoolHarness:
         logits = self._run(ForwardMode.MIXED, reqs + decode_reqs, all_tokens, num_decode=len(decode_reqs))
         return list(logits.split([len(t) for t in all_tokens]))
 
-    def verify(self, reqs: list[int], new_tokens: list[list[int]]) -> list[torch.Tensor]:
-        """One TARGET_VERIFY batch (each request's next input and drafts); every row's logits."""
-        logits = self._run(ForwardMode.TARGET_VERIFY, reqs, new_tokens)
+    def verify(self, reqs: list[int], new_tokens: list[list[int]],
+               tree_parents: list[list[int]] | None = None) -> list[torch.Tensor]:
+        """One TARGET_VERIFY batch (each request's next input and drafts); every row's logits.
+        tree_parents: per request, each new token's parent among its new tokens (model/tree_mask.py:
+        a draft tree under the next input); None: chains."""
+        logits = self._run(ForwardMode.TARGET_VERIFY, reqs, new_tokens, tree_parents=tree_parents)
         return list(logits.split([len(t) for t in new_tokens]))
 
 
@@ -147,3 +157,28 @@ def randomize(model: torch.nn.Module) -> None:
                 p.copy_(torch.randn(p.shape, generator=g))
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5)  # [.., out, in]: 3-D experts too
+
+
+def check_trees(h: PoolHarness, hf, vocab: int, seed: int) -> None:
+    """Three prompts prefilled, then one TARGET_VERIFY batch of random draft trees (a chain beside
+    them): every node's logits equal transformers' for prompt + the node's path (root included)."""
+    rng = random.Random(seed)
+    prompts = [[rng.randrange(3, vocab) for _ in range(n)] for n in (5, 40, 17)]
+    reqs = [h.new_request() for _ in prompts]
+    h.extend(reqs, prompts)
+    parents, tokens = [], []
+    for b in range(len(prompts)):
+        n = rng.randrange(4, 12)
+        chain = b == 1  # a chain beside the trees
+        parents.append([NO_PARENT] + [r - 1 if chain else rng.randrange(r) for r in range(1, n)])
+        tokens.append([rng.randrange(3, vocab) for _ in range(n)])
+    outs = h.verify(reqs, tokens, parents)
+    for prompt, par, toks, rows in zip(prompts, parents, tokens, outs):
+        for r in range(len(toks)):
+            path, a = [], r
+            while a != NO_PARENT:
+                path.append(toks[a])
+                a = par[a]
+            ref = hf_logits(hf, prompt + path[::-1])[-1]
+            diff = (rows[r].cpu() - ref).abs().max().item()
+            assert diff < 1e-4, f"node {r}: max|diff| {diff:.2e}"

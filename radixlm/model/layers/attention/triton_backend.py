@@ -12,10 +12,12 @@ req_to_token rows are copied then (kv_slots), so under overlap the forward never
 scheduler is rewriting (as the native backend does). The decode groups are found on the device in
 begin_forward, on the forward's thread, so a CUDA graph of the decode step computes them too.
 
-Tree verification (speculative/draft_tree.py) gets its place here: a TARGET_VERIFY batch's metadata
-may carry `custom_mask` (uint8, per request an [ext, ext] row-major block from `mask_start[b]`, 1 = the
-query sees that new token; the prefix stays visible) and the extend kernel applies it instead of
-causality within the extension.
+Tree verification (speculative/draft_tree.py): a TARGET_VERIFY batch's ForwardBatch.tree_mask
+(model/tree_mask.py) becomes the metadata's `custom_mask` (uint8, per request an [ext, ext] row-major
+block from `mask_start[b]`, 1 = the query sees that new token; the prefix stays visible) and the
+extend kernel applies it instead of causality within the extension. The kernel's sliding window
+reads column positions, where a tree's nodes sit at prefix + depth: a model with a window drafts
+chains on this backend (supports_tree_mask).
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class TritonAttnBackend(AttentionBackend):
         # The groups pass serves models without windows (a windowed layer reads a suffix of the keys).
         self.shared_prefix = spec.shared_prefix and spec.sliding_window_size is None
         self.sms = triton_ops.sm_count(spec.device)
+        self.supports_tree_mask = spec.sliding_window_size is None
 
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
         fb = forward_batch
@@ -98,6 +101,9 @@ class TritonAttnBackend(AttentionBackend):
                 starts.append(starts[-1] + n)
             md.qo_start, md.prefix_lens, md.extend_lens = as_t(starts), as_t(fb.extend_prefix_lens_cpu), as_t(ext)
             md.max_extend_len = max(ext, default=0)
+            if fb.tree_mask is not None:
+                md.custom_mask = fb.tree_mask.custom_mask.to(torch.uint8)
+                md.mask_start = fb.tree_mask.mask_indptr[:-1]
         fb.attn_metadata = md
 
     def begin_forward(self, forward_batch: "ForwardBatch") -> None:
