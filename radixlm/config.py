@@ -96,6 +96,10 @@ class ServerArgs:
     random_seed: int = 42
     enable_torch_compile: bool = False  # SGLang's: compile decode steps (model/compiled_decode.py)
     torch_compile_max_bs: int = 32  # SGLang's default
+    # CUDA graphs of decode steps (model/cuda_graph_runner.py), SGLang's flags: on CUDA, for batches of
+    # up to cuda_graph_max_bs requests (None: min(256, max_running_requests)), padded up to a captured size.
+    cuda_graph_max_bs: Optional[int] = None
+    disable_cuda_graph: bool = False
     is_embedding: bool = False  # SGLang's: serve an embedding model (/v1/embeddings, /encode; model/pooler.py)
 
     # Speculative decoding (radixlm/speculative/): drafts verified in one forward, outputs unchanged.

@@ -19,6 +19,9 @@ HELPS = {
     "Python (CPU, the native attention backend; not where the fused native decoder op runs); batches are "
     "padded to the next compiled size; one log line says what was compiled or why not",
     "torch_compile_max_bs": "largest decode batch --enable-torch-compile compiles (larger ones run eager)",
+    "cuda_graph_max_bs": "CUDA: largest decode batch captured as a CUDA graph (default: min(256, "
+    "--max-running-requests)); a batch is padded up to the next captured size, larger ones run eager",
+    "disable_cuda_graph": "CUDA: run every decode step eagerly (no CUDA graphs)",
     "is_embedding": "serve an embedding model: /v1/embeddings and /encode return its pooled, normalized "
     "final hidden states (pooling from its sentence-transformers config or GGUF, else last-token); the "
     "generation routes answer 400",
@@ -27,7 +30,8 @@ HELPS = {
     "int8, q4_0, q8_0, q4_k (quantize at load), f16, bf16 (16-bit weights); quantized weights run the "
     "native CPU kernels",
     "kv_cache_dtype": "KV cache element type (auto: float16 for quantized weights on the native CPU kernels, else the model dtype; int8 with per-token scales)",
-    "attention_backend": "native (the paged CPU kernel; default on CPU when the kernels build) or torch (SDPA)",
+    "attention_backend": "native (the paged CPU kernel; default on CPU when the kernels build), triton (the "
+    "paged Triton kernels; default on CUDA) or torch (SDPA)",
     "prefill_attention_backend": "attention backend of extend-shaped batches (prefill, mixed, verify); "
     "default: --attention-backend",
     "decode_attention_backend": "attention backend of decode batches; default: --attention-backend",

@@ -88,14 +88,15 @@ def _refused(why: str, instead: str, *flags: str) -> FlagGroup:
     return FlagGroup(Kind.REFUSED, why, instead, flags)
 
 
-GPU_ATTENTION = ("triton", "flex_attention", "nsa", "cutlass_mla", "fa3", "fa4", "flashinfer", "flashmla",
+GPU_ATTENTION = ("flex_attention", "nsa", "cutlass_mla", "fa3", "fa4", "flashinfer", "flashmla",
                  "trtllm_mla", "trtllm_mha", "dual_chunk_flash_attn", "aiter", "wave", "ascend", "intel_xpu")
 _ATTENTION = ValueRule(
     "--attention-backend",
     # torch_native is SGLang's SDPA backend; intel_amx its CPU kernels, as radixlm's native backend is.
     renamed={"torch_native": "torch", "intel_amx": "native"},
     refused=(RefusedValues(GPU_ATTENTION, "a CUDA/ROCm/Ascend/XPU kernel library (or flex attention) that radixlm "
-                           "does not ship", "native (the paged CPU kernel) or torch (SDPA, any device)"),),
+                           "does not ship", "triton (the paged Triton kernels, CUDA), native (the paged CPU kernel) or torch (SDPA, "
+                           "any device)"),),
 )
 
 VALUE_RULES: dict[str, ValueRule] = {
@@ -156,8 +157,8 @@ DIFFERENT: dict[str, str] = {
     "--quantization": "radixlm's values: gguf (a GGUF's own block formats, its default), none (dequantized to "
     "--dtype), int8, q4_0, q8_0, q4_k, f16, bf16 (quantized at load; native CPU kernels)",
     "--kv-cache-dtype": "radixlm adds float32, float16 and int8 (a float32 scale per token and head)",
-    "--attention-backend": "radixlm's backends: native (the paged CPU kernel) and torch (SDPA), and mla for "
-    "DeepSeek-V2/V3's latent KV cache (auto picks it for them)",
+    "--attention-backend": "radixlm's backends: native (the paged CPU kernel), triton (the paged Triton kernels, "
+    "auto's choice on CUDA) and torch (SDPA), and mla for DeepSeek-V2/V3's latent KV cache (auto picks it for them)",
     "--prefill-attention-backend": "as --attention-backend",
     "--decode-attention-backend": "as --attention-backend",
     "--speculative-algorithm": "radixlm's: ngram (prompt lookup), radix (continuations in the radix cache), "
@@ -207,16 +208,19 @@ GROUPS: tuple[FlagGroup, ...] = (
            "no allocator to switch", "--enable-memory-saver"),
     _inert("radixlm never runs a checkpoint's own code: its models are its own implementations",
            "--trust-remote-code"),
-    _inert("CUDA graphs: radixlm captures none (the CPU forward runs the native ops eagerly)",
-           "--cuda-graph-max-bs V", "--cuda-graph-bs V...", "--disable-cuda-graph", "--disable-cuda-graph-padding",
+    _inert("CUDA graphs: radixlm captures decode steps up to --cuda-graph-max-bs at SGLang's batch sizes, padded "
+           "(--disable-cuda-graph: none); these tune what it does not have",
+           "--cuda-graph-bs V...", "--disable-cuda-graph-padding",
            "--enable-profile-cuda-graph", "--enable-cudagraph-gc", "--disable-piecewise-cuda-graph",
            "--enable-piecewise-cuda-graph", "--enforce-piecewise-cuda-graph", "--piecewise-cuda-graph-tokens V...",
            "--piecewise-cuda-graph-compiler V", "--piecewise-cuda-graph-max-tokens V"),
+    _inert("radixlm's Triton attention always merges its KV splits in float32 and sizes them from the batch size "
+           "and the GPU's multiprocessors (kernels/triton_ops)", "--triton-attention-reduce-in-fp32",
+           "--triton-attention-num-kv-splits V", "--triton-attention-split-tile-size V"),
     _inert("tunes a GPU kernel, library or collective (CUDA, ROCm, NCCL) that radixlm does not use",
            "--disable-flashinfer-autotune", "--enable-flashinfer-allreduce-fusion",
            "--enforce-disable-flashinfer-allreduce-fusion", "--enable-aiter-allreduce-fusion",
-           "--flashinfer-mla-disable-ragged", "--triton-attention-reduce-in-fp32", "--triton-attention-num-kv-splits V",
-           "--triton-attention-split-tile-size V", "--enable-nccl-nvls", "--enable-symm-mem",
+           "--flashinfer-mla-disable-ragged", "--enable-nccl-nvls", "--enable-symm-mem",
            "--disable-custom-all-reduce", "--enable-mscclpp", "--enable-torch-symm-mem", "--pre-warm-nccl",
            "--enable-p2p-check", "--disable-flashinfer-cutlass-moe-fp4-allgather", "--enable-layerwise-nvtx-marker",
            "--nccl-port V", "--base-gpu-id V", "--gpu-id-step V", "--fp8-gemm-backend V", "--fp4-gemm-backend V",

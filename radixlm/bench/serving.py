@@ -70,6 +70,9 @@ def add_args(p: argparse.ArgumentParser) -> None:
                    help="POST /flush_cache after the warm-up, so runs start from an empty prefix cache "
                         "(radixlm and SGLang; ignored where the server has no such route)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--temperature", type=float, default=0.0,
+                   help="sampling temperature of every request (0: greedy; above 0 repeated prompts get "
+                        "different answers, which the radix tree records as branches)")
     p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
                    help="generate the full output length past EOS (default on: exact output lengths; "
                         "the json dataset never sets it)")
@@ -166,11 +169,11 @@ async def benchmark(args) -> dict:
 
     tokenizer, words = prompt_vocab(args.tokenizer)
     sessions = build_sessions(args, words)
-    if not args.ignore_eos:
-        for s in sessions:
-            for turn in s.turns:
-                for r in turn:
-                    r.ignore_eos = False
+    for s in sessions:
+        for turn in s.turns:
+            for r in turn:
+                r.ignore_eos = r.ignore_eos and args.ignore_eos
+                r.temperature = args.temperature
     total = sum(s.num_requests for s in sessions)
     timeout = httpx.Timeout(connect=30.0, read=None, write=60.0, pool=None)
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)

@@ -31,6 +31,7 @@ class RequestInput:
     output_len: int
     ignore_eos: bool = True
     json_schema: Optional[dict] = None  # constrain the output to this schema
+    temperature: float = 0.0  # 0: greedy (every benchmark's default; --temperature)
 
     @property
     def text(self) -> str:
@@ -72,7 +73,7 @@ class NativeBackend(Backend):
     path = "/generate"
 
     def payload(self, req: RequestInput) -> dict:
-        sp: dict[str, Any] = {"max_new_tokens": req.output_len, "temperature": 0.0}
+        sp: dict[str, Any] = {"max_new_tokens": req.output_len, "temperature": req.temperature}
         if req.ignore_eos:
             sp["ignore_eos"] = True
         if req.json_schema is not None:
@@ -105,7 +106,7 @@ class OpenAIBackend(Backend):
         body: dict[str, Any] = {
             "model": self.model,
             "max_tokens": req.output_len,
-            "temperature": 0.0,
+            "temperature": req.temperature,
             "stream": True,
             "stream_options": {"include_usage": True},
         }

@@ -141,10 +141,12 @@ class TokenToKVPool:
     # --- data ----------------------------------------------------------------
     def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
         """k, v: [tokens, kv_heads, head_dim] in the model dtype, stored at slots loc."""
-        if self._native is None:
-            from radixlm.kernels.ops import cpu_float_ops
+        if self._native is None:  # the store of this pool's device, chosen at the first write
+            from radixlm.kernels.ops import fused_ops
 
-            self._native = (cpu_float_ops(k) if self.head_dim % 8 == 0 else None) or False
+            # The native op on CPU float32, the Triton kernel on CUDA (float KV only), else torch's indexing.
+            cuda_int8 = k.device.type == "cuda" and self.dtype == torch.int8
+            self._native = (fused_ops(k) if self.head_dim % 8 == 0 and not cuda_int8 else None) or False
             if self.dtype == torch.int8 and not self._native:
                 raise RuntimeError("an int8 KV cache needs the native CPU kernels (float32 on CPU)")
         if self._native:

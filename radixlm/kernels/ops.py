@@ -36,6 +36,28 @@ def cpu_float_ops(x: torch.Tensor):
     return _cpu_ops or None
 
 
+_cuda_ops = None
+
+
+def fused_ops(x: torch.Tensor):
+    """The fused element-wise ops for x's device (RMSNorm, add + RMSNorm, SiLU-and-mul, RoPE, the KV
+    store, under the native ops' names): the native ops for CPU float32 (cpu_float_ops), the Triton
+    kernels on CUDA (kernels/triton_ops/elementwise.py), else None (the layer's torch code)."""
+    global _cuda_ops
+    if x.device.type != "cuda":
+        return cpu_float_ops(x)
+    if _cuda_ops is None:
+        from radixlm.kernels import triton_ops
+
+        if triton_ops.available(x.device):
+            from radixlm.kernels.triton_ops.elementwise import TritonElementwiseOps
+
+            _cuda_ops = TritonElementwiseOps()
+        else:
+            _cuda_ops = False
+    return _cuda_ops or None
+
+
 def _weight_rows(w: torch.Tensor, fmt: int) -> int:
     from radixlm.kernels.formats import INTERLEAVED
 

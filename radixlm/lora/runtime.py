@@ -2,9 +2,11 @@
 
 Each target linear layer gets a forward hook (the model's code is unchanged): after the base layer's
 output (float, or the native quantized kernels'), the hook adds scale * (x A^T) B^T for the tokens
-of each adapter in the batch. begin_forward groups the batch's tokens into one segment per adapter
-(index lists; base tokens in none), so a layer runs one shrink and one expand per adapter, whatever
-the batch's order. A batch without adapter tokens skips every hook (and may run the fused decoder op).
+of each adapter in the batch. begin_forward gives the delta (delta.py, chosen for the device at
+start-up) the batch's segments: one per request, under its adapter's slot. On CPU a layer then runs
+one shrink and one expand per adapter (its tokens gathered by index); on CUDA one segmented launch
+each for the whole batch. A batch without adapter tokens skips every hook (and may run the fused
+decoder op).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from torch import nn
 
 from radixlm.lora.adapter import AdapterError, LoRAAdapter, load_adapter
 from radixlm.lora.config import LoRAConfig, LoRARef
+from radixlm.lora.delta import create_lora_delta
 from radixlm.lora.pool import LoRAPool
 
 
@@ -63,7 +66,7 @@ class LoRARuntime(NoLoRA):
         self._layers = {id(t.module): t for t in self.pool.layers}
         for t in self.pool.layers:
             t.module.register_forward_hook(self._hook)
-        self._groups: list[tuple[int, Optional[torch.Tensor]]] = []
+        self.delta = create_lora_delta(torch.device(device))
         logger.info("LoRA: %d target layers, rank %d, %d slots (%.1f MiB), adapters %s", len(self.pool.layers), rank,
                     config.max_loras_per_batch, self.pool.nbytes / 2**20, [a.ref.lora_name for a in initial])
 
@@ -104,33 +107,21 @@ class LoRARuntime(NoLoRA):
 
     # ------------------------------------------------------------- compute
     def begin_forward(self, fb: ForwardBatch) -> None:
-        """This batch's segments: per adapter, its slot and its tokens (None: all of them)."""
-        self._groups = []
+        """This batch's segments: per request, its adapter's slot (-1: the base model) and tokens."""
         ids = fb.lora_ids
         if not any(ids):
+            self.delta.end()
             return
         slots = self.pool.acquire([self.adapters[u] for u in ids if u is not None])
         counts = fb.extend_seq_lens_cpu if fb.extend_seq_lens_cpu is not None else [1] * len(ids)
-        if len(set(ids)) == 1:
-            self._groups = [(slots[ids[0]], None)]
-            return
-        per_token = torch.repeat_interleave(torch.tensor([slots[u] if u else -1 for u in ids]), torch.tensor(counts))
-        for slot in sorted(set(slots.values())):
-            self._groups.append((slot, (per_token == slot).nonzero().squeeze(1).to(fb.input_ids.device)))
+        self.delta.begin([slots[u] if u else -1 for u in ids], list(counts), fb.input_ids.device)
 
     def _hook(self, module: nn.Module, args: tuple, out: torch.Tensor) -> Optional[torch.Tensor]:
-        if not self._groups:
+        if not self.delta.active:
             return None
         t = self._layers[id(module)]
         x = args[0].reshape(-1, args[0].shape[-1]).to(t.A.dtype)
-        flat = out.view(-1, out.shape[-1])
-        for slot, idx in self._groups:
-            xs = x if idx is None else x.index_select(0, idx)
-            delta = (xs @ t.A[slot].T) @ t.B[slot].T  # shrink to the rank blocks, expand to every part
-            if idx is None:
-                flat += delta.to(flat.dtype)
-            else:
-                flat.index_add_(0, idx, delta.to(flat.dtype))
+        self.delta.apply(x, out.view(-1, out.shape[-1]), t.A, t.B)
         return out
 
 

@@ -11,7 +11,8 @@ import torch
 
 from radixlm.cache.memory_pool import ReqToTokenPool
 from radixlm.lora.runtime import create_lora_runtime
-from radixlm.model.compiled_decode import create_decode_graphs
+from radixlm.model.compiled_decode import EagerDecode, create_decode_graphs
+from radixlm.model.cuda_graph_runner import create_cuda_graphs
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.hidden_capture import HiddenCapture, NoHiddenCapture
 from radixlm.model.kv_budget import available_memory_bytes, fraction_kv_budget
@@ -105,8 +106,10 @@ class ModelRunner:
         self.hidden_capture: HiddenCapture = NoHiddenCapture()
         # --enable-lora: the adapters and their batched delta on the target layers (NoLoRA: none).
         self.lora = create_lora_runtime(config.lora, self.model, self.dtype, self.device)
-        # --enable-torch-compile: decode batches through compiled graphs (EagerDecode: none).
-        self.decode_graphs = create_decode_graphs(self, config.enable_torch_compile, config.torch_compile_max_bs)
+        # Decode steps through graphs: CUDA graphs on CUDA (--disable-cuda-graph: none), torch.compile on CPU with
+        # --enable-torch-compile (EagerDecode: none).
+        self.decode_graphs = (create_cuda_graphs(self, config) if self.device.type == "cuda" else
+                              create_decode_graphs(self, config.enable_torch_compile, config.torch_compile_max_bs))
         logger.info(
             "KV cache: %d tokens, %.1f MiB (%s, %d layers x %d kv heads x %d dims); context %d; attention: %r",
             self.max_total_num_tokens,
@@ -207,6 +210,10 @@ class ModelRunner:
         if hasattr(decoder, "hidden_capture"):
             decoder.hidden_capture = capture
         self.hidden_capture = capture
+        if not isinstance(capture, NoHiddenCapture) and not isinstance(self.decode_graphs, EagerDecode):
+            # A replayed graph returns logits only: every forward must run where the capture sees it.
+            logger.info("decode graphs off: the hidden states of every forward are read (EAGLE)")
+            self.decode_graphs = EagerDecode("the hidden states of every forward are read")
 
     def reset_attention_state(self) -> None:
         """Forget what the attention backend keeps across steps (a forward failed half way)."""

@@ -58,6 +58,10 @@ class ModelRunnerConfig:
     # Decode steps of up to torch_compile_max_bs requests through torch.compile (model/compiled_decode.py).
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 32
+    # CUDA: decode steps of up to cuda_graph_max_bs requests replayed from CUDA graphs (model/cuda_graph_runner.py;
+    # None: min(256, max_running_requests)).
+    cuda_graph_max_bs: Optional[int] = None
+    disable_cuda_graph: bool = False
     # An embedding model (--is-embedding): extends return pooled hidden states, never logits (model/pooler.py).
     is_embedding: bool = False
     # Pipeline: most requests in one decode micro-batch (None: pp_size micro-batches; pp_micro.py).
@@ -79,6 +83,8 @@ class ModelRunnerConfig:
                 raise ValueError(f"{field} must be positive, got {value}")
         if self.torch_compile_max_bs <= 0:
             raise ValueError(f"torch_compile_max_bs must be positive, got {self.torch_compile_max_bs}")
+        if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs <= 0:
+            raise ValueError(f"cuda_graph_max_bs must be positive, got {self.cuda_graph_max_bs}")
         if self.max_running_requests <= 0:
             raise ValueError(f"max_running_requests must be positive, got {self.max_running_requests}")
         if self.kv_memory_gb <= 0:
@@ -113,6 +119,8 @@ class ModelRunnerConfig:
             random_seed=args.random_seed,
             enable_torch_compile=args.enable_torch_compile,
             torch_compile_max_bs=args.torch_compile_max_bs,
+            cuda_graph_max_bs=args.cuda_graph_max_bs,
+            disable_cuda_graph=args.disable_cuda_graph,
             is_embedding=args.is_embedding,
             pp_max_micro_batch_size=args.pp_max_micro_batch_size,
             lora=LoRAConfig.from_server_args(args),

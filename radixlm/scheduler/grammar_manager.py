@@ -96,7 +96,7 @@ class GrammarManager:
         own = [i for i in rows if inner[i] is None]
         rows = [i for i in rows if inner[i] is not None]
         backend, errors = self.backend if rows else BaseGrammarBackend, {}
-        mask = backend.allocate_vocab_mask(self.vocab_size, len(reqs))
+        mask = backend.allocate_vocab_mask(self.vocab_size, len(reqs), logits.device)  # pinned for a GPU
         for i in own:
             reqs[i].grammar.fill_vocab_mask(mask, i)
         try:

@@ -144,11 +144,16 @@ class Scheduler:
         if not spec:
             return NoSpeculation()
         from radixlm.speculative.controller import SpecController
+        from radixlm.speculative.draft_tree import TreeShape
         from radixlm.speculative.factory import create_draft_source
 
         source = create_draft_source(spec, self.tree_cache, self.runner.token_to_kv_pool.size, self.config.runner,
                                      self.runner.vocab_size, self.runner)
-        controller = SpecController(source, spec.num_draft_tokens, spec.draft_policy, spec.tree_shape)
+        shape = spec.tree_shape
+        if shape.width > 1 and not self.runner.attn_backend.supports_tree_mask:
+            logger.warning("%r cannot verify draft trees for this model: chains only", self.runner.attn_backend)
+            shape = TreeShape(1, shape.depth)
+        controller = SpecController(source, spec.num_draft_tokens, spec.draft_policy, shape)
         controller.costs = AgreedStepCosts(controller.costs, self.sync)  # draft lengths alike on every rank
         return SpecDecoding(controller, self.grammar)
 

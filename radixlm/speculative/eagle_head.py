@@ -146,7 +146,7 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
-        self.native = None  # serving (EagleHead.for_serving): the fused CPU kernel where it runs
+        self.native = None  # serving (EagleHead.for_serving): the fused kernels where they run
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.native is not None and x.dim() == 2:
@@ -293,11 +293,11 @@ class EagleHead(nn.Module):
 
     def for_serving(self, quantize: Optional[str]) -> "EagleHead":
         """Fewer, cheaper ops for drafting (no training after this): q/k/v and gate/up as one matmul
-        each, every matrix quantized to `quantize` (None: float), the norms and RoPE by the CPU
+        each, every matrix quantized to `quantize` (None: float), the norms and RoPE by the fused
         kernels where they run."""
-        from radixlm.kernels.ops import cpu_float_ops
+        from radixlm.kernels.ops import fused_ops
 
-        native = cpu_float_ops(self.fc.weight)
+        native = fused_ops(self.fc.weight)  # the CPU kernels, or the Triton ones on CUDA (the same names)
         self._fc = ServingLinear([self.fc], quantize)
         for m in self.modules():
             if isinstance(m, EagleAttention):

@@ -4,11 +4,11 @@ the logits of running each phase on its own backend, which match transformers'."
 
 from __future__ import annotations
 
+import importlib.util
 from collections import Counter
 
 import pytest
 import torch
-import transformers
 
 from radixlm.model.forward_batch import ForwardMode
 from radixlm.model.layers.attention import (
@@ -24,8 +24,9 @@ from radixlm.model.layers.attention.gather_decode_path import GatherDecodePath
 from radixlm.model.layers.attention.native import NativeMetadata
 from radixlm.model.layers.attention.shared_prefix_decode_path import SharedPrefixDecodePath
 from radixlm.model.layers.attention.torch_sdpa import SDPAMetadata
+from radixlm.model.layers.attention.triton_backend import TritonAttnBackend
 from radixlm.model.loader import load_model
-from tests.model.helpers import SMALL, PoolHarness, hf_logits, randomize
+from tests.model.helpers import SMALL, PoolHarness, hf_logits, save_random_llama
 
 ATOL = 1e-4  # as tests/model/test_logits.py
 CPU = torch.device("cpu")
@@ -36,14 +37,14 @@ def spec(head_dim=16, dtype=torch.float32, kv_dtype=None, device=CPU, **kw) -> A
 
 
 def test_names():
-    assert ATTENTION_BACKENDS == ("native", "torch", "mla")
+    assert ATTENTION_BACKENDS == ("native", "triton", "torch", "mla")
 
 
 @pytest.mark.parametrize("field", ["attention_backend", "prefill_attention_backend", "decode_attention_backend"])
 def test_unknown_name_names_the_field(field):
     kw = {"attention_backend": dict(name="flash"), "prefill_attention_backend": dict(name=None, prefill="flash"),
           "decode_attention_backend": dict(name=None, decode="flash")}[field]
-    with pytest.raises(ValueError, match=f"^{field} must be one of native, torch, mla, got 'flash'$"):
+    with pytest.raises(ValueError, match=f"^{field} must be one of native, triton, torch, mla, got 'flash'$"):
         create_attention_backend(spec=spec(), **kw)
 
 
@@ -53,14 +54,31 @@ def test_auto_picks_native_on_cpu_float32(kernel_ops):
     assert type(create_attention_backend(None, spec(kv_dtype=torch.int8))) is NativeCPUBackend
 
 
-@pytest.mark.parametrize("where", ["bfloat16", "cuda", "head_dim 12", "head_dim 512"])
+@pytest.mark.parametrize("where", ["bfloat16", "head_dim 12", "head_dim 512"])
 def test_auto_picks_torch_where_native_does_not_apply(kernel_ops, where):
-    s = {"bfloat16": spec(dtype=torch.bfloat16), "cuda": spec(device=torch.device("cuda")),
-         "head_dim 12": spec(head_dim=12), "head_dim 512": spec(head_dim=512)}[where]
+    s = {"bfloat16": spec(dtype=torch.bfloat16), "head_dim 12": spec(head_dim=12), "head_dim 512": spec(head_dim=512)}[where]
     backend = create_attention_backend(None, s)
     assert type(backend) is TorchSDPABackend
     with pytest.raises(ValueError, match="^attention_backend native: "):
         create_attention_backend("native", s)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed (the test extra)")
+def test_auto_picks_triton_on_cuda(kernel_ops):
+    """On CUDA auto's choice is the Triton backend (native says why not); on CPU the Triton kernels
+    run only in Triton's interpreter (tests/triton), so naming it says so and auto passes it by."""
+    cuda = spec(device=torch.device("cuda"), dtype=torch.bfloat16)
+    assert type(create_attention_backend(None, cuda)) is TritonAttnBackend
+    assert type(create_attention_backend("torch", cuda)) is TorchSDPABackend
+    with pytest.raises(ValueError, match="^attention_backend native: "):
+        create_attention_backend("native", cuda)
+    with pytest.raises(ValueError, match=r"^attention_backend triton: the Triton kernels run on CUDA \(on CPU only "
+                                         r"under Triton's interpreter"):
+        create_attention_backend("triton", spec(dtype=torch.bfloat16))
+    assert type(create_attention_backend(None, spec(dtype=torch.bfloat16))) is TorchSDPABackend
+    why = "kv_cache_dtype int8: the Triton kernels read float KV"
+    with pytest.raises(ValueError, match=f"^attention_backend triton: {why}$"):
+        create_attention_backend("triton", spec(device=torch.device("cuda"), kv_dtype=torch.int8))
 
 
 def test_torch_backend_is_built_from_the_spec():
@@ -99,7 +117,7 @@ def test_kv_dtype_other_than_the_model_dtype_needs_native(kernel_ops):
         create_attention_backend(None, spec(kv_dtype=torch.int8), decode="torch")
     # auto, where native does not apply either: both reasons
     native_why = "the native attention kernel runs float32 models on CPU"
-    with pytest.raises(ValueError, match=f"native: {native_why}; torch: {why}"):
+    with pytest.raises(ValueError, match=f"native: {native_why}; triton: auto picks it on cuda only; torch: {why}"):
         create_attention_backend(None, spec(dtype=torch.bfloat16, kv_dtype=torch.int8))
 
 
@@ -120,14 +138,8 @@ def test_prefill_and_decode_names_make_a_hybrid(kernel_ops):
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
     """A random Llama (head_dim 16: native applies) saved as HF safetensors, and transformers' model."""
-    config = transformers.LlamaConfig(**SMALL, tie_word_embeddings=False)
-    config.architectures = ["LlamaForCausalLM"]
-    torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
-    randomize(hf)
-    hf.eval()
     path = tmp_path_factory.mktemp("hybrid-llama")
-    hf.save_pretrained(path)
+    hf, _ = save_random_llama(path)
     return hf, load_model(str(path)), str(path)
 
 

@@ -187,7 +187,7 @@ def test_fused_experts_takes_the_native_op_for_quantized_cpu_weights(kernel_ops)
     assert any(e.name == "radixlm::fused_moe" for e in prof.events())
     assert torch.equal(out, fused_experts_torch(x, tw, ti, w13, w2))
     dense = ExpertWeights(torch.randn(E, 2 * 16, 32), None, 2 * 16, 32)  # float32: the torch path
-    assert not native.supports(x, dense, dense)
+    assert not native.supports(x.device, dense, dense)
 
 
 def test_long_batches_run_in_slices_with_the_same_values(kernel_ops, monkeypatch):

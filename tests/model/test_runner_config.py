@@ -32,6 +32,8 @@ OPTIONS = dict(
     nnodes=2,
     enable_torch_compile=True,
     torch_compile_max_bs=8,
+    cuda_graph_max_bs=48,
+    disable_cuda_graph=True,
     is_embedding=True,
     pp_max_micro_batch_size=2,
     mm_cache_size_mb=16,
@@ -74,9 +76,9 @@ def test_frozen():
 
 
 @pytest.mark.parametrize("field,value,message", [
-    ("attention_backend", "flash", "attention_backend must be one of native, torch, mla, got 'flash'"),
-    ("prefill_attention_backend", "flash", "prefill_attention_backend must be one of native, torch, mla, got 'flash'"),
-    ("decode_attention_backend", "", "decode_attention_backend must be one of native, torch, mla, got ''"),
+    ("attention_backend", "flash", "attention_backend must be one of native, triton, torch, mla, got 'flash'"),
+    ("prefill_attention_backend", "flash", "prefill_attention_backend must be one of native, triton, torch, mla, got 'flash'"),
+    ("decode_attention_backend", "", "decode_attention_backend must be one of native, triton, torch, mla, got ''"),
     ("quantization", "q3_k", "quantization must be one of none, gguf, int8, q4_0, q8_0, q4_k, f16, bf16, got 'q3_k'"),
     ("kv_cache_dtype", "fp8", "kv_cache_dtype must be one of auto, float32, float16, bfloat16, int8, got 'fp8'"),
     ("dtype", "float64", "dtype must be one of auto, float32, float16, bfloat16, half, float, got 'float64'"),
@@ -86,6 +88,7 @@ def test_frozen():
     ("num_threads", 0, "num_threads must be positive, got 0"),
     ("max_running_requests", 0, "max_running_requests must be positive, got 0"),
     ("torch_compile_max_bs", 0, "torch_compile_max_bs must be positive, got 0"),
+    ("cuda_graph_max_bs", 0, "cuda_graph_max_bs must be positive, got 0"),
     ("kv_memory_gb", 0.0, "kv_memory_gb must be positive, got 0.0"),
     ("decode_kv_mirror_bytes", -1, "decode_kv_mirror_bytes must be >= 0, got -1"),
 ])

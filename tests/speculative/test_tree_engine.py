@@ -27,12 +27,14 @@ JSON = {"max_new_tokens": 32, "temperature": 0, "json_schema": json.dumps(SCHEMA
 
 
 def run(engine: Engine) -> tuple[list, list, list]:
-    """Each prompt greedy, then two sampled answers of each (recorded after the greedy one: the
-    most recent branches rank first, so the greedy answer sits behind them in the trees); then the
-    measured mixed batch (greedy, JSON, a sampled one) beside a streamed greedy request."""
+    """Each prompt greedy, then three sampled answers of each (temperature 0.6: they follow the
+    greedy answer for a while and leave it at different depths; recorded after it, they rank first
+    where they branch off, so the greedy path goes through second children); then the measured
+    mixed batch (greedy, JSON, a sampled one) beside a streamed greedy request."""
     engine.generate(PROMPTS + [PROMPTS[0]], [GREEDY] * len(PROMPTS) + [JSON])
-    sampled = [{**GREEDY, "temperature": 1.0, "seed": s} for s in range(2)]
-    engine.generate(PROMPTS * 2 + [PROMPTS[0]], [sp for sp in sampled for _ in PROMPTS] + [{**JSON, "temperature": 1.0}])
+    sampled = [{**GREEDY, "temperature": 0.6, "seed": s} for s in range(3)]
+    engine.generate(PROMPTS * 3 + [PROMPTS[0]],
+                    [sp for sp in sampled for _ in PROMPTS] + [{**JSON, "temperature": 0.6, "seed": 9}])
     streamed: list = []
     t = threading.Thread(target=lambda: streamed.extend(engine.generate(PROMPTS[1], GREEDY, stream=True)))
     t.start()

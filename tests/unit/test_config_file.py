@@ -60,7 +60,7 @@ def test_sglang_keys_of_every_kind(tmp_path, monkeypatch, capsys):
     """Underscored keys, an inert switch (one log line), a list, a refused flag (its one line)."""
     path = write(tmp_path, """\
         model_path: /m
-        disable-cuda-graph: true
+        disable-cuda-graph-padding: true
         cuda-graph-bs: [1, 2, 4]
         enable-mixed-chunk: false
         speculative-algorithm: NGRAM
@@ -69,7 +69,7 @@ def test_sglang_keys_of_every_kind(tmp_path, monkeypatch, capsys):
     assert rc == 0, err
     assert (args.model_path, args.enable_mixed_chunk, args.speculative_algorithm) == ("/m", False, "ngram")
     assert ns.__dict__["sglang:cuda-graph-bs"] == ["1", "2", "4"]
-    assert sum("--disable-cuda-graph ignored" in line for line in err) == 1
+    assert sum("--disable-cuda-graph-padding ignored" in line for line in err) == 1
     path = write(tmp_path, "enable-pdmux: true\n", "pdmux.yaml")
     rc, err, _, _ = run(["--config", path], monkeypatch, capsys)
     assert rc == 2 and err == ["radixlm: error: --enable-pdmux: these parts of prefill/decode disaggregation (RDMA "

@@ -122,11 +122,16 @@ def test_refusal_and_inert_lines(monkeypatch, capsys):
                                "devices, decode-side KV offload, PD multiplexing) and encoder disaggregation are not in "
                                "radixlm ; --disaggregation-mode prefill|decode with --disaggregation-transfer-backend "
                                "tcp|shm behind `radixlm router --pd-disaggregation`"]
-    rc, err, _ = run(["--disable-cuda-graph", "--cuda-graph-max-bs", "8", "--attn-cp-size", "1"], monkeypatch, capsys)
+    rc, err, _ = run(["--disable-cuda-graph-padding", "--cuda-graph-bs", "8", "--attn-cp-size", "1"], monkeypatch,
+                     capsys)
     assert rc == 0 and len(err) == 3
-    assert any("--disable-cuda-graph ignored: CUDA graphs" in line for line in err)
-    assert any("--cuda-graph-max-bs 8 ignored" in line for line in err)
+    assert any("--disable-cuda-graph-padding ignored: CUDA graphs" in line for line in err)
+    assert any("--cuda-graph-bs 8 ignored" in line for line in err)
     assert any("--attention-context-parallel-size 1: accepted" in line for line in err)
+    # SGLang's CUDA-graph switches radixlm implements are its own flags (model/cuda_graph_runner.py).
+    rc, err, seen = run(["--disable-cuda-graph", "--cuda-graph-max-bs", "8"], monkeypatch, capsys)
+    assert rc == 0 and not err
+    assert (seen["args"].disable_cuda_graph, seen["args"].cuda_graph_max_bs) == (True, 8)
     rc, err, _ = run(["--attn-cp-size", "2"], monkeypatch, capsys)
     assert rc == 2 and err[0].startswith("radixlm: error: --attention-context-parallel-size 2: context")
 
@@ -176,7 +181,7 @@ def test_bench_offline_takes_them_too(monkeypatch, capsys):
 
     seen = {}
     monkeypatch.setattr(offline, "main", lambda args, server_args: seen.setdefault("args", server_args) and 0)
-    rc = cli.main(["bench", "offline", "--model", "/m", "--disable-cuda-graph", "--kv-cache-dtype", "bf16"])
+    rc = cli.main(["bench", "offline", "--model", "/m", "--disable-cuda-graph-padding", "--kv-cache-dtype", "bf16"])
     err = capsys.readouterr().err
-    assert rc == 0 and "--disable-cuda-graph ignored" in err, err
+    assert rc == 0 and "--disable-cuda-graph-padding ignored" in err, err
     assert (seen["args"].model_path, seen["args"].kv_cache_dtype) == ("/m", "bfloat16")

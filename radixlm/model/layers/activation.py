@@ -6,14 +6,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.kernels.ops import cpu_float_ops
+from radixlm.kernels.ops import fused_ops
 
 
 class SiluAndMul(nn.Module):
     """silu(gate) * up on a fused [..., 2 * d] gate_up projection -> [..., d]."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        native = cpu_float_ops(x) if x.dim() == 2 else None
+        native = fused_ops(x) if x.dim() == 2 else None  # native on CPU float32, Triton on CUDA
         if native is not None:
             return native.silu_and_mul(x)
         d = x.shape[-1] // 2

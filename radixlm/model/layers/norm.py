@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from radixlm.kernels.ops import cpu_float_ops
+from radixlm.kernels.ops import fused_ops
 
 
 class RMSNorm(nn.Module):
@@ -28,11 +28,11 @@ class RMSNorm(nn.Module):
         """forward(x) -> normed x; forward(x, residual) -> (norm(x + residual), x + residual).
 
         The second form lets a decoder layer carry the residual stream without a
-        separate add before every norm. On CPU float32 with the native kernels it runs in place
+        separate add before every norm. With the fused ops (native on CPU float32, Triton on CUDA) it runs in place
         (x and residual are the caller's to give up: the layer's outputs and its own stream).
         """
-        native = cpu_float_ops(x) if x.dim() == 2 else None
-        if native is not None:  # one fused pass instead of ~8 ops (and the add)
+        native = fused_ops(x) if x.dim() == 2 else None
+        if native is not None:  # one fused pass instead of ~8 ops (and the add; Triton's on CUDA)
             if residual is None:
                 return native.rmsnorm(x, self.weight, self.variance_epsilon)
             native.add_rmsnorm_(x, residual, self.weight, self.variance_epsilon)

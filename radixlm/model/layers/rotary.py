@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from radixlm.kernels.ops import cpu_float_ops
+from radixlm.kernels.ops import fused_ops
 
 if TYPE_CHECKING:
     from radixlm.model.forward_batch import ForwardBatch
@@ -163,8 +163,8 @@ class RotaryEmbedding(nn.Module):
     def _apply(self, rows: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotates each token by row `rows[i]` of the table `cos_sin` [rows, rotary_dim]."""
-        native = cpu_float_ops(q) if q.dim() == 2 and q.stride(1) == 1 and k.stride(1) == 1 else None
-        if native is not None:  # in place: q and k are this layer's fresh projections
+        native = fused_ops(q) if q.dim() == 2 and q.stride(1) == 1 and k.stride(1) == 1 else None
+        if native is not None:  # in place: q and k are this layer's fresh projections (Triton's on CUDA)
             native.rotary_embedding_(rows, q, k, self.head_dim, cos_sin)
             return q, k
         cos, sin = cos_sin[rows].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)

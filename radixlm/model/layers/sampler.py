@@ -52,6 +52,10 @@ class SamplingBatchInfo:
     vocab_mask: Optional[torch.Tensor]
     generators: list[Optional[torch.Generator]]
     extras: Optional[ExtraSampling] = None  # typical_p, bad_words, allowed_token_ids, DRY, XTC: None when unused
+    max_top_k: int = 0  # the largest top_ks entry (a host copy: reading it back would wait for the device)
+    # top-p may sort only the top candidates when they hold every row's nucleus: deciding that reads
+    # a value back, cheap on a CPU; on a GPU the whole row is sorted instead (no host sync).
+    partial_sort: bool = True
 
     @classmethod
     def build(cls, rows: Sequence[SamplingRow], vocab_size: int, device: torch.device) -> "SamplingBatchInfo":
@@ -115,6 +119,8 @@ class SamplingBatchInfo:
             vocab_mask=vocab_mask,
             generators=[r.generator for r in rows],
             extras=extras,
+            max_top_k=max(top_ks, default=0),
+            partial_sort=torch.device(device).type == "cpu",
         )
 
 
@@ -180,17 +186,19 @@ def top_k_top_p_min_p(probs: torch.Tensor, info: SamplingBatchInfo) -> torch.Ten
     is a partial sort), the top TOP_P_CANDIDATES when they hold every row's nucleus, none for min-p
     alone."""
     vocab = probs.shape[-1]
-    k_max = int(info.top_ks.max())
+    k_max = info.max_top_k
     if not info.need_top_k and not info.need_top_p:  # min-p alone: a threshold, no order needed
         return probs.masked_fill(probs < probs.amax(-1, keepdim=True) * info.min_ps.unsqueeze(1), 0.0)
     cand = k_max if not info.need_top_p else min(vocab, max(TOP_P_CANDIDATES, k_max if k_max < vocab else 0))
-    if cand < vocab:
+    if cand < vocab and (info.partial_sort or not info.need_top_p):
         vals, order = torch.topk(probs, cand, dim=-1)
-        # Exact when no row keeps a token past the candidates: its top-k is within them, or its
-        # nucleus is (their mass passes top_p, so every later token has cum_before > top_p).
-        # (A top-k past the candidates but short of the vocabulary needs its own mass: full sort.)
-        covered = (info.top_ks <= cand) | ((info.top_ks >= vocab) & (info.top_ps < 1) & (vals.sum(-1) > info.top_ps))
-        if bool(covered.all()):
+        # Exact when no row keeps a token past the candidates: its top-k is within them (always, for
+        # top-k alone), or its nucleus is (their mass passes top_p, so every later token has
+        # cum_before > top_p). (A top-k past the candidates but short of the vocabulary needs its
+        # own mass: full sort.)
+        covered = not info.need_top_p or bool(
+            ((info.top_ks <= cand) | ((info.top_ks >= vocab) & (info.top_ps < 1) & (vals.sum(-1) > info.top_ps))).all())
+        if covered:
             return torch.zeros_like(probs).scatter_(-1, order, _filter_sorted(vals, info, probs))
     sorted_p, order = torch.sort(probs, dim=-1, descending=True)
     return torch.zeros_like(probs).scatter_(-1, order, _filter_sorted(sorted_p, info, probs))

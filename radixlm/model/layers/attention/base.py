@@ -43,8 +43,14 @@ class AttentionBackend(ABC):
     q: [num_tokens, num_heads, head_dim]; k, v: [num_tokens, num_kv_heads, head_dim]
     (the new tokens' own K/V, which a backend may use instead of re-reading the
     pool). Returns [num_tokens, num_heads, head_dim]. A MIXED batch comes to forward_extend;
-    its last forward_batch.num_decode rows are decode queries.
+    its last forward_batch.num_decode rows are decode queries. A TARGET_VERIFY batch of draft
+    trees carries forward_batch.tree_mask (model/tree_mask.py): each new token attends its prefix
+    and the new tokens its mask block allows, at position prefix + its depth.
     """
+
+    # Whether forward_extend honours forward_batch.tree_mask for the model it was built for; a
+    # backend that cannot says False and the scheduler drafts chains only.
+    supports_tree_mask = True
 
     @abstractmethod
     def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:

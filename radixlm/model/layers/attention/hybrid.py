@@ -21,6 +21,10 @@ class HybridAttnBackend(AttentionBackend):
         self.prefill_backend = prefill_backend
         self.decode_backend = decode_backend
 
+    @property
+    def supports_tree_mask(self) -> bool:  # verify batches are extend-shaped: the prefill backend's
+        return self.prefill_backend.supports_tree_mask
+
     def _select_backend(self, forward_batch: "ForwardBatch") -> AttentionBackend:
         # EXTEND, MIXED and TARGET_VERIFY are extend-shaped: several queries per request.
         return self.decode_backend if forward_batch.forward_mode.is_decode() else self.prefill_backend

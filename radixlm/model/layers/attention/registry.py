@@ -3,7 +3,9 @@
 
 A new backend is its own module (the AttentionBackend subclass and a `supported(spec)`) plus one
 `@register_attention_backend` entry below. Entries are in auto's order of preference: with no name
-given, the first backend that supports the model runs it.
+given, the first backend that supports the model runs it, among those whose `auto_devices` include
+the model's device (triton is auto's choice on CUDA only: on CPU its kernels run in Triton's
+interpreter, for tests, when asked for by name).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from radixlm.model.layers.attention.native import NativeCPUBackend
 from radixlm.model.layers.attention.native import supported as native_supported
 from radixlm.model.layers.attention.torch_sdpa import TorchSDPABackend
 from radixlm.model.layers.attention.torch_sdpa import supported as torch_sdpa_supported
+from radixlm.model.layers.attention.triton_backend import TritonAttnBackend
+from radixlm.model.layers.attention.triton_backend import supported as triton_supported
 
 BackendFactory = Callable[[AttentionBackendSpec], AttentionBackend]
 
@@ -27,6 +31,13 @@ BackendFactory = Callable[[AttentionBackendSpec], AttentionBackend]
 class AttentionBackendEntry:
     supported: Callable[[AttentionBackendSpec], Optional[str]]  # None, or why the backend cannot run spec
     create: BackendFactory
+    auto_devices: Optional[tuple[str, ...]] = None  # device types auto picks it on (None: any)
+
+    def auto_reason(self, spec: AttentionBackendSpec) -> Optional[str]:
+        """supported's answer, or why auto passes the backend by on this device."""
+        if self.auto_devices is not None and spec.device.type not in self.auto_devices:
+            return f"auto picks it on {' or '.join(self.auto_devices)} only"
+        return self.supported(spec)
 
 
 _REGISTRY: dict[str, AttentionBackendEntry] = {}
@@ -38,11 +49,12 @@ def _refusing_mla(supported: Callable[[AttentionBackendSpec], Optional[str]]):
 
 
 def register_attention_backend(name: str, supported: Callable[[AttentionBackendSpec], Optional[str]],
-                               mla: bool = False):
+                               mla: bool = False, auto_devices: Optional[tuple[str, ...]] = None):
     """mla: the backend reads the latent pool of multi-head latent attention models (else it is
-    refused for them without asking `supported`)."""
+    refused for them without asking `supported`). auto_devices: the device types auto may pick it on."""
     def decorator(factory: BackendFactory) -> BackendFactory:
-        _REGISTRY[name] = AttentionBackendEntry(supported if mla else _refusing_mla(supported), factory)
+        _REGISTRY[name] = AttentionBackendEntry(supported if mla else _refusing_mla(supported), factory,
+                                                auto_devices)
         return factory
     return decorator
 
@@ -50,6 +62,12 @@ def register_attention_backend(name: str, supported: Callable[[AttentionBackendS
 @register_attention_backend("native", supported=native_supported)
 def create_native_backend(spec: AttentionBackendSpec) -> AttentionBackend:
     return NativeCPUBackend()
+
+
+# Auto's choice on CUDA: paged extend and split-KV decode by slot, no gather (triton_backend.py).
+@register_attention_backend("triton", supported=triton_supported, auto_devices=("cuda",))
+def create_triton_backend(spec: AttentionBackendSpec) -> AttentionBackend:
+    return TritonAttnBackend(spec)
 
 
 @register_attention_backend("torch", supported=torch_sdpa_supported)
@@ -84,7 +102,7 @@ def resolve_attention_backend(name: Optional[str], spec: AttentionBackendSpec,
         return name
     reasons = []
     for candidate, entry in _REGISTRY.items():
-        why = entry.supported(spec)
+        why = entry.auto_reason(spec)
         if why is None:
             return candidate
         reasons.append(f"{candidate}: {why}")

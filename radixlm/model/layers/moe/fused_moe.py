@@ -1,7 +1,8 @@
 """The experts' half of a MoE layer, after routing: for each expert touched, its tokens through
 gate_up (w13 = [gate; up] rows), SiLU(gate) * up, down (w2), scaled by the routing weight and
-summed per token. The torch path below is the reference and the path for non-CPU devices; the
-native CPU op (registered by the kernels) computes the same on the quantized blocks."""
+summed per token. The torch path below is the reference (and the path where no other applies); the
+native CPU op computes the same on the quantized blocks, the Triton grouped GEMM on CUDA. A layer
+picks its path once, from its weights' device and format (`experts_path`)."""
 
 from __future__ import annotations
 
@@ -51,13 +52,17 @@ def fused_experts_torch(hidden: torch.Tensor, topk_weights: torch.Tensor, topk_i
     return out
 
 
+ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ExpertWeights, ExpertWeights], torch.Tensor]
+
+
 @dataclass(frozen=True)
 class ExpertsPath:
-    """Another way to compute fused_experts (a native op), taken when `supports` says so."""
+    """Another way to compute fused_experts (a native op, a Triton kernel), taken when `supports`
+    says so for the weights (and the device they are on)."""
 
     name: str
-    supports: Callable[[torch.Tensor, ExpertWeights, ExpertWeights], bool]
-    run: Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ExpertWeights, ExpertWeights], torch.Tensor]
+    supports: Callable[[torch.device, ExpertWeights, ExpertWeights], bool]
+    run: ExpertsFn
 
 
 _PATHS: list[ExpertsPath] = []
@@ -67,15 +72,24 @@ def register_experts_path(path: ExpertsPath) -> None:
     _PATHS.append(path)
 
 
+def experts_path(device: torch.device, w13: ExpertWeights, w2: ExpertWeights) -> ExpertsFn:
+    """The computation for these weights on `device`: the first registered path that takes them,
+    else torch. A layer asks once (its weights do not move) and calls the answer every forward."""
+    for path in _PATHS:
+        if path.supports(device, w13, w2):
+            return path.run
+    return fused_experts_torch
+
+
 def fused_experts(hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
                   w13: ExpertWeights, w2: ExpertWeights) -> torch.Tensor:
-    """What a MoE layer calls: the first registered path that takes these weights, else torch."""
-    for path in _PATHS:
-        if path.supports(hidden, w13, w2):
-            return path.run(hidden, topk_weights, topk_ids, w13, w2)
-    return fused_experts_torch(hidden, topk_weights, topk_ids, w13, w2)
+    """fused_experts through the path of these weights (for callers without a layer to keep it)."""
+    return experts_path(hidden.device, w13, w2)(hidden, topk_weights, topk_ids, w13, w2)
 
 
-from radixlm.model.layers.moe import native as _native  # noqa: E402  (after the registry it joins)
+# After the registry they join: the native CPU op, the Triton kernels on CUDA.
+from radixlm.model.layers.moe import native as _native  # noqa: E402
+from radixlm.model.layers.moe import triton as _triton  # noqa: E402
 
 register_experts_path(ExpertsPath(_native.NAME, _native.supports, _native.run))
+register_experts_path(ExpertsPath(_triton.NAME, _triton.supports, _triton.run))

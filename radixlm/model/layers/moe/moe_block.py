@@ -11,8 +11,12 @@ then the ranks' partial sums are all-reduced (SGLang's --moe-a2a-backend none; e
 which under DP attention first gathers every rank's tokens). Routing runs where the tokens are
 (every rank alike under TP: replicated router weights, same inputs), so the routes travel with them.
 
-Expert load (`expert_load`): tokens routed to each expert since start, one bincount added per
-forward (no host sync); read on a scrape (expert_load_info).
+Expert load (`expert_load`): tokens routed to each expert since start, counted by a scatter-add per
+forward (no host sync: torch's bincount reads its input's maximum back on CUDA); read on a scrape
+(expert_load_info).
+
+The experts' computation (fused_moe.experts_path: the native CPU op, the Triton kernels on CUDA,
+torch) is chosen once the weights are in, from their device and format.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from torch import nn
 from radixlm.distributed.parallel_state import GroupCoordinator, get_ep_group
 from radixlm.model.layers.moe.expert_dispatch import LocalExperts, expert_dispatch, local_share
 from radixlm.model.layers.moe.experts import ExpertWeights
-from radixlm.model.layers.moe.fused_moe import fused_experts
+from radixlm.model.layers.moe.fused_moe import ExpertsFn, experts_path
 from radixlm.model.layers.moe.topk import TopKRouting
 from radixlm.model.tp_shard import divide
 
@@ -74,6 +78,7 @@ class SparseMoeBlock(nn.Module):
         self.register_buffer("expert_load", torch.zeros(spec.num_experts, dtype=torch.int64), persistent=False)
         self.w13: Optional[ExpertWeights] = None
         self.w2: Optional[ExpertWeights] = None
+        self._experts: Optional[ExpertsFn] = None  # the path the weights take (_views)
         self._fmts: dict[str, Any] = {}  # w13 / w2 -> QuantFormat of quantized weights
         self._quantized: dict[str, ExpertWeights] = {}  # a GGUF's stacked blocks, assembled in finish_loading
         self._loaded: set[tuple[str, int]] = set()  # (gate|up|down, local expert) written
@@ -161,6 +166,7 @@ class SparseMoeBlock(nn.Module):
         inter, hidden = self.spec.intermediate_size, self.hidden_size
         for which, rows, cols in (("w13", 2 * inter, hidden), ("w2", hidden, inter)):
             setattr(self, which, ExpertWeights(getattr(self, f"{which}_weight").data, self._fmts.get(which), rows, cols))
+        self._experts = experts_path(self.w13.data.device, self.w13, self.w2)
 
     def quantize_weights(self, fmt_name: str) -> None:
         """--quantization of a float checkpoint: each expert's matrices quantized (those whose input
@@ -179,7 +185,8 @@ class SparseMoeBlock(nn.Module):
         if self.w13 is None:
             self._views()
         weights, ids = self.routing.select(self.gate(x))
-        self.expert_load += torch.bincount(ids.reshape(-1), minlength=self.spec.num_experts)
+        flat = ids.reshape(-1)
+        self.expert_load.scatter_add_(0, flat, torch.ones_like(flat))
         out = self._routed(x, weights, ids)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
@@ -190,9 +197,9 @@ class SparseMoeBlock(nn.Module):
 
     def _local_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         if self.ep_size == 1:
-            return fused_experts(x, weights, ids, self.w13, self.w2)
+            return self._experts(x, weights, ids, self.w13, self.w2)
         start, n = self.local_range()
-        return local_share(x, weights, ids, start, n, lambda h, w, i: fused_experts(h, w, i, self.w13, self.w2))
+        return local_share(x, weights, ids, start, n, lambda h, w, i: self._experts(h, w, i, self.w13, self.w2))
 
     def idle(self, dtype: torch.dtype) -> None:
         """DP attention, this rank without tokens: join the others' gather (forward_idle)."""

@@ -21,8 +21,8 @@ NAME = "native"
 MAX_TOKENS = 1024
 
 
-def supports(hidden: torch.Tensor, w13: ExpertWeights, w2: ExpertWeights) -> bool:
-    if hidden.device.type != "cpu" or not (w13.quantized and w2.quantized):
+def supports(device: torch.device, w13: ExpertWeights, w2: ExpertWeights) -> bool:
+    if device.type != "cpu" or not (w13.quantized and w2.quantized):
         return False
     if w13.data.device.type != "cpu" or w2.data.device.type != "cpu":
         return False
