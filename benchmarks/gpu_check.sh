@@ -69,7 +69,7 @@ echo "install: done in $(( $(date +%s) - START )) s" | tee -a "$OUT/steps.txt"
 # --- (a) the CUDA tests, (b) one-batch on the goal's shape, then the kernels compiled -----------------
 PT="-m pytest -q -rs -p no:cacheprovider --timeout 150"
 step tests-gpu 160 tests.log $PY $PT tests/gpu
-OB="-m radixlm.cli bench one-batch --device $DEVICE --dtype $DTYPE --batch-size $BS --input-len $IN --output-len $OUTLEN --output-file $OUT/results.jsonl"
+OB="-m radixlm.cli bench one-batch --device $DEVICE --dtype $DTYPE --cuda-graph-max-bs 128 --batch-size $BS --input-len $IN --output-len $OUTLEN --output-file $OUT/results.jsonl"
 step one-batch-llama3-8b 100 one_batch.log $PY $OB --model-path $BIG
 [ -z "${GPU_CHECK_DRY:-}" ] && step tests-triton 150 tests.log $PY $PT tests/triton
 step one-batch-llama3.2-1b 70 one_batch.log $PY $OB --model-path $MID

@@ -3,9 +3,21 @@
 
 
 import asyncio
+import os
 
 import pytest
 import torch
+
+# Without a GPU the Triton kernels run only in Triton's interpreter, and @triton.jit decides between
+# interpreting and compiling when a function is decorated: triton's own library (tl.sum, tl.cdiv, ...)
+# when triton is first imported, a kernel when its module is. So the interpreter is on from the start
+# and triton is imported under it here, whichever test would have imported it first.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    try:
+        import triton  # noqa: F401
+    except ImportError:  # not installed: tests/triton says so, module by module
+        pass
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -64,9 +64,10 @@ def test_auto_picks_torch_where_native_does_not_apply(kernel_ops, where):
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed (the test extra)")
-def test_auto_picks_triton_on_cuda(kernel_ops):
+def test_auto_picks_triton_on_cuda(kernel_ops, monkeypatch):
     """On CUDA auto's choice is the Triton backend (native says why not); on CPU the Triton kernels
     run only in Triton's interpreter (tests/triton), so naming it says so and auto passes it by."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the test session turns it on without a GPU
     cuda = spec(device=torch.device("cuda"), dtype=torch.bfloat16)
     assert type(create_attention_backend(None, cuda)) is TritonAttnBackend
     assert type(create_attention_backend("torch", cuda)) is TorchSDPABackend

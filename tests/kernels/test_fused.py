@@ -74,8 +74,8 @@ def test_layers_take_the_fused_path(kernel_ops, monkeypatch):
             calls.append(name)
             return getattr(kernel_ops, name)
 
-    monkeypatch.setattr(norm, "cpu_float_ops", lambda x: Spy())
-    monkeypatch.setattr(activation, "cpu_float_ops", lambda x: Spy())
+    monkeypatch.setattr(norm, "fused_ops", lambda x: Spy())
+    monkeypatch.setattr(activation, "fused_ops", lambda x: Spy())
     n = RMSNorm(8)
     x, r = torch.randn(2, 8), torch.randn(2, 8)
     out, res = n(x.clone(), r.clone())

@@ -217,3 +217,32 @@ def test_tree_worth_prunes_nodes_and_sibling_acceptance_sets_the_width():
     fixed = SpecController(NoSource(), 16, policy="fixed", max_shape=TreeShape(3, 16))
     fixed._siblings = ctl._siblings
     assert fixed.shape(16) == TreeShape(3, 16) and fixed._fit(req, tree, 16, fixed.shape(16), 0.01) == tree
+
+
+def test_trees_follow_the_cost_model_and_go_off_for_compute_bound_batches():
+    """A tree source (two branches under every node) gets tree budgets where rows are cheap and
+    none at a batch size where a verify row costs more than it saves."""
+    from types import SimpleNamespace
+
+    from radixlm.sampling_params import SamplingParams
+    from radixlm.speculative.draft_tree import ROOT, TreeShape
+
+    class Trees(NoSource):
+        cheap = True
+
+        def propose(self, reqs, ks, shape=None):  # (width 1: the chain of first children, as shadow drafts ask)
+            return [DraftTree((5, 6, 5, 6), (ROOT, ROOT, 0, 0)).bounded(shape, k) if k else [] for k in ks]
+
+    def reqs(n):
+        return [SimpleNamespace(rid=f"r{i}", grammar=None, output_ids=[1], seqlen=10,
+                                sampling_params=SamplingParams(max_new_tokens=100, temperature=0)) for i in range(n)]
+
+    cheap = SpecController(Trees(), 8, max_shape=TreeShape(2, 8))
+    for rows in range(1, 80):
+        cheap.costs.observe(rows, 4.0 + 0.1 * (rows - 1))  # an extra row: 2.5% of a step
+    (tree,) = cheap.propose(reqs(1), 100, 1000)
+    assert len(tree) == 4 and not tree.is_chain
+    bound = SpecController(Trees(), 8, max_shape=TreeShape(2, 8))
+    for rows in range(1, 80):
+        bound.costs.observe(rows, 2.0 + rows)  # compute-bound
+    assert all(len(t) == 0 for t in bound.propose(reqs(8), 100, 1000))

@@ -19,6 +19,7 @@ from radixlm.model.forward_batch import ForwardMode
 from radixlm.model.layers.moe.moe_block import MoeSpec, SparseMoeBlock
 from radixlm.model.runner import ModelRunner
 from radixlm.model.runner_config import ModelRunnerConfig
+from radixlm.speculative.draft_tree import ROOT, DraftTree
 from radixlm.sampling_params import SamplingParams
 from tests.device_guard import device_guard
 from tests.model.helpers import SMALL, save_random_llama
@@ -93,7 +94,8 @@ def test_steps_never_wait_for_the_device(runner, triton_device):
         step(ScheduleBatch(ForwardMode.DECODE, decode_reqs=running), guard_mask=True)
     d = req("d", ids(6), samplings[0])
     step(ScheduleBatch(ForwardMode.MIXED, chunks=[PrefillChunk.plan(d, d.seqlen)], decode_reqs=running))
-    out = step(ScheduleBatch(ForwardMode.TARGET_VERIFY, decode_reqs=[a, c, d], drafts=[ids(3), [], ids(2)]))
+    out = step(ScheduleBatch(ForwardMode.TARGET_VERIFY, decode_reqs=[a, c, d], drafts=[DraftTree(tuple(ids(3)), (ROOT, ROOT, 0)), DraftTree.empty(),
+                                                                          DraftTree.chain(ids(2))]))  # a tree: its mask too
     assert [tuple(r.shape) for r in out.row_logits] == [(4, SMALL["vocab_size"]), (1, SMALL["vocab_size"]),
                                                         (3, SMALL["vocab_size"])]
 
