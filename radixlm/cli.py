@@ -1,4 +1,4 @@
-"""Command line: `radixlm serve | generate | bench`."""
+"""Command line: `radixlm serve | generate | bench | router | train-eagle`."""
 
 from __future__ import annotations
 
@@ -190,6 +190,12 @@ def main(argv=None) -> int:
     one_batch_bench.add_args(one_batch)
     ServerArgs.add_cli_args(one_batch, choices)
     one_batch.set_defaults(func=lambda a: one_batch_bench.main(a, ServerArgs.from_cli_args(a)))
+    train_eagle = sub.add_parser("train-eagle", help="train an EAGLE draft head for a model from its own answers "
+                                 "(self-distillation, on this machine)")
+    from radixlm.speculative import eagle_train
+
+    eagle_train.add_args(train_eagle)
+    train_eagle.set_defaults(func=eagle_train.main)
     # SGLang's flags, value spellings and --config FILE.yaml (radixlm/sglang_flags.py, config_file.py).
     from radixlm.config_file import expand_config_file
     from radixlm.sglang_compat import check_sglang_flags, install_sglang_flags

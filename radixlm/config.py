@@ -103,12 +103,12 @@ class ServerArgs:
     is_embedding: bool = False  # SGLang's: serve an embedding model (/v1/embeddings, /encode; model/pooler.py)
 
     # Speculative decoding (radixlm/speculative/): drafts verified in one forward, outputs unchanged.
-    speculative_algorithm: Optional[str] = None  # ngram, radix or draft-model; None: off
+    speculative_algorithm: Optional[str] = None  # ngram, radix, draft-model, eagle or eagle3; None: off
     speculative_num_draft_tokens: int = 16  # most draft tokens per request and step (the controller picks fewer where they do not pay)
     speculative_draft_policy: str = "adaptive"  # adaptive | fixed (every draft up to the maximum, as SGLang)
     # Draft trees (SGLang's EAGLE flags): at most this many children per node (1: chains; None: the
-    # algorithm's default, 4 for ngram and radix, 1 for draft-model) and this many levels below the
-    # request's last token (None: speculative_num_draft_tokens).
+    # algorithm's default, 4 for ngram, radix and eagle, 1 for draft-model) and this many levels below the
+    # request's last token (None: 5 for eagle, else speculative_num_draft_tokens).
     speculative_eagle_topk: Optional[int] = None
     speculative_num_steps: Optional[int] = None
     speculative_ngram_min_match_window_size: int = 2  # shortest suffix a lookup match may use (ngram, radix's index)
@@ -121,6 +121,11 @@ class ServerArgs:
     speculative_draft_model_path: Optional[str] = None
     speculative_draft_kv_tokens: Optional[int] = None
     speculative_draft_model_revision: Optional[str] = None
+    # eagle / eagle3 (SGLang's EAGLE / EAGLE3; speculative/eagle.py): a draft head in EAGLE's published layout
+    # (--speculative-draft-model-path: config.json + safetensors) drafts trees on the target's own hidden states.
+    # eagle: the head's logits over these token ids only (a torch file of ids, SGLang's FR-Spec token map):
+    # top-k over a few thousand frequent tokens instead of the whole vocabulary (`radixlm train-eagle` writes one).
+    speculative_token_map: Optional[str] = None
 
     # Hierarchical cache (cache/hiradix_cache.py, SGLang's HiCache flags): the radix tree over L1 (the
     # KV pool), L2 (a larger host pool, --hicache-ratio x L1 or --hicache-size GiB) and L3 (a storage

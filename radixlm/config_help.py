@@ -37,16 +37,21 @@ HELPS = {
     "decode_attention_backend": "attention backend of decode batches; default: --attention-backend",
     "speculative_algorithm": "draft tokens to verify in one forward: ngram (prompt lookup over the "
     "request's own text), radix (continuations in the radix cache), draft-model (greedy decoding of "
-    "--speculative-draft-model-path); outputs stay those of plain decoding",
+    "--speculative-draft-model-path), eagle / eagle3 (an EAGLE / EAGLE-3 draft head on the target's hidden "
+    "states; SGLang's EAGLE / EAGLE3); outputs stay those of plain decoding",
     "speculative_draft_model_path": "draft-model: the draft model (HF directory or GGUF file), smaller than "
-    "the target, with the same vocabulary",
+    "the target, with the same vocabulary; eagle / eagle3: the draft head's directory (config.json + "
+    "safetensors in EAGLE's published layout; `radixlm train-eagle` writes one)",
+    "speculative_token_map": "eagle: a torch file of token ids (SGLang's FR-Spec token map): the head ranks "
+    "these tokens only, a fraction of the LM head's cost per draft step",
     "speculative_draft_kv_tokens": "draft-model: the draft model's KV pool in tokens (default: the target's "
     "KV capacity)",
     "speculative_num_draft_tokens": "most draft tokens per request and step (a draft tree's nodes)",
     "speculative_eagle_topk": "most children per node of a draft tree (1: chains; default 4 for ngram and "
-    "radix, whose trees are the continuations recorded after the same context; 1 for draft-model)",
-    "speculative_num_steps": "most levels of a draft tree below the request's last token (default: "
-    "--speculative-num-draft-tokens)",
+    "radix, whose trees are the continuations recorded after the same context, and for eagle / eagle3, a "
+    "head's top candidates; 1 for draft-model)",
+    "speculative_num_steps": "most levels of a draft tree below the request's last token (default 5 for eagle / "
+    "eagle3, one head forward each; else --speculative-num-draft-tokens)",
     "speculative_draft_policy": "adaptive: per step, each request's draft length that maximizes expected "
     "tokens per second (its recent acceptance, the measured cost of verify steps at this batch size); fixed: "
     "every draft the source has, up to the maximum (reproducible step shapes, for tests and comparisons)",

@@ -107,10 +107,11 @@ VALUE_RULES: dict[str, ValueRule] = {
     "prefill_attention_backend": ValueRule("--prefill-attention-backend", _ATTENTION.renamed, _ATTENTION.refused),
     "decode_attention_backend": ValueRule("--decode-attention-backend", _ATTENTION.renamed, _ATTENTION.refused),
     "speculative_algorithm": ValueRule(
-        "--speculative-algorithm", renamed={"NGRAM": "ngram", "STANDALONE": "draft-model"},
-        refused=(RefusedValues(("EAGLE", "EAGLE3", "NEXTN"), "EAGLE-style tree speculation (a draft head on the "
-                               "target's hidden states) is a later issue", "NGRAM (ngram), STANDALONE (draft-model) or "
-                               "radix"),)),
+        "--speculative-algorithm", renamed={"NGRAM": "ngram", "STANDALONE": "draft-model", "EAGLE": "eagle",
+                                            "EAGLE3": "eagle3"},
+        refused=(RefusedValues(("NEXTN",), "NEXTN drafts with a model's own multi-token-prediction layers, which "
+                               "radixlm does not load", "EAGLE / EAGLE3 with a separate draft head (`radixlm "
+                               "train-eagle` trains one), NGRAM (ngram), STANDALONE (draft-model) or radix"),)),
     "quantization": ValueRule("--quantization", refused=(
         RefusedValues(("w8a8_int8",), "SGLang's w8a8_int8 reads a checkpoint pre-quantized by llm-compressor, which "
                       "radixlm cannot load", "serve the float checkpoint with --quantization int8 (int8 weights and "
@@ -161,13 +162,17 @@ DIFFERENT: dict[str, str] = {
     "--prefill-attention-backend": "as --attention-backend",
     "--decode-attention-backend": "as --attention-backend",
     "--speculative-algorithm": "radixlm's: ngram (prompt lookup), radix (continuations in the radix cache), "
-    "draft-model",
+    "draft-model, eagle, eagle3",
     "--speculative-num-draft-tokens": "the most draft tokens per request and step, the root (the request's last "
     "token) not counted (SGLang counts it): --speculative-draft-policy adaptive (the default) drafts fewer where "
     "they do not pay; fixed drafts SGLang's way",
     "--speculative-eagle-topk": "also bounds the trees of ngram and radix (default 4: their recorded "
-    "continuations); the step's width is narrowed to the sibling ranks whose measured acceptance still pays",
-    "--speculative-num-steps": "the most levels of any draft tree (default: --speculative-num-draft-tokens)",
+    "continuations; 4 for eagle / eagle3); the step's width is narrowed to the sibling ranks whose measured "
+    "acceptance still pays",
+    "--speculative-num-steps": "the most levels of any draft tree (default: 5 for eagle / eagle3, else "
+    "--speculative-num-draft-tokens)",
+    "--speculative-token-map": "a local torch file of token ids (SGLang also fetches one from the Hub); eagle "
+    "only",
     "--schedule-policy": "default lpm (SGLang's: fcfs)",
     "--device": "cpu or cuda (xpu, hpu, npu, mps: refused when the engine starts)",
     "--dp-size": "N whole servers behind radixlm's cache-aware router, on this host's cores (SGLang: N scheduler "
@@ -312,11 +317,8 @@ GROUPS: tuple[FlagGroup, ...] = (
              "--speculative-moe-runner-backend V=auto", "--speculative-moe-a2a-backend V=none", "--kt-weight-path V",
              "--kt-method V", "--kt-cpuinfer V", "--kt-threadpool-count V", "--kt-num-gpu-experts V",
              "--kt-max-deferred-experts-per-token V"),
-    _refused("EAGLE-style speculation (draft heads, trees, token maps) is a later issue", "--speculative-algorithm "
-             "NGRAM|STANDALONE|radix: drafts verified exactly (trees of the recorded continuations for "
-             "ngram and radix), their size picked per step up to --speculative-num-draft-tokens",
-             "--speculative-token-map V",
-             "--enable-multi-layer-eagle"),
+    _refused("multi-layer EAGLE (several draft layers, one per step) is not in radixlm", "--speculative-algorithm "
+             "EAGLE|EAGLE3 with a one-layer head", "--enable-multi-layer-eagle"),
     _inert("radixlm drafts trees whose size it picks per step (up to --speculative-num-draft-tokens, "
            "--speculative-eagle-topk wide, --speculative-num-steps deep), by its own prompt-lookup index "
            "(--speculative-ngram-min/max-match-window-size), in the draft model's own attention backend",

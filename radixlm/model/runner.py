@@ -11,9 +11,10 @@ import torch
 
 from radixlm.cache.memory_pool import ReqToTokenPool
 from radixlm.lora.runtime import create_lora_runtime
-from radixlm.model.compiled_decode import create_decode_graphs
+from radixlm.model.compiled_decode import EagerDecode, create_decode_graphs
 from radixlm.model.cuda_graph_runner import create_cuda_graphs
 from radixlm.model.forward_batch import ForwardBatch
+from radixlm.model.hidden_capture import HiddenCapture, NoHiddenCapture
 from radixlm.model.kv_budget import available_memory_bytes, fraction_kv_budget
 from radixlm.model.kv_layout import kv_layout
 from radixlm.model.layers.attention import (
@@ -101,6 +102,8 @@ class ModelRunner:
         self.token_to_kv_pool = self.kv_layout.create_pool(self.max_total_num_tokens, self.num_layers, self.kv_dtype,
                                                            self.device, layers=self.pp.layers)
         self.sampler = Sampler()
+        # Who reads the target's hidden states (an EAGLE draft head; NoHiddenCapture: nobody).
+        self.hidden_capture: HiddenCapture = NoHiddenCapture()
         # --enable-lora: the adapters and their batched delta on the target layers (NoLoRA: none).
         self.lora = create_lora_runtime(config.lora, self.model, self.dtype, self.device)
         # Decode steps through graphs: CUDA graphs on CUDA (--disable-cuda-graph: none), torch.compile on CPU with
@@ -193,6 +196,25 @@ class ModelRunner:
         self.attn_backend.init_forward_metadata(fb)
         return fb
 
+    def set_hidden_capture(self, capture: HiddenCapture) -> None:
+        """Hand every forward's hidden states to `capture` from now on (and the residual stream entering
+        its aux_layers: a Llama-family model records them)."""
+        decoder = getattr(self.model, "model", None)
+        if capture.aux_layers:
+            if not hasattr(decoder, "hidden_capture"):
+                raise ValueError(f"{self.loaded.architecture}: only Llama-family models record the hidden states of "
+                                 "inner layers (EAGLE-3's features)")
+            bad = [i for i in capture.aux_layers if not 0 <= i < self.num_layers]
+            if bad:
+                raise ValueError(f"aux hidden-state layers {bad} outside the target's {self.num_layers} layers")
+        if hasattr(decoder, "hidden_capture"):
+            decoder.hidden_capture = capture
+        self.hidden_capture = capture
+        if not isinstance(capture, NoHiddenCapture) and not isinstance(self.decode_graphs, EagerDecode):
+            # A replayed graph returns logits only: every forward must run where the capture sees it.
+            logger.info("decode graphs off: the hidden states of every forward are read (EAGLE)")
+            self.decode_graphs = EagerDecode("the hidden states of every forward are read")
+
     def reset_attention_state(self) -> None:
         """Forget what the attention backend keeps across steps (a forward failed half way)."""
         self.attn_backend.reset()
@@ -203,7 +225,9 @@ class ModelRunner:
             return LogitsOutput(next_token_logits=self.decode_graphs.forward(fb))
         self.lora.begin_forward(fb)
         if self.pp.size == 1:
-            return self._logits(fb, self.model.forward(fb.input_ids, fb.positions, fb))
+            hidden = self.model.forward(fb.input_ids, fb.positions, fb)
+            self.hidden_capture.on_forward(fb, hidden)
+            return self._logits(fb, hidden)
         # Pipeline: the last stage's logits reach every stage, which then samples alike (the same
         # scheduler state and seeded generators everywhere, as in a tensor-parallel group).
         out = None

@@ -148,7 +148,7 @@ class Scheduler:
         from radixlm.speculative.factory import create_draft_source
 
         source = create_draft_source(spec, self.tree_cache, self.runner.token_to_kv_pool.size, self.config.runner,
-                                     self.runner.vocab_size)
+                                     self.runner.vocab_size, self.runner)
         shape = spec.tree_shape
         if shape.width > 1 and not self.runner.attn_backend.supports_tree_mask:
             logger.warning("%r cannot verify draft trees for this model: chains only", self.runner.attn_backend)

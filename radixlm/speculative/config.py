@@ -11,11 +11,14 @@ from radixlm.speculative.draft_tree import TreeShape
 if TYPE_CHECKING:
     from radixlm.config import ServerArgs
 
-SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft-model")
+SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft-model", "eagle", "eagle3")
+EAGLE_ALGORITHMS = ("eagle", "eagle3")  # a draft head on the target's hidden states (speculative/eagle.py)
 DRAFT_POLICIES = ("adaptive", "fixed")
 # Children per draft-tree node when --speculative-eagle-topk is not given: the lookups have several
-# recorded continuations to branch on; the draft model decodes one chain.
-DEFAULT_TOPK = {"ngram": 4, "radix": 4, "draft-model": 1}
+# recorded continuations to branch on, an EAGLE head its top candidates (SGLang's usual 4); the draft
+# model decodes one chain.
+DEFAULT_TOPK = {"ngram": 4, "radix": 4, "draft-model": 1, "eagle": 4, "eagle3": 4}
+EAGLE_NUM_STEPS = 5  # an EAGLE head's levels when --speculative-num-steps is not given (SGLang's default)
 
 
 @dataclass(frozen=True)
@@ -31,7 +34,12 @@ class SpeculativeConfig:
     max_extend_tokens: int = 4096  # draft-model: tokens per catch-up forward (the target's max_prefill_tokens)
     check_invariants: bool = False  # draft-model: check its own pool after every proposal
     eagle_topk: Optional[int] = None  # most children per tree node (None: DEFAULT_TOPK)
-    num_steps: Optional[int] = None  # most tree levels (None: num_draft_tokens)
+    num_steps: Optional[int] = None  # most tree levels (None: EAGLE_NUM_STEPS for a head, else num_draft_tokens)
+    token_map: Optional[str] = None  # eagle: the token ids the head ranks (None: the whole vocabulary)
+
+    @property
+    def is_eagle(self) -> bool:
+        return self.algorithm in EAGLE_ALGORITHMS
 
     def __post_init__(self):
         def bad(field: str, why: str):
@@ -50,9 +58,16 @@ class SpeculativeConfig:
         if self.algorithm == "draft-model" and not self.draft_model_path:
             raise ValueError("speculative_algorithm draft-model needs speculative_draft_model_path "
                              "(--speculative-draft-model-path: a HF directory or GGUF file with the target's vocabulary)")
-        if self.draft_model_path and self.algorithm != "draft-model":
-            raise ValueError(f"speculative_draft_model_path is used by speculative_algorithm draft-model only, "
-                             f"got speculative_algorithm {self.algorithm!r}")
+        if self.is_eagle and not self.draft_model_path:
+            raise ValueError(f"speculative_algorithm {self.algorithm} needs speculative_draft_model_path "
+                             "(--speculative-draft-model-path: the draft head's directory, config.json + safetensors; "
+                             "`radixlm train-eagle` writes one)")
+        if self.draft_model_path and self.algorithm not in ("draft-model", *EAGLE_ALGORITHMS):
+            raise ValueError(f"speculative_draft_model_path is used by speculative_algorithm draft-model, eagle and "
+                             f"eagle3 only, got speculative_algorithm {self.algorithm!r}")
+        if self.token_map is not None and self.algorithm != "eagle":
+            raise ValueError(f"speculative_token_map is used by speculative_algorithm eagle only (an EAGLE-3 head "
+                             f"carries its own vocabulary), got speculative_algorithm {self.algorithm!r}")
         if self.draft_kv_tokens is not None and self.draft_kv_tokens <= 0:
             bad("draft_kv_tokens", "must be positive")
         if self.eagle_topk is not None and self.eagle_topk < 1:
@@ -65,18 +80,34 @@ class SpeculativeConfig:
     @property
     def tree_shape(self) -> TreeShape:
         """The widest and deepest draft trees (the controller narrows them per step)."""
-        return TreeShape(self.eagle_topk or DEFAULT_TOPK[self.algorithm], self.num_steps or self.num_draft_tokens)
+        depth = self.num_steps or (EAGLE_NUM_STEPS if self.is_eagle else self.num_draft_tokens)
+        return TreeShape(self.eagle_topk or DEFAULT_TOPK[self.algorithm], depth)
 
     @classmethod
     def from_server_args(cls, args: "ServerArgs") -> Optional["SpeculativeConfig"]:
         """None when speculative decoding is off (no --speculative-algorithm)."""
         if args.speculative_algorithm is None:
-            if args.speculative_draft_model_path:
-                raise ValueError(f"speculative_draft_model_path is used by speculative_algorithm draft-model only, "
-                                 f"got speculative_algorithm {args.speculative_algorithm!r}")
+            for name in ("speculative_draft_model_path", "speculative_token_map"):
+                if getattr(args, name):
+                    raise ValueError(f"{name} needs --speculative-algorithm (it is used by draft-model, eagle and "
+                                     f"eagle3), got speculative_algorithm None")
             return None
+        if args.speculative_algorithm in EAGLE_ALGORITHMS:
+            _check_eagle_args(args)
         return cls(args.speculative_algorithm, args.speculative_num_draft_tokens, args.speculative_draft_policy,
                    args.speculative_ngram_min_match_window_size, args.speculative_ngram_max_match_window_size,
                    args.speculative_suffix_index_tokens, args.speculative_draft_model_path,
                    args.speculative_draft_kv_tokens, args.max_prefill_tokens, args.enable_invariant_checks,
-                   args.speculative_eagle_topk, args.speculative_num_steps)
+                   args.speculative_eagle_topk, args.speculative_num_steps, args.speculative_token_map)
+
+
+def _check_eagle_args(args: "ServerArgs") -> None:
+    """What an EAGLE head cannot run with yet: it reads the target's whole embedding and LM head and
+    its hidden states in this process, from every forward."""
+    refused = {"tp_size": args.tp_size > 1, "pp_size": args.pp_size > 1,
+               "enable_torch_compile": args.enable_torch_compile, "is_embedding": args.is_embedding}
+    for name, on in refused.items():
+        if on:
+            raise ValueError(f"speculative_algorithm {args.speculative_algorithm} is not supported with {name} "
+                             f"{getattr(args, name)!r} yet (the draft head reads the whole target's hidden states, "
+                             "embedding and LM head in one process, from every forward)")

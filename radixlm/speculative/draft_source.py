@@ -27,6 +27,7 @@ class DraftReq(Protocol):
     """What a draft source may read of a running request (the scheduler's Req has it all)."""
 
     rid: str
+    req_pool_idx: Optional[int]  # its row of the target's ReqToTokenPool (None: not running)
     origin_input_ids: list[int]
     output_ids: list[int]
     sampling_params: SamplingParams

@@ -258,9 +258,9 @@ def test_fused_layers_follow_the_phase_backend(kernel_ops, default_model, monkey
     fused = Counter()
     real = llama.run_fused_layers
 
-    def counted(f, hidden, positions, fb):
+    def counted(f, hidden, positions, fb, *layers):  # layers: a segment's (start, end), model/hidden_capture.py
         fused.update([fb.forward_mode])
-        return real(f, hidden, positions, fb)
+        return real(f, hidden, positions, fb, *layers)
     monkeypatch.setattr(llama, "run_fused_layers", counted)
     head_dim = default_model.hf_config.hidden_size // default_model.hf_config.num_attention_heads
     s = spec(head_dim=head_dim)

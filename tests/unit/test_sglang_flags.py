@@ -106,7 +106,8 @@ def test_every_radixlm_choice_reaches_its_consumer(serve_parser):
                     ServerArgs(**{action.dest: value})
                 continue
             kw = {action.dest: value}
-            if action.dest == "speculative_algorithm" and ServerArgs(**kw).speculative_algorithm == "draft-model":
+            if action.dest == "speculative_algorithm" and ServerArgs(**kw).speculative_algorithm in ("draft-model", "eagle",
+                                                                                                  "eagle3"):
                 kw["speculative_draft_model_path"] = "/draft"
             if action.dest == "hicache_storage_backend":
                 kw["enable_hierarchical_cache"] = True

@@ -11,7 +11,7 @@ Python path.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Optional, Protocol
 
 import torch
@@ -44,6 +44,23 @@ class FusedLayers:
     head_dim: int
     eps: float
     scaling: float
+    # Per layer: where its weights and formats start in `weights` / `fmts` (and one past the last layer).
+    weight_starts: list[int] = field(default_factory=list)
+    fmt_starts: list[int] = field(default_factory=list)
+    _segments: dict = field(default_factory=dict, repr=False)
+
+    def layers(self, start: int, end: int) -> "FusedLayers":
+        """The op's arguments for layers [start, end) only (a run in segments: model/hidden_capture.py)."""
+        if (start, end) == (0, len(self.seg_counts) // 4):
+            return self
+        part = self._segments.get((start, end))
+        if part is None:
+            ws, fs = self.weight_starts, self.fmt_starts
+            part = self._segments[(start, end)] = FusedLayers(
+                self.weights[ws[start]:ws[end]], self.fmts[fs[start]:fs[end]], self.seg_counts[4 * start:4 * end],
+                self.qkv_bias[start:end] if self.qkv_bias else [], self.cos_sin, self.num_heads, self.num_kv_heads,
+                self.head_dim, self.eps, self.scaling)
+        return part
 
 
 def _segments(linear) -> Optional[list[tuple[torch.Tensor, int]]]:
@@ -64,7 +81,10 @@ def build_fused_layers(model: DecoderStack) -> Optional[FusedLayers]:
     if getattr(layers[0].self_attn.o_proj, "tp_size", 1) > 1:  # tensor parallel: the Python layers, all-reduce between
         return None
     weights, fmts, counts, biases = [], [], [], []
+    weight_starts, fmt_starts = [], []
     for layer in layers:
+        weight_starts.append(len(weights))
+        fmt_starts.append(len(fmts))
         attn, mlp = layer.self_attn, layer.mlp
         projs = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
         segments = [_segments(p) for p in projs]
@@ -87,19 +107,26 @@ def build_fused_layers(model: DecoderStack) -> Optional[FusedLayers]:
         layer.post_attention_layernorm.variance_epsilon for layer in layers}
     if len(eps) != 1:
         return None
+    weight_starts.append(len(weights))
+    fmt_starts.append(len(fmts))
     return FusedLayers(weights, fmts, counts, biases, a.rotary_emb.cos_sin_cache, a.num_heads, a.num_kv_heads, a.head_dim,
-                       eps.pop(), a.attn.scaling)
+                       eps.pop(), a.attn.scaling, weight_starts, fmt_starts)
 
 
-def run_fused_layers(f: FusedLayers, hidden: torch.Tensor, positions: torch.Tensor,
-                     fb: "ForwardBatch") -> tuple[torch.Tensor, torch.Tensor]:
-    """hidden: the embeddings [tokens, hidden]; -> (last layer's output, residual stream)."""
+def run_fused_layers(f: FusedLayers, hidden: torch.Tensor, positions: torch.Tensor, fb: "ForwardBatch",
+                     start: int = 0, end: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden: the embeddings [tokens, hidden], or the residual stream entering layer `start` (the op
+    then starts as from an embedding: it copies the stream as the residual and norms it, bitwise the
+    add + norm it would have run); -> (layer end - 1's output, residual stream)."""
     from radixlm.kernels.ops import ops
 
+    end = len(f.seg_counts) // 4 if end is None else end
+    f = f.layers(start, end)
     pool, md = fb.token_to_kv_pool, fb.attn_metadata
-    scales = ([], []) if pool.k_scale_buffer is None else (pool.k_scale_buffer, pool.v_scale_buffer)
+    scales = ([], []) if pool.k_scale_buffer is None else (pool.k_scale_buffer[start:end], pool.v_scale_buffer[start:end])
     residual = torch.empty_like(hidden)
-    out = ops().llama_layers(hidden, residual, positions, f.cos_sin, f.weights, f.fmts, f.seg_counts, f.qkv_bias, pool.k_buffer,
-                             pool.v_buffer, scales[0], scales[1], fb.out_cache_loc, md.kv_slots, md.rows, md.seq_lens,
-                             md.q_start, f.num_heads, f.num_kv_heads, f.head_dim, f.eps, f.scaling)
+    out = ops().llama_layers(hidden, residual, positions, f.cos_sin, f.weights, f.fmts, f.seg_counts, f.qkv_bias,
+                             pool.k_buffer[start:end], pool.v_buffer[start:end], scales[0], scales[1], fb.out_cache_loc,
+                             md.kv_slots, md.rows, md.seq_lens, md.q_start, f.num_heads, f.num_kv_heads, f.head_dim,
+                             f.eps, f.scaling)
     return out, residual

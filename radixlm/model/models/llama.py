@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from radixlm.model.forward_batch import ForwardBatch
+from radixlm.model.hidden_capture import HiddenCapture, NoHiddenCapture, layer_segments
 from radixlm.model.layers.activation import SiluAndMul
 from radixlm.model.layers.attention import RadixAttention
 from radixlm.model.layers.fused_layers import build_fused_layers, run_fused_layers
@@ -113,6 +114,10 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
+    # Who reads the residual stream entering some layers (EAGLE-3's draft head: model/hidden_capture.py);
+    # the runner installs one, NoHiddenCapture reads nothing and the layers run in one segment.
+    hidden_capture: HiddenCapture = NoHiddenCapture()
+
     def __init__(self, config: Any, qkv_bias: bool = False, qk_norm: bool = False):
         super().__init__()
         # A pipeline stage builds its layers only: the embedding on the first stage (and on the last
@@ -147,11 +152,18 @@ class LlamaModel(nn.Module):
         # The fused op runs the base weights only: a batch with LoRA tokens takes the layers (and their hooks).
         fused = (self._fused_layers() if hidden.shape[0] and not forward_batch.uses_lora
                  and backend.runs_fused_layers(forward_batch) else None)
-        if fused:
-            hidden, residual = run_fused_layers(fused, hidden, positions, forward_batch)
-        else:
-            for i in pp.layers:
-                hidden, residual = self.layers[i](positions, hidden, forward_batch, residual)
+        capture = self.hidden_capture
+        for start, end in layer_segments(pp.layers, capture.aux_layers):
+            if start in capture.aux_layers:
+                stream = hidden.clone() if residual is None else hidden + residual  # layer 0 keeps the embedding as its residual
+                capture.record_layer(start, stream)
+                if fused:  # the op starts its segment from the stream: bitwise its add + norm (fused_layers.py)
+                    hidden, residual = stream, None
+            if fused:
+                hidden, residual = run_fused_layers(fused, hidden, positions, forward_batch, start, end)
+            else:
+                for i in range(start, end):
+                    hidden, residual = self.layers[i](positions, hidden, forward_batch, residual)
         if not pp.is_last:
             pp.send(hidden, residual)
             return None
