@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Mapping, Optional
+from typing import Any, Callable, Mapping, Optional
 
 SGLANG_VERSION = "0.5.10.post1"  # the parser this table was written against (tests read the installed one)
 
@@ -149,6 +149,26 @@ VALUE_RULES: dict[str, ValueRule] = {
          "minimax-m2", "trinity", "interns1", "gigachat3"), "radixlm has no parser for this model family's tool-call "
         "syntax yet", "hermes, qwen25, qwen, llama3, mistral, pythonic, deepseekv3 or deepseekv31 (docs/agents.md)"),)),
 }
+
+@dataclass(frozen=True)
+class FlagCombination:
+    """Accepted flags that radixlm refuses together (SGLang may take them, or assert later)."""
+
+    flag: str  # the flag the one-line error names
+    refuses: Callable[[Any], bool]  # on the parsed namespace
+    why: str
+    instead: str
+
+
+COMBINATIONS: tuple[FlagCombination, ...] = (
+    # SGLang asserts tp_size % dp_size == 0 when the server starts; radixlm also needs them equal.
+    # (--dp-size 1 turns DP attention off, as in SGLang.)
+    FlagCombination("--enable-dp-attention", lambda a: bool(getattr(a, "enable_dp_attention", False))
+                    and (getattr(a, "dp_size", 1) or 1) > 1 and getattr(a, "tp_size", 1) != a.dp_size,
+                    "DP attention needs --tp-size equal to --dp-size (one rank per attention group; radixlm does "
+                    "not split a group's heads over ranks)", "--tp-size N --dp-size N (N >= 2) on a MoE model"),
+)
+
 
 # ServerArgs fields whose meaning differs from SGLang's (VALUE_RULES' renames and refusals come on top).
 DIFFERENT: dict[str, str] = {
@@ -431,3 +451,6 @@ def normalize_values(obj, cli: bool = False) -> None:
         for r in rule.refused:
             if value in r.values:
                 raise refusal(f"{rule.flag} {value}" if cli else f"{name}={value!r}", r.why, r.instead)
+    for combo in COMBINATIONS:
+        if combo.refuses(obj):
+            raise refusal(combo.flag if cli else combo.flag.lstrip("-").replace("-", "_"), combo.why, combo.instead)

@@ -98,7 +98,8 @@ def _register_fakes() -> None:
                      ("silu_and_mul", silu_and_mul_fake), ("add_rmsnorm_", inplace_fake),
                      ("rotary_embedding_", inplace_fake), ("qlinear_out", inplace_fake),
                      ("paged_attention", paged_attention_fake), ("kv_store_", inplace_fake),
-                     ("llama_layers", llama_layers_fake), ("fused_moe", fused_moe_fake)):
+                     ("llama_layers", llama_layers_fake), ("fused_moe", fused_moe_fake),
+                     ("lora_delta_", inplace_fake)):
         try:
             torch.library.register_fake(f"radixlm::{name}")(fn)
         except RuntimeError:  # registered already (a second import path)

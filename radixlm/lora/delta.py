@@ -2,8 +2,12 @@
 per request, each under an adapter slot (-1: the base model). LoRARuntime builds one of these at
 start-up for its device and hands it each batch's segments; the layer hooks call `apply`.
 
-- GatherLoRADelta (CPU, and wherever the Triton kernels do not run): the tokens of each adapter
-  gathered by index, one shrink and one expand per adapter in the batch.
+- NativeLoRADelta (CPU, float32, the native kernels loaded): one op per layer for the whole batch
+  (kernels/csrc/lora.cpp), each token's delta computed by the same operations whatever else is
+  batched and on any CPU, so an adapter's requests keep the quantized path's batch invariance.
+- GatherLoRADelta (elsewhere, without Triton: bfloat16 on CPU, no native kernels): the tokens of
+  each adapter gathered by index, one shrink and one expand per adapter in the batch (torch's GEMM:
+  a row's last bits depend on how many rows it is batched with).
 - SegmentedLoRADelta (CUDA): the Triton segmented gather matmul (kernels/triton_ops/lora.py), one
   shrink and one expand launch per layer for the whole batch, nothing read back to the host.
 """
@@ -50,6 +54,29 @@ class GatherLoRADelta:
                 flat.index_add_(0, idx, delta.to(flat.dtype))
 
 
+class NativeLoRADelta:
+    def __init__(self):
+        self._slots: Optional[torch.Tensor] = None  # per token its slot (-1: none)
+
+    @property
+    def active(self) -> bool:
+        return self._slots is not None
+
+    def begin(self, slots: list[int], counts: list[int], device: torch.device) -> None:
+        if all(s < 0 for s in slots):
+            self._slots = None
+            return
+        self._slots = torch.repeat_interleave(torch.tensor(slots), torch.tensor(counts))
+
+    def end(self) -> None:
+        self._slots = None
+
+    def apply(self, x: torch.Tensor, flat: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+        from radixlm.kernels.ops import ops
+
+        ops().lora_delta_(x, a, b, self._slots, flat)
+
+
 class SegmentedLoRADelta:
     def __init__(self):
         self._segments: Optional[torch.Tensor] = None  # [3, requests]: first token, tokens, slot
@@ -78,7 +105,12 @@ class SegmentedLoRADelta:
         lora_delta(x, a, b, flat, self._segments, self._max_len)
 
 
-def create_lora_delta(device: torch.device) -> "GatherLoRADelta | SegmentedLoRADelta":
+def create_lora_delta(device: torch.device, dtype: torch.dtype) -> "GatherLoRADelta | NativeLoRADelta | SegmentedLoRADelta":
+    from radixlm import kernels
     from radixlm.kernels import triton_ops
 
-    return SegmentedLoRADelta() if device.type == "cuda" and triton_ops.available(device) else GatherLoRADelta()
+    if device.type == "cuda" and triton_ops.available(device):
+        return SegmentedLoRADelta()
+    if device.type == "cpu" and dtype == torch.float32 and kernels.available():
+        return NativeLoRADelta()
+    return GatherLoRADelta()

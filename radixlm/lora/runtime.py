@@ -4,7 +4,8 @@ Each target linear layer gets a forward hook (the model's code is unchanged): af
 output (float, or the native quantized kernels'), the hook adds scale * (x A^T) B^T for the tokens
 of each adapter in the batch. begin_forward gives the delta (delta.py, chosen for the device at
 start-up) the batch's segments: one per request, under its adapter's slot. On CPU a layer then runs
-one shrink and one expand per adapter (its tokens gathered by index); on CUDA one segmented launch
+one native op for the whole batch (float32; each token's delta independent of its batch), else one
+shrink and one expand per adapter (its tokens gathered by index); on CUDA one segmented launch
 each for the whole batch. A batch without adapter tokens skips every hook (and may run the fused
 decoder op).
 """
@@ -66,7 +67,7 @@ class LoRARuntime(NoLoRA):
         self._layers = {id(t.module): t for t in self.pool.layers}
         for t in self.pool.layers:
             t.module.register_forward_hook(self._hook)
-        self.delta = create_lora_delta(torch.device(device))
+        self.delta = create_lora_delta(torch.device(device), dtype)
         logger.info("LoRA: %d target layers, rank %d, %d slots (%.1f MiB), adapters %s", len(self.pool.layers), rank,
                     config.max_loras_per_batch, self.pool.nbytes / 2**20, [a.ref.lora_name for a in initial])
 

@@ -10,6 +10,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -17,7 +18,7 @@ import torch
 import yaml
 
 from radixlm.server.process import ServerProcess
-from radixlm.sglang_flags import VALUE_RULES, Kind, all_specs
+from radixlm.sglang_flags import COMBINATIONS, VALUE_RULES, Kind, all_specs
 
 CASES = yaml.safe_load((Path(__file__).parent / "sglang_launch_commands.yaml").read_text())
 PROMPT = "The capital of France is"
@@ -99,6 +100,14 @@ def expected_refusals(case: dict) -> set[str]:
             for refused in rule.refused:
                 if token == rule.flag and value in refused.values:
                     lines.add(f"radixlm: error: {token} {value}: {refused.why} ; {refused.instead}")
+    sizes = {dest: int(argv[argv.index(flag) + 1]) for flag, dest in
+             (("--tp", "tp_size"), ("--tp-size", "tp_size"), ("--dp", "dp_size"), ("--dp-size", "dp_size"))
+             if flag in argv}
+    parsed = SimpleNamespace(**{"tp_size": 1, "dp_size": 1, **sizes,
+                                "enable_dp_attention": "--enable-dp-attention" in argv})
+    for combo in COMBINATIONS:  # flags refused together, with the sizes the command gives
+        if combo.refuses(parsed):
+            lines.add(f"radixlm: error: {combo.flag}: {combo.why} ; {combo.instead}")
     return lines
 
 

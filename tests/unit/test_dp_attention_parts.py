@@ -143,6 +143,8 @@ def test_option_checks():
     ok = DistConfig(tp_size=2, dp_size=2, enable_dp_attention=True, ep_size=2)
     assert ok.attn_tp_size == 1 and ok.world_size == 2
     assert not ServerArgs(dp_size=1, enable_dp_attention=True).enable_dp_attention  # SGLang's rule
+    with pytest.raises(ValueError, match="enable_dp_attention: DP attention needs --tp-size equal to --dp-size"):
+        ServerArgs(tp_size=4, dp_size=2, enable_dp_attention=True)
     from radixlm.engine.launcher import check_server_args
 
     base = dict(tp_size=2, dp_size=2, enable_dp_attention=True)
@@ -159,3 +161,13 @@ def test_a_dense_model_is_refused():
     step = DPAttentionStep(SingleProcessCommunicator(), DPView(1), None)
     with pytest.raises(ValueError, match="enable_dp_attention needs a mixture-of-experts model"):
         step.attach(nn.Linear(2, 2), lambda: (0, 0, 0), 100)
+
+
+def test_the_command_line_refuses_unequal_sizes_in_one_line(capsys):
+    from radixlm.cli import main
+
+    assert main(["serve", "--model-path", "m", "--enable-dp-attention", "--dp-size", "8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["radixlm: error: --enable-dp-attention: DP attention needs --tp-size equal to --dp-size (one rank "
+                   "per attention group; radixlm does not split a group's heads over ranks) ; --tp-size N --dp-size N "
+                   "(N >= 2) on a MoE model"]
