@@ -160,11 +160,15 @@ class FlagCombination:
     instead: str
 
 
-COMBINATIONS: tuple[FlagCombination, ...] = (
+def _dp_attention_sizes_differ(args: Any) -> bool:
     # SGLang asserts tp_size % dp_size == 0 when the server starts; radixlm also needs them equal.
     # (--dp-size 1 turns DP attention off, as in SGLang.)
-    FlagCombination("--enable-dp-attention", lambda a: bool(getattr(a, "enable_dp_attention", False))
-                    and (getattr(a, "dp_size", 1) or 1) > 1 and getattr(a, "tp_size", 1) != a.dp_size,
+    dp = getattr(args, "dp_size", 1) or 1
+    return bool(getattr(args, "enable_dp_attention", False)) and dp > 1 and getattr(args, "tp_size", 1) != dp
+
+
+COMBINATIONS: tuple[FlagCombination, ...] = (
+    FlagCombination("--enable-dp-attention", _dp_attention_sizes_differ,
                     "DP attention needs --tp-size equal to --dp-size (one rank per attention group; radixlm does "
                     "not split a group's heads over ranks)", "--tp-size N --dp-size N (N >= 2) on a MoE model"),
 )

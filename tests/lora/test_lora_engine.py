@@ -94,6 +94,7 @@ def test_quantized_base_with_adapters_within_tolerance(tiny_model_dir, lora_adap
         batched = e.generate(input_ids=ids, sampling_params=SP, lora_path=names, return_logprob=True)
         tops = [e.generate(input_ids=p, sampling_params=first_sp, lora_path=n, return_logprob=True, top_logprobs_num=20)
                 ["meta_info"]["output_top_logprobs"][0] for p, n in zip(ids, names)]
+    assert len(batched) == len(alone) == len(ids)
     for k, (a, b) in enumerate(zip(alone, batched)):
         assert a["output_ids"] == b["output_ids"], k
         assert a["meta_info"]["output_token_logprobs"] == b["meta_info"]["output_token_logprobs"], (k, names[k])
