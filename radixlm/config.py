@@ -104,7 +104,9 @@ class ServerArgs:
 
     # Speculative decoding (radixlm/speculative/): drafts verified in one forward, outputs unchanged.
     speculative_algorithm: Optional[str] = None  # ngram, radix, draft-model, eagle or eagle3; None: off
-    speculative_num_draft_tokens: int = 16  # most draft tokens per request and step (the controller picks fewer where they do not pay)
+    # Most draft tokens per request and step (the controller picks fewer where they do not pay);
+    # None: the algorithm's default (64 for radix, 16 for the others).
+    speculative_num_draft_tokens: Optional[int] = None
     speculative_draft_policy: str = "adaptive"  # adaptive | fixed (every draft up to the maximum, as SGLang)
     # Draft trees (SGLang's EAGLE flags): at most this many children per node (1: chains; None: the
     # algorithm's default, 4 for ngram, radix and eagle, 1 for draft-model) and this many levels below the

@@ -46,7 +46,8 @@ HELPS = {
     "these tokens only, a fraction of the LM head's cost per draft step",
     "speculative_draft_kv_tokens": "draft-model: the draft model's KV pool in tokens (default: the target's "
     "KV capacity)",
-    "speculative_num_draft_tokens": "most draft tokens per request and step (a draft tree's nodes)",
+    "speculative_num_draft_tokens": "most draft tokens per request and step (a draft tree's nodes; default 64 for radix, "
+    "16 for the others)",
     "speculative_eagle_topk": "most children per node of a draft tree (1: chains; default 4 for ngram and "
     "radix, whose trees are the continuations recorded after the same context, and for eagle / eagle3, a "
     "head's top candidates; 1 for draft-model)",

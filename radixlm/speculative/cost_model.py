@@ -7,8 +7,10 @@ every decode and verify step's time (drafting + forward + sampling + acceptance)
 number of rows, and the controller asks what R rows would cost.
 
 Per row count the median of its last COST_WINDOW measurements (a GC pause or a noisy neighbour
-moves it little); between measured counts a linear interpolation; past the largest, its last
-slope. Before anything is measured the prior (one unit + PRIOR_ROW_SHARE per
+moves it little); between measured counts a linear interpolation; past the largest, the
+least-squares line through every count's median (never below the largest's own). The slope of the
+two largest counts alone is noise where they are a row apart: one slow 36-row step would price 64
+rows out, and drafts would never grow to be measured there. Before anything is measured the prior (one unit + PRIOR_ROW_SHARE per
 extra row) leans towards drafting so that a verify step gets measured; once measured, the
 figures decide.
 """
@@ -56,8 +58,16 @@ class StepCostModel:
             return avg[lo] * max(rows, 1) / lo if len(known) == 1 else max(
                 avg[lo] - self._slope(known[0], known[1]) * (lo - rows), avg[lo] * rows / lo)
         top = known[-1]
-        slope = self._slope(known[-2], top) if len(known) > 1 else PRIOR_ROW_SHARE * avg[top] / top
-        return avg[top] + max(slope, 0.0) * (rows - top)
+        if len(known) == 1:
+            return avg[top] * (1 + PRIOR_ROW_SHARE * (rows - top) / top)
+        return max(self._fitted(rows), avg[top])
+
+    def _fitted(self, rows: int) -> float:
+        """The least-squares line through the measured medians, at `rows` (its slope never below 0)."""
+        xs, ys = self._rows, [self._avg[r] for r in self._rows]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+        return my + max(slope, 0.0) * (rows - mx)
 
     def _slope(self, a: int, b: int) -> float:
         return (self._avg[b] - self._avg[a]) / (b - a)

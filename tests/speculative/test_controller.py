@@ -37,7 +37,8 @@ def test_cost_model_interpolates_and_extrapolates():
     assert m.cost(1) == 1.0 and m.cost(5) == pytest.approx(2.0)  # the prior: 1 + 0.25 per extra row
     m = model_with({1: 4.0, 5: 8.0, 9: 10.0})
     assert m.cost(1) == 4.0 and m.cost(3) == pytest.approx(6.0) and m.cost(7) == pytest.approx(9.0)
-    assert m.cost(13) == pytest.approx(12.0)  # past the largest: the last slope
+    # Past the largest: the least-squares line through the medians (7.33 at 5 rows, 0.75 per row).
+    assert m.cost(13) == pytest.approx(22 / 3 + 0.75 * 8)
     m.observe(5, 8.2)
     m.observe(5, 30.0)  # the median of the recent ones: an outlier does not move it
     assert m.cost(5) == 8.2
@@ -46,6 +47,31 @@ def test_cost_model_interpolates_and_extrapolates():
     assert m.cost(5) == 12.0
     one = model_with({4: 8.0})
     assert one.cost(2) == pytest.approx(4.0) and one.cost(8) == pytest.approx(8.0 + 0.25 * 2.0 * 4)
+
+
+def test_cost_model_extrapolates_past_a_noisy_neighbour():
+    """Two large row counts a row apart, the larger one slow by noise: the price of twice as many
+    rows follows the trend of every measurement, not the noise between the two (a local slope of
+    6 s per row would put 64 rows at ~212 s here and drafts would never grow to be measured)."""
+    points = {1: 8.0, 8: 15.0, 16: 21.0, 32: 36.0, 35: 38.0, 36: 44.0}
+    m = model_with(points)
+    xs, ys = list(points), list(points.values())
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    assert 0.9 < slope < 1.1
+    assert m.cost(64) == pytest.approx(my + slope * (64 - mx))
+    assert m.cost(37) == 44.0  # never below the largest measured count's own cost
+
+
+def test_allocation_drafts_a_whole_certain_answer():
+    """A request whose drafts are always accepted, step costs linear with a fixed part (8 ms, and
+    1 ms per row: this CPU's figures): the controller drafts its whole cap in one step, though the
+    largest row count measured so far (36) was slow by noise."""
+    ctl = SpecController(NoSource(), 64)
+    for rows in range(1, 36):
+        ctl.costs.observe(rows, 0.008 + 0.001 * (rows - 1))
+    ctl.costs.observe(36, 0.060)
+    assert ctl.allocate([0.999], [62], spare_slots=1000) == [62]
 
 
 def brute_force(ctl: SpecController, rates, caps, spare):

@@ -85,3 +85,11 @@ def test_tree_flags_are_validated_and_shape_the_controller(tiny_model_dir):
     assert SpeculativeConfig.from_server_args(args).tree_shape == TreeShape(4, 6)
     args = ServerArgs(speculative_algorithm="radix", speculative_eagle_topk=2, speculative_num_steps=3)
     assert SpeculativeConfig.from_server_args(args).tree_shape == TreeShape(2, 3)
+    # --speculative-num-draft-tokens unset: radix up to 64 (a recorded answer verifies in one step),
+    # the others 16; a value given wins, and a bad one names the field.
+    for algorithm, expected in (("radix", 64), ("ngram", 16)):
+        assert SpeculativeConfig.from_server_args(ServerArgs(speculative_algorithm=algorithm)).num_draft_tokens == expected
+    assert SpeculativeConfig.from_server_args(ServerArgs(speculative_algorithm="radix",
+                                                         speculative_num_draft_tokens=5)).num_draft_tokens == 5
+    with pytest.raises(ValueError, match="speculative_num_draft_tokens"):
+        check_server_args(ServerArgs(speculative_algorithm="radix", speculative_num_draft_tokens=0))
