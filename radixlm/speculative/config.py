@@ -22,14 +22,15 @@ DEFAULT_TOPK = {"ngram": 4, "radix": 4, "draft-model": 1, "eagle": 4, "eagle3": 
 # proposes recorded answers to the same context: a repeated call's whole answer verifies in one step
 # where the cost model says it pays (on 2 cores a 60-row step costs ~8 single-row steps); the
 # controller drafts fewer where acceptance or the batch says so.
-DEFAULT_NUM_DRAFT_TOKENS = {"ngram": 16, "radix": 64, "draft-model": 16, "eagle": 16, "eagle3": 16}
+NUM_DRAFT_TOKENS = 16
+DEFAULT_NUM_DRAFT_TOKENS = {"radix": 64}  # the others: NUM_DRAFT_TOKENS
 EAGLE_NUM_STEPS = 5  # an EAGLE head's levels when --speculative-num-steps is not given (SGLang's default)
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     algorithm: str  # SPECULATIVE_ALGORITHMS
-    num_draft_tokens: int = 16  # most draft tokens per request and step
+    num_draft_tokens: int = NUM_DRAFT_TOKENS  # most draft tokens per request and step
     draft_policy: str = "adaptive"  # adaptive: what pays by the cost model; fixed: every draft, up to the maximum
     ngram_min_match_window_size: int = 2  # shortest suffix a lookup match may use (ngram, radix's index)
     ngram_max_match_window_size: int = 8  # longest suffix tried first
@@ -101,7 +102,7 @@ class SpeculativeConfig:
             _check_eagle_args(args)
         num_draft_tokens = args.speculative_num_draft_tokens
         if num_draft_tokens is None:
-            num_draft_tokens = DEFAULT_NUM_DRAFT_TOKENS.get(args.speculative_algorithm, 16)
+            num_draft_tokens = DEFAULT_NUM_DRAFT_TOKENS.get(args.speculative_algorithm, NUM_DRAFT_TOKENS)
         return cls(args.speculative_algorithm, num_draft_tokens, args.speculative_draft_policy,
                    args.speculative_ngram_min_match_window_size, args.speculative_ngram_max_match_window_size,
                    args.speculative_suffix_index_tokens, args.speculative_draft_model_path,

@@ -10,9 +10,9 @@ Per row count the median of its last COST_WINDOW measurements (a GC pause or a n
 moves it little); between measured counts a linear interpolation; past the largest, the
 least-squares line through every count's median (never below the largest's own). The slope of the
 two largest counts alone is noise where they are a row apart: one slow 36-row step would price 64
-rows out, and drafts would never grow to be measured there. Before anything is measured the prior (one unit + PRIOR_ROW_SHARE per
-extra row) leans towards drafting so that a verify step gets measured; once measured, the
-figures decide.
+rows out, and drafts would never grow to be measured there. Before anything is measured the prior
+(one unit + PRIOR_ROW_SHARE per extra row) leans towards drafting so that a verify step gets
+measured; once measured, the figures decide.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import deque
+from typing import Optional
 
 COST_WINDOW = 9  # measurements kept per row count
 PRIOR_ROW_SHARE = 0.25  # an extra row's cost, as a share of a 1-row step, before any verify was measured
@@ -30,6 +31,7 @@ class StepCostModel:
         self._samples: dict[int, deque] = {}  # rows -> recent seconds
         self._avg: dict[int, float] = {}  # rows -> their median
         self._rows: list[int] = []  # sorted keys of _avg
+        self._line: Optional[tuple[float, float, float]] = None  # (mean rows, mean seconds, slope); None: stale
 
     def observe(self, rows: int, seconds: float) -> None:
         if rows <= 0 or seconds <= 0:
@@ -40,6 +42,7 @@ class StepCostModel:
             samples = self._samples[rows] = deque(maxlen=COST_WINDOW)
         samples.append(seconds)
         self._avg[rows] = statistics.median(samples)
+        self._line = None
 
     def cost(self, rows: int) -> float:
         """Estimated seconds of a step of `rows` query rows (relative units before any
@@ -63,11 +66,15 @@ class StepCostModel:
         return max(self._fitted(rows), avg[top])
 
     def _fitted(self, rows: int) -> float:
-        """The least-squares line through the measured medians, at `rows` (its slope never below 0)."""
-        xs, ys = self._rows, [self._avg[r] for r in self._rows]
-        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-        slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
-        return my + max(slope, 0.0) * (rows - mx)
+        """The least-squares line through the measured medians, at `rows` (its slope never below 0).
+        Fitted once per new measurement: the controller prices many row counts per step."""
+        if self._line is None:
+            xs, ys = self._rows, [self._avg[r] for r in self._rows]
+            mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+            self._line = (mx, my, max(slope, 0.0))
+        mx, my, slope = self._line
+        return my + slope * (rows - mx)
 
     def _slope(self, a: int, b: int) -> float:
         return (self._avg[b] - self._avg[a]) / (b - a)
