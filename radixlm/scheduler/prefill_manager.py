@@ -3,7 +3,8 @@
 The request being prefilled in chunks goes first (its next chunk); then the policy orders the
 waiting queue and PrefillAdder (admission.py) admits in that order while the KV budget lasts.
 Admitted requests become PREFILLING; a request whose chunk is not its last stays PREFILLING
-between steps (at most one at a time).
+between steps (at most one at a time). With speculative decoding a request with one prompt token
+left to compute may become RUNNING at once instead (prefill_fold.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from radixlm.scheduler.admission import NewTokenRatio, PrefillAdder, reserve_for
 from radixlm.scheduler.batch import ScheduleBatch
 from radixlm.scheduler.cache_manager import CacheManager
 from radixlm.scheduler.policy import PREFIX_POLICIES, SchedulePolicy
+from radixlm.scheduler.prefill_fold import NoPrefillFold
 from radixlm.scheduler.req import Req, ReqStatus
 from radixlm.scheduler.req_queues import ReqQueues
 from radixlm.scheduler.stats import SchedulerStats
@@ -31,7 +33,8 @@ class PrefillLimits:
 
 class PrefillManager:
     def __init__(self, queues: ReqQueues, cache_manager: CacheManager, policy: SchedulePolicy,
-                 limits: PrefillLimits, ratio: NewTokenRatio, stats: SchedulerStats, lora: NoLoRA = NoLoRA()):
+                 limits: PrefillLimits, ratio: NewTokenRatio, stats: SchedulerStats, lora: NoLoRA = NoLoRA(),
+                 fold: NoPrefillFold = NoPrefillFold()):
         self.queues = queues
         self.cache_manager = cache_manager
         self.policy = policy
@@ -39,6 +42,7 @@ class PrefillManager:
         self.ratio = ratio
         self.stats = stats
         self.lora = lora  # which adapters a batch may mix (--max-loras-per-batch)
+        self.fold = fold  # speculative decoding: one-token prefills join the decode step (prefill_fold.py)
         self.dedup_in_batch = policy.policy in PREFIX_POLICIES and cache_manager.tree_cache.shares_prefixes
 
     def schedule(self) -> Optional[ScheduleBatch]:
@@ -68,16 +72,18 @@ class PrefillManager:
             self._admit_waiting(adder)
         if not adder.chunks:
             return None
-        admitted = [c.req for c in adder.chunks if c.req.status is ReqStatus.WAITING]
-        for r in admitted:
-            r.prefill_chunks = 0
-        q.move_all(admitted, ReqStatus.PREFILLING)
         for c in adder.chunks:
             r = c.req
             if r.forward_passes == 0:
                 r.cached_tokens = c.start
                 self.stats.on_prefill(len(r.origin_input_ids), r.cached_tokens)
-        return ScheduleBatch(ForwardMode.EXTEND, chunks=adder.chunks)
+        chunks, folded = self.fold.split(adder.chunks)
+        admitted = [c.req for c in chunks if c.req.status is ReqStatus.WAITING]
+        for r in admitted:
+            r.prefill_chunks = 0
+        q.move_all(admitted, ReqStatus.PREFILLING)
+        q.move_all(folded, ReqStatus.RUNNING)  # their last prompt token is the decode step's input
+        return ScheduleBatch(ForwardMode.EXTEND, chunks=chunks) if chunks else None
 
     def _admit_waiting(self, adder: PrefillAdder) -> None:
         max_running = self.limits.max_running_requests

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Optional
 from radixlm.cache.base_prefix_cache import FLUSH_LEVELS
 from radixlm.cache.factory import create_prefix_cache
 from radixlm.config import PortArgs
+from radixlm.disaggregation.config import DisaggregationMode
 from radixlm.distributed.rank import beat
 from radixlm.ipc import (
     AbortReq,
@@ -57,6 +58,7 @@ from radixlm.scheduler.pd_mode import create_pd_mode, pd_finisher_class
 from radixlm.scheduler.pd_none import PDContext
 from radixlm.scheduler.policy import SchedulePolicy
 from radixlm.scheduler.prefetcher import Prefetcher
+from radixlm.scheduler.prefill_fold import NoPrefillFold
 from radixlm.scheduler.prefill_manager import PrefillLimits, PrefillManager
 from radixlm.scheduler.profiler import Profiler
 from radixlm.scheduler.req_queues import ReqQueues
@@ -113,7 +115,9 @@ class Scheduler:
         ratio = NewTokenRatio(config.new_token_ratio, config.min_new_token_ratio, config.new_token_ratio_decay)
         self.policy = SchedulePolicy(config.schedule_policy, self.tree_cache, config.random_seed)
         limits = PrefillLimits(runner.max_running_requests, config.max_prefill_tokens, config.chunk_size)
-        self.prefill = PrefillManager(queues, cm, self.policy, limits, ratio, stats, runner.lora)
+        # A PD prefill server hands every request over after its prefill: none joins a decode step there.
+        fold = NoPrefillFold() if config.disaggregation.mode is DisaggregationMode.PREFILL else self.spec.prefill_fold()
+        self.prefill = PrefillManager(queues, cm, self.policy, limits, ratio, stats, runner.lora, fold)
         self.decode = DecodeManager(queues, cm, self.finisher, self.spec, ratio, stats, self.context_len,
                                     executor.in_flight)
         # Mixed chunk: new requests' prefill and the running requests' decode step in one forward.

@@ -12,6 +12,7 @@ import torch
 from radixlm.model.forward_batch import ForwardMode
 from radixlm.scheduler.batch import ScheduleBatch
 from radixlm.scheduler.grammar_manager import GrammarManager
+from radixlm.scheduler.prefill_fold import NoPrefillFold, PrefillFold
 from radixlm.scheduler.req import Req
 from radixlm.speculative.controller import SpecController
 from radixlm.speculative.draft_tree import DraftTree
@@ -25,6 +26,10 @@ class NoSpeculation:
     def verify(self, batch: ScheduleBatch, row_logits: list[torch.Tensor], next_ids: list[int],
                errors: dict[int, str]) -> list[Acceptance]:
         raise AssertionError("no verify step without speculative decoding")
+
+    def prefill_fold(self) -> NoPrefillFold:
+        """What admission does with a request that has one prompt token left to compute."""
+        return NoPrefillFold()
 
     def on_step(self, rows: int, seconds: float) -> None:
         """A decode step of `rows` query rows ran in `seconds` (the cost model learns from it)."""
@@ -55,6 +60,10 @@ class SpecDecoding(NoSpeculation):
         if any(drafts):
             return ScheduleBatch(ForwardMode.TARGET_VERIFY, decode_reqs=list(running), drafts=drafts)
         return super().decode_batch(running, spare_slots, context_len)
+
+    def prefill_fold(self) -> NoPrefillFold:
+        # Its first verify step computes the last prompt token's KV with the draft that follows it.
+        return PrefillFold() if self.controller.source.drafts_from_tokens else NoPrefillFold()
 
     def verify(self, batch: ScheduleBatch, row_logits: list[torch.Tensor], next_ids: list[int],
                errors: dict[int, str]) -> list[Acceptance]:

@@ -49,6 +49,10 @@ class DraftSource(Protocol):
     # True where proposing costs no forward (a lookup): the controller then also drafts for
     # requests it does not verify this step, to learn their acceptance rates for free.
     cheap: bool
+    # True where a request's draft needs only its tokens: its one-token prefill may then be the root
+    # of its first verify step (scheduler/prefill_fold.py). EAGLE's head also needs the target's
+    # features of the prompt's last token, which that prefill computes.
+    drafts_from_tokens: bool
 
     def propose(self, reqs: list[DraftReq], ks: list[int], shape: TreeShape = CHAIN) -> list[Draft]:
         """Per request, at most ks[i] draft tokens (tree nodes) to follow its tokens (prompt +
@@ -73,9 +77,10 @@ class DraftSource(Protocol):
 
 
 class DraftSourceBase:
-    """The protocol's defaults: not cheap, a no-op on_verified and release."""
+    """The protocol's defaults: not cheap, drafts from tokens, a no-op on_verified and release."""
 
     cheap = False
+    drafts_from_tokens = True
 
     def on_verified(self, req: DraftReq, tree: DraftTree, accepted: list[int], rows: list[int]) -> None:
         pass

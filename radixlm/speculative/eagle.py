@@ -81,6 +81,7 @@ class _Work:
 
 class EagleDraftSource(DraftSourceBase):
     cheap = False  # a proposal is a forward of the head
+    drafts_from_tokens = False  # ... on the target's features of the request's last token
 
     def __init__(self, config: "SpeculativeConfig", runner: "ModelRunner"):
         kind = config.algorithm

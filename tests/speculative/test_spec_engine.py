@@ -123,6 +123,40 @@ def test_logprobs_and_meta_info(tiny_model_dir):
     assert mb["forward_passes"] < ma["forward_passes"]
 
 
+def test_a_cached_prompt_starts_in_its_first_verify_step(tiny_model_dir):
+    """A prompt cached but for its last token (the same call again, or an earlier answer's start)
+    gets no prefill step of its own: that token is the root of its first verify step, which carries
+    the recorded answer (prefill_fold.py). Tokens and logprobs are plain decoding's; a request whose
+    last token has no recorded continuation starts in a plain decode step; one that wants prompt
+    logprobs still gets its extend step. A one-token prompt has nothing cached and one token to
+    compute: its first step is a decode step at position 0."""
+    first = LOOPY[2]
+    outs, extends = {}, []
+    for spec in (None, "radix"):
+        with Engine(tiny_model_dir, **engine_args(speculative_algorithm=spec, speculative_draft_policy="fixed")) as e:
+            answer = e.generate(input_ids=first, sampling_params=GREEDY)["output_ids"]
+            prompts = [first, first + answer[:7], first[:-1] + [first[-1] + 1], first, first[:1]]
+            outs[spec] = []
+            for i, p in enumerate(prompts):
+                before = e.get_internal_state()["extend_steps"]
+                extra = {"logprob_start_len": 5} if i == 3 else {}
+                outs[spec].append(e.generate(input_ids=p, sampling_params=GREEDY, return_logprob=True, **extra))
+                extends.append((spec, e.get_internal_state()["extend_steps"] - before))
+    for a, b in zip(outs[None], outs["radix"]):
+        assert a["output_ids"] == b["output_ids"]
+        for key in ("output_token_logprobs", "input_token_logprobs"):
+            xs, ys = a["meta_info"][key], b["meta_info"][key]
+            assert [x[1] for x in xs] == [y[1] for y in ys]
+            assert [x[0] for x in xs] == pytest.approx([y[0] for y in ys], abs=1e-4)
+    assert extends == [(None, 1)] * 5 + [("radix", 0)] * 3 + [("radix", 1), ("radix", 0)]
+    m_same, m_start, m_new, m_lp, _ = [o["meta_info"] for o in outs["radix"]]
+    assert m_same["cached_tokens"] == len(first) - 1
+    assert m_same["forward_passes"] == m_same["spec_verify_ct"] == 1  # the whole answer in one forward
+    assert m_start["spec_accepted_tokens"] >= len(answer) - 8  # the rest of the recorded answer
+    assert m_new["forward_passes"] > m_new["spec_verify_ct"]  # nothing recorded follows its last token
+    assert m_lp["spec_accepted_tokens"] > 0 and m_lp["forward_passes"] == m_lp["spec_verify_ct"] + 1
+
+
 def test_stop_strings_inside_an_accepted_draft(tiny_model_dir):
     """A stop token, stop string or length limit that lands inside a verified chain ends the
     output there (radix drafts: the same prompt's full answer is in the tree)."""
@@ -181,9 +215,10 @@ def test_abort_and_stream_with_drafts(tiny_model_dir):
 @pytest.mark.parametrize("algorithm", ["radix"])
 def test_sampling_distribution_unchanged(tiny_model_dir, algorithm):
     """Many draws of 3 tokens at one fixed context (temperature 1, top-k 4: few outcomes, so drafts
-    from earlier draws often match): the joint frequencies of the
-    2nd and 3rd tokens (those verify steps emit) with speculation match plain sampling's
-    (two-sample chi-square, significance 0.001; tokens seen fewer than 10 times pooled).
+    from earlier draws often match): the joint frequencies of the 3 tokens (verify steps emit them
+    all: the cached prompt's last token is a verify step's root, prefill_fold.py) with speculation
+    match plain sampling's (two-sample chi-square, significance 0.001; outcomes seen fewer than 10
+    times pooled).
     Fixed draft policy: at this batch size the adaptive one would rightly draft little, and this
     test is about the verifier."""
     from collections import Counter
@@ -199,7 +234,7 @@ def test_sampling_distribution_unchanged(tiny_model_dir, algorithm):
         rids = [d.submit(LOOPY[0], **sp) for _ in range(n)]
         while not d.idle():
             d.step()
-        draws[spec] = Counter(tuple(d.results[r].output_ids[1:]) for r in rids)
+        draws[spec] = Counter(tuple(d.results[r].output_ids) for r in rids)
         if spec:
             st = d.s.spec.info()
             assert st["spec_verify_steps"] > 0 and 0 < st["spec_accepted_tokens"] < st["spec_draft_tokens"]
