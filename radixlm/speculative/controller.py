@@ -9,6 +9,12 @@ many rows. The controller adds draft tokens in order of worth while they raise t
 tokens per second of the step, so drafting stops where it does not pay: large batches (the
 step is already compute-bound), text where drafts keep failing, slow hardware.
 
+Classes. A source may tell what kind of draft a request would get now (DraftSource.draft_class:
+the radix source's recorded answer under the request's own context, or a lookup's guess): each
+class keeps its own global rate, and a request without a record of its own starts from its class's.
+So a repeated call drafts its whole recorded answer in its first step (those are accepted nearly
+always at temperature 0), while the lookups of new requests, right far less often, stay short.
+
 Trees. The budget k of a request is then the most nodes its tree may have; a tree source spends it
 on depth or on branches (draft_source.py). A node's worth is the chance that its whole path is
 accepted: along the path, a first child counts its request's rate, a j-th child (j >= 1) the
@@ -29,9 +35,10 @@ from radixlm.speculative.draft_tree import CHAIN, ROOT, DraftTree, TreeShape
 from radixlm.speculative.grammar import cut_tree
 
 ACCEPT_DECAY = 0.8  # a request's acceptance counts fade by this per verify step (recent behaviour counts)
-IDLE_DECAY = 0.97  # ... and per step it does not draft: its estimate drifts back to the global rate
-PRIOR_WEIGHT = 2.0  # pseudo-trials of the global rate in a request's estimate
-INITIAL_RATE = 0.7  # the global rate before anything was verified
+IDLE_DECAY = 0.97  # ... and per step it does not draft: its estimate drifts back to its class's rate
+PRIOR_WEIGHT = 2.0  # pseudo-trials of its class's rate in a request's estimate
+INITIAL_RATE = 0.7  # a class's rate before anything was verified ...
+CLASS_PRIOR_TRIALS = 2.0  # ... as this many pseudo-trials (a verify step brings tens of real ones)
 MIN_WORTH = 0.05  # draft tokens less likely than this to be accepted are never proposed
 # After this many steps in a row where drafts were possible but did not pay, one step drafts as
 # the prior cost model would: a measurement taken during a transient slowdown must not turn
@@ -89,14 +96,15 @@ class SpecController:
         self.stats = SpecStats()
         self.costs = StepCostModel()
         self._rates: dict[str, _Rate] = {}
-        self._global = _Rate(INITIAL_RATE * 10, 10.0)
+        self._classes: dict[str, _Rate] = {}  # draft class -> its global rate
+        self._class_of: dict[str, str] = {}  # rid -> the class of the draft it verifies this step
         self._propose_seconds = 0.0
         self._idle_steps = 0  # steps in a row with drafts possible and none chosen
         # A cheap source (a lookup, no forward) also drafts for requests that do not draft this
-        # step: rid -> (output length then, its first draft token), scored against the token the
-        # step produces. So rates are learned where drafting is off (a large batch, a new
-        # request), and drafting starts when they rise.
-        self._shadow: dict[str, tuple[int, int]] = {}
+        # step: rid -> (output length then, its first draft token, its class), scored against the
+        # token the step produces. So rates are learned where drafting is off (a large batch, a
+        # new request), and drafting starts when they rise.
+        self._shadow: dict[str, tuple[int, int, str]] = {}
         self._shadows = bool(getattr(source, "cheap", False))
         # Acceptance of a j-th child (j >= 1, index j - 1) when its parent was accepted.
         self._siblings = [_Rate(INITIAL_SIBLING_RATE * 10, 10.0) for _ in range(max_shape.width - 1)]
@@ -114,7 +122,7 @@ class SpecController:
         """Per request, the draft tree to verify with its next token (maybe empty). Uses at most
         spare_slots KV slots beyond one per request."""
         t0 = time.perf_counter()
-        caps, depths = [], []  # per request: most nodes, most levels
+        caps, depths, classes = [], [], []  # per request: most nodes, most levels, draft class
         for req in reqs:
             cap = depth = 0
             if self.can_draft(req):
@@ -124,10 +132,11 @@ class SpecController:
                 cap = max(0, min(self.max_draft, room, tree_capacity(depth, self.max_shape.width)))
             caps.append(cap)
             depths.append(depth)
+            classes.append(self.source.draft_class(req) if cap > 0 else "")
             shadow = self._shadow.pop(req.rid, None)
             if shadow is not None and cap > 0 and len(req.output_ids) > shadow[0]:
-                self._learn(req.rid, int(req.output_ids[shadow[0]] == shadow[1]), 1)
-        rates = [self.rate(r.rid) for r in reqs]
+                self._learn(req.rid, int(req.output_ids[shadow[0]] == shadow[1]), 1, shadow[2])
+        rates = [self.rate(r.rid, c) for r, c in zip(reqs, classes)]
         ks = self.allocate(rates, caps, spare_slots)
         if any(ks) or not any(caps):
             self._idle_steps = 0
@@ -142,10 +151,13 @@ class SpecController:
             for i, d in zip(idle, self.source.propose([reqs[i] for i in idle], [1] * len(idle), CHAIN)):
                 d = as_tree(d)
                 if len(d):
-                    self._shadow[reqs[i].rid] = (len(reqs[i].output_ids), d.tokens[0])
+                    self._shadow[reqs[i].rid] = (len(reqs[i].output_ids), d.tokens[0], classes[i])
         else:
             for i in idle:
                 self._rates.setdefault(reqs[i].rid, _Rate()).fade(IDLE_DECAY)
+        for r, k, c in zip(reqs, ks, classes):
+            if k:
+                self._class_of[r.rid] = c
         shape = self.shape(max((d for d, k in zip(depths, ks) if k), default=0))
         drafts = self.source.propose(reqs, ks, shape) if any(ks) else [[] for _ in reqs]
         trees = [self._fit(r, as_tree(d), k, TreeShape(shape.width, min(shape.depth, depth)), rate)
@@ -213,9 +225,9 @@ class SpecController:
             spare_slots -= ks[-1]
         return ks
 
-    def rate(self, rid: str) -> float:
-        """Recent per-token acceptance of rid's drafts, pulled towards the global rate."""
-        g = self._global.value()
+    def rate(self, rid: str, draft_class: str = "") -> float:
+        """Recent per-token acceptance of rid's drafts, pulled towards its draft class's global rate."""
+        g = self._class_rate(draft_class).value()
         r = self._rates.get(rid)
         if r is None:
             return g
@@ -254,16 +266,22 @@ class SpecController:
                 elif r <= len(self._siblings):
                     self._siblings[r - 1].add(int(c == nxt), 1, 0.99)
             node = nxt
-        self._learn(req.rid, first, first_trials)
+        self._learn(req.rid, first, first_trials, self._class_of.pop(req.rid, ""))
         self.source.on_verified(req, tree, path[:kept], rows[: kept + 1])
 
-    def _learn(self, rid: str, accepted: int, trials: int) -> None:
+    def _learn(self, rid: str, accepted: int, trials: int, draft_class: str) -> None:
         self._rates.setdefault(rid, _Rate()).add(accepted, trials, ACCEPT_DECAY)
-        self._global.add(accepted, trials, 0.99)
+        self._class_rate(draft_class).add(accepted, trials, 0.99)
+
+    def _class_rate(self, draft_class: str) -> "_Rate":
+        if draft_class not in self._classes:
+            self._classes[draft_class] = _Rate(INITIAL_RATE * CLASS_PRIOR_TRIALS, CLASS_PRIOR_TRIALS)
+        return self._classes[draft_class]
 
     def release(self, req: DraftReq) -> None:
         self._rates.pop(req.rid, None)
         self._shadow.pop(req.rid, None)
+        self._class_of.pop(req.rid, None)
         self.source.release(req)
 
 

@@ -61,6 +61,12 @@ class DraftSource(Protocol):
         per step, so a source that runs a model batches it."""
         ...
 
+    def draft_class(self, req: DraftReq) -> str:
+        """The kind of draft req would get now, for acceptance rates learned per kind (a request
+        with no record of its own starts from its kind's): a recorded answer, a lookup's guess. A
+        cheap call (once per drafting request per step); the default: one kind, ""."""
+        ...
+
     def on_verified(self, req: DraftReq, tree: DraftTree, accepted: list[int], rows: list[int]) -> None:
         """The verify step checked `tree` (as the controller sent it: cut and bounded, a chain as a
         DraftTree.chain) for req and req kept `accepted`: node indices of tree, root excluded, in
@@ -77,10 +83,14 @@ class DraftSource(Protocol):
 
 
 class DraftSourceBase:
-    """The protocol's defaults: not cheap, drafts from tokens, a no-op on_verified and release."""
+    """The protocol's defaults: not cheap, drafts from tokens, one draft class, a no-op on_verified
+    and release."""
 
     cheap = False
     drafts_from_tokens = True
+
+    def draft_class(self, req: DraftReq) -> str:
+        return ""
 
     def on_verified(self, req: DraftReq, tree: DraftTree, accepted: list[int], rows: list[int]) -> None:
         pass

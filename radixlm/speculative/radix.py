@@ -17,7 +17,9 @@ tokens (the request left the tree, or its chain ends), a SuffixIndex of recent o
 a different prompt, or after the tree evicted them. Where the tree has nothing, prompt lookup over
 the request's own tokens (ngram.py) competes with the index: the longer context match drafts (a
 request's own text on a tie). So the first occurrence of a prompt drafts what it copies from
-itself, as the ngram source would.
+itself, as the ngram source would. draft_class tells the controller which kind a request would get
+("recorded": the tree continues its whole context; "lookup": the rest), since their acceptance
+rates differ by far (controller.py learns one per class).
 """
 
 from __future__ import annotations
@@ -44,11 +46,21 @@ class RadixDraftSource(PerRequestDraftSource):
         self.suffix = suffix_index  # None: no index of recent outputs
         self.lookup = lookup  # None: no prompt lookup
 
-    def draft_for(self, req: DraftReq, k: int, shape: TreeShape = CHAIN) -> DraftTree:
-        ids = req.all_ids()
+    def draft_class(self, req: DraftReq) -> str:
+        """"recorded": the tree holds a continuation of req's whole context (an earlier answer to
+        the same call), accepted far more often than the index's or a lookup's guesses ("lookup")."""
+        at = self._locate(req)
+        return "recorded" if at is not None and self._branches(at, req.cache_namespace) else "lookup"
+
+    def _locate(self, req: DraftReq) -> Optional[tuple]:
+        """Where req's tokens end in the tree (grow's handle), or None where they leave it."""
         node = req.last_node if req.last_node is not None else self.tree.root_node
         start = req.cache_protected_len if req.last_node is not None else 0
-        at = self.tree.locate(PrefixKey(ids[start:], req.cache_namespace), node)
+        return self.tree.locate(PrefixKey(req.all_ids()[start:], req.cache_namespace), node)
+
+    def draft_for(self, req: DraftReq, k: int, shape: TreeShape = CHAIN) -> DraftTree:
+        ids = req.all_ids()
+        at = self._locate(req)
         tree = DraftTree.empty() if at is None else DraftTree.grow(
             at, lambda h: self._branches(h, req.cache_namespace), k, shape)
         if len(tree) == k:

@@ -124,6 +124,9 @@ class NoisyDrafts:
             return noisy_tree(rng, draft, k)
         return draft
 
+    def draft_class(self, req) -> str:
+        return self.source.draft_class(req)
+
     def on_verified(self, req, tree, accepted, rows) -> None:
         self.source.on_verified(req, tree, accepted, rows)
 

@@ -74,6 +74,37 @@ def test_allocation_drafts_a_whole_certain_answer():
     assert ctl.allocate([0.999], [62], spare_slots=1000) == [62]
 
 
+def test_a_new_request_starts_from_its_draft_class_rate():
+    """Recorded answers are accepted whole, lookups one token in two: a new request whose draft is
+    a recorded answer drafts all of it in its first step (its class's rate, ~0.9996; at the two
+    classes' mixed rate, ~0.97, the step would draft 18), a new lookup request a token or two."""
+    from types import SimpleNamespace
+
+    from radixlm.sampling_params import SamplingParams
+
+    class Source(NoSource):
+        def draft_class(self, req):
+            return "recorded" if req.rid.startswith("rec") else "lookup"
+
+        def propose(self, reqs, ks, shape=None):
+            return [[7] * k for k in ks]
+
+    def req(rid):
+        return SimpleNamespace(rid=rid, grammar=None, output_ids=[], seqlen=10,
+                               sampling_params=SamplingParams(max_new_tokens=64, temperature=0))
+
+    ctl = SpecController(Source(), 64)
+    for rows in range(1, 65):
+        ctl.costs.observe(rows, 0.008 + 0.001 * (rows - 1))
+    for i in range(40):
+        for r, accepted in ((req(f"rec{i}"), 30), (req(f"look{i}"), 1)):
+            assert ctl.propose([r], 1000, 10_000)[0]
+            verified(ctl, r, 30, accepted)
+            ctl.release(r)
+    assert len(ctl.propose([req("rec-new")], 1000, 10_000)[0]) == 63
+    assert 1 <= len(ctl.propose([req("look-new")], 1000, 10_000)[0]) <= 2
+
+
 def brute_force(ctl: SpecController, rates, caps, spare):
     bs, best = len(rates), (len(rates) / ctl.costs.cost(len(rates)), [0] * len(rates))
     for ks in itertools.product(*(range(c + 1) for c in caps)):
