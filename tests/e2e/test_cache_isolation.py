@@ -109,7 +109,9 @@ def _admission_order(url: str) -> list[str]:
     threads[0].start()
     wait(lambda s: s["num_running"] == 1)
     for name, prio, waiting in (("low", 0, 1), ("high", 10, 2)):
-        threads.append(threading.Thread(target=send, args=(name, prio, 4)))
+        # 48 tokens: the second request's answer ends well after the first's, so the order in which
+        # the client threads see them is the server's even on a loaded machine (4 tokens was ~10 ms apart).
+        threads.append(threading.Thread(target=send, args=(name, prio, 48)))
         threads[-1].start()
         wait(lambda s, w=waiting: s["num_waiting"] == w)
     assert state()["num_running"] == 1, "the long request ended before both queued: make it longer"
