@@ -11,8 +11,9 @@ fewer per repeated call, and that step was a whole forward of fixed cost for one
 What the prefill step does for a request's first token the decode step does too (sampling,
 output logprobs, stops, jump-forward, streaming); a request it cannot stand in for is not folded:
 prompt logprobs (they need the extend's rows), images (their embeddings come with an extend), a
-request for no new token (an embedding model's too), one between its chunks. Only where the draft source reads tokens alone
-(radix, ngram, a draft model): EAGLE's head needs the target's features of the prompt's last token.
+request for no new token (an embedding model's too), one between its chunks. Only where the draft
+source reads tokens alone (radix, ngram, a draft model): EAGLE's head needs the target's features
+of the prompt's last token.
 """
 
 from __future__ import annotations

@@ -142,6 +142,7 @@ def test_a_cached_prompt_starts_in_its_first_verify_step(tiny_model_dir):
                 extra = {"logprob_start_len": 5} if i == 3 else {}
                 outs[spec].append(e.generate(input_ids=p, sampling_params=GREEDY, return_logprob=True, **extra))
                 extends.append((spec, e.get_internal_state()["extend_steps"] - before))
+    assert len(outs[None]) == len(outs["radix"]) == 5
     for a, b in zip(outs[None], outs["radix"]):
         assert a["output_ids"] == b["output_ids"]
         for key in ("output_token_logprobs", "input_token_logprobs"):
