@@ -158,6 +158,39 @@ def test_a_cached_prompt_starts_in_its_first_verify_step(tiny_model_dir):
     assert m_lp["spec_accepted_tokens"] > 0 and m_lp["forward_passes"] == m_lp["spec_verify_ct"] + 1
 
 
+def test_a_folded_request_aborted_before_its_first_step(tiny_model_dir):
+    """A folded request waits RUNNING, its last prompt token uncomputed, while an extend step runs
+    for a request beside it (prefill_fold.py). Aborted then, it finishes once as aborted with no
+    token, and every KV slot and request slot comes back (invariants after every step, an idle
+    check at the end); the requests beside it answer as plain decoding does."""
+    from tests.scheduler.harness import Driver, assert_idle_memory_ok, make_scheduler
+    from radixlm.scheduler.req import ReqStatus
+
+    fresh = [7, 8, 9, 10, 11, 12]
+    outs = {}
+    for spec in (None, "radix"):
+        d = Driver(make_scheduler(tiny_model_dir, speculative_algorithm=spec, speculative_draft_policy="fixed"))
+        d.submit(LOOPY[2], rid="first", **GREEDY)
+        d.run()
+        d.submit(LOOPY[2], rid="folded", **GREEDY)
+        d.submit(fresh, rid="fresh", **GREEDY)
+        d.submit(LOOPY[2], rid="kept", **GREEDY)
+        d.step()  # the extend step computes "fresh"; with radix "folded" and "kept" only joined the running batch
+        if spec:
+            req = d.find("folded")
+            assert req.status is ReqStatus.RUNNING and d.results["folded"].output_ids == []
+            d.abort("folded")
+        d.run()
+        assert_idle_memory_ok(d.s)
+        outs[spec] = d.results
+    r = outs["radix"]
+    assert r["folded"].finishes == 1 and r["folded"].finish_reason["type"] == "abort"
+    assert r["folded"].output_ids == []
+    for rid in ("first", "fresh", "kept"):
+        assert r[rid].output_ids == outs[None][rid].output_ids and r[rid].finishes == 1
+    assert r["kept"].output_ids == r["first"].output_ids
+
+
 def test_stop_strings_inside_an_accepted_draft(tiny_model_dir):
     """A stop token, stop string or length limit that lands inside a verified chain ends the
     output there (radix drafts: the same prompt's full answer is in the tree)."""
