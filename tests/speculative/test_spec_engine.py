@@ -163,8 +163,8 @@ def test_a_folded_request_aborted_before_its_first_step(tiny_model_dir):
     for a request beside it (prefill_fold.py). Aborted then, it finishes once as aborted with no
     token, and every KV slot and request slot comes back (invariants after every step, an idle
     check at the end); the requests beside it answer as plain decoding does."""
-    from tests.scheduler.harness import Driver, assert_idle_memory_ok, make_scheduler
     from radixlm.scheduler.req import ReqStatus
+    from tests.scheduler.harness import Driver, assert_idle_memory_ok, make_scheduler
 
     fresh = [7, 8, 9, 10, 11, 12]
     outs = {}
