@@ -3,7 +3,8 @@ same workloads, one system at a time on an otherwise idle machine (DEVELOPERS.md
 llama-server from the llama.cpp source in the llama-cpp-python sdist, outside this repo).
 Optionally (--offline) radixlm's in-process Engine vs HF transformers `generate`.
 
-    python benchmarks/compare.py --llama-server /path/to/llama-server [--model F.gguf] [--scale 0.25] [--write-docs]
+    python benchmarks/compare.py --llama-server /path/to/llama-server [--model F.gguf] [--scale
+    0.25] [--write-docs]
 
 --model: the GGUF every system serves (default: the embedded SmolLM2-135M), e.g. a random-weight
 file of a real model's shape from benchmarks/make_random_gguf.py.
@@ -41,22 +42,64 @@ class Workload:
 
 
 def workloads(scale: float) -> list[Workload]:
-    n = lambda x: max(1, round(x * scale))  # noqa: E731
+    n = lambda x: max(1, round(x * scale))
     return [
-        Workload("gsp", dict(dataset="gsp", gsp_num_groups=16, gsp_prompts_per_group=n(16), gsp_system_prompt_len=1024,
-                             gsp_question_len=32, gsp_output_len=64, max_concurrency=32),
-                 ">= 3x llama-server, >= 2x radixlm without cache"),
-        Workload("multi-turn", dict(dataset="multi-turn", num_conversations=8, num_turns=n(4), max_concurrency=8),
-                 ">= 1.5x llama-server"),
-        Workload("random", dict(dataset="random", num_prompts=n(64), random_input_len=200, random_output_len=64,
-                                max_concurrency=8), ">= 1.5x llama-server"),
+        Workload(
+            "gsp",
+            dict(
+                dataset="gsp",
+                gsp_num_groups=16,
+                gsp_prompts_per_group=n(16),
+                gsp_system_prompt_len=1024,
+                gsp_question_len=32,
+                gsp_output_len=64,
+                max_concurrency=32,
+            ),
+            ">= 3x llama-server, >= 2x radixlm without cache",
+        ),
+        Workload(
+            "multi-turn",
+            dict(dataset="multi-turn", num_conversations=8, num_turns=n(4), max_concurrency=8),
+            ">= 1.5x llama-server",
+        ),
+        Workload(
+            "random",
+            dict(
+                dataset="random",
+                num_prompts=n(64),
+                random_input_len=200,
+                random_output_len=64,
+                max_concurrency=8,
+            ),
+            ">= 1.5x llama-server",
+        ),
         # One person chatting: one request at a time, the decode step's latency is everything.
-        Workload("single-stream", dict(dataset="random", num_prompts=n(8), random_input_len=128, random_output_len=128,
-                                       random_range_ratio=1.0, max_concurrency=1), ">= 1.2x llama-server"),
+        Workload(
+            "single-stream",
+            dict(
+                dataset="random",
+                num_prompts=n(8),
+                random_input_len=128,
+                random_output_len=128,
+                random_range_ratio=1.0,
+                max_concurrency=1,
+            ),
+            ">= 1.2x llama-server",
+        ),
         # Prefill of one 512-token prompt at a time (1 output token): input tokens per second.
-        Workload("prefill-512", dict(dataset="random", num_prompts=n(8), random_input_len=512, random_output_len=1,
-                                     random_range_ratio=1.0, max_concurrency=1), ">= 1.0x llama-server",
-                 metric="input_throughput"),
+        Workload(
+            "prefill-512",
+            dict(
+                dataset="random",
+                num_prompts=n(8),
+                random_input_len=512,
+                random_output_len=1,
+                random_range_ratio=1.0,
+                max_concurrency=1,
+            ),
+            ">= 1.0x llama-server",
+            metric="input_throughput",
+        ),
     ]
 
 
@@ -64,7 +107,9 @@ def bench_args(base_url: str, extra: dict, gguf: str) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     serving.add_args(p)
     # The served file's tokenizer builds the prompts and counts tokens.
-    args = p.parse_args(["--backend", "openai", "--base-url", base_url, "--disable-tqdm", "--tokenizer", gguf])
+    args = p.parse_args(
+        ["--backend", "openai", "--base-url", base_url, "--disable-tqdm", "--tokenizer", gguf]
+    )
     for k, v in extra.items():
         setattr(args, k, v)
     return args
@@ -72,9 +117,26 @@ def bench_args(base_url: str, extra: dict, gguf: str) -> argparse.Namespace:
 
 def llama_server(binary: str, gguf: str, threads: int) -> ServerProcess:
     # 8 slots, each with room for a gsp prompt (1,120 tokens) plus margin.
-    return ServerProcess(command=lambda port: [binary, "-m", gguf, "-np", "8", "-c", "16384", "-t", str(threads),
-                                               "--host", "127.0.0.1", "--port", str(port), "--no-webui"],
-                         name="llama-server", timeout=900)
+    return ServerProcess(
+        command=lambda port: [
+            binary,
+            "-m",
+            gguf,
+            "-np",
+            "8",
+            "-c",
+            "16384",
+            "-t",
+            str(threads),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--no-webui",
+        ],
+        name="llama-server",
+        timeout=900,
+    )
 
 
 def run_system(name: str, start, loads: list[Workload], gguf: str) -> dict:
@@ -86,8 +148,11 @@ def run_system(name: str, start, loads: list[Workload], gguf: str) -> dict:
             res = serving.run(bench_args(server.url, w.args, gguf))
             res.pop("outputs", None)
             results[w.name] = res
-            print(f"   output {res['output_throughput']:.1f} tok/s, TTFT p50 {res['p50_ttft_ms']:.0f} ms, "
-                  f"cached {res['cached_token_share']}, errors {res['errors']}", flush=True)
+            print(
+                f"   output {res['output_throughput']:.1f} tok/s, TTFT p50 {res['p50_ttft_ms']:.0f}"
+                f" ms, cached {res['cached_token_share']}, errors {res['errors']}",
+                flush=True,
+            )
     finally:
         server.stop()
     return results
@@ -103,7 +168,9 @@ def offline_compare(path: str, num: int, input_len: int, output_len: int) -> dic
     from radixlm.model.loader import load_model_config
 
     rng = random.Random(0)
-    top = min(49152, load_model_config(path).vocab_size)  # SmolLM2's vocab, also the random files' real tokens
+    top = min(
+        49152, load_model_config(path).vocab_size
+    )  # SmolLM2's vocab, also the random files' real tokens
     prompts = [[rng.randrange(256, top) for _ in range(input_len)] for _ in range(num)]
     sp = {"max_new_tokens": output_len, "temperature": 0, "ignore_eos": True}
     with Engine(path, log_level="warning") as engine:
@@ -113,33 +180,56 @@ def offline_compare(path: str, num: int, input_len: int, output_len: int) -> dic
         radixlm_s = time.perf_counter() - t
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                 torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), torch_dtype=torch.float32
+    ).eval()
     ids = torch.tensor(prompts)
     with torch.inference_mode():
         model.generate(ids[:1, :16], max_new_tokens=2, do_sample=False)
         t = time.perf_counter()
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=output_len,
-                       min_new_tokens=output_len, do_sample=False)
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=output_len,
+            min_new_tokens=output_len,
+            do_sample=False,
+        )
         hf_s = time.perf_counter() - t
     total = num * output_len
-    return {"prompts": num, "input_len": input_len, "output_len": output_len,
-            "radixlm_tok_s": total / radixlm_s, "hf_tok_s": total / hf_s, "radixlm_s": radixlm_s, "hf_s": hf_s}
+    return {
+        "prompts": num,
+        "input_len": input_len,
+        "output_len": output_len,
+        "radixlm_tok_s": total / radixlm_s,
+        "hf_tok_s": total / hf_s,
+        "radixlm_s": radixlm_s,
+        "hf_s": hf_s,
+    }
 
 
 def table(results: dict, loads: list[Workload]) -> str:
     systems = list(results)
-    lines = ["| workload | figure | " + " | ".join(systems) + " | radixlm / llama-server | radixlm / no cache | target |",
-             "|---" * (len(systems) + 5) + "|"]
+    lines = [
+        "| workload | figure | "
+        + " | ".join(systems)
+        + " | radixlm / llama-server | radixlm / no cache | target |",
+        "|---" * (len(systems) + 5) + "|",
+    ]
     for w in loads:
         tps = {s: results[s][w.name][w.metric] for s in systems if w.name in results[s]}
         r = tps.get("radixlm")
-        ratio = lambda other: f"{r / tps[other]:.2f}x" if r and tps.get(other) else "-"  # noqa: E731
+        ratio = lambda other: f"{r / tps[other]:.2f}x" if r and tps.get(other) else "-"
         figure = "in tok/s" if w.metric == "input_throughput" else "out tok/s"
-        lines.append(f"| {w.name} | {figure} | " + " | ".join(f"{tps.get(s, float('nan')):.1f}" for s in systems)
-                     + f" | {ratio('llama-server')} | {ratio('radixlm-no-cache')} | {w.target} |")
+        lines.append(
+            f"| {w.name} | {figure} | "
+            + " | ".join(f"{tps.get(s, float('nan')):.1f}" for s in systems)
+            + f" | {ratio('llama-server')} | {ratio('radixlm-no-cache')} | {w.target} |"
+        )
     lines.append("")
-    lines.append("| workload | system | TTFT p50 / p99 ms | TPOT p50 ms | ITL p50 / p99 ms | cached share | errors |")
+    lines.append(
+        "| workload | system | TTFT p50 / p99 ms | TPOT p50 ms | ITL p50 / p99 ms | cached share |"
+        " errors |"
+    )
     lines.append("|---|---|---|---|---|---|---|")
     for w in loads:
         for s in systems:
@@ -148,25 +238,42 @@ def table(results: dict, loads: list[Workload]) -> str:
                 continue
             cs = "n/a" if m["cached_token_share"] is None else f"{m['cached_token_share']:.0%}"
             # One-token outputs (prefill-512) have no TPOT or ITL.
-            f = lambda key, spec: "n/a" if m.get(key) is None else format(m[key], spec)  # noqa: E731
-            lines.append(f"| {w.name} | {s} | {f('p50_ttft_ms', '.0f')} / {f('p99_ttft_ms', '.0f')} | "
-                         f"{f('p50_tpot_ms', '.1f')} | {f('p50_itl_ms', '.1f')} / {f('p99_itl_ms', '.1f')} | {cs} | "
-                         f"{m['errors']} |")
+            f = lambda key, spec: "n/a" if m.get(key) is None else format(m[key], spec)
+            lines.append(
+                f"| {w.name} | {s} | {f('p50_ttft_ms', '.0f')} / {f('p99_ttft_ms', '.0f')} |"
+                f" {f('p50_tpot_ms', '.1f')} | {f('p50_itl_ms', '.1f')} / {f('p99_itl_ms', '.1f')}"
+                f" | {cs} | {m['errors']} |"
+            )
     return "\n".join(lines)
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--llama-server", help="path to a llama-server binary (omit to skip it)")
-    p.add_argument("--model", help="the GGUF every system serves (default: the embedded SmolLM2-135M)")
+    p.add_argument(
+        "--model", help="the GGUF every system serves (default: the embedded SmolLM2-135M)"
+    )
     p.add_argument("--systems", default="radixlm,radixlm-no-cache,llama-server")
     p.add_argument("--workloads", default="gsp,multi-turn,random,single-stream,prefill-512")
-    p.add_argument("--scale", type=float, default=1.0, help="shrink the request counts (1.0: the issue's sizes)")
+    p.add_argument(
+        "--scale",
+        type=float,
+        default=1.0,
+        help="shrink the request counts (1.0: the issue's sizes)",
+    )
     p.add_argument("--threads", type=int, default=os.cpu_count(), help="llama-server -t")
-    p.add_argument("--radixlm-args", default="", help="extra `radixlm serve` flags for both radixlm systems")
-    p.add_argument("--offline", action="store_true", help="also radixlm Engine vs HF transformers generate")
+    p.add_argument(
+        "--radixlm-args", default="", help="extra `radixlm serve` flags for both radixlm systems"
+    )
+    p.add_argument(
+        "--offline", action="store_true", help="also radixlm Engine vs HF transformers generate"
+    )
     p.add_argument("--output", default=None, help="write all results as JSON")
-    p.add_argument("--write-docs", action="store_true", help="append the tables to docs/benchmarks.md")
+    p.add_argument(
+        "--write-docs", action="store_true", help="append the tables to docs/benchmarks.md"
+    )
     a = p.parse_args()
     gguf = os.path.abspath(a.model) if a.model else default_model_path()
     loads = [w for w in workloads(a.scale) if w.name in a.workloads.split(",")]
@@ -174,7 +281,9 @@ def main() -> int:
     starters = {
         # Big files load for minutes: the timeouts only bound a server that never comes up.
         "radixlm": lambda: ServerProcess("--model-path", gguf, *extra, timeout=900),
-        "radixlm-no-cache": lambda: ServerProcess("--model-path", gguf, "--disable-radix-cache", *extra, timeout=900),
+        "radixlm-no-cache": lambda: ServerProcess(
+            "--model-path", gguf, "--disable-radix-cache", *extra, timeout=900
+        ),
         "llama-server": lambda: llama_server(a.llama_server, gguf, a.threads),
     }
     results = {}
@@ -186,17 +295,26 @@ def main() -> int:
     md = table(results, loads)
     offline = offline_compare(gguf, 16, 200, 64) if a.offline else None
     if offline:
-        md += (f"\n\nOffline, {offline['prompts']} prompts x {offline['input_len']} tokens, {offline['output_len']} out "
-               f"each, all at once, greedy: radixlm Engine {offline['radixlm_tok_s']:.1f} out tok/s, HF transformers "
-               f"generate {offline['hf_tok_s']:.1f} out tok/s ({offline['radixlm_tok_s'] / offline['hf_tok_s']:.2f}x).")
+        md += (
+            f"\n\nOffline, {offline['prompts']} prompts x {offline['input_len']} tokens,"
+            f" {offline['output_len']} out each, all at once, greedy: radixlm Engine"
+            f" {offline['radixlm_tok_s']:.1f} out tok/s, HF transformers generate"
+            f" {offline['hf_tok_s']:.1f} out tok/s"
+            f" ({offline['radixlm_tok_s'] / offline['hf_tok_s']:.2f}x)."
+        )
     print(md)
     if a.output:
-        Path(a.output).write_text(json.dumps({"results": results, "offline": offline}, indent=1, default=str))
+        Path(a.output).write_text(
+            json.dumps({"results": results, "offline": offline}, indent=1, default=str)
+        )
     if a.write_docs:
         cmd = "python benchmarks/compare.py " + shlex.join(sys.argv[1:])
         with open(ROOT / "docs" / "benchmarks.md", "a") as f:
-            f.write(f"\n## radixlm vs llama-server ({datetime.now():%Y-%m-%d %H:%M}, {platform.processor() or 'cpu'}, "
-                    f"{os.cpu_count()} cores, {os.path.basename(gguf)})\n\n`{cmd}`\n\n{md}\n")
+            f.write(
+                f"\n## radixlm vs llama-server ({datetime.now():%Y-%m-%d %H:%M},"
+                f" {platform.processor() or 'cpu'}, {os.cpu_count()} cores,"
+                f" {os.path.basename(gguf)})\n\n`{cmd}`\n\n{md}\n"
+            )
     return 0
 
 

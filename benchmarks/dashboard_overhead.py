@@ -44,9 +44,9 @@ class SseWatcher:
 
     def _read(self) -> None:
         try:
-            for line in self._resp.iter_lines():
+            for _line in self._resp.iter_lines():
                 pass  # read and dropped: the server's cost is in sending
-        except Exception:  # noqa: BLE001 - closed by stop()
+        except Exception:
             pass
 
     def stop(self) -> None:
@@ -58,7 +58,9 @@ def snapshots(url: str) -> int:
     """The scheduler's count of dashboard snapshots taken: how many ticks a watcher really cost."""
     import requests
 
-    return requests.get(url + "/get_server_info", timeout=30).json()["internal_state"]["dashboard_snapshots"]
+    return requests.get(url + "/get_server_info", timeout=30).json()["internal_state"][
+        "dashboard_snapshots"
+    ]
 
 
 class ChromiumWatcher:
@@ -68,10 +70,18 @@ class ChromiumWatcher:
         exe = shutil.which("chromium")
         if exe is None:
             raise SystemExit("no chromium on PATH (Debian: apt-get install -y chromium)")
-        cmd = [exe, "--headless=new", "--no-sandbox", "--disable-gpu", "--remote-debugging-port=0",
-               url + "/dashboard"]
+        cmd = [
+            exe,
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--remote-debugging-port=0",
+            url + "/dashboard",
+        ]
         pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus else None
-        self._proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=pin)
+        self._proc = subprocess.Popen(
+            cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=pin
+        )
 
     def stop(self) -> None:
         self._proc.terminate()
@@ -83,13 +93,31 @@ def bench_args(url: str, args) -> argparse.Namespace:
 
     p = argparse.ArgumentParser()
     add_args(p)
-    return p.parse_args(["--base-url", url, "--dataset", "random", "--num-prompts", str(args.num_prompts),
-                         "--random-input-len", str(args.input_len), "--random-output-len", str(args.output_len),
-                         "--max-concurrency", "1", "--seed", "0", "--disable-tqdm"])
+    return p.parse_args(
+        [
+            "--base-url",
+            url,
+            "--dataset",
+            "random",
+            "--num-prompts",
+            str(args.num_prompts),
+            "--random-input-len",
+            str(args.input_len),
+            "--random-output-len",
+            str(args.output_len),
+            "--max-concurrency",
+            "1",
+            "--seed",
+            "0",
+            "--disable-tqdm",
+        ]
+    )
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M")
     ap.add_argument("--watcher", choices=("sse", "chromium"), default="sse")
     ap.add_argument("--rounds", type=int, default=3, help="runs of each, alternating")
@@ -106,7 +134,9 @@ def main() -> None:
     from radixlm.server.process import ServerProcess
 
     extra = ["--num-threads", str(args.server_threads)] if args.server_threads else []
-    server = ServerProcess("--model-path", args.model_path or default_model_path(), *extra, cpus=args.server_cpus)
+    server = ServerProcess(
+        "--model-path", args.model_path or default_model_path(), *extra, cpus=args.server_cpus
+    )
     try:
         ba = bench_args(server.url, args)
         run(ba)  # warm-up: kernels, allocator, caches
@@ -114,18 +144,28 @@ def main() -> None:
         for i in range(args.rounds):
             closed.append(run(ba)["output_throughput"])
             before = snapshots(server.url)
-            w = SseWatcher(server.url) if args.watcher == "sse" else ChromiumWatcher(server.url, args.browser_cpus)
+            w = (
+                SseWatcher(server.url)
+                if args.watcher == "sse"
+                else ChromiumWatcher(server.url, args.browser_cpus)
+            )
             try:
                 opened.append(run(ba)["output_throughput"])
             finally:
                 w.stop()
             ticks = snapshots(server.url) - before
-            print(f"round {i}: closed {closed[-1]:.2f} tok/s, open {opened[-1]:.2f} tok/s ({ticks} snapshots)",
-                  flush=True)
+            print(
+                f"round {i}: closed {closed[-1]:.2f} tok/s, open {opened[-1]:.2f} tok/s ({ticks}"
+                " snapshots)",
+                flush=True,
+            )
     finally:
         server.stop()
     c, o = statistics.median(closed), statistics.median(opened)
-    print(f"median output tok/s: closed {c:.2f}, open ({args.watcher}) {o:.2f}, {100 * (o / c - 1):+.2f}%")
+    print(
+        f"median output tok/s: closed {c:.2f}, open ({args.watcher}) {o:.2f},"
+        f" {100 * (o / c - 1):+.2f}%"
+    )
 
 
 if __name__ == "__main__":

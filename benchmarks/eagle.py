@@ -2,8 +2,9 @@
 (held-out prompts) with no speculation, the head's chains, the head's trees and prompt-lookup
 chains: output tok/s, the speedup over no speculation and the mean accepted length.
 
-    python benchmarks/eagle.py --head-dir /tmp/eagle-smollm2            # train (or reuse), then measure
-    python benchmarks/eagle.py --head-dir D --train-num-prompts 8 --train-max-new-tokens 32 \\
+    python benchmarks/eagle.py --head-dir /tmp/eagle-smollm2            # train (or reuse), then
+    measure python benchmarks/eagle.py --head-dir D --train-num-prompts 8 --train-max-new-tokens 32
+    \\
         --train-epochs 0.2 --num-prompts 2 --max-tokens 32                # a smoke run (minutes)
 
 1. Training (skipped when D holds a finished run; an unfinished one is resumed): `radixlm
@@ -42,11 +43,20 @@ from radixlm.speculative.eagle_prompts import default_prompts
 
 
 def configs(head: str) -> dict[str, list[str]]:
-    eagle = ["--speculative-algorithm", "eagle", "--speculative-draft-model-path", head,
-             "--speculative-token-map", os.path.join(head, "token_map.pt")]
-    return {"off": [], "eagle-chain": eagle + ["--speculative-eagle-topk", "1"],
-            "eagle-tree": eagle + ["--speculative-eagle-topk", "4"],
-            "ngram-chain": ["--speculative-algorithm", "ngram", "--speculative-eagle-topk", "1"]}
+    eagle = [
+        "--speculative-algorithm",
+        "eagle",
+        "--speculative-draft-model-path",
+        head,
+        "--speculative-token-map",
+        os.path.join(head, "token_map.pt"),
+    ]
+    return {
+        "off": [],
+        "eagle-chain": eagle + ["--speculative-eagle-topk", "1"],
+        "eagle-tree": eagle + ["--speculative-eagle-topk", "4"],
+        "ngram-chain": ["--speculative-algorithm", "ngram", "--speculative-eagle-topk", "1"],
+    }
 
 
 def train(a: argparse.Namespace, gguf: str) -> dict:
@@ -56,9 +66,23 @@ def train(a: argparse.Namespace, gguf: str) -> dict:
         if done["step"] == done["total_steps"] and not a.retrain:
             print(f"== training: reusing the head in {a.head_dir}", flush=True)
             return done
-    cmd = [sys.executable, "-m", "radixlm.cli", "train-eagle", "--model-path", gguf, "--output", a.head_dir,
-           "--num-prompts", str(a.train_num_prompts), "--max-new-tokens", str(a.train_max_new_tokens),
-           "--epochs", str(a.train_epochs), *shlex.split(a.train_args)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "radixlm.cli",
+        "train-eagle",
+        "--model-path",
+        gguf,
+        "--output",
+        a.head_dir,
+        "--num-prompts",
+        str(a.train_num_prompts),
+        "--max-new-tokens",
+        str(a.train_max_new_tokens),
+        "--epochs",
+        str(a.train_epochs),
+        *shlex.split(a.train_args),
+    ]
     if os.path.exists(os.path.join(a.head_dir, "checkpoint.pt")):
         cmd.append("--resume")
     print("== training:", shlex.join(cmd), flush=True)
@@ -69,13 +93,23 @@ def train(a: argparse.Namespace, gguf: str) -> dict:
     return done
 
 
-def run_config(name: str, args: list[str], gguf: str, prompts: list[str], a: argparse.Namespace) -> dict:
+def run_config(
+    name: str, args: list[str], gguf: str, prompts: list[str], a: argparse.Namespace
+) -> dict:
     server = ServerProcess("--model-path", gguf, *args, *shlex.split(a.server_args), timeout=900)
     try:
+
         def chat(text: str, max_tokens: int) -> dict:
-            r = requests.post(server.url + "/v1/chat/completions", timeout=3600, json={
-                "model": "default", "messages": [{"role": "user", "content": text}], "max_tokens": max_tokens,
-                "temperature": 0})
+            r = requests.post(
+                server.url + "/v1/chat/completions",
+                timeout=3600,
+                json={
+                    "model": "default",
+                    "messages": [{"role": "user", "content": text}],
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                },
+            )
             r.raise_for_status()
             return r.json()
 
@@ -91,40 +125,69 @@ def run_config(name: str, args: list[str], gguf: str, prompts: list[str], a: arg
         state = requests.get(server.url + "/get_server_info", timeout=30).json()["internal_state"]
     finally:
         server.stop()
-    return {"tokens": tokens, "seconds": seconds, "tok_s": tokens / seconds, "texts": texts,
-            "spec": {k: v for k, v in state.items() if k.startswith("spec_")}}
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "tok_s": tokens / seconds,
+        "texts": texts,
+        "spec": {k: v for k, v in state.items() if k.startswith("spec_")},
+    }
 
 
 def table(results: dict, training: dict) -> str:
     off = results.get("off", {}).get("tok_s")
-    lines = ["| drafts | tok/s | vs off | mean accepted length | verify steps | drafted / accepted tokens |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        (
+            "| drafts | tok/s | vs off | mean accepted length | verify steps | drafted / accepted"
+            " tokens |"
+        ),
+        "|---|---|---|---|---|---|",
+    ]
     for name, r in results.items():
         s, ratio = r["spec"], (f"{r['tok_s'] / off:.2f}x" if off else "-")
-        lines.append(f"| {name} | {r['tok_s']:.1f} | {ratio} | "
-                     f"{s.get('spec_accept_length', '-')} | {s.get('spec_verify_steps', '-')} | "
-                     f"{s.get('spec_draft_tokens', '-')} / {s.get('spec_accepted_tokens', '-')} |")
+        lines.append(
+            f"| {name} | {r['tok_s']:.1f} | {ratio} | "
+            f"{s.get('spec_accept_length', '-')} | {s.get('spec_verify_steps', '-')} | "
+            f"{s.get('spec_draft_tokens', '-')} / {s.get('spec_accepted_tokens', '-')} |"
+        )
     t = training
     lines.append("")
-    lines.append(f"head: {t.get('train_samples')} answers, {t.get('train_positions')} training positions, "
-                 f"{t.get('step')} steps; answering {t.get('data_seconds', 0):.0f} s, training {t.get('seconds', 0):.0f} s; "
-                 f"held-out top-1 agreement {t.get('accuracy', float('nan')):.3f}")
+    lines.append(
+        f"head: {t.get('train_samples')} answers, {t.get('train_positions')} training positions,"
+        f" {t.get('step')} steps; answering {t.get('data_seconds', 0):.0f} s, training"
+        f" {t.get('seconds', 0):.0f} s; held-out top-1 agreement"
+        f" {t.get('accuracy', float('nan')):.3f}"
+    )
     return "\n".join(lines)
 
 
 def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", help="the GGUF to serve and train for (default: the embedded SmolLM2-135M)")
-    p.add_argument("--head-dir", required=True, help="where train-eagle writes (and later runs find) the head")
-    p.add_argument("--retrain", action="store_true", help="train again even if --head-dir holds a finished head")
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument(
+        "--model", help="the GGUF to serve and train for (default: the embedded SmolLM2-135M)"
+    )
+    p.add_argument(
+        "--head-dir", required=True, help="where train-eagle writes (and later runs find) the head"
+    )
+    p.add_argument(
+        "--retrain",
+        action="store_true",
+        help="train again even if --head-dir holds a finished head",
+    )
     p.add_argument("--train-num-prompts", type=int, default=800)
     p.add_argument("--train-max-new-tokens", type=int, default=256)
     p.add_argument("--train-epochs", type=float, default=3.0)
     p.add_argument("--train-args", default="", help="more `radixlm train-eagle` flags")
     p.add_argument("--configs", default="off,eagle-chain,eagle-tree,ngram-chain")
-    p.add_argument("--num-prompts", type=int, default=16, help="held-out chat prompts, sent one at a time")
+    p.add_argument(
+        "--num-prompts", type=int, default=16, help="held-out chat prompts, sent one at a time"
+    )
     p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--server-args", default="", help="extra `radixlm serve` flags for every configuration")
+    p.add_argument(
+        "--server-args", default="", help="extra `radixlm serve` flags for every configuration"
+    )
     p.add_argument("--output", default=None, help="write the results as JSON")
     a = p.parse_args()
     gguf = os.path.abspath(a.model) if a.model else default_model_path()
@@ -137,12 +200,19 @@ def main() -> int:
         print(f"== {name}: radixlm serve {shlex.join(args)} {a.server_args}", flush=True)
         results[name] = run_config(name, args, gguf, prompts, a)
         print(f"   {results[name]['tok_s']:.1f} tok/s, {results[name]['spec']}", flush=True)
-    same = {name: r["texts"] == next(iter(results.values()))["texts"] for name, r in results.items()}
+    same = {
+        name: r["texts"] == next(iter(results.values()))["texts"] for name, r in results.items()
+    }
     print(table(results, training))
     print("same answers as", next(iter(results)), ":", same)
     if a.output:
         with open(a.output, "w") as f:
-            json.dump({"training": training, "results": results, "same_answers": same}, f, indent=1, default=str)
+            json.dump(
+                {"training": training, "results": results, "same_answers": same},
+                f,
+                indent=1,
+                default=str,
+            )
     return 0 if all(same.values()) else 1
 
 

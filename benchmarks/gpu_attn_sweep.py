@@ -67,14 +67,18 @@ def main() -> None:
     g = torch.Generator(device=dev).manual_seed(0)
     for bs, ctx in itertools.product(args.batch_size, args.context):
         slots = bs * ctx + 1
-        k_buf = torch.randn(slots, args.kv_heads, args.head_dim, device=dev, dtype=torch.bfloat16, generator=g)
+        k_buf = torch.randn(
+            slots, args.kv_heads, args.head_dim, device=dev, dtype=torch.bfloat16, generator=g
+        )
         v_buf = torch.randn_like(k_buf)
         kv_slots = (torch.randperm(slots - 1, device=dev, generator=g) + 1).view(bs, ctx)
         seq_lens = torch.full((bs,), ctx, dtype=torch.int64, device=dev)
         kv_start = torch.zeros(bs, dtype=torch.int64, device=dev)
-        q = torch.randn(bs, args.heads, args.head_dim, device=dev, dtype=torch.bfloat16, generator=g)
+        q = torch.randn(
+            bs, args.heads, args.head_dim, device=dev, dtype=torch.bfloat16, generator=g
+        )
         out = torch.empty_like(q)
-        scale = args.head_dim ** -0.5
+        scale = args.head_dim**-0.5
         ref = reference(q, k_buf, v_buf, kv_slots, scale)
         kv_bytes = 2 * bs * ctx * args.kv_heads * args.head_dim * 2
         default_splits = triton_ops.decode_splits(bs, args.kv_heads, sms)
@@ -84,10 +88,20 @@ def main() -> None:
             fn()
             err = (out.float() - ref).abs().max().item()
             t = time_it(fn)
-            row = {"bs": bs, "context": ctx, "config": name, "us": round(t * 1e6, 1),
-                   "GB/s": round(kv_bytes / t / 1e9), "of_copy": round(kv_bytes / t / rate, 3), "max_err": err}
-            print(f"bs {bs:4d} ctx {ctx:5d} {name:44s} {row['us']:8.1f} us {row['GB/s']:6d} GB/s "
-                  f"{100 * row['of_copy']:5.1f}% of copy  err {err:.2e}" + ("  WRONG" if err > 5e-2 else ""))
+            row = {
+                "bs": bs,
+                "context": ctx,
+                "config": name,
+                "us": round(t * 1e6, 1),
+                "GB/s": round(kv_bytes / t / 1e9),
+                "of_copy": round(kv_bytes / t / rate, 3),
+                "max_err": err,
+            }
+            print(
+                f"bs {bs:4d} ctx {ctx:5d} {name:44s} {row['us']:8.1f} us {row['GB/s']:6d} GB/s "
+                f"{100 * row['of_copy']:5.1f}% of copy  err {err:.2e}"
+                + ("  WRONG" if err > 5e-2 else "")
+            )
             if args.output:
                 with open(args.output, "a") as f:
                     f.write(json.dumps(row) + "\n")
@@ -96,26 +110,56 @@ def main() -> None:
         # As the backend launches it: groups searched every step (none here), default blocks.
         def backend():
             groups = find_prefix_groups(kv_slots, seq_lens)
-            decode_attention(q, k_buf, v_buf, out, kv_slots, seq_lens, groups.kv_start, default_splits, scale,
-                             prefix=groups, num_prefix_splits=prefix_splits)
+            decode_attention(
+                q,
+                k_buf,
+                v_buf,
+                out,
+                kv_slots,
+                seq_lens,
+                groups.kv_start,
+                default_splits,
+                scale,
+                prefix=groups,
+                num_prefix_splits=prefix_splits,
+            )
 
         run(f"backend (splits {default_splits}, groups pass)", backend)
         best = None
-        for splits, bn, warps, stages in itertools.product((1, 2, 4, 8, 16), (32, 64, 128), (4, 8), (2, 3)):
+        for splits, bn, warps, stages in itertools.product(
+            (1, 2, 4, 8, 16), (32, 64, 128), (4, 8), (2, 3)
+        ):
             name = f"splits {splits:2d} BLOCK_N {bn:3d} warps {warps} stages {stages}"
 
             def fn(splits=splits, bn=bn, warps=warps, stages=stages):
-                decode_attention(q, k_buf, v_buf, out, kv_slots, seq_lens, kv_start, splits, scale,
-                                 block_n=bn, num_warps=warps, num_stages=stages)
+                decode_attention(
+                    q,
+                    k_buf,
+                    v_buf,
+                    out,
+                    kv_slots,
+                    seq_lens,
+                    kv_start,
+                    splits,
+                    scale,
+                    block_n=bn,
+                    num_warps=warps,
+                    num_stages=stages,
+                )
 
             try:
                 t = run(name, fn)
-            except Exception as e:  # noqa: BLE001 - a configuration that does not compile (shared memory)
-                print(f"bs {bs:4d} ctx {ctx:5d} {name:44s} failed: {type(e).__name__}: {str(e)[:80]}")
+            except Exception as e:
+                print(
+                    f"bs {bs:4d} ctx {ctx:5d} {name:44s} failed: {type(e).__name__}: {str(e)[:80]}"
+                )
                 continue
             if best is None or t < best[0]:
                 best = (t, name)
-        print(f"best bs {bs} ctx {ctx}: {best[1]}: {best[0] * 1e6:.1f} us, {kv_bytes / best[0] / rate:.1%} of copy")
+        print(
+            f"best bs {bs} ctx {ctx}: {best[1]}: {best[0] * 1e6:.1f} us,"
+            f" {kv_bytes / best[0] / rate:.1%} of copy"
+        )
 
 
 if __name__ == "__main__":

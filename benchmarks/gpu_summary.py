@@ -2,7 +2,8 @@
 benchmarks' JSON lines as tables (one-batch decode against the HBM roofline, the share of decode
 time outside the forward with and without overlap, serving).
 
-Usage: python3 benchmarks/gpu_summary.py OUT_DIR   (prints it; gpu_check.sh writes it to summary.txt)
+Usage: python3 benchmarks/gpu_summary.py OUT_DIR   (prints it; gpu_check.sh writes it to
+summary.txt)
 """
 
 from __future__ import annotations
@@ -30,34 +31,52 @@ def _fmt(v, spec: str) -> str:
 
 
 def one_batch_table(rows: list[dict]) -> list[str]:
-    out = [f"{'model':<28}{'bs':>5}{'tok/s':>10}{'step ms':>9}{'fwd ms':>8}{'outside':>9}{'MB/step':>9}"
-           f"{'copy GB/s':>10}{'roofline':>9}"]
+    out = [
+        f"{'model':<28}{'bs':>5}{'tok/s':>10}{'step ms':>9}{'fwd ms':>8}{'outside':>9}"
+        f"{'MB/step':>9}"
+        f"{'copy GB/s':>10}{'roofline':>9}"
+    ]
     for r in rows:
         model = os.path.basename(str(r.get("model")))[:27]
-        out.append(f"{model:<28}{r['batch_size']:>5}{_fmt(r.get('decode_throughput'), '.0f'):>10}"
-                   f"{_fmt(r.get('decode_median_ms'), '.2f'):>9}{_fmt(r.get('forward_median_ms'), '.2f'):>8}"
-                   f"{_fmt(r.get('outside_forward_share'), '.1%'):>9}{_fmt(r.get('step_bytes_mb'), '.0f'):>9}"
-                   f"{_fmt(r.get('read_gbps'), '.0f'):>10}{_fmt(r.get('roofline_share'), '.0%'):>9}")
+        out.append(
+            f"{model:<28}{r['batch_size']:>5}{_fmt(r.get('decode_throughput'), '.0f'):>10}"
+            f"{_fmt(r.get('decode_median_ms'), '.2f'):>9}"
+            f"{_fmt(r.get('forward_median_ms'), '.2f'):>8}"
+            f"{_fmt(r.get('outside_forward_share'), '.1%'):>9}"
+            f"{_fmt(r.get('step_bytes_mb'), '.0f'):>9}"
+            f"{_fmt(r.get('read_gbps'), '.0f'):>10}{_fmt(r.get('roofline_share'), '.0%'):>9}"
+        )
     return out
 
 
 def offline_table(rows: list[dict]) -> list[str]:
-    out = [f"{'overlap':<9}{'workload':<10}{'out tok/s':>10}{'decode steps':>13}{'outside forward':>16}"]
+    out = [
+        f"{'overlap':<9}{'workload':<10}{'out tok/s':>10}{'decode steps':>13}"
+        f"{'outside forward':>16}"
+    ]
     for r in rows:
-        out.append(f"{str(r.get('overlap_schedule')):<9}{r.get('workload', ''):<10}"
-                   f"{_fmt(r.get('output_throughput'), '.0f'):>10}{r.get('decode_steps', 0):>13}"
-                   f"{_fmt(r.get('decode_outside_forward'), '.2%'):>16}")
+        out.append(
+            f"{str(r.get('overlap_schedule')):<9}{r.get('workload', ''):<10}"
+            f"{_fmt(r.get('output_throughput'), '.0f'):>10}{r.get('decode_steps', 0):>13}"
+            f"{_fmt(r.get('decode_outside_forward'), '.2%'):>16}"
+        )
     return out
 
 
 def serving_table(rows: list[dict]) -> list[str]:
-    out = [f"{'dataset':<12}{'done':>6}{'req/s':>8}{'out tok/s':>10}{'ttft p50':>9}{'ttft p99':>9}{'itl p50':>8}"
-           f"{'itl p99':>8}{'cached':>8}"]
+    out = [
+        f"{'dataset':<12}{'done':>6}{'req/s':>8}{'out tok/s':>10}{'ttft p50':>9}{'ttft p99':>9}"
+        f"{'itl p50':>8}"
+        f"{'itl p99':>8}{'cached':>8}"
+    ]
     for r in rows:
-        out.append(f"{r.get('dataset', ''):<12}{r.get('completed', 0):>6}{_fmt(r.get('request_throughput'), '.2f'):>8}"
-                   f"{_fmt(r.get('output_throughput'), '.0f'):>10}{_fmt(r.get('p50_ttft_ms'), '.0f'):>9}"
-                   f"{_fmt(r.get('p99_ttft_ms'), '.0f'):>9}{_fmt(r.get('p50_itl_ms'), '.1f'):>8}"
-                   f"{_fmt(r.get('p99_itl_ms'), '.1f'):>8}{_fmt(r.get('cached_token_share'), '.0%'):>8}")
+        out.append(
+            f"{r.get('dataset', ''):<12}{r.get('completed', 0):>6}"
+            f"{_fmt(r.get('request_throughput'), '.2f'):>8}"
+            f"{_fmt(r.get('output_throughput'), '.0f'):>10}{_fmt(r.get('p50_ttft_ms'), '.0f'):>9}"
+            f"{_fmt(r.get('p99_ttft_ms'), '.0f'):>9}{_fmt(r.get('p50_itl_ms'), '.1f'):>8}"
+            f"{_fmt(r.get('p99_itl_ms'), '.1f'):>8}{_fmt(r.get('cached_token_share'), '.0%'):>8}"
+        )
     return out
 
 
@@ -65,21 +84,40 @@ def summary(out_dir: str) -> str:
     lines = ["# gpu_check summary", ""]
     steps = os.path.join(out_dir, "steps.txt")
     if os.path.exists(steps):
-        lines += ["## steps (exit code 0: ok, 124: timed out, skipped: no time left)", open(steps).read().rstrip(), ""]
+        lines += [
+            "## steps (exit code 0: ok, 124: timed out, skipped: no time left)",
+            open(steps).read().rstrip(),
+            "",
+        ]
     tests = os.path.join(out_dir, "tests.log")
     if os.path.exists(tests):
         text = open(tests).read().splitlines()
-        results = [ln for ln in text if ln.startswith("=== ") or
-                   (" in " in ln and any(w in ln for w in (" passed", " failed", " skipped", " error")))]
+        results = [
+            ln
+            for ln in text
+            if ln.startswith("=== ")
+            or (" in " in ln and any(w in ln for w in (" passed", " failed", " skipped", " error")))
+        ]
         failed = [ln for ln in text if ln.startswith(("FAILED ", "ERROR "))][:20]
-        lines += ["## tests (each run's command and result line; the failures)", *results, *failed, ""]
+        lines += [
+            "## tests (each run's command and result line; the failures)",
+            *results,
+            *failed,
+            "",
+        ]
     rows = _lines(os.path.join(out_dir, "results.jsonl"))
     one = [r for r in rows if "batch_size" in r]
     off = [r for r in rows if "overlap_schedule" in r]
     srv = [r for r in rows if "dataset" in r and "completed" in r]
     if one:
-        lines += ["## one-batch decode (bf16; roofline: weights + KV bytes per step / copy rate / step time)",
-                  *one_batch_table(one), ""]
+        lines += [
+            (
+                "## one-batch decode (bf16; roofline: weights + KV bytes per step / copy rate /"
+                " step time)"
+            ),
+            *one_batch_table(one),
+            "",
+        ]
     if off:
         lines += ["## decode time outside the forward (bench offline)", *offline_table(off), ""]
     if srv:

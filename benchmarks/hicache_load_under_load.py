@@ -63,8 +63,16 @@ def copy_only(args) -> None:
             for h in procs:
                 h.kill()
                 h.join()
-            print(json.dumps({"round": rnd, "hogs": hogs, "l2_to_l1_ms": round(statistics.median(times) * 1e3, 1)}),
-                  flush=True)
+            print(
+                json.dumps(
+                    {
+                        "round": rnd,
+                        "hogs": hogs,
+                        "l2_to_l1_ms": round(statistics.median(times) * 1e3, 1),
+                    }
+                ),
+                flush=True,
+            )
 
 
 def main() -> None:
@@ -82,9 +90,17 @@ def main() -> None:
     doc = [rng.randrange(100, 40000) for _ in range(args.prefix_len)]
     warm, q, q2 = ([rng.randrange(100, 40000) for _ in range(24)] for _ in range(3))
     storage = tempfile.mkdtemp(prefix="radixlm-l3-load-")
-    flags = [*(["--model-path", args.model_path] if args.model_path else []), "--max-total-tokens", "8192",
-             "--enable-hierarchical-cache", "--hicache-storage-backend", "file", "--hicache-storage-dir", storage,
-             *args.server_args.split()]
+    flags = [
+        *(["--model-path", args.model_path] if args.model_path else []),
+        "--max-total-tokens",
+        "8192",
+        "--enable-hierarchical-cache",
+        "--hicache-storage-backend",
+        "file",
+        "--hicache-storage-dir",
+        storage,
+        *args.server_args.split(),
+    ]
     try:
         s = ServerProcess(*flags)
         recompute = ttft(s.url, doc + q)
@@ -98,7 +114,10 @@ def main() -> None:
         for rnd in range(args.rounds):
             for hogs in (0, args.hogs):
                 for _ in range(100):  # the last request may still be finishing
-                    if requests.post(s.url + "/flush_cache?level=l2", timeout=60).status_code == 200:
+                    if (
+                        requests.post(s.url + "/flush_cache?level=l2", timeout=60).status_code
+                        == 200
+                    ):
                         break
                     time.sleep(0.1)
                 before = _hicache_info(s.url)
@@ -108,25 +127,44 @@ def main() -> None:
                 time.sleep(0.5)
                 try:
                     t = ttft(s.url, doc + q)
-                    l1 = ttft(s.url, doc + q2)  # the document in L1 now: the same prefill without a load
+                    l1 = ttft(
+                        s.url, doc + q2
+                    )  # the document in L1 now: the same prefill without a load
                 finally:
                     for h in procs:
                         h.kill()
                         h.join()
                 info = _hicache_info(s.url)
-                print(json.dumps({"round": rnd, "hogs": hogs, "from_disk_s": round(t, 3), "l1_hit_s": round(l1, 3),
-                                  "l3_hit_tokens": info["l3_hit_tokens"] - before["l3_hit_tokens"],
-                                  "l3_load_s": round(info["l3_load_seconds"] - before["l3_load_seconds"], 3),
-                                  "l2_load_s": round(info["l2_load_seconds"] - before["l2_load_seconds"], 3)}),
-                      flush=True)
-        # Recomputing a document of the same length (nowhere cached) beside the hogs: what a load saves.
+                print(
+                    json.dumps(
+                        {
+                            "round": rnd,
+                            "hogs": hogs,
+                            "from_disk_s": round(t, 3),
+                            "l1_hit_s": round(l1, 3),
+                            "l3_hit_tokens": info["l3_hit_tokens"] - before["l3_hit_tokens"],
+                            "l3_load_s": round(
+                                info["l3_load_seconds"] - before["l3_load_seconds"], 3
+                            ),
+                            "l2_load_s": round(
+                                info["l2_load_seconds"] - before["l2_load_seconds"], 3
+                            ),
+                        }
+                    ),
+                    flush=True,
+                )
+        # Recomputing a document of the same length (nowhere cached) beside the hogs: what a load
+        # saves.
         other = [rng.randrange(100, 40000) for _ in range(args.prefix_len)]
         procs = [mp.Process(target=_spin, daemon=True) for _ in range(args.hogs)]
         for h in procs:
             h.start()
         time.sleep(0.5)
         try:
-            print(json.dumps({"hogs": args.hogs, "recompute_s": round(ttft(s.url, other + q), 3)}), flush=True)
+            print(
+                json.dumps({"hogs": args.hogs, "recompute_s": round(ttft(s.url, other + q), 3)}),
+                flush=True,
+            )
         finally:
             for h in procs:
                 h.kill()

@@ -2,10 +2,12 @@
 (issue 34): both radixlm and llama.cpp's llama-server load it, so compare.py --model can serve
 the same file to both.
 
-    python benchmarks/make_random_gguf.py --shape llama-3.2-1b --type q8_0 -o /data/llama-3.2-1b.q8_0.gguf
-    python benchmarks/make_random_gguf.py --shape llama-3-8b --type q4_k_m -o /data/llama-3-8b.q4_k_m.gguf \\
+    python benchmarks/make_random_gguf.py --shape llama-3.2-1b --type q8_0 -o
+    /data/llama-3.2-1b.q8_0.gguf python benchmarks/make_random_gguf.py --shape llama-3-8b --type
+    q4_k_m -o /data/llama-3-8b.q4_k_m.gguf \\
         --llama-quantize ~/.cache/peers/llama_cpp_python-*/vendor/llama.cpp/build/bin/llama-quantize
-    python benchmarks/make_random_gguf.py --shape qwen2.5-1.5b --type q4_0 --dry-run   # the plan, no file
+    python benchmarks/make_random_gguf.py --shape qwen2.5-1.5b --type q4_0 --dry-run   # the plan,
+    no file
 
 f16 / q8_0 / q4_0 are written directly; k-quants and iq4_xs go through llama.cpp's llama-quantize
 from an F16 (Q8_0 above 4B parameters, to halve the intermediate file) file. Outputs of random
@@ -29,14 +31,16 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: benchmarks/ is on the path, the repo root is not
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.model_shapes import SHAPES, Shape  # noqa: E402
+from benchmarks.model_shapes import SHAPES, Shape  # noqa: E402 (after the sys.path insert above)
 
 DIRECT_TYPES = ("f16", "q8_0", "q4_0")
 # --type -> llama-quantize's type name
 LLAMA_QUANTIZE_TYPES = {"q4_k_m": "Q4_K_M", "q5_k_m": "Q5_K_M", "q6_k": "Q6_K", "iq4_xs": "IQ4_XS"}
-BUILD_HINT = ("build it with /work/shared/peers/build-llama-server.sh (or ../shared/peers/ from the repo), then "
-              "`cmake --build build --target llama-quantize` in the llama.cpp tree it prints; the binary is "
-              "<that tree>/build/bin/llama-quantize")
+BUILD_HINT = (
+    "build it with /work/shared/peers/build-llama-server.sh (or ../shared/peers/ from the repo),"
+    " then `cmake --build build --target llama-quantize` in the llama.cpp tree it prints; the"
+    " binary is <that tree>/build/bin/llama-quantize"
+)
 PAD_TOKEN = "[PAD{}]"  # what llama.cpp's converter names the vocab's padding tokens
 CHUNK_VALUES = 1 << 22  # values drawn per step: bounds the float32 scratch to 16 MB
 
@@ -80,7 +84,9 @@ def plan(shape: Shape, type_name: str) -> list[TensorPlan]:
 
     out = []
     if shape.llama3_rope:
-        out.append(TensorPlan("rope_freqs.weight", (shape.head_dim // 2,), gguf.GGMLQuantizationType.F32))
+        out.append(
+            TensorPlan("rope_freqs.weight", (shape.head_dim // 2,), gguf.GGMLQuantizationType.F32)
+        )
     out += [TensorPlan(n, d, tensor_type(n, d, shape, type_name)) for n, d in shape.tensors()]
     return out
 
@@ -90,8 +96,12 @@ def llama3_rope_freqs(theta: float, head_dim: int, rs: dict) -> np.ndarray:
     wavelength is divided by (1 for short wavelengths, `factor` for long ones, smooth between)."""
     freqs = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
     wavelen = 2 * math.pi / freqs
-    orig, lo, hi, factor = (rs["original_max_position_embeddings"], rs["low_freq_factor"], rs["high_freq_factor"],
-                            rs["factor"])
+    orig, lo, hi, factor = (
+        rs["original_max_position_embeddings"],
+        rs["low_freq_factor"],
+        rs["high_freq_factor"],
+        rs["factor"],
+    )
     smooth = (orig / wavelen - lo) / (hi - lo)
     mid = 1 / ((1 - smooth) / factor + smooth)
     out = np.where(wavelen < orig / hi, 1.0, np.where(wavelen > orig / lo, factor, mid))
@@ -120,12 +130,15 @@ def _copy_tokenizer(writer, tokenizer_gguf: str, vocab: int) -> None:
     reader = open_gguf(tokenizer_gguf)
     if field(reader, "tokenizer.ggml.model") != "gpt2":
         raise ValueError(f"{tokenizer_gguf}: need a gpt2 (byte-level BPE) tokenizer to pad")
-    tokens, types = padded_vocab(field(reader, "tokenizer.ggml.tokens"), field(reader, "tokenizer.ggml.token_type"),
-                                 vocab)
+    tokens, types = padded_vocab(
+        field(reader, "tokenizer.ggml.tokens"), field(reader, "tokenizer.ggml.token_type"), vocab
+    )
     for key, f in reader.fields.items():
         if not key.startswith("tokenizer."):
             continue
-        value = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types}.get(key, f.contents())
+        value = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types}.get(
+            key, f.contents()
+        )
         array = f.types[0] == gguf.GGUFValueType.ARRAY
         writer.add_key_value(key, value, f.types[0], sub_type=f.types[-1] if array else None)
 
@@ -133,25 +146,33 @@ def _copy_tokenizer(writer, tokenizer_gguf: str, vocab: int) -> None:
 def _random_tensor(p: TensorPlan, rng: np.random.Generator, std: float) -> np.ndarray:
     """The tensor as stored: norms 1, biases 0, matrices N(0, std) drawn and converted in row chunks
     (peak memory: the stored tensor plus one chunk)."""
-    from gguf.quants import quantize
-
     import gguf
+    from gguf.quants import quantize
 
     if len(p.shape) == 1:
         value = 0.0 if p.name.endswith(".bias") else 1.0
         return np.full(p.shape, value, dtype=np.float32)
     rows, cols = p.shape
     f16 = p.ggml_type == gguf.GGMLQuantizationType.F16
-    out = np.empty((rows, cols) if f16 else (rows, p.nbytes // rows), dtype=np.float16 if f16 else np.uint8)
+    out = np.empty(
+        (rows, cols) if f16 else (rows, p.nbytes // rows), dtype=np.float16 if f16 else np.uint8
+    )
     step = max(1, CHUNK_VALUES // cols)
     for r in range(0, rows, step):
         chunk = rng.standard_normal((min(step, rows - r), cols), dtype=np.float32) * np.float32(std)
-        out[r:r + len(chunk)] = chunk if f16 else quantize(chunk, p.ggml_type)
+        out[r : r + len(chunk)] = chunk if f16 else quantize(chunk, p.ggml_type)
     return out
 
 
-def write_random_gguf(path: str, shape_name: str, type_name: str, seed: int = 0, std: float = 0.02,
-                      tokenizer_gguf: str | None = None, log=print) -> None:
+def write_random_gguf(
+    path: str,
+    shape_name: str,
+    type_name: str,
+    seed: int = 0,
+    std: float = 0.02,
+    tokenizer_gguf: str | None = None,
+    log=print,
+) -> None:
     """Write the file tensor by tensor (`type_name` in DIRECT_TYPES)."""
     import gguf
 
@@ -161,8 +182,13 @@ def write_random_gguf(path: str, shape_name: str, type_name: str, seed: int = 0,
     tensors = plan(shape, type_name)
     w = gguf.GGUFWriter(path, shape.arch)
     w.add_name(f"random-{shape_name}")
-    w.add_file_type({"f16": gguf.LlamaFileType.MOSTLY_F16, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
-                     "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0}[type_name])
+    w.add_file_type(
+        {
+            "f16": gguf.LlamaFileType.MOSTLY_F16,
+            "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+            "q4_0": gguf.LlamaFileType.MOSTLY_Q4_0,
+        }[type_name]
+    )
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_context_length(shape.context)
     w.add_embedding_length(shape.hidden)
@@ -197,23 +223,44 @@ def write_random_gguf(path: str, shape_name: str, type_name: str, seed: int = 0,
 
 def find_llama_quantize(path: str | None) -> str:
     """The llama-quantize binary, or a FileNotFoundError saying how to build it."""
-    found = path and (shutil.which(path) or (os.path.isfile(path) and os.access(path, os.X_OK) and path))
+    found = path and (
+        shutil.which(path) or (os.path.isfile(path) and os.access(path, os.X_OK) and path)
+    )
     if not found:
         given = f"{path!r} is not an executable" if path else "no --llama-quantize given"
-        raise FileNotFoundError(f"llama-quantize is needed for k-quants and iq4_xs ({given}); {BUILD_HINT}")
+        raise FileNotFoundError(
+            f"llama-quantize is needed for k-quants and iq4_xs ({given}); {BUILD_HINT}"
+        )
     return found
 
 
-def quantize_with_llama_cpp(binary: str, src: str, dst: str, type_name: str, threads: int | None = None) -> None:
+def quantize_with_llama_cpp(
+    binary: str, src: str, dst: str, type_name: str, threads: int | None = None
+) -> None:
     # --allow-requantize: the source may be Q8_0 (the 8B intermediate).
-    cmd = [binary, "--allow-requantize", src, dst, LLAMA_QUANTIZE_TYPES[type_name], str(threads or os.cpu_count())]
+    cmd = [
+        binary,
+        "--allow-requantize",
+        src,
+        dst,
+        LLAMA_QUANTIZE_TYPES[type_name],
+        str(threads or os.cpu_count()),
+    ]
     print("$ " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
 
 
-def make(out: str, shape_name: str, type_name: str, seed: int = 0, std: float = 0.02,
-         llama_quantize: str | None = None, intermediate: str | None = None, tokenizer_gguf: str | None = None,
-         log=print) -> None:
+def make(
+    out: str,
+    shape_name: str,
+    type_name: str,
+    seed: int = 0,
+    std: float = 0.02,
+    llama_quantize: str | None = None,
+    intermediate: str | None = None,
+    tokenizer_gguf: str | None = None,
+    log=print,
+) -> None:
     if type_name in DIRECT_TYPES:
         write_random_gguf(out, shape_name, type_name, seed, std, tokenizer_gguf, log)
         return
@@ -234,7 +281,10 @@ def describe(shape_name: str, type_name: str) -> str:
     lines = [f"{shape_name} ({shape.source}): {shape}", f"parameters: {shape.num_params():,}"]
     if type_name in DIRECT_TYPES:
         tensors = plan(shape, type_name)
-        lines.append(f"{type_name}: {len(tensors)} tensors, {sum(p.nbytes for p in tensors) / 2**30:.2f} GiB of data")
+        lines.append(
+            f"{type_name}: {len(tensors)} tensors, {sum(p.nbytes for p in tensors) / 2**30:.2f} GiB"
+            " of data"
+        )
         counts: dict[str, int] = {}
         for p in tensors:
             counts[p.ggml_type.name] = counts.get(p.ggml_type.name, 0) + 1
@@ -243,17 +293,31 @@ def describe(shape_name: str, type_name: str) -> str:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--shape", required=True, choices=list(SHAPES))
     p.add_argument("--type", required=True, choices=[*DIRECT_TYPES, *LLAMA_QUANTIZE_TYPES])
     p.add_argument("-o", "--output", help="the .gguf to write (required unless --dry-run)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--std", type=float, default=0.02, help="standard deviation of the matrices' values")
-    p.add_argument("--llama-quantize", help="llama.cpp's llama-quantize binary (k-quants and iq4_xs)")
-    p.add_argument("--intermediate", choices=["f16", "q8_0"],
-                   help="what llama-quantize starts from (default: f16, q8_0 above 4B parameters)")
-    p.add_argument("--tokenizer-gguf", help="the GGUF whose gpt2 tokenizer is padded in (default: embedded SmolLM2)")
-    p.add_argument("--dry-run", action="store_true", help="print the config and tensors, write nothing")
+    p.add_argument(
+        "--std", type=float, default=0.02, help="standard deviation of the matrices' values"
+    )
+    p.add_argument(
+        "--llama-quantize", help="llama.cpp's llama-quantize binary (k-quants and iq4_xs)"
+    )
+    p.add_argument(
+        "--intermediate",
+        choices=["f16", "q8_0"],
+        help="what llama-quantize starts from (default: f16, q8_0 above 4B parameters)",
+    )
+    p.add_argument(
+        "--tokenizer-gguf",
+        help="the GGUF whose gpt2 tokenizer is padded in (default: embedded SmolLM2)",
+    )
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the config and tensors, write nothing"
+    )
     a = p.parse_args(argv)
     if a.dry_run:
         print(describe(a.shape, a.type))
@@ -261,7 +325,16 @@ def main(argv=None) -> int:
     if not a.output:
         p.error("--output is required (or --dry-run)")
     try:
-        make(a.output, a.shape, a.type, a.seed, a.std, a.llama_quantize, a.intermediate, a.tokenizer_gguf)
+        make(
+            a.output,
+            a.shape,
+            a.type,
+            a.seed,
+            a.std,
+            a.llama_quantize,
+            a.intermediate,
+            a.tokenizer_gguf,
+        )
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -2,7 +2,8 @@
 shape, for timing `--quantization` at load on realistic sizes (issue 34):
 
     python benchmarks/make_random_hf.py --shape qwen2.5-1.5b -o /data/qwen2.5-1.5b-bf16
-    python -c "from radixlm.model.loader import load_model; load_model('/data/qwen2.5-1.5b-bf16', quantization='q4_k')"
+    python -c "from radixlm.model.loader import load_model; load_model('/data/qwen2.5-1.5b-bf16',
+    quantization='q4_k')"
 
 No tokenizer is written: the checkpoint serves load-time and kernel figures, not text.
 """
@@ -21,20 +22,32 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.model_shapes import SHAPES, Shape  # noqa: E402
+from benchmarks.model_shapes import SHAPES, Shape  # noqa: E402 (after the sys.path insert above)
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 SHARD_BYTES = 2 << 30
 
 
 def hf_config(shape: Shape, dtype: str) -> dict:
-    config = {"architectures": [ARCHITECTURES[shape.arch]], "model_type": shape.arch, "hidden_size": shape.hidden,
-              "num_hidden_layers": shape.layers, "num_attention_heads": shape.heads,
-              "num_key_value_heads": shape.kv_heads, "head_dim": shape.head_dim,
-              "intermediate_size": shape.intermediate, "vocab_size": shape.vocab,
-              "tie_word_embeddings": shape.tied, "rope_theta": shape.rope_theta, "rms_norm_eps": shape.rms_eps,
-              "max_position_embeddings": shape.context, "hidden_act": "silu", "torch_dtype": dtype,
-              "bos_token_id": 1, "eos_token_id": 2}
+    config = {
+        "architectures": [ARCHITECTURES[shape.arch]],
+        "model_type": shape.arch,
+        "hidden_size": shape.hidden,
+        "num_hidden_layers": shape.layers,
+        "num_attention_heads": shape.heads,
+        "num_key_value_heads": shape.kv_heads,
+        "head_dim": shape.head_dim,
+        "intermediate_size": shape.intermediate,
+        "vocab_size": shape.vocab,
+        "tie_word_embeddings": shape.tied,
+        "rope_theta": shape.rope_theta,
+        "rms_norm_eps": shape.rms_eps,
+        "max_position_embeddings": shape.context,
+        "hidden_act": "silu",
+        "torch_dtype": dtype,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    }
     if shape.llama3_rope:
         config["rope_scaling"] = dict(shape.llama3_rope)
     return config
@@ -45,14 +58,21 @@ def hf_tensors(shape: Shape) -> list[tuple[str, tuple[int, ...]]]:
     out = [("model.embed_tokens.weight", (shape.vocab, shape.hidden))]
     for i in range(shape.layers):
         p = f"model.layers.{i}."
-        out += [(p + "input_layernorm.weight", (shape.hidden,)), (p + "post_attention_layernorm.weight", (shape.hidden,)),
-                (p + "self_attn.q_proj.weight", (q, shape.hidden)), (p + "self_attn.k_proj.weight", (kv, shape.hidden)),
-                (p + "self_attn.v_proj.weight", (kv, shape.hidden)), (p + "self_attn.o_proj.weight", (shape.hidden, q)),
-                (p + "mlp.gate_proj.weight", (shape.intermediate, shape.hidden)),
-                (p + "mlp.up_proj.weight", (shape.intermediate, shape.hidden)),
-                (p + "mlp.down_proj.weight", (shape.hidden, shape.intermediate))]
+        out += [
+            (p + "input_layernorm.weight", (shape.hidden,)),
+            (p + "post_attention_layernorm.weight", (shape.hidden,)),
+            (p + "self_attn.q_proj.weight", (q, shape.hidden)),
+            (p + "self_attn.k_proj.weight", (kv, shape.hidden)),
+            (p + "self_attn.v_proj.weight", (kv, shape.hidden)),
+            (p + "self_attn.o_proj.weight", (shape.hidden, q)),
+            (p + "mlp.gate_proj.weight", (shape.intermediate, shape.hidden)),
+            (p + "mlp.up_proj.weight", (shape.intermediate, shape.hidden)),
+            (p + "mlp.down_proj.weight", (shape.hidden, shape.intermediate)),
+        ]
         if shape.qkv_bias:
-            out += [(p + f"self_attn.{n}_proj.bias", (d,)) for n, d in (("q", q), ("k", kv), ("v", kv))]
+            out += [
+                (p + f"self_attn.{n}_proj.bias", (d,)) for n, d in (("q", q), ("k", kv), ("v", kv))
+            ]
     out.append(("model.norm.weight", (shape.hidden,)))
     if not shape.tied:
         out.append(("lm_head.weight", (shape.vocab, shape.hidden)))
@@ -70,7 +90,11 @@ def write(shape: Shape, output: str, dtype: str, seed: int, std: float) -> None:
     shards: list[dict] = [{}]
     size = 0
     for name, dims in hf_tensors(shape):
-        t = (1 + 0.1 * torch.randn(dims, generator=g)) if len(dims) == 1 and "norm" in name else std * torch.randn(dims, generator=g)
+        t = (
+            (1 + 0.1 * torch.randn(dims, generator=g))
+            if len(dims) == 1 and "norm" in name
+            else std * torch.randn(dims, generator=g)
+        )
         t = t.to(torch_dtype)
         if size + t.nbytes > SHARD_BYTES and shards[-1]:
             shards.append({})
@@ -88,12 +112,16 @@ def write(shape: Shape, output: str, dtype: str, seed: int, std: float) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--shape", required=True, choices=list(SHAPES))
     p.add_argument("-o", "--output", required=True, help="the directory to write")
     p.add_argument("--dtype", choices=["bfloat16", "float16"], default="bfloat16")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--std", type=float, default=0.02, help="standard deviation of the matrices' values")
+    p.add_argument(
+        "--std", type=float, default=0.02, help="standard deviation of the matrices' values"
+    )
     args = p.parse_args(argv)
     write(SHAPES[args.shape], args.output, args.dtype, args.seed, args.std)
     return 0

@@ -4,8 +4,10 @@ radixlm and by llama-server on the same file, decode tok/s at batch 1 / 8 / 32 w
 prompt per request.
 
     python benchmarks/mla_gguf.py -o /data/dsv2lite-4l.q8_0.gguf --llama-server PATH/llama-server
-    python benchmarks/mla_gguf.py -o /tmp/ds2-smoke.gguf --layers 2 --experts 8 --ctx 32 --batch 1 2 \\
-        --output-len 6 --llama-server PATH/llama-server              # a check that both load and answer
+    python benchmarks/mla_gguf.py -o /tmp/ds2-smoke.gguf --layers 2 --experts 8 --ctx 32 --batch 1 2
+    \\
+        --output-len 6 --llama-server PATH/llama-server              # a check that both load and
+        answer
 
 The shape is benchmarks/mla.py's (hidden 2048, 16 heads, kv_lora_rank 512, qk_rope 64, qk_nope 128,
 v 128, 64 routed experts top-6 + 2 shared, the first layer dense, vocab 102400, YaRN) with --layers
@@ -40,35 +42,64 @@ def v2_lite_config(layers: int, experts: int):
     from benchmarks.mla import V2_LITE
 
     cfg = {k: v for k, v in V2_LITE.items() if k != "model_type"}
-    cfg.update(num_hidden_layers=layers, n_routed_experts=experts, num_experts_per_tok=min(6, experts),
-               n_group=1, topk_group=1)
+    cfg.update(
+        num_hidden_layers=layers,
+        n_routed_experts=experts,
+        num_experts_per_tok=min(6, experts),
+        n_group=1,
+        topk_group=1,
+    )
     return transformers.DeepseekV2Config(**cfg)
 
 
 def tensor_plan(cfg, qtype) -> list[tuple[str, tuple[int, ...], object]]:
-    """(GGUF name, numpy shape, GGML type) in convert_hf_to_gguf's order: norms and the router F32."""
+    """(GGUF name, numpy shape, GGML type) in convert_hf_to_gguf's order: norms and the router
+    F32."""
     import gguf
 
     f32 = gguf.GGMLQuantizationType.F32
-    h, heads, r, rope = cfg.hidden_size, cfg.num_attention_heads, cfg.kv_lora_rank, cfg.qk_rope_head_dim
-    nope, v, e, i_exp = cfg.qk_nope_head_dim, cfg.v_head_dim, cfg.n_routed_experts, cfg.moe_intermediate_size
+    h, heads, r, rope = (
+        cfg.hidden_size,
+        cfg.num_attention_heads,
+        cfg.kv_lora_rank,
+        cfg.qk_rope_head_dim,
+    )
+    nope, v, e, i_exp = (
+        cfg.qk_nope_head_dim,
+        cfg.v_head_dim,
+        cfg.n_routed_experts,
+        cfg.moe_intermediate_size,
+    )
     shared = i_exp * cfg.n_shared_experts
     out = [("token_embd.weight", (cfg.vocab_size, h), qtype)]
     for n in range(cfg.num_hidden_layers):
         b = f"blk.{n}."
-        out += [(b + "attn_norm.weight", (h,), f32), (b + "attn_q.weight", (heads * (nope + rope), h), qtype),
-                (b + "attn_kv_a_mqa.weight", (r + rope, h), qtype), (b + "attn_kv_a_norm.weight", (r,), f32),
-                (b + "attn_k_b.weight", (heads, r, nope), qtype), (b + "attn_v_b.weight", (heads, v, r), qtype),
-                (b + "attn_output.weight", (h, heads * v), qtype), (b + "ffn_norm.weight", (h,), f32)]
+        out += [
+            (b + "attn_norm.weight", (h,), f32),
+            (b + "attn_q.weight", (heads * (nope + rope), h), qtype),
+            (b + "attn_kv_a_mqa.weight", (r + rope, h), qtype),
+            (b + "attn_kv_a_norm.weight", (r,), f32),
+            (b + "attn_k_b.weight", (heads, r, nope), qtype),
+            (b + "attn_v_b.weight", (heads, v, r), qtype),
+            (b + "attn_output.weight", (h, heads * v), qtype),
+            (b + "ffn_norm.weight", (h,), f32),
+        ]
         if n < cfg.first_k_dense_replace:
-            out += [(b + "ffn_gate.weight", (cfg.intermediate_size, h), qtype),
-                    (b + "ffn_up.weight", (cfg.intermediate_size, h), qtype),
-                    (b + "ffn_down.weight", (h, cfg.intermediate_size), qtype)]
+            out += [
+                (b + "ffn_gate.weight", (cfg.intermediate_size, h), qtype),
+                (b + "ffn_up.weight", (cfg.intermediate_size, h), qtype),
+                (b + "ffn_down.weight", (h, cfg.intermediate_size), qtype),
+            ]
         else:
-            out += [(b + "ffn_gate_inp.weight", (e, h), f32), (b + "ffn_gate_exps.weight", (e, i_exp, h), qtype),
-                    (b + "ffn_up_exps.weight", (e, i_exp, h), qtype), (b + "ffn_down_exps.weight", (e, h, i_exp), qtype),
-                    (b + "ffn_gate_shexp.weight", (shared, h), qtype), (b + "ffn_up_shexp.weight", (shared, h), qtype),
-                    (b + "ffn_down_shexp.weight", (h, shared), qtype)]
+            out += [
+                (b + "ffn_gate_inp.weight", (e, h), f32),
+                (b + "ffn_gate_exps.weight", (e, i_exp, h), qtype),
+                (b + "ffn_up_exps.weight", (e, i_exp, h), qtype),
+                (b + "ffn_down_exps.weight", (e, h, i_exp), qtype),
+                (b + "ffn_gate_shexp.weight", (shared, h), qtype),
+                (b + "ffn_up_shexp.weight", (shared, h), qtype),
+                (b + "ffn_down_shexp.weight", (h, shared), qtype),
+            ]
     return out + [("output_norm.weight", (h,), f32), ("output.weight", (cfg.vocab_size, h), qtype)]
 
 
@@ -106,24 +137,32 @@ def write_gguf(path: str, cfg, type_name: str, seed: int = 0, std: float = 0.02)
 
 
 def token_prompt(ctx: int):
-    """Request i's prompt: ctx token ids of its own (no two requests share a prefix), below SmolLM2's
-    special tokens' ids and inside its real vocabulary."""
+    """Request i's prompt: ctx token ids of its own (no two requests share a prefix), below
+    SmolLM2's special tokens' ids and inside its real vocabulary."""
+
     def prompt(i: int) -> list[int]:
         return np.random.default_rng([7, i]).integers(100, 40000, ctx).tolist()
+
     return prompt
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("-o", "--output", required=True, help="the GGUF (written when missing)")
     p.add_argument("--layers", type=int, default=4, help="of DeepSeek-V2-Lite's 27")
-    p.add_argument("--experts", type=int, default=64, help="routed experts per MoE layer (V2-Lite: 64)")
+    p.add_argument(
+        "--experts", type=int, default=64, help="routed experts per MoE layer (V2-Lite: 64)"
+    )
     p.add_argument("--type", default="q8_0", choices=["q8_0", "f16", "f32"])
     p.add_argument("--ctx", type=int, default=1024, help="prompt tokens per request")
     p.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--output-len", type=int, default=32)
     p.add_argument("--threads", type=int, default=os.cpu_count())
-    p.add_argument("--llama-server", default=None, help="llama-server binary: the same GGUF side by side")
+    p.add_argument(
+        "--llama-server", default=None, help="llama-server binary: the same GGUF side by side"
+    )
     args = p.parse_args(argv)
     cfg = v2_lite_config(args.layers, args.experts)
     if not os.path.exists(args.output):
@@ -134,20 +173,54 @@ def main(argv=None) -> int:
 
     slots, per_request = max(args.batch), args.ctx + args.output_len + 16
     prompt = token_prompt(args.ctx)
-    result = {"shape": f"DeepSeek-V2-Lite dims, {args.layers}/27 layers, {args.experts}/64 routed experts, "
-                       f"{args.type} GGUF (radixlm: routed experts dequantized to float32)",
-              "file_bytes": os.path.getsize(args.output), "ctx": args.ctx, "output_len": args.output_len,
-              "threads": args.threads}
-    radixlm = ServerProcess("--model-path", args.output, "--num-threads", str(args.threads),
-                            "--max-running-requests", str(slots), "--context-length", str(per_request),
-                            "--max-total-tokens", str(slots * per_request), timeout=1800)
+    result = {
+        "shape": (
+            f"DeepSeek-V2-Lite dims, {args.layers}/27 layers, {args.experts}/64 routed experts, "
+            f"{args.type} GGUF (radixlm: routed experts dequantized to float32)"
+        ),
+        "file_bytes": os.path.getsize(args.output),
+        "ctx": args.ctx,
+        "output_len": args.output_len,
+        "threads": args.threads,
+    }
+    radixlm = ServerProcess(
+        "--model-path",
+        args.output,
+        "--num-threads",
+        str(args.threads),
+        "--max-running-requests",
+        str(slots),
+        "--context-length",
+        str(per_request),
+        "--max-total-tokens",
+        str(slots * per_request),
+        timeout=1800,
+    )
     result["radixlm_tok_s"] = measure("radixlm", radixlm, args.batch, args.output_len, prompt)
     if args.llama_server:
-        server = ServerProcess(command=lambda port: [args.llama_server, "-m", args.output, "-np", str(slots), "-c",
-                                                     str(slots * per_request), "-t", str(args.threads), "--host",
-                                                     "127.0.0.1", "--port", str(port), "--no-webui"],
-                               name="llama-server", timeout=1800)
-        result["llama_server_tok_s"] = measure("llama-server", server, args.batch, args.output_len, prompt)
+        server = ServerProcess(
+            command=lambda port: [
+                args.llama_server,
+                "-m",
+                args.output,
+                "-np",
+                str(slots),
+                "-c",
+                str(slots * per_request),
+                "-t",
+                str(args.threads),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+                "--no-webui",
+            ],
+            name="llama-server",
+            timeout=1800,
+        )
+        result["llama_server_tok_s"] = measure(
+            "llama-server", server, args.batch, args.output_len, prompt
+        )
     print(json.dumps(result, indent=2))
     return 0
 

@@ -3,9 +3,10 @@ one qlinear per expert touched from Python), on random weights of a MoE layer's 
 call, the expert bytes a call reads (the distinct experts its tokens chose, gate+up and down) and
 that as GB/s against the machine's memory bandwidth (a multi-threaded sum over a large buffer).
 
-    python benchmarks/moe_kernel.py                        # OLMoE-1B-7B: hidden 2048, intermediate 1024, 64 experts, top-8
-    python benchmarks/moe_kernel.py --w13-format q4_k --w2-format q8_0 --tokens 1 8 32
-    python benchmarks/moe_kernel.py --hidden 256 --intermediate 256 --experts 8 --top-k 2 --repeat 3 --bw-mb 64  # a smoke run
+    python benchmarks/moe_kernel.py                        # OLMoE-1B-7B: hidden 2048, intermediate
+    1024, 64 experts, top-8 python benchmarks/moe_kernel.py --w13-format q4_k --w2-format q8_0
+    --tokens 1 8 32 python benchmarks/moe_kernel.py --hidden 256 --intermediate 256 --experts 8
+    --top-k 2 --repeat 3 --bw-mb 64  # a smoke run
 
 Each call routes its tokens anew (a fresh random top-k per call, from a precomputed list), so the
 experts read vary as in decode and the layer's experts (226 MB at Q4_K for OLMoE) come from memory,
@@ -27,17 +28,19 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from radixlm.kernels.formats import QUANTIZE_AT_LOAD  # noqa: E402
-from radixlm.kernels.ops import ops  # noqa: E402
-from radixlm.model.layers.moe.experts import ExpertWeights  # noqa: E402
-from radixlm.model.layers.moe.fused_moe import fused_experts_torch  # noqa: E402
-from radixlm.model.layers.quantized import QuantizedTensor  # noqa: E402
+from radixlm.kernels.formats import QUANTIZE_AT_LOAD  # noqa: E402 (after the sys.path insert above)
+from radixlm.kernels.ops import ops  # noqa: E402 (after the sys.path insert above)
+from radixlm.model.layers.moe.experts import ExpertWeights  # noqa: E402 (after the sys.path insert above)
+from radixlm.model.layers.moe.fused_moe import fused_experts_torch  # noqa: E402 (after the sys.path insert above)
+from radixlm.model.layers.quantized import QuantizedTensor  # noqa: E402 (after the sys.path insert above)
 
 
 def stacked_experts(rows: int, cols: int, experts: int, fmt: str, parts: int) -> ExpertWeights:
     one = QuantizedTensor.quantize(torch.randn(rows, cols) * 0.05, fmt)
     data = torch.stack([one.data.clone() for _ in range(experts)])
-    return ExpertWeights(data, one.fmt, rows, cols).interleaved(parts)  # as a loader would keep them
+    return ExpertWeights(data, one.fmt, rows, cols).interleaved(
+        parts
+    )  # as a loader would keep them
 
 
 def median_us(fn, calls: int) -> float:
@@ -60,7 +63,9 @@ def memory_gbps(mb: float) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--hidden", type=int, default=2048)
     p.add_argument("--intermediate", type=int, default=1024)
     p.add_argument("--experts", type=int, default=64)
@@ -80,10 +85,15 @@ def main() -> None:
     per_expert = w13.data[0].nbytes + w2.data[0].nbytes
     bw = memory_gbps(a.bw_mb)
     g = torch.Generator().manual_seed(0)
-    print(f"hidden {H}, intermediate {I}, {E} experts, top-{k}; w13 {w13.fmt.name}, w2 {w2.fmt.name}: "
-          f"{per_expert / 1e6:.2f} MB per expert, {E * per_expert / 1e6:.0f} MB per layer; "
-          f"{a.threads} threads; memory {bw:.1f} GB/s (sum over {a.bw_mb:.0f} MB)")
-    print("| tokens | experts read | MB read | op us | op GB/s | of memory bw | torch path us | op speed-up |")
+    print(
+        f"hidden {H}, intermediate {I}, {E} experts, top-{k}; w13 {w13.fmt.name}, w2 {w2.fmt.name}:"
+        f" {per_expert / 1e6:.2f} MB per expert, {E * per_expert / 1e6:.0f} MB per layer;"
+        f" {a.threads} threads; memory {bw:.1f} GB/s (sum over {a.bw_mb:.0f} MB)"
+    )
+    print(
+        "| tokens | experts read | MB read | op us | op GB/s | of memory bw | torch path us | op"
+        " speed-up |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for T in a.tokens:
         x = torch.randn(T, H, generator=g)
@@ -95,7 +105,9 @@ def main() -> None:
 
         def native():
             tw, ti = routes[next(turn) % len(routes)]
-            return ops().fused_moe(x, ti, tw, w13.data, w13.fmt.kernel_id, w2.data, w2.fmt.kernel_id)
+            return ops().fused_moe(
+                x, ti, tw, w13.data, w13.fmt.kernel_id, w2.data, w2.fmt.kernel_id
+            )
 
         def torch_path():
             tw, ti = routes[next(turn) % len(routes)]
@@ -105,8 +117,10 @@ def main() -> None:
         us = median_us(native, a.repeat)
         mb = read * per_expert / 1e6
         torch_us = float("nan") if a.no_torch else median_us(torch_path, max(3, a.repeat // 4))
-        print(f"| {T} | {read:.1f} | {mb:.1f} | {us:.0f} | {mb / 1e3 / (us / 1e6):.1f} | "
-              f"{mb / 1e3 / (us / 1e6) / bw:.0%} | {torch_us:.0f} | {torch_us / us:.2f}x |")
+        print(
+            f"| {T} | {read:.1f} | {mb:.1f} | {us:.0f} | {mb / 1e3 / (us / 1e6):.1f} | "
+            f"{mb / 1e3 / (us / 1e6) / bw:.0%} | {torch_us:.0f} | {torch_us / us:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

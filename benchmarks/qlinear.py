@@ -25,8 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from radixlm.kernels.formats import format_of_ggml  # noqa: E402
-from radixlm.model.layers.quantized import QuantizedMatrix, QuantizedTensor  # noqa: E402
+from radixlm.kernels.formats import format_of_ggml  # noqa: E402 (after the sys.path insert above)
+from radixlm.model.layers.quantized import QuantizedMatrix, QuantizedTensor  # noqa: E402 (after the sys.path insert above)
 
 # One layer's matrices and the LM head: the names llama.cpp writes.
 KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
@@ -53,33 +53,51 @@ def median_us(fn, repeat: int) -> float:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("gguf")
     p.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64])
     p.add_argument("--repeat", type=int, default=20)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
-    p.add_argument("--cold", action="store_true", help="rotate over copies of each weight (memory, not cache)")
+    p.add_argument(
+        "--cold", action="store_true", help="rotate over copies of each weight (memory, not cache)"
+    )
     p.add_argument("--cold-mb", type=float, default=512.0)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    print(f"| tensor | type | out x in | MB | " + " | ".join(f"M={m} us (GB/s, GMAC/s)" for m in a.rows) + " |")
+    print(
+        "| tensor | type | out x in | MB | "
+        + " | ".join(f"M={m} us (GB/s, GMAC/s)" for m in a.rows)
+        + " |"
+    )
     print("|---" * (4 + len(a.rows)) + "|")
     for t in pick_tensors(a.gguf):
         fmt = format_of_ggml(t.tensor_type)
         rows, cols = int(t.shape[1]), int(t.shape[0])
-        data = torch.from_numpy(np.ascontiguousarray(t.data).view(np.uint8).reshape(rows, -1).copy())
+        data = torch.from_numpy(
+            np.ascontiguousarray(t.data).view(np.uint8).reshape(rows, -1).copy()
+        )
         mat = QuantizedMatrix([QuantizedTensor(data, fmt, cols)])
         mb = mat.nbytes / 1e6
-        copies = [mat] + [QuantizedMatrix([QuantizedTensor(data.clone(), fmt, cols)])
-                          for _ in range(int(a.cold_mb / mb) if a.cold else 0)]
+        copies = [mat] + [
+            QuantizedMatrix([QuantizedTensor(data.clone(), fmt, cols)])
+            for _ in range(int(a.cold_mb / mb) if a.cold else 0)
+        ]
         cells = []
         for m in a.rows:
             x = torch.randn(m, cols)
             turn = iter(range(1 << 62))
-            us = median_us(lambda: copies[next(turn) % len(copies)].matmul(x),
-                           a.repeat if m <= 64 else max(3, a.repeat // 4))
+            us = median_us(
+                lambda: copies[next(turn) % len(copies)].matmul(x),
+                a.repeat if m <= 64 else max(3, a.repeat // 4),
+            )
             cells.append(f"{us:.0f} ({mb * 1e6 / us / 1e3:.1f}, {m * rows * cols / us / 1e3:.0f})")
-        print(f"| {t.name} | {'+'.join(mat.formats)} | {rows} x {cols} | {mb:.1f} | " + " | ".join(cells) + " |")
+        print(
+            f"| {t.name} | {'+'.join(mat.formats)} | {rows} x {cols} | {mb:.1f} | "
+            + " | ".join(cells)
+            + " |"
+        )
 
 
 if __name__ == "__main__":

@@ -36,15 +36,19 @@ def main() -> None:
     p.add_argument("--groups", type=int, default=16)
     p.add_argument("--dp", type=int, nargs="+", default=[2, 4, 8])
     p.add_argument("--prompts-per-group", type=int, nargs="+", default=[8, 16])
-    p.add_argument("--capacity", type=int, default=None, help="prefixes a replica holds (default: groups / dp)")
+    p.add_argument(
+        "--capacity", type=int, default=None, help="prefixes a replica holds (default: groups / dp)"
+    )
     p.add_argument("--seeds", type=int, default=50)
     a = p.parse_args()
     print("dp  per_group  capacity  round_robin  cache_aware  ratio")
     for dp in a.dp:
         cap = a.capacity or max(1, a.groups // dp)
         for ppg in a.prompts_per_group:
-            rr, ca = (sum(hit_rate(a.groups, ppg, dp, cap, pol, s) for s in range(a.seeds)) / a.seeds
-                      for pol in ("round_robin", "cache_aware"))
+            rr, ca = (
+                sum(hit_rate(a.groups, ppg, dp, cap, pol, s) for s in range(a.seeds)) / a.seeds
+                for pol in ("round_robin", "cache_aware")
+            )
             print(f"{dp:<3} {ppg:<10} {cap:<9} {rr:<12.3f} {ca:<12.3f} {ca / rr:.2f}")
 
 

@@ -21,16 +21,19 @@ import sys
 import time
 
 import radixlm  # noqa: F401  (before torch: huge pages for torch's buffers)
-
 from radixlm.kernels.ops import ops
 from radixlm.model.loader import default_model_path
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository root
-from tests.scheduler.harness import Driver, make_scheduler  # noqa: E402
+sys.path.insert(
+    0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # the repository root
+from tests.scheduler.harness import Driver, make_scheduler
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model-path", default=None, help="default: the embedded SmolLM2 GGUF")
     p.add_argument("--prefix", type=int, default=300, help="cached tokens before the new rows")
     p.add_argument("--rows", default="1,2,3,4,5,6,8,9,12,16,17,24,32")
@@ -68,7 +71,11 @@ def main() -> None:
     base = statistics.median(times[1]) if 1 in times else None
     for r in rows:
         t = statistics.median(times[r])
-        extra = f"  +{1000 * (t - base) / (r - 1):.2f} ms per row beyond the first" if base and r > 1 else ""
+        extra = (
+            f"  +{1000 * (t - base) / (r - 1):.2f} ms per row beyond the first"
+            if base and r > 1
+            else ""
+        )
         print(f"rows {r:3d}: {1000 * t:7.2f} ms{extra}")
 
 

@@ -3,11 +3,15 @@ was flushed, so only the encoder cache saves work; the same image with its span 
 throughput of 8 concurrent requests sharing one image (the encoder runs once for all of them).
 
     python benchmarks/vision.py --size tiny                 # a 2-layer CLIP at 32 px: a check only
-    python benchmarks/vision.py --size llava-1.5            # LLaVA-1.5's CLIP ViT-L/14 at 336 px (576
-                                                            # image tokens), SmolLM2-135M's decoder shape
+    python benchmarks/vision.py --size llava-1.5            # LLaVA-1.5's CLIP ViT-L/14 at 336 px
+    (576
+                                                            # image tokens), SmolLM2-135M's decoder
+                                                            shape
     python benchmarks/vision.py --size qwen2-vl-tiny        # a 2-layer Qwen2-VL ViT: a check only
-    python benchmarks/vision.py --size qwen2-vl-2b          # Qwen2-VL-2B's ViT at 336x336 (144 image
-                                                            # tokens), SmolLM2-135M's decoder shape, M-RoPE
+    python benchmarks/vision.py --size qwen2-vl-2b          # Qwen2-VL-2B's ViT at 336x336 (144
+    image
+                                                            # tokens), SmolLM2-135M's decoder shape,
+                                                            M-RoPE
 
 Random weights (written with transformers, the tokenizer of the default model); the server is a
 real `radixlm serve`. Run it on an otherwise idle machine; the figures go to docs/benchmarks.md.
@@ -28,27 +32,53 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-import requests  # noqa: E402
+import requests  # noqa: E402 (after the sys.path insert above)
 
-from radixlm.server.process import ServerProcess  # noqa: E402
-from tests.vision.checkpoints import png_bytes, write_tiny_llava, write_tiny_qwen2vl  # noqa: E402
+from radixlm.server.process import ServerProcess  # noqa: E402 (after the sys.path insert above)
+from tests.vision.checkpoints import png_bytes, write_tiny_llava, write_tiny_qwen2vl  # noqa: E402 (after the sys.path insert above)
 
-SMOLLM2_DECODER = dict(hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-                       num_key_value_heads=3, max_position_embeddings=4096)
+SMOLLM2_DECODER = dict(
+    hidden_size=576,
+    intermediate_size=1536,
+    num_hidden_layers=30,
+    num_attention_heads=9,
+    num_key_value_heads=3,
+    max_position_embeddings=4096,
+)
 # Per size: the checkpoint writer, the side of the square test images (px), the writer's arguments.
 SIZES = {
     "tiny": dict(write=write_tiny_llava, px=52, image_size=32, patch=8),
-    "llava-1.5": dict(write=write_tiny_llava, px=356, image_size=336, patch=14,
-                      vision=dict(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24,
-                                  num_attention_heads=16, projection_dim=768),
-                      text=SMOLLM2_DECODER),
+    "llava-1.5": dict(
+        write=write_tiny_llava,
+        px=356,
+        image_size=336,
+        patch=14,
+        vision=dict(
+            hidden_size=1024,
+            intermediate_size=4096,
+            num_hidden_layers=24,
+            num_attention_heads=16,
+            projection_dim=768,
+        ),
+        text=SMOLLM2_DECODER,
+    ),
     "qwen2-vl-tiny": dict(write=write_tiny_qwen2vl, px=40),
-    # Qwen2-VL-2B's ViT (32 blocks of 1280, patch 14, 2x2 merge) at 336x336 (12x12 = 144 image tokens),
-    # SmolLM2-135M's decoder shape with M-RoPE (mrope_section scaled to its 64-dim heads).
-    "qwen2-vl-2b": dict(write=write_tiny_qwen2vl, px=336, max_pixels=336 * 336,
-                        vision=dict(depth=32, embed_dim=1280, num_heads=16, mlp_ratio=4, patch_size=14),
-                        text=dict(SMOLLM2_DECODER, rope_parameters={
-                            "rope_type": "default", "mrope_section": [8, 12, 12], "rope_theta": 10000.0})),
+    # Qwen2-VL-2B's ViT (32 blocks of 1280, patch 14, 2x2 merge) at 336x336 (12x12 = 144 image
+    # tokens), SmolLM2-135M's decoder shape with M-RoPE (mrope_section scaled to its 64-dim heads).
+    "qwen2-vl-2b": dict(
+        write=write_tiny_qwen2vl,
+        px=336,
+        max_pixels=336 * 336,
+        vision=dict(depth=32, embed_dim=1280, num_heads=16, mlp_ratio=4, patch_size=14),
+        text=dict(
+            SMOLLM2_DECODER,
+            rope_parameters={
+                "rope_type": "default",
+                "mrope_section": [8, 12, 12],
+                "rope_theta": 10000.0,
+            },
+        ),
+    ),
 }
 
 
@@ -59,10 +89,23 @@ def data_url(seed: int, px: int) -> str:
 
 
 def chat_ttft(url: str, image: str, max_tokens: int) -> tuple[float, dict]:
-    body = {"model": "m", "max_tokens": max_tokens, "temperature": 0, "stream": True, "ignore_eos": True,
-            "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": image}},
-                                                      {"type": "text", "text": "Describe the picture."}]}]}
+    body = {
+        "model": "m",
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+        "messages": [
+            {
+                "role": "user",
+                "content": [
+                    {"type": "image_url", "image_url": {"url": image}},
+                    {"type": "text", "text": "Describe the picture."},
+                ],
+            }
+        ],
+    }
     t0 = time.perf_counter()
     ttft, usage = None, {}
     with requests.post(url + "/v1/chat/completions", json=body, stream=True, timeout=600) as r:
@@ -83,7 +126,9 @@ def encoder(url: str) -> dict:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--size", choices=sorted(SIZES), default="tiny")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--concurrency", type=int, default=8)
@@ -113,18 +158,28 @@ def main() -> None:
             res["ttft_new_image_s"] = statistics.median(new)
             res["ttft_encoder_cache_hit_s"] = statistics.median(enc_hit)
             res["ttft_radix_hit_s"] = statistics.median(radix_hit)
-            res["radix_hit_cached_tokens"] = usage.get("prompt_tokens_details", {}).get("cached_tokens")
+            res["radix_hit_cached_tokens"] = usage.get("prompt_tokens_details", {}).get(
+                "cached_tokens"
+            )
             requests.post(url + "/flush_cache", timeout=60)
             shared, before = data_url(20_000, px), encoder(url)
             t0 = time.perf_counter()
             with ThreadPoolExecutor(args.concurrency) as pool:
-                outs = list(pool.map(lambda _: chat_ttft(url, shared, args.max_tokens), range(args.concurrency)))
+                outs = list(
+                    pool.map(
+                        lambda _: chat_ttft(url, shared, args.max_tokens), range(args.concurrency)
+                    )
+                )
             wall = time.perf_counter() - t0
             after = encoder(url)
             res["concurrent_requests"] = args.concurrency
-            res["concurrent_output_tok_per_s"] = sum(u.get("completion_tokens", 0) for _, u in outs) / wall
+            res["concurrent_output_tok_per_s"] = (
+                sum(u.get("completion_tokens", 0) for _, u in outs) / wall
+            )
             res["concurrent_median_ttft_s"] = statistics.median(t for t, _ in outs)
-            res["concurrent_images_encoded"] = after["mm_images_encoded"] - before["mm_images_encoded"]
+            res["concurrent_images_encoded"] = (
+                after["mm_images_encoded"] - before["mm_images_encoded"]
+            )
             print(json.dumps(res, indent=1))
         finally:
             server.stop()

@@ -9,7 +9,10 @@ import radixlm as sgl
 def backend_from_argv():
     if len(sys.argv) > 1 and sys.argv[1].startswith("http"):
         return sgl.RuntimeEndpoint(sys.argv[1])
-    print("starting a local radixlm server on the default model (pass a URL to use a running one)...", flush=True)
+    print(
+        "starting a local radixlm server on the default model (pass a URL to use a running one)...",
+        flush=True,
+    )
     return sgl.Runtime(kv_memory_gb=0.5)
 
 

@@ -1,12 +1,15 @@
 """Few-shot question answering: examples in the prompt, a `gen` that stops at the line's end.
 
-    python examples/few_shot_qa.py [http://127.0.0.1:30000]
+python examples/few_shot_qa.py [http://127.0.0.1:30000]
 """
 
-import radixlm as sgl
 from _backend import run_example
 
-EXAMPLES = "Q: What is the capital of France?\nA: Paris\n\nQ: How many legs does a dog have?\nA: Four\n\n"
+import radixlm as sgl
+
+EXAMPLES = (
+    "Q: What is the capital of France?\nA: Paris\n\nQ: How many legs does a dog have?\nA: Four\n\n"
+)
 
 
 @sgl.function
@@ -16,9 +19,15 @@ def few_shot_qa(s, question):
 
 
 def main(backend) -> list:
-    questions = ["What is the capital of Italy?", "How many legs does a bird have?", "What color is the sky?"]
+    questions = [
+        "What is the capital of Italy?",
+        "How many legs does a bird have?",
+        "What color is the sky?",
+    ]
     # run_batch sends the shared examples once, then runs the questions concurrently.
-    states = few_shot_qa.run_batch([{"question": q} for q in questions], backend=backend, temperature=0)
+    states = few_shot_qa.run_batch(
+        [{"question": q} for q in questions], backend=backend, temperature=0
+    )
     for q, s in zip(questions, states):
         print(f"Q: {q}\nA:{s['answer']}\n")
     return states

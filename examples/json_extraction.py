@@ -1,12 +1,13 @@
 """JSON extraction with `json_schema`: the output is valid JSON for the schema by construction.
 
-    python examples/json_extraction.py [http://127.0.0.1:30000]
+python examples/json_extraction.py [http://127.0.0.1:30000]
 """
 
 import json
 
-import radixlm as sgl
 from _backend import run_example
+
+import radixlm as sgl
 
 SCHEMA = {
     "type": "object",

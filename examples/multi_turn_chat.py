@@ -1,10 +1,11 @@
 """A multi-turn chat: roles render through the model's own chat template.
 
-    python examples/multi_turn_chat.py [http://127.0.0.1:30000]
+python examples/multi_turn_chat.py [http://127.0.0.1:30000]
 """
 
-import radixlm as sgl
 from _backend import run_example
+
+import radixlm as sgl
 
 
 @sgl.function
@@ -16,7 +17,9 @@ def chat(s, questions):
 
 
 def main(backend):
-    s = chat.run(["What is the largest planet?", "And the smallest one?"], backend=backend, temperature=0)
+    s = chat.run(
+        ["What is the largest planet?", "And the smallest one?"], backend=backend, temperature=0
+    )
     for m in s.messages():
         print(f"{m['role']:>9}: {m['content']}")
     return s

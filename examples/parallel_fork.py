@@ -4,8 +4,9 @@ then every branch runs concurrently and hits the cache for it.
     python examples/parallel_fork.py [http://127.0.0.1:30000]
 """
 
-import radixlm as sgl
 from _backend import run_example
+
+import radixlm as sgl
 
 ASPECTS = ["sleep", "food", "exercise", "friends"]
 
@@ -23,7 +24,10 @@ def tips(s, topic):
 def main(backend):
     s = tips.run("well-being", backend=backend, temperature=0)
     for aspect, tip, meta in zip(ASPECTS, s["tip"], s.get_meta_info("tip")):
-        print(f"{aspect:>9}:{tip}   (cached {meta['cached_tokens']} of {meta['prompt_tokens']} prompt tokens)")
+        print(
+            f"{aspect:>9}:{tip}   (cached {meta['cached_tokens']} of {meta['prompt_tokens']} prompt"
+            " tokens)"
+        )
     return s
 
 

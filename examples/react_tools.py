@@ -9,20 +9,27 @@ picks `finish` (SmolLM2-135M rarely does: it is small).
 import ast
 import operator
 
-import radixlm as sgl
 from _backend import run_example
+
+import radixlm as sgl
 
 FACTS = {
     "Eiffel Tower": "The Eiffel Tower is 330 metres tall.",
     "Mount Everest": "Mount Everest is 8849 metres high.",
     "Nile": "The Nile is 6650 km long.",
 }
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.USub: operator.neg}
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.USub: operator.neg,
+}
 
 
 def calculate(expression: str) -> str:
     """Arithmetic only (no eval of arbitrary code)."""
+
     def ev(node):
         if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
             return node.value
@@ -69,14 +76,18 @@ def react(s, question, max_steps=4):
         s += "Thought:" + sgl.gen(f"thought_{step}", max_tokens=32, stop="\n") + "\n"
         # "finish" is likely after any "Action:"; normalizing by each choice's likelihood without
         # the context picks the tool the context argues for.
-        s += "Action:" + sgl.select(f"action_{step}", choices=ACTIONS, choices_method="unconditional_likelihood_normalized")
+        s += "Action:" + sgl.select(
+            f"action_{step}", choices=ACTIONS, choices_method="unconditional_likelihood_normalized"
+        )
         action = s[f"action_{step}"].strip()
         # Tool inputs are constrained: a known topic (select; the space before it is healed into
         # the choice's first token), an arithmetic expression (regex), free text for the answer.
         if action == "lookup":
             s += "\nInput: " + sgl.select(f"input_{step}", choices=list(FACTS))
         elif action == "calculate":
-            s += "\nInput: " + sgl.gen(f"input_{step}", max_tokens=16, regex=r"[0-9][0-9 +*/.-]*[0-9]")
+            s += "\nInput: " + sgl.gen(
+                f"input_{step}", max_tokens=16, regex=r"[0-9][0-9 +*/.-]*[0-9]"
+            )
         else:
             s += "\nInput:" + sgl.gen(f"input_{step}", max_tokens=24, stop=".\n")
         s += ".\n"
@@ -91,7 +102,7 @@ def react(s, question, max_steps=4):
 
 def main(backend):
     s = react.run("How long is the Nile in metres?", backend=backend, temperature=0)
-    print(s.text()[len(INSTRUCTIONS):])
+    print(s.text()[len(INSTRUCTIONS) :])
     print("answer:", s.ret_value)
     return s
 

@@ -1,10 +1,11 @@
 """Streaming: `run(stream=True)` returns at once; `text_iter` yields the text as it is produced.
 
-    python examples/streaming.py [http://127.0.0.1:30000]
+python examples/streaming.py [http://127.0.0.1:30000]
 """
 
-import radixlm as sgl
 from _backend import run_example
+
+import radixlm as sgl
 
 
 @sgl.function

@@ -2,12 +2,13 @@
 
 import os
 
-from radixlm.version import __version__  # noqa: F401
+from radixlm.version import __version__  # noqa: F401 (re-exported)
 
 # Transparent huge pages for torch's large CPU buffers (weights, the KV pool): a decode step walks
 # ~100 MB of weights and, with long shared prefixes, GBs of K/V, and with 4 KiB pages the TLB misses
 # cost 15-20% of a 32-request step (docs/benchmarks.md). torch reads this once, at its first CPU
-# allocation, so it is set here, before torch is imported; child processes inherit it. =0 turns it off.
+# allocation, so it is set here, before torch is imported; child processes inherit it. =0 turns it
+# off.
 os.environ.setdefault("THP_MEM_ALLOC_ENABLE", "1")
 
 

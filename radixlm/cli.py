@@ -75,7 +75,8 @@ def cmd_serve(args) -> int:
     from radixlm.server.launch import launch_server
 
     server_args = ServerArgs.from_cli_args(args)
-    # Keys given by the environment (how `serve --dp` and Runtime hand them to a server): out of `ps`.
+    # Keys given by the environment (how `serve --dp` and Runtime hand them to a server): out of
+    # `ps`.
     server_args.api_key = key_from_env(server_args.api_key, API_KEY_ENV)
     server_args.admin_api_key = key_from_env(server_args.admin_api_key, ADMIN_API_KEY_ENV)
     server_args = _local_model_paths(server_args)
@@ -83,7 +84,9 @@ def cmd_serve(args) -> int:
         from radixlm.engine.node import run_node
 
         run_node(server_args)
-    elif server_args.dp_size > 1 and not server_args.enable_dp_attention:  # DP attention: one server
+    elif (
+        server_args.dp_size > 1 and not server_args.enable_dp_attention
+    ):  # DP attention: one server
         from radixlm.server.dp import launch_dp
 
         launch_dp(server_args)
@@ -93,7 +96,8 @@ def cmd_serve(args) -> int:
 
 
 def _local_model_paths(server_args):
-    """Hub model ids resolved to local paths once, before any process starts (a bad option fails first)."""
+    """Hub model ids resolved to local paths once, before any process starts (a bad option fails
+    first)."""
     from radixlm.engine.launcher import check_server_args
     from radixlm.model.hub import resolve_model_paths
 
@@ -114,8 +118,8 @@ def option_choices() -> dict[str, tuple[str, ...]]:
     from radixlm.constrained import GRAMMAR_BACKENDS
     from radixlm.disaggregation.config import DISAGGREGATION_MODES, TRANSFER_BACKENDS
     from radixlm.engine.request_log import LOG_REQUESTS_FORMATS, LOG_REQUESTS_LEVELS
-    from radixlm.lora.config import EVICTION_POLICIES, LORA_BACKENDS
     from radixlm.function_call import TOOL_CALL_PARSERS
+    from radixlm.lora.config import EVICTION_POLICIES, LORA_BACKENDS
     from radixlm.model.layers.attention import ATTENTION_BACKENDS
     from radixlm.model.loader import QUANTIZATIONS
     from radixlm.model.runner_config import DTYPES, KV_CACHE_DTYPES
@@ -126,17 +130,28 @@ def option_choices() -> dict[str, tuple[str, ...]]:
     from radixlm.speculative.config import DRAFT_POLICIES, SPECULATIVE_ALGORITHMS
 
     return {
-        "dtype": DTYPES, "quantization": QUANTIZATIONS, "kv_cache_dtype": KV_CACHE_DTYPES,
-        "attention_backend": ATTENTION_BACKENDS, "prefill_attention_backend": ATTENTION_BACKENDS,
-        "decode_attention_backend": ATTENTION_BACKENDS, "schedule_policy": POLICIES, "grammar_backend": GRAMMAR_BACKENDS,
-        "speculative_algorithm": SPECULATIVE_ALGORITHMS, "speculative_draft_policy": DRAFT_POLICIES,
-        "hicache_write_policy": WRITE_POLICIES, "hicache_dtype": HICACHE_DTYPES,
+        "dtype": DTYPES,
+        "quantization": QUANTIZATIONS,
+        "kv_cache_dtype": KV_CACHE_DTYPES,
+        "attention_backend": ATTENTION_BACKENDS,
+        "prefill_attention_backend": ATTENTION_BACKENDS,
+        "decode_attention_backend": ATTENTION_BACKENDS,
+        "schedule_policy": POLICIES,
+        "grammar_backend": GRAMMAR_BACKENDS,
+        "speculative_algorithm": SPECULATIVE_ALGORITHMS,
+        "speculative_draft_policy": DRAFT_POLICIES,
+        "hicache_write_policy": WRITE_POLICIES,
+        "hicache_dtype": HICACHE_DTYPES,
         "hicache_storage_backend": STORAGE_BACKENDS,
-        "log_requests_level": LOG_REQUESTS_LEVELS, "log_requests_format": LOG_REQUESTS_FORMATS,
-        "sampling_defaults": SAMPLING_DEFAULTS_MODES, "reasoning_parser": REASONING_PARSERS,
-        "lora_eviction_policy": EVICTION_POLICIES, "lora_backend": LORA_BACKENDS,
+        "log_requests_level": LOG_REQUESTS_LEVELS,
+        "log_requests_format": LOG_REQUESTS_FORMATS,
+        "sampling_defaults": SAMPLING_DEFAULTS_MODES,
+        "reasoning_parser": REASONING_PARSERS,
+        "lora_eviction_policy": EVICTION_POLICIES,
+        "lora_backend": LORA_BACKENDS,
         "tool_call_parser": TOOL_CALL_PARSERS,
-        "disaggregation_mode": DISAGGREGATION_MODES, "disaggregation_transfer_backend": TRANSFER_BACKENDS,
+        "disaggregation_mode": DISAGGREGATION_MODES,
+        "disaggregation_transfer_backend": TRANSFER_BACKENDS,
         "load_balance_method": LOAD_BALANCE_METHODS,
     }
 
@@ -150,17 +165,25 @@ def main(argv=None) -> int:
     gen = sub.add_parser("generate", help="generate text for one prompt with the in-process engine")
     gen.add_argument("--prompt", required=True)
     gen.add_argument("--model", dest="model_path_alias", default=None, help="alias of --model-path")
-    gen.add_argument("--chat", action="store_true", help="wrap the prompt in the model's chat template")
+    gen.add_argument(
+        "--chat", action="store_true", help="wrap the prompt in the model's chat template"
+    )
     gen.add_argument("--stream", action="store_true")
     gen.add_argument("--json", action="store_true", help="also print meta_info as JSON")
     _add_sampling_args(gen)
     ServerArgs.add_cli_args(gen, choices)
     gen.set_defaults(func=cmd_generate)
-    serve = sub.add_parser("serve", help="serve the native (SGLang-compatible) and OpenAI-compatible HTTP APIs")
-    serve.add_argument("--model", dest="model_path_alias", default=None, help="alias of --model-path")
+    serve = sub.add_parser(
+        "serve", help="serve the native (SGLang-compatible) and OpenAI-compatible HTTP APIs"
+    )
+    serve.add_argument(
+        "--model", dest="model_path_alias", default=None, help="alias of --model-path"
+    )
     ServerArgs.add_cli_args(serve, choices)
     serve.set_defaults(func=cmd_serve)
-    router = sub.add_parser("router", help="one endpoint in front of several radixlm servers (cache-aware routing)")
+    router = sub.add_parser(
+        "router", help="one endpoint in front of several radixlm servers (cache-aware routing)"
+    )
     from radixlm.router.launch import add_router_args
 
     add_router_args(router)
@@ -173,30 +196,42 @@ def main(argv=None) -> int:
     offline_bench.add_args(offline)
     ServerArgs.add_cli_args(offline, choices)
     offline.set_defaults(func=lambda a: offline_bench.main(a, ServerArgs.from_cli_args(a)))
-    serving = bench_sub.add_parser("serving", help="load a running server (radixlm or OpenAI-compatible) over HTTP")
+    serving = bench_sub.add_parser(
+        "serving", help="load a running server (radixlm or OpenAI-compatible) over HTTP"
+    )
     from radixlm.bench import serving as serving_bench
 
     serving_bench.add_args(serving)
     serving.set_defaults(func=serving_bench.main)
-    quality = bench_sub.add_parser("quality", help="quantized weights / KV cache vs float32: perplexity, greedy agreement")
+    quality = bench_sub.add_parser(
+        "quality", help="quantized weights / KV cache vs float32: perplexity, greedy agreement"
+    )
     from radixlm.bench import quality as quality_bench
 
     quality_bench.add_args(quality)
     ServerArgs.add_cli_args(quality, choices)
     quality.set_defaults(func=lambda a: quality_bench.main(a, ServerArgs.from_cli_args(a)))
-    one_batch = bench_sub.add_parser("one-batch", help="one static batch on the ModelRunner: prefill and decode steps")
+    one_batch = bench_sub.add_parser(
+        "one-batch", help="one static batch on the ModelRunner: prefill and decode steps"
+    )
     from radixlm.bench import one_batch as one_batch_bench
 
     one_batch_bench.add_args(one_batch)
     ServerArgs.add_cli_args(one_batch, choices)
     one_batch.set_defaults(func=lambda a: one_batch_bench.main(a, ServerArgs.from_cli_args(a)))
-    train_eagle = sub.add_parser("train-eagle", help="train an EAGLE draft head for a model from its own answers "
-                                 "(self-distillation, on this machine)")
+    train_eagle = sub.add_parser(
+        "train-eagle",
+        help=(
+            "train an EAGLE draft head for a model from its own answers "
+            "(self-distillation, on this machine)"
+        ),
+    )
     from radixlm.speculative import eagle_train
 
     eagle_train.add_args(train_eagle)
     train_eagle.set_defaults(func=eagle_train.main)
-    # SGLang's flags, value spellings and --config FILE.yaml (radixlm/sglang_flags.py, config_file.py).
+    # SGLang's flags, value spellings and --config FILE.yaml (radixlm/sglang_flags.py,
+    # config_file.py).
     from radixlm.config_file import expand_config_file
     from radixlm.sglang_compat import check_sglang_flags, install_sglang_flags
 
@@ -211,7 +246,9 @@ def main(argv=None) -> int:
     if getattr(args, "model_path_alias", None):
         args.model_path = args.model_path_alias
     if args.command in ("generate", "bench") and getattr(args, "log_level", None) == "info":
-        args.log_level = "warning"  # keep the answer readable; --log-level info shows the engine log
+        args.log_level = (  # keep the answer readable; --log-level info shows the engine log
+            "warning"
+        )
     try:
         return args.func(args)
     except (ValueError, FileNotFoundError) as e:

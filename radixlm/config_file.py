@@ -14,7 +14,9 @@ from pathlib import Path
 _SWITCHES = (argparse._StoreTrueAction, argparse._StoreConstAction)
 
 
-def command_parser(parser: argparse.ArgumentParser, argv: list[str]) -> tuple[argparse.ArgumentParser, int]:
+def command_parser(
+    parser: argparse.ArgumentParser, argv: list[str]
+) -> tuple[argparse.ArgumentParser, int]:
     """The (sub)parser argv's leading subcommand names select, and how many names there are."""
     depth = 0
     while depth < len(argv):

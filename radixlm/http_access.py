@@ -17,8 +17,8 @@ import ipaddress
 import json
 import os
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable, Optional
 
 from starlette.datastructures import Headers
 
@@ -39,29 +39,36 @@ class Role(enum.IntEnum):
 
 @dataclass(frozen=True)
 class AccessConfig:
-    api_key: Optional[str] = None
-    admin_api_key: Optional[str] = None
-    bind_host: Optional[str] = None  # the address the process listens on; None: unknown (no Host check)
-    allowed_origins: tuple[str, ...] = ()  # browser origins allowed besides the server's own; "*": any
+    api_key: str | None = None
+    admin_api_key: str | None = None
+    bind_host: str | None = (
+        None  # the address the process listens on; None: unknown (no Host check)
+    )
+    allowed_origins: tuple[
+        str, ...
+    ] = ()  # browser origins allowed besides the server's own; "*": any
 
     @property
     def loopback(self) -> bool:
         return self.bind_host is not None and is_loopback_name(self.bind_host)
 
 
-def key_from_env(value: Optional[str], env: str) -> Optional[str]:
+def key_from_env(value: str | None, env: str) -> str | None:
     """A flag's key, else the environment's (empty is none)."""
     return value or os.environ.get(env) or None
 
 
-def parse_origins(value: Optional[str]) -> tuple[str, ...]:
+def parse_origins(value: str | None) -> tuple[str, ...]:
     """--allowed-origins: comma-separated origins, or vLLM's JSON list ('["*"]')."""
     if not value or not value.strip():
         return ()
     text = value.strip()
     items = json.loads(text) if text.startswith("[") else text.split(",")
     if not isinstance(items, list) or not all(isinstance(o, str) for o in items):
-        raise ValueError(f"allowed_origins must be origins separated by commas or a JSON list of strings, got {value!r}")
+        raise ValueError(
+            "allowed_origins must be origins separated by commas or a JSON list of strings, got"
+            f" {value!r}"
+        )
     return tuple(_norm_origin(o) for o in items if o.strip())
 
 
@@ -94,36 +101,58 @@ def install_access(app, cfg: AccessConfig) -> None:
     if cfg.allowed_origins:
         from starlette.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=list(cfg.allowed_origins), allow_methods=["*"],
-                           allow_headers=["*"])
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(cfg.allowed_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
 
 
-def browser_refusal(cfg: AccessConfig, scope, headers: Headers) -> Optional[tuple[str, str]]:
+def browser_refusal(cfg: AccessConfig, scope, headers: Headers) -> tuple[str, str] | None:
     """(the header, why) a (browser's) request is refused, or None."""
     host = headers.get("host")
     if cfg.loopback and host is not None and not is_loopback_name(_host_name(host)):
-        return "host", (f"Host {host[:100]!r} refused: a server bound to loopback answers only localhost, 127.0.0.1 "
-                "and [::1] (a foreign name is how DNS rebinding reaches it)")
+        return (
+            "host",
+            (
+                f"Host {host[:100]!r} refused: a server bound to loopback answers only localhost,"
+                " 127.0.0.1 and [::1] (a foreign name is how DNS rebinding reaches it)"
+            ),
+        )
     if "*" in cfg.allowed_origins:
         return None
     origin = headers.get("origin")
     if origin is not None:
         norm = _norm_origin(origin)
-        if norm in cfg.allowed_origins or (host is not None and norm == f"{scope.get('scheme', 'http')}://{host.lower()}"):
+        if norm in cfg.allowed_origins or (
+            host is not None and norm == f"{scope.get('scheme', 'http')}://{host.lower()}"
+        ):
             return None
-        return "origin", f"cross-origin request from {origin[:100]!r} refused (allow it with --allowed-origins)"
+        return (
+            "origin",
+            f"cross-origin request from {origin[:100]!r} refused (allow it with --allowed-origins)",
+        )
     # A browser's request without Origin from another site: <img>, <script> (a navigation, the user
     # following a link, is let through: it cannot read the answer and no GET changes anything).
-    if headers.get("sec-fetch-site") in ("cross-site", "same-site") and headers.get("sec-fetch-mode") != "navigate":
-        return "origin", "cross-site browser request refused (allow its origin with --allowed-origins)"
+    if (
+        headers.get("sec-fetch-site") in ("cross-site", "same-site")
+        and headers.get("sec-fetch-mode") != "navigate"
+    ):
+        return (
+            "origin",
+            "cross-site browser request refused (allow its origin with --allowed-origins)",
+        )
     return None
 
 
-def caller_role(cfg: AccessConfig, authorization: str) -> Optional[Role]:
+def caller_role(cfg: AccessConfig, authorization: str) -> Role | None:
     """The caller's role, or None for a wrong or missing key where one is needed. Each configured
     key is compared in constant time, whatever the header holds."""
     got = authorization.encode()
-    admin = bool(cfg.admin_api_key) and secrets.compare_digest(got, f"Bearer {cfg.admin_api_key}".encode())
+    admin = bool(cfg.admin_api_key) and secrets.compare_digest(
+        got, f"Bearer {cfg.admin_api_key}".encode()
+    )
     user = bool(cfg.api_key) and secrets.compare_digest(got, f"Bearer {cfg.api_key}".encode())
     if admin:
         return Role.ADMIN
@@ -137,12 +166,16 @@ def caller_role(cfg: AccessConfig, authorization: str) -> Optional[Role]:
 def admin_refusal(cfg: AccessConfig) -> str:
     if cfg.admin_api_key:
         return "this action needs the admin API key (Authorization: Bearer <admin key>)"
-    return ("admin actions are disabled: start with --admin-api-key (or, with no key at all, bind to loopback) "
-            "to allow them")
+    return (
+        "admin actions are disabled: start with --admin-api-key (or, with no key at all, bind to"
+        " loopback) to allow them"
+    )
 
 
 def access_of(app) -> AccessConfig:
-    return getattr(app.state, "access", None) or AccessConfig(api_key=getattr(app.state, "api_key", None))
+    return getattr(app.state, "access", None) or AccessConfig(
+        api_key=getattr(app.state, "api_key", None)
+    )
 
 
 def role_of(request) -> Role:
@@ -152,14 +185,21 @@ def role_of(request) -> Role:
 class Refusal(Exception):
     """A request refused by a rule here; each app answers it in its error shape."""
 
-    def __init__(self, status: int, message: str, param: Optional[str] = None, kind: str = "invalid_request_error"):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        kind: str = "invalid_request_error",
+    ):
         super().__init__(message)
         self.status, self.message, self.param, self.kind = status, message, param, kind
 
 
 def abort_target(body, request) -> str:
     """The rid an /abort_request body names. "" (every request) only for the admin, who asks with
-    SGLang's abort_all or an empty rid; from anyone else an empty rid is a 400 and abort_all a 403."""
+    SGLang's abort_all or an empty rid; from anyone else an empty rid is a 400 and abort_all a 403.
+    """
     if not isinstance(body, dict):
         raise Refusal(400, "the request body must be a JSON object with a field rid", "rid")
     rid, abort_all = body.get("rid"), body.get("abort_all", False)
@@ -169,14 +209,21 @@ def abort_target(body, request) -> str:
         if role_of(request) >= Role.ADMIN:
             return ""
         if abort_all:
-            raise Refusal(403, f"abort_all: {admin_refusal(access_of(request.app))}", "abort_all", "permission_error")
-        raise Refusal(400, "rid must name a request: an empty rid (every request) is an admin action", "rid")
+            raise Refusal(
+                403,
+                f"abort_all: {admin_refusal(access_of(request.app))}",
+                "abort_all",
+                "permission_error",
+            )
+        raise Refusal(
+            400, "rid must name a request: an empty rid (every request) is an admin action", "rid"
+        )
     if not isinstance(rid, str):
         raise Refusal(400, "abort_request needs a string field rid", "rid")
     return rid
 
 
-def json_content_type_error(content_type: Optional[str]) -> Optional[str]:
+def json_content_type_error(content_type: str | None) -> str | None:
     """Why a JSON body's Content-Type is refused, or None. Only JSON types: the form and text
     types (and none) are what a web page may send to another origin without asking first."""
     ctype = (content_type or "").split(";")[0].strip().lower()
@@ -217,14 +264,22 @@ class AccessMiddleware:
         response = None
         refused = browser_refusal(cfg, scope, headers)
         if refused:
-            response = error_json_for(scope["path"], 403, refused[1], "permission_error", refused[0])
+            response = error_json_for(
+                scope["path"], 403, refused[1], "permission_error", refused[0]
+            )
         elif scope["path"] not in self.open_paths:
             role = caller_role(cfg, presented_key(headers))
             if role is None:
-                response = error_json_for(scope["path"], 401, "invalid or missing API key (Authorization: Bearer "
-                                          "<key>, or x-api-key: <key>)", "authentication_error")
+                response = error_json_for(
+                    scope["path"],
+                    401,
+                    "invalid or missing API key (Authorization: Bearer <key>, or x-api-key: <key>)",
+                    "authentication_error",
+                )
             elif scope["path"] in self.admin_paths and role < Role.ADMIN:
-                response = error_json_for(scope["path"], 403, admin_refusal(cfg), "permission_error")
+                response = error_json_for(
+                    scope["path"], 403, admin_refusal(cfg), "permission_error"
+                )
             else:
                 scope[ROLE_SCOPE_KEY] = role
         if response is not None:

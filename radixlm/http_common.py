@@ -1,4 +1,5 @@
-"""HTTP pieces the server and the router share, free of the engine (the router imports nothing of it)."""
+"""HTTP pieces the server and the router share, free of the engine (the router imports nothing of
+it)."""
 
 from __future__ import annotations
 
@@ -6,10 +7,15 @@ from fastapi import Request
 from fastapi.responses import JSONResponse
 
 
-def error_json(status: int, message: str, kind: str = "invalid_request_error", param=None) -> JSONResponse:
+def error_json(
+    status: int, message: str, kind: str = "invalid_request_error", param=None
+) -> JSONResponse:
     # One shape for both APIs: OpenAI's {"error": {...}}, which SGLang clients also read.
     return JSONResponse(
-        {"error": {"message": message, "type": kind, "param": param, "code": status}, "object": "error"},
+        {
+            "error": {"message": message, "type": kind, "param": param, "code": status},
+            "object": "error",
+        },
         status_code=status,
     )
 
@@ -19,9 +25,11 @@ def anthropic_error(kind: str, message: str) -> dict:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-def error_json_for(path: str, status: int, message: str, kind: str = "invalid_request_error",
-                   param=None) -> JSONResponse:
-    """An error in the shape of the API the path belongs to: Anthropic's for /v1/messages, else error_json's."""
+def error_json_for(
+    path: str, status: int, message: str, kind: str = "invalid_request_error", param=None
+) -> JSONResponse:
+    """An error in the shape of the API the path belongs to: Anthropic's for /v1/messages, else
+    error_json's."""
     if path == "/v1/messages" or path.startswith("/v1/messages/"):
         return JSONResponse(anthropic_error(kind, message), status_code=status)
     return error_json(status, message, kind, param)

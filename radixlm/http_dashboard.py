@@ -30,8 +30,10 @@ PAGES = ("server.html", "router.html")
 OPEN_PATHS = ("/dashboard", *(f"/dashboard/static/{name}" for name in ASSETS))
 # Only the pages' own scripts run; they talk to this origin only.
 _HEADERS = {
-    "Content-Security-Policy": "default-src 'self'; script-src 'self'; connect-src 'self'; img-src 'self' data:; "
-    "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'",
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; connect-src 'self'; img-src 'self' data:; "
+        "style-src 'self' 'unsafe-inline'; frame-ancestors 'none'"
+    ),
     "X-Content-Type-Options": "nosniff",
     "Cache-Control": "no-cache",
 }
@@ -50,7 +52,9 @@ def dashboard_pages(page: str) -> APIRouter:
     @router.get("/dashboard/static/{name}", include_in_schema=False)
     async def static(name: str):
         if name not in ASSETS:
-            return Response(f"no dashboard file {name[:100]!r}\n", status_code=404, media_type="text/plain")
+            return Response(
+                f"no dashboard file {name[:100]!r}\n", status_code=404, media_type="text/plain"
+            )
         return FileResponse(STATIC_DIR / name, media_type=ASSETS[name], headers=_HEADERS)
 
     return router

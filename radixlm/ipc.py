@@ -10,10 +10,10 @@ See docs/architecture.md, "Processes" (the channels and their sockets).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional, Union
+from typing import Any
 
-from radixlm.sampling_params import SamplingParams
 from radixlm.mm_inputs import MultimodalInputs
+from radixlm.sampling_params import SamplingParams
 
 
 # --- why a request finished: typed here, turned into SGLang's JSON only at the HTTP edge --------
@@ -34,7 +34,7 @@ class FinishLength(FinishReason):
 
 @dataclass(frozen=True)
 class FinishStop(FinishReason):
-    matched: Union[int, str, None] = None  # the stop token id, stop string or stop regex
+    matched: int | str | None = None  # the stop token id, stop string or stop regex
     matched_regex: bool = False
 
     def to_json(self) -> dict:
@@ -49,7 +49,7 @@ class FinishAbort(FinishReason):
     message: str = "aborted"
     # The HTTP status the failure maps to: 400 for a request the scheduler refused, 500 for an
     # internal error; None: aborted by the client or the operator. Never shown to clients.
-    status_code: Optional[int] = None
+    status_code: int | None = None
 
     def to_json(self) -> dict:
         return {"type": "abort", "message": self.message}
@@ -61,20 +61,25 @@ class TokenizedGenerateReqInput:
     trusts it). Immutable: n > 1 and batches are copies made with dataclasses.replace."""
 
     rid: str
-    input_text: Optional[str]
+    input_text: str | None
     input_ids: list[int]
     sampling_params: SamplingParams
     return_logprob: bool = False
     logprob_start_len: int = -1  # -1: no prompt logprobs
     top_logprobs_num: int = 0
     stream: bool = False
-    priority: Optional[int] = None  # larger runs first (with --enable-priority-scheduling)
+    priority: int | None = None  # larger runs first (with --enable-priority-scheduling)
     # The prefix cache's namespace of this request's KV (from its cache_salt); None: the common one.
-    cache_namespace: Optional[str] = None
-    lora_id: Optional[str] = None  # the LoRA adapter's uid (its cache_namespace keeps its KV apart); None: base
-    mm_inputs: Optional[MultimodalInputs] = None  # images: their spans (pad values in input_ids) and pixels
-    # PD disaggregation (docs/disaggregation.md): the prefill server and transfer room the router chose.
-    bootstrap: Optional["BootstrapInfo"] = None
+    cache_namespace: str | None = None
+    lora_id: str | None = (
+        None  # the LoRA adapter's uid (its cache_namespace keeps its KV apart); None: base
+    )
+    mm_inputs: MultimodalInputs | None = (
+        None  # images: their spans (pad values in input_ids) and pixels
+    )
+    # PD disaggregation (docs/disaggregation.md): the prefill server and transfer room the router
+    # chose.
+    bootstrap: BootstrapInfo | None = None
 
     def __post_init__(self):
         # What the scheduler relies on without looking (the context length is the tokenizer
@@ -82,14 +87,17 @@ class TokenizedGenerateReqInput:
         if not self.input_ids:
             raise ValueError("the prompt is empty (text / input_ids)")
         if self.return_logprob and self.logprob_start_len >= len(self.input_ids):
-            raise ValueError(f"logprob_start_len {self.logprob_start_len} must be below the prompt length "
-                             f"{len(self.input_ids)}")
+            raise ValueError(
+                f"logprob_start_len {self.logprob_start_len} must be below the prompt length "
+                f"{len(self.input_ids)}"
+            )
 
 
 @dataclass(frozen=True)
 class BootstrapInfo:
     """SGLang's bootstrap_host / bootstrap_port / bootstrap_room of one request: where the prefill
-    server's bootstrap service answers, and the id both servers name this request's KV transfer by."""
+    server's bootstrap service answers, and the id both servers name this request's KV transfer by.
+    """
 
     host: str
     port: int
@@ -129,23 +137,32 @@ class DashboardSnapshotReq:
     dashboard but answer this, so with nobody watching it pays nothing."""
 
     max_nodes: int = 64
-    with_token_ids: bool = False  # --dashboard-show-text: each node's token ids (prompts are user data)
+    with_token_ids: bool = (
+        False  # --dashboard-show-text: each node's token ids (prompts are user data)
+    )
 
 
 @dataclass
 class DashboardSnapshotReqOutput:
     state: dict[str, Any]
-    tree: list[dict[str, Any]]  # nodes, parents first: id, parent, tokens, subtree_tokens, lock_ref, age, ...
+    tree: list[
+        dict[str, Any]
+    ]  # nodes, parents first: id, parent, tokens, subtree_tokens, lock_ref, age, ...
 
 
 @dataclass(frozen=True)
 class ProfileReq:
-    """/start_profile (start=True) or /stop_profile: SGLang's fields (engine/profiling.py checks them)."""
+    """/start_profile (start=True) or /stop_profile: SGLang's fields (engine/profiling.py checks
+    them)."""
 
     start: bool
-    output_dir: Optional[str] = None  # None: $RADIXLM_TORCH_PROFILER_DIR, $SGLANG_TORCH_PROFILER_DIR, /tmp
-    start_step: Optional[int] = None  # the forward step to start at (None: now)
-    num_steps: Optional[int] = None  # stop by itself after this many forward steps (None: at /stop_profile)
+    output_dir: str | None = (
+        None  # None: $RADIXLM_TORCH_PROFILER_DIR, $SGLANG_TORCH_PROFILER_DIR, /tmp
+    )
+    start_step: int | None = None  # the forward step to start at (None: now)
+    num_steps: int | None = (
+        None  # stop by itself after this many forward steps (None: at /stop_profile)
+    )
     activities: tuple[str, ...] = ("CPU",)
     with_stack: bool = True
     record_shapes: bool = True
@@ -168,10 +185,14 @@ MEMORY_TAGS = ("weights", "kv_cache", "cuda_graph")
 @dataclass
 class UpdateWeightFromDiskReqInput:
     model_path: str  # a checkpoint of the served architecture and shape
-    load_format: Optional[str] = None  # None / "auto": by the path; "safetensors" or "gguf" must match it
-    abort_all_requests: bool = False  # abort what is in flight instead of letting it finish on the old weights
+    load_format: str | None = (
+        None  # None / "auto": by the path; "safetensors" or "gguf" must match it
+    )
+    abort_all_requests: bool = (
+        False  # abort what is in flight instead of letting it finish on the old weights
+    )
     flush_cache: bool = True  # drop the prefix cache (its KV came from the old weights)
-    weight_version: Optional[str] = None
+    weight_version: str | None = None
     keep_pause: bool = False  # stay paused after the update (continue_generation resumes)
 
 
@@ -190,7 +211,7 @@ class GetWeightsByNameReqInput:
 
 @dataclass
 class GetWeightsByNameReqOutput:
-    parameter: Optional[list]  # None: refused (message says why)
+    parameter: list | None  # None: refused (message says why)
     message: str = ""
 
 
@@ -206,23 +227,25 @@ class ContinueGenerationReqInput:
 
 @dataclass
 class ReleaseMemoryOccupationReqInput:
-    tags: Optional[list[str]] = None  # "weights", "kv_cache" ("cuda_graph": nothing on CPU); None: all
+    tags: list[str] | None = None  # "weights", "kv_cache" ("cuda_graph": nothing on CPU); None: all
 
 
 @dataclass
 class ResumeMemoryOccupationReqInput:
-    tags: Optional[list[str]] = None
+    tags: list[str] | None = None
 
 
 @dataclass
 class WeightControlReqOutput:
-    """The answer to pause / continue / release / resume (success False: refused, message says why)."""
+    """The answer to pause / continue / release / resume (success False: refused, message says
+    why)."""
 
     success: bool
     message: str = ""
 
 
-# --- LoRA adapters (SGLang's /load_lora_adapter, /unload_lora_adapter; radixlm/lora/) --------------
+# --- LoRA adapters (SGLang's /load_lora_adapter, /unload_lora_adapter; radixlm/lora/)
+# --------------
 @dataclass
 class LoadLoRAAdapterReqInput:
     lora_name: str
@@ -239,7 +262,7 @@ class UnloadLoRAAdapterReqInput:
 class LoRAUpdateReqOutput:
     success: bool
     message: str = ""
-    adapter: Optional[dict] = None  # load: {lora_name, lora_path, pinned, uid}
+    adapter: dict | None = None  # load: {lora_name, lora_path, pinned, uid}
 
 
 @dataclass
@@ -271,7 +294,7 @@ class ReqOutputChunk:
 
     rid: str
     new_output_ids: list[int]
-    finished_reason: Optional[FinishReason]
+    finished_reason: FinishReason | None
     prompt_tokens: int
     completion_tokens: int
     cached_tokens: int
@@ -282,18 +305,18 @@ class ReqOutputChunk:
     trim_stop: bool = True
     # Stop strings: while streaming, text that may be the start of one is held back. Sent in a
     # request's first chunk only: the detokenizer keeps them with the request's decode state.
-    stop_strs: Optional[list[str]] = None
-    stop_regex: Optional[list[str]] = None  # likewise, text a stop_regex may yet match from
+    stop_strs: list[str] | None = None
+    stop_regex: list[str] | None = None  # likewise, text a stop_regex may yet match from
     # Logprobs, each a list of [logprob, token_id]; top: per position a list of them.
-    input_token_logprobs: Optional[list] = None
-    input_top_logprobs: Optional[list] = None
-    output_token_logprobs: Optional[list] = None
-    output_top_logprobs: Optional[list] = None
+    input_token_logprobs: list | None = None
+    input_top_logprobs: list | None = None
+    output_token_logprobs: list | None = None
+    output_top_logprobs: list | None = None
     forward_passes: int = 0
     spec_verify_ct: int = 0
     spec_accepted_tokens: int = 0
-    first_token_time: Optional[float] = None  # wall clock (time.time) of the first output token
-    embedding: Optional[list[float]] = None  # an embedding model's finished request: its vector
+    first_token_time: float | None = None  # wall clock (time.time) of the first output token
+    embedding: list[float] | None = None  # an embedding model's finished request: its vector
 
 
 @dataclass
@@ -330,40 +353,50 @@ class SchedulerError:
 class GenerateReqInput:
     """A user-level generate request (native API / Engine), single or batch."""
 
-    text: Optional[Any] = None  # str | list[str]
-    input_ids: Optional[Any] = None  # list[int] | list[list[int]]
-    sampling_params: Optional[Any] = None  # dict | list[dict]
-    rid: Optional[Any] = None  # str | list[str]
+    text: Any | None = None  # str | list[str]
+    input_ids: Any | None = None  # list[int] | list[list[int]]
+    sampling_params: Any | None = None  # dict | list[dict]
+    rid: Any | None = None  # str | list[str]
     return_logprob: Any = False
     logprob_start_len: Any = -1
     top_logprobs_num: Any = 0
     return_text_in_logprobs: bool = False
     stream: bool = False
-    priority: Optional[Any] = None
-    # vLLM's cache_salt: requests share cached KV only with requests of the same salt (str | list[str]).
-    cache_salt: Optional[Any] = None
-    lora_path: Optional[Any] = None  # SGLang's: the LoRA adapter's name (str | list per prompt); None: base
-    # SGLang's: images (data: URL, base64, file:// or http(s) URL), str | list per prompt; the text holds
-    # the model's image token where each goes (engine/mm_processor.py).
-    image_data: Optional[Any] = None
+    priority: Any | None = None
+    # vLLM's cache_salt: requests share cached KV only with requests of the same salt (str |
+    # list[str]).
+    cache_salt: Any | None = None
+    lora_path: Any | None = (
+        None  # SGLang's: the LoRA adapter's name (str | list per prompt); None: base
+    )
+    # SGLang's: images (data: URL, base64, file:// or http(s) URL), str | list per prompt; the text
+    # holds the model's image token where each goes (engine/mm_processor.py).
+    image_data: Any | None = None
     # SGLang's PD disaggregation fields, set by the router (docs/disaggregation.md).
-    bootstrap_host: Optional[Any] = None
-    bootstrap_port: Optional[Any] = None
-    bootstrap_room: Optional[Any] = None
+    bootstrap_host: Any | None = None
+    bootstrap_port: Any | None = None
+    bootstrap_room: Any | None = None
 
     def __post_init__(self):
         if (self.text is None) == (self.input_ids is None):
             raise ValueError("exactly one of text or input_ids must be given")
         if self.image_data not in (None, [], "") and self.input_ids is not None:
-            raise ValueError("image_data needs text with the model's image token (input_ids cannot place images)")
+            raise ValueError(
+                "image_data needs text with the model's image token (input_ids cannot place images)"
+            )
         t = self.text
-        if t is not None and not (isinstance(t, str) or (isinstance(t, list) and t and all(isinstance(x, str) for x in t))):
+        if t is not None and not (
+            isinstance(t, str) or (isinstance(t, list) and t and all(isinstance(x, str) for x in t))
+        ):
             raise ValueError("text must be a string or a non-empty list of strings")
         ids = self.input_ids
-        is_int = lambda x: isinstance(x, int) and not isinstance(x, bool)  # noqa: E731
+        is_int = lambda x: isinstance(x, int) and not isinstance(x, bool)
         if ids is not None and not (
             isinstance(ids, list)
-            and (all(is_int(x) for x in ids) or (ids and all(isinstance(x, list) and all(is_int(y) for y in x) for x in ids)))
+            and (
+                all(is_int(x) for x in ids)
+                or (ids and all(isinstance(x, list) and all(is_int(y) for y in x) for x in ids))
+            )
         ):
             raise ValueError("input_ids must be a list of token ids or a list of such lists")
         if not isinstance(self.stream, bool):
@@ -384,9 +417,19 @@ class GenerateReqInput:
     def item(self, i: int, name: str, default=None):
         """Field `name` for batch item i: per-item lists are indexed, scalars shared."""
         v = getattr(self, name)
-        per_item = {"sampling_params": dict, "rid": str, "return_logprob": bool, "logprob_start_len": int,
-                    "top_logprobs_num": int, "priority": int, "cache_salt": str, "lora_path": str,
-                    "bootstrap_host": str, "bootstrap_port": int, "bootstrap_room": int}
+        per_item = {
+            "sampling_params": dict,
+            "rid": str,
+            "return_logprob": bool,
+            "logprob_start_len": int,
+            "top_logprobs_num": int,
+            "priority": int,
+            "cache_salt": str,
+            "lora_path": str,
+            "bootstrap_host": str,
+            "bootstrap_port": int,
+            "bootstrap_room": int,
+        }
         if not self.is_single and isinstance(v, list) and name in per_item:
             if len(v) != self.batch_size:
                 raise ValueError(f"{name} has {len(v)} items but the batch has {self.batch_size}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 PAD_RANGE = 1 << 30
 
@@ -20,19 +20,25 @@ PAD_RANGE = 1 << 30
 class MultimodalItem:
     """One image: its placeholder span [offset, offset + length) in the prompt's token ids."""
 
-    hash: int  # of the processed pixels (63 bits): the encoder cache's key and the pad value's source
+    hash: (
+        int  # of the processed pixels (63 bits): the encoder cache's key and the pad value's source
+    )
     offset: int
     length: int
     pixel_values: Any  # a torch tensor, the HF processor's output for this image
     modality: str = "image"
-    extra: dict = field(default_factory=dict)  # model-specific processor outputs (image_sizes, grids)
+    extra: dict = field(
+        default_factory=dict
+    )  # model-specific processor outputs (image_sizes, grids)
     # The span as the decoder's grid of tokens (temporal, height, width; their product is `length`):
     # M-RoPE positions (Qwen2-VL, model/mrope.py). None: a flat run (LLaVA, Idefics3).
-    grid: Optional[tuple[int, int, int]] = None
+    grid: tuple[int, int, int] | None = None
 
     def __post_init__(self):
         if self.grid is not None and self.grid[0] * self.grid[1] * self.grid[2] != self.length:
-            raise ValueError(f"an image grid of {self.grid} tokens does not match its span of {self.length}")
+            raise ValueError(
+                f"an image grid of {self.grid} tokens does not match its span of {self.length}"
+            )
 
     @property
     def end(self) -> int:

@@ -11,7 +11,7 @@ A leaf module: it imports nothing of radixlm and no torch.
 
 from __future__ import annotations
 
-from typing import Callable, Hashable, Iterator, Optional, Sequence
+from collections.abc import Callable, Hashable, Iterator, Sequence
 
 
 def edge_match(edge: Sequence, key: Sequence, pos: int) -> int:
@@ -30,11 +30,13 @@ def edge_match(edge: Sequence, key: Sequence, pos: int) -> int:
     return lo
 
 
-def walk(node, key: Sequence, pos: int = 0,
-         child_key: Optional[Callable[[object], Hashable]] = None) -> Iterator[tuple[object, int, int]]:
-    """Follow key[pos:] down from `node`. For every child entered yields (child, pos, m): the child's
-    edge matched m >= 1 items of key from position pos. The walk ends after a child matched only part
-    of its edge (m < len(child.key)), where no child continues the key, or at the end of the key.
+def walk(
+    node, key: Sequence, pos: int = 0, child_key: Callable[[object], Hashable] | None = None
+) -> Iterator[tuple[object, int, int]]:
+    """Follow key[pos:] down from `node`. For every child entered yields (child, pos, m): the
+    child's edge matched m >= 1 items of key from position pos. The walk ends after a child matched
+    only part of its edge (m < len(child.key)), where no child continues the key, or at the end of
+    the key.
 
     The caller may split the child it was handed at m (the walk ends after a partial match anyway);
     any other change to the tree ends the iteration."""

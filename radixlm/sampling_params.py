@@ -8,7 +8,7 @@ import json
 import math
 import re
 from dataclasses import dataclass
-from typing import Any, Optional, Union
+from typing import Any
 
 import regex
 from pydantic.json_schema import SkipJsonSchema
@@ -33,14 +33,17 @@ MAX_STOP_LEN = 256
 MAX_STOP_REGEX_UNROLLED = 10_000
 _GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 # llama-server's defaults of dry_sequence_breakers (a token whose text holds one ends a repeat).
-DRY_SEQUENCE_BREAKERS = ("\n", ":", "\"", "*")
+DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
 MAX_DRY_BREAKER_LEN = 40  # characters (llama.cpp cuts longer ones)
 MAX_BAD_WORDS = 128
-# Fields the server fills in (the token forms of bad_words and dry_sequence_breakers), never a client.
+# Fields the server fills in (the token forms of bad_words and dry_sequence_breakers), never a
+# client.
 _INTERNAL_FIELDS = frozenset({"resolved_tokens", "think_markers"})
 # The thinking budget's spellings: the issue's and NVIDIA's, SGLang's (custom_params), vLLM's.
 _BUDGET_ALIASES = ("thinking_budget", "thinking_token_budget")
-_FLOAT32_MAX = 3.4028234663852886e38  # the sampler's tensors are float32: larger numbers become inf there
+_FLOAT32_MAX = (
+    3.4028234663852886e38  # the sampler's tensors are float32: larger numbers become inf there
+)
 _INT64 = 1 << 63
 
 
@@ -67,22 +70,32 @@ class SamplerTokens:
     """The token forms of a request's bad_words and dry_sequence_breakers, made by the tokenizer
     manager (it has the tokenizer; the scheduler's sampler only compares ids)."""
 
-    bad_words: tuple[tuple[int, ...], ...] = ()  # vLLM's: each word, without and with a leading space
+    bad_words: tuple[
+        tuple[int, ...], ...
+    ] = ()  # vLLM's: each word, without and with a leading space
     dry_single: frozenset = frozenset()  # tokens whose text holds a breaker: each ends a repeat
     # head token -> the tails that complete a breaker after it (llama.cpp's restart sequences)
-    dry_multi: Optional[dict] = None
+    dry_multi: dict | None = None
 
 
 def _check_count_and_lengths(name: str, items: list) -> None:
     if len(items) > MAX_STOPS:
-        raise SamplingParamsError(f"sampling_params.{name} may hold at most {MAX_STOPS} items, got {len(items)}")
+        raise SamplingParamsError(
+            f"sampling_params.{name} may hold at most {MAX_STOPS} items, got {len(items)}"
+        )
     for s in items:
         if len(s) > MAX_STOP_LEN:
-            raise SamplingParamsError(f"sampling_params.{name} items may have at most {MAX_STOP_LEN} characters, "
-                                      f"got one of {len(s)}: {brief_repr(s)}")
+            raise SamplingParamsError(
+                f"sampling_params.{name} items may have at most {MAX_STOP_LEN} characters, "
+                f"got one of {len(s)}: {brief_repr(s)}"
+            )
 
 
-_REPEATS = (sre_constants.MAX_REPEAT, sre_constants.MIN_REPEAT, getattr(sre_constants, "POSSESSIVE_REPEAT", None))
+_REPEATS = (
+    sre_constants.MAX_REPEAT,
+    sre_constants.MIN_REPEAT,
+    getattr(sre_constants, "POSSESSIVE_REPEAT", None),
+)
 
 
 def _unrolled_size(items) -> int:
@@ -116,16 +129,24 @@ def _check_stop_regex(p: str) -> None:
     try:
         parsed = sre_parse.parse(p)
     except re.error as e:
-        raise SamplingParamsError(f"sampling_params.stop_regex {p!r} is not a valid regex: {e}") from None
+        raise SamplingParamsError(
+            f"sampling_params.stop_regex {p!r} is not a valid regex: {e}"
+        ) from None
     if parsed.getwidth()[0] == 0:
-        raise SamplingParamsError(f"sampling_params.stop_regex must not match the empty string ({p!r} does)")
+        raise SamplingParamsError(
+            f"sampling_params.stop_regex must not match the empty string ({p!r} does)"
+        )
     if _unrolled_size(parsed) > MAX_STOP_REGEX_UNROLLED:
-        raise SamplingParamsError(f"sampling_params.stop_regex {brief_repr(p)} repeats too much: written out, its "
-                                  f"counted repeats exceed {MAX_STOP_REGEX_UNROLLED} elements")
+        raise SamplingParamsError(
+            f"sampling_params.stop_regex {brief_repr(p)} repeats too much: written out, its "
+            f"counted repeats exceed {MAX_STOP_REGEX_UNROLLED} elements"
+        )
     try:
         compile_stop_regex(p)
     except regex.error as e:
-        raise SamplingParamsError(f"sampling_params.stop_regex {p!r} is not a valid regex: {e}") from None
+        raise SamplingParamsError(
+            f"sampling_params.stop_regex {p!r} is not a valid regex: {e}"
+        ) from None
 
 
 @dataclass
@@ -139,51 +160,56 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float = 1.0
-    stop: Optional[Union[str, list[str]]] = None
-    stop_token_ids: Optional[list[int]] = None
+    stop: str | list[str] | None = None
+    stop_token_ids: list[int] | None = None
     # Stop when the output matches one of these (Python regex syntax), trimmed unless no_stop_trim.
-    stop_regex: Optional[Union[str, list[str]]] = None
+    stop_regex: str | list[str] | None = None
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
     no_stop_trim: bool = False
     n: int = 1
-    seed: Optional[int] = None  # radixlm's older name of sampling_seed
-    sampling_seed: Optional[int] = None
+    seed: int | None = None  # radixlm's older name of sampling_seed
+    sampling_seed: int | None = None
     # Structured output: at most one of these.
-    regex: Optional[str] = None
-    json_schema: Optional[Any] = None
-    ebnf: Optional[str] = None
-    structural_tag: Optional[Any] = None  # xgrammar structural tag (JSON string or object)
+    regex: str | None = None
+    json_schema: Any | None = None
+    ebnf: str | None = None
+    structural_tag: Any | None = None  # xgrammar structural tag (JSON string or object)
     # {token id (as a string, JSON keys are): bias} added to the logits before sampling.
-    logit_bias: Optional[dict] = None
-    stream_interval: Optional[int] = None  # tokens per streamed chunk (None: the server's --stream-interval)
-    custom_params: Optional[dict] = None
+    logit_bias: dict | None = None
+    stream_interval: int | None = (
+        None  # tokens per streamed chunk (None: the server's --stream-interval)
+    )
+    custom_params: dict | None = None
     # Extra samplers (docs/sampling.md), with vLLM's and llama-server's names and defaults.
-    min_tokens: Optional[int] = None  # OpenAI / vLLM spelling of min_new_tokens
+    min_tokens: int | None = None  # OpenAI / vLLM spelling of min_new_tokens
     typical_p: float = 1.0  # locally typical sampling (1: off)
-    bad_words: Optional[Union[str, list[str]]] = None  # vLLM: words the output may not contain
-    allowed_token_ids: Optional[list[int]] = None  # vLLM: only these may be sampled
+    bad_words: str | list[str] | None = None  # vLLM: words the output may not contain
+    allowed_token_ids: list[int] | None = None  # vLLM: only these may be sampled
     dry_multiplier: float = 0.0  # llama.cpp's DRY repetition penalty (0: off)
     dry_base: float = 1.75
     dry_allowed_length: int = 2
     dry_penalty_last_n: int = -1  # tokens looked back (-1: the whole context, 0: off)
-    dry_sequence_breakers: Optional[list[str]] = None  # None: DRY_SEQUENCE_BREAKERS
+    dry_sequence_breakers: list[str] | None = None  # None: DRY_SEQUENCE_BREAKERS
     xtc_probability: float = 0.0  # llama.cpp's exclude-top-choices (0: off)
     xtc_threshold: float = 0.1
     # Reasoning (constrained/thinking.py): the request starts inside the think block (SGLang's
     # require_reasoning; a budget implies it), which ends after at most this many tokens.
     require_reasoning: bool = False
-    max_thinking_tokens: Optional[int] = None
-    thinking_budget: Optional[int] = None
-    thinking_token_budget: Optional[int] = None
+    max_thinking_tokens: int | None = None
+    thinking_budget: int | None = None
+    thinking_token_budget: int | None = None
     # Not the client's (left out of /generate's documented schema): set by the tokenizer manager.
-    resolved_tokens: SkipJsonSchema[Optional[SamplerTokens]] = dataclasses.field(default=None, repr=False,
-                                                                                  compare=False)
-    think_markers: SkipJsonSchema[Optional[Any]] = dataclasses.field(default=None, repr=False, compare=False)
+    resolved_tokens: SkipJsonSchema[SamplerTokens | None] = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
+    think_markers: SkipJsonSchema[Any | None] = dataclasses.field(
+        default=None, repr=False, compare=False
+    )
 
     @classmethod
-    def from_dict(cls, d: Optional[dict]) -> "SamplingParams":
+    def from_dict(cls, d: dict | None) -> SamplingParams:
         if d is None:
             return cls()
         if isinstance(d, SamplingParams):
@@ -198,20 +224,28 @@ class SamplingParams:
         sp = cls(**{k: v for k, v in d.items() if v is not None})
         if sp.sampling_seed is not None:
             if sp.seed is not None and sp.seed != sp.sampling_seed:
-                raise SamplingParamsError("sampling_params.seed and sampling_seed differ; give one of them")
+                raise SamplingParamsError(
+                    "sampling_params.seed and sampling_seed differ; give one of them"
+                )
             sp.seed = sp.sampling_seed
         sp.sampling_seed = sp.seed
-        if sp.min_tokens is not None:  # the alias wins over the default, must agree with an explicit min_new_tokens
+        if (
+            sp.min_tokens is not None
+        ):  # the alias wins over the default, must agree with an explicit min_new_tokens
             if d.get("min_new_tokens") is not None and d["min_new_tokens"] != sp.min_tokens:
-                raise SamplingParamsError("sampling_params.min_tokens and min_new_tokens differ; give one of them")
+                raise SamplingParamsError(
+                    "sampling_params.min_tokens and min_new_tokens differ; give one of them"
+                )
             sp.min_new_tokens = sp.min_tokens
         sp._merge_budget_aliases()
         sp.verify()
         return sp
 
-    def verify(self, vocab_size: Optional[int] = None) -> None:
+    def verify(self, vocab_size: int | None = None) -> None:
         def bad(name: str, why: str):
-            raise SamplingParamsError(f"sampling_params.{name} {why}, got {brief_repr(getattr(self, name))}")
+            raise SamplingParamsError(
+                f"sampling_params.{name} {why}, got {brief_repr(getattr(self, name))}"
+            )
 
         def num(name: str, integer: bool = False):
             v = getattr(self, name)
@@ -229,7 +263,10 @@ class SamplingParams:
         if num("min_new_tokens", True) < 0:
             bad("min_new_tokens", "must be >= 0")
         if self.min_new_tokens > self.max_new_tokens:
-            bad("min_new_tokens" if self.min_tokens is None else "min_tokens", f"must be <= max_new_tokens ({self.max_new_tokens})")
+            bad(
+                "min_new_tokens" if self.min_tokens is None else "min_tokens",
+                f"must be <= max_new_tokens ({self.max_new_tokens})",
+            )
         if num("temperature") < 0:
             bad("temperature", "must be >= 0")
         if not 0 < num("top_p") <= 1:
@@ -246,8 +283,11 @@ class SamplingParams:
             bad("repetition_penalty", "must be in (0, 2]")
         if num("n", True) < 1:
             bad("n", "must be >= 1")
-        if self.seed is not None and (not isinstance(self.seed, int) or isinstance(self.seed, bool)
-                                      or not -_INT64 <= self.seed < _INT64):
+        if self.seed is not None and (
+            not isinstance(self.seed, int)
+            or isinstance(self.seed, bool)
+            or not -_INT64 <= self.seed < _INT64
+        ):
             bad("seed", "must be a 64-bit integer")
         if self.stop is not None:
             stops = [self.stop] if isinstance(self.stop, str) else self.stop
@@ -271,13 +311,19 @@ class SamplingParams:
                 try:
                     t = int(k)
                 except (TypeError, ValueError):
-                    raise SamplingParamsError(f"sampling_params.logit_bias key {brief_repr(k)} is not a token id") from None
+                    raise SamplingParamsError(
+                        f"sampling_params.logit_bias key {brief_repr(k)} is not a token id"
+                    ) from None
                 if t < 0 or (vocab_size is not None and t >= vocab_size):
-                    raise SamplingParamsError(f"sampling_params.logit_bias key {brief_repr(k)} must be a token id in "
-                                              f"[0, {vocab_size if vocab_size is not None else 'vocab size'})")
+                    raise SamplingParamsError(
+                        f"sampling_params.logit_bias key {brief_repr(k)} must be a token id in "
+                        f"[0, {vocab_size if vocab_size is not None else 'vocab size'})"
+                    )
                 if not isinstance(v, (int, float)) or isinstance(v, bool) or not _finite32(v):
-                    raise SamplingParamsError(f"sampling_params.logit_bias[{brief_repr(k)}] must be a finite number of at most "
-                                              f"{_FLOAT32_MAX:.3g} in magnitude, got {brief_repr(v)}")
+                    raise SamplingParamsError(
+                        f"sampling_params.logit_bias[{brief_repr(k)}] must be a finite number of at"
+                        f" most {_FLOAT32_MAX:.3g} in magnitude, got {brief_repr(v)}"
+                    )
         if self.stop_token_ids is not None:
             ids = self.stop_token_ids
             if not isinstance(ids, list) or not all(isinstance(t, int) and t >= 0 for t in ids):
@@ -292,8 +338,15 @@ class SamplingParams:
                 bad(name, "must be a JSON string or an object")
         given = [n for n in _GRAMMAR_FIELDS if getattr(self, n) is not None]
         if len(given) > 1:
-            raise SamplingParamsError(f"only one of {', '.join(_GRAMMAR_FIELDS)} may be given, got {', '.join(given)}")
-        for name in ("ignore_eos", "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim"):
+            raise SamplingParamsError(
+                f"only one of {', '.join(_GRAMMAR_FIELDS)} may be given, got {', '.join(given)}"
+            )
+        for name in (
+            "ignore_eos",
+            "skip_special_tokens",
+            "spaces_between_special_tokens",
+            "no_stop_trim",
+        ):
             if not isinstance(getattr(self, name), bool):
                 bad(name, "must be a boolean")
         self._verify_extra_samplers(vocab_size, bad, num)
@@ -303,15 +356,27 @@ class SamplingParams:
             bad("require_reasoning", "must be a boolean")
 
     def _merge_budget_aliases(self) -> None:
-        """One budget from its spellings (and SGLang's custom_params.thinking_budget); they must agree."""
-        given = {n: getattr(self, n) for n in ("max_thinking_tokens", *_BUDGET_ALIASES) if getattr(self, n) is not None}
-        if isinstance(self.custom_params, dict) and self.custom_params.get("thinking_budget") is not None:
+        """One budget from its spellings (and SGLang's custom_params.thinking_budget); they must
+        agree."""
+        given = {
+            n: getattr(self, n)
+            for n in ("max_thinking_tokens", *_BUDGET_ALIASES)
+            if getattr(self, n) is not None
+        }
+        if (
+            isinstance(self.custom_params, dict)
+            and self.custom_params.get("thinking_budget") is not None
+        ):
             given["custom_params.thinking_budget"] = self.custom_params["thinking_budget"]
         for n, v in given.items():
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-                raise SamplingParamsError(f"sampling_params.{n} must be an integer >= 0, got {brief_repr(v)}")
+                raise SamplingParamsError(
+                    f"sampling_params.{n} must be an integer >= 0, got {brief_repr(v)}"
+                )
         if len(set(given.values())) > 1:
-            raise SamplingParamsError(f"sampling_params.{', '.join(given)} differ; give one of them")
+            raise SamplingParamsError(
+                f"sampling_params.{', '.join(given)} differ; give one of them"
+            )
         if given:
             self.max_thinking_tokens = next(iter(given.values()))
 
@@ -336,21 +401,32 @@ class SamplingParams:
                 bad(name, "must be in [0, 1]")
         if self.bad_words is not None:
             words = self.bad_words_list
-            if not isinstance(self.bad_words, (str, list)) or not all(isinstance(w, str) and w.strip() for w in words):
+            if not isinstance(self.bad_words, (str, list)) or not all(
+                isinstance(w, str) and w.strip() for w in words
+            ):
                 bad("bad_words", "must be a list of non-blank strings")
             if len(words) > MAX_BAD_WORDS or any(len(w) > MAX_STOP_LEN for w in words):
-                bad("bad_words", f"may hold at most {MAX_BAD_WORDS} words of at most {MAX_STOP_LEN} characters")
+                bad(
+                    "bad_words",
+                    f"may hold at most {MAX_BAD_WORDS} words of at most {MAX_STOP_LEN} characters",
+                )
         if self.dry_sequence_breakers is not None:
             br = self.dry_sequence_breakers
             if not isinstance(br, list) or not all(isinstance(b, str) and b for b in br):
                 bad("dry_sequence_breakers", "must be a list of non-empty strings")
             if len(br) > MAX_STOPS or any(len(b) > MAX_DRY_BREAKER_LEN for b in br):
-                bad("dry_sequence_breakers", f"may hold at most {MAX_STOPS} strings of at most "
-                                             f"{MAX_DRY_BREAKER_LEN} characters")
+                bad(
+                    "dry_sequence_breakers",
+                    f"may hold at most {MAX_STOPS} strings of at most "
+                    f"{MAX_DRY_BREAKER_LEN} characters",
+                )
         if self.allowed_token_ids is not None:
             ids = self.allowed_token_ids
-            if (not isinstance(ids, list) or not ids
-                    or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)):
+            if (
+                not isinstance(ids, list)
+                or not ids
+                or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in ids)
+            ):
                 bad("allowed_token_ids", "must be a non-empty list of token ids")
             if vocab_size is not None and max(ids) >= vocab_size:
                 bad("allowed_token_ids", f"must be token ids < vocab size {vocab_size}")
@@ -365,19 +441,27 @@ class SamplingParams:
 
     @property
     def xtc_active(self) -> bool:
-        return self.xtc_probability > 0 and self.xtc_threshold <= 0.5  # above 0.5 no two tokens qualify
+        return (
+            self.xtc_probability > 0 and self.xtc_threshold <= 0.5
+        )  # above 0.5 no two tokens qualify
 
     @property
     def uses_history_samplers(self) -> bool:
-        """bad_words or DRY: a step's sampling needs the tokens of the step before it (no overlap)."""
+        """bad_words or DRY: a step's sampling needs the tokens of the step before it (no
+        overlap)."""
         return bool(self.bad_words) or self.dry_active
 
     @functools.cached_property
     def uses_extra_samplers(self) -> bool:
-        """Any of typical_p, bad_words, allowed_token_ids, DRY, XTC (else the sampler skips them all).
-        Read every step for every row: computed once (a request's parameters do not change)."""
-        return (self.typical_p < 1 or self.allowed_token_ids is not None or self.xtc_active
-                or self.uses_history_samplers)
+        """Any of typical_p, bad_words, allowed_token_ids, DRY, XTC (else the sampler skips them
+        all). Read every step for every row: computed once (a request's parameters do not
+        change)."""
+        return (
+            self.typical_p < 1
+            or self.allowed_token_ids is not None
+            or self.xtc_active
+            or self.uses_history_samplers
+        )
 
     @property
     def stop_strs(self) -> list[str]:
@@ -400,10 +484,14 @@ class SamplingParams:
         return min(max(widths, default=0), STOP_REGEX_WINDOW)
 
     @property
-    def grammar_key(self) -> Optional[tuple[str, str]]:
+    def grammar_key(self) -> tuple[str, str] | None:
         """(kind, text) of the output constraint, the compile cache's key; None if unconstrained."""
         if self.json_schema is not None:
-            text = self.json_schema if isinstance(self.json_schema, str) else json.dumps(self.json_schema)
+            text = (
+                self.json_schema
+                if isinstance(self.json_schema, str)
+                else json.dumps(self.json_schema)
+            )
             return ("json", text)
         if self.regex is not None:
             return ("regex", self.regex)

@@ -10,10 +10,17 @@ from __future__ import annotations
 import argparse
 import logging
 import re
-from typing import Optional
 
-from radixlm.sglang_flags import (GROUPS, SWITCH_ALIASES, VALUE_RULES, FlagGroup, FlagSpec, Kind, normalize_values,
-                                  refusal)
+from radixlm.sglang_flags import (
+    GROUPS,
+    SWITCH_ALIASES,
+    VALUE_RULES,
+    FlagGroup,
+    FlagSpec,
+    Kind,
+    normalize_values,
+    refusal,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +73,7 @@ def _add_table_flag(p: argparse.ArgumentParser, group: FlagGroup, spec: FlagSpec
     p.add_argument(*options, **kw)
 
 
-def install_sglang_flags(parser: argparse.ArgumentParser, argv: Optional[list[str]] = None) -> None:
+def install_sglang_flags(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> None:
     """On every parser that takes ServerArgs; with argv, only on the one its subcommand names (the
     ~300 flags cost ~40 ms of start-up per parser)."""
     if argv is not None:
@@ -77,13 +84,21 @@ def install_sglang_flags(parser: argparse.ArgumentParser, argv: Optional[list[st
         for group in GROUPS:
             for spec in group.specs:
                 _add_table_flag(p, group, spec)
-        if "--model" not in p._option_string_actions:  # SGLang's alias of --model-path (serve and generate have it)
+        if (
+            "--model" not in p._option_string_actions
+        ):  # SGLang's alias of --model-path (serve and generate have it)
             p.add_argument("--model", dest="model_path", help=argparse.SUPPRESS)
         for flag, dest in SWITCH_ALIASES.items():
             if flag not in p._option_string_actions:
                 p.add_argument(flag, dest=dest, action="store_true", help=argparse.SUPPRESS)
-        p.add_argument("--config", metavar="FILE.yaml", help="options from a YAML file, as SGLang reads it (keys "
-                       "are flag names; the command line wins); SGLang's other flags: docs/sglang_flags.md")
+        p.add_argument(
+            "--config",
+            metavar="FILE.yaml",
+            help=(
+                "options from a YAML file, as SGLang reads it (keys "
+                "are flag names; the command line wins); SGLang's other flags: docs/sglang_flags.md"
+            ),
+        )
         for action in p._actions:
             rule = VALUE_RULES.get(action.dest)
             if rule and action.choices is not None:
@@ -98,10 +113,13 @@ _TABLE = {_DEST + spec.name[2:]: (group, spec) for group in GROUPS for spec in g
 
 
 def check_sglang_flags(args: argparse.Namespace) -> list[str]:
-    """Refuse (FlagRefused), rename SGLang's values, log the inert flags given; returns the log lines."""
+    """Refuse (FlagRefused), rename SGLang's values, log the inert flags given; returns the log
+    lines."""
     if not hasattr(args, "model_path"):  # a command without ServerArgs (router, bench serving)
         return []
-    given = [(dest, value) for dest, value in vars(args).items() if dest in _TABLE and value is not None]
+    given = [
+        (dest, value) for dest, value in vars(args).items() if dest in _TABLE and value is not None
+    ]
     inert = []
     for dest, value in given:
         group, spec = _TABLE[dest]
@@ -111,7 +129,9 @@ def check_sglang_flags(args: argparse.Namespace) -> list[str]:
                 raise refusal(shown, group.why, group.instead)
             inert.append(f"{shown}: accepted (radixlm does this anyway)")
         else:
-            inert.append(f"{shown} ignored: {group.why}" + (f" ; {group.instead}" if group.instead else ""))
+            inert.append(
+                f"{shown} ignored: {group.why}" + (f" ; {group.instead}" if group.instead else "")
+            )
     normalize_values(args, cli=True)
     if inert:
         from radixlm.utils import configure_logging

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import regex
 
@@ -36,7 +36,7 @@ class StopRegexTimeout(Exception):
 
 
 @functools.lru_cache(maxsize=1024)
-def compile_stop_regex(pattern: str) -> "regex.Pattern":
+def compile_stop_regex(pattern: str) -> regex.Pattern:
     """Compiled once per process and pattern (validated by SamplingParams.verify before use)."""
     return regex.compile(pattern)
 

@@ -11,7 +11,9 @@ import sys
 
 def configure_logging(level: str = "info", prefix: str = "") -> None:
     fmt = f"[%(asctime)s{' ' + prefix if prefix else ''}] %(levelname)s %(message)s"
-    logging.basicConfig(level=getattr(logging, level.upper()), format=fmt, datefmt="%H:%M:%S", force=True)
+    logging.basicConfig(
+        level=getattr(logging, level.upper()), format=fmt, datefmt="%H:%M:%S", force=True
+    )
 
 
 def kill_itself_when_parent_died() -> None:
@@ -26,13 +28,14 @@ def kill_itself_when_parent_died() -> None:
 
 
 def core_shares(n: int, cores: list[int]) -> list[list[int]]:
-    """n disjoint, near-equal slices of the cores (each at least one core; shared when n > cores)."""
+    """n disjoint, near-equal slices of the cores (each at least one core; shared when n >
+    cores)."""
     if n <= len(cores):
         per, extra = divmod(len(cores), n)
         out, i = [], 0
         for k in range(n):
             size = per + (1 if k < extra else 0)
-            out.append(cores[i:i + size])
+            out.append(cores[i : i + size])
             i += size
         return out
     return [[cores[k % len(cores)]] for k in range(n)]
@@ -71,7 +74,9 @@ def keep_freed_memory_in_heap() -> bool:
     (not glibc)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30) and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 31))
+        return bool(
+            libc.mallopt(_M_MMAP_THRESHOLD, 1 << 30) and libc.mallopt(_M_TRIM_THRESHOLD, 1 << 31)
+        )
     except (OSError, AttributeError):
         return False
 

@@ -11,7 +11,9 @@ import numpy as np
 import torch
 
 
-def tiny_like(src: str, dst: str, seed: int, architecture: str = "LlamaForCausalLM", **changes) -> str:
+def tiny_like(
+    src: str, dst: str, seed: int, architecture: str = "LlamaForCausalLM", **changes
+) -> str:
     """A random model with src's config (plus `changes`) and tokenizer, drawn with `seed`."""
     import transformers
     from transformers import AutoConfig, AutoTokenizer
@@ -19,8 +21,9 @@ def tiny_like(src: str, dst: str, seed: int, architecture: str = "LlamaForCausal
     cfg = AutoConfig.from_pretrained(src)
     if architecture != "LlamaForCausalLM":  # e.g. Qwen2ForCausalLM: the same sizes, another family
         family = architecture.removesuffix("ForCausalLM")
-        cfg = getattr(transformers, f"{family}Config")(**{k: v for k, v in cfg.to_dict().items()
-                                                          if k not in ("architectures", "model_type")})
+        cfg = getattr(transformers, f"{family}Config")(
+            **{k: v for k, v in cfg.to_dict().items() if k not in ("architectures", "model_type")}
+        )
     for k, v in changes.items():
         setattr(cfg, k, v)
     torch.manual_seed(seed)
@@ -48,12 +51,18 @@ def safetensors_tensor(model_dir: str, name: str) -> torch.Tensor:
 
 def add_llama_header(w, cfg) -> None:
     """A llama GGUF's hyperparameters from a HF LlamaConfig."""
-    for add, value in [(w.add_context_length, cfg.max_position_embeddings), (w.add_block_count, cfg.num_hidden_layers),
-                       (w.add_feed_forward_length, cfg.intermediate_size), (w.add_embedding_length, cfg.hidden_size),
-                       (w.add_head_count, cfg.num_attention_heads), (w.add_head_count_kv, cfg.num_key_value_heads),
-                       (w.add_layer_norm_rms_eps, cfg.rms_norm_eps),
-                       (w.add_rope_freq_base, cfg.rope_parameters["rope_theta"]),
-                       (w.add_vocab_size, cfg.vocab_size), (w.add_eos_token_id, 2)]:
+    for add, value in [
+        (w.add_context_length, cfg.max_position_embeddings),
+        (w.add_block_count, cfg.num_hidden_layers),
+        (w.add_feed_forward_length, cfg.intermediate_size),
+        (w.add_embedding_length, cfg.hidden_size),
+        (w.add_head_count, cfg.num_attention_heads),
+        (w.add_head_count_kv, cfg.num_key_value_heads),
+        (w.add_layer_norm_rms_eps, cfg.rms_norm_eps),
+        (w.add_rope_freq_base, cfg.rope_parameters["rope_theta"]),
+        (w.add_vocab_size, cfg.vocab_size),
+        (w.add_eos_token_id, 2),
+    ]:
         add(value)
 
 
@@ -70,11 +79,15 @@ def q8_0_gguf(model_dir: str, path: str) -> str:
     w = gguf.GGUFWriter(path, "llama")
     add_llama_header(w, cfg)
 
-    class Q8Writer:  # add_hf_tensors' writer: each matrix quantized on its way in (after the q/k permutation)
+    # add_hf_tensors' writer: each matrix quantized on its way in (after the q/k permutation)
+    class Q8Writer:
         def add_tensor(self, name, a, raw_dtype=None):
             if a.ndim == 2:
-                w.add_tensor(name, quantize(np.ascontiguousarray(a), gguf.GGMLQuantizationType.Q8_0),
-                             raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+                w.add_tensor(
+                    name,
+                    quantize(np.ascontiguousarray(a), gguf.GGMLQuantizationType.Q8_0),
+                    raw_dtype=gguf.GGMLQuantizationType.Q8_0,
+                )
             else:
                 w.add_tensor(name, a)
 

@@ -1,7 +1,6 @@
 """Shared fixtures: the default model's path, and a tiny random Llama with the real tokenizer
 (fast engine tests that still exercise every scheduler path)."""
 
-
 import asyncio
 import os
 
@@ -9,13 +8,13 @@ import pytest
 import torch
 
 # Without a GPU the Triton kernels run only in Triton's interpreter, and @triton.jit decides between
-# interpreting and compiling when a function is decorated: triton's own library (tl.sum, tl.cdiv, ...)
-# when triton is first imported, a kernel when its module is. So the interpreter is on from the start
-# and triton is imported under it here, whichever test would have imported it first.
+# interpreting and compiling when a function is decorated: triton's own library (tl.sum, tl.cdiv,
+# ...) when triton is first imported, a kernel when its module is. So the interpreter is on from the
+# start and triton is imported under it here, whichever test would have imported it first.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
     try:
-        import triton  # noqa: F401
+        import triton  # noqa: F401 (imported for its side effect: the interpreter mode is read at import)
     except ImportError:  # not installed: tests/triton says so, module by module
         pass
 
@@ -34,8 +33,8 @@ def no_event_loop_left_running():
 
 @pytest.fixture(scope="session", autouse=True)
 def native_kernels_built():
-    """Build the native kernels (first use on a fresh machine: a minute or more) here, before any test
-    starts a server whose start-up wait would otherwise include the compile."""
+    """Build the native kernels (first use on a fresh machine: a minute or more) here, before any
+    test starts a server whose start-up wait would otherwise include the compile."""
     from radixlm.kernels import build
 
     return build.load()

@@ -1,4 +1,5 @@
-"""DeviceGuard: proves, without a GPU, that code would neither wait for the GPU nor mix devices on one.
+"""DeviceGuard: proves, without a GPU, that code would neither wait for the GPU nor mix devices on
+one.
 
 On CUDA a forward runs ahead of the host: `.item()`, `.tolist()`, `.cpu()`, `bool(t)`, `int(t)` and
 the ops whose output size depends on the data (nonzero, bincount, unique, masked_select, boolean
@@ -33,14 +34,65 @@ from torch.utils._pytree import tree_flatten
 
 T = torch.Tensor
 # Calls that read a device tensor's values back to the host (the host waits for the GPU).
-SYNC = {T.item, T.tolist, T.cpu, T.numpy, T.__bool__, T.__int__, T.__float__, T.__index__, T.nonzero,
-        torch.nonzero, T.argwhere, torch.argwhere, torch.bincount, T.bincount, torch.unique, T.unique,
-        torch.unique_consecutive, T.unique_consecutive, torch.masked_select, T.masked_select, torch.equal, T.equal,
-        torch.allclose, T.allclose, T.__repr__, T.__format__}
-FACTORIES = {torch.tensor, torch.as_tensor, torch.arange, torch.zeros, torch.ones, torch.empty, torch.full,
-             torch.rand, torch.randn, torch.randint, torch.randperm, torch.linspace, torch.eye, torch.empty_strided}
-PASSTHROUGH = {T.__setstate__, T.__reduce_ex__, T.data_ptr, T.dim, T.size, T.stride, T.numel, T.is_contiguous,
-               T.storage_offset, T.element_size, T.untyped_storage, T.__hash__, T.__len__}
+SYNC = {
+    T.item,
+    T.tolist,
+    T.cpu,
+    T.numpy,
+    T.__bool__,
+    T.__int__,
+    T.__float__,
+    T.__index__,
+    T.nonzero,
+    torch.nonzero,
+    T.argwhere,
+    torch.argwhere,
+    torch.bincount,
+    T.bincount,
+    torch.unique,
+    T.unique,
+    torch.unique_consecutive,
+    T.unique_consecutive,
+    torch.masked_select,
+    T.masked_select,
+    torch.equal,
+    T.equal,
+    torch.allclose,
+    T.allclose,
+    T.__repr__,
+    T.__format__,
+}
+FACTORIES = {
+    torch.tensor,
+    torch.as_tensor,
+    torch.arange,
+    torch.zeros,
+    torch.ones,
+    torch.empty,
+    torch.full,
+    torch.rand,
+    torch.randn,
+    torch.randint,
+    torch.randperm,
+    torch.linspace,
+    torch.eye,
+    torch.empty_strided,
+}
+PASSTHROUGH = {
+    T.__setstate__,
+    T.__reduce_ex__,
+    T.data_ptr,
+    T.dim,
+    T.size,
+    T.stride,
+    T.numel,
+    T.is_contiguous,
+    T.storage_offset,
+    T.element_size,
+    T.untyped_storage,
+    T.__hash__,
+    T.__len__,
+}
 
 
 class DeviceSyncError(AssertionError):
@@ -80,12 +132,22 @@ class DeviceGuard(TorchFunctionMode):
         device_ins = [t for t in tensors if not self.is_host(t)]
         name = getattr(func, "__qualname__", getattr(func, "__name__", repr(func)))
         if func in SYNC and device_ins:
-            raise DeviceSyncError(f"{name} on a device tensor {tuple(device_ins[0].shape)}: a host sync on CUDA")
+            raise DeviceSyncError(
+                f"{name} on a device tensor {tuple(device_ins[0].shape)}: a host sync on CUDA"
+            )
         if func in (T.__getitem__, T.__setitem__) and _bool_index(args):
-            raise DeviceSyncError(f"{name} with a boolean mask: its size is read back (a host sync on CUDA)")
-        if func in (torch.repeat_interleave, T.repeat_interleave) and "output_size" not in kwargs \
-                and len(args) > 1 and isinstance(args[1], torch.Tensor):
-            raise DeviceSyncError("repeat_interleave of tensor repeats without output_size: a host sync on CUDA")
+            raise DeviceSyncError(
+                f"{name} with a boolean mask: its size is read back (a host sync on CUDA)"
+            )
+        if (
+            func in (torch.repeat_interleave, T.repeat_interleave)
+            and "output_size" not in kwargs
+            and len(args) > 1
+            and isinstance(args[1], torch.Tensor)
+        ):
+            raise DeviceSyncError(
+                "repeat_interleave of tensor repeats without output_size: a host sync on CUDA"
+            )
         if func in FACTORIES:
             out = func(*args, **kwargs)
             if kwargs.get("device") is None and not _data_on_device(self, args):
@@ -99,8 +161,10 @@ class DeviceGuard(TorchFunctionMode):
             raise DeviceSyncError("copy_ of a device tensor into a host one: a host sync on CUDA")
         host_ins = [t for t in tensors if self.is_host(t) and t.dim() > 0]
         if host_ins and device_ins and func is not T.copy_:
-            raise DeviceSyncError(f"{name}: a host tensor {tuple(host_ins[0].shape)} meets device tensors "
-                                  "(made without device=: on CUDA a device mismatch or a copy each step)")
+            raise DeviceSyncError(
+                f"{name}: a host tensor {tuple(host_ins[0].shape)} meets device tensors "
+                "(made without device=: on CUDA a device mismatch or a copy each step)"
+            )
         out = func(*args, **kwargs)
         if tensors and not device_ins:
             self._mark_host(out)
@@ -121,7 +185,9 @@ class DeviceGuard(TorchFunctionMode):
             if self.is_host(src):
                 self._mark_host(out)
             return out
-        if self.is_host(src):  # host -> device: a copy on CUDA (here a new tensor, so src stays host)
+        if self.is_host(
+            src
+        ):  # host -> device: a copy on CUDA (here a new tensor, so src stays host)
             out = out.clone() if out is src else out
             self._mark_device(out)
         return out
@@ -142,7 +208,8 @@ def _bool_index(args) -> bool:
 
 
 def _data_on_device(guard: DeviceGuard, args) -> bool:
-    """torch.tensor(data) where data holds device tensors: a read-back, flagged by the caller's op."""
+    """torch.tensor(data) where data holds device tensors: a read-back, flagged by the caller's
+    op."""
     return any(isinstance(t, torch.Tensor) and not guard.is_host(t) for t in tree_flatten(args)[0])
 
 

@@ -1,7 +1,9 @@
 """A model placed in a Hugging Face cache the way huggingface_hub lays one out (what `hf download`
-leaves behind), for tests that must not reach the Hub: models--ORG--NAME/blobs/<hash> (an LFS file by
-its sha256, another by its git blob sha1), snapshots/<commit>/<path> (relative links into blobs) and
-refs/<revision> (the commit). huggingface_hub's own scan_cache_dir reads it back (tests/unit/test_hub.py)."""
+leaves behind), for tests that must not reach the Hub: models--ORG--NAME/blobs/<hash> (an LFS file
+by its sha256, another by its git blob sha1), snapshots/<commit>/<path> (relative links into blobs)
+and refs/<revision> (the commit). huggingface_hub's own scan_cache_dir reads it back
+(tests/unit/test_hub.py).
+"""
 
 from __future__ import annotations
 
@@ -22,9 +24,11 @@ def blob_name(path: str) -> str:
         return git_hash(f.read())
 
 
-def put_in_hf_cache(cache_dir: str, repo_id: str, files: dict[str, str], revision: str = "main") -> str:
-    """Cache `files` (repo path -> local file) as `repo_id` at `revision`; returns the snapshot directory.
-    The commit id is a hash of the contents, so the same files give the same commit."""
+def put_in_hf_cache(
+    cache_dir: str, repo_id: str, files: dict[str, str], revision: str = "main"
+) -> str:
+    """Cache `files` (repo path -> local file) as `repo_id` at `revision`; returns the snapshot
+    directory. The commit id is a hash of the contents, so the same files give the same commit."""
     from huggingface_hub.file_download import repo_folder_name
 
     storage = os.path.join(cache_dir, repo_folder_name(repo_id=repo_id, repo_type="model"))
@@ -47,5 +51,8 @@ def put_in_hf_cache(cache_dir: str, repo_id: str, files: dict[str, str], revisio
 
 def dir_files(path: str) -> dict[str, str]:
     """A local model directory's files, as put_in_hf_cache takes them."""
-    return {os.path.relpath(os.path.join(d, n), path): os.path.join(d, n)
-            for d, _, names in os.walk(path) for n in names}
+    return {
+        os.path.relpath(os.path.join(d, n), path): os.path.join(d, n)
+        for d, _, names in os.walk(path)
+        for n in names
+    }

@@ -10,11 +10,13 @@ def ref_dry(context, sp, single=frozenset(), multi=None):
     n = len(context) if sp.dry_penalty_last_n == -1 else min(len(context), sp.dry_penalty_last_n)
     if n <= sp.dry_allowed_length:
         return {}
-    w = list(context[len(context) - n:])
+    w = list(context[len(context) - n :])
 
     def breaker_len(h):  # the longest breaker starting at h that fits the window, or None
         lens = [0] if w[h] in single else []
-        lens += [len(t) for t in multi.get(w[h], ()) if tuple(w[h + 1:h + 1 + len(t)]) == tuple(t)]
+        lens += [
+            len(t) for t in multi.get(w[h], ()) if tuple(w[h + 1 : h + 1 + len(t)]) == tuple(t)
+        ]
         return max(lens) if lens else None
 
     heads = [h for h in range(n) if breaker_len(h) is not None]
@@ -39,12 +41,16 @@ def ref_dry(context, sp, single=frozenset(), multi=None):
 
 def ref_bad_word_bans(words, out):
     """vLLM's rule: ban a word's last token when the output ends with the rest of it."""
-    return {w[-1] for w in words if len(w) - 1 <= len(out) and list(out[len(out) - len(w) + 1:]) == list(w[:-1])}
+    return {
+        w[-1]
+        for w in words
+        if len(w) - 1 <= len(out) and list(out[len(out) - len(w) + 1 :]) == list(w[:-1])
+    }
 
 
 def vllm_bad_word_forms(tokenizer, word):
-    """vLLM's SamplingParams.update_from_tokenizer for one word: its tokens, and those of " word" when
-    they start with another token and have as many."""
+    """vLLM's SamplingParams.update_from_tokenizer for one word: its tokens, and those of " word"
+    when they start with another token and have as many."""
     forms = [tokenizer.encode(word.lstrip(), add_special_tokens=False)]
     spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
     if spaced[0] != forms[0][0] and len(spaced) == len(forms[0]):

@@ -5,7 +5,7 @@ stopping a server and checking that none of its processes is left."""
 from __future__ import annotations
 
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import psutil
 import requests
@@ -21,7 +21,7 @@ def wait_until(pred: Callable[[], object], timeout: float, step: float = 0.05) -
     return False
 
 
-def health_status(url: str) -> Optional[int]:
+def health_status(url: str) -> int | None:
     """/health's status, or None when the server does not answer within a second."""
     try:
         return requests.get(url + "/health", timeout=1).status_code
@@ -41,7 +41,9 @@ def stream_events(url: str, body: dict, out: dict) -> None:
     """Stream /generate's `body`: out["status"], every event in out["events"], out["started"] at the
     first, out["error"] on a transport error, out["ended"] (time.monotonic()) when it ends."""
     try:
-        with requests.post(url + "/generate", json={**body, "stream": True}, stream=True, timeout=120) as r:
+        with requests.post(
+            url + "/generate", json={**body, "stream": True}, stream=True, timeout=120
+        ) as r:
             out["status"] = r.status_code
             for line in r.iter_lines():
                 if line.startswith(b"data: "):

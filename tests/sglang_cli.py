@@ -1,5 +1,5 @@
-"""Helpers for the SGLang-flag tests: `radixlm serve` through cli.main, stopped before anything starts,
-and the parser cli.main builds for it (for tests that parse hundreds of command lines)."""
+"""Helpers for the SGLang-flag tests: `radixlm serve` through cli.main, stopped before anything
+starts, and the parser cli.main builds for it (for tests that parse hundreds of command lines)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,11 @@ from radixlm.engine.launcher import check_server_args
 
 
 def run_cli(argv, monkeypatch, capsys, command="serve", check=False):
-    """cli.main([command, *argv]) with the command replaced by one that builds ServerArgs (check: and the
-    engine's configs, resolving their dtypes): (exit code, stderr's lines, ServerArgs, the Namespace)."""
+    """cli.main([command, *argv]) with the command replaced by one that builds ServerArgs (check:
+    and the
+    engine's configs, resolving their dtypes): (exit code, stderr's lines, ServerArgs, the
+    Namespace).
+    """
     seen = {}
 
     def fake(args):
@@ -26,7 +29,9 @@ def run_cli(argv, monkeypatch, capsys, command="serve", check=False):
     monkeypatch.setattr(cli, "cmd_serve" if command == "serve" else "cmd_generate", fake)
     try:
         rc = cli.main([command, *argv])
-    except SystemExit as e:  # argparse's own errors (usage + message): never expected by these tests
+    except (
+        SystemExit
+    ) as e:  # argparse's own errors (usage + message): never expected by these tests
         rc = e.code
     err = capsys.readouterr().err
     assert "Traceback" not in err
@@ -55,8 +60,9 @@ def serve_parser_of_main():
 
 
 def parse(parser, argv, check=False):
-    """What cli.main does with a `serve` command line after building its parser: (exit code, the error
-    line or None, ServerArgs or None). An argparse error raises SystemExit (never expected here)."""
+    """What cli.main does with a `serve` command line after building its parser: (exit code, the
+    error line or None, ServerArgs or None). An argparse error raises SystemExit (never expected
+    here)."""
     from radixlm.sglang_compat import check_sglang_flags
 
     args = parser.parse_args(argv)

@@ -12,8 +12,14 @@ from types import SimpleNamespace
 def load_conversation_module():
     spec = importlib.util.find_spec("sglang")
     path = os.path.join(spec.submodule_search_locations[0], "srt", "parser", "conversation.py")
-    stubs = {"sglang.srt.entrypoints.openai.protocol": types.SimpleNamespace(ChatCompletionRequest=object),
-             "sglang.srt.utils": types.SimpleNamespace(ImageData=object, read_system_prompt_from_file=lambda *a: "")}
+    stubs = {
+        "sglang.srt.entrypoints.openai.protocol": types.SimpleNamespace(
+            ChatCompletionRequest=object
+        ),
+        "sglang.srt.utils": types.SimpleNamespace(
+            ImageData=object, read_system_prompt_from_file=lambda *a: ""
+        ),
+    }
     saved = {k: sys.modules.get(k) for k in stubs}
     sys.modules.update(stubs)
     try:
@@ -31,10 +37,18 @@ def load_conversation_module():
 
 def register_json_template(module, t: dict) -> None:
     """A JSON conversation file's template, registered as SGLang's template_manager does."""
-    module.register_conv_template(module.Conversation(
-        name=t["name"], system_template=t["system"] + "\n{system_message}", system_message=t.get("system_message", ""),
-        roles=(t["user"], t["assistant"]), sep_style=module.SeparatorStyle[t["sep_style"]], sep=t.get("sep", "\n"),
-        stop_str=t["stop_str"]), override=True)
+    module.register_conv_template(
+        module.Conversation(
+            name=t["name"],
+            system_template=t["system"] + "\n{system_message}",
+            system_message=t.get("system_message", ""),
+            roles=(t["user"], t["assistant"]),
+            sep_style=module.SeparatorStyle[t["sep_style"]],
+            sep=t.get("sep", "\n"),
+            stop_str=t["stop_str"],
+        ),
+        override=True,
+    )
 
 
 def sglang_prompt(module, name: str, messages: list[dict]) -> str:

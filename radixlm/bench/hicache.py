@@ -26,8 +26,16 @@ from radixlm.server.process import ServerProcess
 
 def ttft(url: str, ids: list[int]) -> float:
     t0 = time.perf_counter()
-    with requests.post(url + "/generate", stream=True, timeout=600, json={
-            "input_ids": ids, "stream": True, "sampling_params": {"temperature": 0, "max_new_tokens": 4}}) as r:
+    with requests.post(
+        url + "/generate",
+        stream=True,
+        timeout=600,
+        json={
+            "input_ids": ids,
+            "stream": True,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 4},
+        },
+    ) as r:
         r.raise_for_status()
         for line in r.iter_lines():
             if line.startswith(b"data:"):
@@ -40,8 +48,12 @@ def _hicache_info(url: str) -> dict:
 
 
 def _server(extra: list[str], args) -> ServerProcess:
-    return ServerProcess(*(["--model-path", args.model_path] if args.model_path else []),
-                         "--max-total-tokens", str(args.max_total_tokens), *extra)
+    return ServerProcess(
+        *(["--model-path", args.model_path] if args.model_path else []),
+        "--max-total-tokens",
+        str(args.max_total_tokens),
+        *extra,
+    )
 
 
 def restart(args) -> dict:
@@ -51,8 +63,14 @@ def restart(args) -> dict:
         doc = [rng.randrange(100, 40000) for _ in range(args.prefix_len)]
         q1, q2, warm = ([rng.randrange(100, 40000) for _ in range(24)] for _ in range(3))
         storage = tempfile.mkdtemp(prefix="radixlm-hicache-bench-")
-        tiers = ["--enable-hierarchical-cache", "--hicache-storage-backend", "file", "--hicache-storage-dir", storage,
-                 *args.hicache_args.split()]
+        tiers = [
+            "--enable-hierarchical-cache",
+            "--hicache-storage-backend",
+            "file",
+            "--hicache-storage-dir",
+            storage,
+            *args.hicache_args.split(),
+        ]
         try:
             s = _server([], args)
             ttft(s.url, warm)
@@ -62,7 +80,10 @@ def restart(args) -> dict:
             ttft(s.url, warm)
             write_run = ttft(s.url, doc + q1)
             deadline = time.time() + 120
-            while _hicache_info(s.url)["l3_chunks_written"] < len(doc) // args.chunk and time.time() < deadline:
+            while (
+                _hicache_info(s.url)["l3_chunks_written"] < len(doc) // args.chunk
+                and time.time() < deadline
+            ):
                 time.sleep(0.2)
             s.stop()
             s = _server(tiers, args)
@@ -73,12 +94,23 @@ def restart(args) -> dict:
             s.stop()
         finally:
             shutil.rmtree(storage, ignore_errors=True)
-        row = {"rep": rep, "recompute_s": recompute, "tiered_first_s": write_run, "from_disk_s": from_disk,
-               "l1_hit_s": l1_hit, "speedup": recompute / from_disk, "l3_hit_tokens": info["l3_hit_tokens"],
-               "l3_load_s": info["l3_load_seconds"], "l2_load_s": info["l2_load_seconds"]}
+        row = {
+            "rep": rep,
+            "recompute_s": recompute,
+            "tiered_first_s": write_run,
+            "from_disk_s": from_disk,
+            "l1_hit_s": l1_hit,
+            "speedup": recompute / from_disk,
+            "l3_hit_tokens": info["l3_hit_tokens"],
+            "l3_load_s": info["l3_load_seconds"],
+            "l2_load_s": info["l2_load_seconds"],
+        }
         rows.append(row)
         print(json.dumps(row), flush=True)
-    med = {k: statistics.median(r[k] for r in rows) for k in ("recompute_s", "tiered_first_s", "from_disk_s", "l1_hit_s", "speedup")}
+    med = {
+        k: statistics.median(r[k] for r in rows)
+        for k in ("recompute_s", "tiered_first_s", "from_disk_s", "l1_hit_s", "speedup")
+    }
     return {"bench": "restart", "prefix_len": args.prefix_len, "reps": rows, "median": med}
 
 
@@ -86,13 +118,17 @@ def gsp(args) -> dict:
     from radixlm.bench.serving import add_args, run
 
     out = {}
-    for name, extra in (("no tiers", []), ("tiers", ["--enable-hierarchical-cache", *args.hicache_args.split()])):
+    for name, extra in (
+        ("no tiers", []),
+        ("tiers", ["--enable-hierarchical-cache", *args.hicache_args.split()]),
+    ):
         s = _server(extra, args)
         try:
             p = argparse.ArgumentParser()
             add_args(p)
-            bench_args = p.parse_args(["--base-url", s.url, "--dataset", "gsp", "--disable-tqdm",
-                                       *args.gsp_args.split()])
+            bench_args = p.parse_args(
+                ["--base-url", s.url, "--dataset", "gsp", "--disable-tqdm", *args.gsp_args.split()]
+            )
             if args.model_path:
                 bench_args.tokenizer = args.model_path
             res = run(bench_args)
@@ -103,10 +139,16 @@ def gsp(args) -> dict:
         hc = st.get("hicache") or {}
         l2, l3 = hc.get("l2_hit_tokens", 0), hc.get("l3_hit_tokens", 0)
         out[name] = {
-            "output_throughput": res["output_throughput"], "completed": res["completed"],
-            "mean_ttft_ms": res.get("mean_ttft_ms"), "duration_s": res.get("duration_s"),
+            "output_throughput": res["output_throughput"],
+            "completed": res["completed"],
+            "mean_ttft_ms": res.get("mean_ttft_ms"),
+            "duration_s": res.get("duration_s"),
             # Of the prompt tokens: served from L1 directly, loaded back from L2, computed.
-            "hit_rate": {"l1": (st["cached_tokens"] - l2) / prompt, "l2": l2 / prompt, "l3": l3 / prompt},
+            "hit_rate": {
+                "l1": (st["cached_tokens"] - l2) / prompt,
+                "l2": l2 / prompt,
+                "l3": l3 / prompt,
+            },
             "cache_hit_rate": st["cache_hit_rate"],
         }
         print(name, json.dumps(out[name]), flush=True)
@@ -115,16 +157,27 @@ def gsp(args) -> dict:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("bench", choices=["restart", "gsp"])
     p.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
-    p.add_argument("--max-total-tokens", type=int, default=8192, help="the KV pool (L1) of every server")
+    p.add_argument(
+        "--max-total-tokens", type=int, default=8192, help="the KV pool (L1) of every server"
+    )
     p.add_argument("--hicache-args", default="", help="more flags for the tiered servers")
     p.add_argument("--prefix-len", type=int, default=4000, help="restart: tokens of the document")
-    p.add_argument("--chunk", type=int, default=64, help="restart: the servers' --hicache-storage-chunk-size")
+    p.add_argument(
+        "--chunk", type=int, default=64, help="restart: the servers' --hicache-storage-chunk-size"
+    )
     p.add_argument("--reps", type=int, default=3)
-    p.add_argument("--gsp-args", default="--gsp-num-groups 8 --gsp-prompts-per-group 8 --gsp-system-prompt-len 1024 "
-                   "--gsp-question-len 32 --gsp-output-len 32 --max-concurrency 8")
+    p.add_argument(
+        "--gsp-args",
+        default=(
+            "--gsp-num-groups 8 --gsp-prompts-per-group 8 --gsp-system-prompt-len 1024 "
+            "--gsp-question-len 32 --gsp-output-len 32 --max-concurrency 8"
+        ),
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-file", default=None, help="append the result as one JSON line")
     args = p.parse_args(argv)

@@ -34,22 +34,33 @@ def write_adapter(path: str, hf_config, rank: int, seed: int) -> None:
     heads = hf_config.num_attention_heads
     hd = getattr(hf_config, "head_dim", None) or h // heads
     kv = (getattr(hf_config, "num_key_value_heads", None) or heads) * hd
-    shapes = {"q_proj": (heads * hd, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, heads * hd),
-              "gate_proj": (inter, h), "up_proj": (inter, h), "down_proj": (h, inter)}
+    shapes = {
+        "q_proj": (heads * hd, h),
+        "k_proj": (kv, h),
+        "v_proj": (kv, h),
+        "o_proj": (h, heads * hd),
+        "gate_proj": (inter, h),
+        "up_proj": (inter, h),
+        "down_proj": (h, inter),
+    }
     tensors = {}
     for i in range(hf_config.num_hidden_layers):
         for m, (out, inp) in shapes.items():
             part = "self_attn" if m[0] in "qkvo" else "mlp"
             key = f"base_model.model.model.layers.{i}.{part}.{m}"
-            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, inp, generator=g) * inp ** -0.5
+            tensors[f"{key}.lora_A.weight"] = torch.randn(rank, inp, generator=g) * inp**-0.5
             tensors[f"{key}.lora_B.weight"] = torch.randn(out, rank, generator=g) * 0.01
     os.makedirs(path, exist_ok=True)
     save_file(tensors, os.path.join(path, "adapter_model.safetensors"))
     with open(os.path.join(path, "adapter_config.json"), "w") as f:
-        json.dump({"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": list(TARGETS)}, f)
+        json.dump(
+            {"peft_type": "LORA", "r": rank, "lora_alpha": rank, "target_modules": list(TARGETS)}, f
+        )
 
 
-def tokens_per_s(engine: Engine, prompts: list[list[int]], names: list, tokens: int, loop: bool = False) -> float:
+def tokens_per_s(
+    engine: Engine, prompts: list[list[int]], names: list, tokens: int, loop: bool = False
+) -> float:
     sp = {"max_new_tokens": tokens, "temperature": 0, "ignore_eos": True}
     t0 = time.perf_counter()
     if loop:
@@ -61,7 +72,9 @@ def tokens_per_s(engine: Engine, prompts: list[list[int]], names: list, tokens: 
 
 
 def main(argv=None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--model-path", default=None)
     ap.add_argument("--quantization", default=None)
     ap.add_argument("--tokens", type=int, default=128)
@@ -74,7 +87,7 @@ def main(argv=None) -> None:
     root = tempfile.mkdtemp(prefix="radixlm-lora-bench-")
     prompts = [[(97 * i + 13 * j) % 20000 + 100 for j in range(64)] for i in range(8)]
     common = dict(quantization=args.quantization, num_threads=args.threads, log_level="warning")
-    med = lambda f: statistics.median(f() for _ in range(args.repeats))  # noqa: E731
+    med = lambda f: statistics.median(f() for _ in range(args.repeats))
 
     paths = []
     for k in range(4):
@@ -86,8 +99,11 @@ def main(argv=None) -> None:
         base = med(lambda: tokens_per_s(e, prompts, [None] * 8, args.tokens))
         mixed = med(lambda: tokens_per_s(e, prompts, names, args.tokens))
         loop = med(lambda: tokens_per_s(e, prompts, names, args.tokens, loop=True))
-    print(f"batch: 8 requests x {args.tokens} tokens: base {base:.1f} tok/s, 4 adapters mixed {mixed:.1f} tok/s "
-          f"({mixed / base:.2f}x base), per-request loop {loop:.1f} tok/s (mixed {mixed / loop:.2f}x the loop)")
+    print(
+        f"batch: 8 requests x {args.tokens} tokens: base {base:.1f} tok/s, 4 adapters mixed"
+        f" {mixed:.1f} tok/s ({mixed / base:.2f}x base), per-request loop {loop:.1f} tok/s (mixed"
+        f" {mixed / loop:.2f}x the loop)"
+    )
 
     for rank in (8, 16, 64):
         path = os.path.join(root, f"rank{rank}")
@@ -95,9 +111,14 @@ def main(argv=None) -> None:
         with Engine(args.model_path, lora_paths=[f"r={path}"], **common) as e:
             e.generate(input_ids=prompts[0], sampling_params={"max_new_tokens": 4})
             # Decode dominates at this length: seconds per token of the 8-request batch = one step.
-            step = {n: med(lambda n=n: 8 / tokens_per_s(e, prompts, [n] * 8, args.tokens)) for n in (None, "r")}
-        print(f"rank {rank}: decode step of 8 requests {step['r'] * 1e3:.2f} ms vs base {step[None] * 1e3:.2f} ms "
-              f"(+{(step['r'] - step[None]) * 1e3:.2f} ms)")
+            step = {
+                n: med(lambda n=n: 8 / tokens_per_s(e, prompts, [n] * 8, args.tokens))
+                for n in (None, "r")
+            }
+        print(
+            f"rank {rank}: decode step of 8 requests {step['r'] * 1e3:.2f} ms vs base"
+            f" {step[None] * 1e3:.2f} ms (+{(step['r'] - step[None]) * 1e3:.2f} ms)"
+        )
 
 
 if __name__ == "__main__":

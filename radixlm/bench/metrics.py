@@ -1,8 +1,9 @@
-"""Metrics of `radixlm bench serving`: from per-request outputs to one result dict, a table and a plot."""
+"""Metrics of `radixlm bench serving`: from per-request outputs to one result dict, a table and a
+plot."""
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -46,7 +47,9 @@ def compute_metrics(outputs: Sequence[RequestOutput], duration: float) -> dict:
         "concurrency": sum(o.latency for o in ok) / duration if duration > 0 else 0.0,
         # None when the server reports no cached counts (unknown, not zero).
         "cached_tokens": sum(o.cached_tokens for o in known) if known else None,
-        "cached_token_share": sum(o.cached_tokens for o in known) / known_prompt if known_prompt else None,
+        "cached_token_share": (
+            sum(o.cached_tokens for o in known) / known_prompt if known_prompt else None
+        ),
     }
     res.update(_stats("ttft", [o.ttft for o in ok]))
     res.update(_stats("tpot", tpot))
@@ -68,12 +71,15 @@ def _fmt(v) -> str:
 
 
 def format_table(res: dict, title: str = "Serving benchmark") -> str:
-    rows: list[Optional[tuple[str, str]]] = [
+    rows: list[tuple[str, str] | None] = [
         ("Backend / dataset", f"{res.get('backend')} / {res.get('dataset')}"),
         ("Completed / errors", f"{res['completed']} / {res['errors']}"),
         ("Retried (stale connection)", str(res.get("retried_requests", 0))),
         ("Duration (s)", _fmt(res["duration_s"])),
-        ("Total input / output tokens", f"{res['total_input_tokens']} / {res['total_output_tokens']}"),
+        (
+            "Total input / output tokens",
+            f"{res['total_input_tokens']} / {res['total_output_tokens']}",
+        ),
         ("Request throughput (req/s)", _fmt(res["request_throughput"])),
         ("Input throughput (tok/s)", _fmt(res["input_throughput"])),
         ("Output throughput (tok/s)", _fmt(res["output_throughput"])),
@@ -85,7 +91,9 @@ def format_table(res: dict, title: str = "Serving benchmark") -> str:
         rows.append(("Valid JSON share", _fmt(res["json_valid_share"])))
     lines = [f"{'=' * 20} {title} {'=' * 20}"]
     lines += [f"{k:<34}{v:>18}" for k, v in rows]
-    lines.append(f"{'latency (ms)':<14}" + "".join(f"{c:>12}" for c in ("mean", "p50", "p90", "p99")))
+    lines.append(
+        f"{'latency (ms)':<14}" + "".join(f"{c:>12}" for c in ("mean", "p50", "p90", "p99"))
+    )
     for name in LATENCIES:
         vals = [res[f"{s}_{name}_ms"] for s in ("mean", "p50", "p90", "p99")]
         lines.append(f"{name.upper():<14}" + "".join(f"{_fmt(v):>12}" for v in vals))

@@ -4,18 +4,27 @@ from __future__ import annotations
 
 import argparse
 import json
+import json as _json
 import time
 
-import json as _json
-
-from radixlm.bench.workloads import PERSON_SCHEMA, generated_shared_prefix, json_person_prompts, random_prompts
+from radixlm.bench.workloads import (
+    PERSON_SCHEMA,
+    generated_shared_prefix,
+    json_person_prompts,
+    random_prompts,
+)
 from radixlm.scheduler.config import SchedulerConfig
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
-        "--workload", choices=["gsp", "random", "json", "json-free"], default="gsp",
-        help="json: chat prompts constrained by a many-key JSON schema; json-free: the same prompts unconstrained",
+        "--workload",
+        choices=["gsp", "random", "json", "json-free"],
+        default="gsp",
+        help=(
+            "json: chat prompts constrained by a many-key JSON schema; json-free: the same prompts"
+            " unconstrained"
+        ),
     )
     p.add_argument("--num-groups", type=int, default=8)
     p.add_argument("--prompts-per-group", type=int, default=16)
@@ -36,20 +45,32 @@ def run(args, server_args) -> dict:
         vocab = engine.scheduler_info["vocab_size"]
         if args.workload == "gsp":
             reqs = generated_shared_prefix(
-                args.num_groups, args.prompts_per_group, args.system_prompt_len, args.question_len,
-                args.output_len, vocab, args.seed,
+                args.num_groups,
+                args.prompts_per_group,
+                args.system_prompt_len,
+                args.question_len,
+                args.output_len,
+                vocab,
+                args.seed,
             )
         elif args.workload == "random":
-            reqs = random_prompts(args.num_prompts, args.input_len, args.output_len, vocab, seed=args.seed)
+            reqs = random_prompts(
+                args.num_prompts, args.input_len, args.output_len, vocab, seed=args.seed
+            )
         else:
             reqs = None
             texts = [
-                engine.tokenizer.apply_chat_template([{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True)
+                engine.tokenizer.apply_chat_template(
+                    [{"role": "user", "content": q}], tokenize=False, add_generation_prompt=True
+                )
                 for q in json_person_prompts(args.num_prompts)
             ]
             base = {"temperature": 0.7, "max_new_tokens": args.output_len}
             if args.workload == "json":
-                sps = [{**base, "seed": i, "json_schema": _json.dumps(PERSON_SCHEMA)} for i in range(len(texts))]
+                sps = [
+                    {**base, "seed": i, "json_schema": _json.dumps(PERSON_SCHEMA)}
+                    for i in range(len(texts))
+                ]
             else:
                 sps = [{**base, "seed": i, "ignore_eos": True} for i in range(len(texts))]
         # Warm-up on an unrelated prompt, then start from an empty cache.
@@ -59,7 +80,10 @@ def run(args, server_args) -> dict:
         if reqs is not None:
             outs = engine.generate(
                 input_ids=[r.input_ids for r in reqs],
-                sampling_params=[{"max_new_tokens": r.output_len, "temperature": 0, "ignore_eos": True} for r in reqs],
+                sampling_params=[
+                    {"max_new_tokens": r.output_len, "temperature": 0, "ignore_eos": True}
+                    for r in reqs
+                ],
             )
         else:
             outs = engine.generate(texts, sps)
@@ -81,7 +105,9 @@ def run(args, server_args) -> dict:
         "request_throughput": len(outs) / elapsed,
         "output_throughput": gen / elapsed,
         "total_token_throughput": (prompt + gen) / elapsed,
-        "forward_passes_per_output_token": sum(o["meta_info"]["forward_passes"] for o in outs) / max(gen, 1),
+        "forward_passes_per_output_token": (
+            sum(o["meta_info"]["forward_passes"] for o in outs) / max(gen, 1)
+        ),
         "jump_forward_tokens": state["jump_forward_tokens"],
         "grammar_mask_ms_per_step": state["grammar_mask_ms_per_step"],
         "overlap_schedule": SchedulerConfig.from_server_args(server_args).overlap_schedule,

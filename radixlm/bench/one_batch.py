@@ -25,24 +25,50 @@ from radixlm.bench.workloads import random_prompts
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--batch-size", type=int, nargs="+", default=[1], help="one or more batch sizes, run in turn")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        nargs="+",
+        default=[1],
+        help="one or more batch sizes, run in turn",
+    )
     p.add_argument("--input-len", type=int, default=256)
-    p.add_argument("--output-len", type=int, default=32,
-                   help="tokens per request: 1 from the prefill, the rest decoded")
-    p.add_argument("--shared-prefix-len", type=int, default=0,
-                   help="tokens of a cached prefix in front of every prompt (0: none)")
-    p.add_argument("--num-groups", type=int, default=1, help="distinct shared prefixes (with --shared-prefix-len)")
+    p.add_argument(
+        "--output-len",
+        type=int,
+        default=32,
+        help="tokens per request: 1 from the prefill, the rest decoded",
+    )
+    p.add_argument(
+        "--shared-prefix-len",
+        type=int,
+        default=0,
+        help="tokens of a cached prefix in front of every prompt (0: none)",
+    )
+    p.add_argument(
+        "--num-groups",
+        type=int,
+        default=1,
+        help="distinct shared prefixes (with --shared-prefix-len)",
+    )
     p.add_argument("--seed", type=int, default=0, help="of the random prompt tokens")
     p.add_argument("--output-file", default=None, help="append one JSON line per batch size")
-    p.add_argument("--profile", action="store_true",
-                   help="after the timed run, run each batch size again under the torch profiler")
-    p.add_argument("--profile-dir", default="radixlm-profile", help="where --profile writes traces and tables")
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="after the timed run, run each batch size again under the torch profiler",
+    )
+    p.add_argument(
+        "--profile-dir", default="radixlm-profile", help="where --profile writes traces and tables"
+    )
 
 
 def sized_server_args(args, server_args):
     """The runner's pools sized for the largest batch unless the options say otherwise."""
     groups = args.num_groups if args.shared_prefix_len else 0
-    need = max(args.batch_size) * (args.input_len + args.output_len) + groups * args.shared_prefix_len
+    need = (
+        max(args.batch_size) * (args.input_len + args.output_len) + groups * args.shared_prefix_len
+    )
     return dataclasses.replace(
         server_args,
         max_total_tokens=server_args.max_total_tokens or need,
@@ -68,7 +94,9 @@ def _forward(runner, batch, cm):
     return fb, runner.forward(fb)
 
 
-def run_once(runner, prompts: list[list[int]], output_len: int, prefixes: list[list[int]] = ()) -> dict:
+def run_once(
+    runner, prompts: list[list[int]], output_len: int, prefixes: list[list[int]] = ()
+) -> dict:
     """Prefill `prompts` as one batch, then decode; returns timings and the greedy tokens.
     prefixes: prompt i continues prefixes[i % len(prefixes)], computed once before the batch."""
     import torch
@@ -82,9 +110,14 @@ def run_once(runner, prompts: list[list[int]], output_len: int, prefixes: list[l
 
     need = sum(len(p) + output_len for p in prompts) + sum(map(len, prefixes))
     slots = len(prompts) + len(prefixes)
-    if need > runner.token_to_kv_pool.available_size() or slots > runner.req_to_token_pool.available_size():
-        raise ValueError(f"batch needs {need} KV slots and {slots} request slots; raise --max-total-tokens "
-                         "or --max-running-requests")
+    if (
+        need > runner.token_to_kv_pool.available_size()
+        or slots > runner.req_to_token_pool.available_size()
+    ):
+        raise ValueError(
+            f"batch needs {need} KV slots and {slots} request slots; raise --max-total-tokens "
+            "or --max-running-requests"
+        )
     sp = SamplingParams(max_new_tokens=output_len, temperature=0.0, ignore_eos=True)
     tree = NoPrefixCache()  # no radix tree: prefixes are shared by hand
     cm = CacheManager.create(runner.req_to_token_pool, runner.token_to_kv_pool, tree)
@@ -93,12 +126,16 @@ def run_once(runner, prompts: list[list[int]], output_len: int, prefixes: list[l
     def new_req(rid: str, ids: list[int], cached=None) -> Req:
         r = Req(rid=rid, origin_input_ids=ids, sampling_params=sp)
         # Starts from the prefix's KV slots, as a radix-cache hit does.
-        cm.assign(r, cached if cached is not None else torch.empty(0, dtype=torch.int64), tree.root_node)
+        cm.assign(
+            r, cached if cached is not None else torch.empty(0, dtype=torch.int64), tree.root_node
+        )
         return r
 
     def extend(reqs: list[Req]) -> ScheduleBatch:
-        return ScheduleBatch(ForwardMode.EXTEND, chunks=[PrefillChunk.plan(r, r.seqlen - r.kv_committed_len)
-                                                          for r in reqs])
+        return ScheduleBatch(
+            ForwardMode.EXTEND,
+            chunks=[PrefillChunk.plan(r, r.seqlen - r.kv_committed_len) for r in reqs],
+        )
 
     try:
         cached = []
@@ -106,8 +143,14 @@ def run_once(runner, prompts: list[list[int]], output_len: int, prefixes: list[l
             r = new_req(f"prefix{g}", list(pre))
             _forward(runner, extend([r]), cm)
             cached.append(runner.req_to_token_pool.req_to_token[r.req_pool_idx, : len(pre)].clone())
-        reqs = [new_req(str(i), list(prefixes[i % len(prefixes)]) + list(p) if prefixes else list(p),
-                        cached[i % len(cached)] if cached else None) for i, p in enumerate(prompts)]
+        reqs = [
+            new_req(
+                str(i),
+                list(prefixes[i % len(prefixes)]) + list(p) if prefixes else list(p),
+                cached[i % len(cached)] if cached else None,
+            )
+            for i, p in enumerate(prompts)
+        ]
         t0 = timer.now()
         fb, out = _forward(runner, extend(reqs), cm)
         for r, tok in zip(reqs, runner.sample(fb, out.next_token_logits).tolist()):
@@ -129,7 +172,12 @@ def run_once(runner, prompts: list[list[int]], output_len: int, prefixes: list[l
     finally:
         runner.req_to_token_pool.clear()
         runner.token_to_kv_pool.clear()
-    return {"prefill_s": prefill, "step_s": steps, "forward_s": forwards, "output_ids": [r.output_ids for r in reqs]}
+    return {
+        "prefill_s": prefill,
+        "step_s": steps,
+        "forward_s": forwards,
+        "output_ids": [r.output_ids for r in reqs],
+    }
 
 
 def summarize(bs: int, input_len: int, output_len: int, t: dict) -> dict:
@@ -143,18 +191,26 @@ def summarize(bs: int, input_len: int, output_len: int, t: dict) -> dict:
         "decode_steps": len(steps),
     }
     if steps:
-        q = statistics.quantiles(steps, n=10, method="inclusive") if len(steps) > 1 else [steps[0]] * 9
+        q = (
+            statistics.quantiles(steps, n=10, method="inclusive")
+            if len(steps) > 1
+            else [steps[0]] * 9
+        )
         med = statistics.median(steps)
         total = sum(steps)
-        res.update({
-            "decode_median_ms": med * 1e3,
-            "decode_p90_ms": q[8] * 1e3,
-            "decode_throughput": bs / med,  # tokens/s at the median step
-            "decode_mean_throughput": bs * len(steps) / total,
-            "forward_median_ms": statistics.median(fwd) * 1e3,
-            "outside_forward_median_ms": statistics.median(s - f for s, f in zip(steps, fwd)) * 1e3,
-            "outside_forward_share": (total - sum(fwd)) / total,
-        })
+        res.update(
+            {
+                "decode_median_ms": med * 1e3,
+                "decode_p90_ms": q[8] * 1e3,
+                "decode_throughput": bs / med,  # tokens/s at the median step
+                "decode_mean_throughput": bs * len(steps) / total,
+                "forward_median_ms": statistics.median(fwd) * 1e3,
+                "outside_forward_median_ms": (
+                    statistics.median(s - f for s, f in zip(steps, fwd)) * 1e3
+                ),
+                "outside_forward_share": (total - sum(fwd)) / total,
+            }
+        )
     total = t["prefill_s"] + sum(steps)
     res["total_latency_s"] = total
     res["total_throughput"] = bs * (input_len + output_len) / total
@@ -164,11 +220,15 @@ def summarize(bs: int, input_len: int, output_len: int, t: dict) -> dict:
 def _profile(runner, prompts, args, bs: int, prefixes) -> str:
     from torch.profiler import ProfilerActivity, profile
 
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if runner.device.type == "cuda" else [])
+    acts = [ProfilerActivity.CPU] + (
+        [ProfilerActivity.CUDA] if runner.device.type == "cuda" else []
+    )
     with profile(activities=acts) as prof:
         run_once(runner, prompts, args.output_len, prefixes)
     os.makedirs(args.profile_dir, exist_ok=True)
-    stem = os.path.join(args.profile_dir, f"one_batch_bs{bs}_in{args.input_len}_out{args.output_len}")
+    stem = os.path.join(
+        args.profile_dir, f"one_batch_bs{bs}_in{args.input_len}_out{args.output_len}"
+    )
     prof.export_chrome_trace(stem + ".trace.json")
     sort = "self_cuda_time_total" if runner.device.type == "cuda" else "self_cpu_time_total"
     with open(stem + ".txt", "w") as f:
@@ -208,7 +268,8 @@ def matmul_reference(runner, bs: int, repeats: int = 20) -> dict:
 
 def bytes_per_step(runner, bs: int, context: float) -> int:
     """What one decode step must read: every weight as stored (quantized blocks as they are; the
-    embedding table only when it is the tied LM head) and the K/V of `context` tokens per request."""
+    embedding table only when it is the tied LM head) and the K/V of `context` tokens per request.
+    """
     from radixlm.model.layers.linear import VocabEmbedding
 
     model = runner.model
@@ -220,13 +281,16 @@ def bytes_per_step(runner, bs: int, context: float) -> int:
             total += q.nbytes
     total += sum(p.nbytes for n, p in model.named_parameters() if tied or "embed" not in n)
     pool = runner.token_to_kv_pool
-    per_token = pool.bytes_per_token(pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.dtype, pool.v_head_dim)
+    per_token = pool.bytes_per_token(
+        pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.dtype, pool.v_head_dim
+    )
     return int(total + bs * context * per_token)
 
 
 def read_rate_gbps(device, nbytes: int = 256 * 2**20, repeats: int = 7) -> float:
     """The machine's plain read rate (a sum over a buffer far larger than the caches), GB/s. On CUDA
-    the device-to-device copy rate instead (copy_rate_gbps): what HBM sustains, the usual roofline."""
+    the device-to-device copy rate instead (copy_rate_gbps): what HBM sustains, the usual roofline.
+    """
     import torch
 
     if torch.device(device).type == "cuda":
@@ -242,8 +306,8 @@ def read_rate_gbps(device, nbytes: int = 256 * 2**20, repeats: int = 7) -> float
 
 
 def copy_rate_gbps(device, nbytes: int = 2**30, repeats: int = 10) -> float:
-    """A device-to-device copy of nbytes, counting the bytes read and written (GB/s): ~4.3 TB/s on an
-    H200 (measured by others on the lent machines), against its 4.8 TB/s nominal."""
+    """A device-to-device copy of nbytes, counting the bytes read and written (GB/s): ~4.3 TB/s on
+    an H200 (measured by others on the lent machines), against its 4.8 TB/s nominal."""
     import torch
 
     src = torch.ones(nbytes // 4, device=device)
@@ -270,26 +334,45 @@ def run(args, server_args) -> list[dict]:
     runner = ModelRunner(ModelRunnerConfig.from_server_args(sized_server_args(args, server_args)))
     prefixes = []
     if args.shared_prefix_len:
-        prefixes = [r.input_ids for r in random_prompts(args.num_groups, args.shared_prefix_len, 1, runner.vocab_size,
-                                                        seed=args.seed + 1)]
+        prefixes = [
+            r.input_ids
+            for r in random_prompts(
+                args.num_groups, args.shared_prefix_len, 1, runner.vocab_size, seed=args.seed + 1
+            )
+        ]
     results = []
     for bs in args.batch_size:
-        reqs = random_prompts(bs, args.input_len, args.output_len, runner.vocab_size, seed=args.seed)
+        reqs = random_prompts(
+            bs, args.input_len, args.output_len, runner.vocab_size, seed=args.seed
+        )
         prompts = [r.input_ids for r in reqs]
-        run_once(runner, prompts, min(args.output_len, 4), prefixes)  # warm-up: first-call allocations, kernels
+        run_once(
+            runner, prompts, min(args.output_len, 4), prefixes
+        )  # warm-up: first-call allocations, kernels
         t = run_once(runner, prompts, args.output_len, prefixes)
         res = summarize(bs, args.input_len, args.output_len, t)
-        res.update(shared_prefix_len=args.shared_prefix_len, num_groups=len(prefixes),
-                   device=str(runner.device), dtype=str(runner.dtype).replace("torch.", ""),
-                   model=server_args.model_path or "default", vocab_size=runner.vocab_size,
-                   output_ids=t["output_ids"])
+        res.update(
+            shared_prefix_len=args.shared_prefix_len,
+            num_groups=len(prefixes),
+            device=str(runner.device),
+            dtype=str(runner.dtype).replace("torch.", ""),
+            model=server_args.model_path or "default",
+            vocab_size=runner.vocab_size,
+            output_ids=t["output_ids"],
+        )
         if res.get("decode_median_ms"):
             # The bandwidth roofline: the step's bytes at the machine's read rate, against the step.
-            step_bytes = bytes_per_step(runner, bs, (len(prefixes[0]) if prefixes else 0) + args.input_len
-                                        + (args.output_len - 1) / 2)
+            step_bytes = bytes_per_step(
+                runner,
+                bs,
+                (len(prefixes[0]) if prefixes else 0) + args.input_len + (args.output_len - 1) / 2,
+            )
             rate = read_rate_gbps(runner.device)
-            res.update(step_bytes_mb=step_bytes / 1e6, read_gbps=rate,
-                       roofline_share=step_bytes / (rate * 1e9) / (res["decode_median_ms"] / 1e3))
+            res.update(
+                step_bytes_mb=step_bytes / 1e6,
+                read_gbps=rate,
+                roofline_share=step_bytes / (rate * 1e9) / (res["decode_median_ms"] / 1e3),
+            )
         if res.get("forward_median_ms") and linear_weights(runner.model):
             ref = matmul_reference(runner, bs)
             res.update(ref)
@@ -324,16 +407,26 @@ COLUMNS = (
 def format_table(results: list[dict]) -> str:
     lines = ["".join(f"{h:>15}" for _, h, _ in COLUMNS)]
     for r in results:
-        lines.append("".join(f"{(f.format(r[k]) if r.get(k) is not None else 'n/a'):>15}" for k, _, f in COLUMNS))
+        lines.append(
+            "".join(
+                f"{(f.format(r[k]) if r.get(k) is not None else 'n/a'):>15}" for k, _, f in COLUMNS
+            )
+        )
     return "\n".join(lines)
 
 
 def main(args, server_args) -> int:
     results = run(args, server_args)
     r0 = results[0]
-    shared = f" after a cached {args.shared_prefix_len}-token prefix ({r0['num_groups']} groups)" if r0["num_groups"] else ""
-    print(f"one batch: input {args.input_len}{shared}, output {args.output_len}, {r0['device']}, {r0['dtype']}, "
-          f"{r0['model']}")
+    shared = (
+        f" after a cached {args.shared_prefix_len}-token prefix ({r0['num_groups']} groups)"
+        if r0["num_groups"]
+        else ""
+    )
+    print(
+        f"one batch: input {args.input_len}{shared}, output {args.output_len}, {r0['device']},"
+        f" {r0['dtype']}, {r0['model']}"
+    )
     print(format_table(results))
     for r in results:
         if r.get("profile"):

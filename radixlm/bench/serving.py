@@ -21,63 +21,139 @@ from datetime import datetime
 
 from radixlm.bench.metrics import compute_metrics, format_table, plot
 from radixlm.bench.serving_client import BACKENDS, RequestOutput, make_backend, send_request
-from radixlm.bench.serving_datasets import DATASETS, Session, WordVocab, build_sessions, json_valid, warmup_request
+from radixlm.bench.serving_datasets import (
+    DATASETS,
+    Session,
+    WordVocab,
+    build_sessions,
+    json_valid,
+    warmup_request,
+)
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", choices=BACKENDS, default="radixlm",
-                   help="radixlm: native /generate; openai: /v1/completions; openai-chat: /v1/chat/completions")
+    p.add_argument(
+        "--backend",
+        choices=BACKENDS,
+        default="radixlm",
+        help=(
+            "radixlm: native /generate; openai: /v1/completions; openai-chat: /v1/chat/completions"
+        ),
+    )
     p.add_argument("--base-url", default="http://127.0.0.1:30000")
-    p.add_argument("--model", default=None,
-                   help="model name for the OpenAI backends (default: the first of /v1/models)")
+    p.add_argument(
+        "--model",
+        default=None,
+        help="model name for the OpenAI backends (default: the first of /v1/models)",
+    )
     p.add_argument("--api-key", default=None)
-    p.add_argument("--admin-api-key", default=None, help="the server's admin key, for --flush-cache")
-    p.add_argument("--tokenizer", default=None,
-                   help="HF directory or GGUF whose tokenizer builds the prompts and counts tokens the server "
-                        "does not report (default: the embedded SmolLM2)")
+    p.add_argument(
+        "--admin-api-key", default=None, help="the server's admin key, for --flush-cache"
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help=(
+            "HF directory or GGUF whose tokenizer builds the prompts and counts tokens the server "
+            "does not report (default: the embedded SmolLM2)"
+        ),
+    )
     p.add_argument("--dataset", choices=DATASETS, default="random")
-    p.add_argument("--num-prompts", type=int, default=64, help="random and json: requests; fork: fork points")
+    p.add_argument(
+        "--num-prompts", type=int, default=64, help="random and json: requests; fork: fork points"
+    )
     p.add_argument("--random-input-len", type=int, default=200)
     p.add_argument("--random-output-len", type=int, default=64)
-    p.add_argument("--random-range-ratio", type=float, default=1.0,
-                   help="lengths drawn uniformly from [len * ratio, len]; 1.0: exact")
+    p.add_argument(
+        "--random-range-ratio",
+        type=float,
+        default=1.0,
+        help="lengths drawn uniformly from [len * ratio, len]; 1.0: exact",
+    )
     p.add_argument("--gsp-num-groups", type=int, default=16)
     p.add_argument("--gsp-prompts-per-group", type=int, default=16)
     p.add_argument("--gsp-system-prompt-len", type=int, default=1024)
     p.add_argument("--gsp-question-len", type=int, default=32)
     p.add_argument("--gsp-output-len", type=int, default=64)
-    p.add_argument("--gsp-order", choices=["interleaved", "shuffled"], default="interleaved",
-                   help="arrival order: round-robin over the groups, or random (many clients)")
+    p.add_argument(
+        "--gsp-order",
+        choices=["interleaved", "shuffled"],
+        default="interleaved",
+        help="arrival order: round-robin over the groups, or random (many clients)",
+    )
     p.add_argument("--num-conversations", type=int, default=8)
     p.add_argument("--num-turns", type=int, default=4)
-    p.add_argument("--multi-turn-question-len", type=int, default=64, help="new user tokens per turn")
+    p.add_argument(
+        "--multi-turn-question-len", type=int, default=64, help="new user tokens per turn"
+    )
     p.add_argument("--multi-turn-output-len", type=int, default=64)
     p.add_argument("--fork-prefix-len", type=int, default=512)
     p.add_argument("--fork-n", type=int, default=4, help="branches per fork point, sent at once")
-    p.add_argument("--fork-branch-len", type=int, default=16, help="tokens of each branch after the prefix")
+    p.add_argument(
+        "--fork-branch-len", type=int, default=16, help="tokens of each branch after the prefix"
+    )
     p.add_argument("--fork-output-len", type=int, default=64)
     p.add_argument("--json-output-len", type=int, default=160, help="max tokens of a JSON answer")
-    p.add_argument("--grounded-sentences", type=int, default=8, help="sentences of each grounded passage")
-    p.add_argument("--grounded-output-len", type=int, default=160, help="max tokens of a grounded answer")
-    p.add_argument("--recurring-num-prompts", type=int, default=8, help="distinct recurring agent calls")
-    p.add_argument("--recurring-repeats", type=int, default=4, help="times each recurring call is sent")
-    p.add_argument("--recurring-output-len", type=int, default=64, help="max tokens of a recurring answer")
-    p.add_argument("--request-rate", type=float, default=float("inf"),
-                   help="sessions per second (Poisson arrivals); inf: all at once")
+    p.add_argument(
+        "--grounded-sentences", type=int, default=8, help="sentences of each grounded passage"
+    )
+    p.add_argument(
+        "--grounded-output-len", type=int, default=160, help="max tokens of a grounded answer"
+    )
+    p.add_argument(
+        "--recurring-num-prompts", type=int, default=8, help="distinct recurring agent calls"
+    )
+    p.add_argument(
+        "--recurring-repeats", type=int, default=4, help="times each recurring call is sent"
+    )
+    p.add_argument(
+        "--recurring-output-len", type=int, default=64, help="max tokens of a recurring answer"
+    )
+    p.add_argument(
+        "--request-rate",
+        type=float,
+        default=float("inf"),
+        help="sessions per second (Poisson arrivals); inf: all at once",
+    )
     p.add_argument("--max-concurrency", type=int, default=None, help="most requests in flight")
-    p.add_argument("--warmup-requests", type=int, default=1, help="short unrelated requests first, not measured")
-    p.add_argument("--flush-cache", action=argparse.BooleanOptionalAction, default=True,
-                   help="POST /flush_cache after the warm-up, so runs start from an empty prefix cache "
-                        "(radixlm and SGLang; ignored where the server has no such route)")
+    p.add_argument(
+        "--warmup-requests",
+        type=int,
+        default=1,
+        help="short unrelated requests first, not measured",
+    )
+    p.add_argument(
+        "--flush-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help=(
+            "POST /flush_cache after the warm-up, so runs start from an empty prefix cache "
+            "(radixlm and SGLang; ignored where the server has no such route)"
+        ),
+    )
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--temperature", type=float, default=0.0,
-                   help="sampling temperature of every request (0: greedy; above 0 repeated prompts get "
-                        "different answers, which the radix tree records as branches)")
-    p.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=True,
-                   help="generate the full output length past EOS (default on: exact output lengths; "
-                        "the json dataset never sets it)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help=(
+            "sampling temperature of every request (0: greedy; above 0 repeated prompts get "
+            "different answers, which the radix tree records as branches)"
+        ),
+    )
+    p.add_argument(
+        "--ignore-eos",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help=(
+            "generate the full output length past EOS (default on: exact output lengths; "
+            "the json dataset never sets it)"
+        ),
+    )
     p.add_argument("--disable-tqdm", action="store_true")
-    p.add_argument("--output-file", default=None, help="append the result (args + metrics) as one JSON line")
+    p.add_argument(
+        "--output-file", default=None, help="append the result (args + metrics) as one JSON line"
+    )
     p.add_argument("--plot", default=None, help="write a PNG of throughput and latency percentiles")
 
 
@@ -97,7 +173,9 @@ async def _default_model(client, args) -> str:
     return r.json()["data"][0]["id"]
 
 
-async def _run_sessions(client, args, backend, sessions: list[Session], pbar) -> list[RequestOutput]:
+async def _run_sessions(
+    client, args, backend, sessions: list[Session], pbar
+) -> list[RequestOutput]:
     headers = _headers(args)
     limit = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
     outputs: list[RequestOutput] = []
@@ -115,13 +193,21 @@ async def _run_sessions(client, args, backend, sessions: list[Session], pbar) ->
     async def session(s: Session) -> None:
         history: list[dict] = []
         for t, turn in enumerate(s.turns):
-            reqs = [dataclasses.replace(r, messages=history + r.messages) for r in turn] if s.chained else turn
+            reqs = (
+                [dataclasses.replace(r, messages=history + r.messages) for r in turn]
+                if s.chained
+                else turn
+            )
             outs = await asyncio.gather(*(one(r) for r in reqs))
             outputs.extend(outs)
             if s.chained:
                 if not outs[0].success:  # the conversation cannot go on: its later turns fail
-                    rest = s.turns[t + 1:]
-                    outputs.extend(_failed("an earlier turn of this conversation failed") for tn in rest for _ in tn)
+                    rest = s.turns[t + 1 :]
+                    outputs.extend(
+                        _failed("an earlier turn of this conversation failed")
+                        for tn in rest
+                        for _ in tn
+                    )
                     if pbar is not None:
                         pbar.update(sum(len(tn) for tn in rest))
                     return
@@ -191,10 +277,20 @@ async def benchmark(args) -> dict:
             print(f"warm-up failed: {bad[0]}", file=sys.stderr)
         if args.flush_cache:
             try:
-                admin = {"Authorization": f"Bearer {args.admin_api_key}"} if args.admin_api_key else {}
-                r = await client.post(args.base_url + "/flush_cache", headers={**_headers(args), **admin})
-                if r.status_code in (401, 403):  # an admin action: the run would start from a warm cache
-                    print(f"warning: /flush_cache refused ({r.status_code}); pass --admin-api-key", file=sys.stderr)
+                admin = (
+                    {"Authorization": f"Bearer {args.admin_api_key}"} if args.admin_api_key else {}
+                )
+                r = await client.post(
+                    args.base_url + "/flush_cache", headers={**_headers(args), **admin}
+                )
+                if r.status_code in (
+                    401,
+                    403,
+                ):  # an admin action: the run would start from a warm cache
+                    print(
+                        f"warning: /flush_cache refused ({r.status_code}); pass --admin-api-key",
+                        file=sys.stderr,
+                    )
             except httpx.HTTPError:
                 pass  # the requests below say what is wrong with the server
         pbar = None
@@ -212,7 +308,9 @@ async def benchmark(args) -> dict:
     res = {"backend": args.backend, "dataset": args.dataset, "model": model, "date": date}
     res.update(compute_metrics(outputs, duration))
     res["requests"] = total
-    res["args"] = {k: "inf" if v == float("inf") else v for k, v in vars(args).items() if not callable(v)}
+    res["args"] = {
+        k: "inf" if v == float("inf") else v for k, v in vars(args).items() if not callable(v)
+    }
     res["outputs"] = outputs  # dropped from the JSON line; for callers and tests
     return res
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 BACKENDS = ("radixlm", "openai", "openai-chat")
 
@@ -30,7 +30,7 @@ class RequestInput:
     messages: list[dict]
     output_len: int
     ignore_eos: bool = True
-    json_schema: Optional[dict] = None  # constrain the output to this schema
+    json_schema: dict | None = None  # constrain the output to this schema
     temperature: float = 0.0  # 0: greedy (every benchmark's default; --temperature)
 
     @property
@@ -44,21 +44,21 @@ class RequestOutput:
     error: str = ""
     text: str = ""
     # What the server reports; None when it does not (filled in from the tokenizer later).
-    prompt_len: Optional[int] = None
-    output_len: Optional[int] = None
-    cached_tokens: Optional[int] = None
-    ttft: Optional[float] = None  # seconds from send to the first generated text
+    prompt_len: int | None = None
+    output_len: int | None = None
+    cached_tokens: int | None = None
+    ttft: float | None = None  # seconds from send to the first generated text
     latency: float = 0.0  # seconds from send to the end of the stream
     itl: list[float] = field(default_factory=list)  # gaps between streamed tokens, seconds
-    json_valid: Optional[bool] = None  # json workload: the output parses and validates
+    json_valid: bool | None = None  # json workload: the output parses and validates
     retries: int = 0  # sends again after a stale keep-alive connection failed before any answer
-    request: Optional[RequestInput] = field(default=None, repr=False)  # what was sent
+    request: RequestInput | None = field(default=None, repr=False)  # what was sent
 
 
 class Backend:
     path = ""
 
-    def __init__(self, model: Optional[str] = None):
+    def __init__(self, model: str | None = None):
         self.model = model
 
     def payload(self, req: RequestInput) -> dict:
@@ -111,7 +111,9 @@ class OpenAIBackend(Backend):
             "stream_options": {"include_usage": True},
         }
         if req.ignore_eos:
-            body["ignore_eos"] = True  # an extension that radixlm, llama-server, vLLM and SGLang accept
+            body["ignore_eos"] = (
+                True  # an extension that radixlm, llama-server, vLLM and SGLang accept
+            )
         return body
 
     def payload(self, req: RequestInput) -> dict:
@@ -159,15 +161,17 @@ class OpenAIChatBackend(OpenAIBackend):
         return (choice.get("delta") or {}).get("content") or ""
 
 
-def make_backend(name: str, model: Optional[str] = None) -> Backend:
-    return {"radixlm": NativeBackend, "openai": OpenAIBackend, "openai-chat": OpenAIChatBackend}[name](model)
+def make_backend(name: str, model: str | None = None) -> Backend:
+    return {"radixlm": NativeBackend, "openai": OpenAIBackend, "openai-chat": OpenAIChatBackend}[
+        name
+    ](model)
 
 
 class RequestFailed(Exception):
     pass
 
 
-def parse_sse_line(line: str) -> Optional[dict]:
+def parse_sse_line(line: str) -> dict | None:
     """The JSON object of one `data: {...}` line; None for other lines and `data: [DONE]`."""
     if not line.startswith("data:"):
         return None
@@ -183,17 +187,22 @@ def parse_sse_line(line: str) -> Optional[dict]:
 
 # A server may close an idle keep-alive connection just as the client reuses it (llama-server
 # does): the request then fails before any byte of an answer. Such a request never reached the
-# server's queue, so it is sent again on a new connection; the clock keeps running from the first try.
+# server's queue, so it is sent again on a new connection; the clock keeps running from the first
+# try.
 _STALE_CONNECTION_RETRIES = 2
 
 
 def _stale_connection(e: Exception) -> bool:
     import httpx
 
-    return isinstance(e, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectError))
+    return isinstance(
+        e, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, httpx.ConnectError)
+    )
 
 
-async def send_request(client, base_url: str, backend: Backend, req: RequestInput, headers: dict) -> RequestOutput:
+async def send_request(
+    client, base_url: str, backend: Backend, req: RequestInput, headers: dict
+) -> RequestOutput:
     """Send one streaming request; never raises (a failure is RequestOutput.success False)."""
     start = time.perf_counter()
     for attempt in range(_STALE_CONNECTION_RETRIES + 1):
@@ -201,7 +210,9 @@ async def send_request(client, base_url: str, backend: Backend, req: RequestInpu
         got_response = False
         try:
             last = start
-            async with client.stream("POST", base_url + backend.path, json=backend.payload(req), headers=headers) as resp:
+            async with client.stream(
+                "POST", base_url + backend.path, json=backend.payload(req), headers=headers
+            ) as resp:
                 got_response = True
                 if resp.status_code != 200:
                     body = (await resp.aread()).decode(errors="replace")
@@ -216,16 +227,19 @@ async def send_request(client, base_url: str, backend: Backend, req: RequestInpu
                         now = time.perf_counter()
                         if out.ttft is None:
                             out.ttft = now - start
-                        else:  # several tokens in one chunk: spread the gap over them (as SGLang does)
+                        # several tokens in one chunk: spread the gap over them (as SGLang does)
+                        else:
                             out.itl.extend([(now - last) / new] * new)
                         last = now
             out.latency = time.perf_counter() - start
-            if out.ttft is None:  # nothing visible streamed (e.g. only special tokens): first = last
+            if (
+                out.ttft is None
+            ):  # nothing visible streamed (e.g. only special tokens): first = last
                 out.ttft = out.latency
             out.success = True
             out.retries = attempt
             return out
-        except Exception as e:  # noqa: BLE001 - a benchmark counts failures, it does not stop on them
+        except Exception as e:
             out.error = f"{type(e).__name__}: {e}" if not isinstance(e, RequestFailed) else str(e)
             out.retries = attempt
             if got_response or not _stale_connection(e):

@@ -12,22 +12,34 @@ import random
 from dataclasses import dataclass
 
 from radixlm.bench.serving_client import RequestInput
-from radixlm.bench.workloads import PERSON_SCHEMA, generated_shared_prefix, json_person_prompts, random_prompts
+from radixlm.bench.workloads import (
+    PERSON_SCHEMA,
+    generated_shared_prefix,
+    json_person_prompts,
+    random_prompts,
+)
 
 DATASETS = ("random", "gsp", "multi-turn", "fork", "json", "grounded", "recurring")
 
 
 class WordVocab:
-    """The single-token words of a tokenizer: ' ' + 2 to 12 ASCII letters, each encoding to one id."""
+    """The single-token words of a tokenizer: ' ' + 2 to 12 ASCII letters, each encoding to one
+    id."""
 
     def __init__(self, tokenizer):
         size = len(tokenizer)
         decoded = tokenizer.batch_decode([[i] for i in range(size)])
-        cands = [s for s in decoded if s[:1] == " " and 3 <= len(s) <= 13 and s[1:].isascii() and s[1:].isalpha()]
+        cands = [
+            s
+            for s in decoded
+            if s[:1] == " " and 3 <= len(s) <= 13 and s[1:].isascii() and s[1:].isalpha()
+        ]
         ids = tokenizer(cands, add_special_tokens=False)["input_ids"]
         self.words = sorted({w for w, t in zip(cands, ids) if len(t) == 1})
         if len(self.words) < 100:
-            raise ValueError(f"the tokenizer has only {len(self.words)} single-token words; cannot build prompts")
+            raise ValueError(
+                f"the tokenizer has only {len(self.words)} single-token words; cannot build prompts"
+            )
         self.vocab_size = size
 
     def text(self, ids: list[int]) -> str:
@@ -63,21 +75,41 @@ def build_sessions(args, words: WordVocab) -> list[Session]:
     vocab, seed = words.vocab_size, args.seed
     if args.dataset == "random":
         reqs = random_prompts(
-            args.num_prompts, args.random_input_len, args.random_output_len, vocab, args.random_range_ratio, seed
+            args.num_prompts,
+            args.random_input_len,
+            args.random_output_len,
+            vocab,
+            args.random_range_ratio,
+            seed,
         )
         return [_single(RequestInput(_user(words.text(r.input_ids)), r.output_len)) for r in reqs]
     if args.dataset in ("gsp", "fork"):
         if args.dataset == "gsp":
-            shape = (args.gsp_num_groups, args.gsp_prompts_per_group, args.gsp_system_prompt_len,
-                     args.gsp_question_len, args.gsp_output_len)
+            shape = (
+                args.gsp_num_groups,
+                args.gsp_prompts_per_group,
+                args.gsp_system_prompt_len,
+                args.gsp_question_len,
+                args.gsp_output_len,
+            )
         else:
-            shape = (args.num_prompts, args.fork_n, args.fork_prefix_len, args.fork_branch_len, args.fork_output_len)
+            shape = (
+                args.num_prompts,
+                args.fork_n,
+                args.fork_prefix_len,
+                args.fork_branch_len,
+                args.fork_output_len,
+            )
         prefix_len = shape[2]
-        reqs = generated_shared_prefix(*shape, vocab, seed, shuffle=args.dataset == "gsp" and args.gsp_order == "shuffled")
+        reqs = generated_shared_prefix(
+            *shape, vocab, seed, shuffle=args.dataset == "gsp" and args.gsp_order == "shuffled"
+        )
         inputs = [
             RequestInput(
-                [{"role": "system", "content": words.text(r.input_ids[:prefix_len])},
-                 {"role": "user", "content": words.text(r.input_ids[prefix_len:])}],
+                [
+                    {"role": "system", "content": words.text(r.input_ids[:prefix_len])},
+                    {"role": "user", "content": words.text(r.input_ids[prefix_len:])},
+                ],
                 r.output_len,
             )
             for r in reqs
@@ -87,36 +119,59 @@ def build_sessions(args, words: WordVocab) -> list[Session]:
         branches: dict[int, list[RequestInput]] = {}
         for r, inp in zip(reqs, inputs):
             branches.setdefault(r.group, []).append(inp)
-        return [Session([b]) for _, b in sorted(branches.items())]  # the n branches of a fork at once
+        return [
+            Session([b]) for _, b in sorted(branches.items())
+        ]  # the n branches of a fork at once
     if args.dataset == "multi-turn":
         n, turns = args.num_conversations, args.num_turns
-        reqs = random_prompts(n * turns, args.multi_turn_question_len, args.multi_turn_output_len, vocab, 1.0, seed)
+        reqs = random_prompts(
+            n * turns, args.multi_turn_question_len, args.multi_turn_output_len, vocab, 1.0, seed
+        )
         inputs = [RequestInput(_user(words.text(r.input_ids)), r.output_len) for r in reqs]
-        return [Session([[r] for r in inputs[c * turns:(c + 1) * turns]], chained=True) for c in range(n)]
+        return [
+            Session([[r] for r in inputs[c * turns : (c + 1) * turns]], chained=True)
+            for c in range(n)
+        ]
     if args.dataset == "json":
         schema = json.dumps(PERSON_SCHEMA)
         return [
             # No ignore_eos: the output ends where the JSON object does.
-            _single(RequestInput(_user(f"{q} Reply with JSON that follows this schema: {schema}\n"),
-                                 args.json_output_len, ignore_eos=False, json_schema=PERSON_SCHEMA))
+            _single(
+                RequestInput(
+                    _user(f"{q} Reply with JSON that follows this schema: {schema}\n"),
+                    args.json_output_len,
+                    ignore_eos=False,
+                    json_schema=PERSON_SCHEMA,
+                )
+            )
             for q in json_person_prompts(args.num_prompts)
         ]
     if args.dataset == "grounded":
         from radixlm.bench.spec_datasets import grounded_requests
 
-        return [_single(r) for r in grounded_requests(args.num_prompts, args.grounded_sentences,
-                                                      args.grounded_output_len, seed)]
+        return [
+            _single(r)
+            for r in grounded_requests(
+                args.num_prompts, args.grounded_sentences, args.grounded_output_len, seed
+            )
+        ]
     if args.dataset == "recurring":
         from radixlm.bench.spec_datasets import recurring_requests
 
-        return [_single(r) for r in recurring_requests(args.recurring_num_prompts, args.recurring_repeats,
-                                                       args.recurring_output_len, seed)]
+        return [
+            _single(r)
+            for r in recurring_requests(
+                args.recurring_num_prompts, args.recurring_repeats, args.recurring_output_len, seed
+            )
+        ]
     raise ValueError(f"unknown dataset {args.dataset!r}; one of {', '.join(DATASETS)}")
 
 
 def warmup_request(words: WordVocab, seed: int) -> RequestInput:
     """A short prompt unrelated to the workload (its KV shares no prefix with it)."""
-    return RequestInput(_user("Warm up:" + words.random_text(random.Random(seed + 1_000_003), 8)), 4)
+    return RequestInput(
+        _user("Warm up:" + words.random_text(random.Random(seed + 1_000_003), 8)), 4
+    )
 
 
 def json_valid(text: str, schema: dict) -> bool:

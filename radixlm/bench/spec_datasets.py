@@ -44,36 +44,76 @@ TASKS = [
 ]
 
 AGENT_PROMPTS = [
-    "You are a file agent. Tool: list_dir(path). Task: find the largest log file under /var/log. Next action:",
-    "You are a shell agent. Tool: run(cmd). Task: count the Python files in the project. Next action:",
+    (
+        "You are a file agent. Tool: list_dir(path). Task: find the largest log file under"
+        " /var/log. Next action:"
+    ),
+    (
+        "You are a shell agent. Tool: run(cmd). Task: count the Python files in the project. Next"
+        " action:"
+    ),
     "You are a web agent. Tool: fetch(url). Task: read the changelog of version 2.1. Next action:",
-    "You are a calendar agent. Tool: create_event(title, day, hour). Task: book the team meeting on Monday at ten. Next action:",
-    "You are a database agent. Tool: sql(query). Task: find the ten customers with the most orders. Next action:",
-    "You are a mail agent. Tool: send(to, subject, body). Task: thank Ana for the report. Next action:",
-    "You are a code agent. Tool: edit(file, old, new). Task: rename the function load_cfg to load_config. Next action:",
-    "You are a travel agent. Tool: search_trains(from, to, day). Task: find a morning train to the city on Friday. Next action:",
+    (
+        "You are a calendar agent. Tool: create_event(title, day, hour). Task: book the team"
+        " meeting on Monday at ten. Next action:"
+    ),
+    (
+        "You are a database agent. Tool: sql(query). Task: find the ten customers with the most"
+        " orders. Next action:"
+    ),
+    (
+        "You are a mail agent. Tool: send(to, subject, body). Task: thank Ana for the report. Next"
+        " action:"
+    ),
+    (
+        "You are a code agent. Tool: edit(file, old, new). Task: rename the function load_cfg to"
+        " load_config. Next action:"
+    ),
+    (
+        "You are a travel agent. Tool: search_trains(from, to, day). Task: find a morning train to"
+        " the city on Friday. Next action:"
+    ),
 ]
 
 
 def passage(rng: random.Random, n_sentences: int) -> str:
-    picks = [rng.choice(SENTENCES) for _ in range(n_sentences)] if n_sentences > len(SENTENCES) else \
-        rng.sample(SENTENCES, n_sentences)
+    picks = (
+        [rng.choice(SENTENCES) for _ in range(n_sentences)]
+        if n_sentences > len(SENTENCES)
+        else rng.sample(SENTENCES, n_sentences)
+    )
     return " ".join(picks)
 
 
 def grounded_requests(num: int, n_sentences: int, output_len: int, seed: int) -> list[RequestInput]:
     rng = random.Random(seed)
-    return [RequestInput([{"role": "user", "content": f"{TASKS[i % len(TASKS)]}:\n\n{passage(rng, n_sentences)}"}],
-                         output_len, ignore_eos=False)
-            for i in range(num)]
+    return [
+        RequestInput(
+            [
+                {
+                    "role": "user",
+                    "content": f"{TASKS[i % len(TASKS)]}:\n\n{passage(rng, n_sentences)}",
+                }
+            ],
+            output_len,
+            ignore_eos=False,
+        )
+        for i in range(num)
+    ]
 
 
-def recurring_requests(num_prompts: int, repeats: int, output_len: int, seed: int) -> list[RequestInput]:
+def recurring_requests(
+    num_prompts: int, repeats: int, output_len: int, seed: int
+) -> list[RequestInput]:
     """num_prompts distinct calls, each sent `repeats` times, in a shuffled order (a repeat comes
     back after other work, as a retried or looping agent step does)."""
     rng = random.Random(seed)
-    prompts = [AGENT_PROMPTS[i % len(AGENT_PROMPTS)] + ("" if i < len(AGENT_PROMPTS) else f" (case {i})")
-               for i in range(num_prompts)]
+    prompts = [
+        AGENT_PROMPTS[i % len(AGENT_PROMPTS)] + ("" if i < len(AGENT_PROMPTS) else f" (case {i})")
+        for i in range(num_prompts)
+    ]
     order = [p for p in prompts for _ in range(repeats)]
     rng.shuffle(order)
-    return [RequestInput([{"role": "user", "content": p}], output_len, ignore_eos=False) for p in order]
+    return [
+        RequestInput([{"role": "user", "content": p}], output_len, ignore_eos=False) for p in order
+    ]

@@ -44,7 +44,14 @@ def generated_shared_prefix(
     return reqs
 
 
-def random_prompts(num: int, input_len: int, output_len: int, vocab_size: int, range_ratio: float = 1.0, seed: int = 0):
+def random_prompts(
+    num: int,
+    input_len: int,
+    output_len: int,
+    vocab_size: int,
+    range_ratio: float = 1.0,
+    seed: int = 0,
+):
     rng = random.Random(seed)
     out = []
     for _ in range(num):
@@ -66,9 +73,20 @@ PERSON_SCHEMA = {
         "home_city": {"type": "string", "maxLength": 16},
         "number_of_children": {"type": "integer", "minimum": 0, "maximum": 9},
     },
-    "required": ["first_name", "last_name", "age", "is_employed", "favorite_color", "home_city", "number_of_children"],
+    "required": [
+        "first_name",
+        "last_name",
+        "age",
+        "is_employed",
+        "favorite_color",
+        "home_city",
+        "number_of_children",
+    ],
 }
 
 
 def json_person_prompts(num: int) -> list[str]:
-    return [f"Invent a fictional person (number {i}) and describe them as a JSON object." for i in range(num)]
+    return [
+        f"Invent a fictional person (number {i}) and describe them as a JSON object."
+        for i in range(num)
+    ]

@@ -10,8 +10,9 @@ request: moving KV between a request and the cache is scheduler/cache_manager.py
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Hashable, NamedTuple, Optional
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
@@ -19,7 +20,11 @@ if TYPE_CHECKING:
     from radixlm.cache.hicache_io import Prefetch
     from radixlm.cache.tree_node import TreeNode
 
-FLUSH_LEVELS = ("l1", "l2", "l3")  # the KV pool; also host memory; also storage (hierarchical cache)
+FLUSH_LEVELS = (
+    "l1",
+    "l2",
+    "l3",
+)  # the KV pool; also host memory; also storage (hierarchical cache)
 
 
 @dataclass(frozen=True)
@@ -29,13 +34,13 @@ class PrefixKey:
     model's; one tenant's cache must not answer another's probe). None: the common namespace."""
 
     token_ids: list[int]
-    namespace: Optional[Hashable] = None
+    namespace: Hashable | None = None
 
     def __len__(self) -> int:
         return len(self.token_ids)
 
     @property
-    def child_key(self) -> Optional[Callable[[int], Hashable]]:
+    def child_key(self) -> Callable[[int], Hashable] | None:
         """How a tree looks a child up by its first token (radix_walk.walk's child_key)."""
         ns = self.namespace
         return None if ns is None else (lambda token: (ns, token))
@@ -43,14 +48,14 @@ class PrefixKey:
 
 class MatchResult(NamedTuple):
     indices: torch.Tensor  # int64 KV slots of the cached prefix, in position order
-    last_node: "TreeNode"  # where the match ends: what a request locks to keep the prefix
+    last_node: TreeNode  # where the match ends: what a request locks to keep the prefix
 
 
 class BasePrefixCache(ABC):
     # Whether the cache shares KV between requests at all (a scheduling policy that orders by
     # shared prefixes, jump-forward and radix drafts need it to).
     shares_prefixes: bool = True
-    root_node: "TreeNode"
+    root_node: TreeNode
 
     # --- lookup / insert ---------------------------------------------------------
     @abstractmethod
@@ -71,16 +76,17 @@ class BasePrefixCache(ABC):
 
     # --- locks and eviction --------------------------------------------------------
     @abstractmethod
-    def inc_lock_ref(self, node: "TreeNode") -> int:
+    def inc_lock_ref(self, node: TreeNode) -> int:
         """Pin node and its ancestors; returns the change in evictable tokens (<= 0)."""
 
     @abstractmethod
-    def dec_lock_ref(self, node: "TreeNode") -> int:
+    def dec_lock_ref(self, node: TreeNode) -> int:
         """Unpin node and its ancestors; returns the change in evictable tokens (>= 0)."""
 
     @abstractmethod
     def evict(self, num_tokens: int) -> int:
-        """Free unlocked KV, least recently used first, until num_tokens are free or none is left."""
+        """Free unlocked KV, least recently used first, until num_tokens are free or none is
+        left."""
 
     @abstractmethod
     def flush(self, level: str = "l1") -> None:
@@ -98,15 +104,15 @@ class BasePrefixCache(ABC):
         """KV slots the cache holds in the pool, counted by a walk (so it can catch drift)."""
 
     @abstractmethod
-    def path_to(self, node: "TreeNode") -> tuple[list[int], torch.Tensor]:
+    def path_to(self, node: TreeNode) -> tuple[list[int], torch.Tensor]:
         """Token ids and KV slots on the path from the root to node."""
 
     @abstractmethod
-    def all_nodes(self) -> list["TreeNode"]:
+    def all_nodes(self) -> list[TreeNode]:
         """Every node but the root."""
 
     # --- prefetch from a slower tier (the hierarchical cache's storage) ----------------------
-    def start_prefetch(self, key: PrefixKey) -> Optional["Prefetch"]:
+    def start_prefetch(self, key: PrefixKey) -> Prefetch | None:
         """Start reading the KV that continues key's cached prefix from a slower tier; None when
         there is nothing to read."""
         return None
@@ -117,15 +123,16 @@ class BasePrefixCache(ABC):
     def poll_prefetches(self) -> None:
         """Bring what the reads returned so far into the cache."""
 
-    def check(self) -> Optional[str]:
-        """What is wrong with the cache's own invariants beyond the pool's (lower tiers), or None."""
+    def check(self) -> str | None:
+        """What is wrong with the cache's own invariants beyond the pool's (lower tiers), or
+        None."""
         return None
 
     def info(self) -> dict:
         """Counters for /get_server_info and /metrics (empty: none beyond the sizes)."""
         return {}
 
-    def wait_writes(self, timeout: Optional[float] = None) -> bool:
+    def wait_writes(self, timeout: float | None = None) -> bool:
         """Block until KV queued for storage is written (shutdown); False on timeout."""
         return True
 

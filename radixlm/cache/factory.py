@@ -3,7 +3,7 @@ or none (--disable-radix-cache)."""
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
@@ -12,9 +12,14 @@ from radixlm.cache.hicache_config import HiCacheConfig
 from radixlm.cache.memory_pool import TokenToKVPool
 
 
-def create_prefix_cache(pool: TokenToKVPool, disable_radix_cache: bool, hicache: Optional[HiCacheConfig],
-                        model_key: Callable[[torch.dtype], str]) -> BasePrefixCache:
-    """model_key(stored dtype): what stored KV depends on (the hierarchical cache's storage asks)."""
+def create_prefix_cache(
+    pool: TokenToKVPool,
+    disable_radix_cache: bool,
+    hicache: HiCacheConfig | None,
+    model_key: Callable[[torch.dtype], str],
+) -> BasePrefixCache:
+    """model_key(stored dtype): what stored KV depends on (the hierarchical cache's storage
+    asks)."""
     if hicache is not None:
         from radixlm.cache.hiradix_cache import create_hiradix_cache
 

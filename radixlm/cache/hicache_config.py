@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from radixlm.cache.host_pool import HICACHE_DTYPES
 
@@ -24,11 +24,11 @@ class HiCacheConfig:
     size_gb: float = 0.0
     write_policy: str = "write_through"
     dtype: str = "auto"  # L2/L3 element type; auto: float16 for a float32 L1, else L1's
-    storage_backend: Optional[str] = None  # L3; None: none
+    storage_backend: str | None = None  # L3; None: none
     storage_dir: str = ""
     storage_size_gb: float = 16.0  # 0: unbounded
     storage_chunk_size: int = 64  # tokens per stored chunk
-    storage_key: Optional[str] = field(default=None, repr=False)  # None: the directory's key file
+    storage_key: str | None = field(default=None, repr=False)  # None: the directory's key file
 
     def __post_init__(self):
         def bad(field: str, why: str):
@@ -53,25 +53,41 @@ class HiCacheConfig:
             raise ValueError(f"hicache_storage_key must have at least {MIN_KEY_CHARS} characters")
 
     @classmethod
-    def from_server_args(cls, args: "ServerArgs") -> Optional["HiCacheConfig"]:
+    def from_server_args(cls, args: ServerArgs) -> HiCacheConfig | None:
         """The hierarchical cache's config (its options are checked either way); None when
         --enable-hierarchical-cache is off."""
-        config = cls(args.hicache_ratio, args.hicache_size, args.hicache_write_policy, args.hicache_dtype,
-                     args.hicache_storage_backend, storage_dir(args.hicache_storage_dir), args.hicache_storage_size_gb,
-                     args.hicache_storage_chunk_size,
-                     args.hicache_storage_key or (args.hicache_storage_backend and os.environ.get(STORAGE_KEY_ENV)) or None)
+        config = cls(
+            args.hicache_ratio,
+            args.hicache_size,
+            args.hicache_write_policy,
+            args.hicache_dtype,
+            args.hicache_storage_backend,
+            storage_dir(args.hicache_storage_dir),
+            args.hicache_storage_size_gb,
+            args.hicache_storage_chunk_size,
+            args.hicache_storage_key
+            or (args.hicache_storage_backend and os.environ.get(STORAGE_KEY_ENV))
+            or None,
+        )
         if not args.enable_hierarchical_cache:
             if args.hicache_storage_backend is not None:
-                raise ValueError("hicache_storage_backend needs enable_hierarchical_cache (--enable-hierarchical-cache)")
+                raise ValueError(
+                    "hicache_storage_backend needs enable_hierarchical_cache"
+                    " (--enable-hierarchical-cache)"
+                )
             return None
         if args.disable_radix_cache:
-            raise ValueError("enable_hierarchical_cache needs the radix cache (drop --disable-radix-cache)")
+            raise ValueError(
+                "enable_hierarchical_cache needs the radix cache (drop --disable-radix-cache)"
+            )
         return config
 
 
-def storage_dir(option: Optional[str]) -> str:
+def storage_dir(option: str | None) -> str:
     """--hicache-storage-dir, default $RADIXLM_CACHE_DIR/hicache (~/.cache/radixlm/hicache)."""
     if option:
         return option
-    root = os.environ.get("RADIXLM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "radixlm")
+    root = os.environ.get("RADIXLM_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "radixlm"
+    )
     return os.path.join(root, "hicache")

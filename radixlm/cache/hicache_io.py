@@ -9,9 +9,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
-from typing import Hashable, Optional
 
 from radixlm.cache.kv_data import KVData
 from radixlm.cache.storage import HiCacheStorage
@@ -56,6 +56,7 @@ class HiCacheStats:
 @dataclass
 class Prefetch:
     """Chunks [first_chunk, first_chunk + len(futures)) of `token_ids` being read from L3."""
+
     token_ids: list[int]
     start: int  # token position of the first chunk
     futures: list[Future]
@@ -65,7 +66,9 @@ class Prefetch:
     taken: int = 0  # leading chunks already hung into the tree
     added: int = 0  # tokens they added
     failed: bool = False  # a chunk could not be read: the ones after it are not used
-    done: bool = False  # every read ended and its results are in the tree (HiRadixCache.poll_prefetches)
+    done: bool = (
+        False  # every read ended and its results are in the tree (HiRadixCache.poll_prefetches)
+    )
 
 
 class HiCacheIO:
@@ -78,7 +81,9 @@ class HiCacheIO:
         self.pending_keys: set[str] = set()  # queued or being written (scheduler thread adds)
         self._lock = threading.Lock()
         self._logged: set[str] = set()  # failure kinds logged once already
-        self.writer = threading.Thread(target=self._write_loop, name="radixlm-hicache-write", daemon=True)
+        self.writer = threading.Thread(
+            target=self._write_loop, name="radixlm-hicache-write", daemon=True
+        )
         self.writer.start()
 
     # --- reads ------------------------------------------------------------------
@@ -88,12 +93,12 @@ class HiCacheIO:
             f = self.inflight[key] = self.readers.submit(self._read, key, token_ids)
         return f
 
-    def _read(self, key: str, token_ids: list[int]) -> Optional[KVData]:
+    def _read(self, key: str, token_ids: list[int]) -> KVData | None:
         """The chunk, or None: whatever goes wrong in the backend is a cache miss, and what reaches
         the tree has the pool's layout (a wrong one would fail in the scheduler's step)."""
         try:
             data = self.storage.get(key, token_ids)
-        except Exception:  # noqa: BLE001 - a failed read loses that chunk only
+        except Exception:
             self._failed("read_errors", "reading a KV chunk failed")
             return None
         if data is not None and not self.storage.layout.fits(data):
@@ -107,7 +112,9 @@ class HiCacheIO:
         self.stats.count(counter)
         if counter not in self._logged:
             self._logged.add(counter)
-            logger.warning("hicache: %s (further ones are counted in %s)", message, counter, exc_info=exc_info)
+            logger.warning(
+                "hicache: %s (further ones are counted in %s)", message, counter, exc_info=exc_info
+            )
 
     def forget(self, keys: list[str]) -> None:
         for k in keys:
@@ -141,14 +148,14 @@ class HiCacheIO:
                 if self.storage.set(key, token_ids, data):
                     self.stats.count("bytes_to_l3", data.nbytes)
                     self.stats.count("l3_chunks_written")
-            except Exception:  # noqa: BLE001 - a failed store loses that chunk only
+            except Exception:
                 self._failed("write_errors", "storing a KV chunk failed")
             finally:
                 with self._lock:
                     self.pending_keys.discard(key)
                 self.writes.task_done()
 
-    def wait_writes(self, timeout: Optional[float] = None) -> bool:
+    def wait_writes(self, timeout: float | None = None) -> bool:
         """Block until every queued store is done (tests, shutdown, flush); False on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while self.writes.unfinished_tasks:

@@ -29,7 +29,8 @@ from __future__ import annotations
 import heapq
 import logging
 import time
-from typing import TYPE_CHECKING, Callable, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -39,8 +40,8 @@ from radixlm.cache.host_pool import HostKVPool
 from radixlm.cache.kv_data import KVData
 from radixlm.cache.memory_pool import TokenToKVPool
 from radixlm.cache.radix_cache import RadixCache
-from radixlm.cache.tree_node import TreeNode, touch
 from radixlm.cache.storage_tier import NoStorageTier
+from radixlm.cache.tree_node import TreeNode, touch
 from radixlm.radix_walk import walk
 
 if TYPE_CHECKING:
@@ -53,8 +54,14 @@ SELECTIVE_HITS = 2
 
 
 class HiRadixCache(RadixCache):
-    def __init__(self, token_to_kv_pool: TokenToKVPool, host_pool: HostKVPool, write_policy: str = "write_through",
-                 storage_tier: Optional[NoStorageTier] = None, stats: Optional[HiCacheStats] = None):
+    def __init__(
+        self,
+        token_to_kv_pool: TokenToKVPool,
+        host_pool: HostKVPool,
+        write_policy: str = "write_through",
+        storage_tier: NoStorageTier | None = None,
+        stats: HiCacheStats | None = None,
+    ):
         self.host_pool = host_pool
         self.write_policy = write_policy
         self.stats = stats or HiCacheStats()  # shared with the storage backend's error counts
@@ -74,8 +81,8 @@ class HiRadixCache(RadixCache):
 
     # --- admission: L1 match + L2 load-back --------------------------------------
     def match_prefix(self, key: PrefixKey) -> MatchResult:
-        """The longest prefix in L1 or L2, all of it in L1 afterwards (loads L2 nodes back into fresh
-        L1 slots); only the L1 part when L1 has no room for the rest."""
+        """The longest prefix in L1 or L2, all of it in L1 afterwards (loads L2 nodes back into
+        fresh L1 slots); only the L1 part when L1 has no room for the rest."""
         indices, node = super().match_prefix(key)
         host_nodes = self._host_continuation(node, key, len(indices))
         self._count_hits(node, host_nodes)
@@ -136,7 +143,10 @@ class HiRadixCache(RadixCache):
 
     def match_len(self, key: PrefixKey) -> int:
         """Tokens of key's prefix held in L1 or L2 (a read-only walk)."""
-        return max((pos + m for _, pos, m in walk(self.root_node, key.token_ids, child_key=key.child_key)), default=0)
+        return max(
+            (pos + m for _, pos, m in walk(self.root_node, key.token_ids, child_key=key.child_key)),
+            default=0,
+        )
 
     # --- insert: write-through ------------------------------------------------------
     def _on_inserted(self, new_nodes: list[TreeNode], last: TreeNode) -> None:
@@ -167,8 +177,12 @@ class HiRadixCache(RadixCache):
         for data in chunks:  # chunk by chunk: concatenating them first costs a slow copy
             lo, hi = max(pos, at), at + data.num_tokens
             if lo < hi:
-                part = KVData(*[t[:, lo - at :] if t is not None else None
-                                for t in (data.k, data.v, data.k_scale, data.v_scale)])
+                part = KVData(
+                    *[
+                        t[:, lo - at :] if t is not None else None
+                        for t in (data.k, data.v, data.k_scale, data.v_scale)
+                    ]
+                )
                 self.host_pool.set(host[lo - pos : hi - pos], part)
             at = hi
         leaf = TreeNode(ids[pos:], None, key.namespace)
@@ -180,7 +194,9 @@ class HiRadixCache(RadixCache):
     def _evict_node(self, node: TreeNode) -> None:
         n = len(node.value)
         if node.host_value is None and self.write_policy != "write_through_selective":
-            self._backup(node)  # write_back (write_through backed it up at insert, unless L2 was full)
+            self._backup(
+                node
+            )  # write_back (write_through backed it up at insert, unless L2 was full)
         self.token_to_kv_pool.free(node.value)
         self.evictable_size_ -= n
         node.value = None
@@ -220,12 +236,13 @@ class HiRadixCache(RadixCache):
         self.stats.count("bytes_l1_to_l2", len(host) * self.host_pool.bytes_per_token)
         return True
 
-    def _alloc_host(self, need: int) -> Optional[torch.Tensor]:
+    def _alloc_host(self, need: int) -> torch.Tensor | None:
         return _alloc(self.host_pool, self.evict_host, need)
 
     def evict_host(self, num_tokens: int) -> int:
         """Free L2 slots, least recently used first: L2-only leaves (gone from the tree; stored in
         L3 first under write_back) and backups of L1 nodes (the node stays, in L1 only)."""
+
         def candidate(n: TreeNode) -> bool:
             if n.host_value is None or n.host_lock > 0:
                 return False
@@ -264,7 +281,11 @@ class HiRadixCache(RadixCache):
     def _store_path(self, node: TreeNode) -> None:
         """Queue the full chunks of the path to node that L3 lacks (read from L1 or L2 now)."""
         path = self._path(node)
-        self.storage_tier.store(node.namespace, [t for n in path for t in n.key], lambda lo, hi: self._gather(path, lo, hi))
+        self.storage_tier.store(
+            node.namespace,
+            [t for n in path for t in n.key],
+            lambda lo, hi: self._gather(path, lo, hi),
+        )
 
     def _gather(self, path: list[TreeNode], lo: int, hi: int) -> KVData:
         """KV of tokens [lo, hi) of a path, from whichever tier holds each node, as L2's type."""
@@ -273,8 +294,11 @@ class HiRadixCache(RadixCache):
             a, b = max(lo, pos), min(hi, pos + len(n.key))
             if a < b:
                 if n.value is not None:
-                    parts.append(HostKVPool.read_device(self.token_to_kv_pool, n.value[a - pos : b - pos],
-                                                        self.host_pool.dtype))
+                    parts.append(
+                        HostKVPool.read_device(
+                            self.token_to_kv_pool, n.value[a - pos : b - pos], self.host_pool.dtype
+                        )
+                    )
                 else:
                     parts.append(self.host_pool.get(n.host_value[a - pos : b - pos]))
             pos += len(n.key)
@@ -282,13 +306,15 @@ class HiRadixCache(RadixCache):
                 break
         return KVData.cat(parts)
 
-    def start_prefetch(self, key: PrefixKey) -> Optional[Prefetch]:
+    def start_prefetch(self, key: PrefixKey) -> Prefetch | None:
         """Start reading the L3 chunks that continue key's L1+L2 match; None if there are none."""
         return self.storage_tier.start_prefetch(key.namespace, key.token_ids, self.match_len(key))
 
     def poll_prefetches(self) -> None:
         """Hang the chunks read so far into L2 (storage_tier.StorageTier.poll)."""
-        self.storage_tier.poll(lambda ns, ids, start, chunks: self.insert_host(PrefixKey(ids, ns), start, chunks))
+        self.storage_tier.poll(
+            lambda ns, ids, start, chunks: self.insert_host(PrefixKey(ids, ns), start, chunks)
+        )
 
     # --- flush, introspection ----------------------------------------------------
     def flush(self, level: str = "l1") -> None:
@@ -305,9 +331,9 @@ class HiRadixCache(RadixCache):
     def host_size(self) -> int:
         return self.host_pool.size - self.host_pool.available_size()
 
-    def check(self) -> Optional[str]:
-        """The tier invariants (what is wrong, or None): L1 prefix-closed, L2-only nodes unlocked and
-        backed, every L2 slot owned exactly once."""
+    def check(self) -> str | None:
+        """The tier invariants (what is wrong, or None): L1 prefix-closed, L2-only nodes unlocked
+        and backed, every L2 slot owned exactly once."""
         parts = [self.host_pool.free_slots]
         for n in self.all_nodes():
             if n.value is not None and n.parent is not self.root_node and n.parent.value is None:
@@ -321,22 +347,31 @@ class HiRadixCache(RadixCache):
                     return f"{n}: {len(n.host_value)} L2 slots for {len(n.key)} tokens"
                 parts.append(n.host_value)
         counts = torch.bincount(torch.cat(parts), minlength=self.host_pool.size + 1)
-        if counts[0] != 0 or counts.numel() != self.host_pool.size + 1 or bool((counts[1:] != 1).any()):
+        if (
+            counts[0] != 0
+            or counts.numel() != self.host_pool.size + 1
+            or bool((counts[1:] != 1).any())
+        ):
             return "an L2 slot without exactly one owner"
         return None
 
     def info(self) -> dict:
-        return {**self.stats.as_dict(), "l2_size_tokens": self.host_pool.size, "l2_used_tokens": self.host_size(),
-                "write_policy": self.write_policy, **self.storage_tier.info()}
+        return {
+            **self.stats.as_dict(),
+            "l2_size_tokens": self.host_pool.size,
+            "l2_used_tokens": self.host_size(),
+            "write_policy": self.write_policy,
+            **self.storage_tier.info(),
+        }
 
-    def wait_writes(self, timeout: Optional[float] = None) -> bool:
+    def wait_writes(self, timeout: float | None = None) -> bool:
         return self.storage_tier.wait_writes(timeout)
 
     def close(self) -> None:
         self.storage_tier.close()
 
 
-def _alloc(pool, evict, need: int) -> Optional[torch.Tensor]:
+def _alloc(pool, evict, need: int) -> torch.Tensor | None:
     """`need` slots of a tier's pool, evicting from that tier first when it is short."""
     short = need - pool.available_size()
     if short > 0:
@@ -344,8 +379,9 @@ def _alloc(pool, evict, need: int) -> Optional[torch.Tensor]:
     return pool.alloc(need)
 
 
-def create_hiradix_cache(config: "HiCacheConfig", pool: TokenToKVPool,
-                         model_key: Callable[[torch.dtype], str]) -> HiRadixCache:
+def create_hiradix_cache(
+    config: HiCacheConfig, pool: TokenToKVPool, model_key: Callable[[torch.dtype], str]
+) -> HiRadixCache:
     """The tiered cache over `pool`. model_key(stored dtype): what stored KV depends on (asked only
     when there is a storage tier: it reads the weights and the tokenizer)."""
     from radixlm.cache.host_pool import host_dtype_for
@@ -354,20 +390,45 @@ def create_hiradix_cache(config: "HiCacheConfig", pool: TokenToKVPool,
     from radixlm.cache.storage_tier import StorageTier
 
     dtype = host_dtype_for(pool.dtype, config.dtype)
-    per_token = TokenToKVPool.bytes_per_token(pool.num_layers, pool.num_kv_heads, pool.head_dim, dtype,
-                                              pool.v_head_dim)
-    size = int(config.size_gb * 2**30) // per_token if config.size_gb > 0 else int(config.ratio * pool.size)
+    per_token = TokenToKVPool.bytes_per_token(
+        pool.num_layers, pool.num_kv_heads, pool.head_dim, dtype, pool.v_head_dim
+    )
+    size = (
+        int(config.size_gb * 2**30) // per_token
+        if config.size_gb > 0
+        else int(config.ratio * pool.size)
+    )
     if size < 1:
-        raise ValueError("the L2 pool would hold no token (raise --hicache-size or --hicache-ratio)")
+        raise ValueError(
+            "the L2 pool would hold no token (raise --hicache-size or --hicache-ratio)"
+        )
     stats, storage = HiCacheStats(), NoStorageTier()
     if config.storage_backend is not None:
         key = model_key(dtype)
-        layout = ChunkLayout(pool.num_layers, pool.num_kv_heads, pool.head_dim, dtype, config.storage_chunk_size,
-                             pool.v_head_dim)
-        backend = create_storage(config.storage_backend, config.storage_dir, key, layout,
-                                 int(config.storage_size_gb * 2**30), stats, config.storage_key)
+        layout = ChunkLayout(
+            pool.num_layers,
+            pool.num_kv_heads,
+            pool.head_dim,
+            dtype,
+            config.storage_chunk_size,
+            pool.v_head_dim,
+        )
+        backend = create_storage(
+            config.storage_backend,
+            config.storage_dir,
+            key,
+            layout,
+            int(config.storage_size_gb * 2**30),
+            stats,
+            config.storage_key,
+        )
         storage = StorageTier(backend, key, config.storage_chunk_size, stats)
-    logger.info("hierarchical cache: L2 %d tokens (%.1f MiB, %s), write policy %s%s", size, size * per_token / 2**20,
-                str(dtype).replace("torch.", ""), config.write_policy,
-                f", L3 {config.storage_backend} in {config.storage_dir}" if config.storage_backend else "")
+    logger.info(
+        "hierarchical cache: L2 %d tokens (%.1f MiB, %s), write policy %s%s",
+        size,
+        size * per_token / 2**20,
+        str(dtype).replace("torch.", ""),
+        config.write_policy,
+        f", L3 {config.storage_backend} in {config.storage_dir}" if config.storage_backend else "",
+    )
     return HiRadixCache(pool, HostKVPool(size, pool, dtype), config.write_policy, storage, stats)

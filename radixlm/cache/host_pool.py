@@ -32,9 +32,13 @@ class HostKVPool:
         self.size = size
         self.dtype = dtype
         self.num_layers = device_pool.num_layers
-        held = device_pool.layers  # a pipeline stage's layers: the others' buffers are empty, as in L1
-        shapes = [(size + 1, device_pool.num_kv_heads if i in held else 0, device_pool.head_dim)
-                  for i in range(self.num_layers)]
+        held = (
+            device_pool.layers
+        )  # a pipeline stage's layers: the others' buffers are empty, as in L1
+        shapes = [
+            (size + 1, device_pool.num_kv_heads if i in held else 0, device_pool.head_dim)
+            for i in range(self.num_layers)
+        ]
         v_dim = device_pool.v_head_dim  # 0 for an MLA latent pool: no V
         self.k_buffer = [torch.zeros(shape, dtype=dtype) for shape in shapes]
         self.v_buffer = [torch.zeros((*shape[:2], v_dim), dtype=dtype) for shape in shapes]
@@ -43,7 +47,8 @@ class HostKVPool:
             self.k_scale_buffer = [torch.zeros(shape[:2]) for shape in shapes]
             self.v_scale_buffer = [torch.zeros(shape[:2]) for shape in shapes]
         self.bytes_per_token = TokenToKVPool.bytes_per_token(
-            len(held), device_pool.num_kv_heads, device_pool.head_dim, dtype, v_dim)
+            len(held), device_pool.num_kv_heads, device_pool.head_dim, dtype, v_dim
+        )
         self.clear()
 
     def clear(self) -> None:
@@ -72,7 +77,9 @@ class HostKVPool:
     def set(self, idx: torch.Tensor, data: KVData) -> None:
         scatter(*self._bufs(), idx, data)
 
-    def backup_from(self, pool: TokenToKVPool, dev_idx: torch.Tensor, host_idx: torch.Tensor) -> None:
+    def backup_from(
+        self, pool: TokenToKVPool, dev_idx: torch.Tensor, host_idx: torch.Tensor
+    ) -> None:
         """L1 -> L2, slot to slot."""
         for dst, src in zip(self._bufs(), _pool_bufs(pool)):
             if dst is not None:

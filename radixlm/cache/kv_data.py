@@ -8,7 +8,6 @@ float32 for an int8 cache, else None. The element type is the host tier's (see H
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import numpy as np
 import torch
@@ -20,8 +19,8 @@ FP16_MAX = 65504.0
 class KVData:
     k: torch.Tensor
     v: torch.Tensor
-    k_scale: Optional[torch.Tensor] = None
-    v_scale: Optional[torch.Tensor] = None
+    k_scale: torch.Tensor | None = None
+    v_scale: torch.Tensor | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -35,7 +34,7 @@ class KVData:
         return sum(t.numel() * t.element_size() for t in self.tensors())
 
     @staticmethod
-    def cat(parts: list["KVData"]) -> "KVData":
+    def cat(parts: list[KVData]) -> KVData:
         if len(parts) == 1:
             return parts[0]
         scales = parts[0].k_scale is not None
@@ -60,13 +59,15 @@ def convert(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 MAX_RUNS = 64
 
 
-def _runs(dst_idx: torch.Tensor, src_idx: torch.Tensor) -> Optional[list[tuple[int, int, int]]]:
+def _runs(dst_idx: torch.Tensor, src_idx: torch.Tensor) -> list[tuple[int, int, int]] | None:
     """(dst start, src start, length) of the maximal runs where both index lists go up by one;
     None when there are more than MAX_RUNS (a fragmented pool)."""
     n = dst_idx.numel()
     if n == 0:
         return []
-    brk = ((dst_idx[1:] - dst_idx[:-1] != 1) | (src_idx[1:] - src_idx[:-1] != 1)).nonzero().flatten()
+    brk = (
+        ((dst_idx[1:] - dst_idx[:-1] != 1) | (src_idx[1:] - src_idx[:-1] != 1)).nonzero().flatten()
+    )
     if brk.numel() >= MAX_RUNS:
         return None
     bounds = [0] + (brk + 1).tolist() + [n]
@@ -75,7 +76,9 @@ def _runs(dst_idx: torch.Tensor, src_idx: torch.Tensor) -> Optional[list[tuple[i
     return [(d, s_, e - b) for d, s_, b, e in zip(d0, s0, bounds[:-1], bounds[1:])]
 
 
-def copy_slots(dst: list[torch.Tensor], dst_idx: torch.Tensor, src: list[torch.Tensor], src_idx: torch.Tensor) -> None:
+def copy_slots(
+    dst: list[torch.Tensor], dst_idx: torch.Tensor, src: list[torch.Tensor], src_idx: torch.Tensor
+) -> None:
     """dst[layer][dst_idx] = src[layer][src_idx] for every layer, converting the element type.
     Pools hand out slots in long consecutive runs, so this is mostly a few slice copies per layer
     (~5x faster than index_put on these CPUs)."""
@@ -98,8 +101,9 @@ def copy_slots(dst: list[torch.Tensor], dst_idx: torch.Tensor, src: list[torch.T
 _NUMPY_VIEW = {torch.bfloat16: torch.int16}
 
 
-def _copy_on_this_thread(d: torch.Tensor, d_idx: Optional[torch.Tensor], s_: torch.Tensor,
-                         s_idx: Optional[torch.Tensor]) -> bool:
+def _copy_on_this_thread(
+    d: torch.Tensor, d_idx: torch.Tensor | None, s_: torch.Tensor, s_idx: torch.Tensor | None
+) -> bool:
     """d[d_idx] = s_[s_idx] (whole tensors when the indices are None) through numpy, on the calling
     thread: False when numpy cannot (another device, a bfloat16 conversion). These copies are
     memory-bound, so torch's intra-op team gains little on them (7 against 13 ms for 3,300 tokens of
@@ -128,7 +132,10 @@ def gather(layers_k, layers_v, scales_k, scales_v, idx: torch.Tensor, dtype: tor
     """A new KVData holding the KV at slots idx of per-layer buffers, as `dtype`."""
     n, seq = idx.numel(), torch.arange(idx.numel())
     shape = (len(layers_k), n, *layers_k[0].shape[1:])
-    v_shape = (*shape[:3], layers_v[0].shape[2])  # V may be narrower than K (an MLA latent pool: none)
+    v_shape = (
+        *shape[:3],
+        layers_v[0].shape[2],
+    )  # V may be narrower than K (an MLA latent pool: none)
     out = KVData(torch.empty(shape, dtype=dtype), torch.empty(v_shape, dtype=dtype))
     if scales_k is not None:
         out.k_scale, out.v_scale = (torch.empty(shape[:3]) for _ in range(2))

@@ -14,9 +14,11 @@ logger = logging.getLogger(__name__)
 
 
 def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-    """CPU zeros in fresh anonymous pages, which the OS commits when they are first written: a pool sized
-    from the RAM available (--mem-fraction-static) takes memory as it fills, not all at start-up
-    (torch.zeros writes every byte). Huge pages as torch's own large buffers get (radixlm/__init__.py)."""
+    """CPU zeros in fresh anonymous pages, which the OS commits when they are first written: a pool
+    sized from the RAM available (--mem-fraction-static) takes memory as it fills, not all at
+    start-up (torch.zeros writes every byte). Huge pages as torch's own large buffers get
+    (radixlm/__init__.py).
+    """
     import math
     import mmap
     import os
@@ -85,28 +87,38 @@ class TokenToKVPool:
         self.dtype = dtype
         self.device = torch.device(device)
         shape = (size + 1, num_kv_heads, head_dim)
-        shape_of = lambda i: shape if i in self.layers else (size + 1, 0, head_dim)  # noqa: E731
+        shape_of = lambda i: shape if i in self.layers else (size + 1, 0, head_dim)
         self.k_buffer = [self._buffer(shape_of(i)) for i in range(num_layers)]
         self.v_buffer = [self._buffer(shape_of(i)) for i in range(num_layers)]
         self.k_scale_buffer: list[torch.Tensor] | None = None
         self.v_scale_buffer: list[torch.Tensor] | None = None
         if dtype == torch.int8:
-            self.k_scale_buffer = [torch.zeros(shape_of(i)[:2], device=device) for i in range(num_layers)]
-            self.v_scale_buffer = [torch.zeros(shape_of(i)[:2], device=device) for i in range(num_layers)]
+            self.k_scale_buffer = [
+                torch.zeros(shape_of(i)[:2], device=device) for i in range(num_layers)
+            ]
+            self.v_scale_buffer = [
+                torch.zeros(shape_of(i)[:2], device=device) for i in range(num_layers)
+            ]
         self._native = None  # the native kv_store op, looked up at the first write
         self.clear()
 
     def _buffer(self, shape: tuple[int, int, int]) -> torch.Tensor:
         """[slots, kv_heads, head_dim]. On CPU stored head-major (a view of [kv_heads, slots,
         head_dim]): a KV head's rows of consecutive slots are then one stream in memory, which the
-        CPU's prefetchers follow (decode attention reads K/V at ~1.4x the rate of slot-major rows)."""
+        CPU's prefetchers follow (decode attention reads K/V at ~1.4x the rate of slot-major rows).
+        """
         if self.device.type != "cpu" or 0 in shape:  # (no heads: another pipeline stage's layer)
             return torch.zeros(shape, dtype=self.dtype, device=self.device)
         return untouched_zeros((shape[1], shape[0], shape[2]), self.dtype).permute(1, 0, 2)
 
     @staticmethod
-    def bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                        v_head_dim: int | None = None) -> int:
+    def bytes_per_token(
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        v_head_dim: int | None = None,
+    ) -> int:
         elem = torch.tensor([], dtype=dtype).element_size()
         scales = 4 if dtype == torch.int8 else 0  # one float32 per token and head
         v_dim = head_dim if v_head_dim is None else v_head_dim
@@ -114,7 +126,9 @@ class TokenToKVPool:
 
     @property
     def total_bytes(self) -> int:
-        return self.bytes_per_token(len(self.layers), self.num_kv_heads, self.head_dim, self.dtype) * (self.size + 1)
+        return self.bytes_per_token(
+            len(self.layers), self.num_kv_heads, self.head_dim, self.dtype
+        ) * (self.size + 1)
 
     # --- allocator -------------------------------------------------------
     def clear(self) -> None:
@@ -139,19 +153,26 @@ class TokenToKVPool:
         self.free_epoch += 1
 
     # --- data ----------------------------------------------------------------
-    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+    def set_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+    ) -> None:
         """k, v: [tokens, kv_heads, head_dim] in the model dtype, stored at slots loc."""
         if self._native is None:  # the store of this pool's device, chosen at the first write
             from radixlm.kernels.ops import fused_ops
 
-            # The native op on CPU float32, the Triton kernel on CUDA (float KV only), else torch's indexing.
+            # The native op on CPU float32, the Triton kernel on CUDA (float KV only), else torch's
+            # indexing.
             cuda_int8 = k.device.type == "cuda" and self.dtype == torch.int8
-            self._native = (fused_ops(k) if self.head_dim % 8 == 0 and not cuda_int8 else None) or False
+            self._native = (
+                fused_ops(k) if self.head_dim % 8 == 0 and not cuda_int8 else None
+            ) or False
             if self.dtype == torch.int8 and not self._native:
                 raise RuntimeError("an int8 KV cache needs the native CPU kernels (float32 on CPU)")
         if self._native:
             scales = self.get_kv_scales(layer_id)
-            self._native.kv_store_(k, v, loc, self.k_buffer[layer_id], self.v_buffer[layer_id], *scales)
+            self._native.kv_store_(
+                k, v, loc, self.k_buffer[layer_id], self.v_buffer[layer_id], *scales
+            )
         else:
             self.k_buffer[layer_id][loc] = k.to(self.dtype)
             self.v_buffer[layer_id][loc] = v.to(self.dtype)
@@ -167,9 +188,11 @@ class TokenToKVPool:
 
     # --- memory given back (release_memory_occupation) ---------------------------------
     def release_memory(self) -> None:
-        """Free every K/V buffer (nothing may hold a slot: the cache was flushed); the pool keeps its
-        size and free list, and resume_memory allocates the buffers again."""
-        empty = torch.empty((0, self.num_kv_heads, self.head_dim), dtype=self.dtype, device=self.device)
+        """Free every K/V buffer (nothing may hold a slot: the cache was flushed); the pool keeps
+        its size and free list, and resume_memory allocates the buffers again."""
+        empty = torch.empty(
+            (0, self.num_kv_heads, self.head_dim), dtype=self.dtype, device=self.device
+        )
         self.k_buffer = [empty] * self.num_layers
         self.v_buffer = [empty] * self.num_layers
         if self.k_scale_buffer is not None:
@@ -180,5 +203,9 @@ class TokenToKVPool:
         self.k_buffer = [self._buffer(shape) for _ in range(self.num_layers)]
         self.v_buffer = [self._buffer(shape) for _ in range(self.num_layers)]
         if self.k_scale_buffer is not None:
-            self.k_scale_buffer = [torch.zeros(shape[:2], device=self.device) for _ in range(self.num_layers)]
-            self.v_scale_buffer = [torch.zeros(shape[:2], device=self.device) for _ in range(self.num_layers)]
+            self.k_scale_buffer = [
+                torch.zeros(shape[:2], device=self.device) for _ in range(self.num_layers)
+            ]
+            self.v_scale_buffer = [
+                torch.zeros(shape[:2], device=self.device) for _ in range(self.num_layers)
+            ]

@@ -17,11 +17,21 @@ from radixlm.cache.memory_pool import TokenToKVPool
 
 
 class MLATokenToKVPool(TokenToKVPool):
-    def __init__(self, size: int, num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int,
-                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", layers: range | None = None):
+    def __init__(
+        self,
+        size: int,
+        num_layers: int,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+        layers: range | None = None,
+    ):
         if dtype == torch.int8:
-            raise ValueError("kv_cache_dtype int8 is not supported with an MLA (latent) KV cache; use auto, "
-                             "float16 or bfloat16")
+            raise ValueError(
+                "kv_cache_dtype int8 is not supported with an MLA (latent) KV cache; use auto, "
+                "float16 or bfloat16"
+            )
         self.kv_lora_rank, self.qk_rope_head_dim = kv_lora_rank, qk_rope_head_dim
         self.size, self.num_layers = size, num_layers
         self.layers = range(num_layers) if layers is None else layers
@@ -32,21 +42,34 @@ class MLATokenToKVPool(TokenToKVPool):
         self.clear()
 
     def _allocate(self) -> None:
-        heads = lambda i: 1 if i in self.layers else 0  # noqa: E731 - another pipeline stage's layer: empty
-        self.k_buffer = [self._buffer((self.size + 1, heads(i), self.head_dim)) for i in range(self.num_layers)]
-        self.v_buffer = [torch.zeros((self.size + 1, heads(i), 0), dtype=self.dtype, device=self.device)
-                         for i in range(self.num_layers)]
+        heads = lambda i: 1 if i in self.layers else 0
+        self.k_buffer = [
+            self._buffer((self.size + 1, heads(i), self.head_dim)) for i in range(self.num_layers)
+        ]
+        self.v_buffer = [
+            torch.zeros((self.size + 1, heads(i), 0), dtype=self.dtype, device=self.device)
+            for i in range(self.num_layers)
+        ]
 
     @staticmethod
-    def latent_bytes_per_token(num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype: torch.dtype) -> int:
-        return num_layers * (kv_lora_rank + qk_rope_head_dim) * torch.tensor([], dtype=dtype).element_size()
+    def latent_bytes_per_token(
+        num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype: torch.dtype
+    ) -> int:
+        return (
+            num_layers
+            * (kv_lora_rank + qk_rope_head_dim)
+            * torch.tensor([], dtype=dtype).element_size()
+        )
 
     @property
     def total_bytes(self) -> int:
-        return self.latent_bytes_per_token(len(self.layers), self.kv_lora_rank, self.qk_rope_head_dim,
-                                           self.dtype) * (self.size + 1)
+        return self.latent_bytes_per_token(
+            len(self.layers), self.kv_lora_rank, self.qk_rope_head_dim, self.dtype
+        ) * (self.size + 1)
 
-    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
+    def set_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None = None
+    ) -> None:
         """k: [tokens, 1, kv_lora_rank + qk_rope_head_dim] (latent | k_pe); there is no V."""
         self.k_buffer[layer_id][loc] = k.to(self.dtype)
 

@@ -19,7 +19,8 @@ See docs/architecture.md, "KV ownership".
 from __future__ import annotations
 
 import heapq
-from typing import TYPE_CHECKING, Hashable, Optional
+from collections.abc import Hashable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -29,6 +30,7 @@ from radixlm.radix_walk import walk
 
 if TYPE_CHECKING:
     from radixlm.cache.memory_pool import TokenToKVPool
+
 
 class RadixCache(BasePrefixCache):
     def __init__(self, token_to_kv_pool: TokenToKVPool):
@@ -113,7 +115,7 @@ class RadixCache(BasePrefixCache):
     def _on_inserted(self, new_nodes: list[TreeNode], last: TreeNode) -> None:
         """Hook: new_nodes (in path order, ending at last) just took KV slots."""
 
-    def locate(self, key: PrefixKey, node: Optional[TreeNode] = None) -> Optional[tuple[TreeNode, int]]:
+    def locate(self, key: PrefixKey, node: TreeNode | None = None) -> tuple[TreeNode, int] | None:
         """Where key (read from node, default the root) ends in the tree: (n, m), the key ending m
         tokens into n's edge (m == len(n.key): at n); None when key leaves the tree. Read-only: no
         split, no access-time update."""
@@ -135,7 +137,7 @@ class RadixCache(BasePrefixCache):
         kids = [c for c in node.children.values() if c.namespace == namespace]
         return sorted(kids, key=lambda c: (c.insert_count, c.last_access_time), reverse=True)
 
-    def continuation(self, key: PrefixKey, k: int, node: Optional[TreeNode] = None) -> list[int]:
+    def continuation(self, key: PrefixKey, k: int, node: TreeNode | None = None) -> list[int]:
         """Up to k cached tokens that follow key (read from node, default the root), along the most
         taken children (branches); [] when key leaves the tree. Read-only (a draft is not a use)."""
         at = self.locate(key, node) if k > 0 else None
@@ -157,13 +159,20 @@ class RadixCache(BasePrefixCache):
         upper.parent = child.parent
         upper.lock_ref = child.lock_ref
         upper.last_access_time = child.last_access_time
-        upper.host_lock, upper.hit_count, upper.insert_count = child.host_lock, child.hit_count, child.insert_count
+        upper.host_lock, upper.hit_count, upper.insert_count = (
+            child.host_lock,
+            child.hit_count,
+            child.insert_count,
+        )
         if child.value is not None:
             upper.value, child.value = child.value[:split_len], child.value[split_len:]
         else:
             upper.value = None
         if child.host_value is not None:
-            upper.host_value, child.host_value = child.host_value[:split_len], child.host_value[split_len:]
+            upper.host_value, child.host_value = (
+                child.host_value[:split_len],
+                child.host_value[split_len:],
+            )
         upper.parent.children[upper.lookup_key()] = upper
         child.key = child.key[split_len:]
         child.parent = upper
@@ -178,8 +187,11 @@ class RadixCache(BasePrefixCache):
     @staticmethod
     def evictable(node: TreeNode) -> bool:
         """In L1, unlocked, and no child in L1 (a leaf, without the hierarchical cache)."""
-        return (node.value is not None and node.lock_ref == 0
-                and all(c.value is None for c in node.children.values()))
+        return (
+            node.value is not None
+            and node.lock_ref == 0
+            and all(c.value is None for c in node.children.values())
+        )
 
     def evict(self, num_tokens: int) -> int:
         """Free LRU evictable nodes until num_tokens are freed or nothing is evictable."""
@@ -269,4 +281,7 @@ class RadixCache(BasePrefixCache):
                 visit(child, indent + 2)
 
         visit(self.root_node, 0)
-        print(f"total={self.total_size()} evictable={self.evictable_size()} protected={self.protected_size()}")
+        print(
+            f"total={self.total_size()} evictable={self.evictable_size()}"
+            f" protected={self.protected_size()}"
+        )

@@ -32,12 +32,18 @@ import time
 import uuid
 import weakref
 from abc import ABC, abstractmethod
-from typing import Optional
 
 import torch
 
 from radixlm.cache.kv_data import KVData
-from radixlm.cache.storage_codec import MAX_HEADER, ChunkLayout, StorageError, decode_chunk, encode_chunk, read_owner
+from radixlm.cache.storage_codec import (
+    MAX_HEADER,
+    ChunkLayout,
+    StorageError,
+    decode_chunk,
+    encode_chunk,
+    read_owner,
+)
 from radixlm.cache.storage_dir import (
     SUFFIX,
     DirUsage,
@@ -74,8 +80,19 @@ def model_key(runner, tokenizer_fingerprint: str, host_dtype: torch.dtype) -> st
     so another checkpoint of the same shape differs), the stored element type, the tokenizer."""
     h = hashlib.sha256()
     loaded = runner.loaded
-    h.update(json.dumps([loaded.architecture, runner.num_layers, runner.num_kv_heads, runner.head_dim,
-                         runner.vocab_size, str(host_dtype), tokenizer_fingerprint]).encode())
+    h.update(
+        json.dumps(
+            [
+                loaded.architecture,
+                runner.num_layers,
+                runner.num_kv_heads,
+                runner.head_dim,
+                runner.vocab_size,
+                str(host_dtype),
+                tokenizer_fingerprint,
+            ]
+        ).encode()
+    )
     for name, t in sorted(runner.model.state_dict().items()):
         t = t.detach().reshape(-1)
         step = max(1, t.numel() // 256)
@@ -96,7 +113,7 @@ class HiCacheStorage(ABC):
     layout: ChunkLayout
 
     @abstractmethod
-    def get(self, key: str, token_ids: list[int]) -> Optional[KVData]:
+    def get(self, key: str, token_ids: list[int]) -> KVData | None:
         """The chunk, or None when absent or unusable (the backend reports why)."""
 
     @abstractmethod
@@ -113,11 +130,16 @@ class HiCacheStorage(ABC):
         pass
 
 
-
-
 class HiCacheFile(HiCacheStorage):
-    def __init__(self, directory: str, model_key_: str, layout: ChunkLayout, max_bytes: int = 0, stats=None,
-                 storage_key: Optional[str] = None):
+    def __init__(
+        self,
+        directory: str,
+        model_key_: str,
+        layout: ChunkLayout,
+        max_bytes: int = 0,
+        stats=None,
+        storage_key: str | None = None,
+    ):
         self.dir = os.path.abspath(directory)
         self.model_key = model_key_
         self.layout = layout
@@ -128,7 +150,9 @@ class HiCacheFile(HiCacheStorage):
         fds = [self.dir_fd]
         try:
             self.secret = storage_secret(self.dir_fd, storage_key)
-            self.owner, self._owner_fd = claim_owner(self.dir_fd, hashlib.sha256(model_key_.encode()).hexdigest()[:12])
+            self.owner, self._owner_fd = claim_owner(
+                self.dir_fd, hashlib.sha256(model_key_.encode()).hexdigest()[:12]
+            )
             fds.append(self._owner_fd)
             self.usage = DirUsage(self.dir_fd)
             fds.append(self.usage.fd)
@@ -148,7 +172,10 @@ class HiCacheFile(HiCacheStorage):
         now = time.time()
         with os.scandir(self.dir_fd) as it:
             for entry in it:
-                if entry.name.endswith(".tmp") and now - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_SECONDS:
+                if (
+                    entry.name.endswith(".tmp")
+                    and now - entry.stat(follow_symlinks=False).st_mtime > STALE_TMP_SECONDS
+                ):
                     _unlink(self.dir_fd, entry.name)  # left behind by a crash long ago
 
     @property
@@ -157,7 +184,10 @@ class HiCacheFile(HiCacheStorage):
         return self.usage.cached
 
     def name(self, key: str) -> str:
-        return hmac.new(self.secret, b"radixlm-kv-name\0" + key.encode(), hashlib.sha256).hexdigest() + SUFFIX
+        return (
+            hmac.new(self.secret, b"radixlm-kv-name\0" + key.encode(), hashlib.sha256).hexdigest()
+            + SUFFIX
+        )
 
     def path(self, key: str) -> str:
         return os.path.join(self.dir, self.name(key))
@@ -170,7 +200,7 @@ class HiCacheFile(HiCacheStorage):
         except OSError:
             return False
 
-    def get(self, key: str, token_ids: list[int]) -> Optional[KVData]:
+    def get(self, key: str, token_ids: list[int]) -> KVData | None:
         name = self.name(key)
         try:
             fd, st = open_regular(self.dir_fd, name, self.layout.max_file_bytes)
@@ -195,13 +225,16 @@ class HiCacheFile(HiCacheStorage):
         except StorageError as e:
             return self._reject(name, st, str(e))
         try:
-            os.utime(name, dir_fd=self.dir_fd, follow_symlinks=False)  # LRU by modification time, across restarts
+            os.utime(
+                name, dir_fd=self.dir_fd, follow_symlinks=False
+            )  # LRU by modification time, across restarts
         except OSError:
             pass
         return data
 
-    def _reject(self, name: str, st: Optional[os.stat_result], why: str) -> None:
-        """A file under a chunk's name that must not be served: removed (unless it was replaced meanwhile)."""
+    def _reject(self, name: str, st: os.stat_result | None, why: str) -> None:
+        """A file under a chunk's name that must not be served: removed (unless it was replaced
+        meanwhile)."""
         self._report("corrupt_chunks", f"skipping stored KV chunk {name}: {why} (removed)")
         with self.usage:
             try:
@@ -219,7 +252,9 @@ class HiCacheFile(HiCacheStorage):
             raise ValueError(f"a KV chunk of another layout than {self.layout}")
         blob = encode_chunk(self.secret, self.model_key, key, token_ids, data, self.owner)
         if self.max_bytes and len(blob) > self.max_bytes:
-            self._report("write_errors", f"a KV chunk of {len(blob)} bytes exceeds the storage bound")
+            self._report(
+                "write_errors", f"a KV chunk of {len(blob)} bytes exceeds the storage bound"
+            )
             return False
         name = self.name(key)
         tmp = f".{name[:16]}.{uuid.uuid4().hex[:8]}.tmp"
@@ -235,7 +270,9 @@ class HiCacheFile(HiCacheStorage):
                     total = self._evict(len(blob) - old)
                 os.replace(tmp, name, src_dir_fd=self.dir_fd, dst_dir_fd=self.dir_fd)
                 self.usage.write(total)
-        except OSError as e:  # full disk, permissions: this chunk is not stored, nothing else changes
+        except (
+            OSError
+        ) as e:  # full disk, permissions: this chunk is not stored, nothing else changes
             _unlink(self.dir_fd, tmp)
             self._report("write_errors", f"cannot store a KV chunk in {self.dir}: {e}")
             return False
@@ -266,7 +303,7 @@ class HiCacheFile(HiCacheStorage):
         except OSError as e:
             self._report("write_errors", f"cannot clear {self.dir}: {e}")
 
-    def _owner_of(self, name: str) -> Optional[str]:
+    def _owner_of(self, name: str) -> str | None:
         """The owner id a file names; None when it is not a readable chunk of this format."""
         try:
             fd, _ = open_regular(self.dir_fd, name, 1 << 62)  # another model's chunks may be larger
@@ -282,7 +319,11 @@ class HiCacheFile(HiCacheStorage):
         the log: the counters in /get_server_info and /metrics say how many)."""
         if counter not in self._reported:
             self._reported.add(counter)
-            logger.warning("hicache: %s (further ones are counted in %s, logged at debug level)", message, counter)
+            logger.warning(
+                "hicache: %s (further ones are counted in %s, logged at debug level)",
+                message,
+                counter,
+            )
         else:
             logger.debug("hicache: %s", message)
         if self.stats is not None:
@@ -310,8 +351,15 @@ def _unlink(dir_fd: int, name: str) -> None:
         pass
 
 
-def create_storage(backend: Optional[str], directory: str, model_key_: str, layout: ChunkLayout, max_bytes: int,
-                   stats=None, storage_key: Optional[str] = None) -> Optional[HiCacheStorage]:
+def create_storage(
+    backend: str | None,
+    directory: str,
+    model_key_: str,
+    layout: ChunkLayout,
+    max_bytes: int,
+    stats=None,
+    storage_key: str | None = None,
+) -> HiCacheStorage | None:
     if backend is None:
         return None
     if backend == "file":

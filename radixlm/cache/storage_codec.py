@@ -1,6 +1,7 @@
 """The L3 chunk file format: what is on disk, and the checks a file passes before it is served.
 
-    MAGIC | header length (u32) | header (JSON: dtype, shape, scales, owner) | k | v | [k_scale | v_scale] | MAC
+    MAGIC | header length (u32) | header (JSON: dtype, shape, scales, owner) | k | v | [k_scale |
+    v_scale] | MAC
 
 The MAC is an HMAC-SHA256 under the storage secret (storage_dir.py) over the model key, the chunk
 key and the chunk's token ids, then everything before it. The token ids and the model key are not
@@ -17,7 +18,6 @@ import hmac
 import json
 import struct
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -30,7 +30,8 @@ _PREFIX = len(MAGIC) + 4
 
 
 class StorageError(Exception):
-    """A stored chunk that must not be served (truncated, forged, another model's, another layout)."""
+    """A stored chunk that must not be served (truncated, forged, another model's, another
+    layout)."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class ChunkLayout:
     head_dim: int
     dtype: torch.dtype
     tokens: int
-    v_head_dim: Optional[int] = None  # None: head_dim (0: an MLA latent pool, no V)
+    v_head_dim: int | None = None  # None: head_dim (0: an MLA latent pool, no V)
 
     @property
     def scales(self) -> bool:
@@ -67,7 +68,8 @@ class ChunkLayout:
     def fits(self, data: KVData) -> bool:
         got = data.tensors()
         return len(got) == len(self.tensors()) and all(
-            list(t.shape) == s and t.dtype == d for t, (s, d) in zip(got, self.tensors()))
+            list(t.shape) == s and t.dtype == d for t, (s, d) in zip(got, self.tensors())
+        )
 
 
 def _numel(shape: list[int]) -> int:
@@ -84,11 +86,18 @@ def _mac(secret: bytes, model_key: str, key: str, token_ids: list[int]):
     return h
 
 
-def encode_chunk(secret: bytes, model_key: str, key: str, token_ids: list[int], data: KVData,
-                 owner: str = "") -> bytes:
+def encode_chunk(
+    secret: bytes, model_key: str, key: str, token_ids: list[int], data: KVData, owner: str = ""
+) -> bytes:
     dtype = str(data.k.dtype).replace("torch.", "")
-    header = json.dumps({"dtype": dtype, "shape": list(data.k.shape), "scales": data.k_scale is not None,
-                         "owner": owner}).encode()
+    header = json.dumps(
+        {
+            "dtype": dtype,
+            "shape": list(data.k.shape),
+            "scales": data.k_scale is not None,
+            "owner": owner,
+        }
+    ).encode()
     parts = [MAGIC, struct.pack("<I", len(header)), header]
     for t in data.tensors():
         parts.append(t.contiguous().view(torch.uint8).numpy().tobytes())
@@ -98,7 +107,7 @@ def encode_chunk(secret: bytes, model_key: str, key: str, token_ids: list[int], 
     return body + h.digest()
 
 
-def read_owner(prefix: bytes) -> Optional[str]:
+def read_owner(prefix: bytes) -> str | None:
     """The owner named in a file's first bytes (unauthenticated: for /flush_cache's choice of what
     is its own), or None when they are not a chunk header of this format."""
     if len(prefix) < _PREFIX or prefix[: len(MAGIC)] != MAGIC:
@@ -112,8 +121,9 @@ def read_owner(prefix: bytes) -> Optional[str]:
     return owner if isinstance(owner, str) else None
 
 
-def decode_chunk(blob, secret: bytes, model_key: str, key: str, token_ids: list[int],
-                 layout: ChunkLayout) -> KVData:
+def decode_chunk(
+    blob, secret: bytes, model_key: str, key: str, token_ids: list[int], layout: ChunkLayout
+) -> KVData:
     """The chunk in blob (a writable buffer; its tensors share blob's memory), or StorageError
     naming what is wrong."""
     mv = memoryview(blob).cast("B")
@@ -126,14 +136,19 @@ def decode_chunk(blob, secret: bytes, model_key: str, key: str, token_ids: list[
     h = _mac(secret, model_key, key, token_ids)
     h.update(mv[:end])
     if not hmac.compare_digest(h.digest(), bytes(mv[end:])):
-        raise StorageError("MAC mismatch (damaged, forged, or stored for other tokens, another model or "
-                           "another storage key)")
+        raise StorageError(
+            "MAC mismatch (damaged, forged, or stored for other tokens, another model or "
+            "another storage key)"
+        )
     try:
         header = json.loads(bytes(mv[_PREFIX:start]))
     except ValueError as e:
         raise StorageError(f"unreadable header: {e}") from None
-    want = {"dtype": str(layout.dtype).replace("torch.", ""), "shape": layout.tensors()[0][0],
-            "scales": layout.scales}
+    want = {
+        "dtype": str(layout.dtype).replace("torch.", ""),
+        "shape": layout.tensors()[0][0],
+        "scales": layout.scales,
+    }
     if not isinstance(header, dict) or any(header.get(k) != v for k, v in want.items()):
         got = {k: header.get(k) for k in want} if isinstance(header, dict) else header
         raise StorageError(f"layout {got} is not this server's {want}")

@@ -23,7 +23,6 @@ import os
 import secrets
 import stat
 import threading
-from typing import Optional
 
 logger = logging.getLogger(__name__)
 
@@ -51,15 +50,22 @@ def open_private_dir(path: str) -> int:
     try:
         st = os.fstat(fd)
         if st.st_uid != os.geteuid():
-            raise ValueError(f"hicache_storage_dir {path} belongs to another user (uid {st.st_uid}); "
-                             "the stored KV would be theirs to read and forge")
+            raise ValueError(
+                f"hicache_storage_dir {path} belongs to another user (uid {st.st_uid}); "
+                "the stored KV would be theirs to read and forge"
+            )
         if st.st_mode & 0o022:
-            raise ValueError(f"hicache_storage_dir {path} is writable by other users (mode "
-                             f"{stat.S_IMODE(st.st_mode):o}): chmod 700 it or choose another directory")
+            raise ValueError(
+                f"hicache_storage_dir {path} is writable by other users (mode "
+                f"{stat.S_IMODE(st.st_mode):o}): chmod 700 it or choose another directory"
+            )
         if st.st_mode & 0o077:
             os.fchmod(fd, 0o700)
-            logger.warning("hicache: %s was readable by other users (mode %o); now 0700", path,
-                           stat.S_IMODE(st.st_mode))
+            logger.warning(
+                "hicache: %s was readable by other users (mode %o); now 0700",
+                path,
+                stat.S_IMODE(st.st_mode),
+            )
     except BaseException:
         os.close(fd)
         raise
@@ -78,7 +84,11 @@ def open_regular(dir_fd: int, name: str, max_bytes: int) -> tuple[int, os.stat_r
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode) or st.st_size > max_bytes:
         os.close(fd)
-        what = "not a regular file" if not stat.S_ISREG(st.st_mode) else f"{st.st_size} bytes, over {max_bytes}"
+        what = (
+            "not a regular file"
+            if not stat.S_ISREG(st.st_mode)
+            else f"{st.st_size} bytes, over {max_bytes}"
+        )
         raise UnsafeFileError(errno.EINVAL, what)
     return fd, st
 
@@ -94,17 +104,18 @@ def read_all(fd: int, buf) -> None:
 
 
 def write_new(dir_fd: int, name: str, data: bytes) -> None:
-    """Create file `name` (0600, never through a symlink, never over an existing file) holding data."""
+    """Create file `name` (0600, never through a symlink, never over an existing file) holding
+    data."""
     fd = os.open(name, _CREATE, 0o600, dir_fd=dir_fd)
     try:
         mv = memoryview(data)
         while mv:
-            mv = mv[os.write(fd, mv):]
+            mv = mv[os.write(fd, mv) :]
     finally:
         os.close(fd)
 
 
-def storage_secret(dir_fd: int, given: Optional[str]) -> bytes:
+def storage_secret(dir_fd: int, given: str | None) -> bytes:
     """The MAC key: from --hicache-storage-key when given, else the directory's key file (made on
     first use; two servers starting at once agree on one: it appears whole, by link)."""
     if given:
@@ -131,8 +142,10 @@ def _read_key(dir_fd: int) -> bytes:
         raise ValueError(f"the hicache storage key file {KEY_FILE} is {e.strerror}") from None
     try:
         if st.st_uid != os.geteuid() or st.st_mode & 0o077 or st.st_size != SECRET_BYTES:
-            raise ValueError(f"the hicache storage key file {KEY_FILE} must be a {SECRET_BYTES}-byte file of this "
-                             f"user with mode 0600 (mode {stat.S_IMODE(st.st_mode):o}, {st.st_size} bytes)")
+            raise ValueError(
+                f"the hicache storage key file {KEY_FILE} must be a {SECRET_BYTES}-byte file of"
+                f" this user with mode 0600 (mode {stat.S_IMODE(st.st_mode):o}, {st.st_size} bytes)"
+            )
         buf = bytearray(SECRET_BYTES)
         read_all(fd, buf)
         return bytes(buf)
@@ -144,8 +157,12 @@ def claim_owner(dir_fd: int, tag: str) -> tuple[str, int]:
     """An owner id `<tag>-<n>` no running server holds, and the descriptor whose lock holds it (the
     lowest free n: a restarted server gets its predecessor's id back)."""
     for n in range(MAX_OWNERS):
-        fd = os.open(f".owner-{tag}-{n}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                     0o600, dir_fd=dir_fd)
+        fd = os.open(
+            f".owner-{tag}-{n}.lock",
+            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            0o600,
+            dir_fd=dir_fd,
+        )
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -163,13 +180,19 @@ class DirUsage:
 
     def __init__(self, dir_fd: int):
         self.dir_fd = dir_fd
-        self.fd = os.open(LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o600,
-                          dir_fd=dir_fd)
-        self._thread_lock = threading.Lock()  # flock is per open file: threads of one process queue here
+        self.fd = os.open(
+            LOCK_FILE,
+            os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+            0o600,
+            dir_fd=dir_fd,
+        )
+        self._thread_lock = (
+            threading.Lock()
+        )  # flock is per open file: threads of one process queue here
         self.cached = 0  # the last count seen (for /get_server_info, without the lock)
         # The owner of the descriptor (HiCacheFile) closes it.
 
-    def __enter__(self) -> "DirUsage":
+    def __enter__(self) -> DirUsage:
         self._thread_lock.acquire()
         try:
             fcntl.flock(self.fd, fcntl.LOCK_EX)

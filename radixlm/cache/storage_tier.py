@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Hashable, Optional
+from collections.abc import Callable, Hashable
 
 from radixlm.cache.hicache_io import HiCacheIO, HiCacheStats, Prefetch
 from radixlm.cache.kv_data import KVData
@@ -29,16 +29,20 @@ class NoStorageTier:
 
     prefetches: list[Prefetch] = []
 
-    def store(self, namespace: Hashable, ids: list[int], gather: Callable[[int, int], KVData]) -> None:
+    def store(
+        self, namespace: Hashable, ids: list[int], gather: Callable[[int, int], KVData]
+    ) -> None:
         pass
 
-    def start_prefetch(self, namespace: Hashable, token_ids: list[int], cached: int) -> Optional[Prefetch]:
+    def start_prefetch(
+        self, namespace: Hashable, token_ids: list[int], cached: int
+    ) -> Prefetch | None:
         return None
 
     def poll(self, hang: Hang) -> None:
         pass
 
-    def wait_writes(self, timeout: Optional[float] = None) -> bool:
+    def wait_writes(self, timeout: float | None = None) -> bool:
         return True
 
     def clear(self) -> None:
@@ -52,7 +56,9 @@ class NoStorageTier:
 
 
 class StorageTier(NoStorageTier):
-    def __init__(self, backend: HiCacheStorage, model_key: str, chunk_size: int, stats: HiCacheStats):
+    def __init__(
+        self, backend: HiCacheStorage, model_key: str, chunk_size: int, stats: HiCacheStats
+    ):
         self.backend = backend
         self.model_key = model_key
         self.chunk_size = chunk_size
@@ -65,8 +71,11 @@ class StorageTier(NoStorageTier):
         root = self.model_key if namespace is None else f"{self.model_key}|{namespace}"
         return chunk_keys(root, ids, self.chunk_size, n_chunks)
 
-    def store(self, namespace: Hashable, ids: list[int], gather: Callable[[int, int], KVData]) -> None:
-        """Queue the full chunks of ids that L3 lacks; gather(lo, hi) reads tokens [lo, hi)'s KV now."""
+    def store(
+        self, namespace: Hashable, ids: list[int], gather: Callable[[int, int], KVData]
+    ) -> None:
+        """Queue the full chunks of ids that L3 lacks; gather(lo, hi) reads tokens [lo, hi)'s KV
+        now."""
         c = self.chunk_size
         n_chunks = len(ids) // c
         if n_chunks == 0:
@@ -76,9 +85,11 @@ class StorageTier(NoStorageTier):
                 continue
             self.io.write(key, ids[i * c : (i + 1) * c], gather(i * c, (i + 1) * c))
 
-    def start_prefetch(self, namespace: Hashable, token_ids: list[int], cached: int) -> Optional[Prefetch]:
-        """Start reading the stored chunks that continue the first `cached` tokens of token_ids (what
-        L1 and L2 hold); None if there are none."""
+    def start_prefetch(
+        self, namespace: Hashable, token_ids: list[int], cached: int
+    ) -> Prefetch | None:
+        """Start reading the stored chunks that continue the first `cached` tokens of token_ids
+        (what L1 and L2 hold); None if there are none."""
         c = self.chunk_size
         total = len(token_ids) // c
         first = cached // c
@@ -93,17 +104,27 @@ class StorageTier(NoStorageTier):
             futures.append(self.io.read(key, token_ids[lo : lo + c]))
         if not futures:
             return None
-        p = Prefetch(token_ids[: (first + len(futures)) * c], first * c, futures, keys[: len(futures)], namespace)
+        p = Prefetch(
+            token_ids[: (first + len(futures)) * c],
+            first * c,
+            futures,
+            keys[: len(futures)],
+            namespace,
+        )
         self.prefetches.append(p)
         return p
 
     def poll(self, hang: Hang) -> None:
-        """Hang the chunks read so far into the tree (L2), in order, while later ones are still being
-        read (the copy overlaps the reads); a prefetch is done when every read has ended."""
+        """Hang the chunks read so far into the tree (L2), in order, while later ones are still
+        being read (the copy overlaps the reads); a prefetch is done when every read has ended."""
         c = self.chunk_size
         for p in list(self.prefetches):
             ready = []
-            while not p.failed and p.taken + len(ready) < len(p.futures) and p.futures[p.taken + len(ready)].done():
+            while (
+                not p.failed
+                and p.taken + len(ready) < len(p.futures)
+                and p.futures[p.taken + len(ready)].done()
+            ):
                 f = p.futures[p.taken + len(ready)]
                 data = None if f.cancelled() or f.exception() is not None else f.result()
                 if data is None:
@@ -125,14 +146,14 @@ class StorageTier(NoStorageTier):
                     self.stats.count("l3_load_seconds", time.perf_counter() - p.started)
                 p.done = True
 
-    def wait_writes(self, timeout: Optional[float] = None) -> bool:
+    def wait_writes(self, timeout: float | None = None) -> bool:
         return self.io.wait_writes(timeout)
 
     def clear(self) -> None:
         self.io.wait_writes()
         try:
             self.backend.clear()
-        except Exception:  # noqa: BLE001 - a flush that could not remove files is no scheduler failure
+        except Exception:
             logger.exception("hicache: clearing the storage failed")
 
     def close(self) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import Hashable, Optional
+from collections.abc import Hashable
 
 import torch
 
@@ -19,8 +19,12 @@ def empty_indices() -> torch.Tensor:
 class TreeNode:
     _ids = itertools.count()
 
-    def __init__(self, key: Optional[list[int]] = None, value: Optional[torch.Tensor] = None,
-                 namespace: Optional[Hashable] = None) -> None:
+    def __init__(
+        self,
+        key: list[int] | None = None,
+        value: torch.Tensor | None = None,
+        namespace: Hashable | None = None,
+    ) -> None:
         self.id = next(TreeNode._ids)
         self.children: dict[Hashable, TreeNode] = {}  # keyed by lookup_key() of the child
         self.parent: TreeNode | None = None

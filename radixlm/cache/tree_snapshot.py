@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import asdict, dataclass
-from typing import Optional
 
 from radixlm.cache.base_prefix_cache import BasePrefixCache
 from radixlm.cache.tree_node import TreeNode
@@ -18,7 +17,7 @@ MAX_IDS_PER_NODE = 256  # --dashboard-show-text: a node's text is its first toke
 @dataclass(frozen=True)
 class SnapshotNode:
     id: int
-    parent: Optional[int]  # None: a child of the root
+    parent: int | None  # None: a child of the root
     tokens: int  # tokens on this node's edge
     subtree_tokens: int  # tokens in this node and everything below it
     depth_tokens: int  # tokens from the root to the end of this node (the prefix length)
@@ -27,10 +26,12 @@ class SnapshotNode:
     children: int  # all its children, shown or not
     tier: str  # "l1" (KV in the pool) or "l2" (hierarchical cache: host memory only)
     namespaced: bool  # under a namespace (LoRA adapter, cache salt): never shared across them
-    token_ids: Optional[list[int]] = None
+    token_ids: list[int] | None = None
 
 
-def tree_snapshot(cache: BasePrefixCache, max_nodes: int, with_token_ids: bool = False) -> list[dict]:
+def tree_snapshot(
+    cache: BasePrefixCache, max_nodes: int, with_token_ids: bool = False
+) -> list[dict]:
     """Up to max_nodes nodes (parents before their children) as dicts."""
     root = cache.root_node
     order: list[TreeNode] = []
@@ -52,12 +53,23 @@ def tree_snapshot(cache: BasePrefixCache, max_nodes: int, with_token_ids: bool =
     while heap and len(out) < max_nodes:
         _, _, n = heapq.heappop(heap)
         depth[n.id] = depth[n.parent.id] + len(n.key)
-        out.append(asdict(SnapshotNode(
-            id=n.id, parent=None if n.parent is root else n.parent.id, tokens=len(n.key),
-            subtree_tokens=subtree[n.id], depth_tokens=depth[n.id], lock_ref=n.lock_ref, lru_rank=rank[n.id],
-            children=len(n.children), tier="l1" if n.value is not None else "l2",
-            namespaced=n.namespace is not None,
-            token_ids=list(n.key[:MAX_IDS_PER_NODE]) if with_token_ids else None)))
+        out.append(
+            asdict(
+                SnapshotNode(
+                    id=n.id,
+                    parent=None if n.parent is root else n.parent.id,
+                    tokens=len(n.key),
+                    subtree_tokens=subtree[n.id],
+                    depth_tokens=depth[n.id],
+                    lock_ref=n.lock_ref,
+                    lru_rank=rank[n.id],
+                    children=len(n.children),
+                    tier="l1" if n.value is not None else "l2",
+                    namespaced=n.namespace is not None,
+                    token_ids=list(n.key[:MAX_IDS_PER_NODE]) if with_token_ids else None,
+                )
+            )
+        )
         for c in n.children.values():
             heapq.heappush(heap, (-subtree[c.id], c.id, c))
     return out

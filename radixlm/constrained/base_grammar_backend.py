@@ -40,7 +40,7 @@ class InvalidGrammar:
     key: GrammarKey
     message: str
 
-    def copy(self) -> "InvalidGrammar":
+    def copy(self) -> InvalidGrammar:
         return self
 
 
@@ -54,11 +54,13 @@ class BaseGrammarObject:
     """
 
     def accept_token(self, token_id: int) -> bool:
-        """Advance by one token. False (state unchanged) if the grammar rejects it or has terminated."""
+        """Advance by one token. False (state unchanged) if the grammar rejects it or has
+        terminated."""
         raise NotImplementedError
 
     def rollback(self, num_tokens: int) -> None:
-        """Undo the last `num_tokens` accepted tokens (jump-forward retokenization, speculative drafts)."""
+        """Undo the last `num_tokens` accepted tokens (jump-forward retokenization, speculative
+        drafts)."""
         raise NotImplementedError
 
     def is_completed(self) -> bool:
@@ -81,16 +83,17 @@ class BaseGrammarObject:
         """Whether this step's row is constrained at all (a think block's is not: thinking.py)."""
         return True
 
-    def backend_grammar(self) -> "BaseGrammarObject | None":
+    def backend_grammar(self) -> BaseGrammarObject | None:
         """The grammar whose row the backend fills now, batched with others; None: fill_vocab_mask
         of this object itself fills the row, backend-free (thinking.py)."""
         return self
 
-    def copy(self) -> "BaseGrammarObject":
-        """A fresh matcher (at the start) on the same compiled grammar: one per request / per sample."""
+    def copy(self) -> BaseGrammarObject:
+        """A fresh matcher (at the start) on the same compiled grammar: one per request / per
+        sample."""
         raise NotImplementedError
 
-    def fork(self) -> "BaseGrammarObject":
+    def fork(self) -> BaseGrammarObject:
         """A matcher in the same state as this one, advancing independently."""
         raise NotImplementedError
 
@@ -104,7 +107,9 @@ class BaseGrammarBackend:
     """
 
     def __init__(self, num_threads: int = 4, cache_size: int = 256):
-        self.executor = ThreadPoolExecutor(max_workers=num_threads, thread_name_prefix="grammar-compile")
+        self.executor = ThreadPoolExecutor(
+            max_workers=num_threads, thread_name_prefix="grammar-compile"
+        )
         self.cache_size = cache_size
         self._cache: OrderedDict[GrammarKey, Future] = OrderedDict()
         self._lock = threading.Lock()  # get_future may be called from several threads
@@ -123,14 +128,18 @@ class BaseGrammarBackend:
         raise NotImplementedError
 
     # --- compile cache ---
-    def get_future(self, key: GrammarKey) -> "Future[BaseGrammarObject | InvalidGrammar]":
+    def get_future(self, key: GrammarKey) -> Future[BaseGrammarObject | InvalidGrammar]:
         """A future of a fresh grammar object for `key`; already done on a cache hit.
 
         A json schema may be a dict (json.dumps'ed here, so the key is hashable).
         """
         out: Future = Future()
         if not (isinstance(key, tuple) and len(key) == 2 and key[0] in GRAMMAR_KINDS):
-            out.set_result(InvalidGrammar(key, f"unknown grammar key {key!r}; kind must be one of {GRAMMAR_KINDS}"))
+            out.set_result(
+                InvalidGrammar(
+                    key, f"unknown grammar key {key!r}; kind must be one of {GRAMMAR_KINDS}"
+                )
+            )
             return out
         if isinstance(key[1], dict):
             try:
@@ -139,7 +148,9 @@ class BaseGrammarBackend:
                 out.set_result(InvalidGrammar(key, f"json_schema is not JSON-serializable: {e}"))
                 return out
         if not isinstance(key[1], str):
-            out.set_result(InvalidGrammar(key, f"grammar text must be a string, got {type(key[1]).__name__}"))
+            out.set_result(
+                InvalidGrammar(key, f"grammar text must be a string, got {type(key[1]).__name__}")
+            )
             return out
         with self._lock:
             compiled = self._cache.get(key)
@@ -147,28 +158,38 @@ class BaseGrammarBackend:
                 compiled = self.executor.submit(self._compile, key)
                 self._cache[key] = compiled
                 if len(self._cache) > self.cache_size:
-                    self._cache.popitem(last=False)  # an in-flight compile evicted here still resolves its waiters
+                    self._cache.popitem(
+                        last=False
+                    )  # an in-flight compile evicted here still resolves its waiters
             else:
                 self._cache.move_to_end(key)
 
-        def hand_out(f: Future) -> None:  # runs at once if `compiled` is done, else on the compile thread
+        def hand_out(
+            f: Future,
+        ) -> None:  # runs at once if `compiled` is done, else on the compile thread
             try:
                 value = f.result().copy()
-            except Exception as e:  # noqa: BLE001 - a future must always resolve
+            except Exception as e:
                 value = InvalidGrammar(key, _clean_message(e))
-            with contextlib.suppress(InvalidStateError):  # the caller cancelled `out` (request aborted)
+            with contextlib.suppress(
+                InvalidStateError
+            ):  # the caller cancelled `out` (request aborted)
                 out.set_result(value)
 
         compiled.add_done_callback(hand_out)
         return out
 
-    def _compile(self, key: GrammarKey) -> "BaseGrammarObject | InvalidGrammar":
+    def _compile(self, key: GrammarKey) -> BaseGrammarObject | InvalidGrammar:
         kind, text = key
         try:
-            dispatch = {"json": self.dispatch_json, "regex": self.dispatch_regex, "ebnf": self.dispatch_ebnf,
-                        "structural_tag": self.dispatch_structural_tag}[kind]
+            dispatch = {
+                "json": self.dispatch_json,
+                "regex": self.dispatch_regex,
+                "ebnf": self.dispatch_ebnf,
+                "structural_tag": self.dispatch_structural_tag,
+            }[kind]
             return dispatch(text)
-        except Exception as e:  # noqa: BLE001 - compiler errors become a result, never an exception
+        except Exception as e:
             logger.info("invalid %s grammar: %s", kind, _clean_message(e))
             return InvalidGrammar(key, _clean_message(e))
 
@@ -181,7 +202,9 @@ class BaseGrammarBackend:
 
     # --- vocab masks ---
     @staticmethod
-    def allocate_vocab_mask(vocab_size: int, batch_size: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    def allocate_vocab_mask(
+        vocab_size: int, batch_size: int, device: torch.device | str = "cpu"
+    ) -> torch.Tensor:
         """A (batch_size, ceil(vocab_size/32)) int32 mask, all ones (= every token allowed).
 
         It lives on the CPU, where matchers fill it; `device` only pins it for a fast
@@ -189,7 +212,9 @@ class BaseGrammarBackend:
         stay all ones, and apply_vocab_mask leaves such rows unchanged.
         """
         pin = torch.device(device).type == "cuda" and torch.cuda.is_available()
-        return torch.full((batch_size, (vocab_size + 31) // 32), -1, dtype=torch.int32, pin_memory=pin)
+        return torch.full(
+            (batch_size, (vocab_size + 31) // 32), -1, dtype=torch.int32, pin_memory=pin
+        )
 
     def fill_vocab_masks(self, grammars: list, vocab_mask: torch.Tensor, rows: list[int]) -> None:
         """Fill row rows[i] for grammars[i]; a backend may fill the rows in parallel."""
@@ -216,9 +241,13 @@ class BaseGrammarBackend:
         """
         batch, vocab = logits.shape
         if vocab_mask.shape[0] != batch or vocab_mask.shape[1] * 32 < vocab:
-            raise ValueError(f"vocab mask {tuple(vocab_mask.shape)} does not cover logits {tuple(logits.shape)}")
+            raise ValueError(
+                f"vocab mask {tuple(vocab_mask.shape)} does not cover logits {tuple(logits.shape)}"
+            )
         table = _mask_table(logits.device, logits.dtype)
-        mask_bytes = vocab_mask.to(logits.device, non_blocking=True).contiguous().view(torch.uint8).view(-1)
+        mask_bytes = (
+            vocab_mask.to(logits.device, non_blocking=True).contiguous().view(torch.uint8).view(-1)
+        )
         bounds = table.index_select(0, mask_bytes.int()).view(batch, -1)[:, :vocab]
         torch.minimum(logits, bounds, out=logits)
 

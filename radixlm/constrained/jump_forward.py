@@ -12,7 +12,6 @@ end, is left to the model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 RETOKENIZE_TOKENS = 2
 
@@ -30,7 +29,9 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def find_jump_forward(grammar, tokenizer, output_ids: list[int], max_replace: int, max_new: int) -> Optional[JumpForward]:
+def find_jump_forward(
+    grammar, tokenizer, output_ids: list[int], max_replace: int, max_new: int
+) -> JumpForward | None:
     """If the grammar forces text next, advance `grammar` over its canonical tokens and say how
     output_ids change; None (grammar untouched) when nothing is forced or it cannot be done.
 
@@ -42,7 +43,9 @@ def find_jump_forward(grammar, tokenizer, output_ids: list[int], max_replace: in
     k = min(RETOKENIZE_TOKENS, max_replace, len(output_ids))
     tail = output_ids[len(output_ids) - k :]
     tail_text = tokenizer.decode(tail) if k else ""
-    if "\ufffd" in tail_text:  # a character split across tokens: its bytes cannot be re-encoded from text
+    if (
+        "\ufffd" in tail_text
+    ):  # a character split across tokens: its bytes cannot be re-encoded from text
         k, tail, tail_text = 0, [], ""
     text = tail_text + forced
     new = tokenizer.encode(text, add_special_tokens=False)

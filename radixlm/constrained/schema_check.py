@@ -5,12 +5,12 @@ before the request is queued (the scheduler would only say that some grammar fai
 from __future__ import annotations
 
 import json
-from typing import Any, Optional
+from typing import Any
 
 from radixlm.constrained.base_grammar_backend import _clean_message
 
 
-def json_schema_error(schema: Any) -> Optional[str]:
+def json_schema_error(schema: Any) -> str | None:
     """Why xgrammar cannot compile `schema` (a dict or a JSON string); None when it can, or when
     xgrammar is not installed (then no grammar is built from it either)."""
     try:

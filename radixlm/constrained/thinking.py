@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Optional
 
 import torch
 
@@ -47,7 +46,7 @@ class _State:
 
 
 class ThinkingGrammar(BaseGrammarObject):
-    def __init__(self, markers: ThinkMarkers, budget: Optional[int], inner: Optional[BaseGrammarObject]):
+    def __init__(self, markers: ThinkMarkers, budget: int | None, inner: BaseGrammarObject | None):
         self.markers = markers
         self.budget = budget
         self.inner = inner
@@ -63,7 +62,11 @@ class ThinkingGrammar(BaseGrammarObject):
         return len(self.think) - lead
 
     def _check_budget(self) -> None:
-        if self.phase is Phase.THINK and self.budget is not None and self.thinking_tokens() >= self.budget:
+        if (
+            self.phase is Phase.THINK
+            and self.budget is not None
+            and self.thinking_tokens() >= self.budget
+        ):
             self.phase, self.forced = Phase.FORCE, 0
 
     def accept_token(self, token_id: int) -> bool:
@@ -82,7 +85,7 @@ class ThinkingGrammar(BaseGrammarObject):
         else:
             self.think.append(token_id)
             end = self.markers.end_ids
-            if len(self.think) >= len(end) and tuple(self.think[-len(end):]) == end:
+            if len(self.think) >= len(end) and tuple(self.think[-len(end) :]) == end:
                 self.phase = Phase.ANSWER  # the model closed the block itself
             else:
                 self._check_budget()
@@ -99,7 +102,7 @@ class ThinkingGrammar(BaseGrammarObject):
             self.inner.rollback(inner)
         first = undone[0]
         self.phase, self.forced = first.phase, first.forced
-        del self.think[first.think_len:]
+        del self.think[first.think_len :]
 
     def is_completed(self) -> bool:
         if self.phase is not Phase.ANSWER:
@@ -110,7 +113,7 @@ class ThinkingGrammar(BaseGrammarObject):
         return self.phase is Phase.ANSWER and self.inner is not None and self.inner.is_terminated()
 
     # --- masks -----------------------------------------------------------------------
-    def backend_grammar(self) -> Optional[BaseGrammarObject]:
+    def backend_grammar(self) -> BaseGrammarObject | None:
         """The grammar whose mask the backend fills now (batched with the other requests'): the
         inner one in the answer; None while this object fills its own row (or leaves it free)."""
         return self.inner if self.phase is Phase.ANSWER else None
@@ -129,13 +132,26 @@ class ThinkingGrammar(BaseGrammarObject):
 
     def find_jump_forward_str(self) -> str:
         # The forced end marker is decoded token by token: re-tokenizing it could change its ids.
-        return self.inner.find_jump_forward_str() if self.phase is Phase.ANSWER and self.inner is not None else ""
+        return (
+            self.inner.find_jump_forward_str()
+            if self.phase is Phase.ANSWER and self.inner is not None
+            else ""
+        )
 
     # --- copies ----------------------------------------------------------------------
-    def copy(self) -> "ThinkingGrammar":
-        return ThinkingGrammar(self.markers, self.budget, None if self.inner is None else self.inner.copy())
+    def copy(self) -> ThinkingGrammar:
+        return ThinkingGrammar(
+            self.markers, self.budget, None if self.inner is None else self.inner.copy()
+        )
 
-    def fork(self) -> "ThinkingGrammar":
-        g = ThinkingGrammar(self.markers, self.budget, None if self.inner is None else self.inner.fork())
-        g.phase, g.forced, g.think, g.history = self.phase, self.forced, list(self.think), list(self.history)
+    def fork(self) -> ThinkingGrammar:
+        g = ThinkingGrammar(
+            self.markers, self.budget, None if self.inner is None else self.inner.fork()
+        )
+        g.phase, g.forced, g.think, g.history = (
+            self.phase,
+            self.forced,
+            list(self.think),
+            list(self.history),
+        )
         return g

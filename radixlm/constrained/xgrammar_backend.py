@@ -1,8 +1,9 @@
 """The xgrammar backend: JSON schema, regex and EBNF compiled to token-level matchers.
 
-Install without its triton dependency (on CPU the mask is applied by a table lookup; on CUDA xgrammar's
-own kernel applies it, with the triton that the GPU path brings):
-  pip install --no-deps xgrammar==0.2.8 && pip install apache-tvm-ffi pydantic numpy typing-extensions
+Install without its triton dependency (on CPU the mask is applied by a table lookup; on CUDA
+xgrammar's own kernel applies it, with the triton that the GPU path brings):
+  pip install --no-deps xgrammar==0.2.8 && pip install apache-tvm-ffi pydantic numpy
+  typing-extensions
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ import os
 import torch
 import xgrammar as xgr
 
-from radixlm.constrained.base_grammar_backend import ANY_JSON_OBJECT, BaseGrammarBackend, BaseGrammarObject
+from radixlm.constrained.base_grammar_backend import (
+    ANY_JSON_OBJECT,
+    BaseGrammarBackend,
+    BaseGrammarObject,
+)
 
 
 class XGrammarGrammar(BaseGrammarObject):
@@ -53,10 +58,10 @@ class XGrammarGrammar(BaseGrammarObject):
             # UTF-8 character: not text to re-tokenize, so no jump; the model generates them.
             return ""
 
-    def copy(self) -> "XGrammarGrammar":
+    def copy(self) -> XGrammarGrammar:
         return XGrammarGrammar(xgr.GrammarMatcher(self.ctx), self.ctx)
 
-    def fork(self) -> "XGrammarGrammar":
+    def fork(self) -> XGrammarGrammar:
         return XGrammarGrammar(self.matcher.fork(), self.ctx)
 
 
@@ -106,24 +111,29 @@ class XGrammarBackend(BaseGrammarBackend):
         if len(live) == 1:
             live[0][0].fill_vocab_mask(vocab_mask, live[0][1])
         elif live:
-            self._batch_matcher.batch_fill_next_token_bitmask([g.matcher for g, _ in live], vocab_mask, [i for _, i in live])
+            self._batch_matcher.batch_fill_next_token_bitmask(
+                [g.matcher for g, _ in live], vocab_mask, [i for _, i in live]
+            )
 
     @staticmethod
     def apply_vocab_mask(logits: torch.Tensor, vocab_mask: torch.Tensor) -> None:
-        """On CUDA xgrammar's own kernel applies the bitmask in place (its Triton kernel: one launch,
-        no host sync); elsewhere the base class's table lookup (faster on a CPU than xgrammar's)."""
+        """On CUDA xgrammar's own kernel applies the bitmask in place (its Triton kernel: one
+        launch, no host sync); elsewhere the base class's table lookup (faster on a CPU than
+        xgrammar's)."""
         if logits.device.type != "cuda":
             BaseGrammarBackend.apply_vocab_mask(logits, vocab_mask)
             return
-        xgr.apply_token_bitmask_inplace(logits, vocab_mask.to(logits.device, non_blocking=True),
-                                        vocab_size=logits.shape[-1])
+        xgr.apply_token_bitmask_inplace(
+            logits, vocab_mask.to(logits.device, non_blocking=True), vocab_size=logits.shape[-1]
+        )
 
     def _grammar(self, ctx: xgr.CompiledGrammar) -> XGrammarGrammar:
         return XGrammarGrammar(xgr.GrammarMatcher(ctx), ctx)
 
     def dispatch_json(self, schema: str) -> XGrammarGrammar:
         if schema == ANY_JSON_OBJECT:
-            # json_object mode: any object (xgrammar's builtin JSON grammar would also allow an array).
+            # json_object mode: any object (xgrammar's builtin JSON grammar would also allow an
+            # array).
             schema = '{"type": "object"}'
         try:
             json.loads(schema)  # Python's message for malformed JSON is clearer than the C++ one
@@ -150,11 +160,20 @@ class XGrammarBackend(BaseGrammarBackend):
             raise ValueError("structural_tag must be a JSON object")
         if "structures" in obj:
             try:
-                items = [xgr.StructuralTagItem(begin=s["begin"], end=s["end"],
-                                               schema=s["schema"] if isinstance(s["schema"], str) else json.dumps(s["schema"]))
-                         for s in obj["structures"]]
+                items = [
+                    xgr.StructuralTagItem(
+                        begin=s["begin"],
+                        end=s["end"],
+                        schema=(
+                            s["schema"] if isinstance(s["schema"], str) else json.dumps(s["schema"])
+                        ),
+                    )
+                    for s in obj["structures"]
+                ]
                 triggers = list(obj["triggers"])
             except (KeyError, TypeError) as e:
-                raise ValueError(f"structural_tag structures need begin, schema and end, and triggers: {e!r}") from None
+                raise ValueError(
+                    f"structural_tag structures need begin, schema and end, and triggers: {e!r}"
+                ) from None
             return self._grammar(self.compiler.compile_structural_tag(items, triggers))
         return self._grammar(self.compiler.compile_structural_tag(tag))

@@ -4,20 +4,23 @@ One interface, both sides (SGLang's KVSender / KVReceiver pair, per backend):
 
     prefill side   write(dest, pool, src_slots, push)   move the KV, layer by layer; `push(frames)`
                                                          sends frames to the decode's data socket
-    decode side    prepare_pool(pool) -> ShmPool | None  what the decode side advertises in TransferDest
+    decode side    prepare_pool(pool) -> ShmPool | None  what the decode side advertises in
+    TransferDest
                    on_chunk(chunk, frames, pool, dst)    a tcp frame's KV into the pool's slots
 
 The AuxRecord always follows the KV over the same ZMQ connection (so it arrives last).
 
 - tcp: per layer one message [KVLayerChunk, K bytes, V bytes] (ZMQ over TCP, any host).
 - shm: the decode server's pool lives in a /dev/shm file; the prefill writes K/V straight into its
-  slots (index_put on the mapped file), as an RDMA write would: nothing crosses a socket but the aux.
+  slots (index_put on the mapped file), as an RDMA write would: nothing crosses a socket but the
+  aux.
 - fake: nothing moves (warm-up, SGLang's fake backend): the decode side decodes on whatever its
   slots hold.
 
 A GPU-cluster backend (Mooncake, NIXL) is one more class: prepare_pool registers the pool's memory
 with the transfer engine and returns its descriptor (TransferDest carries it), write() issues one
-RDMA write per layer from the prefill pool's slots to the descriptor's slots (docs/disaggregation.md).
+RDMA write per layer from the prefill pool's slots to the descriptor's slots
+(docs/disaggregation.md).
 """
 
 from __future__ import annotations
@@ -29,13 +32,14 @@ import os
 import pickle
 import time
 import uuid
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
 from radixlm.disaggregation.protocol import KVLayerChunk, KVLayout, ShmPool, TransferDest
 
-# Debug/test hook: seconds to sleep after each layer is written (lets a test kill a peer mid-transfer).
+# Debug/test hook: seconds to sleep after each layer is written (lets a test kill a peer
+# mid-transfer).
 LAYER_DELAY_ENV = "RADIXLM_PD_DEBUG_LAYER_DELAY_S"
 
 
@@ -46,10 +50,12 @@ def _layer_delay() -> float:
 class TransferBackend:
     name = "base"
 
-    def prepare_pool(self, pool) -> Optional[ShmPool]:
+    def prepare_pool(self, pool) -> ShmPool | None:
         return None
 
-    def write(self, dest: TransferDest, pool, src_slots: torch.Tensor, push: Callable[[list], None]) -> int:
+    def write(
+        self, dest: TransferDest, pool, src_slots: torch.Tensor, push: Callable[[list], None]
+    ) -> int:
         """Move the KV; returns the bytes moved."""
         return 0
 
@@ -81,7 +87,9 @@ class TcpBackend(TransferBackend):
         shape = (chunk.count, *k_buf.shape[1:])
         slots = dst_slots[chunk.start : chunk.start + chunk.count]
         for buf, frame in ((k_buf, frames[0]), (v_buf, frames[1])):
-            buf[slots] = torch.frombuffer(bytearray(frame), dtype=torch.uint8).view(buf.dtype).view(shape)
+            buf[slots] = (
+                torch.frombuffer(bytearray(frame), dtype=torch.uint8).view(buf.dtype).view(shape)
+            )
         return 2 * len(frames[0])
 
 
@@ -92,9 +100,12 @@ class ShmBackend(TransferBackend):
         self._maps: dict[str, tuple[mmap.mmap, list, list]] = {}  # prefill side: path -> its views
 
     def prepare_pool(self, pool) -> ShmPool:
-        """Moves the decode pool's K/V buffers into a /dev/shm file (zeros: the pool holds nothing yet)."""
+        """Moves the decode pool's K/V buffers into a /dev/shm file (zeros: the pool holds nothing
+        yet)."""
         if pool.device.type != "cpu":
-            raise ValueError("disaggregation_transfer_backend shm needs the KV pool in CPU memory: use tcp")
+            raise ValueError(
+                "disaggregation_transfer_backend shm needs the KV pool in CPU memory: use tcp"
+            )
         path = f"/dev/shm/radixlm-kv-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         slots = pool.size + 1
         layout = KVLayout.of(pool)
@@ -112,8 +123,10 @@ class ShmBackend(TransferBackend):
 
     def write(self, dest, pool, src_slots, push) -> int:
         if dest.shm is None:
-            raise RuntimeError("the decode server advertised no shared-memory pool (is it running --disaggregation-"
-                               "transfer-backend shm on this host?)")
+            raise RuntimeError(
+                "the decode server advertised no shared-memory pool (is it running"
+                " --disaggregation-transfer-backend shm on this host?)"
+            )
         if dest.shm.path not in self._maps:
             fd = os.open(dest.shm.path, os.O_RDWR)
             try:
@@ -148,7 +161,8 @@ def _file_bytes(layout: KVLayout, slots: int) -> int:
 
 
 def _views(mm: mmap.mmap, layout: KVLayout, slots: int) -> tuple[list, list]:
-    """Each layer's K and V as [slots, kv_heads, head_dim] views of the file (head-major storage)."""
+    """Each layer's K and V as [slots, kv_heads, head_dim] views of the file (head-major
+    storage)."""
     dtype = layout.torch_dtype
     per = layout.num_kv_heads * slots * layout.head_dim
     whole = torch.frombuffer(mm, dtype=torch.uint8).view(dtype)
@@ -156,7 +170,11 @@ def _views(mm: mmap.mmap, layout: KVLayout, slots: int) -> tuple[list, list]:
     for layer in range(layout.num_layers):
         for i, out in enumerate((ks, vs)):
             off = (2 * layer + i) * per
-            out.append(whole[off : off + per].view(layout.num_kv_heads, slots, layout.head_dim).permute(1, 0, 2))
+            out.append(
+                whole[off : off + per]
+                .view(layout.num_kv_heads, slots, layout.head_dim)
+                .permute(1, 0, 2)
+            )
     assert math.prod(whole.shape) >= 2 * layout.num_layers * per
     return ks, vs
 

@@ -11,7 +11,6 @@ import logging
 import threading
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Optional
 from urllib.parse import parse_qs, urlparse
 
 logger = logging.getLogger(__name__)
@@ -66,7 +65,9 @@ class BootstrapServer:
         self.httpd = ThreadingHTTPServer((host, port), Handler)
         self.httpd.daemon_threads = True
         self.url = f"http://{host}:{self.httpd.server_address[1]}"
-        self.thread = threading.Thread(target=self.httpd.serve_forever, name="radixlm-pd-bootstrap", daemon=True)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, name="radixlm-pd-bootstrap", daemon=True
+        )
         self.thread.start()
 
     def close(self) -> None:
@@ -75,18 +76,24 @@ class BootstrapServer:
 
 
 def register(url: str, route: dict, timeout: float = 5.0) -> None:
-    req = urllib.request.Request(url + "/route", data=json.dumps(route).encode(), method="PUT",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url + "/route",
+        data=json.dumps(route).encode(),
+        method="PUT",
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(req, timeout=timeout) as r:
         r.read()
 
 
-def query_route(host: str, port: int, engine_rank: int = 0, timeout: float = 5.0) -> Optional[dict]:
+def query_route(host: str, port: int, engine_rank: int = 0, timeout: float = 5.0) -> dict | None:
     """The registered route, or None while the rank has not registered; raises OSError when the
     service cannot be reached."""
     host = f"[{host}]" if ":" in host else host
     try:
-        with urllib.request.urlopen(f"http://{host}:{port}/route?engine_rank={engine_rank}", timeout=timeout) as r:
+        with urllib.request.urlopen(
+            f"http://{host}:{port}/route?engine_rank={engine_rank}", timeout=timeout
+        ) as r:
             return json.loads(r.read())
     except urllib.error.HTTPError as e:
         if e.code == 404:

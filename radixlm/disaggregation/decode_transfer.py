@@ -17,7 +17,6 @@ import pickle
 import queue
 import threading
 import time
-from typing import Optional
 
 import torch
 import zmq
@@ -25,7 +24,14 @@ import zmq
 from radixlm.disaggregation.backends import make_backend
 from radixlm.disaggregation.bootstrap import query_route
 from radixlm.disaggregation.config import DisaggregationConfig
-from radixlm.disaggregation.protocol import AuxRecord, KVLayerChunk, KVLayout, TransferAck, TransferDest, kv_checksum
+from radixlm.disaggregation.protocol import (
+    AuxRecord,
+    KVLayerChunk,
+    KVLayout,
+    TransferAck,
+    TransferDest,
+    kv_checksum,
+)
 from radixlm.ipc import BootstrapInfo
 
 logger = logging.getLogger(__name__)
@@ -41,7 +47,9 @@ class DecodeTransfer:
         self.layout = KVLayout.of(pool)
         self.ctx = zmq.Context.instance()
         self.lock = threading.Lock()
-        self._rooms: dict[int, torch.Tensor] = {}  # room -> its reserved slots (KV frames land there)
+        self._rooms: dict[
+            int, torch.Tensor
+        ] = {}  # room -> its reserved slots (KV frames land there)
         self._arrived: dict[int, AuxRecord] = {}
         self._routes: dict[tuple[str, int], dict] = {}
         self._route_errors: dict[tuple[str, int], str] = {}
@@ -52,7 +60,9 @@ class DecodeTransfer:
         data = self.ctx.socket(zmq.PULL)
         port = data.bind_to_random_port(f"tcp://{config.host}")
         self.endpoint = f"tcp://{config.host}:{port}"
-        threading.Thread(target=self._recv_loop, args=(data,), name="radixlm-pd-receiver", daemon=True).start()
+        threading.Thread(
+            target=self._recv_loop, args=(data,), name="radixlm-pd-receiver", daemon=True
+        ).start()
         threading.Thread(target=self._control_loop, name="radixlm-pd-control", daemon=True).start()
         logger.info("PD decode: data endpoint %s, backend %s", self.endpoint, self.backend.name)
 
@@ -67,12 +77,13 @@ class DecodeTransfer:
                         dst = self._rooms.get(msg.room)
                         if dst is not None:  # else cancelled (timed out, aborted): dropped
                             self.stats["bytes_received"] += self.backend.on_chunk(
-                                msg, [f.buffer for f in frames[1:]], self.pool, dst)
+                                msg, [f.buffer for f in frames[1:]], self.pool, dst
+                            )
                 elif isinstance(msg, AuxRecord):
                     with self.lock:
                         if msg.room in self._rooms:
                             self._arrived[msg.room] = msg
-            except Exception:  # noqa: BLE001 - a bad frame fails its room by timeout, not the thread
+            except Exception:
                 logger.exception("PD: a bad frame from a prefill server")
 
     def _control_loop(self) -> None:
@@ -97,15 +108,17 @@ class DecodeTransfer:
                     sock.setsockopt(zmq.SNDTIMEO, 5000)
                     sock.connect(endpoint)
                 sock.send(pickle.dumps(msg))
-            except Exception as e:  # noqa: BLE001 - e.g. the bootstrap service is not up (yet)
+            except Exception as e:
                 if op == "route":
                     with self.lock:
                         self._route_errors[args[0]] = f"{type(e).__name__}: {e}"
                 else:
-                    logger.warning("PD: sending %s to %s failed: %s", type(args[1]).__name__, args[0], e)
+                    logger.warning(
+                        "PD: sending %s to %s failed: %s", type(args[1]).__name__, args[0], e
+                    )
 
     # --- the scheduler thread's calls -----------------------------------------------------
-    def route(self, info: BootstrapInfo) -> Optional[dict]:
+    def route(self, info: BootstrapInfo) -> dict | None:
         """The prefill rank's registration, or None while it is being looked up (asked again every
         ROUTE_RETRY_S while the service cannot be reached)."""
         key = (info.host, info.port)
@@ -120,27 +133,36 @@ class DecodeTransfer:
         with self.lock:
             return self._route_errors.get((info.host, info.port), "no answer yet")
 
-    def check_route(self, route: dict) -> Optional[str]:
+    def check_route(self, route: dict) -> str | None:
         if route.get("backend") != self.backend.name:
-            return (f"the prefill server uses --disaggregation-transfer-backend {route.get('backend')}, this decode "
-                    f"server {self.backend.name}")
+            return (
+                f"the prefill server uses --disaggregation-transfer-backend {route.get('backend')},"
+                f" this decode server {self.backend.name}"
+            )
         if KVLayout(**route["layout"]) != self.layout:
-            return f"the prefill server's KV layout {route['layout']} differs from this server's {self.layout}"
+            return (
+                f"the prefill server's KV layout {route['layout']} differs from this server's"
+                f" {self.layout}"
+            )
         return None
 
     def start(self, room: int, route: dict, dst_slots: torch.Tensor, prefix_len: int) -> None:
         with self.lock:
             self._rooms[room] = dst_slots
-        dest = TransferDest(room, self.endpoint, "", dst_slots.tolist(), prefix_len, self.layout, self.shm)
+        dest = TransferDest(
+            room, self.endpoint, "", dst_slots.tolist(), prefix_len, self.layout, self.shm
+        )
         self._out.put(("send", route["endpoint"], dest))
 
-    def arrived(self, room: int) -> Optional[AuxRecord]:
+    def arrived(self, room: int) -> AuxRecord | None:
         with self.lock:
             return self._arrived.get(room)
 
-    def finish(self, room: int, route: Optional[dict], ok: bool, reason: str = "") -> Optional[str]:
+    def finish(self, room: int, route: dict | None, ok: bool, reason: str = "") -> str | None:
         """The room is done here: no more writes to its slots; the prefill side hears of it. With
-        --disaggregation-debug-checksum, returns the received KV's SHA-256 (before the slots change)."""
+        --disaggregation-debug-checksum, returns the received KV's SHA-256 (before the slots
+        change).
+        """
         checksum = None
         with self.lock:
             slots = self._rooms.pop(room, None)
@@ -158,7 +180,19 @@ class DecodeTransfer:
 
     def info(self) -> dict:
         with self.lock:
-            return {"mode": "decode", "backend": self.backend.name, "shm_pool": self.shm.path if self.shm else None,
-                    "rooms_in_flight": len(self._rooms),
-                    **{k: self.stats[k] for k in ("transfers_ok", "transfers_failed", "bytes_received", "tokens_received")},
-                    "checksums": {str(r): c for r, c in self.checksums.items()}}
+            return {
+                "mode": "decode",
+                "backend": self.backend.name,
+                "shm_pool": self.shm.path if self.shm else None,
+                "rooms_in_flight": len(self._rooms),
+                **{
+                    k: self.stats[k]
+                    for k in (
+                        "transfers_ok",
+                        "transfers_failed",
+                        "bytes_received",
+                        "tokens_received",
+                    )
+                },
+                "checksums": {str(r): c for r, c in self.checksums.items()},
+            }

@@ -16,7 +16,6 @@ import pickle
 import queue
 import threading
 from dataclasses import asdict
-from typing import Optional
 
 import torch
 import zmq
@@ -24,7 +23,14 @@ import zmq
 from radixlm.disaggregation.backends import make_backend
 from radixlm.disaggregation.bootstrap import BootstrapServer, register
 from radixlm.disaggregation.config import DisaggregationConfig
-from radixlm.disaggregation.protocol import AuxRecord, KVLayout, KVPoll, TransferAck, TransferDest, kv_checksum
+from radixlm.disaggregation.protocol import (
+    AuxRecord,
+    KVLayout,
+    KVPoll,
+    TransferAck,
+    TransferDest,
+    kv_checksum,
+)
 
 logger = logging.getLogger(__name__)
 SEND_TIMEOUT_MS = 5000  # a peer that takes no data for this long has failed the transfer
@@ -43,18 +49,34 @@ class PrefillTransfer:
         self._send_errors: dict[int, str] = {}
         self._jobs: queue.Queue = queue.Queue()
         self.stats = collections.Counter()
-        self.checksums: collections.OrderedDict[int, str] = collections.OrderedDict()  # room -> sent KV's
+        self.checksums: collections.OrderedDict[int, str] = (
+            collections.OrderedDict()
+        )  # room -> sent KV's
         control = self.ctx.socket(zmq.PULL)
         port = control.bind_to_random_port(f"tcp://{config.host}")
         self.endpoint = f"tcp://{config.host}:{port}"
-        threading.Thread(target=self._control_loop, args=(control,), name="radixlm-pd-control", daemon=True).start()
+        threading.Thread(
+            target=self._control_loop, args=(control,), name="radixlm-pd-control", daemon=True
+        ).start()
         threading.Thread(target=self._send_loop, name="radixlm-pd-sender", daemon=True).start()
-        self.bootstrap = BootstrapServer(config.host, config.bootstrap_port) if engine_rank == 0 else None
-        register(f"http://{config.host}:{config.bootstrap_port}",
-                 {"engine_rank": engine_rank, "endpoint": self.endpoint, "backend": self.backend.name,
-                  "layout": asdict(self.layout)})
-        logger.info("PD prefill: bootstrap service on port %d, control endpoint %s, backend %s",
-                    config.bootstrap_port, self.endpoint, self.backend.name)
+        self.bootstrap = (
+            BootstrapServer(config.host, config.bootstrap_port) if engine_rank == 0 else None
+        )
+        register(
+            f"http://{config.host}:{config.bootstrap_port}",
+            {
+                "engine_rank": engine_rank,
+                "endpoint": self.endpoint,
+                "backend": self.backend.name,
+                "layout": asdict(self.layout),
+            },
+        )
+        logger.info(
+            "PD prefill: bootstrap service on port %d, control endpoint %s, backend %s",
+            config.bootstrap_port,
+            self.endpoint,
+            self.backend.name,
+        )
 
     # --- threads ------------------------------------------------------------------------
     def _control_loop(self, sock) -> None:
@@ -75,7 +97,9 @@ class PrefillTransfer:
                 if sock is None:
                     sock = socks[dest.decode_endpoint] = self.ctx.socket(zmq.PUSH)
                     sock.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
-                    sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing towards a peer that is not there
+                    sock.setsockopt(
+                        zmq.IMMEDIATE, 1
+                    )  # no queueing towards a peer that is not there
                     sock.setsockopt(zmq.LINGER, 0)
                     sock.connect(dest.decode_endpoint)
                 if self.config.debug_checksum and not aux.error:
@@ -84,28 +108,42 @@ class PrefillTransfer:
                         self.checksums[room] = aux.checksum
                         while len(self.checksums) > 256:
                             self.checksums.popitem(last=False)
-                moved = 0 if aux.error else self.backend.write(dest, self.pool, src_slots, sock.send_multipart)
+                moved = (
+                    0
+                    if aux.error
+                    else self.backend.write(dest, self.pool, src_slots, sock.send_multipart)
+                )
                 sock.send(pickle.dumps(aux))
                 with self.lock:
                     self.stats["bytes_sent"] += moved
                     self.stats["tokens_sent"] += int(src_slots.numel())
-            except Exception as e:  # noqa: BLE001 - this room fails; the others go on
-                logger.warning("PD transfer of room %d to %s failed: %s", room, dest.decode_endpoint, e)
+            except Exception as e:
+                logger.warning(
+                    "PD transfer of room %d to %s failed: %s", room, dest.decode_endpoint, e
+                )
                 with self.lock:
                     self._send_errors[room] = f"{type(e).__name__}: {e}"
 
     # --- the scheduler thread's calls -----------------------------------------------------
-    def dest(self, room: int) -> Optional[TransferDest]:
+    def dest(self, room: int) -> TransferDest | None:
         with self.lock:
             return self._dests.get(room)
 
-    def check_dest(self, dest: TransferDest, prompt_len: int) -> Optional[str]:
+    def check_dest(self, dest: TransferDest, prompt_len: int) -> str | None:
         """Why this destination cannot take the room's KV, or None."""
         if dest.layout != self.layout:
-            return f"the decode server's KV layout {dest.layout} differs from this server's {self.layout}"
-        if not 0 <= dest.prefix_len < prompt_len or len(dest.dst_slots) != prompt_len - dest.prefix_len:
-            return (f"the decode server reserved {len(dest.dst_slots)} slots after a prefix of {dest.prefix_len} "
-                    f"for a prompt of {prompt_len} tokens")
+            return (
+                f"the decode server's KV layout {dest.layout} differs from this server's"
+                f" {self.layout}"
+            )
+        if (
+            not 0 <= dest.prefix_len < prompt_len
+            or len(dest.dst_slots) != prompt_len - dest.prefix_len
+        ):
+            return (
+                f"the decode server reserved {len(dest.dst_slots)} slots after a prefix of"
+                f" {dest.prefix_len} for a prompt of {prompt_len} tokens"
+            )
         return None
 
     def send(self, dest: TransferDest, src_slots: torch.Tensor, aux: AuxRecord) -> None:
@@ -138,6 +176,13 @@ class PrefillTransfer:
 
     def info(self) -> dict:
         with self.lock:
-            return {"mode": "prefill", "backend": self.backend.name, "bootstrap_port": self.config.bootstrap_port,
-                    **{k: self.stats[k] for k in ("transfers_ok", "transfers_failed", "bytes_sent", "tokens_sent")},
-                    "checksums": {str(r): c for r, c in self.checksums.items()}}
+            return {
+                "mode": "prefill",
+                "backend": self.backend.name,
+                "bootstrap_port": self.config.bootstrap_port,
+                **{
+                    k: self.stats[k]
+                    for k in ("transfers_ok", "transfers_failed", "bytes_sent", "tokens_sent")
+                },
+                "checksums": {str(r): c for r, c in self.checksums.items()},
+            }

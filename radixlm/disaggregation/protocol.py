@@ -2,7 +2,8 @@
 
     decode -> bootstrap service   GET /route: the prefill rank's control endpoint and KV layout
     decode -> prefill (control)   TransferDest: room R's KV goes to these slots of my pool (after my
-                                  cached prefix of prefix_len tokens), through this endpoint / shm pool
+                                  cached prefix of prefix_len tokens), through this endpoint / shm
+                                  pool
     prefill -> decode (data)      KVLayerChunk per layer (tcp), then AuxRecord: the first output
                                   token, its logprobs, the prompt logprobs, cached tokens, checksum
     decode -> prefill (control)   TransferAck: room R arrived (or failed): the prefill frees its KV
@@ -17,7 +18,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Optional
 
 import torch
 
@@ -40,8 +40,13 @@ class KVLayout:
     dtype: str  # torch dtype name, e.g. "float32"
 
     @classmethod
-    def of(cls, pool) -> "KVLayout":
-        return cls(pool.num_layers, pool.num_kv_heads, pool.head_dim, str(pool.dtype).removeprefix("torch."))
+    def of(cls, pool) -> KVLayout:
+        return cls(
+            pool.num_layers,
+            pool.num_kv_heads,
+            pool.head_dim,
+            str(pool.dtype).removeprefix("torch."),
+        )
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -65,7 +70,7 @@ class TransferDest:
     dst_slots: list[int]  # the decode pool's slots for prompt positions prefix_len ..
     prefix_len: int  # prompt tokens the decode server already holds (its radix cache)
     layout: KVLayout
-    shm: Optional[ShmPool] = None
+    shm: ShmPool | None = None
 
 
 @dataclass(frozen=True)
@@ -89,8 +94,8 @@ class AuxRecord:
     input_top_logprobs: list = field(default_factory=list)
     cached_tokens: int = 0  # prompt tokens the prefill server took from its own cache
     num_tokens: int = 0  # KV positions sent
-    checksum: Optional[str] = None  # --disaggregation-debug-checksum: SHA-256 of the KV sent
-    error: Optional[str] = None  # the prefill failed this room: the decode side fails it too
+    checksum: str | None = None  # --disaggregation-debug-checksum: SHA-256 of the KV sent
+    error: str | None = None  # the prefill failed this room: the decode side fails it too
 
 
 @dataclass(frozen=True)

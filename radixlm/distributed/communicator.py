@@ -4,14 +4,15 @@ Implementations: SingleProcessCommunicator (a group of one: every op is the iden
 nothing), TorchDistCommunicator (torch.distributed over a gloo group for CPU tensors, or an NCCL
 group for CUDA tensors) and shm_communicator.ShmCommunicator (ranks on one host: all-reduce and
 all-gather through shared memory, the rest delegated to gloo). Pipeline parallelism uses
-isend/recv (and broadcast_pyobj for the logits), expert parallelism all_reduce over its group, DP attention all_gather.
+isend/recv (and broadcast_pyobj for the logits), expert parallelism all_reduce over its group, DP
+attention all_gather.
 """
 
 from __future__ import annotations
 
 import pickle
 from abc import ABC, abstractmethod
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
@@ -26,7 +27,8 @@ class Communicator(ABC):
 
     @abstractmethod
     def all_gather(self, t: torch.Tensor, dim: int = -1) -> torch.Tensor:
-        """Every rank's t (same shape on all), concatenated along dim in rank order (a new tensor)."""
+        """Every rank's t (same shape on all), concatenated along dim in rank order (a new
+        tensor)."""
 
     @abstractmethod
     def broadcast(self, t: torch.Tensor, src: int = 0) -> torch.Tensor:
@@ -51,14 +53,16 @@ class Communicator(ABC):
         """Wait until every rank got here."""
 
     def broadcast_pyobj(self, obj: Any, src: int = 0) -> Any:
-        """obj of rank src (pickled; the others pass anything, e.g. None) on every rank. The size goes
-        by all-reduce, not broadcast: every rank then hears from every other on each call, so a dead
-        peer is an error on every rank (a broadcast's root only sends, and a send to a peer that
-        died can succeed into the socket's buffer)."""
+        """obj of rank src (pickled; the others pass anything, e.g. None) on every rank. The size
+        goes by all-reduce, not broadcast: every rank then hears from every other on each call, so a
+        dead peer is an error on every rank (a broadcast's root only sends, and a send to a peer
+        that died can succeed into the socket's buffer)."""
         data = None
         size = torch.zeros(1, dtype=torch.int64)
         if self.rank == src:
-            data = torch.frombuffer(bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8)
+            data = torch.frombuffer(
+                bytearray(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)), dtype=torch.uint8
+            )
             size[0] = data.numel()
         self.all_reduce(size)
         if self.rank != src:
@@ -106,7 +110,7 @@ class TorchDistCommunicator(Communicator):
     """torch.distributed over one process group: gloo (CPU tensors) or NCCL (CUDA tensors on
     `device`; tensors are moved there and back where needed)."""
 
-    def __init__(self, group, device: Optional[torch.device] = None):
+    def __init__(self, group, device: torch.device | None = None):
         import torch.distributed as dist
 
         self.dist = dist
@@ -114,7 +118,9 @@ class TorchDistCommunicator(Communicator):
         self.rank = dist.get_rank(group)
         self.world_size = dist.get_world_size(group)
         self.device = device or torch.device("cpu")
-        self._ranks = dist.get_process_group_ranks(group)  # group rank -> global rank (send/recv/src)
+        self._ranks = dist.get_process_group_ranks(
+            group
+        )  # group rank -> global rank (send/recv/src)
 
     def _global(self, group_rank: int) -> int:
         return self._ranks[group_rank]
@@ -155,4 +161,6 @@ class NcclCommunicator(TorchDistCommunicator):
     """CUDA tensors over an NCCL group (exercised only where a GPU is present)."""
 
     def broadcast_pyobj(self, obj: Any, src: int = 0) -> Any:
-        raise RuntimeError("broadcast_pyobj goes over the group's gloo communicator (cpu_comm), not NCCL")
+        raise RuntimeError(
+            "broadcast_pyobj goes over the group's gloo communicator (cpu_comm), not NCCL"
+        )

@@ -5,7 +5,8 @@ A rank is one scheduler process. The world is pp_size pipeline stages of one ten
 (tp) each; pp groups join the ranks of the same tp index across the stages (send/recv of hidden
 states between stages, the last stage's logits broadcast back). Further roles:
   ep        expert parallelism for MoE (all-reduce over the experts' group),
-  attn_dp   DP attention (--enable-dp-attention): every rank of the world, each with its own requests;
+  attn_dp   DP attention (--enable-dp-attention): every rank of the world, each with its own
+  requests;
             the MoE layers all-gather their tokens over it (its device_comm), and the schedulers
             exchange their messages and step states over the world's gloo group. The tp group is
             then tp_size / dp_size ranks (one for now), so each rank holds a whole attention.
@@ -21,7 +22,6 @@ from __future__ import annotations
 import datetime
 import logging
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
@@ -43,8 +43,12 @@ class GroupCoordinator:
     name: str  # "tp", "pp", "ep", "attn_dp"
     ranks: tuple[int, ...]  # global ranks of the group, in group order
     rank_in_group: int
-    device_comm: Communicator  # tensors of the forward (all-reduce of row-parallel outputs, logits gather)
-    cpu_comm: Communicator  # gloo: the scheduler's messages (broadcast_pyobj), step hashes, barriers
+    device_comm: (
+        Communicator  # tensors of the forward (all-reduce of row-parallel outputs, logits gather)
+    )
+    cpu_comm: (
+        Communicator  # gloo: the scheduler's messages (broadcast_pyobj), step hashes, barriers
+    )
 
     @property
     def world_size(self) -> int:
@@ -66,9 +70,10 @@ class ParallelState:
     world_size: int = 1
     tp: GroupCoordinator = field(default_factory=lambda: _single_group("tp"))
     pp: GroupCoordinator = field(default_factory=lambda: _single_group("pp"))
-    pp_layer_partition: Optional[tuple[int, ...]] = None  # layers per stage (None: even)
-    # The scheduler's messages go to every rank of the world: the tp group's when there is one stage.
-    world_cpu_comm: Optional[Communicator] = None
+    pp_layer_partition: tuple[int, ...] | None = None  # layers per stage (None: even)
+    # The scheduler's messages go to every rank of the world: the tp group's when there is one
+    # stage.
+    world_cpu_comm: Communicator | None = None
     # Expert parallelism: the tp group's ranks and communicators when ep_size == tp_size > 1.
     ep: GroupCoordinator = field(default_factory=lambda: _single_group("ep"))
     # DP attention: the whole world (one rank alone without --enable-dp-attention).
@@ -114,32 +119,53 @@ def init_parallel_state(config: DistConfig, rank: int) -> ParallelState:
     import torch.distributed as dist
 
     timeout = datetime.timedelta(seconds=config.timeout)
-    dist.init_process_group("gloo", init_method=config.init_method, world_size=config.world_size, rank=rank,
-                            timeout=timeout)
+    dist.init_process_group(
+        "gloo",
+        init_method=config.init_method,
+        world_size=config.world_size,
+        rank=rank,
+        timeout=timeout,
+    )
     pp_size = config.pp_size
     tp = _tp_group(config, rank, timeout)
     pp, world_cpu, attn_dp = _single_group("pp"), None, _single_group("attn_dp")
     if pp_size > 1:
         pp = _pp_group(config, rank, timeout)
-        world_cpu = GlooCommunicator(dist.new_group(list(range(config.world_size)), backend="gloo", timeout=timeout))
+        world_cpu = GlooCommunicator(
+            dist.new_group(list(range(config.world_size)), backend="gloo", timeout=timeout)
+        )
     if config.enable_dp_attention:
         attn_dp = _world_group(config, rank, timeout)
         world_cpu = attn_dp.cpu_comm
     # Experts split over the tp group, or with DP attention over every rank (their tokens gathered).
     experts = attn_dp if config.enable_dp_attention else tp
-    ep = (GroupCoordinator("ep", experts.ranks, experts.rank_in_group, experts.device_comm, experts.cpu_comm)
-          if config.ep_size > 1 else _single_group("ep"))
-    state = ParallelState(rank, config.world_size, tp, pp, config.pp_layer_partition, world_cpu, ep, attn_dp)
+    ep = (
+        GroupCoordinator(
+            "ep", experts.ranks, experts.rank_in_group, experts.device_comm, experts.cpu_comm
+        )
+        if config.ep_size > 1
+        else _single_group("ep")
+    )
+    state = ParallelState(
+        rank, config.world_size, tp, pp, config.pp_layer_partition, world_cpu, ep, attn_dp
+    )
     set_parallel_state(state)
-    logger.info("rank %d of %d joined (tp group %s, all-reduce over %s; pipeline stage %d of %d%s)", rank,
-                config.world_size, list(tp.ranks), type(tp.device_comm).__name__, pp.rank_in_group, pp.world_size,
-                f"; DP attention rank {rank} of {attn_dp.world_size}" if config.enable_dp_attention else "")
+    logger.info(
+        "rank %d of %d joined (tp group %s, all-reduce over %s; pipeline stage %d of %d%s)",
+        rank,
+        config.world_size,
+        list(tp.ranks),
+        type(tp.device_comm).__name__,
+        pp.rank_in_group,
+        pp.world_size,
+        f"; DP attention rank {rank} of {attn_dp.world_size}" if config.enable_dp_attention else "",
+    )
     return state
 
 
 def _tp_group(config: DistConfig, rank: int, timeout) -> GroupCoordinator:
-    """This rank's tensor-parallel group (attn_tp_size consecutive ranks; a group of one is this rank
-    alone, as DP attention's attention groups are for now)."""
+    """This rank's tensor-parallel group (attn_tp_size consecutive ranks; a group of one is this
+    rank alone, as DP attention's attention groups are for now)."""
     import torch.distributed as dist
 
     tp_size = config.attn_tp_size
@@ -147,17 +173,23 @@ def _tp_group(config: DistConfig, rank: int, timeout) -> GroupCoordinator:
         comm = SingleProcessCommunicator()
         return GroupCoordinator("tp", (rank,), 0, comm, comm)
     found = None
-    for start in range(0, config.world_size, tp_size):  # every rank creates every group, in the same order
+    for start in range(
+        0, config.world_size, tp_size
+    ):  # every rank creates every group, in the same order
         ranks = list(range(start, start + tp_size))
         cpu = dist.new_group(ranks, backend="gloo", timeout=timeout)
         # The forward's own group: with overlap scheduling it runs on a worker thread beside the
         # scheduler's broadcasts, and two threads must never interleave collectives on one group.
-        dev = dist.new_group(ranks, backend="nccl" if config.allreduce_backend == "nccl" else "gloo", timeout=timeout)
+        dev = dist.new_group(
+            ranks, backend="nccl" if config.allreduce_backend == "nccl" else "gloo", timeout=timeout
+        )
         if rank in ranks:
             found = (tuple(ranks), cpu, dev)
     assert found is not None
     ranks, cpu, dev = found
-    return GroupCoordinator("tp", ranks, ranks.index(rank), _device_comm(config, dev), GlooCommunicator(cpu))
+    return GroupCoordinator(
+        "tp", ranks, ranks.index(rank), _device_comm(config, dev), GlooCommunicator(cpu)
+    )
 
 
 def _world_group(config: DistConfig, rank: int, timeout) -> GroupCoordinator:
@@ -167,7 +199,9 @@ def _world_group(config: DistConfig, rank: int, timeout) -> GroupCoordinator:
 
     ranks = list(range(config.world_size))
     cpu = GlooCommunicator(dist.new_group(ranks, backend="gloo", timeout=timeout))
-    dev = dist.new_group(ranks, backend="nccl" if config.allreduce_backend == "nccl" else "gloo", timeout=timeout)
+    dev = dist.new_group(
+        ranks, backend="nccl" if config.allreduce_backend == "nccl" else "gloo", timeout=timeout
+    )
     return GroupCoordinator("attn_dp", tuple(ranks), rank, _device_comm(config, dev), cpu)
 
 
@@ -180,12 +214,18 @@ def _pp_group(config: DistConfig, rank: int, timeout) -> GroupCoordinator:
     for t in range(config.tp_size):
         ranks = [s * config.tp_size + t for s in range(config.pp_size)]
         cpu = dist.new_group(ranks, backend="gloo", timeout=timeout)
-        dev = dist.new_group(ranks, backend="nccl" if config.allreduce_backend == "nccl" else "gloo", timeout=timeout)
+        dev = dist.new_group(
+            ranks, backend="nccl" if config.allreduce_backend == "nccl" else "gloo", timeout=timeout
+        )
         if rank in ranks:
             found = (tuple(ranks), cpu, dev)
     assert found is not None
     ranks, cpu, dev = found
-    device = torch.device("cuda", torch.cuda.current_device()) if config.allreduce_backend == "nccl" else None
+    device = (
+        torch.device("cuda", torch.cuda.current_device())
+        if config.allreduce_backend == "nccl"
+        else None
+    )
     dev_comm = NcclCommunicator(dev, device) if device is not None else GlooCommunicator(dev)
     return GroupCoordinator("pp", ranks, ranks.index(rank), dev_comm, GlooCommunicator(cpu))
 
@@ -215,6 +255,6 @@ def destroy_parallel_state() -> None:
         dist.destroy_process_group()
 
 
-def tp_rank_and_size(group: Optional[GroupCoordinator] = None) -> tuple[int, int]:
+def tp_rank_and_size(group: GroupCoordinator | None = None) -> tuple[int, int]:
     g = group or get_tp_group()
     return g.rank_in_group, g.world_size

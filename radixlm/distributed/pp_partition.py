@@ -7,31 +7,38 @@ final norm and LM head: they get the fewest layers), as SGLang's get_pp_indices 
 
 from __future__ import annotations
 
-from typing import Optional
 
-
-def parse_partition(text: Optional[str]) -> Optional[tuple[int, ...]]:
-    """"10,10,12" -> (10, 10, 12); None or "" -> None; a ValueError naming the flag otherwise."""
+def parse_partition(text: str | None) -> tuple[int, ...] | None:
+    """ "10,10,12" -> (10, 10, 12); None or "" -> None; a ValueError naming the flag otherwise."""
     if not text:
         return None
     try:
         counts = tuple(int(p) for p in str(text).split(","))
     except ValueError:
-        raise ValueError(f"pp_layer_partition must be layers per stage, comma separated (e.g. 10,11,11), "
-                         f"got {text!r}") from None
+        raise ValueError(
+            "pp_layer_partition must be layers per stage, comma separated (e.g. 10,11,11), "
+            f"got {text!r}"
+        ) from None
     if any(c < 1 for c in counts):
         raise ValueError(f"pp_layer_partition: every stage needs at least one layer, got {text!r}")
     return counts
 
 
-def layer_counts(num_layers: int, pp_size: int, partition: Optional[tuple[int, ...]] = None) -> tuple[int, ...]:
+def layer_counts(
+    num_layers: int, pp_size: int, partition: tuple[int, ...] | None = None
+) -> tuple[int, ...]:
     """Layers per stage; a ValueError naming both numbers when they cannot be split."""
     if pp_size > num_layers:
-        raise ValueError(f"pp_size {pp_size} is larger than the model's {num_layers} layers (each stage needs one)")
+        raise ValueError(
+            f"pp_size {pp_size} is larger than the model's {num_layers} layers (each stage needs"
+            " one)"
+        )
     if partition is not None:
         if len(partition) != pp_size or sum(partition) != num_layers:
-            raise ValueError(f"pp_layer_partition {','.join(map(str, partition))} must have pp_size {pp_size} "
-                             f"entries summing to the model's {num_layers} layers")
+            raise ValueError(
+                f"pp_layer_partition {','.join(map(str, partition))} must have pp_size {pp_size} "
+                f"entries summing to the model's {num_layers} layers"
+            )
         return partition
     counts = [num_layers // pp_size] * pp_size
     for i in range(2, num_layers % pp_size + 2):

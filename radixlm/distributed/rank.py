@@ -7,7 +7,8 @@ shared memory from a thread, so the launcher tells a stopped or frozen rank from
 
 A heartbeat is a shared double holding time.monotonic() of the last beat (0: none expected yet).
 The same kind, beaten once per loop iteration instead of from a thread, tells the launcher that the
-scheduler's loop (and the detokenizer's) still makes progress (engine/launcher.py, --watchdog-timeout).
+scheduler's loop (and the detokenizer's) still makes progress (engine/launcher.py,
+--watchdog-timeout).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from radixlm.distributed.config import DistConfig
 
@@ -36,7 +37,7 @@ class RankSpec:
         return self.rank - self.dist.node_rank * self.dist.ranks_per_node
 
 
-def pin_cpus(cpus: list[int]) -> Optional[list[int]]:
+def pin_cpus(cpus: list[int]) -> list[int] | None:
     """Run this process on `cpus` only (where the OS allows); the cores it got, or None."""
     if not cpus or not hasattr(os, "sched_setaffinity"):
         return None
@@ -53,7 +54,8 @@ def new_heartbeat(ctx):
 
 
 def beat(value) -> None:
-    """Record a beat now: time.monotonic(), one clock for every process of the host (None: no heartbeat)."""
+    """Record a beat now: time.monotonic(), one clock for every process of the host (None: no
+    heartbeat)."""
     if value is not None:
         value.value = time.monotonic()
 

@@ -36,8 +36,13 @@ class ShmTimeout(RuntimeError):
 
 
 class ShmCommunicator(Communicator):
-    def __init__(self, fallback: TorchDistCommunicator, timeout: float = 600.0, slot_bytes: int = SLOT_BYTES,
-                 shm_dir: str = "/dev/shm"):
+    def __init__(
+        self,
+        fallback: TorchDistCommunicator,
+        timeout: float = 600.0,
+        slot_bytes: int = SLOT_BYTES,
+        shm_dir: str = "/dev/shm",
+    ):
         self.fallback = fallback
         self.rank, self.world_size = fallback.rank, fallback.world_size
         self.timeout = timeout
@@ -46,7 +51,9 @@ class ShmCommunicator(Communicator):
         size = header + 2 * self.world_size * slot_bytes
         path = None
         if self.rank == 0:
-            path = os.path.join(shm_dir if os.path.isdir(shm_dir) else "/tmp", f"radixlm-shm-{uuid.uuid4().hex}")
+            path = os.path.join(
+                shm_dir if os.path.isdir(shm_dir) else "/tmp", f"radixlm-shm-{uuid.uuid4().hex}"
+            )
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
             os.ftruncate(fd, size)
         path = fallback.broadcast_pyobj(path)
@@ -62,8 +69,16 @@ class ShmCommunicator(Communicator):
         raw = np.frombuffer(self._map, dtype=np.uint8)
         self._seqs = raw[:header].view(np.int64)[:: _LINE // 8]
         data = torch.from_numpy(raw[header:])
-        self._slots = [[data[(b * self.world_size + r) * slot_bytes:(b * self.world_size + r + 1) * slot_bytes]
-                        for r in range(self.world_size)] for b in range(2)]
+        self._slots = [
+            [
+                data[
+                    (b * self.world_size + r) * slot_bytes : (b * self.world_size + r + 1)
+                    * slot_bytes
+                ]
+                for r in range(self.world_size)
+            ]
+            for b in range(2)
+        ]
         self._seq = 0
 
     # --- the exchange ------------------------------------------------------------------
@@ -86,8 +101,10 @@ class ShmCommunicator(Communicator):
                     now = time.monotonic()
                     deadline = deadline or now + self.timeout
                     if now > deadline:
-                        raise ShmTimeout(f"shared-memory collective: ranks {np.nonzero(seqs < seq)[0].tolist()} did "
-                                         f"not arrive within {self.timeout:g} s")
+                        raise ShmTimeout(
+                            f"shared-memory collective: ranks {np.nonzero(seqs < seq)[0].tolist()}"
+                            f" did not arrive within {self.timeout:g} s"
+                        )
 
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         if t.device.type != "cpu" or not t.is_contiguous():
@@ -95,7 +112,7 @@ class ShmCommunicator(Communicator):
         flat = t.view(-1)
         per = max(1, self.slot_bytes // t.element_size())
         for start in range(0, flat.numel(), per):
-            piece = flat[start:start + per]
+            piece = flat[start : start + per]
             slots = self._publish_and_wait(piece.view(torch.uint8))
             n = piece.numel()
             views = [s.view(t.dtype)[:n] for s in slots]
@@ -132,5 +149,7 @@ class ShmCommunicator(Communicator):
         self._slots, self._seqs = [], None
         try:
             self._map.close()
-        except BufferError:  # a view still exported (an exception's traceback): the OS unmaps at exit
+        except (
+            BufferError
+        ):  # a view still exported (an exception's traceback): the OS unmaps at exit
             pass

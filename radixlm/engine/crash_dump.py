@@ -1,6 +1,7 @@
-"""--crash-dump-folder (SGLang's): the requests of the last 5 minutes, finished or still running, written
-to FOLDER/<hostname>/crash_dump_<date>.json when the engine dies (its scheduler or detokenizer exits
-or hangs: the watchdog's verdict, before the waiting requests fail), once per engine.
+"""--crash-dump-folder (SGLang's): the requests of the last 5 minutes, finished or still running,
+written to FOLDER/<hostname>/crash_dump_<date>.json when the engine dies (its scheduler or
+detokenizer exits or hangs: the watchdog's verdict, before the waiting requests fail), once per
+engine.
 
 SGLang pickles its request objects; this is JSON (readable anywhere; loading it runs no code), one
 entry per request: the request as received ("obj", GenerateReqInput's fields), the last output
@@ -19,7 +20,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Optional
+from typing import Any
 
 from radixlm.config import ServerArgs
 from radixlm.engine.request_log import UNLIMITED, loggable
@@ -36,18 +37,25 @@ class RequestRecord:
 
     obj: Any  # the GenerateReqInput as received
     created_time: float = field(default_factory=time.time)
-    finished_time: Optional[float] = None
+    finished_time: float | None = None
     out: Any = None  # the last output (a dict, or a list for a batch)
-    error: Optional[str] = None
+    error: str | None = None
 
     def as_json(self) -> dict:
-        return {"rid": loggable(getattr(self.obj, "rid", None), UNLIMITED), "finished": self.finished_time is not None,
-                "obj": loggable(self.obj, UNLIMITED), "out": loggable(self.out, UNLIMITED), "error": self.error,
-                "created_time": self.created_time, "finished_time": self.finished_time}
+        return {
+            "rid": loggable(getattr(self.obj, "rid", None), UNLIMITED),
+            "finished": self.finished_time is not None,
+            "obj": loggable(self.obj, UNLIMITED),
+            "out": loggable(self.out, UNLIMITED),
+            "error": self.error,
+            "created_time": self.created_time,
+            "finished_time": self.finished_time,
+        }
 
 
-def check_crash_dump_folder(folder: Optional[str]) -> None:
-    """At start-up: a folder that cannot be written is an error now, not a dump lost at the crash."""
+def check_crash_dump_folder(folder: str | None) -> None:
+    """At start-up: a folder that cannot be written is an error now, not a dump lost at the
+    crash."""
     if not folder:
         return
     try:
@@ -55,7 +63,9 @@ def check_crash_dump_folder(folder: Optional[str]) -> None:
         if not os.access(folder, os.W_OK | os.X_OK):
             raise PermissionError("not writable")
     except OSError as e:
-        raise ValueError(f"crash_dump_folder {folder!r} cannot be written: {e.strerror or e}") from None
+        raise ValueError(
+            f"crash_dump_folder {folder!r} cannot be written: {e.strerror or e}"
+        ) from None
 
 
 def masked_argv(argv: list[str]) -> list[str]:
@@ -88,7 +98,9 @@ class CrashDump:
     def progress(self, rec: RequestRecord, out: Any) -> None:
         rec.out = out
 
-    def finished_request(self, rec: RequestRecord, out: Any = None, error: Optional[str] = None) -> None:
+    def finished_request(
+        self, rec: RequestRecord, out: Any = None, error: str | None = None
+    ) -> None:
         self.running.pop(id(rec), None)
         rec.finished_time = time.time()
         rec.out = out if out is not None else rec.out
@@ -97,7 +109,7 @@ class CrashDump:
         while self.finished and rec.finished_time - self.finished[0].finished_time > WINDOW_SECONDS:
             self.finished.popleft()
 
-    def dump(self, reason: str) -> Optional[str]:
+    def dump(self, reason: str) -> str | None:
         """Write the dump; its path, or None when there was no request to dump (as SGLang)."""
         now = time.time()
         records = [r for r in self.finished if now - r.finished_time <= WINDOW_SECONDS]
@@ -109,8 +121,14 @@ class CrashDump:
             if args.get(name):
                 args[name] = "***"
         host = os.environ.get("HOSTNAME") or socket.gethostname()
-        data = {"reason": reason, "time": datetime.now().isoformat(), "hostname": host, "server_args": args,
-                "launch_command": " ".join(masked_argv(sys.argv)), "requests": [r.as_json() for r in records]}
+        data = {
+            "reason": reason,
+            "time": datetime.now().isoformat(),
+            "hostname": host,
+            "server_args": args,
+            "launch_command": " ".join(masked_argv(sys.argv)),
+            "requests": [r.as_json() for r in records],
+        }
         directory = os.path.join(self.folder, host.replace(os.sep, "_"))
         os.makedirs(directory, mode=0o700, exist_ok=True)
         stamp = datetime.now().strftime("%Y-%m-%d_%H-%M-%S")

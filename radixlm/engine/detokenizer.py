@@ -7,13 +7,19 @@ import dataclasses
 import logging
 import signal
 from dataclasses import dataclass, field
-from typing import Optional
 
 import zmq
 
 from radixlm import stop_match
 from radixlm.config import PortArgs
-from radixlm.ipc import BatchStrOut, BatchTokenIDOut, FinishAbort, FinishStop, ReqOutputChunk, ReqStrChunk
+from radixlm.ipc import (
+    BatchStrOut,
+    BatchTokenIDOut,
+    FinishAbort,
+    FinishStop,
+    ReqOutputChunk,
+    ReqStrChunk,
+)
 from radixlm.sampling_params import brief_repr
 
 logger = logging.getLogger(__name__)
@@ -26,11 +32,11 @@ class DecodeStatus:
     surr_offset: int = 0
     read_offset: int = 0
     # The stop options come with a request's first chunk only (output_streamer.py).
-    stop_tail: Optional[stop_match.StopStringTail] = None
-    stop_regex: Optional[list[str]] = None
+    stop_tail: stop_match.StopStringTail | None = None
+    stop_regex: list[str] | None = None
     # Set when a stop_regex's partial search ran out of time: text from here on is held back
     # until the request ends (one timeout per request, not one per chunk).
-    regex_hold: Optional[int] = None
+    regex_hold: int | None = None
 
 
 class IncrementalDetokenizer:
@@ -80,8 +86,11 @@ class IncrementalDetokenizer:
             try:
                 return stop_match.hold_from(st.text, st.stop_regex)
             except stop_match.StopRegexTimeout as e:
-                logger.warning("request %s: stop_regex %s timed out; holding its text back until it ends", rid,
-                               brief_repr(e.pattern))
+                logger.warning(
+                    "request %s: stop_regex %s timed out; holding its text back until it ends",
+                    rid,
+                    brief_repr(e.pattern),
+                )
                 st.regex_hold = stop_match.window(st.text)[0]
         return st.regex_hold
 
@@ -104,26 +113,36 @@ def _regex_stop_start(text: str, pattern: str) -> int:
     try:
         hit = stop_match.first_match([pattern], tail)
     except stop_match.StopRegexTimeout:
-        logger.warning("stop_regex %s timed out on the final text; not trimmed", brief_repr(pattern))
+        logger.warning(
+            "stop_regex %s timed out on the final text; not trimmed", brief_repr(pattern)
+        )
         return -1
     return start + hit[1].start() if hit is not None else -1
 
 
 def _step_or_fail(detok: IncrementalDetokenizer, c: ReqOutputChunk) -> ReqStrChunk:
     """The request's text after chunk c; if decoding it raises, the request fails alone (an internal
-    error, 500: the tokenizer manager answers it and aborts it in the scheduler), the others go on."""
+    error, 500: the tokenizer manager answers it and aborts it in the scheduler), the others go on.
+    """
     try:
         return ReqStrChunk(c, detok.step(c))
-    except Exception as e:  # noqa: BLE001
+    except Exception as e:
         logger.exception("request %s: detokenizing failed", c.rid)
         detok.states.pop(c.rid, None)
-        failed = dataclasses.replace(c, finished_reason=FinishAbort(f"internal error: detokenizer: {type(e).__name__}: "
-                                                                    f"{e}", 500))
+        failed = dataclasses.replace(
+            c,
+            finished_reason=FinishAbort(
+                f"internal error: detokenizer: {type(e).__name__}: {e}", 500
+            ),
+        )
         return ReqStrChunk(failed, "")
 
 
-def run_detokenizer_process(tokenizer_path: str, log_level: str, port_args: PortArgs, heartbeat=None) -> None:
-    """heartbeat: beaten after every message and every idle second (the launcher's --watchdog-timeout)."""
+def run_detokenizer_process(
+    tokenizer_path: str, log_level: str, port_args: PortArgs, heartbeat=None
+) -> None:
+    """heartbeat: beaten after every message and every idle second (the launcher's
+    --watchdog-timeout)."""
     from radixlm.distributed.rank import beat
     from radixlm.model.loader import load_tokenizer
     from radixlm.utils import configure_logging, kill_itself_when_parent_died

@@ -9,18 +9,19 @@ embedding server refuses generation, a generation server refuses embeddings (eac
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Optional, Union
+from typing import Any
 
 from radixlm.ipc import GenerateReqInput, ReqStrChunk
 
-EmbeddingInput = Union[str, list[str], list[int], list[list[int]]]
+EmbeddingInput = str | list[str] | list[int] | list[list[int]]
 
 
 class EmbeddingError(ValueError):
     """A bad embedding request; `param` names the field (OpenAI's error.param)."""
 
-    def __init__(self, message: str, param: Optional[str] = "input"):
+    def __init__(self, message: str, param: str | None = "input"):
         super().__init__(message)
         self.param = param
 
@@ -43,18 +44,25 @@ def _is_ids(x: Any) -> bool:
     return isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in x)
 
 
-def embedding_items(inp: Any, field: str = "input") -> tuple[list[Union[str, list[int]]], bool]:
+def embedding_items(inp: Any, field: str = "input") -> tuple[list[str | list[int]], bool]:
     """OpenAI's `input` (str | list[str] | list[int] | list[list[int]]) as a list of items, and
     whether it was a single one. field: the request's name for it (errors name it)."""
     if isinstance(inp, str):
         items, single = [inp], True
     elif _is_ids(inp) and inp:
         items, single = [inp], True
-    elif isinstance(inp, list) and inp and (all(isinstance(x, str) for x in inp) or all(_is_ids(x) for x in inp)):
+    elif (
+        isinstance(inp, list)
+        and inp
+        and (all(isinstance(x, str) for x in inp) or all(_is_ids(x) for x in inp))
+    ):
         items, single = list(inp), False
     else:
-        raise EmbeddingError(f"{field} must be a non-empty string, a list of strings, a list of token ids or a list "
-                             "of such lists", field)
+        raise EmbeddingError(
+            f"{field} must be a non-empty string, a list of strings, a list of token ids or a list "
+            "of such lists",
+            field,
+        )
     for i, item in enumerate(items):
         if len(item) == 0:
             raise EmbeddingError(f"{field}{'' if single else f'[{i}]'} is empty", field)
@@ -72,12 +80,19 @@ class EmbeddingMixin:
     def is_embedding(self) -> bool:
         return bool(self.scheduler_info.get("is_embedding"))
 
-    def generate_request(self, obj: GenerateReqInput, admit: Optional[Callable[[int], None]] = None) -> AsyncIterator[Any]:
+    def generate_request(
+        self, obj: GenerateReqInput, admit: Callable[[int], None] | None = None
+    ) -> AsyncIterator[Any]:
         if isinstance(obj, EmbeddingReqInput) != self.is_embedding:
             return _refused(
-                "this server serves an embedding model (--is-embedding): use /v1/embeddings or /encode"
-                if self.is_embedding else
-                "this server serves a generation model: embeddings need an embedding model served with --is-embedding")
+                "this server serves an embedding model (--is-embedding): use /v1/embeddings or"
+                " /encode"
+                if self.is_embedding
+                else (
+                    "this server serves a generation model: embeddings need an embedding model"
+                    " served with --is-embedding"
+                )
+            )
         return super().generate_request(obj, admit)
 
     def _on_chunk(self, sc: ReqStrChunk) -> None:
@@ -86,7 +101,9 @@ class EmbeddingMixin:
         if sc.chunk.embedding is not None and st is not None:
             st.meta["embedding"] = sc.chunk.embedding
 
-    def _embedding_ids(self, items: list[Union[str, list[int]]], single: bool, field: str) -> list[list[int]]:
+    def _embedding_ids(
+        self, items: list[str | list[int]], single: bool, field: str
+    ) -> list[list[int]]:
         out = []
         for i, item in enumerate(items):
             name = field if single else f"{field}[{i}]"
@@ -99,33 +116,56 @@ class EmbeddingMixin:
                 ids = item
                 bad = [t for t in ids if not 0 <= t < self.vocab_size]
                 if bad:
-                    raise EmbeddingError(f"{name} has token id {bad[0]} outside the vocabulary [0, {self.vocab_size})",
-                                         field)
+                    raise EmbeddingError(
+                        f"{name} has token id {bad[0]} outside the vocabulary [0,"
+                        f" {self.vocab_size})",
+                        field,
+                    )
             if not ids:
                 raise EmbeddingError(f"{name} is empty after tokenization", field)
             if len(ids) >= self.context_len:
-                raise EmbeddingError(f"{name} has {len(ids)} tokens, which does not fit the context length "
-                                     f"{self.context_len}", field)
+                raise EmbeddingError(
+                    f"{name} has {len(ids)} tokens, which does not fit the context length "
+                    f"{self.context_len}",
+                    field,
+                )
             out.append(ids)
         return out
 
-    async def encode(self, inp: EmbeddingInput, dimensions: Optional[int] = None, rid: Any = None,
-                     admit: Optional[Callable[[int], None]] = None, field: str = "input") -> EmbeddingResult:
+    async def encode(
+        self,
+        inp: EmbeddingInput,
+        dimensions: int | None = None,
+        rid: Any = None,
+        admit: Callable[[int], None] | None = None,
+        field: str = "input",
+    ) -> EmbeddingResult:
         """The normalized embedding of each input (EmbeddingError: a 400 naming the field, `field`
         for the input: OpenAI's `input`, SGLang's `text` / `input_ids`)."""
         if not self.is_embedding:
-            raise EmbeddingError("this server serves a generation model: embeddings need an embedding model served "
-                                 "with --is-embedding", param=None)
+            raise EmbeddingError(
+                "this server serves a generation model: embeddings need an embedding model served "
+                "with --is-embedding",
+                param=None,
+            )
         hidden = self.scheduler_info.get("hidden_size")
-        if dimensions is not None and dimensions != hidden:  # no served model declares Matryoshka sizes
-            raise EmbeddingError(f"dimensions {dimensions!r}: this model's embeddings have {hidden} dimensions and it "
-                                 "declares no other sizes (Matryoshka)", param="dimensions")
+        if (
+            dimensions is not None and dimensions != hidden
+        ):  # no served model declares Matryoshka sizes
+            raise EmbeddingError(
+                f"dimensions {dimensions!r}: this model's embeddings have {hidden} dimensions and"
+                " it declares no other sizes (Matryoshka)",
+                param="dimensions",
+            )
         items, single = embedding_items(inp, field)
         ids = await self.tokenizer_pool.run(self._embedding_ids, items, single, field)
-        obj = EmbeddingReqInput(input_ids=ids, sampling_params={"max_new_tokens": 0},
-                                rid=[rid] if isinstance(rid, str) else rid)
+        obj = EmbeddingReqInput(
+            input_ids=ids,
+            sampling_params={"max_new_tokens": 0},
+            rid=[rid] if isinstance(rid, str) else rid,
+        )
         outs: list = []
-        async for outs in self.generate_request(obj, admit):
+        async for outs in self.generate_request(obj, admit):  # noqa: B007 (the last item is the result)
             pass
         metas = [dict(o["meta_info"]) for o in outs]
         return EmbeddingResult([m.pop("embedding") for m in metas], metas)

@@ -12,7 +12,8 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 import time
-from typing import TYPE_CHECKING, Callable, Optional, Protocol
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Protocol
 
 from radixlm.config import PortArgs, ServerArgs
 from radixlm.distributed.config import DistConfig
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from radixlm.scheduler.config import SchedulerConfig
 
 
-def check_server_args(server_args: ServerArgs) -> "SchedulerConfig":
+def check_server_args(server_args: ServerArgs) -> SchedulerConfig:
     """The scheduler's config from the options; a ValueError naming the option when one is bad (each
     component's config validates its own)."""
     from radixlm.scheduler.config import SchedulerConfig
@@ -42,11 +43,15 @@ def check_server_args(server_args: ServerArgs) -> "SchedulerConfig":
     if dist.enable_dp_attention:
         _check_dp_attention(server_args)
     elif server_args.dp_size > 1 and (dist.nnodes > 1 or dist.dist_init_addr):
-        raise ValueError("dp_size > 1 runs each replica's tp group on this host at its own free port: leave "
-                         "nnodes at 1 and dist_init_addr unset")
+        raise ValueError(
+            "dp_size > 1 runs each replica's tp group on this host at its own free port: leave "
+            "nnodes at 1 and dist_init_addr unset"
+        )
     if dist.enabled and server_args.hicache_storage_backend:
-        raise ValueError("hicache_storage_backend (L3) is not supported with tp_size > 1 yet: its reads and writes "
-                         "finish at a different moment on each rank (the hierarchical cache's L2 is)")
+        raise ValueError(
+            "hicache_storage_backend (L3) is not supported with tp_size > 1 yet: its reads and"
+            " writes finish at a different moment on each rank (the hierarchical cache's L2 is)"
+        )
     if dist.pp_size > 1:
         _check_pipeline(server_args, dist)
     return SchedulerConfig.from_server_args(server_args)
@@ -55,29 +60,42 @@ def check_server_args(server_args: ServerArgs) -> "SchedulerConfig":
 def _check_dp_attention(server_args: ServerArgs) -> None:
     """What DP attention does not run with yet (each rank's step must launch one forward after the
     step's exchange: dp_step.py)."""
-    refused = {"speculative_algorithm": server_args.speculative_algorithm,
-               "enable_overlap_schedule": server_args.enable_overlap_schedule,
-               "enable_torch_compile": server_args.enable_torch_compile,
-               "disaggregation_mode": server_args.disaggregation_mode != "null" and server_args.disaggregation_mode}
+    refused = {
+        "speculative_algorithm": server_args.speculative_algorithm,
+        "enable_overlap_schedule": server_args.enable_overlap_schedule,
+        "enable_torch_compile": server_args.enable_torch_compile,
+        "disaggregation_mode": (
+            server_args.disaggregation_mode != "null" and server_args.disaggregation_mode
+        ),
+    }
     for name, value in refused.items():
         if value:
             raise ValueError(f"{name} is not supported with enable_dp_attention yet")
 
 
 def _check_pipeline(server_args: ServerArgs, dist: DistConfig) -> None:
-    """--pp-size against the model's layers (and --pp-layer-partition), before any process starts."""
+    """--pp-size against the model's layers (and --pp-layer-partition), before any process
+    starts."""
     import os
 
     from radixlm.distributed.pp_partition import layer_counts
     from radixlm.model.loader import default_model_path, load_model_config
 
-    if server_args.is_embedding:  # the pooled partials are the last stage's, and nothing sends them back
+    if (
+        server_args.is_embedding
+    ):  # the pooled partials are the last stage's, and nothing sends them back
         raise ValueError("is_embedding is not supported with pp_size > 1")
     if server_args.pp_max_micro_batch_size is not None and server_args.pp_max_micro_batch_size < 1:
-        raise ValueError(f"pp_max_micro_batch_size must be >= 1, got {server_args.pp_max_micro_batch_size}")
+        raise ValueError(
+            f"pp_max_micro_batch_size must be >= 1, got {server_args.pp_max_micro_batch_size}"
+        )
     path = server_args.model_path or default_model_path()
-    if os.path.exists(path):  # a hub id is resolved later (the ranks check again as they build the model)
-        layer_counts(load_model_config(path).num_hidden_layers, dist.pp_size, dist.pp_layer_partition)
+    if os.path.exists(
+        path
+    ):  # a hub id is resolved later (the ranks check again as they build the model)
+        layer_counts(
+            load_model_config(path).num_hidden_layers, dist.pp_size, dist.pp_layer_partition
+        )
 
 
 def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, dict]:
@@ -93,7 +111,9 @@ def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, di
     config = check_server_args(server_args)
     dist = DistConfig.from_server_args(server_args)
     if dist.node_rank != 0:
-        raise ValueError("node_rank > 0 runs its ranks only (radixlm serve --node-rank K), no engine front end")
+        raise ValueError(
+            "node_rank > 0 runs its ranks only (radixlm serve --node-rank K), no engine front end"
+        )
     tokenizer_path = server_args.tokenizer_path or server_args.model_path or default_model_path()
     port_args = PortArgs.init_new()
     ctx = mp.get_context("spawn")
@@ -102,15 +122,22 @@ def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, di
     else:
         reader, writer = ctx.Pipe(duplex=False)
         loop_heartbeat = new_heartbeat(ctx)
-        sched = ctx.Process(target=run_scheduler_process, args=(config, port_args, writer, None, loop_heartbeat),
-                            daemon=True, name="scheduler")
+        sched = ctx.Process(
+            target=run_scheduler_process,
+            args=(config, port_args, writer, None, loop_heartbeat),
+            daemon=True,
+            name="scheduler",
+        )
         sched.loop_heartbeat = loop_heartbeat
         sched.start()
         started = [(sched, reader)]
     detok_heartbeat = new_heartbeat(ctx)
-    detok = ctx.Process(target=run_detokenizer_process,
-                        args=(tokenizer_path, server_args.log_level, port_args, detok_heartbeat),
-                        daemon=True, name="detokenizer")
+    detok = ctx.Process(
+        target=run_detokenizer_process,
+        args=(tokenizer_path, server_args.log_level, port_args, detok_heartbeat),
+        daemon=True,
+        name="detokenizer",
+    )
     detok.loop_heartbeat = detok_heartbeat
     detok.start()
     ranks = [p for p, _ in started]
@@ -121,19 +148,34 @@ def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, di
     except BaseException:
         stop_processes(procs, port_args)
         raise
-    defaults = sampling_defaults.applied(server_args.sampling_defaults, info.get("model_sampling_defaults", {}))
-    return procs, port_args, {**info, **_dp_capacity(infos, dist), "tp_size": dist.tp_size, "pp_size": dist.pp_size,
-                              "sampling_defaults": defaults, "reasoning_parser": server_args.reasoning_parser}
+    defaults = sampling_defaults.applied(
+        server_args.sampling_defaults, info.get("model_sampling_defaults", {})
+    )
+    return (
+        procs,
+        port_args,
+        {
+            **info,
+            **_dp_capacity(infos, dist),
+            "tp_size": dist.tp_size,
+            "pp_size": dist.pp_size,
+            "sampling_defaults": defaults,
+            "reasoning_parser": server_args.reasoning_parser,
+        },
+    )
 
 
 def _dp_capacity(infos: list[dict], dist: DistConfig) -> dict:
     """DP attention: the engine's KV is every rank's pool (each rank's own requests in its own)."""
     if not dist.enable_dp_attention:
         return {}
-    return {"dp_size": dist.dp_size, **{k: sum(i[k] for i in infos) for k in ("max_total_num_tokens", "kv_cache_bytes")}}
+    return {
+        "dp_size": dist.dp_size,
+        **{k: sum(i[k] for i in infos) for k in ("max_total_num_tokens", "kv_cache_bytes")},
+    }
 
 
-def stop_processes(procs: list, port_args: Optional[PortArgs] = None, grace: float = 5.0) -> None:
+def stop_processes(procs: list, port_args: PortArgs | None = None, grace: float = 5.0) -> None:
     """SIGTERM (the scheduler finishes its storage writes, see run_scheduler_process), then SIGKILL
     what is left after `grace` seconds; a rank that stopped beating is hung: SIGKILL at once (its
     peers, waiting in a collective with it, then fail and exit)."""
@@ -158,15 +200,21 @@ def stop_processes(procs: list, port_args: Optional[PortArgs] = None, grace: flo
 class WatchedFrontEnd(Protocol):
     """What the watchdog reads of the tokenizer manager (from its own thread)."""
 
-    loop_failure: Optional[str]  # set when its receive loop failed: the engine is unusable
+    loop_failure: str | None  # set when its receive loop failed: the engine is unusable
 
     def pending_age(self) -> float:
-        """Seconds the oldest request or control call still waiting on the engine has waited (0: none)."""
+        """Seconds the oldest request or control call still waiting on the engine has waited (0:
+        none)."""
 
 
-def watch_processes(procs: list, on_dead: Callable[[str], None], stopped: Callable[[], bool], interval: float,
-                    front: Optional[WatchedFrontEnd] = None,
-                    watchdog_timeout: Optional[float] = None) -> threading.Thread:
+def watch_processes(
+    procs: list,
+    on_dead: Callable[[str], None],
+    stopped: Callable[[], bool],
+    interval: float,
+    front: WatchedFrontEnd | None = None,
+    watchdog_timeout: float | None = None,
+) -> threading.Thread:
     """A daemon thread that calls on_dead(message) once if a child process exits unasked, a
     scheduler rank stops beating its heartbeat, or (with front and watchdog_timeout) a loop stalls
     with work pending or the front end's receive loop failed."""
@@ -186,14 +234,21 @@ def watch_processes(procs: list, on_dead: Callable[[str], None], stopped: Callab
     return t
 
 
-def dead_message(procs: list) -> Optional[str]:
-    """One message for the processes that died or hung (killed here), None when all live. A tp rank's death
-    makes its peers fail too: the ones killed by a signal (the cause, usually) are named first."""
-    hung = [p for p in procs if p.is_alive() and heartbeat_age(getattr(p, "heartbeat", None)) > HEARTBEAT_TIMEOUT]
+def dead_message(procs: list) -> str | None:
+    """One message for the processes that died or hung (killed here), None when all live. A tp
+    rank's death makes its peers fail too: the ones killed by a signal (the cause, usually) are
+    named first."""
+    hung = [
+        p
+        for p in procs
+        if p.is_alive() and heartbeat_age(getattr(p, "heartbeat", None)) > HEARTBEAT_TIMEOUT
+    ]
     if hung:
         p = hung[0]
         age = heartbeat_age(p.heartbeat)
-        for h in hung:  # nothing to save in a hung rank; its peers, waiting on it in a collective, fail now
+        for h in (
+            hung
+        ):  # nothing to save in a hung rank; its peers, waiting on it in a collective, fail now
             h.kill()
         return f"the {p.name} process (pid {p.pid}) hung: no heartbeat for {age:.1f} s; killed"
     dead = sorted((p for p in procs if not p.is_alive()), key=lambda p: (p.exitcode or 0) >= 0)
@@ -204,7 +259,7 @@ def dead_message(procs: list) -> Optional[str]:
     return f"the {first.name} process died (exit code {first.exitcode}){also}"
 
 
-def stalled_message(procs: list, front: WatchedFrontEnd, timeout: Optional[float]) -> Optional[str]:
+def stalled_message(procs: list, front: WatchedFrontEnd, timeout: float | None) -> str | None:
     """A message for a process whose loop completed no iteration for more than timeout seconds
     while the oldest pending request (or control call) waited as long (killed here: a hung loop has
     nothing left to save); None when none stalls."""
@@ -214,6 +269,8 @@ def stalled_message(procs: list, front: WatchedFrontEnd, timeout: Optional[float
         since = min(heartbeat_age(getattr(p, "loop_heartbeat", None)), front.pending_age())
         if since > timeout and p.is_alive():
             p.kill()
-            return (f"the {p.name} process (pid {p.pid}) hung: no loop iteration for {since:.1f} s with requests "
-                    f"waiting (--watchdog-timeout {timeout:g}); killed")
+            return (
+                f"the {p.name} process (pid {p.pid}) hung: no loop iteration for {since:.1f} s with"
+                f" requests waiting (--watchdog-timeout {timeout:g}); killed"
+            )
     return None

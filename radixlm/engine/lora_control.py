@@ -2,9 +2,9 @@
 
 Requests name an adapter (/generate `lora_path`, the OpenAI routes' `BASE:ADAPTER`); the scheduler
 gets the adapter's id (its name and a digest of its files), which is also its prefix-cache
-namespace (a name reloaded with other weights shares no KV with the old ones). Unloading an adapter that requests use waits
-for them (SGLang does the same): the name is gone at once (new requests get a 400 / 404), the
-scheduler drops the weights when the last request under it has finished.
+namespace (a name reloaded with other weights shares no KV with the old ones). Unloading an adapter
+that requests use waits for them (SGLang does the same): the name is gone at once (new requests get
+a 400 / 404), the scheduler drops the weights when the last request under it has finished.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 from radixlm.ipc import LoadLoRAAdapterReqInput, LoRAUpdateReqOutput, UnloadLoRAAdapterReqInput
 from radixlm.sampling_params import brief_repr
@@ -20,7 +20,7 @@ from radixlm.sampling_params import brief_repr
 _WAIT_POLL_S = 0.02
 
 
-def cache_namespace(salt: Optional[str]) -> Optional[str]:
+def cache_namespace(salt: str | None) -> str | None:
     """The prefix cache's namespace of requests with this cache_salt (vLLM's field): a hash, so the
     salt itself is kept nowhere (the tree, the L3 chunk keys). None: the common namespace.
     LoRAControlMixin.lora_namespace puts a request's adapter in front of it."""
@@ -53,8 +53,10 @@ class LoRAControlMixin:
 
     def _lora_adapters(self) -> dict[str, ServedAdapter]:
         if not hasattr(self, "_lora_by_name"):  # the scheduler's adapters at start (--lora-paths)
-            self._lora_by_name = {a["lora_name"]: ServedAdapter(**a)
-                                  for a in self.scheduler_info.get("lora_adapters", ())}
+            self._lora_by_name = {
+                a["lora_name"]: ServedAdapter(**a)
+                for a in self.scheduler_info.get("lora_adapters", ())
+            }
         return self._lora_by_name
 
     @property
@@ -67,26 +69,33 @@ class LoRAControlMixin:
     def served_adapters(self) -> list[ServedAdapter]:
         return list(self._lora_adapters().values())
 
-    def resolve_lora(self, name: Any, field: str = "lora_path") -> Optional[str]:
-        """The id of adapter `name` (None: the base model); ValueError naming the field otherwise."""
+    def resolve_lora(self, name: Any, field: str = "lora_path") -> str | None:
+        """The id of adapter `name` (None: the base model); ValueError naming the field
+        otherwise."""
         if name is None:
             return None
         if not self.lora_enabled:
-            raise ValueError(f"{field}: this server serves no LoRA adapters (start it with --enable-lora)")
+            raise ValueError(
+                f"{field}: this server serves no LoRA adapters (start it with --enable-lora)"
+            )
         adapter = self._lora_adapters().get(name) if isinstance(name, str) else None
         if adapter is None:
             known = ", ".join(sorted(self._lora_adapters())) or "none"
-            raise ValueError(f"{field}: the LoRA adapter {brief_repr(name)} is not loaded (loaded: {known})")
+            raise ValueError(
+                f"{field}: the LoRA adapter {brief_repr(name)} is not loaded (loaded: {known})"
+            )
         return adapter.uid
 
     @staticmethod
-    def lora_namespace(uid: Optional[str], salt_namespace: Optional[str]) -> Optional[str]:
+    def lora_namespace(uid: str | None, salt_namespace: str | None) -> str | None:
         """The prefix-cache namespace of a request under adapter `uid` (and maybe a cache_salt)."""
         if uid is None:
             return salt_namespace
         return f"lora:{uid}" + (f"|{salt_namespace}" if salt_namespace else "")
 
-    async def load_lora_adapter(self, lora_name: Any, lora_path: Any, pinned: Any = False) -> ServedAdapter:
+    async def load_lora_adapter(
+        self, lora_name: Any, lora_path: Any, pinned: Any = False
+    ) -> ServedAdapter:
         if not self.lora_enabled:
             raise LoRAError("LoRA is off: start the server with --enable-lora", 400)
         from radixlm.lora.config import check_name
@@ -96,18 +105,26 @@ class LoRAControlMixin:
         except ValueError as e:
             raise LoRAError(str(e)) from None
         if not isinstance(lora_path, str) or not lora_path:
-            raise LoRAError("lora_path must be a non-empty string: the adapter's peft directory", field="lora_path")
+            raise LoRAError(
+                "lora_path must be a non-empty string: the adapter's peft directory",
+                field="lora_path",
+            )
         if not isinstance(pinned, bool):
             raise LoRAError("pinned must be a boolean", field="pinned")
         if lora_name in self._lora_adapters():
-            raise LoRAError(f"a LoRA adapter named {lora_name!r} is already loaded (unload it first)", 409)
-        out: LoRAUpdateReqOutput = await self._control(LoadLoRAAdapterReqInput(lora_name, lora_path, pinned),
-                                                       LoRAUpdateReqOutput)
+            raise LoRAError(
+                f"a LoRA adapter named {lora_name!r} is already loaded (unload it first)", 409
+            )
+        out: LoRAUpdateReqOutput = await self._control(
+            LoadLoRAAdapterReqInput(lora_name, lora_path, pinned), LoRAUpdateReqOutput
+        )
         if not out.success:
             raise LoRAError(out.message, 400, "lora_path")
         if lora_name in self._lora_adapters():  # two loads of one name raced: the first one stays
             await self._control(UnloadLoRAAdapterReqInput(out.adapter["uid"]), LoRAUpdateReqOutput)
-            raise LoRAError(f"a LoRA adapter named {lora_name!r} is already loaded (unload it first)", 409)
+            raise LoRAError(
+                f"a LoRA adapter named {lora_name!r} is already loaded (unload it first)", 409
+            )
         adapter = ServedAdapter(**out.adapter)
         self._lora_adapters()[lora_name] = adapter
         return adapter
@@ -118,6 +135,8 @@ class LoRAControlMixin:
             raise LoRAError(f"no LoRA adapter named {brief_repr(lora_name)} is loaded", 404)
         while any(getattr(st, "lora_id", None) == adapter.uid for st in self.rid_to_state.values()):
             await asyncio.sleep(_WAIT_POLL_S)  # requests under it finish first
-        out: LoRAUpdateReqOutput = await self._control(UnloadLoRAAdapterReqInput(adapter.uid), LoRAUpdateReqOutput)
+        out: LoRAUpdateReqOutput = await self._control(
+            UnloadLoRAAdapterReqInput(adapter.uid), LoRAUpdateReqOutput
+        )
         if not out.success:
             raise RuntimeError(out.message)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 
@@ -21,8 +21,10 @@ logger = logging.getLogger(__name__)
 
 
 def load_hf_processor(model_path: str):
-    """The model's HF processor: AutoProcessor's, except for Qwen2-VL / Qwen2.5-VL, whose processors need
-    their video processor (torchvision): the same processor for images only (_ImageQwen2VLProcessor)."""
+    """The model's HF processor: AutoProcessor's, except for Qwen2-VL / Qwen2.5-VL, whose processors
+    need their video processor (torchvision): the same processor for images only
+    (_ImageQwen2VLProcessor).
+    """
     from transformers import AutoConfig, AutoProcessor
 
     if AutoConfig.from_pretrained(model_path).model_type not in ("qwen2_vl", "qwen2_5_vl"):
@@ -30,7 +32,9 @@ def load_hf_processor(model_path: str):
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     proc = _image_qwen2vl_processor().from_pretrained(model_path)
-    if not isinstance(proc.image_processor, Qwen2VLImageProcessorPil):  # the fast one may differ in the last bits
+    if not isinstance(
+        proc.image_processor, Qwen2VLImageProcessorPil
+    ):  # the fast one may differ in the last bits
         proc.image_processor = Qwen2VLImageProcessorPil.from_pretrained(model_path)
     return proc
 
@@ -54,8 +58,8 @@ class _Unit:
 
     pixel_values: Any
     extra: dict
-    length: Optional[int] = None  # None: the placeholder runs split evenly between the units
-    grid: Optional[tuple[int, int, int]] = None  # the decoder's token grid (M-RoPE)
+    length: int | None = None  # None: the placeholder runs split evenly between the units
+    grid: tuple[int, int, int] | None = None  # the decoder's token grid (M-RoPE)
 
 
 class MultimodalProcessor:
@@ -75,60 +79,97 @@ class MultimodalProcessor:
     def load_images(self, sources: list[str], field: str) -> list:
         return [self.load_image(s, f"{field}[{i}]") for i, s in enumerate(sources)]
 
-    def process(self, text: str, images: list, field: str) -> tuple[list[int], Optional[MultimodalInputs]]:
+    def process(
+        self, text: str, images: list, field: str
+    ) -> tuple[list[int], MultimodalInputs | None]:
         """(token ids with pad values in each image span, the items); `text` holds one image token
         per image, where it goes."""
         marks = text.count(self.image_token)
         if marks != len(images):
-            raise ValueError(f"{field}: {len(images)} image(s) given but the prompt has {marks} {self.image_token!r} "
-                             "placeholder(s); put one where each image goes")
+            raise ValueError(
+                f"{field}: {len(images)} image(s) given but the prompt has {marks}"
+                f" {self.image_token!r} placeholder(s); put one where each image goes"
+            )
         try:
-            out = self.processor(text=text, images=[images] if self.nested else images, return_tensors="pt")
+            out = self.processor(
+                text=text, images=[images] if self.nested else images, return_tensors="pt"
+            )
         except ValueError as e:  # e.g. Qwen2-VL's resize: an aspect ratio past 200
-            raise ValueError(f"{field}: the model's image processor refused the image(s): {e}") from None
+            raise ValueError(
+                f"{field}: the model's image processor refused the image(s): {e}"
+            ) from None
         ids = out["input_ids"][0].tolist()
         units = self._grid_units(out) if "image_grid_thw" in out else _padded_units(out)
         spans = _image_spans(ids, self.image_token_id, [u.length for u in units])
         items = []
         for u, (start, length) in zip(units, spans):
-            h = content_hash(u.pixel_values.numpy().tobytes() + b"".join(t.numpy().tobytes() for t in u.extra.values()))
-            ids[start:start + length] = [pad_value(h, self.vocab_size)] * length
-            items.append(MultimodalItem(hash=h, offset=start, length=length, pixel_values=u.pixel_values,
-                                        extra=u.extra, grid=u.grid))
+            h = content_hash(
+                u.pixel_values.numpy().tobytes()
+                + b"".join(t.numpy().tobytes() for t in u.extra.values())
+            )
+            ids[start : start + length] = [pad_value(h, self.vocab_size)] * length
+            items.append(
+                MultimodalItem(
+                    hash=h,
+                    offset=start,
+                    length=length,
+                    pixel_values=u.pixel_values,
+                    extra=u.extra,
+                    grid=u.grid,
+                )
+            )
         return ids, MultimodalInputs(tuple(items))
 
     def _grid_units(self, out) -> list[_Unit]:
-        """Qwen2-VL: the images' patches packed in one [patches, dim] tensor, image_grid_thw giving each
-        image's (t, h, w) in patches; merge_size^2 patches make one token."""
+        """Qwen2-VL: the images' patches packed in one [patches, dim] tensor, image_grid_thw giving
+        each image's (t, h, w) in patches; merge_size^2 patches make one token."""
         m = self.processor.image_processor.merge_size
         units, start = [], 0
         for grid in out["image_grid_thw"]:
             t, h, w = (int(x) for x in grid)
-            units.append(_Unit(out["pixel_values"][start:start + t * h * w].contiguous(),
-                               {"image_grid_thw": grid.clone()}, t * h * w // (m * m), (t, h // m, w // m)))
+            units.append(
+                _Unit(
+                    out["pixel_values"][start : start + t * h * w].contiguous(),
+                    {"image_grid_thw": grid.clone()},
+                    t * h * w // (m * m),
+                    (t, h // m, w // m),
+                )
+            )
             start += t * h * w
         return units
 
 
 def _padded_units(out) -> list[_Unit]:
-    """LLaVA, Idefics3: pixel values [..., C, H, W], one unit each (Idefics3: each tile of its split and
-    the whole image), in the order of the placeholder runs; all-zero units are padding (as in HF)."""
+    """LLaVA, Idefics3: pixel values [..., C, H, W], one unit each (Idefics3: each tile of its split
+    and the whole image), in the order of the placeholder runs; all-zero units are padding (as in
+    HF).
+    """
     pixels = out["pixel_values"]
     units = pixels.reshape(-1, *pixels.shape[-3:])
     masks = out.get("pixel_attention_mask")
     masks = None if masks is None else masks.reshape(-1, *masks.shape[-2:])
-    return [_Unit(units[k].contiguous(), {} if masks is None else {"pixel_attention_mask": masks[k].contiguous()})
-            for k in range(units.shape[0]) if bool((units[k] != 0).any())]
+    return [
+        _Unit(
+            units[k].contiguous(),
+            {} if masks is None else {"pixel_attention_mask": masks[k].contiguous()},
+        )
+        for k in range(units.shape[0])
+        if bool((units[k] != 0).any())
+    ]
 
 
-def _image_spans(ids: list[int], token_id: int, lengths: list[Optional[int]]) -> list[tuple[int, int]]:
-    """(start, length) of each unit's placeholder run. Units placed side by side make one run, cut by
-    the units' lengths where known, else evenly (every unit of a request then has the same count:
+def _image_spans(ids: list[int], token_id: int, lengths: list[int | None]) -> list[tuple[int, int]]:
+    """(start, length) of each unit's placeholder run. Units placed side by side make one run, cut
+    by the units' lengths where known, else evenly (every unit of a request then has the same count:
     LLaVA's images, Idefics3's tiles)."""
     arr = np.asarray(ids)
     pos = np.flatnonzero(arr == token_id)
     n_units = len(lengths)
-    if len(pos) == 0 or (None in lengths and len(pos) % n_units) or (None not in lengths and len(pos) != sum(lengths)):
+    if (
+        len(pos) == 0
+        or (None in lengths and len(pos) % n_units)
+        or (None not in lengths and len(pos) != sum(lengths))
+    ):
         raise ValueError(f"the processor wrote {len(pos)} image tokens for {n_units} image(s)")
     runs, start = [], pos[0]
     for a, b in zip(pos[:-1], pos[1:]):
@@ -143,13 +184,15 @@ def _image_spans(ids: list[int], token_id: int, lengths: list[Optional[int]]) ->
         while n > 0:
             k = next(sizes)
             if k > n:
-                raise ValueError(f"an image placeholder run of {n} tokens does not split into its images")
+                raise ValueError(
+                    f"an image placeholder run of {n} tokens does not split into its images"
+                )
             spans.append((s, k))
             s, n = s + k, n - k
     return spans
 
 
-def request_images(obj, i: int) -> Optional[list[str]]:
+def request_images(obj, i: int) -> list[str] | None:
     """Item i's image sources from GenerateReqInput.image_data (None: none): a string or list for a
     single prompt; for a batch, one string, list or null per prompt."""
     data = obj.image_data
@@ -157,8 +200,10 @@ def request_images(obj, i: int) -> Optional[list[str]]:
         return None
     if not obj.is_single:
         if not isinstance(data, list) or len(data) != obj.batch_size:
-            raise ValueError(f"image_data must have one entry (a string, a list or null) per prompt: "
-                             f"{obj.batch_size} for this batch")
+            raise ValueError(
+                "image_data must have one entry (a string, a list or null) per prompt: "
+                f"{obj.batch_size} for this batch"
+            )
         data = data[i]
         if data in (None, [], ""):
             return None
@@ -168,7 +213,9 @@ def request_images(obj, i: int) -> Optional[list[str]]:
 def multimodal_prompt(tm, obj, i: int, text: str):
     """(ids, MultimodalInputs) for item i of obj when it has images, else None; tm: the
     TokenizerManager (its processor is built at the first image)."""
-    pre = getattr(obj, "_mm_prompt", None)  # the chat route processed its images already (server/chat_images.py)
+    pre = getattr(
+        obj, "_mm_prompt", None
+    )  # the chat route processed its images already (server/chat_images.py)
     if pre is not None and obj.is_single:
         return pre
     images = request_images(obj, i)
@@ -188,5 +235,7 @@ def processor_of(tm) -> MultimodalProcessor:
     same one twice is harmless)."""
     proc = getattr(tm, "mm_processor", None)
     if proc is None:
-        proc = tm.mm_processor = MultimodalProcessor(tm.scheduler_info["model_path"], tm.vocab_size, tm.config.media)
+        proc = tm.mm_processor = MultimodalProcessor(
+            tm.scheduler_info["model_path"], tm.vocab_size, tm.config.media
+        )
     return proc

@@ -44,17 +44,28 @@ def run_node(server_args: ServerArgs) -> None:
             stop_processes(procs)
             print(f"radixlm: error: node {dist.node_rank}: {e}", file=sys.stderr, flush=True)
             sys.exit(1)
-        print(f"radixlm node {dist.node_rank}: ranks {dist.node_ranks()} ready (rank 0 at {dist.dist_init_addr})",
-              flush=True)
+        print(
+            f"radixlm node {dist.node_rank}: ranks {dist.node_ranks()} ready (rank 0 at"
+            f" {dist.dist_init_addr})",
+            flush=True,
+        )
         dead: list[str] = []
-        watch_processes(procs, dead.append, lambda: stopping or bool(dead), server_args.watchdog_interval)
+        watch_processes(
+            procs, dead.append, lambda: stopping or bool(dead), server_args.watchdog_interval
+        )
         while not stopping and not dead:
             time.sleep(0.1)
         stop_processes(procs, grace=1.0)
         if stopping:
             return
         if not server_args.restart_on_failure:
-            print(f"radixlm: error: node {dist.node_rank}: {dead[0]}; this node stops (--restart-on-failure "
-                  "starts its ranks again)", file=sys.stderr, flush=True)
+            print(
+                f"radixlm: error: node {dist.node_rank}: {dead[0]}; this node stops"
+                " (--restart-on-failure starts its ranks again)",
+                file=sys.stderr,
+                flush=True,
+            )
             sys.exit(1)
-        logger.error("node %d: %s; starting its ranks again (--restart-on-failure)", dist.node_rank, dead[0])
+        logger.error(
+            "node %d: %s; starting its ranks again (--restart-on-failure)", dist.node_rank, dead[0]
+        )

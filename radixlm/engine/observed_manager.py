@@ -1,6 +1,7 @@
 """The TokenizerManager with SGLang's observability: the request log (request_log.py), the crash
-dump (crash_dump.py) and the profiler's control calls (profiling.py; scheduler/profiler.py runs them).
-A subclass, so that tokenizer_manager.py (at the module size limit) stays one concept: requests in,
+dump (crash_dump.py) and the profiler's control calls (profiling.py; scheduler/profiler.py runs
+them). A subclass, so that tokenizer_manager.py (at the module size limit) stays one concept:
+requests in,
 outputs back. The server and the Engine build this one."""
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any
 
 from radixlm.config import PortArgs, ServerArgs
 from radixlm.engine.crash_dump import CrashDump, check_crash_dump_folder
@@ -33,18 +35,23 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Observability:
-    """What outlives one engine under --restart-on-failure: the log's settings, the recent requests."""
+    """What outlives one engine under --restart-on-failure: the log's settings, the recent
+    requests."""
 
     request_log: RequestLogger
-    crash_dump: Optional[CrashDump] = None
+    crash_dump: CrashDump | None = None
     device: str = "cpu"  # the profiler's default activities depend on it
     recent: RecentRequests = field(default_factory=RecentRequests)  # /dashboard's recent requests
 
     @classmethod
-    def from_server_args(cls, args: ServerArgs) -> "Observability":
+    def from_server_args(cls, args: ServerArgs) -> Observability:
         dump = CrashDump(args.crash_dump_folder, args) if args.crash_dump_folder else None
-        return cls(RequestLogger(RequestLogConfig.from_server_args(args)), dump, args.device,
-                   RecentRequests(keep_text=args.dashboard_show_text))
+        return cls(
+            RequestLogger(RequestLogConfig.from_server_args(args)),
+            dump,
+            args.device,
+            RecentRequests(keep_text=args.dashboard_show_text),
+        )
 
 
 def check_observability_args(args: ServerArgs) -> None:
@@ -59,20 +66,33 @@ def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {getattr(e, 'message', None) or e}"
 
 
-class ObservedTokenizerManager(EmbeddingMixin, TokenizerManager):  # EmbeddingMixin: encode (embedding.py)
-    def __init__(self, config: TokenizerManagerConfig, port_args: PortArgs, tokenizer, scheduler_info: dict,
-                 observability: Optional[Observability] = None):
+class ObservedTokenizerManager(
+    EmbeddingMixin, TokenizerManager
+):  # EmbeddingMixin: encode (embedding.py)
+    def __init__(
+        self,
+        config: TokenizerManagerConfig,
+        port_args: PortArgs,
+        tokenizer,
+        scheduler_info: dict,
+        observability: Observability | None = None,
+    ):
         super().__init__(config, port_args, tokenizer, scheduler_info)
         self.observability = observability or Observability(RequestLogger())
 
     # ------------------------------------------------------ request log, crash dump
-    def generate_request(self, obj: GenerateReqInput,
-                         admit: Optional[Callable[[int], None]] = None) -> AsyncIterator[Any]:
+    def generate_request(
+        self, obj: GenerateReqInput, admit: Callable[[int], None] | None = None
+    ) -> AsyncIterator[Any]:
         obs = self.observability
         if not obs.request_log.enabled and obs.crash_dump is None:
             return super().generate_request(obj, admit)
         if obj.rid is None:  # given now (as SGLang does), so that the Receive line names it
-            obj.rid = uuid.uuid4().hex if obj.is_single else [uuid.uuid4().hex for _ in range(obj.batch_size)]
+            obj.rid = (
+                uuid.uuid4().hex
+                if obj.is_single
+                else [uuid.uuid4().hex for _ in range(obj.batch_size)]
+            )
         return self._observed(obj, super().generate_request(obj, admit))
 
     async def _observed(self, obj: GenerateReqInput, gen: AsyncIterator[Any]) -> AsyncIterator[Any]:
@@ -80,7 +100,7 @@ class ObservedTokenizerManager(EmbeddingMixin, TokenizerManager):  # EmbeddingMi
         logged = log.received(obj, self.tokenizer)
         rec = dump.received(obj) if dump is not None else None
         last: dict[int, Any] = {}  # the latest output of each sequence (a batch's list: under -1)
-        error: Optional[str] = None
+        error: str | None = None
         try:
             async for out in gen:
                 last[-1 if isinstance(out, list) else out.get("index", 0)] = out
@@ -102,24 +122,35 @@ class ObservedTokenizerManager(EmbeddingMixin, TokenizerManager):  # EmbeddingMi
 
     def mark_dead(self, message: str) -> None:
         dump = self.observability.crash_dump
-        if dump is not None and self.dead_message is None:  # before the waiting requests fail: they are "running"
+        if (
+            dump is not None and self.dead_message is None
+        ):  # before the waiting requests fail: they are "running"
             try:
                 path = dump.dump(message)
                 if path:
                     logger.error("the last requests before the crash are in %s", path)
-            except Exception:  # noqa: BLE001 - the engine's end must go on
+            except Exception:
                 logger.exception("the crash dump could not be written")
         super().mark_dead(message)
 
     def configure_logging(self, **changes) -> RequestLogConfig:
-        """SGLang's /configure_logging: log_requests -> enabled, log_requests_level, log_requests_format."""
-        names = {"log_requests": "enabled", "log_requests_level": "level", "log_requests_format": "format"}
-        return self.observability.request_log.configure(**{names[k]: v for k, v in changes.items() if v is not None})
+        """SGLang's /configure_logging: log_requests -> enabled, log_requests_level,
+        log_requests_format."""
+        names = {
+            "log_requests": "enabled",
+            "log_requests_level": "level",
+            "log_requests_format": "format",
+        }
+        return self.observability.request_log.configure(
+            **{names[k]: v for k, v in changes.items() if v is not None}
+        )
 
     # ------------------------------------------------------------------- dashboard
     def _register(self, r: TokenizedGenerateReqInput, text_in_logprobs: bool):
         st = super()._register(r, text_in_logprobs)
-        if st.prompt_text is None and self.observability.recent.keep_text:  # ids (the chat routes): their head
+        if (
+            st.prompt_text is None and self.observability.recent.keep_text
+        ):  # ids (the chat routes): their head
             st.prompt_text = self.tokenizer.decode(r.input_ids[:PROMPT_HEAD_TOKENS])
         return st
 
@@ -128,15 +159,25 @@ class ObservedTokenizerManager(EmbeddingMixin, TokenizerManager):  # EmbeddingMi
         running = st is not None and st.finished_reason is None
         super()._on_chunk(sc)
         if running and st.finished_reason is not None:  # its last chunk: one record per request
-            self.observability.recent.add(st.rid, st.prompt_text, st.meta, st.finished_reason.to_json(),
-                                          time.perf_counter() - st.created)
+            self.observability.recent.add(
+                st.rid,
+                st.prompt_text,
+                st.meta,
+                st.finished_reason.to_json(),
+                time.perf_counter() - st.created,
+            )
 
-    async def dashboard_snapshot(self, max_nodes: int, with_token_ids: bool) -> DashboardSnapshotReqOutput:
-        """The scheduler's internal state and its tree's largest shared prefixes (one control call)."""
-        return await self._control(DashboardSnapshotReq(max_nodes, with_token_ids), DashboardSnapshotReqOutput)
+    async def dashboard_snapshot(
+        self, max_nodes: int, with_token_ids: bool
+    ) -> DashboardSnapshotReqOutput:
+        """The scheduler's internal state and its tree's largest shared prefixes (one control
+        call)."""
+        return await self._control(
+            DashboardSnapshotReq(max_nodes, with_token_ids), DashboardSnapshotReqOutput
+        )
 
     # -------------------------------------------------------------------- profiler
-    async def start_profile(self, body: Optional[dict] = None) -> ProfileReqOutput:
+    async def start_profile(self, body: dict | None = None) -> ProfileReqOutput:
         """body: SGLang's /start_profile fields (a ValueError names a bad one)."""
         req = start_profile_request(body, self.observability.device)
         return await self._control(req, ProfileReqOutput)

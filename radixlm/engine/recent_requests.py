@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import asdict, dataclass
-from typing import Optional
 
 PROMPT_HEAD_CHARS = 120
 PROMPT_HEAD_TOKENS = 48  # a prompt given as ids (the chat routes): its head is these decoded
@@ -18,16 +17,16 @@ MAX_RECENT = 200
 class RecentRequest:
     rid: str
     finished_at: float  # wall time (time.time())
-    prompt_head: Optional[str]  # the prompt's first characters (None: without --dashboard-show-text)
+    prompt_head: str | None  # the prompt's first characters (None: without --dashboard-show-text)
     prompt_tokens: int
     cached_tokens: int
     completion_tokens: int
-    ttft: Optional[float]  # seconds
+    ttft: float | None  # seconds
     e2e_latency: float  # seconds
-    finish_reason: Optional[str]  # SGLang's finish_reason type: stop, length, abort
+    finish_reason: str | None  # SGLang's finish_reason type: stop, length, abort
 
     @property
-    def itl(self) -> Optional[float]:
+    def itl(self) -> float | None:
         """Mean inter-token latency (the scheduler ships no per-token times)."""
         if self.ttft is None or self.completion_tokens < 2:
             return None
@@ -49,15 +48,32 @@ class RecentRequests:
         self.keep_text = keep_text
         self.finished = 0  # all ever recorded: a client sees what it missed between ticks
 
-    def add(self, rid: str, prompt_text: Optional[str], meta: dict, finish_reason: Optional[dict],
-            e2e_latency: float) -> None:
+    def add(
+        self,
+        rid: str,
+        prompt_text: str | None,
+        meta: dict,
+        finish_reason: dict | None,
+        e2e_latency: float,
+    ) -> None:
         self.finished += 1
-        self.items.append(RecentRequest(
-            rid=rid, finished_at=time.time(),
-            prompt_head=prompt_text[:PROMPT_HEAD_CHARS] if self.keep_text and isinstance(prompt_text, str) else None,
-            prompt_tokens=meta.get("prompt_tokens", 0), cached_tokens=meta.get("cached_tokens", 0),
-            completion_tokens=meta.get("completion_tokens", 0), ttft=meta.get("ttft"),
-            e2e_latency=e2e_latency, finish_reason=(finish_reason or {}).get("type")))
+        self.items.append(
+            RecentRequest(
+                rid=rid,
+                finished_at=time.time(),
+                prompt_head=(
+                    prompt_text[:PROMPT_HEAD_CHARS]
+                    if self.keep_text and isinstance(prompt_text, str)
+                    else None
+                ),
+                prompt_tokens=meta.get("prompt_tokens", 0),
+                cached_tokens=meta.get("cached_tokens", 0),
+                completion_tokens=meta.get("completion_tokens", 0),
+                ttft=meta.get("ttft"),
+                e2e_latency=e2e_latency,
+                finish_reason=(finish_reason or {}).get("type"),
+            )
+        )
 
     def latest(self, n: int) -> list[RecentRequest]:
         return list(self.items)[-n:][::-1]  # newest first

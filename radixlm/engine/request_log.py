@@ -1,6 +1,6 @@
 """SGLang's request log (--log-requests, --log-requests-level, --log-requests-format): each request
-as received ("Receive: obj=...") and as finished ("Finish: obj=..., out=..."), on a logger of its own
-(radixlm.requests: stdout, INFO, whatever --log-level says, as SGLang's).
+as received ("Receive: obj=...") and as finished ("Finish: obj=..., out=..."), on a logger of its
+own (radixlm.requests: stdout, INFO, whatever --log-level says, as SGLang's).
 
 Levels (SGLang's): 0 the metadata only (rid, flags; no sampling_params, no text or ids in or out);
 1 also sampling_params; 2 also the inputs and outputs, each string or list past 2048 items cut to
@@ -15,7 +15,7 @@ import logging
 import sys
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Optional
+from typing import Any
 
 LOG_REQUESTS_LEVELS = (0, 1, 2, 3)
 LOG_REQUESTS_FORMATS = ("text", "json")
@@ -25,7 +25,9 @@ SECRET_FIELDS = frozenset({"cache_salt"})
 _INPUTS = frozenset({"text", "input_ids"})
 _OUTPUTS = frozenset({"text", "output_ids"})
 # meta_info's logprobs may carry token texts (return_text_in_logprobs): outputs, left out with them.
-_LOGPROBS = frozenset({"input_token_logprobs", "input_top_logprobs", "output_token_logprobs", "output_top_logprobs"})
+_LOGPROBS = frozenset(
+    {"input_token_logprobs", "input_top_logprobs", "output_token_logprobs", "output_top_logprobs"}
+)
 
 
 @dataclass(frozen=True)
@@ -38,12 +40,14 @@ class RequestLogConfig:
         if not isinstance(self.enabled, bool):
             raise ValueError(f"log_requests must be a boolean, got {self.enabled!r:.40}")
         if self.level not in LOG_REQUESTS_LEVELS or isinstance(self.level, bool):
-            raise ValueError(f"log_requests_level must be one of 0, 1, 2, 3, got {self.level!r:.40}")
+            raise ValueError(
+                f"log_requests_level must be one of 0, 1, 2, 3, got {self.level!r:.40}"
+            )
         if self.format not in LOG_REQUESTS_FORMATS:
             raise ValueError(f"log_requests_format must be text or json, got {self.format!r:.40}")
 
     @classmethod
-    def from_server_args(cls, args) -> "RequestLogConfig":
+    def from_server_args(cls, args) -> RequestLogConfig:
         return cls(args.log_requests, args.log_requests_level, args.log_requests_format)
 
     def skips(self) -> tuple[frozenset, frozenset]:
@@ -62,7 +66,8 @@ class LoggedRequest:
 
 
 class _StdoutHandler(logging.StreamHandler):
-    """Writes to sys.stdout as it is at each line (a script or a test may replace it after start)."""
+    """Writes to sys.stdout as it is at each line (a script or a test may replace it after
+    start)."""
 
     @property
     def stream(self):
@@ -90,13 +95,20 @@ def loggable(value: Any, max_len: int, skip: frozenset = frozenset()) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         value = {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
-        return {k: ("***" if k in SECRET_FIELDS and v is not None else loggable(v, max_len))
-                for k, v in value.items() if k not in skip}
+        return {
+            k: "***" if k in SECRET_FIELDS and v is not None else loggable(v, max_len)
+            for k, v in value.items()
+            if k not in skip
+        }
     if isinstance(value, str):
-        return value if len(value) <= max_len else value[:max_len // 2] + "..." + value[-(max_len // 2):]
+        return (
+            value
+            if len(value) <= max_len
+            else value[: max_len // 2] + "..." + value[-(max_len // 2) :]
+        )
     if isinstance(value, (list, tuple)):
         if len(value) > max_len:
-            value = [*value[:max_len // 2], "...", *value[-(max_len // 2):]]
+            value = [*value[: max_len // 2], "...", *value[-(max_len // 2) :]]
         return [loggable(v, max_len) for v in value]
     if value is None or isinstance(value, (bool, int, float)):
         return value
@@ -117,56 +129,87 @@ class RequestLogger:
         self.config = dataclasses.replace(self.config, **changes)
         return self.config
 
-    def received(self, obj, tokenizer=None) -> Optional[LoggedRequest]:
-        """Log a request as it arrives; what its Finish line shows of it again (None: logging is off)."""
+    def received(self, obj, tokenizer=None) -> LoggedRequest | None:
+        """Log a request as it arrives; what its Finish line shows of it again (None: logging is
+        off)."""
         if not self.enabled:
             return None
         fields = {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
-        if self.config.level >= 2 and fields.get("text") is None and fields.get("input_ids") and tokenizer is not None:
-            fields["text"] = self._decoded(fields["input_ids"], tokenizer)  # SGLang's: ids shown as text too
+        if (
+            self.config.level >= 2
+            and fields.get("text") is None
+            and fields.get("input_ids")
+            and tokenizer is not None
+        ):
+            fields["text"] = self._decoded(
+                fields["input_ids"], tokenizer
+            )  # SGLang's: ids shown as text too
         req = LoggedRequest(type(obj).__name__, fields)
         self._emit("request.received", "Receive", req)
         return req
 
-    def finished(self, req: Optional[LoggedRequest], out: Any) -> None:
+    def finished(self, req: LoggedRequest | None, out: Any) -> None:
         if req is not None and self.enabled:
             self._emit("request.finished", "Finish", req, out=out)
 
-    def failed(self, req: Optional[LoggedRequest], error: str) -> None:
+    def failed(self, req: LoggedRequest | None, error: str) -> None:
         if req is not None and self.enabled:
             self._emit("request.failed", "Fail", req, error=error)
 
     def _decoded(self, ids: list, tokenizer) -> Any:
         if ids and isinstance(ids[0], list):
             return [self._decoded(i, tokenizer) for i in ids]
-        half = TRUNCATE_AT // 2  # level 2 shows the first and last 1024 characters: no more is decoded
+        half = (
+            TRUNCATE_AT // 2
+        )  # level 2 shows the first and last 1024 characters: no more is decoded
         try:
             if self.config.level == 2 and len(ids) > TRUNCATE_AT:
-                return (tokenizer.decode(ids[:half], skip_special_tokens=False) + "..."
-                        + tokenizer.decode(ids[-half:], skip_special_tokens=False))
+                return (
+                    tokenizer.decode(ids[:half], skip_special_tokens=False)
+                    + "..."
+                    + tokenizer.decode(ids[-half:], skip_special_tokens=False)
+                )
             return tokenizer.decode(ids, skip_special_tokens=False)
-        except Exception:  # noqa: BLE001 - ids not yet checked (outside the vocabulary): shown as ids only
+        except Exception:
             return None
 
     @staticmethod
     def _out(out: Any, max_len: int, skip: frozenset) -> Any:
         logged = loggable(out, max_len, skip)
         if skip and isinstance(logged, dict) and isinstance(logged.get("meta_info"), dict):
-            logged["meta_info"] = {k: v for k, v in logged["meta_info"].items() if k not in _LOGPROBS}
+            logged["meta_info"] = {
+                k: v for k, v in logged["meta_info"].items() if k not in _LOGPROBS
+            }
         return logged
 
-    def _emit(self, event: str, verb: str, req: LoggedRequest, out: Any = None, error: Optional[str] = None) -> None:
+    def _emit(
+        self,
+        event: str,
+        verb: str,
+        req: LoggedRequest,
+        out: Any = None,
+        error: str | None = None,
+    ) -> None:
         skip_in, skip_out = self.config.skips()
         max_len = TRUNCATE_AT if self.config.level == 2 else UNLIMITED
-        data = {"rid": loggable(req.fields.get("rid"), max_len), "obj": loggable(req.fields, max_len, skip_in)}
+        data = {
+            "rid": loggable(req.fields.get("rid"), max_len),
+            "obj": loggable(req.fields, max_len, skip_in),
+        }
         if out is not None:
-            outs = [self._out(o, max_len, skip_out) for o in (out if isinstance(out, list) else [out])]
+            outs = [
+                self._out(o, max_len, skip_out) for o in (out if isinstance(out, list) else [out])
+            ]
             data["out"] = outs if isinstance(out, list) else outs[0]
         if error is not None:
             data["error"] = error
         if self.config.format == "json":
-            self._log.info(json.dumps({"timestamp": datetime.now().isoformat(), "event": event, **data},
-                                      ensure_ascii=False))
+            self._log.info(
+                json.dumps(
+                    {"timestamp": datetime.now().isoformat(), "event": event, **data},
+                    ensure_ascii=False,
+                )
+            )
             return
         text = f"{verb}: obj={req.type_name}({_fields_text(data['obj'])})"
         if "out" in data:

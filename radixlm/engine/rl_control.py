@@ -9,7 +9,7 @@ checks.
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Optional
+from typing import Any
 
 from radixlm.ipc import (
     MEMORY_TAGS,
@@ -25,6 +25,7 @@ from radixlm.ipc import (
     WeightControlReqOutput,
 )
 
+
 class FieldError(ValueError):
     """A bad field of an RL call (the HTTP routes name it in their 400)."""
 
@@ -34,12 +35,18 @@ class FieldError(ValueError):
 
 
 # The scheduler's replies to these calls (the tokenizer manager hands them to their waiters).
-RL_CONTROL_REPLIES = (UpdateWeightFromDiskReqOutput, GetWeightsByNameReqOutput, WeightControlReqOutput)
+RL_CONTROL_REPLIES = (
+    UpdateWeightFromDiskReqOutput,
+    GetWeightsByNameReqOutput,
+    WeightControlReqOutput,
+)
 # SGLang fields accepted and ignored: rid (every SGLang request has one), what only applies on CUDA.
 _INERT = {"rid": None, "torch_empty_cache": bool, "recapture_cuda_graph": bool, "token_step": int}
 # SGLang fields accepted only at their default: what radixlm does not do.
-_ONLY_DEFAULT = {"is_async": (False, "an update waits for the requests in flight, SGLang's default"),
-                 "manifest": (None, "weights come from model_path only")}
+_ONLY_DEFAULT = {
+    "is_async": (False, "an update waits for the requests in flight, SGLang's default"),
+    "manifest": (None, "weights come from model_path only"),
+}
 
 
 def _fields(body: Any, known: tuple[str, ...], what: str) -> dict:
@@ -47,7 +54,9 @@ def _fields(body: Any, known: tuple[str, ...], what: str) -> dict:
     body = {} if body is None else body
     if not isinstance(body, dict):
         raise FieldError("body", f"the {what} body must be a JSON object")
-    unknown = sorted(k for k in body if k not in known and k not in _INERT and k not in _ONLY_DEFAULT)
+    unknown = sorted(
+        k for k in body if k not in known and k not in _INERT and k not in _ONLY_DEFAULT
+    )
     if unknown:
         raise FieldError(unknown[0], f"unknown field(s) for {what}: {', '.join(unknown)}")
     for k, kind in _INERT.items():
@@ -67,16 +76,31 @@ def _check(name: str, value: Any, kind: type, optional: bool = False) -> None:
     if value is None and optional:
         return
     if not _is(value, kind):
-        raise FieldError(name, f"{name} must be a {'boolean' if kind is bool else kind.__name__}"
-                         f"{' or null' if optional else ''}")
+        raise FieldError(
+            name,
+            f"{name} must be a {'boolean' if kind is bool else kind.__name__}"
+            f"{' or null' if optional else ''}",
+        )
 
 
 def update_weights_request(body: Any) -> UpdateWeightFromDiskReqInput:
-    f = _fields(body, ("model_path", "load_format", "abort_all_requests", "flush_cache", "weight_version",
-                       "keep_pause"), "update_weights_from_disk")
+    f = _fields(
+        body,
+        (
+            "model_path",
+            "load_format",
+            "abort_all_requests",
+            "flush_cache",
+            "weight_version",
+            "keep_pause",
+        ),
+        "update_weights_from_disk",
+    )
     if not isinstance(f.get("model_path"), str) or not f["model_path"]:
-        raise FieldError("model_path", "model_path must be a non-empty string: the new checkpoint's directory or "
-                                       ".gguf file")
+        raise FieldError(
+            "model_path",
+            "model_path must be a non-empty string: the new checkpoint's directory or .gguf file",
+        )
     _check("load_format", f.get("load_format"), str, optional=True)
     _check("weight_version", f.get("weight_version"), str, optional=True)
     for k in ("abort_all_requests", "flush_cache", "keep_pause"):
@@ -87,7 +111,9 @@ def update_weights_request(body: Any) -> UpdateWeightFromDiskReqInput:
 def get_weights_request(body: Any) -> GetWeightsByNameReqInput:
     f = _fields(body, ("name", "truncate_size"), "get_weights_by_name")
     if not isinstance(f.get("name"), str) or not f["name"]:
-        raise FieldError("name", "name must be a non-empty string: a weight's name in the checkpoint")
+        raise FieldError(
+            "name", "name must be a non-empty string: a weight's name in the checkpoint"
+        )
     size = f.get("truncate_size", 100)
     if not _is(size, int) or size < 0:
         raise FieldError("truncate_size", f"truncate_size must be an integer >= 0, got {size!r}")
@@ -110,19 +136,27 @@ def continue_request(body: Any) -> ContinueGenerationReqInput:
 def memory_request(body: Any, cls: type, what: str):
     """A ReleaseMemoryOccupationReqInput or ResumeMemoryOccupationReqInput."""
     tags = _fields(body, ("tags",), what).get("tags")
-    if tags is not None and not (isinstance(tags, list) and all(isinstance(t, str) and t in MEMORY_TAGS for t in tags)):
-        raise FieldError("tags", f"tags must be a list of {', '.join(MEMORY_TAGS)} (or null: all), got {tags!r}")
+    if tags is not None and not (
+        isinstance(tags, list) and all(isinstance(t, str) and t in MEMORY_TAGS for t in tags)
+    ):
+        raise FieldError(
+            "tags", f"tags must be a list of {', '.join(MEMORY_TAGS)} (or null: all), got {tags!r}"
+        )
     return cls(tags)
 
 
 class RLControlMixin:
-    """TokenizerManager's RL calls. Each raises ValueError with the scheduler's reason when refused."""
+    """TokenizerManager's RL calls. Each raises ValueError with the scheduler's reason when
+    refused."""
 
     async def _control(self, req, reply_type: type):  # TokenizerManager's (its MRO puts it first)
         raise NotImplementedError
 
-    async def update_weights_from_disk(self, obj: UpdateWeightFromDiskReqInput) -> UpdateWeightFromDiskReqOutput:
-        # One at a time: replies are matched to waiters by type, in order, and the scheduler holds one.
+    async def update_weights_from_disk(
+        self, obj: UpdateWeightFromDiskReqInput
+    ) -> UpdateWeightFromDiskReqOutput:
+        # One at a time: replies are matched to waiters by type, in order, and the scheduler holds
+        # one.
         lock = self.__dict__.setdefault("_weight_update_lock", asyncio.Lock())
         async with lock:
             out = await self._control(obj, UpdateWeightFromDiskReqOutput)
@@ -142,14 +176,18 @@ class RLControlMixin:
             raise ValueError(out.message)
         return out.message
 
-    async def pause_generation(self, obj: Optional[PauseGenerationReqInput] = None) -> str:
+    async def pause_generation(self, obj: PauseGenerationReqInput | None = None) -> str:
         return await self._simple(obj or PauseGenerationReqInput())
 
-    async def continue_generation(self, obj: Optional[ContinueGenerationReqInput] = None) -> str:
+    async def continue_generation(self, obj: ContinueGenerationReqInput | None = None) -> str:
         return await self._simple(obj or ContinueGenerationReqInput())
 
-    async def release_memory_occupation(self, obj: Optional[ReleaseMemoryOccupationReqInput] = None) -> str:
+    async def release_memory_occupation(
+        self, obj: ReleaseMemoryOccupationReqInput | None = None
+    ) -> str:
         return await self._simple(obj or ReleaseMemoryOccupationReqInput())
 
-    async def resume_memory_occupation(self, obj: Optional[ResumeMemoryOccupationReqInput] = None) -> str:
+    async def resume_memory_occupation(
+        self, obj: ResumeMemoryOccupationReqInput | None = None
+    ) -> str:
         return await self._simple(obj or ResumeMemoryOccupationReqInput())

@@ -12,8 +12,9 @@ probabilities (SGLang's two modes).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional
+from typing import Any
 
 from radixlm.ipc import GenerateReqInput
 
@@ -43,27 +44,39 @@ def check_labels(label_token_ids: Any, vocab_size: int) -> list[int]:
         raise ScoreError("label_token_ids must be a list of token ids", "label_token_ids")
     bad = [t for t in label_token_ids if not 0 <= t < vocab_size]
     if bad:
-        raise ScoreError(f"label_token_ids: token id {bad[0]} is out of the vocabulary (vocab size: {vocab_size})",
-                         "label_token_ids")
+        raise ScoreError(
+            f"label_token_ids: token id {bad[0]} is out of the vocabulary (vocab size:"
+            f" {vocab_size})",
+            "label_token_ids",
+        )
     return list(label_token_ids)
 
 
-def score_prompts(encode: Callable[[str], list[int]], query: Any, items: Any, item_first: bool) -> list[list[int]]:
+def score_prompts(
+    encode: Callable[[str], list[int]], query: Any, items: Any, item_first: bool
+) -> list[list[int]]:
     """Each item's prompt ids: text joined before encoding, ids joined as they are (as SGLang)."""
     if items is None:
         raise ScoreError("items must be provided", "items")
-    if isinstance(query, str) and (isinstance(items, str) or (isinstance(items, list)
-                                                              and all(isinstance(i, str) for i in items))):
+    if isinstance(query, str) and (
+        isinstance(items, str)
+        or (isinstance(items, list) and all(isinstance(i, str) for i in items))
+    ):
         texts = [items] if isinstance(items, str) else items
         prompts = [encode(i + query if item_first else query + i) for i in texts]
     elif _is_ids(query) and isinstance(items, list) and all(_is_ids(i) for i in items):
         prompts = [i + query if item_first else query + i for i in items]
     else:
-        raise ScoreError("query and items must both be text (a string, and a string or a list of strings) or both "
-                         "token ids (a list of ids, and a list of such lists)", "items" if query is not None else "query")
+        raise ScoreError(
+            "query and items must both be text (a string, and a string or a list of strings) or"
+            " both token ids (a list of ids, and a list of such lists)",
+            "items" if query is not None else "query",
+        )
     for k, p in enumerate(prompts):
         if not p:
-            raise ScoreError(f"query and items[{k}] are both empty: there is no position to score", "items")
+            raise ScoreError(
+                f"query and items[{k}] are both empty: there is no position to score", "items"
+            )
     return prompts
 
 
@@ -76,19 +89,35 @@ def scores_from_logprobs(logprobs: list[float], apply_softmax: bool) -> list[flo
     return [e / total for e in exps]
 
 
-async def score_request(tm, query: Any, items: Any, label_token_ids: Any, apply_softmax: bool = False,
-                        item_first: bool = False, admit: Optional[Callable[[int], None]] = None,
-                        cache_salt: Optional[str] = None) -> ScoreResult:
+async def score_request(
+    tm,
+    query: Any,
+    items: Any,
+    label_token_ids: Any,
+    apply_softmax: bool = False,
+    item_first: bool = False,
+    admit: Callable[[int], None] | None = None,
+    cache_salt: str | None = None,
+) -> ScoreResult:
     """On a TokenizerManager's event loop; ScoreError (a ValueError) for bad arguments."""
     labels = check_labels(label_token_ids, tm.vocab_size)
     if isinstance(items, list) and not items:
         return ScoreResult([], 0)
-    prompts = await tm.tokenizer_pool.run(score_prompts, tm.encode_prompt, query, items, item_first,
-                                          what="tokenizing the score prompts")
+    prompts = await tm.tokenizer_pool.run(
+        score_prompts,
+        tm.encode_prompt,
+        query,
+        items,
+        item_first,
+        what="tokenizing the score prompts",
+    )
     for k, p in enumerate(prompts):
         if len(p) + 1 >= tm.context_len:  # the label takes one position more
-            raise ScoreError(f"query + items[{k}] has {len(p)} tokens; with the label it must be shorter than the context "
-                             f"length {tm.context_len}", "items")
+            raise ScoreError(
+                f"query + items[{k}] has {len(p)} tokens; with the label it must be shorter than"
+                f" the context length {tm.context_len}",
+                "items",
+            )
     used = sum(len(p) for p in prompts)
     if not labels:
         return ScoreResult([[] for _ in prompts], used)
@@ -100,11 +129,16 @@ async def score_request(tm, query: Any, items: Any, label_token_ids: Any, apply_
         cache_salt=cache_salt,
     )
     out = None
-    async for out in tm.generate_request(obj, admit=admit):
+    async for out in tm.generate_request(obj, admit=admit):  # noqa: B007 (the last item is the result)
         pass
     outs = out if isinstance(out, list) else [out]
     # The one logprob asked for per sequence: its label's, at the position after query + item.
     lps = [o["meta_info"]["input_token_logprobs"][-1][0] for o in outs]
     n = len(labels)
-    return ScoreResult([scores_from_logprobs(lps[k * n:(k + 1) * n], apply_softmax) for k in range(len(prompts))],
-                       used)
+    return ScoreResult(
+        [
+            scores_from_logprobs(lps[k * n : (k + 1) * n], apply_softmax)
+            for k in range(len(prompts))
+        ],
+        used,
+    )

@@ -18,8 +18,9 @@ import dataclasses
 import time
 import uuid
 import weakref
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any
 
 from radixlm.config import ServerArgs
 from radixlm.engine.tokenizer_manager import TokenizerManager
@@ -40,7 +41,9 @@ class SessionError(ValueError):
 
 @dataclass(frozen=True)
 class SessionConfig:
-    timeout: float = 300.0  # --session-timeout: the longest a session may stay idle (a request may ask less)
+    timeout: float = (
+        300.0  # --session-timeout: the longest a session may stay idle (a request may ask less)
+    )
     max_sessions: int = 64  # --max-sessions: open sessions in all (0: sessions off)
     max_sessions_per_key: int = 16  # --max-sessions-per-key: open sessions of one API key
 
@@ -48,11 +51,13 @@ class SessionConfig:
         if not self.timeout > 0:
             raise ValueError(f"session_timeout must be > 0, got {self.timeout}")
         if self.max_sessions < 0 or self.max_sessions_per_key < 1:
-            raise ValueError(f"max_sessions must be >= 0 and max_sessions_per_key >= 1, got "
-                             f"{self.max_sessions} and {self.max_sessions_per_key}")
+            raise ValueError(
+                "max_sessions must be >= 0 and max_sessions_per_key >= 1, got "
+                f"{self.max_sessions} and {self.max_sessions_per_key}"
+            )
 
     @classmethod
-    def from_server_args(cls, args: ServerArgs) -> "SessionConfig":
+    def from_server_args(cls, args: ServerArgs) -> SessionConfig:
         return cls(args.session_timeout, args.max_sessions, args.max_sessions_per_key)
 
 
@@ -61,7 +66,7 @@ class Turn:
     rid: str
     ids: list[int]  # its prompt and output: what the next turn continues
     prompt_len: int  # drop_previous_output continues after the prompt
-    parent: Optional[str]  # the turn it continued (replace drops a turn's descendants)
+    parent: str | None  # the turn it continued (replace drops a turn's descendants)
 
 
 @dataclass
@@ -82,7 +87,7 @@ class TurnPlan:
     session: Session
     obj: GenerateReqInput
     rid: str
-    parent: Optional[str]
+    parent: str | None
 
 
 class SessionManager:
@@ -90,7 +95,7 @@ class SessionManager:
         self.tm = tm
         self.config = config
         self.sessions: dict[str, Session] = {}
-        self._sweeper: Optional[asyncio.Task] = None
+        self._sweeper: asyncio.Task | None = None
 
     # ------------------------------------------------------------ open, close
     def open(self, owner: str, body: dict) -> str:
@@ -103,30 +108,53 @@ class SessionManager:
         if cap is None:
             cap = self.tm.context_len
         if not _is_int(cap) or cap < 1:
-            raise SessionError(400, f"capacity_of_str_len must be a positive integer (the most tokens a turn's "
-                                    f"prompt may have), got {brief_repr(cap)}", "capacity_of_str_len")
+            raise SessionError(
+                400,
+                "capacity_of_str_len must be a positive integer (the most tokens a turn's "
+                f"prompt may have), got {brief_repr(cap)}",
+                "capacity_of_str_len",
+            )
         timeout = body.get("timeout")
-        if timeout is not None and not (isinstance(timeout, (int, float)) and not isinstance(timeout, bool)
-                                        and 0 < timeout):
-            raise SessionError(400, f"timeout must be a number of seconds > 0, got {brief_repr(timeout)}", "timeout")
+        if timeout is not None and not (
+            isinstance(timeout, (int, float)) and not isinstance(timeout, bool) and 0 < timeout
+        ):
+            raise SessionError(
+                400,
+                f"timeout must be a number of seconds > 0, got {brief_repr(timeout)}",
+                "timeout",
+            )
         sid = body.get("session_id")
         if sid is not None and not (isinstance(sid, str) and 0 < len(sid) <= MAX_SESSION_ID_CHARS):
-            raise SessionError(400, f"session_id must be a non-empty string of at most {MAX_SESSION_ID_CHARS} "
-                                    f"characters, got {brief_repr(sid)}", "session_id")
+            raise SessionError(
+                400,
+                f"session_id must be a non-empty string of at most {MAX_SESSION_ID_CHARS} "
+                f"characters, got {brief_repr(sid)}",
+                "session_id",
+            )
         self.expire()
         if sid in self.sessions:
             raise SessionError(400, f"session_id {sid!r} is already open", "session_id")
         if len(self.sessions) >= self.config.max_sessions:
-            raise SessionError(429, f"too many open sessions ({self.config.max_sessions}, --max-sessions): close "
-                                    "one or wait for one to time out", "session_id")
+            raise SessionError(
+                429,
+                f"too many open sessions ({self.config.max_sessions}, --max-sessions): close "
+                "one or wait for one to time out",
+                "session_id",
+            )
         mine = sum(s.owner == owner for s in self.sessions.values())
         if mine >= self.config.max_sessions_per_key:
-            raise SessionError(429, f"this API key has {mine} open sessions, the most it may have "
-                                    "(--max-sessions-per-key): close one or wait for one to time out", "session_id")
+            raise SessionError(
+                429,
+                f"this API key has {mine} open sessions, the most it may have "
+                "(--max-sessions-per-key): close one or wait for one to time out",
+                "session_id",
+            )
         sid = sid or uuid.uuid4().hex
         # The server's timeout bounds the session's: a client cannot pin KV for longer.
         # (min before float: a JSON integer may be too large for a float.)
-        self.sessions[sid] = Session(sid, owner, float(min(timeout or self.config.timeout, self.config.timeout)), cap)
+        self.sessions[sid] = Session(
+            sid, owner, float(min(timeout or self.config.timeout, self.config.timeout)), cap
+        )
         if self._sweeper is None or self._sweeper.done():
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep())
         return sid
@@ -137,7 +165,9 @@ class SessionManager:
 
     def _find(self, owner: str, sid: Any, param: str) -> Session:
         s = self.sessions.get(sid) if isinstance(sid, str) else None
-        if s is None or s.owner != owner or self._expired(s):  # another key's session is not named to this one
+        if (
+            s is None or s.owner != owner or self._expired(s)
+        ):  # another key's session is not named to this one
             raise SessionError(400, f"{param}: no open session {brief_repr(sid)}", param)
         return s
 
@@ -161,27 +191,39 @@ class SessionManager:
 
     # ------------------------------------------------------------------ turns
     async def prepare(self, owner: str, obj: GenerateReqInput, params: Any) -> TurnPlan:
-        """A /generate with session_params: its prompt becomes the session's history plus its own."""
+        """A /generate with session_params: its prompt becomes the session's history plus its
+        own."""
         if not isinstance(params, dict):
             raise SessionError(400, "session_params must be an object", "session_params")
         unknown = sorted(set(params) - set(SESSION_PARAMS))
         if unknown:
-            raise SessionError(400, f"session_params has unknown field(s): {', '.join(unknown)}",
-                               f"session_params.{unknown[0]}")
+            raise SessionError(
+                400,
+                f"session_params has unknown field(s): {', '.join(unknown)}",
+                f"session_params.{unknown[0]}",
+            )
         s = self._find(owner, params.get("id"), "session_params.id")
         sp = obj.sampling_params
         if not obj.is_single or (isinstance(sp, dict) and sp.get("n") not in (None, 1)):
             raise SessionError(400, "a session's turn is one prompt with n = 1", "session_params")
         for flag in ("replace", "drop_previous_output"):
             if params.get(flag) is not None and not isinstance(params.get(flag), bool):
-                raise SessionError(400, f"session_params.{flag} must be a boolean", f"session_params.{flag}")
+                raise SessionError(
+                    400, f"session_params.{flag} must be a boolean", f"session_params.{flag}"
+                )
         if s.busy:
-            raise SessionError(409, f"session {s.id!r} is running a turn: send the next one when it is done",
-                               "session_params.id")
+            raise SessionError(
+                409,
+                f"session {s.id!r} is running a turn: send the next one when it is done",
+                "session_params.id",
+            )
         parent = params.get("rid")
         if parent is not None and parent not in s.turns:
-            raise SessionError(400, f"session_params.rid: session {s.id!r} has no finished turn "
-                                    f"{brief_repr(parent)}", "session_params.rid")
+            raise SessionError(
+                400,
+                f"session_params.rid: session {s.id!r} has no finished turn {brief_repr(parent)}",
+                "session_params.rid",
+            )
         if parent is None and not params.get("replace") and s.turns:
             parent = next(reversed(s.turns))  # no rid: continue the latest turn
         base: list[int] = []
@@ -191,14 +233,25 @@ class SessionManager:
         offset = params.get("offset")
         if offset is not None:
             if not _is_int(offset) or not 0 <= offset <= len(base):
-                raise SessionError(400, f"session_params.offset must be an integer in [0, {len(base)}] (the "
-                                        f"continued turn's tokens), got {brief_repr(offset)}", "session_params.offset")
+                raise SessionError(
+                    400,
+                    f"session_params.offset must be an integer in [0, {len(base)}] (the "
+                    f"continued turn's tokens), got {brief_repr(offset)}",
+                    "session_params.offset",
+                )
             base = base[:offset] if offset else base  # SGLang: 0 means no cut
-        if obj.image_data not in (None, [], ""):  # a turn's history is ids: it cannot place images (yet)
+        if obj.image_data not in (
+            None,
+            [],
+            "",
+        ):  # a turn's history is ids: it cannot place images (yet)
             raise SessionError(400, "image_data is not supported in session turns", "image_data")
         try:
-            new = obj.input_ids if obj.input_ids is not None else await self.tm.tokenizer_pool.run(
-                self.tm.encode_prompt, obj.text)
+            new = (
+                obj.input_ids
+                if obj.input_ids is not None
+                else await self.tm.tokenizer_pool.run(self.tm.encode_prompt, obj.text)
+            )
         except ValueError as e:  # a text longer than the context
             raise SessionError(400, str(e), "text") from None
         bos = getattr(self.tm.tokenizer, "bos_token_id", None)
@@ -206,17 +259,25 @@ class SessionManager:
             new = new[1:]  # the history already begins with it
         ids = base + list(new)
         if len(ids) > s.capacity:
-            raise SessionError(400, f"the turn's prompt would have {len(ids)} tokens, more than the session's "
-                                    f"capacity_of_str_len {s.capacity}", "session_params.id")
+            raise SessionError(
+                400,
+                f"the turn's prompt would have {len(ids)} tokens, more than the session's "
+                f"capacity_of_str_len {s.capacity}",
+                "session_params.id",
+            )
         rid = obj.rid or uuid.uuid4().hex
         if not isinstance(rid, str) or rid in s.turns:
-            raise SessionError(400, f"rid {brief_repr(rid)} is already a turn of this session", "rid")
-        if params.get("replace"):  # the new turn takes the place of the continued turn's descendants
+            raise SessionError(
+                400, f"rid {brief_repr(rid)} is already a turn of this session", "rid"
+            )
+        if params.get(
+            "replace"
+        ):  # the new turn takes the place of the continued turn's descendants
             self._drop_descendants(s, parent)
         return TurnPlan(s, dataclasses.replace(obj, text=None, input_ids=ids, rid=rid), rid, parent)
 
     @staticmethod
-    def _drop_descendants(s: Session, rid: Optional[str]) -> None:
+    def _drop_descendants(s: Session, rid: str | None) -> None:
         gone = {rid} if rid is not None else set()
         for t in list(s.turns.values()):  # in order: a parent comes before its children
             if (rid is None and t.rid not in gone) or t.parent in gone:
@@ -224,12 +285,16 @@ class SessionManager:
         for r in gone - ({rid} if rid is not None else set()):
             s.turns.pop(r, None)
 
-    async def run(self, plan: TurnPlan, admit: Optional[Callable[[int], None]] = None) -> AsyncIterator[Any]:
+    async def run(
+        self, plan: TurnPlan, admit: Callable[[int], None] | None = None
+    ) -> AsyncIterator[Any]:
         """The turn's responses (as TokenizerManager.generate_request's); a turn that finishes (not
         aborted) becomes one the next can continue."""
         s = plan.session
         if s.busy or s.id not in self.sessions:
-            raise SessionError(409, f"session {s.id!r} is running a turn or was closed", "session_params.id")
+            raise SessionError(
+                409, f"session {s.id!r} is running a turn or was closed", "session_params.id"
+            )
         s.busy = True
         try:
             self.tm.send_to_scheduler.send_pyobj(BindSessionReq(plan.rid, s.id))
@@ -237,7 +302,9 @@ class SessionManager:
                 fr = out["meta_info"].get("finish_reason")
                 if fr is not None and fr.get("type") != "abort":
                     ids = plan.obj.input_ids
-                    s.turns[plan.rid] = Turn(plan.rid, ids + list(out["output_ids"]), len(ids), plan.parent)
+                    s.turns[plan.rid] = Turn(
+                        plan.rid, ids + list(out["output_ids"]), len(ids), plan.parent
+                    )
                 yield out
         finally:
             s.busy = False
@@ -247,7 +314,7 @@ class SessionManager:
         return {"open_sessions": len(self.sessions)}
 
 
-_MANAGERS: "weakref.WeakKeyDictionary[TokenizerManager, SessionManager]" = weakref.WeakKeyDictionary()
+_MANAGERS: weakref.WeakKeyDictionary[TokenizerManager, SessionManager] = weakref.WeakKeyDictionary()
 
 
 def session_manager(tm: TokenizerManager, args: ServerArgs) -> SessionManager:

@@ -8,8 +8,9 @@ import dataclasses
 import logging
 import time
 import uuid
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, AsyncIterator, Callable, Optional
+from typing import Any
 
 import zmq
 import zmq.asyncio
@@ -18,8 +19,8 @@ from radixlm.config import PortArgs, ServerArgs
 from radixlm.disaggregation.config import parse_bootstrap
 from radixlm.engine.lora_control import LoRAControlMixin, cache_namespace
 from radixlm.engine.media import MediaConfig
-from radixlm.engine.req_state import ReqState
 from radixlm.engine.mm_processor import multimodal_prompt
+from radixlm.engine.req_state import ReqState
 from radixlm.engine.request_sampling import RequestSampling
 from radixlm.engine.rl_control import RLControlMixin
 from radixlm.engine.tokenizer_pool import TokenizerPool
@@ -55,7 +56,7 @@ class InternalRequestError(RuntimeError):
         self.rid = rid
 
 
-def is_internal_failure(reason: Optional[FinishReason]) -> bool:
+def is_internal_failure(reason: FinishReason | None) -> bool:
     return isinstance(reason, FinishAbort) and (reason.status_code or 0) >= 500
 
 
@@ -70,15 +71,20 @@ MAX_CACHE_SALT_CHARS = 1024
 class TokenizerManagerConfig:
     max_n: int = 128  # largest n a request may ask for
     max_top_logprobs_num: int = 20
-    # Prefill a prompt that a batch repeats once first, so the copies share it (off without a prefix cache).
+    # Prefill a prompt that a batch repeats once first, so the copies share it (off without a prefix
+    # cache).
     cache_shared_prompts: bool = True
     # Seconds a request's tokenization may take on the tokenizer threads (tokenizer_pool.py).
     tokenizer_timeout: float = 30.0
     # Requests' `priority` reaches the scheduler only with --enable-priority-scheduling (else it is
     # ignored, as SGLang does): otherwise any client could put itself ahead of every other.
     enable_priority_scheduling: bool = False
-    media: MediaConfig = MediaConfig()  # images in requests: sources, size and pixel bounds (engine/media.py)
-    disaggregation_mode: str = "null"  # PD disaggregation: which requests may carry bootstrap fields
+    media: MediaConfig = (
+        MediaConfig()
+    )  # images in requests: sources, size and pixel bounds (engine/media.py)
+    disaggregation_mode: str = (
+        "null"  # PD disaggregation: which requests may carry bootstrap fields
+    )
 
     def __post_init__(self):
         if self.max_n < 1:
@@ -89,14 +95,22 @@ class TokenizerManagerConfig:
             raise ValueError(f"max_top_logprobs_num must be >= 0, got {self.max_top_logprobs_num}")
 
     @classmethod
-    def from_server_args(cls, args: ServerArgs) -> "TokenizerManagerConfig":
-        return cls(args.max_n, args.max_top_logprobs_num, not args.disable_radix_cache,
-                   tokenizer_timeout=args.tokenizer_timeout, enable_priority_scheduling=args.enable_priority_scheduling,
-                   media=MediaConfig.from_server_args(args), disaggregation_mode=args.disaggregation_mode)
+    def from_server_args(cls, args: ServerArgs) -> TokenizerManagerConfig:
+        return cls(
+            args.max_n,
+            args.max_top_logprobs_num,
+            not args.disable_radix_cache,
+            tokenizer_timeout=args.tokenizer_timeout,
+            enable_priority_scheduling=args.enable_priority_scheduling,
+            media=MediaConfig.from_server_args(args),
+            disaggregation_mode=args.disaggregation_mode,
+        )
 
 
 class TokenizerManager(RLControlMixin, LoRAControlMixin):
-    def __init__(self, config: TokenizerManagerConfig, port_args: PortArgs, tokenizer, scheduler_info: dict):
+    def __init__(
+        self, config: TokenizerManagerConfig, port_args: PortArgs, tokenizer, scheduler_info: dict
+    ):
         self.config = config
         self.port_args = port_args
         self.tokenizer = tokenizer
@@ -106,10 +120,15 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
         self.sampling = RequestSampling.from_info(tokenizer, scheduler_info)
         self.rid_to_state: dict[str, ReqState] = {}
         self._control_waiters: dict[type, list[asyncio.Future]] = {}
-        self._control_sent: dict[asyncio.Future, float] = {}  # control calls in flight: when each was sent
-        self.dead_message: Optional[str] = None
-        self.loop_failure: Optional[str] = None  # the receive loop failed: the engine must go (the watchdog reads it)
-        # Characters of text one token can cover at most (its byte-level / piece form is no shorter).
+        self._control_sent: dict[
+            asyncio.Future, float
+        ] = {}  # control calls in flight: when each was sent
+        self.dead_message: str | None = None
+        self.loop_failure: str | None = (
+            None  # the receive loop failed: the engine must go (the watchdog reads it)
+        )
+        # Characters of text one token can cover at most (its byte-level / piece form is no
+        # shorter).
         self.max_token_chars = max((len(t) for t in tokenizer.get_vocab()), default=1) + 1
         # Tokenization and chat templates run there, off the event loop.
         self.tokenizer_pool = TokenizerPool(config.tokenizer_timeout)
@@ -128,11 +147,15 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
         text, mm = obj.text if obj.is_single or obj.text is None else obj.text[i], None
         if obj.input_ids is not None:
             ids = obj.input_ids if obj.is_single else obj.input_ids[i]
-            if not isinstance(ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids
+            ):
                 raise ValueError("input_ids must be a list of integers (or a list of such lists)")
             bad = [t for t in ids if not 0 <= t < self.vocab_size]
             if bad:
-                raise ValueError(f"input_ids has token id {bad[0]} outside the vocabulary [0, {self.vocab_size})")
+                raise ValueError(
+                    f"input_ids has token id {bad[0]} outside the vocabulary [0, {self.vocab_size})"
+                )
         else:
             if not isinstance(text, str):
                 raise ValueError("text must be a string or a list of strings")
@@ -141,16 +164,23 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
             raise ValueError("the prompt is empty (text / input_ids)")
         if len(ids) >= self.context_len:
             raise ValueError(
-                f"the prompt has {len(ids)} tokens, which does not fit the context length {self.context_len}"
+                f"the prompt has {len(ids)} tokens, which does not fit the context length"
+                f" {self.context_len}"
             )
-        sp = self.sampling.params(obj.item(i, "sampling_params"))  # the defaults under it, validated
+        sp = self.sampling.params(
+            obj.item(i, "sampling_params")
+        )  # the defaults under it, validated
         if len(ids) + sp.max_new_tokens > self.context_len:
             raise ValueError(
-                f"sampling_params.max_new_tokens {brief_repr(sp.max_new_tokens)} plus the prompt's {len(ids)} tokens exceed the "
-                f"context length {self.context_len}; ask for at most {self.context_len - len(ids)}"
+                f"sampling_params.max_new_tokens {brief_repr(sp.max_new_tokens)} plus the prompt's"
+                f" {len(ids)} tokens exceed the context length {self.context_len}; ask for at most"
+                f" {self.context_len - len(ids)}"
             )
         if sp.n > self.config.max_n:
-            raise ValueError(f"sampling_params.n must be <= {self.config.max_n} (--max-n), got {brief_repr(sp.n)}")
+            raise ValueError(
+                f"sampling_params.n must be <= {self.config.max_n} (--max-n), got"
+                f" {brief_repr(sp.n)}"
+            )
         rid = obj.item(i, "rid") or uuid.uuid4().hex
         lp_start = obj.item(i, "logprob_start_len", -1)
         top_n = obj.item(i, "top_logprobs_num", 0)
@@ -158,24 +188,47 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
         priority = obj.item(i, "priority")
         salt, lora_id = obj.item(i, "cache_salt"), self.resolve_lora(obj.item(i, "lora_path"))
         if not isinstance(rid, str):
-            raise ValueError(f"rid must be a string (a list of them for a batch), got {brief_repr(rid)}")
+            raise ValueError(
+                f"rid must be a string (a list of them for a batch), got {brief_repr(rid)}"
+            )
         if not isinstance(return_logprob, bool):
-            raise ValueError(f"return_logprob must be a boolean (a list of them for a batch), got {brief_repr(return_logprob)}")
+            raise ValueError(
+                "return_logprob must be a boolean (a list of them for a batch), got"
+                f" {brief_repr(return_logprob)}"
+            )
         if not _is_int(lp_start) or lp_start < -1:
-            raise ValueError(f"logprob_start_len must be an integer >= -1, got {brief_repr(lp_start)}")
+            raise ValueError(
+                f"logprob_start_len must be an integer >= -1, got {brief_repr(lp_start)}"
+            )
         if return_logprob and lp_start >= len(ids):
-            raise ValueError(f"logprob_start_len {lp_start} must be below the prompt length {len(ids)}")
-        if mm is not None and return_logprob and 0 <= lp_start < mm.last_end:  # an image token has no logprob
-            raise ValueError(f"logprob_start_len must be -1 or >= {mm.last_end} (after the last image) with image_data")
+            raise ValueError(
+                f"logprob_start_len {lp_start} must be below the prompt length {len(ids)}"
+            )
+        if (
+            mm is not None and return_logprob and 0 <= lp_start < mm.last_end
+        ):  # an image token has no logprob
+            raise ValueError(
+                f"logprob_start_len must be -1 or >= {mm.last_end} (after the last image) with"
+                " image_data"
+            )
         if not _is_int(top_n) or not 0 <= top_n <= self.config.max_top_logprobs_num:
-            raise ValueError(f"top_logprobs_num must be an integer in [0, {self.config.max_top_logprobs_num}] "
-                             f"(--max-top-logprobs-num), got {brief_repr(top_n)}")
+            raise ValueError(
+                f"top_logprobs_num must be an integer in [0, {self.config.max_top_logprobs_num}] "
+                f"(--max-top-logprobs-num), got {brief_repr(top_n)}"
+            )
         # The scheduler sorts its queue by priority: anything but an integer would kill it there.
         if priority is not None and not _is_int(priority):
-            raise ValueError(f"priority must be an integer (a list of them for a batch), got {brief_repr(priority)}")
-        if salt is not None and not (isinstance(salt, str) and 0 < len(salt) <= MAX_CACHE_SALT_CHARS):
-            raise ValueError(f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_CHARS} characters (a "
-                             f"list of them for a batch), got {brief_repr(salt)}")
+            raise ValueError(
+                "priority must be an integer (a list of them for a batch), got"
+                f" {brief_repr(priority)}"
+            )
+        if salt is not None and not (
+            isinstance(salt, str) and 0 < len(salt) <= MAX_CACHE_SALT_CHARS
+        ):
+            raise ValueError(
+                f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_CHARS}"
+                f" characters (a list of them for a batch), got {brief_repr(salt)}"
+            )
         req = TokenizedGenerateReqInput(
             rid=rid,
             input_text=text,
@@ -186,9 +239,16 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
             top_logprobs_num=top_n,
             stream=obj.stream,
             priority=priority if self.config.enable_priority_scheduling else None,
-            cache_namespace=self.lora_namespace(lora_id, cache_namespace(salt)), lora_id=lora_id, mm_inputs=mm,
-            bootstrap=parse_bootstrap(obj.item(i, "bootstrap_host"), obj.item(i, "bootstrap_port"),
-                                      obj.item(i, "bootstrap_room"), self.config.disaggregation_mode, sp.n),
+            cache_namespace=self.lora_namespace(lora_id, cache_namespace(salt)),
+            lora_id=lora_id,
+            mm_inputs=mm,
+            bootstrap=parse_bootstrap(
+                obj.item(i, "bootstrap_host"),
+                obj.item(i, "bootstrap_port"),
+                obj.item(i, "bootstrap_room"),
+                self.config.disaggregation_mode,
+                sp.n,
+            ),
         )
         return req, sp.n
 
@@ -198,12 +258,16 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
         already decides it."""
         ctx = self.context_len
         if len(text) > ctx * self.max_token_chars:
-            raise ValueError(f"the prompt has {len(text)} characters, more than the context length {ctx} tokens "
-                             "can hold")
+            raise ValueError(
+                f"the prompt has {len(text)} characters, more than the context length {ctx} tokens "
+                "can hold"
+            )
         probe = ctx * 8
         if len(text) > probe and len(self.tokenizer.encode(text[:probe])) > ctx + 1:
-            raise ValueError(f"the prompt has more tokens than the context length {ctx} "
-                             f"(its first {probe} characters alone do)")
+            raise ValueError(
+                f"the prompt has more tokens than the context length {ctx} "
+                f"(its first {probe} characters alone do)"
+            )
         return self.tokenizer.encode(text)
 
     def expand(self, obj: GenerateReqInput) -> list[TokenizedGenerateReqInput]:
@@ -222,8 +286,9 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
         return out
 
     # --------------------------------------------------------------- generate
-    async def generate_request(self, obj: GenerateReqInput,
-                               admit: Optional[Callable[[int], None]] = None) -> AsyncIterator[Any]:
+    async def generate_request(
+        self, obj: GenerateReqInput, admit: Callable[[int], None] | None = None
+    ) -> AsyncIterator[Any]:
         """Yields response dicts: for a single request with n == 1 one dict per update (the
         final one when not streaming); otherwise a list (or, streaming, dicts with "index").
         admit(number of requests) may refuse them (by raising) right before they are registered,
@@ -237,7 +302,9 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
         states: list[ReqState] = []
         tasks: list[asyncio.Task] = []
         try:
-            for r in reqs:  # inside the try: a rid already in use must not leave the others registered
+            for (
+                r
+            ) in reqs:  # inside the try: a rid already in use must not leave the others registered
                 states.append(self._register(r, obj.return_text_in_logprobs))
             if len(reqs) > 1 and not obj.stream:
                 await self._cache_shared_prompts(reqs)
@@ -254,8 +321,10 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
                         async for out in self._wait_one(st, True):
                             out["index"] = idx
                             await queue.put(out)
-                    except Exception as e:  # noqa: BLE001 - e.g. a 400 for this item: the whole request fails with it
-                        await queue.put(e)  # (not raised in this task, where nobody would see it: the loop waits)
+                    except Exception as e:
+                        await queue.put(
+                            e
+                        )  # (not raised in this task, where nobody would see it: the loop waits)
                         return
                     await queue.put(None)
 
@@ -270,8 +339,8 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
                     else:
                         yield item
             else:
-                # Tasks, so that the finally below cancels the others when one fails (left pending, they
-                # would wait forever on requests already aborted).
+                # Tasks, so that the finally below cancels the others when one fails (left pending,
+                # they would wait forever on requests already aborted).
                 tasks = [asyncio.create_task(self._last(st)) for st in states]
                 results = await asyncio.gather(*tasks)
                 yield results
@@ -279,7 +348,8 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
             for t in tasks:
                 t.cancel()
             for st in states:
-                # An internal failure may come from past the scheduler (the detokenizer): stop it there too.
+                # An internal failure may come from past the scheduler (the detokenizer): stop it
+                # there too.
                 if st.finished_reason is None or is_internal_failure(st.finished_reason):
                     self.abort_request(st.rid)
                 self.rid_to_state.pop(st.rid, None)
@@ -291,7 +361,12 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
             return
         seen, warm = set(), []
         for r in reqs:
-            key = (tuple(r.input_ids), r.cache_namespace, r.lora_id, r.mm_inputs)  # its namespace, adapter, images
+            key = (
+                tuple(r.input_ids),
+                r.cache_namespace,
+                r.lora_id,
+                r.mm_inputs,
+            )  # its namespace, adapter, images
             if key in seen and len(key[0]) > 1:
                 warm.append(key)
             seen.add(key)
@@ -299,8 +374,13 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
             return
         prefill = [
             TokenizedGenerateReqInput(
-                rid=uuid.uuid4().hex, input_text=None, input_ids=list(ids), sampling_params=SamplingParams(max_new_tokens=0),
-                cache_namespace=ns, lora_id=lora, mm_inputs=mm,
+                rid=uuid.uuid4().hex,
+                input_text=None,
+                input_ids=list(ids),
+                sampling_params=SamplingParams(max_new_tokens=0),
+                cache_namespace=ns,
+                lora_id=lora,
+                mm_inputs=mm,
             )
             for ids, ns, lora, mm in dict.fromkeys(warm)
         ]
@@ -316,13 +396,18 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
     def _register(self, r: TokenizedGenerateReqInput, text_in_logprobs: bool) -> ReqState:
         if r.rid in self.rid_to_state:
             raise ValueError(f"rid {r.rid!r} is already in use")
-        st = ReqState(rid=r.rid, prompt_text=r.input_text, return_text_in_logprobs=text_in_logprobs, lora_id=r.lora_id)
+        st = ReqState(
+            rid=r.rid,
+            prompt_text=r.input_text,
+            return_text_in_logprobs=text_in_logprobs,
+            lora_id=r.lora_id,
+        )
         self.rid_to_state[r.rid] = st
         return st
 
     async def _last(self, st: ReqState) -> dict:
         out = None
-        async for out in self._wait_one(st, False):
+        async for out in self._wait_one(st, False):  # noqa: B007 (the last item is the result)
             pass
         return out
 
@@ -348,7 +433,9 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
         meta = {
             "id": st.rid,
             # The edge: SGLang's JSON (an abort's HTTP status stays inside).
-            "finish_reason": st.finished_reason.to_json() if st.finished_reason is not None else None,
+            "finish_reason": (
+                st.finished_reason.to_json() if st.finished_reason is not None else None
+            ),
             **st.meta,
             "e2e_latency": time.perf_counter() - st.created,
         }
@@ -385,17 +472,23 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
             for c in msg.chunks:
                 try:
                     self._on_chunk(c)
-                except Exception as e:  # noqa: BLE001 - this request fails, the others go on
+                except Exception as e:
                     logger.exception("request %s: its output could not be applied", c.chunk.rid)
-                    self._fail(c.chunk.rid, f"internal error: tokenizer manager: {type(e).__name__}: {e}")
-        elif isinstance(msg, ControlFailed) or type(msg) in self._control_waiters:  # any control call's reply
+                    self._fail(
+                        c.chunk.rid, f"internal error: tokenizer manager: {type(e).__name__}: {e}"
+                    )
+        elif (
+            isinstance(msg, ControlFailed) or type(msg) in self._control_waiters
+        ):  # any control call's reply
             failed = isinstance(msg, ControlFailed)
             waiters = self._control_waiters.get(msg.reply_type if failed else type(msg), [])
             if waiters:
                 fut = waiters.pop(0)
                 if not fut.done():
                     if failed:  # the HTTP layer answers a generic 500
-                        fut.set_exception(RuntimeError(f"the scheduler failed a {msg.reply_type.__name__} call"))
+                        fut.set_exception(
+                            RuntimeError(f"the scheduler failed a {msg.reply_type.__name__} call")
+                        )
                     else:
                         fut.set_result(msg)
         else:
@@ -424,7 +517,12 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
         )
         if c.first_token_time is not None:
             st.meta["ttft"] = max(0.0, c.first_token_time - st.created_wall)
-        for k in ("input_token_logprobs", "input_top_logprobs", "output_token_logprobs", "output_top_logprobs"):
+        for k in (
+            "input_token_logprobs",
+            "input_top_logprobs",
+            "output_token_logprobs",
+            "output_top_logprobs",
+        ):
             v = getattr(c, k)
             if v is not None:
                 st.logprobs.setdefault(k, []).extend(v)
@@ -437,7 +535,7 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
         self._loop_task.cancel()
         try:
             await self._loop_task
-        except (asyncio.CancelledError, Exception):  # noqa: BLE001
+        except (asyncio.CancelledError, Exception):
             pass
         self.recv_from_detokenizer.close(linger=0)
         self.send_to_scheduler.close(linger=0)
@@ -484,4 +582,3 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
     def _check_alive(self) -> None:
         if self.dead_message is not None:
             raise EngineDeadError(self.dead_message)
-

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -27,12 +28,15 @@ class TokenizerPool:
         self._executor = ThreadPoolExecutor(workers, thread_name_prefix="radixlm-tokenize")
 
     async def run(self, fn: Callable[..., T], *args, what: str = "tokenizing the request") -> T:
-        """fn(*args) on a worker thread; its exceptions propagate, TokenizerTimeout past the bound."""
+        """fn(*args) on a worker thread; its exceptions propagate, TokenizerTimeout past the
+        bound."""
         fut = asyncio.get_running_loop().run_in_executor(self._executor, fn, *args)
         done, _ = await asyncio.wait({fut}, timeout=self.timeout)
         if not done:
             fut.cancel()  # still queued: never runs; running: its result is dropped
-            raise TokenizerTimeout(f"{what} took longer than {self.timeout:g} s (--tokenizer-timeout)")
+            raise TokenizerTimeout(
+                f"{what} took longer than {self.timeout:g} s (--tokenizer-timeout)"
+            )
         return fut.result()
 
     def close(self) -> None:

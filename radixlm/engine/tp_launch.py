@@ -5,8 +5,8 @@ Each rank is a spawned process running run_scheduler_process with its RankSpec: 
 the DistConfig (rendezvous address, timeout, all-reduce backend), its slice of this node's cores
 (disjoint when there are enough; unpinned otherwise) and a heartbeat. Node 0 runs rank 0, which
 owns the scheduler's channels, next to the detokenizer (launcher.py); a node > 0 runs only its
-ranks and waits (node.py: run_node). PYTHONHASHSEED is fixed for the ranks: every rank must iterate its
-sets and dicts of strings in the same order to make the same decisions.
+ranks and waits (node.py: run_node). PYTHONHASHSEED is fixed for the ranks: every rank must iterate
+its sets and dicts of strings in the same order to make the same decisions.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from radixlm.config import PortArgs
 from radixlm.distributed.config import DistConfig
@@ -28,7 +28,11 @@ logger = logging.getLogger(__name__)
 
 
 def node_cores() -> list[int]:
-    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    return (
+        sorted(os.sched_getaffinity(0))
+        if hasattr(os, "sched_getaffinity")
+        else list(range(os.cpu_count() or 1))
+    )
 
 
 def rank_cpus(dist: DistConfig) -> list[list[int]]:
@@ -50,7 +54,9 @@ def _fixed_hash_seed():
             del os.environ["PYTHONHASHSEED"]
 
 
-def start_ranks(ctx, config: "SchedulerConfig", dist: DistConfig, port_args: Optional[PortArgs]) -> list[tuple]:
+def start_ranks(
+    ctx, config: SchedulerConfig, dist: DistConfig, port_args: PortArgs | None
+) -> list[tuple]:
     """Start this node's ranks; [(process, pipe reader)] in rank order. port_args: rank 0's channels
     (node 0 only), every rank's with DP attention (each sends its own requests' news)."""
     from radixlm.scheduler.scheduler import run_scheduler_process
@@ -61,12 +67,22 @@ def start_ranks(ctx, config: "SchedulerConfig", dist: DistConfig, port_args: Opt
             reader, writer = ctx.Pipe(duplex=False)
             heartbeat, loop_heartbeat = new_heartbeat(ctx), new_heartbeat(ctx)
             spec = RankSpec(rank, dist, cpus, heartbeat)
-            p = ctx.Process(target=run_scheduler_process,
-                            args=(config, port_args if rank == 0 or dist.enable_dp_attention else None, writer, spec,
-                                  loop_heartbeat),
-                            daemon=True, name=f"scheduler rank {rank}")
+            p = ctx.Process(
+                target=run_scheduler_process,
+                args=(
+                    config,
+                    port_args if rank == 0 or dist.enable_dp_attention else None,
+                    writer,
+                    spec,
+                    loop_heartbeat,
+                ),
+                daemon=True,
+                name=f"scheduler rank {rank}",
+            )
             p.heartbeat = heartbeat  # read by watch_processes / stop_processes
-            p.loop_heartbeat = loop_heartbeat  # beaten by the rank's scheduler loop (--watchdog-timeout)
+            p.loop_heartbeat = (
+                loop_heartbeat  # beaten by the rank's scheduler loop (--watchdog-timeout)
+            )
             p.start()
             started.append((p, reader))
     return started
@@ -75,7 +91,7 @@ def start_ranks(ctx, config: "SchedulerConfig", dist: DistConfig, port_args: Opt
 def wait_ready(started: list[tuple], others: list = ()) -> list[dict]:
     """Each scheduler's ready report, in order; a RuntimeError naming the rank that failed or died
     (others: processes whose death also ends the wait, e.g. the detokenizer)."""
-    infos: list[Optional[dict]] = [None] * len(started)
+    infos: list[dict | None] = [None] * len(started)
     while any(i is None for i in infos):
         for k, (p, reader) in enumerate(started):
             if infos[k] is None and reader.poll(0.2):
@@ -84,8 +100,12 @@ def wait_ready(started: list[tuple], others: list = ()) -> list[dict]:
                     raise RuntimeError(f"the {p.name} failed to start: {info.get('message')}")
                 infos[k] = info
             elif infos[k] is None and not p.is_alive():
-                raise RuntimeError(f"the {p.name} process died while starting (exit code {p.exitcode})")
+                raise RuntimeError(
+                    f"the {p.name} process died while starting (exit code {p.exitcode})"
+                )
         for p in others:
             if not p.is_alive():
-                raise RuntimeError(f"the {p.name} process died while starting (exit code {p.exitcode})")
+                raise RuntimeError(
+                    f"the {p.name} process died while starting (exit code {p.exitcode})"
+                )
     return infos  # type: ignore[return-value]

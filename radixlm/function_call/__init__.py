@@ -5,7 +5,8 @@ family's syntax, the same for a whole output and for a stream of deltas.
     names = [t["function"]["name"] for t in request.tools]
 
     # a whole output (non-streaming response)
-    r = parse_tool_calls(fmt, text, names)            # r.content, r.calls[i].{index,id,name,arguments}
+    r = parse_tool_calls(fmt, text, names)            # r.content,
+    r.calls[i].{index,id,name,arguments}
 
     # a stream: feed each text delta, then finish()
     s = ToolCallStream(fmt, names)
@@ -21,6 +22,7 @@ with `tool_choice_schema` instead, as SGLang does.
 """
 
 from radixlm.function_call.block import ToolCallFormat
+from radixlm.function_call.constraints import structural_tag, tool_choice_schema
 from radixlm.function_call.core_types import (
     ArgsDelta,
     CallStart,
@@ -31,7 +33,6 @@ from radixlm.function_call.core_types import (
     ToolParseResult,
 )
 from radixlm.function_call.detect import detect_tool_call_parser
-from radixlm.function_call.constraints import structural_tag, tool_choice_schema
 from radixlm.function_call.registry import JSON_ARRAY, TOOL_CALL_PARSERS, get_tool_call_format
 from radixlm.function_call.stream import ToolCallStream, parse_tool_calls
 

@@ -11,7 +11,6 @@ its syntax, so its streaming and its whole-text parse cannot disagree: they are 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Optional
 
 from radixlm.function_call.core_types import CallProgress, RawCall, StructureInfo
 
@@ -31,7 +30,7 @@ class Block(ABC):
 
     def __init__(self) -> None:
         self.calls: list[RawCall] = []
-        self.current: Optional[CallProgress] = None
+        self.current: CallProgress | None = None
 
     @abstractmethod
     def push(self, c: str) -> int:
@@ -53,7 +52,7 @@ class ToolCallFormat(ABC):
     start_triggers: tuple[str, ...] = ()
     # Where a section ends, for skipping the rest of a call that broke after it was streamed
     # (None: the format has no closing marker; the rest is read as normal text).
-    section_end: Optional[str] = None
+    section_end: str | None = None
     # Markers that are special tokens in the model's vocabulary: the detokenizer must keep them
     # (skip_special_tokens=False) or the parser never sees the call.
     special_markers: tuple[str, ...] = ()
@@ -62,14 +61,14 @@ class ToolCallFormat(ABC):
     def open_block(self, trigger: str) -> Block:
         """A new section opened by `trigger` (which the block has already seen)."""
 
-    def structure_info(self, name: str) -> Optional[StructureInfo]:
+    def structure_info(self, name: str) -> StructureInfo | None:
         """begin/end/trigger of a forced call of `name` (xgrammar structural tags); None where the
         arguments are not JSON (pythonic), so no structural tag can constrain them."""
         return None
 
     def new_call_id(self, rand) -> str:
         """A call id (OpenAI's form); `rand` is a random.Random, so tests can fix ids."""
-        return "call_" + "%024x" % rand.getrandbits(96)
+        return f"call_{rand.getrandbits(96):024x}"
 
 
 class Literal:
@@ -80,7 +79,7 @@ class Literal:
     def __init__(self, *options: str) -> None:
         self.options = options
         self.seen = ""
-        self.matched: Optional[str] = None
+        self.matched: str | None = None
 
     def push(self, c: str) -> int:
         seen = self.seen + c

@@ -10,7 +10,6 @@ same string. Arguments may come before the name (Hermes 2 Pro's prompt asks for
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 from radixlm.function_call.block import CONT, END, FAIL
 from radixlm.function_call.core_types import CallProgress, RawCall
@@ -25,18 +24,29 @@ class CallObject:
     is not a call (Llama 3's bare JSON: it may be an answer in JSON); otherwise other keys (an
     "id", a "type") are read and ignored, since the section's marker already said "a call"."""
 
-    __slots__ = ("js", "progress", "strict", "_chars", "_key", "_keys", "_kstart", "_vstart", "_in_args", "_args")
+    __slots__ = (
+        "js",
+        "progress",
+        "strict",
+        "_chars",
+        "_key",
+        "_keys",
+        "_kstart",
+        "_vstart",
+        "_in_args",
+        "_args",
+    )
 
     def __init__(self, strict_keys: bool = False) -> None:
         self.js = JsonScanner()
         self.progress = CallProgress()
         self.strict = strict_keys
         self._chars: list[str] = []
-        self._key: Optional[str] = None
+        self._key: str | None = None
         self._keys: set[str] = set()
         self._kstart = self._vstart = -1
         self._in_args = False
-        self._args: Optional[str] = None
+        self._args: str | None = None
 
     def push(self, c: str) -> int:
         """CONT, END (the object closed with c: `result()` is the call) or FAIL."""
@@ -105,7 +115,7 @@ class CallObject:
         return True
 
 
-def _json_object_in_string(s: str) -> Optional[str]:
+def _json_object_in_string(s: str) -> str | None:
     """Arguments a small model wrote as a string holding JSON: the text if it is an object."""
     try:
         value = json.loads(s, parse_constant=_reject)

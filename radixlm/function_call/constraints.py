@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 from radixlm.function_call.block import ToolCallFormat
 
@@ -23,7 +23,7 @@ def _functions(tools: Sequence[Mapping]) -> list[Mapping]:
     return [t.get("function", t) for t in tools]
 
 
-def structural_tag(fmt: ToolCallFormat, tools: Sequence[Mapping]) -> Optional[dict]:
+def structural_tag(fmt: ToolCallFormat, tools: Sequence[Mapping]) -> dict | None:
     """The structural tag that constrains every call of `fmt` to its function's schema once the
     model starts one (tool_choice "auto"); None where the format has none."""
     structures, triggers = [], []
@@ -31,15 +31,21 @@ def structural_tag(fmt: ToolCallFormat, tools: Sequence[Mapping]) -> Optional[di
         info = fmt.structure_info(f["name"])
         if info is None:
             return None
-        structures.append({"begin": info.begin, "schema": f.get("parameters") or _ANY_OBJECT, "end": info.end})
+        structures.append(
+            {"begin": info.begin, "schema": f.get("parameters") or _ANY_OBJECT, "end": info.end}
+        )
         if info.trigger not in triggers:
             triggers.append(info.trigger)
-    return {"type": "structural_tag", "structures": structures, "triggers": triggers} if structures else None
+    return (
+        {"type": "structural_tag", "structures": structures, "triggers": triggers}
+        if structures
+        else None
+    )
 
 
 def tool_choice_schema(
     tools: Sequence[Mapping], tool_choice: str | Mapping, parallel_tool_calls: bool = True
-) -> Optional[dict]:
+) -> dict | None:
     """The JSON schema that forces calls for tool_choice "required" or {"type": "function",
     "function": {"name": ...}} (None for "auto" / "none", or a name not among the tools).
     `tools` are OpenAI tool objects ({"type": "function", "function": {"name", "parameters"}})."""
@@ -62,7 +68,11 @@ def tool_choice_schema(
         }
         for f in functions
     ]
-    schema: dict = {"type": "array", "minItems": 1, "items": items[0] if len(items) == 1 else {"anyOf": items}}
+    schema: dict = {
+        "type": "array",
+        "minItems": 1,
+        "items": items[0] if len(items) == 1 else {"anyOf": items},
+    }
     if not parallel_tool_calls:
         schema["maxItems"] = 1
     # "#/$defs/X" in a tool's parameters means the root of this schema now: hoist them there.

@@ -5,7 +5,6 @@ OpenAI objects (`ToolCall` -> `message.tool_calls[i]`, events -> `delta.tool_cal
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Union
 
 
 @dataclass(frozen=True)
@@ -56,7 +55,7 @@ class ArgsDelta:
     text: str
 
 
-ToolEvent = Union[TextDelta, CallStart, ArgsDelta]
+ToolEvent = TextDelta | CallStart | ArgsDelta
 
 
 @dataclass(frozen=True)
@@ -75,7 +74,7 @@ class CallProgress:
     """The call a block is reading now, as far as it got: the stream starts the call (CallStart)
     once `name` is known and the arguments have begun, then sends `args` as they grow."""
 
-    name: Optional[str] = None
+    name: str | None = None
     args_started: bool = False
     # The arguments are raw JSON object text the model is writing: streamable as they come.
     # (Arguments written some other way, e.g. a JSON string holding JSON, come when complete.)

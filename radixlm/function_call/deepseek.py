@@ -4,7 +4,8 @@
           ```json
           {"city": "Paris"}
           ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
-    V3.1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+    V3.1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city":
+    "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 
 (the chat templates of DeepSeek-V3-0324 and DeepSeek-V3.1; calls may be separated by "\\n").
 A call is complete when its JSON is; the markers after it are glue, forgiven if cut off.
@@ -130,5 +131,7 @@ class DeepSeekFormat(ToolCallFormat):
         if self.v31:
             return StructureInfo(begin=f"{CALL_BEGIN}{name}{SEP}", end=CALL_END, trigger=CALL_BEGIN)
         return StructureInfo(
-            begin=f"{CALL_BEGIN}function{SEP}{name}\n{FENCE_OPEN}\n", end=f"\n{FENCE_CLOSE}{CALL_END}", trigger=CALL_BEGIN
+            begin=f"{CALL_BEGIN}function{SEP}{name}\n{FENCE_OPEN}\n",
+            end=f"\n{FENCE_CLOSE}{CALL_END}",
+            trigger=CALL_BEGIN,
         )

@@ -6,8 +6,6 @@ template shows no format we parse (no tools at all, as SmolLM2's; Qwen3-Coder's 
 
 from __future__ import annotations
 
-from typing import Optional
-
 from radixlm.function_call.deepseek import CALLS_BEGIN, FENCE_OPEN
 from radixlm.function_call.hermes import BEGIN as TOOL_CALL_TAG
 from radixlm.function_call.llama3 import PYTHON_TAG
@@ -15,7 +13,7 @@ from radixlm.function_call.mistral import TOOL_CALLS
 from radixlm.function_call.pythonic import PYTHON_START
 
 
-def detect_tool_call_parser(template: Optional[str]) -> Optional[str]:
+def detect_tool_call_parser(template: str | None) -> str | None:
     """A --tool-call-parser name for this chat template, or None if it cannot tell."""
     if not template:
         return None

@@ -37,7 +37,18 @@ class JsonScanner:
     (the call object) accept no numbers at depth 1, so that never matters to them.
     """
 
-    __slots__ = ("stack", "state", "is_key", "esc", "hex_left", "num", "lit", "opened", "closed", "key_closed")
+    __slots__ = (
+        "stack",
+        "state",
+        "is_key",
+        "esc",
+        "hex_left",
+        "num",
+        "lit",
+        "opened",
+        "closed",
+        "key_closed",
+    )
 
     def __init__(self) -> None:
         self.stack: list[str] = []

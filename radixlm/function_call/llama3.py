@@ -72,5 +72,8 @@ class Llama3Format(ToolCallFormat):
         # SGLang's: after <|python_tag|>, which opens a section anywhere. (The bare object counts
         # only at the start of a reply, which a trigger cannot say: "required" and named
         # tool_choice force calls with the JSON array instead.)
-        return StructureInfo(begin=f'{PYTHON_TAG}{{"name": {json.dumps(name)}, "parameters": ', end="}",
-                             trigger=PYTHON_TAG)
+        return StructureInfo(
+            begin=f'{PYTHON_TAG}{{"name": {json.dumps(name)}, "parameters": ',
+            end="}",
+            trigger=PYTHON_TAG,
+        )

@@ -17,7 +17,16 @@ import math
 import warnings
 from typing import Any
 
-from radixlm.function_call.block import CONT, END, END_BEFORE, FAIL, WS, Block, Literal, ToolCallFormat
+from radixlm.function_call.block import (
+    CONT,
+    END,
+    END_BEFORE,
+    FAIL,
+    WS,
+    Block,
+    Literal,
+    ToolCallFormat,
+)
 from radixlm.function_call.core_types import RawCall
 
 PYTHON_START, PYTHON_END = "<|python_start|>", "<|python_end|>"
@@ -33,7 +42,9 @@ class PythonicBlock(Block):
         self.wrapped = trigger == PYTHON_START
         self.state = _OPEN if self.wrapped else _HEAD
         self.text = ["["]
-        self.open = ["["]  # brackets open outside strings (a wrong closer is not Python: text at once)
+        self.open = [
+            "["
+        ]  # brackets open outside strings (a wrong closer is not Python: text at once)
         self.quote = ""  # the quote character of the string we are in
         self.escape = False
         self.tail = Literal(PYTHON_END)
@@ -107,7 +118,9 @@ class PythonicBlock(Block):
 def parse_call_list(text: str) -> list[RawCall] | None:
     """[f(a=1), g(b="x")] as calls with JSON arguments; None if it is anything else."""
     try:
-        with warnings.catch_warnings():  # "invalid escape sequence" in a model's string: not ours to report
+        with (
+            warnings.catch_warnings()
+        ):  # "invalid escape sequence" in a model's string: not ours to report
             warnings.simplefilter("ignore")
             tree = ast.parse(text, mode="eval").body
         if not isinstance(tree, ast.List) or not tree.elts:
@@ -119,7 +132,9 @@ def parse_call_list(text: str) -> list[RawCall] | None:
             if any(k.arg is None for k in node.keywords):
                 return None  # **kwargs
             args = {k.arg: _literal(k.value) for k in node.keywords}
-            calls.append(RawCall(node.func.id, json.dumps(args, ensure_ascii=False, allow_nan=False)))
+            calls.append(
+                RawCall(node.func.id, json.dumps(args, ensure_ascii=False, allow_nan=False))
+            )
         return calls
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
@@ -127,7 +142,9 @@ def parse_call_list(text: str) -> list[RawCall] | None:
 
 def _literal(node: ast.AST) -> Any:
     """A JSON value from a Python literal (ast.literal_eval's subset that JSON can hold)."""
-    if isinstance(node, ast.Constant) and (node.value is None or isinstance(node.value, (str, bool, int, float))):
+    if isinstance(node, ast.Constant) and (
+        node.value is None or isinstance(node.value, (str, bool, int, float))
+    ):
         if isinstance(node.value, float) and not math.isfinite(node.value):
             raise ValueError("not finite")
         return node.value

@@ -4,7 +4,7 @@ named function forces (json_array)."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from radixlm.function_call.block import ToolCallFormat
 from radixlm.function_call.deepseek import DeepSeekFormat
@@ -38,4 +38,6 @@ def get_tool_call_format(name: str) -> ToolCallFormat:
     try:
         return _FORMATS[name]()
     except KeyError:
-        raise ValueError(f"unknown tool-call parser {name!r}; choose from {', '.join(TOOL_CALL_PARSERS)}") from None
+        raise ValueError(
+            f"unknown tool-call parser {name!r}; choose from {', '.join(TOOL_CALL_PARSERS)}"
+        ) from None

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import random
 import re
-from typing import Iterable, Optional
+from collections.abc import Iterable
 
 from radixlm.function_call.block import CONT, END, END_BEFORE, FAIL, WS, Block, ToolCallFormat
 from radixlm.function_call.core_types import (
@@ -50,11 +50,11 @@ class ToolCallStream:
     def __init__(
         self,
         fmt: ToolCallFormat,
-        tools: Optional[Iterable[str]] = None,
+        tools: Iterable[str] | None = None,
         *,
         stream_arguments: bool = True,
         forward_unknown: bool = False,
-        rand: Optional[random.Random] = None,
+        rand: random.Random | None = None,
     ) -> None:
         self.fmt = fmt
         self._known = None if tools is None else frozenset(tools)  # None: every name is known
@@ -74,13 +74,18 @@ class ToolCallStream:
         self._after_call = False  # after a section: dropping whitespace
         self._has_text = False  # some non-whitespace content went out
         self._at_start = True  # nothing yet, not even a section: start_triggers count
-        self._scan = {s: _trigger_scanner(fmt.triggers + (fmt.start_triggers if s else ())) for s in (True, False)}
+        self._scan = {
+            s: _trigger_scanner(fmt.triggers + (fmt.start_triggers if s else ()))
+            for s in (True, False)
+        }
         # The section being read.
-        self._block: Optional[Block] = None
+        self._block: Block | None = None
         self._raw: list[str] = []  # its text since it began or since its last complete call
         self._block_calls = 0
-        self._live: Optional[tuple[CallProgress, int, int]] = None  # started early: progress, index, sent
-        self._skip_to: Optional[str] = None  # skipping a broken call's rest up to the section's end
+        self._live: tuple[CallProgress, int, int] | None = (
+            None  # started early: progress, index, sent
+        )
+        self._skip_to: str | None = None  # skipping a broken call's rest up to the section's end
         self._skip_seen = ""
 
     # ------------------------------------------------------------------ public
@@ -109,9 +114,15 @@ class ToolCallStream:
 
     @property
     def result(self) -> ToolParseResult:
-        calls = [ToolCall(i, cid, name, "".join(args)) for i, (cid, name, args) in enumerate(self._calls)]
-        return ToolParseResult("".join(self._content) + "".join(self._text), calls, list(self._dropped),
-                               list(self._broken))
+        calls = [
+            ToolCall(i, cid, name, "".join(args)) for i, (cid, name, args) in enumerate(self._calls)
+        ]
+        return ToolParseResult(
+            "".join(self._content) + "".join(self._text),
+            calls,
+            list(self._dropped),
+            list(self._broken),
+        )
 
     @property
     def has_calls(self) -> bool:
@@ -143,7 +154,8 @@ class ToolCallStream:
             else:  # text to read again, in place of s[i]
                 s, i = back + s[i + 1 :], 0
         if live and self._block is not None:
-            self._advance_live()  # once per delta: a call started and ended within it goes out whole
+            # once per delta: a call started and ended within it goes out whole
+            self._advance_live()
 
     def _plain(self, chunk: str) -> None:
         """Text with no marker in it (the fast path of _text_char)."""
@@ -193,7 +205,7 @@ class ToolCallStream:
         self._raw = list(trigger)
         self._block_calls = 0
 
-    def _block_char(self, c: str) -> Optional[str]:
+    def _block_char(self, c: str) -> str | None:
         """Returns None (c consumed) or the text to read next instead of c."""
         r = self._block.push(c)
         if r == FAIL:
@@ -316,7 +328,7 @@ class ToolCallStream:
         return out
 
 
-def _trigger_scanner(triggers: tuple[str, ...]) -> "re.Pattern[str]":
+def _trigger_scanner(triggers: tuple[str, ...]) -> re.Pattern[str]:
     """Finds the next character that may begin a marker (plain text before it goes out at once)."""
     firsts = sorted({t[0] for t in triggers})
     return re.compile("[" + "".join(re.escape(f) for f in firsts) + "]" if firsts else r"(?!)")
@@ -325,14 +337,15 @@ def _trigger_scanner(triggers: tuple[str, ...]) -> "re.Pattern[str]":
 def parse_tool_calls(
     fmt: ToolCallFormat,
     text: str,
-    tools: Optional[Iterable[str]] = None,
+    tools: Iterable[str] | None = None,
     *,
     forward_unknown: bool = False,
-    rand: Optional[random.Random] = None,
+    rand: random.Random | None = None,
 ) -> ToolParseResult:
     """The whole output at once (a non-streaming response)."""
-    stream = ToolCallStream(fmt, tools, stream_arguments=False, forward_unknown=forward_unknown, rand=rand)
+    stream = ToolCallStream(
+        fmt, tools, stream_arguments=False, forward_unknown=forward_unknown, rand=rand
+    )
     stream.feed(text)
     stream.finish()
     return stream.result
-

@@ -4,6 +4,7 @@
 path everywhere. See build.py for how and where they are built, formats.py for the weight formats.
 """
 
-from radixlm.kernels.build import load as available, unavailable_reason
+from radixlm.kernels.build import load as available
+from radixlm.kernels.build import unavailable_reason
 
 __all__ = ["available", "unavailable_reason"]

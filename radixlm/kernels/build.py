@@ -9,8 +9,8 @@ that goes wrong gives one warning line and `load()` returns False: callers keep 
 
 from __future__ import annotations
 
-import glob
 import fcntl
+import glob
 import hashlib
 import logging
 import os
@@ -40,7 +40,9 @@ def cpu_supported() -> tuple[bool, str]:
         return False, f"CPU capability {torch.backends.cpu.get_cpu_capability()} (need AVX2)"
     try:
         with open("/proc/cpuinfo") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
+            flags = next(
+                (line.split(":", 1)[1].split() for line in f if line.startswith("flags")), []
+            )
     except OSError:
         flags = []
     missing = [f for f in ("avx2", "fma", "f16c") if flags and f not in flags]
@@ -56,16 +58,21 @@ def build_dir() -> str:
     for path in sources() + sorted(glob.glob(os.path.join(CSRC, "*.h"))):
         with open(path, "rb") as f:
             h.update(os.path.basename(path).encode() + f.read())
-    h.update(" ".join(CFLAGS + LDFLAGS).encode() + torch.__version__.encode() + sys.version.encode())
+    h.update(
+        " ".join(CFLAGS + LDFLAGS).encode() + torch.__version__.encode() + sys.version.encode()
+    )
     # ninja's build file names the sources by path: two checkouts sharing one directory would
     # rebuild it for each other at every start.
     h.update(CSRC.encode())
-    root = os.environ.get("RADIXLM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "radixlm")
+    root = os.environ.get("RADIXLM_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "radixlm"
+    )
     return os.path.join(root, "kernels", h.hexdigest()[:16])
 
 
 def _ninja_on_path() -> None:
-    """torch runs `ninja` from PATH; the PyPI ninja (a dependency) may live in an unactivated venv."""
+    """torch runs `ninja` from PATH; the PyPI ninja (a dependency) may live in an unactivated
+    venv."""
     try:
         import ninja
     except ImportError:
@@ -82,11 +89,14 @@ def _build_and_load() -> None:
     os.makedirs(directory, exist_ok=True)
     lib = os.path.join(directory, "radixlm_kernels.so")
     if not os.path.isfile(lib):
-        print(f"radixlm: building native CPU kernels into {directory} (first use, about a minute)...",
-              file=sys.stderr, flush=True)
-    # torch's build lock is a plain file that a builder killed mid-build leaves behind, and every later
-    # start then waits on it forever. Builders take this flock (the kernel drops it when a process dies)
-    # first, so a `lock` file found while holding it is such a leftover.
+        print(
+            f"radixlm: building native CPU kernels into {directory} (first use, about a minute)...",
+            file=sys.stderr,
+            flush=True,
+        )
+    # torch's build lock is a plain file that a builder killed mid-build leaves behind, and every
+    # later start then waits on it forever. Builders take this flock (the kernel drops it when a
+    # process dies) first, so a `lock` file found while holding it is such a leftover.
     with open(os.path.join(directory, ".build.flock"), "w") as held:
         fcntl.flock(held, fcntl.LOCK_EX)
         stale = os.path.join(directory, "lock")
@@ -100,7 +110,9 @@ def _load_extension(cpp_extension, directory: str, lib: str) -> None:
     cpp_extension.load(
         name="radixlm_kernels",
         sources=sources(),
-        extra_cflags=list(CFLAGS),  # torch appends to the list it is given: build_dir() hashes CFLAGS
+        extra_cflags=list(
+            CFLAGS
+        ),  # torch appends to the list it is given: build_dir() hashes CFLAGS
         extra_ldflags=list(LDFLAGS),
         build_directory=directory,
         is_python_module=False,
@@ -122,10 +134,15 @@ def load() -> bool:
                 try:
                     _build_and_load()
                 except Exception as e:  # no compiler, no ninja, a compile error, a load error
-                    reason = f"{type(e).__name__}: {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+                    reason = (
+                        f"{type(e).__name__}:"
+                        f" {str(e).strip().splitlines()[-1] if str(e).strip() else ''}"
+                    )
         _state["ok"], _state["reason"] = not reason, reason
         if reason and os.environ.get(DISABLE_ENV, "") in ("", "0"):
-            logger.warning("radixlm native CPU kernels unavailable (%s); using the torch path", reason)
+            logger.warning(
+                "radixlm native CPU kernels unavailable (%s); using the torch path", reason
+            )
         return _state["ok"]
 
 

@@ -89,16 +89,22 @@ def quantize(w: torch.Tensor, name: str) -> torch.Tensor:
         raise ValueError(f"{name} needs columns in multiples of {fmt.block}, got {w.shape[1]}")
     w = w.detach().float().cpu()
     if name in FLOAT16:  # round to nearest even, as gguf's converters do
-        return w.to(torch.float16 if name == "f16" else torch.bfloat16).view(torch.uint8).contiguous()
+        return (
+            w.to(torch.float16 if name == "f16" else torch.bfloat16).view(torch.uint8).contiguous()
+        )
     if name == "int8":
         scale = w.abs().amax(dim=1, keepdim=True) / 127.0
         q = torch.where(scale > 0, torch.round(w / scale.clamp_min(1e-30)), 0.0).to(torch.int8)
-        return torch.cat([scale.view(torch.uint8).reshape(-1, 4), q.view(torch.uint8)], dim=1).contiguous()
+        return torch.cat(
+            [scale.view(torch.uint8).reshape(-1, 4), q.view(torch.uint8)], dim=1
+        ).contiguous()
     if name == "q4_k":  # llama.cpp's search, native (csrc/quantize_k.cpp)
         from radixlm.kernels import build
 
         if not build.load():
-            raise RuntimeError(f"q4_k quantization needs the native kernels: {build.unavailable_reason()}")
+            raise RuntimeError(
+                f"q4_k quantization needs the native kernels: {build.unavailable_reason()}"
+            )
         return torch.ops.radixlm.quantize_q4_k(w.contiguous())
     from gguf.quants import quantize as gguf_quantize
 
@@ -109,10 +115,17 @@ def dequantize_reference(q: torch.Tensor, name: str, cols: int) -> torch.Tensor:
     """The reference the kernels are tested against: gguf's numpy dequantizers (int8: scale * q;
     f16 / bf16: torch's exact widening)."""
     if name in FLOAT16:
-        return q.contiguous().view(torch.float16 if name == "f16" else torch.bfloat16).float().reshape(-1, cols)
+        return (
+            q.contiguous()
+            .view(torch.float16 if name == "f16" else torch.bfloat16)
+            .float()
+            .reshape(-1, cols)
+        )
     if name == "int8":
         scale = q[:, :4].contiguous().view(torch.float32)
         return q[:, 4:].contiguous().view(torch.int8).float() * scale
     from gguf.quants import dequantize as gguf_dequantize
 
-    return torch.from_numpy(np.array(gguf_dequantize(q.numpy(), FORMATS[name].ggml_type), dtype=np.float32)).reshape(-1, cols)
+    return torch.from_numpy(
+        np.array(gguf_dequantize(q.numpy(), FORMATS[name].ggml_type), dtype=np.float32)
+    ).reshape(-1, cols)

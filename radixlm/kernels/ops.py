@@ -93,13 +93,21 @@ def _register_fakes() -> None:
     def fused_moe_fake(hidden, topk_ids, topk_weights, w13, w13_fmt, w2, w2_fmt):
         return torch.empty_like(hidden, memory_format=torch.contiguous_format)
 
-    for name, fn in (("qlinear", qlinear_fake), ("dequantize", dequantize_fake),
-                     ("dequantize_rows", dequantize_rows_fake), ("rmsnorm", rmsnorm_fake),
-                     ("silu_and_mul", silu_and_mul_fake), ("add_rmsnorm_", inplace_fake),
-                     ("rotary_embedding_", inplace_fake), ("qlinear_out", inplace_fake),
-                     ("paged_attention", paged_attention_fake), ("kv_store_", inplace_fake),
-                     ("llama_layers", llama_layers_fake), ("fused_moe", fused_moe_fake),
-                     ("lora_delta_", inplace_fake)):
+    for name, fn in (
+        ("qlinear", qlinear_fake),
+        ("dequantize", dequantize_fake),
+        ("dequantize_rows", dequantize_rows_fake),
+        ("rmsnorm", rmsnorm_fake),
+        ("silu_and_mul", silu_and_mul_fake),
+        ("add_rmsnorm_", inplace_fake),
+        ("rotary_embedding_", inplace_fake),
+        ("qlinear_out", inplace_fake),
+        ("paged_attention", paged_attention_fake),
+        ("kv_store_", inplace_fake),
+        ("llama_layers", llama_layers_fake),
+        ("fused_moe", fused_moe_fake),
+        ("lora_delta_", inplace_fake),
+    ):
         try:
             torch.library.register_fake(f"radixlm::{name}")(fn)
         except RuntimeError:  # registered already (a second import path)

@@ -4,8 +4,8 @@ prefill a shared prefix, and the chat template that renders roles. Plus the defa
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, Optional
 
 from radixlm.lang.chat_template import ChatTemplate
 
@@ -18,7 +18,7 @@ class Prompt:
 
     text: str
     messages: list[dict] = field(default_factory=list)  # closed messages
-    role: Optional[str] = None  # the role still open, if any
+    role: str | None = None  # the role still open, if any
     role_text: str = ""  # what the open role holds so far
     images: list[str] = field(default_factory=list)  # image(): base64 images, in the text's order
 
@@ -29,7 +29,7 @@ class BaseBackend:
     def __init__(self):
         self._tok_lock = threading.Lock()
         self._tokenizer = None
-        self._chat_template: Optional[ChatTemplate] = None
+        self._chat_template: ChatTemplate | None = None
 
     def _load_tokenizer(self):
         return None
@@ -54,18 +54,29 @@ class BaseBackend:
     def image_token(self) -> str:
         """What image() writes into the text where the image goes: the tokenizer's image token
         (transformers' multimodal tokenizers name it), else LLaVA's "<image>"; Qwen2-VL's
-        <|image_pad|> between its vision markers, as its chat template (and SGLang's) writes an image."""
+        <|image_pad|> between its vision markers, as its chat template (and SGLang's) writes an
+        image.
+        """
         tok = self.tokenizer
         token = getattr(tok, "image_token", None)
-        if token is None and tok.convert_tokens_to_ids(QWEN_IMAGE_PAD) not in (None, tok.unk_token_id):
+        if token is None and tok.convert_tokens_to_ids(QWEN_IMAGE_PAD) not in (
+            None,
+            tok.unk_token_id,
+        ):
             token = QWEN_IMAGE_PAD
-        return f"<|vision_start|>{token}<|vision_end|>" if token == QWEN_IMAGE_PAD else token or "<image>"
+        return (
+            f"<|vision_start|>{token}<|vision_end|>"
+            if token == QWEN_IMAGE_PAD
+            else token or "<image>"
+        )
 
-    def generate(self, prompt: Prompt, sampling_params: dict, logprob: Optional[dict] = None) -> dict:
+    def generate(self, prompt: Prompt, sampling_params: dict, logprob: dict | None = None) -> dict:
         """-> {"text": completion, "meta_info": {...}}"""
         raise NotImplementedError
 
-    def generate_stream(self, prompt: Prompt, sampling_params: dict, logprob: Optional[dict] = None) -> Iterator[dict]:
+    def generate_stream(
+        self, prompt: Prompt, sampling_params: dict, logprob: dict | None = None
+    ) -> Iterator[dict]:
         """Cumulative {"text", "meta_info"} as the completion grows."""
         raise NotImplementedError
 
@@ -73,7 +84,7 @@ class BaseBackend:
         """-> (index of the chosen choice, meta info with the scores)"""
         raise NotImplementedError
 
-    def prefill(self, text: str) -> Optional[dict]:
+    def prefill(self, text: str) -> dict | None:
         """Put `text` in the server's prefix cache without generating; returns its meta_info
         (None where the backend cannot)."""
         return None
@@ -85,13 +96,13 @@ class BaseBackend:
         pass
 
 
-_default: Optional[BaseBackend] = None
+_default: BaseBackend | None = None
 
 
-def set_default_backend(backend: Optional[BaseBackend]) -> None:
+def set_default_backend(backend: BaseBackend | None) -> None:
     global _default
     _default = backend
 
 
-def get_default_backend() -> Optional[BaseBackend]:
+def get_default_backend() -> BaseBackend | None:
     return _default

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import Optional
 
 _MARK = "\x00RADIXLM_CONTENT\x00"
 
@@ -14,7 +13,9 @@ _MARK = "\x00RADIXLM_CONTENT\x00"
 class NamedTemplate:
     roles: dict  # role -> (prefix, suffix)
     first: str = ""  # before the first message of a chat (e.g. a BOS token)
-    default_system: str = ""  # a whole system message some templates put before a first non-system message
+    default_system: str = (
+        ""  # a whole system message some templates put before a first non-system message
+    )
 
 
 def _chatml(default_system: str = "") -> NamedTemplate:
@@ -24,19 +25,29 @@ def _chatml(default_system: str = "") -> NamedTemplate:
 
 
 CHAT_TEMPLATES: dict[str, NamedTemplate] = {
-    "default": NamedTemplate({"system": ("", "\n\n"), "user": ("User: ", "\n"), "assistant": ("Assistant: ", "\n")}),
+    "default": NamedTemplate(
+        {"system": ("", "\n\n"), "user": ("User: ", "\n"), "assistant": ("Assistant: ", "\n")}
+    ),
     "chatml": _chatml(),
     "smollm2": _chatml("You are a helpful AI assistant named SmolLM, trained by Hugging Face"),
     "qwen": _chatml("You are a helpful assistant."),
     "llama-3-instruct": NamedTemplate(
-        {r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>") for r in ("system", "user", "assistant")},
+        {
+            r: (f"<|start_header_id|>{r}<|end_header_id|>\n\n", "<|eot_id|>")
+            for r in ("system", "user", "assistant")
+        },
         first="<|begin_of_text|>",
     ),
 }
 
 # Model-name fragments (lower case) -> template name, first match wins.
-_BY_MODEL = [("smollm", "smollm2"), ("qwen", "qwen"), ("llama-3", "llama-3-instruct"), ("llama3", "llama-3-instruct"),
-             ("chatml", "chatml")]
+_BY_MODEL = [
+    ("smollm", "smollm2"),
+    ("qwen", "qwen"),
+    ("llama-3", "llama-3-instruct"),
+    ("llama3", "llama-3-instruct"),
+    ("chatml", "chatml"),
+]
 
 
 def template_name_for_model(model: str) -> str:
@@ -48,7 +59,7 @@ class ChatTemplate:
     """`prefix(role, first)` / `suffix(role)`; `first` is True for the first message of a chat
     (templates such as SmolLM2's put a default system prompt there)."""
 
-    def __init__(self, tokenizer=None, name: Optional[str] = None):
+    def __init__(self, tokenizer=None, name: str | None = None):
         if name is not None and name not in CHAT_TEMPLATES:
             raise ValueError(f"unknown chat template {name!r}; known: {sorted(CHAT_TEMPLATES)}")
         self.tokenizer = tokenizer
@@ -57,7 +68,7 @@ class ChatTemplate:
         self._lock = threading.Lock()
 
     @classmethod
-    def for_model(cls, model: str) -> "ChatTemplate":
+    def for_model(cls, model: str) -> ChatTemplate:
         return cls(None, template_name_for_model(model))
 
     def _named(self, role: str, first: bool) -> tuple[str, str]:
@@ -68,21 +79,28 @@ class ChatTemplate:
         return head, tail
 
     def _render(self, messages: list) -> str:
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+        return self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=False
+        )
 
     def _split(self, role: str, first: bool) -> tuple[str, str]:
         tok = self.tokenizer
         if self.name is not None or tok is None or not getattr(tok, "chat_template", None):
             return self._named(role, first)
-        history = [] if first else [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+        history = (
+            [] if first else [{"role": "system", "content": "S"}, {"role": "user", "content": "U"}]
+        )
         if not first and role == "user":
-            history = [{"role": "system", "content": "S"}, {"role": "user", "content": "U"},
-                       {"role": "assistant", "content": "A"}]
+            history = [
+                {"role": "system", "content": "S"},
+                {"role": "user", "content": "U"},
+                {"role": "assistant", "content": "A"},
+            ]
         before = self._render(history) if history else ""
         full = self._render([*history, {"role": role, "content": _MARK}])
         if not full.startswith(before) or _MARK not in full:
             return self._named(role, first)
-        head, tail = full[len(before):].split(_MARK, 1)
+        head, tail = full[len(before) :].split(_MARK, 1)
         return head, tail
 
     def parts(self, role: str, first: bool) -> tuple[str, str]:

@@ -4,7 +4,7 @@ choice's own tokens (conditioned on the prompt) and returns (index, meta)."""
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional
+from collections.abc import Callable
 
 
 def _mean(xs: list) -> float:
@@ -18,7 +18,9 @@ def _argmax(xs: list) -> int:
 class ChoicesMethod:
     needs_unconditional = False
 
-    def __call__(self, choices: list, logprobs: list[list[float]], unconditional: Optional[list] = None):
+    def __call__(
+        self, choices: list, logprobs: list[list[float]], unconditional: list | None = None
+    ):
         raise NotImplementedError
 
 
@@ -38,7 +40,10 @@ class GreedyTokenSelection(ChoicesMethod):
         width = max((len(lp) for lp in logprobs), default=0)
         padded = [lp + [_mean(lp)] * (width - len(lp)) for lp in logprobs]
         best = max(range(len(choices)), key=lambda i: tuple(padded[i]))
-        return best, {"normalized_prompt_logprobs": [_mean(lp) for lp in logprobs], "greedy_logprobs": padded}
+        return best, {
+            "normalized_prompt_logprobs": [_mean(lp) for lp in logprobs],
+            "greedy_logprobs": padded,
+        }
 
 
 class UnconditionalLikelihoodNormalized(ChoicesMethod):
@@ -51,9 +56,15 @@ class UnconditionalLikelihoodNormalized(ChoicesMethod):
         scores = []
         for lp, un in zip(logprobs, unconditional):
             k = min(len(lp), len(un))
-            scores.append(_mean([a - b for a, b in zip(lp[len(lp) - k:], un[len(un) - k:])]) if k else -math.inf)
-        return _argmax(scores), {"normalized_prompt_logprobs": [_mean(lp) for lp in logprobs],
-                                 "unconditional_normalized_logprobs": scores}
+            scores.append(
+                _mean([a - b for a, b in zip(lp[len(lp) - k :], un[len(un) - k :])])
+                if k
+                else -math.inf
+            )
+        return _argmax(scores), {
+            "normalized_prompt_logprobs": [_mean(lp) for lp in logprobs],
+            "unconditional_normalized_logprobs": scores,
+        }
 
 
 token_length_normalized = TokenLengthNormalized()

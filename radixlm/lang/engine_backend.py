@@ -3,11 +3,18 @@ arguments and it starts (and on shutdown() stops) its own."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 from radixlm.lang.native_backend import NativeBackend
 
-_ARGS = ("return_logprob", "logprob_start_len", "top_logprobs_num", "return_text_in_logprobs", "lora_path", "image_data")
+_ARGS = (
+    "return_logprob",
+    "logprob_start_len",
+    "top_logprobs_num",
+    "return_text_in_logprobs",
+    "lora_path",
+    "image_data",
+)
 
 
 class EngineBackend(NativeBackend):
@@ -29,8 +36,12 @@ class EngineBackend(NativeBackend):
         return [self.engine.tokenizer.encode(t) for t in texts]
 
     def _args(self, body: dict) -> dict:
-        return dict(prompt=body.get("text"), input_ids=body.get("input_ids"), sampling_params=body.get("sampling_params"),
-                    **{k: body[k] for k in _ARGS if k in body})
+        return dict(
+            prompt=body.get("text"),
+            input_ids=body.get("input_ids"),
+            sampling_params=body.get("sampling_params"),
+            **{k: body[k] for k in _ARGS if k in body},
+        )
 
     def _call(self, body: dict):
         return self.engine.generate(**self._args(body))

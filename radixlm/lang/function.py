@@ -7,8 +7,8 @@ import inspect
 import logging
 import os
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
-from typing import Callable, Optional
 
 from radixlm.lang.base_backend import get_default_backend
 from radixlm.lang.state import ProgramState
@@ -16,12 +16,25 @@ from radixlm.lang.state import ProgramState
 logger = logging.getLogger(__name__)
 
 # run()'s sampling defaults (SGLang's names), applied to every gen that leaves them unset.
-RUN_SAMPLING_ARGS = ("max_new_tokens", "max_tokens", "stop", "stop_token_ids", "temperature", "top_p", "top_k",
-                     "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty", "ignore_eos", "seed")
+RUN_SAMPLING_ARGS = (
+    "max_new_tokens",
+    "max_tokens",
+    "stop",
+    "stop_token_ids",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "ignore_eos",
+    "seed",
+)
 
 
 class SglFunction:
-    def __init__(self, func: Callable, num_api_spec_tokens: Optional[int] = None):
+    def __init__(self, func: Callable, num_api_spec_tokens: int | None = None):
         self.func = func
         functools.update_wrapper(self, func)
         params = list(inspect.signature(func).parameters)
@@ -30,22 +43,30 @@ class SglFunction:
         self.arg_names = params[1:]
 
     def _split(self, kwargs: dict) -> tuple[dict, dict]:
-        sampling = {k: kwargs.pop(k) for k in list(kwargs) if k in RUN_SAMPLING_ARGS and k not in self.arg_names}
+        sampling = {
+            k: kwargs.pop(k)
+            for k in list(kwargs)
+            if k in RUN_SAMPLING_ARGS and k not in self.arg_names
+        }
         if "max_tokens" in sampling:
             sampling.setdefault("max_new_tokens", sampling.pop("max_tokens"))
         if "max_new_tokens" in sampling:
             sampling["max_tokens"] = sampling.pop("max_new_tokens")
         return sampling, kwargs
 
-    def _start(self, args, kwargs, backend, stream: bool, precache: bool) -> tuple[ProgramState, Callable]:
+    def _start(
+        self, args, kwargs, backend, stream: bool, precache: bool
+    ) -> tuple[ProgramState, Callable]:
         sampling, kwargs = self._split(kwargs)
-        s = ProgramState(backend or get_default_backend(), sampling, stream=stream, precache=precache)
+        s = ProgramState(
+            backend or get_default_backend(), sampling, stream=stream, precache=precache
+        )
 
         def body():
             try:
                 s.ret_value = self.func(s, *args, **kwargs)
                 s.sync()
-            except BaseException as e:  # noqa: BLE001 - kept on the state; run() re-raises it
+            except BaseException as e:
                 if s._error is None:
                     s._error = e
             finally:
@@ -53,7 +74,9 @@ class SglFunction:
 
         return s, body
 
-    def run(self, *args, backend=None, stream: bool = False, precache: bool = True, **kwargs) -> ProgramState:
+    def run(
+        self, *args, backend=None, stream: bool = False, precache: bool = True, **kwargs
+    ) -> ProgramState:
         """Run the program; returns its state (already complete unless stream=True, in which case
         read it with s.text_iter() / s[...] as it runs). precache=False: fork() does not send the
         shared prefix ahead of the branches."""
@@ -66,8 +89,16 @@ class SglFunction:
             raise s._error
         return s
 
-    def run_batch(self, batch_kwargs: list[dict], *, backend=None, num_threads="auto", progress_bar: bool = False,
-                  precache: bool = True, **sampling) -> list[ProgramState]:
+    def run_batch(
+        self,
+        batch_kwargs: list[dict],
+        *,
+        backend=None,
+        num_threads="auto",
+        progress_bar: bool = False,
+        precache: bool = True,
+        **sampling,
+    ) -> list[ProgramState]:
         """Run once per kwargs dict, concurrently; states come back in input order. The text all
         inputs share before their first gen is traced and sent once first, so every program hits
         the cache for it. A program that raises does not stop the others: its state holds the
@@ -88,15 +119,21 @@ class SglFunction:
             s, body = self._start((), {**sampling, **kw}, backend, False, precache)
             body()
             if s._error is not None:
-                logger.warning("run_batch: program %d of %d failed: %r", i, len(batch_kwargs), s._error)
+                logger.warning(
+                    "run_batch: program %d of %d failed: %r", i, len(batch_kwargs), s._error
+                )
             return s
 
-        with ThreadPoolExecutor(max(1, int(num_threads)), thread_name_prefix="radixlm-batch") as pool:
+        with ThreadPoolExecutor(
+            max(1, int(num_threads)), thread_name_prefix="radixlm-batch"
+        ) as pool:
             futs = [pool.submit(one, i, kw) for i, kw in enumerate(batch_kwargs)]
             if progress_bar:
                 from tqdm import tqdm
 
-                for _ in tqdm(as_completed(futs), total=len(futs), desc=f"run_batch {self.__name__}"):
+                for _ in tqdm(
+                    as_completed(futs), total=len(futs), desc=f"run_batch {self.__name__}"
+                ):
                     pass
             return [f.result() for f in futs]
 
@@ -104,7 +141,7 @@ class SglFunction:
         return self.run(*args, **kwargs)
 
 
-def function(func: Optional[Callable] = None, *, num_api_spec_tokens: Optional[int] = None):
+def function(func: Callable | None = None, *, num_api_spec_tokens: int | None = None):
     """`@function` or `@function(...)`: make a program from `def prog(s, ...)`."""
     if func is None:
         return lambda f: SglFunction(f, num_api_spec_tokens)

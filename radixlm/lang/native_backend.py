@@ -3,7 +3,7 @@ Engine): generation, prefix pre-caching, and select scored by prompt logprobs.""
 
 from __future__ import annotations
 
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 from radixlm.lang.base_backend import BaseBackend, Prompt
 from radixlm.utils import common_prefix_len
@@ -33,17 +33,39 @@ class NativeBackend(BaseBackend):
     def start_token_id(self) -> int:
         """The token a text with no context starts from (BOS, else EOS as document separator)."""
         tok = self.tokenizer
-        tid = None if tok is None else (tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id)
+        tid = (
+            None
+            if tok is None
+            else (tok.bos_token_id if tok.bos_token_id is not None else tok.eos_token_id)
+        )
         if tid is None:
-            raise RuntimeError("unconditional_likelihood_normalized needs the model's BOS or EOS token id")
+            raise RuntimeError(
+                "unconditional_likelihood_normalized needs the model's BOS or EOS token id"
+            )
         return tid
 
-    def generate(self, prompt: Prompt, sampling_params: dict, logprob: Optional[dict] = None) -> dict:
-        return self._call({"text": prompt.text, "sampling_params": sampling_params, **_images(prompt), **(logprob or {})})
+    def generate(self, prompt: Prompt, sampling_params: dict, logprob: dict | None = None) -> dict:
+        return self._call(
+            {
+                "text": prompt.text,
+                "sampling_params": sampling_params,
+                **_images(prompt),
+                **(logprob or {}),
+            }
+        )
 
-    def generate_stream(self, prompt: Prompt, sampling_params: dict, logprob: Optional[dict] = None) -> Iterator[dict]:
-        return self._stream({"text": prompt.text, "sampling_params": sampling_params, "stream": True,
-                             **_images(prompt), **(logprob or {})})
+    def generate_stream(
+        self, prompt: Prompt, sampling_params: dict, logprob: dict | None = None
+    ) -> Iterator[dict]:
+        return self._stream(
+            {
+                "text": prompt.text,
+                "sampling_params": sampling_params,
+                "stream": True,
+                **_images(prompt),
+                **(logprob or {}),
+            }
+        )
 
     def prefill(self, text) -> dict:
         """Score `text` (a string or token ids) with no generation: it lands in the radix cache."""
@@ -63,15 +85,32 @@ class NativeBackend(BaseBackend):
         starts = [common_prefix_len(base, f) for f in full]
         if base:
             self.prefill(base)
-        outs = self._call({"input_ids": full, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
-                           "logprob_start_len": starts, "return_text_in_logprobs": True})
-        res = {"prompt_tokens": len(base), "healed_tokens": [len(base) - k for k in starts],
-               "metas": [o["meta_info"] for o in outs], "logprobs": [_lps(o["meta_info"]) for o in outs]}
+        outs = self._call(
+            {
+                "input_ids": full,
+                "sampling_params": {"max_new_tokens": 0},
+                "return_logprob": True,
+                "logprob_start_len": starts,
+                "return_text_in_logprobs": True,
+            }
+        )
+        res = {
+            "prompt_tokens": len(base),
+            "healed_tokens": [len(base) - k for k in starts],
+            "metas": [o["meta_info"] for o in outs],
+            "logprobs": [_lps(o["meta_info"]) for o in outs],
+        }
         if unconditional:
             # The same tokens after nothing but the start token.
             start = self.start_token_id()
-            un = self._call({"input_ids": [[start, *f[k:]] for f, k in zip(full, starts)],
-                             "sampling_params": {"max_new_tokens": 0}, "return_logprob": True, "logprob_start_len": 1})
+            un = self._call(
+                {
+                    "input_ids": [[start, *f[k:]] for f, k in zip(full, starts)],
+                    "sampling_params": {"max_new_tokens": 0},
+                    "return_logprob": True,
+                    "logprob_start_len": 1,
+                }
+            )
             res["unconditional"] = [_lps(o["meta_info"]) for o in un]
         return res
 
@@ -79,7 +118,9 @@ class NativeBackend(BaseBackend):
         res = self.score(prompt.text, choices, unconditional=method.needs_unconditional)
         idx, meta = method(choices, res["logprobs"], res.get("unconditional"))
         return idx, {
-            **meta, "choice_logprobs": res["logprobs"], "prompt_tokens": res["prompt_tokens"],
+            **meta,
+            "choice_logprobs": res["logprobs"],
+            "prompt_tokens": res["prompt_tokens"],
             "healed_tokens": res["healed_tokens"],
             "input_token_logprobs": [m.get("input_token_logprobs") for m in res["metas"]],
             "unconditional_logprobs": res.get("unconditional"),

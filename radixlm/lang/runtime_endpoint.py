@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Iterator, Optional
+from collections.abc import Iterator
 
 import requests
 from requests.adapters import HTTPAdapter
@@ -17,10 +17,17 @@ logger = logging.getLogger(__name__)
 
 
 class RuntimeEndpoint(NativeBackend):
-    def __init__(self, base_url: str, api_key: Optional[str] = None, timeout: float = 600,
-                 admin_api_key: Optional[str] = None):
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        timeout: float = 600,
+        admin_api_key: str | None = None,
+    ):
         super().__init__()
-        self.admin_api_key = admin_api_key  # flush_cache is an admin action (the server's --admin-api-key)
+        self.admin_api_key = (
+            admin_api_key  # flush_cache is an admin action (the server's --admin-api-key)
+        )
         self.base_url = base_url.rstrip("/")
         self.timeout = timeout
         self.session = requests.Session()
@@ -36,7 +43,7 @@ class RuntimeEndpoint(NativeBackend):
         self._check(r)
         return r.json()
 
-    def _post(self, path: str, body: Optional[dict] = None):
+    def _post(self, path: str, body: dict | None = None):
         r = self.session.post(self.base_url + path, json=body, timeout=self.timeout)
         self._check(r)
         return r.json()
@@ -53,8 +60,10 @@ class RuntimeEndpoint(NativeBackend):
             from radixlm.model.loader import load_tokenizer
 
             return load_tokenizer(path)
-        except Exception as e:  # noqa: BLE001 - a remote server's files are not here
-            logger.warning("no local tokenizer at %r (%s): roles use the chat template registry", path, e)
+        except Exception as e:
+            logger.warning(
+                "no local tokenizer at %r (%s): roles use the chat template registry", path, e
+            )
             return None
 
     def _make_chat_template(self) -> ChatTemplate:
@@ -76,7 +85,9 @@ class RuntimeEndpoint(NativeBackend):
         return self._post("/generate", body)
 
     def _stream(self, body: dict) -> Iterator[dict]:
-        with self.session.post(self.base_url + "/generate", json=body, timeout=self.timeout, stream=True) as r:
+        with self.session.post(
+            self.base_url + "/generate", json=body, timeout=self.timeout, stream=True
+        ) as r:
             self._check(r)
             for line in r.iter_lines(decode_unicode=True):
                 if not line or not line.startswith("data:"):
@@ -91,7 +102,9 @@ class RuntimeEndpoint(NativeBackend):
 
     def flush_cache(self) -> None:
         headers = {"Authorization": f"Bearer {self.admin_api_key}"} if self.admin_api_key else None
-        self._check(self.session.post(self.base_url + "/flush_cache", headers=headers, timeout=self.timeout))
+        self._check(
+            self.session.post(self.base_url + "/flush_cache", headers=headers, timeout=self.timeout)
+        )
 
 
 class Runtime(RuntimeEndpoint):
@@ -100,7 +113,7 @@ class Runtime(RuntimeEndpoint):
     over HTTP. `shutdown()` stops the process and its children; so does garbage collection
     or interpreter exit."""
 
-    def __init__(self, model_path: Optional[str] = None, *, startup_timeout: float = 300, **options):
+    def __init__(self, model_path: str | None = None, *, startup_timeout: float = 300, **options):
         from radixlm.config import ServerArgs
         from radixlm.http_access import ADMIN_API_KEY_ENV, API_KEY_ENV
         from radixlm.server.process import ServerProcess

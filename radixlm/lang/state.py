@@ -7,8 +7,9 @@ from __future__ import annotations
 import copy
 import queue
 import threading
+from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Iterator, Optional
+from typing import Any
 
 from radixlm.lang import choices as choices_mod
 from radixlm.lang.base_backend import Prompt
@@ -25,36 +26,38 @@ def _image_b64(path: str) -> str:
 
 
 class ProgramState:
-    def __init__(self, backend, defaults: Optional[dict] = None, stream: bool = False, precache: bool = True):
+    def __init__(
+        self, backend, defaults: dict | None = None, stream: bool = False, precache: bool = True
+    ):
         if backend is None:
             raise ValueError("no backend: pass backend= or call radixlm.lang.set_default_backend()")
         self.backend = backend
         self.defaults = dict(defaults or {})
         self.stream = stream
         self.precache = precache  # fork() sends the shared prefix first
-        self.fork_prefill_meta: Optional[dict] = None
+        self.fork_prefill_meta: dict | None = None
         self.variables: dict[str, Any] = {}
         self.meta_info: dict[str, Any] = {}
         self.ret_value: Any = None
         self._text = ""
         self._images: list[str] = []  # image(): base64, one per image token in _text
         self._messages: list[dict] = []
-        self._role: Optional[tuple[str, int]] = None  # open role and where its content starts
-        self._error: Optional[BaseException] = None
-        self._pool: Optional[ThreadPoolExecutor] = None
+        self._role: tuple[str, int] | None = None  # open role and where its content starts
+        self._error: BaseException | None = None
+        self._pool: ThreadPoolExecutor | None = None
         self._futures: list[Future] = []
         self._lock = threading.Lock()
-        self._chunks: "queue.Queue" = queue.Queue()
+        self._chunks: queue.Queue = queue.Queue()
 
     # ------------------------------------------------------------ queueing
-    def __iadd__(self, expr) -> "ProgramState":
+    def __iadd__(self, expr) -> ProgramState:
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(1, thread_name_prefix="radixlm-lang")
             self._futures.append(self._pool.submit(self._run_op, expr))
         return self
 
-    def sync(self) -> "ProgramState":
+    def sync(self) -> ProgramState:
         """Wait for every queued operation; re-raise the first error."""
         while True:
             with self._lock:
@@ -75,7 +78,7 @@ class ProgramState:
             return
         try:
             self._exec(expr)
-        except BaseException as e:  # noqa: BLE001 - surfaced by sync()
+        except BaseException as e:
             self._error = e
 
     # ------------------------------------------------------------ interpreter
@@ -102,15 +105,19 @@ class ProgramState:
             self._messages.append({"role": role, "content": self._text[start:]})
             self._role = None
             self._append(self.backend.chat_template.suffix(role))
-        elif isinstance(expr, Image):  # as SGLang's frontend: the image token here, the image as image_data
+        elif isinstance(
+            expr, Image
+        ):  # as SGLang's frontend: the image token here, the image as image_data
             self._images.append(_image_b64(expr.path))
             self._append(self.backend.image_token)
         elif isinstance(expr, Expr):
             raise TypeError(f"cannot execute {type(expr).__name__}")
         else:
-            raise TypeError(f"s += expects a string or gen/select/role expression, got {type(expr).__name__}")
+            raise TypeError(
+                f"s += expects a string or gen/select/role expression, got {type(expr).__name__}"
+            )
 
-    def _append(self, text: str, var: Optional[str] = None) -> None:
+    def _append(self, text: str, var: str | None = None) -> None:
         self._text += text
         if self.stream and text:
             self._chunks.put((var, text))
@@ -150,7 +157,9 @@ class ProgramState:
     def _select(self, sel: Select) -> None:
         method = choices_mod.resolve(sel.choices_method)
         if self._images:
-            raise NotImplementedError("select() after image(): choices are scored by token ids, which carry no image")
+            raise NotImplementedError(
+                "select() after image(): choices are scored by token ids, which carry no image"
+            )
         idx, meta = self.backend.select(self._prompt(), sel.choices, method)
         choice = sel.choices[idx]
         self._append(choice, sel.name)
@@ -180,14 +189,14 @@ class ProgramState:
     def get_meta_info(self, name: str):
         return self.sync().meta_info.get(name)
 
-    def error(self) -> Optional[BaseException]:
+    def error(self) -> BaseException | None:
         try:
             self.sync()
-        except BaseException:  # noqa: BLE001
+        except BaseException:
             pass
         return self._error
 
-    def text_iter(self, var_name: Optional[str] = None) -> Iterator[str]:
+    def text_iter(self, var_name: str | None = None) -> Iterator[str]:
         """With run(stream=True): the text as it is produced (only `var_name`'s, if given)."""
         if not self.stream:
             yield self.text() if var_name is None else self[var_name]
@@ -207,11 +216,13 @@ class ProgramState:
         self._chunks.put(_END)
 
     # ------------------------------------------------------------ fork / join
-    def fork(self, n: int = 1) -> "ForkGroup":
+    def fork(self, n: int = 1) -> ForkGroup:
         """n branch states that start from this state's text. The shared prefix is sent once
         first (no generation), so every branch's request hits the radix cache."""
         self.sync()
-        if self._text and self.precache and not self._images:  # with images, the branches' first gens share it
+        if (
+            self._text and self.precache and not self._images
+        ):  # with images, the branches' first gens share it
             self.fork_prefill_meta = self.backend.prefill(self._text)
         branches = []
         for _ in range(n):
@@ -242,8 +253,10 @@ class ForkGroup:
     def __iter__(self):
         return iter(self.branches)
 
-    def __setitem__(self, i, value) -> None:  # `for f in forks: f += ...` rebinds via iteration only,
-        if value is not self.branches[i]:     # but `forks[i] += ...` calls this with the same object
+    def __setitem__(
+        self, i, value
+    ) -> None:  # `for f in forks: f += ...` rebinds via iteration only,
+        if value is not self.branches[i]:  # but `forks[i] += ...` calls this with the same object
             raise TypeError("cannot replace a fork branch")
 
     def join(self, mode: str = "gather_variable") -> None:
@@ -262,7 +275,7 @@ class ForkGroup:
                 p.variables[k] = [b.variables.get(k) for b in self.branches]
                 p.meta_info[k] = [b.meta_info.get(k) for b in self.branches]
         elif mode == "concate_and_append":
-            p += "".join(b._text[self.fork_pos:] for b in self.branches)
+            p += "".join(b._text[self.fork_pos :] for b in self.branches)
             p.sync()
         else:
             raise ValueError(f"unknown join mode {mode!r}")

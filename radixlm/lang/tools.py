@@ -14,8 +14,9 @@ answered in text); its meta info adds "content", the text outside the calls.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence, Union
+from typing import Any
 
 from radixlm.function_call import (
     JSON_ARRAY,
@@ -26,13 +27,15 @@ from radixlm.function_call import (
     tool_choice_schema,
 )
 
-ToolChoice = Union[str, Mapping[str, Any]]
+ToolChoice = str | Mapping[str, Any]
 
 
 def _as_tool(t: Mapping) -> dict:
     """An OpenAI tool object; a bare function ({"name", "parameters"}) is wrapped."""
     if not isinstance(t, Mapping):
-        raise ValueError(f"gen: tools must be OpenAI tool objects or functions, got {type(t).__name__}")
+        raise ValueError(
+            f"gen: tools must be OpenAI tool objects or functions, got {type(t).__name__}"
+        )
     f = t.get("function", t)
     if not isinstance(f, Mapping) or not isinstance(f.get("name"), str) or not f["name"]:
         raise ValueError("gen: every tool needs a function name")
@@ -44,11 +47,16 @@ class ToolRequest:
     tools: tuple
     tool_choice: ToolChoice = "required"
     parallel_tool_calls: bool = True
-    tool_call_parser: Optional[str] = None
+    tool_call_parser: str | None = None
 
     @classmethod
-    def make(cls, tools: Sequence[Mapping], tool_choice: ToolChoice, parallel: bool,
-             parser: Optional[str]) -> "ToolRequest":
+    def make(
+        cls,
+        tools: Sequence[Mapping],
+        tool_choice: ToolChoice,
+        parallel: bool,
+        parser: str | None,
+    ) -> ToolRequest:
         tools = tuple(_as_tool(t) for t in tools)
         if not tools:
             raise ValueError("gen: tools is empty")
@@ -56,12 +64,19 @@ class ToolRequest:
         if isinstance(tool_choice, Mapping):
             wanted = (tool_choice.get("function") or {}).get("name")
             if wanted not in names:
-                raise ValueError(f"gen: tool_choice names {wanted!r}, which is not among the tools {names}")
+                raise ValueError(
+                    f"gen: tool_choice names {wanted!r}, which is not among the tools {names}"
+                )
         elif tool_choice not in ("required", "auto"):
-            raise ValueError(f"gen: tool_choice must be 'required', 'auto' or a named function, got {tool_choice!r}")
+            raise ValueError(
+                "gen: tool_choice must be 'required', 'auto' or a named function, got"
+                f" {tool_choice!r}"
+            )
         if tool_choice == "auto" and parser not in TOOL_CALL_PARSERS:
-            raise ValueError(f"gen: tool_choice 'auto' needs tool_call_parser, the model family's call format "
-                             f"(one of {sorted(TOOL_CALL_PARSERS)}), got {parser!r}")
+            raise ValueError(
+                "gen: tool_choice 'auto' needs tool_call_parser, the model family's call format "
+                f"(one of {sorted(TOOL_CALL_PARSERS)}), got {parser!r}"
+            )
         return cls(tools, tool_choice, parallel, parser)
 
     @property
@@ -78,8 +93,11 @@ class ToolRequest:
     def sampling_params(self) -> dict:
         """The grammar that keeps the calls valid (server sampling_params keys)."""
         if self.forced:
-            return {"json_schema": json.dumps(tool_choice_schema(self.tools, self.tool_choice,
-                                                                 self.parallel_tool_calls))}
+            return {
+                "json_schema": json.dumps(
+                    tool_choice_schema(self.tools, self.tool_choice, self.parallel_tool_calls)
+                )
+            }
         tag = structural_tag(self.format(), self.tools)
         return {"structural_tag": json.dumps(tag)} if tag else {}
 

@@ -4,7 +4,6 @@ so run_batch can send the text every input shares once, before the batch."""
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 from radixlm.lang.base_backend import BaseBackend
 
@@ -30,7 +29,7 @@ class TracingBackend(BaseBackend):
     generate_stream = select = prefill = generate
 
 
-def trace_text(program, kwargs: dict, backend: BaseBackend) -> Optional[str]:
+def trace_text(program, kwargs: dict, backend: BaseBackend) -> str | None:
     """The text `program(**kwargs)` writes before its first gen / select / fork; None if the
     program failed before reaching one (its text says nothing of the others')."""
     from radixlm.lang.state import ProgramState
@@ -41,7 +40,7 @@ def trace_text(program, kwargs: dict, backend: BaseBackend) -> Optional[str]:
         program.func(s, **kwargs)
     except _StopTrace:
         pass
-    except Exception:  # noqa: BLE001 - maybe the program's reaction to the stopped trace
+    except Exception:
         raised = True
     err = s.error()  # waits for the queued text
     if isinstance(err, _StopTrace) or (err is None and not raised):

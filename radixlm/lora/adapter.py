@@ -1,4 +1,5 @@
-"""A peft LoRA adapter read from its directory (adapter_config.json + adapter_model.safetensors) and checked.
+"""A peft LoRA adapter read from its directory (adapter_config.json + adapter_model.safetensors) and
+checked.
 
 peft's layout: per target projection `lora_A.weight` [r, in] and `lora_B.weight` [out, r]; the
 delta is scale * x A^T B^T with scale = lora_alpha / r (lora_alpha / sqrt(r) with use_rslora).
@@ -38,7 +39,7 @@ class AdapterConfig:
         return self.lora_alpha / (math.sqrt(self.r) if self.use_rslora else self.r)
 
     @classmethod
-    def read(cls, path: str) -> "AdapterConfig":
+    def read(cls, path: str) -> AdapterConfig:
         file = os.path.join(path, CONFIG_FILE)
         try:
             with open(file) as f:
@@ -47,20 +48,32 @@ class AdapterConfig:
             raise AdapterError(f"{file}: cannot read a peft adapter config ({e})") from None
         if not isinstance(cfg, dict):
             raise AdapterError(f"{file}: not a JSON object")
-        refused = [(k, why) for k, why in (("use_dora", "DoRA"), ("lora_bias", "LoRA biases"),
-                                          ("fan_in_fan_out", "fan_in_fan_out layers")) if cfg.get(k)]
-        refused += [(k, k) for k in ("modules_to_save", "rank_pattern", "alpha_pattern") if cfg.get(k)]
+        refused = [
+            (k, why)
+            for k, why in (
+                ("use_dora", "DoRA"),
+                ("lora_bias", "LoRA biases"),
+                ("fan_in_fan_out", "fan_in_fan_out layers"),
+            )
+            if cfg.get(k)
+        ]
+        refused += [
+            (k, k) for k in ("modules_to_save", "rank_pattern", "alpha_pattern") if cfg.get(k)
+        ]
         if cfg.get("bias", "none") != "none":
             refused.append(("bias", f"bias={cfg['bias']!r}"))
         if cfg.get("peft_type", "LORA") != "LORA":
             refused.append(("peft_type", f"peft_type {cfg.get('peft_type')!r}"))
         if refused:
-            raise AdapterError(f"{file}: not supported: {', '.join(why for _, why in refused)} "
-                               f"({', '.join(k for k, _ in refused)}); plain LoRA adapters only")
+            raise AdapterError(
+                f"{file}: not supported: {', '.join(why for _, why in refused)} "
+                f"({', '.join(k for k, _ in refused)}); plain LoRA adapters only"
+            )
         r, alpha = cfg.get("r"), cfg.get("lora_alpha", cfg.get("r"))
         if not isinstance(r, int) or r < 1 or not isinstance(alpha, (int, float)):
             raise AdapterError(f"{file}: r must be a positive integer and lora_alpha a number")
-        # The targets are read from the tensors (peft writes target_modules as names, paths or a regex).
+        # The targets are read from the tensors (peft writes target_modules as names, paths or a
+        # regex).
         return cls(r, float(alpha), bool(cfg.get("use_rslora", False)))
 
 
@@ -70,8 +83,8 @@ class LoRAAdapter:
     scale * B [out, r]), in the model's dtype."""
 
     ref: LoRARef
-    # NAME@digest of its files: its prefix-cache namespace (the storage tier's keys outlive the process),
-    # so a name reloaded with other weights shares no KV, and the same files keep theirs.
+    # NAME@digest of its files: its prefix-cache namespace (the storage tier's keys outlive the
+    # process), so a name reloaded with other weights shares no KV, and the same files keep theirs.
     uid: str
     config: AdapterConfig
     weights: dict[str, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
@@ -104,19 +117,36 @@ def load_adapter(ref: LoRARef, dtype: torch.dtype) -> LoRAAdapter:
     for key, t in tensors.items():
         module, dot, kind = key.removeprefix(_PREFIX).rpartition(".lora_")
         if not dot or kind not in ("A.weight", "B.weight"):
-            raise AdapterError(f"{file}: tensor {key!r} is not a lora_A / lora_B weight (biases, DoRA magnitudes, "
-                               "embeddings and modules_to_save are not supported)")
+            raise AdapterError(
+                f"{file}: tensor {key!r} is not a lora_A / lora_B weight (biases, DoRA magnitudes, "
+                "embeddings and modules_to_save are not supported)"
+            )
         module = module.removesuffix(".default")
         if module.rsplit(".", 1)[-1] not in TARGET_MODULES:
-            raise AdapterError(f"{file}: tensor {key!r} targets a module outside {', '.join(TARGET_MODULES)}")
+            raise AdapterError(
+                f"{file}: tensor {key!r} targets a module outside {', '.join(TARGET_MODULES)}"
+            )
         pairs.setdefault(module, {})[kind[0]] = t
     adapter = LoRAAdapter(ref, uid, cfg)
     for module, ab in pairs.items():
         a, b = ab.get("A"), ab.get("B")
-        if a is None or b is None or a.dim() != 2 or b.dim() != 2 or a.shape[0] != cfg.r or b.shape[1] != cfg.r:
-            raise AdapterError(f"{file}: {module} needs lora_A [r={cfg.r}, in] and lora_B [out, r={cfg.r}], got "
-                               f"{None if a is None else tuple(a.shape)} and {None if b is None else tuple(b.shape)}")
-        adapter.weights[module] = (a.to(dtype).contiguous(), (b.double() * cfg.scale).to(dtype).contiguous())
+        if (
+            a is None
+            or b is None
+            or a.dim() != 2
+            or b.dim() != 2
+            or a.shape[0] != cfg.r
+            or b.shape[1] != cfg.r
+        ):
+            raise AdapterError(
+                f"{file}: {module} needs lora_A [r={cfg.r}, in] and lora_B [out, r={cfg.r}], got"
+                f" {None if a is None else tuple(a.shape)} and"
+                f" {None if b is None else tuple(b.shape)}"
+            )
+        adapter.weights[module] = (
+            a.to(dtype).contiguous(),
+            (b.double() * cfg.scale).to(dtype).contiguous(),
+        )
     if not adapter.weights:
         raise AdapterError(f"{file}: no lora_A / lora_B tensors")
     return adapter

@@ -14,14 +14,12 @@ start-up for its device and hands it each batch's segments; the layer hooks call
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 
 class GatherLoRADelta:
     def __init__(self):
-        self._groups: list[tuple[int, Optional[torch.Tensor]]] = []
+        self._groups: list[tuple[int, torch.Tensor | None]] = []
 
     @property
     def active(self) -> bool:
@@ -44,7 +42,8 @@ class GatherLoRADelta:
         self._groups = []
 
     def apply(self, x: torch.Tensor, flat: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
-        """flat [T, out] += each adapter's delta on its tokens of x [T, in]; a / b: the layer's slots."""
+        """flat [T, out] += each adapter's delta on its tokens of x [T, in]; a / b: the layer's
+        slots."""
         for slot, idx in self._groups:
             xs = x if idx is None else x.index_select(0, idx)
             delta = (xs @ a[slot].T) @ b[slot].T  # shrink to the rank blocks, expand to every part
@@ -56,7 +55,7 @@ class GatherLoRADelta:
 
 class NativeLoRADelta:
     def __init__(self):
-        self._slots: Optional[torch.Tensor] = None  # per token its slot (-1: none)
+        self._slots: torch.Tensor | None = None  # per token its slot (-1: none)
 
     @property
     def active(self) -> bool:
@@ -79,7 +78,7 @@ class NativeLoRADelta:
 
 class SegmentedLoRADelta:
     def __init__(self):
-        self._segments: Optional[torch.Tensor] = None  # [3, requests]: first token, tokens, slot
+        self._segments: torch.Tensor | None = None  # [3, requests]: first token, tokens, slot
         self._max_len = 0
 
     @property
@@ -105,7 +104,9 @@ class SegmentedLoRADelta:
         lora_delta(x, a, b, flat, self._segments, self._max_len)
 
 
-def create_lora_delta(device: torch.device, dtype: torch.dtype) -> "GatherLoRADelta | NativeLoRADelta | SegmentedLoRADelta":
+def create_lora_delta(
+    device: torch.device, dtype: torch.dtype
+) -> GatherLoRADelta | NativeLoRADelta | SegmentedLoRADelta:
     from radixlm import kernels
     from radixlm.kernels import triton_ops
 

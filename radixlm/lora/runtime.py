@@ -1,4 +1,5 @@
-"""LoRARuntime: the adapters of the scheduler process and the batched delta; NoLoRA without --enable-lora.
+"""LoRARuntime: the adapters of the scheduler process and the batched delta; NoLoRA without
+--enable-lora.
 
 Each target linear layer gets a forward hook (the model's code is unchanged): after the base layer's
 output (float, or the native quantized kernels'), the hook adds scale * (x A^T) B^T for the tokens
@@ -13,7 +14,7 @@ decoder op).
 from __future__ import annotations
 
 import logging
-from typing import Optional, Protocol
+from typing import Protocol
 
 import torch
 from torch import nn
@@ -25,10 +26,11 @@ from radixlm.lora.pool import LoRAPool
 
 
 class ForwardBatch(Protocol):
-    """What begin_forward reads of model/forward_batch.py: ForwardBatch (lora sits below the model)."""
+    """What begin_forward reads of model/forward_batch.py: ForwardBatch (lora sits below the
+    model)."""
 
     lora_ids: list  # per request, its adapter's uid (None: the base model)
-    extend_seq_lens_cpu: Optional[list[int]]  # new tokens per request (None: one each, a decode)
+    extend_seq_lens_cpu: list[int] | None  # new tokens per request (None: one each, a decode)
     input_ids: torch.Tensor
 
 
@@ -46,7 +48,7 @@ class NoLoRA:
     def fits(self, lora_ids: set) -> bool:
         return True
 
-    def serves(self, uid: Optional[str]) -> bool:
+    def serves(self, uid: str | None) -> bool:
         return uid is None
 
     def adapters_info(self) -> list[dict]:
@@ -54,13 +56,17 @@ class NoLoRA:
 
 
 class LoRARuntime(NoLoRA):
-    def __init__(self, config: LoRAConfig, model: nn.Module, dtype: torch.dtype, device: torch.device):
+    def __init__(
+        self, config: LoRAConfig, model: nn.Module, dtype: torch.dtype, device: torch.device
+    ):
         self.config, self.dtype = config, dtype
         self.max_loras_per_batch = config.max_loras_per_batch
         initial = [load_adapter(ref, dtype) for ref in config.adapters]
         rank = config.max_lora_rank or max(a.rank for a in initial)
         targets = config.target_modules or frozenset().union(*(a.targets for a in initial))
-        self.pool = LoRAPool(model, config.max_loras_per_batch, rank, targets, config.eviction_policy, dtype, device)
+        self.pool = LoRAPool(
+            model, config.max_loras_per_batch, rank, targets, config.eviction_policy, dtype, device
+        )
         self.adapters: dict[str, LoRAAdapter] = {}
         for a in initial:
             self._add(a)
@@ -68,8 +74,14 @@ class LoRARuntime(NoLoRA):
         for t in self.pool.layers:
             t.module.register_forward_hook(self._hook)
         self.delta = create_lora_delta(torch.device(device), dtype)
-        logger.info("LoRA: %d target layers, rank %d, %d slots (%.1f MiB), adapters %s", len(self.pool.layers), rank,
-                    config.max_loras_per_batch, self.pool.nbytes / 2**20, [a.ref.lora_name for a in initial])
+        logger.info(
+            "LoRA: %d target layers, rank %d, %d slots (%.1f MiB), adapters %s",
+            len(self.pool.layers),
+            rank,
+            config.max_loras_per_batch,
+            self.pool.nbytes / 2**20,
+            [a.ref.lora_name for a in initial],
+        )
 
     # ------------------------------------------------------------ adapters
     def load(self, ref: LoRARef) -> LoRAAdapter:
@@ -78,7 +90,10 @@ class LoRARuntime(NoLoRA):
         if limit is not None and len(self.adapters) >= limit:
             raise AdapterError(f"max_loaded_loras ({limit}) adapters are loaded: unload one first")
         if ref.pinned and len(self.pool.pinned) >= self.max_loras_per_batch - 1:
-            raise AdapterError(f"at most max_loras_per_batch - 1 ({self.max_loras_per_batch - 1}) adapters may be pinned")
+            raise AdapterError(
+                f"at most max_loras_per_batch - 1 ({self.max_loras_per_batch - 1}) adapters may be"
+                " pinned"
+            )
         adapter = load_adapter(ref, self.dtype)
         self._add(adapter)
         return adapter
@@ -93,22 +108,34 @@ class LoRARuntime(NoLoRA):
         self.adapters.pop(uid)
         self.pool.release(uid)
 
-    def serves(self, uid: Optional[str]) -> bool:
+    def serves(self, uid: str | None) -> bool:
         return uid is None or uid in self.adapters
 
     def adapters_info(self) -> list[dict]:
-        return [{"lora_name": a.ref.lora_name, "lora_path": a.ref.lora_path, "pinned": a.ref.pinned, "uid": uid}
-                for uid, a in self.adapters.items()]
+        return [
+            {
+                "lora_name": a.ref.lora_name,
+                "lora_path": a.ref.lora_path,
+                "pinned": a.ref.pinned,
+                "uid": uid,
+            }
+            for uid, a in self.adapters.items()
+        ]
 
     def fits(self, lora_ids: set) -> bool:
         """Whether a batch of these adapters (None: the base model) may run: at most
-        max_loras_per_batch distinct ones, the base counting as one, and slots for them beside the pinned."""
-        return (len(lora_ids) <= self.max_loras_per_batch
-                and len((lora_ids - {None}) | self.pool.pinned) <= self.pool.num_slots)
+        max_loras_per_batch distinct ones, the base counting as one, and slots for them beside the
+        pinned.
+        """
+        return (
+            len(lora_ids) <= self.max_loras_per_batch
+            and len((lora_ids - {None}) | self.pool.pinned) <= self.pool.num_slots
+        )
 
     # ------------------------------------------------------------- compute
     def begin_forward(self, fb: ForwardBatch) -> None:
-        """This batch's segments: per request, its adapter's slot (-1: the base model) and tokens."""
+        """This batch's segments: per request, its adapter's slot (-1: the base model) and
+        tokens."""
         ids = fb.lora_ids
         if not any(ids):
             self.delta.end()
@@ -117,7 +144,7 @@ class LoRARuntime(NoLoRA):
         counts = fb.extend_seq_lens_cpu if fb.extend_seq_lens_cpu is not None else [1] * len(ids)
         self.delta.begin([slots[u] if u else -1 for u in ids], list(counts), fb.input_ids.device)
 
-    def _hook(self, module: nn.Module, args: tuple, out: torch.Tensor) -> Optional[torch.Tensor]:
+    def _hook(self, module: nn.Module, args: tuple, out: torch.Tensor) -> torch.Tensor | None:
         if not self.delta.active:
             return None
         t = self._layers[id(module)]
@@ -126,6 +153,7 @@ class LoRARuntime(NoLoRA):
         return out
 
 
-def create_lora_runtime(config: Optional[LoRAConfig], model: nn.Module, dtype: torch.dtype,
-                        device: torch.device) -> NoLoRA:
+def create_lora_runtime(
+    config: LoRAConfig | None, model: nn.Module, dtype: torch.dtype, device: torch.device
+) -> NoLoRA:
     return NoLoRA() if config is None else LoRARuntime(config, model, dtype, device)

@@ -1,4 +1,5 @@
-"""CUDA graphs of decode steps (SGLang's CudaGraphRunner): --cuda-graph-max-bs, --disable-cuda-graph.
+"""CUDA graphs of decode steps (SGLang's CudaGraphRunner): --cuda-graph-max-bs,
+--disable-cuda-graph.
 
 A decode step of a model on a GPU is a few hundred kernel launches; at small batches launching
 them takes longer than running them. At start-up the model's decode forward (layers and logits) is
@@ -24,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -47,12 +48,15 @@ logger = logging.getLogger(__name__)
 DEFAULT_MAX_BS = 256
 
 
-def why_not_captured(runner: RunnerView) -> Optional[str]:
+def why_not_captured(runner: RunnerView) -> str | None:
     """None where decode steps can be captured, else why not (said in the start-up log line)."""
     if runner.device.type != "cuda":
         return "CUDA graphs need a CUDA device"
     if decode_backend_of(runner.attn_backend, TritonAttnBackend) is None:
-        return f"decode attention runs {runner.attn_backend!r}; only the triton backend's decode is captured"
+        return (
+            f"decode attention runs {runner.attn_backend!r}; only the triton backend's decode is"
+            " captured"
+        )
     return why_not_graphed(runner.model)
 
 
@@ -76,11 +80,15 @@ class CudaGraphDecode:
 
         fb = self.inputs.batch(runner, bs, self.backend)
         sms, i = self.backend.sms, self.inputs
-        # kv_start made here, not while capturing (a tensor made then holds its value in replays only).
-        fb.attn_metadata = TritonMetadata(kv_slots=i.kv_slots[:bs], seq_lens=i.seq_lens[:bs],
-                                          num_splits=triton_ops.decode_splits(bs, kv_heads, sms),
-                                          num_prefix_splits=triton_ops.decode_splits(1, kv_heads, sms),
-                                          kv_start=i.kv_start[:bs])
+        # kv_start made here, not while capturing (a tensor made then holds its value in replays
+        # only).
+        fb.attn_metadata = TritonMetadata(
+            kv_slots=i.kv_slots[:bs],
+            seq_lens=i.seq_lens[:bs],
+            num_splits=triton_ops.decode_splits(bs, kv_heads, sms),
+            num_prefix_splits=triton_ops.decode_splits(1, kv_heads, sms),
+            kv_start=i.kv_start[:bs],
+        )
         return fb
 
     def capture(self) -> float:
@@ -108,8 +116,12 @@ class CudaGraphDecode:
         return self.capture_s
 
     def can_run(self, fb: ForwardBatch) -> bool:
-        return (fb.forward_mode == ForwardMode.DECODE and fb.batch_size <= self.batch_sizes[-1]
-                and not fb.uses_lora and isinstance(fb.attn_metadata, TritonMetadata))
+        return (
+            fb.forward_mode == ForwardMode.DECODE
+            and fb.batch_size <= self.batch_sizes[-1]
+            and not fb.uses_lora
+            and isinstance(fb.attn_metadata, TritonMetadata)
+        )
 
     def forward(self, fb: ForwardBatch) -> torch.Tensor:
         """The decode batch's logits [bs, vocab] (float32, a copy of the graph's output)."""
@@ -121,8 +133,14 @@ class CudaGraphDecode:
         return self.outputs[size][:bs].clone()
 
     def info(self) -> dict:
-        return {"cuda_graph": {"captured": True, "batch_sizes": list(self.batch_sizes),
-                               "capture_s": round(self.capture_s, 1), "decode_steps": self.decode_steps}}
+        return {
+            "cuda_graph": {
+                "captured": True,
+                "batch_sizes": list(self.batch_sizes),
+                "capture_s": round(self.capture_s, 1),
+                "decode_steps": self.decode_steps,
+            }
+        }
 
 
 class NoCudaGraph(EagerDecode):
@@ -132,8 +150,11 @@ class NoCudaGraph(EagerDecode):
         return {"cuda_graph": {"captured": False, "reason": self.reason}}
 
 
-def create_cuda_graphs(runner: RunnerView, config: "ModelRunnerConfig") -> "CudaGraphDecode | EagerDecode":
-    """The runner's CUDA graphs of decode steps (captured now), or eager decoding with the reason."""
+def create_cuda_graphs(
+    runner: RunnerView, config: ModelRunnerConfig
+) -> CudaGraphDecode | EagerDecode:
+    """The runner's CUDA graphs of decode steps (captured now), or eager decoding with the
+    reason."""
     if config.enable_torch_compile:
         logger.info("torch.compile: not used on CUDA (decode steps replay CUDA graphs instead)")
     if config.disable_cuda_graph:
@@ -148,8 +169,13 @@ def create_cuda_graphs(runner: RunnerView, config: "ModelRunnerConfig") -> "Cuda
         except Exception as e:  # an op that cannot be captured: serve eager rather than not at all
             why = f"capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
         else:
-            logger.info("CUDA graphs: decode batches of 1-%d requests captured (batch sizes %s, padded up) in %.1f s",
-                        sizes[-1], list(sizes), seconds)
+            logger.info(
+                "CUDA graphs: decode batches of 1-%d requests captured (batch sizes %s, padded up)"
+                " in %.1f s",
+                sizes[-1],
+                list(sizes),
+                seconds,
+            )
             return graphs
     logger.info("CUDA graphs: not captured: %s; every forward runs eager", why)
     return NoCudaGraph(why)

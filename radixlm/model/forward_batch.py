@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -55,8 +55,8 @@ class ForwardBatch:
     seq_lens: torch.Tensor
     # [num_tokens]: KV slot where each new token's K/V is written.
     out_cache_loc: torch.Tensor
-    req_to_token_pool: "ReqToTokenPool"
-    token_to_kv_pool: "TokenToKVPool"
+    req_to_token_pool: ReqToTokenPool
+    token_to_kv_pool: TokenToKVPool
     # The attention backend (model/layers/attention/) that runs this batch, and its per-batch
     # metadata (built at launch by the scheduler, or by the model's forward if nobody did).
     attn_backend: Any = None
@@ -64,26 +64,27 @@ class ForwardBatch:
     # Host copies, so per-request Python loops never sync with the device.
     seq_lens_cpu: list[int] = field(default_factory=list)
     # Extend only: tokens already in the KV cache / new tokens, per request.
-    extend_prefix_lens_cpu: Optional[list[int]] = None
-    extend_seq_lens_cpu: Optional[list[int]] = None
+    extend_prefix_lens_cpu: list[int] | None = None
+    extend_seq_lens_cpu: list[int] | None = None
     # Extend only: per request, the first absolute position whose next-token
     # logprob must be returned (prompt logprobs); None = only the last token.
-    extend_logprob_start_lens_cpu: Optional[list[Optional[int]]] = None
+    extend_logprob_start_lens_cpu: list[int | None] | None = None
     # MIXED only: the last num_decode requests are decode steps (one token after their context).
     num_decode: int = 0
     # The sampler's tensors for this batch (model/layers/sampler.py), built by ModelRunner.prepare.
     sampling_info: Any = None
-    # Per request, the LoRA adapter it runs under (lora/runtime.py; None: the base model); empty: none.
+    # Per request, the LoRA adapter it runs under (lora/runtime.py; None: the base model); empty:
+    # none.
     lora_ids: list = field(default_factory=list)
-    # Per request, its images (MultimodalInputs or None; empty: none in the batch): the model embeds the
-    # parts of their spans this extend covers (model/mm_embed.py).
+    # Per request, its images (MultimodalInputs or None; empty: none in the batch): the model embeds
+    # the parts of their spans this extend covers (model/mm_embed.py).
     mm_inputs: list = field(default_factory=list)
-    # [3, num_tokens]: M-RoPE positions (temporal, height, width; model/mrope.py) of an M-RoPE model's
-    # step where a request has images; None: none (plain RoPE at `positions`).
-    mrope_positions: Optional[torch.Tensor] = None
+    # [3, num_tokens]: M-RoPE positions (temporal, height, width; model/mrope.py) of an M-RoPE
+    # model's step where a request has images; None: none (plain RoPE at `positions`).
+    mrope_positions: torch.Tensor | None = None
     # TARGET_VERIFY of draft trees: which new tokens each new token attends (model/tree_mask.py);
     # None: causal (every other batch, and a verify batch of chains). Every backend honours it.
-    tree_mask: Optional["TreeMask"] = None
+    tree_mask: TreeMask | None = None
 
     @property
     def uses_lora(self) -> bool:

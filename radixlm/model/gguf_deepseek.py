@@ -36,7 +36,9 @@ DEEPSEEK2_TENSOR_NAMES = {
     "attn_v_b": "model.layers.{}.self_attn.v_b_proj",
     "attn_output": "model.layers.{}.self_attn.o_proj",
     "ffn_gate_inp": "model.layers.{}.mlp.gate",
-    "exp_probs_b": "model.layers.{}.mlp.gate.e_score_correction",  # .bias -> e_score_correction_bias
+    "exp_probs_b": (
+        "model.layers.{}.mlp.gate.e_score_correction"
+    ),  # .bias -> e_score_correction_bias
     "ffn_gate": "model.layers.{}.mlp.gate_proj",
     "ffn_up": "model.layers.{}.mlp.up_proj",
     "ffn_down": "model.layers.{}.mlp.down_proj",
@@ -59,7 +61,7 @@ def _field(reader, key: str, default: Any = None) -> Any:
 def deepseek2_config(reader, kw: dict) -> tuple[str, str, dict]:
     """(HF architectures name, transformers config class, kwargs) of a deepseek2 GGUF; kw holds
     the common keys gguf_config read already."""
-    f = lambda key, default=None: _field(reader, f"deepseek2.{key}", default)  # noqa: E731
+    f = lambda key, default=None: _field(reader, f"deepseek2.{key}", default)
     rope = int(f("rope.dimension_count"))
     key_len = f("attention.key_length_mla") or f("attention.key_length")
     value_len = f("attention.value_length_mla") or f("attention.value_length")
@@ -67,22 +69,36 @@ def deepseek2_config(reader, kw: dict) -> tuple[str, str, dict]:
     n_group = int(f("expert_group_count") or 1)
     out = {k: v for k, v in kw.items() if k not in ("head_dim", "num_key_value_heads")}
     out.update(
-        num_key_value_heads=kw["num_attention_heads"], q_lora_rank=f("attention.q_lora_rank") or None,
-        kv_lora_rank=int(f("attention.kv_lora_rank")), qk_rope_head_dim=rope, qk_nope_head_dim=int(key_len) - rope,
-        v_head_dim=int(value_len), moe_intermediate_size=int(f("expert_feed_forward_length", 0)),
-        n_routed_experts=int(f("expert_count", 0)), num_experts_per_tok=int(f("expert_used_count", 0)),
-        n_shared_experts=int(f("expert_shared_count", 0)), first_k_dense_replace=int(f("leading_dense_block_count", 0)),
-        routed_scaling_factor=float(f("expert_weights_scale", 1.0)), norm_topk_prob=bool(f("expert_weights_norm", False)),
-        n_group=n_group, topk_group=int(f("expert_group_used_count") or 1))
+        num_key_value_heads=kw["num_attention_heads"],
+        q_lora_rank=f("attention.q_lora_rank") or None,
+        kv_lora_rank=int(f("attention.kv_lora_rank")),
+        qk_rope_head_dim=rope,
+        qk_nope_head_dim=int(key_len) - rope,
+        v_head_dim=int(value_len),
+        moe_intermediate_size=int(f("expert_feed_forward_length", 0)),
+        n_routed_experts=int(f("expert_count", 0)),
+        num_experts_per_tok=int(f("expert_used_count", 0)),
+        n_shared_experts=int(f("expert_shared_count", 0)),
+        first_k_dense_replace=int(f("leading_dense_block_count", 0)),
+        routed_scaling_factor=float(f("expert_weights_scale", 1.0)),
+        norm_topk_prob=bool(f("expert_weights_norm", False)),
+        n_group=n_group,
+        topk_group=int(f("expert_group_used_count") or 1),
+    )
     if not v3:
         out["topk_method"] = "group_limited_greedy" if n_group > 1 else "greedy"
     rs = out.pop("rope_scaling", None)
     params = {"rope_type": "default", "rope_theta": float(kw.get("rope_theta", 10000.0))}
     if rs and rs.get("rope_type") == "yarn":
         mscale = float(f("rope.scaling.yarn_log_multiplier", 0.0)) / 0.1
-        params.update(rope_type="yarn", factor=rs["factor"], mscale=mscale, mscale_all_dim=mscale,
-                      beta_fast=float(f("rope.scaling.yarn_beta_fast", 32.0)),
-                      beta_slow=float(f("rope.scaling.yarn_beta_slow", 1.0)))
+        params.update(
+            rope_type="yarn",
+            factor=rs["factor"],
+            mscale=mscale,
+            mscale_all_dim=mscale,
+            beta_fast=float(f("rope.scaling.yarn_beta_fast", 32.0)),
+            beta_slow=float(f("rope.scaling.yarn_beta_slow", 1.0)),
+        )
         if "original_max_position_embeddings" in rs:
             params["original_max_position_embeddings"] = rs["original_max_position_embeddings"]
     out.pop("rope_theta", None)
@@ -92,28 +108,39 @@ def deepseek2_config(reader, kw: dict) -> tuple[str, str, dict]:
     return "DeepseekV2ForCausalLM", "DeepseekV2Config", out
 
 
-
 def write_deepseek2_metadata(writer, cfg: Any) -> None:
     """The deepseek2 keys of a DeepseekV2Config / DeepseekV3Config (or anything with its fields) on
     a gguf.GGUFWriter, as convert_hf_to_gguf.py writes them (MLA's MQA-ized key/value lengths, head
     dims in the *_mla keys), so that radixlm and llama.cpp read the file alike. q_lora_rank is
-    written 0 when there is none: llama.cpp takes its absence for V2-Lite only by the layer count."""
+    written 0 when there is none: llama.cpp takes its absence for V2-Lite only by the layer count.
+    """
     a = "deepseek2"
     v3 = cfg.architectures[0] == "DeepseekV3ForCausalLM"
     rope = cfg.qk_rope_head_dim
-    for key, value in [("context_length", cfg.max_position_embeddings), ("embedding_length", cfg.hidden_size),
-                       ("feed_forward_length", cfg.intermediate_size), ("block_count", cfg.num_hidden_layers),
-                       ("attention.head_count", cfg.num_attention_heads), ("attention.head_count_kv", 1),
-                       ("rope.dimension_count", rope), ("vocab_size", cfg.vocab_size),
-                       ("leading_dense_block_count", cfg.first_k_dense_replace),
-                       ("attention.q_lora_rank", cfg.q_lora_rank or 0), ("attention.kv_lora_rank", cfg.kv_lora_rank),
-                       ("attention.key_length", cfg.kv_lora_rank + rope), ("attention.value_length", cfg.kv_lora_rank),
-                       ("attention.key_length_mla", cfg.qk_nope_head_dim + rope),
-                       ("attention.value_length_mla", cfg.v_head_dim),
-                       ("expert_feed_forward_length", cfg.moe_intermediate_size), ("expert_count", cfg.n_routed_experts),
-                       ("expert_used_count", cfg.num_experts_per_tok), ("expert_shared_count", cfg.n_shared_experts),
-                       ("expert_gating_func", SIGMOID_GATING if v3 else 1), ("expert_group_count", cfg.n_group or 1),
-                       ("expert_group_used_count", cfg.topk_group or 1)]:
+    for key, value in [
+        ("context_length", cfg.max_position_embeddings),
+        ("embedding_length", cfg.hidden_size),
+        ("feed_forward_length", cfg.intermediate_size),
+        ("block_count", cfg.num_hidden_layers),
+        ("attention.head_count", cfg.num_attention_heads),
+        ("attention.head_count_kv", 1),
+        ("rope.dimension_count", rope),
+        ("vocab_size", cfg.vocab_size),
+        ("leading_dense_block_count", cfg.first_k_dense_replace),
+        ("attention.q_lora_rank", cfg.q_lora_rank or 0),
+        ("attention.kv_lora_rank", cfg.kv_lora_rank),
+        ("attention.key_length", cfg.kv_lora_rank + rope),
+        ("attention.value_length", cfg.kv_lora_rank),
+        ("attention.key_length_mla", cfg.qk_nope_head_dim + rope),
+        ("attention.value_length_mla", cfg.v_head_dim),
+        ("expert_feed_forward_length", cfg.moe_intermediate_size),
+        ("expert_count", cfg.n_routed_experts),
+        ("expert_used_count", cfg.num_experts_per_tok),
+        ("expert_shared_count", cfg.n_shared_experts),
+        ("expert_gating_func", SIGMOID_GATING if v3 else 1),
+        ("expert_group_count", cfg.n_group or 1),
+        ("expert_group_used_count", cfg.topk_group or 1),
+    ]:
         writer.add_uint32(f"{a}.{key}", value)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
     rp = cfg.rope_parameters
@@ -123,5 +150,7 @@ def write_deepseek2_metadata(writer, cfg: Any) -> None:
     if rp["rope_type"] == "yarn":
         writer.add_string(f"{a}.rope.scaling.type", "yarn")
         writer.add_float32(f"{a}.rope.scaling.factor", rp["factor"])
-        writer.add_uint32(f"{a}.rope.scaling.original_context_length", rp["original_max_position_embeddings"])
+        writer.add_uint32(
+            f"{a}.rope.scaling.original_context_length", rp["original_max_position_embeddings"]
+        )
         writer.add_float32(f"{a}.rope.scaling.yarn_log_multiplier", 0.1 * rp["mscale_all_dim"])

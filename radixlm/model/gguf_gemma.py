@@ -51,12 +51,16 @@ def gemma_config_kwargs(reader, arch: str, kw: dict) -> dict:
         if value is not None:
             kw[key] = float(value)
         elif arch == "gemma3":
-            kw[key] = None  # Gemma 3 has none unless written (Gemma 2's HF defaults are llama.cpp's)
+            kw[key] = (
+                None  # Gemma 3 has none unless written (Gemma 2's HF defaults are llama.cpp's)
+            )
     if arch == "gemma3":
         # Global layers: the file's base (rope_theta) and scaling; local ones: 10000 unless written.
         full = dict(kw.pop("rope_scaling", None) or {"rope_type": "default"})
         full["rope_theta"] = float(kw.pop("rope_theta", 1_000_000.0))
         local_base = _field(reader, f"{arch}.rope.freq_base_swa", 10_000.0)
-        kw["rope_parameters"] = {"full_attention": full,
-                                 "sliding_attention": {"rope_type": "default", "rope_theta": float(local_base)}}
+        kw["rope_parameters"] = {
+            "full_attention": full,
+            "sliding_attention": {"rope_type": "default", "rope_theta": float(local_base)},
+        }
     return kw

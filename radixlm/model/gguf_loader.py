@@ -2,12 +2,12 @@
 
 Only the parts radixlm runs: architectures llama (SmolLM2, Llama 2/3, Mistral), qwen2, qwen3,
 phi3, gemma2 and gemma3 (gguf_gemma.py: what llama.cpp fixes by architecture instead of writing it).
-With keep_quantized, 2-D weights in a format the native kernels read (radixlm.kernels.formats.FORMATS:
-Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, IQ4_XS, F16, BF16) stay as
-stored, F32 ones are plain float32, and any other type is refused by name (no silent float32
-copy at several times the file's memory); 1-D tensors (norms, biases) are always float32.
-Without keep_quantized every tensor is dequantized to float32 at load with gguf's own (vectorized
-numpy) kernels, so they equal what transformers' GGUF loader produces.
+With keep_quantized, 2-D weights in a format the native kernels read
+(radixlm.kernels.formats.FORMATS: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K,
+Q6_K, IQ4_XS, F16, BF16) stay as stored, F32 ones are plain float32, and any other type is refused
+by name (no silent float32 copy at several times the file's memory); 1-D tensors (norms, biases) are
+always float32. Without keep_quantized every tensor is dequantized to float32 at load with gguf's
+own (vectorized numpy) kernels, so they equal what transformers' GGUF loader produces.
 """
 
 from __future__ import annotations
@@ -15,14 +15,21 @@ from __future__ import annotations
 import functools
 import math
 import re
-from typing import Any, Callable, Iterator, Optional
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import torch
 
 from radixlm.model.gguf_deepseek import DEEPSEEK2_TENSOR_NAMES, deepseek2_config
 from radixlm.model.gguf_gemma import GEMMA_ARCHS, gemma_config_kwargs
-from radixlm.model.gguf_moe import MIXTRAL, MOE_ARCHITECTURES, MOE_TENSOR_NAMES, has_experts, moe_config_kwargs
+from radixlm.model.gguf_moe import (
+    MIXTRAL,
+    MOE_ARCHITECTURES,
+    MOE_TENSOR_NAMES,
+    has_experts,
+    moe_config_kwargs,
+)
 from radixlm.model.tp_shard import Slicer
 
 GGUF_MAGIC = b"GGUF"
@@ -36,7 +43,10 @@ GGUF_ARCHITECTURES = {
     "gemma2": ("Gemma2ForCausalLM", "Gemma2Config"),
     "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig"),
     **MOE_ARCHITECTURES,
-    "deepseek2": ("DeepseekV2ForCausalLM", "DeepseekV2Config"),  # V3 when its gating is sigmoid (gguf_deepseek.py)
+    "deepseek2": (
+        "DeepseekV2ForCausalLM",
+        "DeepseekV2Config",
+    ),  # V3 when its gating is sigmoid (gguf_deepseek.py)
 }
 # A llama file with a sliding window is a Mistral (llama.cpp writes Mistral as llama).
 _MISTRAL = ("MistralForCausalLM", "MistralConfig")
@@ -84,8 +94,11 @@ _GEMMA_TENSOR_NAMES = dict(
 _ARCH_TENSOR_NAMES = {
     "gemma2": _GEMMA_TENSOR_NAMES,
     "gemma3": _GEMMA_TENSOR_NAMES,
-    "phi3": dict(_TENSOR_NAMES, attn_qkv="model.layers.{}.self_attn.qkv_proj",
-                 ffn_up="model.layers.{}.mlp.gate_up_proj"),
+    "phi3": dict(
+        _TENSOR_NAMES,
+        attn_qkv="model.layers.{}.self_attn.qkv_proj",
+        ffn_up="model.layers.{}.mlp.gate_up_proj",
+    ),
     "deepseek2": DEEPSEEK2_TENSOR_NAMES,
 }
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
@@ -106,8 +119,14 @@ def _fast_reader_class():
             if plain is None:
                 plain = self._plain = self.data.view(np.ndarray)
             count = int(count)
-            arr = plain[offset : offset + np.dtype(dtype).itemsize * count].view(dtype=dtype)[:count]
-            return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
+            arr = plain[offset : offset + np.dtype(dtype).itemsize * count].view(dtype=dtype)[
+                :count
+            ]
+            return arr.view(
+                arr.dtype.newbyteorder(
+                    self.byte_order if override_order is None else override_order
+                )
+            )
 
     return FastGGUFReader
 
@@ -119,7 +138,9 @@ def open_gguf(path: str):
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != GGUF_MAGIC:
-        raise ValueError(f"{path} is not a GGUF file (expected magic {GGUF_MAGIC!r}, found {magic!r})")
+        raise ValueError(
+            f"{path} is not a GGUF file (expected magic {GGUF_MAGIC!r}, found {magic!r})"
+        )
     try:
         try:
             return _fast_reader_class()(path)
@@ -137,7 +158,10 @@ def field(reader, key: str, default: Any = None) -> Any:
 def gguf_architecture(reader) -> str:
     arch = field(reader, "general.architecture")
     if arch not in GGUF_ARCHITECTURES:
-        raise ValueError(f"unsupported GGUF architecture {arch!r}; radixlm reads: {', '.join(GGUF_ARCHITECTURES)}")
+        raise ValueError(
+            f"unsupported GGUF architecture {arch!r}; radixlm reads:"
+            f" {', '.join(GGUF_ARCHITECTURES)}"
+        )
     return arch
 
 
@@ -152,7 +176,9 @@ def gguf_config(reader):
         value = field(reader, f"{arch}.{key}")
         if value is not None:
             kw[attr] = max(value) if isinstance(value, list) else value  # per-layer kv heads
-    head_dim = field(reader, f"{arch}.attention.key_length") or field(reader, f"{arch}.rope.dimension_count")
+    head_dim = field(reader, f"{arch}.attention.key_length") or field(
+        reader, f"{arch}.rope.dimension_count"
+    )
     if head_dim:
         kw["head_dim"] = head_dim
     tensor_names = {t.name for t in reader.tensors}
@@ -188,7 +214,10 @@ def gguf_config(reader):
 def _rope_scaling(reader, arch: str, kw: dict) -> dict | None:
     scaling_type = field(reader, f"{arch}.rope.scaling.type")
     if scaling_type in ("linear", "yarn"):
-        out = {"rope_type": scaling_type, "factor": float(field(reader, f"{arch}.rope.scaling.factor", 1.0))}
+        out = {
+            "rope_type": scaling_type,
+            "factor": float(field(reader, f"{arch}.rope.scaling.factor", 1.0)),
+        }
         orig = field(reader, f"{arch}.rope.scaling.original_context_length")
         if orig:
             out["original_max_position_embeddings"] = int(orig)
@@ -205,12 +234,20 @@ def _llama3_from_rope_freqs(factors: np.ndarray, kw: dict) -> dict:
 
     head_dim = kw.get("head_dim") or kw["hidden_size"] // kw["num_attention_heads"]
     base = {"rope_type": "default", "rope_theta": kw.get("rope_theta", 10000.0)}
-    params = dict(base, rope_type="llama3", factor=float(factors.max()), low_freq_factor=1.0,
-                  high_freq_factor=4.0, original_max_position_embeddings=8192)
+    params = dict(
+        base,
+        rope_type="llama3",
+        factor=float(factors.max()),
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=8192,
+    )
     default, _ = compute_inv_freq(base, head_dim, 0)
     scaled, _ = compute_inv_freq(params, head_dim, 0)
     if not np.allclose((default / scaled).numpy(), factors, rtol=1e-3):
-        raise ValueError("GGUF rope_freqs do not match llama3 rope scaling (low 1, high 4, original 8192)")
+        raise ValueError(
+            "GGUF rope_freqs do not match llama3 rope scaling (low 1, high 4, original 8192)"
+        )
     del params["rope_theta"]
     return params
 
@@ -228,10 +265,17 @@ def _phi3_config(reader, kw: dict) -> dict:
     orig = field(reader, "phi3.rope.scaling.original_context_length")
     if orig:
         out["original_max_position_embeddings"] = orig = int(orig)
-    factors = {t.name: np.asarray(t.data, np.float32) for t in reader.tensors if t.name.startswith("rope_factors_")}
+    factors = {
+        t.name: np.asarray(t.data, np.float32)
+        for t in reader.tensors
+        if t.name.startswith("rope_factors_")
+    }
     if factors:
-        rs = {"rope_type": "longrope", "long_factor": factors["rope_factors_long.weight"].tolist(),
-              "short_factor": factors["rope_factors_short.weight"].tolist()}
+        rs = {
+            "rope_type": "longrope",
+            "long_factor": factors["rope_factors_long.weight"].tolist(),
+            "short_factor": factors["rope_factors_short.weight"].tolist(),
+        }
         # The converter writes transformers' default attention factor (from the context ratio);
         # pass one on only where it is another (it is stored in float32).
         scale = kw["max_position_embeddings"] / orig
@@ -258,11 +302,20 @@ def _hf_name(name: str, arch: str = "llama") -> str | None:
 def _unpermute(w: torch.Tensor, n_head: int) -> torch.Tensor:
     """Undo llama.cpp's convert-time permutation of q/k rows (each head's rotary pairs
     interleaved for GGML's RoPE) back to HF's rotate_half layout."""
-    return w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+    return (
+        w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
+        .transpose(1, 2)
+        .reshape(w.shape)
+    )
 
 
-def gguf_weights(reader, config, keep_quantized: bool = False, slicer: Optional[Slicer] = None,
-                 keep: Optional[Callable[[str], bool]] = None) -> Iterator[tuple[str, Any]]:
+def gguf_weights(
+    reader,
+    config,
+    keep_quantized: bool = False,
+    slicer: Slicer | None = None,
+    keep: Callable[[str], bool] | None = None,
+) -> Iterator[tuple[str, Any]]:
     """(HF name, tensor) for every model tensor, one at a time (peak memory stays at the model
     plus one tensor): a QuantizedTensor for 2-D tensors in a kernel format when keep_quantized
     (ValueError for a 2-D type with no kernel other than F32), else float32. Single-threaded on
@@ -280,16 +333,28 @@ def gguf_weights(reader, config, keep_quantized: bool = False, slicer: Optional[
     norm_offset = arch in GEMMA_ARCHS  # llama.cpp stores Gemma's norm weights as 1 + w
     for t in reader.tensors:
         name = _hf_name(t.name, arch)
-        if name is None or (keep is not None and not keep(name)):  # rope_freqs (read into the config) and the like
+        if name is None or (
+            keep is not None and not keep(name)
+        ):  # rope_freqs (read into the config) and the like
             continue
         if t.data.ndim == 3:  # a MoE layer's experts, stacked (gguf_moe.py)
-            yield name, read_experts(t, keep_quantized, slicer(name) if slicer is not None else None, name)
+            yield (
+                name,
+                read_experts(t, keep_quantized, slicer(name) if slicer is not None else None, name),
+            )
             continue
         fmt = format_of_ggml(t.tensor_type) if keep_quantized and t.data.ndim == 2 else None
-        if keep_quantized and t.data.ndim == 2 and fmt is None and t.tensor_type != GGMLQuantizationType.F32:
-            raise ValueError(f"{t.name} ({name}): GGUF type {t.tensor_type.name} has no native kernel in radixlm "
-                             f"(supported: {', '.join(f.upper() for f in FORMATS if f != 'int8')}, F32); "
-                             f"--quantization none loads it dequantized to float32")
+        if (
+            keep_quantized
+            and t.data.ndim == 2
+            and fmt is None
+            and t.tensor_type != GGMLQuantizationType.F32
+        ):
+            raise ValueError(
+                f"{t.name} ({name}): GGUF type {t.tensor_type.name} has no native kernel in radixlm"
+                f" (supported: {', '.join(f.upper() for f in FORMATS if f != 'int8')}, F32);"
+                " --quantization none loads it dequantized to float32"
+            )
         full_rows = t.data.shape[0]
         w = read_tensor(t, fmt, slicer(name) if slicer is not None else None, name)
         if permute and ".self_attn.q_proj." in name:
@@ -306,14 +371,21 @@ def _unpermute_rows(w, n_head: int, full_rows: int):
     acts within each head, so the slice's heads un-permute alone). Quantized blocks move as rows."""
     from radixlm.model.layers.quantized import QuantizedTensor
 
-    heads = n_head * (w.shape[0] if not isinstance(w, QuantizedTensor) else w.data.shape[0]) // full_rows
+    heads = (
+        n_head
+        * (w.shape[0] if not isinstance(w, QuantizedTensor) else w.data.shape[0])
+        // full_rows
+    )
     if isinstance(w, QuantizedTensor):
         return QuantizedTensor(_unpermute(w.data, heads).contiguous(), w.fmt, w.cols)
     return _unpermute(w, heads)
 
 
 def gguf_eos_token_ids(reader) -> list[int]:
-    ids = [field(reader, f"tokenizer.ggml.{k}") for k in ("eos_token_id", "eot_token_id", "eom_token_id")]
+    ids = [
+        field(reader, f"tokenizer.ggml.{k}")
+        for k in ("eos_token_id", "eot_token_id", "eom_token_id")
+    ]
     return list(dict.fromkeys(i for i in ids if i is not None))
 
 

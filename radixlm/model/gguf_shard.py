@@ -10,7 +10,7 @@ the blocks it touches and requantizes the rank's columns to Q8_0 (or keeps them 
 from __future__ import annotations
 
 import logging
-from typing import Any, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,12 +23,13 @@ _warned: set[str] = set()
 
 
 def _bytes_view(t) -> np.ndarray:
-    """The tensor as stored: uint8 [rows, row_bytes] for a matrix (any type), else its 1-D values."""
+    """The tensor as stored: uint8 [rows, row_bytes] for a matrix (any type), else its 1-D
+    values."""
     data = t.data
     return data.view(np.uint8) if data.ndim == 2 else data
 
 
-def _column_bytes(raw: np.ndarray, qtype, s: TensorSlice) -> tuple[Optional[np.ndarray], list]:
+def _column_bytes(raw: np.ndarray, qtype, s: TensorSlice) -> tuple[np.ndarray | None, list]:
     """The bytes of the slice's columns when every range falls on whole blocks, else None and the
     misaligned ranges."""
     from gguf.constants import GGML_QUANT_SIZES
@@ -37,7 +38,7 @@ def _column_bytes(raw: np.ndarray, qtype, s: TensorSlice) -> tuple[Optional[np.n
     bad = [(a, n) for a, n in s.ranges if a % block or n % block]
     if bad:
         return None, bad
-    parts = [raw[:, a // block * block_bytes:(a + n) // block * block_bytes] for a, n in s.ranges]
+    parts = [raw[:, a // block * block_bytes : (a + n) // block * block_bytes] for a, n in s.ranges]
     return (parts[0] if len(parts) == 1 else np.concatenate(parts, 1)), []
 
 
@@ -50,12 +51,16 @@ def _dequantized_columns(raw: np.ndarray, qtype, s: TensorSlice) -> np.ndarray:
     parts = []
     for a, n in s.ranges:
         b0, b1 = a // block, -(-(a + n) // block)
-        span = np.ascontiguousarray(raw[:, b0 * block_bytes:b1 * block_bytes])
-        parts.append(dequantize(span, qtype).reshape(raw.shape[0], -1)[:, a - b0 * block:a - b0 * block + n])
+        span = np.ascontiguousarray(raw[:, b0 * block_bytes : b1 * block_bytes])
+        parts.append(
+            dequantize(span, qtype).reshape(raw.shape[0], -1)[
+                :, a - b0 * block : a - b0 * block + n
+            ]
+        )
     return np.concatenate(parts, 1) if len(parts) > 1 else parts[0]
 
 
-def read_tensor(t, fmt, s: Optional[TensorSlice], name: str) -> Any:
+def read_tensor(t, fmt, s: TensorSlice | None, name: str) -> Any:
     """t (a gguf ReaderTensor) as the loader hands it on: a QuantizedTensor where fmt (its kernel
     format) is given, else float32; only the slice s of it when given."""
     from radixlm.model.layers.quantized import QuantizedTensor
@@ -90,9 +95,16 @@ def _requantized(w: torch.Tensor, name: str, fmt_name: str, bad: list) -> Any:
     kind = f"{fmt_name}->{REQUANT_FORMAT if target.supports(w.shape[1]) else 'f32'}"
     if kind not in _warned:
         _warned.add(kind)
-        logger.warning("tensor parallelism: %s (%s) splits inside its %s blocks at columns %s: this rank's %d columns "
-                       "are requantized to %s (same for every such tensor)", name, fmt_name, fmt_name,
-                       [a for a, _ in bad], w.shape[1], kind.split("->")[1])
+        logger.warning(
+            "tensor parallelism: %s (%s) splits inside its %s blocks at columns %s: this rank's %d"
+            " columns are requantized to %s (same for every such tensor)",
+            name,
+            fmt_name,
+            fmt_name,
+            [a for a, _ in bad],
+            w.shape[1],
+            kind.split("->")[1],
+        )
     if not target.supports(w.shape[1]):
         return w
     return QuantizedTensor.quantize(w, REQUANT_FORMAT)

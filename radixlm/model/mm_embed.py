@@ -10,12 +10,12 @@ belong to).
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
-from radixlm.model.forward_batch import ForwardBatch
 from radixlm.mm_inputs import MultimodalItem
+from radixlm.model.forward_batch import ForwardBatch
 
 # pixel values of some images -> one embedding [span length, hidden] per image, in order
 EncodeFn = Callable[[list[MultimodalItem]], list[torch.Tensor]]
@@ -32,7 +32,9 @@ class EncoderCache:
         self.images_encoded = 0
         self.cache_hits = 0  # images an extend needed and found here
 
-    def get_or_encode(self, items: list[MultimodalItem], encode: EncodeFn) -> dict[int, torch.Tensor]:
+    def get_or_encode(
+        self, items: list[MultimodalItem], encode: EncodeFn
+    ) -> dict[int, torch.Tensor]:
         out: dict[int, torch.Tensor] = {}
         missing: dict[int, MultimodalItem] = {}
         for it in items:
@@ -52,7 +54,10 @@ class EncoderCache:
             self.images_encoded += len(todo)
             for it, e in zip(todo, embeds):
                 if e.shape[0] != it.length:
-                    raise ValueError(f"the encoder gave {e.shape[0]} embeddings for an image span of {it.length} tokens")
+                    raise ValueError(
+                        f"the encoder gave {e.shape[0]} embeddings for an image span of {it.length}"
+                        " tokens"
+                    )
                 out[it.hash] = e
                 self._put(it.hash, e)
         return out
@@ -72,13 +77,23 @@ class EncoderCache:
         self._bytes = 0
 
     def info(self) -> dict:
-        return {"mm_encoder_runs": self.encoder_runs, "mm_images_encoded": self.images_encoded,
-                "mm_encoder_cache_hits": self.cache_hits, "mm_encoder_cache_images": len(self._entries),
-                "mm_encoder_cache_bytes": self._bytes}
+        return {
+            "mm_encoder_runs": self.encoder_runs,
+            "mm_images_encoded": self.images_encoded,
+            "mm_encoder_cache_hits": self.cache_hits,
+            "mm_encoder_cache_images": len(self._entries),
+            "mm_encoder_cache_bytes": self._bytes,
+        }
 
 
-def embed_with_images(fb: ForwardBatch, input_ids: torch.Tensor, embed: Callable[[torch.Tensor], torch.Tensor],
-                      vocab_size: int, cache: EncoderCache, encode: EncodeFn) -> Optional[torch.Tensor]:
+def embed_with_images(
+    fb: ForwardBatch,
+    input_ids: torch.Tensor,
+    embed: Callable[[torch.Tensor], torch.Tensor],
+    vocab_size: int,
+    cache: EncoderCache,
+    encode: EncodeFn,
+) -> torch.Tensor | None:
     """The input embeddings of an extend whose requests have images (None: no image in the batch:
     the model embeds its ids as usual). Pad values (ids >= vocab_size) embed as token 0 first, then
     their rows get the image's."""
@@ -99,5 +114,5 @@ def embed_with_images(fb: ForwardBatch, input_ids: torch.Tensor, embed: Callable
     hidden = embed(input_ids.masked_fill(input_ids >= vocab_size, 0))
     feats = cache.get_or_encode([it for _, it, _, _ in needs], encode)
     for start, it, a, b in needs:
-        hidden[start:start + b - a] = feats[it.hash][a:b].to(hidden.dtype)
+        hidden[start : start + b - a] = feats[it.hash][a:b].to(hidden.dtype)
     return hidden

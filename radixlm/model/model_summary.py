@@ -13,8 +13,9 @@ from radixlm.model.kv_layout import KVLayout
 
 def parameter_counts(model: nn.Module) -> tuple[int, int]:
     """(total, active per token) of the whole model: a MoE layer's routed experts count top_k /
-    num_experts toward the active parameters (modules with `routing.top_k` and `experts.num_experts`;
-    a rank holding `experts.num_local` of them under --ep-size counts them all)."""
+    num_experts toward the active parameters (modules with `routing.top_k` and
+    `experts.num_experts`; a rank holding `experts.num_local` of them under --ep-size counts them
+    all)."""
     total = float(sum(p.numel() for p in model.parameters()))
     inactive = 0.0
     for m in model.modules():
@@ -32,21 +33,33 @@ def _count(n: int) -> str:
     return f"{n / 1e9:.2f}B" if n >= 1e8 else f"{n / 1e6:.2f}M"
 
 
-def summary(architecture: str, model: nn.Module, hf_config: Any, layout: KVLayout, num_layers: int,
-            kv_dtype: torch.dtype) -> str:
+def summary(
+    architecture: str,
+    model: nn.Module,
+    hf_config: Any,
+    layout: KVLayout,
+    num_layers: int,
+    kv_dtype: torch.dtype,
+) -> str:
     total, active = parameter_counts(model)
-    experts = getattr(hf_config, "n_routed_experts", None) or getattr(hf_config, "num_experts", None)
+    experts = getattr(hf_config, "n_routed_experts", None) or getattr(
+        hf_config, "num_experts", None
+    )
     parts = [architecture]
     if experts:
         shared = getattr(hf_config, "n_shared_experts", None)
-        parts.append(f"{experts} routed experts, top-{hf_config.num_experts_per_tok}"
-                     + (f", {shared} shared" if shared else ""))
+        parts.append(
+            f"{experts} routed experts, top-{hf_config.num_experts_per_tok}"
+            + (f", {shared} shared" if shared else "")
+        )
     parts.append(f"params {_count(total)} total, {_count(active)} active")
     per_token = layout.bytes_per_token(num_layers, kv_dtype)
     kv = f"KV {per_token} bytes/token"
     if layout.mla:
         mha = layout.mha_bytes_per_token(num_layers, kv_dtype)
-        kv += f" (MLA latent {layout.kv_lora_rank}+{layout.qk_rope_head_dim}; MHA would be {mha}, " \
-              f"{100 * (1 - per_token / mha):.1f}% less)"
+        kv += (
+            f" (MLA latent {layout.kv_lora_rank}+{layout.qk_rope_head_dim}; MHA would be {mha}, "
+            f"{100 * (1 - per_token / mha):.1f}% less)"
+        )
     parts.append(kv)
     return "; ".join(parts)

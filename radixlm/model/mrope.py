@@ -5,14 +5,12 @@ A text token has its position in all three. An image's tokens take their place i
 (MultimodalItem.grid), each coordinate counted from the position the image starts at, and the text
 after an image goes on from the image's largest position + 1. So a token's positions depend only on
 its index in the sequence and on the images before it: a cached prefix keeps its positions whatever
-follows (a radix-cache hit stays exact, chunked prefill may cut an image anywhere), and a token after
-the last image (every generated token) is at index + mrope_delta in all three (SGLang's
+follows (a radix-cache hit stays exact, chunked prefill may cut an image anywhere), and a token
+after the last image (every generated token) is at index + mrope_delta in all three (SGLang's
 mrope_position_delta, <= 0: what the images before it saved).
 """
 
 from __future__ import annotations
-
-from typing import Optional
 
 import numpy as np
 import torch
@@ -32,16 +30,18 @@ def _saved(it: MultimodalItem) -> int:
     return it.length - max(h, w)
 
 
-def mrope_delta(mm: Optional[MultimodalInputs]) -> int:
+def mrope_delta(mm: MultimodalInputs | None) -> int:
     """The position of a token after every image of the request, minus its index."""
     return 0 if mm is None else -sum(_saved(it) for it in _gridded(mm))
 
 
-def request_positions(mm: Optional[MultimodalInputs], index: np.ndarray) -> np.ndarray:
+def request_positions(mm: MultimodalInputs | None, index: np.ndarray) -> np.ndarray:
     """[3, n] M-RoPE positions of a request's tokens at sequence indices `index` (any order)."""
     index = np.asarray(index, dtype=np.int64)
     items = [] if mm is None else _gridded(mm)
-    if not items or index.size == 0 or index.min() >= items[-1].end:  # text only, or all after the images (decode)
+    if (
+        not items or index.size == 0 or index.min() >= items[-1].end
+    ):  # text only, or all after the images (decode)
         return np.repeat(index[None, :] + mrope_delta(mm), 3, axis=0)
     out = np.repeat(index[None, :], 3, axis=0)
     shift = 0
@@ -59,7 +59,7 @@ def request_positions(mm: Optional[MultimodalInputs], index: np.ndarray) -> np.n
     return out
 
 
-def mrope_positions(b: ModelWorkerBatch, device: torch.device) -> Optional[torch.Tensor]:
+def mrope_positions(b: ModelWorkerBatch, device: torch.device) -> torch.Tensor | None:
     """[3, num_tokens] for a step of an M-RoPE model, None when no request of it has an image
     (then every row equals b.positions: plain RoPE)."""
     if not any(mm is not None for mm in b.mm_inputs):

@@ -18,7 +18,6 @@ import json
 import os
 from dataclasses import dataclass
 from enum import Enum
-from typing import Optional
 
 import torch
 
@@ -30,12 +29,15 @@ class PoolingType(Enum):
 
 
 # sentence-transformers' Pooling config keys, and llama.cpp's pooling_type numbers.
-_ST_MODES = {"pooling_mode_lasttoken": PoolingType.LAST, "pooling_mode_mean_tokens": PoolingType.MEAN,
-             "pooling_mode_cls_token": PoolingType.CLS}
+_ST_MODES = {
+    "pooling_mode_lasttoken": PoolingType.LAST,
+    "pooling_mode_mean_tokens": PoolingType.MEAN,
+    "pooling_mode_cls_token": PoolingType.CLS,
+}
 _GGUF_TYPES = {1: PoolingType.MEAN, 2: PoolingType.CLS, 3: PoolingType.LAST}
 
 
-def _sentence_transformers_pooling(model_dir: str) -> Optional[PoolingType]:
+def _sentence_transformers_pooling(model_dir: str) -> PoolingType | None:
     modules = os.path.join(model_dir, "modules.json")
     if not os.path.isfile(modules):
         return None
@@ -47,13 +49,15 @@ def _sentence_transformers_pooling(model_dir: str) -> Optional[PoolingType]:
                 cfg = json.load(f)
             modes = [kind for key, kind in _ST_MODES.items() if cfg.get(key)]
             if len(modes) != 1:  # e.g. max pooling, or several concatenated: not served
-                raise ValueError(f"{model_dir}: the sentence-transformers pooling {cfg} is not one of "
-                                 f"{', '.join(_ST_MODES)}")
+                raise ValueError(
+                    f"{model_dir}: the sentence-transformers pooling {cfg} is not one of "
+                    f"{', '.join(_ST_MODES)}"
+                )
             return modes[0]
     return None
 
 
-def _gguf_pooling(path: str) -> Optional[PoolingType]:
+def _gguf_pooling(path: str) -> PoolingType | None:
     from radixlm.model import gguf_loader
 
     reader = gguf_loader.open_gguf(path)
@@ -92,13 +96,15 @@ class Pooler:
             return hidden[(ends - torch.tensor(extend_lens)).to(hidden.device)].float()
         return torch.stack([part.float().sum(0) for part in torch.split(hidden, extend_lens)])
 
-    def fold(self, acc: Optional[torch.Tensor], part: torch.Tensor) -> torch.Tensor:
+    def fold(self, acc: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
         """A request's partials so far, with the next chunk's."""
         if acc is None:
             return part
         if self.pooling_type is PoolingType.MEAN:
             return acc + part
-        return acc if self.pooling_type is PoolingType.CLS else part  # cls: the first chunk's first token
+        return (
+            acc if self.pooling_type is PoolingType.CLS else part
+        )  # cls: the first chunk's first token
 
     def finish(self, acc: torch.Tensor, num_tokens: int) -> list[float]:
         vec = acc / num_tokens if self.pooling_type is PoolingType.MEAN else acc

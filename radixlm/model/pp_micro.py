@@ -16,27 +16,33 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Optional
 
 import torch
 
 from radixlm.model.forward_batch import ForwardBatch, ForwardMode
 
-MIN_PIECE_TOKENS = 8  # a shorter prefill piece costs more in per-part overhead than the overlap saves
+MIN_PIECE_TOKENS = (
+    8  # a shorter prefill piece costs more in per-part overhead than the overlap saves
+)
 
 
-def plan(fb: ForwardBatch, stages: int, max_size: Optional[int]) -> Optional[list[ForwardBatch]]:
-    """fb's parts, or None: run it whole (a mixed or verify batch, several prefills, prompt logprobs)."""
+def plan(fb: ForwardBatch, stages: int, max_size: int | None) -> list[ForwardBatch] | None:
+    """fb's parts, or None: run it whole (a mixed or verify batch, several prefills, prompt
+    logprobs)."""
     if fb.forward_mode.is_decode():
         parts = micro_batch_count(fb.batch_size, stages, max_size)
         return split_decode(fb, parts) if parts > 1 else None
     single = fb.forward_mode == ForwardMode.EXTEND and fb.batch_size == 1
-    if single and not any(fb.extend_logprob_start_lens_cpu or ()) and fb.num_tokens >= stages * MIN_PIECE_TOKENS:
+    if (
+        single
+        and not any(fb.extend_logprob_start_lens_cpu or ())
+        and fb.num_tokens >= stages * MIN_PIECE_TOKENS
+    ):
         return split_extend(fb, stages)
     return None
 
 
-def micro_batch_count(batch_size: int, stages: int, max_size: Optional[int]) -> int:
+def micro_batch_count(batch_size: int, stages: int, max_size: int | None) -> int:
     if max_size:
         return math.ceil(batch_size / max_size)
     return min(stages, batch_size)
@@ -49,22 +55,43 @@ def split_decode(fb: ForwardBatch, parts: int) -> list[ForwardBatch]:
     bounds = [bs * i // parts for i in range(parts + 1)]
     out = []
     for a, b in zip(bounds, bounds[1:]):
-        out.append(dataclasses.replace(
-            fb, batch_size=b - a, input_ids=fb.input_ids[a:b], positions=fb.positions[a:b],
-            req_pool_indices=fb.req_pool_indices[a:b], seq_lens=fb.seq_lens[a:b], out_cache_loc=fb.out_cache_loc[a:b],
-            seq_lens_cpu=fb.seq_lens_cpu[a:b], attn_metadata=None, sampling_info=None))
+        out.append(
+            dataclasses.replace(
+                fb,
+                batch_size=b - a,
+                input_ids=fb.input_ids[a:b],
+                positions=fb.positions[a:b],
+                req_pool_indices=fb.req_pool_indices[a:b],
+                seq_lens=fb.seq_lens[a:b],
+                out_cache_loc=fb.out_cache_loc[a:b],
+                seq_lens_cpu=fb.seq_lens_cpu[a:b],
+                attn_metadata=None,
+                sampling_info=None,
+            )
+        )
     return out
 
 
 def split_extend(fb: ForwardBatch, parts: int) -> list[ForwardBatch]:
-    """One request's new tokens in `parts` consecutive pieces, each an extend after the ones before."""
+    """One request's new tokens in `parts` consecutive pieces, each an extend after the ones
+    before."""
     n, prefix = fb.num_tokens, fb.extend_prefix_lens_cpu[0]
     bounds = [n * i // parts for i in range(parts + 1)]
     out = []
     for a, b in zip(bounds, bounds[1:]):
-        out.append(dataclasses.replace(
-            fb, input_ids=fb.input_ids[a:b], positions=fb.positions[a:b], out_cache_loc=fb.out_cache_loc[a:b],
-            seq_lens=torch.full_like(fb.seq_lens, prefix + b), seq_lens_cpu=[prefix + b],
-            extend_prefix_lens_cpu=[prefix + a], extend_seq_lens_cpu=[b - a], extend_logprob_start_lens_cpu=[None],
-            attn_metadata=None, sampling_info=None))
+        out.append(
+            dataclasses.replace(
+                fb,
+                input_ids=fb.input_ids[a:b],
+                positions=fb.positions[a:b],
+                out_cache_loc=fb.out_cache_loc[a:b],
+                seq_lens=torch.full_like(fb.seq_lens, prefix + b),
+                seq_lens_cpu=[prefix + b],
+                extend_prefix_lens_cpu=[prefix + a],
+                extend_seq_lens_cpu=[b - a],
+                extend_logprob_start_lens_cpu=[None],
+                attn_metadata=None,
+                sampling_info=None,
+            )
+        )
     return out

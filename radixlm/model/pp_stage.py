@@ -11,7 +11,6 @@ the checkpoint's names, stay global (SGLang's make_layers / PPMissingLayer).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 from torch import nn
@@ -33,8 +32,8 @@ class PPStage:
     rank: int  # this stage's index
     size: int  # stages
     layers: range  # the decoder layers this stage holds (global ids)
-    comm: Optional[Communicator] = None  # the pp group's device communicator (None: one stage)
-    cpu_comm: Optional[Communicator] = None  # its gloo communicator (pickled objects)
+    comm: Communicator | None = None  # the pp group's device communicator (None: one stage)
+    cpu_comm: Communicator | None = None  # its gloo communicator (pickled objects)
     # Sends not yet complete (their tensors stay referenced until then): a stage goes on with its
     # next micro-batch while the next stage still works on the last one.
     pending: list = field(default_factory=list)
@@ -47,8 +46,9 @@ class PPStage:
     def is_last(self) -> bool:
         return self.rank == self.size - 1
 
-    def recv(self, num_tokens: int, hidden_size: int, dtype: torch.dtype,
-             device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def recv(
+        self, num_tokens: int, hidden_size: int, dtype: torch.dtype, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The previous stage's (hidden, residual), [num_tokens, hidden_size] each."""
         buf = torch.empty((2, num_tokens, hidden_size), dtype=dtype, device=device)
         if num_tokens:

@@ -7,18 +7,21 @@ from torch import nn
 from radixlm.model.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
 from radixlm.model.models.gemma2 import Gemma2ForCausalLM
 from radixlm.model.models.gemma3 import Gemma3ForCausalLM
+from radixlm.model.models.idefics3 import Idefics3ForConditionalGeneration
 from radixlm.model.models.llama import LlamaForCausalLM, MistralForCausalLM
+from radixlm.model.models.llava import LlavaForConditionalGeneration
 from radixlm.model.models.moe_families import (
     MixtralForCausalLM,
     OlmoeForCausalLM,
     Qwen2MoeForCausalLM,
     Qwen3MoeForCausalLM,
 )
-from radixlm.model.models.idefics3 import Idefics3ForConditionalGeneration
-from radixlm.model.models.llava import LlavaForConditionalGeneration
 from radixlm.model.models.phi3 import Phi3ForCausalLM
 from radixlm.model.models.qwen2 import Qwen2ForCausalLM
-from radixlm.model.models.qwen2_vl import Qwen2_5_VLForConditionalGeneration, Qwen2VLForConditionalGeneration
+from radixlm.model.models.qwen2_vl import (
+    Qwen2_5_VLForConditionalGeneration,
+    Qwen2VLForConditionalGeneration,
+)
 from radixlm.model.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
@@ -57,7 +60,8 @@ def resolve_architecture(architectures: list[str] | None) -> tuple[str, type[nn.
         if arch in MODEL_REGISTRY:
             return arch, MODEL_REGISTRY[arch]
     raise ValueError(
-        f"unsupported model architecture {architectures}; radixlm supports: {', '.join(supported_architectures())}"
+        f"unsupported model architecture {architectures}; radixlm supports:"
+        f" {', '.join(supported_architectures())}"
     )
 
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
 from radixlm.cache.memory_pool import ReqToTokenPool
 from radixlm.lora.runtime import create_lora_runtime
+from radixlm.model import model_summary, pp_micro
 from radixlm.model.compiled_decode import EagerDecode, create_decode_graphs
 from radixlm.model.cuda_graph_runner import create_cuda_graphs
 from radixlm.model.forward_batch import ForwardBatch
@@ -27,7 +27,6 @@ from radixlm.model.layers.rotary import MRotaryEmbedding
 from radixlm.model.layers.sampler import Sampler, SamplingBatchInfo
 from radixlm.model.mrope import mrope_positions
 from radixlm.model.pooler import Pooler, read_pooling_type
-from radixlm.model import model_summary, pp_micro
 from radixlm.model.pp_stage import pp_stage
 from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.model.tree_mask import TreeMask
@@ -43,13 +42,13 @@ class LogitsOutput:
     next_token_logits: torch.Tensor
     # Extend with prompt logprobs: per request, [rows, vocab] log-softmax for positions
     # extend_logprob_start_lens_cpu[i] .. end-1 (the last row equals next_token_logits'); else None.
-    prompt_logprobs: Optional[list[Optional[torch.Tensor]]] = None
+    prompt_logprobs: list[torch.Tensor | None] | None = None
     # TARGET_VERIFY: per request, [1 + drafts, vocab] raw logits (the verifier picks tokens from
     # them exactly as decoding picks from next_token_logits; no log-softmax is spent on them).
-    row_logits: Optional[list[torch.Tensor]] = None
+    row_logits: list[torch.Tensor] | None = None
     # An embedding model's extend: per request, its pooled part of this forward [bs, hidden] float32
     # (model/pooler.py); next_token_logits is then empty ([bs, 0]) and nothing is sampled.
-    embeddings: Optional[torch.Tensor] = None
+    embeddings: torch.Tensor | None = None
 
 
 class ModelRunner:
@@ -63,34 +62,51 @@ class ModelRunner:
             torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
             keep_freed_memory_in_heap()
         torch.manual_seed(config.random_seed)
-        # --mem-fraction-static sizes the pool from what the weights leave (SGLang's before / after reading).
-        self._memory_before_load = available_memory_bytes(self.device) if config.mem_fraction_static else 0
-        self.loaded = load_model(config.model_path, dtype=self.dtype, device=self.device,
-                                 quantization=config.quantization, is_embedding=config.is_embedding)
+        # --mem-fraction-static sizes the pool from what the weights leave (SGLang's before / after
+        # reading).
+        self._memory_before_load = (
+            available_memory_bytes(self.device) if config.mem_fraction_static else 0
+        )
+        self.loaded = load_model(
+            config.model_path,
+            dtype=self.dtype,
+            device=self.device,
+            quantization=config.quantization,
+            is_embedding=config.is_embedding,
+        )
         self.model = self.loaded.model
         # --is-embedding: extends return pooled hidden states (no lm_head, no sampling).
-        self.pooler = Pooler(read_pooling_type(self.loaded.model_path)) if config.is_embedding else None
+        self.pooler = (
+            Pooler(read_pooling_type(self.loaded.model_path)) if config.is_embedding else None
+        )
         cfg = self.loaded.hf_config
         self.hf_config = cfg
-        self.modalities = tuple(getattr(self.model, "modalities", ("text",)))  # a vision model's: text, image
+        self.modalities = tuple(
+            getattr(self.model, "modalities", ("text",))
+        )  # a vision model's: text, image
         # Qwen2-VL: three positions per token where images are (model/mrope.py), built per step.
         self.uses_mrope = any(isinstance(m, MRotaryEmbedding) for m in self.model.modules())
         if hasattr(self.model, "encoder_cache"):  # its LRU of encoder outputs (model/mm_embed.py)
             self.model.encoder_cache.max_bytes = config.mm_cache_size_mb * 2**20
         self.vocab_size = cfg.vocab_size
         self.num_layers = cfg.num_hidden_layers
-        self.pp = pp_stage(self.num_layers)  # a pipeline stage holds (and keeps KV for) its layers only
+        self.pp = pp_stage(
+            self.num_layers
+        )  # a pipeline stage holds (and keeps KV for) its layers only
         self.pp_micro_batches = self.pp_prefill_pieces = 0  # parts run (pp_micro.py)
-        # This rank's KV heads (tensor parallelism splits or replicates them; all of them with tp 1).
-        # (An MLA model's pool holds one latent per token instead: model/kv_layout.py.)
+        # This rank's KV heads (tensor parallelism splits or replicates them; all of them with tp
+        # 1). (An MLA model's pool holds one latent per token instead: model/kv_layout.py.)
         self.kv_layout = kv_layout(self.model, cfg)
         self.num_kv_heads, self.head_dim = self.kv_layout.num_kv_heads, self.kv_layout.head_dim
         # Per-layer attention features a backend must support (sliding windows, logit soft-capping).
         self.sliding_window_size, self.logit_cap = attention_features(self.model.modules())
         self.kv_dtype = self._kv_dtype()
-        self.attn_backend = create_attention_backend(config.attention_backend, self._attn_spec(self.kv_dtype),
-                                                     prefill=config.prefill_attention_backend,
-                                                     decode=config.decode_attention_backend)
+        self.attn_backend = create_attention_backend(
+            config.attention_backend,
+            self._attn_spec(self.kv_dtype),
+            prefill=config.prefill_attention_backend,
+            decode=config.decode_attention_backend,
+        )
         self.max_total_num_tokens = self._kv_capacity()
         model_ctx = config.context_length or self.loaded.context_len
         # A lone request must always fit in the pool, so the context never exceeds it.
@@ -99,19 +115,31 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(
             self.max_running_requests + 1, self.context_len + 4, device=self.device
         )
-        self.token_to_kv_pool = self.kv_layout.create_pool(self.max_total_num_tokens, self.num_layers, self.kv_dtype,
-                                                           self.device, layers=self.pp.layers)
+        self.token_to_kv_pool = self.kv_layout.create_pool(
+            self.max_total_num_tokens,
+            self.num_layers,
+            self.kv_dtype,
+            self.device,
+            layers=self.pp.layers,
+        )
         self.sampler = Sampler()
         # Who reads the target's hidden states (an EAGLE draft head; NoHiddenCapture: nobody).
         self.hidden_capture: HiddenCapture = NoHiddenCapture()
         # --enable-lora: the adapters and their batched delta on the target layers (NoLoRA: none).
         self.lora = create_lora_runtime(config.lora, self.model, self.dtype, self.device)
-        # Decode steps through graphs: CUDA graphs on CUDA (--disable-cuda-graph: none), torch.compile on CPU with
+        # Decode steps through graphs: CUDA graphs on CUDA (--disable-cuda-graph: none),
+        # torch.compile on CPU with
         # --enable-torch-compile (EagerDecode: none).
-        self.decode_graphs = (create_cuda_graphs(self, config) if self.device.type == "cuda" else
-                              create_decode_graphs(self, config.enable_torch_compile, config.torch_compile_max_bs))
+        self.decode_graphs = (
+            create_cuda_graphs(self, config)
+            if self.device.type == "cuda"
+            else create_decode_graphs(
+                self, config.enable_torch_compile, config.torch_compile_max_bs
+            )
+        )
         logger.info(
-            "KV cache: %d tokens, %.1f MiB (%s, %d layers x %d kv heads x %d dims); context %d; attention: %r",
+            "KV cache: %d tokens, %.1f MiB (%s, %d layers x %d kv heads x %d dims); context %d;"
+            " attention: %r",
             self.max_total_num_tokens,
             self.token_to_kv_pool.total_bytes / 2**20,
             str(self.kv_dtype).replace("torch.", ""),
@@ -121,27 +149,48 @@ class ModelRunner:
             self.context_len,
             self.attn_backend,
         )
-        logger.info("model: %s", model_summary.summary(self.loaded.architecture, self.model, cfg, self.kv_layout,
-                                                       len(self.pp.layers), self.kv_dtype))
+        logger.info(
+            "model: %s",
+            model_summary.summary(
+                self.loaded.architecture,
+                self.model,
+                cfg,
+                self.kv_layout,
+                len(self.pp.layers),
+                self.kv_dtype,
+            ),
+        )
 
     def _attn_spec(self, kv_dtype: torch.dtype) -> AttentionBackendSpec:
-        return AttentionBackendSpec(head_dim=self.head_dim, dtype=self.dtype, kv_dtype=kv_dtype, device=self.device,
-                                    shared_prefix=not self.config.disable_shared_prefix_attention,
-                                    mirror_bytes=self.config.decode_kv_mirror_bytes,
-                                    sliding_window_size=self.sliding_window_size, logit_cap=self.logit_cap,
-                                    mla=self.kv_layout.mla)
+        return AttentionBackendSpec(
+            head_dim=self.head_dim,
+            dtype=self.dtype,
+            kv_dtype=kv_dtype,
+            device=self.device,
+            shared_prefix=not self.config.disable_shared_prefix_attention,
+            mirror_bytes=self.config.decode_kv_mirror_bytes,
+            sliding_window_size=self.sliding_window_size,
+            logit_cap=self.logit_cap,
+            mla=self.kv_layout.mla,
+        )
 
     def _kv_dtype(self) -> torch.dtype:
-        """auto: float16 where quantized weights run and every attention backend in use reads float16
-        KV (the native kernels; llama.cpp's default KV type: decode attention reads half the bytes),
-        else the model dtype (float32: the HF reference)."""
+        """auto: float16 where quantized weights run and every attention backend in use reads
+        float16 KV (the native kernels; llama.cpp's default KV type: decode attention reads half the
+        bytes), else the model dtype (float32: the HF reference)."""
         cfg = self.config
         if cfg.kv_cache_dtype == "auto" and self.loaded.quantization != "none":
             try:
-                resolve_attention_backends(self._attn_spec(torch.float16), cfg.attention_backend,
-                                           cfg.prefill_attention_backend, cfg.decode_attention_backend)
+                resolve_attention_backends(
+                    self._attn_spec(torch.float16),
+                    cfg.attention_backend,
+                    cfg.prefill_attention_backend,
+                    cfg.decode_attention_backend,
+                )
                 return torch.float16
-            except ValueError:  # a backend that needs the model dtype (the error, if any, comes below)
+            except (
+                ValueError
+            ):  # a backend that needs the model dtype (the error, if any, comes below)
                 pass
         return cfg.resolved_kv_cache_dtype()
 
@@ -152,13 +201,21 @@ class ModelRunner:
 
     def _stage_kv_capacity(self) -> int:
         per_token = self.kv_layout.bytes_per_token(len(self.pp.layers), self.kv_dtype)
-        if self.config.mem_fraction_static:  # SGLang's sizing; --max-total-tokens caps it, as in SGLang
-            budget = fraction_kv_budget(self.config.mem_fraction_static, self._memory_before_load,
-                                        available_memory_bytes(self.device), self.config.memory_share)
+        if (
+            self.config.mem_fraction_static
+        ):  # SGLang's sizing; --max-total-tokens caps it, as in SGLang
+            budget = fraction_kv_budget(
+                self.config.mem_fraction_static,
+                self._memory_before_load,
+                available_memory_bytes(self.device),
+                self.config.memory_share,
+            )
             tokens = min(budget // per_token, self.config.max_total_tokens or budget)
             if tokens < 1:
-                raise ValueError(f"mem_fraction_static {self.config.mem_fraction_static}: {budget} bytes hold no "
-                                 f"token's KV ({per_token} bytes)")
+                raise ValueError(
+                    f"mem_fraction_static {self.config.mem_fraction_static}: {budget} bytes hold no"
+                    f" token's KV ({per_token} bytes)"
+                )
             return tokens
         if self.config.max_total_tokens:
             return self.config.max_total_tokens
@@ -168,7 +225,7 @@ class ModelRunner:
         """The forward of a step: tensors on the device, the attention metadata and the sampler's
         tensors, built now (the scheduler calls it at launch, possibly while another step runs:
         the backend copies what it reads of the request rows)."""
-        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)  # noqa: E731
+        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)
         extend = b.forward_mode.is_extend()
         fb = ForwardBatch(
             forward_mode=b.forward_mode,
@@ -189,7 +246,9 @@ class ModelRunner:
             lora_ids=b.lora_ids,
             mm_inputs=b.mm_inputs,
             mrope_positions=mrope_positions(b, self.device) if self.uses_mrope else None,
-            tree_mask=TreeMask.from_parents(b.tree_parents, self.device) if b.tree_parents else None,
+            tree_mask=(
+                TreeMask.from_parents(b.tree_parents, self.device) if b.tree_parents else None
+            ),
         )
         if b.sampling:
             fb.sampling_info = SamplingBatchInfo.build(b.sampling, self.vocab_size, self.device)
@@ -197,21 +256,28 @@ class ModelRunner:
         return fb
 
     def set_hidden_capture(self, capture: HiddenCapture) -> None:
-        """Hand every forward's hidden states to `capture` from now on (and the residual stream entering
-        its aux_layers: a Llama-family model records them)."""
+        """Hand every forward's hidden states to `capture` from now on (and the residual stream
+        entering its aux_layers: a Llama-family model records them)."""
         decoder = getattr(self.model, "model", None)
         if capture.aux_layers:
             if not hasattr(decoder, "hidden_capture"):
-                raise ValueError(f"{self.loaded.architecture}: only Llama-family models record the hidden states of "
-                                 "inner layers (EAGLE-3's features)")
+                raise ValueError(
+                    f"{self.loaded.architecture}: only Llama-family models record the hidden states"
+                    " of inner layers (EAGLE-3's features)"
+                )
             bad = [i for i in capture.aux_layers if not 0 <= i < self.num_layers]
             if bad:
-                raise ValueError(f"aux hidden-state layers {bad} outside the target's {self.num_layers} layers")
+                raise ValueError(
+                    f"aux hidden-state layers {bad} outside the target's {self.num_layers} layers"
+                )
         if hasattr(decoder, "hidden_capture"):
             decoder.hidden_capture = capture
         self.hidden_capture = capture
-        if not isinstance(capture, NoHiddenCapture) and not isinstance(self.decode_graphs, EagerDecode):
-            # A replayed graph returns logits only: every forward must run where the capture sees it.
+        if not isinstance(capture, NoHiddenCapture) and not isinstance(
+            self.decode_graphs, EagerDecode
+        ):
+            # A replayed graph returns logits only: every forward must run where the capture sees
+            # it.
             logger.info("decode graphs off: the hidden states of every forward are read (EAGLE)")
             self.decode_graphs = EagerDecode("the hidden states of every forward are read")
 
@@ -233,7 +299,7 @@ class ModelRunner:
         out = None
         try:
             out = self._pp_forward(fb)
-        except Exception as e:  # noqa: BLE001 - the last stage's failure is raised on every stage by from_last
+        except Exception as e:
             if not self.pp.is_last:
                 raise
             out = e
@@ -247,9 +313,12 @@ class ModelRunner:
     def pp_info(self) -> dict:
         if self.pp.size == 1:
             return {}
-        return {"pp_micro_batches": self.pp_micro_batches, "pp_prefill_pieces": self.pp_prefill_pieces}
+        return {
+            "pp_micro_batches": self.pp_micro_batches,
+            "pp_prefill_pieces": self.pp_prefill_pieces,
+        }
 
-    def _pp_forward(self, fb: ForwardBatch) -> Optional[LogitsOutput]:
+    def _pp_forward(self, fb: ForwardBatch) -> LogitsOutput | None:
         """This stage's part of the step: the LogitsOutput on the last stage, None before it. A
         decode step or one request's prefill runs as parts following each other through the stages
         (pp_micro.py)."""
@@ -268,7 +337,9 @@ class ModelRunner:
         if not self.pp.is_last:
             return None
         if fb.forward_mode.is_decode():
-            return LogitsOutput(next_token_logits=self.model.compute_logits(torch.cat(hidden)).float())
+            return LogitsOutput(
+                next_token_logits=self.model.compute_logits(torch.cat(hidden)).float()
+            )
         return self._logits(parts[-1], hidden[-1])  # a prefill's pieces: the last token's logits
 
     def _logits(self, fb: ForwardBatch, hidden: torch.Tensor) -> LogitsOutput:
@@ -276,8 +347,10 @@ class ModelRunner:
             return LogitsOutput(next_token_logits=self.model.compute_logits(hidden).float())
         ext = fb.extend_seq_lens_cpu
         if self.pooler is not None:
-            return LogitsOutput(next_token_logits=hidden.new_empty((fb.batch_size, 0), dtype=torch.float32),
-                                embeddings=self.pooler.partial(hidden, ext))
+            return LogitsOutput(
+                next_token_logits=hidden.new_empty((fb.batch_size, 0), dtype=torch.float32),
+                embeddings=self.pooler.partial(hidden, ext),
+            )
         ends = torch.tensor(ext, dtype=torch.int64).cumsum(0) - 1
         starts = fb.extend_logprob_start_lens_cpu
         if not starts or all(s is None for s in starts):
@@ -288,8 +361,10 @@ class ModelRunner:
         for i, n in enumerate(ext):
             first = n - 1 if starts[i] is None else starts[i] - fb.extend_prefix_lens_cpu[i]
             if not 0 <= first < n:
-                raise ValueError(f"logprob start {starts[i]} outside request {i}'s extend of {n} tokens "
-                                 f"after {fb.extend_prefix_lens_cpu[i]}")
+                raise ValueError(
+                    f"logprob start {starts[i]} outside request {i}'s extend of {n} tokens "
+                    f"after {fb.extend_prefix_lens_cpu[i]}"
+                )
             rows.append(torch.arange(offset + first, offset + n))
             spans.append(n - first)
             offset += n
@@ -299,12 +374,14 @@ class ModelRunner:
         if fb.forward_mode.is_verify():
             return LogitsOutput(next_token_logits=next_logits, row_logits=parts)
         prompt = [
-            None if starts[i] is None else torch.log_softmax(parts[i], dim=-1) for i in range(len(parts))
+            None if starts[i] is None else torch.log_softmax(parts[i], dim=-1)
+            for i in range(len(parts))
         ]
         return LogitsOutput(next_token_logits=next_logits, prompt_logprobs=prompt)
 
     def sample(self, fb: ForwardBatch, logits: torch.Tensor) -> torch.Tensor:
-        """Next token ids [bs] from logits [bs, vocab] (raw, or grammar-masked) with fb's sampling."""
+        """Next token ids [bs] from logits [bs, vocab] (raw, or grammar-masked) with fb's
+        sampling."""
         if self.pooler is not None:  # an embedding model's prefill-only requests sample nothing
             return torch.zeros(fb.batch_size, dtype=torch.int64, device=logits.device)
         return self.sampler(logits, fb.sampling_info)

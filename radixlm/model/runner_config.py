@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -14,15 +14,24 @@ from radixlm.model.loader import QUANTIZATIONS
 if TYPE_CHECKING:
     from radixlm.config import ServerArgs
 
-# Every name here resolves (TORCH_DTYPES): half and float are SGLang's (and torch's) other spellings.
-TORCH_DTYPES = {"float32": torch.float32, "float": torch.float32, "float16": torch.float16, "half": torch.float16,
-                "bfloat16": torch.bfloat16, "int8": torch.int8}
+# Every name here resolves (TORCH_DTYPES): half and float are SGLang's (and torch's) other
+# spellings.
+TORCH_DTYPES = {
+    "float32": torch.float32,
+    "float": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.int8,
+}
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
 # int8 keeps a float32 scale per token and head (memory_pool.TokenToKVPool).
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
 
 
-def _check_choice(field: str, value: Optional[str], choices: tuple[str, ...], optional: bool = False) -> None:
+def _check_choice(
+    field: str, value: str | None, choices: tuple[str, ...], optional: bool = False
+) -> None:
     if value is None and optional:
         return
     if value not in choices:
@@ -31,43 +40,51 @@ def _check_choice(field: str, value: Optional[str], choices: tuple[str, ...], op
 
 @dataclass(frozen=True)
 class ModelRunnerConfig:
-    model_path: Optional[str] = None  # None: the embedded default model (loader.default_model_path)
+    model_path: str | None = None  # None: the embedded default model (loader.default_model_path)
     device: str = "cpu"
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
-    quantization: Optional[str] = None  # None: gguf for a GGUF file, else none (loader.resolve_quantization)
-    # auto: float16 for quantized weights where every attention backend reads it (ModelRunner), else dtype.
+    quantization: str | None = (
+        None  # None: gguf for a GGUF file, else none (loader.resolve_quantization)
+    )
+    # auto: float16 for quantized weights where every attention backend reads it (ModelRunner), else
+    # dtype.
     kv_cache_dtype: str = "auto"
-    # Backend names (attention registry); None: auto. The prefill / decode ones default to attention_backend,
-    # and naming different ones makes a HybridAttnBackend.
-    attention_backend: Optional[str] = None
-    prefill_attention_backend: Optional[str] = None
-    decode_attention_backend: Optional[str] = None
-    max_total_tokens: Optional[int] = None  # KV pool size in tokens; None: from kv_memory_gb
+    # Backend names (attention registry); None: auto. The prefill / decode ones default to
+    # attention_backend, and naming different ones makes a HybridAttnBackend.
+    attention_backend: str | None = None
+    prefill_attention_backend: str | None = None
+    decode_attention_backend: str | None = None
+    max_total_tokens: int | None = None  # KV pool size in tokens; None: from kv_memory_gb
     kv_memory_gb: float = 1.0
-    # SGLang's sizing from available memory (model/kv_budget.py), capped by max_total_tokens; None: kv_memory_gb.
-    mem_fraction_static: Optional[float] = None
+    # SGLang's sizing from available memory (model/kv_budget.py), capped by max_total_tokens; None:
+    # kv_memory_gb.
+    mem_fraction_static: float | None = None
     memory_share: int = 1  # ranks on this host that split the memory (tp ranks per node)
-    # The torch backend's dense decode KV copy (0: off). from_server_args resolves ServerArgs' default
-    # (1 GiB on CPU).
+    # The torch backend's dense decode KV copy (0: off). from_server_args resolves ServerArgs'
+    # default (1 GiB on CPU).
     decode_kv_mirror_bytes: int = 0
     disable_shared_prefix_attention: bool = False
     max_running_requests: int = 64
-    context_length: Optional[int] = None  # None: the model's own (capped by the pool either way)
-    num_threads: Optional[int] = None  # CPU: torch intra-op threads; None: all cores
+    context_length: int | None = None  # None: the model's own (capped by the pool either way)
+    num_threads: int | None = None  # CPU: torch intra-op threads; None: all cores
     random_seed: int = 42
-    # Decode steps of up to torch_compile_max_bs requests through torch.compile (model/compiled_decode.py).
+    # Decode steps of up to torch_compile_max_bs requests through torch.compile
+    # (model/compiled_decode.py).
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 32
-    # CUDA: decode steps of up to cuda_graph_max_bs requests replayed from CUDA graphs (model/cuda_graph_runner.py;
-    # None: min(256, max_running_requests)).
-    cuda_graph_max_bs: Optional[int] = None
+    # CUDA: decode steps of up to cuda_graph_max_bs requests replayed from CUDA graphs
+    # (model/cuda_graph_runner.py; None: min(256, max_running_requests)).
+    cuda_graph_max_bs: int | None = None
     disable_cuda_graph: bool = False
-    # An embedding model (--is-embedding): extends return pooled hidden states, never logits (model/pooler.py).
+    # An embedding model (--is-embedding): extends return pooled hidden states, never logits
+    # (model/pooler.py).
     is_embedding: bool = False
     # Pipeline: most requests in one decode micro-batch (None: pp_size micro-batches; pp_micro.py).
-    pp_max_micro_batch_size: Optional[int] = None
-    lora: Optional[LoRAConfig] = None  # --enable-lora (radixlm/lora/); None: off
-    mm_cache_size_mb: int = 64  # a vision model's LRU of encoder outputs by image hash (model/mm_embed.py)
+    pp_max_micro_batch_size: int | None = None
+    lora: LoRAConfig | None = None  # --enable-lora (radixlm/lora/); None: off
+    mm_cache_size_mb: int = (
+        64  # a vision model's LRU of encoder outputs by image hash (model/mm_embed.py)
+    )
 
     def __post_init__(self):
         _check_choice("dtype", self.dtype, DTYPES)
@@ -82,20 +99,26 @@ class ModelRunnerConfig:
             if value is not None and value <= 0:
                 raise ValueError(f"{field} must be positive, got {value}")
         if self.torch_compile_max_bs <= 0:
-            raise ValueError(f"torch_compile_max_bs must be positive, got {self.torch_compile_max_bs}")
+            raise ValueError(
+                f"torch_compile_max_bs must be positive, got {self.torch_compile_max_bs}"
+            )
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs <= 0:
             raise ValueError(f"cuda_graph_max_bs must be positive, got {self.cuda_graph_max_bs}")
         if self.max_running_requests <= 0:
-            raise ValueError(f"max_running_requests must be positive, got {self.max_running_requests}")
+            raise ValueError(
+                f"max_running_requests must be positive, got {self.max_running_requests}"
+            )
         if self.kv_memory_gb <= 0:
             raise ValueError(f"kv_memory_gb must be positive, got {self.kv_memory_gb}")
         if self.mm_cache_size_mb < 0:
             raise ValueError(f"mm_cache_size_mb must be >= 0, got {self.mm_cache_size_mb}")
         if self.decode_kv_mirror_bytes < 0:
-            raise ValueError(f"decode_kv_mirror_bytes must be >= 0, got {self.decode_kv_mirror_bytes}")
+            raise ValueError(
+                f"decode_kv_mirror_bytes must be >= 0, got {self.decode_kv_mirror_bytes}"
+            )
 
     @classmethod
-    def from_server_args(cls, args: "ServerArgs") -> "ModelRunnerConfig":
+    def from_server_args(cls, args: ServerArgs) -> ModelRunnerConfig:
         return cls(
             model_path=args.model_path,
             device=args.device,
@@ -109,9 +132,13 @@ class ModelRunnerConfig:
             kv_memory_gb=args.kv_memory_gb,
             mem_fraction_static=args.mem_fraction_static,
             memory_share=max(1, args.tp_size * args.pp_size // max(1, args.nnodes)),
-            # The torch backend's decode mirror: 1 GiB on CPU (where it saves the per-step gather), off on CUDA.
-            decode_kv_mirror_bytes=int((1.0 if args.device == "cpu" else 0.0) * 2**30 if args.decode_kv_mirror_gb is None
-                                       else args.decode_kv_mirror_gb * 2**30),
+            # The torch backend's decode mirror: 1 GiB on CPU (where it saves the per-step gather),
+            # off on CUDA.
+            decode_kv_mirror_bytes=int(
+                (1.0 if args.device == "cpu" else 0.0) * 2**30
+                if args.decode_kv_mirror_gb is None
+                else args.decode_kv_mirror_gb * 2**30
+            ),
             disable_shared_prefix_attention=args.disable_shared_prefix_attention,
             max_running_requests=args.max_running_requests,
             context_length=args.context_length,

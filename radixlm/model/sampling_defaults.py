@@ -23,7 +23,8 @@ SAMPLING_DEFAULTS_MODES = ("model", "openai")
 # generation_config.json keys SGLang takes (ModelConfig.get_default_sampling_params).
 HF_KEYS = ("repetition_penalty", "temperature", "top_k", "top_p", "min_p")
 # GGUF metadata (gguf-py's Keys.General.SAMPLING_*) -> sampling_params field. Not taken: mirostat
-# (no such sampler here), penalty_last_n (the repetition penalty covers the whole context), sequence.
+# (no such sampler here), penalty_last_n (the repetition penalty covers the whole context),
+# sequence.
 GGUF_KEYS = {
     "general.sampling.temp": "temperature",
     "general.sampling.top_k": "top_k",
@@ -37,7 +38,9 @@ GGUF_KEYS = {
 
 def check_mode(mode: str) -> None:
     if mode not in SAMPLING_DEFAULTS_MODES:
-        raise ValueError(f"sampling_defaults must be one of {', '.join(SAMPLING_DEFAULTS_MODES)}, got {mode!r}")
+        raise ValueError(
+            f"sampling_defaults must be one of {', '.join(SAMPLING_DEFAULTS_MODES)}, got {mode!r}"
+        )
 
 
 def applied(mode: str, model_defaults: dict) -> dict:
@@ -58,7 +61,11 @@ def from_hf_dir(path: str) -> dict:
 def from_gguf(reader) -> dict:
     found = {name: field(reader, key) for key, name in GGUF_KEYS.items()}
     # float32 in the file: its 7 significant digits (0.95, not 0.949999988079071)
-    found = {k: float(f"{v:.7g}") if isinstance(v, float) else v for k, v in found.items() if v is not None}
+    found = {
+        k: float(f"{v:.7g}") if isinstance(v, float) else v
+        for k, v in found.items()
+        if v is not None
+    }
     return _valid(found, "the GGUF metadata")
 
 

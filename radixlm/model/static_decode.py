@@ -1,6 +1,6 @@
-"""What a captured decode step reads, shared by torch.compile's graphs on CPU (compiled_decode.py) and
-CUDA graphs (cuda_graph_runner.py): one set of static input buffers sized for the largest batch, a
-static ForwardBatch per captured size over their first rows, and the checks that say where a
+"""What a captured decode step reads, shared by torch.compile's graphs on CPU (compiled_decode.py)
+and CUDA graphs (cuda_graph_runner.py): one set of static input buffers sized for the largest batch,
+a static ForwardBatch per captured size over their first rows, and the checks that say where a
 decode step cannot be captured.
 
 A batch is copied into the buffers and padded up to the captured size: padded rows feed token 0 at
@@ -11,7 +11,7 @@ of graph need (dynamo's guards hold; a CUDA graph reads fixed addresses).
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -22,7 +22,8 @@ from radixlm.model.layers.rotary import MRotaryEmbedding, RotaryEmbedding
 
 
 class RunnerView(Protocol):
-    """What the graphs read of model/runner.py: ModelRunner (typed here: the runner imports them)."""
+    """What the graphs read of model/runner.py: ModelRunner (typed here: the runner imports
+    them)."""
 
     model: torch.nn.Module
     attn_backend: AttentionBackend
@@ -32,24 +33,31 @@ class RunnerView(Protocol):
     max_running_requests: int
 
 
-def decode_backend_of(backend: AttentionBackend, cls: type) -> Optional[AttentionBackend]:
-    """The backend that runs decode batches (a hybrid's decode side) when it is a `cls`, else None."""
+def decode_backend_of(backend: AttentionBackend, cls: type) -> AttentionBackend | None:
+    """The backend that runs decode batches (a hybrid's decode side) when it is a `cls`, else
+    None."""
     if isinstance(backend, HybridAttnBackend):
         backend = backend.decode_backend
     return backend if isinstance(backend, cls) else None
 
 
-def why_not_graphed(model: torch.nn.Module) -> Optional[str]:
+def why_not_graphed(model: torch.nn.Module) -> str | None:
     """None where the model's decode forward can be captured whole, else why not."""
     if any(getattr(m, "tp_size", 1) > 1 for m in model.modules()):
         return "tensor parallelism all-reduces inside the layers (not traced)"
     if getattr(getattr(model, "pp", None), "size", 1) > 1:
-        return "a pipeline stage hands its activations to the next stage inside the forward (not traced)"
+        return (
+            "a pipeline stage hands its activations to the next stage inside the forward (not"
+            " traced)"
+        )
     if any(isinstance(m, MRotaryEmbedding) for m in model.modules()):
         return "M-RoPE positions (Qwen2-VL) come from each request's images at every step"
     rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
     if rotary is not None and type(rotary).cache_rows is not RotaryEmbedding.cache_rows:
-        return "longrope picks each request's rotary table from its length (a per-step Python decision)"
+        return (
+            "longrope picks each request's rotary table from its length (a per-step Python"
+            " decision)"
+        )
     return None
 
 
@@ -62,8 +70,12 @@ class StaticDecodeInputs:
         self.out_cache_loc = torch.zeros(max_bs, **i64)
         self.seq_lens = torch.ones(max_bs, **i64)
         self.kv_slots = torch.zeros(max_bs, width, **i64)  # each request's slot row
-        self.rows = torch.arange(max_bs, **i64)  # 0..bs-1: the request rows (req_pool_indices: unused)
-        self.kv_start = torch.zeros(max_bs, **i64)  # the Triton decode's own keys' start (no groups)
+        self.rows = torch.arange(
+            max_bs, **i64
+        )  # 0..bs-1: the request rows (req_pool_indices: unused)
+        self.kv_start = torch.zeros(
+            max_bs, **i64
+        )  # the Triton decode's own keys' start (no groups)
 
     def batch(self, runner: RunnerView, bs: int, backend: AttentionBackend) -> ForwardBatch:
         """The static batch of `bs` rows (its attn_metadata is the caller's, over these buffers)."""

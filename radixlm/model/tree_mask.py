@@ -17,8 +17,8 @@ backend puts a block into its SDPA mask.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import torch
 
@@ -34,14 +34,18 @@ class TreeMask:
     parents_cpu: list[tuple[int, ...]]
 
     @classmethod
-    def from_parents(cls, parents: Sequence[Sequence[int]], device: torch.device) -> "TreeMask":
+    def from_parents(cls, parents: Sequence[Sequence[int]], device: torch.device) -> TreeMask:
         """parents[b][r]: new token r's parent among request b's new tokens, below r (NO_PARENT for
         the first only: one root per request)."""
         blocks = [ancestor_block(p) for p in parents]
         sizes = [b.shape[0] ** 2 for b in blocks]
         indptr = torch.zeros(len(blocks) + 1, dtype=torch.int64)
         torch.cumsum(torch.tensor(sizes, dtype=torch.int64), 0, out=indptr[1:])
-        flat = torch.cat([b.reshape(-1) for b in blocks]) if blocks else torch.zeros(0, dtype=torch.bool)
+        flat = (
+            torch.cat([b.reshape(-1) for b in blocks])
+            if blocks
+            else torch.zeros(0, dtype=torch.bool)
+        )
         return cls(flat.to(device), indptr.to(device), blocks, [tuple(p) for p in parents])
 
     def is_causal(self, b: int) -> bool:
@@ -55,8 +59,9 @@ class TreeMask:
             out.append(0 if p == NO_PARENT else out[p] + 1)
         return out
 
-    def extend_masks(self, b: int, prefix: int, window: Optional[int],
-                     device: torch.device) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def extend_masks(
+        self, b: int, prefix: int, window: int | None, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Request b's dense [new, prefix + new] mask (every prefix key, then its block) and, for
         layers with a sliding window, that mask less the keys out of each query's window (by
         positions: a new token sits at prefix + its depth; None without a window)."""
@@ -77,8 +82,10 @@ def ancestor_block(parents: Sequence[int]) -> torch.Tensor:
     block = torch.zeros(n, n, dtype=torch.bool)
     for r, p in enumerate(parents):
         if not (p == NO_PARENT if r == 0 else 0 <= p < r):
-            raise ValueError(f"new token {r}: parent {p} (the first new token is the root, every other one "
-                             f"hangs under an earlier one)")
+            raise ValueError(
+                f"new token {r}: parent {p} (the first new token is the root, every other one "
+                "hangs under an earlier one)"
+            )
         if p != NO_PARENT:
             block[r] = block[p]
         block[r, r] = True

@@ -16,7 +16,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,9 +31,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 LOAD_FORMATS = ("auto", "safetensors", "gguf")  # SGLang's --load-format values that apply here
-# What the KV pool, the sampler and the attention backend were sized for: a new checkpoint keeps them.
-SHAPE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "head_dim", "tie_word_embeddings")
+# What the KV pool, the sampler and the attention backend were sized for: a new checkpoint keeps
+# them.
+SHAPE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "tie_word_embeddings",
+)
 
 
 class CheckpointError(ValueError):
@@ -54,63 +63,88 @@ def _shape(config: Any) -> dict:
     }
 
 
-def check_checkpoint(runner: "ModelRunner", model_path: str, load_format: Optional[str]) -> None:
+def check_checkpoint(runner: ModelRunner, model_path: str, load_format: str | None) -> None:
     """Refuse, before loading anything, a path that is no checkpoint, a load_format it is not, or a
     model of another architecture or shape than the one served."""
     fmt = load_format or "auto"
     if fmt not in LOAD_FORMATS:
         raise CheckpointError(f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {fmt!r}")
     if not isinstance(model_path, str) or not model_path:
-        raise CheckpointError("model_path must be a non-empty string: a checkpoint's directory or .gguf file")
+        raise CheckpointError(
+            "model_path must be a non-empty string: a checkpoint's directory or .gguf file"
+        )
     if os.path.exists(model_path) and not (os.path.isdir(model_path) or os.path.isfile(model_path)):
         # a FIFO or a device would block the scheduler in open()
-        raise CheckpointError(f"model_path {model_path!r} is neither a directory nor a regular file")
+        raise CheckpointError(
+            f"model_path {model_path!r} is neither a directory nor a regular file"
+        )
     try:
         kind = _model_kind(model_path)
     except (OSError, ValueError) as e:
         raise CheckpointError(f"model_path: {e}") from None
     if kind == "config":
-        raise CheckpointError(f"model_path {model_path!r} is a bare config.json; a checkpoint has weights "
-                              "(a HF directory with *.safetensors or a .gguf file)")
+        raise CheckpointError(
+            f"model_path {model_path!r} is a bare config.json; a checkpoint has weights "
+            "(a HF directory with *.safetensors or a .gguf file)"
+        )
     if fmt != "auto" and fmt != ("gguf" if kind == "gguf" else "safetensors"):
-        raise CheckpointError(f"load_format {fmt!r} does not match model_path {model_path!r} (a "
-                              f"{'GGUF file' if kind == 'gguf' else 'HF directory'})")
+        raise CheckpointError(
+            f"load_format {fmt!r} does not match model_path {model_path!r} (a "
+            f"{'GGUF file' if kind == 'gguf' else 'HF directory'})"
+        )
     try:
         config = load_model_config(model_path)
         arch, _ = resolve_architecture(getattr(config, "architectures", None))
-    except Exception as e:  # noqa: BLE001 - an unreadable or unsupported config is the checkpoint's fault
+    except Exception as e:
         raise CheckpointError(f"model_path {model_path!r}: cannot read its config: {e}") from None
     served = runner.loaded
     if arch != served.architecture:
-        raise CheckpointError(f"model_path {model_path!r} is a {arch}; the server runs a {served.architecture} "
-                              "(a new checkpoint must have the served architecture)")
+        raise CheckpointError(
+            f"model_path {model_path!r} is a {arch}; the server runs a {served.architecture} "
+            "(a new checkpoint must have the served architecture)"
+        )
     old, new = _shape(served.hf_config), _shape(config)
     for field in SHAPE_FIELDS:
         if old[field] != new[field]:
-            raise CheckpointError(f"model_path {model_path!r} has {field} {new[field]}, the served model "
-                                  f"{old[field]} (a new checkpoint must have the served shape)")
+            raise CheckpointError(
+                f"model_path {model_path!r} has {field} {new[field]}, the served model "
+                f"{old[field]} (a new checkpoint must have the served shape)"
+            )
 
 
-def load_checkpoint(runner: "ModelRunner", model_path: str, load_format: Optional[str] = None) -> LoadedModel:
+def load_checkpoint(
+    runner: ModelRunner, model_path: str, load_format: str | None = None
+) -> LoadedModel:
     """The checkpoint at model_path, loaded as the served model was (dtype, device, quantization);
     CheckpointError when it does not fit. The served model is untouched."""
     check_checkpoint(runner, model_path, load_format)
     cfg = runner.config
     try:
-        loaded = load_model(model_path, dtype=runner.dtype, device=runner.device, quantization=cfg.quantization,
-                            is_embedding=cfg.is_embedding)
-    except MemoryError:  # no room beside the served model: the server's limit, not the checkpoint's fault
+        loaded = load_model(
+            model_path,
+            dtype=runner.dtype,
+            device=runner.device,
+            quantization=cfg.quantization,
+            is_embedding=cfg.is_embedding,
+        )
+    except (
+        MemoryError
+    ):  # no room beside the served model: the server's limit, not the checkpoint's fault
         raise
-    except Exception as e:  # noqa: BLE001 - a damaged or incomplete checkpoint: the old weights stay
-        raise CheckpointError(f"model_path {model_path!r}: the weights did not load: {type(e).__name__}: {e}") from None
+    except Exception as e:
+        raise CheckpointError(
+            f"model_path {model_path!r}: the weights did not load: {type(e).__name__}: {e}"
+        ) from None
     features = attention_features(loaded.model.modules())
     if features != (runner.sliding_window_size, runner.logit_cap):
-        raise CheckpointError(f"model_path {model_path!r}: its attention (sliding window, logit cap) {features} "
-                              f"differs from the served {(runner.sliding_window_size, runner.logit_cap)}")
+        raise CheckpointError(
+            f"model_path {model_path!r}: its attention (sliding window, logit cap) {features} "
+            f"differs from the served {(runner.sliding_window_size, runner.logit_cap)}"
+        )
     return loaded
 
 
-def install(runner: "ModelRunner", loaded: LoadedModel) -> None:
+def install(runner: ModelRunner, loaded: LoadedModel) -> None:
     """Serve `loaded` from the next forward on; the old model's memory goes back."""
     runner.loaded, runner.model = loaded, loaded.model
     runner.reset_attention_state()  # kept K/V (mirror, shared prefix) came from the old weights
@@ -126,24 +160,26 @@ class ReleasedModel:
         return iter(())
 
     def __getattr__(self, name: str):
-        raise AttributeError("the weights are released (release_memory_occupation); resume_memory_occupation first")
+        raise AttributeError(
+            "the weights are released (release_memory_occupation); resume_memory_occupation first"
+        )
 
 
-def release_weights(runner: "ModelRunner") -> None:
+def release_weights(runner: ModelRunner) -> None:
     runner.model = ReleasedModel()
     runner.loaded.model = None
     runner.reset_attention_state()
     gc.collect()
 
 
-def resume_weights(runner: "ModelRunner") -> None:
+def resume_weights(runner: ModelRunner) -> None:
     """Load the weights again from the checkpoint they last came from."""
     loaded = load_checkpoint(runner, runner.loaded.model_path)
     install(runner, loaded)
 
 
 # ------------------------------------------------------------------------- reading a weight back
-def weight_by_name(model: torch.nn.Module, name: str) -> tuple[torch.Tensor, Optional[TensorSlice]]:
+def weight_by_name(model: torch.nn.Module, name: str) -> tuple[torch.Tensor, TensorSlice | None]:
     """(this rank's part of checkpoint tensor `name` as float32 on the CPU, the slice of the full
     tensor it is; None: all of it). KeyError for a name the model does not hold."""
     if getattr(model, "tie_word_embeddings", False) and name == "lm_head.weight":
@@ -157,12 +193,12 @@ def weight_by_name(model: torch.nn.Module, name: str) -> tuple[torch.Tensor, Opt
         raise KeyError(name)
     if shard is not None:
         start, size = owner.offsets[shard], owner.output_sizes[shard]
-        value = value[start:start + size]
+        value = value[start : start + size]
     part = model.tp_slice(name) if hasattr(model, "tp_slice") else None
     return value.detach().to("cpu", torch.float32).contiguous(), part
 
 
-def assemble(parts: list[tuple[torch.Tensor, Optional[TensorSlice]]]) -> torch.Tensor:
+def assemble(parts: list[tuple[torch.Tensor, TensorSlice | None]]) -> torch.Tensor:
     """The full tensor from every rank's (part, slice); replicated parts (KV heads held by several
     ranks, unsharded norms) are the same values and simply written again."""
     whole = [t for t, s in parts if s is None]

@@ -8,7 +8,6 @@ a tensor of the model's. SGLang's name for the same boundary.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
@@ -19,24 +18,30 @@ from radixlm.model.layers.sampler import SamplingRow
 @dataclass
 class ModelWorkerBatch:
     forward_mode: ForwardMode
-    input_ids: list[int]  # the new tokens of every request, in batch order (negative: a future slot)
+    input_ids: list[
+        int
+    ]  # the new tokens of every request, in batch order (negative: a future slot)
     positions: list[int]
     req_pool_indices: list[int]
     seq_lens: list[int]  # prefix + new, per request
     out_cache_loc: torch.Tensor  # KV slot of each new token, already written into the request rows
-    # Extend-shaped modes: cached tokens, new tokens, first prompt-logprob position (None: last only).
-    extend_prefix_lens: Optional[list[int]] = None
-    extend_seq_lens: Optional[list[int]] = None
-    extend_logprob_start_lens: Optional[list[Optional[int]]] = None
+    # Extend-shaped modes: cached tokens, new tokens, first prompt-logprob position (None: last
+    # only).
+    extend_prefix_lens: list[int] | None = None
+    extend_seq_lens: list[int] | None = None
+    extend_logprob_start_lens: list[int | None] | None = None
     num_decode: int = 0  # MIXED: the last num_decode requests are decode steps
     # One per request: what the sampler needs (empty: the caller takes the logits itself).
     sampling: list[SamplingRow] = field(default_factory=list)
-    lora_ids: list[Optional[str]] = field(default_factory=list)  # per request, its adapter's uid (None: base)
-    # Per request, its images (radixlm/mm_inputs.py; None: none); empty: no request of the batch has any.
+    lora_ids: list[str | None] = field(
+        default_factory=list
+    )  # per request, its adapter's uid (None: base)
+    # Per request, its images (radixlm/mm_inputs.py; None: none); empty: no request of the batch has
+    # any.
     mm_inputs: list = field(default_factory=list)
     # TARGET_VERIFY of draft trees: per request, the parent of each new token among its new tokens
     # (-1: the first, the request's next input); None: every request's new tokens form a chain.
-    tree_parents: Optional[list[list[int]]] = None
+    tree_parents: list[list[int]] | None = None
 
     @property
     def batch_size(self) -> int:

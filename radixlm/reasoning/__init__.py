@@ -2,7 +2,8 @@
 block split from the answer, the same for a whole output and for a stream of deltas.
 
     fmt = get_reasoning_format(server_args.reasoning_parser)
-    forced = fmt.forced(request.chat_template_kwargs, request.reasoning_effort) or template_opens_thinking(template)
+    forced = fmt.forced(request.chat_template_kwargs, request.reasoning_effort) or
+    template_opens_thinking(template)
 
     r = parse_reasoning(fmt, text, forced)            # r.reasoning (None: no block), r.content
 
@@ -15,8 +16,18 @@ The content then goes to the tool-call parser, if any. `s.closed` says the think
 marker a budget forces to close it.
 """
 
-from radixlm.reasoning.formats import REASONING_PARSERS, ReasoningFormat, get_reasoning_format, template_opens_thinking
-from radixlm.reasoning.stream import ReasoningDelta, ReasoningResult, ReasoningStream, parse_reasoning
+from radixlm.reasoning.formats import (
+    REASONING_PARSERS,
+    ReasoningFormat,
+    get_reasoning_format,
+    template_opens_thinking,
+)
+from radixlm.reasoning.stream import (
+    ReasoningDelta,
+    ReasoningResult,
+    ReasoningStream,
+    parse_reasoning,
+)
 
 __all__ = [
     "REASONING_PARSERS",

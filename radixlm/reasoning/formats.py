@@ -10,8 +10,8 @@ so the output starts inside it: the parser is `forced` (SGLang's force_reasoning
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Optional
 
 
 @dataclass(frozen=True)
@@ -20,13 +20,15 @@ class ReasoningFormat:
     start: str = "<think>"
     end: str = "</think>"
     # A tool call that ends the thinking without the end marker (GLM-4.5, Kimi K2); it is content.
-    tool_start: Optional[str] = None
-    switch: Optional[str] = None  # the chat_template_kwargs key that turns thinking on and off
+    tool_start: str | None = None
+    switch: str | None = None  # the chat_template_kwargs key that turns thinking on and off
     on_by_default: bool = True  # with a switch: thinking when the key is absent
     by_effort: bool = False  # thinking when reasoning_effort is set and not "none" (Mistral)
     opens_in_prompt: bool = True  # a thinking request's output starts inside the block
 
-    def thinks(self, chat_template_kwargs: Optional[Mapping] = None, reasoning_effort: Optional[str] = None) -> bool:
+    def thinks(
+        self, chat_template_kwargs: Mapping | None = None, reasoning_effort: str | None = None
+    ) -> bool:
         """Whether this request thinks (SGLang's _get_reasoning_from_request)."""
         if self.by_effort:
             return reasoning_effort is not None and reasoning_effort != "none"
@@ -35,7 +37,9 @@ class ReasoningFormat:
         value = (chat_template_kwargs or {}).get(self.switch)
         return value is not False if self.on_by_default else value is True
 
-    def forced(self, chat_template_kwargs: Optional[Mapping] = None, reasoning_effort: Optional[str] = None) -> bool:
+    def forced(
+        self, chat_template_kwargs: Mapping | None = None, reasoning_effort: str | None = None
+    ) -> bool:
         """Whether the output starts inside the think block (without its opening marker)."""
         return self.opens_in_prompt and self.thinks(chat_template_kwargs, reasoning_effort)
 
@@ -69,7 +73,9 @@ def get_reasoning_format(name: str) -> ReasoningFormat:
     try:
         return _FORMATS[name.lower()]
     except KeyError:
-        raise ValueError(f"unknown reasoning parser {name!r}; choose from {', '.join(REASONING_PARSERS)}") from None
+        raise ValueError(
+            f"unknown reasoning parser {name!r}; choose from {', '.join(REASONING_PARSERS)}"
+        ) from None
 
 
 # A generation prompt that ends with "<think>\n": the template opens the block itself (Qwen3
@@ -77,7 +83,7 @@ def get_reasoning_format(name: str) -> ReasoningFormat:
 _OPENS_THINK = re.compile(r"(<\|im_start\|>assistant|<｜Assistant｜>)(\\n|\n)?<think>(\\n|\n)")
 
 
-def template_opens_thinking(template: Optional[str]) -> bool:
+def template_opens_thinking(template: str | None) -> bool:
     """SGLang's TemplateManager check: the chat template opens the think block in the prompt,
     so even a format that does not open it by itself must start inside it."""
     return bool(template) and _OPENS_THINK.search(template) is not None

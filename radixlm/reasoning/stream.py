@@ -18,7 +18,6 @@ machine. Its rules:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from radixlm.reasoning.formats import ReasoningFormat
 
@@ -40,7 +39,7 @@ class ReasoningDelta:
 
 @dataclass(frozen=True)
 class ReasoningResult:
-    reasoning: Optional[str]  # None: no think block (reasoning_content absent)
+    reasoning: str | None  # None: no think block (reasoning_content absent)
     content: str
     closed: bool  # the block ended (False: none, or cut off while thinking)
 
@@ -87,8 +86,11 @@ class ReasoningStream:
     @property
     def result(self) -> ReasoningResult:
         reasoning = "".join(self._reasoning) + "".join(self._r)
-        return ReasoningResult(reasoning if self.opened else None, "".join(self._content) + "".join(self._c),
-                               self.closed)
+        return ReasoningResult(
+            reasoning if self.opened else None,
+            "".join(self._content) + "".join(self._c),
+            self.closed,
+        )
 
     # ------------------------------------------------------------------ the character machine
     def _markers(self) -> tuple[str, ...]:

@@ -14,12 +14,11 @@ from __future__ import annotations
 import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Optional
 
 MAX_SESSIONS = 65536
 
 
-def client_owner(authorization: Optional[str]) -> str:
+def client_owner(authorization: str | None) -> str:
     return hashlib.sha256((authorization or "").encode()).hexdigest()[:32]
 
 
@@ -43,8 +42,9 @@ class SessionAffinity:
         while len(self._homes) > self.capacity:
             self._homes.popitem(last=False)
 
-    def home(self, session_id: str, owner: str) -> Optional[str]:
-        """The worker of the caller's session; None when the router knows no such session of this caller."""
+    def home(self, session_id: str, owner: str) -> str | None:
+        """The worker of the caller's session; None when the router knows no such session of this
+        caller."""
         h = self._homes.get(session_id)
         if h is None or h.owner != owner:
             return None
@@ -62,7 +62,7 @@ class SessionAffinity:
         return len(gone)
 
 
-def session_id_of(body: object) -> Optional[str]:
+def session_id_of(body: object) -> str | None:
     """/generate's session_params.id (None: not a session turn)."""
     if not isinstance(body, dict):
         return None

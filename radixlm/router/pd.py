@@ -20,7 +20,6 @@ import json
 import logging
 import random
 from contextlib import asynccontextmanager
-from typing import Optional
 from urllib.parse import urlsplit
 
 import httpx
@@ -31,7 +30,13 @@ from radixlm.http_access import AccessConfig, AccessMiddleware, Refusal, install
 from radixlm.http_common import error_json
 from radixlm.router.policies import make_policy
 from radixlm.router.routing_text import routing_text
-from radixlm.router.server import GENERATE_PATHS, RouterArgs, _HOP_HEADERS, _request_headers, read_body
+from radixlm.router.server import (
+    _HOP_HEADERS,
+    GENERATE_PATHS,
+    RouterArgs,
+    _request_headers,
+    read_body,
+)
 from radixlm.router.workers import WorkerRegistry
 
 logger = logging.getLogger(__name__)
@@ -46,27 +51,31 @@ class PDRouterState:
         headers = {"Authorization": f"Bearer {args.worker_api_key}"} if args.worker_api_key else {}
         self.headers = headers
         allow = tuple(args.worker_allowlist)
-        self.prefill = WorkerRegistry(args.health, headers, on_unhealthy=self.prefill_policy.remove_worker,
-                                      allowlist=allow)
-        self.decode = WorkerRegistry(args.health, headers, on_unhealthy=self.decode_policy.remove_worker,
-                                     allowlist=allow)
+        self.prefill = WorkerRegistry(
+            args.health, headers, on_unhealthy=self.prefill_policy.remove_worker, allowlist=allow
+        )
+        self.decode = WorkerRegistry(
+            args.health, headers, on_unhealthy=self.decode_policy.remove_worker, allowlist=allow
+        )
         self.bootstrap_ports: dict[str, int] = {}
         for url, port in args.prefill_urls:
             self.bootstrap_ports[self.prefill.add(url).url] = port or DEFAULT_BOOTSTRAP_PORT
         for url in args.decode_urls:
             self.decode.add(url)
-        self.client: Optional[httpx.AsyncClient] = None
+        self.client: httpx.AsyncClient | None = None
         self.registry = self.decode  # server._request_headers adds its workers' key
         self.pairs_routed = 0
         self.retries = 0
 
-    def pick_pair(self, text: str, tried: set[tuple[str, str]]) -> Optional[tuple[str, str]]:
+    def pick_pair(self, text: str, tried: set[tuple[str, str]]) -> tuple[str, str] | None:
         """The policies' pair; one not tried yet when the pools have one."""
         ps, ds = self.prefill.healthy(), self.decode.healthy()
         if not ps or not ds:
             return None
-        pair = (self.prefill_policy.select(ps, self.prefill.loads(), text),
-                self.decode_policy.select(ds, self.decode.loads(), text))
+        pair = (
+            self.prefill_policy.select(ps, self.prefill.loads(), text),
+            self.decode_policy.select(ds, self.decode.loads(), text),
+        )
         if pair in tried:
             fresh = [(p, d) for p in ps for d in ds if (p, d) not in tried]
             if not fresh:
@@ -78,26 +87,35 @@ class PDRouterState:
         return self.prefill, self.decode
 
 
-def _refusal(body) -> Optional[Response]:
+def _refusal(body) -> Response | None:
     """What the PD flow cannot route (one transfer room per request): a 400 naming the field."""
     if not isinstance(body, dict):
         return error_json(400, "the request body must be a JSON object")
     for key in ("text", "input_ids", "prompt"):
         v = body.get(key)
         if isinstance(v, list) and v and (isinstance(v[0], (list, str))):
-            return error_json(400, f"{key}: a batch is not routed with --pd-disaggregation (send one prompt per "
-                              "request)", param=key)
+            return error_json(
+                400,
+                f"{key}: a batch is not routed with --pd-disaggregation (send one prompt per "
+                "request)",
+                param=key,
+            )
     sp = body.get("sampling_params")
     n = body.get("n", sp.get("n") if isinstance(sp, dict) else None)
     if n not in (None, 1):
         return error_json(400, "n: one completion per request with --pd-disaggregation", param="n")
     if body.get("session_params"):
-        return error_json(400, "session_params: sessions are not routed with --pd-disaggregation",
-                          param="session_params")
+        return error_json(
+            400,
+            "session_params: sessions are not routed with --pd-disaggregation",
+            param="session_params",
+        )
     return None
 
 
-async def pd_forward(state: PDRouterState, request: Request, path: str, raw: bytes, body) -> Response:
+async def pd_forward(
+    state: PDRouterState, request: Request, path: str, raw: bytes, body
+) -> Response:
     refused = _refusal(body)
     if refused is not None:
         return refused
@@ -111,21 +129,36 @@ async def pd_forward(state: PDRouterState, request: Request, path: str, raw: byt
         tried.add(pair)
         prefill, decode = pair
         room = random.getrandbits(63)
-        payload = json.dumps({**body, "bootstrap_host": urlsplit(prefill).hostname,
-                              "bootstrap_port": state.bootstrap_ports[prefill], "bootstrap_room": room}).encode()
+        payload = json.dumps(
+            {
+                **body,
+                "bootstrap_host": urlsplit(prefill).hostname,
+                "bootstrap_port": state.bootstrap_ports[prefill],
+                "bootstrap_room": room,
+            }
+        ).encode()
         state.pairs_routed += 1
         outcome = await _send_pair(state, prefill, decode, path, payload, headers)
         if isinstance(outcome, str):  # never started: another pair
             last = outcome
             state.retries += attempt == 0
-            logger.warning("PD pair (%s, %s) failed before starting (%s)%s", prefill, decode, outcome,
-                           "; retrying on another pair" if attempt == 0 else "")
+            logger.warning(
+                "PD pair (%s, %s) failed before starting (%s)%s",
+                prefill,
+                decode,
+                outcome,
+                "; retrying on another pair" if attempt == 0 else "",
+            )
             continue
         return outcome
-    return error_json(503, f"no prefill/decode pair could serve the request ({last})", "server_error")
+    return error_json(
+        503, f"no prefill/decode pair could serve the request ({last})", "server_error"
+    )
 
 
-async def _send_pair(state: PDRouterState, prefill: str, decode: str, path: str, payload: bytes, headers: dict):
+async def _send_pair(
+    state: PDRouterState, prefill: str, decode: str, path: str, payload: bytes, headers: dict
+):
     """The decode server's answer as a Response, or a string: why the pair never started."""
     client = state.client
     pw, dw = state.prefill.workers[prefill], state.decode.workers[decode]
@@ -133,26 +166,37 @@ async def _send_pair(state: PDRouterState, prefill: str, decode: str, path: str,
     dw.load += 1
     pre = asyncio.ensure_future(client.post(prefill + path, content=payload, headers=headers))
     pre.add_done_callback(lambda t: _prefill_done(state, prefill, t))
-    dec = asyncio.ensure_future(client.send(client.build_request("POST", decode + path, content=payload,
-                                                                 headers=headers), stream=True))
+    dec = asyncio.ensure_future(
+        client.send(
+            client.build_request("POST", decode + path, content=payload, headers=headers),
+            stream=True,
+        )
+    )
     while not dec.done():
         await asyncio.wait({pre, dec}, return_when=asyncio.FIRST_COMPLETED)
         if dec.done() or not pre.done():
             continue
         error = pre.exception()
         if error is None and pre.result().status_code < 400:
-            continue  # the prefill finished (the decode side acknowledged its KV): the decode answers
+            # the prefill finished (the decode side acknowledged its KV): the decode answers
+            continue
         dec.cancel()  # closes the decode connection: the decode server aborts the request
         dw.load -= 1
         if isinstance(error, httpx.ConnectError):
             state.prefill.record(prefill, False)
             return f"prefill {prefill}: {error}"
         if error is not None:
-            return error_json(502, f"prefill {prefill}: {type(error).__name__}: {error}", "server_error")
+            return error_json(
+                502, f"prefill {prefill}: {type(error).__name__}: {error}", "server_error"
+            )
         r = pre.result()  # its own refusal (4xx) as it is; a failure as a 502
         if r.status_code < 500:
-            return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
-        return error_json(502, f"prefill {prefill} answered {r.status_code}: {r.text[:500]}", "server_error")
+            return Response(
+                r.content, status_code=r.status_code, media_type=r.headers.get("content-type")
+            )
+        return error_json(
+            502, f"prefill {prefill} answered {r.status_code}: {r.text[:500]}", "server_error"
+        )
     try:
         resp = dec.result()
     except httpx.ConnectError as e:
@@ -169,8 +213,11 @@ async def _send_pair(state: PDRouterState, prefill: str, decode: str, path: str,
         data = await resp.aread()
         await resp.aclose()
         dw.load -= 1
-        return error_json(502, f"decode {decode} answered {resp.status_code}: {data[:500].decode(errors='replace')}",
-                          "server_error")
+        return error_json(
+            502,
+            f"decode {decode} answered {resp.status_code}: {data[:500].decode(errors='replace')}",
+            "server_error",
+        )
     return StreamingResponse(_relay(resp, dw), status_code=resp.status_code, headers=out_headers)
 
 
@@ -201,11 +248,15 @@ def create_pd_router_app(args: RouterArgs) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        state.client = httpx.AsyncClient(timeout=httpx.Timeout(args.request_timeout, connect=args.connect_timeout),
-                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        state.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(args.request_timeout, connect=args.connect_timeout),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
         for reg in state.registries():
             await reg.check_all(state.client)
-        tasks = [asyncio.ensure_future(reg.run_health_checks(state.client)) for reg in state.registries()]
+        tasks = [
+            asyncio.ensure_future(reg.run_health_checks(state.client)) for reg in state.registries()
+        ]
         yield
         for t in tasks:
             t.cancel()
@@ -214,13 +265,16 @@ def create_pd_router_app(args: RouterArgs) -> FastAPI:
     app = FastAPI(title="radixlm PD router", lifespan=lifespan)
     app.state.router = state
     app.add_middleware(AccessMiddleware, admin_paths=("/flush_cache",))
-    install_access(app, AccessConfig(args.api_key, args.admin_api_key, args.host, tuple(args.allowed_origins)))
+    install_access(
+        app, AccessConfig(args.api_key, args.admin_api_key, args.host, tuple(args.allowed_origins))
+    )
 
     @app.exception_handler(Refusal)
     async def _refused(request: Request, e: Refusal):
         return error_json(e.status, e.message, e.kind, e.param)
 
     for path in GENERATE_PATHS:
+
         async def generate(request: Request, path=path):
             raw, body = await read_body(request, args.max_request_body_bytes)
             return await pd_forward(state, request, path, raw, body)
@@ -230,8 +284,13 @@ def create_pd_router_app(args: RouterArgs) -> FastAPI:
     @app.get("/health")
     async def health():
         ok = bool(state.prefill.healthy() and state.decode.healthy())
-        return JSONResponse({"healthy_prefill": len(state.prefill.healthy()),
-                             "healthy_decode": len(state.decode.healthy())}, status_code=200 if ok else 503)
+        return JSONResponse(
+            {
+                "healthy_prefill": len(state.prefill.healthy()),
+                "healthy_decode": len(state.decode.healthy()),
+            },
+            status_code=200 if ok else 503,
+        )
 
     @app.get("/v1/models")
     @app.get("/get_model_info")
@@ -239,25 +298,39 @@ def create_pd_router_app(args: RouterArgs) -> FastAPI:
     async def model_info(request: Request):
         for url in state.decode.healthy():
             try:
-                r = await state.client.get(url + request.url.path, headers=state.headers, timeout=10.0)
+                r = await state.client.get(
+                    url + request.url.path, headers=state.headers, timeout=10.0
+                )
             except httpx.HTTPError:
                 continue
-            return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
+            return Response(
+                r.content, status_code=r.status_code, media_type=r.headers.get("content-type")
+            )
         return error_json(503, "no healthy decode server", "server_error")
 
     @app.get("/get_server_info")
     @app.get("/server_info")
     async def server_info():
-        out = {"router": {"pd_disaggregation": True, "pairs_routed": state.pairs_routed, "retries": state.retries,
-                          "prefill": [w.as_dict() for w in state.prefill.workers.values()],
-                          "decode": [w.as_dict() for w in state.decode.workers.values()]}}
+        out = {
+            "router": {
+                "pd_disaggregation": True,
+                "pairs_routed": state.pairs_routed,
+                "retries": state.retries,
+                "prefill": [w.as_dict() for w in state.prefill.workers.values()],
+                "decode": [w.as_dict() for w in state.decode.workers.values()],
+            }
+        }
         for role, reg in (("prefill", state.prefill), ("decode", state.decode)):
             out[role] = {u: await _get_json(state, u + "/get_server_info") for u in reg.verified()}
         return out
 
     @app.post("/flush_cache")
     async def flush_cache():
-        admin = {"Authorization": f"Bearer {args.worker_admin_api_key}"} if args.worker_admin_api_key else state.headers
+        admin = (
+            {"Authorization": f"Bearer {args.worker_admin_api_key}"}
+            if args.worker_admin_api_key
+            else state.headers
+        )
         results = {}
         for reg in state.registries():
             for u in reg.verified():

@@ -15,7 +15,6 @@ import random
 import threading
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 from radixlm.router.tree import ApproxRadixTree
 
@@ -74,7 +73,7 @@ class RoundRobinPolicy(Policy):
 class RandomPolicy(Policy):
     name = "random"
 
-    def __init__(self, seed: Optional[int] = None):
+    def __init__(self, seed: int | None = None):
         self._rng = random.Random(seed)
 
     def select(self, workers, loads, text):
@@ -86,7 +85,7 @@ class PowerOfTwoPolicy(Policy):
 
     name = "power_of_two"
 
-    def __init__(self, seed: Optional[int] = None):
+    def __init__(self, seed: int | None = None):
         self._rng = random.Random(seed)
 
     def select(self, workers, loads, text):
@@ -99,7 +98,7 @@ class PowerOfTwoPolicy(Policy):
 class CacheAwarePolicy(Policy):
     name = "cache_aware"
 
-    def __init__(self, config: Optional[CacheAwareConfig] = None, clock=None):
+    def __init__(self, config: CacheAwareConfig | None = None, clock=None):
         self.config = config or CacheAwareConfig()
         self.tree = ApproxRadixTree()
         self._lock = threading.Lock()
@@ -110,7 +109,10 @@ class CacheAwarePolicy(Policy):
     def is_imbalanced(self, workers: list[str], loads: dict[str, int]) -> bool:
         ls = [loads.get(w, 0) for w in workers]
         hi, lo = max(ls), min(ls)
-        return hi - lo > self.config.balance_abs_threshold and hi > lo * self.config.balance_rel_threshold
+        return (
+            hi - lo > self.config.balance_abs_threshold
+            and hi > lo * self.config.balance_rel_threshold
+        )
 
     def select(self, workers, loads, text):
         with self._lock:
@@ -140,7 +142,9 @@ class CacheAwarePolicy(Policy):
             self.tree.evict_tenant_by_size(self.config.max_tree_size)
 
 
-def make_policy(name: str, config: Optional[CacheAwareConfig] = None, seed: Optional[int] = None) -> Policy:
+def make_policy(
+    name: str, config: CacheAwareConfig | None = None, seed: int | None = None
+) -> Policy:
     if name == "cache_aware":
         return CacheAwarePolicy(config)
     if name == "round_robin":

@@ -41,7 +41,8 @@ def _content_text(content: Any) -> str:
 
 
 def _input_text(inp: Any) -> str:
-    """Responses' and embeddings' `input`: a string, ids, a batch, or (Responses) a list of items."""
+    """Responses' and embeddings' `input`: a string, ids, a batch, or (Responses) a list of
+    items."""
     if isinstance(inp, list) and inp and isinstance(inp[0], dict):
         return "".join(_content_text(item.get("content")) for item in inp if isinstance(item, dict))
     return _prompt_text(inp)
@@ -66,8 +67,11 @@ def _text(path: str, body: dict) -> str:
             return ""
         system = body.get("system")  # Anthropic's Messages API keeps it out of the messages
         head = f"<|system|>{_content_text(system)}\n" if system else ""
-        return head + "".join(f"<|{m.get('role', '')}|>{_content_text(m.get('content'))}\n" for m in msgs
-                              if isinstance(m, dict))
+        return head + "".join(
+            f"<|{m.get('role', '')}|>{_content_text(m.get('content'))}\n"
+            for m in msgs
+            if isinstance(m, dict)
+        )
     if path in ("/v1/responses", "/v1/embeddings"):
         return _input_text(body.get("input"))
     if path.endswith("/completions"):

@@ -5,10 +5,10 @@ picks and come back byte for byte, streams chunk by chunk; a client that goes aw
 worker connection, which aborts the request there. A request whose worker fails before answering
 (connection refused or reset, a 5xx status) is retried on another worker with backoff: nothing has
 reached the client yet, so it never sees the failure. /flush_cache and /abort_request go to every
-verified worker, /get_server_info gathers every worker's, /health is 200 while one worker is healthy.
-The other APIs' POST routes (Messages, Responses, embeddings, score, infill, tokenize) go where the
-policy picks too. A session (/open_session) stays on the worker that opened it: its turns (/generate
-with session_params) and its close go there, without retries elsewhere (affinity.py).
+verified worker, /get_server_info gathers every worker's, /health is 200 while one worker is
+healthy. The other APIs' POST routes (Messages, Responses, embeddings, score, infill, tokenize) go
+where the policy picks too. A session (/open_session) stays on the worker that opened it: its turns
+(/generate with session_params) and its close go there, without retries elsewhere (affinity.py).
 
 Access (radixlm/http_access.py): --api-key for clients; --admin-api-key for the admin routes
 (/add_worker, /remove_worker, /flush_cache, and /abort_request of every request), which reach the
@@ -26,7 +26,6 @@ import time
 from collections import deque
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Optional
 
 import httpx
 from fastapi import FastAPI, Request
@@ -54,12 +53,34 @@ logger = logging.getLogger(__name__)
 
 GENERATE_PATHS = ("/generate", "/v1/completions", "/v1/chat/completions")
 # Routed by the policy too, on their text where they have one (routing_text.py).
-OTHER_POST_PATHS = ("/v1/messages", "/v1/messages/count_tokens", "/v1/responses", "/v1/embeddings", "/encode",
-                    "/v1/score", "/infill", "/tokenize", "/detokenize")
-_HOP_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive", "content-encoding"}
+OTHER_POST_PATHS = (
+    "/v1/messages",
+    "/v1/messages/count_tokens",
+    "/v1/responses",
+    "/v1/embeddings",
+    "/encode",
+    "/v1/score",
+    "/infill",
+    "/tokenize",
+    "/detokenize",
+)
+_HOP_HEADERS = {
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "keep-alive",
+    "content-encoding",
+}
 # A browser's headers stay here: a worker would take them for a cross-origin call of its own.
-_BROWSER_HEADERS = {"origin", "referer", "cookie", "sec-fetch-site", "sec-fetch-mode", "sec-fetch-dest",
-                    "sec-fetch-user"}
+_BROWSER_HEADERS = {
+    "origin",
+    "referer",
+    "cookie",
+    "sec-fetch-site",
+    "sec-fetch-mode",
+    "sec-fetch-dest",
+    "sec-fetch-user",
+}
 ADMIN_PATHS = ("/add_worker", "/remove_worker", "/flush_cache")
 
 
@@ -69,12 +90,16 @@ class RouterArgs:
     policy: str = "cache_aware"
     host: str = "127.0.0.1"
     port: int = 30000
-    api_key: Optional[str] = None  # clients must send it (every route but /health)
-    worker_api_key: Optional[str] = None  # sent to the verified workers
-    admin_api_key: Optional[str] = None  # the operator's: the admin routes need it
-    worker_admin_api_key: Optional[str] = None  # sent to the workers for admin actions (flush, abort all)
+    api_key: str | None = None  # clients must send it (every route but /health)
+    worker_api_key: str | None = None  # sent to the verified workers
+    admin_api_key: str | None = None  # the operator's: the admin routes need it
+    worker_admin_api_key: str | None = (
+        None  # sent to the workers for admin actions (flush, abort all)
+    )
     allowed_origins: tuple[str, ...] = ()  # browser origins allowed to call the router; "*": any
-    worker_allowlist: tuple[str, ...] = ()  # host patterns (fnmatch) a worker URL must match; empty: any
+    worker_allowlist: tuple[
+        str, ...
+    ] = ()  # host patterns (fnmatch) a worker URL must match; empty: any
     max_request_body_bytes: int = 32 * 2**20  # a larger request body is a 413
     connect_timeout: float = 5.0  # seconds to connect to a worker
     request_timeout: float = 1800.0  # seconds a worker may stay silent (no byte) on a request
@@ -83,32 +108,44 @@ class RouterArgs:
     max_retries: int = 3  # other workers tried for a request whose worker failed before answering
     retry_backoff: float = 0.05  # seconds before the first retry, doubled for each further one
     log_level: str = "info"
-    # PD disaggregation (router/pd.py): prefill servers (url, bootstrap port or None) and decode servers.
+    # PD disaggregation (router/pd.py): prefill servers (url, bootstrap port or None) and decode
+    # servers.
     pd_disaggregation: bool = False
     prefill_urls: list = field(default_factory=list)
     decode_urls: list[str] = field(default_factory=list)
-    prefill_policy: Optional[str] = None  # None: --policy
-    decode_policy: Optional[str] = None
+    prefill_policy: str | None = None  # None: --policy
+    decode_policy: str | None = None
 
 
 class RouterState:
-    def __init__(self, args: RouterArgs, policy: Optional[Policy] = None):
+    def __init__(self, args: RouterArgs, policy: Policy | None = None):
         self.args = args
         self.policy = policy or make_policy(args.policy, args.cache_aware)
         headers = {"Authorization": f"Bearer {args.worker_api_key}"} if args.worker_api_key else {}
-        self.registry = WorkerRegistry(args.health, headers, on_unhealthy=self.policy.remove_worker,
-                                       allowlist=tuple(args.worker_allowlist))
-        self.admin_headers = ({"Authorization": f"Bearer {args.worker_admin_api_key}"} if args.worker_admin_api_key
-                              else headers)
+        self.registry = WorkerRegistry(
+            args.health,
+            headers,
+            on_unhealthy=self.policy.remove_worker,
+            allowlist=tuple(args.worker_allowlist),
+        )
+        self.admin_headers = (
+            {"Authorization": f"Bearer {args.worker_admin_api_key}"}
+            if args.worker_admin_api_key
+            else headers
+        )
         for url in args.worker_urls:
             self.registry.add(url)
-        self.client: Optional[httpx.AsyncClient] = None
-        self.route_seconds: deque[float] = deque(maxlen=1000)  # the policy's time per routed request
-        self.worker_cache: dict[str, dict] = {}  # each worker's internal state at the last /metrics scrape
+        self.client: httpx.AsyncClient | None = None
+        self.route_seconds: deque[float] = deque(
+            maxlen=1000
+        )  # the policy's time per routed request
+        self.worker_cache: dict[
+            str, dict
+        ] = {}  # each worker's internal state at the last /metrics scrape
         self.metrics = RouterMetrics(self)
         self.sessions = SessionAffinity()
 
-    def pick(self, text: str) -> Optional[str]:
+    def pick(self, text: str) -> str | None:
         workers = self.registry.healthy()
         if not workers:
             return None
@@ -118,16 +155,20 @@ class RouterState:
         return url
 
 
-def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> FastAPI:
+def create_router_app(args: RouterArgs, policy: Policy | None = None) -> FastAPI:
     state = RouterState(args, policy)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        state.client = httpx.AsyncClient(timeout=httpx.Timeout(args.request_timeout, connect=args.connect_timeout),
-                                         limits=httpx.Limits(max_connections=None, max_keepalive_connections=64))
+        state.client = httpx.AsyncClient(
+            timeout=httpx.Timeout(args.request_timeout, connect=args.connect_timeout),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
         await state.registry.check_all(state.client)  # know who is up before the first request
-        tasks = [asyncio.ensure_future(state.registry.run_health_checks(state.client)),
-                 asyncio.ensure_future(_maintain(state))]
+        tasks = [
+            asyncio.ensure_future(state.registry.run_health_checks(state.client)),
+            asyncio.ensure_future(_maintain(state)),
+        ]
         yield
         for t in tasks:
             t.cancel()
@@ -136,17 +177,24 @@ def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> Fast
     app = FastAPI(title="radixlm router", lifespan=lifespan)
     app.state.router = state
     app.add_middleware(AccessMiddleware, admin_paths=ADMIN_PATHS, open_paths=DASHBOARD_OPEN_PATHS)
-    install_access(app, AccessConfig(args.api_key, args.admin_api_key, args.host, tuple(args.allowed_origins)))
+    install_access(
+        app, AccessConfig(args.api_key, args.admin_api_key, args.host, tuple(args.allowed_origins))
+    )
 
     @app.exception_handler(Refusal)
     async def _refused(request: Request, e: Refusal):
         return error_json(e.status, e.message, e.kind, e.param)
 
     # /dashboard: every worker side by side, gathered only while a page is open.
-    app.include_router(router_dashboard(lambda: [w.as_dict() for w in state.registry.workers.values()],
-                                        lambda: broadcast(state, "GET", "/get_server_info", timeout=5.0)))
+    app.include_router(
+        router_dashboard(
+            lambda: [w.as_dict() for w in state.registry.workers.values()],
+            lambda: broadcast(state, "GET", "/get_server_info", timeout=5.0),
+        )
+    )
 
     for path in GENERATE_PATHS + OTHER_POST_PATHS:
+
         async def generate(request: Request, path=path):
             raw, body = await read_body(request, args.max_request_body_bytes)
             sid = session_id_of(body) if path == "/generate" else None
@@ -154,7 +202,9 @@ def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> Fast
                 return await forward(state, request, path, raw, routing_text(path, body))
             home = state.sessions.home(sid, client_owner(presented_key(request.headers)))
             if home is None:
-                return error_json(400, f"session_params.id: no open session {sid!r}", param="session_params.id")
+                return error_json(
+                    400, f"session_params.id: no open session {sid!r}", param="session_params.id"
+                )
             return await forward(state, request, path, raw, "", pinned=home)
 
         app.add_api_route(path, generate, methods=["POST"])
@@ -168,15 +218,20 @@ def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> Fast
             return error_json(503, "no healthy worker", "server_error")
         resp = await forward_once(state, request, url, "/open_session", raw)
         if resp.status_code == 200:
-            state.sessions.record(json.loads(resp.body), url, client_owner(presented_key(request.headers)))
+            state.sessions.record(
+                json.loads(resp.body), url, client_owner(presented_key(request.headers))
+            )
         return resp
 
     @app.post("/close_session")
     async def close_session(request: Request):
         raw, body = await read_body(request, args.max_request_body_bytes)
         sid = body.get("session_id") if isinstance(body, dict) else None
-        home = state.sessions.home(sid, client_owner(presented_key(request.headers))) if isinstance(
-            sid, str) else None
+        home = (
+            state.sessions.home(sid, client_owner(presented_key(request.headers)))
+            if isinstance(sid, str)
+            else None
+        )
         if home is None:
             return error_json(400, f"session_id: no open session {sid!r}", param="session_id")
         resp = await forward_once(state, request, home, "/close_session", raw)
@@ -203,11 +258,21 @@ def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> Fast
 
     @app.post("/abort_request")
     async def abort_request(request: Request):
-        # Sent on as the one rid it names (the workers cannot tell a user's empty rid from the admin's).
+        # Sent on as the one rid it names (the workers cannot tell a user's empty rid from the
+        # admin's).
         rid = abort_target((await read_body(request, args.max_request_body_bytes))[1], request)
-        body, headers = ({"rid": rid}, state.registry.headers) if rid else ({"abort_all": True}, state.admin_headers)
-        return JSONResponse({"workers": await broadcast(state, "POST", "/abort_request", json.dumps(body).encode(),
-                                                        headers=headers)})
+        body, headers = (
+            ({"rid": rid}, state.registry.headers)
+            if rid
+            else ({"abort_all": True}, state.admin_headers)
+        )
+        return JSONResponse(
+            {
+                "workers": await broadcast(
+                    state, "POST", "/abort_request", json.dumps(body).encode(), headers=headers
+                )
+            }
+        )
 
     @app.get("/get_server_info")
     @app.get("/server_info")
@@ -242,9 +307,13 @@ def create_router_app(args: RouterArgs, policy: Optional[Policy] = None) -> Fast
     async def metrics():
         # The workers' own prompt/cached token counts: the hit rate that matters is theirs.
         infos = await broadcast(state, "GET", "/get_server_info", timeout=state.args.health.timeout)
-        state.worker_cache = {u: r["body"]["internal_state"] for u, r in infos.items()
-                              if r.get("status") == 200 and isinstance(r.get("body"), dict)
-                              and isinstance(r["body"].get("internal_state"), dict)}
+        state.worker_cache = {
+            u: r["body"]["internal_state"]
+            for u, r in infos.items()
+            if r.get("status") == 200
+            and isinstance(r.get("body"), dict)
+            and isinstance(r["body"].get("internal_state"), dict)
+        }
         body, content_type = state.metrics.render()
         return Response(body, media_type=content_type)
 
@@ -268,8 +337,11 @@ async def read_body(request: Request, limit: int) -> tuple[bytes, object]:
     problem = json_content_type_error(request.headers.get("content-type"))
     if problem:
         raise Refusal(415, problem, "content-type")
-    too_big = Refusal(413, f"the request body is larger than the limit of {limit} bytes (--max-request-body-bytes)",
-                      "body")
+    too_big = Refusal(
+        413,
+        f"the request body is larger than the limit of {limit} bytes (--max-request-body-bytes)",
+        "body",
+    )
     raw = await read_bounded(request, limit, too_big)
     try:
         return raw, json.loads(raw)
@@ -279,9 +351,12 @@ async def read_body(request: Request, limit: int) -> tuple[bytes, object]:
 
 def router_info(state: RouterState) -> dict:
     rs = sorted(state.route_seconds)
-    return {"policy": state.policy.name, "workers": [w.as_dict() for w in state.registry.workers.values()],
-            "decisions": getattr(state.policy, "decisions", {}),
-            "route_ms_p50": round(1e3 * rs[len(rs) // 2], 4) if rs else None}
+    return {
+        "policy": state.policy.name,
+        "workers": [w.as_dict() for w in state.registry.workers.values()],
+        "decisions": getattr(state.policy, "decisions", {}),
+        "route_ms_p50": round(1e3 * rs[len(rs) // 2], 4) if rs else None,
+    }
 
 
 async def _maintain(state: RouterState) -> None:
@@ -291,23 +366,40 @@ async def _maintain(state: RouterState) -> None:
 
 
 def _request_headers(state: RouterState, request: Request) -> dict:
-    h = {k: v for k, v in request.headers.items()
-         if k.lower() not in _HOP_HEADERS | _BROWSER_HEADERS | {"host", "authorization", "x-api-key"}}
+    h = {
+        k: v
+        for k, v in request.headers.items()
+        if k.lower() not in _HOP_HEADERS | _BROWSER_HEADERS | {"host", "authorization", "x-api-key"}
+    }
     h.update(state.registry.headers)
     return h
 
 
-async def forward(state: RouterState, request: Request, path: str, raw: bytes, text: str,
-                  pinned: Optional[str] = None) -> Response:
+async def forward(
+    state: RouterState,
+    request: Request,
+    path: str,
+    raw: bytes,
+    text: str,
+    pinned: str | None = None,
+) -> Response:
     """Send the request to a picked worker; on a failure before any answer, to another one. A
     `pinned` request (a session's turn) goes to that worker only: its state lives nowhere else."""
     headers = _request_headers(state, request)
     tried: set[str] = set()
-    last_error = "no healthy worker" if pinned is None else f"the session's worker {pinned} is not healthy"
+    last_error = (
+        "no healthy worker" if pinned is None else f"the session's worker {pinned} is not healthy"
+    )
     for attempt in range(1 if pinned else state.args.max_retries + 1):
         if attempt:
             await asyncio.sleep(state.args.retry_backoff * 2 ** (attempt - 1))
-        url = state.pick(text) if pinned is None else pinned if pinned in state.registry.healthy() else None
+        url = (
+            state.pick(text)
+            if pinned is None
+            else pinned
+            if pinned in state.registry.healthy()
+            else None
+        )
         if url is None:
             break
         if url in tried and len(state.registry.healthy()) > len(tried):  # prefer one not tried yet
@@ -325,8 +417,10 @@ async def forward(state: RouterState, request: Request, path: str, raw: bytes, t
             return f"worker {url}: {why}"
 
         try:
-            resp = await state.client.send(state.client.build_request("POST", url + path, content=raw, headers=headers),
-                                           stream=True)
+            resp = await state.client.send(
+                state.client.build_request("POST", url + path, content=raw, headers=headers),
+                stream=True,
+            )
         except httpx.HTTPError as e:
             last_error = failed(f"{type(e).__name__}: {e}")
             continue
@@ -345,15 +439,22 @@ async def forward(state: RouterState, request: Request, path: str, raw: bytes, t
             last_error = failed(f"{type(e).__name__} before its first bytes: {e}")
             continue
         state.registry.record(url, True)
-        return StreamingResponse(_relay(resp, first, chunks, worker), status_code=resp.status_code,
-                                 headers={k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS})
+        return StreamingResponse(
+            _relay(resp, first, chunks, worker),
+            status_code=resp.status_code,
+            headers={k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS},
+        )
     return error_json(503, f"no worker could serve the request ({last_error})", "server_error")
 
 
-async def forward_once(state: RouterState, request: Request, url: str, path: str, raw: bytes) -> Response:
+async def forward_once(
+    state: RouterState, request: Request, url: str, path: str, raw: bytes
+) -> Response:
     """One small request to one worker, answered whole (a 502 when it cannot be reached)."""
     try:
-        r = await state.client.post(url + path, content=raw, headers=_request_headers(state, request))
+        r = await state.client.post(
+            url + path, content=raw, headers=_request_headers(state, request)
+        )
     except httpx.HTTPError as e:
         state.registry.record(url, False)
         return error_json(502, f"worker {url}: {type(e).__name__}: {e}", "server_error")
@@ -380,20 +481,31 @@ async def forward_get(state: RouterState, path: str) -> Response:
         except httpx.HTTPError:
             state.registry.record(url, False)
             continue
-        return Response(r.content, status_code=r.status_code, media_type=r.headers.get("content-type"))
+        return Response(
+            r.content, status_code=r.status_code, media_type=r.headers.get("content-type")
+        )
     return error_json(503, "no healthy worker", "server_error")
 
 
-async def broadcast(state: RouterState, method: str, path: str, content: bytes = b"", timeout: float = 30.0,
-                    headers: Optional[dict] = None) -> dict:
+async def broadcast(
+    state: RouterState,
+    method: str,
+    path: str,
+    content: bytes = b"",
+    timeout: float = 30.0,
+    headers: dict | None = None,
+) -> dict:
     """`method path` on every verified worker, with `headers` (default: the workers' user key)."""
-    headers = {**(state.registry.headers if headers is None else headers),
-               **({"Content-Type": "application/json"} if content else {})}
+    headers = {
+        **(state.registry.headers if headers is None else headers),
+        **({"Content-Type": "application/json"} if content else {}),
+    }
 
     async def one(url: str) -> dict:
         try:
-            r = await state.client.request(method, url + path, content=content or None, headers=headers,
-                                           timeout=timeout)
+            r = await state.client.request(
+                method, url + path, content=content or None, headers=headers, timeout=timeout
+            )
             try:
                 body = r.json()
             except ValueError:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from typing import Optional
 
 from radixlm.radix_walk import walk
 
@@ -23,7 +22,7 @@ class _Node:
     # `key`/`children`: the node shape radix_walk.walk descends.
     __slots__ = ("key", "parent", "children", "tenants")
 
-    def __init__(self, key: str, parent: Optional["_Node"]):
+    def __init__(self, key: str, parent: _Node | None):
         self.key = key  # the characters on the edge into this node
         self.parent = parent
         self.children: dict[str, _Node] = {}  # first character -> child
@@ -36,10 +35,10 @@ class ApproxRadixTree:
         self.tenant_chars: dict[str, int] = {}  # characters each tenant holds
         self._clock = itertools.count()  # tie-breaker: insertions in one clock tick stay ordered
 
-    def _now(self, now: Optional[float]) -> float:
+    def _now(self, now: float | None) -> float:
         return time.monotonic() if now is None else now
 
-    def insert(self, text: str, tenant: str, now: Optional[float] = None) -> None:
+    def insert(self, text: str, tenant: str, now: float | None = None) -> None:
         """Record that `tenant` served `text` (it now caches every prefix of it)."""
         t = self._now(now)
         node, end = self.root, 0
@@ -73,7 +72,7 @@ class ApproxRadixTree:
         upper.children[child.key[0]] = child
         return upper
 
-    def prefix_match(self, text: str, now: Optional[float] = None) -> tuple[int, list[str]]:
+    def prefix_match(self, text: str, now: float | None = None) -> tuple[int, list[str]]:
         """(characters of text's longest cached prefix, the tenants that hold all of it). The
         match may end inside an edge. Touches the matched path for those tenants."""
         path, end = [], 0
@@ -122,7 +121,9 @@ class ApproxRadixTree:
         for tenant, chars in list(self.tenant_chars.items()):
             if chars <= max_size:
                 continue
-            heap = [(nd.tenants[tenant], next(self._clock), nd) for nd in self._tenant_leaves(tenant)]
+            heap = [
+                (nd.tenants[tenant], next(self._clock), nd) for nd in self._tenant_leaves(tenant)
+            ]
             heapq.heapify(heap)
             while heap and self.tenant_chars[tenant] > max_size:
                 _, _, node = heapq.heappop(heap)
@@ -132,8 +133,11 @@ class ApproxRadixTree:
                 parent = node.parent
                 if not node.tenants and parent is not None:
                     del parent.children[node.key[0]]
-                if parent is not self.root and parent is not None and not any(
-                        tenant in c.tenants for c in parent.children.values()):
+                if (
+                    parent is not self.root
+                    and parent is not None
+                    and not any(tenant in c.tenants for c in parent.children.values())
+                ):
                     heapq.heappush(heap, (parent.tenants[tenant], next(self._clock), parent))
         return removed
 

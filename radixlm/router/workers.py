@@ -19,8 +19,8 @@ import asyncio
 import fnmatch
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 from urllib.parse import urlsplit
 
 import httpx
@@ -53,16 +53,25 @@ class Worker:
     errors: int = 0  # of them, failed (connection error or 5xx)
 
     def as_dict(self) -> dict:
-        return {"url": self.url, "healthy": self.healthy, "verified": self.verified, "note": self.note,
-                "load": self.load, "routed": self.routed, "errors": self.errors}
+        return {
+            "url": self.url,
+            "healthy": self.healthy,
+            "verified": self.verified,
+            "note": self.note,
+            "load": self.load,
+            "routed": self.routed,
+            "errors": self.errors,
+        }
 
 
 @dataclass
 class WorkerRegistry:
     health: HealthConfig = field(default_factory=HealthConfig)
     headers: dict = field(default_factory=dict)  # sent to verified workers (their API key)
-    on_unhealthy: Optional[Callable[[str], None]] = None  # a worker went down: drop its tree entries
-    allowlist: tuple[str, ...] = ()  # host patterns (fnmatch) a worker URL must match; empty: any host
+    on_unhealthy: Callable[[str], None] | None = None  # a worker went down: drop its tree entries
+    allowlist: tuple[
+        str, ...
+    ] = ()  # host patterns (fnmatch) a worker URL must match; empty: any host
     workers: dict[str, Worker] = field(default_factory=dict)
 
     def add(self, url: str) -> Worker:
@@ -151,8 +160,10 @@ def normalize_url(url: str) -> str:
     except ValueError as e:
         raise ValueError(f"worker url {url[:200]!r} is malformed: {e}") from None
     if not parts.hostname or "@" in parts.netloc or parts.query or parts.fragment:
-        raise ValueError(f"worker url must be scheme://host[:port][/path], without credentials, query or "
-                         f"fragment, got {url[:200]!r}")
+        raise ValueError(
+            "worker url must be scheme://host[:port][/path], without credentials, query or "
+            f"fragment, got {url[:200]!r}"
+        )
     return url
 
 
@@ -167,7 +178,9 @@ def host_allowed(url: str, patterns: tuple[str, ...]) -> bool:
 _PROBE_BYTES = 1 << 16  # a probe reads at most this much of an answer
 
 
-async def _get(client: httpx.AsyncClient, url: str, headers: dict, timeout: float) -> tuple[int, object]:
+async def _get(
+    client: httpx.AsyncClient, url: str, headers: dict, timeout: float
+) -> tuple[int, object]:
     """(status, JSON body or None), reading at most _PROBE_BYTES."""
     async with client.stream("GET", url, headers=headers, timeout=timeout) as r:
         body = b""
@@ -182,12 +195,17 @@ async def _get(client: httpx.AsyncClient, url: str, headers: dict, timeout: floa
 
 
 def _asks_for_key(body) -> bool:
-    """A radixlm ({"error": {"type": "authentication_error"}}) or SGLang ({"error": "Unauthorized"}) 401."""
+    """A radixlm ({"error": {"type": "authentication_error"}}) or SGLang ({"error": "Unauthorized"})
+    401."""
     err = body.get("error") if isinstance(body, dict) else None
-    return err == "Unauthorized" or (isinstance(err, dict) and err.get("type") == "authentication_error")
+    return err == "Unauthorized" or (
+        isinstance(err, dict) and err.get("type") == "authentication_error"
+    )
 
 
-async def probe_worker(client: httpx.AsyncClient, url: str, headers: dict, timeout: float) -> Optional[str]:
+async def probe_worker(
+    client: httpx.AsyncClient, url: str, headers: dict, timeout: float
+) -> str | None:
     """None when `url` is a serving radixlm / SGLang worker, else what is wrong. The key (headers)
     goes only to a server whose keyless answer already was such a server's 401."""
     try:
@@ -201,6 +219,10 @@ async def probe_worker(client: httpx.AsyncClient, url: str, headers: dict, timeo
         return f"not reachable ({type(e).__name__})"
     if status != 200:
         return f"/get_model_info answered {status}"
-    if not (isinstance(body, dict) and isinstance(body.get("model_path"), str) and "is_generation" in body):
+    if not (
+        isinstance(body, dict)
+        and isinstance(body.get("model_path"), str)
+        and "is_generation" in body
+    ):
         return "/get_model_info does not describe a model as a radixlm or SGLang server does"
     return None

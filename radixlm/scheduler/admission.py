@@ -7,8 +7,8 @@ step's input-token budget; a prompt longer than the chunk budget gets a first ch
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Optional
 
 from radixlm.scheduler.batch import PrefillChunk
 from radixlm.scheduler.cache_manager import CacheManager
@@ -23,8 +23,9 @@ CLIP_MAX_NEW_TOKENS = 4096
 
 @dataclass
 class NewTokenRatio:
-    """The share of each running request's remaining max_new_tokens that admission reserves (SGLang's
-    new_token_ratio): high after a retraction, decaying by `decay` per decode step to `minimum`."""
+    """The share of each running request's remaining max_new_tokens that admission reserves
+    (SGLang's new_token_ratio): high after a retraction, decaying by `decay` per decode step to
+    `minimum`."""
 
     initial: float
     minimum: float
@@ -52,18 +53,23 @@ class PrefillAdder:
     cache: CacheManager
     rem_total_tokens: int  # free + evictable - reserve of running requests
     rem_input_tokens: int  # max_prefill_tokens left in this batch
-    rem_chunk_tokens: Optional[int]  # chunked_prefill_size left, None = no chunking
+    rem_chunk_tokens: int | None  # chunked_prefill_size left, None = no chunking
     new_token_ratio: float
     free_req_slots: int
     nothing_running: bool
     chunks: list[PrefillChunk] = field(default_factory=list)
-    new_chunked_req: Optional[Req] = None  # admitted for a first (or next) chunk only
+    new_chunked_req: Req | None = None  # admitted for a first (or next) chunk only
 
     def can_admit_more(self) -> bool:
         """False when no request can be admitted whatever its prefix (ordering would be wasted)."""
         chunk_left = self.rem_chunk_tokens is None or self.rem_chunk_tokens > 0
-        return (self.new_chunked_req is None and self.rem_total_tokens > 0 and self.rem_input_tokens > 0
-                and chunk_left and self.free_req_slots > 0)
+        return (
+            self.new_chunked_req is None
+            and self.rem_total_tokens > 0
+            and self.rem_input_tokens > 0
+            and chunk_left
+            and self.free_req_slots > 0
+        )
 
     def add_chunked_req(self, req: Req) -> bool:
         """The next chunk of the request being prefilled in chunks (it holds its row and lock)."""
@@ -93,7 +99,9 @@ class PrefillAdder:
         """How many of req's `ext` new tokens this step computes (0: none), and the KV budget
         that takes (the reserve for its outputs included when the chunk is its last)."""
         chunking = self.rem_chunk_tokens is not None
-        limit = min(self.rem_chunk_tokens, self.rem_input_tokens) if chunking else self.rem_input_tokens
+        limit = (
+            min(self.rem_chunk_tokens, self.rem_input_tokens) if chunking else self.rem_input_tokens
+        )
         if not chunking and not self.chunks:
             limit = ext  # without chunking the first prompt always fits the input budget
         take = min(ext, limit)

@@ -7,7 +7,7 @@ runner takes; the model never sees a Req.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class PrefillChunk:
-    """Compute the K/V of `req`'s tokens [start, start + length), after the KV of [0, start) that its
-    row already holds (cached, or earlier chunks). Planned by admission, never changed after."""
+    """Compute the K/V of `req`'s tokens [start, start + length), after the KV of [0, start) that
+    its row already holds (cached, or earlier chunks). Planned by admission, never changed after."""
 
     req: Req
     start: int
@@ -32,13 +32,18 @@ class PrefillChunk:
     # The chunk reaches the end of the request's tokens: its last logits give the next token.
     # A request whose chunk is not the last cannot decode; it stays PREFILLING between its chunks.
     is_last: bool
-    # Prompt logprobs: the first position whose logits row the forward returns (None: only the last).
-    logprob_start: Optional[int]
+    # Prompt logprobs: the first position whose logits row the forward returns (None: only the
+    # last).
+    logprob_start: int | None
 
     @classmethod
-    def plan(cls, req: Req, length: int) -> "PrefillChunk":
+    def plan(cls, req: Req, length: int) -> PrefillChunk:
         start = req.kv_committed_len
-        assert req.kv_allocated_len == start and 0 < length <= req.seqlen - start, (req.rid, start, length)
+        assert req.kv_allocated_len == start and 0 < length <= req.seqlen - start, (
+            req.rid,
+            start,
+            length,
+        )
         end = start + length
         logprob_start = None
         if req.wants_prompt_logprobs():
@@ -62,7 +67,9 @@ class PrefillChunk:
 class ScheduleBatch:
     forward_mode: ForwardMode
     chunks: list[PrefillChunk] = field(default_factory=list)  # EXTEND / MIXED
-    decode_reqs: list[Req] = field(default_factory=list)  # DECODE / MIXED (after the chunks) / TARGET_VERIFY
+    decode_reqs: list[Req] = field(
+        default_factory=list
+    )  # DECODE / MIXED (after the chunks) / TARGET_VERIFY
     # TARGET_VERIFY: per decode request, the draft tree verified after its next input (maybe empty).
     drafts: list[DraftTree] = field(default_factory=list)
 
@@ -99,15 +106,24 @@ class ScheduleBatch:
 
     def sampling(self) -> list[SamplingRow]:
         """Per request, what the sampler needs this step."""
-        return [SamplingRow(r.sampling_params, r.output_ids, r.text_input_ids(),
-                            r.generator if keep else None, r.banned_token_ids())
-                for r, keep in zip(self.reqs, self.sampling_rows())]
+        return [
+            SamplingRow(
+                r.sampling_params,
+                r.output_ids,
+                r.text_input_ids(),
+                r.generator if keep else None,
+                r.banned_token_ids(),
+            )
+            for r, keep in zip(self.reqs, self.sampling_rows())
+        ]
 
-    def prepare(self, cache_manager: "CacheManager") -> ModelWorkerBatch:
+    def prepare(self, cache_manager: CacheManager) -> ModelWorkerBatch:
         """Allocate this step's KV slots, write them into the requests' rows, and describe the step.
         A decode input whose token the step in flight is still sampling is named by its future
         slot (-(slot + 1)), resolved on the worker (overlap.py)."""
-        total = sum(c.length for c in self.chunks) + len(self.decode_reqs) + sum(map(len, self.drafts))
+        total = (
+            sum(c.length for c in self.chunks) + len(self.decode_reqs) + sum(map(len, self.drafts))
+        )
         out_loc = cache_manager.alloc_kv(total)
         assert out_loc is not None, "admission and retraction must leave room for the step"
         r2t = cache_manager.req_to_token_pool.req_to_token
@@ -115,7 +131,11 @@ class ScheduleBatch:
         pt = 0
         for c in self.chunks:
             r = c.req
-            assert r.kv_allocated_len == c.start == r.kv_committed_len, (r.rid, r.kv_allocated_len, c.start)
+            assert r.kv_allocated_len == c.start == r.kv_committed_len, (
+                r.rid,
+                r.kv_allocated_len,
+                c.start,
+            )
             r2t[r.req_pool_idx, c.start : c.end] = out_loc[pt : pt + c.length]
             pt += c.length
             r.kv_allocated_len = c.end
@@ -128,23 +148,40 @@ class ScheduleBatch:
             lp_starts.append(c.logprob_start)
         tree_parents = None
         if self.forward_mode.is_verify():
-            self._prepare_verify(r2t, out_loc, input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts)
-            if not all(d.is_chain for d in self.drafts):  # chains need no mask: causal attention is theirs
+            self._prepare_verify(
+                r2t, out_loc, input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts
+            )
+            if not all(
+                d.is_chain for d in self.drafts
+            ):  # chains need no mask: causal attention is theirs
                 tree_parents = [[-1] + [p + 1 for p in d.parents] for d in self.drafts]
         else:
-            self._prepare_decode(r2t, out_loc[pt:], input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts)
+            self._prepare_decode(
+                r2t, out_loc[pt:], input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts
+            )
         return ModelWorkerBatch(
-            self.forward_mode, input_ids, positions, [r.req_pool_idx for r in self.reqs], seq_lens, out_loc,
-            extend_prefix_lens=prefix_lens, extend_seq_lens=ext_lens, extend_logprob_start_lens=lp_starts,
+            self.forward_mode,
+            input_ids,
+            positions,
+            [r.req_pool_idx for r in self.reqs],
+            seq_lens,
+            out_loc,
+            extend_prefix_lens=prefix_lens,
+            extend_seq_lens=ext_lens,
+            extend_logprob_start_lens=lp_starts,
             num_decode=len(self.decode_reqs) if self.forward_mode.is_mixed() else 0,
-            sampling=self.sampling(), lora_ids=[r.lora_id for r in self.reqs],
-            mm_inputs=[r.mm_inputs for r in self.reqs] if any(r.mm_inputs for r in self.reqs) else [],
+            sampling=self.sampling(),
+            lora_ids=[r.lora_id for r in self.reqs],
+            mm_inputs=(
+                [r.mm_inputs for r in self.reqs] if any(r.mm_inputs for r in self.reqs) else []
+            ),
             tree_parents=tree_parents,
         )
 
     @staticmethod
     def _next_input(r: Req) -> int:
-        """The token a decode step feeds for r: its last one, or the future slot of the step in flight."""
+        """The token a decode step feeds for r: its last one, or the future slot of the step in
+        flight."""
         p = r.kv_allocated_len
         n_in, n_out = len(r.origin_input_ids), len(r.output_ids)
         if p < n_in + n_out:
@@ -152,7 +189,9 @@ class ScheduleBatch:
         assert p == n_in + n_out and r.future_slot is not None, (r.rid, p, n_in + n_out)
         return -(r.future_slot + 1)
 
-    def _prepare_decode(self, r2t, out_loc, input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts):
+    def _prepare_decode(
+        self, r2t, out_loc, input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts
+    ):
         decode_pos = []
         for r in self.decode_reqs:
             p = r.kv_allocated_len
@@ -161,7 +200,9 @@ class ScheduleBatch:
             r.forward_passes += 1
             decode_pos.append(p)
         if self.decode_reqs:
-            rows = torch.tensor([r.req_pool_idx for r in self.decode_reqs], dtype=torch.int64, device=r2t.device)
+            rows = torch.tensor(
+                [r.req_pool_idx for r in self.decode_reqs], dtype=torch.int64, device=r2t.device
+            )
             pos = torch.tensor(decode_pos, dtype=torch.int64, device=r2t.device)
             r2t[rows, pos] = out_loc.to(r2t.device)
             positions.extend(decode_pos)
@@ -170,7 +211,9 @@ class ScheduleBatch:
             ext_lens.extend([1] * len(decode_pos))
             lp_starts.extend([None] * len(decode_pos))
 
-    def _prepare_verify(self, r2t, out_loc, input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts):
+    def _prepare_verify(
+        self, r2t, out_loc, input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts
+    ):
         """Each request: its next input and its draft tree's nodes, as an extend after its context
         (node j at column p + 1 + j, position p + its depth: the tree mask, model/tree_mask.py, has
         it attend its ancestors only); a drafted request gets every row's logits back (lp_start at

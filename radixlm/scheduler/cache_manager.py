@@ -13,7 +13,8 @@ Moves (all on the scheduler thread):
 
     assign        admission: the matched prefix's slots become the request's protected range
                   (its node locked), a row is taken from the free rows
-    alloc_kv      free list -> a step's new slots (after evicting unlocked LRU leaves); ScheduleBatch
+    alloc_kv      free list -> a step's new slots (after evicting unlocked LRU leaves);
+    ScheduleBatch
                   writes them into the requests' rows, extending their own range
     cache_req(finished=False)
                   the request's committed KV -> the tree; own slots that duplicate what the tree
@@ -32,8 +33,6 @@ request's whole range its own until it leaves.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from radixlm.cache.base_prefix_cache import BasePrefixCache, MatchResult
@@ -43,16 +42,24 @@ from radixlm.scheduler.req import Req
 
 
 class CacheManager:
-    def __init__(self, req_to_token_pool: ReqToTokenPool, token_to_kv_pool: TokenToKVPool,
-                 tree_cache: BasePrefixCache):
+    def __init__(
+        self,
+        req_to_token_pool: ReqToTokenPool,
+        token_to_kv_pool: TokenToKVPool,
+        tree_cache: BasePrefixCache,
+    ):
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool = token_to_kv_pool
         self.tree_cache = tree_cache
 
     @staticmethod
-    def create(req_to_token_pool: ReqToTokenPool, token_to_kv_pool: TokenToKVPool,
-               tree_cache: BasePrefixCache) -> "CacheManager":
-        """The manager for this cache: one that hands KV to the tree, or keeps it with the request."""
+    def create(
+        req_to_token_pool: ReqToTokenPool,
+        token_to_kv_pool: TokenToKVPool,
+        tree_cache: BasePrefixCache,
+    ) -> CacheManager:
+        """The manager for this cache: one that hands KV to the tree, or keeps it with the
+        request."""
         cls = CacheManager if tree_cache.shares_prefixes else NoCacheManager
         return cls(req_to_token_pool, token_to_kv_pool, tree_cache)
 
@@ -89,7 +96,7 @@ class CacheManager:
         req.req_pool_idx, req.last_node = idx, node
         req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = n
 
-    def alloc_kv(self, need: int) -> Optional[torch.Tensor]:
+    def alloc_kv(self, need: int) -> torch.Tensor | None:
         """`need` free KV slots, evicting unlocked radix-tree leaves if the pool is short."""
         short = need - self.token_to_kv_pool.available_size()
         if short > 0:
@@ -102,7 +109,11 @@ class CacheManager:
         uncommitted tail, the lock and the row."""
         tree, pool = self.tree_cache, self.token_to_kv_pool
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
-        protected, committed, allocated = req.cache_protected_len, req.kv_committed_len, req.kv_allocated_len
+        protected, committed, allocated = (
+            req.cache_protected_len,
+            req.kv_committed_len,
+            req.kv_allocated_len,
+        )
         assert 0 <= protected <= committed <= allocated, (req.rid, protected, committed, allocated)
         if committed > protected:
             key = req.prefix_key(committed)
@@ -117,7 +128,8 @@ class CacheManager:
                 indices, node = tree.peek_prefix(key)
                 assert len(indices) == committed
                 row[protected:committed] = indices[protected:]
-                # Lock the new node before unlocking its ancestor: the shared path never looks evictable.
+                # Lock the new node before unlocking its ancestor: the shared path never looks
+                # evictable.
                 tree.inc_lock_ref(node)
                 tree.dec_lock_ref(req.last_node)
                 req.last_node, req.cache_protected_len = node, committed
@@ -126,7 +138,8 @@ class CacheManager:
             self._leave(req, own_from=committed)
 
     def _leave(self, req: Req, own_from: int) -> None:
-        """req gives up its row: its own slots from own_from on go to the free list, the lock goes."""
+        """req gives up its row: its own slots from own_from on go to the free list, the lock
+        goes."""
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         self.token_to_kv_pool.free(row[own_from : req.kv_allocated_len].clone())
         self.tree_cache.dec_lock_ref(req.last_node)
@@ -142,7 +155,12 @@ class CacheManager:
     def free_tail(self, req: Req, keep: int) -> None:
         """Free req's own slots from position `keep` on (tokens it will recompute)."""
         assert req.cache_protected_len <= keep <= req.kv_committed_len == req.kv_allocated_len, (
-            req.rid, keep, req.cache_protected_len, req.kv_committed_len, req.kv_allocated_len)
+            req.rid,
+            keep,
+            req.cache_protected_len,
+            req.kv_committed_len,
+            req.kv_allocated_len,
+        )
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         self.token_to_kv_pool.free(row[keep : req.kv_allocated_len].clone())
         req.kv_committed_len = req.kv_allocated_len = keep
@@ -161,21 +179,32 @@ class CacheManager:
         now at start + order[j] (a draft tree's accepted path moves up to follow the root; the
         rest, now past it, is freed as uncommitted). The slots stay req's."""
         assert req.kv_committed_len <= start and start + len(order) <= req.kv_allocated_len, (
-            req.rid, start, len(order), req.kv_committed_len, req.kv_allocated_len)
+            req.rid,
+            start,
+            len(order),
+            req.kv_committed_len,
+            req.kv_allocated_len,
+        )
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         cols = torch.tensor(order, dtype=torch.int64, device=row.device) + start
         row[start : start + len(order)] = row[cols]
 
     def free_uncommitted(self, req: Req) -> None:
-        """Free req's own slots past kv_committed_len: the KV of draft tokens a verify step rejected."""
+        """Free req's own slots past kv_committed_len: the KV of draft tokens a verify step
+        rejected."""
         assert req.cache_protected_len <= req.kv_committed_len <= req.kv_allocated_len, (
-            req.rid, req.cache_protected_len, req.kv_committed_len, req.kv_allocated_len)
+            req.rid,
+            req.cache_protected_len,
+            req.kv_committed_len,
+            req.kv_allocated_len,
+        )
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         self.token_to_kv_pool.free(row[req.kv_committed_len : req.kv_allocated_len].clone())
         req.kv_allocated_len = req.kv_committed_len
 
     def flush(self, level: str = "l1") -> None:
-        """Idle only. A hierarchical tree keeps what it moved down to L2/L3 unless level says more."""
+        """Idle only. A hierarchical tree keeps what it moved down to L2/L3 unless level says
+        more."""
         self.tree_cache.flush(level)
         self.token_to_kv_pool.clear()
         self.req_to_token_pool.clear()

@@ -5,7 +5,6 @@ process, so a bad option is an error in the caller's process, naming the option)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from radixlm.cache.hicache_config import HiCacheConfig
 from radixlm.config import ServerArgs
@@ -20,13 +19,15 @@ from radixlm.speculative.config import SpeculativeConfig
 @dataclass(frozen=True)
 class SchedulerConfig:
     runner: ModelRunnerConfig
-    hicache: Optional[HiCacheConfig] = None  # None: no hierarchical cache
-    speculative: Optional[SpeculativeConfig] = None  # None: no speculative decoding
-    tokenizer_path: Optional[str] = None  # None: the model's own
+    hicache: HiCacheConfig | None = None  # None: no hierarchical cache
+    speculative: SpeculativeConfig | None = None  # None: no speculative decoding
+    tokenizer_path: str | None = None  # None: the model's own
     schedule_policy: str = "lpm"
-    chunk_size: Optional[int] = 2048  # new tokens of one request per extend step; None: no chunking
+    chunk_size: int | None = 2048  # new tokens of one request per extend step; None: no chunking
     max_prefill_tokens: int = 4096  # new tokens per extend batch
-    new_token_ratio: float = 0.4  # share of a running request's remaining max_new_tokens reserved at admission
+    new_token_ratio: float = (
+        0.4  # share of a running request's remaining max_new_tokens reserved at admission
+    )
     min_new_token_ratio: float = 0.1
     new_token_ratio_decay: float = 0.001
     enable_mixed_chunk: bool = False
@@ -39,41 +40,60 @@ class SchedulerConfig:
     enable_invariant_checks: bool = False
     random_seed: int = 42
     log_level: str = "info"
-    disaggregation: DisaggregationConfig = DisaggregationConfig()  # PD: this server's role (default: both)
+    disaggregation: DisaggregationConfig = (
+        DisaggregationConfig()
+    )  # PD: this server's role (default: both)
     load_balance_method: str = "auto"  # DP attention: which rank a request goes to (dp_dispatch.py)
 
     def __post_init__(self):
         if self.schedule_policy not in POLICIES:
-            raise ValueError(f"schedule_policy must be one of {', '.join(POLICIES)}, got {self.schedule_policy!r}")
+            raise ValueError(
+                f"schedule_policy must be one of {', '.join(POLICIES)}, got"
+                f" {self.schedule_policy!r}"
+            )
         if self.grammar_backend not in GRAMMAR_BACKENDS:
-            raise ValueError(f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)}, "
-                             f"got {self.grammar_backend!r}")
+            raise ValueError(
+                f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)}, "
+                f"got {self.grammar_backend!r}"
+            )
         if self.load_balance_method not in LOAD_BALANCE_METHODS:
-            raise ValueError(f"load_balance_method must be one of {', '.join(LOAD_BALANCE_METHODS)}, "
-                             f"got {self.load_balance_method!r}")
+            raise ValueError(
+                f"load_balance_method must be one of {', '.join(LOAD_BALANCE_METHODS)}, "
+                f"got {self.load_balance_method!r}"
+            )
         if self.chunk_size is not None and self.chunk_size <= 0:
             raise ValueError("chunked_prefill_size must be positive or -1 (off)")
         for name in ("max_prefill_tokens", "stream_interval", "decode_log_interval"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.min_new_token_ratio <= self.new_token_ratio <= 1 or self.new_token_ratio_decay < 0:
-            raise ValueError("new token ratios need 0 <= min_new_token_ratio <= new_token_ratio <= 1 and a "
-                             "decay >= 0")
+        if (
+            not 0 <= self.min_new_token_ratio <= self.new_token_ratio <= 1
+            or self.new_token_ratio_decay < 0
+        ):
+            raise ValueError(
+                "new token ratios need 0 <= min_new_token_ratio <= new_token_ratio <= 1 and a "
+                "decay >= 0"
+            )
 
     @classmethod
-    def from_server_args(cls, args: ServerArgs) -> "SchedulerConfig":
+    def from_server_args(cls, args: ServerArgs) -> SchedulerConfig:
         if args.chunked_prefill_size == 0 or args.chunked_prefill_size < -1:
             raise ValueError("chunked_prefill_size must be positive or -1 (off)")
         speculative = SpeculativeConfig.from_server_args(args)
         runner = ModelRunnerConfig.from_server_args(args)
         # Overlap scheduling is on by default on CUDA only: on a CPU the forward already uses every
-        # core, and the scheduler's ~1% of a step is not worth the GIL contention. Off with speculative
-        # decoding: a verify step's inputs are the previous step's outputs.
-        overlap = speculative is None and (args.enable_overlap_schedule or
-                                           (runner.device != "cpu" and not args.disable_overlap_schedule))
+        # core, and the scheduler's ~1% of a step is not worth the GIL contention. Off with
+        # speculative decoding: a verify step's inputs are the previous step's outputs.
+        overlap = speculative is None and (
+            args.enable_overlap_schedule
+            or (runner.device != "cpu" and not args.disable_overlap_schedule)
+        )
         disaggregation = DisaggregationConfig.from_server_args(args)
-        overlap = overlap and not disaggregation.enabled  # the PD modes hand KV over between whole steps
-        # DP attention: every rank's forward of a step is launched after the step's exchange (dp_step.py).
+        overlap = (
+            overlap and not disaggregation.enabled
+        )  # the PD modes hand KV over between whole steps
+        # DP attention: every rank's forward of a step is launched after the step's exchange
+        # (dp_step.py).
         overlap = overlap and not args.enable_dp_attention
         return cls(
             runner=runner,
@@ -83,7 +103,8 @@ class SchedulerConfig:
             schedule_policy=args.schedule_policy,
             chunk_size=None if args.chunked_prefill_size == -1 else args.chunked_prefill_size,
             max_prefill_tokens=args.max_prefill_tokens,
-            # SGLang's --schedule-conservativeness scales the reserve for running requests' future tokens.
+            # SGLang's --schedule-conservativeness scales the reserve for running requests' future
+            # tokens.
             new_token_ratio=min(1.0, args.new_token_ratio * args.schedule_conservativeness),
             min_new_token_ratio=min(1.0, args.min_new_token_ratio * args.schedule_conservativeness),
             new_token_ratio_decay=args.new_token_ratio_decay,

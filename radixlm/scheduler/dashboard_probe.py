@@ -6,7 +6,7 @@ checked."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from radixlm.cache.base_prefix_cache import BasePrefixCache
 from radixlm.cache.tree_snapshot import tree_snapshot
@@ -23,7 +23,9 @@ class DashboardProbe:
 
     def handle(self, msg: DashboardSnapshotReq) -> DashboardSnapshotReqOutput:
         self.snapshots += 1
-        tree = tree_snapshot(self.tree_cache, min(max(msg.max_nodes, 0), MAX_NODES), msg.with_token_ids)
+        tree = tree_snapshot(
+            self.tree_cache, min(max(msg.max_nodes, 0), MAX_NODES), msg.with_token_ids
+        )
         return DashboardSnapshotReqOutput(self.internal_state(), tree)
 
     def info(self) -> dict:

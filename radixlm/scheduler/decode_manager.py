@@ -8,7 +8,7 @@ from the cache). Speculative decoding (speculation.py) may turn the step into a 
 from __future__ import annotations
 
 import logging
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from radixlm.model.forward_batch import ForwardMode
 from radixlm.scheduler.admission import NewTokenRatio
@@ -17,8 +17,8 @@ from radixlm.scheduler.cache_manager import CacheManager
 from radixlm.scheduler.finisher import Finisher
 from radixlm.scheduler.invariants import InvariantError
 from radixlm.scheduler.overlap import can_overlap
-from radixlm.scheduler.req_queues import ReqQueues
 from radixlm.scheduler.req import ReqStatus
+from radixlm.scheduler.req_queues import ReqQueues
 from radixlm.scheduler.speculation import NoSpeculation
 from radixlm.scheduler.stats import SchedulerStats
 
@@ -26,8 +26,17 @@ logger = logging.getLogger(__name__)
 
 
 class DecodeManager:
-    def __init__(self, queues: ReqQueues, cache_manager: CacheManager, finisher: Finisher, spec: NoSpeculation,
-                 ratio: NewTokenRatio, stats: SchedulerStats, context_len: int, steps_in_flight: Callable[[], bool]):
+    def __init__(
+        self,
+        queues: ReqQueues,
+        cache_manager: CacheManager,
+        finisher: Finisher,
+        spec: NoSpeculation,
+        ratio: NewTokenRatio,
+        stats: SchedulerStats,
+        context_len: int,
+        steps_in_flight: Callable[[], bool],
+    ):
         self.queues = queues
         self.cache_manager = cache_manager
         self.finisher = finisher
@@ -37,7 +46,7 @@ class DecodeManager:
         self.context_len = context_len
         self.steps_in_flight = steps_in_flight
 
-    def schedule(self) -> Optional[ScheduleBatch]:
+    def schedule(self) -> ScheduleBatch | None:
         """The decode (or verify) step of the running requests, or None when none runs."""
         self.finish_aborted()
         running = self.queues.running
@@ -49,13 +58,19 @@ class DecodeManager:
             self.ratio.step()
         if not running:
             return None
-        return self.spec.decode_batch(running, self.cache_manager.kv_room() - len(running), self.context_len)
+        return self.spec.decode_batch(
+            running, self.cache_manager.kv_room() - len(running), self.context_len
+        )
 
-    def schedule_overlapped(self) -> Optional[ScheduleBatch]:
+    def schedule_overlapped(self) -> ScheduleBatch | None:
         """The next decode step built while the previous one is still in flight (overlap.py), or
         None when it needs that step's tokens first (or a retraction)."""
         running = self.queues.running
-        if not running or not can_overlap(running, self.context_len) or self.cache_manager.kv_room() < len(running):
+        if (
+            not running
+            or not can_overlap(running, self.context_len)
+            or self.cache_manager.kv_room() < len(running)
+        ):
             return None
         self.ratio.step()
         return ScheduleBatch(ForwardMode.DECODE, decode_reqs=list(running))
@@ -89,7 +104,9 @@ class DecodeManager:
         retracted = []
         if q.prefilling and cm.kv_room() < len(q.running):
             retracted += q.prefilling
-        order = sorted(q.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)), reverse=True)
+        order = sorted(
+            q.running, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)), reverse=True
+        )
         for req in retracted:
             cm.release(req)
         while len(order) > 1 and cm.kv_room() < len(order):
@@ -101,12 +118,18 @@ class DecodeManager:
         q.move_all(retracted, ReqStatus.WAITING, front=True)
         self.ratio.after_retraction()
         self.stats.num_retracted += len(retracted)
-        logger.warning("KV cache full: retracted %d request(s); %d keep running", len(retracted), len(q.running))
+        logger.warning(
+            "KV cache full: retracted %d request(s); %d keep running",
+            len(retracted),
+            len(q.running),
+        )
         if cm.kv_room() < len(q.running):
             (req,) = q.running
             pool_size = cm.token_to_kv_pool.size
             if req.seqlen + 1 <= pool_size:
-                raise InvariantError(f"a lone request ({req.seqlen} tokens) finds no KV slot in a pool of "
-                                     f"{pool_size}: something else holds KV")
+                raise InvariantError(
+                    f"a lone request ({req.seqlen} tokens) finds no KV slot in a pool of "
+                    f"{pool_size}: something else holds KV"
+                )
             req.abort("out of KV cache memory")
             self.finisher.finish(req)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any
 
 from radixlm.ipc import BindSessionReq, CloseSessionReq, TokenizedGenerateReqInput
 
@@ -33,10 +33,13 @@ BALANCE_REL_THRESHOLD = 1.5  # ... and this ratio of most to fewest before load 
 
 @dataclass
 class DPView:
-    """Every rank's state as of the last step (dp_step.py fills it; rank 0's dispatcher and channels read it)."""
+    """Every rank's state as of the last step (dp_step.py fills it; rank 0's dispatcher and channels
+    read it)."""
 
     size: int
-    timeouts_ms: list[int] = field(default_factory=list)  # how long each rank would wait for a message
+    timeouts_ms: list[int] = field(
+        default_factory=list
+    )  # how long each rank would wait for a message
     requests: list[int] = field(default_factory=list)  # requests each holds (waiting, running, ...)
     tokens: list[int] = field(default_factory=list)  # their prompt and output tokens so far
     # New requests were handed out since (to any rank: every rank sees the whole routed list).
@@ -59,7 +62,7 @@ class PrefixIndex:
     def chain(ids: list[int], namespace: Any) -> list[int]:
         h, out = hash(namespace), []
         for end in range(BLOCK, len(ids) + 1, BLOCK):
-            h = hash((h, tuple(ids[end - BLOCK:end])))
+            h = hash((h, tuple(ids[end - BLOCK : end])))
             out.append(h)
         return out
 
@@ -80,22 +83,28 @@ class PrefixIndex:
 class DPDispatcher:
     def __init__(self, view: DPView, method: str = "auto", capacity_tokens: int = 1 << 20):
         if method not in LOAD_BALANCE_METHODS:
-            raise ValueError(f"load_balance_method must be one of {', '.join(LOAD_BALANCE_METHODS)}, got {method!r}")
+            raise ValueError(
+                f"load_balance_method must be one of {', '.join(LOAD_BALANCE_METHODS)}, got"
+                f" {method!r}"
+            )
         self.view, self.method = view, method
         self.index = PrefixIndex(view.size, capacity_tokens // BLOCK)
         self._turn = itertools.count()
-        self.sent_requests = [0] * view.size  # since the last step (the view does not count them yet)
+        self.sent_requests = [
+            0
+        ] * view.size  # since the last step (the view does not count them yet)
         self.sent_tokens = [0] * view.size
         self.sessions: dict[str, int] = {}  # session id -> its rank
         self.session_rids: dict[str, str] = {}  # rid of a session's next turn -> its session id
         self.stats = {"requests": [0] * view.size, "cache_hits": 0}
 
     def step_seen(self) -> None:
-        """The view now counts every request sent before (dp_step.py calls it after each exchange)."""
+        """The view now counts every request sent before (dp_step.py calls it after each
+        exchange)."""
         self.sent_requests = [0] * self.view.size
         self.sent_tokens = [0] * self.view.size
 
-    def assign(self, msg: Any) -> Optional[int]:
+    def assign(self, msg: Any) -> int | None:
         """The rank msg goes to; None: every rank (aborts, control calls, session bindings)."""
         if isinstance(msg, BindSessionReq):
             self.session_rids[msg.rid] = msg.session_id

@@ -13,7 +13,7 @@ step's exchange): a rank with work to do never waits on rank 0's idle poll.
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 import zmq
 
@@ -26,7 +26,13 @@ from radixlm.scheduler.io import BaseSchedulerIO, SchedulerIO
 
 
 class DPSchedulerIO(BaseSchedulerIO):
-    def __init__(self, comm: Communicator, port_args: PortArgs, view: DPView, dispatcher: Optional[DPDispatcher]):
+    def __init__(
+        self,
+        comm: Communicator,
+        port_args: PortArgs,
+        view: DPView,
+        dispatcher: DPDispatcher | None,
+    ):
         """dispatcher: rank 0's (None on the other ranks)."""
         if (comm.rank == 0) != (dispatcher is not None):
             raise ValueError("rank 0, and only rank 0, dispatches the requests")

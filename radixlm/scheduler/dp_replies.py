@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import deque
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from radixlm.ipc import ControlFailed, DashboardSnapshotReqOutput, GetInternalStateReqOutput
 
@@ -50,11 +51,16 @@ def merge_replies(replies: list) -> Any:
     if isinstance(first, GetInternalStateReqOutput):
         return GetInternalStateReqOutput(merge_states([r.state for r in replies]))
     if isinstance(first, DashboardSnapshotReqOutput):
-        return DashboardSnapshotReqOutput(merge_states([r.state for r in replies]), _forest([r.tree for r in replies]))
+        return DashboardSnapshotReqOutput(
+            merge_states([r.state for r in replies]), _forest([r.tree for r in replies])
+        )
     if dataclasses.is_dataclass(first) and hasattr(first, "success"):
         bad = [(k, r) for k, r in enumerate(replies) if not r.success]
-        counts = {f.name: sum(getattr(r, f.name) for r in replies) for f in dataclasses.fields(first)
-                  if _is_number(getattr(first, f.name))}
+        counts = {
+            f.name: sum(getattr(r, f.name) for r in replies)
+            for f in dataclasses.fields(first)
+            if _is_number(getattr(first, f.name))
+        }
         if bad:
             message = "; ".join(f"dp rank {k}: {r.message}" for k, r in bad)
             return dataclasses.replace(bad[0][1], **counts, message=message)
@@ -88,8 +94,12 @@ def _summed(values: list) -> Any:
     if all(isinstance(v, dict) for v in values):
         keys = dict.fromkeys(k for v in values for k in v)
         return {k: _summed([v[k] for v in values if k in v]) for k in keys}
-    if all(isinstance(v, list) for v in values) and len({len(v) for v in values}) == 1 and first \
-            and all(_is_number(x) for v in values for x in v):
+    if (
+        all(isinstance(v, list) for v in values)
+        and len({len(v) for v in values}) == 1
+        and first
+        and all(_is_number(x) for v in values for x in v)
+    ):
         return [sum(xs) for xs in zip(*values)]
     return first
 
@@ -99,6 +109,12 @@ def _forest(trees: list[list[dict]]) -> list[dict]:
     for rank, nodes in enumerate(trees):
         for n in nodes:
             parent = n.get("parent")
-            out.append({**n, "id": rank * _TREE_ID_STRIDE + n["id"], "dp_rank": rank,
-                        "parent": None if parent is None else rank * _TREE_ID_STRIDE + parent})
+            out.append(
+                {
+                    **n,
+                    "id": rank * _TREE_ID_STRIDE + n["id"],
+                    "dp_rank": rank,
+                    "parent": None if parent is None else rank * _TREE_ID_STRIDE + parent,
+                }
+            )
     return out

@@ -17,7 +17,7 @@ NoDPAttention is the twin of a scheduler alone (or a TP group, which runs one sc
 from __future__ import annotations
 
 import os
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -59,19 +59,21 @@ class NoDPAttention:
 
 
 class DPAttentionStep(NoDPAttention):
-    def __init__(self, comm: Communicator, view: DPView, dispatcher: Optional[DPDispatcher]):
+    def __init__(self, comm: Communicator, view: DPView, dispatcher: DPDispatcher | None):
         """comm: the world's gloo communicator (the schedulers' own group, not the forward's);
         dispatcher: rank 0's."""
         self.comm, self.view, self.dispatcher = comm, view, dispatcher
-        self.model: Optional[nn.Module] = None
-        self.state: Optional[RankState] = None
+        self.model: nn.Module | None = None
+        self.state: RankState | None = None
         self.idle_forwards = 0
 
     def attach(self, model: nn.Module, state: RankState, kv_tokens: int) -> None:
         if not hasattr(model, "forward_idle"):
-            raise ValueError(f"enable_dp_attention needs a mixture-of-experts model (DeepSeek-V2/V3, Qwen2/3-MoE, "
-                             f"Mixtral, OLMoE); {type(model).__name__} is not one: serve it with --dp-size alone "
-                             "(replicas behind the router)")
+            raise ValueError(
+                "enable_dp_attention needs a mixture-of-experts model (DeepSeek-V2/V3,"
+                f" Qwen2/3-MoE, Mixtral, OLMoE); {type(model).__name__} is not one: serve it with"
+                " --dp-size alone (replicas behind the router)"
+            )
         self.model, self.state = model, state
         if self.dispatcher is not None:  # every rank's pool is this size (the same options)
             self.dispatcher.index.capacity = max(1, kv_tokens // BLOCK)
@@ -92,8 +94,10 @@ class DPAttentionStep(NoDPAttention):
     def check(self, launched: LaunchedBatch) -> None:
         error = launched.result.exception() if launched.result.done() else None
         if error is not None:
-            raise DPForwardFailed(f"DP attention rank {self.comm.rank}: a forward failed ({type(error).__name__}: "
-                                  f"{error}); the other ranks may be waiting on it, so the engine stops") from error
+            raise DPForwardFailed(
+                f"DP attention rank {self.comm.rank}: a forward failed ({type(error).__name__}: "
+                f"{error}); the other ranks may be waiting on it, so the engine stops"
+            ) from error
 
     def all_idle(self) -> bool:
         return not self.view.stale and not any(self.view.requests)
@@ -102,7 +106,11 @@ class DPAttentionStep(NoDPAttention):
         return DPControlSync(self.comm)
 
     def info(self) -> dict:
-        info = {"dp_rank": self.comm.rank, "pid": os.getpid(), "dp_idle_forwards": self.idle_forwards}
+        info = {
+            "dp_rank": self.comm.rank,
+            "pid": os.getpid(),
+            "dp_idle_forwards": self.idle_forwards,
+        }
         if self.dispatcher is not None:
             info["dp_dispatch"] = self.dispatcher.info()
         return info
@@ -111,7 +119,9 @@ class DPAttentionStep(NoDPAttention):
 class DPControlSync(TPStepSync):
     """Control calls that every rank handles in the same step (a weight update: at its message, or
     once all_idle): an error on any rank is an error on all, so no rank swaps weights alone. A
-    weight is read back from rank 0's own copy (every rank holds the whole model, its experts aside)."""
+    weight is read back from rank 0's own copy (every rank holds the whole model, its experts
+    aside).
+    """
 
     def gather(self, obj) -> list:
         return [obj]

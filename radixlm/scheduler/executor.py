@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Optional
 
 import torch
 
@@ -24,8 +23,13 @@ from radixlm.scheduler.speculation import NoSpeculation
 
 
 class InlineExecutor:
-    def __init__(self, runner: ModelRunner, cache_manager: CacheManager, grammar: GrammarManager,
-                 spec: NoSpeculation):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        cache_manager: CacheManager,
+        grammar: GrammarManager,
+        spec: NoSpeculation,
+    ):
         self.runner = runner
         self.cache_manager = cache_manager
         self.grammar = grammar
@@ -41,7 +45,7 @@ class InlineExecutor:
         try:
             fb = self.runner.prepare(mwb)
             result = self._submit(batch, fb, slots, has_future)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             result = Future()
             result.set_exception(e)
         return LaunchedBatch(batch, mwb, result, slots, launch_time)
@@ -50,16 +54,19 @@ class InlineExecutor:
         """Whether some input is a token the step in flight is still sampling."""
         return False
 
-    def _future_slots(self, batch: ScheduleBatch) -> Optional[list[int]]:
+    def _future_slots(self, batch: ScheduleBatch) -> list[int] | None:
         return None
 
-    def _submit(self, batch: ScheduleBatch, fb: ForwardBatch, slots: Optional[list[int]], has_future: bool) -> Future:
+    def _submit(
+        self, batch: ScheduleBatch, fb: ForwardBatch, slots: list[int] | None, has_future: bool
+    ) -> Future:
         result = Future()
         result.set_result(self.run_step(batch, fb, slots, has_future))
         return result
 
-    def run_step(self, batch: ScheduleBatch, fb: ForwardBatch, slots: Optional[list[int]],
-                 has_future: bool) -> StepOutput:
+    def run_step(
+        self, batch: ScheduleBatch, fb: ForwardBatch, slots: list[int] | None, has_future: bool
+    ) -> StepOutput:
         t0 = time.perf_counter()
         self._resolve_inputs(fb, has_future)
         out = self.runner.forward(fb)
@@ -67,13 +74,17 @@ class InlineExecutor:
         next_ids = self.runner.sample(fb, logits)
         self._store_outputs(slots, next_ids)
         next_ids = next_ids.tolist()
-        verified = self.spec.verify(batch, out.row_logits, next_ids, errors) if batch.forward_mode.is_verify() else None
+        verified = (
+            self.spec.verify(batch, out.row_logits, next_ids, errors)
+            if batch.forward_mode.is_verify()
+            else None
+        )
         return StepOutput(out, next_ids, time.perf_counter() - t0, errors, verified)
 
     def _resolve_inputs(self, fb: ForwardBatch, has_future: bool) -> None:
         pass
 
-    def _store_outputs(self, slots: Optional[list[int]], next_ids: torch.Tensor) -> None:
+    def _store_outputs(self, slots: list[int] | None, next_ids: torch.Tensor) -> None:
         pass
 
     # --- the step in flight (OverlapExecutor only) --------------------------------------
@@ -81,7 +92,7 @@ class InlineExecutor:
         """Leave a launched decode step running while the next is built; False: process it now."""
         return False
 
-    def take_in_flight(self) -> Optional[LaunchedBatch]:
+    def take_in_flight(self) -> LaunchedBatch | None:
         return None
 
     def holds(self, req: Req) -> bool:
@@ -101,15 +112,20 @@ class InlineExecutor:
 
 
 class OverlapExecutor(InlineExecutor):
-    def __init__(self, runner: ModelRunner, cache_manager: CacheManager, grammar: GrammarManager,
-                 spec: NoSpeculation):
+    def __init__(
+        self,
+        runner: ModelRunner,
+        cache_manager: CacheManager,
+        grammar: GrammarManager,
+        spec: NoSpeculation,
+    ):
         super().__init__(runner, cache_manager, grammar, spec)
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="radixlm-forward")
         self.future_map = FutureTokenMap(2 * runner.max_running_requests + 2, runner.device)
         self.context_len = runner.context_len
-        self._in_flight: Optional[LaunchedBatch] = None
+        self._in_flight: LaunchedBatch | None = None
 
-    def _future_slots(self, batch: ScheduleBatch) -> Optional[list[int]]:
+    def _future_slots(self, batch: ScheduleBatch) -> list[int] | None:
         """Decode steps store their sampled ids in future slots, for the next step to read."""
         if not batch.forward_mode.is_decode():
             return None
@@ -122,16 +138,20 @@ class OverlapExecutor(InlineExecutor):
         # Their future slots belong to the step in flight (checked before this step takes new ones).
         return any(r.future_slot is not None for r in batch.decode_reqs)
 
-    def _submit(self, batch: ScheduleBatch, fb: ForwardBatch, slots: Optional[list[int]], has_future: bool) -> Future:
+    def _submit(
+        self, batch: ScheduleBatch, fb: ForwardBatch, slots: list[int] | None, has_future: bool
+    ) -> Future:
         return self.worker.submit(self.run_step, batch, fb, slots, has_future)
 
     def _resolve_inputs(self, fb: ForwardBatch, has_future: bool) -> None:
         if has_future:
             fb.input_ids = self.future_map.resolve(fb.input_ids)
 
-    def _store_outputs(self, slots: Optional[list[int]], next_ids: torch.Tensor) -> None:
+    def _store_outputs(self, slots: list[int] | None, next_ids: torch.Tensor) -> None:
         if slots is not None:
-            self.future_map.store(torch.tensor(slots, dtype=torch.int64, device=next_ids.device), next_ids)
+            self.future_map.store(
+                torch.tensor(slots, dtype=torch.int64, device=next_ids.device), next_ids
+            )
 
     def keep_in_flight(self, launched: LaunchedBatch) -> bool:
         batch = launched.batch
@@ -140,7 +160,7 @@ class OverlapExecutor(InlineExecutor):
             return True
         return False
 
-    def take_in_flight(self) -> Optional[LaunchedBatch]:
+    def take_in_flight(self) -> LaunchedBatch | None:
         prev, self._in_flight = self._in_flight, None
         return prev
 

@@ -8,7 +8,7 @@ chunk goes out.
 from __future__ import annotations
 
 import logging
-from typing import Optional, Protocol
+from typing import Protocol
 
 from radixlm.scheduler.cache_manager import CacheManager
 from radixlm.scheduler.output_streamer import OutputStreamer
@@ -29,10 +29,19 @@ class StepsInFlight(Protocol):
 
 
 class Finisher:
-    def __init__(self, queues: ReqQueues, cache_manager: CacheManager, in_flight: StepsInFlight,
-                 spec: NoSpeculation, outputs: OutputStreamer, sessions: Optional[SessionPins] = None):
+    def __init__(
+        self,
+        queues: ReqQueues,
+        cache_manager: CacheManager,
+        in_flight: StepsInFlight,
+        spec: NoSpeculation,
+        outputs: OutputStreamer,
+        sessions: SessionPins | None = None,
+    ):
         self.queues = queues
-        self.sessions = sessions or NoSessionPins(cache_manager)  # a session's turn pins its KV on release
+        self.sessions = sessions or NoSessionPins(
+            cache_manager
+        )  # a session's turn pins its KV on release
         self.cache_manager = cache_manager
         self.in_flight = in_flight
         self.spec = spec
@@ -57,7 +66,8 @@ class Finisher:
         self.queues.move(req, ReqStatus.FINISHED)
 
     def fail(self, req: Req, exc: BaseException) -> None:
-        """req's own processing raised: it finishes with an internal error (500); the others go on."""
+        """req's own processing raised: it finishes with an internal error (500); the others go
+        on."""
         logger.exception("request %s failed", req.rid, exc_info=exc)
         req.finished_reason = None  # whatever it was about to finish with, it failed
         req.abort(f"internal error: {type(exc).__name__}: {exc}", 500)

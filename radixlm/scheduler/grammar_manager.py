@@ -9,7 +9,6 @@ row with the matcher's state at that position (speculative/grammar.py). The back
 from __future__ import annotations
 
 import time
-from typing import Optional
 
 import torch
 
@@ -25,32 +24,42 @@ from radixlm.speculative.grammar import masked_tree_rows
 
 
 class GrammarManager:
-    def __init__(self, backend_name: str, tokenizer: LazyTokenizer, vocab_size: int, eos_token_ids: frozenset[int],
-                 stats: SchedulerStats):
+    def __init__(
+        self,
+        backend_name: str,
+        tokenizer: LazyTokenizer,
+        vocab_size: int,
+        eos_token_ids: frozenset[int],
+        stats: SchedulerStats,
+    ):
         self.backend_name = backend_name
         self.tokenizer = tokenizer
         self.vocab_size = vocab_size
         self.eos_token_ids = eos_token_ids
         self.stats = stats
-        self._backend: Optional[BaseGrammarBackend] = None
+        self._backend: BaseGrammarBackend | None = None
 
     @property
     def backend(self) -> BaseGrammarBackend:
         if self._backend is None:
-            backend = create_grammar_backend(self.backend_name, self.tokenizer.get(), self.vocab_size,
-                                             eos_token_ids=sorted(self.eos_token_ids))
+            backend = create_grammar_backend(
+                self.backend_name,
+                self.tokenizer.get(),
+                self.vocab_size,
+                eos_token_ids=sorted(self.eos_token_ids),
+            )
             if backend is None:
                 raise ValueError("the server runs with --grammar-backend none")
             self._backend = backend
         return self._backend
 
     # --- compile ------------------------------------------------------------------
-    def start(self, req: Req) -> Optional[str]:
+    def start(self, req: Req) -> str | None:
         """Start compiling req's grammar (req.grammar becomes its future); the error message when
         structured output is unavailable."""
         try:
             req.grammar = self.backend.get_future(req.sampling_params.grammar_key)
-        except Exception as e:  # noqa: BLE001 - a missing backend is this request's error
+        except Exception as e:
             return f"structured output unavailable: {e}"
         return None
 
@@ -58,11 +67,12 @@ class GrammarManager:
     def compiled(req: Req) -> bool:
         return req.grammar.done()
 
-    def resolve(self, req: Req) -> Optional[str]:
-        """Swap req's finished compile for its matcher; the 400 message when the grammar is invalid."""
+    def resolve(self, req: Req) -> str | None:
+        """Swap req's finished compile for its matcher; the 400 message when the grammar is
+        invalid."""
         try:
             grammar = req.grammar.result()
-        except Exception as e:  # noqa: BLE001 - a compile that crashed fails its request only
+        except Exception as e:
             grammar = InvalidGrammar(req.sampling_params.grammar_key, f"{type(e).__name__}: {e}")
         if isinstance(grammar, InvalidGrammar):
             kind = {"json": "json_schema"}.get(grammar.key[0], grammar.key[0])
@@ -71,7 +81,7 @@ class GrammarManager:
         return None
 
     @staticmethod
-    def with_thinking(req: Req, inner: Optional[BaseGrammarObject]) -> Optional[BaseGrammarObject]:
+    def with_thinking(req: Req, inner: BaseGrammarObject | None) -> BaseGrammarObject | None:
         """A request that thinks gets its think block (and budget) around its grammar, which then
         applies to the answer only (constrained/thinking.py); others keep theirs (or none)."""
         sp = req.sampling_params
@@ -80,13 +90,18 @@ class GrammarManager:
         return ThinkingGrammar(sp.think_markers, sp.max_thinking_tokens, inner)
 
     # --- masks (on the thread that runs the forward) --------------------------------
-    def mask(self, batch: ScheduleBatch, logits: torch.Tensor) -> tuple[torch.Tensor, dict[int, str]]:
+    def mask(
+        self, batch: ScheduleBatch, logits: torch.Tensor
+    ) -> tuple[torch.Tensor, dict[int, str]]:
         """Logits with each constrained row's disallowed tokens at -inf (a copy: logprobs are
         reported from the model's own distribution), and the rows whose mask failed. A middle
         chunk's row is left alone: its sample is dropped and its grammar has not started."""
         reqs = batch.reqs
-        rows = [i for i, (r, keep) in enumerate(zip(reqs, batch.sampling_rows())) if keep and r.grammar is not None
-                and r.grammar.masks()]
+        rows = [
+            i
+            for i, (r, keep) in enumerate(zip(reqs, batch.sampling_rows()))
+            if keep and r.grammar is not None and r.grammar.masks()
+        ]
         if not rows:
             return logits, {}
         t0 = time.perf_counter()
@@ -96,17 +111,19 @@ class GrammarManager:
         own = [i for i in rows if inner[i] is None]
         rows = [i for i in rows if inner[i] is not None]
         backend, errors = self.backend if rows else BaseGrammarBackend, {}
-        mask = backend.allocate_vocab_mask(self.vocab_size, len(reqs), logits.device)  # pinned for a GPU
+        mask = backend.allocate_vocab_mask(
+            self.vocab_size, len(reqs), logits.device
+        )  # pinned for a GPU
         for i in own:
             reqs[i].grammar.fill_vocab_mask(mask, i)
         try:
             if rows:
                 backend.fill_vocab_masks([inner[i] for i in rows], mask, rows)
-        except Exception:  # noqa: BLE001 - find the failing row(s); the others keep their masks
+        except Exception:
             for i in rows:
                 try:
                     backend.fill_vocab_masks([inner[i]], mask, [i])
-                except Exception as e:  # noqa: BLE001
+                except Exception as e:
                     errors[i] = f"internal error: grammar mask: {type(e).__name__}: {e}"
         logits = logits.clone()
         backend.apply_vocab_mask(logits, backend.move_vocab_mask(mask, logits.device))
@@ -117,4 +134,3 @@ class GrammarManager:
     def masked_tree_rows(self, req: Req, tree: DraftTree, rows: torch.Tensor) -> torch.Tensor:
         # Only the mask layout's static helpers are used: a think block needs no grammar engine.
         return masked_tree_rows(self._backend or BaseGrammarBackend, req.grammar, tree, rows)
-

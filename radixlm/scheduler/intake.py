@@ -8,7 +8,7 @@ for is skipped.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from radixlm.ipc import TokenizedGenerateReqInput
 from radixlm.lora.runtime import NoLoRA
@@ -23,9 +23,17 @@ S = ReqStatus
 
 
 class RequestIntake:
-    def __init__(self, queues: ReqQueues, grammar: GrammarManager, prefetcher: Prefetcher, finisher: Finisher,
-                 eos_token_ids: frozenset[int], sync: NoStepSync = NoStepSync(), pool_all_tokens: bool = False,
-                 lora: NoLoRA = NoLoRA()):
+    def __init__(
+        self,
+        queues: ReqQueues,
+        grammar: GrammarManager,
+        prefetcher: Prefetcher,
+        finisher: Finisher,
+        eos_token_ids: frozenset[int],
+        sync: NoStepSync = NoStepSync(),
+        pool_all_tokens: bool = False,
+        lora: NoLoRA = NoLoRA(),
+    ):
         self.queues = queues
         self.sync = sync  # tensor parallelism: a compile is done when it is done on every rank
         self.grammar = grammar
@@ -41,7 +49,9 @@ class RequestIntake:
         req = Req.from_input(recv, self.eos_token_ids)
         req.pool_all_tokens = self.pool_all_tokens
         if not self.lora.serves(req.lora_id):  # unloaded while this request was being tokenized
-            req.abort(f"lora_path: the LoRA adapter {req.lora_id.split('@')[0]!r} was unloaded", 400)
+            req.abort(
+                f"lora_path: the LoRA adapter {req.lora_id.split('@')[0]!r} was unloaded", 400
+            )
             self.finisher.finish(req)
             return
         self.prefetcher.start(req)
@@ -59,7 +69,9 @@ class RequestIntake:
 
     def _ready(self, req: Req) -> None:
         """Nothing left to compile: it waits for its prefix's reads, or for admission."""
-        self.queues.move(req, S.PREFETCHING if self.prefetcher.pending(req) else self.ready_status(req))
+        self.queues.move(
+            req, S.PREFETCHING if self.prefetcher.pending(req) else self.ready_status(req)
+        )
 
     def poll(self) -> None:
         """Compiled grammars and completed prefetches move their requests on."""

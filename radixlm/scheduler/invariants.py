@@ -5,7 +5,7 @@ hand out wrong KV."""
 from __future__ import annotations
 
 from collections import Counter
-from typing import Callable, Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
@@ -22,8 +22,9 @@ def _fail(msg: str) -> None:
     raise InvariantError(msg)
 
 
-def check_invariants(cm: CacheManager, holders: Iterable[Req], idle: Iterable[Req],
-                     pins: Iterable[TreeNode] = ()) -> None:
+def check_invariants(
+    cm: CacheManager, holders: Iterable[Req], idle: Iterable[Req], pins: Iterable[TreeNode] = ()
+) -> None:
     """holders: every request that holds KV (running, the chunked request, releases deferred
     behind the step in flight); idle: requests that must hold nothing (waiting, compiling);
     pins: nodes locked by open sessions (session_pins.py), one lock each, still in the tree.
@@ -37,7 +38,8 @@ def check_invariants(cm: CacheManager, holders: Iterable[Req], idle: Iterable[Re
     """
     tree, pool, rows = cm.tree_cache, cm.token_to_kv_pool, cm.req_to_token_pool
     nodes = tree.all_nodes()
-    # A hierarchical tree's nodes outside L1 (value None) own no KV slot; the tree's own check covers them.
+    # A hierarchical tree's nodes outside L1 (value None) own no KV slot; the tree's own check
+    # covers them.
     parts = [pool.free_slots] + [n.value for n in nodes if n.value is not None]
     locks: Counter = Counter()
     owner_of_row: dict[int, str] = {}
@@ -45,20 +47,32 @@ def check_invariants(cm: CacheManager, holders: Iterable[Req], idle: Iterable[Re
         if r.req_pool_idx is None or r.last_node is None:
             _fail(f"request {r.rid} is scheduled but holds no row or lock")
         if not 0 <= r.cache_protected_len <= r.kv_committed_len <= r.kv_allocated_len:
-            _fail(f"request {r.rid}: bad lengths protected {r.cache_protected_len} committed "
-                  f"{r.kv_committed_len} allocated {r.kv_allocated_len}")
+            _fail(
+                f"request {r.rid}: bad lengths protected {r.cache_protected_len} committed "
+                f"{r.kv_committed_len} allocated {r.kv_allocated_len}"
+            )
         if r.req_pool_idx in owner_of_row:
-            _fail(f"request slot {r.req_pool_idx} held by {owner_of_row[r.req_pool_idx]} and {r.rid}")
+            _fail(
+                f"request slot {r.req_pool_idx} held by {owner_of_row[r.req_pool_idx]} and {r.rid}"
+            )
         owner_of_row[r.req_pool_idx] = r.rid
         row = rows.req_to_token[r.req_pool_idx]
         parts.append(row[r.cache_protected_len : r.kv_allocated_len])
         ids, slots = tree.path_to(r.last_node)
-        if len(ids) != r.cache_protected_len or not torch.equal(slots.to(row.device), row[: len(ids)]):
-            _fail(f"request {r.rid}: protected range ({r.cache_protected_len}) is not its node's path ({len(ids)})")
+        if len(ids) != r.cache_protected_len or not torch.equal(
+            slots.to(row.device), row[: len(ids)]
+        ):
+            _fail(
+                f"request {r.rid}: protected range ({r.cache_protected_len}) is not its node's path"
+                f" ({len(ids)})"
+            )
         if ids != r.all_ids()[: len(ids)]:
             _fail(f"request {r.rid}: its node's path holds other tokens")
         if ids and r.last_node.namespace != r.cache_namespace:
-            _fail(f"request {r.rid} (namespace {r.cache_namespace!r}) holds KV of namespace {r.last_node.namespace!r}")
+            _fail(
+                f"request {r.rid} (namespace {r.cache_namespace!r}) holds KV of namespace"
+                f" {r.last_node.namespace!r}"
+            )
         node = r.last_node
         while node is not tree.root_node:
             locks[node.id] += 1
@@ -75,14 +89,20 @@ def check_invariants(cm: CacheManager, holders: Iterable[Req], idle: Iterable[Re
 
     counts = torch.bincount(torch.cat(parts), minlength=pool.size + 1)
     if counts.numel() > pool.size + 1:
-        _fail(f"slot ids beyond the pool: {(counts[pool.size + 1:] > 0).nonzero().flatten()[:8].tolist()}")
+        _fail(
+            "slot ids beyond the pool:"
+            f" {(counts[pool.size + 1 :] > 0).nonzero().flatten()[:8].tolist()}"
+        )
     if counts[0] != 0:
         _fail("the dummy slot 0 is owned")
     bad = (counts[1:] != 1).nonzero().flatten()
     if bad.numel():
         s = int(bad[0]) + 1
-        _fail(f"{bad.numel()} KV slot(s) without exactly one owner, e.g. slot {s} with {int(counts[s])} "
-              f"(free {pool.available_size()}, tree {tree.total_size()}, holders {len(owner_of_row)})")
+        _fail(
+            f"{bad.numel()} KV slot(s) without exactly one owner, e.g. slot {s} with"
+            f" {int(counts[s])} (free {pool.available_size()}, tree {tree.total_size()}, holders"
+            f" {len(owner_of_row)})"
+        )
 
     protected = total = 0
     for n in nodes:  # len(key) == len(value): the tree asserts it on insert
@@ -94,8 +114,10 @@ def check_invariants(cm: CacheManager, holders: Iterable[Req], idle: Iterable[Re
     if tree.root_node.lock_ref != 1:
         _fail(f"root lock_ref {tree.root_node.lock_ref}")
     if protected != tree.protected_size() or total - protected != tree.evictable_size():
-        _fail(f"tree counters drifted: protected {tree.protected_size()} (walk {protected}), "
-              f"evictable {tree.evictable_size()} (walk {total - protected})")
+        _fail(
+            f"tree counters drifted: protected {tree.protected_size()} (walk {protected}), "
+            f"evictable {tree.evictable_size()} (walk {total - protected})"
+        )
 
     tier_error = tree.check()
     if tier_error:
@@ -112,8 +134,12 @@ class InvariantChecker:
     """--enable-invariant-checks: after every step, each request's status names the container that
     holds it (ReqQueues.check), and check_invariants on the KV."""
 
-    def __init__(self, cache_manager: CacheManager, queues: ReqQueues,
-                 pins: Callable[[], Iterable[TreeNode]] = lambda: ()):
+    def __init__(
+        self,
+        cache_manager: CacheManager,
+        queues: ReqQueues,
+        pins: Callable[[], Iterable[TreeNode]] = lambda: (),
+    ):
         self.cache_manager = cache_manager
         self.queues = queues
         self.pins = pins  # the sessions' locked nodes (session_pins.py)
@@ -122,7 +148,9 @@ class InvariantChecker:
         error = self.queues.check()
         if error:
             _fail(f"request lifecycle: {error}")
-        check_invariants(self.cache_manager, self.queues.holders(), self.queues.idle_reqs(), self.pins())
+        check_invariants(
+            self.cache_manager, self.queues.holders(), self.queues.idle_reqs(), self.pins()
+        )
 
 
 class NoInvariantChecks:

@@ -32,8 +32,15 @@ class NoJumpForward:
 
 
 class JumpForward(NoJumpForward):
-    def __init__(self, queues: ReqQueues, cache_manager: CacheManager, tokenizer: LazyTokenizer,
-                 stats: SchedulerStats, context_len: int, in_flight: StepsInFlight):
+    def __init__(
+        self,
+        queues: ReqQueues,
+        cache_manager: CacheManager,
+        tokenizer: LazyTokenizer,
+        stats: SchedulerStats,
+        context_len: int,
+        in_flight: StepsInFlight,
+    ):
         self.in_flight = in_flight
         self.queues = queues
         self.cache_manager = cache_manager
@@ -58,12 +65,19 @@ class JumpForward(NoJumpForward):
         # is the same tail as unstreamed (the tree's share of it does not count: release_from).
         frozen = req.sent_output_len
         tokenizer = self.tokenizer.get()
-        jf = find_jump_forward(req.grammar, tokenizer, req.output_ids, len(req.output_ids) - frozen,
-                               req.sampling_params.max_new_tokens)
+        jf = find_jump_forward(
+            req.grammar,
+            tokenizer,
+            req.output_ids,
+            len(req.output_ids) - frozen,
+            req.sampling_params.max_new_tokens,
+        )
         if jf is None:
             return False
         # KV of re-tokenized tokens is dropped (the tree's copy stays, for the old tokenization).
-        self.cache_manager.release_from(req, min(req.kv_committed_len, len(req.origin_input_ids) + jf.keep))
+        self.cache_manager.release_from(
+            req, min(req.kv_committed_len, len(req.origin_input_ids) + jf.keep)
+        )
         req.output_ids = req.output_ids[: jf.keep] + jf.new_tokens
         self.stats.jump_forward_tokens += len(jf.new_tokens)
         req.check_finished(tokenizer, self.context_len)

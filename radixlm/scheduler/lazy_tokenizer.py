@@ -4,7 +4,8 @@ pays for it."""
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 
 class LazyTokenizer:

@@ -1,5 +1,6 @@
 """Logprobs of a request's tokens: prompt logprobs from an extend step's rows, output logprobs from
-the row that sampled each token. Reported from the model's own distribution (before grammar masks)."""
+the row that sampled each token. Reported from the model's own distribution (before grammar masks).
+"""
 
 from __future__ import annotations
 

@@ -13,7 +13,10 @@ from radixlm.lora.runtime import NoLoRA
 logger = logging.getLogger(__name__)
 
 LORA_MESSAGES = (LoadLoRAAdapterReqInput, UnloadLoRAAdapterReqInput)
-LORA_REPLIES = {LoadLoRAAdapterReqInput: LoRAUpdateReqOutput, UnloadLoRAAdapterReqInput: LoRAUpdateReqOutput}
+LORA_REPLIES = {
+    LoadLoRAAdapterReqInput: LoRAUpdateReqOutput,
+    UnloadLoRAAdapterReqInput: LoRAUpdateReqOutput,
+}
 
 
 def handle_lora_message(lora: NoLoRA, msg) -> LoRAUpdateReqOutput:
@@ -29,6 +32,8 @@ def handle_lora_message(lora: NoLoRA, msg) -> LoRAUpdateReqOutput:
         adapter = lora.load(LoRARef(msg.lora_name, msg.lora_path, msg.pinned))
     except AdapterError as e:
         return LoRAUpdateReqOutput(False, str(e))
-    logger.info("LoRA adapter %s loaded from %s (rank %d)", adapter.uid, msg.lora_path, adapter.rank)
+    logger.info(
+        "LoRA adapter %s loaded from %s (rank %d)", adapter.uid, msg.lora_path, adapter.rank
+    )
     info = next(a for a in lora.adapters_info() if a["uid"] == adapter.uid)
     return LoRAUpdateReqOutput(True, adapter=info)

@@ -10,7 +10,7 @@ still re-tokenize them (scheduler/jump_forward.py), and what was sent never chan
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from radixlm.ipc import BatchTokenIDOut, FinishAbort, ReqOutputChunk
 from radixlm.scheduler.io import BaseSchedulerIO
@@ -28,9 +28,15 @@ class OutputStreamer:
         """Queue the request's news (finished, or streaming and past its interval)."""
         if not req.finished() and not req.stream:
             return
-        end = len(req.output_ids) if req.finished() else max(len(req.output_ids) - self.hold_back(req), 0)
+        end = (
+            len(req.output_ids)
+            if req.finished()
+            else max(len(req.output_ids) - self.hold_back(req), 0)
+        )
         new = req.output_ids[req.sent_output_len : end]
-        if not req.finished() and len(new) < (req.sampling_params.stream_interval or self.stream_interval):
+        if not req.finished() and len(new) < (
+            req.sampling_params.stream_interval or self.stream_interval
+        ):
             return
         # The stop options go with the first chunk only: the detokenizer keeps them with the
         # request's decode state (up to 16 strings and 16 patterns, not re-sent per token).
@@ -64,8 +70,11 @@ class OutputStreamer:
 
     def reject(self, rid: str, prompt_len: int, reason: FinishAbort) -> None:
         """The answer to a request that never became a Req."""
-        self._chunks.append(ReqOutputChunk(rid, [], reason, prompt_tokens=prompt_len, completion_tokens=0,
-                                           cached_tokens=0))
+        self._chunks.append(
+            ReqOutputChunk(
+                rid, [], reason, prompt_tokens=prompt_len, completion_tokens=0, cached_tokens=0
+            )
+        )
 
     def flush(self) -> list[ReqOutputChunk]:
         chunks, self._chunks = self._chunks, []

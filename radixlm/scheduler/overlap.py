@@ -9,15 +9,14 @@ dropped; its row and KV slots stay its own (the release is deferred) until N+1 c
 new request gets them while N+1 may still use them. N+1's attention metadata is built on the
 scheduler thread at launch, so the worker never reads rows the scheduler is rewriting.
 Requests whose next step depends on N's token on the scheduler side (grammar masks, penalties,
-bad_words, DRY, min_new_tokens, a step that reaches max_new_tokens or the context) are not overlapped: the
-scheduler then waits for N first.
+bad_words, DRY, min_new_tokens, a step that reaches max_new_tokens or the context) are not
+overlapped: the scheduler then waits for N first.
 """
 
 from __future__ import annotations
 
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
@@ -54,12 +53,21 @@ def can_overlap(reqs: list[Req], context_len: int) -> bool:
     are known on the scheduler thread."""
     for r in reqs:
         sp = r.sampling_params
-        if r.grammar is not None or sp.frequency_penalty or sp.presence_penalty or sp.repetition_penalty != 1.0:
+        if (
+            r.grammar is not None
+            or sp.frequency_penalty
+            or sp.presence_penalty
+            or sp.repetition_penalty != 1.0
+        ):
             return False
         if sp.uses_history_samplers:  # bad_words, DRY: they read the outputs so far
             return False
         n_out = len(r.output_ids) + (r.future_slot is not None)
-        if n_out < sp.min_new_tokens or n_out >= sp.max_new_tokens or r.kv_allocated_len + 1 >= context_len:
+        if (
+            n_out < sp.min_new_tokens
+            or n_out >= sp.max_new_tokens
+            or r.kv_allocated_len + 1 >= context_len
+        ):
             return False
     return True
 
@@ -75,7 +83,7 @@ class StepOutput:
     row_errors: dict[int, str] = field(default_factory=dict)
     # TARGET_VERIFY: per request, what the step emits (accepted draft nodes' tokens + the model's
     # token) and the accepted nodes.
-    verified: Optional[list[Acceptance]] = None
+    verified: list[Acceptance] | None = None
 
 
 @dataclass
@@ -85,7 +93,7 @@ class LaunchedBatch:
     batch: ScheduleBatch
     worker_batch: ModelWorkerBatch
     result: Future  # -> StepOutput
-    future_slots: Optional[list[int]] = None  # where the worker stores the sampled ids
+    future_slots: list[int] | None = None  # where the worker stores the sampled ids
     launch_time: float = 0.0  # time.perf_counter() when handed over
     # Requests that finished while this batch was in flight: released once it completes.
     deferred_release: list[Req] = field(default_factory=list)

@@ -1,14 +1,15 @@
 """The decode server's PD mode: a request with a bootstrap room never prefills here.
 
     KV_BOOTSTRAP   (holds nothing) the prefill server's route is looked up at its bootstrap service;
-                   once known and the pool has room for the prompt plus --num-reserved-decode-tokens,
-                   the request takes a row, its cached prefix from this server's own radix cache
-                   (earlier turns' KV stays here) and slots for the rest; the prefill server is told
-                   where to write them
+                   once known and the pool has room for the prompt plus
+                   --num-reserved-decode-tokens, the request takes a row, its cached prefix from
+                   this server's own radix cache (earlier turns' KV stays here) and slots for the
+                   rest; the prefill server is told where to write them
     KV_TRANSFER    (holds the row and the slots) the KV arrives into the slots (the receiver thread
                    writes it, or the prefill wrote the shared pool); the aux record brings the first
                    output token, its logprobs, the prompt logprobs and the cached-token count
-    RUNNING        the prompt's KV goes into the radix cache, as after a local prefill; decoding goes on
+    RUNNING        the prompt's KV goes into the radix cache, as after a local prefill; decoding
+    goes on
 
 A request that times out (--disaggregation-bootstrap-timeout, --disaggregation-waiting-timeout),
 is aborted or fails on the prefill side releases what it holds and ends with a 5xx (or the abort).
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Optional
 
 from radixlm.disaggregation.config import DisaggregationConfig
 from radixlm.disaggregation.decode_transfer import DecodeTransfer
@@ -65,8 +65,11 @@ class PDDecode(NoDisaggregation):
             elif req.to_abort:
                 self._fail(req, "aborted", None)
             elif now - self.since[id(req)] > self.config.waiting_timeout:
-                self._fail(req, f"the KV did not arrive within {self.config.waiting_timeout:g} s "
-                           "(--disaggregation-waiting-timeout)")
+                self._fail(
+                    req,
+                    f"the KV did not arrive within {self.config.waiting_timeout:g} s "
+                    "(--disaggregation-waiting-timeout)",
+                )
         if arrived:  # the first tokens go out now, not with the next decode step's
             self.outputs.flush()
         for req in list(self.queues.kv_bootstrap):
@@ -81,15 +84,22 @@ class PDDecode(NoDisaggregation):
         route = self.transfer.route(info)
         if route is None:
             if now - self.since[id(req)] > self.config.bootstrap_timeout:
-                self._fail(req, f"the bootstrap service at {info.host}:{info.port} did not answer within "
-                           f"{self.config.bootstrap_timeout:g} s ({self.transfer.route_error(info)})")
-            return True  # still being looked up: the requests behind it (other prefill servers) may go on
+                self._fail(
+                    req,
+                    f"the bootstrap service at {info.host}:{info.port} did not answer within "
+                    f"{self.config.bootstrap_timeout:g} s ({self.transfer.route_error(info)})",
+                )
+            # still being looked up: the requests behind it (other prefill servers) may go on
+            return True
         problem = self.transfer.check_route(route)
         if problem:
             self._fail(req, problem)
             return True
         cm = self.cache_manager
-        if cm.req_to_token_pool.available_size() == 0 or len(self.queues.holders()) >= self.max_running:
+        if (
+            cm.req_to_token_pool.available_size() == 0
+            or len(self.queues.holders()) >= self.max_running
+        ):
             return False
         req.logprob_pos = len(req.origin_input_ids)  # prompt logprobs come from the prefill side
         indices, node = cm.match(req)
@@ -100,7 +110,11 @@ class PDDecode(NoDisaggregation):
         if cm.kv_room() < need + reserve:
             cm.unlock(node)
             if now - self.since[id(req)] > self.config.bootstrap_timeout:
-                self._fail(req, f"no KV room for {need + reserve} tokens within {self.config.bootstrap_timeout:g} s")
+                self._fail(
+                    req,
+                    f"no KV room for {need + reserve} tokens within"
+                    f" {self.config.bootstrap_timeout:g} s",
+                )
                 return True
             return False
         cm.assign(req, indices, node)
@@ -122,30 +136,41 @@ class PDDecode(NoDisaggregation):
         self.since.pop(id(req), None)
         try:
             if self.config.debug_checksum and checksum != aux.checksum:
-                raise RuntimeError(f"the received KV's checksum {checksum} differs from the sent {aux.checksum}")
+                raise RuntimeError(
+                    f"the received KV's checksum {checksum} differs from the sent {aux.checksum}"
+                )
             req.kv_committed_len = len(req.origin_input_ids)
             req.cached_tokens = aux.cached_tokens
             req.forward_passes += 1
             if req.return_logprob:
-                req.input_token_logprobs, req.input_top_logprobs = aux.input_token_logprobs, aux.input_top_logprobs
+                req.input_token_logprobs, req.input_top_logprobs = (
+                    aux.input_token_logprobs,
+                    aux.input_top_logprobs,
+                )
                 req.output_token_logprobs = list(aux.output_token_logprobs)
                 req.output_top_logprobs = list(aux.output_top_logprobs)
             req.output_ids.append(aux.first_token)
             req.first_token_time = time.time()
             if req.grammar is not None and not req.grammar.accept_token(aux.first_token):
-                req.abort("internal error: the grammar rejected the prefill server's first token", 500)
+                req.abort(
+                    "internal error: the grammar rejected the prefill server's first token", 500
+                )
             sp = req.sampling_params
-            req.check_finished(self.tokenizer.get() if sp.stop_strs or sp.stop_regex else None, self.context_len)
+            req.check_finished(
+                self.tokenizer.get() if sp.stop_strs or sp.stop_regex else None, self.context_len
+            )
             if req.finished():
                 self.finisher.finish(req)
                 return
-            self.cache_manager.cache_req(req, finished=False)  # this server's own cache of what it received
+            self.cache_manager.cache_req(
+                req, finished=False
+            )  # this server's own cache of what it received
             self.queues.move(req, S.RUNNING)
             self.outputs.emit(req)
-        except Exception as e:  # noqa: BLE001 - this request fails, the others go on
+        except Exception as e:
             self.finisher.fail(req, e)
 
-    def _fail(self, req: Req, error: str, status: Optional[int] = 500) -> None:
+    def _fail(self, req: Req, error: str, status: int | None = 500) -> None:
         route = self.routes.pop(id(req), None)
         self.since.pop(id(req), None)
         if route is not None:
@@ -155,4 +180,9 @@ class PDDecode(NoDisaggregation):
         self.finisher.finish(req)
 
     def info(self) -> dict:
-        return {"disaggregation": {**self.transfer.info(), "waiting_for_prefill": len(self.queues.kv_bootstrap)}}
+        return {
+            "disaggregation": {
+                **self.transfer.info(),
+                "waiting_for_prefill": len(self.queues.kv_bootstrap),
+            }
+        }

@@ -14,7 +14,6 @@ import dataclasses
 import logging
 import time
 from dataclasses import dataclass
-from typing import Optional
 
 from radixlm.disaggregation.config import DisaggregationConfig
 from radixlm.disaggregation.prefill_transfer import PrefillTransfer
@@ -32,19 +31,25 @@ S = ReqStatus
 class _Room:
     since: float  # when the request entered this phase
     poll: KVPoll = KVPoll.BOOTSTRAPPING
-    dest: Optional[TransferDest] = None
-    aux: Optional[AuxRecord] = None
+    dest: TransferDest | None = None
+    aux: AuxRecord | None = None
 
 
 class PDPrefillFinisher(Finisher):
     """A finished request with a bootstrap room keeps its KV (KV_TRANSFER) until it was sent."""
 
-    pd: Optional["PDPrefill"] = None
+    pd: PDPrefill | None = None
 
     def finish(self, req: Req) -> None:
-        if (self.pd is not None and req.bootstrap is not None and req.status is not S.KV_TRANSFER
-                and not isinstance(req.finished_reason, FinishAbort) and req.holds_kv() and req.output_ids
-                and not self.in_flight.holds(req)):
+        if (
+            self.pd is not None
+            and req.bootstrap is not None
+            and req.status is not S.KV_TRANSFER
+            and not isinstance(req.finished_reason, FinishAbort)
+            and req.holds_kv()
+            and req.output_ids
+            and not self.in_flight.holds(req)
+        ):
             self.pd.begin(req)
             return
         super().finish(req)
@@ -64,7 +69,9 @@ class PDPrefill(NoDisaggregation):
         if recv.bootstrap is None:
             return recv  # an ordinary request (warm-up, health checks): served whole here
         # The prefill computes the first output token only; the decode server generates the rest.
-        sp = dataclasses.replace(recv.sampling_params, max_new_tokens=min(1, recv.sampling_params.max_new_tokens))
+        sp = dataclasses.replace(
+            recv.sampling_params, max_new_tokens=min(1, recv.sampling_params.max_new_tokens)
+        )
         return dataclasses.replace(recv, sampling_params=sp)
 
     def begin(self, req: Req) -> None:
@@ -87,17 +94,30 @@ class PDPrefill(NoDisaggregation):
                 if state is KVPoll.SUCCESS:
                     self._end(req, room, None)
                 elif state is KVPoll.FAILED:
-                    self._end(req, room, f"the transfer failed: {self.transfer.failure(req.bootstrap.room)}")
+                    self._end(
+                        req,
+                        room,
+                        f"the transfer failed: {self.transfer.failure(req.bootstrap.room)}",
+                    )
                 elif now - room.since > self.config.waiting_timeout:
-                    self._end(req, room, f"the decode server did not acknowledge the KV within "
-                              f"{self.config.waiting_timeout:g} s (--disaggregation-waiting-timeout)")
+                    self._end(
+                        req,
+                        room,
+                        "the decode server did not acknowledge the KV within "
+                        f"{self.config.waiting_timeout:g} s (--disaggregation-waiting-timeout)",
+                    )
 
     def _try_send(self, req: Req, room: _Room, now: float) -> None:
         dest = self.transfer.dest(req.bootstrap.room)
         if dest is None:
             if now - room.since > self.config.bootstrap_timeout:
-                self._end(req, room, f"no decode server reserved slots for bootstrap_room {req.bootstrap.room} "
-                          f"within {self.config.bootstrap_timeout:g} s (--disaggregation-bootstrap-timeout)")
+                self._end(
+                    req,
+                    room,
+                    f"no decode server reserved slots for bootstrap_room {req.bootstrap.room}"
+                    f" within {self.config.bootstrap_timeout:g} s"
+                    " (--disaggregation-bootstrap-timeout)",
+                )
             return
         room.dest = dest
         prompt_len = len(req.origin_input_ids)
@@ -106,21 +126,29 @@ class PDPrefill(NoDisaggregation):
             self._end(req, room, problem)
             return
         room.aux = AuxRecord(
-            room=dest.room, first_token=req.output_ids[0],
-            output_token_logprobs=list(req.output_token_logprobs), output_top_logprobs=list(req.output_top_logprobs),
-            input_token_logprobs=list(req.input_token_logprobs), input_top_logprobs=list(req.input_top_logprobs),
-            cached_tokens=req.cached_tokens, num_tokens=prompt_len - dest.prefix_len)
+            room=dest.room,
+            first_token=req.output_ids[0],
+            output_token_logprobs=list(req.output_token_logprobs),
+            output_top_logprobs=list(req.output_top_logprobs),
+            input_token_logprobs=list(req.input_token_logprobs),
+            input_top_logprobs=list(req.input_top_logprobs),
+            cached_tokens=req.cached_tokens,
+            num_tokens=prompt_len - dest.prefix_len,
+        )
         row = self.cache_manager.req_to_token_pool.req_to_token[req.req_pool_idx]
         self.transfer.send(dest, row[dest.prefix_len : prompt_len], room.aux)
         room.poll, room.since = KVPoll.TRANSFERRING, now
 
-    def _end(self, req: Req, room: _Room, error: Optional[str], status: Optional[int] = 500) -> None:
-        """The transfer is over: the request finishes (its KV released), failed with `error` if given."""
+    def _end(self, req: Req, room: _Room, error: str | None, status: int | None = 500) -> None:
+        """The transfer is over: the request finishes (its KV released), failed with `error` if
+        given."""
         del self.rooms[id(req)]
         self.transfer.forget(req.bootstrap.room, ok=error is None)
         if error is not None:
             logger.warning("request %s (bootstrap_room %d): %s", req.rid, req.bootstrap.room, error)
-            if room.dest is not None:  # the decode side frees its slots now rather than at its timeout
+            if (
+                room.dest is not None
+            ):  # the decode side frees its slots now rather than at its timeout
                 self.transfer.fail(room.dest, AuxRecord(room.dest.room, -1, error=error))
             req.finished_reason = None
             req.abort(f"PD disaggregation: {error}", status)
@@ -128,4 +156,10 @@ class PDPrefill(NoDisaggregation):
 
     def info(self) -> dict:
         sending = sum(r.poll is KVPoll.TRANSFERRING for r in self.rooms.values())
-        return {"disaggregation": {**self.transfer.info(), "rooms_in_flight": len(self.rooms), "rooms_sending": sending}}
+        return {
+            "disaggregation": {
+                **self.transfer.info(),
+                "rooms_in_flight": len(self.rooms),
+                "rooms_sending": sending,
+            }
+        }

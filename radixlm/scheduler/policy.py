@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import random
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from radixlm.cache.base_prefix_cache import BasePrefixCache
 from radixlm.cache.tree_node import TreeNode
@@ -46,6 +46,7 @@ def register_policy(name: str, cache_aware: bool = False) -> Callable[[Order], O
     def decorator(order: Order) -> Order:
         _REGISTRY[name] = _Entry(order, cache_aware)
         return order
+
     return decorator
 
 
@@ -59,7 +60,9 @@ class SchedulePolicy:
         """Sorts `queue` in place: request priority first (higher first), then the policy.
         Returns the cached prefix length found per request (by id) when the policy looked."""
         entry = _REGISTRY[self.policy]
-        if entry.cache_aware and (not self.tree_cache.shares_prefixes or len(queue) > LPM_MAX_QUEUE):
+        if entry.cache_aware and (
+            not self.tree_cache.shares_prefixes or len(queue) > LPM_MAX_QUEUE
+        ):
             entry = _REGISTRY["fcfs"]
         lookup = Lookup()
         if entry.cache_aware:

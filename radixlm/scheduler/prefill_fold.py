@@ -24,7 +24,8 @@ from radixlm.scheduler.req import Req, ReqStatus
 
 class NoPrefillFold:
     def split(self, chunks: list[PrefillChunk]) -> tuple[list[PrefillChunk], list[Req]]:
-        """The chunks the extend step computes, and the requests that join the decode step instead."""
+        """The chunks the extend step computes, and the requests that join the decode step
+        instead."""
         return chunks, []
 
 
@@ -41,5 +42,11 @@ class PrefillFold(NoPrefillFold):
     @staticmethod
     def foldable(chunk: PrefillChunk) -> bool:
         r = chunk.req
-        return (chunk.length == 1 and chunk.is_last and chunk.logprob_start is None and r.status is ReqStatus.WAITING
-                and r.mm_inputs is None and r.sampling_params.max_new_tokens > 0)
+        return (
+            chunk.length == 1
+            and chunk.is_last
+            and chunk.logprob_start is None
+            and r.status is ReqStatus.WAITING
+            and r.mm_inputs is None
+            and r.sampling_params.max_new_tokens > 0
+        )

@@ -10,11 +10,15 @@ left to compute may become RUNNING at once instead (prefill_fold.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from radixlm.lora.runtime import NoLoRA
 from radixlm.model.forward_batch import ForwardMode
-from radixlm.scheduler.admission import NewTokenRatio, PrefillAdder, reserve_for, shares_prefix_in_batch
+from radixlm.scheduler.admission import (
+    NewTokenRatio,
+    PrefillAdder,
+    reserve_for,
+    shares_prefix_in_batch,
+)
 from radixlm.scheduler.batch import ScheduleBatch
 from radixlm.scheduler.cache_manager import CacheManager
 from radixlm.scheduler.policy import PREFIX_POLICIES, SchedulePolicy
@@ -28,13 +32,21 @@ from radixlm.scheduler.stats import SchedulerStats
 class PrefillLimits:
     max_running_requests: int
     max_prefill_tokens: int  # new tokens per extend batch
-    chunk_size: Optional[int]  # new tokens of one request per step; None: no chunking
+    chunk_size: int | None  # new tokens of one request per step; None: no chunking
 
 
 class PrefillManager:
-    def __init__(self, queues: ReqQueues, cache_manager: CacheManager, policy: SchedulePolicy,
-                 limits: PrefillLimits, ratio: NewTokenRatio, stats: SchedulerStats, lora: NoLoRA = NoLoRA(),
-                 fold: NoPrefillFold = NoPrefillFold()):
+    def __init__(
+        self,
+        queues: ReqQueues,
+        cache_manager: CacheManager,
+        policy: SchedulePolicy,
+        limits: PrefillLimits,
+        ratio: NewTokenRatio,
+        stats: SchedulerStats,
+        lora: NoLoRA = NoLoRA(),
+        fold: NoPrefillFold = NoPrefillFold(),
+    ):
         self.queues = queues
         self.cache_manager = cache_manager
         self.policy = policy
@@ -42,10 +54,14 @@ class PrefillManager:
         self.ratio = ratio
         self.stats = stats
         self.lora = lora  # which adapters a batch may mix (--max-loras-per-batch)
-        self.fold = fold  # speculative decoding: one-token prefills join the decode step (prefill_fold.py)
-        self.dedup_in_batch = policy.policy in PREFIX_POLICIES and cache_manager.tree_cache.shares_prefixes
+        self.fold = (
+            fold  # speculative decoding: one-token prefills join the decode step (prefill_fold.py)
+        )
+        self.dedup_in_batch = (
+            policy.policy in PREFIX_POLICIES and cache_manager.tree_cache.shares_prefixes
+        )
 
-    def schedule(self) -> Optional[ScheduleBatch]:
+    def schedule(self) -> ScheduleBatch | None:
         """The next extend batch, or None when nothing can be admitted now."""
         q, max_running = self.queues, self.limits.max_running_requests
         chunked = q.prefilling[0] if q.prefilling else None
@@ -96,8 +112,8 @@ class PrefillManager:
                 req, [c.req for c in adder.chunks], lambda r=req: self._prefix_len(r, prefix_len)
             ):
                 continue  # it will hit the cache next round instead of computing the prefix twice
-            # Head of the line: no later request passes one whose adapter does not fit, so it runs as
-            # soon as the running requests' adapters leave (nobody starves).
+            # Head of the line: no later request passes one whose adapter does not fit, so it runs
+            # as soon as the running requests' adapters leave (nobody starves).
             if not self.lora.fits(adapters | {req.lora_id}) or not adder.add_one_req(req):
                 break
             adapters.add(req.lora_id)

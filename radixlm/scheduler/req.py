@@ -2,8 +2,10 @@
 
 Lifecycle (each status names the one container that holds the request: req_queues.py):
 
-    arrival --> GRAMMAR_PENDING --> PREFETCHING --> WAITING --> PREFILLING (chunk k of n) --> RUNNING
-                (its grammar         (its prefix      (queued      (admitted: row, lock,        (decoding)
+    arrival --> GRAMMAR_PENDING --> PREFETCHING --> WAITING --> PREFILLING (chunk k of n) -->
+    RUNNING
+                (its grammar         (its prefix      (queued      (admitted: row, lock,
+                (decoding)
                  compiles)            read from L3)    for admission) KV of its chunks)
     WAITING <-- RUNNING / PREFILLING: retraction (out of KV), jump-forward (re-prefills forced text)
     any --> FINISHING (finished while the step in flight still uses its KV) --> FINISHED
@@ -30,13 +32,19 @@ import logging
 import time
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Optional
+from typing import Any
 
 import torch
 
 from radixlm.cache.base_prefix_cache import PrefixKey
+from radixlm.ipc import (
+    FinishAbort,
+    FinishLength,
+    FinishReason,
+    FinishStop,
+    TokenizedGenerateReqInput,
+)
 from radixlm.mm_inputs import MultimodalInputs
-from radixlm.ipc import FinishAbort, FinishLength, FinishReason, FinishStop, TokenizedGenerateReqInput
 from radixlm.sampling_params import SamplingParams, brief_repr
 from radixlm.stop_match import STOP_REGEX_BUDGET_S, STOP_REGEX_WINDOW, StopRegexTimeout, first_match
 
@@ -69,46 +77,51 @@ class Req:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     stream: bool = False
-    priority: Optional[int] = None
-    input_text: Optional[str] = None
+    priority: int | None = None
+    input_text: str | None = None
     # The prefix cache's namespace of this request's KV (PrefixKey); None: the common one.
-    cache_namespace: Optional[str] = None
-    lora_id: Optional[str] = None  # the LoRA adapter's uid (None: the base model)
-    mm_inputs: Optional[MultimodalInputs] = None  # images: their spans hold pad values (radixlm/mm_inputs.py)
+    cache_namespace: str | None = None
+    lora_id: str | None = None  # the LoRA adapter's uid (None: the base model)
+    mm_inputs: MultimodalInputs | None = (
+        None  # images: their spans hold pad values (radixlm/mm_inputs.py)
+    )
     bootstrap: Any = None  # PD disaggregation: its ipc.BootstrapInfo (the transfer's room)
     arrival_time: float = field(default_factory=time.monotonic)
 
     output_ids: list[int] = field(default_factory=list)
     # KV state (module docstring).
-    req_pool_idx: Optional[int] = None
+    req_pool_idx: int | None = None
     last_node: Any = None  # the tree node locked for this request; None: no lock held
     cache_protected_len: int = 0
     kv_allocated_len: int = 0
     kv_committed_len: int = 0
 
     status: ReqStatus = ReqStatus.NEW
-    finished_reason: Optional[FinishReason] = None
+    finished_reason: FinishReason | None = None
     to_abort: bool = False
     cached_tokens: int = 0  # prompt tokens served from the radix cache (first prefill)
     forward_passes: int = 0
-    prefill_chunks: int = 0  # chunks of its current prefill computed so far (PREFILLING: chunk k of n)
+    prefill_chunks: int = (
+        0  # chunks of its current prefill computed so far (PREFILLING: chunk k of n)
+    )
     # Speculative decoding: verify steps that carried a draft of this request, drafts accepted.
     spec_verify_ct: int = 0
     spec_accepted_tokens: int = 0
-    first_token_time: Optional[float] = None
-    generator: Optional[torch.Generator] = None
+    first_token_time: float | None = None
+    generator: torch.Generator | None = None
     # Grammar matcher (radixlm.constrained); a Future while its grammar compiles.
     grammar: Any = None
     retracted: int = 0
-    # Hierarchical cache: the L3 read of this request's prefix it waits for (cache/hicache_io.Prefetch).
+    # Hierarchical cache: the L3 read of this request's prefix it waits for
+    # (cache/hicache_io.Prefetch).
     prefetch: Any = None
     # Overlap scheduling: where the launched, unprocessed decode step stores this request's token.
-    future_slot: Optional[int] = None
+    future_slot: int | None = None
     # An embedding model's request (--is-embedding; model/pooler.py): whether its pooling reads
     # every prompt token (no cached prefix then), its partials folded so far, the finished vector.
     pool_all_tokens: bool = False
-    pooled: Optional[torch.Tensor] = None
-    embedding: Optional[list[float]] = None
+    pooled: torch.Tensor | None = None
+    embedding: list[float] | None = None
 
     # Prompt logprobs: the next prompt position whose logprob is still owed (chunks, retraction
     # and re-prefill never compute one twice).
@@ -121,19 +134,31 @@ class Req:
     sent_output_len: int = 0
 
     @classmethod
-    def from_input(cls, recv: TokenizedGenerateReqInput, eos_token_ids: frozenset[int]) -> "Req":
-        return cls(rid=recv.rid, origin_input_ids=list(recv.input_ids), sampling_params=recv.sampling_params,
-                   eos_token_ids=eos_token_ids, return_logprob=recv.return_logprob,
-                   logprob_start_len=recv.logprob_start_len, top_logprobs_num=recv.top_logprobs_num,
-                   stream=recv.stream, priority=recv.priority, input_text=recv.input_text,
-                   cache_namespace=recv.cache_namespace, lora_id=recv.lora_id, mm_inputs=recv.mm_inputs,
-                   bootstrap=recv.bootstrap)
+    def from_input(cls, recv: TokenizedGenerateReqInput, eos_token_ids: frozenset[int]) -> Req:
+        return cls(
+            rid=recv.rid,
+            origin_input_ids=list(recv.input_ids),
+            sampling_params=recv.sampling_params,
+            eos_token_ids=eos_token_ids,
+            return_logprob=recv.return_logprob,
+            logprob_start_len=recv.logprob_start_len,
+            top_logprobs_num=recv.top_logprobs_num,
+            stream=recv.stream,
+            priority=recv.priority,
+            input_text=recv.input_text,
+            cache_namespace=recv.cache_namespace,
+            lora_id=recv.lora_id,
+            mm_inputs=recv.mm_inputs,
+            bootstrap=recv.bootstrap,
+        )
 
     def __post_init__(self):
         if self.sampling_params.seed is not None:
             self.generator = torch.Generator().manual_seed(self.sampling_params.seed)
         n = len(self.origin_input_ids)
-        self.logprob_pos = self.logprob_start_len if self.return_logprob and self.logprob_start_len >= 0 else n
+        self.logprob_pos = (
+            self.logprob_start_len if self.return_logprob and self.logprob_start_len >= 0 else n
+        )
 
     @property
     def seqlen(self) -> int:
@@ -173,7 +198,7 @@ class Req:
             limit = min(limit, max(self.logprob_pos - 1, 0))
         return limit
 
-    def abort(self, message: str = "aborted", status_code: Optional[int] = None) -> None:
+    def abort(self, message: str = "aborted", status_code: int | None = None) -> None:
         if self.finished_reason is None:
             self.finished_reason = FinishAbort(message, status_code)
 
@@ -201,7 +226,9 @@ class Req:
             stops = sp.stop_strs
             if stops and tokenizer is not None:
                 n = max(len(s) for s in stops) + 1
-                tail = tokenizer.decode(self.output_ids[-n:], skip_special_tokens=sp.skip_special_tokens)
+                tail = tokenizer.decode(
+                    self.output_ids[-n:], skip_special_tokens=sp.skip_special_tokens
+                )
                 for s in stops:
                     if s in tail:
                         self.finished_reason = FinishStop(s)
@@ -216,16 +243,25 @@ class Req:
         is at least one character, so a match of w characters lies in the last w + 1 tokens. A
         search past its time budget ends this request with a 400, never the scheduler's loop."""
         sp = self.sampling_params
-        tail = tokenizer.decode(self.output_ids[-(sp.stop_regex_window + 1):],
-                                skip_special_tokens=sp.skip_special_tokens)[-STOP_REGEX_WINDOW:]
+        tail = tokenizer.decode(
+            self.output_ids[-(sp.stop_regex_window + 1) :],
+            skip_special_tokens=sp.skip_special_tokens,
+        )[-STOP_REGEX_WINDOW:]
         try:
             hit = first_match(sp.stop_regex_list, tail)
         except StopRegexTimeout as e:
-            logger.warning("request %s: stop_regex %s timed out after %d output tokens", self.rid,
-                           brief_repr(e.pattern), len(self.output_ids))
-            self.abort(f"sampling_params.stop_regex {brief_repr(e.pattern)} took longer than "
-                       f"{STOP_REGEX_BUDGET_S * 1000:.0f} ms to search the last {len(tail)} characters of the "
-                       "output; the request was stopped (simplify the pattern)", 400)
+            logger.warning(
+                "request %s: stop_regex %s timed out after %d output tokens",
+                self.rid,
+                brief_repr(e.pattern),
+                len(self.output_ids),
+            )
+            self.abort(
+                f"sampling_params.stop_regex {brief_repr(e.pattern)} took longer than"
+                f" {STOP_REGEX_BUDGET_S * 1000:.0f} ms to search the last {len(tail)} characters of"
+                " the output; the request was stopped (simplify the pattern)",
+                400,
+            )
             return True
         if hit is not None:
             self.finished_reason = FinishStop(hit[0], matched_regex=True)

@@ -8,7 +8,7 @@ The invariant checks assert status <=> container after every step (check()).
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Optional
+from collections.abc import Iterable, Iterator
 
 from radixlm.scheduler.req import Req, ReqStatus
 
@@ -33,7 +33,8 @@ class ReqQueues:
 
     @property
     def prefilling(self) -> list[Req]:
-        """Admitted, prefill under way. Between steps at most one: the request between its chunks."""
+        """Admitted, prefill under way. Between steps at most one: the request between its
+        chunks."""
         return self._by_status[S.PREFILLING]
 
     @property
@@ -119,21 +120,24 @@ class ReqQueues:
         """Requests that must hold nothing."""
         return self.of(S.GRAMMAR_PENDING, S.PREFETCHING, S.WAITING, S.KV_BOOTSTRAP)
 
-    def find(self, rid: str) -> Optional[Req]:
+    def find(self, rid: str) -> Req | None:
         return next((r for r in self if r.rid == rid), None)
 
     def matching(self, rid: str, statuses: Iterable[ReqStatus]) -> list[Req]:
         """The requests of those statuses with this rid ("": all of them)."""
         return [r for r in self.of(*statuses) if rid in ("", r.rid)]
 
-    def check(self) -> Optional[str]:
+    def check(self) -> str | None:
         """What breaks status <=> container (each held request in exactly the container of its
         status, once), or None."""
         seen: set[int] = set()
         for status, container in self._by_status.items():
             for r in container:
                 if r.status is not status:
-                    return f"request {r.rid} has status {r.status.value} but sits in the {status.value} queue"
+                    return (
+                        f"request {r.rid} has status {r.status.value} but sits in the"
+                        f" {status.value} queue"
+                    )
                 if id(r) in seen:
                     return f"request {r.rid} is held twice"
                 seen.add(id(r))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import torch
 
@@ -37,9 +37,20 @@ S = ReqStatus
 
 
 class ResultProcessor:
-    def __init__(self, queues: ReqQueues, cache_manager: CacheManager, finisher: Finisher, outputs: OutputStreamer,
-                 executor: InlineExecutor, runner: ModelRunner, spec: NoSpeculation, jump_forward: NoJumpForward,
-                 tokenizer: LazyTokenizer, stats: SchedulerStats, log_decode: Callable[[], None]):
+    def __init__(
+        self,
+        queues: ReqQueues,
+        cache_manager: CacheManager,
+        finisher: Finisher,
+        outputs: OutputStreamer,
+        executor: InlineExecutor,
+        runner: ModelRunner,
+        spec: NoSpeculation,
+        jump_forward: NoJumpForward,
+        tokenizer: LazyTokenizer,
+        stats: SchedulerStats,
+        log_decode: Callable[[], None],
+    ):
         self.queues = queues
         self.cache_manager = cache_manager
         self.finisher = finisher
@@ -56,15 +67,19 @@ class ResultProcessor:
     def process(self, launched: LaunchedBatch) -> None:
         try:
             res: StepOutput = launched.result.result()
-        except Exception as e:  # noqa: BLE001 - the batch fails, the scheduler goes on
+        except Exception as e:
             self.fail_batch(launched, e)
             return
         batch, out, ids, errors = launched.batch, res.logits, res.next_ids, res.row_errors
         n, tokens = len(batch.chunks), len(launched.worker_batch.input_ids)
         mode = batch.forward_mode
         if mode.is_verify():
-            self.process_decode(batch.decode_reqs, out, ids, errors, verified=res.verified, drafts=batch.drafts)
-            self.stats.on_decode(sum(len(a.tokens) for a in res.verified), res.seconds, launched.launch_time)
+            self.process_decode(
+                batch.decode_reqs, out, ids, errors, verified=res.verified, drafts=batch.drafts
+            )
+            self.stats.on_decode(
+                sum(len(a.tokens) for a in res.verified), res.seconds, launched.launch_time
+            )
             self.spec.on_verify_step(tokens, res.seconds)
         elif mode.is_mixed():
             # Decode part first: its finished requests leave before the new ones join.
@@ -87,8 +102,13 @@ class ResultProcessor:
         for req in launched.deferred_release:
             self.finisher.release(req)
 
-    def process_extend(self, chunks: list[PrefillChunk], out: LogitsOutput, next_ids: list[int],
-                       errors: dict[int, str]) -> None:
+    def process_extend(
+        self,
+        chunks: list[PrefillChunk],
+        out: LogitsOutput,
+        next_ids: list[int],
+        errors: dict[int, str],
+    ) -> None:
         for i, chunk in enumerate(chunks):
             req = chunk.req
             try:
@@ -120,12 +140,19 @@ class ResultProcessor:
                     req.prefill_chunks = 0
                     self.queues.move(req, S.RUNNING)
                     self.outputs.emit(req)
-            except Exception as e:  # noqa: BLE001 - this request fails, the batch goes on
+            except Exception as e:
                 self.finisher.fail(req, e)
 
-    def process_decode(self, reqs: list[Req], out: LogitsOutput, next_ids: list[int], errors: dict[int, str],
-                       slots: Optional[list[int]] = None, verified: Optional[list[Acceptance]] = None,
-                       drafts: Optional[list[DraftTree]] = None) -> None:
+    def process_decode(
+        self,
+        reqs: list[Req],
+        out: LogitsOutput,
+        next_ids: list[int],
+        errors: dict[int, str],
+        slots: list[int] | None = None,
+        verified: list[Acceptance] | None = None,
+        drafts: list[DraftTree] | None = None,
+    ) -> None:
         """A decode step's tokens, or a verify step's (verified[i]: what request i's draft tree
         drafts[i] gave)."""
         was_running = [req.status is S.RUNNING for req in reqs]
@@ -148,7 +175,7 @@ class ResultProcessor:
                     self.append_token(req, next_ids[i], out.next_token_logits[i])
                 if not req.finished():
                     self.jump_forward.try_jump(req)
-            except Exception as e:  # noqa: BLE001
+            except Exception as e:
                 self.finisher.fail(req, e)
         for req, ran in zip(reqs, was_running):
             if req.finished() and req.status is S.RUNNING:
@@ -156,12 +183,15 @@ class ResultProcessor:
             elif ran and not req.finished():
                 self.outputs.emit(req)  # a request that jumped forward streams its forced text now
 
-    def append_verified(self, req: Req, tree: DraftTree, acc: Acceptance, rows: torch.Tensor, row0: int) -> None:
+    def append_verified(
+        self, req: Req, tree: DraftTree, acc: Acceptance, rows: torch.Tensor, row0: int
+    ) -> None:
         """A verify step's tokens for req, one by one as decoding would append them (logprobs from
         the row that predicted each, stop checks after each). The step wrote the KV of the next
         input (the root) and of every node of the tree; the accepted path's KV moves to the columns
         right after the root, so each appended token commits one more position, and the KV of the
-        other nodes, and of accepted ones after a stop, is freed. row0: the forward's row of the root.
+        other nodes, and of accepted ones after a stop, is freed. row0: the forward's row of the
+        root.
 
         A request that jump-forward may move (constrained, no logprobs) stops taking tokens where
         its grammar forces text: decoding would have jumped there (the caller does), and the
@@ -171,7 +201,9 @@ class ResultProcessor:
         start, appended, path = req.kv_committed_len, 0, acc.path
         if path != list(range(len(path))):  # a branch, not the first nodes in order: they move up
             on_path = set(path)
-            self.cache_manager.reorder_own(req, start + 1, path + [j for j in range(len(tree)) if j not in on_path])
+            self.cache_manager.reorder_own(
+                req, start + 1, path + [j for j in range(len(tree)) if j not in on_path]
+            )
         may_jump = self.jump_forward.can_jump(req)
         for j, tok in enumerate(acc.tokens):
             req.kv_committed_len = start + j + 1
@@ -184,7 +216,9 @@ class ResultProcessor:
                     break
                 self.outputs.emit(req)
         req.spec_verify_ct += 1
-        req.spec_accepted_tokens += min(len(path), appended)  # drafts the model agreed with, before any stop
+        req.spec_accepted_tokens += min(
+            len(path), appended
+        )  # drafts the model agreed with, before any stop
         kept = min(len(path), appended)
         self.spec.on_verified(req, tree, path, kept, [row0] + [row0 + 1 + n for n in path[:kept]])
         if not req.finished():
@@ -207,8 +241,12 @@ class ResultProcessor:
         """The forward (or sampling) of a whole batch raised: its requests fail with the error, the
         scheduler goes on. Cross-step attention caches may be half-updated: wait for the worker,
         then drop them."""
-        logger.error("a %s step of %d request(s) failed", launched.batch.forward_mode.name,
-                     launched.batch.batch_size(), exc_info=exc)
+        logger.error(
+            "a %s step of %d request(s) failed",
+            launched.batch.forward_mode.name,
+            launched.batch.batch_size(),
+            exc_info=exc,
+        )
         self.executor.drain()
         self.runner.reset_attention_state()
         for req in launched.batch.reqs:

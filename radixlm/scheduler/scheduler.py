@@ -15,7 +15,7 @@ import faulthandler
 import logging
 import os
 import signal
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from radixlm.cache.base_prefix_cache import FLUSH_LEVELS
 from radixlm.cache.factory import create_prefix_cache
@@ -77,14 +77,24 @@ logger = logging.getLogger(__name__)
 IDLE_POLL_MS = 1000  # nothing to do: wait this long for a message
 PENDING_POLL_MS = 2  # only compiles or storage reads pending: look again soon
 # The reply each control call waits for (ControlFailed names it when the call raised).
-_CONTROL_REPLIES = {FlushCacheReq: FlushCacheReqOutput, GetInternalStateReq: GetInternalStateReqOutput,
-                    ProfileReq: ProfileReqOutput, **WEIGHT_CONTROL_REPLIES, **LORA_REPLIES,
-                    DashboardSnapshotReq: DashboardSnapshotReqOutput}
+_CONTROL_REPLIES = {
+    FlushCacheReq: FlushCacheReqOutput,
+    GetInternalStateReq: GetInternalStateReqOutput,
+    ProfileReq: ProfileReqOutput,
+    **WEIGHT_CONTROL_REPLIES,
+    **LORA_REPLIES,
+    DashboardSnapshotReq: DashboardSnapshotReqOutput,
+}
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, io: BaseSchedulerIO, sync: NoStepSync = NoStepSync(),
-                 dp: NoDPAttention = NoDPAttention()):
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        io: BaseSchedulerIO,
+        sync: NoStepSync = NoStepSync(),
+        dp: NoDPAttention = NoDPAttention(),
+    ):
         """sync: how the ranks of a tensor-parallel group agree (tp_sync.py); dp: how DP-attention
         ranks keep their steps together (dp_step.py); the no-op twins alone."""
         self.config = config
@@ -94,52 +104,121 @@ class Scheduler:
         self.runner = runner = ModelRunner(config.runner)
         self.context_len = runner.context_len
         eos = frozenset(runner.loaded.eos_token_ids)
-        self.tokenizer = LazyTokenizer(lambda: _load_tokenizer(config.tokenizer_path or runner.loaded.model_path))
-        self.tree_cache = create_prefix_cache(runner.token_to_kv_pool, config.disable_radix_cache, config.hicache,
-                                              self._model_key)
-        self.cache_manager = cm = CacheManager.create(runner.req_to_token_pool, runner.token_to_kv_pool,
-                                                      self.tree_cache)
+        self.tokenizer = LazyTokenizer(
+            lambda: _load_tokenizer(config.tokenizer_path or runner.loaded.model_path)
+        )
+        self.tree_cache = create_prefix_cache(
+            runner.token_to_kv_pool, config.disable_radix_cache, config.hicache, self._model_key
+        )
+        self.cache_manager = cm = CacheManager.create(
+            runner.req_to_token_pool, runner.token_to_kv_pool, self.tree_cache
+        )
         self.queues = queues = ReqQueues()
         self.stats = stats = SchedulerStats(runner.max_total_num_tokens)
         self.outputs = OutputStreamer(io, config.stream_interval)
-        self.grammar = GrammarManager(config.grammar_backend, self.tokenizer, runner.vocab_size, eos, stats)
+        self.grammar = GrammarManager(
+            config.grammar_backend, self.tokenizer, runner.vocab_size, eos, stats
+        )
         self.spec = self._make_speculation()
         executor_cls = OverlapExecutor if config.overlap_schedule else InlineExecutor
         self.executor = executor = executor_cls(runner, cm, self.grammar, self.spec)
         self.sessions = SessionPins.create(cm)  # open sessions' KV stays in the tree
-        finisher_cls = pd_finisher_class(config.disaggregation)  # PD prefill: KV kept until it was sent
+        finisher_cls = pd_finisher_class(
+            config.disaggregation
+        )  # PD prefill: KV kept until it was sent
         self.finisher = finisher_cls(queues, cm, executor, self.spec, self.outputs, self.sessions)
-        self.intake = RequestIntake(queues, self.grammar, Prefetcher(self.tree_cache), self.finisher, eos, sync,
-                                    pool_all_tokens=runner.pooler is not None and runner.pooler.needs_all_tokens,
-                                    lora=runner.lora)
-        ratio = NewTokenRatio(config.new_token_ratio, config.min_new_token_ratio, config.new_token_ratio_decay)
+        self.intake = RequestIntake(
+            queues,
+            self.grammar,
+            Prefetcher(self.tree_cache),
+            self.finisher,
+            eos,
+            sync,
+            pool_all_tokens=runner.pooler is not None and runner.pooler.needs_all_tokens,
+            lora=runner.lora,
+        )
+        ratio = NewTokenRatio(
+            config.new_token_ratio, config.min_new_token_ratio, config.new_token_ratio_decay
+        )
         self.policy = SchedulePolicy(config.schedule_policy, self.tree_cache, config.random_seed)
-        limits = PrefillLimits(runner.max_running_requests, config.max_prefill_tokens, config.chunk_size)
-        # A PD prefill server hands every request over after its prefill: none joins a decode step there.
-        fold = NoPrefillFold() if config.disaggregation.mode is DisaggregationMode.PREFILL else self.spec.prefill_fold()
-        self.prefill = PrefillManager(queues, cm, self.policy, limits, ratio, stats, runner.lora, fold)
-        self.decode = DecodeManager(queues, cm, self.finisher, self.spec, ratio, stats, self.context_len,
-                                    executor.in_flight)
+        limits = PrefillLimits(
+            runner.max_running_requests, config.max_prefill_tokens, config.chunk_size
+        )
+        # A PD prefill server hands every request over after its prefill: none joins a decode step
+        # there.
+        fold = (
+            NoPrefillFold()
+            if config.disaggregation.mode is DisaggregationMode.PREFILL
+            else self.spec.prefill_fold()
+        )
+        self.prefill = PrefillManager(
+            queues, cm, self.policy, limits, ratio, stats, runner.lora, fold
+        )
+        self.decode = DecodeManager(
+            queues, cm, self.finisher, self.spec, ratio, stats, self.context_len, executor.in_flight
+        )
         # Mixed chunk: new requests' prefill and the running requests' decode step in one forward.
-        self.mix = self.decode.mix_with_running if config.enable_mixed_chunk else (lambda prefill: prefill)
-        jump = (JumpForward(queues, cm, self.tokenizer, stats, self.context_len, executor)
-                if self.tree_cache.shares_prefixes and not config.disable_jump_forward else NoJumpForward())
+        self.mix = (
+            self.decode.mix_with_running if config.enable_mixed_chunk else (lambda prefill: prefill)
+        )
+        jump = (
+            JumpForward(queues, cm, self.tokenizer, stats, self.context_len, executor)
+            if self.tree_cache.shares_prefixes and not config.disable_jump_forward
+            else NoJumpForward()
+        )
         self.outputs.hold_back = jump.hold_back
         self.decode_log_interval = config.decode_log_interval
-        self.results = ResultProcessor(queues, cm, self.finisher, self.outputs, executor, runner, self.spec, jump,
-                                       self.tokenizer, stats, self._log_decode)
-        self.checks = (sync.checked(InvariantChecker(cm, queues, self.sessions.nodes), cm, queues) if config.enable_invariant_checks
-                       else NoInvariantChecks())
+        self.results = ResultProcessor(
+            queues,
+            cm,
+            self.finisher,
+            self.outputs,
+            executor,
+            runner,
+            self.spec,
+            jump,
+            self.tokenizer,
+            stats,
+            self._log_decode,
+        )
+        self.checks = (
+            sync.checked(InvariantChecker(cm, queues, self.sessions.nodes), cm, queues)
+            if config.enable_invariant_checks
+            else NoInvariantChecks()
+        )
         self.profiler = Profiler(stats, runner.device.type)  # /start_profile, /stop_profile
-        self.dashboard = DashboardProbe(self.tree_cache, self.internal_state)  # /dashboard/stream, on request only
+        self.dashboard = DashboardProbe(
+            self.tree_cache, self.internal_state
+        )  # /dashboard/stream, on request only
         # Pause / continue, weight updates, memory release (SGLang's RL calls; weight_control.py).
-        self.control = WeightControl(runner, cm, queues, self.intake, io, dp.control_sync(sync), stats,
-                                     config.hicache, self.decode.finish_aborted, self._process_in_flight,
-                                     lambda: self.is_idle() and dp.all_idle())
-        # PD disaggregation (pd_mode.py): NoDisaggregation unless --disaggregation-mode prefill|decode.
-        self.pd = create_pd_mode(config.disaggregation, PDContext(queues, cm, self.finisher, self.outputs, self.tokenizer,
-                                                                  self.context_len, runner.max_running_requests),
-                                 runner.token_to_kv_pool)
+        self.control = WeightControl(
+            runner,
+            cm,
+            queues,
+            self.intake,
+            io,
+            dp.control_sync(sync),
+            stats,
+            config.hicache,
+            self.decode.finish_aborted,
+            self._process_in_flight,
+            lambda: self.is_idle() and dp.all_idle(),
+        )
+        # PD disaggregation (pd_mode.py): NoDisaggregation unless --disaggregation-mode
+        # prefill|decode.
+        self.pd = create_pd_mode(
+            config.disaggregation,
+            PDContext(
+                queues,
+                cm,
+                self.finisher,
+                self.outputs,
+                self.tokenizer,
+                self.context_len,
+                runner.max_running_requests,
+            ),
+            runner.token_to_kv_pool,
+        )
         self.intake.ready_status = self.pd.ready_status
         dp.attach(runner.model, self._dp_state, runner.max_total_num_tokens)
 
@@ -151,14 +230,24 @@ class Scheduler:
         from radixlm.speculative.draft_tree import TreeShape
         from radixlm.speculative.factory import create_draft_source
 
-        source = create_draft_source(spec, self.tree_cache, self.runner.token_to_kv_pool.size, self.config.runner,
-                                     self.runner.vocab_size, self.runner)
+        source = create_draft_source(
+            spec,
+            self.tree_cache,
+            self.runner.token_to_kv_pool.size,
+            self.config.runner,
+            self.runner.vocab_size,
+            self.runner,
+        )
         shape = spec.tree_shape
         if shape.width > 1 and not self.runner.attn_backend.supports_tree_mask:
-            logger.warning("%r cannot verify draft trees for this model: chains only", self.runner.attn_backend)
+            logger.warning(
+                "%r cannot verify draft trees for this model: chains only", self.runner.attn_backend
+            )
             shape = TreeShape(1, shape.depth)
         controller = SpecController(source, spec.num_draft_tokens, spec.draft_policy, shape)
-        controller.costs = AgreedStepCosts(controller.costs, self.sync)  # draft lengths alike on every rank
+        controller.costs = AgreedStepCosts(
+            controller.costs, self.sync
+        )  # draft lengths alike on every rank
         return SpecDecoding(controller, self.grammar)
 
     # ------------------------------------------------------------------ loop
@@ -167,7 +256,9 @@ class Scheduler:
 
     def event_loop(self, heartbeat=None) -> None:
         """heartbeat: beaten as the loop starts and after every iteration (at least once per
-        IDLE_POLL_MS when idle), so the launcher tells a hung loop from a busy one (--watchdog-timeout)."""
+        IDLE_POLL_MS when idle), so the launcher tells a hung loop from a busy one
+        (--watchdog-timeout).
+        """
         beat(heartbeat)
         while True:
             for msg in self.io_wait():
@@ -201,14 +292,17 @@ class Scheduler:
             self.step_behind(prev)
         else:
             batch = self.next_batch()
-            self.dp.join(batch is not None)  # DP attention: a rank without a batch joins the others' forward
+            self.dp.join(
+                batch is not None
+            )  # DP attention: a rank without a batch joins the others' forward
             if batch:
                 launched = self.executor.launch(batch)
                 self.dp.check(launched)
                 if not self.executor.keep_in_flight(launched):
                     self.results.process(launched)
         self.outputs.flush()
-        self.control.try_update()  # a weight update waiting for the requests before it (their news went out)
+        # a weight update waiting for the requests before it (their news went out)
+        self.control.try_update()
         self.checks.after_step()
         self.profiler.after_step()
 
@@ -261,27 +355,39 @@ class Scheduler:
                 logger.error("unknown message %r", type(msg))
         except InvariantError:
             raise
-        except Exception as e:  # noqa: BLE001 - one bad message must not stop the server
+        except Exception as e:
             logger.exception("handling %s failed", type(msg).__name__)
             if isinstance(msg, TokenizedGenerateReqInput):
-                self.outputs.reject(msg.rid, len(msg.input_ids),
-                                    FinishAbort(f"internal error: {type(e).__name__}: {e}", 500))
+                self.outputs.reject(
+                    msg.rid,
+                    len(msg.input_ids),
+                    FinishAbort(f"internal error: {type(e).__name__}: {e}", 500),
+                )
             elif type(msg) in _CONTROL_REPLIES:  # its caller waits for an answer
                 self.io.reply(ControlFailed(_CONTROL_REPLIES[type(msg)]))
 
     def _log_decode(self) -> None:
         if self.stats.decode_steps % self.decode_log_interval == 0:
-            logger.info(self.stats.decode_log_line(
-                self.runner.token_to_kv_pool.available_size(), self.tree_cache.evictable_size(),
-                len(self.queues.running), len(self.queues.waiting), self.spec.log_suffix()))
+            logger.info(
+                self.stats.decode_log_line(
+                    self.runner.token_to_kv_pool.available_size(),
+                    self.tree_cache.evictable_size(),
+                    len(self.queues.running),
+                    len(self.queues.waiting),
+                    self.spec.log_suffix(),
+                )
+            )
 
     # ------------------------------------------------------------- control
     def flush_cache(self, level: str = "l1") -> FlushCacheReqOutput:
-        """Empty the cache: L1 (the KV pool), or with the hierarchical cache down to "l2" or "l3"."""
+        """Empty the cache: L1 (the KV pool), or with the hierarchical cache down to "l2" or
+        "l3"."""
         if not self.is_idle():
             return FlushCacheReqOutput(False, "requests are running")
         if level not in FLUSH_LEVELS:
-            return FlushCacheReqOutput(False, f"level must be one of {', '.join(FLUSH_LEVELS)}, got {brief_repr(level)}")
+            return FlushCacheReqOutput(
+                False, f"level must be one of {', '.join(FLUSH_LEVELS)}, got {brief_repr(level)}"
+            )
         self.sessions.unpin_all()  # the tree goes: sessions' next turns prefill again
         self.cache_manager.flush(level)
         self.stats.reset_cache_stats()
@@ -303,7 +409,8 @@ class Scheduler:
             "eos_token_ids": sorted(r.loaded.eos_token_ids),
             "model_sampling_defaults": r.loaded.sampling_defaults or {},
             "pid": os.getpid(),
-            "lora_enabled": bool(r.config.lora), "lora_adapters": r.lora.adapters_info(),
+            "lora_enabled": bool(r.config.lora),
+            "lora_adapters": r.lora.adapters_info(),
             "modalities": list(r.modalities),
         }
 
@@ -324,13 +431,16 @@ class Scheduler:
             **self.sessions.info(),
             **({"hicache": hicache} if hicache else {}),
             **self.control.info(),
-            **self.runner.decode_graphs.info(),  # --enable-torch-compile: what was compiled, or why not
+            # --enable-torch-compile: what was compiled, or why not
+            **self.runner.decode_graphs.info(),
             **self.runner.pp_info(),  # --pp-size: decode micro-batches and prefill pieces run
             **expert_load_info(self.runner.model),  # MoE: tokens routed per expert per layer
             **self.dashboard.info(),
-            **self.runner.mm_info(),  # a vision model: encoder runs, images encoded, encoder-cache hits
+            # a vision model: encoder runs, images encoded, encoder-cache hits
+            **self.runner.mm_info(),
             **self.pd.info(),  # --disaggregation-mode: transfers, bytes, checksums
-            **self.dp.info(),  # --enable-dp-attention: this rank, its idle forwards, rank 0's dispatch
+            # --enable-dp-attention: this rank, its idle forwards, rank 0's dispatch
+            **self.dp.info(),
         }
 
     def _model_key(self, stored_dtype) -> str:
@@ -345,13 +455,21 @@ def _load_tokenizer(path: str):
     return load_tokenizer(path)
 
 
-def run_scheduler_process(config: SchedulerConfig, port_args: Optional[PortArgs], pipe_writer,
-                          rank: Optional["RankSpec"] = None, loop_heartbeat=None) -> None:
+def run_scheduler_process(
+    config: SchedulerConfig,
+    port_args: PortArgs | None,
+    pipe_writer,
+    rank: RankSpec | None = None,
+    loop_heartbeat=None,
+) -> None:
     """Entry point of the scheduler process; rank: this process is that rank of a tensor-parallel
-    group (port_args: rank 0's channels, None on the other ranks); loop_heartbeat: see event_loop."""
+    group (port_args: rank 0's channels, None on the other ranks); loop_heartbeat: see event_loop.
+    """
     from radixlm.utils import configure_logging, kill_itself_when_parent_died
 
-    configure_logging(config.log_level, prefix="scheduler" if rank is None else f"scheduler tp{rank.rank}")
+    configure_logging(
+        config.log_level, prefix="scheduler" if rank is None else f"scheduler tp{rank.rank}"
+    )
     kill_itself_when_parent_died()
     faulthandler.enable()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when we stop
@@ -386,10 +504,11 @@ def run_scheduler_process(config: SchedulerConfig, port_args: Optional[PortArgs]
     except Exception:
         if rank is None:
             # Not one request's failure (those are contained where they happen): the scheduler's
-            # state is unknown, so it stops, and the server exits or (--restart-on-failure) restarts.
+            # state is unknown, so it stops, and the server exits or (--restart-on-failure)
+            # restarts.
             logger.exception("scheduler step failed: stopping")
             raise
-        # A rank whose peer died (or that failed) exits now: the interpreter's teardown would wait on
-        # the process group's pending work, up to --dist-timeout.
+        # A rank whose peer died (or that failed) exits now: the interpreter's teardown would wait
+        # on the process group's pending work, up to --dist-timeout.
         logger.exception("tp rank %d stopping", rank.rank)
         os._exit(1)

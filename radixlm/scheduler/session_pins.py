@@ -15,7 +15,6 @@ Without a prefix cache nothing can be pinned: NoSessionPins forgets the bindings
 from __future__ import annotations
 
 import logging
-from typing import Union
 
 from radixlm.cache.tree_node import TreeNode
 from radixlm.ipc import BindSessionReq, CloseSessionReq
@@ -29,7 +28,7 @@ logger = logging.getLogger(__name__)
 # leave other traffic without room to run until the sessions time out.
 MAX_PINNED_FRACTION = 0.5
 
-SessionMsg = Union[BindSessionReq, CloseSessionReq]
+SessionMsg = BindSessionReq | CloseSessionReq
 SESSION_MESSAGES = (BindSessionReq, CloseSessionReq)
 
 
@@ -46,8 +45,12 @@ class SessionPins:
         self.turns: dict[str, str] = {}
 
     @staticmethod
-    def create(cache_manager: CacheManager) -> "SessionPins":
-        return SessionPins(cache_manager) if cache_manager.tree_cache.shares_prefixes else NoSessionPins(cache_manager)
+    def create(cache_manager: CacheManager) -> SessionPins:
+        return (
+            SessionPins(cache_manager)
+            if cache_manager.tree_cache.shares_prefixes
+            else NoSessionPins(cache_manager)
+        )
 
     def handle(self, msg: SessionMsg) -> None:
         if isinstance(msg, BindSessionReq):
@@ -70,8 +73,13 @@ class SessionPins:
         others = sum(self.pinned_len.values()) - self.pinned_len.get(sid, 0)
         if others + req.cache_protected_len > self.max_pinned:
             if not self.refused:
-                logger.warning("sessions would pin more than %d KV tokens: turn %s of session %s stays unpinned",
-                               self.max_pinned, req.rid, sid)
+                logger.warning(
+                    "sessions would pin more than %d KV tokens: turn %s of session %s stays"
+                    " unpinned",
+                    self.max_pinned,
+                    req.rid,
+                    sid,
+                )
             self.refused += 1
             return  # its older pin, if any, stays: a prefix of this turn, still worth keeping
         self.cm.lock(node)
@@ -88,7 +96,8 @@ class SessionPins:
             self.cm.unlock(node)
 
     def unpin_all(self) -> None:
-        """Before /flush_cache drops the tree: the sessions go on, their next turns prefill again."""
+        """Before /flush_cache drops the tree: the sessions go on, their next turns prefill
+        again."""
         for node in self.pins.values():
             self.cm.unlock(node)
         self.pins.clear()
@@ -99,8 +108,11 @@ class SessionPins:
         return list(self.pins.values())
 
     def info(self) -> dict:
-        return {"pinned_sessions": len(self.pins), "session_pinned_tokens": sum(self.pinned_len.values()),
-                "session_pins_refused": self.refused}
+        return {
+            "pinned_sessions": len(self.pins),
+            "session_pinned_tokens": sum(self.pinned_len.values()),
+            "session_pins_refused": self.refused,
+        }
 
     def _forget_turns(self, session_id: str) -> None:
         for rid in [r for r, s in self.turns.items() if s == session_id]:

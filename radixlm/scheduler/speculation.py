@@ -1,4 +1,5 @@
-"""Speculative decoding as a scheduler component (the drafting itself lives in radixlm/speculative/).
+"""Speculative decoding as a scheduler component (the drafting itself lives in
+radixlm/speculative/).
 
 NoSpeculation is the component of a server without --speculative-algorithm: every decode step is a
 plain one. SpecDecoding asks the controller for drafts, turns the step into TARGET_VERIFY when any
@@ -23,8 +24,13 @@ class NoSpeculation:
     def decode_batch(self, running: list[Req], spare_slots: int, context_len: int) -> ScheduleBatch:
         return ScheduleBatch(ForwardMode.DECODE, decode_reqs=list(running))
 
-    def verify(self, batch: ScheduleBatch, row_logits: list[torch.Tensor], next_ids: list[int],
-               errors: dict[int, str]) -> list[Acceptance]:
+    def verify(
+        self,
+        batch: ScheduleBatch,
+        row_logits: list[torch.Tensor],
+        next_ids: list[int],
+        errors: dict[int, str],
+    ) -> list[Acceptance]:
         raise AssertionError("no verify step without speculative decoding")
 
     def prefill_fold(self) -> NoPrefillFold:
@@ -37,7 +43,9 @@ class NoSpeculation:
     def on_verify_step(self, rows: int, seconds: float) -> None:
         pass
 
-    def on_verified(self, req: Req, tree: DraftTree, path: list[int], kept: int, rows: list[int]) -> None:
+    def on_verified(
+        self, req: Req, tree: DraftTree, path: list[int], kept: int, rows: list[int]
+    ) -> None:
         pass
 
     def release(self, req: Req) -> None:
@@ -58,15 +66,22 @@ class SpecDecoding(NoSpeculation):
     def decode_batch(self, running: list[Req], spare_slots: int, context_len: int) -> ScheduleBatch:
         drafts = self.controller.propose(running, spare_slots, context_len)
         if any(drafts):
-            return ScheduleBatch(ForwardMode.TARGET_VERIFY, decode_reqs=list(running), drafts=drafts)
+            return ScheduleBatch(
+                ForwardMode.TARGET_VERIFY, decode_reqs=list(running), drafts=drafts
+            )
         return super().decode_batch(running, spare_slots, context_len)
 
     def prefill_fold(self) -> NoPrefillFold:
         # Its first verify step computes the last prompt token's KV with the draft that follows it.
         return PrefillFold() if self.controller.source.drafts_from_tokens else NoPrefillFold()
 
-    def verify(self, batch: ScheduleBatch, row_logits: list[torch.Tensor], next_ids: list[int],
-               errors: dict[int, str]) -> list[Acceptance]:
+    def verify(
+        self,
+        batch: ScheduleBatch,
+        row_logits: list[torch.Tensor],
+        next_ids: list[int],
+        errors: dict[int, str],
+    ) -> list[Acceptance]:
         """Per request, what the step emits: its accepted draft nodes' tokens and the model's own
         token (the sampled one where it drafted nothing). A constrained request's rows are masked
         first; a mask that fails fails that request (errors[i]), not the batch."""
@@ -79,7 +94,7 @@ class SpecDecoding(NoSpeculation):
             if req.grammar is not None:
                 try:
                     rows = self.grammar.masked_tree_rows(req, draft, rows)
-                except Exception as e:  # noqa: BLE001 - this request fails, not the batch
+                except Exception as e:
                     errors[i] = f"internal error: grammar mask: {type(e).__name__}: {e}"
                     out.append(Acceptance([], []))
                     continue
@@ -93,7 +108,9 @@ class SpecDecoding(NoSpeculation):
         self.controller.stats.verify_steps += 1
         self.controller.on_step(rows, seconds)
 
-    def on_verified(self, req: Req, tree: DraftTree, path: list[int], kept: int, rows: list[int]) -> None:
+    def on_verified(
+        self, req: Req, tree: DraftTree, path: list[int], kept: int, rows: list[int]
+    ) -> None:
         self.controller.on_verified(req, tree, path, kept, rows)
 
     def release(self, req: Req) -> None:

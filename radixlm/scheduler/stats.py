@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Optional
 
 
 @dataclass
@@ -28,7 +27,7 @@ class SchedulerStats:
     # of the same steps; their difference is the time the model waited on the scheduler.
     decode_wall_seconds: float = 0.0
     decode_busy_seconds: float = 0.0
-    _last_decode: Optional[tuple] = None  # (launch time, forward seconds) of the previous decode step
+    _last_decode: tuple | None = None  # (launch time, forward seconds) of the previous decode step
     # (time, tokens) of recent decode steps for the log line's throughput.
     _recent: deque = field(default_factory=lambda: deque(maxlen=64))
 
@@ -48,7 +47,7 @@ class SchedulerStats:
         self.generated_tokens += num_decode
         self._recent.append((time.perf_counter(), num_decode))
 
-    def on_decode(self, batch_size: int, seconds: float, launch_time: Optional[float] = None) -> None:
+    def on_decode(self, batch_size: int, seconds: float, launch_time: float | None = None) -> None:
         self.decode_steps += 1
         self.generated_tokens += batch_size
         self.decode_seconds += seconds
@@ -60,7 +59,7 @@ class SchedulerStats:
             self._last_decode = (launch_time, seconds)
 
     @property
-    def decode_outside_share(self) -> Optional[float]:
+    def decode_outside_share(self) -> float | None:
         """Share of back-to-back decode time spent outside forward + sampling."""
         if self.decode_wall_seconds <= 0:
             return None
@@ -88,7 +87,9 @@ class SchedulerStats:
             "generated_tokens": self.generated_tokens,
             "num_retracted": self.num_retracted,
             "jump_forward_tokens": self.jump_forward_tokens,
-            "grammar_mask_ms_per_step": 1000 * self.grammar_mask_seconds / max(self.grammar_mask_steps, 1),
+            "grammar_mask_ms_per_step": (
+                1000 * self.grammar_mask_seconds / max(self.grammar_mask_steps, 1)
+            ),
             "decode_steps": self.decode_steps,
             "decode_seconds": self.decode_seconds,
             "extend_steps": self.extend_steps,
@@ -99,11 +100,13 @@ class SchedulerStats:
             "gen_throughput": self.gen_throughput(),  # tokens/s over the recent decode steps
         }
 
-    def decode_log_line(self, kv_free: int, evictable: int, running: int, waiting: int, suffix: str = "") -> str:
+    def decode_log_line(
+        self, kv_free: int, evictable: int, running: int, waiting: int, suffix: str = ""
+    ) -> str:
         used = self.max_total_num_tokens - kv_free
         return (
-            f"Decode: running {running}, waiting {waiting}, "
-            f"KV usage {used / self.max_total_num_tokens:.1%} ({used} tokens, {evictable} evictable), "
-            f"cache hit rate {self.cache_hit_rate:.1%}, gen throughput {self.gen_throughput():.1f} tok/s, "
-            f"outside forward {100 * (self.decode_outside_share or 0):.1f}%{suffix}"
+            f"Decode: running {running}, waiting {waiting}, KV usage"
+            f" {used / self.max_total_num_tokens:.1%} ({used} tokens, {evictable} evictable), cache"
+            f" hit rate {self.cache_hit_rate:.1%}, gen throughput {self.gen_throughput():.1f}"
+            f" tok/s, outside forward {100 * (self.decode_outside_share or 0):.1f}%{suffix}"
         )

@@ -8,7 +8,7 @@ ranks wait in that broadcast. Only rank 0 sends: the others' outputs are the sam
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from radixlm.distributed.communicator import Communicator
 from radixlm.ipc import BatchTokenIDOut
@@ -16,7 +16,7 @@ from radixlm.scheduler.io import BaseSchedulerIO
 
 
 class TPSchedulerIO(BaseSchedulerIO):
-    def __init__(self, comm: Communicator, inner: Optional[BaseSchedulerIO]):
+    def __init__(self, comm: Communicator, inner: BaseSchedulerIO | None):
         """inner: rank 0's channels (None on the other ranks)."""
         if (comm.rank == 0) != (inner is not None):
             raise ValueError("rank 0, and only rank 0, has the scheduler's channels")

@@ -88,13 +88,22 @@ def state_digest(cm: CacheManager, queues: ReqQueues) -> int:
     h = hashlib.blake2b(digest_size=8)
     rows = cm.req_to_token_pool.req_to_token
     for r in queues:
-        h.update(f"{r.rid}|{r.status.value}|{r.req_pool_idx}|{r.kv_allocated_len}|{r.cache_protected_len}|"
-                 f"{len(r.output_ids)}|{r.output_ids[-1:]}".encode())
+        h.update(
+            f"{r.rid}|{r.status.value}|{r.req_pool_idx}|{r.kv_allocated_len}|{r.cache_protected_len}|"
+            f"{len(r.output_ids)}|{r.output_ids[-1:]}".encode()
+        )
         if r.req_pool_idx is not None and r.kv_allocated_len:
             h.update(rows[r.req_pool_idx, : r.kv_allocated_len].cpu().numpy().tobytes())
     tree = cm.tree_cache
-    h.update(struct.pack("<4q", cm.token_to_kv_pool.available_size(), tree.evictable_size(), tree.protected_size(),
-                         cm.req_to_token_pool.available_size()))
+    h.update(
+        struct.pack(
+            "<4q",
+            cm.token_to_kv_pool.available_size(),
+            tree.evictable_size(),
+            tree.protected_size(),
+            cm.req_to_token_pool.available_size(),
+        )
+    )
     return int.from_bytes(h.digest(), "little", signed=True)
 
 
@@ -112,5 +121,7 @@ class TPStateCheck:
         mine = torch.tensor([state_digest(self.cm, self.queues)], dtype=torch.int64)
         every = self.comm.all_gather(mine, dim=0).tolist()
         if len(set(every)) != 1:
-            raise InvariantError(f"tensor-parallel ranks diverged at step {self.steps}: state digests {every} "
-                                 f"(rank {self.comm.rank} holds {len(list(self.queues))} requests)")
+            raise InvariantError(
+                f"tensor-parallel ranks diverged at step {self.steps}: state digests {every} "
+                f"(rank {self.comm.rank} holds {len(list(self.queues))} requests)"
+            )

@@ -1,6 +1,6 @@
-"""WeightControl: SGLang's calls for RL loops on a serving scheduler (docs/rl.md): pause and continue
-generation, replace the weights from disk, read a weight back, release and resume the memory of the
-weights and of the KV cache.
+"""WeightControl: SGLang's calls for RL loops on a serving scheduler (docs/rl.md): pause and
+continue generation, replace the weights from disk, read a weight back, release and resume the
+memory of the weights and of the KV cache.
 
 In-flight requests finish on the old weights, as in SGLang (whose update waits for its in-flight
 requests under a lock): an update waits until every request the scheduler got before it has
@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import enum
 import logging
-from typing import TYPE_CHECKING, Callable, Optional
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from radixlm.ipc import (
     MEMORY_TAGS,
@@ -54,7 +55,9 @@ logger = logging.getLogger(__name__)
 
 class PauseMode(str, enum.Enum):  # ipc.PAUSE_MODES
     ABORT = "abort"  # abort every request in flight
-    RETRACT = "retract"  # running requests back to the queue, their KV to the cache (recomputed later)
+    RETRACT = (  # running requests back to the queue, their KV to the cache (recomputed later)
+        "retract"
+    )
     IN_PLACE = "in_place"  # requests keep their place and KV
 
 
@@ -69,33 +72,53 @@ WEIGHT_CONTROL_REPLIES = {
 }
 
 
-def memory_tags(tags: Optional[list]) -> list[str]:
-    """The tags a release / resume names (None or []: all), or ValueError naming the field. cuda_graph
+def memory_tags(tags: list | None) -> list[str]:
+    """The tags a release / resume names (None or []: all), or ValueError naming the field.
+    cuda_graph
     is accepted (SGLang's "all" names it) and holds nothing here."""
     if tags is None or tags == []:
         return list(MEMORY_TAGS)
     if not isinstance(tags, list) or not all(isinstance(t, str) and t in MEMORY_TAGS for t in tags):
-        raise ValueError(f"tags must be a list of {', '.join(MEMORY_TAGS)} (or null: all), got {tags!r}"[:300])
+        raise ValueError(
+            f"tags must be a list of {', '.join(MEMORY_TAGS)} (or null: all), got {tags!r}"[:300]
+        )
     return list(dict.fromkeys(tags))
 
 
 class WeightControl:
-    def __init__(self, runner: ModelRunner, cache_manager: CacheManager, queues: ReqQueues, intake: RequestIntake,
-                 io: "BaseSchedulerIO", sync: NoStepSync, stats: SchedulerStats, hicache: Optional["HiCacheConfig"],
-                 finish_aborted: Callable[[], None], process_in_flight: Callable[[], None],
-                 is_idle: Callable[[], bool]):
-        """finish_aborted: answer aborted running requests now; process_in_flight: process the step in
-        flight (overlap), so that nothing runs behind a pause; is_idle: no request, no step in flight."""
+    def __init__(
+        self,
+        runner: ModelRunner,
+        cache_manager: CacheManager,
+        queues: ReqQueues,
+        intake: RequestIntake,
+        io: BaseSchedulerIO,
+        sync: NoStepSync,
+        stats: SchedulerStats,
+        hicache: HiCacheConfig | None,
+        finish_aborted: Callable[[], None],
+        process_in_flight: Callable[[], None],
+        is_idle: Callable[[], bool],
+    ):
+        """finish_aborted: answer aborted running requests now; process_in_flight: process the step
+        in flight (overlap), so that nothing runs behind a pause; is_idle: no request, no step in
+        flight.
+        """
         self.runner, self.cm, self.queues, self.intake = runner, cache_manager, queues, intake
         self.io, self.sync, self.stats = io, sync, stats
-        self.finish_aborted, self.process_in_flight, self.is_idle = finish_aborted, process_in_flight, is_idle
-        # The prefix cache's KV came from the weights: an update empties L2 (host memory) too. L3 keys
-        # its files by the weights at start, so updates are refused with it (it would serve stale KV).
+        self.finish_aborted, self.process_in_flight, self.is_idle = (
+            finish_aborted,
+            process_in_flight,
+            is_idle,
+        )
+        # The prefix cache's KV came from the weights: an update empties L2 (host memory) too. L3
+        # keys its files by the weights at start, so updates are refused with it (it would serve
+        # stale KV).
         self.flush_level = "l1" if hicache is None else "l2"
         self.has_storage_tier = hicache is not None and hicache.storage_backend is not None
-        self.paused: Optional[PauseMode] = None
+        self.paused: PauseMode | None = None
         self.released: set[str] = set()
-        self.pending: Optional[UpdateWeightFromDiskReqInput] = None
+        self.pending: UpdateWeightFromDiskReqInput | None = None
         self.deferred: list[TokenizedGenerateReqInput] = []  # arrived after the pending update
         self.weight_version = "default"  # SGLang's --weight-version default
 
@@ -138,8 +161,9 @@ class WeightControl:
         try:
             pause_mode = PauseMode(mode)
         except ValueError:
-            return WeightControlReqOutput(False, f"mode must be one of {', '.join(PAUSE_MODES)}, "
-                                                 f"got {mode!r}"[:300])
+            return WeightControlReqOutput(
+                False, f"mode must be one of {', '.join(PAUSE_MODES)}, got {mode!r}"[:300]
+            )
         self.paused = pause_mode
         self.process_in_flight()  # nothing runs behind the pause
         if pause_mode is PauseMode.ABORT:
@@ -151,8 +175,9 @@ class WeightControl:
         return WeightControlReqOutput(True, "Generation paused successfully.")
 
     def _retract_all(self) -> None:
-        """Every request holding KV back to the front of the queue, its KV to the cache (it re-prefills
-        prompt + outputs later, from the cache where it still is), as DecodeManager.retract does."""
+        """Every request holding KV back to the front of the queue, its KV to the cache (it
+        re-prefills prompt + outputs later, from the cache where it still is), as
+        DecodeManager.retract does."""
         self.process_in_flight()
         holders = self.queues.of(ReqStatus.PREFILLING, ReqStatus.RUNNING)
         for req in holders:
@@ -163,8 +188,12 @@ class WeightControl:
 
     # ------------------------------------------------------------------ update
     def update(self, req: UpdateWeightFromDiskReqInput) -> None:
-        if self.pending is not None:  # cannot happen through the tokenizer manager, which sends one at a time
-            self.io.reply(UpdateWeightFromDiskReqOutput(False, "another weight update is in progress"))
+        if (
+            self.pending is not None
+        ):  # cannot happen through the tokenizer manager, which sends one at a time
+            self.io.reply(
+                UpdateWeightFromDiskReqOutput(False, "another weight update is in progress")
+            )
             return
         error = self._agreed_error(lambda: self._precheck(req))
         if error:  # refused before anything waits or loads: the old weights serve on
@@ -178,19 +207,21 @@ class WeightControl:
     def _precheck(self, req: UpdateWeightFromDiskReqInput) -> None:
         if self.has_storage_tier:
             raise weight_update.CheckpointError(
-                "weights cannot be updated with the hierarchical cache's storage tier (--hicache-storage-backend): "
-                "its files are keyed by the weights at start and would serve the old weights' KV")
+                "weights cannot be updated with the hierarchical cache's storage tier"
+                " (--hicache-storage-backend): its files are keyed by the weights at start and"
+                " would serve the old weights' KV"
+            )
         weight_update.check_checkpoint(self.runner, req.model_path, req.load_format)
 
     def try_update(self) -> None:
-        """Apply the pending update once the requests before it are done (at once while generation is
-        held). Called after every step."""
+        """Apply the pending update once the requests before it are done (at once while generation
+        is held). Called after every step."""
         if self.pending is None or not (self.holds_generation() or self.is_idle()):
             return
         req, self.pending = self.pending, None
         try:
             self._apply(req)
-        except Exception:  # noqa: BLE001 - called from the loop: the caller gets a 500, the server goes on
+        except Exception:
             logger.exception("weight update from %s failed", req.model_path)
             self.io.reply(ControlFailed(UpdateWeightFromDiskReqOutput))
         finally:
@@ -202,11 +233,18 @@ class WeightControl:
         if req.flush_cache:
             self._retract_all()  # requests paused in place: their KV came from the old weights
         loaded = []
-        error = self._agreed_error(lambda: loaded.append(
-            weight_update.load_checkpoint(self.runner, req.model_path, req.load_format)))
+        error = self._agreed_error(
+            lambda: loaded.append(
+                weight_update.load_checkpoint(self.runner, req.model_path, req.load_format)
+            )
+        )
         if error:
             logger.error("weight update from %s failed: %s", req.model_path, error)
-            self.io.reply(self._refusal(error, UpdateWeightFromDiskReqOutput(False, str(error), len(self.deferred))))
+            self.io.reply(
+                self._refusal(
+                    error, UpdateWeightFromDiskReqOutput(False, str(error), len(self.deferred))
+                )
+            )
             return
         weight_update.install(self.runner, loaded[0])
         self.released.discard("weights")
@@ -222,45 +260,56 @@ class WeightControl:
         logger.info("weights updated from %s", req.model_path)
         self.io.reply(UpdateWeightFromDiskReqOutput(True, message, len(self.deferred)))
 
-    def _agreed_error(self, action: Callable[[], object]) -> Optional[Exception]:
-        """Run action on every rank: None if it succeeded on all of them, else why: this rank's error
-        (a CheckpointError: the caller's input; anything else: internal), or another rank's."""
+    def _agreed_error(self, action: Callable[[], object]) -> Exception | None:
+        """Run action on every rank: None if it succeeded on all of them, else why: this rank's
+        error (a CheckpointError: the caller's input; anything else: internal), or another
+        rank's."""
         error = None
         try:
             action()
         except weight_update.CheckpointError as e:
             error = e
-        except Exception as e:  # noqa: BLE001 - reported to the caller (a 500); the old state stays
+        except Exception as e:
             logger.exception("weight control failed")
             error = e
         if self.sync.all_done([error is None])[0]:
             return None
-        return error or weight_update.CheckpointError("another tensor-parallel rank could not do it (see its log)")
+        return error or weight_update.CheckpointError(
+            "another tensor-parallel rank could not do it (see its log)"
+        )
 
     @staticmethod
     def _refusal(error: Exception, answer):
         """The answer to a call that failed: `answer` (a 400 with its message) for bad input, else a
         ControlFailed (a 500 saying only that; the details are in this log)."""
-        return answer if isinstance(error, weight_update.CheckpointError) else ControlFailed(type(answer))
+        return (
+            answer
+            if isinstance(error, weight_update.CheckpointError)
+            else ControlFailed(type(answer))
+        )
 
     # ------------------------------------------------------------------ reading a weight
     def get_weights_by_name(self, req: GetWeightsByNameReqInput) -> GetWeightsByNameReqOutput:
         if "weights" in self.released:
-            return GetWeightsByNameReqOutput(None, "the weights are released (resume_memory_occupation first)")
+            return GetWeightsByNameReqOutput(
+                None, "the weights are released (resume_memory_occupation first)"
+            )
         try:
             part = weight_update.weight_by_name(self.runner.model, req.name)
-        except Exception as e:  # noqa: BLE001 - every rank must reach the gather below
+        except Exception as e:
             if not isinstance(e, KeyError):
                 logger.exception("reading weight %r failed", req.name)
             part = None
         parts = self.sync.gather(part)
         if any(p is None for p in parts):
-            return GetWeightsByNameReqOutput(None, f"name: the model has no weight {req.name!r}"[:300])
+            return GetWeightsByNameReqOutput(
+                None, f"name: the model has no weight {req.name!r}"[:300]
+            )
         full = weight_update.assemble(parts)
         return GetWeightsByNameReqOutput(full[: req.truncate_size].tolist())
 
     # ------------------------------------------------------------------ memory
-    def release(self, tags: Optional[list]) -> WeightControlReqOutput:
+    def release(self, tags: list | None) -> WeightControlReqOutput:
         try:
             names = memory_tags(tags)
         except ValueError as e:
@@ -268,8 +317,9 @@ class WeightControl:
         self.process_in_flight()
         if self.queues.holders() or self.pending is not None:
             if self.paused is None:
-                return WeightControlReqOutput(False, "requests are running: pause_generation first, or wait until "
-                                                     "they finish")
+                return WeightControlReqOutput(
+                    False, "requests are running: pause_generation first, or wait until they finish"
+                )
             self._retract_all()
         if "kv_cache" in names and "kv_cache" not in self.released:
             self.cm.flush("l1")  # the host tier (L2) keeps its copies
@@ -280,7 +330,7 @@ class WeightControl:
         self.released |= set(names) - {"cuda_graph"}  # nothing of it on CPU
         return WeightControlReqOutput(True, f"Released {', '.join(names)}.")
 
-    def resume(self, tags: Optional[list]):  # WeightControlReqOutput, or ControlFailed
+    def resume(self, tags: list | None):  # WeightControlReqOutput, or ControlFailed
         try:
             names = memory_tags(tags)
         except ValueError as e:
@@ -296,8 +346,13 @@ class WeightControl:
         return WeightControlReqOutput(True, f"Resumed {', '.join(names)}.")
 
     def info(self) -> dict:
-        return {"weights": {"model_path": self.runner.loaded.model_path, "weight_version": self.weight_version,
-                            "paused": self.paused.value if self.paused else None,
-                            "released": sorted(self.released), "update_pending": self.pending is not None,
-                            "deferred_requests": len(self.deferred)}}
-
+        return {
+            "weights": {
+                "model_path": self.runner.loaded.model_path,
+                "weight_version": self.weight_version,
+                "paused": self.paused.value if self.paused else None,
+                "released": sorted(self.released),
+                "update_pending": self.pending is not None,
+                "deferred_requests": len(self.deferred),
+            }
+        }

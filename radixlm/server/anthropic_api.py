@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -31,11 +31,14 @@ router = APIRouter()
 
 
 def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse(anthropic_error(error_type(status), message), status_code=status, headers=headers)
+    return JSONResponse(
+        anthropic_error(error_type(status), message), status_code=status, headers=headers
+    )
 
 
 async def _answer(request: Request, handle):
-    """Run a route's handler, answering its errors (and the chat pipeline's) in Anthropic's shape."""
+    """Run a route's handler, answering its errors (and the chat pipeline's) in Anthropic's
+    shape."""
     try:
         return await handle()
     except HTTPError as e:
@@ -54,7 +57,9 @@ async def _answer(request: Request, handle):
 
 
 def _chat_request(request: Request, req: CountTokensRequest) -> ChatCompletionRequest:
-    return parse_body(ChatCompletionRequest, chat_body(req, srv(request).server_args.reasoning_parser))
+    return parse_body(
+        ChatCompletionRequest, chat_body(req, srv(request).server_args.reasoning_parser)
+    )
 
 
 @router.post("/v1/messages", openapi_extra=json_body(MessagesRequest.model_json_schema()))
@@ -65,10 +70,14 @@ async def messages(request: Request):
         result = await open_chat(request, _chat_request(request, req))
         if isinstance(result, dict):
             return JSONResponse(message_from_chat(result, result["model"], stops))
-        first = await anext(result, None)  # open_chat has its first output: this does not wait on the model
+        first = await anext(
+            result, None
+        )  # open_chat has its first output: this does not wait on the model
         model = first["model"] if first else req.model or ""
-        return StreamingResponse(_events(request, StreamConverter(model, stops), first, result),
-                                 media_type="text/event-stream")
+        return StreamingResponse(
+            _events(request, StreamConverter(model, stops), first, result),
+            media_type="text/event-stream",
+        )
 
     return await _answer(request, handle)
 
@@ -78,7 +87,8 @@ def _frame(event: dict) -> bytes:
 
 
 async def _events(request: Request, conv: StreamConverter, first, chunks: AsyncIterator[dict]):
-    """Anthropic's SSE events for the chat chunk stream; an error after the start is an error event."""
+    """Anthropic's SSE events for the chat chunk stream; an error after the start is an error
+    event."""
     try:
         for event in conv.start():
             yield _frame(event)
@@ -100,7 +110,9 @@ async def _events(request: Request, conv: StreamConverter, first, chunks: AsyncI
         await chunks.aclose()
 
 
-@router.post("/v1/messages/count_tokens", openapi_extra=json_body(CountTokensRequest.model_json_schema()))
+@router.post(
+    "/v1/messages/count_tokens", openapi_extra=json_body(CountTokensRequest.model_json_schema())
+)
 async def count_tokens(request: Request):
     """The prompt's tokens as /v1/messages would render it (chat template, system prompt, tools)."""
 
@@ -109,8 +121,9 @@ async def count_tokens(request: Request):
         chat = _chat_request(request, req)
         state = srv(request)
         _requested_model(state, chat.model)  # the same model check as /v1/messages
-        ids = await state.tokenizer_manager.tokenizer_pool.run(render_chat, state, chat,
-                                                               what="rendering the chat template")
+        ids = await state.tokenizer_manager.tokenizer_pool.run(
+            render_chat, state, chat, what="rendering the chat template"
+        )
         return JSONResponse({"input_tokens": len(ids)})
 
     return await _answer(request, handle)

@@ -14,7 +14,7 @@ radix cache reuses every shared prefix without being asked).
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,34 +28,38 @@ class _Strict(BaseModel):
 
 class Message(_Strict):
     role: Literal["user", "assistant"]
-    content: Union[str, list[dict]]
+    content: str | list[dict]
 
 
 class Thinking(_Strict):
-    type: Literal["enabled", "disabled", "adaptive"]  # adaptive: the model thinks as long as it wants
-    budget_tokens: Optional[int] = Field(None, ge=1)
-    display: Optional[str] = None
+    type: Literal[
+        "enabled", "disabled", "adaptive"
+    ]  # adaptive: the model thinks as long as it wants
+    budget_tokens: int | None = Field(None, ge=1)
+    display: str | None = None
 
 
 class CountTokensRequest(_Strict):
-    model: Optional[str] = None  # any name, as the chat route takes it
+    model: str | None = None  # any name, as the chat route takes it
     messages: list[Message] = Field(min_length=1)
-    system: Union[str, list[dict], None] = None
-    tools: Optional[list[dict]] = None
-    tool_choice: Optional[dict] = None
-    thinking: Optional[Thinking] = None
-    cache_control: Optional[dict] = None
+    system: str | list[dict] | None = None
+    tools: list[dict] | None = None
+    tool_choice: dict | None = None
+    thinking: Thinking | None = None
+    cache_control: dict | None = None
 
 
 class MessagesRequest(CountTokensRequest):
     max_tokens: int = Field(ge=1)
-    stop_sequences: Optional[list[str]] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    top_k: Optional[int] = None
-    stream: Optional[bool] = False
-    metadata: Optional[dict] = None
-    service_tier: Optional[Literal["auto", "standard_only"]] = None  # one tier here: accepted, changes nothing
+    stop_sequences: list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stream: bool | None = False
+    metadata: dict | None = None
+    service_tier: Literal["auto", "standard_only"] | None = (
+        None  # one tier here: accepted, changes nothing
+    )
 
 
 def _text_of(block: dict, where: str) -> str:
@@ -67,21 +71,28 @@ def _text_of(block: dict, where: str) -> str:
 
 def _check_block(block: Any, where: str) -> str:
     if not isinstance(block, dict) or not isinstance(block.get("type"), str):
-        raise RequestError(f"{where}: each content block must be an object with a string type", where)
+        raise RequestError(
+            f"{where}: each content block must be an object with a string type", where
+        )
     if block["type"] in ("image", "document"):
-        raise RequestError(f"{where}: {block['type']}s are not supported (this server takes text only)", where)
+        raise RequestError(
+            f"{where}: {block['type']}s are not supported (this server takes text only)", where
+        )
     return block["type"]
 
 
-def system_text(system: Union[str, list[dict], None]) -> Optional[str]:
-    """The system prompt: a string, or text blocks joined with newlines (as vLLM joins text parts)."""
+def system_text(system: str | list[dict] | None) -> str | None:
+    """The system prompt: a string, or text blocks joined with newlines (as vLLM joins text
+    parts)."""
     if system is None or isinstance(system, str):
         return system or None
     parts = []
     for j, block in enumerate(system):
         where = f"system.{j}"
         if _check_block(block, where) != "text":
-            raise RequestError(f"{where}: the system prompt takes text blocks only, got {block['type']!r}", where)
+            raise RequestError(
+                f"{where}: the system prompt takes text blocks only, got {block['type']!r}", where
+            )
         parts.append(_text_of(block, where))
     return "\n".join(parts) or None
 
@@ -94,12 +105,17 @@ def _tool_result_text(block: dict, where: str) -> str:
         texts = []
         for k, part in enumerate(content):
             if _check_block(part, f"{where}.content.{k}") != "text":
-                raise RequestError(f"{where}.content.{k}: a tool_result holds text blocks only, got "
-                                   f"{part['type']!r}", f"{where}.content.{k}")
+                raise RequestError(
+                    f"{where}.content.{k}: a tool_result holds text blocks only, got "
+                    f"{part['type']!r}",
+                    f"{where}.content.{k}",
+                )
             texts.append(_text_of(part, f"{where}.content.{k}"))
         text = "\n".join(texts)
     else:
-        raise RequestError(f"{where}.content: must be a string or a list of text blocks", f"{where}.content")
+        raise RequestError(
+            f"{where}.content: must be a string or a list of text blocks", f"{where}.content"
+        )
     if not isinstance(block.get("is_error", False), bool):
         raise RequestError(f"{where}.is_error: must be a boolean", f"{where}.is_error")
     # OpenAI's tool message has no error flag: the model reads that the call failed.
@@ -109,15 +125,26 @@ def _tool_result_text(block: dict, where: str) -> str:
 def _tool_call(block: dict, where: str) -> dict:
     for key, kind in (("id", str), ("name", str), ("input", dict)):
         if not isinstance(block.get(key), kind):
-            raise RequestError(f"{where}.{key}: a tool_use block needs {'an object' if kind is dict else 'a string'} "
-                               f"field {key}", f"{where}.{key}")
-    return {"id": block["id"], "type": "function",
-            "function": {"name": block["name"], "arguments": json.dumps(block["input"], ensure_ascii=False)}}
+            raise RequestError(
+                f"{where}.{key}: a tool_use block needs"
+                f" {'an object' if kind is dict else 'a string'} field {key}",
+                f"{where}.{key}",
+            )
+    return {
+        "id": block["id"],
+        "type": "function",
+        "function": {
+            "name": block["name"],
+            "arguments": json.dumps(block["input"], ensure_ascii=False),
+        },
+    }
 
 
 def _convert_message(i: int, msg: Message, prior_tool_ids: set[str]) -> list[dict]:
     """One Anthropic message -> OpenAI messages: a user's tool_result blocks become `tool` messages
-    (in block order, text between them a user message); an assistant's tool_use blocks its tool_calls."""
+    (in block order, text between them a user message); an assistant's tool_use blocks its
+    tool_calls.
+    """
     if isinstance(msg.content, str):
         return [{"role": msg.role, "content": msg.content}]
     out: list[dict] = []
@@ -135,15 +162,21 @@ def _convert_message(i: int, msg: Message, prior_tool_ids: set[str]) -> list[dic
         elif kind == "tool_result" and msg.role == "user":
             tid = block.get("tool_use_id")
             if not isinstance(tid, str) or tid not in prior_tool_ids:
-                raise RequestError(f"{where}.tool_use_id: {tid!r} matches no tool_use block in the previous "
-                                   "(assistant) message; each tool_result must answer a tool_use of that message",
-                                   f"{where}.tool_use_id")
+                raise RequestError(
+                    f"{where}.tool_use_id: {tid!r} matches no tool_use block in the previous "
+                    "(assistant) message; each tool_result must answer a tool_use of that message",
+                    f"{where}.tool_use_id",
+                )
             if texts:
                 out.append({"role": "user", "content": texts})
                 texts = []
-            out.append({"role": "tool", "tool_call_id": tid, "content": _tool_result_text(block, where)})
+            out.append(
+                {"role": "tool", "tool_call_id": tid, "content": _tool_result_text(block, where)}
+            )
         else:
-            raise RequestError(f"{where}: a {msg.role} message cannot hold a {kind!r} block", f"{where}.type")
+            raise RequestError(
+                f"{where}: a {msg.role} message cannot hold a {kind!r} block", f"{where}.type"
+            )
     if texts or calls or not out:
         m: dict = {"role": msg.role, "content": texts}
         if calls:
@@ -159,13 +192,20 @@ def _tools(tools: list[dict]) -> list[dict]:
         if not isinstance(tool, dict):
             raise RequestError(f"{where}: must be an object", where)
         if tool.get("type", "custom") not in ("custom", None):
-            raise RequestError(f"{where}.type: server tools ({tool['type']!r}) are not supported; define a client "
-                               "tool with name, description and input_schema", f"{where}.type")
+            raise RequestError(
+                f"{where}.type: server tools ({tool['type']!r}) are not supported; define a client "
+                "tool with name, description and input_schema",
+                f"{where}.type",
+            )
         if not isinstance(tool.get("name"), str) or not tool["name"]:
-            raise RequestError(f"{where}.name: a tool needs a non-empty string name", f"{where}.name")
+            raise RequestError(
+                f"{where}.name: a tool needs a non-empty string name", f"{where}.name"
+            )
         if not isinstance(tool.get("input_schema"), dict):
-            raise RequestError(f"{where}.input_schema: a tool needs a JSON-schema object input_schema",
-                               f"{where}.input_schema")
+            raise RequestError(
+                f"{where}.input_schema: a tool needs a JSON-schema object input_schema",
+                f"{where}.input_schema",
+            )
         fn = {"name": tool["name"], "parameters": tool["input_schema"]}
         if isinstance(tool.get("description"), str):
             fn["description"] = tool["description"]
@@ -173,20 +213,25 @@ def _tools(tools: list[dict]) -> list[dict]:
     return out
 
 
-def _tool_choice(choice: Optional[dict], names: list[str]) -> dict:
+def _tool_choice(choice: dict | None, names: list[str]) -> dict:
     """Anthropic's tool_choice -> the chat request's tool_choice (and parallel_tool_calls)."""
     if choice is None:
         return {"tool_choice": "auto"} if names else {}
     kind = choice.get("type")
     if kind not in ("auto", "any", "tool", "none"):
-        raise RequestError(f"tool_choice.type: must be auto, any, tool or none, got {kind!r}", "tool_choice.type")
+        raise RequestError(
+            f"tool_choice.type: must be auto, any, tool or none, got {kind!r}", "tool_choice.type"
+        )
     if kind != "none" and not names:
         raise RequestError(f"tool_choice {kind!r} needs tools", "tool_choice")
     out: dict = {}
     if kind == "tool":
         if choice.get("name") not in names:
-            raise RequestError(f"tool_choice.name: {choice.get('name')!r} is not one of the tools ({', '.join(names)})",
-                               "tool_choice.name")
+            raise RequestError(
+                f"tool_choice.name: {choice.get('name')!r} is not one of the tools"
+                f" ({', '.join(names)})",
+                "tool_choice.name",
+            )
         out["tool_choice"] = {"type": "function", "function": {"name": choice["name"]}}
     else:
         out["tool_choice"] = {"auto": "auto", "any": "required", "none": "none"}[kind]
@@ -195,22 +240,31 @@ def _tool_choice(choice: Optional[dict], names: list[str]) -> dict:
     return out
 
 
-def _thinking(req: CountTokensRequest, reasoning_parser: Optional[str]) -> dict:
+def _thinking(req: CountTokensRequest, reasoning_parser: str | None) -> dict:
     """thinking -> the chat request's: the format's switch (Qwen3's enable_thinking, ...) in
     chat_template_kwargs, and budget_tokens as max_thinking_tokens (server/thinking_params.py).
-    Left out: the server's default. Thinking needs --reasoning-parser (the think block's markers)."""
+    Left out: the server's default. Thinking needs --reasoning-parser (the think block's markers).
+    """
     t = req.thinking
     if t is None:
         return {}
     on = t.type != "disabled"
     if on and reasoning_parser is None:
-        raise RequestError("thinking: extended thinking needs a server started with --reasoning-parser", "thinking")
+        raise RequestError(
+            "thinking: extended thinking needs a server started with --reasoning-parser", "thinking"
+        )
     if t.type == "enabled":
         if t.budget_tokens is None:
-            raise RequestError("thinking.budget_tokens: required when thinking is enabled", "thinking.budget_tokens")
+            raise RequestError(
+                "thinking.budget_tokens: required when thinking is enabled",
+                "thinking.budget_tokens",
+            )
         if isinstance(req, MessagesRequest) and t.budget_tokens >= req.max_tokens:
-            raise RequestError(f"thinking.budget_tokens: must be less than max_tokens ({req.max_tokens}), got "
-                               f"{t.budget_tokens}", "thinking.budget_tokens")
+            raise RequestError(
+                f"thinking.budget_tokens: must be less than max_tokens ({req.max_tokens}), got "
+                f"{t.budget_tokens}",
+                "thinking.budget_tokens",
+            )
     out: dict = {"max_thinking_tokens": t.budget_tokens} if t.type == "enabled" else {}
     switch = get_reasoning_format(reasoning_parser).switch if reasoning_parser else None
     if switch is not None:
@@ -218,7 +272,7 @@ def _thinking(req: CountTokensRequest, reasoning_parser: Optional[str]) -> dict:
     return out
 
 
-def chat_body(req: CountTokensRequest, reasoning_parser: Optional[str] = None) -> dict:
+def chat_body(req: CountTokensRequest, reasoning_parser: str | None = None) -> dict:
     """The OpenAI chat request (a dict for ChatCompletionRequest) that asks what `req` asks, on a
     server with that --reasoning-parser."""
     messages: list[dict] = []
@@ -228,20 +282,30 @@ def chat_body(req: CountTokensRequest, reasoning_parser: Optional[str] = None) -
     prior_tool_ids: set[str] = set()
     for i, msg in enumerate(req.messages):
         messages.extend(_convert_message(i, msg, prior_tool_ids))
-        prior_tool_ids = {c["id"] for c in messages[-1].get("tool_calls", [])} if msg.role == "assistant" else set()
+        prior_tool_ids = (
+            {c["id"] for c in messages[-1].get("tool_calls", [])}
+            if msg.role == "assistant"
+            else set()
+        )
     body: dict = {"messages": messages}
     if req.model is not None:
         body["model"] = req.model
     if req.tools:
         body["tools"] = _tools(req.tools)
-    body.update(_tool_choice(req.tool_choice, [t["function"]["name"] for t in body.get("tools", [])]))
+    body.update(
+        _tool_choice(req.tool_choice, [t["function"]["name"] for t in body.get("tools", [])])
+    )
     body.update(_thinking(req, reasoning_parser))
     if req.messages[-1].role == "assistant":  # Anthropic's prefill: the answer continues that text
         body["continue_final_message"] = True
     if isinstance(req, MessagesRequest):
         body["max_tokens"] = req.max_tokens
-        for src, dst in (("stop_sequences", "stop"), ("temperature", "temperature"), ("top_p", "top_p"),
-                         ("top_k", "top_k")):
+        for src, dst in (
+            ("stop_sequences", "stop"),
+            ("temperature", "temperature"),
+            ("top_p", "top_p"),
+            ("top_k", "top_k"),
+        ):
             if getattr(req, src) is not None:
                 body[dst] = getattr(req, src)
         if isinstance((req.metadata or {}).get("user_id"), str):

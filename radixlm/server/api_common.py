@@ -12,7 +12,7 @@ import os
 import re
 import sys
 import time
-from typing import Any, Optional
+from typing import Any
 
 from fastapi import Request
 
@@ -25,7 +25,13 @@ from radixlm.server.openai_protocol import RequestError, parse_request
 
 
 class HTTPError(Exception):
-    def __init__(self, status: int, message: str, kind: str = "invalid_request_error", param: Optional[str] = None):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        kind: str = "invalid_request_error",
+        param: str | None = None,
+    ):
         super().__init__(message)
         self.status, self.message, self.kind, self.param = status, message, kind, param
 
@@ -80,8 +86,11 @@ def _check_unicode(obj: Any) -> None:
             try:
                 x.encode("utf-8")
             except UnicodeEncodeError:
-                raise HTTPError(400, "malformed JSON body: a string has an unpaired surrogate escape "
-                                     "(\\ud800-\\udfff), which is not valid Unicode") from None
+                raise HTTPError(
+                    400,
+                    "malformed JSON body: a string has an unpaired surrogate escape "
+                    "(\\ud800-\\udfff), which is not valid Unicode",
+                ) from None
         elif isinstance(x, dict):
             stack.extend(x)
             stack.extend(x.values())
@@ -103,7 +112,9 @@ _INNERMOST = re.compile(r"\[\]|\{\}")
 def _too_deep(text: str) -> bool:
     """Nesting depth of valid JSON text, on its brackets outside strings: each pass removes the
     innermost pairs (regex passes, not a Python loop over a body of possibly 32 MiB)."""
-    skeleton = _JSON_STRING.sub("", text).translate(_BRACKETS_ONLY)  # outside strings, JSON is ASCII
+    skeleton = _JSON_STRING.sub("", text).translate(
+        _BRACKETS_ONLY
+    )  # outside strings, JSON is ASCII
     for _ in range(MAX_JSON_DEPTH):
         skeleton = _INNERMOST.sub("", skeleton)
         if not skeleton:
@@ -117,7 +128,9 @@ def parse_json(body: bytes) -> Any:
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise HTTPError(400, f"malformed JSON body: not valid UTF-8 (byte {body[e.start]:#04x} at {e.start})") from None
+        raise HTTPError(
+            400, f"malformed JSON body: not valid UTF-8 (byte {body[e.start]:#04x} at {e.start})"
+        ) from None
     if not text.strip():
         raise HTTPError(400, "the request body is empty; send a JSON object")
     try:
@@ -129,8 +142,13 @@ def parse_json(body: bytes) -> Any:
         if "integer string conversion" in msg:  # the interpreter's words for a too long integer
             msg = f"a number has more than {sys.get_int_max_str_digits()} digits"
         raise HTTPError(400, f"malformed JSON body: {msg}") from None
-    # Cheap tests on the text first; the passes and walks run only when these cannot rule a problem out.
-    if isinstance(obj, (dict, list)) and text.count("[") + text.count("{") > MAX_JSON_DEPTH and _too_deep(text):
+    # Cheap tests on the text first; the passes and walks run only when these cannot rule a problem
+    # out.
+    if (
+        isinstance(obj, (dict, list))
+        and text.count("[") + text.count("{") > MAX_JSON_DEPTH
+        and _too_deep(text)
+    ):
         raise HTTPError(400, _TOO_DEEP)
     if _SURROGATE_ESCAPE.search(text):
         _check_unicode(obj)
@@ -148,8 +166,11 @@ async def read_json(request: Request) -> Any:
     Content-Length and again while reading, so a chunked upload cannot grow past it)."""
     _check_content_type(request)
     limit = srv(request).server_args.max_request_body_bytes
-    too_big = HTTPError(413, f"the request body is larger than the limit of {limit} bytes (--max-request-body-bytes)",
-                        param="body")
+    too_big = HTTPError(
+        413,
+        f"the request body is larger than the limit of {limit} bytes (--max-request-body-bytes)",
+        param="body",
+    )
     return parse_json(await read_bounded(request, limit, too_big))
 
 
@@ -171,7 +192,8 @@ STREAM_ERRORS = (HTTPError, ValueError, EngineDeadError, TokenizerTimeout, Inter
 
 
 def stream_error_event(e: BaseException) -> bytes:
-    """The error event for one of STREAM_ERRORS: the status a response before the start would have had."""
+    """The error event for one of STREAM_ERRORS: the status a response before the start would have
+    had."""
     if isinstance(e, HTTPError):  # e.g. the queue filled while the request was tokenized
         return sse_error(e.status, e.message, e.kind)
     if isinstance(e, ValueError):
@@ -211,12 +233,20 @@ def check_queue(state: ServerState, incoming: int = 1, field: str = "n") -> None
         return
     running = state.server_args.max_running_requests
     if incoming > limit + running:  # would not fit an empty server either: retrying cannot help
-        raise HTTPError(400, f"the request starts {incoming} sequences (prompts x n), more than the server queues "
-                             f"(--max-queued-requests {limit} + --max-running-requests {running})", param=field)
+        raise HTTPError(
+            400,
+            f"the request starts {incoming} sequences (prompts x n), more than the server queues "
+            f"(--max-queued-requests {limit} + --max-running-requests {running})",
+            param=field,
+        )
     queued = len(state.tokenizer_manager.rid_to_state) - running
     if queued + incoming > limit:
-        raise HTTPError(429, f"too many queued requests ({max(queued, 0)} queued + {incoming} new > "
-                             f"--max-queued-requests {limit}); retry later", "rate_limit_error")
+        raise HTTPError(
+            429,
+            f"too many queued requests ({max(queued, 0)} queued + {incoming} new > "
+            f"--max-queued-requests {limit}); retry later",
+            "rate_limit_error",
+        )
 
 
 def observe(state: ServerState, out: Any) -> None:
@@ -247,11 +277,17 @@ def _inline_defs(schema: dict) -> dict:
 
 def json_body(schema: dict) -> dict:
     """`openapi_extra` that documents a route's JSON body (routes read their bodies themselves)."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": _inline_defs(schema)}}}}
+    return {
+        "requestBody": {
+            "required": True,
+            "content": {"application/json": {"schema": _inline_defs(schema)}},
+        }
+    }
 
 
 def parse_body(cls, body):
-    """A request body as the route's pydantic model; a field the model refuses is a 400 naming it."""
+    """A request body as the route's pydantic model; a field the model refuses is a 400 naming
+    it."""
     try:
         return parse_request(cls, body)
     except RequestError as e:

@@ -6,7 +6,6 @@ manager (multimodal_prompt reads it), so the route knows the prompt's length as 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 from radixlm.engine.mm_processor import processor_of
 from radixlm.ipc import GenerateReqInput
@@ -50,21 +49,34 @@ def _process(tm, text: str, urls: list[str], fields: list[str]):
     return proc.process(text, images, "messages")
 
 
-async def chat_images(state: ServerState, req: ChatCompletionRequest, plan: Optional[ToolPlan]) -> Optional[ChatImages]:
+async def chat_images(
+    state: ServerState, req: ChatCompletionRequest, plan: ToolPlan | None
+) -> ChatImages | None:
     """None when the messages have no image; else the prompt, processed (a 400 naming the part for a
     bad image, or for images to a text-only model)."""
     urls, fields = _image_fields(req)
     if not urls:
         return None
     if "image" not in state.scheduler_info.get("modalities", ["text"]):
-        raise HTTPError(400, "the served model takes text only (no image_url content parts)", param=fields[0])
+        raise HTTPError(
+            400, "the served model takes text only (no image_url content parts)", param=fields[0]
+        )
     pool = state.tokenizer_manager.tokenizer_pool
     # A vision model's processor carries the template that places images (the tokenizer's may not).
-    template = "" if state.server_args.chat_template else await pool.run(_processor_template, state.tokenizer_manager,
-                                                                          what="loading the processor")
-    text = await pool.run(render_chat, state, req, plan, template, what="rendering the chat template")
+    template = (
+        ""
+        if state.server_args.chat_template
+        else await pool.run(
+            _processor_template, state.tokenizer_manager, what="loading the processor"
+        )
+    )
+    text = await pool.run(
+        render_chat, state, req, plan, template, what="rendering the chat template"
+    )
     try:
-        ids, mm = await pool.run(_process, state.tokenizer_manager, text, urls, fields, what="processing the images")
+        ids, mm = await pool.run(
+            _process, state.tokenizer_manager, text, urls, fields, what="processing the images"
+        )
     except ValueError as e:
         field = next((f for f in fields if str(e).startswith(f)), "messages")
         raise HTTPError(400, str(e), param=field) from None

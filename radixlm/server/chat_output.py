@@ -12,9 +12,15 @@ arguments: ""}}]} when a call starts, then {"tool_calls": [{index, function: {ar
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
-from radixlm.function_call import ArgsDelta, CallStart, TextDelta, ToolCallFormat, ToolCallStream, parse_tool_calls
+from radixlm.function_call import (
+    ArgsDelta,
+    CallStart,
+    TextDelta,
+    ToolCallFormat,
+    ToolCallStream,
+    parse_tool_calls,
+)
 from radixlm.reasoning import ReasoningFormat, ReasoningStream, parse_reasoning
 
 
@@ -22,15 +28,19 @@ from radixlm.reasoning import ReasoningFormat, ReasoningStream, parse_reasoning
 class OutputSpec:
     """How one request's choices are shaped."""
 
-    reasoning: Optional[ReasoningFormat] = None  # None: no split (no parser, or separate_reasoning false)
+    reasoning: ReasoningFormat | None = (
+        None  # None: no split (no parser, or separate_reasoning false)
+    )
     forced: bool = False  # the output starts inside the think block
-    tools: Optional[ToolCallFormat] = None  # None: no tool-call parsing
+    tools: ToolCallFormat | None = None  # None: no tool-call parsing
     names: tuple[str, ...] = ()
     single: bool = False  # parallel_tool_calls false: calls after the first are dropped
     # tool_choice required / named: the grammar makes the whole output calls, so text outside
     # complete calls is a call max_tokens cut off, not an answer: no content.
     calls_only: bool = False
-    has_reasoning_field: bool = False  # reasoning_content is part of the message (a reasoning parser is set)
+    has_reasoning_field: bool = (
+        False  # reasoning_content is part of the message (a reasoning parser is set)
+    )
 
     @property
     def active(self) -> bool:
@@ -67,7 +77,9 @@ class ChoiceStream:
 
     def __init__(self, spec: OutputSpec) -> None:
         self.spec = spec
-        self.reasoning = ReasoningStream(spec.reasoning, spec.forced) if spec.reasoning is not None else None
+        self.reasoning = (
+            ReasoningStream(spec.reasoning, spec.forced) if spec.reasoning is not None else None
+        )
         self.tools = ToolCallStream(spec.tools, spec.names) if spec.tools is not None else None
         self.has_calls = False
 

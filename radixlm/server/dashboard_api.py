@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -29,7 +29,9 @@ MIN_INTERVAL, MAX_INTERVAL = 0.2, 60.0
 MAX_NODES = 512
 
 
-def _number(request: Request, name: str, default: float, lo: float, hi: float, integer: bool = False) -> float:
+def _number(
+    request: Request, name: str, default: float, lo: float, hi: float, integer: bool = False
+) -> float:
     raw = request.query_params.get(name)
     if raw is None:
         return default
@@ -39,22 +41,28 @@ def _number(request: Request, name: str, default: float, lo: float, hi: float, i
         v = math.nan
     if not (lo <= v <= hi):
         kind = "an integer" if integer else "a number"
-        raise HTTPError(400, f"{name} must be {kind} from {lo:g} to {hi:g}, got {raw[:50]!r}", param=name)
+        raise HTTPError(
+            400, f"{name} must be {kind} from {lo:g} to {hi:g}, got {raw[:50]!r}", param=name
+        )
     return v
 
 
-# Out of the OpenAPI document, as the page: an endless stream for a page, not an API to generate calls for.
+# Out of the OpenAPI document, as the page: an endless stream for a page, not an API to generate
+# calls for.
 @router.get("/dashboard/stream", include_in_schema=False)
 async def dashboard_stream(request: Request):
     interval = _number(request, "interval", 1.0, MIN_INTERVAL, MAX_INTERVAL)
     max_nodes = int(_number(request, "max_nodes", 64, 0, MAX_NODES, integer=True))
     state = srv(request)
     headers = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-    return StreamingResponse(_ticks(request, state, interval, max_nodes), media_type="text/event-stream",
-                             headers=headers)
+    return StreamingResponse(
+        _ticks(request, state, interval, max_nodes), media_type="text/event-stream", headers=headers
+    )
 
 
-async def _ticks(request: Request, state: ServerState, interval: float, max_nodes: int) -> AsyncIterator[bytes]:
+async def _ticks(
+    request: Request, state: ServerState, interval: float, max_nodes: int
+) -> AsyncIterator[bytes]:
     rates = FeedRates()
     show_text = state.server_args.dashboard_show_text
     model = served_model_name(state.server_args, state.scheduler_info)
@@ -64,11 +72,22 @@ async def _ticks(request: Request, state: ServerState, interval: float, max_node
             snap = await tm.dashboard_snapshot(max_nodes, show_text)
             recent = tm.observability.recent
             decode = tm.tokenizer.decode if show_text else None
-            yield sse(build_event(snap, recent.latest(recent.items.maxlen), recent.finished, rates, model, decode))
+            yield sse(
+                build_event(
+                    snap, recent.latest(recent.items.maxlen), recent.finished, rates, model, decode
+                )
+            )
         except EngineDeadError as e:  # the page says so and keeps listening (a restart may follow)
             yield sse({"error": {"message": str(e), "type": "engine_dead", "code": 503}})
-        except Exception as e:  # noqa: BLE001 - one failed tick must not end the page's stream
+        except Exception as e:
             logger.exception("dashboard tick failed")
-            yield sse({"error": {"message": f"internal error: {type(e).__name__}", "type": "internal_error",
-                                 "code": 500}})
+            yield sse(
+                {
+                    "error": {
+                        "message": f"internal error: {type(e).__name__}",
+                        "type": "internal_error",
+                        "code": 500,
+                    }
+                }
+            )
         await asyncio.sleep(interval)

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any
 
 from radixlm.engine.recent_requests import RecentRequest
 
@@ -16,8 +17,9 @@ LATENCY_WINDOW_S = 60.0  # TTFT / ITL percentiles over the requests finished thi
 RECENT_SHOWN = 50
 
 
-def percentile(values: list[float], q: float) -> Optional[float]:
-    """The q-th percentile (0..100) by linear interpolation (numpy's default); None for no values."""
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0..100) by linear interpolation (numpy's default); None for no
+    values."""
     if not values:
         return None
     v = sorted(values)
@@ -26,11 +28,11 @@ def percentile(values: list[float], q: float) -> Optional[float]:
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
-def latency_percentiles(recent: list[RecentRequest], now: float) -> dict[str, Optional[float]]:
+def latency_percentiles(recent: list[RecentRequest], now: float) -> dict[str, float | None]:
     window = [r for r in recent if now - r.finished_at <= LATENCY_WINDOW_S]
     ttft = [r.ttft for r in window if r.ttft is not None]
     itl = [r.itl for r in window if r.itl is not None]
-    out: dict[str, Optional[float]] = {}
+    out: dict[str, float | None] = {}
     for q in (50, 90, 99):
         out[f"ttft_p{q}"] = percentile(ttft, q)
         out[f"itl_p{q}"] = percentile(itl, q)
@@ -50,16 +52,17 @@ _RATE_SOURCES: dict[str, Callable[[dict], float]] = {
 class FeedRates:
     """One connection's previous totals (each client gets rates since its own last tick)."""
 
-    last: Optional[tuple[float, dict[str, float]]] = None
+    last: tuple[float, dict[str, float]] | None = None
     _clock: Callable[[], float] = field(default=time.monotonic)
 
-    def update(self, state: dict) -> dict[str, Optional[float]]:
+    def update(self, state: dict) -> dict[str, float | None]:
         now, totals = self._clock(), {k: float(f(state)) for k, f in _RATE_SOURCES.items()}
         prev, self.last = self.last, (now, totals)
         if prev is None or now <= prev[0]:
             return {k: None for k in totals}
         dt = now - prev[0]
-        # A total that went down was reset (/flush_cache resets the prompt counters): no rate this tick.
+        # A total that went down was reset (/flush_cache resets the prompt counters): no rate this
+        # tick.
         return {k: (v - prev[1][k]) / dt if v >= prev[1][k] else None for k, v in totals.items()}
 
 
@@ -77,14 +80,21 @@ def gauges(state: dict) -> dict[str, Any]:
         "max_total_num_tokens": total,
         "cache_hit_rate": state.get("cache_hit_rate", 0.0),
         "spec_accept_length": state.get("spec_accept_length"),
-        "hicache": None if not hc else {k: hc.get(k) for k in ("l2_hit_tokens", "l3_hit_tokens", "l2_used_tokens",
-                                                              "l3_bytes")},
+        "hicache": (
+            None
+            if not hc
+            else {
+                k: hc.get(k)
+                for k in ("l2_hit_tokens", "l3_hit_tokens", "l2_used_tokens", "l3_bytes")
+            }
+        ),
         "dashboard_snapshots": state.get("dashboard_snapshots", 0),
     }
 
 
-def tree_nodes(nodes: list[dict], decode: Optional[Callable[[list[int]], str]]) -> list[dict]:
-    """The scheduler's nodes for the page; with decode (--dashboard-show-text) each gets its text."""
+def tree_nodes(nodes: list[dict], decode: Callable[[list[int]], str] | None) -> list[dict]:
+    """The scheduler's nodes for the page; with decode (--dashboard-show-text) each gets its
+    text."""
     out = []
     for n in nodes:
         ids = n.get("token_ids")
@@ -95,8 +105,14 @@ def tree_nodes(nodes: list[dict], decode: Optional[Callable[[list[int]], str]]) 
     return out
 
 
-def build_event(snapshot, recent_items: list[RecentRequest], finished_total: int, rates: FeedRates,
-                model: str, decode: Optional[Callable[[list[int]], str]]) -> dict:
+def build_event(
+    snapshot,
+    recent_items: list[RecentRequest],
+    finished_total: int,
+    rates: FeedRates,
+    model: str,
+    decode: Callable[[list[int]], str] | None,
+) -> dict:
     now = time.time()
     show_text = decode is not None
     return {

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import base64
 import struct
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,8 +24,14 @@ from radixlm.server.fanout import admit_to_queue
 from radixlm.server.openai_api import _requested_model
 
 _IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
-_INPUT = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}, _IDS,
-                    {"type": "array", "items": _IDS}]}
+_INPUT = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"type": "string"}},
+        _IDS,
+        {"type": "array", "items": _IDS},
+    ]
+}
 
 
 class EmbeddingRequest(BaseModel):
@@ -33,35 +39,50 @@ class EmbeddingRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     input: Any = Field(json_schema_extra=_INPUT)
-    model: Optional[str] = None
+    model: str | None = None
     encoding_format: Literal["float", "base64"] = "float"
-    dimensions: Optional[int] = None
-    user: Optional[str] = None
+    dimensions: int | None = None
+    user: str | None = None
 
 
 class EncodeRequest(BaseModel):
     """SGLang's /encode (EmbeddingReqInput): text or input_ids, one or a batch."""
 
     model_config = ConfigDict(extra="forbid")
-    text: Any = Field(None, json_schema_extra={"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]})
-    input_ids: Any = Field(None, json_schema_extra={"anyOf": [_IDS, {"type": "array", "items": _IDS}]})
+    text: Any = Field(
+        None,
+        json_schema_extra={
+            "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]
+        },
+    )
+    input_ids: Any = Field(
+        None, json_schema_extra={"anyOf": [_IDS, {"type": "array", "items": _IDS}]}
+    )
     rid: Any = None
-    dimensions: Optional[int] = None
+    dimensions: int | None = None
 
 
 router = APIRouter()
 
 
-async def _encode(request: Request, inp: Any, dimensions: Optional[int], rid: Any = None, field: str = "input"):
+async def _encode(
+    request: Request, inp: Any, dimensions: int | None, rid: Any = None, field: str = "input"
+):
     state = srv(request)
     batch = len(inp) if isinstance(inp, list) and inp and not isinstance(inp[0], int) else 1
     cap = state.server_args.max_client_batch_size
     if batch > cap:
-        raise HTTPError(400, f"{field} has {batch} items, more than --max-client-batch-size {cap}", param=field)
+        raise HTTPError(
+            400, f"{field} has {batch} items, more than --max-client-batch-size {cap}", param=field
+        )
     check_queue(state, batch, field)
     try:
-        return await run_until_disconnect(request, state.tokenizer_manager.encode(
-            inp, dimensions=dimensions, rid=rid, admit=admit_to_queue(state), field=field))
+        return await run_until_disconnect(
+            request,
+            state.tokenizer_manager.encode(
+                inp, dimensions=dimensions, rid=rid, admit=admit_to_queue(state), field=field
+            ),
+        )
     except EmbeddingError as e:
         raise HTTPError(400, str(e), param=e.param) from None
     except ValueError as e:  # the engine's own checks (the kind of server, a rid in use, ...)
@@ -81,8 +102,10 @@ async def embeddings(request: Request):
     as_b64 = req.encoding_format == "base64"
     return {
         "object": "list",
-        "data": [{"object": "embedding", "index": i, "embedding": _base64(e) if as_b64 else e}
-                 for i, e in enumerate(res.embeddings)],
+        "data": [
+            {"object": "embedding", "index": i, "embedding": _base64(e) if as_b64 else e}
+            for i, e in enumerate(res.embeddings)
+        ],
         "model": model,
         "usage": {"prompt_tokens": res.prompt_tokens, "total_tokens": res.prompt_tokens},
     }
@@ -97,5 +120,7 @@ async def encode(request: Request):
     inp = req.text if req.text is not None else req.input_ids
     res = await _encode(request, inp, req.dimensions, req.rid, field)
     outs = [{"embedding": e, "meta_info": m} for e, m in zip(res.embeddings, res.meta_infos)]
-    single = isinstance(inp, str) or (isinstance(inp, list) and bool(inp) and isinstance(inp[0], int))
+    single = isinstance(inp, str) or (
+        isinstance(inp, list) and bool(inp) and isinstance(inp[0], int)
+    )
     return outs[0] if single else outs

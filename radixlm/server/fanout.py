@@ -5,7 +5,8 @@ any of its work is done; the tokenizer manager counts them again, exactly, as it
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from radixlm.ipc import GenerateReqInput
 from radixlm.server.api_common import HTTPError, ServerState, check_queue
@@ -31,8 +32,12 @@ def check_fanout(state: ServerState, sequences: int, prompts: int, batch_field: 
     cap = state.server_args.max_client_batch_size
     field = batch_field if prompts > 1 else "n"
     if sequences > cap:
-        raise HTTPError(400, f"the request starts {sequences} sequences ({prompts} prompt(s) x n), more than "
-                             f"--max-client-batch-size {cap}", param=field)
+        raise HTTPError(
+            400,
+            f"the request starts {sequences} sequences ({prompts} prompt(s) x n), more than "
+            f"--max-client-batch-size {cap}",
+            param=field,
+        )
     check_queue(state, sequences, field)
 
 

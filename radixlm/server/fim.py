@@ -13,24 +13,49 @@ from __future__ import annotations
 import functools
 import json
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Union
 
 from radixlm.server.api_common import HTTPError, ServerState
 
 # Role -> spellings, in order of preference. pad / rep / sep are llama.cpp's end-of-generation
 # tokens of a FIM model (FIM_PAD, FIM_REP, FIM_SEP); rep and sep also frame /infill's repo context.
 FIM_SPELLINGS: dict[str, tuple[str, ...]] = {
-    "pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<PRE>", "<|code_prefix|>", "<|prefix|>", "<｜fim▁begin｜>"),
-    "suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<SUF>", "<|code_suffix|>", "<|suffix|>", "<｜fim▁hole｜>"),
-    "mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<MID>", "<|code_middle|>", "<|middle|>", "<｜fim▁end｜>"),
+    "pre": (
+        "<|fim_prefix|>",
+        "<fim-prefix>",
+        "<fim_prefix>",
+        "<PRE>",
+        "<|code_prefix|>",
+        "<|prefix|>",
+        "<｜fim▁begin｜>",
+    ),
+    "suf": (
+        "<|fim_suffix|>",
+        "<fim-suffix>",
+        "<fim_suffix>",
+        "<SUF>",
+        "<|code_suffix|>",
+        "<|suffix|>",
+        "<｜fim▁hole｜>",
+    ),
+    "mid": (
+        "<|fim_middle|>",
+        "<fim-middle>",
+        "<fim_middle>",
+        "<MID>",
+        "<|code_middle|>",
+        "<|middle|>",
+        "<｜fim▁end｜>",
+    ),
     "pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>"),
     "rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
     "sep": ("<|file_sep|>",),
 }
 
 # SGLang's built-in completion templates (sglang/srt/parser/code_completion_parser.py) as
-# (prefix, suffix, middle) tokens: its MIDDLE / END fim_position orders are both prefix-suffix-middle.
+# (prefix, suffix, middle) tokens: its MIDDLE / END fim_position orders are both
+# prefix-suffix-middle.
 COMPLETION_TEMPLATES: dict[str, tuple[str, str, str]] = {
     "star_coder": ("<fim_prefix>", "<fim_suffix>", "<fim_middle>"),
     "qwen_coder": ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>"),
@@ -46,10 +71,10 @@ class FimTokens:
     pre: int
     suf: int
     mid: int
-    pad: Optional[int] = None
-    rep: Optional[int] = None
-    sep: Optional[int] = None
-    bos: Optional[int] = None  # written first when the tokenizer adds a BOS to its encodings
+    pad: int | None = None
+    rep: int | None = None
+    sep: int | None = None
+    bos: int | None = None  # written first when the tokenizer adds a BOS to its encodings
 
     @property
     def end_of_generation(self) -> list[int]:
@@ -60,34 +85,50 @@ def _template_tokens(spec: str) -> tuple[str, str, str]:
     if spec in COMPLETION_TEMPLATES and not os.path.exists(spec):
         return COMPLETION_TEMPLATES[spec]
     if not (spec.endswith(".json") and os.path.isfile(spec)):
-        raise ValueError(f"--completion-template {spec!r} is neither a JSON file nor a built-in name "
-                         f"({', '.join(COMPLETION_TEMPLATES)})")
+        raise ValueError(
+            f"--completion-template {spec!r} is neither a JSON file nor a built-in name "
+            f"({', '.join(COMPLETION_TEMPLATES)})"
+        )
     with open(spec, encoding="utf-8") as f:
         t = json.load(f)
-    try:  # SGLang's file: fim_begin_token, fim_middle_token, fim_end_token, fim_position MIDDLE | END
-        begin, middle, end, position = (t["fim_begin_token"], t["fim_middle_token"], t["fim_end_token"],
-                                        t["fim_position"])
+    # SGLang's file: fim_begin_token, fim_middle_token, fim_end_token, fim_position MIDDLE | END
+    try:
+        begin, middle, end, position = (
+            t["fim_begin_token"],
+            t["fim_middle_token"],
+            t["fim_end_token"],
+            t["fim_position"],
+        )
     except (KeyError, TypeError) as e:
-        raise ValueError(f"--completion-template {spec}: needs fim_begin_token, fim_middle_token, fim_end_token "
-                         f"and fim_position ({type(e).__name__}: {e})") from None
+        raise ValueError(
+            f"--completion-template {spec}: needs fim_begin_token, fim_middle_token, fim_end_token "
+            f"and fim_position ({type(e).__name__}: {e})"
+        ) from None
     if position not in ("MIDDLE", "END"):
-        raise ValueError(f"--completion-template {spec}: fim_position must be MIDDLE or END, got {position!r}")
+        raise ValueError(
+            f"--completion-template {spec}: fim_position must be MIDDLE or END, got {position!r}"
+        )
     # MIDDLE: begin prefix middle suffix end; END: begin prefix end suffix middle.
     return (begin, middle, end) if position == "MIDDLE" else (begin, end, middle)
 
 
 @functools.lru_cache(maxsize=4)
-def fim_tokens(tokenizer, completion_template: Optional[str] = None) -> Optional[FimTokens]:
+def fim_tokens(tokenizer, completion_template: str | None = None) -> FimTokens | None:
     """The tokenizer's FIM tokens (None: it has none); a ValueError when --completion-template names
     tokens the vocabulary lacks. Cached per tokenizer: the vocabulary is read once."""
     vocab = tokenizer.get_vocab()
-    found = {role: next((vocab[s] for s in spellings if s in vocab), None) for role, spellings in FIM_SPELLINGS.items()}
+    found = {
+        role: next((vocab[s] for s in spellings if s in vocab), None)
+        for role, spellings in FIM_SPELLINGS.items()
+    }
     if completion_template:
         named = _template_tokens(completion_template)
         missing = [s for s in named if s not in vocab]
         if missing:
-            raise ValueError(f"--completion-template {completion_template}: {', '.join(missing)} not in the model's "
-                             "vocabulary")
+            raise ValueError(
+                f"--completion-template {completion_template}: {', '.join(missing)} not in the"
+                " model's vocabulary"
+            )
         found.update(zip(("pre", "suf", "mid"), (vocab[s] for s in named)))
     if None in (found["pre"], found["suf"], found["mid"]):
         return None
@@ -97,20 +138,26 @@ def fim_tokens(tokenizer, completion_template: Optional[str] = None) -> Optional
 
 
 def no_fim_message(field: str) -> str:
-    return (f"{field} needs a model with fill-in-the-middle tokens (e.g. <fim_prefix> <fim_suffix> <fim_middle>); "
-            "this model's tokenizer has none")
+    return (
+        f"{field} needs a model with fill-in-the-middle tokens (e.g. <fim_prefix> <fim_suffix>"
+        " <fim_middle>); this model's tokenizer has none"
+    )
 
 
 Ids = Sequence[int]
 
 
-def psm_ids(fim: FimTokens, prefix: Ids, suffix: Ids, extra: Ids = (), prompt: Ids = ()) -> list[int]:
+def psm_ids(
+    fim: FimTokens, prefix: Ids, suffix: Ids, extra: Ids = (), prompt: Ids = ()
+) -> list[int]:
     """llama-server's layout: extra context, [BOS], <PRE> prefix <SUF> suffix <MID> prompt."""
     bos = [fim.bos] if fim.bos is not None else []
     return [*extra, *bos, fim.pre, *prefix, fim.suf, *suffix, fim.mid, *prompt]
 
 
-def repo_context_ids(fim: FimTokens, encode: Callable[[str], list[int]], chunks: Sequence[tuple[str, str]]) -> list[int]:
+def repo_context_ids(
+    fim: FimTokens, encode: Callable[[str], list[int]], chunks: Sequence[tuple[str, str]]
+) -> list[int]:
     """/infill's input_extra as llama-server frames it: the repo-level pattern (<FIM_REP>myproject,
     then <FIM_SEP>filename and text per chunk, then <FIM_SEP>filename for the file being edited)
     where the model has those tokens, else the chunks' texts each after a snippet separator."""
@@ -125,7 +172,7 @@ def repo_context_ids(fim: FimTokens, encode: Callable[[str], list[int]], chunks:
     return out
 
 
-async def fim_prompt_ids(state: ServerState, prompt: Union[str, list], suffix: str) -> list[list[int]]:
+async def fim_prompt_ids(state: ServerState, prompt: str | list, suffix: str) -> list[list[int]]:
     """Completions with a suffix: each prompt (text, or token ids) is the prefix. Text is encoded as
     other prompts are (special tokens in it count), the FIM layout's BOS included."""
     tm = state.tokenizer_manager
@@ -133,10 +180,16 @@ async def fim_prompt_ids(state: ServerState, prompt: Union[str, list], suffix: s
     if fim is None:
         raise HTTPError(400, no_fim_message("suffix"), param="suffix")
     prompts = [prompt] if isinstance(prompt, str) or isinstance(prompt[0], int) else prompt
-    limit = state.context_len * tm.max_token_chars  # more characters cannot fit: refused before encoding
+    limit = (
+        state.context_len * tm.max_token_chars
+    )  # more characters cannot fit: refused before encoding
     if len(suffix) + max(len(x) if isinstance(x, str) else 0 for x in prompts) > limit:
-        raise HTTPError(400, f"the prompt and suffix have more characters than the context length "
-                             f"{state.context_len} tokens can hold", param="suffix")
+        raise HTTPError(
+            400,
+            "the prompt and suffix have more characters than the context length "
+            f"{state.context_len} tokens can hold",
+            param="suffix",
+        )
 
     def build() -> list[list[int]]:
         encode = functools.partial(tm.tokenizer.encode, add_special_tokens=False)

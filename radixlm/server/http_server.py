@@ -8,8 +8,9 @@ import dataclasses
 import logging
 import re
 import warnings
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -21,12 +22,14 @@ from radixlm.engine.embedding import EmbeddingReqInput
 from radixlm.engine.tokenizer_manager import EngineDeadError, InternalRequestError
 from radixlm.engine.tokenizer_pool import TokenizerTimeout
 from radixlm.http_access import AccessMiddleware, Refusal, abort_target
-from radixlm.http_dashboard import OPEN_PATHS as DASHBOARD_OPEN_PATHS
 from radixlm.http_common import error_json, error_json_for
+from radixlm.http_dashboard import OPEN_PATHS as DASHBOARD_OPEN_PATHS
 from radixlm.ipc import GenerateReqInput
 from radixlm.sampling_params import SamplingParams
+from radixlm.server.anthropic_api import router as anthropic_router
 from radixlm.server.api_common import (
     SSE_DONE,
+    STREAM_ERRORS,
     HTTPError,
     ServerState,
     json_body,
@@ -36,21 +39,25 @@ from radixlm.server.api_common import (
     served_model_name,
     srv,
     sse,
-    STREAM_ERRORS,
     stream_error_event,
 )
 from radixlm.server.dashboard_api import router as dashboard_router
-from radixlm.server.fanout import admit_to_queue, check_fanout, native_sequences
-from radixlm.server.observability_api import ADMIN_PATHS as OBSERVABILITY_ADMIN_PATHS, router as observability_router
-from radixlm.server.infill_api import router as infill_router
-from radixlm.server.openai_api import router as openai_router
-from radixlm.server.anthropic_api import router as anthropic_router
-from radixlm.server.score_api import router as score_router
 from radixlm.server.embedding_api import router as embedding_router
-from radixlm.server.lora_api import LORA_ADMIN_PATHS, router as lora_router
+from radixlm.server.fanout import admit_to_queue, check_fanout, native_sequences
+from radixlm.server.infill_api import router as infill_router
+from radixlm.server.lora_api import LORA_ADMIN_PATHS
+from radixlm.server.lora_api import router as lora_router
+from radixlm.server.observability_api import (
+    ADMIN_PATHS as OBSERVABILITY_ADMIN_PATHS,
+)
+from radixlm.server.observability_api import (
+    router as observability_router,
+)
+from radixlm.server.openai_api import router as openai_router
+from radixlm.server.responses_api import router as responses_router
 from radixlm.server.rl_api import RL_ADMIN_PATHS
 from radixlm.server.rl_api import router as rl_router
-from radixlm.server.responses_api import router as responses_router
+from radixlm.server.score_api import router as score_router
 from radixlm.server.session_api import pop_session_params, session_turn
 from radixlm.server.session_api import router as session_router
 from radixlm.version import __version__
@@ -61,8 +68,14 @@ __all__ = ["ServerState", "create_app", "served_model_name"]
 
 # SGLang request fields radixlm accepts only at their "off" value (multimodal, LoRA, ...).
 _IGNORED_WHEN_EMPTY = {
-    "video_data", "audio_data", "modalities", "session_params",
-    "custom_logit_processor", "return_hidden_states", "data_parallel_rank", "log_metrics",
+    "video_data",
+    "audio_data",
+    "modalities",
+    "session_params",
+    "custom_logit_processor",
+    "return_hidden_states",
+    "data_parallel_rank",
+    "log_metrics",
 }
 _GENERATE_FIELDS = {f.name for f in dataclasses.fields(GenerateReqInput)}
 
@@ -72,7 +85,7 @@ def _generate_schema() -> dict:
     parses the body itself, so that every error is a 400 in one shape."""
     sp = TypeAdapter(SamplingParams).json_schema()
     ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-    one_or_list = lambda s: {"anyOf": [s, {"type": "array", "items": s, "minItems": 1}]}  # noqa: E731
+    one_or_list = lambda s: {"anyOf": [s, {"type": "array", "items": s, "minItems": 1}]}
     return {
         "type": "object",
         "additionalProperties": False,
@@ -88,13 +101,34 @@ def _generate_schema() -> dict:
             "stream": {"type": "boolean"},
             "priority": one_or_list({"type": "integer"}),
             "cache_salt": one_or_list({"type": "string", "minLength": 1, "maxLength": 1024}),
-            "lora_path": {"anyOf": [{"type": "string"}, {"type": "null"},
-                                    {"type": "array", "items": {"type": ["string", "null"]}, "minItems": 1}]},
+            "lora_path": {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "null"},
+                    {"type": "array", "items": {"type": ["string", "null"]}, "minItems": 1},
+                ]
+            },
             "session_params": {"type": "object"},  # session_api.py
-            # SGLang's: images (data: URL, base64, file://, allowed http(s)), one or a list per prompt.
-            "image_data": {"anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {
-                "anyOf": [{"type": "string"}, {"type": "null"}, {"type": "array", "items": {"type": "string"}}]}}]},
-            # PD disaggregation (docs/disaggregation.md): set by `radixlm router --pd-disaggregation`.
+            # SGLang's: images (data: URL, base64, file://, allowed http(s)), one or a list per
+            # prompt.
+            "image_data": {
+                "anyOf": [
+                    {"type": "string"},
+                    {"type": "null"},
+                    {
+                        "type": "array",
+                        "items": {
+                            "anyOf": [
+                                {"type": "string"},
+                                {"type": "null"},
+                                {"type": "array", "items": {"type": "string"}},
+                            ]
+                        },
+                    },
+                ]
+            },
+            # PD disaggregation (docs/disaggregation.md): set by `radixlm router
+            # --pd-disaggregation`.
             "bootstrap_host": one_or_list({"type": "string"}),
             "bootstrap_port": one_or_list({"type": "integer"}),
             "bootstrap_room": one_or_list({"type": "integer"}),
@@ -108,11 +142,15 @@ def parse_generate_body(body: Any) -> GenerateReqInput:
     if not isinstance(body, dict):
         raise HTTPError(400, "the request body must be a JSON object")
     unknown = sorted(k for k in body if k not in _GENERATE_FIELDS and k not in _IGNORED_WHEN_EMPTY)
-    unsupported = sorted(k for k in body if k in _IGNORED_WHEN_EMPTY and body[k] not in (None, False, [], {}, ""))
+    unsupported = sorted(
+        k for k in body if k in _IGNORED_WHEN_EMPTY and body[k] not in (None, False, [], {}, "")
+    )
     if unknown:
         raise HTTPError(400, f"unknown field(s): {', '.join(unknown)}", param=unknown[0])
     if unsupported:
-        raise HTTPError(400, f"unsupported field(s): {', '.join(unsupported)}", param=unsupported[0])
+        raise HTTPError(
+            400, f"unsupported field(s): {', '.join(unsupported)}", param=unsupported[0]
+        )
     kw = {k: v for k, v in body.items() if k in _GENERATE_FIELDS}
     if "text" in kw and "input_ids" in kw and kw["input_ids"] is None:
         kw.pop("input_ids")
@@ -132,15 +170,23 @@ async def generate(request: Request):
     body = await read_json(request)
     session = pop_session_params(body)  # a session's turn: session_api.py
     obj = parse_generate_body(body)
-    check_fanout(state, native_sequences(obj), obj.batch_size, "text" if obj.text is not None else "input_ids")
-    gen = (await session_turn(request, obj, session, admit_to_queue(state)) if session is not None
-           else state.tokenizer_manager.generate_request(obj, admit=admit_to_queue(state)))
+    check_fanout(
+        state,
+        native_sequences(obj),
+        obj.batch_size,
+        "text" if obj.text is not None else "input_ids",
+    )
+    gen = (
+        await session_turn(request, obj, session, admit_to_queue(state))
+        if session is not None
+        else state.tokenizer_manager.generate_request(obj, admit=admit_to_queue(state))
+    )
     if obj.stream:
         return StreamingResponse(_stream_native(state, gen), media_type="text/event-stream")
 
     async def collect():
         out = None
-        async for out in gen:
+        async for out in gen:  # noqa: B007 (the last item is the result)
             pass
         return out
 
@@ -211,7 +257,8 @@ async def model_info(request: Request):
         "context_length": s.scheduler_info["context_len"],
         "bos_token_id": s.tokenizer_manager.tokenizer.bos_token_id,
         "eos_token_id": s.tokenizer_manager.tokenizer.eos_token_id,
-        # SGLang's key: the sampling values a request gets for what it leaves unset (--sampling-defaults)
+        # SGLang's key: the sampling values a request gets for what it leaves unset
+        # (--sampling-defaults)
         "preferred_sampling_params": s.scheduler_info.get("sampling_defaults") or None,
     }
 
@@ -233,7 +280,9 @@ async def server_info(request: Request):
         "context_len": s.scheduler_info["context_len"],
         "scheduler_pid": s.scheduler_info["pid"],
         "detokenizer_pid": s.scheduler_info.get("detokenizer_pid"),
-        "pooling": s.scheduler_info.get("pooling"),  # --is-embedding: the model's pooling (model/pooler.py)
+        "pooling": s.scheduler_info.get(
+            "pooling"
+        ),  # --is-embedding: the model's pooling (model/pooler.py)
         "engine_restarts": s.engine_restarts,
         # Requests the HTTP side still tracks (0 when idle: nothing leaked on this side).
         "num_tracked_requests": len(s.tokenizer_manager.rid_to_state),
@@ -242,22 +291,30 @@ async def server_info(request: Request):
 
 
 # --------------------------------------------------------------------- admin
-# Routes only the admin may call (AccessMiddleware); /abort_request's abort-all part is checked in the route.
+# Routes only the admin may call (AccessMiddleware); /abort_request's abort-all part is checked in
+# the route.
 ADMIN_PATHS = ("/flush_cache", *RL_ADMIN_PATHS, *LORA_ADMIN_PATHS)
 
 
 @router.post("/flush_cache")  # POST only: a GET is what a page's <img> or link can send
 async def flush_cache(request: Request, level: str = "l1"):
-    """level (query): l1 empties the KV pool (the hierarchical cache keeps what it moved to host memory
-    and storage); l2 also the host tier; l3 also the storage tier."""
+    """level (query): l1 empties the KV pool (the hierarchical cache keeps what it moved to host
+    memory and storage); l2 also the host tier; l3 also the storage tier."""
     ok = await srv(request).tokenizer_manager.flush_cache(level)
     if not ok.success:
         return error_json(400, f"cache not flushed: {ok.message}")
     return Response("Cache flushed.", status_code=200)
 
 
-@router.post("/abort_request", openapi_extra=json_body(
-    {"type": "object", "properties": {"rid": {"type": "string"}, "abort_all": {"type": "boolean"}}}))
+@router.post(
+    "/abort_request",
+    openapi_extra=json_body(
+        {
+            "type": "object",
+            "properties": {"rid": {"type": "string"}, "abort_all": {"type": "boolean"}},
+        }
+    ),
+)
 async def abort_request(request: Request):
     try:
         rid = abort_target(await read_json(request), request)
@@ -270,32 +327,60 @@ async def abort_request(request: Request):
 _TEXTS = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
 
 
-@router.post("/tokenize", openapi_extra=json_body({"type": "object", "properties": {"text": _TEXTS}, "required": ["text"]}))
+@router.post(
+    "/tokenize",
+    openapi_extra=json_body(
+        {"type": "object", "properties": {"text": _TEXTS}, "required": ["text"]}
+    ),
+)
 async def tokenize(request: Request):
     body = await read_json(request)
     s = srv(request)
     text = body.get("text", body.get("prompt")) if isinstance(body, dict) else None
     texts = [text] if isinstance(text, str) else text
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-        raise HTTPError(400, "tokenize needs a string (or list of strings) field text", param="text")
+        raise HTTPError(
+            400, "tokenize needs a string (or list of strings) field text", param="text"
+        )
     ids = await _tokenize_texts(s, texts)
     if isinstance(text, str):
-        return {"tokens": ids[0], "count": len(ids[0]), "max_model_len": s.scheduler_info["context_len"]}
+        return {
+            "tokens": ids[0],
+            "count": len(ids[0]),
+            "max_model_len": s.scheduler_info["context_len"],
+        }
     return {"tokens": ids, "count": [len(i) for i in ids]}
 
 
-@router.post("/detokenize", openapi_extra=json_body(
-    {"type": "object", "properties": {"tokens": {"type": "array", "items": {"type": "integer"}}}, "required": ["tokens"]}))
+@router.post(
+    "/detokenize",
+    openapi_extra=json_body(
+        {
+            "type": "object",
+            "properties": {"tokens": {"type": "array", "items": {"type": "integer"}}},
+            "required": ["tokens"],
+        }
+    ),
+)
 async def detokenize(request: Request):
     body = await read_json(request)
     toks = body.get("tokens") if isinstance(body, dict) else None
     s = srv(request)
     vocab = s.scheduler_info["vocab_size"]
-    if not isinstance(toks, list) or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in toks):
-        raise HTTPError(400, f"detokenize needs a field tokens: a list of token ids in [0, {vocab})", param="tokens")
+    if not isinstance(toks, list) or not all(
+        isinstance(t, int) and not isinstance(t, bool) and 0 <= t < vocab for t in toks
+    ):
+        raise HTTPError(
+            400,
+            f"detokenize needs a field tokens: a list of token ids in [0, {vocab})",
+            param="tokens",
+        )
     if len(toks) > s.context_len:
-        raise HTTPError(400, f"tokens has {len(toks)} token ids, more than the context length {s.context_len}",
-                        param="tokens")
+        raise HTTPError(
+            400,
+            f"tokens has {len(toks)} token ids, more than the context length {s.context_len}",
+            param="tokens",
+        )
     tm = s.tokenizer_manager
     return {"text": await tm.tokenizer_pool.run(tm.tokenizer.decode, toks, what="detokenizing")}
 
@@ -304,7 +389,11 @@ async def _tokenize_texts(s: ServerState, texts: list[str]) -> list[list[int]]:
     """/tokenize's texts, each at most the context length (as vLLM), on the tokenizer threads."""
     cap = s.server_args.max_client_batch_size
     if len(texts) > cap:
-        raise HTTPError(400, f"text has {len(texts)} items, more than --max-client-batch-size {cap}", param="text")
+        raise HTTPError(
+            400,
+            f"text has {len(texts)} items, more than --max-client-batch-size {cap}",
+            param="text",
+        )
     tm = s.tokenizer_manager
 
     def encode_all() -> list[list[int]]:
@@ -315,8 +404,11 @@ async def _tokenize_texts(s: ServerState, texts: list[str]) -> list[list[int]]:
             except ValueError as e:
                 raise HTTPError(400, f"text: {e}", param="text") from None
             if len(ids) > s.context_len:
-                raise HTTPError(400, f"text has {len(ids)} tokens, more than the context length {s.context_len}",
-                                param="text")
+                raise HTTPError(
+                    400,
+                    f"text has {len(ids)} tokens, more than the context length {s.context_len}",
+                    param="text",
+                )
             out.append(ids)
         return out
 
@@ -350,8 +442,11 @@ def create_app(state_factory) -> FastAPI:
 
     app = FastAPI(title="radixlm", version=__version__, lifespan=lifespan)
     app.openapi = lambda: _openapi_with_unique_ids(app)
-    app.add_middleware(AccessMiddleware, admin_paths=ADMIN_PATHS + OBSERVABILITY_ADMIN_PATHS,
-                       open_paths=DASHBOARD_OPEN_PATHS)
+    app.add_middleware(
+        AccessMiddleware,
+        admin_paths=ADMIN_PATHS + OBSERVABILITY_ADMIN_PATHS,
+        open_paths=DASHBOARD_OPEN_PATHS,
+    )
     app.include_router(router)
     app.include_router(openai_router)
     app.include_router(observability_router)
@@ -371,9 +466,14 @@ def create_app(state_factory) -> FastAPI:
 
     @app.exception_handler(StarletteHTTPException)
     async def _starlette_error(request: Request, e: StarletteHTTPException):
-        # The router's own answers (unknown path: 404, method not allowed: 405) in the one error shape.
-        response = error_json_for(request.url.path, e.status_code, str(e.detail),
-                                  "not_found_error" if e.status_code == 404 else "invalid_request_error")
+        # The router's own answers (unknown path: 404, method not allowed: 405) in the one error
+        # shape.
+        response = error_json_for(
+            request.url.path,
+            e.status_code,
+            str(e.detail),
+            "not_found_error" if e.status_code == 404 else "invalid_request_error",
+        )
         response.headers.update(e.headers or {})
         return response
 
@@ -397,7 +497,9 @@ def create_app(state_factory) -> FastAPI:
         # Only path parameters are declared (bodies are parsed by the routes themselves).
         err = (e.errors() or [{}])[0]
         where = ".".join(str(x) for x in err.get("loc", ()))
-        return error_json(400, f"invalid {where}: {err.get('msg', 'bad value')}", param=where or None)
+        return error_json(
+            400, f"invalid {where}: {err.get('msg', 'bad value')}", param=where or None
+        )
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, e: Exception):

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import functools
 import uuid
-from typing import Any, AsyncIterator, Optional
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
@@ -22,25 +23,29 @@ from pydantic import BaseModel, ConfigDict, Field
 from radixlm.ipc import GenerateReqInput
 from radixlm.sampling_params import SamplingParams, SamplingParamsError
 from radixlm.server.api_common import (
-    parse_body,
+    STREAM_ERRORS,
     HTTPError,
     ServerState,
     json_body,
     observe,
+    parse_body,
     read_json,
     run_until_disconnect,
     served_model_name,
     srv,
     sse,
-    STREAM_ERRORS,
     stream_error_event,
 )
 from radixlm.server.fanout import admit_to_queue, check_fanout
 from radixlm.server.fim import FimTokens, fim_tokens, no_fim_message, psm_ids, repo_context_ids
 
-
 N_BATCH = 2048  # llama-server's default --batch-size, which sizes its infill budget
-_TEXT = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]}}]}
+_TEXT = {
+    "anyOf": [
+        {"type": "string"},
+        {"type": "array", "items": {"anyOf": [{"type": "string"}, {"type": "integer"}]}},
+    ]
+}
 
 
 class ExtraChunk(BaseModel):
@@ -58,76 +63,100 @@ class InfillRequest(BaseModel):
     input_extra: list[ExtraChunk] = []
     prompt: str = ""
     n_predict: int = Field(-1, ge=-1)  # -1: up to the end of the context
-    temperature: Optional[float] = None
-    top_k: Optional[int] = None
-    top_p: Optional[float] = None
-    min_p: Optional[float] = None
-    seed: Optional[int] = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
     stop: list[str] = []
-    ignore_eos: Optional[bool] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
-    repeat_penalty: Optional[float] = None
+    ignore_eos: bool | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repeat_penalty: float | None = None
     stream: bool = False
     return_tokens: bool = False
-    model: Optional[str] = None  # echoed back
-    cache_salt: Optional[str] = Field(None, min_length=1, max_length=1024)
+    model: str | None = None  # echoed back
+    cache_salt: str | None = Field(None, min_length=1, max_length=1024)
     # Editor plugins' hints, accepted and ignored: the radix cache always reuses a cached prompt
-    # (cache_prompt); time limits, indentation stops, slots, sampler order and field selection are not done.
-    cache_prompt: Optional[bool] = None
-    t_max_prompt_ms: Optional[int] = None
-    t_max_predict_ms: Optional[int] = None
-    n_indent: Optional[int] = None
-    id_slot: Optional[int] = None
-    samplers: Optional[list[str]] = None
-    response_fields: Optional[list[str]] = None
+    # (cache_prompt); time limits, indentation stops, slots, sampler order and field selection are
+    # not done.
+    cache_prompt: bool | None = None
+    t_max_prompt_ms: int | None = None
+    t_max_predict_ms: int | None = None
+    n_indent: int | None = None
+    id_slot: int | None = None
+    samplers: list[str] | None = None
+    response_fields: list[str] | None = None
 
 
 # llama-server's names for the native sampling fields.
-_NATIVE = {"temperature": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p", "seed": "seed",
-           "ignore_eos": "ignore_eos", "presence_penalty": "presence_penalty",
-           "frequency_penalty": "frequency_penalty", "repeat_penalty": "repetition_penalty"}
+_NATIVE = {
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "seed": "seed",
+    "ignore_eos": "ignore_eos",
+    "presence_penalty": "presence_penalty",
+    "frequency_penalty": "frequency_penalty",
+    "repeat_penalty": "repetition_penalty",
+}
 
 
 def _mixed(encode, value: Any, field: str) -> list[int]:
     """A string, or llama-server's mixed list of token ids and strings."""
     if isinstance(value, str):
         return encode(value)
-    if isinstance(value, list) and all(isinstance(x, (str, int)) and not isinstance(x, bool) for x in value):
+    if isinstance(value, list) and all(
+        isinstance(x, (str, int)) and not isinstance(x, bool) for x in value
+    ):
         return [t for x in value for t in ([x] if isinstance(x, int) else encode(x))]
-    raise HTTPError(400, f"{field} must be a string or a list of token ids and strings", param=field)
+    raise HTTPError(
+        400, f"{field} must be a string or a list of token ids and strings", param=field
+    )
 
 
 def infill_prompt(tok, fim: FimTokens, req: InfillRequest, ctx: int, n_predict: int) -> list[int]:
-    """On a tokenizer thread: llama-server's format_prompt_infill, with the README's place for `prompt`."""
+    """On a tokenizer thread: llama-server's format_prompt_infill, with the README's place for
+    `prompt`."""
     plain = functools.partial(tok.encode, add_special_tokens=False, split_special_tokens=True)
     prompt = tok.encode(req.prompt, add_special_tokens=False) if req.prompt else []
-    prefix, suffix = _mixed(plain, req.input_prefix, "input_prefix"), _mixed(plain, req.input_suffix, "input_suffix")
+    prefix, suffix = (
+        _mixed(plain, req.input_prefix, "input_prefix"),
+        _mixed(plain, req.input_suffix, "input_suffix"),
+    )
     extra = repo_context_ids(fim, plain, [(c.filename, c.text) for c in req.input_extra])
     batch = min(N_BATCH, ctx // 2)
-    prefix = prefix[len(prefix) - min(len(prefix), 3 * (batch // 4)):]
-    suffix = suffix[:max(0, batch // 4 - (2 + len(prompt)))]
+    prefix = prefix[len(prefix) - min(len(prefix), 3 * (batch // 4)) :]
+    suffix = suffix[: max(0, batch // 4 - (2 + len(prompt)))]
     core = len(psm_ids(fim, prefix, suffix, (), prompt))
     # llama-server's share for the extra context, and never more than the context has left.
     n_extra = min(max(0, ctx - batch - 2 * max(n_predict, 0)), len(extra), max(0, ctx - 1 - core))
-    return psm_ids(fim, prefix, suffix, extra[len(extra) - n_extra:], prompt)
+    return psm_ids(fim, prefix, suffix, extra[len(extra) - n_extra :], prompt)
 
 
 def _sampling(state: ServerState, req: InfillRequest, fim: FimTokens, prompt_len: int) -> dict:
     room = state.context_len - prompt_len
     sp = {"max_new_tokens": room if req.n_predict < 0 else min(req.n_predict, room)}
-    sp.update({native: getattr(req, k) for k, native in _NATIVE.items() if getattr(req, k) is not None})
+    sp.update(
+        {native: getattr(req, k) for k, native in _NATIVE.items() if getattr(req, k) is not None}
+    )
     if req.stop:
         sp["stop"] = req.stop
-    if fim.end_of_generation:  # llama.cpp ends generation at a FIM pad / repo / file separator token
+    if (
+        fim.end_of_generation
+    ):  # llama.cpp ends generation at a FIM pad / repo / file separator token
         sp["stop_token_ids"] = fim.end_of_generation
     try:
         SamplingParams.from_dict(dict(sp)).verify(state.scheduler_info["vocab_size"])
     except SamplingParamsError as e:
         names = {v: k for k, v in _NATIVE.items()} | {"max_new_tokens": "n_predict"}
         field = str(e).split()[0].removeprefix("sampling_params.")
-        raise HTTPError(400, str(e).replace("sampling_params.", "").replace(field, names.get(field, field)),
-                        param=names.get(field, field)) from None
+        raise HTTPError(
+            400,
+            str(e).replace("sampling_params.", "").replace(field, names.get(field, field)),
+            param=names.get(field, field),
+        ) from None
     return sp
 
 
@@ -143,18 +172,42 @@ async def infill(request: Request):
     if fim is None:
         raise HTTPError(400, no_fim_message("/infill"), param="input_prefix")
     texts = [req.prompt, *(c.text + c.filename for c in req.input_extra)]
-    texts += [x for v in (req.input_prefix, req.input_suffix) for x in (v if isinstance(v, list) else [v])
-              if isinstance(x, str)]
-    if sum(map(len, texts)) > 4 * state.context_len * tm.max_token_chars:  # far past what any budget keeps
-        raise HTTPError(400, "the request's text is far longer than the context length", param="input_prefix")
+    texts += [
+        x
+        for v in (req.input_prefix, req.input_suffix)
+        for x in (v if isinstance(v, list) else [v])
+        if isinstance(x, str)
+    ]
+    if (
+        sum(map(len, texts)) > 4 * state.context_len * tm.max_token_chars
+    ):  # far past what any budget keeps
+        raise HTTPError(
+            400, "the request's text is far longer than the context length", param="input_prefix"
+        )
     check_fanout(state, 1, 1, "input_prefix")
-    ids = await tm.tokenizer_pool.run(infill_prompt, tm.tokenizer, fim, req, state.context_len, req.n_predict,
-                                      what="tokenizing the infill prompt")
+    ids = await tm.tokenizer_pool.run(
+        infill_prompt,
+        tm.tokenizer,
+        fim,
+        req,
+        state.context_len,
+        req.n_predict,
+        what="tokenizing the infill prompt",
+    )
     if len(ids) >= state.context_len:
-        raise HTTPError(400, f"the infill prompt has {len(ids)} tokens; this model's context length is "
-                             f"{state.context_len}", param="prompt")
-    obj = GenerateReqInput(input_ids=ids, sampling_params=_sampling(state, req, fim, len(ids)),
-                           rid=uuid.uuid4().hex, stream=req.stream, cache_salt=req.cache_salt)
+        raise HTTPError(
+            400,
+            f"the infill prompt has {len(ids)} tokens; this model's context length is "
+            f"{state.context_len}",
+            param="prompt",
+        )
+    obj = GenerateReqInput(
+        input_ids=ids,
+        sampling_params=_sampling(state, req, fim, len(ids)),
+        rid=uuid.uuid4().hex,
+        stream=req.stream,
+        cache_salt=req.cache_salt,
+    )
     job = _Infill(state, req, ids)
     gen = tm.generate_request(obj, admit=admit_to_queue(state))
     try:
@@ -165,7 +218,7 @@ async def infill(request: Request):
         return StreamingResponse(job.stream(gen, first), media_type="text/event-stream")
     out = first
     try:
-        async for out in gen:  # not streamed: the one final answer
+        async for out in gen:  # not streamed: the one final answer  # noqa: B007 (the last item is the result)
             pass
     finally:
         await gen.aclose()
@@ -183,21 +236,34 @@ class _Infill:
         meta = out["meta_info"]
         fr = meta["finish_reason"] or {}
         matched = fr.get("matched")
-        stop_type = {"length": "limit", "stop": "word" if isinstance(matched, str) else "eos"}.get(fr.get("type"), "none")
+        stop_type = {"length": "limit", "stop": "word" if isinstance(matched, str) else "eos"}.get(
+            fr.get("type"), "none"
+        )
         tok = self.state.tokenizer_manager.tokenizer
         return {
-            "index": 0, "content": content, "tokens": tokens if self.req.return_tokens or self.req.stream else [],
-            "stop": True, "model": self.req.model or served_model_name(self.state.server_args, self.state.scheduler_info),
-            "prompt": tok.decode(self.ids), "stop_type": stop_type,
+            "index": 0,
+            "content": content,
+            "tokens": tokens if self.req.return_tokens or self.req.stream else [],
+            "stop": True,
+            "model": (
+                self.req.model
+                or served_model_name(self.state.server_args, self.state.scheduler_info)
+            ),
+            "prompt": tok.decode(self.ids),
+            "stop_type": stop_type,
             "stopping_word": matched if isinstance(matched, str) else "",
-            "tokens_predicted": meta["completion_tokens"], "tokens_evaluated": meta["prompt_tokens"],
+            "tokens_predicted": meta["completion_tokens"],
+            "tokens_evaluated": meta["prompt_tokens"],
             "tokens_cached": meta.get("cached_tokens", 0),
-            "truncated": stop_type == "limit" and len(self.ids) + meta["completion_tokens"] >= self.state.context_len,
+            "truncated": (
+                stop_type == "limit"
+                and len(self.ids) + meta["completion_tokens"] >= self.state.context_len
+            ),
         }
 
     async def stream(self, gen: AsyncIterator, first: dict) -> AsyncIterator[bytes]:
         text_sent, ids_sent = 0, 0
-        out: Optional[dict] = first
+        out: dict | None = first
         try:
             while out is not None:
                 text, ids = out["text"], out["output_ids"]
@@ -206,7 +272,14 @@ class _Infill:
                     yield sse(self.final(out, text[text_sent:], ids[ids_sent:]))
                     return
                 if len(text) > text_sent or len(ids) > ids_sent:
-                    yield sse({"index": 0, "content": text[text_sent:], "tokens": ids[ids_sent:], "stop": False})
+                    yield sse(
+                        {
+                            "index": 0,
+                            "content": text[text_sent:],
+                            "tokens": ids[ids_sent:],
+                            "stop": False,
+                        }
+                    )
                 text_sent, ids_sent = len(text), len(ids)
                 out = await anext(gen, None)
         except STREAM_ERRORS as e:  # the stream started: errors are events, as on the other routes

@@ -1,6 +1,8 @@
 """`radixlm serve`: start the engine processes, then the HTTP server on this process; watch the
 engine and, when one of its processes dies or hangs (--watchdog-timeout), exit non-zero or
-(--restart-on-failure) start a new engine. See docs/architecture.md, "Processes", and docs/reliability.md."""
+(--restart-on-failure) start a new engine. See docs/architecture.md, "Processes", and
+docs/reliability.md.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +10,6 @@ import asyncio
 import logging
 import signal
 import sys
-from typing import Optional
 
 from radixlm.config import PortArgs, ServerArgs
 from radixlm.engine.launcher import check_server_args
@@ -25,14 +26,16 @@ class EngineSupervisor:
         self.tokenizer = tokenizer
         self.uvicorn_server = uvicorn_server
         self.procs: list = []
-        self.port_args: Optional[PortArgs] = None
+        self.port_args: PortArgs | None = None
         self.info: dict = {}
         self.state = None  # the ServerState, once the app started
         self.stopping = False
         self.exit_code = 0
         from radixlm.engine.observed_manager import Observability
 
-        self.observability = Observability.from_server_args(server_args)  # shared by the engines it restarts
+        self.observability = Observability.from_server_args(
+            server_args
+        )  # shared by the engines it restarts
 
     def launch(self) -> dict:
         from radixlm.engine.launcher import launch_engine_processes
@@ -47,14 +50,24 @@ class EngineSupervisor:
         from radixlm.engine.observed_manager import ObservedTokenizerManager
         from radixlm.engine.tokenizer_manager import TokenizerManagerConfig
 
-        tm = ObservedTokenizerManager(TokenizerManagerConfig.from_server_args(self.server_args), self.port_args,
-                                      self.tokenizer, self.info, self.observability)
+        tm = ObservedTokenizerManager(
+            TokenizerManagerConfig.from_server_args(self.server_args),
+            self.port_args,
+            self.tokenizer,
+            self.info,
+            self.observability,
+        )
         await tm.start()
         loop = asyncio.get_running_loop()
         procs = self.procs
-        watch_processes(procs, lambda msg: loop.call_soon_threadsafe(self._on_dead, tm, msg),
-                        lambda: self.stopping or procs is not self.procs, self.server_args.watchdog_interval,
-                        tm, self.server_args.watchdog_timeout)
+        watch_processes(
+            procs,
+            lambda msg: loop.call_soon_threadsafe(self._on_dead, tm, msg),
+            lambda: self.stopping or procs is not self.procs,
+            self.server_args.watchdog_interval,
+            tm,
+            self.server_args.watchdog_timeout,
+        )
         return tm
 
     def _on_dead(self, tm, message: str) -> None:
@@ -65,9 +78,16 @@ class EngineSupervisor:
             logger.error("%s; restarting the engine (--restart-on-failure)", message)
             asyncio.get_running_loop().create_task(self._restart(tm))
         else:
-            print(f"radixlm: error: {message}; the server exits in {self.server_args.engine_failure_exit_delay:g} s "
-                  "(--restart-on-failure restarts the engine instead)", file=sys.stderr, flush=True)
-            asyncio.get_running_loop().call_later(self.server_args.engine_failure_exit_delay, self.shutdown, 1)
+            print(
+                f"radixlm: error: {message}; the server exits in"
+                f" {self.server_args.engine_failure_exit_delay:g} s (--restart-on-failure restarts"
+                " the engine instead)",
+                file=sys.stderr,
+                flush=True,
+            )
+            asyncio.get_running_loop().call_later(
+                self.server_args.engine_failure_exit_delay, self.shutdown, 1
+            )
 
     async def _restart(self, old_tm) -> None:
         from radixlm.engine.launcher import stop_processes
@@ -76,7 +96,7 @@ class EngineSupervisor:
         await asyncio.to_thread(stop_processes, old_procs, old_ports)
         try:
             await asyncio.to_thread(self.launch)
-        except Exception as e:  # noqa: BLE001  (the model no longer loads: nothing left to serve)
+        except Exception as e:
             print(f"radixlm: error: the engine did not restart: {e}", file=sys.stderr, flush=True)
             self.shutdown(1)
             return
@@ -104,23 +124,31 @@ def launch_server(server_args: ServerArgs) -> None:
     import uvicorn
 
     from radixlm.engine.chat_templates import apply_chat_template_option
-    from radixlm.model.loader import default_model_path, load_tokenizer
     from radixlm.http_access import AccessConfig, install_access, parse_origins
-    from radixlm.server.fim import fim_tokens
-    from radixlm.server.tool_template import agent_setup_line
+    from radixlm.model.loader import default_model_path, load_tokenizer
     from radixlm.server.api_common import ServerState, served_model_name
+    from radixlm.server.fim import fim_tokens
     from radixlm.server.http_server import create_app
+    from radixlm.server.tool_template import agent_setup_line
     from radixlm.utils import configure_logging
 
     configure_logging(server_args.log_level)
     check_server_args(server_args)  # a bad option: one error before anything loads
-    access = AccessConfig(server_args.api_key, server_args.admin_api_key, server_args.host,
-                          parse_origins(server_args.allowed_origins))
-    tokenizer = load_tokenizer(server_args.tokenizer_path or server_args.model_path or default_model_path())
+    access = AccessConfig(
+        server_args.api_key,
+        server_args.admin_api_key,
+        server_args.host,
+        parse_origins(server_args.allowed_origins),
+    )
+    tokenizer = load_tokenizer(
+        server_args.tokenizer_path or server_args.model_path or default_model_path()
+    )
     # The templates are checked here, before the model loads: a bad one is one error line.
     apply_chat_template_option(tokenizer, server_args.chat_template)
     fim_tokens(tokenizer, server_args.completion_template)
-    tools_line = agent_setup_line(tokenizer, server_args)  # before the model loads: a bad parser is one error
+    tools_line = agent_setup_line(
+        tokenizer, server_args
+    )  # before the model loads: a bad parser is one error
 
     async def state_factory() -> ServerState:
         tm = await supervisor.attach()
@@ -140,20 +168,28 @@ def launch_server(server_args: ServerArgs) -> None:
         mount_metrics(app)
     # uvicorn drains in-flight requests on SIGTERM for up to --graceful-shutdown-timeout (it stops
     # accepting connections at once), then cancels what is left, which aborts those requests.
-    server = uvicorn.Server(uvicorn.Config(app, host=server_args.host, port=server_args.port, log_level="warning",
-                                           timeout_graceful_shutdown=server_args.graceful_shutdown_timeout))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            host=server_args.host,
+            port=server_args.port,
+            log_level="warning",
+            timeout_graceful_shutdown=server_args.graceful_shutdown_timeout,
+        )
+    )
     supervisor = EngineSupervisor(server_args, tokenizer, server)
     info = supervisor.launch()
     url = f"http://{server_args.host}:{server_args.port}"
-    auth = " -H 'Authorization: Bearer <api key>'" if server_args.api_key else ""  # keys are printed nowhere
+    auth = (
+        " -H 'Authorization: Bearer <api key>'" if server_args.api_key else ""
+    )  # keys are printed nowhere
     print(
-        f"radixlm serving {served_model_name(server_args, info)} at {url}\n"
-        f"  KV cache: {info['max_total_num_tokens']} tokens ({info['kv_cache_bytes'] / 2**20:.0f} MiB), "
-        f"context {info['context_len']}\n"
-        f"  try: curl {url}/generate{auth} -H 'Content-Type: application/json' "
-        "-d '{\"text\": \"The capital of France is\", \"sampling_params\": {\"max_new_tokens\": 16, \"temperature\": 0}}'\n"
-        f"  OpenAI API: {url}/v1\n"
-        f"  {tools_line}",
+        f"radixlm serving {served_model_name(server_args, info)} at {url}\n  KV cache:"
+        f" {info['max_total_num_tokens']} tokens ({info['kv_cache_bytes'] / 2**20:.0f} MiB),"
+        f" context {info['context_len']}\n  try: curl {url}/generate{auth} -H 'Content-Type:"
+        ' application/json\' -d \'{"text": "The capital of France is", "sampling_params":'
+        f' {{"max_new_tokens": 16, "temperature": 0}}}}\'\n  OpenAI API: {url}/v1\n '
+        f" {tools_line}",
         flush=True,
     )
     # uvicorn re-raises SIGTERM after its shutdown with the previous handler: make that an exit

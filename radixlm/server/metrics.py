@@ -1,11 +1,18 @@
-"""Prometheus metrics (--enable-metrics): token counters, latency histograms, scheduler gauges, under
-radixlm's names (radixlm:...) and SGLang's (sglang:..., sglang_metrics.py)."""
+"""Prometheus metrics (--enable-metrics): token counters, latency histograms, scheduler gauges,
+under radixlm's names (radixlm:...) and SGLang's (sglang:..., sglang_metrics.py)."""
 
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 from radixlm.server.sglang_metrics import SGLangMetrics
 
@@ -16,38 +23,99 @@ class ServerMetrics:
     def __init__(self, tokenizer_manager, model_name: str = ""):
         self.tm = tokenizer_manager
         r = self.registry = CollectorRegistry()
-        self.sglang = SGLangMetrics(r, model_name)  # model_name: the served model name, SGLang's label
+        self.sglang = SGLangMetrics(
+            r, model_name
+        )  # model_name: the served model name, SGLang's label
         self.prompt_tokens = Counter("radixlm:prompt_tokens", "Prompt tokens processed", registry=r)
-        self.generation_tokens = Counter("radixlm:generation_tokens", "Tokens generated", registry=r)
-        self.cached_tokens = Counter("radixlm:cached_tokens", "Prompt tokens served from the radix cache", registry=r)
-        self.requests = Counter("radixlm:num_requests", "Finished requests", ["finish_reason"], registry=r)
-        self.ttft = Histogram("radixlm:time_to_first_token_seconds", "Time to first token", buckets=_LATENCY_BUCKETS, registry=r)
-        # Each request contributes its mean inter-token latency (the scheduler does not ship per-token times).
-        self.itl = Histogram("radixlm:inter_token_latency_seconds", "Mean inter-token latency per request", buckets=_LATENCY_BUCKETS, registry=r)
-        self.e2e = Histogram("radixlm:e2e_request_latency_seconds", "End-to-end request latency", buckets=_LATENCY_BUCKETS, registry=r)
+        self.generation_tokens = Counter(
+            "radixlm:generation_tokens", "Tokens generated", registry=r
+        )
+        self.cached_tokens = Counter(
+            "radixlm:cached_tokens", "Prompt tokens served from the radix cache", registry=r
+        )
+        self.requests = Counter(
+            "radixlm:num_requests", "Finished requests", ["finish_reason"], registry=r
+        )
+        self.ttft = Histogram(
+            "radixlm:time_to_first_token_seconds",
+            "Time to first token",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        # Each request contributes its mean inter-token latency (the scheduler does not ship
+        # per-token times).
+        self.itl = Histogram(
+            "radixlm:inter_token_latency_seconds",
+            "Mean inter-token latency per request",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "radixlm:e2e_request_latency_seconds",
+            "End-to-end request latency",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
         self.running = Gauge("radixlm:num_running_reqs", "Running requests", registry=r)
         self.waiting = Gauge("radixlm:num_queue_reqs", "Waiting requests", registry=r)
-        self.token_usage = Gauge("radixlm:token_usage", "Share of KV slots held by running requests", registry=r)
-        self.used_tokens = Gauge("radixlm:kv_used_tokens", "KV slots held by running requests", registry=r)
-        self.cache_hit_rate = Gauge("radixlm:cache_hit_rate", "Prompt tokens served from the cache / prompt tokens", registry=r)
+        self.token_usage = Gauge(
+            "radixlm:token_usage", "Share of KV slots held by running requests", registry=r
+        )
+        self.used_tokens = Gauge(
+            "radixlm:kv_used_tokens", "KV slots held by running requests", registry=r
+        )
+        self.cache_hit_rate = Gauge(
+            "radixlm:cache_hit_rate",
+            "Prompt tokens served from the cache / prompt tokens",
+            registry=r,
+        )
         # Speculative decoding (zero without --speculative-algorithm).
-        self.spec_verify_steps = Counter("radixlm:spec_verify_steps", "Verify steps of finished requests that carried a draft", registry=r)
-        self.spec_accepted_tokens = Counter("radixlm:spec_accepted_tokens", "Draft tokens accepted in finished requests", registry=r)
+        self.spec_verify_steps = Counter(
+            "radixlm:spec_verify_steps",
+            "Verify steps of finished requests that carried a draft",
+            registry=r,
+        )
+        self.spec_accepted_tokens = Counter(
+            "radixlm:spec_accepted_tokens", "Draft tokens accepted in finished requests", registry=r
+        )
         # Hierarchical cache (zero without --enable-hierarchical-cache): per tier, since start.
-        self.hicache_hit_tokens = Gauge("radixlm:hicache_hit_tokens", "Prompt tokens loaded back from a lower tier "
-                                        "instead of recomputed", ["tier"], registry=r)
-        self.hicache_loads = Gauge("radixlm:hicache_loads", "Loads from a lower tier", ["tier"], registry=r)
-        self.hicache_load_seconds = Gauge("radixlm:hicache_load_seconds", "Time spent loading from a lower tier "
-                                          "(L3: request arrival to its chunks in L2)", ["tier"], registry=r)
-        self.hicache_bytes = Gauge("radixlm:hicache_bytes_moved", "Bytes moved between tiers", ["direction"], registry=r)
-        self.hicache_used = Gauge("radixlm:hicache_used", "L2 tokens held, L3 bytes held", ["tier"], registry=r)
-        self.hicache_errors = Gauge("radixlm:hicache_errors", "Stored chunks skipped or not written",
-                                    ["kind"], registry=r)
+        self.hicache_hit_tokens = Gauge(
+            "radixlm:hicache_hit_tokens",
+            "Prompt tokens loaded back from a lower tier instead of recomputed",
+            ["tier"],
+            registry=r,
+        )
+        self.hicache_loads = Gauge(
+            "radixlm:hicache_loads", "Loads from a lower tier", ["tier"], registry=r
+        )
+        self.hicache_load_seconds = Gauge(
+            "radixlm:hicache_load_seconds",
+            "Time spent loading from a lower tier (L3: request arrival to its chunks in L2)",
+            ["tier"],
+            registry=r,
+        )
+        self.hicache_bytes = Gauge(
+            "radixlm:hicache_bytes_moved", "Bytes moved between tiers", ["direction"], registry=r
+        )
+        self.hicache_used = Gauge(
+            "radixlm:hicache_used", "L2 tokens held, L3 bytes held", ["tier"], registry=r
+        )
+        self.hicache_errors = Gauge(
+            "radixlm:hicache_errors", "Stored chunks skipped or not written", ["kind"], registry=r
+        )
         # MoE models: tokens routed to each expert of each layer since start (placement, --ep-size).
-        self.expert_tokens = Counter("radixlm:moe_expert_tokens", "Tokens routed to an expert (top-k slots) since start",
-                                     ["layer", "expert"], registry=r)
+        self.expert_tokens = Counter(
+            "radixlm:moe_expert_tokens",
+            "Tokens routed to an expert (top-k slots) since start",
+            ["layer", "expert"],
+            registry=r,
+        )
         self._expert_seen: dict[tuple[str, str], int] = {}
-        self.spec_accept_length = Gauge("radixlm:spec_accept_length", "Tokens emitted per drafted request per verify step (accepted drafts + 1), since start", registry=r)
+        self.spec_accept_length = Gauge(
+            "radixlm:spec_accept_length",
+            "Tokens emitted per drafted request per verify step (accepted drafts + 1), since start",
+            registry=r,
+        )
 
     def observe_finished(self, meta: dict) -> None:
         self.sglang.observe_finished(meta)
@@ -69,7 +137,9 @@ class ServerMetrics:
     async def refresh(self) -> None:
         st = await self.tm.get_internal_state()
         total = st["max_total_num_tokens"]
-        used = total - st["available_kv_tokens"] - st["evictable_tokens"]  # held by running requests
+        used = (
+            total - st["available_kv_tokens"] - st["evictable_tokens"]
+        )  # held by running requests
         self.running.set(st["num_running"])
         self.waiting.set(st["num_waiting"])
         self.used_tokens.set(used)
@@ -92,7 +162,8 @@ class ServerMetrics:
                 self.hicache_errors.labels(kind).set(hc[kind])
 
     def _export_expert_load(self, load: dict) -> None:
-        """The scheduler's running totals as counter increments (a restarted engine starts from 0)."""
+        """The scheduler's running totals as counter increments (a restarted engine starts from
+        0)."""
         for layer, counts in load.items():
             for expert, total in enumerate(counts):
                 key = (layer, str(expert))

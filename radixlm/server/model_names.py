@@ -1,16 +1,16 @@
 """The `model` field of the OpenAI chat and completions routes.
 
 SGLang serves whatever name a client sends (its docs and users' scripts send "default"; its
-maintainers: the field is there for OpenAI compatibility), and reads `BASE:ADAPTER` as a LoRA adapter
-(split at the first colon). radixlm does the same by default. --strict-model-name is vLLM's check
-instead: a name that is neither the served name nor the model's path is a 404. /v1/models and
+maintainers: the field is there for OpenAI compatibility), and reads `BASE:ADAPTER` as a LoRA
+adapter (split at the first colon). radixlm does the same by default. --strict-model-name is vLLM's
+check instead: a name that is neither the served name nor the model's path is a 404. /v1/models and
 /v1/models/{id} list and check the served name either way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Collection, Optional
 
 
 class ModelNameError(Exception):
@@ -20,11 +20,16 @@ class ModelNameError(Exception):
 @dataclass(frozen=True)
 class RequestedModel:
     name: str  # what the answer's `model` says: the client's name, as SGLang echoes it
-    adapter: Optional[str] = None  # the LoRA adapter after the colon (radixlm/lora/)
+    adapter: str | None = None  # the LoRA adapter after the colon (radixlm/lora/)
 
 
-def resolve_requested_model(requested: Optional[str], served: str, known: Collection[str], strict: bool,
-                            adapters: Collection[str] = ()) -> RequestedModel:
+def resolve_requested_model(
+    requested: str | None,
+    served: str,
+    known: Collection[str],
+    strict: bool,
+    adapters: Collection[str] = (),
+) -> RequestedModel:
     """The model a request asks for; ModelNameError when it names an adapter that is not loaded or
     (strict) a model that is not served. `known`: the names of the served model (its served name,
     path, ...); `adapters`: the loaded LoRA adapters' names."""
@@ -33,9 +38,13 @@ def resolve_requested_model(requested: Optional[str], served: str, known: Collec
     base, sep, adapter = requested.partition(":")
     adapter = adapter.strip()
     if strict and base.strip() not in known:
-        raise ModelNameError(f"The model '{base.strip() if adapter else requested}' does not exist; this server "
-                             f"serves '{served}'.")
+        raise ModelNameError(
+            f"The model '{base.strip() if adapter else requested}' does not exist; this server "
+            f"serves '{served}'."
+        )
     if adapter and adapter not in adapters:
         loaded = f"the loaded ones: {', '.join(sorted(adapters))}" if adapters else "none is loaded"
-        raise ModelNameError(f"The LoRA adapter '{adapter}' (model '{requested}') does not exist; {loaded}.")
+        raise ModelNameError(
+            f"The LoRA adapter '{adapter}' (model '{requested}') does not exist; {loaded}."
+        )
     return RequestedModel(requested, adapter or None)

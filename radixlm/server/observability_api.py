@@ -37,11 +37,18 @@ def _answer(out) -> Response:
     return Response(out.message + "\n", media_type="text/plain")
 
 
-_PROFILE_SCHEMA = {"type": "object", "properties": {
-    "output_dir": {"type": "string"}, "start_step": {"type": "integer", "minimum": 0},
-    "num_steps": {"type": "integer", "minimum": 1},
-    "activities": {"type": "array", "items": {"type": "string", "enum": ["CPU", "GPU", "MEM"]}},
-    "with_stack": {"type": "boolean"}, "record_shapes": {"type": "boolean"}, "profile_prefix": {"type": "string"}}}
+_PROFILE_SCHEMA = {
+    "type": "object",
+    "properties": {
+        "output_dir": {"type": "string"},
+        "start_step": {"type": "integer", "minimum": 0},
+        "num_steps": {"type": "integer", "minimum": 1},
+        "activities": {"type": "array", "items": {"type": "string", "enum": ["CPU", "GPU", "MEM"]}},
+        "with_stack": {"type": "boolean"},
+        "record_shapes": {"type": "boolean"},
+        "profile_prefix": {"type": "string"},
+    },
+}
 
 
 _START_BODY = json_body(_PROFILE_SCHEMA)
@@ -63,20 +70,38 @@ async def stop_profile(request: Request):
     return _answer(await srv(request).tokenizer_manager.stop_profile())
 
 
-@router.post("/configure_logging", openapi_extra=json_body({"type": "object", "properties": {
-    "log_requests": {"type": "boolean"}, "log_requests_level": {"type": "integer", "enum": [0, 1, 2, 3]},
-    "log_requests_format": {"type": "string", "enum": ["text", "json"]}}}))
+@router.post(
+    "/configure_logging",
+    openapi_extra=json_body(
+        {
+            "type": "object",
+            "properties": {
+                "log_requests": {"type": "boolean"},
+                "log_requests_level": {"type": "integer", "enum": [0, 1, 2, 3]},
+                "log_requests_format": {"type": "string", "enum": ["text", "json"]},
+            },
+        }
+    ),
+)
 async def configure_logging(request: Request):
     body = await read_json(request)
     if not isinstance(body, dict):
         raise HTTPError(400, "the request body must be a JSON object")
     unknown = sorted(set(body) - set(_LOGGING_FIELDS))
     if unknown:  # SGLang's dump_requests_* and crash_dump_folder: start-up options here
-        raise HTTPError(400, f"unsupported field(s): {', '.join(unknown)} (fields: {', '.join(_LOGGING_FIELDS)})",
-                        param=unknown[0])
+        raise HTTPError(
+            400,
+            f"unsupported field(s): {', '.join(unknown)} (fields: {', '.join(_LOGGING_FIELDS)})",
+            param=unknown[0],
+        )
     try:
         cfg = srv(request).tokenizer_manager.configure_logging(**body)
     except ValueError as e:
         raise _bad(e, _LOGGING_FIELDS) from None
-    return JSONResponse({"log_requests": cfg.enabled, "log_requests_level": cfg.level,
-                         "log_requests_format": cfg.format})
+    return JSONResponse(
+        {
+            "log_requests": cfg.enabled,
+            "log_requests_level": cfg.level,
+            "log_requests_format": cfg.format,
+        }
+    )

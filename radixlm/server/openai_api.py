@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from typing import AsyncIterator, Optional
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -17,44 +17,71 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from radixlm.ipc import GenerateReqInput
 from radixlm.sampling_params import SamplingParams, SamplingParamsError
 from radixlm.server.api_common import (
-    parse_body,
     SSE_DONE,
+    STREAM_ERRORS,
     HTTPError,
     ServerState,
     json_body,
     observe,
+    parse_body,
     read_json,
     run_until_disconnect,
     served_model_name,
     srv,
     sse,
-    STREAM_ERRORS,
     stream_error_event,
 )
 from radixlm.server.chat_images import chat_images
 from radixlm.server.chat_render import chat_stop, render_chat
 from radixlm.server.chat_tools import output_spec, plan_tools
 from radixlm.server.fanout import admit_to_queue, check_fanout
+from radixlm.server.fim import fim_prompt_ids
 from radixlm.server.lora_api import lora_model_cards
 from radixlm.server.model_names import ModelNameError, RequestedModel, resolve_requested_model
-from radixlm.server.thinking_params import thinking_params
-from radixlm.server.fim import fim_prompt_ids
-from radixlm.server.openai_job import Job as _Job, Sent as _Sent, stream_chunks as _stream_chunks
+from radixlm.server.openai_job import Job as _Job
+from radixlm.server.openai_job import Sent as _Sent
+from radixlm.server.openai_job import stream_chunks as _stream_chunks
 from radixlm.server.openai_protocol import (
     ChatCompletionRequest,
     CompletionRequest,
     RequestError,
     response_format_constraint,
 )
+from radixlm.server.thinking_params import thinking_params
 from radixlm.server.tool_template import tool_setup
 
 # Request fields copied verbatim into sampling_params when given.
 _SAMPLING_FIELDS = (
-    "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty",
-    "seed", "stop", "stop_token_ids", "ignore_eos", "skip_special_tokens", "spaces_between_special_tokens",
-    "no_stop_trim", "regex", "json_schema", "ebnf", "structural_tag", "stop_regex", "logit_bias",
-    "typical_p", "bad_words", "allowed_token_ids", "dry_multiplier", "dry_base", "dry_allowed_length",
-    "dry_penalty_last_n", "dry_sequence_breakers", "xtc_probability", "xtc_threshold",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "repetition_penalty",
+    "seed",
+    "stop",
+    "stop_token_ids",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "regex",
+    "json_schema",
+    "ebnf",
+    "structural_tag",
+    "stop_regex",
+    "logit_bias",
+    "typical_p",
+    "bad_words",
+    "allowed_token_ids",
+    "dry_multiplier",
+    "dry_base",
+    "dry_allowed_length",
+    "dry_penalty_last_n",
+    "dry_sequence_breakers",
+    "xtc_probability",
+    "xtc_threshold",
 )
 
 
@@ -71,38 +98,51 @@ def _model_card(state: ServerState) -> dict:
         "root": info["model_path"],
         "parent": None,
         "max_model_len": info["context_len"],
-        "modalities": info.get("modalities", ["text"]),  # what the model takes in: text, and image for a vision model
+        "modalities": info.get(
+            "modalities", ["text"]
+        ),  # what the model takes in: text, and image for a vision model
     }
 
 
 def _known_names(state: ServerState) -> set:
     info = state.scheduler_info
-    names = {served_model_name(state.server_args, info), info["model_path"], os.path.basename(info["model_path"])}
+    names = {
+        served_model_name(state.server_args, info),
+        info["model_path"],
+        os.path.basename(info["model_path"]),
+    }
     return names | ({state.server_args.model_path} if state.server_args.model_path else set())
 
 
-def _check_model(state: ServerState, name: Optional[str]) -> str:
+def _check_model(state: ServerState, name: str | None) -> str:
     served = served_model_name(state.server_args, state.scheduler_info)
     if name is not None and name not in _known_names(state):
-        raise HTTPError(404, f"The model '{name}' does not exist; this server serves '{served}'.",
-                        "not_found_error", "model")
+        raise HTTPError(
+            404,
+            f"The model '{name}' does not exist; this server serves '{served}'.",
+            "not_found_error",
+            "model",
+        )
     return served
 
 
-def _requested_model(state: ServerState, name: Optional[str]) -> str:
-    """The chat and completions routes' `model` (server/model_names.py): any name by default, as SGLang."""
+def _requested_model(state: ServerState, name: str | None) -> str:
+    """The chat and completions routes' `model` (server/model_names.py): any name by default, as
+    SGLang."""
     return _requested(state, name).name
 
 
-def _requested(state: ServerState, name: Optional[str]) -> RequestedModel:
-    """The `model` and its LoRA adapter (BASE:ADAPTER; or a loaded adapter's name alone, as SGLang)."""
+def _requested(state: ServerState, name: str | None) -> RequestedModel:
+    """The `model` and its LoRA adapter (BASE:ADAPTER; or a loaded adapter's name alone, as
+    SGLang)."""
     served = served_model_name(state.server_args, state.scheduler_info)
     adapters = state.tokenizer_manager.lora_adapter_names()
     if name in adapters and name not in _known_names(state):
         return RequestedModel(name, name)
     try:
-        return resolve_requested_model(name, served, _known_names(state), state.server_args.strict_model_name,
-                                       adapters)
+        return resolve_requested_model(
+            name, served, _known_names(state), state.server_args.strict_model_name, adapters
+        )
     except ModelNameError as e:
         raise HTTPError(404, str(e), "not_found_error", "model") from None
 
@@ -121,28 +161,47 @@ async def get_model(request: Request, model_id: str):
     return _model_card(state)
 
 
-def _sampling_params(state: ServerState, req, max_new_tokens: int, max_field: str, prompt_len: int) -> dict:
+def _sampling_params(
+    state: ServerState, req, max_new_tokens: int, max_field: str, prompt_len: int
+) -> dict:
     limits = state.server_args
     room = state.context_len - prompt_len
-    if max_new_tokens > room:  # named here as the client sent it (the engine would say max_new_tokens)
-        got = str(max_new_tokens) if max_new_tokens < 10**12 else f"a {len(str(max_new_tokens))}-digit number"
-        raise HTTPError(400, f"{max_field} must be at most {room} (the context length {state.context_len} minus the "
-                             f"prompt's {prompt_len} tokens), got {got}", param=max_field)
+    if (
+        max_new_tokens > room
+    ):  # named here as the client sent it (the engine would say max_new_tokens)
+        got = (
+            str(max_new_tokens)
+            if max_new_tokens < 10**12
+            else f"a {len(str(max_new_tokens))}-digit number"
+        )
+        raise HTTPError(
+            400,
+            f"{max_field} must be at most {room} (the context length {state.context_len} minus the "
+            f"prompt's {prompt_len} tokens), got {got}",
+            param=max_field,
+        )
     if req.n is not None and req.n > limits.max_n:
         raise HTTPError(400, f"n must be <= {limits.max_n} (--max-n), got {req.n}", param="n")
     field = "top_logprobs" if isinstance(req, ChatCompletionRequest) else "logprobs"
     top = getattr(req, field)
     if top is not None and top > limits.max_top_logprobs_num:
-        raise HTTPError(400, f"{field} must be <= {limits.max_top_logprobs_num} (--max-top-logprobs-num), got {top}",
-                        param=field)
+        raise HTTPError(
+            400,
+            f"{field} must be <= {limits.max_top_logprobs_num} (--max-top-logprobs-num), got {top}",
+            param=field,
+        )
     sp = {"max_new_tokens": max_new_tokens, "n": req.n or 1}
     sp.update({k: getattr(req, k) for k in _SAMPLING_FIELDS if getattr(req, k) is not None})
     if req.min_tokens is not None:
         sp["min_new_tokens"] = req.min_tokens
     if req.stream_options is not None and not req.stream:
-        raise HTTPError(400, "stream_options is only allowed when stream is true", param="stream_options")
+        raise HTTPError(
+            400, "stream_options is only allowed when stream is true", param="stream_options"
+        )
     if req.return_token_ids and req.stream:
-        raise HTTPError(400, "return_token_ids is supported without stream only", param="return_token_ids")
+        raise HTTPError(
+            400, "return_token_ids is supported without stream only", param="return_token_ids"
+        )
     try:  # validate here so that a stream fails with a 400 before it starts
         SamplingParams.from_dict(dict(sp)).verify(state.scheduler_info["vocab_size"])
     except SamplingParamsError as e:
@@ -157,8 +216,12 @@ def _check_length(state: ServerState, prompts: list[list[int]], field: str) -> N
     ctx = state.scheduler_info["context_len"]
     for p in prompts:
         if len(p) >= ctx:
-            raise HTTPError(400, f"the {field} has {len(p)} tokens; this model's context length is {ctx} "
-                                 f"(prompt + completion), so it must be shorter", param=field)
+            raise HTTPError(
+                400,
+                f"the {field} has {len(p)} tokens; this model's context length is {ctx} "
+                "(prompt + completion), so it must be shorter",
+                param=field,
+            )
 
 
 async def _open(request: Request, job: _Job):
@@ -177,9 +240,15 @@ async def _open(request: Request, job: _Job):
         raise HTTPError(400, str(e)) from None
     observe(state, out)
     outs = out if isinstance(out, list) else [out]
-    extra = {"prompt_token_ids": job.prompt_ids[0]} if job.chat and job.prompt_ids is not None else {}
-    return job.body([job.choice(i, o) for i, o in enumerate(outs)], usage=job.usage(outs), system_fingerprint=None,
-                    **extra)
+    extra = (
+        {"prompt_token_ids": job.prompt_ids[0]} if job.chat and job.prompt_ids is not None else {}
+    )
+    return job.body(
+        [job.choice(i, o) for i, o in enumerate(outs)],
+        usage=job.usage(outs),
+        system_fingerprint=None,
+        **extra,
+    )
 
 
 def _respond(result):
@@ -201,7 +270,9 @@ async def _sse(chunks: AsyncIterator[dict]):
     yield SSE_DONE
 
 
-async def _chunks(state: ServerState, job: _Job, gen: AsyncIterator, first: dict) -> AsyncIterator[dict]:
+async def _chunks(
+    state: ServerState, job: _Job, gen: AsyncIterator, first: dict
+) -> AsyncIterator[dict]:
     sent: dict[int, _Sent] = {}
     finals: dict[int, dict] = {}
     try:
@@ -233,8 +304,11 @@ async def completions(request: Request):
         raise HTTPError(400, "echo cannot be combined with suffix", param="echo")
     n = req.n or 1
     if req.best_of is not None and req.best_of != n:
-        raise HTTPError(400, f"best_of must equal n ({n}); choosing the best of several is not supported",
-                        param="best_of")
+        raise HTTPError(
+            400,
+            f"best_of must equal n ({n}); choosing the best of several is not supported",
+            param="best_of",
+        )
     tm = state.tokenizer_manager
     tok = tm.tokenizer
     p = req.prompt
@@ -245,9 +319,15 @@ async def completions(request: Request):
         if req.suffix:  # fill-in-the-middle: the prompt is the prefix (server/fim.py)
             ids = await fim_prompt_ids(state, p, req.suffix)
         else:
-            ids = (await tm.tokenizer_pool.run(lambda: [tm.encode_prompt(t) for t in texts],
-                                               what="tokenizing the prompt")
-                   if texts else [p] if isinstance(p[0], int) else p)
+            ids = (
+                await tm.tokenizer_pool.run(
+                    lambda: [tm.encode_prompt(t) for t in texts], what="tokenizing the prompt"
+                )
+                if texts
+                else [p]
+                if isinstance(p[0], int)
+                else p
+            )
     except ValueError as e:
         raise HTTPError(400, str(e), param="prompt") from None
     if texts is not None and not all(ids):
@@ -269,16 +349,29 @@ async def completions(request: Request):
         stream=bool(req.stream),
         cache_salt=req.cache_salt,
         lora_path=requested.adapter,
-        bootstrap_host=req.bootstrap_host, bootstrap_port=req.bootstrap_port, bootstrap_room=req.bootstrap_room,
+        bootstrap_host=req.bootstrap_host,
+        bootstrap_port=req.bootstrap_port,
+        bootstrap_room=req.bootstrap_room,
     )
     echo = (texts or [tok.decode(i) for i in ids]) if req.echo else None
-    job = _Job(chat=False, id=f"cmpl-{rid}", model=model, n=n, obj=obj, echo_texts=echo, logprobs=want_lp,
-               include_usage=bool(req.stream_options and req.stream_options.include_usage),
-               prompt_ids=ids if req.return_token_ids else None)
+    job = _Job(
+        chat=False,
+        id=f"cmpl-{rid}",
+        model=model,
+        n=n,
+        obj=obj,
+        echo_texts=echo,
+        logprobs=want_lp,
+        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        prompt_ids=ids if req.return_token_ids else None,
+    )
     return _respond(await _open(request, job))
 
+
 # -------------------------------------------------------- chat completions
-@router.post("/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest.model_json_schema()))
+@router.post(
+    "/v1/chat/completions", openapi_extra=json_body(ChatCompletionRequest.model_json_schema())
+)
 async def chat_completions(request: Request):
     req: ChatCompletionRequest = parse_body(ChatCompletionRequest, await read_json(request))
     return _respond(await open_chat(request, req))
@@ -300,28 +393,44 @@ async def open_chat(request: Request, req: ChatCompletionRequest):
         raise HTTPError(400, str(e), param=e.param) from None
     if constraint is not None:
         if req.regex or req.json_schema or req.ebnf or req.structural_tag:
-            raise HTTPError(400, "response_format cannot be combined with regex, json_schema, ebnf or "
-                            "structural_tag", param="response_format")
+            raise HTTPError(
+                400,
+                "response_format cannot be combined with regex, json_schema, ebnf or "
+                "structural_tag",
+                param="response_format",
+            )
         setattr(req, *constraint)
     tok = state.tokenizer_manager.tokenizer
-    plan = plan_tools(req, tool_setup(tok, state.server_args.tool_call_parser))  # sets req's tool constraint
+    plan = plan_tools(
+        req, tool_setup(tok, state.server_args.tool_call_parser)
+    )  # sets req's tool constraint
     check_fanout(state, req.n or 1, 1, "messages")
     images = await chat_images(state, req, plan)  # None: text only
-    ids = images.ids if images else await state.tokenizer_manager.tokenizer_pool.run(
-        render_chat, state, req, plan, what="rendering the chat template")
+    ids = (
+        images.ids
+        if images
+        else await state.tokenizer_manager.tokenizer_pool.run(
+            render_chat, state, req, plan, what="rendering the chat template"
+        )
+    )
     _check_length(state, [ids], "messages")
     ctx = state.scheduler_info["context_len"]
-    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    max_tokens = (
+        req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    )
     field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
     # No limit given: up to the end of the context, as vLLM and OpenAI do.
-    sp = _sampling_params(state, req, ctx - len(ids) if max_tokens is None else max_tokens, field, len(ids))
+    sp = _sampling_params(
+        state, req, ctx - len(ids) if max_tokens is None else max_tokens, field, len(ids)
+    )
     sp.update(thinking_params(state, req))  # the think block and its budget (--reasoning-parser)
     if chat_stop(state):  # a conversation template's stop strings join the request's, as in SGLang
         given = sp.get("stop") or []
         sp["stop"] = [*([given] if isinstance(given, str) else given), *chat_stop(state)]
     rid = uuid.uuid4().hex
     obj = GenerateReqInput(
-        input_ids=None if images else ids, text=images.text if images else None,
+        input_ids=None if images else ids,
+        text=images.text if images else None,
         image_data=images.urls if images else None,
         sampling_params=sp,
         rid=rid,
@@ -331,19 +440,28 @@ async def open_chat(request: Request, req: ChatCompletionRequest):
         stream=bool(req.stream),
         cache_salt=req.cache_salt,
         lora_path=requested.adapter,
-        bootstrap_host=req.bootstrap_host, bootstrap_port=req.bootstrap_port, bootstrap_room=req.bootstrap_room,
+        bootstrap_host=req.bootstrap_host,
+        bootstrap_port=req.bootstrap_port,
+        bootstrap_room=req.bootstrap_room,
     )
     if images:
         images.attach(obj)
-    job = _Job(chat=True, id=f"chatcmpl-{rid}", model=model, n=req.n or 1, obj=obj, logprobs=bool(req.logprobs),
-               include_usage=bool(req.stream_options and req.stream_options.include_usage),
-               prompt_ids=[ids] if req.return_token_ids else None,
-               output=output_spec(req, plan, state.server_args.reasoning_parser, tok.chat_template))
+    job = _Job(
+        chat=True,
+        id=f"chatcmpl-{rid}",
+        model=model,
+        n=req.n or 1,
+        obj=obj,
+        logprobs=bool(req.logprobs),
+        include_usage=bool(req.stream_options and req.stream_options.include_usage),
+        prompt_ids=[ids] if req.return_token_ids else None,
+        output=output_spec(req, plan, state.server_args.reasoning_parser, tok.chat_template),
+    )
     return await _open(request, job)
 
 
 async def _last(gen: AsyncIterator):
     out = None
-    async for out in gen:
+    async for out in gen:  # noqa: B007 (the last item is the result)
         pass
     return out

@@ -6,15 +6,16 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Optional
+from typing import Any
 
 from radixlm.ipc import GenerateReqInput
 from radixlm.server.chat_output import ChoiceStream, OutputSpec, shape_message
 from radixlm.server.openai_protocol import chat_logprobs, completion_logprobs
 
 
-def finish_reason(fr: Optional[dict]) -> tuple[Optional[str], Any]:
-    """Native finish_reason -> (OpenAI finish_reason, matched_stop). Aborts read "abort", as in vLLM."""
+def finish_reason(fr: dict | None) -> tuple[str | None, Any]:
+    """Native finish_reason -> (OpenAI finish_reason, matched_stop). Aborts read "abort", as in
+    vLLM."""
     if fr is None:
         return None, None
     kind = fr.get("type")
@@ -30,11 +31,13 @@ class Job:
     model: str
     n: int
     obj: GenerateReqInput
-    echo_texts: Optional[list[str]] = None  # completions with echo: each prompt's text
+    echo_texts: list[str] | None = None  # completions with echo: each prompt's text
     logprobs: bool = False
     include_usage: bool = False
-    prompt_ids: Optional[list] = None  # return_token_ids: each prompt's token ids
-    output: OutputSpec = dataclasses.field(default_factory=OutputSpec)  # chat: reasoning, tool calls
+    prompt_ids: list | None = None  # return_token_ids: each prompt's token ids
+    output: OutputSpec = dataclasses.field(
+        default_factory=OutputSpec
+    )  # chat: reasoning, tool calls
     created: int = dataclasses.field(default_factory=lambda: int(time.time()))
 
     @property
@@ -43,8 +46,14 @@ class Job:
 
     def body(self, choices: list, **extra) -> dict:
         obj = self.object + (".chunk" if self.obj.stream and self.chat else "")
-        return {"id": self.id, "object": obj, "created": self.created, "model": self.model, "choices": choices,
-                **extra}
+        return {
+            "id": self.id,
+            "object": obj,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
+        }
 
     def usage(self, outs: list[dict]) -> dict:
         # A prompt is counted once however many (n) completions share it.
@@ -55,7 +64,9 @@ class Job:
             "prompt_tokens": prompt,
             "completion_tokens": completion,
             "total_tokens": prompt + completion,
-            "prompt_tokens_details": {"cached_tokens": sum(m.get("cached_tokens", 0) for m in firsts)},
+            "prompt_tokens_details": {
+                "cached_tokens": sum(m.get("cached_tokens", 0) for m in firsts)
+            },
         }
 
     def logprob_entries(self, meta: dict, start: int, with_prompt: bool) -> tuple[list, list]:
@@ -83,7 +94,9 @@ class Job:
         else:
             c["text"] = (self.echo_texts[i // self.n] if echo else "") + out["text"]
             c["logprobs"] = completion_logprobs(toks, tops, 0)[0] if self.logprobs else None
-        if self.prompt_ids is not None:  # vLLM's return_token_ids (a chat's prompt ids are the response's)
+        if (
+            self.prompt_ids is not None
+        ):  # vLLM's return_token_ids (a chat's prompt ids are the response's)
             c["token_ids"] = out["output_ids"]
             if not self.chat:
                 c["prompt_token_ids"] = self.prompt_ids[i // self.n]
@@ -98,7 +111,7 @@ class Sent:
     n_logprobs: int = 0
     offset: int = 0
     started: bool = False
-    shaper: Optional[ChoiceStream] = None  # a chat choice's reasoning / tool-call parsing
+    shaper: ChoiceStream | None = None  # a chat choice's reasoning / tool-call parsing
 
 
 def stream_chunks(job: Job, idx: int, out: dict, st: Sent) -> list[dict]:
@@ -108,11 +121,17 @@ def stream_chunks(job: Job, idx: int, out: dict, st: Sent) -> list[dict]:
     chunks = []
     first = not st.started
     if job.chat and first:
-        chunks.append({"index": idx, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                       "finish_reason": None})
+        chunks.append(
+            {
+                "index": idx,
+                "delta": {"role": "assistant", "content": ""},
+                "logprobs": None,
+                "finish_reason": None,
+            }
+        )
     # The cumulative text only grows, except where a final stop-string trim cuts text already
     # streamed: that cannot be taken back, so nothing more is sent then.
-    delta = text[len(st.text):] if text.startswith(st.text) else ""
+    delta = text[len(st.text) :] if text.startswith(st.text) else ""
     st.text = text if text.startswith(st.text) else st.text
     echo = job.echo_texts is not None and first
     if echo:
@@ -130,18 +149,41 @@ def stream_chunks(job: Job, idx: int, out: dict, st: Sent) -> list[dict]:
     if job.chat:
         if job.output.active:
             st.shaper = st.shaper or ChoiceStream(job.output)
-            deltas = (st.shaper.feed(delta) if delta else []) + (st.shaper.finish() if reason else [])
+            deltas = (st.shaper.feed(delta) if delta else []) + (
+                st.shaper.finish() if reason else []
+            )
             reason = "tool_calls" if st.shaper.has_calls and reason == "stop" else reason
         else:
             deltas = [{"content": delta}] if delta else []
         if lp and not deltas:
             deltas = [{"content": ""}]
         for k, d in enumerate(deltas):  # the logprobs go with the first delta of the update
-            chunks.append({"index": idx, "delta": d, "logprobs": lp if k == 0 else None, "finish_reason": None})
+            chunks.append(
+                {
+                    "index": idx,
+                    "delta": d,
+                    "logprobs": lp if k == 0 else None,
+                    "finish_reason": None,
+                }
+            )
         if reason:
-            chunks.append({"index": idx, "delta": {}, "logprobs": None, "finish_reason": reason,
-                           "matched_stop": matched})
+            chunks.append(
+                {
+                    "index": idx,
+                    "delta": {},
+                    "logprobs": None,
+                    "finish_reason": reason,
+                    "matched_stop": matched,
+                }
+            )
     elif delta or lp or reason:
-        chunks.append({"index": idx, "text": delta, "logprobs": lp, "finish_reason": reason,
-                       "matched_stop": matched})
+        chunks.append(
+            {
+                "index": idx,
+                "text": delta,
+                "logprobs": lp,
+                "finish_reason": reason,
+                "matched_stop": matched,
+            }
+        )
     return [job.body([c]) for c in chunks]

@@ -11,7 +11,7 @@ import sys
 import tempfile
 import time
 import weakref
-from typing import Callable, Optional
+from collections.abc import Callable
 
 import requests
 
@@ -22,7 +22,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _stop(proc: subprocess.Popen, timeout: float = 30) -> Optional[int]:
+def _stop(proc: subprocess.Popen, timeout: float = 30) -> int | None:
     if proc.poll() is None:
         # SIGTERM lets uvicorn shut down and the server stop its scheduler and detokenizer.
         proc.send_signal(signal.SIGTERM)
@@ -38,26 +38,57 @@ class ServerProcess:
     """`python -m radixlm.cli serve --port <free> *args`, ready when /health answers 200.
     `command(port) -> argv` starts another HTTP server instead (e.g. llama-server)."""
 
-    def __init__(self, *args: str, port: Optional[int] = None, timeout: float = 180,
-                 command: Optional[Callable[[int], list]] = None, name: str = "the radixlm server",
-                 cpus: Optional[list[int]] = None, env: Optional[dict[str, str]] = None):
+    def __init__(
+        self,
+        *args: str,
+        port: int | None = None,
+        timeout: float = 180,
+        command: Callable[[int], list] | None = None,
+        name: str = "the radixlm server",
+        cpus: list[int] | None = None,
+        env: dict[str, str] | None = None,
+    ):
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        cmd = [sys.executable, "-m", "radixlm.cli", "serve", "--port", str(self.port), "--log-level", "warning", *args]
+        cmd = [
+            sys.executable,
+            "-m",
+            "radixlm.cli",
+            "serve",
+            "--port",
+            str(self.port),
+            "--log-level",
+            "warning",
+            *args,
+        ]
         if command is not None:
             cmd = command(self.port)
-        # A file, not a pipe: nobody reads the server's output while it runs, and a full pipe blocks it.
+        # A file, not a pipe: nobody reads the server's output while it runs, and a full pipe blocks
+        # it.
         self.log = tempfile.TemporaryFile(mode="w+")
         # cpus: the cores the server may run on (its share under `serve --dp`; Linux only).
-        pin = (lambda: os.sched_setaffinity(0, cpus)) if cpus and hasattr(os, "sched_setaffinity") else None
-        # env: added to this process's environment (keys go there: a command line is public in `ps`).
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, text=True, preexec_fn=pin,
-                                     env={**os.environ, **env} if env else None)
+        pin = (
+            (lambda: os.sched_setaffinity(0, cpus))
+            if cpus and hasattr(os, "sched_setaffinity")
+            else None
+        )
+        # env: added to this process's environment (keys go there: a command line is public in
+        # `ps`).
+        self.proc = subprocess.Popen(
+            cmd,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=pin,
+            env={**os.environ, **env} if env else None,
+        )
         self._finalizer = weakref.finalize(self, _stop, self.proc)
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"{name} exited ({self.proc.returncode}): {self.output()[-3000:]}")
+                raise RuntimeError(
+                    f"{name} exited ({self.proc.returncode}): {self.output()[-3000:]}"
+                )
             try:
                 if requests.get(self.url + "/health", timeout=1).status_code == 200:
                     return
@@ -65,13 +96,15 @@ class ServerProcess:
                 pass
             time.sleep(0.3)
         self.stop()
-        raise TimeoutError(f"{name} did not become healthy in {timeout:.0f} s: {self.output()[-3000:]}")
+        raise TimeoutError(
+            f"{name} did not become healthy in {timeout:.0f} s: {self.output()[-3000:]}"
+        )
 
     def output(self) -> str:
         self.log.seek(0)
         return self.log.read()
 
-    def stop(self) -> Optional[int]:
+    def stop(self) -> int | None:
         """SIGTERM, then SIGKILL after 30 s; returns the exit code."""
         code = _stop(self.proc)
         self._finalizer.detach()

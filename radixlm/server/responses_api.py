@@ -11,7 +11,7 @@ them (usage.input_tokens_details.cached_tokens). Stored responses: responses_sto
 from __future__ import annotations
 
 import json
-from typing import AsyncIterator, Callable, Optional
+from collections.abc import AsyncIterator, Callable
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -20,7 +20,14 @@ from radixlm.engine.tokenizer_manager import EngineDeadError, InternalRequestErr
 from radixlm.server.api_common import HTTPError, json_body, parse_body, read_json, srv
 from radixlm.server.openai_api import open_chat
 from radixlm.server.openai_protocol import ChatCompletionRequest, RequestError
-from radixlm.server.responses_output import EventStream, Shell, assistant_message, echo_fields, new_id, response_body
+from radixlm.server.responses_output import (
+    EventStream,
+    Shell,
+    assistant_message,
+    echo_fields,
+    new_id,
+    response_body,
+)
 from radixlm.server.responses_protocol import ResponsesRequest, chat_request_body
 from radixlm.server.responses_store import ResponseStore, StoredResponse
 from radixlm.server.session_api import owner
@@ -28,15 +35,20 @@ from radixlm.server.session_api import owner
 router = APIRouter()
 
 # The chat pipeline's names for the fields it reports, as this API calls them.
-_PARAMS = (("max_completion_tokens", "max_output_tokens"), ("response_format", "text.format"),
-           ("messages", "input"))
+_PARAMS = (
+    ("max_completion_tokens", "max_output_tokens"),
+    ("response_format", "text.format"),
+    ("messages", "input"),
+)
 
 
 def store_of(request: Request) -> ResponseStore:
     store = getattr(request.app.state, "responses_store", None)
     if store is None:
         args = srv(request).server_args
-        store = request.app.state.responses_store = ResponseStore(args.max_stored_responses, args.stored_response_ttl)
+        store = request.app.state.responses_store = ResponseStore(
+            args.max_stored_responses, args.stored_response_ttl
+        )
     return store
 
 
@@ -45,15 +57,20 @@ def _renamed(e: HTTPError) -> HTTPError:
     for chat, ours in _PARAMS:
         msg = msg.replace(chat, ours)
         if param is not None and param.split(".")[0] == chat:
-            param = ours + param[len(chat):]
+            param = ours + param[len(chat) :]
     if param is not None and param.startswith("tools.") and ".function." in param:
         param = param.replace(".function.", ".", 1)  # chat's nested tools are flat here
     return HTTPError(e.status, msg, e.kind, param)
 
 
-def _not_found(rid: str, param: Optional[str] = None) -> HTTPError:
-    return HTTPError(404, f"no stored response with id '{rid}' (never stored, deleted, expired, or stored under "
-                          "another API key)", "not_found_error", param)
+def _not_found(rid: str, param: str | None = None) -> HTTPError:
+    return HTTPError(
+        404,
+        f"no stored response with id '{rid}' (never stored, deleted, expired, or stored under "
+        "another API key)",
+        "not_found_error",
+        param,
+    )
 
 
 @router.post("/v1/responses", openapi_extra=json_body(ResponsesRequest.model_json_schema()))
@@ -78,7 +95,10 @@ async def create_response(request: Request):
 
     def keep(final: dict) -> None:
         if req.store:
-            store.put(shell.id, StoredResponse(key, final, [*conversation, assistant_message(final["output"])]))
+            store.put(
+                shell.id,
+                StoredResponse(key, final, [*conversation, assistant_message(final["output"])]),
+            )
 
     if isinstance(chat, dict):
         shell.model = chat["model"]
@@ -88,7 +108,9 @@ async def create_response(request: Request):
     return StreamingResponse(_sse(_events(shell, chat, keep)), media_type="text/event-stream")
 
 
-async def _events(shell: Shell, chunks: AsyncIterator[dict], keep: Callable[[dict], None]) -> AsyncIterator[dict]:
+async def _events(
+    shell: Shell, chunks: AsyncIterator[dict], keep: Callable[[dict], None]
+) -> AsyncIterator[dict]:
     es = EventStream(shell)
     started = False
     try:
@@ -100,7 +122,9 @@ async def _events(shell: Shell, chunks: AsyncIterator[dict], keep: Callable[[dic
             for ev in es.chunk(chunk):
                 yield ev
     except (ValueError, EngineDeadError, InternalRequestError) as e:
-        status = 400 if isinstance(e, ValueError) else 503 if isinstance(e, EngineDeadError) else 500
+        status = (
+            400 if isinstance(e, ValueError) else 503 if isinstance(e, EngineDeadError) else 500
+        )
         for ev in ([] if started else es.start()) + list(es.failed(status, str(e))):
             yield ev
         return
@@ -139,5 +163,9 @@ async def cancel_response(request: Request, response_id: str):
     item = store_of(request).get(response_id, owner(request))
     if item is None:
         raise _not_found(response_id)
-    raise HTTPError(400, f"response '{response_id}' is {item.body['status']}: only background responses can be "
-                         "cancelled, and this server runs none (background: false)", param="response_id")
+    raise HTTPError(
+        400,
+        f"response '{response_id}' is {item.body['status']}: only background responses can be "
+        "cancelled, and this server runs none (background: false)",
+        param="response_id",
+    )

@@ -9,7 +9,7 @@ refused by name rather than ignored.
 
 from __future__ import annotations
 
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -24,58 +24,69 @@ class _Strict(BaseModel):
 
 
 class Reasoning(_Strict):
-    effort: Optional[Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"]] = None
-    summary: Optional[str] = None  # accepted; no summaries are generated
-    generate_summary: Optional[str] = None
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    summary: str | None = None  # accepted; no summaries are generated
+    generate_summary: str | None = None
 
 
 class TextConfig(_Strict):
-    format: Optional[dict] = None
-    verbosity: Optional[str] = None  # accepted; a hint with no effect here
+    format: dict | None = None
+    verbosity: str | None = None  # accepted; a hint with no effect here
 
 
 class ResponsesRequest(SGLangExtras, ExtraSamplers):
-    model: Optional[str] = None
-    input: Any = Field(json_schema_extra={"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]})
-    instructions: Optional[str] = None
-    tools: Optional[list[dict]] = None
+    model: str | None = None
+    input: Any = Field(
+        json_schema_extra={
+            "anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]
+        }
+    )
+    instructions: str | None = None
+    tools: list[dict] | None = None
     tool_choice: Any = None
-    parallel_tool_calls: Optional[bool] = None
-    max_output_tokens: Optional[int] = Field(None, ge=0)
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
-    reasoning: Optional[Reasoning] = None
-    store: Optional[bool] = True
-    previous_response_id: Optional[str] = None
-    stream: Optional[bool] = False
-    stream_options: Optional[StreamOptions] = None
-    text: Optional[TextConfig] = None
-    metadata: Optional[dict[str, str]] = None
-    user: Optional[str] = None
-    include: Optional[list[str]] = None
-    background: Optional[bool] = False
-    truncation: Optional[Literal["disabled", "auto"]] = None
-    service_tier: Optional[str] = None
-    prompt_cache_key: Optional[str] = None  # accepted: the radix cache finds shared prefixes by itself
-    safety_identifier: Optional[str] = None
-    seed: Optional[int] = None
-    cache_salt: Optional[str] = Field(None, min_length=1, max_length=1024)
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = Field(None, ge=0)
+    temperature: float | None = None
+    top_p: float | None = None
+    reasoning: Reasoning | None = None
+    store: bool | None = True
+    previous_response_id: str | None = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    text: TextConfig | None = None
+    metadata: dict[str, str] | None = None
+    user: str | None = None
+    include: list[str] | None = None
+    background: bool | None = False
+    truncation: Literal["disabled", "auto"] | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = None  # accepted: the radix cache finds shared prefixes by itself
+    safety_identifier: str | None = None
+    seed: int | None = None
+    cache_salt: str | None = Field(None, min_length=1, max_length=1024)
 
 
 def check_supported(req: ResponsesRequest) -> None:
     """Refuse, by name, what OpenAI defines and radixlm does not do."""
     if req.background:
-        raise RequestError("background responses are not supported (background must be false)", "background")
+        raise RequestError(
+            "background responses are not supported (background must be false)", "background"
+        )
     if req.truncation == "auto":
-        raise RequestError("truncation 'auto' is not supported: a prompt longer than the context is a 400",
-                           "truncation")
+        raise RequestError(
+            "truncation 'auto' is not supported: a prompt longer than the context is a 400",
+            "truncation",
+        )
     if req.include:
-        raise RequestError(f"include {req.include[0]!r} is not supported (no encrypted reasoning or output logprobs)",
-                           "include")
+        raise RequestError(
+            f"include {req.include[0]!r} is not supported (no encrypted reasoning or output"
+            " logprobs)",
+            "include",
+        )
 
 
 # ------------------------------------------------------------------ tools
-def chat_tools(tools: Optional[list[dict]]) -> Optional[list[dict]]:
+def chat_tools(tools: list[dict] | None) -> list[dict] | None:
     """Responses' flat function tools ({type, name, parameters, strict}) as chat's nested ones."""
     if tools is None:
         return None
@@ -83,7 +94,10 @@ def chat_tools(tools: Optional[list[dict]]) -> Optional[list[dict]]:
     for i, t in enumerate(tools):
         if not isinstance(t, dict) or t.get("type") != "function":
             got = t.get("type") if isinstance(t, dict) else t
-            raise RequestError(f"tools[{i}]: only function tools are supported, got type {got!r}", f"tools.{i}.type")
+            raise RequestError(
+                f"tools[{i}]: only function tools are supported, got type {got!r}",
+                f"tools.{i}.type",
+            )
         if not isinstance(t.get("name"), str) or not t["name"]:
             raise RequestError(f"tools[{i}] needs a string name", f"tools.{i}.name")
         fn = {"name": t["name"]}
@@ -95,17 +109,25 @@ def chat_tools(tools: Optional[list[dict]]) -> Optional[list[dict]]:
 
 
 def chat_tool_choice(choice: Any) -> Any:
-    """none | auto | required as they are; {type: function, name} as chat's {type, function: {name}}."""
+    """none | auto | required as they are; {type: function, name} as chat's {type, function:
+    {name}}."""
     if choice is None or choice in ("none", "auto", "required"):
         return choice
-    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+    if (
+        isinstance(choice, dict)
+        and choice.get("type") == "function"
+        and isinstance(choice.get("name"), str)
+    ):
         return {"type": "function", "function": {"name": choice["name"]}}
-    raise RequestError("tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"name\": ...}",
-                       "tool_choice")
+    raise RequestError(
+        "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"name\": ...}",
+        "tool_choice",
+    )
 
 
-def response_format(text: Optional[TextConfig]) -> Optional[dict]:
-    """text.format ({type: text | json_object | json_schema, name, schema, strict}) as chat's response_format."""
+def response_format(text: TextConfig | None) -> dict | None:
+    """text.format ({type: text | json_object | json_schema, name, schema, strict}) as chat's
+    response_format."""
     fmt = text.format if text is not None else None
     if fmt is None:
         return None
@@ -114,15 +136,23 @@ def response_format(text: Optional[TextConfig]) -> Optional[dict]:
         return {"type": kind}
     if kind == "json_schema":
         if not isinstance(fmt.get("schema"), dict):
-            raise RequestError("text.format of type json_schema needs a schema object", "text.format.schema")
-        spec = {k: fmt[k] for k in ("name", "description", "schema", "strict") if fmt.get(k) is not None}
+            raise RequestError(
+                "text.format of type json_schema needs a schema object", "text.format.schema"
+            )
+        spec = {
+            k: fmt[k] for k in ("name", "description", "schema", "strict") if fmt.get(k) is not None
+        }
         return {"type": "json_schema", "json_schema": spec}
-    raise RequestError(f"text.format.type must be text, json_object or json_schema, got {kind!r}", "text.format.type")
+    raise RequestError(
+        f"text.format.type must be text, json_object or json_schema, got {kind!r}",
+        "text.format.type",
+    )
 
 
 # ------------------------------------------------------------------ input items
 def _text(content: Any, where: str) -> str:
-    """A message's content: a string, or text parts joined with newlines (as the chat route joins them)."""
+    """A message's content: a string, or text parts joined with newlines (as the chat route joins
+    them)."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
@@ -131,8 +161,10 @@ def _text(content: Any, where: str) -> str:
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind not in _TEXT_PARTS:
-            raise RequestError(f"{where}[{j}]: content part type {kind!r} is not supported (text only)",
-                               f"{where}.{j}.type")
+            raise RequestError(
+                f"{where}[{j}]: content part type {kind!r} is not supported (text only)",
+                f"{where}.{j}.type",
+            )
         text = part.get("refusal" if kind == "refusal" else "text")
         if not isinstance(text, str):
             raise RequestError(f"{where}[{j}] needs a string field text", f"{where}.{j}.text")
@@ -159,16 +191,27 @@ def chat_messages(items: Any, history: list[dict]) -> list[dict]:
         if kind == "message":
             role = item.get("role")
             if role not in ("user", "assistant", "system", "developer"):
-                raise RequestError(f"{where}.role must be user, assistant, system or developer, got {role!r}",
-                                   f"{where}.role")
-            out.append({"role": "system" if role == "developer" else role,
-                        "content": _text(item.get("content"), f"{where}.content")})
+                raise RequestError(
+                    f"{where}.role must be user, assistant, system or developer, got {role!r}",
+                    f"{where}.role",
+                )
+            out.append(
+                {
+                    "role": "system" if role == "developer" else role,
+                    "content": _text(item.get("content"), f"{where}.content"),
+                }
+            )
         elif kind == "function_call":
             for k in ("call_id", "name", "arguments"):
                 if not isinstance(item.get(k), str):
-                    raise RequestError(f"{where} (function_call) needs a string {k}", f"{where}.{k}")
-            call = {"id": item["call_id"], "type": "function",
-                    "function": {"name": item["name"], "arguments": item["arguments"]}}
+                    raise RequestError(
+                        f"{where} (function_call) needs a string {k}", f"{where}.{k}"
+                    )
+            call = {
+                "id": item["call_id"],
+                "type": "function",
+                "function": {"name": item["name"], "arguments": item["arguments"]},
+            }
             calls.add(item["call_id"])
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant":
@@ -177,15 +220,27 @@ def chat_messages(items: Any, history: list[dict]) -> list[dict]:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
         elif kind == "function_call_output":
             if not isinstance(item.get("call_id"), str):
-                raise RequestError(f"{where} (function_call_output) needs a string call_id", f"{where}.call_id")
+                raise RequestError(
+                    f"{where} (function_call_output) needs a string call_id", f"{where}.call_id"
+                )
             if item["call_id"] not in calls:
-                raise RequestError(f"{where}.call_id {item['call_id']!r} answers no earlier function_call",
-                                   f"{where}.call_id")
-            out.append({"role": "tool", "tool_call_id": item["call_id"],
-                        "content": _text(item.get("output"), f"{where}.output")})
+                raise RequestError(
+                    f"{where}.call_id {item['call_id']!r} answers no earlier function_call",
+                    f"{where}.call_id",
+                )
+            out.append(
+                {
+                    "role": "tool",
+                    "tool_call_id": item["call_id"],
+                    "content": _text(item.get("output"), f"{where}.output"),
+                }
+            )
         elif kind != "reasoning":
-            raise RequestError(f"{where}: input item type {kind!r} is not supported (message, function_call, "
-                               "function_call_output, reasoning)", f"{where}.type")
+            raise RequestError(
+                f"{where}: input item type {kind!r} is not supported (message, function_call, "
+                "function_call_output, reasoning)",
+                f"{where}.type",
+            )
     return out
 
 
@@ -197,12 +252,15 @@ def chat_request_body(req: ResponsesRequest, history: list[dict]) -> tuple[dict,
     conversation = [*history, *chat_messages(req.input, history)]
     if not conversation:
         raise RequestError("input has no items", "input")
-    system = [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
+    system = (
+        [{"role": "system", "content": req.instructions}] if req.instructions is not None else []
+    )
     body: dict[str, Any] = {"messages": system + conversation, "stream": bool(req.stream)}
     if req.stream:
         body["stream_options"] = {"include_usage": True}
-    extras = req.model_dump(include=set(SGLangExtras.model_fields) | set(ExtraSamplers.model_fields),
-                            exclude_none=True)
+    extras = req.model_dump(
+        include=set(SGLangExtras.model_fields) | set(ExtraSamplers.model_fields), exclude_none=True
+    )
     body.update(extras)
     for k in ("model", "temperature", "top_p", "parallel_tool_calls", "user", "seed", "cache_salt"):
         if getattr(req, k) is not None:
@@ -217,6 +275,7 @@ def chat_request_body(req: ResponsesRequest, history: list[dict]) -> tuple[dict,
     if rf is not None:
         body["response_format"] = rf
     if req.reasoning is not None and req.reasoning.effort is not None:
-        # As SGLang and vLLM pass it: templates that know reasoning_effort read it, others ignore it.
+        # As SGLang and vLLM pass it: templates that know reasoning_effort read it, others ignore
+        # it.
         body["chat_template_kwargs"] = {"reasoning_effort": req.reasoning.effort}
     return body, conversation

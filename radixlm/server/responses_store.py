@@ -8,21 +8,26 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from typing import Callable, Optional
+from collections.abc import Callable
 
 
 @dataclasses.dataclass
 class StoredResponse:
     owner: str  # the creating key's hash (session_api.owner)
     body: dict  # the Response object
-    conversation: list[dict]  # chat messages up to and including this response's output, without instructions
+    conversation: list[
+        dict
+    ]  # chat messages up to and including this response's output, without instructions
     expires: float = 0.0
 
 
 class ResponseStore:
     def __init__(self, capacity: int, ttl: float, clock: Callable[[], float] = time.monotonic):
         if capacity < 0 or not ttl > 0:
-            raise ValueError(f"max_stored_responses must be >= 0 and stored_response_ttl > 0, got {capacity} and {ttl}")
+            raise ValueError(
+                f"max_stored_responses must be >= 0 and stored_response_ttl > 0, got {capacity} and"
+                f" {ttl}"
+            )
         self.capacity, self.ttl, self.clock = capacity, ttl, clock
         self._items: collections.OrderedDict[str, StoredResponse] = collections.OrderedDict()
 
@@ -49,7 +54,7 @@ class ResponseStore:
         while len(self._items) > self.capacity:
             self._items.popitem(last=False)
 
-    def get(self, rid: str, owner: str) -> Optional[StoredResponse]:
+    def get(self, rid: str, owner: str) -> StoredResponse | None:
         """The response if `owner` stored it and it is still kept; a use renews its time."""
         self._expire()
         item = self._items.get(rid)

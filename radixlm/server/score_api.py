@@ -3,24 +3,23 @@
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Any
 
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixlm.engine.scoring import ScoreError, score_request
 from radixlm.server.api_common import (
-    parse_body,
     HTTPError,
     check_queue,
     json_body,
+    parse_body,
     read_json,
     run_until_disconnect,
     served_model_name,
     srv,
 )
 from radixlm.server.fanout import admit_to_queue
-
 
 _IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
 _TEXT_OR_IDS = {"anyOf": [{"type": "string"}, _IDS]}
@@ -31,13 +30,21 @@ class ScoringRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
     query: Any = Field(None, json_schema_extra=_TEXT_OR_IDS)
-    items: Any = Field(None, json_schema_extra={"anyOf": [
-        {"type": "string"}, {"type": "array", "items": {"type": "string"}}, {"type": "array", "items": _IDS}]})
+    items: Any = Field(
+        None,
+        json_schema_extra={
+            "anyOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "string"}},
+                {"type": "array", "items": _IDS},
+            ]
+        },
+    )
     label_token_ids: Any = Field(None, json_schema_extra=_IDS)
     apply_softmax: bool = False
     item_first: bool = False
-    model: Optional[str] = None  # echoed back, as SGLang does (it names no other model)
-    cache_salt: Optional[str] = Field(None, min_length=1, max_length=1024)  # as on the other routes
+    model: str | None = None  # echoed back, as SGLang does (it names no other model)
+    cache_salt: str | None = Field(None, min_length=1, max_length=1024)  # as on the other routes
 
 
 router = APIRouter()
@@ -51,13 +58,27 @@ async def score(request: Request):
     labels = len(req.label_token_ids) if isinstance(req.label_token_ids, list) else 1
     cap = state.server_args.max_client_batch_size
     if items * labels > cap:  # each (item, label) pair is one sequence
-        raise HTTPError(400, f"{items} items x {labels} label_token_ids make {items * labels} sequences, more than "
-                             f"--max-client-batch-size {cap}", param="items")
+        raise HTTPError(
+            400,
+            f"{items} items x {labels} label_token_ids make {items * labels} sequences, more than "
+            f"--max-client-batch-size {cap}",
+            param="items",
+        )
     check_queue(state, items * labels, "items")
     try:
-        result = await run_until_disconnect(request, score_request(
-            state.tokenizer_manager, req.query, req.items, req.label_token_ids, req.apply_softmax, req.item_first,
-            admit=admit_to_queue(state), cache_salt=req.cache_salt))
+        result = await run_until_disconnect(
+            request,
+            score_request(
+                state.tokenizer_manager,
+                req.query,
+                req.items,
+                req.label_token_ids,
+                req.apply_softmax,
+                req.item_first,
+                admit=admit_to_queue(state),
+                cache_salt=req.cache_salt,
+            ),
+        )
     except ScoreError as e:
         raise HTTPError(400, str(e), param=e.param) from None
     except ValueError as e:  # the engine's own checks (a prompt past the context, ...)
@@ -65,6 +86,10 @@ async def score(request: Request):
     return {
         "scores": result.scores,
         "model": req.model or served_model_name(state.server_args, state.scheduler_info),
-        "usage": {"prompt_tokens": result.prompt_tokens, "completion_tokens": 0, "total_tokens": result.prompt_tokens},
+        "usage": {
+            "prompt_tokens": result.prompt_tokens,
+            "completion_tokens": 0,
+            "total_tokens": result.prompt_tokens,
+        },
         "object": "scoring",
     }

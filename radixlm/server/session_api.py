@@ -1,11 +1,13 @@
 """SGLang's session routes: POST /open_session, POST /close_session, and /generate's
 `session_params` (engine/sessions.py does the work; this is the HTTP edge). Sessions belong to the
-API key that opened them: the limit per key counts them, and another key cannot use or close them."""
+API key that opened them: the limit per key counts them, and another key cannot use or close them.
+"""
 
 from __future__ import annotations
 
 import hashlib
-from typing import Any, AsyncIterator, Optional
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -24,11 +26,12 @@ def sessions(request: Request) -> SessionManager:
 
 
 def owner(request: Request) -> str:
-    """The caller's key, hashed (the middleware has checked it; a key is not kept in memory twice)."""
+    """The caller's key, hashed (the middleware has checked it; a key is not kept in memory
+    twice)."""
     return hashlib.sha256(presented_key(request.headers).encode()).hexdigest()[:32]
 
 
-def pop_session_params(body: Any) -> Optional[Any]:
+def pop_session_params(body: Any) -> Any | None:
     """/generate's session_params, taken out of the body (None or {}: no session)."""
     if not isinstance(body, dict):
         return None
@@ -36,8 +39,11 @@ def pop_session_params(body: Any) -> Optional[Any]:
     return None if params in (None, {}) else params
 
 
-async def session_turn(request: Request, obj: GenerateReqInput, params: Any, admit) -> AsyncIterator[Any]:
-    """Validates the turn now (a bad one is a 4xx before any stream starts); returns its responses."""
+async def session_turn(
+    request: Request, obj: GenerateReqInput, params: Any, admit
+) -> AsyncIterator[Any]:
+    """Validates the turn now (a bad one is a 4xx before any stream starts); returns its
+    responses."""
     m = sessions(request)
     try:
         plan = await m.prepare(owner(request), obj, params)
@@ -46,9 +52,15 @@ async def session_turn(request: Request, obj: GenerateReqInput, params: Any, adm
     return m.run(plan, admit)
 
 
-_OPEN = {"type": "object", "properties": {
-    "capacity_of_str_len": {"type": "integer", "minimum": 1}, "session_id": {"type": "string"},
-    "timeout": {"type": "number", "exclusiveMinimum": 0}, "streaming": {"type": "boolean"}}}
+_OPEN = {
+    "type": "object",
+    "properties": {
+        "capacity_of_str_len": {"type": "integer", "minimum": 1},
+        "session_id": {"type": "string"},
+        "timeout": {"type": "number", "exclusiveMinimum": 0},
+        "streaming": {"type": "boolean"},
+    },
+}
 
 
 @router.post("/open_session", openapi_extra=json_body(_OPEN))
@@ -63,8 +75,16 @@ async def open_session(request: Request):
         raise HTTPError(e.status, e.message, param=e.param) from None
 
 
-@router.post("/close_session", openapi_extra=json_body(
-    {"type": "object", "properties": {"session_id": {"type": "string"}}, "required": ["session_id"]}))
+@router.post(
+    "/close_session",
+    openapi_extra=json_body(
+        {
+            "type": "object",
+            "properties": {"session_id": {"type": "string"}},
+            "required": ["session_id"],
+        }
+    ),
+)
 async def close_session(request: Request):
     body = await read_json(request)
     if not isinstance(body, dict):

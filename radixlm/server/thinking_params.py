@@ -16,15 +16,23 @@ def thinking_params(state: ServerState, req) -> dict:
     applies after it; one that does not think has no block, and a budget has nothing to close."""
     given = {f: getattr(req, f) for f in BUDGET_FIELDS if getattr(req, f, None) is not None}
     if len(set(given.values())) > 1:
-        raise HTTPError(400, f"{', '.join(given)} differ; give one of them", param=next(iter(given)))
+        raise HTTPError(
+            400, f"{', '.join(given)} differ; give one of them", param=next(iter(given))
+        )
     parser = state.server_args.reasoning_parser
     if parser is None:
         if given:
             f = next(iter(given))
-            raise HTTPError(400, f"{f} needs a server started with --reasoning-parser (the think block's markers)",
-                            param=f)
+            raise HTTPError(
+                400,
+                f"{f} needs a server started with --reasoning-parser (the think block's markers)",
+                param=f,
+            )
         return {}
     fmt = get_reasoning_format(parser)
     if not fmt.thinks(req.chat_template_kwargs, getattr(req, "reasoning_effort", None)):
         return {}
-    return {"require_reasoning": True, **({"max_thinking_tokens": next(iter(given.values()))} if given else {})}
+    return {
+        "require_reasoning": True,
+        **({"max_thinking_tokens": next(iter(given.values()))} if given else {}),
+    }

@@ -4,7 +4,7 @@ here, where their choices live."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from radixlm.speculative.draft_tree import TreeShape
 
@@ -12,11 +12,14 @@ if TYPE_CHECKING:
     from radixlm.config import ServerArgs
 
 SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft-model", "eagle", "eagle3")
-EAGLE_ALGORITHMS = ("eagle", "eagle3")  # a draft head on the target's hidden states (speculative/eagle.py)
+EAGLE_ALGORITHMS = (
+    "eagle",
+    "eagle3",
+)  # a draft head on the target's hidden states (speculative/eagle.py)
 DRAFT_POLICIES = ("adaptive", "fixed")
 # Children per draft-tree node when --speculative-eagle-topk is not given: the lookups have several
-# recorded continuations to branch on, an EAGLE head its top candidates (SGLang's usual 4); the draft
-# model decodes one chain.
+# recorded continuations to branch on, an EAGLE head its top candidates (SGLang's usual 4); the
+# draft model decodes one chain.
 DEFAULT_TOPK = {"ngram": 4, "radix": 4, "draft-model": 1, "eagle": 4, "eagle3": 4}
 # Most draft tokens per request and step when --speculative-num-draft-tokens is not given. radix
 # proposes recorded answers to the same context: a repeated call's whole answer verifies in one step
@@ -24,24 +27,38 @@ DEFAULT_TOPK = {"ngram": 4, "radix": 4, "draft-model": 1, "eagle": 4, "eagle3": 
 # controller drafts fewer where acceptance or the batch says so.
 NUM_DRAFT_TOKENS = 16
 DEFAULT_NUM_DRAFT_TOKENS = {"radix": 64}  # the others: NUM_DRAFT_TOKENS
-EAGLE_NUM_STEPS = 5  # an EAGLE head's levels when --speculative-num-steps is not given (SGLang's default)
+EAGLE_NUM_STEPS = (
+    5  # an EAGLE head's levels when --speculative-num-steps is not given (SGLang's default)
+)
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
     algorithm: str  # SPECULATIVE_ALGORITHMS
     num_draft_tokens: int = NUM_DRAFT_TOKENS  # most draft tokens per request and step
-    draft_policy: str = "adaptive"  # adaptive: what pays by the cost model; fixed: every draft, up to the maximum
-    ngram_min_match_window_size: int = 2  # shortest suffix a lookup match may use (ngram, radix's index)
+    draft_policy: str = (
+        "adaptive"  # adaptive: what pays by the cost model; fixed: every draft, up to the maximum
+    )
+    ngram_min_match_window_size: int = (
+        2  # shortest suffix a lookup match may use (ngram, radix's index)
+    )
     ngram_max_match_window_size: int = 8  # longest suffix tried first
-    suffix_index_tokens: int = 16384  # radix: tokens of finished outputs kept to draft from (0: off)
-    draft_model_path: Optional[str] = None  # draft-model: a HF directory or GGUF with the target's vocabulary
-    draft_kv_tokens: Optional[int] = None  # draft-model: its KV pool (None: the target's size)
-    max_extend_tokens: int = 4096  # draft-model: tokens per catch-up forward (the target's max_prefill_tokens)
+    suffix_index_tokens: int = (
+        16384  # radix: tokens of finished outputs kept to draft from (0: off)
+    )
+    draft_model_path: str | None = (
+        None  # draft-model: a HF directory or GGUF with the target's vocabulary
+    )
+    draft_kv_tokens: int | None = None  # draft-model: its KV pool (None: the target's size)
+    max_extend_tokens: int = (
+        4096  # draft-model: tokens per catch-up forward (the target's max_prefill_tokens)
+    )
     check_invariants: bool = False  # draft-model: check its own pool after every proposal
-    eagle_topk: Optional[int] = None  # most children per tree node (None: DEFAULT_TOPK)
-    num_steps: Optional[int] = None  # most tree levels (None: EAGLE_NUM_STEPS for a head, else num_draft_tokens)
-    token_map: Optional[str] = None  # eagle: the token ids the head ranks (None: the whole vocabulary)
+    eagle_topk: int | None = None  # most children per tree node (None: DEFAULT_TOPK)
+    num_steps: int | None = (
+        None  # most tree levels (None: EAGLE_NUM_STEPS for a head, else num_draft_tokens)
+    )
+    token_map: str | None = None  # eagle: the token ids the head ranks (None: the whole vocabulary)
 
     @property
     def is_eagle(self) -> bool:
@@ -62,24 +79,40 @@ class SpeculativeConfig:
         if self.suffix_index_tokens < 0:
             bad("suffix_index_tokens", "must be >= 0")
         if self.algorithm == "draft-model" and not self.draft_model_path:
-            raise ValueError("speculative_algorithm draft-model needs speculative_draft_model_path "
-                             "(--speculative-draft-model-path: a HF directory or GGUF file with the target's vocabulary)")
+            raise ValueError(
+                "speculative_algorithm draft-model needs speculative_draft_model_path"
+                " (--speculative-draft-model-path: a HF directory or GGUF file with the target's"
+                " vocabulary)"
+            )
         if self.is_eagle and not self.draft_model_path:
-            raise ValueError(f"speculative_algorithm {self.algorithm} needs speculative_draft_model_path "
-                             "(--speculative-draft-model-path: the draft head's directory, config.json + safetensors; "
-                             "`radixlm train-eagle` writes one)")
+            raise ValueError(
+                f"speculative_algorithm {self.algorithm} needs speculative_draft_model_path"
+                " (--speculative-draft-model-path: the draft head's directory, config.json +"
+                " safetensors; `radixlm train-eagle` writes one)"
+            )
         if self.draft_model_path and self.algorithm not in ("draft-model", *EAGLE_ALGORITHMS):
-            raise ValueError(f"speculative_draft_model_path is used by speculative_algorithm draft-model, eagle and "
-                             f"eagle3 only, got speculative_algorithm {self.algorithm!r}")
+            raise ValueError(
+                "speculative_draft_model_path is used by speculative_algorithm draft-model, eagle"
+                f" and eagle3 only, got speculative_algorithm {self.algorithm!r}"
+            )
         if self.token_map is not None and self.algorithm != "eagle":
-            raise ValueError(f"speculative_token_map is used by speculative_algorithm eagle only (an EAGLE-3 head "
-                             f"carries its own vocabulary), got speculative_algorithm {self.algorithm!r}")
+            raise ValueError(
+                "speculative_token_map is used by speculative_algorithm eagle only (an EAGLE-3"
+                f" head carries its own vocabulary), got speculative_algorithm {self.algorithm!r}"
+            )
         if self.draft_kv_tokens is not None and self.draft_kv_tokens <= 0:
             bad("draft_kv_tokens", "must be positive")
         if self.eagle_topk is not None and self.eagle_topk < 1:
             bad("eagle_topk", "must be >= 1")
-        if self.eagle_topk is not None and self.eagle_topk > 1 and DEFAULT_TOPK[self.algorithm] == 1:
-            bad("eagle_topk", f"must be 1 for speculative_algorithm {self.algorithm} (it drafts chains)")
+        if (
+            self.eagle_topk is not None
+            and self.eagle_topk > 1
+            and DEFAULT_TOPK[self.algorithm] == 1
+        ):
+            bad(
+                "eagle_topk",
+                f"must be 1 for speculative_algorithm {self.algorithm} (it drafts chains)",
+            )
         if self.num_steps is not None and self.num_steps < 1:
             bad("num_steps", "must be >= 1")
 
@@ -90,33 +123,53 @@ class SpeculativeConfig:
         return TreeShape(self.eagle_topk or DEFAULT_TOPK[self.algorithm], depth)
 
     @classmethod
-    def from_server_args(cls, args: "ServerArgs") -> Optional["SpeculativeConfig"]:
+    def from_server_args(cls, args: ServerArgs) -> SpeculativeConfig | None:
         """None when speculative decoding is off (no --speculative-algorithm)."""
         if args.speculative_algorithm is None:
             for name in ("speculative_draft_model_path", "speculative_token_map"):
                 if getattr(args, name):
-                    raise ValueError(f"{name} needs --speculative-algorithm (it is used by draft-model, eagle and "
-                                     f"eagle3), got speculative_algorithm None")
+                    raise ValueError(
+                        f"{name} needs --speculative-algorithm (it is used by draft-model, eagle"
+                        " and eagle3), got speculative_algorithm None"
+                    )
             return None
         if args.speculative_algorithm in EAGLE_ALGORITHMS:
             _check_eagle_args(args)
         num_draft_tokens = args.speculative_num_draft_tokens
         if num_draft_tokens is None:
-            num_draft_tokens = DEFAULT_NUM_DRAFT_TOKENS.get(args.speculative_algorithm, NUM_DRAFT_TOKENS)
-        return cls(args.speculative_algorithm, num_draft_tokens, args.speculative_draft_policy,
-                   args.speculative_ngram_min_match_window_size, args.speculative_ngram_max_match_window_size,
-                   args.speculative_suffix_index_tokens, args.speculative_draft_model_path,
-                   args.speculative_draft_kv_tokens, args.max_prefill_tokens, args.enable_invariant_checks,
-                   args.speculative_eagle_topk, args.speculative_num_steps, args.speculative_token_map)
+            num_draft_tokens = DEFAULT_NUM_DRAFT_TOKENS.get(
+                args.speculative_algorithm, NUM_DRAFT_TOKENS
+            )
+        return cls(
+            args.speculative_algorithm,
+            num_draft_tokens,
+            args.speculative_draft_policy,
+            args.speculative_ngram_min_match_window_size,
+            args.speculative_ngram_max_match_window_size,
+            args.speculative_suffix_index_tokens,
+            args.speculative_draft_model_path,
+            args.speculative_draft_kv_tokens,
+            args.max_prefill_tokens,
+            args.enable_invariant_checks,
+            args.speculative_eagle_topk,
+            args.speculative_num_steps,
+            args.speculative_token_map,
+        )
 
 
-def _check_eagle_args(args: "ServerArgs") -> None:
+def _check_eagle_args(args: ServerArgs) -> None:
     """What an EAGLE head cannot run with yet: it reads the target's whole embedding and LM head and
     its hidden states in this process, from every forward."""
-    refused = {"tp_size": args.tp_size > 1, "pp_size": args.pp_size > 1,
-               "enable_torch_compile": args.enable_torch_compile, "is_embedding": args.is_embedding}
+    refused = {
+        "tp_size": args.tp_size > 1,
+        "pp_size": args.pp_size > 1,
+        "enable_torch_compile": args.enable_torch_compile,
+        "is_embedding": args.is_embedding,
+    }
     for name, on in refused.items():
         if on:
-            raise ValueError(f"speculative_algorithm {args.speculative_algorithm} is not supported with {name} "
-                             f"{getattr(args, name)!r} yet (the draft head reads the whole target's hidden states, "
-                             "embedding and LM head in one process, from every forward)")
+            raise ValueError(
+                f"speculative_algorithm {args.speculative_algorithm} is not supported with {name}"
+                f" {getattr(args, name)!r} yet (the draft head reads the whole target's hidden"
+                " states, embedding and LM head in one process, from every forward)"
+            )

@@ -2,12 +2,13 @@
 
 A request drafts when the verifier can keep its output exact and cheap: no penalties and no
 pending min_new_tokens ban (they change with every accepted token). A constrained request's draft
-is cut where its grammar rejects (grammar.py; verification masks each row as decoding would). How many tokens each drafts is a batch-level choice: draft token j
-of a request is worth the chance that it and the j - 1 before it are accepted (its recent
-per-token acceptance rate to the power j); the step costs what StepCostModel measured for that
-many rows. The controller adds draft tokens in order of worth while they raise the expected
-tokens per second of the step, so drafting stops where it does not pay: large batches (the
-step is already compute-bound), text where drafts keep failing, slow hardware.
+is cut where its grammar rejects (grammar.py; verification masks each row as decoding would). How
+many tokens each drafts is a batch-level choice: draft token j of a request is worth the chance that
+it and the j - 1 before it are accepted (its recent per-token acceptance rate to the power j); the
+step costs what StepCostModel measured for that many rows. The controller adds draft tokens in order
+of worth while they raise the expected tokens per second of the step, so drafting stops where it
+does not pay: large batches (the step is already compute-bound), text where drafts keep failing,
+slow hardware.
 
 Classes. A source may tell what kind of draft a request would get now (DraftSource.draft_class:
 the radix source's recorded answer under the request's own context, or a lookup's guess): each
@@ -34,8 +35,12 @@ from radixlm.speculative.draft_source import Draft, DraftReq, DraftSource
 from radixlm.speculative.draft_tree import CHAIN, ROOT, DraftTree, TreeShape
 from radixlm.speculative.grammar import cut_tree
 
-ACCEPT_DECAY = 0.8  # a request's acceptance counts fade by this per verify step (recent behaviour counts)
-IDLE_DECAY = 0.97  # ... and per step it does not draft: its estimate drifts back to its class's rate
+ACCEPT_DECAY = (
+    0.8  # a request's acceptance counts fade by this per verify step (recent behaviour counts)
+)
+IDLE_DECAY = (
+    0.97  # ... and per step it does not draft: its estimate drifts back to its class's rate
+)
 PRIOR_WEIGHT = 2.0  # pseudo-trials of its class's rate in a request's estimate
 INITIAL_RATE = 0.7  # a class's rate before anything was verified ...
 CLASS_PRIOR_TRIALS = 2.0  # ... as this many pseudo-trials (a verify step brings tens of real ones)
@@ -58,13 +63,23 @@ class SpecStats:
 
     @property
     def accept_length(self) -> float:
-        """Tokens emitted per drafted request per verify step (accepted drafts + the model's own)."""
-        return (self.accepted_tokens + self.drafted_requests) / self.drafted_requests if self.drafted_requests else 0.0
+        """Tokens emitted per drafted request per verify step (accepted drafts + the model's
+        own)."""
+        return (
+            (self.accepted_tokens + self.drafted_requests) / self.drafted_requests
+            if self.drafted_requests
+            else 0.0
+        )
 
     def as_dict(self) -> dict:
-        return {"spec_verify_steps": self.verify_steps, "spec_draft_tokens": self.draft_tokens,
-                "spec_accepted_tokens": self.accepted_tokens, "spec_accept_length": round(self.accept_length, 3),
-                "spec_tree_drafts": self.tree_drafts, "spec_branch_accepted": self.branch_accepted}
+        return {
+            "spec_verify_steps": self.verify_steps,
+            "spec_draft_tokens": self.draft_tokens,
+            "spec_accepted_tokens": self.accepted_tokens,
+            "spec_accept_length": round(self.accept_length, 3),
+            "spec_tree_drafts": self.tree_drafts,
+            "spec_branch_accepted": self.branch_accepted,
+        }
 
 
 def tree_capacity(depth: int, width: int) -> int:
@@ -81,8 +96,13 @@ def as_tree(draft: Draft) -> DraftTree:
 
 
 class SpecController:
-    def __init__(self, source: DraftSource, num_draft_tokens: int, policy: str = "adaptive",
-                 max_shape: TreeShape = CHAIN):
+    def __init__(
+        self,
+        source: DraftSource,
+        num_draft_tokens: int,
+        policy: str = "adaptive",
+        max_shape: TreeShape = CHAIN,
+    ):
         """max_shape: the widest and deepest trees drafted (--speculative-eagle-topk,
         --speculative-num-steps); CHAIN: chains."""
         if num_draft_tokens < 1:
@@ -107,16 +127,23 @@ class SpecController:
         self._shadow: dict[str, tuple[int, int, str]] = {}
         self._shadows = bool(getattr(source, "cheap", False))
         # Acceptance of a j-th child (j >= 1, index j - 1) when its parent was accepted.
-        self._siblings = [_Rate(INITIAL_SIBLING_RATE * 10, 10.0) for _ in range(max_shape.width - 1)]
+        self._siblings = [
+            _Rate(INITIAL_SIBLING_RATE * 10, 10.0) for _ in range(max_shape.width - 1)
+        ]
 
     @staticmethod
     def can_draft(req: DraftReq) -> bool:
         sp = req.sampling_params
         # Verification takes the argmax of the model's logits (grammar-masked): what the sampler
         # would add to them (penalties, logit_bias, bans before min_new_tokens) rules drafting out.
-        return (not sp.frequency_penalty and not sp.presence_penalty and sp.repetition_penalty == 1.0
-                and not sp.logit_bias and len(req.output_ids) >= sp.min_new_tokens
-                and not sp.uses_extra_samplers)  # typical_p, bad_words, allowed ids, DRY, XTC: not in verification
+        return (
+            not sp.frequency_penalty
+            and not sp.presence_penalty
+            and sp.repetition_penalty == 1.0
+            and not sp.logit_bias
+            and len(req.output_ids) >= sp.min_new_tokens
+            and not sp.uses_extra_samplers
+        )  # typical_p, bad_words, allowed ids, DRY, XTC: not in verification
 
     def propose(self, reqs: list[DraftReq], spare_slots: int, context_len: int) -> list[DraftTree]:
         """Per request, the draft tree to verify with its next token (maybe empty). Uses at most
@@ -127,7 +154,9 @@ class SpecController:
             cap = depth = 0
             if self.can_draft(req):
                 room = context_len - req.seqlen - 1  # a node's KV column, past the root's
-                left = req.sampling_params.max_new_tokens - len(req.output_ids) - 1  # room for the bonus token
+                left = (
+                    req.sampling_params.max_new_tokens - len(req.output_ids) - 1
+                )  # room for the bonus token
                 depth = max(0, min(left, room, self.max_shape.depth))
                 cap = max(0, min(self.max_draft, room, tree_capacity(depth, self.max_shape.width)))
             caps.append(cap)
@@ -145,10 +174,17 @@ class SpecController:
             if self._idle_steps >= PROBE_INTERVAL:
                 self._idle_steps = 0
                 base = self.costs.cost(len(reqs))
-                ks = self.allocate(rates, caps, spare_slots, lambda rows: base * (1 + PRIOR_ROW_SHARE * (rows - len(reqs))))
+                ks = self.allocate(
+                    rates,
+                    caps,
+                    spare_slots,
+                    lambda rows: base * (1 + PRIOR_ROW_SHARE * (rows - len(reqs))),
+                )
         idle = [i for i, (k, cap) in enumerate(zip(ks, caps)) if k == 0 and cap > 0]
         if idle and self._shadows:
-            for i, d in zip(idle, self.source.propose([reqs[i] for i in idle], [1] * len(idle), CHAIN)):
+            for i, d in zip(
+                idle, self.source.propose([reqs[i] for i in idle], [1] * len(idle), CHAIN)
+            ):
                 d = as_tree(d)
                 if len(d):
                     self._shadow[reqs[i].rid] = (len(reqs[i].output_ids), d.tokens[0], classes[i])
@@ -160,8 +196,10 @@ class SpecController:
                 self._class_of[r.rid] = c
         shape = self.shape(max((d for d, k in zip(depths, ks) if k), default=0))
         drafts = self.source.propose(reqs, ks, shape) if any(ks) else [[] for _ in reqs]
-        trees = [self._fit(r, as_tree(d), k, TreeShape(shape.width, min(shape.depth, depth)), rate)
-                 for r, d, k, depth, rate in zip(reqs, drafts, ks, depths, rates)]
+        trees = [
+            self._fit(r, as_tree(d), k, TreeShape(shape.width, min(shape.depth, depth)), rate)
+            for r, d, k, depth, rate in zip(reqs, drafts, ks, depths, rates)
+        ]
         self._propose_seconds = time.perf_counter() - t0
         return trees
 
@@ -169,27 +207,37 @@ class SpecController:
         """This step's tree bounds: as wide as the sibling ranks still worth a node (up to
         max_shape.width), as deep as `depth` (up to max_shape.depth)."""
         width = 1
-        while width < self.max_shape.width and (not self.adaptive or self._siblings[width - 1].value() >= MIN_WORTH):
+        while width < self.max_shape.width and (
+            not self.adaptive or self._siblings[width - 1].value() >= MIN_WORTH
+        ):
             width += 1
         return TreeShape(width, min(depth, self.max_shape.depth))
 
-    def _fit(self, req: DraftReq, tree: DraftTree, k: int, shape: TreeShape, rate: float) -> DraftTree:
-        """tree within shape (the step's, no deeper than req's tokens left) and k nodes, without nodes worth less than MIN_WORTH (the
-        adaptive policy), and cut where req's grammar rejects."""
+    def _fit(
+        self, req: DraftReq, tree: DraftTree, k: int, shape: TreeShape, rate: float
+    ) -> DraftTree:
+        """tree within shape (the step's, no deeper than req's tokens left) and k nodes, without
+        nodes worth less than MIN_WORTH (the adaptive policy), and cut where req's grammar
+        rejects."""
         if not len(tree):
             return tree
         tree = tree.bounded(shape, k)
         if self.adaptive:
             worth: list[float] = []
             for p, r in zip(tree.parents, tree.ranks):
-                worth.append((1.0 if p == ROOT else worth[p]) * (rate if r == 0 else self._siblings[r - 1].value()))
+                worth.append(
+                    (1.0 if p == ROOT else worth[p])
+                    * (rate if r == 0 else self._siblings[r - 1].value())
+                )
             if min(worth, default=1.0) < MIN_WORTH:
                 tree = tree.select(i for i, w in enumerate(worth) if w >= MIN_WORTH)
         if len(tree) and req.grammar is not None:
             tree = cut_tree(req.grammar, tree)
         return tree
 
-    def allocate(self, rates: list[float], caps: list[int], spare_slots: int, cost=None) -> list[int]:
+    def allocate(
+        self, rates: list[float], caps: list[int], spare_slots: int, cost=None
+    ) -> list[int]:
         """Draft lengths maximizing expected tokens per second of the step: request i's j-th
         draft token adds rates[i] ** j expected tokens and one row to the step. cost(rows): the
         step's seconds (default: the measured model)."""
@@ -203,7 +251,7 @@ class SpecController:
                     break
                 worth.append((w, i))
         worth.sort(key=lambda x: -x[0])
-        del worth[max(spare_slots, 0):]
+        del worth[max(spare_slots, 0) :]
         bs = len(rates)
         best_n, best, total = 0, bs / cost(bs), float(bs)
         for n, (w, _) in enumerate(worth, 1):
@@ -226,7 +274,8 @@ class SpecController:
         return ks
 
     def rate(self, rid: str, draft_class: str = "") -> float:
-        """Recent per-token acceptance of rid's drafts, pulled towards its draft class's global rate."""
+        """Recent per-token acceptance of rid's drafts, pulled towards its draft class's global
+        rate."""
         g = self._class_rate(draft_class).value()
         r = self._rates.get(rid)
         if r is None:
@@ -239,7 +288,9 @@ class SpecController:
         self.costs.observe(rows, seconds + self._propose_seconds)
         self._propose_seconds = 0.0
 
-    def on_verified(self, req: DraftReq, tree: DraftTree, path: list[int], kept: int, rows: list[int]) -> None:
+    def on_verified(
+        self, req: DraftReq, tree: DraftTree, path: list[int], kept: int, rows: list[int]
+    ) -> None:
         """req's verify step accepted `path` of `tree` (the nodes the target agreed with) and kept
         its first `kept` nodes (fewer where a stop or a forced jump came first); rows: the forward's
         row of the root, then of each kept node. The source hears what was kept."""
@@ -273,9 +324,11 @@ class SpecController:
         self._rates.setdefault(rid, _Rate()).add(accepted, trials, ACCEPT_DECAY)
         self._class_rate(draft_class).add(accepted, trials, 0.99)
 
-    def _class_rate(self, draft_class: str) -> "_Rate":
+    def _class_rate(self, draft_class: str) -> _Rate:
         if draft_class not in self._classes:
-            self._classes[draft_class] = _Rate(INITIAL_RATE * CLASS_PRIOR_TRIALS, CLASS_PRIOR_TRIALS)
+            self._classes[draft_class] = _Rate(
+                INITIAL_RATE * CLASS_PRIOR_TRIALS, CLASS_PRIOR_TRIALS
+            )
         return self._classes[draft_class]
 
     def release(self, req: DraftReq) -> None:

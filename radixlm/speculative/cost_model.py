@@ -20,10 +20,11 @@ from __future__ import annotations
 import bisect
 import statistics
 from collections import deque
-from typing import Optional
 
 COST_WINDOW = 9  # measurements kept per row count
-PRIOR_ROW_SHARE = 0.25  # an extra row's cost, as a share of a 1-row step, before any verify was measured
+PRIOR_ROW_SHARE = (
+    0.25  # an extra row's cost, as a share of a 1-row step, before any verify was measured
+)
 
 
 class StepCostModel:
@@ -31,7 +32,9 @@ class StepCostModel:
         self._samples: dict[int, deque] = {}  # rows -> recent seconds
         self._avg: dict[int, float] = {}  # rows -> their median
         self._rows: list[int] = []  # sorted keys of _avg
-        self._line: Optional[tuple[float, float, float]] = None  # (mean rows, mean seconds, slope); None: stale
+        self._line: tuple[float, float, float] | None = (
+            None  # (mean rows, mean seconds, slope); None: stale
+        )
 
     def observe(self, rows: int, seconds: float) -> None:
         if rows <= 0 or seconds <= 0:
@@ -58,8 +61,13 @@ class StepCostModel:
             return avg[lo] + (avg[hi] - avg[lo]) * (rows - lo) / (hi - lo)
         if i == 0:  # below the smallest: scale down, a step never costs less than nothing
             lo = known[0]
-            return avg[lo] * max(rows, 1) / lo if len(known) == 1 else max(
-                avg[lo] - self._slope(known[0], known[1]) * (lo - rows), avg[lo] * rows / lo)
+            return (
+                avg[lo] * max(rows, 1) / lo
+                if len(known) == 1
+                else max(
+                    avg[lo] - self._slope(known[0], known[1]) * (lo - rows), avg[lo] * rows / lo
+                )
+            )
         top = known[-1]
         if len(known) == 1:
             return avg[top] * (1 + PRIOR_ROW_SHARE * (rows - top) / top)
@@ -71,7 +79,9 @@ class StepCostModel:
         if self._line is None:
             xs, ys = self._rows, [self._avg[r] for r in self._rows]
             mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
-            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+            slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum(
+                (x - mx) ** 2 for x in xs
+            )
             self._line = (mx, my, max(slope, 0.0))
         mx, my, slope = self._line
         return my + slope * (rows - mx)

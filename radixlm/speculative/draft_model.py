@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -40,7 +40,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def draft_runner_config(target: ModelRunnerConfig, draft_model_path: str, kv_tokens: int) -> ModelRunnerConfig:
+def draft_runner_config(
+    target: ModelRunnerConfig, draft_model_path: str, kv_tokens: int
+) -> ModelRunnerConfig:
     """The draft model's ModelRunner options: the target's (device, dtype, attention, threads, seed)
     for another model in its own pool."""
     return dataclasses.replace(
@@ -59,7 +61,9 @@ def draft_runner_config(target: ModelRunnerConfig, draft_model_path: str, kv_tok
 class _DraftReq:
     req: DraftReq
     row: int  # the request's row of the draft ReqToTokenPool
-    ids: list[int] = field(default_factory=list)  # tokens whose K/V the row holds, positions 0..len - 1
+    ids: list[int] = field(
+        default_factory=list
+    )  # tokens whose K/V the row holds, positions 0..len - 1
     # Slots this request owns: req_to_token[row, :slots]. Equals len(ids) between steps; during a
     # step it includes the slots allocated for the tokens about to be computed.
     slots: int = 0
@@ -75,27 +79,42 @@ class _Work:
 
 
 class DraftModelSource(DraftSourceBase):
-    def __init__(self, config: "SpeculativeConfig", target: ModelRunnerConfig, kv_tokens: int,
-                 target_vocab_size: int):
+    def __init__(
+        self,
+        config: SpeculativeConfig,
+        target: ModelRunnerConfig,
+        kv_tokens: int,
+        target_vocab_size: int,
+    ):
         from radixlm.model.runner import ModelRunner
 
         self.runner = ModelRunner(draft_runner_config(target, config.draft_model_path, kv_tokens))
         if self.runner.vocab_size != target_vocab_size:
-            raise ValueError(f"speculative_draft_model_path {config.draft_model_path!r}: vocab size "
-                             f"{self.runner.vocab_size} differs from the target's {target_vocab_size} (the draft "
-                             "model must share the target's tokenizer)")
+            raise ValueError(
+                f"speculative_draft_model_path {config.draft_model_path!r}: vocab size"
+                f" {self.runner.vocab_size} differs from the target's {target_vocab_size} (the"
+                " draft model must share the target's tokenizer)"
+            )
         self.req_to_token_pool = self.runner.req_to_token_pool
         self.kv_pool = self.runner.token_to_kv_pool
         self.context_len = self.runner.context_len
         self.max_extend_tokens = max(1, config.max_extend_tokens)
         self.check_invariants = config.check_invariants
         self._reqs: dict[str, _DraftReq] = {}  # rid -> its draft row
-        logger.info("draft model %s: %s, vocab %d, KV pool %d tokens", self.runner.loaded.model_path,
-                    self.runner.loaded.architecture, self.runner.vocab_size, self.kv_pool.size)
+        logger.info(
+            "draft model %s: %s, vocab %d, KV pool %d tokens",
+            self.runner.loaded.model_path,
+            self.runner.loaded.architecture,
+            self.runner.vocab_size,
+            self.kv_pool.size,
+        )
 
     # ------------------------------------------------------------------ DraftSource
-    def propose(self, reqs: list[DraftReq], ks: list[int], shape: TreeShape = CHAIN) -> list[list[int]]:
-        """Chains: greedy decoding gives one candidate per step (shape is the controller's to cut)."""
+    def propose(
+        self, reqs: list[DraftReq], ks: list[int], shape: TreeShape = CHAIN
+    ) -> list[list[int]]:
+        """Chains: greedy decoding gives one candidate per step (shape is the controller's to
+        cut)."""
         running = {id(r) for r in reqs}
         # A request that finished without a release (aborted while retracted) never comes back.
         for st in [s for s in self._reqs.values() if s.req.finished() and id(s.req) not in running]:
@@ -130,7 +149,7 @@ class DraftModelSource(DraftSourceBase):
             self._drop(st)
 
     # ------------------------------------------------------------------ planning
-    def _plan(self, req: DraftReq, k: int, running: set[int]) -> Optional[_Work]:
+    def _plan(self, req: DraftReq, k: int, running: set[int]) -> _Work | None:
         """Free the row's K/V past what still matches req's tokens and allocate slots for the
         missing tokens and k - 1 drafts (the last draft needs logits, no K/V)."""
         tokens = req.all_ids()
@@ -220,19 +239,44 @@ class DraftModelSource(DraftSourceBase):
             rows = [w.st.row for w in active]
             r2t = self.req_to_token_pool.req_to_token
             loc = r2t[torch.tensor(rows, device=r2t.device), torch.tensor(pos, device=r2t.device)]
-            ids = self._forward(ForwardMode.DECODE, input_ids=[w.draft[j - 1] for w in active], positions=pos,
-                                rows=rows, seq_lens=[p + 1 for p in pos], out_loc=loc)
+            ids = self._forward(
+                ForwardMode.DECODE,
+                input_ids=[w.draft[j - 1] for w in active],
+                positions=pos,
+                rows=rows,
+                seq_lens=[p + 1 for p in pos],
+                out_loc=loc,
+            )
             for w, tok in zip(active, ids):
                 w.draft.append(tok)
         for w in work:
             w.st.ids = w.tokens + w.draft[: w.k - 1]
             assert len(w.st.ids) == w.st.slots, (w.st.req.rid, len(w.st.ids), w.st.slots)
 
-    def _forward(self, mode: ForwardMode, input_ids, positions, rows, seq_lens, out_loc,
-                 prefix_lens=None, ext_lens=None) -> list[int]:
+    def _forward(
+        self,
+        mode: ForwardMode,
+        input_ids,
+        positions,
+        rows,
+        seq_lens,
+        out_loc,
+        prefix_lens=None,
+        ext_lens=None,
+    ) -> list[int]:
         """One forward of the draft model; the argmax token after each request's last new token."""
-        fb = self.runner.prepare(ModelWorkerBatch(mode, input_ids, positions, rows, seq_lens, out_loc,
-                                                  extend_prefix_lens=prefix_lens, extend_seq_lens=ext_lens))
+        fb = self.runner.prepare(
+            ModelWorkerBatch(
+                mode,
+                input_ids,
+                positions,
+                rows,
+                seq_lens,
+                out_loc,
+                extend_prefix_lens=prefix_lens,
+                extend_seq_lens=ext_lens,
+            )
+        )
         logits = self.runner.forward(fb).next_token_logits
         return torch.argmax(logits, dim=-1).tolist()
 
@@ -242,13 +286,19 @@ class DraftModelSource(DraftSourceBase):
         once, and each row's ids cover exactly its slots (enable_invariant_checks)."""
 
         r2t, states = self.req_to_token_pool.req_to_token, list(self._reqs.values())
-        owned = torch.cat([self.kv_pool.free_slots.cpu()] + [r2t[st.row, : st.slots].cpu() for st in states])
+        owned = torch.cat(
+            [self.kv_pool.free_slots.cpu()] + [r2t[st.row, : st.slots].cpu() for st in states]
+        )
         if not torch.equal(owned.sort().values, torch.arange(1, self.kv_pool.size + 1)):
-            raise InvariantError(f"draft KV pool: {owned.numel()} owned slots for {self.kv_pool.size}, "
-                                 f"{owned.numel() - owned.unique().numel()} duplicated")
+            raise InvariantError(
+                f"draft KV pool: {owned.numel()} owned slots for {self.kv_pool.size}, "
+                f"{owned.numel() - owned.unique().numel()} duplicated"
+            )
         rows = sorted(self.req_to_token_pool.free_slots + [st.row for st in states])
         if rows != list(range(self.req_to_token_pool.size)):
             raise InvariantError("draft request rows: some row is lost or held twice")
         for st in states:
             if len(st.ids) != st.slots:
-                raise InvariantError(f"draft row of {st.req.rid}: {len(st.ids)} ids for {st.slots} slots")
+                raise InvariantError(
+                    f"draft row of {st.req.rid}: {len(st.ids)} ids for {st.slots} slots"
+                )

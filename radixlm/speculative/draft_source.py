@@ -14,28 +14,29 @@ states (EAGLE) can take the accepted rows' states from that forward.
 
 from __future__ import annotations
 
-from typing import Any, Optional, Protocol, Sequence, Union
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from radixlm.ipc import FinishReason
 from radixlm.sampling_params import SamplingParams
 from radixlm.speculative.draft_tree import CHAIN, DraftTree, TreeShape
 
-Draft = Union[Sequence[int], DraftTree]  # a chain, or a tree
+Draft = Sequence[int] | DraftTree  # a chain, or a tree
 
 
 class DraftReq(Protocol):
     """What a draft source may read of a running request (the scheduler's Req has it all)."""
 
     rid: str
-    req_pool_idx: Optional[int]  # its row of the target's ReqToTokenPool (None: not running)
+    req_pool_idx: int | None  # its row of the target's ReqToTokenPool (None: not running)
     origin_input_ids: list[int]
     output_ids: list[int]
     sampling_params: SamplingParams
     grammar: Any  # its grammar matcher, or None
     last_node: Any  # the prefix-cache node it holds (None: none)
     cache_protected_len: int  # tokens of its prefix held in the prefix cache
-    cache_namespace: Optional[str]
-    finished_reason: Optional[FinishReason]
+    cache_namespace: str | None
+    finished_reason: FinishReason | None
 
     @property
     def seqlen(self) -> int: ...
@@ -67,7 +68,9 @@ class DraftSource(Protocol):
         cheap call (once per drafting request per step); the default: one kind, ""."""
         ...
 
-    def on_verified(self, req: DraftReq, tree: DraftTree, accepted: list[int], rows: list[int]) -> None:
+    def on_verified(
+        self, req: DraftReq, tree: DraftTree, accepted: list[int], rows: list[int]
+    ) -> None:
         """The verify step checked `tree` (as the controller sent it: cut and bounded, a chain as a
         DraftTree.chain) for req and req kept `accepted`: node indices of tree, root excluded, in
         path order (its output grew by their tokens, then the target's own next token; they are
@@ -92,7 +95,9 @@ class DraftSourceBase:
     def draft_class(self, req: DraftReq) -> str:
         return ""
 
-    def on_verified(self, req: DraftReq, tree: DraftTree, accepted: list[int], rows: list[int]) -> None:
+    def on_verified(
+        self, req: DraftReq, tree: DraftTree, accepted: list[int], rows: list[int]
+    ) -> None:
         pass
 
     def release(self, req: DraftReq) -> None:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import heapq
 import itertools
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Hashable, Iterable, Sequence, TypeVar
+from typing import TypeVar
 
 ROOT = -1
 UNBOUNDED = 1 << 30
@@ -45,21 +46,25 @@ class DraftTree:
 
     def __post_init__(self):
         if len(self.tokens) != len(self.parents):
-            raise ValueError(f"a draft tree needs one parent per token, got {len(self.tokens)} tokens "
-                             f"and {len(self.parents)} parents")
+            raise ValueError(
+                f"a draft tree needs one parent per token, got {len(self.tokens)} tokens "
+                f"and {len(self.parents)} parents"
+            )
         depths = []
         for i, p in enumerate(self.parents):
             if not ROOT <= p < i:
-                raise ValueError(f"draft tree node {i}: parent {p} is not the root or an earlier node")
+                raise ValueError(
+                    f"draft tree node {i}: parent {p} is not the root or an earlier node"
+                )
             depths.append(1 if p == ROOT else depths[p] + 1)
         object.__setattr__(self, "depths", tuple(depths))
 
     @classmethod
-    def chain(cls, tokens: Sequence[int]) -> "DraftTree":
+    def chain(cls, tokens: Sequence[int]) -> DraftTree:
         return cls(tuple(tokens), tuple(range(-1, len(tokens) - 1)))
 
     @classmethod
-    def empty(cls) -> "DraftTree":
+    def empty(cls) -> DraftTree:
         return cls((), ())
 
     def __len__(self) -> int:
@@ -74,7 +79,8 @@ class DraftTree:
         return all(p == i - 1 for i, p in enumerate(self.parents))
 
     def children(self, node: int) -> list[int]:
-        """The nodes under `node` (ROOT: the first level), in index order (the order drafts rank them)."""
+        """The nodes under `node` (ROOT: the first level), in index order (the order drafts rank
+        them)."""
         return [i for i, p in enumerate(self.parents) if p == node]
 
     def ancestors(self, node: int) -> list[int]:
@@ -99,7 +105,8 @@ class DraftTree:
         return tuple(out)
 
     def first_path(self) -> list[int]:
-        """The path of first children from the root: the source's best guess (a chain's whole draft)."""
+        """The path of first children from the root: the source's best guess (a chain's whole
+        draft)."""
         path, node = [], ROOT
         firsts = {p: i for i, p in reversed(list(enumerate(self.parents)))}
         while node in firsts:
@@ -107,18 +114,24 @@ class DraftTree:
             path.append(node)
         return path
 
-    def select(self, nodes: Iterable[int]) -> "DraftTree":
-        """The tree of `nodes` (each one's parent among them, or the root), renumbered in index order."""
+    def select(self, nodes: Iterable[int]) -> DraftTree:
+        """The tree of `nodes` (each one's parent among them, or the root), renumbered in index
+        order."""
         keep = sorted(set(nodes))
         new = {ROOT: ROOT}
         for i in keep:
             if self.parents[i] not in new:
-                raise ValueError(f"draft tree node {i} selected without its parent {self.parents[i]}")
+                raise ValueError(
+                    f"draft tree node {i} selected without its parent {self.parents[i]}"
+                )
             new[i] = len(new) - 1
-        return DraftTree(tuple(self.tokens[i] for i in keep), tuple(new[self.parents[i]] for i in keep))
+        return DraftTree(
+            tuple(self.tokens[i] for i in keep), tuple(new[self.parents[i]] for i in keep)
+        )
 
-    def bounded(self, shape: TreeShape, max_nodes: int) -> "DraftTree":
-        """The first max_nodes nodes (index order) within shape: rank below its width, depth within its depth."""
+    def bounded(self, shape: TreeShape, max_nodes: int) -> DraftTree:
+        """The first max_nodes nodes (index order) within shape: rank below its width, depth within
+        its depth."""
         keep: set[int] = set()
         for i, (p, r, d) in enumerate(zip(self.parents, self.ranks, self.depths)):
             if len(keep) == max_nodes:
@@ -127,17 +140,22 @@ class DraftTree:
                 keep.add(i)
         return self if len(keep) == len(self) else self.select(keep)
 
-    def with_chain(self, under: int, tokens: Sequence[int]) -> "DraftTree":
+    def with_chain(self, under: int, tokens: Sequence[int]) -> DraftTree:
         """This tree with `tokens` hung as a chain under node `under` (ROOT: the root)."""
         parents = list(self.parents)
-        for t in tokens:
+        for _t in tokens:
             parents.append(under)
             under = len(parents) - 1
         return DraftTree(self.tokens + tuple(tokens), tuple(parents))
 
     @classmethod
-    def grow(cls, root: H, children: Callable[[H], Sequence[tuple[int, float, H]]], max_nodes: int,
-             shape: TreeShape) -> "DraftTree":
+    def grow(
+        cls,
+        root: H,
+        children: Callable[[H], Sequence[tuple[int, float, H]]],
+        max_nodes: int,
+        shape: TreeShape,
+    ) -> DraftTree:
         """Best first: the max_nodes candidates most likely to be reached, a candidate's likelihood
         being the product of its branch shares along its path. children(h) lists (token, weight,
         handle) below a handle; a node's share is its weight over its siblings' total, and only the
@@ -152,7 +170,17 @@ class DraftTree:
             kids = sorted(children(h), key=lambda c: -c[1])
             total = sum(w for _, w, _ in kids)
             for token, w, kid in kids[: shape.width]:
-                heapq.heappush(heap, (-prob * w / total if total > 0 else 0.0, next(order), token, parent, depth, kid))
+                heapq.heappush(
+                    heap,
+                    (
+                        -prob * w / total if total > 0 else 0.0,
+                        next(order),
+                        token,
+                        parent,
+                        depth,
+                        kid,
+                    ),
+                )
 
         tokens: list[int] = []
         parents: list[int] = []
@@ -168,6 +196,7 @@ class DraftTree:
 def trie_children(paths: Sequence[tuple[Sequence[int], float]]):
     """A `grow` root and children function over weighted token paths (e.g. what followed each
     earlier occurrence of a context): a trie node is the set of paths through it."""
+
     def children(h: tuple[int, tuple[int, ...]]) -> list[tuple[int, float, Hashable]]:
         depth, members = h
         groups: dict[int, list[int]] = {}
@@ -175,6 +204,8 @@ def trie_children(paths: Sequence[tuple[Sequence[int], float]]):
             toks = paths[m][0]
             if depth < len(toks):
                 groups.setdefault(toks[depth], []).append(m)
-        return [(t, sum(paths[m][1] for m in ms), (depth + 1, tuple(ms))) for t, ms in groups.items()]
+        return [
+            (t, sum(paths[m][1] for m in ms), (depth + 1, tuple(ms))) for t, ms in groups.items()
+        ]
 
     return (0, tuple(range(len(paths)))), children

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -48,7 +48,8 @@ logger = logging.getLogger(__name__)
 @dataclass(eq=False)
 class _State:
     req: DraftReq
-    row: int  # the target's request row, and its generation (a retracted request comes back in another)
+    # the target's request row, and its generation (a retracted request comes back in another)
+    row: int
     gen: int
     ids: list[int] = field(default_factory=list)  # the request's tokens when last caught up
     done: int = 0  # positions [0, done) hold the head's KV
@@ -60,7 +61,7 @@ class _Node:
     parent: int  # index in the request's node list, ROOT for the first level
     score: float  # log-probability of the path
     depth: int
-    hidden: Optional[torch.Tensor] = None  # the head's next-state output at the parent's row
+    hidden: torch.Tensor | None = None  # the head's next-state output at the parent's row
 
 
 @dataclass(eq=False)
@@ -74,7 +75,7 @@ class _Work:
     slots: torch.Tensor  # their KV slots
     prefix_slots: torch.Tensor  # committed positions before them
     tokens: torch.Tensor  # the request's tokens (prompt + output)
-    kv: Optional[RequestKV] = None
+    kv: RequestKV | None = None
     nodes: list[_Node] = field(default_factory=list)
     frontier: list[int] = field(default_factory=list)
 
@@ -83,13 +84,15 @@ class EagleDraftSource(DraftSourceBase):
     cheap = False  # a proposal is a forward of the head
     drafts_from_tokens = False  # ... on the target's features of the request's last token
 
-    def __init__(self, config: "SpeculativeConfig", runner: "ModelRunner"):
+    def __init__(self, config: SpeculativeConfig, runner: ModelRunner):
         kind = config.algorithm
         target, hidden_size = runner.model, runner.hf_config.hidden_size
-        self.head = load_eagle_head(config.draft_model_path, kind, runner.vocab_size, hidden_size).to(runner.device)
+        self.head = load_eagle_head(
+            config.draft_model_path, kind, runner.vocab_size, hidden_size
+        ).to(runner.device)
         cfg = self.head.cfg
-        # Beside quantized target weights (the native kernels) the head runs in Q8_0 too: a draft step
-        # reads all its weights for a row or two, and reads a quarter of float32's bytes then.
+        # Beside quantized target weights (the native kernels) the head runs in Q8_0 too: a draft
+        # step reads all its weights for a row or two, and reads a quarter of float32's bytes then.
         quantize = "q8_0" if runner.loaded.quantization != "none" else None
         self.head.for_serving(quantize)
         aux = cfg.capture_layers(runner.num_layers) if kind == "eagle3" else ()
@@ -98,30 +101,59 @@ class EagleDraftSource(DraftSourceBase):
         runner.set_hidden_capture(self.capture)
         self.req_to_token_pool = runner.req_to_token_pool
         kv_dtype = runner.kv_dtype if runner.kv_dtype.is_floating_point else torch.float16
-        self.kv_pool = HeadKVPool(runner.token_to_kv_pool.size, cfg.num_layers, cfg.num_kv_heads, cfg.head_dim,
-                                  kv_dtype, runner.device)
+        self.kv_pool = HeadKVPool(
+            runner.token_to_kv_pool.size,
+            cfg.num_layers,
+            cfg.num_kv_heads,
+            cfg.head_dim,
+            kv_dtype,
+            runner.device,
+        )
         self.embed = target.model.embed_tokens
-        token_map = load_token_map(config.token_map, runner.vocab_size) if config.token_map else None
-        self.vocab: DraftVocab = (own_vocab(self.head.lm_head, self.head.draft_token_ids(), quantize)
-                                  if self.head.own_vocab else target_vocab(target, token_map, hidden_size, quantize))
+        token_map = (
+            load_token_map(config.token_map, runner.vocab_size) if config.token_map else None
+        )
+        self.vocab: DraftVocab = (
+            own_vocab(self.head.lm_head, self.head.draft_token_ids(), quantize)
+            if self.head.own_vocab
+            else target_vocab(target, token_map, hidden_size, quantize)
+        )
         self.max_shape = config.tree_shape  # the controller narrows it per step
-        self.topk = self.max_shape.width  # this proposal's width (propose sets it from the step's shape)
+        self.topk = (
+            self.max_shape.width
+        )  # this proposal's width (propose sets it from the step's shape)
         self.check_invariants = config.check_invariants
-        self.missing_rows = 0  # catch-up rows whose target features were not captured (zeros instead)
+        self.missing_rows = (
+            0  # catch-up rows whose target features were not captured (zeros instead)
+        )
         self._states: dict[str, _State] = {}
-        logger.info("%s, up to %d levels x top-%d, weights %s; head KV %.1f MiB (%s)", head_summary(self.head, token_map),
-                    self.max_shape.depth, self.max_shape.width, quantize or "float", self.kv_pool.total_bytes / 2**20,
-                    str(kv_dtype).replace("torch.", ""))
+        logger.info(
+            "%s, up to %d levels x top-%d, weights %s; head KV %.1f MiB (%s)",
+            head_summary(self.head, token_map),
+            self.max_shape.depth,
+            self.max_shape.width,
+            quantize or "float",
+            self.kv_pool.total_bytes / 2**20,
+            str(kv_dtype).replace("torch.", ""),
+        )
 
     # ------------------------------------------------------------------ DraftSource
     def propose(self, reqs: list[DraftReq], ks: list[int], shape: TreeShape = CHAIN) -> list[Draft]:
         running = {id(r) for r in reqs}
-        for st in [s for s in self._states.values() if s.req.finished() and id(s.req) not in running]:
+        for st in [
+            s for s in self._states.values() if s.req.finished() and id(s.req) not in running
+        ]:
             self._forget(st)
         out: list[Draft] = [[] for _ in reqs]
         self.topk = max(1, min(shape.width, self.max_shape.width))
         depth = max(1, min(shape.depth, self.max_shape.depth))
-        work = [(i, w) for i, (r, k) in enumerate(zip(reqs, ks)) if k > 0 for w in [self._plan(r, k, depth)] if w]
+        work = [
+            (i, w)
+            for i, (r, k) in enumerate(zip(reqs, ks))
+            if k > 0
+            for w in [self._plan(r, k, depth)]
+            if w
+        ]
         if not work:
             return out
         try:
@@ -139,7 +171,9 @@ class EagleDraftSource(DraftSourceBase):
             out[i] = tree
         return out
 
-    def on_verified(self, req: DraftReq, tree: DraftTree, accepted: list[int], rows: list[int]) -> None:
+    def on_verified(
+        self, req: DraftReq, tree: DraftTree, accepted: list[int], rows: list[int]
+    ) -> None:
         if req.req_pool_idx is not None:
             self.capture.add_accepted(req.req_pool_idx, rows)
 
@@ -154,8 +188,9 @@ class EagleDraftSource(DraftSourceBase):
             self.capture.drop(st.row)
 
     # ------------------------------------------------------------------ planning
-    def _plan(self, req: DraftReq, k: int, depth: int) -> Optional[_Work]:
-        """The positions req's head KV lacks (the target computed them since), with their features."""
+    def _plan(self, req: DraftReq, k: int, depth: int) -> _Work | None:
+        """The positions req's head KV lacks (the target computed them since), with their
+        features."""
         row = req.req_pool_idx
         if row is None:
             return None
@@ -165,9 +200,12 @@ class EagleDraftSource(DraftSourceBase):
         if st is None or st.req is not req or (st.row, st.gen) != (row, gen):
             # Positions before the first the target computed for it came from the radix tree, with
             # the head's KV some earlier request wrote there.
-            st = self._states[req.rid] = _State(req, row, gen, done=len(tokens) - 1 if first is None else first)
+            st = self._states[req.rid] = _State(
+                req, row, gen, done=len(tokens) - 1 if first is None else first
+            )
         else:
-            # The head's KV at t read the token at t + 1: valid while tokens up to t + 1 are unchanged.
+            # The head's KV at t read the token at t + 1: valid while tokens up to t + 1 are
+            # unchanged.
             st.done = min(st.done, max(common_prefix_len(st.ids, tokens) - 1, 0))
             if first is not None:
                 st.done = min(st.done, first)  # the target recomputed from there (a re-prefill)
@@ -180,20 +218,38 @@ class EagleDraftSource(DraftSourceBase):
         st.ids, st.done = tokens, hi
         r2t = self.req_to_token_pool.req_to_token
         device = self.kv_pool.k[0].device
-        return _Work(st, k, min(k, depth), ids[lo + 1:hi + 1].to(device), hidden.to(device),
-                     torch.arange(lo, hi, device=device), r2t[row, lo:hi].to(device), r2t[row, :lo].to(device), ids)
+        return _Work(
+            st,
+            k,
+            min(k, depth),
+            ids[lo + 1 : hi + 1].to(device),
+            hidden.to(device),
+            torch.arange(lo, hi, device=device),
+            r2t[row, lo:hi].to(device),
+            r2t[row, :lo].to(device),
+            ids,
+        )
 
     # ------------------------------------------------------------------ forwards
     def _draft(self, work: list[_Work]) -> list[DraftTree]:
-        attn = ProposalAttention(self.kv_pool, self.head.cfg.head_dim ** -0.5)
+        attn = ProposalAttention(self.kv_pool, self.head.cfg.head_dim**-0.5)
         for w in work:
-            w.kv = attn.add_request(w.prefix_slots, w.tokens, w.ids.numel(), self.topk * max(w.depth - 1, 0))
+            w.kv = attn.add_request(
+                w.prefix_slots, w.tokens, w.ids.numel(), self.topk * max(w.depth - 1, 0)
+            )
         # 1. catch-up: every request's new rows in one forward; the last row of each is its root.
-        attn.set_batch([(w.kv, w.ids.numel(), None) for w in work], [w.slots for w in work],
-                       [torch.stack([w.positions, w.ids], dim=1) for w in work])
-        logit_h, next_h = self.head(self.embed(torch.cat([w.ids for w in work])).float(),
-                                    torch.cat([w.hidden for w in work]), torch.cat([w.positions for w in work]),
-                                    attn, from_target=True)
+        attn.set_batch(
+            [(w.kv, w.ids.numel(), None) for w in work],
+            [w.slots for w in work],
+            [torch.stack([w.positions, w.ids], dim=1) for w in work],
+        )
+        logit_h, next_h = self.head(
+            self.embed(torch.cat([w.ids for w in work])).float(),
+            torch.cat([w.hidden for w in work]),
+            torch.cat([w.positions for w in work]),
+            attn,
+            from_target=True,
+        )
         ends = torch.tensor([w.ids.numel() for w in work]).cumsum(0) - 1
         self._expand(work, [None] * len(work), logit_h[ends], next_h[ends])
         # 2. levels 2..depth: the head on each request's frontier.
@@ -210,31 +266,44 @@ class EagleDraftSource(DraftSourceBase):
                     node = w.nodes[n]
                     ids.append(node.token)
                     hidden.append(node.hidden)
-                    positions.append(int(w.positions[-1]) + level - 1)  # a depth-d node sits d after the root's row
+                    positions.append(
+                        int(w.positions[-1]) + level - 1
+                    )  # a depth-d node sits d after the root's row
                     w.kv.node_entry[n] = base + i
                 rows.append(list(w.frontier))
             empty = torch.empty(0, dtype=torch.int64)
             attn.set_batch(parts, [empty] * len(active))
             device = self.kv_pool.k[0].device
-            logit_h, next_h = self.head(self.embed(torch.tensor(ids, device=device)).float(), torch.stack(hidden),
-                                        torch.tensor(positions, device=device), attn, from_target=False)
+            logit_h, next_h = self.head(
+                self.embed(torch.tensor(ids, device=device)).float(),
+                torch.stack(hidden),
+                torch.tensor(positions, device=device),
+                attn,
+                from_target=False,
+            )
             self._expand(active, rows, logit_h, next_h)
         return [self._tree(w) for w in work]
 
-    def _expand(self, work: list[_Work], parents: list, logit_h: torch.Tensor, next_h: torch.Tensor) -> None:
-        """Each row's top-k children become candidates; each request's next frontier is its best topk
-        of them. parents[i]: the nodes whose rows request i had in this batch (None: its root row)."""
+    def _expand(
+        self, work: list[_Work], parents: list, logit_h: torch.Tensor, next_h: torch.Tensor
+    ) -> None:
+        """Each row's top-k children become candidates; each request's next frontier is its best
+        topk of them. parents[i]: the nodes whose rows request i had in this batch (None: its root
+        row).
+        """
         logits = self.vocab.logits(logit_h)
         if self.topk == 1:  # a chain: no scores to rank by
             cols = torch.argmax(logits, dim=-1, keepdim=True)
             tokens, scores = self.vocab.to_target(cols).tolist(), [[0.0]] * cols.shape[0]
         else:
-            top = torch.topk(torch.log_softmax(logits, dim=-1), min(self.topk, logits.shape[-1]), dim=-1)
+            top = torch.topk(
+                torch.log_softmax(logits, dim=-1), min(self.topk, logits.shape[-1]), dim=-1
+            )
             tokens, scores = self.vocab.to_target(top.indices).tolist(), top.values.tolist()
         r = 0
         for w, rows in zip(work, parents):
             fresh = []
-            for parent in (rows if rows is not None else [ROOT]):
+            for parent in rows if rows is not None else [ROOT]:
                 base = 0.0 if parent == ROOT else w.nodes[parent].score
                 depth = 1 if parent == ROOT else w.nodes[parent].depth + 1
                 for tok, s in zip(tokens[r], scores[r]):
@@ -242,7 +311,7 @@ class EagleDraftSource(DraftSourceBase):
                     w.nodes.append(_Node(tok, parent, base + s, depth, next_h[r]))
                 r += 1
             fresh.sort(key=lambda n: -w.nodes[n].score)
-            w.frontier = fresh[:self.topk]
+            w.frontier = fresh[: self.topk]
 
     @staticmethod
     def _ancestors(w: _Work, n: int) -> list[int]:
@@ -255,8 +324,8 @@ class EagleDraftSource(DraftSourceBase):
 
     @staticmethod
     def _tree(w: _Work) -> DraftTree:
-        """The w.k most likely nodes (a parent is never less likely than its child, and comes first on
-        a tie), ordered by level, siblings best first."""
+        """The w.k most likely nodes (a parent is never less likely than its child, and comes first
+        on a tie), ordered by level, siblings best first."""
         best = sorted(range(len(w.nodes)), key=lambda n: (-w.nodes[n].score, n))
         keep: set[int] = set()
         for n in best:
@@ -268,4 +337,6 @@ class EagleDraftSource(DraftSourceBase):
         index = {ROOT: ROOT}
         for n in order:
             index[n] = len(index) - 1
-        return DraftTree(tuple(w.nodes[n].token for n in order), tuple(index[w.nodes[n].parent] for n in order))
+        return DraftTree(
+            tuple(w.nodes[n].token for n in order), tuple(index[w.nodes[n].parent] for n in order)
+        )

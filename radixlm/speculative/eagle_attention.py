@@ -17,21 +17,31 @@ proposal's buffers.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
 
 class HeadKVPool:
-    def __init__(self, size: int, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype,
-                 device: torch.device):
+    def __init__(
+        self,
+        size: int,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         shape = (size + 1, num_kv_heads, head_dim)  # slot 0 is the target pool's padding slot
         self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.tags = torch.full((size + 1, 2), -1, dtype=torch.int64, device=device)  # (position, next token)
+        self.tags = torch.full(
+            (size + 1, 2), -1, dtype=torch.int64, device=device
+        )  # (position, next token)
         self.dtype = dtype
 
-    def valid(self, slots: torch.Tensor, positions: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
+    def valid(
+        self, slots: torch.Tensor, positions: torch.Tensor, next_tokens: torch.Tensor
+    ) -> torch.Tensor:
         """Which of these slots hold the head's KV of exactly (position, next token)."""
         tags = self.tags[slots]
         return (tags[:, 0] == positions) & (tags[:, 1] == next_tokens)
@@ -43,13 +53,16 @@ class HeadKVPool:
 
 @dataclass(eq=False)
 class RequestKV:
-    """One request's keys and values for this proposal, per layer: [prefix | catch-up rows | tree nodes]."""
+    """One request's keys and values for this proposal, per layer: [prefix | catch-up rows | tree
+    nodes]."""
 
     prefix: int  # committed positions read from the pool
     catch_up: int  # rows computed (and written to the pool) by this proposal
     k: list[torch.Tensor]  # per layer [capacity, kv_heads, head_dim] float
     v: list[torch.Tensor]
-    prefix_valid: torch.Tensor  # [prefix] bool: the pool's entry is this request's (HeadKVPool.valid)
+    prefix_valid: (
+        torch.Tensor
+    )  # [prefix] bool: the pool's entry is this request's (HeadKVPool.valid)
     used: int = 0  # filled entries
     node_entry: dict[int, int] = field(default_factory=dict)  # tree node -> its entry
 
@@ -67,7 +80,9 @@ class ProposalAttention:
         self._batch: list[tuple[RequestKV, int, int, list]] = []
         self._slots: list[torch.Tensor] = []
 
-    def add_request(self, prefix_slots: torch.Tensor, tokens: torch.Tensor, catch_up: int, max_nodes: int) -> RequestKV:
+    def add_request(
+        self, prefix_slots: torch.Tensor, tokens: torch.Tensor, catch_up: int, max_nodes: int
+    ) -> RequestKV:
         """prefix_slots: the slots of positions 0 .. n - 1 before the catch-up rows; tokens: the
         request's tokens (at least n + 1: the entry at t read the token at t + 1)."""
         n = prefix_slots.numel()
@@ -83,16 +98,20 @@ class ProposalAttention:
             ks.append(k)
             vs.append(v)
         positions = torch.arange(n, device=prefix_slots.device)
-        valid = self.pool.valid(prefix_slots, positions, tokens[1:n + 1].to(prefix_slots.device))
+        valid = self.pool.valid(prefix_slots, positions, tokens[1 : n + 1].to(prefix_slots.device))
         r = RequestKV(n, catch_up, ks, vs, valid, used=n)
         self.reqs.append(r)
         return r
 
-    def set_batch(self, parts: list[tuple[RequestKV, int, list]], slots: list[torch.Tensor],
-                  tags: Optional[list[torch.Tensor]] = None) -> None:
-        """parts: per request (its KV, rows in this batch, per row the tree nodes it sees or None for
-        catch-up rows); slots: per request the pool slots its rows' K/V go to (catch-up rows), else empty,
-        and tags: per request the (position, next token) of each of those rows."""
+    def set_batch(
+        self,
+        parts: list[tuple[RequestKV, int, list]],
+        slots: list[torch.Tensor],
+        tags: list[torch.Tensor] | None = None,
+    ) -> None:
+        """parts: per request (its KV, rows in this batch, per row the tree nodes it sees or None
+        for catch-up rows); slots: per request the pool slots its rows' K/V go to (catch-up rows),
+        else empty, and tags: per request the (position, next token) of each of those rows."""
         self._batch, start = [], 0
         for r, n, sees in parts:
             self._batch.append((r, start, n, sees))
@@ -101,36 +120,47 @@ class ProposalAttention:
         for slot, tag in zip(slots, tags or ()):
             self.pool.tags[slot] = tag
 
-    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int) -> torch.Tensor:
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: int
+    ) -> torch.Tensor:
         rows, heads, dim = q.shape
         kvh = k.shape[1]
         out = torch.empty(rows, heads * dim, dtype=q.dtype, device=q.device)
         for (r, start, n, sees), slots in zip(self._batch, self._slots):
-            first = r.used  # every layer appends at the same entries; used moves after the last layer
+            first = (
+                r.used
+            )  # every layer appends at the same entries; used moves after the last layer
             kk, vv = r.k[layer], r.v[layer]
-            kk[first:first + n] = k[start:start + n]
-            vv[first:first + n] = v[start:start + n]
+            kk[first : first + n] = k[start : start + n]
+            vv[first : first + n] = v[start : start + n]
             if slots.numel():
-                self.pool.k[layer][slots] = k[start:start + n].to(self.pool.dtype)
-                self.pool.v[layer][slots] = v[start:start + n].to(self.pool.dtype)
+                self.pool.k[layer][slots] = k[start : start + n].to(self.pool.dtype)
+                self.pool.v[layer][slots] = v[start : start + n].to(self.pool.dtype)
             keys = first + n
             mask = torch.zeros(n, keys, dtype=torch.bool, device=q.device)
-            mask[:, :r.prefix] = r.prefix_valid
+            mask[:, : r.prefix] = r.prefix_valid
             if sees is None:  # catch-up rows: everything before them and themselves, causally
-                mask[:, r.prefix:first] = True
+                mask[:, r.prefix : first] = True
                 mask[:, first:] = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
             else:  # tree nodes: the prefix, the catch-up rows, their ancestors and themselves
-                mask[:, r.prefix:r.prefix + r.catch_up] = True
+                mask[:, r.prefix : r.prefix + r.catch_up] = True
                 for i, entries in enumerate(sees):
                     mask[i, entries] = True
                     mask[i, first + i] = True
-            # Per kv head, its query heads' rows stacked (group member, row): a few rows against many
-            # keys, where explicit matmuls beat SDPA's CPU kernel by ~2x.
-            qq = q[start:start + n].view(n, kvh, heads // kvh, dim).permute(1, 2, 0, 3).reshape(kvh, -1, dim)
+            # Per kv head, its query heads' rows stacked (group member, row): a few rows against
+            # many keys, where explicit matmuls beat SDPA's CPU kernel by ~2x.
+            qq = (
+                q[start : start + n]
+                .view(n, kvh, heads // kvh, dim)
+                .permute(1, 2, 0, 3)
+                .reshape(kvh, -1, dim)
+            )
             scores = torch.bmm(qq, kk[:keys].permute(1, 2, 0)).mul_(self.scaling)
             scores.masked_fill_(~mask.repeat(heads // kvh, 1), float("-inf"))
             att = torch.bmm(torch.softmax(scores, dim=-1), vv[:keys].transpose(0, 1))
-            out[start:start + n] = att.view(kvh, heads // kvh, n, dim).permute(2, 0, 1, 3).reshape(n, heads * dim)
+            out[start : start + n] = (
+                att.view(kvh, heads // kvh, n, dim).permute(2, 0, 1, 3).reshape(n, heads * dim)
+            )
             if layer == len(self.pool.k) - 1:
                 r.used = keys
         return out

@@ -11,7 +11,7 @@ MAX_ROWS_PER_REQUEST rows (the oldest go: the head's KV at those positions is th
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,22 +34,28 @@ class Span:
 
 
 class EagleCapture:
-    """A HiddenCapture (model/hidden_capture.py): aux_layers () keeps the final hidden states (EAGLE);
-    three layers keep the streams entering them, concatenated low to high (EAGLE-3)."""
+    """A HiddenCapture (model/hidden_capture.py): aux_layers () keeps the final hidden states
+    (EAGLE); three layers keep the streams entering them, concatenated low to high (EAGLE-3)."""
 
-    def __init__(self, req_to_token_pool: "ReqToTokenPool", features: int, aux_layers: tuple[int, ...] = ()):
+    def __init__(
+        self, req_to_token_pool: ReqToTokenPool, features: int, aux_layers: tuple[int, ...] = ()
+    ):
         self.pool = req_to_token_pool
         self.features = features
         self.aux_layers = tuple(aux_layers)
         self._streams: dict[int, torch.Tensor] = {}
-        self._verify: Optional[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = None  # the last verify step's rows
-        self._spans: dict[int, tuple[int, list[Span]]] = {}  # row -> (generation, spans in arrival order)
+        self._verify: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = (
+            None  # the last verify step's rows
+        )
+        self._spans: dict[
+            int, tuple[int, list[Span]]
+        ] = {}  # row -> (generation, spans in arrival order)
 
     # ---------------------------------------------------------------- HiddenCapture
     def record_layer(self, layer: int, stream: torch.Tensor) -> None:
         self._streams[layer] = stream
 
-    def on_forward(self, fb: "ForwardBatch", hidden: torch.Tensor) -> None:
+    def on_forward(self, fb: ForwardBatch, hidden: torch.Tensor) -> None:
         if self.aux_layers:
             streams, self._streams = self._streams, {}
             hidden = torch.cat([streams[i] for i in self.aux_layers], dim=-1)
@@ -66,17 +72,31 @@ class EagleCapture:
         offset = 0
         for row, n, start in zip(rows, counts, starts):
             if n and not (verify and n > 1):
-                self._add(row, Span(start, ids[offset:offset + n], hidden[offset:offset + n].detach().clone()))
+                self._add(
+                    row,
+                    Span(
+                        start,
+                        ids[offset : offset + n],
+                        hidden[offset : offset + n].detach().clone(),
+                    ),
+                )
             offset += n
 
     def add_accepted(self, row: int, step_rows: list[int]) -> None:
-        """The last verify step's rows `step_rows` (the root's, then each accepted node's, at positions
-        following each other) are what request row `row` kept."""
+        """The last verify step's rows `step_rows` (the root's, then each accepted node's, at
+        positions following each other) are what request row `row` kept."""
         if self._verify is None:
             return
         hidden, positions, ids = self._verify
         index = torch.tensor(step_rows)
-        self._add(row, Span(int(positions[step_rows[0]]), ids[index], hidden[index.to(hidden.device)].detach().clone()))
+        self._add(
+            row,
+            Span(
+                int(positions[step_rows[0]]),
+                ids[index],
+                hidden[index.to(hidden.device)].detach().clone(),
+            ),
+        )
 
     # ---------------------------------------------------------------- the source's side
     def _add(self, row: int, span: Span) -> None:
@@ -95,7 +115,7 @@ class EagleCapture:
         held = self._spans.get(row)
         return held[1] if held is not None and held[0] == self.pool.generation[row] else []
 
-    def first_position(self, row: int) -> Optional[int]:
+    def first_position(self, row: int) -> int | None:
         spans = self.spans(row)
         return min(s.start for s in spans) if spans else None
 
@@ -110,7 +130,7 @@ class EagleCapture:
             a, b = max(s.start, lo), min(s.end, hi)
             if a >= b:
                 continue
-            ok = s.ids[a - s.start:b - s.start] == tokens[a:b]
+            ok = s.ids[a - s.start : b - s.start] == tokens[a:b]
             sel = torch.nonzero(ok).flatten()
             out[a - lo + sel] = s.hidden[a - s.start + sel].to(out.dtype)
             found[a - lo + sel] = True

@@ -45,20 +45,49 @@ NOISE = 0.2  # EAGLE's uniform noise on the input hidden states: [-NOISE/2, NOIS
 
 
 def add_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model-path", default=None, help="the target: HF directory or GGUF file (default: the default model)")
-    p.add_argument("--output", required=True, help="directory for the head, its token map, data and checkpoint")
-    p.add_argument("--resume", action="store_true", help="continue from OUTPUT/checkpoint.pt (and OUTPUT/data.pt)")
-    p.add_argument("--prompts", default=None, help="a text file, one prompt per line (default: the package's)")
+    p.add_argument(
+        "--model-path",
+        default=None,
+        help="the target: HF directory or GGUF file (default: the default model)",
+    )
+    p.add_argument(
+        "--output", required=True, help="directory for the head, its token map, data and checkpoint"
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue from OUTPUT/checkpoint.pt (and OUTPUT/data.pt)",
+    )
+    p.add_argument(
+        "--prompts", default=None, help="a text file, one prompt per line (default: the package's)"
+    )
     p.add_argument("--num-prompts", type=int, default=400, help="prompts answered for the data")
     p.add_argument("--max-new-tokens", type=int, default=256, help="longest answer")
-    p.add_argument("--temperature", type=float, default=0.0, help="of the answers (0: greedy, as served by default)")
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="of the answers (0: greedy, as served by default)",
+    )
     p.add_argument("--batch-size", type=int, default=16, help="prompts answered at once")
     p.add_argument("--epochs", type=float, default=2.0)
-    p.add_argument("--batch-tokens", type=int, default=2048, help="training positions per optimizer step")
+    p.add_argument(
+        "--batch-tokens", type=int, default=2048, help="training positions per optimizer step"
+    )
     p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--hot-vocab", type=int, default=8192, help="tokens in the token map (0: the whole vocabulary)")
+    p.add_argument(
+        "--hot-vocab",
+        type=int,
+        default=8192,
+        help="tokens in the token map (0: the whole vocabulary)",
+    )
     p.add_argument("--save-every", type=int, default=50, help="optimizer steps between checkpoints")
-    p.add_argument("--max-steps", type=int, default=None, help="stop after this many optimizer steps (a smoke run)")
+    p.add_argument(
+        "--max-steps",
+        type=int,
+        default=None,
+        help="stop after this many optimizer steps (a smoke run)",
+    )
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
 
@@ -70,16 +99,22 @@ class TrainState:
     seconds: float = 0.0  # training time so far (data generation apart)
     data_seconds: float = 0.0
     loss: float = float("nan")
-    accuracy: float = float("nan")  # held-out: the head's top token equals the target's, per position
+    accuracy: float = float(
+        "nan"
+    )  # held-out: the head's top token equals the target's, per position
 
 
 def main(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO, format="[%(asctime)s] %(levelname)s %(message)s", datefmt="%H:%M:%S")
+    logging.basicConfig(
+        level=logging.INFO, format="[%(asctime)s] %(levelname)s %(message)s", datefmt="%H:%M:%S"
+    )
     os.makedirs(args.output, exist_ok=True)
     ckpt_file = os.path.join(args.output, "checkpoint.pt")
     if os.path.exists(ckpt_file) and not args.resume:
-        raise ValueError(f"--output {args.output!r} holds a checkpoint: pass --resume to continue it, or another "
-                         "directory")
+        raise ValueError(
+            f"--output {args.output!r} holds a checkpoint: pass --resume to continue it, or another"
+            " directory"
+        )
     if args.resume and not os.path.exists(ckpt_file):
         raise ValueError(f"--resume: no checkpoint in {args.output!r}")
     runner = _target_runner(args)
@@ -98,9 +133,15 @@ def _target_runner(args):
     from radixlm.model.runner_config import ModelRunnerConfig
 
     tokens = args.batch_size * (args.max_new_tokens + MAX_PROMPT_TOKENS)
-    return ModelRunner(ModelRunnerConfig(model_path=args.model_path, max_total_tokens=tokens,
-                                         max_running_requests=args.batch_size, num_threads=args.num_threads,
-                                         random_seed=args.seed))
+    return ModelRunner(
+        ModelRunnerConfig(
+            model_path=args.model_path,
+            max_total_tokens=tokens,
+            max_running_requests=args.batch_size,
+            num_threads=args.num_threads,
+            random_seed=args.seed,
+        )
+    )
 
 
 def _data(args, runner) -> tuple[list[Sample], float]:
@@ -122,17 +163,37 @@ def _data(args, runner) -> tuple[list[Sample], float]:
     if not texts:
         raise ValueError(f"--prompts {args.prompts!r} holds no prompt")
     template = runner.loaded.chat_template
-    ids = [tok.encode(tok.apply_chat_template([{"role": "user", "content": t}], tokenize=False,
-                                              add_generation_prompt=True, chat_template=template)
-                      if template else t) for t in texts]
+    ids = [
+        tok.encode(
+            tok.apply_chat_template(
+                [{"role": "user", "content": t}],
+                tokenize=False,
+                add_generation_prompt=True,
+                chat_template=template,
+            )
+            if template
+            else t
+        )
+        for t in texts
+    ]
     long = sum(len(i) > MAX_PROMPT_TOKENS for i in ids)
     if long:
-        logger.warning("train-eagle: %d prompts longer than %d tokens left out", long, MAX_PROMPT_TOKENS)
+        logger.warning(
+            "train-eagle: %d prompts longer than %d tokens left out", long, MAX_PROMPT_TOKENS
+        )
         ids = [i for i in ids if len(i) <= MAX_PROMPT_TOKENS]
     t0 = time.perf_counter()
     with tqdm(total=len(ids), desc="answering prompts", unit="prompt") as bar:
-        samples = generate_samples(runner, ids, args.max_new_tokens, args.temperature, args.batch_size,
-                                   runner.loaded.eos_token_ids, args.seed, bar.update)
+        samples = generate_samples(
+            runner,
+            ids,
+            args.max_new_tokens,
+            args.temperature,
+            args.batch_size,
+            runner.loaded.eos_token_ids,
+            args.seed,
+            bar.update,
+        )
     seconds = time.perf_counter() - t0
     torch.save({"samples": samples, "seconds": seconds}, file)
     return samples, seconds
@@ -150,7 +211,11 @@ class Trainer:
         cfg = runner.hf_config
         self.hidden = cfg.hidden_size
         # Long enough to learn from; hidden states made plain tensors (generated in inference mode).
-        samples = [Sample(s.tokens, s.prompt_len, s.hidden.clone()) for s in samples if _answer_rows(s) >= 2]
+        samples = [
+            Sample(s.tokens, s.prompt_len, s.hidden.clone())
+            for s in samples
+            if _answer_rows(s) >= 2
+        ]
         if len(samples) < 2:
             raise ValueError("train-eagle: fewer than two answers long enough to learn from")
         random.Random(args.seed).shuffle(samples)
@@ -158,11 +223,15 @@ class Trainer:
         self.eval_samples, self.train_samples = samples[:n_eval], samples[n_eval:]
         self.vocab_ids = self._token_map(samples)
         with torch.no_grad():  # (not inference mode: the loss multiplies by it under autograd)
-            self.lm_head = lm_head_rows(runner.model, self.vocab_ids, self.hidden)  # [columns, hidden]
+            self.lm_head = lm_head_rows(
+                runner.model, self.vocab_ids, self.hidden
+            )  # [columns, hidden]
         torch.manual_seed(args.seed)
         self.head = EagleHead(EagleHeadConfig.for_target(cfg, "eagle"))
         self._identity_init()
-        self.opt = torch.optim.AdamW(self.head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        self.opt = torch.optim.AdamW(
+            self.head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0
+        )
         self.batches = self._schedule()
         self.state = TrainState(total_steps=len(self.batches))
 
@@ -172,8 +241,11 @@ class Trainer:
             return torch.arange(vocab)
         counts = torch.zeros(vocab, dtype=torch.int64)
         for s in samples:
-            counts += torch.bincount(torch.tensor(s.tokens[s.prompt_len:] or s.tokens), minlength=vocab)
-        # The most frequent answer tokens; ties (unseen tokens) broken by id, so the map is deterministic.
+            counts += torch.bincount(
+                torch.tensor(s.tokens[s.prompt_len :] or s.tokens), minlength=vocab
+            )
+        # The most frequent answer tokens; ties (unseen tokens) broken by id, so the map is
+        # deterministic.
         order = torch.argsort(counts * vocab - torch.arange(vocab), descending=True)
         return order[: self.args.hot_vocab].sort().values
 
@@ -188,7 +260,8 @@ class Trainer:
                 layer.mlp.down_proj.weight.zero_()
 
     def _schedule(self) -> list[list[int]]:
-        """Every optimizer step's samples, from the seed alone (so --resume replays the same order)."""
+        """Every optimizer step's samples, from the seed alone (so --resume replays the same
+        order)."""
         rng = random.Random(self.args.seed + 1)
         batches, total = [], 0
         epochs = max(self.args.epochs, 1e-9)
@@ -215,16 +288,18 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loss
     def _sample_loss(self, s: Sample, noise: bool) -> tuple[torch.Tensor, int, int]:
-        """EAGLE's loss summed over s's answer positions (as EAGLE's loss mask: t whose prediction, the
-        token at t + 2, is the answer's), their count, and how many top tokens match the target's.
-        The prompt's rows still run: they are the context the answer's rows attend."""
+        """EAGLE's loss summed over s's answer positions (as EAGLE's loss mask: t whose prediction,
+        the token at t + 2, is the answer's), their count, and how many top tokens match the
+        target's. The prompt's rows still run: they are the context the answer's rows attend."""
         ids = torch.tensor(s.tokens[1:-1])
         feats, target = s.hidden[:-1], s.hidden[1:]
         if noise:
             feats = feats + (torch.rand_like(feats) - 0.5) * NOISE
         with torch.no_grad():
             embeds = self.runner.model.model.embed_tokens(ids).float()
-        pred, _ = self.head(embeds, feats, torch.arange(len(ids)), causal_attend(), from_target=True)
+        pred, _ = self.head(
+            embeds, feats, torch.arange(len(ids)), causal_attend(), from_target=True
+        )
         first = max(s.prompt_len - 2, 0)
         pred, target = pred[first:], target[first:]
         vloss = F.smooth_l1_loss(pred, target, reduction="none").mean(-1)
@@ -252,7 +327,9 @@ class Trainer:
         a, st = self.args, self.state
         warmup = max(1, st.total_steps // 20)
         self.head.train()
-        with tqdm(total=st.total_steps, initial=st.step, desc="training the head", unit="step") as bar:
+        with tqdm(
+            total=st.total_steps, initial=st.step, desc="training the head", unit="step"
+        ) as bar:
             while st.step < st.total_steps:
                 t0 = time.perf_counter()
                 for group in self.opt.param_groups:
@@ -282,14 +359,29 @@ class Trainer:
         save_eagle_head(self.head, out, {})
         save_token_map(self.vocab_ids, os.path.join(out, "token_map.pt"))
         tmp = os.path.join(out, "checkpoint.pt.tmp")
-        torch.save({"head": self.head.state_dict(), "opt": self.opt.state_dict(), "state": asdict(self.state),
-                    "rng": torch.get_rng_state()}, tmp)
+        torch.save(
+            {
+                "head": self.head.state_dict(),
+                "opt": self.opt.state_dict(),
+                "state": asdict(self.state),
+                "rng": torch.get_rng_state(),
+            },
+            tmp,
+        )
         os.replace(tmp, os.path.join(out, "checkpoint.pt"))
         with open(os.path.join(out, "training.json"), "w", encoding="utf-8") as f:
-            json.dump({**asdict(self.state), "train_samples": len(self.train_samples),
-                       "train_positions": sum(_answer_rows(s) for s in self.train_samples),
-                       "eval_samples": len(self.eval_samples), "token_map": int(self.vocab_ids.numel()),
-                       "args": {k: v for k, v in vars(self.args).items() if not callable(v)}}, f, indent=2)
+            json.dump(
+                {
+                    **asdict(self.state),
+                    "train_samples": len(self.train_samples),
+                    "train_positions": sum(_answer_rows(s) for s in self.train_samples),
+                    "eval_samples": len(self.eval_samples),
+                    "token_map": int(self.vocab_ids.numel()),
+                    "args": {k: v for k, v in vars(self.args).items() if not callable(v)},
+                },
+                f,
+                indent=2,
+            )
 
     def load(self, file: str) -> None:
         ckpt = torch.load(file, weights_only=False)
@@ -300,6 +392,10 @@ class Trainer:
         self.state.loss, self.state.accuracy = saved.loss, saved.accuracy
         torch.set_rng_state(ckpt["rng"])
         if self.state.step > self.state.total_steps:
-            raise ValueError(f"--resume: the checkpoint is at step {self.state.step}, past this run's "
-                             f"{self.state.total_steps} (other --epochs or data?)")
-        logger.info("train-eagle: resuming at step %d of %d", self.state.step, self.state.total_steps)
+            raise ValueError(
+                f"--resume: the checkpoint is at step {self.state.step}, past this run's "
+                f"{self.state.total_steps} (other --epochs or data?)"
+            )
+        logger.info(
+            "train-eagle: resuming at step %d of %d", self.state.step, self.state.total_steps
+        )

@@ -11,14 +11,16 @@ its state. A chain is the tree of one path.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 
 from radixlm.speculative.draft_tree import ROOT, DraftTree
 
 
-def _walk(grammar, tree: DraftTree, visit: Callable[[int], None], on_reject: Callable[[int], None]) -> None:
+def _walk(
+    grammar, tree: DraftTree, visit: Callable[[int], None], on_reject: Callable[[int], None]
+) -> None:
     """Depth first over tree with the matcher along each path: visit(node) runs with the matcher
     after node's path (ROOT first, as it is); a node whose token it rejects is on_reject'ed and its
     subtree skipped. The matcher ends as it started, whatever is raised."""
@@ -62,7 +64,9 @@ def masked_tree_rows(backend, grammar, tree: DraftTree, rows: torch.Tensor) -> t
     mask = backend.allocate_vocab_mask(rows.shape[1], rows.shape[0])
 
     def rejected(node: int) -> None:
-        raise RuntimeError(f"the grammar rejects draft token {tree.tokens[node]} it accepted when cut")
+        raise RuntimeError(
+            f"the grammar rejects draft token {tree.tokens[node]} it accepted when cut"
+        )
 
     _walk(grammar, tree, lambda n: grammar.fill_vocab_mask(mask, n + 1), rejected)
     rows = rows.clone()

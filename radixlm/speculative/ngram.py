@@ -47,7 +47,9 @@ class NgramDraftSource(PerRequestDraftSource):
         ends, n = self._match(rid, token_ids, k)
         return (token_ids[ends[-1] : ends[-1] + k], n) if n else ([], 0)
 
-    def lookup_tree(self, rid: str, token_ids: list[int], k: int, shape: TreeShape) -> tuple[DraftTree, int]:
+    def lookup_tree(
+        self, rid: str, token_ids: list[int], k: int, shape: TreeShape
+    ) -> tuple[DraftTree, int]:
         """A tree of at most k nodes within shape from what followed the latest occurrences of the
         longest matching suffix, and that suffix's length (0: none)."""
         ends, n = self._match(rid, token_ids, k)

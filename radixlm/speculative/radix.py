@@ -24,7 +24,7 @@ rates differ by far (controller.py learns one per class).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from radixlm.cache.base_prefix_cache import PrefixKey
 from radixlm.ipc import FinishAbort
@@ -38,21 +38,30 @@ if TYPE_CHECKING:
 
 
 class RadixDraftSource(PerRequestDraftSource):
-    def __init__(self, tree_cache: "RadixCache", suffix_index: Optional["SuffixIndex"] = None,
-                 lookup: Optional["NgramDraftSource"] = None):
+    def __init__(
+        self,
+        tree_cache: RadixCache,
+        suffix_index: SuffixIndex | None = None,
+        lookup: NgramDraftSource | None = None,
+    ):
         if not tree_cache.shares_prefixes:
-            raise ValueError("speculative_algorithm radix drafts from the radix cache: it is disabled")
+            raise ValueError(
+                "speculative_algorithm radix drafts from the radix cache: it is disabled"
+            )
         self.tree = tree_cache
         self.suffix = suffix_index  # None: no index of recent outputs
         self.lookup = lookup  # None: no prompt lookup
 
     def draft_class(self, req: DraftReq) -> str:
-        """"recorded": the tree holds a continuation of req's whole context (an earlier answer to
-        the same call), accepted far more often than the index's or a lookup's guesses ("lookup")."""
+        """ "recorded": the tree holds a continuation of req's whole context (an earlier answer to
+        the same call), accepted far more often than the index's or a lookup's guesses ("lookup").
+        """
         at = self._locate(req)
-        return "recorded" if at is not None and self._branches(at, req.cache_namespace) else "lookup"
+        return (
+            "recorded" if at is not None and self._branches(at, req.cache_namespace) else "lookup"
+        )
 
-    def _locate(self, req: DraftReq) -> Optional[tuple]:
+    def _locate(self, req: DraftReq) -> tuple | None:
         """Where req's tokens end in the tree (grow's handle), or None where they leave it."""
         node = req.last_node if req.last_node is not None else self.tree.root_node
         start = req.cache_protected_len if req.last_node is not None else 0
@@ -61,8 +70,11 @@ class RadixDraftSource(PerRequestDraftSource):
     def draft_for(self, req: DraftReq, k: int, shape: TreeShape = CHAIN) -> DraftTree:
         ids = req.all_ids()
         at = self._locate(req)
-        tree = DraftTree.empty() if at is None else DraftTree.grow(
-            at, lambda h: self._branches(h, req.cache_namespace), k, shape)
+        tree = (
+            DraftTree.empty()
+            if at is None
+            else DraftTree.grow(at, lambda h: self._branches(h, req.cache_namespace), k, shape)
+        )
         if len(tree) == k:
             return tree
         main = tree.first_path()
@@ -83,7 +95,10 @@ class RadixDraftSource(PerRequestDraftSource):
         node, m = h
         if m < len(node.key):
             return [(node.key[m], 1.0, (node, m + 1))]
-        return [(c.key[0], float(max(c.insert_count, 1)), (c, 1)) for c in self.tree.branches(node, namespace)]
+        return [
+            (c.key[0], float(max(c.insert_count, 1)), (c, 1))
+            for c in self.tree.branches(node, namespace)
+        ]
 
     def release(self, req: DraftReq) -> None:
         if self.lookup is not None:
@@ -92,7 +107,12 @@ class RadixDraftSource(PerRequestDraftSource):
         # wherever the client left or an error struck, and often is the text nobody wanted (a
         # runaway repetition cancelled): not worth proposing to others.
         reason = req.finished_reason
-        if self.suffix is None or not req.output_ids or reason is None or isinstance(reason, FinishAbort):
+        if (
+            self.suffix is None
+            or not req.output_ids
+            or reason is None
+            or isinstance(reason, FinishAbort)
+        ):
             return
         # The prompt's last tokens come along: they are the context the answer's start follows.
         self.suffix.add(req.origin_input_ids[-self.suffix.max_match :] + req.output_ids)

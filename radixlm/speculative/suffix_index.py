@@ -40,19 +40,27 @@ SEP = -1  # after each held sequence: a walk stops there, token ids are never ne
 
 
 class SuffixIndex:
-    def __init__(self, max_tokens: int, min_match: int = 2, max_match: int = 8, max_occurrences: int = 256):
+    def __init__(
+        self, max_tokens: int, min_match: int = 2, max_match: int = 8, max_occurrences: int = 256
+    ):
         if not 1 <= min_match <= max_match:
-            raise ValueError(f"suffix index match lengths need 1 <= min <= max, got {min_match}, {max_match}")
+            raise ValueError(
+                f"suffix index match lengths need 1 <= min <= max, got {min_match}, {max_match}"
+            )
         if max_tokens < 0 or max_occurrences < 1:
-            raise ValueError(f"suffix index needs max_tokens >= 0 and max_occurrences >= 1, "
-                             f"got {max_tokens}, {max_occurrences}")
+            raise ValueError(
+                "suffix index needs max_tokens >= 0 and max_occurrences >= 1, "
+                f"got {max_tokens}, {max_occurrences}"
+            )
         self.max_tokens, self.min_match, self.max_match = max_tokens, min_match, max_match
         self.max_occurrences = max_occurrences
         self._windows = max_match - min_match + 1
         self.num_tokens = 0  # held tokens, SEPs not counted
         self._tokens: list[int] = []  # held sequences, each followed by SEP
         self._base = 0  # global position of _tokens[0]
-        self._seqs: deque[tuple[int, int]] = deque()  # (start, end) of each held sequence, oldest first
+        self._seqs: deque[tuple[int, int]] = (
+            deque()
+        )  # (start, end) of each held sequence, oldest first
         self._last: dict[tuple[int, ...], int] = {}  # n-gram -> its latest occurrence
         # _prev[(p - _base) * _windows + n - min_match]: the occurrence before the one at p of the
         # n-gram that ends before p (-1: none).
@@ -107,7 +115,9 @@ class SuffixIndex:
             out.append(best)
             if len(out) == k:
                 return out, n
-            occ = [pos + 1 for pos in occ if toks[pos - base] == best and toks[pos + 1 - base] != SEP]
+            occ = [
+                pos + 1 for pos in occ if toks[pos - base] == best and toks[pos + 1 - base] != SEP
+            ]
             if not occ:
                 return out, n
 
@@ -130,7 +140,9 @@ class SuffixIndex:
             gone.append((start, end))
         new_base = self._seqs[0][0]  # add() truncated the newest sequence: it stays
         for start, end in gone:
-            for key, _, _ in self._ngrams(self._tokens[start - self._base : end - self._base], start):
+            for key, _, _ in self._ngrams(
+                self._tokens[start - self._base : end - self._base], start
+            ):
                 if self._last.get(key, new_base) < new_base:
                     del self._last[key]
         del self._tokens[: new_base - self._base]

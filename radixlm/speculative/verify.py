@@ -20,8 +20,8 @@ is emitted with probability (1 - p(d_1) - .. - p(d_{j-1})) * p(d_j) / (1 - p(d_1
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Optional, Sequence
 
 import torch
 
@@ -61,7 +61,8 @@ def accept_greedy_tree(rows: torch.Tensor, tree: DraftTree) -> Acceptance:
 
 
 def target_probs(rows: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """The distribution the sampler draws from for each row: temperature, then top-k / top-p / min-p."""
+    """The distribution the sampler draws from for each row: temperature, then top-k / top-p /
+    min-p."""
     n, vocab = rows.shape
     info = SamplingBatchInfo.build([SamplingRow(params)] * n, vocab, rows.device)
     probs = torch.softmax(rows / info.temperatures, dim=-1)
@@ -70,12 +71,18 @@ def target_probs(rows: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     return probs / probs.sum(dim=-1, keepdim=True)
 
 
-def accept_sampling_tree(rows: torch.Tensor, tree: DraftTree, params: SamplingParams,
-                         generator: Optional[torch.Generator] = None) -> Acceptance:
+def accept_sampling_tree(
+    rows: torch.Tensor,
+    tree: DraftTree,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+) -> Acceptance:
     return sample_tree(target_probs(rows, params).cpu(), tree, generator)
 
 
-def sample_tree(probs: torch.Tensor, tree: DraftTree, generator: Optional[torch.Generator] = None) -> Acceptance:
+def sample_tree(
+    probs: torch.Tensor, tree: DraftTree, generator: torch.Generator | None = None
+) -> Acceptance:
     """The rejection sampling walk over the target's distributions (probs: rows' target_probs)."""
     kids, node, path = _children(tree), ROOT, []
     while True:
@@ -93,13 +100,19 @@ def sample_tree(probs: torch.Tensor, tree: DraftTree, generator: Optional[torch.
                 break
             p /= total
         if accepted is None:
-            return Acceptance(tree.path_tokens(path) + [int(torch.multinomial(p, 1, generator=generator))], path)
+            return Acceptance(
+                tree.path_tokens(path) + [int(torch.multinomial(p, 1, generator=generator))], path
+            )
         path.append(accepted)
         node = accepted
 
 
-def accept_tree(rows: torch.Tensor, tree: DraftTree, params: SamplingParams,
-                generator: Optional[torch.Generator] = None) -> Acceptance:
+def accept_tree(
+    rows: torch.Tensor,
+    tree: DraftTree,
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+) -> Acceptance:
     """What a verify step emits for one request (rows: [1 + len(tree), vocab])."""
     assert rows.shape[0] == len(tree) + 1, (rows.shape, len(tree))
     if params.is_greedy:
@@ -107,7 +120,12 @@ def accept_tree(rows: torch.Tensor, tree: DraftTree, params: SamplingParams,
     return accept_sampling_tree(rows, tree, params, generator)
 
 
-def accept_draft(rows: torch.Tensor, draft: Sequence[int], params: SamplingParams,
-                 generator: Optional[torch.Generator] = None) -> list[int]:
-    """The tokens a verify step emits for a chain draft: accepted drafts, then one of the target's."""
+def accept_draft(
+    rows: torch.Tensor,
+    draft: Sequence[int],
+    params: SamplingParams,
+    generator: torch.Generator | None = None,
+) -> list[int]:
+    """The tokens a verify step emits for a chain draft: accepted drafts, then one of the
+    target's."""
     return accept_tree(rows, DraftTree.chain(draft), params, generator).tokens

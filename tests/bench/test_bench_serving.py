@@ -9,16 +9,34 @@ import pytest
 
 from radixlm.bench import one_batch, serving
 from radixlm.bench.metrics import LATENCIES, compute_metrics
-from radixlm.bench.serving_client import OpenAIBackend, OpenAIChatBackend, RequestOutput, parse_sse_line
+from radixlm.bench.serving_client import (
+    OpenAIBackend,
+    OpenAIChatBackend,
+    RequestOutput,
+    parse_sse_line,
+)
 from tests.conftest import engine_args
 from tests.e2e.conftest import ServerProcess
 
 TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks")
 SMALL = dict(
-    num_prompts=3, random_input_len=24, random_output_len=6,
-    gsp_num_groups=2, gsp_prompts_per_group=3, gsp_system_prompt_len=48, gsp_question_len=6, gsp_output_len=6,
-    num_conversations=2, num_turns=3, multi_turn_question_len=8, multi_turn_output_len=5,
-    fork_prefix_len=48, fork_n=3, fork_branch_len=4, fork_output_len=6, json_output_len=120,
+    num_prompts=3,
+    random_input_len=24,
+    random_output_len=6,
+    gsp_num_groups=2,
+    gsp_prompts_per_group=3,
+    gsp_system_prompt_len=48,
+    gsp_question_len=6,
+    gsp_output_len=6,
+    num_conversations=2,
+    num_turns=3,
+    multi_turn_question_len=8,
+    multi_turn_output_len=5,
+    fork_prefix_len=48,
+    fork_n=3,
+    fork_branch_len=4,
+    fork_output_len=6,
+    json_output_len=120,
 )
 EXPECTED_REQUESTS = {"random": 3, "gsp": 6, "multi-turn": 6, "fork": 9, "json": 3}
 
@@ -27,8 +45,10 @@ EXPECTED_REQUESTS = {"random": 3, "gsp": 6, "multi-turn": 6, "fork": 9, "json": 
 def servers(tiny_model_dir):
     """Two tiny-model servers started side by side: radix cache on, and off."""
     with ThreadPoolExecutor(2) as pool:
-        futs = [pool.submit(ServerProcess, "--model-path", tiny_model_dir, *TINY, *extra)
-                for extra in ((), ("--disable-radix-cache",))]
+        futs = [
+            pool.submit(ServerProcess, "--model-path", tiny_model_dir, *TINY, *extra)
+            for extra in ((), ("--disable-radix-cache",))
+        ]
         started = [f.result() for f in futs]
     yield {"cache": started[0], "nocache": started[1]}
     for s in started:
@@ -58,15 +78,20 @@ def check_latencies(res):
 @pytest.mark.parametrize("backend", ["radixlm", "openai", "openai-chat"])
 @pytest.mark.parametrize("dataset", ["random", "gsp", "multi-turn", "fork", "json"])
 def test_serving_datasets_backends(servers, tiny_model_dir, backend, dataset):
-    res = serving.run(bench_args(servers["cache"].url, tiny_model_dir, "--backend", backend, "--dataset", dataset))
+    res = serving.run(
+        bench_args(servers["cache"].url, tiny_model_dir, "--backend", backend, "--dataset", dataset)
+    )
     n = EXPECTED_REQUESTS[dataset]
     assert res["requests"] == res["completed"] == n and res["errors"] == 0, res["error_samples"]
     check_latencies(res)
     outs = res["outputs"]
     # radixlm reports prompt / completion / cached tokens on every API.
-    assert all(isinstance(o.cached_tokens, int) and 0 <= o.cached_tokens < o.prompt_len for o in outs)
+    assert all(
+        isinstance(o.cached_tokens, int) and 0 <= o.cached_tokens < o.prompt_len for o in outs
+    )
     assert res["cached_token_share"] == pytest.approx(
-        sum(o.cached_tokens for o in outs) / sum(o.prompt_len for o in outs))
+        sum(o.cached_tokens for o in outs) / sum(o.prompt_len for o in outs)
+    )
     if dataset == "json":
         assert res["json_valid_share"] == 1.0  # the server constrains the output to the schema
         assert all(o.output_len <= SMALL["json_output_len"] for o in outs)
@@ -97,15 +122,34 @@ def test_speculation_datasets(servers, tiny_model_dir):
     recurring: every agent call sent `repeats` times (its repeats hit the cache)."""
     from radixlm.bench.spec_datasets import SENTENCES, TASKS
 
-    res = serving.run(bench_args(servers["cache"].url, tiny_model_dir, "--dataset", "grounded",
-                                 grounded_sentences=5, grounded_output_len=6))
+    res = serving.run(
+        bench_args(
+            servers["cache"].url,
+            tiny_model_dir,
+            "--dataset",
+            "grounded",
+            grounded_sentences=5,
+            grounded_output_len=6,
+        )
+    )
     assert res["completed"] == SMALL["num_prompts"] and res["errors"] == 0
     for o in res["outputs"]:
         text = o.request.text
-        assert sum(s in text for s in SENTENCES) == 5 and any(text.startswith(t + ":\n\n") for t in TASKS)
+        assert sum(s in text for s in SENTENCES) == 5 and any(
+            text.startswith(t + ":\n\n") for t in TASKS
+        )
         assert 0 < o.output_len <= 6
-    res = serving.run(bench_args(servers["cache"].url, tiny_model_dir, "--dataset", "recurring",
-                                 recurring_num_prompts=3, recurring_repeats=3, recurring_output_len=5))
+    res = serving.run(
+        bench_args(
+            servers["cache"].url,
+            tiny_model_dir,
+            "--dataset",
+            "recurring",
+            recurring_num_prompts=3,
+            recurring_repeats=3,
+            recurring_output_len=5,
+        )
+    )
     assert res["completed"] == 9 and res["errors"] == 0
     counts: dict = {}
     for o in res["outputs"]:
@@ -115,7 +159,9 @@ def test_speculation_datasets(servers, tiny_model_dir):
 
 
 def test_gsp_cached_share_radix_cache_on_vs_off(servers, tiny_model_dir):
-    kw = dict(gsp_num_groups=2, gsp_prompts_per_group=4, gsp_system_prompt_len=96, gsp_question_len=8)
+    kw = dict(
+        gsp_num_groups=2, gsp_prompts_per_group=4, gsp_system_prompt_len=96, gsp_question_len=8
+    )
     cli = ("--dataset", "gsp", "--max-concurrency", "2")
     on = serving.run(bench_args(servers["cache"].url, tiny_model_dir, *cli, **kw))
     off = serving.run(bench_args(servers["nocache"].url, tiny_model_dir, *cli, **kw))
@@ -129,10 +175,43 @@ def test_cli_writes_json_lines_and_png(servers, tiny_model_dir, tmp_path, capsys
     from radixlm.cli import main
 
     out, png = tmp_path / "result.jsonl", tmp_path / "plot.png"
-    common = ["bench", "serving", "--base-url", servers["cache"].url, "--tokenizer", tiny_model_dir, "--disable-tqdm",
-              "--num-prompts", "4", "--random-input-len", "16", "--random-output-len", "4", "--output-file", str(out)]
-    assert main([*common, "--backend", "openai", "--request-rate", "50", "--seed", "3", "--plot", str(png)]) == 0
-    assert main([*common, "--backend", "radixlm", "--max-concurrency", "1", "--warmup-requests", "0"]) == 0
+    common = [
+        "bench",
+        "serving",
+        "--base-url",
+        servers["cache"].url,
+        "--tokenizer",
+        tiny_model_dir,
+        "--disable-tqdm",
+        "--num-prompts",
+        "4",
+        "--random-input-len",
+        "16",
+        "--random-output-len",
+        "4",
+        "--output-file",
+        str(out),
+    ]
+    assert (
+        main(
+            [
+                *common,
+                "--backend",
+                "openai",
+                "--request-rate",
+                "50",
+                "--seed",
+                "3",
+                "--plot",
+                str(png),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main([*common, "--backend", "radixlm", "--max-concurrency", "1", "--warmup-requests", "0"])
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "Output throughput (tok/s)" in printed and "TTFT" in printed
     lines = [json.loads(x) for x in out.read_text().splitlines()]
@@ -153,17 +232,45 @@ def test_unreachable_server_counts_errors(tiny_model_dir):
 
 
 def test_openai_chunks_llama_server_style():
-    """llama-server: cached tokens in usage.prompt_tokens_details or timings.cache_n; missing = unknown."""
+    """llama-server: cached tokens in usage.prompt_tokens_details or timings.cache_n; missing =
+    unknown."""
     be, out, st = OpenAIBackend("m"), RequestOutput(), {}
     assert be.update({"choices": [{"index": 0, "text": "Hi"}]}, out, st) == 1
-    assert be.update({"choices": [{"index": 0, "text": ""}], "timings": {"cache_n": 7, "prompt_n": 3}}, out, st) == 0
+    assert (
+        be.update(
+            {"choices": [{"index": 0, "text": ""}], "timings": {"cache_n": 7, "prompt_n": 3}},
+            out,
+            st,
+        )
+        == 0
+    )
     assert out.text == "Hi" and out.cached_tokens == 7 and out.prompt_len is None
-    be.update({"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 2,
-                                        "prompt_tokens_details": {"cached_tokens": 8}}}, out, st)
+    be.update(
+        {
+            "choices": [],
+            "usage": {
+                "prompt_tokens": 10,
+                "completion_tokens": 2,
+                "prompt_tokens_details": {"cached_tokens": 8},
+            },
+        },
+        out,
+        st,
+    )
     assert (out.prompt_len, out.output_len, out.cached_tokens) == (10, 2, 8)
     chat, out2 = OpenAIChatBackend("m"), RequestOutput()
-    assert chat.update({"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}, out2, {}) == 0
-    assert chat.update({"choices": [{"index": 0, "delta": {"content": "yo"}}], "usage": None}, out2, {}) == 1
+    assert (
+        chat.update(
+            {"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}, out2, {}
+        )
+        == 0
+    )
+    assert (
+        chat.update(
+            {"choices": [{"index": 0, "delta": {"content": "yo"}}], "usage": None}, out2, {}
+        )
+        == 1
+    )
     assert out2.text == "yo" and out2.cached_tokens is None  # never reported: unknown, not 0
     assert parse_sse_line("data: [DONE]") is None and parse_sse_line(": keep-alive") is None
     with pytest.raises(Exception, match="bad schema"):
@@ -172,14 +279,26 @@ def test_openai_chunks_llama_server_style():
 
 def test_metrics_formulas():
     outs = [
-        RequestOutput(success=True, prompt_len=10, output_len=5, cached_tokens=4, ttft=0.1, latency=0.5, itl=[0.1] * 4),
-        RequestOutput(success=True, prompt_len=30, output_len=1, cached_tokens=None, ttft=0.2, latency=0.2),
+        RequestOutput(
+            success=True,
+            prompt_len=10,
+            output_len=5,
+            cached_tokens=4,
+            ttft=0.1,
+            latency=0.5,
+            itl=[0.1] * 4,
+        ),
+        RequestOutput(
+            success=True, prompt_len=30, output_len=1, cached_tokens=None, ttft=0.2, latency=0.2
+        ),
         RequestOutput(success=False, error="boom"),
     ]
     res = compute_metrics(outs, duration=2.0)
     assert (res["completed"], res["errors"]) == (2, 1)
     assert res["output_throughput"] == 3.0 and res["input_throughput"] == 20.0
-    assert res["mean_tpot_ms"] == pytest.approx(100.0)  # (0.5 - 0.1) / 4; one-token outputs have none
+    assert res["mean_tpot_ms"] == pytest.approx(
+        100.0
+    )  # (0.5 - 0.1) / 4; one-token outputs have none
     assert res["cached_token_share"] == pytest.approx(0.4)  # over the requests that report it
     assert res["mean_ttft_ms"] == pytest.approx(150.0) and res["error_samples"] == ["boom"]
 
@@ -190,8 +309,22 @@ def test_one_batch_matches_engine_greedy(tiny_model_dir, tmp_path):
 
     p = argparse.ArgumentParser()
     one_batch.add_args(p)
-    args = p.parse_args(["--batch-size", "1", "3", "--input-len", "20", "--output-len", "6", "--profile",
-                         "--profile-dir", str(tmp_path / "prof"), "--output-file", str(tmp_path / "ob.jsonl")])
+    args = p.parse_args(
+        [
+            "--batch-size",
+            "1",
+            "3",
+            "--input-len",
+            "20",
+            "--output-len",
+            "6",
+            "--profile",
+            "--profile-dir",
+            str(tmp_path / "prof"),
+            "--output-file",
+            str(tmp_path / "ob.jsonl"),
+        ]
+    )
     server_args = ServerArgs(model_path=tiny_model_dir, num_threads=1, log_level="warning")
     results = one_batch.run(args, server_args)
     assert [r["batch_size"] for r in results] == [1, 3]
@@ -201,9 +334,13 @@ def test_one_batch_matches_engine_greedy(tiny_model_dir, tmp_path):
         assert 0 < r["forward_median_ms"] <= r["decode_median_ms"]
         assert 0 <= r["outside_forward_share"] < 1
         assert r["step_bytes_mb"] > 0 and r["read_gbps"] > 0 and r["roofline_share"] > 0
-        assert (tmp_path / "prof" / f"one_batch_bs{r['batch_size']}_in20_out6.txt").read_text().strip()
+        assert (
+            (tmp_path / "prof" / f"one_batch_bs{r['batch_size']}_in20_out6.txt").read_text().strip()
+        )
         assert len(r["output_ids"]) == r["batch_size"] and all(len(t) == 6 for t in r["output_ids"])
-    prompts = [q.input_ids for q in one_batch.random_prompts(3, 20, 6, results[1]["vocab_size"], seed=0)]
+    prompts = [
+        q.input_ids for q in one_batch.random_prompts(3, 20, 6, results[1]["vocab_size"], seed=0)
+    ]
     with Engine(tiny_model_dir, **engine_args()) as engine:
         sp = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
         outs = engine.generate(input_ids=prompts, sampling_params=sp)
@@ -215,28 +352,49 @@ def test_one_batch_matches_engine_greedy(tiny_model_dir, tmp_path):
 
 
 def test_one_batch_shared_prefix_matches_engine_greedy(tiny_model_dir, monkeypatch):
-    """--shared-prefix-len: requests start from their group's cached prefix (so decode takes the torch
-    backend's shared-prefix attention path) and still give the Engine's greedy tokens for the whole
-    prompts."""
+    """--shared-prefix-len: requests start from their group's cached prefix (so decode takes the
+    torch backend's shared-prefix attention path) and still give the Engine's greedy tokens for the
+    whole prompts."""
     from radixlm.config import ServerArgs
     from radixlm.engine.engine import Engine
     from radixlm.model.layers.attention import shared_prefix_decode_path
 
     calls = []
     real = shared_prefix_decode_path.shared_prefix_decode
-    monkeypatch.setattr(shared_prefix_decode_path, "shared_prefix_decode", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(
+        shared_prefix_decode_path,
+        "shared_prefix_decode",
+        lambda *a, **k: calls.append(1) or real(*a, **k),
+    )
 
     p = argparse.ArgumentParser()
     one_batch.add_args(p)
-    args = p.parse_args(["--batch-size", "5", "--input-len", "7", "--output-len", "5", "--shared-prefix-len", "40",
-                         "--num-groups", "2"])
-    server_args = ServerArgs(model_path=tiny_model_dir, num_threads=1, log_level="warning", attention_backend="torch")
+    args = p.parse_args(
+        [
+            "--batch-size",
+            "5",
+            "--input-len",
+            "7",
+            "--output-len",
+            "5",
+            "--shared-prefix-len",
+            "40",
+            "--num-groups",
+            "2",
+        ]
+    )
+    server_args = ServerArgs(
+        model_path=tiny_model_dir, num_threads=1, log_level="warning", attention_backend="torch"
+    )
     (res,) = one_batch.run(args, server_args)
     assert res["num_groups"] == 2 and res["shared_prefix_len"] == 40 and res["decode_steps"] == 4
     assert calls  # the decode steps attended to the shared prefixes once per group
     vocab = res["vocab_size"]
     prefixes = [q.input_ids for q in one_batch.random_prompts(2, 40, 1, vocab, seed=1)]
-    prompts = [prefixes[i % 2] + q.input_ids for i, q in enumerate(one_batch.random_prompts(5, 7, 5, vocab, seed=0))]
+    prompts = [
+        prefixes[i % 2] + q.input_ids
+        for i, q in enumerate(one_batch.random_prompts(5, 7, 5, vocab, seed=0))
+    ]
     with Engine(tiny_model_dir, **engine_args(attention_backend="torch")) as engine:
         sp = {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}
         outs = engine.generate(input_ids=prompts, sampling_params=sp)
@@ -253,7 +411,14 @@ def _one_answer_per_connection_server():
 
     async def read_request(reader) -> bool:
         head = await reader.readuntil(b"\r\n\r\n")
-        length = next((int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length")), 0)
+        length = next(
+            (
+                int(h.split(b":")[1])
+                for h in head.split(b"\r\n")
+                if h.lower().startswith(b"content-length")
+            ),
+            0,
+        )
         await reader.readexactly(length)
         return True
 
@@ -261,8 +426,10 @@ def _one_answer_per_connection_server():
         stats["connections"] += 1
         try:
             await read_request(reader)
-            writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: keep-alive\r\n"
-                         b"Content-Length: %d\r\n\r\n" % len(sse) + sse)
+            writer.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: keep-alive\r\n"
+                b"Content-Length: %d\r\n\r\n" % len(sse) + sse
+            )
             await writer.drain()
             stats["answered"] += 1
             await read_request(reader)
@@ -286,14 +453,20 @@ def test_stale_keepalive_connection_is_retried_not_counted_as_error():
         server = await asyncio.start_server(handle, "127.0.0.1", 0)
         url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
         async with httpx.AsyncClient() as client:
-            outs = [await send_request(client, url, OpenAIBackend("m"), RequestInput([{"content": "hi"}], 2), {})
-                    for _ in range(4)]
+            outs = [
+                await send_request(
+                    client, url, OpenAIBackend("m"), RequestInput([{"content": "hi"}], 2), {}
+                )
+                for _ in range(4)
+            ]
         server.close()
         return outs, stats
 
     outs, stats = asyncio.run(main())
     assert all(o.success and o.text == "ok" for o in outs), [o.error for o in outs]
-    assert stats["answered"] == 4 and stats["dropped"] == 3  # requests 2-4 each met a dropped connection first
+    assert (
+        stats["answered"] == 4 and stats["dropped"] == 3
+    )  # requests 2-4 each met a dropped connection first
     assert [o.retries for o in outs] == [0, 1, 1, 1]
     assert compute_metrics(outs, 1.0)["retried_requests"] == 3
 
@@ -313,7 +486,14 @@ def test_request_rejected_with_an_answer_is_not_retried():
 
     async def main():
         async with httpx.AsyncClient(transport=httpx.MockTransport(app)) as client:
-            return await send_request(client, "http://x", OpenAIBackend("m"), RequestInput([{"content": "hi"}], 2), {})
+            return await send_request(
+                client, "http://x", OpenAIBackend("m"), RequestInput([{"content": "hi"}], 2), {}
+            )
 
     out = asyncio.run(main())
-    assert not out.success and out.error.startswith("HTTP 503") and len(calls) == 1 and out.retries == 0
+    assert (
+        not out.success
+        and out.error.startswith("HTTP 503")
+        and len(calls) == 1
+        and out.retries == 0
+    )

@@ -25,7 +25,14 @@ def test_real_shapes_parameter_count(name):
 def test_llama_3_2_1b_plan(capsys):
     s = SHAPES["llama-3.2-1b"]
     assert (s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim, s.intermediate, s.vocab) == (
-        2048, 16, 32, 8, 64, 8192, 128256)
+        2048,
+        16,
+        32,
+        8,
+        64,
+        8192,
+        128256,
+    )
     tensors = {p.name: p for p in mrg.plan(s, "q4_0")}
     assert "output.weight" not in tensors  # tied, as the real one
     assert tensors["token_embd.weight"].shape == (128256, 2048)
@@ -48,8 +55,10 @@ def test_llama3_rope_freqs_match_the_loader():
     assert got == s.llama3_rope
 
 
-@pytest.mark.parametrize("shape_name,type_name", [("tiny", "f16"), ("tiny", "q8_0"), ("tiny", "q4_0"),
-                                                  ("tiny-qwen2", "q4_0")])
+@pytest.mark.parametrize(
+    "shape_name,type_name",
+    [("tiny", "f16"), ("tiny", "q8_0"), ("tiny", "q4_0"), ("tiny-qwen2", "q4_0")],
+)
 def test_tiny_file_loads(shape_name, type_name, tmp_path):
     from radixlm import kernels
     from radixlm.model.gguf_loader import open_gguf
@@ -66,12 +75,32 @@ def test_tiny_file_loads(shape_name, type_name, tmp_path):
     loaded = load_model(path, quantization="gguf")
     c = loaded.hf_config
     assert loaded.architecture == {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}[s.arch]
-    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads, c.head_dim,
-            c.intermediate_size, c.vocab_size, c.tie_word_embeddings, c.max_position_embeddings) == (
-        s.hidden, s.layers, s.heads, s.kv_heads, s.head_dim, s.intermediate, s.vocab, s.tied, s.context)
+    assert (
+        c.hidden_size,
+        c.num_hidden_layers,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.head_dim,
+        c.intermediate_size,
+        c.vocab_size,
+        c.tie_word_embeddings,
+        c.max_position_embeddings,
+    ) == (
+        s.hidden,
+        s.layers,
+        s.heads,
+        s.kv_heads,
+        s.head_dim,
+        s.intermediate,
+        s.vocab,
+        s.tied,
+        s.context,
+    )
     assert c.rope_parameters["rope_theta"] == s.rope_theta
     assert c.rms_norm_eps == pytest.approx(s.rms_eps)
-    assert c.rope_parameters.get("rope_type", "default") == ("llama3" if s.llama3_rope else "default")
+    assert c.rope_parameters.get("rope_type", "default") == (
+        "llama3" if s.llama3_rope else "default"
+    )
 
     layer = loaded.model.model.layers[1]
     if s.qkv_bias:
@@ -80,7 +109,9 @@ def test_tiny_file_loads(shape_name, type_name, tmp_path):
     assert float(norm.min()) == float(norm.max()) == 1.0
     down = layer.mlp.down_proj
     # CI machines have g++ and AVX2 (tests/kernels/conftest.py): a build failure fails, never skips.
-    assert kernels.available(), f"native kernels failed to build/load: {kernels.unavailable_reason()}"
+    assert kernels.available(), (
+        f"native kernels failed to build/load: {kernels.unavailable_reason()}"
+    )
     if type_name == "f16":  # kept 16-bit on the f16 kernels, with the file's values
         assert down.qweight.formats == ["f16"]
         weight = down.qweight.dequantize()
@@ -115,10 +146,16 @@ def test_vocab_smaller_than_tokenizer_refused():
 @pytest.mark.parametrize("given", [None, "/nonexistent/llama-quantize"])
 def test_missing_llama_quantize(given, tmp_path, capsys):
     out = tmp_path / "x.gguf"
-    argv = ["--shape", "tiny", "--type", "q4_k_m", "-o", str(out)] + (["--llama-quantize", given] if given else [])
+    argv = ["--shape", "tiny", "--type", "q4_k_m", "-o", str(out)] + (
+        ["--llama-quantize", given] if given else []
+    )
     assert mrg.main(argv) == 2
     err = capsys.readouterr().err
-    assert "llama-quantize" in err and "build-llama-server.sh" in err and "build/bin/llama-quantize" in err
+    assert (
+        "llama-quantize" in err
+        and "build-llama-server.sh" in err
+        and "build/bin/llama-quantize" in err
+    )
     assert list(tmp_path.iterdir()) == []  # refused before writing the intermediate
 
 
@@ -135,10 +172,22 @@ def test_llama_quantize_call(intermediate, tmp_path):
     from radixlm.model.gguf_loader import open_gguf
 
     out = str(tmp_path / "tiny.q4_k_m.gguf")
-    mrg.make(out, "tiny", "q4_k_m", llama_quantize=_fake_llama_quantize(tmp_path), intermediate=intermediate,
-             log=None)
+    mrg.make(
+        out,
+        "tiny",
+        "q4_k_m",
+        llama_quantize=_fake_llama_quantize(tmp_path),
+        intermediate=intermediate,
+        log=None,
+    )
     args = (tmp_path / "args").read_text().split()
     inter = intermediate or "f16"  # tiny is far below 4B parameters
-    assert args == ["--allow-requantize", f"{out}.{inter}.tmp.gguf", out, "Q4_K_M", str(os.cpu_count())]
+    assert args == [
+        "--allow-requantize",
+        f"{out}.{inter}.tmp.gguf",
+        out,
+        "Q4_K_M",
+        str(os.cpu_count()),
+    ]
     assert not os.path.exists(args[1])  # the intermediate is removed
     assert open_gguf(out).tensors[1].tensor_type.name == inter.upper()  # [0] is rope_freqs (F32)

@@ -42,8 +42,15 @@ def browser_skip_reason() -> str | None:
 
 @pytest.fixture(scope="package")
 def keyed_server(tiny_model_dir):
-    """--api-key and --dashboard-show-text: the dashboard's data needs the key, the tree has text."""
-    s = ServerProcess("--model-path", tiny_model_dir, *TINY, "--dashboard-show-text", env={"RADIXLM_API_KEY": KEY, "RADIXLM_ADMIN_API_KEY": ADMIN_KEY})
+    """--api-key and --dashboard-show-text: the dashboard's data needs the key, the tree has
+    text."""
+    s = ServerProcess(
+        "--model-path",
+        tiny_model_dir,
+        *TINY,
+        "--dashboard-show-text",
+        env={"RADIXLM_API_KEY": KEY, "RADIXLM_ADMIN_API_KEY": ADMIN_KEY},
+    )
     yield s
     s.stop()
 
@@ -59,10 +66,25 @@ def open_server(tiny_model_dir):
 @pytest.fixture(scope="package")
 def router(keyed_server, open_server):
     """`radixlm router` in front of both (the open server, on loopback without a key, takes any)."""
+
     def cmd(port):
-        return [sys.executable, "-m", "radixlm.cli", "router", "--port", str(port), "--worker-urls",
-                keyed_server.url, open_server.url, "--health-check-interval-secs", "0.5",
-                "--health-success-threshold", "1", "--log-level", "warning"]
+        return [
+            sys.executable,
+            "-m",
+            "radixlm.cli",
+            "router",
+            "--port",
+            str(port),
+            "--worker-urls",
+            keyed_server.url,
+            open_server.url,
+            "--health-check-interval-secs",
+            "0.5",
+            "--health-success-threshold",
+            "1",
+            "--log-level",
+            "warning",
+        ]
 
     r = ServerProcess(command=cmd, name="the router", env={"RADIXLM_WORKER_API_KEY": KEY})
     yield r
@@ -71,11 +93,15 @@ def router(keyed_server, open_server):
 
 @pytest.fixture(scope="module")
 def browser():
-    """Module scope: Playwright's sync API keeps an event loop running on the main thread while it is
-    open, so a session-wide browser would make every later test's asyncio.run() fail."""
+    """Module scope: Playwright's sync API keeps an event loop running on the main thread while it
+    is open, so a session-wide browser would make every later test's asyncio.run() fail."""
     why = browser_missing()
-    if why is not None:  # only reached under RADIXLM_REQUIRE_BROWSER=1: elsewhere the module is skipped
-        pytest.fail(f"the dashboard browser tests must run here (RADIXLM_REQUIRE_BROWSER=1) but {why}")
+    if (
+        why is not None
+    ):  # only reached under RADIXLM_REQUIRE_BROWSER=1: elsewhere the module is skipped
+        pytest.fail(
+            f"the dashboard browser tests must run here (RADIXLM_REQUIRE_BROWSER=1) but {why}"
+        )
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -92,7 +118,10 @@ def page(browser, tmp_path):
     context = browser.new_context(viewport={"width": 1300, "height": 1000})
     pg = context.new_page()
     pg.errors = []
-    pg.on("console", lambda m: pg.errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None)
+    pg.on(
+        "console",
+        lambda m: pg.errors.append(f"console {m.type}: {m.text}") if m.type == "error" else None,
+    )
     pg.on("pageerror", lambda e: pg.errors.append(f"page error: {e}"))
     yield pg
     pg.screenshot(path=str(tmp_path / "final.png"), full_page=True)
@@ -101,8 +130,11 @@ def page(browser, tmp_path):
 
 def pytest_terminal_summary(terminalreporter):
     """`pytest -q` prints no skip reasons: say once why the browser tests did not run."""
-    reasons = [r.longrepr[2] for r in terminalreporter.stats.get("skipped", [])
-               if isinstance(r.longrepr, tuple) and SKIP_PREFIX in r.longrepr[2]]
+    reasons = [
+        r.longrepr[2]
+        for r in terminalreporter.stats.get("skipped", [])
+        if isinstance(r.longrepr, tuple) and SKIP_PREFIX in r.longrepr[2]
+    ]
     if reasons:
-        why = reasons[0][reasons[0].index(SKIP_PREFIX):]
+        why = reasons[0][reasons[0].index(SKIP_PREFIX) :]
         terminalreporter.write_line(f"{len(reasons)} {why}", yellow=True)

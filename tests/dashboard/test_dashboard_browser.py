@@ -21,12 +21,20 @@ from tests.dashboard.conftest import ADMIN_KEY, KEY, browser_skip_reason
 from tests.dashboard.test_dashboard_stream import PROMPTS, common_prefix, generate
 
 # Checked before any server starts: where no browser can run, nothing is started for nothing.
-pytestmark = pytest.mark.skipif(browser_skip_reason() is not None, reason=str(browser_skip_reason()))
+pytestmark = pytest.mark.skipif(
+    browser_skip_reason() is not None, reason=str(browser_skip_reason())
+)
 
 LIVE = "#status.good"
-SCHEMA = {"type": "object", "properties": {"color": {"type": "string", "enum": ["red", "green", "blue"]},
-                                           "count": {"type": "integer", "minimum": 0, "maximum": 9}},
-          "required": ["color", "count"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "color": {"type": "string", "enum": ["red", "green", "blue"]},
+        "count": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
+    "required": ["color", "count"],
+    "additionalProperties": False,
+}
 
 
 def wait_js(page, expr, timeout=20.0):
@@ -66,7 +74,9 @@ def test_charts_move_while_requests_run(open_server, page, tmp_path):
     page.goto(open_server.url + "/dashboard")
     wait_js(page, "window.radixlmDashboard.charts.throughput.data[0].length >= 2")
     idle = canvas(page, "throughput")
-    assert max(v or 0 for v in chart_data(page, "throughput")[1]) == 0  # nothing ran yet on this page's watch
+    assert (
+        max(v or 0 for v in chart_data(page, "throughput")[1]) == 0
+    )  # nothing ran yet on this page's watch
     stop = threading.Event()
 
     def load():
@@ -79,9 +89,14 @@ def test_charts_move_while_requests_run(open_server, page, tmp_path):
     for t in threads:
         t.start()
     try:
-        wait_js(page, "Math.max(...window.radixlmDashboard.charts.throughput.data[1].map(v => v || 0)) > 0",
-                timeout=30)
-        wait_js(page, "Math.max(...window.radixlmDashboard.charts.requests.data[1]) > 0", timeout=30)
+        wait_js(
+            page,
+            "Math.max(...window.radixlmDashboard.charts.throughput.data[1].map(v => v || 0)) > 0",
+            timeout=30,
+        )
+        wait_js(
+            page, "Math.max(...window.radixlmDashboard.charts.requests.data[1]) > 0", timeout=30
+        )
         page.screenshot(path=str(tmp_path / "under_load.png"), full_page=True)
         assert canvas(page, "throughput") != idle  # the chart's pixels moved
     finally:
@@ -91,11 +106,16 @@ def test_charts_move_while_requests_run(open_server, page, tmp_path):
     assert page.errors == []
 
 
-def test_tree_shows_the_shared_node_with_both_children(keyed_server, page, tiny_model_dir, tmp_path):
+def test_tree_shows_the_shared_node_with_both_children(
+    keyed_server, page, tiny_model_dir, tmp_path
+):
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     shared = common_prefix(*(tok(p, add_special_tokens=False)["input_ids"] for p in PROMPTS))
     admin, user = {"Authorization": f"Bearer {ADMIN_KEY}"}, {"Authorization": f"Bearer {KEY}"}
-    assert requests.post(keyed_server.url + "/flush_cache", headers=admin, timeout=30).status_code == 200
+    assert (
+        requests.post(keyed_server.url + "/flush_cache", headers=admin, timeout=30).status_code
+        == 200
+    )
     page.goto(keyed_server.url + "/dashboard")
     enter_key(page, KEY)
     page.wait_for_selector(LIVE)
@@ -138,8 +158,15 @@ def test_playground_round_trips_a_json_schema_answer(open_server, page, tmp_path
     meta = done.query_selector(".turnmeta")
     client = openai.OpenAI(base_url=open_server.url + "/v1", api_key="none")
     ref = client.chat.completions.create(
-        model=page.text_content("#model"), messages=[{"role": "user", "content": question}], temperature=0,
-        max_tokens=128, response_format={"type": "json_schema", "json_schema": {"name": "playground", "schema": SCHEMA}})
+        model=page.text_content("#model"),
+        messages=[{"role": "user", "content": question}],
+        temperature=0,
+        max_tokens=128,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "playground", "schema": SCHEMA},
+        },
+    )
     assert answer == ref.choices[0].message.content  # streamed in the page, whole for the client
     assert int(meta.get_attribute("data-prompt-tokens")) == ref.usage.prompt_tokens
     assert "cached" in meta.text_content()
@@ -159,5 +186,9 @@ def test_router_page_lists_both_workers(router, keyed_server, open_server, page)
     wait_js(page, "document.querySelectorAll('.worker[data-healthy=true]').length == 2")
     urls = {e.get_attribute("data-worker") for e in page.query_selector_all(".worker")}
     assert urls == {keyed_server.url, open_server.url}
-    wait_js(page, "[...window.radixlmDashboard.cards.values()].every(c => c.charts.requests.data[0].length >= 2)")
+    wait_js(
+        page,
+        "[...window.radixlmDashboard.cards.values()].every(c => c.charts.requests.data[0].length"
+        " >= 2)",
+    )
     assert page.errors == []

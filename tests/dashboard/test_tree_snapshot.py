@@ -58,11 +58,17 @@ def test_random_trees_against_a_naive_trie(seed):
     assert len(nodes) == len(cache.all_nodes())
     prefix: dict[int, tuple] = {}
     for n in nodes:  # parents first
-        prefix[n["id"]] = (prefix[n["parent"]] if n["parent"] is not None else ()) + tuple(n["token_ids"])
+        prefix[n["id"]] = (prefix[n["parent"]] if n["parent"] is not None else ()) + tuple(
+            n["token_ids"]
+        )
         assert len(prefix[n["id"]]) == n["depth_tokens"]
     branching = {prefix[n["id"]]: n["children"] for n in nodes if n["children"] >= 2}
     assert branching == naive_branch_points(seqs)
-    assert sum(n["tokens"] for n in nodes) == cache.total_size() == len({tuple(s[:i + 1]) for s in seqs for i in range(len(s))})
+    assert (
+        sum(n["tokens"] for n in nodes)
+        == cache.total_size()
+        == len({tuple(s[: i + 1]) for s in seqs for i in range(len(s))})
+    )
     # Parents come first, and each node's subtree is its own tokens plus its children's subtrees.
     seen = set()
     for n in nodes:
@@ -72,7 +78,9 @@ def test_random_trees_against_a_naive_trie(seed):
         assert n["subtree_tokens"] == n["tokens"] + sum(c["subtree_tokens"] for c in kids)
     # A bound keeps the largest: the top level's biggest subtree is always first.
     few = tree_snapshot(cache, max_nodes=3)
-    assert len(few) == 3 and few[0]["subtree_tokens"] == max(n["subtree_tokens"] for n in nodes if n["parent"] is None)
+    assert len(few) == 3 and few[0]["subtree_tokens"] == max(
+        n["subtree_tokens"] for n in nodes if n["parent"] is None
+    )
     assert all(n["parent"] is None or n["parent"] in {m["id"] for m in few} for n in few)
 
 
@@ -97,7 +105,11 @@ def test_percentiles_match_numpy():
 def test_rates_from_running_totals():
     clock = iter([10.0, 12.0, 13.0])
     rates = FeedRates(_clock=lambda: next(clock))
-    assert rates.update({"generated_tokens": 100, "prompt_tokens": 50})["output_tok_s"] is None  # no previous tick
+    assert (
+        rates.update({"generated_tokens": 100, "prompt_tokens": 50})["output_tok_s"] is None
+    )  # no previous tick
     r = rates.update({"generated_tokens": 180, "prompt_tokens": 70})
     assert r["output_tok_s"] == 40.0 and r["prompt_tok_s"] == 10.0
-    assert rates.update({"generated_tokens": 180, "prompt_tokens": 0})["prompt_tok_s"] is None  # flushed: reset
+    assert (
+        rates.update({"generated_tokens": 180, "prompt_tokens": 0})["prompt_tok_s"] is None
+    )  # flushed: reset

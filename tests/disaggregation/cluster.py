@@ -11,32 +11,72 @@ GREEDY = {"max_new_tokens": 12, "temperature": 0}
 
 
 def server(model_dir, *extra, env=None):
-    return ServerProcess("--model-path", model_dir, "--num-threads", "1", "--kv-memory-gb", "0.05",
-                         "--chunked-prefill-size", "64", "--enable-invariant-checks", *extra, env=env)
+    return ServerProcess(
+        "--model-path",
+        model_dir,
+        "--num-threads",
+        "1",
+        "--kv-memory-gb",
+        "0.05",
+        "--chunked-prefill-size",
+        "64",
+        "--enable-invariant-checks",
+        *extra,
+        env=env,
+    )
 
 
 def prefill(model_dir, backend="tcp", *extra, env=None):
     port = free_port()
-    s = server(model_dir, "--disaggregation-mode", "prefill", "--disaggregation-transfer-backend", backend,
-               "--disaggregation-bootstrap-port", str(port), "--disaggregation-debug-checksum", *extra, env=env)
+    s = server(
+        model_dir,
+        "--disaggregation-mode",
+        "prefill",
+        "--disaggregation-transfer-backend",
+        backend,
+        "--disaggregation-bootstrap-port",
+        str(port),
+        "--disaggregation-debug-checksum",
+        *extra,
+        env=env,
+    )
     s.bootstrap_port = port
     return s
 
 
 def decode(model_dir, backend="tcp", *extra):
-    return server(model_dir, "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", backend,
-                  "--disaggregation-debug-checksum", *extra)
+    return server(
+        model_dir,
+        "--disaggregation-mode",
+        "decode",
+        "--disaggregation-transfer-backend",
+        backend,
+        "--disaggregation-debug-checksum",
+        *extra,
+    )
 
 
 def router(prefills, decodes, *extra):
     def cmd(port):
-        argv = [sys.executable, "-m", "radixlm.cli", "router", "--pd-disaggregation", "--port", str(port),
-                "--log-level", "warning", "--health-check-interval-secs", "60"]
+        argv = [
+            sys.executable,
+            "-m",
+            "radixlm.cli",
+            "router",
+            "--pd-disaggregation",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--health-check-interval-secs",
+            "60",
+        ]
         for p in prefills:
             argv += ["--prefill", p.url, str(p.bootstrap_port)]
         for d in decodes:
             argv += ["--decode", d.url]
         return argv + list(extra)
+
     return ServerProcess(command=cmd, name="the PD router")
 
 
@@ -46,8 +86,11 @@ def state(s) -> dict:
 
 def pool_at_baseline(st: dict) -> bool:
     """No request holds KV: every slot free or an unlocked cache entry, every request slot free."""
-    return (st["available_kv_tokens"] + st["evictable_tokens"] == st["max_total_num_tokens"]
-            and st["protected_tokens"] == 0 and st["req_slots_free"] == st["req_slots_total"])
+    return (
+        st["available_kv_tokens"] + st["evictable_tokens"] == st["max_total_num_tokens"]
+        and st["protected_tokens"] == 0
+        and st["req_slots_free"] == st["req_slots_total"]
+    )
 
 
 def wait_for(cond, timeout: float, what: str):

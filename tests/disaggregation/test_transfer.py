@@ -38,8 +38,12 @@ def pools(layers=3, heads=2, dim=8, size=64):
 
 def pair(backend, src, dst):
     port = free_port()
-    p = PrefillTransfer(DisaggregationConfig(DisaggregationMode.PREFILL, backend, port, debug_checksum=True), src)
-    d = DecodeTransfer(DisaggregationConfig(DisaggregationMode.DECODE, backend, debug_checksum=True), dst)
+    p = PrefillTransfer(
+        DisaggregationConfig(DisaggregationMode.PREFILL, backend, port, debug_checksum=True), src
+    )
+    d = DecodeTransfer(
+        DisaggregationConfig(DisaggregationMode.DECODE, backend, debug_checksum=True), dst
+    )
     return p, d, BootstrapInfo("127.0.0.1", port, 12345)
 
 
@@ -53,7 +57,10 @@ def test_a_room_moves_slot_for_slot(backend):
     prefix_len = 4  # the decode side holds 4 prompt tokens already: positions 4..9 move
     d.start(info.room, route, dst_slots, prefix_len)
     dest = until(lambda: p.dest(info.room))
-    assert p.check_dest(dest, prompt_len=prefix_len + 6) is None and dest.dst_slots == dst_slots.tolist()
+    assert (
+        p.check_dest(dest, prompt_len=prefix_len + 6) is None
+        and dest.dst_slots == dst_slots.tolist()
+    )
     assert p.poll(info.room) is KVPoll.TRANSFERRING
     p.send(dest, src_slots, AuxRecord(info.room, first_token=17, num_tokens=6, cached_tokens=3))
     aux = until(lambda: d.arrived(info.room))
@@ -77,7 +84,11 @@ def test_a_cancelled_room_takes_no_late_write(monkeypatch):
     p, d, info = pair("tcp", src, dst)
     route = until(lambda: d.route(info))
     d.start(info.room, route, torch.tensor([1, 2, 3]), 0)
-    p.send(until(lambda: p.dest(info.room)), torch.tensor([4, 5, 6]), AuxRecord(info.room, 1, num_tokens=3))
+    p.send(
+        until(lambda: p.dest(info.room)),
+        torch.tensor([4, 5, 6]),
+        AuxRecord(info.room, 1, num_tokens=3),
+    )
     time.sleep(0.1)  # the first layer is in
     d.finish(info.room, route, ok=False, reason="timed out")
     assert until(lambda: p.poll(info.room) is KVPoll.FAILED) and "timed out" in p.failure(info.room)
@@ -98,8 +109,13 @@ def test_a_mismatched_layout_is_refused():
 def test_bootstrap_fields_are_checked():
     assert parse_bootstrap(None, None, None, "null", 1) is None
     assert parse_bootstrap("h", 1, 2, "decode", 1) == BootstrapInfo("h", 1, 2)
-    for args, field in [(("h", None, 2, "decode", 1), "bootstrap_port"), (("h", 1, 2, "null", 1), "bootstrap_room"),
-                        (("h", 0, 2, "decode", 1), "bootstrap_port"), (("h", 1, -2, "decode", 1), "bootstrap_room"),
-                        (("h", 1, 2, "decode", 2), "sampling_params.n"), (("", 1, 2, "prefill", 1), "bootstrap_host")]:
+    for args, field in [
+        (("h", None, 2, "decode", 1), "bootstrap_port"),
+        (("h", 1, 2, "null", 1), "bootstrap_room"),
+        (("h", 0, 2, "decode", 1), "bootstrap_port"),
+        (("h", 1, -2, "decode", 1), "bootstrap_room"),
+        (("h", 1, 2, "decode", 2), "sampling_params.n"),
+        (("", 1, 2, "prefill", 1), "bootstrap_host"),
+    ]:
         with pytest.raises(ValueError, match=field):
             parse_bootstrap(*args)

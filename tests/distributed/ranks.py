@@ -29,19 +29,36 @@ def _rank_main(fn, rank: int, dist: DistConfig, args: tuple, out) -> None:
         init_parallel_state(dist, rank)
         out.put((rank, "ok", fn(rank, *args)))
         destroy_parallel_state()
-    except BaseException:  # noqa: BLE001 - reported to the test
+    except BaseException:
         out.put((rank, "error", traceback.format_exc()))
 
 
-def run_ranks(fn, tp: int, *args, backend: str = "gloo", timeout: float = 300.0, ep: int = 1,
-              dp_attention: bool = False) -> list:
+def run_ranks(
+    fn,
+    tp: int,
+    *args,
+    backend: str = "gloo",
+    timeout: float = 300.0,
+    ep: int = 1,
+    dp_attention: bool = False,
+) -> list:
     """[fn's result on rank 0, rank 1, ...]; ep: expert parallelism (1 or tp); dp_attention: the tp
     ranks are DP-attention ranks (dp_size tp, attention groups of one)."""
     ctx = mp.get_context("spawn")
-    dist = DistConfig(tp_size=tp, dist_init_addr=f"127.0.0.1:{_free_port()}", allreduce_backend=backend, timeout=60,
-                      ep_size=ep, dp_size=tp if dp_attention else 1, enable_dp_attention=dp_attention)
+    dist = DistConfig(
+        tp_size=tp,
+        dist_init_addr=f"127.0.0.1:{_free_port()}",
+        allreduce_backend=backend,
+        timeout=60,
+        ep_size=ep,
+        dp_size=tp if dp_attention else 1,
+        enable_dp_attention=dp_attention,
+    )
     out = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(fn, r, dist, args, out), daemon=True) for r in range(tp)]
+    procs = [
+        ctx.Process(target=_rank_main, args=(fn, r, dist, args, out), daemon=True)
+        for r in range(tp)
+    ]
     for p in procs:
         p.start()
     results: dict[int, object] = {}
@@ -50,7 +67,9 @@ def run_ranks(fn, tp: int, *args, backend: str = "gloo", timeout: float = 300.0,
             try:
                 rank, status, value = out.get(timeout=timeout)
             except queue.Empty:
-                raise AssertionError(f"ranks {sorted(set(range(tp)) - set(results))} did not finish in {timeout} s")
+                raise AssertionError(
+                    f"ranks {sorted(set(range(tp)) - set(results))} did not finish in {timeout} s"
+                ) from None
             if status != "ok":
                 raise AssertionError(f"rank {rank} failed:\n{value}")
             results[rank] = value

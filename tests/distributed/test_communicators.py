@@ -36,7 +36,9 @@ def _exercise(rank: int, n: int, slot_bytes: int) -> dict:
     out["all_gather_0"] = comm.all_gather(x, dim=0).numpy()
     b = torch.full((4,), float(rank))
     out["broadcast"] = comm.broadcast(b, src=world - 1).numpy()
-    out["pyobj"] = g.cpu_comm.broadcast_pyobj({"rank": rank, "msgs": ["a", 1]} if rank == 0 else None)
+    out["pyobj"] = g.cpu_comm.broadcast_pyobj(
+        {"rank": rank, "msgs": ["a", 1]} if rank == 0 else None
+    )
     if rank == 0:
         g.cpu_comm.send(torch.tensor([7.0, 8.0]), dst=world - 1)
     elif rank == world - 1:
@@ -45,11 +47,14 @@ def _exercise(rank: int, n: int, slot_bytes: int) -> dict:
     return out
 
 
-@pytest.mark.parametrize("backend,world,n,slot_bytes", [
-    ("gloo", 2, 1000, 0),
-    ("shm", 2, 1000, 0),
-    ("shm", 3, 5000, 4096),  # 20 KB through 4 KB slots: 5 pieces
-])
+@pytest.mark.parametrize(
+    "backend,world,n,slot_bytes",
+    [
+        ("gloo", 2, 1000, 0),
+        ("shm", 2, 1000, 0),
+        ("shm", 3, 5000, 4096),  # 20 KB through 4 KB slots: 5 pieces
+    ],
+)
 def test_collectives(backend, world, n, slot_bytes):
     before = set(glob.glob("/dev/shm/radixlm-shm-*"))
     results = run_ranks(_exercise, world, n, slot_bytes, backend=backend)
@@ -58,7 +63,9 @@ def test_collectives(backend, world, n, slot_bytes):
     for rank, res in enumerate(results):
         assert res["backend"] == expected_name
         assert torch.allclose(torch.from_numpy(res["all_reduce"]).double(), want, atol=1e-5), rank
-        assert torch.allclose(torch.from_numpy(res["all_reduce_2"]).double(), 2 * want, atol=1e-5), rank
+        assert torch.allclose(
+            torch.from_numpy(res["all_reduce_2"]).double(), 2 * want, atol=1e-5
+        ), rank
         xs = [torch.arange(6, dtype=torch.float32).view(2, 3) + 10 * r for r in range(world)]
         assert torch.equal(torch.from_numpy(res["all_gather"]), torch.cat(xs, dim=-1))
         assert torch.equal(torch.from_numpy(res["all_gather_0"]), torch.cat(xs, dim=0))

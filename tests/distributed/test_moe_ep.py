@@ -37,7 +37,11 @@ def checkpoints(tmp_path_factory) -> dict[str, tuple[str, str]]:
         elif layout == "stacked":
             path = save_stacked(hf, str(tmp))
         else:
-            path = write_gguf(hf, str(tmp / "m.gguf"), experts_type=layout.split("-")[1] if "-" in layout else "f32")
+            path = write_gguf(
+                hf,
+                str(tmp / "m.gguf"),
+                experts_type=layout.split("-")[1] if "-" in layout else "f32",
+            )
         out[name] = (path, quant)
     return out
 
@@ -48,8 +52,16 @@ def _run_all(rank: int, checkpoints: dict) -> dict:
     out = {}
     for name, (path, quant) in checkpoints.items():
         tokens, logits = greedy(path, quant)
-        blocks = [m for m in load_model(path, quantization=quant).model.modules() if isinstance(m, SparseMoeBlock)]
-        out[name] = (tokens, logits.numpy(), [(b.expert_start, b.num_local, b.w13.data.shape[0]) for b in blocks])
+        blocks = [
+            m
+            for m in load_model(path, quantization=quant).model.modules()
+            if isinstance(m, SparseMoeBlock)
+        ]
+        out[name] = (
+            tokens,
+            logits.numpy(),
+            [(b.expert_start, b.num_local, b.w13.data.shape[0]) for b in blocks],
+        )
     return out
 
 

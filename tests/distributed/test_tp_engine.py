@@ -15,16 +15,30 @@ import pytest
 from radixlm import Engine
 from tests.conftest import engine_args
 
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
-          "required": ["name", "age"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
 SHARED = "You are a helpful assistant. Answer briefly and precisely. " * 6
-PROMPTS = [SHARED + "What is the capital of France?", SHARED + "Name three primes.",
-           "Once upon a time, " * 40 + "the end. Summary:", "def fib(n):"]
+PROMPTS = [
+    SHARED + "What is the capital of France?",
+    SHARED + "Name three primes.",
+    "Once upon a time, " * 40 + "the end. Summary:",
+    "def fib(n):",
+]
 GREEDY = {"max_new_tokens": 24, "temperature": 0}
 OPTIONS = {
     "cache-chunks-grammar": dict(chunked_prefill_size=64, enable_mixed_chunk=True),
-    "spec-hicache": dict(speculative_algorithm="ngram", speculative_draft_policy="fixed", speculative_num_draft_tokens=4,
-                         enable_hierarchical_cache=True, max_total_tokens=700, disable_jump_forward=True),
+    "spec-hicache": dict(
+        speculative_algorithm="ngram",
+        speculative_draft_policy="fixed",
+        speculative_num_draft_tokens=4,
+        enable_hierarchical_cache=True,
+        max_total_tokens=700,
+        disable_jump_forward=True,
+    ),
 }
 
 

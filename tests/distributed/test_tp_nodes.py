@@ -24,7 +24,9 @@ GREEDY = {"max_new_tokens": 16, "temperature": 0}
 
 
 def _generate(url: str) -> list[list[int]]:
-    r = requests.post(url + "/generate", json={"text": PROMPTS, "sampling_params": GREEDY}, timeout=120)
+    r = requests.post(
+        url + "/generate", json={"text": PROMPTS, "sampling_params": GREEDY}, timeout=120
+    )
     assert r.status_code == 200, r.text
     return [o["output_ids"] for o in r.json()]
 
@@ -46,18 +48,47 @@ def test_two_nodes_on_localhost_then_kill_one(tiny_model_dir):
     with Engine(tiny_model_dir, **engine_args()) as e:
         want = [o["output_ids"] for o in e.generate(PROMPTS, GREEDY)]
     addr = f"127.0.0.1:{free_port()}"
-    common = ["--model-path", tiny_model_dir, "--tp-size", "2", "--nnodes", "2", "--dist-init-addr", addr,
-              "--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks"]
+    common = [
+        "--model-path",
+        tiny_model_dir,
+        "--tp-size",
+        "2",
+        "--nnodes",
+        "2",
+        "--dist-init-addr",
+        addr,
+        "--num-threads",
+        "1",
+        "--kv-memory-gb",
+        "0.05",
+        "--enable-invariant-checks",
+    ]
     log1 = tempfile.TemporaryFile(mode="w+")
-    node1 = subprocess.Popen([sys.executable, "-m", "radixlm.cli", "serve", *common, "--node-rank", "1",
-                              "--log-level", "warning"], stdout=log1, stderr=subprocess.STDOUT, text=True)
+    node1 = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "radixlm.cli",
+            "serve",
+            *common,
+            "--node-rank",
+            "1",
+            "--log-level",
+            "warning",
+        ],
+        stdout=log1,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         node0 = ServerProcess(*common, "--node-rank", "0")
         assert _generate(node0.url) == want
         info = requests.get(node0.url + "/get_server_info", timeout=10).json()
         assert info["tp_size"] == 2
         ranks = _descendants(node0.proc.pid) + _descendants(node1.pid)
-        assert len([p for p in ranks if "multiprocessing" in " ".join(p.cmdline())]) >= 3  # 2 ranks + detokenizer
+        assert (
+            len([p for p in ranks if "multiprocessing" in " ".join(p.cmdline())]) >= 3
+        )  # 2 ranks + detokenizer
         t0 = time.monotonic()
         os.kill(node1.pid, signal.SIGKILL)
         code = node0.proc.wait(timeout=10)
@@ -75,20 +106,40 @@ def test_two_nodes_on_localhost_then_kill_one(tiny_model_dir):
 
 
 def test_hung_rank_stops_the_server(tiny_model_dir):
-    server = ServerProcess("--model-path", tiny_model_dir, "--tp", "2", "--num-threads", "1", "--kv-memory-gb", "0.05",
-                           "--enable-invariant-checks")
+    server = ServerProcess(
+        "--model-path",
+        tiny_model_dir,
+        "--tp",
+        "2",
+        "--num-threads",
+        "1",
+        "--kv-memory-gb",
+        "0.05",
+        "--enable-invariant-checks",
+    )
     try:
         assert len(_generate(server.url)) == len(PROMPTS)
         children = _descendants(server.proc.pid)
         info = requests.get(server.url + "/get_server_info", timeout=10).json()
-        known = {info["scheduler_pid"], info["detokenizer_pid"]}  # rank 0, the detokenizer; the other child is rank 1
-        (target,) = [p for p in children if p.pid not in known and p.ppid() == server.proc.pid
-                     and "resource_tracker" not in " ".join(p.cmdline())]
+        known = {
+            info["scheduler_pid"],
+            info["detokenizer_pid"],
+        }  # rank 0, the detokenizer; the other child is rank 1
+        (target,) = [
+            p
+            for p in children
+            if p.pid not in known
+            and p.ppid() == server.proc.pid
+            and "resource_tracker" not in " ".join(p.cmdline())
+        ]
         t0 = time.monotonic()
         os.kill(target.pid, signal.SIGSTOP)
         code = server.proc.wait(timeout=15)
         assert time.monotonic() - t0 < 10 and code != 0
         assert _wait_gone(children, t0 + 10) == []
-        assert "scheduler rank 1 process" in server.output() and "hung: no heartbeat" in server.output()
+        assert (
+            "scheduler rank 1 process" in server.output()
+            and "hung: no heartbeat" in server.output()
+        )
     finally:
         server.stop()

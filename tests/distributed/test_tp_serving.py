@@ -26,7 +26,9 @@ def _tp1_outputs(model: str, prompts: list[str] = PROMPTS) -> list[list[int]]:
 
 
 def _generate(url: str, prompts: list[str] = PROMPTS) -> list[list[int]]:
-    r = requests.post(url + "/generate", json={"text": prompts, "sampling_params": GREEDY}, timeout=120)
+    r = requests.post(
+        url + "/generate", json={"text": prompts, "sampling_params": GREEDY}, timeout=120
+    )
     assert r.status_code == 200, r.text
     return [o["output_ids"] for o in r.json()]
 
@@ -34,25 +36,46 @@ def _generate(url: str, prompts: list[str] = PROMPTS) -> list[list[int]]:
 def _ranks(server_pid: int) -> list[psutil.Process]:
     """The server's scheduler ranks: its multiprocessing children less the detokenizer and the
     resource tracker."""
-    return [p for p in psutil.Process(server_pid).children()
-            if "multiprocessing" in " ".join(p.cmdline()) and "resource_tracker" not in " ".join(p.cmdline())]
+    return [
+        p
+        for p in psutil.Process(server_pid).children()
+        if "multiprocessing" in " ".join(p.cmdline())
+        and "resource_tracker" not in " ".join(p.cmdline())
+    ]
 
 
 def test_dp2_tp2_router_sees_one_worker_per_replica(tiny_model_dir):
     want_more = _tp1_outputs(tiny_model_dir, MORE)
-    srv = ServerProcess("--dp", "2", "--tp-size", "2", "--num-threads", "1", "--model-path", tiny_model_dir,
-                        "--kv-memory-gb", "0.05", "--enable-invariant-checks")
+    srv = ServerProcess(
+        "--dp",
+        "2",
+        "--tp-size",
+        "2",
+        "--num-threads",
+        "1",
+        "--model-path",
+        tiny_model_dir,
+        "--kv-memory-gb",
+        "0.05",
+        "--enable-invariant-checks",
+    )
     try:
         workers = requests.get(srv.url + "/list_workers", timeout=5).json()["workers"]
         assert len(workers) == 2 and all(w["healthy"] for w in workers)
         infos = requests.get(srv.url + "/get_server_info", timeout=10).json()["workers"]
         assert sorted(infos) == sorted(w["url"] for w in workers)
-        assert [v["body"]["tp_size"] for v in infos.values()] == [2, 2]  # each replica is a TP group of 2
+        assert [v["body"]["tp_size"] for v in infos.values()] == [
+            2,
+            2,
+        ]  # each replica is a TP group of 2
         # through the router: sent together, the requests spread over both replicas (least loaded)
         with ThreadPoolExecutor(len(MORE)) as pool:
             got = list(pool.map(lambda text: _generate(srv.url, [text])[0], MORE))
         assert got == want_more
-        routed = [w["routed"] for w in requests.get(srv.url + "/list_workers", timeout=5).json()["workers"]]
+        routed = [
+            w["routed"]
+            for w in requests.get(srv.url + "/list_workers", timeout=5).json()["workers"]
+        ]
         assert len(routed) == 2 and all(n >= 1 for n in routed), routed
     finally:
         stop_leaving_nothing(srv, timeout=20)
@@ -60,20 +83,45 @@ def test_dp2_tp2_router_sees_one_worker_per_replica(tiny_model_dir):
 
 def test_tp2_restart_on_failure_starts_a_new_group(tiny_model_dir):
     want = _tp1_outputs(tiny_model_dir)
-    s = ServerProcess("--model-path", tiny_model_dir, "--tp-size", "2", "--num-threads", "1", "--kv-memory-gb", "0.05",
-                      "--restart-on-failure", "--enable-invariant-checks")
+    s = ServerProcess(
+        "--model-path",
+        tiny_model_dir,
+        "--tp-size",
+        "2",
+        "--num-threads",
+        "1",
+        "--kv-memory-gb",
+        "0.05",
+        "--restart-on-failure",
+        "--enable-invariant-checks",
+    )
     try:
         assert _generate(s.url) == want
         info = requests.get(s.url + "/get_server_info", timeout=10).json()
-        old = [p for p in psutil.Process(s.proc.pid).children(recursive=True)
-               if "resource_tracker" not in " ".join(p.cmdline())]  # the tracker outlives engines
-        (rank1,) = [p for p in _ranks(s.proc.pid) if p.pid not in (info["scheduler_pid"], info["detokenizer_pid"])]
+        old = [
+            p
+            for p in psutil.Process(s.proc.pid).children(recursive=True)
+            if "resource_tracker" not in " ".join(p.cmdline())
+        ]  # the tracker outlives engines
+        (rank1,) = [
+            p
+            for p in _ranks(s.proc.pid)
+            if p.pid not in (info["scheduler_pid"], info["detokenizer_pid"])
+        ]
         rank1.kill()
-        def restarted() -> bool:
-            return (health_status(s.url) == 200
-                    and requests.get(s.url + "/get_server_info", timeout=10).json().get("engine_restarts") == 1)
 
-        assert wait_until(restarted, 120, 0.2), "the TP group did not come back: " + s.output()[-2000:]
+        def restarted() -> bool:
+            return (
+                health_status(s.url) == 200
+                and requests.get(s.url + "/get_server_info", timeout=10)
+                .json()
+                .get("engine_restarts")
+                == 1
+            )
+
+        assert wait_until(restarted, 120, 0.2), (
+            "the TP group did not come back: " + s.output()[-2000:]
+        )
         info2 = requests.get(s.url + "/get_server_info", timeout=10).json()
         assert info2["tp_size"] == 2 and info2["scheduler_pid"] != info["scheduler_pid"]
         assert _generate(s.url) == want

@@ -1,17 +1,19 @@
-"""SGLang's documented OpenAI-client snippets, copied as they are published (facts, not code of ours):
-test_sglang_openai_snippets.py runs each through the official `openai` client against a radixlm server,
-with only the server's address put in (the README's fixed port 30000; the docs' `port` variable).
+"""SGLang's documented OpenAI-client snippets, copied as they are published (facts, not code of
+ours): test_sglang_openai_snippets.py runs each through the official `openai` client against a
+radixlm server, with only the server's address put in (the README's fixed port 30000; the docs'
+`port` variable).
 
 Sources:
 - README: SGLang's README.md, "Backend: SGLang Runtime (SRT)" -> "OpenAI Compatible API" (the 2024
-  releases, v0.2-v0.3), https://github.com/sgl-project/sglang/blob/main/README.md (history); the same
-  `model="default"` calls as SGLang's own OpenAI-server tests. Split in its two calls; its third, text
-  embedding, is left out (radixlm serves no embedding models).
+  releases, v0.2-v0.3), https://github.com/sgl-project/sglang/blob/main/README.md (history); the
+  same `model="default"` calls as SGLang's own OpenAI-server tests. Split in its two calls; its
+  third, text embedding, is left out (radixlm serves no embedding models).
 - DOCS: "OpenAI APIs - Completions", https://docs.sglang.ai/basic_usage/openai_api_completions.html,
-  from docs/basic_usage/openai_api_completions.ipynb at sgl-project/sglang@0c7e859d6a3afa2d1f2c03eb024b8823dbabbd78:
-  its code cells in order (they share `client`, made by the first) and the `base-model:adapter-name` LoRA
-  call of its "Using LoRA Adapters" section (radixlm serves no adapter yet: a 404 naming it). Left out:
-  the reasoning examples (Qwen3 / DeepSeek-V3.1 with --reasoning-parser, not served) and the
+  from docs/basic_usage/openai_api_completions.ipynb at
+  sgl-project/sglang@0c7e859d6a3afa2d1f2c03eb024b8823dbabbd78: its code cells in order (they share
+  `client`, made by the first) and the `base-model:adapter-name` LoRA call of its "Using LoRA
+  Adapters" section (radixlm serves no adapter yet: a 404 naming it). Left out: the reasoning
+  examples (Qwen3 / DeepSeek-V3.1 with --reasoning-parser, not served) and the
   `extra_body={"lora_path": ...}` call (LoRA).
 """
 
@@ -31,7 +33,10 @@ class Snippet:
 
 
 SNIPPETS = [
-    Snippet("readme-completion", README_URL, r'''import openai
+    Snippet(
+        "readme-completion",
+        README_URL,
+        r"""import openai
 client = openai.Client(
     base_url="http://127.0.0.1:30000/v1", api_key="EMPTY")
 
@@ -43,8 +48,12 @@ response = client.completions.create(
 	max_tokens=32,
 )
 print(response)
-'''),
-    Snippet("readme-chat", README_URL, r'''# Chat completion
+""",
+    ),
+    Snippet(
+        "readme-chat",
+        README_URL,
+        r"""# Chat completion
 response = client.chat.completions.create(
     model="default",
     messages=[
@@ -55,8 +64,12 @@ response = client.chat.completions.create(
     max_tokens=64,
 )
 print(response)
-'''),
-    Snippet("docs-chat", DOCS_URL, r'''import openai
+""",
+    ),
+    Snippet(
+        "docs-chat",
+        DOCS_URL,
+        r"""import openai
 
 client = openai.Client(base_url=f"http://127.0.0.1:{port}/v1", api_key="None")
 
@@ -70,8 +83,12 @@ response = client.chat.completions.create(
 )
 
 print_highlight(f"Response: {response}")
-'''),
-    Snippet("docs-chat-logit-bias", DOCS_URL, r'''# Example with logit_bias parameter
+""",
+    ),
+    Snippet(
+        "docs-chat-logit-bias",
+        DOCS_URL,
+        r"""# Example with logit_bias parameter
 # Note: You need to get the actual token IDs from your tokenizer
 # For demonstration, we'll use some example token IDs
 response = client.chat.completions.create(
@@ -89,8 +106,12 @@ response = client.chat.completions.create(
 )
 
 print_highlight(f"Response with logit bias: {response.choices[0].message.content}")
-'''),
-    Snippet("docs-chat-parameters", DOCS_URL, r'''response = client.chat.completions.create(
+""",
+    ),
+    Snippet(
+        "docs-chat-parameters",
+        DOCS_URL,
+        r"""response = client.chat.completions.create(
     model="qwen/qwen2.5-0.5b-instruct",
     messages=[
         {
@@ -114,8 +135,12 @@ print_highlight(f"Response with logit bias: {response.choices[0].message.content
 )
 
 print_highlight(response.choices[0].message.content)
-'''),
-    Snippet("docs-chat-stream", DOCS_URL, r'''stream = client.chat.completions.create(
+""",
+    ),
+    Snippet(
+        "docs-chat-stream",
+        DOCS_URL,
+        r"""stream = client.chat.completions.create(
     model="qwen/qwen2.5-0.5b-instruct",
     messages=[{"role": "user", "content": "Say this is a test"}],
     stream=True,
@@ -123,8 +148,12 @@ print_highlight(response.choices[0].message.content)
 for chunk in stream:
     if chunk.choices[0].delta.content is not None:
         print(chunk.choices[0].delta.content, end="")
-'''),
-    Snippet("docs-completion-logit-bias", DOCS_URL, r'''# Example with logit_bias parameter for completions API
+""",
+    ),
+    Snippet(
+        "docs-completion-logit-bias",
+        DOCS_URL,
+        r"""# Example with logit_bias parameter for completions API
 # Note: You need to get the actual token IDs from your tokenizer
 # For demonstration, we'll use some example token IDs
 response = client.completions.create(
@@ -140,8 +169,12 @@ response = client.completions.create(
 )
 
 print_highlight(f"Response with logit bias: {response.choices[0].text}")
-'''),
-    Snippet("docs-completion", DOCS_URL, r'''response = client.completions.create(
+""",
+    ),
+    Snippet(
+        "docs-completion",
+        DOCS_URL,
+        r"""response = client.completions.create(
     model="qwen/qwen2.5-0.5b-instruct",
     prompt="List 3 countries and their capitals.",
     temperature=0,
@@ -151,8 +184,12 @@ print_highlight(f"Response with logit bias: {response.choices[0].text}")
 )
 
 print_highlight(f"Response: {response}")
-'''),
-    Snippet("docs-completion-parameters", DOCS_URL, r'''response = client.completions.create(
+""",
+    ),
+    Snippet(
+        "docs-completion-parameters",
+        DOCS_URL,
+        r"""response = client.completions.create(
     model="qwen/qwen2.5-0.5b-instruct",
     prompt="Write a short story about a space explorer.",
     temperature=0.7,  # Moderate temperature for creative writing
@@ -166,13 +203,18 @@ print_highlight(f"Response: {response}")
 )
 
 print_highlight(f"Response: {response}")
-'''),
-    Snippet("docs-lora-model-adapter", DOCS_URL, r'''response = client.chat.completions.create(
+""",
+    ),
+    Snippet(
+        "docs-lora-model-adapter",
+        DOCS_URL,
+        r"""response = client.chat.completions.create(
     model="qwen/qwen2.5-0.5b-instruct:adapter_a",  # ← base-model:adapter-name
     messages=[{"role": "user", "content": "Convert to SQL: show all users"}],
     max_tokens=50,
 )
-'''),
+""",
+    ),
 ]
 
 BY_NAME = {s.name: s for s in SNIPPETS}

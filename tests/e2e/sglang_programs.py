@@ -8,9 +8,12 @@ import sys
 
 GREEDY = {"temperature": 0}
 IP_REGEX = r"((25[0-5]|2[0-4]\d|[01]?\d\d?)\.){3}(25[0-5]|2[0-4]\d|[01]?\d\d?)"
-CITY_SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
-                                                "population": {"type": "integer"}},
-               "required": ["name", "population"], "additionalProperties": False}
+CITY_SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string", "maxLength": 20}, "population": {"type": "integer"}},
+    "required": ["name", "population"],
+    "additionalProperties": False,
+}
 
 
 def main(url: str) -> None:
@@ -55,7 +58,9 @@ def main(url: str) -> None:
 
     @sgl.function
     def choose(s):
-        s += "Q: What color is the sky on a clear day?\nA: " + sgl.select("color", choices=["blue", "green", "red"])
+        s += "Q: What color is the sky on a clear day?\nA: " + sgl.select(
+            "color", choices=["blue", "green", "red"]
+        )
 
     @sgl.function
     def stop_on_regex(s):
@@ -67,7 +72,12 @@ def main(url: str) -> None:
     st = plain.run(question="The capital of France is")
     out["plain"] = {"text": st.text(), "answer": st["answer"]}
     st = multi_turn.run(q1="Name a fruit.", q2="Name a vegetable.")
-    out["multi_turn"] = {"messages": st.messages(), "text": st.text(), "a1": st["a1"], "a2": st["a2"]}
+    out["multi_turn"] = {
+        "messages": st.messages(),
+        "text": st.text(),
+        "a1": st["a1"],
+        "a2": st["a2"],
+    }
     out["regex"] = {"ip": regex_ip.run()["ip"]}
     out["json"] = {"json": json_city.run()["json"]}
     st = typed.run()
@@ -81,8 +91,12 @@ def main(url: str) -> None:
     st = plain.run(question="The capital of France is", stream=True)
     out["stream"] = {"chunks": list(st.text_iter("answer"))}
     # run_batch: several programs at once.
-    states = plain.run_batch([{"question": q} for q in ("The capital of France is", "Two plus two is",
-                                                         "The largest ocean is")])
+    states = plain.run_batch(
+        [
+            {"question": q}
+            for q in ("The capital of France is", "Two plus two is", "The largest ocean is")
+        ]
+    )
     out["batch"] = [s["answer"] for s in states]
     print(json.dumps(out, default=str))
 

@@ -8,16 +8,28 @@ import json
 
 import jsonschema
 import pytest
-from agents import (Agent, ModelSettings, OpenAIChatCompletionsModel, Runner, function_tool,
-                    set_tracing_disabled)
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIChatCompletionsModel,
+    Runner,
+    function_tool,
+    set_tracing_disabled,
+)
 from agents.items import MessageOutputItem, ToolCallItem, ToolCallOutputItem
 from openai import AsyncOpenAI
 
 from radixlm.server.process import ServerProcess
 
-set_tracing_disabled(True)  # tracing exports to OpenAI's servers; nothing here may reach the internet
+set_tracing_disabled(
+    True
+)  # tracing exports to OpenAI's servers; nothing here may reach the internet
 
-CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24}}, "required": ["city"]}
+CITY = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 24}},
+    "required": ["city"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -38,18 +50,33 @@ def make_agent(server, calls):
         calls.append(city)
         return json.dumps({"city": city, "temperature_c": 18, "sky": "clear"})
 
-    get_weather.params_json_schema["properties"]["city"]["maxLength"] = 24  # a greedy small model may not stop
+    get_weather.params_json_schema["properties"]["city"]["maxLength"] = (
+        24  # a greedy small model may not stop
+    )
     client = AsyncOpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
-    return Agent(name="weather", instructions="You answer questions about the weather.",
-                 model=OpenAIChatCompletionsModel(model="default", openai_client=client), tools=[get_weather],
-                 model_settings=ModelSettings(tool_choice="required", temperature=0, max_tokens=120,
-                                              include_usage=True))
+    return Agent(
+        name="weather",
+        instructions="You answer questions about the weather.",
+        model=OpenAIChatCompletionsModel(model="default", openai_client=client),
+        tools=[get_weather],
+        model_settings=ModelSettings(
+            tool_choice="required", temperature=0, max_tokens=120, include_usage=True
+        ),
+    )
 
 
 def tool_items(result):
     kinds = [type(i) for i in result.new_items]
-    assert kinds[0] is ToolCallItem and kinds[1] is ToolCallOutputItem and kinds[-1] is MessageOutputItem, kinds
-    return [(i.raw_item.name, i.raw_item.arguments) for i in result.new_items if isinstance(i, ToolCallItem)]
+    assert (
+        kinds[0] is ToolCallItem
+        and kinds[1] is ToolCallOutputItem
+        and kinds[-1] is MessageOutputItem
+    ), kinds
+    return [
+        (i.raw_item.name, i.raw_item.arguments)
+        for i in result.new_items
+        if isinstance(i, ToolCallItem)
+    ]
 
 
 def test_agent_loop_calls_the_tool_and_answers(server):
@@ -69,10 +96,14 @@ def test_agent_loop_calls_the_tool_and_answers(server):
 
 def test_streamed_run_makes_the_same_calls(server):
     plain_calls, streamed_calls = [], []
-    plain = Runner.run_sync(make_agent(server, plain_calls), "What's the weather in Oslo?", max_turns=4)
+    plain = Runner.run_sync(
+        make_agent(server, plain_calls), "What's the weather in Oslo?", max_turns=4
+    )
 
     async def run_streamed():
-        result = Runner.run_streamed(make_agent(server, streamed_calls), "What's the weather in Oslo?", max_turns=4)
+        result = Runner.run_streamed(
+            make_agent(server, streamed_calls), "What's the weather in Oslo?", max_turns=4
+        )
         events = [e async for e in result.stream_events()]
         return result, events
 
@@ -94,6 +125,8 @@ def test_docs_example_runs(server, tmp_path):
     assert "Runner.run_sync" in code
     script = tmp_path / "agents_sdk_example.py"
     script.write_text(code.replace("http://127.0.0.1:30000", server.url))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip()  # the agent's final answer, after the tool ran

@@ -43,8 +43,15 @@ def test_cache_salt_isolates_prefixes_on_generate(tiny):
     assert cached(url, P[:30] + [7] * 10, "mallory") == 0
     assert cached(url, P[:30] + [7] * 10, "alice") == 30
     # A batch with one salt per item.
-    r = requests.post(url + "/generate", timeout=60, json={
-        "input_ids": [P, P], "cache_salt": ["alice", "carol"], "sampling_params": {"max_new_tokens": 1}})
+    r = requests.post(
+        url + "/generate",
+        timeout=60,
+        json={
+            "input_ids": [P, P],
+            "cache_salt": ["alice", "carol"],
+            "sampling_params": {"max_new_tokens": 1},
+        },
+    )
     assert r.status_code == 200, r.text
     assert [o["meta_info"]["cached_tokens"] for o in r.json()] == [len(P) - 1, 0]
 
@@ -61,7 +68,11 @@ def test_cache_salt_on_the_openai_routes(tiny):
     ids = [2000 + 7 * i for i in range(30)]
 
     def completion(salt):
-        r = requests.post(url + "/v1/completions", timeout=60, json={"prompt": ids, "max_tokens": 1, "cache_salt": salt})
+        r = requests.post(
+            url + "/v1/completions",
+            timeout=60,
+            json={"prompt": ids, "max_tokens": 1, "cache_salt": salt},
+        )
         assert r.status_code == 200, r.text
         return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
@@ -72,15 +83,20 @@ def test_cache_salt_on_the_openai_routes(tiny):
     msgs = [{"role": "user", "content": "Tell me about the tenant's lease number 4711 in detail."}]
 
     def chat(salt):
-        r = requests.post(url + "/v1/chat/completions", timeout=60,
-                          json={"messages": msgs, "max_tokens": 1, "cache_salt": salt})
+        r = requests.post(
+            url + "/v1/chat/completions",
+            timeout=60,
+            json={"messages": msgs, "max_tokens": 1, "cache_salt": salt},
+        )
         assert r.status_code == 200, r.text
         return r.json()["usage"]["prompt_tokens_details"]["cached_tokens"]
 
     assert chat("frank") == 0
     assert chat("grace") == 0
     assert chat("frank") > 10
-    r = requests.post(url + "/v1/chat/completions", json={"messages": msgs, "cache_salt": ""}, timeout=30)
+    r = requests.post(
+        url + "/v1/chat/completions", json={"messages": msgs, "cache_salt": ""}, timeout=30
+    )
     assert r.status_code == 400 and "cache_salt" in r.text
 
 
@@ -90,9 +106,15 @@ def _admission_order(url: str) -> list[str]:
     done: list[str] = []
 
     def send(name: str, priority: int, n: int) -> None:
-        r = requests.post(url + "/generate", timeout=300, json={
-            "input_ids": [5, 6, 7, 8], "priority": priority,
-            "sampling_params": {"max_new_tokens": n, "ignore_eos": True, "temperature": 0}})
+        r = requests.post(
+            url + "/generate",
+            timeout=300,
+            json={
+                "input_ids": [5, 6, 7, 8],
+                "priority": priority,
+                "sampling_params": {"max_new_tokens": n, "ignore_eos": True, "temperature": 0},
+            },
+        )
         assert r.status_code == 200, r.text
         done.append(name)
 
@@ -110,7 +132,8 @@ def _admission_order(url: str) -> list[str]:
     wait(lambda s: s["num_running"] == 1)
     for name, prio, waiting in (("low", 0, 1), ("high", 10, 2)):
         # 48 tokens: the second request's answer ends well after the first's, so the order in which
-        # the client threads see them is the server's even on a loaded machine (4 tokens was ~10 ms apart).
+        # the client threads see them is the server's even on a loaded machine (4 tokens was ~10 ms
+        # apart).
         threads.append(threading.Thread(target=send, args=(name, prio, 48)))
         threads[-1].start()
         wait(lambda s, w=waiting: s["num_waiting"] == w)
@@ -122,8 +145,16 @@ def _admission_order(url: str) -> list[str]:
 
 @pytest.mark.parametrize("flag", [False, True])
 def test_priority_counts_only_with_the_flag(tiny_model_dir, flag):
-    s = ServerProcess("--model-path", tiny_model_dir, *TINY, "--max-running-requests", "1", "--schedule-policy", "fcfs",
-                      *(["--enable-priority-scheduling"] if flag else []))
+    s = ServerProcess(
+        "--model-path",
+        tiny_model_dir,
+        *TINY,
+        "--max-running-requests",
+        "1",
+        "--schedule-policy",
+        "fcfs",
+        *(["--enable-priority-scheduling"] if flag else []),
+    )
     try:
         assert _admission_order(s.url) == (["high", "low"] if flag else ["low", "high"])
     finally:

@@ -1,6 +1,6 @@
-"""--crash-dump-folder (SGLang's): when the scheduler dies, the requests of the last minutes (finished,
-and the one still streaming) are in FOLDER/<hostname>/crash_dump_<time>.json, 0600, without the
-admin key (given on the command line) or a cache_salt."""
+"""--crash-dump-folder (SGLang's): when the scheduler dies, the requests of the last minutes
+(finished, and the one still streaming) are in FOLDER/<hostname>/crash_dump_<time>.json, 0600,
+without the admin key (given on the command line) or a cache_salt."""
 
 import json
 import os
@@ -20,14 +20,31 @@ TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-chec
 
 def test_scheduler_killed_dumps_the_last_requests(tiny_model_dir, tmp_path):
     folder = tmp_path / "crash"
-    s = ServerProcess("--model-path", tiny_model_dir, *TINY, "--crash-dump-folder", str(folder), "--admin-api-key", KEY)
+    s = ServerProcess(
+        "--model-path",
+        tiny_model_dir,
+        *TINY,
+        "--crash-dump-folder",
+        str(folder),
+        "--admin-api-key",
+        KEY,
+    )
     try:
-        sent = [{"text": "The first finished request", "sampling_params": {"max_new_tokens": 3}},
-                {"text": "A second one, salted", "sampling_params": {"max_new_tokens": 5}, "cache_salt": SALT,
-                 "rid": "salted-one"}]
+        sent = [
+            {"text": "The first finished request", "sampling_params": {"max_new_tokens": 3}},
+            {
+                "text": "A second one, salted",
+                "sampling_params": {"max_new_tokens": 5},
+                "cache_salt": SALT,
+                "rid": "salted-one",
+            },
+        ]
         done = [requests.post(s.url + "/generate", json=b, timeout=60).json() for b in sent]
-        running_body = {"text": "Still streaming when the scheduler dies", "rid": "in-flight",
-                        "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}}
+        running_body = {
+            "text": "Still streaming when the scheduler dies",
+            "rid": "in-flight",
+            "sampling_params": {"max_new_tokens": 900, "ignore_eos": True},
+        }
         stream = {}
         t = threading.Thread(target=stream_events, args=(s.url, running_body, stream))
         t.start()
@@ -48,11 +65,17 @@ def test_scheduler_killed_dumps_the_last_requests(tiny_model_dir, tmp_path):
     assert KEY not in raw and SALT not in raw
     dump = json.loads(raw)
     assert "the scheduler process died" in dump["reason"]
-    assert dump["server_args"]["admin_api_key"] == "***" and "--admin-api-key ***" in dump["launch_command"]
+    assert (
+        dump["server_args"]["admin_api_key"] == "***"
+        and "--admin-api-key ***" in dump["launch_command"]
+    )
     reqs = dump["requests"]
     assert [r["finished"] for r in reqs] == [True, True, False]
     for r, body, out in zip(reqs, sent, done):
-        assert r["obj"]["text"] == body["text"] and r["obj"]["sampling_params"] == body["sampling_params"]
+        assert (
+            r["obj"]["text"] == body["text"]
+            and r["obj"]["sampling_params"] == body["sampling_params"]
+        )
         assert r["out"]["text"] == out["text"] and r["out"]["output_ids"] == out["output_ids"]
         assert r["rid"] == out["meta_info"]["id"] and r["error"] is None
         assert r["created_time"] <= r["finished_time"]
@@ -60,6 +83,10 @@ def test_scheduler_killed_dumps_the_last_requests(tiny_model_dir, tmp_path):
     running = reqs[2]
     assert running["rid"] == "in-flight" and running["obj"]["text"] == running_body["text"]
     # Its output so far: at least what the client saw (the dump may hold a chunk still on its way).
-    seen = json.loads(stream["events"][-3])["output_ids"]  # the last output before the error event and [DONE]
-    assert running["out"]["output_ids"][:len(seen)] == seen and running["out"]["meta_info"]["finish_reason"] is None
-
+    seen = json.loads(stream["events"][-3])[
+        "output_ids"
+    ]  # the last output before the error event and [DONE]
+    assert (
+        running["out"]["output_ids"][: len(seen)] == seen
+        and running["out"]["meta_info"]["finish_reason"] is None
+    )

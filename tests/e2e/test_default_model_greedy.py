@@ -36,7 +36,9 @@ def reference(default_model_path):
 
     tok = load_tokenizer(default_model_path)
     prompts = [
-        tok.apply_chat_template([{"role": "user", "content": c}], tokenize=False, add_generation_prompt=True)
+        tok.apply_chat_template(
+            [{"role": "user", "content": c}], tokenize=False, add_generation_prompt=True
+        )
         for c in CHAT
     ] + RAW
     d, name = os.path.split(default_model_path)
@@ -45,7 +47,13 @@ def reference(default_model_path):
     with torch.no_grad():
         for p in prompts:
             ids = tok.encode(p)
-            out = hf.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=2, pad_token_id=2)
+            out = hf.generate(
+                torch.tensor([ids]),
+                max_new_tokens=NEW_TOKENS,
+                do_sample=False,
+                eos_token_id=2,
+                pad_token_id=2,
+            )
             gen = out[0, len(ids) :].tolist()
             logits = hf(out).logits[0, len(ids) - 1 :].float()  # row k predicts gen[k]
             refs.append((ids, gen, logits))
@@ -54,14 +62,16 @@ def reference(default_model_path):
 
 
 def assert_greedy_equal(got: list[int], ref: tuple, label: str, near_tie: float = NEAR_TIE) -> None:
-    """ref: (prompt ids, HF's greedy tokens, HF's logits along them); near_tie: the gap under which a
-    flip is a genuine tie (float32's here; tests/gpu passes bfloat16's)."""
+    """ref: (prompt ids, HF's greedy tokens, HF's logits along them); near_tie: the gap under which
+    a flip is a genuine tie (float32's here; tests/gpu passes bfloat16's)."""
     ids, gen, logits = ref
     for k, (a, b) in enumerate(zip(got, gen)):
         if a != b:
             top2 = torch.topk(logits[k], 2).values
             gap = (top2[0] - top2[1]).item()
-            assert gap < near_tie, f"{label}: token {k} differs ({a} vs HF {b}) with a clear top-2 gap {gap:.4g}"
+            assert gap < near_tie, (
+                f"{label}: token {k} differs ({a} vs HF {b}) with a clear top-2 gap {gap:.4g}"
+            )
             return  # a genuine near-tie: the tokens up to here matched
     assert len(got) == len(gen), f"{label}: {len(got)} tokens vs HF {len(gen)}"
 
@@ -88,11 +98,15 @@ def test_default_engine_alone_concurrent_and_cached(reference):
 
 
 @pytest.mark.parametrize(
-    "options", [dict(chunked_prefill_size=32), dict(disable_radix_cache=True)], ids=["chunked32", "no-radix-cache"]
+    "options",
+    [dict(chunked_prefill_size=32), dict(disable_radix_cache=True)],
+    ids=["chunked32", "no-radix-cache"],
 )
 def test_default_engine_variants(reference, options):
     prompts, refs = reference
-    with Engine(enable_invariant_checks=True, log_level="warning", quantization="none", **options) as engine:
+    with Engine(
+        enable_invariant_checks=True, log_level="warning", quantization="none", **options
+    ) as engine:
         outs = engine.generate(prompts, SP)
         for i, out in enumerate(outs):
             assert_greedy_equal(out["output_ids"], refs[i], f"{options} #{i}")

@@ -16,15 +16,30 @@ import torch
 from radixlm.server.process import ServerProcess
 
 # Different lengths in one request: they share a forward (one batch).
-TEXTS = ["The capital of France is Paris.", "hi", "A longer sentence about embeddings, pooling and the radix cache."]
-SERVE = ("--is-embedding", "--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks")
+TEXTS = [
+    "The capital of France is Paris.",
+    "hi",
+    "A longer sentence about embeddings, pooling and the radix cache.",
+]
+SERVE = (
+    "--is-embedding",
+    "--num-threads",
+    "1",
+    "--kv-memory-gb",
+    "0.05",
+    "--enable-invariant-checks",
+)
 
 
 def _small_config(tiny_model_dir, family: str):
     import transformers
 
     cfg = transformers.AutoConfig.from_pretrained(tiny_model_dir).to_dict()
-    keep = {k: v for k, v in cfg.items() if k not in ("architectures", "model_type", "transformers_version")}
+    keep = {
+        k: v
+        for k, v in cfg.items()
+        if k not in ("architectures", "model_type", "transformers_version")
+    }
     return getattr(transformers, f"{family}Config")(**keep)
 
 
@@ -38,19 +53,48 @@ def llama_mean_dir(tmp_path_factory, tiny_model_dir):
     LlamaForCausalLM(_small_config(tiny_model_dir, "Llama")).eval().save_pretrained(path)
     AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(path)
     with open(os.path.join(path, "modules.json"), "w") as f:
-        json.dump([{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-                   {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
-                   {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}], f)
+        json.dump(
+            [
+                {
+                    "idx": 0,
+                    "name": "0",
+                    "path": "",
+                    "type": "sentence_transformers.models.Transformer",
+                },
+                {
+                    "idx": 1,
+                    "name": "1",
+                    "path": "1_Pooling",
+                    "type": "sentence_transformers.models.Pooling",
+                },
+                {
+                    "idx": 2,
+                    "name": "2",
+                    "path": "2_Normalize",
+                    "type": "sentence_transformers.models.Normalize",
+                },
+            ],
+            f,
+        )
     os.makedirs(os.path.join(path, "1_Pooling"))
     with open(os.path.join(path, "1_Pooling", "config.json"), "w") as f:
-        json.dump({"word_embedding_dimension": 64, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": True,
-                   "pooling_mode_max_tokens": False, "pooling_mode_lasttoken": False}, f)
+        json.dump(
+            {
+                "word_embedding_dimension": 64,
+                "pooling_mode_cls_token": False,
+                "pooling_mode_mean_tokens": True,
+                "pooling_mode_max_tokens": False,
+                "pooling_mode_lasttoken": False,
+            },
+            f,
+        )
     return path
 
 
 @pytest.fixture(scope="module")
 def qwen2_base_dir(tmp_path_factory, tiny_model_dir):
-    """A Qwen2Model checkpoint (no lm_head, names without `model.`), no pooling config: last-token."""
+    """A Qwen2Model checkpoint (no lm_head, names without `model.`), no pooling config:
+    last-token."""
     from transformers import AutoTokenizer, Qwen2Model
 
     path = str(tmp_path_factory.mktemp("emb-qwen2"))
@@ -127,15 +171,24 @@ def test_mean_pooling_matches_hf_float_and_base64(llama_server, llama_mean_dir):
     res = client.embeddings.create(model="any", input=TEXTS, encoding_format="float")
     assert [d.index for d in res.data] == [0, 1, 2]
     _check([d.embedding for d in res.data], want)
-    assert res.usage.prompt_tokens == sum(map(len, ids)) and res.usage.total_tokens == res.usage.prompt_tokens
+    assert (
+        res.usage.prompt_tokens == sum(map(len, ids))
+        and res.usage.total_tokens == res.usage.prompt_tokens
+    )
     # Token-id inputs, base64 (the client decodes it as little-endian float32).
-    raw = requests.post(llama_server.url + "/v1/embeddings",
-                        json={"input": ids, "encoding_format": "base64"}, timeout=60).json()
-    _check([np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in raw["data"]], want)
+    raw = requests.post(
+        llama_server.url + "/v1/embeddings",
+        json={"input": ids, "encoding_format": "base64"},
+        timeout=60,
+    ).json()
+    _check(
+        [np.frombuffer(base64.b64decode(d["embedding"]), dtype="<f4") for d in raw["data"]], want
+    )
     # Without encoding_format the client asks for base64 and decodes it itself.
     b64 = client.embeddings.create(model="any", input=ids[0])
     _check([b64.data[0].embedding], want[:1])
-    # Repeated: the answer does not depend on what the cache holds (mean pooling takes no cached prefix).
+    # Repeated: the answer does not depend on what the cache holds (mean pooling takes no cached
+    # prefix).
     again = requests.post(llama_server.url + "/encode", json={"text": TEXTS[0]}, timeout=60).json()
     assert again["meta_info"]["cached_tokens"] == 0
     _check([again["embedding"]], want[:1])
@@ -147,16 +200,23 @@ def test_encode_native_route(llama_server, llama_mean_dir):
     one = requests.post(llama_server.url + "/encode", json={"text": TEXTS[2]}, timeout=60).json()
     _check([one["embedding"]], want[2:])
     assert one["meta_info"]["prompt_tokens"] == len(ids[2])
-    batch = requests.post(llama_server.url + "/encode", json={"input_ids": ids[:2]}, timeout=60).json()
+    batch = requests.post(
+        llama_server.url + "/encode", json={"input_ids": ids[:2]}, timeout=60
+    ).json()
     _check([b["embedding"] for b in batch], want[:2])
 
 
 def test_bad_input_is_400_naming_input(llama_server):
     url = llama_server.url
-    cases = [({"input": ""}, "input"), ({"input": []}, "input"), ({"input": ["a", ""]}, "input"),
-             ({"input": [[1, 2], [1, 10**9]]}, "input"), ({"input": "word " * 1100}, "input"),
-             ({"input": "x", "dimensions": 8}, "dimensions"), ({"input": "x", "encoding_format": "hex"},
-                                                                "encoding_format")]
+    cases = [
+        ({"input": ""}, "input"),
+        ({"input": []}, "input"),
+        ({"input": ["a", ""]}, "input"),
+        ({"input": [[1, 2], [1, 10**9]]}, "input"),
+        ({"input": "word " * 1100}, "input"),
+        ({"input": "x", "dimensions": 8}, "dimensions"),
+        ({"input": "x", "encoding_format": "hex"}, "encoding_format"),
+    ]
     for body, param in cases:
         r = requests.post(url + "/v1/embeddings", json=body, timeout=60)
         assert r.status_code == 400, (body, r.text)
@@ -164,8 +224,10 @@ def test_bad_input_is_400_naming_input(llama_server):
     r = requests.post(url + "/encode", json={"input_ids": [5, -1]}, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == "input_ids", r.text
     # Generation routes on an embedding server: a 400 that says why; the server goes on serving.
-    for route, body in [("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}}),
-                        ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2})]:
+    for route, body in [
+        ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 2}}),
+        ("/v1/completions", {"model": "m", "prompt": "hi", "max_tokens": 2}),
+    ]:
         r = requests.post(url + route, json=body, timeout=60)
         assert r.status_code == 400 and "embedding model" in r.text, (route, r.text)
     assert requests.get(url + "/health_generate", timeout=60).status_code == 200
@@ -192,9 +254,17 @@ def test_qwen2_base_model_last_token_pooling(qwen2_base_dir):
 
 
 def test_gguf_embedding_model(llama_mean_gguf, llama_mean_dir):
-    # float32 KV: a GGUF's default is float16 KV (llama.cpp's), which the 1e-4 check would measure instead.
-    s = ServerProcess("--model-path", llama_mean_gguf, "--tokenizer-path", llama_mean_dir, "--kv-cache-dtype", "float32",
-                      *SERVE)
+    # float32 KV: a GGUF's default is float16 KV (llama.cpp's), which the 1e-4 check would measure
+    # instead.
+    s = ServerProcess(
+        "--model-path",
+        llama_mean_gguf,
+        "--tokenizer-path",
+        llama_mean_dir,
+        "--kv-cache-dtype",
+        "float32",
+        *SERVE,
+    )
     try:
         ids = _ids(llama_mean_dir, TEXTS)
         res = _client(s).embeddings.create(model="any", input=ids)
@@ -204,20 +274,27 @@ def test_gguf_embedding_model(llama_mean_gguf, llama_mean_dir):
 
 
 def test_embeddings_on_a_generation_server_is_400(tiny_model_dir):
-    s = ServerProcess("--model-path", tiny_model_dir, "--num-threads", "1", "--kv-memory-gb", "0.05")
+    s = ServerProcess(
+        "--model-path", tiny_model_dir, "--num-threads", "1", "--kv-memory-gb", "0.05"
+    )
     try:
         with pytest.raises(openai.BadRequestError, match="--is-embedding"):
             _client(s).embeddings.create(model="any", input="hi")
         r = requests.post(s.url + "/encode", json={"text": "hi"}, timeout=60)
         assert r.status_code == 400 and "--is-embedding" in r.text
-        r = requests.post(s.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 1}}, timeout=60)
+        r = requests.post(
+            s.url + "/generate",
+            json={"text": "hi", "sampling_params": {"max_new_tokens": 1}},
+            timeout=60,
+        )
         assert r.status_code == 200
     finally:
         s.stop()
 
 
 def test_engine_encode(qwen2_base_dir):
-    """The Python API: Engine(is_embedding=True).encode, one input and a batch of ids; generate refused."""
+    """The Python API: Engine(is_embedding=True).encode, one input and a batch of ids; generate
+    refused."""
     from radixlm import Engine
     from tests.conftest import engine_args
 

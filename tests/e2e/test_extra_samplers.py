@@ -19,7 +19,11 @@ N = 16
 
 @pytest.fixture(scope="module", params=["overlap", "ngram"])
 def srv(request, tiny_model_dir):
-    extra = ("--enable-overlap-schedule",) if request.param == "overlap" else ("--speculative-algorithm", "ngram")
+    extra = (
+        ("--enable-overlap-schedule",)
+        if request.param == "overlap"
+        else ("--speculative-algorithm", "ngram")
+    )
     s = ServerProcess("--model-path", tiny_model_dir, *TINY, *extra)
     yield s
     s.stop()
@@ -37,7 +41,10 @@ def served(s) -> str:
 
 
 def generate(srv, **sp) -> dict:
-    body = {"text": PROMPT, "sampling_params": {"max_new_tokens": N, "ignore_eos": True, "temperature": 0, **sp}}
+    body = {
+        "text": PROMPT,
+        "sampling_params": {"max_new_tokens": N, "ignore_eos": True, "temperature": 0, **sp},
+    }
     r = requests.post(srv.url + "/generate", json=body, timeout=120)
     assert r.status_code == 200, r.text
     return r.json()
@@ -45,12 +52,22 @@ def generate(srv, **sp) -> dict:
 
 def completion(srv, **extra) -> str:
     c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=120)
-    return c.completions.create(model=served(srv), prompt=PROMPT, max_tokens=N, temperature=0,
-                                extra_body={"ignore_eos": True, **extra}).choices[0].text
+    return (
+        c.completions.create(
+            model=served(srv),
+            prompt=PROMPT,
+            max_tokens=N,
+            temperature=0,
+            extra_body={"ignore_eos": True, **extra},
+        )
+        .choices[0]
+        .text
+    )
 
 
 def hf_decode(hf, tokenizer, adjust, n=N) -> list[int]:
-    """HF's greedy decoding with adjust(logits, output so far, whole sequence) applied at each step."""
+    """HF's greedy decoding with adjust(logits, output so far, whole sequence) applied at each
+    step."""
     seq, out = tokenizer.encode(PROMPT), []
     for _ in range(n):
         with torch.no_grad():
@@ -62,13 +79,18 @@ def hf_decode(hf, tokenizer, adjust, n=N) -> list[int]:
 
 
 def contains(ids, form) -> bool:
-    return any(tuple(ids[i:i + len(form)]) == tuple(form) for i in range(len(ids) - len(form) + 1))
+    return any(
+        tuple(ids[i : i + len(form)]) == tuple(form) for i in range(len(ids) - len(form) + 1)
+    )
 
 
 def test_bad_words_never_appear_where_greedy_output_has_them(srv, tokenizer, tiny_hf_model):
     plain = generate(srv)["output_ids"]
-    word = next(w for w in (tokenizer.decode([t]).strip() for t in plain)
-                if w.isalpha() and any(contains(plain, f) for f in vllm_bad_word_forms(tokenizer, w)))
+    word = next(
+        w
+        for w in (tokenizer.decode([t]).strip() for t in plain)
+        if w.isalpha() and any(contains(plain, f) for f in vllm_bad_word_forms(tokenizer, w))
+    )
     forms = vllm_bad_word_forms(tokenizer, word)
     out = generate(srv, bad_words=[word])
     assert not any(contains(out["output_ids"], f) for f in forms), (word, forms, out["output_ids"])
@@ -94,7 +116,11 @@ def test_allowed_token_ids_confine_the_output(srv, tokenizer, tiny_hf_model):
 
     assert out["output_ids"] == hf_decode(tiny_hf_model, tokenizer, confine)
     for seed in range(3):  # sampled rows too
-        assert set(generate(srv, allowed_token_ids=allowed, temperature=1.0, sampling_seed=seed)["output_ids"]) <= set(allowed)
+        assert set(
+            generate(srv, allowed_token_ids=allowed, temperature=1.0, sampling_seed=seed)[
+                "output_ids"
+            ]
+        ) <= set(allowed)
     assert completion(srv, allowed_token_ids=allowed) == out["text"]
 
 
@@ -106,7 +132,10 @@ def test_dry_follows_llama_cpps_penalty(srv, tokenizer, tiny_hf_model):
 
     allowed = tokenizer.encode(" the cat sat on mat", add_special_tokens=False)
     dry = dict(dry_multiplier=4.0, dry_base=1.75, dry_allowed_length=2)
-    plain, out = generate(srv, allowed_token_ids=allowed), generate(srv, allowed_token_ids=allowed, **dry)
+    plain, out = (
+        generate(srv, allowed_token_ids=allowed),
+        generate(srv, allowed_token_ids=allowed, **dry),
+    )
     assert out["output_ids"] != plain["output_ids"]
     sp = SamplingParams(**dry)
     single, multi = RequestSampling(tokenizer, len(tokenizer)).breaker_forms(DRY_SEQUENCE_BREAKERS)
@@ -128,11 +157,22 @@ def test_typical_p_and_xtc_at_their_deterministic_extremes(srv, tokenizer, tiny_
     keeps only the least likely of the candidates (here the top 5): any seed gives those tokens."""
     from transformers.generation.logits_process import TypicalLogitsWarper
 
-    typical = [generate(srv, temperature=1.0, typical_p=1e-6, sampling_seed=s)["output_ids"] for s in range(2)]
-    want = hf_decode(tiny_hf_model, tokenizer, lambda x, _o, _s: TypicalLogitsWarper(1e-6)(None, x.unsqueeze(0))[0])
+    typical = [
+        generate(srv, temperature=1.0, typical_p=1e-6, sampling_seed=s)["output_ids"]
+        for s in range(2)
+    ]
+    want = hf_decode(
+        tiny_hf_model,
+        tokenizer,
+        lambda x, _o, _s: TypicalLogitsWarper(1e-6)(None, x.unsqueeze(0))[0],
+    )
     assert typical == [want, want]
-    xtc = [generate(srv, temperature=1.0, top_k=5, xtc_probability=1.0, xtc_threshold=0.0, sampling_seed=s)
-           for s in range(2)]
+    xtc = [
+        generate(
+            srv, temperature=1.0, top_k=5, xtc_probability=1.0, xtc_threshold=0.0, sampling_seed=s
+        )
+        for s in range(2)
+    ]
 
     def fifth(logits, _o, _s):
         out = torch.full_like(logits, -torch.inf)
@@ -141,7 +181,10 @@ def test_typical_p_and_xtc_at_their_deterministic_extremes(srv, tokenizer, tiny_
 
     want = hf_decode(tiny_hf_model, tokenizer, fifth)
     assert [x["output_ids"] for x in xtc] == [want, want]
-    assert completion(srv, temperature=1.0, top_k=5, xtc_probability=1.0, xtc_threshold=0.0) == xtc[0]["text"]
+    assert (
+        completion(srv, temperature=1.0, top_k=5, xtc_probability=1.0, xtc_threshold=0.0)
+        == xtc[0]["text"]
+    )
 
 
 def test_min_tokens_is_min_new_tokens(srv):
@@ -149,22 +192,45 @@ def test_min_tokens_is_min_new_tokens(srv):
     stop = {"stop_token_ids": [plain[1]], "ignore_eos": False}
     assert len(generate(srv, **stop)["output_ids"]) == 2
     out, same = generate(srv, min_tokens=6, **stop), generate(srv, min_new_tokens=6, **stop)
-    assert len(out["output_ids"]) >= 6 and (out["output_ids"], out["text"]) == (same["output_ids"], same["text"])
+    assert len(out["output_ids"]) >= 6 and (out["output_ids"], out["text"]) == (
+        same["output_ids"],
+        same["text"],
+    )
     assert completion(srv, min_tokens=6, **stop) == out["text"]
 
 
-@pytest.mark.parametrize("field, value", [
-    ("typical_p", 0), ("xtc_threshold", 2), ("xtc_probability", -1), ("dry_base", 0.5), ("dry_allowed_length", 0),
-    ("dry_penalty_last_n", -5), ("dry_sequence_breakers", [""]), ("bad_words", [" "]), ("allowed_token_ids", []),
-    ("allowed_token_ids", [10**9]), ("min_tokens", -1)])
+@pytest.mark.parametrize(
+    "field, value",
+    [
+        ("typical_p", 0),
+        ("xtc_threshold", 2),
+        ("xtc_probability", -1),
+        ("dry_base", 0.5),
+        ("dry_allowed_length", 0),
+        ("dry_penalty_last_n", -5),
+        ("dry_sequence_breakers", [""]),
+        ("bad_words", [" "]),
+        ("allowed_token_ids", []),
+        ("allowed_token_ids", [10**9]),
+        ("min_tokens", -1),
+    ],
+)
 def test_bad_values_are_a_400_naming_the_field(srv, field, value):
     why = f"{field} must"  # the range it breaks (not "unknown field")
-    r = requests.post(srv.url + "/generate", json={"text": "hi", "sampling_params": {field: value}}, timeout=60)
+    r = requests.post(
+        srv.url + "/generate", json={"text": "hi", "sampling_params": {field: value}}, timeout=60
+    )
     assert r.status_code == 400 and why in r.json()["error"]["message"], r.text
     c = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0, timeout=60)
     with pytest.raises(openai.BadRequestError, match=why):
-        c.completions.create(model=served(srv), prompt="hi", max_tokens=2, extra_body={field: value})
+        c.completions.create(
+            model=served(srv), prompt="hi", max_tokens=2, extra_body={field: value}
+        )
     with pytest.raises(openai.BadRequestError, match=why):
-        c.chat.completions.create(model=served(srv), messages=[{"role": "user", "content": "hi"}], max_tokens=2,
-                                  extra_body={field: value})
+        c.chat.completions.create(
+            model=served(srv),
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=2,
+            extra_body={field: value},
+        )
     assert len(generate(srv, max_new_tokens=2)["output_ids"]) == 2  # still serving

@@ -16,7 +16,8 @@ import requests
 from radixlm.server.process import ServerProcess
 
 TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks")
-# spin**3 loop turns in Jinja: spin 600 is seconds of CPU (7 s here), on whichever thread renders it.
+# spin**3 loop turns in Jinja: spin 600 is seconds of CPU (7 s here), on whichever thread renders
+# it.
 _LOOP = "{% for _ in range(spin|default(0)) %}"
 SPIN = _LOOP * 3 + "{% endfor %}" * 3
 
@@ -64,7 +65,11 @@ def test_batch_times_n_is_bounded_before_expansion(server):
     r = _post(server.url, "/generate", {"input_ids": [[5, 6]] * 513, "sampling_params": sp})
     assert r.status_code == 400, r.status_code
     err = r.json()["error"]
-    assert err["param"] == "input_ids" and "1026 sequences" in err["message"] and "--max-client-batch-size" in err["message"]
+    assert (
+        err["param"] == "input_ids"
+        and "1026 sequences" in err["message"]
+        and "--max-client-batch-size" in err["message"]
+    )
     # Per-item sampling_params count each item's n.
     r = _post(server.url, "/generate", {"text": ["a"] * 10, "sampling_params": [{"n": 128}] * 10})
     assert r.status_code == 400 and r.json()["error"]["param"] == "text"
@@ -89,47 +94,94 @@ def test_tokenize_is_bounded_by_the_context(server):
     assert r.status_code == 400 and r.json()["error"]["param"] == "tokens"
     r = _post(server.url, "/tokenize", {"text": "hello world"})
     assert r.status_code == 200 and r.json()["count"] == len(r.json()["tokens"]) > 0
-    assert _post(server.url, "/detokenize", {"tokens": r.json()["tokens"]}).json()["text"] == "hello world"
+    assert (
+        _post(server.url, "/detokenize", {"tokens": r.json()["tokens"]}).json()["text"]
+        == "hello world"
+    )
 
 
-@pytest.mark.parametrize("kwargs", [
-    {"chat_template": SPIN + "{{ messages[0]['content'] }}", "spin": 600},  # the client's own template
-    {"tools": [{"type": "function", "function": {"name": "f"}}]},  # around tools' own check
-    {"tokenize": True},
-    {"messages": []},
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {
+            "chat_template": SPIN + "{{ messages[0]['content'] }}",
+            "spin": 600,
+        },  # the client's own template
+        {"tools": [{"type": "function", "function": {"name": "f"}}]},  # around tools' own check
+        {"tokenize": True},
+        {"messages": []},
+    ],
+)
 def test_chat_template_kwargs_cannot_set_reserved_keys(server, kwargs):
-    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "chat_template_kwargs": kwargs}
+    body = {
+        "messages": [{"role": "user", "content": "hi"}],
+        "max_tokens": 2,
+        "chat_template_kwargs": kwargs,
+    }
     with _HealthPoller(server.url):
         r = _post(server.url, "/v1/chat/completions", body, timeout=30)
     assert r.status_code == 400, r.text
     err = r.json()["error"]
-    assert err["param"] == "chat_template_kwargs" and next(k for k in kwargs if k != "spin") in err["message"]
+    assert (
+        err["param"] == "chat_template_kwargs"
+        and next(k for k in kwargs if k != "spin") in err["message"]
+    )
     ok = {**body, "chat_template_kwargs": {"enable_thinking": False}}
     assert _post(server.url, "/v1/chat/completions", ok).status_code == 200
 
 
 def test_expanded_requests_count_against_the_queue(tiny_model_dir):
-    s = ServerProcess("--model-path", tiny_model_dir, "--max-running-requests", "1", "--max-queued-requests", "4", *TINY)
+    s = ServerProcess(
+        "--model-path",
+        tiny_model_dir,
+        "--max-running-requests",
+        "1",
+        "--max-queued-requests",
+        "4",
+        *TINY,
+    )
     try:
         # Could never fit (4 queued + 1 running): a 400, not a 429 to retry.
-        r = _post(s.url, "/generate", {"text": ["a", "b", "c"], "sampling_params": {"n": 2, "max_new_tokens": 1}})
+        r = _post(
+            s.url,
+            "/generate",
+            {"text": ["a", "b", "c"], "sampling_params": {"n": 2, "max_new_tokens": 1}},
+        )
         assert r.status_code == 400 and r.json()["error"]["param"] == "text", r.text
         with ThreadPoolExecutor(8) as pool:
-            # Runs for seconds: the only running slot stays taken while the calls below are answered.
-            long = pool.submit(_post, s.url, "/generate", {"text": "hi", "sampling_params": {
-                "max_new_tokens": 900, "ignore_eos": True}}, 120)
+            # Runs for seconds: the only running slot stays taken while the calls below are
+            # answered.
+            long = pool.submit(
+                _post,
+                s.url,
+                "/generate",
+                {"text": "hi", "sampling_params": {"max_new_tokens": 900, "ignore_eos": True}},
+                120,
+            )
             deadline = time.monotonic() + 30
-            while requests.get(s.url + "/get_server_info", timeout=10).json()["num_tracked_requests"] < 1:
+            while (
+                requests.get(s.url + "/get_server_info", timeout=10).json()["num_tracked_requests"]
+                < 1
+            ):
                 assert time.monotonic() < deadline
                 time.sleep(0.05)
             # 5 sequences behind the running one: past the 4 the queue holds.
-            r = _post(s.url, "/v1/completions", {"prompt": ["a", "b", "c", "d", "e"], "max_tokens": 1})
+            r = _post(
+                s.url, "/v1/completions", {"prompt": ["a", "b", "c", "d", "e"], "max_tokens": 1}
+            )
             assert r.status_code == 429, r.text
-            # Concurrent calls of 3 sequences each: only one fits, however their tokenization interleaves.
-            burst = [pool.submit(_post, s.url, "/generate", {"text": ["x " * 200 + str(i)] * 3,
-                                                             "sampling_params": {"max_new_tokens": 1}}, 120)
-                     for i in range(6)]
+            # Concurrent calls of 3 sequences each: only one fits, however their tokenization
+            # interleaves.
+            burst = [
+                pool.submit(
+                    _post,
+                    s.url,
+                    "/generate",
+                    {"text": ["x " * 200 + str(i)] * 3, "sampling_params": {"max_new_tokens": 1}},
+                    120,
+                )
+                for i in range(6)
+            ]
             codes = sorted(f.result().status_code for f in burst)
             assert codes == [200] + [429] * 5, codes
             assert long.result().status_code == 200
@@ -143,19 +195,36 @@ def test_templating_runs_off_the_event_loop_under_a_time_bound(tiny_model_dir, t
     tok = load_tokenizer(tiny_model_dir)
     tok.chat_template = SPIN + tok.chat_template  # the server's own template, made slow by a kwarg
     tok.save_pretrained(tmp_path)
-    shutil.copy(os.path.join(tiny_model_dir, "config.json"), tmp_path)  # what a tokenizer directory is told by
-    s = ServerProcess("--model-path", tiny_model_dir, "--tokenizer-path", str(tmp_path), "--tokenizer-timeout", "1",
-                      *TINY)
+    shutil.copy(
+        os.path.join(tiny_model_dir, "config.json"), tmp_path
+    )  # what a tokenizer directory is told by
+    s = ServerProcess(
+        "--model-path",
+        tiny_model_dir,
+        "--tokenizer-path",
+        str(tmp_path),
+        "--tokenizer-timeout",
+        "1",
+        *TINY,
+    )
     try:
-        slow = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "chat_template_kwargs": {"spin": 600}}
+        slow = {
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+            "chat_template_kwargs": {"spin": 600},
+        }
         with _HealthPoller(s.url), ThreadPoolExecutor(2) as pool:
             f = pool.submit(_post, s.url, "/v1/chat/completions", slow, 60)
             time.sleep(0.3)
             t = time.monotonic()
-            r = _post(s.url, "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4}}, 30)
+            r = _post(
+                s.url, "/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 4}}, 30
+            )
             assert r.status_code == 200 and time.monotonic() - t < 5
             r = f.result()
-        assert r.status_code == 504 and "--tokenizer-timeout" in r.json()["error"]["message"], r.text
+        assert r.status_code == 504 and "--tokenizer-timeout" in r.json()["error"]["message"], (
+            r.text
+        )
         fast = {**slow, "chat_template_kwargs": {"spin": 1}}
         assert _post(s.url, "/v1/chat/completions", fast).status_code == 200
     finally:

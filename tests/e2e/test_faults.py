@@ -19,7 +19,10 @@ GREEDY = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
 
 
 def _body(max_new_tokens=900, **kw):
-    return {"text": "hello there", "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True, **kw}}
+    return {
+        "text": "hello there",
+        "sampling_params": {"max_new_tokens": max_new_tokens, "ignore_eos": True, **kw},
+    }
 
 
 @pytest.mark.parametrize("victim", ["scheduler", "detokenizer"])
@@ -38,18 +41,24 @@ def test_engine_process_killed_health_503_requests_fail_fast_server_exits_1(tiny
                 plain["r"] = e
             plain["ended"] = time.monotonic()
 
-        threads = [threading.Thread(target=inflight), threading.Thread(target=stream_events,
-                                                                         args=(s.url, _body(), stream))]
+        threads = [
+            threading.Thread(target=inflight),
+            threading.Thread(target=stream_events, args=(s.url, _body(), stream)),
+        ]
         for t in threads:
             t.start()
         assert wait_until(lambda: stream.get("started"), 30)
         killed = time.monotonic()
         os.kill(pid, signal.SIGKILL)
-        assert wait_until(lambda: health_status(s.url) == 503, 2.0), "/health did not turn 503 within 2 s"
+        assert wait_until(lambda: health_status(s.url) == 503, 2.0), (
+            "/health did not turn 503 within 2 s"
+        )
         health_503_after = time.monotonic() - killed
         for t in threads:
             t.join(timeout=10)
-        assert not any(t.is_alive() for t in threads), "an in-flight request hung after the engine died"
+        assert not any(t.is_alive() for t in threads), (
+            "an in-flight request hung after the engine died"
+        )
         r = plain["r"]
         assert isinstance(r, requests.Response) and r.status_code == 503
         assert f"the {victim} process died" in r.json()["error"]["message"]
@@ -80,7 +89,9 @@ def test_restart_on_failure_serves_again_with_the_same_outputs(tiny_model_dir):
         old[0].kill()
         t.join(timeout=10)
         assert not t.is_alive() and json.loads(result["events"][-2])["error"]["code"] == 503
-        assert wait_until(lambda: health_status(s.url) == 200, 120, 0.2), "the engine did not come back"
+        assert wait_until(lambda: health_status(s.url) == 200, 120, 0.2), (
+            "the engine did not come back"
+        )
         after = requests.post(s.url + "/generate", json=greedy, timeout=60).json()
         assert after["output_ids"] == before["output_ids"] and after["text"] == before["text"]
         info2 = requests.get(s.url + "/get_server_info", timeout=10).json()
@@ -105,7 +116,9 @@ def test_sigterm_drains_in_flight_requests_then_stops_everything(tiny_model_dir)
     t.join(timeout=60)
     assert result["status"] == 200 and result["events"][-1] == "[DONE]"
     final = json.loads(result["events"][-2])
-    assert final["meta_info"]["finish_reason"]["type"] == "length" and len(final["output_ids"]) == 600
+    assert (
+        final["meta_info"]["finish_reason"]["type"] == "length" and len(final["output_ids"]) == 600
+    )
     s.proc.wait(timeout=30)
     _, alive = psutil.wait_procs(kids, timeout=15)
     assert not alive
@@ -126,7 +139,11 @@ def test_sigterm_stops_after_graceful_shutdown_timeout(tiny_model_dir):
     stopped_after = time.monotonic() - sent
     t.join(timeout=30)
     assert not t.is_alive()
-    finished = [e for e in result.get("events", []) if e != "[DONE]" and json.loads(e)["meta_info"]["finish_reason"]]
+    finished = [
+        e
+        for e in result.get("events", [])
+        if e != "[DONE]" and json.loads(e)["meta_info"]["finish_reason"]
+    ]
     assert len(finished) < 32, "the whole batch finished: the drain was not cut"
     assert stopped_after < 1 + 10
     _, alive = psutil.wait_procs(kids, timeout=15)

@@ -25,8 +25,16 @@ from radixlm.server.process import ServerProcess
 
 # A served name, not the model directory's path: error bodies name the served model (a 404 for
 # another one), and they are checked for paths below.
-SERVER_ARGS = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks", "--enable-metrics",
-               "--served-model-name", "tiny")
+SERVER_ARGS = (
+    "--num-threads",
+    "1",
+    "--kv-memory-gb",
+    "0.05",
+    "--enable-invariant-checks",
+    "--enable-metrics",
+    "--served-model-name",
+    "tiny",
+)
 # Generated cases per operation in schemathesis' fuzzing phase, schema-valid and schema-violating
 # ones drawn together from this budget; its coverage phase adds deterministic boundary cases on
 # top (several hundred for /generate and the OpenAI routes, a few for the others). Seeded and
@@ -41,7 +49,12 @@ LEAKS = ("Traceback", 'File "', ".py", "/root", "site-packages")
 def fuzz_server(tiny_model_dir, tmp_path_factory):
     # Admin here (loopback, no key): /start_profile's traces go to a temp directory (see cap_body).
     profiles = tmp_path_factory.mktemp("fuzz-profiles")
-    s = ServerProcess("--model-path", tiny_model_dir, *SERVER_ARGS, env={"RADIXLM_TORCH_PROFILER_DIR": str(profiles)})
+    s = ServerProcess(
+        "--model-path",
+        tiny_model_dir,
+        *SERVER_ARGS,
+        env={"RADIXLM_TORCH_PROFILER_DIR": str(profiles)},
+    )
     s.profile_dir = str(profiles)
     try:
         yield s
@@ -71,14 +84,23 @@ def check_error_body(status: int, text: str, sent: str = "") -> str:
     return err["message"]
 
 
-ANTHROPIC_ERRORS = ("invalid_request_error", "authentication_error", "permission_error", "not_found_error",
-                    "request_too_large", "rate_limit_error")
+ANTHROPIC_ERRORS = (
+    "invalid_request_error",
+    "authentication_error",
+    "permission_error",
+    "not_found_error",
+    "request_too_large",
+    "rate_limit_error",
+)
 
 
 def check_anthropic_error(status: int, text: str, sent: str = "") -> None:
-    """/v1/messages answers errors in Anthropic's shape: {"type": "error", "error": {type, message}}."""
+    """/v1/messages answers errors in Anthropic's shape: {"type": "error", "error": {type,
+    message}}."""
     body = json.loads(text)
-    assert isinstance(body, dict) and set(body) == {"type", "error"} and body["type"] == "error", text[:500]
+    assert isinstance(body, dict) and set(body) == {"type", "error"} and body["type"] == "error", (
+        text[:500]
+    )
     err = body["error"]
     assert set(err) == {"type", "message"} and err["message"].strip() and err["type"], text[:500]
     assert err["type"] in ANTHROPIC_ERRORS, text[:500]
@@ -87,19 +109,26 @@ def check_anthropic_error(status: int, text: str, sent: str = "") -> None:
 
 
 def check_anthropic_stream(text: str) -> None:
-    """Anthropic's events end with message_stop, or with an error event that is not a server error."""
-    events = [json.loads(line[len("data: "):]) for line in text.split("\n") if line.startswith("data: ")]
+    """Anthropic's events end with message_stop, or with an error event that is not a server
+    error."""
+    events = [
+        json.loads(line[len("data: ") :]) for line in text.split("\n") if line.startswith("data: ")
+    ]
     assert events and events[0]["type"] == "message_start", text[:500]
     assert events[-1]["type"] in ("message_stop", "error"), text[-500:]
     if events[-1]["type"] == "error":
-        assert events[-1]["error"]["type"] == "invalid_request_error", f"server error inside a stream: {text[-500:]}"
+        assert events[-1]["error"]["type"] == "invalid_request_error", (
+            f"server error inside a stream: {text[-500:]}"
+        )
 
 
 def check_no_internal_failure(outs) -> None:
     """A native response (or streamed chunk) whose request the engine failed: a 200 status line,
     but finish_reason says abort with a 5xx status (an exception in the scheduler)."""
     for out in outs if isinstance(outs, list) else [outs]:
-        reason = (out.get("meta_info") or {}).get("finish_reason") if isinstance(out, dict) else None
+        reason = (
+            (out.get("meta_info") or {}).get("finish_reason") if isinstance(out, dict) else None
+        )
         if isinstance(reason, dict):
             assert reason.get("status_code", 200) < 500, f"the engine failed the request: {reason}"
 
@@ -107,8 +136,9 @@ def check_no_internal_failure(outs) -> None:
 def check_stream_errors(text: str) -> None:
     """An SSE stream ends with [DONE]; an error event in it (the status line was already 200)
     has the error shape and a 4xx code (a 5xx there is a server error all the same)."""
-    # Split on "\n" only: str.splitlines also splits on U+2028 and friends, which JSON strings hold raw.
-    events = [line[len("data: "):] for line in text.split("\n") if line.startswith("data: ")]
+    # Split on "\n" only: str.splitlines also splits on U+2028 and friends, which JSON strings hold
+    # raw.
+    events = [line[len("data: ") :] for line in text.split("\n") if line.startswith("data: ")]
     assert events and events[-1] == "[DONE]", f"stream did not end with [DONE]: {text[-500:]}"
     for e in events[:-1]:
         obj = json.loads(e)
@@ -124,7 +154,9 @@ def error_shape(ctx, response, case):
     sent = f"{case.body!r} {case.path_parameters!r} {case.query!r}"
     anthropic = case.operation.path.startswith("/v1/messages")
     if 400 <= response.status_code < 500:
-        (check_anthropic_error if anthropic else check_error_body)(response.status_code, response.text, sent)
+        (check_anthropic_error if anthropic else check_error_body)(
+            response.status_code, response.text, sent
+        )
     ctype = response.headers.get("content-type", [""])[0]
     if ctype.startswith("text/event-stream"):
         (check_anthropic_stream if anthropic else check_stream_errors)(response.text)
@@ -153,8 +185,14 @@ def cap_body(case, profile_dir: str) -> None:
     body = case.body
     if not isinstance(body, dict):
         return
-    if case.operation.path == "/start_profile" and isinstance(body.get("output_dir"), str) and body["output_dir"]:
-        body["output_dir"] = profile_dir  # a generated path would make directories anywhere on this machine
+    if (
+        case.operation.path == "/start_profile"
+        and isinstance(body.get("output_dir"), str)
+        and body["output_dir"]
+    ):
+        body["output_dir"] = (
+            profile_dir  # a generated path would make directories anywhere on this machine
+        )
     if case.operation.path == "/generate":
         if body.get("sampling_params") is None:
             body["sampling_params"] = {}
@@ -177,7 +215,9 @@ def cap_body(case, profile_dir: str) -> None:
 def api_schema(fuzz_server):
     schema = schemathesis.openapi.from_url(fuzz_server.url + "/openapi.json")
     schema.config.generation.update(
-        modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE], max_examples=MAX_EXAMPLES, deterministic=True
+        modes=[GenerationMode.POSITIVE, GenerationMode.NEGATIVE],
+        max_examples=MAX_EXAMPLES,
+        deterministic=True,
     )
     schema.config.seed = SEED
     # schemathesis stops reading a stream after 20 events (then hangs up): read them all (generated
@@ -192,12 +232,18 @@ fuzz_schema = schemathesis.pytest.from_fixture("api_schema")
 
 
 @fuzz_schema.parametrize()
-@settings(max_examples=MAX_EXAMPLES, deadline=None, derandomize=True, database=None,
-          suppress_health_check=list(HealthCheck))
+@settings(
+    max_examples=MAX_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=list(HealthCheck),
+)
 def test_schemathesis(case, fuzz_server, http):
     cap_body(case, fuzz_server.profile_dir)
-    case.call_and_validate(base_url=fuzz_server.url, session=http, checks=[not_a_server_error, error_shape],
-                           timeout=60)
+    case.call_and_validate(
+        base_url=fuzz_server.url, session=http, checks=[not_a_server_error, error_shape], timeout=60
+    )
 
 
 def test_openapi_document(fuzz_server, http):
@@ -241,8 +287,11 @@ VALID = {
 }
 ROUTES = list(VALID)
 SAMPLING = {"/generate": "sampling_params.", "/v1/completions": "", "/v1/chat/completions": ""}
-MAX_TOKENS = {"/generate": "sampling_params.max_new_tokens", "/v1/completions": "max_tokens",
-              "/v1/chat/completions": "max_tokens"}
+MAX_TOKENS = {
+    "/generate": "sampling_params.max_new_tokens",
+    "/v1/completions": "max_tokens",
+    "/v1/chat/completions": "max_tokens",
+}
 
 
 def with_field(route: str, path: str, value) -> dict:
@@ -259,12 +308,17 @@ def with_field(route: str, path: str, value) -> dict:
 
 
 def with_raw(route: str, path: str, value, raw: str) -> bytes:
-    """with_field, then the "@" in `value` replaced by raw JSON text (what json.dumps cannot write)."""
+    """with_field, then the "@" in `value` replaced by raw JSON text (what json.dumps cannot
+    write)."""
     return json.dumps(with_field(route, path, value)).replace('"@"', raw).encode()
 
 
-def post_raw(http, server, route: str, data: bytes, content_type: str = "application/json", **headers):
-    return http.post(server.url + route, data=data, headers={"Content-Type": content_type, **headers}, timeout=60)
+def post_raw(
+    http, server, route: str, data: bytes, content_type: str = "application/json", **headers
+):
+    return http.post(
+        server.url + route, data=data, headers={"Content-Type": content_type, **headers}, timeout=60
+    )
 
 
 def expect_error(r, statuses: tuple, *words: str) -> str:
@@ -307,44 +361,96 @@ def test_malformed_json(fuzz_server, http, route):
 @pytest.mark.parametrize("route", ROUTES)
 def test_top_level_not_an_object(fuzz_server, http, route):
     for value in ([], [VALID[route]], "hello", 42, 1.5, None, True):
-        expect_error(post_raw(http, fuzz_server, route, json.dumps(value).encode()), (400,), "JSON object")
+        expect_error(
+            post_raw(http, fuzz_server, route, json.dumps(value).encode()), (400,), "JSON object"
+        )
     still_serves(http, fuzz_server, route)
 
 
 # (field, a wrongly typed value, a word the message must have); 400 each.
 WRONG_TYPES = {
     "/generate": [
-        ("text", 5, "text"), ("text", {"a": 1}, "text"), ("text", [], "text"), ("text", ["a", 1], "text"),
-        ("input_ids", "abc", "input_ids"), ("input_ids", [1.5], "input_ids"), ("input_ids", [True], "input_ids"),
-        ("sampling_params", "x", "sampling_params"), ("sampling_params", [1, 2], "sampling_params"),
-        ("sampling_params.max_new_tokens", "5", "max_new_tokens"), ("sampling_params.max_new_tokens", 2.5, "max_new_tokens"),
-        ("sampling_params.temperature", "hot", "temperature"), ("sampling_params.top_p", [1], "top_p"),
-        ("sampling_params.stop", 5, "stop"), ("sampling_params.n", True, "n"), ("sampling_params.seed", "s", "seed"),
-        ("sampling_params.logit_bias", [1], "logit_bias"), ("sampling_params.regex", 5, "regex"),
-        ("sampling_params.json_schema", 5, "json_schema"), ("sampling_params.no_such_key", 1, "no_such_key"),
-        ("stream", "yes", "stream"), ("rid", 5, "rid"), ("rid", ["a"], "rid"), ("return_logprob", "yes", "return_logprob"),
-        ("priority", "high", "priority"), ("priority", [1], "priority"), ("priority", 1.5, "priority"),
-        ("top_logprobs_num", "3", "top_logprobs_num"), ("logprob_start_len", 1.5, "logprob_start_len"),
-        ("no_such_field", 1, "no_such_field"), ("image_data", "x.png", "image_data"),
+        ("text", 5, "text"),
+        ("text", {"a": 1}, "text"),
+        ("text", [], "text"),
+        ("text", ["a", 1], "text"),
+        ("input_ids", "abc", "input_ids"),
+        ("input_ids", [1.5], "input_ids"),
+        ("input_ids", [True], "input_ids"),
+        ("sampling_params", "x", "sampling_params"),
+        ("sampling_params", [1, 2], "sampling_params"),
+        ("sampling_params.max_new_tokens", "5", "max_new_tokens"),
+        ("sampling_params.max_new_tokens", 2.5, "max_new_tokens"),
+        ("sampling_params.temperature", "hot", "temperature"),
+        ("sampling_params.top_p", [1], "top_p"),
+        ("sampling_params.stop", 5, "stop"),
+        ("sampling_params.n", True, "n"),
+        ("sampling_params.seed", "s", "seed"),
+        ("sampling_params.logit_bias", [1], "logit_bias"),
+        ("sampling_params.regex", 5, "regex"),
+        ("sampling_params.json_schema", 5, "json_schema"),
+        ("sampling_params.no_such_key", 1, "no_such_key"),
+        ("stream", "yes", "stream"),
+        ("rid", 5, "rid"),
+        ("rid", ["a"], "rid"),
+        ("return_logprob", "yes", "return_logprob"),
+        ("priority", "high", "priority"),
+        ("priority", [1], "priority"),
+        ("priority", 1.5, "priority"),
+        ("top_logprobs_num", "3", "top_logprobs_num"),
+        ("logprob_start_len", 1.5, "logprob_start_len"),
+        ("no_such_field", 1, "no_such_field"),
+        ("image_data", "x.png", "image_data"),
     ],
     "/v1/completions": [
-        ("prompt", 5, "prompt"), ("prompt", {"a": 1}, "prompt"), ("prompt", [1.5], "prompt"), ("prompt", [], "prompt"),
-        ("prompt", None, "prompt"), ("max_tokens", "5", "max_tokens"), ("max_tokens", 2.5, "max_tokens"),
-        ("max_tokens", -1, "max_tokens"), ("temperature", "hot", "temperature"), ("n", "2", "n"), ("n", 0, "n"),
-        ("stream", "yes", "stream"), ("stop", 5, "stop"), ("stop", [1], "stop"), ("logprobs", "x", "logprobs"),
-        ("echo", "yes", "echo"), ("model", 5, "model"), ("seed", "x", "seed"), ("logit_bias", [1], "logit_bias"),
-        ("logit_bias", {"x": 1}, "logit_bias"), ("stream_options", "x", "stream_options"), ("user", 5, "user"),
-        ("top_k", 1.5, "top_k"), ("json_schema", 5, "json_schema"), ("no_such_field", 1, "no_such_field"),
+        ("prompt", 5, "prompt"),
+        ("prompt", {"a": 1}, "prompt"),
+        ("prompt", [1.5], "prompt"),
+        ("prompt", [], "prompt"),
+        ("prompt", None, "prompt"),
+        ("max_tokens", "5", "max_tokens"),
+        ("max_tokens", 2.5, "max_tokens"),
+        ("max_tokens", -1, "max_tokens"),
+        ("temperature", "hot", "temperature"),
+        ("n", "2", "n"),
+        ("n", 0, "n"),
+        ("stream", "yes", "stream"),
+        ("stop", 5, "stop"),
+        ("stop", [1], "stop"),
+        ("logprobs", "x", "logprobs"),
+        ("echo", "yes", "echo"),
+        ("model", 5, "model"),
+        ("seed", "x", "seed"),
+        ("logit_bias", [1], "logit_bias"),
+        ("logit_bias", {"x": 1}, "logit_bias"),
+        ("stream_options", "x", "stream_options"),
+        ("user", 5, "user"),
+        ("top_k", 1.5, "top_k"),
+        ("json_schema", 5, "json_schema"),
+        ("no_such_field", 1, "no_such_field"),
     ],
     "/v1/chat/completions": [
-        ("messages", "hi", "messages"), ("messages", [], "messages"), ("messages", [1], "messages"),
-        ("messages.0.role", 5, "role"), ("messages.0.role", "robot", "role"), ("messages.0.content", 5, "content"),
-        ("messages.0.content", [{"type": "image_url"}], "content"), ("messages.0.content", [{"text": "a"}], "content"),
-        ("max_tokens", "5", "max_tokens"), ("max_completion_tokens", 2.5, "max_completion_tokens"),
-        ("temperature", "hot", "temperature"), ("stream", "yes", "stream"), ("n", [2], "n"),
-        ("response_format", "json", "response_format"), ("response_format", {"type": "xml"}, "response_format"),
-        ("logprobs", "yes", "logprobs"), ("top_logprobs", "x", "top_logprobs"), ("tools", 5, "tools"),
-        ("chat_template_kwargs", "x", "chat_template_kwargs"), ("stop", {"a": 1}, "stop"), ("seed", 1.5, "seed"),
+        ("messages", "hi", "messages"),
+        ("messages", [], "messages"),
+        ("messages", [1], "messages"),
+        ("messages.0.role", 5, "role"),
+        ("messages.0.role", "robot", "role"),
+        ("messages.0.content", 5, "content"),
+        ("messages.0.content", [{"type": "image_url"}], "content"),
+        ("messages.0.content", [{"text": "a"}], "content"),
+        ("max_tokens", "5", "max_tokens"),
+        ("max_completion_tokens", 2.5, "max_completion_tokens"),
+        ("temperature", "hot", "temperature"),
+        ("stream", "yes", "stream"),
+        ("n", [2], "n"),
+        ("response_format", "json", "response_format"),
+        ("response_format", {"type": "xml"}, "response_format"),
+        ("logprobs", "yes", "logprobs"),
+        ("top_logprobs", "x", "top_logprobs"),
+        ("tools", 5, "tools"),
+        ("chat_template_kwargs", "x", "chat_template_kwargs"),
+        ("stop", {"a": 1}, "stop"),
+        ("seed", 1.5, "seed"),
         ("no_such_field", 1, "no_such_field"),
     ],
 }
@@ -379,8 +485,12 @@ def test_huge_numbers(fuzz_server, http, route):
     # 5000 digits: more than Python converts (its limit is 4300); json.dumps cannot even write it.
     data = with_raw(route, MAX_TOKENS[route], "@", "1" + "0" * 4999)
     expect_error(post_raw(http, fuzz_server, route, data), (400,), "digits")
-    if route == "/generate":  # any integer is a priority: a huge one must not break the scheduler's sort
-        r = http.post(fuzz_server.url + route, json=with_field(route, "priority", -(10**400)), timeout=60)
+    if (
+        route == "/generate"
+    ):  # any integer is a priority: a huge one must not break the scheduler's sort
+        r = http.post(
+            fuzz_server.url + route, json=with_field(route, "priority", -(10**400)), timeout=60
+        )
         assert r.status_code == 200, r.text[:500]
     still_serves(http, fuzz_server, route)
 
@@ -389,7 +499,11 @@ def test_huge_numbers(fuzz_server, http, route):
 def test_nan_and_infinity(fuzz_server, http, route):
     field = SAMPLING[route] + "temperature"
     for literal in ("NaN", "Infinity", "-Infinity", "1e999", "-1e999", "1E400"):
-        expect_error(post_raw(http, fuzz_server, route, with_raw(route, field, "@", literal)), (400,), literal)
+        expect_error(
+            post_raw(http, fuzz_server, route, with_raw(route, field, "@", literal)),
+            (400,),
+            literal,
+        )
     still_serves(http, fuzz_server, route)
 
 
@@ -398,7 +512,9 @@ def test_deep_nesting(fuzz_server, http, route):
     def objects(depth: int) -> str:
         return '{"a": ' * depth + "1" + "}" * depth
 
-    prompt = {"/generate": "text", "/v1/completions": "prompt", "/v1/chat/completions": "messages"}[route]
+    prompt = {"/generate": "text", "/v1/completions": "prompt", "/v1/chat/completions": "messages"}[
+        route
+    ]
     # 100000 nested lists where the prompt goes (200 kB: under the default body limit).
     data = with_raw(route, prompt, "@", "[" * 100_000 + "]" * 100_000)
     expect_error(post_raw(http, fuzz_server, route, data), (400,), "nested")
@@ -406,20 +522,39 @@ def test_deep_nesting(fuzz_server, http, route):
     # 500 levels, which Python's parser alone would take (what handles the values after it
     # recursed out of stack there), and 101: the limit is 100 levels for the whole body.
     free_form = {
-        "/generate": [("sampling_params.custom_params", "@"), ("sampling_params.json_schema", "@"),
-                      ("sampling_params.structural_tag", "@"), ("sampling_params.logit_bias", {"5": "@"})],
-        "/v1/completions": [("json_schema", "@"), ("structural_tag", "@"), ("logit_bias", {"5": "@"})],
+        "/generate": [
+            ("sampling_params.custom_params", "@"),
+            ("sampling_params.json_schema", "@"),
+            ("sampling_params.structural_tag", "@"),
+            ("sampling_params.logit_bias", {"5": "@"}),
+        ],
+        "/v1/completions": [
+            ("json_schema", "@"),
+            ("structural_tag", "@"),
+            ("logit_bias", {"5": "@"}),
+        ],
         "/v1/chat/completions": [
-            ("json_schema", "@"), ("metadata", "@"), ("chat_template_kwargs", "@"), ("logit_bias", {"5": "@"}),
-            ("response_format", {"type": "json_schema", "json_schema": {"name": "x", "schema": "@"}}),
-            ("tools", ["@"]), ("messages.0.tool_calls", ["@"])],
+            ("json_schema", "@"),
+            ("metadata", "@"),
+            ("chat_template_kwargs", "@"),
+            ("logit_bias", {"5": "@"}),
+            (
+                "response_format",
+                {"type": "json_schema", "json_schema": {"name": "x", "schema": "@"}},
+            ),
+            ("tools", ["@"]),
+            ("messages.0.tool_calls", ["@"]),
+        ],
     }[route]
     for depth in (10_000, 500, 101):
         for field, value in free_form:
             data = with_raw(route, field, value, objects(depth))
             expect_error(post_raw(http, fuzz_server, route, data), (400,), "nested")
     # Below the limit: a field that generation ignores takes deep nesting.
-    ignored = {"/generate": "sampling_params.custom_params", "/v1/chat/completions": "metadata"}.get(route)
+    ignored = {
+        "/generate": "sampling_params.custom_params",
+        "/v1/chat/completions": "metadata",
+    }.get(route)
     if ignored:
         r = post_raw(http, fuzz_server, route, with_raw(route, ignored, "@", objects(90)))
         assert r.status_code == 200, r.text[:500]
@@ -429,14 +564,26 @@ def test_deep_nesting(fuzz_server, http, route):
 @pytest.mark.parametrize("route", ROUTES)
 def test_content_type(fuzz_server, http, route):
     # JSON only as a JSON type: the form and text types (and none) are what a web page may send to
-    # another origin without a CORS preflight (CSRF), so curl needs -H 'Content-Type: application/json'.
-    for ctype in ("application/xml", "multipart/form-data; boundary=x", "text/html", "image/png",
-                  "application/x-www-form-urlencoded", "text/plain", "application/octet-stream"):
-        expect_error(post_raw(http, fuzz_server, route, dumps(route), ctype), (415,), "Content-Type")
+    # another origin without a CORS preflight (CSRF), so curl needs -H 'Content-Type:
+    # application/json'.
+    for ctype in (
+        "application/xml",
+        "multipart/form-data; boundary=x",
+        "text/html",
+        "image/png",
+        "application/x-www-form-urlencoded",
+        "text/plain",
+        "application/octet-stream",
+    ):
+        expect_error(
+            post_raw(http, fuzz_server, route, dumps(route), ctype), (415,), "Content-Type"
+        )
     r = http.post(fuzz_server.url + route, data=dumps(route), timeout=60)  # none
     assert r.status_code == 415 and "Content-Type" in r.json()["error"]["message"], r.text[:500]
     for ctype in ("application/vnd.api+json", "application/json; charset=utf-8"):
-        r = http.post(fuzz_server.url + route, data=dumps(route), headers={"Content-Type": ctype}, timeout=60)
+        r = http.post(
+            fuzz_server.url + route, data=dumps(route), headers={"Content-Type": ctype}, timeout=60
+        )
         assert r.status_code == 200, (ctype, r.text[:500])
 
 
@@ -444,9 +591,11 @@ def test_content_type(fuzz_server, http, route):
 def test_found_by_fuzzing(fuzz_server, http, route):
     """What the fuzzing above once found, pinned down."""
     bad_grammar = {"json_schema": '{"type": "nonsense"}'}
-    several = {"/generate": with_field(route, "text", ["a", "b", "c"]),
-               "/v1/completions": with_field(route, "prompt", ["a", "b", "c"]),
-               "/v1/chat/completions": with_field(route, "n", 3)}[route]
+    several = {
+        "/generate": with_field(route, "text", ["a", "b", "c"]),
+        "/v1/completions": with_field(route, "prompt", ["a", "b", "c"]),
+        "/v1/chat/completions": with_field(route, "n", 3),
+    }[route]
     grammar_at = several["sampling_params"] if route == "/generate" else several
     grammar_at.update(bad_grammar)
     # A request of several sequences whose grammar does not compile: a 400 (a stream hung, and
@@ -462,11 +611,21 @@ def test_found_by_fuzzing(fuzz_server, http, route):
     if route == "/generate":
         # A batch repeating a rid: a 400, and the items registered before the repeat are released
         # (test_server_intact_after_fuzzing checks that nothing stays tracked).
-        expect_error(http.post(fuzz_server.url + route, json={**with_field(route, "text", ["a", "b"]), "rid": "same"},
-                               timeout=30), (400,), "rid")
+        expect_error(
+            http.post(
+                fuzz_server.url + route,
+                json={**with_field(route, "text", ["a", "b"]), "rid": "same"},
+                timeout=30,
+            ),
+            (400,),
+            "rid",
+        )
         # A priority that is not an integer killed the scheduler.
-        expect_error(http.post(fuzz_server.url + route, json=with_field(route, "priority", [5]), timeout=30),
-                     (400,), "priority")
+        expect_error(
+            http.post(fuzz_server.url + route, json=with_field(route, "priority", [5]), timeout=30),
+            (400,),
+            "priority",
+        )
     # A constraint with non-ASCII text: the text it forces next may start inside a character
     # (after a token holding that character's first byte); jump-forward failed the request.
     for seed in range(1, 6):
@@ -479,8 +638,14 @@ def test_found_by_fuzzing(fuzz_server, http, route):
         r = http.post(fuzz_server.url + route, json=body, timeout=60)
         assert r.status_code == 200, r.text[:500]
         out = r.json()
-        reason = out["meta_info"]["finish_reason"] if route == "/generate" else out["choices"][0]["finish_reason"]
-        assert reason != "abort" and (not isinstance(reason, dict) or reason["type"] != "abort"), out
+        reason = (
+            out["meta_info"]["finish_reason"]
+            if route == "/generate"
+            else out["choices"][0]["finish_reason"]
+        )
+        assert reason != "abort" and (not isinstance(reason, dict) or reason["type"] != "abort"), (
+            out
+        )
     still_serves(http, fuzz_server, route)
 
 
@@ -511,7 +676,9 @@ def _expected_len(data: bytes) -> int:
 
 @pytest.fixture(scope="module")
 def small_limit_server(tiny_model_dir):
-    s = ServerProcess("--model-path", tiny_model_dir, *SERVER_ARGS, "--max-request-body-bytes", "100000")
+    s = ServerProcess(
+        "--model-path", tiny_model_dir, *SERVER_ARGS, "--max-request-body-bytes", "100000"
+    )
     try:
         yield s
     finally:
@@ -521,7 +688,9 @@ def small_limit_server(tiny_model_dir):
 @pytest.mark.parametrize("route", ROUTES)
 def test_body_over_the_limit(small_limit_server, route):
     s = small_limit_server
-    big = json.dumps(with_field(route, "user" if route != "/generate" else "rid", "x" * 200_000)).encode()
+    big = json.dumps(
+        with_field(route, "user" if route != "/generate" else "rid", "x" * 200_000)
+    ).encode()
     with requests.Session() as http:
         # Declared by Content-Length: refused before reading.
         expect_error(post_raw(http, s, route, big), (413,), "larger than")
@@ -529,23 +698,34 @@ def test_body_over_the_limit(small_limit_server, route):
         # Chunked (no Content-Length): refused while reading, once past the limit.
         def chunks():
             for i in range(0, len(big), 8192):
-                yield big[i:i + 8192]
+                yield big[i : i + 8192]
 
-        r = http.post(s.url + route, data=chunks(), headers={"Content-Type": "application/json"}, timeout=60)
+        r = http.post(
+            s.url + route, data=chunks(), headers={"Content-Type": "application/json"}, timeout=60
+        )
         assert "chunked" in r.request.headers.get("Transfer-Encoding", "")
         expect_error(r, (413,), "larger than")
         still_serves(http, s, route)
     # A Content-Length that lies: smaller than the body (the server reads what it announced: a
     # truncated JSON body), and larger than the limit with a small body (refused at once).
     path = route.encode()
-    head = b"POST " + path + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    head = (
+        b"POST "
+        + path
+        + b" HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nConnection: close\r\n"
+    )
     status, body = _raw_request(s, head + b"Content-Length: 10\r\n", dumps(route))
     assert status == 400 and "JSON" in check_error_body(status, body), body
-    status, body = _raw_request(s, head + b"Content-Length: 10000000\r\n", dumps(route), half_close=True)
+    status, body = _raw_request(
+        s, head + b"Content-Length: 10000000\r\n", dumps(route), half_close=True
+    )
     assert status == 413 and "larger than" in check_error_body(status, body), body
     # A chunked body that grows past the limit in one declared chunk.
-    status, body = _raw_request(s, head + b"Transfer-Encoding: chunked\r\n",
-                                f"{len(big):x}\r\n".encode() + big + b"\r\n0\r\n\r\n")
+    status, body = _raw_request(
+        s,
+        head + b"Transfer-Encoding: chunked\r\n",
+        f"{len(big):x}\r\n".encode() + big + b"\r\n0\r\n\r\n",
+    )
     assert status == 413 and "larger than" in check_error_body(status, body), body
     with requests.Session() as http:
         still_serves(http, s, route)
@@ -567,7 +747,9 @@ def test_server_intact_after_fuzzing(fuzz_server, http):
             "num_running": st["num_running"],
             "num_waiting": st["num_waiting"],
             "busy_req_slots": st["req_slots_total"] - st["req_slots_free"],
-            "held_kv_tokens": info["max_total_num_tokens"] - st["available_kv_tokens"] - st["evictable_tokens"],
+            "held_kv_tokens": (
+                info["max_total_num_tokens"] - st["available_kv_tokens"] - st["evictable_tokens"]
+            ),
         }
         if not any(leaks.values()):
             break
@@ -577,4 +759,4 @@ def test_server_intact_after_fuzzing(fuzz_server, http):
     # Nothing was logged as an exception either: a request the engine failed, or an error the
     # HTTP server turned into a 500, logs its traceback (the client sees neither).
     log = fuzz_server.output()
-    assert "Traceback" not in log, log[log.index("Traceback") - 300:][:5000]
+    assert "Traceback" not in log, log[log.index("Traceback") - 300 :][:5000]

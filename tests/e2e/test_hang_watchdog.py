@@ -25,7 +25,9 @@ LONG = {"text": "hello there", "sampling_params": {"max_new_tokens": 900, "ignor
 
 def _plain(url, out: dict):
     try:
-        out["r"] = requests.post(url + "/generate", json={"text": "hi", "sampling_params": GREEDY}, timeout=120)
+        out["r"] = requests.post(
+            url + "/generate", json={"text": "hi", "sampling_params": GREEDY}, timeout=120
+        )
     except requests.RequestException as e:
         out["r"] = e
 
@@ -41,22 +43,30 @@ def test_hung_scheduler_health_503_requests_fail_server_exits_1(tiny_model_dir):
         time.sleep(TIMEOUT + 2 * INTERVAL)
         assert health_status(s.url) == 200
         plain, stream = {}, {}
-        threads = [threading.Thread(target=_plain, args=(s.url, plain)),
-                   threading.Thread(target=stream_events, args=(s.url, LONG, stream))]
+        threads = [
+            threading.Thread(target=_plain, args=(s.url, plain)),
+            threading.Thread(target=stream_events, args=(s.url, LONG, stream)),
+        ]
         sent = time.monotonic()
         for t in threads:
             t.start()
-        assert wait_until(lambda: health_status(s.url) == 503, TIMEOUT + INTERVAL + SLACK), "/health did not turn 503"
+        assert wait_until(lambda: health_status(s.url) == 503, TIMEOUT + INTERVAL + SLACK), (
+            "/health did not turn 503"
+        )
         health_503_after = time.monotonic() - sent
         for t in threads:
             t.join(timeout=10)
         assert not any(t.is_alive() for t in threads), "an in-flight request hung"
         r = plain["r"]
         assert isinstance(r, requests.Response) and r.status_code == 503, r
-        assert "the scheduler process" in r.json()["error"]["message"] and "hung" in r.json()["error"]["message"]
+        assert (
+            "the scheduler process" in r.json()["error"]["message"]
+            and "hung" in r.json()["error"]["message"]
+        )
         assert stream["status"] == 200 and stream["events"][-1] == "[DONE]"
         assert json.loads(stream["events"][-2])["error"]["code"] == 503
-        # Then the server exits non-zero, says why, and leaves no process behind (the stopped one killed).
+        # Then the server exits non-zero, says why, and leaves no process behind (the stopped one
+        # killed).
         assert s.proc.wait(timeout=30) == 1
         assert "radixlm: error: the scheduler process" in s.output() and "hung" in s.output()
         _, alive = psutil.wait_procs(kids, timeout=15)
@@ -69,8 +79,14 @@ def test_hung_scheduler_health_503_requests_fail_server_exits_1(tiny_model_dir):
 
 
 def test_hung_scheduler_restart_on_failure_serves_again_with_the_same_outputs(tiny_model_dir):
-    s = ServerProcess("--model-path", tiny_model_dir, "--watchdog-timeout", str(TIMEOUT), "--restart-on-failure",
-                      *TINY)
+    s = ServerProcess(
+        "--model-path",
+        tiny_model_dir,
+        "--watchdog-timeout",
+        str(TIMEOUT),
+        "--restart-on-failure",
+        *TINY,
+    )
     try:
         greedy = {"text": "The same question", "sampling_params": GREEDY}
         before = requests.post(s.url + "/generate", json=greedy, timeout=60).json()
@@ -82,16 +98,22 @@ def test_hung_scheduler_restart_on_failure_serves_again_with_the_same_outputs(ti
         assert wait_until(lambda: stream.get("started"), 30)
         old[0].suspend()  # SIGSTOP mid-stream
         stopped = time.monotonic()
-        assert wait_until(lambda: health_status(s.url) == 503, TIMEOUT + INTERVAL + SLACK), "/health did not turn 503"
+        assert wait_until(lambda: health_status(s.url) == 503, TIMEOUT + INTERVAL + SLACK), (
+            "/health did not turn 503"
+        )
         print(f"scheduler stopped mid-stream: /health 503 after {time.monotonic() - stopped:.2f} s")
         t.join(timeout=10)
         assert not t.is_alive() and json.loads(stream["events"][-2])["error"]["code"] == 503
-        assert wait_until(lambda: health_status(s.url) == 200, 120, 0.2), "the engine did not come back"
+        assert wait_until(lambda: health_status(s.url) == 200, 120, 0.2), (
+            "the engine did not come back"
+        )
         after = requests.post(s.url + "/generate", json=greedy, timeout=60).json()
         assert after["output_ids"] == before["output_ids"] and after["text"] == before["text"]
         info2 = requests.get(s.url + "/get_server_info", timeout=10).json()
         assert info2["engine_restarts"] == 1 and info2["scheduler_pid"] != info["scheduler_pid"]
-        _, alive = psutil.wait_procs(old, timeout=15)  # the hung scheduler killed, the old detokenizer stopped
+        _, alive = psutil.wait_procs(
+            old, timeout=15
+        )  # the hung scheduler killed, the old detokenizer stopped
         assert not alive
         assert s.proc.poll() is None
     finally:

@@ -1,5 +1,5 @@
-"""The hierarchical cache through `radixlm serve` with the default model: a document prefilled by one
-server is served from disk by the next one started on the same directory (same greedy tokens and
+"""The hierarchical cache through `radixlm serve` with the default model: a document prefilled by
+one server is served from disk by the next one started on the same directory (same greedy tokens and
 logprobs as computing it), with per-tier metrics and /flush_cache levels."""
 
 import time
@@ -12,15 +12,32 @@ CHUNK = 64
 
 
 def hicache_server(storage_dir, *extra):
-    return ServerProcess("--enable-hierarchical-cache", "--hicache-storage-backend", "file",
-                         "--hicache-storage-dir", str(storage_dir), "--hicache-storage-chunk-size", str(CHUNK),
-                         "--max-total-tokens", "4000", "--enable-metrics", "--enable-invariant-checks", *extra)
+    return ServerProcess(
+        "--enable-hierarchical-cache",
+        "--hicache-storage-backend",
+        "file",
+        "--hicache-storage-dir",
+        str(storage_dir),
+        "--hicache-storage-chunk-size",
+        str(CHUNK),
+        "--max-total-tokens",
+        "4000",
+        "--enable-metrics",
+        "--enable-invariant-checks",
+        *extra,
+    )
 
 
 def generate(url, text):
-    r = requests.post(url + "/generate", json={
-        "text": text, "return_logprob": True,
-        "sampling_params": {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True}}, timeout=300)
+    r = requests.post(
+        url + "/generate",
+        json={
+            "text": text,
+            "return_logprob": True,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 12, "ignore_eos": True},
+        },
+        timeout=300,
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -30,7 +47,10 @@ def hicache_info(url):
 
 
 def test_document_served_from_disk_after_restart(tmp_path):
-    doc = " ".join(f"Clause {i}: the tenant shall keep the premises at number {i * 7} in good repair." for i in range(40))
+    doc = " ".join(
+        f"Clause {i}: the tenant shall keep the premises at number {i * 7} in good repair."
+        for i in range(40)
+    )
     question = "\n\nQuestion: which clause mentions number 91? Answer:"
     a = hicache_server(tmp_path)
     try:
@@ -38,7 +58,10 @@ def test_document_served_from_disk_after_restart(tmp_path):
         prompt_tokens = first["meta_info"]["prompt_tokens"]
         assert prompt_tokens > 500 and first["meta_info"]["cached_tokens"] == 0
         deadline = time.time() + 60
-        while hicache_info(a.url)["l3_chunks_written"] < (prompt_tokens - 1) // CHUNK and time.time() < deadline:
+        while (
+            hicache_info(a.url)["l3_chunks_written"] < (prompt_tokens - 1) // CHUNK
+            and time.time() < deadline
+        ):
             time.sleep(0.2)
     finally:
         assert a.stop() in (0, 143)
@@ -46,7 +69,9 @@ def test_document_served_from_disk_after_restart(tmp_path):
     try:
         again = generate(b.url, doc + question)
         cached = again["meta_info"]["cached_tokens"]
-        assert cached == (prompt_tokens - 1) // CHUNK * CHUNK  # every full chunk of the prompt, from disk
+        assert (
+            cached == (prompt_tokens - 1) // CHUNK * CHUNK
+        )  # every full chunk of the prompt, from disk
         assert again["text"] == first["text"]
         lp_a = [x[0] for x in first["meta_info"]["output_token_logprobs"]]
         lp_b = [x[0] for x in again["meta_info"]["output_token_logprobs"]]
@@ -63,6 +88,8 @@ def test_document_served_from_disk_after_restart(tmp_path):
         r = requests.post(b.url + "/flush_cache?level=l9", timeout=30)
         assert r.status_code == 400 and "level" in r.json()["error"]["message"]
         assert requests.post(b.url + "/flush_cache", timeout=30).status_code == 200  # L1 only
-        assert generate(b.url, doc + question)["meta_info"]["cached_tokens"] == prompt_tokens - 1  # from L2
+        assert (
+            generate(b.url, doc + question)["meta_info"]["cached_tokens"] == prompt_tokens - 1
+        )  # from L2
     finally:
         b.stop()

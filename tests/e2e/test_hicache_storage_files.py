@@ -25,14 +25,34 @@ KEY = "storage-key-0123456789"
 
 
 def serve(model: str, d, *extra: str) -> ServerProcess:
-    return ServerProcess("--model-path", model, "--num-threads", "1", "--max-total-tokens", "2000",
-                         "--enable-hierarchical-cache", "--hicache-storage-backend", "file", "--hicache-storage-dir",
-                         str(d), "--hicache-storage-chunk-size", str(CHUNK), "--enable-invariant-checks", *extra)
+    return ServerProcess(
+        "--model-path",
+        model,
+        "--num-threads",
+        "1",
+        "--max-total-tokens",
+        "2000",
+        "--enable-hierarchical-cache",
+        "--hicache-storage-backend",
+        "file",
+        "--hicache-storage-dir",
+        str(d),
+        "--hicache-storage-chunk-size",
+        str(CHUNK),
+        "--enable-invariant-checks",
+        *extra,
+    )
 
 
 def generate(url: str) -> dict:
-    r = requests.post(url + "/generate", timeout=120, json={
-        "input_ids": IDS, "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}})
+    r = requests.post(
+        url + "/generate",
+        timeout=120,
+        json={
+            "input_ids": IDS,
+            "sampling_params": {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True},
+        },
+    )
     assert r.status_code == 200, r.text
     return r.json()
 
@@ -62,7 +82,9 @@ def plant(path: str, how: str) -> None:
         with open(path, "wb") as f:
             f.truncate(4 << 30)  # sparse: costs no disk, but 4 GiB of memory if read whole
     elif how == "forged_header":  # the format, a header of another shape, no secret
-        header = json.dumps({"dtype": "float16", "shape": [2, CHUNK, 7, 3], "scales": False}).encode()
+        header = json.dumps(
+            {"dtype": "float16", "shape": [2, CHUNK, 7, 3], "scales": False}
+        ).encode()
         with open(path, "wb") as f:
             f.write(b"RLMKV002" + struct.pack("<I", len(header)) + header + b"\0" * 4000)
     elif how == "garbage":
@@ -75,7 +97,9 @@ def plant(path: str, how: str) -> None:
 def test_files_are_private_and_planted_files_are_misses(tiny_model_dir, tmp_path, monkeypatch):
     d = tmp_path / "hicache"  # created by the server
     old = os.umask(0o000)  # the server's umask would give everyone access to what it creates
-    monkeypatch.setenv("RADIXLM_HICACHE_STORAGE_KEY", KEY)  # the storage key from the environment...
+    monkeypatch.setenv(
+        "RADIXLM_HICACHE_STORAGE_KEY", KEY
+    )  # the storage key from the environment...
     try:
         a = serve(tiny_model_dir, d)
     finally:
@@ -88,22 +112,34 @@ def test_files_are_private_and_planted_files_are_misses(tiny_model_dir, tmp_path
     finally:
         a.stop()
     assert stat.S_IMODE(os.stat(d).st_mode) == 0o700
-    assert len(chunk_files(d)) == N_CHUNKS and not os.path.exists(d / ".key")  # (a given key: no key file)
+    assert len(chunk_files(d)) == N_CHUNKS and not os.path.exists(
+        d / ".key"
+    )  # (a given key: no key file)
     for name in os.listdir(d):
         assert stat.S_IMODE(os.lstat(d / name).st_mode) == 0o600, name
     everything = b"".join(open(d / n, "rb").read() for n in os.listdir(d))
-    for needle in (struct.pack("<3q", *IDS[:3]), struct.pack("<3i", *IDS[:3]), json.dumps(IDS[:3])[1:-1].encode(),
-                   b"token_ids"):
+    for needle in (
+        struct.pack("<3q", *IDS[:3]),
+        struct.pack("<3i", *IDS[:3]),
+        json.dumps(IDS[:3])[1:-1].encode(),
+        b"token_ids",
+    ):
         assert needle not in everything, needle
 
-    b = serve(tiny_model_dir, d, "--hicache-storage-key", KEY)  # ... or the command line: the same key
+    b = serve(
+        tiny_model_dir, d, "--hicache-storage-key", KEY
+    )  # ... or the command line: the same key
     try:
         assert info(b.url)["hicache_storage_key"] == "***"  # never shown
         pid = info(b.url)["scheduler_pid"]
-        assert generate(b.url)["meta_info"]["cached_tokens"] == N_CHUNKS * CHUNK  # from disk: the files are good
+        assert (
+            generate(b.url)["meta_info"]["cached_tokens"] == N_CHUNKS * CHUNK
+        )  # from disk: the files are good
         stored, corrupt = 0, 0
         for how in ("symlink", "fifo", "oversized", "forged_header", "garbage"):
-            assert requests.post(b.url + "/flush_cache?level=l2", timeout=30).status_code == 200  # L1, L2 empty
+            assert (
+                requests.post(b.url + "/flush_cache?level=l2", timeout=30).status_code == 200
+            )  # L1, L2 empty
             for path in chunk_files(d):
                 plant(path, how)
             out = generate(b.url)
@@ -119,6 +155,9 @@ def test_files_are_private_and_planted_files_are_misses(tiny_model_dir, tmp_path
             wait_stored(b.url, stored)
         assert requests.post(b.url + "/flush_cache?level=l2", timeout=30).status_code == 200
         again = generate(b.url)
-        assert again["meta_info"]["cached_tokens"] == N_CHUNKS * CHUNK and again["output_ids"] == ref["output_ids"]
+        assert (
+            again["meta_info"]["cached_tokens"] == N_CHUNKS * CHUNK
+            and again["output_ids"] == ref["output_ids"]
+        )
     finally:
         b.stop()

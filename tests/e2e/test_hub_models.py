@@ -1,6 +1,7 @@
-"""`radixlm serve` (and the Engine) given Hugging Face model ids: a tiny random model placed in an HF
-cache in a temporary HF_HOME loads by its id with HF_HUB_OFFLINE=1 and answers as the same model
-served by its path; a GGUF repo id with llama-server's `:Q8_0` picks that file among several; a wrong
+"""`radixlm serve` (and the Engine) given Hugging Face model ids: a tiny random model placed in an
+HF cache in a temporary HF_HOME loads by its id with HF_HUB_OFFLINE=1 and answers as the same model
+served by its path; a GGUF repo id with llama-server's `:Q8_0` picks that file among several; a
+wrong
 --revision, a missing model and an unreachable Hub are one `radixlm: error:` line each (exit 2)."""
 
 from __future__ import annotations
@@ -45,16 +46,29 @@ def offline(home: str) -> dict:
 def greedy(server) -> list[list[int]]:
     outs = []
     for p in PROMPTS:
-        r = requests.post(server.url + "/generate", json={"text": p, "sampling_params": GREEDY}, timeout=120)
+        r = requests.post(
+            server.url + "/generate", json={"text": p, "sampling_params": GREEDY}, timeout=120
+        )
         assert r.status_code == 200, r.text
         outs.append(r.json())
     return outs
 
 
 def test_hub_id_serves_as_its_path(hf_home, tiny_model_dir):
-    by_id = ServerProcess("--model-path", "org/tiny-llama", "--tokenizer-path", "org/tiny-llama",
-                          "--speculative-algorithm", "draft-model", "--speculative-draft-model-path", "org/tiny-llama",
-                          "--speculative-draft-policy", "fixed", *TINY, env=offline(hf_home))
+    by_id = ServerProcess(
+        "--model-path",
+        "org/tiny-llama",
+        "--tokenizer-path",
+        "org/tiny-llama",
+        "--speculative-algorithm",
+        "draft-model",
+        "--speculative-draft-model-path",
+        "org/tiny-llama",
+        "--speculative-draft-policy",
+        "fixed",
+        *TINY,
+        env=offline(hf_home),
+    )
     try:
         got = greedy(by_id)
         info = requests.get(by_id.url + "/get_model_info", timeout=30).json()
@@ -68,8 +82,12 @@ def test_hub_id_serves_as_its_path(hf_home, tiny_model_dir):
         by_path.stop()
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
     assert [o["text"] for o in got] == [o["text"] for o in want]
-    # The draft model came from the cache too: every step verified its drafts (itself: all accepted).
-    assert all(o["meta_info"]["spec_verify_ct"] > 0 and o["meta_info"]["spec_accepted_tokens"] > 0 for o in got)
+    # The draft model came from the cache too: every step verified its drafts (itself: all
+    # accepted).
+    assert all(
+        o["meta_info"]["spec_verify_ct"] > 0 and o["meta_info"]["spec_accepted_tokens"] > 0
+        for o in got
+    )
     snapshots = os.path.join(hf_home, "hub", "models--org--tiny-llama", "snapshots")
     assert info["model_path"].startswith(snapshots) and info["tokenizer_path"].startswith(snapshots)
     assert [m["id"] for m in models] == ["org/tiny-llama"]  # SGLang's served name: the id
@@ -78,9 +96,15 @@ def test_hub_id_serves_as_its_path(hf_home, tiny_model_dir):
 def test_gguf_repo_quant_tag_picks_that_file(hf_home):
     from huggingface_hub import hf_hub_download
 
-    want_path = hf_hub_download("org/tiny-GGUF", "tiny-Q8_0.gguf", cache_dir=os.path.join(hf_home, "hub"),
-                                local_files_only=True)
-    by_tag = ServerProcess("--model-path", "org/tiny-GGUF:q8_0", *TINY, env=offline(hf_home))  # any case
+    want_path = hf_hub_download(
+        "org/tiny-GGUF",
+        "tiny-Q8_0.gguf",
+        cache_dir=os.path.join(hf_home, "hub"),
+        local_files_only=True,
+    )
+    by_tag = ServerProcess(
+        "--model-path", "org/tiny-GGUF:q8_0", *TINY, env=offline(hf_home)
+    )  # any case
     try:
         got = greedy(by_tag)
         info = requests.get(by_tag.url + "/get_model_info", timeout=30).json()
@@ -96,10 +120,15 @@ def test_gguf_repo_quant_tag_picks_that_file(hf_home):
 
 
 def serve_error(env: dict, *args: str, notices: tuple[str, ...] = ()) -> str:
-    """`radixlm serve ARGS` that must fail before starting anything: its one error line (stderr holds
-    nothing else but huggingface_hub's lines containing one of `notices`)."""
-    p = subprocess.run([sys.executable, "-m", "radixlm.cli", "serve", *args], env={**os.environ, **env},
-                       capture_output=True, text=True, timeout=180)
+    """`radixlm serve ARGS` that must fail before starting anything: its one error line (stderr
+    holds nothing else but huggingface_hub's lines containing one of `notices`)."""
+    p = subprocess.run(
+        [sys.executable, "-m", "radixlm.cli", "serve", *args],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert p.returncode == 2, p.stderr[-3000:]
     assert "Traceback" not in p.stderr and p.stdout == ""
     *before, last = p.stderr.strip().splitlines()
@@ -109,8 +138,14 @@ def serve_error(env: dict, *args: str, notices: tuple[str, ...] = ()) -> str:
 
 
 def test_wrong_revision_and_missing_model_are_one_clear_error(hf_home):
-    line = serve_error(offline(hf_home), "--model-path", "org/tiny-llama", "--revision", "no-such-branch")
-    assert "--model-path org/tiny-llama" in line and "revision 'no-such-branch'" in line and "it has main = " in line
+    line = serve_error(
+        offline(hf_home), "--model-path", "org/tiny-llama", "--revision", "no-such-branch"
+    )
+    assert (
+        "--model-path org/tiny-llama" in line
+        and "revision 'no-such-branch'" in line
+        and "it has main = " in line
+    )
     assert "`hf download org/tiny-llama --revision no-such-branch`" in line
     line = serve_error(offline(hf_home), "--model-path", "org/absent-model")
     assert "HF_HUB_OFFLINE" in line and "`hf download org/absent-model`" in line
@@ -119,11 +154,14 @@ def test_wrong_revision_and_missing_model_are_one_clear_error(hf_home):
 
 
 class FakeHub(http.server.BaseHTTPRequestHandler):
-    """A Hub that knows no repo, and of org/known no revision (huggingface_hub reads X-Error-Code)."""
+    """A Hub that knows no repo, and of org/known no revision (huggingface_hub reads
+    X-Error-Code)."""
 
-    def do_GET(self):  # noqa: N802 - http.server's name
+    def do_GET(self):
         self.send_response(404)
-        self.send_header("X-Error-Code", "RevisionNotFound" if "/org/known/" in self.path else "RepoNotFound")
+        self.send_header(
+            "X-Error-Code", "RevisionNotFound" if "/org/known/" in self.path else "RepoNotFound"
+        )
         self.send_header("Content-Type", "application/json")
         self.end_headers()
         self.wfile.write(b'{"error": "not found"}')
@@ -137,7 +175,11 @@ class FakeHub(http.server.BaseHTTPRequestHandler):
 def test_online_failures_are_one_clear_error(hf_home):
     hub = http.server.ThreadingHTTPServer(("127.0.0.1", 0), FakeHub)
     threading.Thread(target=hub.serve_forever, daemon=True).start()
-    online = {"HF_HOME": hf_home, "HF_HUB_OFFLINE": "0", "HF_ENDPOINT": f"http://127.0.0.1:{hub.server_port}"}
+    online = {
+        "HF_HOME": hf_home,
+        "HF_HUB_OFFLINE": "0",
+        "HF_ENDPOINT": f"http://127.0.0.1:{hub.server_port}",
+    }
     try:
         line = serve_error(online, "--model-path", "org/absent-model")
         assert "--model-path org/absent-model: no such model on the Hugging Face Hub" in line
@@ -145,9 +187,14 @@ def test_online_failures_are_one_clear_error(hf_home):
         assert "the Hub has no revision 'v9' of org/known" in line
     finally:
         hub.shutdown()
-    # The Hub out of reach (a closed local port): huggingface_hub's retries, then the cause and the way out.
-    line = serve_error({**online, "HF_ENDPOINT": "http://127.0.0.1:9"}, "--model-path", "org/absent-model",
-                       notices=("thrown while requesting", "Retrying in"))
+    # The Hub out of reach (a closed local port): huggingface_hub's retries, then the cause and the
+    # way out.
+    line = serve_error(
+        {**online, "HF_ENDPOINT": "http://127.0.0.1:9"},
+        "--model-path",
+        "org/absent-model",
+        notices=("thrown while requesting", "Retrying in"),
+    )
     assert "could not be downloaded (ConnectError" in line and "HF_HUB_OFFLINE=1" in line
 
 
@@ -158,10 +205,17 @@ def test_engine_takes_a_hub_id(hf_home, tiny_hf_model, monkeypatch):
 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     ids = [5, 17, 300, 42, 7]
-    ref = tiny_hf_model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=None,
-                                 pad_token_id=0)[0, len(ids):].tolist()
-    with Engine("org/tiny-llama", **engine_args(download_dir=os.path.join(hf_home, "hub"))) as engine:
-        out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 8, "temperature": 0,
-                                                              "ignore_eos": True})
-        assert engine.server_args.model_path.startswith(os.path.join(hf_home, "hub", "models--org--tiny-llama"))
+    ref = tiny_hf_model.generate(
+        torch.tensor([ids]), max_new_tokens=8, do_sample=False, eos_token_id=None, pad_token_id=0
+    )[0, len(ids) :].tolist()
+    with Engine(
+        "org/tiny-llama", **engine_args(download_dir=os.path.join(hf_home, "hub"))
+    ) as engine:
+        out = engine.generate(
+            input_ids=ids,
+            sampling_params={"max_new_tokens": 8, "temperature": 0, "ignore_eos": True},
+        )
+        assert engine.server_args.model_path.startswith(
+            os.path.join(hf_home, "hub", "models--org--tiny-llama")
+        )
     assert out["output_ids"] == ref

@@ -17,7 +17,9 @@ import requests
 from radixlm.server.process import ServerProcess
 
 TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks")
-LEAKS = re.compile(r"Traceback|File \"|\.py\b|/root|/home|/tmp|site-packages|radixlm/|Error\b|tokenizer")
+LEAKS = re.compile(
+    r"Traceback|File \"|\.py\b|/root|/home|/tmp|site-packages|radixlm/|Error\b|tokenizer"
+)
 STOP = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True, "stop": ["zzz"]}
 
 
@@ -31,16 +33,24 @@ def _sse(r: requests.Response) -> list[str]:
 
 @pytest.fixture(scope="module")
 def broken(tiny_model_dir, tmp_path_factory):
-    """A server on a copy of the tiny model whose tokenizer files are moved away after it started."""
+    """A server on a copy of the tiny model whose tokenizer files are moved away after it
+    started."""
     model = str(tmp_path_factory.mktemp("model") / "tiny")
     shutil.copytree(tiny_model_dir, model)
     s = ServerProcess("--model-path", model, *TINY)
-    # One answered request: the detokenizer has its tokenizer (the scheduler loads its own only later).
+    # One answered request: the detokenizer has its tokenizer (the scheduler loads its own only
+    # later).
     plain = {k: v for k, v in STOP.items() if k != "stop"}
-    assert requests.post(s.url + "/generate", json={"text": "hi", "sampling_params": plain}, timeout=60).ok
+    assert requests.post(
+        s.url + "/generate", json={"text": "hi", "sampling_params": plain}, timeout=60
+    ).ok
     aside = model + ".tokenizer"
     os.makedirs(aside)
-    names = [n for n in os.listdir(model) if n != "config.json" and not n.startswith(("model", "generation"))]
+    names = [
+        n
+        for n in os.listdir(model)
+        if n != "config.json" and not n.startswith(("model", "generation"))
+    ]
     for n in names:
         shutil.move(os.path.join(model, n), aside)
     yield s, model, aside, names
@@ -49,8 +59,11 @@ def broken(tiny_model_dir, tmp_path_factory):
 
 def test_an_internal_failure_is_a_500_with_a_request_id_and_the_server_goes_on(broken):
     s, model, aside, names = broken
-    r = requests.post(s.url + "/generate", json={"text": "hello", "rid": "req-native-1", "sampling_params": STOP},
-                      timeout=60)
+    r = requests.post(
+        s.url + "/generate",
+        json={"text": "hello", "rid": "req-native-1", "sampling_params": STOP},
+        timeout=60,
+    )
     assert r.status_code == 500, r.text
     err = r.json()["error"]
     assert err["type"] == "server_error" and err["code"] == 500
@@ -62,8 +75,11 @@ def test_an_internal_failure_is_a_500_with_a_request_id_and_the_server_goes_on(b
     assert "request req-native-1 failed: internal error: " in log and "Traceback" in log
 
     # A stream that already started: an error event, then [DONE].
-    r = requests.post(s.url + "/generate", json={"text": "hello", "rid": "req-stream-1", "stream": True,
-                                                 "sampling_params": STOP}, timeout=60)
+    r = requests.post(
+        s.url + "/generate",
+        json={"text": "hello", "rid": "req-stream-1", "stream": True, "sampling_params": STOP},
+        timeout=60,
+    )
     events = _sse(r)
     assert r.status_code == 200 and events[-1] == "[DONE]", r.text
     err = json.loads(events[-2])["error"]
@@ -72,25 +88,40 @@ def test_an_internal_failure_is_a_500_with_a_request_id_and_the_server_goes_on(b
 
     # The OpenAI routes: a 500 (a stream waits for its first output before it answers).
     for stream in (False, True):
-        r = requests.post(s.url + "/v1/chat/completions", json={
-            "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8, "stop": ["zzz"], "stream": stream,
-            "temperature": 0}, timeout=60)
+        r = requests.post(
+            s.url + "/v1/chat/completions",
+            json={
+                "messages": [{"role": "user", "content": "hi"}],
+                "max_tokens": 8,
+                "stop": ["zzz"],
+                "stream": stream,
+                "temperature": 0,
+            },
+            timeout=60,
+        )
         assert r.status_code == 500, r.text
         assert "internal error" in r.json()["error"]["message"]
         _no_leak(r.text)
 
     # Requests that do not need the failing part are served meanwhile.
     plain = {k: v for k, v in STOP.items() if k != "stop"}
-    r = requests.post(s.url + "/generate", json={"text": "hello", "sampling_params": plain}, timeout=60)
+    r = requests.post(
+        s.url + "/generate", json={"text": "hello", "sampling_params": plain}, timeout=60
+    )
     assert r.status_code == 200 and r.json()["meta_info"]["finish_reason"]["type"] == "length"
     assert requests.get(s.url + "/health", timeout=5).status_code == 200
 
     # The files back: the same request succeeds, and nothing leaked.
     for n in names:
         shutil.move(os.path.join(aside, n), model)
-    r = requests.post(s.url + "/generate", json={"text": "hello", "rid": "req-native-2", "sampling_params": STOP},
-                      timeout=60)
-    assert r.status_code == 200 and r.json()["meta_info"]["finish_reason"]["type"] == "length", r.text
+    r = requests.post(
+        s.url + "/generate",
+        json={"text": "hello", "rid": "req-native-2", "sampling_params": STOP},
+        timeout=60,
+    )
+    assert r.status_code == 200 and r.json()["meta_info"]["finish_reason"]["type"] == "length", (
+        r.text
+    )
     info = requests.get(s.url + "/get_server_info", timeout=10).json()
     st = info["internal_state"]
     assert info["num_tracked_requests"] == 0 and st["num_running"] == 0 and st["num_waiting"] == 0

@@ -21,8 +21,15 @@ def server():
 
 def answer(server, prompt, stream):
     """The greedy forced calls [(name, arguments)], whole or assembled from the stream."""
-    body = {"model": "m", "messages": [{"role": "user", "content": prompt}], "tools": TOOLS,
-            "tool_choice": "required", "parallel_tool_calls": False, "temperature": 0, "max_tokens": MAX}
+    body = {
+        "model": "m",
+        "messages": [{"role": "user", "content": prompt}],
+        "tools": TOOLS,
+        "tool_choice": "required",
+        "parallel_tool_calls": False,
+        "temperature": 0,
+        "max_tokens": MAX,
+    }
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
     if not stream:
         r = client.chat.completions.create(**body)
@@ -45,7 +52,9 @@ def test_streamed_and_whole_fresh_and_cached_give_the_same_greedy_call(server, i
     fresh_stream = answer(server, PROMPTS[i], stream=True)
     cached_whole = answer(server, PROMPTS[i], stream=False)
     assert fresh_whole and fresh_whole[0][1]
-    jumped = requests.get(server.url + "/get_server_info").json()["internal_state"]["jump_forward_tokens"]
+    jumped = requests.get(server.url + "/get_server_info").json()["internal_state"][
+        "jump_forward_tokens"
+    ]
     assert jumped > 0  # the answers went through jump-forward
     assert cached_stream == fresh_whole
     assert fresh_stream == fresh_whole

@@ -16,7 +16,14 @@ from radixlm.server.process import ServerProcess
 from tests.conftest import engine_args
 from tests.model.moe_checkpoints import hf_model
 
-TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks", "--enable-metrics")
+TINY = (
+    "--num-threads",
+    "1",
+    "--kv-memory-gb",
+    "0.05",
+    "--enable-invariant-checks",
+    "--enable-metrics",
+)
 PROMPTS = ["The capital of France is", "def fib(n):", "Once upon a time, " * 8]
 
 
@@ -34,13 +41,21 @@ def tiny_moe_dir(tmp_path_factory, default_model_path):
 def _expert_tokens(url: str) -> dict[tuple[str, str], float]:
     text = requests.get(url + "/metrics", timeout=30).text
     pat = re.compile(r'^radixlm:moe_expert_tokens_total\{expert="(\d+)",layer="(\d+)"\} (\S+)$')
-    return {(m.group(2), m.group(1)): float(m.group(3)) for line in text.splitlines() if (m := pat.match(line))}
+    return {
+        (m.group(2), m.group(1)): float(m.group(3))
+        for line in text.splitlines()
+        if (m := pat.match(line))
+    }
 
 
 def _completions(url: str) -> list[str]:
     client = openai.OpenAI(base_url=url + "/v1", api_key="none")
-    return [client.completions.create(model="default", prompt=p, max_tokens=16, temperature=0).choices[0].text
-            for p in PROMPTS]
+    return [
+        client.completions.create(model="default", prompt=p, max_tokens=16, temperature=0)
+        .choices[0]
+        .text
+        for p in PROMPTS
+    ]
 
 
 def test_ep2_server_matches_single_server_and_counts_expert_load(tiny_moe_dir):
@@ -56,11 +71,17 @@ def test_ep2_server_matches_single_server_and_counts_expert_load(tiny_moe_dir):
         before = _expert_tokens(ep.url)
         assert sorted({layer for layer, _ in before}) == ["0", "1"] and len(before) == 16
         client = openai.OpenAI(base_url=ep.url + "/v1", api_key="none")
-        r = client.completions.create(model="default", prompt="A fresh prompt about experts and routing",
-                                      max_tokens=5, temperature=0)
+        r = client.completions.create(
+            model="default",
+            prompt="A fresh prompt about experts and routing",
+            max_tokens=5,
+            temperature=0,
+        )
         details = r.usage.prompt_tokens_details
         cached = (details.cached_tokens or 0) if details is not None else 0
-        forwarded = r.usage.prompt_tokens - cached + r.usage.completion_tokens - 1  # the last token is not run
+        forwarded = (
+            r.usage.prompt_tokens - cached + r.usage.completion_tokens - 1
+        )  # the last token is not run
         after = _expert_tokens(ep.url)
         for layer in ("0", "1"):
             routed = sum(after[(layer, str(e))] - before.get((layer, str(e)), 0) for e in range(8))
@@ -86,7 +107,8 @@ def test_sglang_spellings_of_ep_size(flag):
 
 
 def test_pipeline_stages_of_a_moe_model_match_one_stage(tiny_moe_dir):
-    """--pp-size 2: each stage builds and loads its own layer's MoE block (stage_owns skips the other's experts)."""
+    """--pp-size 2: each stage builds and loads its own layer's MoE block (stage_owns skips the
+    other's experts)."""
     greedy = {"max_new_tokens": 12, "temperature": 0}
     with Engine(tiny_moe_dir, **engine_args()) as e:
         want = [o["output_ids"] for o in e.generate(PROMPTS, greedy)]

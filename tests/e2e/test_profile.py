@@ -1,8 +1,8 @@
-"""SGLang's /start_profile and /stop_profile (and Engine.start_profile / stop_profile): a torch profiler
-trace of the scheduler process, written as gzipped Chrome JSON, holding the model's own ops (their
-shapes checked against the checkpoint's config.json and their count against the forward passes the
-requests report); an admin action; SGLang's fields (output_dir, num_steps, activities, ...) and
-RADIXLM_TORCH_PROFILER_DIR."""
+"""SGLang's /start_profile and /stop_profile (and Engine.start_profile / stop_profile): a torch
+profiler trace of the scheduler process, written as gzipped Chrome JSON, holding the model's own ops
+(their shapes checked against the checkpoint's config.json and their count against the forward
+passes the requests report); an admin action; SGLang's fields (output_dir, num_steps, activities,
+...) and RADIXLM_TORCH_PROFILER_DIR."""
 
 import gzip
 import json
@@ -30,19 +30,24 @@ def _ops(path: str) -> list[dict]:
 
 
 def _check_model_ops(path: str, model_dir: str, forward_passes: int) -> None:
-    """The trace's ops are this model's: one embedding of its [vocab, hidden] table per forward pass,
-    one attention per layer and pass."""
+    """The trace's ops are this model's: one embedding of its [vocab, hidden] table per forward
+    pass, one attention per layer and pass."""
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
     ops = _ops(path)
     names = Counter(e["name"] for e in ops)
     embeddings = [e for e in ops if e["name"] == "aten::embedding"]
-    assert embeddings and all(e["args"]["Input Dims"][0] == [cfg["vocab_size"], cfg["hidden_size"]] for e in embeddings)
+    assert embeddings and all(
+        e["args"]["Input Dims"][0] == [cfg["vocab_size"], cfg["hidden_size"]] for e in embeddings
+    )
     assert len(embeddings) == forward_passes
     assert names["radixlm::paged_attention"] == cfg["num_hidden_layers"] * forward_passes
 
 
 def _generate(url: str, text: str) -> dict:
-    body = {"text": text, "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True}}
+    body = {
+        "text": text,
+        "sampling_params": {"max_new_tokens": 5, "temperature": 0, "ignore_eos": True},
+    }
     r = requests.post(url + "/generate", json=body, headers=as_(USER), timeout=60)
     assert r.status_code == 200, r.text
     return r.json()
@@ -51,9 +56,16 @@ def _generate(url: str, text: str) -> dict:
 @pytest.fixture(scope="module")
 def server(tiny_model_dir, tmp_path_factory):
     env_dir = tmp_path_factory.mktemp("env-profiles")
-    s = ServerProcess("--model-path", tiny_model_dir, *TINY,
-                      env={"RADIXLM_API_KEY": USER, "RADIXLM_ADMIN_API_KEY": ADMIN,
-                           "RADIXLM_TORCH_PROFILER_DIR": str(env_dir)})
+    s = ServerProcess(
+        "--model-path",
+        tiny_model_dir,
+        *TINY,
+        env={
+            "RADIXLM_API_KEY": USER,
+            "RADIXLM_ADMIN_API_KEY": ADMIN,
+            "RADIXLM_TORCH_PROFILER_DIR": str(env_dir),
+        },
+    )
     s.env_dir = env_dir
     yield s
     s.stop()
@@ -61,16 +73,28 @@ def server(tiny_model_dir, tmp_path_factory):
 
 def test_start_requests_stop_writes_a_trace_of_the_model(server, tiny_model_dir, tmp_path):
     out_dir = tmp_path / "profiles"
-    r = requests.post(server.url + "/start_profile", json={"output_dir": str(out_dir), "profile_prefix": "run1"},
-                      headers=as_(ADMIN), timeout=30)
+    r = requests.post(
+        server.url + "/start_profile",
+        json={"output_dir": str(out_dir), "profile_prefix": "run1"},
+        headers=as_(ADMIN),
+        timeout=30,
+    )
     assert r.status_code == 200, r.text
-    outs = [_generate(server.url, t) for t in ("The first prompt", "A second, longer prompt to profile")]
+    outs = [
+        _generate(server.url, t) for t in ("The first prompt", "A second, longer prompt to profile")
+    ]
     r = requests.post(server.url + "/stop_profile", headers=as_(ADMIN), timeout=120)
     assert r.status_code == 200, r.text
     files = sorted(os.listdir(out_dir))
-    assert len(files) == 1 and files[0].startswith("run1-") and files[0].endswith("-TP-0.trace.json.gz")
+    assert (
+        len(files) == 1
+        and files[0].startswith("run1-")
+        and files[0].endswith("-TP-0.trace.json.gz")
+    )
     assert str(out_dir / files[0]) in r.text
-    _check_model_ops(str(out_dir / files[0]), tiny_model_dir, sum(o["meta_info"]["forward_passes"] for o in outs))
+    _check_model_ops(
+        str(out_dir / files[0]), tiny_model_dir, sum(o["meta_info"]["forward_passes"] for o in outs)
+    )
     # Nothing in progress any more: a second stop is a client error, and the server goes on.
     again = requests.post(server.url + "/stop_profile", headers=as_(ADMIN), timeout=30)
     assert again.status_code == 400 and "not in progress" in again.json()["error"]["message"]
@@ -78,11 +102,15 @@ def test_start_requests_stop_writes_a_trace_of_the_model(server, tiny_model_dir,
 
 
 def test_num_steps_stops_by_itself_in_the_environment_directory(server, tiny_model_dir):
-    """No output_dir: RADIXLM_TORCH_PROFILER_DIR (SGLang's SGLANG_TORCH_PROFILER_DIR role); num_steps: the
-    trace covers that many forward steps and is written with no /stop_profile."""
+    """No output_dir: RADIXLM_TORCH_PROFILER_DIR (SGLang's SGLANG_TORCH_PROFILER_DIR role);
+    num_steps: the trace covers that many forward steps and is written with no /stop_profile."""
     before = set(os.listdir(server.env_dir))
-    r = requests.post(server.url + "/start_profile", json={"num_steps": 3, "activities": ["CPU"]},
-                      headers=as_(ADMIN), timeout=30)
+    r = requests.post(
+        server.url + "/start_profile",
+        json={"num_steps": 3, "activities": ["CPU"]},
+        headers=as_(ADMIN),
+        timeout=30,
+    )
     assert r.status_code == 200, r.text
     _generate(server.url, "five forward passes, three of them profiled")
     new = sorted(set(os.listdir(server.env_dir)) - before)
@@ -94,12 +122,22 @@ def test_num_steps_stops_by_itself_in_the_environment_directory(server, tiny_mod
 
 def test_profiling_is_an_admin_action_with_checked_fields(server, tmp_path):
     for path in ("/start_profile", "/stop_profile"):
-        r = requests.post(server.url + path, json={"output_dir": str(tmp_path)}, headers=as_(USER), timeout=30)
+        r = requests.post(
+            server.url + path, json={"output_dir": str(tmp_path)}, headers=as_(USER), timeout=30
+        )
         assert r.status_code == 403 and r.json()["error"]["type"] == "permission_error"
-        assert requests.get(server.url + path, headers=as_(ADMIN), timeout=30).status_code == 405  # POST only
-    bad = [({"num_steps": 0}, "num_steps"), ({"activities": ["RPD"]}, "activities"),
-           ({"activities": ["GPU"]}, "activities"), ({"profile_by_stage": True}, "profile_by_stage"),
-           ({"output_dir": 7}, "output_dir"), ({"profile_prefix": "../x"}, "profile_prefix"), ({"steps": 2}, None)]
+        assert (
+            requests.get(server.url + path, headers=as_(ADMIN), timeout=30).status_code == 405
+        )  # POST only
+    bad = [
+        ({"num_steps": 0}, "num_steps"),
+        ({"activities": ["RPD"]}, "activities"),
+        ({"activities": ["GPU"]}, "activities"),
+        ({"profile_by_stage": True}, "profile_by_stage"),
+        ({"output_dir": 7}, "output_dir"),
+        ({"profile_prefix": "../x"}, "profile_prefix"),
+        ({"steps": 2}, None),
+    ]
     for body, field in bad:
         r = requests.post(server.url + "/start_profile", json=body, headers=as_(ADMIN), timeout=30)
         assert r.status_code == 400, (body, r.text)
@@ -108,15 +146,27 @@ def test_profiling_is_an_admin_action_with_checked_fields(server, tmp_path):
     assert os.listdir(tmp_path) == []  # nothing started, nothing written
     # An empty POST (SGLang's `curl -X POST .../start_profile`) starts with the defaults.
     before = set(os.listdir(server.env_dir))
-    assert requests.post(server.url + "/start_profile", headers=as_(ADMIN), timeout=30).status_code == 200
+    assert (
+        requests.post(server.url + "/start_profile", headers=as_(ADMIN), timeout=30).status_code
+        == 200
+    )
     again = requests.post(server.url + "/start_profile", headers=as_(ADMIN), timeout=30)
     assert again.status_code == 400 and "already in progress" in again.json()["error"]["message"]
-    assert requests.post(server.url + "/stop_profile", headers=as_(ADMIN), timeout=60).status_code == 200
-    assert len(set(os.listdir(server.env_dir)) - before) == 1  # no forward step ran: a trace all the same
+    assert (
+        requests.post(server.url + "/stop_profile", headers=as_(ADMIN), timeout=60).status_code
+        == 200
+    )
+    assert (
+        len(set(os.listdir(server.env_dir)) - before) == 1
+    )  # no forward step ran: a trace all the same
     blocked = tmp_path / "a-file"
     blocked.write_text("")
-    r = requests.post(server.url + "/start_profile", json={"output_dir": str(blocked / "sub")}, headers=as_(ADMIN),
-                      timeout=30)
+    r = requests.post(
+        server.url + "/start_profile",
+        json={"output_dir": str(blocked / "sub")},
+        headers=as_(ADMIN),
+        timeout=30,
+    )
     assert r.status_code == 400 and "output_dir" in r.json()["error"]["message"]
     _generate(server.url, "the server goes on")
 

@@ -7,16 +7,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[2]
 TIMEOUT = 300
 
 
 def engine_example() -> str:
-    """The README's ```python block that creates a radixlm.Engine (the one under the Engine paragraph)."""
+    """The README's ```python block that creates a radixlm.Engine (the one under the Engine
+    paragraph)."""
     blocks = re.findall(r"^```python\n(.*?)^```", (ROOT / "README.md").read_text(), re.M | re.S)
     found = [b for b in blocks if "radixlm.Engine(" in b]
-    assert len(found) == 1, f"expected one README python block with radixlm.Engine(, found {len(found)}"
+    assert len(found) == 1, (
+        f"expected one README python block with radixlm.Engine(, found {len(found)}"
+    )
     return found[0]
 
 
@@ -32,10 +34,13 @@ def test_readme_engine_example_runs(tmp_path):
     script = tmp_path / "readme_engine_example.py"
     script.write_text(engine_example())
     # Run from another directory, as a user's script would: radixlm comes from the install.
-    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=TIMEOUT)
+    proc = subprocess.run(
+        [sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=TIMEOUT
+    )
     out = proc.stdout
-    assert proc.returncode == 0, f"exit {proc.returncode}\nstdout:\n{out[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\nstdout:\n{out[-3000:]}\nstderr:\n{proc.stderr[-5000:]}"
+    )
     # print(out["text"], out["meta_info"]): greedy text, then the meta_info dict (one line: repr
     # escapes newlines; the model's text before it may span lines).
     text, sep, rest = out.partition("{'id': ")
@@ -48,11 +53,16 @@ def test_readme_engine_example_runs(tmp_path):
     # print([o["text"] for o in outs]): the batch of two.
     batch_line, _, rest = rest.partition("\n")
     batch = ast.literal_eval(batch_line)
-    assert isinstance(batch, list) and len(batch) == 2 and all(isinstance(t, str) and t for t in batch), batch
-    # print(chunk["text"]) per streamed chunk (cumulative text), then the prompt logprobs (one line).
+    assert (
+        isinstance(batch, list) and len(batch) == 2 and all(isinstance(t, str) and t for t in batch)
+    ), batch
+    # print(chunk["text"]) per streamed chunk (cumulative text), then the prompt logprobs (one
+    # line).
     stream, _, scored_line = rest.rstrip("\n").rpartition("\n")
     assert stream.strip(), out
     # One (logprob, token id, None) per prompt token, the first without a logprob.
     scored = ast.literal_eval(scored_line)
     assert len(scored) >= 2 and scored[0][0] is None, scored
-    assert all(isinstance(lp, float) and lp <= 0 and isinstance(tid, int) for lp, tid, _ in scored[1:]), scored
+    assert all(
+        isinstance(lp, float) and lp <= 0 and isinstance(tid, int) for lp, tid, _ in scored[1:]
+    ), scored

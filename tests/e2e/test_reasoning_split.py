@@ -30,12 +30,23 @@ def thinker(tmp_path_factory, default_model_path):
     path = tmp_path_factory.mktemp("tiny-thinker")
     tok = load_tokenizer(default_model_path)
     tok.chat_template = TEMPLATE
-    prompt = tok.encode(tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True),
-                        add_special_tokens=False)
+    prompt = tok.encode(
+        tok.apply_chat_template(MESSAGES, tokenize=False, add_generation_prompt=True),
+        add_special_tokens=False,
+    )
     target = tok.encode(TAUGHT, add_special_tokens=False) + [2]  # then <|im_end|>, the model's eos
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg)
     ids = torch.tensor([prompt + target])
@@ -50,14 +61,18 @@ def thinker(tmp_path_factory, default_model_path):
             out.loss.backward()
             opt.step()
             top2 = out.logits[0, len(prompt) - 1 : -1].topk(2, -1)
-            if (top2.indices[:, 0] == torch.tensor(target)).all() and (top2.values[:, 0] - top2.values[:, 1]).min() > 3:
+            if (top2.indices[:, 0] == torch.tensor(target)).all() and (
+                top2.values[:, 0] - top2.values[:, 1]
+            ).min() > 3:
                 break
     finally:
         torch.set_num_threads(threads)
     model.eval()
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=len(target) + 8, do_sample=False)
-    text = tok.decode(out[0, len(prompt):], skip_special_tokens=True)
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=len(target) + 8, do_sample=False
+        )
+    text = tok.decode(out[0, len(prompt) :], skip_special_tokens=True)
     assert "</think>" in text, text  # taught: else the split below would not be exercised
     model.save_pretrained(path)
     tok.save_pretrained(path)
@@ -69,8 +84,16 @@ def thinker(tmp_path_factory, default_model_path):
 @pytest.fixture(scope="module")
 def client(thinker):
     path, template, _ = thinker
-    s = ServerProcess("--model-path", path, "--reasoning-parser", "qwen3", "--chat-template", template,
-                      "--num-threads", "1")
+    s = ServerProcess(
+        "--model-path",
+        path,
+        "--reasoning-parser",
+        "qwen3",
+        "--chat-template",
+        template,
+        "--num-threads",
+        "1",
+    )
     yield openai.OpenAI(base_url=s.url + "/v1", api_key="none", max_retries=0)
     s.stop()
 
@@ -89,5 +112,9 @@ def test_reasoning_content_split_streamed_and_not(thinker, client):
             got_c += d.content or ""
     assert (got_r, got_c) == (reasoning, content)
     # SGLang's separate_reasoning false: the whole output is content.
-    whole = client.chat.completions.create(extra_body={"separate_reasoning": False}, **kw).choices[0].message
+    whole = (
+        client.chat.completions.create(extra_body={"separate_reasoning": False}, **kw)
+        .choices[0]
+        .message
+    )
     assert whole.content == thinker[2] and whole.reasoning_content is None

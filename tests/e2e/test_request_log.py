@@ -1,5 +1,5 @@
-"""--log-requests with SGLang's levels (0: metadata; 1: + sampling params; 2: + inputs and outputs cut
-to 2048; 3: everything) and formats (text, json), switched at run time by the admin's
+"""--log-requests with SGLang's levels (0: metadata; 1: + sampling params; 2: + inputs and outputs
+cut to 2048; 3: everything) and formats (text, json), switched at run time by the admin's
 /configure_logging; no API key and no cache_salt in any line of the server's output."""
 
 import json
@@ -24,8 +24,18 @@ def as_(key):
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
     # Keys on the command line: the strictest case for "never logged".
-    s = ServerProcess("--model-path", tiny_model_dir, *TINY, "--log-requests", "--log-requests-level", "0",
-                      "--api-key", USER, "--admin-api-key", ADMIN)
+    s = ServerProcess(
+        "--model-path",
+        tiny_model_dir,
+        *TINY,
+        "--log-requests",
+        "--log-requests-level",
+        "0",
+        "--api-key",
+        USER,
+        "--admin-api-key",
+        ADMIN,
+    )
     yield s
     s.stop()
 
@@ -48,22 +58,35 @@ def _generate(server, rid: str) -> dict:
 
 
 def test_text_format_at_the_start_up_level(server):
-    """--log-requests-level 0 (text, the default format): SGLang's Receive / Finish lines, metadata only."""
+    """--log-requests-level 0 (text, the default format): SGLang's Receive / Finish lines, metadata
+    only."""
     out = _generate(server, "text-0")
     lines = [ln for ln in server.output().splitlines() if "rid='text-0'" in ln]
     assert [ln.split(":", 1)[0] for ln in lines] == ["Receive", "Finish"]
     assert lines[0].startswith("Receive: obj=GenerateReqInput(") and "cache_salt='***'" in lines[0]
     assert f"'completion_tokens': {out['meta_info']['completion_tokens']}" in lines[1]
     for ln in lines:
-        assert "MARK" not in ln and "sampling_params" not in ln and "output_ids" not in ln and "'text'" not in ln
+        assert (
+            "MARK" not in ln
+            and "sampling_params" not in ln
+            and "output_ids" not in ln
+            and "'text'" not in ln
+        )
 
 
 @pytest.mark.parametrize("level", [0, 1, 2, 3])
 def test_each_level_logs_what_sglang_says(server, level):
-    r = requests.post(server.url + "/configure_logging", json={"log_requests_level": level, "log_requests_format": "json"},
-                      headers=as_(ADMIN), timeout=10)
-    assert r.status_code == 200 and r.json() == {"log_requests": True, "log_requests_level": level,
-                                                 "log_requests_format": "json"}
+    r = requests.post(
+        server.url + "/configure_logging",
+        json={"log_requests_level": level, "log_requests_format": "json"},
+        headers=as_(ADMIN),
+        timeout=10,
+    )
+    assert r.status_code == 200 and r.json() == {
+        "log_requests": True,
+        "log_requests_level": level,
+        "log_requests_format": "json",
+    }
     rid = f"json-{level}"
     out = _generate(server, rid)
     ev = _events(server, rid)
@@ -90,38 +113,70 @@ def test_each_level_logs_what_sglang_says(server, level):
 
 
 def test_failures_openai_requests_and_switching_off(server):
-    requests.post(server.url + "/configure_logging", json={"log_requests_level": 3, "log_requests_format": "json"},
-                  headers=as_(ADMIN), timeout=10)
-    r = requests.post(server.url + "/generate", json={"text": "hi", "rid": "too-long",
-                                                      "sampling_params": {"max_new_tokens": 10**6}},
-                      headers=as_(USER), timeout=30)
+    requests.post(
+        server.url + "/configure_logging",
+        json={"log_requests_level": 3, "log_requests_format": "json"},
+        headers=as_(ADMIN),
+        timeout=10,
+    )
+    r = requests.post(
+        server.url + "/generate",
+        json={"text": "hi", "rid": "too-long", "sampling_params": {"max_new_tokens": 10**6}},
+        headers=as_(USER),
+        timeout=30,
+    )
     assert r.status_code == 400
     failed = _events(server, "too-long")["request.failed"]
     assert "max_new_tokens" in failed["error"] and failed["obj"]["text"] == "hi"
-    chat = requests.post(server.url + "/v1/chat/completions", headers=as_(USER), timeout=60, json={
-        "messages": [{"role": "user", "content": "a chat message to log"}], "max_tokens": 3})
+    chat = requests.post(
+        server.url + "/v1/chat/completions",
+        headers=as_(USER),
+        timeout=60,
+        json={"messages": [{"role": "user", "content": "a chat message to log"}], "max_tokens": 3},
+    )
     assert chat.status_code == 200
     rid = chat.json()["id"].removeprefix("chatcmpl-")
-    logged = [json.loads(ln) for ln in server.output().splitlines()
-              if ln.startswith("{") and "a chat message to log" in ln]
+    logged = [
+        json.loads(ln)
+        for ln in server.output().splitlines()
+        if ln.startswith("{") and "a chat message to log" in ln
+    ]
     assert {e["event"] for e in logged} == {"request.received", "request.finished"}
     assert [e["rid"] for e in logged] == [rid, rid]
-    # The route sends the rendered chat as input_ids; the log shows them as text too (SGLang's, level >= 2).
-    assert all("a chat message to log" in e["obj"]["text"] and e["obj"]["input_ids"] for e in logged)
+    # The route sends the rendered chat as input_ids; the log shows them as text too (SGLang's,
+    # level >= 2).
+    assert all(
+        "a chat message to log" in e["obj"]["text"] and e["obj"]["input_ids"] for e in logged
+    )
     # Off: nothing more is logged.
-    r = requests.post(server.url + "/configure_logging", json={"log_requests": False}, headers=as_(ADMIN), timeout=10)
+    r = requests.post(
+        server.url + "/configure_logging",
+        json={"log_requests": False},
+        headers=as_(ADMIN),
+        timeout=10,
+    )
     assert r.json()["log_requests"] is False
     _generate(server, "after-off")
     assert "after-off" not in server.output()
 
 
 def test_configure_logging_is_an_admin_action_with_checked_fields(server):
-    r = requests.post(server.url + "/configure_logging", json={"log_requests_level": 1}, headers=as_(USER), timeout=10)
+    r = requests.post(
+        server.url + "/configure_logging",
+        json={"log_requests_level": 1},
+        headers=as_(USER),
+        timeout=10,
+    )
     assert r.status_code == 403
-    for body, field in [({"log_requests_level": 4}, "log_requests_level"),
-                        ({"log_requests_format": "xml"}, "log_requests_format"),
-                        ({"log_requests": "yes"}, "log_requests"), ({"dump_requests_folder": "/x"}, "dump_requests_folder")]:
-        r = requests.post(server.url + "/configure_logging", json=body, headers=as_(ADMIN), timeout=10)
+    for body, field in [
+        ({"log_requests_level": 4}, "log_requests_level"),
+        ({"log_requests_format": "xml"}, "log_requests_format"),
+        ({"log_requests": "yes"}, "log_requests"),
+        ({"dump_requests_folder": "/x"}, "dump_requests_folder"),
+    ]:
+        r = requests.post(
+            server.url + "/configure_logging", json=body, headers=as_(ADMIN), timeout=10
+        )
         assert r.status_code == 400 and r.json()["error"]["param"] == field, (body, r.text)
 
 
@@ -136,8 +191,14 @@ def test_bad_start_up_values_are_refused(tiny_model_dir):
     import subprocess
     import sys
 
-    for flags, why in [(["--log-requests-level", "4"], "invalid choice: 4"),
-                       (["--log-requests-format", "xml"], "invalid choice: 'xml'")]:
-        p = subprocess.run([sys.executable, "-m", "radixlm.cli", "serve", "--model-path", tiny_model_dir, *flags],
-                           capture_output=True, text=True, timeout=60)
+    for flags, why in [
+        (["--log-requests-level", "4"], "invalid choice: 4"),
+        (["--log-requests-format", "xml"], "invalid choice: 'xml'"),
+    ]:
+        p = subprocess.run(
+            [sys.executable, "-m", "radixlm.cli", "serve", "--model-path", tiny_model_dir, *flags],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert p.returncode == 2 and why in p.stderr and "Traceback" not in p.stderr

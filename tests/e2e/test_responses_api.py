@@ -15,16 +15,31 @@ from radixlm.server.process import ServerProcess
 USER, ADMIN = "user-key-0123456789", "admin-key-9876543210"
 STORED = 4  # --max-stored-responses
 GREEDY = {"temperature": 0, "max_output_tokens": 12}
-WEATHER = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                            "unit": {"enum": ["celsius", "fahrenheit"]}},
-           "required": ["city", "unit"], "additionalProperties": False}
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "unit": {"enum": ["celsius", "fahrenheit"]},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model_dir):
-    s = ServerProcess("--model-path", tiny_model_dir, "--num-threads", "1", "--kv-memory-gb", "0.05",
-                      "--enable-invariant-checks", "--max-stored-responses", str(STORED),
-                      env={"RADIXLM_API_KEY": USER, "RADIXLM_ADMIN_API_KEY": ADMIN})
+    s = ServerProcess(
+        "--model-path",
+        tiny_model_dir,
+        "--num-threads",
+        "1",
+        "--kv-memory-gb",
+        "0.05",
+        "--enable-invariant-checks",
+        "--max-stored-responses",
+        str(STORED),
+        env={"RADIXLM_API_KEY": USER, "RADIXLM_ADMIN_API_KEY": ADMIN},
+    )
     yield s
     s.stop()
 
@@ -39,25 +54,40 @@ def client(server):
 
 
 def chat(client, messages: list, max_tokens: int = GREEDY["max_output_tokens"]):
-    return client.chat.completions.create(model="m", messages=messages, temperature=0, max_completion_tokens=max_tokens)
+    return client.chat.completions.create(
+        model="m", messages=messages, temperature=0, max_completion_tokens=max_tokens
+    )
 
 
 def test_create_is_the_chat_answer(client):
     instructions, question = "Answer in one short sentence.", "What is the capital of France?"
     r = client.responses.create(model="m", instructions=instructions, input=question, **GREEDY)
-    ref = chat(client, [{"role": "system", "content": instructions}, {"role": "user", "content": question}])
+    ref = chat(
+        client, [{"role": "system", "content": instructions}, {"role": "user", "content": question}]
+    )
     want = ref.choices[0]
     assert r.id.startswith("resp_") and r.object == "response" and r.model == ref.model
-    assert [it.type for it in r.output] == ["message"] and r.output[0].content[0].type == "output_text"
+    assert [it.type for it in r.output] == ["message"] and r.output[0].content[
+        0
+    ].type == "output_text"
     assert r.output_text == want.message.content and r.output_text
     assert r.status == ("incomplete" if want.finish_reason == "length" else "completed")
     if want.finish_reason == "length":
         assert r.incomplete_details.reason == "max_output_tokens"
-    assert (r.usage.input_tokens, r.usage.output_tokens) == (ref.usage.prompt_tokens, ref.usage.completion_tokens)
+    assert (r.usage.input_tokens, r.usage.output_tokens) == (
+        ref.usage.prompt_tokens,
+        ref.usage.completion_tokens,
+    )
     assert r.instructions == instructions and r.max_output_tokens == GREEDY["max_output_tokens"]
     # The same conversation as input items (content parts) is the same prompt.
-    items = [{"type": "message", "role": "developer", "content": [{"type": "input_text", "text": instructions}]},
-             {"type": "message", "role": "user", "content": [{"type": "input_text", "text": question}]}]
+    items = [
+        {
+            "type": "message",
+            "role": "developer",
+            "content": [{"type": "input_text", "text": instructions}],
+        },
+        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": question}]},
+    ]
     r2 = client.responses.create(model="m", input=items, store=False, **GREEDY)
     assert r2.output_text == r.output_text and r2.usage.input_tokens == r.usage.input_tokens
 
@@ -70,12 +100,22 @@ def test_stream_events_in_openai_order(client):
     assert [e.sequence_number for e in events] == list(range(len(events)))
     deltas = types.count("response.output_text.delta")
     assert deltas >= 2, types
-    assert types == ["response.created", "response.in_progress", "response.output_item.added",
-                     "response.content_part.added"] + ["response.output_text.delta"] * deltas + \
-        ["response.output_text.done", "response.content_part.done", "response.output_item.done",
-         f"response.{'completed' if plain.status == 'completed' else 'incomplete'}"]
+    assert types == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ] + ["response.output_text.delta"] * deltas + [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        f"response.{'completed' if plain.status == 'completed' else 'incomplete'}",
+    ]
     final = events[-1].response
-    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == plain.output_text
+    assert (
+        "".join(e.delta for e in events if e.type == "response.output_text.delta")
+        == plain.output_text
+    )
     assert final.output_text == plain.output_text and events[-4].text == plain.output_text
     assert final.usage.output_tokens == plain.usage.output_tokens
     assert events[0].response.status == "in_progress" and events[0].response.id == final.id
@@ -90,9 +130,18 @@ def test_previous_response_id_reuses_the_cache(client):
     # The earlier turn is rendered as it was: its whole prompt comes from the radix cache.
     assert r2.usage.input_tokens_details.cached_tokens >= r1.usage.input_tokens > 0
     assert r2.previous_response_id == r1.id
-    ref = chat(client, [{"role": "user", "content": first}, {"role": "assistant", "content": r1.output_text},
-                        {"role": "user", "content": second}])
-    assert r2.usage.input_tokens == ref.usage.prompt_tokens and r2.output_text == ref.choices[0].message.content
+    ref = chat(
+        client,
+        [
+            {"role": "user", "content": first},
+            {"role": "assistant", "content": r1.output_text},
+            {"role": "user", "content": second},
+        ],
+    )
+    assert (
+        r2.usage.input_tokens == ref.usage.prompt_tokens
+        and r2.output_text == ref.choices[0].message.content
+    )
     # A chain continues from the latest turn.
     r3 = client.responses.create(model="m", previous_response_id=r2.id, input="Thanks.", **GREEDY)
     assert r3.usage.input_tokens_details.cached_tokens >= r2.usage.input_tokens
@@ -106,7 +155,9 @@ def test_store_retrieve_delete_and_keys(server, client):
     with pytest.raises(openai.NotFoundError):
         other.responses.retrieve(kept.id)
     with pytest.raises(openai.NotFoundError) as e:
-        other.responses.create(model="m", previous_response_id=kept.id, input="x", max_output_tokens=1)
+        other.responses.create(
+            model="m", previous_response_id=kept.id, input="x", max_output_tokens=1
+        )
     assert e.value.body["param"] == "previous_response_id"
     with pytest.raises(openai.NotFoundError):
         other.responses.delete(kept.id)
@@ -123,49 +174,84 @@ def test_store_retrieve_delete_and_keys(server, client):
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(gone.id)
     with pytest.raises(openai.NotFoundError):
-        client.responses.create(model="m", previous_response_id=gone.id, input="x", max_output_tokens=1)
+        client.responses.create(
+            model="m", previous_response_id=gone.id, input="x", max_output_tokens=1
+        )
     # Bounded: the least recently used goes first.
-    ids = [client.responses.create(model="m", input=f"Count to {i}", max_output_tokens=1).id for i in range(STORED + 1)]
+    ids = [
+        client.responses.create(model="m", input=f"Count to {i}", max_output_tokens=1).id
+        for i in range(STORED + 1)
+    ]
     with pytest.raises(openai.NotFoundError):
         client.responses.retrieve(ids[0])
     assert [client.responses.retrieve(i).id for i in ids[1:]] == ids[1:]
 
 
 def test_json_schema_text_format(client):
-    schema = {"type": "object", "properties": {"capital": {"type": "string", "maxLength": 16}},
-              "required": ["capital"], "additionalProperties": False}
-    r = client.responses.create(model="m", input="The capital of France, as JSON.", temperature=0,
-                                max_output_tokens=40, store=False,
-                                text={"format": {"type": "json_schema", "name": "capital", "schema": schema,
-                                                 "strict": True}})
+    schema = {
+        "type": "object",
+        "properties": {"capital": {"type": "string", "maxLength": 16}},
+        "required": ["capital"],
+        "additionalProperties": False,
+    }
+    r = client.responses.create(
+        model="m",
+        input="The capital of France, as JSON.",
+        temperature=0,
+        max_output_tokens=40,
+        store=False,
+        text={
+            "format": {"type": "json_schema", "name": "capital", "schema": schema, "strict": True}
+        },
+    )
     assert r.status == "completed", r.output_text
     jsonschema.validate(json.loads(r.output_text), schema)
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"input": 5}, "input"),
-    ({"input": "hi", "unknown_field": 1}, "unknown_field"),
-    ({"input": "hi", "max_output_tokens": -1}, "max_output_tokens"),
-    ({"input": "hi", "max_output_tokens": 10**6}, "max_output_tokens"),
-    ({"input": [{"type": "function_call_output", "call_id": "call_x", "output": "y"}]}, "input.0.call_id"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, "input.0.content.0.type"),
-    ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0.type"),
-    ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
-    ({"input": "hi", "reasoning": {"effort": "huge"}}, "reasoning.effort"),
-    ({"input": "hi", "background": True}, "background"),
-    ({"input": "hi", "temperature": -1}, "temperature"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"input": 5}, "input"),
+        ({"input": "hi", "unknown_field": 1}, "unknown_field"),
+        ({"input": "hi", "max_output_tokens": -1}, "max_output_tokens"),
+        ({"input": "hi", "max_output_tokens": 10**6}, "max_output_tokens"),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "call_x", "output": "y"}]},
+            "input.0.call_id",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
+            "input.0.content.0.type",
+        ),
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0.type"),
+        (
+            {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}},
+            "text.format.schema",
+        ),
+        ({"input": "hi", "reasoning": {"effort": "huge"}}, "reasoning.effort"),
+        ({"input": "hi", "background": True}, "background"),
+        ({"input": "hi", "temperature": -1}, "temperature"),
+    ],
+)
 def test_bad_input_is_a_400_naming_the_field(server, body, param):
-    r = requests.post(server.url + "/v1/responses", json=body, headers={"Authorization": f"Bearer {USER}"},
-                      timeout=60)
+    r = requests.post(
+        server.url + "/v1/responses",
+        json=body,
+        headers={"Authorization": f"Bearer {USER}"},
+        timeout=60,
+    )
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
 
 
 def test_unknown_previous_response_is_a_404_naming_it(client):
     with pytest.raises(openai.NotFoundError) as e:
         client.responses.create(model="m", previous_response_id="resp_nope", input="x")
-    assert e.value.body["param"] == "previous_response_id" and "resp_nope" in e.value.body["message"]
-    assert client.responses.create(model="m", input="Hi", max_output_tokens=1, store=False).status  # still serving
+    assert (
+        e.value.body["param"] == "previous_response_id" and "resp_nope" in e.value.body["message"]
+    )
+    assert client.responses.create(
+        model="m", input="Hi", max_output_tokens=1, store=False
+    ).status  # still serving
 
 
 def _call_of(response):
@@ -176,10 +262,23 @@ def _call_of(response):
 
 def test_function_tool_required_gives_a_valid_call_and_continues(client):
     """Needs tool calls in the chat pipeline (issue 48's tool-calling part)."""
-    tools = [{"type": "function", "name": "get_weather", "description": "The weather in a city.",
-              "parameters": WEATHER, "strict": True}]
-    kw = dict(model="m", input="What is the weather in Paris?", tools=tools, tool_choice="required",
-              temperature=0, max_output_tokens=60)
+    tools = [
+        {
+            "type": "function",
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": WEATHER,
+            "strict": True,
+        }
+    ]
+    kw = dict(
+        model="m",
+        input="What is the weather in Paris?",
+        tools=tools,
+        tool_choice="required",
+        temperature=0,
+        max_output_tokens=60,
+    )
     r = client.responses.create(**kw)
     call = _call_of(r)
     calls = [it for it in r.output if it.type == "function_call"]  # the model may make several
@@ -195,10 +294,18 @@ def test_function_tool_required_gives_a_valid_call_and_continues(client):
             pieces[e.output_index] = pieces.get(e.output_index, "") + e.delta
     assert list(pieces.values()) == [c.arguments for c in calls]
     assert [e.arguments for e in events if e.type == "response.function_call_arguments.done"] == [
-        c.arguments for c in calls]
+        c.arguments for c in calls
+    ]
     # The tool's result continues the conversation from the cache (tool_choice "auto" renders the
-    # tools as "required" did; "none" renders none, as SGLang, so its prompt would differ from the start).
-    r2 = client.responses.create(model="m", previous_response_id=r.id, tools=tools, temperature=0,
-                                 max_output_tokens=8, tool_choice="auto",
-                                 input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    # tools as "required" did; "none" renders none, as SGLang, so its prompt would differ from the
+    # start).
+    r2 = client.responses.create(
+        model="m",
+        previous_response_id=r.id,
+        tools=tools,
+        temperature=0,
+        max_output_tokens=8,
+        tool_choice="auto",
+        input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
+    )
     assert r2.usage.input_tokens_details.cached_tokens >= r.usage.input_tokens

@@ -58,23 +58,42 @@ def client(server):
 
 
 def completion(server, extra_body=None, **kw) -> str:
-    out = client(server).completions.create(model=served(server), prompt=PROMPT, max_tokens=12, **kw,
-                                            extra_body={"ignore_eos": True, **(extra_body or {})})
+    out = client(server).completions.create(
+        model=served(server),
+        prompt=PROMPT,
+        max_tokens=12,
+        **kw,
+        extra_body={"ignore_eos": True, **(extra_body or {})},
+    )
     return out.choices[0].text
 
 
 def chat(server, **kw) -> str:
-    out = client(server).chat.completions.create(model=served(server), messages=[{"role": "user", "content": PROMPT}],
-                                                 max_tokens=12, **kw, extra_body={"ignore_eos": True})
+    out = client(server).chat.completions.create(
+        model=served(server),
+        messages=[{"role": "user", "content": PROMPT}],
+        max_tokens=12,
+        **kw,
+        extra_body={"ignore_eos": True},
+    )
     return out.choices[0].message.content
 
 
 def test_model_info_shows_what_requests_get(model_server, openai_server, gen_model_dir):
     with open(gen_model_dir + "/generation_config.json") as f:
-        on_file = {k: v for k, v in json.load(f).items() if k in ("temperature", "top_k", "top_p", "min_p",
-                                                                 "repetition_penalty")}
-    assert requests.get(model_server.url + "/get_model_info").json()["preferred_sampling_params"] == on_file
-    assert requests.get(openai_server.url + "/get_model_info").json()["preferred_sampling_params"] is None
+        on_file = {
+            k: v
+            for k, v in json.load(f).items()
+            if k in ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+        }
+    assert (
+        requests.get(model_server.url + "/get_model_info").json()["preferred_sampling_params"]
+        == on_file
+    )
+    assert (
+        requests.get(openai_server.url + "/get_model_info").json()["preferred_sampling_params"]
+        is None
+    )
 
 
 def test_a_request_without_sampling_parameters_is_greedy(model_server, openai_server):
@@ -95,20 +114,29 @@ def test_explicit_values_win_field_by_field(model_server, openai_server):
     from the file; an explicit temperature replaces the file's (other tokens for some seeds)."""
     for s in SEEDS:
         assert generate(model_server, top_k=50, sampling_seed=s) == generate(
-            openai_server, top_k=50, temperature=0.8, top_p=0.9, sampling_seed=s)
+            openai_server, top_k=50, temperature=0.8, top_p=0.9, sampling_seed=s
+        )
         assert generate(model_server, top_k=50, temperature=1.7, sampling_seed=s) == generate(
-            openai_server, top_k=50, temperature=1.7, top_p=0.9, sampling_seed=s)
-        assert completion(model_server, temperature=1.7, seed=s, extra_body={"top_k": 50}) == completion(
-            openai_server, temperature=1.7, top_p=0.9, seed=s, extra_body={"top_k": 50})
-    assert any(generate(model_server, top_k=50, temperature=1.7, sampling_seed=s)
-               != generate(model_server, top_k=50, sampling_seed=s) for s in SEEDS)
-    assert generate(model_server, temperature=None, sampling_seed=1) == generate(model_server, temperature=0)  # null: unset
+            openai_server, top_k=50, temperature=1.7, top_p=0.9, sampling_seed=s
+        )
+        assert completion(
+            model_server, temperature=1.7, seed=s, extra_body={"top_k": 50}
+        ) == completion(openai_server, temperature=1.7, top_p=0.9, seed=s, extra_body={"top_k": 50})
+    assert any(
+        generate(model_server, top_k=50, temperature=1.7, sampling_seed=s)
+        != generate(model_server, top_k=50, sampling_seed=s)
+        for s in SEEDS
+    )
+    assert generate(model_server, temperature=None, sampling_seed=1) == generate(
+        model_server, temperature=0
+    )  # null: unset
 
 
 def test_openai_mode_ignores_the_file(openai_server):
     for s in SEEDS[:3]:
         assert generate(openai_server, sampling_seed=s) == generate(
-            openai_server, temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, sampling_seed=s)
+            openai_server, temperature=1.0, top_p=1.0, top_k=-1, min_p=0.0, sampling_seed=s
+        )
 
 
 def test_gguf_sampling_metadata_reaches_the_engine(default_model_path, tmp_path):
@@ -123,13 +151,26 @@ def test_gguf_sampling_metadata_reaches_the_engine(default_model_path, tmp_path)
     path = str(tmp_path / "smollm2-top-k-1.gguf")
     reader = gguf.GGUFReader(default_model_path)
     writer = gguf.GGUFWriter(path, arch=reader.get_field(gguf.Keys.General.ARCHITECTURE).contents())
-    copy_with_new_metadata(reader, writer, {
-        gguf.Keys.General.SAMPLING_TOP_K: MetadataDetails(gguf.GGUFValueType.INT32, 1),
-        gguf.Keys.General.SAMPLING_TEMP: MetadataDetails(gguf.GGUFValueType.FLOAT32, 0.7)}, [])
-    with Engine(path, **engine_args(tokenizer_path=default_model_path)) as e:  # its tokenizer is cached
+    copy_with_new_metadata(
+        reader,
+        writer,
+        {
+            gguf.Keys.General.SAMPLING_TOP_K: MetadataDetails(gguf.GGUFValueType.INT32, 1),
+            gguf.Keys.General.SAMPLING_TEMP: MetadataDetails(gguf.GGUFValueType.FLOAT32, 0.7),
+        },
+        [],
+    )
+    with Engine(
+        path, **engine_args(tokenizer_path=default_model_path)
+    ) as e:  # its tokenizer is cached
         assert e.scheduler_info["sampling_defaults"] == {"top_k": 1, "temperature": 0.7}
         sp = {"max_new_tokens": 8, "ignore_eos": True}
         greedy = e.generate(PROMPT, {**sp, "temperature": 0})["output_ids"]
-        assert all(e.generate(PROMPT, {**sp, "sampling_seed": s})["output_ids"] == greedy for s in SEEDS[:4])
-        assert any(e.generate(PROMPT, {**sp, "top_k": -1, "sampling_seed": s})["output_ids"] != greedy
-                   for s in SEEDS[:4])
+        assert all(
+            e.generate(PROMPT, {**sp, "sampling_seed": s})["output_ids"] == greedy
+            for s in SEEDS[:4]
+        )
+        assert any(
+            e.generate(PROMPT, {**sp, "top_k": -1, "sampling_seed": s})["output_ids"] != greedy
+            for s in SEEDS[:4]
+        )

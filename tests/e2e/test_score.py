@@ -31,7 +31,9 @@ def tok(tiny_model_dir):
     return AutoTokenizer.from_pretrained(tiny_model_dir)
 
 
-def hf_scores(hf, prompts: list[list[int]], labels: list[int], apply_softmax: bool) -> list[list[float]]:
+def hf_scores(
+    hf, prompts: list[list[int]], labels: list[int], apply_softmax: bool
+) -> list[list[float]]:
     out = []
     with torch.no_grad():
         for ids in prompts:
@@ -55,8 +57,15 @@ def score(server, **body):
 @pytest.mark.parametrize("apply_softmax", [True, False])
 @pytest.mark.parametrize("item_first", [False, True])
 def test_score_equals_hf_softmax(server, tok, tiny_hf_model, apply_softmax, item_first):
-    r = score(server, query=QUERY, items=ITEMS, label_token_ids=LABELS, apply_softmax=apply_softmax,
-              item_first=item_first, model="my-model")
+    r = score(
+        server,
+        query=QUERY,
+        items=ITEMS,
+        label_token_ids=LABELS,
+        apply_softmax=apply_softmax,
+        item_first=item_first,
+        model="my-model",
+    )
     assert r.status_code == 200, r.text
     out = r.json()
     prompts = [tok.encode(i + QUERY if item_first else QUERY + i) for i in ITEMS]
@@ -72,7 +81,9 @@ def test_score_token_ids_through_the_engine(tiny_model_dir, tiny_hf_model):
     query, items = [5, 900, 77, 1203], [[44, 45], [3000], [12, 13, 14, 15]]
     with Engine(tiny_model_dir, **engine_args()) as engine:
         for apply_softmax in (True, False):
-            got = engine.score(query=query, items=items, label_token_ids=LABELS, apply_softmax=apply_softmax)
+            got = engine.score(
+                query=query, items=items, label_token_ids=LABELS, apply_softmax=apply_softmax
+            )
             want = hf_scores(tiny_hf_model, [query + i for i in items], LABELS, apply_softmax)
             assert_close(got.scores, want)
             assert got.prompt_tokens == sum(len(query) + len(i) for i in items)
@@ -80,18 +91,24 @@ def test_score_token_ids_through_the_engine(tiny_model_dir, tiny_hf_model):
             engine.score(query=query, items=items, label_token_ids=[10**7])
 
 
-@pytest.mark.parametrize("body, field", [
-    ({"query": "q", "items": ["a"], "label_token_ids": [10**7]}, "label_token_ids"),
-    ({"query": "q", "items": ["a"], "label_token_ids": [-1]}, "label_token_ids"),
-    ({"query": "q", "items": ["a"], "label_token_ids": ["5"]}, "label_token_ids"),
-    ({"query": "q", "items": ["a"]}, "label_token_ids"),
-    ({"query": "q", "label_token_ids": [5]}, "items"),
-    ({"query": "q", "items": [[1, 2]], "label_token_ids": [5]}, "items"),
-    ({"query": [1, 2], "items": [[3], [10**7]], "label_token_ids": [5]}, "items"),
-    ({"query": "q", "items": ["a"], "label_token_ids": [5], "apply_softmax": "yes"}, "apply_softmax"),
-    ({"query": "q", "items": ["a"], "label_token_ids": [5], "labels": [5]}, "labels"),
-    ({"query": "q", "items": ["a"] * 300, "label_token_ids": list(range(5))}, "items"),
-])
+@pytest.mark.parametrize(
+    "body, field",
+    [
+        ({"query": "q", "items": ["a"], "label_token_ids": [10**7]}, "label_token_ids"),
+        ({"query": "q", "items": ["a"], "label_token_ids": [-1]}, "label_token_ids"),
+        ({"query": "q", "items": ["a"], "label_token_ids": ["5"]}, "label_token_ids"),
+        ({"query": "q", "items": ["a"]}, "label_token_ids"),
+        ({"query": "q", "label_token_ids": [5]}, "items"),
+        ({"query": "q", "items": [[1, 2]], "label_token_ids": [5]}, "items"),
+        ({"query": [1, 2], "items": [[3], [10**7]], "label_token_ids": [5]}, "items"),
+        (
+            {"query": "q", "items": ["a"], "label_token_ids": [5], "apply_softmax": "yes"},
+            "apply_softmax",
+        ),
+        ({"query": "q", "items": ["a"], "label_token_ids": [5], "labels": [5]}, "labels"),
+        ({"query": "q", "items": ["a"] * 300, "label_token_ids": list(range(5))}, "items"),
+    ],
+)
 def test_bad_score_requests_are_400_naming_the_field(server, body, field):
     r = score(server, **body)
     assert r.status_code == 400, r.text

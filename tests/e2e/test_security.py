@@ -34,18 +34,44 @@ def keyed(tiny_model_dir):
 
 
 def _routes(url: str) -> list[tuple[str, str]]:
-    spec = requests.get(url + "/openapi.json", headers={"Authorization": f"Bearer {KEY}"}, timeout=10).json()
-    out = [(m.upper(), re.sub(r"\{[^}]+\}", "x", path)) for path, ops in spec["paths"].items() for m in ops]
+    spec = requests.get(
+        url + "/openapi.json", headers={"Authorization": f"Bearer {KEY}"}, timeout=10
+    ).json()
+    out = [
+        (m.upper(), re.sub(r"\{[^}]+\}", "x", path))
+        for path, ops in spec["paths"].items()
+        for m in ops
+    ]
     # Routes FastAPI and the metrics mount add outside the schema.
-    return out + [("GET", "/openapi.json"), ("GET", "/docs"), ("GET", "/redoc"), ("GET", "/metrics")]
+    return out + [
+        ("GET", "/openapi.json"),
+        ("GET", "/docs"),
+        ("GET", "/redoc"),
+        ("GET", "/metrics"),
+    ]
 
 
 def test_every_route_but_health_needs_the_key(keyed):
     routes = _routes(keyed.url)
     paths = {p for _, p in routes}
-    assert {"/generate", "/v1/chat/completions", "/flush_cache", "/abort_request", "/get_server_info",
-            "/v1/models", "/metrics"} <= paths
-    wrong = [None, "Bearer wrong", f"Bearer {KEY[:-1]}", f"Bearer {KEY}x", f"Bearer {KEY.upper()}", KEY, f"Basic {KEY}"]
+    assert {
+        "/generate",
+        "/v1/chat/completions",
+        "/flush_cache",
+        "/abort_request",
+        "/get_server_info",
+        "/v1/models",
+        "/metrics",
+    } <= paths
+    wrong = [
+        None,
+        "Bearer wrong",
+        f"Bearer {KEY[:-1]}",
+        f"Bearer {KEY}x",
+        f"Bearer {KEY.upper()}",
+        KEY,
+        f"Basic {KEY}",
+    ]
     for method, path in routes:
         for auth in wrong:
             headers = {"Authorization": auth} if auth else {}
@@ -60,9 +86,18 @@ def test_every_route_but_health_needs_the_key(keyed):
     # An admin action: without --admin-api-key nobody may (the user key is a user's).
     flush = requests.post(keyed.url + "/flush_cache", headers=ok, timeout=10)
     assert flush.status_code == 403 and "--admin-api-key" in flush.json()["error"]["message"]
-    assert requests.post(keyed.url + "/abort_request", json={"rid": "none"}, headers=ok, timeout=10).status_code == 200
-    r = requests.post(keyed.url + "/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 2}},
-                      headers=ok, timeout=60)
+    assert (
+        requests.post(
+            keyed.url + "/abort_request", json={"rid": "none"}, headers=ok, timeout=10
+        ).status_code
+        == 200
+    )
+    r = requests.post(
+        keyed.url + "/generate",
+        json={"text": "hi", "sampling_params": {"max_new_tokens": 2}},
+        headers=ok,
+        timeout=60,
+    )
     assert r.status_code == 200
     info = requests.get(keyed.url + "/get_server_info", headers=ok, timeout=10).json()
     assert info["api_key"] == "***"  # the key is never echoed
@@ -76,9 +111,17 @@ def test_error_bodies_from_every_layer_carry_no_trace_or_path(keyed):
         ("/generate", {"text": "x", "sampling_params": {"ebnf": "root ::= undefined_rule"}}),
         ("/generate", {"text": "x", "sampling_params": {"stop_regex": "(?P<"}}),
         ("/generate", {"input_ids": [10**9]}),
-        ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}],
-                                  "chat_template_kwargs": {"add_generation_prompt": "not a bool", "x": {"y": 1}},
-                                  "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": 5}}}}),
+        (
+            "/v1/chat/completions",
+            {
+                "messages": [{"role": "user", "content": "hi"}],
+                "chat_template_kwargs": {"add_generation_prompt": "not a bool", "x": {"y": 1}},
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "a", "schema": {"type": 5}},
+                },
+            },
+        ),
         ("/v1/completions", {"prompt": "x", "max_tokens": -1}),
         ("/v1/completions", {"prompt": "x", "logprobs": 10**6}),
     ]
@@ -87,7 +130,12 @@ def test_error_bodies_from_every_layer_carry_no_trace_or_path(keyed):
         assert 400 <= r.status_code < 500, (path, body, r.status_code, r.text)
         assert r.json()["error"]["message"]
         _no_leak(r.text)
-    r = requests.post(keyed.url + "/generate", data=b"{", headers={**ok, "Content-Type": "application/json"}, timeout=10)
+    r = requests.post(
+        keyed.url + "/generate",
+        data=b"{",
+        headers={**ok, "Content-Type": "application/json"},
+        timeout=10,
+    )
     assert r.status_code == 400
     _no_leak(r.text)
 
@@ -103,7 +151,9 @@ def test_an_internal_error_is_a_500_without_details():
 
     @app.get("/boom")
     async def boom():
-        raise RuntimeError('File "/root/secret/radixlm/model.py", line 3: cannot open /home/user/weights.bin')
+        raise RuntimeError(
+            'File "/root/secret/radixlm/model.py", line 3: cannot open /home/user/weights.bin'
+        )
 
     client = TestClient(app, raise_server_exceptions=False)  # not entered: no lifespan, no engine
     r = client.get("/boom")
@@ -130,13 +180,23 @@ def test_key_comparison_is_constant_time(monkeypatch):
 
     def call(path, auth):
         async def go():
-            async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
-                return await c.get(path, headers={"Authorization": auth} if auth is not None else {})
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=app), base_url="http://t"
+            ) as c:
+                return await c.get(
+                    path, headers={"Authorization": auth} if auth is not None else {}
+                )
 
         return asyncio.run(go())
 
-    cases = {f"Bearer {KEY}": 200, f"Bearer {KEY[:-1]}X": 401, f"Bearer {KEY[:3]}": 401, f"Bearer {KEY}{KEY}": 401,
-             "": 401, None: 401}
+    cases = {
+        f"Bearer {KEY}": 200,
+        f"Bearer {KEY[:-1]}X": 401,
+        f"Bearer {KEY[:3]}": 401,
+        f"Bearer {KEY}{KEY}": 401,
+        "": 401,
+        None: 401,
+    }
     for auth, status in cases.items():
         calls.clear()
         assert call("/x", auth).status_code == status
@@ -149,8 +209,11 @@ def test_loopback_by_default(tiny_model_dir):
     assert ServerArgs().host == "127.0.0.1" and RouterArgs(worker_urls=[]).host == "127.0.0.1"
     s = ServerProcess("--model-path", tiny_model_dir, *TINY)  # no --host
     try:
-        listening = [c.laddr for c in psutil.Process(s.proc.pid).net_connections(kind="inet")
-                     if c.status == psutil.CONN_LISTEN]
+        listening = [
+            c.laddr
+            for c in psutil.Process(s.proc.pid).net_connections(kind="inet")
+            if c.status == psutil.CONN_LISTEN
+        ]
         assert listening and all(a.ip == "127.0.0.1" for a in listening), listening
     finally:
         s.stop()

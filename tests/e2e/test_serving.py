@@ -1,4 +1,5 @@
-"""Serving behaviour on a tiny model: API key, queue limit, process lifecycle, metrics (faults: test_faults.py)."""
+"""Serving behaviour on a tiny model: API key, queue limit, process lifecycle, metrics (faults:
+test_faults.py)."""
 
 import signal
 import threading
@@ -23,7 +24,10 @@ def test_api_key(tiny_model_dir):
         assert gen(s.url).status_code == 401
         r = gen(s.url, {"Authorization": "Bearer wrong"})
         assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
-        assert requests.get(s.url + "/v1/models", headers={"Authorization": "Bearer nope"}).status_code == 401
+        assert (
+            requests.get(s.url + "/v1/models", headers={"Authorization": "Bearer nope"}).status_code
+            == 401
+        )
         assert gen(s.url, {"Authorization": "Bearer sekret"}).status_code == 200
         assert requests.get(s.url + "/health").status_code == 200  # liveness needs no key
     finally:
@@ -31,7 +35,15 @@ def test_api_key(tiny_model_dir):
 
 
 def test_queue_limit_429_then_serves_again(tiny_model_dir):
-    s = ServerProcess("--model-path", tiny_model_dir, "--max-running-requests", "1", "--max-queued-requests", "1", *TINY)
+    s = ServerProcess(
+        "--model-path",
+        tiny_model_dir,
+        "--max-running-requests",
+        "1",
+        "--max-queued-requests",
+        "1",
+        *TINY,
+    )
     try:
         results = {}
 
@@ -57,7 +69,11 @@ def test_metrics(tiny_model_dir):
     try:
         prefix = "the same long prefix " * 20
         for q in ("a?", "b?"):
-            requests.post(s.url + "/generate", json={"text": prefix + q, "sampling_params": {"max_new_tokens": 3}}, timeout=60)
+            requests.post(
+                s.url + "/generate",
+                json={"text": prefix + q, "sampling_params": {"max_new_tokens": 3}},
+                timeout=60,
+            )
         text = requests.get(s.url + "/metrics").text
 
         def value(name):
@@ -95,18 +111,40 @@ def test_start_stop_ten_times_leaves_no_process(tiny_model_dir):
 def test_speculative_stats_over_http(tiny_model_dir):
     """A prompt sent twice with radix drafts: the second answer is the first (greedy), drafted
     from the tree and accepted; meta_info, /get_server_info and /metrics agree on the counts."""
-    s = ServerProcess("--model-path", tiny_model_dir, "--enable-metrics", "--speculative-algorithm", "radix", *TINY)
+    s = ServerProcess(
+        "--model-path",
+        tiny_model_dir,
+        "--enable-metrics",
+        "--speculative-algorithm",
+        "radix",
+        *TINY,
+    )
     try:
-        body = {"input_ids": list(range(300, 340)), "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}}
-        first, second = (requests.post(s.url + "/generate", json=body, timeout=60).json() for _ in range(2))
+        body = {
+            "input_ids": list(range(300, 340)),
+            "sampling_params": {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True},
+        }
+        first, second = (
+            requests.post(s.url + "/generate", json=body, timeout=60).json() for _ in range(2)
+        )
         assert second["output_ids"] == first["output_ids"]
         m1, m2 = first["meta_info"], second["meta_info"]
-        assert m1["spec_accepted_tokens"] == 0 and m2["spec_accepted_tokens"] > 0 and m2["spec_verify_ct"] > 0
+        assert (
+            m1["spec_accepted_tokens"] == 0
+            and m2["spec_accepted_tokens"] > 0
+            and m2["spec_verify_ct"] > 0
+        )
         st = requests.get(s.url + "/get_server_info", timeout=10).json()["internal_state"]
         assert st["spec_accepted_tokens"] == m2["spec_accepted_tokens"]
-        assert st["spec_accept_length"] == round((st["spec_accepted_tokens"] + m2["spec_verify_ct"]) / m2["spec_verify_ct"], 3)
+        assert st["spec_accept_length"] == round(
+            (st["spec_accepted_tokens"] + m2["spec_verify_ct"]) / m2["spec_verify_ct"], 3
+        )
         text = requests.get(s.url + "/metrics").text
-        metric = {ln.split(" ")[0]: float(ln.rsplit(" ", 1)[1]) for ln in text.splitlines() if ln.startswith("radixlm:spec")}
+        metric = {
+            ln.split(" ")[0]: float(ln.rsplit(" ", 1)[1])
+            for ln in text.splitlines()
+            if ln.startswith("radixlm:spec")
+        }
         assert metric["radixlm:spec_accepted_tokens_total"] == m2["spec_accepted_tokens"]
         assert metric["radixlm:spec_verify_steps_total"] == m2["spec_verify_ct"]
         assert metric["radixlm:spec_accept_length"] == st["spec_accept_length"] > 1

@@ -18,8 +18,17 @@ TURN_NEW, TURN_OUT, TURNS = 12, 6, 10
 
 @pytest.fixture(scope="module")
 def tiny(tiny_model_dir):
-    s = ServerProcess("--model-path", tiny_model_dir, "--num-threads", "1", "--max-total-tokens", str(POOL),
-                      "--enable-invariant-checks", "--max-sessions-per-key", "3")
+    s = ServerProcess(
+        "--model-path",
+        tiny_model_dir,
+        "--num-threads",
+        "1",
+        "--max-total-tokens",
+        str(POOL),
+        "--enable-invariant-checks",
+        "--max-sessions-per-key",
+        "3",
+    )
     yield s
     s.stop()
 
@@ -52,7 +61,11 @@ class Pressure:
 
     def one(self, rng: random.Random) -> None:
         ids = [rng.randrange(100, 20000) for _ in range(120)]
-        r = post(self.url, "/generate", {"input_ids": ids, "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}})
+        r = post(
+            self.url,
+            "/generate",
+            {"input_ids": ids, "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}},
+        )
         if r.status_code != 200:
             self.errors.append(r.text)
 
@@ -113,14 +126,27 @@ def test_ten_turns_under_pressure_stay_cached_and_close_frees_them(tiny):
     history = []
     with Pressure(url, 1) as pressure:
         for k in range(TURNS):
-            out = post(url, "/generate", {"input_ids": turn_ids(k), "sampling_params": SAMPLING,
-                                          "session_params": {"id": sid}}).json()
+            out = post(
+                url,
+                "/generate",
+                {
+                    "input_ids": turn_ids(k),
+                    "sampling_params": SAMPLING,
+                    "session_params": {"id": sid},
+                },
+            ).json()
             meta = out["meta_info"]
             # The prompt is the whole history plus the new turn; every earlier turn's KV is reused
             # (all but the last output token of the turn before, which no step has computed).
             assert meta["prompt_tokens"] == len(history) + TURN_NEW
-            assert meta["cached_tokens"] >= len(history) - 1, (k, meta["cached_tokens"], len(history))
-            assert out["output_ids"] == plain_outputs[k]  # the same prompt as the plain conversation's
+            assert meta["cached_tokens"] >= len(history) - 1, (
+                k,
+                meta["cached_tokens"],
+                len(history),
+            )
+            assert (
+                out["output_ids"] == plain_outputs[k]
+            )  # the same prompt as the plain conversation's
             history += turn_ids(k) + out["output_ids"]
             pressure.burst()
     st = wait_idle(url)
@@ -148,8 +174,11 @@ def test_timeout_unpins(tiny):
     url = tiny.url
     sid = post(url, "/open_session", {"capacity_of_str_len": 1000, "timeout": 1.0}).json()
     for k in range(2):
-        r = post(url, "/generate", {"input_ids": turn_ids(k), "sampling_params": SAMPLING,
-                                    "session_params": {"id": sid}})
+        r = post(
+            url,
+            "/generate",
+            {"input_ids": turn_ids(k), "sampling_params": SAMPLING, "session_params": {"id": sid}},
+        )
         assert r.status_code == 200, r.text
     assert state(url)["pinned_sessions"] == 1
     st = wait_until(url, lambda s: s["pinned_sessions"] == 0)
@@ -160,12 +189,20 @@ def test_timeout_unpins(tiny):
 
 
 def test_branching_fields(tiny):
-    """rid picks the turn to continue, offset cuts its tokens, drop_previous_output keeps its prompt."""
+    """rid picks the turn to continue, offset cuts its tokens, drop_previous_output keeps its
+    prompt."""
     url = tiny.url
     sid = post(url, "/open_session", {}).json()
     try:
-        gen = lambda ids, **p: post(url, "/generate", {  # noqa: E731
-            "input_ids": ids, "sampling_params": SAMPLING, "session_params": {"id": sid, **p}})
+        gen = lambda ids, **p: post(
+            url,
+            "/generate",
+            {
+                "input_ids": ids,
+                "sampling_params": SAMPLING,
+                "session_params": {"id": sid, **p},
+            },
+        )
         a = gen([7, 8, 9], rid=None).json()
         rid_a = a["meta_info"]["id"]
         b = gen([10, 11]).json()
@@ -174,9 +211,13 @@ def test_branching_fields(tiny):
         assert c["meta_info"]["prompt_tokens"] == 4
         d = gen([13], rid=rid_a, offset=2).json()
         assert d["meta_info"]["prompt_tokens"] == 3
-        for params, field in [({"rid": "nope"}, "session_params.rid"), ({"offset": 99}, "session_params.offset"),
-                              ({"offset": -1}, "session_params.offset"), ({"replace": "yes"}, "session_params.replace"),
-                              ({"colour": 1}, "session_params.colour")]:
+        for params, field in [
+            ({"rid": "nope"}, "session_params.rid"),
+            ({"offset": 99}, "session_params.offset"),
+            ({"offset": -1}, "session_params.offset"),
+            ({"replace": "yes"}, "session_params.replace"),
+            ({"colour": 1}, "session_params.colour"),
+        ]:
             r = gen([1], **params)
             assert r.status_code == 400 and r.json()["error"]["param"] == field, (params, r.text)
         r = post(url, "/generate", {"input_ids": [1], "session_params": {"id": "unknown"}})
@@ -184,12 +225,27 @@ def test_branching_fields(tiny):
         r = post(url, "/generate", {"input_ids": [[1], [2]], "session_params": {"id": sid}})
         assert r.status_code == 400
         # Streamed: a turn like the others; a bad one is refused before the stream starts.
-        with requests.post(url + "/generate", json={"input_ids": [14], "sampling_params": SAMPLING, "stream": True,
-                                                     "session_params": {"id": sid}}, stream=True, timeout=120) as r:
+        with requests.post(
+            url + "/generate",
+            json={
+                "input_ids": [14],
+                "sampling_params": SAMPLING,
+                "stream": True,
+                "session_params": {"id": sid},
+            },
+            stream=True,
+            timeout=120,
+        ) as r:
             chunks = [ln for ln in r.iter_lines(decode_unicode=True) if ln.startswith("data: {")]
-        last = json.loads(chunks[-1][len("data: "):])
-        assert r.status_code == 200 and last["meta_info"]["prompt_tokens"] == 3 + TURN_OUT + 1  # after turn d
-        r = post(url, "/generate", {"input_ids": [1], "stream": True, "session_params": {"id": sid, "rid": "x"}})
+        last = json.loads(chunks[-1][len("data: ") :])
+        assert (
+            r.status_code == 200 and last["meta_info"]["prompt_tokens"] == 3 + TURN_OUT + 1
+        )  # after turn d
+        r = post(
+            url,
+            "/generate",
+            {"input_ids": [1], "stream": True, "session_params": {"id": sid, "rid": "x"}},
+        )
         assert r.status_code == 400 and r.json()["error"]["param"] == "session_params.rid"
     finally:
         post(url, "/close_session", {"session_id": sid})
@@ -208,12 +264,21 @@ def test_open_limits_and_bad_fields(tiny):
     finally:
         for sid in ids:
             post(url, "/close_session", {"session_id": sid})
-    for body, field in [({"capacity_of_str_len": 0}, "capacity_of_str_len"), ({"timeout": -1}, "timeout"),
-                        ({"session_id": ""}, "session_id"), ({"streaming": True}, "streaming")]:
+    for body, field in [
+        ({"capacity_of_str_len": 0}, "capacity_of_str_len"),
+        ({"timeout": -1}, "timeout"),
+        ({"session_id": ""}, "session_id"),
+        ({"streaming": True}, "streaming"),
+    ]:
         r = post(url, "/open_session", body)
         assert r.status_code == 400 and r.json()["error"]["param"] == field, (body, r.text)
-    for path, body in [("/open_session", []), ("/open_session", {"session_id": 5}), ("/close_session", {}),
-                       ("/close_session", {"session_id": ["x"]}), ("/open_session", {"timeout": 10**400})]:
+    for path, body in [
+        ("/open_session", []),
+        ("/open_session", {"session_id": 5}),
+        ("/close_session", {}),
+        ("/close_session", {"session_id": ["x"]}),
+        ("/open_session", {"timeout": 10**400}),
+    ]:
         r = post(url, path, body)
         assert r.status_code in (200, 400), (path, body, r.text)
         if r.status_code == 200 and path == "/open_session":

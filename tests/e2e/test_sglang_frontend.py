@@ -16,20 +16,28 @@ import requests
 
 PROGRAMS = Path(__file__).with_name("sglang_programs.py")
 sys.path.insert(0, str(PROGRAMS.parent))
-from sglang_programs import CITY_SCHEMA, IP_REGEX  # noqa: E402  (constants only: sglang loads in main())
+from sglang_programs import (  # noqa: E402 (after the sys.path insert above)
+    CITY_SCHEMA,
+    IP_REGEX,
+)
 
 
 @pytest.fixture(scope="module")
 def results(server):
     assert "sglang" not in sys.modules  # the frontend runs in its own process
-    proc = subprocess.run([sys.executable, str(PROGRAMS), server.url], capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(PROGRAMS), server.url], capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def native(server, text, **sp):
-    r = requests.post(server.url + "/generate", json={"text": text, "sampling_params": {"temperature": 0, **sp}},
-                      timeout=120)
+    r = requests.post(
+        server.url + "/generate",
+        json={"text": text, "sampling_params": {"temperature": 0, **sp}},
+        timeout=120,
+    )
     assert r.status_code == 200, r.text
     return r.json()["text"]
 
@@ -44,7 +52,13 @@ def test_gen_stream_and_run_batch(server, results):
 
 def test_multi_turn_roles(server, results):
     mt = results["multi_turn"]
-    assert [m["role"] for m in mt["messages"]] == ["system", "user", "assistant", "user", "assistant"]
+    assert [m["role"] for m in mt["messages"]] == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
     text = mt["text"]
     for key in ("a1", "a2"):  # each answer is what the native API generates for the text before it
         before = text[: text.index(mt[key])]
@@ -54,7 +68,9 @@ def test_multi_turn_roles(server, results):
 def test_regex_json_and_typed_gen(server, results):
     ip = results["regex"]["ip"]
     assert re.fullmatch(IP_REGEX, ip)
-    assert ip == native(server, "The IP address of the Google DNS server is ", max_new_tokens=24, regex=IP_REGEX)
+    assert ip == native(
+        server, "The IP address of the Google DNS server is ", max_new_tokens=24, regex=IP_REGEX
+    )
     jsonschema.validate(json.loads(results["json"]["json"]), CITY_SCHEMA)
     assert re.fullmatch(r"[-+]?[0-9]+[ \n]*", results["typed"]["legs"])
 
@@ -75,12 +91,19 @@ def test_select_follows_the_prompt_logprobs(server, results):
     assert sel["color"] == choices[max(range(3), key=lambda i: norm[i])]
     prompt = "Q: What color is the sky on a clear day?\nA: "
     for c, lps in zip(choices, sel["meta"]["input_token_logprobs"]):
-        r = requests.post(server.url + "/generate", json={
-            "text": prompt + c, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
-            "logprob_start_len": 0}, timeout=60).json()
+        r = requests.post(
+            server.url + "/generate",
+            json={
+                "text": prompt + c,
+                "sampling_params": {"max_new_tokens": 0},
+                "return_logprob": True,
+                "logprob_start_len": 0,
+            },
+            timeout=60,
+        ).json()
         direct = r["meta_info"]["input_token_logprobs"]
-        assert [t[1] for t in lps] == [t[1] for t in direct[-len(lps):]]
-        assert [t[0] for t in lps] == pytest.approx([t[0] for t in direct[-len(lps):]], abs=1e-4)
+        assert [t[1] for t in lps] == [t[1] for t in direct[-len(lps) :]]
+        assert [t[0] for t in lps] == pytest.approx([t[0] for t in direct[-len(lps) :]], abs=1e-4)
 
 
 def test_stop_regex(server, results):

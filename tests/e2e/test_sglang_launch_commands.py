@@ -1,8 +1,8 @@
-"""SGLang's documented launch commands (sglang_launch_commands.yaml, copied from SGLang's docs) run as
-`radixlm serve`: `python -m sglang.launch_server` becomes `radixlm serve`, the model id a tiny random
-model's directory, the port a free one. Each either starts (/health 200, and a greedy request gives
-the tokens HF transformers' greedy decoding gives) or is refused with the one line the flag table
-(radixlm/sglang_flags.py) gives for one of its flags, exit 2, no traceback."""
+"""SGLang's documented launch commands (sglang_launch_commands.yaml, copied from SGLang's docs) run
+as `radixlm serve`: `python -m sglang.launch_server` becomes `radixlm serve`, the model id a tiny
+random model's directory, the port a free one. Each either starts (/health 200, and a greedy request
+gives the tokens HF transformers' greedy decoding gives) or is refused with the one line the flag
+table (radixlm/sglang_flags.py) gives for one of its flags, exit 2, no traceback."""
 
 from __future__ import annotations
 
@@ -27,16 +27,27 @@ NEW_TOKENS = 6
 
 @pytest.fixture(scope="module")
 def tp_model_dir(tmp_path_factory, default_model_path):
-    """A 2-layer Llama whose heads (12, 6 KV) and sizes split over the documented --tp 2 and --tp 6."""
+    """A 2-layer Llama whose heads (12, 6 KV) and sizes split over the documented --tp 2 and --tp
+    6."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     from radixlm.model.loader import load_tokenizer
 
     path = tmp_path_factory.mktemp("tiny-tp-llama")
     tok = load_tokenizer(default_model_path)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=192, intermediate_size=384, num_hidden_layers=2,
-                      num_attention_heads=12, num_key_value_heads=6, max_position_embeddings=1024,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, initializer_range=0.25)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=192,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=12,
+        num_key_value_heads=6,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        initializer_range=0.25,
+    )
     torch.manual_seed(0)
     LlamaForCausalLM(cfg).eval().save_pretrained(path)
     tok.save_pretrained(path)
@@ -51,16 +62,24 @@ def reference(tp_model_dir):
     ids = AutoTokenizer.from_pretrained(tp_model_dir)(PROMPT)["input_ids"]
     model = AutoModelForCausalLM.from_pretrained(tp_model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
-        out = model.generate(torch.tensor([ids]), max_new_tokens=NEW_TOKENS, do_sample=False,
-                             eos_token_id=None, pad_token_id=0)
-    return ids, out[0, len(ids):].tolist()
+        out = model.generate(
+            torch.tensor([ids]),
+            max_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return ids, out[0, len(ids) :].tolist()
 
 
 def radixlm_argv(case: dict, model_dir: str, tmp_path: Path) -> list[str]:
     """The command as `radixlm serve` arguments: the model replaced, --port dropped (the test picks
     one), a --config file written with its model replaced."""
     argv = shlex.split(case["command"])
-    assert argv[:3] in (["python", "-m", "sglang.launch_server"], ["python3", "-m", "sglang.launch_server"])
+    assert argv[:3] in (
+        ["python", "-m", "sglang.launch_server"],
+        ["python3", "-m", "sglang.launch_server"],
+    )
     out, rest = [], argv[3:]
     while rest:
         flag = rest.pop(0)
@@ -100,11 +119,24 @@ def expected_refusals(case: dict) -> set[str]:
             for refused in rule.refused:
                 if token == rule.flag and value in refused.values:
                     lines.add(f"radixlm: error: {token} {value}: {refused.why} ; {refused.instead}")
-    sizes = {dest: int(argv[argv.index(flag) + 1]) for flag, dest in
-             (("--tp", "tp_size"), ("--tp-size", "tp_size"), ("--dp", "dp_size"), ("--dp-size", "dp_size"))
-             if flag in argv}
-    parsed = SimpleNamespace(**{"tp_size": 1, "dp_size": 1, **sizes,
-                                "enable_dp_attention": "--enable-dp-attention" in argv})
+    sizes = {
+        dest: int(argv[argv.index(flag) + 1])
+        for flag, dest in (
+            ("--tp", "tp_size"),
+            ("--tp-size", "tp_size"),
+            ("--dp", "dp_size"),
+            ("--dp-size", "dp_size"),
+        )
+        if flag in argv
+    }
+    parsed = SimpleNamespace(
+        **{
+            "tp_size": 1,
+            "dp_size": 1,
+            **sizes,
+            "enable_dp_attention": "--enable-dp-attention" in argv,
+        }
+    )
     for combo in COMBINATIONS:  # flags refused together, with the sizes the command gives
         if combo.refuses(parsed):
             lines.add(f"radixlm: error: {combo.flag}: {combo.why} ; {combo.instead}")
@@ -112,8 +144,20 @@ def expected_refusals(case: dict) -> set[str]:
 
 
 def case_id(case: dict) -> str:
-    return " ".join(a for a in shlex.split(case["command"])[3:] if a.startswith("--") and a not in
-                    ("--model", "--model-path", "--host", "--port", "--trust-remote-code", "--device"))
+    return " ".join(
+        a
+        for a in shlex.split(case["command"])[3:]
+        if a.startswith("--")
+        and a
+        not in (
+            "--model",
+            "--model-path",
+            "--host",
+            "--port",
+            "--trust-remote-code",
+            "--device",
+        )
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
@@ -121,17 +165,34 @@ def test_sglang_launch_command(case, tp_model_dir, reference, tmp_path):
     argv = radixlm_argv(case, tp_model_dir, tmp_path)
     refusals = expected_refusals(case)
     if refusals:
-        r = subprocess.run([sys.executable, "-m", "radixlm.cli", "serve", *argv], capture_output=True, text=True,
-                           timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-m", "radixlm.cli", "serve", *argv],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         lines = [line for line in r.stderr.splitlines() if line.strip()]
-        assert r.returncode == 2 and len(lines) == 1 and lines[0] in refusals, (case["command"], r.stderr)
+        assert r.returncode == 2 and len(lines) == 1 and lines[0] in refusals, (
+            case["command"],
+            r.stderr,
+        )
         return
     server = ServerProcess(*argv, timeout=300)
     try:
         assert requests.get(server.url + "/health", timeout=10).status_code == 200
         ids, greedy = reference
-        out = requests.post(server.url + "/generate", timeout=120, json={
-            "input_ids": ids, "sampling_params": {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}})
+        out = requests.post(
+            server.url + "/generate",
+            timeout=120,
+            json={
+                "input_ids": ids,
+                "sampling_params": {
+                    "max_new_tokens": NEW_TOKENS,
+                    "temperature": 0,
+                    "ignore_eos": True,
+                },
+            },
+        )
         assert out.status_code == 200, out.text
         assert out.json()["output_ids"] == greedy, case["command"]
     finally:

@@ -14,60 +14,189 @@ import pytest
 
 from radixlm.server.process import ServerProcess
 
-S = {"type": "string", "maxLength": 24}  # bounded strings: a greedy small model may not stop on its own
+S = {
+    "type": "string",
+    "maxLength": 24,
+}  # bounded strings: a greedy small model may not stop on its own
 
 
 def fn(name, description, properties, required=None):
     params = {"type": "object", "properties": properties, "required": required or list(properties)}
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": params}}
+    return {
+        "type": "function",
+        "function": {"name": name, "description": description, "parameters": params},
+    }
 
 
 TOOLS = [
-    fn("get_weather", "Current weather in a city", {"city": S, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}}),
-    fn("add", "Add two integers", {"a": {"type": "integer", "minimum": -1000, "maximum": 1000},
-                                   "b": {"type": "integer", "minimum": -1000, "maximum": 1000}}),
-    fn("send_email", "Send an email", {"to": S, "subject": S, "urgent": {"type": "boolean"}}, ["to", "subject"]),
-    fn("search_web", "Search the web", {"query": S, "max_results": {"type": "integer", "minimum": 1, "maximum": 10}}),
-    fn("book_flight", "Book a flight", {"origin": S, "destination": S,
-                                        "passengers": {"type": "integer", "minimum": 1, "maximum": 9},
-                                        "cabin": {"type": "string", "enum": ["economy", "business", "first"]}}),
-    fn("create_event", "Create a calendar event", {"title": S, "when": {"type": "object", "properties": {
-        "day": {"type": "integer", "minimum": 1, "maximum": 31}, "month": {"type": "integer", "minimum": 1, "maximum": 12}},
-        "required": ["day", "month"]}}),
-    fn("set_timer", "Start a timer", {"minutes": {"type": "integer", "minimum": 1, "maximum": 120}}),
-    fn("translate", "Translate a text", {"text": S, "target": {"type": "string", "enum": ["fr", "de", "es", "ja"]}}),
-    fn("convert_currency", "Convert money", {"amount": {"type": "number", "minimum": 0, "maximum": 100000},
-                                              "from": {"type": "string", "enum": ["USD", "EUR", "JPY"]},
-                                              "to": {"type": "string", "enum": ["USD", "EUR", "JPY"]}}),
-    fn("add_todo", "Add items to the to-do list", {"items": {"type": "array", "items": S, "minItems": 1, "maxItems": 3}}),
-    fn("get_stock_price", "Stock price of a ticker", {"ticker": {"type": "string", "pattern": "^[A-Z]{1,5}$"}}),
-    fn("set_thermostat", "Set the thermostat", {"temperature": {"type": "number", "minimum": 10, "maximum": 30},
-                                                 "mode": {"type": "string", "enum": ["heat", "cool", "auto"]}}),
+    fn(
+        "get_weather",
+        "Current weather in a city",
+        {"city": S, "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+    ),
+    fn(
+        "add",
+        "Add two integers",
+        {
+            "a": {"type": "integer", "minimum": -1000, "maximum": 1000},
+            "b": {"type": "integer", "minimum": -1000, "maximum": 1000},
+        },
+    ),
+    fn(
+        "send_email",
+        "Send an email",
+        {"to": S, "subject": S, "urgent": {"type": "boolean"}},
+        ["to", "subject"],
+    ),
+    fn(
+        "search_web",
+        "Search the web",
+        {"query": S, "max_results": {"type": "integer", "minimum": 1, "maximum": 10}},
+    ),
+    fn(
+        "book_flight",
+        "Book a flight",
+        {
+            "origin": S,
+            "destination": S,
+            "passengers": {"type": "integer", "minimum": 1, "maximum": 9},
+            "cabin": {"type": "string", "enum": ["economy", "business", "first"]},
+        },
+    ),
+    fn(
+        "create_event",
+        "Create a calendar event",
+        {
+            "title": S,
+            "when": {
+                "type": "object",
+                "properties": {
+                    "day": {"type": "integer", "minimum": 1, "maximum": 31},
+                    "month": {"type": "integer", "minimum": 1, "maximum": 12},
+                },
+                "required": ["day", "month"],
+            },
+        },
+    ),
+    fn(
+        "set_timer", "Start a timer", {"minutes": {"type": "integer", "minimum": 1, "maximum": 120}}
+    ),
+    fn(
+        "translate",
+        "Translate a text",
+        {"text": S, "target": {"type": "string", "enum": ["fr", "de", "es", "ja"]}},
+    ),
+    fn(
+        "convert_currency",
+        "Convert money",
+        {
+            "amount": {"type": "number", "minimum": 0, "maximum": 100000},
+            "from": {"type": "string", "enum": ["USD", "EUR", "JPY"]},
+            "to": {"type": "string", "enum": ["USD", "EUR", "JPY"]},
+        },
+    ),
+    fn(
+        "add_todo",
+        "Add items to the to-do list",
+        {"items": {"type": "array", "items": S, "minItems": 1, "maxItems": 3}},
+    ),
+    fn(
+        "get_stock_price",
+        "Stock price of a ticker",
+        {"ticker": {"type": "string", "pattern": "^[A-Z]{1,5}$"}},
+    ),
+    fn(
+        "set_thermostat",
+        "Set the thermostat",
+        {
+            "temperature": {"type": "number", "minimum": 10, "maximum": 30},
+            "mode": {"type": "string", "enum": ["heat", "cool", "auto"]},
+        },
+    ),
     fn("play_music", "Play music", {"artist": S, "shuffle": {"type": "boolean"}}, ["artist"]),
-    fn("order_pizza", "Order pizza", {"size": {"type": "string", "enum": ["small", "medium", "large"]},
-                                      "toppings": {"type": "array", "items": {"type": "string", "enum": [
-                                          "cheese", "ham", "mushroom", "olive"]}, "maxItems": 3}}),
-    fn("find_restaurant", "Find a restaurant", {"location": {"type": "object", "properties": {"city": S, "zip": {
-        "type": "string", "pattern": "^[0-9]{5}$"}}, "required": ["city"]}, "cuisine": S}, ["location"]),
-    fn("rate_movie", "Rate a movie", {"title": S, "stars": {"type": "integer", "minimum": 1, "maximum": 5}}),
+    fn(
+        "order_pizza",
+        "Order pizza",
+        {
+            "size": {"type": "string", "enum": ["small", "medium", "large"]},
+            "toppings": {
+                "type": "array",
+                "items": {"type": "string", "enum": ["cheese", "ham", "mushroom", "olive"]},
+                "maxItems": 3,
+            },
+        },
+    ),
+    fn(
+        "find_restaurant",
+        "Find a restaurant",
+        {
+            "location": {
+                "type": "object",
+                "properties": {"city": S, "zip": {"type": "string", "pattern": "^[0-9]{5}$"}},
+                "required": ["city"],
+            },
+            "cuisine": S,
+        },
+        ["location"],
+    ),
+    fn(
+        "rate_movie",
+        "Rate a movie",
+        {"title": S, "stars": {"type": "integer", "minimum": 1, "maximum": 5}},
+    ),
     fn("lookup_word", "Dictionary lookup", {"word": S}),
-    fn("schedule_meeting", "Schedule a meeting", {"attendees": {"type": "array", "items": {"type": "object",
-        "properties": {"name": S, "optional": {"type": "boolean"}}, "required": ["name"]}, "minItems": 1, "maxItems": 2},
-        "duration_minutes": {"type": "integer", "enum": [15, 30, 60]}}),
-    fn("resize_image", "Resize an image", {"width": {"type": "integer", "minimum": 1, "maximum": 4096},
-                                            "height": {"type": "integer", "minimum": 1, "maximum": 4096},
-                                            "keep_ratio": {"type": "boolean"}}),
-    fn("get_time", "Current time in a timezone", {"timezone": {"type": "string", "enum": ["UTC", "Europe/Paris",
-                                                                                             "Asia/Tokyo"]}}),
+    fn(
+        "schedule_meeting",
+        "Schedule a meeting",
+        {
+            "attendees": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {"name": S, "optional": {"type": "boolean"}},
+                    "required": ["name"],
+                },
+                "minItems": 1,
+                "maxItems": 2,
+            },
+            "duration_minutes": {"type": "integer", "enum": [15, 30, 60]},
+        },
+    ),
+    fn(
+        "resize_image",
+        "Resize an image",
+        {
+            "width": {"type": "integer", "minimum": 1, "maximum": 4096},
+            "height": {"type": "integer", "minimum": 1, "maximum": 4096},
+            "keep_ratio": {"type": "boolean"},
+        },
+    ),
+    fn(
+        "get_time",
+        "Current time in a timezone",
+        {"timezone": {"type": "string", "enum": ["UTC", "Europe/Paris", "Asia/Tokyo"]}},
+    ),
 ]
 PROMPTS = [
-    "What's the weather in Paris in celsius?", "What is 12 plus 30?", "Email bob@x.org about the launch, urgent.",
-    "Search the web for radix trees, 3 results.", "Book 2 business seats from Oslo to Rome.",
-    "Put 'Dentist' on my calendar for March 3.", "Set a timer for 10 minutes.", "Translate 'good morning' to German.",
-    "Convert 50 USD to EUR.", "Add milk and eggs to my to-do list.", "What's the price of AAPL?",
-    "Set the heating to 21 degrees.", "Play some Miles Davis, shuffled.", "Order a large pizza with ham and olives.",
-    "Find a sushi place in Boston 02110.", "Rate Alien five stars.", "What does 'ephemeral' mean?",
-    "Set up a 30 minute meeting with Ann.", "Resize the image to 800 by 600 keeping the ratio.",
+    "What's the weather in Paris in celsius?",
+    "What is 12 plus 30?",
+    "Email bob@x.org about the launch, urgent.",
+    "Search the web for radix trees, 3 results.",
+    "Book 2 business seats from Oslo to Rome.",
+    "Put 'Dentist' on my calendar for March 3.",
+    "Set a timer for 10 minutes.",
+    "Translate 'good morning' to German.",
+    "Convert 50 USD to EUR.",
+    "Add milk and eggs to my to-do list.",
+    "What's the price of AAPL?",
+    "Set the heating to 21 degrees.",
+    "Play some Miles Davis, shuffled.",
+    "Order a large pizza with ham and olives.",
+    "Find a sushi place in Boston 02110.",
+    "Rate Alien five stars.",
+    "What does 'ephemeral' mean?",
+    "Set up a 30 minute meeting with Ann.",
+    "Resize the image to 800 by 600 keeping the ratio.",
     "What time is it in Tokyo?",
 ]
 SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
@@ -88,7 +217,9 @@ def client(server):
 
 def ask(client, prompt, **kw):
     kw = {"temperature": 0, "max_tokens": MAX, "tools": TOOLS, **kw}
-    return client.chat.completions.create(model="m", messages=[{"role": "user", "content": prompt}], **kw)
+    return client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": prompt}], **kw
+    )
 
 
 def assembled(client, prompt, **kw):
@@ -100,7 +231,11 @@ def assembled(client, prompt, **kw):
             finish = c.finish_reason or finish
             for tc in c.delta.tool_calls or []:
                 if tc.id is not None:  # the call's first delta: id, type and name
-                    assert tc.index not in calls and tc.type == "function" and tc.function.arguments == ""
+                    assert (
+                        tc.index not in calls
+                        and tc.type == "function"
+                        and tc.function.arguments == ""
+                    )
                     calls[tc.index] = [tc.id, tc.function.name, ""]
                 else:
                     assert tc.function.name is None
@@ -139,7 +274,9 @@ def test_required_tool_choice_gives_valid_calls_streamed_or_not(client, i):
     whole = check_calls(r.choices[0].message, set(SCHEMAS))
     assert r.choices[0].finish_reason == "tool_calls" and r.choices[0].message.content is None
     calls, content, finish = assembled(client, PROMPTS[i], **kw)
-    assert finish == "tool_calls" and content == "" and [(n, a) for _, n, a in calls.values()] == whole
+    assert (
+        finish == "tool_calls" and content == "" and [(n, a) for _, n, a in calls.values()] == whole
+    )
 
 
 def test_parallel_tool_calls(client):
@@ -159,12 +296,22 @@ def test_parallel_tool_calls(client):
 
 def test_agent_loop_second_turn_reuses_the_first(client):
     messages = [{"role": "user", "content": "What's the weather in Paris?"}]
-    first = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, tool_choice="required",
-                                           temperature=0, max_tokens=MAX)
+    first = client.chat.completions.create(
+        model="m",
+        messages=messages,
+        tools=TOOLS,
+        tool_choice="required",
+        temperature=0,
+        max_tokens=MAX,
+    )
     call = first.choices[0].message.tool_calls[0]
-    messages += [first.choices[0].message.model_dump(exclude_none=True),
-                 {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature_c": 18})}]
-    second = client.chat.completions.create(model="m", messages=messages, tools=TOOLS, temperature=0, max_tokens=24)
+    messages += [
+        first.choices[0].message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": json.dumps({"temperature_c": 18})},
+    ]
+    second = client.chat.completions.create(
+        model="m", messages=messages, tools=TOOLS, temperature=0, max_tokens=24
+    )
     assert second.choices[0].finish_reason in ("stop", "length", "tool_calls")
     assert second.usage.prompt_tokens > first.usage.prompt_tokens
     assert second.usage.prompt_tokens_details.cached_tokens >= first.usage.prompt_tokens
@@ -174,13 +321,18 @@ def test_auto_call_follows_the_history(client):
     # tool_choice auto: the history shows a call (written as a <tool_call> block for this
     # template); asked again, the model opens one itself and the structural tag completes it by
     # the function's schema. Streamed and not, the same call.
-    call = {"id": "call_1", "type": "function",
-            "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'}}
-    messages = [{"role": "user", "content": "What's the weather in Paris?"},
-                {"role": "assistant", "content": None, "tool_calls": [call]},
-                {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees"},
-                {"role": "assistant", "content": "It is 18 degrees in Paris."},
-                {"role": "user", "content": "What's the weather in Tokyo?"}]
+    call = {
+        "id": "call_1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris", "unit": "celsius"}'},
+    }
+    messages = [
+        {"role": "user", "content": "What's the weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "18 degrees"},
+        {"role": "assistant", "content": "It is 18 degrees in Paris."},
+        {"role": "user", "content": "What's the weather in Tokyo?"},
+    ]
     kw = dict(model="m", messages=messages, tools=TOOLS, temperature=0, max_tokens=60)
     r = client.chat.completions.create(**kw)
     assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
@@ -192,14 +344,26 @@ def test_auto_call_follows_the_history(client):
     assert [tuple(c) for c in calls.values()] == whole
 
 
-@pytest.mark.parametrize("kw, param", [
-    (dict(tool_choice="required", tools=None), "tool_choice"),
-    (dict(tool_choice={"type": "function", "function": {"name": "nope"}}), "tool_choice.function.name"),
-    (dict(tools=[fn("f", "bad", {"x": {"type": "frobnicate"}})]), "tools[0].function.parameters"),
-    (dict(tools=[{"type": "function", "function": {"name": "bad name!"}}]), "tools[0].function.name"),
-    (dict(tool_choice="sometimes"), "tool_choice"),
-    (dict(tool_choice="required", response_format={"type": "json_object"}), "tool_choice"),
-])
+@pytest.mark.parametrize(
+    "kw, param",
+    [
+        (dict(tool_choice="required", tools=None), "tool_choice"),
+        (
+            dict(tool_choice={"type": "function", "function": {"name": "nope"}}),
+            "tool_choice.function.name",
+        ),
+        (
+            dict(tools=[fn("f", "bad", {"x": {"type": "frobnicate"}})]),
+            "tools[0].function.parameters",
+        ),
+        (
+            dict(tools=[{"type": "function", "function": {"name": "bad name!"}}]),
+            "tools[0].function.name",
+        ),
+        (dict(tool_choice="sometimes"), "tool_choice"),
+        (dict(tool_choice="required", response_format={"type": "json_object"}), "tool_choice"),
+    ],
+)
 def test_bad_tool_fields_are_400_naming_the_field(client, server, kw, param):
     with pytest.raises(openai.BadRequestError) as e:
         ask(client, "hi", **kw)
@@ -208,11 +372,22 @@ def test_bad_tool_fields_are_400_naming_the_field(client, server, kw, param):
 
 
 def test_tool_message_without_a_matching_call_is_400(client):
-    messages = [{"role": "user", "content": "hi"},
-                {"role": "assistant", "content": None, "tool_calls": [
-                    {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
-                {"role": "tool", "tool_call_id": "call_a", "content": "ok"},
-                {"role": "tool", "tool_call_id": "call_b", "content": "??"}]
+    messages = [
+        {"role": "user", "content": "hi"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_a",
+                    "type": "function",
+                    "function": {"name": "get_weather", "arguments": "{}"},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_a", "content": "ok"},
+        {"role": "tool", "tool_call_id": "call_b", "content": "??"},
+    ]
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="m", messages=messages, tools=TOOLS, max_tokens=2)
     assert e.value.body["param"] == "messages[3].tool_call_id"
@@ -230,16 +405,22 @@ def test_docs_example_runs(server, tmp_path):
     from pathlib import Path
 
     doc = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
-    code = re.findall(r"^```python\n(.*?)^```", doc, re.M | re.S)[0]  # the second: test_agents_sdk.py
+    code = re.findall(r"^```python\n(.*?)^```", doc, re.M | re.S)[
+        0
+    ]  # the second: test_agents_sdk.py
     script = tmp_path / "agents_example.py"
     script.write_text(code.replace("http://127.0.0.1:30000", server.url))
-    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.strip().splitlines()
     finish, name, args = lines[0].split(" ", 2)
     assert (finish, name) == ("tool_calls", "get_weather")
     import ast
 
-    jsonschema.validate(ast.literal_eval(args), SCHEMAS["get_weather"] | {"required": ["city", "unit"]})
+    jsonschema.validate(
+        ast.literal_eval(args), SCHEMAS["get_weather"] | {"required": ["city", "unit"]}
+    )
     cached, total = map(int, re.fullmatch(r"cached: (\d+) of (\d+)", lines[-1]).groups())
     assert 0 < cached < total

@@ -7,7 +7,9 @@ import torch
 
 from radixlm import Engine
 from tests.conftest import engine_args
-from tests.model.deepseek_refs import one_thread, save_hf  # noqa: F401 (one_thread: an autouse fixture)
+from tests.model.deepseek_refs import (
+    save_hf,
+)
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +23,10 @@ def test_engine_greedy_batched_and_prefix_cache(deepseek_v3):
     doc = torch.randint(3, 256, (60,), generator=g).tolist()
     prompts = [doc + torch.randint(3, 256, (n,), generator=g).tolist() for n in (5, 9, 14)]
     with torch.no_grad():
-        refs = [hf.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False)[0, len(p):].tolist()
-                for p in prompts]
+        refs = [
+            hf.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False)[0, len(p) :].tolist()
+            for p in prompts
+        ]
     sp = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
     with Engine(path, **engine_args()) as e:
         info = e.scheduler_info
@@ -33,4 +37,6 @@ def test_engine_greedy_batched_and_prefix_cache(deepseek_v3):
         assert first["output_ids"] == refs[0]
         rest = e.generate(input_ids=prompts[1:], sampling_params=sp)
         assert [o["output_ids"] for o in rest] == refs[1:]
-        assert all(o["meta_info"]["cached_tokens"] >= len(doc) for o in rest)  # the document from the tree
+        assert all(
+            o["meta_info"]["cached_tokens"] >= len(doc) for o in rest
+        )  # the document from the tree

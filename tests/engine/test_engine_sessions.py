@@ -18,8 +18,10 @@ def engine(tiny_model_dir):
 
 
 def hf_greedy(hf, ids, n):
-    out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(ids):].tolist()
+    out = hf.generate(
+        torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(ids) :].tolist()
 
 
 def test_engine_session_turns(engine, tiny_hf_model):
@@ -30,18 +32,26 @@ def test_engine_session_turns(engine, tiny_hf_model):
     for k in range(3):
         new = [rng.randrange(3, 40000) for _ in range(8)]
         if k == 1:  # streamed: the last chunk is the whole turn
-            out = list(engine.generate(input_ids=new, sampling_params=sp, stream=True, session_params={"id": sid}))[-1]
+            out = list(
+                engine.generate(
+                    input_ids=new, sampling_params=sp, stream=True, session_params={"id": sid}
+                )
+            )[-1]
         else:
             out = engine.generate(input_ids=new, sampling_params=sp, session_params={"id": sid})
         assert out["output_ids"] == hf_greedy(tiny_hf_model, history + new, 4)
         assert out["meta_info"]["cached_tokens"] >= len(history) - 1
         history += new + out["output_ids"]
     assert engine.get_internal_state()["session_pinned_tokens"] == len(history) - 1
-    out = asyncio.run(engine.async_generate(input_ids=[9], sampling_params=sp, session_params={"id": sid}))
+    out = asyncio.run(
+        engine.async_generate(input_ids=[9], sampling_params=sp, session_params={"id": sid})
+    )
     assert out["meta_info"]["prompt_tokens"] == len(history) + 1
     history += [9] + out["output_ids"]
     with pytest.raises(ValueError, match="session_params.offset"):
-        engine.generate(input_ids=[5], sampling_params=sp, session_params={"id": sid, "offset": 10_000})
+        engine.generate(
+            input_ids=[5], sampling_params=sp, session_params={"id": sid, "offset": 10_000}
+        )
     other = engine.open_session()
     with pytest.raises(ValueError, match="--max-sessions-per-key"):
         engine.open_session()

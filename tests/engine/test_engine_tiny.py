@@ -18,7 +18,9 @@ def engine(tiny_model_dir):
 
 
 def hf_greedy(hf, ids, n):
-    out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
+    out = hf.generate(
+        torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
     return out[0, len(ids) :].tolist()
 
 
@@ -89,24 +91,60 @@ def test_output_logprobs_match_hf(engine, tiny_hf_model):
 
 def test_stop_string_token_and_min_new_tokens(engine):
     ids = rand_prompt(random.Random(3), 10)
-    base = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 20, "temperature": 0, "ignore_eos": True})
+    base = engine.generate(
+        input_ids=ids, sampling_params={"max_new_tokens": 20, "temperature": 0, "ignore_eos": True}
+    )
     toks = base["output_ids"]
     # Stop on the 4th generated token id.
-    out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 20, "temperature": 0, "stop_token_ids": [toks[3]], "ignore_eos": True})
+    out = engine.generate(
+        input_ids=ids,
+        sampling_params={
+            "max_new_tokens": 20,
+            "temperature": 0,
+            "stop_token_ids": [toks[3]],
+            "ignore_eos": True,
+        },
+    )
     first = toks.index(toks[3])
     assert out["output_ids"] == toks[: first + 1]
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": toks[3]}
     # min_new_tokens bans the stop token until then.
-    out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 20, "min_new_tokens": first + 2, "temperature": 0, "stop_token_ids": [toks[3]], "ignore_eos": True})
+    out = engine.generate(
+        input_ids=ids,
+        sampling_params={
+            "max_new_tokens": 20,
+            "min_new_tokens": first + 2,
+            "temperature": 0,
+            "stop_token_ids": [toks[3]],
+            "ignore_eos": True,
+        },
+    )
     assert len(out["output_ids"]) >= first + 2 and toks[3] not in out["output_ids"][: first + 2]
     # A stop string taken from the generated text is trimmed from the output text.
     text = base["text"]
     stop = text[len(text) // 2 : len(text) // 2 + 3]
     if stop.strip():
-        out = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 20, "temperature": 0, "stop": stop, "ignore_eos": True})
+        out = engine.generate(
+            input_ids=ids,
+            sampling_params={
+                "max_new_tokens": 20,
+                "temperature": 0,
+                "stop": stop,
+                "ignore_eos": True,
+            },
+        )
         assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
         assert out["text"] == text[: text.find(stop)]
-        keep = engine.generate(input_ids=ids, sampling_params={"max_new_tokens": 20, "temperature": 0, "stop": stop, "no_stop_trim": True, "ignore_eos": True})
+        keep = engine.generate(
+            input_ids=ids,
+            sampling_params={
+                "max_new_tokens": 20,
+                "temperature": 0,
+                "stop": stop,
+                "no_stop_trim": True,
+                "ignore_eos": True,
+            },
+        )
         assert keep["text"].startswith(text[: text.find(stop)] + stop)
 
 
@@ -166,7 +204,12 @@ def test_memory_conservation_after_random_requests_and_aborts(engine):
 
     async def one(i):
         n = rng.choice([1, 1, 1, 2, 3])
-        sp = {"max_new_tokens": rng.randint(1, 24), "temperature": rng.choice([0, 0.8]), "n": n, "ignore_eos": rng.random() < 0.5}
+        sp = {
+            "max_new_tokens": rng.randint(1, 24),
+            "temperature": rng.choice([0, 0.8]),
+            "n": n,
+            "ignore_eos": rng.random() < 0.5,
+        }
         ids = rand_prompt(rng, rng.randint(1, 150))
         if rng.random() < 0.2:  # aborted mid-stream: the consumer goes away
             agen = await engine.async_generate(input_ids=ids, sampling_params=sp, stream=True)
@@ -216,10 +259,14 @@ def test_chunked_prefill_under_memory_pressure(tiny_model_dir, tiny_hf_model, di
     output and the ownership check (enable_invariant_checks) holds after every step."""
     rng = random.Random(8)
     shared = rand_prompt(rng, 90)
-    prompts = [shared + rand_prompt(rng, rng.randint(5, 40)) for _ in range(10)] + [rand_prompt(rng, 150)]
+    prompts = [shared + rand_prompt(rng, rng.randint(5, 40)) for _ in range(10)] + [
+        rand_prompt(rng, 150)
+    ]
     sp = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
     refs = [hf_greedy(tiny_hf_model, p, 10) for p in prompts]
-    opts = engine_args(chunked_prefill_size=16, max_total_tokens=700, disable_radix_cache=disable_radix_cache)
+    opts = engine_args(
+        chunked_prefill_size=16, max_total_tokens=700, disable_radix_cache=disable_radix_cache
+    )
     with Engine(tiny_model_dir, **opts) as e:
         outs = e.generate(input_ids=prompts, sampling_params=sp)
         assert [o["output_ids"] for o in outs] == refs

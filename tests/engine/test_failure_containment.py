@@ -41,16 +41,21 @@ class _Vocab:
 
 
 def _chunk(rid, ids, reason, text="x"):
-    return ReqStrChunk(ReqOutputChunk(rid, ids, reason, prompt_tokens=2, completion_tokens=2, cached_tokens=0), text)
+    return ReqStrChunk(
+        ReqOutputChunk(rid, ids, reason, prompt_tokens=2, completion_tokens=2, cached_tokens=0),
+        text,
+    )
 
 
-def test_tokenizer_manager_fails_one_request_for_a_bad_chunk_and_ends_the_engine_when_its_loop_breaks():
+def test_tokenizer_manager_fails_one_request_for_a_bad_chunk_and_ends_the_engine_when_its_loop_breaks():  # noqa: E501 (the test id says it all)
     async def main():
         ports = PortArgs.init_new()
         ctx = zmq.asyncio.Context()
         scheduler = ctx.socket(zmq.PULL)
         scheduler.bind(ports.scheduler_input_ipc_name)
-        tm = TokenizerManager(TokenizerManagerConfig(), ports, _Vocab(), {"context_len": 64, "vocab_size": 100})
+        tm = TokenizerManager(
+            TokenizerManagerConfig(), ports, _Vocab(), {"context_len": 64, "vocab_size": 100}
+        )
         await tm.start()
         detokenizer = ctx.socket(zmq.PUSH)
         detokenizer.connect(ports.tokenizer_ipc_name)
@@ -58,7 +63,7 @@ def test_tokenizer_manager_fails_one_request_for_a_bad_chunk_and_ends_the_engine
         async def run(rid):
             obj = GenerateReqInput(input_ids=[1, 2], rid=rid, sampling_params={"max_new_tokens": 2})
             out = None
-            async for out in tm.generate_request(obj):
+            async for out in tm.generate_request(obj):  # noqa: B007 (the last item is the result)
                 pass
             return out
 
@@ -67,16 +72,25 @@ def test_tokenizer_manager_fails_one_request_for_a_bad_chunk_and_ends_the_engine
             assert {(await scheduler.recv_pyobj()).rid for _ in range(2)} == {"a", "b"}
             assert tm.pending_age() > 0
             # a's chunk cannot be applied (no ids: a TypeError inside the loop); b's can.
-            await detokenizer.send_pyobj(BatchStrOut([_chunk("a", None, None), _chunk("b", [5, 6], FinishLength(2))]))
+            await detokenizer.send_pyobj(
+                BatchStrOut([_chunk("a", None, None), _chunk("b", [5, 6], FinishLength(2))])
+            )
             with pytest.raises(InternalRequestError) as e:
                 await a
-            assert e.value.rid == "a" and "TypeError" not in str(e.value) and "(request id a)" in str(e.value)
+            assert (
+                e.value.rid == "a"
+                and "TypeError" not in str(e.value)
+                and "(request id a)" in str(e.value)
+            )
             assert (await b)["output_ids"] == [5, 6]
-            abort = await scheduler.recv_pyobj()  # the failed request is stopped in the scheduler too
+            abort = (
+                await scheduler.recv_pyobj()
+            )  # the failed request is stopped in the scheduler too
             assert isinstance(abort, AbortReq) and abort.rid == "a"
             assert tm.pending_age() == 0 and tm.dead_message is None and tm.loop_failure is None
 
-            # A control call the scheduler failed: that call fails (a generic 500), the next is answered.
+            # A control call the scheduler failed: that call fails (a generic 500), the next is
+            # answered.
             call = asyncio.create_task(tm.get_internal_state())
             assert isinstance(await scheduler.recv_pyobj(), GetInternalStateReq)
             await detokenizer.send_pyobj(ControlFailed(GetInternalStateReqOutput))
@@ -87,7 +101,8 @@ def test_tokenizer_manager_fails_one_request_for_a_bad_chunk_and_ends_the_engine
             await detokenizer.send_pyobj(GetInternalStateReqOutput({"x": 1}))
             assert await call == {"x": 1}
 
-            # A message that does not unpickle: whose news it carried is unknown, so the engine ends.
+            # A message that does not unpickle: whose news it carried is unknown, so the engine
+            # ends.
             c = asyncio.create_task(run("c"))
             await scheduler.recv_pyobj()
             await detokenizer.send(b"not a pickle")
@@ -119,7 +134,10 @@ def test_a_detokenizer_failure_fails_its_request_only():
     ok = _step_or_fail(detok, ReqOutputChunk("ok", [0, 1], None, 2, 2, 0))
     bad = _step_or_fail(detok, ReqOutputChunk("bad", [13], None, 2, 1, 0))
     assert ok.text == "ab" and ok.chunk.finished_reason is None
-    assert isinstance(bad.chunk.finished_reason, FinishAbort) and bad.chunk.finished_reason.status_code == 500
+    assert (
+        isinstance(bad.chunk.finished_reason, FinishAbort)
+        and bad.chunk.finished_reason.status_code == 500
+    )
     assert "bad" not in detok.states and "ok" in detok.states
     assert _step_or_fail(detok, ReqOutputChunk("ok", [2], FinishLength(3), 2, 3, 0)).text == "abc"
 
@@ -158,7 +176,11 @@ def test_a_loop_counts_as_hung_only_when_work_waited_as_long_as_its_silence():
     assert stalled_message([p], _Front(100.0), 1.0) is None  # it beats: busy, not hung
     hb.value = time.monotonic() - 10
     msg = stalled_message([p], _Front(5.0), 1.0)
-    assert p.killed and "the scheduler process (pid 4242) hung" in msg and "--watchdog-timeout 1" in msg
+    assert (
+        p.killed
+        and "the scheduler process (pid 4242) hung" in msg
+        and "--watchdog-timeout 1" in msg
+    )
 
 
 def test_a_control_call_that_raises_in_the_scheduler_is_answered(tiny_model_dir, monkeypatch):
@@ -169,4 +191,6 @@ def test_a_control_call_that_raises_in_the_scheduler_is_answered(tiny_model_dir,
 
     monkeypatch.setattr(s, "internal_state", broken)
     s.handle(GetInternalStateReq())
-    assert s.io.replies == [ControlFailed(GetInternalStateReqOutput)]  # its caller does not wait forever
+    assert s.io.replies == [
+        ControlFailed(GetInternalStateReqOutput)
+    ]  # its caller does not wait forever

@@ -14,8 +14,12 @@ from tests.engine.test_overlap import run, workload
 def test_mixed_chunk_gives_the_separate_steps_outputs(tiny_model_dir, chunk):
     results, work, mixed_steps = {}, None, 0
     for mixed in (False, True):
-        with Engine(tiny_model_dir, **engine_args(enable_mixed_chunk=mixed, chunked_prefill_size=chunk,
-                                                  max_running_requests=8)) as e:
+        with Engine(
+            tiny_model_dir,
+            **engine_args(
+                enable_mixed_chunk=mixed, chunked_prefill_size=chunk, max_running_requests=8
+            ),
+        ) as e:
             prompts, sps = work = work or workload(e)
             results[mixed] = run(e, prompts, sps) + run(e, prompts, sps)
             if mixed:
@@ -30,17 +34,33 @@ def test_mixed_chunk_logprobs_match_separate_steps(tiny_model_dir):
 
     outs = {}
     for mixed in (False, True):
-        with Engine(tiny_model_dir, **engine_args(enable_mixed_chunk=mixed, max_running_requests=8)) as e:
+        with Engine(
+            tiny_model_dir, **engine_args(enable_mixed_chunk=mixed, max_running_requests=8)
+        ) as e:
             long = {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}
             late = {}
-            t = threading.Thread(target=lambda: late.setdefault("o", e.generate(
-                input_ids=[[5 + i for i in range(50)]] * 3, sampling_params={**long, "max_new_tokens": 5},
-                return_logprob=True, logprob_start_len=10)))
+            t = threading.Thread(
+                target=lambda: late.setdefault(
+                    "o",
+                    e.generate(
+                        input_ids=[[5 + i for i in range(50)]] * 3,
+                        sampling_params={**long, "max_new_tokens": 5},
+                        return_logprob=True,
+                        logprob_start_len=10,
+                    ),
+                )
+            )
             first = e.generate(input_ids=[7, 8, 9], sampling_params={**long, "max_new_tokens": 2})
             assert first["output_ids"]
             res = {}
-            t2 = threading.Thread(target=lambda: res.setdefault("o", e.generate(
-                input_ids=[11, 12, 13, 14], sampling_params=long, return_logprob=True)))
+            t2 = threading.Thread(
+                target=lambda: res.setdefault(
+                    "o",
+                    e.generate(
+                        input_ids=[11, 12, 13, 14], sampling_params=long, return_logprob=True
+                    ),
+                )
+            )
             t2.start()
             t.start()
             t.join()
@@ -50,14 +70,26 @@ def test_mixed_chunk_logprobs_match_separate_steps(tiny_model_dir):
                 assert e.get_internal_state()["mixed_steps"] > 0
     (a, la), (b, lb) = outs[False], outs[True]
     assert a["output_ids"] == b["output_ids"]
-    assert len(a["meta_info"]["output_token_logprobs"]) == len(b["meta_info"]["output_token_logprobs"]) == len(a["output_ids"])
-    for x, y in zip(a["meta_info"]["output_token_logprobs"], b["meta_info"]["output_token_logprobs"]):
+    assert (
+        len(a["meta_info"]["output_token_logprobs"])
+        == len(b["meta_info"]["output_token_logprobs"])
+        == len(a["output_ids"])
+    )
+    for x, y in zip(
+        a["meta_info"]["output_token_logprobs"], b["meta_info"]["output_token_logprobs"]
+    ):
         assert x[1] == y[1] and x[0] == pytest.approx(y[0], abs=1e-4)
     assert len(la) == len(lb)
     for x, y in zip(la, lb):
         assert x["output_ids"] == y["output_ids"]
-        assert len(x["meta_info"]["input_token_logprobs"]) == len(y["meta_info"]["input_token_logprobs"]) == 40
-        for p, q in zip(x["meta_info"]["input_token_logprobs"], y["meta_info"]["input_token_logprobs"]):
+        assert (
+            len(x["meta_info"]["input_token_logprobs"])
+            == len(y["meta_info"]["input_token_logprobs"])
+            == 40
+        )
+        for p, q in zip(
+            x["meta_info"]["input_token_logprobs"], y["meta_info"]["input_token_logprobs"]
+        ):
             assert p[1] == q[1] and (p[0] is None) == (q[0] is None)
             if p[0] is not None:
                 assert p[0] == pytest.approx(q[0], abs=1e-4)
@@ -74,16 +106,25 @@ def test_mixed_chunk_greedy_matches_hf(tiny_model_dir, tiny_hf_model):
     rng = random.Random(5)
     shared = [rng.randrange(3, 40000) for _ in range(60)]
     prompts = [[rng.randrange(3, 40000) for _ in range(rng.randrange(5, 40))] for _ in range(3)]
-    prompts += [shared + [rng.randrange(3, 40000) for _ in range(rng.randrange(1, 8))] for _ in range(4)]
+    prompts += [
+        shared + [rng.randrange(3, 40000) for _ in range(rng.randrange(1, 8))] for _ in range(4)
+    ]
     new = [60, 60, 60, 12, 12, 12, 12]
-    refs = [tiny_hf_model.generate(torch.tensor([p]), max_new_tokens=n, do_sample=False, eos_token_id=None,
-                                   pad_token_id=0)[0, len(p):].tolist() for p, n in zip(prompts, new)]
+    refs = [
+        tiny_hf_model.generate(
+            torch.tensor([p]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+        )[0, len(p) :].tolist()
+        for p, n in zip(prompts, new)
+    ]
     sps = [{"max_new_tokens": n, "temperature": 0, "ignore_eos": True} for n in new]
     with Engine(tiny_model_dir, **engine_args(enable_mixed_chunk=True)) as e:
         e.generate(input_ids=shared, sampling_params={"max_new_tokens": 0})  # cache the prefix
         first = {}
-        t = threading.Thread(target=lambda: first.setdefault("o", e.generate(input_ids=prompts[:3],
-                                                                             sampling_params=sps[:3])))
+        t = threading.Thread(
+            target=lambda: first.setdefault(
+                "o", e.generate(input_ids=prompts[:3], sampling_params=sps[:3])
+            )
+        )
         t.start()
         later = [e.generate(input_ids=p, sampling_params=sp) for p, sp in zip(prompts[3:], sps[3:])]
         t.join()

@@ -20,13 +20,21 @@ def rand_prompt(rng, n):
 def test_every_policy_gives_the_same_greedy_outputs(tiny_model_dir):
     rng = random.Random(0)
     shared = rand_prompt(rng, 40)
-    prompts = [shared + rand_prompt(rng, rng.randint(1, 20)) for _ in range(6)] + [rand_prompt(rng, 30) for _ in range(4)]
+    prompts = [shared + rand_prompt(rng, rng.randint(1, 20)) for _ in range(6)] + [
+        rand_prompt(rng, 30) for _ in range(4)
+    ]
     rng.shuffle(prompts)
-    sp = [{"max_new_tokens": rng.randint(4, 16), "temperature": 0, "ignore_eos": True} for _ in prompts]
+    sp = [
+        {"max_new_tokens": rng.randint(4, 16), "temperature": 0, "ignore_eos": True}
+        for _ in prompts
+    ]
     results = {}
     for policy in ("fcfs", "lpm", "dfs-weight", "lof", "random"):
-        # max_running_requests 3: the policy decides who runs first, and later arrivals hit the cache.
-        with Engine(tiny_model_dir, **engine_args(schedule_policy=policy, max_running_requests=3)) as e:
+        # max_running_requests 3: the policy decides who runs first, and later arrivals hit the
+        # cache.
+        with Engine(
+            tiny_model_dir, **engine_args(schedule_policy=policy, max_running_requests=3)
+        ) as e:
             outs = e.generate(input_ids=prompts, sampling_params=sp)
             results[policy] = [o["output_ids"] for o in outs]
             if policy in ("lpm", "dfs-weight"):
@@ -37,9 +45,16 @@ def test_every_policy_gives_the_same_greedy_outputs(tiny_model_dir):
 def test_priority_runs_first(tiny_model_dir):
     rng = random.Random(1)
     prompts = [rand_prompt(rng, 20) for _ in range(5)]
-    sp = [{"max_new_tokens": 40 if i == 0 else 8, "temperature": 0, "ignore_eos": True} for i in range(5)]
-    with Engine(tiny_model_dir, **engine_args(max_running_requests=1, schedule_policy="fcfs",
-                                              enable_priority_scheduling=True)) as e:
+    sp = [
+        {"max_new_tokens": 40 if i == 0 else 8, "temperature": 0, "ignore_eos": True}
+        for i in range(5)
+    ]
+    with Engine(
+        tiny_model_dir,
+        **engine_args(
+            max_running_requests=1, schedule_policy="fcfs", enable_priority_scheduling=True
+        ),
+    ) as e:
         # Request 0 (top priority) holds the only slot while the others queue up behind it.
         outs = e.generate(input_ids=prompts, sampling_params=sp, priority=[100, 0, 0, 0, 10])
     lat = [o["meta_info"]["e2e_latency"] for o in outs]
@@ -48,16 +63,45 @@ def test_priority_runs_first(tiny_model_dir):
 
 def test_cli_generate(tiny_model_dir):
     out = subprocess.run(
-        [sys.executable, "-m", "radixlm.cli", "generate", "--model", tiny_model_dir, "--prompt", "Hello",
-         "--max-new-tokens", "5", "--temperature", "0", "--ignore-eos", "--json", "--num-threads", "1",
-         "--enable-invariant-checks"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "radixlm.cli",
+            "generate",
+            "--model",
+            tiny_model_dir,
+            "--prompt",
+            "Hello",
+            "--max-new-tokens",
+            "5",
+            "--temperature",
+            "0",
+            "--ignore-eos",
+            "--json",
+            "--num-threads",
+            "1",
+            "--enable-invariant-checks",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert '"completion_tokens": 5' in out.stdout
     bad = subprocess.run(
-        [sys.executable, "-m", "radixlm.cli", "generate", "--model", "/no/such/model", "--prompt", "x"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "radixlm.cli",
+            "generate",
+            "--model",
+            "/no/such/model",
+            "--prompt",
+            "x",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert bad.returncode != 0 and "/no/such/model" in bad.stderr
 
@@ -82,13 +126,21 @@ e.generate("hi", {"max_new_tokens": 2})
 
 @pytest.mark.parametrize("how", ["exit", "sigint", "sigkill"])
 def test_no_orphan_processes(tiny_model_dir, how, tmp_path):
-    tail = {"exit": "print('done', flush=True)", "sigint": "time.sleep(600)", "sigkill": "time.sleep(600)"}[how]
+    tail = {
+        "exit": "print('done', flush=True)",
+        "sigint": "time.sleep(600)",
+        "sigkill": "time.sleep(600)",
+    }[how]
     err = open(tmp_path / "stderr", "w+")  # a file, not a pipe: a chatty child never blocks on it
     # SIGINT back to its default in the child: a test run started in the background (`cmd &` in a
     # script) inherits SIGINT ignored, and Python then never raises KeyboardInterrupt.
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT.replace("{tail}", tail), tiny_model_dir],
-                            stdout=subprocess.PIPE, stderr=err, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    proc = subprocess.Popen(
+        [sys.executable, "-c", SCRIPT.replace("{tail}", tail), tiny_model_dir],
+        stdout=subprocess.PIPE,
+        stderr=err,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     assert proc.stdout.readline().strip() == "ready"
     kids = _children_of(proc.pid)
     assert len(kids) >= 2, "scheduler and detokenizer processes"
@@ -105,6 +157,9 @@ def test_no_orphan_processes(tiny_model_dir, how, tmp_path):
         proc.kill()
         proc.wait()
         err.seek(0)
-        pytest.fail(f"the engine process did not exit after {how}; its stacks and stderr:\n{err.read()[-6000:]}")
+        pytest.fail(
+            f"the engine process did not exit after {how}; its stacks and"
+            f" stderr:\n{err.read()[-6000:]}"
+        )
     gone, alive = psutil.wait_procs(kids, timeout=20)
     assert not alive, f"orphans after {how}: {[p.pid for p in alive]}"

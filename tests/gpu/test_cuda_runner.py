@@ -17,8 +17,16 @@ def _runner(path, **kw):
     from radixlm.model.runner import ModelRunner
     from radixlm.model.runner_config import ModelRunnerConfig
 
-    return ModelRunner(ModelRunnerConfig(model_path=path, device="cuda", max_total_tokens=8192,
-                                         max_running_requests=16, cuda_graph_max_bs=8, **kw))
+    return ModelRunner(
+        ModelRunnerConfig(
+            model_path=path,
+            device="cuda",
+            max_total_tokens=8192,
+            max_running_requests=16,
+            cuda_graph_max_bs=8,
+            **kw,
+        )
+    )
 
 
 def _prefill_then_decode_batch(runner, bs):
@@ -36,12 +44,21 @@ def _prefill_then_decode_batch(runner, bs):
     g = torch.Generator().manual_seed(bs)
     reqs = []
     for i in range(bs):
-        ids = torch.randint(10, 40000, (20 + 7 * i,), generator=g).tolist()  # within SmolLM2's vocabulary
-        r = Req(rid=str(i), origin_input_ids=ids, sampling_params=SamplingParams(max_new_tokens=8, temperature=0))
+        ids = torch.randint(
+            10, 40000, (20 + 7 * i,), generator=g
+        ).tolist()  # within SmolLM2's vocabulary
+        r = Req(
+            rid=str(i),
+            origin_input_ids=ids,
+            sampling_params=SamplingParams(max_new_tokens=8, temperature=0),
+        )
         cm.assign(r, torch.empty(0, dtype=torch.int64), tree.root_node)
         reqs.append(r)
-    fb = runner.prepare(ScheduleBatch(ForwardMode.EXTEND, chunks=[PrefillChunk.plan(r, r.seqlen) for r in reqs])
-                        .prepare(cm))
+    fb = runner.prepare(
+        ScheduleBatch(
+            ForwardMode.EXTEND, chunks=[PrefillChunk.plan(r, r.seqlen) for r in reqs]
+        ).prepare(cm)
+    )
     for r, tok in zip(reqs, runner.sample(fb, runner.forward(fb).next_token_logits).tolist()):
         r.output_ids.append(tok)
         r.kv_committed_len = r.kv_allocated_len
@@ -59,7 +76,9 @@ def test_cuda_graph_replay_equals_eager_decode(gpu_model):
         steps = graphs.decode_steps
         runner.decode_graphs = EagerDecode()
         try:
-            eager = runner.forward(fb).next_token_logits  # the same step again: same K/V written, same reads
+            eager = runner.forward(
+                fb
+            ).next_token_logits  # the same step again: same K/V written, same reads
         finally:
             runner.decode_graphs = graphs
         assert graphs.decode_steps == steps

@@ -50,17 +50,32 @@ class Layout:
         q_start[1:] = torch.tensor(q_lens).cumsum(0)
         kb, vb = self.pool.get_kv_buffer(0)
         ks, vs = self.pool.get_kv_scales(0)
-        return ops.paged_attention(q, kb, vb, ks, vs, self.req_pool.req_to_token,
-                                   torch.tensor([self.rows[i] for i in reqs]),
-                                   torch.tensor([self.lens[i] for i in reqs]), q_start, scale)
+        return ops.paged_attention(
+            q,
+            kb,
+            vb,
+            ks,
+            vs,
+            self.req_pool.req_to_token,
+            torch.tensor([self.rows[i] for i in reqs]),
+            torch.tensor([self.lens[i] for i in reqs]),
+            q_start,
+            scale,
+        )
 
 
 def sdpa_ref(q, k, v, scale):
     """q [n, Hq, D] are the last n positions of a sequence with k/v [L, kvh, D]."""
     n, L = q.shape[0], k.shape[0]
     mask = torch.arange(L)[None, :] <= torch.arange(L - n, L)[:, None]
-    o = F.scaled_dot_product_attention(q.transpose(0, 1)[None].double(), k.transpose(0, 1)[None].double(),
-                                       v.transpose(0, 1)[None].double(), attn_mask=mask, scale=scale, enable_gqa=True)
+    o = F.scaled_dot_product_attention(
+        q.transpose(0, 1)[None].double(),
+        k.transpose(0, 1)[None].double(),
+        v.transpose(0, 1)[None].double(),
+        attn_mask=mask,
+        scale=scale,
+        enable_gqa=True,
+    )
     return o[0].transpose(0, 1).float()
 
 
@@ -72,7 +87,9 @@ def check_against_sdpa(lay, out, q, q_lens, scale, alone_ops=None) -> None:
         k, v = lay.stored(i)
         ref = sdpa_ref(q[off : off + n], k, v, scale)
         err = ((out[off : off + n] - ref).abs().max() / ref.abs().max()).item()
-        assert err < RTOL, f"request {i} ({lay.lens[i]} keys, {n} queries): relative error {err:.2e}"
+        assert err < RTOL, (
+            f"request {i} ({lay.lens[i]} keys, {n} queries): relative error {err:.2e}"
+        )
         if alone_ops is not None:
             alone = lay.run(alone_ops, q[off : off + n].clone(), [i], [n], scale)
             assert torch.equal(alone, out[off : off + n]), f"request {i} differs beside the others"
@@ -102,7 +119,9 @@ def test_kv_store_converts_like_torch(kernel_ops, dtype):
     ks, _ = lay.pool.get_kv_scales(0)
     amax = lay.k[0].abs().amax(-1)
     assert torch.equal(ks[idx], amax / 127)
-    expect = torch.round(lay.k[0] * (127 / amax)[..., None]).to(torch.int8)  # half to even, like the kernel
+    expect = torch.round(lay.k[0] * (127 / amax)[..., None]).to(
+        torch.int8
+    )  # half to even, like the kernel
     assert torch.equal(kb[idx], expect)
 
 
@@ -117,7 +136,9 @@ def test_paged_attention_is_batch_invariant(kernel_ops):
         part = lay.run(kernel_ops, q_all[-n:].clone(), [0], [n], scale)
         assert torch.equal(part, full[-n:]), f"chunk of {n} differs"
     other = torch.randn(5, 9, 64, generator=lay.g)
-    mixed = lay.run(kernel_ops, torch.cat([other[:4], q_all[-3:], other[4:]]), [1, 0, 2], [4, 3, 1], scale)
+    mixed = lay.run(
+        kernel_ops, torch.cat([other[:4], q_all[-3:], other[4:]]), [1, 0, 2], [4, 3, 1], scale
+    )
     assert torch.equal(mixed[4:7], full[-3:])
 
 
@@ -131,8 +152,18 @@ def test_paged_attention_bad_input(kernel_ops):
         lay.run(kernel_ops, q, [0], [10], 0.25)
     with pytest.raises(RuntimeError, match="head_dim"):
         kb, vb = lay.pool.get_kv_buffer(0)
-        kernel_ops.paged_attention(torch.randn(1, 2, 8), kb, vb, None, None, lay.req_pool.req_to_token,
-                                   torch.tensor([lay.rows[0]]), torch.tensor([10]), torch.tensor([0, 1]), 0.25)
+        kernel_ops.paged_attention(
+            torch.randn(1, 2, 8),
+            kb,
+            vb,
+            None,
+            None,
+            lay.req_pool.req_to_token,
+            torch.tensor([lay.rows[0]]),
+            torch.tensor([10]),
+            torch.tensor([0, 1]),
+            0.25,
+        )
 
 
 class SharedLayout(Layout):
@@ -148,7 +179,9 @@ class SharedLayout(Layout):
         # The chain takes the lowest slots, so a request with a longer share of it sorts before one
         # that branches off earlier: units start deep and then take in shallower requests.
         perm = torch.randperm(total + 50, generator=self.g) + 1
-        slots = torch.cat([perm[perm <= chain + 25][:chain], perm[perm > chain + 25][: total - chain]])
+        slots = torch.cat(
+            [perm[perm <= chain + 25][:chain], perm[perm > chain + 25][: total - chain]]
+        )
         k = torch.randn(total, kvh, d, generator=self.g) * 2
         v = torch.randn(total, kvh, d, generator=self.g)
         self.pool.set_kv_buffer(0, slots, k, v)
@@ -167,7 +200,27 @@ class SharedLayout(Layout):
 def test_paged_attention_shared_prefixes(kernel_ops, dtype):
     """Requests sharing cached prefixes of different lengths (K/V read once per group of queries)
     match SDPA, and each request's output is bitwise what it gets alone."""
-    prefixes = [270, 200, 270, 40, 200, 270, 0, 200, 100, 270, 31, 270, 200, 256, 224, 256, 224, 230, 256]
+    prefixes = [
+        270,
+        200,
+        270,
+        40,
+        200,
+        270,
+        0,
+        200,
+        100,
+        270,
+        31,
+        270,
+        200,
+        256,
+        224,
+        256,
+        224,
+        230,
+        256,
+    ]
     tails = [1, 5, 40, 1, 33, 2, 20, 64, 10, 9, 1, 1, 1, 1, 1, 1, 1, 1, 1]
     # decode steps; extends, one from inside the prefix
     q_lens = [1, 5, 40, 1, 3, 2, 20, 64, 60, 9, 1, 1, 1, 1, 1, 1, 1, 1, 1]

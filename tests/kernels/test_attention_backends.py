@@ -33,18 +33,27 @@ CPU = torch.device("cpu")
 
 
 def spec(head_dim=16, dtype=torch.float32, kv_dtype=None, device=CPU, **kw) -> AttentionBackendSpec:
-    return AttentionBackendSpec(head_dim=head_dim, dtype=dtype, kv_dtype=kv_dtype or dtype, device=device, **kw)
+    return AttentionBackendSpec(
+        head_dim=head_dim, dtype=dtype, kv_dtype=kv_dtype or dtype, device=device, **kw
+    )
 
 
 def test_names():
     assert ATTENTION_BACKENDS == ("native", "triton", "torch", "mla")
 
 
-@pytest.mark.parametrize("field", ["attention_backend", "prefill_attention_backend", "decode_attention_backend"])
+@pytest.mark.parametrize(
+    "field", ["attention_backend", "prefill_attention_backend", "decode_attention_backend"]
+)
 def test_unknown_name_names_the_field(field):
-    kw = {"attention_backend": dict(name="flash"), "prefill_attention_backend": dict(name=None, prefill="flash"),
-          "decode_attention_backend": dict(name=None, decode="flash")}[field]
-    with pytest.raises(ValueError, match=f"^{field} must be one of native, triton, torch, mla, got 'flash'$"):
+    kw = {
+        "attention_backend": dict(name="flash"),
+        "prefill_attention_backend": dict(name=None, prefill="flash"),
+        "decode_attention_backend": dict(name=None, decode="flash"),
+    }[field]
+    with pytest.raises(
+        ValueError, match=f"^{field} must be one of native, triton, torch, mla, got 'flash'$"
+    ):
         create_attention_backend(spec=spec(), **kw)
 
 
@@ -56,25 +65,36 @@ def test_auto_picks_native_on_cpu_float32(kernel_ops):
 
 @pytest.mark.parametrize("where", ["bfloat16", "head_dim 12", "head_dim 512"])
 def test_auto_picks_torch_where_native_does_not_apply(kernel_ops, where):
-    s = {"bfloat16": spec(dtype=torch.bfloat16), "head_dim 12": spec(head_dim=12), "head_dim 512": spec(head_dim=512)}[where]
+    s = {
+        "bfloat16": spec(dtype=torch.bfloat16),
+        "head_dim 12": spec(head_dim=12),
+        "head_dim 512": spec(head_dim=512),
+    }[where]
     backend = create_attention_backend(None, s)
     assert type(backend) is TorchSDPABackend
     with pytest.raises(ValueError, match="^attention_backend native: "):
         create_attention_backend("native", s)
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed (the test extra)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None, reason="triton is not installed (the test extra)"
+)
 def test_auto_picks_triton_on_cuda(kernel_ops, monkeypatch):
     """On CUDA auto's choice is the Triton backend (native says why not); on CPU the Triton kernels
     run only in Triton's interpreter (tests/triton), so naming it says so and auto passes it by."""
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the test session turns it on without a GPU
+    monkeypatch.delenv(
+        "TRITON_INTERPRET", raising=False
+    )  # the test session turns it on without a GPU
     cuda = spec(device=torch.device("cuda"), dtype=torch.bfloat16)
     assert type(create_attention_backend(None, cuda)) is TritonAttnBackend
     assert type(create_attention_backend("torch", cuda)) is TorchSDPABackend
     with pytest.raises(ValueError, match="^attention_backend native: "):
         create_attention_backend("native", cuda)
-    with pytest.raises(ValueError, match=r"^attention_backend triton: the Triton kernels run on CUDA \(on CPU only "
-                                         r"under Triton's interpreter"):
+    with pytest.raises(
+        ValueError,
+        match=r"^attention_backend triton: the Triton kernels run on CUDA \(on CPU only "
+        r"under Triton's interpreter",
+    ):
         create_attention_backend("triton", spec(dtype=torch.bfloat16))
     assert type(create_attention_backend(None, spec(dtype=torch.bfloat16))) is TorchSDPABackend
     why = "kv_cache_dtype int8: the Triton kernels read float KV"
@@ -91,10 +111,16 @@ def test_torch_backend_is_built_from_the_spec():
     assert [type(p) for p in backend.decode_paths] == [SharedPrefixDecodePath, GatherDecodePath]
 
 
-@pytest.mark.parametrize("feature,why", [
-    (dict(sliding_window_size=8), "the native attention kernel has no sliding-window attention"),
-    (dict(logit_cap=50.0), "the native attention kernel has no attention logit soft-capping"),
-])
+@pytest.mark.parametrize(
+    "feature,why",
+    [
+        (
+            dict(sliding_window_size=8),
+            "the native attention kernel has no sliding-window attention",
+        ),
+        (dict(logit_cap=50.0), "the native attention kernel has no attention logit soft-capping"),
+    ],
+)
 def test_sliding_window_and_logit_cap_need_torch(kernel_ops, feature, why):
     """A model with windowed or soft-capped layers: native says why not, auto picks torch (built for
     them: the gather decode path alone, which knows the window), naming native raises the reason."""
@@ -118,18 +144,27 @@ def test_kv_dtype_other_than_the_model_dtype_needs_native(kernel_ops):
         create_attention_backend(None, spec(kv_dtype=torch.int8), decode="torch")
     # auto, where native does not apply either: both reasons
     native_why = "the native attention kernel runs float32 models on CPU"
-    with pytest.raises(ValueError, match=f"native: {native_why}; triton: auto picks it on cuda only; torch: {why}"):
+    with pytest.raises(
+        ValueError, match=f"native: {native_why}; triton: auto picks it on cuda only; torch: {why}"
+    ):
         create_attention_backend(None, spec(dtype=torch.bfloat16, kv_dtype=torch.int8))
 
 
 def test_prefill_and_decode_names_make_a_hybrid(kernel_ops):
     h = create_attention_backend(None, spec(), prefill="torch")
     assert type(h) is HybridAttnBackend
-    assert type(h.prefill_backend) is TorchSDPABackend and type(h.decode_backend) is NativeCPUBackend
+    assert (
+        type(h.prefill_backend) is TorchSDPABackend and type(h.decode_backend) is NativeCPUBackend
+    )
     h = create_attention_backend("torch", spec(), decode="native")
-    assert type(h.prefill_backend) is TorchSDPABackend and type(h.decode_backend) is NativeCPUBackend
+    assert (
+        type(h.prefill_backend) is TorchSDPABackend and type(h.decode_backend) is NativeCPUBackend
+    )
     # The same backend for both phases is that backend alone.
-    assert type(create_attention_backend("torch", spec(), prefill="torch", decode="torch")) is TorchSDPABackend
+    assert (
+        type(create_attention_backend("torch", spec(), prefill="torch", decode="torch"))
+        is TorchSDPABackend
+    )
     assert type(create_attention_backend(None, spec(), prefill="native")) is NativeCPUBackend
 
 
@@ -138,7 +173,8 @@ def test_prefill_and_decode_names_make_a_hybrid(kernel_ops):
 
 @pytest.fixture(scope="module")
 def tiny_llama(tmp_path_factory):
-    """A random Llama (head_dim 16: native applies) saved as HF safetensors, and transformers' model."""
+    """A random Llama (head_dim 16: native applies) saved as HF safetensors, and transformers'
+    model."""
     path = tmp_path_factory.mktemp("hybrid-llama")
     hf, _ = save_random_llama(path)
     return hf, load_model(str(path)), str(path)
@@ -147,12 +183,19 @@ def tiny_llama(tmp_path_factory):
 def counting(backend) -> Counter:
     """Count the calls of backend's per-batch methods (instance attributes wrap the real ones)."""
     calls: Counter = Counter()
-    for name in ("init_forward_metadata", "forward_extend", "forward_decode", "runs_fused_layers", "reset"):
+    for name in (
+        "init_forward_metadata",
+        "forward_extend",
+        "forward_decode",
+        "runs_fused_layers",
+        "reset",
+    ):
         real = getattr(backend, name)
 
         def wrapper(*args, _real=real, _name=name, **kwargs):
             calls[_name] += 1
             return _real(*args, **kwargs)
+
         setattr(backend, name, wrapper)
     return calls
 
@@ -161,11 +204,16 @@ PROMPTS = [[(7 * i + 3) % 256 for i in range(20)], [(11 * i + 5) % 256 for i in 
 STEPS = 3
 
 
-def run_scenario(model, config, backends) -> tuple[list[torch.Tensor], list[torch.Tensor], list[list[int]]]:
+def run_scenario(
+    model, config, backends
+) -> tuple[list[torch.Tensor], list[torch.Tensor], list[list[int]]]:
     """Two prompts in one extend, a third request extending over the first one's cached prefix, then
     STEPS greedy decode steps of all three. backends: one backend, or (extend's, decode's) swapped
-    in by hand before each batch. -> (extend logits per request, decode logits per step, sequences)."""
-    extend_backend, decode_backend = backends if isinstance(backends, tuple) else (backends, backends)
+    in by hand before each batch. -> (extend logits per request, decode logits per step, sequences).
+    """
+    extend_backend, decode_backend = (
+        backends if isinstance(backends, tuple) else (backends, backends)
+    )
     h = PoolHarness(model, config, seed=7, attn_backend=extend_backend)
     a, b = h.new_request(), h.new_request()
     extends = h.extend([a, b], PROMPTS)
@@ -195,32 +243,49 @@ def test_hybrid_routes_prefill_and_decode(kernel_ops, tiny_llama, prefill, decod
     extends, decodes, seqs = run_scenario(loaded.model, loaded.hf_config, hybrid)
 
     layers = loaded.hf_config.num_hidden_layers
-    assert prefill_calls["forward_extend"] == 2 * layers and prefill_calls["init_forward_metadata"] == 2
-    assert decode_calls["forward_decode"] == STEPS * layers and decode_calls["init_forward_metadata"] == STEPS
+    assert (
+        prefill_calls["forward_extend"] == 2 * layers
+        and prefill_calls["init_forward_metadata"] == 2
+    )
+    assert (
+        decode_calls["forward_decode"] == STEPS * layers
+        and decode_calls["init_forward_metadata"] == STEPS
+    )
     assert prefill_calls["forward_decode"] == decode_calls["forward_extend"] == 0
-    assert prefill_calls["init_forward_metadata"] + decode_calls["init_forward_metadata"] == 2 + STEPS
+    assert (
+        prefill_calls["init_forward_metadata"] + decode_calls["init_forward_metadata"] == 2 + STEPS
+    )
 
     # Bitwise the logits of each phase run on its own backend (switched by hand between batches).
-    by_hand = run_scenario(loaded.model, loaded.hf_config, (create_attention_backend(prefill, s),
-                                                             create_attention_backend(decode, s)))
+    by_hand = run_scenario(
+        loaded.model,
+        loaded.hf_config,
+        (create_attention_backend(prefill, s), create_attention_backend(decode, s)),
+    )
     assert all(torch.equal(x, y) for x, y in zip(extends, by_hand[0], strict=True))
     assert all(torch.equal(x, y) for x, y in zip(decodes, by_hand[1], strict=True))
     assert seqs == by_hand[2]
 
     # The same greedy tokens as either backend alone, and transformers' logits.
     for single in ("torch", "native"):
-        assert run_scenario(loaded.model, loaded.hf_config, create_attention_backend(single, s))[2] == seqs
+        assert (
+            run_scenario(loaded.model, loaded.hf_config, create_attention_backend(single, s))[2]
+            == seqs
+        )
     refs = [hf_logits(hf, ids) for ids in seqs]
     offsets = [0, 0, 12]
     for i, (out, ref) in enumerate(zip(extends, refs, strict=True)):
-        torch.testing.assert_close(out, ref[offsets[i]: offsets[i] + len(out)], atol=ATOL, rtol=0)
+        torch.testing.assert_close(out, ref[offsets[i] : offsets[i] + len(out)], atol=ATOL, rtol=0)
     for step, out in enumerate(decodes):
         pos = [len(PROMPTS[0]) + step, len(PROMPTS[1]) + step, 17 + step]
-        torch.testing.assert_close(out, torch.stack([r[p] for r, p in zip(refs, pos, strict=True)]), atol=ATOL, rtol=0)
+        torch.testing.assert_close(
+            out, torch.stack([r[p] for r, p in zip(refs, pos, strict=True)]), atol=ATOL, rtol=0
+        )
 
 
 def test_hybrid_routes_every_method_by_batch_shape(kernel_ops, tiny_llama, monkeypatch):
-    """MIXED and TARGET_VERIFY are extend-shaped: the prefill backend's; DECODE the decode backend's."""
+    """MIXED and TARGET_VERIFY are extend-shaped: the prefill backend's; DECODE the decode
+    backend's."""
     _, loaded, _ = tiny_llama
     hybrid = create_attention_backend(None, spec(), prefill="native", decode="torch")
     resets = counting(hybrid.prefill_backend), counting(hybrid.decode_backend)
@@ -234,12 +299,16 @@ def test_hybrid_routes_every_method_by_batch_shape(kernel_ops, tiny_llama, monke
         out = real_run(input_ids, positions, fb)
         seen[fb.forward_mode] = (type(fb.attn_metadata), hybrid.runs_fused_layers(fb))
         return out
+
     monkeypatch.setattr(loaded.model.model, "forward", recording)
     h._run(ForwardMode.TARGET_VERIFY, [a], [[1, 2, 3]])
     h._run(ForwardMode.MIXED, [a, b], [[4, 5], [6]])
     h.decode([a, b], [7, 8])
-    assert seen == {ForwardMode.TARGET_VERIFY: (NativeMetadata, True), ForwardMode.MIXED: (NativeMetadata, True),
-                    ForwardMode.DECODE: (SDPAMetadata, False)}
+    assert seen == {
+        ForwardMode.TARGET_VERIFY: (NativeMetadata, True),
+        ForwardMode.MIXED: (NativeMetadata, True),
+        ForwardMode.DECODE: (SDPAMetadata, False),
+    }
     hybrid.reset()
     assert [c["reset"] for c in resets] == [1, 1]
 
@@ -251,16 +320,21 @@ def default_model():
 
 
 @pytest.mark.parametrize("prefill,decode", [("torch", "native"), ("native", "torch")])
-def test_fused_layers_follow_the_phase_backend(kernel_ops, default_model, monkeypatch, prefill, decode):
+def test_fused_layers_follow_the_phase_backend(
+    kernel_ops, default_model, monkeypatch, prefill, decode
+):
     """The model runs the native fused layers exactly for the batches the native backend runs."""
     from radixlm.model.models import llama
 
     fused = Counter()
     real = llama.run_fused_layers
 
-    def counted(f, hidden, positions, fb, *layers):  # layers: a segment's (start, end), model/hidden_capture.py
+    def counted(
+        f, hidden, positions, fb, *layers
+    ):  # layers: a segment's (start, end), model/hidden_capture.py
         fused.update([fb.forward_mode])
         return real(f, hidden, positions, fb, *layers)
+
     monkeypatch.setattr(llama, "run_fused_layers", counted)
     head_dim = default_model.hf_config.hidden_size // default_model.hf_config.num_attention_heads
     s = spec(head_dim=head_dim)
@@ -269,8 +343,12 @@ def test_fused_layers_follow_the_phase_backend(kernel_ops, default_model, monkey
     got = run_scenario(model, config, hybrid)
     native_mode = ForwardMode.DECODE if decode == "native" else ForwardMode.EXTEND
     assert fused == Counter({native_mode: STEPS if decode == "native" else 2})
-    by_hand = run_scenario(model, config, (create_attention_backend(prefill, s), create_attention_backend(decode, s)))
-    assert all(torch.equal(x, y) for x, y in zip(got[0] + got[1], by_hand[0] + by_hand[1], strict=True))
+    by_hand = run_scenario(
+        model, config, (create_attention_backend(prefill, s), create_attention_backend(decode, s))
+    )
+    assert all(
+        torch.equal(x, y) for x, y in zip(got[0] + got[1], by_hand[0] + by_hand[1], strict=True)
+    )
 
 
 # --- through ModelRunner --------------------------------------------------------------------------
@@ -282,13 +360,22 @@ def make_runner(path: str, **options):
 
     threads = torch.get_num_threads()  # the runner sets the process's torch threads; give them back
     try:
-        return ModelRunner(ModelRunnerConfig(model_path=str(path), num_threads=1, max_total_tokens=512,
-                                             max_running_requests=4, **options))
+        return ModelRunner(
+            ModelRunnerConfig(
+                model_path=str(path),
+                num_threads=1,
+                max_total_tokens=512,
+                max_running_requests=4,
+                **options,
+            )
+        )
     finally:
         torch.set_num_threads(threads)
 
 
-def greedy(runner, prompts: list[list[int]], steps: int) -> tuple[list[list[int]], list[torch.Tensor]]:
+def greedy(
+    runner, prompts: list[list[int]], steps: int
+) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Prefill prompts in one batch, then `steps` greedy decode steps, straight on the runner."""
     from radixlm.model.worker_batch import ModelWorkerBatch
 
@@ -300,11 +387,19 @@ def greedy(runner, prompts: list[list[int]], steps: int) -> tuple[list[list[int]
         out = runner.token_to_kv_pool.alloc(sum(map(len, new)))
         start = 0
         for r, p, n in zip(rows, prefix, new, strict=True):
-            runner.req_to_token_pool.req_to_token[r, p: p + len(n)] = out[start: start + len(n)]
+            runner.req_to_token_pool.req_to_token[r, p : p + len(n)] = out[start : start + len(n)]
             start += len(n)
         positions = [i for p, n in zip(prefix, new, strict=True) for i in range(p, p + len(n))]
-        b = ModelWorkerBatch(mode, [t for n in new for t in n], positions, rows, [len(s) for s in seqs], out,
-                             extend_prefix_lens=prefix, extend_seq_lens=[len(n) for n in new])
+        b = ModelWorkerBatch(
+            mode,
+            [t for n in new for t in n],
+            positions,
+            rows,
+            [len(s) for s in seqs],
+            out,
+            extend_prefix_lens=prefix,
+            extend_seq_lens=[len(n) for n in new],
+        )
         return runner.forward(runner.prepare(b)).next_token_logits
 
     new = [list(p) for p in prompts]
@@ -323,27 +418,42 @@ def test_runner_builds_its_backend_from_the_config(kernel_ops, tiny_llama):
     assert type(single.attn_backend) is NativeCPUBackend
     hybrid = make_runner(path, prefill_attention_backend="torch")
     assert type(hybrid.attn_backend) is HybridAttnBackend
-    calls = counting(hybrid.attn_backend.prefill_backend), counting(hybrid.attn_backend.decode_backend)
+    calls = (
+        counting(hybrid.attn_backend.prefill_backend),
+        counting(hybrid.attn_backend.decode_backend),
+    )
     torch_only = make_runner(path, attention_backend="torch")
     prompts = [[5, 9, 200, 17, 3, 3, 8], [100, 101, 102]]
     seqs, logits = greedy(hybrid, prompts, steps=3)
     ref_seqs, ref_logits = greedy(torch_only, prompts, steps=3)
     native_seqs, native_logits = greedy(single, prompts, steps=3)
     assert seqs == ref_seqs == native_seqs
-    assert logits[0].abs().max() > 1.0  # peaked logits: ATOL means something, greedy is far from ties
+    assert (
+        logits[0].abs().max() > 1.0
+    )  # peaked logits: ATOL means something, greedy is far from ties
     assert torch.equal(logits[0], ref_logits[0])  # the prefill ran on torch
     for step in range(1, 4):  # the decode steps on native
         torch.testing.assert_close(logits[step], native_logits[step], atol=ATOL, rtol=0)
     layers = SMALL["num_hidden_layers"]
-    assert [(c["forward_extend"], c["forward_decode"]) for c in calls] == [(layers, 0), (0, 3 * layers)]
+    assert [(c["forward_extend"], c["forward_decode"]) for c in calls] == [
+        (layers, 0),
+        (0, 3 * layers),
+    ]
 
 
 def test_runner_kv_dtype(kernel_ops, tiny_llama):
-    """auto: float16 KV for quantized weights where every backend reads it (native), else the model's."""
+    """auto: float16 KV for quantized weights where every backend reads it (native), else the
+    model's."""
     path = tiny_llama[2]
     assert make_runner(path, quantization="int8").kv_dtype == torch.float16
     assert make_runner(path).kv_dtype == torch.float32
-    assert make_runner(path, quantization="int8", decode_attention_backend="torch").kv_dtype == torch.float32
+    assert (
+        make_runner(path, quantization="int8", decode_attention_backend="torch").kv_dtype
+        == torch.float32
+    )
     assert make_runner(path, kv_cache_dtype="int8").token_to_kv_pool.dtype == torch.int8
-    with pytest.raises(ValueError, match="^attention_backend torch: kv_cache_dtype int8 differs from the model dtype"):
+    with pytest.raises(
+        ValueError,
+        match="^attention_backend torch: kv_cache_dtype int8 differs from the model dtype",
+    ):
         make_runner(path, kv_cache_dtype="int8", attention_backend="torch")

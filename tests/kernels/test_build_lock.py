@@ -1,4 +1,5 @@
-"""A builder killed mid-build leaves torch's `lock` file in the kernel cache: later starts must not wait on it."""
+"""A builder killed mid-build leaves torch's `lock` file in the kernel cache: later starts must not
+wait on it."""
 
 import os
 import subprocess
@@ -17,7 +18,9 @@ def test_a_stale_build_lock_does_not_block_the_next_start():
         pass
     code = "from radixlm.kernels import build; import sys; sys.exit(0 if build.load() else 3)"
     try:
-        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        r = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=120
+        )
     except subprocess.TimeoutExpired:
         os.remove(stale)
         pytest.fail("the next start waited on the stale build lock")

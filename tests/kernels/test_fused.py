@@ -17,7 +17,11 @@ def close(a, b, scale=None):
 @pytest.mark.parametrize("rows,cols", [(1, 576), (3, 64), (17, 100), (5, 7)])
 def test_rmsnorm_and_add_rmsnorm(kernel_ops, rows, cols):
     g = torch.Generator().manual_seed(rows * cols)
-    x, res, w = torch.randn(rows, cols, generator=g) * 3, torch.randn(rows, cols, generator=g), torch.randn(cols, generator=g)
+    x, res, w = (
+        torch.randn(rows, cols, generator=g) * 3,
+        torch.randn(rows, cols, generator=g),
+        torch.randn(cols, generator=g),
+    )
     eps = 1e-5
 
     def ref(v):
@@ -45,8 +49,11 @@ def test_silu_and_mul(kernel_ops, rows, d):
 
 @pytest.mark.parametrize("head_dim,rot_factor", [(64, 1.0), (32, 0.5), (20, 1.0)])
 def test_rotary_in_place_matches_torch(kernel_ops, head_dim, rot_factor):
-    rope = RotaryEmbedding(head_dim, 512, {"rope_type": "default", "rope_theta": 10000.0,
-                                           "partial_rotary_factor": rot_factor})
+    rope = RotaryEmbedding(
+        head_dim,
+        512,
+        {"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": rot_factor},
+    )
     g = torch.Generator().manual_seed(head_dim)
     qkv = torch.randn(6, (4 + 2 + 2) * head_dim, generator=g)
     q, k, v = qkv.split([4 * head_dim, 2 * head_dim, 2 * head_dim], dim=-1)

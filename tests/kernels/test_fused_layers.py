@@ -23,7 +23,9 @@ def test_fused_layers_equal_python_layers(kernel_ops, default_model, kv_dtype):
     runs = []
     for fused in (True, False):
         model.model.use_fused_layers = fused
-        h = PoolHarness(model, default_model.hf_config, attn_backend=NativeCPUBackend(), kv_dtype=kv_dtype)
+        h = PoolHarness(
+            model, default_model.hf_config, attn_backend=NativeCPUBackend(), kv_dtype=kv_dtype
+        )
         a, b = h.new_request(), h.new_request()
         ext = h.extend([a, b], prompts)
         dec = h.decode([a, b], [7, 9])
@@ -51,11 +53,15 @@ def test_fused_layers_take_mixed_format_projections(kernel_ops, tmp_path, qkv_bi
             qkv = layer.self_attn.qkv_proj
             qkv.bias = torch.nn.Parameter(0.2 * torch.randn(qkv.out_features, generator=g))
     g = torch.Generator().manual_seed(12)
-    prompts = [torch.randint(0, loaded.hf_config.vocab_size, (n,), generator=g).tolist() for n in (29, 4)]
+    prompts = [
+        torch.randint(0, loaded.hf_config.vocab_size, (n,), generator=g).tolist() for n in (29, 4)
+    ]
     runs = []
     for fused in (True, False):
         model.model.use_fused_layers, model.model._fused = fused, None
-        h = PoolHarness(model, loaded.hf_config, attn_backend=NativeCPUBackend(), kv_dtype=torch.float16)
+        h = PoolHarness(
+            model, loaded.hf_config, attn_backend=NativeCPUBackend(), kv_dtype=torch.float16
+        )
         a, b = h.new_request(), h.new_request()
         runs.append((h.extend([a, b], prompts), h.decode([a, b], [3, 8])))
         if fused:

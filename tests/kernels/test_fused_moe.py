@@ -31,7 +31,14 @@ LAYOUTS = [(n, False) for n in FORMATS] + [(n, True) for n in INTERLEAVED]
 IDS = [f"{n}{'x8' if x else ''}" for n, x in LAYOUTS]
 # (tokens, top_k, hot): hot=True puts every token on expert 5 (k = 1); T = 2, k = 2 leaves at
 # least 4 of the 8 experts without a token.
-ROUTINGS = [(1, 1, False), (1, 4, False), (2, 2, False), (37, 3, False), (300, 4, False), (300, 1, True)]
+ROUTINGS = [
+    (1, 1, False),
+    (1, 4, False),
+    (2, 2, False),
+    (37, 3, False),
+    (300, 4, False),
+    (300, 1, True),
+]
 
 
 def dims(name: str) -> tuple[int, int]:
@@ -41,10 +48,19 @@ def dims(name: str) -> tuple[int, int]:
     return (256, 256) if FORMATS[name].block == 256 else (64, 96)
 
 
-def make_experts(name: str, interleave: bool, g: torch.Generator) -> tuple[ExpertWeights, ExpertWeights]:
+def make_experts(
+    name: str, interleave: bool, g: torch.Generator
+) -> tuple[ExpertWeights, ExpertWeights]:
     H, I = dims(name)
-    w13 = ExpertWeights(torch.stack([random_quantized(name, 2 * I, H, g) for _ in range(E)]), FORMATS[name], 2 * I, H)
-    w2 = ExpertWeights(torch.stack([random_quantized(name, H, I, g) for _ in range(E)]), FORMATS[name], H, I)
+    w13 = ExpertWeights(
+        torch.stack([random_quantized(name, 2 * I, H, g) for _ in range(E)]),
+        FORMATS[name],
+        2 * I,
+        H,
+    )
+    w2 = ExpertWeights(
+        torch.stack([random_quantized(name, H, I, g) for _ in range(E)]), FORMATS[name], H, I
+    )
     if interleave:
         w13, w2 = w13.interleaved(parts=2), w2.interleaved()
         assert w13.fmt.group == 8 and w2.fmt.group == 8
@@ -104,7 +120,9 @@ def naive_reference(kernel_ops, x, tw, ti, w13: ExpertWeights, w2: ExpertWeights
             step = per_value(d)
             dstep = block_max(da) / 127 * 1.01  # the op's block scale moves at most this
             ratio = a.float().double() / step.clamp_min(1e-30)
-            near = (ratio - ratio.floor() - 0.5).abs() * step <= 2 * (da + ratio.abs() * dstep) + 1e-6 * a.abs()
+            near = (ratio - ratio.floor() - 0.5).abs() * step <= 2 * (
+                da + ratio.abs() * dstep
+            ) + 1e-6 * a.abs()
             a, da = q.double() * step, q.double().abs() * dstep + near * step
         y = a @ W2[e].T
         dy = da @ W2[e].abs().T + 1e-5 * (a.abs() @ W2[e].abs().T)
@@ -124,11 +142,15 @@ def test_op_equals_the_torch_path_and_the_naive_loop(kernel_ops, name, interleav
         out = op(kernel_ops, x, tw, ti, w13, w2)
         assert out.shape == (T, H) and out.dtype == torch.float32
         ref = fused_experts_torch(x, tw, ti, w13, w2)
-        assert torch.equal(out, ref), f"T={T} k={k}: max |op - torch path| {(out - ref).abs().max():.3g}"
+        assert torch.equal(out, ref), (
+            f"T={T} k={k}: max |op - torch path| {(out - ref).abs().max():.3g}"
+        )
         naive, bound = naive_reference(kernel_ops, x, tw, ti, w13, w2)
         err = (out.double() - naive).abs()
         assert naive.abs().max() > 0 and (err <= bound).all(), (
-            f"T={T} k={k}: {(err - bound).max():.3g} past the bound (max |ref| {naive.abs().max():.3g})")
+            f"T={T} k={k}: {(err - bound).max():.3g} past the bound (max |ref|"
+            f" {naive.abs().max():.3g})"
+        )
 
 
 @pytest.mark.parametrize("name,interleave", LAYOUTS, ids=IDS)
@@ -145,7 +167,9 @@ def test_a_tokens_row_does_not_depend_on_its_batch(kernel_ops, name, interleave)
     try:
         torch.set_num_threads(1)  # alone, on one thread: other tasks, other slices
         for t in range(0, T, 4):
-            assert torch.equal(op(kernel_ops, x[t:t + 1], tw[t:t + 1], ti[t:t + 1], w13, w2), out[t:t + 1]), f"token {t}"
+            assert torch.equal(
+                op(kernel_ops, x[t : t + 1], tw[t : t + 1], ti[t : t + 1], w13, w2), out[t : t + 1]
+            ), f"token {t}"
     finally:
         torch.set_num_threads(threads)
 
@@ -162,7 +186,9 @@ def test_ids_of_minus_one_are_skipped(kernel_ops):
     assert torch.equal(op(kernel_ops, x, tw, ti.masked_fill(drop, -1), w13, w2), zeroed)
     assert torch.equal(fused_experts_torch(x, tw, ti.masked_fill(drop, -1), w13, w2), zeroed)
     assert torch.equal(op(kernel_ops, x, tw, torch.full_like(ti, -1), w13, w2), torch.zeros_like(x))
-    assert torch.equal(op(kernel_ops, x, tw, ti.long(), w13, w2), op(kernel_ops, x, tw, ti, w13, w2))  # int64 ids
+    assert torch.equal(
+        op(kernel_ops, x, tw, ti.long(), w13, w2), op(kernel_ops, x, tw, ti, w13, w2)
+    )  # int64 ids
 
 
 def test_fake_implementation_gives_the_output_shape(kernel_ops):
@@ -172,7 +198,14 @@ def test_fake_implementation_gives_the_output_shape(kernel_ops):
     g = torch.Generator().manual_seed(8)
     w13, w2 = make_experts("q8_0", False, g)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        out = op(kernel_ops, torch.empty(5, w13.cols), torch.empty(5, 2), torch.zeros(5, 2, dtype=torch.int32), w13, w2)
+        out = op(
+            kernel_ops,
+            torch.empty(5, w13.cols),
+            torch.empty(5, 2),
+            torch.zeros(5, 2, dtype=torch.int32),
+            w13,
+            w2,
+        )
     assert out.shape == (5, w13.cols) and out.dtype == torch.float32
 
 
@@ -232,9 +265,9 @@ def test_bad_inputs_are_refused_by_name(kernel_ops):
         kernel_ops.fused_moe(x.double(), ti, tw, w13.data, fid, w2.data, fid)
 
 
-# At T = 1 with k = 2, every other expert's pages are unreadable (mprotect PROT_NONE): reading any of
-# their bytes kills the process with SIGSEGV. The control run routes to a guarded expert to show the
-# guard bites.
+# At T = 1 with k = 2, every other expert's pages are unreadable (mprotect PROT_NONE): reading any
+# of their bytes kills the process with SIGSEGV. The control run routes to a guarded expert to show
+# the guard bites.
 GUARD = textwrap.dedent("""
     import ctypes, mmap, sys
     import torch
@@ -282,14 +315,34 @@ GUARD = textwrap.dedent("""
 
 
 def test_batch_one_reads_only_the_chosen_experts(kernel_ops):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+    }
 
     def guard(route: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-c", GUARD, route], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-c", GUARD, route],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     ok = guard("2,6")
     assert ok.returncode == 0, ok.stdout + ok.stderr
-    assert ok.stdout.split() == ["q4_0", "ok", "q4_k", "ok", "q6_k", "ok", "f16", "ok", "int8", "ok"]
+    assert ok.stdout.split() == [
+        "q4_0",
+        "ok",
+        "q4_k",
+        "ok",
+        "q6_k",
+        "ok",
+        "f16",
+        "ok",
+        "int8",
+        "ok",
+    ]
     control = guard("2,5")  # expert 5 is guarded: the first format's call must die on its pages
     assert control.returncode == -11, (control.returncode, control.stdout + control.stderr)

@@ -23,8 +23,15 @@ def _delta(ops, x, a, b, slot, base):
     return out
 
 
-@pytest.mark.parametrize("shape", [dict(), dict(width=48, n_in=576, n_out=960), dict(width=8, n_in=64, n_out=8),
-                                   dict(width=3, n_in=5, n_out=1, tokens=1)])
+@pytest.mark.parametrize(
+    "shape",
+    [
+        dict(),
+        dict(width=48, n_in=576, n_out=960),
+        dict(width=8, n_in=64, n_out=8),
+        dict(width=3, n_in=5, n_out=1, tokens=1),
+    ],
+)
 def test_matches_float64(kernel_ops, shape):
     x, a, b, slot, base = _case(**shape)
     got = _delta(kernel_ops, x, a, b, slot, base)
@@ -41,8 +48,13 @@ def test_each_token_bitwise_the_same_in_any_batch(kernel_ops):
     slot[slot < 0] = 1
     full = _delta(kernel_ops, x, a, b, slot, base)
     for t in (0, 5, 36):  # alone
-        assert torch.equal(_delta(kernel_ops, x[t:t + 1], a, b, slot[t:t + 1], base[t:t + 1]), full[t:t + 1])
-    perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(1))  # reordered, other neighbours
+        assert torch.equal(
+            _delta(kernel_ops, x[t : t + 1], a, b, slot[t : t + 1], base[t : t + 1]),
+            full[t : t + 1],
+        )
+    perm = torch.randperm(
+        len(x), generator=torch.Generator().manual_seed(1)
+    )  # reordered, other neighbours
     assert torch.equal(_delta(kernel_ops, x[perm], a, b, slot[perm], base[perm]), full[perm])
     threads = torch.get_num_threads()
     try:

@@ -14,7 +14,13 @@ from radixlm.model.layers.attention.mla_backend import MLABackend
 from radixlm.model.layers.attention.mla_native import mla_decode_native
 
 HEADS, NOPE, ROPE, V, RANK = 8, 32, 16, 24, 64
-LENS = [1, 7, 33, 300, 700]  # ragged: one row, under a block, past the 256-key split, several splits
+LENS = [
+    1,
+    7,
+    33,
+    300,
+    700,
+]  # ragged: one row, under a block, past the 256-key split, several splits
 
 
 def _batch(pool_dtype, seed=0):
@@ -26,17 +32,25 @@ def _batch(pool_dtype, seed=0):
     rows, off = [], 0
     for n in LENS:
         row = req_pool.alloc()
-        req_pool.req_to_token[row, :n] = slots[off:off + n]
-        pool.set_kv_buffer(0, slots[off:off + n], torch.randn(n, 1, RANK + ROPE, generator=g))
+        req_pool.req_to_token[row, :n] = slots[off : off + n]
+        pool.set_kv_buffer(0, slots[off : off + n], torch.randn(n, 1, RANK + ROPE, generator=g))
         rows.append(row)
         off += n
-    kv_b = torch.randn(HEADS * (NOPE + V), RANK, generator=g) * RANK ** -0.5
+    kv_b = torch.randn(HEADS * (NOPE + V), RANK, generator=g) * RANK**-0.5
     layer = MLAAttention(HEADS, NOPE, ROPE, V, RANK, (NOPE + ROPE) ** -0.5, 0, lambda: kv_b)
     q = torch.randn(len(LENS), HEADS, NOPE + ROPE, generator=g) * 2
-    fb = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=len(LENS), input_ids=torch.zeros(len(LENS), dtype=torch.int64),
-                      positions=torch.tensor([n - 1 for n in LENS]), req_pool_indices=torch.tensor(rows),
-                      seq_lens=torch.tensor(LENS), out_cache_loc=torch.zeros(len(LENS), dtype=torch.int64),
-                      req_to_token_pool=req_pool, token_to_kv_pool=pool, seq_lens_cpu=list(LENS))
+    fb = ForwardBatch(
+        forward_mode=ForwardMode.DECODE,
+        batch_size=len(LENS),
+        input_ids=torch.zeros(len(LENS), dtype=torch.int64),
+        positions=torch.tensor([n - 1 for n in LENS]),
+        req_pool_indices=torch.tensor(rows),
+        seq_lens=torch.tensor(LENS),
+        out_cache_loc=torch.zeros(len(LENS), dtype=torch.int64),
+        req_to_token_pool=req_pool,
+        token_to_kv_pool=pool,
+        seq_lens_cpu=list(LENS),
+    )
     return q, layer, fb
 
 
@@ -66,8 +80,17 @@ def test_absorbed_decode_equals_decompressed(pool_dtype):
     assert hasattr(ops(), "mla_decode")
     q, layer, fb = _batch(pool_dtype)
     buf = fb.token_to_kv_pool.get_latent_buffer(0)
-    assert mla_decode_native(torch.randn(1, HEADS, RANK + ROPE), buf, torch.ones(1, 1, dtype=torch.int64),
-                             torch.tensor([1]), RANK, 1.0) is not None  # the backend's native path does run
+    assert (
+        mla_decode_native(
+            torch.randn(1, HEADS, RANK + ROPE),
+            buf,
+            torch.ones(1, 1, dtype=torch.int64),
+            torch.tensor([1]),
+            RANK,
+            1.0,
+        )
+        is not None
+    )  # the backend's native path does run
     ref = _naive_reference(q, layer, fb)
     decompressed = _decode(MLABackend(absorb=False), q, layer, fb)
     native = _decode(MLABackend(absorb=True, native=True), q, layer, fb)

@@ -19,8 +19,15 @@ BLOCK_FORMATS = [n for n in FORMATS if n not in FLOAT16]  # int8 activations
 
 
 # Formats gguf has no quantizer for: where each block's fp16 scales sit (byte offset, how many).
-FP16_SCALES = {"q4_k": (0, 2), "q5_k": (0, 2), "q6_k": (208, 1), "q3_k": (108, 1), "q2_k": (80, 2),
-               "iq4_nl": (0, 1), "iq4_xs": (0, 1)}
+FP16_SCALES = {
+    "q4_k": (0, 2),
+    "q5_k": (0, 2),
+    "q6_k": (208, 1),
+    "q3_k": (108, 1),
+    "q2_k": (80, 2),
+    "iq4_nl": (0, 1),
+    "iq4_xs": (0, 1),
+}
 
 
 def random_quantized(name: str, rows: int, cols: int, g: torch.Generator) -> torch.Tensor:
@@ -28,9 +35,13 @@ def random_quantized(name: str, rows: int, cols: int, g: torch.Generator) -> tor
     if name in FP16_SCALES:  # random blocks with sane fp16 scales (d, and dmin where there is one)
         raw = torch.randint(0, 256, (rows, fmt.row_bytes(cols)), dtype=torch.uint8, generator=g)
         blocks = raw.view(rows, -1, fmt.block_bytes)
-        scales = (torch.rand(rows, blocks.shape[1], 2, generator=g) * 0.02 + 1e-3).half().view(torch.uint8)
+        scales = (
+            (torch.rand(rows, blocks.shape[1], 2, generator=g) * 0.02 + 1e-3)
+            .half()
+            .view(torch.uint8)
+        )
         at, count = FP16_SCALES[name]
-        blocks[:, :, at:at + 2 * count] = scales.reshape(rows, -1, 4)[:, :, :2 * count]
+        blocks[:, :, at : at + 2 * count] = scales.reshape(rows, -1, 4)[:, :, : 2 * count]
         return raw
     return quantize(torch.randn(rows, cols, generator=g), name)
 
@@ -70,9 +81,22 @@ def check_kernel(kernel_ops, w, kernel_id, w_ref, m, g, label):
     assert (err_fp32 <= bound).all(), f"{label} {m}x{k}x{n}: beyond the 8-bit activation bound"
 
 
-# (activation rows M, weight rows, blocks): odd row counts (not multiples of the 2- and 4-row tiles).
-SHAPES = [(1, 37, 1), (2, 64, 2), (3, 1, 3), (4, 130, 1), (5, 17, 2), (7, 96, 3), (13, 33, 1), (31, 40, 2), (64, 9, 1),
-          (8, 67, 2), (17, 3, 1), (1, 67, 3)]
+# (activation rows M, weight rows, blocks): odd row counts (not multiples of the 2- and 4-row
+# tiles).
+SHAPES = [
+    (1, 37, 1),
+    (2, 64, 2),
+    (3, 1, 3),
+    (4, 130, 1),
+    (5, 17, 2),
+    (7, 96, 3),
+    (13, 33, 1),
+    (31, 40, 2),
+    (64, 9, 1),
+    (8, 67, 2),
+    (17, 3, 1),
+    (1, 67, 3),
+]
 
 
 @pytest.mark.parametrize("name", BLOCK_FORMATS)
@@ -92,7 +116,16 @@ def test_interleaved_layout_matches_dequantized_reference(kernel_ops, name):
     kernel meets the same two references as the row-major one, at 1-64 rows and 8-64 columns."""
     g = torch.Generator().manual_seed(10 + list(INTERLEAVED).index(name))
     src, packed = FORMATS[name], INTERLEAVED[name]
-    for m, n, blocks in [(1, 8, 1), (2, 16, 3), (3, 40, 2), (4, 8, 5), (5, 64, 1), (13, 24, 2), (64, 32, 3), (37, 56, 1)]:
+    for m, n, blocks in [
+        (1, 8, 1),
+        (2, 16, 3),
+        (3, 40, 2),
+        (4, 8, 5),
+        (5, 64, 1),
+        (13, 24, 2),
+        (64, 32, 3),
+        (37, 56, 1),
+    ]:
         k = blocks * src.block
         w = random_quantized(name, n, k, g)
         w_ref = dequantize_reference(w, name, k)
@@ -100,15 +133,26 @@ def test_interleaved_layout_matches_dequantized_reference(kernel_ops, name):
         assert p.shape == (n // 8, packed.row_bytes(k))
         check_kernel(kernel_ops, p, packed.kernel_id, w_ref, m, g, packed.name)
     with pytest.raises(RuntimeError, match="multiple of 8"):
-        kernel_ops.repack_x8(random_quantized(name, 12, src.block * 2, g), src.kernel_id, src.block * 2)
+        kernel_ops.repack_x8(
+            random_quantized(name, 12, src.block * 2, g), src.kernel_id, src.block * 2
+        )
 
 
 def test_matrices_with_rows_in_eights_are_interleaved(kernel_ops):
     g = torch.Generator().manual_seed(11)
-    for name, rows in (("q4_1", 48), ("q4_0", 16), ("q8_0", 24), ("q4_1", 50), ("q4_k", 16), ("q6_k", 12),
-                       ("q5_k", 16)):
+    for name, rows in (
+        ("q4_1", 48),
+        ("q4_0", 16),
+        ("q8_0", 24),
+        ("q4_1", 50),
+        ("q4_k", 16),
+        ("q6_k", 12),
+        ("q5_k", 16),
+    ):
         k = FORMATS[name].block * 2
-        mat = QuantizedMatrix([QuantizedTensor(random_quantized(name, rows, k, g), FORMATS[name], k)])
+        mat = QuantizedMatrix(
+            [QuantizedTensor(random_quantized(name, rows, k, g), FORMATS[name], k)]
+        )
         want = INTERLEAVED[name].name if name in INTERLEAVED and rows % 8 == 0 else name
         assert mat.formats == [want] and mat.rows == rows
 
@@ -132,7 +176,9 @@ def test_qlinear_out_writes_a_column_slice(kernel_ops):
     x = torch.randn(3, 64, generator=g)
     out = torch.full((3, 40), 7.0)
     kernel_ops.qlinear_out(x, w, FORMATS["q8_0"].kernel_id, None, out[:, 10:34])
-    assert torch.equal(out[:, :10], torch.full((3, 10), 7.0)) and torch.equal(out[:, 34:], torch.full((3, 6), 7.0))
+    assert torch.equal(out[:, :10], torch.full((3, 10), 7.0)) and torch.equal(
+        out[:, 34:], torch.full((3, 6), 7.0)
+    )
     w_ref = dequantize_reference(w, "q8_0", 64)
     assert dot_err(out[:, 10:34], exact_reference(kernel_ops, x, w_ref), x, w_ref) < EXACT_RTOL
 
@@ -142,14 +188,22 @@ def test_mixed_format_matrix(kernel_ops, rows):
     """A fused layer whose shards come in different formats (Q4_K_M: q/k Q4_K, v Q6_K) or float."""
     g = torch.Generator().manual_seed(3)
     k = 512
-    parts = [QuantizedTensor(random_quantized("q4_k", 20, k, g), FORMATS["q4_k"], k),
-             QuantizedTensor(random_quantized("q4_k", 12, k, g), FORMATS["q4_k"], k),
-             QuantizedTensor(random_quantized("q6_k", 9, k, g), FORMATS["q6_k"], k),
-             torch.randn(5, k, generator=g)]
+    parts = [
+        QuantizedTensor(random_quantized("q4_k", 20, k, g), FORMATS["q4_k"], k),
+        QuantizedTensor(random_quantized("q4_k", 12, k, g), FORMATS["q4_k"], k),
+        QuantizedTensor(random_quantized("q6_k", 9, k, g), FORMATS["q6_k"], k),
+        torch.randn(5, k, generator=g),
+    ]
     mat = QuantizedMatrix(parts)
-    assert mat.formats == ["q4_kx8", "q6_k", "torch.float32"] and mat.rows == 46  # 32 q4_k rows: interleaved
-    w_ref = torch.cat([dequantize_reference(p.data, p.fmt.name, k) if isinstance(p, QuantizedTensor) else p
-                       for p in parts])
+    assert (
+        mat.formats == ["q4_kx8", "q6_k", "torch.float32"] and mat.rows == 46
+    )  # 32 q4_k rows: interleaved
+    w_ref = torch.cat(
+        [
+            dequantize_reference(p.data, p.fmt.name, k) if isinstance(p, QuantizedTensor) else p
+            for p in parts
+        ]
+    )
     assert torch.equal(mat.dequantize(), w_ref)
     x = torch.randn(rows, k, generator=g)
     bias = torch.randn(46, generator=g)
@@ -187,9 +241,13 @@ def test_kernel_rows_equal_single_row_calls(kernel_ops, name):
     k = 2 * fmt.block if fmt.block > 1 else 67  # 16-bit floats: 8-value chunks and a tail of 3
     w = random_quantized(name, 67, k, g)
     x, bias = torch.randn(64, k, generator=g), torch.randn(67, generator=g)
-    singles = torch.cat([kernel_ops.qlinear(x[i:i + 1].clone(), w, fmt.kernel_id, bias) for i in range(64)])
+    singles = torch.cat(
+        [kernel_ops.qlinear(x[i : i + 1].clone(), w, fmt.kernel_id, bias) for i in range(64)]
+    )
     for m in (1, 2, 3, 5, 8, 17, 64):
-        assert torch.equal(kernel_ops.qlinear(x[:m].clone(), w, fmt.kernel_id, bias), singles[:m]), f"M = {m}"
+        assert torch.equal(
+            kernel_ops.qlinear(x[:m].clone(), w, fmt.kernel_id, bias), singles[:m]
+        ), f"M = {m}"
 
 
 def test_block_formats_match_gguf_sizes():
@@ -245,8 +303,19 @@ def test_vnni_tiles_equal_avx2_tiles_bitwise(kernel_ops, fmt):
 
 # (activation rows M, weight rows, in_features): K below, at and past the 8-value chunks with
 # ragged tails; M over the 1 x 4 (decode) and 4 x 2 tiles' remainders.
-FLOAT16_SHAPES = [(1, 37, 1), (1, 67, 8), (2, 64, 9), (3, 1, 515), (4, 130, 64), (5, 17, 23), (7, 96, 130),
-                  (13, 33, 1000), (64, 9, 40), (70, 67, 17), (1, 4, 4096)]
+FLOAT16_SHAPES = [
+    (1, 37, 1),
+    (1, 67, 8),
+    (2, 64, 9),
+    (3, 1, 515),
+    (4, 130, 64),
+    (5, 17, 23),
+    (7, 96, 130),
+    (13, 33, 1000),
+    (64, 9, 40),
+    (70, 67, 17),
+    (1, 4, 4096),
+]
 
 
 def float_dot_bound(x, w, bias=None):
@@ -258,7 +327,7 @@ def float_dot_bound(x, w, bias=None):
     mag = x.abs().double() @ w.abs().double().T
     if bias is not None:
         mag = mag + bias.abs().double()
-    return 1.01 * n * 2.0 ** -24 * mag
+    return 1.01 * n * 2.0**-24 * mag
 
 
 @pytest.mark.parametrize("name", FLOAT16)
@@ -277,7 +346,9 @@ def test_float16_qlinear_matches_fp64_reference(kernel_ops, name):
         x, bias = torch.randn(m, k, generator=g), torch.randn(n, generator=g)
         y = kernel_ops.qlinear(x, w, fid, bias)
         ref = x.double() @ w_ref.double().T + bias.double()
-        assert ((y.double() - ref).abs() <= float_dot_bound(x, w_ref, bias)).all(), f"{name} {m}x{k}x{n}"
+        assert ((y.double() - ref).abs() <= float_dot_bound(x, w_ref, bias)).all(), (
+            f"{name} {m}x{k}x{n}"
+        )
 
 
 @pytest.mark.parametrize("name", FLOAT16)
@@ -314,4 +385,7 @@ def test_float16_embedding_and_lm_head(kernel_ops, name):
     logits = emb.as_lm_head(h)
     assert logits.shape == (2, 3, vocab)
     ref = h.reshape(-1, hidden).double() @ w_ref.double().T
-    assert ((logits.reshape(-1, vocab).double() - ref).abs() <= float_dot_bound(h.reshape(-1, hidden), w_ref)).all()
+    assert (
+        (logits.reshape(-1, vocab).double() - ref).abs()
+        <= float_dot_bound(h.reshape(-1, hidden), w_ref)
+    ).all()

@@ -59,7 +59,7 @@ def naive_q4_k_block(x: np.ndarray) -> bytes:
     x = x.astype(F)
     scales, mins, levels = [], [], []
     for j in range(8):
-        xs = x[32 * j: 32 * j + 32]
+        xs = x[32 * j : 32 * j + 32]
         sum_x2 = F(0)
         for v in xs:
             sum_x2 = sum_x2 + v * v
@@ -81,8 +81,14 @@ def naive_q4_k_block(x: np.ndarray) -> bytes:
             sc[j] |= (lm >> 4) << 6
     d, dmin = np.float16(max_scale / F(63)), np.float16(max_min / F(63))
     for j in range(8):
-        s, m = (sc[j] & 63, sc[j + 4] & 63) if j < 4 else \
-            ((sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4), (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4))
+        s, m = (
+            (sc[j] & 63, sc[j + 4] & 63)
+            if j < 4
+            else (
+                (sc[j + 4] & 0xF) | ((sc[j - 4] >> 6) << 4),
+                (sc[j + 4] >> 4) | ((sc[j] >> 6) << 4),
+            )
+        )
         dj = F(d) * F(s)
         if not dj:
             continue
@@ -102,12 +108,18 @@ def _blocks() -> torch.Tensor:
     positive = 0.01 + torch.rand(256, generator=g)  # min clamps to 0
     constant = torch.full((256,), -0.75)
     zeros = torch.zeros(256)
-    mixed = torch.cat([torch.zeros(64), 1e-6 * torch.randn(64, generator=g), 10 * torch.randn(128, generator=g)])
+    mixed = torch.cat(
+        [torch.zeros(64), 1e-6 * torch.randn(64, generator=g), 10 * torch.randn(128, generator=g)]
+    )
     # Trained-weight-like rows: heavy tails, sparse, one-signed sub-blocks, several scales.
     heavy = torch.distributions.StudentT(3.0).sample((12, 256)) * 0.02
     sparse = torch.randn(6, 256, generator=g) * (torch.rand(6, 256, generator=g) < 0.1)
-    signed = (torch.rand(6, 256, generator=g) * torch.tensor([1.0, -1.0]).repeat_interleave(128)).abs() * 3
-    return torch.cat([torch.stack([normal, outliers, positive, constant, zeros, mixed]), heavy, sparse, signed])
+    signed = (
+        torch.rand(6, 256, generator=g) * torch.tensor([1.0, -1.0]).repeat_interleave(128)
+    ).abs() * 3
+    return torch.cat(
+        [torch.stack([normal, outliers, positive, constant, zeros, mixed]), heavy, sparse, signed]
+    )
 
 
 def test_q4_k_blocks_match_llama_cpps_reference_search(kernel_ops):

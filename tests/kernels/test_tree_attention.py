@@ -37,7 +37,7 @@ def build_batch(seed: int, kv_dtype: torch.dtype):
     kinds = ["tree", "chain", "tree", "tree", "one"][: rng.randrange(3, 6)]
     rng.shuffle(kinds)
     reqs, used = [], 0
-    for b, kind in enumerate(kinds):
+    for _b, kind in enumerate(kinds):
         prefix = rng.randrange(1, 90)
         n = 1 if kind == "one" else rng.randrange(2, 24)
         row = r2t.alloc()
@@ -62,13 +62,24 @@ def forward_batch(kv, r2t, reqs, tree: bool) -> ForwardBatch:
         depth = TreeMask.from_parents([parents], torch.device("cpu")).depths(0)
         positions += [prefix + d for d in depth]
         out_loc.append(r2t.req_to_token[row, prefix:seq_len])
-    t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
+    t = lambda xs: torch.tensor(xs, dtype=torch.int64)
     return ForwardBatch(
-        forward_mode=ForwardMode.TARGET_VERIFY, batch_size=len(reqs), input_ids=t([0] * len(positions)),
-        positions=t(positions), req_pool_indices=t(rows), seq_lens=t(seq_lens), out_cache_loc=torch.cat(out_loc),
-        req_to_token_pool=r2t, token_to_kv_pool=kv, seq_lens_cpu=seq_lens,
-        extend_prefix_lens_cpu=[prefix for _, prefix, _ in reqs], extend_seq_lens_cpu=[len(p) for _, _, p in reqs],
-        tree_mask=TreeMask.from_parents([p for _, _, p in reqs], torch.device("cpu")) if tree else None)
+        forward_mode=ForwardMode.TARGET_VERIFY,
+        batch_size=len(reqs),
+        input_ids=t([0] * len(positions)),
+        positions=t(positions),
+        req_pool_indices=t(rows),
+        seq_lens=t(seq_lens),
+        out_cache_loc=torch.cat(out_loc),
+        req_to_token_pool=r2t,
+        token_to_kv_pool=kv,
+        seq_lens_cpu=seq_lens,
+        extend_prefix_lens_cpu=[prefix for _, prefix, _ in reqs],
+        extend_seq_lens_cpu=[len(p) for _, _, p in reqs],
+        tree_mask=(
+            TreeMask.from_parents([p for _, _, p in reqs], torch.device("cpu")) if tree else None
+        ),
+    )
 
 
 def dense_reference(kv, r2t, reqs, q, scaling: float, window=None) -> torch.Tensor:
@@ -103,7 +114,7 @@ def run(backend, kv, r2t, reqs, q, window=None) -> torch.Tensor:
     fb.attn_backend = backend
     backend.init_forward_metadata(fb)
     backend.begin_forward(fb)
-    layer = RadixAttention(HEADS, D, D ** -0.5, KV_HEADS, 0, sliding_window_size=window)
+    layer = RadixAttention(HEADS, D, D**-0.5, KV_HEADS, 0, sliding_window_size=window)
     return backend.forward_extend(q, None, None, layer, fb)
 
 
@@ -113,7 +124,9 @@ def test_native_tree_attention_equals_dense_reference(kernel_ops, seed, kv_dtype
     kv, r2t, reqs, q = build_batch(seed, kv_dtype)
     assert any(not TreeMask.from_parents([p], torch.device("cpu")).is_causal(0) for _, _, p in reqs)
     got = run(NativeCPUBackend(), kv, r2t, reqs, q)
-    torch.testing.assert_close(got.double(), dense_reference(kv, r2t, reqs, q, D ** -0.5), atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        got.double(), dense_reference(kv, r2t, reqs, q, D**-0.5), atol=2e-5, rtol=1e-5
+    )
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -122,7 +135,7 @@ def test_torch_tree_attention_equals_dense_reference(seed, window):
     kv, r2t, reqs, q = build_batch(seed, torch.float32)
     backend = TorchSDPABackend(sliding_window_size=window)
     got = run(backend, kv, r2t, reqs, q, window)
-    ref = dense_reference(kv, r2t, reqs, q, D ** -0.5, window)
+    ref = dense_reference(kv, r2t, reqs, q, D**-0.5, window)
     torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=1e-5)
 
 
@@ -145,13 +158,23 @@ def test_native_tree_node_is_bitwise_its_decode_step(kernel_ops):
             dec_rows.append(new)
             dec_lens.append(len(keys))
     n = len(dec_rows)
-    t = lambda xs: torch.tensor(xs, dtype=torch.int64)  # noqa: E731
-    fb = ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=n, input_ids=t([0] * n), positions=t(dec_lens) - 1,
-                      req_pool_indices=t(dec_rows), seq_lens=t(dec_lens), out_cache_loc=t([0] * n),
-                      req_to_token_pool=r2t, token_to_kv_pool=kv, seq_lens_cpu=dec_lens)
+    t = lambda xs: torch.tensor(xs, dtype=torch.int64)
+    fb = ForwardBatch(
+        forward_mode=ForwardMode.DECODE,
+        batch_size=n,
+        input_ids=t([0] * n),
+        positions=t(dec_lens) - 1,
+        req_pool_indices=t(dec_rows),
+        seq_lens=t(dec_lens),
+        out_cache_loc=t([0] * n),
+        req_to_token_pool=r2t,
+        token_to_kv_pool=kv,
+        seq_lens_cpu=dec_lens,
+    )
     backend = NativeCPUBackend()
     fb.attn_backend = backend
     backend.init_forward_metadata(fb)
-    decoded = backend.forward_decode(q, None, None,
-                                     RadixAttention(HEADS, D, D ** -0.5, KV_HEADS, 0), fb)
+    decoded = backend.forward_decode(
+        q, None, None, RadixAttention(HEADS, D, D**-0.5, KV_HEADS, 0), fb
+    )
     assert n == q.shape[0] and torch.equal(decoded, got)

@@ -24,6 +24,7 @@ def _example(name: str):
         sys.path.insert(0, str(EXAMPLES))
     return importlib.import_module(name)
 
+
 FEW_SHOT = "Q: What is 2+2?\nA: 4\n\nQ: What is the capital of France?\nA: Paris\n\n"
 CHOICES = [" True", " False", " Unknown"]
 
@@ -53,7 +54,9 @@ def legs(s):
 @pytest.fixture(scope="module", params=["http", "engine"])
 def backend(request):
     if request.param == "http":
-        be = sgl.Runtime(kv_memory_gb=0.3, enable_invariant_checks=True)  # a server process of its own, over the native HTTP API
+        be = sgl.Runtime(
+            kv_memory_gb=0.3, enable_invariant_checks=True
+        )  # a server process of its own, over the native HTTP API
         yield be
         be.shutdown()
     else:
@@ -68,10 +71,14 @@ def raw(backend, body):
         r = requests.post(backend.base_url + "/generate", json=body, timeout=120)
         assert r.status_code == 200, r.text
         return r.json()
-    return backend.engine.generate(body.get("text"), body["sampling_params"], input_ids=body.get("input_ids"),
-                                   return_logprob=body.get("return_logprob", False),
-                                   logprob_start_len=body.get("logprob_start_len", -1),
-                                   top_logprobs_num=body.get("top_logprobs_num", 0))
+    return backend.engine.generate(
+        body.get("text"),
+        body["sampling_params"],
+        input_ids=body.get("input_ids"),
+        return_logprob=body.get("return_logprob", False),
+        logprob_start_len=body.get("logprob_start_len", -1),
+        top_logprobs_num=body.get("top_logprobs_num", 0),
+    )
 
 
 def test_few_shot_qa_with_stop(backend):
@@ -83,7 +90,10 @@ def test_few_shot_qa_with_stop(backend):
     assert meta["finish_reason"]["type"] in ("stop", "length")
     # The same request sent by hand gives the same greedy answer.
     prompt = FEW_SHOT + "Q: What is the capital of Italy?\nA:"
-    ref = raw(backend, {"text": prompt, "sampling_params": {"max_new_tokens": 16, "stop": "\n", "temperature": 0}})
+    ref = raw(
+        backend,
+        {"text": prompt, "sampling_params": {"max_new_tokens": 16, "stop": "\n", "temperature": 0}},
+    )
     assert ref["text"] == ans
 
 
@@ -99,28 +109,48 @@ def test_two_turn_chat_uses_the_chat_template(backend):
 
 
 def _prompt_logprobs(backend, text: str, start: int) -> list[float]:
-    out = raw(backend, {"text": text, "sampling_params": {"max_new_tokens": 0}, "return_logprob": True,
-                        "logprob_start_len": start})
+    out = raw(
+        backend,
+        {
+            "text": text,
+            "sampling_params": {"max_new_tokens": 0},
+            "return_logprob": True,
+            "logprob_start_len": start,
+        },
+    )
     return [e[0] for e in out["meta_info"]["input_token_logprobs"] if e[0] is not None]
 
 
-@pytest.mark.parametrize("method", ["token_length_normalized", "greedy_token_selection",
-                                    "unconditional_likelihood_normalized"])
+@pytest.mark.parametrize(
+    "method",
+    ["token_length_normalized", "greedy_token_selection", "unconditional_likelihood_normalized"],
+)
 def test_select_picks_the_best_score_computed_from_generate(backend, method):
     @sgl.function
     def prog(s, statement):
-        s += "Statement: " + statement + "\nIs the statement true? Answer True, False or Unknown.\nAnswer:"
+        s += (
+            "Statement: "
+            + statement
+            + "\nIs the statement true? Answer True, False or Unknown.\nAnswer:"
+        )
         s += sgl.select("verdict", choices=CHOICES, choices_method=method)
 
     s = prog.run("The sky is blue on a clear day.", backend=backend)
-    prefix = "Statement: The sky is blue on a clear day.\nIs the statement true? Answer True, False or Unknown.\nAnswer:"
-    n = raw(backend, {"text": prefix, "sampling_params": {"max_new_tokens": 0}})["meta_info"]["prompt_tokens"]
+    prefix = (
+        "Statement: The sky is blue on a clear day.\nIs the statement true? Answer True, False or"
+        " Unknown.\nAnswer:"
+    )
+    n = raw(backend, {"text": prefix, "sampling_params": {"max_new_tokens": 0}})["meta_info"][
+        "prompt_tokens"
+    ]
     cond = [_prompt_logprobs(backend, prefix + c, n) for c in CHOICES]
     assert all(cond)
-    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    mean = lambda xs: sum(xs) / len(xs)
     if method == "token_length_normalized":
         scores = [mean(lp) for lp in cond]
-    elif method == "greedy_token_selection":  # token by token, as greedy decoding would compare them
+    elif (
+        method == "greedy_token_selection"
+    ):  # token by token, as greedy decoding would compare them
         width = max(map(len, cond))
         scores = [tuple(lp + [mean(lp)] * (width - len(lp))) for lp in cond]
     else:  # each token's logprob minus its logprob with no context (after the start token only)
@@ -130,10 +160,19 @@ def test_select_picks_the_best_score_computed_from_generate(backend, method):
         for c in CHOICES:
             ids = tok.encode(prefix + c)
             assert ids[:n] == tok.encode(prefix)  # no token straddles prefix and choice here
-            out = raw(backend, {"input_ids": [start] + ids[n:], "sampling_params": {"max_new_tokens": 0},
-                                "return_logprob": True, "logprob_start_len": 1})
+            out = raw(
+                backend,
+                {
+                    "input_ids": [start] + ids[n:],
+                    "sampling_params": {"max_new_tokens": 0},
+                    "return_logprob": True,
+                    "logprob_start_len": 1,
+                },
+            )
             uncond.append([e[0] for e in out["meta_info"]["input_token_logprobs"]])
-        assert len(cond) == len(uncond) == len(CHOICES) and all(len(lp) == len(u) for lp, u in zip(cond, uncond))
+        assert len(cond) == len(uncond) == len(CHOICES) and all(
+            len(lp) == len(u) for lp, u in zip(cond, uncond)
+        )
         scores = [mean([a - b for a, b in zip(lp, u)]) for lp, u in zip(cond, uncond)]
     assert s["verdict"] == CHOICES[max(range(3), key=scores.__getitem__)]
     assert s.text() == prefix + s["verdict"]
@@ -144,8 +183,9 @@ def test_select_picks_the_best_score_computed_from_generate(backend, method):
 
 
 def test_select_heals_the_token_boundary(backend):
-    """"Answer: " + "True" is scored as the model sees it: the space joins the choice's first
+    """ "Answer: " + "True" is scored as the model sees it: the space joins the choice's first
     token, so the scores equal those of "Answer:" + " True"."""
+
     @sgl.function
     def prog(s, prefix, choices):
         s += "Is fire hot? Answer True or False.\n" + prefix + sgl.select("v", choices=choices)
@@ -155,7 +195,8 @@ def test_select_heals_the_token_boundary(backend):
     assert healed.get_meta_info("v")["healed_tokens"] == [1, 1]
     assert plain.get_meta_info("v")["healed_tokens"] == [0, 0]
     assert healed.get_meta_info("v")["normalized_prompt_logprobs"] == pytest.approx(
-        plain.get_meta_info("v")["normalized_prompt_logprobs"], abs=1e-4)
+        plain.get_meta_info("v")["normalized_prompt_logprobs"], abs=1e-4
+    )
     assert healed["v"] == plain["v"].lstrip()
     assert healed.text() == "Is fire hot? Answer True or False.\nAnswer: " + healed["v"]
 
@@ -166,12 +207,15 @@ def test_int_via_regex(backend):
     assert s.get_meta_info("n")["completion_tokens"] <= 4
 
 
-@pytest.mark.parametrize("dtype,parse,question", [
-    (int, int, "How many legs does a cat have?"),
-    (float, float, "What is pi, to two decimals?"),
-    (bool, {"True": True, "False": False}.__getitem__, "Is water wet? Answer True or False."),
-    (str, json.loads, 'What is the capital of France? Answer in double quotes, like "London".'),
-])
+@pytest.mark.parametrize(
+    "dtype,parse,question",
+    [
+        (int, int, "How many legs does a cat have?"),
+        (float, float, "What is pi, to two decimals?"),
+        (bool, {"True": True, "False": False}.__getitem__, "Is water wet? Answer True or False."),
+        (str, json.loads, 'What is the capital of France? Answer in double quotes, like "London".'),
+    ],
+)
 def test_dtype_gen(backend, dtype, parse, question):
     @sgl.function
     def prog(s):
@@ -180,13 +224,21 @@ def test_dtype_gen(backend, dtype, parse, question):
     s = prog.run(backend=backend, temperature=0)
     value = s["v"]
     # The dtype's regex holds and the text parses back to the type (str is a quoted string).
-    assert re.fullmatch({int: REGEX_INT, float: REGEX_FLOAT, bool: REGEX_BOOL, str: REGEX_STR}[dtype], value), value
+    assert re.fullmatch(
+        {int: REGEX_INT, float: REGEX_FLOAT, bool: REGEX_BOOL, str: REGEX_STR}[dtype], value
+    ), value
     assert isinstance(parse(value), dtype)
 
 
-PERSON = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
-                                           "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-          "required": ["name", "age"], "additionalProperties": False}
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 16},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
 
 
 def test_json_via_regex_pieces_and_json_schema(backend):
@@ -194,7 +246,11 @@ def test_json_via_regex_pieces_and_json_schema(backend):
     def pieces(s):
         s += "Describe Alice, aged 30, as JSON.\n"
         s += '{\n  "name": "' + sgl.gen("name", max_tokens=8, regex=r"[A-Za-z ]{1,16}") + '",\n'
-        s += '  "age": ' + sgl.gen("age", max_tokens=4, regex=r"(120|1[01][0-9]|[1-9]?[0-9])") + "\n}"
+        s += (
+            '  "age": '
+            + sgl.gen("age", max_tokens=4, regex=r"(120|1[01][0-9]|[1-9]?[0-9])")
+            + "\n}"
+        )
 
     @sgl.function
     def whole(s):
@@ -218,34 +274,74 @@ def test_tool_use_with_a_stop_string(backend):
 
     @sgl.function
     def tool_use(s):
-        s += ("Use the calculator like this: calc[3 + 5] gives 8.\n"
-              "Question: what is 2 + 2?\nAction: calc[" + sgl.gen("expr", max_tokens=12, stop="]"))
-        s += "]\nResult: " + calculator(s["expr"]) + "\nAnswer:" + sgl.gen("answer", max_tokens=8, stop="\n")
+        s += (
+            "Use the calculator like this: calc[3 + 5] gives 8.\n"
+            "Question: what is 2 + 2?\nAction: calc[" + sgl.gen("expr", max_tokens=12, stop="]")
+        )
+        s += (
+            "]\nResult: "
+            + calculator(s["expr"])
+            + "\nAnswer:"
+            + sgl.gen("answer", max_tokens=8, stop="\n")
+        )
 
     s = tool_use.run(backend=backend, temperature=0)
     assert "]" not in s["expr"] and calls == [s["expr"]]
     meta = s.get_meta_info("expr")
-    assert meta["finish_reason"] == {"type": "stop", "matched": "]"} or meta["finish_reason"]["type"] == "length"
+    assert (
+        meta["finish_reason"] == {"type": "stop", "matched": "]"}
+        or meta["finish_reason"]["type"] == "length"
+    )
     assert s.text().endswith("]\nResult: 4\nAnswer:" + s["answer"])
 
 
-WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city", "parameters": {
-    "type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
-                                     "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
-    "required": ["city", "unit"], "additionalProperties": False}}}
-ADD = {"name": "add", "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
-                                     "required": ["a", "b"], "additionalProperties": False}}  # a bare function
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "city": {"type": "string", "maxLength": 20},
+                "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+            },
+            "required": ["city", "unit"],
+            "additionalProperties": False,
+        },
+    },
+}
+ADD = {
+    "name": "add",
+    "parameters": {
+        "type": "object",
+        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+        "required": ["a", "b"],
+        "additionalProperties": False,
+    },
+}  # a bare function
 
 
 def test_gen_with_tools_returns_the_parsed_calls(backend):
     """gen(tools=...): the variable holds the calls, each valid for its tool's schema, whether the
     model must call (required, a named function) or may (auto, in the Hermes format)."""
+
     @sgl.function
     def agent(s, choice, parser=None, parallel=True):
-        s += sgl.system("You can call get_weather(city, unit) and add(a, b). Answer with tool calls.")
+        s += sgl.system(
+            "You can call get_weather(city, unit) and add(a, b). Answer with tool calls."
+        )
         s += sgl.user("What is the weather in Paris, in celsius? And what is 2 + 3?")
-        s += sgl.assistant(sgl.gen("calls", max_tokens=64, tools=[WEATHER, ADD], tool_choice=choice,
-                                   tool_call_parser=parser, parallel_tool_calls=parallel))
+        s += sgl.assistant(
+            sgl.gen(
+                "calls",
+                max_tokens=64,
+                tools=[WEATHER, ADD],
+                tool_choice=choice,
+                tool_call_parser=parser,
+                parallel_tool_calls=parallel,
+            )
+        )
 
     schemas = {"get_weather": WEATHER["function"]["parameters"], "add": ADD["parameters"]}
     for choice in ("required", {"type": "function", "function": {"name": "add"}}):
@@ -258,7 +354,8 @@ def test_gen_with_tools_returns_the_parsed_calls(backend):
             assert {c["name"] for c in calls} == {"add"}
         # What the model wrote is the JSON array the calls were read from.
         assert [{"name": c["name"], "parameters": c["arguments"]} for c in calls] == json.loads(
-            s.text().split("assistant\n")[-1].split("<|im_end|>")[0])
+            s.text().split("assistant\n")[-1].split("<|im_end|>")[0]
+        )
     one = agent.run("required", parallel=False, backend=backend, temperature=0)
     assert len(one["calls"]) == 1
     # auto: the model may write text; whatever calls it opens are complete and valid.
@@ -274,12 +371,16 @@ def test_gen_with_tools_returns_the_parsed_calls(backend):
     with pytest.raises(ValueError, match="tool_call_parser"):
         sgl.gen("x", tools=[WEATHER], tool_choice="auto")
     with pytest.raises(ValueError, match="not among the tools"):
-        sgl.gen("x", tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}})
+        sgl.gen(
+            "x", tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "nope"}}
+        )
 
 
 def test_react_loop_mixes_gen_and_select(backend):
     react_tools = _example("react_tools")
-    s = react_tools.react.run("How long is the Nile in metres?", max_steps=2, backend=backend, temperature=0)
+    s = react_tools.react.run(
+        "How long is the Nile in metres?", max_steps=2, backend=backend, temperature=0
+    )
     steps = 0
     for step in range(2):
         if f"action_{step}" not in s:
@@ -294,8 +395,10 @@ def test_react_loop_mixes_gen_and_select(backend):
 
 
 LONG_PREFIX = "Background notes, shared by every branch.\n" + "".join(
-    f"Note {i}: the warehouse in district {i} stores {i * 7 % 50} crates of apples and {i * 3 % 20} of pears.\n"
-    for i in range(20))
+    f"Note {i}: the warehouse in district {i} stores {i * 7 % 50} crates of apples and {i * 3 % 20}"
+    " of pears.\n"
+    for i in range(20)
+)
 
 
 @sgl.function
@@ -314,7 +417,9 @@ def test_fork_sends_the_shared_prefix_once(backend):
     assert prefix_tokens >= 500
     metas = s.get_meta_info("summary")
     assert len(s["summary"]) == 4 and len(metas) == 4
-    assert all(m["cached_tokens"] >= prefix_tokens for m in metas), [m["cached_tokens"] for m in metas]
+    assert all(m["cached_tokens"] >= prefix_tokens for m in metas), [
+        m["cached_tokens"] for m in metas
+    ]
     # Without pre-caching, the branches race for the prefix: one of them computes it.
     backend.flush_cache()
     t = four_branches.run(backend=backend, temperature=0, precache=False)
@@ -331,7 +436,9 @@ def test_run_batch_32_in_order_with_progress_bar_and_a_failing_program(backend, 
             raise ValueError("program 13 fails")
         s += FEW_SHOT + f"Q: What is {i} plus 1?\nA:" + sgl.gen("answer", max_tokens=4, stop="\n")
 
-    states = qa.run_batch([{"i": i} for i in range(32)], backend=backend, temperature=0, progress_bar=True)
+    states = qa.run_batch(
+        [{"i": i} for i in range(32)], backend=backend, temperature=0, progress_bar=True
+    )
     assert "32/32" in capsys.readouterr().err
     assert len(states) == 32
     assert isinstance(states[13].error(), ValueError)
@@ -339,8 +446,14 @@ def test_run_batch_32_in_order_with_progress_bar_and_a_failing_program(backend, 
         if i != 13:
             assert st.error() is None and f"Q: What is {i} plus 1?" in st.text()
     # The common prefix (the few-shot examples) was traced and sent first: every program hit it.
-    n = raw(backend, {"text": FEW_SHOT, "sampling_params": {"max_new_tokens": 0}})["meta_info"]["prompt_tokens"]
-    assert all(st.get_meta_info("answer")["cached_tokens"] >= n - 1 for i, st in enumerate(states) if i != 13)
+    n = raw(backend, {"text": FEW_SHOT, "sampling_params": {"max_new_tokens": 0}})["meta_info"][
+        "prompt_tokens"
+    ]
+    assert all(
+        st.get_meta_info("answer")["cached_tokens"] >= n - 1
+        for i, st in enumerate(states)
+        if i != 13
+    )
     assert states[7]["answer"] == qa.run(7, backend=backend, temperature=0)["answer"]
 
 
@@ -353,12 +466,22 @@ def test_stream_text_iter(backend):
 def test_examples_run(backend):
     """Every example in examples/ runs as it is (given this backend) and does what it says."""
     states = _example("few_shot_qa").main(backend)
-    assert [st["answer"].strip() for st in states][0] and all("\n" not in st["answer"] for st in states)
+    assert [st["answer"].strip() for st in states][0] and all(
+        "\n" not in st["answer"] for st in states
+    )
     chat = _example("multi_turn_chat").main(backend)
-    assert [m["role"] for m in chat.messages()] == ["system", "user", "assistant", "user", "assistant"]
+    assert [m["role"] for m in chat.messages()] == [
+        "system",
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
     fork = _example("parallel_fork")
     s = fork.main(backend)
-    assert len(s["tip"]) == len(fork.ASPECTS) and s.text().endswith(f"- {fork.ASPECTS[-1]}:{s['tip'][-1]}\n")
+    assert len(s["tip"]) == len(fork.ASPECTS) and s.text().endswith(
+        f"- {fork.ASPECTS[-1]}:{s['tip'][-1]}\n"
+    )
     jx = _example("json_extraction")
     for person in jx.main(backend):
         jsonschema.validate(person, jx.SCHEMA)

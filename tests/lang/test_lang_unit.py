@@ -5,16 +5,21 @@ import math
 import pytest
 
 import radixlm.lang as sgl
+from radixlm.lang.choices import (
+    greedy_token_selection,
+    token_length_normalized,
+    unconditional_likelihood_normalized,
+)
 from radixlm.lang.native_backend import NativeBackend
-from radixlm.lang.choices import greedy_token_selection, token_length_normalized, unconditional_likelihood_normalized
 
 
 def fake_tokenize(text: str) -> list[str]:
-    """Characters, except that a space joins the character after it (" T"), as BPE vocabularies do."""
+    """Characters, except that a space joins the character after it (" T"), as BPE vocabularies
+    do."""
     toks, i = [], 0
     while i < len(text):
         n = 2 if text[i] == " " and i + 1 < len(text) else 1
-        toks.append(text[i:i + n])
+        toks.append(text[i : i + n])
         i += n
     return toks
 
@@ -35,8 +40,15 @@ class FakeBackend(NativeBackend):
 
     def _call(self, body):
         self.bodies.append(body)
-        prompts = body["text"] if "text" in body else ["".join(ids) for ids in body["input_ids"]] \
-            if isinstance(body["input_ids"][0], list) else "".join(body["input_ids"])
+        prompts = (
+            body["text"]
+            if "text" in body
+            else (
+                ["".join(ids) for ids in body["input_ids"]]
+                if isinstance(body["input_ids"][0], list)
+                else "".join(body["input_ids"])
+            )
+        )
         single = isinstance(prompts, str)
         prompts = [prompts] if single else prompts
         starts = body.get("logprob_start_len", 0)
@@ -44,13 +56,28 @@ class FakeBackend(NativeBackend):
         for j, t in enumerate(prompts):
             toks = fake_tokenize(t)
             if body["sampling_params"].get("max_new_tokens") == 0:
-                lps = [[None, 0, toks[0]]] + [[self.scores.get(tok, -1.0), 0, tok] for tok in toks[1:]]
+                lps = [[None, 0, toks[0]]] + [
+                    [self.scores.get(tok, -1.0), 0, tok] for tok in toks[1:]
+                ]
                 start = starts[j] if isinstance(starts, list) else starts
-                outs.append({"text": "", "meta_info": {"prompt_tokens": len(toks), "cached_tokens": 0,
-                                                       "input_token_logprobs": lps[start:]}})
+                outs.append(
+                    {
+                        "text": "",
+                        "meta_info": {
+                            "prompt_tokens": len(toks),
+                            "cached_tokens": 0,
+                            "input_token_logprobs": lps[start:],
+                        },
+                    }
+                )
             else:
                 self.calls += 1
-                outs.append({"text": f"<{self.calls}>", "meta_info": {"prompt_tokens": len(toks), "cached_tokens": 0}})
+                outs.append(
+                    {
+                        "text": f"<{self.calls}>",
+                        "meta_info": {"prompt_tokens": len(toks), "cached_tokens": 0},
+                    }
+                )
         return outs[0] if single else outs
 
     def _stream(self, body):
@@ -70,7 +97,12 @@ def test_text_gen_and_defaults():
     s = prog.run("b", backend=be, temperature=0, max_new_tokens=7)
     assert s.text() == "Ab<1><2>" and s["g"] == "<1>" and s["h"] == "<2>"
     sp1, sp2 = be.bodies[0]["sampling_params"], be.bodies[1]["sampling_params"]
-    assert sp1 == {"max_new_tokens": 3, "temperature": 0, "stop": "\n", "json_schema": '{"type": "integer"}'}
+    assert sp1 == {
+        "max_new_tokens": 3,
+        "temperature": 0,
+        "stop": "\n",
+        "json_schema": '{"type": "integer"}',
+    }
     assert sp2 == {"max_new_tokens": 7, "temperature": 0}
     assert be.bodies[1]["text"] == "Ab<1>"
 
@@ -83,7 +115,10 @@ def test_roles_fallback_template_and_errors():
         s += sgl.user("hi") + sgl.assistant(sgl.gen("r"))
 
     s = chat.run(backend=be)
-    assert s.messages() == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "<1>"}]
+    assert s.messages() == [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "<1>"},
+    ]
     assert s.text() == "User: hi\nAssistant: <1>\n"
 
     @sgl.function
@@ -111,7 +146,10 @@ def test_select_scores_in_one_batch_with_token_healing():
     assert len(batch) == 1 and batch[0]["logprob_start_len"] == [2, 2, 2]
     assert batch[0]["sampling_params"]["max_new_tokens"] == 0
     meta = s.get_meta_info("c")
-    assert meta["normalized_prompt_logprobs"] == pytest.approx([-0.5, -0.2, -3.0]) and meta["healed_tokens"] == [1] * 3
+    assert (
+        meta["normalized_prompt_logprobs"] == pytest.approx([-0.5, -0.2, -3.0])
+        and meta["healed_tokens"] == [1] * 3
+    )
 
     healed = FakeBackend(scores=be.scores)
     s2 = prog.run("Q:", [" a", " bbb", " cc"], backend=healed)
@@ -127,7 +165,9 @@ def test_choice_methods():
     lps = [[-1.0], [-0.5, -9.0], [-2.0, -0.1]]
     assert token_length_normalized(["a", "b", "c"], lps)[0] == 0
     assert greedy_token_selection(["a", "b", "c"], lps)[0] == 1
-    idx, meta = unconditional_likelihood_normalized(["a", "b", "c"], lps, [[-0.1], [-0.5, -9.0], [-5.0, -5.0]])
+    idx, meta = unconditional_likelihood_normalized(
+        ["a", "b", "c"], lps, [[-0.1], [-0.5, -9.0], [-5.0, -5.0]]
+    )
     assert idx == 2 and meta["unconditional_normalized_logprobs"][0] == pytest.approx(-0.9)
     assert token_length_normalized(["a"], [[]])[1]["normalized_prompt_logprobs"] == [-math.inf]
 
@@ -178,7 +218,11 @@ def test_language_is_reexported_from_radixlm():
     import radixlm
     import radixlm.lang as lang
 
-    assert radixlm.function is lang.function and radixlm.gen is lang.gen and radixlm.select is lang.select
+    assert (
+        radixlm.function is lang.function
+        and radixlm.gen is lang.gen
+        and radixlm.select is lang.select
+    )
     assert radixlm.RuntimeEndpoint is lang.RuntimeEndpoint
 
 
@@ -190,9 +234,14 @@ def test_run_batch_precaches_the_traced_prefix_and_keeps_errors_per_program(caps
             raise KeyError("boom")
 
     be = FakeBackend()
-    states = prog.run_batch([{"q": "x1"}, {"q": "boom"}, {"q": "x2"}], backend=be, progress_bar=True, num_threads=2)
+    states = prog.run_batch(
+        [{"q": "x1"}, {"q": "boom"}, {"q": "x2"}], backend=be, progress_bar=True, num_threads=2
+    )
     # Traced up to the first gen; what the inputs share (roles rendered) is sent first, once.
-    assert be.bodies[0] == {"text": "User: Shared instructions.\nQ: ", "sampling_params": {"max_new_tokens": 0}}
+    assert be.bodies[0] == {
+        "text": "User: Shared instructions.\nQ: ",
+        "sampling_params": {"max_new_tokens": 0},
+    }
     assert sum(b["sampling_params"].get("max_new_tokens") == 0 for b in be.bodies) == 1
     assert "3/3" in capsys.readouterr().err  # the progress bar ran to the end
     assert states[0].error() is None and states[2].error() is None
@@ -212,7 +261,10 @@ def test_named_chat_templates_match_the_models_own():
 
     assert template_name_for_model("HuggingFaceTB/SmolLM2-135M-Instruct") == "smollm2"
     assert template_name_for_model("meta-llama/Meta-Llama-3-8B-Instruct") == "llama-3-instruct"
-    own, named = ChatTemplate(load_tokenizer(default_model_path())), ChatTemplate.for_model("SmolLM2-135M-Instruct.gguf")
+    own, named = (
+        ChatTemplate(load_tokenizer(default_model_path())),
+        ChatTemplate.for_model("SmolLM2-135M-Instruct.gguf"),
+    )
     for role in ("system", "user", "assistant"):
         for first in (True, False):
             assert own.parts(role, first) == named.parts(role, first)

@@ -37,7 +37,11 @@ def chat_then_select(s, method=None):
 
 @sgl.function
 def true_false(s, statement, method="token_length_normalized"):
-    s += "Statement: " + statement + "\nIs the statement true? Answer True, False or Unknown.\nAnswer:"
+    s += (
+        "Statement: "
+        + statement
+        + "\nIs the statement true? Answer True, False or Unknown.\nAnswer:"
+    )
     s += sgl.select("verdict", choices=CHOICES, choices_method=method)
 
 
@@ -52,7 +56,9 @@ def test_chat_program_matches_the_native_backend(runtime):
     oa = sgl.OpenAI(base_url=runtime.url + "/v1")  # model: the server's first (only) model
     s = two_turn_chat.run(backend=oa, temperature=0)
     ref = two_turn_chat.run(backend=runtime, temperature=0)
-    assert s.messages() == ref.messages()  # the server's chat template = the one the native text used
+    assert (
+        s.messages() == ref.messages()
+    )  # the server's chat template = the one the native text used
     assert [m["role"] for m in s.messages()] == ["system", "user", "assistant", "user", "assistant"]
     assert s.text() == ref.text()
     assert s.get_meta_info("a2")["prompt_tokens"] > s.get_meta_info("a1")["prompt_tokens"]
@@ -66,7 +72,8 @@ def test_chat_select_ranks_first_tokens(runtime):
     g = chat_then_select.run("greedy_token_selection", backend=runtime)
     assert s["yn"] == g["yn"] and s.text() == g.text()
     assert s.get_meta_info("yn")["first_token_logprobs"] == pytest.approx(
-        [lp[0] for lp in g.get_meta_info("yn")["choice_logprobs"]], abs=1e-3)
+        [lp[0] for lp in g.get_meta_info("yn")["choice_logprobs"]], abs=1e-3
+    )
 
 
 @pytest.mark.parametrize("method", ["token_length_normalized", "greedy_token_selection"])
@@ -76,17 +83,27 @@ def test_completion_select_matches_the_native_scores(runtime, method):
     ref = true_false.run("Fire is cold.", method, backend=runtime)
     assert s["verdict"] == ref["verdict"]
     assert s.get_meta_info("verdict")["normalized_prompt_logprobs"] == pytest.approx(
-        ref.get_meta_info("verdict")["normalized_prompt_logprobs"], abs=1e-3)
+        ref.get_meta_info("verdict")["normalized_prompt_logprobs"], abs=1e-3
+    )
     # Healing through echo offsets: "Answer: " + "True" is scored as " True".
-    healed = sgl.function(lambda s: s.__iadd__("Is fire hot? Answer: " + sgl.select("v", choices=["True", "False"])))
-    plain = sgl.function(lambda s: s.__iadd__("Is fire hot? Answer:" + sgl.select("v", choices=[" True", " False"])))
+    healed = sgl.function(
+        lambda s: s.__iadd__("Is fire hot? Answer: " + sgl.select("v", choices=["True", "False"]))
+    )
+    plain = sgl.function(
+        lambda s: s.__iadd__("Is fire hot? Answer:" + sgl.select("v", choices=[" True", " False"]))
+    )
     assert healed.run(backend=oa).get_meta_info("v")["normalized_prompt_logprobs"] == pytest.approx(
-        plain.run(backend=oa).get_meta_info("v")["normalized_prompt_logprobs"], abs=1e-4)
+        plain.run(backend=oa).get_meta_info("v")["normalized_prompt_logprobs"], abs=1e-4
+    )
 
 
 def test_constrained_gen_through_extra_fields_and_response_format(runtime):
-    schema = {"type": "object", "properties": {"color": {"type": "string", "maxLength": 12}}, "required": ["color"],
-              "additionalProperties": False}
+    schema = {
+        "type": "object",
+        "properties": {"color": {"type": "string", "maxLength": 12}},
+        "required": ["color"],
+        "additionalProperties": False,
+    }
 
     @sgl.function
     def prog(s):
@@ -102,40 +119,75 @@ def test_constrained_gen_through_extra_fields_and_response_format(runtime):
 
 def _mock_openai(handler) -> "sgl.OpenAI":
     client = httpx.Client(transport=httpx.MockTransport(handler))
-    return sgl.OpenAI("mock-model", base_url="http://mock/v1", api_key="k", http_client=client, is_chat_model=False)
+    return sgl.OpenAI(
+        "mock-model",
+        base_url="http://mock/v1",
+        api_key="k",
+        http_client=client,
+        is_chat_model=False,
+    )
 
 
 def test_clear_errors_where_the_server_cannot():
     def ignores_everything(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         if body.get("echo"):
-            return httpx.Response(400, json={"error": {"message": "echo is not supported", "type": "invalid_request"}})
-        return httpx.Response(200, json={"id": "x", "object": "text_completion", "created": 0, "model": "mock-model",
-                                         "choices": [{"index": 0, "text": "not a number", "finish_reason": "length",
-                                                      "logprobs": None}]})
+            return httpx.Response(
+                400, json={"error": {"message": "echo is not supported", "type": "invalid_request"}}
+            )
+        return httpx.Response(
+            200,
+            json={
+                "id": "x",
+                "object": "text_completion",
+                "created": 0,
+                "model": "mock-model",
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": "not a number",
+                        "finish_reason": "length",
+                        "logprobs": None,
+                    }
+                ],
+            },
+        )
 
     be = _mock_openai(ignores_everything)
     with pytest.raises(RuntimeError, match="regex"):
         sgl.function(lambda s: s.__iadd__("n = " + sgl.gen("n", dtype=int))).run(backend=be)
     with pytest.raises(RuntimeError, match="json_schema"):
-        sgl.function(lambda s: s.__iadd__(sgl.gen("j", json_schema={"type": "object"}))).run(backend=be)
+        sgl.function(lambda s: s.__iadd__(sgl.gen("j", json_schema={"type": "object"}))).run(
+            backend=be
+        )
     with pytest.raises(RuntimeError, match="prompt logprobs"):
-        sgl.function(lambda s: s.__iadd__("A:" + sgl.select("c", choices=[" x", " y"]))).run(backend=be)
+        sgl.function(lambda s: s.__iadd__("A:" + sgl.select("c", choices=[" x", " y"]))).run(
+            backend=be
+        )
     with pytest.raises(ValueError, match="native radixlm backend"):
         sgl.function(lambda s: s.__iadd__(sgl.gen("g", return_logprob=True))).run(backend=be)
     with pytest.raises(ValueError, match="native radixlm backend"):
         true_false.run("x", "unconditional_likelihood_normalized", backend=be)
-    chat = sgl.OpenAI("mock-model", base_url="http://mock/v1", api_key="k",
-                      http_client=httpx.Client(transport=httpx.MockTransport(ignores_everything)))
+    chat = sgl.OpenAI(
+        "mock-model",
+        base_url="http://mock/v1",
+        api_key="k",
+        http_client=httpx.Client(transport=httpx.MockTransport(ignores_everything)),
+    )
     with pytest.raises(ValueError, match="inside assistant"):
         sgl.function(lambda s: s.__iadd__("no roles " + sgl.gen("g"))).run(backend=chat)
 
 
 def test_runtime_stops_its_server_and_children(tiny_model_dir):
-    ipc_dirs = lambda: set(glob.glob(os.path.join(tempfile.gettempdir(), "radixlm-*")))  # noqa: E731
+    ipc_dirs = lambda: set(glob.glob(os.path.join(tempfile.gettempdir(), "radixlm-*")))
     before = ipc_dirs()
-    rt = sgl.Runtime(str(tiny_model_dir), kv_memory_gb=0.05, enable_invariant_checks=True, api_key="rt-user-key",
-                     admin_api_key="rt-admin-key")
+    rt = sgl.Runtime(
+        str(tiny_model_dir),
+        kv_memory_gb=0.05,
+        enable_invariant_checks=True,
+        api_key="rt-user-key",
+        admin_api_key="rt-admin-key",
+    )
     mine = ipc_dirs() - before
     assert mine  # the server's ipc socket dir
     server = psutil.Process(rt.process.proc.pid)
@@ -145,7 +197,9 @@ def test_runtime_stops_its_server_and_children(tiny_model_dir):
     assert not any("rt-" in " ".join(p.cmdline()) for p in [server, *children])
     assert requests.post(rt.url + "/flush_cache", timeout=10).status_code == 401
     rt.flush_cache()  # an admin action: with the admin key
-    out = sgl.function(lambda s: s.__iadd__("Hello" + sgl.gen("g", max_tokens=3, ignore_eos=True))).run(backend=rt)
+    out = sgl.function(
+        lambda s: s.__iadd__("Hello" + sgl.gen("g", max_tokens=3, ignore_eos=True))
+    ).run(backend=rt)
     assert out.get_meta_info("g")["completion_tokens"] == 3
     rt.shutdown()
     # Exited through its SIGTERM handler, which runs the cleanup (not the SIGKILL fallback: -9).

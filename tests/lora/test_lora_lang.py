@@ -1,5 +1,6 @@
-"""The frontend language's gen(lora_path=...) through the in-process Engine's backend (RuntimeEndpoint
-sends the same body through NativeBackend): the adapter's text, as Engine.generate gives it."""
+"""The frontend language's gen(lora_path=...) through the in-process Engine's backend
+(RuntimeEndpoint sends the same body through NativeBackend): the adapter's text, as Engine.generate
+gives it."""
 
 import radixlm.lang as sgl
 from radixlm import Engine
@@ -8,7 +9,9 @@ from tests.conftest import engine_args
 
 @sgl.function
 def complete(s, adapter):
-    s += "Once upon a time" + sgl.gen("out", max_tokens=8, temperature=0, ignore_eos=True, lora_path=adapter)
+    s += "Once upon a time" + sgl.gen(
+        "out", max_tokens=8, temperature=0, ignore_eos=True, lora_path=adapter
+    )
 
 
 def test_gen_takes_the_adapter(tiny_model_dir, lora_adapters):

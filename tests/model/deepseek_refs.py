@@ -11,22 +11,61 @@ from radixlm.model.kv_layout import kv_layout
 from radixlm.model.layers.attention.mla_backend import MLABackend
 from tests.model.helpers import PoolHarness
 
-COMMON = dict(vocab_size=256, hidden_size=64, intermediate_size=96, moe_intermediate_size=32, num_hidden_layers=3,
-              num_attention_heads=4, num_key_value_heads=4, n_shared_experts=1, n_routed_experts=8,
-              num_experts_per_tok=3, kv_lora_rank=32, qk_rope_head_dim=8, v_head_dim=16, qk_nope_head_dim=16,
-              first_k_dense_replace=1, max_position_embeddings=512, rms_norm_eps=1e-5, pad_token_id=0,
-              bos_token_id=1, eos_token_id=2, tie_word_embeddings=False)
-YARN = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 128,
-        "mscale": 0.707, "mscale_all_dim": 0.707, "beta_fast": 32, "beta_slow": 1}
+COMMON = dict(
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_shared_experts=1,
+    n_routed_experts=8,
+    num_experts_per_tok=3,
+    kv_lora_rank=32,
+    qk_rope_head_dim=8,
+    v_head_dim=16,
+    qk_nope_head_dim=16,
+    first_k_dense_replace=1,
+    max_position_embeddings=512,
+    rms_norm_eps=1e-5,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=2,
+    tie_word_embeddings=False,
+)
+YARN = {
+    "rope_type": "yarn",
+    "rope_theta": 10000.0,
+    "factor": 4.0,
+    "original_max_position_embeddings": 128,
+    "mscale": 0.707,
+    "mscale_all_dim": 0.707,
+    "beta_fast": 32,
+    "beta_slow": 1,
+}
 
 CONFIGS = {
     # V2-Lite's shape: no q LoRA, softmax routing over groups, routed_scaling_factor, YaRN + mscale
-    "v2": lambda: transformers.DeepseekV2Config(**COMMON, q_lora_rank=None, topk_method="group_limited_greedy",
-                                                n_group=4, topk_group=2, routed_scaling_factor=1.5,
-                                                rope_parameters=YARN),
-    # V3's: q LoRA, sigmoid + e_score_correction_bias, grouped top-k, normalized weights, scaling 2.5
-    "v3": lambda: transformers.DeepseekV3Config(**COMMON, q_lora_rank=24, n_group=4, topk_group=2,
-                                                norm_topk_prob=True, routed_scaling_factor=2.5),
+    "v2": lambda: transformers.DeepseekV2Config(
+        **COMMON,
+        q_lora_rank=None,
+        topk_method="group_limited_greedy",
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=1.5,
+        rope_parameters=YARN,
+    ),
+    # V3's: q LoRA, sigmoid + e_score_correction_bias, grouped top-k, normalized weights, scaling
+    # 2.5
+    "v3": lambda: transformers.DeepseekV3Config(
+        **COMMON,
+        q_lora_rank=24,
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+    ),
 }
 
 
@@ -34,9 +73,13 @@ def make_hf(name: str):
     cfg = CONFIGS[name]()
     cfg.architectures = ["DeepseekV2ForCausalLM" if name == "v2" else "DeepseekV3ForCausalLM"]
     torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager").eval()
+    hf = transformers.AutoModelForCausalLM.from_config(
+        cfg, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     g = torch.Generator().manual_seed(1)
-    with torch.no_grad():  # everything drawn (norms off 1, a real correction bias) so a mis-load shows
+    with (
+        torch.no_grad()
+    ):  # everything drawn (norms off 1, a real correction bias) so a mis-load shows
         for pname, p in hf.named_parameters():
             if "norm" in pname:
                 p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
@@ -46,24 +89,44 @@ def make_hf(name: str):
                 p.copy_(torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5)
         for mod in hf.modules():
             if hasattr(mod, "e_score_correction_bias"):
-                mod.e_score_correction_bias.copy_(0.3 * torch.randn(mod.e_score_correction_bias.shape, generator=g))
+                mod.e_score_correction_bias.copy_(
+                    0.3 * torch.randn(mod.e_score_correction_bias.shape, generator=g)
+                )
     return hf, cfg
 
 
 class MLAHarness(PoolHarness):
     """PoolHarness over the latent pool (kv_layout) and an MLA backend."""
 
-    def __init__(self, model, config, absorb: bool = True, native: bool = True, kv_size: int = 4096,
-                 kv_dtype: torch.dtype = torch.float32, **kw):
-        super().__init__(model, config, attn_backend=MLABackend(absorb=absorb, native=native), kv_size=kv_size, **kw)
+    def __init__(
+        self,
+        model,
+        config,
+        absorb: bool = True,
+        native: bool = True,
+        kv_size: int = 4096,
+        kv_dtype: torch.dtype = torch.float32,
+        **kw,
+    ):
+        super().__init__(
+            model,
+            config,
+            attn_backend=MLABackend(absorb=absorb, native=native),
+            kv_size=kv_size,
+            **kw,
+        )
         g = torch.Generator().manual_seed(kw.get("seed", 0))
-        self.kv_pool = kv_layout(model, config).create_pool(kv_size, config.num_hidden_layers, kv_dtype)
+        self.kv_pool = kv_layout(model, config).create_pool(
+            kv_size, config.num_hidden_layers, kv_dtype
+        )
         self.kv_pool.free_slots = self.kv_pool.free_slots[torch.randperm(kv_size, generator=g)]
 
 
 def save_hf(name: str, path, tokenizer_path: str):
     """make_hf(name) written to `path` as a checkpoint a server loads, with the default model's
-    tokenizer (the storage tier keys KV by a tokenizer); its generation config made greedy-comparable."""
+    tokenizer (the storage tier keys KV by a tokenizer); its generation config made
+    greedy-comparable.
+    """
     from radixlm.model.loader import load_tokenizer
 
     hf, cfg = make_hf(name)
@@ -76,8 +139,8 @@ def save_hf(name: str, path, tokenizer_path: str):
 
 @pytest.fixture(scope="module", autouse=True)
 def one_thread():
-    """The references' tiny matmuls: one thread (torch's team only waits on a busy machine); a module
-    that imports this fixture runs with it."""
+    """The references' tiny matmuls: one thread (torch's team only waits on a busy machine); a
+    module that imports this fixture runs with it."""
     n = torch.get_num_threads()
     torch.set_num_threads(1)
     yield

@@ -27,10 +27,22 @@ SMALL = dict(
 
 
 class PoolHarness:
-    def __init__(self, model, config, max_reqs: int = 16, max_context: int = 512, kv_size: int = 4096, seed: int = 0,
-                 attn_backend=None, kv_dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    def __init__(
+        self,
+        model,
+        config,
+        max_reqs: int = 16,
+        max_context: int = 512,
+        kv_size: int = 4096,
+        seed: int = 0,
+        attn_backend=None,
+        kv_dtype: torch.dtype = torch.float32,
+        device: str | torch.device = "cpu",
+    ):
         self.model = model
-        if attn_backend is None:  # built for the model's sliding windows and logit caps, as ModelRunner does
+        if (
+            attn_backend is None
+        ):  # built for the model's sliding windows and logit caps, as ModelRunner does
             window, cap = attention_features(model.modules())
             attn_backend = TorchSDPABackend(sliding_window_size=window, logit_cap=cap)
         self.attn_backend = attn_backend
@@ -48,7 +60,9 @@ class PoolHarness:
         # Hand out KV slots in a scrambled order so no test passes by accident of
         # contiguous, position-ordered slots.
         g = torch.Generator().manual_seed(seed)
-        self.kv_pool.free_slots = self.kv_pool.free_slots[torch.randperm(kv_size, generator=g).to(self.device)]
+        self.kv_pool.free_slots = self.kv_pool.free_slots[
+            torch.randperm(kv_size, generator=g).to(self.device)
+        ]
         self.lens: dict[int, int] = {}  # request slot -> tokens whose K/V are in the pool
 
     def new_request(self, share_prefix_of: int | None = None, prefix_len: int = 0) -> int:
@@ -64,8 +78,14 @@ class PoolHarness:
             self.lens[slot] = prefix_len
         return slot
 
-    def _run(self, mode, reqs, new_tokens: list[list[int]], num_decode: int = 0,
-             tree_parents: list[list[int]] | None = None) -> torch.Tensor:
+    def _run(
+        self,
+        mode,
+        reqs,
+        new_tokens: list[list[int]],
+        num_decode: int = 0,
+        tree_parents: list[list[int]] | None = None,
+    ) -> torch.Tensor:
         prefix = [self.lens[r] for r in reqs]
         extend = [len(t) for t in new_tokens]
         seq = [p + e for p, e in zip(prefix, extend)]
@@ -80,9 +100,17 @@ class PoolHarness:
         fb = ForwardBatch(
             forward_mode=mode,
             batch_size=len(reqs),
-            input_ids=torch.tensor([t for ts in new_tokens for t in ts], dtype=torch.int64, device=self.device),
-            positions=torch.cat([torch.arange(p, s, device=self.device) for p, s in zip(prefix, seq)]) if tree is None
-            else torch.tensor([p + d for b, p in enumerate(prefix) for d in tree.depths(b)], device=self.device),
+            input_ids=torch.tensor(
+                [t for ts in new_tokens for t in ts], dtype=torch.int64, device=self.device
+            ),
+            positions=(
+                torch.cat([torch.arange(p, s, device=self.device) for p, s in zip(prefix, seq)])
+                if tree is None
+                else torch.tensor(
+                    [p + d for b, p in enumerate(prefix) for d in tree.depths(b)],
+                    device=self.device,
+                )
+            ),
             req_pool_indices=torch.tensor(reqs, dtype=torch.int64, device=self.device),
             seq_lens=torch.tensor(seq, dtype=torch.int64, device=self.device),
             out_cache_loc=out_cache_loc,
@@ -107,15 +135,27 @@ class PoolHarness:
         """One DECODE batch (one token per request); returns logits [bs, vocab]."""
         return self._run(ForwardMode.DECODE, reqs, [[t] for t in tokens])
 
-    def mixed(self, reqs: list[int], new_tokens: list[list[int]], decode_reqs: list[int],
-              tokens: list[int]) -> list[torch.Tensor]:
-        """One MIXED batch: extends of reqs, then a decode step of decode_reqs; per request its logits."""
+    def mixed(
+        self,
+        reqs: list[int],
+        new_tokens: list[list[int]],
+        decode_reqs: list[int],
+        tokens: list[int],
+    ) -> list[torch.Tensor]:
+        """One MIXED batch: extends of reqs, then a decode step of decode_reqs; per request its
+        logits."""
         all_tokens = new_tokens + [[t] for t in tokens]
-        logits = self._run(ForwardMode.MIXED, reqs + decode_reqs, all_tokens, num_decode=len(decode_reqs))
+        logits = self._run(
+            ForwardMode.MIXED, reqs + decode_reqs, all_tokens, num_decode=len(decode_reqs)
+        )
         return list(logits.split([len(t) for t in all_tokens]))
 
-    def verify(self, reqs: list[int], new_tokens: list[list[int]],
-               tree_parents: list[list[int]] | None = None) -> list[torch.Tensor]:
+    def verify(
+        self,
+        reqs: list[int],
+        new_tokens: list[list[int]],
+        tree_parents: list[list[int]] | None = None,
+    ) -> list[torch.Tensor]:
         """One TARGET_VERIFY batch (each request's next input and drafts); every row's logits.
         tree_parents: per request, each new token's parent among its new tokens (model/tree_mask.py:
         a draft tree under the next input); None: chains."""
@@ -131,7 +171,9 @@ def save_random_llama(path) -> tuple:
     config = transformers.LlamaConfig(**SMALL, tie_word_embeddings=False)
     config.architectures = ["LlamaForCausalLM"]
     torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    hf = transformers.AutoModelForCausalLM.from_config(
+        config, dtype=torch.float32, attn_implementation="eager"
+    )
     randomize(hf)
     hf.eval().save_pretrained(path)
     return hf, config
@@ -156,7 +198,9 @@ def randomize(model: torch.nn.Module) -> None:
             elif "embed_tokens" in name:
                 p.copy_(torch.randn(p.shape, generator=g))
             else:
-                p.copy_(torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5)  # [.., out, in]: 3-D experts too
+                p.copy_(
+                    torch.randn(p.shape, generator=g) * p.shape[-1] ** -0.5
+                )  # [.., out, in]: 3-D experts too
 
 
 def check_trees(h: PoolHarness, hf, vocab: int, seed: int) -> None:

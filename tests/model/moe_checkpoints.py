@@ -15,24 +15,68 @@ from tests.checkpoints import add_llama_header
 from tests.model.helpers import randomize
 from tests.model.test_gguf_archs import _llama_cpp_permute, write_and_close
 
-BASE = dict(vocab_size=256, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-            max_position_embeddings=256, rms_norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
-            bos_token_id=1, eos_token_id=2, pad_token_id=0)
+BASE = dict(
+    vocab_size=256,
+    hidden_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    tie_word_embeddings=False,
+    bos_token_id=1,
+    eos_token_id=2,
+    pad_token_id=0,
+)
 FAMILIES = {
     # name: (config class, config, GGUF architecture)
-    "qwen2_moe": ("Qwen2MoeConfig", dict(BASE, intermediate_size=96, moe_intermediate_size=32, num_experts=8,
-                                         num_experts_per_tok=2, shared_expert_intermediate_size=48,
-                                         norm_topk_prob=False), "qwen2moe"),
-    "qwen3_moe": ("Qwen3MoeConfig", dict(BASE, intermediate_size=96, moe_intermediate_size=32, num_experts=8,
-                                         num_experts_per_tok=2, head_dim=16, norm_topk_prob=True,
-                                         mlp_only_layers=[1]), "qwen3moe"),
-    "mixtral": ("MixtralConfig", dict(BASE, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
-                "llama"),
-    "olmoe": ("OlmoeConfig", dict(BASE, intermediate_size=32, num_experts=8, num_experts_per_tok=2,
-                                  norm_topk_prob=False), "olmoe"),
+    "qwen2_moe": (
+        "Qwen2MoeConfig",
+        dict(
+            BASE,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            shared_expert_intermediate_size=48,
+            norm_topk_prob=False,
+        ),
+        "qwen2moe",
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeConfig",
+        dict(
+            BASE,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_experts=8,
+            num_experts_per_tok=2,
+            head_dim=16,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+        ),
+        "qwen3moe",
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        dict(BASE, intermediate_size=32, num_local_experts=8, num_experts_per_tok=2),
+        "llama",
+    ),
+    "olmoe": (
+        "OlmoeConfig",
+        dict(
+            BASE, intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=False
+        ),
+        "olmoe",
+    ),
 }
-ARCHITECTURES = {"qwen2_moe": "Qwen2MoeForCausalLM", "qwen3_moe": "Qwen3MoeForCausalLM",
-                 "mixtral": "MixtralForCausalLM", "olmoe": "OlmoeForCausalLM"}
+ARCHITECTURES = {
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
+}
 
 
 def hf_model(family: str, **changes):
@@ -40,7 +84,9 @@ def hf_model(family: str, **changes):
     config = getattr(transformers, cfg_cls)(**{**kw, **changes})
     config.architectures = [ARCHITECTURES[family]]
     torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    hf = transformers.AutoModelForCausalLM.from_config(
+        config, dtype=torch.float32, attn_implementation="eager"
+    )
     randomize(hf)
     return hf.eval()
 
@@ -52,21 +98,36 @@ def save_stacked(hf, path: str) -> str:
 
     os.makedirs(path, exist_ok=True)
     hf.config.save_pretrained(path)
-    save_file({k: v.contiguous() for k, v in hf.state_dict().items()}, os.path.join(path, "model.safetensors"))
+    save_file(
+        {k: v.contiguous() for k, v in hf.state_dict().items()},
+        os.path.join(path, "model.safetensors"),
+    )
     return path
 
 
-_GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-               "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm", "self_attn.k_norm": "attn_k_norm",
-               "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-               "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-               "mlp.gate": "ffn_gate_inp", "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
-               "mlp.shared_expert.up_proj": "ffn_up_shexp", "mlp.shared_expert.down_proj": "ffn_down_shexp",
-               "mlp.shared_expert_gate": "ffn_gate_inp_shexp"}
+_GGUF_NAMES = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+}
 
 
 def _expert_blocks(a: np.ndarray, qtype: str) -> tuple[np.ndarray, object]:
-    """[E, rows, cols] float32 -> (the GGUF bytes [E, rows, row bytes], its type) for q8_0 / q4_k."""
+    """[E, rows, cols] float32 -> (the GGUF bytes [E, rows, row bytes], its type) for q8_0 /
+    q4_k."""
     import gguf
 
     from radixlm.model.layers.quantized import QuantizedTensor
@@ -74,12 +135,16 @@ def _expert_blocks(a: np.ndarray, qtype: str) -> tuple[np.ndarray, object]:
     kind = getattr(gguf.GGMLQuantizationType, qtype.upper())
     if qtype == "q8_0":
         return gguf.quants.quantize(a, kind), kind
-    return np.stack([QuantizedTensor.quantize(torch.from_numpy(e), qtype).data.numpy() for e in a]), kind
+    return (
+        np.stack([QuantizedTensor.quantize(torch.from_numpy(e), qtype).data.numpy() for e in a]),
+        kind,
+    )
 
 
 def write_gguf(hf, path: str, experts_type: str = "f32") -> str:
     """hf as llama.cpp's converter writes it: per layer ffn_gate_inp, the experts stacked in
-    ffn_{gate,up,down}_exps (experts_type: f32, q8_0 or q4_k), the shared expert's *_shexp tensors."""
+    ffn_{gate,up,down}_exps (experts_type: f32, q8_0 or q4_k), the shared expert's *_shexp tensors.
+    """
     import gguf
 
     cfg = hf.config
@@ -98,15 +163,23 @@ def write_gguf(hf, path: str, experts_type: str = "f32") -> str:
     for name, t in hf.state_dict().items():
         a = t.float().numpy().copy()
         if not name.startswith("model.layers."):
-            gname = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-                     "lm_head.weight": "output.weight"}[name]
+            gname = {
+                "model.embed_tokens.weight": "token_embd.weight",
+                "model.norm.weight": "output_norm.weight",
+                "lm_head.weight": "output.weight",
+            }[name]
             w.add_tensor(gname, a)
             continue
-        layer, rest = name[len("model.layers."):].split(".", 1)
+        layer, rest = name[len("model.layers.") :].split(".", 1)
         if rest == "mlp.experts.gate_up_proj":  # [E, 2I, H]: llama.cpp stores gate and up apart
             inter = a.shape[1] // 2
             for part, rows in (("gate", a[:, :inter]), ("up", a[:, inter:])):
-                _add_experts(w, f"blk.{layer}.ffn_{part}_exps.weight", np.ascontiguousarray(rows), experts_type)
+                _add_experts(
+                    w,
+                    f"blk.{layer}.ffn_{part}_exps.weight",
+                    np.ascontiguousarray(rows),
+                    experts_type,
+                )
             continue
         if rest == "mlp.experts.down_proj":
             _add_experts(w, f"blk.{layer}.ffn_down_exps.weight", a, experts_type)

@@ -19,7 +19,10 @@ from radixlm.model.layers.attention.decode_kv_mirror_path import (
     MirrorReleasePlan,
 )
 from radixlm.model.layers.attention.gather_decode_path import GatherDecodePath, GatherDecodePlan
-from radixlm.model.layers.attention.shared_prefix_decode_path import SharedPrefixDecodePath, SharedPrefixDecodePlan
+from radixlm.model.layers.attention.shared_prefix_decode_path import (
+    SharedPrefixDecodePath,
+    SharedPrefixDecodePlan,
+)
 
 LAYERS, KVH, HEADS, D = 2, 2, 4, 8
 
@@ -38,9 +41,18 @@ def new_step(req_pool, kv_pool, live, batch):
         req_pool.req_to_token[idx, len(live[idx])] = slot
         live[idx].append(slot)
     seq_lens = [len(live[i]) for i in batch]
-    return ForwardBatch(ForwardMode.DECODE, len(batch), torch.zeros(len(batch), dtype=torch.int64),
-                        torch.tensor(seq_lens) - 1, torch.tensor(batch), torch.tensor(seq_lens), out,
-                        req_pool, kv_pool, seq_lens_cpu=seq_lens)
+    return ForwardBatch(
+        ForwardMode.DECODE,
+        len(batch),
+        torch.zeros(len(batch), dtype=torch.int64),
+        torch.tensor(seq_lens) - 1,
+        torch.tensor(batch),
+        torch.tensor(seq_lens),
+        out,
+        req_pool,
+        kv_pool,
+        seq_lens_cpu=seq_lens,
+    )
 
 
 def run_step(tested, reference, fb, gen):
@@ -52,10 +64,17 @@ def run_step(tested, reference, fb, gen):
     for i in range(LAYERS):
         layer = RadixAttention(HEADS, D, D**-0.5, KVH, i)
         q = torch.randn(fb.batch_size, HEADS, D, generator=gen)
-        k, v = torch.randn(fb.batch_size, KVH, D, generator=gen), torch.randn(fb.batch_size, KVH, D, generator=gen)
+        k, v = (
+            torch.randn(fb.batch_size, KVH, D, generator=gen),
+            torch.randn(fb.batch_size, KVH, D, generator=gen),
+        )
         fb.token_to_kv_pool.set_kv_buffer(i, fb.out_cache_loc, k, v)
-        torch.testing.assert_close(tested.forward_decode(q, k, v, layer, fb),
-                                   reference.forward_decode(q, k, v, layer, ref_fb), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(
+            tested.forward_decode(q, k, v, layer, fb),
+            reference.forward_decode(q, k, v, layer, ref_fb),
+            rtol=1e-5,
+            atol=1e-5,
+        )
 
 
 def decode_step(tested, reference, req_pool, kv_pool, live, batch, gen):
@@ -80,7 +99,7 @@ def test_mirror_matches_gather_path(seed):
     plain = TorchSDPABackend(shared_prefix=False)
     live: dict[int, list[int]] = {}  # req slot -> its KV slots
     used_mirror = fell_back = in_order = 0
-    for step in range(120):
+    for _step in range(120):
         freed_len = None
         if live and rng.random() < 0.25:  # a request finishes: its slots go back
             idx = rng.choice(list(live))
@@ -120,7 +139,7 @@ def test_kept_shared_prefix_kv_matches_and_goes_stale_when_slots_are_freed():
     keeping = TorchSDPABackend(shared_prefix=True, mirror_bytes=1 << 24)
     plain = TorchSDPABackend(shared_prefix=True)
     live = {}
-    for g in range(2):  # two groups of three requests, each sharing a 100-token prefix
+    for _g in range(2):  # two groups of three requests, each sharing a 100-token prefix
         prefix = kv_pool.alloc(100)
         write_kv(kv_pool, prefix, gen)
         for _ in range(3):
@@ -152,10 +171,15 @@ def test_mirror_planned_a_step_ahead_matches_gather_path(seed):
     mirrored = TorchSDPABackend(shared_prefix=False, mirror_bytes=6 * 300 * per_token)
     plain = TorchSDPABackend(shared_prefix=False)
     live: dict[int, list[int]] = {}
-    pending, leaving = None, []  # the step planned but not run yet; requests it still uses that left
+    pending, leaving = (
+        None,
+        [],
+    )  # the step planned but not run yet; requests it still uses that left
     fills = moves = 0
-    for step in range(80):
-        if len(live) > 2 and rng.random() < 0.5:  # a request leaves: not in the next plan, freed later
+    for _step in range(80):
+        if (
+            len(live) > 2 and rng.random() < 0.5
+        ):  # a request leaves: not in the next plan, freed later
             idx = rng.choice(list(live))
             leaving.append((idx, live.pop(idx)))
         while len(live) < 2 or (len(live) < 8 and rng.random() < 0.3):
@@ -172,7 +196,10 @@ def test_mirror_planned_a_step_ahead_matches_gather_path(seed):
         moves += len(plan.moves) if plan is not None else 0
         if pending is not None:
             run_step(mirrored, plain, pending, gen)
-        for idx, slots in leaving:  # the step that used them has run: their frees were deferred till now
+        for (
+            idx,
+            slots,
+        ) in leaving:  # the step that used them has run: their frees were deferred till now
             kv_pool.free(torch.tensor(slots))
             req_pool.free(idx)
         leaving, pending = [], fb
@@ -201,7 +228,11 @@ def test_batch_goes_to_the_first_path_that_plans_it(shared_prefix, mirror_bytes)
     backend = TorchSDPABackend(shared_prefix=shared_prefix, mirror_bytes=mirror_bytes)
     gather_only = TorchSDPABackend(shared_prefix=False)
     assert [type(p) for p in gather_only.decode_paths] == [GatherDecodePath]
-    want = [SharedPrefixDecodePath] * shared_prefix + [DecodeKVMirrorPath] * bool(mirror_bytes) + [GatherDecodePath]
+    want = (
+        [SharedPrefixDecodePath] * shared_prefix
+        + [DecodeKVMirrorPath] * bool(mirror_bytes)
+        + [GatherDecodePath]
+    )
     assert [type(p) for p in backend.decode_paths] == want
     mirror = next((p for p in backend.decode_paths if isinstance(p, DecodeKVMirrorPath)), None)
 
@@ -212,20 +243,26 @@ def test_batch_goes_to_the_first_path_that_plans_it(shared_prefix, mirror_bytes)
     alone = [add_request(req_pool, kv_pool, live, gen, n) for n in (40, 90, 12)]
     unshared = GatherDecodePlan if mirror is None else MirrorDecodePlan
     kept = []  # the shared-prefix plans' kept prefix K/V, per step
-    for run in range(3):
+    for _run in range(3):
         for step in range(2):  # the same prefixes in consecutive steps: the prefix K/V are kept
-            md = decode_step(backend, gather_only, req_pool, kv_pool, live, sharing, gen)  # outputs compared
+            md = decode_step(
+                backend, gather_only, req_pool, kv_pool, live, sharing, gen
+            )  # outputs compared
             assert type(md.decode) is (SharedPrefixDecodePlan if shared_prefix else unshared)
             if shared_prefix:
                 kept.append(md.decode.prefix_kv)
-            if shared_prefix and mirror is not None:  # the mirror's memory goes when the prefix K/V are kept
+            if (
+                shared_prefix and mirror is not None
+            ):  # the mirror's memory goes when the prefix K/V are kept
                 assert md.decode.prefix_kv is not None and mirror.mirror.k == []
                 assert [type(r) for r in md.releases] == [MirrorReleasePlan] * (step == 0)
         md = decode_step(backend, gather_only, req_pool, kv_pool, live, alone, gen)
         assert type(md.decode) is unshared and md.releases == []
         if mirror is not None:
             assert len(mirror.mirror.k) == LAYERS  # the mirror holds rows
-    if shared_prefix and mirror is not None:  # kept within a run; dropped when the mirror took the budget
+    if (
+        shared_prefix and mirror is not None
+    ):  # kept within a run; dropped when the mirror took the budget
         assert all(kept[i] is kept[i + 1] for i in (0, 2, 4))
         assert kept[0] is not kept[2] and kept[2] is not kept[4]
     elif shared_prefix:  # no budget: nothing kept

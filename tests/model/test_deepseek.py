@@ -53,7 +53,9 @@ def test_logits_prefill_shared_prefix_and_decode(models, native):
     seqs = _prompts([9, 33, 70], seed=5)
     reqs = [h.new_request() for _ in seqs]
     outs = h.extend(reqs, [s[:-2] for s in seqs])
-    shared = h.new_request(share_prefix_of=reqs[1], prefix_len=20)  # 20 tokens of seqs[1] from the pool
+    shared = h.new_request(
+        share_prefix_of=reqs[1], prefix_len=20
+    )  # 20 tokens of seqs[1] from the pool
     tail = _prompts([15], seed=6)[0]
     seqs.append(seqs[1][:20] + tail)
     reqs.append(shared)
@@ -83,7 +85,9 @@ def _hf_generate(hf, prompt, n=32):
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
     with torch.no_grad():
-        return hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)[0, len(prompt):].tolist()
+        return hf.generate(torch.tensor([prompt]), max_new_tokens=n, do_sample=False)[
+            0, len(prompt) :
+        ].tolist()
 
 
 def test_greedy_matches_generate_alone_and_batched(models):
@@ -106,17 +110,33 @@ def test_startup_summary_reports_mla_bytes(models):
     layout = kv_layout(loaded.model, cfg)
     assert layout.mla and layout.head_dim == cfg.kv_lora_rank + cfg.qk_rope_head_dim
     L = cfg.num_hidden_layers
-    assert layout.bytes_per_token(L, torch.float32) == L * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4
-    assert layout.mha_bytes_per_token(L, torch.float32) == L * cfg.num_attention_heads * (
-        cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim) * 4
+    assert (
+        layout.bytes_per_token(L, torch.float32)
+        == L * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 4
+    )
+    assert (
+        layout.mha_bytes_per_token(L, torch.float32)
+        == L
+        * cfg.num_attention_heads
+        * (cfg.qk_nope_head_dim + cfg.qk_rope_head_dim + cfg.v_head_dim)
+        * 4
+    )
     total, active = parameter_counts(loaded.model)
-    biases = [b for n, b in hf.named_buffers() if n.endswith("e_score_correction_bias")]  # HF: buffers
+    biases = [
+        b for n, b in hf.named_buffers() if n.endswith("e_score_correction_bias")
+    ]  # HF: buffers
     assert total == sum(p.numel() for p in hf.parameters()) + sum(b.numel() for b in biases)
     per_expert = 3 * cfg.hidden_size * cfg.moe_intermediate_size
     moe_layers = L - cfg.first_k_dense_replace
-    assert total - active == moe_layers * per_expert * (cfg.n_routed_experts - cfg.num_experts_per_tok)
+    assert total - active == moe_layers * per_expert * (
+        cfg.n_routed_experts - cfg.num_experts_per_tok
+    )
     line = summary(loaded.architecture, loaded.model, cfg, layout, L, torch.float32)
-    assert loaded.architecture in line and "MHA would be" in line and f"top-{cfg.num_experts_per_tok}" in line
+    assert (
+        loaded.architecture in line
+        and "MHA would be" in line
+        and f"top-{cfg.num_experts_per_tok}" in line
+    )
     assert f"{active / 1e6:.2f}M active" in line
 
 
@@ -126,15 +146,24 @@ def test_other_backends_refuse_the_latent_pool():
     from radixlm.model.layers.attention import resolve_attention_backends
     from radixlm.model.layers.attention.base import AttentionBackendSpec
 
-    spec = AttentionBackendSpec(head_dim=40, dtype=torch.float32, kv_dtype=torch.float32,
-                                device=torch.device("cpu"), mla=True)
+    spec = AttentionBackendSpec(
+        head_dim=40,
+        dtype=torch.float32,
+        kv_dtype=torch.float32,
+        device=torch.device("cpu"),
+        mla=True,
+    )
     assert resolve_attention_backends(spec) == ("mla", "mla")
     for name in ("native", "torch"):
         with pytest.raises(ValueError, match=f"attention_backend {name}: reads per-head K/V"):
             resolve_attention_backends(spec, name)
     with pytest.raises(ValueError, match="decode_attention_backend torch"):
         resolve_attention_backends(spec, decode_attention_backend="torch")
-    plain = AttentionBackendSpec(head_dim=64, dtype=torch.float32, kv_dtype=torch.float32, device=torch.device("cpu"))
+    plain = AttentionBackendSpec(
+        head_dim=64, dtype=torch.float32, kv_dtype=torch.float32, device=torch.device("cpu")
+    )
     assert resolve_attention_backends(plain)[0] != "mla"
-    with pytest.raises(ValueError, match="attention_backend mla: runs multi-head latent attention models"):
+    with pytest.raises(
+        ValueError, match="attention_backend mla: runs multi-head latent attention models"
+    ):
         resolve_attention_backends(plain, "mla")

@@ -25,16 +25,29 @@ ATOL = 1e-4
 Q8_MEAN, Q8_MAX = 0.05, 1.0
 
 _LAYER_NAMES = {
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-    "self_attn.q_a_proj": "attn_q_a", "self_attn.q_a_layernorm": "attn_q_a_norm", "self_attn.q_b_proj": "attn_q_b",
-    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa", "self_attn.kv_a_layernorm": "attn_kv_a_norm",
-    "self_attn.kv_b_proj": "attn_kv_b", "self_attn.o_proj": "attn_output", "mlp.gate": "ffn_gate_inp",
-    "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
-    "mlp.shared_experts.gate_proj": "ffn_gate_shexp", "mlp.shared_experts.up_proj": "ffn_up_shexp",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.q_a_proj": "attn_q_a",
+    "self_attn.q_a_layernorm": "attn_q_a_norm",
+    "self_attn.q_b_proj": "attn_q_b",
+    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+    "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+    "self_attn.kv_b_proj": "attn_kv_b",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_experts.up_proj": "ffn_up_shexp",
     "mlp.shared_experts.down_proj": "ffn_down_shexp",
 }
-_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-        "lm_head.weight": "output.weight"}
+_TOP = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
 
 
 def _hf_state(hf) -> dict[str, np.ndarray]:
@@ -44,7 +57,13 @@ def _hf_state(hf) -> dict[str, np.ndarray]:
         a = t.float().numpy().copy()
         if name.endswith("mlp.experts.gate_up_proj"):
             half = a.shape[1] // 2
-            out[name.replace("gate_up_proj", "gate_proj")], out[name.replace("gate_up_proj", "up_proj")] = a[:, :half], a[:, half:]
+            (
+                out[name.replace("gate_up_proj", "gate_proj")],
+                out[name.replace("gate_up_proj", "up_proj")],
+            ) = (
+                a[:, :half],
+                a[:, half:],
+            )
         elif name.endswith("mlp.experts.down_proj"):
             out[name] = a
         else:
@@ -59,7 +78,12 @@ def write_deepseek2_gguf(path: str, hf, cfg, split_kv_b: bool, qtype=None) -> No
     write_deepseek2_metadata(w, cfg)
 
     def add(name, arr):
-        if qtype is not None and arr.ndim >= 2 and arr.shape[-1] % 32 == 0 and "token_embd" not in name:
+        if (
+            qtype is not None
+            and arr.ndim >= 2
+            and arr.shape[-1] % 32 == 0
+            and "token_embd" not in name
+        ):
             w.add_tensor(name, gguf.quants.quantize(arr, qtype), raw_dtype=qtype)
         else:
             w.add_tensor(name, arr)
@@ -68,7 +92,7 @@ def write_deepseek2_gguf(path: str, hf, cfg, split_kv_b: bool, qtype=None) -> No
         if name in _TOP:
             add(_TOP[name], arr)
             continue
-        layer, rest = name[len("model.layers."):].split(".", 1)
+        layer, rest = name[len("model.layers.") :].split(".", 1)
         blk = f"blk.{layer}"
         if rest == "mlp.gate.e_score_correction_bias":
             w.add_tensor(f"{blk}.exp_probs_b.bias", arr)
@@ -77,8 +101,11 @@ def write_deepseek2_gguf(path: str, hf, cfg, split_kv_b: bool, qtype=None) -> No
             add(f"{blk}.ffn_{proj.split('_')[0]}_exps.weight", arr)
         elif rest == "self_attn.kv_b_proj.weight" and split_kv_b:
             kv_b = arr.reshape(cfg.num_attention_heads, cfg.qk_nope_head_dim + cfg.v_head_dim, -1)
-            add(f"{blk}.attn_k_b.weight", np.ascontiguousarray(kv_b[:, : cfg.qk_nope_head_dim].transpose(0, 2, 1)))
-            add(f"{blk}.attn_v_b.weight", np.ascontiguousarray(kv_b[:, cfg.qk_nope_head_dim:]))
+            add(
+                f"{blk}.attn_k_b.weight",
+                np.ascontiguousarray(kv_b[:, : cfg.qk_nope_head_dim].transpose(0, 2, 1)),
+            )
+            add(f"{blk}.attn_v_b.weight", np.ascontiguousarray(kv_b[:, cfg.qk_nope_head_dim :]))
         else:
             module, kind = rest.rsplit(".", 1)
             add(f"{blk}.{_LAYER_NAMES[module]}.{kind}", arr)
@@ -105,9 +132,20 @@ def gguf_models(request, tmp_path_factory):
     loaded = load_model(path)
     assert loaded.architecture == cfg.architectures[0]
     c = loaded.hf_config
-    for key in ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "n_routed_experts",
-                "num_experts_per_tok", "n_shared_experts", "first_k_dense_replace", "n_group", "topk_group",
-                "norm_topk_prob"):
+    for key in (
+        "q_lora_rank",
+        "kv_lora_rank",
+        "qk_nope_head_dim",
+        "qk_rope_head_dim",
+        "v_head_dim",
+        "n_routed_experts",
+        "num_experts_per_tok",
+        "n_shared_experts",
+        "first_k_dense_replace",
+        "n_group",
+        "topk_group",
+        "norm_topk_prob",
+    ):
         assert getattr(c, key) == getattr(cfg, key), key
     assert c.routed_scaling_factor == pytest.approx(cfg.routed_scaling_factor)
     assert c.rope_parameters["rope_type"] == cfg.rope_parameters["rope_type"]
@@ -133,7 +171,9 @@ def test_gguf_logits_and_greedy(gguf_models):
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
     with torch.no_grad():
-        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)[0, len(prompt):].tolist()
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=32, do_sample=False)[
+            0, len(prompt) :
+        ].tolist()
     h2 = MLAHarness(loaded.model, loaded.hf_config)
     r = h2.new_request()
     toks = [int(h2.extend([r], [prompt])[0][-1].argmax())]
@@ -147,7 +187,9 @@ def test_q8_0_gguf_within_stated_tolerance(gguf_models, tmp_path):
 
     name, hf, loaded, _ = gguf_models
     path = str(tmp_path / "q8.gguf")
-    write_deepseek2_gguf(path, hf, hf.config, split_kv_b=name == "v3", qtype=gguf.GGMLQuantizationType.Q8_0)
+    write_deepseek2_gguf(
+        path, hf, hf.config, split_kv_b=name == "v3", qtype=gguf.GGMLQuantizationType.Q8_0
+    )
     q8 = load_model(path)
     assert q8.quantization == "gguf"
     h = MLAHarness(q8.model, q8.hf_config)
@@ -156,5 +198,8 @@ def test_q8_0_gguf_within_stated_tolerance(gguf_models, tmp_path):
     out = torch.cat([h.extend([r], [seq[:-1]])[0], h.decode([r], [seq[-1]])])
     ref = hf_logits(hf, seq)
     diff = (out - ref).abs()
-    assert diff.mean().item() < Q8_MEAN and diff.max().item() < Q8_MAX, (diff.mean().item(), diff.max().item())
+    assert diff.mean().item() < Q8_MEAN and diff.max().item() < Q8_MAX, (
+        diff.mean().item(),
+        diff.max().item(),
+    )
     assert torch.equal(out.argmax(-1), ref.argmax(-1))

@@ -18,11 +18,19 @@ def _sorted(weights, ids):
     return weights.gather(1, order), ids.gather(1, order)
 
 
-@pytest.mark.parametrize("method,v3", [("greedy", False), ("group_limited_greedy", False), ("noaux_tc", True)])
+@pytest.mark.parametrize(
+    "method,v3", [("greedy", False), ("group_limited_greedy", False), ("noaux_tc", True)]
+)
 def test_same_experts_and_weights_as_transformers(method, v3):
     g = torch.Generator().manual_seed(3)
-    common = dict(hidden_size=HIDDEN, n_routed_experts=E, num_experts_per_tok=K, n_group=4, topk_group=2,
-                  routed_scaling_factor=2.5)
+    common = dict(
+        hidden_size=HIDDEN,
+        n_routed_experts=E,
+        num_experts_per_tok=K,
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=2.5,
+    )
     if v3:
         cfg = transformers.DeepseekV3Config(**common, norm_topk_prob=True)
         ref = DeepseekV3TopkRouter(cfg)
@@ -42,8 +50,12 @@ def test_same_experts_and_weights_as_transformers(method, v3):
     w, ids = _sorted(w, ids)
     assert torch.equal(ids, ref_ids)
     assert torch.allclose(w, ref_w, atol=1e-6, rtol=0)
-    if method != "greedy":  # the group limit did bite: a plain top-k would pick other experts somewhere
-        plain = torch.topk(logits.softmax(-1) if not v3 else logits.sigmoid(), K, dim=-1)[1].sort(-1)[0]
+    if (
+        method != "greedy"
+    ):  # the group limit did bite: a plain top-k would pick other experts somewhere
+        plain = torch.topk(logits.softmax(-1) if not v3 else logits.sigmoid(), K, dim=-1)[1].sort(
+            -1
+        )[0]
         assert not torch.equal(plain, ids)
 
 

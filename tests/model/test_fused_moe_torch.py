@@ -28,7 +28,9 @@ def test_fused_experts_equal_the_naive_loop(T, k, fmt):
     tw, ti = torch.topk(torch.randn(T, E, generator=g).softmax(-1), k)
     q13, q2 = ExpertWeights.from_float(w13, fmt), ExpertWeights.from_float(w2, fmt)
     out = fused_experts_torch(x, tw, ti, q13, q2)
-    torch.testing.assert_close(fused_experts(x, tw, ti, q13, q2), out, atol=1e-5, rtol=1e-5)  # any path
+    torch.testing.assert_close(
+        fused_experts(x, tw, ti, q13, q2), out, atol=1e-5, rtol=1e-5
+    )  # any path
     if fmt is None:
         torch.testing.assert_close(out, naive(x, tw, ti, w13, w2), atol=1e-5, rtol=1e-5)
     else:  # the weights as the kernels see them; activations rounded to int8 per block

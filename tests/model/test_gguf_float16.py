@@ -36,16 +36,24 @@ def test_f16_and_bf16_matrices_stay_16_bit(tmp_path):
     down, up, gate = (torch.randn(8, 40, generator=g) for _ in range(3))
     norm = torch.randn(40, generator=g)
     path = str(tmp_path / "f16.gguf")
-    _write(path, {
-        "blk.0.ffn_down.weight": down.half().numpy(),
-        "blk.0.ffn_up.weight": (up.bfloat16().view(torch.uint8).numpy(), gguf.GGMLQuantizationType.BF16),
-        "blk.0.ffn_gate.weight": gate.numpy(),
-        "blk.0.attn_norm.weight": norm.half().numpy(),  # 1-D: float32 always
-    })
-    want = {"model.layers.0.mlp.down_proj.weight": down.half().float(),
-            "model.layers.0.mlp.up_proj.weight": up.bfloat16().float(),
-            "model.layers.0.mlp.gate_proj.weight": gate,
-            "model.layers.0.input_layernorm.weight": norm.half().float()}
+    _write(
+        path,
+        {
+            "blk.0.ffn_down.weight": down.half().numpy(),
+            "blk.0.ffn_up.weight": (
+                up.bfloat16().view(torch.uint8).numpy(),
+                gguf.GGMLQuantizationType.BF16,
+            ),
+            "blk.0.ffn_gate.weight": gate.numpy(),
+            "blk.0.attn_norm.weight": norm.half().numpy(),  # 1-D: float32 always
+        },
+    )
+    want = {
+        "model.layers.0.mlp.down_proj.weight": down.half().float(),
+        "model.layers.0.mlp.up_proj.weight": up.bfloat16().float(),
+        "model.layers.0.mlp.gate_proj.weight": gate,
+        "model.layers.0.input_layernorm.weight": norm.half().float(),
+    }
     kept = dict(gguf_weights(open_gguf(path), None, keep_quantized=True))
     assert set(kept) == set(want)
     for name, fmt, src in (("down_proj", "f16", down.half()), ("up_proj", "bf16", up.bfloat16())):
@@ -67,10 +75,18 @@ def test_types_without_a_kernel_are_refused_by_name(tmp_path, type_name):
     qtype = gguf.GGMLQuantizationType[type_name]
     block, block_bytes = gguf.GGML_QUANT_SIZES[qtype]
     path = str(tmp_path / "unsupported.gguf")
-    _write(path, {"output_norm.weight": np.ones(block, np.float32),
-                  "blk.3.ffn_down.weight": (np.zeros((4, block_bytes), np.uint8), qtype)})
-    with pytest.raises(ValueError, match=rf"blk\.3\.ffn_down\.weight \(model\.layers\.3\.mlp\.down_proj\.weight\): "
-                                         rf"GGUF type {type_name} has no native kernel") as e:
+    _write(
+        path,
+        {
+            "output_norm.weight": np.ones(block, np.float32),
+            "blk.3.ffn_down.weight": (np.zeros((4, block_bytes), np.uint8), qtype),
+        },
+    )
+    with pytest.raises(
+        ValueError,
+        match=rf"blk\.3\.ffn_down\.weight \(model\.layers\.3\.mlp\.down_proj\.weight\): "
+        rf"GGUF type {type_name} has no native kernel",
+    ) as e:
         list(gguf_weights(open_gguf(path), None, keep_quantized=True))
     assert "Q4_K" in str(e.value) and "BF16" in str(e.value)  # names what is supported
     if type_name == "IQ2_XXS":  # --quantization none still dequantizes it (zero blocks: zeros)
@@ -84,7 +100,9 @@ def test_16_bit_llama_runs_on_the_kernels(tmp_path, matrix_type):
     16-bit and gives the logits of the HF model whose weights are those 16-bit values."""
     cfg = transformers.LlamaConfig(**{**SMALL, "tie_word_embeddings": False})
     torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager").eval()
+    hf = transformers.AutoModelForCausalLM.from_config(
+        cfg, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     randomize(hf)
     dtype = torch.float16 if matrix_type == "f16" else torch.bfloat16
     with torch.no_grad():
@@ -105,6 +123,9 @@ def test_16_bit_llama_runs_on_the_kernels(tmp_path, matrix_type):
     seqs = [torch.randint(0, SMALL["vocab_size"], (n,), generator=g).tolist() for n in (12, 7)]
     reqs = [h.new_request() for _ in seqs]
     outs = h.extend(reqs, [s[:-1] for s in seqs])
-    outs = [torch.cat([o, d[None]]) for o, d in zip(outs, h.decode(reqs, [s[-1] for s in seqs]), strict=True)]
+    outs = [
+        torch.cat([o, d[None]])
+        for o, d in zip(outs, h.decode(reqs, [s[-1] for s in seqs]), strict=True)
+    ]
     for s, o in zip(seqs, outs, strict=True):
         assert (o - hf_logits(hf, s)).abs().max().item() < ATOL

@@ -58,7 +58,12 @@ def tokenizer(gguf_path):
 
 def test_config(ours):
     c = ours.hf_config
-    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads) == (30, 576, 9, 3)
+    assert (c.num_hidden_layers, c.hidden_size, c.num_attention_heads, c.num_key_value_heads) == (
+        30,
+        576,
+        9,
+        3,
+    )
     assert (c.vocab_size, c.intermediate_size, c.head_dim) == (49152, 1536, 64)
     assert c.tie_word_embeddings and not hasattr(ours.model, "lm_head")
     assert ours.architecture == "LlamaForCausalLM"
@@ -73,7 +78,10 @@ def test_prefill_logits_match_hf(ours, hf, tokenizer):
     for i, (seq, out) in enumerate(zip(ids, outs)):
         ref = hf_logits(hf, seq)
         diff = (out - ref).abs().max().item()
-        print(f"gguf prefill[{i}] ({len(seq)} tokens): max|diff| {diff:.2e}, max|logit| {ref.abs().max():.1f}")
+        print(
+            f"gguf prefill[{i}] ({len(seq)} tokens): max|diff| {diff:.2e}, max|logit|"
+            f" {ref.abs().max():.1f}"
+        )
         assert diff < ATOL
         assert torch.equal(out.argmax(-1), ref.argmax(-1))
 
@@ -104,8 +112,9 @@ def test_tokenizer_and_chat_template(ours, tokenizer):
         assert tokenizer.decode(tokenizer(text)["input_ids"]) == text
     assert ours.chat_template and "<|im_start|>" in ours.chat_template
     assert tokenizer.chat_template == ours.chat_template
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
-                                           add_generation_prompt=True)
+    prompt = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Hi"}], tokenize=False, add_generation_prompt=True
+    )
     assert prompt.endswith("<|im_start|>assistant\n") and "Hi" in prompt
     assert tokenizer.convert_ids_to_tokens(ours.eos_token_ids) == ["<|im_end|>"]
 
@@ -144,7 +153,9 @@ def test_bad_files(tmp_path, gguf_path):
     empty_dir.mkdir()
     with pytest.raises(FileNotFoundError, match="config.json"):
         load_model(str(empty_dir))
-    (empty_dir / "config.json").write_text('{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}')
+    (empty_dir / "config.json").write_text(
+        '{"architectures": ["LlamaForCausalLM"], "model_type": "llama"}'
+    )
     with pytest.raises(FileNotFoundError, match="safetensors"):
         load_model(str(empty_dir))
 

@@ -22,14 +22,33 @@ from tests.model.test_gguf_archs import _llama_cpp_permute, _write_gguf
 
 # What a Q4_K_M file mixes, per tensor (llama.cpp's rules give v / down more bits in some layers
 # and the 32-value types where rows do not fill 256-value blocks).
-TYPES = {"token_embd": "q4_k", "output": "q6_k",
-         "blk.0.attn_q": "q4_k", "blk.0.attn_k": "q4_k", "blk.0.attn_v": "q6_k", "blk.0.attn_output": "q4_k",
-         "blk.0.ffn_gate": "q4_k", "blk.0.ffn_up": "q4_k", "blk.0.ffn_down": "q6_k",
-         "blk.1.attn_q": "q4_k", "blk.1.attn_k": "q4_k", "blk.1.attn_v": "q5_0", "blk.1.attn_output": "q4_k",
-         "blk.1.ffn_gate": "q4_k", "blk.1.ffn_up": "q4_k", "blk.1.ffn_down": "q8_0"}
-HF_NAMES = {"attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-            "attn_output": "self_attn.o_proj", "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj",
-            "ffn_down": "mlp.down_proj"}
+TYPES = {
+    "token_embd": "q4_k",
+    "output": "q6_k",
+    "blk.0.attn_q": "q4_k",
+    "blk.0.attn_k": "q4_k",
+    "blk.0.attn_v": "q6_k",
+    "blk.0.attn_output": "q4_k",
+    "blk.0.ffn_gate": "q4_k",
+    "blk.0.ffn_up": "q4_k",
+    "blk.0.ffn_down": "q6_k",
+    "blk.1.attn_q": "q4_k",
+    "blk.1.attn_k": "q4_k",
+    "blk.1.attn_v": "q5_0",
+    "blk.1.attn_output": "q4_k",
+    "blk.1.ffn_gate": "q4_k",
+    "blk.1.ffn_up": "q4_k",
+    "blk.1.ffn_down": "q8_0",
+}
+HF_NAMES = {
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
 # Scales of the random K-quant blocks (fp16 d, dmin): values of O(0.05), like a trained model's.
 SCALE = {"q4_k": 1e-4, "q6_k": 2e-5}
 # vs the exact reference, relative to max |logit|: observed ~5e-7 (float32 order); a wrong block,
@@ -43,7 +62,11 @@ def _blocks(name: str, rows: int, cols: int, g: torch.Generator) -> torch.Tensor
         return quantize(0.05 * torch.randn(rows, cols, generator=g), name)
     raw = random_quantized(name, rows, cols, g)
     blocks = raw.view(rows, -1, FORMATS[name].block_bytes)
-    d = (SCALE[name] * (0.5 + torch.rand(rows, blocks.shape[1], 2, generator=g))).half().view(torch.uint8)
+    d = (
+        (SCALE[name] * (0.5 + torch.rand(rows, blocks.shape[1], 2, generator=g)))
+        .half()
+        .view(torch.uint8)
+    )
     if name == "q4_k":
         blocks[:, :, 0:4] = d.reshape(rows, -1, 4)
     else:
@@ -54,11 +77,20 @@ def _blocks(name: str, rows: int, cols: int, g: torch.Generator) -> torch.Tensor
 def _mixed_model(tmp_path):
     import gguf
 
-    cfg = transformers.LlamaConfig(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                                   tie_word_embeddings=False)
+    cfg = transformers.LlamaConfig(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager").eval()
+    hf = transformers.AutoModelForCausalLM.from_config(
+        cfg, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     randomize(hf)
     g = torch.Generator().manual_seed(2)
     raw = {}
@@ -69,12 +101,16 @@ def _mixed_model(tmp_path):
                 _, layer, kind = gname.split(".")
                 hf_name = f"model.layers.{layer}.{HF_NAMES[kind]}.weight"
             else:
-                hf_name = {"token_embd": "model.embed_tokens.weight", "output": "lm_head.weight"}[gname]
+                hf_name = {"token_embd": "model.embed_tokens.weight", "output": "lm_head.weight"}[
+                    gname
+                ]
             rows, cols = state[hf_name].shape
             blocks = _blocks(qname, rows, cols, g)
             values = dequantize_reference(blocks, qname, cols).numpy()
             # The file holds q / k rows in llama.cpp's permuted order: HF's are the inverse.
-            heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}.get(gname.split(".")[-1])
+            heads = {"attn_q": cfg.num_attention_heads, "attn_k": cfg.num_key_value_heads}.get(
+                gname.split(".")[-1]
+            )
             if heads:
                 perm = _llama_cpp_permute(np.arange(rows), heads)
                 values = values[np.argsort(perm)]
@@ -99,17 +135,26 @@ def test_mixed_quant_file_runs_in_its_own_types(tmp_path):
     assert quant.model.lm_head.qweight.formats == ["q6_kx8"]
     assert quant.model.model.embed_tokens.qweight.formats == ["q4_kx8"]
     # Never widened: the weights held stay within 1.3x the file (the K-quants' byte scales: +2.8%).
-    assert quant.weight_bytes <= 1.3 * os.path.getsize(path), (quant.weight_bytes, os.path.getsize(path))
+    assert quant.weight_bytes <= 1.3 * os.path.getsize(path), (
+        quant.weight_bytes,
+        os.path.getsize(path),
+    )
     assert flat.weight_bytes > 3 * quant.weight_bytes  # the float load really is float
     # The file's values exactly.
     fl = flat.model.model.layers
     for i in range(cfg.num_hidden_layers):
-        for q, f in ((layers[i].self_attn.qkv_proj, fl[i].self_attn.qkv_proj), (layers[i].mlp.down_proj, fl[i].mlp.down_proj),
-                     (layers[i].mlp.gate_up_proj, fl[i].mlp.gate_up_proj), (layers[i].self_attn.o_proj, fl[i].self_attn.o_proj)):
+        for q, f in (
+            (layers[i].self_attn.qkv_proj, fl[i].self_attn.qkv_proj),
+            (layers[i].mlp.down_proj, fl[i].mlp.down_proj),
+            (layers[i].mlp.gate_up_proj, fl[i].mlp.gate_up_proj),
+            (layers[i].self_attn.o_proj, fl[i].self_attn.o_proj),
+        ):
             assert torch.equal(q.qweight.dequantize(), f.weight), f"layer {i}"
     assert torch.equal(quant.model.lm_head.qweight.dequantize(), flat.model.lm_head.weight)
     # Logits: the float model's with each linear layer's input on the int8 grid.
-    ids = torch.randint(0, cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(3)).tolist()
+    ids = torch.randint(
+        0, cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(3)
+    ).tolist()
     got = _logits(quant, ids)
     for name, module in flat.model.named_modules():
         if name == "lm_head" or name.endswith(("qkv_proj", "o_proj", "gate_up_proj", "down_proj")):
@@ -132,4 +177,6 @@ def _int8_grid(module, args):
     x = args[0]
     flat = x.reshape(-1, x.shape[-1]).float().contiguous()
     q, d, _ = ops().quantize_act(flat)
-    return ((q.float().view(flat.shape[0], -1, 32) * d[:, :, None]).view(x.shape),) + tuple(args[1:])
+    return ((q.float().view(flat.shape[0], -1, 32) * d[:, :, None]).view(x.shape),) + tuple(
+        args[1:]
+    )

@@ -1,5 +1,5 @@
-"""The target's hidden states handed to an EAGLE head (model/hidden_capture.py) on the default model,
-whose layers run as one native op: recording the stream entering three layers runs the op in
+"""The target's hidden states handed to an EAGLE head (model/hidden_capture.py) on the default
+model, whose layers run as one native op: recording the stream entering three layers runs the op in
 segments, and that changes no bit of the forward; the streams are those the Python layers compute;
 the final hidden states are those the logits come from."""
 
@@ -32,28 +32,48 @@ def runner(default_model_path):
 
     threads = torch.get_num_threads()
     try:
-        yield ModelRunner(ModelRunnerConfig(model_path=default_model_path, num_threads=1, max_total_tokens=512,
-                                            max_running_requests=2))
+        yield ModelRunner(
+            ModelRunnerConfig(
+                model_path=default_model_path,
+                num_threads=1,
+                max_total_tokens=512,
+                max_running_requests=2,
+            )
+        )
     finally:
         torch.set_num_threads(threads)
 
 
 def prefill_and_decode(runner) -> list[torch.Tensor]:
-    """A prefill of PROMPT and two decode steps, on fresh KV; -> each forward's next-token logits."""
+    """A prefill of PROMPT and two decode steps, on fresh KV; -> each forward's next-token
+    logits."""
     r2t_pool, kv = runner.req_to_token_pool, runner.token_to_kv_pool
     row, slots = r2t_pool.alloc(), kv.alloc(len(PROMPT) + 2)
     r2t = r2t_pool.req_to_token
-    r2t[row, :len(PROMPT) + 2] = slots
+    r2t[row, : len(PROMPT) + 2] = slots
     out, n = [], len(PROMPT)
     try:
         with torch.inference_mode():
-            fb = runner.prepare(ModelWorkerBatch(ForwardMode.EXTEND, PROMPT, list(range(n)), [row], [n], slots[:n],
-                                                 extend_prefix_lens=[0], extend_seq_lens=[n]))
+            fb = runner.prepare(
+                ModelWorkerBatch(
+                    ForwardMode.EXTEND,
+                    PROMPT,
+                    list(range(n)),
+                    [row],
+                    [n],
+                    slots[:n],
+                    extend_prefix_lens=[0],
+                    extend_seq_lens=[n],
+                )
+            )
             out.append(runner.forward(fb).next_token_logits)
             for step in range(2):
                 tok, pos = int(out[-1].argmax()), n + step
-                fb = runner.prepare(ModelWorkerBatch(ForwardMode.DECODE, [tok], [pos], [row], [pos + 1],
-                                                     r2t[row, pos:pos + 1]))
+                fb = runner.prepare(
+                    ModelWorkerBatch(
+                        ForwardMode.DECODE, [tok], [pos], [row], [pos + 1], r2t[row, pos : pos + 1]
+                    )
+                )
                 out.append(runner.forward(fb).next_token_logits)
     finally:
         kv.free(slots)
@@ -64,7 +84,10 @@ def prefill_and_decode(runner) -> list[torch.Tensor]:
 def test_layer_segments():
     assert layer_segments(range(0, 30), ()) == [(0, 30)]
     assert layer_segments(range(0, 30), (2, 15, 27)) == [(0, 2), (2, 15), (15, 27), (27, 30)]
-    assert layer_segments(range(0, 4), (1, 1, 0)) == [(0, 1), (1, 4)]  # repeats and the embedding: no empty segment
+    assert layer_segments(range(0, 4), (1, 1, 0)) == [
+        (0, 1),
+        (1, 4),
+    ]  # repeats and the embedding: no empty segment
 
 
 def test_segmented_capture_changes_nothing_and_matches_the_python_layers(runner):

@@ -12,21 +12,45 @@ from radixlm.model.loader import load_model
 from tests.model.helpers import SMALL, PoolHarness, hf_logits, randomize
 
 ATOL = 1e-4
-LLAMA3_ROPE = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-               "original_max_position_embeddings": 32}
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
 CONFIGS = {
     "llama": ("LlamaConfig", dict(tie_word_embeddings=False)),
-    "llama3-rope-tied": ("LlamaConfig", dict(tie_word_embeddings=True, rope_scaling=LLAMA3_ROPE, rope_theta=50000.0)),
-    "llama-yarn-bias": ("LlamaConfig", dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
-                                                         "original_max_position_embeddings": 64},
-                                            attention_bias=True, mlp_bias=True)),
+    "llama3-rope-tied": (
+        "LlamaConfig",
+        dict(tie_word_embeddings=True, rope_scaling=LLAMA3_ROPE, rope_theta=50000.0),
+    ),
+    "llama-yarn-bias": (
+        "LlamaConfig",
+        dict(
+            rope_scaling={
+                "rope_type": "yarn",
+                "factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
+            attention_bias=True,
+            mlp_bias=True,
+        ),
+    ),
     "llama-linear-rope": ("LlamaConfig", dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
     "mistral": ("MistralConfig", dict(sliding_window=None, tie_word_embeddings=False)),
     "qwen2": ("Qwen2Config", dict(tie_word_embeddings=True)),
-    "qwen3": ("Qwen3Config", dict(head_dim=32, tie_word_embeddings=False)),  # head_dim != hidden / heads
+    "qwen3": (
+        "Qwen3Config",
+        dict(head_dim=32, tie_word_embeddings=False),
+    ),  # head_dim != hidden / heads
 }
-ARCH = {"LlamaConfig": "LlamaForCausalLM", "MistralConfig": "MistralForCausalLM",
-        "Qwen2Config": "Qwen2ForCausalLM", "Qwen3Config": "Qwen3ForCausalLM"}
+ARCH = {
+    "LlamaConfig": "LlamaForCausalLM",
+    "MistralConfig": "MistralForCausalLM",
+    "Qwen2Config": "Qwen2ForCausalLM",
+    "Qwen3Config": "Qwen3ForCausalLM",
+}
 
 
 @pytest.fixture(scope="module", params=list(CONFIGS))
@@ -35,7 +59,9 @@ def models(request, tmp_path_factory):
     config = getattr(transformers, cfg_cls)(**SMALL, **extra)
     config.architectures = [ARCH[cfg_cls]]
     torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="eager")
+    hf = transformers.AutoModelForCausalLM.from_config(
+        config, dtype=torch.float32, attn_implementation="eager"
+    )
     randomize(hf)
     hf.eval()
     path = tmp_path_factory.mktemp(request.param)

@@ -38,7 +38,7 @@ def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
     with torch.no_grad():
         for _ in range(n):
             seq.append(int(hf(torch.tensor([seq])).logits[0, -1].argmax()))
-    return seq[len(ids):]
+    return seq[len(ids) :]
 
 
 def our_greedy(model, config, ids: list[int], n: int) -> tuple[torch.Tensor, list[int]]:
@@ -59,7 +59,11 @@ def test_moe_family_matches_hf(family, kind, tmp_path):
     loaded = load_model(_write(hf, kind, tmp_path), quantization="none")
     assert loaded.architecture == ARCHITECTURES[family]
     blocks = [m for m in loaded.model.modules() if isinstance(m, SparseMoeBlock)]
-    sparse = [i for i in range(hf.config.num_hidden_layers) if i not in (getattr(hf.config, "mlp_only_layers", None) or [])]
+    sparse = [
+        i
+        for i in range(hf.config.num_hidden_layers)
+        if i not in (getattr(hf.config, "mlp_only_layers", None) or [])
+    ]
     assert [b.layer_id for b in blocks] == sparse  # dense layers where the config has them
     logits, tokens = our_greedy(loaded.model, loaded.hf_config, PROMPT, NEW_TOKENS)
     torch.testing.assert_close(logits, hf_logits(hf, PROMPT), atol=ATOL, rtol=0)
@@ -67,7 +71,8 @@ def test_moe_family_matches_hf(family, kind, tmp_path):
 
 
 def _dequantized_reference(hf, loaded) -> None:
-    """hf's experts replaced by the dequantized blocks radixlm holds (the reference for quantized runs)."""
+    """hf's experts replaced by the dequantized blocks radixlm holds (the reference for quantized
+    runs)."""
     for b in loaded.model.modules():
         if isinstance(b, SparseMoeBlock):
             experts = hf.model.layers[b.layer_id].mlp.experts
@@ -78,11 +83,16 @@ def _dequantized_reference(hf, loaded) -> None:
 @pytest.mark.parametrize("experts_type", ["q8_0", "q4_k"])
 def test_quantized_gguf_experts(experts_type, tmp_path):
     # q4_k blocks 256 values: experts' input sizes (hidden, moe_intermediate_size) of 256.
-    hf = hf_model("qwen3_moe", hidden_size=256, moe_intermediate_size=256, num_attention_heads=4, head_dim=64)
+    hf = hf_model(
+        "qwen3_moe", hidden_size=256, moe_intermediate_size=256, num_attention_heads=4, head_dim=64
+    )
     loaded = load_model(write_gguf(hf, str(tmp_path / "q.gguf"), experts_type=experts_type))
     assert loaded.quantization == "gguf"
     blocks = [m for m in loaded.model.modules() if isinstance(m, SparseMoeBlock)]
-    assert blocks and all(b.w13.fmt == INTERLEAVED[experts_type] and b.w2.fmt == INTERLEAVED[experts_type] for b in blocks)
+    assert blocks and all(
+        b.w13.fmt == INTERLEAVED[experts_type] and b.w2.fmt == INTERLEAVED[experts_type]
+        for b in blocks
+    )
     _dequantized_reference(hf, loaded)
     logits, _ = our_greedy(loaded.model, loaded.hf_config, PROMPT, 1)
     ref = hf_logits(hf, PROMPT)
@@ -102,14 +112,25 @@ def test_quantization_flag_quantizes_each_expert(tmp_path):
     blocks = [m for m in loaded.model.modules() if isinstance(m, SparseMoeBlock)]
     assert len(blocks) == 2
     for b in blocks:
-        assert b.w13.fmt == INTERLEAVED["q8_0"] and b.w2.fmt == INTERLEAVED["q8_0"] and b.w13_weight.dtype == torch.uint8
+        assert (
+            b.w13.fmt == INTERLEAVED["q8_0"]
+            and b.w2.fmt == INTERLEAVED["q8_0"]
+            and b.w13_weight.dtype == torch.uint8
+        )
         experts = hf.model.layers[b.layer_id].mlp.experts
         for e in range(8):
-            # the same blocks, in the kernels' 8-row interleaved layout (QuantizedTensor.interleaved)
-            assert torch.equal(b.w13.data[e], QuantizedTensor.quantize(experts.gate_up_proj[e].detach(), "q8_0")
-                               .interleaved().data)
-            assert torch.equal(b.w2.data[e], QuantizedTensor.quantize(experts.down_proj[e].detach(), "q8_0")
-                               .interleaved().data)
+            # the same blocks, in the kernels' 8-row interleaved layout
+            # (QuantizedTensor.interleaved)
+            assert torch.equal(
+                b.w13.data[e],
+                QuantizedTensor.quantize(experts.gate_up_proj[e].detach(), "q8_0")
+                .interleaved()
+                .data,
+            )
+            assert torch.equal(
+                b.w2.data[e],
+                QuantizedTensor.quantize(experts.down_proj[e].detach(), "q8_0").interleaved().data,
+            )
 
 
 def test_missing_expert_is_named(tmp_path):

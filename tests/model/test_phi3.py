@@ -27,32 +27,53 @@ ORIG = 64  # original_max_position_embeddings of the longrope model
 def _longrope(rotary_dim: int, seed: int) -> dict:
     g = torch.Generator().manual_seed(seed)
     n = rotary_dim // 2
-    return {"rope_type": "longrope", "short_factor": (1 + 0.5 * torch.rand(n, generator=g)).tolist(),
-            "long_factor": (1 + 7 * torch.rand(n, generator=g)).tolist()}
+    return {
+        "rope_type": "longrope",
+        "short_factor": (1 + 0.5 * torch.rand(n, generator=g)).tolist(),
+        "long_factor": (1 + 7 * torch.rand(n, generator=g)).tolist(),
+    }
 
 
 CONFIGS = {
     # partial_rotary_factor as Phi-4-mini: head_dim 16, 12 rotary dims
-    "longrope": dict(partial_rotary_factor=0.75, rope_scaling=_longrope(12, 0), original_max_position_embeddings=ORIG,
-                     sliding_window=None),
+    "longrope": dict(
+        partial_rotary_factor=0.75,
+        rope_scaling=_longrope(12, 0),
+        original_max_position_embeddings=ORIG,
+        sliding_window=None,
+    ),
     # a window no shorter than the context changes nothing (Phi-3.5's is 262144)
     "plain": dict(sliding_window=SMALL["max_position_embeddings"], rope_theta=50000.0),
 }
 
 
 def _phi3_config(name: str) -> transformers.Phi3Config:
-    cfg = transformers.Phi3Config(**{**SMALL, **CONFIGS[name]}, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-                                  tie_word_embeddings=False)
+    cfg = transformers.Phi3Config(
+        **{**SMALL, **CONFIGS[name]},
+        pad_token_id=0,
+        bos_token_id=1,
+        eos_token_id=2,
+        tie_word_embeddings=False,
+    )
     cfg.architectures = ["Phi3ForCausalLM"]
     return cfg
 
 
 # -- the GGUF llama.cpp's convert_hf_to_gguf.py (Phi3MiniModel) writes -------------------------
 
-_GGUF_NAMES = {"input_layernorm": "attn_norm", "self_attn.qkv_proj": "attn_qkv", "self_attn.o_proj": "attn_output",
-               "post_attention_layernorm": "ffn_norm", "mlp.gate_up_proj": "ffn_up", "mlp.down_proj": "ffn_down"}
-_GGUF_TOP = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
+_GGUF_NAMES = {
+    "input_layernorm": "attn_norm",
+    "self_attn.qkv_proj": "attn_qkv",
+    "self_attn.o_proj": "attn_output",
+    "post_attention_layernorm": "ffn_norm",
+    "mlp.gate_up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+}
+_GGUF_TOP = {
+    "model.embed_tokens.weight": "token_embd.weight",
+    "model.norm.weight": "output_norm.weight",
+    "lm_head.weight": "output.weight",
+}
 
 
 def write_phi3_gguf(path: str, hf, cfg, quantize: dict | None = None) -> None:
@@ -61,7 +82,9 @@ def write_phi3_gguf(path: str, hf, cfg, quantize: dict | None = None) -> None:
 
     rp = cfg.rope_parameters
     orig = rp.get("original_max_position_embeddings", cfg.original_max_position_embeddings)
-    rope_dims = int(rp.get("partial_rotary_factor", 1.0) * cfg.hidden_size) // cfg.num_attention_heads
+    rope_dims = (
+        int(rp.get("partial_rotary_factor", 1.0) * cfg.hidden_size) // cfg.num_attention_heads
+    )
     w = gguf.GGUFWriter(path, "phi3")
     w.add_context_length(cfg.max_position_embeddings)
     w.add_rope_scaling_orig_ctx_len(orig)
@@ -78,13 +101,15 @@ def write_phi3_gguf(path: str, hf, cfg, quantize: dict | None = None) -> None:
     w.add_eos_token_id(2)
     if rp.get("long_factor"):
         scale = cfg.max_position_embeddings / orig
-        w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0)
+        w.add_rope_scaling_attn_factors(
+            math.sqrt(1 + math.log(scale) / math.log(orig)) if scale > 1.0 else 1.0
+        )
         w.add_tensor("rope_factors_long.weight", np.array(rp["long_factor"], dtype=np.float32))
         w.add_tensor("rope_factors_short.weight", np.array(rp["short_factor"], dtype=np.float32))
     for name, t in hf.state_dict().items():
         a = t.float().numpy().copy()
         if name.startswith("model.layers."):
-            layer, rest = name[len("model.layers."):].split(".", 1)
+            layer, rest = name[len("model.layers.") :].split(".", 1)
             module, kind = rest.rsplit(".", 1)
             gname = f"blk.{layer}.{_GGUF_NAMES[module]}.{kind}"
             qtype = (quantize or {}).get(_GGUF_NAMES[module])
@@ -102,11 +127,15 @@ def write_phi3_gguf(path: str, hf, cfg, quantize: dict | None = None) -> None:
 
 # -- rotary -----------------------------------------------------------------------------------
 
+
 def _batch(seq_lens: list[int], new_tokens: list[int]):
     """What cache_rows reads of a ForwardBatch."""
     mode = ForwardMode.DECODE if all(n == 1 for n in new_tokens) else ForwardMode.EXTEND
-    return SimpleNamespace(forward_mode=mode, seq_lens_cpu=seq_lens,
-                           extend_seq_lens_cpu=new_tokens if mode.is_extend() else None)
+    return SimpleNamespace(
+        forward_mode=mode,
+        seq_lens_cpu=seq_lens,
+        extend_seq_lens_cpu=new_tokens if mode.is_extend() else None,
+    )
 
 
 @pytest.mark.parametrize("partial", [1.0, 0.75])
@@ -117,8 +146,14 @@ def test_longrope_cos_sin_bitwise(partial):
 
     head_dim = SMALL["hidden_size"] // SMALL["num_attention_heads"]
     rot = int(head_dim * partial)
-    cfg = transformers.Phi3Config(**{**SMALL, **CONFIGS["longrope"], "partial_rotary_factor": partial,
-                                     "rope_scaling": _longrope(rot, 3)})
+    cfg = transformers.Phi3Config(
+        **{
+            **SMALL,
+            **CONFIGS["longrope"],
+            "partial_rotary_factor": partial,
+            "rope_scaling": _longrope(rot, 3),
+        }
+    )
     ours, hf = get_rope(head_dim, cfg), Phi3RotaryEmbedding(cfg)
     assert ours.rotary_dim == rot
 
@@ -148,13 +183,19 @@ def test_longrope_cos_sin_bitwise(partial):
 
 # -- the model --------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module", params=[(c, kind) for c in CONFIGS for kind in ("safetensors", "gguf")],
-                ids=lambda p: f"{p[0]}-{p[1]}")
+
+@pytest.fixture(
+    scope="module",
+    params=[(c, kind) for c in CONFIGS for kind in ("safetensors", "gguf")],
+    ids=lambda p: f"{p[0]}-{p[1]}",
+)
 def models(request, tmp_path_factory):
     name, kind = request.param
     cfg = _phi3_config(name)
     torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32, attn_implementation="eager").eval()
+    hf = transformers.AutoModelForCausalLM.from_config(
+        cfg, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
     randomize(hf)
     path = tmp_path_factory.mktemp(f"phi3-{name}")
     if kind == "gguf":
@@ -166,8 +207,13 @@ def models(request, tmp_path_factory):
     assert loaded.architecture == "Phi3ForCausalLM"
     c = loaded.hf_config
     assert c.rope_parameters["rope_type"] == cfg.rope_parameters["rope_type"]
-    assert c.rope_parameters.get("partial_rotary_factor", 1.0) == cfg.rope_parameters.get("partial_rotary_factor", 1.0)
-    assert c.sliding_window == cfg.sliding_window and loaded.context_len == SMALL["max_position_embeddings"]
+    assert c.rope_parameters.get("partial_rotary_factor", 1.0) == cfg.rope_parameters.get(
+        "partial_rotary_factor", 1.0
+    )
+    assert (
+        c.sliding_window == cfg.sliding_window
+        and loaded.context_len == SMALL["max_position_embeddings"]
+    )
     return name, hf, loaded
 
 
@@ -177,14 +223,17 @@ def _prompts(lengths: list[int], seed: int) -> list[list[int]]:
 
 
 def test_logits_prefill_and_decode(models):
-    """One extend batch of short (<= 64 tokens through decode) and long (> 64 from prefill) requests,
-    then a decode step of all: every row equals transformers' on the whole sequence."""
+    """One extend batch of short (<= 64 tokens through decode) and long (> 64 from prefill)
+    requests, then a decode step of all: every row equals transformers' on the whole sequence."""
     name, hf, loaded = models
     h = PoolHarness(loaded.model, loaded.hf_config)
     seqs = _prompts([12, 40, ORIG + 2, 90], seed=5)
     reqs = [h.new_request() for _ in seqs]
     outs = h.extend(reqs, [s[:-1] for s in seqs])
-    outs = [torch.cat([o, d[None]]) for o, d in zip(outs, h.decode(reqs, [s[-1] for s in seqs]), strict=True)]
+    outs = [
+        torch.cat([o, d[None]])
+        for o, d in zip(outs, h.decode(reqs, [s[-1] for s in seqs]), strict=True)
+    ]
     for s, o in zip(seqs, outs, strict=True):
         ref = hf_logits(hf, s)
         diff = (o - ref).abs().max().item()
@@ -199,7 +248,9 @@ def _greedy(loaded, prompts: list[list[int]], n: int = 32) -> list[list[int]]:
     reqs = [h.new_request() for _ in prompts]
     tokens = [[int(o[-1].argmax())] for o in h.extend(reqs, prompts)]
     for _ in range(n - 1):
-        for t, nxt in zip(tokens, h.decode(reqs, [t[-1] for t in tokens]).argmax(-1).tolist(), strict=True):
+        for t, nxt in zip(
+            tokens, h.decode(reqs, [t[-1] for t in tokens]).argmax(-1).tolist(), strict=True
+        ):
             t.append(nxt)
     return tokens
 
@@ -213,8 +264,10 @@ def test_greedy_matches_generate(models):
     hf.generation_config.eos_token_id = None
     hf.generation_config.pad_token_id = 0
     with torch.no_grad():
-        ref = [hf.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False)[0, len(p):].tolist()
-               for p in prompts]
+        ref = [
+            hf.generate(torch.tensor([p]), max_new_tokens=32, do_sample=False)[0, len(p) :].tolist()
+            for p in prompts
+        ]
     assert _greedy(loaded, prompts) == ref
 
 
@@ -244,7 +297,9 @@ def test_sliding_window_from_gguf(tmp_path):
     path = str(tmp_path / "window.gguf")
     write_phi3_gguf(path, hf, cfg)
     loaded = load_model(path)
-    assert loaded.hf_config.sliding_window == 16 and loaded.context_len == cfg.max_position_embeddings
+    assert (
+        loaded.hf_config.sliding_window == 16 and loaded.context_len == cfg.max_position_embeddings
+    )
     assert {layer.self_attn.attn.sliding_window_size for layer in loaded.model.model.layers} == {16}
     (seq,) = _prompts([40], seed=8)
     h = PoolHarness(loaded.model, loaded.hf_config)
@@ -265,7 +320,9 @@ def test_quantized_fused_tensors_stay_whole(tmp_path):
     from radixlm import kernels
 
     # CI machines have g++ and AVX2 (tests/kernels/conftest.py): a build failure fails, never skips.
-    assert kernels.available(), f"native kernels failed to build/load: {kernels.unavailable_reason()}"
+    assert kernels.available(), (
+        f"native kernels failed to build/load: {kernels.unavailable_reason()}"
+    )
     cfg = _phi3_config("longrope")
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
@@ -278,7 +335,10 @@ def test_quantized_fused_tensors_stay_whole(tmp_path):
     tensors = {t.name: t for t in reader.tensors}
     for layer in range(cfg.num_hidden_layers):
         block = loaded.model.model.layers[layer]
-        for module, gname in ((block.self_attn.qkv_proj, "attn_qkv"), (block.mlp.gate_up_proj, "ffn_up")):
+        for module, gname in (
+            (block.self_attn.qkv_proj, "attn_qkv"),
+            (block.mlp.gate_up_proj, "ffn_up"),
+        ):
             q = module.qweight
             assert q is not None and len(q.segments) == 1 and q.formats[0].startswith("q8_0")
             t = tensors[f"blk.{layer}.{gname}.weight"]

@@ -12,8 +12,19 @@ from tests.model.helpers import SMALL
 
 def write_config(tmp_path, **extra):
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({"architectures": ["LlamaForCausalLM"], "model_type": "llama", **SMALL,
-                                "tie_word_embeddings": False, "eos_token_id": 2, "vocab_size": 1024, **extra}))
+    path.write_text(
+        json.dumps(
+            {
+                "architectures": ["LlamaForCausalLM"],
+                "model_type": "llama",
+                **SMALL,
+                "tie_word_embeddings": False,
+                "eos_token_id": 2,
+                "vocab_size": 1024,
+                **extra,
+            }
+        )
+    )
     return str(path)
 
 
@@ -45,7 +56,9 @@ def test_one_batch_runs_a_random_weight_model(tmp_path):
     args = p.parse_args(["--batch-size", "1", "3", "--input-len", "8", "--output-len", "4"])
     results = one_batch.run(args, ServerArgs(model_path=write_config(tmp_path), num_threads=1))
     assert [r["batch_size"] for r in results] == [1, 3]
-    assert all(r["decode_throughput"] > 0 and len(r["output_ids"]) == r["batch_size"] for r in results)
+    assert all(
+        r["decode_throughput"] > 0 and len(r["output_ids"]) == r["batch_size"] for r in results
+    )
     # The roofline's bytes: every weight once (the untied embedding only for the looked-up rows, not
     # counted) and each request's K/V at the mid-decode context (8 + 1.5 tokens), float32.
     from radixlm.model.loader import load_model
@@ -54,6 +67,8 @@ def test_one_batch_runs_a_random_weight_model(tmp_path):
     weights = sum(p.nbytes for n, p in model.named_parameters() if "embed" not in n)
     kv_per_token = 2 * SMALL["num_hidden_layers"] * SMALL["num_key_value_heads"] * 16 * 4
     for r in results:
-        assert r["step_bytes_mb"] * 1e6 == pytest.approx(weights + r["batch_size"] * 9.5 * kv_per_token, rel=1e-9)
+        assert r["step_bytes_mb"] * 1e6 == pytest.approx(
+            weights + r["batch_size"] * 9.5 * kv_per_token, rel=1e-9
+        )
         assert r["read_gbps"] > 0 and r["roofline_share"] > 0
     one_batch.format_table(results)

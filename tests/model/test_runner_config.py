@@ -45,9 +45,12 @@ def test_from_server_args_maps_every_field():
     config = ModelRunnerConfig.from_server_args(args)
     default = ModelRunnerConfig()
     for f in dataclasses.fields(ModelRunnerConfig):
-        if f.name == "lora":  # built from the LoRA flags, which refuse tp_size > 1: tests/lora/test_lora_flags.py
+        if (
+            f.name == "lora"
+        ):  # built from the LoRA flags, which refuse tp_size > 1: tests/lora/test_lora_flags.py
             continue
-        # decode_kv_mirror_bytes comes from decode_kv_mirror_gb, memory_share from tp_size / nnodes (below)
+        # decode_kv_mirror_bytes comes from decode_kv_mirror_gb, memory_share from tp_size / nnodes
+        # (below)
         if f.name not in ("decode_kv_mirror_bytes", "memory_share"):
             assert getattr(config, f.name) == getattr(args, f.name), f.name
         assert getattr(config, f.name) != getattr(default, f.name), f"{f.name}: OPTIONS must set it"
@@ -67,7 +70,10 @@ def test_resolved_dtypes():
     assert ModelRunnerConfig().resolved_dtype() == torch.float32
     assert ModelRunnerConfig().resolved_kv_cache_dtype() == torch.float32
     assert ModelRunnerConfig(dtype="float16").resolved_kv_cache_dtype() == torch.float16
-    assert ModelRunnerConfig(dtype="bfloat16", kv_cache_dtype="int8").resolved_kv_cache_dtype() == torch.int8
+    assert (
+        ModelRunnerConfig(dtype="bfloat16", kv_cache_dtype="int8").resolved_kv_cache_dtype()
+        == torch.int8
+    )
 
 
 def test_frozen():
@@ -75,30 +81,59 @@ def test_frozen():
         ModelRunnerConfig().device = "cuda"
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("attention_backend", "flash", "attention_backend must be one of native, triton, torch, mla, got 'flash'"),
-    ("prefill_attention_backend", "flash", "prefill_attention_backend must be one of native, triton, torch, mla, got 'flash'"),
-    ("decode_attention_backend", "", "decode_attention_backend must be one of native, triton, torch, mla, got ''"),
-    ("quantization", "q3_k", "quantization must be one of none, gguf, int8, q4_0, q8_0, q4_k, f16, bf16, got 'q3_k'"),
-    ("kv_cache_dtype", "fp8", "kv_cache_dtype must be one of auto, float32, float16, bfloat16, int8, got 'fp8'"),
-    ("dtype", "float64", "dtype must be one of auto, float32, float16, bfloat16, half, float, got 'float64'"),
-    ("device", "mps", "device must be cpu or cuda, got 'mps'"),
-    ("max_total_tokens", 0, "max_total_tokens must be positive, got 0"),
-    ("context_length", -1, "context_length must be positive, got -1"),
-    ("num_threads", 0, "num_threads must be positive, got 0"),
-    ("max_running_requests", 0, "max_running_requests must be positive, got 0"),
-    ("torch_compile_max_bs", 0, "torch_compile_max_bs must be positive, got 0"),
-    ("cuda_graph_max_bs", 0, "cuda_graph_max_bs must be positive, got 0"),
-    ("kv_memory_gb", 0.0, "kv_memory_gb must be positive, got 0.0"),
-    ("decode_kv_mirror_bytes", -1, "decode_kv_mirror_bytes must be >= 0, got -1"),
-])
+@pytest.mark.parametrize(
+    "field,value,message",
+    [
+        (
+            "attention_backend",
+            "flash",
+            "attention_backend must be one of native, triton, torch, mla, got 'flash'",
+        ),
+        (
+            "prefill_attention_backend",
+            "flash",
+            "prefill_attention_backend must be one of native, triton, torch, mla, got 'flash'",
+        ),
+        (
+            "decode_attention_backend",
+            "",
+            "decode_attention_backend must be one of native, triton, torch, mla, got ''",
+        ),
+        (
+            "quantization",
+            "q3_k",
+            "quantization must be one of none, gguf, int8, q4_0, q8_0, q4_k, f16, bf16, got 'q3_k'",
+        ),
+        (
+            "kv_cache_dtype",
+            "fp8",
+            "kv_cache_dtype must be one of auto, float32, float16, bfloat16, int8, got 'fp8'",
+        ),
+        (
+            "dtype",
+            "float64",
+            "dtype must be one of auto, float32, float16, bfloat16, half, float, got 'float64'",
+        ),
+        ("device", "mps", "device must be cpu or cuda, got 'mps'"),
+        ("max_total_tokens", 0, "max_total_tokens must be positive, got 0"),
+        ("context_length", -1, "context_length must be positive, got -1"),
+        ("num_threads", 0, "num_threads must be positive, got 0"),
+        ("max_running_requests", 0, "max_running_requests must be positive, got 0"),
+        ("torch_compile_max_bs", 0, "torch_compile_max_bs must be positive, got 0"),
+        ("cuda_graph_max_bs", 0, "cuda_graph_max_bs must be positive, got 0"),
+        ("kv_memory_gb", 0.0, "kv_memory_gb must be positive, got 0.0"),
+        ("decode_kv_mirror_bytes", -1, "decode_kv_mirror_bytes must be >= 0, got -1"),
+    ],
+)
 def test_bad_value_names_the_field(field, value, message):
     with pytest.raises(ValueError) as e:
         ModelRunnerConfig(**{field: value})
     assert str(e.value) == message
 
 
-@pytest.mark.parametrize("field", ["prefill_attention_backend", "decode_attention_backend", "kv_memory_gb"])
+@pytest.mark.parametrize(
+    "field", ["prefill_attention_backend", "decode_attention_backend", "kv_memory_gb"]
+)
 def test_from_server_args_rejects_what_server_args_lets_through(field):
     """ServerArgs leaves these to the component's config."""
     value = 0.0 if field == "kv_memory_gb" else "flash"

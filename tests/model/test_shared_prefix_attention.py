@@ -7,8 +7,11 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.model.layers.attention import shared_prefix
-from radixlm.model.layers.attention.shared_prefix import build_shared_prefix_metadata, shared_prefix_decode
 from radixlm.model.layers.attention.decode_path import gather_kv
+from radixlm.model.layers.attention.shared_prefix import (
+    build_shared_prefix_metadata,
+    shared_prefix_decode,
+)
 
 
 def reference(q, k_buf, v_buf, rows, seq_lens, scale):
@@ -16,7 +19,9 @@ def reference(q, k_buf, v_buf, rows, seq_lens, scale):
     for b, n in enumerate(seq_lens):
         k = k_buf[rows[b, :n]].transpose(0, 1).unsqueeze(0)
         v = v_buf[rows[b, :n]].transpose(0, 1).unsqueeze(0)
-        o = F.scaled_dot_product_attention(q[b : b + 1].unsqueeze(2), k, v, scale=scale, enable_gqa=True)
+        o = F.scaled_dot_product_attention(
+            q[b : b + 1].unsqueeze(2), k, v, scale=scale, enable_gqa=True
+        )
         out.append(o[0, :, 0])
     return torch.stack(out)
 
@@ -45,7 +50,9 @@ def test_matches_per_request_attention(seed, cpu_flash, monkeypatch):
     rows = torch.zeros((len(rows_list), width), dtype=torch.int64)
     for b, r in enumerate(rows_list):
         rows[b, : len(r)] = torch.tensor(r)
-        rows[b, len(r):] = torch.tensor([free[j] for j in range(width - len(r))])  # stale slots past the end
+        rows[b, len(r) :] = torch.tensor(
+            [free[j] for j in range(width - len(r))]
+        )  # stale slots past the end
     meta = build_shared_prefix_metadata(rows, seq_lens)
     assert meta is not None and meta.prefix_indices.shape[0] >= 2
     q = torch.randn(len(rows_list), heads, d)
@@ -74,13 +81,16 @@ def test_engine_greedy_with_shared_prefixes_matches_hf(tiny_model_dir, tiny_hf_m
 
     rng = random.Random(3)
     shared = [rng.randrange(3, 40000) for _ in range(120)]
-    prompts = [shared + [rng.randrange(3, 40000) for _ in range(rng.randrange(1, 12))] for _ in range(6)]
+    prompts = [
+        shared + [rng.randrange(3, 40000) for _ in range(rng.randrange(1, 12))] for _ in range(6)
+    ]
     sp = {"max_new_tokens": 10, "temperature": 0, "ignore_eos": True}
     refs = []
     for p in prompts:
-        out = tiny_hf_model.generate(torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None,
-                                     pad_token_id=0)
-        refs.append(out[0, len(p):].tolist())
+        out = tiny_hf_model.generate(
+            torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+        refs.append(out[0, len(p) :].tolist())
     with Engine(tiny_model_dir, **engine_args()) as e:
         e.generate(input_ids=shared, sampling_params={"max_new_tokens": 0})  # cache the prefix
         outs = e.generate(input_ids=prompts, sampling_params=sp)

@@ -35,8 +35,11 @@ def llama(tmp_path_factory):
 def test_llama_tree_verify_rows_equal_transformers(llama, backend, native_kernels_built):
     assert backend == "torch" or native_kernels_built, "the native kernels failed to build"
     hf, loaded = llama
-    h = PoolHarness(loaded.model, loaded.hf_config, attn_backend=TorchSDPABackend() if backend == "torch"
-                    else NativeCPUBackend())
+    h = PoolHarness(
+        loaded.model,
+        loaded.hf_config,
+        attn_backend=TorchSDPABackend() if backend == "torch" else NativeCPUBackend(),
+    )
     check_trees(h, hf, SMALL["vocab_size"], seed=3)
 
 

@@ -6,11 +6,17 @@ import ast
 import codecs
 import importlib.util
 import random
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
-
-from radixlm.function_call import ArgsDelta, CallStart, TextDelta, ToolCall, ToolCallStream, ToolParseResult
+from radixlm.function_call import (
+    ArgsDelta,
+    CallStart,
+    TextDelta,
+    ToolCall,
+    ToolCallStream,
+    ToolParseResult,
+)
 
 
 def every_split(text: str) -> Iterator[list[str]]:
@@ -31,18 +37,29 @@ def byte_splits(text: str) -> Iterator[list[str]]:
 def random_splits(text: str, rng: random.Random, count: int) -> Iterator[list[str]]:
     """`count` random cuttings into 1..len pieces, single characters included."""
     for _ in range(count):
-        cuts = sorted(rng.sample(range(1, len(text)), rng.randint(0, max(0, min(len(text) - 1, 12))))) if len(text) > 1 else []
+        cuts = (
+            sorted(rng.sample(range(1, len(text)), rng.randint(0, max(0, min(len(text) - 1, 12)))))
+            if len(text) > 1
+            else []
+        )
         bounds = [0, *cuts, len(text)]
         yield [text[a:b] for a, b in zip(bounds, bounds[1:])]
     yield list(text)  # one character at a time
 
 
-def replay(fmt, pieces: list[str], tools=None, *, eager=True, seed=0, forward_unknown=False) -> ToolParseResult:
+def replay(
+    fmt, pieces: list[str], tools=None, *, eager=True, seed=0, forward_unknown=False
+) -> ToolParseResult:
     """Feed the pieces; rebuild the result from the events alone (checking they are well formed:
     a call starts before its arguments, indices in order, no empty delta) and check it is the
     stream's own `result`."""
-    stream = ToolCallStream(fmt, tools, stream_arguments=eager, rand=random.Random(seed),
-                            forward_unknown=forward_unknown)
+    stream = ToolCallStream(
+        fmt,
+        tools,
+        stream_arguments=eager,
+        rand=random.Random(seed),
+        forward_unknown=forward_unknown,
+    )
     events = []
     for p in pieces:
         events += stream.feed(p)
@@ -70,10 +87,14 @@ def sglang_registry_keys(path: str, name: str) -> set[str]:
     importing its server modules needs its GPU dependencies)."""
     spec = importlib.util.find_spec("sglang")
     # The README's test command installs it: its absence is a broken set-up, not a reason to skip.
-    assert spec is not None and spec.submodule_search_locations, "sglang (a test dependency) is not installed"
+    assert spec is not None and spec.submodule_search_locations, (
+        "sglang (a test dependency) is not installed"
+    )
     source = Path(list(spec.submodule_search_locations)[0], "srt", path).read_text()
     for node in ast.walk(ast.parse(source)):
         targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
-        if any(getattr(t, "id", None) == name for t in targets) and isinstance(node.value, ast.Dict):
+        if any(getattr(t, "id", None) == name for t in targets) and isinstance(
+            node.value, ast.Dict
+        ):
             return {k.value for k in node.value.keys}
     raise AssertionError(f"{name} not found in sglang/srt/{path}")

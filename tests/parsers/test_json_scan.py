@@ -11,7 +11,9 @@ from radixlm.function_call.json_scan import JsonScanner
 
 
 def _random_value(rng: random.Random, depth: int = 0):
-    kind = rng.choice(["obj", "arr"] if depth == 0 else ["obj", "arr", "str", "num", "lit", "str", "num"])
+    kind = rng.choice(
+        ["obj", "arr"] if depth == 0 else ["obj", "arr", "str", "num", "lit", "str", "num"]
+    )
     if kind == "obj" and depth < 4:
         return {_random_str(rng): _random_value(rng, depth + 1) for _ in range(rng.randint(0, 4))}
     if kind == "arr" and depth < 4:
@@ -24,7 +26,9 @@ def _random_value(rng: random.Random, depth: int = 0):
 
 
 def _random_str(rng: random.Random) -> str:
-    return "".join(rng.choice('ab "\\/\n\t\u00e9\u4e2d\U0001f600{}[],:') for _ in range(rng.randint(0, 6)))
+    return "".join(
+        rng.choice('ab "\\/\n\t\u00e9\u4e2d\U0001f600{}[],:') for _ in range(rng.randint(0, 6))
+    )
 
 
 def _scanner_accepts(text: str) -> bool:
@@ -37,7 +41,9 @@ def _loads_accepts(text: str) -> bool:
         value = json.loads(text, parse_constant=lambda c: (_ for _ in ()).throw(ValueError(c)))
     except ValueError:
         return False
-    return isinstance(value, (dict, list)) and text == text.strip()  # top-level container, nothing around
+    return (
+        isinstance(value, (dict, list)) and text == text.strip()
+    )  # top-level container, nothing around
 
 
 def test_agrees_with_json_loads():
@@ -60,10 +66,35 @@ def test_agrees_with_json_loads():
 
 
 def test_hand_picked_edges():
-    good = ['{}', '[]', '{"a": [1, -0.5e+3, 0E0, true, false, null, "\\u00e9\\n"]}', '[{"": {}}]', ' {"a" : 1 }']
-    bad = ['{"a": 01}', '{"a": 1.}', '{"a": .5}', '{"a": -}', '{"a": 1e}', '{"a": NaN}', '{"a": tru}', "{'a': 1}",
-           '{"a": 1,}', '[1,]', '{"a" 1}', '{"a": "\\x"}', '{"a": "\\u12g4"}', '{"a": "line\nbreak"}', '"str"', '7',
-           '{"a": 1}}', '{"a": 1} x', '{"a": [1}', '{1: 2}']
+    good = [
+        "{}",
+        "[]",
+        '{"a": [1, -0.5e+3, 0E0, true, false, null, "\\u00e9\\n"]}',
+        '[{"": {}}]',
+        ' {"a" : 1 }',
+    ]
+    bad = [
+        '{"a": 01}',
+        '{"a": 1.}',
+        '{"a": .5}',
+        '{"a": -}',
+        '{"a": 1e}',
+        '{"a": NaN}',
+        '{"a": tru}',
+        "{'a': 1}",
+        '{"a": 1,}',
+        "[1,]",
+        '{"a" 1}',
+        '{"a": "\\x"}',
+        '{"a": "\\u12g4"}',
+        '{"a": "line\nbreak"}',
+        '"str"',
+        "7",
+        '{"a": 1}}',
+        '{"a": 1} x',
+        '{"a": [1}',
+        "{1: 2}",
+    ]
     for text in good:
         assert _scanner_accepts(text), text
     for text in bad:
@@ -82,5 +113,16 @@ def test_depth_events_mark_the_top_level_spans():
             events.append(("close", i))
         if js.key_closed and js.depth == 1:
             events.append(("key", i))
-    spans = [(a[1], b[1] + 1) for a, b in zip(events, events[1:]) if a[0] == "open" and b[0] in ("close", "key")]
-    assert [text[s:e] for s, e in spans] == ['"name"', '"f"', '"arguments"', '{"x": [1, {"y": 2}]}', '"n"', "null"]
+    spans = [
+        (a[1], b[1] + 1)
+        for a, b in zip(events, events[1:])
+        if a[0] == "open" and b[0] in ("close", "key")
+    ]
+    assert [text[s:e] for s, e in spans] == [
+        '"name"',
+        '"f"',
+        '"arguments"',
+        '{"x": [1, {"y": 2}]}',
+        '"n"',
+        "null",
+    ]

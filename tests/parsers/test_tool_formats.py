@@ -15,11 +15,19 @@ import pytest
 
 from radixlm.function_call import TOOL_CALL_PARSERS, get_tool_call_format, parse_tool_calls
 from tests.parsers.cases import CASES, SCHEMAS, TOOLS
-from tests.parsers.splits import byte_splits, every_split, random_splits, replay, sglang_registry_keys
+from tests.parsers.splits import (
+    byte_splits,
+    every_split,
+    random_splits,
+    replay,
+    sglang_registry_keys,
+)
 
 
 def _parse(case, **kw):
-    return parse_tool_calls(get_tool_call_format(case.parser), case.text, TOOLS, rand=random.Random(0), **kw)
+    return parse_tool_calls(
+        get_tool_call_format(case.parser), case.text, TOOLS, rand=random.Random(0), **kw
+    )
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
@@ -39,8 +47,11 @@ def test_the_whole_output_parses_to_its_calls_and_content(case):
 def test_a_stream_equals_the_whole_parse_however_the_output_is_cut(case):
     expected = _parse(case)
     fmt = get_tool_call_format(case.parser)
-    cuttings = [*every_split(case.text), *byte_splits(case.text),
-                *random_splits(case.text, random.Random(case.id), 20)]
+    cuttings = [
+        *every_split(case.text),
+        *byte_splits(case.text),
+        *random_splits(case.text, random.Random(case.id), 20),
+    ]
     for eager in (True, False):
         for pieces in cuttings:
             assert replay(fmt, pieces, TOOLS, eager=eager) == expected, (eager, pieces)
@@ -69,7 +80,9 @@ def test_a_call_starts_before_it_is_complete_when_streaming_arguments(case):
 
 
 def test_every_parser_name_is_one_of_sglangs():
-    assert set(TOOL_CALL_PARSERS) <= sglang_registry_keys("function_call/function_call_parser.py", "ToolCallParserEnum")
+    assert set(TOOL_CALL_PARSERS) <= sglang_registry_keys(
+        "function_call/function_call_parser.py", "ToolCallParserEnum"
+    )
 
 
 @pytest.mark.parametrize("name", [*TOOL_CALL_PARSERS, "json_array"])
@@ -91,8 +104,10 @@ def test_unknown_names_are_dropped_or_forwarded():
     """As SGLang: a call to a function not in the request's tools is left out (its name listed
     for a warning), in streaming too; forward_unknown (SGLANG_FORWARD_UNKNOWN_TOOLS) keeps it."""
     fmt = get_tool_call_format("qwen25")
-    text = ('Hi <tool_call>{"name": "rm_rf", "arguments": {"path": "/"}}</tool_call>\n'
-            '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>')
+    text = (
+        'Hi <tool_call>{"name": "rm_rf", "arguments": {"path": "/"}}</tool_call>\n'
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    )
     result = parse_tool_calls(fmt, text, ["get_weather"])
     assert result.content == "Hi"
     assert [(c.index, c.name) for c in result.calls] == [(0, "get_weather")]
@@ -103,10 +118,16 @@ def test_unknown_names_are_dropped_or_forwarded():
             assert (streamed.content, [c.name for c in streamed.calls]) == ("Hi", ["get_weather"])
     forwarded = parse_tool_calls(fmt, text, ["get_weather"], forward_unknown=True)
     assert [c.name for c in forwarded.calls] == ["rm_rf", "get_weather"]
-    assert [c.name for c in parse_tool_calls(get_tool_call_format("pythonic"), "[rm(x=1), list_files()]",
-                                             ["list_files"]).calls] == ["list_files"]
+    assert [
+        c.name
+        for c in parse_tool_calls(
+            get_tool_call_format("pythonic"), "[rm(x=1), list_files()]", ["list_files"]
+        ).calls
+    ] == ["list_files"]
 
 
 def test_tools_none_accepts_every_name():
-    result = parse_tool_calls(get_tool_call_format("hermes"), '<tool_call>{"name": "any", "arguments": {}}</tool_call>')
+    result = parse_tool_calls(
+        get_tool_call_format("hermes"), '<tool_call>{"name": "any", "arguments": {}}</tool_call>'
+    )
     assert [c.name for c in result.calls] == ["any"]

@@ -38,11 +38,15 @@ def test_a_forced_call_parses_back(name):
     args = json.dumps({"city": "Paris", "metric": "celsius"})
     text = _SECTION.get(name, "") + info.begin + args + info.end
     expected = parse_tool_calls(fmt, text, ["get_weather"])
-    assert [(c.name, json.loads(c.arguments)) for c in expected.calls] == [("get_weather", json.loads(args))]
+    assert [(c.name, json.loads(c.arguments)) for c in expected.calls] == [
+        ("get_weather", json.loads(args))
+    ]
     assert expected.content == ""
     for pieces in every_split(text):
-        assert replay(fmt, pieces, ["get_weather"]).calls == parse_tool_calls(
-            fmt, text, ["get_weather"], rand=random.Random(0)).calls
+        assert (
+            replay(fmt, pieces, ["get_weather"]).calls
+            == parse_tool_calls(fmt, text, ["get_weather"], rand=random.Random(0)).calls
+        )
 
 
 def _tool(name):
@@ -66,11 +70,18 @@ def test_the_structural_tag_takes_a_valid_call_only_and_the_parser_reads_it_back
     if name == "pythonic":
         assert tag is None
         return
-    assert [s["schema"] for s in tag["structures"]] == [SCHEMAS["get_weather"], SCHEMAS["get_stock_fundamentals"]]
+    assert [s["schema"] for s in tag["structures"]] == [
+        SCHEMAS["get_weather"],
+        SCHEMAS["get_stock_fundamentals"],
+    ]
     xgr, accepts = _xgrammar_accepts()
     grammar = xgr.Grammar.from_structural_tag(
-        [xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"]) for s in tag["structures"]],
-        tag["triggers"])
+        [
+            xgr.StructuralTagItem(begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"])
+            for s in tag["structures"]
+        ],
+        tag["triggers"],
+    )
     info = fmt.structure_info("get_weather")
     prefix = "Let me check. " + _SECTION.get(name, "")
     good = prefix + info.begin + '{"city": "Paris"}' + info.end
@@ -78,37 +89,63 @@ def test_the_structural_tag_takes_a_valid_call_only_and_the_parser_reads_it_back
     assert not accepts(grammar, prefix + info.begin + '{"town": "Paris"}' + info.end)
     result = parse_tool_calls(fmt, good, ["get_weather", "get_stock_fundamentals"])
     assert (result.content, [(c.name, c.arguments) for c in result.calls]) == (
-        "Let me check.", [("get_weather", '{"city": "Paris"}')])
+        "Let me check.",
+        [("get_weather", '{"city": "Paris"}')],
+    )
 
 
 def test_the_required_schema_compiles_in_xgrammar():
     xgr, accepts = _xgrammar_accepts()
     schema = tool_choice_schema([_tool("get_weather"), _tool("list_files")], "required")
     grammar = xgr.Grammar.from_json_schema(json.dumps(schema))
-    text = '[{"name": "get_weather", "parameters": {"city": "Oslo"}}, {"name": "list_files", "parameters": {}}]'
+    text = (
+        '[{"name": "get_weather", "parameters": {"city": "Oslo"}}, {"name": "list_files",'
+        ' "parameters": {}}]'
+    )
     assert accepts(grammar, text)
     assert not accepts(grammar, '[{"name": "get_weather", "parameters": {"town": "Oslo"}}]')
-    assert len(parse_tool_calls(get_tool_call_format(JSON_ARRAY), text, ["get_weather", "list_files"]).calls) == 2
+    assert (
+        len(
+            parse_tool_calls(
+                get_tool_call_format(JSON_ARRAY), text, ["get_weather", "list_files"]
+            ).calls
+        )
+        == 2
+    )
 
 
 def test_required_schema_accepts_the_calls_and_the_parser_reads_them():
     tools = [_tool("get_weather"), _tool("get_stock_fundamentals")]
     schema = tool_choice_schema(tools, "required")
     jsonschema.Draft202012Validator.check_schema(schema)
-    good = [{"name": "get_weather", "parameters": {"city": "Paris"}},
-            {"name": "get_stock_fundamentals", "parameters": {"symbol": "TSLA"}}]
+    good = [
+        {"name": "get_weather", "parameters": {"city": "Paris"}},
+        {"name": "get_stock_fundamentals", "parameters": {"symbol": "TSLA"}},
+    ]
     jsonschema.validate(good, schema)
-    for bad in ([], [{"name": "get_weather", "parameters": {"town": "Paris"}}],
-                [{"name": "nope", "parameters": {}}], [{"name": "get_stock_fundamentals", "parameters": {}}]):
+    for bad in (
+        [],
+        [{"name": "get_weather", "parameters": {"town": "Paris"}}],
+        [{"name": "nope", "parameters": {}}],
+        [{"name": "get_stock_fundamentals", "parameters": {}}],
+    ):
         with pytest.raises(jsonschema.ValidationError):
             jsonschema.validate(bad, schema)
-    result = parse_tool_calls(get_tool_call_format(JSON_ARRAY), json.dumps(good), ["get_weather", "get_stock_fundamentals"])
-    assert [(c.name, json.loads(c.arguments)) for c in result.calls] == [(g["name"], g["parameters"]) for g in good]
+    result = parse_tool_calls(
+        get_tool_call_format(JSON_ARRAY),
+        json.dumps(good),
+        ["get_weather", "get_stock_fundamentals"],
+    )
+    assert [(c.name, json.loads(c.arguments)) for c in result.calls] == [
+        (g["name"], g["parameters"]) for g in good
+    ]
 
 
 def test_named_and_single_call_schemas():
     tools = [_tool("get_weather"), _tool("list_files")]
-    named = tool_choice_schema(tools, {"type": "function", "function": {"name": "list_files"}}, parallel_tool_calls=False)
+    named = tool_choice_schema(
+        tools, {"type": "function", "function": {"name": "list_files"}}, parallel_tool_calls=False
+    )
     assert named["items"]["properties"]["name"]["enum"] == ["list_files"] and named["maxItems"] == 1
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([{"name": "get_weather", "parameters": {}}], named)
@@ -118,36 +155,71 @@ def test_named_and_single_call_schemas():
 
 def test_defs_are_hoisted_to_the_root():
     """A tool's "$ref": "#/$defs/X" means the root of the schema the grammar compiles."""
-    params = {"type": "object", "properties": {"p": {"$ref": "#/$defs/Point"}}, "required": ["p"],
-              "$defs": {"Point": {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]}}}
-    schema = tool_choice_schema([{"type": "function", "function": {"name": "draw", "parameters": params}}], "required")
+    params = {
+        "type": "object",
+        "properties": {"p": {"$ref": "#/$defs/Point"}},
+        "required": ["p"],
+        "$defs": {
+            "Point": {"type": "object", "properties": {"x": {"type": "number"}}, "required": ["x"]}
+        },
+    }
+    schema = tool_choice_schema(
+        [{"type": "function", "function": {"name": "draw", "parameters": params}}], "required"
+    )
     jsonschema.validate([{"name": "draw", "parameters": {"p": {"x": 1}}}], schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate([{"name": "draw", "parameters": {"p": {}}}], schema)
     other = {**params, "$defs": {"Point": {"type": "string"}}}
     with pytest.raises(ValueError, match="Point"):
-        tool_choice_schema([{"function": {"name": "a", "parameters": params}},
-                            {"function": {"name": "b", "parameters": other}}], "required")
+        tool_choice_schema(
+            [
+                {"function": {"name": "a", "parameters": params}},
+                {"function": {"name": "b", "parameters": other}},
+            ],
+            "required",
+        )
 
 
 # Excerpts of the published chat templates: the parts that write a past call back.
 TEMPLATES = {
-    "qwen25": "{%- if tools %}{{- '<|im_start|>system\\n' }}{{- \"\\n\\n# Tools\\n\\nYou may call one or more functions\" }}"
-              "{{- '\\n<tool_call>\\n{\"name\": ' }}{{- tool_call.name }}{{- '\\n</tool_call>' }}",
-    "hermes": "You are a function calling AI model. ... within <tool_call></tool_call> XML tags as follows:\n"
-              "<tool_call>\n{\"arguments\": <args-dict>, \"name\": <function-name>}\n</tool_call><|im_end|>",
-    "llama3": "{{- \"<|python_tag|>\" + tool_call.name + \".call(\" }}{{- '{\"name\": \"' + tool_call.name + '\", ' }}"
-              "{{- '\"parameters\": ' }}<|start_header_id|>",
-    "llama3.2": "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}{{- '{\"name\": \"' + tool_call.name + '\", ' }}"
-                "{{- '\"parameters\": ' }}{{- tool_call.arguments | tojson }}",
+    "qwen25": (
+        "{%- if tools %}{{- '<|im_start|>system\\n' }}{{- \"\\n\\n# Tools\\n\\nYou may call one or"
+        ' more functions" }}{{- \'\\n<tool_call>\\n{"name": \' }}{{- tool_call.name }}{{-'
+        " '\\n</tool_call>' }}"
+    ),
+    "hermes": (
+        "You are a function calling AI model. ... within <tool_call></tool_call> XML tags as"
+        ' follows:\n<tool_call>\n{"arguments": <args-dict>, "name":'
+        " <function-name>}\n</tool_call><|im_end|>"
+    ),
+    "llama3": (
+        '{{- "<|python_tag|>" + tool_call.name + ".call(" }}{{- \'{"name": "\' + tool_call.name +'
+        " '\", ' }}{{- '\"parameters\": ' }}<|start_header_id|>"
+    ),
+    "llama3.2": (
+        "{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' -}}{{- '{\"name\": \"' +"
+        " tool_call.name + '\", ' }}{{- '\"parameters\": ' }}{{- tool_call.arguments | tojson }}"
+    ),
     "pythonic": "{{- '<|header_start|>assistant<|header_end|>\\n\\n' -}}{{- '<|python_start|>' }}",
-    "mistral": "{%- elif message[\"role\"] == \"assistant\" and message[\"tool_calls\"] is defined %}{{- \"[TOOL_CALLS] [\" }}",
-    "deepseekv3": "{{'<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] + '<｜tool▁sep｜>' + "
-                  "tool['function']['name'] + '\\n' + '```json' + '\\n' + tool['function']['arguments'] + '\\n' + '```' + '<｜tool▁call▁end｜>'}}",
-    "deepseekv31": "{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'+ tool['function']['name'] + '<｜tool▁sep｜>' + "
-                   "tool['function']['arguments'] + '<｜tool▁call▁end｜>'}}",
-    None: "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}"
-          "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",  # SmolLM2: no tools
+    "mistral": (
+        '{%- elif message["role"] == "assistant" and message["tool_calls"] is defined %}{{-'
+        ' "[TOOL_CALLS] [" }}'
+    ),
+    "deepseekv3": (
+        "{{'<｜Assistant｜><｜tool▁calls▁begin｜><｜tool▁call▁begin｜>' + tool['type'] +"
+        " '<｜tool▁sep｜>' + tool['function']['name'] + '\\n' + '```json' + '\\n' +"
+        " tool['function']['arguments'] + '\\n' + '```' + '<｜tool▁call▁end｜>'}}"
+    ),
+    "deepseekv31": (
+        "{{'<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>'+ tool['function']['name'] +"
+        " '<｜tool▁sep｜>' + "
+        "tool['function']['arguments'] + '<｜tool▁call▁end｜>'}}"
+    ),
+    None: (  # SmolLM2: no tools
+        "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' +"
+        " message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{"
+        " '<|im_start|>assistant\\n' }}{% endif %}"
+    ),
 }
 
 

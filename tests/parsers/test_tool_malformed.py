@@ -11,7 +11,12 @@ import random
 
 import pytest
 
-from radixlm.function_call import TOOL_CALL_PARSERS, ToolCallStream, get_tool_call_format, parse_tool_calls
+from radixlm.function_call import (
+    TOOL_CALL_PARSERS,
+    ToolCallStream,
+    get_tool_call_format,
+    parse_tool_calls,
+)
 from tests.parsers.cases import CASES, TOOLS
 from tests.parsers.splits import random_splits, replay
 
@@ -50,8 +55,12 @@ def test_mutated(case):
     for _ in range(150):
         i = rng.randrange(len(case.text))
         op = rng.choice(["replace", "drop", "double"])
-        junk = rng.choice('{}[]",:;<>|()=\'\\ \nxn0')
-        text = case.text[:i] + {"replace": junk, "drop": "", "double": case.text[i] * 2}[op] + case.text[i + 1 :]
+        junk = rng.choice("{}[]\",:;<>|()='\\ \nxn0")
+        text = (
+            case.text[:i]
+            + {"replace": junk, "drop": "", "double": case.text[i] * 2}[op]
+            + case.text[i + 1 :]
+        )
         _check(fmt, text, rng, cuttings=2)
 
 
@@ -62,14 +71,42 @@ def test_random_text_built_from_the_formats_pieces(name):
     fmt = get_tool_call_format(name)
     rng = random.Random(name)
     calls = [c.text for c in CASES if c.parser == name and c.calls]
-    pieces = [case.text[a : a + rng.randint(1, 12)] for case in CASES for a in range(0, len(case.text), 7)]
-    pieces += ["<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "<|python_tag|>", "{", "}", "[", "]", '"',
-               ";", ",", " ", "\n", "get_weather", '"name"', ":", '"arguments"', "(", ")", "x=1",
-               "<｜tool▁calls▁begin｜>", "<｜tool▁call▁begin｜>", "<｜tool▁sep｜>", "<｜tool▁call▁end｜>"]
+    pieces = [
+        case.text[a : a + rng.randint(1, 12)] for case in CASES for a in range(0, len(case.text), 7)
+    ]
+    pieces += [
+        "<tool_call>",
+        "</tool_call>",
+        "[TOOL_CALLS]",
+        "[ARGS]",
+        "<|python_tag|>",
+        "{",
+        "}",
+        "[",
+        "]",
+        '"',
+        ";",
+        ",",
+        " ",
+        "\n",
+        "get_weather",
+        '"name"',
+        ":",
+        '"arguments"',
+        "(",
+        ")",
+        "x=1",
+        "<｜tool▁calls▁begin｜>",
+        "<｜tool▁call▁begin｜>",
+        "<｜tool▁sep｜>",
+        "<｜tool▁call▁end｜>",
+    ]
     found = 0
     for _ in range(150):
-        parts = [rng.choice(calls) if calls and rng.random() < 0.3 else rng.choice(pieces)
-                 for _ in range(rng.randint(0, 8))]
+        parts = [
+            rng.choice(calls) if calls and rng.random() < 0.3 else rng.choice(pieces)
+            for _ in range(rng.randint(0, 8))
+        ]
         found += bool(_check(fmt, "".join(parts), rng, cuttings=2).calls)
     assert found > 15  # the property was checked on texts with calls, not only on junk
 
@@ -78,11 +115,15 @@ def test_invalid_json_is_text():
     fmt = get_tool_call_format("hermes")
     for text in [
         '<tool_call>{"name": "get_weather", "arguments": {"city": tru}}</tool_call>',
-        "<tool_call>{'name': 'get_weather', 'arguments': {'city': 'Oslo'}}</tool_call>",  # Python, not JSON
-        '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo",}}</tool_call>',  # trailing comma
-        '<tool_call>{"name": "get_weather", "arguments": {"city": "a\nb"}}</tool_call>',  # raw newline in a string
+        # Python, not JSON
+        "<tool_call>{'name': 'get_weather', 'arguments': {'city': 'Oslo'}}</tool_call>",
+        # trailing comma
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo",}}</tool_call>',
+        # raw newline in a string
+        '<tool_call>{"name": "get_weather", "arguments": {"city": "a\nb"}}</tool_call>',
         '<tool_call>{"name": "get_weather", "arguments": {"n": NaN}}</tool_call>',
-        '<tool_call>{"name": "get_weather", "arguments": [1]}</tool_call>',  # arguments not an object
+        # arguments not an object
+        '<tool_call>{"name": "get_weather", "arguments": [1]}</tool_call>',
         '<tool_call>{"name": 7, "arguments": {}}</tool_call>',
         '<tool_call>{"name": "get_weather", "arguments": {}, "arguments": {}}</tool_call>',
         '<tool_call>{"arguments": {}}</tool_call>',  # no name
@@ -91,7 +132,10 @@ def test_invalid_json_is_text():
     ]:
         result = parse_tool_calls(fmt, text, TOOLS)
         if text.endswith("trailing</tool_call>"):  # the call was complete: only the rest is text
-            assert ([c.name for c in result.calls], result.content) == (["get_weather"], "trailing</tool_call>")
+            assert ([c.name for c in result.calls], result.content) == (
+                ["get_weather"],
+                "trailing</tool_call>",
+            )
         else:
             assert (result.calls, result.content) == ([], text), text
 
@@ -99,7 +143,10 @@ def test_invalid_json_is_text():
 def test_a_marker_inside_a_bad_section_still_opens_a_call():
     """The text after a bad section's first character is read again: the model restarted."""
     fmt = get_tool_call_format("hermes")
-    text = '<tool_call>{"name": "get_wea<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+    text = (
+        '<tool_call>{"name": "get_wea<tool_call>{"name": "get_weather", "arguments": {"city":'
+        ' "Oslo"}}</tool_call>'
+    )
     result = parse_tool_calls(fmt, text, TOOLS)
     assert result.content == '<tool_call>{"name": "get_wea'
     assert [(c.name, c.arguments) for c in result.calls] == [("get_weather", '{"city": "Oslo"}')]
@@ -129,8 +176,14 @@ def test_a_broken_call_skips_to_its_sections_end():
     for ch in text:
         stream.feed(ch)
     stream.finish()
-    assert (stream.result.content, stream.result.broken, stream.result.calls[0].arguments) == ("after", [0], '{"city": tru')
-    whole = ToolCallStream(fmt, TOOLS)  # in one delta, the call never started: text, as the parse says
+    assert (stream.result.content, stream.result.broken, stream.result.calls[0].arguments) == (
+        "after",
+        [0],
+        '{"city": tru',
+    )
+    whole = ToolCallStream(
+        fmt, TOOLS
+    )  # in one delta, the call never started: text, as the parse says
     whole.feed(text)
     whole.finish()
     assert (whole.result.content, whole.result.calls, whole.result.broken) == (text, [], [])
@@ -138,10 +191,17 @@ def test_a_broken_call_skips_to_its_sections_end():
 
 def test_pythonic_is_never_evaluated():
     fmt = get_tool_call_format("pythonic")
-    for text in ["[get_weather(city=__import__('os').system('touch /tmp/pwned'))]",
-                 "[get_weather(city='a' + 'b')]", "[get_weather('positional')]", "[get_weather(**{'city': 'x'})]",
-                 "[get_weather(city={1, 2})]", "[get_weather(city=1e999)]", "[os.system(cmd='x')]",
-                 "[get_weather(city=f'{x}')]", "[get_weather(city=" + "[" * 1000 + "]" * 1000 + ")]"]:
+    for text in [
+        "[get_weather(city=__import__('os').system('touch /tmp/pwned'))]",
+        "[get_weather(city='a' + 'b')]",
+        "[get_weather('positional')]",
+        "[get_weather(**{'city': 'x'})]",
+        "[get_weather(city={1, 2})]",
+        "[get_weather(city=1e999)]",
+        "[os.system(cmd='x')]",
+        "[get_weather(city=f'{x}')]",
+        "[get_weather(city=" + "[" * 1000 + "]" * 1000 + ")]",
+    ]:
         assert parse_tool_calls(fmt, text, TOOLS) == parse_tool_calls(fmt, text, [])
         assert parse_tool_calls(fmt, text, TOOLS).content == text
 
@@ -153,7 +213,10 @@ def test_long_output_costs_linear_time():
 
     fmt = get_tool_call_format("qwen25")
     long_args = '{"q": "' + "x" * 20000 + '"}'
-    texts = ["word " * 20000, f'<tool_call>{{"name": "search", "arguments": {long_args}}}</tool_call>']
+    texts = [
+        "word " * 20000,
+        f'<tool_call>{{"name": "search", "arguments": {long_args}}}</tool_call>',
+    ]
     for text in texts:
         stream = ToolCallStream(fmt, TOOLS)
         t = time.perf_counter()
@@ -165,7 +228,9 @@ def test_long_output_costs_linear_time():
 
 
 def test_pythonic_text_is_not_held_past_a_wrong_bracket():
-    """"[f(" opens a possible call; a closer that does not match ends it there, so the answer
+    """ "[f(" opens a possible call; a closer that does not match ends it there, so the answer
     after it streams at once instead of waiting for the end of the output."""
     stream = ToolCallStream(get_tool_call_format("pythonic"), TOOLS)
-    assert [e.text for e in stream.feed("[f(a=1] and then the answer")] == ["[f(a=1] and then the answer"]
+    assert [e.text for e in stream.feed("[f(a=1] and then the answer")] == [
+        "[f(a=1] and then the answer"
+    ]

@@ -6,12 +6,12 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Union
 
 Answer = tuple[int, object]  # (status, JSON body; a str is sent as text)
-Route = Union[Answer, Callable[["Seen"], Answer]]
+Route = Answer | Callable[["Seen"], Answer]
 
 
 @dataclass
@@ -27,7 +27,11 @@ class Seen:
 
 
 MODEL_INFO = {"model_path": "fake-model", "is_generation": True}
-GENERATED = {"text": "from the fake", "output_ids": [1], "meta_info": {"finish_reason": {"type": "length"}}}
+GENERATED = {
+    "text": "from the fake",
+    "output_ids": [1],
+    "meta_info": {"finish_reason": {"type": "length"}},
+}
 
 
 def radixlm_like(key: str | None = None, admin_key: str | None = None) -> dict[str, Route]:
@@ -37,13 +41,23 @@ def radixlm_like(key: str | None = None, admin_key: str | None = None) -> dict[s
         def route(seen: Seen) -> Answer:
             allowed = {f"Bearer {k}" for k in ((admin_key,) if admin else (key, admin_key)) if k}
             if allowed and seen.auth not in allowed:
-                return 401, {"error": {"message": "invalid or missing API key", "type": "authentication_error"}}
+                return 401, {
+                    "error": {
+                        "message": "invalid or missing API key",
+                        "type": "authentication_error",
+                    }
+                }
             return answer
 
         return route
 
-    return {"/health": (200, ""), "/get_model_info": keyed((200, MODEL_INFO)), "/generate": keyed((200, GENERATED)),
-            "/abort_request": keyed((200, "")), "/flush_cache": keyed((200, "Cache flushed."), admin=True)}
+    return {
+        "/health": (200, ""),
+        "/get_model_info": keyed((200, MODEL_INFO)),
+        "/generate": keyed((200, GENERATED)),
+        "/abort_request": keyed((200, "")),
+        "/flush_cache": keyed((200, "Cache flushed."), admin=True),
+    }
 
 
 class FakeWorker:
@@ -54,8 +68,12 @@ class FakeWorker:
         class Handler(BaseHTTPRequestHandler):
             def _serve(self):
                 n = int(self.headers.get("content-length") or 0)
-                seen = Seen(self.command, self.path.split("?")[0], {k.lower(): v for k, v in self.headers.items()},
-                            self.rfile.read(n) if n else b"")
+                seen = Seen(
+                    self.command,
+                    self.path.split("?")[0],
+                    {k.lower(): v for k, v in self.headers.items()},
+                    self.rfile.read(n) if n else b"",
+                )
                 owner.seen.append(seen)
                 time.sleep(owner.delays.get(seen.path, 0))
                 route = owner.routes.get(seen.path, (404, {"detail": "Not Found"}))
@@ -63,7 +81,10 @@ class FakeWorker:
                 data = body.encode() if isinstance(body, str) else json.dumps(body).encode()
                 try:
                     self.send_response(status)
-                    self.send_header("Content-Type", "text/plain" if isinstance(body, str) else "application/json")
+                    self.send_header(
+                        "Content-Type",
+                        "text/plain" if isinstance(body, str) else "application/json",
+                    )
                     self.send_header("Content-Length", str(len(data)))
                     self.end_headers()
                     self.wfile.write(data)

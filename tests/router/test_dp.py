@@ -7,7 +7,6 @@ import re
 
 import openai
 import psutil
-import pytest
 import requests
 
 import radixlm.lang as sgl
@@ -32,8 +31,17 @@ def chat_then_number(s):
 
 
 def test_serve_dp_two_is_one_endpoint(tiny_model_dir):
-    srv = ServerProcess("--dp", "2", "--model-path", tiny_model_dir, "--kv-memory-gb", "0.05", "--api-key", KEY,
-                        "--enable-invariant-checks")
+    srv = ServerProcess(
+        "--dp",
+        "2",
+        "--model-path",
+        tiny_model_dir,
+        "--kv-memory-gb",
+        "0.05",
+        "--api-key",
+        KEY,
+        "--enable-invariant-checks",
+    )
     try:
         children = psutil.Process(srv.proc.pid).children(recursive=True)
         servers = [c for c in children if "serve" in " ".join(c.cmdline())]
@@ -44,17 +52,38 @@ def test_serve_dp_two_is_one_endpoint(tiny_model_dir):
         body = {"text": "Hello there", "sampling_params": {"max_new_tokens": 8, "temperature": 0}}
         out = requests.post(srv.url + "/generate", json=body, headers=auth, timeout=60)
         assert out.status_code == 200 and out.json()["meta_info"]["completion_tokens"] == 8
-        with requests.post(srv.url + "/generate", json={**body, "stream": True}, headers=auth, stream=True, timeout=60) as r:
-            events = [line for line in r.iter_lines() if line.startswith(b"data: ") and line != b"data: [DONE]"]
+        with requests.post(
+            srv.url + "/generate",
+            json={**body, "stream": True},
+            headers=auth,
+            stream=True,
+            timeout=60,
+        ) as r:
+            events = [
+                line
+                for line in r.iter_lines()
+                if line.startswith(b"data: ") and line != b"data: [DONE]"
+            ]
         assert len(events) > 1 and json.loads(events[-1][6:])["text"] == out.json()["text"]
         assert requests.post(srv.url + "/generate", json=body, timeout=10).status_code == 401
         client = openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY)
         model = client.models.list().data[0].id
-        assert client.completions.create(model=model, prompt="Hi", max_tokens=4, temperature=0).usage.completion_tokens == 4
-        state = chat_then_number.run(backend=sgl.RuntimeEndpoint(srv.url, api_key=KEY), temperature=0)
-        assert re.fullmatch(r"-?\d+", state["n"]) and isinstance(state["hello"], str)  # dtype=int: an integer's text
+        assert (
+            client.completions.create(
+                model=model, prompt="Hi", max_tokens=4, temperature=0
+            ).usage.completion_tokens
+            == 4
+        )
+        state = chat_then_number.run(
+            backend=sgl.RuntimeEndpoint(srv.url, api_key=KEY), temperature=0
+        )
+        assert re.fullmatch(r"-?\d+", state["n"]) and isinstance(
+            state["hello"], str
+        )  # dtype=int: an integer's text
         info = requests.get(srv.url + "/get_server_info", headers=auth, timeout=10).json()
-        assert len(info["workers"]) == 2 and all(v["status"] == 200 for v in info["workers"].values())
+        assert len(info["workers"]) == 2 and all(
+            v["status"] == 200 for v in info["workers"].values()
+        )
     finally:
         code = srv.stop()
     assert code is not None

@@ -6,8 +6,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixlm.router.policies import (CacheAwareConfig, CacheAwarePolicy, PowerOfTwoPolicy, RandomPolicy,
-                                     RoundRobinPolicy, make_policy)
+from radixlm.router.policies import (
+    CacheAwareConfig,
+    CacheAwarePolicy,
+    PowerOfTwoPolicy,
+    RandomPolicy,
+    RoundRobinPolicy,
+    make_policy,
+)
 
 W = ["http://a", "http://b", "http://c"]
 
@@ -33,7 +39,9 @@ def test_random_covers_every_worker_and_power_of_two_takes_the_less_loaded():
     loads = {"http://a": 5, "http://b": 0, "http://c": 9}
     picks = collections.Counter(p.select(W, loads, "x") for _ in range(300))
     assert "http://c" not in picks  # c is never the less loaded of any pair
-    assert picks["http://b"] > picks["http://a"]  # b wins both pairs it is in, a only the pair with c
+    assert (
+        picks["http://b"] > picks["http://a"]
+    )  # b wins both pairs it is in, a only the pair with c
     assert PowerOfTwoPolicy().select(W[:1], {}, "x") == W[0]
 
 
@@ -63,14 +71,19 @@ def test_cache_aware_below_threshold_is_a_miss():
     assert p.select(W, {"http://a": 1}, "shared prefix " + "x" * 10 + "y" * 16) == "http://b"
 
 
-@pytest.mark.parametrize("loads,imbalanced", [
-    ({"http://a": 40, "http://b": 5, "http://c": 6}, True),    # 35 > 32 and 40 > 5 x 1.5
-    ({"http://a": 37, "http://b": 5, "http://c": 6}, False),   # 32 apart: not more than 32
-    ({"http://a": 100, "http://b": 67, "http://c": 80}, False),  # 33 apart but 100 < 67 x 1.5
-    ({"http://a": 101, "http://b": 67, "http://c": 80}, True),
-])
+@pytest.mark.parametrize(
+    "loads,imbalanced",
+    [
+        ({"http://a": 40, "http://b": 5, "http://c": 6}, True),  # 35 > 32 and 40 > 5 x 1.5
+        ({"http://a": 37, "http://b": 5, "http://c": 6}, False),  # 32 apart: not more than 32
+        ({"http://a": 100, "http://b": 67, "http://c": 80}, False),  # 33 apart but 100 < 67 x 1.5
+        ({"http://a": 101, "http://b": 67, "http://c": 80}, True),
+    ],
+)
 def test_imbalance_needs_both_thresholds(loads, imbalanced):
-    p = CacheAwarePolicy(CacheAwareConfig(balance_abs_threshold=32, balance_rel_threshold=1.5), clock=Clock())
+    p = CacheAwarePolicy(
+        CacheAwareConfig(balance_abs_threshold=32, balance_rel_threshold=1.5), clock=Clock()
+    )
     p.select(["http://a"], {}, "the cached prompt")
     assert p.is_imbalanced(W, loads) == imbalanced
     # The cached worker (a) is the busiest: imbalance sends the request to the least loaded.
@@ -79,8 +92,15 @@ def test_imbalance_needs_both_thresholds(loads, imbalanced):
 
 
 @settings(max_examples=100, deadline=None)
-@given(st.lists(st.tuples(st.text(alphabet="ab", max_size=8), st.dictionaries(st.sampled_from(W), st.integers(0, 50))),
-                max_size=30))
+@given(
+    st.lists(
+        st.tuples(
+            st.text(alphabet="ab", max_size=8),
+            st.dictionaries(st.sampled_from(W), st.integers(0, 50)),
+        ),
+        max_size=30,
+    )
+)
 def test_cache_aware_choice_is_always_a_listed_worker_and_a_tenant_after(reqs):
     p = CacheAwarePolicy(CacheAwareConfig(balance_abs_threshold=4), clock=Clock())
     for text, loads in reqs:
@@ -114,12 +134,17 @@ def test_bad_names_and_configs_are_refused():
 
 
 def test_the_router_imports_nothing_of_the_engine():
-    """radixlm/router/ is its own layer: a machine that only routes needs no torch, no model code."""
+    """radixlm/router/ is its own layer: a machine that only routes needs no torch, no model
+    code."""
     import subprocess
     import sys
 
-    code = ("import sys, radixlm.router.launch, radixlm.router.server; "
-            "bad = [m for m in sys.modules if m == 'torch' or m.startswith(('radixlm.engine', 'radixlm.model', "
-            "'radixlm.scheduler', 'radixlm.server', 'radixlm.cache', 'radixlm.kernels'))]; print(bad)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    code = (
+        "import sys, radixlm.router.launch, radixlm.router.server; bad = [m for m in sys.modules if"
+        " m == 'torch' or m.startswith(('radixlm.engine', 'radixlm.model', 'radixlm.scheduler',"
+        " 'radixlm.server', 'radixlm.cache', 'radixlm.kernels'))]; print(bad)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == "[]", out

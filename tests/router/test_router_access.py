@@ -15,20 +15,50 @@ import requests
 from radixlm.server.process import ServerProcess
 from tests.router.fake_worker import FakeWorker, radixlm_like
 
-KEY, ADMIN, WKEY, WADMIN = "router-user-key-1", "router-admin-key-2", "worker-user-key-3", "worker-admin-key-4"
+KEY, ADMIN, WKEY, WADMIN = (
+    "router-user-key-1",
+    "router-admin-key-2",
+    "worker-user-key-3",
+    "worker-admin-key-4",
+)
 SECRETS = (KEY, ADMIN, WKEY, WADMIN)
 BODY = {"text": "hi", "sampling_params": {"max_new_tokens": 2}}
 
 
 def router(urls, *extra, env=None):
     """`radixlm router` with its four keys given in the environment (never on its command line)."""
-    def cmd(port):
-        return [sys.executable, "-m", "radixlm.cli", "router", "--port", str(port), "--worker-urls", *urls,
-                "--health-check-interval-secs", "0.2", "--health-failure-threshold", "2",
-                "--health-success-threshold", "1", "--log-level", "info", *extra]
 
-    env = env if env is not None else {"RADIXLM_API_KEY": KEY, "RADIXLM_ADMIN_API_KEY": ADMIN,
-                                       "RADIXLM_WORKER_API_KEY": WKEY, "RADIXLM_WORKER_ADMIN_API_KEY": WADMIN}
+    def cmd(port):
+        return [
+            sys.executable,
+            "-m",
+            "radixlm.cli",
+            "router",
+            "--port",
+            str(port),
+            "--worker-urls",
+            *urls,
+            "--health-check-interval-secs",
+            "0.2",
+            "--health-failure-threshold",
+            "2",
+            "--health-success-threshold",
+            "1",
+            "--log-level",
+            "info",
+            *extra,
+        ]
+
+    env = (
+        env
+        if env is not None
+        else {
+            "RADIXLM_API_KEY": KEY,
+            "RADIXLM_ADMIN_API_KEY": ADMIN,
+            "RADIXLM_WORKER_API_KEY": WKEY,
+            "RADIXLM_WORKER_ADMIN_API_KEY": WADMIN,
+        }
+    )
     return ServerProcess(command=cmd, name="the router", env=env)
 
 
@@ -37,7 +67,9 @@ def as_(key):
 
 
 def post(r, path, body=None, key=KEY, **kw):
-    return requests.post(r.url + path, json=body, headers={**as_(key), **kw.pop("headers", {})}, timeout=30, **kw)
+    return requests.post(
+        r.url + path, json=body, headers={**as_(key), **kw.pop("headers", {})}, timeout=30, **kw
+    )
 
 
 def wait_for(cond, timeout=10.0):
@@ -61,7 +93,11 @@ def cluster():
 def test_admin_routes_need_the_admin_key_and_user_aborts_stay_one_rid(cluster):
     r, good = cluster
     good.seen.clear()
-    for path in ("/flush_cache", "/add_worker?url=http://127.0.0.1:9", "/remove_worker?url=" + good.url):
+    for path in (
+        "/flush_cache",
+        "/add_worker?url=http://127.0.0.1:9",
+        "/remove_worker?url=" + good.url,
+    ):
         refused = post(r, path)
         assert refused.status_code == 403, (path, refused.text)
         assert refused.json()["error"]["type"] == "permission_error"
@@ -80,8 +116,13 @@ def test_admin_routes_need_the_admin_key_and_user_aborts_stay_one_rid(cluster):
     assert post(r, "/abort_request", {"rid": ""}, key=ADMIN).status_code == 200
     assert post(r, "/flush_cache", key=ADMIN).status_code == 200
     [abort], [flush] = good.requests_to("/abort_request"), good.requests_to("/flush_cache")
-    assert json.loads(abort.body) == {"abort_all": True} and abort.auth == flush.auth == f"Bearer {WADMIN}"
-    assert requests.get(r.url + "/flush_cache", headers=as_(ADMIN), timeout=10).status_code == 405  # POST only
+    assert (
+        json.loads(abort.body) == {"abort_all": True}
+        and abort.auth == flush.auth == f"Bearer {WADMIN}"
+    )
+    assert (
+        requests.get(r.url + "/flush_cache", headers=as_(ADMIN), timeout=10).status_code == 405
+    )  # POST only
 
 
 def test_x_api_key_opens_the_router_and_stays_there(cluster):
@@ -89,7 +130,12 @@ def test_x_api_key_opens_the_router_and_stays_there(cluster):
     Authorization, never passes it on (the worker gets the worker key)."""
     r, good = cluster
     good.seen.clear()
-    assert requests.post(r.url + "/generate", json=BODY, headers={"x-api-key": "wrong"}, timeout=30).status_code == 401
+    assert (
+        requests.post(
+            r.url + "/generate", json=BODY, headers={"x-api-key": "wrong"}, timeout=30
+        ).status_code
+        == 401
+    )
     ok = requests.post(r.url + "/generate", json=BODY, headers={"x-api-key": KEY}, timeout=30)
     assert ok.status_code == 200, ok.text
     [seen] = good.requests_to("/generate")
@@ -99,21 +145,36 @@ def test_x_api_key_opens_the_router_and_stays_there(cluster):
 def test_an_added_worker_gets_no_traffic_and_no_key_until_verified(cluster):
     r, good = cluster
     # Answers /health, but is no radixlm or SGLang server: a typo, or someone else's service.
-    stranger = FakeWorker({"/health": (200, ""), "/get_model_info": (200, "<html>hello</html>"),
-                           "/generate": (503, {"error": "no"})})
+    stranger = FakeWorker(
+        {
+            "/health": (200, ""),
+            "/get_model_info": (200, "<html>hello</html>"),
+            "/generate": (503, {"error": "no"}),
+        }
+    )
     try:
         added = post(r, "/add_worker?url=" + stranger.url, key=ADMIN)
         assert added.status_code == 200 and added.json()["healthy"] is False, added.text
         assert "/get_model_info" in added.json()["note"]
         for _ in range(6):
             assert post(r, "/generate", BODY).status_code == 200
-        wait_for(lambda: len(stranger.requests_to("/health")) >= 3)  # probed again and again: still refused
+        wait_for(
+            lambda: len(stranger.requests_to("/health")) >= 3
+        )  # probed again and again: still refused
         assert stranger.requests_to("/generate") == []
         assert all(s.auth is None for s in stranger.seen), [s.path for s in stranger.seen if s.auth]
-        listed = {w["url"]: w for w in requests.get(r.url + "/list_workers", headers=as_(KEY), timeout=10).json()["workers"]}
+        listed = {
+            w["url"]: w
+            for w in requests.get(r.url + "/list_workers", headers=as_(KEY), timeout=10).json()[
+                "workers"
+            ]
+        }
         assert listed[stranger.url]["healthy"] is False and listed[good.url]["healthy"] is True
-        # The real worker got its key only after its keyless answer was a radixlm 401, and with every request.
-        assert good.requests_to("/generate") and all(s.auth == f"Bearer {WKEY}" for s in good.requests_to("/generate"))
+        # The real worker got its key only after its keyless answer was a radixlm 401, and with
+        # every request.
+        assert good.requests_to("/generate") and all(
+            s.auth == f"Bearer {WKEY}" for s in good.requests_to("/generate")
+        )
         assert all(s.auth is None for s in good.requests_to("/health"))
         assert post(r, "/remove_worker?url=" + stranger.url, key=ADMIN).status_code == 200
     finally:
@@ -124,8 +185,15 @@ def test_worker_allowlist_and_urls(cluster):
     r, _ = cluster
     for url in ("http://localhost:9", "http://10.0.0.1:9", "http://127.0.0.1.evil.example:9"):
         refused = post(r, "/add_worker?url=" + url, key=ADMIN)
-        assert refused.status_code == 403 and refused.json()["error"]["param"] == "url", refused.text
-    for url in ("http://user:pw@127.0.0.1:9", "file:///etc/passwd", "http://127.0.0.1:9/?x=1", "http://127.0.0.1:99999"):
+        assert refused.status_code == 403 and refused.json()["error"]["param"] == "url", (
+            refused.text
+        )
+    for url in (
+        "http://user:pw@127.0.0.1:9",
+        "file:///etc/passwd",
+        "http://127.0.0.1:9/?x=1",
+        "http://127.0.0.1:99999",
+    ):
         assert post(r, "/add_worker", key=ADMIN, params={"url": url}).status_code == 400, url
 
 
@@ -134,13 +202,21 @@ def test_body_limit_and_json_content_type(cluster):
     good.seen.clear()
     big = {"text": "x" * 5000}
     assert post(r, "/generate", big).status_code == 413  # on Content-Length
-    chunked = requests.post(r.url + "/generate", data=iter([b'{"text": "', b"x" * 5000, b'"}']),
-                            headers={**as_(KEY), "Content-Type": "application/json"}, timeout=30)
+    chunked = requests.post(
+        r.url + "/generate",
+        data=iter([b'{"text": "', b"x" * 5000, b'"}']),
+        headers={**as_(KEY), "Content-Type": "application/json"},
+        timeout=30,
+    )
     assert chunked.status_code == 413 and chunked.json()["error"]["param"] == "body"
     for ctype in (None, "text/plain", "application/x-www-form-urlencoded"):
         headers = {**as_(KEY), **({"Content-Type": ctype} if ctype else {})}
-        refused = requests.post(r.url + "/generate", data=json.dumps(BODY), headers=headers, timeout=30)
-        assert refused.status_code == 415 and refused.json()["error"]["param"] == "content-type", ctype
+        refused = requests.post(
+            r.url + "/generate", data=json.dumps(BODY), headers=headers, timeout=30
+        )
+        assert refused.status_code == 415 and refused.json()["error"]["param"] == "content-type", (
+            ctype
+        )
     assert post(r, "/generate", BODY).status_code == 200
     assert len(good.requests_to("/generate")) == 1  # none of the refused ones went on
 
@@ -150,7 +226,9 @@ def test_browser_checks(cluster):
     port = r.url.rsplit(":", 1)[1]
     evil = post(r, "/generate", BODY, headers={"Origin": "http://evil.example"})
     assert evil.status_code == 403 and evil.json()["error"]["param"] == "origin"
-    rebound = requests.get(r.url + "/list_workers", headers={**as_(KEY), "Host": f"evil.example:{port}"}, timeout=10)
+    rebound = requests.get(
+        r.url + "/list_workers", headers={**as_(KEY), "Host": f"evil.example:{port}"}, timeout=10
+    )
     assert rebound.status_code == 403 and rebound.json()["error"]["param"] == "host"
     same = post(r, "/generate", BODY, headers={"Origin": r.url})  # its own page (e.g. /docs)
     assert same.status_code == 200
@@ -160,7 +238,10 @@ def test_browser_checks(cluster):
 
 def test_keys_in_no_command_line_or_output(cluster):
     r, _ = cluster
-    cmdlines = [" ".join(p.cmdline()) for p in [psutil.Process(r.proc.pid), *psutil.Process(r.proc.pid).children(True)]]
+    cmdlines = [
+        " ".join(p.cmdline())
+        for p in [psutil.Process(r.proc.pid), *psutil.Process(r.proc.pid).children(True)]
+    ]
     for secret in SECRETS:
         assert not any(secret in c for c in cmdlines)
         assert secret not in r.output()
@@ -169,8 +250,16 @@ def test_keys_in_no_command_line_or_output(cluster):
 
 def test_upstream_waits_are_finite():
     slow = FakeWorker(radixlm_like(), delays={"/generate": 20})
-    r = router([slow.url], "--request-timeout-secs", "0.5", "--max-retries", "1", "--retry-backoff-secs", "0.01",
-               env={})
+    r = router(
+        [slow.url],
+        "--request-timeout-secs",
+        "0.5",
+        "--max-retries",
+        "1",
+        "--retry-backoff-secs",
+        "0.01",
+        env={},
+    )
     try:
         t = time.time()
         resp = requests.post(r.url + "/generate", json=BODY, timeout=60)

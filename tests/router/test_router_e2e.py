@@ -19,22 +19,58 @@ GREEDY = {"max_new_tokens": 16, "temperature": 0}
 
 
 def worker(model_dir, port=None):
-    return ServerProcess("--model-path", model_dir, "--num-threads", "1", "--kv-memory-gb", "0.05",
-                         "--api-key", WORKER_KEY, "--admin-api-key", WORKER_ADMIN_KEY, port=port)
+    return ServerProcess(
+        "--model-path",
+        model_dir,
+        "--num-threads",
+        "1",
+        "--kv-memory-gb",
+        "0.05",
+        "--api-key",
+        WORKER_KEY,
+        "--admin-api-key",
+        WORKER_ADMIN_KEY,
+        port=port,
+    )
 
 
 def router(urls, *extra):
     def cmd(port):
-        return [sys.executable, "-m", "radixlm.cli", "router", "--port", str(port), "--worker-urls", *urls,
-                "--worker-api-key", WORKER_KEY, "--api-key", ROUTER_KEY, "--admin-api-key", ROUTER_ADMIN_KEY,
-                "--worker-admin-api-key", WORKER_ADMIN_KEY, "--health-check-interval-secs", "0.5",
-                "--health-failure-threshold", "2", "--health-success-threshold", "1", "--log-level", "warning",
-                *extra]
+        return [
+            sys.executable,
+            "-m",
+            "radixlm.cli",
+            "router",
+            "--port",
+            str(port),
+            "--worker-urls",
+            *urls,
+            "--worker-api-key",
+            WORKER_KEY,
+            "--api-key",
+            ROUTER_KEY,
+            "--admin-api-key",
+            ROUTER_ADMIN_KEY,
+            "--worker-admin-api-key",
+            WORKER_ADMIN_KEY,
+            "--health-check-interval-secs",
+            "0.5",
+            "--health-failure-threshold",
+            "2",
+            "--health-success-threshold",
+            "1",
+            "--log-level",
+            "warning",
+            *extra,
+        ]
+
     return ServerProcess(command=cmd, name="the router")
 
 
 def post(url, path, body, key=ROUTER_KEY, **kw):
-    return requests.post(url + path, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60, **kw)
+    return requests.post(
+        url + path, json=body, headers={"Authorization": f"Bearer {key}"}, timeout=60, **kw
+    )
 
 
 @pytest.fixture(scope="module")
@@ -67,45 +103,76 @@ def test_openai_client_through_the_router(cluster):
     r, _ = cluster
     client = openai.OpenAI(base_url=r.url + "/v1", api_key=ROUTER_KEY)
     model = client.models.list().data[0].id
-    c = client.completions.create(model=model, prompt="Once upon a time", max_tokens=8, temperature=0)
+    c = client.completions.create(
+        model=model, prompt="Once upon a time", max_tokens=8, temperature=0
+    )
     assert c.choices[0].text and c.usage.completion_tokens > 0
-    chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
-                                          temperature=0)
+    chat = client.chat.completions.create(
+        model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=8, temperature=0
+    )
     assert isinstance(chat.choices[0].message.content, str) and chat.usage.completion_tokens > 0
-    stream = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Hi"}], max_tokens=8,
-                                            temperature=0, stream=True)
-    assert "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices) == chat.choices[0].message.content
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": "Hi"}],
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+    )
+    assert (
+        "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+        == chat.choices[0].message.content
+    )
     with pytest.raises(openai.BadRequestError):  # a worker's 4xx comes back as it is
         client.completions.create(model=model, prompt="x", max_tokens=-1)
 
 
 def test_cache_aware_keeps_a_prefix_on_one_worker_and_admin_routes(cluster):
     r, ws = cluster
-    before = {w["url"]: w["routed"] for w in requests.get(r.url + "/list_workers", headers=_auth(), timeout=5).json()["workers"]}
+    before = {
+        w["url"]: w["routed"]
+        for w in requests.get(r.url + "/list_workers", headers=_auth(), timeout=5).json()["workers"]
+    }
     doc = "A long shared document about rivers and bridges. " * 20
     for i in range(6):
-        assert post(r.url, "/generate", {"text": doc + f"Question {i}?", "sampling_params": GREEDY}).status_code == 200
-    after = {w["url"]: w["routed"] for w in requests.get(r.url + "/list_workers", headers=_auth(), timeout=5).json()["workers"]}
+        assert (
+            post(
+                r.url, "/generate", {"text": doc + f"Question {i}?", "sampling_params": GREEDY}
+            ).status_code
+            == 200
+        )
+    after = {
+        w["url"]: w["routed"]
+        for w in requests.get(r.url + "/list_workers", headers=_auth(), timeout=5).json()["workers"]
+    }
     assert sorted(after[u] - before[u] for u in after) == [0, 6]  # all six on one worker
     info = requests.get(r.url + "/get_server_info", headers=_auth(), timeout=10).json()
     assert set(info["workers"]) == {w.url for w in ws} and info["router"]["policy"] == "cache_aware"
     assert info["router"]["decisions"]["cache_hit"] >= 5
     # /metrics carries the workers' own cache hit rates, as each reports it.
-    samples = {(s.name, s.labels.get("worker")): s.value
-               for fam in text_string_to_metric_families(requests.get(r.url + "/metrics", headers=_auth(), timeout=5).text)
-               for s in fam.samples}
+    samples = {
+        (s.name, s.labels.get("worker")): s.value
+        for fam in text_string_to_metric_families(
+            requests.get(r.url + "/metrics", headers=_auth(), timeout=5).text
+        )
+        for s in fam.samples
+    }
     busy = max(after, key=lambda u: after[u] - before[u])
-    st = requests.get(busy + "/get_server_info", headers={"Authorization": f"Bearer {WORKER_KEY}"},
-                      timeout=10).json()["internal_state"]
+    st = requests.get(
+        busy + "/get_server_info", headers={"Authorization": f"Bearer {WORKER_KEY}"}, timeout=10
+    ).json()["internal_state"]
     assert st["cached_tokens"] > 0  # five of the six found the document cached
-    assert samples[("radixlm_router:worker_cache_hit_rate", busy)] == pytest.approx(st["cached_tokens"] / st["prompt_tokens"])
+    assert samples[("radixlm_router:worker_cache_hit_rate", busy)] == pytest.approx(
+        st["cached_tokens"] / st["prompt_tokens"]
+    )
     assert samples[("radixlm_router:worker_cached_tokens", busy)] == st["cached_tokens"]
     assert 0 < samples[("radixlm_router:cache_hit_rate", None)] <= 1
     assert samples[("radixlm_router:cache_aware_hit_rate", None)] > 0
     assert ("radixlm_router:worker_load", busy) in samples
     assert post(r.url, "/flush_cache", {}).status_code == 403  # an admin route
     flushed = post(r.url, "/flush_cache", {}, key=ROUTER_ADMIN_KEY)
-    assert flushed.status_code == 200 and all(v["status"] == 200 for v in flushed.json()["workers"].values())
+    assert flushed.status_code == 200 and all(
+        v["status"] == 200 for v in flushed.json()["workers"].values()
+    )
 
 
 def _auth():
@@ -125,7 +192,7 @@ def test_killed_worker_fails_no_request_and_its_return_is_noticed(tiny_model_dir
                 try:
                     resp = post(r.url, "/generate", body)
                     results.append(resp.status_code)
-                except requests.RequestException as e:  # noqa: PERF203
+                except requests.RequestException as e:
                     errors.append(e)
                 return
             started = False  # a stream may break only after its first chunk reached the client
@@ -155,8 +222,16 @@ def test_killed_worker_fails_no_request_and_its_return_is_noticed(tiny_model_dir
             t.join()
         # A request whose worker died before answering was retried on the other one; only a stream
         # already under way may have been cut.
-        assert not errors and results.count(200) == len(results) == 16 - len(cut_streams), (results, errors)
-        status = {w["url"]: w for w in requests.get(r.url + "/list_workers", headers=_auth(), timeout=5).json()["workers"]}
+        assert not errors and results.count(200) == len(results) == 16 - len(cut_streams), (
+            results,
+            errors,
+        )
+        status = {
+            w["url"]: w
+            for w in requests.get(r.url + "/list_workers", headers=_auth(), timeout=5).json()[
+                "workers"
+            ]
+        }
         _wait(lambda: not _workers(r)[victim.url]["healthy"])
         assert requests.get(r.url + "/health", timeout=5).status_code == 200
         assert status[stable.url]["healthy"]
@@ -166,10 +241,18 @@ def test_killed_worker_fails_no_request_and_its_return_is_noticed(tiny_model_dir
         finally:
             back.stop()
         # Removed and added at run time.
-        assert post(r.url, "/remove_worker?url=" + victim.url, {}).status_code == 403  # admin routes
-        assert post(r.url, "/remove_worker?url=" + victim.url, {}, key=ROUTER_ADMIN_KEY).status_code == 200
+        assert (
+            post(r.url, "/remove_worker?url=" + victim.url, {}).status_code == 403
+        )  # admin routes
+        assert (
+            post(r.url, "/remove_worker?url=" + victim.url, {}, key=ROUTER_ADMIN_KEY).status_code
+            == 200
+        )
         assert victim.url not in _workers(r)
-        assert post(r.url, "/remove_worker?url=" + victim.url, {}, key=ROUTER_ADMIN_KEY).status_code == 404
+        assert (
+            post(r.url, "/remove_worker?url=" + victim.url, {}, key=ROUTER_ADMIN_KEY).status_code
+            == 404
+        )
         assert post(r.url, "/add_worker?url=not-a-url", {}, key=ROUTER_ADMIN_KEY).status_code == 400
     finally:
         r.stop()
@@ -178,7 +261,10 @@ def test_killed_worker_fails_no_request_and_its_return_is_noticed(tiny_model_dir
 
 
 def _workers(r):
-    return {w["url"]: w for w in requests.get(r.url + "/list_workers", headers=_auth(), timeout=5).json()["workers"]}
+    return {
+        w["url"]: w
+        for w in requests.get(r.url + "/list_workers", headers=_auth(), timeout=5).json()["workers"]
+    }
 
 
 def _wait(cond, timeout=20.0):
@@ -198,8 +284,11 @@ def test_client_disconnect_aborts_the_worker_request(cluster):
     router's in-flight count returns to zero."""
     r, ws = cluster
     want = 900  # the tiny model's context is 1024: the request may run to here if nobody aborts it
-    body = {"text": "Count forever:", "sampling_params": {"max_new_tokens": want, "temperature": 0, "ignore_eos": True},
-            "stream": True}
+    body = {
+        "text": "Count forever:",
+        "sampling_params": {"max_new_tokens": want, "temperature": 0, "ignore_eos": True},
+        "stream": True,
+    }
     before = sum(_state(w)["generated_tokens"] for w in ws)
     resp = post(r.url, "/generate", body, stream=True)
     first = next(line for line in resp.iter_lines() if line.startswith(b"data: "))
@@ -208,9 +297,14 @@ def test_client_disconnect_aborts_the_worker_request(cluster):
 
     def idle():
         states = [_state(w) for w in ws]
-        return (all(s["num_running"] == 0 for s in states)
-                and all(s["available_kv_tokens"] + s["evictable_tokens"] == s["max_total_num_tokens"] for s in states)
-                and all(w["load"] == 0 for w in _workers(r).values()))
+        return (
+            all(s["num_running"] == 0 for s in states)
+            and all(
+                s["available_kv_tokens"] + s["evictable_tokens"] == s["max_total_num_tokens"]
+                for s in states
+            )
+            and all(w["load"] == 0 for w in _workers(r).values())
+        )
 
     _wait(idle)
     generated = sum(_state(w)["generated_tokens"] for w in ws) - before
@@ -218,5 +312,6 @@ def test_client_disconnect_aborts_the_worker_request(cluster):
 
 
 def _state(w):
-    return requests.get(w.url + "/get_server_info", headers={"Authorization": f"Bearer {WORKER_KEY}"},
-                        timeout=5).json()["internal_state"]
+    return requests.get(
+        w.url + "/get_server_info", headers={"Authorization": f"Bearer {WORKER_KEY}"}, timeout=5
+    ).json()["internal_state"]

@@ -27,7 +27,9 @@ def chars(tree: ApproxRadixTree) -> dict[str, int]:
         node = stack.pop()
         for t in node.tenants:
             out[t] = out.get(t, 0) + len(node.key)
-            assert node.parent is tree.root or t in node.parent.tenants  # a tenant is on every ancestor
+            assert (
+                node.parent is tree.root or t in node.parent.tenants
+            )  # a tenant is on every ancestor
         assert node.tenants, "a node no tenant holds is pruned"
         stack.extend(node.children.values())
     return out
@@ -40,7 +42,9 @@ def test_matches_equal_the_naive_model(ops, queries):
     for i, (tenant, text) in enumerate(ops):
         tree.insert(text, tenant, now=float(i))
         model.setdefault(tenant, []).append(text)
-    assert {t: c for t, c in chars(tree).items() if c} == {t: c for t, c in tree.tenant_chars.items() if c}
+    assert {t: c for t, c in chars(tree).items() if c} == {
+        t: c for t, c in tree.tenant_chars.items() if c
+    }
     for q in queries + [text for _, text in ops]:
         n, tenants = tree.prefix_match(q, now=1e9)
         ref_n, ref_tenants = naive_match(model, q)
@@ -93,10 +97,17 @@ def test_lru_order_and_splits():
     tree.insert("system prompt A: question 1", "w1", now=1)
     tree.insert("system prompt A: question 2", "w1", now=2)
     tree.insert("system prompt B", "w2", now=3)
-    assert tree.prefix_match("system prompt A: question 3", now=4) == (len("system prompt A: question "), ["w1"])
+    assert tree.prefix_match("system prompt A: question 3", now=4) == (
+        len("system prompt A: question "),
+        ["w1"],
+    )
     assert tree.prefix_match("system prompt C", now=5)[0] == len("system prompt ")
     assert set(tree.prefix_match("system prompt C", now=5)[1]) == {"w1", "w2"}
     # w1 over its bound: question 1 (older) goes first.
     tree.evict_tenant_by_size(len("system prompt A: question 2"))
-    assert tree.prefix_match_tenant("system prompt A: question 1", "w1") == len("system prompt A: question ")
-    assert tree.prefix_match_tenant("system prompt A: question 2", "w1") == len("system prompt A: question 2")
+    assert tree.prefix_match_tenant("system prompt A: question 1", "w1") == len(
+        "system prompt A: question "
+    )
+    assert tree.prefix_match_tenant("system prompt A: question 2", "w1") == len(
+        "system prompt A: question 2"
+    )

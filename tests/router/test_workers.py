@@ -17,12 +17,16 @@ MODEL_INFO = {"model_path": "m", "is_generation": True}
 
 def keyed_worker(key):
     """A radixlm worker's answers: /health open, /get_model_info behind the key."""
+
     def handler(request: httpx.Request) -> httpx.Response:
         if request.url.path == "/health":
             return httpx.Response(200)
         if request.headers.get("authorization") != f"Bearer {key}":
-            return httpx.Response(401, json={"error": {"type": "authentication_error", "message": "no key"}})
+            return httpx.Response(
+                401, json={"error": {"type": "authentication_error", "message": "no key"}}
+            )
         return httpx.Response(200, json=MODEL_INFO)
+
     return handler
 
 
@@ -30,12 +34,17 @@ def check_all(reg, handler):
     async def run():
         async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
             await reg.check_all(client)
+
     asyncio.run(run())
 
 
 def registry(**kw):
     policy = CacheAwarePolicy(CacheAwareConfig())
-    reg = WorkerRegistry(HealthConfig(failure_threshold=3, success_threshold=2), on_unhealthy=policy.remove_worker, **kw)
+    reg = WorkerRegistry(
+        HealthConfig(failure_threshold=3, success_threshold=2),
+        on_unhealthy=policy.remove_worker,
+        **kw,
+    )
     reg.add(A)
     reg.add(B)
     assert reg.healthy() == []  # nothing before the first probe
@@ -90,8 +99,11 @@ def test_health_checks_against_a_worker_that_fails_and_recovers():
         return keyed_worker("k")(request)
 
     policy = CacheAwarePolicy(CacheAwareConfig())
-    reg = WorkerRegistry(HealthConfig(failure_threshold=3, success_threshold=2), {"Authorization": "Bearer k"},
-                         policy.remove_worker)
+    reg = WorkerRegistry(
+        HealthConfig(failure_threshold=3, success_threshold=2),
+        {"Authorization": "Bearer k"},
+        policy.remove_worker,
+    )
     reg.add(A)
     reg.add(B)
     check_all(reg, handler)
@@ -118,8 +130,12 @@ def test_health_checks_against_a_worker_that_fails_and_recovers():
 
 def test_only_a_worker_that_answers_like_one_is_verified():
     answers = {
-        "a": lambda r: httpx.Response(200, text="<html>not a model server</html>"),  # /get_model_info too
-        "b": lambda r: httpx.Response(200) if r.url.path == "/health" else httpx.Response(404, json={}),
+        "a": lambda r: httpx.Response(
+            200, text="<html>not a model server</html>"
+        ),  # /get_model_info too
+        "b": lambda r: (
+            httpx.Response(200) if r.url.path == "/health" else httpx.Response(404, json={})
+        ),
     }
     seen = []
 
@@ -142,7 +158,13 @@ def test_worker_url_must_be_http():
     assert normalize_url(" http://h:1/ ") == "http://h:1"
     with pytest.raises(ValueError, match="http"):
         normalize_url("h:1")
-    for bad in ("http://u:p@h:1", "http://h:1/?q=1", "http://h:1#x", "http://h:123456", "http://:1"):
+    for bad in (
+        "http://u:p@h:1",
+        "http://h:1/?q=1",
+        "http://h:1#x",
+        "http://h:123456",
+        "http://:1",
+    ):
         with pytest.raises(ValueError):
             normalize_url(bad)
 
@@ -151,7 +173,12 @@ def test_worker_allowlist():
     reg = WorkerRegistry(allowlist=("10.0.*", "*.internal", "gpu-?:30000"))
     for ok in ("http://10.0.3.4:8000", "https://a.b.internal", "http://gpu-1:30000"):
         reg.add(ok)
-    for bad in ("http://10.1.0.1:1", "http://internal", "http://gpu-1:30001", "http://a.internal.evil.com",
-                "http://127.0.0.1:1"):
+    for bad in (
+        "http://10.1.0.1:1",
+        "http://internal",
+        "http://gpu-1:30001",
+        "http://a.internal.evil.com",
+        "http://127.0.0.1:1",
+    ):
         with pytest.raises(WorkerNotAllowed):
             reg.add(bad)

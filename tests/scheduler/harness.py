@@ -6,7 +6,6 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
@@ -21,7 +20,8 @@ DEFAULTS = dict(num_threads=1, enable_invariant_checks=True, log_level="warning"
 
 
 class InProcessIO(BaseSchedulerIO):
-    """The scheduler's channels as lists: nothing arrives on its own, outputs and replies are kept."""
+    """The scheduler's channels as lists: nothing arrives on its own, outputs and replies are
+    kept."""
 
     def __init__(self):
         self.sent: list = []
@@ -46,8 +46,9 @@ def make_scheduler(model_dir: str, **opts) -> Scheduler:
         torch.set_num_threads(threads)
 
 
-def reason_dict(reason) -> Optional[dict]:
-    """A typed finish reason as the scheduler's dict of old: SGLang's JSON, plus an abort's HTTP status."""
+def reason_dict(reason) -> dict | None:
+    """A typed finish reason as the scheduler's dict of old: SGLang's JSON, plus an abort's HTTP
+    status."""
     if reason is None:
         return None
     out = reason.to_json()
@@ -59,7 +60,7 @@ def reason_dict(reason) -> Optional[dict]:
 @dataclass
 class Result:
     output_ids: list[int] = field(default_factory=list)
-    finish_reason: Optional[dict] = None
+    finish_reason: dict | None = None
     finishes: int = 0  # chunks that carried a finish reason (exactly one is right)
     cached_tokens: int = 0
     input_token_logprobs: list = field(default_factory=list)
@@ -75,14 +76,31 @@ class Driver:
         self._ids = itertools.count()
         self.io: InProcessIO = scheduler.io
 
-    def submit(self, ids: list[int], rid: Optional[str] = None, *, return_logprob: bool = False,
-               logprob_start_len: int = -1, top_logprobs_num: int = 0, stream: bool = False, **sampling) -> str:
+    def submit(
+        self,
+        ids: list[int],
+        rid: str | None = None,
+        *,
+        return_logprob: bool = False,
+        logprob_start_len: int = -1,
+        top_logprobs_num: int = 0,
+        stream: bool = False,
+        **sampling,
+    ) -> str:
         rid = rid or f"q{next(self._ids)}"
         self.results[rid] = Result()
-        self.s.intake.add(TokenizedGenerateReqInput(
-            rid=rid, input_text=None, input_ids=list(ids), sampling_params=SamplingParams(**sampling),
-            return_logprob=return_logprob, logprob_start_len=logprob_start_len,
-            top_logprobs_num=top_logprobs_num, stream=stream))
+        self.s.intake.add(
+            TokenizedGenerateReqInput(
+                rid=rid,
+                input_text=None,
+                input_ids=list(ids),
+                sampling_params=SamplingParams(**sampling),
+                return_logprob=return_logprob,
+                logprob_start_len=logprob_start_len,
+                top_logprobs_num=top_logprobs_num,
+                stream=stream,
+            )
+        )
         self.collect()
         return rid
 
@@ -134,22 +152,31 @@ class Driver:
 def assert_idle_memory_ok(s: Scheduler) -> None:
     """At an idle point every KV slot is free or in the tree, exactly once; no lock is held; every
     request slot is free. Uses the pools and the tree's nodes only."""
-    pool, nodes, stack = s.runner.token_to_kv_pool, [], list(s.tree_cache.root_node.children.values())
+    pool, nodes, stack = (
+        s.runner.token_to_kv_pool,
+        [],
+        list(s.tree_cache.root_node.children.values()),
+    )
     while stack:
         n = stack.pop()
         nodes.append(n)
         stack.extend(n.children.values())
-    owned = pool.free_slots.tolist() + [x for n in nodes if n.value is not None for x in n.value.tolist()]
+    owned = pool.free_slots.tolist() + [
+        x for n in nodes if n.value is not None for x in n.value.tolist()
+    ]
     assert sorted(owned) == list(range(1, pool.size + 1)), (
-        f"{len(owned)} owned slots for {pool.size}, {len(owned) - len(set(owned))} duplicated")
+        f"{len(owned)} owned slots for {pool.size}, {len(owned) - len(set(owned))} duplicated"
+    )
     assert all(n.lock_ref == 0 for n in nodes), "a lock is held at an idle point"
     rows = s.runner.req_to_token_pool
     assert rows.available_size() == rows.size, "a request slot leaked"
 
 
 def hf_greedy(hf, ids: list[int], n: int) -> list[int]:
-    out = hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return out[0, len(ids):].tolist()
+    out = hf.generate(
+        torch.tensor([ids]), max_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
+    return out[0, len(ids) :].tolist()
 
 
 def hf_prompt_logprobs(hf, ids: list[int]) -> torch.Tensor:

@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from radixlm.cache.mla_pool import MLATokenToKVPool
-from tests.model.deepseek_refs import one_thread, save_hf  # noqa: F401 (one_thread: an autouse fixture)
+from tests.model.deepseek_refs import (
+    save_hf,
+)
 from tests.scheduler.harness import Driver, assert_idle_memory_ok, make_scheduler
 
 
@@ -20,7 +22,9 @@ def deepseek(tmp_path_factory, default_model_path):
 
 def hf_greedy(hf, ids, n):
     with torch.no_grad():
-        return hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)[0, len(ids):].tolist()
+        return hf.generate(torch.tensor([ids]), max_new_tokens=n, do_sample=False)[
+            0, len(ids) :
+        ].tolist()
 
 
 def prompts(n, seed, prefix=100, tail=10):
@@ -78,8 +82,14 @@ def test_hierarchical_cache_restores_latents(deepseek, tmp_path):
     path, hf = deepseek
     ps = prompts(2, seed=1, prefix=128)
     ref = hf_greedy(hf, ps[1], 8)
-    opts = dict(enable_hierarchical_cache=True, max_total_tokens=600, hicache_dtype="float32",
-                hicache_storage_backend="file", hicache_storage_dir=str(tmp_path), hicache_storage_chunk_size=32)
+    opts = dict(
+        enable_hierarchical_cache=True,
+        max_total_tokens=600,
+        hicache_dtype="float32",
+        hicache_storage_backend="file",
+        hicache_storage_dir=str(tmp_path),
+        hicache_storage_chunk_size=32,
+    )
     d = Driver(make_scheduler(path, **opts))
     run(d, ps[:1], 8)
     d.s.tree_cache.storage_tier.wait_writes()

@@ -19,8 +19,9 @@ PREFIX = 200  # tokens of the shared document
 CHUNK = 32
 N_OUT = 8
 # Stated rounding: float16 L2/L3 copies of a float32 pool (--hicache-dtype auto) move a logprob by
-# at most this much on the tiny model (measured 2.5e-3 to 5.3e-3: its peaked logits magnify KV error); copies
-# in the pool's own type are exact, leaving only the batch-shape noise of any cache hit (1e-4).
+# at most this much on the tiny model (measured 2.5e-3 to 5.3e-3: its peaked logits magnify KV
+# error); copies in the pool's own type are exact, leaving only the batch-shape noise of any cache
+# hit (1e-4).
 FP16_COPY_TOL = 2e-2
 EXACT_TOL = 1e-4
 
@@ -34,7 +35,9 @@ def prompts(n: int, seed: int = 0, prefix: int = PREFIX) -> list[list[int]]:
 def run(d: Driver, ps: list[list[int]], together: bool = False):
     rids = []
     for p in ps:
-        rids.append(d.submit(p, max_new_tokens=N_OUT, temperature=0, ignore_eos=True, return_logprob=True))
+        rids.append(
+            d.submit(p, max_new_tokens=N_OUT, temperature=0, ignore_eos=True, return_logprob=True)
+        )
         if not together:
             d.run()
     d.run()
@@ -42,7 +45,9 @@ def run(d: Driver, ps: list[list[int]], together: bool = False):
     for rid in rids:
         r = d.results[rid]
         assert r.finishes == 1 and r.finish_reason["type"] == "length", r.finish_reason
-        out.append((r.output_ids, torch.tensor([lp[0] for lp in r.output_token_logprobs]), r.cached_tokens))
+        out.append(
+            (r.output_ids, torch.tensor([lp[0] for lp in r.output_token_logprobs]), r.cached_tokens)
+        )
     return out
 
 
@@ -54,24 +59,37 @@ def assert_same(got, ref, tol):
 
 
 def hicache(model, storage_dir=None, **kw) -> Driver:
-    opts = dict(enable_hierarchical_cache=True, max_total_tokens=600, hicache_storage_chunk_size=CHUNK)
+    opts = dict(
+        enable_hierarchical_cache=True, max_total_tokens=600, hicache_storage_chunk_size=CHUNK
+    )
     if storage_dir is not None:
         opts.update(hicache_storage_backend="file", hicache_storage_dir=str(storage_dir))
     return Driver(make_scheduler(model, **{**opts, **kw}))
 
 
 def reference(model, ps, **kw):
-    return run(Driver(make_scheduler(model, disable_radix_cache=True, max_total_tokens=2000, **kw)), ps)
+    return run(
+        Driver(make_scheduler(model, disable_radix_cache=True, max_total_tokens=2000, **kw)), ps
+    )
 
 
 def finish_writes(d: Driver) -> None:
     d.s.tree_cache.storage_tier.wait_writes()
 
 
-@pytest.mark.parametrize("kv_dtype,hicache_dtype,tol", [
-    ("float32", "float32", EXACT_TOL), ("float32", "auto", FP16_COPY_TOL), ("float16", "auto", EXACT_TOL),
-    ("bfloat16", "auto", EXACT_TOL), ("int8", "auto", EXACT_TOL)])
-def test_restored_prefix_equals_recompute_every_kv_dtype(tiny_model_dir, tmp_path, kv_dtype, hicache_dtype, tol):
+@pytest.mark.parametrize(
+    "kv_dtype,hicache_dtype,tol",
+    [
+        ("float32", "float32", EXACT_TOL),
+        ("float32", "auto", FP16_COPY_TOL),
+        ("float16", "auto", EXACT_TOL),
+        ("bfloat16", "auto", EXACT_TOL),
+        ("int8", "auto", EXACT_TOL),
+    ],
+)
+def test_restored_prefix_equals_recompute_every_kv_dtype(
+    tiny_model_dir, tmp_path, kv_dtype, hicache_dtype, tol
+):
     ps = prompts(2)
     ref = reference(tiny_model_dir, ps[1:], kv_cache_dtype=kv_dtype)
     d = hicache(tiny_model_dir, tmp_path, kv_cache_dtype=kv_dtype, hicache_dtype=hicache_dtype)
@@ -84,9 +102,14 @@ def test_restored_prefix_equals_recompute_every_kv_dtype(tiny_model_dir, tmp_pat
     assert_idle_memory_ok(d.s)
     d.s.tree_cache.close()
 
-    d2 = hicache(tiny_model_dir, tmp_path, kv_cache_dtype=kv_dtype, hicache_dtype=hicache_dtype)  # a restart
+    d2 = hicache(
+        tiny_model_dir, tmp_path, kv_cache_dtype=kv_dtype, hicache_dtype=hicache_dtype
+    )  # a restart
     from_l3 = run(d2, ps[1:])
-    assert from_l3[0][2] == PREFIX // CHUNK * CHUNK and d2.s.tree_cache.stats.l3_hit_tokens == PREFIX // CHUNK * CHUNK, d2.s.tree_cache.stats
+    assert (
+        from_l3[0][2] == PREFIX // CHUNK * CHUNK
+        and d2.s.tree_cache.stats.l3_hit_tokens == PREFIX // CHUNK * CHUNK
+    ), d2.s.tree_cache.stats
     assert_same(from_l3, ref, tol)
     assert_idle_memory_ok(d2.s)
 
@@ -98,8 +121,14 @@ def test_eviction_pressure_and_chunked_prefill(tiny_model_dir, policy):
     hits (write_through_selective too: each document is matched often enough to be backed up)."""
     docs = [p for seed in range(4) for p in prompts(3, seed)]
     ref = reference(tiny_model_dir, docs)
-    d = hicache(tiny_model_dir, max_total_tokens=500, chunked_prefill_size=64, hicache_dtype="float32",
-                hicache_write_policy=policy, hicache_ratio=4)
+    d = hicache(
+        tiny_model_dir,
+        max_total_tokens=500,
+        chunked_prefill_size=64,
+        hicache_dtype="float32",
+        hicache_write_policy=policy,
+        hicache_ratio=4,
+    )
     for _ in range(3):
         assert_same(run(d, docs, together=True), ref, EXACT_TOL)
         assert_idle_memory_ok(d.s)
@@ -148,7 +177,9 @@ def test_abort_while_loading(tiny_model_dir, tmp_path):
     assert d2.results[rid].finish_reason["type"] == "abort"
     gate.set()
     d2.run()
-    while d2.s.tree_cache.prefetches:  # the read finishes after the abort: its chunks still land in L2
+    while (
+        d2.s.tree_cache.prefetches
+    ):  # the read finishes after the abort: its chunks still land in L2
         d2.step()
     assert_idle_memory_ok(d2.s)
     assert d2.s.tree_cache.check() is None
@@ -193,11 +224,20 @@ def test_chunks_of_another_model_are_never_served(tiny_model_dir, tmp_path):
     other = hicache(tiny_model_dir, tmp_path, hicache_dtype="float32")
     run(other, ps[:1])
     finish_writes(other)
-    other_keys = chunk_keys(other.s.tree_cache.storage_tier.model_key, ps[0], CHUNK, PREFIX // CHUNK)
+    other_keys = chunk_keys(
+        other.s.tree_cache.storage_tier.model_key, ps[0], CHUNK, PREFIX // CHUNK
+    )
     d = hicache(tiny_model_dir, tmp_path)  # float16 copies: another model key
     assert d.s.tree_cache.storage_tier.model_key != other.s.tree_cache.storage_tier.model_key
-    for a, b in zip(other_keys, chunk_keys(d.s.tree_cache.storage_tier.model_key, ps[0], CHUNK, PREFIX // CHUNK), strict=True):
-        os.replace(other.s.tree_cache.storage_tier.backend.path(a), d.s.tree_cache.storage_tier.backend.path(b))
+    for a, b in zip(
+        other_keys,
+        chunk_keys(d.s.tree_cache.storage_tier.model_key, ps[0], CHUNK, PREFIX // CHUNK),
+        strict=True,
+    ):
+        os.replace(
+            other.s.tree_cache.storage_tier.backend.path(a),
+            d.s.tree_cache.storage_tier.backend.path(b),
+        )
     got = run(d, ps[1:])
     assert_same(got, ref, FP16_COPY_TOL)
     assert got[0][2] == 0 and d.s.tree_cache.stats.corrupt_chunks == PREFIX // CHUNK
@@ -228,7 +268,9 @@ def test_flush_levels(tiny_model_dir, tmp_path):
     finish_writes(d)
     assert not d.s.flush_cache("l4").success
     assert d.s.flush_cache("l1").success
-    assert run(d, ps[1:])[0][2] == PREFIX and d.s.tree_cache.stats.l2_hit_tokens == PREFIX  # from L2
+    assert (
+        run(d, ps[1:])[0][2] == PREFIX and d.s.tree_cache.stats.l2_hit_tokens == PREFIX
+    )  # from L2
     assert d.s.flush_cache("l2").success
     assert d.s.tree_cache.host_size() == 0
     assert run(d, ps[1:2])[0][2] == PREFIX // CHUNK * CHUNK  # from L3

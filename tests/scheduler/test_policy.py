@@ -24,8 +24,13 @@ def tree_with(*seqs: list[int]) -> RadixCache:
 
 
 def req(rid: str, ids: list[int], t: float, max_new: int = 8, priority=None) -> Req:
-    return Req(rid=rid, origin_input_ids=ids, sampling_params=SamplingParams(max_new_tokens=max_new),
-               arrival_time=t, priority=priority)
+    return Req(
+        rid=rid,
+        origin_input_ids=ids,
+        sampling_params=SamplingParams(max_new_tokens=max_new),
+        arrival_time=t,
+        priority=priority,
+    )
 
 
 def shape(tree: RadixCache):
@@ -49,12 +54,17 @@ def test_lpm_orders_by_cached_prefix_then_arrival_without_splitting():
     assert [r.rid for r in queue] == ["a40", "b30", "a10", "a10-late", "none"]
     assert [lens[id(r)] for r in queue] == [40, 30, 10, 10, 0]
     assert shape(tree) == before  # partial matches inside A's edge split nothing
-    assert all(r.last_node is None and not r.holds_kv() for r in queue)  # nothing written into requests
+    assert all(
+        r.last_node is None and not r.holds_kv() for r in queue
+    )  # nothing written into requests
 
 
 def test_fcfs_lof_priority_and_random():
     tree = tree_with(A)
-    mk = lambda: [req(f"r{i}", [i + 1], t, max_new=m) for i, (t, m) in enumerate([(3, 5), (1, 50), (2, 20), (0, 5)])]
+    mk = lambda: [
+        req(f"r{i}", [i + 1], t, max_new=m)
+        for i, (t, m) in enumerate([(3, 5), (1, 50), (2, 20), (0, 5)])
+    ]
     q = mk()
     SchedulePolicy("fcfs", tree).calc_priority(q)
     assert [r.rid for r in q] == ["r3", "r1", "r2", "r0"]
@@ -71,7 +81,9 @@ def test_fcfs_lof_priority_and_random():
         SchedulePolicy("random", tree, seed=seed).calc_priority(q)
         orders.append([r.rid for r in q])
     assert orders[0] == orders[1] != orders[2]  # seeded
-    assert sorted(orders[2]) == sorted(f"r{i}" for i in range(12)) and orders[2] != [f"r{i}" for i in range(12)]
+    assert sorted(orders[2]) == sorted(f"r{i}" for i in range(12)) and orders[2] != [
+        f"r{i}" for i in range(12)
+    ]
 
 
 def test_lpm_falls_back_to_fcfs_for_long_queues_and_without_cache():
@@ -130,7 +142,9 @@ def test_no_ordering_while_nothing_can_be_admitted(tiny_model_dir):
     assert len(d.s.tree_cache.all_nodes()) == nodes
     d.abort("hog")
     d.run()
-    assert len(calls) > 1 and all(d.results[f"w{i}"].finish_reason["type"] == "length" for i in range(4))
+    assert len(calls) > 1 and all(
+        d.results[f"w{i}"].finish_reason["type"] == "length" for i in range(4)
+    )
 
 
 def test_admission_follows_the_policy_order(tiny_model_dir):
@@ -143,11 +157,20 @@ def test_admission_follows_the_policy_order(tiny_model_dir):
     d.submit([9, 9, 9], "blocker", max_new_tokens=6, temperature=0, ignore_eos=True)
     d.step()
     for rid, n in [("p10", 10), ("p70", 70), ("p0", 0), ("p40", 40)]:
-        d.submit(doc[:n] + [rng.randrange(3, 40000) for _ in range(5)], rid, max_new_tokens=1, temperature=0)
+        d.submit(
+            doc[:n] + [rng.randrange(3, 40000) for _ in range(5)],
+            rid,
+            max_new_tokens=1,
+            temperature=0,
+        )
     finished = []
     while not d.idle():
         d.step()
-        finished += [r for r in ("p10", "p70", "p0", "p40") if d.results[r].finish_reason and r not in finished]
+        finished += [
+            r
+            for r in ("p10", "p70", "p0", "p40")
+            if d.results[r].finish_reason and r not in finished
+        ]
     assert finished == ["p70", "p40", "p10", "p0"]
     assert [d.results[r].cached_tokens for r in finished] == [70, 40, 10, 0]
 
@@ -161,9 +184,15 @@ def test_a_registered_policy_orders_the_queue_after_priorities():
         queue.sort(key=lambda r: (r.sampling_params.max_new_tokens, r.arrival_time))
 
     try:
-        q = [req("long", [1], 1.0, max_new=50), req("short", [2], 2.0, max_new=5),
-             req("mid", [3], 3.0, max_new=20), req("urgent", [4], 4.0, max_new=90, priority=1)]
-        assert SchedulePolicy("sjf-test", tree_with(A)).calc_priority(q) == {}  # not cache-aware: no lookups
+        q = [
+            req("long", [1], 1.0, max_new=50),
+            req("short", [2], 2.0, max_new=5),
+            req("mid", [3], 3.0, max_new=20),
+            req("urgent", [4], 4.0, max_new=90, priority=1),
+        ]
+        assert (
+            SchedulePolicy("sjf-test", tree_with(A)).calc_priority(q) == {}
+        )  # not cache-aware: no lookups
         assert [r.rid for r in q] == ["urgent", "short", "mid", "long"]
     finally:
         del policy_mod._REGISTRY["sjf-test"]

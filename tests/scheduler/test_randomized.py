@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Optional
 
 import pytest
 
@@ -20,7 +19,9 @@ from radixlm.speculative.draft_tree import CHAIN, DraftTree, TreeShape
 from tests.scheduler.harness import Driver, assert_idle_memory_ok, make_scheduler
 
 POOL = 300
-OPTIONS = dict(max_total_tokens=POOL, chunked_prefill_size=40, max_prefill_tokens=120, max_running_requests=8)
+OPTIONS = dict(
+    max_total_tokens=POOL, chunked_prefill_size=40, max_prefill_tokens=120, max_running_requests=8
+)
 REGEXES = ["[a-z]{3,8}", "(yes|no), because [a-z ]{2,12}", "[0-9]{1,4}(\\.[0-9]{1,2})?"]
 
 
@@ -54,11 +55,18 @@ def workload(seed: int, n: int) -> list[Spec]:
         size = rng.choice([(1, 12), (12, 60), (60, 200)])
         tail = [rng.randrange(3, 40000) for _ in range(rng.randrange(*size))]
         ids = (rng.choice(prefixes) + tail)[:230] if rng.random() < 0.4 else tail
-        sp = {"max_new_tokens": rng.choice([0, 1, 2, 5, 9, 17, 24]) if rng.random() < 0.1 else rng.randrange(1, 25),
-              "temperature": 0, "ignore_eos": True}
+        sp = {
+            "max_new_tokens": (
+                rng.choice([0, 1, 2, 5, 9, 17, 24]) if rng.random() < 0.1 else rng.randrange(1, 25)
+            ),
+            "temperature": 0,
+            "ignore_eos": True,
+        }
         kind = rng.random()
         copies = 1
-        if kind < 0.12:  # sampled, n > 1: copies with offset seeds, as the tokenizer manager sends them
+        if (
+            kind < 0.12
+        ):  # sampled, n > 1: copies with offset seeds, as the tokenizer manager sends them
             sp.update(temperature=0.8, seed=rng.randrange(1000))
             copies = rng.choice([2, 3])
         elif kind < 0.17:  # greedy, n > 1
@@ -154,23 +162,33 @@ def noisy_tree(rng: random.Random, chain: list[int], k: int) -> DraftTree:
     return DraftTree(tuple(tokens), tuple(parents)).bounded(TreeShape(width=8), k)
 
 
-def run(model_dir: str, specs: list[Spec], abort_seed, oracle: Optional[dict] = None, **opts) -> Run:
+def run(model_dir: str, specs: list[Spec], abort_seed, oracle: dict | None = None, **opts) -> Run:
     d = Driver(make_scheduler(model_dir, **OPTIONS, **opts))
     if oracle is not None:
-        d.s.spec.controller.source = NoisyDrafts(d.s.spec.controller.source, abort_seed or 0, oracle)
+        d.s.spec.controller.source = NoisyDrafts(
+            d.s.spec.controller.source, abort_seed or 0, oracle
+        )
     rng = random.Random(abort_seed)
     pending, live, out = list(specs), [], Run({})
     try:
         while pending or not d.idle():
             while pending and pending[0].arrival <= d.steps:
                 sp = pending.pop(0)
-                d.submit(sp.ids, sp.rid, return_logprob=sp.logprob_start >= 0, logprob_start_len=sp.logprob_start,
-                         top_logprobs_num=sp.top_n, **sp.sampling)
+                d.submit(
+                    sp.ids,
+                    sp.rid,
+                    return_logprob=sp.logprob_start >= 0,
+                    logprob_start_len=sp.logprob_start,
+                    top_logprobs_num=sp.top_n,
+                    **sp.sampling,
+                )
                 live.append(sp.rid)
             if abort_seed is not None and live and rng.random() < 0.08:
                 # Half the time the request being chunked, if any: the rarest state to catch.
                 chunked = d.chunked()
-                rid = chunked.rid if chunked is not None and rng.random() < 0.5 else rng.choice(live)
+                rid = (
+                    chunked.rid if chunked is not None and rng.random() < 0.5 else rng.choice(live)
+                )
                 state = where(d, rid)
                 if state is not None:
                     out.aborted_in[rid] = state
@@ -194,7 +212,11 @@ def compare(specs: list[Spec], quiet: Run, noisy: Run, label: str) -> None:
         assert q.finishes == 1 and r.finishes == 1, (label, sp.rid, q.finishes, r.finishes)
         if sp.rid in noisy.aborted_in and r.finish_reason["type"] == "abort":
             if sp.greedy:
-                assert q.output_ids[: len(r.output_ids)] == r.output_ids, (label, sp.rid, "aborted output")
+                assert q.output_ids[: len(r.output_ids)] == r.output_ids, (
+                    label,
+                    sp.rid,
+                    "aborted output",
+                )
             continue
         assert r.finish_reason["type"] in ("length", "stop"), (label, sp.rid, r.finish_reason)
         assert len(r.output_ids) <= sp.sampling["max_new_tokens"]
@@ -203,20 +225,34 @@ def compare(specs: list[Spec], quiet: Run, noisy: Run, label: str) -> None:
         assert r.output_ids == q.output_ids, (label, sp.rid)
         assert r.finish_reason == q.finish_reason, (label, sp.rid)
         if sp.logprob_start >= 0:
-            assert len(r.input_token_logprobs) == len(q.input_token_logprobs) == len(sp.ids) - sp.logprob_start
+            assert (
+                len(r.input_token_logprobs)
+                == len(q.input_token_logprobs)
+                == len(sp.ids) - sp.logprob_start
+            )
             for (a, ta), (b, tb) in zip(r.input_token_logprobs, q.input_token_logprobs):
-                assert ta == tb and (a is None) == (b is None) and (a is None or abs(a - b) < 1e-4), (label, sp.rid)
+                assert (
+                    ta == tb and (a is None) == (b is None) and (a is None or abs(a - b) < 1e-4)
+                ), (label, sp.rid)
             assert len(r.input_top_logprobs) == len(q.input_top_logprobs)
 
 
 def check_matrix(model_dir: str, seed: int, n: int) -> None:
     specs = workload(seed, n)
-    for cache in (True, False):  # jump-forward (cache only) re-tokenizes constrained outputs: one quiet run each
+    for cache in (
+        True,
+        False,
+    ):  # jump-forward (cache only) re-tokenizes constrained outputs: one quiet run each
         quiet = run(model_dir, specs, None, disable_radix_cache=not cache)
         states: set = set()
         for overlap in (False, True):
-            noisy = run(model_dir, specs, seed * 10 + overlap, disable_radix_cache=not cache,
-                        enable_overlap_schedule=overlap)
+            noisy = run(
+                model_dir,
+                specs,
+                seed * 10 + overlap,
+                disable_radix_cache=not cache,
+                enable_overlap_schedule=overlap,
+            )
             compare(specs, quiet, noisy, f"cache={cache} overlap={overlap}")
             states |= set(noisy.aborted_in.values())
         assert {"waiting", "chunking", "decoding"} <= states, states
@@ -236,12 +272,22 @@ def test_randomized_scheduler_speculative(tiny_model_dir, algorithm):
     oracle = {sp.rid: quiet.results[sp.rid].output_ids for sp in specs if sp.greedy}
     # The fixed draft policy: step shapes do not depend on measured step times, so the run (and the
     # states its aborts land in) is the same every time.
-    noisy = run(tiny_model_dir, specs, 37, oracle=oracle, speculative_algorithm=algorithm,
-                speculative_num_draft_tokens=5, speculative_draft_policy="fixed")
+    noisy = run(
+        tiny_model_dir,
+        specs,
+        37,
+        oracle=oracle,
+        speculative_algorithm=algorithm,
+        speculative_num_draft_tokens=5,
+        speculative_draft_policy="fixed",
+    )
     compare(specs, quiet, noisy, f"speculative={algorithm}")
     assert {"waiting", "decoding"} <= set(noisy.aborted_in.values())
     stats = noisy.spec_stats
-    assert stats["spec_verify_steps"] > 0 and 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"]
+    assert (
+        stats["spec_verify_steps"] > 0
+        and 0 < stats["spec_accepted_tokens"] < stats["spec_draft_tokens"]
+    )
 
 
 @pytest.mark.soak

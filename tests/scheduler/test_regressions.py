@@ -15,9 +15,14 @@ import re
 import threading
 
 import pytest
-import torch
 
-from tests.scheduler.harness import Driver, assert_idle_memory_ok, hf_greedy, hf_prompt_logprobs, make_scheduler
+from tests.scheduler.harness import (
+    Driver,
+    assert_idle_memory_ok,
+    hf_greedy,
+    hf_prompt_logprobs,
+    make_scheduler,
+)
 
 
 def prompt(rng, n):
@@ -55,16 +60,30 @@ def test_abort_of_a_chunked_request_waiting_for_room(tiny_model_dir, tiny_hf_mod
 
 
 @pytest.mark.parametrize("disable_radix_cache", [False, True], ids=["cache", "no-cache"])
-def test_prompt_logprobs_starting_past_the_first_chunk(tiny_model_dir, tiny_hf_model, disable_radix_cache):
+def test_prompt_logprobs_starting_past_the_first_chunk(
+    tiny_model_dir, tiny_hf_model, disable_radix_cache
+):
     rng = random.Random(12)
-    d = Driver(make_scheduler(tiny_model_dir, chunked_prefill_size=32, disable_radix_cache=disable_radix_cache))
+    d = Driver(
+        make_scheduler(
+            tiny_model_dir, chunked_prefill_size=32, disable_radix_cache=disable_radix_cache
+        )
+    )
     ids = prompt(rng, 100)
     d.submit(ids[:50], "warm", max_new_tokens=1, temperature=0)  # a cached prefix (with the cache)
     d.run()
     cases = {"past-first": 80, "in-first": 5, "last-token": 99, "start": 0}
     for name, start in cases.items():
-        d.submit(ids, name, max_new_tokens=2, temperature=0, ignore_eos=True, return_logprob=True,
-                 logprob_start_len=start, top_logprobs_num=2)
+        d.submit(
+            ids,
+            name,
+            max_new_tokens=2,
+            temperature=0,
+            ignore_eos=True,
+            return_logprob=True,
+            logprob_start_len=start,
+            top_logprobs_num=2,
+        )
     d.run()
     ref = hf_prompt_logprobs(tiny_hf_model, ids)
     for name, start in cases.items():
@@ -77,13 +96,15 @@ def test_prompt_logprobs_starting_past_the_first_chunk(tiny_model_dir, tiny_hf_m
         if start == 0:
             assert got[0] is None and tops[0] is None
             got, tops, start = got[1:], tops[1:], 1
-        assert got == pytest.approx(ref[start - 1:].tolist(), abs=1e-4), name
+        assert got == pytest.approx(ref[start - 1 :].tolist(), abs=1e-4), name
         assert all(len(t) == 2 and t[0][0] >= v - 1e-6 for t, v in zip(tops, got)), name
         assert res.output_ids == hf_greedy(tiny_hf_model, ids, 2)
     assert_idle_memory_ok(d.s)
 
 
-def test_retraction_requeues_the_chunked_request_before_aborting_anyone(tiny_model_dir, tiny_hf_model):
+def test_retraction_requeues_the_chunked_request_before_aborting_anyone(
+    tiny_model_dir, tiny_hf_model
+):
     """The pool (200 tokens) is the context length: one running request (20 + 170 tokens) plus the
     locked chunks of a 190-token prompt do not fit. The chunked request goes back to the queue;
     both finish with HF's outputs."""
@@ -119,7 +140,9 @@ def test_overlap_never_hands_a_row_in_use_to_the_next_request(tiny_model_dir, ti
     forward, launch = s.runner.forward, s.executor.launch
 
     def gated_forward(fb):
-        if fb.forward_mode.is_decode() and int(fb.positions[0]) == len(a_ids) + k:  # N+1: A's token k in
+        if (
+            fb.forward_mode.is_decode() and int(fb.positions[0]) == len(a_ids) + k
+        ):  # N+1: A's token k in
             held.append(b_launched.wait(timeout=5))
         return forward(fb)
 
@@ -130,7 +153,9 @@ def test_overlap_never_hands_a_row_in_use_to_the_next_request(tiny_model_dir, ti
         return out
 
     s.runner.forward, s.executor.launch = gated_forward, noting_launch
-    d.submit(a_ids, "A", max_new_tokens=30, temperature=0, ignore_eos=True, stop_token_ids=[ref_a[k]])
+    d.submit(
+        a_ids, "A", max_new_tokens=30, temperature=0, ignore_eos=True, stop_token_ids=[ref_a[k]]
+    )
     d.submit(b_ids, "B", max_new_tokens=8, temperature=0, ignore_eos=True)
     d.run()
     assert held == [True], "the step after A's stop token was not in flight when B was admitted"
@@ -156,7 +181,11 @@ def test_a_failing_request_fails_alone(tiny_model_dir, tiny_hf_model):
     d.submit(ids[1], "stop-string", max_new_tokens=6, temperature=0, ignore_eos=True, stop=["zzz"])
     d.run()
     bad = d.results["stop-string"].finish_reason
-    assert bad["type"] == "abort" and bad["status_code"] == 500 and "tokenizer exploded" in bad["message"]
+    assert (
+        bad["type"] == "abort"
+        and bad["status_code"] == 500
+        and "tokenizer exploded" in bad["message"]
+    )
     assert d.results["plain"].output_ids == hf_greedy(tiny_hf_model, ids[0], 6)
     assert_idle_memory_ok(d.s)
 
@@ -177,15 +206,21 @@ def test_a_failing_request_fails_alone(tiny_model_dir, tiny_hf_model):
     backend.fill_vocab_masks = failing_fill
     d.run()
     bad = d.results["re-bad"].finish_reason
-    assert bad["type"] == "abort" and bad["status_code"] == 500 and "mask exploded" in bad["message"]
+    assert (
+        bad["type"] == "abort" and bad["status_code"] == 500 and "mask exploded" in bad["message"]
+    )
     ok = d.results["re-ok"]
     assert ok.finish_reason["type"] == "stop"  # the grammar completed
-    assert re.fullmatch("[ab]{6}", d.s.tokenizer.get().decode(ok.output_ids, skip_special_tokens=True))
+    assert re.fullmatch(
+        "[ab]{6}", d.s.tokenizer.get().decode(ok.output_ids, skip_special_tokens=True)
+    )
     assert_idle_memory_ok(d.s)
 
 
 @pytest.mark.parametrize("overlap", [False, True], ids=["plain", "overlap"])
-def test_a_failing_forward_fails_its_batch_and_the_scheduler_goes_on(tiny_model_dir, tiny_hf_model, overlap):
+def test_a_failing_forward_fails_its_batch_and_the_scheduler_goes_on(
+    tiny_model_dir, tiny_hf_model, overlap
+):
     rng = random.Random(16)
     d = Driver(make_scheduler(tiny_model_dir, enable_overlap_schedule=overlap))
     forward, calls = d.s.runner.forward, []
@@ -215,7 +250,9 @@ def test_bad_logprob_start_never_reaches_the_scheduler(tiny_model_dir):
     d = Driver(make_scheduler(tiny_model_dir))
     with pytest.raises(ValueError, match="logprob_start_len 3 must be below the prompt length 3"):
         d.submit([5, 6, 7], "bad", max_new_tokens=2, return_logprob=True, logprob_start_len=3)
-    d.submit([5, 6, 7], "good", max_new_tokens=2, temperature=0, return_logprob=True, logprob_start_len=2)
+    d.submit(
+        [5, 6, 7], "good", max_new_tokens=2, temperature=0, return_logprob=True, logprob_start_len=2
+    )
     d.run()
     assert d.s.queues.find("bad") is None and d.results["bad"].finishes == 0
     assert d.results["good"].finish_reason == {"type": "length", "length": 2}

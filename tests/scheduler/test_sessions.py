@@ -23,8 +23,11 @@ def fill(d: Driver, rng, times: int = 4) -> None:
     d.run()
 
 
-@pytest.mark.parametrize("opts", [{}, {"enable_overlap_schedule": True}, {"enable_hierarchical_cache": True}],
-                         ids=["inline", "overlap", "hicache"])
+@pytest.mark.parametrize(
+    "opts",
+    [{}, {"enable_overlap_schedule": True}, {"enable_hierarchical_cache": True}],
+    ids=["inline", "overlap", "hicache"],
+)
 def test_a_pinned_turn_survives_eviction_until_closed(tiny_model_dir, opts):
     rng = random.Random(3)
     d = Driver(make_scheduler(tiny_model_dir, max_total_tokens=POOL, **opts))
@@ -53,7 +56,9 @@ def test_a_pinned_turn_survives_eviction_until_closed(tiny_model_dir, opts):
     fill(d, rng)
     d.submit(history + [5], "t3", max_new_tokens=1)
     d.run()
-    if "enable_hierarchical_cache" not in opts:  # unpinned, it was evicted like any prefix (the hierarchical cache brings it back from L2)
+    if (
+        "enable_hierarchical_cache" not in opts
+    ):  # unpinned, it was evicted like any prefix (the hierarchical cache brings it back from L2)
         assert d.results["t3"].cached_tokens < len(history) - 1
 
 
@@ -85,7 +90,9 @@ def test_abort_close_and_flush_leave_nothing_locked(tiny_model_dir):
     shared = prompt(rng, 20)
     for sid in ("A", "B"):
         d.s.handle(BindSessionReq(f"r{sid}", sid))
-        d.submit(shared + prompt(rng, 5), f"r{sid}", max_new_tokens=3, temperature=0, ignore_eos=True)
+        d.submit(
+            shared + prompt(rng, 5), f"r{sid}", max_new_tokens=3, temperature=0, ignore_eos=True
+        )
     d.run()
     assert d.s.internal_state()["pinned_sessions"] == 2
     assert d.s.flush_cache().success

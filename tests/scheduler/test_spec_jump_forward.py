@@ -11,12 +11,23 @@ import pytest
 from radixlm import Engine
 from tests.conftest import engine_args
 
-SCHEMA = json.dumps({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-                     "required": ["name", "age"], "additionalProperties": False})
+SCHEMA = json.dumps(
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+)
 PROMPTS = [
-    "Was are part also such early red but have in library. Field quiet station state these through was heavy. "
-    "Which about into some long for year singer.\n\nIs the river long? (request 85)\n",
+    (
+        "Was are part also such early red but have in library. Field quiet station state these"
+        " through was heavy. Which about into some long for year singer.\n\nIs the river long?"
+        " (request 85)\n"
+    ),
     "Name a person and their age.\n",
     "Library bridge winter. Who is the teacher?\n",
 ]
@@ -39,9 +50,13 @@ def test_drafts_stop_where_grammar_forces_text(tiny_model_dir, stream):
     pytest.importorskip("xgrammar")
     with Engine(tiny_model_dir, **engine_args()) as e:
         plain = outputs(e, stream)
-    with Engine(tiny_model_dir, **engine_args(speculative_algorithm="radix", speculative_draft_policy="fixed")) as e:
+    with Engine(
+        tiny_model_dir,
+        **engine_args(speculative_algorithm="radix", speculative_draft_policy="fixed"),
+    ) as e:
         first = outputs(e, stream)
-        # The second pass drafts the first's answers from the radix tree, across the forced stretches.
+        # The second pass drafts the first's answers from the radix tree, across the forced
+        # stretches.
         second = outputs(e, stream)
         assert e.get_internal_state()["spec_accepted_tokens"] > 0
     assert first == plain

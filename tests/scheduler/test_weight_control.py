@@ -37,7 +37,11 @@ def _send(d: Driver, rid: str, ids: list[int]) -> None:
     """A request as the tokenizer manager sends it (through Scheduler.handle)."""
     d.results[rid] = Result()
     sp = SamplingParams(max_new_tokens=N, temperature=0, ignore_eos=True)
-    d.s.handle(TokenizedGenerateReqInput(rid=rid, input_text=None, input_ids=ids, sampling_params=sp, stream=True))
+    d.s.handle(
+        TokenizedGenerateReqInput(
+            rid=rid, input_text=None, input_ids=ids, sampling_params=sp, stream=True
+        )
+    )
 
 
 def test_an_update_waits_for_the_requests_before_it(tiny_model_dir, ckpt_b):
@@ -53,7 +57,9 @@ def test_an_update_waits_for_the_requests_before_it(tiny_model_dir, ckpt_b):
         d.step()
     # The reply comes in the step "before" finishes, before "after" ran at all.
     assert d.results["before"].finish_reason is not None and d.results["after"].output_ids == []
-    assert d.io.replies == [UpdateWeightFromDiskReqOutput(True, "Succeeded to update model weights.", 1)]
+    assert d.io.replies == [
+        UpdateWeightFromDiskReqOutput(True, "Succeeded to update model weights.", 1)
+    ]
     d.run()
     assert d.results["before"].output_ids == hf_greedy(_hf(tiny_model_dir), PROMPT, N)
     assert d.results["after"].output_ids == hf_greedy(_hf(ckpt_b), LATER, N)
@@ -61,7 +67,9 @@ def test_an_update_waits_for_the_requests_before_it(tiny_model_dir, ckpt_b):
     assert_idle_memory_ok(d.s)
 
 
-def test_an_internal_failure_is_a_control_failed_and_a_serves_on(tiny_model_dir, ckpt_b, monkeypatch):
+def test_an_internal_failure_is_a_control_failed_and_a_serves_on(
+    tiny_model_dir, ckpt_b, monkeypatch
+):
     d = Driver(make_scheduler(tiny_model_dir))
 
     def no_room(*args, **kwargs):

@@ -7,7 +7,9 @@ import torch
 from radixlm.speculative.eagle_checkpoint import save_eagle_head
 from radixlm.speculative.eagle_head import EagleHead, EagleHeadConfig
 
-HOT_TOKENS = 24  # the tiny target's answers keep to these (their embeddings are 4x longer): learnable fast
+HOT_TOKENS = (
+    24  # the tiny target's answers keep to these (their embeddings are 4x longer): learnable fast
+)
 
 
 @pytest.fixture(scope="session")
@@ -20,9 +22,19 @@ def hot_model_dir(tmp_path_factory, default_model_path):
     from radixlm.model.loader import load_tokenizer
 
     tok = load_tokenizer(default_model_path)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, initializer_range=0.25)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        initializer_range=0.25,
+    )
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -43,16 +55,41 @@ def random_head_dir(path, target_config, kind: str, seed: int = 0, **kw) -> str:
     head = EagleHead(EagleHeadConfig.for_target(target_config, kind, **kw))
     if head.own_vocab:
         n = head.d2t.numel()
-        ids = torch.randperm(target_config.vocab_size, generator=torch.Generator().manual_seed(seed))[:n].sort().values
+        ids = (
+            torch.randperm(target_config.vocab_size, generator=torch.Generator().manual_seed(seed))[
+                :n
+            ]
+            .sort()
+            .values
+        )
         head.d2t.copy_(ids - torch.arange(n))
     save_eagle_head(head, str(path), {})
     return str(path)
 
 
 def train_args(model_dir: str, out: str, *extra: str) -> list[str]:
-    return ["train-eagle", "--model-path", model_dir, "--output", out, "--num-prompts", "24", "--max-new-tokens", "40",
-            "--batch-size", "8", "--batch-tokens", "512", "--hot-vocab", "512", "--lr", "3e-3", "--num-threads", "1",
-            *extra]
+    return [
+        "train-eagle",
+        "--model-path",
+        model_dir,
+        "--output",
+        out,
+        "--num-prompts",
+        "24",
+        "--max-new-tokens",
+        "40",
+        "--batch-size",
+        "8",
+        "--batch-tokens",
+        "512",
+        "--hot-vocab",
+        "512",
+        "--lr",
+        "3e-3",
+        "--num-threads",
+        "1",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="session")

@@ -22,7 +22,13 @@ class NoSource(DraftSourceBase):
 
 def verified(ctl: SpecController, req, drafted: int, accepted: int) -> None:
     """A verify step of a chain of `drafted` tokens of which the first `accepted` were accepted."""
-    ctl.on_verified(req, DraftTree.chain([7] * drafted), list(range(accepted)), accepted, list(range(accepted + 1)))
+    ctl.on_verified(
+        req,
+        DraftTree.chain([7] * drafted),
+        list(range(accepted)),
+        accepted,
+        list(range(accepted + 1)),
+    )
 
 
 def model_with(points: dict[int, float]) -> StepCostModel:
@@ -90,8 +96,13 @@ def test_a_new_request_starts_from_its_draft_class_rate():
             return [[7] * k for k in ks]
 
     def req(rid):
-        return SimpleNamespace(rid=rid, grammar=None, output_ids=[], seqlen=10,
-                               sampling_params=SamplingParams(max_new_tokens=64, temperature=0))
+        return SimpleNamespace(
+            rid=rid,
+            grammar=None,
+            output_ids=[],
+            seqlen=10,
+            sampling_params=SamplingParams(max_new_tokens=64, temperature=0),
+        )
 
     ctl = SpecController(Source(), 64)
     for rows in range(1, 65):
@@ -119,7 +130,11 @@ def brute_force(ctl: SpecController, rates, caps, spare):
 
 @settings(max_examples=150, deadline=None)
 @given(
-    reqs=st.lists(st.tuples(st.sampled_from([0.0, 0.2, 0.5, 0.7, 0.9, 0.97, 1.0]), st.integers(0, 4)), min_size=1, max_size=4),
+    reqs=st.lists(
+        st.tuples(st.sampled_from([0.0, 0.2, 0.5, 0.7, 0.9, 0.97, 1.0]), st.integers(0, 4)),
+        min_size=1,
+        max_size=4,
+    ),
     costs=st.lists(st.floats(0.5, 3.0), min_size=1, max_size=6),
     spare=st.integers(0, 12),
 )
@@ -134,7 +149,9 @@ def test_allocate_maximizes_expected_tokens_per_second(reqs, costs, spare):
     ks = ctl.allocate(rates, caps, spare)
     assert all(0 <= k <= c for k, c in zip(ks, caps)) and sum(ks) <= spare
     bs = len(rates)
-    got = (bs + sum(sum(rates[i] ** j for j in range(1, k + 1)) for i, k in enumerate(ks))) / ctl.costs.cost(bs + sum(ks))
+    got = (
+        bs + sum(sum(rates[i] ** j for j in range(1, k + 1)) for i, k in enumerate(ks))
+    ) / ctl.costs.cost(bs + sum(ks))
     assert got == pytest.approx(brute_force(ctl, rates, caps, spare)[0], rel=1e-9)
 
 
@@ -200,9 +217,14 @@ def test_probe_after_a_run_of_unpaying_steps():
 
     ctl = SpecController(Source(), 4)
     for rows in range(1, 10):
-        ctl.costs.observe(rows, 1.0 * rows ** 2)  # extra rows look ruinous
-    req = SimpleNamespace(rid="r", grammar=None, output_ids=[1], seqlen=10,
-                          sampling_params=SamplingParams(max_new_tokens=100, temperature=0))
+        ctl.costs.observe(rows, 1.0 * rows**2)  # extra rows look ruinous
+    req = SimpleNamespace(
+        rid="r",
+        grammar=None,
+        output_ids=[1],
+        seqlen=10,
+        sampling_params=SamplingParams(max_new_tokens=100, temperature=0),
+    )
     drafted = [i for i in range(1, 3 * PROBE_INTERVAL + 1) if ctl.propose([req], 100, 1000)[0]]
     assert drafted == [PROBE_INTERVAL, 2 * PROBE_INTERVAL, 3 * PROBE_INTERVAL]
 
@@ -225,8 +247,16 @@ def test_cheap_sources_learn_rates_without_verifying():
         ctl = SpecController(Source(), 4)
         for rows in range(1, 80):
             ctl.costs.observe(rows, 2.0 + rows)  # compute-bound: only likely drafts pay at bs 8
-        reqs = [SimpleNamespace(rid=f"r{i}", grammar=None, output_ids=[1], seqlen=10,
-                                sampling_params=SamplingParams(max_new_tokens=100, temperature=0)) for i in range(8)]
+        reqs = [
+            SimpleNamespace(
+                rid=f"r{i}",
+                grammar=None,
+                output_ids=[1],
+                seqlen=10,
+                sampling_params=SamplingParams(max_new_tokens=100, temperature=0),
+            )
+            for i in range(8)
+        ]
         drafted = []
         for _ in range(12):
             drafts = ctl.propose(reqs, 1000, 1000)
@@ -243,7 +273,7 @@ def test_cheap_sources_learn_rates_without_verifying():
 def test_fixed_policy_sends_every_draft():
     ctl = SpecController(NoSource(), 8, policy="fixed")
     for rows in range(1, 40):
-        ctl.costs.observe(rows, rows ** 2)  # drafts that never pay
+        ctl.costs.observe(rows, rows**2)  # drafts that never pay
     assert ctl.allocate([0.1, 0.0, 1.0], [8, 3, 8], 100) == [8, 3, 8]
     assert ctl.allocate([0.1, 0.0, 1.0], [8, 3, 8], 10) == [8, 2, 0]  # KV room
 
@@ -251,7 +281,8 @@ def test_fixed_policy_sends_every_draft():
 def test_tree_worth_prunes_nodes_and_sibling_acceptance_sets_the_width():
     """A node's worth is the product along its path of its request's rate (first children) and
     the measured acceptance of j-th children (j >= 1); nodes worth less than MIN_WORTH go. Sibling
-    ranks whose acceptance falls below it leave the step's width; the fixed policy keeps them all."""
+    ranks whose acceptance falls below it leave the step's width; the fixed policy keeps them all.
+    """
     from types import SimpleNamespace
 
     from radixlm.speculative.draft_tree import ROOT, TreeShape
@@ -264,7 +295,10 @@ def test_tree_worth_prunes_nodes_and_sibling_acceptance_sets_the_width():
     # Worth at rate 0.3, j-th children 0.2 (the prior): A .3, A1 .09, A2 .027, B .2, B1 .06, C .2.
     kept = ctl._fit(req, tree, 16, ctl.shape(16), 0.3)
     assert kept.tokens == (1, 2, 4, 5, 6)
-    assert ctl._fit(req, tree, 2, ctl.shape(16), 0.3).tokens == (1, 2)  # the budget: the first nodes
+    assert ctl._fit(req, tree, 2, ctl.shape(16), 0.3).tokens == (
+        1,
+        2,
+    )  # the budget: the first nodes
     assert ctl._fit(req, tree, 16, TreeShape(2, 1), 0.3).tokens == (1, 4)  # the step's shape
     for _ in range(60):  # B is always the one accepted, C never, and nothing below B
         ctl.on_verified(req, tree, [3], 1, [0, 4])
@@ -273,7 +307,10 @@ def test_tree_worth_prunes_nodes_and_sibling_acceptance_sets_the_width():
     assert ctl.stats.tree_drafts == 60 and ctl.stats.branch_accepted == 60
     fixed = SpecController(NoSource(), 16, policy="fixed", max_shape=TreeShape(3, 16))
     fixed._siblings = ctl._siblings
-    assert fixed.shape(16) == TreeShape(3, 16) and fixed._fit(req, tree, 16, fixed.shape(16), 0.01) == tree
+    assert (
+        fixed.shape(16) == TreeShape(3, 16)
+        and fixed._fit(req, tree, 16, fixed.shape(16), 0.01) == tree
+    )
 
 
 def test_trees_follow_the_cost_model_and_go_off_for_compute_bound_batches():
@@ -287,12 +324,25 @@ def test_trees_follow_the_cost_model_and_go_off_for_compute_bound_batches():
     class Trees(NoSource):
         cheap = True
 
-        def propose(self, reqs, ks, shape=None):  # (width 1: the chain of first children, as shadow drafts ask)
-            return [DraftTree((5, 6, 5, 6), (ROOT, ROOT, 0, 0)).bounded(shape, k) if k else [] for k in ks]
+        def propose(
+            self, reqs, ks, shape=None
+        ):  # (width 1: the chain of first children, as shadow drafts ask)
+            return [
+                DraftTree((5, 6, 5, 6), (ROOT, ROOT, 0, 0)).bounded(shape, k) if k else []
+                for k in ks
+            ]
 
     def reqs(n):
-        return [SimpleNamespace(rid=f"r{i}", grammar=None, output_ids=[1], seqlen=10,
-                                sampling_params=SamplingParams(max_new_tokens=100, temperature=0)) for i in range(n)]
+        return [
+            SimpleNamespace(
+                rid=f"r{i}",
+                grammar=None,
+                output_ids=[1],
+                seqlen=10,
+                sampling_params=SamplingParams(max_new_tokens=100, temperature=0),
+            )
+            for i in range(n)
+        ]
 
     cheap = SpecController(Trees(), 8, max_shape=TreeShape(2, 8))
     for rows in range(1, 80):

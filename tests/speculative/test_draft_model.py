@@ -19,13 +19,19 @@ from tests.conftest import engine_args
 from tests.scheduler.harness import Driver, assert_idle_memory_ok, hf_greedy, make_scheduler
 
 GREEDY = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
-PROMPTS = [[5 + (i % 7) for i in range(40)], [100, 200, 300, 100, 200, 300, 100, 200], list(range(1000, 1030)),
-           [7, 8, 9, 10], list(range(3000, 3090, 3))]
+PROMPTS = [
+    [5 + (i % 7) for i in range(40)],
+    [100, 200, 300, 100, 200, 300, 100, 200],
+    list(range(1000, 1030)),
+    [7, 8, 9, 10],
+    list(range(3000, 3090, 3)),
+]
 
 
 def llama_dir(tmp_path_factory, base_dir: str, name: str, seed: int, noise: float = 0.0) -> str:
     """A tiny llama with base_dir's config and tokenizer: fresh weights from `seed`, or (noise > 0)
-    base_dir's weights plus Gaussian noise (a draft that agrees with the target often, not always)."""
+    base_dir's weights plus Gaussian noise (a draft that agrees with the target often, not always).
+    """
     from transformers import AutoTokenizer, LlamaForCausalLM
 
     model = LlamaForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
@@ -56,11 +62,20 @@ def make_source(model_dir: str, draft_dir: str, kv_tokens: int = 4096, **opts) -
     threads = torch.get_num_threads()  # the runner sets the process's torch threads; give them back
     try:
         opts = dict(num_threads=1, enable_invariant_checks=True, log_level="warning") | opts
-        args = ServerArgs(model_path=model_dir, speculative_algorithm="draft-model",
-                          speculative_draft_model_path=draft_dir, speculative_draft_kv_tokens=kv_tokens, **opts)
+        args = ServerArgs(
+            model_path=model_dir,
+            speculative_algorithm="draft-model",
+            speculative_draft_model_path=draft_dir,
+            speculative_draft_kv_tokens=kv_tokens,
+            **opts,
+        )
         target_vocab = load_model_config(model_dir).vocab_size
-        return DraftModelSource(SpeculativeConfig.from_server_args(args), ModelRunnerConfig.from_server_args(args),
-                                kv_tokens, target_vocab)
+        return DraftModelSource(
+            SpeculativeConfig.from_server_args(args),
+            ModelRunnerConfig.from_server_args(args),
+            kv_tokens,
+            target_vocab,
+        )
     finally:
         torch.set_num_threads(threads)
 
@@ -83,7 +98,7 @@ def test_common_prefix_len():
     assert common_prefix_len([5], [6]) == 0
     for n in range(1, 40):
         a = list(range(40))
-        b = a[:n] + [-1] + a[n + 1:]
+        b = a[:n] + [-1] + a[n + 1 :]
         assert common_prefix_len(a, b) == n
 
 
@@ -103,7 +118,10 @@ def test_drafts_are_the_draft_models_greedy_continuation(tiny_model_dir, tiny_hf
     # The target kept 2 drafts and chose its own third token: 42 of the row's positions stay.
     a.output_ids = d[:2] + [(d[2] + 1) % 1000 + 3]
     drafts = src.propose([a, b], [4, 3])
-    assert drafts == [hf_greedy(tiny_hf_model, a.all_ids(), 4), hf_greedy(tiny_hf_model, b.all_ids(), 3)]
+    assert drafts == [
+        hf_greedy(tiny_hf_model, a.all_ids(), 4),
+        hf_greedy(tiny_hf_model, b.all_ids(), 3),
+    ]
     kept = len(PROMPTS[0]) + 2
     assert torch.equal(src.req_to_token_pool.req_to_token[st.row, :kept], slots_before[:kept])
 
@@ -114,7 +132,10 @@ def test_drafts_are_the_draft_models_greedy_continuation(tiny_model_dir, tiny_hf
     a.output_ids[1] = 99
     b.output_ids = [4, 5]
     drafts = src.propose([b, a], [3, 6])
-    assert drafts == [hf_greedy(tiny_hf_model, b.all_ids(), 3), hf_greedy(tiny_hf_model, a.all_ids(), 6)]
+    assert drafts == [
+        hf_greedy(tiny_hf_model, b.all_ids(), 3),
+        hf_greedy(tiny_hf_model, a.all_ids(), 6),
+    ]
     src.release(a)
     src.release(b)
     src.release(b)  # a second release (the scheduler may send one) is harmless
@@ -126,10 +147,15 @@ def test_short_pool_drafts_less_and_never_leaks(tiny_model_dir, tiny_hf_model):
     drafts as many tokens as the free slots allow; retracted (not running) requests give their rows
     up; a request finished without a release is dropped at the next step."""
     src = make_source(tiny_model_dir, tiny_model_dir, kv_tokens=48)
-    big, small = new_req("big", list(range(50, 110))), new_req("small", PROMPTS[2])  # 60 and 30 tokens
+    big, small = (
+        new_req("big", list(range(50, 110))),
+        new_req("small", PROMPTS[2]),
+    )  # 60 and 30 tokens
     assert src.propose([big], [4]) == [[]]
     assert_pool_full(src)
-    (d,) = src.propose([small], [30])  # 30 tokens + 18 free slots: 19 drafts (the last needs no K/V)
+    (d,) = src.propose(
+        [small], [30]
+    )  # 30 tokens + 18 free slots: 19 drafts (the last needs no K/V)
     assert d == hf_greedy(tiny_hf_model, small.all_ids(), 19)
     assert src.kv_pool.available_size() == 0
     # small is not running this step (retracted): its row goes to the request that needs room.
@@ -179,15 +205,22 @@ def test_draft_pool_is_freed_after_finish_and_abort(tiny_model_dir, pool):
     160-token pool requests are retracted and drafts compete for the draft pool's slots, and the
     outputs stay those of plain decoding."""
     ref = drive(tiny_model_dir, False, max_total_tokens=pool)
-    d = drive(tiny_model_dir, True, max_total_tokens=pool, speculative_algorithm="draft-model",
-              speculative_draft_model_path=tiny_model_dir)
+    d = drive(
+        tiny_model_dir,
+        True,
+        max_total_tokens=pool,
+        speculative_algorithm="draft-model",
+        speculative_draft_model_path=tiny_model_dir,
+    )
     src = d.s.spec.controller.source
     assert isinstance(src, DraftModelSource) and src.kv_pool is not d.s.runner.token_to_kv_pool
     assert d.results["r1"].finish_reason["type"] == "abort" and len(d.results["r1"].output_ids) < 40
     for i in (0, 2, 3, 4):
         assert d.results[f"r{i}"].output_ids == ref.results[f"r{i}"].output_ids
         assert len(d.results[f"r{i}"].output_ids) == 40
-    assert d.s.spec.controller.stats.draft_tokens > 0 and d.s.spec.controller.stats.accepted_tokens > 0
+    assert (
+        d.s.spec.controller.stats.draft_tokens > 0 and d.s.spec.controller.stats.accepted_tokens > 0
+    )
     if pool == 160:
         assert d.s.stats.num_retracted > 0
     assert_idle_memory_ok(d.s)
@@ -197,13 +230,17 @@ def test_draft_pool_is_freed_after_finish_and_abort(tiny_model_dir, pool):
 def test_tiny_target_and_draft_greedy_equal(tiny_model_dir, other_llama_dir, noisy_llama_dir):
     """A tiny random target with another tiny model as its draft (fresh weights: drafts mostly
     rejected; the target's weights plus noise: some accepted, some not), several prompts batched,
-    chunked prefill, invariants after every step: outputs token for token those of plain decoding."""
+    chunked prefill, invariants after every step: outputs token for token those of plain decoding.
+    """
     res, states = {}, {}
     for draft in (None, other_llama_dir, noisy_llama_dir):
         opts = dict(max_running_requests=8, chunked_prefill_size=16)
         if draft:
-            opts.update(speculative_algorithm="draft-model", speculative_draft_model_path=draft,
-                        speculative_draft_policy="fixed")  # drafts that rarely pay: verified anyway
+            opts.update(
+                speculative_algorithm="draft-model",
+                speculative_draft_model_path=draft,
+                speculative_draft_policy="fixed",
+            )  # drafts that rarely pay: verified anyway
         with Engine(tiny_model_dir, **engine_args(**opts)) as e:
             outs = e.generate(input_ids=PROMPTS, sampling_params=[GREEDY] * len(PROMPTS))
             res[draft] = [o["output_ids"] for o in outs]
@@ -224,7 +261,9 @@ def test_default_model_as_its_own_draft(default_model_path):
         opts = dict(speculative_algorithm=spec, num_threads=2)
         if spec:
             # fixed: a draft as costly as the target never pays, the adaptive policy would stop it.
-            opts.update(speculative_draft_model_path=default_model_path, speculative_draft_policy="fixed")
+            opts.update(
+                speculative_draft_model_path=default_model_path, speculative_draft_policy="fixed"
+            )
         with Engine(default_model_path, **engine_args(**opts)) as e:
             outs = e.generate(prompts, [GREEDY] * len(prompts))
             res[spec] = [o["output_ids"] for o in outs]
@@ -232,7 +271,10 @@ def test_default_model_as_its_own_draft(default_model_path):
                 st = e.get_internal_state()
                 assert st["spec_draft_tokens"] > 0
                 assert st["spec_accepted_tokens"] == st["spec_draft_tokens"]
-                assert sum(o["meta_info"]["spec_accepted_tokens"] for o in outs) == st["spec_accepted_tokens"]
+                assert (
+                    sum(o["meta_info"]["spec_accepted_tokens"] for o in outs)
+                    == st["spec_accepted_tokens"]
+                )
                 assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in outs)
     assert res["draft-model"] == res[None]
 
@@ -248,18 +290,34 @@ def test_config_validation(tiny_model_dir, other_llama_dir, default_model_path):
     with pytest.raises(ValueError, match="speculative_draft_model_path"):
         check(speculative_draft_model_path=tiny_model_dir)
     with pytest.raises(ValueError, match="speculative_draft_kv_tokens"):
-        check(speculative_algorithm="draft-model", speculative_draft_model_path=tiny_model_dir,
-              speculative_draft_kv_tokens=0)
+        check(
+            speculative_algorithm="draft-model",
+            speculative_draft_model_path=tiny_model_dir,
+            speculative_draft_kv_tokens=0,
+        )
     import argparse
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    args = ServerArgs.from_cli_args(parser.parse_args(
-        ["--speculative-algorithm", "draft-model", "--speculative-draft-model-path", other_llama_dir,
-         "--speculative-draft-kv-tokens", "512"]))
-    assert (args.speculative_draft_model_path, args.speculative_draft_kv_tokens) == (other_llama_dir, 512)
-    assert ServerArgs.to_cli_argv(speculative_algorithm="draft-model", speculative_draft_model_path="x") == [
-        "--speculative-algorithm", "draft-model", "--speculative-draft-model-path", "x"]
+    args = ServerArgs.from_cli_args(
+        parser.parse_args(
+            [
+                "--speculative-algorithm",
+                "draft-model",
+                "--speculative-draft-model-path",
+                other_llama_dir,
+                "--speculative-draft-kv-tokens",
+                "512",
+            ]
+        )
+    )
+    assert (args.speculative_draft_model_path, args.speculative_draft_kv_tokens) == (
+        other_llama_dir,
+        512,
+    )
+    assert ServerArgs.to_cli_argv(
+        speculative_algorithm="draft-model", speculative_draft_model_path="x"
+    ) == ["--speculative-algorithm", "draft-model", "--speculative-draft-model-path", "x"]
 
 
 def test_draft_vocab_must_match(tmp_path, tiny_model_dir):
@@ -283,14 +341,26 @@ def test_draft_runner_config_is_the_targets_for_another_model(tiny_model_dir, ot
     from radixlm.model.runner_config import ModelRunnerConfig
     from radixlm.speculative.draft_model import draft_runner_config
 
-    args = ServerArgs(model_path=tiny_model_dir, quantization="gguf", attention_backend="torch",
-                      decode_attention_backend="native", num_threads=3, random_seed=9, context_length=200,
-                      speculative_algorithm="draft-model", speculative_draft_model_path=other_llama_dir)
+    args = ServerArgs(
+        model_path=tiny_model_dir,
+        quantization="gguf",
+        attention_backend="torch",
+        decode_attention_backend="native",
+        num_threads=3,
+        random_seed=9,
+        context_length=200,
+        speculative_algorithm="draft-model",
+        speculative_draft_model_path=other_llama_dir,
+    )
     target = ModelRunnerConfig.from_server_args(args)
     assert target.decode_kv_mirror_bytes > 0
     draft = draft_runner_config(target, other_llama_dir, kv_tokens=321)
-    changed = {"model_path": other_llama_dir, "quantization": None, "max_total_tokens": 321,
-               "decode_kv_mirror_bytes": 0}
+    changed = {
+        "model_path": other_llama_dir,
+        "quantization": None,
+        "max_total_tokens": 321,
+        "decode_kv_mirror_bytes": 0,
+    }
     for f in dataclasses.fields(ModelRunnerConfig):
         assert getattr(draft, f.name) == changed.get(f.name, getattr(target, f.name)), f.name
     int8 = dataclasses.replace(target, quantization="int8")

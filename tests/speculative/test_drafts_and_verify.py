@@ -18,7 +18,8 @@ ALPHA = 0.001
 
 
 def naive_lookup(ids, k, min_n, max_n):
-    """Longest suffix (max_n down to min_n) with an earlier occurrence; what followed its latest one."""
+    """Longest suffix (max_n down to min_n) with an earlier occurrence; what followed its latest
+    one."""
     n_tok = len(ids)
     for n in range(min(max_n, n_tok - 1), min_n - 1, -1):
         suffix = ids[n_tok - n :]
@@ -77,13 +78,23 @@ def _chi2_ok(counts: torch.Tensor, probs: torch.Tensor) -> bool:
     return stat < chi2.ppf(1 - ALPHA, int((~zero).sum()) - 1)
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_p=0.8),
-                                    SamplingParams(temperature=1.3, top_k=4)])
+@pytest.mark.parametrize(
+    "params",
+    [
+        SamplingParams(temperature=1.0),
+        SamplingParams(temperature=0.7, top_p=0.8),
+        SamplingParams(temperature=1.3, top_k=4),
+    ],
+)
 def test_rejection_sampling_keeps_the_target_distribution(params):
     vocab, draws = 6, 12000
-    logits = torch.tensor([[2.0, 1.0, 0.5, 0.0, -0.5, -1.0],   # after the context
-                           [0.0, 1.5, 0.2, 1.0, -1.0, 0.3],    # after the context + draft[0]
-                           [1.0, 0.0, 0.0, 2.0, 0.5, -2.0]])   # after the context + draft[:2]
+    logits = torch.tensor(
+        [
+            [2.0, 1.0, 0.5, 0.0, -0.5, -1.0],  # after the context
+            [0.0, 1.5, 0.2, 1.0, -1.0, 0.3],  # after the context + draft[0]
+            [1.0, 0.0, 0.0, 2.0, 0.5, -2.0],
+        ]
+    )  # after the context + draft[:2]
     rows = torch.log_softmax(logits, -1)
     draft = [1, 3]  # a likely-enough first draft, so both positions get many samples
     p = target_probs(rows, params)
@@ -98,5 +109,6 @@ def test_rejection_sampling_keeps_the_target_distribution(params):
             second[out[1]] += 1
     assert _chi2_ok(first, p[0])
     assert _chi2_ok(second, p[1])
-    # The rejection branch must actually run: the first draft is accepted only about p0(d) of the time.
+    # The rejection branch must actually run: the first draft is accepted only about p0(d) of the
+    # time.
     assert 0 < first[draft[0]] < draws

@@ -16,10 +16,16 @@ from tests.conftest import engine_args
 from tests.speculative.conftest import random_head_dir
 
 NEAR_TIE = 1e-3
-CHAT = ["What is the capital of France? Answer in one sentence.", "Write a haiku about the sea.",
-        "Give me a Python function that reverses a string."]
-SCHEMA = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "rank": {"type": "integer"}},
-          "required": ["city", "rank"]}
+CHAT = [
+    "What is the capital of France? Answer in one sentence.",
+    "Write a haiku about the sea.",
+    "Give me a Python function that reverses a string.",
+]
+SCHEMA = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}, "rank": {"type": "integer"}},
+    "required": ["city", "rank"],
+}
 SP = {"max_new_tokens": 20, "temperature": 0}
 
 
@@ -27,8 +33,12 @@ def outputs(path, **spec):
     """The batch (two free chats and a JSON-schema one) and a stream of the first chat."""
     constrained = {**SP, "max_new_tokens": 40, "json_schema": json.dumps(SCHEMA)}
     with Engine(path, **engine_args(**spec)) as e:
-        chats = [e.tokenizer.apply_chat_template([{"role": "user", "content": c}], tokenize=False,
-                                                 add_generation_prompt=True) for c in CHAT]
+        chats = [
+            e.tokenizer.apply_chat_template(
+                [{"role": "user", "content": c}], tokenize=False, add_generation_prompt=True
+            )
+            for c in CHAT
+        ]
         outs = e.generate(chats, [SP, SP, constrained], return_logprob=True, top_logprobs_num=2)
         stream = list(e.generate(chats[0], SP, stream=True))
         st = e.get_internal_state()
@@ -42,7 +52,9 @@ def assert_near_tie_equal(got: list[int], ref: dict, label: str) -> None:
     for k, (a, b) in enumerate(zip(got, ref["output_ids"])):
         if a != b:
             gap = top2[k][0][0] - top2[k][1][0]
-            assert gap < NEAR_TIE, f"{label}: token {k} differs ({a} vs {b}) with a clear top-2 gap {gap:.4g}"
+            assert gap < NEAR_TIE, (
+                f"{label}: token {k} differs ({a} vs {b}) with a clear top-2 gap {gap:.4g}"
+            )
             return
     assert len(got) == len(ref["output_ids"]), label
 
@@ -55,15 +67,21 @@ def plain(default_model_path):
 @pytest.mark.parametrize("kind", ["eagle", "eagle3"])
 def test_random_heads_keep_greedy_outputs(kind, default_model_path, plain, tmp_path):
     cfg = load_model_config(default_model_path)
-    spec = dict(speculative_algorithm=kind, speculative_draft_policy="fixed", speculative_num_steps=3)
-    if kind == "eagle":  # its draft steps rank a token map's tokens (the whole vocabulary costs a full LM head)
+    spec = dict(
+        speculative_algorithm=kind, speculative_draft_policy="fixed", speculative_num_steps=3
+    )
+    if (
+        kind == "eagle"
+    ):  # its draft steps rank a token map's tokens (the whole vocabulary costs a full LM head)
         spec["speculative_draft_model_path"] = random_head_dir(tmp_path / "head", cfg, kind)
         import torch
 
         save_token_map(torch.arange(0, cfg.vocab_size, 6), str(tmp_path / "map.pt"))
         spec["speculative_token_map"] = str(tmp_path / "map.pt")
     else:  # own vocabulary of 2048, SGLang's default layers (2, 15, 27)
-        spec["speculative_draft_model_path"] = random_head_dir(tmp_path / "head", cfg, kind, draft_vocab_size=2048)
+        spec["speculative_draft_model_path"] = random_head_dir(
+            tmp_path / "head", cfg, kind, draft_vocab_size=2048
+        )
     outs, st = outputs(default_model_path, **spec)
     assert st["spec_verify_steps"] > 0 and st["spec_draft_tokens"] > 0
     for i, (o, ref) in enumerate(zip(outs, plain)):

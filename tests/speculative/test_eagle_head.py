@@ -7,14 +7,27 @@ import json
 import pytest
 import torch
 from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import (LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding,
-                                                      apply_rotary_pos_emb)
+from transformers.models.llama.modeling_llama import (
+    LlamaDecoderLayer,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+)
 
 from radixlm.speculative.eagle_checkpoint import load_eagle_head, load_token_map, save_eagle_head
 from radixlm.speculative.eagle_head import EagleHead, EagleHeadConfig, causal_attend
 
-CFG = LlamaConfig(vocab_size=100, hidden_size=64, intermediate_size=96, num_hidden_layers=8, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256, rope_theta=10000.0, rms_norm_eps=1e-5)
+CFG = LlamaConfig(
+    vocab_size=100,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rope_theta=10000.0,
+    rms_norm_eps=1e-5,
+)
 CFG._attn_implementation = "sdpa"  # HF's sdpa attention is causal when given no mask
 
 
@@ -26,21 +39,30 @@ def random_head(kind: str, seed: int = 0, **kw) -> EagleHead:
             if "norm" in name:
                 p.uniform_(0.5, 1.5)  # norms that are not the identity
         if head.own_vocab:
-            head.d2t.copy_(torch.randperm(CFG.vocab_size)[: head.d2t.numel()].sort().values - torch.arange(head.d2t.numel()))
+            head.d2t.copy_(
+                torch.randperm(CFG.vocab_size)[: head.d2t.numel()].sort().values
+                - torch.arange(head.d2t.numel())
+            )
     return head.eval()
 
 
 def test_eagle_head_is_fc_then_a_llama_decoder_layer_without_its_input_norm():
     head = random_head("eagle")
     hf = LlamaDecoderLayer(CFG, 0)
-    own = {k.removeprefix("layers.0."): v for k, v in head.state_dict().items() if k.startswith("layers.0.")}
+    own = {
+        k.removeprefix("layers.0."): v
+        for k, v in head.state_dict().items()
+        if k.startswith("layers.0.")
+    }
     assert hf.load_state_dict(own, strict=False).missing_keys == ["input_layernorm.weight"]
     hf.input_layernorm = torch.nn.Identity()  # EAGLE's first layer (SGLang: LlamaForCausalLMEagle)
     emb, h, pos = torch.randn(12, 64), torch.randn(12, 64), torch.arange(5, 17)
     with torch.no_grad():
         out, nxt = head(emb, h, pos, causal_attend(), from_target=True)
         x = head.fc(torch.cat([emb, h], -1))[None]
-        ref = hf(x, position_embeddings=LlamaRotaryEmbedding(CFG)(x, pos[None]), position_ids=pos[None])
+        ref = hf(
+            x, position_embeddings=LlamaRotaryEmbedding(CFG)(x, pos[None]), position_ids=pos[None]
+        )
     ref = ref[0] if isinstance(ref, tuple) else ref
     torch.testing.assert_close(out, ref[0], atol=1e-5, rtol=1e-5)
     assert out is nxt  # EAGLE: the next step reads what the LM head reads
@@ -57,14 +79,18 @@ def eagle3_reference(head: EagleHead, emb, h, pos, from_target: bool):
         return n(t)
 
     x = h @ sd["fc.weight"].T if from_target else h
-    a = torch.cat([norm("midlayer.input_layernorm.weight", emb), norm("midlayer.hidden_norm.weight", x)], -1)
+    a = torch.cat(
+        [norm("midlayer.input_layernorm.weight", emb), norm("midlayer.hidden_norm.weight", x)], -1
+    )
     q = (a @ sd["midlayer.self_attn.q_proj.weight"].T).view(1, -1, 4, 16).transpose(1, 2)
     k = (a @ sd["midlayer.self_attn.k_proj.weight"].T).view(1, -1, 2, 16).transpose(1, 2)
     v = (a @ sd["midlayer.self_attn.v_proj.weight"].T).view(1, -1, 2, 16).transpose(1, 2)
     cos, sin = LlamaRotaryEmbedding(CFG)(x[None], pos[None])
     q, k = apply_rotary_pos_emb(q, k, cos, sin)
     k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
-    scores = (q @ k.transpose(-1, -2)) / 4.0 + torch.full((len(pos), len(pos)), float("-inf")).triu(1)
+    scores = (q @ k.transpose(-1, -2)) / 4.0 + torch.full((len(pos), len(pos)), float("-inf")).triu(
+        1
+    )
     attn = (scores.softmax(-1) @ v).transpose(1, 2).reshape(len(pos), 64)
     x = x + attn @ sd["midlayer.self_attn.o_proj.weight"].T
     m = norm("midlayer.post_attention_layernorm.weight", x)
@@ -77,7 +103,11 @@ def eagle3_reference(head: EagleHead, emb, h, pos, from_target: bool):
 def test_eagle3_head_matches_the_layout_written_out(from_target):
     head = random_head("eagle3", draft_vocab_size=32, aux_layer_ids=[1, 3, 5])
     assert head.cfg.capture_layers(8) == (2, 4, 6)  # SGLang: the outputs of the listed layers
-    assert EagleHeadConfig.for_target(CFG, "eagle3").capture_layers(8) == (2, 4, 5)  # its default: 2, n//2, n-3
+    assert EagleHeadConfig.for_target(CFG, "eagle3").capture_layers(8) == (
+        2,
+        4,
+        5,
+    )  # its default: 2, n//2, n-3
     emb, pos = torch.randn(9, 64), torch.arange(9)
     h = torch.randn(9, 3 * 64 if from_target else 64)
     with torch.no_grad():
@@ -94,14 +124,18 @@ def test_checkpoint_round_trip(tmp_path, kind):
     head = random_head(kind, draft_vocab_size=32 if kind == "eagle3" else None)
     save_eagle_head(head, str(tmp_path), {"rope_theta": 10000.0})
     cfg = json.loads((tmp_path / "config.json").read_text())
-    assert cfg["architectures"] == [{"eagle": "LlamaForCausalLMEagle", "eagle3": "LlamaForCausalLMEagle3"}[kind]]
+    assert cfg["architectures"] == [
+        {"eagle": "LlamaForCausalLMEagle", "eagle3": "LlamaForCausalLMEagle3"}[kind]
+    ]
     loaded = load_eagle_head(str(tmp_path), kind, CFG.vocab_size, 64)
     for (n, a), (m, b) in zip(head.state_dict().items(), loaded.state_dict().items()):
         assert n == m and torch.equal(a, b), n
     if kind == "eagle3":
         from safetensors.torch import load_file
 
-        t2d = load_file(str(tmp_path / "model.safetensors"))["t2d"]  # SGLang's inverse map, beside d2t
+        t2d = load_file(str(tmp_path / "model.safetensors"))[
+            "t2d"
+        ]  # SGLang's inverse map, beside d2t
         assert t2d.sum() == 32 and t2d[head.draft_token_ids()].all()
 
 
@@ -112,10 +146,13 @@ def test_published_names_and_refusals(tmp_path):
     save_eagle_head(head, str(tmp_path), {})
     file = tmp_path / "model.safetensors"
     tensors = load_file(str(file))
-    # SGLang-converted checkpoints prefix "model." and may carry what the head takes from the target.
-    extra = {"model." + k: v for k, v in tensors.items()} | {"embed_tokens.weight": torch.zeros(100, 64),
-                                                              "lm_head.weight": torch.zeros(100, 64),
-                                                              "layers.0.input_layernorm.weight": torch.ones(64)}
+    # SGLang-converted checkpoints prefix "model." and may carry what the head takes from the
+    # target.
+    extra = {"model." + k: v for k, v in tensors.items()} | {
+        "embed_tokens.weight": torch.zeros(100, 64),
+        "lm_head.weight": torch.zeros(100, 64),
+        "layers.0.input_layernorm.weight": torch.ones(64),
+    }
     save_file(extra, str(file))
     loaded = load_eagle_head(str(tmp_path), "eagle", 100, 64)
     assert torch.equal(loaded.fc.weight, head.fc.weight)
@@ -153,13 +190,26 @@ def test_config_refusals():
 
     with pytest.raises(ValueError, match="needs speculative_draft_model_path"):
         config(speculative_algorithm="EAGLE")  # SGLang's spelling
-    with pytest.raises(ValueError, match="speculative_token_map is used by speculative_algorithm eagle only"):
-        config(speculative_algorithm="eagle3", speculative_draft_model_path="/h", speculative_token_map="/m.pt")
+    with pytest.raises(
+        ValueError, match="speculative_token_map is used by speculative_algorithm eagle only"
+    ):
+        config(
+            speculative_algorithm="eagle3",
+            speculative_draft_model_path="/h",
+            speculative_token_map="/m.pt",
+        )
     with pytest.raises(ValueError, match="not supported with tp_size 2"):
         config(speculative_algorithm="eagle", speculative_draft_model_path="/h", tp_size=2)
     with pytest.raises(ValueError, match="not supported with enable_torch_compile"):
-        config(speculative_algorithm="eagle", speculative_draft_model_path="/h", enable_torch_compile=True)
+        config(
+            speculative_algorithm="eagle",
+            speculative_draft_model_path="/h",
+            enable_torch_compile=True,
+        )
     with pytest.raises(ValueError, match="needs --speculative-algorithm"):
         config(speculative_token_map="/m.pt")
     c = config(speculative_algorithm="EAGLE3", speculative_draft_model_path="/h")
-    assert c.algorithm == "eagle3" and (c.tree_shape.width, c.tree_shape.depth) == (4, 5)  # SGLang-like defaults
+    assert c.algorithm == "eagle3" and (c.tree_shape.width, c.tree_shape.depth) == (
+        4,
+        5,
+    )  # SGLang-like defaults

@@ -17,9 +17,15 @@ pytest.importorskip("xgrammar")
 
 FRUITS = "apple|banana|cherry|date|fig|grape"
 REGEX = f"({FRUITS})(, ({FRUITS})){{3,6}}"
-SCHEMA = {"type": "object", "properties": {"fruits": {"type": "array", "items": {"type": "string"}, "maxItems": 8}},
-          "required": ["fruits"]}
-PROMPT = "Fruits: apple, banana, cherry, date, elderberry, fig, grape.\nThe same fruits, as a list: apple, banana,"
+SCHEMA = {
+    "type": "object",
+    "properties": {"fruits": {"type": "array", "items": {"type": "string"}, "maxItems": 8}},
+    "required": ["fruits"],
+}
+PROMPT = (
+    "Fruits: apple, banana, cherry, date, elderberry, fig, grape.\nThe same fruits, as a list:"
+    " apple, banana,"
+)
 
 
 @pytest.fixture(scope="module")
@@ -84,9 +90,11 @@ def test_constrained_requests_draft_and_equal_plain_decoding(default_model_path,
     """The default model copies the prompt's list under a regex (prompt lookup drafts the copy,
     and cuts it at "elderberry", which the regex forbids) and under a JSON schema; run twice, so
     radix drafts the first answers. Outputs equal plain decoding and satisfy their grammar."""
-    sps = [{"max_new_tokens": 40, "temperature": 0, "regex": REGEX},
-           {"max_new_tokens": 48, "temperature": 0, "json_schema": json.dumps(SCHEMA)},
-           {"max_new_tokens": 24, "temperature": 0}]
+    sps = [
+        {"max_new_tokens": 40, "temperature": 0, "regex": REGEX},
+        {"max_new_tokens": 48, "temperature": 0, "json_schema": json.dumps(SCHEMA)},
+        {"max_new_tokens": 24, "temperature": 0},
+    ]
     res, metas = {}, []
     for spec in (None, algorithm):
         kw = dict(speculative_algorithm=spec, speculative_draft_policy="fixed") if spec else {}
@@ -100,14 +108,17 @@ def test_constrained_requests_draft_and_equal_plain_decoding(default_model_path,
                 jsonschema.validate(json.loads(out[1]["text"]), SCHEMA)
     assert res[algorithm] == res[None]
     # The constrained requests themselves verified drafts and accepted some.
-    assert sum(m["spec_verify_ct"] for m in metas) > 0 and sum(m["spec_accepted_tokens"] for m in metas) > 0
+    assert (
+        sum(m["spec_verify_ct"] for m in metas) > 0
+        and sum(m["spec_accepted_tokens"] for m in metas) > 0
+    )
 
 
 def test_tree_cut_and_rows_follow_each_path(backend):
     """A tree of several continuations (some the regex forbids part way): cut_tree keeps exactly
     the nodes whose whole path a fresh matcher accepts; each kept node's row is masked with the
     matcher's state after its path, the root's with the state now; the matcher is restored."""
-    from radixlm.speculative.draft_tree import ROOT, TreeShape, DraftTree, trie_children
+    from radixlm.speculative.draft_tree import ROOT, DraftTree, TreeShape, trie_children
     from radixlm.speculative.grammar import cut_tree, masked_tree_rows
 
     tok, be = backend
@@ -126,7 +137,11 @@ def test_tree_cut_and_rows_follow_each_path(backend):
         probe = g.fork()
         return all(probe.accept_token(t) for t in path_tokens)
 
-    want = [tree.path_tokens(tree.ancestors(i)) for i in range(len(tree)) if accepted(tree.path_tokens(tree.ancestors(i)))]
+    want = [
+        tree.path_tokens(tree.ancestors(i))
+        for i in range(len(tree))
+        if accepted(tree.path_tokens(tree.ancestors(i)))
+    ]
     assert sorted(cut.path_tokens(cut.ancestors(i)) for i in range(len(cut))) == sorted(want)
     assert 0 < len(cut) < len(tree)
     rows = torch.randn(len(cut) + 1, 49152, generator=torch.Generator().manual_seed(1))

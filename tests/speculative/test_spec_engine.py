@@ -12,7 +12,11 @@ from radixlm import Engine
 from tests.conftest import engine_args
 from tests.engine.test_overlap import run, workload
 
-LOOPY = [[5 + (i % 7) for i in range(40)], [100, 200, 300, 100, 200, 300, 100, 200], list(range(1000, 1030))]
+LOOPY = [
+    [5 + (i % 7) for i in range(40)],
+    [100, 200, 300, 100, 200, 300, 100, 200],
+    list(range(1000, 1030)),
+]
 GREEDY = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
 
 
@@ -35,13 +39,28 @@ def arch_dir(request, tiny_model_dir, tmp_path_factory, default_model_path):
     from radixlm.model.loader import load_tokenizer
 
     tok = load_tokenizer(default_model_path)
-    common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                  bos_token_id=1, eos_token_id=2, initializer_range=0.25)
+    common = dict(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        bos_token_id=1,
+        eos_token_id=2,
+        initializer_range=0.25,
+    )
     if request.param == "qwen2":
-        cfg, cls = transformers.Qwen2Config(**common, tie_word_embeddings=True), transformers.Qwen2ForCausalLM
+        cfg, cls = (
+            transformers.Qwen2Config(**common, tie_word_embeddings=True),
+            transformers.Qwen2ForCausalLM,
+        )
     else:
-        cfg, cls = transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=False), transformers.Qwen3ForCausalLM
+        cfg, cls = (
+            transformers.Qwen3Config(**common, head_dim=32, tie_word_embeddings=False),
+            transformers.Qwen3ForCausalLM,
+        )
     torch.manual_seed(0)
     path = tmp_path_factory.mktemp(f"tiny-{request.param}")
     cls(cfg).eval().save_pretrained(path)
@@ -50,8 +69,11 @@ def arch_dir(request, tiny_model_dir, tmp_path_factory, default_model_path):
 
 
 # Unchunked prefill on llama only: the scheduler path does not depend on the architecture.
-@pytest.mark.parametrize("arch_dir,chunk", [("llama", -1), ("llama", 16), ("qwen2", 16), ("qwen3", 16)],
-                         indirect=["arch_dir"])
+@pytest.mark.parametrize(
+    "arch_dir,chunk",
+    [("llama", -1), ("llama", 16), ("qwen2", 16), ("qwen3", 16)],
+    indirect=["arch_dir"],
+)
 @pytest.mark.parametrize("algorithm", ["ngram", "radix"])
 def test_greedy_outputs_equal_plain_decoding(arch_dir, chunk, algorithm):
     """The mixed workload twice (the second pass finds the first's outputs in the radix tree) and
@@ -59,16 +81,28 @@ def test_greedy_outputs_equal_plain_decoding(arch_dir, chunk, algorithm):
     prompt lookup seldom drafts here: its drafts are exercised by the default model below and by
     tests/scheduler/test_randomized.py's noisy drafts.)"""
     results, work, state = {}, None, {}
-    # radix asserts that its drafts were verified: the fixed policy drafts whatever it finds (the adaptive
-    # one decides from step times measured as it runs, and on a loaded machine may rightly draft nothing).
+    # radix asserts that its drafts were verified: the fixed policy drafts whatever it finds (the
+    # adaptive one decides from step times measured as it runs, and on a loaded machine may rightly
+    # draft nothing).
     policy = "fixed" if algorithm == "radix" else "adaptive"
     for spec in (None, algorithm):
-        with Engine(arch_dir, **engine_args(speculative_algorithm=spec, chunked_prefill_size=chunk,
-                                            max_running_requests=8, speculative_draft_policy=policy)) as e:
+        with Engine(
+            arch_dir,
+            **engine_args(
+                speculative_algorithm=spec,
+                chunked_prefill_size=chunk,
+                max_running_requests=8,
+                speculative_draft_policy=policy,
+            ),
+        ) as e:
             work = work or (workload(e), echo_prompts(e))
             (prompts, sps), echo = work
             outs = e.generate(input_ids=echo, sampling_params=[GREEDY] * len(echo))
-            results[spec] = (run(e, prompts, sps), run(e, prompts, sps), [o["output_ids"] for o in outs])
+            results[spec] = (
+                run(e, prompts, sps),
+                run(e, prompts, sps),
+                [o["output_ids"] for o in outs],
+            )
             state = e.get_internal_state()
     assert results[algorithm] == results[None]
     if algorithm == "radix":  # repeated requests: the earlier greedy answers are the drafts
@@ -79,14 +113,20 @@ def test_greedy_outputs_equal_plain_decoding(arch_dir, chunk, algorithm):
 def test_default_model_greedy_equal(default_model_path, algorithm):
     """The default model (GGUF weights on the native kernels) copies text it has seen: prompt
     lookup drafts the copy, and a verify step's rows give exactly the decode steps' tokens."""
-    prompts = ["Fruits: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon, mango.\n"
-               "Fruits again: apple, banana,",
-               "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n",
-               "Once upon a time"]
+    prompts = [
+        (
+            "Fruits: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon,"
+            " mango.\nFruits again: apple, banana,"
+        ),
+        "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n",
+        "Once upon a time",
+    ]
     sp = {"max_new_tokens": 32, "temperature": 0}
     res = {}
     for spec in (None, algorithm):
-        with Engine(default_model_path, **engine_args(speculative_algorithm=spec, num_threads=2)) as e:
+        with Engine(
+            default_model_path, **engine_args(speculative_algorithm=spec, num_threads=2)
+        ) as e:
             outs = [e.generate(prompts, [sp] * len(prompts)) for _ in range(2)]
             res[spec] = [[o["output_ids"] for o in out] for out in outs]
             if spec:
@@ -100,10 +140,18 @@ def test_logprobs_and_meta_info(tiny_model_dir):
     those of plain decoding, in fewer forwards."""
     outs = {}
     for spec in (None, "radix"):
-        with Engine(tiny_model_dir, **engine_args(speculative_algorithm=spec, speculative_draft_policy="fixed")) as e:
+        with Engine(
+            tiny_model_dir,
+            **engine_args(speculative_algorithm=spec, speculative_draft_policy="fixed"),
+        ) as e:
             for _ in range(2):
-                outs[spec] = e.generate(input_ids=LOOPY[0], sampling_params=GREEDY,
-                                        return_logprob=True, top_logprobs_num=3, logprob_start_len=30)
+                outs[spec] = e.generate(
+                    input_ids=LOOPY[0],
+                    sampling_params=GREEDY,
+                    return_logprob=True,
+                    top_logprobs_num=3,
+                    logprob_start_len=30,
+                )
     a, b = outs[None], outs["radix"]
     assert a["output_ids"] == b["output_ids"]
     ma, mb = a["meta_info"], b["meta_info"]
@@ -133,14 +181,19 @@ def test_a_cached_prompt_starts_in_its_first_verify_step(tiny_model_dir):
     first = LOOPY[2]
     outs, extends = {}, []
     for spec in (None, "radix"):
-        with Engine(tiny_model_dir, **engine_args(speculative_algorithm=spec, speculative_draft_policy="fixed")) as e:
+        with Engine(
+            tiny_model_dir,
+            **engine_args(speculative_algorithm=spec, speculative_draft_policy="fixed"),
+        ) as e:
             answer = e.generate(input_ids=first, sampling_params=GREEDY)["output_ids"]
             prompts = [first, first + answer[:7], first[:-1] + [first[-1] + 1], first, first[:1]]
             outs[spec] = []
             for i, p in enumerate(prompts):
                 before = e.get_internal_state()["extend_steps"]
                 extra = {"logprob_start_len": 5} if i == 3 else {}
-                outs[spec].append(e.generate(input_ids=p, sampling_params=GREEDY, return_logprob=True, **extra))
+                outs[spec].append(
+                    e.generate(input_ids=p, sampling_params=GREEDY, return_logprob=True, **extra)
+                )
                 extends.append((spec, e.get_internal_state()["extend_steps"] - before))
     assert len(outs[None]) == len(outs["radix"]) == 5
     for a, b in zip(outs[None], outs["radix"]):
@@ -152,9 +205,13 @@ def test_a_cached_prompt_starts_in_its_first_verify_step(tiny_model_dir):
     assert extends == [(None, 1)] * 5 + [("radix", 0)] * 3 + [("radix", 1), ("radix", 0)]
     m_same, m_start, m_new, m_lp, _ = [o["meta_info"] for o in outs["radix"]]
     assert m_same["cached_tokens"] == len(first) - 1
-    assert m_same["forward_passes"] == m_same["spec_verify_ct"] == 1  # the whole answer in one forward
+    assert (
+        m_same["forward_passes"] == m_same["spec_verify_ct"] == 1
+    )  # the whole answer in one forward
     assert m_start["spec_accepted_tokens"] >= len(answer) - 8  # the rest of the recorded answer
-    assert m_new["forward_passes"] > m_new["spec_verify_ct"]  # nothing recorded follows its last token
+    assert (
+        m_new["forward_passes"] > m_new["spec_verify_ct"]
+    )  # nothing recorded follows its last token
     assert m_lp["spec_accepted_tokens"] > 0 and m_lp["forward_passes"] == m_lp["spec_verify_ct"] + 1
 
 
@@ -169,13 +226,19 @@ def test_a_folded_request_aborted_before_its_first_step(tiny_model_dir):
     fresh = [7, 8, 9, 10, 11, 12]
     outs = {}
     for spec in (None, "radix"):
-        d = Driver(make_scheduler(tiny_model_dir, speculative_algorithm=spec, speculative_draft_policy="fixed"))
+        d = Driver(
+            make_scheduler(
+                tiny_model_dir, speculative_algorithm=spec, speculative_draft_policy="fixed"
+            )
+        )
         d.submit(LOOPY[2], rid="first", **GREEDY)
         d.run()
         d.submit(LOOPY[2], rid="folded", **GREEDY)
         d.submit(fresh, rid="fresh", **GREEDY)
         d.submit(LOOPY[2], rid="kept", **GREEDY)
-        d.step()  # the extend step computes "fresh"; with radix "folded" and "kept" only joined the running batch
+        # the extend step computes "fresh"; with radix "folded" and "kept" only joined the running
+        # batch
+        d.step()
         if spec:
             req = d.find("folded")
             assert req.status is ReqStatus.RUNNING and d.results["folded"].output_ids == []
@@ -197,14 +260,26 @@ def test_stop_strings_inside_an_accepted_draft(tiny_model_dir):
     with Engine(tiny_model_dir, **engine_args()) as e:
         ref = e.generate(input_ids=LOOPY[1], sampling_params=GREEDY)["output_ids"]
         text = e.tokenizer.decode(ref[20:22])
-    cases = [{"stop_token_ids": [ref[25]]}, {"stop": [text]}, {"max_new_tokens": 23}, {"stop": [text], "no_stop_trim": True}]
+    cases = [
+        {"stop_token_ids": [ref[25]]},
+        {"stop": [text]},
+        {"max_new_tokens": 23},
+        {"stop": [text], "no_stop_trim": True},
+    ]
     res = {}
     for spec in (None, "radix"):
-        with Engine(tiny_model_dir, **engine_args(speculative_algorithm=spec, speculative_draft_policy="fixed")) as e:
+        with Engine(
+            tiny_model_dir,
+            **engine_args(speculative_algorithm=spec, speculative_draft_policy="fixed"),
+        ) as e:
             e.generate(input_ids=LOOPY[1], sampling_params=GREEDY)
-            res[spec] = [e.generate(input_ids=LOOPY[1], sampling_params={**GREEDY, **c}) for c in cases]
+            res[spec] = [
+                e.generate(input_ids=LOOPY[1], sampling_params={**GREEDY, **c}) for c in cases
+            ]
             if spec:
-                assert all(o["meta_info"]["spec_accepted_tokens"] > 0 for o in res[spec]), [o["meta_info"] for o in res[spec]]
+                assert all(o["meta_info"]["spec_accepted_tokens"] > 0 for o in res[spec]), [
+                    o["meta_info"] for o in res[spec]
+                ]
     for a, b in zip(res[None], res["radix"]):
         assert a["output_ids"] == b["output_ids"] and a["text"] == b["text"]
         assert a["meta_info"]["finish_reason"] == b["meta_info"]["finish_reason"]
@@ -216,9 +291,15 @@ def test_grammar_requests_run_beside_drafted_ones(tiny_model_dir):
     regex = {"max_new_tokens": 12, "temperature": 0, "regex": "(ab|cd){2,5}"}
     res = {}
     for spec in (None, "radix"):
-        with Engine(tiny_model_dir, **engine_args(speculative_algorithm=spec, speculative_draft_policy="fixed")) as e:
+        with Engine(
+            tiny_model_dir,
+            **engine_args(speculative_algorithm=spec, speculative_draft_policy="fixed"),
+        ) as e:
             for _ in range(2):  # the second pass drafts the free requests' first answers
-                outs = e.generate(input_ids=[LOOPY[0], [7, 8, 9, 10], LOOPY[2]], sampling_params=[GREEDY, regex, GREEDY])
+                outs = e.generate(
+                    input_ids=[LOOPY[0], [7, 8, 9, 10], LOOPY[2]],
+                    sampling_params=[GREEDY, regex, GREEDY],
+                )
             res[spec] = [(o["output_ids"], o["text"]) for o in outs]
             if spec:
                 assert e.get_internal_state()["spec_accepted_tokens"] > 0
@@ -231,9 +312,16 @@ def test_abort_and_stream_with_drafts(tiny_model_dir):
     sp = {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}
     with Engine(tiny_model_dir, **engine_args()) as e:
         ref = e.generate(input_ids=LOOPY[2], sampling_params=GREEDY)["output_ids"]
-    with Engine(tiny_model_dir, **engine_args(speculative_algorithm="radix", speculative_draft_policy="fixed")) as e:
+    with Engine(
+        tiny_model_dir,
+        **engine_args(speculative_algorithm="radix", speculative_draft_policy="fixed"),
+    ) as e:
         e.generate(input_ids=[LOOPY[0], LOOPY[2]], sampling_params=[sp, GREEDY])
-        t = threading.Thread(target=lambda: e.generate(input_ids=[LOOPY[0]] * 3, sampling_params=sp, rid=["x1", "x2", "x3"]))
+        t = threading.Thread(
+            target=lambda: e.generate(
+                input_ids=[LOOPY[0]] * 3, sampling_params=sp, rid=["x1", "x2", "x3"]
+            )
+        )
         t.start()
         pieces = list(e.generate(input_ids=LOOPY[2], sampling_params=GREEDY, stream=True))
         e.abort_request("x2")
@@ -263,18 +351,31 @@ def test_sampling_distribution_unchanged(tiny_model_dir, algorithm):
     n, sp = 1536, {"max_new_tokens": 3, "temperature": 1.0, "top_k": 4, "ignore_eos": True}
     draws = {}
     for spec in (None, algorithm):
-        d = Driver(make_scheduler(tiny_model_dir, speculative_algorithm=spec, max_running_requests=64,
-                                  enable_invariant_checks=False, speculative_draft_policy="fixed"))
+        d = Driver(
+            make_scheduler(
+                tiny_model_dir,
+                speculative_algorithm=spec,
+                max_running_requests=64,
+                enable_invariant_checks=False,
+                speculative_draft_policy="fixed",
+            )
+        )
         rids = [d.submit(LOOPY[0], **sp) for _ in range(n)]
         while not d.idle():
             d.step()
         draws[spec] = Counter(tuple(d.results[r].output_ids) for r in rids)
         if spec:
             st = d.s.spec.info()
-            assert st["spec_verify_steps"] > 0 and 0 < st["spec_accepted_tokens"] < st["spec_draft_tokens"]
+            assert (
+                st["spec_verify_steps"] > 0
+                and 0 < st["spec_accepted_tokens"] < st["spec_draft_tokens"]
+            )
     seen = draws[None] + draws[algorithm]
     common = [k for k, c in seen.items() if c >= 10]
-    table = [[d[k] for k in common] + [sum(c for k, c in d.items() if k not in common)] for d in draws.values()]
+    table = [
+        [d[k] for k in common] + [sum(c for k, c in d.items() if k not in common)]
+        for d in draws.values()
+    ]
     if table[0][-1] + table[1][-1] == 0:
         table = [row[:-1] for row in table]
     assert len(table[0]) >= 3, "too few distinct outcomes for the test to say anything"

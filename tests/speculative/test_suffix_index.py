@@ -8,16 +8,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from radixlm.ipc import FinishAbort, FinishStop
 from radixlm.cache.base_prefix_cache import PrefixKey
 from radixlm.cache.memory_pool import TokenToKVPool
 from radixlm.cache.radix_cache import RadixCache
 from radixlm.config import ServerArgs
+from radixlm.ipc import FinishAbort, FinishStop
+from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.sampling_params import SamplingParams
 from radixlm.scheduler.req import Req
-from radixlm.model.runner_config import ModelRunnerConfig
-from radixlm.speculative.draft_tree import DraftTree
 from radixlm.speculative.config import SpeculativeConfig
+from radixlm.speculative.draft_tree import DraftTree
 from radixlm.speculative.factory import create_draft_source
 from radixlm.speculative.radix import RadixDraftSource
 from radixlm.speculative.suffix_index import SuffixIndex
@@ -56,7 +56,9 @@ class NaiveSuffixIndex:
         while occ and len(out) < k:
             counts = Counter(s[i] for s, i in occ)
             top = max(counts.values())
-            best = next(s[i] for s, i in reversed(occ) if counts[s[i]] == top)  # tie: the most recent
+            best = next(
+                s[i] for s, i in reversed(occ) if counts[s[i]] == top
+            )  # tie: the most recent
             out.append(best)
             occ = [(s, i + 1) for s, i in occ if s[i] == best and i + 1 < len(s)]
         return out
@@ -67,15 +69,23 @@ tokens = st.lists(st.integers(0, 3), max_size=20)
 
 @settings(max_examples=300, deadline=None)
 @given(
-    ops=st.lists(st.one_of(st.tuples(st.just("add"), tokens),
-                           st.tuples(st.just("propose"), tokens, st.integers(1, 6))), max_size=30),
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), tokens),
+            st.tuples(st.just("propose"), tokens, st.integers(1, 6)),
+        ),
+        max_size=30,
+    ),
     max_tokens=st.integers(0, 60),
     windows=st.tuples(st.integers(1, 3), st.integers(0, 4)),
     cap=st.sampled_from([1, 2, 3, 256]),
 )
 def test_suffix_index_matches_a_naive_scan(ops, max_tokens, windows, cap):
     min_n, max_n = windows[0], windows[0] + windows[1]
-    idx, ref = SuffixIndex(max_tokens, min_n, max_n, cap), NaiveSuffixIndex(max_tokens, min_n, max_n, cap)
+    idx, ref = (
+        SuffixIndex(max_tokens, min_n, max_n, cap),
+        NaiveSuffixIndex(max_tokens, min_n, max_n, cap),
+    )
     for op in ops:
         if op[0] == "add":
             idx.add(op[1])
@@ -162,11 +172,24 @@ def test_radix_source_drafts_from_earlier_outputs_after_a_different_prompt():
 
 def test_create_draft_source_builds_the_index_from_server_args():
     tree = RadixCache(TokenToKVPool(16, num_layers=1, num_kv_heads=1, head_dim=1))
-    args = ServerArgs(speculative_algorithm="radix", speculative_suffix_index_tokens=123,
-                      speculative_ngram_min_match_window_size=1, speculative_ngram_max_match_window_size=3)
-    src = create_draft_source(SpeculativeConfig.from_server_args(args), tree, 16, ModelRunnerConfig(), 256)
+    args = ServerArgs(
+        speculative_algorithm="radix",
+        speculative_suffix_index_tokens=123,
+        speculative_ngram_min_match_window_size=1,
+        speculative_ngram_max_match_window_size=3,
+    )
+    src = create_draft_source(
+        SpeculativeConfig.from_server_args(args), tree, 16, ModelRunnerConfig(), 256
+    )
     assert (src.suffix.max_tokens, src.suffix.min_match, src.suffix.max_match) == (123, 1, 3)
     off = ServerArgs(speculative_algorithm="radix", speculative_suffix_index_tokens=0)
-    assert create_draft_source(SpeculativeConfig.from_server_args(off), tree, 16, ModelRunnerConfig(), 256).suffix is None
+    assert (
+        create_draft_source(
+            SpeculativeConfig.from_server_args(off), tree, 16, ModelRunnerConfig(), 256
+        ).suffix
+        is None
+    )
     with pytest.raises(ValueError, match="suffix_index_tokens"):
-        SpeculativeConfig.from_server_args(ServerArgs(speculative_algorithm="radix", speculative_suffix_index_tokens=-1))
+        SpeculativeConfig.from_server_args(
+            ServerArgs(speculative_algorithm="radix", speculative_suffix_index_tokens=-1)
+        )

@@ -17,11 +17,16 @@ from tests.conftest import engine_args
 
 pytest.importorskip("xgrammar")
 
-PROMPTS = ["Fruits: apple, banana, cherry, date, elderberry, fig, grape.\nThe same fruits again: apple,",
-           "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n",
-           "Once upon a time"]
-SCHEMA = {"type": "object", "properties": {"fruits": {"type": "array", "items": {"type": "string"}, "maxItems": 6}},
-          "required": ["fruits"]}
+PROMPTS = [
+    "Fruits: apple, banana, cherry, date, elderberry, fig, grape.\nThe same fruits again: apple,",
+    "def add(a, b):\n    return a + b\n\n\ndef mul(a, b):\n",
+    "Once upon a time",
+]
+SCHEMA = {
+    "type": "object",
+    "properties": {"fruits": {"type": "array", "items": {"type": "string"}, "maxItems": 6}},
+    "required": ["fruits"],
+}
 GREEDY = {"max_new_tokens": 24, "temperature": 0}
 JSON = {"max_new_tokens": 32, "temperature": 0, "json_schema": json.dumps(SCHEMA)}
 
@@ -33,13 +38,19 @@ def run(engine: Engine) -> tuple[list, list, list]:
     mixed batch (greedy, JSON, a sampled one) beside a streamed greedy request."""
     engine.generate(PROMPTS + [PROMPTS[0]], [GREEDY] * len(PROMPTS) + [JSON])
     sampled = [{**GREEDY, "temperature": 0.6, "seed": s} for s in range(3)]
-    engine.generate(PROMPTS * 3 + [PROMPTS[0]],
-                    [sp for sp in sampled for _ in PROMPTS] + [{**JSON, "temperature": 0.6, "seed": 9}])
+    engine.generate(
+        PROMPTS * 3 + [PROMPTS[0]],
+        [sp for sp in sampled for _ in PROMPTS] + [{**JSON, "temperature": 0.6, "seed": 9}],
+    )
     streamed: list = []
-    t = threading.Thread(target=lambda: streamed.extend(engine.generate(PROMPTS[1], GREEDY, stream=True)))
+    t = threading.Thread(
+        target=lambda: streamed.extend(engine.generate(PROMPTS[1], GREEDY, stream=True))
+    )
     t.start()
-    outs = engine.generate(PROMPTS + [PROMPTS[0], PROMPTS[2]],
-                           [GREEDY] * len(PROMPTS) + [JSON, {**GREEDY, "temperature": 0.8, "seed": 5}])
+    outs = engine.generate(
+        PROMPTS + [PROMPTS[0], PROMPTS[2]],
+        [GREEDY] * len(PROMPTS) + [JSON, {**GREEDY, "temperature": 0.8, "seed": 5}],
+    )
     t.join()
     return [o["output_ids"] for o in outs[:-1]], outs, streamed
 
@@ -47,9 +58,19 @@ def run(engine: Engine) -> tuple[list, list, list]:
 def test_radix_tree_drafts_equal_plain_decoding(default_model_path):
     res = {}
     for spec in (None, "radix"):
-        kw = dict(speculative_algorithm="radix", speculative_draft_policy="fixed", speculative_eagle_topk=4) if spec else {}
-        with Engine(default_model_path, **engine_args(num_threads=2, enable_mixed_chunk=True,
-                                                      chunked_prefill_size=64, **kw)) as e:
+        kw = (
+            dict(
+                speculative_algorithm="radix",
+                speculative_draft_policy="fixed",
+                speculative_eagle_topk=4,
+            )
+            if spec
+            else {}
+        )
+        with Engine(
+            default_model_path,
+            **engine_args(num_threads=2, enable_mixed_chunk=True, chunked_prefill_size=64, **kw),
+        ) as e:
             res[spec] = run(e)
             if spec:
                 st = e.get_internal_state()

@@ -33,7 +33,12 @@ def test_radix_branches_weighted_by_insert_counts():
     def insert(ids, namespace=None):
         tree.insert(PrefixKey(ids, namespace), torch.tensor([next(slots) for _ in ids]))
 
-    for ids in ([1, 2, 3, 10, 11, 12], [1, 2, 3, 10, 11, 12], [1, 2, 3, 10, 20, 21], [1, 2, 3, 30, 31]):
+    for ids in (
+        [1, 2, 3, 10, 11, 12],
+        [1, 2, 3, 10, 11, 12],
+        [1, 2, 3, 10, 20, 21],
+        [1, 2, 3, 30, 31],
+    ):
         insert(ids)
     insert([1, 2, 3, 99, 98], namespace="tenant")  # another namespace: never drafted for this one
     after = tree.locate(PrefixKey([1, 2, 3]))[0]
@@ -47,7 +52,8 @@ def test_radix_branches_weighted_by_insert_counts():
     assert 99 not in t.tokens and len(t) == 7
     assert t.parents[t.tokens.index(30)] == ROOT and t.ranks[t.tokens.index(30)] == 1
     assert t.tokens[t.parents[t.tokens.index(20)]] == 10 and t.ranks[t.tokens.index(20)] == 1
-    # Width 1: the chain of the most taken branches; the other namespace's branch when asked from it.
+    # Width 1: the chain of the most taken branches; the other namespace's branch when asked from
+    # it.
     chain = src.draft_for(req([1, 2, 3]), 8, TreeShape(width=1))
     assert chain.is_chain and chain.tokens == (10, 11, 12)
     assert src.draft_for(req([1, 2, 3], "tenant"), 8, TreeShape(width=4)).tokens == (99, 98)
@@ -66,7 +72,11 @@ def test_ngram_tree_of_the_earlier_continuations():
     assert match == 2
     assert t.tokens[0] == 1 and t.parents[0] == ROOT  # two of three occurrences go on with 1
     # Five nodes: the two levels of the three continuations (1/3 each), before any third level.
-    assert sorted(t.path_tokens(t.ancestors(i)) for i in range(len(t)) if not t.children(i)) == [[1, 2], [1, 3], [2, 4]]
+    assert sorted(t.path_tokens(t.ancestors(i)) for i in range(len(t)) if not t.children(i)) == [
+        [1, 2],
+        [1, 3],
+        [2, 4],
+    ]
     # Width 1 asks for a chain: what followed the latest occurrence, as lookup gives.
     assert src.draft_for(req(ids), 3, TreeShape(width=1)) == src.lookup("a", ids, 3) == [2, 4, 0]
 
@@ -75,21 +85,40 @@ def test_tree_flags_are_validated_and_shape_the_controller(tiny_model_dir):
     """--speculative-eagle-topk / --speculative-num-steps: a bad value is an error naming the
     field before anything starts; the defaults (4 wide for the lookups, chains for the draft
     model; as deep as --speculative-num-draft-tokens) reach the controller."""
-    for bad, field in ((dict(speculative_eagle_topk=0), "speculative_eagle_topk"),
-                       (dict(speculative_num_steps=0), "speculative_num_steps"),
-                       (dict(speculative_algorithm="draft-model", speculative_draft_model_path=tiny_model_dir,
-                             speculative_eagle_topk=2), "speculative_eagle_topk")):
+    for bad, field in (
+        (dict(speculative_eagle_topk=0), "speculative_eagle_topk"),
+        (dict(speculative_num_steps=0), "speculative_num_steps"),
+        (
+            dict(
+                speculative_algorithm="draft-model",
+                speculative_draft_model_path=tiny_model_dir,
+                speculative_eagle_topk=2,
+            ),
+            "speculative_eagle_topk",
+        ),
+    ):
         with pytest.raises(ValueError, match=field):
             check_server_args(ServerArgs(**{"speculative_algorithm": "radix", **bad}))
     args = ServerArgs(speculative_algorithm="ngram", speculative_num_draft_tokens=6)
     assert SpeculativeConfig.from_server_args(args).tree_shape == TreeShape(4, 6)
-    args = ServerArgs(speculative_algorithm="radix", speculative_eagle_topk=2, speculative_num_steps=3)
+    args = ServerArgs(
+        speculative_algorithm="radix", speculative_eagle_topk=2, speculative_num_steps=3
+    )
     assert SpeculativeConfig.from_server_args(args).tree_shape == TreeShape(2, 3)
     # --speculative-num-draft-tokens unset: radix up to 64 (a recorded answer verifies in one step),
     # the others 16; a value given wins, and a bad one names the field.
     for algorithm, expected in (("radix", 64), ("ngram", 16)):
-        assert SpeculativeConfig.from_server_args(ServerArgs(speculative_algorithm=algorithm)).num_draft_tokens == expected
-    assert SpeculativeConfig.from_server_args(ServerArgs(speculative_algorithm="radix",
-                                                         speculative_num_draft_tokens=5)).num_draft_tokens == 5
+        assert (
+            SpeculativeConfig.from_server_args(
+                ServerArgs(speculative_algorithm=algorithm)
+            ).num_draft_tokens
+            == expected
+        )
+    assert (
+        SpeculativeConfig.from_server_args(
+            ServerArgs(speculative_algorithm="radix", speculative_num_draft_tokens=5)
+        ).num_draft_tokens
+        == 5
+    )
     with pytest.raises(ValueError, match="speculative_num_draft_tokens"):
         check_server_args(ServerArgs(speculative_algorithm="radix", speculative_num_draft_tokens=0))

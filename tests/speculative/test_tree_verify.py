@@ -25,7 +25,7 @@ ALPHA = 0.001
 def random_tree(rng: random.Random, n: int, vocab: int) -> DraftTree:
     """Siblings carry distinct tokens (as every source's trees do)."""
     tokens, parents = [], []
-    for i in range(n):
+    for _i in range(n):
         p = rng.choice([ROOT] + list(range(len(tokens))))
         free = sorted(set(range(vocab)) - {t for t, q in zip(tokens, parents) if q == p})
         if free:
@@ -45,25 +45,36 @@ def test_greedy_acceptance_is_the_longest_argmax_path():
         best: list[int] = []
         for node in range(len(tree)):
             path = tree.ancestors(node)
-            if all(tree.tokens[n] == int(rows[0 if j == 0 else path[j - 1] + 1].argmax()) for j, n in enumerate(path)):
+            if all(
+                tree.tokens[n] == int(rows[0 if j == 0 else path[j - 1] + 1].argmax())
+                for j, n in enumerate(path)
+            ):
                 if len(path) > len(best):
                     best = path
         acc = accept_tree(rows, tree, SamplingParams(temperature=0))
         assert acc.path == best
-        assert acc.tokens == tree.path_tokens(best) + [int(rows[best[-1] + 1 if best else 0].argmax())]
+        assert acc.tokens == tree.path_tokens(best) + [
+            int(rows[best[-1] + 1 if best else 0].argmax())
+        ]
 
 
-@pytest.mark.parametrize("params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=4)])
+@pytest.mark.parametrize(
+    "params", [SamplingParams(temperature=1.0), SamplingParams(temperature=0.7, top_k=4)]
+)
 def test_multi_candidate_rejection_keeps_the_target_distribution(params):
     """A root with three children (one of them twice: its copy is never accepted) and a grandchild:
     the first emitted token follows the root's distribution, the second (after child 0 is
     accepted) child 0's row, each a chi-square goodness of fit at 0.001; every branch is taken."""
     vocab, draws = 6, 12000
-    logits = torch.tensor([[1.5, 1.0, 0.5, 0.0, -0.5, 1.2],   # root
-                           [0.0, 1.5, 0.2, 1.0, -1.0, 0.3],   # after child 0 (token 0)
-                           [0.3, 0.0, 0.0, 0.0, 0.5, 0.0],    # after child 1 (token 5)
-                           [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],    # after child 2 (token 0 again)
-                           [1.0, 0.0, 0.0, 2.0, 0.5, -2.0]])  # after grandchild (token 3 under child 0)
+    logits = torch.tensor(
+        [
+            [1.5, 1.0, 0.5, 0.0, -0.5, 1.2],  # root
+            [0.0, 1.5, 0.2, 1.0, -1.0, 0.3],  # after child 0 (token 0)
+            [0.3, 0.0, 0.0, 0.0, 0.5, 0.0],  # after child 1 (token 5)
+            [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],  # after child 2 (token 0 again)
+            [1.0, 0.0, 0.0, 2.0, 0.5, -2.0],
+        ]
+    )  # after grandchild (token 3 under child 0)
     tree = DraftTree((0, 5, 0, 3), (ROOT, ROOT, ROOT, 0))
     p = target_probs(logits, params)
     gen = torch.Generator().manual_seed(7)
@@ -96,10 +107,20 @@ def small_vocab_model(tmp_path_factory):
     probability of every 3-token continuation at temperature 0.8 (float64 transformers)."""
     import transformers
 
-    cfg = transformers.LlamaConfig(vocab_size=8, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
-                                   bos_token_id=None, eos_token_id=None, pad_token_id=None, initializer_range=0.5,
-                                   tie_word_embeddings=False)
+    cfg = transformers.LlamaConfig(
+        vocab_size=8,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+        bos_token_id=None,
+        eos_token_id=None,
+        pad_token_id=None,
+        initializer_range=0.5,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(0)
     hf = transformers.LlamaForCausalLM(cfg).eval()
     path = tmp_path_factory.mktemp("vocab8")
@@ -121,11 +142,21 @@ def test_tree_verification_samples_the_target_distribution(small_vocab_model):
     (chi-square goodness of fit at 0.001, sequences expected fewer than 5 times pooled); trees
     branched and non-first children were accepted; the KV invariants hold after every step."""
     path, exact = small_vocab_model
-    d = Driver(make_scheduler(path, speculative_algorithm="radix", speculative_draft_policy="fixed",
-                              speculative_num_draft_tokens=8, max_running_requests=64, max_total_tokens=4096,
-                              max_prefill_tokens=100000))
+    d = Driver(
+        make_scheduler(
+            path,
+            speculative_algorithm="radix",
+            speculative_draft_policy="fixed",
+            speculative_num_draft_tokens=8,
+            max_running_requests=64,
+            max_total_tokens=4096,
+            max_prefill_tokens=100000,
+        )
+    )
     draws = 2000
-    rids = [d.submit(PROMPT, max_new_tokens=NEW, temperature=0.8, ignore_eos=True) for _ in range(draws)]
+    rids = [
+        d.submit(PROMPT, max_new_tokens=NEW, temperature=0.8, ignore_eos=True) for _ in range(draws)
+    ]
     while not d.idle():
         d.step()
     st = d.s.spec.info()
@@ -144,8 +175,15 @@ def test_sources_hear_the_kept_nodes_and_their_forward_rows(small_vocab_model):
     accepted nodes and the verify forward's rows of the root and of each of them: the rows hold
     exactly those tokens in the step's input_ids, and the request's output grew by their tokens."""
     path, _ = small_vocab_model
-    d = Driver(make_scheduler(path, speculative_algorithm="radix", speculative_draft_policy="fixed",
-                              max_running_requests=16, max_total_tokens=2048))
+    d = Driver(
+        make_scheduler(
+            path,
+            speculative_algorithm="radix",
+            speculative_draft_policy="fixed",
+            max_running_requests=16,
+            max_total_tokens=2048,
+        )
+    )
     source, runner = d.s.spec.controller.source, d.s.runner
     inputs, heard = {}, []
     prepare = runner.prepare
@@ -159,12 +197,16 @@ def test_sources_hear_the_kept_nodes_and_their_forward_rows(small_vocab_model):
         ids = inputs["ids"]
         assert len(rows) == len(accepted) + 1
         assert [ids[r] for r in rows[1:]] == tree.path_tokens(accepted)
-        assert [r - rows[0] - 1 for r in rows[1:]] == accepted  # node j sits at the root's row + 1 + j
+        assert [
+            r - rows[0] - 1 for r in rows[1:]
+        ] == accepted  # node j sits at the root's row + 1 + j
         assert tree.ancestors(accepted[-1]) == accepted if accepted else True
         heard.append((req.rid, len(req.output_ids), tree.path_tokens(accepted), ids[rows[0]]))
 
     runner.prepare, source.on_verified = recording_prepare, on_verified
-    rids = [d.submit(PROMPT, max_new_tokens=6, temperature=t, ignore_eos=True) for t in (0.0, 1.0) * 40]
+    _ = [
+        d.submit(PROMPT, max_new_tokens=6, temperature=t, ignore_eos=True) for t in (0.0, 1.0) * 40
+    ]
     while not d.idle():
         d.step()
     assert heard and any(tokens for _, _, tokens, _ in heard)

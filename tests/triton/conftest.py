@@ -14,8 +14,10 @@ from radixlm.kernels.triton_ops import INTERPRET_ENV
 
 # A missing triton is an incomplete test environment (it is in the `test` extra): each module's
 # tests say so (pytestmark = requires_triton) rather than fail to import.
-requires_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None,
-                                     reason="triton is not installed (pip install -e .[test])")
+requires_triton = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None,
+    reason="triton is not installed (pip install -e .[test])",
+)
 
 
 @pytest.fixture(scope="package", autouse=True)
@@ -37,8 +39,11 @@ def triton_device():
 
 # The dtypes each kernel test runs in. On a GPU float16 takes bfloat16's code path (the tensor
 # cores' other 16-bit type): two of them keep the compile time of the one GPU run down.
-DTYPES = ([torch.float32, torch.bfloat16] if torch.cuda.is_available()
-          else [torch.float32, torch.float16, torch.bfloat16])
+DTYPES = (
+    [torch.float32, torch.bfloat16]
+    if torch.cuda.is_available()
+    else [torch.float32, torch.float16, torch.bfloat16]
+)
 
 
 def tolerance(dtype: torch.dtype) -> float:
@@ -51,4 +56,6 @@ def tolerance(dtype: torch.dtype) -> float:
 def assert_close(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what: str) -> None:
     err = (got.float() - ref.float()).abs().max().item()
     scale = max(ref.float().abs().max().item(), 1.0)
-    assert err <= tolerance(dtype) * scale, f"{what}: max error {err:.3g} > {tolerance(dtype)} x {scale:.3g}"
+    assert err <= tolerance(dtype) * scale, (
+        f"{what}: max error {err:.3g} > {tolerance(dtype)} x {scale:.3g}"
+    )

@@ -1,5 +1,5 @@
-"""The paged attention kernels (kernels/triton_ops/extend_attention.py, decode_attention.py) against a
-float32 loop reference: random slot layouts (a request's K/V scattered over the pool), ragged
+"""The paged attention kernels (kernels/triton_ops/extend_attention.py, decode_attention.py) against
+a float32 loop reference: random slot layouts (a request's K/V scattered over the pool), ragged
 lengths, prefixes shared by slot (decode's group pass), GQA ratios 1, 3 and 8, float32 / float16 /
 bfloat16 inputs, sliding windows, logit soft-caps and a tree mask."""
 
@@ -14,7 +14,7 @@ pytestmark = requires_triton
 
 GQA = [(2, 2), (6, 2), (8, 1)]  # (query heads, KV heads): ratios 1, 3, 8
 D = 32
-SCALE = D ** -0.5
+SCALE = D**-0.5
 
 
 def reference(q, k, v, q_pos, window=None, cap=0.0, mask=None):
@@ -44,7 +44,8 @@ class Pool:
         self.width, self.device, self.g = width, device, g
 
     def rows(self, lens, shared=()):
-        """Slot rows [bs, width]; shared: (request, of_request, n): its first n slots are the other's."""
+        """Slot rows [bs, width]; shared: (request, of_request, n): its first n slots are the
+        other's."""
         rows = torch.zeros(len(lens), self.width, dtype=torch.int64)
         for b, n in enumerate(lens):
             rows[b, :n] = torch.tensor([self.free.pop() for _ in range(n)])
@@ -59,10 +60,12 @@ class Pool:
 def run_extend(pool, q, rows, prefix, ext, **kw):
     from radixlm.kernels.triton_ops.extend_attention import extend_attention
 
-    as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=q.device)  # noqa: E731
+    as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=q.device)
     starts = [sum(ext[:i]) for i in range(len(ext))]
     out = torch.empty_like(q)
-    extend_attention(q, pool.k, pool.v, out, rows, as_t(starts), as_t(prefix), as_t(ext), max(ext), SCALE, **kw)
+    extend_attention(
+        q, pool.k, pool.v, out, rows, as_t(starts), as_t(prefix), as_t(ext), max(ext), SCALE, **kw
+    )
     return out, starts
 
 
@@ -76,8 +79,10 @@ def test_extend_over_a_prefix_in_the_pool(triton_device, dtype, heads, kv_heads)
     out, starts = run_extend(pool, q, rows, prefix, ext)
     for b, (p, e, s) in enumerate(zip(prefix, ext, starts)):
         slots = rows[b, : p + e]
-        ref = reference(q[s:s + e].cpu(), pool.k[slots].cpu(), pool.v[slots].cpu(), torch.arange(p, p + e))
-        assert_close(out[s:s + e].cpu(), ref, dtype, f"request {b}")
+        ref = reference(
+            q[s : s + e].cpu(), pool.k[slots].cpu(), pool.v[slots].cpu(), torch.arange(p, p + e)
+        )
+        assert_close(out[s : s + e].cpu(), ref, dtype, f"request {b}")
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -90,13 +95,20 @@ def test_extend_window_and_logit_cap(triton_device, dtype, window, cap):
     out, starts = run_extend(pool, q, rows, prefix, ext, logit_cap=cap, window=window)
     for b, (p, e, s) in enumerate(zip(prefix, ext, starts)):
         slots = rows[b, : p + e]
-        ref = reference(q[s:s + e].cpu(), pool.k[slots].cpu(), pool.v[slots].cpu(), torch.arange(p, p + e),
-                        window=window, cap=cap)
-        assert_close(out[s:s + e].cpu(), ref, dtype, f"request {b}")
+        ref = reference(
+            q[s : s + e].cpu(),
+            pool.k[slots].cpu(),
+            pool.v[slots].cpu(),
+            torch.arange(p, p + e),
+            window=window,
+            cap=cap,
+        )
+        assert_close(out[s : s + e].cpu(), ref, dtype, f"request {b}")
 
 
 def test_extend_tree_mask(triton_device):
-    """TARGET_VERIFY of a draft tree: each new token sees the prefix and its ancestors in the tree."""
+    """TARGET_VERIFY of a draft tree: each new token sees the prefix and its ancestors in the
+    tree."""
     dtype = torch.float32
     pool = Pool(triton_device, dtype, 2, seed=2)
     prefix, ext = [12, 20], [5, 4]
@@ -119,8 +131,14 @@ def test_extend_tree_mask(triton_device):
     for b, (p, e, s) in enumerate(zip(prefix, ext, starts)):
         slots = rows[b, : p + e]
         full = torch.cat((torch.ones(e, p, dtype=torch.bool), masks[b]), 1)
-        ref = reference(q[s:s + e].cpu(), pool.k[slots].cpu(), pool.v[slots].cpu(), torch.arange(p, p + e), mask=full)
-        assert_close(out[s:s + e].cpu(), ref, dtype, f"request {b}")
+        ref = reference(
+            q[s : s + e].cpu(),
+            pool.k[slots].cpu(),
+            pool.v[slots].cpu(),
+            torch.arange(p, p + e),
+            mask=full,
+        )
+        assert_close(out[s : s + e].cpu(), ref, dtype, f"request {b}")
 
 
 def run_decode(pool, q, rows, lens, groups=True, splits=3, **kw):
@@ -131,16 +149,34 @@ def run_decode(pool, q, rows, lens, groups=True, splits=3, **kw):
     prefix = find_prefix_groups(rows, seq_lens) if groups else None
     kv_start = prefix.kv_start if groups else torch.zeros_like(seq_lens)
     out = torch.empty_like(q)
-    decode_attention(q, pool.k, pool.v, out, rows, seq_lens, kv_start, splits, SCALE, prefix=prefix,
-                     num_prefix_splits=2, **kw)
+    decode_attention(
+        q,
+        pool.k,
+        pool.v,
+        out,
+        rows,
+        seq_lens,
+        kv_start,
+        splits,
+        SCALE,
+        prefix=prefix,
+        num_prefix_splits=2,
+        **kw,
+    )
     return out, prefix
 
 
 def check_decode(pool, q, out, rows, lens, dtype, **kw):
     for b, n in enumerate(lens):
         slots = rows[b, :n]
-        ref = reference(q[b:b + 1].cpu(), pool.k[slots].cpu(), pool.v[slots].cpu(), torch.tensor([n - 1]), **kw)
-        assert_close(out[b:b + 1].cpu(), ref, dtype, f"request {b}")
+        ref = reference(
+            q[b : b + 1].cpu(),
+            pool.k[slots].cpu(),
+            pool.v[slots].cpu(),
+            torch.tensor([n - 1]),
+            **kw,
+        )
+        assert_close(out[b : b + 1].cpu(), ref, dtype, f"request {b}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

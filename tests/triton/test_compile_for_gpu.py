@@ -13,15 +13,29 @@ import torch
 
 from tests.triton.conftest import requires_triton
 
-pytestmark = [requires_triton, pytest.mark.skipif(torch.cuda.is_available(),
-                                                  reason="a GPU is present: tests/triton compiles for it")]
+pytestmark = [
+    requires_triton,
+    pytest.mark.skipif(
+        torch.cuda.is_available(), reason="a GPU is present: tests/triton compiles for it"
+    ),
+]
 
 
 def test_every_kernel_compiles_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = root + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-m", "tests.triton.compile_for_gpu", "--quick"],
-                          cwd=root, env=env, capture_output=True, text=True, timeout=540)
+    proc = subprocess.run(
+        [sys.executable, "-W", "ignore", "-m", "tests.triton.compile_for_gpu", "--quick"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert "0 failed" in proc.stdout and "_extend_kernel" in proc.stdout and "_moe_gemm_kernel" in proc.stdout
+    assert (
+        "0 failed" in proc.stdout
+        and "_extend_kernel" in proc.stdout
+        and "_moe_gemm_kernel" in proc.stdout
+    )

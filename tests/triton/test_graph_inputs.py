@@ -19,8 +19,12 @@ from radixlm.sampling_params import SamplingParams
 from tests.model.helpers import SMALL, save_random_llama
 from tests.triton.conftest import requires_triton
 
-pytestmark = [requires_triton, pytest.mark.skipif(torch.cuda.is_available(),
-                                                  reason="a GPU is present: tests/gpu captures real graphs")]
+pytestmark = [
+    requires_triton,
+    pytest.mark.skipif(
+        torch.cuda.is_available(), reason="a GPU is present: tests/gpu captures real graphs"
+    ),
+]
 
 
 class EagerReplay:
@@ -42,35 +46,60 @@ def test_graph_runner_pads_and_replays_like_eager(tmp_path, triton_device):
     save_random_llama(tmp_path)
     threads = torch.get_num_threads()
     try:
-        runner = ModelRunner(ModelRunnerConfig(model_path=str(tmp_path), attention_backend="triton",
-                                               max_total_tokens=512, max_running_requests=4, num_threads=1))
+        runner = ModelRunner(
+            ModelRunnerConfig(
+                model_path=str(tmp_path),
+                attention_backend="triton",
+                max_total_tokens=512,
+                max_running_requests=4,
+                num_threads=1,
+            )
+        )
     finally:
         torch.set_num_threads(threads)
     graphs = CudaGraphDecode(runner, [1, 2, 4])
     for bs, fb in graphs.static.items():
         out = graphs.outputs[bs] = torch.empty(bs, SMALL["vocab_size"])
-        graphs.graphs[bs] = EagerReplay(lambda fb=fb, out=out: out.copy_(decode_logits(runner.model, fb)))
+        graphs.graphs[bs] = EagerReplay(
+            lambda fb=fb, out=out: out.copy_(decode_logits(runner.model, fb))
+        )
 
     tree = NoPrefixCache()
     cm = CacheManager.create(runner.req_to_token_pool, runner.token_to_kv_pool, tree)
     g = torch.Generator().manual_seed(0)
-    ids = lambda n: torch.randint(3, SMALL["vocab_size"], (n,), generator=g).tolist()  # noqa: E731
+    ids = lambda n: torch.randint(3, SMALL["vocab_size"], (n,), generator=g).tolist()
     sp = SamplingParams(max_new_tokens=8, temperature=0.0)
     shared = ids(40)
-    reqs = [Req(rid=str(i), origin_input_ids=p, sampling_params=sp)
-            for i, p in enumerate([shared + ids(3), shared + ids(5), ids(11)])]
+    reqs = [
+        Req(rid=str(i), origin_input_ids=p, sampling_params=sp)
+        for i, p in enumerate([shared + ids(3), shared + ids(5), ids(11)])
+    ]
     for i, r in enumerate(reqs):
-        cached = runner.req_to_token_pool.req_to_token[reqs[0].req_pool_idx, :40] if i == 1 else None
-        cm.assign(r, cached if cached is not None else torch.empty(0, dtype=torch.int64), tree.root_node)
-        fb = runner.prepare(ScheduleBatch(ForwardMode.EXTEND, chunks=[PrefillChunk.plan(r, r.seqlen - r.kv_committed_len)])
-                            .prepare(cm))
+        cached = (
+            runner.req_to_token_pool.req_to_token[reqs[0].req_pool_idx, :40] if i == 1 else None
+        )
+        cm.assign(
+            r, cached if cached is not None else torch.empty(0, dtype=torch.int64), tree.root_node
+        )
+        fb = runner.prepare(
+            ScheduleBatch(
+                ForwardMode.EXTEND, chunks=[PrefillChunk.plan(r, r.seqlen - r.kv_committed_len)]
+            ).prepare(cm)
+        )
         r.output_ids.append(int(runner.sample(fb, runner.forward(fb).next_token_logits)))
         r.kv_committed_len = r.kv_allocated_len
     fb = runner.prepare(ScheduleBatch(ForwardMode.DECODE, decode_reqs=reqs).prepare(cm))
     assert graphs.can_run(fb)
     replayed = graphs.forward(fb)
-    assert graphs.static[4].attn_metadata.prefix.kv_start.tolist() == [40, 40, 0, 0]  # padded row 4: no group
+    assert graphs.static[4].attn_metadata.prefix.kv_start.tolist() == [
+        40,
+        40,
+        0,
+        0,
+    ]  # padded row 4: no group
     assert graphs.inputs.seq_lens[3].item() == 1 and graphs.inputs.kv_slots[3, 0].item() == 0
-    eager = runner.forward(fb).next_token_logits  # the same step again, eagerly (bs 3, its own splits)
+    eager = runner.forward(
+        fb
+    ).next_token_logits  # the same step again, eagerly (bs 3, its own splits)
     diff = (replayed - eager).abs().max().item()
     assert diff < 1e-4, f"replayed vs eager logits differ by {diff}"

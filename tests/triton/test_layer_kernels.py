@@ -15,7 +15,6 @@ from tests.triton.conftest import DTYPES, assert_close, requires_triton
 pytestmark = requires_triton
 
 
-
 def ops():
     from radixlm.kernels.triton_ops.elementwise import TritonElementwiseOps
 
@@ -44,7 +43,12 @@ def test_rmsnorm_and_residual_add(triton_device, dtype):
 def test_silu_and_mul(triton_device, dtype):
     g = torch.Generator().manual_seed(1)
     x = rand(g, 5, 2 * 80, dtype=dtype)
-    assert_close(ops().silu_and_mul(x.to(triton_device)).cpu(), F.silu(x[:, :80]) * x[:, 80:], dtype, "silu * up")
+    assert_close(
+        ops().silu_and_mul(x.to(triton_device)).cpu(),
+        F.silu(x[:, :80]) * x[:, 80:],
+        dtype,
+        "silu * up",
+    )
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -53,7 +57,9 @@ def test_rotary_in_place_on_the_qkv_views(triton_device, dtype, partial):
     """q and k are column slices of the fused qkv projection (row stride = its width), as the model
     hands them over; partial rotary (Phi-style) rotates the first dims of each head only."""
     g = torch.Generator().manual_seed(2)
-    rope = RotaryEmbedding(32, 128, {"rope_theta": 10000.0, "rope_type": "default", "partial_rotary_factor": partial})
+    rope = RotaryEmbedding(
+        32, 128, {"rope_theta": 10000.0, "rope_type": "default", "partial_rotary_factor": partial}
+    )
     qkv = rand(g, 6, 32 * 6 + 2 * 32 * 2, dtype=dtype)
     pos = torch.tensor([0, 3, 7, 127, 10, 64])
     q, k, _ = qkv.split([192, 64, 64], -1)
@@ -70,7 +76,9 @@ def test_rotary_in_place_on_the_qkv_views(triton_device, dtype, partial):
 @pytest.mark.parametrize("kv_dtype", DTYPES)
 def test_kv_store_at_slots(triton_device, kv_dtype):
     g = torch.Generator().manual_seed(3)
-    k = rand(g, 5, 2 * 32 + 16, dtype=torch.bfloat16)[:, :64].reshape(5, 2, 32)  # a strided view, as from qkv
+    k = rand(g, 5, 2 * 32 + 16, dtype=torch.bfloat16)[:, :64].reshape(
+        5, 2, 32
+    )  # a strided view, as from qkv
     v = rand(g, 5, 2, 32, dtype=torch.bfloat16)
     k_buf = torch.zeros(20, 2, 32, dtype=kv_dtype, device=triton_device)
     v_buf = torch.zeros(20, 2, 32, dtype=kv_dtype, device=triton_device)
@@ -94,13 +102,21 @@ def test_fused_moe_grouped_gemm(triton_device, dtype):
     g = torch.Generator().manual_seed(4)
     t, h, inter, e, k = 9, 48, 40, 6, 2
     x = rand(g, t, h, dtype=dtype)
-    w13, w2 = rand(g, e, 2 * inter, h, dtype=dtype, scale=0.2), rand(g, e, h, inter, dtype=dtype, scale=0.2)
+    w13, w2 = (
+        rand(g, e, 2 * inter, h, dtype=dtype, scale=0.2),
+        rand(g, e, h, inter, dtype=dtype, scale=0.2),
+    )
     logits = torch.randn(t, e, generator=g)
     logits[:, 5] = -1e9  # expert 5: nobody's
     weights, ids = torch.softmax(logits, -1).topk(k, -1)
     ids[2, 1] = -1
-    ref = fused_experts_torch(x.float(), weights, ids, ExpertWeights(w13.float(), None, 2 * inter, h),
-                              ExpertWeights(w2.float(), None, h, inter))
+    ref = fused_experts_torch(
+        x.float(),
+        weights,
+        ids,
+        ExpertWeights(w13.float(), None, 2 * inter, h),
+        ExpertWeights(w2.float(), None, h, inter),
+    )
     dev = triton_device
     got = fused_experts_triton(x.to(dev), weights.to(dev), ids.to(dev), w13.to(dev), w2.to(dev))
     assert_close(got.cpu(), ref, dtype, "fused moe")
@@ -112,7 +128,14 @@ def test_moe_align_pads_each_expert_to_blocks(triton_device):
     ids = torch.tensor([[2, 0], [2, -1], [0, 2], [3, 2]], device=triton_device)
     pairs, experts = moe_align(ids, 5, 4)
     n = ids.numel()
-    assert experts.tolist() == [0, 2, 3, -1, -1, -1]  # worst case: 8 pairs + 5 x 3 padding -> 6 blocks
+    assert experts.tolist() == [
+        0,
+        2,
+        3,
+        -1,
+        -1,
+        -1,
+    ]  # worst case: 8 pairs + 5 x 3 padding -> 6 blocks
     runs = pairs.view(-1, 4).tolist()
     assert runs[0] == [1, 4, n, n] and runs[1] == [0, 2, 5, 7] and runs[2] == [6, n, n, n]
     assert all(p == n for row in runs[3:] for p in row)

@@ -32,15 +32,22 @@ def test_triton_backend_equals_torch_backend_through_the_model(tiny, triton_devi
     hf, config, path = tiny
     starts = []  # each decode step's kv_start: where its group pass left each request's own keys
     find = prefix_groups.find_prefix_groups
-    monkeypatch.setattr(prefix_groups, "find_prefix_groups",
-                        lambda *a, **kw: starts.append(find(*a, **kw)) or starts[-1])
+    monkeypatch.setattr(
+        prefix_groups,
+        "find_prefix_groups",
+        lambda *a, **kw: starts.append(find(*a, **kw)) or starts[-1],
+    )
     model = load_model(path, device=str(triton_device)).model
-    spec = AttentionBackendSpec(head_dim=16, dtype=torch.float32, kv_dtype=torch.float32, device=triton_device)
+    spec = AttentionBackendSpec(
+        head_dim=16, dtype=torch.float32, kv_dtype=torch.float32, device=triton_device
+    )
     # The same scrambled slots for both.
-    ours = PoolHarness(model, config, attn_backend=TritonAttnBackend(spec), seed=7, device=triton_device)
+    ours = PoolHarness(
+        model, config, attn_backend=TritonAttnBackend(spec), seed=7, device=triton_device
+    )
     ref = PoolHarness(model, config, attn_backend=TorchSDPABackend(), seed=7, device=triton_device)
     g = torch.Generator().manual_seed(1)
-    tokens = lambda n: torch.randint(0, SMALL["vocab_size"], (n,), generator=g).tolist()  # noqa: E731
+    tokens = lambda n: torch.randint(0, SMALL["vocab_size"], (n,), generator=g).tolist()
     a_prompt, b_tail, c_prompt, d_prompt = tokens(45), tokens(6), tokens(12), tokens(5)
     seqs = {}
 
@@ -76,5 +83,5 @@ def test_triton_backend_equals_torch_backend_through_the_model(tiny, triton_devi
     last = both(lambda h: h.verify([reqs[h]["a"], reqs[h]["c"]], drafts))
     for r, d, rows in zip("ac", drafts, last):
         full = seqs[r] + d
-        want = hf_logits(hf, full)[-len(d):]
+        want = hf_logits(hf, full)[-len(d) :]
         assert (rows.cpu() - want).abs().max().item() < ATOL, f"request {r}: triton vs transformers"

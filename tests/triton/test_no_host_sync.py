@@ -1,10 +1,10 @@
-"""The GPU path waits for the GPU only for the sampled tokens: a tiny model's steps (a prefill over a
-prefix shared in the pool, decode steps with the group pass, a MIXED batch, a TARGET_VERIFY batch),
-each from the scheduler's ScheduleBatch.prepare through ModelRunner.prepare, the forward, a grammar
-mask and sampling, run under tests/device_guard.py's DeviceGuard with the Triton backend (its kernels
-in the interpreter), which raises on any host sync and on host tensors meeting device ones. Then the
-runner, model, sampler and KV pool sources are grepped for CPU-only assumptions outside the places
-that choose by device."""
+"""The GPU path waits for the GPU only for the sampled tokens: a tiny model's steps (a prefill over
+a prefix shared in the pool, decode steps with the group pass, a MIXED batch, a TARGET_VERIFY
+batch), each from the scheduler's ScheduleBatch.prepare through ModelRunner.prepare, the forward, a
+grammar mask and sampling, run under tests/device_guard.py's DeviceGuard with the Triton backend
+(its kernels in the interpreter), which raises on any host sync and on host tensors meeting device
+ones. Then the runner, model, sampler and KV pool sources are grepped for CPU-only assumptions
+outside the places that choose by device."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from radixlm.model.forward_batch import ForwardMode
 from radixlm.model.layers.moe.moe_block import MoeSpec, SparseMoeBlock
 from radixlm.model.runner import ModelRunner
 from radixlm.model.runner_config import ModelRunnerConfig
-from radixlm.speculative.draft_tree import ROOT, DraftTree
 from radixlm.sampling_params import SamplingParams
+from radixlm.speculative.draft_tree import ROOT, DraftTree
 from tests.device_guard import device_guard
 from tests.model.helpers import SMALL, save_random_llama
 from tests.triton.conftest import requires_triton
@@ -35,9 +35,17 @@ def runner(tmp_path_factory, triton_device):
     threads = torch.get_num_threads()
     try:
         # bfloat16: the layers run the torch code a GPU runs where no fused kernel applies.
-        yield ModelRunner(ModelRunnerConfig(model_path=str(path), device=str(triton_device), dtype="bfloat16",
-                                            attention_backend="triton", max_total_tokens=1024, max_running_requests=8,
-                                            num_threads=1))
+        yield ModelRunner(
+            ModelRunnerConfig(
+                model_path=str(path),
+                device=str(triton_device),
+                dtype="bfloat16",
+                attention_backend="triton",
+                max_total_tokens=1024,
+                max_running_requests=8,
+                num_threads=1,
+            )
+        )
     finally:
         torch.set_num_threads(threads)
 
@@ -51,31 +59,42 @@ def test_steps_never_wait_for_the_device(runner, triton_device):
     tree = NoPrefixCache()
     cm = CacheManager.create(runner.req_to_token_pool, runner.token_to_kv_pool, tree)
     g = torch.Generator().manual_seed(0)
-    ids = lambda n: torch.randint(3, SMALL["vocab_size"], (n,), generator=g).tolist()  # noqa: E731
-    samplings = [SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True),
-                 SamplingParams(max_new_tokens=16, temperature=0.8, top_p=0.9, top_k=20, ignore_eos=True),
-                 SamplingParams(max_new_tokens=16, temperature=0.7, min_p=0.05, seed=5, ignore_eos=True)]
+    ids = lambda n: torch.randint(3, SMALL["vocab_size"], (n,), generator=g).tolist()
+    samplings = [
+        SamplingParams(max_new_tokens=16, temperature=0.0, ignore_eos=True),
+        SamplingParams(max_new_tokens=16, temperature=0.8, top_p=0.9, top_k=20, ignore_eos=True),
+        SamplingParams(max_new_tokens=16, temperature=0.7, min_p=0.05, seed=5, ignore_eos=True),
+    ]
 
     def req(rid, prompt, sp, cached=None):
         r = Req(rid=rid, origin_input_ids=prompt, sampling_params=sp)
-        cm.assign(r, cached if cached is not None else torch.empty(0, dtype=torch.int64), tree.root_node)
+        cm.assign(
+            r, cached if cached is not None else torch.empty(0, dtype=torch.int64), tree.root_node
+        )
         return r
 
     def extend(reqs):
-        return ScheduleBatch(ForwardMode.EXTEND, chunks=[PrefillChunk.plan(r, r.seqlen - r.kv_committed_len)
-                                                          for r in reqs])
+        return ScheduleBatch(
+            ForwardMode.EXTEND,
+            chunks=[PrefillChunk.plan(r, r.seqlen - r.kv_committed_len) for r in reqs],
+        )
 
     def step(batch, guard_mask=False):
-        """One step under the guard; the sampled ids read back after it (the one sync a step has)."""
+        """One step under the guard; the sampled ids read back after it (the one sync a step
+        has)."""
         with device_guard(triton_device) as guard:
             fb = runner.prepare(batch.prepare(cm))
             out = runner.forward(fb)
             logits = out.next_token_logits
             if guard_mask:  # a constrained row: the host-filled bitmask moved over and applied
-                mask = BaseGrammarBackend.allocate_vocab_mask(runner.vocab_size, fb.batch_size, logits.device)
+                mask = BaseGrammarBackend.allocate_vocab_mask(
+                    runner.vocab_size, fb.batch_size, logits.device
+                )
                 mask[0, :2] = 0
                 logits = logits.clone()
-                BaseGrammarBackend.apply_vocab_mask(logits, BaseGrammarBackend.move_vocab_mask(mask, logits.device))
+                BaseGrammarBackend.apply_vocab_mask(
+                    logits, BaseGrammarBackend.move_vocab_mask(mask, logits.device)
+                )
             next_ids = runner.sample(fb, logits)
         assert guard.calls > 100, "the guard saw the step"
         for r, tok in zip(batch.reqs, next_ids.tolist()):
@@ -86,28 +105,51 @@ def test_steps_never_wait_for_the_device(runner, triton_device):
     shared = ids(40)
     a = req("a", shared + ids(5), samplings[0])
     step(extend([a]))
-    b = req("b", shared + ids(7), samplings[1], cached=runner.req_to_token_pool.req_to_token[a.req_pool_idx, :40])
+    b = req(
+        "b",
+        shared + ids(7),
+        samplings[1],
+        cached=runner.req_to_token_pool.req_to_token[a.req_pool_idx, :40],
+    )
     c = req("c", ids(9), samplings[2])
     step(extend([b, c]), guard_mask=True)
     running = [a, b, c]
     for _ in range(2):  # a and b share 40 slots: the decode group pass
         step(ScheduleBatch(ForwardMode.DECODE, decode_reqs=running), guard_mask=True)
     d = req("d", ids(6), samplings[0])
-    step(ScheduleBatch(ForwardMode.MIXED, chunks=[PrefillChunk.plan(d, d.seqlen)], decode_reqs=running))
-    out = step(ScheduleBatch(ForwardMode.TARGET_VERIFY, decode_reqs=[a, c, d], drafts=[DraftTree(tuple(ids(3)), (ROOT, ROOT, 0)), DraftTree.empty(),
-                                                                          DraftTree.chain(ids(2))]))  # a tree: its mask too
-    assert [tuple(r.shape) for r in out.row_logits] == [(4, SMALL["vocab_size"]), (1, SMALL["vocab_size"]),
-                                                        (3, SMALL["vocab_size"])]
+    step(
+        ScheduleBatch(
+            ForwardMode.MIXED, chunks=[PrefillChunk.plan(d, d.seqlen)], decode_reqs=running
+        )
+    )
+    out = step(
+        ScheduleBatch(
+            ForwardMode.TARGET_VERIFY,
+            decode_reqs=[a, c, d],
+            drafts=[
+                DraftTree(tuple(ids(3)), (ROOT, ROOT, 0)),
+                DraftTree.empty(),
+                DraftTree.chain(ids(2)),
+            ],
+        )
+    )  # a tree: its mask too
+    assert [tuple(r.shape) for r in out.row_logits] == [
+        (4, SMALL["vocab_size"]),
+        (1, SMALL["vocab_size"]),
+        (3, SMALL["vocab_size"]),
+    ]
 
 
 def test_moe_layer_on_the_triton_path_never_waits(triton_device):
-    """A MoE block whose experts take the Triton grouped GEMM (CUDA's path): routing, the expert load
-    count and the sorted pairs stay on the device."""
+    """A MoE block whose experts take the Triton grouped GEMM (CUDA's path): routing, the expert
+    load count and the sorted pairs stay on the device."""
     from radixlm.model.layers.moe import triton as moe_triton
 
     torch.manual_seed(0)
     with torch.device(triton_device):
-        block = SparseMoeBlock(32, MoeSpec(num_experts=4, top_k=2, intermediate_size=24, renormalize=True), 0)
+        block = SparseMoeBlock(
+            32, MoeSpec(num_experts=4, top_k=2, intermediate_size=24, renormalize=True), 0
+        )
         for p in block.parameters():
             p.data.normal_(0, 0.2)
         block.finish_loading()
@@ -122,11 +164,17 @@ def test_moe_layer_on_the_triton_path_never_waits(triton_device):
 
 # Device literals and CPU-only calls, where a GPU run would keep work on the host or wait for it, in
 # the modules of a GPU step; each allowed line is a choice made by device or a fallback (named).
-CPU_ONLY = re.compile(r'device="cpu"|device=\'cpu\'|\.cpu\(\)|\.numpy\(\)|set_num_threads|pin_memory=True|'
-                      r'\.item\(\)|bincount')
+CPU_ONLY = re.compile(
+    r'device="cpu"|device=\'cpu\'|\.cpu\(\)|\.numpy\(\)|set_num_threads|pin_memory=True|'
+    r"\.item\(\)|bincount"
+)
 ALLOWED = {
-    "model/runner.py": ["torch.set_num_threads(config.num_threads"],  # inside `if self.device.type == "cpu"`
-    "model/layers/moe/fused_moe.py": ["bincount"],  # fused_experts_torch: the fallback where no kernel applies
+    "model/runner.py": [
+        "torch.set_num_threads(config.num_threads"
+    ],  # inside `if self.device.type == "cpu"`
+    "model/layers/moe/fused_moe.py": [
+        "bincount"
+    ],  # fused_experts_torch: the fallback where no kernel applies
     "model/layers/moe/moe_block.py": ["bincount"],  # the docstring saying why not
     "model/layers/sampler.py": [],
     "model/layers/sampler_extras.py": [],
@@ -139,8 +187,18 @@ ALLOWED = {
     "scheduler/batch.py": [],
     "scheduler/overlap.py": [],
     "scheduler/executor.py": [],
-    **{f"kernels/triton_ops/{m}.py": [] for m in ("decode_attention", "extend_attention", "elementwise", "fused_moe",
-                                                  "lora", "prefix_groups", "tiles")},
+    **{
+        f"kernels/triton_ops/{m}.py": []
+        for m in (
+            "decode_attention",
+            "extend_attention",
+            "elementwise",
+            "fused_moe",
+            "lora",
+            "prefix_groups",
+            "tiles",
+        )
+    },
 }
 
 

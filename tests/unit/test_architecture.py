@@ -1,7 +1,7 @@
-"""The architecture as tests: the import contracts of pyproject.toml ([tool.importlinter]: the layers,
-the leaves, the independent router, no cycle between siblings), no import cycle between modules, no
-module past 500 lines and no class past 400 (radixlm/ only). TYPE_CHECKING and lazy (function-level)
-imports count like any other: a cycle through them is still a cycle to untangle.
+"""The architecture as tests: the import contracts of pyproject.toml ([tool.importlinter]: the
+layers, the leaves, the independent router, no cycle between siblings), no import cycle between
+modules, no module past 500 lines and no class past 400 (radixlm/ only). TYPE_CHECKING and lazy
+(function-level) imports count like any other: a cycle through them is still a cycle to untangle.
 
 Each checker also runs on a small package written to a temp dir, with and without the fault it looks
 for, so that a pass means the fault is absent, not that the checker is blind.
@@ -30,20 +30,32 @@ GENERATED: frozenset[str] = frozenset()
 
 
 # ----------------------------------------------------------------------------- the checkers
-def lint_imports(cwd: Path, config: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
+def lint_imports(
+    cwd: Path, config: Path, pythonpath: Path | None = None
+) -> subprocess.CompletedProcess:
     """import-linter's command on `config`, run from `cwd` (its packages importable from there)."""
     env = {**os.environ, "COLUMNS": "200"}  # import chains unwrapped in the report
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), env.get("PYTHONPATH", "")])
-    cmd = [sys.executable, "-c", "from importlinter.cli import lint_imports_command; lint_imports_command()",
-           str(config), "--no-cache", "--no-logo"]
+    cmd = [
+        sys.executable,
+        "-c",
+        "from importlinter.cli import lint_imports_command; lint_imports_command()",
+        str(config),
+        "--no-cache",
+        "--no-logo",
+    ]
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 def import_graph(package: str) -> grimp.ImportGraph:
     # cache_dir=None: nothing written into the checkout.
-    return grimp.build_graph(package, include_external_packages=False, exclude_type_checking_imports=False,
-                             cache_dir=None)
+    return grimp.build_graph(
+        package,
+        include_external_packages=False,
+        exclude_type_checking_imports=False,
+        cache_dir=None,
+    )
 
 
 def import_cycles(graph: grimp.ImportGraph) -> list[list[str]]:
@@ -119,14 +131,17 @@ def describe_cycle(graph: grimp.ImportGraph, component: list[str]) -> str:
         seen.add(key)
         steps = []
         for a, b in zip(cycle, cycle[1:]):
-            where = ", ".join(f"l.{d['line_number']}" for d in graph.get_import_details(importer=a, imported=b))
+            where = ", ".join(
+                f"l.{d['line_number']}" for d in graph.get_import_details(importer=a, imported=b)
+            )
             steps.append(f"    {a} -> {b} ({where})")
         lines += ["  " + " -> ".join(cycle)] + steps
     return "\n".join(lines)
 
 
 def oversized(package_dir: Path, exempt: frozenset[str] = frozenset()) -> list[str]:
-    """Modules over MAX_MODULE_LINES lines and classes over MAX_CLASS_LINES (decorators included)."""
+    """Modules over MAX_MODULE_LINES lines and classes over MAX_CLASS_LINES (decorators
+    included)."""
     out = []
     for path in sorted(package_dir.rglob("*.py")):
         rel = path.relative_to(package_dir).as_posix()
@@ -155,23 +170,48 @@ def test_import_contracts_are_kept():
 
 
 def test_contracts_are_the_designed_ones():
-    """The contracts stay as strong as designed: every one present, TYPE_CHECKING imports counted."""
+    """The contracts stay as strong as designed: every one present, TYPE_CHECKING imports
+    counted."""
     cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
     assert cfg["root_package"] == PACKAGE and cfg.get("include_external_packages") is True
     assert not cfg.get("exclude_type_checking_imports", False)
     contracts = {c["id"]: c for c in cfg["contracts"]}
     assert set(contracts) == {"layers", "leaves", "router", "acyclic"}
     for c in contracts.values():
-        assert not c.get("ignore_imports") and not c.get("exclude_type_checking_imports", False), c["id"]
+        assert not c.get("ignore_imports") and not c.get("exclude_type_checking_imports", False), c[
+            "id"
+        ]
     assert contracts["layers"]["layers"] == [
-        "radixlm.cli", "radixlm.bench | radixlm.lang", "radixlm.server", "radixlm.engine", "radixlm.scheduler",
-        "radixlm.disaggregation", "radixlm.speculative | radixlm.constrained", "radixlm.model", "radixlm.lora", "radixlm.distributed", "radixlm.cache",
-        "radixlm.kernels", "radixlm.function_call | radixlm.reasoning"]
+        "radixlm.cli",
+        "radixlm.bench | radixlm.lang",
+        "radixlm.server",
+        "radixlm.engine",
+        "radixlm.scheduler",
+        "radixlm.disaggregation",
+        "radixlm.speculative | radixlm.constrained",
+        "radixlm.model",
+        "radixlm.lora",
+        "radixlm.distributed",
+        "radixlm.cache",
+        "radixlm.kernels",
+        "radixlm.function_call | radixlm.reasoning",
+    ]
     packages = {p.strip() for layer in contracts["layers"]["layers"] for p in layer.split("|")}
     assert set(contracts["leaves"]["source_modules"]) == {
-        "radixlm.ipc", "radixlm.config", "radixlm.sampling_params", "radixlm.utils", "radixlm.http_common",
-        "radixlm.radix_walk", "radixlm.errors", "radixlm.version", "radixlm.stop_match", "radixlm.http_access",
-        "radixlm.http_dashboard", "radixlm.mm_inputs", "radixlm.config_help"}
+        "radixlm.ipc",
+        "radixlm.config",
+        "radixlm.sampling_params",
+        "radixlm.utils",
+        "radixlm.http_common",
+        "radixlm.radix_walk",
+        "radixlm.errors",
+        "radixlm.version",
+        "radixlm.stop_match",
+        "radixlm.http_access",
+        "radixlm.http_dashboard",
+        "radixlm.mm_inputs",
+        "radixlm.config_help",
+    }
     assert packages <= set(contracts["leaves"]["forbidden_modules"])
     assert contracts["router"]["source_modules"] == ["radixlm.router"]
     assert packages | {"torch"} <= set(contracts["router"]["forbidden_modules"])
@@ -203,21 +243,32 @@ def write_package(root: Path, name: str, modules: dict[str, str]) -> None:
 def test_cycle_finder_sees_type_checking_and_lazy_imports(tmp_path, monkeypatch):
     name = "archfixture_cycles"
     monkeypatch.syspath_prepend(str(tmp_path))
-    write_package(tmp_path, name, {
-        # a -> b only inside a function, b -> a only under TYPE_CHECKING: still a cycle.
-        "a": f"def f():\n    from {name} import b\n    return b\n",
-        "b": f"from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from {name}.a import f\n",
-        "c": f"from {name} import a\n",  # on no cycle
-        "d": f"import {name}.e\n",
-        "e": f"import {name}.f\n",
-        "f": f"import {name}.d\n",
-    })
+    write_package(
+        tmp_path,
+        name,
+        {
+            # a -> b only inside a function, b -> a only under TYPE_CHECKING: still a cycle.
+            "a": f"def f():\n    from {name} import b\n    return b\n",
+            "b": (
+                f"from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from {name}.a import f\n"
+            ),
+            "c": f"from {name} import a\n",  # on no cycle
+            "d": f"import {name}.e\n",
+            "e": f"import {name}.f\n",
+            "f": f"import {name}.d\n",
+        },
+    )
     graph = import_graph(name)
     cycles = import_cycles(graph)
     assert cycles == [[f"{name}.a", f"{name}.b"], [f"{name}.d", f"{name}.e", f"{name}.f"]]
     text = describe_cycle(graph, cycles[0])
     assert f"{name}.a -> {name}.b (l.2)" in text and f"{name}.b -> {name}.a (l.3)" in text
-    assert shortest_cycle(graph, cycles[1], f"{name}.e") == [f"{name}.e", f"{name}.f", f"{name}.d", f"{name}.e"]
+    assert shortest_cycle(graph, cycles[1], f"{name}.e") == [
+        f"{name}.e",
+        f"{name}.f",
+        f"{name}.d",
+        f"{name}.e",
+    ]
 
     (tmp_path / name / "b.py").write_text("")
     (tmp_path / name / "f.py").write_text("")
@@ -243,14 +294,23 @@ forbidden_modules = ["{ext}"]
 
 
 def test_contract_check_fails_on_violations_and_passes_without(tmp_path):
-    name, ext = "archfixture_layers", "archfixture_external"  # ext: outside the root package, like torch
+    name, ext = (
+        "archfixture_layers",
+        "archfixture_external",
+    )  # ext: outside the root package, like torch
     write_package(tmp_path, ext, {})
-    write_package(tmp_path, name, {
-        # A lazy import of the forbidden external package...
-        "top": f"from {name} import bottom\n\ndef f():\n    import {ext}\n",
-        # ... and a layer violation under TYPE_CHECKING: both must count.
-        "bottom": f"from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from {name} import top\n",
-    })
+    write_package(
+        tmp_path,
+        name,
+        {
+            # A lazy import of the forbidden external package...
+            "top": f"from {name} import bottom\n\ndef f():\n    import {ext}\n",
+            # ... and a layer violation under TYPE_CHECKING: both must count.
+            "bottom": (
+                f"from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from {name} import top\n"
+            ),
+        },
+    )
     config = tmp_path / "pyproject.toml"
     config.write_text(CONTRACTS.format(name=name, ext=ext))
     r = lint_imports(tmp_path, config, pythonpath=tmp_path)
@@ -265,12 +325,15 @@ def test_contract_check_fails_on_violations_and_passes_without(tmp_path):
     assert r.returncode == 0 and "2 kept, 0 broken" in r.stdout, r.stdout + r.stderr
 
 
-@pytest.mark.parametrize("module_lines, class_lines, flagged", [
-    (MAX_MODULE_LINES, 10, []),
-    (MAX_MODULE_LINES + 1, 10, ["module"]),
-    (MAX_CLASS_LINES + 20, MAX_CLASS_LINES, []),
-    (MAX_CLASS_LINES + 20, MAX_CLASS_LINES + 1, ["class"]),
-])
+@pytest.mark.parametrize(
+    "module_lines, class_lines, flagged",
+    [
+        (MAX_MODULE_LINES, 10, []),
+        (MAX_MODULE_LINES + 1, 10, ["module"]),
+        (MAX_CLASS_LINES + 20, MAX_CLASS_LINES, []),
+        (MAX_CLASS_LINES + 20, MAX_CLASS_LINES + 1, ["class"]),
+    ],
+)
 def test_size_check(tmp_path, module_lines, class_lines, flagged):
     body = ["class Big:"] + ["    x = 0"] * (class_lines - 1)
     lines = body + ["# filler"] * (module_lines - len(body))

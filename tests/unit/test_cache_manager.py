@@ -23,14 +23,18 @@ from tests.unit.test_radix_cache import cached_prefixes, path_key
 KV_SIZE = 64
 
 
-def make_manager(kv_size: int = KV_SIZE, disable: bool = False, num_reqs: int = 4, max_len: int = 32) -> CacheManager:
+def make_manager(
+    kv_size: int = KV_SIZE, disable: bool = False, num_reqs: int = 4, max_len: int = 32
+) -> CacheManager:
     kv_pool = TokenToKVPool(kv_size, num_layers=1, num_kv_heads=1, head_dim=1)
     tree = NoPrefixCache() if disable else RadixCache(kv_pool)
     return CacheManager.create(ReqToTokenPool(num_reqs, max_len), kv_pool, tree)
 
 
 def new_req(ids: list[int], rid: str = "r") -> Req:
-    return Req(rid=rid, origin_input_ids=list(ids), sampling_params=SamplingParams(max_new_tokens=8))
+    return Req(
+        rid=rid, origin_input_ids=list(ids), sampling_params=SamplingParams(max_new_tokens=8)
+    )
 
 
 def admit(cm: CacheManager, ids: list[int], rid: str = "r") -> Req:
@@ -146,7 +150,11 @@ def test_release_inserts_only_committed_kv_and_frees_the_uncommitted_tail():
     check(cm, a)
     cm.release(a)
     assert cm.tree_cache.total_size() == 4 and cached_prefixes(cm.tree_cache).keys() == {
-        (None, 1), (None, 1, 2), (None, 1, 2, 3), (None, 1, 2, 3, 4)}
+        (None, 1),
+        (None, 1, 2),
+        (None, 1, 2, 3),
+        (None, 1, 2, 3, 4),
+    }
     assert tail in cm.token_to_kv_pool.free_slots.tolist()
     check(cm)
 
@@ -198,8 +206,14 @@ def test_disabled_cache_no_sharing_frees_everything():
     cm = make_manager(disable=True)
     a = admit(cm, [1, 2, 3], "a")
     own = row(cm, a, 3)
-    cm.cache_req(a, finished=False)  # no sharing: a keeps its own slots, and its next chunk builds on them
-    assert row(cm, a, 3) == own and a.cache_protected_len == 0 and a.last_node is cm.tree_cache.root_node
+    cm.cache_req(
+        a, finished=False
+    )  # no sharing: a keeps its own slots, and its next chunk builds on them
+    assert (
+        row(cm, a, 3) == own
+        and a.cache_protected_len == 0
+        and a.last_node is cm.tree_cache.root_node
+    )
     b = admit(cm, [1, 2, 3, 4], "b")
     assert b.cache_protected_len == 0
     assert cm.token_to_kv_pool.available_size() == KV_SIZE - 7
@@ -241,7 +255,9 @@ def _lock_leak(cm, a, b):  # a lock nobody holds
 
 
 def _two_owners(cm, a, b):  # b's own slot also in a's range
-    cm.req_to_token_pool.req_to_token[a.req_pool_idx, 4] = cm.req_to_token_pool.req_to_token[b.req_pool_idx, 6]
+    cm.req_to_token_pool.req_to_token[a.req_pool_idx, 4] = cm.req_to_token_pool.req_to_token[
+        b.req_pool_idx, 6
+    ]
     a.output_ids, a.kv_allocated_len, a.kv_committed_len = [8], 5, 5
 
 
@@ -249,7 +265,9 @@ def _row_shared(cm, a, b):
     b.req_pool_idx = a.req_pool_idx
 
 
-@pytest.mark.parametrize("corrupt", [_dup_free, _leak, _stale_row, _lock_leak, _two_owners, _row_shared])
+@pytest.mark.parametrize(
+    "corrupt", [_dup_free, _leak, _stale_row, _lock_leak, _two_owners, _row_shared]
+)
 def test_invariant_check_catches(corrupt):
     cm, a, b = _two_requests()
     check(cm, a, b)
@@ -267,7 +285,9 @@ def test_invariant_check_catches_a_waiting_request_that_holds_kv():
 # --- stateful property test -----------------------------------------------------------
 
 TOKENS = st.lists(st.integers(0, 3), min_size=1, max_size=6)
-NAMESPACES = st.sampled_from([None, "tenant-b"])  # a request's KV is shared within its namespace only
+NAMESPACES = st.sampled_from(
+    [None, "tenant-b"]
+)  # a request's KV is shared within its namespace only
 
 
 class CacheManagerMachine(RuleBasedStateMachine):
@@ -335,7 +355,9 @@ class CacheManagerMachine(RuleBasedStateMachine):
         self.cm.cache_req(req, finished=False)
         ids = req.all_ids()[: req.kv_committed_len]
         assert req.cache_protected_len == len(ids) and path_key(req.last_node) == ids
-        assert row(self.cm, req, len(ids)) == [self.cached[(req.cache_namespace, *ids[: i + 1])] for i in range(len(ids))]
+        assert row(self.cm, req, len(ids)) == [
+            self.cached[(req.cache_namespace, *ids[: i + 1])] for i in range(len(ids))
+        ]
 
     @precondition(lambda self: self.reqs)
     @rule(data=st.data())
@@ -376,6 +398,9 @@ class CacheManagerMachine(RuleBasedStateMachine):
 
 
 CacheManagerMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=150,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 test_cache_manager_state_machine = CacheManagerMachine.TestCase

@@ -21,7 +21,9 @@ def chunk(rid, ids, finished=None, trim=True):
 
 def test_one_token_at_a_time_never_shows_a_broken_character(tokenizer):
     ids = tokenizer.encode(TEXT)
-    assert any("\ufffd" in tokenizer.decode(ids[:i]) for i in range(1, len(ids))), "the text must split a character"
+    assert any("\ufffd" in tokenizer.decode(ids[:i]) for i in range(1, len(ids))), (
+        "the text must split a character"
+    )
     detok = IncrementalDetokenizer(tokenizer)
     seen = ""
     for tok in ids[:-1]:

@@ -31,7 +31,9 @@ _n = iter(range(10**6))
 
 
 def req(ids: list[int], namespace=None) -> TokenizedGenerateReqInput:
-    return TokenizedGenerateReqInput(f"r{next(_n)}", None, ids, SamplingParams(), cache_namespace=namespace)
+    return TokenizedGenerateReqInput(
+        f"r{next(_n)}", None, ids, SamplingParams(), cache_namespace=namespace
+    )
 
 
 def tokens(start: int, n: int) -> list[int]:
@@ -87,7 +89,9 @@ def test_round_robin_total_tokens_and_sessions():
     d.view.requests = [9, 0]
     d.step_seen()
     d.assign(BindSessionReq("t2", "s"))
-    assert d.assign(TokenizedGenerateReqInput("t2", None, [5], SamplingParams())) == 0  # the session's rank
+    assert (
+        d.assign(TokenizedGenerateReqInput("t2", None, [5], SamplingParams())) == 0
+    )  # the session's rank
     assert d.assign(CloseSessionReq("s")) is None and "s" not in d.sessions
     assert d.assign(AbortReq("t2")) is None and d.assign(FlushCacheReq()) is None
     with pytest.raises(ValueError, match="load_balance_method must be one of"):
@@ -116,17 +120,39 @@ def test_answers_merge_when_every_rank_answered_in_order():
 
 
 def test_merged_values():
-    out = merge_replies([UpdateWeightFromDiskReqOutput(True, "ok", 2), UpdateWeightFromDiskReqOutput(True, "ok", 3)])
+    out = merge_replies(
+        [UpdateWeightFromDiskReqOutput(True, "ok", 2), UpdateWeightFromDiskReqOutput(True, "ok", 3)]
+    )
     assert out == UpdateWeightFromDiskReqOutput(True, "ok", 5)
-    states = [{"prompt_tokens": 10, "cached_tokens": 10, "cache_hit_rate": 1.0, "decode_outside_share": 0.2,
-               "expert_load": {"1": [1, 0, 2]}, "dp_rank": 0, "hicache": {"l2_loads": 1}, "architecture": "X"},
-              {"prompt_tokens": 30, "cached_tokens": 0, "cache_hit_rate": 0.0, "decode_outside_share": 0.4,
-               "expert_load": {"1": [0, 5, 1]}, "dp_rank": 1, "hicache": {"l2_loads": 2}, "architecture": "X"}]
+    states = [
+        {
+            "prompt_tokens": 10,
+            "cached_tokens": 10,
+            "cache_hit_rate": 1.0,
+            "decode_outside_share": 0.2,
+            "expert_load": {"1": [1, 0, 2]},
+            "dp_rank": 0,
+            "hicache": {"l2_loads": 1},
+            "architecture": "X",
+        },
+        {
+            "prompt_tokens": 30,
+            "cached_tokens": 0,
+            "cache_hit_rate": 0.0,
+            "decode_outside_share": 0.4,
+            "expert_load": {"1": [0, 5, 1]},
+            "dp_rank": 1,
+            "hicache": {"l2_loads": 2},
+            "architecture": "X",
+        },
+    ]
     merged = merge_replies([GetInternalStateReqOutput(s) for s in states]).state
     assert merged["prompt_tokens"] == 40 and merged["cache_hit_rate"] == 0.25
     assert merged["decode_outside_share"] == pytest.approx(0.3)
     assert merged["expert_load"] == {"1": [1, 5, 3]} and merged["hicache"] == {"l2_loads": 3}
-    assert merged["architecture"] == "X" and "dp_rank" not in merged and merged["dp_ranks"] == states
+    assert (
+        merged["architecture"] == "X" and "dp_rank" not in merged and merged["dp_ranks"] == states
+    )
     trees = [[{"id": 1, "parent": None}, {"id": 2, "parent": 1}], [{"id": 1, "parent": None}]]
     snap = merge_replies([DashboardSnapshotReqOutput(s, t) for s, t in zip(states, trees)])
     ids = [n["id"] for n in snap.tree]
@@ -143,14 +169,18 @@ def test_option_checks():
     ok = DistConfig(tp_size=2, dp_size=2, enable_dp_attention=True, ep_size=2)
     assert ok.attn_tp_size == 1 and ok.world_size == 2
     assert not ServerArgs(dp_size=1, enable_dp_attention=True).enable_dp_attention  # SGLang's rule
-    with pytest.raises(ValueError, match="enable_dp_attention: DP attention needs --tp-size equal to --dp-size"):
+    with pytest.raises(
+        ValueError, match="enable_dp_attention: DP attention needs --tp-size equal to --dp-size"
+    ):
         ServerArgs(tp_size=4, dp_size=2, enable_dp_attention=True)
     from radixlm.engine.launcher import check_server_args
 
     base = dict(tp_size=2, dp_size=2, enable_dp_attention=True)
-    for extra, name in ((dict(speculative_algorithm="ngram"), "speculative_algorithm"),
-                        (dict(enable_overlap_schedule=True), "enable_overlap_schedule"),
-                        (dict(enable_torch_compile=True), "enable_torch_compile")):
+    for extra, name in (
+        (dict(speculative_algorithm="ngram"), "speculative_algorithm"),
+        (dict(enable_overlap_schedule=True), "enable_overlap_schedule"),
+        (dict(enable_torch_compile=True), "enable_torch_compile"),
+    ):
         with pytest.raises(ValueError, match=f"{name} is not supported with enable_dp_attention"):
             check_server_args(ServerArgs(**base, **extra))
     with pytest.raises(ValueError, match="load_balance_method must be one of"):
@@ -168,6 +198,8 @@ def test_the_command_line_refuses_unequal_sizes_in_one_line(capsys):
 
     assert main(["serve", "--model-path", "m", "--enable-dp-attention", "--dp-size", "8"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["radixlm: error: --enable-dp-attention: DP attention needs --tp-size equal to --dp-size (one rank "
-                   "per attention group; radixlm does not split a group's heads over ranks) ; --tp-size N --dp-size N "
-                   "(N >= 2) on a MoE model"]
+    assert err == [
+        "radixlm: error: --enable-dp-attention: DP attention needs --tp-size equal to --dp-size"
+        " (one rank per attention group; radixlm does not split a group's heads over ranks) ;"
+        " --tp-size N --dp-size N (N >= 2) on a MoE model"
+    ]

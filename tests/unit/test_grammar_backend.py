@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("xgrammar")
 jsonschema = pytest.importorskip("jsonschema")
 
-from radixlm.constrained import (  # noqa: E402
+from radixlm.constrained import (  # noqa: E402 (after the importorskip checks above)
     ANY_JSON_OBJECT,
     BaseGrammarBackend,
     InvalidGrammar,
@@ -30,7 +30,9 @@ def tokenizer(default_model_path):
 
 @pytest.fixture(scope="module")
 def backend(tokenizer):
-    b = create_grammar_backend("xgrammar", tokenizer, len(tokenizer), eos_token_ids=[EOS], num_threads=2)
+    b = create_grammar_backend(
+        "xgrammar", tokenizer, len(tokenizer), eos_token_ids=[EOS], num_threads=2
+    )
     yield b
     b.shutdown()
 
@@ -95,7 +97,11 @@ def test_valid_grammars_and_dict_schema(backend):
     compile_ok(backend, "json", '{"type": "string"}')
     compile_ok(backend, "regex", r"\d+")
     compile_ok(backend, "ebnf", 'root ::= "yes" | "no"')
-    g = compile_ok(backend, "json", {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    g = compile_ok(
+        backend,
+        "json",
+        {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+    )
     assert g.find_jump_forward_str() == '{"a": '
 
 
@@ -133,8 +139,13 @@ def test_compiles_run_on_the_pool_and_never_block(backend, monkeypatch):
         return real(schema)
 
     monkeypatch.setattr(backend, "dispatch_json", gated)
-    keys = [("json", json.dumps({"type": "object", "properties": {f"f{i}": {"enum": [i, "x"]}}})) for i in range(16)]
-    futs = [backend.get_future(k) for k in keys] + [backend.get_future(keys[0])]  # in-flight duplicate
+    keys = [
+        ("json", json.dumps({"type": "object", "properties": {f"f{i}": {"enum": [i, "x"]}}}))
+        for i in range(16)
+    ]
+    futs = [backend.get_future(k) for k in keys] + [
+        backend.get_future(keys[0])
+    ]  # in-flight duplicate
     assert not any(f.done() for f in futs), "get_future waited for a compile"
     gate.set()
     results = [f.result(timeout=60) for f in futs]
@@ -176,12 +187,18 @@ SCHEMAS = {
     "array_bounds": {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 4},
     "enum": {
         "type": "object",
-        "properties": {"color": {"enum": ["red", "green", "blue"]}, "size": {"type": "string", "enum": ["S", "M"]}},
+        "properties": {
+            "color": {"enum": ["red", "green", "blue"]},
+            "size": {"type": "string", "enum": ["S", "M"]},
+        },
         "required": ["color", "size"],
     },
     "int_bounds": {
         "type": "object",
-        "properties": {"n": {"type": "integer", "minimum": -5, "maximum": 120}, "x": {"type": "number"}},
+        "properties": {
+            "n": {"type": "integer", "minimum": -5, "maximum": 120},
+            "x": {"type": "number"},
+        },
         "required": ["n", "x"],
     },
     "pattern": {
@@ -191,7 +208,11 @@ SCHEMAS = {
     },
     "optional": {
         "type": "object",
-        "properties": {"id": {"type": "integer"}, "nick": {"type": "string"}, "active": {"type": "boolean"}},
+        "properties": {
+            "id": {"type": "integer"},
+            "nick": {"type": "string"},
+            "active": {"type": "boolean"},
+        },
         "required": ["id"],
     },
 }
@@ -380,7 +401,9 @@ def test_apply_vocab_mask_matches_naive(vocab):
     mask = BaseGrammarBackend.allocate_vocab_mask(vocab, 5)
     words = mask.shape[1]
     for row in (0, 2, 4):  # rows 1 and 3: requests without a grammar, left all ones
-        mask[row] = torch.randint(-(2**31), 2**31, (words,), generator=gen, dtype=torch.int64).to(torch.int32)
+        mask[row] = torch.randint(-(2**31), 2**31, (words,), generator=gen, dtype=torch.int64).to(
+            torch.int32
+        )
     mask[4, :] = 0
     mask[4, 3] = -(2**31)  # only bit 31 of word 3: token 127
     expected = naive_apply(logits, mask)
@@ -397,7 +420,9 @@ def test_apply_vocab_mask_matches_xgrammar():
     gen = torch.Generator().manual_seed(0)
     vocab = 49152
     logits = torch.randn(8, vocab, generator=gen)
-    mask = torch.randint(-(2**31), 2**31, (8, vocab // 32), generator=gen, dtype=torch.int64).to(torch.int32)
+    mask = torch.randint(-(2**31), 2**31, (8, vocab // 32), generator=gen, dtype=torch.int64).to(
+        torch.int32
+    )
     ref = logits.clone()
     xgr.apply_token_bitmask_inplace(ref, mask)
     BaseGrammarBackend.apply_vocab_mask(logits, mask)

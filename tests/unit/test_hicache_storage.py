@@ -20,7 +20,9 @@ SECRET = b"s" * 32
 def chunk(seed: int, dtype=torch.float16, scales=False) -> KVData:
     g = torch.Generator().manual_seed(seed)
     if dtype == torch.int8:
-        k, v = (torch.randint(-127, 128, (3, C, 2, 4), generator=g, dtype=torch.int8) for _ in range(2))
+        k, v = (
+            torch.randint(-127, 128, (3, C, 2, 4), generator=g, dtype=torch.int8) for _ in range(2)
+        )
     else:
         k, v = (torch.randn(3, C, 2, 4, generator=g).to(dtype) for _ in range(2))
     if scales:
@@ -29,7 +31,9 @@ def chunk(seed: int, dtype=torch.float16, scales=False) -> KVData:
 
 
 def same(a: KVData, b: KVData) -> bool:
-    return len(a.tensors()) == len(b.tensors()) and all(torch.equal(x, y) for x, y in zip(a.tensors(), b.tensors()))
+    return len(a.tensors()) == len(b.tensors()) and all(
+        torch.equal(x, y) for x, y in zip(a.tensors(), b.tensors())
+    )
 
 
 def layout(dtype=torch.float16) -> ChunkLayout:
@@ -40,8 +44,10 @@ def store(tmp_path, key="model-a", stats=None, dtype=torch.float16, **kw) -> HiC
     return HiCacheFile(str(tmp_path), key, layout(dtype), stats=stats or HiCacheStats(), **kw)
 
 
-@pytest.mark.parametrize("dtype,scales", [(torch.float32, False), (torch.float16, False), (torch.bfloat16, False),
-                                          (torch.int8, True)])
+@pytest.mark.parametrize(
+    "dtype,scales",
+    [(torch.float32, False), (torch.float16, False), (torch.bfloat16, False), (torch.int8, True)],
+)
 def test_round_trip_every_dtype(tmp_path, dtype, scales):
     s = store(tmp_path, dtype=dtype)
     ids = list(range(C))
@@ -57,7 +63,9 @@ def test_chunk_keys_chain_the_prefix_and_the_model():
     a = list(range(3 * C))
     b = a[:C] + [99] + a[C + 1 :]
     ka, kb = chunk_keys("m", a, C, 3), chunk_keys("m", b, C, 3)
-    assert ka[0] == kb[0] and ka[1] != kb[1] and ka[2] != kb[2]  # a change poisons every later chunk
+    assert (
+        ka[0] == kb[0] and ka[1] != kb[1] and ka[2] != kb[2]
+    )  # a change poisons every later chunk
     assert chunk_keys("m", a, C, 2) == ka[:2]
     assert chunk_keys("other-model", a, C, 1)[0] != ka[0]
     # Same tokens at another position: another key.
@@ -139,7 +147,9 @@ def dir_bytes(d) -> int:
 
 def test_size_bound_drops_least_recently_used(tmp_path):
     ids = list(range(C))
-    one = len(encode_chunk(SECRET, "model-a", "k0", ids, chunk(0), owner="0" * 12 + "-0"))  # as the store writes
+    one = len(
+        encode_chunk(SECRET, "model-a", "k0", ids, chunk(0), owner="0" * 12 + "-0")
+    )  # as the store writes
     s = store(tmp_path, max_bytes=10 * one)
     for i in range(10):
         s.set(f"k{i}", ids, chunk(i))
@@ -160,7 +170,9 @@ def test_io_shares_reads_and_writes_in_background(tmp_path):
     s = store(tmp_path, stats=stats)
     io = HiCacheIO(s, stats)
     ids = list(range(C))
-    assert io.write("k1", ids, chunk(1)) and io.write("k1", ids, chunk(1))  # the second is pending already
+    assert io.write("k1", ids, chunk(1)) and io.write(
+        "k1", ids, chunk(1)
+    )  # the second is pending already
     io.wait_writes()
     assert stats.l3_chunks_written == 1
     f1, f2 = io.read("k1", ids), io.read("k1", ids)

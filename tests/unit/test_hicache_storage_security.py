@@ -50,10 +50,21 @@ def test_files_are_private_whatever_the_umask(tmp_path):
 def test_no_token_ids_or_guessable_names_on_disk(tmp_path):
     s = store(tmp_path)
     s.set("chain-key-1", IDS, chunk(1))
-    blobs = b"".join(open(tmp_path / n, "rb").read() for n in os.listdir(tmp_path)) + "".join(os.listdir(tmp_path)).encode()
-    spellings = [struct.pack(f"<{C}q", *IDS), struct.pack(f"<{C}i", *IDS), json.dumps(IDS).encode(),
-                 ", ".join(map(str, IDS)).encode(), str(IDS[0]).encode(), struct.pack("<q", IDS[0]),
-                 struct.pack("<i", IDS[0]), b"chain-key-1", b"model-a"]
+    blobs = (
+        b"".join(open(tmp_path / n, "rb").read() for n in os.listdir(tmp_path))
+        + "".join(os.listdir(tmp_path)).encode()
+    )
+    spellings = [
+        struct.pack(f"<{C}q", *IDS),
+        struct.pack(f"<{C}i", *IDS),
+        json.dumps(IDS).encode(),
+        ", ".join(map(str, IDS)).encode(),
+        str(IDS[0]).encode(),
+        struct.pack("<q", IDS[0]),
+        struct.pack("<i", IDS[0]),
+        b"chain-key-1",
+        b"model-a",
+    ]
     for needle in spellings:
         assert needle not in blobs, needle
     # The name is an HMAC of the chunk key: without the directory's secret it names nothing.
@@ -68,7 +79,9 @@ def test_storage_key_option(tmp_path):
     a.set("k1", IDS, chunk(1))
     os.rename(tmp_path / "a", tmp_path / "b")
     assert same(store(tmp_path / "b", storage_key="a" * 16).get("k1", IDS), chunk(1))
-    assert store(tmp_path / "b", storage_key="b" * 16).get("k1", IDS) is None  # another key: nothing
+    assert (
+        store(tmp_path / "b", storage_key="b" * 16).get("k1", IDS) is None
+    )  # another key: nothing
 
 
 def test_directory_of_another_user_or_writable_by_others_is_refused(tmp_path):
@@ -123,7 +136,9 @@ def plant(s: HiCacheFile, key: str, how: str, tmp_path) -> None:
             f.truncate(4 << 30)
     elif how == "directory":
         os.mkdir(path)
-    elif how == "wrong_layout":  # a valid MAC (an insider with the key) over a chunk of another shape
+    elif (
+        how == "wrong_layout"
+    ):  # a valid MAC (an insider with the key) over a chunk of another shape
         other = ChunkLayout(3, 1, 8, torch.float16, C)
         k, v = (torch.randn(3, C, 1, 8).half() for _ in range(2))
         from radixlm.cache.kv_data import KVData
@@ -132,14 +147,20 @@ def plant(s: HiCacheFile, key: str, how: str, tmp_path) -> None:
         blob = encode_chunk(s.secret, s.model_key, key, IDS, KVData(k, v), s.owner)
         open(path, "wb").write(blob)
     elif how == "forged_header":  # what the format looks like, without the secret
-        header = json.dumps({"dtype": "float16", "shape": [3, C, 2, 4], "scales": False, "owner": s.owner}).encode()
+        header = json.dumps(
+            {"dtype": "float16", "shape": [3, C, 2, 4], "scales": False, "owner": s.owner}
+        ).encode()
         payload = b"\0" * layout().payload_bytes
-        open(path, "wb").write(MAGIC + struct.pack("<I", len(header)) + header + payload + b"\0" * 32)
+        open(path, "wb").write(
+            MAGIC + struct.pack("<I", len(header)) + header + payload + b"\0" * 32
+        )
     else:
         raise AssertionError(how)
 
 
-@pytest.mark.parametrize("how", ["symlink", "fifo", "oversized", "directory", "wrong_layout", "forged_header"])
+@pytest.mark.parametrize(
+    "how", ["symlink", "fifo", "oversized", "directory", "wrong_layout", "forged_header"]
+)
 def test_planted_file_is_a_miss(tmp_path, how, caplog):
     stats = HiCacheStats()
     s = store(tmp_path / "d", stats=stats)

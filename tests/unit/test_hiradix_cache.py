@@ -11,7 +11,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    rule,
+    run_state_machine_as_test,
+)
 
 from radixlm.cache.base_prefix_cache import PrefixKey
 from radixlm.cache.hicache_config import WRITE_POLICIES
@@ -32,7 +38,8 @@ NAMESPACES = st.sampled_from([None, "adapter-a"])
 
 
 def kv_of(prefix: list[int], ns=None) -> float:
-    """The KV 'computed' for the last token of prefix: a function of the whole prefix (and namespace)."""
+    """The KV 'computed' for the last token of prefix: a function of the whole prefix (and
+    namespace)."""
     return int(hashlib.sha256(str((ns, prefix)).encode()).hexdigest()[:6], 16) / 2**20
 
 
@@ -56,7 +63,11 @@ class HiCacheMachine(RuleBasedStateMachine):
         host = HostKVPool(l2, self.pool, torch.float32)
         stats = HiCacheStats()
         layout = ChunkLayout(2, 1, 2, torch.float32, CHUNK)
-        storage = StorageTier(HiCacheFile(storage_dir, "m", layout), "m", CHUNK, stats) if storage_dir else None
+        storage = (
+            StorageTier(HiCacheFile(storage_dir, "m", layout), "m", CHUNK, stats)
+            if storage_dir
+            else None
+        )
         self.has_storage = storage is not None
         self.tree = HiRadixCache(self.pool, host, policy, storage, stats)
         self.inserted: list[tuple] = []  # (namespace, sequence)
@@ -97,7 +108,7 @@ class HiCacheMachine(RuleBasedStateMachine):
         if new is None:
             self.tree.dec_lock_ref(node)
             return
-        vals = expected(seq, len(seq), ns)[len(indices):]
+        vals = expected(seq, len(seq), ns)[len(indices) :]
         for layer in range(2):
             kv = torch.stack([vals, vals + layer], -1)[:, None, :]
             self.pool.set_kv_buffer(layer, new, kv, kv)
@@ -120,7 +131,9 @@ class HiCacheMachine(RuleBasedStateMachine):
     def prefetch_from_storage(self, seq, ns):
         if not self.has_storage:
             return
-        if self.inserted:  # the namespace drawn: tokens stored under the other one must not come back
+        if (
+            self.inserted
+        ):  # the namespace drawn: tokens stored under the other one must not come back
             seq = (self.inserted[-1][1] + seq)[:40]
         self.tree.storage_tier.wait_writes()
         p = self.tree.start_prefetch(PrefixKey(seq, ns))
@@ -136,14 +149,20 @@ class HiCacheMachine(RuleBasedStateMachine):
     def tiers_sound(self):
         assert self.tree.check() is None, self.tree.check()
         nodes = self.tree.all_nodes()
-        owned = self.pool.free_slots.tolist() + [s for n in nodes if n.value is not None for s in n.value.tolist()]
+        owned = self.pool.free_slots.tolist() + [
+            s for n in nodes if n.value is not None for s in n.value.tolist()
+        ]
         assert sorted(owned) == list(range(1, L1 + 1)), "an L1 slot without exactly one owner"
         assert self.tree.evictable_size() == self.tree.total_size()  # nothing locked between rules
         assert all(n.lock_ref == 0 for n in nodes)
 
 
-SETTINGS = settings(max_examples=40, stateful_step_count=30, deadline=None,
-                    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=40,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 @pytest.mark.parametrize("policy", WRITE_POLICIES)
@@ -154,7 +173,9 @@ def test_tiers_against_naive_model(policy, l2):
 
 @pytest.mark.parametrize("policy", WRITE_POLICIES)
 def test_with_storage_against_naive_model(policy, tmp_path_factory):
-    run_state_machine_as_test(lambda: HiCacheMachine(policy, 24, str(tmp_path_factory.mktemp("l3"))), settings=SETTINGS)
+    run_state_machine_as_test(
+        lambda: HiCacheMachine(policy, 24, str(tmp_path_factory.mktemp("l3"))), settings=SETTINGS
+    )
 
 
 def test_eviction_moves_down_and_load_back_restores():
@@ -162,7 +183,9 @@ def test_eviction_moves_down_and_load_back_restores():
     tree = HiRadixCache(pool, HostKVPool(100, pool, torch.float32), "write_back")
     seq = [1, 2, 3, 4, 5]
     slots = pool.alloc(5)
-    pool.set_kv_buffer(0, slots, torch.arange(5.0)[:, None, None], -torch.arange(5.0)[:, None, None])
+    pool.set_kv_buffer(
+        0, slots, torch.arange(5.0)[:, None, None], -torch.arange(5.0)[:, None, None]
+    )
     tree.insert(PrefixKey(seq), slots)
     assert tree.evict(5) == 5 and pool.available_size() == L1
     assert tree.peek_prefix(PrefixKey(seq))[0].numel() == 0  # not in L1 ...
@@ -170,4 +193,10 @@ def test_eviction_moves_down_and_load_back_restores():
     indices, node = tree.match_prefix(PrefixKey(seq + [9]))
     assert len(indices) == 5 and tree.stats.l2_hit_tokens == 5
     k, v = pool.get_kv_buffer(0)
-    assert k[indices].flatten().tolist() == [0, 1, 2, 3, 4] and v[indices].flatten().tolist() == [0, -1, -2, -3, -4]
+    assert k[indices].flatten().tolist() == [0, 1, 2, 3, 4] and v[indices].flatten().tolist() == [
+        0,
+        -1,
+        -2,
+        -3,
+        -4,
+    ]

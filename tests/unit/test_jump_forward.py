@@ -6,7 +6,11 @@ import pytest
 
 from radixlm.constrained.jump_forward import find_jump_forward
 
-SCHEMA = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}, "required": ["name", "age"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +46,7 @@ def test_forced_runs_are_canonical(backend):
     # All of the forced '{"name": "' but its last token, which the model writes itself.
     assert '{"name": "'.startswith(text) and len(text) > 3
     assert out == tok.encode(text, add_special_tokens=False)
-    rest = tok.encode('{"name": "', add_special_tokens=False)[len(out):]
+    rest = tok.encode('{"name": "', add_special_tokens=False)[len(out) :]
     feed(g, rest)
     out += rest
     name = tok.encode("Bob", add_special_tokens=False) + tok.encode('"', add_special_tokens=False)
@@ -52,10 +56,12 @@ def test_forced_runs_are_canonical(backend):
     text = tok.decode(out)
     assert '{"name": "Bob", "age": '.startswith(text) and text.startswith('{"name": "Bob",')
     assert out == tok.encode(text, add_special_tokens=False), "the boundary was not re-tokenized"
-    glued = tok.encode('{"name": "Bob"', add_special_tokens=False) + tok.encode(text[len('{"name": "Bob"'):], add_special_tokens=False)
+    glued = tok.encode('{"name": "Bob"', add_special_tokens=False) + tok.encode(
+        text[len('{"name": "Bob"') :], add_special_tokens=False
+    )
     assert glued != out, "this case must need the boundary re-tokenized to prove anything"
     # The grammar followed the re-tokenization: the rest of the text completes it.
-    feed(g, tok.encode('{"name": "Bob", "age": 42}', add_special_tokens=False)[len(out):])
+    feed(g, tok.encode('{"name": "Bob", "age": 42}', add_special_tokens=False)[len(out) :])
     assert g.is_completed()
 
 
@@ -68,11 +74,16 @@ def test_nothing_forced_and_limits(backend):
     g = matcher(backend)
     out = tok.encode('{"name": "', add_special_tokens=False)
     feed(g, out)
-    assert find_jump_forward(g, tok, out, max_replace=len(out), max_new=100) is None  # free text now
+    assert (
+        find_jump_forward(g, tok, out, max_replace=len(out), max_new=100) is None
+    )  # free text now
     # max_new caps the forced tokens; max_replace=0 leaves earlier tokens alone.
     g = matcher(backend)
     first = tok.encode("{", add_special_tokens=False)
     feed(g, first)
     jf = find_jump_forward(g, tok, first, max_replace=0, max_new=len(first) + 1)
     assert jf.keep == len(first) and len(jf.new_tokens) == 1
-    assert find_jump_forward(g, tok, first + jf.new_tokens, max_replace=0, max_new=len(first) + 1) is None
+    assert (
+        find_jump_forward(g, tok, first + jf.new_tokens, max_replace=0, max_new=len(first) + 1)
+        is None
+    )

@@ -36,7 +36,9 @@ def path_key(node: TreeNode) -> list[int]:
     parts = []
     while node.parent is not None:
         assert node.parent.children[node.lookup_key()] is node, "parent/child links disagree"
-        assert node.parent.parent is None or node.parent.namespace == node.namespace, "a namespace changes on a path"
+        assert node.parent.parent is None or node.parent.namespace == node.namespace, (
+            "a namespace changes on a path"
+        )
         parts.append(node.key)
         node = node.parent
     return [tok for part in reversed(parts) for tok in part]
@@ -363,9 +365,15 @@ class RadixCacheMachine(RuleBasedStateMachine):
     @invariant()
     def sizes_and_conservation(self):
         cache = self.cache
-        assert cache.evictable_size() + cache.protected_size() == cache.total_size() == len(self.cached)
+        assert (
+            cache.evictable_size() + cache.protected_size()
+            == cache.total_size()
+            == len(self.cached)
+        )
         assert cache.protected_size() == len(self.pinned())
-        assert sum(len(n.value) for n in cache.all_nodes() if n.lock_ref > 0) == cache.protected_size()
+        assert (
+            sum(len(n.value) for n in cache.all_nodes() if n.lock_ref > 0) == cache.protected_size()
+        )
         assert self.kv_pool.available_size() + cache.total_size() == self.kv_pool.size
 
     @invariant()
@@ -381,7 +389,10 @@ class RadixCacheMachine(RuleBasedStateMachine):
 
 
 RadixCacheMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=30, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=150,
+    stateful_step_count=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
 )
 test_radix_cache_state_machine = RadixCacheMachine.TestCase
 
@@ -391,8 +402,14 @@ def test_continuation_follows_the_most_recently_used_branch():
     cache.insert(K([1, 2, 3, 4, 5, 6]), t([1, 2, 3, 4, 5, 6]))
     cache.insert(K([1, 2, 3, 9, 9]), t([7, 8, 9, 10, 11]))
     before = [(n.key, n.last_access_time) for n in cache.all_nodes()]
-    assert cache.continuation(K([1, 2]), 3) == [3, 9, 9]  # the later insert is the most recent branch
-    assert [(n.key, n.last_access_time) for n in cache.all_nodes()] == before, "a draft lookup changed the tree"
+    assert cache.continuation(K([1, 2]), 3) == [
+        3,
+        9,
+        9,
+    ]  # the later insert is the most recent branch
+    assert [(n.key, n.last_access_time) for n in cache.all_nodes()] == before, (
+        "a draft lookup changed the tree"
+    )
     cache.match_prefix(K([1, 2, 3, 4, 5, 6]))
     assert cache.continuation(K([1, 2]), 3) == [3, 4, 5]
     assert cache.continuation(K([1, 2, 3, 4]), 10) == [5, 6]

@@ -22,20 +22,35 @@ def tokenizer(default_model_path):
     return load_tokenizer(default_model_path)
 
 
-@pytest.mark.parametrize("bad, field", [
-    ({"typical_p": 0}, "typical_p"), ({"typical_p": 1.5}, "typical_p"), ({"min_tokens": -1}, "min_tokens"),
-    ({"min_tokens": "3"}, "min_tokens"), ({"min_tokens": 3, "min_new_tokens": 2}, "min_tokens"),
-    ({"min_tokens": 5, "max_new_tokens": 2}, "min_tokens"),
-    ({"bad_words": [""]}, "bad_words"), ({"bad_words": ["  "]}, "bad_words"), ({"bad_words": [3]}, "bad_words"),
-    ({"bad_words": {"a": 1}}, "bad_words"), ({"bad_words": ["w"] * 129}, "bad_words"),
-    ({"allowed_token_ids": []}, "allowed_token_ids"), ({"allowed_token_ids": [-1]}, "allowed_token_ids"),
-    ({"allowed_token_ids": [True]}, "allowed_token_ids"), ({"dry_multiplier": -0.1}, "dry_multiplier"),
-    ({"dry_base": 0.9}, "dry_base"), ({"dry_allowed_length": 0}, "dry_allowed_length"),
-    ({"dry_penalty_last_n": -2}, "dry_penalty_last_n"), ({"dry_sequence_breakers": [""]}, "dry_sequence_breakers"),
-    ({"dry_sequence_breakers": "\n"}, "dry_sequence_breakers"), ({"dry_sequence_breakers": ["x" * 41]}, "dry_sequence_breakers"),
-    ({"xtc_probability": 1.1}, "xtc_probability"), ({"xtc_threshold": -0.1}, "xtc_threshold"),
-    ({"resolved_tokens": {}}, "resolved_tokens"),  # the server's own field: no client sets it
-])
+@pytest.mark.parametrize(
+    "bad, field",
+    [
+        ({"typical_p": 0}, "typical_p"),
+        ({"typical_p": 1.5}, "typical_p"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"min_tokens": "3"}, "min_tokens"),
+        ({"min_tokens": 3, "min_new_tokens": 2}, "min_tokens"),
+        ({"min_tokens": 5, "max_new_tokens": 2}, "min_tokens"),
+        ({"bad_words": [""]}, "bad_words"),
+        ({"bad_words": ["  "]}, "bad_words"),
+        ({"bad_words": [3]}, "bad_words"),
+        ({"bad_words": {"a": 1}}, "bad_words"),
+        ({"bad_words": ["w"] * 129}, "bad_words"),
+        ({"allowed_token_ids": []}, "allowed_token_ids"),
+        ({"allowed_token_ids": [-1]}, "allowed_token_ids"),
+        ({"allowed_token_ids": [True]}, "allowed_token_ids"),
+        ({"dry_multiplier": -0.1}, "dry_multiplier"),
+        ({"dry_base": 0.9}, "dry_base"),
+        ({"dry_allowed_length": 0}, "dry_allowed_length"),
+        ({"dry_penalty_last_n": -2}, "dry_penalty_last_n"),
+        ({"dry_sequence_breakers": [""]}, "dry_sequence_breakers"),
+        ({"dry_sequence_breakers": "\n"}, "dry_sequence_breakers"),
+        ({"dry_sequence_breakers": ["x" * 41]}, "dry_sequence_breakers"),
+        ({"xtc_probability": 1.1}, "xtc_probability"),
+        ({"xtc_threshold": -0.1}, "xtc_threshold"),
+        ({"resolved_tokens": {}}, "resolved_tokens"),  # the server's own field: no client sets it
+    ],
+)
 def test_extra_sampler_values_are_refused_naming_the_field(bad, field):
     with pytest.raises(SamplingParamsError, match=field):
         SamplingParams.from_dict(bad).verify(vocab_size=100)
@@ -52,12 +67,16 @@ def test_min_tokens_is_min_new_tokens():
 
 
 def test_defaults_go_under_the_requests_values(tokenizer):
-    rs = RequestSampling(tokenizer, len(tokenizer), {"temperature": 0.6, "top_k": 20, "top_p": 0.95})
+    rs = RequestSampling(
+        tokenizer, len(tokenizer), {"temperature": 0.6, "top_k": 20, "top_p": 0.95}
+    )
     assert rs.params(None) == SamplingParams(temperature=0.6, top_k=20, top_p=0.95)
     assert rs.params({}) == SamplingParams(temperature=0.6, top_k=20, top_p=0.95)
     explicit = rs.params({"temperature": 0, "top_k": -1, "max_new_tokens": 5})
     assert explicit == SamplingParams(temperature=0, top_k=-1, top_p=0.95, max_new_tokens=5)
-    assert rs.params({"temperature": None}).temperature == 0.6  # null is unset (SGLang's frontend sends it)
+    assert (
+        rs.params({"temperature": None}).temperature == 0.6
+    )  # null is unset (SGLang's frontend sends it)
     assert RequestSampling(tokenizer, len(tokenizer)).params({}) == SamplingParams()
     with pytest.raises(SamplingParamsError, match="top_p"):
         rs.params({"top_p": 2})
@@ -65,7 +84,9 @@ def test_defaults_go_under_the_requests_values(tokenizer):
 
 def test_bad_words_forms_are_vllms(tokenizer):
     rs = RequestSampling(tokenizer, len(tokenizer))
-    forms = {w: vllm_bad_word_forms(tokenizer, w) for w in ["Paris", " hello world", "the", "don't"]}
+    forms = {
+        w: vllm_bad_word_forms(tokenizer, w) for w in ["Paris", " hello world", "the", "don't"]
+    }
     assert {w: rs.bad_word_ids(w) for w in forms} == forms
     assert any(len(f) == 2 for f in forms.values())  # some words have both forms
     sp = rs.params({"bad_words": ["Paris"]})
@@ -114,12 +135,29 @@ def test_dry_breaker_forms_are_llama_cpps(tokenizer):
 
 
 def test_generation_config_defaults(tmp_path):
-    (tmp_path / "generation_config.json").write_text(json.dumps({
-        "do_sample": True, "temperature": 0.6, "top_k": 0, "top_p": 0.95, "min_p": 0.0, "repetition_penalty": 1.05,
-        "typical_p": 0.5, "eos_token_id": [1, 2], "max_new_tokens": 99}))
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps(
+            {
+                "do_sample": True,
+                "temperature": 0.6,
+                "top_k": 0,
+                "top_p": 0.95,
+                "min_p": 0.0,
+                "repetition_penalty": 1.05,
+                "typical_p": 0.5,
+                "eos_token_id": [1, 2],
+                "max_new_tokens": 99,
+            }
+        )
+    )
     # SGLang's five keys; HF's top_k 0 is "no top-k" (SGLang would refuse every request with it)
     assert sampling_defaults.from_hf_dir(str(tmp_path)) == {
-        "temperature": 0.6, "top_k": -1, "top_p": 0.95, "min_p": 0.0, "repetition_penalty": 1.05}
+        "temperature": 0.6,
+        "top_k": -1,
+        "top_p": 0.95,
+        "min_p": 0.0,
+        "repetition_penalty": 1.05,
+    }
     (tmp_path / "generation_config.json").write_text(json.dumps({"temperature": -1, "top_p": 0.9}))
     assert sampling_defaults.from_hf_dir(str(tmp_path)) == {"top_p": 0.9}  # a bad value is left out
     assert sampling_defaults.from_hf_dir(str(tmp_path / "nowhere")) == {}
@@ -131,9 +169,14 @@ def test_generation_config_defaults(tmp_path):
 def test_gguf_sampling_metadata_keys(tmp_path):
     """llama.cpp's keys, as gguf-py names them, written by gguf-py's own writer."""
     assert set(sampling_defaults.GGUF_KEYS) == {
-        gguf.Keys.General.SAMPLING_TEMP, gguf.Keys.General.SAMPLING_TOP_K, gguf.Keys.General.SAMPLING_TOP_P,
-        gguf.Keys.General.SAMPLING_MIN_P, gguf.Keys.General.SAMPLING_PENALTY_REPEAT,
-        gguf.Keys.General.SAMPLING_XTC_PROBABILITY, gguf.Keys.General.SAMPLING_XTC_THRESHOLD}
+        gguf.Keys.General.SAMPLING_TEMP,
+        gguf.Keys.General.SAMPLING_TOP_K,
+        gguf.Keys.General.SAMPLING_TOP_P,
+        gguf.Keys.General.SAMPLING_MIN_P,
+        gguf.Keys.General.SAMPLING_PENALTY_REPEAT,
+        gguf.Keys.General.SAMPLING_XTC_PROBABILITY,
+        gguf.Keys.General.SAMPLING_XTC_THRESHOLD,
+    }
     path = str(tmp_path / "m.gguf")
     w = gguf.GGUFWriter(path, "llama")
     w.add_sampling_temp(0.7)
@@ -150,5 +193,11 @@ def test_gguf_sampling_metadata_keys(tmp_path):
     w.write_tensors_to_file()
     w.close()
     assert sampling_defaults.from_gguf(gguf_loader.open_gguf(path)) == {
-        "temperature": 0.7, "top_k": 40, "top_p": 0.95, "min_p": 0.05, "repetition_penalty": 1.1,
-        "xtc_probability": 0.5, "xtc_threshold": 0.1}
+        "temperature": 0.7,
+        "top_k": 40,
+        "top_p": 0.95,
+        "min_p": 0.05,
+        "repetition_penalty": 1.1,
+        "xtc_probability": 0.5,
+        "xtc_threshold": 0.1,
+    }

@@ -9,16 +9,41 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 
 from radixlm.server.openai_protocol import RequestError
-from radixlm.server.responses_output import EventStream, Shell, assistant_message, echo_fields, response_body
+from radixlm.server.responses_output import (
+    EventStream,
+    Shell,
+    assistant_message,
+    echo_fields,
+    response_body,
+)
 from radixlm.server.responses_protocol import ResponsesRequest, chat_messages, chat_request_body
 from radixlm.server.responses_store import ResponseStore, StoredResponse
 
 EVENT = pydantic.TypeAdapter(ResponseStreamEvent)
-CALLS = [{"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
-         {"id": "call_b", "type": "function", "function": {"name": "get_time", "arguments": '{"tz": "CET"}'}}]
-MESSAGE = {"role": "assistant", "reasoning_content": "The user wants weather.", "content": "Let me check.",
-           "tool_calls": CALLS}
-USAGE = {"prompt_tokens": 30, "completion_tokens": 12, "total_tokens": 42, "prompt_tokens_details": {"cached_tokens": 20}}
+CALLS = [
+    {
+        "id": "call_a",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+    },
+    {
+        "id": "call_b",
+        "type": "function",
+        "function": {"name": "get_time", "arguments": '{"tz": "CET"}'},
+    },
+]
+MESSAGE = {
+    "role": "assistant",
+    "reasoning_content": "The user wants weather.",
+    "content": "Let me check.",
+    "tool_calls": CALLS,
+}
+USAGE = {
+    "prompt_tokens": 30,
+    "completion_tokens": 12,
+    "total_tokens": 42,
+    "prompt_tokens_details": {"cached_tokens": 20},
+}
 
 
 def shell() -> Shell:
@@ -27,27 +52,53 @@ def shell() -> Shell:
 
 
 def chat_body(message: dict, finish: str) -> dict:
-    return {"id": "chatcmpl-1", "object": "chat.completion", "created": 1, "model": "m", "usage": USAGE,
-            "choices": [{"index": 0, "message": message, "finish_reason": finish}]}
+    return {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 1,
+        "model": "m",
+        "usage": USAGE,
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+    }
 
 
 def chunks_of(message: dict, finish: str) -> list[dict]:
-    """OpenAI's chunk sequence for `message`: role first, reasoning and content in pieces, each call's
-    id and name first and its arguments in pieces, the finish, then the usage chunk."""
+    """OpenAI's chunk sequence for `message`: role first, reasoning and content in pieces, each
+    call's id and name first and its arguments in pieces, the finish, then the usage chunk."""
+
     def ch(delta, reason=None):
-        return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m",
-                "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
+        return {
+            "id": "chatcmpl-1",
+            "object": "chat.completion.chunk",
+            "created": 1,
+            "model": "m",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
+        }
 
     out = [ch({"role": "assistant", "content": ""})]
     for field in ("reasoning_content", "content"):
         text = message.get(field) or ""
-        out += [ch({field: text[i:i + 3]}) for i in range(0, len(text), 3)]
+        out += [ch({field: text[i : i + 3]}) for i in range(0, len(text), 3)]
     for k, c in enumerate(message.get("tool_calls") or []):
-        out.append(ch({"tool_calls": [{"index": k, "id": c["id"], "type": "function",
-                                       "function": {"name": c["function"]["name"], "arguments": ""}}]}))
+        out.append(
+            ch(
+                {
+                    "tool_calls": [
+                        {
+                            "index": k,
+                            "id": c["id"],
+                            "type": "function",
+                            "function": {"name": c["function"]["name"], "arguments": ""},
+                        }
+                    ]
+                }
+            )
+        )
         args = c["function"]["arguments"]
-        out += [ch({"tool_calls": [{"index": k, "function": {"arguments": args[i:i + 4]}}]})
-                for i in range(0, len(args), 4)]
+        out += [
+            ch({"tool_calls": [{"index": k, "function": {"arguments": args[i : i + 4]}}]})
+            for i in range(0, len(args), 4)
+        ]
     out.append(ch({}, finish))
     out.append({**ch({}), "choices": [], "usage": USAGE})
     return out
@@ -57,26 +108,32 @@ def strip_ids(items: list[dict]) -> list[dict]:
     return [{k: v for k, v in it.items() if k != "id"} for it in items]
 
 
-@pytest.mark.parametrize("message,finish", [
-    (MESSAGE, "tool_calls"),
-    ({"role": "assistant", "content": "Paris is the capital."}, "stop"),
-    ({"role": "assistant", "content": "Paris is"}, "length"),
-    ({"role": "assistant", "content": ""}, "stop"),
-])
+@pytest.mark.parametrize(
+    "message,finish",
+    [
+        (MESSAGE, "tool_calls"),
+        ({"role": "assistant", "content": "Paris is the capital."}, "stop"),
+        ({"role": "assistant", "content": "Paris is"}, "length"),
+        ({"role": "assistant", "content": ""}, "stop"),
+    ],
+)
 def test_body_and_stream_agree_and_match_openai_types(message, finish):
     body = response_body(shell(), chat_body(message, finish))
     resp = Response.model_validate(body)
     kinds = [it.type for it in resp.output]
     calls = message.get("tool_calls") or []
-    assert kinds == (["reasoning"] if message.get("reasoning_content") else []) + \
-        (["message"] if message["content"] or not calls else []) + ["function_call"] * len(calls)
+    assert kinds == (["reasoning"] if message.get("reasoning_content") else []) + (
+        ["message"] if message["content"] or not calls else []
+    ) + ["function_call"] * len(calls)
     assert resp.output_text == message["content"]
-    assert [(c.call_id, c.name, c.arguments) for c in resp.output if c.type == "function_call"] == \
-        [(c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls]
+    assert [(c.call_id, c.name, c.arguments) for c in resp.output if c.type == "function_call"] == [
+        (c["id"], c["function"]["name"], c["function"]["arguments"]) for c in calls
+    ]
     assert resp.usage.input_tokens == 30 and resp.usage.input_tokens_details.cached_tokens == 20
     assert resp.status == ("incomplete" if finish == "length" else "completed")
-    assert (resp.incomplete_details.reason if resp.incomplete_details else None) == \
-        ("max_output_tokens" if finish == "length" else None)
+    assert (resp.incomplete_details.reason if resp.incomplete_details else None) == (
+        "max_output_tokens" if finish == "length" else None
+    )
 
     es = EventStream(shell())
     events = es.start()
@@ -91,7 +148,9 @@ def test_body_and_stream_agree_and_match_openai_types(message, finish):
     # Every item: added, its deltas, its done events, output_item.done, before the next is added.
     added = [i for i, t in enumerate(types) if t == "response.output_item.added"]
     done = [i for i, t in enumerate(types) if t == "response.output_item.done"]
-    assert len(added) == len(done) == len(body["output"]) and all(a < d for a, d in zip(added, done))
+    assert len(added) == len(done) == len(body["output"]) and all(
+        a < d for a, d in zip(added, done)
+    )
     assert all(d < a for d, a in zip(done, added[1:]))
     final = parsed[-1].response
     assert strip_ids(final.model_dump()["output"]) == strip_ids(resp.model_dump()["output"])
@@ -100,9 +159,16 @@ def test_body_and_stream_agree_and_match_openai_types(message, finish):
     assert text == message["content"]
     for item in final.output:
         if item.type == "function_call":
-            pieces = [e.delta for e in parsed if e.type == "response.function_call_arguments.delta"
-                      and e.item_id == item.id]
-            fin = [e for e in parsed if e.type == "response.function_call_arguments.done" and e.item_id == item.id]
+            pieces = [
+                e.delta
+                for e in parsed
+                if e.type == "response.function_call_arguments.delta" and e.item_id == item.id
+            ]
+            fin = [
+                e
+                for e in parsed
+                if e.type == "response.function_call_arguments.done" and e.item_id == item.id
+            ]
             assert "".join(pieces) == item.arguments == fin[0].arguments
     # The continuation renders the same assistant turn the chat API would have sent back.
     back = assistant_message(body["output"])
@@ -111,24 +177,56 @@ def test_body_and_stream_agree_and_match_openai_types(message, finish):
 
 def test_stream_error_after_start_is_an_error_then_failed_event():
     es = EventStream(shell())
-    events = es.start() + es.chunk(chunks_of({"content": "Hi"}, "stop")[1]) + list(es.failed(500, "internal error"))
+    events = (
+        es.start()
+        + es.chunk(chunks_of({"content": "Hi"}, "stop")[1])
+        + list(es.failed(500, "internal error"))
+    )
     parsed = [EVENT.validate_python(e) for e in events]
     assert [e.type for e in parsed][-2:] == ["error", "response.failed"]
-    assert parsed[-1].response.status == "failed" and parsed[-1].response.error.message == "internal error"
+    assert (
+        parsed[-1].response.status == "failed"
+        and parsed[-1].response.error.message == "internal error"
+    )
 
 
 def test_input_items_become_chat_messages():
     items = [
         {"role": "developer", "content": "Use tools."},
-        {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Weather"},
-                                                        {"type": "input_text", "text": "in Paris?"}]},
+        {
+            "type": "message",
+            "role": "user",
+            "content": [
+                {"type": "input_text", "text": "Weather"},
+                {"type": "input_text", "text": "in Paris?"},
+            ],
+        },
         {"type": "reasoning", "id": "rs_1", "summary": []},
-        {"type": "message", "role": "assistant", "id": "msg_1", "status": "completed",
-         "content": [{"type": "output_text", "text": "Checking.", "annotations": []}]},
-        {"type": "function_call", "call_id": "call_a", "name": "get_weather", "arguments": '{"city": "Paris"}'},
-        {"type": "function_call", "call_id": "call_b", "name": "get_time", "arguments": '{"tz": "CET"}'},
+        {
+            "type": "message",
+            "role": "assistant",
+            "id": "msg_1",
+            "status": "completed",
+            "content": [{"type": "output_text", "text": "Checking.", "annotations": []}],
+        },
+        {
+            "type": "function_call",
+            "call_id": "call_a",
+            "name": "get_weather",
+            "arguments": '{"city": "Paris"}',
+        },
+        {
+            "type": "function_call",
+            "call_id": "call_b",
+            "name": "get_time",
+            "arguments": '{"tz": "CET"}',
+        },
         {"type": "function_call_output", "call_id": "call_a", "output": "sunny"},
-        {"type": "function_call_output", "call_id": "call_b", "output": [{"type": "input_text", "text": "noon"}]},
+        {
+            "type": "function_call_output",
+            "call_id": "call_b",
+            "output": [{"type": "input_text", "text": "noon"}],
+        },
     ]
     assert chat_messages(items, []) == [
         {"role": "system", "content": "Use tools."},
@@ -138,25 +236,41 @@ def test_input_items_become_chat_messages():
         {"role": "tool", "tool_call_id": "call_b", "content": "noon"},
     ]
     # A call made in the stored conversation may be answered in the next request.
-    history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "", "tool_calls": CALLS[:1]}]
-    assert chat_messages([{"type": "function_call_output", "call_id": "call_a", "output": "ok"}], history) == \
-        [{"role": "tool", "tool_call_id": "call_a", "content": "ok"}]
+    history = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "", "tool_calls": CALLS[:1]},
+    ]
+    assert chat_messages(
+        [{"type": "function_call_output", "call_id": "call_a", "output": "ok"}], history
+    ) == [{"role": "tool", "tool_call_id": "call_a", "content": "ok"}]
 
 
-@pytest.mark.parametrize("body,param", [
-    ({"input": 5}, "input"),
-    ({"input": [{"type": "function_call_output", "call_id": "x", "output": "y"}]}, "input.0.call_id"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]}, "input.0.content.0.type"),
-    ({"input": [{"type": "web_search_call"}]}, "input.0.type"),
-    ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role"),
-    ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0.type"),
-    ({"input": "hi", "tool_choice": {"type": "mcp"}}, "tool_choice"),
-    ({"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
-    ({"input": "hi", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
-    ({"input": "hi", "background": True}, "background"),
-    ({"input": "hi", "truncation": "auto"}, "truncation"),
-    ({"input": []}, "input"),
-])
+@pytest.mark.parametrize(
+    "body,param",
+    [
+        ({"input": 5}, "input"),
+        (
+            {"input": [{"type": "function_call_output", "call_id": "x", "output": "y"}]},
+            "input.0.call_id",
+        ),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]},
+            "input.0.content.0.type",
+        ),
+        ({"input": [{"type": "web_search_call"}]}, "input.0.type"),
+        ({"input": [{"role": "tool", "content": "x"}]}, "input.0.role"),
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools.0.type"),
+        ({"input": "hi", "tool_choice": {"type": "mcp"}}, "tool_choice"),
+        (
+            {"input": "hi", "text": {"format": {"type": "json_schema", "name": "x"}}},
+            "text.format.schema",
+        ),
+        ({"input": "hi", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
+        ({"input": "hi", "background": True}, "background"),
+        ({"input": "hi", "truncation": "auto"}, "truncation"),
+        ({"input": []}, "input"),
+    ],
+)
 def test_bad_input_names_the_field(body, param):
     with pytest.raises(RequestError) as e:
         chat_request_body(ResponsesRequest.model_validate(body), [])
@@ -164,21 +278,51 @@ def test_bad_input_names_the_field(body, param):
 
 
 def test_request_translation():
-    req = ResponsesRequest.model_validate({
-        "input": "hi", "instructions": "Be brief.", "max_output_tokens": 9, "temperature": 0.5, "top_p": 0.9,
-        "tools": [{"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True}],
-        "tool_choice": {"type": "function", "name": "f"}, "reasoning": {"effort": "low"}, "stream": True,
-        "text": {"format": {"type": "json_schema", "name": "s", "schema": {"type": "object"}, "strict": True}}})
+    req = ResponsesRequest.model_validate(
+        {
+            "input": "hi",
+            "instructions": "Be brief.",
+            "max_output_tokens": 9,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "tools": [
+                {"type": "function", "name": "f", "parameters": {"type": "object"}, "strict": True}
+            ],
+            "tool_choice": {"type": "function", "name": "f"},
+            "reasoning": {"effort": "low"},
+            "stream": True,
+            "text": {
+                "format": {
+                    "type": "json_schema",
+                    "name": "s",
+                    "schema": {"type": "object"},
+                    "strict": True,
+                }
+            },
+        }
+    )
     history = [{"role": "user", "content": "before"}, {"role": "assistant", "content": "ok"}]
     body, conversation = chat_request_body(req, history)
-    assert body["messages"] == [{"role": "system", "content": "Be brief."}, *history, {"role": "user", "content": "hi"}]
+    assert body["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        *history,
+        {"role": "user", "content": "hi"},
+    ]
     assert conversation == body["messages"][1:]  # instructions are not carried over
-    assert body["max_completion_tokens"] == 9 and body["temperature"] == 0.5 and body["top_p"] == 0.9
-    assert body["tools"] == [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"},
-                                                               "strict": True}}]
+    assert (
+        body["max_completion_tokens"] == 9 and body["temperature"] == 0.5 and body["top_p"] == 0.9
+    )
+    assert body["tools"] == [
+        {
+            "type": "function",
+            "function": {"name": "f", "parameters": {"type": "object"}, "strict": True},
+        }
+    ]
     assert body["tool_choice"] == {"type": "function", "function": {"name": "f"}}
-    assert body["response_format"] == {"type": "json_schema", "json_schema": {
-        "name": "s", "schema": {"type": "object"}, "strict": True}}
+    assert body["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "s", "schema": {"type": "object"}, "strict": True},
+    }
     assert body["chat_template_kwargs"] == {"reasoning_effort": "low"}
     assert body["stream_options"] == {"include_usage": True}
     json.dumps(body)
@@ -189,7 +333,9 @@ def test_store_bounds_ttl_and_owners():
     store = ResponseStore(capacity=2, ttl=10, clock=lambda: now[0])
     for i in range(3):
         store.put(f"r{i}", StoredResponse("a", {"i": i}, []))
-    assert store.get("r0", "a") is None and store.get("r1", "a").body == {"i": 1}  # least recently used out
+    assert store.get("r0", "a") is None and store.get("r1", "a").body == {
+        "i": 1
+    }  # least recently used out
     assert store.get("r2", "b") is None and not store.delete("r2", "b")  # another key: as if absent
     now[0] = 9.0
     assert store.get("r2", "a") is not None  # a use renews it

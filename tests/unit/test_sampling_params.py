@@ -36,7 +36,10 @@ from radixlm.stop_match import STOP_REGEX_WINDOW
         ({"stop": "s" * 257}, "stop"),
         ({"stop_regex": ["a"] * 17}, "stop_regex"),
         ({"stop_regex": "a" * 257}, "stop_regex"),
-        ({"stop_regex": "(?:a{1000}){1000}"}, "stop_regex"),  # the regex module unrolls counted repeats
+        (
+            {"stop_regex": "(?:a{1000}){1000}"},
+            "stop_regex",
+        ),  # the regex module unrolls counted repeats
         ({"stop_regex": "((((x{65535}){65535}){65535}){65535})"}, "stop_regex"),
         ({"stop_regex": r"\p{L}x"}, "stop_regex"),  # the regex module's syntax, not re's: no window
     ],
@@ -55,21 +58,44 @@ def test_defaults_and_greedy():
 
 
 def test_sglang_frontend_payload():
-    """What SGLang 0.5's RuntimeEndpoint sends for a plain gen: every key, unset ones null or empty."""
-    sent = {"skip_special_tokens": True, "spaces_between_special_tokens": True, "max_new_tokens": 16,
-            "min_new_tokens": 0, "n": 1, "stop": [], "stop_token_ids": [], "stop_regex": [], "temperature": 0,
-            "top_p": 1.0, "top_k": -1, "min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-            "ignore_eos": False, "regex": None, "json_schema": None}
+    """What SGLang 0.5's RuntimeEndpoint sends for a plain gen: every key, unset ones null or
+    empty."""
+    sent = {
+        "skip_special_tokens": True,
+        "spaces_between_special_tokens": True,
+        "max_new_tokens": 16,
+        "min_new_tokens": 0,
+        "n": 1,
+        "stop": [],
+        "stop_token_ids": [],
+        "stop_regex": [],
+        "temperature": 0,
+        "top_p": 1.0,
+        "top_k": -1,
+        "min_p": 0.0,
+        "frequency_penalty": 0.0,
+        "presence_penalty": 0.0,
+        "ignore_eos": False,
+        "regex": None,
+        "json_schema": None,
+    }
     sp = SamplingParams.from_dict(sent)
-    assert sp.is_greedy and sp.stop_strs == [] and sp.stop_regex_list == [] and sp.grammar_key is None
+    assert (
+        sp.is_greedy and sp.stop_strs == [] and sp.stop_regex_list == [] and sp.grammar_key is None
+    )
     assert SamplingParams.from_dict({"temperature": None, "n": None}) == SamplingParams()
 
 
 def test_stop_regex_window_and_grammar_keys():
     assert SamplingParams.from_dict({"stop_regex": [r"ab\d{2}", "xyz"]}).stop_regex_window == 4
-    assert SamplingParams.from_dict({"stop_regex": r"a.*b"}).stop_regex_window == STOP_REGEX_WINDOW  # unbounded: the cap
+    assert (
+        SamplingParams.from_dict({"stop_regex": r"a.*b"}).stop_regex_window == STOP_REGEX_WINDOW
+    )  # unbounded: the cap
     tag = {"structures": [], "triggers": []}
-    assert SamplingParams.from_dict({"structural_tag": tag}).grammar_key == ("structural_tag", '{"structures": [], "triggers": []}')
+    assert SamplingParams.from_dict({"structural_tag": tag}).grammar_key == (
+        "structural_tag",
+        '{"structures": [], "triggers": []}',
+    )
     sp = SamplingParams.from_dict({"sampling_seed": 5})
     assert sp.seed == sp.sampling_seed == 5
     SamplingParams.from_dict({"logit_bias": {"3": -100, 4: 2.5}}).verify(vocab_size=10)

@@ -36,7 +36,11 @@ class FakeTM:
 
     async def generate_request(self, obj, admit=None):
         self.sent.append(obj)
-        meta = {"id": obj.rid, "finish_reason": {"type": "length", "length": 2}, "prompt_tokens": len(obj.input_ids)}
+        meta = {
+            "id": obj.rid,
+            "finish_reason": {"type": "length", "length": 2},
+            "prompt_tokens": len(obj.input_ids),
+        }
         yield {"text": "", "output_ids": [len(obj.input_ids), 99], "meta_info": meta}
 
 
@@ -45,9 +49,11 @@ def run(coro):
 
 
 async def turn(m: SessionManager, ids, owner="k", **params) -> dict:
-    plan = await m.prepare(owner, GenerateReqInput(input_ids=ids, sampling_params={"max_new_tokens": 2}), params)
+    plan = await m.prepare(
+        owner, GenerateReqInput(input_ids=ids, sampling_params={"max_new_tokens": 2}), params
+    )
     out = None
-    async for out in m.run(plan):
+    async for out in m.run(plan):  # noqa: B007 (the last item is the result)
         pass
     return out
 
@@ -66,7 +72,13 @@ def test_turns_append_branch_and_bind_first():
         await turn(m, [8], id=sid, rid=a["meta_info"]["id"], drop_previous_output=True)
         await turn(m, [9], id=sid, rid=a["meta_info"]["id"], offset=2)
         await turn(m, [10], id=sid, replace=True)  # no rid: a fresh start
-        assert prompts(tm) == [[BOS, 5, 6], [BOS, 5, 6, 3, 99, 7], [BOS, 5, 6, 8], [BOS, 5, 9], [10]]
+        assert prompts(tm) == [
+            [BOS, 5, 6],
+            [BOS, 5, 6, 3, 99, 7],
+            [BOS, 5, 6, 8],
+            [BOS, 5, 9],
+            [10],
+        ]
         # Each request is bound to the session right before it is sent.
         kinds = [type(x).__name__ for x in tm.sent]
         assert kinds == ["BindSessionReq", "GenerateReqInput"] * 5
@@ -85,19 +97,26 @@ def test_replace_with_rid_drops_the_turns_after_it():
         b = (await turn(m, [6], id=sid))["meta_info"]["id"]
         c = (await turn(m, [7], id=sid))["meta_info"]["id"]
         await turn(m, [8], id=sid, rid=a, replace=True)
-        assert a in m.sessions[sid].turns and b not in m.sessions[sid].turns and c not in m.sessions[sid].turns
+        assert (
+            a in m.sessions[sid].turns
+            and b not in m.sessions[sid].turns
+            and c not in m.sessions[sid].turns
+        )
 
     run(main())
 
 
-@pytest.mark.parametrize("params, field", [
-    ({"id": "nope"}, "session_params.id"),
-    ({"rid": "nope"}, "session_params.rid"),
-    ({"offset": 5}, "session_params.offset"),
-    ({"offset": True}, "session_params.offset"),
-    ({"drop_previous_output": 1}, "session_params.drop_previous_output"),
-    ({"extra": 1}, "session_params.extra"),
-])
+@pytest.mark.parametrize(
+    "params, field",
+    [
+        ({"id": "nope"}, "session_params.id"),
+        ({"rid": "nope"}, "session_params.rid"),
+        ({"offset": 5}, "session_params.offset"),
+        ({"offset": True}, "session_params.offset"),
+        ({"drop_previous_output": 1}, "session_params.drop_previous_output"),
+        ({"extra": 1}, "session_params.extra"),
+    ],
+)
 def test_bad_session_params_name_the_field(params, field):
     async def main():
         m = SessionManager(FakeTM(), SessionConfig())
@@ -136,7 +155,9 @@ def test_idle_sessions_time_out_and_the_scheduler_hears_it():
     async def main():
         tm = FakeTM()
         m = SessionManager(tm, SessionConfig(timeout=0.2))
-        assert m.sessions[m.open("k", {"timeout": 10**400})].timeout == 0.2  # no float overflow: a 500
+        assert (
+            m.sessions[m.open("k", {"timeout": 10**400})].timeout == 0.2
+        )  # no float overflow: a 500
         sid = m.open("k", {"timeout": 60})  # the server's timeout bounds the session's
         assert m.sessions[sid].timeout == 0.2
         await turn(m, [5], id=sid)

@@ -24,7 +24,10 @@ def _held_by_definition(text: str, stops: list[str]) -> int:
 def test_stop_string_tail_matches_the_definition_fed_in_pieces():
     rng = random.Random(0)
     for _ in range(300):
-        stops = ["".join(rng.choice("ab") for _ in range(rng.randint(1, 6))) for _ in range(rng.randint(1, 3))]
+        stops = [
+            "".join(rng.choice("ab") for _ in range(rng.randint(1, 6)))
+            for _ in range(rng.randint(1, 3))
+        ]
         tail, text = StopStringTail(stops), ""
         for _ in range(rng.randint(1, 8)):
             piece = "".join(rng.choice("abc") for _ in range(rng.randint(1, 4)))

@@ -31,12 +31,15 @@ def tiny_qwen2vl_dir(tmp_path_factory, tokenizer_dir):
 
 
 def load_hf_qwen(path: str, cls_name: str):
-    """transformers' model and Qwen2VLProcessor's own code (without its video processor, as the server)."""
+    """transformers' model and Qwen2VLProcessor's own code (without its video processor, as the
+    server)."""
     import transformers
 
     from radixlm.engine.mm_processor import load_hf_processor
 
-    return getattr(transformers, cls_name).from_pretrained(path, dtype=torch.float32).eval(), load_hf_processor(path)
+    return getattr(transformers, cls_name).from_pretrained(
+        path, dtype=torch.float32
+    ).eval(), load_hf_processor(path)
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +51,9 @@ def hf_qwen2vl(tiny_qwen2vl_dir):
 def hf_llava(tiny_llava_dir):
     from transformers import AutoProcessor, LlavaForConditionalGeneration
 
-    model = LlavaForConditionalGeneration.from_pretrained(tiny_llava_dir, dtype=torch.float32).eval()
+    model = LlavaForConditionalGeneration.from_pretrained(
+        tiny_llava_dir, dtype=torch.float32
+    ).eval()
     return model, AutoProcessor.from_pretrained(tiny_llava_dir)
 
 

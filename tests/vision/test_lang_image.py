@@ -24,10 +24,16 @@ def hf_text(hf, text, seed):
     from PIL import Image
 
     model, proc = hf
-    inputs = proc(text=text, images=[Image.open(io.BytesIO(png_bytes(seed))).convert("RGB")], return_tensors="pt")
+    inputs = proc(
+        text=text,
+        images=[Image.open(io.BytesIO(png_bytes(seed))).convert("RGB")],
+        return_tensors="pt",
+    )
     with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=N, do_sample=False, eos_token_id=None, pad_token_id=0)
-    return proc.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        out = model.generate(
+            **inputs, max_new_tokens=N, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
+    return proc.tokenizer.decode(out[0, inputs["input_ids"].shape[1] :], skip_special_tokens=True)
 
 
 @sgl.function

@@ -30,9 +30,16 @@ def hf_reference(hf_llava, text, seeds):
     images = [Image.open(io.BytesIO(png_bytes(s))).convert("RGB") for s in seeds]
     inputs = proc(text=text, images=images, return_tensors="pt")
     with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=N, do_sample=False, output_scores=True, return_dict_in_generate=True,
-                             eos_token_id=None, pad_token_id=0)
-    tokens = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+        out = model.generate(
+            **inputs,
+            max_new_tokens=N,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    tokens = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
     logprobs = [torch.log_softmax(s[0].float(), -1) for s in out.scores]
     return tokens, logprobs
 
@@ -50,7 +57,10 @@ def check(out, tokens, logprobs):
 CASES = [
     ("user: <image> what is this?\nassistant:", [1]),
     ("user: <image> and <image> differ how?\nassistant:", [2, 3]),
-    ("user: compare <image><image><image>\nassistant:", [4, 5, 6]),  # side by side: one run of placeholders
+    (
+        "user: compare <image><image><image>\nassistant:",
+        [4, 5, 6],
+    ),  # side by side: one run of placeholders
 ]
 
 
@@ -58,14 +68,18 @@ CASES = [
 def test_greedy_and_logprobs_match_hf(engine, hf_llava, text, seeds):
     tokens, logprobs = hf_reference(hf_llava, text, seeds)
     sp = {"max_new_tokens": N, "temperature": 0, "ignore_eos": True}
-    out = engine.generate(text, sp, image_data=[data_url(s) for s in seeds], return_logprob=True, top_logprobs_num=5)
+    out = engine.generate(
+        text, sp, image_data=[data_url(s) for s in seeds], return_logprob=True, top_logprobs_num=5
+    )
     check(out, tokens, logprobs)
 
 
 def test_batch_of_image_requests_matches_hf(engine, hf_llava):
     refs = [hf_reference(hf_llava, t, s)[0] for t, s in CASES]
     sp = {"max_new_tokens": N, "temperature": 0, "ignore_eos": True}
-    outs = engine.generate([t for t, _ in CASES], sp, image_data=[[data_url(x) for x in s] for _, s in CASES])
+    outs = engine.generate(
+        [t for t, _ in CASES], sp, image_data=[[data_url(x) for x in s] for _, s in CASES]
+    )
     assert [o["output_ids"] for o in outs] == refs
 
 

@@ -22,7 +22,7 @@ SP = {"max_new_tokens": N, "temperature": 0, "ignore_eos": True}
 
 
 class _Images(http.server.BaseHTTPRequestHandler):
-    def do_GET(self):  # noqa: N802
+    def do_GET(self):
         if self.path == "/slow.png":
             time.sleep(3)
         body = png_bytes(7)
@@ -44,10 +44,25 @@ def image_host():
 
 
 def vision_server(model_dir: str) -> ServerProcess:
-    """Chunks of 8 tokens (image spans cut), images from 127.0.0.1 only, at most 1 MB, 1 s to fetch."""
-    return ServerProcess("--model-path", model_dir, "--kv-memory-gb", "0.05", "--num-threads", "1",
-                         "--enable-invariant-checks", "--chunked-prefill-size", "8", "--allowed-media-domains",
-                         "127.0.0.1", "--media-url-max-file-size-mb", "1", "--media-url-timeout", "1")
+    """Chunks of 8 tokens (image spans cut), images from 127.0.0.1 only, at most 1 MB, 1 s to
+    fetch."""
+    return ServerProcess(
+        "--model-path",
+        model_dir,
+        "--kv-memory-gb",
+        "0.05",
+        "--num-threads",
+        "1",
+        "--enable-invariant-checks",
+        "--chunked-prefill-size",
+        "8",
+        "--allowed-media-domains",
+        "127.0.0.1",
+        "--media-url-max-file-size-mb",
+        "1",
+        "--media-url-timeout",
+        "1",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -63,14 +78,25 @@ def client(server):
 
 
 def messages(*parts):
-    content = [{"type": "image_url", "image_url": {"url": p}} if p.startswith(("data:", "http")) else
-               {"type": "text", "text": p} for p in parts]
+    content = [
+        (
+            {"type": "image_url", "image_url": {"url": p}}
+            if p.startswith(("data:", "http"))
+            else {"type": "text", "text": p}
+        )
+        for p in parts
+    ]
     return [{"role": "user", "content": content}]
 
 
 def chat(client, msgs):
-    return client.chat.completions.create(model="m", messages=msgs, max_tokens=N, temperature=0,
-                                          extra_body={"ignore_eos": True, "return_token_ids": True})
+    return client.chat.completions.create(
+        model="m",
+        messages=msgs,
+        max_tokens=N,
+        temperature=0,
+        extra_body={"ignore_eos": True, "return_token_ids": True},
+    )
 
 
 def encoder(server) -> dict:
@@ -85,15 +111,21 @@ def hf_answer(hf_llava, text, seeds):
     images = [Image.open(io.BytesIO(png_bytes(s))).convert("RGB") for s in seeds]
     inputs = proc(text=text, images=images, return_tensors="pt")
     with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=N, do_sample=False, eos_token_id=None, pad_token_id=0)
+        out = model.generate(
+            **inputs, max_new_tokens=N, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
     first_image = inputs["input_ids"][0].tolist().index(model.config.image_token_id)
-    return out[0, inputs["input_ids"].shape[1]:].tolist(), first_image
+    return out[0, inputs["input_ids"].shape[1] :].tolist(), first_image
 
 
 def rendered(hf_llava, *parts):
     """The chat template's text for these parts, as the server renders it."""
-    content = [{"type": "image"} if p.startswith("data:") else {"type": "text", "text": p} for p in parts]
-    return hf_llava[1].apply_chat_template([{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True)
+    content = [
+        {"type": "image"} if p.startswith("data:") else {"type": "text", "text": p} for p in parts
+    ]
+    return hf_llava[1].apply_chat_template(
+        [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
+    )
 
 
 def test_models_list_says_image(client):
@@ -111,8 +143,12 @@ def test_same_image_twice_is_cached_and_encoded_once(server, client, hf_llava):
     ref, first_image = hf_answer(hf_llava, rendered(hf_llava, data_url(11), text), [11])
     span_end = first_image + 16
     assert first.usage.prompt_tokens_details.cached_tokens < first_image + 1
-    assert second.usage.prompt_tokens_details.cached_tokens >= span_end  # the whole image span came from the cache
-    assert after["mm_images_encoded"] - before["mm_images_encoded"] == 1  # chunks of 8 and the second ask: one encode
+    assert (
+        second.usage.prompt_tokens_details.cached_tokens >= span_end
+    )  # the whole image span came from the cache
+    assert (
+        after["mm_images_encoded"] - before["mm_images_encoded"] == 1
+    )  # chunks of 8 and the second ask: one encode
     assert first.choices[0].model_extra["token_ids"] == ref  # HF's answer for this image
     assert second.choices[0].model_extra["token_ids"] == ref
 
@@ -123,11 +159,22 @@ def test_other_image_same_text_hits_up_to_the_image(server, client, hf_llava):
     before = encoder(server)
     other = chat(client, messages(data_url(22), text))
     ref, first_image = hf_answer(hf_llava, rendered(hf_llava, data_url(22), text), [22])
-    assert other.usage.prompt_tokens_details.cached_tokens == first_image  # the hit stops at the image's first token
+    assert (
+        other.usage.prompt_tokens_details.cached_tokens == first_image
+    )  # the hit stops at the image's first token
     assert encoder(server)["mm_images_encoded"] - before["mm_images_encoded"] == 1
-    assert other.choices[0].model_extra["token_ids"] == ref  # the other image's answer (HF's), not the cached one's
-    native = requests.post(server.url + "/generate", json={
-        "text": rendered(hf_llava, data_url(22), text), "image_data": data_url(22), "sampling_params": SP}, timeout=120)
+    assert (
+        other.choices[0].model_extra["token_ids"] == ref
+    )  # the other image's answer (HF's), not the cached one's
+    native = requests.post(
+        server.url + "/generate",
+        json={
+            "text": rendered(hf_llava, data_url(22), text),
+            "image_data": data_url(22),
+            "sampling_params": SP,
+        },
+        timeout=120,
+    )
     assert native.status_code == 200, native.text
     assert native.json()["output_ids"] == ref
 
@@ -135,8 +182,11 @@ def test_other_image_same_text_hits_up_to_the_image(server, client, hf_llava):
 def test_two_images_keep_their_order(server, hf_llava):
     text = "which is brighter?"
     for seeds in ([31, 32], [32, 31]):
-        body = {"text": rendered(hf_llava, data_url(0), data_url(0), text), "sampling_params": SP,
-                "image_data": [data_url(s) for s in seeds]}
+        body = {
+            "text": rendered(hf_llava, data_url(0), data_url(0), text),
+            "sampling_params": SP,
+            "image_data": [data_url(s) for s in seeds],
+        }
         r = requests.post(server.url + "/generate", json=body, timeout=120)
         assert r.status_code == 200, r.text
         assert r.json()["output_ids"] == hf_answer(hf_llava, body["text"], seeds)[0]
@@ -163,7 +213,9 @@ def _truncated() -> str:
 
 
 def _big() -> str:
-    return "data:image/png;base64," + base64.b64encode(png_bytes(4, (700, 700))).decode()  # ~1.4 MB > 1 MB
+    return (
+        "data:image/png;base64," + base64.b64encode(png_bytes(4, (700, 700))).decode()
+    )  # ~1.4 MB > 1 MB
 
 
 HOSTILE = [
@@ -175,14 +227,23 @@ HOSTILE = [
 ]
 
 
-@pytest.mark.parametrize("make,why", HOSTILE, ids=["bomb", "truncated", "too-big", "domain", "bad-base64"])
+@pytest.mark.parametrize(
+    "make,why", HOSTILE, ids=["bomb", "truncated", "too-big", "domain", "bad-base64"]
+)
 def test_hostile_images_are_400s_naming_the_field(server, client, make, why, hf_llava):
     url = make()
     with pytest.raises(openai.BadRequestError) as e:
         chat(client, messages("look:", url))
     assert why in e.value.message and e.value.param == "messages[0].content[1].image_url.url"
-    r = requests.post(server.url + "/generate", json={"text": rendered(hf_llava, data_url(0), "x"),
-                                                      "image_data": [url], "sampling_params": SP}, timeout=60)
+    r = requests.post(
+        server.url + "/generate",
+        json={
+            "text": rendered(hf_llava, data_url(0), "x"),
+            "image_data": [url],
+            "sampling_params": SP,
+        },
+        timeout=60,
+    )
     assert r.status_code == 400 and why in r.text and "image_data[0]" in r.text
     assert requests.get(server.url + "/health", timeout=10).status_code == 200
     assert chat(client, messages(data_url(1), "still there?")).choices[0].message.content
@@ -193,16 +254,28 @@ def test_slow_url_times_out_and_100mb_body_is_refused(server, client, image_host
         chat(client, messages(image_host + "/slow.png", "x"))
     assert "longer than 1.0 s" in e.value.message
     huge = "data:image/png;base64," + "A" * (100 * 2**20)
-    r = requests.post(server.url + "/v1/chat/completions", timeout=120,
-                      json={"model": "m", "messages": messages(huge, "x"), "max_tokens": 1})
+    r = requests.post(
+        server.url + "/v1/chat/completions",
+        timeout=120,
+        json={"model": "m", "messages": messages(huge, "x"), "max_tokens": 1},
+    )
     assert r.status_code == 413
     assert requests.get(server.url + "/health", timeout=10).status_code == 200
 
 
 def test_session_turn_with_an_image_is_a_400(server, hf_llava):
-    sid = requests.post(server.url + "/open_session", json={"capacity_of_str_len": 1000}, timeout=30).json()
-    r = requests.post(server.url + "/generate", timeout=60, json={
-        "text": rendered(hf_llava, data_url(0), "x"), "image_data": data_url(1), "sampling_params": SP,
-        "session_params": {"id": sid}})
+    sid = requests.post(
+        server.url + "/open_session", json={"capacity_of_str_len": 1000}, timeout=30
+    ).json()
+    r = requests.post(
+        server.url + "/generate",
+        timeout=60,
+        json={
+            "text": rendered(hf_llava, data_url(0), "x"),
+            "image_data": data_url(1),
+            "sampling_params": SP,
+            "session_params": {"id": sid},
+        },
+    )
     assert r.status_code == 400 and "image_data is not supported in session turns" in r.text
     requests.post(server.url + "/close_session", json={"session_id": sid}, timeout=30)

@@ -16,7 +16,6 @@ import json
 import shlex
 import sys
 import time
-from typing import Optional
 
 from radixlm.bench.soak.config import SoakConfig
 from radixlm.bench.soak.hostile import HostileConfig, HostileLoad
@@ -34,33 +33,70 @@ def _range(s: str) -> tuple[int, int]:
 
 def parser() -> argparse.ArgumentParser:
     d = SoakConfig()
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--url", help="a running server")
-    where.add_argument("--server-args", help="start `radixlm serve` with these arguments (one string; write "
-                       "--server-args=--flag when it is a single flag)")
+    where.add_argument(
+        "--server-args",
+        help=(
+            "start `radixlm serve` with these arguments (one string; write "
+            "--server-args=--flag when it is a single flag)"
+        ),
+    )
     p.add_argument("--num-requests", type=int, default=d.num_requests)
     p.add_argument("--concurrency", type=int, default=d.concurrency)
     p.add_argument("--disconnect-rate", type=float, default=d.disconnect_rate)
-    p.add_argument("--disconnect-max-delay", type=float, default=d.disconnect_max_delay,
-                   help="seconds: timed disconnects happen within this (default: 1.5x the median latency so far)")
+    p.add_argument(
+        "--disconnect-max-delay",
+        type=float,
+        default=d.disconnect_max_delay,
+        help=(
+            "seconds: timed disconnects happen within this (default: 1.5x the median latency so"
+            " far)"
+        ),
+    )
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--request-timeout", type=float, default=d.request_timeout,
-                   help="the hang bound: seconds within which every request must end")
+    p.add_argument(
+        "--request-timeout",
+        type=float,
+        default=d.request_timeout,
+        help="the hang bound: seconds within which every request must end",
+    )
     p.add_argument("--max-new-tokens", type=_range, default=d.max_new_tokens, metavar="LO,HI")
-    p.add_argument("--short-words", type=_range, default=d.short_words, metavar="LO,HI",
-                   help="short prompts' sizes in words (about a token each)")
-    p.add_argument("--long-words", type=_range, default=d.long_words, metavar="LO,HI",
-                   help="long prompts' sizes in words; they share prefixes of --num-docs documents")
+    p.add_argument(
+        "--short-words",
+        type=_range,
+        default=d.short_words,
+        metavar="LO,HI",
+        help="short prompts' sizes in words (about a token each)",
+    )
+    p.add_argument(
+        "--long-words",
+        type=_range,
+        default=d.long_words,
+        metavar="LO,HI",
+        help="long prompts' sizes in words; they share prefixes of --num-docs documents",
+    )
     p.add_argument("--long-fraction", type=float, default=d.long_fraction)
     p.add_argument("--num-docs", type=int, default=d.num_docs)
     p.add_argument("--greedy-fraction", type=float, default=d.greedy_fraction)
     p.add_argument("--drain-timeout", type=float, default=d.drain_timeout)
-    p.add_argument("--no-replay", action="store_true", help="skip the quiet replay of greedy requests")
-    p.add_argument("--hostile", action="store_true",
-                   help="attackers alongside the load (ReDoS, fan-out, template bombs, slow loris; hostile.py)")
-    p.add_argument("--forge-dir", help="with --hostile: the server's --hicache-storage-dir, whose files get forged")
+    p.add_argument(
+        "--no-replay", action="store_true", help="skip the quiet replay of greedy requests"
+    )
+    p.add_argument(
+        "--hostile",
+        action="store_true",
+        help=(
+            "attackers alongside the load (ReDoS, fan-out, template bombs, slow loris; hostile.py)"
+        ),
+    )
+    p.add_argument(
+        "--forge-dir",
+        help="with --hostile: the server's --hicache-storage-dir, whose files get forged",
+    )
     p.add_argument("--output", help="write the JSON summary here")
     p.add_argument("--requests-output", help="write one JSON line per request here")
     return p
@@ -68,21 +104,33 @@ def parser() -> argparse.ArgumentParser:
 
 def config_from_args(a: argparse.Namespace) -> SoakConfig:
     return SoakConfig(
-        num_requests=a.num_requests, concurrency=a.concurrency, seed=a.seed, disconnect_rate=a.disconnect_rate,
-        disconnect_max_delay=a.disconnect_max_delay, request_timeout=a.request_timeout, max_new_tokens=a.max_new_tokens,
-        short_words=a.short_words, long_words=a.long_words, long_fraction=a.long_fraction, num_docs=a.num_docs,
-        greedy_fraction=a.greedy_fraction, drain_timeout=a.drain_timeout, replay=not a.no_replay,
+        num_requests=a.num_requests,
+        concurrency=a.concurrency,
+        seed=a.seed,
+        disconnect_rate=a.disconnect_rate,
+        disconnect_max_delay=a.disconnect_max_delay,
+        request_timeout=a.request_timeout,
+        max_new_tokens=a.max_new_tokens,
+        short_words=a.short_words,
+        long_words=a.long_words,
+        long_fraction=a.long_fraction,
+        num_docs=a.num_docs,
+        greedy_fraction=a.greedy_fraction,
+        drain_timeout=a.drain_timeout,
+        replay=not a.no_replay,
     )
 
 
-def main(argv: Optional[list[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     cfg = config_from_args(a)
     t0 = time.time()
     side = [HostileLoad(HostileConfig(forge_dir=a.forge_dir, seed=a.seed))] if a.hostile else []
     summary = run(a.url, cfg, shlex.split(a.server_args) if a.server_args else None, side=side)
     results = summary.pop("_results")
-    summary["command"] = " ".join(shlex.quote(x) for x in (sys.argv if argv is None else ["soak.py", *argv]))
+    summary["command"] = " ".join(
+        shlex.quote(x) for x in (sys.argv if argv is None else ["soak.py", *argv])
+    )
     summary["wall_s"] = round(time.time() - t0, 1)
     print(format_summary(summary))
     if summary.get("server_log_tail"):

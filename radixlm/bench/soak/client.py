@@ -7,38 +7,45 @@ import asyncio
 import dataclasses
 import json
 import time
-from typing import Any, Optional
+from typing import Any
 
 from radixlm.bench.soak.config import SoakConfig
 from radixlm.bench.soak.workload import SoakRequest
+
 
 @dataclasses.dataclass
 class SoakResult:
     idx: int
     kind: str
     status: Any = None  # HTTP status, or "disconnected", "hang", "transport_error"
-    http_status: Optional[int] = None
+    http_status: int | None = None
     latency: float = 0.0
     disconnected: bool = False
-    disconnect_phase: Optional[str] = None  # before_response, before_first_event, mid_stream, body
-    disconnect_delay: Optional[float] = None  # a timed disconnect's delay (s)
-    stream_error: Optional[dict] = None
-    error: Optional[str] = None
+    disconnect_phase: str | None = None  # before_response, before_first_event, mid_stream, body
+    disconnect_delay: float | None = None  # a timed disconnect's delay (s)
+    stream_error: dict | None = None
+    error: str | None = None
     events: int = 0
-    choices: dict = dataclasses.field(default_factory=dict)  # index -> {"text", "ids", "finish", "lp", "top"}
-    usage: Optional[dict] = None
-    prompt_tokens: Optional[int] = None
+    choices: dict = dataclasses.field(
+        default_factory=dict
+    )  # index -> {"text", "ids", "finish", "lp", "top"}
+    usage: dict | None = None
+    prompt_tokens: int | None = None
 
     def outputs(self) -> list[dict]:
-        """What the quiet run must reproduce: per choice its text, token ids (native) and finish reason."""
-        return [{k: self.choices[i].get(k) for k in ("text", "ids", "finish")} for i in sorted(self.choices)]
+        """What the quiet run must reproduce: per choice its text, token ids (native) and finish
+        reason."""
+        return [
+            {k: self.choices[i].get(k) for k in ("text", "ids", "finish")}
+            for i in sorted(self.choices)
+        ]
 
 
 class _Disconnect(Exception):
     pass
 
 
-def _native_finish(fr) -> Optional[str]:
+def _native_finish(fr) -> str | None:
     return None if fr is None else fr.get("type")
 
 
@@ -49,10 +56,18 @@ class _Folder:
         self.req, self.res, self.incremental = req, res, incremental
 
     def choice(self, i: int) -> dict:
-        return self.res.choices.setdefault(i, {"text": "", "ids": [] if self.req.api == "native" else None,
-                                               "finish": None, "lp": None, "top": None})
+        return self.res.choices.setdefault(
+            i,
+            {
+                "text": "",
+                "ids": [] if self.req.api == "native" else None,
+                "finish": None,
+                "lp": None,
+                "top": None,
+            },
+        )
 
-    def native(self, out: dict, index: Optional[int] = None, delta: bool = False) -> None:
+    def native(self, out: dict, index: int | None = None, delta: bool = False) -> None:
         c = self.choice(out.get("index", 0) if index is None else index)
         meta = out.get("meta_info", {})
         if delta:
@@ -118,7 +133,9 @@ async def _send(client, url: str, req: SoakRequest, res: SoakResult, incremental
                 res.error = raw[:300].decode(errors="replace")
                 return
             if resp.status_code != 200:
-                res.error = str((body.get("error") or {}).get("message") if isinstance(body, dict) else body)[:300]
+                res.error = str(
+                    (body.get("error") or {}).get("message") if isinstance(body, dict) else body
+                )[:300]
                 return
             fold.whole(body)
             return
@@ -142,8 +159,15 @@ async def _send(client, url: str, req: SoakRequest, res: SoakResult, incremental
                 raise _Disconnect
 
 
-async def run_request(client, url: str, req: SoakRequest, cfg: SoakConfig, incremental: bool,
-                      disconnect: bool = True, max_delay: float = 8.0) -> SoakResult:
+async def run_request(
+    client,
+    url: str,
+    req: SoakRequest,
+    cfg: SoakConfig,
+    incremental: bool,
+    disconnect: bool = True,
+    max_delay: float = 8.0,
+) -> SoakResult:
     """Send one request; never raises. disconnect=False: the quiet replay (no client disconnects).
     max_delay: the latest moment (s) of a timed disconnect."""
     import httpx
@@ -156,15 +180,17 @@ async def run_request(client, url: str, req: SoakRequest, cfg: SoakConfig, incre
             if disconnect and req.disconnect in ("now", "timer"):
                 lo, hi = (0.0, 0.2) if req.disconnect == "now" else (0.2, max(max_delay, 0.2))
                 res.disconnect_delay = lo + req.disconnect_after * (hi - lo)
-                await asyncio.wait_for(_send(client, url, req, res, incremental), res.disconnect_delay)
+                await asyncio.wait_for(
+                    _send(client, url, req, res, incremental), res.disconnect_delay
+                )
             else:
                 await _send(client, url, req, res, incremental)
-        except (_Disconnect, asyncio.TimeoutError):
+        except (TimeoutError, _Disconnect):
             res.disconnected = True
 
     try:
         await asyncio.wait_for(go(), cfg.request_timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         res.status, res.error = "hang", f"not over after {cfg.request_timeout} s"
     except (httpx.HTTPError, ValueError) as e:  # a dropped connection, a broken stream
         res.status, res.error = "transport_error", f"{type(e).__name__}: {e}"[:300]

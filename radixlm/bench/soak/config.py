@@ -1,9 +1,9 @@
-"""The soak's settings: the request mix, the disconnects, the bounds the checks hold the server to."""
+"""The soak's settings: the request mix, the disconnects, the bounds the checks hold the server
+to."""
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
 
 
 @dataclasses.dataclass
@@ -15,7 +15,7 @@ class SoakConfig:
     # Timed disconnects happen within this many seconds; None: within 1.5x the median latency of the
     # requests answered so far (8 s until 5 are), so that they hit queued, prefilling and decoding
     # requests alike however loaded the server is.
-    disconnect_max_delay: Optional[float] = None
+    disconnect_max_delay: float | None = None
     request_timeout: float = 600.0  # the hang bound: a request not over by then is a hang
     max_new_tokens: tuple[int, int] = (8, 64)
     short_words: tuple[int, int] = (3, 40)

@@ -1,5 +1,6 @@
-"""The soak's hostile side (docs/reliability.md, "Hostile load"): while the normal mix runs, attackers
-send what issue 35's findings describe, each on its own connections, and a prober times /health.
+"""The soak's hostile side (docs/reliability.md, "Hostile load"): while the normal mix runs,
+attackers send what issue 35's findings describe, each on its own connections, and a prober times
+/health.
 
 - redos: a catastrophic stop_regex with a logit_bias that forces its character (400 or 200, never a
   frozen scheduler);
@@ -22,7 +23,6 @@ import random
 import stat
 import time
 from collections import Counter
-from typing import Optional
 from urllib.parse import urlsplit
 
 from radixlm.cache.storage import SUFFIX
@@ -36,7 +36,7 @@ class HostileConfig:
     health_interval: float = 0.5
     health_bound: float = 2.0  # /health must answer 200 within this, every time
     slow_loris: int = 16  # connections held open, a header byte every few seconds
-    forge_dir: Optional[str] = None  # the server's --hicache-storage-dir: its chunk files get forged
+    forge_dir: str | None = None  # the server's --hicache-storage-dir: its chunk files get forged
     seed: int = 0
 
 
@@ -66,10 +66,13 @@ class HostileLoad:
             info = (await client.get(url + "/get_server_info")).json()
             x_ids = (await client.post(url + "/tokenize", json={"text": "x"})).json()["tokens"]
             model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
-            tasks = [self._health(client, url, stop), self._loris(url, stop),
-                     self._every(stop, lambda: self._redos(client, url, x_ids[-1])),
-                     self._every(stop, lambda: self._fanout(client, url, info["context_len"])),
-                     self._every(stop, lambda: self._template(client, url, model))]
+            tasks = [
+                self._health(client, url, stop),
+                self._loris(url, stop),
+                self._every(stop, lambda: self._redos(client, url, x_ids[-1])),
+                self._every(stop, lambda: self._fanout(client, url, info["context_len"])),
+                self._every(stop, lambda: self._template(client, url, model)),
+            ]
             if self.cfg.forge_dir:
                 tasks.append(self._every(stop, self._forge))
             await asyncio.gather(*tasks)
@@ -79,7 +82,7 @@ class HostileLoad:
             await attack()
             try:
                 await asyncio.wait_for(stop.wait(), self.cfg.interval * (0.5 + self.rng.random()))
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pass
 
     async def _health(self, client, url: str, stop: asyncio.Event) -> None:
@@ -89,8 +92,11 @@ class HostileLoad:
 
         ctx = multiprocessing.get_context("spawn")
         halt, (results, sink) = ctx.Event(), ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_probe_health, args=(url, self.cfg.health_bound, self.cfg.health_interval, halt, sink),
-                           daemon=True)
+        proc = ctx.Process(
+            target=_probe_health,
+            args=(url, self.cfg.health_bound, self.cfg.health_interval, halt, sink),
+            daemon=True,
+        )
         proc.start()
         await stop.wait()
         halt.set()
@@ -110,27 +116,46 @@ class HostileLoad:
             self.attacks[kind][type(e).__name__] += 1
 
     async def _redos(self, client, url: str, x_id: int) -> None:
-        sp = {"max_new_tokens": 256, "stop_regex": "(x|xx)+z", "logit_bias": {str(x_id): 100.0}, "temperature": 0}
+        sp = {
+            "max_new_tokens": 256,
+            "stop_regex": "(x|xx)+z",
+            "logit_bias": {str(x_id): 100.0},
+            "temperature": 0,
+        }
         await self._post(client, "redos", url + "/generate", {"text": "x", "sampling_params": sp})
 
     async def _fanout(self, client, url: str, context_len: int) -> None:
-        await self._post(client, "fanout", url + "/generate",
-                         {"text": ["hi"] * 256, "sampling_params": {"n": 64, "max_new_tokens": 4}})
-        await self._post(client, "tokenize", url + "/tokenize", {"text": "word " * (4 * context_len)})
+        await self._post(
+            client,
+            "fanout",
+            url + "/generate",
+            {"text": ["hi"] * 256, "sampling_params": {"n": 64, "max_new_tokens": 4}},
+        )
+        await self._post(
+            client, "tokenize", url + "/tokenize", {"text": "word " * (4 * context_len)}
+        )
 
     async def _template(self, client, url: str, model: str) -> None:
-        body = {"model": model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
-                "chat_template_kwargs": {"chat_template": BOMB}}
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 4,
+            "chat_template_kwargs": {"chat_template": BOMB},
+        }
         await self._post(client, "template", url + "/v1/chat/completions", body)
 
     async def _loris(self, url: str, stop: asyncio.Event) -> None:
-        """Connections that start a request and feed it a header byte every few seconds, never ending it."""
+        """Connections that start a request and feed it a header byte every few seconds, never
+        ending it."""
         u = urlsplit(url)
         writers = []
         try:
             for _ in range(self.cfg.slow_loris):
                 _, w = await asyncio.open_connection(u.hostname, u.port)
-                w.write(f"POST /generate HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type: application/json\r\nX-a: ".encode())
+                w.write(
+                    f"POST /generate HTTP/1.1\r\nHost: {u.netloc}\r\nContent-Type:"
+                    " application/json\r\nX-a: ".encode()
+                )
                 writers.append(w)
                 self.loris_opened += 1
             while not stop.is_set():
@@ -139,7 +164,7 @@ class HostileLoad:
                         w.write(b"a")
                 try:
                     await asyncio.wait_for(stop.wait(), 3.0)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
         except OSError:  # the server may refuse or close them: that is allowed
             pass
@@ -148,7 +173,8 @@ class HostileLoad:
                 w.close()
 
     async def _forge(self) -> None:
-        """Tamper with one stored chunk file, as a local user with write access to the directory could."""
+        """Tamper with one stored chunk file, as a local user with write access to the directory
+        could."""
         d = self.cfg.forge_dir
         try:
             names = sorted(n for n in os.listdir(d) if n.endswith(SUFFIX))
@@ -167,8 +193,12 @@ class HostileLoad:
                     else:
                         f.seek(self.rng.randrange(max(1, size)))
                         f.write(os.urandom(8))
-            elif kind == "swap" and len(names) > 1:  # another chunk's genuine file under this chunk's name
-                other = os.path.join(d, self.rng.choice([n for n in names if n != os.path.basename(path)]))
+            elif (
+                kind == "swap" and len(names) > 1
+            ):  # another chunk's genuine file under this chunk's name
+                other = os.path.join(
+                    d, self.rng.choice([n for n in names if n != os.path.basename(path)])
+                )
                 with _open_regular(other, os.O_RDONLY) as src:
                     data = src.read()
                 with _open_regular(path, os.O_WRONLY) as dst:
@@ -184,15 +214,21 @@ class HostileLoad:
                 return
             self.forged[kind] += 1
         except (OSError, _NotRegular):
-            pass  # the server removed or replaced it meanwhile, or an earlier forgery left a link or FIFO there
+            # the server removed or replaced it meanwhile, or an earlier forgery left a link or FIFO
+            # there
+            pass
 
     def summary(self) -> dict:
         attacks = {k: {str(s): n for s, n in v.items()} for k, v in self.attacks.items()}
-        unexpected = {k: {s: n for s, n in v.items() if s not in EXPECTED[k]} for k, v in self.attacks.items()}
+        unexpected = {
+            k: {s: n for s, n in v.items() if s not in EXPECTED[k]} for k, v in self.attacks.items()
+        }
         unexpected = {k: {str(s): n for s, n in v.items()} for k, v in unexpected.items() if v}
         checks = {
             "health_within_bound": bool(self.health) and not self.health_failures,
-            "attacks_refused": not unexpected and all(sum(v.values()) > 0 for v in self.attacks.values()),
+            "attacks_refused": (
+                not unexpected and all(sum(v.values()) > 0 for v in self.attacks.values())
+            ),
             "slow_loris_held": self.loris_opened == self.cfg.slow_loris,
         }
         if self.cfg.forge_dir:
@@ -220,7 +256,9 @@ def _open_regular(path: str, flags: int):
     if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
         raise _NotRegular(path)
-    return os.fdopen(fd, "rb" if flags == os.O_RDONLY else "r+b" if flags == os.O_RDWR else "wb", buffering=0)
+    return os.fdopen(
+        fd, "rb" if flags == os.O_RDONLY else "r+b" if flags == os.O_RDWR else "wb", buffering=0
+    )
 
 
 def _symlink_beside(path: str, target: str) -> str:
@@ -230,7 +268,8 @@ def _symlink_beside(path: str, target: str) -> str:
 
 
 def _probe_health(url: str, bound: float, interval: float, halt, sink) -> None:
-    """The prober's process: GET /health every `interval` s until `halt`; sends (latencies, failures)."""
+    """The prober's process: GET /health every `interval` s until `halt`; sends (latencies,
+    failures)."""
     import httpx
 
     ok, failures = [], []

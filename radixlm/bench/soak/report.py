@@ -7,7 +7,6 @@ import dataclasses
 import json
 import statistics
 from collections import Counter
-from typing import Optional
 
 from radixlm.bench.soak.checks import json_control_chars, output_problems
 from radixlm.bench.soak.client import SoakResult
@@ -21,13 +20,17 @@ class AfterLoad:
 
     greedy: list[int]  # the greedy requests answered under load, replayed alone
     leaks: list[str] = dataclasses.field(default_factory=lambda: ["not checked"])  # after the load
-    leaks_end: list[str] = dataclasses.field(default_factory=lambda: ["not checked"])  # after the replay
+    leaks_end: list[str] = dataclasses.field(
+        default_factory=lambda: ["not checked"]
+    )  # after the replay
     state: dict = dataclasses.field(default_factory=dict)  # internal_state once drained
     drain_s: float = 0.0
     flush_ok: bool = False
-    mismatches: list[dict] = dataclasses.field(default_factory=list)  # replays unlike their answer under load
+    mismatches: list[dict] = dataclasses.field(
+        default_factory=list
+    )  # replays unlike their answer under load
     replay_s: float = 0.0
-    post_error: Optional[str] = None  # the server failed after the load
+    post_error: str | None = None  # the server failed after the load
 
 
 @dataclasses.dataclass
@@ -42,11 +45,11 @@ class SoakRun:
     stats0: dict  # internal_state before the load
     duration: float  # seconds of the load
     after: AfterLoad
-    health: Optional[int]  # /health's status at the end
+    health: int | None  # /health's status at the end
     alive: bool
 
 
-def _pct(xs: list[float], p: float) -> Optional[float]:
+def _pct(xs: list[float], p: float) -> float | None:
     if not xs:
         return None
     xs = sorted(xs)
@@ -54,19 +57,38 @@ def _pct(xs: list[float], p: float) -> Optional[float]:
 
 
 def summarize(run: SoakRun) -> dict:
-    """The checks and figures of a run (summary["ok"]: every check passed; "_results": the SoakResults)."""
-    cfg, reqs, results, pool, load, stats0, duration = (run.cfg, run.reqs, run.results, run.pool, run.load,
-                                                        run.stats0, run.duration)
+    """The checks and figures of a run (summary["ok"]: every check passed; "_results": the
+    SoakResults)."""
+    cfg, reqs, results, pool, load, stats0, duration = (
+        run.cfg,
+        run.reqs,
+        run.results,
+        run.pool,
+        run.load,
+        run.stats0,
+        run.duration,
+    )
     a, health, alive = run.after, run.health, run.alive
-    greedy, leaks, leaks_end, after_load, drain_s = a.greedy, a.leaks, a.leaks_end, a.state, a.drain_s
+    greedy, leaks, leaks_end, after_load, drain_s = (
+        a.greedy,
+        a.leaks,
+        a.leaks_end,
+        a.state,
+        a.drain_s,
+    )
     flush_ok, mismatches, replay_s, post_error = a.flush_ok, a.mismatches, a.replay_s, a.post_error
     by_idx = {q.idx: q for q in reqs}
     res = [results[q.idx] for q in reqs]
     bad_status = [r for r in res if not r.disconnected and r.status not in cfg.allowed_statuses]
     fivexx = [r for r in res if isinstance(r.status, int) and r.status >= 500]
     hangs = [r for r in res if r.status == "hang" or r.latency > cfg.request_timeout]
-    output_bad = {r.idx: p for r in res if r.status == 200 and not r.disconnected
-                  for p in [output_problems(by_idx[r.idx], r)] if p}
+    output_bad = {
+        r.idx: p
+        for r in res
+        if r.status == 200 and not r.disconnected
+        for p in [output_problems(by_idx[r.idx], r)]
+        if p
+    }
     answered = [r.latency for r in res if r.status == 200]
     prompt_tokens = [r.prompt_tokens for r in res if r.prompt_tokens]
     by_kind: dict[str, Counter] = {}
@@ -91,7 +113,9 @@ def summarize(run: SoakRun) -> dict:
         "offered_load_tokens": round(load),
         "offered_load_ratio": round(load / pool, 2),
         "mean_prompt_tokens_est": round(statistics.mean(q.est_prompt_tokens for q in reqs), 1),
-        "mean_prompt_tokens_served": round(statistics.mean(prompt_tokens), 1) if prompt_tokens else None,
+        "mean_prompt_tokens_served": (
+            round(statistics.mean(prompt_tokens), 1) if prompt_tokens else None
+        ),
         "requests": len(res),
         "by_kind_status": {k: dict(v) for k, v in sorted(by_kind.items())},
         "by_status": dict(Counter(str(r.status) for r in res)),
@@ -99,26 +123,44 @@ def summarize(run: SoakRun) -> dict:
         "planned_disconnects": sum(q.disconnect is not None for q in reqs),
         "disconnects": sum(r.disconnected for r in res),
         "disconnect_phases": dict(Counter(r.disconnect_phase for r in res if r.disconnected)),
-        "disconnect_modes": dict(Counter(f"{by_idx[r.idx].disconnect}:{r.disconnect_phase}" for r in res
-                                         if r.disconnected)),
+        "disconnect_modes": dict(
+            Counter(
+                f"{by_idx[r.idx].disconnect}:{r.disconnect_phase}" for r in res if r.disconnected
+            )
+        ),
         "latency_p50_s": _pct(answered, 50),
         "latency_p99_s": _pct(answered, 99),
         "latency_max_s": max(answered, default=None),
         "latency_max_all_s": max((r.latency for r in res), default=None),
         "duration_s": round(duration, 1),
         "requests_per_s": round(len(res) / duration, 2),
-        "bad_status": [{"idx": r.idx, "kind": r.kind, "status": r.status, "error": r.error} for r in bad_status][:20],
+        "bad_status": [
+            {"idx": r.idx, "kind": r.kind, "status": r.status, "error": r.error} for r in bad_status
+        ][:20],
         "hangs": [r.idx for r in hangs],
         "output_problems": {str(k): v for k, v in list(output_bad.items())[:20]},
         "num_output_problems": len(output_bad),
-        "json_control_chars": sum(json_control_chars(by_idx[r.idx], r) for r in res
-                                  if r.status == 200 and not r.disconnected),
+        "json_control_chars": sum(
+            json_control_chars(by_idx[r.idx], r)
+            for r in res
+            if r.status == 200 and not r.disconnected
+        ),
         "leaks_after_load": leaks,
         "leaks_after_replay": leaks_end,
         "drain_s": round(drain_s, 1),
-        "state_after_load": {k: after_load.get(k) for k in ("max_total_num_tokens", "available_kv_tokens",
-                                                             "evictable_tokens", "protected_tokens", "req_slots_total",
-                                                             "req_slots_free", "num_running", "num_waiting")},
+        "state_after_load": {
+            k: after_load.get(k)
+            for k in (
+                "max_total_num_tokens",
+                "available_kv_tokens",
+                "evictable_tokens",
+                "protected_tokens",
+                "req_slots_total",
+                "req_slots_free",
+                "num_running",
+                "num_waiting",
+            )
+        },
         "num_retracted": after_load.get("num_retracted", 0) - stats0.get("num_retracted", 0),
         "cache_hit_rate": after_load.get("cache_hit_rate"),
         "flush_ok": flush_ok,
@@ -136,38 +178,61 @@ def summarize(run: SoakRun) -> dict:
 
 def format_summary(s: dict) -> str:
     lines = [
-        f"requests {s['requests']} in {s['duration_s']} s ({s['requests_per_s']}/s); "
-        f"pool {s['pool_tokens']} KV tokens, "
-        f"offered load {s['offered_load_tokens']} ({s['offered_load_ratio']}x); mean prompt "
-        f"{s['mean_prompt_tokens_est']} tokens (served: {s['mean_prompt_tokens_served']})",
+        (
+            f"requests {s['requests']} in {s['duration_s']} s ({s['requests_per_s']}/s); "
+            f"pool {s['pool_tokens']} KV tokens, "
+            f"offered load {s['offered_load_tokens']} ({s['offered_load_ratio']}x); mean prompt "
+            f"{s['mean_prompt_tokens_est']} tokens (served: {s['mean_prompt_tokens_served']})"
+        ),
         "by kind and status: " + "; ".join(f"{k} {v}" for k, v in s["by_kind_status"].items()),
         f"by status: {s['by_status']}",
         f"features: {s['features']}",
-        f"disconnects {s['disconnects']} (planned {s['planned_disconnects']}): {s['disconnect_phases']}; "
-        f"by mode: {s['disconnect_modes']}",
-        "latency of answered requests: p50 {} s, p99 {} s, max {} s; longest request of all {} s".format(
-            *(None if x is None else round(x, 2) for x in (s["latency_p50_s"], s["latency_p99_s"], s["latency_max_s"],
-                                                           s["latency_max_all_s"]))),
+        (
+            f"disconnects {s['disconnects']} (planned {s['planned_disconnects']}):"
+            f" {s['disconnect_phases']}; by mode: {s['disconnect_modes']}"
+        ),
+        (
+            "latency of answered requests: p50 {} s, p99 {} s, max {} s;"
+            " longest request of all {} s"
+        ).format(
+            *(
+                None if x is None else round(x, 2)
+                for x in (
+                    s["latency_p50_s"],
+                    s["latency_p99_s"],
+                    s["latency_max_s"],
+                    s["latency_max_all_s"],
+                )
+            )
+        ),
         f"retractions {s['num_retracted']}, cache hit rate {s['cache_hit_rate']}",
-        f"after the load (drained in {s['drain_s']} s): {s['state_after_load']}; "
-        f"leaks {s['leaks_after_load'] or 'none'}; "
-        f"after the replay: {s['leaks_after_replay'] or 'none'}; flush ok {s['flush_ok']}; /health {s['health']}",
-        f"greedy replayed {s['greedy_replayed']} in {s['replay_s']} s: {s['greedy_matches']} equal, "
-        f"{s['greedy_mismatches']} different",
+        (
+            f"after the load (drained in {s['drain_s']} s): {s['state_after_load']}; leaks"
+            f" {s['leaks_after_load'] or 'none'}; after the replay:"
+            f" {s['leaks_after_replay'] or 'none'}; flush ok {s['flush_ok']}; /health {s['health']}"
+        ),
+        (
+            f"greedy replayed {s['greedy_replayed']} in {s['replay_s']} s: {s['greedy_matches']}"
+            f" equal, {s['greedy_mismatches']} different"
+        ),
     ]
     if s["post_load_error"]:
         lines.append(f"the server failed after the load: {s['post_load_error']}")
     if s["bad_status"]:
         lines.append(f"bad statuses: {s['bad_status']}")
     if s["json_control_chars"]:
-        lines.append(f"JSON outputs with raw control characters in a string (xgrammar, mlc-ai/xgrammar#800): "
-                     f"{s['json_control_chars']}")
+        lines.append(
+            "JSON outputs with raw control characters in a string (xgrammar, mlc-ai/xgrammar#800):"
+            f" {s['json_control_chars']}"
+        )
     if s["output_problems"]:
         lines.append(f"output problems ({s['num_output_problems']}): {s['output_problems']}")
     for m in s["mismatches"]:
         lines.append(f"mismatch: {json.dumps(m)[:600]}")
     if "hostile" in s:
-        lines.append("hostile: " + json.dumps({k: v for k, v in s["hostile"].items() if k != "checks"}))
+        lines.append(
+            "hostile: " + json.dumps({k: v for k, v in s["hostile"].items() if k != "checks"})
+        )
     lines += [f"check {k}: {'ok' if v else 'FAILED'}" for k, v in s["checks"].items()]
     lines.append("SOAK OK" if s["ok"] else "SOAK FAILED")
     return "\n".join(lines)

@@ -8,7 +8,7 @@ import asyncio
 import statistics
 import sys
 import time
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from radixlm.bench.soak.checks import drain
 from radixlm.bench.soak.client import SoakResult, run_request
@@ -23,16 +23,22 @@ async def soak(url: str, cfg: SoakConfig, log=print, proc=None, side: Sequence =
     the summary (summary["ok"]: every check passed, the side loads' included)."""
     import httpx
 
-    limits = httpx.Limits(max_connections=cfg.concurrency + 8, max_keepalive_connections=cfg.concurrency + 8)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(None, connect=30.0), limits=limits) as client:
+    limits = httpx.Limits(
+        max_connections=cfg.concurrency + 8, max_keepalive_connections=cfg.concurrency + 8
+    )
+    async with httpx.AsyncClient(
+        timeout=httpx.Timeout(None, connect=30.0), limits=limits
+    ) as client:
         info = (await client.get(url + "/get_server_info")).json()
         pool = info["max_total_num_tokens"]
         incremental = bool(info.get("incremental_streaming_output"))
         reqs = build_workload(cfg)
         await fit_workload(client, url, reqs, info["context_len"])
         load = offered_load(reqs, cfg.concurrency)
-        log(f"soak: {len(reqs)} requests, concurrency {cfg.concurrency}, offered load {load:.0f} KV tokens "
-            f"= {load / pool:.1f}x the pool of {pool}")
+        log(
+            f"soak: {len(reqs)} requests, concurrency {cfg.concurrency}, offered load {load:.0f} KV"
+            f" tokens = {load / pool:.1f}x the pool of {pool}"
+        )
         stats0 = info["internal_state"]
         stop = asyncio.Event()
         sides = [asyncio.create_task(s.run(url, stop)) for s in side]
@@ -47,7 +53,9 @@ async def soak(url: str, cfg: SoakConfig, log=print, proc=None, side: Sequence =
         except httpx.HTTPError:
             health = None
     alive = health == 200 and (proc is None or proc.poll() is None)
-    summary = summarize(SoakRun(cfg, reqs, results, pool, load, stats0, duration, after, health, alive))
+    summary = summarize(
+        SoakRun(cfg, reqs, results, pool, load, stats0, duration, after, health, alive)
+    )
     for s in side:
         summary[s.name] = s.summary()
         summary["checks"].update({f"{s.name}_{k}": v for k, v in summary[s.name]["checks"].items()})
@@ -55,8 +63,9 @@ async def soak(url: str, cfg: SoakConfig, log=print, proc=None, side: Sequence =
     return summary
 
 
-async def _load(client, url: str, reqs: list[SoakRequest], cfg: SoakConfig, incremental: bool,
-                log) -> tuple[dict[int, SoakResult], float]:
+async def _load(
+    client, url: str, reqs: list[SoakRequest], cfg: SoakConfig, incremental: bool, log
+) -> tuple[dict[int, SoakResult], float]:
     """Every request sent by `concurrency` clients back to back: (results by index, seconds)."""
     queue = list(reversed(reqs))
     results: dict[int, SoakResult] = {}
@@ -73,40 +82,68 @@ async def _load(client, url: str, reqs: list[SoakRequest], cfg: SoakConfig, incr
     async def worker():
         while queue:
             req = queue.pop()
-            r = results[req.idx] = await run_request(client, url, req, cfg, incremental, max_delay=max_delay())
+            r = results[req.idx] = await run_request(
+                client, url, req, cfg, incremental, max_delay=max_delay()
+            )
             if r.status == 200:
                 answered.append(r.latency)
             progress["done"] += 1
             if progress["done"] % max(1, len(reqs) // 10) == 0:
-                log(f"  {progress['done']}/{len(reqs)} requests in {time.perf_counter() - t0:.0f} s")
+                log(
+                    f"  {progress['done']}/{len(reqs)} requests in {time.perf_counter() - t0:.0f} s"
+                )
 
     await asyncio.gather(*[worker() for _ in range(cfg.concurrency)])
     return results, time.perf_counter() - t0
 
 
-async def _after_load(client, url: str, reqs: list[SoakRequest], results: dict[int, SoakResult],
-                      cfg: SoakConfig, incremental: bool, log) -> AfterLoad:
+async def _after_load(
+    client,
+    url: str,
+    reqs: list[SoakRequest],
+    results: dict[int, SoakResult],
+    cfg: SoakConfig,
+    incremental: bool,
+    log,
+) -> AfterLoad:
     """After the load: drained, flushable; then the quiet run: the greedy requests that were
     answered, one at a time, no disconnects."""
     import httpx
 
     by_idx = {q.idx: q for q in reqs}
-    out = AfterLoad(greedy=[i for i, r in sorted(results.items())
-                            if by_idx[i].greedy and r.status == 200 and not r.stream_error and r.choices])
+    out = AfterLoad(
+        greedy=[
+            i
+            for i, r in sorted(results.items())
+            if by_idx[i].greedy and r.status == 200 and not r.stream_error and r.choices
+        ]
+    )
     try:
         out.leaks, after, out.drain_s = await drain(client, url, cfg.drain_timeout)
         out.state = after["internal_state"]
         flush = await client.post(url + "/flush_cache")
         flushed = (await client.get(url + "/get_server_info")).json()["internal_state"]
-        out.flush_ok = flush.status_code == 200 and flushed["available_kv_tokens"] == flushed["max_total_num_tokens"]
+        out.flush_ok = (
+            flush.status_code == 200
+            and flushed["available_kv_tokens"] == flushed["max_total_num_tokens"]
+        )
         if cfg.replay:
             t1 = time.perf_counter()
             for k, i in enumerate(out.greedy):
-                quiet = await run_request(client, url, by_idx[i], cfg, incremental, disconnect=False)
+                quiet = await run_request(
+                    client, url, by_idx[i], cfg, incremental, disconnect=False
+                )
                 if quiet.status != 200 or quiet.outputs() != results[i].outputs():
-                    out.mismatches.append({"idx": i, "kind": by_idx[i].kind, "features": by_idx[i].features(),
-                                           "load": results[i].outputs(), "quiet": quiet.outputs(),
-                                           "quiet_status": quiet.status})
+                    out.mismatches.append(
+                        {
+                            "idx": i,
+                            "kind": by_idx[i].kind,
+                            "features": by_idx[i].features(),
+                            "load": results[i].outputs(),
+                            "quiet": quiet.outputs(),
+                            "quiet_status": quiet.status,
+                        }
+                    )
                 if (k + 1) % max(1, len(out.greedy) // 5) == 0:
                     log(f"  replayed {k + 1}/{len(out.greedy)} greedy requests")
             out.replay_s = time.perf_counter() - t1
@@ -117,8 +154,14 @@ async def _after_load(client, url: str, reqs: list[SoakRequest], results: dict[i
     return out
 
 
-def run(url: Optional[str], cfg: SoakConfig, server_args: Optional[list[str]] = None, log=print,
-        start_timeout: float = 600, side: Sequence = ()) -> dict:
+def run(
+    url: str | None,
+    cfg: SoakConfig,
+    server_args: list[str] | None = None,
+    log=print,
+    start_timeout: float = 600,
+    side: Sequence = (),
+) -> dict:
     """The soak against `url`, or against a server started here with `server_args` (stopped after),
     with the `side` loads alongside."""
     server = None
@@ -128,7 +171,9 @@ def run(url: Optional[str], cfg: SoakConfig, server_args: Optional[list[str]] = 
         server = ServerProcess(*(server_args or []), timeout=start_timeout)
         url = server.url
     try:
-        summary = asyncio.run(soak(url, cfg, log=log, proc=server.proc if server else None, side=side))
+        summary = asyncio.run(
+            soak(url, cfg, log=log, proc=server.proc if server else None, side=side)
+        )
     except BaseException:
         if server is not None:
             print("server log (tail):\n" + server.output()[-4000:], file=sys.stderr)

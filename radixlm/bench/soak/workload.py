@@ -1,35 +1,55 @@
-"""The soak's seeded request mix: every API and mode, constraints, logprobs, n > 1, short prompts and
-long ones sharing prefixes of a few documents, planned disconnects; then fitted to the server's context."""
+"""The soak's seeded request mix: every API and mode, constraints, logprobs, n > 1, short prompts
+and long ones sharing prefixes of a few documents, planned disconnects; then fitted to the server's
+context.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import random
-from typing import Any, Optional
+from typing import Any
 
 from radixlm.bench.soak.config import SoakConfig
 
 # Prompts are built of these words (about a token each).
 _WORDS = (
-    "the of and to in is was for on that with as by at from his her their it an be this which or have "
-    "had not are were but one all new more some time about can only other into year after first would "
-    "two these over most city also many people may made such world where state during between through "
-    "part three under house later while school since water music group early river family north south "
-    "east west small large number known name order light garden market field story paper window table "
-    "morning evening winter summer island bridge station village mountain forest valley letter road "
-    "travel train engine library museum teacher student doctor farmer builder painter singer writer "
-    "red green blue yellow black white quiet bright old young long short warm cold heavy simple clear"
+    "the of and to in is was for on that with as by at from his her their it an be this which or"
+    " have had not are were but one all new more some time about can only other into year after"
+    " first would two these over most city also many people may made such world where state during"
+    " between through part three under house later while school since water music group early river"
+    " family north south east west small large number known name order light garden market field"
+    " story paper window table morning evening winter summer island bridge station village mountain"
+    " forest valley letter road travel train engine library museum teacher student doctor farmer"
+    " builder painter singer writer red green blue yellow black white quiet bright old young long"
+    " short warm cold heavy simple clear"
 ).split()
 
 SCHEMAS = [
-    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
-                                      "age": {"type": "integer", "minimum": 0, "maximum": 120}},
-     "required": ["name", "age"], "additionalProperties": False},
-    {"type": "object", "properties": {"answer": {"type": "string", "enum": ["yes", "no", "maybe"]},
-                                      "confidence": {"type": "number"}},
-     "required": ["answer"], "additionalProperties": False},
-    {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 99}, "minItems": 1, "maxItems": 4},
+    {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 12},
+            "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        },
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "object",
+        "properties": {
+            "answer": {"type": "string", "enum": ["yes", "no", "maybe"]},
+            "confidence": {"type": "number"},
+        },
+        "required": ["answer"],
+        "additionalProperties": False,
+    },
+    {
+        "type": "array",
+        "items": {"type": "integer", "minimum": 0, "maximum": 99},
+        "minItems": 1,
+        "maxItems": 4,
+    },
 ]
 REGEXES = [
     r"(yes|no|maybe), because [a-z]{1,10}( [a-z]{1,10}){0,3}\.",
@@ -37,9 +57,16 @@ REGEXES = [
     r"[A-Z][a-z]{2,8} [A-Z][a-z]{2,8}",
 ]
 QUESTIONS = [
-    "What is the main idea?", "Summarize this in one sentence.", "Who is the teacher?", "Name a city.",
-    "Is the river long?", "Write a short poem about winter.", "What happened in the morning?",
-    "List three colors.", "Describe the old bridge.", "Why was the station quiet?",
+    "What is the main idea?",
+    "Summarize this in one sentence.",
+    "Who is the teacher?",
+    "Name a city.",
+    "Is the river long?",
+    "Write a short poem about winter.",
+    "What happened in the morning?",
+    "List three colors.",
+    "Describe the old bridge.",
+    "Why was the station quiet?",
 ]
 APIS = ("native", "completions", "chat")
 PATHS = {"native": "/generate", "completions": "/v1/completions", "chat": "/v1/chat/completions"}
@@ -52,15 +79,16 @@ class SoakRequest:
     stream: bool
     n: int
     greedy: bool
-    constraint: Optional[str]  # None, "json" or "regex"
+    constraint: str | None  # None, "json" or "regex"
     constraint_value: Any  # the schema (dict) or the regex
     logprobs: bool
     top_logprobs: int
     long: bool
     max_new_tokens: int
     # None; "now" (within 0.2 s: before the answer's first byte), "timer" (at a random moment:
-    # disconnect_after is the fraction of the delay range) or "events" (after that many stream events)
-    disconnect: Optional[str]
+    # disconnect_after is the fraction of the delay range) or "events" (after that many stream
+    # events)
+    disconnect: str | None
     disconnect_after: float
     body: dict
     est_prompt_tokens: int = 0
@@ -105,9 +133,20 @@ def build_workload(cfg: SoakConfig) -> list[SoakRequest]:
         n = rng.randint(2, 3) if rng.random() < cfg.n_fraction else 1
         greedy = rng.random() < cfg.greedy_fraction
         r = rng.random()
-        constraint = ("json" if r < cfg.json_fraction else
-                      "regex" if r < cfg.json_fraction + cfg.regex_fraction else None)
-        cval = rng.choice(SCHEMAS) if constraint == "json" else rng.choice(REGEXES) if constraint == "regex" else None
+        constraint = (
+            "json"
+            if r < cfg.json_fraction
+            else "regex"
+            if r < cfg.json_fraction + cfg.regex_fraction
+            else None
+        )
+        cval = (
+            rng.choice(SCHEMAS)
+            if constraint == "json"
+            else rng.choice(REGEXES)
+            if constraint == "regex"
+            else None
+        )
         logprobs = rng.random() < cfg.logprob_fraction
         top = rng.choice([0, 1, 3, 5]) if logprobs else 0
         long = rng.random() < cfg.long_fraction
@@ -126,14 +165,22 @@ def build_workload(cfg: SoakConfig) -> list[SoakRequest]:
                 # A third right away (before the first byte of the answer), the rest at any moment.
                 disconnect = "now" if rng.random() < 0.33 else "timer"
                 after = rng.random()
-        temp = {"temperature": 0.0} if greedy else {"temperature": 0.8, "top_p": 0.95, "seed": rng.randrange(2**31)}
+        temp = (
+            {"temperature": 0.0}
+            if greedy
+            else {"temperature": 0.8, "top_p": 0.95, "seed": rng.randrange(2**31)}
+        )
         if api == "native":
             sp: dict[str, Any] = {"max_new_tokens": mnt, "n": n, **temp}
             if constraint == "json":
                 sp["json_schema"] = json.dumps(cval)
             elif constraint == "regex":
                 sp["regex"] = cval
-            body: dict[str, Any] = {"text": f"{context}\n\n{question}\n", "sampling_params": sp, "stream": stream}
+            body: dict[str, Any] = {
+                "text": f"{context}\n\n{question}\n",
+                "sampling_params": sp,
+                "stream": stream,
+            }
             if logprobs:
                 body.update(return_logprob=True, top_logprobs_num=top)
         else:
@@ -154,13 +201,32 @@ def build_workload(cfg: SoakConfig) -> list[SoakRequest]:
                     msgs.insert(0, {"role": "system", "content": context})
                 body["messages"] = msgs
                 if constraint == "json":
-                    body["response_format"] = {"type": "json_schema", "json_schema": {"name": "answer", "schema": cval}}
+                    body["response_format"] = {
+                        "type": "json_schema",
+                        "json_schema": {"name": "answer", "schema": cval},
+                    }
                 elif constraint == "regex":
                     body["regex"] = cval
                 if logprobs:
                     body.update(logprobs=True, top_logprobs=top)
-        reqs.append(SoakRequest(i, api, stream, n, greedy, constraint, cval, logprobs, top, long, mnt, disconnect,
-                                after, body))
+        reqs.append(
+            SoakRequest(
+                i,
+                api,
+                stream,
+                n,
+                greedy,
+                constraint,
+                cval,
+                logprobs,
+                top,
+                long,
+                mnt,
+                disconnect,
+                after,
+                body,
+            )
+        )
     return reqs
 
 
@@ -170,7 +236,9 @@ def _prompt_text(req: SoakRequest) -> str:
 
 
 TOKENIZE_BATCH = 256  # prompts per /tokenize call
-CHAT_TEMPLATE_TOKENS = 48  # a margin for the chat template's own tokens (roles, default system prompt)
+CHAT_TEMPLATE_TOKENS = (
+    48  # a margin for the chat template's own tokens (roles, default system prompt)
+)
 
 
 async def fit_workload(client, url: str, reqs: list[SoakRequest], context_len: int) -> None:
@@ -178,7 +246,10 @@ async def fit_workload(client, url: str, reqs: list[SoakRequest], context_len: i
     request fits the context (prompt + max_new_tokens < context)."""
     counts = []
     for i in range(0, len(reqs), TOKENIZE_BATCH):  # within the server's --max-client-batch-size
-        r = await client.post(url + "/tokenize", json={"text": [_prompt_text(q) for q in reqs[i:i + TOKENIZE_BATCH]]})
+        r = await client.post(
+            url + "/tokenize",
+            json={"text": [_prompt_text(q) for q in reqs[i : i + TOKENIZE_BATCH]]},
+        )
         r.raise_for_status()
         counts += r.json()["count"]
     if len(counts) != len(reqs):
@@ -187,8 +258,10 @@ async def fit_workload(client, url: str, reqs: list[SoakRequest], context_len: i
         q.est_prompt_tokens = count + (CHAT_TEMPLATE_TOKENS if q.api == "chat" else 0)
         room = context_len - q.est_prompt_tokens - 8
         if room < 1:
-            raise ValueError(f"request {q.idx}'s prompt ({q.est_prompt_tokens} tokens) does not fit the context "
-                             f"{context_len}: lower the long prompt sizes")
+            raise ValueError(
+                f"request {q.idx}'s prompt ({q.est_prompt_tokens} tokens) does not fit the context "
+                f"{context_len}: lower the long prompt sizes"
+            )
         if q.max_new_tokens > room:
             q.max_new_tokens = room
             if q.api == "native":
@@ -198,6 +271,7 @@ async def fit_workload(client, url: str, reqs: list[SoakRequest], context_len: i
 
 
 def offered_load(reqs: list[SoakRequest], concurrency: int) -> float:
-    """KV tokens `concurrency` average requests would hold at once: prompt + n * max_new_tokens each."""
+    """KV tokens `concurrency` average requests would hold at once: prompt + n * max_new_tokens
+    each."""
     per = [q.est_prompt_tokens + q.n * q.max_new_tokens for q in reqs]
     return concurrency * sum(per) / max(len(per), 1)

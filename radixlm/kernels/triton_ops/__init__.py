@@ -16,7 +16,6 @@ float32 (`dot_in_f32`); on a GPU bfloat16 runs on the tensor cores as itself.
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import torch
 
@@ -28,15 +27,17 @@ def interpreting() -> bool:
     return os.environ.get(INTERPRET_ENV) == "1"
 
 
-def unavailable_reason(device: torch.device) -> Optional[str]:
+def unavailable_reason(device: torch.device) -> str | None:
     """None where the Triton kernels can run on `device`, else why not."""
     if device.type not in ("cuda", "cpu"):
         return f"the Triton kernels run on CUDA, not {device.type}"
     if device.type == "cpu" and not interpreting():
-        return (f"the Triton kernels run on CUDA (on CPU only under Triton's interpreter, {INTERPRET_ENV}=1, "
-                "for tests)")
+        return (
+            "the Triton kernels run on CUDA (on CPU only under Triton's interpreter,"
+            f" {INTERPRET_ENV}=1, for tests)"
+        )
     try:
-        import triton  # noqa: F401
+        import triton  # noqa: F401 (imported for its side effect: the interpreter mode is read at import)
     except ImportError:
         return "triton is not installed"
     if device.type == "cuda" and interpreting():
@@ -70,8 +71,8 @@ def decode_splits(batch_size: int, kv_heads: int, sms: int) -> int:
 
 
 def sm_count(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device (what split-KV sizes its grid by); 8 elsewhere (the
-    interpreter, or a spec naming CUDA on a machine without one)."""
+    """Streaming multiprocessors of a CUDA device (what split-KV sizes its grid by); 8 elsewhere
+    (the interpreter, or a spec naming CUDA on a machine without one)."""
     if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 8

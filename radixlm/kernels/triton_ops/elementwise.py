@@ -19,14 +19,27 @@ from radixlm.kernels.triton_ops import next_pow2
 
 
 @triton.jit
-def _rmsnorm_kernel(X, R, W, Y, stride_x, stride_r, stride_y, eps, N: tl.constexpr, BLOCK: tl.constexpr,
-                    ADD: tl.constexpr):
+def _rmsnorm_kernel(
+    X,
+    R,
+    W,
+    Y,
+    stride_x,
+    stride_r,
+    stride_y,
+    eps,
+    N: tl.constexpr,
+    BLOCK: tl.constexpr,
+    ADD: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK)
     valid = offs < N
     x = tl.load(X + row * stride_x + offs, mask=valid, other=0.0)
     if ADD:  # residual <- x + residual (in the model dtype); x <- norm(residual)
-        x = (x.to(tl.float32) + tl.load(R + row * stride_r + offs, mask=valid, other=0.0).to(tl.float32))
+        x = x.to(tl.float32) + tl.load(R + row * stride_r + offs, mask=valid, other=0.0).to(
+            tl.float32
+        )
         x = x.to(R.dtype.element_ty)
         tl.store(R + row * stride_r + offs, x, mask=valid)
     xf = x.to(tl.float32)
@@ -48,7 +61,9 @@ def _silu_and_mul_kernel(X, Y, stride_x, stride_y, N: tl.constexpr, BLOCK: tl.co
 
 
 @triton.jit
-def _rotate_heads(base, stride, n, t, heads, offs, valid, cos, sin, HEAD_DIM: tl.constexpr, HALF: tl.constexpr):
+def _rotate_heads(
+    base, stride, n, t, heads, offs, valid, cos, sin, HEAD_DIM: tl.constexpr, HALF: tl.constexpr
+):
     c = cos.to(base.dtype.element_ty).to(tl.float32)  # the torch path's cos/sin in the model dtype
     s = sin.to(base.dtype.element_ty).to(tl.float32)
     m = (heads[:, None] < n) & valid[None, :]
@@ -60,9 +75,23 @@ def _rotate_heads(base, stride, n, t, heads, offs, valid, cos, sin, HEAD_DIM: tl
 
 
 @triton.jit
-def _rotary_kernel(Pos, Q, K, CosSin, stride_q, stride_k, stride_cs, num_q_heads, num_k_heads,
-                   HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_H: tl.constexpr):
-    """Program (token, head block): rotate the first 2 * HALF dims of each head of q and k (neox halves)."""
+def _rotary_kernel(
+    Pos,
+    Q,
+    K,
+    CosSin,
+    stride_q,
+    stride_k,
+    stride_cs,
+    num_q_heads,
+    num_k_heads,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """Program (token, head block): rotate the first 2 * HALF dims of each head of q and k (neox
+    halves)."""
     t = tl.program_id(0).to(tl.int64)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     pos = tl.load(Pos + t).to(tl.int64)
@@ -75,9 +104,25 @@ def _rotary_kernel(Pos, Q, K, CosSin, stride_q, stride_k, stride_cs, num_q_heads
 
 
 @triton.jit
-def _kv_store_kernel(K, V, Loc, KB, VB, stride_kt, stride_kh, stride_vt, stride_vh,
-                     stride_kbs, stride_kbh, stride_vbs, stride_vbh, HEADS: tl.constexpr, D: tl.constexpr,
-                     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr):
+def _kv_store_kernel(
+    K,
+    V,
+    Loc,
+    KB,
+    VB,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_kbs,
+    stride_kbh,
+    stride_vbs,
+    stride_vbh,
+    HEADS: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(Loc + t).to(tl.int64)
     h = tl.arange(0, BLOCK_H)
@@ -85,8 +130,16 @@ def _kv_store_kernel(K, V, Loc, KB, VB, stride_kt, stride_kh, stride_vt, stride_
     m = (h[:, None] < HEADS) & (d[None, :] < D)
     k = tl.load(K + t * stride_kt + h[:, None] * stride_kh + d[None, :], mask=m, other=0.0)
     v = tl.load(V + t * stride_vt + h[:, None] * stride_vh + d[None, :], mask=m, other=0.0)
-    tl.store(KB + slot * stride_kbs + h[:, None] * stride_kbh + d[None, :], k.to(KB.dtype.element_ty), mask=m)
-    tl.store(VB + slot * stride_vbs + h[:, None] * stride_vbh + d[None, :], v.to(VB.dtype.element_ty), mask=m)
+    tl.store(
+        KB + slot * stride_kbs + h[:, None] * stride_kbh + d[None, :],
+        k.to(KB.dtype.element_ty),
+        mask=m,
+    )
+    tl.store(
+        VB + slot * stride_vbs + h[:, None] * stride_vbh + d[None, :],
+        v.to(VB.dtype.element_ty),
+        mask=m,
+    )
 
 
 def _rows(x: torch.Tensor) -> torch.Tensor:
@@ -95,7 +148,8 @@ def _rows(x: torch.Tensor) -> torch.Tensor:
 
 
 class TritonElementwiseOps:
-    """The Triton kernels under the names of the native CPU ops (torch.ops.radixlm), for 2-D inputs."""
+    """The Triton kernels under the names of the native CPU ops (torch.ops.radixlm), for 2-D
+    inputs."""
 
     @staticmethod
     def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -103,17 +157,43 @@ class TritonElementwiseOps:
         y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
         n = x.shape[-1]
         if x.shape[0]:
-            _rmsnorm_kernel[(x.shape[0],)](x, x, weight, y, x.stride(0), x.stride(0), y.stride(0), float(eps), N=n,
-                                           BLOCK=next_pow2(n), ADD=False, num_warps=_warps(n))
+            _rmsnorm_kernel[(x.shape[0],)](
+                x,
+                x,
+                weight,
+                y,
+                x.stride(0),
+                x.stride(0),
+                y.stride(0),
+                float(eps),
+                N=n,
+                BLOCK=next_pow2(n),
+                ADD=False,
+                num_warps=_warps(n),
+            )
         return y
 
     @staticmethod
-    def add_rmsnorm_(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float) -> None:
+    def add_rmsnorm_(
+        x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> None:
         """residual += x; x = rmsnorm(residual) (both in place, rows with a unit last stride)."""
         n = x.shape[-1]
         if x.shape[0]:
-            _rmsnorm_kernel[(x.shape[0],)](x, residual, weight, x, x.stride(0), residual.stride(0), x.stride(0),
-                                           float(eps), N=n, BLOCK=next_pow2(n), ADD=True, num_warps=_warps(n))
+            _rmsnorm_kernel[(x.shape[0],)](
+                x,
+                residual,
+                weight,
+                x,
+                x.stride(0),
+                residual.stride(0),
+                x.stride(0),
+                float(eps),
+                N=n,
+                BLOCK=next_pow2(n),
+                ADD=True,
+                num_warps=_warps(n),
+            )
 
     @staticmethod
     def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -122,35 +202,78 @@ class TritonElementwiseOps:
         y = torch.empty((x.shape[0], n), dtype=x.dtype, device=x.device)
         block = min(1024, next_pow2(n))
         if x.shape[0]:
-            _silu_and_mul_kernel[(x.shape[0], triton.cdiv(n, block))](x, y, x.stride(0), y.stride(0), N=n,
-                                                                       BLOCK=block, num_warps=4)
+            _silu_and_mul_kernel[(x.shape[0], triton.cdiv(n, block))](
+                x, y, x.stride(0), y.stride(0), N=n, BLOCK=block, num_warps=4
+            )
         return y
 
     @staticmethod
-    def rotary_embedding_(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, head_dim: int,
-                          cos_sin_cache: torch.Tensor) -> None:
-        """q [T, Hq * head_dim], k [T, Hk * head_dim] (rows with a unit last stride), rotated in place
-        at `positions` by cos_sin_cache [max_pos, rotary_dim] (cos | sin)."""
+    def rotary_embedding_(
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        head_dim: int,
+        cos_sin_cache: torch.Tensor,
+    ) -> None:
+        """q [T, Hq * head_dim], k [T, Hk * head_dim] (rows with a unit last stride), rotated in
+        place at `positions` by cos_sin_cache [max_pos, rotary_dim] (cos | sin)."""
         t = q.shape[0]
         half = cos_sin_cache.shape[1] // 2
         hq, hk = q.shape[1] // head_dim, k.shape[1] // head_dim
         block_h = min(16, next_pow2(max(hq, hk)))
         if t:
             _rotary_kernel[(t, triton.cdiv(max(hq, hk), block_h))](
-                positions, q, k, cos_sin_cache, q.stride(0), k.stride(0), cos_sin_cache.stride(0), hq, hk,
-                HEAD_DIM=head_dim, HALF=half, BLOCK_HALF=next_pow2(half), BLOCK_H=block_h, num_warps=4)
+                positions,
+                q,
+                k,
+                cos_sin_cache,
+                q.stride(0),
+                k.stride(0),
+                cos_sin_cache.stride(0),
+                hq,
+                hk,
+                HEAD_DIM=head_dim,
+                HALF=half,
+                BLOCK_HALF=next_pow2(half),
+                BLOCK_H=block_h,
+                num_warps=4,
+            )
 
     @staticmethod
-    def kv_store_(k: torch.Tensor, v: torch.Tensor, loc: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
-                  k_scale=None, v_scale=None) -> None:
+    def kv_store_(
+        k: torch.Tensor,
+        v: torch.Tensor,
+        loc: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        k_scale=None,
+        v_scale=None,
+    ) -> None:
         """k, v [T, heads, D] (any token / head strides, unit last stride) stored at slots loc of
         k_buf / v_buf [slots, heads, D], converted to their dtype (float pools: no scales)."""
         assert k_scale is None and v_scale is None, "the Triton KV store writes float pools"
         t, heads, d = k.shape
         if t:
-            _kv_store_kernel[(t,)](k, v, loc, k_buf, v_buf, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-                                   k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1), HEADS=heads,
-                                   D=d, BLOCK_H=next_pow2(heads), BLOCK_D=next_pow2(d), num_warps=4)
+            _kv_store_kernel[(t,)](
+                k,
+                v,
+                loc,
+                k_buf,
+                v_buf,
+                k.stride(0),
+                k.stride(1),
+                v.stride(0),
+                v.stride(1),
+                k_buf.stride(0),
+                k_buf.stride(1),
+                v_buf.stride(0),
+                v_buf.stride(1),
+                HEADS=heads,
+                D=d,
+                BLOCK_H=next_pow2(heads),
+                BLOCK_D=next_pow2(d),
+                num_warps=4,
+            )
 
 
 def _warps(n: int) -> int:

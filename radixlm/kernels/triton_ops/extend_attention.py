@@ -18,8 +18,6 @@ replaces causality within the extension).
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import triton
 import triton.language as tl
@@ -27,18 +25,40 @@ import triton.language as tl
 from radixlm.kernels.triton_ops import dot_in_f32, interpreting, next_pow2
 from radixlm.kernels.triton_ops.tiles import attend_tile
 
+
 @triton.jit
 def _extend_kernel(
-    Q, K_buf, V_buf, O,
-    kv_slots, stride_slots,
-    qo_start, prefix_lens, extend_lens,
-    custom_mask, mask_start,
-    sm_scale, logit_cap, window,
-    stride_qt, stride_qh, stride_ot, stride_oh,
-    stride_ks, stride_kh, stride_vs, stride_vh,
-    GROUP: tl.constexpr, D: tl.constexpr, BLOCK_D: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HAS_CAP: tl.constexpr, HAS_WINDOW: tl.constexpr, USE_CUSTOM_MASK: tl.constexpr, F32_DOT: tl.constexpr,
+    Q,
+    K_buf,
+    V_buf,
+    O,
+    kv_slots,
+    stride_slots,
+    qo_start,
+    prefix_lens,
+    extend_lens,
+    custom_mask,
+    mask_start,
+    sm_scale,
+    logit_cap,
+    window,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_ks,
+    stride_kh,
+    stride_vs,
+    stride_vh,
+    GROUP: tl.constexpr,
+    D: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HAS_CAP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    USE_CUSTOM_MASK: tl.constexpr,
+    F32_DOT: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -52,8 +72,11 @@ def _extend_kernel(
     offs_d = tl.arange(0, BLOCK_D)
     m_valid = offs_m < ext
     d_valid = offs_d < D
-    q = tl.load(Q + (q0 + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
-                mask=m_valid[:, None] & d_valid[None, :], other=0.0)
+    q = tl.load(
+        Q + (q0 + offs_m)[:, None] * stride_qt + h * stride_qh + offs_d[None, :],
+        mask=m_valid[:, None] & d_valid[None, :],
+        other=0.0,
+    )
     q_pos = prefix + offs_m
 
     # Keys [lo, hi): up to this block's last query (every new token under a custom mask); none
@@ -67,7 +90,9 @@ def _extend_kernel(
         lo = tl.maximum(prefix + mb * BLOCK_M - window + 1, 0)
     hi = tl.where(mb * BLOCK_M < ext, hi, lo)
 
-    m_i = tl.full([BLOCK_M], -1e30, tl.float32)  # finite: a fully masked tile leaves the row as it was
+    m_i = tl.full(
+        [BLOCK_M], -1e30, tl.float32
+    )  # finite: a fully masked tile leaves the row as it was
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_D], tl.float32)
     slot_row = kv_slots + b * stride_slots
@@ -80,18 +105,44 @@ def _extend_kernel(
         if USE_CUSTOM_MASK:
             j = offs_n - prefix
             in_ext = j >= 0
-            cm = tl.load(mask_row + offs_m[:, None] * ext + j[None, :],
-                         mask=m_valid[:, None] & in_ext[None, :] & n_valid[None, :], other=0)
+            cm = tl.load(
+                mask_row + offs_m[:, None] * ext + j[None, :],
+                mask=m_valid[:, None] & in_ext[None, :] & n_valid[None, :],
+                other=0,
+            )
             visible = n_valid[None, :] & ((cm != 0) | (j[None, :] < 0))
         else:
             visible = n_valid[None, :] & (offs_n[None, :] <= q_pos[:, None])
         if HAS_WINDOW:
             visible = visible & (offs_n[None, :] > q_pos[:, None] - window)
-        m_i, l_i, acc = attend_tile(q, K_buf, V_buf, slots, n_valid, visible, kvh, offs_d, d_valid, m_i, l_i, acc,
-                                    sm_scale, logit_cap, stride_ks, stride_kh, stride_vs, stride_vh, HAS_CAP, F32_DOT)
+        m_i, l_i, acc = attend_tile(
+            q,
+            K_buf,
+            V_buf,
+            slots,
+            n_valid,
+            visible,
+            kvh,
+            offs_d,
+            d_valid,
+            m_i,
+            l_i,
+            acc,
+            sm_scale,
+            logit_cap,
+            stride_ks,
+            stride_kh,
+            stride_vs,
+            stride_vh,
+            HAS_CAP,
+            F32_DOT,
+        )
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(O + (q0 + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
-             out.to(O.dtype.element_ty), mask=m_valid[:, None] & d_valid[None, :])
+    tl.store(
+        O + (q0 + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
+        out.to(O.dtype.element_ty),
+        mask=m_valid[:, None] & d_valid[None, :],
+    )
 
 
 def _blocks(head_dim: int) -> tuple[int, int, int, int]:
@@ -103,12 +154,24 @@ def _blocks(head_dim: int) -> tuple[int, int, int, int]:
     return 64, 64, 4, 2
 
 
-def extend_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, out: torch.Tensor,
-                     kv_slots: torch.Tensor, qo_start: torch.Tensor, prefix_lens: torch.Tensor,
-                     extend_lens: torch.Tensor, max_extend_len: int, sm_scale: float, logit_cap: float = 0.0,
-                     window: Optional[int] = None, custom_mask: Optional[torch.Tensor] = None,
-                     mask_start: Optional[torch.Tensor] = None,
-                     block_m: Optional[int] = None, block_n: Optional[int] = None) -> torch.Tensor:
+def extend_attention(
+    q: torch.Tensor,
+    k_buf: torch.Tensor,
+    v_buf: torch.Tensor,
+    out: torch.Tensor,
+    kv_slots: torch.Tensor,
+    qo_start: torch.Tensor,
+    prefix_lens: torch.Tensor,
+    extend_lens: torch.Tensor,
+    max_extend_len: int,
+    sm_scale: float,
+    logit_cap: float = 0.0,
+    window: int | None = None,
+    custom_mask: torch.Tensor | None = None,
+    mask_start: torch.Tensor | None = None,
+    block_m: int | None = None,
+    block_n: int | None = None,
+) -> torch.Tensor:
     """q [T, H, D] (each request's new tokens, in batch order), k_buf / v_buf [slots, KVH, D] (the
     layer's pool buffers, the new tokens' K/V already stored), kv_slots [bs, >= max seq_len] slot
     rows, qo_start [bs] first row of each request in q, prefix_lens / extend_lens [bs];
@@ -124,15 +187,38 @@ def extend_attention(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, 
     dummy = kv_slots  # stands in for the mask pointers when there is no mask
     grid = (bs, heads, triton.cdiv(max_extend_len, bm))
     _extend_kernel[grid](
-        q, k_buf, v_buf, out,
-        kv_slots, kv_slots.stride(0),
-        qo_start, prefix_lens, extend_lens,
-        custom_mask if use_mask else dummy, mask_start if use_mask else dummy,
-        float(sm_scale), float(logit_cap or 1.0), int(window or 0),
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
-        k_buf.stride(0), k_buf.stride(1), v_buf.stride(0), v_buf.stride(1),
-        GROUP=heads // kv_heads, D=d, BLOCK_D=max(16, next_pow2(d)), BLOCK_M=bm, BLOCK_N=bn,
-        HAS_CAP=bool(logit_cap), HAS_WINDOW=window is not None, USE_CUSTOM_MASK=use_mask,
-        F32_DOT=dot_in_f32(q.dtype), num_warps=warps, num_stages=stages,
+        q,
+        k_buf,
+        v_buf,
+        out,
+        kv_slots,
+        kv_slots.stride(0),
+        qo_start,
+        prefix_lens,
+        extend_lens,
+        custom_mask if use_mask else dummy,
+        mask_start if use_mask else dummy,
+        float(sm_scale),
+        float(logit_cap or 1.0),
+        int(window or 0),
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        k_buf.stride(0),
+        k_buf.stride(1),
+        v_buf.stride(0),
+        v_buf.stride(1),
+        GROUP=heads // kv_heads,
+        D=d,
+        BLOCK_D=max(16, next_pow2(d)),
+        BLOCK_M=bm,
+        BLOCK_N=bn,
+        HAS_CAP=bool(logit_cap),
+        HAS_WINDOW=window is not None,
+        USE_CUSTOM_MASK=use_mask,
+        F32_DOT=dot_in_f32(q.dtype),
+        num_warps=warps,
+        num_stages=stages,
     )
     return out

@@ -35,16 +35,21 @@ class PrefixGroups:
     num_groups: torch.Tensor  # [1] int64
 
 
-def find_prefix_groups(kv_slots: torch.Tensor, seq_lens: torch.Tensor,
-                       min_shared: int = MIN_SHARED_LEN) -> PrefixGroups:
+def find_prefix_groups(
+    kv_slots: torch.Tensor, seq_lens: torch.Tensor, min_shared: int = MIN_SHARED_LEN
+) -> PrefixGroups:
     """kv_slots [bs, width >= max seq_len] slot rows, seq_lens [bs] -> the groups."""
     bs, width = kv_slots.shape
     first = kv_slots[:, 0]
-    leader = (first[:, None] == first[None, :]).to(torch.int32).argmax(1)  # the first request with my first slot
+    leader = (
+        (first[:, None] == first[None, :]).to(torch.int32).argmax(1)
+    )  # the first request with my first slot
     limit = torch.minimum(seq_lens, seq_lens[leader]) - 1  # both keep their newest token
     pos = torch.arange(width, device=kv_slots.device)
     stop = (kv_slots != kv_slots[leader]) | (pos[None, :] >= limit[:, None])
-    shared = stop.to(torch.int32).argmax(1)  # the first position past the shared run (limit <= width - 1)
+    shared = stop.to(torch.int32).argmax(
+        1
+    )  # the first position past the shared run (limit <= width - 1)
     group_prefix = torch.full((bs,), width, dtype=torch.int64, device=kv_slots.device)
     group_prefix.scatter_reduce_(0, leader, shared, reduce="amin")
     group_count = torch.zeros(bs, dtype=torch.int64, device=kv_slots.device)
@@ -54,5 +59,12 @@ def find_prefix_groups(kv_slots: torch.Tensor, seq_lens: torch.Tensor,
     member_order = torch.argsort(leader, stable=True)
     group_first = torch.cumsum(group_count, 0) - group_count
     leaders = torch.argsort((~active).to(torch.int8), stable=True)
-    return PrefixGroups(group_prefix, group_count, group_first, member_order, group_prefix[leader], leaders,
-                        active.sum().reshape(1))
+    return PrefixGroups(
+        group_prefix,
+        group_count,
+        group_first,
+        member_order,
+        group_prefix[leader],
+        leaders,
+        active.sum().reshape(1),
+    )

@@ -11,7 +11,7 @@ that is a breaker itself is never penalized. Same definition as llama.cpp's src/
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -24,15 +24,21 @@ _FLOAT_MAX_LOG = 88.7228391
 _MAX_PASSES = 64
 
 
-def dry_penalties(context: Sequence[int], sp: SamplingParams, single: frozenset = frozenset(),
-                  multi: Optional[Mapping[int, Sequence[Sequence[int]]]] = None) -> dict[int, float]:
+def dry_penalties(
+    context: Sequence[int],
+    sp: SamplingParams,
+    single: frozenset = frozenset(),
+    multi: Mapping[int, Sequence[Sequence[int]]] | None = None,
+) -> dict[int, float]:
     """token id -> the amount to subtract from its logit. single: tokens that are a breaker on their
     own; multi: head token -> tails that complete a breaker after it."""
-    last_n = len(context) if sp.dry_penalty_last_n == -1 else min(len(context), sp.dry_penalty_last_n)
+    last_n = (
+        len(context) if sp.dry_penalty_last_n == -1 else min(len(context), sp.dry_penalty_last_n)
+    )
     allowed = sp.dry_allowed_length
     if last_n <= allowed:
         return {}
-    win = context[len(context) - last_n:]
+    win = context[len(context) - last_n :]
     cap = _repeat_limit(win, single, multi or {})
     if cap < allowed:
         return {}
@@ -49,7 +55,7 @@ def dry_penalties(context: Sequence[int], sp: SamplingParams, single: frozenset 
         exp = length - allowed
         if max_exp > 0:
             exp = min(exp, max_exp)
-        out[tok] = sp.dry_multiplier * sp.dry_base ** exp
+        out[tok] = sp.dry_multiplier * sp.dry_base**exp
     return out
 
 

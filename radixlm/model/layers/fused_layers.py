@@ -12,13 +12,15 @@ Python path.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
 
 from radixlm.model.layers.quantized import QuantizedTensor
-from radixlm.model.layers.rotary import MRotaryEmbedding  # three positions per token: not the op's table rows
+from radixlm.model.layers.rotary import (
+    MRotaryEmbedding,
+)  # three positions per token: not the op's table rows
 
 if TYPE_CHECKING:
     from radixlm.model.forward_batch import ForwardBatch
@@ -28,13 +30,17 @@ class DecoderStack(Protocol):
     """What the builder reads of a Llama-family model (models/llama.py: LlamaModel), typed here so
     this module never imports the model."""
 
-    layers: nn.ModuleList  # LlamaDecoderLayer: self_attn (qkv/o, rotary_emb, attn), mlp, the two norms
+    layers: (
+        nn.ModuleList
+    )  # LlamaDecoderLayer: self_attn (qkv/o, rotary_emb, attn), mlp, the two norms
     norm: nn.Module
 
 
 @dataclass
 class FusedLayers:
-    weights: list[torch.Tensor]  # per layer: input norm, post norm, the segments of qkv, o, gate_up, down
+    weights: list[
+        torch.Tensor
+    ]  # per layer: input norm, post norm, the segments of qkv, o, gate_up, down
     fmts: list[int]  # per segment
     seg_counts: list[int]  # per layer: segments of qkv, o, gate_up, down
     qkv_bias: list[torch.Tensor]  # per layer, or empty
@@ -44,26 +50,36 @@ class FusedLayers:
     head_dim: int
     eps: float
     scaling: float
-    # Per layer: where its weights and formats start in `weights` / `fmts` (and one past the last layer).
+    # Per layer: where its weights and formats start in `weights` / `fmts` (and one past the last
+    # layer).
     weight_starts: list[int] = field(default_factory=list)
     fmt_starts: list[int] = field(default_factory=list)
     _segments: dict = field(default_factory=dict, repr=False)
 
-    def layers(self, start: int, end: int) -> "FusedLayers":
-        """The op's arguments for layers [start, end) only (a run in segments: model/hidden_capture.py)."""
+    def layers(self, start: int, end: int) -> FusedLayers:
+        """The op's arguments for layers [start, end) only (a run in segments:
+        model/hidden_capture.py)."""
         if (start, end) == (0, len(self.seg_counts) // 4):
             return self
         part = self._segments.get((start, end))
         if part is None:
             ws, fs = self.weight_starts, self.fmt_starts
             part = self._segments[(start, end)] = FusedLayers(
-                self.weights[ws[start]:ws[end]], self.fmts[fs[start]:fs[end]], self.seg_counts[4 * start:4 * end],
-                self.qkv_bias[start:end] if self.qkv_bias else [], self.cos_sin, self.num_heads, self.num_kv_heads,
-                self.head_dim, self.eps, self.scaling)
+                self.weights[ws[start] : ws[end]],
+                self.fmts[fs[start] : fs[end]],
+                self.seg_counts[4 * start : 4 * end],
+                self.qkv_bias[start:end] if self.qkv_bias else [],
+                self.cos_sin,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+                self.eps,
+                self.scaling,
+            )
         return part
 
 
-def _segments(linear) -> Optional[list[tuple[torch.Tensor, int]]]:
+def _segments(linear) -> list[tuple[torch.Tensor, int]] | None:
     """(blocks, format id) per segment, or None when the projection is not all quantized."""
     q = linear.qweight
     if q is None or not all(isinstance(s.weight, QuantizedTensor) for s in q.segments):
@@ -71,14 +87,16 @@ def _segments(linear) -> Optional[list[tuple[torch.Tensor, int]]]:
     return [(s.weight.data, s.weight.fmt.kernel_id) for s in q.segments]
 
 
-def build_fused_layers(model: DecoderStack) -> Optional[FusedLayers]:
+def build_fused_layers(model: DecoderStack) -> FusedLayers | None:
     """The op's arguments for this model, or None where it does not apply."""
     from radixlm.kernels.ops import cpu_float_ops
 
     layers = list(model.layers)
     if not layers or cpu_float_ops(model.norm.weight) is None:
         return None
-    if getattr(layers[0].self_attn.o_proj, "tp_size", 1) > 1:  # tensor parallel: the Python layers, all-reduce between
+    if (
+        getattr(layers[0].self_attn.o_proj, "tp_size", 1) > 1
+    ):  # tensor parallel: the Python layers, all-reduce between
         return None
     weights, fmts, counts, biases = [], [], [], []
     weight_starts, fmt_starts = [], []
@@ -88,12 +106,20 @@ def build_fused_layers(model: DecoderStack) -> Optional[FusedLayers]:
         attn, mlp = layer.self_attn, layer.mlp
         projs = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
         segments = [_segments(p) for p in projs]
-        if attn.qk_norm or any(s is None for s in segments) or any(p.bias is not None for p in projs[1:]):
+        if (
+            attn.qk_norm
+            or any(s is None for s in segments)
+            or any(p.bias is not None for p in projs[1:])
+        ):
             return None
         if (attn.qkv_proj.bias is not None) != (layers[0].self_attn.qkv_proj.bias is not None):
             return None
         rope = attn.rotary_emb
-        if rope.cos_sin_cache.dtype != torch.float32 or attn.head_dim % 8 or isinstance(rope, MRotaryEmbedding):
+        if (
+            rope.cos_sin_cache.dtype != torch.float32
+            or attn.head_dim % 8
+            or isinstance(rope, MRotaryEmbedding)
+        ):
             return None
         weights += [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
         for segs in segments:
@@ -104,29 +130,72 @@ def build_fused_layers(model: DecoderStack) -> Optional[FusedLayers]:
             biases.append(attn.qkv_proj.bias)
     a = layers[0].self_attn
     eps = {layer.input_layernorm.variance_epsilon for layer in layers} | {
-        layer.post_attention_layernorm.variance_epsilon for layer in layers}
+        layer.post_attention_layernorm.variance_epsilon for layer in layers
+    }
     if len(eps) != 1:
         return None
     weight_starts.append(len(weights))
     fmt_starts.append(len(fmts))
-    return FusedLayers(weights, fmts, counts, biases, a.rotary_emb.cos_sin_cache, a.num_heads, a.num_kv_heads, a.head_dim,
-                       eps.pop(), a.attn.scaling, weight_starts, fmt_starts)
+    return FusedLayers(
+        weights,
+        fmts,
+        counts,
+        biases,
+        a.rotary_emb.cos_sin_cache,
+        a.num_heads,
+        a.num_kv_heads,
+        a.head_dim,
+        eps.pop(),
+        a.attn.scaling,
+        weight_starts,
+        fmt_starts,
+    )
 
 
-def run_fused_layers(f: FusedLayers, hidden: torch.Tensor, positions: torch.Tensor, fb: "ForwardBatch",
-                     start: int = 0, end: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """hidden: the embeddings [tokens, hidden], or the residual stream entering layer `start` (the op
-    then starts as from an embedding: it copies the stream as the residual and norms it, bitwise the
-    add + norm it would have run); -> (layer end - 1's output, residual stream)."""
+def run_fused_layers(
+    f: FusedLayers,
+    hidden: torch.Tensor,
+    positions: torch.Tensor,
+    fb: ForwardBatch,
+    start: int = 0,
+    end: int | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """hidden: the embeddings [tokens, hidden], or the residual stream entering layer `start` (the
+    op then starts as from an embedding: it copies the stream as the residual and norms it, bitwise
+    the add + norm it would have run); -> (layer end - 1's output, residual stream)."""
     from radixlm.kernels.ops import ops
 
     end = len(f.seg_counts) // 4 if end is None else end
     f = f.layers(start, end)
     pool, md = fb.token_to_kv_pool, fb.attn_metadata
-    scales = ([], []) if pool.k_scale_buffer is None else (pool.k_scale_buffer[start:end], pool.v_scale_buffer[start:end])
+    scales = (
+        ([], [])
+        if pool.k_scale_buffer is None
+        else (pool.k_scale_buffer[start:end], pool.v_scale_buffer[start:end])
+    )
     residual = torch.empty_like(hidden)
-    out = ops().llama_layers(hidden, residual, positions, f.cos_sin, f.weights, f.fmts, f.seg_counts, f.qkv_bias,
-                             pool.k_buffer[start:end], pool.v_buffer[start:end], scales[0], scales[1], fb.out_cache_loc,
-                             md.kv_slots, md.rows, md.seq_lens, md.q_start, f.num_heads, f.num_kv_heads, f.head_dim,
-                             f.eps, f.scaling)
+    out = ops().llama_layers(
+        hidden,
+        residual,
+        positions,
+        f.cos_sin,
+        f.weights,
+        f.fmts,
+        f.seg_counts,
+        f.qkv_bias,
+        pool.k_buffer[start:end],
+        pool.v_buffer[start:end],
+        scales[0],
+        scales[1],
+        fb.out_cache_loc,
+        md.kv_slots,
+        md.rows,
+        md.seq_lens,
+        md.q_start,
+        f.num_heads,
+        f.num_kv_heads,
+        f.head_dim,
+        f.eps,
+        f.scaling,
+    )
     return out, residual

@@ -15,7 +15,6 @@ from torch import nn
 
 from radixlm.model.layers.quantized import QuantizedMatrix, QuantizedTensor
 
-
 # MKL's fp32 GEMM (CPU) is pathologically slow for 9..15 rows: 12 rows take up to ~1.9x the
 # time of 16 in isolation, and a 12-request decode step ~8% longer (docs/benchmarks.md).
 # Padding such inputs to 16 rows costs a copy of a few KiB.
@@ -46,7 +45,8 @@ class Linear(nn.Module):
         return linear(x, self.weight, self.bias)
 
     def set_quantized(self, parts: list) -> None:
-        """Multiply by these row blocks (QuantizedTensor or float) from now on; drops the float weight."""
+        """Multiply by these row blocks (QuantizedTensor or float) from now on; drops the float
+        weight."""
         self.qweight = QuantizedMatrix(parts)
         self.weight = None
 
@@ -66,7 +66,9 @@ class MergedLinear(Linear):
     def load_shard(self, param: nn.Parameter, loaded, shard: int) -> None:
         start, size = self.offsets[shard], self.output_sizes[shard]
         if tuple(loaded.shape) != (size, *param.shape[1:]):
-            raise ValueError(f"shard {shard}: expected {(size, *param.shape[1:])}, got {tuple(loaded.shape)}")
+            raise ValueError(
+                f"shard {shard}: expected {(size, *param.shape[1:])}, got {tuple(loaded.shape)}"
+            )
         if isinstance(loaded, QuantizedTensor):
             self._quantized_shards[shard] = loaded
             return
@@ -76,8 +78,12 @@ class MergedLinear(Linear):
     def finish_loading(self) -> None:
         if self._quantized_shards:
             parts = [self._quantized_shards.get(i) for i in range(len(self.output_sizes))]
-            self.set_quantized([p if p is not None else self.weight[o : o + n].detach().clone()
-                                for p, o, n in zip(parts, self.offsets, self.output_sizes)])
+            self.set_quantized(
+                [
+                    p if p is not None else self.weight[o : o + n].detach().clone()
+                    for p, o, n in zip(parts, self.offsets, self.output_sizes)
+                ]
+            )
             self._quantized_shards = {}
 
 
@@ -87,9 +93,15 @@ def split_rows(tensor, sizes: list[int]) -> list:
     if not isinstance(tensor, QuantizedTensor):
         return list(tensor.split(sizes, dim=0))
     if tensor.shape[0] != sum(sizes) or any(n % tensor.fmt.group for n in sizes):
-        raise ValueError(f"cannot cut {tensor.shape[0]} quantized rows (groups of {tensor.fmt.group}) into {sizes}")
+        raise ValueError(
+            f"cannot cut {tensor.shape[0]} quantized rows (groups of {tensor.fmt.group}) into"
+            f" {sizes}"
+        )
     starts = [sum(sizes[:i]) // tensor.fmt.group for i in range(len(sizes) + 1)]
-    return [QuantizedTensor(tensor.data[a:b], tensor.fmt, tensor.cols) for a, b in zip(starts, starts[1:])]
+    return [
+        QuantizedTensor(tensor.data[a:b], tensor.fmt, tensor.cols)
+        for a, b in zip(starts, starts[1:])
+    ]
 
 
 class VocabEmbedding(nn.Module):

@@ -28,8 +28,9 @@ class RMSNorm(nn.Module):
         """forward(x) -> normed x; forward(x, residual) -> (norm(x + residual), x + residual).
 
         The second form lets a decoder layer carry the residual stream without a
-        separate add before every norm. With the fused ops (native on CPU float32, Triton on CUDA) it runs in place
-        (x and residual are the caller's to give up: the layer's outputs and its own stream).
+        separate add before every norm. With the fused ops (native on CPU float32, Triton on CUDA)
+        it runs in place (x and residual are the caller's to give up: the layer's outputs and its
+        own stream).
         """
         native = fused_ops(x) if x.dim() == 2 else None
         if native is not None:  # one fused pass instead of ~8 ops (and the add; Triton's on CUDA)

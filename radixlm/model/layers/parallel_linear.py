@@ -15,8 +15,6 @@ the single-process path, the one-op fused decoder step included, is unchanged.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 from radixlm.distributed.parallel_state import GroupCoordinator, get_tp_group
@@ -28,7 +26,7 @@ class _TPMixin:
     tp_rank: int
     tp_size: int
 
-    def _init_tp(self, tp: Optional[GroupCoordinator]) -> GroupCoordinator:
+    def _init_tp(self, tp: GroupCoordinator | None) -> GroupCoordinator:
         tp = tp or get_tp_group()
         self.tp_rank, self.tp_size = tp.rank_in_group, tp.world_size
         self._comm = tp.device_comm
@@ -36,12 +34,18 @@ class _TPMixin:
 
 
 class ColumnParallelLinear(_TPMixin, Linear):
-    def __init__(self, in_features: int, out_features: int, bias: bool = False, tp: Optional[GroupCoordinator] = None,
-                 what: str = "out_features"):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        tp: GroupCoordinator | None = None,
+        what: str = "out_features",
+    ):
         tp = self._init_tp(tp)
         super().__init__(in_features, divide(out_features, tp.world_size, what), bias)
 
-    def tp_slice(self, kind: str, shard: Optional[int]) -> Optional[TensorSlice]:
+    def tp_slice(self, kind: str, shard: int | None) -> TensorSlice | None:
         if self.tp_size == 1:
             return None
         return TensorSlice.of(0, self.tp_rank * self.out_features, self.out_features)
@@ -50,8 +54,14 @@ class ColumnParallelLinear(_TPMixin, Linear):
 class MergedColumnParallelLinear(_TPMixin, MergedLinear):
     """output_sizes: the full projections' sizes (each split across the group)."""
 
-    def __init__(self, in_features: int, output_sizes: list[int], bias: bool = False,
-                 tp: Optional[GroupCoordinator] = None, what: str = "intermediate_size"):
+    def __init__(
+        self,
+        in_features: int,
+        output_sizes: list[int],
+        bias: bool = False,
+        tp: GroupCoordinator | None = None,
+        what: str = "intermediate_size",
+    ):
         tp = self._init_tp(tp)
         self.full_sizes = list(output_sizes)
         super().__init__(in_features, [divide(n, tp.world_size, what) for n in output_sizes], bias)
@@ -60,36 +70,61 @@ class MergedColumnParallelLinear(_TPMixin, MergedLinear):
         """First row of this rank's part of projection `shard`, in the full projection."""
         return self.tp_rank * self.output_sizes[shard]
 
-    def tp_slice(self, kind: str, shard: Optional[int]) -> Optional[TensorSlice]:
+    def tp_slice(self, kind: str, shard: int | None) -> TensorSlice | None:
         if self.tp_size == 1:
             return None
-        shards = range(len(self.output_sizes)) if shard is None else [shard]  # None: a fused checkpoint tensor
+        shards = (
+            range(len(self.output_sizes)) if shard is None else [shard]
+        )  # None: a fused checkpoint tensor
         base = [sum(self.full_sizes[:i]) for i in range(len(self.full_sizes))]
-        return TensorSlice(0, tuple((base[i] * (shard is None) + self.shard_start(i), self.output_sizes[i])
-                                    for i in shards))
+        return TensorSlice(
+            0,
+            tuple(
+                (base[i] * (shard is None) + self.shard_start(i), self.output_sizes[i])
+                for i in shards
+            ),
+        )
 
 
 class QKVParallelLinear(MergedColumnParallelLinear):
     """q, k, v of total_num_heads / total_num_kv_heads heads; this rank's heads only. With
     tp_size > total_num_kv_heads each KV head is held by tp_size / total_num_kv_heads ranks."""
 
-    def __init__(self, hidden_size: int, head_dim: int, total_num_heads: int, total_num_kv_heads: int,
-                 bias: bool = False, tp: Optional[GroupCoordinator] = None):
+    def __init__(
+        self,
+        hidden_size: int,
+        head_dim: int,
+        total_num_heads: int,
+        total_num_kv_heads: int,
+        bias: bool = False,
+        tp: GroupCoordinator | None = None,
+    ):
         tp = tp or get_tp_group()
         n = tp.world_size
         self.num_heads = divide(total_num_heads, n, "num_attention_heads")
         if n >= total_num_kv_heads:
             if n % total_num_kv_heads:
-                raise ValueError(f"tp_size {n} is neither a divisor nor a multiple of num_key_value_heads "
-                                 f"{total_num_kv_heads} (KV heads are split, or replicated tp_size / heads times)")
+                raise ValueError(
+                    f"tp_size {n} is neither a divisor nor a multiple of num_key_value_heads"
+                    f" {total_num_kv_heads} (KV heads are split, or replicated tp_size / heads"
+                    " times)"
+                )
             self.num_kv_heads, self.kv_replicas = 1, n // total_num_kv_heads
         else:
-            self.num_kv_heads, self.kv_replicas = divide(total_num_kv_heads, n, "num_key_value_heads"), 1
+            self.num_kv_heads, self.kv_replicas = (
+                divide(total_num_kv_heads, n, "num_key_value_heads"),
+                1,
+            )
         self.head_dim = head_dim
         q, kv = total_num_heads * head_dim, total_num_kv_heads * head_dim
         # The parent splits each size by tp_size: hand it the per-rank sizes times tp_size.
-        super().__init__(hidden_size, [q, self.num_kv_heads * head_dim * n, self.num_kv_heads * head_dim * n], bias,
-                         tp, what="num_attention_heads * head_dim")
+        super().__init__(
+            hidden_size,
+            [q, self.num_kv_heads * head_dim * n, self.num_kv_heads * head_dim * n],
+            bias,
+            tp,
+            what="num_attention_heads * head_dim",
+        )
         self.full_sizes = [q, kv, kv]
 
     def shard_start(self, shard: int) -> int:
@@ -101,8 +136,14 @@ class QKVParallelLinear(MergedColumnParallelLinear):
 class RowParallelLinear(_TPMixin, Linear):
     """in_features: the full input size (each rank multiplies its columns)."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = False, tp: Optional[GroupCoordinator] = None,
-                 what: str = "in_features"):
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        bias: bool = False,
+        tp: GroupCoordinator | None = None,
+        what: str = "in_features",
+    ):
         tp = self._init_tp(tp)
         super().__init__(divide(in_features, tp.world_size, what), out_features, bias)
 
@@ -113,14 +154,14 @@ class RowParallelLinear(_TPMixin, Linear):
         self._comm.all_reduce(out)
         return out if self.bias is None else out + self.bias  # once, after the sum
 
-    def tp_slice(self, kind: str, shard: Optional[int]) -> Optional[TensorSlice]:
+    def tp_slice(self, kind: str, shard: int | None) -> TensorSlice | None:
         if self.tp_size == 1 or kind == "bias":
             return None
         return TensorSlice.of(1, self.tp_rank * self.in_features, self.in_features)
 
 
 class VocabParallelEmbedding(_TPMixin, VocabEmbedding):
-    def __init__(self, num_embeddings: int, embedding_dim: int, tp: Optional[GroupCoordinator] = None):
+    def __init__(self, num_embeddings: int, embedding_dim: int, tp: GroupCoordinator | None = None):
         tp = self._init_tp(tp)
         super().__init__(divide(num_embeddings, tp.world_size, "vocab_size"), embedding_dim)
         self.vocab_start = self.tp_rank * self.num_embeddings
@@ -138,7 +179,7 @@ class VocabParallelEmbedding(_TPMixin, VocabEmbedding):
         logits = super().as_lm_head(hidden)
         return logits if self.tp_size == 1 else self._comm.all_gather(logits, dim=-1)
 
-    def tp_slice(self, kind: str, shard: Optional[int]) -> Optional[TensorSlice]:
+    def tp_slice(self, kind: str, shard: int | None) -> TensorSlice | None:
         if self.tp_size == 1:
             return None
         return TensorSlice.of(0, self.vocab_start, self.num_embeddings)
@@ -147,7 +188,7 @@ class VocabParallelEmbedding(_TPMixin, VocabEmbedding):
 class ParallelLMHead(ColumnParallelLinear):
     """hidden -> logits over the whole vocabulary (each rank's part, all-gathered)."""
 
-    def __init__(self, hidden_size: int, vocab_size: int, tp: Optional[GroupCoordinator] = None):
+    def __init__(self, hidden_size: int, vocab_size: int, tp: GroupCoordinator | None = None):
         super().__init__(hidden_size, vocab_size, tp=tp, what="vocab_size")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

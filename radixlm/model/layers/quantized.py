@@ -9,13 +9,13 @@ of one matrix, each multiplied by its own kernel into its columns of the output.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 
 from radixlm.kernels.formats import FORMATS, INTERLEAVED, QuantFormat
 from radixlm.kernels.ops import ops
+
 
 @dataclass
 class QuantizedTensor:
@@ -29,18 +29,20 @@ class QuantizedTensor:
     def shape(self) -> tuple[int, int]:
         return (self.data.shape[0] * self.fmt.group, self.cols)
 
-    def interleaved(self) -> "QuantizedTensor":
+    def interleaved(self) -> QuantizedTensor:
         """This weight in the kernels' 8-row interleaved layout where there is one (same values)."""
         fmt = INTERLEAVED.get(self.fmt.name)
         if fmt is None or self.data.shape[0] % fmt.group:
             return self
-        return QuantizedTensor(ops().repack_x8(self.data, self.fmt.kernel_id, self.cols), fmt, self.cols)
+        return QuantizedTensor(
+            ops().repack_x8(self.data, self.fmt.kernel_id, self.cols), fmt, self.cols
+        )
 
     def dequantize(self) -> torch.Tensor:
         return ops().dequantize(self.data, self.fmt.kernel_id, self.cols)
 
     @staticmethod
-    def quantize(w: torch.Tensor, fmt_name: str) -> "QuantizedTensor":
+    def quantize(w: torch.Tensor, fmt_name: str) -> QuantizedTensor:
         from radixlm.kernels.formats import quantize
 
         return QuantizedTensor(quantize(w, fmt_name), FORMATS[fmt_name], w.shape[1])
@@ -60,9 +62,19 @@ class QuantizedMatrix:
         merged: list[QuantizedTensor | torch.Tensor] = []
         for p in parts:  # stack consecutive shards of one format into one segment
             prev = merged[-1] if merged else None
-            if isinstance(p, QuantizedTensor) and isinstance(prev, QuantizedTensor) and prev.fmt == p.fmt:
-                merged[-1] = QuantizedTensor(torch.cat([prev.data, p.data]).contiguous(), p.fmt, p.cols)
-            elif not isinstance(p, QuantizedTensor) and prev is not None and not isinstance(prev, QuantizedTensor):
+            if (
+                isinstance(p, QuantizedTensor)
+                and isinstance(prev, QuantizedTensor)
+                and prev.fmt == p.fmt
+            ):
+                merged[-1] = QuantizedTensor(
+                    torch.cat([prev.data, p.data]).contiguous(), p.fmt, p.cols
+                )
+            elif (
+                not isinstance(p, QuantizedTensor)
+                and prev is not None
+                and not isinstance(prev, QuantizedTensor)
+            ):
                 merged[-1] = torch.cat([prev, p])
             else:
                 merged.append(p)
@@ -73,18 +85,27 @@ class QuantizedMatrix:
             start += p.shape[0]
         self.rows, self.cols = start, parts[0].shape[1]
         only = self.segments[0].weight if len(self.segments) == 1 else None
-        # The common case, one quantized segment, goes straight to the op (bs-1 decode is ~200 calls).
-        self._single = (only.data, only.fmt.kernel_id) if isinstance(only, QuantizedTensor) else None
+        # The common case, one quantized segment, goes straight to the op (bs-1 decode is ~200
+        # calls).
+        self._single = (
+            (only.data, only.fmt.kernel_id) if isinstance(only, QuantizedTensor) else None
+        )
 
     @property
     def formats(self) -> list[str]:
-        return [s.weight.fmt.name if isinstance(s.weight, QuantizedTensor) else str(s.weight.dtype) for s in self.segments]
+        return [
+            s.weight.fmt.name if isinstance(s.weight, QuantizedTensor) else str(s.weight.dtype)
+            for s in self.segments
+        ]
 
     @property
     def nbytes(self) -> int:
-        return sum((s.weight.data if isinstance(s.weight, QuantizedTensor) else s.weight).nbytes for s in self.segments)
+        return sum(
+            (s.weight.data if isinstance(s.weight, QuantizedTensor) else s.weight).nbytes
+            for s in self.segments
+        )
 
-    def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.cols)
         if x2.dtype != torch.float32:
@@ -110,12 +131,20 @@ class QuantizedMatrix:
     def dequantize(self) -> torch.Tensor:
         if len(self.segments) == 1 and self._single is not None:
             return self.segments[0].weight.dequantize()
-        return torch.cat([s.weight.dequantize() if isinstance(s.weight, QuantizedTensor) else s.weight.float()
-                          for s in self.segments])
+        return torch.cat(
+            [
+                s.weight.dequantize() if isinstance(s.weight, QuantizedTensor) else s.weight.float()
+                for s in self.segments
+            ]
+        )
 
     def embedding(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` as float32 (the token embedding of a quantized tied table)."""
         if self._single is None:
             return F.embedding(ids, self.dequantize())
         flat = ids.reshape(-1)
-        return ops().dequantize_rows(self._single[0], self._single[1], self.cols, flat).view(*ids.shape, self.cols)
+        return (
+            ops()
+            .dequantize_rows(self._single[0], self._single[1], self.cols, flat)
+            .view(*ids.shape, self.cols)
+        )

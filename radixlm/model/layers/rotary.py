@@ -32,12 +32,16 @@ def rope_parameters(config: Any) -> dict:
     transformers 5.x keeps them in `config.rope_parameters` (theta included);
     4.x in `config.rope_scaling` (None when unscaled) plus `config.rope_theta`.
     """
-    params = dict(getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {})
+    params = dict(
+        getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    )
     params.setdefault("rope_theta", getattr(config, "rope_theta", None) or 10000.0)
     params["rope_type"] = params.get("rope_type") or params.get("type") or "default"
     if "partial_rotary_factor" not in params and getattr(config, "partial_rotary_factor", None):
         params["partial_rotary_factor"] = config.partial_rotary_factor
-    if params["rope_type"] in LONGROPE_TYPES and getattr(config, "original_max_position_embeddings", None):
+    if params["rope_type"] in LONGROPE_TYPES and getattr(
+        config, "original_max_position_embeddings", None
+    ):
         # Phi-3 keeps it beside rope_scaling; transformers gives that value priority.
         params["original_max_position_embeddings"] = config.original_max_position_embeddings
     return params
@@ -47,9 +51,11 @@ def _base_inv_freq(base: float, dim: int) -> torch.Tensor:
     return 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float) / dim))
 
 
-def compute_inv_freq(params: dict, dim: int, max_position: int,
-                     seq_len: int | None = None) -> tuple[torch.Tensor, float]:
-    """(inv_freq [dim // 2], attention_factor applied to cos/sin). seq_len matters to longrope only."""
+def compute_inv_freq(
+    params: dict, dim: int, max_position: int, seq_len: int | None = None
+) -> tuple[torch.Tensor, float]:
+    """(inv_freq [dim // 2], attention_factor applied to cos/sin). seq_len matters to longrope
+    only."""
     rope_type, base = params["rope_type"], float(params["rope_theta"])
     if rope_type in ("default", "dynamic"):
         return _base_inv_freq(base, dim), 1.0
@@ -70,10 +76,14 @@ def compute_inv_freq(params: dict, dim: int, max_position: int,
         return _yarn_inv_freq(params, base, dim, max_position)
     if rope_type in LONGROPE_TYPES:
         return _longrope_inv_freq(params, base, dim, max_position, seq_len)
-    raise ValueError(f"unsupported rope_type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}")
+    raise ValueError(
+        f"unsupported rope_type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
+    )
 
 
-def _yarn_inv_freq(params: dict, base: float, dim: int, max_position: int) -> tuple[torch.Tensor, float]:
+def _yarn_inv_freq(
+    params: dict, base: float, dim: int, max_position: int
+) -> tuple[torch.Tensor, float]:
     orig = params.get("original_max_position_embeddings") or max_position
     factor = params.get("factor") or max_position / orig
     mscale, mscale_all_dim = params.get("mscale"), params.get("mscale_all_dim")
@@ -84,7 +94,9 @@ def _yarn_inv_freq(params: dict, base: float, dim: int, max_position: int) -> tu
     attention_factor = params.get("attention_factor")
     if attention_factor is None:
         if mscale and mscale_all_dim:
-            attention_factor = float(get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim))
+            attention_factor = float(
+                get_mscale(factor, mscale) / get_mscale(factor, mscale_all_dim)
+            )
         else:
             attention_factor = get_mscale(factor)
     beta_fast, beta_slow = params.get("beta_fast") or 32, params.get("beta_slow") or 1
@@ -101,27 +113,37 @@ def _yarn_inv_freq(params: dict, base: float, dim: int, max_position: int) -> tu
     ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
     pos_freqs = base ** (torch.arange(0, dim, 2).to(torch.float) / dim)
     extrapolation = 1 - ramp
-    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (1.0 / pos_freqs) * extrapolation
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolation) + (
+        1.0 / pos_freqs
+    ) * extrapolation
     return inv_freq, attention_factor
 
 
-def _longrope_inv_freq(params: dict, base: float, dim: int, max_position: int,
-                       seq_len: int | None) -> tuple[torch.Tensor, float]:
+def _longrope_inv_freq(
+    params: dict, base: float, dim: int, max_position: int, seq_len: int | None
+) -> tuple[torch.Tensor, float]:
     # transformers' _compute_longrope_parameters: the long factors past the original context.
     orig = params["original_max_position_embeddings"]
     factor, attention_factor = params.get("factor"), params.get("attention_factor")
     if factor is None:  # Phi-3 states the ratio as max_position_embeddings / original
         factor = max_position / orig
     if attention_factor is None:
-        attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+        attention_factor = (
+            1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(orig))
+        )
     long = seq_len and seq_len > orig
-    ext_factors = torch.tensor(params["long_factor"] if long else params["short_factor"], dtype=torch.float32)
+    ext_factors = torch.tensor(
+        params["long_factor"] if long else params["short_factor"], dtype=torch.float32
+    )
     inv_freq_shape = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim
     return 1.0 / (ext_factors * base**inv_freq_shape), attention_factor
 
 
-def cos_sin_table(inv_freq: torch.Tensor, attention_factor: float, num_positions: int) -> torch.Tensor:
-    """[num_positions, rotary_dim]: cos | sin of every position, scaled as transformers scales them."""
+def cos_sin_table(
+    inv_freq: torch.Tensor, attention_factor: float, num_positions: int
+) -> torch.Tensor:
+    """[num_positions, rotary_dim]: cos | sin of every position, scaled as transformers scales
+    them."""
     t = torch.arange(num_positions, dtype=torch.float32)
     freqs = t[:, None] * inv_freq[None, :].float()
     return torch.cat((freqs.cos() * attention_factor, freqs.sin() * attention_factor), dim=-1)
@@ -138,12 +160,14 @@ class RotaryEmbedding(nn.Module):
         super().__init__()
         self.head_dim = head_dim
         self.rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
-        self.register_buffer("cos_sin_cache", self._build_cache(params, max_position), persistent=False)
+        self.register_buffer(
+            "cos_sin_cache", self._build_cache(params, max_position), persistent=False
+        )
 
     def _build_cache(self, params: dict, max_position: int) -> torch.Tensor:
         return cos_sin_table(*compute_inv_freq(params, self.rotary_dim, max_position), max_position)
 
-    def cache_rows(self, positions: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
+    def cache_rows(self, positions: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
         """The cos_sin_cache row of each token: its position (LongRopeRotaryEmbedding differs)."""
         return positions
 
@@ -160,11 +184,14 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         return self._apply(positions, q, k, self.cos_sin_cache)
 
-    def _apply(self, rows: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
-               cos_sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _apply(
+        self, rows: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_sin: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rotates each token by row `rows[i]` of the table `cos_sin` [rows, rotary_dim]."""
         native = fused_ops(q) if q.dim() == 2 and q.stride(1) == 1 and k.stride(1) == 1 else None
-        if native is not None:  # in place: q and k are this layer's fresh projections (Triton's on CUDA)
+        if (
+            native is not None
+        ):  # in place: q and k are this layer's fresh projections (Triton's on CUDA)
             native.rotary_embedding_(rows, q, k, self.head_dim, cos_sin)
             return q, k
         cos, sin = cos_sin[rows].to(q.dtype).unsqueeze(1).chunk(2, dim=-1)
@@ -192,16 +219,21 @@ class LongRopeRotaryEmbedding(RotaryEmbedding):
         long = compute_inv_freq(params, self.rotary_dim, max_position, seq_len=orig + 1)
         return torch.cat((cos_sin_table(*short, orig), cos_sin_table(*long, max_position)))
 
-    def cache_rows(self, positions: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
+    def cache_rows(self, positions: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
         orig = self.original_max_position
         is_long = [n > orig for n in forward_batch.seq_lens_cpu]
         if not any(is_long):
             return positions
         if all(is_long):
             return positions + orig
-        # Extend-shaped batches (MIXED's decodes included) list their new tokens; decode has one each.
-        new_tokens = forward_batch.extend_seq_lens_cpu if forward_batch.forward_mode.is_extend() else None
-        offsets = torch.tensor([orig if x else 0 for x in is_long], dtype=positions.dtype, device=positions.device)
+        # Extend-shaped batches (MIXED's decodes included) list their new tokens; decode has one
+        # each.
+        new_tokens = (
+            forward_batch.extend_seq_lens_cpu if forward_batch.forward_mode.is_extend() else None
+        )
+        offsets = torch.tensor(
+            [orig if x else 0 for x in is_long], dtype=positions.dtype, device=positions.device
+        )
         if new_tokens is None:
             return positions + offsets
         counts = torch.tensor(new_tokens, dtype=torch.int64, device=positions.device)
@@ -218,23 +250,36 @@ class MRotaryEmbedding(RotaryEmbedding):
         super().__init__(head_dim, max_position, params)
         section = [int(n) for n in params["mrope_section"]]
         if sum(section) != self.rotary_dim // 2:
-            raise ValueError(f"mrope_section {section} must add up to half the rotary dims ({self.rotary_dim // 2})")
+            raise ValueError(
+                f"mrope_section {section} must add up to half the rotary dims"
+                f" ({self.rotary_dim // 2})"
+            )
         which = torch.tensor([i % 3 for i, n in enumerate(section) for _ in range(n)])
-        self.register_buffer("column_position", torch.cat([which, which]), persistent=False)  # cos | sin
-        self._last: tuple[Any, Any] = (None, None)  # (positions, their per-token table): one per forward
+        self.register_buffer(
+            "column_position", torch.cat([which, which]), persistent=False
+        )  # cos | sin
+        self._last: tuple[Any, Any] = (
+            None,
+            None,
+        )  # (positions, their per-token table): one per forward
 
-    def cache_rows(self, positions: torch.Tensor, forward_batch: "ForwardBatch") -> torch.Tensor:
+    def cache_rows(self, positions: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
         """[3, tokens] where the batch has images, else the 1-D positions."""
         mrope = forward_batch.mrope_positions
         return positions if mrope is None else mrope
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         if positions.dim() == 1:
             return super().forward(positions, q, k)
         if self._last[0] is not positions:  # every layer of a forward gets the same tensor
             n = positions.shape[1]
             rows = self.cos_sin_cache[positions]  # [3, tokens, rotary_dim]
-            self._last = (positions, rows.gather(0, self.column_position.view(1, 1, -1).expand(1, n, -1))[0])
+            self._last = (
+                positions,
+                rows.gather(0, self.column_position.view(1, 1, -1).expand(1, n, -1))[0],
+            )
         table = self._last[1]  # [tokens, rotary_dim]: token i's cos | sin, row i
         return self._apply(torch.arange(table.shape[0], device=table.device), q, k, table)
 

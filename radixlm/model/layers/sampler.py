@@ -8,8 +8,8 @@ generator while the batch stays one tensor op.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Optional, Sequence
 
 import torch
 
@@ -26,7 +26,7 @@ class SamplingRow:
     prompt_ids: Sequence[int] = ()  # repetition penalty
     # The request's seeded generator (None: the global one; also for a row whose sample is dropped,
     # which must not consume a seeded request's draws).
-    generator: Optional[torch.Generator] = field(default=None, compare=False)
+    generator: torch.Generator | None = field(default=None, compare=False)
     banned_ids: Sequence[int] = ()  # at -inf this step (EOS and stop tokens before min_new_tokens)
 
 
@@ -42,23 +42,29 @@ class SamplingBatchInfo:
     need_top_k: bool
     need_min_p: bool
     # Penalties: None when no request in the batch uses them.
-    frequency_penalties: Optional[torch.Tensor]  # [bs, 1]
-    presence_penalties: Optional[torch.Tensor]  # [bs, 1]
-    repetition_penalties: Optional[torch.Tensor]  # [bs, 1]
-    output_counts: Optional[torch.Tensor]  # [bs, vocab] counts of generated tokens
-    seen_mask: Optional[torch.Tensor]  # [bs, vocab] prompt or output token seen (repetition penalty)
+    frequency_penalties: torch.Tensor | None  # [bs, 1]
+    presence_penalties: torch.Tensor | None  # [bs, 1]
+    repetition_penalties: torch.Tensor | None  # [bs, 1]
+    output_counts: torch.Tensor | None  # [bs, vocab] counts of generated tokens
+    seen_mask: torch.Tensor | None  # [bs, vocab] prompt or output token seen (repetition penalty)
     # [bs, vocab] added to the logits: logit_bias, and -inf for tokens banned this step (EOS before
     # min_new_tokens). None when no request has either.
-    vocab_mask: Optional[torch.Tensor]
-    generators: list[Optional[torch.Generator]]
-    extras: Optional[ExtraSampling] = None  # typical_p, bad_words, allowed_token_ids, DRY, XTC: None when unused
-    max_top_k: int = 0  # the largest top_ks entry (a host copy: reading it back would wait for the device)
+    vocab_mask: torch.Tensor | None
+    generators: list[torch.Generator | None]
+    extras: ExtraSampling | None = (
+        None  # typical_p, bad_words, allowed_token_ids, DRY, XTC: None when unused
+    )
+    max_top_k: int = (
+        0  # the largest top_ks entry (a host copy: reading it back would wait for the device)
+    )
     # top-p may sort only the top candidates when they hold every row's nucleus: deciding that reads
     # a value back, cheap on a CPU; on a GPU the whole row is sorted instead (no host sync).
     partial_sort: bool = True
 
     @classmethod
-    def build(cls, rows: Sequence[SamplingRow], vocab_size: int, device: torch.device) -> "SamplingBatchInfo":
+    def build(
+        cls, rows: Sequence[SamplingRow], vocab_size: int, device: torch.device
+    ) -> SamplingBatchInfo:
         params = [r.params for r in rows]
         output_ids = [r.output_ids for r in rows]
         prompt_ids = [r.prompt_ids for r in rows]
@@ -67,7 +73,7 @@ class SamplingBatchInfo:
         greedy = [p.is_greedy for p in params]
         temps = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
         top_ks = [vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params]
-        f = lambda xs, dt=torch.float32: torch.tensor(xs, dtype=dt, device=device)  # noqa: E731
+        f = lambda xs, dt=torch.float32: torch.tensor(xs, dtype=dt, device=device)
 
         freq = [p.frequency_penalty for p in params]
         pres = [p.presence_penalty for p in params]
@@ -88,17 +94,27 @@ class SamplingBatchInfo:
                     seen[i, torch.tensor(ids, dtype=torch.int64, device=device)] = True
         extras = None
         if any(p.uses_extra_samplers for p in params):
-            extras = ExtraSampling.build(params, output_ids, prompt_ids, [r.generator for r in rows], greedy, device)
+            extras = ExtraSampling.build(
+                params, output_ids, prompt_ids, [r.generator for r in rows], greedy, device
+            )
         vocab_mask = None
-        if any(banned_ids) or any(p.logit_bias for p in params) or (extras is not None and extras.masks):
+        if (
+            any(banned_ids)
+            or any(p.logit_bias for p in params)
+            or (extras is not None and extras.masks)
+        ):
             vocab_mask = torch.zeros((bs, vocab_size), dtype=torch.float32, device=device)
             for i, p in enumerate(params):
                 if p.logit_bias:
-                    ids = torch.tensor([int(t) for t in p.logit_bias], dtype=torch.int64, device=device)
+                    ids = torch.tensor(
+                        [int(t) for t in p.logit_bias], dtype=torch.int64, device=device
+                    )
                     vocab_mask[i, ids] = f([float(b) for b in p.logit_bias.values()])
             for i, ids in enumerate(banned_ids):
                 if ids:
-                    vocab_mask[i, torch.tensor(ids, dtype=torch.int64, device=device)] = float("-inf")
+                    vocab_mask[i, torch.tensor(ids, dtype=torch.int64, device=device)] = float(
+                        "-inf"
+                    )
             if extras is not None:
                 extras.fill_mask(vocab_mask)
         return cls(
@@ -132,7 +148,11 @@ def apply_penalties(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tens
         logits = torch.where(info.seen_mask, penalized, logits)
     if info.frequency_penalties is not None:
         counts = info.output_counts
-        logits = logits - info.frequency_penalties * counts - info.presence_penalties * (counts > 0).float()
+        logits = (
+            logits
+            - info.frequency_penalties * counts
+            - info.presence_penalties * (counts > 0).float()
+        )
     if info.vocab_mask is not None:
         logits = logits + info.vocab_mask
     if info.extras is not None:
@@ -140,7 +160,9 @@ def apply_penalties(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tens
     return logits
 
 
-def _exponential_noise(shape: tuple[int, int], gens: list[Optional[torch.Generator]], device) -> torch.Tensor:
+def _exponential_noise(
+    shape: tuple[int, int], gens: list[torch.Generator | None], device
+) -> torch.Tensor:
     bs, vocab = shape
     u = torch.empty(shape, dtype=torch.float32, device=device)
     seeded = [i for i, g in enumerate(gens) if g is not None]
@@ -182,14 +204,20 @@ TOP_P_CANDIDATES = 1024
 
 def top_k_top_p_min_p(probs: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
     """probs with the tokens outside top-k, top-p (smallest prefix reaching top_p of the top-k's
-    mass, the crossing token kept: HF's and vLLM's top-p after top-k) and min-p zeroed. Only the candidates that can survive are sorted: the top k (topk
-    is a partial sort), the top TOP_P_CANDIDATES when they hold every row's nucleus, none for min-p
-    alone."""
+    mass, the crossing token kept: HF's and vLLM's top-p after top-k) and min-p zeroed. Only the
+    candidates that can survive are sorted: the top k (topk is a partial sort), the top
+    TOP_P_CANDIDATES when they hold every row's nucleus, none for min-p alone."""
     vocab = probs.shape[-1]
     k_max = info.max_top_k
     if not info.need_top_k and not info.need_top_p:  # min-p alone: a threshold, no order needed
-        return probs.masked_fill(probs < probs.amax(-1, keepdim=True) * info.min_ps.unsqueeze(1), 0.0)
-    cand = k_max if not info.need_top_p else min(vocab, max(TOP_P_CANDIDATES, k_max if k_max < vocab else 0))
+        return probs.masked_fill(
+            probs < probs.amax(-1, keepdim=True) * info.min_ps.unsqueeze(1), 0.0
+        )
+    cand = (
+        k_max
+        if not info.need_top_p
+        else min(vocab, max(TOP_P_CANDIDATES, k_max if k_max < vocab else 0))
+    )
     if cand < vocab and (info.partial_sort or not info.need_top_p):
         vals, order = torch.topk(probs, cand, dim=-1)
         # Exact when no row keeps a token past the candidates: its top-k is within them (always, for
@@ -197,14 +225,20 @@ def top_k_top_p_min_p(probs: torch.Tensor, info: SamplingBatchInfo) -> torch.Ten
         # cum_before > top_p). (A top-k past the candidates but short of the vocabulary needs its
         # own mass: full sort.)
         covered = not info.need_top_p or bool(
-            ((info.top_ks <= cand) | ((info.top_ks >= vocab) & (info.top_ps < 1) & (vals.sum(-1) > info.top_ps))).all())
+            (
+                (info.top_ks <= cand)
+                | ((info.top_ks >= vocab) & (info.top_ps < 1) & (vals.sum(-1) > info.top_ps))
+            ).all()
+        )
         if covered:
             return torch.zeros_like(probs).scatter_(-1, order, _filter_sorted(vals, info, probs))
     sorted_p, order = torch.sort(probs, dim=-1, descending=True)
     return torch.zeros_like(probs).scatter_(-1, order, _filter_sorted(sorted_p, info, probs))
 
 
-def _filter_sorted(sorted_p: torch.Tensor, info: SamplingBatchInfo, probs: torch.Tensor) -> torch.Tensor:
+def _filter_sorted(
+    sorted_p: torch.Tensor, info: SamplingBatchInfo, probs: torch.Tensor
+) -> torch.Tensor:
     """The filters on probabilities sorted descending (a prefix of each row's order, holding its
     top-k; a row without top-k takes the whole row's mass for top-p)."""
     ranks = torch.arange(sorted_p.shape[-1], device=sorted_p.device).unsqueeze(0)

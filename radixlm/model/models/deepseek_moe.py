@@ -37,10 +37,16 @@ class DeepseekExperts(nn.Module):
     def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int):
         super().__init__()
         ep = get_ep_group()
-        self.num_experts, self.hidden_size, self.intermediate_size = num_experts, hidden_size, intermediate_size
+        self.num_experts, self.hidden_size, self.intermediate_size = (
+            num_experts,
+            hidden_size,
+            intermediate_size,
+        )
         self.num_local = n = divide(num_experts, ep.world_size, "n_routed_experts")
         self.start = ep.rank_in_group * n
-        self.w13 = nn.Parameter(torch.empty(n, 2 * intermediate_size, hidden_size), requires_grad=False)
+        self.w13 = nn.Parameter(
+            torch.empty(n, 2 * intermediate_size, hidden_size), requires_grad=False
+        )
         self.w2 = nn.Parameter(torch.empty(n, hidden_size, intermediate_size), requires_grad=False)
 
     def num_shards(self, kind: str) -> int:
@@ -48,14 +54,17 @@ class DeepseekExperts(nn.Module):
 
     @torch.no_grad()
     def load_shard(self, param: nn.Parameter, tensor: torch.Tensor, shard: int) -> list[int]:
-        """Copy one checkpoint tensor in (shard: global ids as above); -> the local shard ids it filled
-        (none for another rank's expert)."""
+        """Copy one checkpoint tensor in (shard: global ids as above); -> the local shard ids it
+        filled (none for another rank's expert)."""
         n, start = self.num_local, self.start
         if shard == ALL_EXPERTS:
             if tensor.shape[0] == self.num_experts:
-                tensor = tensor[start:start + n]
+                tensor = tensor[start : start + n]
             if tensor.shape != param.shape:
-                raise ValueError(f"stacked experts: expected shape {tuple(param.shape)}, got {tuple(tensor.shape)}")
+                raise ValueError(
+                    f"stacked experts: expected shape {tuple(param.shape)}, got"
+                    f" {tuple(tensor.shape)}"
+                )
             param.copy_(tensor)
             return list(range(2 * n if param is self.w13 else n))
         e, part = divmod(shard, 2) if param is self.w13 else (shard, 0)
@@ -63,15 +72,19 @@ class DeepseekExperts(nn.Module):
             return []
         e -= start
         if param is self.w13:
-            dst = param[e, part * self.intermediate_size:(part + 1) * self.intermediate_size]
+            dst = param[e, part * self.intermediate_size : (part + 1) * self.intermediate_size]
         else:
             dst = param[e]
         if tensor.shape != dst.shape:
-            raise ValueError(f"expert tensor: expected shape {tuple(dst.shape)}, got {tuple(tensor.shape)}")
+            raise ValueError(
+                f"expert tensor: expected shape {tuple(dst.shape)}, got {tuple(tensor.shape)}"
+            )
         dst.copy_(tensor)
         return [2 * e + part if param is self.w13 else e]
 
-    def forward(self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, hidden: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
         w13 = ExpertWeights(self.w13, None, 2 * self.intermediate_size, self.hidden_size)
         w2 = ExpertWeights(self.w2, None, self.hidden_size, self.intermediate_size)
 
@@ -89,9 +102,14 @@ class DeepseekGate(nn.Module):
 
     def __init__(self, num_experts: int, hidden_size: int, has_bias: bool):
         super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=torch.float32), requires_grad=False)
-        self.e_score_correction_bias = (nn.Parameter(torch.empty(num_experts, dtype=torch.float32), requires_grad=False)
-                                        if has_bias else None)
+        self.weight = nn.Parameter(
+            torch.empty(num_experts, hidden_size, dtype=torch.float32), requires_grad=False
+        )
+        self.e_score_correction_bias = (
+            nn.Parameter(torch.empty(num_experts, dtype=torch.float32), requires_grad=False)
+            if has_bias
+            else None
+        )
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.linear(hidden.float(), self.weight.float())
@@ -104,7 +122,9 @@ class DeepseekMoE(nn.Module):
         self.dispatch = dispatch
         self.routing = DeepseekRouting.from_config(config, v3)
         self.gate = DeepseekGate(config.n_routed_experts, config.hidden_size, has_bias=v3)
-        self.experts = DeepseekExperts(config.n_routed_experts, config.hidden_size, config.moe_intermediate_size)
+        self.experts = DeepseekExperts(
+            config.n_routed_experts, config.hidden_size, config.moe_intermediate_size
+        )
         self.shared_experts = shared_experts
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -119,12 +139,18 @@ class DeepseekMoE(nn.Module):
 
 def expert_counts(config: Any) -> tuple[int, int, int]:
     """(MoE layers, routed experts per layer, experts each token uses) of a DeepSeek config."""
-    return (sum(is_moe_layer(config, i) for i in range(config.num_hidden_layers)),
-            config.n_routed_experts or 0, config.num_experts_per_tok or 0)
+    return (
+        sum(is_moe_layer(config, i) for i in range(config.num_hidden_layers)),
+        config.n_routed_experts or 0,
+        config.num_experts_per_tok or 0,
+    )
 
 
 def is_moe_layer(config: Any, layer_id: int) -> bool:
     """DeepSeek's rule: the first first_k_dense_replace layers are dense, then every
     moe_layer_freq-th (1 in every released model)."""
-    return (bool(config.n_routed_experts) and layer_id >= (config.first_k_dense_replace or 0)
-            and layer_id % (getattr(config, "moe_layer_freq", None) or 1) == 0)
+    return (
+        bool(config.n_routed_experts)
+        and layer_id >= (config.first_k_dense_replace or 0)
+        and layer_id % (getattr(config, "moe_layer_freq", None) or 1) == 0
+    )

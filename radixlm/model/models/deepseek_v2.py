@@ -18,21 +18,27 @@ from __future__ import annotations
 
 import math
 import re
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
 from radixlm.distributed.parallel_state import get_tp_group
-from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.attention.mla_attention import MLAAttention
 from radixlm.model.layers.linear import Linear
 from radixlm.model.layers.moe.expert_dispatch import LocalExperts, expert_dispatch, forward_idle
+from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
 from radixlm.model.layers.rotary import get_rope, rope_parameters
-from radixlm.model.models.deepseek_moe import ALL_EXPERTS, DeepseekExperts, DeepseekMoE, is_moe_layer
+from radixlm.model.models.deepseek_moe import (
+    ALL_EXPERTS,
+    DeepseekExperts,
+    DeepseekMoE,
+    is_moe_layer,
+)
 from radixlm.model.models.llama import LlamaForCausalLM, LlamaMLP
 from radixlm.model.models.moe import MoeDecoderLayer
 from radixlm.model.pp_stage import pp_stage
@@ -63,7 +69,9 @@ class DeepseekV2Attention(nn.Module):
         self.q_lora_rank = getattr(config, "q_lora_rank", None)
         if self.q_lora_rank:
             self.q_a_proj = Linear(hidden, self.q_lora_rank, bias=bias)
-            self.q_a_layernorm = RMSNorm(self.q_lora_rank)  # eps 1e-6 as DeepSeek's code (not rms_norm_eps)
+            self.q_a_layernorm = RMSNorm(
+                self.q_lora_rank
+            )  # eps 1e-6 as DeepSeek's code (not rms_norm_eps)
             self.q_b_proj = Linear(self.q_lora_rank, self.num_heads * qk_head)
         else:
             self.q_proj = Linear(hidden, self.num_heads * qk_head)
@@ -72,8 +80,16 @@ class DeepseekV2Attention(nn.Module):
         self.kv_b_proj = Linear(self.kv_lora_rank, self.num_heads * (self.nope + self.v_head_dim))
         self.o_proj = Linear(self.num_heads * self.v_head_dim, hidden, bias=bias)
         self.rotary_emb, self.interleaved_rope = rotary_emb, interleaved_rope
-        self.attn = MLAAttention(self.num_heads, self.nope, self.rope, self.v_head_dim, self.kv_lora_rank,
-                                 mla_softmax_scale(config), layer_id, self._kv_b_weight)
+        self.attn = MLAAttention(
+            self.num_heads,
+            self.nope,
+            self.rope,
+            self.v_head_dim,
+            self.kv_lora_rank,
+            mla_softmax_scale(config),
+            layer_id,
+            self._kv_b_weight,
+        )
 
     def _kv_b_weight(self) -> torch.Tensor:
         if self.kv_b_proj.qweight is not None:  # a quantized kv_b_proj: its float copy, made once
@@ -91,15 +107,21 @@ class DeepseekV2Attention(nn.Module):
         x = x.reshape(*shape[:-1], self.rope // 2, 2)
         return torch.cat((x[..., 0], x[..., 1]), dim=-1)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
         t = hidden.shape[0]
-        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden))) if self.q_lora_rank else self.q_proj(hidden)
+        q = (
+            self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden)))
+            if self.q_lora_rank
+            else self.q_proj(hidden)
+        )
         q = q.view(t, self.num_heads, self.nope + self.rope)
         q_nope, q_pe = q.split([self.nope, self.rope], dim=-1)
         kv_a = self.kv_a_proj_with_mqa(hidden)
         latent = self.kv_a_layernorm(kv_a[:, : self.kv_lora_rank].contiguous())
         q_pe = self._deinterleave(q_pe).reshape(t, self.num_heads * self.rope)
-        k_pe = self._deinterleave(kv_a[:, self.kv_lora_rank:])
+        k_pe = self._deinterleave(kv_a[:, self.kv_lora_rank :])
         q_pe, k_pe = self.rotary_emb(positions, q_pe, k_pe)
         q = torch.cat((q_nope, q_pe.view(t, self.num_heads, self.rope)), dim=-1)
         o = self.attn(q, torch.cat((latent, k_pe), dim=-1), forward_batch)
@@ -107,14 +129,20 @@ class DeepseekV2Attention(nn.Module):
 
 
 class DeepseekV2DecoderLayer(MoeDecoderLayer):
-    """The Llama layer's forward (pre-norm, fused residual) over MLA attention and DeepSeek's MLP."""
+    """The Llama layer's forward (pre-norm, fused residual) over MLA attention and DeepSeek's
+    MLP."""
 
-    def __init__(self, config: Any, layer_id: int, rotary_emb: nn.Module, v3: bool, dispatch: LocalExperts):
+    def __init__(
+        self, config: Any, layer_id: int, rotary_emb: nn.Module, v3: bool, dispatch: LocalExperts
+    ):
         interleaved = bool(getattr(config, "rope_interleave", True)) if v3 else True
         attn = DeepseekV2Attention(config, layer_id, rotary_emb, interleaved)
         if is_moe_layer(config, layer_id):
-            shared = (LlamaMLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts)
-                      if getattr(config, "n_shared_experts", None) else None)
+            shared = (
+                LlamaMLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts)
+                if getattr(config, "n_shared_experts", None)
+                else None
+            )
             mlp = DeepseekMoE(config, v3, shared, dispatch)
         else:
             mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
@@ -125,13 +153,20 @@ class DeepseekV2Model(nn.Module):
     def __init__(self, config: Any, v3: bool):
         super().__init__()
         if pp_stage(config.num_hidden_layers).size > 1 or get_tp_group().world_size > 1:
-            raise ValueError("DeepSeek-V2/V3 run with tp_size 1 and pp_size 1 for now (or over several ranks with "
-                             "--enable-dp-attention --dp-size N --tp-size N, and --ep-size N to split the experts)")
-        self.dispatch = expert_dispatch()  # one for every MoE layer (DP attention: per-forward counts)
+            raise ValueError(
+                "DeepSeek-V2/V3 run with tp_size 1 and pp_size 1 for now (or over several ranks"
+                " with --enable-dp-attention --dp-size N --tp-size N, and --ep-size N to split the"
+                " experts)"
+            )
+        self.dispatch = (
+            expert_dispatch()
+        )  # one for every MoE layer (DP attention: per-forward counts)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.rotary_emb = get_rope(config.qk_rope_head_dim, config)
-        self.layers = nn.ModuleList(DeepseekV2DecoderLayer(config, i, self.rotary_emb, v3, self.dispatch)
-                                    for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DeepseekV2DecoderLayer(config, i, self.rotary_emb, v3, self.dispatch)
+            for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward_idle(self) -> None:
@@ -166,12 +201,16 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         """DP attention: this rank has no batch while another has (expert_dispatch.forward_idle)."""
         self.model.forward_idle()
 
-    def _map_name(self, name: str) -> tuple[str, Optional[int]]:
+    def _map_name(self, name: str) -> tuple[str, int | None]:
         m = _EXPERT.match(name)
         if m:
             e = int(m.group(2))
             kind = m.group(3)
-            return (f"{m.group(1)}.w2", e) if kind == "down_proj" else (f"{m.group(1)}.w13", 2 * e + (kind == "up_proj"))
+            return (
+                (f"{m.group(1)}.w2", e)
+                if kind == "down_proj"
+                else (f"{m.group(1)}.w13", 2 * e + (kind == "up_proj"))
+            )
         m = _STACKED_EXPERTS.match(name)
         if m:
             return f"{m.group(1)}.{'w13' if m.group(2) == 'gate_up_proj' else 'w2'}", ALL_EXPERTS
@@ -197,14 +236,18 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
             target, shard = self._map_name(name)
             owner, _, kind = target.rpartition(".")
             module = self.get_submodule(owner)
-            filled.setdefault(target, set()).update(module.load_shard(getattr(module, kind), _dequantized(tensor), shard))
+            filled.setdefault(target, set()).update(
+                module.load_shard(getattr(module, kind), _dequantized(tensor), shard)
+            )
 
         def others() -> Iterable[tuple[str, torch.Tensor]]:
             for name, tensor in weights:
                 m = _LAYER.match(name)
                 if m and int(m.group(1)) >= n:
                     continue
-                name = name.replace(".mlp.gate.e_score_correction.bias", ".mlp.gate.e_score_correction_bias")
+                name = name.replace(
+                    ".mlp.gate.e_score_correction.bias", ".mlp.gate.e_score_correction_bias"
+                )
                 m = _SPLIT_KV_B.match(name)
                 if m:
                     split_kv_b.setdefault(m.group(1), {})[m.group(2)] = _dequantized(tensor)
@@ -212,24 +255,41 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
                 if name.endswith(".self_attn.kv_b_proj.weight"):
                     whole_kv_b.add(name[: -len(".kv_b_proj.weight")])
                 m = _EXPERT_PROJ.match(name)
-                if m and isinstance(tensor, ExpertWeights):  # GGUF's 3-D blocks (gguf_moe.py); kept float here
+                if m and isinstance(
+                    tensor, ExpertWeights
+                ):  # GGUF's 3-D blocks (gguf_moe.py); kept float here
                     tensor = tensor.dequantize()
-                if m and tensor.dim() == 3:  # GGUF: one projection of every expert, [experts, rows, cols]
+                if (
+                    m and tensor.dim() == 3
+                ):  # GGUF: one projection of every expert, [experts, rows, cols]
                     for e, w in enumerate(_dequantized(tensor)):
                         load_expert(f"{m.group(1)}.{e}.{m.group(2)}.weight", w)
                 elif _EXPERT.match(name) or _STACKED_EXPERTS.match(name):
                     load_expert(name, tensor)
                 else:
                     yield name, tensor
-            for attn, parts in split_kv_b.items():  # kv_b_proj from its per-head split, unless given whole
+            for (
+                attn,
+                parts,
+            ) in split_kv_b.items():  # kv_b_proj from its per-head split, unless given whole
                 if attn not in whole_kv_b:
-                    yield f"{attn}.kv_b_proj.weight", _join_kv_b(parts["k_b_proj"], parts["v_b_proj"])
+                    yield (
+                        f"{attn}.kv_b_proj.weight",
+                        _join_kv_b(parts["k_b_proj"], parts["v_b_proj"]),
+                    )
 
         super().load_weights(others())
-        missing = [t for t, _ in self.named_parameters() if t.endswith((".experts.w13", ".experts.w2"))
-                   and len(filled.get(t, ())) < self.get_submodule(t.rpartition(".")[0]).num_shards(t.rpartition(".")[2])]
+        missing = [
+            t
+            for t, _ in self.named_parameters()
+            if t.endswith((".experts.w13", ".experts.w2"))
+            and len(filled.get(t, ()))
+            < self.get_submodule(t.rpartition(".")[0]).num_shards(t.rpartition(".")[2])
+        ]
         if missing:
-            raise ValueError(f"weights do not match {type(self).__name__}: missing experts of {missing[:8]}")
+            raise ValueError(
+                f"weights do not match {type(self).__name__}: missing experts of {missing[:8]}"
+            )
 
 
 def _dequantized(t) -> torch.Tensor:
@@ -238,7 +298,9 @@ def _dequantized(t) -> torch.Tensor:
 
 def _join_kv_b(k_b: torch.Tensor, v_b: torch.Tensor) -> torch.Tensor:
     """kv_b_proj.weight [heads * (qk_nope + v_head_dim), kv_lora_rank] from llama.cpp's split:
-    k_b [heads, kv_lora_rank, qk_nope] (transposed per head) and v_b [heads, v_head_dim, kv_lora_rank]."""
+    k_b [heads, kv_lora_rank, qk_nope] (transposed per head) and v_b [heads, v_head_dim,
+    kv_lora_rank].
+    """
     rank = v_b.shape[2]
     return torch.cat((k_b.transpose(1, 2), v_b), dim=1).reshape(-1, rank).contiguous()
 

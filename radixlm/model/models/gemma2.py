@@ -20,17 +20,23 @@ from radixlm.model.layers.activation import GeluAndMul
 from radixlm.model.layers.norm import GemmaRMSNorm
 from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
-from radixlm.model.pp_stage import pp_stage
 from radixlm.model.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, get_head_dim
+from radixlm.model.pp_stage import pp_stage
 
 # HF hidden_activation -> F.gelu's approximate
 _GELU = {"gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu": "none"}
 
 
 def gemma_act(config: Any) -> GeluAndMul:
-    act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None) or "gelu_pytorch_tanh"
+    act = (
+        getattr(config, "hidden_activation", None)
+        or getattr(config, "hidden_act", None)
+        or "gelu_pytorch_tanh"
+    )
     if act not in _GELU:
-        raise ValueError(f"unsupported Gemma hidden_activation {act!r}; supported: {', '.join(_GELU)}")
+        raise ValueError(
+            f"unsupported Gemma hidden_activation {act!r}; supported: {', '.join(_GELU)}"
+        )
     return GeluAndMul(_GELU[act])
 
 
@@ -39,9 +45,15 @@ class Gemma2DecoderLayer(nn.Module):
         super().__init__()
         eps = config.rms_norm_eps
         self.self_attn = LlamaAttention(
-            config, layer_id, rotary_emb, qkv_bias=bool(getattr(config, "attention_bias", False)), qk_norm=qk_norm,
-            scaling=config.query_pre_attn_scalar**-0.5, logit_cap=getattr(config, "attn_logit_softcapping", None) or 0.0,
-            norm_cls=GemmaRMSNorm)
+            config,
+            layer_id,
+            rotary_emb,
+            qkv_bias=bool(getattr(config, "attention_bias", False)),
+            qk_norm=qk_norm,
+            scaling=config.query_pre_attn_scalar**-0.5,
+            logit_cap=getattr(config, "attn_logit_softcapping", None) or 0.0,
+            norm_cls=GemmaRMSNorm,
+        )
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, act_fn=gemma_act(config))
         self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=eps)
         self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps=eps)
@@ -65,14 +77,21 @@ class Gemma2Model(nn.Module):
         """rotary_embs: each layer's RoPE (shared objects: one cos/sin cache per kind)."""
         super().__init__()
         if pp_stage(config.num_hidden_layers).size > 1:
-            raise ValueError("pp_size > 1 runs the Llama-family models (Llama, Mistral, Qwen2/3, Phi-3), not Gemma "
-                             "2/3 yet")
+            raise ValueError(
+                "pp_size > 1 runs the Llama-family models (Llama, Mistral, Qwen2/3, Phi-3), not"
+                " Gemma 2/3 yet"
+            )
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         # HF multiplies by sqrt(hidden) cast to the weights' dtype (Gemma2TextScaledWordEmbedding).
-        self.register_buffer("normalizer", torch.tensor(math.sqrt(config.hidden_size), dtype=torch.float32),
-                             persistent=False)
+        self.register_buffer(
+            "normalizer",
+            torch.tensor(math.sqrt(config.hidden_size), dtype=torch.float32),
+            persistent=False,
+        )
         self.layers = nn.ModuleList(
-            Gemma2DecoderLayer(config, i, rotary_embs[i], qk_norm) for i in range(config.num_hidden_layers))
+            Gemma2DecoderLayer(config, i, rotary_embs[i], qk_norm)
+            for i in range(config.num_hidden_layers)
+        )
         self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, input_ids, positions, forward_batch: ForwardBatch) -> torch.Tensor:

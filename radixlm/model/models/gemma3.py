@@ -35,5 +35,7 @@ class Gemma3ForCausalLM(Gemma2ForCausalLM):
 
     def rotary_embs(self, config: Any) -> list[RotaryEmbedding]:
         head_dim, max_pos = get_head_dim(config), config.max_position_embeddings
-        ropes = {t: RotaryEmbedding(head_dim, max_pos, rope_params_of(config, t)) for t in LAYER_TYPES}
+        ropes = {
+            t: RotaryEmbedding(head_dim, max_pos, rope_params_of(config, t)) for t in LAYER_TYPES
+        }
         return [ropes[t] for t in config.layer_types]

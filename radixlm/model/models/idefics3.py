@@ -14,33 +14,50 @@ from typing import Any
 import torch
 from torch import nn
 
-from radixlm.model.models.llava import LlavaForConditionalGeneration
 from radixlm.mm_inputs import MultimodalItem
+from radixlm.model.models.llava import LlavaForConditionalGeneration
 
 
 class Idefics3ForConditionalGeneration(LlavaForConditionalGeneration):
-    NAME_MAP = (("model.text_model.", "language_model.model."), ("model.vision_model.", "vision_model."),
-                ("model.connector.", "connector."))
+    NAME_MAP = (
+        ("model.text_model.", "language_model.model."),
+        ("model.vision_model.", "vision_model."),
+        ("model.connector.", "connector."),
+    )
 
     def __init__(self, config: Any):
         nn.Module.__init__(self)
-        from transformers.models.idefics3.modeling_idefics3 import Idefics3Connector, Idefics3VisionTransformer
+        from transformers.models.idefics3.modeling_idefics3 import (
+            Idefics3Connector,
+            Idefics3VisionTransformer,
+        )
 
         self._build_text(config)
         self.vision_model = Idefics3VisionTransformer._from_config(config.vision_config)
         self.connector = Idefics3Connector(config)
 
     def encode_images(self, items: list[MultimodalItem]) -> list[torch.Tensor]:
-        """One batch of tiles through SigLIP and the connector: per tile, [image_seq_len, hidden]."""
+        """One batch of tiles through SigLIP and the connector: per tile, [image_seq_len,
+        hidden]."""
         weight = self.connector.modality_projection.proj.weight
-        pixels = torch.stack([it.pixel_values for it in items]).to(device=weight.device, dtype=weight.dtype)
+        pixels = torch.stack([it.pixel_values for it in items]).to(
+            device=weight.device, dtype=weight.dtype
+        )
         if all("pixel_attention_mask" in it.extra for it in items):
-            mask = torch.stack([it.extra["pixel_attention_mask"] for it in items]).to(weight.device).bool()
+            mask = (
+                torch.stack([it.extra["pixel_attention_mask"] for it in items])
+                .to(weight.device)
+                .bool()
+            )
         else:
-            mask = torch.ones(pixels.shape[0], *pixels.shape[2:], dtype=torch.bool, device=weight.device)
+            mask = torch.ones(
+                pixels.shape[0], *pixels.shape[2:], dtype=torch.bool, device=weight.device
+            )
         p = self.config.vision_config.patch_size
         # A patch takes part when any of its pixels is real (HF's rule for padded tiles).
         patches = mask.unfold(1, p, p).unfold(2, p, p)
         patch_mask = patches.sum(dim=(-1, -2)) > 0
-        hidden = self.vision_model(pixel_values=pixels, patch_attention_mask=patch_mask).last_hidden_state
+        hidden = self.vision_model(
+            pixel_values=pixels, patch_attention_mask=patch_mask
+        ).last_hidden_state
         return list(self.connector(hidden))

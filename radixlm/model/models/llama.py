@@ -6,7 +6,8 @@ which `load_weights` fills from the HF tensors (stacked_params_mapping).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -35,7 +36,7 @@ def get_head_dim(config: Any) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
-def get_sliding_window(config: Any, layer_id: int) -> Optional[int]:
+def get_sliding_window(config: Any, layer_id: int) -> int | None:
     """The attention window of layer layer_id (None: full attention), as HF decides it: from
     config.layer_types where the config has them (Gemma, Qwen2 with use_sliding_window), else
     config.sliding_window for every layer (Mistral). A window the context never exceeds changes
@@ -50,10 +51,20 @@ def get_sliding_window(config: Any, layer_id: int) -> Optional[int]:
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, bias: bool = False, act_fn: Optional[nn.Module] = None):
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        bias: bool = False,
+        act_fn: nn.Module | None = None,
+    ):
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, bias=bias)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, bias=bias, what="intermediate_size")
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size] * 2, bias=bias
+        )
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, bias=bias, what="intermediate_size"
+        )
         self.act_fn = act_fn if act_fn is not None else SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -61,8 +72,17 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaAttention(nn.Module):
-    def __init__(self, config: Any, layer_id: int, rotary_emb: RotaryEmbedding, qkv_bias: bool, qk_norm: bool,
-                 scaling: Optional[float] = None, logit_cap: float = 0.0, norm_cls: type[RMSNorm] = RMSNorm):
+    def __init__(
+        self,
+        config: Any,
+        layer_id: int,
+        rotary_emb: RotaryEmbedding,
+        qkv_bias: bool,
+        qk_norm: bool,
+        scaling: float | None = None,
+        logit_cap: float = 0.0,
+        norm_cls: type[RMSNorm] = RMSNorm,
+    ):
         """scaling (None: head_dim ** -0.5), logit_cap and norm_cls (of the q/k norms) are the knobs
         other families turn (Gemma: query_pre_attn_scalar, attn_logit_softcapping, GemmaRMSNorm)."""
         super().__init__()
@@ -71,21 +91,38 @@ class LlamaAttention(nn.Module):
         self.head_dim = get_head_dim(config)
         o_bias = bool(getattr(config, "attention_bias", False))
         # This tensor-parallel rank's heads (all of them with tp_size 1).
-        self.qkv_proj = QKVParallelLinear(config.hidden_size, self.head_dim, total_heads, total_kv_heads,
-                                          bias=qkv_bias or o_bias)
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size, self.head_dim, total_heads, total_kv_heads, bias=qkv_bias or o_bias
+        )
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
-        self.q_size, self.kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.o_proj = RowParallelLinear(total_heads * self.head_dim, config.hidden_size, bias=o_bias,
-                                        what="num_attention_heads * head_dim")
+        self.q_size, self.kv_size = (
+            self.num_heads * self.head_dim,
+            self.num_kv_heads * self.head_dim,
+        )
+        self.o_proj = RowParallelLinear(
+            total_heads * self.head_dim,
+            config.hidden_size,
+            bias=o_bias,
+            what="num_attention_heads * head_dim",
+        )
         self.rotary_emb = rotary_emb  # shared by all layers (one cos/sin cache)
         if qk_norm:  # Qwen3: RMSNorm over each head of q and k, before RoPE
             self.q_norm = norm_cls(self.head_dim, eps=config.rms_norm_eps)
             self.k_norm = norm_cls(self.head_dim, eps=config.rms_norm_eps)
         self.qk_norm = qk_norm
-        self.attn = RadixAttention(self.num_heads, self.head_dim, scaling or self.head_dim**-0.5, self.num_kv_heads,
-                                   layer_id, logit_cap=logit_cap, sliding_window_size=get_sliding_window(config, layer_id))
+        self.attn = RadixAttention(
+            self.num_heads,
+            self.head_dim,
+            scaling or self.head_dim**-0.5,
+            self.num_kv_heads,
+            layer_id,
+            logit_cap=logit_cap,
+            sliding_window_size=get_sliding_window(config, layer_id),
+        )
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.qk_norm:
             q = self.q_norm(q.reshape(-1, self.num_heads, self.head_dim)).view(-1, self.q_size)
@@ -95,10 +132,14 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: Any, layer_id: int, rotary_emb: RotaryEmbedding, qkv_bias: bool, qk_norm: bool):
+    def __init__(
+        self, config: Any, layer_id: int, rotary_emb: RotaryEmbedding, qkv_bias: bool, qk_norm: bool
+    ):
         super().__init__()
         self.self_attn = LlamaAttention(config, layer_id, rotary_emb, qkv_bias, qk_norm)
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False)))
+        self.mlp = LlamaMLP(
+            config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False))
+        )
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
@@ -114,7 +155,8 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    # Who reads the residual stream entering some layers (EAGLE-3's draft head: model/hidden_capture.py);
+    # Who reads the residual stream entering some layers (EAGLE-3's draft head:
+    # model/hidden_capture.py);
     # the runner installs one, NoHiddenCapture reads nothing and the layers run in one segment.
     hidden_capture: HiddenCapture = NoHiddenCapture()
 
@@ -124,43 +166,80 @@ class LlamaModel(nn.Module):
         # when the LM head is tied to it), the final norm on the last (pp_stage.py).
         self.pp = pp = pp_stage(config.num_hidden_layers)
         tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.embed_tokens = (VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-                             if pp.is_first or (tied and pp.is_last) else PPMissingLayer())
+        self.embed_tokens = (
+            VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+            if pp.is_first or (tied and pp.is_last)
+            else PPMissingLayer()
+        )
         self.rotary_emb = rotary_emb = get_rope(get_head_dim(config), config)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, qk_norm) if i in pp.layers else PPMissingLayer()
+            (
+                LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, qk_norm)
+                if i in pp.layers
+                else PPMissingLayer()
+            )
             for i in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if pp.is_last else PPMissingLayer()
+        self.norm = (
+            RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if pp.is_last else PPMissingLayer()
+        )
         self.hidden_size = config.hidden_size
         # All layers in one native op where it applies (model/layers/fused_layers.py); False: never.
         self.use_fused_layers = pp.size == 1
-        self._fused: Any = None  # its arguments, built at the first forward (None: not yet, False: n/a)
+        self._fused: Any = (
+            None  # its arguments, built at the first forward (None: not yet, False: n/a)
+        )
 
-    def forward(self, input_ids, positions, forward_batch: ForwardBatch,
-                input_embeds: Optional[torch.Tensor] = None) -> Optional[torch.Tensor]:
+    def forward(
+        self,
+        input_ids,
+        positions,
+        forward_batch: ForwardBatch,
+        input_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
         """-> the final hidden states (None on a pipeline stage before the last: it sent them on).
-        input_embeds: the embeddings to start from instead of input_ids' (images: model/mm_embed.py)."""
+        input_embeds: the embeddings to start from instead of input_ids' (images:
+        model/mm_embed.py).
+        """
         backend = forward_batch.attn_backend
         backend.begin_forward(forward_batch)
         pp = self.pp
         if pp.is_first:
-            hidden, residual = self.embed_tokens(input_ids) if input_embeds is None else input_embeds, None
+            hidden, residual = (
+                self.embed_tokens(input_ids) if input_embeds is None else input_embeds,
+                None,
+            )
         else:
-            hidden, residual = pp.recv(input_ids.shape[0], self.hidden_size, self._stream_dtype(), input_ids.device)
-        positions = self.rotary_emb.cache_rows(positions, forward_batch)  # longrope: its table per request
-        # The fused op runs the base weights only: a batch with LoRA tokens takes the layers (and their hooks).
-        fused = (self._fused_layers() if hidden.shape[0] and not forward_batch.uses_lora
-                 and backend.runs_fused_layers(forward_batch) else None)
+            hidden, residual = pp.recv(
+                input_ids.shape[0], self.hidden_size, self._stream_dtype(), input_ids.device
+            )
+        positions = self.rotary_emb.cache_rows(
+            positions, forward_batch
+        )  # longrope: its table per request
+        # The fused op runs the base weights only: a batch with LoRA tokens takes the layers (and
+        # their hooks).
+        fused = (
+            self._fused_layers()
+            if hidden.shape[0]
+            and not forward_batch.uses_lora
+            and backend.runs_fused_layers(forward_batch)
+            else None
+        )
         capture = self.hidden_capture
         for start, end in layer_segments(pp.layers, capture.aux_layers):
             if start in capture.aux_layers:
-                stream = hidden.clone() if residual is None else hidden + residual  # layer 0 keeps the embedding as its residual
+                stream = (
+                    hidden.clone() if residual is None else hidden + residual
+                )  # layer 0 keeps the embedding as its residual
                 capture.record_layer(start, stream)
-                if fused:  # the op starts its segment from the stream: bitwise its add + norm (fused_layers.py)
+                # the op starts its segment from the stream: bitwise its add + norm
+                # (fused_layers.py)
+                if fused:
                     hidden, residual = stream, None
             if fused:
-                hidden, residual = run_fused_layers(fused, hidden, positions, forward_batch, start, end)
+                hidden, residual = run_fused_layers(
+                    fused, hidden, positions, forward_batch, start, end
+                )
             else:
                 for i in range(start, end):
                     hidden, residual = self.layers[i](positions, hidden, forward_batch, residual)
@@ -202,14 +281,19 @@ class LlamaForCausalLM(nn.Module):
         self.pp = pp_stage(config.num_hidden_layers)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
         if not self.tie_word_embeddings:
-            self.lm_head = (ParallelLMHead(config.hidden_size, config.vocab_size) if self.pp.is_last
-                            else PPMissingLayer())
+            self.lm_head = (
+                ParallelLMHead(config.hidden_size, config.vocab_size)
+                if self.pp.is_last
+                else PPMissingLayer()
+            )
 
     def build_model(self, config: Any) -> nn.Module:
         """The decoder stack (families with another layer structure override it)."""
         return LlamaModel(config, qkv_bias=self.qkv_bias, qk_norm=self.qk_norm)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
         """-> hidden states [num_tokens, hidden] after the final norm."""
         return self.model(input_ids, positions, forward_batch)
 
@@ -225,7 +309,9 @@ class LlamaForCausalLM(nn.Module):
         loaded: dict[str, set] = {}
         unknown = []
         for name, tensor in weights:
-            if "rotary_emb.inv_freq" in name or (self.tie_word_embeddings and name == "lm_head.weight"):
+            if "rotary_emb.inv_freq" in name or (
+                self.tie_word_embeddings and name == "lm_head.weight"
+            ):
                 continue
             target, shard = self._map_name(name)
             if target not in params:
@@ -234,7 +320,9 @@ class LlamaForCausalLM(nn.Module):
             param = params[target]
             if shard is None:
                 if param.shape != tensor.shape:
-                    raise ValueError(f"{name}: expected shape {tuple(param.shape)}, got {tuple(tensor.shape)}")
+                    raise ValueError(
+                        f"{name}: expected shape {tuple(param.shape)}, got {tuple(tensor.shape)}"
+                    )
                 if isinstance(tensor, QuantizedTensor):
                     owner = self.get_submodule(target.rsplit(".", 1)[0])
                     if hasattr(owner, "set_quantized") and target.endswith(".weight"):
@@ -255,7 +343,8 @@ class LlamaForCausalLM(nn.Module):
         missing = [n for n in params if len(loaded.get(n, ())) < self._num_shards(n)]
         if unknown or missing:
             raise ValueError(
-                f"weights do not match {type(self).__name__}: missing {missing[:8]}, unknown {unknown[:8]}"
+                f"weights do not match {type(self).__name__}: missing {missing[:8]}, unknown"
+                f" {unknown[:8]}"
             )
 
     def takes_quantized(self, name: str) -> bool:
@@ -264,12 +353,13 @@ class LlamaForCausalLM(nn.Module):
         owner, kind, _ = self._owner_of(name)
         return kind == "weight" and hasattr(owner, "set_quantized")
 
-    def tp_slice(self, name: str) -> Optional[TensorSlice]:
-        """The part of checkpoint tensor `name` this tensor-parallel rank holds (None: all of it)."""
+    def tp_slice(self, name: str) -> TensorSlice | None:
+        """The part of checkpoint tensor `name` this tensor-parallel rank holds (None: all of
+        it)."""
         owner, kind, shard = self._owner_of(name)
         return owner.tp_slice(kind, shard) if hasattr(owner, "tp_slice") else None
 
-    def _owner_of(self, name: str) -> tuple[Optional[nn.Module], str, Optional[int]]:
+    def _owner_of(self, name: str) -> tuple[nn.Module | None, str, int | None]:
         """(the module that takes HF tensor `name`, its parameter name, shard); no module for a tied
         lm_head or an unknown name (load_weights names those)."""
         if self.tie_word_embeddings and name == "lm_head.weight":
@@ -294,4 +384,5 @@ class LlamaForCausalLM(nn.Module):
 
 
 class MistralForCausalLM(LlamaForCausalLM):
-    """The Llama graph; config.sliding_window (every layer) reaches the attention (get_sliding_window)."""
+    """The Llama graph; config.sliding_window (every layer) reaches the attention
+    (get_sliding_window)."""

@@ -8,16 +8,17 @@ per image, in the scheduler process, batched across the requests of a step.
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
 
+from radixlm.mm_inputs import MultimodalItem
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.mm_embed import EncoderCache, embed_with_images
 from radixlm.model.models.llama import LlamaForCausalLM, MistralForCausalLM
 from radixlm.model.models.qwen2 import Qwen2ForCausalLM
-from radixlm.mm_inputs import MultimodalItem
 
 TEXT_MODELS = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM}
 DEFAULT_ENCODER_CACHE_BYTES = 64 * 2**20
@@ -28,7 +29,9 @@ class LlavaProjector(nn.Module):
         super().__init__()
         from transformers.activations import ACT2FN
 
-        layers = 1 if isinstance(config.vision_feature_layer, int) else len(config.vision_feature_layer)
+        layers = (
+            1 if isinstance(config.vision_feature_layer, int) else len(config.vision_feature_layer)
+        )
         bias = getattr(config, "multimodal_projector_bias", True)
         hidden = config.text_config.hidden_size
         self.linear_1 = nn.Linear(config.vision_config.hidden_size * layers, hidden, bias=bias)
@@ -49,7 +52,10 @@ class LlavaForConditionalGeneration(nn.Module):
 
         self._build_text(config)
         if config.vision_config.model_type != "clip_vision_model":
-            raise ValueError(f"LLaVA with a {config.vision_config.model_type!r} vision tower is not supported (CLIP)")
+            raise ValueError(
+                f"LLaVA with a {config.vision_config.model_type!r} vision tower is not supported"
+                " (CLIP)"
+            )
         tower = CLIPVisionModel(config.vision_config)
         self.vision_tower = getattr(tower, "vision_model", tower)  # transformers < 5 nests it
         self.multi_modal_projector = LlavaProjector(config)
@@ -59,12 +65,18 @@ class LlavaForConditionalGeneration(nn.Module):
         self.config = config
         text = config.text_config
         if text.model_type not in self.TEXT_MODELS:
-            raise ValueError(f"{type(self).__name__} with a {text.model_type!r} decoder is not supported "
-                             f"({', '.join(self.TEXT_MODELS)})")
+            raise ValueError(
+                f"{type(self).__name__} with a {text.model_type!r} decoder is not supported "
+                f"({', '.join(self.TEXT_MODELS)})"
+            )
         self.language_model = self.TEXT_MODELS[text.model_type](text)
-        if self.language_model.pp.size > 1 or any((getattr(m, "tp_size", 1) or 1) > 1 for m in self.language_model.modules()):
-            raise ValueError(f"{type(self).__name__} runs with --tp-size 1 and --pp-size 1 (the image embeddings "
-                             "enter on one rank)")
+        if self.language_model.pp.size > 1 or any(
+            (getattr(m, "tp_size", 1) or 1) > 1 for m in self.language_model.modules()
+        ):
+            raise ValueError(
+                f"{type(self).__name__} runs with --tp-size 1 and --pp-size 1 (the image embeddings"
+                " enter on one rank)"
+            )
         self.vocab_size = text.vocab_size
         self.encoder_cache = EncoderCache(DEFAULT_ENCODER_CACHE_BYTES)
 
@@ -75,31 +87,49 @@ class LlavaForConditionalGeneration(nn.Module):
         pixels = torch.stack([it.pixel_values for it in items]).to(device=dev, dtype=dtype)
         layer = self.config.vision_feature_layer
         states = self.vision_tower(pixels, output_hidden_states=True).hidden_states
-        feats = states[layer] if isinstance(layer, int) else torch.cat([states[i] for i in layer], dim=-1)
+        feats = (
+            states[layer]
+            if isinstance(layer, int)
+            else torch.cat([states[i] for i in layer], dim=-1)
+        )
         if self.config.vision_feature_select_strategy == "default":
             feats = feats[:, 1:]  # the CLS token's position is not an image token
         return list(self.multi_modal_projector(feats))
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
         lm = self.language_model
-        embeds = embed_with_images(forward_batch, input_ids, lm.model.embed_tokens, self.vocab_size,
-                                   self.encoder_cache, self.encode_images)
-        if embeds is None:  # no image span here; a draft may copy a pad value (never sampled: it is rejected)
+        embeds = embed_with_images(
+            forward_batch,
+            input_ids,
+            lm.model.embed_tokens,
+            self.vocab_size,
+            self.encoder_cache,
+            self.encode_images,
+        )
+        if (
+            embeds is None
+        ):  # no image span here; a draft may copy a pad value (never sampled: it is rejected)
             input_ids = input_ids.clamp(max=self.vocab_size - 1)
         return lm.model(input_ids, positions, forward_batch, input_embeds=embeds)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.language_model.compute_logits(hidden_states)
 
-    # Both HF layouts (transformers >= 4.52's model.language_model.* and the older language_model.model.*;
-    # CLIPVisionModel's vision_model.*) -> this module's names.
-    NAME_MAP = (("model.language_model.", "language_model.model."), ("model.vision_tower.", "vision_tower."),
-                ("model.multi_modal_projector.", "multi_modal_projector."), ("vision_tower.vision_model.", "vision_tower."))
+    # Both HF layouts (transformers >= 4.52's model.language_model.* and the older
+    # language_model.model.*; CLIPVisionModel's vision_model.*) -> this module's names.
+    NAME_MAP = (
+        ("model.language_model.", "language_model.model."),
+        ("model.vision_tower.", "vision_tower."),
+        ("model.multi_modal_projector.", "multi_modal_projector."),
+        ("vision_tower.vision_model.", "vision_tower."),
+    )
 
     def _map_name(self, name: str) -> str:
         for old, new in self.NAME_MAP:
             if name.startswith(old):
-                name = new + name[len(old):]
+                name = new + name[len(old) :]
         if name.startswith("lm_head."):
             name = "language_model." + name
         return name
@@ -112,15 +142,23 @@ class LlavaForConditionalGeneration(nn.Module):
         for name, tensor in weights:
             name = self._map_name(name)
             if name.startswith("language_model."):
-                text.append((name[len("language_model."):], tensor))
+                text.append((name[len("language_model.") :], tensor))
             elif name in params:
                 if params[name].shape != tensor.shape:
-                    raise ValueError(f"{name}: expected shape {tuple(params[name].shape)}, got {tuple(tensor.shape)}")
-                params[name].data = tensor.to(device=params[name].device, dtype=params[name].dtype).contiguous()
+                    raise ValueError(
+                        f"{name}: expected shape {tuple(params[name].shape)}, got"
+                        f" {tuple(tensor.shape)}"
+                    )
+                params[name].data = tensor.to(
+                    device=params[name].device, dtype=params[name].dtype
+                ).contiguous()
                 loaded.add(name)
             elif "position_ids" not in name:
                 unknown.append(name)
         self.language_model.load_weights(text)
         missing = [n for n in params if not n.startswith("language_model.") and n not in loaded]
         if unknown or missing:
-            raise ValueError(f"weights do not match {type(self).__name__}: missing {missing[:8]}, unknown {unknown[:8]}")
+            raise ValueError(
+                f"weights do not match {type(self).__name__}: missing {missing[:8]}, unknown"
+                f" {unknown[:8]}"
+            )

@@ -3,16 +3,19 @@ SparseMoeBlock (layers/moe/moe_block.py) in place of the MLP, in every layer or 
 says (Qwen's `mlp_only_layers`, `decoder_sparse_step`: the other layers keep a dense MLP).
 
 Checkpoint names accepted for the experts (all normalized to `model.layers.L.mlp.experts...`):
-  per expert        mlp.experts.E.{gate,up,down}_proj.weight   (what transformers' save_pretrained writes)
+  per expert        mlp.experts.E.{gate,up,down}_proj.weight   (what transformers' save_pretrained
+  writes)
                     block_sparse_moe.experts.E.{w1,w3,w2}.weight (Mixtral's original layout)
-  stacked (3-D)     mlp.experts.{gate_up_proj,down_proj}        (transformers 5.x's in-memory layout)
+  stacked (3-D)     mlp.experts.{gate_up_proj,down_proj}        (transformers 5.x's in-memory
+  layout)
                     mlp.experts.{gate,up,down}_proj.weight       (a GGUF's ffn_{gate,up,down}_exps)
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Iterable, Optional
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,9 +36,15 @@ from radixlm.model.models.llama import (
 from radixlm.model.pp_stage import PPMissingLayer, pp_stage
 from radixlm.model.tp_shard import TensorSlice
 
-_EXPERT_RE = re.compile(r"^model\.layers\.(\d+)\.mlp\.experts\.(?:(\d+)\.)?(gate_up|gate|up|down)_proj(?:\.weight)?$")
-_MIXTRAL_NAMES = ((".block_sparse_moe.", ".mlp."), (".w1.", ".gate_proj."), (".w3.", ".up_proj."),
-                  (".w2.", ".down_proj."))
+_EXPERT_RE = re.compile(
+    r"^model\.layers\.(\d+)\.mlp\.experts\.(?:(\d+)\.)?(gate_up|gate|up|down)_proj(?:\.weight)?$"
+)
+_MIXTRAL_NAMES = (
+    (".block_sparse_moe.", ".mlp."),
+    (".w1.", ".gate_proj."),
+    (".w3.", ".up_proj."),
+    (".w2.", ".down_proj."),
+)
 
 
 class MoeDecoderLayer(LlamaDecoderLayer):
@@ -52,27 +61,40 @@ class MoeDecoderLayer(LlamaDecoderLayer):
 class MoeModel(LlamaModel):
     """LlamaModel (its forward, pipeline stages) whose layers the family builds."""
 
-    def __init__(self, config: Any, family: "MoeForCausalLM"):
+    def __init__(self, config: Any, family: MoeForCausalLM):
         nn.Module.__init__(self)
         self.dispatch = family.expert_dispatch
         self.pp = pp = pp_stage(config.num_hidden_layers)
         tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.embed_tokens = (VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-                             if pp.is_first or (tied and pp.is_last) else PPMissingLayer())
+        self.embed_tokens = (
+            VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+            if pp.is_first or (tied and pp.is_last)
+            else PPMissingLayer()
+        )
         self.rotary_emb = rotary_emb = get_rope(get_head_dim(config), config)
-        self.layers = nn.ModuleList(family.build_layer(config, i, rotary_emb) if i in pp.layers else PPMissingLayer()
-                                    for i in range(config.num_hidden_layers))
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if pp.is_last else PPMissingLayer()
+        self.layers = nn.ModuleList(
+            family.build_layer(config, i, rotary_emb) if i in pp.layers else PPMissingLayer()
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = (
+            RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if pp.is_last else PPMissingLayer()
+        )
         self.hidden_size = config.hidden_size
         self.use_fused_layers = False  # the one-op fused decoder has no MoE block
         self._fused = False
 
     def forward(self, input_ids, positions, forward_batch, input_embeds=None):
-        self.dispatch.begin(input_ids.shape[0])  # DP attention: the ranks' token counts, once per forward
+        self.dispatch.begin(
+            input_ids.shape[0]
+        )  # DP attention: the ranks' token counts, once per forward
         return super().forward(input_ids, positions, forward_batch, input_embeds)
 
     def forward_idle(self) -> None:
-        forward_idle(self.dispatch, [getattr(layer, "mlp", None) for layer in self.layers], self.norm.weight.dtype)
+        forward_idle(
+            self.dispatch,
+            [getattr(layer, "mlp", None) for layer in self.layers],
+            self.norm.weight.dtype,
+        )
 
 
 class MoeForCausalLM(LlamaForCausalLM):
@@ -82,7 +104,9 @@ class MoeForCausalLM(LlamaForCausalLM):
     expert_dispatch: LocalExperts
 
     def build_model(self, config: Any) -> nn.Module:
-        self.expert_dispatch = expert_dispatch()  # one for every MoE layer (DP attention: per-forward counts)
+        self.expert_dispatch = (
+            expert_dispatch()
+        )  # one for every MoE layer (DP attention: per-forward counts)
         return MoeModel(config, self)
 
     def forward_idle(self) -> None:
@@ -93,19 +117,28 @@ class MoeForCausalLM(LlamaForCausalLM):
     def moe_spec(self, config: Any) -> MoeSpec:
         raise NotImplementedError
 
-    def shared_expert(self, config: Any) -> Optional[nn.Module]:
+    def shared_expert(self, config: Any) -> nn.Module | None:
         return None
 
     def is_sparse(self, config: Any, layer_id: int) -> bool:
-        """HF's rule (Qwen2/3-MoE): not in mlp_only_layers and (layer + 1) % decoder_sparse_step == 0."""
+        """HF's rule (Qwen2/3-MoE): not in mlp_only_layers and (layer + 1) % decoder_sparse_step ==
+        0."""
         step = getattr(config, "decoder_sparse_step", 1) or 1
-        return layer_id not in (getattr(config, "mlp_only_layers", None) or []) and (layer_id + 1) % step == 0
+        return (
+            layer_id not in (getattr(config, "mlp_only_layers", None) or [])
+            and (layer_id + 1) % step == 0
+        )
 
     def build_layer(self, config: Any, layer_id: int, rotary_emb: RotaryEmbedding) -> nn.Module:
         attn = self.attention_cls(config, layer_id, rotary_emb, self.qkv_bias, self.qk_norm)
         if self.is_sparse(config, layer_id):
-            mlp: nn.Module = SparseMoeBlock(config.hidden_size, self.moe_spec(config), layer_id,
-                                            shared_expert=self.shared_expert(config), dispatch=self.expert_dispatch)
+            mlp: nn.Module = SparseMoeBlock(
+                config.hidden_size,
+                self.moe_spec(config),
+                layer_id,
+                shared_expert=self.shared_expert(config),
+                dispatch=self.expert_dispatch,
+            )
         else:
             mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
         return MoeDecoderLayer(config, attn, mlp)
@@ -130,7 +163,7 @@ class MoeForCausalLM(LlamaForCausalLM):
     def _blocks(self) -> list[SparseMoeBlock]:
         return [m for m in self.modules() if isinstance(m, SparseMoeBlock)]
 
-    def _expert_target(self, name: str) -> Optional[tuple[SparseMoeBlock, str, Optional[int]]]:
+    def _expert_target(self, name: str) -> tuple[SparseMoeBlock, str, int | None] | None:
         """(block, projection, global expert id or None for stacked) of an expert tensor, else None.
         A name under a layer this pipeline stage lacks is not an expert's here (load_weights skips
         those before, stage_owns)."""
@@ -159,10 +192,11 @@ class MoeForCausalLM(LlamaForCausalLM):
         return super()._num_shards(param_name)
 
     def takes_quantized(self, name: str) -> bool:
-        # Experts arrive float and are quantized per expert after loading (SparseMoeBlock.quantize_weights).
+        # Experts arrive float and are quantized per expert after loading
+        # (SparseMoeBlock.quantize_weights).
         return False if self._expert_target(name) else super().takes_quantized(name)
 
-    def tp_slice(self, name: str) -> Optional[TensorSlice]:
+    def tp_slice(self, name: str) -> TensorSlice | None:
         hit = self._expert_target(name)
         if hit is None:
             return super().tp_slice(name)

@@ -1,16 +1,17 @@
 """Mixture-of-experts families (HF's modeling files are the reference; moe.py the shared stack):
 
-  Qwen2MoeForCausalLM   bias on q/k/v; softmax top-k not renormalized (norm_topk_prob False); a
-                        shared expert (shared_expert_intermediate_size) scaled by sigmoid(shared_expert_gate)
-  Qwen3MoeForCausalLM   RMSNorm over each head of q and k (as dense Qwen3); norm_topk_prob
-  MixtralForCausalLM    softmax over the top-k logits (= renormalized top-k); num_local_experts
-  OlmoeForCausalLM      RMSNorm over the whole q and k projections (not per head), optional clip_qkv
+Qwen2MoeForCausalLM   bias on q/k/v; softmax top-k not renormalized (norm_topk_prob False); a
+                      shared expert (shared_expert_intermediate_size) scaled by
+                      sigmoid(shared_expert_gate)
+Qwen3MoeForCausalLM   RMSNorm over each head of q and k (as dense Qwen3); norm_topk_prob
+MixtralForCausalLM    softmax over the top-k logits (= renormalized top-k); num_local_experts
+OlmoeForCausalLM      RMSNorm over the whole q and k projections (not per head), optional clip_qkv
 """
 
 from __future__ import annotations
 
 import re
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,10 +30,14 @@ class Qwen2MoeForCausalLM(MoeForCausalLM):
     qkv_bias = True
 
     def moe_spec(self, config: Any) -> MoeSpec:
-        return MoeSpec(config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size,
-                       bool(config.norm_topk_prob))
+        return MoeSpec(
+            config.num_experts,
+            config.num_experts_per_tok,
+            config.moe_intermediate_size,
+            bool(config.norm_topk_prob),
+        )
 
-    def shared_expert(self, config: Any) -> Optional[nn.Module]:
+    def shared_expert(self, config: Any) -> nn.Module | None:
         size = getattr(config, "shared_expert_intermediate_size", 0)
         return LlamaMLP(config.hidden_size, size) if size else None
 
@@ -41,13 +46,19 @@ class Qwen3MoeForCausalLM(MoeForCausalLM):
     qk_norm = True
 
     def moe_spec(self, config: Any) -> MoeSpec:
-        return MoeSpec(config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size,
-                       bool(config.norm_topk_prob))
+        return MoeSpec(
+            config.num_experts,
+            config.num_experts_per_tok,
+            config.moe_intermediate_size,
+            bool(config.norm_topk_prob),
+        )
 
 
 class MixtralForCausalLM(MoeForCausalLM):
     def moe_spec(self, config: Any) -> MoeSpec:
-        return MoeSpec(config.num_local_experts, config.num_experts_per_tok, config.intermediate_size, True)
+        return MoeSpec(
+            config.num_local_experts, config.num_experts_per_tok, config.intermediate_size, True
+        )
 
 
 class ShardedRMSNorm(nn.Module):
@@ -77,11 +88,17 @@ class OlmoeAttention(LlamaAttention):
         super().__init__(config, layer_id, rotary_emb, qkv_bias, qk_norm=False)
         head_dim, qkv = get_head_dim(config), self.qkv_proj
         total_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-        self.q_norm = ShardedRMSNorm(self.q_size, config.num_attention_heads * head_dim, config.rms_norm_eps)
-        self.k_norm = ShardedRMSNorm(self.kv_size, total_kv * head_dim, config.rms_norm_eps, qkv.kv_replicas)
+        self.q_norm = ShardedRMSNorm(
+            self.q_size, config.num_attention_heads * head_dim, config.rms_norm_eps
+        )
+        self.k_norm = ShardedRMSNorm(
+            self.kv_size, total_kv * head_dim, config.rms_norm_eps, qkv.kv_replicas
+        )
         self.clip_qkv = getattr(config, "clip_qkv", None)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch) -> torch.Tensor:
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.q_norm(q), self.k_norm(k)
         if self.clip_qkv is not None:  # after the norms, as HF does
@@ -89,7 +106,7 @@ class OlmoeAttention(LlamaAttention):
         q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v, forward_batch))
 
-    def norm_slice(self, which: str) -> Optional[TensorSlice]:
+    def norm_slice(self, which: str) -> TensorSlice | None:
         """This rank's part of the q_norm / k_norm weight: the rows of its q / k heads."""
         qkv = self.qkv_proj
         if qkv.tp_size == 1:
@@ -102,10 +119,14 @@ class OlmoeForCausalLM(MoeForCausalLM):
     attention_cls = OlmoeAttention
 
     def moe_spec(self, config: Any) -> MoeSpec:
-        return MoeSpec(config.num_experts, config.num_experts_per_tok, config.intermediate_size,
-                       bool(config.norm_topk_prob))
+        return MoeSpec(
+            config.num_experts,
+            config.num_experts_per_tok,
+            config.intermediate_size,
+            bool(config.norm_topk_prob),
+        )
 
-    def tp_slice(self, name: str) -> Optional[TensorSlice]:
+    def tp_slice(self, name: str) -> TensorSlice | None:
         m = _QK_NORM_RE.match(name)
         if m:
             return self.model.layers[int(m.group(1))].self_attn.norm_slice(m.group(2))

@@ -4,7 +4,8 @@ Differences from Llama, all outside the graph:
 - checkpoints store q/k/v as one `self_attn.qkv_proj` and gate/up as one `mlp.gate_up_proj`
   (rows q | k | v and gate | up, our fused layers' order); `load_weights` cuts them into the
   shards Llama's loader fills, so shapes are checked per shard and quantized GGUF blocks stay so;
-- longrope rope scaling (the 128k variants) and partial_rotary_factor (Phi-4-mini): layers/rotary.py.
+- longrope rope scaling (the 128k variants) and partial_rotary_factor (Phi-4-mini):
+layers/rotary.py.
   Each request uses the short factors while it fits original_max_position_embeddings and the long
   ones past it, as transformers' forward does; a request that crosses that length while decoding
   keeps the keys it cached with the short factors, where transformers' generate would recompute
@@ -15,7 +16,8 @@ Differences from Llama, all outside the graph:
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 
@@ -25,7 +27,10 @@ from radixlm.model.models.llama import LlamaForCausalLM
 
 class Phi3ForCausalLM(LlamaForCausalLM):
     # fused HF module -> the shard names Llama's stacked_params_mapping packs back into it
-    fused_params = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+    fused_params = {
+        "qkv_proj": ("q_proj", "k_proj", "v_proj"),
+        "gate_up_proj": ("gate_proj", "up_proj"),
+    }
 
     def __init__(self, config: Any):
         act = getattr(config, "hidden_act", "silu")
@@ -45,6 +50,8 @@ class Phi3ForCausalLM(LlamaForCausalLM):
                 continue
             sizes = self.get_submodule(".".join(prefix + [module])).output_sizes
             if tensor.shape[0] != sum(sizes):
-                raise ValueError(f"{name}: expected {sum(sizes)} rows ({sizes}), got {tensor.shape[0]}")
+                raise ValueError(
+                    f"{name}: expected {sum(sizes)} rows ({sizes}), got {tensor.shape[0]}"
+                )
             for shard, part in zip(shards, split_rows(tensor, sizes)):
                 yield ".".join(prefix + [shard, kind]), part

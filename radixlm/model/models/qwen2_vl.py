@@ -1,13 +1,13 @@
-"""Qwen2-VL and Qwen2.5-VL (HF Qwen2VLForConditionalGeneration / Qwen2_5_VLForConditionalGeneration):
-a ViT at dynamic resolution (each image its own grid of patches, `temporal_patch_size` frames per
-patch, 2-D rotary; Qwen2.5-VL: window attention outside its full-attention blocks), a patch merger
-(spatial_merge_size^2 patches -> one token), and a Qwen2 decoder with M-RoPE (three positions per
-token: model/mrope.py, MRotaryEmbedding).
+"""Qwen2-VL and Qwen2.5-VL (HF Qwen2VLForConditionalGeneration /
+Qwen2_5_VLForConditionalGeneration): a ViT at dynamic resolution (each image its own grid of
+patches, `temporal_patch_size` frames per patch, 2-D rotary; Qwen2.5-VL: window attention outside
+its full-attention blocks), a patch merger (spatial_merge_size^2 patches -> one token), and a Qwen2
+decoder with M-RoPE (three positions per token: model/mrope.py, MRotaryEmbedding).
 
-The vision tower is transformers' (the checkpoint's weights): one forward per step for all the images
-the step needs, whatever their sizes (one packed sequence, attention within each image). The decoder
-is radixlm's Qwen2; everything else (pad values, the encoder cache, chunks cutting an image) is
-LLaVA's path (llava.py, mm_embed.py).
+The vision tower is transformers' (the checkpoint's weights): one forward per step for all the
+images the step needs, whatever their sizes (one packed sequence, attention within each image). The
+decoder is radixlm's Qwen2; everything else (pad values, the encoder cache, chunks cutting an image)
+is LLaVA's path (llava.py, mm_embed.py).
 """
 
 from __future__ import annotations
@@ -17,17 +17,21 @@ from typing import Any
 import torch
 from torch import nn
 
+from radixlm.mm_inputs import MultimodalItem
 from radixlm.model.models.llava import LlavaForConditionalGeneration
 from radixlm.model.models.qwen2 import Qwen2ForCausalLM
-from radixlm.mm_inputs import MultimodalItem
 
 
 class Qwen2VLForConditionalGeneration(LlavaForConditionalGeneration):
     TEXT_MODELS = {"qwen2_vl_text": Qwen2ForCausalLM, "qwen2_5_vl_text": Qwen2ForCausalLM}
-    # transformers >= 4.52's layout (model.language_model.*, model.visual.*) and the original one the Qwen
-    # checkpoints carry (model.layers.*, visual.*); lm_head.* -> language_model.lm_head.* (LLaVA's _map_name).
-    NAME_MAP = (("model.language_model.", "language_model.model."), ("model.visual.", "visual."),
-                ("model.", "language_model.model."))
+    # transformers >= 4.52's layout (model.language_model.*, model.visual.*) and the original one
+    # the Qwen checkpoints carry (model.layers.*, visual.*); lm_head.* -> language_model.lm_head.*
+    # (LLaVA's _map_name).
+    NAME_MAP = (
+        ("model.language_model.", "language_model.model."),
+        ("model.visual.", "visual."),
+        ("model.", "language_model.model."),
+    )
 
     def __init__(self, config: Any):
         nn.Module.__init__(self)
@@ -38,7 +42,9 @@ class Qwen2VLForConditionalGeneration(LlavaForConditionalGeneration):
 
     @staticmethod
     def _vision_tower() -> type:
-        from transformers.models.qwen2_vl.modeling_qwen2_vl import Qwen2VisionTransformerPretrainedModel
+        from transformers.models.qwen2_vl.modeling_qwen2_vl import (
+            Qwen2VisionTransformerPretrainedModel,
+        )
 
         return Qwen2VisionTransformerPretrainedModel
 
@@ -46,7 +52,9 @@ class Qwen2VLForConditionalGeneration(LlavaForConditionalGeneration):
         """The images' patches packed into one sequence through the tower and the merger: per image,
         [its grid's tokens, hidden]."""
         weight = self.visual.patch_embed.proj.weight
-        pixels = torch.cat([it.pixel_values for it in items]).to(device=weight.device, dtype=weight.dtype)
+        pixels = torch.cat([it.pixel_values for it in items]).to(
+            device=weight.device, dtype=weight.dtype
+        )
         grids = torch.stack([it.extra["image_grid_thw"] for it in items]).to(weight.device)
         merged = self.visual(pixels, grid_thw=grids).pooler_output
         return list(torch.split(merged, [it.length for it in items]))
@@ -55,6 +63,8 @@ class Qwen2VLForConditionalGeneration(LlavaForConditionalGeneration):
 class Qwen2_5_VLForConditionalGeneration(Qwen2VLForConditionalGeneration):
     @staticmethod
     def _vision_tower() -> type:
-        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import Qwen2_5_VisionTransformerPretrainedModel
+        from transformers.models.qwen2_5_vl.modeling_qwen2_5_vl import (
+            Qwen2_5_VisionTransformerPretrainedModel,
+        )
 
         return Qwen2_5_VisionTransformerPretrainedModel

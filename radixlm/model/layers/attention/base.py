@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -30,7 +30,7 @@ class AttentionBackendSpec:
     mirror_bytes: int = 0  # torch: budget of the dense decode KV copy (0: off)
     # The model's attention features (radix_attention.attention_features): the window of its
     # windowed layers (None: none), its largest attention logit soft-cap (0: none).
-    sliding_window_size: Optional[int] = None
+    sliding_window_size: int | None = None
     logit_cap: float = 0.0
     # Multi-head latent attention (DeepSeek-V2/V3): the pool holds one latent per token
     # (cache/mla_pool.py); only backends built for it (mla_backend.py) run such a model.
@@ -53,13 +53,13 @@ class AttentionBackend(ABC):
     supports_tree_mask = True
 
     @abstractmethod
-    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         """Per-batch precompute (indices, masks) shared by all layers, stored in
         forward_batch.attn_metadata. The scheduler calls it when it launches the batch (on its
         own thread, while another step may still run), so it reads the request rows as they are
         at launch; it must not touch data a running forward uses."""
 
-    def begin_forward(self, forward_batch: "ForwardBatch") -> None:
+    def begin_forward(self, forward_batch: ForwardBatch) -> None:
         """Called by the model at the start of each forward, on the thread that runs it: builds
         the metadata if nobody did, then performs any data moves the metadata planned."""
         if forward_batch.attn_metadata is None:
@@ -69,16 +69,21 @@ class AttentionBackend(ABC):
         """Forget state kept across steps (a forward failed half way)."""
 
     @abstractmethod
-    def forward_extend(self, q, k, v, layer: "RadixAttention", forward_batch: "ForwardBatch") -> torch.Tensor:
+    def forward_extend(
+        self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
         """EXTEND, MIXED and TARGET_VERIFY batches."""
 
     @abstractmethod
-    def forward_decode(self, q, k, v, layer: "RadixAttention", forward_batch: "ForwardBatch") -> torch.Tensor:
+    def forward_decode(
+        self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
         """DECODE batches: one query per request."""
 
-    def runs_fused_layers(self, forward_batch: "ForwardBatch") -> bool:
+    def runs_fused_layers(self, forward_batch: ForwardBatch) -> bool:
         """Whether a model may run all its layers through the native fused op
-        (model/layers/fused_layers.py) for this batch: the op reads the native backend's metadata."""
+        (model/layers/fused_layers.py) for this batch: the op reads the native backend's metadata.
+        """
         return False
 
     def __repr__(self) -> str:

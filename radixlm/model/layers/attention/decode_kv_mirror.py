@@ -22,7 +22,6 @@ scheduler thread, at launch) decides rows from the bookkeeping alone and returns
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 import torch
 
@@ -36,19 +35,22 @@ class MirrorPlan:
     rows: int = 0  # buffers must have at least this many rows ...
     cap: int = 0  # ... and this capacity
     moves: list[tuple[int, int, int]] = field(default_factory=list)  # (src row, dst row, length)
-    fills: list[tuple[int, torch.Tensor]] = field(default_factory=list)  # (row, pool slots) filled from the pool
-    # [bs] row of each batch entry, and the batch entry held by rows 0..bs-1; None when row b holds entry b.
-    row_of: Optional[torch.Tensor] = None
-    batch_of_row: Optional[torch.Tensor] = None
-    write_pos: Optional[torch.Tensor] = None  # [bs] position of the new token (batch order)
-    rows_in_order: Optional[torch.Tensor] = None
+    fills: list[tuple[int, torch.Tensor]] = field(
+        default_factory=list
+    )  # (row, pool slots) filled from the pool
+    # [bs] row of each batch entry, and the batch entry held by rows 0..bs-1; None when row b holds
+    # entry b.
+    row_of: torch.Tensor | None = None
+    batch_of_row: torch.Tensor | None = None
+    write_pos: torch.Tensor | None = None  # [bs] position of the new token (batch order)
+    rows_in_order: torch.Tensor | None = None
 
 
 class DecodeKVMirror:
     def __init__(self, max_bytes: int):
         self.max_bytes = max_bytes
         # Bookkeeping (plan): what the rows will hold once every planned step has run.
-        self.owner: list[Optional[tuple[int, int]]] = []  # (req slot, generation) per row
+        self.owner: list[tuple[int, int] | None] = []  # (req slot, generation) per row
         self.length: list[int] = []  # tokens present per row
         self.cap = 0
         # Data (apply): per layer [rows, kv_heads, capacity, head_dim].
@@ -59,13 +61,22 @@ class DecodeKVMirror:
         self.owner, self.length, self.cap = [], [], 0
         return MirrorPlan(use=False, release=True)
 
-    def plan(self, req_pool_indices: list[int], generations: list[int], seq_lens: list[int],
-             slot_rows: torch.Tensor, kv_pool) -> Optional[MirrorPlan]:
+    def plan(
+        self,
+        req_pool_indices: list[int],
+        generations: list[int],
+        seq_lens: list[int],
+        slot_rows: torch.Tensor,
+        kv_pool,
+    ) -> MirrorPlan | None:
         """Arrange rows 0..bs-1 to hold the batch's requests with every token but the new one.
         slot_rows: [bs, >= max(seq_lens)] the requests' pool slots. None, with nothing changed,
-        when that would take more than max_bytes (the caller then lets the rows go: plan_release)."""
+        when that would take more than max_bytes (the caller then lets the rows go: plan_release).
+        """
         bs, need_cap = len(seq_lens), max(seq_lens)
-        per_token = kv_pool.bytes_per_token(kv_pool.num_layers, kv_pool.num_kv_heads, kv_pool.head_dim, kv_pool.dtype)
+        per_token = kv_pool.bytes_per_token(
+            kv_pool.num_layers, kv_pool.num_kv_heads, kv_pool.head_dim, kv_pool.dtype
+        )
         need = -(-need_cap // _GROW) * _GROW
         if bs * need * per_token > self.max_bytes:
             return None
@@ -84,14 +95,20 @@ class DecodeKVMirror:
         for r, k in enumerate(self.owner):  # rows of requests that left the batch
             if k is not None and k not in wanted:
                 self.owner[r] = None
-        rows: list[Optional[int]] = [row_by_key.get(k) for k in keys]
+        rows: list[int | None] = [row_by_key.get(k) for k in keys]
         # Compact: rows at or beyond bs move into free rows below bs.
-        free = [r for r in reversed(range(bs)) if self.owner[r] is None]  # pop() yields ascending rows
+        free = [
+            r for r in reversed(range(bs)) if self.owner[r] is None
+        ]  # pop() yields ascending rows
         for b, r in enumerate(rows):
             if r is not None and r >= bs:
                 dst = free.pop()
                 plan.moves.append((r, dst, self.length[r]))
-                self.owner[dst], self.length[dst], self.owner[r] = self.owner[r], self.length[r], None
+                self.owner[dst], self.length[dst], self.owner[r] = (
+                    self.owner[r],
+                    self.length[r],
+                    None,
+                )
                 rows[b] = dst
         for b, (key, r) in enumerate(zip(keys, rows)):
             n = seq_lens[b] - 1
@@ -135,16 +152,24 @@ class DecodeKVMirror:
         if not self.k:
             self.k, self.v = [None] * kv_pool.num_layers, [None] * kv_pool.num_layers
         for bufs in (self.k, self.v):
-            for layer, old in enumerate(bufs):  # layer by layer: the old buffer goes as the new one comes
-                # Zeros, not empty: masked positions are still multiplied in, and garbage may be NaN.
-                new = torch.zeros((max(rows, 0 if old is None else old.shape[0]), kvh, cap, d),
-                                  dtype=kv_pool.dtype, device=kv_pool.device)
+            for layer, old in enumerate(
+                bufs
+            ):  # layer by layer: the old buffer goes as the new one comes
+                # Zeros, not empty: masked positions are still multiplied in, and garbage may be
+                # NaN.
+                new = torch.zeros(
+                    (max(rows, 0 if old is None else old.shape[0]), kvh, cap, d),
+                    dtype=kv_pool.dtype,
+                    device=kv_pool.device,
+                )
                 if old is not None:
                     keep = min(old.shape[2], cap)
                     new[: old.shape[0], :, :keep] = old[:, :, :keep]
                 bufs[layer] = new
 
-    def write_and_view(self, layer: int, k: torch.Tensor, v: torch.Tensor, max_len: int, plan: MirrorPlan):
+    def write_and_view(
+        self, layer: int, k: torch.Tensor, v: torch.Tensor, max_len: int, plan: MirrorPlan
+    ):
         """Store the batch's new k/v [bs, kv_heads, D] (batch order); return the layer's
         [bs, kv_heads, max_len, D] views of rows 0..bs-1 (row order)."""
         bs = k.shape[0]

@@ -5,12 +5,17 @@ path. The copy's memory is the budget it shares with the kept shared-prefix K/V.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Union
 
 import torch
 
 from radixlm.model.layers.attention.decode_kv_mirror import DecodeKVMirror, MirrorPlan
-from radixlm.model.layers.attention.decode_path import DecodeBatch, DecodePath, DecodePlan, decode_sdpa, padding_mask
+from radixlm.model.layers.attention.decode_path import (
+    DecodeBatch,
+    DecodePath,
+    DecodePlan,
+    decode_sdpa,
+    padding_mask,
+)
 
 
 @dataclass(kw_only=True)
@@ -39,17 +44,25 @@ class DecodeKVMirrorPath(DecodePath):
     def release(self) -> MirrorReleasePlan:
         return MirrorReleasePlan(path=self, mirror=self.mirror.plan_release())
 
-    def plan(self, batch: DecodeBatch) -> Optional[MirrorDecodePlan]:
+    def plan(self, batch: DecodeBatch) -> MirrorDecodePlan | None:
         rows = batch.req_pool_indices.tolist()
         generations = [batch.req_to_token_pool.generation[i] for i in rows]
-        plan = self.mirror.plan(rows, generations, batch.seq_lens_cpu, batch.kv_indices, batch.token_to_kv_pool)
+        plan = self.mirror.plan(
+            rows, generations, batch.seq_lens_cpu, batch.kv_indices, batch.token_to_kv_pool
+        )
         if plan is None:  # over the budget
             return None
-        seq_lens = batch.seq_lens if plan.batch_of_row is None else batch.seq_lens[plan.batch_of_row]
-        return MirrorDecodePlan(path=self, mirror=plan, max_len=batch.max_len,
-                                mask=padding_mask(seq_lens, batch.max_len))
+        seq_lens = (
+            batch.seq_lens if plan.batch_of_row is None else batch.seq_lens[plan.batch_of_row]
+        )
+        return MirrorDecodePlan(
+            path=self,
+            mirror=plan,
+            max_len=batch.max_len,
+            mask=padding_mask(seq_lens, batch.max_len),
+        )
 
-    def begin_forward(self, plan: Union[MirrorDecodePlan, MirrorReleasePlan], kv_pool) -> None:
+    def begin_forward(self, plan: MirrorDecodePlan | MirrorReleasePlan, kv_pool) -> None:
         self.mirror.apply(plan.mirror, kv_pool)
 
     def forward(self, q, k, v, layer, plan: MirrorDecodePlan, kv_pool):

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -37,8 +37,8 @@ class DecodeBatch:
     # [bs, max_len] each request's pool slots in position order (padded with stale slots): a copy
     # of the req_to_token rows taken at launch, which the scheduler may rewrite while a step runs.
     kv_indices: torch.Tensor
-    req_to_token_pool: "ReqToTokenPool"
-    token_to_kv_pool: "TokenToKVPool"
+    req_to_token_pool: ReqToTokenPool
+    token_to_kv_pool: TokenToKVPool
 
     @property
     def max_len(self) -> int:
@@ -49,29 +49,37 @@ class DecodeBatch:
 class DecodePlan:
     """A decode batch as one path planned it; the backend keeps it in the batch's metadata."""
 
-    path: "DecodePath" = field(repr=False)  # the path that made the plan and runs it
+    path: DecodePath = field(repr=False)  # the path that made the plan and runs it
     # The plan starts holding the budget the kept KV copies share: the other paths let go of theirs.
     claims_kv_budget: bool = False
 
 
 class DecodePath(ABC):
     @abstractmethod
-    def plan(self, batch: DecodeBatch) -> Optional[DecodePlan]:
+    def plan(self, batch: DecodeBatch) -> DecodePlan | None:
         """At launch, on the scheduler thread: the plan for batch, or None when this path does not
         serve it. Must not touch data a running forward uses."""
 
-    def release(self) -> Optional[DecodePlan]:
+    def release(self) -> DecodePlan | None:
         """At launch: let go of the KV kept across steps (another path serves the batch, or claims
         the budget). Returns a plan whose begin_forward frees the memory, or None when nothing is
         to be done on the forward's thread."""
         return None
 
-    def begin_forward(self, plan: DecodePlan, kv_pool: "TokenToKVPool") -> None:
-        """On the forward's thread, in launch order, before the first layer: the plan's data moves."""
+    def begin_forward(self, plan: DecodePlan, kv_pool: TokenToKVPool) -> None:
+        """On the forward's thread, in launch order, before the first layer: the plan's data
+        moves."""
 
     @abstractmethod
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: "RadixAttention",
-                plan: DecodePlan, kv_pool: "TokenToKVPool") -> torch.Tensor:
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: RadixAttention,
+        plan: DecodePlan,
+        kv_pool: TokenToKVPool,
+    ) -> torch.Tensor:
         """One layer: q [bs, heads, D] (k, v: the new tokens' [bs, kv_heads, D], already in the
         pool) -> [bs, heads, D]."""
 
@@ -107,23 +115,31 @@ def window_mask(seq_lens: torch.Tensor, max_len: int, window: int) -> torch.Tens
     return ok.view(len(seq_lens), 1, 1, max_len)
 
 
-def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                     layer: "RadixAttention") -> torch.Tensor:
-    """decode_sdpa, or for a layer with a logit cap the explicit soft-capped attention (same shapes)."""
+def decode_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, layer: RadixAttention
+) -> torch.Tensor:
+    """decode_sdpa, or for a layer with a logit cap the explicit soft-capped attention (same
+    shapes)."""
     if not layer.logit_cap:
         return decode_sdpa(q, k, v, mask, layer.scaling)
     bs, heads, d = q.shape
     kvh = k.shape[1]
-    o = softcap_attention(q.view(bs, kvh, heads // kvh, d), k, v, mask, layer.scaling, layer.logit_cap)
+    o = softcap_attention(
+        q.view(bs, kvh, heads // kvh, d), k, v, mask, layer.scaling, layer.logit_cap
+    )
     return o.reshape(bs, heads, d)
 
 
-def decode_sdpa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float) -> torch.Tensor:
+def decode_sdpa(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, scale: float
+) -> torch.Tensor:
     """One new token per request: q [bs, heads, D] over k/v [bs, kv_heads, L, D] -> [bs, heads, D].
     The query heads sharing a KV head go in as that head's query rows, so K/V are read once per KV
     head (SDPA's enable_gqa reads them once per query head: ~1.3x slower here; repeat_interleave
     of K/V ~15x). The mask [bs, 1, 1, L] is the same for every row."""
     bs, heads, d = q.shape
     kvh = k.shape[1]
-    o = F.scaled_dot_product_attention(q.view(bs, kvh, heads // kvh, d), k, v, attn_mask=mask, scale=scale)
+    o = F.scaled_dot_product_attention(
+        q.view(bs, kvh, heads // kvh, d), k, v, attn_mask=mask, scale=scale
+    )
     return o.reshape(bs, heads, d)

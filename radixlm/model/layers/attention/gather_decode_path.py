@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -23,24 +22,33 @@ from radixlm.model.layers.attention.decode_path import (
 class GatherDecodePlan(DecodePlan):
     kv_indices: torch.Tensor  # [bs, max_len] pool slots
     mask: torch.Tensor  # [bs, 1, 1, max_len]; the padding is masked out
-    window_mask: Optional[torch.Tensor] = None  # the windowed layers' mask (None: the model has none)
+    window_mask: torch.Tensor | None = None  # the windowed layers' mask (None: the model has none)
 
 
 class GatherDecodePath(DecodePath):
-    def __init__(self, sliding_window_size: Optional[int] = None):
+    def __init__(self, sliding_window_size: int | None = None):
         self.sliding_window_size = sliding_window_size  # the model's windowed layers' window
 
     def plan(self, batch: DecodeBatch) -> GatherDecodePlan:
         window = self.sliding_window_size
-        return GatherDecodePlan(path=self, kv_indices=batch.kv_indices,
-                                mask=padding_mask(batch.seq_lens, batch.max_len),
-                                window_mask=None if window is None else window_mask(batch.seq_lens, batch.max_len,
-                                                                                    window))
+        return GatherDecodePlan(
+            path=self,
+            kv_indices=batch.kv_indices,
+            mask=padding_mask(batch.seq_lens, batch.max_len),
+            window_mask=(
+                None if window is None else window_mask(batch.seq_lens, batch.max_len, window)
+            ),
+        )
 
     def forward(self, q, k, v, layer, plan: GatherDecodePlan, kv_pool):
         k_buf, v_buf = kv_pool.get_kv_buffer(layer.layer_id)
         idx = plan.kv_indices
         mask = plan.mask if layer.sliding_window_size is None else plan.window_mask
         # [bs, max_len, kv_heads, D] -> [bs, kv_heads, max_len, D]
-        return decode_attention(q, gather_kv(k_buf, idx).transpose(1, 2), gather_kv(v_buf, idx).transpose(1, 2),
-                                mask, layer)
+        return decode_attention(
+            q,
+            gather_kv(k_buf, idx).transpose(1, 2),
+            gather_kv(v_buf, idx).transpose(1, 2),
+            mask,
+            layer,
+        )

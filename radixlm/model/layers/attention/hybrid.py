@@ -25,14 +25,16 @@ class HybridAttnBackend(AttentionBackend):
     def supports_tree_mask(self) -> bool:  # verify batches are extend-shaped: the prefill backend's
         return self.prefill_backend.supports_tree_mask
 
-    def _select_backend(self, forward_batch: "ForwardBatch") -> AttentionBackend:
+    def _select_backend(self, forward_batch: ForwardBatch) -> AttentionBackend:
         # EXTEND, MIXED and TARGET_VERIFY are extend-shaped: several queries per request.
-        return self.decode_backend if forward_batch.forward_mode.is_decode() else self.prefill_backend
+        return (
+            self.decode_backend if forward_batch.forward_mode.is_decode() else self.prefill_backend
+        )
 
-    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         self._select_backend(forward_batch).init_forward_metadata(forward_batch)
 
-    def begin_forward(self, forward_batch: "ForwardBatch") -> None:
+    def begin_forward(self, forward_batch: ForwardBatch) -> None:
         self._select_backend(forward_batch).begin_forward(forward_batch)
 
     def reset(self) -> None:
@@ -45,8 +47,10 @@ class HybridAttnBackend(AttentionBackend):
     def forward_decode(self, q, k, v, layer, forward_batch):
         return self._select_backend(forward_batch).forward_decode(q, k, v, layer, forward_batch)
 
-    def runs_fused_layers(self, forward_batch: "ForwardBatch") -> bool:
+    def runs_fused_layers(self, forward_batch: ForwardBatch) -> bool:
         return self._select_backend(forward_batch).runs_fused_layers(forward_batch)
 
     def __repr__(self) -> str:
-        return f"HybridAttnBackend(prefill={self.prefill_backend!r}, decode={self.decode_backend!r})"
+        return (
+            f"HybridAttnBackend(prefill={self.prefill_backend!r}, decode={self.decode_backend!r})"
+        )

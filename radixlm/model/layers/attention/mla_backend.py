@@ -15,7 +15,7 @@ FlashMLA / Triton MLA backends' roles, on CPU).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from radixlm.model.layers.attention.mla_attention import MLAAttention
 
 
-def supported(spec: AttentionBackendSpec) -> Optional[str]:
+def supported(spec: AttentionBackendSpec) -> str | None:
     if not spec.mla:
         return "runs multi-head latent attention models (DeepSeek-V2/V3) only"
     if spec.sliding_window_size is not None or spec.logit_cap:
@@ -41,7 +41,9 @@ class _ExtendReq:
     length: int  # its new tokens
     prefix: int  # its tokens already in the pool
     kv_indices: torch.Tensor  # [prefix + length] slots of its whole sequence
-    tree_mask: Optional[torch.Tensor] = None  # a draft tree's [length, prefix + length] mask; None: causal
+    tree_mask: torch.Tensor | None = (
+        None  # a draft tree's [length, prefix + length] mask; None: causal
+    )
 
 
 @dataclass
@@ -49,24 +51,33 @@ class MLAMetadata:
     extend: list[_ExtendReq] = field(default_factory=list)
     # The decode rows (a DECODE batch, or a MIXED batch's tail): slots [rows, max_len] (padded with
     # slot 0, the dummy) and lengths.
-    decode_indices: Optional[torch.Tensor] = None
-    decode_lens: Optional[torch.Tensor] = None
+    decode_indices: torch.Tensor | None = None
+    decode_lens: torch.Tensor | None = None
     decode_lens_cpu: list[int] = field(default_factory=list)
 
 
-def decompress(layer: "MLAAttention", latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def decompress(layer: MLAAttention, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """latent [S, kv_lora_rank + rope] -> (k [S, heads, qk_head_dim], v [S, heads, v_head_dim])."""
     r, heads = layer.kv_lora_rank, layer.num_heads
     w = layer.kv_b_weight()
-    kv = F.linear(latent[:, :r].to(w.dtype), w).view(-1, heads, layer.qk_nope_head_dim + layer.v_head_dim)
+    kv = F.linear(latent[:, :r].to(w.dtype), w).view(
+        -1, heads, layer.qk_nope_head_dim + layer.v_head_dim
+    )
     k_nope, v = kv.split([layer.qk_nope_head_dim, layer.v_head_dim], dim=-1)
     k_pe = latent[:, None, r:].to(w.dtype).expand(-1, heads, -1)
     return torch.cat((k_nope, k_pe), dim=-1), v
 
 
-def absorbed_decode_torch(q_lat: torch.Tensor, latent_buf: torch.Tensor, kv_indices: torch.Tensor,
-                          lens: torch.Tensor, kv_lora_rank: int, scaling: float) -> torch.Tensor:
-    """q_lat [B, heads, D] (D = kv_lora_rank + rope) over each row's latents -> o_lat [B, heads, kv_lora_rank]."""
+def absorbed_decode_torch(
+    q_lat: torch.Tensor,
+    latent_buf: torch.Tensor,
+    kv_indices: torch.Tensor,
+    lens: torch.Tensor,
+    kv_lora_rank: int,
+    scaling: float,
+) -> torch.Tensor:
+    """q_lat [B, heads, D] (D = kv_lora_rank + rope) over each row's latents -> o_lat [B, heads,
+    kv_lora_rank]."""
     lat = latent_buf[kv_indices].to(q_lat.dtype)  # [B, L, D]: once per request, for every head
     scores = torch.einsum("bhd,bld->bhl", q_lat, lat).float() * scaling
     valid = torch.arange(kv_indices.shape[1], device=lens.device)[None, :] < lens[:, None]
@@ -81,7 +92,7 @@ class MLABackend(AttentionBackend):
     def __repr__(self) -> str:
         return f"MLABackend(absorb={self.absorb})"
 
-    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         fb = forward_batch
         md = fb.attn_metadata = MLAMetadata()
         if fb.batch_size == 0:
@@ -100,8 +111,11 @@ class MLABackend(AttentionBackend):
         if n_ext == 0:
             return
         prefix_lens = (fb.extend_prefix_lens_cpu or [0] * fb.batch_size)[:n_ext]
-        extend_lens = (fb.extend_seq_lens_cpu[:n_ext] if fb.extend_seq_lens_cpu
-                       else [s - p for s, p in zip(seq_lens[:n_ext], prefix_lens)])
+        extend_lens = (
+            fb.extend_seq_lens_cpu[:n_ext]
+            if fb.extend_seq_lens_cpu
+            else [s - p for s, p in zip(seq_lens[:n_ext], prefix_lens)]
+        )
         rows = req_to_token[fb.req_pool_indices[:n_ext], : max(seq_lens[:n_ext])]
         start, tree = 0, fb.tree_mask
         for i, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
@@ -111,7 +125,9 @@ class MLABackend(AttentionBackend):
             md.extend.append(req)
             start += e
 
-    def forward_extend(self, q, k, v, layer: "MLAAttention", forward_batch: "ForwardBatch") -> torch.Tensor:
+    def forward_extend(
+        self, q, k, v, layer: MLAAttention, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
         md = forward_batch.attn_metadata
         latent_buf = forward_batch.token_to_kv_pool.get_latent_buffer(layer.layer_id)
         out = q.new_empty(q.shape[0], layer.num_heads, layer.v_head_dim)
@@ -125,20 +141,34 @@ class MLABackend(AttentionBackend):
             mask = r.tree_mask
             if mask is None and r.prefix:
                 pos_k = torch.arange(r.prefix + r.length, device=q.device)
-                mask = pos_k[None, :] <= torch.arange(r.prefix, r.prefix + r.length, device=q.device)[:, None]
-            o = F.scaled_dot_product_attention(q[s:e].transpose(0, 1), ki.transpose(0, 1), vi.transpose(0, 1),
-                                               attn_mask=mask, is_causal=mask is None, scale=layer.scaling)
+                mask = (
+                    pos_k[None, :]
+                    <= torch.arange(r.prefix, r.prefix + r.length, device=q.device)[:, None]
+                )
+            o = F.scaled_dot_product_attention(
+                q[s:e].transpose(0, 1),
+                ki.transpose(0, 1),
+                vi.transpose(0, 1),
+                attn_mask=mask,
+                is_causal=mask is None,
+                scale=layer.scaling,
+            )
             out[s:e] = o.transpose(0, 1)
         return out
 
-    def forward_decode(self, q, k, v, layer: "MLAAttention", forward_batch: "ForwardBatch") -> torch.Tensor:
+    def forward_decode(
+        self, q, k, v, layer: MLAAttention, forward_batch: ForwardBatch
+    ) -> torch.Tensor:
         md = forward_batch.attn_metadata
         if md.decode_indices is None:  # empty batch
             return q.new_empty(0, layer.num_heads, layer.v_head_dim)
-        return self._decode_rows(q, layer, md, forward_batch.token_to_kv_pool.get_latent_buffer(layer.layer_id))
+        return self._decode_rows(
+            q, layer, md, forward_batch.token_to_kv_pool.get_latent_buffer(layer.layer_id)
+        )
 
-    def _decode_rows(self, q: torch.Tensor, layer: "MLAAttention", md: MLAMetadata,
-                     latent_buf: torch.Tensor) -> torch.Tensor:
+    def _decode_rows(
+        self, q: torch.Tensor, layer: MLAAttention, md: MLAMetadata, latent_buf: torch.Tensor
+    ) -> torch.Tensor:
         """q [B, heads, qk_head_dim] of one-token rows -> [B, heads, v_head_dim]."""
         if not self.absorb:
             return self._decompressed_decode(q, layer, md, latent_buf)
@@ -148,23 +178,36 @@ class MLABackend(AttentionBackend):
         o_lat = self._attend_latent(q_lat.contiguous(), latent_buf, md, layer)
         return torch.einsum("bhr,hvr->bhv", o_lat, w_uv.to(q.dtype))
 
-    def _attend_latent(self, q_lat, latent_buf, md: MLAMetadata, layer: "MLAAttention") -> torch.Tensor:
+    def _attend_latent(
+        self, q_lat, latent_buf, md: MLAMetadata, layer: MLAAttention
+    ) -> torch.Tensor:
         if self.native:
             from radixlm.model.layers.attention.mla_native import mla_decode_native
 
-            o = mla_decode_native(q_lat, latent_buf, md.decode_indices, md.decode_lens, layer.kv_lora_rank,
-                                  layer.scaling)
+            o = mla_decode_native(
+                q_lat,
+                latent_buf,
+                md.decode_indices,
+                md.decode_lens,
+                layer.kv_lora_rank,
+                layer.scaling,
+            )
             if o is not None:
                 return o
-        return absorbed_decode_torch(q_lat, latent_buf, md.decode_indices, md.decode_lens, layer.kv_lora_rank,
-                                     layer.scaling)
+        return absorbed_decode_torch(
+            q_lat, latent_buf, md.decode_indices, md.decode_lens, layer.kv_lora_rank, layer.scaling
+        )
 
     @staticmethod
-    def _decompressed_decode(q, layer: "MLAAttention", md: MLAMetadata, latent_buf) -> torch.Tensor:
+    def _decompressed_decode(q, layer: MLAAttention, md: MLAMetadata, latent_buf) -> torch.Tensor:
         out = q.new_empty(q.shape[0], layer.num_heads, layer.v_head_dim)
         for i, n in enumerate(md.decode_lens_cpu):
             ki, vi = decompress(layer, latent_buf[md.decode_indices[i, :n]])
-            o = F.scaled_dot_product_attention(q[i : i + 1].transpose(0, 1), ki.transpose(0, 1), vi.transpose(0, 1),
-                                               scale=layer.scaling)
+            o = F.scaled_dot_product_attention(
+                q[i : i + 1].transpose(0, 1),
+                ki.transpose(0, 1),
+                vi.transpose(0, 1),
+                scale=layer.scaling,
+            )
             out[i] = o[:, 0]
         return out

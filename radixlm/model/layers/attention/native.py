@@ -19,7 +19,7 @@ ancestors' block and lane positions, and with them the sums' rounding.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 MAX_HEAD_DIM = 256
 
 
-def supported(spec: AttentionBackendSpec) -> Optional[str]:
+def supported(spec: AttentionBackendSpec) -> str | None:
     """None where NativeCPUBackend runs spec, else why not (it reads every KV dtype)."""
     from radixlm.kernels import build
 
@@ -53,7 +53,9 @@ def supported(spec: AttentionBackendSpec) -> Optional[str]:
 class NativeMetadata:
     q_start: torch.Tensor  # [bs + 1] int64: first query row of each request
     seq_lens: torch.Tensor  # [bs] int64: keys (prefix + new) of each request
-    kv_slots: torch.Tensor  # [bs, max seq_len] int64: each request's req_to_token row, copied at launch
+    kv_slots: (
+        torch.Tensor
+    )  # [bs, max seq_len] int64: each request's req_to_token row, copied at launch
     rows: torch.Tensor  # [bs] int64: 0..bs-1, the row of each request in kv_slots
 
 
@@ -65,7 +67,7 @@ class NativeCPUBackend(AttentionBackend):
         self._q_starts: dict[int, torch.Tensor] = {}  # decode: arange(bs + 1), per bs
         self._rows: dict[int, torch.Tensor] = {}  # arange(bs), per bs
 
-    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         fb = forward_batch
         bs = fb.batch_size
         seq_lens = fb.seq_lens_cpu or fb.seq_lens.tolist()
@@ -74,8 +76,12 @@ class NativeCPUBackend(AttentionBackend):
             if q_start is None:
                 q_start = self._q_starts[bs] = torch.arange(bs + 1, dtype=torch.int64)
         else:
-            lens = fb.extend_seq_lens_cpu or [s - p for s, p in zip(seq_lens, fb.extend_prefix_lens_cpu or [0] * bs)]
-            lens = list(lens) + [1] * (bs - len(lens))  # a MIXED batch's decode tail: one query each
+            lens = fb.extend_seq_lens_cpu or [
+                s - p for s, p in zip(seq_lens, fb.extend_prefix_lens_cpu or [0] * bs)
+            ]
+            lens = list(lens) + [1] * (
+                bs - len(lens)
+            )  # a MIXED batch's decode tail: one query each
             q_start = torch.zeros(bs + 1, dtype=torch.int64)
             torch.cumsum(torch.tensor(lens, dtype=torch.int64), 0, out=q_start[1:])
         rows = self._rows.get(bs)
@@ -98,16 +104,28 @@ class NativeCPUBackend(AttentionBackend):
         pool = forward_batch.token_to_kv_pool
         k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
         k_scale, v_scale = pool.get_kv_scales(layer.layer_id)
-        return self.ops.paged_attention(q, k_buf, v_buf, k_scale, v_scale, md.kv_slots, md.rows, md.seq_lens,
-                                        md.q_start, layer.scaling)
+        return self.ops.paged_attention(
+            q,
+            k_buf,
+            v_buf,
+            k_scale,
+            v_scale,
+            md.kv_slots,
+            md.rows,
+            md.seq_lens,
+            md.q_start,
+            layer.scaling,
+        )
 
     forward_decode = forward_extend
 
-    def runs_fused_layers(self, forward_batch: "ForwardBatch") -> bool:
+    def runs_fused_layers(self, forward_batch: ForwardBatch) -> bool:
         return True  # every batch's metadata is the op's (NativeMetadata)
 
 
-def tree_key_rows(kv_slots: torch.Tensor, seq_lens: list[int], q_start: torch.Tensor, tree: "TreeMask") -> NativeMetadata:
+def tree_key_rows(
+    kv_slots: torch.Tensor, seq_lens: list[int], q_start: torch.Tensor, tree: TreeMask
+) -> NativeMetadata:
     """The kernel's view of a batch with draft trees: a chain request stays one request; each new
     token r of a tree request b becomes a request of one query whose keys are b's prefix, then the
     new tokens its mask row allows (its ancestors and itself, in column order = depth order)."""
@@ -134,5 +152,9 @@ def tree_key_rows(kv_slots: torch.Tensor, seq_lens: list[int], q_start: torch.Te
         q_counts.extend([1] * n)
     q = torch.zeros(len(q_counts) + 1, dtype=torch.int64)
     torch.cumsum(torch.tensor(q_counts, dtype=torch.int64), 0, out=q[1:])
-    return NativeMetadata(q_start=q, seq_lens=torch.tensor(lens, dtype=torch.int64),
-                          kv_slots=torch.cat([kv_slots] + extra), rows=torch.tensor(rows, dtype=torch.int64))
+    return NativeMetadata(
+        q_start=q,
+        seq_lens=torch.tensor(lens, dtype=torch.int64),
+        kv_slots=torch.cat([kv_slots] + extra),
+        rows=torch.tensor(rows, dtype=torch.int64),
+    )

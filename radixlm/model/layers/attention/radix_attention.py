@@ -12,7 +12,8 @@ The KV pool keeps every token either way (windowed layers read only part of it).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, Optional
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -22,22 +23,34 @@ if TYPE_CHECKING:
 
 
 class RadixAttention(nn.Module):
-    def __init__(self, num_heads: int, head_dim: int, scaling: float, num_kv_heads: int, layer_id: int,
-                 logit_cap: float = 0.0, sliding_window_size: Optional[int] = None):
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        scaling: float,
+        num_kv_heads: int,
+        layer_id: int,
+        logit_cap: float = 0.0,
+        sliding_window_size: int | None = None,
+    ):
         super().__init__()
         if sliding_window_size is not None and sliding_window_size <= 0:
-            raise ValueError(f"sliding_window_size must be positive or None, got {sliding_window_size}")
+            raise ValueError(
+                f"sliding_window_size must be positive or None, got {sliding_window_size}"
+            )
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scaling, self.layer_id = scaling, layer_id
         self.logit_cap = float(logit_cap or 0.0)
         self.sliding_window_size = sliding_window_size
 
-    def forward(self, q, k, v, forward_batch: "ForwardBatch") -> torch.Tensor:
+    def forward(self, q, k, v, forward_batch: ForwardBatch) -> torch.Tensor:
         """q: [T, heads * D], k/v: [T, kv_heads * D] -> [T, heads * D]."""
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        forward_batch.token_to_kv_pool.set_kv_buffer(self.layer_id, forward_batch.out_cache_loc, k, v)
+        forward_batch.token_to_kv_pool.set_kv_buffer(
+            self.layer_id, forward_batch.out_cache_loc, k, v
+        )
         backend = forward_batch.attn_backend
         if forward_batch.forward_mode.is_decode():
             o = backend.forward_decode(q, k, v, self, forward_batch)
@@ -46,7 +59,7 @@ class RadixAttention(nn.Module):
         return o.reshape(-1, self.num_heads * self.head_dim)
 
 
-def attention_features(layers: Iterable[nn.Module]) -> tuple[Optional[int], float]:
+def attention_features(layers: Iterable[nn.Module]) -> tuple[int | None, float]:
     """(the sliding window of the windowed layers or None, the largest logit cap or 0) of a model's
     modules: what a backend must support to run it (AttentionBackendSpec). Every windowed layer of
     a supported model has the same window; a backend builds its window masks once per batch."""
@@ -57,5 +70,7 @@ def attention_features(layers: Iterable[nn.Module]) -> tuple[Optional[int], floa
                 windows.add(m.sliding_window_size)
             cap = max(cap, m.logit_cap)
     if len(windows) > 1:
-        raise ValueError(f"layers with different sliding windows {sorted(windows)} are not supported")
+        raise ValueError(
+            f"layers with different sliding windows {sorted(windows)} are not supported"
+        )
     return (windows.pop() if windows else None), cap

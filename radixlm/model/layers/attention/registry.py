@@ -10,8 +10,8 @@ interpreter, for tests, when asked for by name).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 from radixlm.model.layers.attention.base import AttentionBackend, AttentionBackendSpec
 from radixlm.model.layers.attention.hybrid import HybridAttnBackend
@@ -29,11 +29,13 @@ BackendFactory = Callable[[AttentionBackendSpec], AttentionBackend]
 
 @dataclass(frozen=True)
 class AttentionBackendEntry:
-    supported: Callable[[AttentionBackendSpec], Optional[str]]  # None, or why the backend cannot run spec
+    supported: Callable[
+        [AttentionBackendSpec], str | None
+    ]  # None, or why the backend cannot run spec
     create: BackendFactory
-    auto_devices: Optional[tuple[str, ...]] = None  # device types auto picks it on (None: any)
+    auto_devices: tuple[str, ...] | None = None  # device types auto picks it on (None: any)
 
-    def auto_reason(self, spec: AttentionBackendSpec) -> Optional[str]:
+    def auto_reason(self, spec: AttentionBackendSpec) -> str | None:
         """supported's answer, or why auto passes the backend by on this device."""
         if self.auto_devices is not None and spec.device.type not in self.auto_devices:
             return f"auto picks it on {' or '.join(self.auto_devices)} only"
@@ -43,19 +45,32 @@ class AttentionBackendEntry:
 _REGISTRY: dict[str, AttentionBackendEntry] = {}
 
 
-def _refusing_mla(supported: Callable[[AttentionBackendSpec], Optional[str]]):
+def _refusing_mla(supported: Callable[[AttentionBackendSpec], str | None]):
     """A backend of per-head K/V cannot read the latent pool of an MLA model (spec.mla)."""
-    return lambda spec: "reads per-head K/V; an MLA model's pool holds latents (use mla)" if spec.mla else supported(spec)
+    return lambda spec: (
+        "reads per-head K/V; an MLA model's pool holds latents (use mla)"
+        if spec.mla
+        else supported(spec)
+    )
 
 
-def register_attention_backend(name: str, supported: Callable[[AttentionBackendSpec], Optional[str]],
-                               mla: bool = False, auto_devices: Optional[tuple[str, ...]] = None):
+def register_attention_backend(
+    name: str,
+    supported: Callable[[AttentionBackendSpec], str | None],
+    mla: bool = False,
+    auto_devices: tuple[str, ...] | None = None,
+):
     """mla: the backend reads the latent pool of multi-head latent attention models (else it is
-    refused for them without asking `supported`). auto_devices: the device types auto may pick it on."""
+    refused for them without asking `supported`). auto_devices: the device types auto may pick it
+    on.
+    """
+
     def decorator(factory: BackendFactory) -> BackendFactory:
-        _REGISTRY[name] = AttentionBackendEntry(supported if mla else _refusing_mla(supported), factory,
-                                                auto_devices)
+        _REGISTRY[name] = AttentionBackendEntry(
+            supported if mla else _refusing_mla(supported), factory, auto_devices
+        )
         return factory
+
     return decorator
 
 
@@ -84,14 +99,15 @@ def create_mla_backend(spec: AttentionBackendSpec) -> AttentionBackend:
 ATTENTION_BACKENDS: tuple[str, ...] = tuple(_REGISTRY)
 
 
-def check_attention_backend_name(name: Optional[str], field: str = "attention_backend") -> None:
+def check_attention_backend_name(name: str | None, field: str = "attention_backend") -> None:
     """A ValueError naming the option for a name no entry has (None: auto)."""
     if name is not None and name not in _REGISTRY:
         raise ValueError(f"{field} must be one of {', '.join(_REGISTRY)}, got {name!r}")
 
 
-def resolve_attention_backend(name: Optional[str], spec: AttentionBackendSpec,
-                              field: str = "attention_backend") -> str:
+def resolve_attention_backend(
+    name: str | None, spec: AttentionBackendSpec, field: str = "attention_backend"
+) -> str:
     """The backend that runs spec: `name`, or (None) the first entry that supports spec. A
     ValueError, naming `field`, when that backend cannot."""
     check_attention_backend_name(name, field)
@@ -109,9 +125,12 @@ def resolve_attention_backend(name: Optional[str], spec: AttentionBackendSpec,
     raise ValueError(f"{field}: no attention backend runs this model ({'; '.join(reasons)})")
 
 
-def resolve_attention_backends(spec: AttentionBackendSpec, attention_backend: Optional[str] = None,
-                               prefill_attention_backend: Optional[str] = None,
-                               decode_attention_backend: Optional[str] = None) -> tuple[str, str]:
+def resolve_attention_backends(
+    spec: AttentionBackendSpec,
+    attention_backend: str | None = None,
+    prefill_attention_backend: str | None = None,
+    decode_attention_backend: str | None = None,
+) -> tuple[str, str]:
     """(prefill, decode) backend names; a role's own name (None) falls back to attention_backend,
     which (None) is auto."""
     # Every name first: a bad one is reported before any backend is probed.
@@ -119,20 +138,29 @@ def resolve_attention_backends(spec: AttentionBackendSpec, attention_backend: Op
     check_attention_backend_name(prefill_attention_backend, "prefill_attention_backend")
     check_attention_backend_name(decode_attention_backend, "decode_attention_backend")
 
-    def resolve(own: Optional[str], field: str) -> str:
+    def resolve(own: str | None, field: str) -> str:
         if own is None:
             return resolve_attention_backend(attention_backend, spec)
         return resolve_attention_backend(own, spec, field)
 
-    return (resolve(prefill_attention_backend, "prefill_attention_backend"),
-            resolve(decode_attention_backend, "decode_attention_backend"))
+    return (
+        resolve(prefill_attention_backend, "prefill_attention_backend"),
+        resolve(decode_attention_backend, "decode_attention_backend"),
+    )
 
 
-def create_attention_backend(name: Optional[str], spec: AttentionBackendSpec, *,
-                             prefill: Optional[str] = None, decode: Optional[str] = None) -> AttentionBackend:
+def create_attention_backend(
+    name: str | None,
+    spec: AttentionBackendSpec,
+    *,
+    prefill: str | None = None,
+    decode: str | None = None,
+) -> AttentionBackend:
     """The backend of --attention-backend `name` (None: auto) for spec; with --prefill- /
     --decode-attention-backend naming different backends, a HybridAttnBackend of the two."""
     prefill_name, decode_name = resolve_attention_backends(spec, name, prefill, decode)
     if prefill_name == decode_name:
         return _REGISTRY[prefill_name].create(spec)
-    return HybridAttnBackend(_REGISTRY[prefill_name].create(spec), _REGISTRY[decode_name].create(spec))
+    return HybridAttnBackend(
+        _REGISTRY[prefill_name].create(spec), _REGISTRY[decode_name].create(spec)
+    )

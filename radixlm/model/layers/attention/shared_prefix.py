@@ -12,7 +12,6 @@ On the CPU both parts run torch's flash-attention kernel, which returns the log-
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -23,7 +22,9 @@ NEG_INF = float("-inf")
 @dataclass
 class SharedPrefixMetadata:
     prefix_indices: torch.Tensor  # [G, P] pool slots of each group's shared prefix (padded)
-    prefix_mask: torch.Tensor  # [G, 1, 1, P] additive: 0 where a slot is part of the prefix, else -inf
+    prefix_mask: (
+        torch.Tensor
+    )  # [G, 1, 1, P] additive: 0 where a slot is part of the prefix, else -inf
     query_map: torch.Tensor  # [G, n] batch row of each group member (padded with row 0)
     member_rows: torch.Tensor  # [M] batch rows in a group, in group-major order
     member_flat: torch.Tensor  # [M] their index into the flattened [G * n] members
@@ -31,8 +32,9 @@ class SharedPrefixMetadata:
     suffix_mask: torch.Tensor  # [bs, 1, 1, S] additive, as prefix_mask
 
 
-def build_shared_prefix_metadata(rows: torch.Tensor, seq_lens: list[int],
-                                 dtype: torch.dtype = torch.float32) -> Optional[SharedPrefixMetadata]:
+def build_shared_prefix_metadata(
+    rows: torch.Tensor, seq_lens: list[int], dtype: torch.dtype = torch.float32
+) -> SharedPrefixMetadata | None:
     """rows: [bs, max_len] req_to_token rows of a decode batch; dtype: the queries' (the masks'
     dtype). None when no two requests share at least MIN_SHARED_LEN leading slots."""
     bs = len(seq_lens)
@@ -78,10 +80,19 @@ def build_shared_prefix_metadata(rows: torch.Tensor, seq_lens: list[int],
     pos = start_t[:, None] + torch.arange(smax, device=device)[None, :]
     valid = pos < lens_t[:, None]
     suffix_indices = rows.gather(1, torch.where(valid, pos, torch.zeros_like(pos)))
-    as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)  # noqa: E731
-    additive = lambda ok: torch.zeros(ok.shape, dtype=dtype, device=device).masked_fill_(~ok, NEG_INF)  # noqa: E731
-    return SharedPrefixMetadata(prefix_indices, additive(prefix_valid), query_map, as_t(member_rows),
-                                as_t(member_flat), suffix_indices, additive(valid.view(bs, 1, 1, smax)))
+    as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=device)
+    additive = lambda ok: torch.zeros(ok.shape, dtype=dtype, device=device).masked_fill_(
+        ~ok, NEG_INF
+    )
+    return SharedPrefixMetadata(
+        prefix_indices,
+        additive(prefix_valid),
+        query_map,
+        as_t(member_rows),
+        as_t(member_flat),
+        suffix_indices,
+        additive(valid.view(bs, 1, 1, smax)),
+    )
 
 
 def _cpu_flash(q: torch.Tensor) -> bool:
@@ -94,15 +105,18 @@ def _attend(q, k, v, mask, scale):
     [B, kvh, r, 1]). On the CPU torch's flash kernel computes both in one pass over K/V: ~1.7x
     faster at the serving shape than bmm + softmax (docs/benchmarks.md)."""
     if _cpu_flash(q):
-        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, attn_mask=mask, scale=scale)
+        o, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, k, v, attn_mask=mask, scale=scale
+        )
         return o, lse.unsqueeze(-1)
     s = torch.matmul(q, k.transpose(-1, -2)).mul_(scale).add_(mask)
     lse = torch.logsumexp(s, -1, keepdim=True)
     return torch.matmul(torch.exp_(s.sub_(lse)), v), lse
 
 
-def shared_prefix_decode(q, k_buf, v_buf, meta: SharedPrefixMetadata, scale: float, gather,
-                         prefix_kv=None) -> torch.Tensor:
+def shared_prefix_decode(
+    q, k_buf, v_buf, meta: SharedPrefixMetadata, scale: float, gather, prefix_kv=None
+) -> torch.Tensor:
     """q: [bs, heads, d] -> [bs, heads, d]. prefix_kv: the prefixes' K/V as [G, kv_heads, P, d]
     (any strides), if the caller kept them from an earlier step."""
     bs, heads, d = q.shape
@@ -117,7 +131,7 @@ def shared_prefix_decode(q, k_buf, v_buf, meta: SharedPrefixMetadata, scale: flo
     qg = qh[meta.query_map].permute(0, 2, 1, 3, 4).reshape(g, kvh, n * gh, d)
     kp, vp = prefix_kv or gather_prefix_kv(k_buf, v_buf, meta, gather)
     o1, l1 = _attend(qg, kp, vp, meta.prefix_mask, scale)
-    unstack = lambda t: t.view(g, kvh, n, gh, -1).permute(0, 2, 1, 3, 4).reshape(g * n, kvh, gh, -1)  # noqa: E731
+    unstack = lambda t: t.view(g, kvh, n, gh, -1).permute(0, 2, 1, 3, 4).reshape(g * n, kvh, gh, -1)
     o1, l1 = (unstack(t)[meta.member_flat] for t in (o1, l1))
     rows = meta.member_rows
     m = torch.maximum(l1, l2[rows])

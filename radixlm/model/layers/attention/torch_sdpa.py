@@ -14,14 +14,19 @@ batches all take the gather path (the shared-prefix and mirror paths know neithe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from radixlm.model.layers.attention.base import AttentionBackend, AttentionBackendSpec
 from radixlm.model.layers.attention.decode_kv_mirror_path import DecodeKVMirrorPath
-from radixlm.model.layers.attention.decode_path import DecodeBatch, DecodePath, DecodePlan, gather_kv
+from radixlm.model.layers.attention.decode_path import (
+    DecodeBatch,
+    DecodePath,
+    DecodePlan,
+    gather_kv,
+)
 from radixlm.model.layers.attention.gather_decode_path import GatherDecodePath
 from radixlm.model.layers.attention.shared_prefix_decode_path import SharedPrefixDecodePath
 from radixlm.model.layers.attention.softcap import softcap_attention
@@ -29,11 +34,14 @@ from radixlm.model.layers.attention.softcap import softcap_attention
 if TYPE_CHECKING:
     from radixlm.model.forward_batch import ForwardBatch
 
-def supported(spec: AttentionBackendSpec) -> Optional[str]:
+
+def supported(spec: AttentionBackendSpec) -> str | None:
     """None where TorchSDPABackend runs spec, else why not: SDPA reads K/V in the queries' dtype."""
     if spec.kv_dtype != spec.dtype:
-        return (f"kv_cache_dtype {str(spec.kv_dtype).replace('torch.', '')} differs from the model dtype and needs "
-                "the native attention backend")
+        return (
+            f"kv_cache_dtype {str(spec.kv_dtype).replace('torch.', '')} differs from the model"
+            " dtype and needs the native attention backend"
+        )
     return None
 
 
@@ -41,23 +49,27 @@ def supported(spec: AttentionBackendSpec) -> Optional[str]:
 class _ExtendReq:
     start: int  # first row of this request in q
     length: int  # new tokens
-    kv_indices: Optional[torch.Tensor]  # [prefix + new] pool slots; None: no prefix
-    mask: Optional[torch.Tensor]  # [new, prefix + new] causal mask offset by the prefix
+    kv_indices: torch.Tensor | None  # [prefix + new] pool slots; None: no prefix
+    mask: torch.Tensor | None  # [new, prefix + new] causal mask offset by the prefix
     # The windowed layers' mask (the causal one less the keys out of each query's window); None
     # where the window covers every key (the backend has no window, or the request is shorter).
-    window_mask: Optional[torch.Tensor] = None
+    window_mask: torch.Tensor | None = None
 
 
 @dataclass
 class SDPAMetadata:
     extend: list[_ExtendReq] = field(default_factory=list)
-    decode: Optional[DecodePlan] = None  # the decode rows' plan (DECODE, or a MIXED batch's tail)
+    decode: DecodePlan | None = None  # the decode rows' plan (DECODE, or a MIXED batch's tail)
     # Plans of paths that let go of their kept KV for this batch: begin_forward runs them first.
     releases: list[DecodePlan] = field(default_factory=list)
 
 
-def build_decode_paths(shared_prefix: bool = True, mirror_bytes: int = 0,
-                       sliding_window_size: Optional[int] = None, logit_cap: float = 0.0) -> list[DecodePath]:
+def build_decode_paths(
+    shared_prefix: bool = True,
+    mirror_bytes: int = 0,
+    sliding_window_size: int | None = None,
+    logit_cap: float = 0.0,
+) -> list[DecodePath]:
     """The decode paths the flags enable, in the order they are tried; the gather serves any batch.
     The kept shared-prefix K/V and the mirror share the mirror's byte budget. A model with a window
     or a logit cap takes the gather path only."""
@@ -74,28 +86,44 @@ def build_decode_paths(shared_prefix: bool = True, mirror_bytes: int = 0,
 class TorchSDPABackend(AttentionBackend):
     """SDPA per extend request, one decode path per decode batch (see the module docstring)."""
 
-    def __init__(self, shared_prefix: bool = True, mirror_bytes: int = 0, sliding_window_size: Optional[int] = None,
-                 logit_cap: float = 0.0):
+    def __init__(
+        self,
+        shared_prefix: bool = True,
+        mirror_bytes: int = 0,
+        sliding_window_size: int | None = None,
+        logit_cap: float = 0.0,
+    ):
         self.sliding_window_size, self.logit_cap = sliding_window_size, logit_cap
-        self.decode_paths = build_decode_paths(shared_prefix, mirror_bytes, sliding_window_size, logit_cap)
+        self.decode_paths = build_decode_paths(
+            shared_prefix, mirror_bytes, sliding_window_size, logit_cap
+        )
 
     @classmethod
-    def for_spec(cls, spec: AttentionBackendSpec) -> "TorchSDPABackend":
-        return cls(shared_prefix=spec.shared_prefix, mirror_bytes=spec.mirror_bytes,
-                   sliding_window_size=spec.sliding_window_size, logit_cap=spec.logit_cap)
+    def for_spec(cls, spec: AttentionBackendSpec) -> TorchSDPABackend:
+        return cls(
+            shared_prefix=spec.shared_prefix,
+            mirror_bytes=spec.mirror_bytes,
+            sliding_window_size=spec.sliding_window_size,
+            logit_cap=spec.logit_cap,
+        )
 
     def _check_layer(self, layer) -> None:
-        # A layer feature the backend was not built for would be silently ignored by its masks/paths.
-        if (layer.sliding_window_size not in (None, self.sliding_window_size)
-                or (layer.logit_cap and not self.logit_cap)):
-            raise ValueError(f"layer {layer.layer_id} (sliding_window_size {layer.sliding_window_size}, logit_cap "
-                             f"{layer.logit_cap}) needs a TorchSDPABackend built for them (TorchSDPABackend.for_spec)")
+        # A layer feature the backend was not built for would be silently ignored by its
+        # masks/paths.
+        if layer.sliding_window_size not in (None, self.sliding_window_size) or (
+            layer.logit_cap and not self.logit_cap
+        ):
+            raise ValueError(
+                f"layer {layer.layer_id} (sliding_window_size {layer.sliding_window_size},"
+                f" logit_cap {layer.logit_cap}) needs a TorchSDPABackend built for them"
+                " (TorchSDPABackend.for_spec)"
+            )
 
     def reset(self) -> None:
         for path in self.decode_paths:
             path.reset()
 
-    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
+    def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         fb = forward_batch
         md = fb.attn_metadata = SDPAMetadata()
         req_to_token = fb.req_to_token_pool.req_to_token
@@ -107,15 +135,22 @@ class TorchSDPABackend(AttentionBackend):
             return
         n_ext = fb.batch_size - fb.num_decode
         if fb.num_decode:  # MIXED: the decode tail goes through the batched decode path
-            self._plan_decode(md, fb, fb.req_pool_indices[n_ext:], fb.seq_lens[n_ext:], seq_lens[n_ext:])
+            self._plan_decode(
+                md, fb, fb.req_pool_indices[n_ext:], fb.seq_lens[n_ext:], seq_lens[n_ext:]
+            )
         if n_ext == 0:
             return
         seq_lens = seq_lens[:n_ext]
         prefix_lens = (fb.extend_prefix_lens_cpu or [0] * fb.batch_size)[:n_ext]
-        extend_lens = fb.extend_seq_lens_cpu[:n_ext] if fb.extend_seq_lens_cpu else [
-            s - p for s, p in zip(seq_lens, prefix_lens)]
+        extend_lens = (
+            fb.extend_seq_lens_cpu[:n_ext]
+            if fb.extend_seq_lens_cpu
+            else [s - p for s, p in zip(seq_lens, prefix_lens)]
+        )
         device = fb.out_cache_loc.device
-        rows = req_to_token[fb.req_pool_indices[:n_ext], : max(seq_lens)] if any(prefix_lens) else None
+        rows = (
+            req_to_token[fb.req_pool_indices[:n_ext], : max(seq_lens)] if any(prefix_lens) else None
+        )
         window, tree = self.sliding_window_size, fb.tree_mask
         start = 0
         for i, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
@@ -132,11 +167,23 @@ class TorchSDPABackend(AttentionBackend):
             md.extend.append(req)
             start += e
 
-    def _plan_decode(self, md: SDPAMetadata, fb: "ForwardBatch", req_pool_indices, seq_lens_t,
-                     seq_lens: list[int]) -> None:
+    def _plan_decode(
+        self,
+        md: SDPAMetadata,
+        fb: ForwardBatch,
+        req_pool_indices,
+        seq_lens_t,
+        seq_lens: list[int],
+    ) -> None:
         kv_indices = fb.req_to_token_pool.req_to_token[req_pool_indices, : max(seq_lens)]
-        batch = DecodeBatch(req_pool_indices, seq_lens_t, seq_lens, kv_indices, fb.req_to_token_pool,
-                            fb.token_to_kv_pool)
+        batch = DecodeBatch(
+            req_pool_indices,
+            seq_lens_t,
+            seq_lens,
+            kv_indices,
+            fb.req_to_token_pool,
+            fb.token_to_kv_pool,
+        )
         for path in self.decode_paths:
             plan = path.plan(batch)
             if plan is not None:
@@ -145,7 +192,9 @@ class TorchSDPABackend(AttentionBackend):
             self._release(md, path)
         else:
             raise AssertionError(f"no decode path serves the batch: {self.decode_paths}")
-        if plan.claims_kv_budget:  # one budget for every kept copy: the other paths let go of theirs
+        if (
+            plan.claims_kv_budget
+        ):  # one budget for every kept copy: the other paths let go of theirs
             for other in self.decode_paths:
                 if other is not path:
                     self._release(md, other)
@@ -157,7 +206,7 @@ class TorchSDPABackend(AttentionBackend):
         if plan is not None:
             md.releases.append(plan)
 
-    def begin_forward(self, forward_batch: "ForwardBatch") -> None:
+    def begin_forward(self, forward_batch: ForwardBatch) -> None:
         super().begin_forward(forward_batch)
         md, pool = forward_batch.attn_metadata, forward_batch.token_to_kv_pool
         for plan in md.releases:  # memory goes before the batch's own path takes any
@@ -178,7 +227,11 @@ class TorchSDPABackend(AttentionBackend):
                 ki, vi = k[s:e], v[s:e]
             else:
                 ki, vi = gather_kv(k_buf, r.kv_indices), gather_kv(v_buf, r.kv_indices)
-            mask = r.window_mask if layer.sliding_window_size is not None and r.window_mask is not None else r.mask
+            mask = (
+                r.window_mask
+                if layer.sliding_window_size is not None and r.window_mask is not None
+                else r.mask
+            )
             if layer.logit_cap:
                 out[s:e] = self._softcap_extend(q[s:e], ki, vi, mask, layer)
                 continue
@@ -196,14 +249,21 @@ class TorchSDPABackend(AttentionBackend):
 
     @staticmethod
     def _softcap_extend(q, k, v, mask, layer) -> torch.Tensor:
-        """One request: q [n, heads, D] over k/v [L, kv_heads, D] (mask [n, L], None: causal, L == n)."""
+        """One request: q [n, heads, D] over k/v [L, kv_heads, D] (mask [n, L], None: causal, L ==
+        n)."""
         n, heads, d = q.shape
         kvh = k.shape[1]
         if mask is None:
             mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril_()
         qg = q.transpose(0, 1).reshape(kvh, heads // kvh, n, d)  # each KV head's query heads
-        o = softcap_attention(qg, k.transpose(0, 1).unsqueeze(1), v.transpose(0, 1).unsqueeze(1), mask,
-                              layer.scaling, layer.logit_cap)
+        o = softcap_attention(
+            qg,
+            k.transpose(0, 1).unsqueeze(1),
+            v.transpose(0, 1).unsqueeze(1),
+            mask,
+            layer.scaling,
+            layer.logit_cap,
+        )
         return o.reshape(heads, n, d).transpose(0, 1)
 
     def forward_decode(self, q, k, v, layer, forward_batch):

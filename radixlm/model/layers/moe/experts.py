@@ -7,7 +7,6 @@ data[e] is expert e's matrix in the layout `QuantizedTensor` uses and the native
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 
@@ -23,7 +22,7 @@ class ExpertWeights:
     tensor [E, rows, cols] (fmt None)."""
 
     data: torch.Tensor
-    fmt: Optional[QuantFormat]
+    fmt: QuantFormat | None
     rows: int
     cols: int
 
@@ -36,19 +35,25 @@ class ExpertWeights:
         return self.fmt is not None
 
     def expert(self, e: int) -> QuantizedTensor | torch.Tensor:
-        return QuantizedTensor(self.data[e], self.fmt, self.cols) if self.quantized else self.data[e]
+        return (
+            QuantizedTensor(self.data[e], self.fmt, self.cols) if self.quantized else self.data[e]
+        )
 
-    def interleaved(self, parts: int = 1) -> "ExpertWeights":
-        """Each expert in the kernels' 8-row interleaved layout where its format has one (same values,
-        2-2.7x the row-major kernels), else self. parts: row ranges that must not share a group of 8
-        (w13 = [gate; up] passes 2: the fused op runs the halves as separate slices)."""
+    def interleaved(self, parts: int = 1) -> ExpertWeights:
+        """Each expert in the kernels' 8-row interleaved layout where its format has one (same
+        values, 2-2.7x the row-major kernels), else self. parts: row ranges that must not share a
+        group of 8 (w13 = [gate; up] passes 2: the fused op runs the halves as separate slices)."""
         fmt = INTERLEAVED.get(self.fmt.name) if self.quantized else None
         if fmt is None or self.rows % parts or (self.rows // parts) % fmt.group:
             return self
         from radixlm.kernels.ops import ops
 
-        data = torch.stack([ops().repack_x8(self.data[e].contiguous(), self.fmt.kernel_id, self.cols)
-                            for e in range(self.num_experts)])
+        data = torch.stack(
+            [
+                ops().repack_x8(self.data[e].contiguous(), self.fmt.kernel_id, self.cols)
+                for e in range(self.num_experts)
+            ]
+        )
         return ExpertWeights(data, fmt, self.rows, self.cols)
 
     def dequantize(self) -> torch.Tensor:
@@ -58,8 +63,9 @@ class ExpertWeights:
         return torch.stack([self.expert(e).dequantize() for e in range(self.num_experts)])
 
     @staticmethod
-    def from_float(w: torch.Tensor, fmt_name: Optional[str] = None) -> "ExpertWeights":
-        """Stack [E, rows, cols] float weights, quantized to fmt_name when given (tests, --quantization)."""
+    def from_float(w: torch.Tensor, fmt_name: str | None = None) -> ExpertWeights:
+        """Stack [E, rows, cols] float weights, quantized to fmt_name when given (tests,
+        --quantization)."""
         E, rows, cols = w.shape
         if fmt_name is None:
             return ExpertWeights(w.contiguous(), None, rows, cols)

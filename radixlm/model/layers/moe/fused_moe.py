@@ -6,8 +6,8 @@ picks its path once, from its weights' device and format (`experts_path`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -22,23 +22,34 @@ def _expert_linear(x: torch.Tensor, w: ExpertWeights, e: int) -> torch.Tensor:
     from radixlm.kernels.ops import ops
 
     q = w.expert(e)
-    return ops().qlinear(x.float().contiguous(), q.data.contiguous(), q.fmt.kernel_id, None).to(x.dtype)
+    return (
+        ops()
+        .qlinear(x.float().contiguous(), q.data.contiguous(), q.fmt.kernel_id, None)
+        .to(x.dtype)
+    )
 
 
-def fused_experts_torch(hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                        w13: ExpertWeights, w2: ExpertWeights) -> torch.Tensor:
+def fused_experts_torch(
+    hidden: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: ExpertWeights,
+    w2: ExpertWeights,
+) -> torch.Tensor:
     """hidden [T, H], topk_weights [T, k] (already normalized as the model wants), topk_ids [T, k]
     (-1: skipped) -> [T, H]. One matmul per expert touched, over the tokens routed to it."""
     T, k = topk_ids.shape
     flat_ids = topk_ids.reshape(-1)
     order = torch.argsort(flat_ids, stable=True)
-    start = int((flat_ids < 0).sum())  # ids of -1 (an expert another rank holds) sort first: skipped
+    start = int(
+        (flat_ids < 0).sum()
+    )  # ids of -1 (an expert another rank holds) sort first: skipped
     counts = torch.bincount(flat_ids[order[start:]], minlength=w13.num_experts).tolist()
     rows = hidden.new_zeros(T * k, hidden.shape[-1])  # each (token, slot) pair's expert output
     for e, n in enumerate(counts):
         if n == 0:
             continue
-        pairs = order[start:start + n]
+        pairs = order[start : start + n]
         x = hidden.index_select(0, pairs // k)
         # SiluAndMul: the dense MLP's SiLU (the native one on CPU float32, as the native op's).
         rows.index_copy_(0, pairs, _expert_linear(SiluAndMul()(_expert_linear(x, w13, e)), w2, e))
@@ -52,7 +63,9 @@ def fused_experts_torch(hidden: torch.Tensor, topk_weights: torch.Tensor, topk_i
     return out
 
 
-ExpertsFn = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, ExpertWeights, ExpertWeights], torch.Tensor]
+ExpertsFn = Callable[
+    [torch.Tensor, torch.Tensor, torch.Tensor, ExpertWeights, ExpertWeights], torch.Tensor
+]
 
 
 @dataclass(frozen=True)
@@ -81,15 +94,20 @@ def experts_path(device: torch.device, w13: ExpertWeights, w2: ExpertWeights) ->
     return fused_experts_torch
 
 
-def fused_experts(hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor,
-                  w13: ExpertWeights, w2: ExpertWeights) -> torch.Tensor:
+def fused_experts(
+    hidden: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: ExpertWeights,
+    w2: ExpertWeights,
+) -> torch.Tensor:
     """fused_experts through the path of these weights (for callers without a layer to keep it)."""
     return experts_path(hidden.device, w13, w2)(hidden, topk_weights, topk_ids, w13, w2)
 
 
 # After the registry they join: the native CPU op, the Triton kernels on CUDA.
-from radixlm.model.layers.moe import native as _native  # noqa: E402
-from radixlm.model.layers.moe import triton as _triton  # noqa: E402
+from radixlm.model.layers.moe import native as _native  # noqa: E402 (these modules register themselves in the registry defined above)
+from radixlm.model.layers.moe import triton as _triton  # noqa: E402 (these modules register themselves in the registry defined above)
 
 register_experts_path(ExpertsPath(_native.NAME, _native.supports, _native.run))
 register_experts_path(ExpertsPath(_triton.NAME, _triton.supports, _triton.run))

@@ -22,7 +22,7 @@ torch) is chosen once the weights are in, from their device and format.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -46,7 +46,8 @@ class MoeSpec:
 
 class RouterGate(nn.Module):
     """A float matrix never quantized (routing decisions are sensitive; SGLang keeps the gate
-    unquantized too): the router [experts, hidden], or Qwen2-MoE's shared-expert gate [1, hidden]."""
+    unquantized too): the router [experts, hidden], or Qwen2-MoE's shared-expert gate [1, hidden].
+    """
 
     def __init__(self, hidden_size: int, out_features: int):
         super().__init__()
@@ -57,9 +58,17 @@ class RouterGate(nn.Module):
 
 
 class SparseMoeBlock(nn.Module):
-    def __init__(self, hidden_size: int, spec: MoeSpec, layer_id: int, shared_expert: Optional[nn.Module] = None,
-                 ep: Optional[GroupCoordinator] = None, dispatch: Optional[LocalExperts] = None):
-        """dispatch: the model's expert_dispatch() (one for all its MoE layers), else this layer's own."""
+    def __init__(
+        self,
+        hidden_size: int,
+        spec: MoeSpec,
+        layer_id: int,
+        shared_expert: nn.Module | None = None,
+        ep: GroupCoordinator | None = None,
+        dispatch: LocalExperts | None = None,
+    ):
+        """dispatch: the model's expert_dispatch() (one for all its MoE layers), else this layer's
+        own."""
         super().__init__()
         ep = ep or get_ep_group()
         self.ep_rank, self.ep_size = ep.rank_in_group, ep.world_size
@@ -75,21 +84,27 @@ class SparseMoeBlock(nn.Module):
         self.shared_expert = shared_expert
         if shared_expert is not None:
             self.shared_expert_gate = RouterGate(hidden_size, 1)
-        self.register_buffer("expert_load", torch.zeros(spec.num_experts, dtype=torch.int64), persistent=False)
-        self.w13: Optional[ExpertWeights] = None
-        self.w2: Optional[ExpertWeights] = None
-        self._experts: Optional[ExpertsFn] = None  # the path the weights take (_views)
+        self.register_buffer(
+            "expert_load", torch.zeros(spec.num_experts, dtype=torch.int64), persistent=False
+        )
+        self.w13: ExpertWeights | None = None
+        self.w2: ExpertWeights | None = None
+        self._experts: ExpertsFn | None = None  # the path the weights take (_views)
         self._fmts: dict[str, Any] = {}  # w13 / w2 -> QuantFormat of quantized weights
-        self._quantized: dict[str, ExpertWeights] = {}  # a GGUF's stacked blocks, assembled in finish_loading
+        self._quantized: dict[
+            str, ExpertWeights
+        ] = {}  # a GGUF's stacked blocks, assembled in finish_loading
         self._loaded: set[tuple[str, int]] = set()  # (gate|up|down, local expert) written
 
     # -- loading ------------------------------------------------------------------------------
     def local_range(self) -> tuple[int, int]:
         return self.expert_start, self.num_local
 
-    def load_expert(self, proj: str, expert: Optional[int], tensor: Any) -> None:
+    def load_expert(self, proj: str, expert: int | None, tensor: Any) -> None:
         """One checkpoint tensor: expert's matrix (a global id), or, with expert None, all experts
-        stacked (the full [num_experts, ...] or this rank's [num_local, ...] when the loader sliced it)."""
+        stacked (the full [num_experts, ...] or this rank's [num_local, ...] when the loader sliced
+        it).
+        """
         from radixlm.model.layers.quantized import QuantizedTensor
 
         start, n = self.local_range()
@@ -103,39 +118,62 @@ class SparseMoeBlock(nn.Module):
         else:
             local = list(range(n))
             if tensor.data.shape[0] == self.spec.num_experts and n != self.spec.num_experts:
-                tensor = (ExpertWeights(tensor.data[start:start + n], tensor.fmt, tensor.rows, tensor.cols)
-                          if isinstance(tensor, ExpertWeights) else tensor[start:start + n])
+                tensor = (
+                    ExpertWeights(
+                        tensor.data[start : start + n], tensor.fmt, tensor.rows, tensor.cols
+                    )
+                    if isinstance(tensor, ExpertWeights)
+                    else tensor[start : start + n]
+                )
             if tensor.data.shape[0] != n:
-                raise ValueError(f"layer {self.layer_id} experts' {proj}: expected {n} experts, "
-                                 f"got {tensor.data.shape[0]}")
+                raise ValueError(
+                    f"layer {self.layer_id} experts' {proj}: expected {n} experts, "
+                    f"got {tensor.data.shape[0]}"
+                )
         parts = ("gate", "up") if proj == "gate_up" else (proj,)
         if isinstance(tensor, ExpertWeights):
             inter, hidden = self.spec.intermediate_size, self.hidden_size
-            want = {"gate": (inter, hidden), "up": (inter, hidden), "gate_up": (2 * inter, hidden),
-                    "down": (hidden, inter)}[proj]
+            want = {
+                "gate": (inter, hidden),
+                "up": (inter, hidden),
+                "gate_up": (2 * inter, hidden),
+                "down": (hidden, inter),
+            }[proj]
             if (tensor.rows, tensor.cols) != want:
-                raise ValueError(f"layer {self.layer_id} experts' {proj}_proj: expected [{n}, {want[0]}, {want[1]}], "
-                                 f"got [{n}, {tensor.rows}, {tensor.cols}]")
+                raise ValueError(
+                    f"layer {self.layer_id} experts' {proj}_proj: expected [{n}, {want[0]},"
+                    f" {want[1]}], got [{n}, {tensor.rows}, {tensor.cols}]"
+                )
             if tensor.quantized:
                 self._quantized[proj] = tensor
                 self._loaded.update((p, i) for p in parts for i in local)
                 return
             tensor = tensor.data
         inter = self.spec.intermediate_size
-        rows = {"gate": slice(0, inter), "up": slice(inter, 2 * inter), "gate_up": slice(0, 2 * inter)}
+        rows = {
+            "gate": slice(0, inter),
+            "up": slice(inter, 2 * inter),
+            "gate_up": slice(0, 2 * inter),
+        }
         for j, i in enumerate(local):
             src = tensor[j]
             dst = self.w2_weight.data[i] if proj == "down" else self.w13_weight.data[i, rows[proj]]
             if tuple(src.shape) != tuple(dst.shape):
-                raise ValueError(f"layer {self.layer_id} expert {start + i} {proj}_proj: expected shape "
-                                 f"{tuple(dst.shape)}, got {tuple(src.shape)}")
+                raise ValueError(
+                    f"layer {self.layer_id} expert {start + i} {proj}_proj: expected shape "
+                    f"{tuple(dst.shape)}, got {tuple(src.shape)}"
+                )
             dst.copy_(src)
         self._loaded.update((p, i) for p in parts for i in local)
 
     def missing(self) -> list[str]:
         """The expert tensors no checkpoint tensor filled (load_weights names them)."""
-        return [f"layer {self.layer_id} expert {self.expert_start + i} {p}_proj"
-                for i in range(self.num_local) for p in ("gate", "up", "down") if (p, i) not in self._loaded]
+        return [
+            f"layer {self.layer_id} expert {self.expert_start + i} {p}_proj"
+            for i in range(self.num_local)
+            for p in ("gate", "up", "down")
+            if (p, i) not in self._loaded
+        ]
 
     def finish_loading(self) -> None:
         q = self._quantized
@@ -144,7 +182,12 @@ class SparseMoeBlock(nn.Module):
             self._set("w13", q.pop("gate_up"))
         elif gate is not None and up is not None and gate.fmt == up.fmt:
             # [gate; up] rows per expert: the blocks of each row stand alone, so rows concatenate.
-            self._set("w13", ExpertWeights(torch.cat([gate.data, up.data], 1), gate.fmt, 2 * gate.rows, gate.cols))
+            self._set(
+                "w13",
+                ExpertWeights(
+                    torch.cat([gate.data, up.data], 1), gate.fmt, 2 * gate.rows, gate.cols
+                ),
+            )
         else:  # one half stored float or in another format: both halves float
             inter = self.spec.intermediate_size
             for w, rows in ((gate, slice(0, inter)), (up, slice(inter, 2 * inter))):
@@ -155,8 +198,9 @@ class SparseMoeBlock(nn.Module):
         self._views()
 
     def _set(self, which: str, w: ExpertWeights) -> None:
-        """Hold w as the parameter (quantized blocks stay as they are, in the kernels' 8-row interleaved
-        layout where the format has one: 2-2.7x the row-major kernels) and remember its format."""
+        """Hold w as the parameter (quantized blocks stay as they are, in the kernels' 8-row
+        interleaved layout where the format has one: 2-2.7x the row-major kernels) and remember its
+        format."""
         w = w.interleaved(parts=2 if which == "w13" else 1)  # gate and up rows never share a group
         setattr(self, f"{which}_weight", nn.Parameter(w.data, requires_grad=False))
         self._fmts[which] = w.fmt
@@ -165,7 +209,13 @@ class SparseMoeBlock(nn.Module):
         """self.w13 / self.w2: ExpertWeights over the parameters, as fused_experts takes them."""
         inter, hidden = self.spec.intermediate_size, self.hidden_size
         for which, rows, cols in (("w13", 2 * inter, hidden), ("w2", hidden, inter)):
-            setattr(self, which, ExpertWeights(getattr(self, f"{which}_weight").data, self._fmts.get(which), rows, cols))
+            setattr(
+                self,
+                which,
+                ExpertWeights(
+                    getattr(self, f"{which}_weight").data, self._fmts.get(which), rows, cols
+                ),
+            )
         self._experts = experts_path(self.w13.data.device, self.w13, self.w2)
 
     def quantize_weights(self, fmt_name: str) -> None:
@@ -195,11 +245,15 @@ class SparseMoeBlock(nn.Module):
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return self.dispatch.run(x, weights, ids, self._local_experts)
 
-    def _local_experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    def _local_experts(
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor:
         if self.ep_size == 1:
             return self._experts(x, weights, ids, self.w13, self.w2)
         start, n = self.local_range()
-        return local_share(x, weights, ids, start, n, lambda h, w, i: self._experts(h, w, i, self.w13, self.w2))
+        return local_share(
+            x, weights, ids, start, n, lambda h, w, i: self._experts(h, w, i, self.w13, self.w2)
+        )
 
     def idle(self, dtype: torch.dtype) -> None:
         """DP attention, this rank without tokens: join the others' gather (forward_idle)."""

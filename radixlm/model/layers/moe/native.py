@@ -31,15 +31,29 @@ def supports(device: torch.device, w13: ExpertWeights, w2: ExpertWeights) -> boo
     return build.load()
 
 
-def run(hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: ExpertWeights,
-        w2: ExpertWeights) -> torch.Tensor:
+def run(
+    hidden: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: ExpertWeights,
+    w2: ExpertWeights,
+) -> torch.Tensor:
     from radixlm.kernels.ops import ops
 
     x = hidden.reshape(-1, hidden.shape[-1]).float().contiguous()
     k = topk_ids.shape[-1]
     ids, weights = topk_ids.reshape(x.shape[0], k), topk_weights.reshape(x.shape[0], k).float()
-    parts = [ops().fused_moe(x[s:s + MAX_TOKENS], ids[s:s + MAX_TOKENS], weights[s:s + MAX_TOKENS],
-                             w13.data, w13.fmt.kernel_id, w2.data, w2.fmt.kernel_id)
-             for s in range(0, max(x.shape[0], 1), MAX_TOKENS)]  # one call when empty
+    parts = [
+        ops().fused_moe(
+            x[s : s + MAX_TOKENS],
+            ids[s : s + MAX_TOKENS],
+            weights[s : s + MAX_TOKENS],
+            w13.data,
+            w13.fmt.kernel_id,
+            w2.data,
+            w2.fmt.kernel_id,
+        )
+        for s in range(0, max(x.shape[0], 1), MAX_TOKENS)
+    ]  # one call when empty
     out = parts[0] if len(parts) == 1 else torch.cat(parts)
     return out.view(hidden.shape).to(hidden.dtype)

@@ -18,8 +18,15 @@ def supports(device: torch.device, w13: ExpertWeights, w2: ExpertWeights) -> boo
     return triton_ops.available(device)
 
 
-def run(hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor, w13: ExpertWeights,
-        w2: ExpertWeights) -> torch.Tensor:
+def run(
+    hidden: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: ExpertWeights,
+    w2: ExpertWeights,
+) -> torch.Tensor:
     from radixlm.kernels.triton_ops.fused_moe import fused_experts_triton
 
-    return fused_experts_triton(hidden, topk_weights, topk_ids, w13.data.to(hidden.dtype), w2.data.to(hidden.dtype))
+    return fused_experts_triton(
+        hidden, topk_weights, topk_ids, w13.data.to(hidden.dtype), w2.data.to(hidden.dtype)
+    )
