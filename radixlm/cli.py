@@ -125,8 +125,8 @@ def option_choices() -> dict[str, tuple[str, ...]]:
     from radixlm.model.runner_config import DTYPES, KV_CACHE_DTYPES
     from radixlm.model.sampling_defaults import SAMPLING_DEFAULTS_MODES
     from radixlm.reasoning import REASONING_PARSERS
-    from radixlm.scheduler.dp_dispatch import LOAD_BALANCE_METHODS
-    from radixlm.scheduler.policy import POLICIES
+    from radixlm.scheduler.batching.policy import POLICIES
+    from radixlm.scheduler.parallel.dp_dispatch import LOAD_BALANCE_METHODS
     from radixlm.speculative.config import DRAFT_POLICIES, SPECULATIVE_ALGORITHMS
 
     return {

@@ -101,8 +101,9 @@ class ServerArgs:
     # Run new requests' prefill and the running requests' decode step in one forward (SGLang's
     # mixed chunk): the step reads the weights once for both.
     enable_mixed_chunk: bool = False
-    # Overlap scheduling (scheduler/overlap.py) is on by default on CUDA only: on a CPU the forward
-    # already uses every core, and the scheduler's ~1% of a step is not worth the GIL contention.
+    # Overlap scheduling (scheduler/execution/overlap.py) is on by default on CUDA only: on a CPU
+    # the forward already uses every core, and the scheduler's ~1% of a step is not worth the GIL
+    # contention.
     disable_overlap_schedule: bool = False
     enable_overlap_schedule: bool = False  # turn it on on CPU too
     random_seed: int = 42
@@ -415,7 +416,7 @@ class PortArgs:
     @property
     def dp_reply_ipc_name(self) -> str:
         """DP attention: ranks > 0 -> rank 0, their answers to control calls
-        (scheduler/dp_io.py)."""
+        (scheduler/parallel/dp_io.py)."""
         return f"ipc://{self.ipc_dir}/dp_replies"
 
     def cleanup(self) -> None:

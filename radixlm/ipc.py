@@ -268,7 +268,7 @@ class LoRAUpdateReqOutput:
 @dataclass
 class BindSessionReq:
     """Request `rid` (sent next) is a turn of session `session_id`: when it finishes, its KV stays
-    pinned in the radix tree for the session (scheduler/session_pins.py). No reply."""
+    pinned in the radix tree for the session (scheduler/kv/session_pins.py). No reply."""
 
     rid: str
     session_id: str

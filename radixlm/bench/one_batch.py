@@ -105,7 +105,7 @@ def run_once(
     from radixlm.model.forward_batch import ForwardMode
     from radixlm.sampling_params import SamplingParams
     from radixlm.scheduler.batch import PrefillChunk, ScheduleBatch
-    from radixlm.scheduler.cache_manager import CacheManager
+    from radixlm.scheduler.kv.cache_manager import CacheManager
     from radixlm.scheduler.req import Req
 
     need = sum(len(p) + output_len for p in prompts) + sum(map(len, prefixes))

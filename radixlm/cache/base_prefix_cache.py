@@ -4,7 +4,7 @@ invariant checks and the speculative radix drafts may ask of a cache of KV prefi
 Implementations: RadixCache (radix_cache.py: a radix tree over the KV pool), HiRadixCache
 (hiradix_cache.py: the same tree over three tiers) and NoPrefixCache (no_prefix_cache.py:
 --disable-radix-cache, nothing is shared). A cache knows token ids and KV slot tensors, never a
-request: moving KV between a request and the cache is scheduler/cache_manager.py's job.
+request: moving KV between a request and the cache is scheduler/kv/cache_manager.py's job.
 """
 
 from __future__ import annotations

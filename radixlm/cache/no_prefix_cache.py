@@ -1,5 +1,5 @@
 """NoPrefixCache: --disable-radix-cache. Nothing is shared: every match is empty, a request's KV
-stays its own until it finishes (scheduler/cache_manager.py: NoCacheManager frees it then). A
+stays its own until it finishes (scheduler/kv/cache_manager.py: NoCacheManager frees it then). A
 baseline for benchmarks and the reference the radix cache's outputs must equal."""
 
 from __future__ import annotations

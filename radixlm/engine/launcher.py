@@ -59,7 +59,7 @@ def check_server_args(server_args: ServerArgs) -> SchedulerConfig:
 
 def _check_dp_attention(server_args: ServerArgs) -> None:
     """What DP attention does not run with yet (each rank's step must launch one forward after the
-    step's exchange: dp_step.py)."""
+    step's exchange: parallel/dp_attention.py)."""
     refused = {
         "speculative_algorithm": server_args.speculative_algorithm,
         "enable_overlap_schedule": server_args.enable_overlap_schedule,

@@ -1,6 +1,6 @@
 """The TokenizerManager with SGLang's observability: the request log (request_log.py), the crash
-dump (crash_dump.py) and the profiler's control calls (profiling.py; scheduler/profiler.py runs
-them). A subclass, so that tokenizer_manager.py (at the module size limit) stays one concept:
+dump (crash_dump.py) and the profiler's control calls (profiling.py; scheduler/control/profiler.py
+runs them). A subclass, so that tokenizer_manager.py (at the module size limit) stays one concept:
 requests in,
 outputs back. The server and the Engine build this one."""
 

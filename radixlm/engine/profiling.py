@@ -1,6 +1,6 @@
 """SGLang's /start_profile body (ProfileReqInput) checked and turned into the scheduler's ProfileReq
-(scheduler/profiler.py runs it). The same for the HTTP route and Engine.start_profile: a bad field
-is a ValueError naming it; what radixlm does not do is refused, never ignored."""
+(scheduler/control/profiler.py runs it). The same for the HTTP route and Engine.start_profile: a bad
+field is a ValueError naming it; what radixlm does not do is refused, never ignored."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The tokenizer manager's calls for RL loops (SGLang's names and fields, io_struct.py): update the
 weights from disk, read a weight back, pause / continue generation, release / resume memory. Each
-is a control call to the scheduler (scheduler/weight_control.py decides; docs/rl.md), as
+is a control call to the scheduler (scheduler/control/weight_control.py decides; docs/rl.md), as
 /flush_cache is. The request builders here check every field (ValueError naming it) for the HTTP
 routes and the Engine alike; what needs the model (the checkpoint's path and shape) the scheduler
 checks.

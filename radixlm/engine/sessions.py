@@ -1,7 +1,7 @@
 """Sessions (SGLang's /open_session, /close_session and `session_params` on /generate): an agent's
 turns append to one session, whose KV the scheduler keeps pinned in the radix tree until the
-session is closed or times out (scheduler/session_pins.py), so a long agent loop never prefills its
-history again after an eviction.
+session is closed or times out (scheduler/kv/session_pins.py), so a long agent loop never prefills
+its history again after an eviction.
 
 This side keeps each session's turns (the token ids each one ends with), builds a turn's prompt
 from them (`session_params`: id, rid, offset, replace, drop_previous_output, as SGLang reads them),

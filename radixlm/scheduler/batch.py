@@ -18,7 +18,7 @@ from radixlm.scheduler.req import Req
 from radixlm.speculative.draft_tree import DraftTree
 
 if TYPE_CHECKING:
-    from radixlm.scheduler.cache_manager import CacheManager
+    from radixlm.scheduler.kv.cache_manager import CacheManager
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from radixlm.config import ServerArgs
 from radixlm.constrained import GRAMMAR_BACKENDS
 from radixlm.disaggregation.config import DisaggregationConfig
 from radixlm.model.runner_config import ModelRunnerConfig
-from radixlm.scheduler.dp_dispatch import LOAD_BALANCE_METHODS
-from radixlm.scheduler.policy import POLICIES
+from radixlm.scheduler.batching.policy import POLICIES
+from radixlm.scheduler.parallel.dp_dispatch import LOAD_BALANCE_METHODS
 from radixlm.speculative.config import SpeculativeConfig
 
 
@@ -93,7 +93,7 @@ class SchedulerConfig:
             overlap and not disaggregation.enabled
         )  # the PD modes hand KV over between whole steps
         # DP attention: every rank's forward of a step is launched after the step's exchange
-        # (dp_step.py).
+        # (parallel/dp_attention.py).
         overlap = overlap and not args.enable_dp_attention
         return cls(
             runner=runner,

@@ -12,12 +12,12 @@ from collections.abc import Callable
 
 from radixlm.ipc import TokenizedGenerateReqInput
 from radixlm.lora.runtime import NoLoRA
-from radixlm.scheduler.finisher import Finisher
-from radixlm.scheduler.grammar_manager import GrammarManager
-from radixlm.scheduler.prefetcher import Prefetcher
+from radixlm.scheduler.decoding.grammar_manager import GrammarManager
+from radixlm.scheduler.kv.prefetcher import Prefetcher
+from radixlm.scheduler.output.finisher import Finisher
+from radixlm.scheduler.parallel.tp_sync import NoStepSync
 from radixlm.scheduler.req import Req, ReqStatus
 from radixlm.scheduler.req_queues import ReqQueues
-from radixlm.scheduler.tp_sync import NoStepSync
 
 S = ReqStatus
 

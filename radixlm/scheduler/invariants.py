@@ -11,7 +11,7 @@ import torch
 
 from radixlm.cache.tree_node import TreeNode
 from radixlm.errors import InvariantError
-from radixlm.scheduler.cache_manager import CacheManager
+from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.req import Req
 from radixlm.scheduler.req_queues import ReqQueues
 

@@ -60,7 +60,7 @@ class ReqStatus(Enum):
     RUNNING = "running"
     FINISHING = "finishing"
     FINISHED = "finished"
-    # PD disaggregation (pd_decode.py, pd_prefill.py): decode side, waiting for the prefill server's
+    # PD disaggregation (pd/decode.py, pd/prefill.py): decode side, waiting for the prefill server's
     # bootstrap and for KV room (holds nothing); holding reserved slots while the KV arrives, or
     # (prefill side) holding the KV while it is sent.
     KV_BOOTSTRAP = "kv-bootstrap"

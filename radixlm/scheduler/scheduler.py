@@ -39,35 +39,35 @@ from radixlm.ipc import (
 from radixlm.model.layers.moe.moe_block import expert_load_info
 from radixlm.model.runner import ModelRunner
 from radixlm.sampling_params import brief_repr
-from radixlm.scheduler.admission import NewTokenRatio
-from radixlm.scheduler.cache_manager import CacheManager
+from radixlm.scheduler.batching.admission import NewTokenRatio
+from radixlm.scheduler.batching.decode_manager import DecodeManager
+from radixlm.scheduler.batching.policy import SchedulePolicy
+from radixlm.scheduler.batching.prefill_manager import PrefillLimits, PrefillManager
+from radixlm.scheduler.channels import BaseSchedulerIO, SchedulerIO
 from radixlm.scheduler.config import SchedulerConfig
-from radixlm.scheduler.dashboard_probe import DashboardProbe
-from radixlm.scheduler.decode_manager import DecodeManager
-from radixlm.scheduler.dp_step import NoDPAttention
-from radixlm.scheduler.executor import InlineExecutor, OverlapExecutor
-from radixlm.scheduler.grammar_manager import GrammarManager
+from radixlm.scheduler.control.dashboard_probe import DashboardProbe
+from radixlm.scheduler.control.lora_admin import LORA_MESSAGES, LORA_REPLIES, handle_lora_message
+from radixlm.scheduler.control.profiler import Profiler
+from radixlm.scheduler.control.weight_control import WEIGHT_CONTROL_REPLIES, WeightControl
+from radixlm.scheduler.decoding.grammar_manager import GrammarManager
+from radixlm.scheduler.decoding.prefill_fold import NoPrefillFold
+from radixlm.scheduler.decoding.spec_decoding import NoSpeculation, SpecDecoding
+from radixlm.scheduler.execution.executor import InlineExecutor, OverlapExecutor
 from radixlm.scheduler.intake import RequestIntake
 from radixlm.scheduler.invariants import InvariantChecker, InvariantError, NoInvariantChecks
-from radixlm.scheduler.io import BaseSchedulerIO, SchedulerIO
-from radixlm.scheduler.jump_forward import JumpForward, NoJumpForward
+from radixlm.scheduler.kv.cache_manager import CacheManager
+from radixlm.scheduler.kv.prefetcher import Prefetcher
+from radixlm.scheduler.kv.session_pins import SESSION_MESSAGES, SessionPins
 from radixlm.scheduler.lazy_tokenizer import LazyTokenizer
-from radixlm.scheduler.lora_admin import LORA_MESSAGES, LORA_REPLIES, handle_lora_message
-from radixlm.scheduler.output_streamer import OutputStreamer
-from radixlm.scheduler.pd_mode import create_pd_mode, pd_finisher_class
-from radixlm.scheduler.pd_none import PDContext
-from radixlm.scheduler.policy import SchedulePolicy
-from radixlm.scheduler.prefetcher import Prefetcher
-from radixlm.scheduler.prefill_fold import NoPrefillFold
-from radixlm.scheduler.prefill_manager import PrefillLimits, PrefillManager
-from radixlm.scheduler.profiler import Profiler
+from radixlm.scheduler.output.jump_forward import JumpForward, NoJumpForward
+from radixlm.scheduler.output.output_streamer import OutputStreamer
+from radixlm.scheduler.output.result_processor import ResultProcessor
+from radixlm.scheduler.parallel.dp_attention import NoDPAttention
+from radixlm.scheduler.parallel.tp_sync import AgreedStepCosts, NoStepSync
+from radixlm.scheduler.pd.context import PDContext
+from radixlm.scheduler.pd.mode import create_pd_mode, pd_finisher_class
 from radixlm.scheduler.req_queues import ReqQueues
-from radixlm.scheduler.result_processor import ResultProcessor
-from radixlm.scheduler.session_pins import SESSION_MESSAGES, SessionPins
-from radixlm.scheduler.speculation import NoSpeculation, SpecDecoding
 from radixlm.scheduler.stats import SchedulerStats
-from radixlm.scheduler.tp_sync import AgreedStepCosts, NoStepSync
-from radixlm.scheduler.weight_control import WEIGHT_CONTROL_REPLIES, WeightControl
 
 if TYPE_CHECKING:
     from radixlm.distributed.rank import RankSpec
@@ -96,7 +96,7 @@ class Scheduler:
         dp: NoDPAttention = NoDPAttention(),
     ):
         """sync: how the ranks of a tensor-parallel group agree (tp_sync.py); dp: how DP-attention
-        ranks keep their steps together (dp_step.py); the no-op twins alone."""
+        ranks keep their steps together (parallel/dp_attention.py); the no-op twins alone."""
         self.config = config
         self.io = io
         self.sync = sync
@@ -204,7 +204,7 @@ class Scheduler:
             self._process_in_flight,
             lambda: self.is_idle() and dp.all_idle(),
         )
-        # PD disaggregation (pd_mode.py): NoDisaggregation unless --disaggregation-mode
+        # PD disaggregation (pd/mode.py): NoDisaggregation unless --disaggregation-mode
         # prefill|decode.
         self.pd = create_pd_mode(
             config.disaggregation,
@@ -477,7 +477,7 @@ def run_scheduler_process(
         if rank is None:
             scheduler = Scheduler(config, SchedulerIO(port_args))
         else:
-            from radixlm.scheduler.tp_rank import join_tp_group
+            from radixlm.scheduler.rank import join_tp_group
 
             scheduler = Scheduler(*join_tp_group(config, port_args, rank))
         pipe_writer.send({"status": "ready", **scheduler.info()})

@@ -218,7 +218,8 @@ async def infill(request: Request):
         return StreamingResponse(job.stream(gen, first), media_type="text/event-stream")
     out = first
     try:
-        async for out in gen:  # not streamed: the one final answer  # noqa: B007 (the last item is the result)
+        # not streamed: the one final answer
+        async for out in gen:  # noqa: B007 (the last item is the result)
             pass
     finally:
         await gen.aclose()

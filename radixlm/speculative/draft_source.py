@@ -51,8 +51,8 @@ class DraftSource(Protocol):
     # requests it does not verify this step, to learn their acceptance rates for free.
     cheap: bool
     # True where a request's draft needs only its tokens: its one-token prefill may then be the root
-    # of its first verify step (scheduler/prefill_fold.py). EAGLE's head also needs the target's
-    # features of the prompt's last token, which that prefill computes.
+    # of its first verify step (scheduler/decoding/prefill_fold.py). EAGLE's head also needs the
+    # target's features of the prompt's last token, which that prefill computes.
     drafts_from_tokens: bool
 
     def propose(self, reqs: list[DraftReq], ks: list[int], shape: TreeShape = CHAIN) -> list[Draft]:

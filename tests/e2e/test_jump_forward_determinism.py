@@ -1,8 +1,8 @@
 """Jump-forward (on by default) leaves a greedy answer independent of `stream` and of what the
 radix cache holds: a request whose grammar forces text re-tokenizes its last tokens with that
 text by one rule, streamed or not, fresh or after the same request cached its prompt and output
-(scheduler/jump_forward.py). The default model, tool_choice "required" over 20 tools: a grammar
-with many forced pieces ({"name": ", the argument keys)."""
+(scheduler/output/jump_forward.py). The default model, tool_choice "required" over 20 tools: a
+grammar with many forced pieces ({"name": ", the argument keys)."""
 
 import openai
 import pytest

@@ -34,7 +34,7 @@ def _prefill_then_decode_batch(runner, bs):
     from radixlm.model.forward_batch import ForwardMode
     from radixlm.sampling_params import SamplingParams
     from radixlm.scheduler.batch import PrefillChunk, ScheduleBatch
-    from radixlm.scheduler.cache_manager import CacheManager
+    from radixlm.scheduler.kv.cache_manager import CacheManager
     from radixlm.scheduler.req import Req
 
     runner.req_to_token_pool.clear()

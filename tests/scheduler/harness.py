@@ -12,8 +12,8 @@ import torch
 from radixlm.config import ServerArgs
 from radixlm.ipc import AbortReq, BatchTokenIDOut, FinishAbort, TokenizedGenerateReqInput
 from radixlm.sampling_params import SamplingParams
+from radixlm.scheduler.channels import BaseSchedulerIO
 from radixlm.scheduler.config import SchedulerConfig
-from radixlm.scheduler.io import BaseSchedulerIO
 from radixlm.scheduler.scheduler import Scheduler
 
 DEFAULTS = dict(num_threads=1, enable_invariant_checks=True, log_level="warning")

@@ -10,7 +10,7 @@ from radixlm.cache.memory_pool import TokenToKVPool
 from radixlm.cache.no_prefix_cache import NoPrefixCache
 from radixlm.cache.radix_cache import RadixCache
 from radixlm.sampling_params import SamplingParams
-from radixlm.scheduler.policy import LPM_MAX_QUEUE, SchedulePolicy
+from radixlm.scheduler.batching.policy import LPM_MAX_QUEUE, SchedulePolicy
 from radixlm.scheduler.req import Req
 from tests.scheduler.harness import Driver, make_scheduler
 
@@ -177,7 +177,7 @@ def test_admission_follows_the_policy_order(tiny_model_dir):
 
 def test_a_registered_policy_orders_the_queue_after_priorities():
     """A policy is one registered ordering function (docs/architecture.md's example)."""
-    from radixlm.scheduler import policy as policy_mod
+    from radixlm.scheduler.batching import policy as policy_mod
 
     @policy_mod.register_policy("sjf-test")
     def shortest_first(policy, queue, lookup):

@@ -1,7 +1,7 @@
-"""WeightControl step by step (scheduler/weight_control.py), against HF transformers' greedy outputs
-of checkpoints A and B: a weight update waits for the requests the scheduler got before it, which
-finish on A; one that arrives after it waits and runs on B; an internal failure while loading is a
-ControlFailed (a 500) and A serves on."""
+"""WeightControl step by step (scheduler/control/weight_control.py), against HF transformers' greedy
+outputs of checkpoints A and B: a weight update waits for the requests the scheduler got before it,
+which finish on A; one that arrives after it waits and runs on B; an internal failure while loading
+is a ControlFailed (a 500) and A serves on."""
 
 from __future__ import annotations
 

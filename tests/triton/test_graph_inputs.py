@@ -40,7 +40,7 @@ class EagerReplay:
 def test_graph_runner_pads_and_replays_like_eager(tmp_path, triton_device):
     from radixlm.cache.no_prefix_cache import NoPrefixCache
     from radixlm.scheduler.batch import PrefillChunk, ScheduleBatch
-    from radixlm.scheduler.cache_manager import CacheManager
+    from radixlm.scheduler.kv.cache_manager import CacheManager
     from radixlm.scheduler.req import Req
 
     save_random_llama(tmp_path)

@@ -53,7 +53,7 @@ def runner(tmp_path_factory, triton_device):
 def test_steps_never_wait_for_the_device(runner, triton_device):
     from radixlm.cache.no_prefix_cache import NoPrefixCache
     from radixlm.scheduler.batch import PrefillChunk, ScheduleBatch
-    from radixlm.scheduler.cache_manager import CacheManager
+    from radixlm.scheduler.kv.cache_manager import CacheManager
     from radixlm.scheduler.req import Req
 
     tree = NoPrefixCache()
@@ -185,8 +185,8 @@ ALLOWED = {
     "cache/memory_pool.py": [],
     "lora/delta.py": [],
     "scheduler/batch.py": [],
-    "scheduler/overlap.py": [],
-    "scheduler/executor.py": [],
+    "scheduler/execution/overlap.py": [],
+    "scheduler/execution/executor.py": [],
     **{
         f"kernels/triton_ops/{m}.py": []
         for m in (

@@ -176,7 +176,7 @@ def test_contracts_are_the_designed_ones():
     assert cfg["root_package"] == PACKAGE and cfg.get("include_external_packages") is True
     assert not cfg.get("exclude_type_checking_imports", False)
     contracts = {c["id"]: c for c in cfg["contracts"]}
-    assert set(contracts) == {"layers", "leaves", "router", "acyclic"}
+    assert set(contracts) == {"layers", "leaves", "router", "acyclic", "scheduler"}
     for c in contracts.values():
         assert not c.get("ignore_imports") and not c.get("exclude_type_checking_imports", False), c[
             "id"
@@ -216,6 +216,14 @@ def test_contracts_are_the_designed_ones():
     assert contracts["router"]["source_modules"] == ["radixlm.router"]
     assert packages | {"torch"} <= set(contracts["router"]["forbidden_modules"])
     assert contracts["acyclic"]["ancestors"] == ["radixlm"]
+    # The scheduler by concern: every module and subpackage of radixlm/scheduler has its layer.
+    assert contracts["scheduler"]["containers"] == ["radixlm.scheduler"]
+    named = {p.strip() for layer in contracts["scheduler"]["layers"] for p in layer.split("|")}
+    scheduler_dir = ROOT / PACKAGE / "scheduler"
+    present = {p.stem for p in scheduler_dir.glob("*.py") if p.stem != "__init__"} | {
+        p.name for p in scheduler_dir.iterdir() if (p / "__init__.py").exists()
+    }
+    assert named == present, f"not layered: {present - named}; gone: {named - present}"
 
 
 def test_no_import_cycle_between_modules():

@@ -15,8 +15,8 @@ from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.cache.no_prefix_cache import NoPrefixCache
 from radixlm.cache.radix_cache import RadixCache
 from radixlm.sampling_params import SamplingParams
-from radixlm.scheduler.cache_manager import CacheManager
 from radixlm.scheduler.invariants import InvariantError, check_invariants
+from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.req import Req
 from tests.unit.test_radix_cache import cached_prefixes, path_key
 

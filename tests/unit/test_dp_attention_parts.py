@@ -23,9 +23,9 @@ from radixlm.ipc import (
     UpdateWeightFromDiskReqOutput,
 )
 from radixlm.sampling_params import SamplingParams
-from radixlm.scheduler.dp_dispatch import BLOCK, DPDispatcher, DPView
-from radixlm.scheduler.dp_replies import ReplyMerger, merge_replies
-from radixlm.scheduler.dp_step import DPAttentionStep
+from radixlm.scheduler.parallel.dp_attention import DPAttentionStep
+from radixlm.scheduler.parallel.dp_dispatch import BLOCK, DPDispatcher, DPView
+from radixlm.scheduler.parallel.dp_replies import ReplyMerger, merge_replies
 
 _n = iter(range(10**6))
 

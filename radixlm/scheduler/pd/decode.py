@@ -23,7 +23,7 @@ import time
 from radixlm.disaggregation.config import DisaggregationConfig
 from radixlm.disaggregation.decode_transfer import DecodeTransfer
 from radixlm.disaggregation.protocol import AuxRecord
-from radixlm.scheduler.pd_none import NoDisaggregation, PDContext
+from radixlm.scheduler.pd.context import NoDisaggregation, PDContext
 from radixlm.scheduler.req import Req, ReqStatus
 
 logger = logging.getLogger(__name__)

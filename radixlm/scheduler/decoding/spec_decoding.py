@@ -12,8 +12,8 @@ import torch
 
 from radixlm.model.forward_batch import ForwardMode
 from radixlm.scheduler.batch import ScheduleBatch
-from radixlm.scheduler.grammar_manager import GrammarManager
-from radixlm.scheduler.prefill_fold import NoPrefillFold, PrefillFold
+from radixlm.scheduler.decoding.grammar_manager import GrammarManager
+from radixlm.scheduler.decoding.prefill_fold import NoPrefillFold, PrefillFold
 from radixlm.scheduler.req import Req
 from radixlm.speculative.controller import SpecController
 from radixlm.speculative.draft_tree import DraftTree

@@ -13,16 +13,16 @@ from dataclasses import dataclass
 
 from radixlm.lora.runtime import NoLoRA
 from radixlm.model.forward_batch import ForwardMode
-from radixlm.scheduler.admission import (
+from radixlm.scheduler.batch import ScheduleBatch
+from radixlm.scheduler.batching.admission import (
     NewTokenRatio,
     PrefillAdder,
     reserve_for,
     shares_prefix_in_batch,
 )
-from radixlm.scheduler.batch import ScheduleBatch
-from radixlm.scheduler.cache_manager import CacheManager
-from radixlm.scheduler.policy import PREFIX_POLICIES, SchedulePolicy
-from radixlm.scheduler.prefill_fold import NoPrefillFold
+from radixlm.scheduler.batching.policy import PREFIX_POLICIES, SchedulePolicy
+from radixlm.scheduler.decoding.prefill_fold import NoPrefillFold
+from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.req import Req, ReqStatus
 from radixlm.scheduler.req_queues import ReqQueues
 from radixlm.scheduler.stats import SchedulerStats

@@ -18,7 +18,7 @@ import logging
 
 from radixlm.cache.tree_node import TreeNode
 from radixlm.ipc import BindSessionReq, CloseSessionReq
-from radixlm.scheduler.cache_manager import CacheManager
+from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.req import Req
 
 logger = logging.getLogger(__name__)

@@ -1,14 +1,14 @@
-"""Picks a server's PD disaggregation mode (docs/disaggregation.md): NoDisaggregation (pd_none.py)
-without one, PDPrefill (pd_prefill.py) or PDDecode (pd_decode.py); and the Finisher that goes with
-it (the prefill mode's keeps a finished request's KV until it was sent)."""
+"""Picks a server's PD disaggregation mode (docs/disaggregation.md): NoDisaggregation
+(pd/context.py) without one, PDPrefill (pd/prefill.py) or PDDecode (pd/decode.py); and the Finisher
+that goes with it (the prefill mode's keeps a finished request's KV until it was sent)."""
 
 from __future__ import annotations
 
 from radixlm.disaggregation.config import DisaggregationConfig, DisaggregationMode
-from radixlm.scheduler.finisher import Finisher
-from radixlm.scheduler.pd_decode import PDDecode
-from radixlm.scheduler.pd_none import NoDisaggregation, PDContext
-from radixlm.scheduler.pd_prefill import PDPrefill, PDPrefillFinisher
+from radixlm.scheduler.output.finisher import Finisher
+from radixlm.scheduler.pd.context import NoDisaggregation, PDContext
+from radixlm.scheduler.pd.decode import PDDecode
+from radixlm.scheduler.pd.prefill import PDPrefill, PDPrefillFinisher
 
 
 def pd_finisher_class(config: DisaggregationConfig) -> type[Finisher]:

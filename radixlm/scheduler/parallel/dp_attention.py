@@ -23,9 +23,9 @@ import torch
 from torch import nn
 
 from radixlm.distributed.communicator import Communicator
-from radixlm.scheduler.dp_dispatch import BLOCK, DPDispatcher, DPView
-from radixlm.scheduler.overlap import LaunchedBatch
-from radixlm.scheduler.tp_sync import NoStepSync, TPStepSync
+from radixlm.scheduler.execution.overlap import LaunchedBatch
+from radixlm.scheduler.parallel.dp_dispatch import BLOCK, DPDispatcher, DPView
+from radixlm.scheduler.parallel.tp_sync import NoStepSync, TPStepSync
 
 # (poll timeout in ms this rank would wait for a message, requests it holds, their tokens)
 RankState = Callable[[], tuple[int, int, int]]

@@ -20,9 +20,9 @@ import zmq
 from radixlm.config import PortArgs
 from radixlm.distributed.communicator import Communicator
 from radixlm.ipc import BatchTokenIDOut, TokenizedGenerateReqInput
-from radixlm.scheduler.dp_dispatch import DPDispatcher, DPView
-from radixlm.scheduler.dp_replies import ReplyMerger
-from radixlm.scheduler.io import BaseSchedulerIO, SchedulerIO
+from radixlm.scheduler.channels import BaseSchedulerIO, SchedulerIO
+from radixlm.scheduler.parallel.dp_dispatch import DPDispatcher, DPView
+from radixlm.scheduler.parallel.dp_replies import ReplyMerger
 
 
 class DPSchedulerIO(BaseSchedulerIO):

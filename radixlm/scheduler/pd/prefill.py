@@ -19,8 +19,8 @@ from radixlm.disaggregation.config import DisaggregationConfig
 from radixlm.disaggregation.prefill_transfer import PrefillTransfer
 from radixlm.disaggregation.protocol import AuxRecord, KVPoll, TransferDest
 from radixlm.ipc import FinishAbort, TokenizedGenerateReqInput
-from radixlm.scheduler.finisher import Finisher
-from radixlm.scheduler.pd_none import NoDisaggregation, PDContext
+from radixlm.scheduler.output.finisher import Finisher
+from radixlm.scheduler.pd.context import NoDisaggregation, PDContext
 from radixlm.scheduler.req import Req, ReqStatus
 
 logger = logging.getLogger(__name__)

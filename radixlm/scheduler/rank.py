@@ -11,13 +11,13 @@ from radixlm.config import PortArgs
 from radixlm.distributed.communicator import Communicator
 from radixlm.distributed.parallel_state import init_parallel_state
 from radixlm.distributed.rank import RankSpec, pin_cpus, start_heartbeat
+from radixlm.scheduler.channels import BaseSchedulerIO, SchedulerIO
 from radixlm.scheduler.config import SchedulerConfig
-from radixlm.scheduler.dp_dispatch import DPDispatcher, DPView
-from radixlm.scheduler.dp_io import DPSchedulerIO
-from radixlm.scheduler.dp_step import DPAttentionStep, NoDPAttention
-from radixlm.scheduler.io import BaseSchedulerIO, SchedulerIO
-from radixlm.scheduler.tp_io import TPSchedulerIO
-from radixlm.scheduler.tp_sync import NoStepSync, TPStepSync
+from radixlm.scheduler.parallel.dp_attention import DPAttentionStep, NoDPAttention
+from radixlm.scheduler.parallel.dp_dispatch import DPDispatcher, DPView
+from radixlm.scheduler.parallel.dp_io import DPSchedulerIO
+from radixlm.scheduler.parallel.tp_io import TPSchedulerIO
+from radixlm.scheduler.parallel.tp_sync import NoStepSync, TPStepSync
 
 logger = logging.getLogger(__name__)
 

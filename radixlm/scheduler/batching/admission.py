@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from radixlm.scheduler.batch import PrefillChunk
-from radixlm.scheduler.cache_manager import CacheManager
+from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.req import Req
 
 # A request whose uncached prefix shares at least this many tokens with a request already in

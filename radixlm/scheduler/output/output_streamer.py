@@ -5,7 +5,7 @@ or, streaming, every stream_interval tokens. Chunks carry the detokenization opt
 stop strings and patterns only in a request's first chunk (the detokenizer keeps them with its
 decode state).
 A stream leaves out the last hold_back(req) tokens until the request finishes: jump-forward may
-still re-tokenize them (scheduler/jump_forward.py), and what was sent never changes.
+still re-tokenize them (scheduler/output/jump_forward.py), and what was sent never changes.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from radixlm.ipc import BatchTokenIDOut, FinishAbort, ReqOutputChunk
-from radixlm.scheduler.io import BaseSchedulerIO
+from radixlm.scheduler.channels import BaseSchedulerIO
 from radixlm.scheduler.req import Req
 
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from radixlm.scheduler.cache_manager import CacheManager
-from radixlm.scheduler.output_streamer import OutputStreamer
+from radixlm.scheduler.decoding.spec_decoding import NoSpeculation
+from radixlm.scheduler.kv.cache_manager import CacheManager
+from radixlm.scheduler.kv.session_pins import NoSessionPins, SessionPins
+from radixlm.scheduler.output.output_streamer import OutputStreamer
 from radixlm.scheduler.req import Req, ReqStatus
 from radixlm.scheduler.req_queues import ReqQueues
-from radixlm.scheduler.session_pins import NoSessionPins, SessionPins
-from radixlm.scheduler.speculation import NoSpeculation
 
 logger = logging.getLogger(__name__)
 

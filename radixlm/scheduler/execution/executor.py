@@ -15,11 +15,16 @@ import torch
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.runner import ModelRunner
 from radixlm.scheduler.batch import ScheduleBatch
-from radixlm.scheduler.cache_manager import CacheManager
-from radixlm.scheduler.grammar_manager import GrammarManager
-from radixlm.scheduler.overlap import FutureTokenMap, LaunchedBatch, StepOutput, can_overlap
+from radixlm.scheduler.decoding.grammar_manager import GrammarManager
+from radixlm.scheduler.decoding.spec_decoding import NoSpeculation
+from radixlm.scheduler.execution.overlap import (
+    FutureTokenMap,
+    LaunchedBatch,
+    StepOutput,
+    can_overlap,
+)
+from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.req import Req
-from radixlm.scheduler.speculation import NoSpeculation
 
 
 class InlineExecutor:

@@ -2,7 +2,8 @@
 
 Aborted running requests finish before their next step takes a KV slot; when the pool cannot give
 every running request one more slot, retraction requeues requests (they re-prefill later, mostly
-from the cache). Speculative decoding (speculation.py) may turn the step into a verify step.
+from the cache). Speculative decoding (decoding/spec_decoding.py) may turn the step into a verify
+step.
 """
 
 from __future__ import annotations
@@ -11,15 +12,15 @@ import logging
 from collections.abc import Callable
 
 from radixlm.model.forward_batch import ForwardMode
-from radixlm.scheduler.admission import NewTokenRatio
 from radixlm.scheduler.batch import ScheduleBatch
-from radixlm.scheduler.cache_manager import CacheManager
-from radixlm.scheduler.finisher import Finisher
+from radixlm.scheduler.batching.admission import NewTokenRatio
+from radixlm.scheduler.decoding.spec_decoding import NoSpeculation
+from radixlm.scheduler.execution.overlap import can_overlap
 from radixlm.scheduler.invariants import InvariantError
-from radixlm.scheduler.overlap import can_overlap
+from radixlm.scheduler.kv.cache_manager import CacheManager
+from radixlm.scheduler.output.finisher import Finisher
 from radixlm.scheduler.req import ReqStatus
 from radixlm.scheduler.req_queues import ReqQueues
-from radixlm.scheduler.speculation import NoSpeculation
 from radixlm.scheduler.stats import SchedulerStats
 
 logger = logging.getLogger(__name__)

@@ -17,17 +17,17 @@ import torch
 from radixlm.ipc import FinishLength
 from radixlm.model.runner import LogitsOutput, ModelRunner
 from radixlm.scheduler.batch import PrefillChunk
-from radixlm.scheduler.cache_manager import CacheManager
-from radixlm.scheduler.executor import InlineExecutor
-from radixlm.scheduler.finisher import Finisher
-from radixlm.scheduler.jump_forward import NoJumpForward
+from radixlm.scheduler.decoding.spec_decoding import NoSpeculation
+from radixlm.scheduler.execution.executor import InlineExecutor
+from radixlm.scheduler.execution.overlap import LaunchedBatch, StepOutput
+from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.lazy_tokenizer import LazyTokenizer
-from radixlm.scheduler.logprobs import add_input_logprobs, add_output_logprob
-from radixlm.scheduler.output_streamer import OutputStreamer
-from radixlm.scheduler.overlap import LaunchedBatch, StepOutput
+from radixlm.scheduler.output.finisher import Finisher
+from radixlm.scheduler.output.jump_forward import NoJumpForward
+from radixlm.scheduler.output.logprobs import add_input_logprobs, add_output_logprob
+from radixlm.scheduler.output.output_streamer import OutputStreamer
 from radixlm.scheduler.req import Req, ReqStatus
 from radixlm.scheduler.req_queues import ReqQueues
-from radixlm.scheduler.speculation import NoSpeculation
 from radixlm.scheduler.stats import SchedulerStats
 from radixlm.speculative.draft_tree import DraftTree
 from radixlm.speculative.verify import Acceptance

@@ -12,7 +12,7 @@ from typing import Any
 
 from radixlm.distributed.communicator import Communicator
 from radixlm.ipc import BatchTokenIDOut
-from radixlm.scheduler.io import BaseSchedulerIO
+from radixlm.scheduler.channels import BaseSchedulerIO
 
 
 class TPSchedulerIO(BaseSchedulerIO):

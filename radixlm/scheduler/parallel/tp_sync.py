@@ -23,7 +23,7 @@ import torch
 
 from radixlm.distributed.communicator import Communicator
 from radixlm.errors import InvariantError
-from radixlm.scheduler.cache_manager import CacheManager
+from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.req_queues import ReqQueues
 
 

@@ -39,16 +39,16 @@ from radixlm.ipc import (
 )
 from radixlm.model import weight_update
 from radixlm.model.runner import ModelRunner
-from radixlm.scheduler.cache_manager import CacheManager
 from radixlm.scheduler.intake import RequestIntake
+from radixlm.scheduler.kv.cache_manager import CacheManager
+from radixlm.scheduler.parallel.tp_sync import NoStepSync
 from radixlm.scheduler.req import ReqStatus
 from radixlm.scheduler.req_queues import ReqQueues
 from radixlm.scheduler.stats import SchedulerStats
-from radixlm.scheduler.tp_sync import NoStepSync
 
 if TYPE_CHECKING:
     from radixlm.cache.hicache_config import HiCacheConfig
-    from radixlm.scheduler.io import BaseSchedulerIO
+    from radixlm.scheduler.channels import BaseSchedulerIO
 
 logger = logging.getLogger(__name__)
 

@@ -9,7 +9,7 @@ NoDisaggregation is the null mode's no-op twin, so the loop never asks which mod
     pending()           transfers under way: the loop polls soon instead of sleeping
     info()              /get_server_info's internal_state["disaggregation"]
 
-pd_prefill.py and pd_decode.py are the two modes (pd_mode.py picks one); PDContext is what they
+pd/prefill.py and pd/decode.py are the two modes (pd/mode.py picks one); PDContext is what they
 are handed of the scheduler.
 """
 
@@ -18,10 +18,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixlm.ipc import TokenizedGenerateReqInput
-from radixlm.scheduler.cache_manager import CacheManager
-from radixlm.scheduler.finisher import Finisher
+from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.lazy_tokenizer import LazyTokenizer
-from radixlm.scheduler.output_streamer import OutputStreamer
+from radixlm.scheduler.output.finisher import Finisher
+from radixlm.scheduler.output.output_streamer import OutputStreamer
 from radixlm.scheduler.req import Req, ReqStatus
 from radixlm.scheduler.req_queues import ReqQueues
 

@@ -9,10 +9,10 @@ Methods (`--load-balance-method`):
 - round_robin: in turn. total_requests / total_tokens: the fewest requests / tokens.
 
 A rank's load is what it reported at the last step (queued and running requests, their tokens:
-DPView, filled by dp_step.py) plus what was sent to it since. Its prefix index remembers, per
-BLOCK tokens, a hash chained over the prompt so far (LRU, as many blocks as the rank's KV pool
-holds): an approximation of its radix cache, as the router's tree is of a server's. A session's
-turns stay on the rank of its first turn (its KV is pinned there).
+DPView, filled by parallel/dp_attention.py) plus what was sent to it since. Its prefix index
+remembers, per BLOCK tokens, a hash chained over the prompt so far (LRU, as many blocks as the
+rank's KV pool holds): an approximation of its radix cache, as the router's tree is of a server's. A
+session's turns stay on the rank of its first turn (its KV is pinned there).
 """
 
 from __future__ import annotations
@@ -33,8 +33,8 @@ BALANCE_REL_THRESHOLD = 1.5  # ... and this ratio of most to fewest before load 
 
 @dataclass
 class DPView:
-    """Every rank's state as of the last step (dp_step.py fills it; rank 0's dispatcher and channels
-    read it)."""
+    """Every rank's state as of the last step (parallel/dp_attention.py fills it; rank 0's
+    dispatcher and channels read it)."""
 
     size: int
     timeouts_ms: list[int] = field(
@@ -99,8 +99,8 @@ class DPDispatcher:
         self.stats = {"requests": [0] * view.size, "cache_hits": 0}
 
     def step_seen(self) -> None:
-        """The view now counts every request sent before (dp_step.py calls it after each
-        exchange)."""
+        """The view now counts every request sent before (parallel/dp_attention.py calls it after
+        each exchange)."""
         self.sent_requests = [0] * self.view.size
         self.sent_tokens = [0] * self.view.size
 

@@ -11,9 +11,9 @@ change (hold_back). SGLang's jump-forward re-tokenized the whole output for both
 from __future__ import annotations
 
 from radixlm.constrained.jump_forward import RETOKENIZE_TOKENS, find_jump_forward
-from radixlm.scheduler.cache_manager import CacheManager
-from radixlm.scheduler.finisher import StepsInFlight
+from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.lazy_tokenizer import LazyTokenizer
+from radixlm.scheduler.output.finisher import StepsInFlight
 from radixlm.scheduler.req import Req, ReqStatus
 from radixlm.scheduler.req_queues import ReqQueues
 from radixlm.scheduler.stats import SchedulerStats
