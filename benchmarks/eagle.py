@@ -2,9 +2,8 @@
 (held-out prompts) with no speculation, the head's chains, the head's trees and prompt-lookup
 chains: output tok/s, the speedup over no speculation and the mean accepted length.
 
-    python benchmarks/eagle.py --head-dir /tmp/eagle-smollm2            # train (or reuse), then
-    measure python benchmarks/eagle.py --head-dir D --train-num-prompts 8 --train-max-new-tokens 32
-    \\
+    python benchmarks/eagle.py --head-dir /tmp/eagle-smollm2            # train (or reuse), then measure
+    python benchmarks/eagle.py --head-dir D --train-num-prompts 8 --train-max-new-tokens 32 \\
         --train-epochs 0.2 --num-prompts 2 --max-tokens 32                # a smoke run (minutes)
 
 1. Training (skipped when D holds a finished run; an unfinished one is resumed): `radixlm
@@ -23,7 +22,7 @@ tok/s is completion tokens over the wall time of the requests (prefill included)
 length is the server's spec_accept_length (tokens per drafted request per verify step, the
 target's own token included). The drafts never change an answer: the script checks that every
 configuration returns the same text.
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

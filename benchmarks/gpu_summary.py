@@ -2,9 +2,8 @@
 benchmarks' JSON lines as tables (one-batch decode against the HBM roofline, the share of decode
 time outside the forward with and without overlap, serving).
 
-Usage: python3 benchmarks/gpu_summary.py OUT_DIR   (prints it; gpu_check.sh writes it to
-summary.txt)
-"""
+Usage: python3 benchmarks/gpu_summary.py OUT_DIR   (prints it; gpu_check.sh writes it to summary.txt)
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

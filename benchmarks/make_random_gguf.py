@@ -2,17 +2,15 @@
 (issue 34): both radixlm and llama.cpp's llama-server load it, so compare.py --model can serve
 the same file to both.
 
-    python benchmarks/make_random_gguf.py --shape llama-3.2-1b --type q8_0 -o
-    /data/llama-3.2-1b.q8_0.gguf python benchmarks/make_random_gguf.py --shape llama-3-8b --type
-    q4_k_m -o /data/llama-3-8b.q4_k_m.gguf \\
+    python benchmarks/make_random_gguf.py --shape llama-3.2-1b --type q8_0 -o /data/llama-3.2-1b.q8_0.gguf
+    python benchmarks/make_random_gguf.py --shape llama-3-8b --type q4_k_m -o /data/llama-3-8b.q4_k_m.gguf \\
         --llama-quantize ~/.cache/peers/llama_cpp_python-*/vendor/llama.cpp/build/bin/llama-quantize
-    python benchmarks/make_random_gguf.py --shape qwen2.5-1.5b --type q4_0 --dry-run   # the plan,
-    no file
+    python benchmarks/make_random_gguf.py --shape qwen2.5-1.5b --type q4_0 --dry-run   # the plan, no file
 
 f16 / q8_0 / q4_0 are written directly; k-quants and iq4_xs go through llama.cpp's llama-quantize
 from an F16 (Q8_0 above 4B parameters, to halve the intermediate file) file. Outputs of random
 weights are noise: benchmarks must fix output lengths (ignore_eos), as compare.py's client does.
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

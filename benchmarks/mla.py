@@ -4,15 +4,14 @@ per-head (MHA) caching, and decode throughput at batch sizes 1 / 8 / 32 with wei
 decompresses each request's latents into per-head K/V through kv_b_proj).
 
     python benchmarks/mla.py                          # DeepSeek-V2-Lite's shape, 4 of its 27 layers
-    python benchmarks/mla.py --layers 2 --experts 8 --ctx 64 --steps 3 --batch-sizes 1 2   # a smoke
-    run
+    python benchmarks/mla.py --layers 2 --experts 8 --ctx 64 --steps 3 --batch-sizes 1 2   # a smoke run
 
 The model has random weights and DeepSeek-V2-Lite's dimensions (hidden 2048, 16 heads, kv_lora_rank
 512, qk_rope 64, qk_nope 128, v 128, 64 routed experts top-6 + 2 shared, first layer dense), with
 --layers of its 27 layers and --experts routed experts so that it fits in memory (float32; the
 figures per layer scale to the full model). Each request has a --ctx-token context. Run it on an
 otherwise idle machine; the figures go to docs/benchmarks.md.
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

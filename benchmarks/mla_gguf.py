@@ -4,10 +4,8 @@ radixlm and by llama-server on the same file, decode tok/s at batch 1 / 8 / 32 w
 prompt per request.
 
     python benchmarks/mla_gguf.py -o /data/dsv2lite-4l.q8_0.gguf --llama-server PATH/llama-server
-    python benchmarks/mla_gguf.py -o /tmp/ds2-smoke.gguf --layers 2 --experts 8 --ctx 32 --batch 1 2
-    \\
-        --output-len 6 --llama-server PATH/llama-server              # a check that both load and
-        answer
+    python benchmarks/mla_gguf.py -o /tmp/ds2-smoke.gguf --layers 2 --experts 8 --ctx 32 --batch 1 2 \\
+        --output-len 6 --llama-server PATH/llama-server              # a check that both load and answer
 
 The shape is benchmarks/mla.py's (hidden 2048, 16 heads, kv_lora_rank 512, qk_rope 64, qk_nope 128,
 v 128, 64 routed experts top-6 + 2 shared, the first layer dense, vocab 102400, YaRN) with --layers
@@ -18,7 +16,7 @@ the batch's requests at once with N and with 1 output token, rate = batch x (N -
 radixlm holds the routed experts in float (dequantized at load: docs/deepseek.md), llama.cpp as
 stored. Random weights: outputs are noise; only the speed means anything. Run it alone; the figures
 go to docs/benchmarks.md.
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

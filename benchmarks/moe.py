@@ -3,12 +3,10 @@ hidden 2048, 64 experts of 1024, top-8; Q8_0: ~7.4 GB, the whole shape fits this
 by radixlm (and, with --llama-server, by llama.cpp's llama-server on the same file), decode tok/s at
 batch 1 / 8 / 32, and the bytes a decode step reads against the active-parameter roofline.
 
-    python benchmarks/moe.py -o /data/olmoe-random.q8_0.gguf                      # write (once) and
-    measure python benchmarks/moe.py -o /data/olmoe-random.q8_0.gguf --llama-server
-    ~/llama.cpp/build/bin/llama-server python benchmarks/moe.py -o /tmp/tiny-moe.gguf --layers 2
-    --hidden 64 --heads 4 --intermediate 64 \\
-        --experts 8 --top-k 2 --batch 1 2 --output-len 8                           # a seconds-long
-        check
+    python benchmarks/moe.py -o /data/olmoe-random.q8_0.gguf                      # write (once) and measure
+    python benchmarks/moe.py -o /data/olmoe-random.q8_0.gguf --llama-server ~/llama.cpp/build/bin/llama-server
+    python benchmarks/moe.py -o /tmp/tiny-moe.gguf --layers 2 --hidden 64 --heads 4 --intermediate 64 \\
+        --experts 8 --top-k 2 --batch 1 2 --output-len 8                           # a seconds-long check
 
 Decode tok/s: the batch's requests sent at once with N and with 1 output token (ignore_eos), rate =
 batch x (N - 1) / (t_N - t_1), so prefill and HTTP overhead cancel. Bytes per step: attention and
@@ -16,7 +14,7 @@ router weights, the LM head, and the experts a step touches: with top-k of E exp
 uniformly (random weights), a batch of b tokens touches E x (1 - (1 - k/E)^b) experts per layer;
 the roofline is the memory bandwidth (measured here by a 1 GiB copy) over those bytes, times b.
 Random weights: outputs are noise; only the speed means anything. Figures go to docs/benchmarks.md.
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

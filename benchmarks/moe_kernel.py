@@ -3,16 +3,15 @@ one qlinear per expert touched from Python), on random weights of a MoE layer's 
 call, the expert bytes a call reads (the distinct experts its tokens chose, gate+up and down) and
 that as GB/s against the machine's memory bandwidth (a multi-threaded sum over a large buffer).
 
-    python benchmarks/moe_kernel.py                        # OLMoE-1B-7B: hidden 2048, intermediate
-    1024, 64 experts, top-8 python benchmarks/moe_kernel.py --w13-format q4_k --w2-format q8_0
-    --tokens 1 8 32 python benchmarks/moe_kernel.py --hidden 256 --intermediate 256 --experts 8
-    --top-k 2 --repeat 3 --bw-mb 64  # a smoke run
+    python benchmarks/moe_kernel.py                        # OLMoE-1B-7B: hidden 2048, intermediate 1024, 64 experts, top-8
+    python benchmarks/moe_kernel.py --w13-format q4_k --w2-format q8_0 --tokens 1 8 32
+    python benchmarks/moe_kernel.py --hidden 256 --intermediate 256 --experts 8 --top-k 2 --repeat 3 --bw-mb 64  # a smoke run
 
 Each call routes its tokens anew (a fresh random top-k per call, from a precomputed list), so the
 experts read vary as in decode and the layer's experts (226 MB at Q4_K for OLMoE) come from memory,
 not the cache. Weights are one expert quantized from random floats, copied to every expert (same
 values, separate memory). Medians over --repeat calls after a warm-up.
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

@@ -2,16 +2,15 @@
 micro-batches (the pipeline bubble), the time to first token of a long prompt under chunked prefill,
 the bytes one step sends across a stage boundary, and on paper PP against TP for two nodes.
 
-    python benchmarks/pipeline.py                                # default model, float32, PP 1 and
-    2 python benchmarks/pipeline.py --model-path M --pp 1 2 3 --batch 8 --output-len 64 --ttft-len
-    8192 python benchmarks/pipeline.py --paper                        # the 70B arithmetic only (no
-    engine)
+    python benchmarks/pipeline.py                                # default model, float32, PP 1 and 2
+    python benchmarks/pipeline.py --model-path M --pp 1 2 3 --batch 8 --output-len 64 --ttft-len 8192
+    python benchmarks/pipeline.py --paper                        # the 70B arithmetic only (no engine)
 
 Each engine runs with --num-threads 1 per rank (PP=2 uses two cores; PP=1 one core: compare against
 PP=1 at --threads-pp1 2 too). "no micro" sets --pp-max-micro-batch-size to the batch, so a decode
 step goes through the stages as one group. Run it on an otherwise idle machine; the figures go to
 docs/benchmarks.md.
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 recurring-prompt workload (radixlm/bench/spec_datasets.py: agent calls sent again and again), one
 stream at a time: output tok/s, the speedup over no speculation and the mean accepted length.
 
-    python benchmarks/spec_tree.py [--model F.gguf] [--temperature 0.7] [--repeats 8] [--output-len
-    64]
+    python benchmarks/spec_tree.py [--model F.gguf] [--temperature 0.7] [--repeats 8] [--output-len 64]
 
 One `radixlm serve` per configuration, one after another on this machine (run it alone: every
 figure is a single-stream rate):
@@ -18,7 +17,7 @@ them all as branches, and the tree drafts several of them at once. The mean acce
 server's (`spec_accept_length`: tokens per drafted request per verify step, the model's own token
 included); `spec_tree_drafts` / `spec_branch_accepted` count the drafts that branched and the
 accepted tokens that were not their parent's first choice.
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

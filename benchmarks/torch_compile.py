@@ -3,15 +3,14 @@ loop: a prefill, then greedy decode steps), the two runners alternated, medians 
 and what the compile cost at start-up.
 
     python benchmarks/torch_compile.py --quantization none --batch-size 1 8 --repeats 5
-    python benchmarks/torch_compile.py --batch-size 1 8 --force              # the default GGUF,
-    fused op compiled python benchmarks/torch_compile.py --batch-size 1 8 --unfused            #
-    GGUF, the Python layers
+    python benchmarks/torch_compile.py --batch-size 1 8 --force              # the default GGUF, fused op compiled
+    python benchmarks/torch_compile.py --batch-size 1 8 --unfused            # GGUF, the Python layers
 
 --force compiles where radixlm declines to (the native fused decoder op runs the layers);
 --unfused runs the Python layers instead of that op in both runners (what a model the op does not
 cover runs, e.g. Qwen3's q/k norms); --freezing sets inductor's weight freezing (SGLang sets it).
 A fresh TORCHINDUCTOR_CACHE_DIR makes the compile cold (the default cache survives runs).
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

@@ -3,19 +3,15 @@ was flushed, so only the encoder cache saves work; the same image with its span 
 throughput of 8 concurrent requests sharing one image (the encoder runs once for all of them).
 
     python benchmarks/vision.py --size tiny                 # a 2-layer CLIP at 32 px: a check only
-    python benchmarks/vision.py --size llava-1.5            # LLaVA-1.5's CLIP ViT-L/14 at 336 px
-    (576
-                                                            # image tokens), SmolLM2-135M's decoder
-                                                            shape
+    python benchmarks/vision.py --size llava-1.5            # LLaVA-1.5's CLIP ViT-L/14 at 336 px (576
+                                                            # image tokens), SmolLM2-135M's decoder shape
     python benchmarks/vision.py --size qwen2-vl-tiny        # a 2-layer Qwen2-VL ViT: a check only
-    python benchmarks/vision.py --size qwen2-vl-2b          # Qwen2-VL-2B's ViT at 336x336 (144
-    image
-                                                            # tokens), SmolLM2-135M's decoder shape,
-                                                            M-RoPE
+    python benchmarks/vision.py --size qwen2-vl-2b          # Qwen2-VL-2B's ViT at 336x336 (144 image
+                                                            # tokens), SmolLM2-135M's decoder shape, M-RoPE
 
 Random weights (written with transformers, the tokenizer of the default model); the server is a
 real `radixlm serve`. Run it on an otherwise idle machine; the figures go to docs/benchmarks.md.
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

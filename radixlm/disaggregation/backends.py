@@ -4,24 +4,21 @@ One interface, both sides (SGLang's KVSender / KVReceiver pair, per backend):
 
     prefill side   write(dest, pool, src_slots, push)   move the KV, layer by layer; `push(frames)`
                                                          sends frames to the decode's data socket
-    decode side    prepare_pool(pool) -> ShmPool | None  what the decode side advertises in
-    TransferDest
+    decode side    prepare_pool(pool) -> ShmPool | None  what the decode side advertises in TransferDest
                    on_chunk(chunk, frames, pool, dst)    a tcp frame's KV into the pool's slots
 
 The AuxRecord always follows the KV over the same ZMQ connection (so it arrives last).
 
 - tcp: per layer one message [KVLayerChunk, K bytes, V bytes] (ZMQ over TCP, any host).
 - shm: the decode server's pool lives in a /dev/shm file; the prefill writes K/V straight into its
-  slots (index_put on the mapped file), as an RDMA write would: nothing crosses a socket but the
-  aux.
+  slots (index_put on the mapped file), as an RDMA write would: nothing crosses a socket but the aux.
 - fake: nothing moves (warm-up, SGLang's fake backend): the decode side decodes on whatever its
   slots hold.
 
 A GPU-cluster backend (Mooncake, NIXL) is one more class: prepare_pool registers the pool's memory
 with the transfer engine and returns its descriptor (TransferDest carries it), write() issues one
-RDMA write per layer from the prefill pool's slots to the descriptor's slots
-(docs/disaggregation.md).
-"""
+RDMA write per layer from the prefill pool's slots to the descriptor's slots (docs/disaggregation.md).
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

@@ -2,8 +2,7 @@
 
     decode -> bootstrap service   GET /route: the prefill rank's control endpoint and KV layout
     decode -> prefill (control)   TransferDest: room R's KV goes to these slots of my pool (after my
-                                  cached prefix of prefix_len tokens), through this endpoint / shm
-                                  pool
+                                  cached prefix of prefix_len tokens), through this endpoint / shm pool
     prefill -> decode (data)      KVLayerChunk per layer (tcp), then AuxRecord: the first output
                                   token, its logprobs, the prompt logprobs, cached tokens, checksum
     decode -> prefill (control)   TransferAck: room R arrived (or failed): the prefill frees its KV
@@ -11,7 +10,7 @@
 Both sides walk KVPoll (SGLang's names): BOOTSTRAPPING (the peer not known yet) -> WAITING_FOR_INPUT
 (the prefill has the decode's slots but its prompt is still running; the decode has sent them)
 -> TRANSFERRING -> SUCCESS | FAILED.
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

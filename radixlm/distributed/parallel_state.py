@@ -5,8 +5,7 @@ A rank is one scheduler process. The world is pp_size pipeline stages of one ten
 (tp) each; pp groups join the ranks of the same tp index across the stages (send/recv of hidden
 states between stages, the last stage's logits broadcast back). Further roles:
   ep        expert parallelism for MoE (all-reduce over the experts' group),
-  attn_dp   DP attention (--enable-dp-attention): every rank of the world, each with its own
-  requests;
+  attn_dp   DP attention (--enable-dp-attention): every rank of the world, each with its own requests;
             the MoE layers all-gather their tokens over it (its device_comm), and the schedulers
             exchange their messages and step states over the world's gloo group. The tp group is
             then tp_size / dp_size ranks (one for now), so each rank holds a whole attention.
@@ -15,7 +14,7 @@ around it; stage s holds ranks s * tp_size .. (s + 1) * tp_size - 1 (SGLang's la
 
 A process that never called init_parallel_state (tp=1, tests, benchmarks) sees a world of one
 whose groups are SingleProcessCommunicator: every collective is the identity.
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

@@ -5,8 +5,7 @@ family's syntax, the same for a whole output and for a stream of deltas.
     names = [t["function"]["name"] for t in request.tools]
 
     # a whole output (non-streaming response)
-    r = parse_tool_calls(fmt, text, names)            # r.content,
-    r.calls[i].{index,id,name,arguments}
+    r = parse_tool_calls(fmt, text, names)            # r.content, r.calls[i].{index,id,name,arguments}
 
     # a stream: feed each text delta, then finish()
     s = ToolCallStream(fmt, names)
@@ -19,7 +18,7 @@ begin / end / trigger of an xgrammar structural tag; `structural_tag(fmt, tools)
 request's tools), and which of its markers are special tokens the detokenizer must keep
 (`fmt.special_markers`). tool_choice "required" and named functions use the JSON_ARRAY format
 with `tool_choice_schema` instead, as SGLang does.
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from radixlm.function_call.block import ToolCallFormat
 from radixlm.function_call.constraints import structural_tag, tool_choice_schema

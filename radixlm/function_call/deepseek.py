@@ -4,12 +4,11 @@
           ```json
           {"city": "Paris"}
           ```<｜tool▁call▁end｜><｜tool▁calls▁end｜>
-    V3.1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city":
-    "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>
+    V3.1: <｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Paris"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>
 
 (the chat templates of DeepSeek-V3-0324 and DeepSeek-V3.1; calls may be separated by "\\n").
 A call is complete when its JSON is; the markers after it are glue, forgiven if cut off.
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
 """Mistral: [TOOL_CALLS] and then the calls, in one of two spellings.
 
-    [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]   (v3 tokenizer: 7B v0.3,
-    Nemo) [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}                         (v11+: Small 3.2,
-    Devstral)
+    [TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}]   (v3 tokenizer: 7B v0.3, Nemo)
+    [TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}                         (v11+: Small 3.2, Devstral)
 
 [TOOL_CALLS] and [ARGS] are control tokens: the detokenizer must keep them. Mistral's chat
 templates refuse a tool call id that is not 9 letters or digits, so ids here are such.
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

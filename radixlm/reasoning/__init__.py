@@ -2,8 +2,7 @@
 block split from the answer, the same for a whole output and for a stream of deltas.
 
     fmt = get_reasoning_format(server_args.reasoning_parser)
-    forced = fmt.forced(request.chat_template_kwargs, request.reasoning_effort) or
-    template_opens_thinking(template)
+    forced = fmt.forced(request.chat_template_kwargs, request.reasoning_effort) or template_opens_thinking(template)
 
     r = parse_reasoning(fmt, text, forced)            # r.reasoning (None: no block), r.content
 
@@ -14,7 +13,7 @@ block split from the answer, the same for a whole output and for a stream of del
 The content then goes to the tool-call parser, if any. `s.closed` says the think block is over
 (the hook for a thinking budget and for grammars that apply to the answer only); `fmt.end` is the
 marker a budget forces to close it.
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from radixlm.reasoning.formats import (
     REASONING_PARSERS,

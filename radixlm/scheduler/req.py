@@ -2,10 +2,8 @@
 
 Lifecycle (each status names the one container that holds the request: req_queues.py):
 
-    arrival --> GRAMMAR_PENDING --> PREFETCHING --> WAITING --> PREFILLING (chunk k of n) -->
-    RUNNING
-                (its grammar         (its prefix      (queued      (admitted: row, lock,
-                (decoding)
+    arrival --> GRAMMAR_PENDING --> PREFETCHING --> WAITING --> PREFILLING (chunk k of n) --> RUNNING
+                (its grammar         (its prefix      (queued      (admitted: row, lock,        (decoding)
                  compiles)            read from L3)    for admission) KV of its chunks)
     WAITING <-- RUNNING / PREFILLING: retraction (out of KV), jump-forward (re-prefills forced text)
     any --> FINISHING (finished while the step in flight still uses its KV) --> FINISHED
@@ -24,7 +22,7 @@ Only the cache manager (cache_manager.py) moves KV between a request and the tre
 ScheduleBatch allocates a step's slots. A request in the waiting queue holds nothing: no row, no
 lock, all three lengths 0. Token ids are `origin_input_ids + output_ids`; the K/V of the last
 output token is computed by the step that samples the token after it.
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

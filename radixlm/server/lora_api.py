@@ -1,12 +1,12 @@
 """SGLang's LoRA admin routes (docs/lora.md), admin actions (http_access.py):
 
-  POST /load_lora_adapter    {lora_name, lora_path, pinned?} -> {success, error_message,
-  loaded_adapters} POST /unload_lora_adapter  {lora_name}                     -> the same
+  POST /load_lora_adapter    {lora_name, lora_path, pinned?} -> {success, error_message, loaded_adapters}
+  POST /unload_lora_adapter  {lora_name}                     -> the same
 
 A name already loaded is a 409, an unknown one to unload a 404, a bad body or adapter a 400 naming
 the field. Unloading an adapter that requests use waits for them to finish (SGLang's behaviour).
 /v1/models lists the loaded adapters beside the base model (lora_model_cards).
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

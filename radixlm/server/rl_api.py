@@ -1,11 +1,9 @@
 """SGLang's routes for RL loops (docs/rl.md), admin actions like /flush_cache (http_access.py):
 
-  POST     /update_weights_from_disk    {model_path, load_format?, abort_all_requests?,
-  flush_cache?,
-                                         weight_version?, keep_pause?} -> {success, message,
-                                         num_paused_requests}
-  GET|POST /get_weights_by_name         {name, truncate_size?} -> the tensor's first rows, float
-  lists POST     /pause_generation            {mode?: abort | retract | in_place}
+  POST     /update_weights_from_disk    {model_path, load_format?, abort_all_requests?, flush_cache?,
+                                         weight_version?, keep_pause?} -> {success, message, num_paused_requests}
+  GET|POST /get_weights_by_name         {name, truncate_size?} -> the tensor's first rows, float lists
+  POST     /pause_generation            {mode?: abort | retract | in_place}
   POST     /continue_generation
   POST     /release_memory_occupation   {tags?: [weights, kv_cache]}
   POST     /resume_memory_occupation    {tags?}
@@ -14,7 +12,7 @@ A refused call is a 400 in the server's error shape, naming the field; /update_w
 also carries SGLang's {success: false, message} for clients that read those. The actions that
 change state are POST only (a GET is what a page's link can send); SGLang also takes GET for the
 memory routes.
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

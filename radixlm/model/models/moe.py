@@ -3,13 +3,11 @@ SparseMoeBlock (layers/moe/moe_block.py) in place of the MLP, in every layer or 
 says (Qwen's `mlp_only_layers`, `decoder_sparse_step`: the other layers keep a dense MLP).
 
 Checkpoint names accepted for the experts (all normalized to `model.layers.L.mlp.experts...`):
-  per expert        mlp.experts.E.{gate,up,down}_proj.weight   (what transformers' save_pretrained
-  writes)
+  per expert        mlp.experts.E.{gate,up,down}_proj.weight   (what transformers' save_pretrained writes)
                     block_sparse_moe.experts.E.{w1,w3,w2}.weight (Mixtral's original layout)
-  stacked (3-D)     mlp.experts.{gate_up_proj,down_proj}        (transformers 5.x's in-memory
-  layout)
+  stacked (3-D)     mlp.experts.{gate_up_proj,down_proj}        (transformers 5.x's in-memory layout)
                     mlp.experts.{gate,up,down}_proj.weight       (a GGUF's ffn_{gate,up,down}_exps)
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
 """Mixture-of-experts families (HF's modeling files are the reference; moe.py the shared stack):
 
 Qwen2MoeForCausalLM   bias on q/k/v; softmax top-k not renormalized (norm_topk_prob False); a
-                      shared expert (shared_expert_intermediate_size) scaled by
-                      sigmoid(shared_expert_gate)
+                      shared expert (shared_expert_intermediate_size) scaled by sigmoid(shared_expert_gate)
 Qwen3MoeForCausalLM   RMSNorm over each head of q and k (as dense Qwen3); norm_topk_prob
 MixtralForCausalLM    softmax over the top-k logits (= renormalized top-k); num_local_experts
 OlmoeForCausalLM      RMSNorm over the whole q and k projections (not per head), optional clip_qkv
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

@@ -13,8 +13,7 @@ Moves (all on the scheduler thread):
 
     assign        admission: the matched prefix's slots become the request's protected range
                   (its node locked), a row is taken from the free rows
-    alloc_kv      free list -> a step's new slots (after evicting unlocked LRU leaves);
-    ScheduleBatch
+    alloc_kv      free list -> a step's new slots (after evicting unlocked LRU leaves); ScheduleBatch
                   writes them into the requests' rows, extending their own range
     cache_req(finished=False)
                   the request's committed KV -> the tree; own slots that duplicate what the tree
@@ -29,7 +28,7 @@ Moves (all on the scheduler thread):
 
 With the radix cache disabled (NoPrefixCache) nothing moves to a tree: NoCacheManager keeps a
 request's whole range its own until it leaves.
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 

@@ -1,19 +1,18 @@
 """The decode server's PD mode: a request with a bootstrap room never prefills here.
 
     KV_BOOTSTRAP   (holds nothing) the prefill server's route is looked up at its bootstrap service;
-                   once known and the pool has room for the prompt plus
-                   --num-reserved-decode-tokens, the request takes a row, its cached prefix from
-                   this server's own radix cache (earlier turns' KV stays here) and slots for the
-                   rest; the prefill server is told where to write them
+                   once known and the pool has room for the prompt plus --num-reserved-decode-tokens,
+                   the request takes a row, its cached prefix from this server's own radix cache
+                   (earlier turns' KV stays here) and slots for the rest; the prefill server is told
+                   where to write them
     KV_TRANSFER    (holds the row and the slots) the KV arrives into the slots (the receiver thread
                    writes it, or the prefill wrote the shared pool); the aux record brings the first
                    output token, its logprobs, the prompt logprobs and the cached-token count
-    RUNNING        the prompt's KV goes into the radix cache, as after a local prefill; decoding
-    goes on
+    RUNNING        the prompt's KV goes into the radix cache, as after a local prefill; decoding goes on
 
 A request that times out (--disaggregation-bootstrap-timeout, --disaggregation-waiting-timeout),
 is aborted or fails on the prefill side releases what it holds and ends with a 5xx (or the abort).
-"""
+"""  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
 
