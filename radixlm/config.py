@@ -355,7 +355,8 @@ class ServerArgs:
                 )
                 continue
             typ = {"int": int, "float": float, "str": str}
-            base = str(f.type).replace("Optional[", "").rstrip("]")
+            # "int | None" -> "int" ("Optional[int]" before ruff's pyupgrade, still accepted).
+            base = str(f.type).removesuffix(" | None").replace("Optional[", "").rstrip("]")
             kw = dict(type=typ.get(base, str), default=default, help=helps.get(f.name))
             if f.name in choices:
                 kw["choices"] = tuple(choices[f.name])
