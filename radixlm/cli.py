@@ -230,7 +230,7 @@ def main(argv=None) -> int:
 
     eagle_train.add_args(train_eagle)
     train_eagle.set_defaults(func=eagle_train.main)
-    # SGLang's flags, value spellings and --config FILE.yaml (radixlm/sglang_flags.py,
+    # SGLang's flags, value spellings and --config FILE.yaml (radixlm/sglang_flags.yaml,
     # config_file.py).
     from radixlm.config_file import expand_config_file
     from radixlm.sglang_compat import check_sglang_flags, install_sglang_flags

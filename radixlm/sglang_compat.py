@@ -1,4 +1,5 @@
-"""SGLang's flags on radixlm's command line (the table is radixlm/sglang_flags.py).
+"""SGLang's flags on radixlm's command line (the table is radixlm/sglang_flags.yaml, loaded by
+radixlm/sglang_flags.py).
 
 `install_sglang_flags(parser)` gives every (sub)parser that takes ServerArgs the rest of SGLang's
 flags, parsed as SGLang parses them, and SGLang's spellings of radixlm's own values;

@@ -1,8 +1,8 @@
 """docs/sglang_flags.md: every SGLang server flag and what radixlm does with it.
 
 The rows are SGLang's parser (sglang/srt/server_args.py of the installed sglang, read with ast:
-importing it needs triton); what radixlm does comes from radixlm's own parser and the table in
-radixlm/sglang_flags.py. Run after changing either:
+importing it needs triton); what radixlm does comes from radixlm's own parser and the table
+(radixlm/sglang_flags.yaml, loaded by radixlm/sglang_flags.py). Run after changing either:
 
     python -m radixlm.sglang_flags_doc --write    # regenerate docs/sglang_flags.md
     python -m radixlm.sglang_flags_doc --check    # exit 1 if the checked-in file is stale

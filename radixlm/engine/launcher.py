@@ -102,7 +102,8 @@ def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, di
     """Start the scheduler (with --tp-size, this node's scheduler ranks) and detokenizer processes;
     return them (the scheduler or rank 0 first, the detokenizer second), the ports and the
     scheduler's info once its model is loaded (or raise with its error). A bad option is a
-    ValueError here, before any process starts."""
+    ValueError here, before any process starts, or a StartupRefusalError (a ValueError too) when
+    only a child can tell (the attention backend on this device, the model's head count)."""
     from radixlm.engine.detokenizer import run_detokenizer_process
     from radixlm.engine.tp_launch import start_ranks, wait_ready
     from radixlm.model.loader import default_model_path

@@ -14,6 +14,7 @@ from radixlm.config import ServerArgs
 from radixlm.distributed.config import DistConfig
 from radixlm.engine.launcher import check_server_args, stop_processes, watch_processes
 from radixlm.engine.tp_launch import start_ranks, wait_ready
+from radixlm.errors import StartupRefusalError
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def run_node(server_args: ServerArgs) -> None:
         except RuntimeError as e:
             stop_processes(procs)
             print(f"radixlm: error: node {dist.node_rank}: {e}", file=sys.stderr, flush=True)
-            sys.exit(1)
+            sys.exit(2 if isinstance(e, StartupRefusalError) else 1)  # a refusal: as the parser's
         print(
             f"radixlm node {dist.node_rank}: ranks {dist.node_ranks()} ready (rank 0 at"
             f" {dist.dist_init_addr})",

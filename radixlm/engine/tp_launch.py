@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from radixlm.config import PortArgs
 from radixlm.distributed.config import DistConfig
 from radixlm.distributed.rank import RankSpec, new_heartbeat
+from radixlm.errors import StartupRefusalError
 from radixlm.utils import core_shares
 
 if TYPE_CHECKING:
@@ -89,13 +90,17 @@ def start_ranks(
 
 
 def wait_ready(started: list[tuple], others: list = ()) -> list[dict]:
-    """Each scheduler's ready report, in order; a RuntimeError naming the rank that failed or died
-    (others: processes whose death also ends the wait, e.g. the detokenizer)."""
+    """Each scheduler's ready report, in order; a StartupRefusalError with its one line when one
+    refused its configuration (errors.py: start_failure_report), a RuntimeError naming the rank
+    that failed or died (others: processes whose death also ends the wait, e.g. the
+    detokenizer)."""
     infos: list[dict | None] = [None] * len(started)
     while any(i is None for i in infos):
         for k, (p, reader) in enumerate(started):
             if infos[k] is None and reader.poll(0.2):
                 info = reader.recv()
+                if info.get("status") == "refused":
+                    raise StartupRefusalError(info["message"])
                 if info.get("status") != "ready":
                     raise RuntimeError(f"the {p.name} failed to start: {info.get('message')}")
                 infos[k] = info

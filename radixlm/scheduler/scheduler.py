@@ -22,6 +22,7 @@ from radixlm.cache.factory import create_prefix_cache
 from radixlm.config import PortArgs
 from radixlm.disaggregation.config import DisaggregationMode
 from radixlm.distributed.rank import beat
+from radixlm.errors import start_failure_report
 from radixlm.ipc import (
     AbortReq,
     ControlFailed,
@@ -482,8 +483,10 @@ def run_scheduler_process(
             scheduler = Scheduler(*join_tp_group(config, port_args, rank))
         pipe_writer.send({"status": "ready", **scheduler.info()})
     except Exception as e:  # report load errors to the launcher instead of dying silently
-        logger.exception("scheduler failed to start")
-        pipe_writer.send({"status": "error", "message": f"{type(e).__name__}: {e}"})
+        report = start_failure_report(e)  # a refusal: one line, the launcher's to print
+        level = logging.ERROR if report["status"] == "error" else logging.DEBUG
+        logger.log(level, "scheduler failed to start", exc_info=True)
+        pipe_writer.send(report)
         return
 
     def finish_stores(*_):  # KV queued for storage is what the next start serves from

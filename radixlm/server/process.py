@@ -15,6 +15,10 @@ from collections.abc import Callable
 
 import requests
 
+from radixlm.errors import StartupRefusalError
+
+REFUSAL_PREFIX = "radixlm: error: "  # cli.py's one error line
+
 
 def free_port() -> int:
     with socket.socket() as s:
@@ -32,6 +36,15 @@ def _stop(proc: subprocess.Popen, timeout: float = 30) -> int | None:
             proc.kill()
             proc.wait()
     return proc.returncode
+
+
+def _exit_error(name: str, code: int, output: str) -> RuntimeError:
+    """Why a server exited before it was healthy: its refusal (exit code 2 after its one error
+    line, as the command line refuses an option) or what it printed last."""
+    lines = output.strip().splitlines()
+    if code == 2 and lines and lines[-1].startswith(REFUSAL_PREFIX):
+        return StartupRefusalError(lines[-1][len(REFUSAL_PREFIX) :])
+    return RuntimeError(f"{name} exited ({code}): {output[-3000:]}")
 
 
 class ServerProcess:
@@ -86,9 +99,7 @@ class ServerProcess:
         deadline = time.time() + timeout
         while time.time() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(
-                    f"{name} exited ({self.proc.returncode}): {self.output()[-3000:]}"
-                )
+                raise _exit_error(name, self.proc.returncode, self.output())
             try:
                 if requests.get(self.url + "/health", timeout=1).status_code == 200:
                     return
