@@ -355,12 +355,15 @@ class ServerArgs:
                 )
                 continue
             typ = {"int": int, "float": float, "str": str}
-            base = str(f.type).replace("Optional[", "").rstrip("]")
-            kw = dict(type=typ.get(base, str), default=default, help=helps.get(f.name))
+            base = str(f.type).removesuffix(" | None")  # int | None -> int; list[int] | None, ...
+            if base.startswith("list["):  # SGLang's list flags (--lora-paths A B): their items
+                base = base.removeprefix("list[").removesuffix("]")
+                kw = dict(nargs="*")
+            else:
+                kw = {}
+            kw.update(type=typ.get(base, str), default=default, help=helps.get(f.name))
             if f.name in choices:
                 kw["choices"] = tuple(choices[f.name])
-            if base.startswith("list"):  # SGLang's list flags (--lora-paths A B)
-                kw["nargs"] = "*"
             flags = [
                 flag,
                 *_ALIASES.get(f.name, ()),

@@ -195,6 +195,20 @@ def test_human_readable_ints_and_conservativeness(monkeypatch, capsys):
     assert check_server_args(ServerArgs(schedule_conservativeness=5)).new_token_ratio == 1.0
 
 
+def test_own_flags_parse_to_their_field_types(monkeypatch, capsys):
+    """A field typed `X | None` parses as X (ruff's rewrite of Optional[X] once turned them into
+    strings, and mem_fraction_static's range check into a TypeError)."""
+    rc, err, seen = run(
+        ["--mem-fraction-static", "0.5", "--num-threads", "3", "--decode-kv-mirror-gb", "1"],
+        monkeypatch,
+        capsys,
+    )
+    assert rc == 0, err
+    args = seen["args"]
+    assert (args.mem_fraction_static, args.num_threads, args.decode_kv_mirror_gb) == (0.5, 3, 1.0)
+    assert isinstance(args.num_threads, int) and isinstance(args.decode_kv_mirror_gb, float)
+
+
 def test_table_is_consistent():
     """No table flag is also one of radixlm's own options (after a merge, the radixlm option wins
     and the table entry must go), none is listed twice, and the generated table covers every SGLang
