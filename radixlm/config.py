@@ -111,8 +111,9 @@ class ServerArgs:
     torch_compile_max_bs: int = 32  # SGLang's default
     # CUDA graphs of decode steps (model/cuda_graph_runner.py), SGLang's flags: on CUDA, for batches
     # of up to cuda_graph_max_bs requests (None: min(256, max_running_requests)), padded up to a
-    # captured size.
+    # captured size; cuda_graph_bs: the batch sizes captured (None: SGLang's list up to the max).
     cuda_graph_max_bs: int | None = None
+    cuda_graph_bs: list[int] | None = None
     disable_cuda_graph: bool = False
     is_embedding: bool = (
         False  # SGLang's: serve an embedding model (/v1/embeddings, /encode; model/pooler.py)

@@ -34,6 +34,11 @@ HELPS = {
         " --max-running-requests)); a batch is padded up to the next captured size, larger ones run"
         " eager"
     ),
+    "cuda_graph_bs": (
+        "CUDA: the decode batch sizes captured as CUDA graphs (SGLang's flag; default: 1, 2, 4, 8,"
+        " 12, then every 8 up to --cuda-graph-max-bs); sizes above --max-running-requests (or"
+        " --cuda-graph-max-bs, if given) are left out"
+    ),
     "disable_cuda_graph": "CUDA: run every decode step eagerly (no CUDA graphs)",
     "is_embedding": (
         "serve an embedding model: /v1/embeddings and /encode return its pooled, normalized final"

@@ -436,9 +436,9 @@ GROUPS: tuple[FlagGroup, ...] = (
         "--trust-remote-code",
     ),
     _inert(
-        "CUDA graphs: radixlm captures decode steps up to --cuda-graph-max-bs at SGLang's batch"
-        " sizes, padded (--disable-cuda-graph: none); these tune what it does not have",
-        "--cuda-graph-bs V...",
+        "CUDA graphs: radixlm captures decode steps at --cuda-graph-bs or up to"
+        " --cuda-graph-max-bs, padded (--disable-cuda-graph: none); these tune what it does not"
+        " have",
         "--disable-cuda-graph-padding",
         "--enable-profile-cuda-graph",
         "--enable-cudagraph-gc",

@@ -75,6 +75,8 @@ class ModelRunnerConfig:
     # CUDA: decode steps of up to cuda_graph_max_bs requests replayed from CUDA graphs
     # (model/cuda_graph_runner.py; None: min(256, max_running_requests)).
     cuda_graph_max_bs: int | None = None
+    # The batch sizes captured (--cuda-graph-bs; None: SGLang's list up to the max).
+    cuda_graph_bs: tuple[int, ...] | None = None
     disable_cuda_graph: bool = False
     # An embedding model (--is-embedding): extends return pooled hidden states, never logits
     # (model/pooler.py).
@@ -104,6 +106,12 @@ class ModelRunnerConfig:
             )
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs <= 0:
             raise ValueError(f"cuda_graph_max_bs must be positive, got {self.cuda_graph_max_bs}")
+        if self.cuda_graph_bs is not None and (
+            not self.cuda_graph_bs or min(self.cuda_graph_bs) <= 0
+        ):
+            raise ValueError(
+                f"cuda_graph_bs must be batch sizes >= 1, got {list(self.cuda_graph_bs)}"
+            )
         if self.max_running_requests <= 0:
             raise ValueError(
                 f"max_running_requests must be positive, got {self.max_running_requests}"
@@ -147,6 +155,7 @@ class ModelRunnerConfig:
             enable_torch_compile=args.enable_torch_compile,
             torch_compile_max_bs=args.torch_compile_max_bs,
             cuda_graph_max_bs=args.cuda_graph_max_bs,
+            cuda_graph_bs=None if args.cuda_graph_bs is None else tuple(args.cuda_graph_bs),
             disable_cuda_graph=args.disable_cuda_graph,
             is_embedding=args.is_embedding,
             pp_max_micro_batch_size=args.pp_max_micro_batch_size,
