@@ -9,7 +9,7 @@ import torch
 
 from radixlm.lora.config import LoRAConfig
 from radixlm.model.layers.attention.registry import ATTENTION_BACKENDS
-from radixlm.model.loader import QUANTIZATIONS
+from radixlm.model.quant_methods import QUANTIZATIONS, refusal
 
 if TYPE_CHECKING:
     from radixlm.config import ServerArgs
@@ -46,8 +46,8 @@ class ModelRunnerConfig:
     quantization: str | None = (
         None  # None: gguf for a GGUF file, else none (loader.resolve_quantization)
     )
-    # auto: float16 for quantized weights where every attention backend reads it (ModelRunner), else
-    # dtype.
+    # auto: float16 for weights in the native CPU formats where every attention backend reads it
+    # (ModelRunner; QuantMethod.float16_kv), else dtype.
     kv_cache_dtype: str = "auto"
     # Backend names (attention registry); None: auto. The prefill / decode ones default to
     # attention_backend, and naming different ones makes a HybridAttnBackend.
@@ -91,6 +91,10 @@ class ModelRunnerConfig:
     def __post_init__(self):
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("quantization", self.quantization, QUANTIZATIONS, optional=True)
+        if self.device in ("cpu", "cuda") or self.device.startswith("cuda:"):
+            why = refusal(self.quantization, self.device)  # at start-up, in one line
+            if why:
+                raise ValueError(why)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         for field in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
             _check_choice(field, getattr(self, field), ATTENTION_BACKENDS, optional=True)
