@@ -48,7 +48,8 @@ HELPS = {
     "quantization": (
         "weights: gguf (a GGUF's own quantization, its default), none (dequantize to --dtype, the"
         " default for other checkpoints), int8, q4_0, q8_0, q4_k (quantize at load), f16, bf16"
-        " (16-bit weights); quantized weights run the native CPU kernels"
+        " (16-bit weights): these run the native CPU kernels; fp8 (CUDA only: each linear layer's"
+        " weight in FP8 with a scale per output row, bf16 activations, a Triton GEMM)"
     ),
     "kv_cache_dtype": (
         "KV cache element type (auto: float16 for quantized weights on the native CPU kernels, else"

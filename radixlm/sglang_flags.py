@@ -174,7 +174,6 @@ VALUE_RULES: dict[str, ValueRule] = {
             RefusedValues(
                 (
                     "awq",
-                    "fp8",
                     "mxfp8",
                     "gptq",
                     "marlin",
@@ -340,7 +339,8 @@ DIFFERENT: dict[str, str] = {
     ),
     "--quantization": (
         "radixlm's values: gguf (a GGUF's own block formats, its default), none (dequantized to "
-        "--dtype), int8, q4_0, q8_0, q4_k, f16, bf16 (quantized at load; native CPU kernels)"
+        "--dtype), int8, q4_0, q8_0, q4_k, f16, bf16 (quantized at load; native CPU kernels), fp8"
+        " (CUDA: FP8 weights with a scale per output row, bf16 activations, quantized at load)"
     ),
     "--kv-cache-dtype": (
         "radixlm adds float32, float16 and int8 (a float32 scale per token and head)"

@@ -7,6 +7,9 @@ value (vLLM's and SGLang's QuantizationConfig / LinearMethod split, at this proj
   CPU kernels' formats, each matrix as it streams in, then whatever was left (tied or random
   weights; MoE experts per expert). Elsewhere (CUDA, no native kernels) the weights run in float,
   with a warning.
+- `fp8` (Fp8Method): each linear layer's weight as float8_e4m3fn with a float32 scale per output
+  row, multiplied by a Triton W8A16 GEMM (layers/fp8_linear.py); CUDA only (refused elsewhere at
+  start-up). The embeddings, the LM head and MoE experts stay in the model dtype.
 """
 
 from __future__ import annotations
@@ -105,17 +108,56 @@ class NativeMethod(QuantMethod):
             )
 
 
+class Fp8Method(QuantMethod):
+    """FP8 weights, W8A16 (vLLM's / SGLang's online `fp8` of a 16-bit checkpoint, weight-only):
+    every linear layer but the LM head quantized once loaded, on the device (block: 0 for a scale
+    per output row, 128 for 128 x 128 block scales, the same kernel)."""
+
+    refused_elsewhere = True
+
+    def __init__(self, name: str = "fp8", block: int = 0):
+        self.name, self.block = name, block
+
+    def unavailable_reason(self, device: torch.device) -> str | None:
+        from radixlm.kernels import triton_ops
+
+        why = triton_ops.unavailable_reason(device)
+        return None if why is None else f"is CUDA-only (a Triton GEMM): {why}"
+
+    def after_loading(self, model: nn.Module) -> None:
+        from radixlm.model.layers.fp8_linear import Fp8Matrix
+        from radixlm.model.layers.linear import Linear
+
+        t0, count = time.perf_counter(), 0
+        for name, module in model.named_modules():
+            if (
+                isinstance(module, Linear)
+                and module.qweight is None
+                and name.rpartition(".")[2] != "lm_head"
+            ):
+                module.set_matrix(Fp8Matrix.quantize(module.weight, self.block))
+                count += 1
+        logger.info(
+            "quantized %d linear layers to fp8 (%s) in %.2f s; the embeddings and the LM head stay"
+            " in the model dtype",
+            count,
+            f"{self.block}x{self.block} blocks" if self.block else "a scale per output row",
+            time.perf_counter() - t0,
+        )
+
+
 # --quantization's values (none: float weights, no method).
 QUANT_METHODS: dict[str, QuantMethod] = {
     "gguf": NativeMethod("gguf"),
     **{name: NativeMethod(name) for name in QUANTIZE_AT_LOAD},
+    "fp8": Fp8Method(),
 }
 QUANTIZATIONS = ("none", *QUANT_METHODS)
 
 
 def refusal(quantization: str | None, device: str | torch.device) -> str | None:
     """Why --quantization cannot start on `device` (one line), or None: only a method that is
-    refused elsewhere is; the native formats fall back to float at load."""
+    refused elsewhere (fp8 off CUDA) is; the native formats fall back to float at load."""
     method = QUANT_METHODS.get(quantization or "none")
     if method is None or not method.refused_elsewhere:
         return None

@@ -179,7 +179,7 @@ class ModelRunner:
         """auto: float16 where weights run in the native CPU formats (QuantMethod.float16_kv) and
         every attention backend in use reads float16 KV (the native kernels; llama.cpp's default KV
         type: decode attention reads half the bytes), else the model dtype (float32: the HF
-        reference)."""
+        reference; FP8 weights keep it)."""
         cfg = self.config
         method = QUANT_METHODS.get(self.loaded.quantization)  # None: float weights
         if cfg.kv_cache_dtype == "auto" and method is not None and method.float16_kv:

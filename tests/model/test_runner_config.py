@@ -106,7 +106,10 @@ def test_frozen():
         (
             "quantization",
             "q3_k",
-            "quantization must be one of none, gguf, int8, q4_0, q8_0, q4_k, f16, bf16, got 'q3_k'",
+            (
+                "quantization must be one of none, gguf, int8, q4_0, q8_0, q4_k, f16, bf16, fp8,"
+                " got 'q3_k'"
+            ),
         ),
         (
             "kv_cache_dtype",

@@ -81,7 +81,7 @@ class FusedLayers:
 
 def _segments(linear) -> list[tuple[torch.Tensor, int]] | None:
     """(blocks, format id) per segment, or None when the projection is not all quantized (in the
-    native formats)."""
+    native formats: FP8 runs a Triton GEMM)."""
     q = linear.qweight
     if not isinstance(q, QuantizedMatrix) or not all(
         isinstance(s.weight, QuantizedTensor) for s in q.segments

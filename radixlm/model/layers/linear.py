@@ -5,7 +5,8 @@ A fused layer holds several HF projections stacked along the output dim
 `load_shard` copies one HF tensor into its slice; the loader calls it.
 A weight held in another form replaces the float parameter (`weight` becomes None, `qweight`
 multiplies): the native CPU kernels' blocks the loader hands over (layers/quantized.py) or what a
---quantization method makes of the loaded weight (model/quant_methods.py).
+--quantization method makes of the loaded weight (model/quant_methods.py: FP8's is
+layers/fp8_linear.py).
 """
 
 from __future__ import annotations
@@ -117,7 +118,7 @@ class VocabEmbedding(nn.Module):
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         # Uninitialized (nn.Embedding would spend ~0.3 s drawing random numbers).
         self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
-        self.qweight: QuantizedMatrix | None = None
+        self.qweight: QuantizedMatrix | None = None  # the native formats only (FP8: left float)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.qweight is not None:

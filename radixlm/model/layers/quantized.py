@@ -50,8 +50,8 @@ class QuantizedTensor:
 
 class WeightMatrix:
     """What a linear layer multiplies by in place of its float weight (Linear.qweight): out = x @
-    W^T for W [rows, cols] held in some other form (QuantizedMatrix: the native CPU kernels'
-    blocks)."""
+    W^T for W [rows, cols] held in some other form (QuantizedMatrix: the native CPU kernels' blocks;
+    fp8_linear.Fp8Matrix: FP8 with scales, a Triton GEMM)."""
 
     rows: int
     cols: int
