@@ -1,9 +1,11 @@
-"""The summary of benchmarks/gpu_check.sh: the steps' exit codes, the tests' last line, and the
-benchmarks' JSON lines as tables (one-batch decode against the HBM roofline, the share of decode
-time outside the forward with and without overlap, serving).
+"""The summary of benchmarks/gpu_check.sh (and gpu_fp8.sh): the steps' exit codes, the tests' last
+line, and the benchmarks' JSON lines as tables (one-batch decode against the HBM roofline, FP8
+weights against bf16 where both ran, the share of decode time outside the forward with and without
+overlap, serving).
 
-Usage: python3 benchmarks/gpu_summary.py OUT_DIR   (prints it; gpu_check.sh writes it to summary.txt)
-"""  # noqa: E501 (diagrams and command lines kept whole)
+Usage: python3 benchmarks/gpu_summary.py OUT_DIR [TITLE]   (prints it; the scripts write it to
+summary.txt)
+"""
 
 from __future__ import annotations
 
@@ -31,20 +33,47 @@ def _fmt(v, spec: str) -> str:
 
 def one_batch_table(rows: list[dict]) -> list[str]:
     out = [
-        f"{'model':<28}{'bs':>5}{'tok/s':>10}{'step ms':>9}{'fwd ms':>8}{'outside':>9}"
-        f"{'MB/step':>9}"
+        f"{'model':<28}{'weights':>8}{'bs':>5}{'tok/s':>10}{'step ms':>9}{'fwd ms':>8}"
+        f"{'outside':>9}{'MB/step':>9}"
         f"{'copy GB/s':>10}{'roofline':>9}"
     ]
     for r in rows:
         model = os.path.basename(str(r.get("model")))[:27]
+        quant = r.get("quantization", "none")
+        weights = r.get("dtype", "float") if quant == "none" else quant
         out.append(
-            f"{model:<28}{r['batch_size']:>5}{_fmt(r.get('decode_throughput'), '.0f'):>10}"
+            f"{model:<28}{weights:>8}{r['batch_size']:>5}"
+            f"{_fmt(r.get('decode_throughput'), '.0f'):>10}"
             f"{_fmt(r.get('decode_median_ms'), '.2f'):>9}"
             f"{_fmt(r.get('forward_median_ms'), '.2f'):>8}"
             f"{_fmt(r.get('outside_forward_share'), '.1%'):>9}"
             f"{_fmt(r.get('step_bytes_mb'), '.0f'):>9}"
             f"{_fmt(r.get('read_gbps'), '.0f'):>10}{_fmt(r.get('roofline_share'), '.0%'):>9}"
         )
+    return out
+
+
+def quantized_vs_float(rows: list[dict]) -> list[str]:
+    """Per model and batch size run both ways: the quantized weights' decode rate and bytes per step
+    against the float weights'."""
+    float_rows = {
+        (r.get("model"), r["batch_size"]): r
+        for r in rows
+        if r.get("quantization", "none") == "none"
+    }
+    out = []
+    for r in rows:
+        base = float_rows.get((r.get("model"), r["batch_size"]))
+        if r.get("quantization", "none") == "none" or base is None:
+            continue
+        tok, tok0 = r.get("decode_throughput"), base.get("decode_throughput")
+        mb, mb0 = r.get("step_bytes_mb"), base.get("step_bytes_mb")
+        if tok and tok0 and mb and mb0:
+            out.append(
+                f"{os.path.basename(str(r.get('model')))} bs {r['batch_size']}: {r['quantization']}"
+                f" {tok:.0f} tok/s vs {base.get('dtype')} {tok0:.0f} ({tok / tok0:.2f}x), "
+                f"{mb:.0f} vs {mb0:.0f} MB/step ({mb / mb0:.2f}x)"
+            )
     return out
 
 
@@ -79,8 +108,8 @@ def serving_table(rows: list[dict]) -> list[str]:
     return out
 
 
-def summary(out_dir: str) -> str:
-    lines = ["# gpu_check summary", ""]
+def summary(out_dir: str, title: str = "gpu_check") -> str:
+    lines = [f"# {title} summary", ""]
     steps = os.path.join(out_dir, "steps.txt")
     if os.path.exists(steps):
         lines += [
@@ -111,12 +140,15 @@ def summary(out_dir: str) -> str:
     if one:
         lines += [
             (
-                "## one-batch decode (bf16; roofline: weights + KV bytes per step / copy rate /"
-                " step time)"
+                "## one-batch decode (bf16 activations; roofline: weights as held + KV bytes per"
+                " step / copy rate / step time)"
             ),
             *one_batch_table(one),
             "",
         ]
+        versus = quantized_vs_float(one)
+        if versus:
+            lines += ["## quantized weights against float (one-batch)", *versus, ""]
     if off:
         lines += ["## decode time outside the forward (bench offline)", *offline_table(off), ""]
     if srv:
@@ -125,4 +157,5 @@ def summary(out_dir: str) -> str:
 
 
 if __name__ == "__main__":
-    print(summary(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", ".")))
+    out_dir = sys.argv[1] if len(sys.argv) > 1 else os.environ.get("OUT", ".")
+    print(summary(out_dir, *sys.argv[2:3]))

@@ -121,7 +121,7 @@ def option_choices() -> dict[str, tuple[str, ...]]:
     from radixlm.function_call import TOOL_CALL_PARSERS
     from radixlm.lora.config import EVICTION_POLICIES, LORA_BACKENDS
     from radixlm.model.layers.attention import ATTENTION_BACKENDS
-    from radixlm.model.loader import QUANTIZATIONS
+    from radixlm.model.quant_methods import QUANTIZATIONS
     from radixlm.model.runner_config import DTYPES, KV_CACHE_DTYPES
     from radixlm.model.sampling_defaults import SAMPLING_DEFAULTS_MODES
     from radixlm.reasoning import REASONING_PARSERS

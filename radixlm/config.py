@@ -42,7 +42,8 @@ class ServerArgs:
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA
     # Weights: None = "gguf" for a GGUF file (its own block formats through the native CPU kernels,
     # like llama.cpp), else "none"; "none" dequantizes to `dtype` (the HF-equality reference);
-    # int8 (per output channel) / q4_0 / q8_0 quantize at load. CUDA: always the torch path.
+    # int8 (per output channel) / q4_0 / q8_0 quantize at load (CPU; float on CUDA); fp8: FP8
+    # weights with a scale per output row on CUDA, a Triton GEMM (model/quant_methods.py).
     quantization: str | None = None
     # KV cache element type; auto = float16 for quantized weights on the native CPU kernels (like
     # llama.cpp), else the model dtype. int8 keeps a float32 scale per token and head.
@@ -111,8 +112,9 @@ class ServerArgs:
     torch_compile_max_bs: int = 32  # SGLang's default
     # CUDA graphs of decode steps (model/cuda_graph_runner.py), SGLang's flags: on CUDA, for batches
     # of up to cuda_graph_max_bs requests (None: min(256, max_running_requests)), padded up to a
-    # captured size.
+    # captured size; cuda_graph_bs: the batch sizes captured (None: SGLang's list up to the max).
     cuda_graph_max_bs: int | None = None
+    cuda_graph_bs: list[int] | None = None
     disable_cuda_graph: bool = False
     is_embedding: bool = (
         False  # SGLang's: serve an embedding model (/v1/embeddings, /encode; model/pooler.py)
@@ -355,13 +357,15 @@ class ServerArgs:
                 )
                 continue
             typ = {"int": int, "float": float, "str": str}
-            # "int | None" -> "int" ("Optional[int]" before ruff's pyupgrade, still accepted).
-            base = str(f.type).removesuffix(" | None").replace("Optional[", "").rstrip("]")
-            kw = dict(type=typ.get(base, str), default=default, help=helps.get(f.name))
+            base = str(f.type).removesuffix(" | None")  # int | None -> int; list[int] | None, ...
+            if base.startswith("list["):  # SGLang's list flags (--lora-paths A B): their items
+                base = base.removeprefix("list[").removesuffix("]")
+                kw = dict(nargs="*")
+            else:
+                kw = {}
+            kw.update(type=typ.get(base, str), default=default, help=helps.get(f.name))
             if f.name in choices:
                 kw["choices"] = tuple(choices[f.name])
-            if base.startswith("list"):  # SGLang's list flags (--lora-paths A B)
-                kw["nargs"] = "*"
             flags = [
                 flag,
                 *_ALIASES.get(f.name, ()),

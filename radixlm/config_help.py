@@ -34,6 +34,11 @@ HELPS = {
         " --max-running-requests)); a batch is padded up to the next captured size, larger ones run"
         " eager"
     ),
+    "cuda_graph_bs": (
+        "CUDA: the decode batch sizes captured as CUDA graphs (SGLang's flag; default: 1, 2, 4, 8,"
+        " 12, then every 8 up to --cuda-graph-max-bs); sizes above --max-running-requests (or"
+        " --cuda-graph-max-bs, if given) are left out"
+    ),
     "disable_cuda_graph": "CUDA: run every decode step eagerly (no CUDA graphs)",
     "is_embedding": (
         "serve an embedding model: /v1/embeddings and /encode return its pooled, normalized final"
@@ -43,7 +48,8 @@ HELPS = {
     "quantization": (
         "weights: gguf (a GGUF's own quantization, its default), none (dequantize to --dtype, the"
         " default for other checkpoints), int8, q4_0, q8_0, q4_k (quantize at load), f16, bf16"
-        " (16-bit weights); quantized weights run the native CPU kernels"
+        " (16-bit weights): these run the native CPU kernels; fp8 (CUDA only: each linear layer's"
+        " weight in FP8 with a scale per output row, bf16 activations, a Triton GEMM)"
     ),
     "kv_cache_dtype": (
         "KV cache element type (auto: float16 for quantized weights on the native CPU kernels, else"

@@ -238,38 +238,52 @@ def _profile(runner, prompts, args, bs: int, prefixes) -> str:
 
 def linear_weights(model) -> list:
     """The weights a decode step multiplies by: every 2-D parameter but the embedding lookup,
-    plus the embedding itself when it is tied to the LM head."""
+    plus the embedding itself when it is tied to the LM head, and the matrices layers hold in
+    another form (quantized, FP8: WeightMatrix)."""
+    from radixlm.model.layers.linear import VocabEmbedding
+    from radixlm.model.layers.quantized import WeightMatrix
+
     named = [(n, p) for n, p in model.named_parameters() if p.dim() == 2]
-    weights = [p for n, p in named if "embed" not in n]
-    if not any("lm_head" in n for n, _ in named):
-        weights += [p for n, p in named if "embed" in n]
-    return weights
+    tied = not any("lm_head" in n for n, _ in model.named_modules())
+    weights = [p for n, p in named if tied or "embed" not in n]
+    return weights + [
+        m.qweight
+        for m in model.modules()
+        if isinstance(getattr(m, "qweight", None), WeightMatrix)
+        and (tied or not isinstance(m, VocabEmbedding))
+    ]
 
 
 def matmul_reference(runner, bs: int, repeats: int = 20) -> dict:
     """The same matrix products as one decode step's linear layers, run back to back with nothing
-    else: the machine's fp32 matmul rate at the model's shapes (what a step could reach)."""
+    else: the machine's matmul rate at the model's shapes (what a step could reach); a held matrix
+    (quantized, FP8) multiplies by its own kernel."""
     import torch
     import torch.nn.functional as F
 
     timer = _Timer(runner.device)
-    weights = linear_weights(runner.model)
-    xs = {w.shape[1]: torch.randn(bs, w.shape[1], dtype=w.dtype, device=w.device) for w in weights}
-    flops = sum(2 * bs * w.shape[0] * w.shape[1] for w in weights)
+    products = [
+        (w.shape[0], w.shape[1], w.dtype, lambda x, w=w: F.linear(x, w))
+        if isinstance(w, torch.Tensor)
+        else (w.rows, w.cols, runner.dtype, w.matmul)
+        for w in linear_weights(runner.model)
+    ]
+    xs = {(k, dt): torch.randn(bs, k, dtype=dt, device=runner.device) for _, k, dt, _ in products}
+    flops = sum(2 * bs * n * k for n, k, _, _ in products)
     times = []
     with torch.inference_mode():
         for _ in range(repeats + 2):
             t0 = timer.now()
-            for w in weights:
-                F.linear(xs[w.shape[1]], w)
+            for _, k, dt, product in products:
+                product(xs[k, dt])
             times.append(timer.now() - t0)
     return {"linear_flops": flops, "matmul_only_ms": statistics.median(times[2:]) * 1e3}
 
 
 def bytes_per_step(runner, bs: int, context: float) -> int:
-    """What one decode step must read: every weight as stored (quantized blocks as they are; the
-    embedding table only when it is the tied LM head) and the K/V of `context` tokens per request.
-    """
+    """What one decode step must read: every weight as stored (quantized blocks as they are, FP8
+    weights with their scales: WeightMatrix.nbytes; the embedding table only when it is the tied
+    LM head) and the K/V of `context` tokens per request."""
     from radixlm.model.layers.linear import VocabEmbedding
 
     model = runner.model
@@ -356,6 +370,7 @@ def run(args, server_args) -> list[dict]:
             num_groups=len(prefixes),
             device=str(runner.device),
             dtype=str(runner.dtype).replace("torch.", ""),
+            quantization=runner.loaded.quantization,
             model=server_args.model_path or "default",
             vocab_size=runner.vocab_size,
             output_ids=t["output_ids"],
@@ -423,9 +438,10 @@ def main(args, server_args) -> int:
         if r0["num_groups"]
         else ""
     )
+    weights = "" if r0["quantization"] == "none" else f", {r0['quantization']} weights"
     print(
         f"one batch: input {args.input_len}{shared}, output {args.output_len}, {r0['device']},"
-        f" {r0['dtype']}, {r0['model']}"
+        f" {r0['dtype']}{weights}, {r0['model']}"
     )
     print(format_table(results))
     for r in results:

@@ -1,10 +1,11 @@
-"""CUDA graphs of decode steps (SGLang's CudaGraphRunner): --cuda-graph-max-bs,
+"""CUDA graphs of decode steps (SGLang's CudaGraphRunner): --cuda-graph-max-bs, --cuda-graph-bs,
 --disable-cuda-graph.
 
 A decode step of a model on a GPU is a few hundred kernel launches; at small batches launching
 them takes longer than running them. At start-up the model's decode forward (layers and logits) is
 captured once per batch size of SGLang's list (1, 2, 4, 8, 12, 16, 24, 32, ...) up to
---cuda-graph-max-bs, into one memory pool, the largest first; a decode batch is then copied into
+--cuda-graph-max-bs, or of --cuda-graph-bs's list (graph_batch_sizes), into one memory pool, the
+largest first; a decode batch is then copied into
 static input buffers, padded up to the next captured size, and the graph replayed. Padded rows
 write their K/V to the pool's dummy slot 0 and attend to it alone (compiled_decode.py's design,
 which this shares: its batch sizes, its padding, its static batches).
@@ -46,6 +47,18 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 DEFAULT_MAX_BS = 256
+
+
+def graph_batch_sizes(config: ModelRunnerConfig, max_running_requests: int) -> list[int]:
+    """The decode batch sizes to capture: --cuda-graph-bs's (sorted, once each) where given, less
+    those above --max-running-requests (a decode batch never has more) or --cuda-graph-max-bs when
+    that is given too; else SGLang's list (1, 2, 4, 8, 12, then every 8) up to --cuda-graph-max-bs
+    (default min(256, --max-running-requests)) and that cap. Possibly empty."""
+    if config.cuda_graph_bs:
+        cap = min(max_running_requests, config.cuda_graph_max_bs or max_running_requests)
+        return sorted({bs for bs in config.cuda_graph_bs if bs <= cap})
+    cap = config.cuda_graph_max_bs or min(DEFAULT_MAX_BS, max_running_requests)
+    return compile_batch_sizes(cap, max_running_requests)
 
 
 def why_not_captured(runner: RunnerView) -> str | None:
@@ -159,10 +172,14 @@ def create_cuda_graphs(
         logger.info("torch.compile: not used on CUDA (decode steps replay CUDA graphs instead)")
     if config.disable_cuda_graph:
         return NoCudaGraph("--disable-cuda-graph")
+    sizes = graph_batch_sizes(config, runner.max_running_requests)
     why = why_not_captured(runner)
+    if why is None and not sizes:
+        why = (
+            f"no --cuda-graph-bs size is within --max-running-requests"
+            f" {runner.max_running_requests} and --cuda-graph-max-bs"
+        )
     if why is None:
-        cap = config.cuda_graph_max_bs or min(DEFAULT_MAX_BS, runner.max_running_requests)
-        sizes = compile_batch_sizes(cap, runner.max_running_requests)
         graphs = CudaGraphDecode(runner, sizes)
         try:
             seconds = graphs.capture()
@@ -170,8 +187,8 @@ def create_cuda_graphs(
             why = f"capture failed ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
         else:
             logger.info(
-                "CUDA graphs: decode batches of 1-%d requests captured (batch sizes %s, padded up)"
-                " in %.1f s",
+                "CUDA graphs: decode batches of up to %d requests captured (batch sizes %s, padded"
+                " up) in %.1f s",
                 sizes[-1],
                 list(sizes),
                 seconds,

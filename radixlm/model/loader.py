@@ -25,18 +25,15 @@ from typing import Any
 import torch
 from torch import nn
 
-from radixlm.kernels.formats import FORMATS, QUANTIZE_AT_LOAD
 from radixlm.model import gguf_loader, memory, sampling_defaults
 from radixlm.model.pp_stage import stage_owns
+from radixlm.model.quant_methods import QUANT_METHODS
 from radixlm.model.registry import resolve_architecture
 from radixlm.model.tp_shard import Slicer, slice_tensor
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-# --quantization: gguf keeps a GGUF file's own block formats, none runs float weights, the rest
-# quantize at load (resolve_quantization).
-QUANTIZATIONS = ("none", "gguf", *QUANTIZE_AT_LOAD)
 
 
 @dataclass
@@ -165,24 +162,6 @@ def _safetensors_weights(
                 )
 
 
-def _quantized_as_loaded(
-    weights: Iterator[tuple[str, torch.Tensor]], model: nn.Module, fmt_name: str
-) -> Iterator[tuple[str, Any]]:
-    """Quantize each matrix the model multiplies by as it streams in (--quantization of a float
-    checkpoint): only one tensor is ever held in float, so a bf16 8B checkpoint never needs its
-    fp32 size in memory. Logs the time spent quantizing."""
-    from radixlm.model.layers.quantized import QuantizedTensor
-
-    fmt, count, seconds = FORMATS[fmt_name], 0, 0.0
-    for name, tensor in weights:
-        if tensor.dim() == 2 and fmt.supports(tensor.shape[1]) and model.takes_quantized(name):
-            t0 = time.perf_counter()
-            tensor = QuantizedTensor.quantize(tensor, fmt_name)
-            seconds, count = seconds + time.perf_counter() - t0, count + 1
-        yield name, tensor
-    logger.info("quantized %d matrices to %s in %.2f s", count, fmt_name, seconds)
-
-
 def _with_model_prefix(
     weights: Iterator[tuple[str, torch.Tensor]],
 ) -> Iterator[tuple[str, torch.Tensor]]:
@@ -249,11 +228,9 @@ def _is_sharded(model: nn.Module) -> bool:
 
 def resolve_quantization(quantization: str | None, is_gguf: bool, device) -> str:
     """What the weights will run in: "none" (float), "gguf" (the file's own block formats) or a
-    format to quantize to at load. Unset: a GGUF runs in its own quantization (like llama.cpp),
-    anything else in float. Quantized weights need the native CPU kernels; without them (or on
-    CUDA, where the torch path stays) the weights are dequantized, with a warning if asked."""
-    from radixlm import kernels
-
+    method that quantizes at load (model/quant_methods.py). Unset: a GGUF runs in its own
+    quantization (like llama.cpp), anything else in float. A method that cannot run on `device`
+    is refused (fp8 off CUDA) or runs in float, with a warning if it was asked for."""
     want = quantization or ("gguf" if is_gguf else "none")
     if want == "none":
         return want
@@ -261,23 +238,15 @@ def resolve_quantization(quantization: str | None, is_gguf: bool, device) -> str
         raise ValueError(
             "quantization 'gguf' keeps a GGUF file's own formats; the model is not a GGUF"
         )
-    if torch.device(device).type != "cpu":
-        if quantization:
-            logger.warning(
-                "--quantization %s: quantized kernels are CPU-only; %s runs in float",
-                quantization,
-                device,
-            )
-        return "none"
-    if not kernels.available():
-        if quantization:
-            logger.warning(
-                "--quantization %s needs the native CPU kernels (%s); running in float",
-                quantization,
-                kernels.unavailable_reason(),
-            )
-        return "none"
-    return want
+    method = QUANT_METHODS[want]
+    why = method.unavailable_reason(torch.device(device))
+    if why is None:
+        return want
+    if method.refused_elsewhere:
+        raise ValueError(f"--quantization {want} {why}")
+    if quantization:
+        logger.warning("--quantization %s %s", quantization, why)
+    return "none"
 
 
 def load_model(
@@ -296,6 +265,7 @@ def load_model(
     kind = _model_kind(path)
     is_gguf = kind == "gguf"
     quant = resolve_quantization(quantization, is_gguf, device)
+    method = QUANT_METHODS.get(quant)  # None: float weights
     files = None  # a bare config.json: random weights
     defaults = None
     if kind == "config":
@@ -346,26 +316,11 @@ def load_model(
     else:
         if is_embedding:
             weights = _with_model_prefix(weights)
-        if quant in QUANTIZE_AT_LOAD:
-            weights = _quantized_as_loaded(weights, model, quant)
+        if method is not None:
+            weights = method.while_loading(weights, model)
         model.load_weights(weights)
-    if quant not in ("none", "gguf"):
-        from radixlm.model.layers.linear import quantize_module_weights
-
-        skipped = quantize_module_weights(model, quant)
-        for (
-            module
-        ) in model.modules():  # MoE experts: quantized per expert (layers/moe/moe_block.py)
-            if hasattr(module, "quantize_weights"):
-                module.quantize_weights(quant)
-        if skipped:
-            logger.warning(
-                "--quantization %s: %d layers stay float (input size not a multiple of the"
-                " block): %s",
-                quant,
-                len(skipped),
-                ", ".join(skipped[:4]),
-            )
+    if method is not None:
+        method.after_loading(model)
     model.eval()
     seconds = time.perf_counter() - t0
     weights = reader = (

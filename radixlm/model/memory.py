@@ -30,7 +30,7 @@ def return_large_frees_to_os() -> bool:
 def weight_bytes(model: nn.Module) -> int:
     """Bytes of the model's weights: parameters and quantized matrices, each storage once (buffers,
     such as RoPE's cos/sin tables, are derived and left out)."""
-    from radixlm.model.layers.quantized import QuantizedMatrix
+    from radixlm.model.layers.quantized import WeightMatrix
 
     seen: set[int] = set()
     total = 0
@@ -41,7 +41,7 @@ def weight_bytes(model: nn.Module) -> int:
             total += t.untyped_storage().nbytes()
     for m in model.modules():
         for v in vars(m).values():
-            if isinstance(v, QuantizedMatrix) and id(v) not in seen:
+            if isinstance(v, WeightMatrix) and id(v) not in seen:
                 seen.add(id(v))
                 total += v.nbytes
     return total

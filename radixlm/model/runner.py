@@ -28,6 +28,7 @@ from radixlm.model.layers.sampler import Sampler, SamplingBatchInfo
 from radixlm.model.mrope import mrope_positions
 from radixlm.model.pooler import Pooler, read_pooling_type
 from radixlm.model.pp_stage import pp_stage
+from radixlm.model.quant_methods import QUANT_METHODS
 from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.model.tree_mask import TreeMask
 from radixlm.model.worker_batch import ModelWorkerBatch
@@ -175,11 +176,13 @@ class ModelRunner:
         )
 
     def _kv_dtype(self) -> torch.dtype:
-        """auto: float16 where quantized weights run and every attention backend in use reads
-        float16 KV (the native kernels; llama.cpp's default KV type: decode attention reads half the
-        bytes), else the model dtype (float32: the HF reference)."""
+        """auto: float16 where weights run in the native CPU formats (QuantMethod.float16_kv) and
+        every attention backend in use reads float16 KV (the native kernels; llama.cpp's default KV
+        type: decode attention reads half the bytes), else the model dtype (float32: the HF
+        reference; FP8 weights keep it)."""
         cfg = self.config
-        if cfg.kv_cache_dtype == "auto" and self.loaded.quantization != "none":
+        method = QUANT_METHODS.get(self.loaded.quantization)  # None: float weights
+        if cfg.kv_cache_dtype == "auto" and method is not None and method.float16_kv:
             try:
                 resolve_attention_backends(
                     self._attn_spec(torch.float16),

@@ -9,7 +9,7 @@ import torch
 
 from radixlm.lora.config import LoRAConfig
 from radixlm.model.layers.attention.registry import ATTENTION_BACKENDS
-from radixlm.model.loader import QUANTIZATIONS
+from radixlm.model.quant_methods import QUANTIZATIONS, refusal
 
 if TYPE_CHECKING:
     from radixlm.config import ServerArgs
@@ -46,8 +46,8 @@ class ModelRunnerConfig:
     quantization: str | None = (
         None  # None: gguf for a GGUF file, else none (loader.resolve_quantization)
     )
-    # auto: float16 for quantized weights where every attention backend reads it (ModelRunner), else
-    # dtype.
+    # auto: float16 for weights in the native CPU formats where every attention backend reads it
+    # (ModelRunner; QuantMethod.float16_kv), else dtype.
     kv_cache_dtype: str = "auto"
     # Backend names (attention registry); None: auto. The prefill / decode ones default to
     # attention_backend, and naming different ones makes a HybridAttnBackend.
@@ -75,6 +75,8 @@ class ModelRunnerConfig:
     # CUDA: decode steps of up to cuda_graph_max_bs requests replayed from CUDA graphs
     # (model/cuda_graph_runner.py; None: min(256, max_running_requests)).
     cuda_graph_max_bs: int | None = None
+    # The batch sizes captured (--cuda-graph-bs; None: SGLang's list up to the max).
+    cuda_graph_bs: tuple[int, ...] | None = None
     disable_cuda_graph: bool = False
     # An embedding model (--is-embedding): extends return pooled hidden states, never logits
     # (model/pooler.py).
@@ -89,6 +91,10 @@ class ModelRunnerConfig:
     def __post_init__(self):
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("quantization", self.quantization, QUANTIZATIONS, optional=True)
+        if self.device in ("cpu", "cuda") or self.device.startswith("cuda:"):
+            why = refusal(self.quantization, self.device)  # at start-up, in one line
+            if why:
+                raise ValueError(why)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         for field in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
             _check_choice(field, getattr(self, field), ATTENTION_BACKENDS, optional=True)
@@ -104,6 +110,12 @@ class ModelRunnerConfig:
             )
         if self.cuda_graph_max_bs is not None and self.cuda_graph_max_bs <= 0:
             raise ValueError(f"cuda_graph_max_bs must be positive, got {self.cuda_graph_max_bs}")
+        if self.cuda_graph_bs is not None and (
+            not self.cuda_graph_bs or min(self.cuda_graph_bs) <= 0
+        ):
+            raise ValueError(
+                f"cuda_graph_bs must be batch sizes >= 1, got {list(self.cuda_graph_bs)}"
+            )
         if self.max_running_requests <= 0:
             raise ValueError(
                 f"max_running_requests must be positive, got {self.max_running_requests}"
@@ -147,6 +159,7 @@ class ModelRunnerConfig:
             enable_torch_compile=args.enable_torch_compile,
             torch_compile_max_bs=args.torch_compile_max_bs,
             cuda_graph_max_bs=args.cuda_graph_max_bs,
+            cuda_graph_bs=None if args.cuda_graph_bs is None else tuple(args.cuda_graph_bs),
             disable_cuda_graph=args.disable_cuda_graph,
             is_embedding=args.is_embedding,
             pp_max_micro_batch_size=args.pp_max_micro_batch_size,

@@ -33,6 +33,7 @@ OPTIONS = dict(
     enable_torch_compile=True,
     torch_compile_max_bs=8,
     cuda_graph_max_bs=48,
+    cuda_graph_bs=[8, 48],
     disable_cuda_graph=True,
     is_embedding=True,
     pp_max_micro_batch_size=2,
@@ -52,7 +53,10 @@ def test_from_server_args_maps_every_field():
         # decode_kv_mirror_bytes comes from decode_kv_mirror_gb, memory_share from tp_size / nnodes
         # (below)
         if f.name not in ("decode_kv_mirror_bytes", "memory_share"):
-            assert getattr(config, f.name) == getattr(args, f.name), f.name
+            want = getattr(args, f.name)  # a list flag is a tuple in the (frozen) config
+            assert getattr(config, f.name) == (tuple(want) if isinstance(want, list) else want), (
+                f.name
+            )
         assert getattr(config, f.name) != getattr(default, f.name), f"{f.name}: OPTIONS must set it"
     assert config.decode_kv_mirror_bytes == 2**29
     assert config.memory_share == 2
@@ -102,7 +106,10 @@ def test_frozen():
         (
             "quantization",
             "q3_k",
-            "quantization must be one of none, gguf, int8, q4_0, q8_0, q4_k, f16, bf16, got 'q3_k'",
+            (
+                "quantization must be one of none, gguf, int8, q4_0, q8_0, q4_k, f16, bf16, fp8,"
+                " got 'q3_k'"
+            ),
         ),
         (
             "kv_cache_dtype",

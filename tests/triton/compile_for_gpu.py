@@ -27,6 +27,7 @@ TYPES = {
     torch.uint8: "*u8",
     torch.int8: "*i8",
     torch.bool: "*i1",
+    torch.float8_e4m3fn: "*fp8e4nv",
 }
 
 
@@ -66,22 +67,26 @@ def compile_call(kernel, args, kwargs):
 
 
 def record_all(
-    dtypes=(torch.bfloat16, torch.float16, torch.float32), shapes=((8, 8, 64), (32, 8, 128))
+    dtypes=(torch.bfloat16, torch.float16, torch.float32),
+    shapes=((8, 8, 64), (32, 8, 128)),
+    fp8_all=True,
 ) -> list:
     """Every kernel launch the wrappers make for the GPU path's shapes: by default bf16 / fp16 /
     fp32, GQA 1 and 4 (Llama-3-8B's) with head dims 64 and 128; and windows, soft-caps, the tree
-    mask, the decode group pass."""
+    mask, the decode group pass; the FP8 GEMM in every config its tuner may pick (fp8_all; else
+    each M bucket's first), with both scale layouts."""
     from radixlm.kernels.triton_ops import (
         decode_attention,
         elementwise,
         extend_attention,
+        fp8_gemm,
         fused_moe,
         lora,
     )
     from radixlm.kernels.triton_ops.prefix_groups import find_prefix_groups
 
     calls: list = []
-    modules = (extend_attention, decode_attention, elementwise, fused_moe, lora)
+    modules = (extend_attention, decode_attention, elementwise, fused_moe, lora, fp8_gemm)
     saved = {}
     for mod in modules:
         for name, obj in vars(mod).items():
@@ -94,6 +99,7 @@ def record_all(
                 _attention(dtype, heads, kvh, d, find_prefix_groups)
             _layers(dtype)
         _attention(torch.bfloat16, 8, 2, 128, find_prefix_groups, window=64, cap=30.0, tree=True)
+        _fp8(fp8_gemm, fp8_all)
     finally:
         for (mod, name), obj in saved.items():
             setattr(mod, name, obj)
@@ -149,6 +155,21 @@ def _attention(dtype, heads, kvh, d, find_prefix_groups, window=None, cap=0.0, t
     )
 
 
+def _fp8(fp8_gemm, every_config: bool):
+    """The FP8 GEMM at Llama-3-8B's o_proj shape, bfloat16 activations, each config with a scale per
+    output row and with 128 x 128 blocks."""
+    configs = (
+        fp8_gemm.SMALL_M + fp8_gemm.MEDIUM_M + fp8_gemm.LARGE_M
+        if every_config
+        else [fp8_gemm.SMALL_M[0], fp8_gemm.MEDIUM_M[0], fp8_gemm.LARGE_M[0]]
+    )
+    x = torch.zeros(4, 4096, dtype=torch.bfloat16)
+    w = torch.zeros(4096, 4096, dtype=torch.float8_e4m3fn)
+    for config in configs:
+        fp8_gemm.fp8_linear(x, w, torch.ones(4096), 0, config)
+        fp8_gemm.fp8_linear(x, w, torch.ones(32, 32), fp8_gemm.SCALE_BLOCK, config)
+
+
 def _layers(dtype):
     from radixlm.kernels.triton_ops.elementwise import TritonElementwiseOps as ops
     from radixlm.kernels.triton_ops.fused_moe import fused_experts_triton
@@ -196,7 +217,11 @@ def main(quick: bool = False) -> int:
     assert os.environ.get("TRITON_INTERPRET") != "1", (
         "compiles for a GPU: run without TRITON_INTERPRET"
     )
-    calls = record_all((torch.bfloat16, torch.float32), ((32, 8, 128),)) if quick else record_all()
+    calls = (
+        record_all((torch.bfloat16, torch.float32), ((32, 8, 128),), fp8_all=False)
+        if quick
+        else record_all()
+    )
     seen, failures = set(), []
     t0 = time.perf_counter()
     for kernel, args, kwargs in calls:

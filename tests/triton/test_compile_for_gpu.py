@@ -38,4 +38,5 @@ def test_every_kernel_compiles_for_sm90():
         "0 failed" in proc.stdout
         and "_extend_kernel" in proc.stdout
         and "_moe_gemm_kernel" in proc.stdout
+        and "_fp8_gemm_kernel" in proc.stdout
     )

@@ -78,13 +78,15 @@ def test_command_line_wins_wherever_it_is(tmp_path, monkeypatch, capsys):
 
 
 def test_sglang_keys_of_every_kind(tmp_path, monkeypatch, capsys):
-    """Underscored keys, an inert switch (one log line), a list, a refused flag (its one line)."""
+    """Underscored keys, an inert switch (one log line), lists (radixlm's own and an inert one), a
+    refused flag (its one line)."""
     path = write(
         tmp_path,
         """\
         model_path: /m
         disable-cuda-graph-padding: true
         cuda-graph-bs: [1, 2, 4]
+        piecewise-cuda-graph-tokens: [1, 2, 4]
         enable-mixed-chunk: false
         speculative-algorithm: NGRAM
     """,
@@ -96,7 +98,8 @@ def test_sglang_keys_of_every_kind(tmp_path, monkeypatch, capsys):
         False,
         "ngram",
     )
-    assert ns.__dict__["sglang:cuda-graph-bs"] == ["1", "2", "4"]
+    assert args.cuda_graph_bs == [1, 2, 4]  # radixlm's own flag (model/cuda_graph_runner.py)
+    assert ns.__dict__["sglang:piecewise-cuda-graph-tokens"] == ["1", "2", "4"]
     assert sum("--disable-cuda-graph-padding ignored" in line for line in err) == 1
     path = write(tmp_path, "enable-pdmux: true\n", "pdmux.yaml")
     rc, err, _, _ = run(["--config", path], monkeypatch, capsys)

@@ -155,19 +155,34 @@ def test_refusal_and_inert_lines(monkeypatch, capsys):
         "tcp|shm behind `radixlm router --pd-disaggregation`"
     ]
     rc, err, _ = run(
-        ["--disable-cuda-graph-padding", "--cuda-graph-bs", "8", "--attn-cp-size", "1"],
+        [
+            "--disable-cuda-graph-padding",
+            "--piecewise-cuda-graph-tokens",
+            "8",
+            "--attn-cp-size",
+            "1",
+        ],
         monkeypatch,
         capsys,
     )
     assert rc == 0 and len(err) == 3
     assert any("--disable-cuda-graph-padding ignored: CUDA graphs" in line for line in err)
-    assert any("--cuda-graph-bs 8 ignored" in line for line in err)
+    assert any("--piecewise-cuda-graph-tokens 8 ignored" in line for line in err)
     assert any("--attention-context-parallel-size 1: accepted" in line for line in err)
     # SGLang's CUDA-graph switches radixlm implements are its own flags
     # (model/cuda_graph_runner.py).
-    rc, err, seen = run(["--disable-cuda-graph", "--cuda-graph-max-bs", "8"], monkeypatch, capsys)
+    rc, err, seen = run(
+        ["--disable-cuda-graph", "--cuda-graph-max-bs", "8", "--cuda-graph-bs", "1", "8"],
+        monkeypatch,
+        capsys,
+    )
     assert rc == 0 and not err
-    assert (seen["args"].disable_cuda_graph, seen["args"].cuda_graph_max_bs) == (True, 8)
+    args = seen["args"]
+    assert (args.disable_cuda_graph, args.cuda_graph_max_bs, args.cuda_graph_bs) == (
+        True,
+        8,
+        [1, 8],
+    )
     rc, err, _ = run(["--attn-cp-size", "2"], monkeypatch, capsys)
     assert rc == 2 and err[0].startswith(
         "radixlm: error: --attention-context-parallel-size 2: context"
@@ -193,6 +208,20 @@ def test_human_readable_ints_and_conservativeness(monkeypatch, capsys):
     assert sched.new_token_ratio == pytest.approx(ServerArgs.new_token_ratio * 0.3)
     assert sched.min_new_token_ratio == pytest.approx(ServerArgs.min_new_token_ratio * 0.3)
     assert check_server_args(ServerArgs(schedule_conservativeness=5)).new_token_ratio == 1.0
+
+
+def test_own_flags_parse_to_their_field_types(monkeypatch, capsys):
+    """A field typed `X | None` parses as X (ruff's rewrite of Optional[X] once turned them into
+    strings, and mem_fraction_static's range check into a TypeError)."""
+    rc, err, seen = run(
+        ["--mem-fraction-static", "0.5", "--num-threads", "3", "--decode-kv-mirror-gb", "1"],
+        monkeypatch,
+        capsys,
+    )
+    assert rc == 0, err
+    args = seen["args"]
+    assert (args.mem_fraction_static, args.num_threads, args.decode_kv_mirror_gb) == (0.5, 3, 1.0)
+    assert isinstance(args.num_threads, int) and isinstance(args.decode_kv_mirror_gb, float)
 
 
 def test_table_is_consistent():

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Protocol
 import torch
 from torch import nn
 
-from radixlm.model.layers.quantized import QuantizedTensor
+from radixlm.model.layers.quantized import QuantizedMatrix, QuantizedTensor
 from radixlm.model.layers.rotary import (
     MRotaryEmbedding,
 )  # three positions per token: not the op's table rows
@@ -80,9 +80,12 @@ class FusedLayers:
 
 
 def _segments(linear) -> list[tuple[torch.Tensor, int]] | None:
-    """(blocks, format id) per segment, or None when the projection is not all quantized."""
+    """(blocks, format id) per segment, or None when the projection is not all quantized (in the
+    native formats: FP8 runs a Triton GEMM)."""
     q = linear.qweight
-    if q is None or not all(isinstance(s.weight, QuantizedTensor) for s in q.segments):
+    if not isinstance(q, QuantizedMatrix) or not all(
+        isinstance(s.weight, QuantizedTensor) for s in q.segments
+    ):
         return None
     return [(s.weight.data, s.weight.fmt.kernel_id) for s in q.segments]
 

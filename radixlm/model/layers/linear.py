@@ -3,8 +3,10 @@
 A fused layer holds several HF projections stacked along the output dim
 (q/k/v -> qkv_proj, gate/up -> gate_up_proj): one matmul instead of three.
 `load_shard` copies one HF tensor into its slice; the loader calls it.
-A weight the loader hands over quantized (layers/quantized.py) replaces the float parameter
-(`weight` becomes None, `qweight` holds the blocks) and the native kernels multiply by it.
+A weight held in another form replaces the float parameter (`weight` becomes None, `qweight`
+multiplies): the native CPU kernels' blocks the loader hands over (layers/quantized.py) or what a
+--quantization method makes of the loaded weight (model/quant_methods.py: FP8's is
+layers/fp8_linear.py).
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.model.layers.quantized import QuantizedMatrix, QuantizedTensor
+from radixlm.model.layers.quantized import QuantizedMatrix, QuantizedTensor, WeightMatrix
 
 # MKL's fp32 GEMM (CPU) is pathologically slow for 9..15 rows: 12 rows take up to ~1.9x the
 # time of 16 in isolation, and a 12-request decode step ~8% longer (docs/benchmarks.md).
@@ -37,7 +39,7 @@ class Linear(nn.Module):
         # Uninitialized: every weight is overwritten by load_weights.
         self.weight = nn.Parameter(torch.empty(out_features, in_features))
         self.bias = nn.Parameter(torch.empty(out_features)) if bias else None
-        self.qweight: QuantizedMatrix | None = None
+        self.qweight: WeightMatrix | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.qweight is not None:
@@ -47,7 +49,11 @@ class Linear(nn.Module):
     def set_quantized(self, parts: list) -> None:
         """Multiply by these row blocks (QuantizedTensor or float) from now on; drops the float
         weight."""
-        self.qweight = QuantizedMatrix(parts)
+        self.set_matrix(QuantizedMatrix(parts))
+
+    def set_matrix(self, matrix: WeightMatrix) -> None:
+        """Multiply by `matrix` from now on; drops the float weight."""
+        self.qweight = matrix
         self.weight = None
 
     def finish_loading(self) -> None:
@@ -112,7 +118,7 @@ class VocabEmbedding(nn.Module):
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         # Uninitialized (nn.Embedding would spend ~0.3 s drawing random numbers).
         self.weight = nn.Parameter(torch.empty(num_embeddings, embedding_dim))
-        self.qweight: QuantizedMatrix | None = None
+        self.qweight: QuantizedMatrix | None = None  # the native formats only (FP8: left float)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.qweight is not None:

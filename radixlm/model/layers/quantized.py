@@ -48,6 +48,31 @@ class QuantizedTensor:
         return QuantizedTensor(quantize(w, fmt_name), FORMATS[fmt_name], w.shape[1])
 
 
+class WeightMatrix:
+    """What a linear layer multiplies by in place of its float weight (Linear.qweight): out = x @
+    W^T for W [rows, cols] held in some other form (QuantizedMatrix: the native CPU kernels' blocks;
+    fp8_linear.Fp8Matrix: FP8 with scales, a Triton GEMM)."""
+
+    rows: int
+    cols: int
+
+    @property
+    def formats(self) -> list[str]:
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes a product reads: the weight as held, its scales included."""
+        raise NotImplementedError
+
+    def matmul(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weight [rows, cols] that matmul multiplies by."""
+        raise NotImplementedError
+
+
 @dataclass
 class _Segment:
     start: int  # first output column
@@ -55,7 +80,7 @@ class _Segment:
     weight: QuantizedTensor | torch.Tensor  # a float tensor: a shard left unquantized
 
 
-class QuantizedMatrix:
+class QuantizedMatrix(WeightMatrix):
     """out = x @ W.T for W given as row segments (usually one), each quantized or float."""
 
     def __init__(self, parts: list[QuantizedTensor | torch.Tensor]):
