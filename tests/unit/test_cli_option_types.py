@@ -33,4 +33,7 @@ def test_list_options_take_several_values():
     assert fields
     for f in fields:
         flag = "--" + f.name.replace("_", "-")
-        assert getattr(_parser().parse_args([flag, "a", "b"]), f.name) == ["a", "b"]
+        if "list[int]" in str(f.type):  # items parse to their type (--cuda-graph-bs 1 2)
+            assert getattr(_parser().parse_args([flag, "1", "2"]), f.name) == [1, 2]
+        else:
+            assert getattr(_parser().parse_args([flag, "a", "b"]), f.name) == ["a", "b"]
