@@ -18,13 +18,12 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixlm.engine.embedding import EmbeddingReqInput
 from radixlm.engine.tokenizer_manager import EngineDeadError, InternalRequestError
 from radixlm.engine.tokenizer_pool import TokenizerTimeout
 from radixlm.http_access import AccessMiddleware, Refusal, abort_target
 from radixlm.http_common import error_json, error_json_for
 from radixlm.http_dashboard import OPEN_PATHS as DASHBOARD_OPEN_PATHS
-from radixlm.ipc import GenerateReqInput
+from radixlm.ipc import EmbeddingReqInput, GenerateReqInput
 from radixlm.sampling_params import SamplingParams
 from radixlm.server.anthropic_api import router as anthropic_router
 from radixlm.server.api_common import (
