@@ -313,6 +313,7 @@ def test_contracts_are_the_designed_ones():
         "radixlm.ipc",
         "radixlm.config",
         "radixlm.sampling_params",
+        "radixlm.sampling_checks",
         "radixlm.utils",
         "radixlm.http_common",
         "radixlm.radix_walk",
