@@ -355,7 +355,8 @@ class ServerArgs:
                 )
                 continue
             typ = {"int": int, "float": float, "str": str}
-            base = str(f.type).replace("Optional[", "").rstrip("]")
+            # The annotation's text: "int | None" (ruff's spelling) or "Optional[int]" -> "int".
+            base = str(f.type).replace("Optional[", "").rstrip("]").removesuffix(" | None")
             kw = dict(type=typ.get(base, str), default=default, help=helps.get(f.name))
             if f.name in choices:
                 kw["choices"] = tuple(choices[f.name])
