@@ -435,3 +435,8 @@ class GenerateReqInput:
                 raise ValueError(f"{name} has {len(v)} items but the batch has {self.batch_size}")
             return v[i]
         return default if v is None else v
+
+
+class EmbeddingReqInput(GenerateReqInput):
+    """A GenerateReqInput that asks for embeddings (engine/embedding.py): what an embedding server
+    serves."""

@@ -1,36 +1,30 @@
-"""SamplingParams: SGLang's sampling keys, their defaults and their validation (a leaf module)."""
+"""SamplingParams: SGLang's sampling keys, their defaults and their validation (a leaf module; the
+checks that need no SamplingParams are sampling_checks.py's)."""
 
 from __future__ import annotations
 
 import dataclasses
 import functools
 import json
-import math
-import re
 from dataclasses import dataclass
 from typing import Any
 
-import regex
 from pydantic.json_schema import SkipJsonSchema
 
-from radixlm.stop_match import STOP_REGEX_WINDOW, compile_stop_regex
-
-try:  # Python 3.11+: sre_parse is deprecated
-    import re._parser as sre_parse
-    from re import _constants as sre_constants
-except ImportError:  # pragma: no cover
-    import sre_constants
-    import sre_parse
+from radixlm.sampling_checks import (
+    FLOAT32_MAX,
+    MAX_STOP_LEN,
+    MAX_STOPS,
+    SamplingParamsError,
+    brief_repr,
+    check_count_and_lengths,
+    check_stop_regex,
+    finite32,
+    max_match_width,
+)
+from radixlm.stop_match import STOP_REGEX_WINDOW
 
 _GREEDY_EPS = 1e-6
-# Stop conditions are checked for every generated token (stop_match.py): at most this many stop
-# strings and stop_regex patterns each, of at most this many characters (OpenAI allows 4 stop
-# strings; SGLang and vLLM set no bound).
-MAX_STOPS = 16
-MAX_STOP_LEN = 256
-# A stop_regex's size once its counted repeats are written out: the `regex` module compiles
-# `(a{1000}){1000}` to a million nodes (seconds; `((x{65535}){65535}){65535}` exhausts memory).
-MAX_STOP_REGEX_UNROLLED = 10_000
 _GRAMMAR_FIELDS = ("json_schema", "regex", "ebnf", "structural_tag")
 # llama-server's defaults of dry_sequence_breakers (a token whose text holds one ends a repeat).
 DRY_SEQUENCE_BREAKERS = ("\n", ":", '"', "*")
@@ -41,28 +35,7 @@ MAX_BAD_WORDS = 128
 _INTERNAL_FIELDS = frozenset({"resolved_tokens", "think_markers"})
 # The thinking budget's spellings: the issue's and NVIDIA's, SGLang's (custom_params), vLLM's.
 _BUDGET_ALIASES = ("thinking_budget", "thinking_token_budget")
-_FLOAT32_MAX = (
-    3.4028234663852886e38  # the sampler's tensors are float32: larger numbers become inf there
-)
 _INT64 = 1 << 63
-
-
-def brief_repr(v) -> str:
-    """repr of a client's value, cut short for an error message."""
-    r = repr(v)
-    return r if len(r) <= 60 else r[:57] + "..."
-
-
-def _finite32(v) -> bool:
-    """A number the sampler can hold in float32 (a huge JSON integer does not even fit a float)."""
-    try:
-        return math.isfinite(v) and abs(v) <= _FLOAT32_MAX
-    except OverflowError:
-        return False
-
-
-class SamplingParamsError(ValueError):
-    """A bad sampling parameter; the message names the field."""
 
 
 @dataclass(frozen=True)
@@ -76,77 +49,6 @@ class SamplerTokens:
     dry_single: frozenset = frozenset()  # tokens whose text holds a breaker: each ends a repeat
     # head token -> the tails that complete a breaker after it (llama.cpp's restart sequences)
     dry_multi: dict | None = None
-
-
-def _check_count_and_lengths(name: str, items: list) -> None:
-    if len(items) > MAX_STOPS:
-        raise SamplingParamsError(
-            f"sampling_params.{name} may hold at most {MAX_STOPS} items, got {len(items)}"
-        )
-    for s in items:
-        if len(s) > MAX_STOP_LEN:
-            raise SamplingParamsError(
-                f"sampling_params.{name} items may have at most {MAX_STOP_LEN} characters, "
-                f"got one of {len(s)}: {brief_repr(s)}"
-            )
-
-
-_REPEATS = (
-    sre_constants.MAX_REPEAT,
-    sre_constants.MIN_REPEAT,
-    getattr(sre_constants, "POSSESSIVE_REPEAT", None),
-)
-
-
-def _unrolled_size(items) -> int:
-    """Nodes of a parsed pattern with each counted repeat written out min-count times (what the
-    `regex` module compiles); capped early, the count can be astronomical."""
-    size = 0
-    for op, av in items:
-        if op in _REPEATS:
-            lo, _, sub = av
-            size += max(lo, 1) * _unrolled_size(sub)
-        elif op is sre_constants.SUBPATTERN:
-            size += 1 + _unrolled_size(av[-1])
-        elif op is sre_constants.BRANCH:
-            size += 1 + sum(_unrolled_size(b) for b in av[1])
-        elif op in (sre_constants.ASSERT, sre_constants.ASSERT_NOT):
-            size += 1 + _unrolled_size(av[1])
-        elif op is getattr(sre_constants, "ATOMIC_GROUP", None):
-            size += 1 + _unrolled_size(av)
-        elif op is sre_constants.GROUPREF_EXISTS:
-            size += 1 + sum(_unrolled_size(b) for b in av[1:] if b is not None)
-        else:
-            size += 1
-        if size > MAX_STOP_REGEX_UNROLLED:
-            break
-    return size
-
-
-def _check_stop_regex(p: str) -> None:
-    """Valid for both `re`'s parser (its width bounds the search window) and the `regex` module
-    (which matches it), matching no empty string, and cheap to compile."""
-    try:
-        parsed = sre_parse.parse(p)
-    except re.error as e:
-        raise SamplingParamsError(
-            f"sampling_params.stop_regex {p!r} is not a valid regex: {e}"
-        ) from None
-    if parsed.getwidth()[0] == 0:
-        raise SamplingParamsError(
-            f"sampling_params.stop_regex must not match the empty string ({p!r} does)"
-        )
-    if _unrolled_size(parsed) > MAX_STOP_REGEX_UNROLLED:
-        raise SamplingParamsError(
-            f"sampling_params.stop_regex {brief_repr(p)} repeats too much: written out, its "
-            f"counted repeats exceed {MAX_STOP_REGEX_UNROLLED} elements"
-        )
-    try:
-        compile_stop_regex(p)
-    except regex.error as e:
-        raise SamplingParamsError(
-            f"sampling_params.stop_regex {p!r} is not a valid regex: {e}"
-        ) from None
 
 
 @dataclass
@@ -252,8 +154,8 @@ class SamplingParams:
             ok = isinstance(v, int) if integer else isinstance(v, (int, float))
             if not ok or isinstance(v, bool):
                 bad(name, "must be an integer" if integer else "must be a number")
-            if not integer and not _finite32(v):
-                bad(name, f"must be a finite number of at most {_FLOAT32_MAX:.3g} in magnitude")
+            if not integer and not finite32(v):
+                bad(name, f"must be a finite number of at most {FLOAT32_MAX:.3g} in magnitude")
             return v
 
         if num("max_new_tokens", True) < 0:
@@ -293,15 +195,15 @@ class SamplingParams:
             stops = [self.stop] if isinstance(self.stop, str) else self.stop
             if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops):
                 bad("stop", "must be a non-empty string or a list of them")
-            _check_count_and_lengths("stop", stops)
+            check_count_and_lengths("stop", stops)
         if self.stop_regex is not None and not isinstance(self.stop_regex, (str, list)):
             bad("stop_regex", "must be a regex string or a list of them")
         for p in self.stop_regex_list:
             if not isinstance(p, str) or not p:
                 bad("stop_regex", "must be a non-empty regex string or a list of them")
-        _check_count_and_lengths("stop_regex", self.stop_regex_list)
+        check_count_and_lengths("stop_regex", self.stop_regex_list)
         for p in self.stop_regex_list:
-            _check_stop_regex(p)
+            check_stop_regex(p)
         if self.stream_interval is not None and (num("stream_interval", True) < 1):
             bad("stream_interval", "must be >= 1")
         if self.logit_bias is not None:
@@ -319,10 +221,10 @@ class SamplingParams:
                         f"sampling_params.logit_bias key {brief_repr(k)} must be a token id in "
                         f"[0, {vocab_size if vocab_size is not None else 'vocab size'})"
                     )
-                if not isinstance(v, (int, float)) or isinstance(v, bool) or not _finite32(v):
+                if not isinstance(v, (int, float)) or isinstance(v, bool) or not finite32(v):
                     raise SamplingParamsError(
                         f"sampling_params.logit_bias[{brief_repr(k)}] must be a finite number of at"
-                        f" most {_FLOAT32_MAX:.3g} in magnitude, got {brief_repr(v)}"
+                        f" most {FLOAT32_MAX:.3g} in magnitude, got {brief_repr(v)}"
                     )
         if self.stop_token_ids is not None:
             ids = self.stop_token_ids
@@ -480,7 +382,7 @@ class SamplingParams:
         """The most characters a stop_regex match can span, at most STOP_REGEX_WINDOW (a wider or
         unbounded pattern is searched in that many). Computed once per request (not a field:
         to_dict and equality ignore it)."""
-        widths = [sre_parse.parse(p).getwidth()[1] for p in self.stop_regex_list]
+        widths = [max_match_width(p) for p in self.stop_regex_list]
         return min(max(widths, default=0), STOP_REGEX_WINDOW)
 
     @property

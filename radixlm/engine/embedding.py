@@ -2,18 +2,20 @@
 
 An embedding is a prefill-only request (max_new_tokens 0) through the same scheduler as generation:
 batched with the others, last-token pooling reusing cached prefixes; the scheduler returns the
-pooled, normalized final hidden state with the request's last chunk (model/pooler.py). The mixin
-here gives the TokenizerManager the `encode` call and keeps the two kinds of server apart: an
+pooled, normalized final hidden state with the request's last chunk (model/pooler.py), which the
+TokenizerManager keeps in the request's meta_info. `embed` here makes the requests of an `input`
+and reads their embeddings back. The TokenizerManager keeps the two kinds of server apart: an
 embedding server refuses generation, a generation server refuses embeddings (each a 400).
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from radixlm.ipc import GenerateReqInput, ReqStrChunk
+from radixlm.engine.tokenizer_manager import TokenizerManager
+from radixlm.ipc import EmbeddingReqInput
 
 EmbeddingInput = str | list[str] | list[int] | list[list[int]]
 
@@ -24,10 +26,6 @@ class EmbeddingError(ValueError):
     def __init__(self, message: str, param: str | None = "input"):
         super().__init__(message)
         self.param = param
-
-
-class EmbeddingReqInput(GenerateReqInput):
-    """A GenerateReqInput that asks for embeddings: what an embedding server serves."""
 
 
 @dataclass
@@ -69,108 +67,69 @@ def embedding_items(inp: Any, field: str = "input") -> tuple[list[str | list[int
     return items, single
 
 
-class EmbeddingMixin:
-    """For TokenizerManager subclasses (ObservedTokenizerManager): encode, and the kind check."""
-
-    scheduler_info: dict
-    context_len: int
-    vocab_size: int
-
-    @property
-    def is_embedding(self) -> bool:
-        return bool(self.scheduler_info.get("is_embedding"))
-
-    def generate_request(
-        self, obj: GenerateReqInput, admit: Callable[[int], None] | None = None
-    ) -> AsyncIterator[Any]:
-        if isinstance(obj, EmbeddingReqInput) != self.is_embedding:
-            return _refused(
-                "this server serves an embedding model (--is-embedding): use /v1/embeddings or"
-                " /encode"
-                if self.is_embedding
-                else (
-                    "this server serves a generation model: embeddings need an embedding model"
-                    " served with --is-embedding"
-                )
-            )
-        return super().generate_request(obj, admit)
-
-    def _on_chunk(self, sc: ReqStrChunk) -> None:
-        super()._on_chunk(sc)
-        st = self.rid_to_state.get(sc.chunk.rid)
-        if sc.chunk.embedding is not None and st is not None:
-            st.meta["embedding"] = sc.chunk.embedding
-
-    def _embedding_ids(
-        self, items: list[str | list[int]], single: bool, field: str
-    ) -> list[list[int]]:
-        out = []
-        for i, item in enumerate(items):
-            name = field if single else f"{field}[{i}]"
-            if isinstance(item, str):
-                try:
-                    ids = self.encode_prompt(item)
-                except ValueError as e:
-                    raise EmbeddingError(f"{name}: {e}", field) from None
-            else:
-                ids = item
-                bad = [t for t in ids if not 0 <= t < self.vocab_size]
-                if bad:
-                    raise EmbeddingError(
-                        f"{name} has token id {bad[0]} outside the vocabulary [0,"
-                        f" {self.vocab_size})",
-                        field,
-                    )
-            if not ids:
-                raise EmbeddingError(f"{name} is empty after tokenization", field)
-            if len(ids) >= self.context_len:
+def _embedding_ids(
+    tm: TokenizerManager, items: list[str | list[int]], single: bool, field: str
+) -> list[list[int]]:
+    out = []
+    for i, item in enumerate(items):
+        name = field if single else f"{field}[{i}]"
+        if isinstance(item, str):
+            try:
+                ids = tm.encode_prompt(item)
+            except ValueError as e:
+                raise EmbeddingError(f"{name}: {e}", field) from None
+        else:
+            ids = item
+            bad = [t for t in ids if not 0 <= t < tm.vocab_size]
+            if bad:
                 raise EmbeddingError(
-                    f"{name} has {len(ids)} tokens, which does not fit the context length "
-                    f"{self.context_len}",
+                    f"{name} has token id {bad[0]} outside the vocabulary [0, {tm.vocab_size})",
                     field,
                 )
-            out.append(ids)
-        return out
+        if not ids:
+            raise EmbeddingError(f"{name} is empty after tokenization", field)
+        if len(ids) >= tm.context_len:
+            raise EmbeddingError(
+                f"{name} has {len(ids)} tokens, which does not fit the context length "
+                f"{tm.context_len}",
+                field,
+            )
+        out.append(ids)
+    return out
 
-    async def encode(
-        self,
-        inp: EmbeddingInput,
-        dimensions: int | None = None,
-        rid: Any = None,
-        admit: Callable[[int], None] | None = None,
-        field: str = "input",
-    ) -> EmbeddingResult:
-        """The normalized embedding of each input (EmbeddingError: a 400 naming the field, `field`
-        for the input: OpenAI's `input`, SGLang's `text` / `input_ids`)."""
-        if not self.is_embedding:
-            raise EmbeddingError(
-                "this server serves a generation model: embeddings need an embedding model served "
-                "with --is-embedding",
-                param=None,
-            )
-        hidden = self.scheduler_info.get("hidden_size")
-        if (
-            dimensions is not None and dimensions != hidden
-        ):  # no served model declares Matryoshka sizes
-            raise EmbeddingError(
-                f"dimensions {dimensions!r}: this model's embeddings have {hidden} dimensions and"
-                " it declares no other sizes (Matryoshka)",
-                param="dimensions",
-            )
-        items, single = embedding_items(inp, field)
-        ids = await self.tokenizer_pool.run(self._embedding_ids, items, single, field)
-        obj = EmbeddingReqInput(
-            input_ids=ids,
-            sampling_params={"max_new_tokens": 0},
-            rid=[rid] if isinstance(rid, str) else rid,
+
+async def embed(
+    tm: TokenizerManager,
+    inp: EmbeddingInput,
+    dimensions: int | None = None,
+    rid: Any = None,
+    admit: Callable[[int], None] | None = None,
+    field: str = "input",
+) -> EmbeddingResult:
+    """The normalized embedding of each input (EmbeddingError: a 400 naming the field, `field` for
+    the input: OpenAI's `input`, SGLang's `text` / `input_ids`)."""
+    if not tm.is_embedding:
+        raise EmbeddingError(
+            "this server serves a generation model: embeddings need an embedding model served "
+            "with --is-embedding",
+            param=None,
         )
-        outs: list = []
-        async for outs in self.generate_request(obj, admit):  # noqa: B007 (the last item is the result)
-            pass
-        metas = [dict(o["meta_info"]) for o in outs]
-        return EmbeddingResult([m.pop("embedding") for m in metas], metas)
-
-
-async def _refused(message: str) -> AsyncIterator[Any]:
-    raise ValueError(message)
-    yield  # an async generator: the caller's first read raises
+    hidden = tm.scheduler_info.get("hidden_size")
+    if dimensions is not None and dimensions != hidden:  # no served model declares Matryoshka sizes
+        raise EmbeddingError(
+            f"dimensions {dimensions!r}: this model's embeddings have {hidden} dimensions and"
+            " it declares no other sizes (Matryoshka)",
+            param="dimensions",
+        )
+    items, single = embedding_items(inp, field)
+    ids = await tm.tokenizer_pool.run(_embedding_ids, tm, items, single, field)
+    obj = EmbeddingReqInput(
+        input_ids=ids,
+        sampling_params={"max_new_tokens": 0},
+        rid=[rid] if isinstance(rid, str) else rid,
+    )
+    outs: list = []
+    async for outs in tm.generate_request(obj, admit):  # noqa: B007 (the last item is the result)
+        pass
+    metas = [dict(o["meta_info"]) for o in outs]
+    return EmbeddingResult([m.pop("embedding") for m in metas], metas)

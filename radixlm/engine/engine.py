@@ -69,10 +69,11 @@ class Engine:
             self.tokenizer, self.server_args.chat_template
         )  # --chat-template, as served
         self._procs, self.port_args, self.scheduler_info = launch_engine_processes(self.server_args)
-        from radixlm.engine.observed_manager import Observability, ObservedTokenizerManager
-        from radixlm.engine.tokenizer_manager import TokenizerManagerConfig
+        from radixlm.engine.observability import Observability
+        from radixlm.engine.tokenizer_manager import TokenizerManager
+        from radixlm.engine.tokenizer_manager_config import TokenizerManagerConfig
 
-        self.tokenizer_manager = ObservedTokenizerManager(
+        self.tokenizer_manager = TokenizerManager(
             TokenizerManagerConfig.from_server_args(self.server_args),
             self.port_args,
             self.tokenizer,
@@ -242,10 +243,10 @@ class Engine:
         "meta_info"} for a str or a list of token ids, a list of them for a list of either
         (engine/embedding.py).
         """
-        from radixlm.engine.embedding import embedding_items
+        from radixlm.engine.embedding import embed, embedding_items
 
         single = embedding_items(prompt)[1]
-        res = self._run(self.tokenizer_manager.encode(prompt))
+        res = self._run(embed(self.tokenizer_manager, prompt))
         outs = [{"embedding": e, "meta_info": m} for e, m in zip(res.embeddings, res.meta_infos)]
         return outs[0] if single else outs
 
@@ -281,12 +282,12 @@ class Engine:
         """Load a peft adapter under `lora_name` (SGLang's call); ValueError naming what is
         wrong."""
         return dataclasses.asdict(
-            self._run(self.tokenizer_manager.load_lora_adapter(lora_name, lora_path, pinned))
+            self._run(self.tokenizer_manager.lora.load_lora_adapter(lora_name, lora_path, pinned))
         )
 
     def unload_lora_adapter(self, lora_name: str) -> None:
         """Unload an adapter, once the requests under it have finished."""
-        self._run(self.tokenizer_manager.unload_lora_adapter(lora_name))
+        self._run(self.tokenizer_manager.lora.unload_lora_adapter(lora_name))
 
     def flush_cache(self, level: str = "l1") -> bool:
         """Empty the KV pool; with --enable-hierarchical-cache, level "l2" / "l3" also empties the
@@ -300,11 +301,11 @@ class Engine:
         """SGLang's Engine.start_profile: a torch profiler trace of the scheduler (fields:
         /start_profile's,
         e.g. output_dir, num_steps, activities); the scheduler's message."""
-        return self._profile_result(self._run(self.tokenizer_manager.start_profile(fields)))
+        return self._profile_result(self._run(self.tokenizer_manager.profiler.start(fields)))
 
     def stop_profile(self) -> str:
         """Stop profiling and write the trace; the message names its file."""
-        return self._profile_result(self._run(self.tokenizer_manager.stop_profile()))
+        return self._profile_result(self._run(self.tokenizer_manager.profiler.stop()))
 
     @staticmethod
     def _profile_result(out) -> str:
@@ -326,21 +327,21 @@ class Engine:
         serve on.
         """
         obj = update_weights_request({"model_path": model_path, "load_format": load_format, **kw})
-        out = self._run(self.tokenizer_manager.update_weights_from_disk(obj))
+        out = self._run(self.tokenizer_manager.rl.update_weights_from_disk(obj))
         return out.success, out.message, out.num_paused_requests
 
     def get_weights_by_name(self, name: str, truncate_size: int = 100) -> list:
         """The checkpoint tensor `name` as served (float32 lists), its first truncate_size rows."""
         obj = get_weights_request({"name": name, "truncate_size": truncate_size})
-        return self._run(self.tokenizer_manager.get_weights_by_name(obj))
+        return self._run(self.tokenizer_manager.rl.get_weights_by_name(obj))
 
     def pause_generation(self, mode: str = "abort") -> None:
         """abort: abort what is in flight; retract: requeue it (recomputed later); in_place: it
         waits. New requests wait until continue_generation."""
-        self._run(self.tokenizer_manager.pause_generation(pause_request({"mode": mode})))
+        self._run(self.tokenizer_manager.rl.pause_generation(pause_request({"mode": mode})))
 
     def continue_generation(self) -> None:
-        self._run(self.tokenizer_manager.continue_generation())
+        self._run(self.tokenizer_manager.rl.continue_generation())
 
     def release_memory_occupation(self, tags: list[str] | None = None) -> None:
         """Free the weights' and / or the KV cache's memory ("weights", "kv_cache"; None: both);
@@ -348,14 +349,14 @@ class Engine:
         obj = memory_request(
             {"tags": tags}, ReleaseMemoryOccupationReqInput, "release_memory_occupation"
         )
-        self._run(self.tokenizer_manager.release_memory_occupation(obj))
+        self._run(self.tokenizer_manager.rl.release_memory_occupation(obj))
 
     def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
         """The weights come back from the checkpoint they were last loaded from."""
         obj = memory_request(
             {"tags": tags}, ResumeMemoryOccupationReqInput, "resume_memory_occupation"
         )
-        self._run(self.tokenizer_manager.resume_memory_occupation(obj))
+        self._run(self.tokenizer_manager.rl.resume_memory_occupation(obj))
 
     def shutdown(self) -> None:
         if self._closed:

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Protocol
 from radixlm.config import PortArgs, ServerArgs
 from radixlm.distributed.config import DistConfig
 from radixlm.distributed.rank import HEARTBEAT_TIMEOUT, heartbeat_age, new_heartbeat
-from radixlm.engine.observed_manager import check_observability_args
+from radixlm.engine.observability import check_observability_args
 from radixlm.engine.sessions import SessionConfig
-from radixlm.engine.tokenizer_manager import TokenizerManagerConfig
+from radixlm.engine.tokenizer_manager_config import TokenizerManagerConfig
 from radixlm.model import sampling_defaults
 from radixlm.reasoning import get_reasoning_format
 

@@ -1,13 +1,15 @@
 """SGLang's /start_profile body (ProfileReqInput) checked and turned into the scheduler's ProfileReq
 (scheduler/control/profiler.py runs it). The same for the HTTP route and Engine.start_profile: a bad
-field is a ValueError naming it; what radixlm does not do is refused, never ignored."""
+field is a ValueError naming it; what radixlm does not do is refused, never ignored.
+ProfilerControl: the start and stop control calls (the TokenizerManager's `profiler`)."""
 
 from __future__ import annotations
 
 import time
 from typing import Any
 
-from radixlm.ipc import ProfileReq
+from radixlm.engine.control_calls import ControlCalls
+from radixlm.ipc import ProfileReq, ProfileReqOutput
 
 ACTIVITIES = ("CPU", "GPU", "MEM")
 # SGLang's other activities and options, each with why it is refused here.
@@ -106,3 +108,20 @@ def start_profile_request(body: Any, device: str) -> ProfileReq:
 
 
 STOP_PROFILE = ProfileReq(start=False)
+
+
+class ProfilerControl:
+    """The scheduler's torch profiler, started and stopped by control calls."""
+
+    def __init__(self, control: ControlCalls, device: str):
+        """device: the server's (the default activities depend on it)."""
+        self.control = control
+        self.device = device
+
+    async def start(self, body: dict | None = None) -> ProfileReqOutput:
+        """body: SGLang's /start_profile fields (a ValueError names a bad one)."""
+        req = start_profile_request(body, self.device)
+        return await self.control.call(req, ProfileReqOutput)
+
+    async def stop(self) -> ProfileReqOutput:
+        return await self.control.call(STOP_PROFILE, ProfileReqOutput)

@@ -1,6 +1,6 @@
 """The last finished requests, for /dashboard: one small record each (prompt head, cached share,
-TTFT, tokens, finish reason), kept in a ring. Recorded by ObservedTokenizerManager when a
-request's final chunk arrives: one append per request, nothing per token."""
+TTFT, tokens, finish reason), kept in a ring. Recorded by the TokenizerManager's Observability when
+a request's final chunk arrives: one append per request, nothing per token."""
 
 from __future__ import annotations
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from radixlm.engine.control_calls import ControlCalls
 from radixlm.ipc import (
     MEMORY_TAGS,
     PAUSE_MODES,
@@ -145,33 +146,33 @@ def memory_request(body: Any, cls: type, what: str):
     return cls(tags)
 
 
-class RLControlMixin:
-    """TokenizerManager's RL calls. Each raises ValueError with the scheduler's reason when
-    refused."""
+class RLControl:
+    """The tokenizer manager's RL calls, as control calls to the scheduler. Each raises ValueError
+    with the scheduler's reason when refused."""
 
-    async def _control(self, req, reply_type: type):  # TokenizerManager's (its MRO puts it first)
-        raise NotImplementedError
+    def __init__(self, control: ControlCalls):
+        self.control = control
+        # One update at a time: replies are matched to waiters by type, in order, and the scheduler
+        # holds one.
+        self._weight_update_lock = asyncio.Lock()
 
     async def update_weights_from_disk(
         self, obj: UpdateWeightFromDiskReqInput
     ) -> UpdateWeightFromDiskReqOutput:
-        # One at a time: replies are matched to waiters by type, in order, and the scheduler holds
-        # one.
-        lock = self.__dict__.setdefault("_weight_update_lock", asyncio.Lock())
-        async with lock:
-            out = await self._control(obj, UpdateWeightFromDiskReqOutput)
+        async with self._weight_update_lock:
+            out = await self.control.call(obj, UpdateWeightFromDiskReqOutput)
         if not out.success:
             raise ValueError(out.message)
         return out
 
     async def get_weights_by_name(self, obj: GetWeightsByNameReqInput) -> list:
-        out = await self._control(obj, GetWeightsByNameReqOutput)
+        out = await self.control.call(obj, GetWeightsByNameReqOutput)
         if out.parameter is None:
             raise ValueError(out.message)
         return out.parameter
 
     async def _simple(self, obj) -> str:
-        out = await self._control(obj, WeightControlReqOutput)
+        out = await self.control.call(obj, WeightControlReqOutput)
         if not out.success:
             raise ValueError(out.message)
         return out.message

@@ -1,33 +1,40 @@
 """TokenizerManager: validates and tokenizes requests, sends them to the scheduler, and
-turns the detokenizer's chunks into response dicts. Runs on one asyncio loop."""
+turns the detokenizer's chunks into response dicts. Runs on one asyncio loop.
+
+Its components, each built here with what it needs: `requests` (request_tokenizer.py: a request
+validated and tokenized), `observability` (observability.py: the request log, the crash dump, the
+dashboard's recent requests), `control` (control_calls.py: the control calls to the scheduler) and
+the calls made of them: `rl` (rl_control.py), `lora` (lora_control.py), `profiler` (profiling.py).
+Embedding requests (embedding.py), scoring (scoring.py) and sessions (sessions.py) use it."""
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import functools
 import logging
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 import zmq
 import zmq.asyncio
 
-from radixlm.config import PortArgs, ServerArgs
-from radixlm.disaggregation.config import parse_bootstrap
-from radixlm.engine.lora_control import LoRAControlMixin, cache_namespace
-from radixlm.engine.media import MediaConfig
+from radixlm.config import PortArgs
+from radixlm.engine.control_calls import ControlCalls
+from radixlm.engine.lora_control import LoRAControl
 from radixlm.engine.mm_processor import multimodal_prompt
+from radixlm.engine.observability import Observability
+from radixlm.engine.profiling import ProfilerControl
 from radixlm.engine.req_state import ReqState
-from radixlm.engine.request_sampling import RequestSampling
-from radixlm.engine.rl_control import RLControlMixin
+from radixlm.engine.request_tokenizer import RequestTokenizer
+from radixlm.engine.rl_control import RLControl
+from radixlm.engine.tokenizer_manager_config import TokenizerManagerConfig
 from radixlm.engine.tokenizer_pool import TokenizerPool
 from radixlm.ipc import (
     AbortReq,
     BatchStrOut,
-    ControlFailed,
+    EmbeddingReqInput,
     FinishAbort,
     FinishReason,
     FlushCacheReq,
@@ -38,7 +45,7 @@ from radixlm.ipc import (
     ReqStrChunk,
     TokenizedGenerateReqInput,
 )
-from radixlm.sampling_params import SamplingParams, brief_repr
+from radixlm.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -60,56 +67,14 @@ def is_internal_failure(reason: FinishReason | None) -> bool:
     return isinstance(reason, FinishAbort) and (reason.status_code or 0) >= 500
 
 
-def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-MAX_CACHE_SALT_CHARS = 1024
-
-
-@dataclass(frozen=True)
-class TokenizerManagerConfig:
-    max_n: int = 128  # largest n a request may ask for
-    max_top_logprobs_num: int = 20
-    # Prefill a prompt that a batch repeats once first, so the copies share it (off without a prefix
-    # cache).
-    cache_shared_prompts: bool = True
-    # Seconds a request's tokenization may take on the tokenizer threads (tokenizer_pool.py).
-    tokenizer_timeout: float = 30.0
-    # Requests' `priority` reaches the scheduler only with --enable-priority-scheduling (else it is
-    # ignored, as SGLang does): otherwise any client could put itself ahead of every other.
-    enable_priority_scheduling: bool = False
-    media: MediaConfig = (
-        MediaConfig()
-    )  # images in requests: sources, size and pixel bounds (engine/media.py)
-    disaggregation_mode: str = (
-        "null"  # PD disaggregation: which requests may carry bootstrap fields
-    )
-
-    def __post_init__(self):
-        if self.max_n < 1:
-            raise ValueError(f"max_n must be >= 1, got {self.max_n}")
-        if not self.tokenizer_timeout > 0:
-            raise ValueError(f"tokenizer_timeout must be > 0, got {self.tokenizer_timeout}")
-        if self.max_top_logprobs_num < 0:
-            raise ValueError(f"max_top_logprobs_num must be >= 0, got {self.max_top_logprobs_num}")
-
-    @classmethod
-    def from_server_args(cls, args: ServerArgs) -> TokenizerManagerConfig:
-        return cls(
-            args.max_n,
-            args.max_top_logprobs_num,
-            not args.disable_radix_cache,
-            tokenizer_timeout=args.tokenizer_timeout,
-            enable_priority_scheduling=args.enable_priority_scheduling,
-            media=MediaConfig.from_server_args(args),
-            disaggregation_mode=args.disaggregation_mode,
-        )
-
-
-class TokenizerManager(RLControlMixin, LoRAControlMixin):
+class TokenizerManager:
     def __init__(
-        self, config: TokenizerManagerConfig, port_args: PortArgs, tokenizer, scheduler_info: dict
+        self,
+        config: TokenizerManagerConfig,
+        port_args: PortArgs,
+        tokenizer,
+        scheduler_info: dict,
+        observability: Observability | None = None,
     ):
         self.config = config
         self.port_args = port_args
@@ -117,21 +82,34 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
         self.context_len = scheduler_info["context_len"]
         self.vocab_size = scheduler_info["vocab_size"]
         self.scheduler_info = scheduler_info
-        self.sampling = RequestSampling.from_info(tokenizer, scheduler_info)
         self.rid_to_state: dict[str, ReqState] = {}
-        self._control_waiters: dict[type, list[asyncio.Future]] = {}
-        self._control_sent: dict[
-            asyncio.Future, float
-        ] = {}  # control calls in flight: when each was sent
+        # Control calls to the scheduler, and the components made of them.
+        self.control = ControlCalls(self._send, self._check_alive)
+        self.rl = RLControl(self.control)  # weights from disk, pause, memory (docs/rl.md)
+        self.lora = LoRAControl(self.control, scheduler_info, self.rid_to_state)  # docs/lora.md
+        self.observability = observability or Observability()
+        self.profiler = ProfilerControl(self.control, self.observability.device)
         self.dead_message: str | None = None
         self.loop_failure: str | None = (
             None  # the receive loop failed: the engine must go (the watchdog reads it)
         )
-        # Characters of text one token can cover at most (its byte-level / piece form is no
-        # shorter).
-        self.max_token_chars = max((len(t) for t in tokenizer.get_vocab()), default=1) + 1
+        # Requests validated and tokenized (multimodal_prompt: the processor is built here, at
+        # the first image).
+        self.requests = RequestTokenizer(
+            config, tokenizer, scheduler_info, self.lora, functools.partial(multimodal_prompt, self)
+        )
+        self.max_token_chars = self.requests.max_token_chars
         # Tokenization and chat templates run there, off the event loop.
         self.tokenizer_pool = TokenizerPool(config.tokenizer_timeout)
+
+    @property
+    def is_embedding(self) -> bool:
+        """An embedding model (--is-embedding): it serves EmbeddingReqInputs only."""
+        return bool(self.scheduler_info.get("is_embedding"))
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """The prompt's ids; a ValueError when it cannot fit the context (RequestTokenizer's)."""
+        return self.requests.encode_prompt(text)
 
     async def start(self) -> None:
         """Create the sockets and the receive loop on the running event loop."""
@@ -142,159 +120,31 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
         self.send_to_scheduler.connect(self.port_args.scheduler_input_ipc_name)
         self._loop_task = asyncio.get_running_loop().create_task(self.handle_loop())
 
-    # ----------------------------------------------------------- validation
-    def tokenize_one(self, obj: GenerateReqInput, i: int) -> tuple[TokenizedGenerateReqInput, int]:
-        text, mm = obj.text if obj.is_single or obj.text is None else obj.text[i], None
-        if obj.input_ids is not None:
-            ids = obj.input_ids if obj.is_single else obj.input_ids[i]
-            if not isinstance(ids, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in ids
-            ):
-                raise ValueError("input_ids must be a list of integers (or a list of such lists)")
-            bad = [t for t in ids if not 0 <= t < self.vocab_size]
-            if bad:
-                raise ValueError(
-                    f"input_ids has token id {bad[0]} outside the vocabulary [0, {self.vocab_size})"
-                )
-        else:
-            if not isinstance(text, str):
-                raise ValueError("text must be a string or a list of strings")
-            ids, mm = multimodal_prompt(self, obj, i, text) or (self.encode_prompt(text), None)
-        if not ids:
-            raise ValueError("the prompt is empty (text / input_ids)")
-        if len(ids) >= self.context_len:
-            raise ValueError(
-                f"the prompt has {len(ids)} tokens, which does not fit the context length"
-                f" {self.context_len}"
-            )
-        sp = self.sampling.params(
-            obj.item(i, "sampling_params")
-        )  # the defaults under it, validated
-        if len(ids) + sp.max_new_tokens > self.context_len:
-            raise ValueError(
-                f"sampling_params.max_new_tokens {brief_repr(sp.max_new_tokens)} plus the prompt's"
-                f" {len(ids)} tokens exceed the context length {self.context_len}; ask for at most"
-                f" {self.context_len - len(ids)}"
-            )
-        if sp.n > self.config.max_n:
-            raise ValueError(
-                f"sampling_params.n must be <= {self.config.max_n} (--max-n), got"
-                f" {brief_repr(sp.n)}"
-            )
-        rid = obj.item(i, "rid") or uuid.uuid4().hex
-        lp_start = obj.item(i, "logprob_start_len", -1)
-        top_n = obj.item(i, "top_logprobs_num", 0)
-        return_logprob = obj.item(i, "return_logprob", False)
-        priority = obj.item(i, "priority")
-        salt, lora_id = obj.item(i, "cache_salt"), self.resolve_lora(obj.item(i, "lora_path"))
-        if not isinstance(rid, str):
-            raise ValueError(
-                f"rid must be a string (a list of them for a batch), got {brief_repr(rid)}"
-            )
-        if not isinstance(return_logprob, bool):
-            raise ValueError(
-                "return_logprob must be a boolean (a list of them for a batch), got"
-                f" {brief_repr(return_logprob)}"
-            )
-        if not _is_int(lp_start) or lp_start < -1:
-            raise ValueError(
-                f"logprob_start_len must be an integer >= -1, got {brief_repr(lp_start)}"
-            )
-        if return_logprob and lp_start >= len(ids):
-            raise ValueError(
-                f"logprob_start_len {lp_start} must be below the prompt length {len(ids)}"
-            )
-        if (
-            mm is not None and return_logprob and 0 <= lp_start < mm.last_end
-        ):  # an image token has no logprob
-            raise ValueError(
-                f"logprob_start_len must be -1 or >= {mm.last_end} (after the last image) with"
-                " image_data"
-            )
-        if not _is_int(top_n) or not 0 <= top_n <= self.config.max_top_logprobs_num:
-            raise ValueError(
-                f"top_logprobs_num must be an integer in [0, {self.config.max_top_logprobs_num}] "
-                f"(--max-top-logprobs-num), got {brief_repr(top_n)}"
-            )
-        # The scheduler sorts its queue by priority: anything but an integer would kill it there.
-        if priority is not None and not _is_int(priority):
-            raise ValueError(
-                "priority must be an integer (a list of them for a batch), got"
-                f" {brief_repr(priority)}"
-            )
-        if salt is not None and not (
-            isinstance(salt, str) and 0 < len(salt) <= MAX_CACHE_SALT_CHARS
-        ):
-            raise ValueError(
-                f"cache_salt must be a non-empty string of at most {MAX_CACHE_SALT_CHARS}"
-                f" characters (a list of them for a batch), got {brief_repr(salt)}"
-            )
-        req = TokenizedGenerateReqInput(
-            rid=rid,
-            input_text=text,
-            input_ids=ids,
-            sampling_params=sp,
-            return_logprob=return_logprob,
-            logprob_start_len=lp_start,
-            top_logprobs_num=top_n,
-            stream=obj.stream,
-            priority=priority if self.config.enable_priority_scheduling else None,
-            cache_namespace=self.lora_namespace(lora_id, cache_namespace(salt)),
-            lora_id=lora_id,
-            mm_inputs=mm,
-            bootstrap=parse_bootstrap(
-                obj.item(i, "bootstrap_host"),
-                obj.item(i, "bootstrap_port"),
-                obj.item(i, "bootstrap_room"),
-                self.config.disaggregation_mode,
-                sp.n,
-            ),
-        )
-        return req, sp.n
-
-    def encode_prompt(self, text: str) -> list[int]:
-        """Tokenize, refusing a text longer than the context before tokenizing all of it: no token
-        spans more than max_token_chars characters, and a prefix with more tokens than the context
-        already decides it."""
-        ctx = self.context_len
-        if len(text) > ctx * self.max_token_chars:
-            raise ValueError(
-                f"the prompt has {len(text)} characters, more than the context length {ctx} tokens "
-                "can hold"
-            )
-        probe = ctx * 8
-        if len(text) > probe and len(self.tokenizer.encode(text[:probe])) > ctx + 1:
-            raise ValueError(
-                f"the prompt has more tokens than the context length {ctx} "
-                f"(its first {probe} characters alone do)"
-            )
-        return self.tokenizer.encode(text)
-
-    def expand(self, obj: GenerateReqInput) -> list[TokenizedGenerateReqInput]:
-        """All requests of obj, each n-sampled one split into n copies (seed offset per copy)."""
-        out = []
-        for i in range(obj.batch_size):
-            req, n = self.tokenize_one(obj, i)
-            if n == 1:
-                out.append(req)
-                continue
-            for j in range(n):
-                sp = dataclasses.replace(req.sampling_params, n=1)
-                if sp.seed is not None:
-                    sp.seed += j
-                out.append(dataclasses.replace(req, rid=f"{req.rid}-{j}", sampling_params=sp))
-        return out
-
     # --------------------------------------------------------------- generate
-    async def generate_request(
+    def generate_request(
         self, obj: GenerateReqInput, admit: Callable[[int], None] | None = None
     ) -> AsyncIterator[Any]:
         """Yields response dicts: for a single request with n == 1 one dict per update (the
         final one when not streaming); otherwise a list (or, streaming, dicts with "index").
         admit(number of requests) may refuse them (by raising) right before they are registered,
         with no await in between: a queue limit counted there holds however many calls race."""
+        return self.observability.watch(obj, self._generate(obj, admit), self.tokenizer)
+
+    async def _generate(
+        self, obj: GenerateReqInput, admit: Callable[[int], None] | None
+    ) -> AsyncIterator[Any]:
+        if isinstance(obj, EmbeddingReqInput) != self.is_embedding:
+            raise ValueError(
+                "this server serves an embedding model (--is-embedding): use /v1/embeddings or"
+                " /encode"
+                if self.is_embedding
+                else (
+                    "this server serves a generation model: embeddings need an embedding model"
+                    " served with --is-embedding"
+                )
+            )
         self._check_alive()
-        reqs = await self.tokenizer_pool.run(self.expand, obj)
+        reqs = await self.tokenizer_pool.run(self.requests.expand, obj)
         self._check_alive()
         if admit is not None:
             admit(len(reqs))
@@ -403,6 +253,7 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
             lora_id=r.lora_id,
         )
         self.rid_to_state[r.rid] = st
+        self.observability.registered(st, r.input_ids, self.tokenizer)
         return st
 
     async def _last(self, st: ReqState) -> dict:
@@ -477,21 +328,7 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
                     self._fail(
                         c.chunk.rid, f"internal error: tokenizer manager: {type(e).__name__}: {e}"
                     )
-        elif (
-            isinstance(msg, ControlFailed) or type(msg) in self._control_waiters
-        ):  # any control call's reply
-            failed = isinstance(msg, ControlFailed)
-            waiters = self._control_waiters.get(msg.reply_type if failed else type(msg), [])
-            if waiters:
-                fut = waiters.pop(0)
-                if not fut.done():
-                    if failed:  # the HTTP layer answers a generic 500
-                        fut.set_exception(
-                            RuntimeError(f"the scheduler failed a {msg.reply_type.__name__} call")
-                        )
-                    else:
-                        fut.set_result(msg)
-        else:
+        elif not self.control.deliver(msg):  # else a control call's reply
             logger.error("unknown message %r", type(msg))
 
     def _fail(self, rid: str, message: str) -> None:
@@ -526,9 +363,13 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
             v = getattr(c, k)
             if v is not None:
                 st.logprobs.setdefault(k, []).extend(v)
+        if c.embedding is not None:  # an embedding request's, with its last chunk
+            st.meta["embedding"] = c.embedding
         st.finished_reason = c.finished_reason
         st.dirty = True
         st.event.set()
+        if st.finished_reason is not None:
+            self.observability.finished(st)
 
     async def close(self) -> None:
         self.tokenizer_pool.close()
@@ -545,39 +386,30 @@ class TokenizerManager(RLControlMixin, LoRAControlMixin):
         if self.dead_message is None:
             self.send_to_scheduler.send_pyobj(AbortReq(rid))
 
-    async def _control(self, req, reply_type: type):
-        self._check_alive()
-        fut = asyncio.get_running_loop().create_future()
-        self._control_waiters.setdefault(reply_type, []).append(fut)
-        self._control_sent[fut] = time.perf_counter()
-        try:
-            self.send_to_scheduler.send_pyobj(req)
-            return await fut
-        finally:
-            self._control_sent.pop(fut, None)
+    def _send(self, msg) -> None:
+        self.send_to_scheduler.send_pyobj(msg)
 
     def pending_age(self) -> float:
         """Seconds the oldest request or control call still waiting on the engine has waited (0:
         none). Read by the watchdog thread: it copies the containers (atomic under the GIL)."""
         sent = [st.created for st in list(self.rid_to_state.values()) if st.finished_reason is None]
-        sent += list(self._control_sent.values())
+        sent += self.control.sent_times()
         return time.perf_counter() - min(sent) if sent else 0.0
 
     async def flush_cache(self, level: str = "l1") -> FlushCacheReqOutput:
-        return await self._control(FlushCacheReq(level), FlushCacheReqOutput)
+        return await self.control.call(FlushCacheReq(level), FlushCacheReqOutput)
 
     async def get_internal_state(self) -> dict:
-        return (await self._control(GetInternalStateReq(), GetInternalStateReqOutput)).state
+        return (await self.control.call(GetInternalStateReq(), GetInternalStateReqOutput)).state
 
     def mark_dead(self, message: str) -> None:
         """A child process died: fail everything in flight instead of hanging."""
+        if self.dead_message is None:
+            self.observability.engine_died(message)  # the crash dump
         self.dead_message = message
         for st in self.rid_to_state.values():
             st.event.set()
-        for waiters in self._control_waiters.values():
-            for fut in waiters:
-                if not fut.done():
-                    fut.set_exception(EngineDeadError(message))
+        self.control.fail_all(lambda: EngineDeadError(message))
 
     def _check_alive(self) -> None:
         if self.dead_message is not None:

@@ -7,7 +7,8 @@ import logging
 
 from radixlm.http_access import ADMIN_API_KEY_ENV, API_KEY_ENV, key_from_env, parse_origins
 from radixlm.router.policies import POLICIES, CacheAwareConfig
-from radixlm.router.server import RouterArgs, create_router_app
+from radixlm.router.server import create_router_app
+from radixlm.router.state import RouterArgs
 from radixlm.router.workers import HealthConfig
 
 WORKER_API_KEY_ENV = "RADIXLM_WORKER_API_KEY"

@@ -29,14 +29,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from radixlm.http_access import AccessConfig, AccessMiddleware, Refusal, install_access
 from radixlm.http_common import error_json
 from radixlm.router.policies import make_policy
+from radixlm.router.proxy import HOP_HEADERS, read_body, request_headers
 from radixlm.router.routing_text import routing_text
-from radixlm.router.server import (
-    _HOP_HEADERS,
-    GENERATE_PATHS,
-    RouterArgs,
-    _request_headers,
-    read_body,
-)
+from radixlm.router.server import GENERATE_PATHS
+from radixlm.router.state import RouterArgs
 from radixlm.router.workers import WorkerRegistry
 
 logger = logging.getLogger(__name__)
@@ -63,7 +59,7 @@ class PDRouterState:
         for url in args.decode_urls:
             self.decode.add(url)
         self.client: httpx.AsyncClient | None = None
-        self.registry = self.decode  # server._request_headers adds its workers' key
+        self.registry = self.decode  # proxy.request_headers adds its workers' key
         self.pairs_routed = 0
         self.retries = 0
 
@@ -208,7 +204,7 @@ async def _send_pair(
         dw.load -= 1
         return error_json(502, f"decode {decode}: {type(e).__name__}: {e}", "server_error")
     state.decode.record(decode, resp.status_code < 500)
-    out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in _HOP_HEADERS}
+    out_headers = {k: v for k, v in resp.headers.items() if k.lower() not in HOP_HEADERS}
     if resp.status_code >= 500:  # the transfer failed: a 502 naming the decode server's message
         data = await resp.aread()
         await resp.aclose()
@@ -238,7 +234,7 @@ async def _relay(resp: httpx.Response, worker):
 
 
 def _request_headers_pd(state: PDRouterState, request: Request) -> dict:
-    h = _request_headers(state, request)  # the client's headers, the workers' key
+    h = request_headers(state, request)  # the client's headers, the workers' key
     h["content-type"] = "application/json"
     return h
 

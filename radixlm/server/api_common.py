@@ -1,5 +1,5 @@
-"""What the native routes (http_server.py) and the OpenAI routes (openai_api.py) share: the
-server's state, errors, reading a JSON body within limits, SSE framing, client-disconnect
+"""What the native routes (http_server.py, generate_api.py) and the OpenAI routes (openai_api.py)
+share: the server's state, errors, reading a JSON body within limits, SSE framing, client-disconnect
 handling, the queue check and metrics. See docs/architecture.md, "Processes"."""
 
 from __future__ import annotations

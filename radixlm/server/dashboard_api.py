@@ -17,6 +17,7 @@ from fastapi.responses import StreamingResponse
 
 from radixlm.engine.tokenizer_manager import EngineDeadError
 from radixlm.http_dashboard import dashboard_pages
+from radixlm.ipc import DashboardSnapshotReq, DashboardSnapshotReqOutput
 from radixlm.server.api_common import HTTPError, ServerState, served_model_name, srv, sse
 from radixlm.server.dashboard_feed import FeedRates, build_event
 
@@ -69,7 +70,9 @@ async def _ticks(
     while not await request.is_disconnected():
         tm = state.tokenizer_manager  # the current engine's (--restart-on-failure swaps it)
         try:
-            snap = await tm.dashboard_snapshot(max_nodes, show_text)
+            snap = await tm.control.call(
+                DashboardSnapshotReq(max_nodes, show_text), DashboardSnapshotReqOutput
+            )
             recent = tm.observability.recent
             decode = tm.tokenizer.decode if show_text else None
             yield sse(

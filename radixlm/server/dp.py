@@ -24,7 +24,7 @@ from radixlm.utils import core_shares
 
 def launch_dp(server_args: ServerArgs) -> None:
     from radixlm.router.launch import run_router
-    from radixlm.router.server import RouterArgs
+    from radixlm.router.state import RouterArgs
     from radixlm.server.process import ServerProcess
 
     check_server_args(server_args)  # a bad option: one error here, not one per server

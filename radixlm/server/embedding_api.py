@@ -10,7 +10,7 @@ from typing import Any, Literal
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from radixlm.engine.embedding import EmbeddingError
+from radixlm.engine.embedding import EmbeddingError, embed
 from radixlm.server.api_common import (
     HTTPError,
     check_queue,
@@ -79,8 +79,13 @@ async def _encode(
     try:
         return await run_until_disconnect(
             request,
-            state.tokenizer_manager.encode(
-                inp, dimensions=dimensions, rid=rid, admit=admit_to_queue(state), field=field
+            embed(
+                state.tokenizer_manager,
+                inp,
+                dimensions=dimensions,
+                rid=rid,
+                admit=admit_to_queue(state),
+                field=field,
             ),
         )
     except EmbeddingError as e:

@@ -1,6 +1,8 @@
-"""The HTTP server process: a FastAPI app over a TokenizerManager. The native, SGLang-compatible
-routes are here; the OpenAI-compatible ones are openai_api.py's APIRouter; what both use is in
-api_common.py. See docs/architecture.md, "Request flow"."""
+"""The HTTP server process: a FastAPI app over a TokenizerManager (create_app), with the error
+handlers every route shares. The native, SGLang-compatible info, admin and tokenizer routes are
+here; /generate is generate_api.py's, the OpenAI-compatible routes openai_api.py's, and each other
+API has its own APIRouter module; what they share is in api_common.py. See docs/architecture.md,
+"Request flow"."""
 
 from __future__ import annotations
 
@@ -8,42 +10,31 @@ import dataclasses
 import logging
 import re
 import warnings
-from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import TypeAdapter
+from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from radixlm.engine.embedding import EmbeddingReqInput
 from radixlm.engine.tokenizer_manager import EngineDeadError, InternalRequestError
 from radixlm.engine.tokenizer_pool import TokenizerTimeout
 from radixlm.http_access import AccessMiddleware, Refusal, abort_target
 from radixlm.http_common import error_json, error_json_for
 from radixlm.http_dashboard import OPEN_PATHS as DASHBOARD_OPEN_PATHS
-from radixlm.ipc import GenerateReqInput
-from radixlm.sampling_params import SamplingParams
+from radixlm.ipc import EmbeddingReqInput, GenerateReqInput
 from radixlm.server.anthropic_api import router as anthropic_router
 from radixlm.server.api_common import (
-    SSE_DONE,
-    STREAM_ERRORS,
     HTTPError,
     ServerState,
     json_body,
-    observe,
     read_json,
-    run_until_disconnect,
     served_model_name,
     srv,
-    sse,
-    stream_error_event,
 )
 from radixlm.server.dashboard_api import router as dashboard_router
 from radixlm.server.embedding_api import router as embedding_router
-from radixlm.server.fanout import admit_to_queue, check_fanout, native_sequences
+from radixlm.server.generate_api import router as generate_router
 from radixlm.server.infill_api import router as infill_router
 from radixlm.server.lora_api import LORA_ADMIN_PATHS
 from radixlm.server.lora_api import router as lora_router
@@ -58,7 +49,6 @@ from radixlm.server.responses_api import router as responses_router
 from radixlm.server.rl_api import RL_ADMIN_PATHS
 from radixlm.server.rl_api import router as rl_router
 from radixlm.server.score_api import router as score_router
-from radixlm.server.session_api import pop_session_params, session_turn
 from radixlm.server.session_api import router as session_router
 from radixlm.version import __version__
 
@@ -66,155 +56,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["ServerState", "create_app", "served_model_name"]
 
-# SGLang request fields radixlm accepts only at their "off" value (multimodal, LoRA, ...).
-_IGNORED_WHEN_EMPTY = {
-    "video_data",
-    "audio_data",
-    "modalities",
-    "session_params",
-    "custom_logit_processor",
-    "return_hidden_states",
-    "data_parallel_rank",
-    "log_metrics",
-}
-_GENERATE_FIELDS = {f.name for f in dataclasses.fields(GenerateReqInput)}
-
-
-def _generate_schema() -> dict:
-    """/generate's body for the OpenAPI document (what clients and fuzzers read): the route
-    parses the body itself, so that every error is a 400 in one shape."""
-    sp = TypeAdapter(SamplingParams).json_schema()
-    ids = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-    one_or_list = lambda s: {"anyOf": [s, {"type": "array", "items": s, "minItems": 1}]}
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "properties": {
-            "text": one_or_list({"type": "string", "minLength": 1}),
-            "input_ids": {"anyOf": [ids, {"type": "array", "items": ids, "minItems": 1}]},
-            "sampling_params": one_or_list(sp),
-            "rid": one_or_list({"type": "string"}),
-            "return_logprob": one_or_list({"type": "boolean"}),
-            "logprob_start_len": one_or_list({"type": "integer", "minimum": -1}),
-            "top_logprobs_num": one_or_list({"type": "integer", "minimum": 0}),
-            "return_text_in_logprobs": {"type": "boolean"},
-            "stream": {"type": "boolean"},
-            "priority": one_or_list({"type": "integer"}),
-            "cache_salt": one_or_list({"type": "string", "minLength": 1, "maxLength": 1024}),
-            "lora_path": {
-                "anyOf": [
-                    {"type": "string"},
-                    {"type": "null"},
-                    {"type": "array", "items": {"type": ["string", "null"]}, "minItems": 1},
-                ]
-            },
-            "session_params": {"type": "object"},  # session_api.py
-            # SGLang's: images (data: URL, base64, file://, allowed http(s)), one or a list per
-            # prompt.
-            "image_data": {
-                "anyOf": [
-                    {"type": "string"},
-                    {"type": "null"},
-                    {
-                        "type": "array",
-                        "items": {
-                            "anyOf": [
-                                {"type": "string"},
-                                {"type": "null"},
-                                {"type": "array", "items": {"type": "string"}},
-                            ]
-                        },
-                    },
-                ]
-            },
-            # PD disaggregation (docs/disaggregation.md): set by `radixlm router
-            # --pd-disaggregation`.
-            "bootstrap_host": one_or_list({"type": "string"}),
-            "bootstrap_port": one_or_list({"type": "integer"}),
-            "bootstrap_room": one_or_list({"type": "integer"}),
-        },
-        # Exactly one of text and input_ids.
-        "oneOf": [{"required": ["text"]}, {"required": ["input_ids"]}],
-    }
-
-
-def parse_generate_body(body: Any) -> GenerateReqInput:
-    if not isinstance(body, dict):
-        raise HTTPError(400, "the request body must be a JSON object")
-    unknown = sorted(k for k in body if k not in _GENERATE_FIELDS and k not in _IGNORED_WHEN_EMPTY)
-    unsupported = sorted(
-        k for k in body if k in _IGNORED_WHEN_EMPTY and body[k] not in (None, False, [], {}, "")
-    )
-    if unknown:
-        raise HTTPError(400, f"unknown field(s): {', '.join(unknown)}", param=unknown[0])
-    if unsupported:
-        raise HTTPError(
-            400, f"unsupported field(s): {', '.join(unsupported)}", param=unsupported[0]
-        )
-    kw = {k: v for k, v in body.items() if k in _GENERATE_FIELDS}
-    if "text" in kw and "input_ids" in kw and kw["input_ids"] is None:
-        kw.pop("input_ids")
-    try:
-        return GenerateReqInput(**kw)
-    except (TypeError, ValueError) as e:
-        raise HTTPError(400, str(e)) from None
-
-
 router = APIRouter()
-
-
-# ------------------------------------------------------------------ generate
-@router.api_route("/generate", methods=["POST", "PUT"], openapi_extra=json_body(_generate_schema()))
-async def generate(request: Request):
-    state = srv(request)
-    body = await read_json(request)
-    session = pop_session_params(body)  # a session's turn: session_api.py
-    obj = parse_generate_body(body)
-    check_fanout(
-        state,
-        native_sequences(obj),
-        obj.batch_size,
-        "text" if obj.text is not None else "input_ids",
-    )
-    gen = (
-        await session_turn(request, obj, session, admit_to_queue(state))
-        if session is not None
-        else state.tokenizer_manager.generate_request(obj, admit=admit_to_queue(state))
-    )
-    if obj.stream:
-        return StreamingResponse(_stream_native(state, gen), media_type="text/event-stream")
-
-    async def collect():
-        out = None
-        async for out in gen:  # noqa: B007 (the last item is the result)
-            pass
-        return out
-
-    try:
-        out = await run_until_disconnect(request, collect())
-    except ValueError as e:
-        raise HTTPError(400, str(e)) from None
-    observe(state, out)
-    return JSONResponse(out)
-
-
-async def _stream_native(state: ServerState, gen: AsyncIterator):
-    incremental = state.server_args.incremental_streaming_output
-    sent: dict[int, tuple[int, int]] = {}
-    try:
-        async for out in gen:
-            if incremental:
-                idx = out.get("index", 0)
-                nt, ni = sent.get(idx, (0, 0))
-                text, ids = out["text"], out["output_ids"]
-                sent[idx] = (len(text), len(ids))
-                out = {**out, "text": text[nt:], "output_ids": ids[ni:]}
-            if out["meta_info"].get("finish_reason") is not None:
-                observe(state, out)
-            yield sse(out)
-    except STREAM_ERRORS as e:
-        yield stream_error_event(e)
-    yield SSE_DONE
 
 
 # ---------------------------------------------------------------------- info
@@ -447,6 +289,7 @@ def create_app(state_factory) -> FastAPI:
         admin_paths=ADMIN_PATHS + OBSERVABILITY_ADMIN_PATHS,
         open_paths=DASHBOARD_OPEN_PATHS,
     )
+    app.include_router(generate_router)
     app.include_router(router)
     app.include_router(openai_router)
     app.include_router(observability_router)

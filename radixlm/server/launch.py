@@ -31,7 +31,7 @@ class EngineSupervisor:
         self.state = None  # the ServerState, once the app started
         self.stopping = False
         self.exit_code = 0
-        from radixlm.engine.observed_manager import Observability
+        from radixlm.engine.observability import Observability
 
         self.observability = Observability.from_server_args(
             server_args
@@ -47,10 +47,10 @@ class EngineSupervisor:
     async def attach(self):
         """A TokenizerManager on this loop for the current engine, watched."""
         from radixlm.engine.launcher import watch_processes
-        from radixlm.engine.observed_manager import ObservedTokenizerManager
-        from radixlm.engine.tokenizer_manager import TokenizerManagerConfig
+        from radixlm.engine.tokenizer_manager import TokenizerManager
+        from radixlm.engine.tokenizer_manager_config import TokenizerManagerConfig
 
-        tm = ObservedTokenizerManager(
+        tm = TokenizerManager(
             TokenizerManagerConfig.from_server_args(self.server_args),
             self.port_args,
             self.tokenizer,

@@ -42,7 +42,7 @@ def _answer(state: ServerState) -> dict:
         "success": True,
         "error_message": "",
         "loaded_adapters": {
-            a.lora_name: a.lora_path for a in state.tokenizer_manager.served_adapters()
+            a.lora_name: a.lora_path for a in state.tokenizer_manager.lora.served_adapters()
         },
     }
 
@@ -76,7 +76,7 @@ async def load_lora_adapter(request: Request):
     state = srv(request)
     body = _fields(await read_json(request), "/load_lora_adapter")
     await _call(
-        state.tokenizer_manager.load_lora_adapter(
+        state.tokenizer_manager.lora.load_lora_adapter(
             body["lora_name"], body.get("lora_path"), body.get("pinned", False)
         )
     )
@@ -92,7 +92,7 @@ async def load_lora_adapter(request: Request):
 async def unload_lora_adapter(request: Request):
     state = srv(request)
     body = _fields(await read_json(request), "/unload_lora_adapter")
-    await _call(state.tokenizer_manager.unload_lora_adapter(body["lora_name"]))
+    await _call(state.tokenizer_manager.lora.unload_lora_adapter(body["lora_name"]))
     return _answer(state)
 
 
@@ -103,5 +103,5 @@ def lora_model_cards(state: ServerState, base: dict) -> list[dict]:
     """
     return [
         {**base, "id": a.lora_name, "root": a.lora_path, "parent": base["id"]}
-        for a in state.tokenizer_manager.served_adapters()
+        for a in state.tokenizer_manager.lora.served_adapters()
     ]

@@ -59,7 +59,7 @@ _START_BODY["requestBody"]["required"] = False  # an empty POST starts with the 
 async def start_profile(request: Request):
     body = await _optional_json(request)
     try:
-        out = await srv(request).tokenizer_manager.start_profile(body)
+        out = await srv(request).tokenizer_manager.profiler.start(body)
     except ValueError as e:
         raise _bad(e, PROFILE_FIELDS) from None
     return _answer(out)
@@ -67,7 +67,7 @@ async def start_profile(request: Request):
 
 @router.post("/stop_profile")
 async def stop_profile(request: Request):
-    return _answer(await srv(request).tokenizer_manager.stop_profile())
+    return _answer(await srv(request).tokenizer_manager.profiler.stop())
 
 
 @router.post(
@@ -95,7 +95,7 @@ async def configure_logging(request: Request):
             param=unknown[0],
         )
     try:
-        cfg = srv(request).tokenizer_manager.configure_logging(**body)
+        cfg = srv(request).tokenizer_manager.observability.configure_logging(**body)
     except ValueError as e:
         raise _bad(e, _LOGGING_FIELDS) from None
     return JSONResponse(

@@ -136,7 +136,7 @@ def _requested(state: ServerState, name: str | None) -> RequestedModel:
     """The `model` and its LoRA adapter (BASE:ADAPTER; or a loaded adapter's name alone, as
     SGLang)."""
     served = served_model_name(state.server_args, state.scheduler_info)
-    adapters = state.tokenizer_manager.lora_adapter_names()
+    adapters = state.tokenizer_manager.lora.adapter_names()
     if name in adapters and name not in _known_names(state):
         return RequestedModel(name, name)
     try:

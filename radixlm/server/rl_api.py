@@ -94,7 +94,7 @@ _OBJ = {"type": "object"}
 async def update_weights_from_disk(request: Request):
     obj = _parse(update_weights_request, await read_json(request))
     try:
-        out = await srv(request).tokenizer_manager.update_weights_from_disk(obj)
+        out = await srv(request).tokenizer_manager.rl.update_weights_from_disk(obj)
     except ValueError as e:  # the checkpoint was refused: the old weights serve on
         response = error_json(
             400, str(e), param="load_format" if str(e).startswith("load_format") else "model_path"
@@ -127,7 +127,7 @@ async def update_weights_from_disk(request: Request):
 async def get_weights_by_name(request: Request):
     obj = _parse(get_weights_request, await read_json(request))
     return JSONResponse(
-        await _call(srv(request).tokenizer_manager.get_weights_by_name(obj), "name")
+        await _call(srv(request).tokenizer_manager.rl.get_weights_by_name(obj), "name")
     )
 
 
@@ -139,14 +139,14 @@ async def get_weights_by_name(request: Request):
 )
 async def pause_generation(request: Request):
     obj = _parse(pause_request, await _body(request))
-    message = await _call(srv(request).tokenizer_manager.pause_generation(obj), "mode")
+    message = await _call(srv(request).tokenizer_manager.rl.pause_generation(obj), "mode")
     return {"message": message, "status": "ok"}
 
 
 @router.post("/continue_generation")
 async def continue_generation(request: Request):
     obj = _parse(continue_request, await _body(request))
-    message = await _call(srv(request).tokenizer_manager.continue_generation(obj), "body")
+    message = await _call(srv(request).tokenizer_manager.rl.continue_generation(obj), "body")
     return {"message": message, "status": "ok"}
 
 
@@ -171,7 +171,7 @@ async def release_memory_occupation(request: Request):
         lambda b: memory_request(b, ReleaseMemoryOccupationReqInput, "release_memory_occupation"),
         await _body(request),
     )
-    message = await _call(srv(request).tokenizer_manager.release_memory_occupation(obj), "tags")
+    message = await _call(srv(request).tokenizer_manager.rl.release_memory_occupation(obj), "tags")
     return {"success": True, "message": message}
 
 
@@ -181,5 +181,5 @@ async def resume_memory_occupation(request: Request):
         lambda b: memory_request(b, ResumeMemoryOccupationReqInput, "resume_memory_occupation"),
         await _body(request),
     )
-    message = await _call(srv(request).tokenizer_manager.resume_memory_occupation(obj), "tags")
+    message = await _call(srv(request).tokenizer_manager.rl.resume_memory_occupation(obj), "tags")
     return {"success": True, "message": message}

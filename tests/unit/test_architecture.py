@@ -1,7 +1,8 @@
 """The architecture as tests: the import contracts of pyproject.toml ([tool.importlinter]: the
 layers, the leaves, the independent router, no cycle between siblings), no import cycle between
-modules, no module past 500 lines and no class past 400 (radixlm/ only). TYPE_CHECKING and lazy
-(function-level) imports count like any other: a cycle through them is still a cycle to untangle.
+modules, no module past 500 lines and no class past 400 (radixlm/ only) counting the radixlm classes
+it inherits from, and no mixin that only one class uses. TYPE_CHECKING and lazy (function-level)
+imports count like any other: a cycle through them is still a cycle to untangle.
 
 Each checker also runs on a small package written to a temp dir, with and without the fault it looks
 for, so that a pass means the fault is absent, not that the checker is blind.
@@ -16,6 +17,7 @@ import sys
 import textwrap
 import tomllib
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 
 import grimp
@@ -139,25 +141,135 @@ def describe_cycle(graph: grimp.ImportGraph, component: list[str]) -> str:
     return "\n".join(lines)
 
 
+ClassKey = tuple[str, int]  # (module, line of its `class` statement)
+
+
+@dataclass(frozen=True)
+class ClassInfo:
+    rel: str  # its module's path relative to the package directory
+    name: str
+    lines: int  # decorators included
+    bases: tuple[ClassKey, ...]  # those of its bases that are classes of the package
+
+
+def package_classes(package_dir: Path) -> dict[ClassKey, ClassInfo]:
+    """Every class of the package with those of its bases that are classes of the package too (a
+    base from elsewhere, or one that cannot be resolved statically, is left out). Bases resolve
+    through the module's imports (function-level ones included), re-exports and module attributes
+    (`mod.Base`)."""
+    trees: dict[str, tuple[Path, ast.Module]] = {}
+    for path in sorted(package_dir.rglob("*.py")):
+        parts = [package_dir.name, *path.relative_to(package_dir).with_suffix("").parts]
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        trees[module] = (path, ast.parse(path.read_text(), filename=str(path)))
+    defs: dict[str, list[ast.ClassDef]] = {}
+    imports: dict[str, dict[str, tuple[str, str | None]]] = {}  # name -> (module, attribute)
+    for module, (path, tree) in trees.items():
+        defs[module] = [n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)]
+        package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+        names = imports[module] = {}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = node.module or ""
+                if node.level:  # relative: from the package, node.level - 1 packages up
+                    up = package[: len(package) - node.level + 1]
+                    source = ".".join([*up, *([node.module] if node.module else [])])
+                for a in node.names:
+                    names[a.asname or a.name] = (source, a.name)
+            elif isinstance(node, ast.Import):
+                for a in node.names:
+                    top = a.name.split(".")[0]
+                    names[a.asname or top] = (a.name if a.asname else top, None)
+
+    def defined(module: str, name: str, hops: int = 0) -> ClassKey | None:
+        """The class `name` means in `module`: its own, or one it imports (followed)."""
+        own = [c for c in defs.get(module, ()) if c.name == name]
+        if own:
+            return (module, own[0].lineno)
+        source, attr = imports.get(module, {}).get(name, (None, None))
+        if attr is None or f"{source}.{attr}" in trees or hops > 20:  # a module, not a class
+            return None
+        return defined(source, attr, hops + 1)
+
+    def resolve(module: str, expr: ast.expr) -> ClassKey | None:
+        if isinstance(expr, ast.Subscript):  # Generic[T], Base[int]
+            return resolve(module, expr.value)
+        if isinstance(expr, ast.Name):
+            return defined(module, expr.id)
+        chain = []  # mod.sub.Base: the names after the first
+        while isinstance(expr, ast.Attribute):
+            chain.insert(0, expr.attr)
+            expr = expr.value
+        if not isinstance(expr, ast.Name) or expr.id not in imports[module]:
+            return None
+        source, attr = imports[module][expr.id]
+        *path, name = [source, *([attr] if attr else []), *chain]
+        return defined(".".join(path), name)
+
+    return {
+        (module, c.lineno): ClassInfo(
+            path.relative_to(package_dir).as_posix(),
+            c.name,
+            c.end_lineno - min([c.lineno] + [d.lineno for d in c.decorator_list]) + 1,
+            tuple(k for k in (resolve(module, b) for b in c.bases) if k is not None),
+        )
+        for module, (path, _) in trees.items()
+        for c in defs[module]
+    }
+
+
+def inherited(key: ClassKey, classes: dict[ClassKey, ClassInfo]) -> set[ClassKey]:
+    """The package's classes that `key` inherits from, at any depth (each once)."""
+    seen: set[ClassKey] = set()
+    todo = list(classes[key].bases)
+    while todo:
+        base = todo.pop()
+        if base not in seen:
+            seen.add(base)
+            todo.extend(classes[base].bases)
+    return seen
+
+
 def oversized(package_dir: Path, exempt: frozenset[str] = frozenset()) -> list[str]:
-    """Modules over MAX_MODULE_LINES lines and classes over MAX_CLASS_LINES (decorators
-    included)."""
+    """Modules over MAX_MODULE_LINES lines and classes over MAX_CLASS_LINES (decorators included). A
+    class counts with the package's classes it inherits from, mixins included: code moved into a
+    base class or a mixin is still the class's to read."""
+    classes = package_classes(package_dir)
     out = []
     for path in sorted(package_dir.rglob("*.py")):
         rel = path.relative_to(package_dir).as_posix()
         if rel in exempt:
             continue
-        src = path.read_text()
-        n = len(src.splitlines())
+        n = len(path.read_text().splitlines())
         if n > MAX_MODULE_LINES:
             out.append(f"module {rel}: {n} lines (max {MAX_MODULE_LINES})")
-        for node in ast.walk(ast.parse(src, filename=str(path))):
-            if isinstance(node, ast.ClassDef):
-                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
-                size = node.end_lineno - first + 1
-                if size > MAX_CLASS_LINES:
-                    out.append(f"class {rel}:{node.name}: {size} lines (max {MAX_CLASS_LINES})")
+        for key, c in classes.items():
+            if c.rel != rel:
+                continue
+            bases = inherited(key, classes)
+            size = c.lines + sum(classes[b].lines for b in bases)
+            if size > MAX_CLASS_LINES:
+                more = f" with {', '.join(sorted(classes[b].name for b in bases))}" if bases else ""
+                out.append(f"class {rel}:{c.name}: {size} lines{more} (max {MAX_CLASS_LINES})")
     return out
+
+
+def single_use_mixins(package_dir: Path) -> list[str]:
+    """Classes named *Mixin that fewer than two classes of the package inherit from directly. A
+    mixin shares behaviour between classes; one with a single user is that class split in two."""
+    classes = package_classes(package_dir)
+    users: dict[ClassKey, list[str]] = {
+        k: [] for k, c in classes.items() if c.name.endswith("Mixin")
+    }
+    for c in classes.values():
+        for b in c.bases:
+            if b in users:
+                users[b].append(c.name)
+    return [
+        f"mixin {classes[k].rel}:{classes[k].name}: inherited by {', '.join(u) or 'no class'} only"
+        for k, u in sorted(users.items())
+        if len(u) < 2
+    ]
 
 
 # ----------------------------------------------------------------------------- radixlm
@@ -201,6 +313,7 @@ def test_contracts_are_the_designed_ones():
         "radixlm.ipc",
         "radixlm.config",
         "radixlm.sampling_params",
+        "radixlm.sampling_checks",
         "radixlm.utils",
         "radixlm.http_common",
         "radixlm.radix_walk",
@@ -237,6 +350,11 @@ def test_no_import_cycle_between_modules():
 def test_no_oversized_module_or_class():
     big = oversized(ROOT / PACKAGE, GENERATED)
     assert not big, "\n".join(big)
+
+
+def test_no_mixin_that_splits_one_class():
+    split = single_use_mixins(ROOT / PACKAGE)
+    assert not split, "\n".join(split)
 
 
 # ----------------------------------------------------------------------------- the checkers checked
@@ -349,3 +467,53 @@ def test_size_check(tmp_path, module_lines, class_lines, flagged):
     found = oversized(tmp_path)
     assert [f.split()[0] for f in found] == flagged, found
     assert oversized(tmp_path, exempt=frozenset({"m.py"})) == []
+
+
+INHERITED = {
+    # A base class and a mixin elsewhere in the package, one re-exported.
+    "base": "class Base:\n" + "    x = 0\n" * 199,
+    "mixins": "class HelperMixin:\n" + "    y = 0\n" * 149,
+    "reexport": "from {name}.mixins import HelperMixin as Helper\n",
+}
+
+
+@pytest.mark.parametrize(
+    "header, bases, size",
+    [
+        ("from {name}.base import Base", "Base", 401),  # 201 lines + Base's 200
+        ("from .base import Base", "Base", 401),
+        ("import {name}.base as b", "b.Base", 401),
+        ("from {name} import base, reexport", "reexport.Helper, base.Base", 551),
+        ("from {name}.mixins import HelperMixin", "HelperMixin", None),  # 351
+        ("from collections import OrderedDict", "OrderedDict", None),  # not the package's
+        ("", "", None),
+    ],
+)
+def test_size_check_counts_what_a_class_inherits(tmp_path, header, bases, size):
+    name = "archfixture_inherit"
+    write_package(tmp_path, name, {k: v.format(name=name) for k, v in INHERITED.items()})
+    body = [f"class Small({bases}):"] + ["    z = 0"] * 200
+    (tmp_path / name / "small.py").write_text(
+        header.format(name=name) + "\n" + "\n".join(body) + "\n"
+    )
+    found = oversized(tmp_path / name)
+    if size is None:
+        assert found == [], found
+    else:
+        assert len(found) == 1 and found[0].startswith(f"class small.py:Small: {size} lines with ")
+
+
+@pytest.mark.parametrize("users, flagged", [(0, True), (1, True), (2, False)])
+def test_mixin_check(tmp_path, users, flagged):
+    name = "archfixture_mixins"
+    classes = "".join(f"class User{i}(SplitMixin):\n    pass\n" for i in range(users))
+    modules = {
+        "mixin": "class SplitMixin:\n    pass\n",
+        "users": f"from {name}.mixin import SplitMixin\n{classes}",
+    }
+    write_package(tmp_path, name, modules)
+    found = single_use_mixins(tmp_path / name)
+    if flagged:
+        assert len(found) == 1 and found[0].startswith("mixin mixin.py:SplitMixin: inherited by ")
+    else:
+        assert found == [], found
