@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from radixlm.ipc import TokenizedGenerateReqInput
-from radixlm.lora.runtime import NoLoRA
+from radixlm.lora.runtime import BaseLoRARuntime, NoLoRA
 from radixlm.scheduler.decoding.grammar_manager import GrammarManager
 from radixlm.scheduler.kv.prefetcher import Prefetcher
 from radixlm.scheduler.output.finisher import Finisher
@@ -32,7 +32,7 @@ class RequestIntake:
         eos_token_ids: frozenset[int],
         sync: NoStepSync = NoStepSync(),
         pool_all_tokens: bool = False,
-        lora: NoLoRA = NoLoRA(),
+        lora: BaseLoRARuntime = NoLoRA(),
     ):
         self.queues = queues
         self.sync = sync  # tensor parallelism: a compile is done when it is done on every rank

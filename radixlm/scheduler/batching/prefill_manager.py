@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixlm.lora.runtime import NoLoRA
+from radixlm.lora.runtime import BaseLoRARuntime, NoLoRA
 from radixlm.model.forward_batch import ForwardMode
 from radixlm.scheduler.batch import ScheduleBatch
 from radixlm.scheduler.batching.admission import (
@@ -44,7 +44,7 @@ class PrefillManager:
         limits: PrefillLimits,
         ratio: NewTokenRatio,
         stats: SchedulerStats,
-        lora: NoLoRA = NoLoRA(),
+        lora: BaseLoRARuntime = NoLoRA(),
         fold: NoPrefillFold = NoPrefillFold(),
     ):
         self.queues = queues
