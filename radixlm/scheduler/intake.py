@@ -15,7 +15,7 @@ from radixlm.lora.runtime import BaseLoRARuntime, NoLoRA
 from radixlm.scheduler.decoding.grammar_manager import GrammarManager
 from radixlm.scheduler.kv.prefetcher import Prefetcher
 from radixlm.scheduler.output.finisher import Finisher
-from radixlm.scheduler.parallel.tp_sync import NoStepSync
+from radixlm.scheduler.parallel.tp_sync import BaseStepSync, NoStepSync
 from radixlm.scheduler.req import Req, ReqStatus
 from radixlm.scheduler.req_queues import ReqQueues
 
@@ -30,7 +30,7 @@ class RequestIntake:
         prefetcher: Prefetcher,
         finisher: Finisher,
         eos_token_ids: frozenset[int],
-        sync: NoStepSync = NoStepSync(),
+        sync: BaseStepSync = NoStepSync(),
         pool_all_tokens: bool = False,
         lora: BaseLoRARuntime = NoLoRA(),
     ):

@@ -51,19 +51,19 @@ from radixlm.scheduler.control.profiler import Profiler
 from radixlm.scheduler.control.weight_control import WEIGHT_CONTROL_REPLIES, WeightControl
 from radixlm.scheduler.decoding.grammar_manager import GrammarManager
 from radixlm.scheduler.decoding.prefill_fold import NoPrefillFold
-from radixlm.scheduler.decoding.spec_decoding import NoSpeculation, SpecDecoding
+from radixlm.scheduler.decoding.spec_decoding import BaseSpeculation, NoSpeculation, SpecDecoding
 from radixlm.scheduler.execution.executor import InlineExecutor, OverlapExecutor
 from radixlm.scheduler.intake import RequestIntake
 from radixlm.scheduler.invariants import InvariantChecker, InvariantError, NoInvariantChecks
 from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.kv.prefetcher import Prefetcher
-from radixlm.scheduler.kv.session_pins import SESSION_MESSAGES, SessionPins
+from radixlm.scheduler.kv.session_pins import SESSION_MESSAGES, create_session_pins
 from radixlm.scheduler.lazy_tokenizer import LazyTokenizer
 from radixlm.scheduler.output.jump_forward import JumpForward, NoJumpForward
 from radixlm.scheduler.output.output_streamer import OutputStreamer
 from radixlm.scheduler.output.result_processor import ResultProcessor
-from radixlm.scheduler.parallel.dp_attention import NoDPAttention
-from radixlm.scheduler.parallel.tp_sync import AgreedStepCosts, NoStepSync
+from radixlm.scheduler.parallel.dp_attention import BaseDPAttention, NoDPAttention
+from radixlm.scheduler.parallel.tp_sync import AgreedStepCosts, BaseStepSync, NoStepSync
 from radixlm.scheduler.pd.context import PDContext
 from radixlm.scheduler.pd.mode import create_pd_mode, pd_finisher_class
 from radixlm.scheduler.req_queues import ReqQueues
@@ -92,8 +92,8 @@ class Scheduler:
         self,
         config: SchedulerConfig,
         io: BaseSchedulerIO,
-        sync: NoStepSync = NoStepSync(),
-        dp: NoDPAttention = NoDPAttention(),
+        sync: BaseStepSync = NoStepSync(),
+        dp: BaseDPAttention = NoDPAttention(),
     ):
         """sync: how the ranks of a tensor-parallel group agree (tp_sync.py); dp: how DP-attention
         ranks keep their steps together (parallel/dp_attention.py); the no-op twins alone."""
@@ -122,7 +122,7 @@ class Scheduler:
         self.spec = self._make_speculation()
         executor_cls = OverlapExecutor if config.overlap_schedule else InlineExecutor
         self.executor = executor = executor_cls(runner, cm, self.grammar, self.spec)
-        self.sessions = SessionPins.create(cm)  # open sessions' KV stays in the tree
+        self.sessions = create_session_pins(cm)  # open sessions' KV stays in the tree
         finisher_cls = pd_finisher_class(
             config.disaggregation
         )  # PD prefill: KV kept until it was sent
@@ -222,7 +222,7 @@ class Scheduler:
         self.intake.ready_status = self.pd.ready_status
         dp.attach(runner.model, self._dp_state, runner.max_total_num_tokens)
 
-    def _make_speculation(self) -> NoSpeculation:
+    def _make_speculation(self) -> BaseSpeculation:
         spec = self.config.speculative
         if not spec:
             return NoSpeculation()

@@ -21,7 +21,7 @@ from radixlm.scheduler.batching.admission import (
     shares_prefix_in_batch,
 )
 from radixlm.scheduler.batching.policy import PREFIX_POLICIES, SchedulePolicy
-from radixlm.scheduler.decoding.prefill_fold import NoPrefillFold
+from radixlm.scheduler.decoding.prefill_fold import BasePrefillFold, NoPrefillFold
 from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.req import Req, ReqStatus
 from radixlm.scheduler.req_queues import ReqQueues
@@ -45,7 +45,7 @@ class PrefillManager:
         ratio: NewTokenRatio,
         stats: SchedulerStats,
         lora: BaseLoRARuntime = NoLoRA(),
-        fold: NoPrefillFold = NoPrefillFold(),
+        fold: BasePrefillFold = NoPrefillFold(),
     ):
         self.queues = queues
         self.cache_manager = cache_manager
