@@ -40,7 +40,7 @@ from radixlm.cache.host_pool import HostKVPool
 from radixlm.cache.kv_data import KVData
 from radixlm.cache.memory_pool import TokenToKVPool
 from radixlm.cache.radix_cache import RadixCache
-from radixlm.cache.storage_tier import NoStorageTier
+from radixlm.cache.storage_tier import BaseStorageTier, NoStorageTier
 from radixlm.cache.tree_node import TreeNode, touch
 from radixlm.radix_walk import walk
 
@@ -59,7 +59,7 @@ class HiRadixCache(RadixCache):
         token_to_kv_pool: TokenToKVPool,
         host_pool: HostKVPool,
         write_policy: str = "write_through",
-        storage_tier: NoStorageTier | None = None,
+        storage_tier: BaseStorageTier | None = None,
         stats: HiCacheStats | None = None,
     ):
         self.host_pool = host_pool

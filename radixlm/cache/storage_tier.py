@@ -4,13 +4,15 @@ request's chunks back into L2.
 The KV of a token sequence is stored in chunks of `chunk_size` tokens at fixed positions, keyed by
 a hash chain from the model key (and the prefix's namespace); storage.py holds the backends,
 hicache_io.py the background threads. HiRadixCache (hiradix_cache.py) decides when; this tier
-knows how. NoStorageTier is the tier of a hierarchical cache without --hicache-storage-backend.
+knows how (BaseStorageTier: what it asks). NoStorageTier is the tier of a hierarchical cache without
+--hicache-storage-backend.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable
 
 from radixlm.cache.hicache_io import HiCacheIO, HiCacheStats, Prefetch
@@ -24,10 +26,49 @@ logger = logging.getLogger(__name__)
 Hang = Callable[[Hashable, list[int], int, list[KVData]], int]
 
 
-class NoStorageTier:
+class BaseStorageTier(ABC):
+    prefetches: list[Prefetch]  # the reads under way, oldest first
+
+    @abstractmethod
+    def store(
+        self, namespace: Hashable, ids: list[int], gather: Callable[[int, int], KVData]
+    ) -> None:
+        """Queue the full chunks of ids that L3 lacks; gather(lo, hi) reads tokens [lo, hi)'s KV
+        now."""
+
+    @abstractmethod
+    def start_prefetch(
+        self, namespace: Hashable, token_ids: list[int], cached: int
+    ) -> Prefetch | None:
+        """Start reading the stored chunks that continue the first `cached` tokens of token_ids
+        (what L1 and L2 hold); None if there are none."""
+
+    @abstractmethod
+    def poll(self, hang: Hang) -> None:
+        """Hang the chunks read so far into the tree (L2), in order."""
+
+    @abstractmethod
+    def wait_writes(self, timeout: float | None = None) -> bool:
+        """Wait for the queued stores; False if some were still pending at the timeout."""
+
+    @abstractmethod
+    def clear(self) -> None:
+        """Drop everything stored."""
+
+    @abstractmethod
+    def close(self) -> None:
+        """Stop the background threads and the backend."""
+
+    @abstractmethod
+    def info(self) -> dict:
+        """For /get_server_info's hicache section."""
+
+
+class NoStorageTier(BaseStorageTier):
     """No L3: nothing is stored, nothing is prefetched."""
 
-    prefetches: list[Prefetch] = []
+    def __init__(self):
+        self.prefetches: list[Prefetch] = []  # stays empty
 
     def store(
         self, namespace: Hashable, ids: list[int], gather: Callable[[int, int], KVData]
@@ -55,7 +96,7 @@ class NoStorageTier:
         return {}
 
 
-class StorageTier(NoStorageTier):
+class StorageTier(BaseStorageTier):
     def __init__(
         self, backend: HiCacheStorage, model_key: str, chunk_size: int, stats: HiCacheStats
     ):
@@ -74,8 +115,6 @@ class StorageTier(NoStorageTier):
     def store(
         self, namespace: Hashable, ids: list[int], gather: Callable[[int, int], KVData]
     ) -> None:
-        """Queue the full chunks of ids that L3 lacks; gather(lo, hi) reads tokens [lo, hi)'s KV
-        now."""
         c = self.chunk_size
         n_chunks = len(ids) // c
         if n_chunks == 0:
@@ -88,8 +127,6 @@ class StorageTier(NoStorageTier):
     def start_prefetch(
         self, namespace: Hashable, token_ids: list[int], cached: int
     ) -> Prefetch | None:
-        """Start reading the stored chunks that continue the first `cached` tokens of token_ids
-        (what L1 and L2 hold); None if there are none."""
         c = self.chunk_size
         total = len(token_ids) // c
         first = cached // c

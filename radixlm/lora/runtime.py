@@ -1,5 +1,6 @@
 """LoRARuntime: the adapters of the scheduler process and the batched delta; NoLoRA without
---enable-lora.
+--enable-lora. BaseLoRARuntime is what the runner, admission and the LoRA control calls ask of
+either.
 
 Each target linear layer gets a forward hook (the model's code is unchanged): after the base layer's
 output (float, or the native quantized kernels'), the hook adds scale * (x A^T) B^T for the tokens
@@ -14,6 +15,7 @@ decoder op).
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 from typing import Protocol
 
 import torch
@@ -37,8 +39,39 @@ class ForwardBatch(Protocol):
 logger = logging.getLogger(__name__)
 
 
-class NoLoRA:
-    """LoRA off: nothing to prepare, every batch fits."""
+LORA_OFF = "LoRA is off: start the server with --enable-lora"
+
+
+class BaseLoRARuntime(ABC):
+    max_loras_per_batch: int  # distinct adapters (the base model counting as one) a batch may mix
+
+    @abstractmethod
+    def begin_forward(self, fb: ForwardBatch) -> None:
+        """This batch's segments: per request, its adapter's slot and tokens."""
+
+    @abstractmethod
+    def fits(self, lora_ids: set) -> bool:
+        """Whether a batch of these adapters (None: the base model) may run."""
+
+    @abstractmethod
+    def serves(self, uid: str | None) -> bool:
+        """Whether a request for adapter uid (None: the base model) can run."""
+
+    @abstractmethod
+    def adapters_info(self) -> list[dict]:
+        """The loaded adapters, for /get_server_info and the LoRA control calls."""
+
+    @abstractmethod
+    def load(self, ref: LoRARef) -> LoRAAdapter:
+        """Load and check an adapter (AdapterError naming what is wrong)."""
+
+    @abstractmethod
+    def unload(self, uid: str) -> None:
+        """Drop a loaded adapter (AdapterError when there is none of that uid)."""
+
+
+class NoLoRA(BaseLoRARuntime):
+    """LoRA off: nothing to prepare, every batch fits, no adapter loads."""
 
     max_loras_per_batch = 0
 
@@ -54,8 +87,14 @@ class NoLoRA:
     def adapters_info(self) -> list[dict]:
         return []
 
+    def load(self, ref: LoRARef) -> LoRAAdapter:
+        raise AdapterError(LORA_OFF)
 
-class LoRARuntime(NoLoRA):
+    def unload(self, uid: str) -> None:
+        raise AdapterError(LORA_OFF)
+
+
+class LoRARuntime(BaseLoRARuntime):
     def __init__(
         self, config: LoRAConfig, model: nn.Module, dtype: torch.dtype, device: torch.device
     ):
@@ -85,7 +124,6 @@ class LoRARuntime(NoLoRA):
 
     # ------------------------------------------------------------ adapters
     def load(self, ref: LoRARef) -> LoRAAdapter:
-        """Load and check an adapter (AdapterError naming what is wrong)."""
         limit = self.config.max_loaded_loras
         if limit is not None and len(self.adapters) >= limit:
             raise AdapterError(f"max_loaded_loras ({limit}) adapters are loaded: unload one first")
@@ -105,6 +143,8 @@ class LoRARuntime(NoLoRA):
             self.pool.pin(adapter)
 
     def unload(self, uid: str) -> None:
+        if uid not in self.adapters:
+            raise AdapterError(f"no adapter {uid!r} is loaded")
         self.adapters.pop(uid)
         self.pool.release(uid)
 
@@ -155,5 +195,5 @@ class LoRARuntime(NoLoRA):
 
 def create_lora_runtime(
     config: LoRAConfig | None, model: nn.Module, dtype: torch.dtype, device: torch.device
-) -> NoLoRA:
+) -> BaseLoRARuntime:
     return NoLoRA() if config is None else LoRARuntime(config, model, dtype, device)

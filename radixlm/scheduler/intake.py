@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from radixlm.ipc import TokenizedGenerateReqInput
-from radixlm.lora.runtime import NoLoRA
+from radixlm.lora.runtime import BaseLoRARuntime, NoLoRA
 from radixlm.scheduler.decoding.grammar_manager import GrammarManager
 from radixlm.scheduler.kv.prefetcher import Prefetcher
 from radixlm.scheduler.output.finisher import Finisher
-from radixlm.scheduler.parallel.tp_sync import NoStepSync
+from radixlm.scheduler.parallel.tp_sync import BaseStepSync, NoStepSync
 from radixlm.scheduler.req import Req, ReqStatus
 from radixlm.scheduler.req_queues import ReqQueues
 
@@ -30,9 +30,9 @@ class RequestIntake:
         prefetcher: Prefetcher,
         finisher: Finisher,
         eos_token_ids: frozenset[int],
-        sync: NoStepSync = NoStepSync(),
+        sync: BaseStepSync = NoStepSync(),
         pool_all_tokens: bool = False,
-        lora: NoLoRA = NoLoRA(),
+        lora: BaseLoRARuntime = NoLoRA(),
     ):
         self.queues = queues
         self.sync = sync  # tensor parallelism: a compile is done when it is done on every rank

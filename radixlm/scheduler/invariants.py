@@ -4,6 +4,7 @@ hand out wrong KV."""
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Callable, Iterable
 
@@ -15,7 +16,13 @@ from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.req import Req
 from radixlm.scheduler.req_queues import ReqQueues
 
-__all__ = ["InvariantChecker", "InvariantError", "NoInvariantChecks", "check_invariants"]
+__all__ = [
+    "BaseInvariantChecks",
+    "InvariantChecker",
+    "InvariantError",
+    "NoInvariantChecks",
+    "check_invariants",
+]
 
 
 def _fail(msg: str) -> None:
@@ -130,7 +137,15 @@ def check_invariants(
         _fail(f"request slot leak: {len(free_rows)} free + {len(owner_of_row)} held != {rows.size}")
 
 
-class InvariantChecker:
+class BaseInvariantChecks(ABC):
+    """What the loop runs after every step: InvariantChecker, or NoInvariantChecks."""
+
+    @abstractmethod
+    def after_step(self) -> None:
+        """Check the state the step left (InvariantError on a broken invariant)."""
+
+
+class InvariantChecker(BaseInvariantChecks):
     """--enable-invariant-checks: after every step, each request's status names the container that
     holds it (ReqQueues.check), and check_invariants on the KV."""
 
@@ -153,6 +168,6 @@ class InvariantChecker:
         )
 
 
-class NoInvariantChecks:
+class NoInvariantChecks(BaseInvariantChecks):
     def after_step(self) -> None:
         pass

@@ -13,11 +13,11 @@ from radixlm.distributed.parallel_state import init_parallel_state
 from radixlm.distributed.rank import RankSpec, pin_cpus, start_heartbeat
 from radixlm.scheduler.channels import BaseSchedulerIO, SchedulerIO
 from radixlm.scheduler.config import SchedulerConfig
-from radixlm.scheduler.parallel.dp_attention import DPAttentionStep, NoDPAttention
+from radixlm.scheduler.parallel.dp_attention import BaseDPAttention, DPAttentionStep, NoDPAttention
 from radixlm.scheduler.parallel.dp_dispatch import DPDispatcher, DPView
 from radixlm.scheduler.parallel.dp_io import DPSchedulerIO
 from radixlm.scheduler.parallel.tp_io import TPSchedulerIO
-from radixlm.scheduler.parallel.tp_sync import NoStepSync, TPStepSync
+from radixlm.scheduler.parallel.tp_sync import BaseStepSync, NoStepSync, TPStepSync
 
 logger = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def rank_threads(config: SchedulerConfig, spec: RankSpec, cpus: list[int] | None
 
 def join_tp_group(
     config: SchedulerConfig, port_args: PortArgs | None, spec: RankSpec
-) -> tuple[SchedulerConfig, BaseSchedulerIO, NoStepSync, NoDPAttention]:
+) -> tuple[SchedulerConfig, BaseSchedulerIO, BaseStepSync, BaseDPAttention]:
     """Beat, pin, join the world; -> what this rank's Scheduler is built from (its config with the
     rank's threads, its channels, its sync, its DP-attention step). The model built next is this
     rank's shard."""
@@ -59,7 +59,7 @@ def join_tp_group(
 
 def _dp_attention(
     comm: Communicator, port_args: PortArgs, config: SchedulerConfig
-) -> tuple[DPSchedulerIO, NoStepSync, DPAttentionStep]:
+) -> tuple[DPSchedulerIO, BaseStepSync, DPAttentionStep]:
     """DP attention: each rank schedules its own requests (a sync of its own: nothing to agree on
     beyond the step exchange), rank 0 dispatching them."""
     view = DPView(comm.world_size)

@@ -4,8 +4,10 @@ Scheduler only orders its components; each concern is one of them (built in __in
 own file): intake.py (new requests, aborts, grammar compiles, prefetches), prefill_manager.py
 (admission, chunked prefill), decode_manager.py (the running batch, retraction), executor.py (how a
 batch runs: inline or overlapped), result_processor.py (tokens, stops, logprobs), finisher.py
-(the end of a request), output_streamer.py (news for the detokenizer). A request's lifecycle is
-its ReqStatus (req.py), which names the container of req_queues.py that holds it.
+(the end of a request), output_streamer.py (news for the detokenizer). A feature that may be off
+is a component with a no-op twin, both implementing its interface; optional_components.py picks
+which one runs. A request's lifecycle is its ReqStatus (req.py), which names the container of
+req_queues.py that holds it.
 See docs/architecture.md, "Request flow" and "KV ownership".
 """
 
@@ -20,7 +22,6 @@ from typing import TYPE_CHECKING
 from radixlm.cache.base_prefix_cache import FLUSH_LEVELS
 from radixlm.cache.factory import create_prefix_cache
 from radixlm.config import PortArgs
-from radixlm.disaggregation.config import DisaggregationMode
 from radixlm.distributed.rank import beat
 from radixlm.errors import start_failure_report
 from radixlm.ipc import (
@@ -51,20 +52,23 @@ from radixlm.scheduler.control.lora_admin import LORA_MESSAGES, LORA_REPLIES, ha
 from radixlm.scheduler.control.profiler import Profiler
 from radixlm.scheduler.control.weight_control import WEIGHT_CONTROL_REPLIES, WeightControl
 from radixlm.scheduler.decoding.grammar_manager import GrammarManager
-from radixlm.scheduler.decoding.prefill_fold import NoPrefillFold
-from radixlm.scheduler.decoding.spec_decoding import NoSpeculation, SpecDecoding
-from radixlm.scheduler.execution.executor import InlineExecutor, OverlapExecutor
 from radixlm.scheduler.intake import RequestIntake
-from radixlm.scheduler.invariants import InvariantChecker, InvariantError, NoInvariantChecks
+from radixlm.scheduler.invariants import InvariantError
 from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.kv.prefetcher import Prefetcher
-from radixlm.scheduler.kv.session_pins import SESSION_MESSAGES, SessionPins
+from radixlm.scheduler.kv.session_pins import SESSION_MESSAGES, create_session_pins
 from radixlm.scheduler.lazy_tokenizer import LazyTokenizer
-from radixlm.scheduler.output.jump_forward import JumpForward, NoJumpForward
+from radixlm.scheduler.optional_components import (
+    create_executor,
+    create_invariant_checks,
+    create_jump_forward,
+    create_prefill_fold,
+    create_speculation,
+)
 from radixlm.scheduler.output.output_streamer import OutputStreamer
 from radixlm.scheduler.output.result_processor import ResultProcessor
-from radixlm.scheduler.parallel.dp_attention import NoDPAttention
-from radixlm.scheduler.parallel.tp_sync import AgreedStepCosts, NoStepSync
+from radixlm.scheduler.parallel.dp_attention import BaseDPAttention, NoDPAttention
+from radixlm.scheduler.parallel.tp_sync import BaseStepSync, NoStepSync
 from radixlm.scheduler.pd.context import PDContext
 from radixlm.scheduler.pd.mode import create_pd_mode, pd_finisher_class
 from radixlm.scheduler.req_queues import ReqQueues
@@ -93,11 +97,12 @@ class Scheduler:
         self,
         config: SchedulerConfig,
         io: BaseSchedulerIO,
-        sync: NoStepSync = NoStepSync(),
-        dp: NoDPAttention = NoDPAttention(),
+        sync: BaseStepSync = NoStepSync(),
+        dp: BaseDPAttention = NoDPAttention(),
     ):
         """sync: how the ranks of a tensor-parallel group agree (tp_sync.py); dp: how DP-attention
-        ranks keep their steps together (parallel/dp_attention.py); the no-op twins alone."""
+        ranks keep their steps together (parallel/dp_attention.py); the no-op twins alone. The other
+        optional components are chosen in optional_components.py."""
         self.config = config
         self.io = io
         self.sync = sync
@@ -120,13 +125,12 @@ class Scheduler:
         self.grammar = GrammarManager(
             config.grammar_backend, self.tokenizer, runner.vocab_size, eos, stats
         )
-        self.spec = self._make_speculation()
-        executor_cls = OverlapExecutor if config.overlap_schedule else InlineExecutor
-        self.executor = executor = executor_cls(runner, cm, self.grammar, self.spec)
-        self.sessions = SessionPins.create(cm)  # open sessions' KV stays in the tree
-        finisher_cls = pd_finisher_class(
-            config.disaggregation
-        )  # PD prefill: KV kept until it was sent
+        # The optional components (optional_components.py): the real one, or its no-op twin.
+        self.spec = create_speculation(config, self.tree_cache, runner, self.grammar, sync)
+        self.executor = executor = create_executor(config, runner, cm, self.grammar, self.spec)
+        self.sessions = create_session_pins(cm)  # open sessions' KV stays in the tree
+        # PD prefill: a finished request's KV is kept until it was sent.
+        finisher_cls = pd_finisher_class(config.disaggregation)
         self.finisher = finisher_cls(queues, cm, executor, self.spec, self.outputs, self.sessions)
         self.intake = RequestIntake(
             queues,
@@ -145,13 +149,7 @@ class Scheduler:
         limits = PrefillLimits(
             runner.max_running_requests, config.max_prefill_tokens, config.chunk_size
         )
-        # A PD prefill server hands every request over after its prefill: none joins a decode step
-        # there.
-        fold = (
-            NoPrefillFold()
-            if config.disaggregation.mode is DisaggregationMode.PREFILL
-            else self.spec.prefill_fold()
-        )
+        fold = create_prefill_fold(config, self.spec)
         self.prefill = PrefillManager(
             queues, cm, self.policy, limits, ratio, stats, runner.lora, fold
         )
@@ -162,10 +160,8 @@ class Scheduler:
         self.mix = (
             self.decode.mix_with_running if config.enable_mixed_chunk else (lambda prefill: prefill)
         )
-        jump = (
-            JumpForward(queues, cm, self.tokenizer, stats, self.context_len, executor)
-            if self.tree_cache.shares_prefixes and not config.disable_jump_forward
-            else NoJumpForward()
+        jump = create_jump_forward(
+            config, queues, cm, self.tokenizer, stats, self.context_len, executor
         )
         self.outputs.hold_back = jump.hold_back
         self.decode_log_interval = config.decode_log_interval
@@ -182,15 +178,10 @@ class Scheduler:
             stats,
             self._log_decode,
         )
-        self.checks = (
-            sync.checked(InvariantChecker(cm, queues, self.sessions.nodes), cm, queues)
-            if config.enable_invariant_checks
-            else NoInvariantChecks()
-        )
+        self.checks = create_invariant_checks(config, sync, cm, queues, self.sessions.nodes)
         self.profiler = Profiler(stats, runner.device.type)  # /start_profile, /stop_profile
-        self.dashboard = DashboardProbe(
-            self.tree_cache, self.internal_state
-        )  # /dashboard/stream, on request only
+        # /dashboard/stream, on request only
+        self.dashboard = DashboardProbe(self.tree_cache, self.internal_state)
         # Pause / continue, weight updates, memory release (SGLang's RL calls; weight_control.py).
         self.control = WeightControl(
             runner,
@@ -222,34 +213,6 @@ class Scheduler:
         )
         self.intake.ready_status = self.pd.ready_status
         dp.attach(runner.model, self._dp_state, runner.max_total_num_tokens)
-
-    def _make_speculation(self) -> NoSpeculation:
-        spec = self.config.speculative
-        if not spec:
-            return NoSpeculation()
-        from radixlm.speculative.controller import SpecController
-        from radixlm.speculative.draft_tree import TreeShape
-        from radixlm.speculative.factory import create_draft_source
-
-        source = create_draft_source(
-            spec,
-            self.tree_cache,
-            self.runner.token_to_kv_pool.size,
-            self.config.runner,
-            self.runner.vocab_size,
-            self.runner,
-        )
-        shape = spec.tree_shape
-        if shape.width > 1 and not self.runner.attn_backend.supports_tree_mask:
-            logger.warning(
-                "%r cannot verify draft trees for this model: chains only", self.runner.attn_backend
-            )
-            shape = TreeShape(1, shape.depth)
-        controller = SpecController(source, spec.num_draft_tokens, spec.draft_policy, shape)
-        controller.costs = AgreedStepCosts(
-            controller.costs, self.sync
-        )  # draft lengths alike on every rank
-        return SpecDecoding(controller, self.grammar)
 
     # ------------------------------------------------------------------ loop
     def is_idle(self) -> bool:

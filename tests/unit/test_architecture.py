@@ -1,8 +1,9 @@
 """The architecture as tests: the import contracts of pyproject.toml ([tool.importlinter]: the
 layers, the leaves, the independent router, no cycle between siblings), no import cycle between
 modules, no module past 500 lines and no class past 400 (radixlm/ only) counting the radixlm mixins
-it inherits, and no mixin that only one class uses. TYPE_CHECKING and lazy (function-level)
-imports count like any other: a cycle through them is still a cycle to untangle.
+it inherits, no mixin that only one class uses, and no class that subclasses a null object.
+TYPE_CHECKING and lazy (function-level) imports count like any other: a cycle through them is
+still a cycle to untangle.
 
 Each checker also runs on a small package written to a temp dir, with and without the fault it looks
 for, so that a pass means the fault is absent, not that the checker is blind.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -29,6 +31,8 @@ MAX_MODULE_LINES = 500
 MAX_CLASS_LINES = 400
 # Generated tables exempt from the size limits (paths relative to radixlm/); none today.
 GENERATED: frozenset[str] = frozenset()
+# A null object's name: No + a capitalized name (NoLoRA, NoSpeculation; not Node).
+NULL_OBJECT = re.compile(r"No[A-Z]")
 
 
 # ----------------------------------------------------------------------------- the checkers
@@ -274,6 +278,33 @@ def single_use_mixins(package_dir: Path) -> list[str]:
     ]
 
 
+def _base_name(base: ast.expr) -> str | None:
+    """The class a base expression names: NoX, module.NoX, NoX[T] -> NoX (None: a call, ...)."""
+    if isinstance(base, ast.Subscript):
+        base = base.value
+    if isinstance(base, ast.Attribute):
+        return base.attr
+    if isinstance(base, ast.Name):
+        return base.id
+    return None
+
+
+def null_object_subclasses(package_dir: Path) -> list[str]:
+    """Classes that subclass a null object (NULL_OBJECT): a real class that forgot an override
+    would silently inherit a no-op. The no-op and the real class implement one interface side by
+    side instead (an ABC whose methods are abstract: a forgotten one fails at construction)."""
+    out = []
+    for path in sorted(package_dir.rglob("*.py")):
+        rel = path.relative_to(package_dir).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.ClassDef):
+                for base in node.bases:
+                    name = _base_name(base)
+                    if name is not None and NULL_OBJECT.match(name):
+                        out.append(f"{rel}:{node.lineno}: class {node.name}({name})")
+    return out
+
+
 # ----------------------------------------------------------------------------- radixlm
 def test_import_contracts_are_kept():
     r = lint_imports(ROOT, ROOT / "pyproject.toml")
@@ -357,6 +388,13 @@ def test_no_oversized_module_or_class():
 def test_no_mixin_that_splits_one_class():
     split = single_use_mixins(ROOT / PACKAGE)
     assert not split, "\n".join(split)
+
+
+def test_no_class_subclasses_a_null_object():
+    found = null_object_subclasses(ROOT / PACKAGE)
+    assert not found, (
+        "subclasses of a null object (implement the interface instead):\n" + "\n".join(found)
+    )
 
 
 # ----------------------------------------------------------------------------- the checkers checked
@@ -523,3 +561,76 @@ def test_mixin_check(tmp_path, users, flagged):
         assert len(found) == 1 and found[0].startswith("mixin mixin.py:SplitMixin: inherited by ")
     else:
         assert found == [], found
+
+
+def test_null_object_check(tmp_path):
+    name = "archfixture_nulls"
+    base = """
+        from abc import ABC, abstractmethod
+
+
+        class BaseSync(ABC):
+            @abstractmethod
+            def agree(self, value): ...
+
+
+        class NoSync(BaseSync):
+            def agree(self, value):
+                return value
+
+
+        class Node:  # "No" and a lowercase letter: not a null object
+            pass
+    """
+    write_package(
+        tmp_path,
+        name,
+        {
+            "base": base,
+            "real": f"""
+                from {name} import base
+                from {name}.base import Node, NoSync
+
+
+                class TPSync(NoSync):  # forgets an override: inherits the no-op
+                    pass
+
+
+                class DPSync(base.NoSync):
+                    pass
+
+
+                class Typed(base.NoSync[int]):
+                    pass
+
+
+                class Leaf(Node):
+                    pass
+            """,
+        },
+    )
+    assert null_object_subclasses(tmp_path / name) == [
+        "real.py:6: class TPSync(NoSync)",
+        "real.py:10: class DPSync(NoSync)",
+        "real.py:14: class Typed(NoSync)",
+    ]
+
+    write_package(
+        tmp_path,
+        name,
+        {
+            "real": f"""
+                from {name}.base import BaseSync, Node
+
+
+                class TPSync(BaseSync):  # the interface, side by side with NoSync
+                    def agree(self, value):
+                        return value
+
+
+                class Leaf(Node):
+                    pass
+            """,
+        },
+    )
+    assert null_object_subclasses(tmp_path / name) == []

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from radixlm.model.forward_batch import ForwardMode
 from radixlm.scheduler.batch import ScheduleBatch
 from radixlm.scheduler.batching.admission import NewTokenRatio
-from radixlm.scheduler.decoding.spec_decoding import NoSpeculation
+from radixlm.scheduler.decoding.spec_decoding import BaseSpeculation
 from radixlm.scheduler.execution.overlap import can_overlap
 from radixlm.scheduler.invariants import InvariantError
 from radixlm.scheduler.kv.cache_manager import CacheManager
@@ -32,7 +32,7 @@ class DecodeManager:
         queues: ReqQueues,
         cache_manager: CacheManager,
         finisher: Finisher,
-        spec: NoSpeculation,
+        spec: BaseSpeculation,
         ratio: NewTokenRatio,
         stats: SchedulerStats,
         context_len: int,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from radixlm.lora.runtime import NoLoRA
+from radixlm.lora.runtime import BaseLoRARuntime, NoLoRA
 from radixlm.model.forward_batch import ForwardMode
 from radixlm.scheduler.batch import ScheduleBatch
 from radixlm.scheduler.batching.admission import (
@@ -21,7 +21,7 @@ from radixlm.scheduler.batching.admission import (
     shares_prefix_in_batch,
 )
 from radixlm.scheduler.batching.policy import PREFIX_POLICIES, SchedulePolicy
-from radixlm.scheduler.decoding.prefill_fold import NoPrefillFold
+from radixlm.scheduler.decoding.prefill_fold import BasePrefillFold, NoPrefillFold
 from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.req import Req, ReqStatus
 from radixlm.scheduler.req_queues import ReqQueues
@@ -44,8 +44,8 @@ class PrefillManager:
         limits: PrefillLimits,
         ratio: NewTokenRatio,
         stats: SchedulerStats,
-        lora: NoLoRA = NoLoRA(),
-        fold: NoPrefillFold = NoPrefillFold(),
+        lora: BaseLoRARuntime = NoLoRA(),
+        fold: BasePrefillFold = NoPrefillFold(),
     ):
         self.queues = queues
         self.cache_manager = cache_manager

@@ -8,7 +8,7 @@ import logging
 from radixlm.ipc import LoadLoRAAdapterReqInput, LoRAUpdateReqOutput, UnloadLoRAAdapterReqInput
 from radixlm.lora.adapter import AdapterError
 from radixlm.lora.config import LoRARef
-from radixlm.lora.runtime import NoLoRA
+from radixlm.lora.runtime import BaseLoRARuntime
 
 logger = logging.getLogger(__name__)
 
@@ -19,19 +19,18 @@ LORA_REPLIES = {
 }
 
 
-def handle_lora_message(lora: NoLoRA, msg) -> LoRAUpdateReqOutput:
-    if not hasattr(lora, "load"):
-        return LoRAUpdateReqOutput(False, "LoRA is off: start the server with --enable-lora")
-    if isinstance(msg, UnloadLoRAAdapterReqInput):
-        if msg.lora_uid not in lora.adapters:
-            return LoRAUpdateReqOutput(False, f"no adapter {msg.lora_uid!r} is loaded")
-        lora.unload(msg.lora_uid)
-        logger.info("LoRA adapter %s unloaded", msg.lora_uid)
-        return LoRAUpdateReqOutput(True)
+def handle_lora_message(lora: BaseLoRARuntime, msg) -> LoRAUpdateReqOutput:
+    """The reply to a load or unload; a refusal (LoRA off, no such adapter, a bad one) says why."""
     try:
-        adapter = lora.load(LoRARef(msg.lora_name, msg.lora_path, msg.pinned))
+        if isinstance(msg, UnloadLoRAAdapterReqInput):
+            lora.unload(msg.lora_uid)
+        else:
+            adapter = lora.load(LoRARef(msg.lora_name, msg.lora_path, msg.pinned))
     except AdapterError as e:
         return LoRAUpdateReqOutput(False, str(e))
+    if isinstance(msg, UnloadLoRAAdapterReqInput):
+        logger.info("LoRA adapter %s unloaded", msg.lora_uid)
+        return LoRAUpdateReqOutput(True)
     logger.info(
         "LoRA adapter %s loaded from %s (rank %d)", adapter.uid, msg.lora_path, adapter.rank
     )

@@ -41,7 +41,7 @@ from radixlm.model import weight_update
 from radixlm.model.runner import ModelRunner
 from radixlm.scheduler.intake import RequestIntake
 from radixlm.scheduler.kv.cache_manager import CacheManager
-from radixlm.scheduler.parallel.tp_sync import NoStepSync
+from radixlm.scheduler.parallel.tp_sync import BaseStepSync
 from radixlm.scheduler.req import ReqStatus
 from radixlm.scheduler.req_queues import ReqQueues
 from radixlm.scheduler.stats import SchedulerStats
@@ -93,7 +93,7 @@ class WeightControl:
         queues: ReqQueues,
         intake: RequestIntake,
         io: BaseSchedulerIO,
-        sync: NoStepSync,
+        sync: BaseStepSync,
         stats: SchedulerStats,
         hicache: HiCacheConfig | None,
         finish_aborted: Callable[[], None],

@@ -18,18 +18,27 @@ of the prompt's last token.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from radixlm.scheduler.batch import PrefillChunk
 from radixlm.scheduler.req import Req, ReqStatus
 
 
-class NoPrefillFold:
+class BasePrefillFold(ABC):
+    """Admission's choice for each admitted chunk: NoPrefillFold or PrefillFold."""
+
+    @abstractmethod
     def split(self, chunks: list[PrefillChunk]) -> tuple[list[PrefillChunk], list[Req]]:
         """The chunks the extend step computes, and the requests that join the decode step
         instead."""
+
+
+class NoPrefillFold(BasePrefillFold):
+    def split(self, chunks: list[PrefillChunk]) -> tuple[list[PrefillChunk], list[Req]]:
         return chunks, []
 
 
-class PrefillFold(NoPrefillFold):
+class PrefillFold(BasePrefillFold):
     def split(self, chunks: list[PrefillChunk]) -> tuple[list[PrefillChunk], list[Req]]:
         keep, fold = [], []
         for c in chunks:

@@ -1,28 +1,84 @@
 """Speculative decoding as a scheduler component (the drafting itself lives in
 radixlm/speculative/).
 
-NoSpeculation is the component of a server without --speculative-algorithm: every decode step is a
-plain one. SpecDecoding asks the controller for drafts, turns the step into TARGET_VERIFY when any
-request drafts, verifies each draft on the worker thread, and keeps the controller's books.
+BaseSpeculation is what the scheduler asks of it. NoSpeculation is the component of a server
+without --speculative-algorithm: every decode step is a plain one. SpecDecoding asks the controller
+for drafts, turns the step into TARGET_VERIFY when any request drafts, verifies each draft on the
+worker thread, and keeps the controller's books.
 """
 
 from __future__ import annotations
+
+from abc import ABC, abstractmethod
 
 import torch
 
 from radixlm.model.forward_batch import ForwardMode
 from radixlm.scheduler.batch import ScheduleBatch
 from radixlm.scheduler.decoding.grammar_manager import GrammarManager
-from radixlm.scheduler.decoding.prefill_fold import NoPrefillFold, PrefillFold
+from radixlm.scheduler.decoding.prefill_fold import BasePrefillFold, NoPrefillFold, PrefillFold
 from radixlm.scheduler.req import Req
 from radixlm.speculative.controller import SpecController
 from radixlm.speculative.draft_tree import DraftTree
 from radixlm.speculative.verify import Acceptance, accept_tree
 
 
-class NoSpeculation:
+def plain_decode_batch(running: list[Req]) -> ScheduleBatch:
+    """A decode step of every running request, one token each (no drafts)."""
+    return ScheduleBatch(ForwardMode.DECODE, decode_reqs=list(running))
+
+
+class BaseSpeculation(ABC):
+    """Speculative decoding as the scheduler's components see it: NoSpeculation or SpecDecoding."""
+
+    @abstractmethod
     def decode_batch(self, running: list[Req], spare_slots: int, context_len: int) -> ScheduleBatch:
-        return ScheduleBatch(ForwardMode.DECODE, decode_reqs=list(running))
+        """The next decode step of `running`: plain, or TARGET_VERIFY with per-request drafts."""
+
+    @abstractmethod
+    def verify(
+        self,
+        batch: ScheduleBatch,
+        row_logits: list[torch.Tensor],
+        next_ids: list[int],
+        errors: dict[int, str],
+    ) -> list[Acceptance]:
+        """A verify step's outcome per request (on the executor's thread)."""
+
+    @abstractmethod
+    def prefill_fold(self) -> BasePrefillFold:
+        """What admission does with a request that has one prompt token left to compute."""
+
+    @abstractmethod
+    def on_step(self, rows: int, seconds: float) -> None:
+        """A decode step of `rows` query rows ran in `seconds` (the cost model learns from it)."""
+
+    @abstractmethod
+    def on_verify_step(self, rows: int, seconds: float) -> None:
+        """A verify step of `rows` query rows ran in `seconds`."""
+
+    @abstractmethod
+    def on_verified(
+        self, req: Req, tree: DraftTree, path: list[int], kept: int, rows: list[int]
+    ) -> None:
+        """What req's verify step accepted of its draft tree."""
+
+    @abstractmethod
+    def release(self, req: Req) -> None:
+        """req finished: forget what was kept for it."""
+
+    @abstractmethod
+    def info(self) -> dict:
+        """For /get_server_info's internal_state."""
+
+    @abstractmethod
+    def log_suffix(self) -> str:
+        """Appended to the decode log line."""
+
+
+class NoSpeculation(BaseSpeculation):
+    def decode_batch(self, running: list[Req], spare_slots: int, context_len: int) -> ScheduleBatch:
+        return plain_decode_batch(running)
 
     def verify(
         self,
@@ -33,12 +89,11 @@ class NoSpeculation:
     ) -> list[Acceptance]:
         raise AssertionError("no verify step without speculative decoding")
 
-    def prefill_fold(self) -> NoPrefillFold:
-        """What admission does with a request that has one prompt token left to compute."""
+    def prefill_fold(self) -> BasePrefillFold:
         return NoPrefillFold()
 
     def on_step(self, rows: int, seconds: float) -> None:
-        """A decode step of `rows` query rows ran in `seconds` (the cost model learns from it)."""
+        pass
 
     def on_verify_step(self, rows: int, seconds: float) -> None:
         pass
@@ -58,7 +113,7 @@ class NoSpeculation:
         return ""
 
 
-class SpecDecoding(NoSpeculation):
+class SpecDecoding(BaseSpeculation):
     def __init__(self, controller: SpecController, grammar: GrammarManager):
         self.controller = controller
         self.grammar = grammar
@@ -69,9 +124,9 @@ class SpecDecoding(NoSpeculation):
             return ScheduleBatch(
                 ForwardMode.TARGET_VERIFY, decode_reqs=list(running), drafts=drafts
             )
-        return super().decode_batch(running, spare_slots, context_len)
+        return plain_decode_batch(running)
 
-    def prefill_fold(self) -> NoPrefillFold:
+    def prefill_fold(self) -> BasePrefillFold:
         # Its first verify step computes the last prompt token's KV with the draft that follows it.
         return PrefillFold() if self.controller.source.drafts_from_tokens else NoPrefillFold()
 

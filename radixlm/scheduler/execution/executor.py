@@ -1,5 +1,6 @@
 """Executors: how a launched batch runs — forward, grammar masks, sampling, draft verification.
 
+BaseExecutor holds the step both run (launch, run_step) and names the hooks each fills in.
 InlineExecutor runs it at once on the scheduler thread. OverlapExecutor (--enable-overlap-schedule;
 default on GPU) runs it on a worker thread, and a decode step may stay in flight while the scheduler
 builds and launches the next one (overlap.py says how the next step names this one's tokens).
@@ -8,6 +9,7 @@ builds and launches the next one (overlap.py says how the next step names this o
 from __future__ import annotations
 
 import time
+from abc import ABC, abstractmethod
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
@@ -16,7 +18,7 @@ from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.runner import ModelRunner
 from radixlm.scheduler.batch import ScheduleBatch
 from radixlm.scheduler.decoding.grammar_manager import GrammarManager
-from radixlm.scheduler.decoding.spec_decoding import NoSpeculation
+from radixlm.scheduler.decoding.spec_decoding import BaseSpeculation
 from radixlm.scheduler.execution.overlap import (
     FutureTokenMap,
     LaunchedBatch,
@@ -27,13 +29,17 @@ from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.req import Req
 
 
-class InlineExecutor:
+class BaseExecutor(ABC):
+    """A launched batch's step: KV slots, forward, grammar mask, sampling, verification. How it runs
+    (here or on a worker thread) and whether a decode step stays in flight are the hooks below,
+    every one abstract: an executor says what it does with each."""
+
     def __init__(
         self,
         runner: ModelRunner,
         cache_manager: CacheManager,
         grammar: GrammarManager,
-        spec: NoSpeculation,
+        spec: BaseSpeculation,
     ):
         self.runner = runner
         self.cache_manager = cache_manager
@@ -55,19 +61,19 @@ class InlineExecutor:
             result.set_exception(e)
         return LaunchedBatch(batch, mwb, result, slots, launch_time)
 
+    @abstractmethod
     def _reads_future(self, batch: ScheduleBatch) -> bool:
         """Whether some input is a token the step in flight is still sampling."""
-        return False
 
+    @abstractmethod
     def _future_slots(self, batch: ScheduleBatch) -> list[int] | None:
-        return None
+        """Where this step stores its sampled ids for the next step to read (None: nowhere)."""
 
+    @abstractmethod
     def _submit(
         self, batch: ScheduleBatch, fb: ForwardBatch, slots: list[int] | None, has_future: bool
     ) -> Future:
-        result = Future()
-        result.set_result(self.run_step(batch, fb, slots, has_future))
-        return result
+        """Run run_step (now, or on a worker thread); its StepOutput is the future's result."""
 
     def run_step(
         self, batch: ScheduleBatch, fb: ForwardBatch, slots: list[int] | None, has_future: bool
@@ -86,19 +92,78 @@ class InlineExecutor:
         )
         return StepOutput(out, next_ids, time.perf_counter() - t0, errors, verified)
 
+    @abstractmethod
+    def _resolve_inputs(self, fb: ForwardBatch, has_future: bool) -> None:
+        """Replace the inputs that name future slots by the tokens sampled there."""
+
+    @abstractmethod
+    def _store_outputs(self, slots: list[int] | None, next_ids: torch.Tensor) -> None:
+        """Store the sampled ids in this step's future slots."""
+
+    # --- the step in flight ---------------------------------------------------------------
+    @abstractmethod
+    def keep_in_flight(self, launched: LaunchedBatch) -> bool:
+        """Leave a launched decode step running while the next is built; False: process it now."""
+
+    @abstractmethod
+    def take_in_flight(self) -> LaunchedBatch | None:
+        """The step in flight, which is no longer in flight (None: there is none)."""
+
+    @abstractmethod
+    def set_in_flight(self, launched: LaunchedBatch) -> None:
+        """launched stays in flight (a step launched behind the one taken)."""
+
+    @abstractmethod
+    def holds(self, req: Req) -> bool:
+        """Whether the step in flight still reads req's KV."""
+
+    @abstractmethod
+    def defer_release(self, req: Req) -> None:
+        """Release req's KV once the step in flight is processed."""
+
+    @abstractmethod
+    def in_flight(self) -> bool:
+        """Whether a step is in flight."""
+
+    @abstractmethod
+    def drain(self) -> None:
+        """Wait until every step handed over has run."""
+
+    @abstractmethod
+    def shutdown(self) -> None:
+        """Stop the worker thread, if any."""
+
+
+class InlineExecutor(BaseExecutor):
+    """Every step runs at once on the scheduler thread; none stays in flight."""
+
+    def _reads_future(self, batch: ScheduleBatch) -> bool:
+        return False
+
+    def _future_slots(self, batch: ScheduleBatch) -> list[int] | None:
+        return None
+
+    def _submit(
+        self, batch: ScheduleBatch, fb: ForwardBatch, slots: list[int] | None, has_future: bool
+    ) -> Future:
+        result = Future()
+        result.set_result(self.run_step(batch, fb, slots, has_future))
+        return result
+
     def _resolve_inputs(self, fb: ForwardBatch, has_future: bool) -> None:
         pass
 
     def _store_outputs(self, slots: list[int] | None, next_ids: torch.Tensor) -> None:
         pass
 
-    # --- the step in flight (OverlapExecutor only) --------------------------------------
     def keep_in_flight(self, launched: LaunchedBatch) -> bool:
-        """Leave a launched decode step running while the next is built; False: process it now."""
         return False
 
     def take_in_flight(self) -> LaunchedBatch | None:
         return None
+
+    def set_in_flight(self, launched: LaunchedBatch) -> None:
+        raise AssertionError("no step stays in flight without overlap")
 
     def holds(self, req: Req) -> bool:
         return False
@@ -110,19 +175,19 @@ class InlineExecutor:
         return False
 
     def drain(self) -> None:
-        """Wait until every step handed over has run."""
+        pass
 
     def shutdown(self) -> None:
         pass
 
 
-class OverlapExecutor(InlineExecutor):
+class OverlapExecutor(BaseExecutor):
     def __init__(
         self,
         runner: ModelRunner,
         cache_manager: CacheManager,
         grammar: GrammarManager,
-        spec: NoSpeculation,
+        spec: BaseSpeculation,
     ):
         super().__init__(runner, cache_manager, grammar, spec)
         self.worker = ThreadPoolExecutor(1, thread_name_prefix="radixlm-forward")

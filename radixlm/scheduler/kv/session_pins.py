@@ -9,12 +9,14 @@ tokens. Closing the session (or its timeout, decided by the tokenizer manager) d
 KV becomes evictable like any cached prefix. The invariant checker counts these locks as holders
 (`nodes`), so every node's lock_ref still equals what holds it.
 
-Without a prefix cache nothing can be pinned: NoSessionPins forgets the bindings.
+Without a prefix cache nothing can be pinned: NoSessionPins forgets the bindings. BaseSessionPins
+is what the scheduler, the Finisher and the invariant checker ask of either.
 """
 
 from __future__ import annotations
 
 import logging
+from abc import ABC, abstractmethod
 
 from radixlm.cache.tree_node import TreeNode
 from radixlm.ipc import BindSessionReq, CloseSessionReq
@@ -32,7 +34,29 @@ SessionMsg = BindSessionReq | CloseSessionReq
 SESSION_MESSAGES = (BindSessionReq, CloseSessionReq)
 
 
-class SessionPins:
+class BaseSessionPins(ABC):
+    @abstractmethod
+    def handle(self, msg: SessionMsg) -> None:
+        """A session's binding of its next turn, or its close."""
+
+    @abstractmethod
+    def before_release(self, req: Req) -> None:
+        """req finished and is about to give up its KV (Finisher)."""
+
+    @abstractmethod
+    def unpin_all(self) -> None:
+        """Before /flush_cache drops the tree."""
+
+    @abstractmethod
+    def nodes(self) -> list[TreeNode]:
+        """The pinned nodes (one lock each), for the invariant checker."""
+
+    @abstractmethod
+    def info(self) -> dict:
+        """For /get_server_info's internal_state."""
+
+
+class SessionPins(BaseSessionPins):
     def __init__(self, cache_manager: CacheManager):
         self.cm = cache_manager
         self.pins: dict[str, TreeNode] = {}  # session id -> the locked node ending its latest turn
@@ -43,14 +67,6 @@ class SessionPins:
         # manager runs one turn of a session at a time; a new binding replaces an older one whose
         # request never arrived, e.g. refused by validation), so this is bounded by the sessions.
         self.turns: dict[str, str] = {}
-
-    @staticmethod
-    def create(cache_manager: CacheManager) -> SessionPins:
-        return (
-            SessionPins(cache_manager)
-            if cache_manager.tree_cache.shares_prefixes
-            else NoSessionPins(cache_manager)
-        )
 
     def handle(self, msg: SessionMsg) -> None:
         if isinstance(msg, BindSessionReq):
@@ -104,7 +120,6 @@ class SessionPins:
         self.pinned_len.clear()
 
     def nodes(self) -> list[TreeNode]:
-        """The pinned nodes (one lock each), for the invariant checker."""
         return list(self.pins.values())
 
     def info(self) -> dict:
@@ -119,7 +134,7 @@ class SessionPins:
             del self.turns[rid]
 
 
-class NoSessionPins(SessionPins):
+class NoSessionPins(BaseSessionPins):
     """--disable-radix-cache: a session's turns still carry its history, nothing is pinned."""
 
     def handle(self, msg: SessionMsg) -> None:
@@ -127,3 +142,19 @@ class NoSessionPins(SessionPins):
 
     def before_release(self, req: Req) -> None:
         pass
+
+    def unpin_all(self) -> None:
+        pass
+
+    def nodes(self) -> list[TreeNode]:
+        return []
+
+    def info(self) -> dict:
+        return {"pinned_sessions": 0, "session_pinned_tokens": 0, "session_pins_refused": 0}
+
+
+def create_session_pins(cache_manager: CacheManager) -> BaseSessionPins:
+    """SessionPins where the cache shares prefixes (a radix tree), else NoSessionPins."""
+    if cache_manager.tree_cache.shares_prefixes:
+        return SessionPins(cache_manager)
+    return NoSessionPins()

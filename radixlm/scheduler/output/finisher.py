@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 from typing import Protocol
 
-from radixlm.scheduler.decoding.spec_decoding import NoSpeculation
+from radixlm.scheduler.decoding.spec_decoding import BaseSpeculation
 from radixlm.scheduler.kv.cache_manager import CacheManager
-from radixlm.scheduler.kv.session_pins import NoSessionPins, SessionPins
+from radixlm.scheduler.kv.session_pins import BaseSessionPins, NoSessionPins
 from radixlm.scheduler.output.output_streamer import OutputStreamer
 from radixlm.scheduler.req import Req, ReqStatus
 from radixlm.scheduler.req_queues import ReqQueues
@@ -34,14 +34,12 @@ class Finisher:
         queues: ReqQueues,
         cache_manager: CacheManager,
         in_flight: StepsInFlight,
-        spec: NoSpeculation,
+        spec: BaseSpeculation,
         outputs: OutputStreamer,
-        sessions: SessionPins | None = None,
+        sessions: BaseSessionPins | None = None,
     ):
         self.queues = queues
-        self.sessions = sessions or NoSessionPins(
-            cache_manager
-        )  # a session's turn pins its KV on release
+        self.sessions = sessions or NoSessionPins()  # a session's turn pins its KV on release
         self.cache_manager = cache_manager
         self.in_flight = in_flight
         self.spec = spec

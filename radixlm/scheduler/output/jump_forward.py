@@ -1,7 +1,8 @@
 """Jump-forward as a scheduler component: text a request's grammar forces is appended at once and
 the request comes back through one extend step over the forced tokens (its prefix from the cache),
-instead of decoding them one by one. NoJumpForward: --disable-jump-forward, or no prefix cache to
-come back through. The forced text itself is constrained/jump_forward.py's.
+instead of decoding them one by one. BaseJumpForward is what ResultProcessor and the streamer ask
+of it; NoJumpForward: --disable-jump-forward, or no prefix cache to come back through. The forced
+text itself is constrained/jump_forward.py's.
 
 A jump re-tokenizes the request's last RETOKENIZE_TOKENS tokens with the forced text whether it
 streams or not and whatever the tree holds (their KV is recomputed), so greedy outputs do not
@@ -9,6 +10,8 @@ depend on `stream` or on the cache: a stream holds those tokens back until they 
 change (hold_back). SGLang's jump-forward re-tokenized the whole output for both as well."""
 
 from __future__ import annotations
+
+from abc import ABC, abstractmethod
 
 from radixlm.constrained.jump_forward import RETOKENIZE_TOKENS, find_jump_forward
 from radixlm.scheduler.kv.cache_manager import CacheManager
@@ -19,7 +22,21 @@ from radixlm.scheduler.req_queues import ReqQueues
 from radixlm.scheduler.stats import SchedulerStats
 
 
-class NoJumpForward:
+class BaseJumpForward(ABC):
+    @abstractmethod
+    def can_jump(self, req: Req) -> bool:
+        """Whether req may jump forward at all."""
+
+    @abstractmethod
+    def try_jump(self, req: Req) -> bool:
+        """Jump req forward over its grammar's forced text; True when it was requeued."""
+
+    @abstractmethod
+    def hold_back(self, req: Req) -> int:
+        """How many of req's last tokens a stream may not send yet (a jump may re-tokenize them)."""
+
+
+class NoJumpForward(BaseJumpForward):
     def can_jump(self, req: Req) -> bool:
         return False
 
@@ -27,11 +44,10 @@ class NoJumpForward:
         return False
 
     def hold_back(self, req: Req) -> int:
-        """How many of req's last tokens a stream may not send yet (a jump may re-tokenize them)."""
         return 0
 
 
-class JumpForward(NoJumpForward):
+class JumpForward(BaseJumpForward):
     def __init__(
         self,
         queues: ReqQueues,

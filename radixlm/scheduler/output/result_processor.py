@@ -17,13 +17,13 @@ import torch
 from radixlm.ipc import FinishLength
 from radixlm.model.runner import LogitsOutput, ModelRunner
 from radixlm.scheduler.batch import PrefillChunk
-from radixlm.scheduler.decoding.spec_decoding import NoSpeculation
-from radixlm.scheduler.execution.executor import InlineExecutor
+from radixlm.scheduler.decoding.spec_decoding import BaseSpeculation
+from radixlm.scheduler.execution.executor import BaseExecutor
 from radixlm.scheduler.execution.overlap import LaunchedBatch, StepOutput
 from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.lazy_tokenizer import LazyTokenizer
 from radixlm.scheduler.output.finisher import Finisher
-from radixlm.scheduler.output.jump_forward import NoJumpForward
+from radixlm.scheduler.output.jump_forward import BaseJumpForward
 from radixlm.scheduler.output.logprobs import add_input_logprobs, add_output_logprob
 from radixlm.scheduler.output.output_streamer import OutputStreamer
 from radixlm.scheduler.req import Req, ReqStatus
@@ -43,10 +43,10 @@ class ResultProcessor:
         cache_manager: CacheManager,
         finisher: Finisher,
         outputs: OutputStreamer,
-        executor: InlineExecutor,
+        executor: BaseExecutor,
         runner: ModelRunner,
-        spec: NoSpeculation,
-        jump_forward: NoJumpForward,
+        spec: BaseSpeculation,
+        jump_forward: BaseJumpForward,
         tokenizer: LazyTokenizer,
         stats: SchedulerStats,
         log_decode: Callable[[], None],

@@ -11,12 +11,14 @@ A forward that fails on one rank may leave the others inside a collective: the r
 (DPForwardFailed), its peers' collectives then fail too, and the engine ends (the watchdog answers
 the requests in flight with 503s; --restart-on-failure starts it again).
 
-NoDPAttention is the twin of a scheduler alone (or a TP group, which runs one schedule).
+BaseDPAttention names what the scheduler calls; NoDPAttention is the twin of a scheduler alone (or
+a TP group, which runs one schedule).
 """
 
 from __future__ import annotations
 
 import os
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 
 import torch
@@ -25,7 +27,7 @@ from torch import nn
 from radixlm.distributed.communicator import Communicator
 from radixlm.scheduler.execution.overlap import LaunchedBatch
 from radixlm.scheduler.parallel.dp_dispatch import BLOCK, DPDispatcher, DPView
-from radixlm.scheduler.parallel.tp_sync import NoStepSync, TPStepSync
+from radixlm.scheduler.parallel.tp_sync import BaseStepSync, TPStepSync
 
 # (poll timeout in ms this rank would wait for a message, requests it holds, their tokens)
 RankState = Callable[[], tuple[int, int, int]]
@@ -35,30 +37,54 @@ class DPForwardFailed(RuntimeError):
     """This rank's forward failed: the other ranks may wait on it in a collective."""
 
 
-class NoDPAttention:
+class BaseDPAttention(ABC):
+    @abstractmethod
     def attach(self, model: nn.Module, state: RankState, kv_tokens: int) -> None:
         """The scheduler's model, its state and its KV pool's size (once the scheduler has them)."""
 
+    @abstractmethod
     def join(self, has_batch: bool) -> None:
         """This rank's step runs a batch (or not): called once per step, before any forward."""
 
+    @abstractmethod
     def check(self, launched: LaunchedBatch) -> None:
         """After a launch: stop here if this rank's forward failed."""
 
+    @abstractmethod
     def all_idle(self) -> bool:
         """No rank holds a request, as every rank knows alike (a weight update swaps every rank's
         weights in the same step, never under another rank's running requests)."""
+
+    @abstractmethod
+    def control_sync(self, sync: BaseStepSync) -> BaseStepSync:
+        """How the ranks agree on a control call's outcome (a weight update's error)."""
+
+    @abstractmethod
+    def info(self) -> dict:
+        """For /get_server_info's internal_state."""
+
+
+class NoDPAttention(BaseDPAttention):
+    def attach(self, model: nn.Module, state: RankState, kv_tokens: int) -> None:
+        pass
+
+    def join(self, has_batch: bool) -> None:
+        pass
+
+    def check(self, launched: LaunchedBatch) -> None:
+        pass
+
+    def all_idle(self) -> bool:
         return True
 
-    def control_sync(self, sync: NoStepSync) -> NoStepSync:
-        """How the ranks agree on a control call's outcome (a weight update's error)."""
+    def control_sync(self, sync: BaseStepSync) -> BaseStepSync:
         return sync
 
     def info(self) -> dict:
         return {}
 
 
-class DPAttentionStep(NoDPAttention):
+class DPAttentionStep(BaseDPAttention):
     def __init__(self, comm: Communicator, view: DPView, dispatcher: DPDispatcher | None):
         """comm: the world's gloo communicator (the schedulers' own group, not the forward's);
         dispatcher: rank 0's."""
@@ -102,7 +128,7 @@ class DPAttentionStep(NoDPAttention):
     def all_idle(self) -> bool:
         return not self.view.stale and not any(self.view.requests)
 
-    def control_sync(self, sync: NoStepSync) -> NoStepSync:
+    def control_sync(self, sync: BaseStepSync) -> BaseStepSync:
         return DPControlSync(self.comm)
 
     def info(self) -> dict:

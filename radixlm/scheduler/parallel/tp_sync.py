@@ -11,23 +11,48 @@ same order:
 Sampling needs no agreement: the logits are all-gathered (the same bits everywhere) and the
 samplers draw from generators seeded alike. With --enable-invariant-checks, TPStateCheck compares
 a hash of each step's outcome across the ranks and stops on the first difference.
-A single process has NoStepSync and its twin checks: nothing changes there.
+BaseStepSync names these points; a single process has NoStepSync and its twin checks: nothing
+changes there.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+from abc import ABC, abstractmethod
 
 import torch
 
 from radixlm.distributed.communicator import Communicator
 from radixlm.errors import InvariantError
+from radixlm.scheduler.invariants import BaseInvariantChecks
 from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.req_queues import ReqQueues
 
 
-class NoStepSync:
+class BaseStepSync(ABC):
+    """What the ranks of a group agree on, at points every rank reaches in the same order."""
+
+    @abstractmethod
+    def all_done(self, flags: list[bool]) -> list[bool]:
+        """flags[i] on every rank -> whether it holds on all of them."""
+
+    @abstractmethod
+    def agree(self, value: float) -> float:
+        """Rank 0's value, on every rank."""
+
+    @abstractmethod
+    def gather(self, obj) -> list:
+        """Every rank's obj, in rank order (a weight read back: each rank holds its shard)."""
+
+    @abstractmethod
+    def checked(
+        self, checks: BaseInvariantChecks, cm: CacheManager, queues: ReqQueues
+    ) -> BaseInvariantChecks:
+        """The invariant checks of this scheduler (with --enable-invariant-checks)."""
+
+
+class NoStepSync(BaseStepSync):
     """A single scheduler: its own view is the agreed one."""
 
     def all_done(self, flags: list[bool]) -> list[bool]:
@@ -37,20 +62,19 @@ class NoStepSync:
         return value
 
     def gather(self, obj) -> list:
-        """Every rank's obj, in rank order (a weight read back: each rank holds its shard)."""
         return [obj]
 
-    def checked(self, checks, cm: CacheManager, queues: ReqQueues):
-        """The invariant checks of this scheduler (with --enable-invariant-checks)."""
+    def checked(
+        self, checks: BaseInvariantChecks, cm: CacheManager, queues: ReqQueues
+    ) -> BaseInvariantChecks:
         return checks
 
 
-class TPStepSync(NoStepSync):
+class TPStepSync(BaseStepSync):
     def __init__(self, comm: Communicator):
         self.comm = comm
 
     def all_done(self, flags: list[bool]) -> list[bool]:
-        """flags[i] on every rank -> whether it holds on all of them."""
         if not flags:
             return flags
         t = torch.tensor(flags, dtype=torch.int32)
@@ -58,13 +82,14 @@ class TPStepSync(NoStepSync):
         return (t == self.comm.world_size).tolist()
 
     def agree(self, value: float) -> float:
-        """Rank 0's value, on every rank."""
         return float(self.comm.broadcast(torch.tensor([value], dtype=torch.float64), 0).item())
 
     def gather(self, obj) -> list:
         return [self.comm.broadcast_pyobj(obj, src=r) for r in range(self.comm.world_size)]
 
-    def checked(self, checks, cm: CacheManager, queues: ReqQueues):
+    def checked(
+        self, checks: BaseInvariantChecks, cm: CacheManager, queues: ReqQueues
+    ) -> BaseInvariantChecks:
         return TPStateCheck(checks, cm, queues, self.comm)
 
 
@@ -72,7 +97,7 @@ class AgreedStepCosts:
     """A speculative StepCostModel that learns rank 0's step times on every rank (draft lengths
     follow from the model, so they must be the same)."""
 
-    def __init__(self, costs, sync: NoStepSync):
+    def __init__(self, costs, sync: BaseStepSync):
         self.costs = costs
         self.sync = sync
 
@@ -107,11 +132,13 @@ def state_digest(cm: CacheManager, queues: ReqQueues) -> int:
     return int.from_bytes(h.digest(), "little", signed=True)
 
 
-class TPStateCheck:
+class TPStateCheck(BaseInvariantChecks):
     """--enable-invariant-checks with tp > 1: the checks of one scheduler, then the step's digest
     compared across the ranks (an all-gather of 8 bytes)."""
 
-    def __init__(self, inner, cm: CacheManager, queues: ReqQueues, comm: Communicator):
+    def __init__(
+        self, inner: BaseInvariantChecks, cm: CacheManager, queues: ReqQueues, comm: Communicator
+    ):
         self.inner, self.cm, self.queues, self.comm = inner, cm, queues, comm
         self.steps = 0
 

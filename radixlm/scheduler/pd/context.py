@@ -1,6 +1,7 @@
 """A server's PD disaggregation mode as a scheduler component (docs/disaggregation.md).
 
-NoDisaggregation is the null mode's no-op twin, so the loop never asks which mode runs:
+BasePDMode is what the loop calls of a mode, and NoDisaggregation the null mode's no-op twin, so the
+loop never asks which mode runs:
 
     on_add(recv)        a request as it arrives (prefill: it computes the first output token only)
     ready_status(req)   where a request goes once nothing is left to compile or read (decode: a
@@ -15,6 +16,7 @@ are handed of the scheduler.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 from radixlm.ipc import TokenizedGenerateReqInput
@@ -37,7 +39,29 @@ class PDContext:
     max_running_requests: int
 
 
-class NoDisaggregation:
+class BasePDMode(ABC):
+    @abstractmethod
+    def on_add(self, recv: TokenizedGenerateReqInput) -> TokenizedGenerateReqInput:
+        """A request as it arrives, as this mode serves it."""
+
+    @abstractmethod
+    def ready_status(self, req: Req) -> ReqStatus:
+        """Where req goes once nothing is left to compile or read."""
+
+    @abstractmethod
+    def poll(self) -> None:
+        """Once per step: move requests through the transfer's states."""
+
+    @abstractmethod
+    def pending(self) -> bool:
+        """Transfers under way (the loop polls soon instead of sleeping)."""
+
+    @abstractmethod
+    def info(self) -> dict:
+        """For /get_server_info's internal_state."""
+
+
+class NoDisaggregation(BasePDMode):
     def on_add(self, recv: TokenizedGenerateReqInput) -> TokenizedGenerateReqInput:
         return recv
 

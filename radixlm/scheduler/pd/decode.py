@@ -22,14 +22,15 @@ import time
 from radixlm.disaggregation.config import DisaggregationConfig
 from radixlm.disaggregation.decode_transfer import DecodeTransfer
 from radixlm.disaggregation.protocol import AuxRecord
-from radixlm.scheduler.pd.context import NoDisaggregation, PDContext
+from radixlm.ipc import TokenizedGenerateReqInput
+from radixlm.scheduler.pd.context import BasePDMode, PDContext
 from radixlm.scheduler.req import Req, ReqStatus
 
 logger = logging.getLogger(__name__)
 S = ReqStatus
 
 
-class PDDecode(NoDisaggregation):
+class PDDecode(BasePDMode):
     def __init__(self, config: DisaggregationConfig, ctx: PDContext, kv_pool):
         self.config = config
         self.queues = ctx.queues
@@ -42,6 +43,9 @@ class PDDecode(NoDisaggregation):
         self.transfer = DecodeTransfer(config, kv_pool)
         self.since: dict[int, float] = {}  # id(req) -> when it entered its PD state
         self.routes: dict[int, dict] = {}  # id(req) -> the prefill rank's route (KV_TRANSFER)
+
+    def on_add(self, recv: TokenizedGenerateReqInput) -> TokenizedGenerateReqInput:
+        return recv  # the request as sent: its bootstrap room says where its KV comes from
 
     def ready_status(self, req: Req) -> ReqStatus:
         if req.bootstrap is None or req.sampling_params.max_new_tokens == 0:

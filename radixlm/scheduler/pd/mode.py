@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from radixlm.disaggregation.config import DisaggregationConfig, DisaggregationMode
 from radixlm.scheduler.output.finisher import Finisher
-from radixlm.scheduler.pd.context import NoDisaggregation, PDContext
+from radixlm.scheduler.pd.context import BasePDMode, NoDisaggregation, PDContext
 from radixlm.scheduler.pd.decode import PDDecode
 from radixlm.scheduler.pd.prefill import PDPrefill, PDPrefillFinisher
 
@@ -15,7 +15,7 @@ def pd_finisher_class(config: DisaggregationConfig) -> type[Finisher]:
     return PDPrefillFinisher if config.mode is DisaggregationMode.PREFILL else Finisher
 
 
-def create_pd_mode(config: DisaggregationConfig, ctx: PDContext, kv_pool) -> NoDisaggregation:
+def create_pd_mode(config: DisaggregationConfig, ctx: PDContext, kv_pool) -> BasePDMode:
     """kv_pool: the runner's TokenToKVPool (the transfers read and write it)."""
     if config.mode is DisaggregationMode.PREFILL:
         return PDPrefill(config, ctx, kv_pool)

@@ -20,7 +20,7 @@ from radixlm.disaggregation.prefill_transfer import PrefillTransfer
 from radixlm.disaggregation.protocol import AuxRecord, KVPoll, TransferDest
 from radixlm.ipc import FinishAbort, TokenizedGenerateReqInput
 from radixlm.scheduler.output.finisher import Finisher
-from radixlm.scheduler.pd.context import NoDisaggregation, PDContext
+from radixlm.scheduler.pd.context import BasePDMode, PDContext
 from radixlm.scheduler.req import Req, ReqStatus
 
 logger = logging.getLogger(__name__)
@@ -55,7 +55,7 @@ class PDPrefillFinisher(Finisher):
         super().finish(req)
 
 
-class PDPrefill(NoDisaggregation):
+class PDPrefill(BasePDMode):
     def __init__(self, config: DisaggregationConfig, ctx: PDContext, kv_pool):
         self.config = config
         self.queues = ctx.queues
@@ -73,6 +73,9 @@ class PDPrefill(NoDisaggregation):
             recv.sampling_params, max_new_tokens=min(1, recv.sampling_params.max_new_tokens)
         )
         return dataclasses.replace(recv, sampling_params=sp)
+
+    def ready_status(self, req: Req) -> ReqStatus:
+        return S.WAITING  # a prefill server prefills every request
 
     def begin(self, req: Req) -> None:
         self.queues.move(req, S.KV_TRANSFER)
