@@ -120,12 +120,12 @@ def option_choices() -> dict[str, tuple[str, ...]]:
     from radixlm.engine.request_log import LOG_REQUESTS_FORMATS, LOG_REQUESTS_LEVELS
     from radixlm.function_call import TOOL_CALL_PARSERS
     from radixlm.lora.config import EVICTION_POLICIES, LORA_BACKENDS
-    from radixlm.model.layers.attention import ATTENTION_BACKENDS
+    from radixlm.model.layers.attention import ATTENTION_BACKEND_REGISTRY
     from radixlm.model.loader import QUANTIZATIONS
     from radixlm.model.runner_config import DTYPES, KV_CACHE_DTYPES
     from radixlm.model.sampling_defaults import SAMPLING_DEFAULTS_MODES
     from radixlm.reasoning import REASONING_PARSERS
-    from radixlm.scheduler.batching.policy import POLICIES
+    from radixlm.scheduler.batching.policy import SCHEDULE_POLICY_REGISTRY
     from radixlm.scheduler.parallel.dp_dispatch import LOAD_BALANCE_METHODS
     from radixlm.speculative.config import DRAFT_POLICIES, SPECULATIVE_ALGORITHMS
 
@@ -133,10 +133,10 @@ def option_choices() -> dict[str, tuple[str, ...]]:
         "dtype": DTYPES,
         "quantization": QUANTIZATIONS,
         "kv_cache_dtype": KV_CACHE_DTYPES,
-        "attention_backend": ATTENTION_BACKENDS,
-        "prefill_attention_backend": ATTENTION_BACKENDS,
-        "decode_attention_backend": ATTENTION_BACKENDS,
-        "schedule_policy": POLICIES,
+        "attention_backend": ATTENTION_BACKEND_REGISTRY.names(),
+        "prefill_attention_backend": ATTENTION_BACKEND_REGISTRY.names(),
+        "decode_attention_backend": ATTENTION_BACKEND_REGISTRY.names(),
+        "schedule_policy": SCHEDULE_POLICY_REGISTRY.names(),
         "grammar_backend": GRAMMAR_BACKENDS,
         "speculative_algorithm": SPECULATIVE_ALGORITHMS,
         "speculative_draft_policy": DRAFT_POLICIES,
