@@ -114,7 +114,11 @@ def cmd_router(args) -> int:
 
 def option_choices() -> dict[str, tuple[str, ...]]:
     """ServerArgs field -> its allowed values, from the component that owns each list."""
-    from radixlm.cache.hicache_config import HICACHE_DTYPES, STORAGE_BACKENDS, WRITE_POLICIES
+    from radixlm.cache.hicache_config import (
+        HICACHE_DTYPES,
+        STORAGE_BACKEND_REGISTRY,
+        WRITE_POLICIES,
+    )
     from radixlm.constrained import GRAMMAR_BACKENDS
     from radixlm.disaggregation.config import DISAGGREGATION_MODES, TRANSFER_BACKENDS
     from radixlm.engine.request_log import LOG_REQUESTS_FORMATS, LOG_REQUESTS_LEVELS
@@ -142,7 +146,7 @@ def option_choices() -> dict[str, tuple[str, ...]]:
         "speculative_draft_policy": DRAFT_POLICIES,
         "hicache_write_policy": WRITE_POLICIES,
         "hicache_dtype": HICACHE_DTYPES,
-        "hicache_storage_backend": STORAGE_BACKENDS,
+        "hicache_storage_backend": STORAGE_BACKEND_REGISTRY.names(),
         "log_requests_level": LOG_REQUESTS_LEVELS,
         "log_requests_format": LOG_REQUESTS_FORMATS,
         "sampling_defaults": SAMPLING_DEFAULTS_MODES,
