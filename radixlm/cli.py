@@ -131,7 +131,7 @@ def option_choices() -> dict[str, tuple[str, ...]]:
     from radixlm.reasoning import REASONING_PARSERS
     from radixlm.scheduler.batching.policy import SCHEDULE_POLICY_REGISTRY
     from radixlm.scheduler.parallel.dp_dispatch import LOAD_BALANCE_METHODS
-    from radixlm.speculative.config import DRAFT_POLICIES, SPECULATIVE_ALGORITHMS
+    from radixlm.speculative.config import DRAFT_POLICIES, DRAFT_SOURCE_REGISTRY
 
     return {
         "dtype": DTYPES,
@@ -142,7 +142,7 @@ def option_choices() -> dict[str, tuple[str, ...]]:
         "decode_attention_backend": ATTENTION_BACKEND_REGISTRY.names(),
         "schedule_policy": SCHEDULE_POLICY_REGISTRY.names(),
         "grammar_backend": GRAMMAR_BACKENDS,
-        "speculative_algorithm": SPECULATIVE_ALGORITHMS,
+        "speculative_algorithm": DRAFT_SOURCE_REGISTRY.names(),
         "speculative_draft_policy": DRAFT_POLICIES,
         "hicache_write_policy": WRITE_POLICIES,
         "hicache_dtype": HICACHE_DTYPES,
