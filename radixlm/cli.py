@@ -119,7 +119,7 @@ def option_choices() -> dict[str, tuple[str, ...]]:
         STORAGE_BACKEND_REGISTRY,
         WRITE_POLICIES,
     )
-    from radixlm.constrained import GRAMMAR_BACKENDS
+    from radixlm.constrained import GRAMMAR_BACKEND_REGISTRY
     from radixlm.disaggregation.config import DISAGGREGATION_MODES, TRANSFER_BACKENDS
     from radixlm.engine.request_log import LOG_REQUESTS_FORMATS, LOG_REQUESTS_LEVELS
     from radixlm.function_call import TOOL_CALL_PARSERS
@@ -141,7 +141,7 @@ def option_choices() -> dict[str, tuple[str, ...]]:
         "prefill_attention_backend": ATTENTION_BACKEND_REGISTRY.names(),
         "decode_attention_backend": ATTENTION_BACKEND_REGISTRY.names(),
         "schedule_policy": SCHEDULE_POLICY_REGISTRY.names(),
-        "grammar_backend": GRAMMAR_BACKENDS,
+        "grammar_backend": GRAMMAR_BACKEND_REGISTRY.names(),
         "speculative_algorithm": DRAFT_SOURCE_REGISTRY.names(),
         "speculative_draft_policy": DRAFT_POLICIES,
         "hicache_write_policy": WRITE_POLICIES,
