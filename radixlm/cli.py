@@ -122,13 +122,13 @@ def option_choices() -> dict[str, tuple[str, ...]]:
     from radixlm.constrained import GRAMMAR_BACKEND_REGISTRY
     from radixlm.disaggregation.config import DISAGGREGATION_MODES, TRANSFER_BACKENDS
     from radixlm.engine.request_log import LOG_REQUESTS_FORMATS, LOG_REQUESTS_LEVELS
-    from radixlm.function_call import TOOL_CALL_PARSERS
+    from radixlm.function_call.registry import TOOL_CALL_PARSER_REGISTRY
     from radixlm.lora.config import EVICTION_POLICIES, LORA_BACKENDS
     from radixlm.model.layers.attention import ATTENTION_BACKEND_REGISTRY
     from radixlm.model.loader import QUANTIZATIONS
     from radixlm.model.runner_config import DTYPES, KV_CACHE_DTYPES
     from radixlm.model.sampling_defaults import SAMPLING_DEFAULTS_MODES
-    from radixlm.reasoning import REASONING_PARSERS
+    from radixlm.reasoning.formats import REASONING_PARSER_REGISTRY
     from radixlm.scheduler.batching.policy import SCHEDULE_POLICY_REGISTRY
     from radixlm.scheduler.parallel.dp_dispatch import LOAD_BALANCE_METHODS
     from radixlm.speculative.config import DRAFT_POLICIES, DRAFT_SOURCE_REGISTRY
@@ -150,10 +150,10 @@ def option_choices() -> dict[str, tuple[str, ...]]:
         "log_requests_level": LOG_REQUESTS_LEVELS,
         "log_requests_format": LOG_REQUESTS_FORMATS,
         "sampling_defaults": SAMPLING_DEFAULTS_MODES,
-        "reasoning_parser": REASONING_PARSERS,
+        "reasoning_parser": REASONING_PARSER_REGISTRY.names(),
         "lora_eviction_policy": EVICTION_POLICIES,
         "lora_backend": LORA_BACKENDS,
-        "tool_call_parser": TOOL_CALL_PARSERS,
+        "tool_call_parser": TOOL_CALL_PARSER_REGISTRY.names(),
         "disaggregation_mode": DISAGGREGATION_MODES,
         "disaggregation_transfer_backend": TRANSFER_BACKENDS,
         "load_balance_method": LOAD_BALANCE_METHODS,
