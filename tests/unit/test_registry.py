@@ -3,6 +3,7 @@ dotted-path entries, metadata without loading, unknown names listing the choices
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -108,4 +109,73 @@ def test_importing_the_registry_imports_no_torch():
     """A leaf: the router and the pure text parsers import it."""
     code = "import sys, radixlm.registry; assert 'torch' not in sys.modules, 'torch imported'"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+
+
+# ----------------------------------------------------------------------------- radixlm's registries
+RADIXLM_REGISTRIES = [
+    ("radixlm.model.registry", "MODEL_REGISTRY"),
+    ("radixlm.model.layers.attention.registry", "ATTENTION_BACKEND_REGISTRY"),
+    ("radixlm.cache.factory", "PREFIX_CACHE_REGISTRY"),
+    ("radixlm.cache.hicache_config", "STORAGE_BACKEND_REGISTRY"),
+    ("radixlm.scheduler.batching.policy", "SCHEDULE_POLICY_REGISTRY"),
+    ("radixlm.speculative.config", "DRAFT_SOURCE_REGISTRY"),
+    ("radixlm.router.policies", "ROUTER_POLICY_REGISTRY"),
+    ("radixlm.constrained", "GRAMMAR_BACKEND_REGISTRY"),
+    ("radixlm.function_call.registry", "TOOL_CALL_PARSER_REGISTRY"),
+    ("radixlm.reasoning.formats", "REASONING_PARSER_REGISTRY"),
+]
+
+
+@pytest.mark.parametrize("module, attr", RADIXLM_REGISTRIES)
+def test_every_entry_of_radixlm_loads(module, attr):
+    """A dotted path is checked only when looked up: a typo would wait for the first server that
+    chooses the entry. An optional package that is not installed is the one exception."""
+    reg = getattr(importlib.import_module(module), attr)
+    assert isinstance(reg, Registry) and reg.names()
+    for name in reg:
+        try:
+            entry = reg.get(name)
+        except ModuleNotFoundError as e:
+            if (e.name or "radixlm").startswith("radixlm"):
+                raise
+            continue  # e.g. xgrammar
+        assert entry is not None, name
+        if attr in ("TOOL_CALL_PARSER_REGISTRY", "REASONING_PARSER_REGISTRY"):
+            fmt = entry() if attr == "TOOL_CALL_PARSER_REGISTRY" else entry
+            assert fmt.name == name
+
+
+def test_the_cli_choices_are_the_registries_names():
+    from radixlm.cli import option_choices
+
+    choices = option_choices()
+    owners = {attr: module for module, attr in RADIXLM_REGISTRIES}
+    for field, attr in [
+        ("attention_backend", "ATTENTION_BACKEND_REGISTRY"),
+        ("schedule_policy", "SCHEDULE_POLICY_REGISTRY"),
+        ("speculative_algorithm", "DRAFT_SOURCE_REGISTRY"),
+        ("grammar_backend", "GRAMMAR_BACKEND_REGISTRY"),
+        ("hicache_storage_backend", "STORAGE_BACKEND_REGISTRY"),
+        ("tool_call_parser", "TOOL_CALL_PARSER_REGISTRY"),
+        ("reasoning_parser", "REASONING_PARSER_REGISTRY"),
+    ]:
+        registry = getattr(importlib.import_module(owners[attr]), attr)
+        assert choices[field] == registry.names(), field
+
+
+def test_loading_the_model_code_imports_no_model_until_one_is_named():
+    """Start-up: the model registry is dotted paths, so no module of model/models/ is imported by
+    the loader until a checkpoint names its architecture."""
+    code = (
+        "import sys\n"
+        "import radixlm.model.loader\n"
+        "from radixlm.model.registry import get_model_class\n"
+        "models = lambda: sorted(m for m in sys.modules if m.startswith('radixlm.model.models.'))\n"
+        "assert models() == [], models()\n"
+        "assert get_model_class('Qwen3ForCausalLM').__name__ == 'Qwen3ForCausalLM'\n"
+        "assert 'radixlm.model.models.qwen3' in models() and 'radixlm.model.models.gemma3' not in"
+        " models()\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
