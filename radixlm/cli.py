@@ -114,42 +114,46 @@ def cmd_router(args) -> int:
 
 def option_choices() -> dict[str, tuple[str, ...]]:
     """ServerArgs field -> its allowed values, from the component that owns each list."""
-    from radixlm.cache.hicache_config import HICACHE_DTYPES, STORAGE_BACKENDS, WRITE_POLICIES
-    from radixlm.constrained import GRAMMAR_BACKENDS
+    from radixlm.cache.hicache_config import (
+        HICACHE_DTYPES,
+        STORAGE_BACKEND_REGISTRY,
+        WRITE_POLICIES,
+    )
+    from radixlm.constrained import GRAMMAR_BACKEND_REGISTRY
     from radixlm.disaggregation.config import DISAGGREGATION_MODES, TRANSFER_BACKENDS
     from radixlm.engine.request_log import LOG_REQUESTS_FORMATS, LOG_REQUESTS_LEVELS
-    from radixlm.function_call import TOOL_CALL_PARSERS
+    from radixlm.function_call.registry import TOOL_CALL_PARSER_REGISTRY
     from radixlm.lora.config import EVICTION_POLICIES, LORA_BACKENDS
-    from radixlm.model.layers.attention import ATTENTION_BACKENDS
+    from radixlm.model.layers.attention import ATTENTION_BACKEND_REGISTRY
     from radixlm.model.quant_methods import QUANTIZATIONS
     from radixlm.model.runner_config import DTYPES, KV_CACHE_DTYPES
     from radixlm.model.sampling_defaults import SAMPLING_DEFAULTS_MODES
-    from radixlm.reasoning import REASONING_PARSERS
-    from radixlm.scheduler.batching.policy import POLICIES
+    from radixlm.reasoning.formats import REASONING_PARSER_REGISTRY
+    from radixlm.scheduler.batching.policy import SCHEDULE_POLICY_REGISTRY
     from radixlm.scheduler.parallel.dp_dispatch import LOAD_BALANCE_METHODS
-    from radixlm.speculative.config import DRAFT_POLICIES, SPECULATIVE_ALGORITHMS
+    from radixlm.speculative.config import DRAFT_POLICIES, DRAFT_SOURCE_REGISTRY
 
     return {
         "dtype": DTYPES,
         "quantization": QUANTIZATIONS,
         "kv_cache_dtype": KV_CACHE_DTYPES,
-        "attention_backend": ATTENTION_BACKENDS,
-        "prefill_attention_backend": ATTENTION_BACKENDS,
-        "decode_attention_backend": ATTENTION_BACKENDS,
-        "schedule_policy": POLICIES,
-        "grammar_backend": GRAMMAR_BACKENDS,
-        "speculative_algorithm": SPECULATIVE_ALGORITHMS,
+        "attention_backend": ATTENTION_BACKEND_REGISTRY.names(),
+        "prefill_attention_backend": ATTENTION_BACKEND_REGISTRY.names(),
+        "decode_attention_backend": ATTENTION_BACKEND_REGISTRY.names(),
+        "schedule_policy": SCHEDULE_POLICY_REGISTRY.names(),
+        "grammar_backend": GRAMMAR_BACKEND_REGISTRY.names(),
+        "speculative_algorithm": DRAFT_SOURCE_REGISTRY.names(),
         "speculative_draft_policy": DRAFT_POLICIES,
         "hicache_write_policy": WRITE_POLICIES,
         "hicache_dtype": HICACHE_DTYPES,
-        "hicache_storage_backend": STORAGE_BACKENDS,
+        "hicache_storage_backend": STORAGE_BACKEND_REGISTRY.names(),
         "log_requests_level": LOG_REQUESTS_LEVELS,
         "log_requests_format": LOG_REQUESTS_FORMATS,
         "sampling_defaults": SAMPLING_DEFAULTS_MODES,
-        "reasoning_parser": REASONING_PARSERS,
+        "reasoning_parser": REASONING_PARSER_REGISTRY.names(),
         "lora_eviction_policy": EVICTION_POLICIES,
         "lora_backend": LORA_BACKENDS,
-        "tool_call_parser": TOOL_CALL_PARSERS,
+        "tool_call_parser": TOOL_CALL_PARSER_REGISTRY.names(),
         "disaggregation_mode": DISAGGREGATION_MODES,
         "disaggregation_transfer_backend": TRANSFER_BACKENDS,
         "load_balance_method": LOAD_BALANCE_METHODS,

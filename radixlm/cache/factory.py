@@ -1,5 +1,6 @@
 """The prefix cache a server runs with: the radix tree, the tiered tree of the hierarchical cache,
-or none (--disable-radix-cache)."""
+or none (--disable-radix-cache). Each kind is a PREFIX_CACHE_REGISTRY entry (its module imported
+when chosen); `prefix_cache_kind` says which one the options choose."""
 
 from __future__ import annotations
 
@@ -10,24 +11,56 @@ import torch
 from radixlm.cache.base_prefix_cache import BasePrefixCache
 from radixlm.cache.hicache_config import HiCacheConfig
 from radixlm.cache.memory_pool import TokenToKVPool
+from radixlm.registry import Registry
+
+# model_key(stored dtype): what stored KV depends on (the hierarchical cache's storage asks).
+ModelKey = Callable[[torch.dtype], str]
+PrefixCacheFactory = Callable[[TokenToKVPool, HiCacheConfig | None, ModelKey], BasePrefixCache]
+PREFIX_CACHE_REGISTRY = Registry[PrefixCacheFactory, None]("prefix cache")
+
+
+@PREFIX_CACHE_REGISTRY.register("radix")
+def create_radix_cache(
+    pool: TokenToKVPool, hicache: HiCacheConfig | None, model_key: ModelKey
+) -> BasePrefixCache:
+    from radixlm.cache.radix_cache import RadixCache
+
+    return RadixCache(pool)
+
+
+@PREFIX_CACHE_REGISTRY.register("hierarchical")
+def create_hierarchical_cache(
+    pool: TokenToKVPool, hicache: HiCacheConfig | None, model_key: ModelKey
+) -> BasePrefixCache:
+    from radixlm.cache.hiradix_cache import create_hiradix_cache
+
+    assert hicache is not None, "the hierarchical cache needs its HiCacheConfig"
+    return create_hiradix_cache(hicache, pool, model_key)
+
+
+@PREFIX_CACHE_REGISTRY.register("none")
+def create_no_prefix_cache(
+    pool: TokenToKVPool, hicache: HiCacheConfig | None, model_key: ModelKey
+) -> BasePrefixCache:
+    from radixlm.cache.no_prefix_cache import NoPrefixCache
+
+    return NoPrefixCache()
+
+
+def prefix_cache_kind(disable_radix_cache: bool, hicache: HiCacheConfig | None) -> str:
+    """--enable-hierarchical-cache (a HiCacheConfig), else --disable-radix-cache, else radix."""
+    if hicache is not None:
+        return "hierarchical"
+    return "none" if disable_radix_cache else "radix"
 
 
 def create_prefix_cache(
     pool: TokenToKVPool,
     disable_radix_cache: bool,
     hicache: HiCacheConfig | None,
-    model_key: Callable[[torch.dtype], str],
+    model_key: ModelKey,
 ) -> BasePrefixCache:
     """model_key(stored dtype): what stored KV depends on (the hierarchical cache's storage
     asks)."""
-    if hicache is not None:
-        from radixlm.cache.hiradix_cache import create_hiradix_cache
-
-        return create_hiradix_cache(hicache, pool, model_key)
-    if disable_radix_cache:
-        from radixlm.cache.no_prefix_cache import NoPrefixCache
-
-        return NoPrefixCache()
-    from radixlm.cache.radix_cache import RadixCache
-
-    return RadixCache(pool)
+    factory = PREFIX_CACHE_REGISTRY.get(prefix_cache_kind(disable_radix_cache, hicache))
+    return factory(pool, hicache, model_key)

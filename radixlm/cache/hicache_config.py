@@ -4,16 +4,24 @@ where their choices live."""
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from radixlm.cache.host_pool import HICACHE_DTYPES
+from radixlm.registry import Registry
 
 if TYPE_CHECKING:
     from radixlm.config import ServerArgs
 
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
-STORAGE_BACKENDS = ("file",)
+# --hicache-storage-backend: L3 behind get / exists / set, each entry a storage.py: HiCacheStorage
+# made as entry(directory, model_key, layout, max_bytes, stats, storage_key) (storage.py:
+# create_storage; a module imported only when its backend is chosen).
+STORAGE_BACKEND_REGISTRY = Registry[Callable[..., Any], None](
+    "hicache storage backend", unknown="unknown hicache storage backend {name!r} (known: {choices})"
+)
+STORAGE_BACKEND_REGISTRY.register("file", "radixlm.cache.storage:HiCacheFile")
 STORAGE_KEY_ENV = "RADIXLM_HICACHE_STORAGE_KEY"  # the key without putting it on a command line
 MIN_KEY_CHARS = 16
 
@@ -38,8 +46,12 @@ class HiCacheConfig:
             bad("write_policy", f"must be one of {', '.join(WRITE_POLICIES)}")
         if self.dtype not in HICACHE_DTYPES:
             bad("dtype", f"must be one of {', '.join(HICACHE_DTYPES)}")
-        if self.storage_backend is not None and self.storage_backend not in STORAGE_BACKENDS:
-            bad("storage_backend", f"must be one of {', '.join(STORAGE_BACKENDS)}")
+        if (
+            self.storage_backend is not None
+            and self.storage_backend not in STORAGE_BACKEND_REGISTRY
+        ):
+            choices = ", ".join(STORAGE_BACKEND_REGISTRY.names())
+            bad("storage_backend", f"must be one of {choices}")
         if self.ratio <= 0:
             bad("ratio", "must be positive")
         if self.size_gb < 0:

@@ -35,6 +35,7 @@ from abc import ABC, abstractmethod
 
 import torch
 
+from radixlm.cache.hicache_config import STORAGE_BACKEND_REGISTRY
 from radixlm.cache.kv_data import KVData
 from radixlm.cache.storage_codec import (
     MAX_HEADER,
@@ -360,8 +361,8 @@ def create_storage(
     stats=None,
     storage_key: str | None = None,
 ) -> HiCacheStorage | None:
+    """The --hicache-storage-backend called `backend` (None: no L3)."""
     if backend is None:
         return None
-    if backend == "file":
-        return HiCacheFile(directory, model_key_, layout, max_bytes, stats, storage_key)
-    raise ValueError(f"unknown hicache storage backend {backend!r} (known: file)")
+    factory = STORAGE_BACKEND_REGISTRY.get(backend)
+    return factory(directory, model_key_, layout, max_bytes, stats, storage_key)

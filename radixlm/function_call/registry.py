@@ -4,6 +4,7 @@ named function forces (json_array)."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 from radixlm.function_call.block import ToolCallFormat
@@ -13,31 +14,30 @@ from radixlm.function_call.json_array import JsonArrayFormat
 from radixlm.function_call.llama3 import Llama3Format
 from radixlm.function_call.mistral import MistralFormat
 from radixlm.function_call.pythonic import PythonicFormat
+from radixlm.registry import Registry
 
 JSON_ARRAY = "json_array"
 
-_FORMATS: dict[str, Callable[[], ToolCallFormat]] = {
-    "hermes": lambda: HermesFormat("hermes"),
-    "qwen25": lambda: HermesFormat("qwen25", newlines=True),
-    "qwen": lambda: HermesFormat("qwen", newlines=True),  # Qwen 2.5 and Qwen 3 (not Qwen3-Coder)
-    "llama3": Llama3Format,
-    "mistral": MistralFormat,
-    "pythonic": PythonicFormat,
-    "deepseekv3": DeepSeekFormat,
-    "deepseekv31": lambda: DeepSeekFormat(v31=True),
-}
+# --tool-call-parser: a format factory per name, in alphabetical order (the order of the choices).
+TOOL_CALL_PARSER_REGISTRY = Registry[Callable[[], ToolCallFormat], None]("tool-call parser")
+TOOL_CALL_PARSER_REGISTRY.register("deepseekv3", DeepSeekFormat)
+TOOL_CALL_PARSER_REGISTRY.register("deepseekv31", functools.partial(DeepSeekFormat, v31=True))
+TOOL_CALL_PARSER_REGISTRY.register("hermes", functools.partial(HermesFormat, "hermes"))
+TOOL_CALL_PARSER_REGISTRY.register("llama3", Llama3Format)
+TOOL_CALL_PARSER_REGISTRY.register("mistral", MistralFormat)
+TOOL_CALL_PARSER_REGISTRY.register("pythonic", PythonicFormat)
+# Qwen 2.5 and Qwen 3 (not Qwen3-Coder).
+TOOL_CALL_PARSER_REGISTRY.register("qwen", functools.partial(HermesFormat, "qwen", newlines=True))
+TOOL_CALL_PARSER_REGISTRY.register(
+    "qwen25", functools.partial(HermesFormat, "qwen25", newlines=True)
+)
 
 # The choices of --tool-call-parser.
-TOOL_CALL_PARSERS: tuple[str, ...] = tuple(sorted(_FORMATS))
+TOOL_CALL_PARSERS: tuple[str, ...] = TOOL_CALL_PARSER_REGISTRY.names()
 
 
 def get_tool_call_format(name: str) -> ToolCallFormat:
     """The format for a --tool-call-parser name (or JSON_ARRAY); ValueError naming the choices."""
     if name == JSON_ARRAY:
         return JsonArrayFormat()
-    try:
-        return _FORMATS[name]()
-    except KeyError:
-        raise ValueError(
-            f"unknown tool-call parser {name!r}; choose from {', '.join(TOOL_CALL_PARSERS)}"
-        ) from None
+    return TOOL_CALL_PARSER_REGISTRY.get(name)()

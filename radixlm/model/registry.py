@@ -1,64 +1,70 @@
-"""Model registry: HF `architectures` name -> our model class."""
+"""Model registry: HF `architectures` name -> our model class, as a lazy dotted path: a model's
+module is imported when a checkpoint names its architecture, not at start-up."""
 
 from __future__ import annotations
 
-from torch import nn
+from typing import TYPE_CHECKING
 
-from radixlm.model.models.deepseek_v2 import DeepseekV2ForCausalLM, DeepseekV3ForCausalLM
-from radixlm.model.models.gemma2 import Gemma2ForCausalLM
-from radixlm.model.models.gemma3 import Gemma3ForCausalLM
-from radixlm.model.models.idefics3 import Idefics3ForConditionalGeneration
-from radixlm.model.models.llama import LlamaForCausalLM, MistralForCausalLM
-from radixlm.model.models.llava import LlavaForConditionalGeneration
-from radixlm.model.models.moe_families import (
-    MixtralForCausalLM,
-    OlmoeForCausalLM,
-    Qwen2MoeForCausalLM,
-    Qwen3MoeForCausalLM,
-)
-from radixlm.model.models.phi3 import Phi3ForCausalLM
-from radixlm.model.models.qwen2 import Qwen2ForCausalLM
-from radixlm.model.models.qwen2_vl import (
-    Qwen2_5_VLForConditionalGeneration,
-    Qwen2VLForConditionalGeneration,
-)
-from radixlm.model.models.qwen3 import Qwen3ForCausalLM
+from radixlm.registry import Registry
 
-MODEL_REGISTRY: dict[str, type[nn.Module]] = {
-    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
-    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
-    "Gemma2ForCausalLM": Gemma2ForCausalLM,
-    "Gemma3ForCausalLM": Gemma3ForCausalLM,
-    "LlamaForCausalLM": LlamaForCausalLM,
-    "MistralForCausalLM": MistralForCausalLM,
-    "Phi3ForCausalLM": Phi3ForCausalLM,
-    "Qwen2ForCausalLM": Qwen2ForCausalLM,
-    "Qwen3ForCausalLM": Qwen3ForCausalLM,
-    # Mixtures of experts (models/moe_families.py).
-    "MixtralForCausalLM": MixtralForCausalLM,
-    "OlmoeForCausalLM": OlmoeForCausalLM,
-    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
-    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
-    # Vision-language (images in; docs/vision.md).
-    "LlavaForConditionalGeneration": LlavaForConditionalGeneration,
-    "Idefics3ForConditionalGeneration": Idefics3ForConditionalGeneration,
-    "Qwen2VLForConditionalGeneration": Qwen2VLForConditionalGeneration,
-    "Qwen2_5_VLForConditionalGeneration": Qwen2_5_VLForConditionalGeneration,
-    # Base-model checkpoints (no lm_head): embedding models, served with --is-embedding.
-    "LlamaModel": LlamaForCausalLM,
-    "Qwen2Model": Qwen2ForCausalLM,
-}
+if TYPE_CHECKING:
+    from torch import nn
+
+MODEL_REGISTRY = Registry["type[nn.Module]", None]("model architecture")
+MODEL_REGISTRY.register(
+    "DeepseekV2ForCausalLM", "radixlm.model.models.deepseek_v2:DeepseekV2ForCausalLM"
+)
+MODEL_REGISTRY.register(
+    "DeepseekV3ForCausalLM", "radixlm.model.models.deepseek_v2:DeepseekV3ForCausalLM"
+)
+MODEL_REGISTRY.register("Gemma2ForCausalLM", "radixlm.model.models.gemma2:Gemma2ForCausalLM")
+MODEL_REGISTRY.register("Gemma3ForCausalLM", "radixlm.model.models.gemma3:Gemma3ForCausalLM")
+MODEL_REGISTRY.register("LlamaForCausalLM", "radixlm.model.models.llama:LlamaForCausalLM")
+MODEL_REGISTRY.register("MistralForCausalLM", "radixlm.model.models.llama:MistralForCausalLM")
+MODEL_REGISTRY.register("Phi3ForCausalLM", "radixlm.model.models.phi3:Phi3ForCausalLM")
+MODEL_REGISTRY.register("Qwen2ForCausalLM", "radixlm.model.models.qwen2:Qwen2ForCausalLM")
+MODEL_REGISTRY.register("Qwen3ForCausalLM", "radixlm.model.models.qwen3:Qwen3ForCausalLM")
+# Mixtures of experts (models/moe_families.py).
+MODEL_REGISTRY.register(
+    "MixtralForCausalLM", "radixlm.model.models.moe_families:MixtralForCausalLM"
+)
+MODEL_REGISTRY.register("OlmoeForCausalLM", "radixlm.model.models.moe_families:OlmoeForCausalLM")
+MODEL_REGISTRY.register(
+    "Qwen2MoeForCausalLM", "radixlm.model.models.moe_families:Qwen2MoeForCausalLM"
+)
+MODEL_REGISTRY.register(
+    "Qwen3MoeForCausalLM", "radixlm.model.models.moe_families:Qwen3MoeForCausalLM"
+)
+# Vision-language (images in; docs/vision.md).
+MODEL_REGISTRY.register(
+    "LlavaForConditionalGeneration", "radixlm.model.models.llava:LlavaForConditionalGeneration"
+)
+MODEL_REGISTRY.register(
+    "Idefics3ForConditionalGeneration",
+    "radixlm.model.models.idefics3:Idefics3ForConditionalGeneration",
+)
+MODEL_REGISTRY.register(
+    "Qwen2VLForConditionalGeneration",
+    "radixlm.model.models.qwen2_vl:Qwen2VLForConditionalGeneration",
+)
+MODEL_REGISTRY.register(
+    "Qwen2_5_VLForConditionalGeneration",
+    "radixlm.model.models.qwen2_vl:Qwen2_5_VLForConditionalGeneration",
+)
+# Base-model checkpoints (no lm_head): embedding models, served with --is-embedding.
+MODEL_REGISTRY.register("LlamaModel", "radixlm.model.models.llama:LlamaForCausalLM")
+MODEL_REGISTRY.register("Qwen2Model", "radixlm.model.models.qwen2:Qwen2ForCausalLM")
 
 
 def supported_architectures() -> list[str]:
-    return sorted(MODEL_REGISTRY)
+    return sorted(MODEL_REGISTRY.names())
 
 
 def resolve_architecture(architectures: list[str] | None) -> tuple[str, type[nn.Module]]:
     """The first of a config's `architectures` that radixlm implements."""
     for arch in architectures or []:
         if arch in MODEL_REGISTRY:
-            return arch, MODEL_REGISTRY[arch]
+            return arch, MODEL_REGISTRY.get(arch)
     raise ValueError(
         f"unsupported model architecture {architectures}; radixlm supports:"
         f" {', '.join(supported_architectures())}"

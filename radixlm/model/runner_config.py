@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.lora.config import LoRAConfig
-from radixlm.model.layers.attention.registry import ATTENTION_BACKENDS
+from radixlm.model.layers.attention.registry import check_attention_backend_name
 from radixlm.model.quant_methods import QUANTIZATIONS, refusal
 
 if TYPE_CHECKING:
@@ -97,7 +97,7 @@ class ModelRunnerConfig:
                 raise ValueError(why)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)
         for field in ("attention_backend", "prefill_attention_backend", "decode_attention_backend"):
-            _check_choice(field, getattr(self, field), ATTENTION_BACKENDS, optional=True)
+            check_attention_backend_name(getattr(self, field), field)
         if self.device not in ("cpu", "cuda") and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be cpu or cuda, got {self.device!r}")
         for field in ("max_total_tokens", "context_length", "num_threads"):

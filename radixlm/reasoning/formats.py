@@ -13,6 +13,8 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from radixlm.registry import Registry
+
 
 @dataclass(frozen=True)
 class ReasoningFormat:
@@ -46,36 +48,45 @@ class ReasoningFormat:
 
 _QWEN3 = dict(switch="enable_thinking")  # thinks unless enable_thinking is false
 
-_FORMATS = {
-    f.name: f
-    for f in (
-        ReasoningFormat("deepseek-r1"),
-        ReasoningFormat("qwen3", **_QWEN3),
-        ReasoningFormat("qwen3-thinking"),  # Qwen3-*-Thinking-2507, QwQ
-        ReasoningFormat("deepseek-v3", switch="thinking", on_by_default=False),  # V3.1 hybrid
-        ReasoningFormat("glm45", tool_start="<tool_call>", **_QWEN3),
-        ReasoningFormat("kimi", start="◁think▷", end="◁/think▷", opens_in_prompt=False),
-        ReasoningFormat("kimi_k2", tool_start="<|tool_calls_section_begin|>", switch="thinking"),
-        ReasoningFormat("mistral", start="[THINK]", end="[/THINK]", by_effort=True),
-        ReasoningFormat("step3"),
-        ReasoningFormat("minimax"),
-        ReasoningFormat("mimo", switch="enable_thinking", on_by_default=False),
-        ReasoningFormat("interns1", **_QWEN3),
-    )
-}
+# --reasoning-parser: a format per name, in alphabetical order (the order of the choices).
+REASONING_PARSER_REGISTRY = Registry[ReasoningFormat, None]("reasoning parser")
+REASONING_PARSER_REGISTRY.register("deepseek-r1", ReasoningFormat("deepseek-r1"))
+# DeepSeek-V3.1, a hybrid.
+REASONING_PARSER_REGISTRY.register(
+    "deepseek-v3", ReasoningFormat("deepseek-v3", switch="thinking", on_by_default=False)
+)
+REASONING_PARSER_REGISTRY.register(
+    "glm45", ReasoningFormat("glm45", tool_start="<tool_call>", **_QWEN3)
+)
+REASONING_PARSER_REGISTRY.register("interns1", ReasoningFormat("interns1", **_QWEN3))
+REASONING_PARSER_REGISTRY.register(
+    "kimi", ReasoningFormat("kimi", start="◁think▷", end="◁/think▷", opens_in_prompt=False)
+)
+REASONING_PARSER_REGISTRY.register(
+    "kimi_k2",
+    ReasoningFormat("kimi_k2", tool_start="<|tool_calls_section_begin|>", switch="thinking"),
+)
+REASONING_PARSER_REGISTRY.register(
+    "mimo", ReasoningFormat("mimo", switch="enable_thinking", on_by_default=False)
+)
+REASONING_PARSER_REGISTRY.register("minimax", ReasoningFormat("minimax"))
+REASONING_PARSER_REGISTRY.register(
+    "mistral", ReasoningFormat("mistral", start="[THINK]", end="[/THINK]", by_effort=True)
+)
+REASONING_PARSER_REGISTRY.register("qwen3", ReasoningFormat("qwen3", **_QWEN3))
+# Qwen3-*-Thinking-2507, QwQ.
+REASONING_PARSER_REGISTRY.register("qwen3-thinking", ReasoningFormat("qwen3-thinking"))
+REASONING_PARSER_REGISTRY.register("step3", ReasoningFormat("step3"))
 
 # The choices of --reasoning-parser.
-REASONING_PARSERS: tuple[str, ...] = tuple(sorted(_FORMATS))
+REASONING_PARSERS: tuple[str, ...] = REASONING_PARSER_REGISTRY.names()
 
 
 def get_reasoning_format(name: str) -> ReasoningFormat:
-    """The format for a --reasoning-parser name; ValueError naming the choices."""
-    try:
-        return _FORMATS[name.lower()]
-    except KeyError:
-        raise ValueError(
-            f"unknown reasoning parser {name!r}; choose from {', '.join(REASONING_PARSERS)}"
-        ) from None
+    """The format for a --reasoning-parser name (any case); ValueError naming the choices."""
+    if name.lower() not in REASONING_PARSER_REGISTRY:
+        raise REASONING_PARSER_REGISTRY.unknown(name)
+    return REASONING_PARSER_REGISTRY.get(name.lower())
 
 
 # A generation prompt that ends with "<think>\n": the template opens the block itself (Qwen3

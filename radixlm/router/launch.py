@@ -6,7 +6,7 @@ import argparse
 import logging
 
 from radixlm.http_access import ADMIN_API_KEY_ENV, API_KEY_ENV, key_from_env, parse_origins
-from radixlm.router.policies import POLICIES, CacheAwareConfig
+from radixlm.router.policies import ROUTER_POLICY_REGISTRY, CacheAwareConfig
 from radixlm.router.server import create_router_app
 from radixlm.router.state import RouterArgs
 from radixlm.router.workers import HealthConfig
@@ -20,7 +20,7 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--worker-urls", nargs="*", default=[], help="the radixlm servers behind the router"
     )
-    p.add_argument("--policy", choices=POLICIES, default=d.policy)
+    p.add_argument("--policy", choices=ROUTER_POLICY_REGISTRY.names(), default=d.policy)
     p.add_argument("--host", default=d.host, help="bind address (loopback by default)")
     p.add_argument("--port", type=int, default=d.port)
     p.add_argument(
@@ -139,13 +139,13 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--prefill-policy",
-        choices=POLICIES,
+        choices=ROUTER_POLICY_REGISTRY.names(),
         default=None,
         help="picks the prefill server (default --policy)",
     )
     p.add_argument(
         "--decode-policy",
-        choices=POLICIES,
+        choices=ROUTER_POLICY_REGISTRY.names(),
         default=None,
         help="picks the decode server (default --policy)",
     )

@@ -16,9 +16,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from radixlm.registry import Registry
 from radixlm.router.tree import ApproxRadixTree
-
-POLICIES = ("cache_aware", "round_robin", "random", "power_of_two")
 
 
 @dataclass
@@ -45,6 +44,12 @@ def least_loaded(workers: list[str], loads: dict[str, int]) -> str:
 
 class Policy:
     name = ""
+
+    @classmethod
+    def create(cls, config: CacheAwareConfig | None, seed: int | None) -> Policy:
+        """make_policy's constructor: from the cache-aware options and the random seed (each
+        policy takes what it uses)."""
+        return cls()
 
     def select(self, workers: list[str], loads: dict[str, int], text: str) -> str:
         raise NotImplementedError
@@ -76,6 +81,10 @@ class RandomPolicy(Policy):
     def __init__(self, seed: int | None = None):
         self._rng = random.Random(seed)
 
+    @classmethod
+    def create(cls, config, seed):
+        return cls(seed)
+
     def select(self, workers, loads, text):
         return self._rng.choice(workers)
 
@@ -87,6 +96,10 @@ class PowerOfTwoPolicy(Policy):
 
     def __init__(self, seed: int | None = None):
         self._rng = random.Random(seed)
+
+    @classmethod
+    def create(cls, config, seed):
+        return cls(seed)
 
     def select(self, workers, loads, text):
         if len(workers) == 1:
@@ -105,6 +118,10 @@ class CacheAwarePolicy(Policy):
         self._clock = clock or time.monotonic
         self._last_eviction = self._clock()
         self.decisions = {"imbalanced": 0, "cache_hit": 0, "cache_miss": 0}
+
+    @classmethod
+    def create(cls, config, seed):
+        return cls(config)
 
     def is_imbalanced(self, workers: list[str], loads: dict[str, int]) -> bool:
         ls = [loads.get(w, 0) for w in workers]
@@ -142,15 +159,17 @@ class CacheAwarePolicy(Policy):
             self.tree.evict_tenant_by_size(self.config.max_tree_size)
 
 
+# --policy (and --prefill-policy / --decode-policy), its choices in this order.
+ROUTER_POLICY_REGISTRY = Registry[type[Policy], None](
+    "router policy", unknown="policy must be one of {names}, got {name!r}"
+)
+ROUTER_POLICY_REGISTRY.register("cache_aware", CacheAwarePolicy)
+ROUTER_POLICY_REGISTRY.register("round_robin", RoundRobinPolicy)
+ROUTER_POLICY_REGISTRY.register("random", RandomPolicy)
+ROUTER_POLICY_REGISTRY.register("power_of_two", PowerOfTwoPolicy)
+
+
 def make_policy(
     name: str, config: CacheAwareConfig | None = None, seed: int | None = None
 ) -> Policy:
-    if name == "cache_aware":
-        return CacheAwarePolicy(config)
-    if name == "round_robin":
-        return RoundRobinPolicy()
-    if name == "random":
-        return RandomPolicy(seed)
-    if name == "power_of_two":
-        return PowerOfTwoPolicy(seed)
-    raise ValueError(f"policy must be one of {POLICIES}, got {name!r}")
+    return ROUTER_POLICY_REGISTRY.get(name).create(config, seed)

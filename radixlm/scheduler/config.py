@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 from radixlm.cache.hicache_config import HiCacheConfig
 from radixlm.config import ServerArgs
-from radixlm.constrained import GRAMMAR_BACKENDS
+from radixlm.constrained import GRAMMAR_BACKEND_REGISTRY
 from radixlm.disaggregation.config import DisaggregationConfig
 from radixlm.model.runner_config import ModelRunnerConfig
-from radixlm.scheduler.batching.policy import POLICIES
+from radixlm.scheduler.batching.policy import SCHEDULE_POLICY_REGISTRY
 from radixlm.scheduler.parallel.dp_dispatch import LOAD_BALANCE_METHODS
 from radixlm.speculative.config import SpeculativeConfig
 
@@ -46,15 +46,12 @@ class SchedulerConfig:
     load_balance_method: str = "auto"  # DP attention: which rank a request goes to (dp_dispatch.py)
 
     def __post_init__(self):
-        if self.schedule_policy not in POLICIES:
+        if self.schedule_policy not in SCHEDULE_POLICY_REGISTRY:
+            raise SCHEDULE_POLICY_REGISTRY.unknown(self.schedule_policy)
+        if self.grammar_backend not in GRAMMAR_BACKEND_REGISTRY:
+            choices = ", ".join(GRAMMAR_BACKEND_REGISTRY.names())
             raise ValueError(
-                f"schedule_policy must be one of {', '.join(POLICIES)}, got"
-                f" {self.schedule_policy!r}"
-            )
-        if self.grammar_backend not in GRAMMAR_BACKENDS:
-            raise ValueError(
-                f"grammar_backend must be one of {', '.join(GRAMMAR_BACKENDS)}, "
-                f"got {self.grammar_backend!r}"
+                f"grammar_backend must be one of {choices}, got {self.grammar_backend!r}"
             )
         if self.load_balance_method not in LOAD_BALANCE_METHODS:
             raise ValueError(

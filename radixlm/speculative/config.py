@@ -3,38 +3,80 @@ here, where their choices live."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from radixlm.registry import Registry
 from radixlm.speculative.draft_tree import TreeShape
 
 if TYPE_CHECKING:
     from radixlm.config import ServerArgs
+    from radixlm.speculative.draft_source import DraftSource, DraftTarget
 
-SPECULATIVE_ALGORITHMS = ("ngram", "radix", "draft-model", "eagle", "eagle3")
-EAGLE_ALGORITHMS = (
-    "eagle",
-    "eagle3",
-)  # a draft head on the target's hidden states (speculative/eagle.py)
 DRAFT_POLICIES = ("adaptive", "fixed")
-# Children per draft-tree node when --speculative-eagle-topk is not given: the lookups have several
-# recorded continuations to branch on, an EAGLE head its top candidates (SGLang's usual 4); the
-# draft model decodes one chain.
-DEFAULT_TOPK = {"ngram": 4, "radix": 4, "draft-model": 1, "eagle": 4, "eagle3": 4}
-# Most draft tokens per request and step when --speculative-num-draft-tokens is not given. radix
-# proposes recorded answers to the same context: a repeated call's whole answer verifies in one step
-# where the cost model says it pays (on 2 cores a 60-row step costs ~8 single-row steps); the
-# controller drafts fewer where acceptance or the batch says so.
+# Most draft tokens per request and step when --speculative-num-draft-tokens is not given (and the
+# source's entry says no other).
 NUM_DRAFT_TOKENS = 16
-DEFAULT_NUM_DRAFT_TOKENS = {"radix": 64}  # the others: NUM_DRAFT_TOKENS
 EAGLE_NUM_STEPS = (
     5  # an EAGLE head's levels when --speculative-num-steps is not given (SGLang's default)
 )
+# A source is made as factory(config, DraftTarget) (factory.py: create_draft_source).
+DraftSourceFactory = Callable[["SpeculativeConfig", "DraftTarget"], "DraftSource"]
+
+
+@dataclass(frozen=True)
+class DraftSourceInfo:
+    """What the options read of a draft source without loading it."""
+
+    topk: int  # children per draft-tree node when --speculative-eagle-topk is not given (1: chains)
+    num_draft_tokens: int = NUM_DRAFT_TOKENS  # when --speculative-num-draft-tokens is not given
+    draft_model_path: str | None = None  # what --speculative-draft-model-path names (None: unused)
+    eagle: bool = False  # a draft head on the target's hidden states (speculative/eagle.py)
+
+
+# --speculative-algorithm, a source per name. topk: the lookups have several recorded continuations
+# to branch on, an EAGLE head its top candidates (SGLang's usual 4); the draft model decodes one
+# chain. radix proposes recorded answers to the same context: a repeated call's whole answer
+# verifies in one step where the cost model says it pays (on 2 cores a 60-row step costs ~8
+# single-row steps); the controller drafts fewer where acceptance or the batch says so.
+DRAFT_SOURCE_REGISTRY = Registry[DraftSourceFactory, DraftSourceInfo](
+    "speculative algorithm", unknown="speculative_algorithm must be one of {choices}, got {name!r}"
+)
+DRAFT_SOURCE_REGISTRY.register(
+    "ngram", "radixlm.speculative.factory:create_ngram_source", DraftSourceInfo(topk=4)
+)
+DRAFT_SOURCE_REGISTRY.register(
+    "radix",
+    "radixlm.speculative.factory:create_radix_source",
+    DraftSourceInfo(topk=4, num_draft_tokens=64),
+)
+DRAFT_SOURCE_REGISTRY.register(
+    "draft-model",
+    "radixlm.speculative.factory:create_draft_model_source",
+    DraftSourceInfo(
+        topk=1, draft_model_path="a HF directory or GGUF file with the target's vocabulary"
+    ),
+)
+_EAGLE = DraftSourceInfo(
+    topk=4,
+    draft_model_path="the draft head's directory, config.json + safetensors; `radixlm train-eagle`"
+    " writes one",
+    eagle=True,
+)
+DRAFT_SOURCE_REGISTRY.register("eagle", "radixlm.speculative.factory:create_eagle_source", _EAGLE)
+DRAFT_SOURCE_REGISTRY.register("eagle3", "radixlm.speculative.factory:create_eagle_source", _EAGLE)
+
+
+def _path_users() -> str:
+    """The algorithms that read --speculative-draft-model-path: "draft-model, eagle and eagle3"."""
+    names = [n for n in DRAFT_SOURCE_REGISTRY if DRAFT_SOURCE_REGISTRY.meta(n).draft_model_path]
+    return " and ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    algorithm: str  # SPECULATIVE_ALGORITHMS
+    algorithm: str  # DRAFT_SOURCE_REGISTRY
     num_draft_tokens: int = NUM_DRAFT_TOKENS  # most draft tokens per request and step
     draft_policy: str = (
         "adaptive"  # adaptive: what pays by the cost model; fixed: every draft, up to the maximum
@@ -54,22 +96,26 @@ class SpeculativeConfig:
         4096  # draft-model: tokens per catch-up forward (the target's max_prefill_tokens)
     )
     check_invariants: bool = False  # draft-model: check its own pool after every proposal
-    eagle_topk: int | None = None  # most children per tree node (None: DEFAULT_TOPK)
+    eagle_topk: int | None = None  # most children per tree node (None: the source's topk)
     num_steps: int | None = (
         None  # most tree levels (None: EAGLE_NUM_STEPS for a head, else num_draft_tokens)
     )
     token_map: str | None = None  # eagle: the token ids the head ranks (None: the whole vocabulary)
 
     @property
+    def source_info(self) -> DraftSourceInfo:
+        return DRAFT_SOURCE_REGISTRY.meta(self.algorithm)
+
+    @property
     def is_eagle(self) -> bool:
-        return self.algorithm in EAGLE_ALGORITHMS
+        return self.source_info.eagle
 
     def __post_init__(self):
         def bad(field: str, why: str):
             raise ValueError(f"speculative_{field} {why}, got {getattr(self, field)!r}")
 
-        if self.algorithm not in SPECULATIVE_ALGORITHMS:
-            bad("algorithm", f"must be one of {', '.join(SPECULATIVE_ALGORITHMS)}")
+        if self.algorithm not in DRAFT_SOURCE_REGISTRY:
+            raise DRAFT_SOURCE_REGISTRY.unknown(self.algorithm)
         if self.num_draft_tokens < 1:
             bad("num_draft_tokens", "must be >= 1")
         if self.draft_policy not in DRAFT_POLICIES:
@@ -78,22 +124,16 @@ class SpeculativeConfig:
             raise ValueError("speculative ngram match window sizes need 1 <= min <= max")
         if self.suffix_index_tokens < 0:
             bad("suffix_index_tokens", "must be >= 0")
-        if self.algorithm == "draft-model" and not self.draft_model_path:
-            raise ValueError(
-                "speculative_algorithm draft-model needs speculative_draft_model_path"
-                " (--speculative-draft-model-path: a HF directory or GGUF file with the target's"
-                " vocabulary)"
-            )
-        if self.is_eagle and not self.draft_model_path:
+        path = self.source_info.draft_model_path
+        if path and not self.draft_model_path:
             raise ValueError(
                 f"speculative_algorithm {self.algorithm} needs speculative_draft_model_path"
-                " (--speculative-draft-model-path: the draft head's directory, config.json +"
-                " safetensors; `radixlm train-eagle` writes one)"
+                f" (--speculative-draft-model-path: {path})"
             )
-        if self.draft_model_path and self.algorithm not in ("draft-model", *EAGLE_ALGORITHMS):
+        if self.draft_model_path and not path:
             raise ValueError(
-                "speculative_draft_model_path is used by speculative_algorithm draft-model, eagle"
-                f" and eagle3 only, got speculative_algorithm {self.algorithm!r}"
+                f"speculative_draft_model_path is used by speculative_algorithm {_path_users()}"
+                f" only, got speculative_algorithm {self.algorithm!r}"
             )
         if self.token_map is not None and self.algorithm != "eagle":
             raise ValueError(
@@ -104,11 +144,7 @@ class SpeculativeConfig:
             bad("draft_kv_tokens", "must be positive")
         if self.eagle_topk is not None and self.eagle_topk < 1:
             bad("eagle_topk", "must be >= 1")
-        if (
-            self.eagle_topk is not None
-            and self.eagle_topk > 1
-            and DEFAULT_TOPK[self.algorithm] == 1
-        ):
+        if self.eagle_topk is not None and self.eagle_topk > 1 and self.source_info.topk == 1:
             bad(
                 "eagle_topk",
                 f"must be 1 for speculative_algorithm {self.algorithm} (it drafts chains)",
@@ -120,7 +156,7 @@ class SpeculativeConfig:
     def tree_shape(self) -> TreeShape:
         """The widest and deepest draft trees (the controller narrows them per step)."""
         depth = self.num_steps or (EAGLE_NUM_STEPS if self.is_eagle else self.num_draft_tokens)
-        return TreeShape(self.eagle_topk or DEFAULT_TOPK[self.algorithm], depth)
+        return TreeShape(self.eagle_topk or self.source_info.topk, depth)
 
     @classmethod
     def from_server_args(cls, args: ServerArgs) -> SpeculativeConfig | None:
@@ -129,17 +165,16 @@ class SpeculativeConfig:
             for name in ("speculative_draft_model_path", "speculative_token_map"):
                 if getattr(args, name):
                     raise ValueError(
-                        f"{name} needs --speculative-algorithm (it is used by draft-model, eagle"
-                        " and eagle3), got speculative_algorithm None"
+                        f"{name} needs --speculative-algorithm (it is used by {_path_users()}),"
+                        " got speculative_algorithm None"
                     )
             return None
-        if args.speculative_algorithm in EAGLE_ALGORITHMS:
+        source = DRAFT_SOURCE_REGISTRY.meta(args.speculative_algorithm)  # an unknown name: raises
+        if source.eagle:
             _check_eagle_args(args)
         num_draft_tokens = args.speculative_num_draft_tokens
         if num_draft_tokens is None:
-            num_draft_tokens = DEFAULT_NUM_DRAFT_TOKENS.get(
-                args.speculative_algorithm, NUM_DRAFT_TOKENS
-            )
+            num_draft_tokens = source.num_draft_tokens
         return cls(
             args.speculative_algorithm,
             num_draft_tokens,

@@ -15,11 +15,17 @@ states (EAGLE) can take the accepted rows' states from that forward.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
 
 from radixlm.ipc import FinishReason
 from radixlm.sampling_params import SamplingParams
 from radixlm.speculative.draft_tree import CHAIN, DraftTree, TreeShape
+
+if TYPE_CHECKING:
+    from radixlm.cache.base_prefix_cache import BasePrefixCache
+    from radixlm.model.runner import ModelRunner
+    from radixlm.model.runner_config import ModelRunnerConfig
 
 Draft = Sequence[int] | DraftTree  # a chain, or a tree
 
@@ -44,6 +50,20 @@ class DraftReq(Protocol):
     def all_ids(self) -> list[int]: ...
 
     def finished(self) -> bool: ...
+
+
+@dataclass(frozen=True)
+class DraftTarget:
+    """What a source is built over (its registry entry is called as factory(config, target)): the
+    target's prefix cache, KV capacity, runner options and vocabulary size (a draft model runs with
+    the options and must match the vocabulary), and the target's runner itself (an EAGLE head reads
+    its hidden states, embedding and LM head)."""
+
+    tree_cache: BasePrefixCache
+    kv_pool_size: int
+    runner_config: ModelRunnerConfig
+    vocab_size: int
+    runner: ModelRunner | None = None
 
 
 class DraftSource(Protocol):

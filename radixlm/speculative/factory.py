@@ -1,5 +1,7 @@
-"""The draft source of --speculative-algorithm (a new source: a module implementing DraftSource in
-draft_source.py, its name in config.SPECULATIVE_ALGORITHMS and a branch here)."""
+"""The draft source of --speculative-algorithm: its config.DRAFT_SOURCE_REGISTRY entry (a new
+source: a module implementing DraftSource in draft_source.py, and one registration there naming
+its factory, called as factory(config, DraftTarget)). The factories of radixlm's own sources are
+below; each imports its source's module when chosen."""
 
 from __future__ import annotations
 
@@ -7,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from radixlm.cache.base_prefix_cache import BasePrefixCache
 from radixlm.model.runner_config import ModelRunnerConfig
-from radixlm.speculative.config import SpeculativeConfig
-from radixlm.speculative.draft_source import DraftSource
+from radixlm.speculative.config import DRAFT_SOURCE_REGISTRY, SpeculativeConfig
+from radixlm.speculative.draft_source import DraftSource, DraftTarget
 
 if TYPE_CHECKING:
     from radixlm.model.runner import ModelRunner
@@ -25,35 +27,48 @@ def create_draft_source(
     """target, target_vocab_size: the target model's runner options and vocabulary (a draft model
     runs with the former and must match the latter); target_runner: the target itself (an EAGLE head
     reads its hidden states, embedding and LM head)."""
-    if config.is_eagle:
-        from radixlm.speculative.eagle import EagleDraftSource
+    factory = DRAFT_SOURCE_REGISTRY.get(config.algorithm)
+    return factory(
+        config, DraftTarget(tree_cache, kv_pool_size, target, target_vocab_size, target_runner)
+    )
 
-        if target_runner is None:
-            raise ValueError(f"speculative_algorithm {config.algorithm} needs the target's runner")
-        return EagleDraftSource(config, target_runner)
+
+def create_ngram_source(config: SpeculativeConfig, target: DraftTarget) -> DraftSource:
     from radixlm.speculative.ngram import NgramDraftSource
 
-    lookup = NgramDraftSource(
-        config.ngram_min_match_window_size, config.ngram_max_match_window_size
-    )
-    if config.algorithm == "ngram":
-        return lookup
-    if config.algorithm == "radix":
-        from radixlm.speculative.radix import RadixDraftSource
+    return NgramDraftSource(config.ngram_min_match_window_size, config.ngram_max_match_window_size)
 
-        suffix_index = None
-        if config.suffix_index_tokens > 0:
-            from radixlm.speculative.suffix_index import SuffixIndex
 
-            suffix_index = SuffixIndex(
-                config.suffix_index_tokens,
-                config.ngram_min_match_window_size,
-                config.ngram_max_match_window_size,
-            )
-        return RadixDraftSource(tree_cache, suffix_index, lookup)
+def create_radix_source(config: SpeculativeConfig, target: DraftTarget) -> DraftSource:
+    from radixlm.speculative.radix import RadixDraftSource
+
+    suffix_index = None
+    if config.suffix_index_tokens > 0:
+        from radixlm.speculative.suffix_index import SuffixIndex
+
+        suffix_index = SuffixIndex(
+            config.suffix_index_tokens,
+            config.ngram_min_match_window_size,
+            config.ngram_max_match_window_size,
+        )
+    return RadixDraftSource(target.tree_cache, suffix_index, create_ngram_source(config, target))
+
+
+def create_draft_model_source(config: SpeculativeConfig, target: DraftTarget) -> DraftSource:
     from radixlm.speculative.draft_model import DraftModelSource
 
     # The draft pool defaults to the target's KV capacity: the running requests never hold more.
     return DraftModelSource(
-        config, target, config.draft_kv_tokens or kv_pool_size, target_vocab_size
+        config,
+        target.runner_config,
+        config.draft_kv_tokens or target.kv_pool_size,
+        target.vocab_size,
     )
+
+
+def create_eagle_source(config: SpeculativeConfig, target: DraftTarget) -> DraftSource:
+    from radixlm.speculative.eagle import EagleDraftSource
+
+    if target.runner is None:
+        raise ValueError(f"speculative_algorithm {config.algorithm} needs the target's runner")
+    return EagleDraftSource(config, target.runner)

@@ -357,6 +357,7 @@ def test_contracts_are_the_designed_ones():
         "radixlm.http_dashboard",
         "radixlm.mm_inputs",
         "radixlm.config_help",
+        "radixlm.registry",
     }
     assert packages <= set(contracts["leaves"]["forbidden_modules"])
     assert contracts["router"]["source_modules"] == ["radixlm.router"]

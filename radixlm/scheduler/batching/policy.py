@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from radixlm.cache.base_prefix_cache import BasePrefixCache
 from radixlm.cache.tree_node import TreeNode
+from radixlm.registry import Registry
 from radixlm.scheduler.req import Req
 
 # LPM costs a tree walk per waiting request; past this queue length fall back to FCFS.
@@ -34,20 +35,25 @@ Order = Callable[["SchedulePolicy", list[Req], Lookup], None]
 
 
 @dataclass(frozen=True)
-class _Entry:
-    order: Order
-    cache_aware: bool  # looks every waiting request up in the tree first
+class PolicyInfo:
+    cache_aware: bool = False  # looks every waiting request up in the tree first
 
 
-_REGISTRY: dict[str, _Entry] = {}
+SCHEDULE_POLICY_REGISTRY = Registry[Order, PolicyInfo](
+    "schedule policy", unknown="schedule_policy must be one of {choices}, got {name!r}"
+)
+_REGISTRY = SCHEDULE_POLICY_REGISTRY  # its former name (tests unregister their example through it)
 
 
 def register_policy(name: str, cache_aware: bool = False) -> Callable[[Order], Order]:
-    def decorator(order: Order) -> Order:
-        _REGISTRY[name] = _Entry(order, cache_aware)
-        return order
+    """--schedule-policy NAME: a function that orders the waiting queue in place."""
+    return SCHEDULE_POLICY_REGISTRY.register(name, meta=PolicyInfo(cache_aware))
 
-    return decorator
+
+def is_cache_aware(policy: str) -> bool:
+    """The policy orders by shared prefixes (admission then holds back a request whose prefix
+    another admitted request is computing: it hits the cache next round)."""
+    return SCHEDULE_POLICY_REGISTRY.meta(policy).cache_aware
 
 
 class SchedulePolicy:
@@ -59,17 +65,17 @@ class SchedulePolicy:
     def calc_priority(self, queue: list[Req]) -> dict[int, int]:
         """Sorts `queue` in place: request priority first (higher first), then the policy.
         Returns the cached prefix length found per request (by id) when the policy looked."""
-        entry = _REGISTRY[self.policy]
-        if entry.cache_aware and (
+        name = self.policy
+        if is_cache_aware(name) and (
             not self.tree_cache.shares_prefixes or len(queue) > LPM_MAX_QUEUE
         ):
-            entry = _REGISTRY["fcfs"]
+            name = "fcfs"
         lookup = Lookup()
-        if entry.cache_aware:
+        if is_cache_aware(name):
             for r in queue:
                 indices, node = self.tree_cache.peek_prefix(r.prefix_key(r.max_prefix_len()))
                 lookup.prefix_len[id(r)], lookup.nodes[id(r)] = len(indices), node
-        entry.order(self, queue, lookup)
+        SCHEDULE_POLICY_REGISTRY.get(name)(self, queue, lookup)
         # Stable sort: priority dominates, the policy order breaks ties.
         if any(r.priority is not None for r in queue):
             queue.sort(key=lambda r: -(r.priority or 0))
@@ -102,6 +108,8 @@ class SchedulePolicy:
         return out
 
 
+# --schedule-policy, its choices in this order: longest prefix match, first come first served,
+# SGLang's dfs-weight, longest output first, random.
 @register_policy("lpm", cache_aware=True)
 def longest_prefix_match(policy: SchedulePolicy, queue: list[Req], lookup: Lookup) -> None:
     queue.sort(key=lambda r: (-lookup.prefix_len[id(r)], r.arrival_time))
@@ -125,11 +133,3 @@ def longest_output_first(policy: SchedulePolicy, queue: list[Req], lookup: Looku
 @register_policy("random")
 def random_order(policy: SchedulePolicy, queue: list[Req], lookup: Lookup) -> None:
     policy.rng.shuffle(queue)
-
-
-# --schedule-policy: longest prefix match, first come first served, SGLang's dfs-weight, longest
-# output first, random.
-POLICIES = tuple(_REGISTRY)
-# Policies that order by shared prefixes (admission then holds back a request whose prefix another
-# admitted request is computing: it hits the cache next round).
-PREFIX_POLICIES = tuple(name for name, e in _REGISTRY.items() if e.cache_aware)

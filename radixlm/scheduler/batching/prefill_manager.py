@@ -20,7 +20,7 @@ from radixlm.scheduler.batching.admission import (
     reserve_for,
     shares_prefix_in_batch,
 )
-from radixlm.scheduler.batching.policy import PREFIX_POLICIES, SchedulePolicy
+from radixlm.scheduler.batching.policy import SchedulePolicy, is_cache_aware
 from radixlm.scheduler.decoding.prefill_fold import BasePrefillFold, NoPrefillFold
 from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.req import Req, ReqStatus
@@ -58,7 +58,7 @@ class PrefillManager:
             fold  # speculative decoding: one-token prefills join the decode step (prefill_fold.py)
         )
         self.dedup_in_batch = (
-            policy.policy in PREFIX_POLICIES and cache_manager.tree_cache.shares_prefixes
+            is_cache_aware(policy.policy) and cache_manager.tree_cache.shares_prefixes
         )
 
     def schedule(self) -> ScheduleBatch | None:

@@ -6,6 +6,7 @@ from radixlm.model.layers.attention.hybrid import HybridAttnBackend
 from radixlm.model.layers.attention.native import NativeCPUBackend
 from radixlm.model.layers.attention.radix_attention import RadixAttention, attention_features
 from radixlm.model.layers.attention.registry import (
+    ATTENTION_BACKEND_REGISTRY,
     ATTENTION_BACKENDS,
     create_attention_backend,
     register_attention_backend,
@@ -15,6 +16,7 @@ from radixlm.model.layers.attention.torch_sdpa import TorchSDPABackend
 
 __all__ = [
     "ATTENTION_BACKENDS",
+    "ATTENTION_BACKEND_REGISTRY",
     "AttentionBackend",
     "AttentionBackendSpec",
     "HybridAttnBackend",

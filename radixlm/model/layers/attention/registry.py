@@ -2,7 +2,8 @@
 --prefill-attention-backend / --decode-attention-backend for a HybridAttnBackend.
 
 A new backend is its own module (the AttentionBackend subclass and a `supported(spec)`) plus one
-`@register_attention_backend` entry below. Entries are in auto's order of preference: with no name
+`@register_attention_backend` entry below (ATTENTION_BACKEND_REGISTRY: the factory by name, its
+`supported` and `auto_devices` as metadata). Entries are in auto's order of preference: with no name
 given, the first backend that supports the model runs it, among those whose `auto_devices` include
 the model's device (triton is auto's choice on CUDA only: on CPU its kernels run in Triton's
 interpreter, for tests, when asked for by name).
@@ -23,16 +24,18 @@ from radixlm.model.layers.attention.torch_sdpa import TorchSDPABackend
 from radixlm.model.layers.attention.torch_sdpa import supported as torch_sdpa_supported
 from radixlm.model.layers.attention.triton_backend import TritonAttnBackend
 from radixlm.model.layers.attention.triton_backend import supported as triton_supported
+from radixlm.registry import Registry
 
 BackendFactory = Callable[[AttentionBackendSpec], AttentionBackend]
 
 
 @dataclass(frozen=True)
-class AttentionBackendEntry:
+class AttentionBackendInfo:
+    """A backend's metadata: whether it runs a model, and where auto may pick it."""
+
     supported: Callable[
         [AttentionBackendSpec], str | None
     ]  # None, or why the backend cannot run spec
-    create: BackendFactory
     auto_devices: tuple[str, ...] | None = None  # device types auto picks it on (None: any)
 
     def auto_reason(self, spec: AttentionBackendSpec) -> str | None:
@@ -42,7 +45,7 @@ class AttentionBackendEntry:
         return self.supported(spec)
 
 
-_REGISTRY: dict[str, AttentionBackendEntry] = {}
+ATTENTION_BACKEND_REGISTRY = Registry[BackendFactory, AttentionBackendInfo]("attention backend")
 
 
 def _refusing_mla(supported: Callable[[AttentionBackendSpec], str | None]):
@@ -59,19 +62,13 @@ def register_attention_backend(
     supported: Callable[[AttentionBackendSpec], str | None],
     mla: bool = False,
     auto_devices: tuple[str, ...] | None = None,
-):
+) -> Callable[[BackendFactory], BackendFactory]:
     """mla: the backend reads the latent pool of multi-head latent attention models (else it is
     refused for them without asking `supported`). auto_devices: the device types auto may pick it
     on.
     """
-
-    def decorator(factory: BackendFactory) -> BackendFactory:
-        _REGISTRY[name] = AttentionBackendEntry(
-            supported if mla else _refusing_mla(supported), factory, auto_devices
-        )
-        return factory
-
-    return decorator
+    info = AttentionBackendInfo(supported if mla else _refusing_mla(supported), auto_devices)
+    return ATTENTION_BACKEND_REGISTRY.register(name, meta=info)
 
 
 @register_attention_backend("native", supported=native_supported)
@@ -96,13 +93,14 @@ def create_mla_backend(spec: AttentionBackendSpec) -> AttentionBackend:
     return MLABackend()
 
 
-ATTENTION_BACKENDS: tuple[str, ...] = tuple(_REGISTRY)
+ATTENTION_BACKENDS: tuple[str, ...] = ATTENTION_BACKEND_REGISTRY.names()
 
 
 def check_attention_backend_name(name: str | None, field: str = "attention_backend") -> None:
     """A ValueError naming the option for a name no entry has (None: auto)."""
-    if name is not None and name not in _REGISTRY:
-        raise ValueError(f"{field} must be one of {', '.join(_REGISTRY)}, got {name!r}")
+    if name is not None and name not in ATTENTION_BACKEND_REGISTRY:
+        choices = ", ".join(ATTENTION_BACKEND_REGISTRY.names())
+        raise ValueError(f"{field} must be one of {choices}, got {name!r}")
 
 
 def resolve_attention_backend(
@@ -112,13 +110,13 @@ def resolve_attention_backend(
     ValueError, naming `field`, when that backend cannot."""
     check_attention_backend_name(name, field)
     if name is not None:
-        why = _REGISTRY[name].supported(spec)
+        why = ATTENTION_BACKEND_REGISTRY.meta(name).supported(spec)
         if why is not None:
             raise ValueError(f"{field} {name}: {why}")
         return name
     reasons = []
-    for candidate, entry in _REGISTRY.items():
-        why = entry.auto_reason(spec)
+    for candidate in ATTENTION_BACKEND_REGISTRY:
+        why = ATTENTION_BACKEND_REGISTRY.meta(candidate).auto_reason(spec)
         if why is None:
             return candidate
         reasons.append(f"{candidate}: {why}")
@@ -160,7 +158,8 @@ def create_attention_backend(
     --decode-attention-backend naming different backends, a HybridAttnBackend of the two."""
     prefill_name, decode_name = resolve_attention_backends(spec, name, prefill, decode)
     if prefill_name == decode_name:
-        return _REGISTRY[prefill_name].create(spec)
+        return ATTENTION_BACKEND_REGISTRY.get(prefill_name)(spec)
     return HybridAttnBackend(
-        _REGISTRY[prefill_name].create(spec), _REGISTRY[decode_name].create(spec)
+        ATTENTION_BACKEND_REGISTRY.get(prefill_name)(spec),
+        ATTENTION_BACKEND_REGISTRY.get(decode_name)(spec),
     )
