@@ -27,7 +27,7 @@ from torch import nn
 
 from radixlm.model import gguf_loader, memory, sampling_defaults
 from radixlm.model.pp_stage import stage_owns
-from radixlm.model.quant_methods import QUANT_METHODS
+from radixlm.model.quant_methods import QUANTIZATION_REGISTRY, quant_method
 from radixlm.model.registry import resolve_architecture
 from radixlm.model.tp_shard import Slicer, slice_tensor
 
@@ -238,7 +238,7 @@ def resolve_quantization(quantization: str | None, is_gguf: bool, device) -> str
         raise ValueError(
             "quantization 'gguf' keeps a GGUF file's own formats; the model is not a GGUF"
         )
-    method = QUANT_METHODS[want]
+    method = QUANTIZATION_REGISTRY.get(want)
     why = method.unavailable_reason(torch.device(device))
     if why is None:
         return want
@@ -265,7 +265,7 @@ def load_model(
     kind = _model_kind(path)
     is_gguf = kind == "gguf"
     quant = resolve_quantization(quantization, is_gguf, device)
-    method = QUANT_METHODS.get(quant)  # None: float weights
+    method = quant_method(quant)  # None: float weights
     files = None  # a bare config.json: random weights
     defaults = None
     if kind == "config":

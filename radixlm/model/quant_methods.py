@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from radixlm.kernels.formats import FORMATS, QUANTIZE_AT_LOAD
+from radixlm.registry import Registry
 
 logger = logging.getLogger(__name__)
 
@@ -146,19 +147,26 @@ class Fp8Method(QuantMethod):
         )
 
 
-# --quantization's values (none: float weights, no method).
-QUANT_METHODS: dict[str, QuantMethod] = {
-    "gguf": NativeMethod("gguf"),
-    **{name: NativeMethod(name) for name in QUANTIZE_AT_LOAD},
-    "fp8": Fp8Method(),
-}
-QUANTIZATIONS = ("none", *QUANT_METHODS)
+# --quantization's values (none: float weights, no method); a new method is one registration.
+QUANTIZATION_REGISTRY: Registry[QuantMethod, None] = Registry("quantization")
+QUANTIZATION_REGISTRY.register("gguf", NativeMethod("gguf"))
+for _name in QUANTIZE_AT_LOAD:
+    QUANTIZATION_REGISTRY.register(_name, NativeMethod(_name))
+QUANTIZATION_REGISTRY.register("fp8", Fp8Method())
+QUANTIZATIONS = ("none", *QUANTIZATION_REGISTRY.names())
+
+
+def quant_method(quantization: str | None) -> QuantMethod | None:
+    """The method of a --quantization value; None for float weights (none, or no value)."""
+    if quantization is None or quantization == "none":
+        return None
+    return QUANTIZATION_REGISTRY.get(quantization)
 
 
 def refusal(quantization: str | None, device: str | torch.device) -> str | None:
     """Why --quantization cannot start on `device` (one line), or None: only a method that is
     refused elsewhere (fp8 off CUDA) is; the native formats fall back to float at load."""
-    method = QUANT_METHODS.get(quantization or "none")
+    method = quant_method(quantization) if quantization in (None, *QUANTIZATIONS) else None
     if method is None or not method.refused_elsewhere:
         return None
     why = method.unavailable_reason(torch.device(device))

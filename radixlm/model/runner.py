@@ -28,7 +28,7 @@ from radixlm.model.layers.sampler import Sampler, SamplingBatchInfo
 from radixlm.model.mrope import mrope_positions
 from radixlm.model.pooler import Pooler, read_pooling_type
 from radixlm.model.pp_stage import pp_stage
-from radixlm.model.quant_methods import QUANT_METHODS
+from radixlm.model.quant_methods import quant_method
 from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.model.tree_mask import TreeMask
 from radixlm.model.worker_batch import ModelWorkerBatch
@@ -181,7 +181,7 @@ class ModelRunner:
         type: decode attention reads half the bytes), else the model dtype (float32: the HF
         reference; FP8 weights keep it)."""
         cfg = self.config
-        method = QUANT_METHODS.get(self.loaded.quantization)  # None: float weights
+        method = quant_method(self.loaded.quantization)  # None: float weights
         if cfg.kv_cache_dtype == "auto" and method is not None and method.float16_kv:
             try:
                 resolve_attention_backends(

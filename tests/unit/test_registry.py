@@ -124,6 +124,7 @@ RADIXLM_REGISTRIES = [
     ("radixlm.constrained", "GRAMMAR_BACKEND_REGISTRY"),
     ("radixlm.function_call.registry", "TOOL_CALL_PARSER_REGISTRY"),
     ("radixlm.reasoning.formats", "REASONING_PARSER_REGISTRY"),
+    ("radixlm.model.quant_methods", "QUANTIZATION_REGISTRY"),
 ]
 
 
@@ -159,9 +160,11 @@ def test_the_cli_choices_are_the_registries_names():
         ("hicache_storage_backend", "STORAGE_BACKEND_REGISTRY"),
         ("tool_call_parser", "TOOL_CALL_PARSER_REGISTRY"),
         ("reasoning_parser", "REASONING_PARSER_REGISTRY"),
+        ("quantization", "QUANTIZATION_REGISTRY"),
     ]:
         registry = getattr(importlib.import_module(owners[attr]), attr)
-        assert choices[field] == registry.names(), field
+        extra = ("none",) if field == "quantization" else ()  # float weights: no method
+        assert choices[field] == extra + registry.names(), field
 
 
 def test_loading_the_model_code_imports_no_model_until_one_is_named():
