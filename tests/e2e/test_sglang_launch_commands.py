@@ -17,6 +17,8 @@ import requests
 import torch
 import yaml
 
+from radixlm.kernels.triton_ops import INTERPRET_ENV
+from radixlm.model.quant_methods import refusal as quantization_refusal
 from radixlm.server.process import ServerProcess
 from radixlm.sglang_flags import COMBINATIONS, VALUE_RULES, Kind, all_specs
 
@@ -119,6 +121,10 @@ def expected_refusals(case: dict) -> set[str]:
             for refused in rule.refused:
                 if token == rule.flag and value in refused.values:
                     lines.add(f"radixlm: error: {token} {value}: {refused.why} ; {refused.instead}")
+        if token == "--quantization" and value is not None:  # a method this CPU cannot run (fp8)
+            why = quantization_refusal(value, "cpu")
+            if why is not None:
+                lines.add(f"radixlm: error: {why}")
     sizes = {
         dest: int(argv[argv.index(flag) + 1])
         for flag, dest in (
@@ -161,8 +167,11 @@ def case_id(case: dict) -> str:
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
-def test_sglang_launch_command(case, tp_model_dir, reference, tmp_path):
+def test_sglang_launch_command(case, tp_model_dir, reference, tmp_path, monkeypatch):
     argv = radixlm_argv(case, tp_model_dir, tmp_path)
+    # The server runs as a user's would: without the tests' Triton interpreter (under it a
+    # CUDA-only method such as fp8 would run on the CPU instead of being refused).
+    monkeypatch.delenv(INTERPRET_ENV, raising=False)
     refusals = expected_refusals(case)
     if refusals:
         r = subprocess.run(
