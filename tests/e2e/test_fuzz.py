@@ -646,6 +646,14 @@ def test_found_by_fuzzing(fuzz_server, http, route):
         assert reason != "abort" and (not isinstance(reason, dict) or reason["type"] != "abort"), (
             out
         )
+    # A regex needing text the vocabulary cannot spell (a control character, first or after a
+    # token): the mask allows no token. It was a 500 ("the grammar rejected a token"); it is the
+    # client's pattern, a 400 naming it.
+    for regex in ("\x04", "a\x04"):
+        body = {**VALID[route], "regex": regex, "max_tokens": 4}
+        if route == "/generate":
+            body = {"text": "x", "sampling_params": {"regex": regex, "max_new_tokens": 4}}
+        expect_error(http.post(fuzz_server.url + route, json=body, timeout=60), (400,), "regex")
     still_serves(http, fuzz_server, route)
 
 

@@ -4,6 +4,7 @@ keyed names) and what a planted file does (nothing but a miss); two servers on o
 
 import errno
 import os
+import threading
 
 import pytest
 import torch
@@ -168,11 +169,16 @@ def test_size_bound_drops_least_recently_used(tmp_path):
 def test_io_shares_reads_and_writes_in_background(tmp_path):
     stats = HiCacheStats()
     s = store(tmp_path, stats=stats)
+    # The writer waits until both writes are asked for: on a loaded machine it could otherwise
+    # finish the first before the second arrives (then there is nothing pending to share).
+    both_asked, store_set = threading.Event(), s.set
+    s.set = lambda *a: both_asked.wait(30) and store_set(*a)
     io = HiCacheIO(s, stats)
     ids = list(range(C))
     assert io.write("k1", ids, chunk(1)) and io.write(
         "k1", ids, chunk(1)
     )  # the second is pending already
+    both_asked.set()
     io.wait_writes()
     assert stats.l3_chunks_written == 1
     f1, f2 = io.read("k1", ids), io.read("k1", ids)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from radixlm.constrained.base_grammar_backend import BaseGrammarBackend
 from radixlm.ipc import FinishLength
 from radixlm.model.runner import LogitsOutput, ModelRunner
 from radixlm.scheduler.batch import PrefillChunk
@@ -227,8 +228,7 @@ class ResultProcessor:
     def append_token(self, req: Req, tok: int, logits_row: torch.Tensor) -> None:
         req.output_ids.append(tok)
         if req.grammar is not None and not req.grammar.accept_token(tok):
-            logger.error("grammar rejected sampled token %d of request %s", tok, req.rid)
-            req.abort("internal error: the grammar rejected a token", 500)
+            self.reject_token(req, tok)
         if req.first_token_time is None:
             req.first_token_time = time.time()
         if req.return_logprob:
@@ -236,6 +236,27 @@ class ResultProcessor:
         sp = req.sampling_params
         tokenizer = self.tokenizer.get() if sp.stop_strs or sp.stop_regex else None
         req.check_finished(tokenizer, self.context_len)
+
+    def reject_token(self, req: Req, tok: int) -> None:
+        """The grammar refused the sampled token. If it allows no token at all, the request's own
+        pattern needs text this vocabulary cannot spell (a regex of a control character the
+        tokenizer has no token for, ...): the client's error, named by its field. Otherwise the
+        mask and the sampler disagree: ours."""
+        mask = BaseGrammarBackend.allocate_vocab_mask(self.runner.vocab_size, 1)
+        req.grammar.fill_vocab_mask(mask, 0)
+        if not bool(mask.any()):
+            kind = {"json": "json_schema"}.get(req.sampling_params.grammar_key[0])
+            field = kind or req.sampling_params.grammar_key[0]
+            done = len(req.output_ids) - 1
+            req.abort(
+                f"sampling_params.{field}: no token of the model's vocabulary continues the"
+                f" constrained output after {done} tokens (it needs text this tokenizer cannot"
+                " produce)",
+                400,
+            )
+            return
+        logger.error("grammar rejected sampled token %d of request %s", tok, req.rid)
+        req.abort("internal error: the grammar rejected a token", 500)
 
     def fail_batch(self, launched: LaunchedBatch, exc: BaseException) -> None:
         """The forward (or sampling) of a whole batch raised: its requests fail with the error, the
