@@ -84,6 +84,118 @@ def tiny_hf_model(tiny_model_dir):
     return AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
 
 
+@pytest.fixture(scope="session")
+def shared_tiny_engine(tiny_model_dir):
+    """One plain engine on the tiny Llama (engine_args()) for the whole session: take it through
+    `tiny_engine`."""
+    from radixlm import Engine
+
+    with Engine(tiny_model_dir, **engine_args()) as e:
+        yield e
+
+
+@pytest.fixture
+def tiny_engine(shared_tiny_engine):
+    """The session's plain engine on the tiny Llama, its cache flushed: it answers as a fresh engine
+    does (its counters run on: compare them before and after, never as they stand). For tests that
+    only generate on it, e.g. the plain decoding another engine's outputs must equal."""
+    flush_when_idle(shared_tiny_engine)
+    return shared_tiny_engine
+
+
+def flush_when_idle(engine, timeout: float = 30.0) -> None:
+    """Empty the engine's cache once its requests are done (aborts land asynchronously)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not engine.flush_cache():
+        assert time.monotonic() < deadline, f"requests still running after {timeout} s"
+        time.sleep(0.05)
+
+
+@pytest.fixture(scope="module")
+def shared_radix_engine(tiny_model_dir):
+    """A radix-drafting engine on the tiny Llama (fixed draft policy), one per module: take it
+    through `radix_engine`."""
+    from radixlm import Engine
+
+    with Engine(
+        tiny_model_dir,
+        **engine_args(speculative_algorithm="radix", speculative_draft_policy="fixed"),
+    ) as e:
+        yield e
+
+
+@pytest.fixture
+def radix_engine(shared_radix_engine):
+    """The module's radix-drafting engine, its cache flushed: its drafts come from the radix tree
+    only, so it drafts as a fresh one does (its counters run on: compare them before and after)."""
+    flush_when_idle(shared_radix_engine)
+    return shared_radix_engine
+
+
+@pytest.fixture(scope="session")
+def plain_loop():
+    """plain_loop(model_dir, chunk): the plain scheduler loop's answers to the comparison workload
+    (tests/engine/workloads.py), computed by one engine per (model, chunk) per session; a copy each
+    call."""
+    import copy
+
+    from tests.engine.workloads import plain_reference
+
+    refs: dict = {}
+
+    def get(model_dir: str, chunk: int) -> dict:
+        if (model_dir, chunk) not in refs:
+            refs[model_dir, chunk] = plain_reference(model_dir, chunk)
+        return copy.deepcopy(refs[model_dir, chunk])
+
+    return get
+
+
+# A tiny-model server's options: one thread, a small KV pool, the invariant checks (DEVELOPERS.md).
+TINY_SERVE = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks")
+
+
+@pytest.fixture(scope="session")
+def tiny_server_process(tiny_model_dir):
+    """`serve --model-path <tiny> *TINY_SERVE`, started once for the whole run (a start-up is three
+    processes each importing torch): shared by the tests, in any package, that need no option of
+    their own. Tests take `tiny_server` (its cache flushed first); a package-scoped fixture may take
+    this one and flush where it matters."""
+    from radixlm.server.process import ServerProcess
+
+    s = ServerProcess("--model-path", tiny_model_dir, *TINY_SERVE)
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def tiny_server(tiny_server_process):
+    """The shared tiny-model server with an empty radix cache: what an earlier test (of any module)
+    cached cannot make this one's cached_tokens pass or fail."""
+    flush_cache(tiny_server_process.url)
+    return tiny_server_process
+
+
+def flush_cache(url: str, headers: dict | None = None, within: float = 30) -> None:
+    """Empty a server's radix cache (between the tests that share it). A flush is refused while a
+    request runs: an aborted one from the test before may still be winding down, so ask again."""
+    import time
+
+    import requests
+
+    deadline = time.monotonic() + within
+    while True:
+        r = requests.post(url + "/flush_cache", headers=headers, timeout=60)
+        if r.status_code == 200:
+            return
+        assert r.status_code == 400 and time.monotonic() < deadline, (
+            f"flush_cache: {r.status_code} {r.text}"
+        )
+        time.sleep(0.1)
+
+
 def engine_args(**kw):
     """Small engines for tests: 1 thread each, so a test does not fight its reference."""
     base = dict(num_threads=1, kv_memory_gb=0.05, enable_invariant_checks=True, log_level="warning")

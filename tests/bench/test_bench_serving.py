@@ -3,9 +3,9 @@ metrics without a server, and `radixlm bench one-batch` against the Engine's gre
 
 import argparse
 import json
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import requests
 
 from radixlm.bench import one_batch, serving
 from radixlm.bench.metrics import LATENCIES, compute_metrics
@@ -42,17 +42,17 @@ EXPECTED_REQUESTS = {"random": 3, "gsp": 6, "multi-turn": 6, "fork": 9, "json": 
 
 
 @pytest.fixture(scope="module")
-def servers(tiny_model_dir):
-    """Two tiny-model servers started side by side: radix cache on, and off."""
-    with ThreadPoolExecutor(2) as pool:
-        futs = [
-            pool.submit(ServerProcess, "--model-path", tiny_model_dir, *TINY, *extra)
-            for extra in ((), ("--disable-radix-cache",))
-        ]
-        started = [f.result() for f in futs]
-    yield {"cache": started[0], "nocache": started[1]}
-    for s in started:
-        s.stop()
+def nocache_server(tiny_model_dir):
+    s = ServerProcess("--model-path", tiny_model_dir, *TINY, "--disable-radix-cache")
+    yield s
+    s.stop()
+
+
+@pytest.fixture
+def servers(tiny_server, nocache_server):
+    """Two tiny-model servers: radix cache on (the run's shared one, tests/conftest.py, its cache
+    flushed), and off."""
+    return {"cache": tiny_server, "nocache": nocache_server}
 
 
 def bench_args(url, tokenizer, *cli, **kw):
@@ -303,9 +303,8 @@ def test_metrics_formulas():
     assert res["mean_ttft_ms"] == pytest.approx(150.0) and res["error_samples"] == ["boom"]
 
 
-def test_one_batch_matches_engine_greedy(tiny_model_dir, tmp_path):
+def test_one_batch_matches_engine_greedy(tiny_model_dir, tiny_server, tmp_path):
     from radixlm.config import ServerArgs
-    from radixlm.engine.engine import Engine
 
     p = argparse.ArgumentParser()
     one_batch.add_args(p)
@@ -341,10 +340,15 @@ def test_one_batch_matches_engine_greedy(tiny_model_dir, tmp_path):
     prompts = [
         q.input_ids for q in one_batch.random_prompts(3, 20, 6, results[1]["vocab_size"], seed=0)
     ]
-    with Engine(tiny_model_dir, **engine_args()) as engine:
-        sp = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
-        outs = engine.generate(input_ids=prompts, sampling_params=sp)
-    assert [o["output_ids"] for o in outs] == results[1]["output_ids"]
+    # The Engine's greedy tokens, served: the run's shared tiny-model server (default options).
+    sp = {"max_new_tokens": 6, "temperature": 0, "ignore_eos": True}
+    r = requests.post(
+        tiny_server.url + "/generate",
+        json={"input_ids": prompts, "sampling_params": sp},
+        timeout=120,
+    )
+    assert r.status_code == 200, r.text
+    assert [o["output_ids"] for o in r.json()] == results[1]["output_ids"]
     assert results[0]["output_ids"] == results[1]["output_ids"][:1]  # batching changes nothing
     one_batch.main(args, server_args)
     lines = [json.loads(x) for x in (tmp_path / "ob.jsonl").read_text().splitlines()]

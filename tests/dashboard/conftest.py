@@ -14,6 +14,7 @@ import sys
 import pytest
 
 from radixlm.server.process import ServerProcess
+from tests.conftest import flush_cache
 
 KEY = "dash-user-key-0123456789"
 ADMIN_KEY = "dash-admin-key-9876543210"
@@ -56,11 +57,11 @@ def keyed_server(tiny_model_dir):
 
 
 @pytest.fixture(scope="package")
-def open_server(tiny_model_dir):
-    """No key, no text (the defaults)."""
-    s = ServerProcess("--model-path", tiny_model_dir, *TINY)
-    yield s
-    s.stop()
+def open_server(tiny_server_process):
+    """No key, no text (the defaults): the run's shared tiny-model server (tests/conftest.py), its
+    cache flushed when these tests start (a test that counts on its contents flushes it too)."""
+    flush_cache(tiny_server_process.url)
+    return tiny_server_process
 
 
 @pytest.fixture(scope="package")

@@ -19,9 +19,7 @@ import openai
 import psutil
 import requests
 
-from radixlm import Engine
 from radixlm.server.process import ServerProcess, free_port
-from tests.conftest import engine_args
 
 PROMPTS = ["The capital of France is", "def fib(n):", "One, two, three,"]
 GREEDY = {"max_new_tokens": 16, "temperature": 0}
@@ -42,9 +40,8 @@ def _rank_of(node_pid: int) -> psutil.Process:
     return rank
 
 
-def test_pp2_two_nodes_openai_then_kill_a_stage(tiny_model_dir):
-    with Engine(tiny_model_dir, **engine_args()) as e:
-        want = e.generate(PROMPTS, GREEDY)
+def test_pp2_two_nodes_openai_then_kill_a_stage(tiny_model_dir, tiny_engine):
+    want = tiny_engine.generate(PROMPTS, GREEDY)  # PP=1's: the session's plain engine
     addr = f"127.0.0.1:{free_port()}"
     common = [
         "--model-path",

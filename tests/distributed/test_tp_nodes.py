@@ -15,9 +15,7 @@ import time
 import psutil
 import requests
 
-from radixlm import Engine
 from radixlm.server.process import ServerProcess, free_port
-from tests.conftest import engine_args
 
 PROMPTS = ["The capital of France is", "def fib(n):", "One, two, three,"]
 GREEDY = {"max_new_tokens": 16, "temperature": 0}
@@ -44,9 +42,9 @@ def _wait_gone(procs: list[psutil.Process], deadline: float) -> list[psutil.Proc
     return [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
 
 
-def test_two_nodes_on_localhost_then_kill_one(tiny_model_dir):
-    with Engine(tiny_model_dir, **engine_args()) as e:
-        want = [o["output_ids"] for o in e.generate(PROMPTS, GREEDY)]
+def test_two_nodes_on_localhost_then_kill_one(tiny_model_dir, tiny_engine):
+    # TP=1's: the session's plain engine (tests/conftest.py)
+    want = [o["output_ids"] for o in tiny_engine.generate(PROMPTS, GREEDY)]
     addr = f"127.0.0.1:{free_port()}"
     common = [
         "--model-path",

@@ -10,9 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import psutil
 import requests
 
-from radixlm import Engine
 from radixlm.server.process import ServerProcess
-from tests.conftest import engine_args
 from tests.server_faults import health_status, stop_leaving_nothing, wait_until
 
 PROMPTS = ["The capital of France is", "def fib(n):", "One, two, three,"]
@@ -20,9 +18,9 @@ MORE = [f"{p} (take {k})" for k in range(2) for p in PROMPTS]
 GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
 
 
-def _tp1_outputs(model: str, prompts: list[str] = PROMPTS) -> list[list[int]]:
-    with Engine(model, **engine_args()) as e:
-        return [o["output_ids"] for o in e.generate(prompts, GREEDY)]
+def _tp1_outputs(engine, prompts: list[str] = PROMPTS) -> list[list[int]]:
+    """TP=1's answers: the session's plain engine on the tiny Llama (tests/conftest.py)."""
+    return [o["output_ids"] for o in engine.generate(prompts, GREEDY)]
 
 
 def _generate(url: str, prompts: list[str] = PROMPTS) -> list[list[int]]:
@@ -44,8 +42,8 @@ def _ranks(server_pid: int) -> list[psutil.Process]:
     ]
 
 
-def test_dp2_tp2_router_sees_one_worker_per_replica(tiny_model_dir):
-    want_more = _tp1_outputs(tiny_model_dir, MORE)
+def test_dp2_tp2_router_sees_one_worker_per_replica(tiny_model_dir, tiny_engine):
+    want_more = _tp1_outputs(tiny_engine, MORE)
     srv = ServerProcess(
         "--dp",
         "2",
@@ -81,8 +79,8 @@ def test_dp2_tp2_router_sees_one_worker_per_replica(tiny_model_dir):
         stop_leaving_nothing(srv, timeout=20)
 
 
-def test_tp2_restart_on_failure_starts_a_new_group(tiny_model_dir):
-    want = _tp1_outputs(tiny_model_dir)
+def test_tp2_restart_on_failure_starts_a_new_group(tiny_model_dir, tiny_engine):
+    want = _tp1_outputs(tiny_engine)
     s = ServerProcess(
         "--model-path",
         tiny_model_dir,

@@ -191,86 +191,79 @@ def _output_of(pid: int) -> str:
         return f.read()
 
 
-def test_keys_on_no_command_line_and_in_no_output(server, tiny_model_dir):
-    """`serve --dp 2` with the keys in the environment: no process's command line (what `ps`
-    shows every user) holds the client keys or the keys the router made for its servers, and
-    neither does anything printed."""
-    assert USER not in server.output() and ADMIN not in server.output()  # the start-up banner
-    dp = ServerProcess(
+STORAGE_KEY = "storage-key-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def dp(tiny_model_dir, tmp_path_factory):
+    """`serve --dp 2` with the client keys in its environment and --hicache-storage-key K (one start
+    for the two tests below: a router and two servers)."""
+    s = ServerProcess(
         "--dp",
         "2",
         "--model-path",
         tiny_model_dir,
         "--kv-memory-gb",
         "0.05",
-        env={"RADIXLM_API_KEY": USER, "RADIXLM_ADMIN_API_KEY": ADMIN},
-    )
-    try:
-        procs = [psutil.Process(dp.proc.pid), *psutil.Process(dp.proc.pid).children(recursive=True)]
-        servers = [p for p in procs[1:] if "serve" in p.cmdline()]
-        assert len(servers) == 2
-        worker_keys = {
-            _environ(p.pid)[k]
-            for p in servers
-            for k in ("RADIXLM_API_KEY", "RADIXLM_ADMIN_API_KEY")
-        }
-        assert len(worker_keys) == 2 and not worker_keys & {
-            USER,
-            ADMIN,
-        }  # a user key and an admin key of its own
-        secrets = {USER, ADMIN, *worker_keys}
-        for p in procs:
-            cmdline = " ".join(p.cmdline())
-            assert not any(s in cmdline for s in secrets) and "api-key" not in cmdline, cmdline
-        # The whole thing works: user routes with the user key, admin routes with the admin key.
-        assert (
-            requests.post(
-                dp.url + "/generate", json=BODY, headers=as_(USER), timeout=60
-            ).status_code
-            == 200
-        )
-        assert (
-            requests.post(dp.url + "/flush_cache", headers=as_(USER), timeout=10).status_code == 403
-        )
-        flushed = requests.post(dp.url + "/flush_cache", headers=as_(ADMIN), timeout=30)
-        assert flushed.status_code == 200 and len(flushed.json()["workers"]) == 2
-        outputs = [dp.output(), *(_output_of(p.pid) for p in servers)]
-        assert not any(s in out for s in secrets for out in outputs)
-    finally:
-        dp.stop()
-    assert os.environ.get("RADIXLM_API_KEY") is None  # the test's own environment was not changed
-
-
-def test_dp_workers_get_the_storage_key_by_environment(tiny_model_dir, tmp_path):
-    """`serve --dp 2 --hicache-storage-key K`: the key authenticates the disk cache's files in each
-    worker, which gets it in its environment; no worker's command line or output holds it."""
-    key = "storage-key-0123456789abcdef"
-    dp = ServerProcess(
-        "--dp",
-        "2",
-        "--model-path",
-        tiny_model_dir,
-        "--kv-memory-gb",
-        "0.05",
+        "--enable-invariant-checks",
         "--enable-hierarchical-cache",
         "--hicache-storage-backend",
         "file",
         "--hicache-storage-dir",
-        str(tmp_path / "l3"),
+        str(tmp_path_factory.mktemp("dp-storage") / "l3"),
         "--hicache-storage-key",
-        key,
+        STORAGE_KEY,
+        env={"RADIXLM_API_KEY": USER, "RADIXLM_ADMIN_API_KEY": ADMIN},
     )
-    try:
-        servers = [
-            p
-            for p in psutil.Process(dp.proc.pid).children(recursive=True)
-            if "serve" in p.cmdline()
-        ]
-        assert len(servers) == 2
-        for p in servers:
-            assert _environ(p.pid)["RADIXLM_HICACHE_STORAGE_KEY"] == key
-            assert key not in " ".join(p.cmdline()) and "storage-key" not in " ".join(p.cmdline())
-            assert key not in _output_of(p.pid)
-        assert requests.post(dp.url + "/generate", json=BODY, timeout=60).status_code == 200
-    finally:
-        dp.stop()
+    yield s
+    s.stop()
+
+
+def test_keys_on_no_command_line_and_in_no_output(server, dp):
+    """`serve --dp 2` with the keys in the environment: no process's command line (what `ps`
+    shows every user) holds the client keys or the keys the router made for its servers, and
+    neither does anything printed."""
+    assert USER not in server.output() and ADMIN not in server.output()  # the start-up banner
+    procs = [psutil.Process(dp.proc.pid), *psutil.Process(dp.proc.pid).children(recursive=True)]
+    servers = [p for p in procs[1:] if "serve" in p.cmdline()]
+    assert len(servers) == 2
+    worker_keys = {
+        _environ(p.pid)[k] for p in servers for k in ("RADIXLM_API_KEY", "RADIXLM_ADMIN_API_KEY")
+    }
+    assert len(worker_keys) == 2 and not worker_keys & {
+        USER,
+        ADMIN,
+    }  # a user key and an admin key of its own
+    secrets = {USER, ADMIN, *worker_keys}
+    for p in procs:
+        cmdline = " ".join(p.cmdline())
+        assert not any(s in cmdline for s in secrets) and "api-key" not in cmdline, cmdline
+    # The whole thing works: user routes with the user key, admin routes with the admin key.
+    assert (
+        requests.post(dp.url + "/generate", json=BODY, headers=as_(USER), timeout=60).status_code
+        == 200
+    )
+    assert requests.post(dp.url + "/flush_cache", headers=as_(USER), timeout=10).status_code == 403
+    flushed = requests.post(dp.url + "/flush_cache", headers=as_(ADMIN), timeout=30)
+    assert flushed.status_code == 200 and len(flushed.json()["workers"]) == 2
+    outputs = [dp.output(), *(_output_of(p.pid) for p in servers)]
+    assert not any(s in out for s in secrets for out in outputs)
+    assert os.environ.get("RADIXLM_API_KEY") is None  # the test's own environment was not changed
+
+
+def test_dp_workers_get_the_storage_key_by_environment(dp):
+    """`serve --dp 2 --hicache-storage-key K`: the key authenticates the disk cache's files in each
+    worker, which gets it in its environment; no worker's command line or output holds it."""
+    key = STORAGE_KEY
+    servers = [
+        p for p in psutil.Process(dp.proc.pid).children(recursive=True) if "serve" in p.cmdline()
+    ]
+    assert len(servers) == 2
+    for p in servers:
+        assert _environ(p.pid)["RADIXLM_HICACHE_STORAGE_KEY"] == key
+        assert key not in " ".join(p.cmdline()) and "storage-key" not in " ".join(p.cmdline())
+        assert key not in _output_of(p.pid)
+    assert (
+        requests.post(dp.url + "/generate", json=BODY, headers=as_(USER), timeout=60).status_code
+        == 200
+    )

@@ -367,20 +367,9 @@ def test_errors_in_anthropics_shape(server, claude, model):
 
 # ------------------------------------------------------------------ thinking
 @pytest.fixture(scope="module")
-def thinking_server(tiny_model_dir):
-    s = ServerProcess(
-        "--model-path",
-        tiny_model_dir,
-        "--reasoning-parser",
-        "qwen3",
-        "--num-threads",
-        "1",
-        "--kv-memory-gb",
-        "0.05",
-        "--enable-invariant-checks",
-    )
-    yield s
-    s.stop()
+def thinking_server(reasoning_server):
+    """The tiny model with --reasoning-parser qwen3, shared with test_thinking (conftest)."""
+    return reasoning_server
 
 
 def test_thinking_budget_is_the_chat_routes(thinking_server):

@@ -16,11 +16,11 @@ TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-chec
 P = [1000 + 13 * i for i in range(40)]
 
 
-@pytest.fixture(scope="module")
-def tiny(tiny_model_dir):
-    s = ServerProcess("--model-path", tiny_model_dir, *TINY)
-    yield s
-    s.stop()
+@pytest.fixture
+def tiny(tiny_server):
+    """The run's shared tiny-model server (tests/conftest.py), its cache flushed: the salts' zeros
+    below are this test's own."""
+    return tiny_server
 
 
 def cached(url: str, ids: list[int], salt=None) -> int:

@@ -273,23 +273,18 @@ def test_gguf_embedding_model(llama_mean_gguf, llama_mean_dir):
         s.stop()
 
 
-def test_embeddings_on_a_generation_server_is_400(tiny_model_dir):
-    s = ServerProcess(
-        "--model-path", tiny_model_dir, "--num-threads", "1", "--kv-memory-gb", "0.05"
+def test_embeddings_on_a_generation_server_is_400(tiny_server):
+    s = tiny_server  # the run's shared tiny-model server (a generation model)
+    with pytest.raises(openai.BadRequestError, match="--is-embedding"):
+        _client(s).embeddings.create(model="any", input="hi")
+    r = requests.post(s.url + "/encode", json={"text": "hi"}, timeout=60)
+    assert r.status_code == 400 and "--is-embedding" in r.text
+    r = requests.post(
+        s.url + "/generate",
+        json={"text": "hi", "sampling_params": {"max_new_tokens": 1}},
+        timeout=60,
     )
-    try:
-        with pytest.raises(openai.BadRequestError, match="--is-embedding"):
-            _client(s).embeddings.create(model="any", input="hi")
-        r = requests.post(s.url + "/encode", json={"text": "hi"}, timeout=60)
-        assert r.status_code == 400 and "--is-embedding" in r.text
-        r = requests.post(
-            s.url + "/generate",
-            json={"text": "hi", "sampling_params": {"max_new_tokens": 1}},
-            timeout=60,
-        )
-        assert r.status_code == 200
-    finally:
-        s.stop()
+    assert r.status_code == 200
 
 
 def test_engine_encode(qwen2_base_dir):

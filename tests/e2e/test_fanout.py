@@ -22,11 +22,10 @@ _LOOP = "{% for _ in range(spin|default(0)) %}"
 SPIN = _LOOP * 3 + "{% endfor %}" * 3
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    s = ServerProcess("--model-path", tiny_model_dir, *TINY)
-    yield s
-    s.stop()
+@pytest.fixture
+def server(tiny_server):
+    """The run's shared tiny-model server (tests/conftest.py), its cache flushed."""
+    return tiny_server
 
 
 def _post(url, path, body, timeout=60):

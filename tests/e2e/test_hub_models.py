@@ -54,7 +54,7 @@ def greedy(server) -> list[list[int]]:
     return outs
 
 
-def test_hub_id_serves_as_its_path(hf_home, tiny_model_dir):
+def test_hub_id_serves_as_its_path(hf_home, tiny_server):
     by_id = ServerProcess(
         "--model-path",
         "org/tiny-llama",
@@ -75,11 +75,7 @@ def test_hub_id_serves_as_its_path(hf_home, tiny_model_dir):
         models = requests.get(by_id.url + "/v1/models", timeout=30).json()["data"]
     finally:
         by_id.stop()
-    by_path = ServerProcess("--model-path", tiny_model_dir, *TINY)
-    try:
-        want = greedy(by_path)
-    finally:
-        by_path.stop()
+    want = greedy(tiny_server)  # the same model by its path: the run's shared tiny-model server
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
     assert [o["text"] for o in got] == [o["text"] for o in want]
     # The draft model came from the cache too: every step verified its drafts (itself: all

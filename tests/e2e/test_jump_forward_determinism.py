@@ -8,15 +8,7 @@ import openai
 import pytest
 import requests
 
-from radixlm.server.process import ServerProcess
 from tests.e2e.test_tool_calls import MAX, PROMPTS, TOOLS
-
-
-@pytest.fixture(scope="module")
-def server():
-    s = ServerProcess("--enable-invariant-checks")  # jump-forward on: the default
-    yield s
-    s.stop()
 
 
 def answer(server, prompt, stream):
@@ -43,19 +35,24 @@ def answer(server, prompt, stream):
     return [calls[i] for i in sorted(calls)]
 
 
+def jumped(server) -> int:
+    info = requests.get(server.url + "/get_server_info").json()
+    return info["internal_state"]["jump_forward_tokens"]
+
+
 @pytest.mark.parametrize("i", [0])
 def test_streamed_and_whole_fresh_and_cached_give_the_same_greedy_call(server, i):
+    # server: the run's shared default-model server (jump-forward on: the default); its counter
+    # counts earlier tests' jumps too, so this test's own are the difference.
     assert requests.post(server.url + "/flush_cache").status_code == 200
+    before = jumped(server)
     fresh_whole = answer(server, PROMPTS[i], stream=False)
     cached_stream = answer(server, PROMPTS[i], stream=True)  # prompt and the answer's tokens cached
     assert requests.post(server.url + "/flush_cache").status_code == 200
     fresh_stream = answer(server, PROMPTS[i], stream=True)
     cached_whole = answer(server, PROMPTS[i], stream=False)
     assert fresh_whole and fresh_whole[0][1]
-    jumped = requests.get(server.url + "/get_server_info").json()["internal_state"][
-        "jump_forward_tokens"
-    ]
-    assert jumped > 0  # the answers went through jump-forward
+    assert jumped(server) > before  # the answers went through jump-forward
     assert cached_stream == fresh_whole
     assert fresh_stream == fresh_whole
     assert cached_whole == fresh_whole

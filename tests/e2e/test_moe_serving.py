@@ -58,12 +58,16 @@ def _completions(url: str) -> list[str]:
     ]
 
 
-def test_ep2_server_matches_single_server_and_counts_expert_load(tiny_moe_dir):
-    single = ServerProcess("--model-path", tiny_moe_dir, *TINY)
-    try:
-        want = _completions(single.url)
-    finally:
-        single.stop()
+@pytest.fixture(scope="module")
+def single(tiny_moe_dir):
+    """One stage, one rank: the reference for --ep-size 2 and for --pp-size 2."""
+    s = ServerProcess("--model-path", tiny_moe_dir, *TINY)
+    yield s
+    s.stop()
+
+
+def test_ep2_server_matches_single_server_and_counts_expert_load(tiny_moe_dir, single):
+    want = _completions(single.url)
     ep = ServerProcess("--model-path", tiny_moe_dir, "--tp-size", "2", "--ep-size", "2", *TINY)
     try:
         assert requests.get(ep.url + "/get_server_info", timeout=30).json()["tp_size"] == 2
@@ -106,12 +110,15 @@ def test_sglang_spellings_of_ep_size(flag):
     assert ServerArgs.from_cli_args(parser.parse_args([flag, "2", "--tp-size", "2"])).ep_size == 2
 
 
-def test_pipeline_stages_of_a_moe_model_match_one_stage(tiny_moe_dir):
+def test_pipeline_stages_of_a_moe_model_match_one_stage(tiny_moe_dir, single):
     """--pp-size 2: each stage builds and loads its own layer's MoE block (stage_owns skips the
     other's experts)."""
     greedy = {"max_new_tokens": 12, "temperature": 0}
-    with Engine(tiny_moe_dir, **engine_args()) as e:
-        want = [o["output_ids"] for o in e.generate(PROMPTS, greedy)]
+    r = requests.post(
+        single.url + "/generate", json={"text": PROMPTS, "sampling_params": greedy}, timeout=120
+    )
+    assert r.status_code == 200, r.text
+    want = [o["output_ids"] for o in r.json()]
     with Engine(tiny_moe_dir, **engine_args(pp_size=2)) as e:
         assert e.scheduler_info["pp_size"] == 2
         assert [o["output_ids"] for o in e.generate(PROMPTS, greedy)] == want

@@ -10,16 +10,11 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import requests
 
-from radixlm.server.process import ServerProcess
 
-TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks")
-
-
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    s = ServerProcess("--model-path", tiny_model_dir, *TINY)
-    yield s
-    s.stop()
+@pytest.fixture
+def server(tiny_server):
+    """The run's shared tiny-model server (tests/conftest.py), its cache flushed."""
+    return tiny_server
 
 
 @pytest.fixture(scope="module")

@@ -8,20 +8,17 @@ import requests
 import torch
 
 from radixlm import Engine
-from radixlm.server.process import ServerProcess
 from tests.conftest import engine_args
 
-TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks")
 QUERY = "Is the following city the capital of France? "
 ITEMS = ["Paris", "London", "Berlin, a city in Germany"]
 LABELS = [5248, 1770, 42, 9]
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    s = ServerProcess("--model-path", tiny_model_dir, *TINY)
-    yield s
-    s.stop()
+@pytest.fixture
+def server(tiny_server):
+    """The run's shared tiny-model server (tests/conftest.py), its cache flushed."""
+    return tiny_server
 
 
 @pytest.fixture(scope="module")

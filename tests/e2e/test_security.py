@@ -205,15 +205,12 @@ def test_key_comparison_is_constant_time(monkeypatch):
     assert call("/health", None).status_code == 200 and calls == []
 
 
-def test_loopback_by_default(tiny_model_dir):
+def test_loopback_by_default(tiny_server):
     assert ServerArgs().host == "127.0.0.1" and RouterArgs(worker_urls=[]).host == "127.0.0.1"
-    s = ServerProcess("--model-path", tiny_model_dir, *TINY)  # no --host
-    try:
-        listening = [
-            c.laddr
-            for c in psutil.Process(s.proc.pid).net_connections(kind="inet")
-            if c.status == psutil.CONN_LISTEN
-        ]
-        assert listening and all(a.ip == "127.0.0.1" for a in listening), listening
-    finally:
-        s.stop()
+    s = tiny_server  # the run's shared tiny-model server: started without --host
+    listening = [
+        c.laddr
+        for c in psutil.Process(s.proc.pid).net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    ]
+    assert listening and all(a.ip == "127.0.0.1" for a in listening), listening

@@ -12,7 +12,6 @@ import torch
 
 from radixlm import Engine
 from radixlm.model.loader import load_tokenizer
-from radixlm.server.process import ServerProcess
 from tests.conftest import engine_args
 
 GREEDY = {"max_new_tokens": 24, "temperature": 0, "ignore_eos": True}
@@ -149,20 +148,9 @@ def test_thinking_needs_a_reasoning_parser(tiny_model_dir):
 
 # ------------------------------------------------------------------ HTTP
 @pytest.fixture(scope="module")
-def server(tiny_model_dir):
-    s = ServerProcess(
-        "--model-path",
-        tiny_model_dir,
-        "--reasoning-parser",
-        "qwen3",
-        "--num-threads",
-        "1",
-        "--kv-memory-gb",
-        "0.05",
-        "--enable-invariant-checks",
-    )
-    yield s
-    s.stop()
+def server(reasoning_server):
+    """The tiny model with --reasoning-parser qwen3, shared with test_anthropic_api (conftest)."""
+    return reasoning_server
 
 
 def test_http_generate_budget_streamed_and_not(server, end_ids):

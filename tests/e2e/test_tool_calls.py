@@ -12,8 +12,6 @@ import jsonschema
 import openai
 import pytest
 
-from radixlm.server.process import ServerProcess
-
 S = {
     "type": "string",
     "maxLength": 24,
@@ -204,13 +202,6 @@ MAX = 120  # every forced call here fits; a cut-off call would fail the validati
 
 
 @pytest.fixture(scope="module")
-def server():
-    s = ServerProcess()  # the default model, jump-forward on
-    yield s
-    s.stop()
-
-
-@pytest.fixture(scope="module")
 def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
@@ -294,7 +285,9 @@ def test_parallel_tool_calls(client):
     assert len(check_calls(one, {"get_weather"})) == 1
 
 
-def test_agent_loop_second_turn_reuses_the_first(client):
+def test_agent_loop_second_turn_reuses_the_first(fresh_server, client):
+    # fresh_server: the shared server's cache flushed, so only the first turn can have cached the
+    # second's prefix.
     messages = [{"role": "user", "content": "What's the weather in Paris?"}]
     first = client.chat.completions.create(
         model="m",

@@ -7,24 +7,17 @@ import pytest
 
 from radixlm import Engine
 from tests.conftest import engine_args
-from tests.engine.test_overlap import run, workload
+from tests.engine.workloads import loop_options, run
 
 
 @pytest.mark.parametrize("chunk", [-1, 32])
-def test_mixed_chunk_gives_the_separate_steps_outputs(tiny_model_dir, chunk):
-    results, work, mixed_steps = {}, None, 0
-    for mixed in (False, True):
-        with Engine(
-            tiny_model_dir,
-            **engine_args(
-                enable_mixed_chunk=mixed, chunked_prefill_size=chunk, max_running_requests=8
-            ),
-        ) as e:
-            prompts, sps = work = work or workload(e)
-            results[mixed] = run(e, prompts, sps) + run(e, prompts, sps)
-            if mixed:
-                mixed_steps = e.get_internal_state()["mixed_steps"]
-    assert results[True] == results[False]
+def test_mixed_chunk_gives_the_separate_steps_outputs(tiny_model_dir, chunk, plain_loop):
+    ref = plain_loop(tiny_model_dir, chunk)  # separate steps: the plain loop's answers
+    prompts, sps = ref["work"]
+    with Engine(tiny_model_dir, **loop_options(chunk, enable_mixed_chunk=True)) as e:
+        got = run(e, prompts, sps) + run(e, prompts, sps)
+        mixed_steps = e.get_internal_state()["mixed_steps"]
+    assert got == ref["runs"][0] + ref["runs"][1]
     assert mixed_steps > 0  # the second wave joined while the first decoded
 
 

@@ -18,6 +18,10 @@ def rand_prompt(rng, n):
 
 
 def test_every_policy_gives_the_same_greedy_outputs(tiny_model_dir):
+    """The scheduler driven in-process (tests/scheduler/harness.py: no engine processes, every
+    request queued before the first step, so the policy alone decides who runs first)."""
+    from tests.scheduler.harness import Driver, make_scheduler
+
     rng = random.Random(0)
     shared = rand_prompt(rng, 40)
     prompts = [shared + rand_prompt(rng, rng.randint(1, 20)) for _ in range(6)] + [
@@ -32,13 +36,17 @@ def test_every_policy_gives_the_same_greedy_outputs(tiny_model_dir):
     for policy in ("fcfs", "lpm", "dfs-weight", "lof", "random"):
         # max_running_requests 3: the policy decides who runs first, and later arrivals hit the
         # cache.
-        with Engine(
-            tiny_model_dir, **engine_args(schedule_policy=policy, max_running_requests=3)
-        ) as e:
-            outs = e.generate(input_ids=prompts, sampling_params=sp)
-            results[policy] = [o["output_ids"] for o in outs]
-            if policy in ("lpm", "dfs-weight"):
-                assert sum(o["meta_info"]["cached_tokens"] for o in outs) >= 5 * 39
+        d = Driver(
+            make_scheduler(
+                tiny_model_dir, schedule_policy=policy, max_running_requests=3, kv_memory_gb=0.05
+            )
+        )
+        rids = [d.submit(p, **s) for p, s in zip(prompts, sp)]
+        d.run()
+        assert all(d.results[r].finishes == 1 for r in rids)
+        results[policy] = [d.results[r].output_ids for r in rids]
+        if policy in ("lpm", "dfs-weight"):
+            assert sum(d.results[r].cached_tokens for r in rids) >= 5 * 39
     assert all(r == results["fcfs"] for r in results.values())
 
 

@@ -73,12 +73,9 @@ def test_no_groups_means_no_metadata():
     assert build_shared_prefix_metadata(shared, [100, 100, 100]) is None
 
 
-def test_engine_greedy_with_shared_prefixes_matches_hf(tiny_model_dir, tiny_hf_model):
+def test_engine_greedy_with_shared_prefixes_matches_hf(tiny_engine, tiny_hf_model):
     """Requests decoding together over a cached shared prefix (so the shared-prefix path runs)
-    give HF's greedy tokens."""
-    from radixlm import Engine
-    from tests.conftest import engine_args
-
+    give HF's greedy tokens (the session's plain engine, its cache flushed: tests/conftest.py)."""
     rng = random.Random(3)
     shared = [rng.randrange(3, 40000) for _ in range(120)]
     prompts = [
@@ -91,8 +88,8 @@ def test_engine_greedy_with_shared_prefixes_matches_hf(tiny_model_dir, tiny_hf_m
             torch.tensor([p]), max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0
         )
         refs.append(out[0, len(p) :].tolist())
-    with Engine(tiny_model_dir, **engine_args()) as e:
-        e.generate(input_ids=shared, sampling_params={"max_new_tokens": 0})  # cache the prefix
-        outs = e.generate(input_ids=prompts, sampling_params=sp)
-        assert all(o["meta_info"]["cached_tokens"] >= 100 for o in outs)
-        assert [o["output_ids"] for o in outs] == refs
+    e = tiny_engine
+    e.generate(input_ids=shared, sampling_params={"max_new_tokens": 0})  # cache the prefix
+    outs = e.generate(input_ids=prompts, sampling_params=sp)
+    assert all(o["meta_info"]["cached_tokens"] >= 100 for o in outs)
+    assert [o["output_ids"] for o in outs] == refs

@@ -179,9 +179,10 @@ def _auth():
     return {"Authorization": f"Bearer {ROUTER_KEY}"}
 
 
-def test_killed_worker_fails_no_request_and_its_return_is_noticed(tiny_model_dir):
+def test_killed_worker_fails_no_request_and_its_return_is_noticed(tiny_model_dir, cluster):
     port = free_port()
-    stable, victim = worker(tiny_model_dir), worker(tiny_model_dir, port=port)
+    # The stable worker: one of the module's cluster (its own router goes on checking it too).
+    stable, victim = cluster[1][0], worker(tiny_model_dir, port=port)
     r = router([stable.url, victim.url], "--policy", "round_robin")
     try:
         results, errors, cut_streams = [], [], []
@@ -256,7 +257,6 @@ def test_killed_worker_fails_no_request_and_its_return_is_noticed(tiny_model_dir
         assert post(r.url, "/add_worker?url=not-a-url", {}, key=ROUTER_ADMIN_KEY).status_code == 400
     finally:
         r.stop()
-        stable.stop()
         victim.stop()
 
 

@@ -12,6 +12,7 @@ import requests
 
 from radixlm.router.affinity import SessionAffinity
 from radixlm.server.process import ServerProcess
+from tests.conftest import TINY_SERVE
 from tests.router.fake_worker import GENERATED, MODEL_INFO, FakeWorker
 
 ADMIN = "router-admin-key"
@@ -184,13 +185,10 @@ def test_affinity_map_is_bounded_lru():
     assert a.home("s0", "other") is None
 
 
-def test_a_real_session_through_the_router_keeps_its_cache(tiny_model_dir):
-    ws = [
-        ServerProcess(
-            "--model-path", tiny_model_dir, "--num-threads", "1", "--kv-memory-gb", "0.05"
-        )
-        for _ in range(2)
-    ]
+def test_a_real_session_through_the_router_keeps_its_cache(tiny_model_dir, tiny_server):
+    # Two workers: the run's shared tiny-model server (its cache flushed) and one of this test's.
+    own = ServerProcess("--model-path", tiny_model_dir, *TINY_SERVE)
+    ws = [tiny_server, own]
     r = router([w.url for w in ws])
     try:
         sid = post(r, "/open_session", {"capacity_of_str_len": 4096}).json()
@@ -213,5 +211,4 @@ def test_a_real_session_through_the_router_keeps_its_cache(tiny_model_dir):
         assert post(r, "/close_session", {"session_id": sid}).status_code == 200
     finally:
         r.stop()
-        for w in ws:
-            w.stop()
+        own.stop()

@@ -8,9 +8,6 @@ import json
 
 import pytest
 
-from radixlm import Engine
-from tests.conftest import engine_args
-
 SCHEMA = json.dumps(
     {
         "type": "object",
@@ -46,18 +43,16 @@ def outputs(engine, stream: bool) -> list:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_drafts_stop_where_grammar_forces_text(tiny_model_dir, stream):
+def test_drafts_stop_where_grammar_forces_text(tiny_engine, radix_engine, stream):
+    """Plain decoding's answers (tests/conftest.py's shared engines, their caches flushed)."""
     pytest.importorskip("xgrammar")
-    with Engine(tiny_model_dir, **engine_args()) as e:
-        plain = outputs(e, stream)
-    with Engine(
-        tiny_model_dir,
-        **engine_args(speculative_algorithm="radix", speculative_draft_policy="fixed"),
-    ) as e:
-        first = outputs(e, stream)
-        # The second pass drafts the first's answers from the radix tree, across the forced
-        # stretches.
-        second = outputs(e, stream)
-        assert e.get_internal_state()["spec_accepted_tokens"] > 0
+    plain = outputs(tiny_engine, stream)
+    e = radix_engine
+    accepted = e.get_internal_state()["spec_accepted_tokens"]
+    first = outputs(e, stream)
+    # The second pass drafts the first's answers from the radix tree, across the forced
+    # stretches.
+    second = outputs(e, stream)
+    assert e.get_internal_state()["spec_accepted_tokens"] > accepted
     assert first == plain
     assert second == plain

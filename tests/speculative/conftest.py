@@ -6,6 +6,7 @@ import torch
 
 from radixlm.speculative.eagle_checkpoint import save_eagle_head
 from radixlm.speculative.eagle_head import EagleHead, EagleHeadConfig
+from tests.conftest import engine_args, flush_when_idle
 
 HOT_TOKENS = (
     24  # the tiny target's answers keep to these (their embeddings are 4x longer): learnable fast
@@ -46,6 +47,24 @@ def hot_model_dir(tmp_path_factory, default_model_path):
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)
+
+
+@pytest.fixture(scope="package")
+def shared_default_engine(default_model_path):
+    """One plain engine on the default model (engine_args(num_threads=2)) for tests/speculative:
+    take it through `default_engine`."""
+    from radixlm import Engine
+
+    with Engine(default_model_path, **engine_args(num_threads=2)) as e:
+        yield e
+
+
+@pytest.fixture
+def default_engine(shared_default_engine):
+    """The plain engine on the default model, its cache flushed: it answers as a fresh engine does
+    (plain decoding's outputs, the reference of the speculative engines; its counters run on)."""
+    flush_when_idle(shared_default_engine)
+    return shared_default_engine
 
 
 def random_head_dir(path, target_config, kind: str, seed: int = 0, **kw) -> str:

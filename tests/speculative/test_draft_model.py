@@ -227,20 +227,23 @@ def test_draft_pool_is_freed_after_finish_and_abort(tiny_model_dir, pool):
     assert_pool_full(src)
 
 
-def test_tiny_target_and_draft_greedy_equal(tiny_model_dir, other_llama_dir, noisy_llama_dir):
+def test_tiny_target_and_draft_greedy_equal(
+    tiny_model_dir, other_llama_dir, noisy_llama_dir, tiny_engine
+):
     """A tiny random target with another tiny model as its draft (fresh weights: drafts mostly
     rejected; the target's weights plus noise: some accepted, some not), several prompts batched,
-    chunked prefill, invariants after every step: outputs token for token those of plain decoding.
-    """
-    res, states = {}, {}
-    for draft in (None, other_llama_dir, noisy_llama_dir):
-        opts = dict(max_running_requests=8, chunked_prefill_size=16)
-        if draft:
-            opts.update(
-                speculative_algorithm="draft-model",
-                speculative_draft_model_path=draft,
-                speculative_draft_policy="fixed",
-            )  # drafts that rarely pay: verified anyway
+    chunked prefill, invariants after every step: outputs token for token those of plain decoding
+    (the session's plain engine, tests/conftest.py)."""
+    outs = tiny_engine.generate(input_ids=PROMPTS, sampling_params=[GREEDY] * len(PROMPTS))
+    res, states = {None: [o["output_ids"] for o in outs]}, {}
+    for draft in (other_llama_dir, noisy_llama_dir):
+        opts = dict(
+            max_running_requests=8,
+            chunked_prefill_size=16,
+            speculative_algorithm="draft-model",
+            speculative_draft_model_path=draft,
+            speculative_draft_policy="fixed",  # drafts that rarely pay: verified anyway
+        )
         with Engine(tiny_model_dir, **engine_args(**opts)) as e:
             outs = e.generate(input_ids=PROMPTS, sampling_params=[GREEDY] * len(PROMPTS))
             res[draft] = [o["output_ids"] for o in outs]
@@ -252,31 +255,27 @@ def test_tiny_target_and_draft_greedy_equal(tiny_model_dir, other_llama_dir, noi
     assert 0 < noisy["spec_accepted_tokens"] < noisy["spec_draft_tokens"]
 
 
-def test_default_model_as_its_own_draft(default_model_path):
+def test_default_model_as_its_own_draft(default_model_path, default_engine):
     """The default model (GGUF weights on the native kernels, batch-invariant) drafting for itself:
-    outputs equal plain decoding and every draft is accepted."""
+    outputs equal plain decoding (tests/speculative/conftest.py's plain engine) and every draft is
+    accepted."""
     prompts = ["Once upon a time", "def add(a, b):\n", "The capital of France is"]
-    res = {}
-    for spec in (None, "draft-model"):
-        opts = dict(speculative_algorithm=spec, num_threads=2)
-        if spec:
-            # fixed: a draft as costly as the target never pays, the adaptive policy would stop it.
-            opts.update(
-                speculative_draft_model_path=default_model_path, speculative_draft_policy="fixed"
-            )
-        with Engine(default_model_path, **engine_args(**opts)) as e:
-            outs = e.generate(prompts, [GREEDY] * len(prompts))
-            res[spec] = [o["output_ids"] for o in outs]
-            if spec:
-                st = e.get_internal_state()
-                assert st["spec_draft_tokens"] > 0
-                assert st["spec_accepted_tokens"] == st["spec_draft_tokens"]
-                assert (
-                    sum(o["meta_info"]["spec_accepted_tokens"] for o in outs)
-                    == st["spec_accepted_tokens"]
-                )
-                assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in outs)
-    assert res["draft-model"] == res[None]
+    # fixed: a draft as costly as the target never pays, the adaptive policy would stop it.
+    opts = dict(
+        speculative_algorithm="draft-model",
+        num_threads=2,
+        speculative_draft_model_path=default_model_path,
+        speculative_draft_policy="fixed",
+    )
+    with Engine(default_model_path, **engine_args(**opts)) as e:
+        outs = e.generate(prompts, [GREEDY] * len(prompts))
+        st = e.get_internal_state()
+    assert st["spec_draft_tokens"] > 0
+    assert st["spec_accepted_tokens"] == st["spec_draft_tokens"]
+    assert sum(o["meta_info"]["spec_accepted_tokens"] for o in outs) == st["spec_accepted_tokens"]
+    assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in outs)
+    plain = default_engine.generate(prompts, [GREEDY] * len(prompts))
+    assert [o["output_ids"] for o in outs] == [o["output_ids"] for o in plain]
 
 
 def test_config_validation(tiny_model_dir, other_llama_dir, default_model_path):

@@ -18,7 +18,7 @@ from radixlm.speculative.eagle_checkpoint import load_eagle_head, load_token_map
 from radixlm.speculative.eagle_head import causal_attend
 from radixlm.speculative.eagle_prompts import default_prompts
 from tests.conftest import engine_args
-from tests.engine.test_overlap import run, workload
+from tests.engine.workloads import run, workload
 from tests.scheduler.harness import Driver, make_scheduler
 from tests.speculative.conftest import random_head_dir
 

@@ -85,28 +85,39 @@ def test_verify_rows_masked_as_decoding_would(backend):
     assert torch.isinf(masked).any() and not torch.isinf(rows).any()  # a copy, masked
 
 
+SPS = [
+    {"max_new_tokens": 40, "temperature": 0, "regex": REGEX},
+    {"max_new_tokens": 48, "temperature": 0, "json_schema": json.dumps(SCHEMA)},
+    {"max_new_tokens": 24, "temperature": 0},
+]
+
+
+def constrained_outputs(e) -> list:
+    """The batch twice (the second time radix drafts the first answers), each answer checked
+    against its grammar."""
+    outs = [e.generate([PROMPT] * 3, SPS) for _ in range(2)]
+    for out in outs:
+        assert re.fullmatch(REGEX, out[0]["text"]), out[0]["text"]
+        jsonschema.validate(json.loads(out[1]["text"]), SCHEMA)
+    return outs
+
+
 @pytest.mark.parametrize("algorithm", ["ngram", "radix"])
-def test_constrained_requests_draft_and_equal_plain_decoding(default_model_path, algorithm):
+def test_constrained_requests_draft_and_equal_plain_decoding(
+    default_model_path, algorithm, default_engine
+):
     """The default model copies the prompt's list under a regex (prompt lookup drafts the copy,
     and cuts it at "elderberry", which the regex forbids) and under a JSON schema; run twice, so
-    radix drafts the first answers. Outputs equal plain decoding and satisfy their grammar."""
-    sps = [
-        {"max_new_tokens": 40, "temperature": 0, "regex": REGEX},
-        {"max_new_tokens": 48, "temperature": 0, "json_schema": json.dumps(SCHEMA)},
-        {"max_new_tokens": 24, "temperature": 0},
+    radix drafts the first answers. Outputs equal plain decoding (tests/speculative/conftest.py's
+    plain engine) and satisfy their grammar."""
+    spec = dict(speculative_algorithm=algorithm, speculative_draft_policy="fixed")
+    with Engine(default_model_path, **engine_args(num_threads=2, **spec)) as e:
+        outs = constrained_outputs(e)
+    plain = constrained_outputs(default_engine)
+    assert [[o["output_ids"] for o in out] for out in outs] == [
+        [o["output_ids"] for o in out] for out in plain
     ]
-    res, metas = {}, []
-    for spec in (None, algorithm):
-        kw = dict(speculative_algorithm=spec, speculative_draft_policy="fixed") if spec else {}
-        with Engine(default_model_path, **engine_args(num_threads=2, **kw)) as e:
-            outs = [e.generate([PROMPT] * 3, sps) for _ in range(2)]
-            res[spec] = [[o["output_ids"] for o in out] for out in outs]
-            if spec:
-                metas = [o["meta_info"] for out in outs for o in out[:2]]
-            for out in outs:
-                assert re.fullmatch(REGEX, out[0]["text"]), out[0]["text"]
-                jsonschema.validate(json.loads(out[1]["text"]), SCHEMA)
-    assert res[algorithm] == res[None]
+    metas = [o["meta_info"] for out in outs for o in out[:2]]
     # The constrained requests themselves verified drafts and accepted some.
     assert (
         sum(m["spec_verify_ct"] for m in metas) > 0

@@ -9,25 +9,16 @@ import pytest
 import torch
 
 from radixlm import Engine
-from tests.conftest import engine_args
-from tests.engine.test_overlap import run, workload
+from tests.conftest import engine_args, flush_when_idle
+from tests.engine.workloads import LOOPY, loop_options, run
 
-LOOPY = [
-    [5 + (i % 7) for i in range(40)],
-    [100, 200, 300, 100, 200, 300, 100, 200],
-    list(range(1000, 1030)),
-]
 GREEDY = {"max_new_tokens": 40, "temperature": 0, "ignore_eos": True}
 
 
-def echo_prompts(engine) -> list[list[int]]:
-    """Prompts P + G + P, G the model's greedy continuation of P: prompt lookup drafts G[1:] when
-    the model starts its answer as it did the first time."""
-    out = []
-    for p in LOOPY:
-        g = engine.generate(input_ids=p, sampling_params=GREEDY)["output_ids"]
-        out.append(p + g + p)
-    return out
+def engines(plain, radix):
+    """The plain engine and the radix-drafting one (tests/conftest.py), by
+    speculative_algorithm."""
+    return {None: plain, "radix": radix}
 
 
 @pytest.fixture(scope="module")
@@ -75,83 +66,70 @@ def arch_dir(request, tiny_model_dir, tmp_path_factory, default_model_path):
     indirect=["arch_dir"],
 )
 @pytest.mark.parametrize("algorithm", ["ngram", "radix"])
-def test_greedy_outputs_equal_plain_decoding(arch_dir, chunk, algorithm):
+def test_greedy_outputs_equal_plain_decoding(arch_dir, chunk, algorithm, plain_loop):
     """The mixed workload twice (the second pass finds the first's outputs in the radix tree) and
-    echo prompts, with and without speculation. (Random tiny models seldom repeat themselves, so
+    echo prompts, with and without speculation (plain decoding's answers: one plain engine per model
+    and chunk size, tests/engine/workloads.py). (Random tiny models seldom repeat themselves, so
     prompt lookup seldom drafts here: its drafts are exercised by the default model below and by
     tests/scheduler/test_randomized.py's noisy drafts.)"""
-    results, work, state = {}, None, {}
+    ref = plain_loop(arch_dir, chunk)
+    (prompts, sps), (echo, echo_outs) = ref["work"], ref["echo"]
     # radix asserts that its drafts were verified: the fixed policy drafts whatever it finds (the
     # adaptive one decides from step times measured as it runs, and on a loaded machine may rightly
     # draft nothing).
     policy = "fixed" if algorithm == "radix" else "adaptive"
-    for spec in (None, algorithm):
-        with Engine(
-            arch_dir,
-            **engine_args(
-                speculative_algorithm=spec,
-                chunked_prefill_size=chunk,
-                max_running_requests=8,
-                speculative_draft_policy=policy,
-            ),
-        ) as e:
-            work = work or (workload(e), echo_prompts(e))
-            (prompts, sps), echo = work
-            outs = e.generate(input_ids=echo, sampling_params=[GREEDY] * len(echo))
-            results[spec] = (
-                run(e, prompts, sps),
-                run(e, prompts, sps),
-                [o["output_ids"] for o in outs],
-            )
-            state = e.get_internal_state()
-    assert results[algorithm] == results[None]
+    options = dict(speculative_algorithm=algorithm, speculative_draft_policy=policy)
+    with Engine(arch_dir, **loop_options(chunk, **options)) as e:
+        outs = e.generate(input_ids=echo, sampling_params=[GREEDY] * len(echo))
+        got = (run(e, prompts, sps), run(e, prompts, sps), [o["output_ids"] for o in outs])
+        state = e.get_internal_state()
+    assert got == (ref["runs"][0], ref["runs"][1], echo_outs)
     if algorithm == "radix":  # repeated requests: the earlier greedy answers are the drafts
         assert state["spec_verify_steps"] > 0 and state["spec_accepted_tokens"] > 0
 
 
+DEFAULT_MODEL_PROMPTS = [
+    (
+        "Fruits: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon,"
+        " mango.\nFruits again: apple, banana,"
+    ),
+    "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n",
+    "Once upon a time",
+]
+DEFAULT_MODEL_SP = {"max_new_tokens": 32, "temperature": 0}
+
+
+def default_model_outputs(e) -> list:
+    """The prompts twice (the second time cached)."""
+    sps = [DEFAULT_MODEL_SP] * len(DEFAULT_MODEL_PROMPTS)
+    return [[o["output_ids"] for o in e.generate(DEFAULT_MODEL_PROMPTS, sps)] for _ in range(2)]
+
+
 @pytest.mark.parametrize("algorithm", ["ngram", "radix"])
-def test_default_model_greedy_equal(default_model_path, algorithm):
+def test_default_model_greedy_equal(default_model_path, algorithm, default_engine):
     """The default model (GGUF weights on the native kernels) copies text it has seen: prompt
-    lookup drafts the copy, and a verify step's rows give exactly the decode steps' tokens."""
-    prompts = [
-        (
-            "Fruits: apple, banana, cherry, date, elderberry, fig, grape, honeydew, kiwi, lemon,"
-            " mango.\nFruits again: apple, banana,"
-        ),
-        "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n",
-        "Once upon a time",
-    ]
-    sp = {"max_new_tokens": 32, "temperature": 0}
-    res = {}
-    for spec in (None, algorithm):
-        with Engine(
-            default_model_path, **engine_args(speculative_algorithm=spec, num_threads=2)
-        ) as e:
-            outs = [e.generate(prompts, [sp] * len(prompts)) for _ in range(2)]
-            res[spec] = [[o["output_ids"] for o in out] for out in outs]
-            if spec:
-                st = e.get_internal_state()
-                assert st["spec_verify_steps"] > 0 and st["spec_accepted_tokens"] > 0
-    assert res[algorithm] == res[None]
+    lookup drafts the copy, and a verify step's rows give exactly the decode steps' tokens (plain
+    decoding: tests/speculative/conftest.py's engine)."""
+    options = engine_args(speculative_algorithm=algorithm, num_threads=2)
+    with Engine(default_model_path, **options) as e:
+        got, st = default_model_outputs(e), e.get_internal_state()
+    assert st["spec_verify_steps"] > 0 and st["spec_accepted_tokens"] > 0
+    assert got == default_model_outputs(default_engine)
 
 
-def test_logprobs_and_meta_info(tiny_model_dir):
+def test_logprobs_and_meta_info(tiny_engine, radix_engine):
     """The second identical request verifies the first's answer (radix drafts): its logprobs are
     those of plain decoding, in fewer forwards."""
     outs = {}
-    for spec in (None, "radix"):
-        with Engine(
-            tiny_model_dir,
-            **engine_args(speculative_algorithm=spec, speculative_draft_policy="fixed"),
-        ) as e:
-            for _ in range(2):
-                outs[spec] = e.generate(
-                    input_ids=LOOPY[0],
-                    sampling_params=GREEDY,
-                    return_logprob=True,
-                    top_logprobs_num=3,
-                    logprob_start_len=30,
-                )
+    for spec, e in engines(tiny_engine, radix_engine).items():
+        for _ in range(2):
+            outs[spec] = e.generate(
+                input_ids=LOOPY[0],
+                sampling_params=GREEDY,
+                return_logprob=True,
+                top_logprobs_num=3,
+                logprob_start_len=30,
+            )
     a, b = outs[None], outs["radix"]
     assert a["output_ids"] == b["output_ids"]
     ma, mb = a["meta_info"], b["meta_info"]
@@ -171,7 +149,7 @@ def test_logprobs_and_meta_info(tiny_model_dir):
     assert mb["forward_passes"] < ma["forward_passes"]
 
 
-def test_a_cached_prompt_starts_in_its_first_verify_step(tiny_model_dir):
+def test_a_cached_prompt_starts_in_its_first_verify_step(tiny_engine, radix_engine):
     """A prompt cached but for its last token (the same call again, or an earlier answer's start)
     gets no prefill step of its own: that token is the root of its first verify step, which carries
     the recorded answer (prefill_fold.py). Tokens and logprobs are plain decoding's; a request whose
@@ -180,21 +158,17 @@ def test_a_cached_prompt_starts_in_its_first_verify_step(tiny_model_dir):
     compute: its first step is a decode step at position 0."""
     first = LOOPY[2]
     outs, extends = {}, []
-    for spec in (None, "radix"):
-        with Engine(
-            tiny_model_dir,
-            **engine_args(speculative_algorithm=spec, speculative_draft_policy="fixed"),
-        ) as e:
-            answer = e.generate(input_ids=first, sampling_params=GREEDY)["output_ids"]
-            prompts = [first, first + answer[:7], first[:-1] + [first[-1] + 1], first, first[:1]]
-            outs[spec] = []
-            for i, p in enumerate(prompts):
-                before = e.get_internal_state()["extend_steps"]
-                extra = {"logprob_start_len": 5} if i == 3 else {}
-                outs[spec].append(
-                    e.generate(input_ids=p, sampling_params=GREEDY, return_logprob=True, **extra)
-                )
-                extends.append((spec, e.get_internal_state()["extend_steps"] - before))
+    for spec, e in engines(tiny_engine, radix_engine).items():
+        answer = e.generate(input_ids=first, sampling_params=GREEDY)["output_ids"]
+        prompts = [first, first + answer[:7], first[:-1] + [first[-1] + 1], first, first[:1]]
+        outs[spec] = []
+        for i, p in enumerate(prompts):
+            before = e.get_internal_state()["extend_steps"]
+            extra = {"logprob_start_len": 5} if i == 3 else {}
+            outs[spec].append(
+                e.generate(input_ids=p, sampling_params=GREEDY, return_logprob=True, **extra)
+            )
+            extends.append((spec, e.get_internal_state()["extend_steps"] - before))
     assert len(outs[None]) == len(outs["radix"]) == 5
     for a, b in zip(outs[None], outs["radix"]):
         assert a["output_ids"] == b["output_ids"]
@@ -254,12 +228,12 @@ def test_a_folded_request_aborted_before_its_first_step(tiny_model_dir):
     assert r["kept"].output_ids == r["first"].output_ids
 
 
-def test_stop_strings_inside_an_accepted_draft(tiny_model_dir):
+def test_stop_strings_inside_an_accepted_draft(tiny_engine, radix_engine):
     """A stop token, stop string or length limit that lands inside a verified chain ends the
     output there (radix drafts: the same prompt's full answer is in the tree)."""
-    with Engine(tiny_model_dir, **engine_args()) as e:
-        ref = e.generate(input_ids=LOOPY[1], sampling_params=GREEDY)["output_ids"]
-        text = e.tokenizer.decode(ref[20:22])
+    ref = tiny_engine.generate(input_ids=LOOPY[1], sampling_params=GREEDY)["output_ids"]
+    text = tiny_engine.tokenizer.decode(ref[20:22])
+    flush_when_idle(tiny_engine)  # below, as a fresh engine: the first call fills the cache
     cases = [
         {"stop_token_ids": [ref[25]]},
         {"stop": [text]},
@@ -267,71 +241,58 @@ def test_stop_strings_inside_an_accepted_draft(tiny_model_dir):
         {"stop": [text], "no_stop_trim": True},
     ]
     res = {}
-    for spec in (None, "radix"):
-        with Engine(
-            tiny_model_dir,
-            **engine_args(speculative_algorithm=spec, speculative_draft_policy="fixed"),
-        ) as e:
-            e.generate(input_ids=LOOPY[1], sampling_params=GREEDY)
-            res[spec] = [
-                e.generate(input_ids=LOOPY[1], sampling_params={**GREEDY, **c}) for c in cases
+    for spec, e in engines(tiny_engine, radix_engine).items():
+        e.generate(input_ids=LOOPY[1], sampling_params=GREEDY)
+        res[spec] = [e.generate(input_ids=LOOPY[1], sampling_params={**GREEDY, **c}) for c in cases]
+        if spec:
+            assert all(o["meta_info"]["spec_accepted_tokens"] > 0 for o in res[spec]), [
+                o["meta_info"] for o in res[spec]
             ]
-            if spec:
-                assert all(o["meta_info"]["spec_accepted_tokens"] > 0 for o in res[spec]), [
-                    o["meta_info"] for o in res[spec]
-                ]
     for a, b in zip(res[None], res["radix"]):
         assert a["output_ids"] == b["output_ids"] and a["text"] == b["text"]
         assert a["meta_info"]["finish_reason"] == b["meta_info"]["finish_reason"]
     assert len(res[None][0]["output_ids"]) < 40
 
 
-def test_grammar_requests_run_beside_drafted_ones(tiny_model_dir):
+def test_grammar_requests_run_beside_drafted_ones(tiny_engine, radix_engine):
     pytest.importorskip("xgrammar")
     regex = {"max_new_tokens": 12, "temperature": 0, "regex": "(ab|cd){2,5}"}
     res = {}
-    for spec in (None, "radix"):
-        with Engine(
-            tiny_model_dir,
-            **engine_args(speculative_algorithm=spec, speculative_draft_policy="fixed"),
-        ) as e:
-            for _ in range(2):  # the second pass drafts the free requests' first answers
-                outs = e.generate(
-                    input_ids=[LOOPY[0], [7, 8, 9, 10], LOOPY[2]],
-                    sampling_params=[GREEDY, regex, GREEDY],
-                )
-            res[spec] = [(o["output_ids"], o["text"]) for o in outs]
-            if spec:
-                assert e.get_internal_state()["spec_accepted_tokens"] > 0
+    for spec, e in engines(tiny_engine, radix_engine).items():
+        accepted = e.get_internal_state()["spec_accepted_tokens"] if spec else 0
+        for _ in range(2):  # the second pass drafts the free requests' first answers
+            outs = e.generate(
+                input_ids=[LOOPY[0], [7, 8, 9, 10], LOOPY[2]],
+                sampling_params=[GREEDY, regex, GREEDY],
+            )
+        res[spec] = [(o["output_ids"], o["text"]) for o in outs]
+        if spec:  # drafts accepted by this test's requests
+            assert e.get_internal_state()["spec_accepted_tokens"] > accepted
     assert res["radix"] == res[None]
 
 
-def test_abort_and_stream_with_drafts(tiny_model_dir):
+def test_abort_and_stream_with_drafts(tiny_engine, radix_engine):
     """Aborted requests release everything (invariants after every step), the rest are unchanged;
     a stream carries the same tokens as the whole answer."""
     sp = {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True}
-    with Engine(tiny_model_dir, **engine_args()) as e:
-        ref = e.generate(input_ids=LOOPY[2], sampling_params=GREEDY)["output_ids"]
-    with Engine(
-        tiny_model_dir,
-        **engine_args(speculative_algorithm="radix", speculative_draft_policy="fixed"),
-    ) as e:
-        e.generate(input_ids=[LOOPY[0], LOOPY[2]], sampling_params=[sp, GREEDY])
-        t = threading.Thread(
-            target=lambda: e.generate(
-                input_ids=[LOOPY[0]] * 3, sampling_params=sp, rid=["x1", "x2", "x3"]
-            )
+    ref = tiny_engine.generate(input_ids=LOOPY[2], sampling_params=GREEDY)["output_ids"]
+    e = radix_engine
+    e.generate(input_ids=[LOOPY[0], LOOPY[2]], sampling_params=[sp, GREEDY])
+    t = threading.Thread(
+        target=lambda: e.generate(
+            input_ids=[LOOPY[0]] * 3, sampling_params=sp, rid=["x1", "x2", "x3"]
         )
-        t.start()
-        pieces = list(e.generate(input_ids=LOOPY[2], sampling_params=GREEDY, stream=True))
-        e.abort_request("x2")
-        e.abort_request("x1")
-        t.join()
-        assert pieces[-1]["output_ids"] == ref
-        assert pieces[-1]["meta_info"]["spec_accepted_tokens"] > 0
-        st = e.get_internal_state()
-        assert st["num_running"] == 0 and st["req_slots_free"] == st["req_slots_total"]
-        assert st["available_kv_tokens"] + st["evictable_tokens"] == st["max_total_num_tokens"]
+    )
+    t.start()
+    pieces = list(e.generate(input_ids=LOOPY[2], sampling_params=GREEDY, stream=True))
+    e.abort_request("x2")
+    e.abort_request("x1")
+    t.join()
+    assert pieces[-1]["output_ids"] == ref
+    assert pieces[-1]["meta_info"]["spec_accepted_tokens"] > 0
+    st = e.get_internal_state()
+    assert st["num_running"] == 0 and st["req_slots_free"] == st["req_slots_total"]
+    assert st["available_kv_tokens"] + st["evictable_tokens"] == st["max_total_num_tokens"]
 
 
 @pytest.mark.parametrize("algorithm", ["radix"])
