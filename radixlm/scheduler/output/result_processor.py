@@ -245,8 +245,8 @@ class ResultProcessor:
         mask = BaseGrammarBackend.allocate_vocab_mask(self.runner.vocab_size, 1)
         req.grammar.fill_vocab_mask(mask, 0)
         if not bool(mask.any()):
-            kind = {"json": "json_schema"}.get(req.sampling_params.grammar_key[0])
-            field = kind or req.sampling_params.grammar_key[0]
+            kind = req.sampling_params.grammar_key[0]
+            field = {"json": "json_schema"}.get(kind, kind)
             done = len(req.output_ids) - 1
             req.abort(
                 f"sampling_params.{field}: no token of the model's vocabulary continues the"
