@@ -1,6 +1,6 @@
 """Helpers of the tests that break a live server (test_faults, test_hang_watchdog, test_tp_serving):
 waiting for a condition with a bound, /health's status, a stream's events kept as they come,
-stopping a server and checking that none of its processes is left."""
+stopping a server and checking that none of its processes is left, its engine's processes."""
 
 from __future__ import annotations
 
@@ -27,6 +27,19 @@ def health_status(url: str) -> int | None:
         return requests.get(url + "/health", timeout=1).status_code
     except requests.RequestException:
         return None
+
+
+def engine_processes(pid: int) -> list[psutil.Process]:
+    """The processes running the engine of a server (or of a `serve --node-rank K` node): its
+    scheduler ranks and detokenizer. Not multiprocessing's helpers, which outlive an engine that
+    restarts: the resource tracker, and the fork server the engine's children fork from
+    (radixlm/engine/process_context.py), whose children they are."""
+
+    def helper(p: psutil.Process) -> bool:
+        cmd = " ".join(p.cmdline())
+        return "resource_tracker" in cmd or ("forkserver" in cmd and p.ppid() == pid)
+
+    return [p for p in psutil.Process(pid).children(recursive=True) if not helper(p)]
 
 
 def stop_leaving_nothing(server, timeout: float = 15) -> None:

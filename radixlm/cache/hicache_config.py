@@ -8,12 +8,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from radixlm.cache.host_pool import HICACHE_DTYPES
 from radixlm.registry import Registry
 
 if TYPE_CHECKING:
     from radixlm.config import ServerArgs
 
+HICACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")  # host_pool.py: host_dtype_for
 WRITE_POLICIES = ("write_through", "write_through_selective", "write_back")
 # --hicache-storage-backend: L3 behind get / exists / set, each entry a storage.py: HiCacheStorage
 # made as entry(directory, model_key, layout, max_bytes, stats, storage_key) (storage.py:

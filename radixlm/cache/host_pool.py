@@ -13,8 +13,6 @@ import torch
 from radixlm.cache.kv_data import KVData, copy_slots, gather, scatter
 from radixlm.cache.memory_pool import TokenToKVPool
 
-HICACHE_DTYPES = ("auto", "float32", "float16", "bfloat16")
-
 
 def host_dtype_for(device_dtype: torch.dtype, option: str) -> torch.dtype:
     """The L2/L3 element type for an L1 of `device_dtype` (`--hicache-dtype`)."""

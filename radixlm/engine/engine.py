@@ -46,6 +46,7 @@ class Engine:
 
     def __init__(self, model_path: str | None = None, **kwargs: Any):
         from radixlm.engine.chat_templates import apply_chat_template_option
+        from radixlm.engine.process_context import start_fork_server
         from radixlm.model.loader import default_model_path, load_tokenizer
         from radixlm.utils import configure_logging
 
@@ -59,6 +60,7 @@ class Engine:
         configure_logging(server_args.log_level)
         check_server_args(server_args)  # a bad option fails before a Hub model id is downloaded
         self.server_args = resolve_model_paths(server_args)
+        start_fork_server()  # its imports overlap the tokenizer's load below
         self._procs: list = []
         self._closed = False
         tok_path = (

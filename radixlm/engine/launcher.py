@@ -9,7 +9,6 @@ failed."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +18,7 @@ from radixlm.config import PortArgs, ServerArgs
 from radixlm.distributed.config import DistConfig
 from radixlm.distributed.rank import HEARTBEAT_TIMEOUT, heartbeat_age, new_heartbeat
 from radixlm.engine.observability import check_observability_args
+from radixlm.engine.process_context import child_context, child_process
 from radixlm.engine.sessions import SessionConfig
 from radixlm.engine.tokenizer_manager_config import TokenizerManagerConfig
 from radixlm.model import sampling_defaults
@@ -117,26 +117,26 @@ def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, di
         )
     tokenizer_path = server_args.tokenizer_path or server_args.model_path or default_model_path()
     port_args = PortArgs.init_new()
-    ctx = mp.get_context("spawn")
+    ctx = child_context()
     if dist.enabled:
         started = start_ranks(ctx, config, dist.with_init_addr(), port_args)
     else:
         reader, writer = ctx.Pipe(duplex=False)
         loop_heartbeat = new_heartbeat(ctx)
-        sched = ctx.Process(
-            target=run_scheduler_process,
-            args=(config, port_args, writer, None, loop_heartbeat),
-            daemon=True,
+        sched = child_process(
+            ctx,
+            run_scheduler_process,
+            (config, port_args, writer, None, loop_heartbeat),
             name="scheduler",
         )
         sched.loop_heartbeat = loop_heartbeat
         sched.start()
         started = [(sched, reader)]
     detok_heartbeat = new_heartbeat(ctx)
-    detok = ctx.Process(
-        target=run_detokenizer_process,
-        args=(tokenizer_path, server_args.log_level, port_args, detok_heartbeat),
-        daemon=True,
+    detok = child_process(
+        ctx,
+        run_detokenizer_process,
+        (tokenizer_path, server_args.log_level, port_args, detok_heartbeat),
         name="detokenizer",
     )
     detok.loop_heartbeat = detok_heartbeat

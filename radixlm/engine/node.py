@@ -5,7 +5,6 @@ parallelism"."""
 from __future__ import annotations
 
 import logging
-import multiprocessing as mp
 import signal
 import sys
 import time
@@ -13,6 +12,7 @@ import time
 from radixlm.config import ServerArgs
 from radixlm.distributed.config import DistConfig
 from radixlm.engine.launcher import check_server_args, stop_processes, watch_processes
+from radixlm.engine.process_context import child_context
 from radixlm.engine.tp_launch import start_ranks, wait_ready
 from radixlm.errors import StartupRefusalError
 
@@ -27,7 +27,7 @@ def run_node(server_args: ServerArgs) -> None:
     configure_logging(server_args.log_level)
     config = check_server_args(server_args)
     dist = DistConfig.from_server_args(server_args)
-    ctx = mp.get_context("spawn")
+    ctx = child_context()
     stopping = False
 
     def on_signal(signum, frame):

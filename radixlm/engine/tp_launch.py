@@ -1,12 +1,12 @@
 """Starting the scheduler ranks of a tensor-parallel engine on this node (docs/architecture.md,
 "Tensor parallelism").
 
-Each rank is a spawned process running run_scheduler_process with its RankSpec: its global rank,
-the DistConfig (rendezvous address, timeout, all-reduce backend), its slice of this node's cores
-(disjoint when there are enough; unpinned otherwise) and a heartbeat. Node 0 runs rank 0, which
-owns the scheduler's channels, next to the detokenizer (launcher.py); a node > 0 runs only its
-ranks and waits (node.py: run_node). PYTHONHASHSEED is fixed for the ranks: every rank must iterate
-its sets and dicts of strings in the same order to make the same decisions.
+Each rank is a child process (process_context.py) running run_scheduler_process with its
+RankSpec: its global rank, the DistConfig (rendezvous address, timeout, all-reduce backend), its
+slice of this node's cores (disjoint when there are enough; unpinned otherwise) and a heartbeat.
+Node 0 runs rank 0, which owns the scheduler's channels, next to the detokenizer (launcher.py); a
+node > 0 runs only its ranks and waits (node.py: run_node). PYTHONHASHSEED is fixed for the ranks:
+every rank must iterate its sets and dicts of strings in the same order to make the same decisions.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from radixlm.config import PortArgs
 from radixlm.distributed.config import DistConfig
 from radixlm.distributed.rank import RankSpec, new_heartbeat
+from radixlm.engine.process_context import child_process
 from radixlm.errors import StartupRefusalError
 from radixlm.utils import core_shares
 
@@ -68,16 +69,16 @@ def start_ranks(
             reader, writer = ctx.Pipe(duplex=False)
             heartbeat, loop_heartbeat = new_heartbeat(ctx), new_heartbeat(ctx)
             spec = RankSpec(rank, dist, cpus, heartbeat)
-            p = ctx.Process(
-                target=run_scheduler_process,
-                args=(
+            p = child_process(
+                ctx,
+                run_scheduler_process,
+                (
                     config,
                     port_args if rank == 0 or dist.enable_dp_attention else None,
                     writer,
                     spec,
                     loop_heartbeat,
                 ),
-                daemon=True,
                 name=f"scheduler rank {rank}",
             )
             p.heartbeat = heartbeat  # read by watch_processes / stop_processes

@@ -13,6 +13,7 @@ import sys
 
 from radixlm.config import PortArgs, ServerArgs
 from radixlm.engine.launcher import check_server_args
+from radixlm.engine.process_context import start_fork_server
 
 logger = logging.getLogger(__name__)
 
@@ -134,6 +135,7 @@ def launch_server(server_args: ServerArgs) -> None:
 
     configure_logging(server_args.log_level)
     check_server_args(server_args)  # a bad option: one error before anything loads
+    start_fork_server()  # its imports overlap the tokenizer's load below
     access = AccessConfig(
         server_args.api_key,
         server_args.admin_api_key,

@@ -5,12 +5,12 @@ with its traceback; no rank outlives the call."""
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import queue
 import socket
 import traceback
 
 from radixlm.distributed.config import DistConfig
+from radixlm.engine.process_context import child_context
 
 
 def _free_port() -> int:
@@ -44,7 +44,7 @@ def run_ranks(
 ) -> list:
     """[fn's result on rank 0, rank 1, ...]; ep: expert parallelism (1 or tp); dp_attention: the tp
     ranks are DP-attention ranks (dp_size tp, attention groups of one)."""
-    ctx = mp.get_context("spawn")
+    ctx = child_context()  # the engine's: ranks fork from a server that imported torch
     dist = DistConfig(
         tp_size=tp,
         dist_init_addr=f"127.0.0.1:{_free_port()}",

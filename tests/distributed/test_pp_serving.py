@@ -20,6 +20,7 @@ import psutil
 import requests
 
 from radixlm.server.process import ServerProcess, free_port
+from tests.server_faults import engine_processes
 
 PROMPTS = ["The capital of France is", "def fib(n):", "One, two, three,"]
 GREEDY = {"max_new_tokens": 16, "temperature": 0}
@@ -31,12 +32,7 @@ def _alive(procs: list[psutil.Process]) -> list[psutil.Process]:
 
 def _rank_of(node_pid: int) -> psutil.Process:
     """The one rank a node > 0 runs."""
-    (rank,) = [
-        p
-        for p in psutil.Process(node_pid).children()
-        if "multiprocessing" in " ".join(p.cmdline())
-        and "resource_tracker" not in " ".join(p.cmdline())
-    ]
+    (rank,) = engine_processes(node_pid)
     return rank
 
 
@@ -155,10 +151,8 @@ def test_pp2_hung_stage_stops_the_server(tiny_model_dir):
         children = psutil.Process(server.proc.pid).children(recursive=True)
         (stage1,) = [
             p
-            for p in children
+            for p in engine_processes(server.proc.pid)
             if p.pid not in (info["scheduler_pid"], info["detokenizer_pid"])
-            and p.ppid() == server.proc.pid
-            and "resource_tracker" not in " ".join(p.cmdline())
         ]
         t0 = time.monotonic()
         os.kill(stage1.pid, signal.SIGSTOP)

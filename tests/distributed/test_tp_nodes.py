@@ -16,6 +16,7 @@ import psutil
 import requests
 
 from radixlm.server.process import ServerProcess, free_port
+from tests.server_faults import engine_processes
 
 PROMPTS = ["The capital of France is", "def fib(n):", "One, two, three,"]
 GREEDY = {"max_new_tokens": 16, "temperature": 0}
@@ -85,7 +86,7 @@ def test_two_nodes_on_localhost_then_kill_one(tiny_model_dir, tiny_engine):
         assert info["tp_size"] == 2
         ranks = _descendants(node0.proc.pid) + _descendants(node1.pid)
         assert (
-            len([p for p in ranks if "multiprocessing" in " ".join(p.cmdline())]) >= 3
+            len(engine_processes(node0.proc.pid) + engine_processes(node1.pid)) >= 3
         )  # 2 ranks + detokenizer
         t0 = time.monotonic()
         os.kill(node1.pid, signal.SIGKILL)
@@ -123,13 +124,7 @@ def test_hung_rank_stops_the_server(tiny_model_dir):
             info["scheduler_pid"],
             info["detokenizer_pid"],
         }  # rank 0, the detokenizer; the other child is rank 1
-        (target,) = [
-            p
-            for p in children
-            if p.pid not in known
-            and p.ppid() == server.proc.pid
-            and "resource_tracker" not in " ".join(p.cmdline())
-        ]
+        (target,) = [p for p in engine_processes(server.proc.pid) if p.pid not in known]
         t0 = time.monotonic()
         os.kill(target.pid, signal.SIGSTOP)
         code = server.proc.wait(timeout=15)

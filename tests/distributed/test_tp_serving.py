@@ -11,7 +11,7 @@ import psutil
 import requests
 
 from radixlm.server.process import ServerProcess
-from tests.server_faults import health_status, stop_leaving_nothing, wait_until
+from tests.server_faults import engine_processes, health_status, stop_leaving_nothing, wait_until
 
 PROMPTS = ["The capital of France is", "def fib(n):", "One, two, three,"]
 MORE = [f"{p} (take {k})" for k in range(2) for p in PROMPTS]
@@ -32,14 +32,8 @@ def _generate(url: str, prompts: list[str] = PROMPTS) -> list[list[int]]:
 
 
 def _ranks(server_pid: int) -> list[psutil.Process]:
-    """The server's scheduler ranks: its multiprocessing children less the detokenizer and the
-    resource tracker."""
-    return [
-        p
-        for p in psutil.Process(server_pid).children()
-        if "multiprocessing" in " ".join(p.cmdline())
-        and "resource_tracker" not in " ".join(p.cmdline())
-    ]
+    """The server's scheduler ranks and its detokenizer."""
+    return engine_processes(server_pid)
 
 
 def test_dp2_tp2_router_sees_one_worker_per_replica(tiny_model_dir, tiny_engine):
@@ -96,11 +90,7 @@ def test_tp2_restart_on_failure_starts_a_new_group(tiny_model_dir, tiny_engine):
     try:
         assert _generate(s.url) == want
         info = requests.get(s.url + "/get_server_info", timeout=10).json()
-        old = [
-            p
-            for p in psutil.Process(s.proc.pid).children(recursive=True)
-            if "resource_tracker" not in " ".join(p.cmdline())
-        ]  # the tracker outlives engines
+        old = engine_processes(s.proc.pid)
         (rank1,) = [
             p
             for p in _ranks(s.proc.pid)

@@ -44,7 +44,7 @@ def test_serve_dp_two_is_one_endpoint(tiny_model_dir):
     )
     try:
         children = psutil.Process(srv.proc.pid).children(recursive=True)
-        servers = [c for c in children if "serve" in " ".join(c.cmdline())]
+        servers = [c for c in children if "serve" in c.cmdline()]
         assert len(servers) >= 2  # two servers (and their scheduler / detokenizer processes)
         auth = {"Authorization": f"Bearer {KEY}"}
         workers = requests.get(srv.url + "/list_workers", headers=auth, timeout=5).json()["workers"]

@@ -1,0 +1,118 @@
+"""The multiprocessing context the engine's child processes (scheduler ranks, detokenizer) start
+from. See docs/architecture.md, "Processes".
+
+A spawned child imports torch and transformers itself: seconds of CPU for every process of every
+start. A fork server imports them once, in a fresh interpreter (so no thread or lock of the parent
+is inherited), and each child forks from it already loaded. The child then takes the parent's
+environment and working directory, as a spawned one would (parent_state, run_child). What the
+preloaded modules read from the environment when imported is fixed in the server, though: a parent
+whose such variables changed since it started the server spawns its children instead.
+
+Children hash strings with a fixed seed (PYTHONHASHSEED=0, the server's): tensor-parallel ranks
+must iterate their sets and dicts of strings in one order, on every node."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+PRELOAD = "radixlm.engine.preload"
+# Environment variables torch, libgomp, transformers and huggingface_hub read when imported.
+_IMPORT_TIME_ENV = (
+    "HF_",
+    "HUGGINGFACE_",
+    "TRANSFORMERS_",
+    "TORCH",
+    "PYTORCH_",
+    "OMP_",
+    "KMP_",
+    "GOMP_",
+    "MKL_",
+    "CUDA_",
+    "TRITON_",
+    "XDG_",
+    "LD_",
+    "HOME",
+)
+
+_server_env: dict[str, str] | None = None  # what the fork server started with
+
+
+def _import_time_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(_IMPORT_TIME_ENV)}
+
+
+def start_fork_server() -> None:
+    """Start the fork server (it imports PRELOAD in the background) unless started: called early,
+    so that its imports overlap the parent's own."""
+    global _server_env
+    if _server_env is not None or "forkserver" not in mp.get_all_start_methods():
+        return
+    from multiprocessing import forkserver
+
+    mp.get_context("forkserver").set_forkserver_preload([PRELOAD])
+    old = os.environ.get("PYTHONHASHSEED")
+    os.environ["PYTHONHASHSEED"] = "0"
+    try:
+        forkserver.ensure_running()
+    finally:
+        if old is None:
+            del os.environ["PYTHONHASHSEED"]
+        else:
+            os.environ["PYTHONHASHSEED"] = old
+    _server_env = _import_time_env()
+
+
+def child_context():
+    """The context to start the engine's children from: the preloaded fork server where the
+    platform has one and the environment it imported under is still this process's, else spawn."""
+    start_fork_server()
+    if _server_env is None or _import_time_env() != _server_env:
+        return mp.get_context("spawn")
+    return mp.get_context("forkserver")
+
+
+@dataclass(frozen=True)
+class ParentState:
+    environ: dict[str, str]
+    cwd: str
+
+
+def parent_state() -> ParentState:
+    return ParentState(dict(os.environ), os.getcwd())
+
+
+def _release_fork_server() -> None:
+    """A forked child holds the fork server's liveness pipe (so that it could start processes
+    through the server too), which keeps the server, its parent, alive when the launching process
+    dies. Closed, the server exits with the launching process and the child with the server
+    (kill_itself_when_parent_died)."""
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver  # the stdlib's one server per process
+    fd = getattr(server, "_forkserver_alive_fd", None)
+    if fd is not None and server._forkserver_pid is None:  # a child, not the launching process
+        os.close(fd)
+        server._forkserver_alive_fd = None
+        server._forkserver_address = None
+
+
+def run_child(state: ParentState, target: Callable, *args) -> None:
+    """A child's entry point: the parent's environment and directory (a forked child has the fork
+    server's), then target(*args)."""
+    _release_fork_server()
+    if os.environ != state.environ:
+        os.environ.clear()
+        os.environ.update(state.environ)
+    if os.getcwd() != state.cwd:
+        os.chdir(state.cwd)
+    target(*args)
+
+
+def child_process(ctx, target: Callable, args: tuple, name: str):
+    """A daemon process of ctx running target(*args) in the parent's environment (not started)."""
+    return ctx.Process(
+        target=run_child, args=(parent_state(), target, *args), daemon=True, name=name
+    )
