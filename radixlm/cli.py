@@ -160,9 +160,28 @@ def option_choices() -> dict[str, tuple[str, ...]]:
     }
 
 
+def _starts_engine(argv: list[str]) -> bool:
+    """`serve` or `generate` with one engine in this process (not `serve --dp N`'s servers, not
+    --help), read from the raw arguments before the parser is built."""
+    flags = {a.split("=", 1)[0] for a in argv}
+    return argv[:1] in (["serve"], ["generate"]) and not flags & {
+        "-h",
+        "--help",
+        "--dp",
+        "--dp-size",
+    }
+
+
 def main(argv=None) -> int:
     from radixlm.config import ServerArgs
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if _starts_engine(argv):
+        from radixlm.engine.process_context import start_fork_server
+
+        # Its imports (torch, transformers) then overlap the parser's (the option choices import
+        # torch) and the tokenizer's: a second earlier to /health.
+        start_fork_server()
     choices = option_choices()
     parser = argparse.ArgumentParser(prog="radixlm")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -239,7 +258,6 @@ def main(argv=None) -> int:
     from radixlm.config_file import expand_config_file
     from radixlm.sglang_compat import check_sglang_flags, install_sglang_flags
 
-    argv = list(sys.argv[1:] if argv is None else argv)
     install_sglang_flags(parser, argv)
     try:
         args = parser.parse_args(expand_config_file(parser, argv))

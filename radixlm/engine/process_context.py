@@ -4,17 +4,21 @@ from. See docs/architecture.md, "Processes".
 A spawned child imports torch and transformers itself: seconds of CPU for every process of every
 start. A fork server imports them once, in a fresh interpreter (so no thread or lock of the parent
 is inherited), and each child forks from it already loaded. The child then takes the parent's
-environment and working directory, as a spawned one would (parent_state, run_child). What the
-preloaded modules read from the environment when imported is fixed in the server, though: a parent
-whose such variables changed since it started the server spawns its children instead.
+environment, working directory, stdout and stderr, as a spawned one would (parent_state,
+run_child). What the preloaded modules read from the environment when imported is fixed in the
+server, though: a parent whose such variables changed since it started the server spawns its
+children instead.
 
 Children hash strings with a fixed seed (PYTHONHASHSEED=0, the server's): tensor-parallel ranks
 must iterate their sets and dicts of strings in one order, on every node."""
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import multiprocessing as mp
 import os
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,6 +42,7 @@ _IMPORT_TIME_ENV = (
 )
 
 _server_env: dict[str, str] | None = None  # what the fork server started with
+_forked = False  # a child was started through it
 
 
 def _import_time_env() -> dict[str, str]:
@@ -63,6 +68,19 @@ def start_fork_server() -> None:
         else:
             os.environ["PYTHONHASHSEED"] = old
     _server_env = _import_time_env()
+    atexit.register(_stop_fork_server)
+
+
+def _stop_fork_server() -> None:
+    """At exit, when no child was started (a start-up refusal): the stdlib's server notices its
+    parent gone only once its imports are done, seconds later. (With children it ends with its
+    parent, after them.)"""
+    from multiprocessing import forkserver
+
+    pid = forkserver._forkserver._forkserver_pid
+    if pid is not None and not _forked:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def child_context():
@@ -74,14 +92,43 @@ def child_context():
     return mp.get_context("forkserver")
 
 
+class ParentStdio:
+    """The parent's stdout and stderr as they are when the child starts (a redirect, pytest's
+    capture): a forked child has the fork server's. Passed as file descriptors when pickled for the
+    child (multiprocessing's DupFd)."""
+
+    def __getstate__(self):
+        from multiprocessing import reduction
+
+        return {fd: reduction.DupFd(fd) for fd in (1, 2) if _is_open(fd)}
+
+    def __setstate__(self, state):
+        self.fds = {target: dup.detach() for target, dup in state.items()}
+
+    def attach(self) -> None:
+        for target, fd in self.fds.items():
+            if fd != target:
+                os.dup2(fd, target)
+                os.close(fd)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class ParentState:
     environ: dict[str, str]
     cwd: str
+    stdio: ParentStdio
 
 
 def parent_state() -> ParentState:
-    return ParentState(dict(os.environ), os.getcwd())
+    return ParentState(dict(os.environ), os.getcwd(), ParentStdio())
 
 
 def _release_fork_server() -> None:
@@ -103,6 +150,7 @@ def run_child(state: ParentState, target: Callable, *args) -> None:
     """A child's entry point: the parent's environment and directory (a forked child has the fork
     server's), then target(*args)."""
     _release_fork_server()
+    state.stdio.attach()
     if os.environ != state.environ:
         os.environ.clear()
         os.environ.update(state.environ)
@@ -113,6 +161,8 @@ def run_child(state: ParentState, target: Callable, *args) -> None:
 
 def child_process(ctx, target: Callable, args: tuple, name: str):
     """A daemon process of ctx running target(*args) in the parent's environment (not started)."""
+    global _forked
+    _forked = _forked or ctx.get_start_method() == "forkserver"
     return ctx.Process(
         target=run_child, args=(parent_state(), target, *args), daemon=True, name=name
     )
