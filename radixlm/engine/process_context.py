@@ -42,7 +42,6 @@ _IMPORT_TIME_ENV = (
 )
 
 _server_env: dict[str, str] | None = None  # what the fork server started with
-_forked = False  # a child was started through it
 
 
 def _import_time_env() -> dict[str, str]:
@@ -72,15 +71,22 @@ def start_fork_server() -> None:
 
 
 def _stop_fork_server() -> None:
-    """At exit, when no child was started (a start-up refusal): the stdlib's server notices its
-    parent gone only once its imports are done, seconds later. (With children it ends with its
-    parent, after them.)"""
+    """At exit: stop the fork server and reap it, so that it does not outlive this process (the
+    stdlib's server ends by itself, reparented, once it notices, after its imports when a refusal
+    came first). Children still running are terminated first, as multiprocessing does for daemon
+    children; the server, a template with nothing to save, is killed."""
     from multiprocessing import forkserver
 
-    pid = forkserver._forkserver._forkserver_pid
-    if pid is not None and not _forked:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+    server = forkserver._forkserver  # the stdlib's one server per process
+    if server._forkserver_pid is None:
+        return
+    for p in mp.active_children():
+        p.terminate()
+        p.join(5)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(server._forkserver_pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        server._stop()  # closes its liveness pipe and reaps it
 
 
 def child_context():
@@ -147,8 +153,8 @@ def _release_fork_server() -> None:
 
 
 def run_child(state: ParentState, target: Callable, *args) -> None:
-    """A child's entry point: the parent's environment and directory (a forked child has the fork
-    server's), then target(*args)."""
+    """A child's entry point: the parent's stdout and stderr, environment and directory (a forked
+    child has the fork server's), then target(*args)."""
     _release_fork_server()
     state.stdio.attach()
     if os.environ != state.environ:
@@ -161,8 +167,6 @@ def run_child(state: ParentState, target: Callable, *args) -> None:
 
 def child_process(ctx, target: Callable, args: tuple, name: str):
     """A daemon process of ctx running target(*args) in the parent's environment (not started)."""
-    global _forked
-    _forked = _forked or ctx.get_start_method() == "forkserver"
     return ctx.Process(
         target=run_child, args=(parent_state(), target, *args), daemon=True, name=name
     )
