@@ -9,8 +9,8 @@ run_child). What the preloaded modules read from the environment when imported i
 server, though: a parent whose such variables changed since it started the server spawns its
 children instead.
 
-Children hash strings with a fixed seed (PYTHONHASHSEED=0, the server's): tensor-parallel ranks
-must iterate their sets and dicts of strings in one order, on every node."""
+Children hash strings with a fixed seed (the server's PYTHONHASHSEED: the set one, else 0):
+tensor-parallel ranks must iterate their sets and dicts of strings in one order, on every node."""
 
 from __future__ import annotations
 
@@ -48,6 +48,19 @@ def _import_time_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(_IMPORT_TIME_ENV)}
 
 
+@contextlib.contextmanager
+def fixed_hash_seed():
+    """PYTHONHASHSEED fixed (the set one, else 0) for the processes started meanwhile: ranks must
+    iterate their sets and dicts of strings in one order."""
+    old = os.environ.get("PYTHONHASHSEED")
+    os.environ["PYTHONHASHSEED"] = old or "0"
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["PYTHONHASHSEED"]
+
+
 def start_fork_server() -> None:
     """Start the fork server (it imports PRELOAD in the background) unless started: called early,
     so that its imports overlap the parent's own."""
@@ -57,15 +70,8 @@ def start_fork_server() -> None:
     from multiprocessing import forkserver
 
     mp.get_context("forkserver").set_forkserver_preload([PRELOAD])
-    old = os.environ.get("PYTHONHASHSEED")
-    os.environ["PYTHONHASHSEED"] = "0"
-    try:
+    with fixed_hash_seed():
         forkserver.ensure_running()
-    finally:
-        if old is None:
-            del os.environ["PYTHONHASHSEED"]
-        else:
-            os.environ["PYTHONHASHSEED"] = old
     _server_env = _import_time_env()
     atexit.register(_stop_fork_server)
 

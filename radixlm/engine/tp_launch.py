@@ -11,7 +11,6 @@ every rank must iterate its sets and dicts of strings in the same order to make 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from typing import TYPE_CHECKING
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING
 from radixlm.config import PortArgs
 from radixlm.distributed.config import DistConfig
 from radixlm.distributed.rank import RankSpec, new_heartbeat
-from radixlm.engine.process_context import child_process
+from radixlm.engine.process_context import child_process, fixed_hash_seed
 from radixlm.errors import StartupRefusalError
 from radixlm.utils import core_shares
 
@@ -45,17 +44,6 @@ def rank_cpus(dist: DistConfig) -> list[list[int]]:
     return core_shares(n, cores) if n <= len(cores) else [[] for _ in range(n)]
 
 
-@contextlib.contextmanager
-def _fixed_hash_seed():
-    old = os.environ.get("PYTHONHASHSEED")
-    os.environ["PYTHONHASHSEED"] = old or "0"
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ["PYTHONHASHSEED"]
-
-
 def start_ranks(
     ctx, config: SchedulerConfig, dist: DistConfig, port_args: PortArgs | None
 ) -> list[tuple]:
@@ -64,7 +52,7 @@ def start_ranks(
     from radixlm.scheduler.scheduler import run_scheduler_process
 
     started = []
-    with _fixed_hash_seed():
+    with fixed_hash_seed():
         for cpus, rank in zip(rank_cpus(dist), dist.node_ranks(), strict=True):
             reader, writer = ctx.Pipe(duplex=False)
             heartbeat, loop_heartbeat = new_heartbeat(ctx), new_heartbeat(ctx)
