@@ -161,15 +161,10 @@ def option_choices() -> dict[str, tuple[str, ...]]:
 
 
 def _starts_engine(argv: list[str]) -> bool:
-    """`serve` or `generate` with one engine in this process (not `serve --dp N`'s servers, not
-    --help), read from the raw arguments before the parser is built."""
-    flags = {a.split("=", 1)[0] for a in argv}
-    return argv[:1] in (["serve"], ["generate"]) and not flags & {
-        "-h",
-        "--help",
-        "--dp",
-        "--dp-size",
-    }
+    """`generate`: an in-process Engine, whose children fork from the fork server (not --help),
+    read from the raw arguments before the parser is built. `serve` forks its children itself
+    (process_context.fork_context)."""
+    return argv[:1] == ["generate"] and not {"-h", "--help"} & set(argv)
 
 
 def main(argv=None) -> int:

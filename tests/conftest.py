@@ -19,6 +19,20 @@ if not torch.cuda.is_available():
         pass
 
 
+# Under pytest-xdist (pyproject's addopts) more workers than cores share the machine: a test
+# process's own torch work (the HF references) runs on one thread, as the engines under test do
+# (engine_args), rather than OpenMP threads spin-waiting for a core another worker holds.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    torch.set_num_threads(1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest files first (tests/durations.py), so parallel workers finish together."""
+    from tests import durations
+
+    durations.order_longest_first(items, durations.load())
+
+
 @pytest.fixture(scope="module", autouse=True)
 def no_event_loop_left_running():
     """A module that leaves an event loop running on the main thread (Playwright's sync API left

@@ -18,7 +18,7 @@ from radixlm.config import PortArgs, ServerArgs
 from radixlm.distributed.config import DistConfig
 from radixlm.distributed.rank import HEARTBEAT_TIMEOUT, heartbeat_age, new_heartbeat
 from radixlm.engine.observability import check_observability_args
-from radixlm.engine.process_context import child_context, child_process
+from radixlm.engine.process_context import child_context, child_process, fork_context
 from radixlm.engine.sessions import SessionConfig
 from radixlm.engine.tokenizer_manager_config import TokenizerManagerConfig
 from radixlm.model import sampling_defaults
@@ -98,12 +98,17 @@ def _check_pipeline(server_args: ServerArgs, dist: DistConfig) -> None:
         )
 
 
-def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, dict]:
+def launch_engine_processes(
+    server_args: ServerArgs, fork_ok: bool = False
+) -> tuple[list, PortArgs, dict]:
     """Start the scheduler (with --tp-size, this node's scheduler ranks) and detokenizer processes;
     return them (the scheduler or rank 0 first, the detokenizer second), the ports and the
     scheduler's info once its model is loaded (or raise with its error). A bad option is a
     ValueError here, before any process starts, or a StartupRefusalError (a ValueError too) when
-    only a child can tell (the attention backend on this device, the model's head count)."""
+    only a child can tell (the attention backend on this device, the model's head count).
+    fork_ok: this process may fork its children (process_context.fork_context: `serve` before its
+    server runs) where they run on this node only (ranks of other nodes hash with the fork server's
+    fixed seed)."""
     from radixlm.engine.detokenizer import run_detokenizer_process
     from radixlm.engine.tp_launch import start_ranks, wait_ready
     from radixlm.model.loader import default_model_path
@@ -117,7 +122,7 @@ def launch_engine_processes(server_args: ServerArgs) -> tuple[list, PortArgs, di
         )
     tokenizer_path = server_args.tokenizer_path or server_args.model_path or default_model_path()
     port_args = PortArgs.init_new()
-    ctx = child_context()
+    ctx = (fork_ok and dist.nnodes == 1 and fork_context()) or child_context()
     if dist.enabled:
         started = start_ranks(ctx, config, dist.with_init_addr(), port_args)
     else:

@@ -95,6 +95,23 @@ def _stop_fork_server() -> None:
         server._stop()  # closes its liveness pipe and reaps it
 
 
+def fork_context():
+    """For a launching process that runs no thread but its main one (`radixlm serve` before its
+    HTTP server runs): the fork context, PRELOAD imported here first, so that every child inherits
+    it and nothing is imported twice (a fork server imports it all again: seconds of CPU a start).
+    None where another Python thread runs (a fork copies the locks it may hold, logging's among
+    them) or the platform cannot fork: then child_context(). Native pools of numerical libraries
+    are not counted: OpenBLAS's (numpy's) stops and restarts around a fork (pthread_atfork), and
+    torch's OpenMP pool does not exist yet in a process that has run no torch op."""
+    import importlib
+    import threading
+
+    if "fork" not in mp.get_all_start_methods() or threading.active_count() != 1:
+        return None
+    importlib.import_module(PRELOAD)
+    return mp.get_context("fork")
+
+
 def child_context():
     """The context to start the engine's children from: the preloaded fork server where the
     platform has one and the environment it imported under is still this process's, else spawn."""
@@ -118,7 +135,8 @@ class ParentStdio:
         self.fds = {target: dup.detach() for target, dup in state.items()}
 
     def attach(self) -> None:
-        for target, fd in self.fds.items():
+        # Not pickled (a forked child): it has the parent's already.
+        for target, fd in getattr(self, "fds", {}).items():
             if fd != target:
                 os.dup2(fd, target)
                 os.close(fd)

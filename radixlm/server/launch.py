@@ -13,7 +13,6 @@ import sys
 
 from radixlm.config import PortArgs, ServerArgs
 from radixlm.engine.launcher import check_server_args
-from radixlm.engine.process_context import start_fork_server
 
 logger = logging.getLogger(__name__)
 
@@ -38,10 +37,11 @@ class EngineSupervisor:
             server_args
         )  # shared by the engines it restarts
 
-    def launch(self) -> dict:
+    def launch(self, fork_ok: bool = False) -> dict:
+        """fork_ok: the first launch, while this process is still one thread (a restart is not)."""
         from radixlm.engine.launcher import launch_engine_processes
 
-        self.procs, self.port_args, info = launch_engine_processes(self.server_args)
+        self.procs, self.port_args, info = launch_engine_processes(self.server_args, fork_ok)
         self.info = {**info, "detokenizer_pid": self.procs[1].pid}
         return self.info
 
@@ -135,7 +135,6 @@ def launch_server(server_args: ServerArgs) -> None:
 
     configure_logging(server_args.log_level)
     check_server_args(server_args)  # a bad option: one error before anything loads
-    start_fork_server()  # its imports overlap the tokenizer's load below
     access = AccessConfig(
         server_args.api_key,
         server_args.admin_api_key,
@@ -180,7 +179,7 @@ def launch_server(server_args: ServerArgs) -> None:
         )
     )
     supervisor = EngineSupervisor(server_args, tokenizer, server)
-    info = supervisor.launch()
+    info = supervisor.launch(fork_ok=True)
     url = f"http://{server_args.host}:{server_args.port}"
     auth = (
         " -H 'Authorization: Bearer <api key>'" if server_args.api_key else ""

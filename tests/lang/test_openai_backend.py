@@ -2,11 +2,9 @@
 reference), its error paths against a mock server that ignores what it does not know, and the
 Runtime's process lifecycle."""
 
-import glob
 import json
 import os
 import signal
-import tempfile
 
 import httpx
 import jsonschema
@@ -179,8 +177,6 @@ def test_clear_errors_where_the_server_cannot():
 
 
 def test_runtime_stops_its_server_and_children(tiny_model_dir):
-    ipc_dirs = lambda: set(glob.glob(os.path.join(tempfile.gettempdir(), "radixlm-*")))
-    before = ipc_dirs()
     rt = sgl.Runtime(
         str(tiny_model_dir),
         kv_memory_gb=0.05,
@@ -188,11 +184,18 @@ def test_runtime_stops_its_server_and_children(tiny_model_dir):
         api_key="rt-user-key",
         admin_api_key="rt-admin-key",
     )
-    mine = ipc_dirs() - before
-    assert mine  # the server's ipc socket dir
     server = psutil.Process(rt.process.proc.pid)
     children = server.children(recursive=True)
     assert len(children) >= 2  # scheduler and detokenizer
+    # The server's ipc socket directory: where its processes' sockets are bound (other servers, of
+    # other test workers, make theirs under the same temporary directory meanwhile).
+    mine = {
+        os.path.dirname(c.laddr)
+        for p in [server, *children]
+        for c in p.net_connections(kind="unix")
+        if c.laddr and os.path.basename(os.path.dirname(c.laddr)).startswith("radixlm-")
+    }
+    assert mine and all(os.path.isdir(d) for d in mine)
     # The keys reach the server through its environment, not its command line (public in `ps`).
     assert not any("rt-" in " ".join(p.cmdline()) for p in [server, *children])
     assert requests.post(rt.url + "/flush_cache", timeout=10).status_code == 401
@@ -206,6 +209,6 @@ def test_runtime_stops_its_server_and_children(tiny_model_dir):
     assert rt.process.proc.poll() == 128 + signal.SIGTERM
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive
-    assert not (mine & ipc_dirs())  # removed on the way out
+    assert not any(os.path.exists(d) for d in mine)  # removed on the way out
     with pytest.raises(ValueError, match="unknown server option"):
         sgl.Runtime(str(tiny_model_dir), not_an_option=1)
