@@ -4,7 +4,7 @@ hands files to workers in collection order, so a long file collected last keeps 
 while the others idle; started first, it overlaps the many short ones.
 
 Regenerate after a serial run with a JUnit report:
-    python -m pytest -q -p no:xdist --junitxml=/tmp/run.xml
+    python -m pytest -q -n 0 --junitxml=/tmp/run.xml
     python -m tests.durations /tmp/run.xml > tests/durations.json
 """
 

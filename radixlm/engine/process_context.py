@@ -2,15 +2,18 @@
 from. See docs/architecture.md, "Processes".
 
 A spawned child imports torch and transformers itself: seconds of CPU for every process of every
-start. A fork server imports them once, in a fresh interpreter (so no thread or lock of the parent
-is inherited), and each child forks from it already loaded. The child then takes the parent's
+start. `radixlm serve` imports them once and forks its children from itself while it is one thread
+(fork_context). Elsewhere (a program's Engine, a restart, ranks of several nodes) a fork server
+imports them once, in a fresh interpreter (so no thread or lock of the parent is inherited), and
+each child forks from it already loaded. The child then takes the parent's
 environment, working directory, stdout and stderr, as a spawned one would (parent_state,
 run_child). What the preloaded modules read from the environment when imported is fixed in the
 server, though: a parent whose such variables changed since it started the server spawns its
 children instead.
 
-Children hash strings with a fixed seed (the server's PYTHONHASHSEED: the set one, else 0):
-tensor-parallel ranks must iterate their sets and dicts of strings in one order, on every node."""
+The fork server's children hash strings with a fixed seed (the server's PYTHONHASHSEED: the set
+one, else 0): tensor-parallel ranks must iterate their sets and dicts of strings in one order, on
+every node. Children forked from `serve` share its seed: one node's ranks only."""
 
 from __future__ import annotations
 
