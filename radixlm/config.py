@@ -295,7 +295,7 @@ class ServerArgs:
     disaggregation_debug_checksum: bool = False
 
     # Runtime
-    num_threads: int | None = None  # torch intra-op threads; default all cores
+    num_threads: int | None = None  # torch intra-op threads; default $OMP_NUM_THREADS, else cores
     log_level: str = "info"
     decode_log_interval: int = 40
     # After every scheduler step, check that every KV slot has exactly one owner and every

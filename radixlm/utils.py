@@ -16,6 +16,25 @@ def configure_logging(level: str = "info", prefix: str = "") -> None:
     )
 
 
+def host_threads() -> int:
+    """The threads an engine on this host may use unless --num-threads says: OMP_NUM_THREADS where
+    set (the variable torch and every OpenMP program read), else every core."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return os.cpu_count() or 1
+
+
+def set_process_name(name: str) -> None:
+    """Linux: the name `ps`, `top` and psutil show for this process (its first 15 bytes), e.g.
+    "scheduler" or "detokenizer" for the engine's children instead of their parent's "python"."""
+    if sys.platform != "linux":
+        return
+    PR_SET_NAME = 15
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+
+
 def kill_itself_when_parent_died() -> None:
     """Linux: get SIGKILL when the parent dies, so no child outlives a crashed launcher."""
     if sys.platform != "linux":

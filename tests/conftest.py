@@ -19,11 +19,21 @@ if not torch.cuda.is_available():
         pass
 
 
-# Under pytest-xdist (pyproject's addopts) more workers than cores share the machine: a test
-# process's own torch work (the HF references) runs on one thread, as the engines under test do
-# (engine_args), rather than OpenMP threads spin-waiting for a core another worker holds.
+# Under pytest-xdist (pyproject's addopts) more workers than cores share the machine: torch work
+# runs on one thread per process, the test's own (the HF references) and that of the servers and
+# engines it starts without --num-threads (their default: OMP_NUM_THREADS, utils.host_threads),
+# rather than OpenMP threads spin-waiting for a core another worker holds. Set before any engine's
+# fork server starts (it imports torch under this environment).
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    torch.set_num_threads(1)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
+def pytest_configure(config):
+    """Servers (ServerProcess) fork from a preloaded process: tests/forked_servers.py."""
+    from tests import forked_servers
+
+    forked_servers.install()
 
 
 def pytest_collection_modifyitems(config, items):

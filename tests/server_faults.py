@@ -31,15 +31,14 @@ def health_status(url: str) -> int | None:
 
 def engine_processes(pid: int) -> list[psutil.Process]:
     """The processes running the engine of a server (or of a `serve --node-rank K` node): its
-    scheduler ranks and detokenizer. Not multiprocessing's helpers, which outlive an engine that
-    restarts: the resource tracker, and the fork server the engine's children fork from
-    (radixlm/engine/process_context.py), whose children they are."""
-
-    def helper(p: psutil.Process) -> bool:
-        cmd = " ".join(p.cmdline())
-        return "resource_tracker" in cmd or ("forkserver" in cmd and p.ppid() == pid)
-
-    return [p for p in psutil.Process(pid).children(recursive=True) if not helper(p)]
+    scheduler ranks and detokenizer, by the names they give themselves (process_context.run_child).
+    Not multiprocessing's helpers, which outlive an engine that restarts: the resource tracker, and
+    the fork server the engine's children may fork from (radixlm/engine/process_context.py)."""
+    return [
+        p
+        for p in psutil.Process(pid).children(recursive=True)
+        if p.name().startswith("scheduler") or p.name() == "detokenizer"
+    ]
 
 
 def stop_leaving_nothing(server, timeout: float = 15) -> None:

@@ -22,7 +22,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 PRELOAD = "radixlm.engine.preload"
@@ -47,8 +47,9 @@ _IMPORT_TIME_ENV = (
 _server_env: dict[str, str] | None = None  # what the fork server started with
 
 
-def _import_time_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k.startswith(_IMPORT_TIME_ENV)}
+def _import_time_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    environ = os.environ if environ is None else environ
+    return {k: v for k, v in environ.items() if k.startswith(_IMPORT_TIME_ENV)}
 
 
 @contextlib.contextmanager
@@ -115,13 +116,20 @@ def fork_context():
     return mp.get_context("fork")
 
 
+def fork_server_context(environ: Mapping[str, str] | None = None):
+    """The preloaded fork server's context (started if it was not) where the platform has one and
+    the environment it imported under is still `environ`'s (this process's by default), else
+    None."""
+    start_fork_server()
+    if _server_env is None or _import_time_env(environ) != _server_env:
+        return None
+    return mp.get_context("forkserver")
+
+
 def child_context():
     """The context to start the engine's children from: the preloaded fork server where the
     platform has one and the environment it imported under is still this process's, else spawn."""
-    start_fork_server()
-    if _server_env is None or _import_time_env() != _server_env:
-        return mp.get_context("spawn")
-    return mp.get_context("forkserver")
+    return fork_server_context() or mp.get_context("spawn")
 
 
 class ParentStdio:
@@ -182,7 +190,10 @@ def _release_fork_server() -> None:
 def run_child(state: ParentState, target: Callable, *args) -> None:
     """A child's entry point: the parent's stdout and stderr, environment and directory (a forked
     child has the fork server's), then target(*args)."""
+    from radixlm.utils import set_process_name
+
     _release_fork_server()
+    set_process_name(mp.current_process().name)  # "scheduler", "detokenizer", ...
     state.stdio.attach()
     if os.environ != state.environ:
         os.environ.clear()

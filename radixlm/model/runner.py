@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass
 
 import torch
@@ -32,7 +31,7 @@ from radixlm.model.quant_methods import quant_method
 from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.model.tree_mask import TreeMask
 from radixlm.model.worker_batch import ModelWorkerBatch
-from radixlm.utils import keep_freed_memory_in_heap
+from radixlm.utils import host_threads, keep_freed_memory_in_heap
 
 logger = logging.getLogger(__name__)
 
@@ -60,7 +59,7 @@ class ModelRunner:
         self.device = torch.device(config.device)
         self.dtype = config.resolved_dtype()
         if self.device.type == "cpu":
-            torch.set_num_threads(config.num_threads or os.cpu_count() or 1)
+            torch.set_num_threads(config.num_threads or host_threads())
             keep_freed_memory_in_heap()
         torch.manual_seed(config.random_seed)
         # --mem-fraction-static sizes the pool from what the weights leave (SGLang's before / after

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 
 from radixlm.config import PortArgs
 from radixlm.distributed.communicator import Communicator
@@ -18,15 +17,17 @@ from radixlm.scheduler.parallel.dp_dispatch import DPDispatcher, DPView
 from radixlm.scheduler.parallel.dp_io import DPSchedulerIO
 from radixlm.scheduler.parallel.tp_io import TPSchedulerIO
 from radixlm.scheduler.parallel.tp_sync import BaseStepSync, NoStepSync, TPStepSync
+from radixlm.utils import host_threads
 
 logger = logging.getLogger(__name__)
 
 
 def rank_threads(config: SchedulerConfig, spec: RankSpec, cpus: list[int] | None) -> int:
-    """--num-threads (per rank), else the rank's pinned cores, else its share of the host's."""
+    """--num-threads (per rank), else the rank's pinned cores, else its share of the host's
+    (utils.host_threads)."""
     if config.runner.num_threads:
         return config.runner.num_threads
-    return len(cpus) if cpus else max(1, (os.cpu_count() or 1) // spec.dist.ranks_per_node)
+    return len(cpus) if cpus else max(1, host_threads() // spec.dist.ranks_per_node)
 
 
 def join_tp_group(

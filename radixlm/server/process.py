@@ -51,6 +51,10 @@ class ServerProcess:
     """`python -m radixlm.cli serve --port <free> *args`, ready when /health answers 200.
     `command(port) -> argv` starts another HTTP server instead (e.g. llama-server)."""
 
+    # What starts the command: subprocess.Popen, or a stand-in with its interface (the tests fork
+    # their servers from a preloaded process: tests/forked_servers.py).
+    popen: Callable[..., subprocess.Popen] = subprocess.Popen
+
     def __init__(
         self,
         *args: str,
@@ -87,7 +91,7 @@ class ServerProcess:
         )
         # env: added to this process's environment (keys go there: a command line is public in
         # `ps`).
-        self.proc = subprocess.Popen(
+        self.proc = type(self).popen(
             cmd,
             stdout=self.log,
             stderr=subprocess.STDOUT,

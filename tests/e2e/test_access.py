@@ -12,6 +12,7 @@ import pytest
 import requests
 
 from radixlm.server.process import ServerProcess
+from tests.forked_servers import exec_servers
 
 USER, ADMIN = "user-key-0123456789", "admin-key-9876543210"
 TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks")
@@ -197,24 +198,26 @@ STORAGE_KEY = "storage-key-0123456789abcdef"
 @pytest.fixture(scope="module")
 def dp(tiny_model_dir, tmp_path_factory):
     """`serve --dp 2` with the client keys in its environment and --hicache-storage-key K (one start
-    for the two tests below: a router and two servers)."""
-    s = ServerProcess(
-        "--dp",
-        "2",
-        "--model-path",
-        tiny_model_dir,
-        "--kv-memory-gb",
-        "0.05",
-        "--enable-invariant-checks",
-        "--enable-hierarchical-cache",
-        "--hicache-storage-backend",
-        "file",
-        "--hicache-storage-dir",
-        str(tmp_path_factory.mktemp("dp-storage") / "l3"),
-        "--hicache-storage-key",
-        STORAGE_KEY,
-        env={"RADIXLM_API_KEY": USER, "RADIXLM_ADMIN_API_KEY": ADMIN},
-    )
+    for the two tests below: a router and two servers). Exec'd, not forked
+    (tests/forked_servers.py): its command line and environment are what the tests read."""
+    with exec_servers():
+        s = ServerProcess(
+            "--dp",
+            "2",
+            "--model-path",
+            tiny_model_dir,
+            "--kv-memory-gb",
+            "0.05",
+            "--enable-invariant-checks",
+            "--enable-hierarchical-cache",
+            "--hicache-storage-backend",
+            "file",
+            "--hicache-storage-dir",
+            str(tmp_path_factory.mktemp("dp-storage") / "l3"),
+            "--hicache-storage-key",
+            STORAGE_KEY,
+            env={"RADIXLM_API_KEY": USER, "RADIXLM_ADMIN_API_KEY": ADMIN},
+        )
     yield s
     s.stop()
 
@@ -225,7 +228,8 @@ def test_keys_on_no_command_line_and_in_no_output(server, dp):
     neither does anything printed."""
     assert USER not in server.output() and ADMIN not in server.output()  # the start-up banner
     procs = [psutil.Process(dp.proc.pid), *psutil.Process(dp.proc.pid).children(recursive=True)]
-    servers = [p for p in procs[1:] if "serve" in p.cmdline()]
+    # The router's servers: its children (theirs, forked, show the same command line).
+    servers = [p for p in psutil.Process(dp.proc.pid).children() if "serve" in p.cmdline()]
     assert len(servers) == 2
     worker_keys = {
         _environ(p.pid)[k] for p in servers for k in ("RADIXLM_API_KEY", "RADIXLM_ADMIN_API_KEY")
@@ -255,9 +259,7 @@ def test_dp_workers_get_the_storage_key_by_environment(dp):
     """`serve --dp 2 --hicache-storage-key K`: the key authenticates the disk cache's files in each
     worker, which gets it in its environment; no worker's command line or output holds it."""
     key = STORAGE_KEY
-    servers = [
-        p for p in psutil.Process(dp.proc.pid).children(recursive=True) if "serve" in p.cmdline()
-    ]
+    servers = [p for p in psutil.Process(dp.proc.pid).children() if "serve" in p.cmdline()]
     assert len(servers) == 2
     for p in servers:
         assert _environ(p.pid)["RADIXLM_HICACHE_STORAGE_KEY"] == key

@@ -13,6 +13,7 @@ import pytest
 import requests
 
 import radixlm.lang as sgl
+from tests.forked_servers import exec_servers
 
 YES_NO = ["Yes", "No"]
 CHOICES = [" True", " False", " Unknown"]
@@ -177,13 +178,14 @@ def test_clear_errors_where_the_server_cannot():
 
 
 def test_runtime_stops_its_server_and_children(tiny_model_dir):
-    rt = sgl.Runtime(
-        str(tiny_model_dir),
-        kv_memory_gb=0.05,
-        enable_invariant_checks=True,
-        api_key="rt-user-key",
-        admin_api_key="rt-admin-key",
-    )
+    with exec_servers():  # exec'd, as outside the tests: its command line is read below
+        rt = sgl.Runtime(
+            str(tiny_model_dir),
+            kv_memory_gb=0.05,
+            enable_invariant_checks=True,
+            api_key="rt-user-key",
+            admin_api_key="rt-admin-key",
+        )
     server = psutil.Process(rt.process.proc.pid)
     children = server.children(recursive=True)
     assert len(children) >= 2  # scheduler and detokenizer
