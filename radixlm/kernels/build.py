@@ -2,7 +2,7 @@
 
 Built on first use with the machine's C++ compiler through torch's extension tooling, into a cache
 directory keyed by the sources, the flags and the torch version, so a rebuild happens only when one
-of them changes (~1 min on 2 cores, progress on stderr). AVX2+FMA+F16C is the baseline, checked at
+of them changes (~25 s on 2 cores, progress on stderr). AVX2+FMA+F16C is the baseline, checked at
 run time before loading; never -march=native (some VMs report flags they cannot execute). Anything
 that goes wrong gives one warning line and `load()` returns False: callers keep the torch path.
 """
@@ -53,13 +53,50 @@ def sources() -> list[str]:
     return sorted(glob.glob(os.path.join(CSRC, "*.cpp")))
 
 
+# Parsing torch's headers costs ~10 s per translation unit, more than most kernels themselves: the
+# sources compile as this many unity files (one per core of a 2-core machine), not one unit each.
+UNITY_UNITS = 2
+
+
+def unity_sources(directory: str) -> list[str]:
+    """Write the unity files into `directory` (each #includes a share of csrc/*.cpp, balanced by
+    size) and return the sources to compile: them, plus each file that sets `#pragma GCC target`
+    (it compiles alone: the pragma would reach every file after it in a unity file). A unity file
+    is rewritten only when its text changes, so ninja's timestamps stay valid."""
+    alone = [p for p in sources() if "#pragma GCC target" in _read(p)]
+    groups: list[list[str]] = [[] for _ in range(UNITY_UNITS)]
+    sizes = [0] * UNITY_UNITS
+    shared = [p for p in sources() if p not in alone]
+    for path in sorted(shared, key=os.path.getsize, reverse=True):
+        i = sizes.index(min(sizes))
+        groups[i].append(path)
+        sizes[i] += os.path.getsize(path)
+    paths = []
+    for i, group in enumerate(groups):
+        text = "".join(f'#include "{p}"\n' for p in sorted(group))
+        path = os.path.join(directory, f"unity_{i}.cpp")
+        if not os.path.isfile(path) or _read(path) != text:
+            with open(path, "w") as f:
+                f.write(text)
+        paths.append(path)
+    return paths + alone
+
+
+def _read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
 def build_dir() -> str:
     h = hashlib.sha256()
     for path in sources() + sorted(glob.glob(os.path.join(CSRC, "*.h"))):
         with open(path, "rb") as f:
             h.update(os.path.basename(path).encode() + f.read())
     h.update(
-        " ".join(CFLAGS + LDFLAGS).encode() + torch.__version__.encode() + sys.version.encode()
+        " ".join(CFLAGS + LDFLAGS).encode()
+        + torch.__version__.encode()
+        + sys.version.encode()
+        + f"unity{UNITY_UNITS}".encode()
     )
     # ninja's build file names the sources by path: two checkouts sharing one directory would
     # rebuild it for each other at every start.
@@ -90,7 +127,7 @@ def _build_and_load() -> None:
     lib = os.path.join(directory, "radixlm_kernels.so")
     if not os.path.isfile(lib):
         print(
-            f"radixlm: building native CPU kernels into {directory} (first use, about a minute)...",
+            f"radixlm: building native CPU kernels into {directory} (first use, under a minute)...",
             file=sys.stderr,
             flush=True,
         )
@@ -109,7 +146,7 @@ def _load_extension(cpp_extension, directory: str, lib: str) -> None:
     # verbose shows ninja's [i/n] progress while it compiles; nothing when the cache is warm.
     cpp_extension.load(
         name="radixlm_kernels",
-        sources=sources(),
+        sources=unity_sources(directory),
         extra_cflags=list(
             CFLAGS
         ),  # torch appends to the list it is given: build_dir() hashes CFLAGS

@@ -21,7 +21,7 @@ namespace {
 using namespace kv;
 
 constexpr int MAXD = 256;
-constexpr int64_t PF_AHEAD = 4;  // blocks of K/V asked for ahead of use (into L2: into L1 they evict the block in use)
+constexpr int64_t PF_BLOCKS_AHEAD = 4;  // blocks of K/V asked for ahead of use (into L2: into L1 they evict the block in use)
 
 struct Args {
   const float* q;
@@ -225,10 +225,10 @@ void run_unit(const Args& A, const Pool& K, const Pool& V, const std::vector<Ite
   const int64_t* shared_row = A.x.slots_of(items[u.i0].b);
   const int64_t row_bytes = D * (T == KV_F32 ? 4 : T == KV_I8 ? 1 : 2);
   const int64_t shared_keys = u.shared * KB;
-  for (int64_t a = 1; a < PF_AHEAD && a * KB < shared_keys; ++a)
+  for (int64_t a = 1; a < PF_BLOCKS_AHEAD && a * KB < shared_keys; ++a)
     prefetch_block(K, V, shared_row, u.h0, u.h1, a * KB, KB, row_bytes);
   for (int64_t j0 = 0; j0 < shared_keys; j0 += KB) {
-    if (j0 + PF_AHEAD * KB < shared_keys) prefetch_block(K, V, shared_row, u.h0, u.h1, j0 + PF_AHEAD * KB, KB, row_bytes);
+    if (j0 + PF_BLOCKS_AHEAD * KB < shared_keys) prefetch_block(K, V, shared_row, u.h0, u.h1, j0 + PF_BLOCKS_AHEAD * KB, KB, row_bytes);
     for (int64_t h = u.h0; h < u.h1; ++h) {
       load_block<T>(A, K, V, shared_row, h, j0, KB, kp, vp, ksc, vsc);
       const int64_t t0 = (h - u.h0) * per_head;
