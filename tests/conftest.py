@@ -72,6 +72,36 @@ def default_model_path():
 
 
 @pytest.fixture(scope="session")
+def hf_default_model(tmp_path_factory, default_model_path):
+    """HF transformers' float32 model of the default GGUF, the reference of the tests that compare
+    with it: a fresh copy per call (peft wraps it in place). HF reads a GGUF in ~20 s of one core
+    (its metadata reader walks the 49k-token vocabulary in Python), so the first worker to need it
+    saves HF's own result as a HF directory, shared by every xdist worker, that loads in ~1 s."""
+    from filelock import FileLock
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM
+
+    shared = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        shared = shared.parent  # the run's root, above each worker's own directory
+    saved = shared / "hf-default-model"
+    with FileLock(str(shared / "hf-default-model.lock")):
+        if not (saved / "config.json").exists():
+            d, name = os.path.split(default_model_path)
+            hf = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32)
+            # HF marks a GGUF-loaded model quantized and refuses save_pretrained, though its
+            # weights are float32 by now: the config without that mark and the weights as they are.
+            hf.config.__dict__.pop("quantization_config", None)
+            hf.config.save_pretrained(saved)
+            save_model(hf, str(saved / "model.safetensors"))
+
+    def load():
+        return AutoModelForCausalLM.from_pretrained(saved, dtype=torch.float32).eval()
+
+    return load
+
+
+@pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, default_model_path):
     """A 2-layer Llama (hidden 64) with SmolLM2's tokenizer, saved as a HF directory."""
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -12,6 +12,7 @@ import torch
 
 from radixlm.cache.kv_data import KVData, copy_slots, gather, scatter
 from radixlm.cache.memory_pool import TokenToKVPool
+from radixlm.cache.slot_free_list import SlotFreeList
 
 
 def host_dtype_for(device_dtype: torch.dtype, option: str) -> torch.dtype:
@@ -50,20 +51,20 @@ class HostKVPool:
         self.clear()
 
     def clear(self) -> None:
-        self.free_slots = torch.arange(1, self.size + 1, dtype=torch.int64)
+        self._free_list = SlotFreeList(torch.arange(1, self.size + 1, dtype=torch.int64))
+
+    @property
+    def free_slots(self) -> torch.Tensor:
+        return self._free_list.slots
 
     def available_size(self) -> int:
-        return int(self.free_slots.numel())
+        return len(self._free_list)
 
     def alloc(self, need: int) -> torch.Tensor | None:
-        if need > self.free_slots.numel():
-            return None
-        out, self.free_slots = self.free_slots[:need], self.free_slots[need:]
-        return out
+        return self._free_list.alloc(need)
 
     def free(self, indices: torch.Tensor) -> None:
-        if indices.numel():
-            self.free_slots = torch.cat((self.free_slots, indices))
+        self._free_list.free(indices)
 
     # --- data ---------------------------------------------------------------------
     def _bufs(self) -> tuple:

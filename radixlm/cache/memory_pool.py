@@ -10,6 +10,8 @@ import logging
 
 import torch
 
+from radixlm.cache.slot_free_list import SlotFreeList
+
 logger = logging.getLogger(__name__)
 
 
@@ -132,24 +134,30 @@ class TokenToKVPool:
 
     # --- allocator -------------------------------------------------------
     def clear(self) -> None:
-        self.free_slots = torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+        self._free_list = SlotFreeList(
+            torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
+        )
         # Bumped whenever slots are freed: copies of KV read earlier are stale only after that.
         self.free_epoch = getattr(self, "free_epoch", 0) + 1
 
+    @property
+    def free_slots(self) -> torch.Tensor:
+        return self._free_list.slots
+
+    @free_slots.setter
+    def free_slots(self, slots: torch.Tensor) -> None:
+        self._free_list.reset(slots)
+
     def available_size(self) -> int:
-        return int(self.free_slots.numel())
+        return len(self._free_list)
 
     def alloc(self, need: int) -> torch.Tensor | None:
-        if need > self.free_slots.numel():
-            return None
-        out = self.free_slots[:need]
-        self.free_slots = self.free_slots[need:]
-        return out
+        return self._free_list.alloc(need)
 
     def free(self, indices: torch.Tensor) -> None:
         if indices.numel() == 0:
             return
-        self.free_slots = torch.cat((self.free_slots, indices.to(self.free_slots.device)))
+        self._free_list.free(indices)
         self.free_epoch += 1
 
     # --- data ----------------------------------------------------------------

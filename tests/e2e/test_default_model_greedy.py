@@ -26,12 +26,8 @@ RAW = [
 
 
 @pytest.fixture(scope="module")
-def reference(default_model_path):
+def reference(default_model_path, hf_default_model):
     """Greedy outputs of HF transformers and its logits along them (for the near-tie rule)."""
-    import os
-
-    from transformers import AutoModelForCausalLM
-
     from radixlm.model.loader import load_tokenizer
 
     tok = load_tokenizer(default_model_path)
@@ -41,8 +37,7 @@ def reference(default_model_path):
         )
         for c in CHAT
     ] + RAW
-    d, name = os.path.split(default_model_path)
-    hf = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32).eval()
+    hf = hf_default_model()
     refs = []
     with torch.no_grad():
         for p in prompts:

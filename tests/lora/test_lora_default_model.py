@@ -25,16 +25,11 @@ PROMPTS = ["The quick brown fox", "Once upon a time, in a small village by the m
 
 
 @pytest.fixture(scope="module")
-def setup(default_model_path, tmp_path_factory):
-    import os
-
-    from transformers import AutoModelForCausalLM
-
+def setup(default_model_path, hf_default_model, tmp_path_factory):
     from radixlm.model.loader import load_tokenizer
 
     tok = load_tokenizer(default_model_path)
-    d, name = os.path.split(default_model_path)
-    hf = AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32).eval()
+    hf = hf_default_model()
     root = tmp_path_factory.mktemp("lora-default")
     models = {
         n: make_adapter(hf, root / n, seed, **f) for seed, (n, f) in enumerate(ADAPTERS.items())

@@ -44,11 +44,8 @@ def ours(gguf_path):
 
 
 @pytest.fixture(scope="module")
-def hf(gguf_path):
-    from transformers import AutoModelForCausalLM
-
-    d, name = os.path.split(gguf_path)
-    return AutoModelForCausalLM.from_pretrained(d, gguf_file=name, dtype=torch.float32).eval()
+def hf(hf_default_model):
+    return hf_default_model()
 
 
 @pytest.fixture(scope="module")
