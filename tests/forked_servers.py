@@ -131,5 +131,22 @@ def exec_servers():
         _forking = old
 
 
+# What a server's start imports beyond the engine's preload (radixlm's own modules, FastAPI,
+# uvicorn, zmq: ~1 s of CPU a start), imported once by the fork server instead. None of them reads
+# the environment when imported.
+SERVER_PRELOAD = (
+    "radixlm.cli",
+    "radixlm.router.launch",
+    "radixlm.server.launch",
+    "radixlm.server.http_server",
+    "radixlm.server.metrics",
+    "radixlm.engine.launcher",
+    "radixlm.engine.detokenizer",
+    "radixlm.scheduler.scheduler",
+    "uvicorn",
+)
+
+
 def install() -> None:
+    process_context.preload_also(*SERVER_PRELOAD)
     ServerProcess.popen = popen

@@ -7,6 +7,7 @@ import dataclasses
 import logging
 import signal
 from dataclasses import dataclass, field
+from typing import Any
 
 import zmq
 
@@ -139,9 +140,10 @@ def _step_or_fail(detok: IncrementalDetokenizer, c: ReqOutputChunk) -> ReqStrChu
 
 
 def run_detokenizer_process(
-    tokenizer_path: str, log_level: str, port_args: PortArgs, heartbeat=None
+    tokenizer: str | Any, log_level: str, port_args: PortArgs, heartbeat=None
 ) -> None:
-    """heartbeat: beaten after every message and every idle second (the launcher's
+    """tokenizer: its path, or the launcher's loaded one (a forked child inherits it);
+    heartbeat: beaten after every message and every idle second (the launcher's
     --watchdog-timeout)."""
     from radixlm.distributed.rank import beat
     from radixlm.model.loader import load_tokenizer
@@ -150,7 +152,8 @@ def run_detokenizer_process(
     configure_logging(log_level, prefix="detokenizer")
     kill_itself_when_parent_died()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    tokenizer = load_tokenizer(tokenizer_path)
+    if isinstance(tokenizer, str):
+        tokenizer = load_tokenizer(tokenizer)
     detok = IncrementalDetokenizer(tokenizer)
     ctx = zmq.Context(2)
     recv = ctx.socket(zmq.PULL)

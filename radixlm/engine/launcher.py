@@ -99,7 +99,7 @@ def _check_pipeline(server_args: ServerArgs, dist: DistConfig) -> None:
 
 
 def launch_engine_processes(
-    server_args: ServerArgs, fork_ok: bool = False
+    server_args: ServerArgs, fork_ok: bool = False, tokenizer=None
 ) -> tuple[list, PortArgs, dict]:
     """Start the scheduler (with --tp-size, this node's scheduler ranks) and detokenizer processes;
     return them (the scheduler or rank 0 first, the detokenizer second), the ports and the
@@ -108,7 +108,8 @@ def launch_engine_processes(
     only a child can tell (the attention backend on this device, the model's head count).
     fork_ok: this process may fork its children (process_context.fork_context: `serve` before its
     server runs) where they run on this node only (ranks of other nodes hash with the fork server's
-    fixed seed)."""
+    fixed seed). tokenizer: the caller's, loaded from the tokenizer path: children it forks take
+    it as they inherit its memory instead of loading their own (a large vocabulary: seconds)."""
     from radixlm.engine.detokenizer import run_detokenizer_process
     from radixlm.engine.tp_launch import start_ranks, wait_ready
     from radixlm.model.loader import default_model_path
@@ -123,6 +124,7 @@ def launch_engine_processes(
     tokenizer_path = server_args.tokenizer_path or server_args.model_path or default_model_path()
     port_args = PortArgs.init_new()
     ctx = (fork_ok and dist.nnodes == 1 and fork_context()) or child_context()
+    inherited = tokenizer if ctx.get_start_method() == "fork" else None  # else it would be pickled
     if dist.enabled:
         started = start_ranks(ctx, config, dist.with_init_addr(), port_args)
     else:
@@ -131,7 +133,7 @@ def launch_engine_processes(
         sched = child_process(
             ctx,
             run_scheduler_process,
-            (config, port_args, writer, None, loop_heartbeat),
+            (config, port_args, writer, None, loop_heartbeat, inherited),
             name="scheduler",
         )
         sched.loop_heartbeat = loop_heartbeat
@@ -141,7 +143,7 @@ def launch_engine_processes(
     detok = child_process(
         ctx,
         run_detokenizer_process,
-        (tokenizer_path, server_args.log_level, port_args, detok_heartbeat),
+        (inherited or tokenizer_path, server_args.log_level, port_args, detok_heartbeat),
         name="detokenizer",
     )
     detok.loop_heartbeat = detok_heartbeat

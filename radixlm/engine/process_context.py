@@ -45,6 +45,15 @@ _IMPORT_TIME_ENV = (
 )
 
 _server_env: dict[str, str] | None = None  # what the fork server started with
+_preload = [PRELOAD]  # what it imports
+
+
+def preload_also(*modules: str) -> None:
+    """Have the fork server import `modules` too, for a parent that forks more of radixlm from it
+    (the tests' servers, tests/forked_servers.py). Before the server starts only."""
+    if _server_env is not None:
+        raise RuntimeError("the fork server has started: its imports are fixed")
+    _preload.extend(m for m in modules if m not in _preload)
 
 
 def _import_time_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -73,7 +82,7 @@ def start_fork_server() -> None:
         return
     from multiprocessing import forkserver
 
-    mp.get_context("forkserver").set_forkserver_preload([PRELOAD])
+    mp.get_context("forkserver").set_forkserver_preload(list(_preload))
     with fixed_hash_seed():
         forkserver.ensure_running()
     _server_env = _import_time_env()

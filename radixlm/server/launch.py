@@ -41,7 +41,9 @@ class EngineSupervisor:
         """fork_ok: the first launch, while this process is still one thread (a restart is not)."""
         from radixlm.engine.launcher import launch_engine_processes
 
-        self.procs, self.port_args, info = launch_engine_processes(self.server_args, fork_ok)
+        self.procs, self.port_args, info = launch_engine_processes(
+            self.server_args, fork_ok, self.tokenizer
+        )
         self.info = {**info, "detokenizer_pid": self.procs[1].pid}
         return self.info
 

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from radixlm import Engine
+from tests.hf_generate import greedy_batch
 
 NEW_TOKENS = 64
 # A divergence is accepted only where the reference's top-2 logit gap is below this
@@ -38,20 +39,13 @@ def reference(default_model_path, hf_default_model):
         for c in CHAT
     ] + RAW
     hf = hf_default_model()
+    ids = [tok.encode(p) for p in prompts]
+    gens = greedy_batch(hf, ids, NEW_TOKENS, eos_token_id=2, pad_token_id=2)
     refs = []
     with torch.no_grad():
-        for p in prompts:
-            ids = tok.encode(p)
-            out = hf.generate(
-                torch.tensor([ids]),
-                max_new_tokens=NEW_TOKENS,
-                do_sample=False,
-                eos_token_id=2,
-                pad_token_id=2,
-            )
-            gen = out[0, len(ids) :].tolist()
-            logits = hf(out).logits[0, len(ids) - 1 :].float()  # row k predicts gen[k]
-            refs.append((ids, gen, logits))
+        for p, gen in zip(ids, gens):
+            logits = hf(torch.tensor([p + gen])).logits[0, len(p) - 1 :]  # row k predicts gen[k]
+            refs.append((p, gen, logits))
     del hf
     return prompts, refs
 

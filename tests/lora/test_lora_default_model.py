@@ -7,6 +7,7 @@ import torch
 
 from radixlm import Engine
 from tests.conftest import engine_args
+from tests.hf_generate import greedy_batch
 from tests.lora.conftest import make_adapter
 
 pytestmark = pytest.mark.slow
@@ -37,18 +38,12 @@ def setup(default_model_path, hf_default_model, tmp_path_factory):
     models[None] = hf
     ids = [tok.encode(p) for p in PROMPTS]
     refs = {}
-    with torch.no_grad():
-        for n, m in models.items():
-            for i, p in enumerate(ids):
-                out = m.generate(
-                    input_ids=torch.tensor([p]),
-                    max_new_tokens=NEW_TOKENS,
-                    do_sample=False,
-                    eos_token_id=None,
-                    pad_token_id=0,
-                )
-                logits = m(input_ids=out).logits[0, len(p) - 1 :].float()
-                refs[n, i] = (out[0, len(p) :].tolist(), logits)
+    for n, m in models.items():
+        gens = greedy_batch(m, ids, NEW_TOKENS, eos_token_id=None, pad_token_id=0)
+        with torch.no_grad():
+            for i, (p, gen) in enumerate(zip(ids, gens)):
+                logits = m(input_ids=torch.tensor([p + gen])).logits[0, len(p) - 1 :].float()
+                refs[n, i] = (gen, logits)
     return ids, refs, {n: str(root / n) for n in ADAPTERS}
 
 
