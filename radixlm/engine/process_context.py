@@ -27,6 +27,8 @@ from dataclasses import dataclass
 
 PRELOAD = "radixlm.engine.preload"
 # Environment variables torch, libgomp, transformers and huggingface_hub read when imported.
+# Not Triton's (TRITON_INTERPRET is read when a kernel is decorated): nothing preloaded imports
+# triton, so a child imports it under its own environment (tests/engine/test_process_context.py).
 _IMPORT_TIME_ENV = (
     "HF_",
     "HUGGINGFACE_",
@@ -38,7 +40,6 @@ _IMPORT_TIME_ENV = (
     "GOMP_",
     "MKL_",
     "CUDA_",
-    "TRITON_",
     "XDG_",
     "LD_",
     "HOME",
