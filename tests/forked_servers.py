@@ -28,16 +28,18 @@ from radixlm.server.process import ServerProcess
 _CLI = ["-m", "radixlm.cli"]
 
 
-def _serve(log, argv: list[str], environ: dict[str, str], cwd: str, preexec) -> None:
-    """The forked child: the command's environment, directory and output, then the CLI's main."""
+def _serve(outputs, argv: list[str], environ: dict[str, str], cwd: str, preexec) -> None:
+    """The forked child: the command's environment, directory and output (outputs: stdout's and
+    stderr's descriptors), then the CLI's main."""
     import atexit
 
     from radixlm.utils import kill_itself_when_parent_died
 
-    fd = log.detach()
-    for target in (1, 2):
+    fds = [out.detach() for out in outputs]
+    for fd, target in zip(fds, (1, 2)):
         os.dup2(fd, target)
-    os.close(fd)
+    for fd in set(fds):
+        os.close(fd)
     os.environ.clear()
     os.environ.update(environ)
     os.chdir(cwd)
@@ -57,20 +59,32 @@ def _serve(log, argv: list[str], environ: dict[str, str], cwd: str, preexec) -> 
 
 
 class ForkedPopen:
-    """A `radixlm.cli` command run by a child of the fork server, with Popen's interface."""
+    """A `radixlm.cli` command run by a child of the fork server, with Popen's interface. stdout:
+    a file, or PIPE; stderr: a file, PIPE or STDOUT. PIPE is a temporary file here, read by
+    communicate() once the command ended (nothing streams from it before)."""
 
     def __init__(self, args, stdout=None, stderr=None, text=None, preexec_fn=None, env=None):
+        import tempfile
         from multiprocessing import reduction
 
         ctx = process_context.fork_server_context(env)
-        assert ctx is not None and stdout is not None and stderr == subprocess.STDOUT
+        assert ctx is not None and stdout is not None and stderr is not None
         self.args = args
         self.returncode: int | None = None
+        self._text = text
+        self._captured = {}
+        files = []
+        for name, target in (("stdout", stdout), ("stderr", stderr)):
+            if target == subprocess.PIPE:
+                target = self._captured[name] = tempfile.TemporaryFile()
+            elif target == subprocess.STDOUT:
+                target = files[0]
+            files.append(target)
         self._process = process_context.child_process(
             ctx,
             _serve,
             (
-                reduction.DupFd(stdout.fileno()),
+                [reduction.DupFd(f.fileno()) for f in files],
                 list(args[len(_CLI) + 1 :]),
                 dict(os.environ if env is None else env),
                 os.getcwd(),
@@ -92,6 +106,21 @@ class ForkedPopen:
         if self.poll() is None:
             raise subprocess.TimeoutExpired(self.args, timeout)
         return self.returncode
+
+    def communicate(self, timeout: float | None = None):
+        """(stdout, stderr) as Popen gives them: what went to a PIPE, else None."""
+        self.wait(timeout)
+        out = []
+        for name in ("stdout", "stderr"):
+            f = self._captured.pop(name, None)
+            if f is None:
+                out.append(None)
+                continue
+            f.seek(0)
+            data = f.read()
+            f.close()
+            out.append(data.decode() if self._text else data)
+        return tuple(out)
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:
@@ -118,6 +147,31 @@ def popen(args, **kwargs):
         and process_context.fork_server_context(env) is not None
     )
     return ForkedPopen(args, **kwargs) if forkable else subprocess.Popen(args, **kwargs)
+
+
+def cli_popen(argv: list[str], env=None) -> subprocess.Popen | ForkedPopen:
+    """`python -m radixlm.cli ARGV` with its stdout and stderr captured (communicate()), forked
+    where it can be: for the tests of what a command prints and exits with."""
+    return popen(
+        [sys.executable, *_CLI, *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def run_cli(argv: list[str], env=None, timeout: float = 300) -> subprocess.CompletedProcess:
+    """subprocess.run of `python -m radixlm.cli ARGV`, capture_output=True, text=True; forked
+    where it can be."""
+    proc = cli_popen(argv, env)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 @contextlib.contextmanager

@@ -108,8 +108,10 @@ def launch_engine_processes(
     only a child can tell (the attention backend on this device, the model's head count).
     fork_ok: this process may fork its children (process_context.fork_context: `serve` before its
     server runs) where they run on this node only (ranks of other nodes hash with the fork server's
-    fixed seed). tokenizer: the caller's, loaded from the tokenizer path: children it forks take
-    it as they inherit its memory instead of loading their own (a large vocabulary: seconds)."""
+    fixed seed). tokenizer: the caller's, loaded from the tokenizer path: a detokenizer forked
+    from it takes it with the memory it inherits instead of loading its own (a large vocabulary:
+    seconds). The scheduler still loads its own when a request first needs it (stop strings,
+    grammars; tests/e2e/test_internal_errors.py fails that load on purpose)."""
     from radixlm.engine.detokenizer import run_detokenizer_process
     from radixlm.engine.tp_launch import start_ranks, wait_ready
     from radixlm.model.loader import default_model_path
@@ -133,7 +135,7 @@ def launch_engine_processes(
         sched = child_process(
             ctx,
             run_scheduler_process,
-            (config, port_args, writer, None, loop_heartbeat, inherited),
+            (config, port_args, writer, None, loop_heartbeat),
             name="scheduler",
         )
         sched.loop_heartbeat = loop_heartbeat

@@ -425,11 +425,9 @@ def run_scheduler_process(
     pipe_writer,
     rank: RankSpec | None = None,
     loop_heartbeat=None,
-    tokenizer=None,
 ) -> None:
     """Entry point of the scheduler process; rank: this process is that rank of a tensor-parallel
-    group (port_args: rank 0's channels, None on the other ranks); loop_heartbeat: see event_loop;
-    tokenizer: the launcher's, inherited by a forked child (else loaded at first use).
+    group (port_args: rank 0's channels, None on the other ranks); loop_heartbeat: see event_loop.
     """
     from radixlm.utils import configure_logging, kill_itself_when_parent_died
 
@@ -442,8 +440,6 @@ def run_scheduler_process(
     try:
         if rank is None:
             scheduler = Scheduler(config, SchedulerIO(port_args))
-            if tokenizer is not None:
-                scheduler.tokenizer.set(tokenizer)
         else:
             from radixlm.scheduler.rank import join_tp_group
 

@@ -4,8 +4,6 @@ against the tokenizer given that template, or SGLang's conversation rendering (t
 names: tests/unit/test_chat_templates.py)."""
 
 import json
-import subprocess
-import sys
 
 import openai
 import pytest
@@ -13,6 +11,7 @@ import requests
 
 from radixlm.engine.chat_templates import resolve_chat_template
 from radixlm.server.process import ServerProcess
+from tests.forked_servers import run_cli
 from tests.sglang_conversation import (
     load_conversation_module,
     register_json_template,
@@ -214,19 +213,8 @@ def test_chat_template_json_file_and_its_stop_strings(
 
 
 def test_bad_chat_template_is_one_error_line(tiny_model_dir):
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "radixlm.cli",
-            "serve",
-            "--model-path",
-            tiny_model_dir,
-            "--chat-template",
-            "no-such-template",
-        ],
-        capture_output=True,
-        text=True,
+    r = run_cli(
+        ["serve", "--model-path", tiny_model_dir, "--chat-template", "no-such-template"],
         timeout=120,
     )
     assert r.returncode == 2

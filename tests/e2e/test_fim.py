@@ -3,8 +3,6 @@ layout (checked against ids put together here from the tokenizer's special token
 greedy what /generate answers on those ids, and refuse a model without FIM tokens with a 400."""
 
 import json
-import subprocess
-import sys
 
 import openai
 import pytest
@@ -13,6 +11,7 @@ import torch
 
 from radixlm.server.fim import FIM_SPELLINGS, fim_tokens
 from radixlm.server.process import ServerProcess
+from tests.forked_servers import run_cli
 
 TINY = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--enable-invariant-checks")
 FIM = (
@@ -239,19 +238,8 @@ def test_fim_tokens_are_found_by_their_spellings(default_model_path, spellings):
 
 
 def test_completion_template_naming_missing_tokens_is_one_error_line(fim_model_dir):
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "radixlm.cli",
-            "serve",
-            "--model-path",
-            fim_model_dir,
-            "--completion-template",
-            "qwen_coder",
-        ],
-        capture_output=True,
-        text=True,
+    r = run_cli(
+        ["serve", "--model-path", fim_model_dir, "--completion-template", "qwen_coder"],
         timeout=120,
     )
     assert r.returncode == 2

@@ -8,6 +8,7 @@ import pytest
 import requests
 
 from radixlm.server.process import ServerProcess
+from tests.forked_servers import run_cli
 
 USER, ADMIN = "user-key-0123456789", "admin-key-9876543210"
 SALT = "tenant-salt-that-must-stay-secret"
@@ -188,17 +189,10 @@ def test_no_key_and_no_salt_in_the_output(server):
 
 
 def test_bad_start_up_values_are_refused(tiny_model_dir):
-    import subprocess
-    import sys
 
     for flags, why in [
         (["--log-requests-level", "4"], "invalid choice: 4"),
         (["--log-requests-format", "xml"], "invalid choice: 'xml'"),
     ]:
-        p = subprocess.run(
-            [sys.executable, "-m", "radixlm.cli", "serve", "--model-path", tiny_model_dir, *flags],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        p = run_cli(["serve", "--model-path", tiny_model_dir, *flags], timeout=60)
         assert p.returncode == 2 and why in p.stderr and "Traceback" not in p.stderr

@@ -7,8 +7,6 @@ table (radixlm/sglang_flags.py) gives for one of its flags, exit 2, no traceback
 from __future__ import annotations
 
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -21,6 +19,7 @@ from radixlm.kernels.triton_ops import INTERPRET_ENV
 from radixlm.model.quant_methods import refusal as quantization_refusal
 from radixlm.server.process import ServerProcess
 from radixlm.sglang_flags import COMBINATIONS, VALUE_RULES, Kind, all_specs
+from tests.forked_servers import run_cli
 
 CASES = yaml.safe_load((Path(__file__).parent / "sglang_launch_commands.yaml").read_text())
 PROMPT = "The capital of France is"
@@ -174,12 +173,7 @@ def test_sglang_launch_command(case, tp_model_dir, reference, tmp_path, monkeypa
     monkeypatch.delenv(INTERPRET_ENV, raising=False)
     refusals = expected_refusals(case)
     if refusals:
-        r = subprocess.run(
-            [sys.executable, "-m", "radixlm.cli", "serve", *argv],
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        r = run_cli(["serve", *argv], timeout=120)
         lines = [line for line in r.stderr.splitlines() if line.strip()]
         assert r.returncode == 2 and len(lines) == 1 and lines[0] in refusals, (
             case["command"],

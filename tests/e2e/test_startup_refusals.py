@@ -5,30 +5,25 @@ stays in the log and the exit code is 1. Every command here fails at start-up, o
 
 import os
 import shutil
-import subprocess
-import sys
 
 from radixlm.server.process import free_port
+from tests.forked_servers import cli_popen
 
-# The tests' conftest turns Triton's interpreter on for this process and its children; without it
-# the CPU refuses the Triton kernels, which only the scheduler finds out (at its attention backend).
-ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 TRITON = "attention_backend triton: the Triton kernels run on CUDA"
 SMALL = ("--num-threads", "1", "--kv-memory-gb", "0.05", "--log-level", "warning")
 
 
-def _serve(*args: str, port: bool = True) -> subprocess.Popen:
+def _serve(*args: str, port: bool = True):
+    """`radixlm serve ARGS` (forked as the tests' servers are: tests/forked_servers.py)."""
     listen = ("--port", str(free_port())) if port else ()
-    return subprocess.Popen(
-        [sys.executable, "-m", "radixlm.cli", "serve", *listen, *SMALL, *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=ENV,
-    )
+    # The tests' conftest turns Triton's interpreter on for this process and its children; without
+    # it the CPU refuses the Triton kernels, which only the scheduler finds out (at its attention
+    # backend). The environment as it is now: torch adds variables of its own as it runs.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    return cli_popen(["serve", *listen, *SMALL, *args], env=env)
 
 
-def _refusal(proc: subprocess.Popen) -> str:
+def _refusal(proc) -> str:
     """The one line a refused start printed (exit code 2, nothing else, no traceback)."""
     out, err = proc.communicate(timeout=300)
     lines = err.strip().splitlines()

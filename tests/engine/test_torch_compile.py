@@ -2,14 +2,13 @@
 logprobs; where compiling does not apply the flag is accepted and says why."""
 
 import random
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from radixlm import Engine
 from tests.conftest import engine_args
+from tests.forked_servers import run_cli
 
 SP = {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True}
 
@@ -148,11 +147,8 @@ def test_fused_quantized_path_is_not_compiled_and_says_why(tiny_model_dir, capfd
 
 
 def test_bad_max_bs_is_refused_at_start_naming_the_flag(tiny_model_dir):
-    proc = subprocess.run(
+    proc = run_cli(
         [
-            sys.executable,
-            "-m",
-            "radixlm.cli",
             "serve",
             "--model-path",
             tiny_model_dir,
@@ -160,8 +156,6 @@ def test_bad_max_bs_is_refused_at_start_naming_the_flag(tiny_model_dir):
             "--torch-compile-max-bs",
             "0",
         ],
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert proc.returncode == 2
