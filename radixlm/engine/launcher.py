@@ -126,7 +126,10 @@ def launch_engine_processes(
     tokenizer_path = server_args.tokenizer_path or server_args.model_path or default_model_path()
     port_args = PortArgs.init_new()
     ctx = (fork_ok and dist.nnodes == 1 and fork_context()) or child_context()
-    inherited = tokenizer if ctx.get_start_method() == "fork" else None  # else it would be pickled
+    # Only to a forked child: any other would get it pickled, slower than loading it.
+    detok_tokenizer = tokenizer_path
+    if tokenizer is not None and ctx.get_start_method() == "fork":
+        detok_tokenizer = tokenizer
     if dist.enabled:
         started = start_ranks(ctx, config, dist.with_init_addr(), port_args)
     else:
@@ -145,7 +148,7 @@ def launch_engine_processes(
     detok = child_process(
         ctx,
         run_detokenizer_process,
-        (inherited or tokenizer_path, server_args.log_level, port_args, detok_heartbeat),
+        (detok_tokenizer, server_args.log_level, port_args, detok_heartbeat),
         name="detokenizer",
     )
     detok.loop_heartbeat = detok_heartbeat
