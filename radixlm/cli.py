@@ -125,8 +125,9 @@ def option_choices() -> dict[str, tuple[str, ...]]:
     from radixlm.function_call.registry import TOOL_CALL_PARSER_REGISTRY
     from radixlm.lora.config import EVICTION_POLICIES, LORA_BACKENDS
     from radixlm.model.layers.attention import ATTENTION_BACKEND_REGISTRY
+    from radixlm.model.layers.linear_attn import LINEAR_ATTN_BACKEND_REGISTRY
     from radixlm.model.quant_methods import QUANTIZATIONS
-    from radixlm.model.runner_config import DTYPES, KV_CACHE_DTYPES
+    from radixlm.model.runner_config import DTYPES, KV_CACHE_DTYPES, MAMBA_SSM_DTYPES
     from radixlm.model.sampling_defaults import SAMPLING_DEFAULTS_MODES
     from radixlm.reasoning.formats import REASONING_PARSER_REGISTRY
     from radixlm.scheduler.batching.policy import SCHEDULE_POLICY_REGISTRY
@@ -140,6 +141,8 @@ def option_choices() -> dict[str, tuple[str, ...]]:
         "attention_backend": ATTENTION_BACKEND_REGISTRY.names(),
         "prefill_attention_backend": ATTENTION_BACKEND_REGISTRY.names(),
         "decode_attention_backend": ATTENTION_BACKEND_REGISTRY.names(),
+        "linear_attn_backend": ("auto", *LINEAR_ATTN_BACKEND_REGISTRY.names()),
+        "mamba_ssm_dtype": MAMBA_SSM_DTYPES,
         "schedule_policy": SCHEDULE_POLICY_REGISTRY.names(),
         "grammar_backend": GRAMMAR_BACKEND_REGISTRY.names(),
         "speculative_algorithm": DRAFT_SOURCE_REGISTRY.names(),

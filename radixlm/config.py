@@ -65,6 +65,18 @@ class ServerArgs:
     # of the pool; None: 1 GiB on CPU (where it saves the per-step gather), 0 (off) on CUDA.
     decode_kv_mirror_gb: float | None = None
     max_running_requests: int = 64
+    # Hybrid models (docs/hybrid.md): the recurrent states of their state layers share the memory
+    # budget with the KV pool. max_mamba_cache_size: state slots in all (one per running request,
+    # the rest hold snapshots for the prefix cache); None: mamba_full_memory_ratio x the KV pool's
+    # bytes (SGLang's split). mamba_ssm_dtype: the recurrent state's element type.
+    max_mamba_cache_size: int | None = None
+    mamba_full_memory_ratio: float = 0.9
+    mamba_ssm_dtype: str = "float32"
+    # The recurrences' kernels: auto (native on CPU when the kernels load, triton on CUDA, torch).
+    linear_attn_backend: str = "auto"
+    # Inside a prompt's prefill, keep a state snapshot every this many tokens (a prompt that
+    # branches off a long cached one resumes at the last snapshot before the branch).
+    mamba_track_interval: int = 256
     chunked_prefill_size: int = 2048  # -1 disables chunking
     max_prefill_tokens: int = 4096  # new tokens per extend batch
     new_token_ratio: float = (

@@ -63,6 +63,21 @@ HELPS = {
         "attention backend of extend-shaped batches (prefill, mixed, verify); "
         "default: --attention-backend"
     ),
+    "max_mamba_cache_size": (
+        "hybrid models: recurrent-state slots in all (one per running request, the rest keep prefix"
+        " snapshots); default: --mamba-full-memory-ratio of the KV budget"
+    ),
+    "mamba_full_memory_ratio": (
+        "hybrid models: state memory / KV memory, splitting the one budget (SGLang's default 0.9)"
+    ),
+    "mamba_ssm_dtype": "hybrid models: element type of the recurrent states (float32, bfloat16)",
+    "linear_attn_backend": (
+        "kernels of the recurrent layers: auto, native (CPU), triton (CUDA) or torch"
+    ),
+    "mamba_track_interval": (
+        "hybrid models: keep a state snapshot every N prompt tokens, so a prompt branching inside a"
+        " cached one resumes near the branch"
+    ),
     "decode_attention_backend": "attention backend of decode batches; default: --attention-backend",
     "speculative_algorithm": (
         "draft tokens to verify in one forward: ngram (prompt lookup over the request's own text),"

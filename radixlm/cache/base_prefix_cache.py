@@ -69,6 +69,12 @@ class BasePrefixCache(ABC):
         """A lookup for ordering only: the tree's shape is left as it is (the node may extend past
         the match) and no tier moves."""
 
+    def kv_match(self, key: PrefixKey) -> MatchResult:
+        """Where the KV of a just-inserted key ends (the cache manager repoints a request's row at
+        it): peek_prefix's lookup, without any rule that stops a reusable match short (a hybrid
+        model's match ends at a state snapshot)."""
+        return self.peek_prefix(key)
+
     @abstractmethod
     def insert(self, key: PrefixKey, value: torch.Tensor) -> int:
         """Insert key -> value (KV slots). Returns how many leading tokens were already cached: the

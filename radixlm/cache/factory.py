@@ -11,17 +11,24 @@ import torch
 from radixlm.cache.base_prefix_cache import BasePrefixCache
 from radixlm.cache.hicache_config import HiCacheConfig
 from radixlm.cache.memory_pool import TokenToKVPool
+from radixlm.cache.state_pool import MambaPool
 from radixlm.registry import Registry
 
 # model_key(stored dtype): what stored KV depends on (the hierarchical cache's storage asks).
 ModelKey = Callable[[torch.dtype], str]
-PrefixCacheFactory = Callable[[TokenToKVPool, HiCacheConfig | None, ModelKey], BasePrefixCache]
+# (the KV pool, --enable-hierarchical-cache's config, the model key, a hybrid model's state pool)
+PrefixCacheFactory = Callable[
+    [TokenToKVPool, HiCacheConfig | None, ModelKey, MambaPool | None], BasePrefixCache
+]
 PREFIX_CACHE_REGISTRY = Registry[PrefixCacheFactory, None]("prefix cache")
 
 
 @PREFIX_CACHE_REGISTRY.register("radix")
 def create_radix_cache(
-    pool: TokenToKVPool, hicache: HiCacheConfig | None, model_key: ModelKey
+    pool: TokenToKVPool,
+    hicache: HiCacheConfig | None,
+    model_key: ModelKey,
+    state_pool: MambaPool | None,
 ) -> BasePrefixCache:
     from radixlm.cache.radix_cache import RadixCache
 
@@ -30,7 +37,10 @@ def create_radix_cache(
 
 @PREFIX_CACHE_REGISTRY.register("hierarchical")
 def create_hierarchical_cache(
-    pool: TokenToKVPool, hicache: HiCacheConfig | None, model_key: ModelKey
+    pool: TokenToKVPool,
+    hicache: HiCacheConfig | None,
+    model_key: ModelKey,
+    state_pool: MambaPool | None,
 ) -> BasePrefixCache:
     from radixlm.cache.hiradix_cache import create_hiradix_cache
 
@@ -38,20 +48,46 @@ def create_hierarchical_cache(
     return create_hiradix_cache(hicache, pool, model_key)
 
 
+@PREFIX_CACHE_REGISTRY.register("mamba")
+def create_mamba_radix_cache(
+    pool: TokenToKVPool,
+    hicache: HiCacheConfig | None,
+    model_key: ModelKey,
+    state_pool: MambaPool | None,
+) -> BasePrefixCache:
+    from radixlm.cache.mamba_radix_cache import MambaRadixCache
+
+    assert state_pool is not None, "a hybrid model's cache needs its state pool"
+    return MambaRadixCache(pool, state_pool)
+
+
 @PREFIX_CACHE_REGISTRY.register("none")
 def create_no_prefix_cache(
-    pool: TokenToKVPool, hicache: HiCacheConfig | None, model_key: ModelKey
+    pool: TokenToKVPool,
+    hicache: HiCacheConfig | None,
+    model_key: ModelKey,
+    state_pool: MambaPool | None,
 ) -> BasePrefixCache:
     from radixlm.cache.no_prefix_cache import NoPrefixCache
 
     return NoPrefixCache()
 
 
-def prefix_cache_kind(disable_radix_cache: bool, hicache: HiCacheConfig | None) -> str:
-    """--enable-hierarchical-cache (a HiCacheConfig), else --disable-radix-cache, else radix."""
+def prefix_cache_kind(
+    disable_radix_cache: bool, hicache: HiCacheConfig | None, hybrid: bool = False
+) -> str:
+    """--enable-hierarchical-cache (a HiCacheConfig), else --disable-radix-cache, else radix (the
+    tree with state snapshots for a hybrid model)."""
     if hicache is not None:
+        if hybrid:
+            raise ValueError(
+                "--enable-hierarchical-cache: a hybrid model's state snapshots have no host or"
+                " storage tier yet (serve it with the radix cache alone)"
+            )
         return "hierarchical"
-    return "none" if disable_radix_cache else "radix"
+    if disable_radix_cache:
+        return "none"
+    return "mamba" if hybrid else "radix"
 
 
 def create_prefix_cache(
@@ -59,8 +95,9 @@ def create_prefix_cache(
     disable_radix_cache: bool,
     hicache: HiCacheConfig | None,
     model_key: ModelKey,
+    state_pool: MambaPool | None = None,
 ) -> BasePrefixCache:
     """model_key(stored dtype): what stored KV depends on (the hierarchical cache's storage
-    asks)."""
-    factory = PREFIX_CACHE_REGISTRY.get(prefix_cache_kind(disable_radix_cache, hicache))
-    return factory(pool, hicache, model_key)
+    asks); state_pool: a hybrid model's (None: attention only)."""
+    kind = prefix_cache_kind(disable_radix_cache, hicache, state_pool is not None)
+    return PREFIX_CACHE_REGISTRY.get(kind)(pool, hicache, model_key, state_pool)

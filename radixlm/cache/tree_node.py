@@ -42,6 +42,9 @@ class TreeNode:
         # Inserts that passed through this node (each request inserts its prompt after prefill and
         # prompt + output when it finishes): how often this branch was taken, radix drafts' weight.
         self.insert_count = 0
+        # A hybrid model's cache (mamba_radix_cache.py) only: the state-pool slot holding the state
+        # layers' states after this node's last token; None: no snapshot here.
+        self.state: int | None = None
 
     def lookup_key(self) -> Hashable:
         """The key of this node in its parent's children: its first token (and its namespace)."""

@@ -1,7 +1,8 @@
 // The radix tree's largest shared prefixes as an icicle: one row per tree level, each node as
 // wide as the tokens in and below it; orange when running requests lock it (darker: more locks),
 // else blue, paler the longer since its last use; dashed: only in host memory (hierarchical
-// cache L2). Hover: its text (with --dashboard-show-text) and numbers.
+// cache L2); a bar on its right end: it keeps a hybrid model's state snapshot (a reusable prefix
+// ends there). Hover: its text (with --dashboard-show-text) and numbers.
 "use strict";
 
 const SVG_NS = "http://www.w3.org/2000/svg";
@@ -25,7 +26,7 @@ function describe(n) {
   if (n.text !== undefined) lines.push(n.text);
   lines.push(`${n.tokens} tokens here, ${n.subtree_tokens} in and below, prefix of ${n.depth_tokens}`);
   lines.push(`locks ${n.lock_ref}, LRU rank ${n.lru_rank}, ${n.children} children, ${n.tier}` +
-             (n.namespaced ? ", namespaced" : ""));
+             (n.namespaced ? ", namespaced" : "") + (n.snapshot ? ", state snapshot" : ""));
   return lines.join("\n");
 }
 
@@ -56,11 +57,15 @@ function drawTree(container, tip, nodes) {
   for (const { n, x, w, level } of placed) {
     const g = svg("g", { class: "node", "data-id": n.id, "data-parent": n.parent === null ? "" : n.parent,
                          "data-tokens": n.tokens, "data-depth": n.depth_tokens, "data-children": n.children,
-                         "data-lock": n.lock_ref });
+                         "data-lock": n.lock_ref, "data-snapshot": n.snapshot ? 1 : 0 });
     const rect = svg("rect", { x: x + 0.5, y: level * ROW + 1, width: Math.max(w - 1, 0.5), height: ROW - 2,
                                fill: nodeColor(n, maxRank), rx: 2 });
     if (n.tier !== "l1") rect.setAttribute("stroke-dasharray", "4 2");
     g.append(rect);
+    if (n.snapshot) {  // the state snapshot sits after the node's last token
+      g.append(svg("rect", { x: x + Math.max(w - 3.5, 0.5), y: level * ROW + 1, width: 3, height: ROW - 2,
+                             fill: "hsl(140, 60%, 35%)", class: "snapshot" }));
+    }
     if (w > 40) {
       const label = svg("text", { x: x + 4, y: level * ROW + ROW / 2 + 4, class: "nodelabel" });
       const raw = n.text !== undefined ? n.text.replace(/\s+/g, " ") : `${n.tokens} tok`;

@@ -93,6 +93,12 @@ def _register_fakes() -> None:
     def fused_moe_fake(hidden, topk_ids, topk_weights, w13, w13_fmt, w2, w2_fmt):
         return torch.empty_like(hidden, memory_format=torch.contiguous_format)
 
+    def recurrence_fake(x, *args):  # the linear-attention ops: the output has x's (or v's) shape
+        return x.new_empty(x.shape)
+
+    def gated_delta_rule_fake(q, k, v, *args):
+        return v.new_empty(v.shape)
+
     for name, fn in (
         ("qlinear", qlinear_fake),
         ("dequantize", dequantize_fake),
@@ -107,6 +113,9 @@ def _register_fakes() -> None:
         ("llama_layers", llama_layers_fake),
         ("fused_moe", fused_moe_fake),
         ("lora_delta_", inplace_fake),
+        ("causal_conv1d", recurrence_fake),
+        ("gated_delta_rule", gated_delta_rule_fake),
+        ("ssd_update", recurrence_fake),
     ):
         try:
             torch.library.register_fake(f"radixlm::{name}")(fn)

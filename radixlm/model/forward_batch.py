@@ -14,6 +14,7 @@ import torch
 
 if TYPE_CHECKING:
     from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+    from radixlm.cache.state_pool import MambaPool
     from radixlm.model.tree_mask import TreeMask
 
 
@@ -85,6 +86,16 @@ class ForwardBatch:
     # TARGET_VERIFY of draft trees: which new tokens each new token attends (model/tree_mask.py);
     # None: causal (every other batch, and a verify batch of chains). Every backend honours it.
     tree_mask: TreeMask | None = None
+    # A hybrid model's recurrent states (cache/state_pool.py; None: no state layers). Request i's
+    # state is slot req_pool_indices[i]; the runner applies state_copies (src, dst) before the
+    # forward (snapshots of finished requests, admitted requests' starting states), and a state
+    # layer copies request i's state after t of its new tokens to slot s for each (t, s) in
+    # state_tracks[i] (model/layers/linear_attn/segments.py).
+    state_pool: MambaPool | None = None
+    state_copies: list[tuple[int, int]] = field(default_factory=list)
+    state_tracks: list[list[tuple[int, int]]] | None = None
+    # The kernels of the state layers (model/layers/linear_attn/).
+    linear_attn_backend: Any = None
 
     @property
     def uses_lora(self) -> bool:

@@ -1,7 +1,9 @@
 """GGUF files (llama.cpp's format): HF config from metadata, HF-named dequantized weights.
 
 Only the parts radixlm runs: architectures llama (SmolLM2, Llama 2/3, Mistral), qwen2, qwen3,
-phi3, gemma2 and gemma3 (gguf_gemma.py: what llama.cpp fixes by architecture instead of writing it).
+phi3, gemma2 and gemma3 (gguf_gemma.py: what llama.cpp fixes by architecture instead of writing it),
+the MoE ones (gguf_moe.py, gguf_deepseek.py) and the hybrid qwen35, qwen35moe, qwen3next
+(gguf_qwen35.py: the converter's reorderings undone), nemotron_h and lfm2 (gguf_hybrid_ssm.py).
 With keep_quantized, 2-D weights in a format the native kernels read
 (radixlm.kernels.formats.FORMATS: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K,
 Q6_K, IQ4_XS, F16, BF16) stay as stored, F32 ones are plain float32, and any other type is refused
@@ -23,6 +25,7 @@ import torch
 
 from radixlm.model.gguf_deepseek import DEEPSEEK2_TENSOR_NAMES, deepseek2_config
 from radixlm.model.gguf_gemma import GEMMA_ARCHS, gemma_config_kwargs
+from radixlm.model.gguf_hybrid_ssm import SSM_ARCHITECTURES, ssm_config, ssm_weights
 from radixlm.model.gguf_moe import (
     MIXTRAL,
     MOE_ARCHITECTURES,
@@ -30,7 +33,8 @@ from radixlm.model.gguf_moe import (
     has_experts,
     moe_config_kwargs,
 )
-from radixlm.model.tp_shard import Slicer
+from radixlm.model.gguf_qwen35 import QWEN35_ARCHITECTURES, qwen35_config, qwen35_weights
+from radixlm.model.tp_shard import Slicer, TensorSlice
 
 GGUF_MAGIC = b"GGUF"
 
@@ -43,6 +47,8 @@ GGUF_ARCHITECTURES = {
     "gemma2": ("Gemma2ForCausalLM", "Gemma2Config"),
     "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig"),
     **MOE_ARCHITECTURES,
+    **QWEN35_ARCHITECTURES,
+    **SSM_ARCHITECTURES,
     "deepseek2": (
         "DeepseekV2ForCausalLM",
         "DeepseekV2Config",
@@ -206,6 +212,10 @@ def gguf_config(reader):
         kw.update(_phi3_config(reader, kw))
     if arch == "deepseek2":
         hf_arch, config_cls, kw = deepseek2_config(reader, kw)
+    if arch in QWEN35_ARCHITECTURES:
+        kw = qwen35_config(reader, arch, kw)
+    if arch in SSM_ARCHITECTURES:
+        kw = ssm_config(reader, arch, kw)
     config = getattr(transformers, config_cls)(**kw)
     config.architectures = [hf_arch]
     return config
@@ -322,13 +332,14 @@ def gguf_weights(
     purpose: numpy's dequant kernels are memory-bound and threads made them slower here.
     slicer (tensor parallelism): HF name -> the part of the tensor this rank holds; only that part
     is read from the file (gguf_shard.py). keep (a pipeline stage): the HF names read at all."""
-    from gguf import GGMLQuantizationType
-
-    from radixlm.kernels.formats import FORMATS, format_of_ggml
-    from radixlm.model.gguf_moe import read_experts
-    from radixlm.model.gguf_shard import read_tensor
-
     arch = field(reader, "general.architecture")
+    read = functools.partial(_read, keep_quantized=keep_quantized)
+    if arch in QWEN35_ARCHITECTURES:  # heads reordered, projections split (gguf_qwen35.py)
+        yield from qwen35_weights(reader, config, read, slicer, keep)
+        return
+    if arch in SSM_ARCHITECTURES:  # Mamba-2 / short-conv tensors reshaped (gguf_hybrid_ssm.py)
+        yield from ssm_weights(reader, config, read, slicer, keep)
+        return
     permute = arch == "llama"  # llama.cpp permutes q/k only for llama
     norm_offset = arch in GEMMA_ARCHS  # llama.cpp stores Gemma's norm weights as 1 + w
     for t in reader.tensors:
@@ -337,26 +348,8 @@ def gguf_weights(
             keep is not None and not keep(name)
         ):  # rope_freqs (read into the config) and the like
             continue
-        if t.data.ndim == 3:  # a MoE layer's experts, stacked (gguf_moe.py)
-            yield (
-                name,
-                read_experts(t, keep_quantized, slicer(name) if slicer is not None else None, name),
-            )
-            continue
-        fmt = format_of_ggml(t.tensor_type) if keep_quantized and t.data.ndim == 2 else None
-        if (
-            keep_quantized
-            and t.data.ndim == 2
-            and fmt is None
-            and t.tensor_type != GGMLQuantizationType.F32
-        ):
-            raise ValueError(
-                f"{t.name} ({name}): GGUF type {t.tensor_type.name} has no native kernel in radixlm"
-                f" (supported: {', '.join(f.upper() for f in FORMATS if f != 'int8')}, F32);"
-                " --quantization none loads it dequantized to float32"
-            )
         full_rows = t.data.shape[0]
-        w = read_tensor(t, fmt, slicer(name) if slicer is not None else None, name)
+        w = read(t, name, slicer(name) if slicer is not None else None)
         if permute and ".self_attn.q_proj." in name:
             w = _unpermute_rows(w, config.num_attention_heads, full_rows)
         elif permute and ".self_attn.k_proj." in name:
@@ -364,6 +357,33 @@ def gguf_weights(
         elif norm_offset and name.endswith("norm.weight"):
             w = w - 1  # exact for the stored fl(1 + w): GemmaRMSNorm adds the 1 back
         yield name, w
+
+
+def _read(t, name: str, s: TensorSlice | None, keep_quantized: bool) -> Any:
+    """One tensor (only slice s of it when given) as gguf_weights yields it: ExpertWeights for a
+    3-D experts tensor (gguf_moe.py), a QuantizedTensor for a 2-D one in a kernel format when
+    keep_quantized (ValueError for a 2-D type with no kernel other than F32), else float32."""
+    from gguf import GGMLQuantizationType
+
+    from radixlm.kernels.formats import FORMATS, format_of_ggml
+    from radixlm.model.gguf_moe import read_experts
+    from radixlm.model.gguf_shard import read_tensor
+
+    if t.data.ndim == 3:
+        return read_experts(t, keep_quantized, s, name)
+    fmt = format_of_ggml(t.tensor_type) if keep_quantized and t.data.ndim == 2 else None
+    if (
+        keep_quantized
+        and t.data.ndim == 2
+        and fmt is None
+        and t.tensor_type != GGMLQuantizationType.F32
+    ):
+        raise ValueError(
+            f"{t.name} ({name}): GGUF type {t.tensor_type.name} has no native kernel in radixlm"
+            f" (supported: {', '.join(f.upper() for f in FORMATS if f != 'int8')}, F32);"
+            " --quantization none loads it dequantized to float32"
+        )
+    return read_tensor(t, fmt, s, name)
 
 
 def _unpermute_rows(w, n_head: int, full_rows: int):

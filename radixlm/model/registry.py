@@ -24,6 +24,24 @@ MODEL_REGISTRY.register("MistralForCausalLM", "radixlm.model.models.llama:Mistra
 MODEL_REGISTRY.register("Phi3ForCausalLM", "radixlm.model.models.phi3:Phi3ForCausalLM")
 MODEL_REGISTRY.register("Qwen2ForCausalLM", "radixlm.model.models.qwen2:Qwen2ForCausalLM")
 MODEL_REGISTRY.register("Qwen3ForCausalLM", "radixlm.model.models.qwen3:Qwen3ForCausalLM")
+# Hybrids: linear-attention layers with a recurrent state beside full attention (docs/hybrid.md).
+MODEL_REGISTRY.register("Qwen3_5ForCausalLM", "radixlm.model.models.qwen3_5:Qwen3_5ForCausalLM")
+MODEL_REGISTRY.register(
+    "Qwen3_5ForConditionalGeneration", "radixlm.model.models.qwen3_5:Qwen3_5ForCausalLM"
+)
+MODEL_REGISTRY.register(
+    "Qwen3_5MoeForCausalLM", "radixlm.model.models.qwen3_next:Qwen3_5MoeForCausalLM"
+)
+MODEL_REGISTRY.register(
+    "Qwen3_5MoeForConditionalGeneration", "radixlm.model.models.qwen3_next:Qwen3_5MoeForCausalLM"
+)
+MODEL_REGISTRY.register(
+    "Qwen3NextForCausalLM", "radixlm.model.models.qwen3_next:Qwen3NextForCausalLM"
+)
+MODEL_REGISTRY.register(
+    "NemotronHForCausalLM", "radixlm.model.models.nemotron_h:NemotronHForCausalLM"
+)
+MODEL_REGISTRY.register("Lfm2ForCausalLM", "radixlm.model.models.lfm2:Lfm2ForCausalLM")
 # Mixtures of experts (models/moe_families.py).
 MODEL_REGISTRY.register(
     "MixtralForCausalLM", "radixlm.model.models.moe_families:MixtralForCausalLM"

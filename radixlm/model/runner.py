@@ -29,6 +29,7 @@ from radixlm.model.pooler import Pooler, read_pooling_type
 from radixlm.model.pp_stage import pp_stage
 from radixlm.model.quant_methods import quant_method
 from radixlm.model.runner_config import ModelRunnerConfig
+from radixlm.model.state_memory import StateMemory
 from radixlm.model.tree_mask import TreeMask
 from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.utils import host_threads, keep_freed_memory_in_heap
@@ -101,6 +102,10 @@ class ModelRunner:
         # Per-layer attention features a backend must support (sliding windows, logit soft-capping).
         self.sliding_window_size, self.logit_cap = attention_features(self.model.modules())
         self.kv_dtype = self._kv_dtype()
+        # A hybrid model's recurrent states (model/state_memory.py; None: attention only): its KV
+        # pool holds the full-attention layers only.
+        self.state_memory = StateMemory.of(self.model, config, self.dtype)
+        self.num_kv_layers = getattr(self.model, "num_kv_layers", self.num_layers)
         self.attn_backend = create_attention_backend(
             config.attention_backend,
             self._attn_spec(self.kv_dtype),
@@ -112,15 +117,16 @@ class ModelRunner:
         # A lone request must always fit in the pool, so the context never exceeds it.
         self.context_len = min(model_ctx, self.max_total_num_tokens)
         self.max_running_requests = config.max_running_requests
+        self.state_pool, self.linear_attn_backend = self._create_state_pool()
         self.req_to_token_pool = ReqToTokenPool(
             self.max_running_requests + 1, self.context_len + 4, device=self.device
         )
         self.token_to_kv_pool = self.kv_layout.create_pool(
             self.max_total_num_tokens,
-            self.num_layers,
+            self.num_kv_layers,
             self.kv_dtype,
             self.device,
-            layers=self.pp.layers,
+            layers=self.pp.layers if self.state_memory is None else None,
         )
         self.sampler = Sampler()
         # Who reads the target's hidden states (an EAGLE draft head; NoHiddenCapture: nobody).
@@ -131,7 +137,9 @@ class ModelRunner:
         # torch.compile on CPU with
         # --enable-torch-compile (EagerDecode: none).
         self.decode_graphs = (
-            create_cuda_graphs(self, config)
+            EagerDecode("a hybrid model's state layers run eagerly")
+            if self.state_pool is not None
+            else create_cuda_graphs(self, config)
             if self.device.type == "cuda"
             else create_decode_graphs(
                 self, config.enable_torch_compile, config.torch_compile_max_bs
@@ -143,7 +151,7 @@ class ModelRunner:
             self.max_total_num_tokens,
             self.token_to_kv_pool.total_bytes / 2**20,
             str(self.kv_dtype).replace("torch.", ""),
-            self.num_layers,
+            self.num_kv_layers,
             self.num_kv_heads,
             self.head_dim,
             self.context_len,
@@ -156,7 +164,7 @@ class ModelRunner:
                 self.model,
                 cfg,
                 self.kv_layout,
-                len(self.pp.layers),
+                len(self.pp.layers) if self.state_memory is None else self.num_kv_layers,
                 self.kv_dtype,
             ),
         )
@@ -202,7 +210,8 @@ class ModelRunner:
         return self.pp.agree_min(self._stage_kv_capacity())
 
     def _stage_kv_capacity(self) -> int:
-        per_token = self.kv_layout.bytes_per_token(len(self.pp.layers), self.kv_dtype)
+        per_token = self._kv_bytes_per_token()
+        kv_share = (lambda b: b) if self.state_memory is None else self.state_memory.kv_share
         if (
             self.config.mem_fraction_static
         ):  # SGLang's sizing; --max-total-tokens caps it, as in SGLang
@@ -212,6 +221,7 @@ class ModelRunner:
                 available_memory_bytes(self.device),
                 self.config.memory_share,
             )
+            budget = kv_share(budget)
             tokens = min(budget // per_token, self.config.max_total_tokens or budget)
             if tokens < 1:
                 raise ValueError(
@@ -221,7 +231,24 @@ class ModelRunner:
             return tokens
         if self.config.max_total_tokens:
             return self.config.max_total_tokens
-        return max(256, int(self.config.kv_memory_gb * 2**30 // per_token))
+        return max(256, int(kv_share(int(self.config.kv_memory_gb * 2**30)) // per_token))
+
+    def _kv_bytes_per_token(self) -> int:
+        layers = len(self.pp.layers) if self.state_memory is None else self.num_kv_layers
+        return self.kv_layout.bytes_per_token(layers, self.kv_dtype)
+
+    def _create_state_pool(self):
+        """(the state pool, the recurrences' kernels), (None, None) without state layers; caps
+        max_running_requests at what the pool holds."""
+        if self.state_memory is None:
+            return None, None
+        from radixlm.model.layers.linear_attn import create_linear_attn_backend
+
+        kv_bytes = self.max_total_num_tokens * self._kv_bytes_per_token()
+        pool, self.max_running_requests = self.state_memory.create_pool(
+            kv_bytes, self.max_running_requests, self.device
+        )
+        return pool, create_linear_attn_backend(self.config.linear_attn_backend, self.device)
 
     def prepare(self, b: ModelWorkerBatch) -> ForwardBatch:
         """The forward of a step: tensors on the device, the attention metadata and the sampler's
@@ -251,6 +278,10 @@ class ModelRunner:
             tree_mask=(
                 TreeMask.from_parents(b.tree_parents, self.device) if b.tree_parents else None
             ),
+            state_pool=self.state_pool,
+            state_copies=b.state_copies,
+            state_tracks=b.state_tracks,
+            linear_attn_backend=self.linear_attn_backend,
         )
         if b.sampling:
             fb.sampling_info = SamplingBatchInfo.build(b.sampling, self.vocab_size, self.device)
@@ -289,6 +320,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def forward(self, fb: ForwardBatch) -> LogitsOutput:
+        if fb.state_copies:  # states that must be in place before the layers read them
+            self.state_pool.apply_copies(fb.state_copies)
         if self.decode_graphs.can_run(fb):
             return LogitsOutput(next_token_logits=self.decode_graphs.forward(fb))
         self.lora.begin_forward(fb)

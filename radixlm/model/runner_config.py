@@ -27,6 +27,8 @@ TORCH_DTYPES = {
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
 # int8 keeps a float32 scale per token and head (memory_pool.TokenToKVPool).
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
+# A hybrid model's recurrent state (SGLang's --mamba-ssm-dtype values).
+MAMBA_SSM_DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _check_choice(
@@ -63,6 +65,11 @@ class ModelRunnerConfig:
     # The torch backend's dense decode KV copy (0: off). from_server_args resolves ServerArgs'
     # default (1 GiB on CPU).
     decode_kv_mirror_bytes: int = 0
+    # Hybrid models' state pool and kernels (ServerArgs' fields of the same names).
+    max_mamba_cache_size: int | None = None
+    mamba_full_memory_ratio: float = 0.9
+    mamba_ssm_dtype: str = "float32"
+    linear_attn_backend: str = "auto"
     disable_shared_prefix_attention: bool = False
     max_running_requests: int = 64
     context_length: int | None = None  # None: the model's own (capped by the pool either way)
@@ -124,6 +131,20 @@ class ModelRunnerConfig:
             raise ValueError(f"kv_memory_gb must be positive, got {self.kv_memory_gb}")
         if self.mm_cache_size_mb < 0:
             raise ValueError(f"mm_cache_size_mb must be >= 0, got {self.mm_cache_size_mb}")
+        if self.max_mamba_cache_size is not None and self.max_mamba_cache_size < 2:
+            raise ValueError(
+                f"max_mamba_cache_size must be >= 2 (a running request and a snapshot), got"
+                f" {self.max_mamba_cache_size}"
+            )
+        if not self.mamba_full_memory_ratio > 0:
+            raise ValueError(
+                f"mamba_full_memory_ratio must be > 0, got {self.mamba_full_memory_ratio}"
+            )
+        if self.mamba_ssm_dtype not in MAMBA_SSM_DTYPES:
+            raise ValueError(
+                f"mamba_ssm_dtype {self.mamba_ssm_dtype!r}: choose from"
+                f" {', '.join(MAMBA_SSM_DTYPES)}"
+            )
         if self.decode_kv_mirror_bytes < 0:
             raise ValueError(
                 f"decode_kv_mirror_bytes must be >= 0, got {self.decode_kv_mirror_bytes}"
@@ -165,6 +186,10 @@ class ModelRunnerConfig:
             pp_max_micro_batch_size=args.pp_max_micro_batch_size,
             lora=LoRAConfig.from_server_args(args),
             mm_cache_size_mb=args.mm_cache_size_mb,
+            max_mamba_cache_size=args.max_mamba_cache_size,
+            mamba_full_memory_ratio=args.mamba_full_memory_ratio,
+            mamba_ssm_dtype=args.mamba_ssm_dtype,
+            linear_attn_backend=args.linear_attn_backend,
         )
 
     def resolved_dtype(self) -> torch.dtype:

@@ -42,6 +42,10 @@ class ModelWorkerBatch:
     # TARGET_VERIFY of draft trees: per request, the parent of each new token among its new tokens
     # (-1: the first, the request's next input); None: every request's new tokens form a chain.
     tree_parents: list[list[int]] | None = None
+    # A hybrid model's state moves (ForwardBatch.state_copies / state_tracks): copies (src, dst)
+    # applied before the forward, in order; per request, (new tokens, snapshot slot) to keep.
+    state_copies: list[tuple[int, int]] = field(default_factory=list)
+    state_tracks: list[list[tuple[int, int]]] | None = None
 
     @property
     def batch_size(self) -> int:

@@ -159,6 +159,7 @@ class ScheduleBatch:
             self._prepare_decode(
                 r2t, out_loc[pt:], input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts
             )
+        state_copies, state_tracks = cache_manager.states.plan_step(self.chunks, self.decode_reqs)
         return ModelWorkerBatch(
             self.forward_mode,
             input_ids,
@@ -176,6 +177,8 @@ class ScheduleBatch:
                 [r.mm_inputs for r in self.reqs] if any(r.mm_inputs for r in self.reqs) else []
             ),
             tree_parents=tree_parents,
+            state_copies=state_copies,
+            state_tracks=state_tracks,
         )
 
     @staticmethod

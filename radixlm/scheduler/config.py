@@ -33,6 +33,8 @@ class SchedulerConfig:
     enable_mixed_chunk: bool = False
     overlap_schedule: bool = False
     disable_radix_cache: bool = False
+    # A hybrid model's snapshots inside a prompt's prefill (ServerArgs.mamba_track_interval).
+    mamba_track_interval: int = 256
     disable_jump_forward: bool = False
     grammar_backend: str = "xgrammar"
     stream_interval: int = 1
@@ -108,6 +110,7 @@ class SchedulerConfig:
             enable_mixed_chunk=args.enable_mixed_chunk,
             overlap_schedule=overlap,
             disable_radix_cache=args.disable_radix_cache,
+            mamba_track_interval=args.mamba_track_interval,
             disable_jump_forward=args.disable_jump_forward,
             grammar_backend=args.grammar_backend,
             stream_interval=args.stream_interval,

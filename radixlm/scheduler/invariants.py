@@ -42,7 +42,9 @@ def check_invariants(
     - every node's lock count equals the number of requests whose last_node is at or below it;
       the evictable / protected counters agree with the locks
     - every request slot is free or held by one request
+    - a hybrid model's snapshot slots: each free, in one tree node or in one holder's tracks
     """
+    holders = list(holders)
     tree, pool, rows = cm.tree_cache, cm.token_to_kv_pool, cm.req_to_token_pool
     nodes = tree.all_nodes()
     # A hierarchical tree's nodes outside L1 (value None) own no KV slot; the tree's own check
@@ -130,11 +132,26 @@ def check_invariants(
     if tier_error:
         _fail(f"hierarchical cache: {tier_error}")
 
+    _check_state_slots(cm, holders)
     free_rows = rows.free_slots
     if len(set(free_rows)) != len(free_rows) or set(free_rows) & set(owner_of_row):
         _fail("a request slot is free twice, or free and held")
     if len(free_rows) + len(owner_of_row) != rows.size:
         _fail(f"request slot leak: {len(free_rows)} free + {len(owner_of_row)} held != {rows.size}")
+
+
+def _check_state_slots(cm: CacheManager, holders: list[Req]) -> None:
+    owned = cm.states.owned_slots(holders)
+    if owned is None:
+        return
+    pool = cm.states.pool
+    counts = Counter(owned)
+    wrong = [s for s in range(pool.rows, pool.rows + pool.snapshots) if counts.pop(s, 0) != 1]
+    if wrong or counts:
+        _fail(
+            f"state snapshot slots without exactly one owner: {wrong[:8]}"
+            f" (unknown slots {list(counts)[:8]}; free {pool.available_snapshots()})"
+        )
 
 
 class BaseInvariantChecks(ABC):

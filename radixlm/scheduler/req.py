@@ -93,6 +93,10 @@ class Req:
     cache_protected_len: int = 0
     kv_allocated_len: int = 0
     kv_committed_len: int = 0
+    # A hybrid model (scheduler/kv/state_tracker.py): tokens its row's state has absorbed in the
+    # steps launched so far, and the snapshot slots a launched step fills for it: (position, slot).
+    state_len: int = 0
+    state_tracks: list = field(default_factory=list)
 
     status: ReqStatus = ReqStatus.NEW
     finished_reason: FinishReason | None = None

@@ -52,11 +52,13 @@ from radixlm.scheduler.control.lora_admin import LORA_MESSAGES, LORA_REPLIES, ha
 from radixlm.scheduler.control.profiler import Profiler
 from radixlm.scheduler.control.weight_control import WEIGHT_CONTROL_REPLIES, WeightControl
 from radixlm.scheduler.decoding.grammar_manager import GrammarManager
+from radixlm.scheduler.hybrid_support import check_hybrid_support
 from radixlm.scheduler.intake import RequestIntake
 from radixlm.scheduler.invariants import InvariantError
 from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.kv.prefetcher import Prefetcher
 from radixlm.scheduler.kv.session_pins import SESSION_MESSAGES, create_session_pins
+from radixlm.scheduler.kv.state_tracker import create_state_tracker
 from radixlm.scheduler.lazy_tokenizer import LazyTokenizer
 from radixlm.scheduler.optional_components import (
     create_executor,
@@ -108,16 +110,24 @@ class Scheduler:
         self.sync = sync
         self.dp = dp
         self.runner = runner = ModelRunner(config.runner)
+        check_hybrid_support(config, runner.loaded.architecture, runner.state_pool is not None)
         self.context_len = runner.context_len
         eos = frozenset(runner.loaded.eos_token_ids)
         self.tokenizer = LazyTokenizer(
             lambda: _load_tokenizer(config.tokenizer_path or runner.loaded.model_path)
         )
         self.tree_cache = create_prefix_cache(
-            runner.token_to_kv_pool, config.disable_radix_cache, config.hicache, self._model_key
+            runner.token_to_kv_pool,
+            config.disable_radix_cache,
+            config.hicache,
+            self._model_key,
+            runner.state_pool,
         )
         self.cache_manager = cm = CacheManager.create(
-            runner.req_to_token_pool, runner.token_to_kv_pool, self.tree_cache
+            runner.req_to_token_pool,
+            runner.token_to_kv_pool,
+            self.tree_cache,
+            create_state_tracker(runner.state_pool, self.tree_cache, config.mamba_track_interval),
         )
         self.queues = queues = ReqQueues()
         self.stats = stats = SchedulerStats(runner.max_total_num_tokens)
@@ -388,6 +398,7 @@ class Scheduler:
             "protected_tokens": tree.protected_size(),
             "req_slots_total": self.runner.req_to_token_pool.size,
             "req_slots_free": self.runner.req_to_token_pool.available_size(),
+            **self.cache_manager.states.info(),  # a hybrid model's state pool
             "num_running": len(q.running) + len(q.prefilling),
             "num_waiting": len(q.waiting) + len(q.grammar_pending),
             **self.stats.as_dict(),

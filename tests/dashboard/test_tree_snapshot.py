@@ -113,3 +113,19 @@ def test_rates_from_running_totals():
     assert (
         rates.update({"generated_tokens": 180, "prompt_tokens": 0})["prompt_tok_s"] is None
     )  # flushed: reset
+
+
+def test_a_hybrid_models_snapshot_nodes_are_marked():
+    import torch
+
+    from radixlm.cache.mamba_radix_cache import MambaRadixCache
+    from radixlm.cache.state_pool import MambaPool, StateSpec
+
+    pool = TokenToKVPool(64, num_layers=1, num_kv_heads=1, head_dim=1)
+    states = MambaPool([[StateSpec("ssm", (2,), torch.float32)]], rows=1, snapshots=2)
+    cache = MambaRadixCache(pool, states)
+    cache.insert(PrefixKey([1, 2, 3, 4]), pool.alloc(4))
+    cache.attach_state(PrefixKey([1, 2]), states.alloc_snapshot)  # splits: [1, 2] | [3, 4]
+    nodes = {tuple(n["token_ids"]): n for n in tree_snapshot(cache, 10, with_token_ids=True)}
+    assert nodes[(1, 2)]["snapshot"] and not nodes[(3, 4)]["snapshot"]
+    assert not any(n["snapshot"] for n in tree_snapshot(filled_cache([[5, 6]]), 10))

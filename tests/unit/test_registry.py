@@ -125,6 +125,7 @@ RADIXLM_REGISTRIES = [
     ("radixlm.function_call.registry", "TOOL_CALL_PARSER_REGISTRY"),
     ("radixlm.reasoning.formats", "REASONING_PARSER_REGISTRY"),
     ("radixlm.model.quant_methods", "QUANTIZATION_REGISTRY"),
+    ("radixlm.model.layers.linear_attn", "LINEAR_ATTN_BACKEND_REGISTRY"),
 ]
 
 
@@ -165,6 +166,10 @@ def test_the_cli_choices_are_the_registries_names():
         registry = getattr(importlib.import_module(owners[attr]), attr)
         extra = ("none",) if field == "quantization" else ()  # float weights: no method
         assert choices[field] == extra + registry.names(), field
+    # the recurrences' kernels: auto, or one by name
+    from radixlm.model.layers.linear_attn import LINEAR_ATTN_BACKEND_REGISTRY
+
+    assert choices["linear_attn_backend"] == ("auto", *LINEAR_ATTN_BACKEND_REGISTRY.names())
 
 
 def test_loading_the_model_code_imports_no_model_until_one_is_named():

@@ -37,6 +37,7 @@ import torch
 from radixlm.cache.base_prefix_cache import BasePrefixCache, MatchResult
 from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.cache.tree_node import TreeNode
+from radixlm.scheduler.kv.state_tracker import BaseStateTracker, NoStateTracker
 from radixlm.scheduler.req import Req
 
 
@@ -46,21 +47,25 @@ class CacheManager:
         req_to_token_pool: ReqToTokenPool,
         token_to_kv_pool: TokenToKVPool,
         tree_cache: BasePrefixCache,
+        states: BaseStateTracker | None = None,
     ):
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool = token_to_kv_pool
         self.tree_cache = tree_cache
+        # A hybrid model's recurrent states, moved along (state_tracker.py); the no-op otherwise.
+        self.states = states or NoStateTracker()
 
     @staticmethod
     def create(
         req_to_token_pool: ReqToTokenPool,
         token_to_kv_pool: TokenToKVPool,
         tree_cache: BasePrefixCache,
+        states: BaseStateTracker | None = None,
     ) -> CacheManager:
         """The manager for this cache: one that hands KV to the tree, or keeps it with the
         request."""
         cls = CacheManager if tree_cache.shares_prefixes else NoCacheManager
-        return cls(req_to_token_pool, token_to_kv_pool, tree_cache)
+        return cls(req_to_token_pool, token_to_kv_pool, tree_cache, states)
 
     # --- budget -----------------------------------------------------------------
     def kv_room(self) -> int:
@@ -94,6 +99,7 @@ class CacheManager:
         self.req_to_token_pool.req_to_token[idx, :n] = prefix_indices
         req.req_pool_idx, req.last_node = idx, node
         req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = n
+        self.states.on_assign(req, node)
 
     def alloc_kv(self, need: int) -> torch.Tensor | None:
         """`need` free KV slots, evicting unlocked radix-tree leaves if the pool is short."""
@@ -124,7 +130,7 @@ class CacheManager:
             if not finished:
                 # No eviction runs between the insert and this lookup, so it is a full match; the
                 # insert made a node end exactly at `committed`.
-                indices, node = tree.peek_prefix(key)
+                indices, node = tree.kv_match(key)
                 assert len(indices) == committed
                 row[protected:committed] = indices[protected:]
                 # Lock the new node before unlocking its ancestor: the shared path never looks
@@ -133,7 +139,9 @@ class CacheManager:
                 tree.dec_lock_ref(req.last_node)
                 req.last_node, req.cache_protected_len = node, committed
                 protected = committed
+            self.states.on_cached(req, committed)
         if finished:
+            self.states.on_release(req)
             self._leave(req, own_from=committed)
 
     def _leave(self, req: Req, own_from: int) -> None:
@@ -207,6 +215,7 @@ class CacheManager:
         self.tree_cache.flush(level)
         self.token_to_kv_pool.clear()
         self.req_to_token_pool.clear()
+        self.states.flush()
 
 
 class NoCacheManager(CacheManager):
@@ -215,4 +224,5 @@ class NoCacheManager(CacheManager):
     def cache_req(self, req: Req, finished: bool) -> None:
         assert req.cache_protected_len == 0, req.rid
         if finished:
+            self.states.on_release(req)
             self._leave(req, own_from=0)

@@ -1,0 +1,124 @@
+"""MambaPool: the recurrent states of a hybrid model's state layers (SGLang's name).
+
+A Gated DeltaNet, Mamba-2 or short-conv layer keeps, per request, a fixed-size state instead of a
+KV entry per token: a conv window and (except short conv) a recurrent matrix. The pool holds every
+state layer's tensors over one slot index space:
+
+    0 .. rows - 1                  request rows: the running request in ReqToTokenPool row r keeps
+                                   its state in slot r (allocated with the row, nothing to track)
+    rows .. rows + snapshots - 1   snapshots: copies of a state after some prefix, owned by a node
+                                   of the prefix cache (cache/mamba_radix_cache.py) or, between the
+                                   step that wrote one and the processing of its result, by the
+                                   request that asked for it
+
+Copies between slots run on the forward's thread, in order, at the start of a forward
+(`apply_copies`) or where a forward takes a snapshot (`copy_layer`): the scheduler only says which.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+ZERO = -1  # a copy from ZERO clears the destination: a request that starts from no prefix
+
+
+@dataclass(frozen=True)
+class StateSpec:
+    """One tensor of a state layer's per-request state."""
+
+    name: str  # "conv", "ssm"
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        n = torch.tensor([], dtype=self.dtype).element_size()
+        for d in self.shape:
+            n *= d
+        return n
+
+
+class MambaPool:
+    def __init__(
+        self,
+        layer_specs: list[list[StateSpec]],
+        rows: int,
+        snapshots: int,
+        device: str | torch.device = "cpu",
+    ):
+        """layer_specs: per state layer (in the model's order), its state tensors."""
+        self.layer_specs = layer_specs
+        self.rows, self.snapshots = rows, snapshots
+        self.device = torch.device(device)
+        slots = rows + snapshots
+        self.buffers: list[dict[str, torch.Tensor]] = [
+            {
+                s.name: torch.zeros((slots, *s.shape), dtype=s.dtype, device=self.device)
+                for s in specs
+            }
+            for specs in layer_specs
+        ]
+        self.clear()
+
+    @staticmethod
+    def bytes_per_state(layer_specs: list[list[StateSpec]]) -> int:
+        return sum(s.nbytes for specs in layer_specs for s in specs)
+
+    @property
+    def state_bytes(self) -> int:
+        return self.bytes_per_state(self.layer_specs)
+
+    @property
+    def total_bytes(self) -> int:
+        return self.state_bytes * (self.rows + self.snapshots)
+
+    def layer(self, state_layer_id: int) -> dict[str, torch.Tensor]:
+        return self.buffers[state_layer_id]
+
+    # --- snapshot slots ----------------------------------------------------------
+    def clear(self) -> None:
+        self.free_snapshots: list[int] = list(range(self.rows, self.rows + self.snapshots))
+
+    def available_snapshots(self) -> int:
+        return len(self.free_snapshots)
+
+    def alloc_snapshot(self) -> int | None:
+        return self.free_snapshots.pop(0) if self.free_snapshots else None
+
+    def free_snapshot(self, slot: int) -> None:
+        assert self.rows <= slot < self.rows + self.snapshots, slot
+        self.free_snapshots.append(slot)
+
+    # --- copies (the forward's thread) ------------------------------------------
+    def apply_copies(self, copies: list[tuple[int, int]]) -> None:
+        """(src, dst) in order; src ZERO clears dst. Consecutive copies are batched where no later
+        one reads what an earlier one writes."""
+        batch: list[tuple[int, int]] = []
+        written: set[int] = set()
+        for src, dst in copies:
+            if src in written or dst in written:
+                self._copy(batch)
+                batch, written = [], set()
+            batch.append((src, dst))
+            written.add(dst)
+        self._copy(batch)
+
+    def _copy(self, batch: list[tuple[int, int]]) -> None:
+        if not batch:
+            return
+        zero = [d for s, d in batch if s == ZERO]
+        pairs = [(s, d) for s, d in batch if s != ZERO]
+        as_index = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)
+        for layer in self.buffers:
+            for buf in layer.values():
+                if zero:
+                    buf[as_index(zero)] = 0
+                if pairs:
+                    buf[as_index([d for _, d in pairs])] = buf[as_index([s for s, _ in pairs])]
+
+    def copy_layer(self, state_layer_id: int, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """One layer's states at slots src into slots dst (a snapshot taken inside a forward)."""
+        for buf in self.buffers[state_layer_id].values():
+            buf[dst] = buf[src]

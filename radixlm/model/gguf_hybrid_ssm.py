@@ -1,0 +1,295 @@
+"""llama.cpp's hybrid architectures with Mamba-2 or short-conv layers: `nemotron_h`
+(NemotronHForCausalLM) and `lfm2` (Lfm2ForCausalLM): the HF config from their metadata, and their
+tensors back under HF's names in HF's layout.
+
+nemotron_h: what the converter (conversion/nemotron.py NemotronHModel, over conversion/granite.py
+GraniteHybridModel, conversion/mamba.py Mamba2Model, conversion/llama.py LlamaModel) changes:
+- the layer pattern is not written: llama.cpp reads a layer as attention where its
+  attention.head_count_kv entry is > 0, an MLP where its feed_forward_length entry is > 0, Mamba-2
+  where both are 0; so is it read back (HF's layers_block_type);
+- `A_log` [H] is stored as ssm_a = -exp(A_log) reshaped [H, 1]: read back as log(-ssm_a) in
+  float64 (the float32 nearest: -exp is not injective in float32, -exp of it gives the file's
+  value back); `D` [H] as ssm_d [H, 1];
+- `dt_bias` is renamed dt_proj.bias (ssm_dt.bias); `conv1d.weight` [C, 1, K] is squeezed to [C, K];
+- the grouped gated norm's weight [intermediate] is reshaped [n_groups, intermediate / n_groups];
+- the attention layers' q_proj / k_proj rows are permuted as for llama's RoPE (GraniteHybridModel
+  keeps LlamaModel's undo_permute; k over its KV heads), though Nemotron-H's attention has no RoPE
+  (the permutation leaves q.k unchanged, so llama.cpp never undoes it): undone here;
+- head_dim is written as attention.key_length (rope.dimension_count is hidden / heads), the
+  context length as 2**20 (GraniteHybridModel: no RoPE), and the norms' epsilon as
+  attention.layer_norm_epsilon unless the config names it rms_norm_eps (then the RMS key);
+- the multi-token-prediction head (nemotron_h_moe only) and the MoE blocks are not this arch.
+lfm2 (conversion/lfm2.py LFM2Model): `conv.conv.weight` [C, 1, L] squeezed to [C, L]; the layer
+types from attention.head_count_kv (0: a conv layer, as llama.cpp reads them); the MLP width
+written already adjusted (HF's block_auto_adjust_ff_dim), so it is read with the adjustment off;
+HF's final `embedding_norm` is token_embd_norm.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from radixlm.model.gguf_qwen35 import _cut
+from radixlm.model.tp_shard import Slicer, TensorSlice
+
+# general.architecture -> (HF architectures name, transformers config class name)
+SSM_ARCHITECTURES = {
+    "nemotron_h": ("NemotronHForCausalLM", "NemotronHConfig"),
+    "lfm2": ("Lfm2ForCausalLM", "Lfm2Config"),
+}
+
+# llama.cpp name in a layer -> HF name in model.layers.{}; None: by the layer's type (below)
+_NEMOTRON_H_LAYER = {
+    "attn_norm": "norm",
+    "ssm_in": "mixer.in_proj",
+    "ssm_conv1d": "mixer.conv1d",
+    "ssm_dt": "mixer.dt",  # only its bias: mixer.dt_bias
+    "ssm_a": "mixer.A_log",
+    "ssm_d": "mixer.D",
+    "ssm_norm": "mixer.norm",
+    "ssm_out": "mixer.out_proj",
+    "attn_q": "mixer.q_proj",
+    "attn_k": "mixer.k_proj",
+    "attn_v": "mixer.v_proj",
+    "attn_output": "mixer.o_proj",
+    "ffn_up": "mixer.up_proj",
+    "ffn_down": "mixer.down_proj",
+}
+_LFM2_LAYER = {
+    "attn_norm": "operator_norm",
+    "ffn_norm": "ffn_norm",
+    "shortconv.conv": "conv.conv",
+    "shortconv.in_proj": "conv.in_proj",
+    "shortconv.out_proj": "conv.out_proj",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.out_proj",
+    "attn_q_norm": "self_attn.q_layernorm",
+    "attn_k_norm": "self_attn.k_layernorm",
+    "ffn_gate": "feed_forward.w1",
+    "ffn_up": "feed_forward.w3",
+    "ffn_down": "feed_forward.w2",
+}
+_TOP = {
+    "nemotron_h": {"token_embd": "model.embeddings", "output_norm": "model.norm_f"},
+    # HF's final norm is embedding_norm; older llama.cpp files may call it output_norm
+    "lfm2": {
+        "token_embd": "model.embed_tokens",
+        "token_embd_norm": "model.embedding_norm",
+        "output_norm": "model.embedding_norm",
+    },
+}
+_LAYER = {"nemotron_h": _NEMOTRON_H_LAYER, "lfm2": _LFM2_LAYER}
+# The tensors of a layer type (the others in that layer are a ValueError naming them).
+_STATE_TENSORS = {
+    "nemotron_h": {k for k in _NEMOTRON_H_LAYER if k.startswith("ssm_")},
+    "lfm2": {k for k in _LFM2_LAYER if k.startswith("shortconv.")},
+}
+# Where the metadata gives a state tensor's sizes (named when a tensor's shape disagrees).
+_SIZES_FROM = {
+    "nemotron_h": "embedding_length and the ssm.* sizes",
+    "lfm2": "embedding_length and shortconv.l_cache",
+}
+_TENSOR_RE = re.compile(r"^(?:blk\.(\d+)\.)?([\w.]+?)(?:\.(weight|bias))?$")
+
+
+def _field(reader, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def _per_layer(reader, arch: str, key: str, n_layers: int) -> list[int]:
+    value = _field(reader, f"{arch}.{key}")
+    if not isinstance(value, list) or len(value) != n_layers:
+        raise ValueError(
+            f"{arch} GGUF: {arch}.{key} must list one value per layer ({n_layers}), got {value!r}"
+            " (the layer types are read from it)"
+        )
+    return [int(v) for v in value]
+
+
+def _need(reader, arch: str, key: str) -> Any:
+    value = _field(reader, f"{arch}.{key}")
+    if value is None:
+        raise ValueError(f"{arch} GGUF without {arch}.{key}")
+    return value
+
+
+def _has_tensor(reader, suffix: str) -> bool:
+    return any(t.name.endswith(suffix) for t in reader.tensors)
+
+
+def ssm_config(reader, arch: str, kw: dict) -> dict:
+    """The HF config kwargs of a nemotron_h / lfm2 GGUF; kw holds the keys every architecture
+    shares (gguf_config read them already; per-layer lists became their max)."""
+    n = int(kw["num_hidden_layers"])
+    kv = _per_layer(reader, arch, "attention.head_count_kv", n)
+    eps = _field(reader, f"{arch}.attention.layer_norm_rms_epsilon")
+    if eps is None:
+        eps = _field(reader, f"{arch}.attention.layer_norm_epsilon", 1e-5)
+    out = {
+        k: v
+        for k, v in kw.items()
+        if k not in ("rms_norm_eps", "rope_theta", "rope_scaling", "num_hidden_layers", "head_dim")
+    }
+    if arch == "lfm2":
+        head_dim = kw.get("head_dim")
+        if head_dim and head_dim != kw["hidden_size"] // kw["num_attention_heads"]:
+            out["head_dim"] = head_dim  # HF's Lfm2Attention takes a config's head_dim too
+        out.update(
+            num_hidden_layers=n,
+            layer_types=["full_attention" if h else "conv" for h in kv],
+            conv_L_cache=int(_need(reader, arch, "shortconv.l_cache")),
+            conv_bias=_has_tensor(reader, ".shortconv.in_proj.bias"),
+            norm_eps=float(eps),
+            block_auto_adjust_ff_dim=False,  # feed_forward_length is the MLP's width already
+            rope_parameters={
+                "rope_type": "default",
+                "rope_theta": float(kw.get("rope_theta", 1_000_000.0)),
+            },
+        )
+        return out
+    ff = _per_layer(reader, arch, "feed_forward_length", n)
+    heads = int(_need(reader, arch, "ssm.time_step_rank"))
+    inner = int(_need(reader, arch, "ssm.inner_size"))
+    if inner % heads:
+        raise ValueError(f"{arch} GGUF: ssm.inner_size {inner} is not a multiple of {heads} heads")
+    out.update(
+        # llama.cpp: attention where n_head_kv > 0, an MLP where n_ff > 0, else recurrent
+        layers_block_type=[
+            "full_attention" if h else "mlp" if f else "linear_attention" for h, f in zip(kv, ff)
+        ],
+        head_dim=int(_field(reader, f"{arch}.attention.key_length") or kw.get("head_dim")),
+        layer_norm_epsilon=float(eps),
+        mamba_num_heads=heads,
+        mamba_head_dim=inner // heads,
+        n_groups=int(_need(reader, arch, "ssm.group_count")),
+        ssm_state_size=int(_need(reader, arch, "ssm.state_size")),
+        conv_kernel=int(_need(reader, arch, "ssm.conv_kernel")),
+        use_conv_bias=_has_tensor(reader, ".ssm_conv1d.bias"),
+        use_bias=_has_tensor(reader, ".ssm_in.bias"),
+        mlp_bias=_has_tensor(reader, ".ffn_up.bias"),
+    )
+    return out
+
+
+def _nemotron_h_shapes(config) -> dict[str, tuple[int, ...]]:
+    """The GGUF shape (HF order) of each Mamba-2 tensor the config's sizes give."""
+    c = config
+    h, inner, g = c.mamba_num_heads, c.mamba_num_heads * c.mamba_head_dim, c.n_groups
+    conv = inner + 2 * g * c.ssm_state_size
+    return {
+        "ssm_in.weight": (inner + conv + h, c.hidden_size),
+        "ssm_in.bias": (inner + conv + h,),
+        "ssm_conv1d.weight": (conv, c.conv_kernel),
+        "ssm_conv1d.bias": (conv,),
+        "ssm_dt.bias": (h,),
+        "ssm_a": (h, 1),
+        "ssm_d": (h, 1),
+        "ssm_norm.weight": (g, inner // g),
+        "ssm_out.weight": (c.hidden_size, inner),
+        "ssm_out.bias": (c.hidden_size,),
+    }
+
+
+def _lfm2_shapes(config) -> dict[str, tuple[int, ...]]:
+    hidden = config.hidden_size
+    return {
+        "shortconv.conv.weight": (hidden, config.conv_L_cache),
+        "shortconv.conv.bias": (hidden,),
+        "shortconv.in_proj.weight": (3 * hidden, hidden),
+        "shortconv.in_proj.bias": (3 * hidden,),
+        "shortconv.out_proj.weight": (hidden, hidden),
+        "shortconv.out_proj.bias": (hidden,),
+    }
+
+
+def ssm_weights(
+    reader,
+    config,
+    read: Callable[[Any, str, TensorSlice | None], Any],
+    slicer: Slicer | None = None,
+    keep: Callable[[str], bool] | None = None,
+) -> Iterator[tuple[str, Any]]:
+    """(HF name, tensor) for every tensor of the file, as gguf_loader.gguf_weights yields them.
+    read(t, name, slice): gguf_loader's reader of one tensor (quantized or float32 as asked)."""
+    from radixlm.model.gguf_shard import read_tensor
+
+    arch = _field(reader, "general.architecture")
+    nemotron = arch == "nemotron_h"
+    types = list(config.layer_types)
+    state_type = "linear_attention" if nemotron else "conv"
+    shapes = _nemotron_h_shapes(config) if nemotron else _lfm2_shapes(config)
+    layer_names, top = _LAYER[arch], _TOP[arch]
+    for t in reader.tensors:
+        m = _TENSOR_RE.match(t.name)
+        if m is None:
+            continue
+        layer, base, suffix = m.group(1), m.group(2), m.group(3)
+        if layer is None:
+            if t.name == "output.weight":
+                name = "lm_head.weight"
+            elif base in top and suffix:
+                name = f"{top[base]}.{suffix}"
+            else:
+                continue  # rope_freqs and the like
+        else:
+            il = int(layer)
+            if il >= len(types) or base not in layer_names:
+                continue
+            name = f"model.layers.{il}.{layer_names[base]}" + (f".{suffix}" if suffix else "")
+            if base == "ssm_dt":
+                name = f"model.layers.{il}.mixer.dt_bias"
+            if base in _STATE_TENSORS[arch]:
+                if types[il] != state_type:
+                    raise ValueError(
+                        f"{t.name} ({name}): a {state_type} tensor in {types[il]} layer {il}"
+                        f" (layer types from {arch}.attention.head_count_kv)"
+                    )
+                want = shapes.get(base + (f".{suffix}" if suffix else ""))
+                got = tuple(int(n) for n in reversed(t.shape))  # ggml's ne is [cols, rows]
+                if want is not None and got != want:
+                    raise ValueError(
+                        f"{t.name} ({name}): shape {list(got)} does not match {list(want)}, what"
+                        f" {_SIZES_FROM[arch]} in the metadata give"
+                    )
+        if keep is not None and not keep(name):
+            continue
+        s = slicer(name) if slicer is not None else None
+        if base == "ssm_a":
+            a = read_tensor(t, None, None, name).double().reshape(-1)
+            if not bool((a < 0).all()):
+                raise ValueError(f"{t.name} ({name}): ssm_a must be -exp(A_log) < 0")
+            yield name, _cut(torch.log(-a).float(), s, name)
+        elif base in ("ssm_d", "ssm_norm"):  # [H, 1], [groups, intermediate / groups]
+            yield name, _cut(read_tensor(t, None, None, name).reshape(-1), s, name)
+        elif base in ("ssm_conv1d", "shortconv.conv") and suffix == "weight":
+            w = read_tensor(t, None, None, name)  # [C, K] float32 always: HF's is [C, 1, K]
+            yield name, _cut(w, s, name).unsqueeze(1)
+        elif nemotron and base in ("attn_q", "attn_k") and suffix == "weight":
+            yield name, _cut(_unpermuted(read(t, name, None), config, base, name), s, name)
+        else:
+            yield name, read(t, name, s)
+
+
+def _unpermuted(w, config, base: str, name: str):
+    """LlamaModel.permute undone: q over the attention heads, k over the KV heads (each head's
+    rows [2, D / 2] interleaved back to [D / 2, 2]); a quantized matrix moves whole rows."""
+    from radixlm.model.layers.quantized import QuantizedTensor
+
+    heads = config.num_attention_heads if base == "attn_q" else config.num_key_value_heads
+    data = w.data if isinstance(w, QuantizedTensor) else w
+    rows = data.shape[0]
+    if rows != heads * config.head_dim:
+        raise ValueError(
+            f"{name}: {rows} rows for {heads} heads of head_dim {config.head_dim} (key_length)"
+        )
+    data = data.reshape(heads, rows // heads // 2, 2, -1).transpose(1, 2).reshape(rows, -1)
+    if isinstance(w, QuantizedTensor):
+        return QuantizedTensor(data.contiguous(), w.fmt, w.cols)
+    return data.contiguous()

@@ -1,0 +1,388 @@
+"""llama.cpp's hybrid Gated-DeltaNet architectures: `qwen35` (Qwen3_5ForCausalLM), `qwen35moe`
+(Qwen3_5MoeForCausalLM) and `qwen3next` (Qwen3NextForCausalLM): the HF config from their metadata,
+and their tensors back under HF's names in HF's layout.
+
+What the converter (convert_hf_to_gguf.py, now conversion/qwen.py: Qwen3NextModel,
+_LinearAttentionVReorderBase, _Qwen35MRopeMixin, _Qwen35MtpMixin) changes, undone here:
+- `A_log` is stored as ssm_a = -exp(A_log) (`data_torch = -torch.exp(data_torch)`): read back as
+  log(-ssm_a) in float64 (the float32 nearest; -exp is not injective in float32, so this is the
+  best inverse, and -exp of it gives the file's value back);
+- `dt_bias` is renamed `dt_proj.bias` (ssm_dt.bias), values unchanged;
+- `conv1d.weight` [C, 1, K] is squeezed to [C, K] (`data_torch = data_torch.squeeze()`);
+- every `*norm.weight` but `linear_attn.norm.weight` is stored as 1 + w (`data_torch + 1`: the
+  zero-centred RMSNorms); ssm_norm is stored as is;
+- qwen35/qwen35moe only, where linear_num_key_heads != linear_num_value_heads
+  (`_LinearAttentionVReorderBase.modify_tensors`): the V heads go from HF's grouped order (the
+  heads of key head 0, then of key head 1, ...) to ggml's tiled order (`_reorder_v_heads`), in the
+  V rows of in_proj_qkv, the rows of in_proj_z, in_proj_a, in_proj_b, A_log, dt_bias, the V
+  channels of conv1d and the columns of out_proj;
+- qwen3next: in_proj_qkvz ([q, k, v, z] per key head) is split into attn_qkv (all q, all k, all v)
+  and attn_gate (all z) (`Qwen3NextModel.modify_tensors`, "in_proj_qkvz.weight"); older files keep
+  it whole as ssm_in (llama.cpp: "ssm_in is used by legacy GGUF"); in_proj_ba is ssm_ba, as is;
+- the gated q_proj of the full-attention layers (q and gate interleaved per head) is kept whole
+  (attn_q, n_embd_head_k * n_head * 2 rows in llama.cpp's loader), so nothing to undo;
+- `rope.dimension_count` is int(head_dim * partial_rotary_factor); qwen35/qwen35moe also write the
+  M-RoPE sections (llama.cpp runs them interleaved, as HF's `mrope_interleaved`);
+- Qwen3.5's MTP block is appended after HF's layers (block_count counts its nextn_predict_layers):
+  skipped, HF's CausalLM has none.
+Row moves keep quantized blocks as stored (whole rows move); column moves do too when a head's
+columns are whole blocks, else that matrix is requantized to Q8_0 with a warning (as gguf_shard.py
+does for a split inside a block); so is qkvz when its two halves are stored in different types.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from radixlm.model.gguf_moe import MOE_TENSOR_NAMES
+from radixlm.model.tp_shard import Slicer, TensorSlice, slice_tensor
+
+logger = logging.getLogger(__name__)
+
+# general.architecture -> (HF architectures name, transformers config class name)
+QWEN35_ARCHITECTURES = {
+    "qwen35": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"),
+    "qwen35moe": ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig"),
+    "qwen3next": ("Qwen3NextForCausalLM", "Qwen3NextConfig"),
+}
+_MROPE = ("qwen35", "qwen35moe")  # llama.cpp: LLAMA_ROPE_TYPE_IMROPE; qwen3next: NEOX, no sections
+
+# llama.cpp name in a layer (with its suffix where HF's differs) -> HF name in model.layers.{}
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm",
+    "post_attention_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_qkv": "linear_attn.in_proj_qkv",
+    "attn_gate": "linear_attn.in_proj_z",
+    "ssm_beta": "linear_attn.in_proj_b",
+    "ssm_alpha": "linear_attn.in_proj_a",
+    "ssm_in": "linear_attn.in_proj_qkvz",
+    "ssm_ba": "linear_attn.in_proj_ba",
+    "ssm_conv1d": "linear_attn.conv1d",
+    "ssm_norm": "linear_attn.norm",
+    "ssm_out": "linear_attn.out_proj",
+    "ssm_a": "linear_attn.A_log",  # no suffix in the file (llama.cpp's SSM_A_NOSCAN)
+    "ssm_dt.bias": "linear_attn.dt_bias",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+    # the converter's --fuse-gate-up-exps: [E, 2I, H], gate rows then up rows, as HF's gate_up_proj
+    "ffn_gate_up_exps": "mlp.experts.gate_up_proj",
+    **{k: v.removeprefix("model.layers.{}.") for k, v in MOE_TENSOR_NAMES.items()},
+}
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_TENSOR_RE = re.compile(r"^(?:blk\.(\d+)\.)?(\w+)(?:\.(weight|bias))?$")
+_SPARSE_RE = re.compile(r"^blk\.(\d+)\.ffn_gate_inp\.weight$")
+_warned: set[str] = set()
+
+
+def _field(reader, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def qwen35_config(reader, arch: str, kw: dict) -> dict:
+    """The HF config kwargs of a qwen35 / qwen35moe / qwen3next GGUF; kw holds the keys every
+    architecture shares (gguf_config read them already)."""
+
+    def need(key: str) -> Any:
+        value = _field(reader, f"{arch}.{key}")
+        if value is None:
+            raise ValueError(f"{arch} GGUF without {arch}.{key}")
+        return value
+
+    f = lambda key, default=None: _field(reader, f"{arch}.{key}", default)
+    out = {k: v for k, v in kw.items() if k not in ("head_dim", "rope_theta", "rope_scaling")}
+    # block_count counts the appended MTP blocks (_Qwen35MtpMixin); HF's layers are the others.
+    n_layers = int(kw["num_hidden_layers"]) - int(f("nextn_predict_layers", 0))
+    head_dim = int(f("attention.key_length") or kw["hidden_size"] // kw["num_attention_heads"])
+    n_k, n_v = int(need("ssm.group_count")), int(need("ssm.time_step_rank"))
+    if n_v % n_k:
+        raise ValueError(
+            f"{arch} GGUF: ssm.time_step_rank {n_v} is not a multiple of ssm.group_count {n_k}"
+        )
+    interval = int(f("full_attention_interval", 4))  # llama.cpp's default too
+    out.update(
+        num_hidden_layers=n_layers,
+        head_dim=head_dim,
+        linear_conv_kernel_dim=int(need("ssm.conv_kernel")),
+        linear_key_head_dim=int(need("ssm.state_size")),
+        linear_num_key_heads=n_k,
+        linear_num_value_heads=n_v,
+        linear_value_head_dim=int(need("ssm.inner_size")) // n_v,
+        # llama.cpp: recurrent where (il + 1) % interval != 0; HF's layer_types alike
+        layer_types=[
+            "linear_attention" if (i + 1) % interval else "full_attention" for i in range(n_layers)
+        ],
+    )
+    rope: dict[str, Any] = {
+        "rope_type": "default",
+        "rope_theta": float(kw.get("rope_theta", 10000.0)),
+        "partial_rotary_factor": int(f("rope.dimension_count") or head_dim) / head_dim,
+    }
+    rope.update(kw.get("rope_scaling") or {})
+    if arch in _MROPE:
+        sections = f("rope.dimension_sections") or [11, 11, 10, 0]  # the converter's default
+        rope.update(mrope_section=[int(s) for s in sections[:3]], mrope_interleaved=True)
+    out["rope_parameters"] = rope
+    if arch != "qwen35":
+        out.update(
+            num_experts=int(need("expert_count")),
+            num_experts_per_tok=int(need("expert_used_count")),
+            moe_intermediate_size=int(need("expert_feed_forward_length")),
+            shared_expert_intermediate_size=int(f("expert_shared_feed_forward_length", 0)),
+        )
+    if arch == "qwen3next":  # llama.cpp renormalizes the top-k weights unless told otherwise
+        out["norm_topk_prob"] = bool(f("expert_weights_norm", True))
+        sparse = {int(m.group(1)) for t in reader.tensors if (m := _SPARSE_RE.match(t.name))}
+        out["mlp_only_layers"] = [i for i in range(n_layers) if i not in sparse]
+        out["decoder_sparse_step"] = 1
+    return out
+
+
+class _Dims:
+    """The linear-attention sizes of a config, and the GGUF shape (HF order) of each tensor."""
+
+    def __init__(self, config):
+        c = config
+        self.hidden = c.hidden_size
+        self.nk, self.nv = c.linear_num_key_heads, c.linear_num_value_heads
+        self.hk, self.hv = c.linear_key_head_dim, c.linear_value_head_dim
+        self.r = self.nv // self.nk  # value heads per key head
+        self.qk = 2 * self.nk * self.hk  # the q and k rows (and conv channels)
+        self.v = self.nv * self.hv
+        self.full = [t == "full_attention" for t in c.layer_types]
+        self.shapes = {
+            "attn_qkv": (self.qk + self.v, self.hidden),
+            "attn_gate": (self.v, self.hidden),
+            "ssm_in": (self.qk + 2 * self.v, self.hidden),
+            "ssm_ba": (2 * self.nv, self.hidden),
+            "ssm_beta": (self.nv, self.hidden),
+            "ssm_alpha": (self.nv, self.hidden),
+            "ssm_a": (self.nv,),
+            "ssm_dt.bias": (self.nv,),
+            "ssm_conv1d": (self.qk + self.v, c.linear_conv_kernel_dim),
+            "ssm_norm": (self.hv,),
+            "ssm_out": (self.hidden, self.v),
+        }
+
+    def grouped(self, head: int) -> torch.Tensor:
+        """Stored (tiled) index of each V row in HF's grouped order: the inverse of the
+        converter's _reorder_v_heads ([nk, r, head] -> [r, nk, head])."""
+        return torch.arange(self.nv * head).reshape(self.r, self.nk, head).transpose(0, 1).flatten()
+
+    def qkvz(self) -> torch.Tensor:
+        """Index into cat(attn_qkv, attn_gate) of each in_proj_qkvz row ([q, k, v, z] per key
+        head), the inverse of Qwen3NextModel's split."""
+        hk, rv, qk, v = self.hk, self.r * self.hv, self.qk, self.v
+        parts = []
+        for g in range(self.nk):
+            parts += [
+                torch.arange(g * hk, (g + 1) * hk),
+                torch.arange(qk // 2 + g * hk, qk // 2 + (g + 1) * hk),
+                torch.arange(qk + g * rv, qk + (g + 1) * rv),
+                torch.arange(qk + v + g * rv, qk + v + (g + 1) * rv),
+            ]
+        return torch.cat(parts)
+
+
+def qwen35_weights(
+    reader,
+    config,
+    read: Callable[[Any, str, TensorSlice | None], Any],
+    slicer: Slicer | None = None,
+    keep: Callable[[str], bool] | None = None,
+) -> Iterator[tuple[str, Any]]:
+    """(HF name, tensor) for every tensor of the file's HF layers, as gguf_weights yields them.
+    read(t, name, slice): gguf_loader's reader of one tensor (quantized or float32 as asked)."""
+    from radixlm.model.gguf_shard import read_tensor
+
+    arch = _field(reader, "general.architecture")
+    dims = _Dims(config)
+    reorder = arch in _MROPE and dims.r > 1  # _LinearAttentionVReorderBase: only if nk != nv
+    n_layers = config.num_hidden_layers
+    pending: dict[str, tuple[str, Any]] = {}  # qwen3next's in_proj_qkvz: the half read first
+    for t in reader.tensors:
+        m = _TENSOR_RE.match(t.name)
+        if m is None:
+            continue
+        layer, base, suffix = m.group(1), m.group(2), m.group(3)
+        key = f"{base}.{suffix}" if f"{base}.{suffix}" in _LAYER_NAMES else base
+        if layer is None:
+            if base not in _TOP_NAMES or suffix is None:
+                continue
+            name = f"{_TOP_NAMES[base]}.{suffix}"
+        else:
+            il = int(layer)
+            if il >= n_layers or key not in _LAYER_NAMES:  # the MTP block(s), unknown tensors
+                continue
+            tail = _LAYER_NAMES[key]
+            if arch == "qwen3next" and base in ("attn_qkv", "attn_gate"):
+                tail = "linear_attn.in_proj_qkvz"
+            name = f"model.layers.{il}.{tail}" + (f".{suffix}" if key == base and suffix else "")
+            if key in dims.shapes or base in ("attn_qkv", "attn_gate"):
+                if dims.full[il]:
+                    raise ValueError(
+                        f"{t.name} ({name}): a linear-attention tensor in full-attention layer"
+                        f" {il} (layer_types from {arch}.full_attention_interval)"
+                    )
+                _check_shape(t, name, dims.shapes[key])
+        if keep is not None and not keep(name):
+            continue
+        s = slicer(name) if slicer is not None else None
+        if name.endswith("norm.weight"):
+            w = read(t, name, s)
+            # zero-centred norms (1 + w): the converter stored w + 1 (exact for w in [-0.5, 1])
+            yield name, w if name.endswith("linear_attn.norm.weight") else w - 1
+        elif key == "ssm_a":
+            a = read(t, name, None).double()
+            if not bool((a < 0).all()):
+                raise ValueError(f"{t.name} ({name}): ssm_a must be -exp(A_log) < 0")
+            yield name, _cut(_rows(torch.log(-a).float(), dims, reorder, 1), s, name)
+        elif key == "ssm_dt.bias" or base in ("ssm_beta", "ssm_alpha"):
+            yield name, _cut(_rows(read(t, name, None), dims, reorder, 1), s, name)
+        elif base == "ssm_conv1d":  # [C, K] as float32 always: HF's is [C, 1, K]
+            w = read_tensor(t, None, None, name)
+            if reorder:
+                w = torch.cat([w[: dims.qk], w[dims.qk :][dims.grouped(dims.hv)]])
+            yield name, _cut(w, s, name).unsqueeze(1)
+        elif base == "attn_qkv" and arch != "qwen3next":
+            w = read(t, name, None)
+            if reorder:
+                perm = torch.cat([torch.arange(dims.qk), dims.qk + dims.grouped(dims.hv)])
+                w = _permute_rows(w, perm)
+            yield name, _cut(w, s, name)
+        elif base == "attn_gate" and arch != "qwen3next":
+            yield name, _cut(_rows(read(t, name, None), dims, reorder, dims.hv), s, name)
+        elif base == "ssm_out":
+            w = read(t, name, None)
+            if reorder:
+                w = _permute_cols(w, dims.grouped(dims.hv), dims.hv, name)
+            yield name, _cut(w, s, name)
+        elif base in ("attn_qkv", "attn_gate"):  # qwen3next's split in_proj_qkvz
+            other = "attn_gate" if base == "attn_qkv" else "attn_qkv"
+            part = read(t, name, None)
+            if name not in pending:
+                pending[name] = (base, part)
+                continue
+            parts = {base: part, other: pending.pop(name)[1]}
+            w = _cat_rows(parts["attn_qkv"], parts["attn_gate"], name)
+            yield name, _cut(_permute_rows(w, dims.qkvz()), s, name)
+        else:
+            yield name, read(t, name, s)
+    if pending:
+        name, (base, _) = next(iter(pending.items()))
+        raise ValueError(f"{name}: the GGUF has its {base} half but not the other")
+
+
+def _check_shape(t, name: str, want: tuple[int, ...]) -> None:
+    got = tuple(int(n) for n in reversed(t.shape))  # ggml's ne is [cols, rows]
+    if got != want:
+        raise ValueError(
+            f"{t.name} ({name}): shape {list(got)} does not match {list(want)}, what the"
+            " linear-attention sizes in the metadata (ssm.*) give"
+        )
+
+
+def _rows(w, dims: _Dims, reorder: bool, head: int):
+    return _permute_rows(w, dims.grouped(head)) if reorder else w
+
+
+def _permute_rows(w, perm: torch.Tensor):
+    """Rows in perm's order; a quantized matrix moves whole rows of blocks (exact)."""
+    from radixlm.model.layers.quantized import QuantizedTensor
+
+    if isinstance(w, QuantizedTensor):
+        return QuantizedTensor(w.data[perm].contiguous(), w.fmt, w.cols)
+    return w[perm].contiguous()
+
+
+def _permute_cols(w, perm: torch.Tensor, run: int, name: str):
+    """Columns in perm's order (perm moves runs of `run` columns). Quantized blocks move whole
+    where a run is whole blocks; else the matrix is requantized to Q8_0 (warned)."""
+    from radixlm.model.layers.quantized import QuantizedTensor
+
+    if not isinstance(w, QuantizedTensor):
+        return w[:, perm].contiguous()
+    fmt = w.fmt
+    if run % fmt.block == 0:
+        rows = w.data.shape[0]
+        blocks = w.data.reshape(rows, -1, fmt.block_bytes)[:, perm[:: fmt.block] // fmt.block]
+        return QuantizedTensor(blocks.reshape(rows, -1).contiguous(), fmt, w.cols)
+    why = f"its {run}-column V heads move inside {fmt.name.upper()} blocks of {fmt.block}"
+    return _requantized(_dequantized(w)[:, perm], name, why)
+
+
+def _cat_rows(a, b, name: str):
+    """[a; b]: quantized blocks kept where both halves have one type."""
+    from radixlm.model.layers.quantized import QuantizedTensor
+
+    qa, qb = isinstance(a, QuantizedTensor), isinstance(b, QuantizedTensor)
+    if qa and qb and a.fmt == b.fmt:
+        return QuantizedTensor(torch.cat([a.data, b.data]), a.fmt, a.cols)
+    if not qa and not qb:
+        return torch.cat([a, b])
+    kinds = "/".join(
+        x.fmt.name.upper() if isinstance(x, QuantizedTensor) else "F32" for x in (a, b)
+    )
+    return _requantized(
+        torch.cat([_dequantized(a), _dequantized(b)]), name, f"attn_qkv/attn_gate are {kinds}"
+    )
+
+
+def _dequantized(w) -> torch.Tensor:
+    from radixlm.kernels.formats import dequantize_reference
+    from radixlm.model.layers.quantized import QuantizedTensor
+
+    if not isinstance(w, QuantizedTensor):
+        return w
+    return dequantize_reference(w.data, w.fmt.name, w.cols).reshape(-1, w.cols).float()
+
+
+def _requantized(w: torch.Tensor, name: str, why: str):
+    """w (float32) as Q8_0 blocks, or float32 where its columns are no multiple of 32."""
+    from radixlm.kernels.formats import FORMATS
+    from radixlm.model.layers.quantized import QuantizedTensor
+
+    target = "q8_0" if FORMATS["q8_0"].supports(w.shape[1]) else "f32"
+    if why not in _warned:
+        _warned.add(why)
+        logger.warning(
+            "%s: %s, so llama.cpp's reordering cannot be undone on the stored blocks; it is"
+            " requantized to %s (so is every such tensor)",
+            name,
+            why,
+            target.upper(),
+        )
+    return w if target == "f32" else QuantizedTensor.quantize(w, target)
+
+
+def _cut(w, s: TensorSlice | None, name: str):
+    """This rank's slice of a tensor already in HF's layout (read whole: the file's order is
+    another)."""
+    from radixlm.model.layers.quantized import QuantizedTensor
+
+    if s is None:
+        return w
+    if not isinstance(w, QuantizedTensor):
+        return slice_tensor(w, s).contiguous()
+    if s.dim == 0:
+        return QuantizedTensor(slice_tensor(w.data, s).contiguous(), w.fmt, w.cols)
+    block, nbytes = w.fmt.block, w.fmt.block_bytes
+    if any(a % block or n % block for a, n in s.ranges):
+        raise ValueError(
+            f"{name}: a tensor-parallel cut at columns {s.ranges} splits its"
+            f" {w.fmt.name.upper()} blocks"
+        )
+    cuts = [w.data[:, a // block * nbytes : (a + n) // block * nbytes] for a, n in s.ranges]
+    return QuantizedTensor(torch.cat(cuts, 1).contiguous(), w.fmt, s.size)

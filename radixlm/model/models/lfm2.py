@@ -1,0 +1,160 @@
+"""LFM2 (HF Lfm2ForCausalLM): a hybrid decoder whose layer_types mark each layer conv (a gated short
+convolution: model/layers/linear_attn/short_conv.py, a conv window per request) or full_attention
+(GQA with RMSNorm over each head of q and k, then RoPE); every layer then has a SwiGLU MLP
+(feed_forward: w1 gate, w3 up, w2 down). Pre-norms operator_norm and ffn_norm; the final norm is
+HF's `embedding_norm` (applied after the last layer, whatever its name says).
+
+Older configs give full_attn_idxs instead of layer_types (the config class turns them into
+layer_types). The MLP's width is HF's: with block_auto_adjust_ff_dim, int(2 * intermediate / 3),
+times block_ffn_dim_multiplier and rounded up to block_multiple_of when a multiplier is set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from radixlm.cache.state_pool import StateSpec
+from radixlm.model.forward_batch import ForwardBatch
+from radixlm.model.layers.attention import RadixAttention
+from radixlm.model.layers.linear_attn.short_conv import ShortConv
+from radixlm.model.layers.norm import RMSNorm
+from radixlm.model.layers.parallel_linear import (
+    QKVParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
+from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
+from radixlm.model.models.llama import LlamaForCausalLM, LlamaMLP, get_head_dim
+from radixlm.model.models.qwen3_5 import hybrid_layer_types
+from radixlm.model.pp_stage import pp_stage
+
+LAYER_TYPES = ("conv", "full_attention")
+
+
+def lfm2_ff_dim(config: Any) -> int:
+    """Lfm2MLP's width from the config (HF's arithmetic, as is)."""
+    size = config.intermediate_size
+    if getattr(config, "block_auto_adjust_ff_dim", False):
+        size = int(2 * size / 3)
+        multiplier = getattr(config, "block_ffn_dim_multiplier", None)
+        if multiplier is not None:
+            size = int(multiplier * size)
+            step = config.block_multiple_of
+            size = step * ((size + step - 1) // step)
+    return size
+
+
+class Lfm2Attention(nn.Module):
+    def __init__(self, config: Any, kv_layer_id: int, rotary_emb: RotaryEmbedding):
+        super().__init__()
+        self.head_dim = head_dim = get_head_dim(config)
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, heads, kv_heads)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size = self.num_heads * head_dim, self.num_kv_heads * head_dim
+        self.out_proj = RowParallelLinear(
+            heads * head_dim, config.hidden_size, what="num_attention_heads * head_dim"
+        )
+        self.q_layernorm = RMSNorm(head_dim, eps=config.norm_eps)
+        self.k_layernorm = RMSNorm(head_dim, eps=config.norm_eps)
+        self.rotary_emb = rotary_emb
+        self.attn = RadixAttention(
+            self.num_heads, head_dim, head_dim**-0.5, self.num_kv_heads, kv_layer_id
+        )
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, fb: ForwardBatch):
+        n = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = self.q_layernorm(q.reshape(n, self.num_heads, self.head_dim)).reshape(n, self.q_size)
+        k = self.k_layernorm(k.reshape(n, self.num_kv_heads, self.head_dim))
+        q, k = self.rotary_emb(positions, q, k.reshape(n, self.kv_size))
+        return self.out_proj(self.attn(q, k, v.contiguous(), fb))
+
+
+class Lfm2DecoderLayer(nn.Module):
+    def __init__(self, config: Any, layer_type: str, index: int, rotary_emb: RotaryEmbedding):
+        """index: the layer's number among the layers of its type (its KV or state layer)."""
+        super().__init__()
+        self.is_linear = layer_type == "conv"
+        if self.is_linear:
+            self.conv = ShortConv(
+                config.hidden_size, config.conv_L_cache, bool(config.conv_bias), index
+            )
+        else:
+            self.self_attn = Lfm2Attention(config, index, rotary_emb)
+        self.feed_forward = LlamaMLP(config.hidden_size, lfm2_ff_dim(config))
+        self.operator_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.ffn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+
+    def forward(self, positions, hidden, fb: ForwardBatch, residual):
+        if residual is None:
+            residual, hidden = hidden, self.operator_norm(hidden)
+        else:
+            hidden, residual = self.operator_norm(hidden, residual)
+        if self.is_linear:
+            hidden = self.conv(hidden, fb)
+        else:
+            hidden = self.self_attn(positions, hidden, fb)
+        hidden, residual = self.ffn_norm(hidden, residual)
+        return self.feed_forward(hidden), residual
+
+
+class Lfm2Model(nn.Module):
+    def __init__(self, config: Any):
+        super().__init__()
+        self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.rotary_emb = rotary = get_rope(get_head_dim(config), config)
+        counts = {t: 0 for t in LAYER_TYPES}
+        layers = []
+        for t in self.layer_types:
+            layers.append(Lfm2DecoderLayer(config, t, counts[t], rotary))
+            counts[t] += 1
+        self.layers = nn.ModuleList(layers)
+        self.num_kv_layers = counts["full_attention"]
+        self.embedding_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+
+    def forward(self, input_ids, positions, fb: ForwardBatch, input_embeds=None):
+        fb.attn_backend.begin_forward(fb)
+        hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
+        positions = self.rotary_emb.cache_rows(positions, fb)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, fb, residual)
+        hidden, _ = self.embedding_norm(hidden, residual)
+        return hidden
+
+
+class Lfm2ForCausalLM(LlamaForCausalLM):
+    stacked_params_mapping = [
+        ("qkv_proj", "q_proj", 0),
+        ("qkv_proj", "k_proj", 1),
+        ("qkv_proj", "v_proj", 2),
+        ("gate_up_proj", "w1", 0),
+        ("gate_up_proj", "w3", 1),
+    ]
+
+    def build_model(self, config: Any) -> nn.Module:
+        if pp_stage(config.num_hidden_layers).size > 1:
+            raise ValueError("pipeline parallelism does not split hybrid models yet")
+        return Lfm2Model(config)
+
+    @property
+    def num_kv_layers(self) -> int:
+        return self.model.num_kv_layers
+
+    def state_specs(self, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> list[list[StateSpec]]:
+        """Per conv layer, in order, its conv window."""
+        return [
+            layer.conv.state_specs(conv_dtype, ssm_dtype)
+            for layer in self.model.layers
+            if layer.is_linear
+        ]
+
+    def _map_name(self, name: str) -> tuple[str, int | None]:
+        if name.endswith(".feed_forward.w2.weight"):  # the MLP's down projection
+            name = name.replace(".feed_forward.w2.", ".feed_forward.down_proj.")
+        return super()._map_name(name)

@@ -1,0 +1,186 @@
+"""Nemotron-H (HF NemotronHForCausalLM): a hybrid decoder whose every layer is ONE block, chosen by
+the config's pattern (hybrid_override_pattern, layer_types in transformers 5.x): M a Mamba-2 mixer
+(model/layers/linear_attn/mamba2.py, a recurrent state per request), * attention (GQA without any
+position encoding: Nemotron-H's attention has no RoPE), - an MLP (up, relu2, down). Each block is
+its own pre-norm and residual: x + mixer(norm(x)); the final norm is norm_f.
+
+Only the attention layers keep KV (numbered among themselves for the KV pool, `num_kv_layers`);
+the Mamba layers are numbered among themselves for the state pool (`state_specs`). The MoE blocks
+(E: Nemotron-3's routed experts) are refused by name. Checkpoints name the decoder `backbone.`
+(NVIDIA's, and what transformers writes); the multi-token-prediction head (mtp.) is skipped.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from radixlm.cache.state_pool import StateSpec
+from radixlm.model.forward_batch import ForwardBatch
+from radixlm.model.layers.attention import RadixAttention
+from radixlm.model.layers.linear_attn.mamba2 import Mamba2Dims, Mamba2Mixer
+from radixlm.model.layers.norm import RMSNorm
+from radixlm.model.layers.parallel_linear import (
+    ColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
+from radixlm.model.models.llama import LlamaForCausalLM, get_head_dim
+from radixlm.model.models.qwen3_5 import hybrid_layer_types
+from radixlm.model.pp_stage import pp_stage
+
+LAYER_TYPES = ("linear_attention", "full_attention", "mlp")
+
+# HF's ACT2FN names of the MLP activations Nemotron-H checkpoints use.
+_ACTIVATIONS = {
+    "relu2": lambda x: F.relu(x).square(),
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "relu": F.relu,
+}
+
+
+def nemotron_h_mamba_dims(config: Any) -> Mamba2Dims:
+    return Mamba2Dims(
+        hidden_size=config.hidden_size,
+        num_heads=config.mamba_num_heads,
+        head_dim=config.mamba_head_dim,
+        n_groups=config.n_groups,
+        state_size=config.ssm_state_size,
+        conv_kernel=config.conv_kernel,
+        conv_bias=bool(config.use_conv_bias),
+        proj_bias=bool(getattr(config, "use_bias", False)),
+        eps=config.layer_norm_epsilon,
+        # NemotronHMamba2Mixer's own limit, whatever config.time_step_limit says
+        dt_limit=(float(config.time_step_min), float("inf")),
+    )
+
+
+class NemotronHAttention(nn.Module):
+    """q/k/v/o without bias (HF builds them so whatever attention_bias says), no RoPE."""
+
+    def __init__(self, config: Any, kv_layer_id: int):
+        super().__init__()
+        self.head_dim = head_dim = get_head_dim(config)
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, head_dim, heads, kv_heads)
+        self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size = self.num_heads * head_dim, self.num_kv_heads * head_dim
+        self.o_proj = RowParallelLinear(
+            heads * head_dim, config.hidden_size, what="num_attention_heads * head_dim"
+        )
+        self.attn = RadixAttention(
+            self.num_heads, head_dim, head_dim**-0.5, self.num_kv_heads, kv_layer_id
+        )
+
+    def forward(self, hidden: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        return self.o_proj(self.attn(q.contiguous(), k.contiguous(), v.contiguous(), fb))
+
+
+class NemotronHMLP(nn.Module):
+    def __init__(self, config: Any):
+        super().__init__()
+        act = getattr(config, "mlp_hidden_act", "relu2")
+        if act not in _ACTIVATIONS:
+            raise ValueError(f"mlp_hidden_act {act!r}: radixlm runs {', '.join(_ACTIVATIONS)}")
+        self.act_fn = _ACTIVATIONS[act]
+        bias = bool(getattr(config, "mlp_bias", False))
+        size = config.intermediate_size
+        self.up_proj = ColumnParallelLinear(config.hidden_size, size, bias=bias)
+        self.down_proj = RowParallelLinear(size, config.hidden_size, bias=bias)
+
+    def forward(self, hidden: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.up_proj(hidden)))
+
+
+class NemotronHBlock(nn.Module):
+    def __init__(self, config: Any, block_type: str, index: int):
+        """index: the block's number among the blocks of its type (its KV or state layer)."""
+        super().__init__()
+        self.block_type = block_type
+        self.norm = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        if block_type == "linear_attention":
+            self.mixer = Mamba2Mixer(nemotron_h_mamba_dims(config), index)
+        elif block_type == "full_attention":
+            self.mixer = NemotronHAttention(config, index)
+        else:
+            self.mixer = NemotronHMLP(config)
+
+    @property
+    def is_linear(self) -> bool:
+        return self.block_type == "linear_attention"
+
+    def forward(self, hidden, fb: ForwardBatch, residual):
+        # The residual stream rides along (fused add + norm): x + mixer(norm(x)) per block.
+        if residual is None:
+            residual, hidden = hidden, self.norm(hidden)
+        else:
+            hidden, residual = self.norm(hidden, residual)
+        return self.mixer(hidden, fb), residual
+
+
+class NemotronHModel(nn.Module):
+    def __init__(self, config: Any):
+        super().__init__()
+        self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
+        self.embeddings = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        counts = {t: 0 for t in LAYER_TYPES}
+        layers = []
+        for t in self.layer_types:
+            layers.append(NemotronHBlock(config, t, counts[t]))
+            counts[t] += 1
+        self.layers = nn.ModuleList(layers)
+        self.num_kv_layers = counts["full_attention"]
+        self.norm_f = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+
+    def forward(self, input_ids, positions, fb: ForwardBatch, input_embeds=None):
+        fb.attn_backend.begin_forward(fb)
+        hidden = self.embeddings(input_ids) if input_embeds is None else input_embeds
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(hidden, fb, residual)
+        hidden, _ = self.norm_f(hidden, residual)
+        return hidden
+
+
+class NemotronHForCausalLM(LlamaForCausalLM):
+    stacked_params_mapping = [
+        ("qkv_proj", "q_proj", 0),
+        ("qkv_proj", "k_proj", 1),
+        ("qkv_proj", "v_proj", 2),
+    ]
+    SKIPPED_PREFIXES = ("mtp.",)
+
+    def build_model(self, config: Any) -> nn.Module:
+        if pp_stage(config.num_hidden_layers).size > 1:
+            raise ValueError("pipeline parallelism does not split hybrid models yet")
+        return NemotronHModel(config)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        head = self.model.embeddings.as_lm_head if self.tie_word_embeddings else self.lm_head
+        return head(hidden_states).float()
+
+    @property
+    def num_kv_layers(self) -> int:
+        return self.model.num_kv_layers
+
+    def state_specs(self, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> list[list[StateSpec]]:
+        """Per Mamba layer, in order, the tensors of its per-request state."""
+        return [
+            layer.mixer.state_specs(conv_dtype, ssm_dtype)
+            for layer in self.model.layers
+            if layer.is_linear
+        ]
+
+    def load_weights(self, weights) -> None:
+        super().load_weights((n, t) for n, t in weights if not n.startswith(self.SKIPPED_PREFIXES))
+
+    def _map_name(self, name: str) -> tuple[str, int | None]:
+        if name.startswith("backbone."):  # NVIDIA's checkpoints, and transformers' save_pretrained
+            name = "model." + name.removeprefix("backbone.")
+        return super()._map_name(name)

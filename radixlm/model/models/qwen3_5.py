@@ -1,0 +1,216 @@
+"""Qwen3.5 (HF Qwen3_5ForCausalLM, and the text model of Qwen3_5ForConditionalGeneration): a
+hybrid decoder. Its config's layer_types mark each layer linear_attention (Gated DeltaNet:
+model/layers/linear_attn/gated_delta_net.py, a recurrent state per request) or full_attention
+(gated attention: q_proj yields each head's query and an output gate; q/k RMSNorm; RoPE on the
+first partial_rotary_factor of each head). Norms multiply by 1 + w (GemmaRMSNorm).
+
+Only the full-attention layers keep KV: they are numbered among themselves for the KV pool
+(`num_kv_layers`), the state layers among themselves for the state pool (`state_specs`).
+Qwen3.5's text positions are M-RoPE's with the three sections equal: plain RoPE over the rotary
+dims. Images are not wired to this decoder yet: the vision tower's weights are skipped and the
+model takes text only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from radixlm.cache.state_pool import StateSpec
+from radixlm.model.forward_batch import ForwardBatch
+from radixlm.model.layers.attention import RadixAttention
+from radixlm.model.layers.linear_attn.gated_delta_net import GatedDeltaNet
+from radixlm.model.layers.norm import GemmaRMSNorm
+from radixlm.model.layers.parallel_linear import (
+    MergedColumnParallelLinear,
+    RowParallelLinear,
+    VocabParallelEmbedding,
+)
+from radixlm.model.layers.quantized import QuantizedTensor
+from radixlm.model.layers.rotary import RotaryEmbedding, rope_parameters
+from radixlm.model.models.llama import LlamaForCausalLM, LlamaMLP
+from radixlm.model.pp_stage import pp_stage
+
+LAYER_TYPES = ("linear_attention", "full_attention")
+
+
+def hybrid_layer_types(config: Any, known: tuple[str, ...] = LAYER_TYPES) -> list[str]:
+    """config.layer_types, checked: a layer of a type radixlm does not run is a ValueError that
+    names it (never a model that silently skips it)."""
+    types = list(getattr(config, "layer_types", None) or [])
+    if len(types) != config.num_hidden_layers:
+        raise ValueError(
+            f"layer_types has {len(types)} entries for num_hidden_layers {config.num_hidden_layers}"
+        )
+    for i, t in enumerate(types):
+        if t not in known:
+            raise ValueError(
+                f"layer_types[{i}] = {t!r}: this architecture runs {', '.join(known)} layers"
+            )
+    return types
+
+
+def text_rope(head_dim: int, config: Any) -> RotaryEmbedding:
+    """RoPE over the first partial_rotary_factor of each head (M-RoPE with equal sections is
+    plain RoPE for text)."""
+    params = {k: v for k, v in rope_parameters(config).items() if k not in ("mrope_section",)}
+    params.pop("mrope_interleaved", None)
+    return RotaryEmbedding(head_dim, config.max_position_embeddings, params)
+
+
+class Qwen3_5Attention(nn.Module):
+    def __init__(self, config: Any, kv_layer_id: int, rotary_emb: RotaryEmbedding):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        q, kv = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.q_size, self.kv_size = q, kv
+        bias = bool(getattr(config, "attention_bias", False))
+        # q_proj: per head, its query then its gate (HF's layout), then k and v
+        self.qkv_proj = MergedColumnParallelLinear(config.hidden_size, [2 * q, kv, kv], bias=bias)
+        self.o_proj = RowParallelLinear(q, config.hidden_size, bias=bias, what="attention heads")
+        self.q_norm = GemmaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = GemmaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.rotary_emb = rotary_emb
+        self.attn = RadixAttention(
+            self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, kv_layer_id
+        )
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, fb: ForwardBatch):
+        n = hidden.shape[0]
+        qg, k, v = self.qkv_proj(hidden).split([2 * self.q_size, self.kv_size, self.kv_size], -1)
+        q, gate = qg.reshape(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+        q = self.q_norm(q.contiguous()).reshape(n, self.q_size)
+        k = self.k_norm(k.reshape(n, self.num_kv_heads, self.head_dim)).reshape(n, self.kv_size)
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn(q, k, v.contiguous(), fb) * torch.sigmoid(gate.reshape(n, self.q_size))
+        return self.o_proj(out)
+
+
+class Qwen3_5DecoderLayer(nn.Module):
+    def __init__(
+        self,
+        config: Any,
+        layer_type: str,
+        index: int,
+        rotary_emb: RotaryEmbedding,
+        mlp: nn.Module,
+    ):
+        """index: the layer's number among the layers of its type (its KV or state layer)."""
+        super().__init__()
+        self.is_linear = layer_type == "linear_attention"
+        if self.is_linear:
+            self.linear_attn = GatedDeltaNet(config, index)
+        else:
+            self.self_attn = Qwen3_5Attention(config, index, rotary_emb)
+        self.mlp = mlp
+        self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, positions, hidden, fb: ForwardBatch, residual):
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        if self.is_linear:
+            hidden = self.linear_attn(hidden, fb)
+        else:
+            hidden = self.self_attn(positions, hidden, fb)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class Qwen3_5Model(nn.Module):
+    def __init__(self, config: Any, build_mlp: Callable[[Any, int], nn.Module]):
+        """build_mlp(config, layer index): each layer's MLP (dense, or a mixture of experts)."""
+        super().__init__()
+        self.layer_types = hybrid_layer_types(config)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.rotary_emb = rotary = text_rope(config.head_dim, config)
+        counts = {t: 0 for t in LAYER_TYPES}
+        layers = []
+        for i, t in enumerate(self.layer_types):
+            layers.append(Qwen3_5DecoderLayer(config, t, counts[t], rotary, build_mlp(config, i)))
+            counts[t] += 1
+        self.layers = nn.ModuleList(layers)
+        self.num_kv_layers = counts["full_attention"]
+        self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, input_ids, positions, fb: ForwardBatch, input_embeds=None):
+        fb.attn_backend.begin_forward(fb)
+        hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
+        positions = self.rotary_emb.cache_rows(positions, fb)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, fb, residual)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+
+class Qwen3_5ForCausalLM(LlamaForCausalLM):
+    stacked_params_mapping = [
+        ("qkv_proj", "q_proj", 0),
+        ("qkv_proj", "k_proj", 1),
+        ("qkv_proj", "v_proj", 2),
+        ("gate_up_proj", "gate_proj", 0),
+        ("gate_up_proj", "up_proj", 1),
+        ("in_proj_qkvz", "in_proj_qkv", 0),
+        ("in_proj_qkvz", "in_proj_z", 1),
+        ("in_proj_ba", "in_proj_b", 0),
+        ("in_proj_ba", "in_proj_a", 1),
+    ]
+    # Checkpoint parts this text model does not run: the multi-token-prediction head, the vision
+    # tower of a Qwen3_5ForConditionalGeneration checkpoint.
+    SKIPPED_PREFIXES = ("mtp.", "model.visual.", "visual.")
+
+    def __init__(self, config: Any):
+        super().__init__(config.get_text_config())
+
+    def build_model(self, config: Any) -> nn.Module:
+        if pp_stage(config.num_hidden_layers).size > 1:
+            raise ValueError("pipeline parallelism does not split hybrid models yet")
+        return Qwen3_5Model(config, self.build_mlp)
+
+    def build_mlp(self, config: Any, layer_id: int) -> nn.Module:
+        return LlamaMLP(config.hidden_size, config.intermediate_size)
+
+    @property
+    def num_kv_layers(self) -> int:
+        return self.model.num_kv_layers
+
+    def state_specs(self, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> list[list[StateSpec]]:
+        """Per state layer, in order, the tensors of its per-request state."""
+        return [
+            layer.linear_attn.state_specs(conv_dtype, ssm_dtype)
+            for layer in self.model.layers
+            if layer.is_linear
+        ]
+
+    # The projections whose outputs set the state's decay and write strength (through exp and
+    # sigmoid): tiny (two rows per value head), run in float so that no activation rounding
+    # reaches an exponent (a GGUF's quantized ones are dequantized at load).
+    FLOAT_WEIGHTS = (".in_proj_b.weight", ".in_proj_a.weight", ".in_proj_ba.weight")
+
+    def load_weights(self, weights) -> None:
+        super().load_weights(
+            (
+                n,
+                t.dequantize()
+                if isinstance(t, QuantizedTensor) and n.endswith(self.FLOAT_WEIGHTS)
+                else t,
+            )
+            for n, t in weights
+            if not n.startswith(self.SKIPPED_PREFIXES)
+        )
+
+    def takes_quantized(self, name: str) -> bool:
+        return not name.endswith(self.FLOAT_WEIGHTS) and super().takes_quantized(name)
+
+    def _map_name(self, name: str) -> tuple[str, int | None]:
+        if name.startswith("model.language_model."):  # a ConditionalGeneration checkpoint
+            name = "model." + name.removeprefix("model.language_model.")
+        return super()._map_name(name)

@@ -1,0 +1,90 @@
+"""The memory of a hybrid model's recurrent states beside its KV pool (ModelRunner).
+
+One budget feeds both pools. SGLang's split: the states get --mamba-full-memory-ratio (r) times
+the KV pool's bytes, so a budget B gives KV B / (1 + r) and states B r / (1 + r);
+--max-mamba-cache-size N instead fixes the state slots and the KV pool gets the rest of B. Each
+running request holds one state slot (its ReqToTokenPool row); the other slots keep snapshots for
+the prefix cache. When the slots are too few for --max-running-requests, the running requests are
+capped to half of them (the other half keeps snapshots), and the log says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from radixlm.cache.state_pool import MambaPool, StateSpec
+from radixlm.model.runner_config import TORCH_DTYPES, ModelRunnerConfig
+
+logger = logging.getLogger(__name__)
+
+
+def is_hybrid(model: nn.Module) -> bool:
+    return hasattr(model, "state_specs")
+
+
+@dataclass
+class StateMemory:
+    specs: list[list[StateSpec]]
+    config: ModelRunnerConfig
+
+    @classmethod
+    def of(cls, model: nn.Module, config: ModelRunnerConfig, dtype: torch.dtype):
+        """The model's state layout (None: no state layers). Conv windows keep the model dtype;
+        the recurrent states --mamba-ssm-dtype."""
+        if not is_hybrid(model):
+            return None
+        return cls(model.state_specs(dtype, TORCH_DTYPES[config.mamba_ssm_dtype]), config)
+
+    @property
+    def per_state(self) -> int:
+        return MambaPool.bytes_per_state(self.specs)
+
+    def kv_share(self, budget: int) -> int:
+        """The KV pool's part of a budget of `budget` bytes."""
+        fixed = self.config.max_mamba_cache_size
+        if fixed is not None:
+            left = budget - fixed * self.per_state
+            if left <= 0:
+                raise ValueError(
+                    f"max_mamba_cache_size {fixed} states of {self.per_state} bytes take the whole"
+                    f" memory budget ({budget} bytes): lower it or raise the budget"
+                )
+            return left
+        return int(budget / (1 + self.config.mamba_full_memory_ratio))
+
+    def slots(self, kv_bytes: int) -> int:
+        fixed = self.config.max_mamba_cache_size
+        if fixed is not None:
+            return fixed
+        return max(2, int(kv_bytes * self.config.mamba_full_memory_ratio // self.per_state))
+
+    def create_pool(
+        self, kv_bytes: int, max_running_requests: int, device: torch.device
+    ) -> tuple[MambaPool, int]:
+        """(the pool, the running requests it allows)."""
+        slots = self.slots(kv_bytes)
+        running = max_running_requests
+        if slots < 2 * (running + 1):
+            running = max(1, slots // 2 - 1)
+            logger.warning(
+                "the state pool holds %d states of %.1f MiB: running requests capped at %d (raise"
+                " --mamba-full-memory-ratio, --max-mamba-cache-size or the memory budget for more)",
+                slots,
+                self.per_state / 2**20,
+                running,
+            )
+        rows = running + 1
+        pool = MambaPool(self.specs, rows, slots - rows, device)
+        logger.info(
+            "state pool: %d slots x %.2f MiB (%d request rows, %d snapshots), %.1f MiB",
+            slots,
+            self.per_state / 2**20,
+            rows,
+            slots - rows,
+            pool.total_bytes / 2**20,
+        )
+        return pool, running

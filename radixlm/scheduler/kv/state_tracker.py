@@ -1,0 +1,189 @@
+"""StateTracker: a hybrid model's recurrent states, moved with the requests' KV by the
+CacheManager (the one place that moves KV between a request and the tree).
+
+A running request's state lives in the state-pool slot of its ReqToTokenPool row. The tracker
+says how it gets there and when it is kept; the copies themselves run at the start of the next
+forward, in the order they were asked for (ModelWorkerBatch.state_copies), so that nothing here
+touches a state a forward in flight may still be writing:
+
+    admission   the matched prefix ends at a snapshot (or at the root): copy it (or zeros) into
+                the row; `Req.state_len` (tokens the row's state has absorbed) = the prefix's
+    a step      state_len grows by the request's new tokens; in a prompt's prefill the forward
+                keeps the state every --mamba-track-interval positions and at the prompt's end in
+                fresh snapshot slots (ModelWorkerBatch.state_tracks), owned by the request
+                (`Req.state_tracks`) until its result is processed
+    cache_req   the tracks the committed KV covers go to their tree nodes (MambaRadixCache's
+                attach_state; a node with a snapshot already keeps its own, the slot is freed)
+    release     if the row's state is exactly the committed KV's (state_len == committed ==
+                allocated: no step in flight, nothing re-tokenized), it is copied into a snapshot
+                at the node ending there; tracks never processed are freed
+
+Attention-only models get NoStateTracker, its no-op sibling.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+from radixlm.cache.state_pool import ZERO
+
+if TYPE_CHECKING:
+    from radixlm.cache.base_prefix_cache import BasePrefixCache
+    from radixlm.cache.state_pool import MambaPool
+    from radixlm.cache.tree_node import TreeNode
+    from radixlm.scheduler.req import Req
+
+StepStates = tuple[list[tuple[int, int]], list[list[tuple[int, int]]] | None]
+
+
+class BaseStateTracker(ABC):
+    """What the cache manager tells about a request's KV, for the states that go with it."""
+
+    @abstractmethod
+    def on_assign(self, req: Req, node: TreeNode) -> None:
+        """req was admitted with the prefix ending at node."""
+
+    @abstractmethod
+    def plan_step(self, chunks: list, decode_reqs: list[Req]) -> StepStates:
+        """A step's state moves: chunks (batch.py's PrefillChunks: req, start, end, is_last) and
+        the decode requests, in batch order."""
+
+    @abstractmethod
+    def on_cached(self, req: Req, committed: int) -> None:
+        """The tree now holds req's KV up to committed."""
+
+    @abstractmethod
+    def on_release(self, req: Req) -> None:
+        """req is about to leave its row (its committed KV already in the tree)."""
+
+    @abstractmethod
+    def flush(self) -> None: ...
+
+    @abstractmethod
+    def owned_slots(self, holders) -> list[int] | None:
+        """Every snapshot slot's owners (the check of invariants.py); None: no state pool."""
+
+    @abstractmethod
+    def info(self) -> dict:
+        """The state pool's counters for the internal state (/get_server_info)."""
+
+
+class NoStateTracker(BaseStateTracker):
+    """A model without state layers: nothing to move."""
+
+    def on_assign(self, req: Req, node: TreeNode) -> None:
+        pass
+
+    def plan_step(self, chunks: list, decode_reqs: list[Req]) -> StepStates:
+        return [], None
+
+    def on_cached(self, req: Req, committed: int) -> None:
+        pass
+
+    def on_release(self, req: Req) -> None:
+        pass
+
+    def flush(self) -> None:
+        pass
+
+    def owned_slots(self, holders) -> list[int] | None:
+        return None
+
+    def info(self) -> dict:
+        return {}
+
+
+class StateTracker(BaseStateTracker):
+    def __init__(self, state_pool: MambaPool, tree: BasePrefixCache, track_interval: int):
+        self.pool = state_pool
+        self.tree = tree
+        # Snapshots serve later matches only through a tree that keeps them.
+        self.keeps = hasattr(tree, "attach_state")
+        self.track_interval = track_interval
+        self.pending: list[tuple[int, int]] = []  # copies for the next forward, in order
+
+    def on_assign(self, req: Req, node: TreeNode) -> None:
+        src = node.state if node.state is not None else ZERO
+        assert src != ZERO or node is self.tree.root_node, "a match ends at a snapshot"
+        self.pending.append((src, req.req_pool_idx))
+        req.state_len = req.kv_committed_len
+        req.state_tracks = []
+
+    def plan_step(self, chunks: list, decode_reqs: list[Req]) -> StepStates:
+        tracks: list[list[tuple[int, int]]] = []
+        for c in chunks:
+            r = c.req
+            assert r.state_len == c.start, (r.rid, r.state_len, c.start)
+            mine = []
+            for p in self._track_points(c.start, c.end, c.is_last):
+                slot = self.tree.alloc_state() if self.keeps else None
+                if slot is None:
+                    break  # no slot left: fewer snapshots, never a stall
+                mine.append((p - c.start, slot))
+                r.state_tracks.append((p, slot))
+            tracks.append(mine)
+            r.state_len = c.end
+        for r in decode_reqs:
+            r.state_len += 1
+            tracks.append([])
+        copies, self.pending = self.pending, []
+        return copies, tracks if any(tracks) else None
+
+    def _track_points(self, start: int, end: int, is_last: bool) -> list[int]:
+        if not self.keeps:
+            return []
+        step = self.track_interval
+        points = list(range((start // step + 1) * step, end + 1, step)) if step > 0 else []
+        if is_last and (not points or points[-1] != end):
+            points.append(end)
+        return points
+
+    def on_cached(self, req: Req, committed: int) -> None:
+        # hand the tree the tracks its KV now covers
+        keep = []
+        for p, slot in req.state_tracks:
+            if p > committed:
+                keep.append((p, slot))
+            elif self.tree.attach_state(req.prefix_key(p), lambda s=slot: s) is None:
+                self.pool.free_snapshot(slot)
+        req.state_tracks = keep
+
+    def on_release(self, req: Req) -> None:
+        for _, slot in req.state_tracks:
+            self.pool.free_snapshot(slot)
+        req.state_tracks = []
+        n = req.kv_committed_len
+        if self.keeps and n and req.state_len == n == req.kv_allocated_len:
+            slot = self.tree.attach_state(req.prefix_key(n), self.tree.alloc_state)
+            if slot is not None:
+                self.pending.append((req.req_pool_idx, slot))
+
+    def flush(self) -> None:
+        self.pending = []
+        self.pool.clear()
+
+    def info(self) -> dict:
+        pool = self.pool
+        return {
+            "state_bytes_per_request": pool.state_bytes,
+            "state_rows": pool.rows,
+            "state_snapshot_slots": pool.snapshots,
+            "state_snapshot_slots_free": pool.available_snapshots(),
+        }
+
+    def owned_slots(self, holders) -> list[int]:
+        slots = list(self.pool.free_snapshots)
+        if self.keeps:
+            slots += self.tree.state_slots()
+        for r in holders:
+            slots += [s for _, s in r.state_tracks]
+        return slots
+
+
+def create_state_tracker(
+    state_pool: MambaPool | None, tree: BasePrefixCache, track_interval: int
+) -> NoStateTracker:
+    return (
+        NoStateTracker() if state_pool is None else StateTracker(state_pool, tree, track_interval)
+    )

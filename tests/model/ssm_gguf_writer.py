@@ -1,0 +1,144 @@
+"""llama.cpp's converter for the hybrid Mamba-2 / short-conv architectures, transcribed on its own
+(without radixlm's loader) for tests/model/hybrid_checkpoints.py's write_gguf: nemotron_h
+(conversion/nemotron.py NemotronHModel over conversion/granite.py GraniteHybridModel,
+conversion/mamba.py Mamba2Model, conversion/llama.py LlamaModel and conversion/base.py TextModel)
+and lfm2 (conversion/lfm2.py LFM2Model).
+
+The converter reads its hparams as transformers 4.x gives them (llama.cpp pins transformers < 5): a
+dense Nemotron-H config carries hybrid_override_pattern as a string ("M-*" ...) and no MoE fields,
+so it is nemotron_h (not nemotron_h_moe) with its '-' layers as MLPs; hparams() builds that view
+from the 5.x config. Keys the converter writes twice (TextModel's, then the subclass's) are written
+once, with the later value.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SSM_ARCHS = ("nemotron_h", "lfm2")
+
+
+def hparams(cfg) -> dict:
+    """The converter's hparams (AutoConfig.from_pretrained(dir).to_dict() under 4.x)."""
+    hp = cfg.to_dict()
+    if cfg.model_type == "nemotron_h":
+        hp["hybrid_override_pattern"] = cfg.hybrid_override_pattern
+        for key in ("layers_block_type", "num_experts_per_tok", "n_routed_experts", "n_group"):
+            hp.pop(key, None)
+        hp["num_hidden_layers"] = len(hp["hybrid_override_pattern"])
+    return hp
+
+
+def add_hparams(w, hp: dict, arch: str, ftype) -> None:
+    if arch == "lfm2":
+        return _lfm2_hparams(w, hp, ftype)
+    pattern = hp["hybrid_override_pattern"]
+    n = len(pattern)
+    attn = [i for i, c in enumerate(pattern) if c == "*"]
+    mlp = [i for i, c in enumerate(pattern) if c == "-"]
+    head_dim = hp["head_dim"]  # GraniteModel pops it; NemotronHModel kept it aside
+    # TextModel.set_gguf_parameters
+    w.add_block_count(n)
+    w.add_embedding_length(hp["hidden_size"])
+    w.add_head_count(hp["num_attention_heads"])
+    if "rms_norm_eps" in hp:
+        w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
+    w.add_layer_norm_eps(hp["layer_norm_epsilon"])
+    w.add_file_type(ftype)
+    # LlamaModel.set_gguf_parameters: head_dim popped, so hidden / heads
+    w.add_vocab_size(hp["vocab_size"])
+    w.add_rope_dimension_count(hp["hidden_size"] // hp["num_attention_heads"])
+    # GraniteHybridModel.set_gguf_parameters (d_inner: NemotronHModel's num_heads * head_dim)
+    w.add_ssm_conv_kernel(hp["conv_kernel"])
+    w.add_ssm_state_size(hp["ssm_state_size"])
+    w.add_ssm_group_count(hp["n_groups"])
+    w.add_ssm_inner_size(hp["mamba_num_heads"] * hp["mamba_head_dim"])
+    w.add_ssm_time_step_rank(hp["mamba_num_heads"])
+    w.add_head_count_kv([hp["num_key_value_heads"] if i in attn else 0 for i in range(n)])
+    w.add_rope_scaling_finetuned(False)  # no RoPE
+    w.add_context_length(2**20)  # instead of TextModel's max_position_embeddings
+    # NemotronHModel.set_gguf_parameters
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_feed_forward_length([hp["intermediate_size"] if i in mlp else 0 for i in range(n)])
+
+
+def _lfm2_hparams(w, hp: dict, ftype) -> None:
+    # LFM2Model.set_gguf_parameters, then TextModel.set_gguf_parameters
+    kv = [hp["num_key_value_heads"] if t != "conv" else 0 for t in hp["layer_types"]]
+    w.add_block_count(hp["num_hidden_layers"])
+    w.add_context_length(hp["max_position_embeddings"])
+    w.add_embedding_length(hp["hidden_size"])
+    w.add_head_count(hp["num_attention_heads"])
+    w.add_head_count_kv(kv)
+    w.add_rope_freq_base(hp["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(hp["norm_eps"])
+    w.add_file_type(ftype)
+    w.add_vocab_size(hp["vocab_size"])
+    w.add_shortconv_l_cache(hp["conv_L_cache"])
+    # LFM2Model._add_feed_forward_length: rounds up to block_multiple_of even without a multiplier
+    ff = hp["intermediate_size"]
+    if hp["block_auto_adjust_ff_dim"]:
+        ff = int(2 * ff / 3)
+        if hp["block_ffn_dim_multiplier"] is not None:
+            ff = int(hp["block_ffn_dim_multiplier"] * ff)
+        ff = hp["block_multiple_of"] * (
+            (ff + hp["block_multiple_of"] - 1) // hp["block_multiple_of"]
+        )
+    w.add_feed_forward_length(ff)
+
+
+def _permute(w: torch.Tensor, n_head: int, n_head_kv: int | None) -> torch.Tensor:
+    # conversion/llama.py LlamaModel.permute, verbatim in effect
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (
+        w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(w.shape)
+    )
+
+
+def converted(state: dict, hp: dict, arch: str, tensor_map):
+    """(llama.cpp name, float32 tensor) of each HF tensor, as modify_tensors yields them."""
+    if arch == "nemotron_h":
+        pattern = hp["hybrid_override_pattern"]
+        d_inner = hp["mamba_num_heads"] * hp["mamba_head_dim"]
+    for name, t in state.items():
+        if name == "lm_head.weight" and hp["tie_word_embeddings"]:
+            continue  # save_pretrained leaves the tied head out
+        t = t.detach().float().clone()
+        if arch == "lfm2":  # LFM2Model.modify_tensors
+            if "conv.conv" in name:
+                t = t.squeeze(1)
+            yield tensor_map.get_name(name, try_suffixes=(".weight", ".bias")), t
+            continue
+        # the names transformers' save_pretrained writes (NVIDIA's too): backbone.*
+        if name.startswith("model."):
+            name = "backbone." + name.removeprefix("model.")
+        parts = name.split(".")
+        bid = int(parts[2]) if parts[1] == "layers" else None
+        kind = pattern[bid] if bid is not None else None
+        if kind == "M":  # Mamba2Model.modify_tensors
+            if name.endswith(".dt_bias"):
+                name = name.rpartition(".dt_bias")[0] + ".dt_proj.bias"
+            new_name = tensor_map.get_name(name, try_suffixes=(".weight", ".bias"))
+            if new_name == f"blk.{bid}.ssm_conv1d.weight":
+                t = t.squeeze()
+            elif new_name in (f"blk.{bid}.ssm_a", f"blk.{bid}.ssm_d"):
+                t = t.reshape((*t.shape, 1))
+            elif new_name == f"blk.{bid}.ssm_norm.weight":
+                t = t.reshape((hp["n_groups"], d_inner // hp["n_groups"]))
+            if name.endswith(".A_log"):
+                t = -torch.exp(t)
+            yield new_name, t
+            continue
+        if kind == "*":  # GraniteMoeModel -> LlamaModel.modify_tensors (undo_permute)
+            n_head, n_kv = hp["num_attention_heads"], hp["num_key_value_heads"]
+            if name.endswith(("q_proj.weight", "q_proj.bias")):
+                t = _permute(t, n_head, n_head)
+            if name.endswith(("k_proj.weight", "k_proj.bias")):
+                t = _permute(t, n_head, n_kv)
+        new_name = tensor_map.get_name(name, try_suffixes=(".weight", ".bias"))
+        assert new_name is not None, f"the converter cannot map {name}"
+        yield new_name, t

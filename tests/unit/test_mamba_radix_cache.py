@@ -1,0 +1,84 @@
+"""MambaRadixCache (a hybrid model's radix tree): a match ends at the deepest node with a state
+snapshot, snapshots go with their nodes, eviction takes leaves without a snapshot first, and
+snapshot slots are recycled least recently used first, never from a locked node. The state pool's
+copies run in order (a later copy reads what an earlier one wrote)."""
+
+from __future__ import annotations
+
+import torch
+
+from radixlm.cache.base_prefix_cache import PrefixKey
+from radixlm.cache.mamba_radix_cache import MambaRadixCache
+from radixlm.cache.memory_pool import TokenToKVPool
+from radixlm.cache.state_pool import ZERO, MambaPool, StateSpec
+
+SPECS = [[StateSpec("conv", (2, 3), torch.float32), StateSpec("ssm", (2, 2, 2), torch.float32)]]
+
+
+def make(snapshots: int = 4, kv: int = 64):
+    kv_pool = TokenToKVPool(kv, num_layers=1, num_kv_heads=1, head_dim=1)
+    states = MambaPool(SPECS, rows=2, snapshots=snapshots)
+    return MambaRadixCache(kv_pool, states), kv_pool, states
+
+
+def K(ids) -> PrefixKey:
+    return PrefixKey(list(ids))
+
+
+def insert(tree, kv_pool, ids) -> None:
+    shared = tree.insert(K(ids), kv_pool.alloc(len(ids)))
+    assert shared == 0
+
+
+def test_match_stops_at_the_deepest_snapshot():
+    tree, kv_pool, states = make()
+    insert(tree, kv_pool, range(10))
+    assert len(tree.match_prefix(K(range(10))).indices) == 0  # KV, but no snapshot: unusable
+    slot = tree.attach_state(K(range(6)), states.alloc_snapshot)  # splits the edge at 6
+    assert slot is not None
+    m = tree.match_prefix(K([*range(10), 99]))
+    assert len(m.indices) == 6 and m.last_node.state == slot
+    # the full KV is still there for the cache manager
+    assert len(tree.kv_match(K(range(10))).indices) == 10
+    # a second snapshot at the same place keeps the first
+    assert tree.attach_state(K(range(6)), states.alloc_snapshot) is None
+    assert states.available_snapshots() == 3
+
+
+def test_eviction_prefers_leaves_without_a_snapshot_and_frees_snapshots():
+    tree, kv_pool, states = make()
+    insert(tree, kv_pool, [1, 2, 3])
+    insert(tree, kv_pool, [7, 8, 9])
+    tree.attach_state(K([1, 2, 3]), states.alloc_snapshot)  # older, but it has a snapshot
+    tree.match_prefix(K([7, 8, 9]))  # the other one is used more recently
+    assert tree.evict(3) == 3
+    assert len(tree.match_prefix(K([1, 2, 3])).indices) == 3  # the snapshot's leaf survived
+    assert tree.evict(3) == 3
+    assert states.available_snapshots() == 4 and tree.total_size() == 0
+
+
+def test_snapshot_slots_recycle_least_recently_used_unlocked_first():
+    tree, kv_pool, states = make(snapshots=2)
+    for first in (10, 20):
+        insert(tree, kv_pool, [first, first + 1])
+        tree.attach_state(K([first, first + 1]), tree.alloc_state)
+    locked = tree.match_prefix(K([10, 11])).last_node  # the older one, now locked and recent
+    tree.inc_lock_ref(locked)
+    insert(tree, kv_pool, [30, 31])
+    assert tree.attach_state(K([30, 31]), tree.alloc_state) is not None  # [20, 21]'s slot
+    assert len(tree.match_prefix(K([20, 21])).indices) == 0
+    tree.match_prefix(K([30, 31]))
+    insert(tree, kv_pool, [40, 41])
+    assert tree.attach_state(K([40, 41]), tree.alloc_state) is not None  # [30, 31]'s: unlocked
+    assert locked.state is not None
+
+
+def test_copies_run_in_order():
+    states = MambaPool(SPECS, rows=2, snapshots=2)
+    conv = states.layer(0)["conv"]
+    conv[0] = 1.0
+    conv[1] = 2.0
+    # row 0 -> snapshot 2, then snapshot 2 -> row 1, then zeros -> row 0
+    states.apply_copies([(0, 2), (2, 1), (ZERO, 0)])
+    assert torch.all(conv[2] == 1) and torch.all(conv[1] == 1) and torch.all(conv[0] == 0)
+    assert torch.all(states.layer(0)["ssm"][0] == 0)
