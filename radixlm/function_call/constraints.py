@@ -5,7 +5,7 @@
 - tool_choice "auto": an xgrammar structural tag in SGLang's form ({"structures": [{begin,
   schema, end}], "triggers": [...]}, what the xgrammar backend's dispatch_structural_tag takes):
   free text until the model writes a trigger, then the format's begin, arguments valid for the
-  function's schema, its end. None for pythonic (its arguments are not JSON).
+  function's schema, its end. None for pythonic and qwen3_coder (their arguments are not JSON).
 
 `tools` are OpenAI tool objects ({"type": "function", "function": {"name", "parameters"}}).
 """

@@ -1,7 +1,7 @@
 """Which tool-call parser a model needs, read from its chat template (the Jinja source from
 tokenizer_config.json or the GGUF's tokenizer.chat_template): a template writes the model's
 past calls back in the model's own syntax, so its markers name the format. None when the
-template shows no format we parse (no tools at all, as SmolLM2's; Qwen3-Coder's XML calls).
+template shows no format we parse (no tools at all, as SmolLM2's).
 """
 
 from __future__ import annotations
@@ -29,6 +29,6 @@ def detect_tool_call_parser(template: str | None) -> str | None:
         return "llama3"  # 3.1 / 3.3 name <|python_tag|>; 3.2 only writes {"name", "parameters"}
     if TOOL_CALL_TAG in t:
         if "<function=" in t:
-            return None  # Qwen3-Coder's XML calls (<function=name><parameter=...>): not parsed here
+            return "qwen3_coder"  # XML calls (<function=name><parameter=...>): Qwen3.5, Qwen3-Coder
         return "qwen25" if ("Qwen" in t or "# Tools" in t) else "hermes"
     return None

@@ -14,6 +14,7 @@ from radixlm.function_call.json_array import JsonArrayFormat
 from radixlm.function_call.llama3 import Llama3Format
 from radixlm.function_call.mistral import MistralFormat
 from radixlm.function_call.pythonic import PythonicFormat
+from radixlm.function_call.qwen3_coder import Qwen3CoderFormat
 from radixlm.registry import Registry
 
 JSON_ARRAY = "json_array"
@@ -31,6 +32,8 @@ TOOL_CALL_PARSER_REGISTRY.register("qwen", functools.partial(HermesFormat, "qwen
 TOOL_CALL_PARSER_REGISTRY.register(
     "qwen25", functools.partial(HermesFormat, "qwen25", newlines=True)
 )
+# Qwen3-Coder's XML calls, Qwen3.5's and Qwen3-Next's too.
+TOOL_CALL_PARSER_REGISTRY.register("qwen3_coder", Qwen3CoderFormat)
 
 # The choices of --tool-call-parser.
 TOOL_CALL_PARSERS: tuple[str, ...] = TOOL_CALL_PARSER_REGISTRY.names()

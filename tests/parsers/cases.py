@@ -253,6 +253,47 @@ CASES = [
             ("get_current_weather", {"location": "Nice, France", "format": "celsius"}),
         ),
     ),
+    # Qwen3-Coder's XML calls (Qwen3.5's and Qwen3-Next's chat templates): raw values, JSON where
+    # the template wrote JSON (its `tojson` of non-string arguments).
+    Case(
+        "qwen3_coder-two",
+        "qwen3_coder",
+        "I will check both.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nSan Francisco"
+        "\n</parameter>\n<parameter=metric>\ncelsius\n</parameter>\n</function>\n</tool_call>\n"
+        "<tool_call>\n<function=get_weather>\n<parameter=city>\nSeattle\n</parameter>\n"
+        "</function>\n</tool_call>",
+        "I will check both.",
+        (
+            ("get_weather", {"city": "San Francisco", "metric": "celsius"}),
+            ("get_weather", {"city": "Seattle"}),
+        ),
+    ),
+    Case(
+        "qwen3_coder-values",
+        "qwen3_coder",
+        '<tool_call>\n<function=search>\n<parameter=q>\nline one\n<b>two</b> "x"\n</parameter>\n'
+        '<parameter=filters>\n{"tags": ["a"], "n": null}\n</parameter>\n<parameter=exact>\n'
+        "true\n</parameter>\n<parameter=limit>\n5\n</parameter>\n</function>\n</tool_call>",
+        "",
+        (
+            (
+                "search",
+                {
+                    "q": 'line one\n<b>two</b> "x"',
+                    "filters": {"tags": ["a"], "n": None},
+                    "exact": True,
+                    "limit": 5,
+                },
+            ),
+        ),
+    ),
+    Case(
+        "qwen3_coder-no-arguments",
+        "qwen3_coder",
+        "<tool_call>\n<function=list_files>\n</function>\n</tool_call>",
+        "",
+        (("list_files", {}),),
+    ),
     # Pythonic (Llama 3.2 / 3.3's zero-shot format; Llama 4 wraps it in <|python_start|>...).
     Case(
         "pythonic-two",

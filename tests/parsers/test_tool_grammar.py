@@ -26,13 +26,16 @@ from tests.parsers.splits import every_split, replay
 # What a model writes before a forced call's `begin` (DeepSeek's calls live in a section).
 _SECTION = {"deepseekv3": "<｜tool▁calls▁begin｜>", "deepseekv31": "<｜tool▁calls▁begin｜>"}
 
+# Formats whose arguments are not JSON text (Python literals; XML elements).
+NOT_JSON = ("pythonic", "qwen3_coder")
+
 
 @pytest.mark.parametrize("name", TOOL_CALL_PARSERS)
 def test_a_forced_call_parses_back(name):
     fmt = get_tool_call_format(name)
     info = fmt.structure_info("get_weather")
-    if name == "pythonic":
-        assert info is None  # its arguments are Python, not JSON: no structural tag
+    if name in NOT_JSON:
+        assert info is None  # its arguments are Python or XML, not JSON: no structural tag
         return
     assert info.begin.startswith(info.trigger)
     args = json.dumps({"city": "Paris", "metric": "celsius"})
@@ -67,7 +70,7 @@ def test_the_structural_tag_takes_a_valid_call_only_and_the_parser_reads_it_back
     fmt = get_tool_call_format(name)
     tools = [_tool("get_weather"), _tool("get_stock_fundamentals")]
     tag = structural_tag(fmt, tools)
-    if name == "pythonic":
+    if name in NOT_JSON:
         assert tag is None
         return
     assert [s["schema"] for s in tag["structures"]] == [
@@ -233,8 +236,13 @@ def test_the_parser_is_read_from_the_chat_template(expected):
 
 def test_templates_without_a_parsed_format():
     assert detect_tool_call_parser(None) is None and detect_tool_call_parser("") is None
+    assert detect_tool_call_parser("{{ messages }}") is None
+
+
+def test_qwen3_coder_xml_templates_are_read():
+    """Qwen3.5's and Qwen3-Coder's templates write <function=name><parameter=...> calls."""
     qwen3_coder = "<tool_call>\n<function={{ tool_call.name }}>\n<parameter={{ args_name }}>"
-    assert detect_tool_call_parser(qwen3_coder) is None
+    assert detect_tool_call_parser(qwen3_coder) == "qwen3_coder"
 
 
 def test_unknown_parser_name_says_the_choices():
