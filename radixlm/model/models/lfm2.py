@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from radixlm.cache.state_pool import StateSpec
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.attention import RadixAttention
 from radixlm.model.layers.linear_attn.short_conv import ShortConv
@@ -27,9 +26,8 @@ from radixlm.model.layers.parallel_linear import (
     VocabParallelEmbedding,
 )
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
-from radixlm.model.models.llama import LlamaForCausalLM, LlamaMLP, get_head_dim
-from radixlm.model.models.qwen3_5 import hybrid_layer_types
-from radixlm.model.pp_stage import pp_stage
+from radixlm.model.models.hybrid import HybridForCausalLM, build_layers, hybrid_layer_types
+from radixlm.model.models.llama import LlamaMLP, get_head_dim
 
 LAYER_TYPES = ("conv", "full_attention")
 
@@ -89,6 +87,9 @@ class Lfm2DecoderLayer(nn.Module):
         self.operator_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.ffn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
 
+    def state_layer(self) -> ShortConv | None:
+        return self.conv if self.is_linear else None
+
     def forward(self, positions, hidden, fb: ForwardBatch, residual):
         if residual is None:
             residual, hidden = hidden, self.operator_norm(hidden)
@@ -108,13 +109,9 @@ class Lfm2Model(nn.Module):
         self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.rotary_emb = rotary = get_rope(get_head_dim(config), config)
-        counts = {t: 0 for t in LAYER_TYPES}
-        layers = []
-        for t in self.layer_types:
-            layers.append(Lfm2DecoderLayer(config, t, counts[t], rotary))
-            counts[t] += 1
-        self.layers = nn.ModuleList(layers)
-        self.num_kv_layers = counts["full_attention"]
+        self.layers, self.num_kv_layers = build_layers(
+            self.layer_types, lambda i, t, n: Lfm2DecoderLayer(config, t, n, rotary)
+        )
         self.embedding_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
 
     def forward(self, input_ids, positions, fb: ForwardBatch, input_embeds=None):
@@ -128,7 +125,7 @@ class Lfm2Model(nn.Module):
         return hidden
 
 
-class Lfm2ForCausalLM(LlamaForCausalLM):
+class Lfm2ForCausalLM(HybridForCausalLM):
     stacked_params_mapping = [
         ("qkv_proj", "q_proj", 0),
         ("qkv_proj", "k_proj", 1),
@@ -137,22 +134,8 @@ class Lfm2ForCausalLM(LlamaForCausalLM):
         ("gate_up_proj", "w3", 1),
     ]
 
-    def build_model(self, config: Any) -> nn.Module:
-        if pp_stage(config.num_hidden_layers).size > 1:
-            raise ValueError("pipeline parallelism does not split hybrid models yet")
+    def build_hybrid_model(self, config: Any) -> nn.Module:
         return Lfm2Model(config)
-
-    @property
-    def num_kv_layers(self) -> int:
-        return self.model.num_kv_layers
-
-    def state_specs(self, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> list[list[StateSpec]]:
-        """Per conv layer, in order, its conv window."""
-        return [
-            layer.conv.state_specs(conv_dtype, ssm_dtype)
-            for layer in self.model.layers
-            if layer.is_linear
-        ]
 
     def _map_name(self, name: str) -> tuple[str, int | None]:
         if name.endswith(".feed_forward.w2.weight"):  # the MLP's down projection

@@ -18,7 +18,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from radixlm.cache.state_pool import StateSpec
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.attention import RadixAttention
 from radixlm.model.layers.linear_attn.mamba2 import Mamba2Dims, Mamba2Mixer
@@ -29,9 +28,8 @@ from radixlm.model.layers.parallel_linear import (
     RowParallelLinear,
     VocabParallelEmbedding,
 )
-from radixlm.model.models.llama import LlamaForCausalLM, get_head_dim
-from radixlm.model.models.qwen3_5 import hybrid_layer_types
-from radixlm.model.pp_stage import pp_stage
+from radixlm.model.models.hybrid import HybridForCausalLM, build_layers, hybrid_layer_types
+from radixlm.model.models.llama import get_head_dim
 
 LAYER_TYPES = ("linear_attention", "full_attention", "mlp")
 
@@ -111,9 +109,8 @@ class NemotronHBlock(nn.Module):
         else:
             self.mixer = NemotronHMLP(config)
 
-    @property
-    def is_linear(self) -> bool:
-        return self.block_type == "linear_attention"
+    def state_layer(self) -> Mamba2Mixer | None:
+        return self.mixer if self.block_type == "linear_attention" else None
 
     def forward(self, hidden, fb: ForwardBatch, residual):
         # The residual stream rides along (fused add + norm): x + mixer(norm(x)) per block.
@@ -129,13 +126,9 @@ class NemotronHModel(nn.Module):
         super().__init__()
         self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
         self.embeddings = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        counts = {t: 0 for t in LAYER_TYPES}
-        layers = []
-        for t in self.layer_types:
-            layers.append(NemotronHBlock(config, t, counts[t]))
-            counts[t] += 1
-        self.layers = nn.ModuleList(layers)
-        self.num_kv_layers = counts["full_attention"]
+        self.layers, self.num_kv_layers = build_layers(
+            self.layer_types, lambda i, t, n: NemotronHBlock(config, t, n)
+        )
         self.norm_f = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
 
     def forward(self, input_ids, positions, fb: ForwardBatch, input_embeds=None):
@@ -148,7 +141,7 @@ class NemotronHModel(nn.Module):
         return hidden
 
 
-class NemotronHForCausalLM(LlamaForCausalLM):
+class NemotronHForCausalLM(HybridForCausalLM):
     stacked_params_mapping = [
         ("qkv_proj", "q_proj", 0),
         ("qkv_proj", "k_proj", 1),
@@ -156,29 +149,12 @@ class NemotronHForCausalLM(LlamaForCausalLM):
     ]
     SKIPPED_PREFIXES = ("mtp.",)
 
-    def build_model(self, config: Any) -> nn.Module:
-        if pp_stage(config.num_hidden_layers).size > 1:
-            raise ValueError("pipeline parallelism does not split hybrid models yet")
+    def build_hybrid_model(self, config: Any) -> nn.Module:
         return NemotronHModel(config)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         head = self.model.embeddings.as_lm_head if self.tie_word_embeddings else self.lm_head
         return head(hidden_states).float()
-
-    @property
-    def num_kv_layers(self) -> int:
-        return self.model.num_kv_layers
-
-    def state_specs(self, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> list[list[StateSpec]]:
-        """Per Mamba layer, in order, the tensors of its per-request state."""
-        return [
-            layer.mixer.state_specs(conv_dtype, ssm_dtype)
-            for layer in self.model.layers
-            if layer.is_linear
-        ]
-
-    def load_weights(self, weights) -> None:
-        super().load_weights((n, t) for n, t in weights if not n.startswith(self.SKIPPED_PREFIXES))
 
     def _map_name(self, name: str) -> tuple[str, int | None]:
         if name.startswith("backbone."):  # NVIDIA's checkpoints, and transformers' save_pretrained

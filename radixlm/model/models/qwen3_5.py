@@ -19,7 +19,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from radixlm.cache.state_pool import StateSpec
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.attention import RadixAttention
 from radixlm.model.layers.linear_attn.gated_delta_net import GatedDeltaNet
@@ -31,26 +30,10 @@ from radixlm.model.layers.parallel_linear import (
 )
 from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.layers.rotary import RotaryEmbedding, rope_parameters
-from radixlm.model.models.llama import LlamaForCausalLM, LlamaMLP
-from radixlm.model.pp_stage import pp_stage
+from radixlm.model.models.hybrid import HybridForCausalLM, build_layers, hybrid_layer_types
+from radixlm.model.models.llama import LlamaMLP
 
 LAYER_TYPES = ("linear_attention", "full_attention")
-
-
-def hybrid_layer_types(config: Any, known: tuple[str, ...] = LAYER_TYPES) -> list[str]:
-    """config.layer_types, checked: a layer of a type radixlm does not run is a ValueError that
-    names it (never a model that silently skips it)."""
-    types = list(getattr(config, "layer_types", None) or [])
-    if len(types) != config.num_hidden_layers:
-        raise ValueError(
-            f"layer_types has {len(types)} entries for num_hidden_layers {config.num_hidden_layers}"
-        )
-    for i, t in enumerate(types):
-        if t not in known:
-            raise ValueError(
-                f"layer_types[{i}] = {t!r}: this architecture runs {', '.join(known)} layers"
-            )
-    return types
 
 
 def text_rope(head_dim: int, config: Any) -> RotaryEmbedding:
@@ -111,6 +94,9 @@ class Qwen3_5DecoderLayer(nn.Module):
         self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
+    def state_layer(self) -> GatedDeltaNet | None:
+        return self.linear_attn if self.is_linear else None
+
     def forward(self, positions, hidden, fb: ForwardBatch, residual):
         if residual is None:
             residual, hidden = hidden, self.input_layernorm(hidden)
@@ -128,16 +114,13 @@ class Qwen3_5Model(nn.Module):
     def __init__(self, config: Any, build_mlp: Callable[[Any, int], nn.Module]):
         """build_mlp(config, layer index): each layer's MLP (dense, or a mixture of experts)."""
         super().__init__()
-        self.layer_types = hybrid_layer_types(config)
+        self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.rotary_emb = rotary = text_rope(config.head_dim, config)
-        counts = {t: 0 for t in LAYER_TYPES}
-        layers = []
-        for i, t in enumerate(self.layer_types):
-            layers.append(Qwen3_5DecoderLayer(config, t, counts[t], rotary, build_mlp(config, i)))
-            counts[t] += 1
-        self.layers = nn.ModuleList(layers)
-        self.num_kv_layers = counts["full_attention"]
+        self.layers, self.num_kv_layers = build_layers(
+            self.layer_types,
+            lambda i, t, n: Qwen3_5DecoderLayer(config, t, n, rotary, build_mlp(config, i)),
+        )
         self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, input_ids, positions, fb: ForwardBatch, input_embeds=None):
@@ -151,7 +134,7 @@ class Qwen3_5Model(nn.Module):
         return hidden
 
 
-class Qwen3_5ForCausalLM(LlamaForCausalLM):
+class Qwen3_5ForCausalLM(HybridForCausalLM):
     stacked_params_mapping = [
         ("qkv_proj", "q_proj", 0),
         ("qkv_proj", "k_proj", 1),
@@ -170,25 +153,11 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
     def __init__(self, config: Any):
         super().__init__(config.get_text_config())
 
-    def build_model(self, config: Any) -> nn.Module:
-        if pp_stage(config.num_hidden_layers).size > 1:
-            raise ValueError("pipeline parallelism does not split hybrid models yet")
+    def build_hybrid_model(self, config: Any) -> nn.Module:
         return Qwen3_5Model(config, self.build_mlp)
 
     def build_mlp(self, config: Any, layer_id: int) -> nn.Module:
         return LlamaMLP(config.hidden_size, config.intermediate_size)
-
-    @property
-    def num_kv_layers(self) -> int:
-        return self.model.num_kv_layers
-
-    def state_specs(self, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> list[list[StateSpec]]:
-        """Per state layer, in order, the tensors of its per-request state."""
-        return [
-            layer.linear_attn.state_specs(conv_dtype, ssm_dtype)
-            for layer in self.model.layers
-            if layer.is_linear
-        ]
 
     # The projections whose outputs set the state's decay and write strength (through exp and
     # sigmoid): tiny (two rows per value head), run in float so that no activation rounding
@@ -204,7 +173,6 @@ class Qwen3_5ForCausalLM(LlamaForCausalLM):
                 else t,
             )
             for n, t in weights
-            if not n.startswith(self.SKIPPED_PREFIXES)
         )
 
     def takes_quantized(self, name: str) -> bool:

@@ -1,0 +1,76 @@
+"""What the hybrid families share (qwen3_5.py, nemotron_h.py, lfm2.py): layers numbered among
+their own type (an attention layer's number is its KV-pool layer, a state layer's its state-pool
+layer), the checks of layer_types, and the model-level answers the runner asks a hybrid for
+(`num_kv_layers`, `state_specs`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from radixlm.cache.state_pool import StateSpec
+from radixlm.model.models.llama import LlamaForCausalLM
+from radixlm.model.pp_stage import pp_stage
+
+FULL_ATTENTION = "full_attention"
+
+
+def hybrid_layer_types(config: Any, known: tuple[str, ...]) -> list[str]:
+    """config.layer_types, checked: a layer of a type radixlm does not run is a ValueError that
+    names it (never a model that silently skips it)."""
+    types = list(getattr(config, "layer_types", None) or [])
+    if len(types) != config.num_hidden_layers:
+        raise ValueError(
+            f"layer_types has {len(types)} entries for num_hidden_layers {config.num_hidden_layers}"
+        )
+    for i, t in enumerate(types):
+        if t not in known:
+            raise ValueError(
+                f"layer_types[{i}] = {t!r}: this architecture runs {', '.join(known)} layers"
+            )
+    return types
+
+
+def build_layers(
+    types: list[str], build: Callable[[int, str, int], nn.Module]
+) -> tuple[nn.ModuleList, int]:
+    """build(layer id, its type, its number among its type) for each layer -> (the layers, how
+    many are full attention: the KV pool's layers)."""
+    counts: dict[str, int] = {}
+    layers = []
+    for i, t in enumerate(types):
+        layers.append(build(i, t, counts.get(t, 0)))
+        counts[t] = counts.get(t, 0) + 1
+    return nn.ModuleList(layers), counts.get(FULL_ATTENTION, 0)
+
+
+class HybridForCausalLM(LlamaForCausalLM):
+    """LlamaForCausalLM's loading over a hybrid decoder. A family builds its decoder
+    (build_hybrid_model: `layers`, `num_kv_layers`) whose layers say `state_layer()`: their
+    recurrent layer (with `state_specs`), or None."""
+
+    # Checkpoint parts the model does not run (multi-token-prediction heads, vision towers).
+    SKIPPED_PREFIXES: tuple[str, ...] = ()
+
+    def build_model(self, config: Any) -> nn.Module:
+        if pp_stage(config.num_hidden_layers).size > 1:
+            raise ValueError("pipeline parallelism does not split hybrid models yet")
+        return self.build_hybrid_model(config)
+
+    def build_hybrid_model(self, config: Any) -> nn.Module:
+        raise NotImplementedError
+
+    @property
+    def num_kv_layers(self) -> int:
+        return self.model.num_kv_layers
+
+    def state_specs(self, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> list[list[StateSpec]]:
+        """Per state layer, in order, the tensors of its per-request state."""
+        states = (layer.state_layer() for layer in self.model.layers)
+        return [s.state_specs(conv_dtype, ssm_dtype) for s in states if s is not None]
+
+    def load_weights(self, weights) -> None:
+        super().load_weights((n, t) for n, t in weights if not n.startswith(self.SKIPPED_PREFIXES))
