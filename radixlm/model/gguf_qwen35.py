@@ -1,6 +1,6 @@
 """llama.cpp's hybrid Gated-DeltaNet architectures: `qwen35` (Qwen3_5ForCausalLM), `qwen35moe`
 (Qwen3_5MoeForCausalLM) and `qwen3next` (Qwen3NextForCausalLM): the HF config from their metadata,
-and their tensors back under HF's names in HF's layout.
+and their tensors back under HF's names.
 
 What the converter (convert_hf_to_gguf.py, now conversion/qwen.py: Qwen3NextModel,
 _LinearAttentionVReorderBase, _Qwen35MRopeMixin, _Qwen35MtpMixin) changes, undone here:
@@ -11,11 +11,6 @@ _LinearAttentionVReorderBase, _Qwen35MRopeMixin, _Qwen35MtpMixin) changes, undon
 - `conv1d.weight` [C, 1, K] is squeezed to [C, K] (`data_torch = data_torch.squeeze()`);
 - every `*norm.weight` but `linear_attn.norm.weight` is stored as 1 + w (`data_torch + 1`: the
   zero-centred RMSNorms); ssm_norm is stored as is;
-- qwen35/qwen35moe only, where linear_num_key_heads != linear_num_value_heads
-  (`_LinearAttentionVReorderBase.modify_tensors`): the V heads go from HF's grouped order (the
-  heads of key head 0, then of key head 1, ...) to ggml's tiled order (`_reorder_v_heads`), in the
-  V rows of in_proj_qkv, the rows of in_proj_z, in_proj_a, in_proj_b, A_log, dt_bias, the V
-  channels of conv1d and the columns of out_proj;
 - qwen3next: in_proj_qkvz ([q, k, v, z] per key head) is split into attn_qkv (all q, all k, all v)
   and attn_gate (all z) (`Qwen3NextModel.modify_tensors`, "in_proj_qkvz.weight"); older files keep
   it whole as ssm_in (llama.cpp: "ssm_in is used by legacy GGUF"); in_proj_ba is ssm_ba, as is;
@@ -25,9 +20,17 @@ _LinearAttentionVReorderBase, _Qwen35MRopeMixin, _Qwen35MtpMixin) changes, undon
   M-RoPE sections (llama.cpp runs them interleaved, as HF's `mrope_interleaved`);
 - Qwen3.5's MTP block is appended after HF's layers (block_count counts its nextn_predict_layers):
   skipped, HF's CausalLM has none.
-Row moves keep quantized blocks as stored (whole rows move); column moves do too when a head's
-columns are whole blocks, else that matrix is requantized to Q8_0 with a warning (as gguf_shard.py
-does for a split inside a block); so is qkvz when its two halves are stored in different types.
+
+Kept as the file has it, NOT undone: qwen35/qwen35moe where linear_num_key_heads !=
+linear_num_value_heads (`_LinearAttentionVReorderBase.modify_tensors`) store the V heads in ggml's
+tiled order (value head h uses key head h % Hk) instead of HF's grouped order (h // (Hv // Hk)),
+in the V rows of in_proj_qkv, the rows of in_proj_z, in_proj_a, in_proj_b, A_log, dt_bias, the V
+channels of conv1d and the columns of out_proj. The loaded tensors are the file's, in that order,
+and the config it builds says so: `linear_value_heads_tiled = True` (absent, i.e. False, for
+every other file and for HF checkpoints). GatedDeltaNet runs that order as it is (it repeats q and
+k to the value heads tiled), so out_proj keeps its quantized blocks, whatever the block size.
+qwen3next's split in_proj_qkvz is joined back with its blocks as stored, or requantized to Q8_0
+with a warning when its two halves are stored in different types.
 """
 
 from __future__ import annotations
@@ -112,6 +115,8 @@ def qwen35_config(reader, arch: str, kw: dict) -> dict:
             f"{arch} GGUF: ssm.time_step_rank {n_v} is not a multiple of ssm.group_count {n_k}"
         )
     interval = int(f("full_attention_interval", 4))  # llama.cpp's default too
+    if arch in _MROPE and n_v != n_k:  # _LinearAttentionVReorderBase: V heads tiled, kept so
+        out["linear_value_heads_tiled"] = True
     out.update(
         num_hidden_layers=n_layers,
         head_dim=head_dim,
@@ -151,7 +156,7 @@ def qwen35_config(reader, arch: str, kw: dict) -> dict:
 
 
 class _Dims:
-    """The linear-attention sizes of a config, and the GGUF shape (HF order) of each tensor."""
+    """The linear-attention sizes of a config, and the GGUF shape of each tensor."""
 
     def __init__(self, config):
         c = config
@@ -175,11 +180,6 @@ class _Dims:
             "ssm_norm": (self.hv,),
             "ssm_out": (self.hidden, self.v),
         }
-
-    def grouped(self, head: int) -> torch.Tensor:
-        """Stored (tiled) index of each V row in HF's grouped order: the inverse of the
-        converter's _reorder_v_heads ([nk, r, head] -> [r, nk, head])."""
-        return torch.arange(self.nv * head).reshape(self.r, self.nk, head).transpose(0, 1).flatten()
 
     def qkvz(self) -> torch.Tensor:
         """Index into cat(attn_qkv, attn_gate) of each in_proj_qkvz row ([q, k, v, z] per key
@@ -209,7 +209,6 @@ def qwen35_weights(
 
     arch = _field(reader, "general.architecture")
     dims = _Dims(config)
-    reorder = arch in _MROPE and dims.r > 1  # _LinearAttentionVReorderBase: only if nk != nv
     n_layers = config.num_hidden_layers
     pending: dict[str, tuple[str, Any]] = {}  # qwen3next's in_proj_qkvz: the half read first
     for t in reader.tensors:
@@ -248,28 +247,10 @@ def qwen35_weights(
             a = read(t, name, None).double()
             if not bool((a < 0).all()):
                 raise ValueError(f"{t.name} ({name}): ssm_a must be -exp(A_log) < 0")
-            yield name, _cut(_rows(torch.log(-a).float(), dims, reorder, 1), s, name)
-        elif key == "ssm_dt.bias" or base in ("ssm_beta", "ssm_alpha"):
-            yield name, _cut(_rows(read(t, name, None), dims, reorder, 1), s, name)
+            yield name, _cut(torch.log(-a).float(), s, name)
         elif base == "ssm_conv1d":  # [C, K] as float32 always: HF's is [C, 1, K]
-            w = read_tensor(t, None, None, name)
-            if reorder:
-                w = torch.cat([w[: dims.qk], w[dims.qk :][dims.grouped(dims.hv)]])
-            yield name, _cut(w, s, name).unsqueeze(1)
-        elif base == "attn_qkv" and arch != "qwen3next":
-            w = read(t, name, None)
-            if reorder:
-                perm = torch.cat([torch.arange(dims.qk), dims.qk + dims.grouped(dims.hv)])
-                w = _permute_rows(w, perm)
-            yield name, _cut(w, s, name)
-        elif base == "attn_gate" and arch != "qwen3next":
-            yield name, _cut(_rows(read(t, name, None), dims, reorder, dims.hv), s, name)
-        elif base == "ssm_out":
-            w = read(t, name, None)
-            if reorder:
-                w = _permute_cols(w, dims.grouped(dims.hv), dims.hv, name)
-            yield name, _cut(w, s, name)
-        elif base in ("attn_qkv", "attn_gate"):  # qwen3next's split in_proj_qkvz
+            yield name, _cut(read_tensor(t, None, None, name), s, name).unsqueeze(1)
+        elif arch == "qwen3next" and base in ("attn_qkv", "attn_gate"):  # split in_proj_qkvz
             other = "attn_gate" if base == "attn_qkv" else "attn_qkv"
             part = read(t, name, None)
             if name not in pending:
@@ -294,10 +275,6 @@ def _check_shape(t, name: str, want: tuple[int, ...]) -> None:
         )
 
 
-def _rows(w, dims: _Dims, reorder: bool, head: int):
-    return _permute_rows(w, dims.grouped(head)) if reorder else w
-
-
 def _permute_rows(w, perm: torch.Tensor):
     """Rows in perm's order; a quantized matrix moves whole rows of blocks (exact)."""
     from radixlm.model.layers.quantized import QuantizedTensor
@@ -305,22 +282,6 @@ def _permute_rows(w, perm: torch.Tensor):
     if isinstance(w, QuantizedTensor):
         return QuantizedTensor(w.data[perm].contiguous(), w.fmt, w.cols)
     return w[perm].contiguous()
-
-
-def _permute_cols(w, perm: torch.Tensor, run: int, name: str):
-    """Columns in perm's order (perm moves runs of `run` columns). Quantized blocks move whole
-    where a run is whole blocks; else the matrix is requantized to Q8_0 (warned)."""
-    from radixlm.model.layers.quantized import QuantizedTensor
-
-    if not isinstance(w, QuantizedTensor):
-        return w[:, perm].contiguous()
-    fmt = w.fmt
-    if run % fmt.block == 0:
-        rows = w.data.shape[0]
-        blocks = w.data.reshape(rows, -1, fmt.block_bytes)[:, perm[:: fmt.block] // fmt.block]
-        return QuantizedTensor(blocks.reshape(rows, -1).contiguous(), fmt, w.cols)
-    why = f"its {run}-column V heads move inside {fmt.name.upper()} blocks of {fmt.block}"
-    return _requantized(_dequantized(w)[:, perm], name, why)
 
 
 def _cat_rows(a, b, name: str):
@@ -358,8 +319,8 @@ def _requantized(w: torch.Tensor, name: str, why: str):
     if why not in _warned:
         _warned.add(why)
         logger.warning(
-            "%s: %s, so llama.cpp's reordering cannot be undone on the stored blocks; it is"
-            " requantized to %s (so is every such tensor)",
+            "%s: %s, so its stored blocks cannot be joined as they are; it is requantized to %s"
+            " (so is every such tensor)",
             name,
             why,
             target.upper(),
@@ -368,8 +329,7 @@ def _requantized(w: torch.Tensor, name: str, why: str):
 
 
 def _cut(w, s: TensorSlice | None, name: str):
-    """This rank's slice of a tensor already in HF's layout (read whole: the file's order is
-    another)."""
+    """This rank's slice of a tensor read whole (transformed, or joined from two)."""
     from radixlm.model.layers.quantized import QuantizedTensor
 
     if s is None:

@@ -65,13 +65,17 @@ def test_float_gguf_answers_hf_tokens(hybrid_gguf):
 
 def hf_holding(hf, gguf_path: str):
     """A copy of hf with the weights of gguf_path (dequantized to float32 by radixlm's loader,
-    whose names are HF's; experts stacked back into HF's gate_up_proj / down_proj)."""
+    whose names are HF's; experts stacked back into HF's gate_up_proj / down_proj; V heads the
+    loader keeps tiled put back in HF's grouped order)."""
     import copy
 
     from radixlm.model import gguf_loader
 
     reader = gguf_loader.open_gguf(gguf_path)
-    weights = dict(gguf_loader.gguf_weights(reader, gguf_loader.gguf_config(reader)))
+    config = gguf_loader.gguf_config(reader)
+    weights = dict(gguf_loader.gguf_weights(reader, config))
+    if getattr(config, "linear_value_heads_tiled", False):
+        _grouped_v_heads(weights, config)
     for name in [n for n in weights if n.endswith(".mlp.experts.gate_proj.weight")]:
         base = name.removesuffix("gate_proj.weight")
         gate, up = weights.pop(name), weights.pop(base + "up_proj.weight")
@@ -83,6 +87,28 @@ def hf_holding(hf, gguf_path: str):
     assert not missing, sorted(missing)[:8]
     held.load_state_dict({**state, **{n: w for n, w in weights.items() if n in state}})
     return held.eval()
+
+
+def _grouped_v_heads(weights: dict, c) -> None:
+    """weights' V heads from llama.cpp's tiled order (position p: value head of key head p % nk)
+    to HF's grouped one: HF's head h = g * r + i sits at tiled position i * nk + g."""
+    nk, nv, hv = c.linear_num_key_heads, c.linear_num_value_heads, c.linear_value_head_dim
+    r, qk = nv // nk, 2 * nk * c.linear_key_head_dim
+    pos = [(h % r) * nk + h // r for h in range(nv)]
+
+    def idx(width: int, offset: int = 0) -> torch.Tensor:
+        heads = [offset + p * width + torch.arange(width) for p in pos]
+        return torch.cat([torch.arange(offset)] + heads)
+
+    for name, t in weights.items():
+        if name.endswith((".in_proj_qkv.weight", ".conv1d.weight")):
+            weights[name] = t[idx(hv, qk)]
+        elif name.endswith(".linear_attn.in_proj_z.weight"):
+            weights[name] = t[idx(hv)]
+        elif name.endswith((".in_proj_a.weight", ".in_proj_b.weight", ".A_log", ".dt_bias")):
+            weights[name] = t[idx(1)]
+        elif name.endswith(".linear_attn.out_proj.weight"):
+            weights[name] = t[:, idx(hv)]
 
 
 @pytest.mark.parametrize("arch", DENSE)

@@ -74,7 +74,7 @@ _MOE = dict(
 )
 CONFIGS = {
     "qwen35": dict(BASE, intermediate_size=96, tie_word_embeddings=True, rope_parameters=_MROPE),
-    # V heads of 16 columns: out_proj's reordering splits Q8_0's 32-value blocks (requantized)
+    # V heads of 16 columns inside Q8_0's 32-value blocks: the file's tiled order is run as stored
     "qwen35moe": dict(BASE, **_MOE, linear_value_head_dim=16, rope_parameters=_MROPE),
     "qwen3next": dict(
         BASE,

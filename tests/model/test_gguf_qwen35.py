@@ -1,8 +1,9 @@
 """llama.cpp's hybrid architectures qwen35, qwen35moe and qwen3next read back into HF's config and
 tensors: tiny random HF checkpoints written as GGUF the way llama.cpp's converter writes them
 (tests/model/hybrid_checkpoints.py: V heads tiled, qkvz split, A_log as -exp, norms + 1, conv1d
-squeezed) must load (gguf_config + gguf_weights) as exactly HF's config fields and tensors; Q8_0
-files within Q8_0's error, their quantized blocks moved exactly."""
+squeezed) must load (gguf_config + gguf_weights) as exactly HF's config fields and tensors, but
+for qwen35/qwen35moe's V heads, kept in the file's tiled order (config.linear_value_heads_tiled);
+Q8_0 files within Q8_0's error, their quantized blocks kept as stored."""
 
 from __future__ import annotations
 
@@ -82,6 +83,41 @@ def _load(path: str, keep_quantized: bool = False, slicer=None):
     return config, dict(weights)
 
 
+def _file_order(arch: str, hf, want: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """want (HF's tensors) with qwen35/qwen35moe's V heads in llama.cpp's tiled order, where the
+    loader keeps them: tiled position p holds HF's (grouped) value head (p % nk) * r + p // nk,
+    so value head p reads key head p % nk."""
+    c = hf.config
+    nk, nv, hk, hv = (
+        c.linear_num_key_heads,
+        c.linear_num_value_heads,
+        c.linear_key_head_dim,
+        c.linear_value_head_dim,
+    )
+    if arch == "qwen3next" or nk == nv:
+        return want
+    r, qk = nv // nk, 2 * nk * hk
+    heads = [(p % nk) * r + p // nk for p in range(nv)]
+
+    def idx(width: int, offset: int = 0) -> torch.Tensor:
+        keep = torch.arange(offset)
+        return torch.cat([keep] + [offset + h * width + torch.arange(width) for h in heads])
+
+    out = dict(want)
+    for name, t in want.items():
+        if ".linear_attn." not in name:
+            continue
+        if name.endswith((".in_proj_qkv.weight", ".conv1d.weight")):
+            out[name] = t[idx(hv, qk)]
+        elif name.endswith(".in_proj_z.weight"):
+            out[name] = t[idx(hv)]
+        elif name.endswith((".in_proj_a.weight", ".in_proj_b.weight", ".A_log", ".dt_bias")):
+            out[name] = t[idx(1)]
+        elif name.endswith(".out_proj.weight"):
+            out[name] = t[:, idx(hv)]
+    return out
+
+
 def _float(w) -> torch.Tensor:
     """A loaded tensor as float32: quantized blocks dequantized with gguf's reference."""
     if isinstance(w, QuantizedTensor):
@@ -109,6 +145,9 @@ def test_config_matches_hf(arch, models, tokenizer_dir, tmp_path):
     for key in ("rope_type", "rope_theta", "partial_rotary_factor", "mrope_section"):
         assert ours.get(key) == theirs.get(key), key
     assert bool(ours.get("mrope_interleaved")) == bool(theirs.get("mrope_interleaved"))
+    # the V heads stay in the file's tiled order (qwen35/qwen35moe with nk != nv only)
+    assert getattr(config, "linear_value_heads_tiled", False) is (arch != "qwen3next")
+    assert not getattr(ref, "linear_value_heads_tiled", False)
     if arch == "qwen3next":
         assert config.norm_topk_prob and config.mlp_only_layers == []
         assert config.intermediate_size == ref.intermediate_size
@@ -117,10 +156,11 @@ def test_config_matches_hf(arch, models, tokenizer_dir, tmp_path):
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("keep_quantized", [False, True], ids=["float", "keep"])
 def test_weights_equal_hf(arch, keep_quantized, models, tokenizer_dir, tmp_path):
-    """Every HF tensor comes back, bit for bit (A_log too: -exp of it is the file's ssm_a)."""
+    """Every HF tensor comes back, bit for bit (A_log too: -exp of it is the file's ssm_a), its
+    V heads in the file's order."""
     hf = models[arch]
     _, got = _load(write_gguf(hf, tokenizer_dir, str(tmp_path / "m.gguf")), keep_quantized)
-    want = expected_weights(hf)
+    want = _file_order(arch, hf, expected_weights(hf))
     assert sorted(got) == sorted(want)
     for name, ref in want.items():
         w = _float(got[name])
@@ -138,28 +178,42 @@ def _q8_tolerance(ref: torch.Tensor) -> torch.Tensor:
 def test_q8_0_within_quantization_error(arch, models, tokenizer_dir, tmp_path, caplog):
     hf = models[arch]
     path = write_gguf(hf, tokenizer_dir, str(tmp_path / "m.gguf"), qtype="q8_0")
-    want = expected_weights(hf)
+    want = _file_order(arch, hf, expected_weights(hf))
     _, floats = _load(path)
     with caplog.at_level(logging.WARNING, logger="radixlm.model.gguf_qwen35"):
         _, kept = _load(path, keep_quantized=True)
     assert sorted(floats) == sorted(want) == sorted(kept)
-    requantized = set()
     for name, ref in want.items():
         w, q = floats[name], _float(kept[name])
         assert w.shape == ref.shape == q.shape, name
         assert ((w - ref).abs() <= _q8_tolerance(ref)).all(), name
-        assert ((q - ref).abs() <= _q8_tolerance(ref)).all(), name
-        if not torch.equal(q, w):
-            requantized.add(name)
-    if arch == "qwen35moe":  # its 16-column V heads split Q8_0 blocks: out_proj is requantized
-        assert requantized == {f"model.layers.{i}.linear_attn.out_proj.weight" for i in range(3)}
-        assert "requantized to Q8_0" in caplog.text
-    else:  # rows and whole blocks move as stored
-        assert requantized == set()
-        qkv = kept[
-            f"model.layers.0.linear_attn.in_proj_qkv{'z' if arch == 'qwen3next' else ''}.weight"
-        ]
-        assert isinstance(qkv, QuantizedTensor) and qkv.fmt.name == "q8_0"
+        assert torch.equal(q, w), f"{name}: the kept blocks are not the file's"
+    assert caplog.text == ""  # nothing requantized
+    qkv = kept[f"model.layers.0.linear_attn.in_proj_qkv{'z' if arch == 'qwen3next' else ''}.weight"]
+    assert isinstance(qkv, QuantizedTensor) and qkv.fmt.name == "q8_0"
+
+
+@pytest.mark.parametrize("arch", ["qwen35", "qwen35moe"])
+def test_tiled_out_proj_keeps_the_file_blocks(arch, models, tokenizer_dir, tmp_path, caplog):
+    """out_proj's columns stay in the file's tiled order, so its quantized blocks load as stored,
+    byte for byte, even where a V head is less than a block (qwen35moe: 16 columns in Q8_0's
+    32-value blocks, as Dv=128 in Q4_K's 256): no requantization, no warning."""
+    hf = models[arch]
+    path = write_gguf(hf, tokenizer_dir, str(tmp_path / "m.gguf"), qtype="q8_0")
+    with caplog.at_level(logging.WARNING, logger="radixlm.model.gguf_qwen35"):
+        config, kept = _load(path, keep_quantized=True)
+    assert config.linear_value_heads_tiled
+    stored = {t.name: t for t in open_gguf(path).tensors}
+    for il, kind in enumerate(config.layer_types):
+        if kind != "linear_attention":
+            continue
+        w = kept[f"model.layers.{il}.linear_attn.out_proj.weight"]
+        t = stored[f"blk.{il}.ssm_out.weight"]
+        assert t.tensor_type == gguf.GGMLQuantizationType.Q8_0
+        assert isinstance(w, QuantizedTensor) and w.fmt.name == "q8_0"
+        raw = torch.from_numpy(np.array(t.data).view(np.uint8).reshape(-1))
+        assert torch.equal(w.data.reshape(-1), raw), il
+    assert "requantized" not in caplog.text and caplog.text == ""
 
 
 def test_qwen3next_legacy_ssm_in(models, tokenizer_dir, tmp_path):
@@ -206,7 +260,7 @@ def test_mtp_block_skipped(models, tokenizer_dir, tmp_path):
 
 @pytest.mark.parametrize("quantized", [False, True], ids=["float", "q8_0"])
 def test_tensor_parallel_slices(quantized, models, tokenizer_dir, tmp_path):
-    """A rank's slice is cut from the tensor in HF's layout (the file's order is another)."""
+    """A rank's slice is cut from the tensor as loaded (ssm_a and conv1d read whole first)."""
     hf = models["qwen35"]
     path = write_gguf(
         hf, tokenizer_dir, str(tmp_path / "m.gguf"), qtype="q8_0" if quantized else "f32"

@@ -4,6 +4,12 @@ delta rule, after a short causal conv over q, k and v, with a gated RMSNorm on t
 Module and parameter names follow HF's Qwen3_5GatedDeltaNet, except in_proj_qkv / in_proj_z ->
 in_proj_qkvz and in_proj_b / in_proj_a -> in_proj_ba (one matmul each; the model's load_weights
 fills the parts). The state: conv [K - 1, key_dim * 2 + value_dim] and ssm [Hv, Dk, Dv].
+
+Value head h reads key head h // (Hv // Hk) (HF's grouped order, what the kernels assume), or,
+where config.linear_value_heads_tiled (llama.cpp's Qwen3.5 GGUFs, gguf_qwen35.py), key head
+h % Hk: q and k are then repeated to Hv heads in that order before the kernel. Every other
+per-value-head tensor (z, a, b, A_log, dt_bias, the V channels, out_proj's columns) is in the
+checkpoint's own order, so nothing else depends on it.
 """
 
 from __future__ import annotations
@@ -54,6 +60,9 @@ class GatedDeltaNet(nn.Module):
                 f"linear_num_value_heads {self.num_v_heads} must be a multiple of"
                 f" linear_num_key_heads {self.num_k_heads}"
             )
+        tiled = bool(getattr(config, "linear_value_heads_tiled", False))
+        # the times q and k repeat (tiled) to the value heads; 1: the kernels group them
+        self.tiled_repeat = self.num_v_heads // self.num_k_heads if tiled else 1
         self.key_dim = self.num_k_heads * self.head_k_dim
         self.value_dim = self.num_v_heads * self.head_v_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
@@ -99,4 +108,6 @@ class GatedDeltaNet(nn.Module):
         q = l2norm(q.reshape(n, self.num_k_heads, self.head_k_dim)) * self.head_k_dim**-0.5
         k = l2norm(k.reshape(n, self.num_k_heads, self.head_k_dim))
         v = v.reshape(n, self.num_v_heads, self.head_v_dim)
+        if self.tiled_repeat > 1:  # [T, Hk, D] -> [T, Hv, D], head h = key head h % Hk
+            q, k = q.repeat(1, self.tiled_repeat, 1), k.repeat(1, self.tiled_repeat, 1)
         return kernels.gated_delta_rule(q, k, v, g, beta, state["ssm"], rows, lens)
