@@ -3,7 +3,8 @@
 Only the parts radixlm runs: architectures llama (SmolLM2, Llama 2/3, Mistral), qwen2, qwen3,
 phi3, gemma2 and gemma3 (gguf_gemma.py: what llama.cpp fixes by architecture instead of writing it),
 the MoE ones (gguf_moe.py, gguf_deepseek.py) and the hybrid qwen35, qwen35moe, qwen3next
-(gguf_qwen35.py: the converter's transformations undone, its tiled V-head order kept), nemotron_h and lfm2 (gguf_hybrid_ssm.py).
+(gguf_qwen35.py: the converter's transformations undone, its tiled V-head order kept), nemotron_h
+and lfm2 (gguf_hybrid_ssm.py).
 With keep_quantized, 2-D weights in a format the native kernels read
 (radixlm.kernels.formats.FORMATS: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K,
 Q6_K, IQ4_XS, F16, BF16) stay as stored, F32 ones are plain float32, and any other type is refused
