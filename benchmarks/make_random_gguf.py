@@ -6,6 +6,11 @@ the same file to both.
     python benchmarks/make_random_gguf.py --shape llama-3-8b --type q4_k_m -o /data/llama-3-8b.q4_k_m.gguf \\
         --llama-quantize ~/.cache/peers/llama_cpp_python-*/vendor/llama.cpp/build/bin/llama-quantize
     python benchmarks/make_random_gguf.py --shape qwen2.5-1.5b --type q4_0 --dry-run   # the plan, no file
+    python benchmarks/make_random_gguf.py --shape qwen3.5-0.8b --type q4_k_m -o /data/qwen3.5-0.8b.q4_k_m.gguf \\
+        --llama-quantize ~/.cache/peers/llama_cpp_python-*/vendor/llama.cpp/build/bin/llama-quantize
+
+Qwen3.5 shapes (qwen35 / qwen35moe, model_shapes.HybridShape) are written as the converter writes
+their text model, without the MTP block (no nextn_predict_layers).
 
 f16 / q8_0 / q4_0 are written directly; k-quants and iq4_xs go through llama.cpp's llama-quantize
 from an F16 (Q8_0 above 4B parameters, to halve the intermediate file) file. Outputs of random
@@ -29,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: benchmarks/ is on the path, the repo root is not
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.model_shapes import SHAPES, Shape  # noqa: E402 (after the sys.path insert above)
+from benchmarks.model_shapes import SHAPES, HybridShape, Shape  # noqa: E402 (after the sys.path insert above)
 
 DIRECT_TYPES = ("f16", "q8_0", "q4_0")
 # --type -> llama-quantize's type name
@@ -40,6 +45,10 @@ BUILD_HINT = (
     " binary is <that tree>/build/bin/llama-quantize"
 )
 PAD_TOKEN = "[PAD{}]"  # what llama.cpp's converter names the vocab's padding tokens
+# Matrices the converter keeps F32 whatever --outtype (and llama-quantize leaves alone): the
+# routers and the Gated DeltaNet conv (convert_hf_to_gguf's FFN_GATE_INP, FFN_GATE_INP_SHEXP,
+# SSM_CONV1D).
+F32_MATRICES = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight")
 CHUNK_VALUES = 1 << 22  # values drawn per step: bounds the float32 scratch to 16 MB
 
 
@@ -69,7 +78,7 @@ def tensor_type(name: str, dims: tuple[int, ...], shape: Shape, type_name: str):
     import gguf
 
     T = gguf.GGMLQuantizationType
-    if len(dims) == 1:
+    if len(dims) == 1 or name.endswith(F32_MATRICES):
         return T.F32
     if type_name == "q4_0" and name == _output_name(shape):
         return T.Q8_0
@@ -143,22 +152,32 @@ def _copy_tokenizer(writer, tokenizer_gguf: str, vocab: int) -> None:
 
 def _random_tensor(p: TensorPlan, rng: np.random.Generator, std: float) -> np.ndarray:
     """The tensor as stored: norms 1, biases 0, matrices N(0, std) drawn and converted in row chunks
-    (peak memory: the stored tensor plus one chunk)."""
+    (peak memory: the stored tensor plus one chunk); experts [E, rows, cols] as E * rows rows.
+    Gated DeltaNet's as HF initializes them: ssm_a = -exp(A_log) = -U(1, 16) (A_log = log U(1, 16)),
+    dt_bias 1, conv1d U(-1/sqrt(K), 1/sqrt(K)) (stored F32), ssm_norm 1 (stored as is; the other
+    norms are stored 1 + w, w = 0)."""
     import gguf
     from gguf.quants import quantize
 
+    if p.name.endswith(".ssm_a"):
+        return -rng.uniform(1.0, 16.0, p.shape).astype(np.float32)
+    if p.name.endswith(".ssm_dt.bias"):
+        return np.ones(p.shape, dtype=np.float32)
+    if p.name.endswith(".ssm_conv1d.weight"):
+        bound = 1.0 / math.sqrt(p.shape[-1])
+        return rng.uniform(-bound, bound, p.shape).astype(np.float32)
     if len(p.shape) == 1:
         value = 0.0 if p.name.endswith(".bias") else 1.0
         return np.full(p.shape, value, dtype=np.float32)
-    rows, cols = p.shape
-    f16 = p.ggml_type == gguf.GGMLQuantizationType.F16
-    out = np.empty(
-        (rows, cols) if f16 else (rows, p.nbytes // rows), dtype=np.float16 if f16 else np.uint8
-    )
+    cols = p.shape[-1]
+    rows = math.prod(p.shape[:-1])
+    T = gguf.GGMLQuantizationType
+    plain = {T.F16: np.float16, T.F32: np.float32}.get(p.ggml_type)
+    out = np.empty((rows, cols) if plain else (rows, p.nbytes // rows), dtype=plain or np.uint8)
     step = max(1, CHUNK_VALUES // cols)
     for r in range(0, rows, step):
         chunk = rng.standard_normal((min(step, rows - r), cols), dtype=np.float32) * np.float32(std)
-        out[r : r + len(chunk)] = chunk if f16 else quantize(chunk, p.ggml_type)
+        out[r : r + len(chunk)] = chunk if plain else quantize(chunk, p.ggml_type)
     return out
 
 
@@ -191,10 +210,14 @@ def write_random_gguf(
     w.add_context_length(shape.context)
     w.add_embedding_length(shape.hidden)
     w.add_block_count(shape.layers)
-    w.add_feed_forward_length(shape.intermediate)
+    if shape.intermediate:  # the MoE hybrid has no dense MLP (nor the key)
+        w.add_feed_forward_length(shape.intermediate)
     w.add_head_count(shape.heads)
     w.add_head_count_kv(shape.kv_heads)
-    w.add_rope_dimension_count(shape.head_dim)
+    if isinstance(shape, HybridShape):
+        _add_hybrid_keys(w, shape)
+    else:
+        w.add_rope_dimension_count(shape.head_dim)
     w.add_key_length(shape.head_dim)
     w.add_value_length(shape.head_dim)
     w.add_rope_freq_base(shape.rope_theta)
@@ -217,6 +240,25 @@ def write_random_gguf(
         if len(p.shape) == 2 and log:
             log(f"  {i + 1}/{len(tensors)} {p.name} {p.ggml_type.name} {list(p.shape)}")
     w.close()
+
+
+def _add_hybrid_keys(w, shape: HybridShape) -> None:
+    """The keys convert_hf_to_gguf adds for Qwen3.5 (Qwen2MoeModel's expert sizes,
+    Qwen3NextModel's ssm.* and interval, _Qwen35MRopeMixin's sections), as gguf_qwen35.py and
+    llama.cpp's loader read them; no nextn_predict_layers (no MTP block is written)."""
+    if shape.experts:
+        w.add_expert_count(shape.experts)
+        w.add_expert_used_count(shape.experts_used)
+        w.add_expert_feed_forward_length(shape.expert_intermediate)
+        w.add_expert_shared_feed_forward_length(shape.shared_expert_intermediate)
+    w.add_ssm_conv_kernel(shape.linear_conv_kernel_dim)
+    w.add_ssm_state_size(shape.linear_key_head_dim)
+    w.add_ssm_group_count(shape.linear_num_key_heads)
+    w.add_ssm_time_step_rank(shape.linear_num_value_heads)
+    w.add_ssm_inner_size(shape.linear_value_head_dim * shape.linear_num_value_heads)
+    w.add_full_attention_interval(shape.full_attention_interval)
+    w.add_rope_dimension_count(shape.rope_dims)  # int(head_dim * partial_rotary_factor)
+    w.add_rope_dimension_sections((list(shape.mrope_section) + [0, 0, 0, 0])[:4])
 
 
 def find_llama_quantize(path: str | None) -> str:

@@ -68,6 +68,90 @@ class Shape:
         return n
 
 
+@dataclass(frozen=True)
+class HybridShape(Shape):
+    """Qwen3.5's hybrid (llama.cpp arch `qwen35`, or `qwen35moe` with experts): Gated DeltaNet
+    ("linear attention") layers, every `full_attention_interval`-th layer gated full attention.
+    Figures under HF text_config's names; `intermediate` is 0 for the MoE (no dense MLP)."""
+
+    full_attention_interval: int = 4
+    linear_conv_kernel_dim: int = 4
+    linear_key_head_dim: int = 128
+    linear_value_head_dim: int = 128
+    linear_num_key_heads: int = 16
+    linear_num_value_heads: int = 16
+    partial_rotary_factor: float = 0.25
+    mrope_section: tuple[int, ...] = (11, 11, 10)  # rope_parameters.mrope_section
+    experts: int = 0  # num_experts (0: dense qwen35)
+    experts_used: int = 0  # num_experts_per_tok
+    expert_intermediate: int = 0  # moe_intermediate_size
+    shared_expert_intermediate: int = 0  # shared_expert_intermediate_size
+
+    def is_full_attention(self, layer: int) -> bool:
+        return (layer + 1) % self.full_attention_interval == 0  # llama.cpp's and HF's rule
+
+    @property
+    def rope_dims(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    def tensors(self) -> list[tuple[str, tuple[int, ...]]]:
+        """The tensors convert_hf_to_gguf writes for a Qwen3.5 text model (MTP block excluded):
+        norms [n] (F32), the shared-expert gate [1, hidden] as HF's, experts [E, rows, cols]."""
+        h = self.hidden
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        key = self.linear_num_key_heads * self.linear_key_head_dim
+        value = self.linear_num_value_heads * self.linear_value_head_dim
+        nv = self.linear_num_value_heads
+        out = [("token_embd.weight", (self.vocab, h))]
+        for i in range(self.layers):
+            b = f"blk.{i}."
+            out.append((b + "attn_norm.weight", (h,)))
+            if self.is_full_attention(i):
+                out += [
+                    (b + "attn_q.weight", (2 * q, h)),  # q and its gate, interleaved per head
+                    (b + "attn_k.weight", (kv, h)),
+                    (b + "attn_v.weight", (kv, h)),
+                    (b + "attn_output.weight", (h, q)),
+                    (b + "attn_q_norm.weight", (self.head_dim,)),
+                    (b + "attn_k_norm.weight", (self.head_dim,)),
+                ]
+            else:
+                out += [
+                    (b + "attn_qkv.weight", (2 * key + value, h)),
+                    (b + "attn_gate.weight", (value, h)),
+                    (b + "ssm_conv1d.weight", (2 * key + value, self.linear_conv_kernel_dim)),
+                    (b + "ssm_a", (nv,)),
+                    (b + "ssm_dt.bias", (nv,)),
+                    (b + "ssm_beta.weight", (nv, h)),
+                    (b + "ssm_alpha.weight", (nv, h)),
+                    (b + "ssm_norm.weight", (self.linear_value_head_dim,)),
+                    (b + "ssm_out.weight", (h, value)),
+                ]
+            out.append((b + "post_attention_norm.weight", (h,)))
+            if self.experts:
+                e, f, sf = self.experts, self.expert_intermediate, self.shared_expert_intermediate
+                out += [
+                    (b + "ffn_gate_inp.weight", (e, h)),
+                    (b + "ffn_gate_exps.weight", (e, f, h)),
+                    (b + "ffn_up_exps.weight", (e, f, h)),
+                    (b + "ffn_down_exps.weight", (e, h, f)),
+                    (b + "ffn_gate_inp_shexp.weight", (1, h)),
+                    (b + "ffn_gate_shexp.weight", (sf, h)),
+                    (b + "ffn_up_shexp.weight", (sf, h)),
+                    (b + "ffn_down_shexp.weight", (h, sf)),
+                ]
+            else:
+                out += [
+                    (b + "ffn_gate.weight", (self.intermediate, h)),
+                    (b + "ffn_up.weight", (self.intermediate, h)),
+                    (b + "ffn_down.weight", (h, self.intermediate)),
+                ]
+        out.append(("output_norm.weight", (h,)))
+        if not self.tied:
+            out.append(("output.weight", (self.vocab, h)))
+        return out
+
+
 # Llama 3.1 / 3.2's rope_scaling (the same in every Llama 3.x config.json).
 _LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -162,5 +246,111 @@ SHAPES = {
         rms_eps=1e-6,
         context=4096,
         qkv_bias=True,
+    ),
+    # Qwen/Qwen3.5-0.8B config.json text_config (as given in the task brief, which quotes it):
+    # 24 layers, 3 Gated DeltaNet : 1 gated attention. Text model only (the vision tower is not
+    # in llama.cpp's text GGUF): 752,393,024 parameters.
+    "qwen3.5-0.8b": HybridShape(
+        "qwen35",
+        "Qwen/Qwen3.5-0.8B config.json text_config",
+        hidden=1024,
+        layers=24,
+        heads=8,
+        kv_heads=2,
+        head_dim=256,
+        intermediate=3584,
+        vocab=248320,
+        tied=True,
+        rope_theta=10000000.0,
+        rms_eps=1e-6,
+        context=262144,
+    ),
+    # Qwen/Qwen3.5-2B config.json text_config, from memory (not checked against the file here):
+    # hidden 2048 and intermediate 6144 are the figures least sure; the rest (24 layers, 8 / 2
+    # heads of 256, 16 / 16 linear heads of 128, tied, rope 1e7, partial 0.25) as the 0.8B.
+    "qwen3.5-2b": HybridShape(
+        "qwen35",
+        "Qwen/Qwen3.5-2B config.json text_config (from memory, unverified)",
+        hidden=2048,
+        layers=24,
+        heads=8,
+        kv_heads=2,
+        head_dim=256,
+        intermediate=6144,
+        vocab=248320,
+        tied=True,
+        rope_theta=10000000.0,
+        rms_eps=1e-6,
+        context=262144,
+    ),
+    # Qwen/Qwen3.5-35B-A3B config.json text_config, from memory (not checked against the file):
+    # 40 layers, 16 / 2 heads of 256, linear heads 16 key / 32 value of 128, 256 experts of 512
+    # (8 routed) + a shared expert of 512, untied. Text model ~34.7B, ~3B active: the name's.
+    "qwen3.5-35b-a3b": HybridShape(
+        "qwen35moe",
+        "Qwen/Qwen3.5-35B-A3B config.json text_config (from memory, unverified)",
+        hidden=2048,
+        layers=40,
+        heads=16,
+        kv_heads=2,
+        head_dim=256,
+        intermediate=0,
+        vocab=248320,
+        tied=False,
+        rope_theta=10000000.0,
+        rms_eps=1e-6,
+        context=262144,
+        linear_num_value_heads=32,
+        experts=256,
+        experts_used=8,
+        expert_intermediate=512,
+        shared_expert_intermediate=512,
+    ),
+    # Tests: the smallest qwen35 / qwen35moe files (4 layers: 3 linear + 1 full attention; value
+    # heads 2x the key heads, so the converter's V-head reorder is exercised; rope dims 32 * 0.25
+    # = 8, i.e. 4 frequencies split 2 / 1 / 1).
+    "tiny-qwen35": HybridShape(
+        "qwen35",
+        "test shape",
+        hidden=64,
+        layers=4,
+        heads=2,
+        kv_heads=1,
+        head_dim=32,
+        intermediate=128,
+        vocab=49216,
+        tied=True,
+        rope_theta=10000000.0,
+        rms_eps=1e-6,
+        context=4096,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        mrope_section=(2, 1, 1),
+    ),
+    "tiny-qwen35moe": HybridShape(
+        "qwen35moe",
+        "test shape",
+        hidden=64,
+        layers=4,
+        heads=2,
+        kv_heads=1,
+        head_dim=32,
+        intermediate=0,
+        vocab=49216,
+        tied=False,
+        rope_theta=10000000.0,
+        rms_eps=1e-6,
+        context=4096,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_num_key_heads=2,
+        linear_num_value_heads=4,
+        mrope_section=(2, 1, 1),
+        experts=4,
+        experts_used=2,
+        expert_intermediate=32,
+        shared_expert_intermediate=64,
     ),
 }

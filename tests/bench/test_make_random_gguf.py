@@ -4,6 +4,7 @@ loaded (config, tensor types kept quantized, tokenizer); real shapes only throug
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 
@@ -191,3 +192,98 @@ def test_llama_quantize_call(intermediate, tmp_path):
     ]
     assert not os.path.exists(args[1])  # the intermediate is removed
     assert open_gguf(out).tensors[1].tensor_type.name == inter.upper()  # [0] is rope_freqs (F32)
+
+
+# Qwen3.5 hybrids (qwen35 / qwen35moe): the real shapes' text-model sizes, and tiny files loaded.
+QWEN35_PARAMS = {
+    "qwen3.5-0.8b": 752_393_024,
+    "qwen3.5-2b": 1_881_825_088,
+    "qwen3.5-35b-a3b": 34_660_610_688,
+}
+
+
+@pytest.mark.parametrize("name", list(QWEN35_PARAMS))
+def test_qwen35_real_shapes(name, capsys):
+    s = SHAPES[name]
+    assert s.num_params() == QWEN35_PARAMS[name]
+    tensors = {p.name: p for p in mrg.plan(s, "q8_0")}
+    q, kv, h = s.heads * s.head_dim, s.kv_heads * s.head_dim, s.hidden
+    key = s.linear_num_key_heads * s.linear_key_head_dim
+    value = s.linear_num_value_heads * s.linear_value_head_dim
+    assert tensors["blk.3.attn_q.weight"].shape == (2 * q, h)  # layer 3: full attention
+    assert tensors["blk.3.attn_k.weight"].shape == (kv, h)
+    assert tensors["blk.3.attn_q_norm.weight"].shape == (s.head_dim,)
+    assert "blk.3.attn_qkv.weight" not in tensors and "blk.0.attn_q.weight" not in tensors
+    assert tensors["blk.0.attn_qkv.weight"].shape == (2 * key + value, h)
+    assert tensors["blk.0.ssm_conv1d.weight"].ggml_type.name == "F32"
+    assert tensors["blk.0.ssm_a"].shape == (s.linear_num_value_heads,)
+    assert ("output.weight" in tensors) == (not s.tied)
+    if s.experts:
+        assert tensors["blk.0.ffn_gate_exps.weight"].shape == (256, 512, 2048)
+        assert tensors["blk.0.ffn_gate_inp.weight"].ggml_type.name == "F32"
+    assert mrg.main(["--shape", name, "--type", "q8_0", "--dry-run"]) == 0
+    assert f"{QWEN35_PARAMS[name]:,}" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "shape_name,type_name", [("tiny-qwen35", "q8_0"), ("tiny-qwen35moe", "q4_0")]
+)
+def test_tiny_qwen35_file_loads(shape_name, type_name, tmp_path):
+    import torch
+
+    from radixlm.model.gguf_loader import field, open_gguf
+    from radixlm.model.loader import load_model
+
+    s = SHAPES[shape_name]
+    path = str(tmp_path / f"{shape_name}.gguf")
+    mrg.make(path, shape_name, type_name, log=None)
+    reader = open_gguf(path)
+    assert {t.name: t.tensor_type.name for t in reader.tensors} == {
+        p.name: p.ggml_type.name for p in mrg.plan(s, type_name)
+    }
+    assert field(reader, f"{s.arch}.rope.dimension_count") == 8
+    assert field(reader, f"{s.arch}.rope.dimension_sections") == [2, 1, 1, 0]
+
+    loaded = load_model(path, quantization="gguf")
+    c = loaded.hf_config
+    assert (
+        loaded.architecture
+        == {
+            "qwen35": "Qwen3_5ForCausalLM",
+            "qwen35moe": "Qwen3_5MoeForCausalLM",
+        }[s.arch]
+    )
+    assert c.layer_types == ["linear_attention"] * 3 + ["full_attention"]
+    assert (
+        c.hidden_size,
+        c.num_hidden_layers,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+        c.head_dim,
+        c.linear_num_key_heads,
+        c.linear_num_value_heads,
+        c.linear_key_head_dim,
+        c.linear_value_head_dim,
+        c.linear_conv_kernel_dim,
+        c.vocab_size,
+        c.tie_word_embeddings,
+    ) == (
+        s.hidden,
+        s.layers,
+        s.heads,
+        s.kv_heads,
+        s.head_dim,
+        s.linear_num_key_heads,
+        s.linear_num_value_heads,
+        s.linear_key_head_dim,
+        s.linear_value_head_dim,
+        s.linear_conv_kernel_dim,
+        s.vocab,
+        s.tied,
+    )
+    assert c.rope_parameters["partial_rotary_factor"] == s.partial_rotary_factor
+    if s.experts:
+        assert (c.num_experts, c.num_experts_per_tok, c.moe_intermediate_size) == (4, 2, 32)
+        assert c.shared_expert_intermediate_size == 64
+    a_log = dict(loaded.model.named_parameters())["model.layers.0.linear_attn.A_log"].detach()
+    assert torch.all((a_log >= 0) & (a_log <= math.log(16.0) + 1e-6))  # ssm_a = -U(1, 16)
