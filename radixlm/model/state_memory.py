@@ -2,7 +2,9 @@
 
 One budget feeds both pools. SGLang's split: the states get --mamba-full-memory-ratio (r) times
 the KV pool's bytes, so a budget B gives KV B / (1 + r) and states B r / (1 + r);
---max-mamba-cache-size N instead fixes the state slots and the KV pool gets the rest of B. Each
+--max-mamba-cache-size N instead fixes the state slots and the KV pool gets the rest of B. With
+--max-total-tokens (a pool sized in tokens) the states get at least their share of
+--kv-memory-gb. Each
 running request holds one state slot (its ReqToTokenPool row); the other slots keep snapshots for
 the prefix cache. When the slots are too few for --max-running-requests, the running requests are
 capped to half of them (the other half keeps snapshots), and the log says so.
@@ -57,10 +59,16 @@ class StateMemory:
         return int(budget / (1 + self.config.mamba_full_memory_ratio))
 
     def slots(self, kv_bytes: int) -> int:
-        fixed = self.config.max_mamba_cache_size
-        if fixed is not None:
-            return fixed
-        return max(2, int(kv_bytes * self.config.mamba_full_memory_ratio // self.per_state))
+        cfg = self.config
+        if cfg.max_mamba_cache_size is not None:
+            return cfg.max_mamba_cache_size
+        ratio = cfg.mamba_full_memory_ratio
+        share = kv_bytes * ratio
+        if cfg.max_total_tokens and not cfg.mem_fraction_static:
+            # The KV pool was sized in tokens, not bytes: the states still get their share of
+            # --kv-memory-gb's budget (a small token pool must not starve the running requests).
+            share = max(share, cfg.kv_memory_gb * 2**30 * ratio / (1 + ratio))
+        return max(2, int(share // self.per_state))
 
     def create_pool(
         self, kv_bytes: int, max_running_requests: int, device: torch.device

@@ -34,14 +34,41 @@ class RMSNorm(nn.Module):
         """
         native = fused_ops(x) if x.dim() == 2 else None
         if native is not None:  # one fused pass instead of ~8 ops (and the add; Triton's on CUDA)
+            scale = self.kernel_scale()
             if residual is None:
-                return native.rmsnorm(x, self.weight, self.variance_epsilon)
-            native.add_rmsnorm_(x, residual, self.weight, self.variance_epsilon)
+                return native.rmsnorm(x, scale, self.variance_epsilon)
+            native.add_rmsnorm_(x, residual, scale, self.variance_epsilon)
             return x, residual
         if residual is None:
             return self._norm(x)
         x = x + residual
         return self._norm(x), x
+
+    def kernel_scale(self) -> torch.Tensor:
+        """What the fused kernels multiply the normalized x by."""
+        return self.weight
+
+
+class OffsetRMSNorm(RMSNorm):
+    """x * (1 + w) computed as HF's Gemma / Qwen3.5 norms do it (float32 statistics, 1 + w in
+    float32), with the weight stored as HF stores it (w, initialized at 0): the fused kernels
+    multiply by `scale` = 1 + w, refreshed whenever weights are loaded (finish_loading)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__(hidden_size, eps)
+        nn.init.zeros_(self.weight)
+        self.register_buffer("scale", torch.ones(hidden_size), persistent=False)
+
+    def finish_loading(self) -> None:
+        self.scale = 1.0 + self.weight.detach().float()
+
+    def kernel_scale(self) -> torch.Tensor:
+        return self.scale
+
+    def _norm(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
 
 
 class GemmaRMSNorm(RMSNorm):

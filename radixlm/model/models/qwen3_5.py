@@ -2,7 +2,7 @@
 hybrid decoder. Its config's layer_types mark each layer linear_attention (Gated DeltaNet:
 model/layers/linear_attn/gated_delta_net.py, a recurrent state per request) or full_attention
 (gated attention: q_proj yields each head's query and an output gate; q/k RMSNorm; RoPE on the
-first partial_rotary_factor of each head). Norms multiply by 1 + w (GemmaRMSNorm).
+first partial_rotary_factor of each head). Norms multiply by 1 + w (OffsetRMSNorm).
 
 Only the full-attention layers keep KV: they are numbered among themselves for the KV pool
 (`num_kv_layers`), the state layers among themselves for the state pool (`state_specs`).
@@ -22,7 +22,7 @@ from torch import nn
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.attention import RadixAttention
 from radixlm.model.layers.linear_attn.gated_delta_net import GatedDeltaNet
-from radixlm.model.layers.norm import GemmaRMSNorm
+from radixlm.model.layers.norm import OffsetRMSNorm
 from radixlm.model.layers.parallel_linear import (
     MergedColumnParallelLinear,
     RowParallelLinear,
@@ -56,8 +56,8 @@ class Qwen3_5Attention(nn.Module):
         # q_proj: per head, its query then its gate (HF's layout), then k and v
         self.qkv_proj = MergedColumnParallelLinear(config.hidden_size, [2 * q, kv, kv], bias=bias)
         self.o_proj = RowParallelLinear(q, config.hidden_size, bias=bias, what="attention heads")
-        self.q_norm = GemmaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
-        self.k_norm = GemmaRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.q_norm = OffsetRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = OffsetRMSNorm(self.head_dim, eps=config.rms_norm_eps)
         self.rotary_emb = rotary_emb
         self.attn = RadixAttention(
             self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, kv_layer_id
@@ -67,8 +67,9 @@ class Qwen3_5Attention(nn.Module):
         n = hidden.shape[0]
         qg, k, v = self.qkv_proj(hidden).split([2 * self.q_size, self.kv_size, self.kv_size], -1)
         q, gate = qg.reshape(n, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-        q = self.q_norm(q.contiguous()).reshape(n, self.q_size)
-        k = self.k_norm(k.reshape(n, self.num_kv_heads, self.head_dim)).reshape(n, self.kv_size)
+        # per head: rows of head_dim (2-D, so the fused kernel takes them)
+        q = self.q_norm(q.reshape(-1, self.head_dim)).reshape(n, self.q_size)
+        k = self.k_norm(k.reshape(-1, self.head_dim)).reshape(n, self.kv_size)
         q, k = self.rotary_emb(positions, q, k)
         out = self.attn(q, k, v.contiguous(), fb) * torch.sigmoid(gate.reshape(n, self.q_size))
         return self.o_proj(out)
@@ -91,8 +92,8 @@ class Qwen3_5DecoderLayer(nn.Module):
         else:
             self.self_attn = Qwen3_5Attention(config, index, rotary_emb)
         self.mlp = mlp
-        self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = OffsetRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = OffsetRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def state_layer(self) -> GatedDeltaNet | None:
         return self.linear_attn if self.is_linear else None
@@ -121,7 +122,7 @@ class Qwen3_5Model(nn.Module):
             self.layer_types,
             lambda i, t, n: Qwen3_5DecoderLayer(config, t, n, rotary, build_mlp(config, i)),
         )
-        self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = OffsetRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward(self, input_ids, positions, fb: ForwardBatch, input_embeds=None):
         fb.attn_backend.begin_forward(fb)
