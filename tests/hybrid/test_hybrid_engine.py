@@ -105,3 +105,16 @@ def test_prefix_reuse_ends_at_state_snapshots(hybrid):
     assert info["available_kv_tokens"] == info["max_total_num_tokens"]
     assert info["state_snapshot_slots_free"] == info["state_snapshot_slots"] > 0
     assert info["req_slots_free"] == info["req_slots_total"]
+
+
+def test_the_same_prompt_again_reuses_all_but_its_last_token(hybrid):
+    """A prompt sent again must compute its last token (its logits): the snapshot one token before
+    the prompt's end serves it, and n > 1's copies alike."""
+    name, engine, ref = hybrid
+    assert engine.flush_cache()
+    p = _tokens(random.Random(5), 90)
+    first = engine.generate(input_ids=p, sampling_params=SP)
+    again = engine.generate(input_ids=p, sampling_params=SP)
+    assert_greedy_equal(again["output_ids"], ref(p), f"{name} again")
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert again["meta_info"]["cached_tokens"] == len(p) - 1

@@ -9,9 +9,9 @@ touches a state a forward in flight may still be writing:
     admission   the matched prefix ends at a snapshot (or at the root): copy it (or zeros) into
                 the row; `Req.state_len` (tokens the row's state has absorbed) = the prefix's
     a step      state_len grows by the request's new tokens; in a prompt's prefill the forward
-                keeps the state every --mamba-track-interval positions and at the prompt's end in
-                fresh snapshot slots (ModelWorkerBatch.state_tracks), owned by the request
-                (`Req.state_tracks`) until its result is processed
+                keeps the state every --mamba-track-interval positions and at the prompt's end
+                (and one token before it) in fresh snapshot slots (ModelWorkerBatch.state_tracks),
+                owned by the request (`Req.state_tracks`) until its result is processed
     cache_req   the tracks the committed KV covers go to their tree nodes (MambaRadixCache's
                 attach_state; a node with a snapshot already keeps its own, the slot is freed)
     release     if the row's state is exactly the committed KV's (state_len == committed ==
@@ -134,10 +134,13 @@ class StateTracker(BaseStateTracker):
         if not self.keeps:
             return []
         step = self.track_interval
-        points = list(range((start // step + 1) * step, end + 1, step)) if step > 0 else []
-        if is_last and (not points or points[-1] != end):
-            points.append(end)
-        return points
+        points = set(range((start // step + 1) * step, end + 1, step)) if step > 0 else set()
+        if is_last:
+            # The prompt's end, for what continues it (the next turn of a chat), and one token
+            # before: the same prompt again (a retry, n > 1's copies) must compute its last token
+            # for the logits, and text appended to it may merge into its last token.
+            points |= {end} | ({end - 1} if end - 1 > start else set())
+        return sorted(points)
 
     def on_cached(self, req: Req, committed: int) -> None:
         # hand the tree the tracks its KV now covers
