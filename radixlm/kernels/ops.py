@@ -99,6 +99,9 @@ def _register_fakes() -> None:
     def gated_delta_rule_fake(q, k, v, *args):
         return v.new_empty(v.shape)
 
+    def gated_rmsnorm_fake(x, z, weight, eps):
+        return torch.empty_like(x, memory_format=torch.contiguous_format)
+
     for name, fn in (
         ("qlinear", qlinear_fake),
         ("dequantize", dequantize_fake),
@@ -115,6 +118,8 @@ def _register_fakes() -> None:
         ("lora_delta_", inplace_fake),
         ("causal_conv1d", recurrence_fake),
         ("gated_delta_rule", gated_delta_rule_fake),
+        ("gated_delta_rule_gated", gated_delta_rule_fake),
+        ("gated_rmsnorm", gated_rmsnorm_fake),
         ("ssd_update", recurrence_fake),
     ):
         try:

@@ -290,3 +290,102 @@ def test_auto_picks_native_on_cpu(kernel_ops):
     assert create_linear_attn_backend("auto", torch.device("cpu")).name == "native"
     with pytest.raises(ValueError, match="CPU"):
         create_linear_attn_backend("native", torch.device("cuda"))
+
+
+# ---- Gated DeltaNet's fused steps: gates, l2norms, tiled heads; the gated RMSNorm ----------
+
+GATED_LENS, GATED_ROWS = [1, 70, 1, 3], [4, 0, 8, 2]
+
+
+def gated_case(seed, seq_lens, hk=2, hv=4, dk=32, dv=80, state_dtype=torch.float32):
+    """Raw inputs as the layer has them: q, k, v strided views of the conv's output, a and b of
+    the in_proj_ba output."""
+    g = torch.Generator().manual_seed(seed)
+    t = sum(seq_lens)
+    q, k, v = fused_views(g, t, [hk * dk, hk * dk, hv * dv])
+    b, a = fused_views(g, t, [hv, hv])
+    return dict(
+        q=q.view(t, hk, dk) * 3,
+        k=k.view(t, hk, dk),
+        v=v.view(t, hv, dv),
+        a=a * 2,
+        b=b * 2,
+        a_log=torch.randn(hv, generator=g),
+        dt_bias=torch.randn(hv, generator=g),
+        ssm_state=(torch.randn(SLOTS, hv, dk, dv, generator=g) * 0.5).to(state_dtype),
+    )
+
+
+def ref_gated(q, k, v, a, b, a_log, dt_bias, ssm_state, rows, seq_lens, tiled):
+    def l2(x):
+        x = x.double()
+        return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + 1e-6)
+
+    beta = b.double().sigmoid()
+    g = -a_log.double().exp() * F.softplus(a.double() + dt_bias.double())
+    q, k = l2(q) * q.shape[-1] ** -0.5, l2(k)
+    if tiled:  # value head h reads key head h % Hk
+        rep = v.shape[1] // q.shape[1]
+        q, k = q.repeat(1, rep, 1), k.repeat(1, rep, 1)
+    return ref_gdr(q, k, v, g, beta, ssm_state, rows, seq_lens)
+
+
+@pytest.mark.parametrize("tiled", [False, True], ids=["grouped", "tiled"])
+@STATE_DTYPES
+def test_gated_delta_rule_gated(backend, tiled, state_dtype):
+    case = gated_case(3, GATED_LENS, state_dtype=state_dtype)
+    rows = torch.tensor(GATED_ROWS)
+    ref_o, ref_state = ref_gated(**case, rows=rows, seq_lens=GATED_LENS, tiled=tiled)
+    state = case["ssm_state"].clone()
+    o = backend.gated_delta_rule_gated(
+        **{**case, "ssm_state": state}, rows=rows, seq_lens=GATED_LENS, tiled=tiled
+    )
+    assert o.shape == case["v"].shape and o.dtype == case["v"].dtype
+    assert_close(o, ref_o, "gated delta rule (gated) o")
+    assert_state(state, ref_state, case["ssm_state"], rows, "gated delta rule (gated) state")
+
+
+@pytest.mark.parametrize("tiled", [False, True], ids=["grouped", "tiled"])
+def test_native_gated_matches_the_torch_default(kernel_ops, tiled):
+    """The native fused op against the base class's torch steps on the same native rule."""
+    from radixlm.model.layers.linear_attn.base import LinearAttnBackend
+    from radixlm.model.layers.linear_attn.native_backend import NativeLinearAttnBackend
+
+    native, rows = NativeLinearAttnBackend(), torch.tensor(GATED_ROWS)
+    case = gated_case(4, GATED_LENS, hk=2, hv=4)
+    default = lambda **kw: LinearAttnBackend.gated_delta_rule_gated(native, **kw)
+    outs = []
+    for fn in (native.gated_delta_rule_gated, default):
+        state = case["ssm_state"].clone()
+        args = {**case, "ssm_state": state, "rows": rows, "seq_lens": GATED_LENS, "tiled": tiled}
+        outs.append((fn(**args), state))
+    assert_close(outs[0][0], outs[1][0].double(), "fused vs default o")
+    assert_close(outs[0][1], outs[1][1].double(), "fused vs default state")
+
+
+def ref_gated_rmsnorm(x, z, weight, eps):
+    x, z = x.double(), z.double()
+    return weight.double() * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * F.silu(z)
+
+
+@pytest.mark.parametrize("shape", [(5, 4, 80), (7, 36), (1, 16, 128)])
+def test_gated_rmsnorm(backend, shape):
+    g = torch.Generator().manual_seed(6)
+    n, d = shape[0], shape[-1]
+    width = shape[1] * d if len(shape) == 3 else d
+    x, z = fused_views(g, n, [width, width])  # strided, as z is from the fused projection
+    x, z = x.reshape(shape), z.view(shape) * 4
+    weight = torch.randn(d, generator=g)
+    y = backend.gated_rmsnorm(x, z, weight, 1e-6)
+    assert y.shape == x.shape and y.dtype == torch.float32
+    assert_close(y, ref_gated_rmsnorm(x, z, weight, 1e-6), "gated rmsnorm")
+
+
+def test_native_gated_rmsnorm_other_dtypes_take_the_default(kernel_ops):
+    from radixlm.model.layers.linear_attn.native_backend import NativeLinearAttnBackend
+
+    g = torch.Generator().manual_seed(7)
+    x, z = (torch.randn(3, 2, 64, generator=g).bfloat16() for _ in range(2))
+    weight = torch.randn(64, generator=g)
+    y = NativeLinearAttnBackend().gated_rmsnorm(x, z, weight, 1e-6)
+    assert torch.equal(y, TorchLinearAttnBackend().gated_rmsnorm(x, z, weight, 1e-6))

@@ -135,6 +135,7 @@ struct Gdr {
   int64_t slot_bytes;
   SType st;
   int64_t Hk, Hv, Dk, Dv;
+  bool tiled;  // value head h reads key head h % Hk (llama.cpp's order), else h / (Hv / Hk)
 };
 
 using GdrStep = void (*)(float*, int64_t, int64_t, const GdrTok&, const GdrTok*, float*, bool, bool);
@@ -147,7 +148,7 @@ void gdr_block(const Gdr& A, const Batch& B, int64_t r, int64_t h, int64_t c0, i
                std::vector<float>& scratch) {
   if (B.len[r] == 0) return;  // nothing to advance (and no token to read)
   const int64_t Dk = A.Dk, Dv = A.Dv, w = std::min(W, Dv - c0), es = type_size(A.st);
-  const int64_t hk = h / (A.Hv / A.Hk);
+  const int64_t hk = A.tiled ? h % A.Hk : h / (A.Hv / A.Hk);
   const bool in_place = A.st == SType::F32 && w == W && B.len[r] == 1;
   char* base = A.state + B.rows[r] * A.slot_bytes + ((h * Dk) * Dv + c0) * es;
   float *S = (float*)base, *v = nullptr, *o = nullptr;
@@ -188,9 +189,12 @@ void gdr_block(const Gdr& A, const Batch& B, int64_t r, int64_t h, int64_t c0, i
     for (int64_t i = 0; i < Dk; ++i) state_store(S + i * W, A.st, base + i * Dv * es, w);
 }
 
-at::Tensor gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
-                            const at::Tensor& beta, at::Tensor& ssm_state, const at::Tensor& rows,
-                            at::IntArrayRef seq_lens) {
+}  // namespace
+
+// The op below, with the key heads' order as an option (gdn_fused.cpp calls it, tiled or not).
+at::Tensor gated_delta_rule_run(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                                const at::Tensor& beta, at::Tensor& ssm_state, const at::Tensor& rows,
+                                at::IntArrayRef seq_lens, bool tiled) {
   TORCH_CHECK(q.dim() == 3 && v.dim() == 3, "gated_delta_rule: q [T, Hk, Dk], v [T, Hv, Dv]");
   const int64_t T = q.size(0), Hk = q.size(1), Dk = q.size(2), Hv = v.size(1), Dv = v.size(2);
   TORCH_CHECK(Hk > 0 && Hv % Hk == 0, "gated_delta_rule: ", Hv, " value heads over ", Hk, " key heads");
@@ -201,7 +205,7 @@ at::Tensor gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::
   const Gdr A{input(q, T, Hk, Dk, "gated_delta_rule q"), input(k, T, Hk, Dk, "gated_delta_rule k"),
               input(v, T, Hv, Dv, "gated_delta_rule v"), input(g, T, Hv, 0, "gated_delta_rule g"),
               input(beta, T, Hv, 0, "gated_delta_rule beta"), o.data_ptr<float>(), (char*)ssm_state.data_ptr(),
-              ssm_state.stride(0) * type_size(st), st, Hk, Hv, Dk, Dv};
+              ssm_state.stride(0) * type_size(st), st, Hk, Hv, Dk, Dv, tiled};
   const bool wide = use_avx512();
   const int64_t W = wide ? 64 : 32, nb = (Dv + W - 1) / W, per_req = Hv * nb;
   const GdrStep step = wide ? gdr_step_avx512 : gdr_step_avx2;
@@ -211,6 +215,14 @@ at::Tensor gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::
     gdr_block(A, B, r, h, c0, W, step, scratch);
   });
   return o;
+}
+
+namespace {
+
+at::Tensor gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                            const at::Tensor& beta, at::Tensor& ssm_state, const at::Tensor& rows,
+                            at::IntArrayRef seq_lens) {
+  return gated_delta_rule_run(q, k, v, g, beta, ssm_state, rows, seq_lens, false);
 }
 
 // The ISA the gated delta rule's step uses ("avx512" or "avx2"); `isa` non-empty switches first.

@@ -24,8 +24,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from radixlm.registry import Registry
+
+
+def _l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """HF's (and FLA's) l2norm over the last dimension, in float32."""
+    x = x.float()
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
 
 
 class LinearAttnBackend(ABC):
@@ -67,6 +74,46 @@ class LinearAttnBackend(ABC):
         q, k [T, Hk, Dk] (already l2-normalized, q already scaled); v [T, Hv, Dv]; g, beta [T, Hv]
         float32 (g <= 0: log decay); ssm_state [slots, Hv, Dk, Dv]. -> o [T, Hv, Dv] in v's
         dtype. Computed in float32 whatever the inputs' dtype."""
+
+    def gated_delta_rule_gated(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        a_log: torch.Tensor,
+        dt_bias: torch.Tensor,
+        ssm_state: torch.Tensor,
+        rows: torch.Tensor,
+        seq_lens: list[int],
+        tiled: bool,
+    ) -> torch.Tensor:
+        """gated_delta_rule from Gated DeltaNet's raw inputs (a backend may fuse these steps):
+            beta = sigmoid(b), g = -exp(a_log) * softplus(a + dt_bias)   (float32)
+            q = l2norm(q) * Dk^-0.5, k = l2norm(k)   (float32; l2norm: x * rsqrt(sum(x^2) + 1e-6))
+        q, k [T, Hk, Dk] (any float dtype and strides); v [T, Hv, Dv]; a, b [T, Hv]; a_log,
+        dt_bias [Hv]. Value head h reads key head h % Hk where `tiled` (llama.cpp's order), else
+        h // (Hv // Hk). -> o [T, Hv, Dv] in v's dtype."""
+        beta = b.float().sigmoid()
+        g = -a_log.float().exp() * F.softplus(a.float() + dt_bias.float())
+        q = _l2norm(q) * q.shape[-1] ** -0.5
+        k = _l2norm(k)
+        repeat = v.shape[1] // q.shape[1]
+        if tiled and repeat > 1:  # [T, Hk, D] -> [T, Hv, D], head h = key head h % Hk
+            q, k = q.repeat(1, repeat, 1), k.repeat(1, repeat, 1)
+        return self.gated_delta_rule(q, k, v, g, beta, ssm_state, rows, seq_lens)
+
+    def gated_rmsnorm(
+        self, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:
+        """Gated DeltaNet's output norm (HF's Qwen3_5RMSNormGated): each row of x [..., D]
+        RMS-normalized (float32 statistics), times weight [D], times silu(z) (z: x's shape).
+        -> x's shape and dtype."""
+        dtype = x.dtype
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+        return (weight * x32.to(dtype) * F.silu(z.float())).to(dtype)
 
     @abstractmethod
     def ssd(

@@ -1,4 +1,5 @@
-"""The recurrences as native CPU kernels (kernels/csrc/recurrent.cpp, torch.ops.radixlm).
+"""The recurrences as native CPU kernels (kernels/csrc/recurrent.cpp, gated_delta.cpp and
+gdn_fused.cpp: torch.ops.radixlm).
 
 One op per call for the whole batch, decode and extend alike: the kernels work per (request,
 head, block of the state), so a decode step streams each state once and an extend runs token by
@@ -43,6 +44,30 @@ class NativeLinearAttnBackend(LinearAttnBackend):
             _f32(q), _f32(k), _f32(v), _f32(g), _f32(beta), ssm_state, rows, list(seq_lens)
         )
         return o.to(v.dtype)
+
+    def gated_delta_rule_gated(
+        self, q, k, v, a, b, a_log, dt_bias, ssm_state, rows, seq_lens, tiled
+    ):
+        o = self._ops.gated_delta_rule_gated(
+            _f32(q),
+            _f32(k),
+            _f32(v),
+            _f32(a),
+            _f32(b),
+            _f32(a_log).contiguous(),
+            _f32(dt_bias).contiguous(),
+            ssm_state,
+            rows,
+            list(seq_lens),
+            bool(tiled),
+        )
+        return o.to(v.dtype)
+
+    def gated_rmsnorm(self, x, z, weight, eps):
+        fused = x.dim() in (2, 3) and x.stride(-1) == 1 and z.stride(-1) == 1
+        if x.dtype != torch.float32 or z.dtype != torch.float32 or not fused:
+            return super().gated_rmsnorm(x, z, weight, eps)  # the torch default (HF's casts)
+        return self._ops.gated_rmsnorm(x, z, _f32(weight).contiguous(), float(eps))
 
     def ssd(self, x, dt, a, b, c, ssm_state, rows, seq_lens):
         y = self._ops.ssd_update(
