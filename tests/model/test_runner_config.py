@@ -38,6 +38,10 @@ OPTIONS = dict(
     is_embedding=True,
     pp_max_micro_batch_size=2,
     mm_cache_size_mb=16,
+    max_mamba_cache_size=40,
+    mamba_full_memory_ratio=2.0,
+    mamba_ssm_dtype="bfloat16",
+    linear_attn_backend="torch",
 )
 
 
