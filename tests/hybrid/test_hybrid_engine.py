@@ -76,6 +76,7 @@ def test_prefix_reuse_ends_at_state_snapshots(hybrid):
     assert engine.flush_cache()
     turn1 = [_tokens(rng, 40), _tokens(rng, 700)]
     outs = engine.generate(input_ids=turn1, sampling_params=SP)
+    assert len(outs) == len(turn1)
     turn2, answered = [], []
     for p, out in zip(turn1, outs):
         assert_greedy_equal(out["output_ids"], ref(p), f"{name} turn 1")

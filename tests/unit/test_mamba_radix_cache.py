@@ -35,7 +35,7 @@ def test_match_stops_at_the_deepest_snapshot():
     insert(tree, kv_pool, range(10))
     assert len(tree.match_prefix(K(range(10))).indices) == 0  # KV, but no snapshot: unusable
     slot = tree.attach_state(K(range(6)), states.alloc_snapshot)  # splits the edge at 6
-    assert slot is not None
+    assert slot == states.rows  # the first snapshot slot, past the request rows
     m = tree.match_prefix(K([*range(10), 99]))
     assert len(m.indices) == 6 and m.last_node.state == slot
     # the full KV is still there for the cache manager
@@ -59,18 +59,21 @@ def test_eviction_prefers_leaves_without_a_snapshot_and_frees_snapshots():
 
 def test_snapshot_slots_recycle_least_recently_used_unlocked_first():
     tree, kv_pool, states = make(snapshots=2)
+    slots = {}
     for first in (10, 20):
         insert(tree, kv_pool, [first, first + 1])
-        tree.attach_state(K([first, first + 1]), tree.alloc_state)
+        slots[first] = tree.attach_state(K([first, first + 1]), tree.alloc_state)
+    assert sorted(slots.values()) == [states.rows, states.rows + 1]
     locked = tree.match_prefix(K([10, 11])).last_node  # the older one, now locked and recent
     tree.inc_lock_ref(locked)
     insert(tree, kv_pool, [30, 31])
-    assert tree.attach_state(K([30, 31]), tree.alloc_state) is not None  # [20, 21]'s slot
+    assert tree.attach_state(K([30, 31]), tree.alloc_state) == slots[20]  # [20, 21]'s slot
     assert len(tree.match_prefix(K([20, 21])).indices) == 0
     tree.match_prefix(K([30, 31]))
     insert(tree, kv_pool, [40, 41])
-    assert tree.attach_state(K([40, 41]), tree.alloc_state) is not None  # [30, 31]'s: unlocked
-    assert locked.state is not None
+    # [30, 31]'s slot (unlocked), not the locked node's, though that one is older
+    assert tree.attach_state(K([40, 41]), tree.alloc_state) == slots[20]
+    assert locked.state == slots[10]
 
 
 def test_copies_run_in_order():
