@@ -98,6 +98,19 @@ static inline float hsum(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
+// sum(x^2) over n values (the norms' statistic: 8 lanes of FMAs, then the tail in order).
+static inline float sum_squares(const float* x, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  float ss = hsum(acc);
+  for (; i < n; ++i) ss += x[i] * x[i];
+  return ss;
+}
+
 static inline float hmax(__m256 v) {
   __m128 lo = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   lo = _mm_max_ps(lo, _mm_movehl_ps(lo, lo));

@@ -13,15 +13,8 @@ void check_rows(const at::Tensor& t, const char* what) {
 
 // y = x * rsqrt(mean(x^2) + eps) * w, for one row (y may alias x).
 inline void rmsnorm_row(const float* x, const float* w, float* y, int64_t n, float eps) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 v = _mm256_loadu_ps(x + i);
-    acc = _mm256_fmadd_ps(v, v, acc);
-  }
-  float ss = hsum(acc);
-  for (; i < n; ++i) ss += x[i] * x[i];
-  const float r = 1.0f / std::sqrt(ss / n + eps);
+  const float r = 1.0f / std::sqrt(sum_squares(x, n) / n + eps);
+  int64_t i;
   const __m256 rv = _mm256_set1_ps(r);
   for (i = 0; i + 8 <= n; i += 8)
     _mm256_storeu_ps(y + i, _mm256_mul_ps(_mm256_loadu_ps(w + i), _mm256_mul_ps(_mm256_loadu_ps(x + i), rv)));

@@ -21,15 +21,8 @@ namespace {
 
 // dst = x * rsqrt(sum(x^2) + 1e-6) * scale over n values (HF's l2norm, then the query's scale).
 inline void l2norm_row(const float* x, float* dst, int64_t n, float scale, bool scaled) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 v = _mm256_loadu_ps(x + i);
-    acc = _mm256_fmadd_ps(v, v, acc);
-  }
-  float ss = hsum(acc);
-  for (; i < n; ++i) ss += x[i] * x[i];
-  const float r = 1.0f / std::sqrt(ss + 1e-6f);
+  const float r = 1.0f / std::sqrt(sum_squares(x, n) + 1e-6f);
+  int64_t i;
   const __m256 rv = _mm256_set1_ps(r), sv = _mm256_set1_ps(scale);
   for (i = 0; i + 8 <= n; i += 8) {
     __m256 y = _mm256_mul_ps(_mm256_loadu_ps(x + i), rv);
@@ -104,15 +97,8 @@ at::Tensor gated_rmsnorm(const at::Tensor& x, const at::Tensor& z, const at::Ten
       const float* xr = xp + r / H * xs0 + r % H * xs1;
       const float* zr = zp + r / H * zs0 + r % H * zs1;
       float* yr = yp + r * D;
-      __m256 acc = _mm256_setzero_ps();
-      int64_t i = 0;
-      for (; i + 8 <= D; i += 8) {
-        const __m256 v = _mm256_loadu_ps(xr + i);
-        acc = _mm256_fmadd_ps(v, v, acc);
-      }
-      float ss = hsum(acc);
-      for (; i < D; ++i) ss += xr[i] * xr[i];
-      const float inv = 1.0f / std::sqrt(ss / D + e);
+      const float inv = 1.0f / std::sqrt(sum_squares(xr, D) / D + e);
+      int64_t i;
       const __m256 iv = _mm256_set1_ps(inv), one = _mm256_set1_ps(1.0f);
       for (i = 0; i + 8 <= D; i += 8) {
         const __m256 zv = _mm256_loadu_ps(zr + i);
