@@ -5,6 +5,8 @@ what a hybrid cannot be served with is refused at start-up in one line."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import requests
 import torch
@@ -93,3 +95,33 @@ def test_refused_options_say_why_in_one_line(qwen3_5, flags, says):
     proc = run_cli(["serve", "--model-path", qwen3_5, "--port", "1", *TINY_SERVE, *flags])
     assert proc.returncode != 0
     assert says in proc.stderr, proc.stderr[-2000:]
+
+
+def test_a_client_that_disconnects_leaves_nothing_behind(server):
+    """A streaming request dropped mid-answer is aborted: its state slot and snapshot tracks go
+    back, the server keeps serving, and a flushed cache has every KV and state slot free."""
+    body = {
+        "input_ids": list(range(200, 600)),
+        "sampling_params": {"max_new_tokens": 200, "temperature": 0, "ignore_eos": True},
+        "stream": True,
+    }
+    with requests.post(f"{server.url}/generate", json=body, stream=True, timeout=60) as r:
+        assert r.status_code == 200
+        next(r.iter_lines())  # the first chunk: the request is running, then the client leaves
+    ok = requests.post(
+        f"{server.url}/generate",
+        json={"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 4}},
+        timeout=60,
+    )
+    assert ok.status_code == 200 and len(ok.json()["output_ids"]) == 4
+    for _ in range(50):  # the abort lands within a few steps
+        info = requests.get(f"{server.url}/get_server_info", timeout=10).json()["internal_state"]
+        if info["num_running"] == 0:
+            break
+        time.sleep(0.2)
+    assert info["num_running"] == 0
+    assert requests.post(f"{server.url}/flush_cache", timeout=10).status_code == 200
+    info = requests.get(f"{server.url}/get_server_info", timeout=10).json()["internal_state"]
+    assert info["available_kv_tokens"] == info["max_total_num_tokens"]
+    assert info["state_snapshot_slots_free"] == info["state_snapshot_slots"]
+    assert info["req_slots_free"] == info["req_slots_total"]
