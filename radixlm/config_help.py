@@ -199,8 +199,14 @@ HELPS = {
         "keep KV evicted from the pool in host memory (L2) and, with "
         "--hicache-storage-backend, on disk (L3), and load it back instead of recomputing"
     ),
-    "hicache_ratio": "L2 size as a multiple of the KV pool (when --hicache-size is 0)",
-    "hicache_size": "L2 size in GiB (0: --hicache-ratio)",
+    "hicache_ratio": (
+        "L2 size as a multiple of the KV pool (when --hicache-size is 0); a hybrid model's host"
+        " state snapshots: this multiple of its device snapshot slots"
+    ),
+    "hicache_size": (
+        "L2 size in GiB (0: --hicache-ratio); a hybrid model splits it between KV and state"
+        " snapshots as its device memory is split"
+    ),
     "hicache_write_policy": (
         "when KV is copied down: write_through (at insert), write_through_selective "
         "(once a prefix is hit twice), write_back (at eviction)"

@@ -1,6 +1,7 @@
-"""The prefix cache a server runs with: the radix tree, the tiered tree of the hierarchical cache,
-or none (--disable-radix-cache). Each kind is a PREFIX_CACHE_REGISTRY entry (its module imported
-when chosen); `prefix_cache_kind` says which one the options choose."""
+"""The prefix cache a server runs with: the radix tree, the tiered tree of the hierarchical cache
+(each with state snapshots for a hybrid model), or none (--disable-radix-cache). Each kind is a
+PREFIX_CACHE_REGISTRY entry (its module imported when chosen); `prefix_cache_kind` says which one
+the options choose."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ PrefixCacheFactory = Callable[
     [TokenToKVPool, HiCacheConfig | None, ModelKey, MambaPool | None], BasePrefixCache
 ]
 PREFIX_CACHE_REGISTRY = Registry[PrefixCacheFactory, None]("prefix cache")
+HYBRID_STORAGE_REFUSAL = (
+    "--hicache-storage-backend: a hybrid model's state snapshots have no storage tier;"
+    " use the host tier alone"
+)
 
 
 @PREFIX_CACHE_REGISTRY.register("radix")
@@ -61,6 +66,19 @@ def create_mamba_radix_cache(
     return MambaRadixCache(pool, state_pool)
 
 
+@PREFIX_CACHE_REGISTRY.register("hierarchical-mamba")
+def create_hierarchical_mamba_cache(
+    pool: TokenToKVPool,
+    hicache: HiCacheConfig | None,
+    model_key: ModelKey,
+    state_pool: MambaPool | None,
+) -> BasePrefixCache:
+    from radixlm.cache.hi_mamba_radix_cache import create_hi_mamba_radix_cache
+
+    assert hicache is not None and state_pool is not None, "a hybrid's tiers need both"
+    return create_hi_mamba_radix_cache(hicache, pool, state_pool)
+
+
 @PREFIX_CACHE_REGISTRY.register("none")
 def create_no_prefix_cache(
     pool: TokenToKVPool,
@@ -76,15 +94,15 @@ def create_no_prefix_cache(
 def prefix_cache_kind(
     disable_radix_cache: bool, hicache: HiCacheConfig | None, hybrid: bool = False
 ) -> str:
-    """--enable-hierarchical-cache (a HiCacheConfig), else --disable-radix-cache, else radix (the
-    tree with state snapshots for a hybrid model)."""
+    """--enable-hierarchical-cache (a HiCacheConfig), else --disable-radix-cache, else radix; for
+    a hybrid model the kinds whose trees hold state snapshots. The one place a hybrid's storage
+    tier is refused."""
     if hicache is not None:
-        if hybrid:
-            raise ValueError(
-                "--enable-hierarchical-cache: a hybrid model's state snapshots have no host or"
-                " storage tier yet (serve it with the radix cache alone)"
-            )
-        return "hierarchical"
+        if not hybrid:
+            return "hierarchical"
+        if hicache.storage_backend is not None:
+            raise ValueError(HYBRID_STORAGE_REFUSAL)
+        return "hierarchical-mamba"
     if disable_radix_cache:
         return "none"
     return "mamba" if hybrid else "radix"

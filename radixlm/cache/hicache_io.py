@@ -43,6 +43,13 @@ class HiCacheStats:
     read_errors: int = 0
     write_errors: int = 0
     writes_dropped: int = 0
+    # A hybrid model's state snapshots (hi_mamba_radix_cache.py): backed up to the host, loaded
+    # back, dropped from the host for room, dropped without host room, failed their checksum.
+    state_l1_to_l2: int = 0
+    state_l2_loads: int = 0
+    state_l2_evicted: int = 0
+    state_dropped: int = 0
+    state_corrupt: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def count(self, name: str, n: float = 1) -> None:

@@ -379,6 +379,26 @@ def _alloc(pool, evict, need: int) -> torch.Tensor | None:
     return pool.alloc(need)
 
 
+def host_kv_size(
+    config: HiCacheConfig, pool: TokenToKVPool, dtype: torch.dtype, share: float = 1.0
+) -> tuple[int, int]:
+    """(L2's tokens, its bytes per token): `share` of --hicache-size's bytes (the rest holds a
+    hybrid model's state snapshots), else --hicache-ratio x L1's tokens."""
+    per_token = TokenToKVPool.bytes_per_token(
+        pool.num_layers, pool.num_kv_heads, pool.head_dim, dtype, pool.v_head_dim
+    )
+    size = (
+        int(config.size_gb * 2**30 * share) // per_token
+        if config.size_gb > 0
+        else int(config.ratio * pool.size)
+    )
+    if size < 1:
+        raise ValueError(
+            "the L2 pool would hold no token (raise --hicache-size or --hicache-ratio)"
+        )
+    return size, per_token
+
+
 def create_hiradix_cache(
     config: HiCacheConfig, pool: TokenToKVPool, model_key: Callable[[torch.dtype], str]
 ) -> HiRadixCache:
@@ -390,18 +410,7 @@ def create_hiradix_cache(
     from radixlm.cache.storage_tier import StorageTier
 
     dtype = host_dtype_for(pool.dtype, config.dtype)
-    per_token = TokenToKVPool.bytes_per_token(
-        pool.num_layers, pool.num_kv_heads, pool.head_dim, dtype, pool.v_head_dim
-    )
-    size = (
-        int(config.size_gb * 2**30) // per_token
-        if config.size_gb > 0
-        else int(config.ratio * pool.size)
-    )
-    if size < 1:
-        raise ValueError(
-            "the L2 pool would hold no token (raise --hicache-size or --hicache-ratio)"
-        )
+    size, per_token = host_kv_size(config, pool, dtype)
     stats, storage = HiCacheStats(), NoStorageTier()
     if config.storage_backend is not None:
         key = model_key(dtype)

@@ -8,8 +8,8 @@ longest cached prefix that ends at a snapshot (the root: the empty prefix, zero 
 attention KV past it is recomputed with the rest of the request (and freed as a duplicate when the
 request inserts it). Snapshots enter through `attach_state` (the scheduler's state tracker:
 scheduler/kv/state_tracker.py) and leave with their node, or alone when the snapshot slots run
-short (`evict_states`: least recently used unlocked nodes first). Leaves without a snapshot hold KV
-nothing can reuse alone, so eviction takes them before leaves with one.
+short (`evict_states`: least recently used first, except where a lock ends). Leaves without a
+snapshot hold KV nothing can reuse alone, so eviction takes them before leaves with one.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import torch
 
 from radixlm.cache.base_prefix_cache import MatchResult, PrefixKey
 from radixlm.cache.radix_cache import RadixCache
-from radixlm.cache.tree_node import TreeNode, empty_indices, touch
+from radixlm.cache.tree_node import TreeNode, empty_indices, state_lru, touch, touch_state
 from radixlm.radix_walk import walk
 
 if TYPE_CHECKING:
@@ -50,6 +50,7 @@ class MambaRadixCache(RadixCache):
         n = 0
         if best is not self.root_node:
             n = path.index(best) + 1
+            touch_state(best)
         touch(self.root_node)
         for node in path[:n]:
             touch(node)
@@ -73,20 +74,22 @@ class MambaRadixCache(RadixCache):
         slot = alloc()
         if slot is not None:
             node.state = slot
+            touch_state(node)
         return slot
 
     def alloc_state(self) -> int | None:
-        """A free snapshot slot, evicting the least recently used unlocked snapshot if none is."""
+        """A free snapshot slot, evicting the least recently used evictable snapshot if none
+        is."""
         if not self.state_pool.available_snapshots():
             self.evict_states(1)
         return self.state_pool.alloc_snapshot()
 
     def evict_states(self, n: int) -> int:
-        """Drop up to n snapshots of unlocked nodes, least recently used first (the nodes keep
-        their KV)."""
-        heap = [x for x in self.all_nodes() if x.state is not None and x.lock_ref == 0]
+        """Drop up to n evictable snapshots (snapshot_evictable), least recently used first (the
+        nodes keep their KV)."""
+        heap = [x for x in self.all_nodes() if x.state is not None and snapshot_evictable(x)]
         dropped = 0
-        for node in heapq.nsmallest(n, heap):
+        for node in heapq.nsmallest(n, heap, key=state_lru):
             self.state_pool.free_snapshot(node.state)
             node.state = None
             dropped += 1
@@ -128,3 +131,12 @@ class MambaRadixCache(RadixCache):
     # --- introspection -------------------------------------------------------------
     def state_slots(self) -> list[int]:
         return [n.state for n in self.all_nodes() if n.state is not None]
+
+
+def snapshot_evictable(node: TreeNode) -> bool:
+    """A snapshot is pinned only on a node where a lock ends (a request's match or last node:
+    its lock_ref exceeds its children's), not on the ancestors a lock passes through: a running
+    request copied its match's snapshot into its row at admission (the copy queued before any
+    reuse of the slot) and never reads the others, which a chat's running turns would otherwise
+    keep from eviction while the waiting conversations' answers were evicted."""
+    return node.lock_ref == sum(c.lock_ref for c in node.children.values())

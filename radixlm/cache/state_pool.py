@@ -11,13 +11,20 @@ state layer's tensors over one slot index space:
                                    step that wrote one and the processing of its result, by the
                                    request that asked for it
 
+    rows + snapshots + h           host snapshot h (the hierarchical cache's HostStatePool,
+                                   cache/host_state_pool.py, when one is attached as `host`)
+
 Copies between slots run on the forward's thread, in order, at the start of a forward
-(`apply_copies`) or where a forward takes a snapshot (`copy_layer`): the scheduler only says which.
+(`apply_copies`) or where a forward takes a snapshot (`copy_layer`): the scheduler only says which,
+queueing them here (`queue_copy`) for the next forward (`take_copies`). One queue for the state
+tracker and the tree alike: a slot freed and reused is read and written in the order they decided,
+host backups and loads included.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
@@ -40,6 +47,13 @@ class StateSpec:
         return n
 
 
+class HostTier(Protocol):
+    """Where host snapshots live (host_state_pool.py: HostStatePool)."""
+
+    def transfer(self, pool: MambaPool, src: int, dst: int) -> None:
+        """One queued copy between a device slot and a host one (either way)."""
+
+
 class MambaPool:
     def __init__(
         self,
@@ -60,6 +74,7 @@ class MambaPool:
             }
             for specs in layer_specs
         ]
+        self.host: HostTier | None = None  # the hierarchical cache's host snapshots
         self.clear()
 
     @staticmethod
@@ -71,15 +86,25 @@ class MambaPool:
         return self.bytes_per_state(self.layer_specs)
 
     @property
+    def num_slots(self) -> int:
+        return self.rows + self.snapshots
+
+    @property
     def total_bytes(self) -> int:
-        return self.state_bytes * (self.rows + self.snapshots)
+        return self.state_bytes * self.num_slots
+
+    def host_index(self, host_slot: int) -> int:
+        """Host snapshot host_slot in the copies' index space (past the pool's own slots)."""
+        return self.num_slots + host_slot
 
     def layer(self, state_layer_id: int) -> dict[str, torch.Tensor]:
         return self.buffers[state_layer_id]
 
     # --- snapshot slots ----------------------------------------------------------
     def clear(self) -> None:
-        self.free_snapshots: list[int] = list(range(self.rows, self.rows + self.snapshots))
+        """Every snapshot slot free, no copy queued (the scheduler is idle)."""
+        self.free_snapshots: list[int] = list(range(self.rows, self.num_slots))
+        self.pending: list[tuple[int, int]] = []
 
     def available_snapshots(self) -> int:
         return len(self.free_snapshots)
@@ -91,13 +116,28 @@ class MambaPool:
         assert self.rows <= slot < self.rows + self.snapshots, slot
         self.free_snapshots.append(slot)
 
+    # --- the copy queue (the scheduler's thread) ---------------------------------
+    def queue_copy(self, src: int, dst: int) -> None:
+        self.pending.append((src, dst))
+
+    def take_copies(self) -> list[tuple[int, int]]:
+        """The copies queued since the last call, for the next forward."""
+        copies, self.pending = self.pending, []
+        return copies
+
     # --- copies (the forward's thread) ------------------------------------------
     def apply_copies(self, copies: list[tuple[int, int]]) -> None:
         """(src, dst) in order; src ZERO clears dst. Consecutive copies are batched where no later
-        one reads what an earlier one writes."""
+        one reads what an earlier one writes; a copy to or from the host runs alone, in order."""
         batch: list[tuple[int, int]] = []
         written: set[int] = set()
         for src, dst in copies:
+            if max(src, dst) >= self.num_slots:
+                self._copy(batch)
+                batch, written = [], set()
+                assert self.host is not None, "a host snapshot without a host tier"
+                self.host.transfer(self, src, dst)
+                continue
             if src in written or dst in written:
                 self._copy(batch)
                 batch, written = [], set()
@@ -111,12 +151,14 @@ class MambaPool:
         zero = [d for s, d in batch if s == ZERO]
         pairs = [(s, d) for s, d in batch if s != ZERO]
         as_index = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)
+        # Reads before the clears: a batch's clear may hit a slot an earlier copy of it reads (a
+        # released row's snapshot, then a new request starting from zeros in that row).
         for layer in self.buffers:
             for buf in layer.values():
-                if zero:
-                    buf[as_index(zero)] = 0
                 if pairs:
                     buf[as_index([d for _, d in pairs])] = buf[as_index([s for s, _ in pairs])]
+                if zero:
+                    buf[as_index(zero)] = 0
 
     def copy_layer(self, state_layer_id: int, src: torch.Tensor, dst: torch.Tensor) -> None:
         """One layer's states at slots src into slots dst (a snapshot taken inside a forward)."""

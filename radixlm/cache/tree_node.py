@@ -1,4 +1,5 @@
-"""TreeNode: a node of the KV cache's radix trees (radix_cache.py, hiradix_cache.py)."""
+"""TreeNode: a node of the KV cache's radix trees (radix_cache.py, hiradix_cache.py,
+mamba_radix_cache.py, hi_mamba_radix_cache.py)."""
 
 from __future__ import annotations
 
@@ -45,6 +46,12 @@ class TreeNode:
         # A hybrid model's cache (mamba_radix_cache.py) only: the state-pool slot holding the state
         # layers' states after this node's last token; None: no snapshot here.
         self.state: int | None = None
+        # When that snapshot was taken or ended a match (touch_state): a path's other snapshots,
+        # which a match passes through (touch), age for snapshot eviction.
+        self.state_access_time = 0
+        # The hierarchical cache of a hybrid model (hi_mamba_radix_cache.py) only: the host slot
+        # (HostStatePool) of a copy of that snapshot; None: none on the host.
+        self.host_state: int | None = None
 
     def lookup_key(self) -> Hashable:
         """The key of this node in its parent's children: its first token (and its namespace)."""
@@ -62,3 +69,12 @@ class TreeNode:
 
 def touch(node: TreeNode) -> None:
     node.last_access_time = next(_clock)
+
+
+def touch_state(node: TreeNode) -> None:
+    node.state_access_time = next(_clock)
+
+
+def state_lru(node: TreeNode) -> tuple[int, int]:
+    """The order snapshots are evicted in: least recently taken or matched first."""
+    return node.state_access_time, node.id

@@ -26,8 +26,8 @@ class SnapshotNode:
     children: int  # all its children, shown or not
     tier: str  # "l1" (KV in the pool) or "l2" (hierarchical cache: host memory only)
     namespaced: bool  # under a namespace (LoRA adapter, cache salt): never shared across them
-    # A hybrid model's tree: the node keeps a state snapshot (a match may end here:
-    # mamba_radix_cache.py); False elsewhere.
+    # A hybrid model's tree: the node keeps a state snapshot, on the device or (hierarchical
+    # cache) the host (a match may end here: mamba_radix_cache.py); False elsewhere.
     snapshot: bool
     token_ids: list[int] | None = None
 
@@ -69,7 +69,7 @@ def tree_snapshot(
                     children=len(n.children),
                     tier="l1" if n.value is not None else "l2",
                     namespaced=n.namespace is not None,
-                    snapshot=n.state is not None,
+                    snapshot=n.state is not None or n.host_state is not None,
                     token_ids=list(n.key[:MAX_IDS_PER_NODE]) if with_token_ids else None,
                 )
             )

@@ -101,7 +101,10 @@ class ServerMetrics:
             "radixlm:hicache_used", "L2 tokens held, L3 bytes held", ["tier"], registry=r
         )
         self.hicache_errors = Gauge(
-            "radixlm:hicache_errors", "Stored chunks skipped or not written", ["kind"], registry=r
+            "radixlm:hicache_errors",
+            "Stored chunks skipped or not written; host state snapshots that failed their checksum",
+            ["kind"],
+            registry=r,
         )
         # MoE models: tokens routed to each expert of each layer since start (placement, --ep-size).
         self.expert_tokens = Counter(
@@ -158,7 +161,8 @@ class ServerMetrics:
                 self.hicache_bytes.labels(direction).set(hc[f"bytes_{direction}"])
             self.hicache_used.labels("l2").set(hc["l2_used_tokens"])
             self.hicache_used.labels("l3").set(hc.get("l3_bytes") or 0)
-            for kind in ("corrupt_chunks", "read_errors", "write_errors", "writes_dropped"):
+            errors = ("corrupt_chunks", "read_errors", "write_errors", "writes_dropped")
+            for kind in (*errors, "state_corrupt"):  # state_corrupt: a hybrid's host snapshots
                 self.hicache_errors.labels(kind).set(hc[kind])
 
     def _export_expert_load(self, load: dict) -> None:

@@ -88,7 +88,10 @@ def test_generate_turn_two_answers_hf_tokens(server, qwen3_5):
     "flags, says",
     [
         (["--speculative-algorithm", "ngram"], "speculative decoding"),
-        (["--enable-hierarchical-cache"], "state snapshots have no host"),
+        (
+            ["--enable-hierarchical-cache", "--hicache-storage-backend", "file"],
+            "--hicache-storage-backend: a hybrid model's state snapshots have no storage tier",
+        ),
     ],
 )
 def test_refused_options_say_why_in_one_line(qwen3_5, flags, says):

@@ -1,7 +1,8 @@
 """MambaRadixCache (a hybrid model's radix tree): a match ends at the deepest node with a state
 snapshot, snapshots go with their nodes, eviction takes leaves without a snapshot first, and
-snapshot slots are recycled least recently used first, never from a locked node. The state pool's
-copies run in order (a later copy reads what an earlier one wrote)."""
+snapshot slots are recycled least recently used first (used: taken or ending a match), never from
+the node where a lock ends (its ancestors' snapshots may go). The state pool's copies run in order
+(a later copy reads what an earlier one wrote)."""
 
 from __future__ import annotations
 
@@ -76,6 +77,40 @@ def test_snapshot_slots_recycle_least_recently_used_unlocked_first():
     assert locked.state == slots[10]
 
 
+def test_a_lock_pins_only_its_own_node_snapshot_not_its_ancestors():
+    """A chat: the running turn's lock passes through its earlier turns' snapshots; those go before
+    a waiting conversation's answer, the only snapshot it needs."""
+    tree, kv_pool, states = make(snapshots=3)
+    insert(tree, kv_pool, range(8))
+    old_turn = tree.attach_state(K(range(4)), tree.alloc_state)  # conversation A, turn 1
+    a_now = tree.attach_state(K(range(8)), tree.alloc_state)  # A's turn 2, running
+    insert(tree, kv_pool, [50, 51])
+    b_answer = tree.attach_state(K([50, 51]), tree.alloc_state)  # B, waiting for its next turn
+    running = tree.match_prefix(K(range(8))).last_node
+    tree.inc_lock_ref(running)
+    insert(tree, kv_pool, [60, 61])
+    # every slot taken: the least recently used evictable one is A's turn 1 (locked only as an
+    # ancestor), not B's answer, nor A's running node (where the lock ends)
+    assert tree.attach_state(K([60, 61]), tree.alloc_state) == old_turn
+    assert running.state == a_now
+    assert len(tree.match_prefix(K([50, 51])).indices) == 2 and b_answer is not None
+
+
+def test_a_match_passing_through_does_not_refresh_a_snapshot():
+    tree, kv_pool, states = make(snapshots=3)
+    insert(tree, kv_pool, range(6))
+    shallow = tree.attach_state(K(range(3)), tree.alloc_state)
+    insert(tree, kv_pool, [50, 51])
+    other = tree.attach_state(K([50, 51]), tree.alloc_state)  # taken after the shallow one
+    tree.attach_state(K(range(6)), tree.alloc_state)
+    for _ in range(3):  # matches end at the deeper snapshot, passing through the shallow one
+        assert len(tree.match_prefix(K(range(6))).indices) == 6
+    insert(tree, kv_pool, [70, 71])
+    assert tree.attach_state(K([70, 71]), tree.alloc_state) == shallow
+    assert len(tree.match_prefix(K([50, 51])).indices) == 2 and other is not None
+    assert len(tree.match_prefix(K(range(6))).indices) == 6
+
+
 def test_copies_run_in_order():
     states = MambaPool(SPECS, rows=2, snapshots=2)
     conv = states.layer(0)["conv"]
@@ -85,3 +120,12 @@ def test_copies_run_in_order():
     states.apply_copies([(0, 2), (2, 1), (ZERO, 0)])
     assert torch.all(conv[2] == 1) and torch.all(conv[1] == 1) and torch.all(conv[0] == 0)
     assert torch.all(states.layer(0)["ssm"][0] == 0)
+
+
+def test_a_row_copied_out_then_cleared_in_one_batch_keeps_the_copy():
+    """A released request's state goes to a snapshot, and a new request that starts from no prefix
+    takes the same row: one batch of copies, the snapshot must get the old state."""
+    states = MambaPool(SPECS, rows=2, snapshots=2)
+    states.layer(0)["ssm"][0] = 5.0
+    states.apply_copies([(0, 2), (ZERO, 0)])
+    assert torch.all(states.layer(0)["ssm"][2] == 5) and torch.all(states.layer(0)["ssm"][0] == 0)

@@ -3,8 +3,9 @@ CacheManager (the one place that moves KV between a request and the tree).
 
 A running request's state lives in the state-pool slot of its ReqToTokenPool row. The tracker
 says how it gets there and when it is kept; the copies themselves run at the start of the next
-forward, in the order they were asked for (ModelWorkerBatch.state_copies), so that nothing here
-touches a state a forward in flight may still be writing:
+forward, in the order they were asked for (MambaPool.queue_copy, whose queue the tree's host tier
+shares; ModelWorkerBatch.state_copies), so that nothing here touches a state a forward in flight
+may still be writing:
 
     admission   the matched prefix ends at a snapshot (or at the root): copy it (or zeros) into
                 the row; `Req.state_len` (tokens the row's state has absorbed) = the prefix's
@@ -101,12 +102,11 @@ class StateTracker(BaseStateTracker):
         # Snapshots serve later matches only through a tree that keeps them.
         self.keeps = hasattr(tree, "attach_state")
         self.track_interval = track_interval
-        self.pending: list[tuple[int, int]] = []  # copies for the next forward, in order
 
     def on_assign(self, req: Req, node: TreeNode) -> None:
         src = node.state if node.state is not None else ZERO
         assert src != ZERO or node is self.tree.root_node, "a match ends at a snapshot"
-        self.pending.append((src, req.req_pool_idx))
+        self.pool.queue_copy(src, req.req_pool_idx)
         req.state_len = req.kv_committed_len
         req.state_tracks = []
 
@@ -127,8 +127,7 @@ class StateTracker(BaseStateTracker):
         for r in decode_reqs:
             r.state_len += 1
             tracks.append([])
-        copies, self.pending = self.pending, []
-        return copies, tracks if any(tracks) else None
+        return self.pool.take_copies(), tracks if any(tracks) else None
 
     def _track_points(self, start: int, end: int, is_last: bool) -> list[int]:
         if not self.keeps:
@@ -160,19 +159,27 @@ class StateTracker(BaseStateTracker):
         if self.keeps and n and req.state_len == n == req.kv_allocated_len:
             slot = self.tree.attach_state(req.prefix_key(n), self.tree.alloc_state)
             if slot is not None:
-                self.pending.append((req.req_pool_idx, slot))
+                self.pool.queue_copy(req.req_pool_idx, slot)
 
     def flush(self) -> None:
-        self.pending = []
         self.pool.clear()
 
     def info(self) -> dict:
         pool = self.pool
+        host = pool.host  # the hierarchical cache's host tier of snapshots
         return {
             "state_bytes_per_request": pool.state_bytes,
             "state_rows": pool.rows,
             "state_snapshot_slots": pool.snapshots,
             "state_snapshot_slots_free": pool.available_snapshots(),
+            **(
+                {
+                    "state_host_snapshot_slots": host.size,
+                    "state_host_snapshot_slots_free": host.available(),
+                }
+                if host is not None
+                else {}
+            ),
         }
 
     def owned_slots(self, holders) -> list[int]:

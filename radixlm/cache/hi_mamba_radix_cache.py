@@ -1,0 +1,327 @@
+"""HiMambaRadixCache: the hierarchical cache of a hybrid model (SGLang's name): HiRadixCache's L1
+and L2 tiers of KV, and MambaRadixCache's state snapshots, which get a host tier of their own
+(HostStatePool, host_state_pool.py). No storage tier (L3): snapshots have none, so
+--hicache-storage-backend is refused for hybrids (factory.py: prefix_cache_kind).
+
+A node may carry `state` (a device snapshot slot of the MambaPool) and/or `host_state` (a host
+snapshot slot), both the state layers' states after the node's last token. A device snapshot is
+only on a node in L1; a host snapshot on any node of the tree.
+
+    down  a device snapshot that leaves (evict_states' LRU, or its node evicted from L1 into L2)
+          is backed up to the host first unless a copy is there (write-back); without host room
+          the least recently used host snapshots of unlocked nodes are dropped for it, and failing
+          that the snapshot is dropped. A node that leaves the tree (L2 eviction, a drop without
+          an L2 copy) frees its host snapshot.
+    up    match_prefix: the longest prefix over L1 and L2 that ends at a node with a device or a
+          readable host snapshot. Its L2 KV is loaded into L1 (as HiRadixCache does) and, when the
+          snapshot is on the host only, a device slot is allocated (alloc_state, which may move
+          other snapshots down, never the matched path's) and the host copy is queued into it.
+          Without room for either, the match falls back to the deepest snapshot already on the
+          device (or the root).
+
+Host snapshots are checked before they are used: a copy whose checksum no longer matches is
+dropped, counted (HiCacheStats.state_corrupt) and logged, and the match falls back to the next
+shallower snapshot: a miss for that part of the prefix, never a wrong state.
+
+Every state copy, host ones included, is queued in the MambaPool's copy queue and runs on the
+forward's thread in order (state_pool.py), so the scheduler never reads a device snapshot a
+queued copy has yet to write. kv_match (the cache manager's KV-only match) and peek_prefix are
+MambaRadixCache's, on L1.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from radixlm.cache.base_prefix_cache import MatchResult, PrefixKey
+from radixlm.cache.hicache_io import HiCacheStats
+from radixlm.cache.hiradix_cache import HiRadixCache, _alloc, host_kv_size
+from radixlm.cache.host_pool import HostKVPool, host_dtype_for
+from radixlm.cache.host_state_pool import HostStatePool
+from radixlm.cache.mamba_radix_cache import MambaRadixCache, snapshot_evictable
+from radixlm.cache.radix_cache import RadixCache
+from radixlm.cache.tree_node import TreeNode, empty_indices, state_lru, touch, touch_state
+from radixlm.radix_walk import walk
+
+if TYPE_CHECKING:
+    from radixlm.cache.hicache_config import HiCacheConfig
+    from radixlm.cache.memory_pool import TokenToKVPool
+    from radixlm.cache.state_pool import MambaPool
+
+logger = logging.getLogger(__name__)
+
+
+class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
+    """MambaRadixCache's snapshots (attach_state, alloc_state, kv_match, eviction order) over
+    HiRadixCache's tiers (insert's write-through, L2 eviction)."""
+
+    def __init__(
+        self,
+        token_to_kv_pool: TokenToKVPool,
+        state_pool: MambaPool,
+        host_pool: HostKVPool,
+        host_states: HostStatePool,
+        write_policy: str = "write_through",
+        stats: HiCacheStats | None = None,
+    ):
+        self.state_pool = state_pool
+        self.host_states = host_states
+        state_pool.host = host_states  # queued host copies run in MambaPool.apply_copies
+        HiRadixCache.__init__(self, token_to_kv_pool, host_pool, write_policy, None, stats)
+
+    def reset(self) -> None:
+        super().reset()
+        self.host_states.clear()
+
+    # --- admission ---------------------------------------------------------------
+    def match_prefix(self, key: PrefixKey) -> MatchResult:
+        if not key.token_ids:
+            return MatchResult(empty_indices(), self.root_node)
+        path = []  # fully matched nodes, any tier (a snapshot ends its node: no split)
+        for child, _, m in walk(self.root_node, key.token_ids, child_key=key.child_key):
+            if m < len(child.key):
+                break
+            path.append(child)
+        loadable = True  # until bringing a host snapshot back found no room
+        for i in range(len(path) - 1, -1, -1):
+            node = path[i]
+            if node.state is None:
+                if not (loadable and self._readable(node)):
+                    continue
+                loadable = self._load(path[: i + 1])
+                if not loadable:
+                    continue
+            return self._use(path[: i + 1])
+        return self._use([])
+
+    def _readable(self, node: TreeNode) -> bool:
+        """node's host snapshot, if any, has been written and is intact (a damaged one goes)."""
+        if node.host_state is None:
+            return False
+        ok = self.host_states.verify(node.host_state)
+        if ok is False:
+            self._free_host_state(node)
+            self.stats.count("state_corrupt")
+            logger.warning(
+                "hicache: a host state snapshot failed its checksum; dropped, its prefix is"
+                " recomputed (%d so far)",
+                self.stats.state_corrupt,
+            )
+        return bool(ok)
+
+    def _load(self, path: list[TreeNode]) -> bool:
+        """Bring path (ending at a node whose snapshot is on the host only) into L1 and its
+        snapshot onto the device. False, with nothing changed but eviction, without room."""
+        target = path[-1]
+        host_nodes = [n for n in path if n.value is None]  # a suffix: L1 is prefix-closed
+        l1_end = path[len(path) - len(host_nodes) - 1] if len(host_nodes) < len(path) else None
+        need = sum(len(n.key) for n in host_nodes)
+        t0 = time.perf_counter()
+        pinned = [*host_nodes, target] if target.value is not None else host_nodes
+        for n in pinned:  # eviction below must keep these in L2 and the target's snapshot
+            n.host_lock += 1
+        if l1_end is not None:
+            self.inc_lock_ref(l1_end)  # and the L1 part, device snapshots included
+        slots = slot = None
+        try:
+            slots = _alloc(self.token_to_kv_pool, self.evict, need) if need else empty_indices()
+            if slots is not None:
+                slot = self.alloc_state()
+        finally:
+            if l1_end is not None:
+                self.dec_lock_ref(l1_end)
+            for n in pinned:
+                n.host_lock -= 1
+        if slot is None:
+            if slots is not None and need:
+                self.token_to_kv_pool.free(slots)
+            return False
+        off = 0
+        for n in host_nodes:
+            k = len(n.key)
+            n.value = slots[off : off + k]
+            self.host_pool.load_into(self.token_to_kv_pool, n.host_value, n.value)
+            self.evictable_size_ += k
+            off += k
+        target.state = slot
+        self.state_pool.queue_copy(self.state_pool.host_index(target.host_state), slot)
+        self.stats.count("state_l2_loads")
+        moved = need * self.host_pool.bytes_per_token + self.state_pool.state_bytes
+        self.stats.count("bytes_l2_to_l1", moved)
+        if need:
+            self.stats.count("l2_hit_tokens", need)
+            self.stats.count("l2_loads")
+        self.stats.count("l2_load_seconds", time.perf_counter() - t0)
+        return True
+
+    def _use(self, path: list[TreeNode]) -> MatchResult:
+        touch(self.root_node)
+        for n in path:
+            touch(n)
+        if not path:
+            return MatchResult(empty_indices(), self.root_node)
+        touch_state(path[-1])
+        self._count_hits(path[-1], [])
+        return MatchResult(torch.cat([n.value for n in path]), path[-1])
+
+    # --- snapshots down ------------------------------------------------------------
+    def evict_states(self, n: int) -> int:
+        """Move up to n evictable device snapshots (snapshot_evictable) to the host, least
+        recently used first (the nodes keep their KV)."""
+        heap = [x for x in self.all_nodes() if x.state is not None and snapshot_evictable(x)]
+        nodes = heapq.nsmallest(n, heap, key=state_lru)
+        for node in nodes:
+            self._stash_state(node)
+        return len(nodes)
+
+    def _stash_state(self, node: TreeNode) -> None:
+        """node's device snapshot leaves the device: backed up to the host first (write-back)
+        unless a copy is there; dropped without host room."""
+        if node.host_state is None:
+            h = self._alloc_host_state()
+            if h is None:
+                self.stats.count("state_dropped")
+            else:  # queued before the slot is freed: read before anything reuses it
+                self.state_pool.queue_copy(node.state, self.state_pool.host_index(h))
+                node.host_state = h
+                self.stats.count("state_l1_to_l2")
+                self.stats.count("bytes_l1_to_l2", self.state_pool.state_bytes)
+        self.state_pool.free_snapshot(node.state)
+        node.state = None
+
+    def _alloc_host_state(self) -> int | None:
+        if not self.host_states.available():
+            self._evict_host_states(1)
+        return self.host_states.alloc()
+
+    def _evict_host_states(self, n: int) -> int:
+        """Drop up to n host snapshots of evictable (snapshot_evictable), unpinned nodes, least
+        recently used first."""
+        heap = [
+            x
+            for x in self.all_nodes()
+            if x.host_state is not None and snapshot_evictable(x) and x.host_lock == 0
+        ]
+        nodes = heapq.nsmallest(n, heap, key=state_lru)
+        for node in nodes:
+            self._free_host_state(node)
+            self.stats.count("state_l2_evicted")
+        return len(nodes)
+
+    def _free_host_state(self, node: TreeNode) -> None:
+        self.host_states.free(node.host_state)
+        node.host_state = None
+
+    def _evict_node(self, node: TreeNode) -> None:
+        """L1 eviction: the snapshot goes down with the node when the node stays (its KV in L2)."""
+        if node.state is not None:
+            stays = node.host_value is not None or (
+                self.write_policy != "write_through_selective" and self._backup(node)
+            )
+            if stays:
+                self._stash_state(node)
+            else:
+                self.state_pool.free_snapshot(node.state)
+                node.state = None
+        HiRadixCache._evict_node(self, node)
+
+    def _drop_subtree(self, node: TreeNode) -> None:
+        stack = [node]
+        while stack:
+            n = stack.pop()
+            if n.host_state is not None:
+                self._free_host_state(n)
+            stack.extend(n.children.values())
+        super()._drop_subtree(node)
+
+    def _unlink(self, node: TreeNode) -> None:  # an L2-only leaf leaving the tree (evict_host)
+        if node.host_state is not None:
+            self._free_host_state(node)
+        RadixCache._unlink(node)
+
+    # --- flush, introspection ----------------------------------------------------
+    def flush(self, level: str = "l1") -> None:
+        """As HiRadixCache's; the queued copies run here (idle: no forward in flight), so the
+        snapshots moved down are on the host when it returns."""
+        self._settle()
+        HiRadixCache.flush(self, level)
+        self._settle()
+        self.state_pool.clear()
+
+    def _settle(self) -> None:
+        self.state_pool.apply_copies(self.state_pool.take_copies())
+
+    def host_snapshot_count(self) -> int:
+        return sum(1 for n in self.all_nodes() if n.host_state is not None)
+
+    def check(self) -> str | None:
+        """HiRadixCache's tier invariants, and: device snapshots only in L1, every host snapshot
+        slot free, held back or on exactly one node."""
+        error = HiRadixCache.check(self)
+        if error:
+            return error
+        hs = self.host_states
+        owners = [*hs.free_slots, *hs.deferred]
+        for n in self.all_nodes():
+            if n.state is not None and n.value is None:
+                return f"{n} keeps a device snapshot outside L1"
+            if n.host_state is not None:
+                owners.append(n.host_state)
+        if sorted(owners) != list(range(hs.size)):
+            return (
+                f"host snapshot slots without exactly one owner ({len(owners)} owners of"
+                f" {hs.size} slots)"
+            )
+        return None
+
+    def info(self) -> dict:
+        return {
+            **HiRadixCache.info(self),
+            "l2_state_slots": self.host_states.size,
+            "l2_state_slots_used": self.host_states.size - self.host_states.available(),
+        }
+
+
+def create_hi_mamba_radix_cache(
+    config: HiCacheConfig, pool: TokenToKVPool, state_pool: MambaPool
+) -> HiMambaRadixCache:
+    """The tiered cache of a hybrid model. The host budget is split the way the device's is:
+    --hicache-size's bytes in the device's proportion of state bytes to KV bytes, or
+    --hicache-ratio x the device's snapshot slots beside --hicache-ratio x its KV tokens."""
+    assert config.storage_backend is None, "refused for hybrids by prefix_cache_kind"
+    dtype = host_dtype_for(pool.dtype, config.dtype)
+    share = state_pool.total_bytes / (state_pool.total_bytes + pool.total_bytes)
+    size, per_token = host_kv_size(config, pool, dtype, 1 - share)
+    per_state = state_pool.state_bytes
+    states = (
+        int(config.size_gb * 2**30 * share) // per_state
+        if config.size_gb > 0
+        else int(config.ratio * state_pool.snapshots)
+    )
+    if states < 1:
+        raise ValueError(
+            "the host tier would hold no state snapshot (raise --hicache-size or --hicache-ratio)"
+        )
+    logger.info(
+        "hierarchical cache: L2 %d tokens (%.1f MiB, %s) and %d state snapshots (%.1f MiB),"
+        " write policy %s",
+        size,
+        size * per_token / 2**20,
+        str(dtype).replace("torch.", ""),
+        states,
+        states * per_state / 2**20,
+        config.write_policy,
+    )
+    return HiMambaRadixCache(
+        pool,
+        state_pool,
+        HostKVPool(size, pool, dtype),
+        HostStatePool(state_pool.layer_specs, states),
+        config.write_policy,
+        HiCacheStats(),
+    )
