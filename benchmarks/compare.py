@@ -10,7 +10,8 @@ Optionally (--offline) radixlm's in-process Engine vs HF transformers `generate`
 file of a real model's shape from benchmarks/make_random_gguf.py.
 
 Every system gets the same client (`radixlm bench serving --backend openai`, /v1/completions,
-streaming, temperature 0, ignore_eos) and the same prompts (same seed).
+streaming, temperature 0, ignore_eos) and the same prompts (same seed); the `chat` workload sends
+token ids through each server's own API (`--backend radixlm` / `llama-cpp`).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ class Workload:
     args: dict  # `radixlm bench serving` options
     target: str  # what the issue asks of it
     metric: str = "output_throughput"  # the figure the ratio compares (higher is better)
+    native: bool = False  # each server's own API (token ids in and out) instead of the OpenAI one
 
 
 def workloads(scale: float) -> list[Workload]:
@@ -61,6 +63,22 @@ def workloads(scale: float) -> list[Workload]:
             "multi-turn",
             dict(dataset="multi-turn", num_conversations=8, num_turns=n(4), max_concurrency=8),
             ">= 1.5x llama-server",
+        ),
+        # A chat app: one 256-token system prompt, then turns of 64 new tokens and 64 answered,
+        # sent as token ids so that each turn continues on the answer's own tokens (a real
+        # model's answers re-tokenize to them; a random model's text does not).
+        Workload(
+            "chat",
+            dict(
+                dataset="multi-turn",
+                num_conversations=8,
+                num_turns=n(4),
+                multi_turn_system_len=256,
+                multi_turn_token_ids=True,
+                max_concurrency=8,
+            ),
+            ">= 1.5x llama-server, >= 80% of prompt tokens cached",
+            native=True,
         ),
         Workload(
             "random",
@@ -103,12 +121,18 @@ def workloads(scale: float) -> list[Workload]:
     ]
 
 
-def bench_args(base_url: str, extra: dict, gguf: str) -> argparse.Namespace:
+# Each system's own API, for the workloads that send token ids (Workload.native).
+NATIVE_BACKENDS = {"radixlm": "radixlm", "radixlm-no-cache": "radixlm", "llama-server": "llama-cpp"}
+
+
+def bench_args(
+    base_url: str, extra: dict, gguf: str, backend: str = "openai"
+) -> argparse.Namespace:
     p = argparse.ArgumentParser()
     serving.add_args(p)
     # The served file's tokenizer builds the prompts and counts tokens.
     args = p.parse_args(
-        ["--backend", "openai", "--base-url", base_url, "--disable-tqdm", "--tokenizer", gguf]
+        ["--backend", backend, "--base-url", base_url, "--disable-tqdm", "--tokenizer", gguf]
     )
     for k, v in extra.items():
         setattr(args, k, v)
@@ -145,7 +169,8 @@ def run_system(name: str, start, loads: list[Workload], gguf: str) -> dict:
     try:
         for w in loads:
             print(f"== {name} / {w.name}", flush=True)
-            res = serving.run(bench_args(server.url, w.args, gguf))
+            backend = NATIVE_BACKENDS[name] if w.native else "openai"
+            res = serving.run(bench_args(server.url, w.args, gguf, backend))
             res.pop("outputs", None)
             results[w.name] = res
             print(
@@ -256,7 +281,7 @@ def main() -> int:
         "--model", help="the GGUF every system serves (default: the embedded SmolLM2-135M)"
     )
     p.add_argument("--systems", default="radixlm,radixlm-no-cache,llama-server")
-    p.add_argument("--workloads", default="gsp,multi-turn,random,single-stream,prefill-512")
+    p.add_argument("--workloads", default="gsp,multi-turn,chat,random,single-stream,prefill-512")
     p.add_argument(
         "--scale",
         type=float,

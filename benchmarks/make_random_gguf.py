@@ -20,6 +20,7 @@ weights are noise: benchmarks must fix output lengths (ignore_eos), as compare.p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
 import shutil
@@ -189,13 +190,14 @@ def write_random_gguf(
     std: float = 0.02,
     tokenizer_gguf: str | None = None,
     log=print,
+    layers: int | None = None,
 ) -> None:
     """Write the file tensor by tensor (`type_name` in DIRECT_TYPES)."""
     import gguf
 
     from radixlm.model.loader import default_model_path
 
-    shape = SHAPES[shape_name]
+    shape = shape_of(shape_name, layers)
     tensors = plan(shape, type_name)
     w = gguf.GGUFWriter(path, shape.arch)
     w.add_name(f"random-{shape_name}")
@@ -290,6 +292,19 @@ def quantize_with_llama_cpp(
     subprocess.run(cmd, check=True)
 
 
+def shape_of(shape_name: str, layers: int | None = None) -> Shape:
+    """SHAPES[shape_name], cut to its first `layers` layers (None: all): every layer's shape and
+    the embeddings stay the real ones, for a roofline of a model too big for this machine."""
+    shape = SHAPES[shape_name]
+    if layers is None or layers == shape.layers:
+        return shape
+    if not 0 < layers < shape.layers:
+        raise ValueError(f"--layers {layers}: {shape_name} has {shape.layers} layers")
+    return dataclasses.replace(
+        shape, layers=layers, source=f"{shape.source}, {layers} of {shape.layers} layers"
+    )
+
+
 def make(
     out: str,
     shape_name: str,
@@ -300,24 +315,25 @@ def make(
     intermediate: str | None = None,
     tokenizer_gguf: str | None = None,
     log=print,
+    layers: int | None = None,
 ) -> None:
     if type_name in DIRECT_TYPES:
-        write_random_gguf(out, shape_name, type_name, seed, std, tokenizer_gguf, log)
+        write_random_gguf(out, shape_name, type_name, seed, std, tokenizer_gguf, log, layers)
         return
     binary = find_llama_quantize(llama_quantize)  # before the minutes of writing the intermediate
-    inter = intermediate or ("q8_0" if SHAPES[shape_name].num_params() > 4e9 else "f16")
+    inter = intermediate or ("q8_0" if shape_of(shape_name, layers).num_params() > 4e9 else "f16")
     tmp = f"{out}.{inter}.tmp.gguf"
     try:
-        write_random_gguf(tmp, shape_name, inter, seed, std, tokenizer_gguf, log)
+        write_random_gguf(tmp, shape_name, inter, seed, std, tokenizer_gguf, log, layers)
         quantize_with_llama_cpp(binary, tmp, out, type_name)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
 
 
-def describe(shape_name: str, type_name: str) -> str:
+def describe(shape_name: str, type_name: str, layers: int | None = None) -> str:
     """The --dry-run report: config, parameter count and the direct types' tensor list and size."""
-    shape = SHAPES[shape_name]
+    shape = shape_of(shape_name, layers)
     lines = [f"{shape_name} ({shape.source}): {shape}", f"parameters: {shape.num_params():,}"]
     if type_name in DIRECT_TYPES:
         tensors = plan(shape, type_name)
@@ -356,11 +372,16 @@ def main(argv=None) -> int:
         help="the GGUF whose gpt2 tokenizer is padded in (default: embedded SmolLM2)",
     )
     p.add_argument(
+        "--layers",
+        type=int,
+        help="keep only the first N layers (the roofline of a shape too big for the machine)",
+    )
+    p.add_argument(
         "--dry-run", action="store_true", help="print the config and tensors, write nothing"
     )
     a = p.parse_args(argv)
     if a.dry_run:
-        print(describe(a.shape, a.type))
+        print(describe(a.shape, a.type, a.layers))
         return 0
     if not a.output:
         p.error("--output is required (or --dry-run)")
@@ -374,6 +395,7 @@ def main(argv=None) -> int:
             a.llama_quantize,
             a.intermediate,
             a.tokenizer_gguf,
+            layers=a.layers,
         )
     except FileNotFoundError as e:
         print(f"error: {e}", file=sys.stderr)

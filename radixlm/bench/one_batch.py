@@ -280,10 +280,25 @@ def matmul_reference(runner, bs: int, repeats: int = 20) -> dict:
     return {"linear_flops": flops, "matmul_only_ms": statistics.median(times[2:]) * 1e3}
 
 
+def expert_shares(model, bs: int) -> dict[str, float]:
+    """Parameter name -> the share of it a step of bs tokens reads: a mixture's experts, routed
+    top-k of E uniformly (random weights), are touched E (1 - (1 - k/E)^bs) at a time."""
+    from radixlm.model.layers.moe.moe_block import SparseMoeBlock
+
+    shares = {}
+    for name, mod in model.named_modules():
+        if isinstance(mod, SparseMoeBlock):
+            e, k = mod.spec.num_experts, mod.spec.top_k
+            for which in ("w13_weight", "w2_weight"):
+                shares[f"{name}.{which}"] = 1 - (1 - k / e) ** bs
+    return shares
+
+
 def bytes_per_step(runner, bs: int, context: float) -> int:
     """What one decode step must read: every weight as stored (quantized blocks as they are, FP8
     weights with their scales: WeightMatrix.nbytes; the embedding table only when it is the tied
-    LM head) and the K/V of `context` tokens per request."""
+    LM head; a mixture's experts as far as the step routes to them: expert_shares) and the K/V of
+    `context` tokens per request. A hybrid's recurrent states are left out (state_step_bytes)."""
     from radixlm.model.layers.linear import VocabEmbedding
 
     model = runner.model
@@ -293,12 +308,23 @@ def bytes_per_step(runner, bs: int, context: float) -> int:
         q = getattr(mod, "qweight", None)
         if q is not None and (tied or not isinstance(mod, VocabEmbedding)):
             total += q.nbytes
-    total += sum(p.nbytes for n, p in model.named_parameters() if tied or "embed" not in n)
+    shares = expert_shares(model, bs)
+    total += sum(
+        p.nbytes * shares.get(n, 1.0)
+        for n, p in model.named_parameters()
+        if tied or "embed" not in n
+    )
     pool = runner.token_to_kv_pool
     per_token = pool.bytes_per_token(
         pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.dtype, pool.v_head_dim
     )
     return int(total + bs * context * per_token)
+
+
+def state_step_bytes(runner, bs: int) -> int:
+    """A hybrid's recurrent states a decode step reads and writes back (0 without state layers)."""
+    pool = getattr(runner, "state_pool", None)
+    return 0 if pool is None else 2 * bs * pool.state_bytes
 
 
 def read_rate_gbps(device, nbytes: int = 256 * 2**20, repeats: int = 7) -> float:
@@ -385,6 +411,7 @@ def run(args, server_args) -> list[dict]:
             rate = read_rate_gbps(runner.device)
             res.update(
                 step_bytes_mb=step_bytes / 1e6,
+                state_bytes_mb=state_step_bytes(runner, bs) / 1e6,
                 read_gbps=rate,
                 roofline_share=step_bytes / (rate * 1e9) / (res["decode_median_ms"] / 1e3),
             )
@@ -414,6 +441,7 @@ COLUMNS = (
     ("matmul_gflops", "matmul GFLOP/s", "{:.1f}"),
     ("share_of_matmul_rate", "of matmul", "{:.0%}"),
     ("step_bytes_mb", "MB/step", "{:.1f}"),
+    ("state_bytes_mb", "state MB", "{:.1f}"),  # read + written, outside MB/step and the roofline
     ("read_gbps", "mem GB/s", "{:.1f}"),  # CPU: a read; CUDA: a copy (read + write)
     ("roofline_share", "of roofline", "{:.0%}"),
 )

@@ -87,6 +87,20 @@ def add_args(p: argparse.ArgumentParser) -> None:
         "--multi-turn-question-len", type=int, default=64, help="new user tokens per turn"
     )
     p.add_argument("--multi-turn-output-len", type=int, default=64)
+    p.add_argument(
+        "--multi-turn-system-len",
+        type=int,
+        default=0,
+        help="tokens of a system prompt every conversation starts with (0: none)",
+    )
+    p.add_argument(
+        "--multi-turn-token-ids",
+        action="store_true",
+        help=(
+            "send the conversation as token ids, each turn continuing on the ids the server"
+            " answered (backends radixlm and llama-cpp): answers reused as a real model's are"
+        ),
+    )
     p.add_argument("--fork-prefix-len", type=int, default=512)
     p.add_argument("--fork-n", type=int, default=4, help="branches per fork point, sent at once")
     p.add_argument(
@@ -192,9 +206,17 @@ async def _run_sessions(
 
     async def session(s: Session) -> None:
         history: list[dict] = []
+        history_ids: list[int] = []
         for t, turn in enumerate(s.turns):
             reqs = (
-                [dataclasses.replace(r, messages=history + r.messages) for r in turn]
+                [
+                    dataclasses.replace(
+                        r,
+                        messages=history + r.messages,
+                        input_ids=None if r.input_ids is None else history_ids + r.input_ids,
+                    )
+                    for r in turn
+                ]
                 if s.chained
                 else turn
             )
@@ -212,6 +234,8 @@ async def _run_sessions(
                         pbar.update(sum(len(tn) for tn in rest))
                     return
                 history = reqs[0].messages + [{"role": "assistant", "content": outs[0].text}]
+                if reqs[0].input_ids is not None:
+                    history_ids = reqs[0].input_ids + outs[0].output_ids
 
     rng = random.Random(args.seed)
     tasks = []
@@ -233,8 +257,12 @@ def _fill_counts(outputs: list[RequestOutput], tokenizer) -> None:
         req = o.request
         if req is None or not o.success:
             continue
+        if o.prompt_len is None and req.input_ids is not None:
+            o.prompt_len = len(req.input_ids)
         if o.prompt_len is None:
             o.prompt_len = len(tokenizer(req.text, add_special_tokens=False)["input_ids"])
+        if o.output_len is None and o.output_ids:
+            o.output_len = len(o.output_ids)
         if o.output_len is None:
             o.output_len = len(tokenizer(o.text, add_special_tokens=False)["input_ids"])
         if req.json_schema is not None:

@@ -6,6 +6,12 @@ Backends:
   meta_info (prompt / completion / cached tokens).
 - `openai`: POST /v1/completions, streaming, the prompt as text.
 - `openai-chat`: POST /v1/chat/completions, streaming.
+- `llama-cpp`: llama.cpp's llama-server's own POST /completion, streaming, `return_tokens`.
+
+A request may carry token ids instead of text (`RequestInput.input_ids`): the native backends
+(`radixlm`, `llama-cpp`) send them as they are and record the output's ids, so a conversation can
+continue on the exact tokens the model produced (as a real model's answers re-tokenize; a random
+model's do not).
 
 The OpenAI backends ask for `stream_options.include_usage`, so the server may report
 prompt, completion and cached tokens (`usage.prompt_tokens_details.cached_tokens`) in the
@@ -20,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-BACKENDS = ("radixlm", "openai", "openai-chat")
+BACKENDS = ("radixlm", "openai", "openai-chat", "llama-cpp")
 
 
 @dataclass
@@ -32,6 +38,7 @@ class RequestInput:
     ignore_eos: bool = True
     json_schema: dict | None = None  # constrain the output to this schema
     temperature: float = 0.0  # 0: greedy (every benchmark's default; --temperature)
+    input_ids: list[int] | None = None  # the prompt as token ids (native backends only)
 
     @property
     def text(self) -> str:
@@ -50,6 +57,7 @@ class RequestOutput:
     ttft: float | None = None  # seconds from send to the first generated text
     latency: float = 0.0  # seconds from send to the end of the stream
     itl: list[float] = field(default_factory=list)  # gaps between streamed tokens, seconds
+    output_ids: list[int] = field(default_factory=list)  # where the backend streams them
     json_valid: bool | None = None  # json workload: the output parses and validates
     retries: int = 0  # sends again after a stale keep-alive connection failed before any answer
     request: RequestInput | None = field(default=None, repr=False)  # what was sent
@@ -78,7 +86,8 @@ class NativeBackend(Backend):
             sp["ignore_eos"] = True
         if req.json_schema is not None:
             sp["json_schema"] = json.dumps(req.json_schema)
-        return {"text": req.text, "sampling_params": sp, "stream": True}
+        prompt = {"text": req.text} if req.input_ids is None else {"input_ids": req.input_ids}
+        return {**prompt, "sampling_params": sp, "stream": True}
 
     def update(self, event: dict, out: RequestOutput, state: dict) -> int:
         meta = event.get("meta_info", {})
@@ -87,8 +96,10 @@ class NativeBackend(Backend):
         # Cumulative updates carry every output id so far; incremental ones only the new ones.
         if ids is None or len(ids) == n:
             out.text = text
+            out.output_ids = list(ids or [])
         else:
             out.text += text
+            out.output_ids += ids
         new = n - state.get("n", 0)
         state["n"] = n
         out.output_len = n
@@ -161,10 +172,44 @@ class OpenAIChatBackend(OpenAIBackend):
         return (choice.get("delta") or {}).get("content") or ""
 
 
+class LlamaCppBackend(Backend):
+    """llama-server's POST /completion: the prompt as text or token ids, `cache_prompt` (its
+    per-slot prefix reuse), each chunk's token ids (`return_tokens`), the counts in `timings`."""
+
+    path = "/completion"
+
+    def payload(self, req: RequestInput) -> dict:
+        return {
+            "prompt": req.text if req.input_ids is None else req.input_ids,
+            "n_predict": req.output_len,
+            "temperature": req.temperature,
+            "ignore_eos": req.ignore_eos,
+            "cache_prompt": True,
+            "return_tokens": True,
+            "stream": True,
+            **({"json_schema": req.json_schema} if req.json_schema is not None else {}),
+        }
+
+    def update(self, event: dict, out: RequestOutput, state: dict) -> int:
+        ids = event.get("tokens") or []
+        out.output_ids += ids
+        out.text += event.get("content") or ""
+        timings = event.get("timings") or {}
+        if timings.get("cache_n") is not None:
+            out.cached_tokens = timings["cache_n"]
+            out.prompt_len = timings["cache_n"] + timings.get("prompt_n", 0)
+        if event.get("stop"):
+            out.output_len = event.get("tokens_predicted", len(out.output_ids))
+        return len(ids)
+
+
 def make_backend(name: str, model: str | None = None) -> Backend:
-    return {"radixlm": NativeBackend, "openai": OpenAIBackend, "openai-chat": OpenAIChatBackend}[
-        name
-    ](model)
+    return {
+        "radixlm": NativeBackend,
+        "openai": OpenAIBackend,
+        "openai-chat": OpenAIChatBackend,
+        "llama-cpp": LlamaCppBackend,
+    }[name](model)
 
 
 class RequestFailed(Exception):

@@ -35,7 +35,9 @@ class WordVocab:
             if s[:1] == " " and 3 <= len(s) <= 13 and s[1:].isascii() and s[1:].isalpha()
         ]
         ids = tokenizer(cands, add_special_tokens=False)["input_ids"]
-        self.words = sorted({w for w, t in zip(cands, ids) if len(t) == 1})
+        one = {w: t[0] for w, t in zip(cands, ids) if len(t) == 1}
+        self.words = sorted(one)
+        self._ids = [one[w] for w in self.words]
         if len(self.words) < 100:
             raise ValueError(
                 f"the tokenizer has only {len(self.words)} single-token words; cannot build prompts"
@@ -44,6 +46,10 @@ class WordVocab:
 
     def text(self, ids: list[int]) -> str:
         return "".join(self.words[i % len(self.words)] for i in ids)
+
+    def token_ids(self, ids: list[int]) -> list[int]:
+        """The token ids of text(ids), word by word."""
+        return [self._ids[i % len(self._ids)] for i in ids]
 
     def random_text(self, rng: random.Random, n: int) -> str:
         return "".join(rng.choice(self.words) for _ in range(n))
@@ -123,15 +129,7 @@ def build_sessions(args, words: WordVocab) -> list[Session]:
             Session([b]) for _, b in sorted(branches.items())
         ]  # the n branches of a fork at once
     if args.dataset == "multi-turn":
-        n, turns = args.num_conversations, args.num_turns
-        reqs = random_prompts(
-            n * turns, args.multi_turn_question_len, args.multi_turn_output_len, vocab, 1.0, seed
-        )
-        inputs = [RequestInput(_user(words.text(r.input_ids)), r.output_len) for r in reqs]
-        return [
-            Session([[r] for r in inputs[c * turns : (c + 1) * turns]], chained=True)
-            for c in range(n)
-        ]
+        return _multi_turn(args, words)
     if args.dataset == "json":
         schema = json.dumps(PERSON_SCHEMA)
         return [
@@ -165,6 +163,39 @@ def build_sessions(args, words: WordVocab) -> list[Session]:
             )
         ]
     raise ValueError(f"unknown dataset {args.dataset!r}; one of {', '.join(DATASETS)}")
+
+
+def _multi_turn(args, words: WordVocab) -> list[Session]:
+    """Conversations of --num-turns turns, each turn's prompt the history + a new question, all
+    starting with one shared system prompt of --multi-turn-system-len tokens (0: none). With
+    --multi-turn-token-ids the history is token ids (previous prompt + the ids the server
+    answered): a real model's answer re-tokenizes to its own tokens, a random model's does not."""
+    n, turns, seed = args.num_conversations, args.num_turns, args.seed
+    token_ids = getattr(args, "multi_turn_token_ids", False)
+    if token_ids and args.backend not in ("radixlm", "llama-cpp"):
+        raise ValueError("--multi-turn-token-ids: needs --backend radixlm or llama-cpp")
+    reqs = random_prompts(
+        n * turns,
+        args.multi_turn_question_len,
+        args.multi_turn_output_len,
+        words.vocab_size,
+        1.0,
+        seed,
+    )
+    system_len = getattr(args, "multi_turn_system_len", 0)
+    system = (
+        random_prompts(1, system_len, 1, words.vocab_size, 1.0, seed + 1)[0].input_ids
+        if system_len
+        else []
+    )
+    inputs = []
+    for i, r in enumerate(reqs):
+        raw = (system if i % turns == 0 else []) + r.input_ids
+        ids = words.token_ids(raw) if token_ids else None
+        inputs.append(RequestInput(_user(words.text(raw)), r.output_len, input_ids=ids))
+    return [
+        Session([[r] for r in inputs[c * turns : (c + 1) * turns]], chained=True) for c in range(n)
+    ]
 
 
 def warmup_request(words: WordVocab, seed: int) -> RequestInput:

@@ -10,8 +10,10 @@ import requests
 from radixlm.bench import one_batch, serving
 from radixlm.bench.metrics import LATENCIES, compute_metrics
 from radixlm.bench.serving_client import (
+    LlamaCppBackend,
     OpenAIBackend,
     OpenAIChatBackend,
+    RequestInput,
     RequestOutput,
     parse_sse_line,
 )
@@ -115,6 +117,83 @@ def test_serving_datasets_backends(servers, tiny_model_dir, backend, dataset):
         assert res["cached_token_share"] > 0
     if dataset in ("gsp", "fork"):
         assert res["cached_token_share"] > 0
+
+
+def test_multi_turn_token_ids_continue_on_the_answers_tokens(servers, tiny_model_dir):
+    """--multi-turn-token-ids: each turn is the previous turn's ids + the ids the server answered
+    + new ones, so the radix cache reuses the answer too; --multi-turn-system-len: every
+    conversation starts with the same system prompt, which later conversations reuse."""
+    system = 32
+    res = serving.run(
+        bench_args(
+            servers["cache"].url,
+            tiny_model_dir,
+            "--backend",
+            "radixlm",
+            "--dataset",
+            "multi-turn",
+            "--multi-turn-token-ids",
+            "--multi-turn-system-len",
+            str(system),
+            max_concurrency=1,  # one request at a time: what each reuses is exact
+        )
+    )
+    assert res["completed"] == 6 and res["errors"] == 0, res["error_samples"]
+    outs, q = res["outputs"], SMALL["multi_turn_question_len"]
+    convs: dict[tuple, list] = {}  # outputs come in completion order: group them by turn 1
+    for o in outs:
+        convs.setdefault(tuple(o.request.input_ids[: system + q]), []).append(o)
+    convs = [sorted(c, key=lambda o: len(o.request.input_ids)) for c in convs.values()]
+    assert [len(c) for c in convs] == [SMALL["num_turns"]] * SMALL["num_conversations"]
+    first = sorted((c[0] for c in convs), key=outs.index)
+    assert first[0].request.input_ids[:system] == first[1].request.input_ids[:system]
+    assert first[0].cached_tokens == 0 and first[1].cached_tokens >= system
+    for conv in convs:
+        assert len(conv[0].request.input_ids) == system + q
+        for prev, cur in zip(conv, conv[1:]):
+            history = prev.request.input_ids + prev.output_ids
+            assert len(prev.output_ids) == SMALL["multi_turn_output_len"]
+            assert cur.request.input_ids[: len(history)] == history
+            assert len(cur.request.input_ids) == len(history) + q == cur.prompt_len
+            # the previous prompt and answer, all but the answer's last token (its KV was never
+            # computed)
+            assert cur.cached_tokens >= len(history) - 1
+    with pytest.raises(ValueError, match="--multi-turn-token-ids"):
+        serving.run(
+            bench_args(
+                servers["cache"].url,
+                tiny_model_dir,
+                "--backend",
+                "openai",
+                "--dataset",
+                "multi-turn",
+                "--multi-turn-token-ids",
+            )
+        )
+
+
+def test_llama_cpp_backend_payload_and_chunks():
+    """llama-server's /completion as its source writes the stream (tools/server/server-task.cpp:
+    partial chunks carry `content` and `tokens`, the final one `timings` and the counts)."""
+    be = LlamaCppBackend()
+    body = be.payload(RequestInput([], 4, input_ids=[5, 6, 7]))
+    assert body["prompt"] == [5, 6, 7] and body["n_predict"] == 4 and body["return_tokens"]
+    assert body["cache_prompt"] and body["stream"] and body["ignore_eos"]
+    assert be.payload(RequestInput([{"role": "user", "content": "hi"}], 2))["prompt"] == "hi"
+    out, st = RequestOutput(), {}
+    assert be.update({"content": " a", "tokens": [11], "stop": False}, out, st) == 1
+    assert be.update({"content": " b c", "tokens": [12, 13], "stop": False}, out, st) == 2
+    final = {
+        "content": "",
+        "tokens": [],
+        "stop": True,
+        "tokens_predicted": 3,
+        "tokens_evaluated": 10,
+        "timings": {"cache_n": 6, "prompt_n": 4},
+    }
+    assert be.update(final, out, st) == 0
+    assert out.text == " a b c" and out.output_ids == [11, 12, 13]
+    assert (out.prompt_len, out.cached_tokens, out.output_len) == (10, 6, 3)
 
 
 def test_speculation_datasets(servers, tiny_model_dir):
