@@ -40,7 +40,7 @@ import torch
 
 from radixlm.cache.base_prefix_cache import MatchResult, PrefixKey
 from radixlm.cache.hicache_io import HiCacheStats
-from radixlm.cache.hiradix_cache import HiRadixCache, _alloc, host_kv_size
+from radixlm.cache.hiradix_cache import HiRadixCache, _alloc, host_kv_size, host_slots
 from radixlm.cache.host_pool import HostKVPool, host_dtype_for
 from radixlm.cache.host_state_pool import HostStatePool
 from radixlm.cache.mamba_radix_cache import MambaRadixCache, snapshot_evictable
@@ -141,13 +141,7 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
             if slots is not None and need:
                 self.token_to_kv_pool.free(slots)
             return False
-        off = 0
-        for n in host_nodes:
-            k = len(n.key)
-            n.value = slots[off : off + k]
-            self.host_pool.load_into(self.token_to_kv_pool, n.host_value, n.value)
-            self.evictable_size_ += k
-            off += k
+        self._load_nodes(host_nodes, slots)
         target.state = slot
         self.state_pool.queue_copy(self.state_pool.host_index(target.host_state), slot)
         self.stats.count("state_l2_loads")
@@ -298,15 +292,7 @@ def create_hi_mamba_radix_cache(
     share = state_pool.total_bytes / (state_pool.total_bytes + pool.total_bytes)
     size, per_token = host_kv_size(config, pool, dtype, 1 - share)
     per_state = state_pool.state_bytes
-    states = (
-        int(config.size_gb * 2**30 * share) // per_state
-        if config.size_gb > 0
-        else int(config.ratio * state_pool.snapshots)
-    )
-    if states < 1:
-        raise ValueError(
-            "the host tier would hold no state snapshot (raise --hicache-size or --hicache-ratio)"
-        )
+    states = host_slots(config, per_state, state_pool.snapshots, share, "state snapshot")
     logger.info(
         "hierarchical cache: L2 %d tokens (%.1f MiB, %s) and %d state snapshots (%.1f MiB),"
         " write policy %s",

@@ -101,6 +101,15 @@ class HiRadixCache(RadixCache):
                 h.host_lock -= 1
         if slots is None:
             return MatchResult(indices, node)
+        self._load_nodes(host_nodes, slots)
+        self.stats.count("l2_hit_tokens", need)
+        self.stats.count("l2_loads")
+        self.stats.count("bytes_l2_to_l1", need * self.host_pool.bytes_per_token)
+        self.stats.count("l2_load_seconds", time.perf_counter() - t0)
+        return MatchResult(torch.cat([indices, slots]), host_nodes[-1])
+
+    def _load_nodes(self, host_nodes: list[TreeNode], slots: torch.Tensor) -> None:
+        """L2-only nodes back into L1, in the fresh L1 slots `slots` (their lengths summed)."""
         off = 0
         for h in host_nodes:
             n = len(h.key)
@@ -108,11 +117,6 @@ class HiRadixCache(RadixCache):
             self.host_pool.load_into(self.token_to_kv_pool, h.host_value, h.value)
             self.evictable_size_ += n
             off += n
-        self.stats.count("l2_hit_tokens", need)
-        self.stats.count("l2_loads")
-        self.stats.count("bytes_l2_to_l1", need * self.host_pool.bytes_per_token)
-        self.stats.count("l2_load_seconds", time.perf_counter() - t0)
-        return MatchResult(torch.cat([indices, slots]), host_nodes[-1])
 
     def _host_continuation(self, node: TreeNode, key: PrefixKey, pos: int) -> list[TreeNode]:
         """The L2-only nodes below node along key[pos:] (the last one split to end at the match)."""
@@ -387,16 +391,22 @@ def host_kv_size(
     per_token = TokenToKVPool.bytes_per_token(
         pool.num_layers, pool.num_kv_heads, pool.head_dim, dtype, pool.v_head_dim
     )
-    size = (
-        int(config.size_gb * 2**30 * share) // per_token
+    return host_slots(config, per_token, pool.size, share, "token"), per_token
+
+
+def host_slots(config: HiCacheConfig, per_slot: int, device_slots: int, share: float, what: str):
+    """How many slots of per_slot bytes the host tier holds: `share` of --hicache-size's bytes,
+    else --hicache-ratio x the device's slots."""
+    n = (
+        int(config.size_gb * 2**30 * share) // per_slot
         if config.size_gb > 0
-        else int(config.ratio * pool.size)
+        else int(config.ratio * device_slots)
     )
-    if size < 1:
+    if n < 1:
         raise ValueError(
-            "the L2 pool would hold no token (raise --hicache-size or --hicache-ratio)"
+            f"the host tier would hold no {what} (raise --hicache-size or --hicache-ratio)"
         )
-    return size, per_token
+    return n
 
 
 def create_hiradix_cache(
