@@ -20,7 +20,9 @@ Moves (all on the scheduler thread):
                   already holds are freed, the row is repointed at the tree's slots, the lock moves
                   down to the new node: its protected range grows to kv_committed_len
     cache_req(finished=True), release
-                  as above, then the uncommitted tail (a step that ran for nothing) -> free list,
+                  as above (a hybrid's tracker may first commit the token a step in flight ran
+                  on: StateTracker.takes_in_flight_token), then the uncommitted tail (a step that
+                  ran for nothing) -> free list,
                   the lock is dropped, the row is freed; the request holds nothing afterwards
     free_tail     the request's own slots past a length -> free list (jump-forward re-tokenizes)
     free_uncommitted
@@ -114,6 +116,8 @@ class CacheManager:
         uncommitted tail, the lock and the row."""
         tree, pool = self.tree_cache, self.token_to_kv_pool
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
+        if finished and self.states.takes_in_flight_token(req):
+            req.kv_committed_len = req.kv_allocated_len
         protected, committed, allocated = (
             req.cache_protected_len,
             req.kv_committed_len,

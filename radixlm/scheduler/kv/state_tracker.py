@@ -50,6 +50,13 @@ class BaseStateTracker(ABC):
         """A step's state moves: chunks (batch.py's PrefillChunks: req, start, end, is_last) and
         the decode requests, in batch order."""
 
+    def takes_in_flight_token(self, req: Req) -> bool:
+        """req finishes while a step of it is still in flight (the overlap scheduler's, which ran
+        it on its last token before the finish was known): that step writes the token's KV slot
+        before any later forward reads it, so the tree may take it, and the row's state after it
+        becomes the finished answer's snapshot."""
+        return False
+
     @abstractmethod
     def on_cached(self, req: Req, committed: int) -> None:
         """The tree now holds req's KV up to committed."""
@@ -140,6 +147,12 @@ class StateTracker(BaseStateTracker):
             # for the logits, and text appended to it may merge into its last token.
             points |= {end} | ({end - 1} if end - 1 > start else set())
         return sorted(points)
+
+    def takes_in_flight_token(self, req: Req) -> bool:
+        # Else no answer that stops at EOS under overlap leaves a snapshot: its next turn would
+        # recompute the whole answer.
+        n = req.kv_committed_len + 1
+        return self.keeps and req.state_len == req.kv_allocated_len == n == req.seqlen
 
     def on_cached(self, req: Req, committed: int) -> None:
         # hand the tree the tracks its KV now covers
