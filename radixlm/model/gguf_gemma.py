@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 GEMMA_ARCHS = ("gemma2", "gemma3")
-_SWA_PATTERN = {"gemma2": 2, "gemma3": 6}
+_SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "olmo2": 4}  # olmo2: OLMo 3 (gguf_loader._olmo3_config)
 _LAYERS_27B = {"gemma2": 46, "gemma3": 62}
 _DEFAULT_WINDOW = {"gemma2": 4096}  # llama.cpp's default where a Gemma 2 file has none
 

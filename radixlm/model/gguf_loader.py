@@ -1,7 +1,8 @@
 """GGUF files (llama.cpp's format): HF config from metadata, HF-named dequantized weights.
 
-Only the parts radixlm runs: architectures llama (SmolLM2, Llama 2/3, Mistral), qwen2, qwen3,
-phi3, gemma2 and gemma3 (gguf_gemma.py: what llama.cpp fixes by architecture instead of writing it),
+Only the parts radixlm runs: architectures llama (SmolLM2, Llama 2/3, Mistral), smollm3, qwen2,
+qwen3, phi3, olmo2 with a sliding window (OLMo 3), gemma2 and gemma3 (gguf_gemma.py: what llama.cpp
+fixes by architecture instead of writing it),
 the MoE ones (gguf_moe.py, gguf_deepseek.py) and the hybrid qwen35, qwen35moe, qwen3next
 (gguf_qwen35.py: the converter's transformations undone, its tiled V-head order kept), nemotron_h
 and lfm2 (gguf_hybrid_ssm.py).
@@ -25,7 +26,7 @@ import numpy as np
 import torch
 
 from radixlm.model.gguf_deepseek import DEEPSEEK2_TENSOR_NAMES, deepseek2_config
-from radixlm.model.gguf_gemma import GEMMA_ARCHS, gemma_config_kwargs
+from radixlm.model.gguf_gemma import GEMMA_ARCHS, gemma_config_kwargs, layer_types
 from radixlm.model.gguf_hybrid_ssm import SSM_ARCHITECTURES, ssm_config, ssm_weights
 from radixlm.model.gguf_moe import (
     MIXTRAL,
@@ -44,6 +45,10 @@ GGUF_ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", "LlamaConfig"),
     "qwen2": ("Qwen2ForCausalLM", "Qwen2Config"),
     "qwen3": ("Qwen3ForCausalLM", "Qwen3Config"),
+    # llama.cpp fixes SmolLM3's NoPE layers (every 4th) as transformers' default interval does.
+    "smollm3": ("SmolLM3ForCausalLM", "SmolLM3Config"),
+    # The converter writes OLMo 2 and OLMo 3 as olmo2; OLMo 3 is the one with a window (_olmo3).
+    "olmo2": ("Olmo3ForCausalLM", "Olmo3Config"),
     "phi3": ("Phi3ForCausalLM", "Phi3Config"),
     "gemma2": ("Gemma2ForCausalLM", "Gemma2Config"),
     "gemma3": ("Gemma3ForCausalLM", "Gemma3TextConfig"),
@@ -99,6 +104,11 @@ _GEMMA_TENSOR_NAMES = dict(
     post_ffw_norm="model.layers.{}.post_feedforward_layernorm",
 )
 _ARCH_TENSOR_NAMES = {
+    "olmo2": dict(
+        _TENSOR_NAMES,
+        post_attention_norm="model.layers.{}.post_attention_layernorm",
+        post_ffw_norm="model.layers.{}.post_feedforward_layernorm",
+    ),
     "gemma2": _GEMMA_TENSOR_NAMES,
     "gemma3": _GEMMA_TENSOR_NAMES,
     "phi3": dict(
@@ -211,6 +221,8 @@ def gguf_config(reader):
         kw = gemma_config_kwargs(reader, arch, kw)
     if arch == "phi3":
         kw.update(_phi3_config(reader, kw))
+    if arch == "olmo2":
+        kw = _olmo3_config(reader, kw)
     if arch == "deepseek2":
         hf_arch, config_cls, kw = deepseek2_config(reader, kw)
     if arch in QWEN35_ARCHITECTURES:
@@ -298,6 +310,25 @@ def _phi3_config(reader, kw: dict) -> dict:
     return out
 
 
+def _olmo3_config(reader, kw: dict) -> dict:
+    """The converter's sliding window and per-layer pattern (llama.cpp's default: 3 local layers,
+    then a global one); as llama.cpp's olmo2 graph, the local layers rotate unscaled at
+    rope.freq_base_swa (else the global base), the global ones with the file's scaling."""
+    window = field(reader, "olmo2.attention.sliding_window")
+    if not window:
+        raise ValueError("an olmo2 GGUF without a sliding window is OLMo 2: radixlm runs OLMo 3")
+    kw = dict(kw, sliding_window=int(window))
+    kw["layer_types"] = layer_types(reader, "olmo2", kw["num_hidden_layers"])
+    full = dict(kw.pop("rope_scaling", None) or {"rope_type": "default"})
+    full["rope_theta"] = float(kw.pop("rope_theta", 10_000.0))
+    local_base = field(reader, "olmo2.rope.freq_base_swa", full["rope_theta"])
+    kw["rope_parameters"] = {
+        "full_attention": full,
+        "sliding_attention": {"rope_type": "default", "rope_theta": float(local_base)},
+    }
+    return kw
+
+
 def _hf_name(name: str, arch: str = "llama") -> str | None:
     names = _ARCH_TENSOR_NAMES.get(arch, _TENSOR_NAMES)
     m = _BLOCK_RE.match(name)
@@ -341,7 +372,7 @@ def gguf_weights(
     if arch in SSM_ARCHITECTURES:  # Mamba-2 / short-conv tensors reshaped (gguf_hybrid_ssm.py)
         yield from ssm_weights(reader, config, read, slicer, keep)
         return
-    permute = arch == "llama"  # llama.cpp permutes q/k only for llama
+    permute = arch in ("llama", "smollm3")  # the converters that permute q/k (LlamaModel's)
     norm_offset = arch in GEMMA_ARCHS  # llama.cpp stores Gemma's norm weights as 1 + w
     for t in reader.tensors:
         name = _hf_name(t.name, arch)

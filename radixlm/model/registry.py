@@ -21,9 +21,11 @@ MODEL_REGISTRY.register("Gemma2ForCausalLM", "radixlm.model.models.gemma2:Gemma2
 MODEL_REGISTRY.register("Gemma3ForCausalLM", "radixlm.model.models.gemma3:Gemma3ForCausalLM")
 MODEL_REGISTRY.register("LlamaForCausalLM", "radixlm.model.models.llama:LlamaForCausalLM")
 MODEL_REGISTRY.register("MistralForCausalLM", "radixlm.model.models.llama:MistralForCausalLM")
+MODEL_REGISTRY.register("Olmo3ForCausalLM", "radixlm.model.models.olmo3:Olmo3ForCausalLM")
 MODEL_REGISTRY.register("Phi3ForCausalLM", "radixlm.model.models.phi3:Phi3ForCausalLM")
 MODEL_REGISTRY.register("Qwen2ForCausalLM", "radixlm.model.models.qwen2:Qwen2ForCausalLM")
 MODEL_REGISTRY.register("Qwen3ForCausalLM", "radixlm.model.models.qwen3:Qwen3ForCausalLM")
+MODEL_REGISTRY.register("SmolLM3ForCausalLM", "radixlm.model.models.smollm3:SmolLM3ForCausalLM")
 # Hybrids: linear-attention layers with a recurrent state beside full attention (docs/hybrid.md).
 MODEL_REGISTRY.register("Qwen3_5ForCausalLM", "radixlm.model.models.qwen3_5:Qwen3_5ForCausalLM")
 MODEL_REGISTRY.register(
