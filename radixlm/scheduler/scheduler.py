@@ -52,6 +52,7 @@ from radixlm.scheduler.control.lora_admin import LORA_MESSAGES, LORA_REPLIES, ha
 from radixlm.scheduler.control.profiler import Profiler
 from radixlm.scheduler.control.weight_control import WEIGHT_CONTROL_REPLIES, WeightControl
 from radixlm.scheduler.decoding.grammar_manager import GrammarManager
+from radixlm.scheduler.execution.overlap import follows_up
 from radixlm.scheduler.hybrid_support import check_hybrid_support
 from radixlm.scheduler.intake import RequestIntake
 from radixlm.scheduler.invariants import InvariantError
@@ -293,7 +294,14 @@ class Scheduler:
             self.results.process(prev)
 
     def step_behind(self, prev) -> None:
-        """prev: a decode step in flight. Launch what comes next, then process prev."""
+        """prev: a decode step in flight. Launch what comes next, then process prev. Answers that
+        finished before prev leave (their KV, a hybrid's snapshot, to the tree) when it completes:
+        when a waiting request starts as one of them (a chat's next turn, an agent's next call,
+        sent as the answer streamed), prev is processed first so that it matches the answer, for
+        one step without overlap."""
+        if follows_up(prev.deferred_release, self.queues.waiting):
+            self.results.process(prev)
+            return
         prefill = self.prefill.schedule()
         if prefill:  # new requests need nothing of prev: prefill them behind it
             launched = self.executor.launch(prefill)

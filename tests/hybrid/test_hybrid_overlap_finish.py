@@ -1,7 +1,8 @@
 """A hybrid model under the overlap scheduler: an answer that stops at a stop token finishes while
 a step of it is already in flight (the scheduler ran it on the last token before the finish was
-known). That step's KV and state still become the answer's snapshot, so the next turn reuses the
-whole prompt and answer (not only the prompt) and answers HF's greedy tokens."""
+known). That step's KV and state still become the answer's snapshot, and a next turn sent at once
+waits for them: it reuses the whole prompt and answer (not only the prompt) and answers HF's greedy
+tokens."""
 
 from __future__ import annotations
 
@@ -39,10 +40,8 @@ def test_an_answer_stopped_in_flight_leaves_its_snapshot(hybrid_checkpoint_dir):
         assert stopped["meta_info"]["finish_reason"]["type"] == "stop"
         answer = stopped["output_ids"]
         assert 6 <= len(answer) < 12, answer
-        # The finished request leaves its row when the step in flight completes, which the
-        # scheduler learns after admitting whatever arrived meanwhile: one unrelated request
-        # first, so that turn 2 is matched after the release.
-        engine.generate(input_ids=[5, 6, 7], sampling_params={"max_new_tokens": 1})
+        # sent at once: the release waits for the step in flight, and the scheduler processes
+        # that step before admitting what arrived meanwhile (Scheduler.step_behind)
         turn2 = prompt + answer + [rng.randrange(10, VOCAB) for _ in range(6)]
         two = engine.generate(input_ids=turn2, sampling_params={"max_new_tokens": 8})
     # the prompt and the answer, up to its last token at least

@@ -26,6 +26,17 @@ from radixlm.scheduler.batch import ScheduleBatch
 from radixlm.scheduler.req import Req
 from radixlm.speculative.verify import Acceptance
 
+# Leading prompt tokens that tell a request following up a finished one (follows_up).
+FOLLOW_UP_HEAD = 32
+
+
+def follows_up(finished: list[Req], waiting: list[Req]) -> bool:
+    """Some waiting request starts as one that finished (its next turn, likely)."""
+    if not finished or not waiting:
+        return False
+    heads = {tuple(r.origin_input_ids[:FOLLOW_UP_HEAD]) for r in finished}
+    return any(tuple(w.origin_input_ids[:FOLLOW_UP_HEAD]) in heads for w in waiting)
+
 
 class FutureTokenMap:
     """Ring of token-id slots on the device: step N writes its sampled ids, step N+1 reads them."""
