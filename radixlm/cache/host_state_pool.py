@@ -20,28 +20,13 @@ of the prefix, never a wrong state). A slot freed while its backup is still queu
 
 from __future__ import annotations
 
+import zlib
 from typing import TYPE_CHECKING
 
 import torch
 
 if TYPE_CHECKING:
     from radixlm.cache.state_pool import MambaPool, StateSpec
-
-ROW_WORDS = 64  # the checksum weighs words by their row of this many: a moved row changes it
-_MIX = 1_000_003  # folds the tensors' sums into one 64-bit value
-
-
-def digest(t: torch.Tensor) -> int:
-    """A cheap checksum of t's bytes: a row-position-weighted sum of its 32-bit words (8-bit for
-    sizes not a multiple of 4), in wrapping 64-bit arithmetic (any summation order agrees)."""
-    b = t.contiguous().reshape(-1).view(torch.uint8)
-    aligned = b.numel() % 4 == 0 and b.storage_offset() % 4 == 0
-    w = b.view(torch.int32) if aligned else b
-    rows = w.numel() // ROW_WORDS
-    body = w[: rows * ROW_WORDS].reshape(rows, ROW_WORDS).sum(1, dtype=torch.int64)
-    weights = torch.arange(1, rows + 1, dtype=torch.int64)
-    tail = w[rows * ROW_WORDS :].sum(dtype=torch.int64)
-    return int((body * weights).sum() + tail * (rows + 1))
 
 
 class HostStatePool:
@@ -89,10 +74,11 @@ class HostStatePool:
         return None if want is None else self.checksum(h) == want
 
     def checksum(self, h: int) -> int:
+        """CRC-32 of slot h's bytes, every layer's tensors in order."""
         out = 0
         for layer in self.buffers:
             for buf in layer.values():
-                out = (out * _MIX + digest(buf[h])) % 2**64
+                out = zlib.crc32(buf[h].contiguous().view(torch.uint8).numpy(), out)
         return out
 
     # --- copies (the forward's thread, from MambaPool.apply_copies) -----------------------

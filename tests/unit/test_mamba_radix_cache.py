@@ -93,7 +93,8 @@ def test_a_lock_pins_only_its_own_node_snapshot_not_its_ancestors():
     # ancestor), not B's answer, nor A's running node (where the lock ends)
     assert tree.attach_state(K([60, 61]), tree.alloc_state) == old_turn
     assert running.state == a_now
-    assert len(tree.match_prefix(K([50, 51])).indices) == 2 and b_answer is not None
+    m = tree.match_prefix(K([50, 51]))
+    assert len(m.indices) == 2 and m.last_node.state == b_answer
 
 
 def test_a_match_passing_through_does_not_refresh_a_snapshot():
@@ -107,7 +108,8 @@ def test_a_match_passing_through_does_not_refresh_a_snapshot():
         assert len(tree.match_prefix(K(range(6))).indices) == 6
     insert(tree, kv_pool, [70, 71])
     assert tree.attach_state(K([70, 71]), tree.alloc_state) == shallow
-    assert len(tree.match_prefix(K([50, 51])).indices) == 2 and other is not None
+    m = tree.match_prefix(K([50, 51]))
+    assert len(m.indices) == 2 and m.last_node.state == other
     assert len(tree.match_prefix(K(range(6))).indices) == 6
 
 
