@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import math
 import os
 import shutil
@@ -28,6 +29,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -128,9 +130,10 @@ def padded_vocab(tokens: list[str], types: list[int], size: int) -> tuple[list[s
     return tokens + pads, types + [1] * len(pads)  # 1: gguf.TokenType.NORMAL
 
 
-def _copy_tokenizer(writer, tokenizer_gguf: str, vocab: int) -> None:
-    """Every tokenizer.* key of `tokenizer_gguf` (a gpt2 BPE vocab, e.g. SmolLM2's), its value type
-    kept, with the token list padded to `vocab`."""
+@functools.lru_cache(maxsize=2)
+def _tokenizer_fields(tokenizer_gguf: str) -> tuple[tuple[str, Any, Any, Any], ...]:
+    """Every tokenizer.* key of `tokenizer_gguf` as (key, value, type, array item type). Cached:
+    gguf's reader spends ~5 s of Python on a 49k-token vocab, and the tests write many files."""
     import gguf
 
     from radixlm.model.gguf_loader import field, open_gguf
@@ -138,17 +141,25 @@ def _copy_tokenizer(writer, tokenizer_gguf: str, vocab: int) -> None:
     reader = open_gguf(tokenizer_gguf)
     if field(reader, "tokenizer.ggml.model") != "gpt2":
         raise ValueError(f"{tokenizer_gguf}: need a gpt2 (byte-level BPE) tokenizer to pad")
-    tokens, types = padded_vocab(
-        field(reader, "tokenizer.ggml.tokens"), field(reader, "tokenizer.ggml.token_type"), vocab
-    )
+    out = []
     for key, f in reader.fields.items():
-        if not key.startswith("tokenizer."):
-            continue
-        value = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types}.get(
-            key, f.contents()
-        )
-        array = f.types[0] == gguf.GGUFValueType.ARRAY
-        writer.add_key_value(key, value, f.types[0], sub_type=f.types[-1] if array else None)
+        if key.startswith("tokenizer."):
+            array = f.types[0] == gguf.GGUFValueType.ARRAY
+            out.append((key, f.contents(), f.types[0], f.types[-1] if array else None))
+    return tuple(out)
+
+
+def _copy_tokenizer(writer, tokenizer_gguf: str, vocab: int) -> None:
+    """Every tokenizer.* key of `tokenizer_gguf` (a gpt2 BPE vocab, e.g. SmolLM2's), its value type
+    kept, with the token list padded to `vocab`."""
+    fields = _tokenizer_fields(tokenizer_gguf)
+    value_of = {key: value for key, value, _, _ in fields}
+    tokens, types = padded_vocab(
+        list(value_of["tokenizer.ggml.tokens"]), list(value_of["tokenizer.ggml.token_type"]), vocab
+    )
+    padded = {"tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types}
+    for key, value, kind, sub_type in fields:
+        writer.add_key_value(key, padded.get(key, value), kind, sub_type=sub_type)
 
 
 def _random_tensor(p: TensorPlan, rng: np.random.Generator, std: float) -> np.ndarray:

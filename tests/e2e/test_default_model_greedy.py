@@ -66,12 +66,17 @@ def assert_greedy_equal(got: list[int], ref: tuple, label: str, near_tie: float 
 
 
 SP = {"max_new_tokens": NEW_TOKENS, "temperature": 0}
+ALONE = (0, 1, len(CHAT), len(CHAT) + 1)
 
 
 def test_default_engine_alone_concurrent_and_cached(reference):
     prompts, refs = reference
     with Engine(enable_invariant_checks=True, log_level="warning", quantization="none") as engine:
+        # Alone: two chat and two raw prompts (each alone is a whole float32 decode of 64 steps;
+        # all eight run batched and cached below).
         for i, p in enumerate(prompts):
+            if i not in ALONE:
+                continue
             assert engine.flush_cache()
             out = engine.generate(p, SP)
             assert_greedy_equal(out["output_ids"], refs[i], f"alone #{i}")

@@ -11,6 +11,7 @@ import pytest
 
 from radixlm import Engine
 from tests.conftest import engine_args
+from tests.forked_servers import run_cli
 
 
 def rand_prompt(rng, n):
@@ -70,11 +71,9 @@ def test_priority_runs_first(tiny_model_dir):
 
 
 def test_cli_generate(tiny_model_dir):
-    out = subprocess.run(
+    # Forked from the tests' preloaded fork server (run_cli): the command as a user runs it.
+    out = run_cli(
         [
-            sys.executable,
-            "-m",
-            "radixlm.cli",
             "generate",
             "--model",
             tiny_model_dir,
@@ -90,27 +89,11 @@ def test_cli_generate(tiny_model_dir):
             "1",
             "--enable-invariant-checks",
         ],
-        capture_output=True,
-        text=True,
         timeout=120,
     )
     assert out.returncode == 0, out.stderr
     assert '"completion_tokens": 5' in out.stdout
-    bad = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "radixlm.cli",
-            "generate",
-            "--model",
-            "/no/such/model",
-            "--prompt",
-            "x",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    bad = run_cli(["generate", "--model", "/no/such/model", "--prompt", "x"], timeout=120)
     assert bad.returncode != 0 and "/no/such/model" in bad.stderr
 
 
