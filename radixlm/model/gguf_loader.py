@@ -5,7 +5,7 @@ qwen3, phi3, olmo2 with a sliding window (OLMo 3), gemma2 and gemma3 (gguf_gemma
 fixes by architecture instead of writing it),
 the MoE ones (gguf_moe.py, gguf_deepseek.py) and the hybrid qwen35, qwen35moe, qwen3next
 (gguf_qwen35.py: the converter's transformations undone, its tiled V-head order kept), nemotron_h
-and lfm2 (gguf_hybrid_ssm.py).
+and lfm2 (gguf_hybrid_ssm.py), gpt-oss (gguf_gpt_oss.py).
 With keep_quantized, 2-D weights in a format the native kernels read
 (radixlm.kernels.formats.FORMATS: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K,
 Q6_K, IQ4_XS, F16, BF16) stay as stored, F32 ones are plain float32, and any other type is refused
@@ -27,6 +27,7 @@ import torch
 
 from radixlm.model.gguf_deepseek import DEEPSEEK2_TENSOR_NAMES, deepseek2_config
 from radixlm.model.gguf_gemma import GEMMA_ARCHS, gemma_config_kwargs, layer_types
+from radixlm.model.gguf_gpt_oss import GPT_OSS_ARCHITECTURES, gpt_oss_config, gpt_oss_weights
 from radixlm.model.gguf_hybrid_ssm import SSM_ARCHITECTURES, ssm_config, ssm_weights
 from radixlm.model.gguf_moe import (
     MIXTRAL,
@@ -55,6 +56,7 @@ GGUF_ARCHITECTURES = {
     **MOE_ARCHITECTURES,
     **QWEN35_ARCHITECTURES,
     **SSM_ARCHITECTURES,
+    **GPT_OSS_ARCHITECTURES,
     "deepseek2": (
         "DeepseekV2ForCausalLM",
         "DeepseekV2Config",
@@ -229,6 +231,8 @@ def gguf_config(reader):
         kw = qwen35_config(reader, arch, kw)
     if arch in SSM_ARCHITECTURES:
         kw = ssm_config(reader, arch, kw)
+    if arch in GPT_OSS_ARCHITECTURES:
+        kw = gpt_oss_config(reader, kw)
     config = getattr(transformers, config_cls)(**kw)
     config.architectures = [hf_arch]
     return config
@@ -371,6 +375,9 @@ def gguf_weights(
         return
     if arch in SSM_ARCHITECTURES:  # Mamba-2 / short-conv tensors reshaped (gguf_hybrid_ssm.py)
         yield from ssm_weights(reader, config, read, slicer, keep)
+        return
+    if arch in GPT_OSS_ARCHITECTURES:  # experts re-interleaved, sinks renamed (gguf_gpt_oss.py)
+        yield from gpt_oss_weights(reader, config, read, slicer, keep)
         return
     permute = arch in ("llama", "smollm3")  # the converters that permute q/k (LlamaModel's)
     norm_offset = arch in GEMMA_ARCHS  # llama.cpp stores Gemma's norm weights as 1 + w

@@ -27,6 +27,12 @@ from torch import nn
 
 from radixlm.model import gguf_loader, memory, sampling_defaults
 from radixlm.model.pp_stage import stage_owns
+from radixlm.model.quant_checkpoint import (
+    CHECKPOINT_METHODS,
+    CheckpointQuant,
+    checkpoint_quant,
+    resolve_checkpoint_quantization,
+)
 from radixlm.model.quant_methods import QUANTIZATION_REGISTRY, quant_method
 from radixlm.model.registry import resolve_architecture
 from radixlm.model.tp_shard import Slicer, slice_tensor
@@ -226,11 +232,19 @@ def _is_sharded(model: nn.Module) -> bool:
     )  # HF modules inside hold tp_size None
 
 
-def resolve_quantization(quantization: str | None, is_gguf: bool, device) -> str:
-    """What the weights will run in: "none" (float), "gguf" (the file's own block formats) or a
-    method that quantizes at load (model/quant_methods.py). Unset: a GGUF runs in its own
-    quantization (like llama.cpp), anything else in float. A method that cannot run on `device`
-    is refused (fp8 off CUDA) or runs in float, with a warning if it was asked for."""
+def resolve_quantization(
+    quantization: str | None, is_gguf: bool, device, checkpoint: CheckpointQuant | None = None
+) -> str:
+    """What the weights will run in: "none" (float), "gguf" (the file's own block formats), a
+    method that quantizes at load (model/quant_methods.py) or a pre-quantized checkpoint's own
+    (awq, gptq: `checkpoint`, its parsed quantization_config). Unset: a GGUF runs in its own
+    quantization (like llama.cpp), a pre-quantized checkpoint in its own, anything else in float. A
+    method that cannot run on `device` is refused (fp8 off CUDA, awq / gptq off the native CPU
+    kernels) or runs in float, with a warning if it was asked for."""
+    if checkpoint is not None or quantization in CHECKPOINT_METHODS:
+        if is_gguf:
+            raise ValueError(f"--quantization {quantization} reads HF checkpoints, not a GGUF")
+        quantization = resolve_checkpoint_quantization(quantization, checkpoint)
     want = quantization or ("gguf" if is_gguf else "none")
     if want == "none":
         return want
@@ -264,8 +278,6 @@ def load_model(
     path = os.path.abspath(path or default_model_path())
     kind = _model_kind(path)
     is_gguf = kind == "gguf"
-    quant = resolve_quantization(quantization, is_gguf, device)
-    method = quant_method(quant)  # None: float weights
     files = None  # a bare config.json: random weights
     defaults = None
     if kind == "config":
@@ -289,6 +301,10 @@ def load_model(
         files = _safetensors_files(path)
         chat_template, eos_ids = _dir_chat_template(path), _dir_eos_token_ids(path, config)
         defaults = sampling_defaults.from_hf_dir(path)
+    quant = resolve_quantization(
+        quantization, is_gguf, device, checkpoint_quant(config) if kind == "dir" else None
+    )
+    method = quant_method(quant)  # None: float weights
     if is_embedding:
         config.tie_word_embeddings = (
             True  # builds no lm_head; a checkpoint's lm_head.weight is skipped
@@ -392,10 +408,10 @@ def load_tokenizer(path: str | None = None):
         tokenizer = AutoTokenizer.from_pretrained(
             os.path.dirname(path), gguf_file=os.path.basename(path)
         )
-    except (
-        ValueError
-    ) as e:  # transformers reads the vocabulary but not this architecture's config (olmoe)
-        if "is not supported yet" not in str(e):
+    except (ValueError, TypeError) as e:
+        # transformers reads the vocabulary but not this architecture's config: olmoe (refused),
+        # gpt-oss (its parser of the YaRN keys fails, a TypeError under numpy 2).
+        if isinstance(e, ValueError) and "is not supported yet" not in str(e):
             raise
         from transformers import PreTrainedTokenizerFast
 

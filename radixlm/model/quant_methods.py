@@ -10,6 +10,9 @@ value (vLLM's and SGLang's QuantizationConfig / LinearMethod split, at this proj
 - `fp8` (Fp8Method): each linear layer's weight as float8_e4m3fn with a float32 scale per output
   row, multiplied by a Triton W8A16 GEMM (layers/fp8_linear.py); CUDA only (refused elsewhere at
   start-up). The embeddings, the LM head and MoE experts stay in the model dtype.
+- `awq`, `gptq` (awq_gptq.CheckpointMethod): a pre-quantized checkpoint's own packed 4- / 8-bit
+  weights, repacked into the native formats at load; CPU only (refused elsewhere at start-up). The
+  checkpoint's config.json selects it.
 """
 
 from __future__ import annotations
@@ -50,6 +53,17 @@ class QuantMethod:
         """Once every weight is in: what is left to quantize."""
 
 
+def native_unavailable_reason(device: torch.device) -> str | None:
+    """Why the native CPU kernels cannot run on `device` (None: they can)."""
+    from radixlm import kernels
+
+    if device.type != "cpu":
+        return f"runs on the native CPU kernels only, not {device.type}"
+    if not kernels.available():
+        return f"needs the native CPU kernels ({kernels.unavailable_reason()})"
+    return None
+
+
 class NativeMethod(QuantMethod):
     """The native CPU kernels' formats: a GGUF's own (`gguf`) or one made at load."""
 
@@ -60,14 +74,14 @@ class NativeMethod(QuantMethod):
         self.at_load = name in QUANTIZE_AT_LOAD
 
     def unavailable_reason(self, device: torch.device) -> str | None:
-        from radixlm import kernels
-
-        if device.type != "cpu":
-            return f"runs on the native CPU kernels only; {device.type} runs in float"
-        if not kernels.available():
-            why = kernels.unavailable_reason()
-            return f"needs the native CPU kernels ({why}); running in float"
-        return None
+        why = native_unavailable_reason(device)
+        if why is None:
+            return None
+        return (
+            f"runs on the native CPU kernels only; {device.type} runs in float"
+            if device.type != "cpu"
+            else why + "; running in float"
+        )
 
     def while_loading(self, weights, model):
         """Each matrix the model multiplies by, quantized as it streams in: only one tensor is ever
@@ -153,6 +167,9 @@ QUANTIZATION_REGISTRY.register("gguf", NativeMethod("gguf"))
 for _name in QUANTIZE_AT_LOAD:
     QUANTIZATION_REGISTRY.register(_name, NativeMethod(_name))
 QUANTIZATION_REGISTRY.register("fp8", Fp8Method())
+# Pre-quantized checkpoints, selected by their config.json's quantization_config (loader.py).
+QUANTIZATION_REGISTRY.register("awq", "radixlm.model.awq_gptq:AWQ")
+QUANTIZATION_REGISTRY.register("gptq", "radixlm.model.awq_gptq:GPTQ")
 QUANTIZATIONS = ("none", *QUANTIZATION_REGISTRY.names())
 
 

@@ -19,6 +19,7 @@ MODEL_REGISTRY.register(
 )
 MODEL_REGISTRY.register("Gemma2ForCausalLM", "radixlm.model.models.gemma2:Gemma2ForCausalLM")
 MODEL_REGISTRY.register("Gemma3ForCausalLM", "radixlm.model.models.gemma3:Gemma3ForCausalLM")
+MODEL_REGISTRY.register("GptOssForCausalLM", "radixlm.model.models.gpt_oss:GptOssForCausalLM")
 MODEL_REGISTRY.register("LlamaForCausalLM", "radixlm.model.models.llama:LlamaForCausalLM")
 MODEL_REGISTRY.register("MistralForCausalLM", "radixlm.model.models.llama:MistralForCausalLM")
 MODEL_REGISTRY.register("Olmo3ForCausalLM", "radixlm.model.models.olmo3:Olmo3ForCausalLM")

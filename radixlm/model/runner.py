@@ -99,8 +99,10 @@ class ModelRunner:
         # 1). (An MLA model's pool holds one latent per token instead: model/kv_layout.py.)
         self.kv_layout = kv_layout(self.model, cfg)
         self.num_kv_heads, self.head_dim = self.kv_layout.num_kv_heads, self.kv_layout.head_dim
-        # Per-layer attention features a backend must support (sliding windows, logit soft-capping).
-        self.sliding_window_size, self.logit_cap = attention_features(self.model.modules())
+        # Per-layer attention features a backend must support (sliding windows, logit soft-capping,
+        # attention sinks).
+        self.attn_features = attention_features(self.model.modules())
+        self.sliding_window_size, self.logit_cap, _ = self.attn_features
         self.kv_dtype = self._kv_dtype()
         # A hybrid model's recurrent states (model/state_memory.py; None: attention only): its KV
         # pool holds the full-attention layers only.
@@ -179,6 +181,7 @@ class ModelRunner:
             mirror_bytes=self.config.decode_kv_mirror_bytes,
             sliding_window_size=self.sliding_window_size,
             logit_cap=self.logit_cap,
+            sinks=self.attn_features.sinks,
             mla=self.kv_layout.mla,
         )
 

@@ -136,10 +136,10 @@ def load_checkpoint(
             f"model_path {model_path!r}: the weights did not load: {type(e).__name__}: {e}"
         ) from None
     features = attention_features(loaded.model.modules())
-    if features != (runner.sliding_window_size, runner.logit_cap):
+    if features != runner.attn_features:
         raise CheckpointError(
-            f"model_path {model_path!r}: its attention (sliding window, logit cap) {features} "
-            f"differs from the served {(runner.sliding_window_size, runner.logit_cap)}"
+            f"model_path {model_path!r}: its attention (sliding window, logit cap, sinks)"
+            f" {tuple(features)} differs from the served {tuple(runner.attn_features)}"
         )
     return loaded
 

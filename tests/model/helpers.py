@@ -43,8 +43,8 @@ class PoolHarness:
         if (
             attn_backend is None
         ):  # built for the model's sliding windows and logit caps, as ModelRunner does
-            window, cap = attention_features(model.modules())
-            attn_backend = TorchSDPABackend(sliding_window_size=window, logit_cap=cap)
+            window, cap, sinks = attention_features(model.modules())
+            attn_backend = TorchSDPABackend(sliding_window_size=window, logit_cap=cap, sinks=sinks)
         self.attn_backend = attn_backend
         self.device = torch.device(device)
         self.req_pool = ReqToTokenPool(max_reqs, max_context, device=self.device)

@@ -112,7 +112,7 @@ def test_frozen():
             "q3_k",
             (
                 "quantization must be one of none, gguf, int8, q4_0, q8_0, q4_k, f16, bf16, fp8,"
-                " got 'q3_k'"
+                " awq, gptq, got 'q3_k'"
             ),
         ),
         (

@@ -7,6 +7,8 @@ prefill chunks smaller than the prompt."""
 from __future__ import annotations
 
 import random
+import weakref
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -33,9 +35,14 @@ TINY = dict(
 
 
 def checkpoint(
-    config_cls: str, architecture: str, path: str, **config
+    config_cls: str,
+    architecture: str,
+    path: str,
+    init: Callable[[transformers.PreTrainedModel], None] | None = None,
+    **config,
 ) -> transformers.PreTrainedModel:
-    """A random float32 HF model saved at path with the tiny tokenizer; returns the model."""
+    """A random float32 HF model saved at path with the tiny tokenizer; returns the model. init:
+    draws the family's own parameters after randomize (before saving)."""
     tok = tiny_tokenizer()
     cfg = getattr(transformers, config_cls)(
         **TINY,
@@ -49,6 +56,8 @@ def checkpoint(
     torch.manual_seed(0)
     hf = getattr(transformers, architecture)(cfg).to(torch.float32)
     randomize(hf)
+    if init is not None:
+        init(hf)
     if not cfg.tie_word_embeddings:  # a tied head is the embedding, already of that spread
         with torch.no_grad():  # logits of a real model's spread (std ~8): choices far from ties
             hf.lm_head.weight.mul_(8)
@@ -128,12 +137,22 @@ def _reference(hf, ids: list[int]) -> tuple:
     return ids, gen, logits
 
 
+# HF model -> (prompts, references): a family's safetensors and GGUF checks share them.
+_REFS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _references(hf) -> tuple[list[list[int]], list[tuple]]:
+    if hf not in _REFS:
+        rng = random.Random(7)
+        prompts = [[rng.randrange(10, VOCAB) for _ in range(n)] for n in (5, 20, 45, 33)]
+        _REFS[hf] = prompts, [_reference(hf, p) for p in prompts]
+    return _REFS[hf]
+
+
 def check_greedy(model_path: str, hf, label: str) -> None:
     """Prompts of 5 to 45 tokens (all but the first longer than the window and the chunk), each
     alone and then all batched: radixlm's greedy tokens are HF's."""
-    rng = random.Random(7)
-    prompts = [[rng.randrange(10, VOCAB) for _ in range(n)] for n in (5, 20, 45, 33)]
-    refs = [_reference(hf, p) for p in prompts]
+    prompts, refs = _references(hf)
     sp = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
     with Engine(
         model_path=model_path,

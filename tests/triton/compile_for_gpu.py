@@ -98,7 +98,7 @@ def record_all(
             for heads, kvh, d in shapes:
                 _attention(dtype, heads, kvh, d, find_prefix_groups)
             _layers(dtype)
-        _attention(torch.bfloat16, 8, 2, 128, find_prefix_groups, window=64, cap=30.0, tree=True)
+        _attention(torch.bfloat16, 8, 2, 128, find_prefix_groups, 64, 30.0, tree=True, sinks=True)
         _fp8(fp8_gemm, fp8_all)
     finally:
         for (mod, name), obj in saved.items():
@@ -106,7 +106,9 @@ def record_all(
     return calls
 
 
-def _attention(dtype, heads, kvh, d, find_prefix_groups, window=None, cap=0.0, tree=False):
+def _attention(
+    dtype, heads, kvh, d, find_prefix_groups, window=None, cap=0.0, tree=False, sinks=False
+):
     from radixlm.kernels.triton_ops.decode_attention import decode_attention
     from radixlm.kernels.triton_ops.extend_attention import extend_attention
 
@@ -120,6 +122,7 @@ def _attention(dtype, heads, kvh, d, find_prefix_groups, window=None, cap=0.0, t
         if tree
         else {}
     )
+    sink = dict(sinks=torch.zeros(heads, dtype=torch.float32)) if sinks else {}
     extend_attention(
         q,
         k,
@@ -134,6 +137,7 @@ def _attention(dtype, heads, kvh, d, find_prefix_groups, window=None, cap=0.0, t
         cap,
         window,
         **mask,
+        **sink,
     )
     seq = torch.tensor([8, 9, 5])
     qd = torch.zeros(bs, heads, d, dtype=dtype)
@@ -152,6 +156,7 @@ def _attention(dtype, heads, kvh, d, find_prefix_groups, window=None, cap=0.0, t
         window,
         groups,
         2,
+        **sink,
     )
 
 

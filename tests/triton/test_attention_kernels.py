@@ -1,7 +1,7 @@
 """The paged attention kernels (kernels/triton_ops/extend_attention.py, decode_attention.py) against
 a float32 loop reference: random slot layouts (a request's K/V scattered over the pool), ragged
 lengths, prefixes shared by slot (decode's group pass), GQA ratios 1, 3 and 8, float32 / float16 /
-bfloat16 inputs, sliding windows, logit soft-caps and a tree mask."""
+bfloat16 inputs, sliding windows, logit soft-caps, attention sinks and a tree mask."""
 
 from __future__ import annotations
 
@@ -17,9 +17,10 @@ D = 32
 SCALE = D**-0.5
 
 
-def reference(q, k, v, q_pos, window=None, cap=0.0, mask=None):
+def reference(q, k, v, q_pos, window=None, cap=0.0, mask=None, sinks=None):
     """q [n, H, D] at positions q_pos over k/v [L, KVH, D] (positions 0..L-1), causal, in float32.
-    mask [n, L] (True: attend) replaces causality where given."""
+    mask [n, L] (True: attend) replaces causality where given. sinks [H]: HF gpt-oss's, a logit
+    column per head joined to the scores before the softmax and dropped after it."""
     heads, kv_heads = q.shape[1], k.shape[1]
     k = k.float().repeat_interleave(heads // kv_heads, 1)
     v = v.float().repeat_interleave(heads // kv_heads, 1)
@@ -30,7 +31,11 @@ def reference(q, k, v, q_pos, window=None, cap=0.0, mask=None):
     visible = k_pos[None, :] <= q_pos[:, None] if mask is None else mask
     if window is not None:
         visible = visible & (k_pos[None, :] > q_pos[:, None] - window)
-    return torch.einsum("hnl,lhd->nhd", s.masked_fill(~visible[None], float("-inf")).softmax(-1), v)
+    s = s.masked_fill(~visible[None], float("-inf"))
+    if sinks is None:
+        return torch.einsum("hnl,lhd->nhd", s.softmax(-1), v)
+    sink = sinks.float().view(-1, 1, 1).expand(-1, s.shape[1], 1)
+    return torch.einsum("hnl,lhd->nhd", torch.cat([s, sink], -1).softmax(-1)[..., :-1], v)
 
 
 class Pool:
@@ -104,6 +109,36 @@ def test_extend_window_and_logit_cap(triton_device, dtype, window, cap):
             cap=cap,
         )
         assert_close(out[s : s + e].cpu(), ref, dtype, f"request {b}")
+
+
+def sinks_of(heads: int, device) -> torch.Tensor:
+    """Sinks of a visible weight: logits around the scores' own (N(0, 1) times 2)."""
+    g = torch.Generator().manual_seed(9)
+    return (2 * torch.randn(heads, generator=g)).to(device)
+
+
+@pytest.mark.parametrize("dtype,window", [(torch.float32, None), (torch.bfloat16, 7)])
+def test_extend_attention_sinks(triton_device, dtype, window):
+    """gpt-oss's sinks (float32 whatever the dtype), on full and windowed layers, over a prefix."""
+    pool = Pool(triton_device, dtype, 2, seed=6)
+    prefix, ext = [30, 0, 3], [18, 25, 1]
+    rows = pool.rows([p + e for p, e in zip(prefix, ext)])
+    q = pool.q(sum(ext), 6, dtype)
+    sinks = sinks_of(6, triton_device)
+    out, starts = run_extend(pool, q, rows, prefix, ext, window=window, sinks=sinks)
+    for b, (p, e, s) in enumerate(zip(prefix, ext, starts)):
+        slots = rows[b, : p + e]
+        ref = reference(
+            q[s : s + e].cpu(),
+            pool.k[slots].cpu(),
+            pool.v[slots].cpu(),
+            torch.arange(p, p + e),
+            window=window,
+            sinks=sinks.cpu(),
+        )
+        assert_close(out[s : s + e].cpu(), ref, dtype, f"request {b}")
+    plain, _ = run_extend(pool, q, rows, prefix, ext, window=window)
+    assert (plain - out).abs().max() > 1e-2, "the sinks changed nothing"
 
 
 def test_extend_tree_mask(triton_device):
@@ -204,6 +239,20 @@ def test_decode_window_and_logit_cap(triton_device, window, cap):
     q = pool.q(len(lens), 6, dtype)
     out, _ = run_decode(pool, q, rows, lens, groups=False, window=window, logit_cap=cap)
     check_decode(pool, q, out, rows, lens, dtype, window=window, cap=cap)
+
+
+@pytest.mark.parametrize("window,groups", [(None, True), (9, False)])
+def test_decode_attention_sinks(triton_device, window, groups):
+    """Sinks join the merged denominator: with several splits, with the shared-prefix pass (its
+    partials merged before the sink) and on a windowed layer."""
+    dtype = torch.float32
+    pool = Pool(triton_device, dtype, 2, seed=7)
+    lens = [5, 40, 61, 45]
+    rows = pool.rows(lens, shared=[(3, 1, 36)] if groups else ())
+    q = pool.q(len(lens), 6, dtype)
+    sinks = sinks_of(6, triton_device)
+    out, _ = run_decode(pool, q, rows, lens, groups=groups, window=window, sinks=sinks)
+    check_decode(pool, q, out, rows, lens, dtype, window=window, sinks=sinks.cpu())
 
 
 def test_prefix_groups_follow_the_cpu_rule(triton_device):

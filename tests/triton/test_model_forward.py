@@ -1,7 +1,8 @@
 """A tiny random Llama (GQA) through TritonAttnBackend equals it through the torch backend, step for
 step, with the same slots: prefill, an extend over a prefix shared in the pool, decode steps whose
 requests share a 40-token prefix (the group pass), a MIXED batch and a TARGET_VERIFY batch; and the
-whole sequence's logits equal transformers'."""
+whole sequence's logits equal transformers'. A tiny gpt-oss (attention sinks, windowed layers)
+through TritonAttnBackend equals transformers' logits."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ import torch
 from radixlm.model.layers.attention import AttentionBackendSpec, TorchSDPABackend
 from radixlm.model.layers.attention.triton_backend import TritonAttnBackend
 from radixlm.model.loader import load_model
+from tests.model.gpt_oss_checkpoint import check_logits, gpt_oss_checkpoint
 from tests.model.helpers import SMALL, PoolHarness, hf_logits, save_random_llama
+from tests.model.windowed_checkpoints import WINDOW
 from tests.triton.conftest import requires_triton
 
 pytestmark = requires_triton
@@ -85,3 +88,20 @@ def test_triton_backend_equals_torch_backend_through_the_model(tiny, triton_devi
         full = seqs[r] + d
         want = hf_logits(hf, full)[-len(d) :]
         assert (rows.cpu() - want).abs().max().item() < ATOL, f"request {r}: triton vs transformers"
+
+
+def test_gpt_oss_sinks_and_windows_through_the_triton_backend(tmp_path, triton_device):
+    path = str(tmp_path)
+    hf = gpt_oss_checkpoint(path)
+    model = load_model(path, device=str(triton_device)).model
+    spec = AttentionBackendSpec(
+        head_dim=16,
+        dtype=torch.float32,
+        kv_dtype=torch.float32,
+        device=triton_device,
+        sliding_window_size=WINDOW,
+        sinks=True,
+    )
+    backend = TritonAttnBackend(spec)
+    h = PoolHarness(model, hf.config, attn_backend=backend, device=triton_device)
+    check_logits(h, hf, decodes=4)  # the interpreter runs each kernel slowly

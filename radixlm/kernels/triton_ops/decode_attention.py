@@ -5,7 +5,8 @@ One query per request. Stage 1 (`_decode_partial_kernel`) runs a program per (re
 split): the query heads sharing that KV head (GQA) are the rows of one tl.dot, so each K/V tile is
 read once per KV head; a request's keys [kv_start, seq_len) are cut into `num_splits` ranges and
 each program writes its partial output (softmax-normalized) and log-sum-exp. Stage 2
-(`_decode_merge_kernel`) merges a request's partials by their log-sum-exp. The grid depends on the
+(`_decode_merge_kernel`) merges a request's partials by their log-sum-exp, and adds the head's
+attention sink (if the layer has sinks) to the merged denominator. The grid depends on the
 batch size alone (not on the lengths), so a CUDA graph captured for a batch size replays for any
 lengths.
 
@@ -291,6 +292,7 @@ def _decode_merge_kernel(
     Part_L,
     O,
     kv_start,
+    Sinks,
     num_splits,
     num_prefix_splits,
     stride_pb,
@@ -303,6 +305,7 @@ def _decode_merge_kernel(
     D: tl.constexpr,
     BLOCK_D: tl.constexpr,
     HAS_PREFIX: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -325,6 +328,12 @@ def _decode_merge_kernel(
         acc = acc * alpha + w * o
         l_sum = l_sum * alpha + w
         m = m_new
+    if HAS_SINKS:  # the sink's logit joins the denominator; it has no value
+        sink = tl.load(Sinks + h).to(tl.float32)
+        m_new = tl.maximum(m, sink)
+        alpha = tl.exp(m - m_new)
+        acc = acc * alpha
+        l_sum = l_sum * alpha + tl.exp(sink - m_new)
     tl.store(
         O + b * stride_ob + h * stride_oh + offs_d,
         (acc / l_sum).to(O.dtype.element_ty),
@@ -354,10 +363,12 @@ def decode_attention(
     block_n: int | None = None,
     num_warps: int | None = None,
     num_stages: int = 3,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [bs, H, D] over each request's keys at kv_slots[b, :seq_lens[b]] of k_buf / v_buf [slots,
     KVH, D] -> out [bs, H, D]. kv_start [bs]: where each request's own keys start (0, or its group's
     prefix length when `prefix` groups are given: their members read the prefix in the group pass).
+    sinks: float32 [H] (the layer's attention sinks) or None.
     """
     bs, heads, d = q.shape
     if bs == 0:
@@ -447,6 +458,7 @@ def decode_attention(
         part_l,
         out,
         kv_start,
+        kv_start if sinks is None else sinks,  # kv_start: a pointer never read without sinks
         num_splits,
         num_prefix_splits,
         part_o.stride(0),
@@ -459,6 +471,7 @@ def decode_attention(
         D=d,
         BLOCK_D=block_d,
         HAS_PREFIX=prefix is not None,
+        HAS_SINKS=sinks is not None,
         num_warps=1,
     )
     return out

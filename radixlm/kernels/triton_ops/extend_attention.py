@@ -10,7 +10,8 @@ visible, the new ones causally. A MIXED batch's decodes are extends of one token
 is an extend too.
 
 Options: a sliding window (keys at positions > p - window for a query at p), a logit soft-cap
-(cap * tanh(s / cap) before the softmax), and a custom mask over the new tokens (tree
+(cap * tanh(s / cap) before the softmax), attention sinks (a logit per query head that joins the
+softmax's denominator after the last tile, no value), and a custom mask over the new tokens (tree
 verification: `custom_mask` holds, per request, an [ext, ext] row-major uint8 block starting at
 `mask_start[b]`; 1 = the query attends that new token; the prefix stays fully visible and the mask
 replaces causality within the extension).
@@ -23,7 +24,7 @@ import triton
 import triton.language as tl
 
 from radixlm.kernels.triton_ops import dot_in_f32, interpreting, next_pow2
-from radixlm.kernels.triton_ops.tiles import attend_tile
+from radixlm.kernels.triton_ops.tiles import add_sink, attend_tile
 
 
 @triton.jit
@@ -42,6 +43,7 @@ def _extend_kernel(
     sm_scale,
     logit_cap,
     window,
+    Sinks,
     stride_qt,
     stride_qh,
     stride_ot,
@@ -57,6 +59,7 @@ def _extend_kernel(
     BLOCK_N: tl.constexpr,
     HAS_CAP: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     USE_CUSTOM_MASK: tl.constexpr,
     F32_DOT: tl.constexpr,
 ):
@@ -137,6 +140,8 @@ def _extend_kernel(
             HAS_CAP,
             F32_DOT,
         )
+    if HAS_SINKS:
+        m_i, l_i, acc = add_sink(Sinks, h, m_i, l_i, acc)
     out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
     tl.store(
         O + (q0 + offs_m)[:, None] * stride_ot + h * stride_oh + offs_d[None, :],
@@ -169,13 +174,15 @@ def extend_attention(
     window: int | None = None,
     custom_mask: torch.Tensor | None = None,
     mask_start: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
     block_m: int | None = None,
     block_n: int | None = None,
 ) -> torch.Tensor:
     """q [T, H, D] (each request's new tokens, in batch order), k_buf / v_buf [slots, KVH, D] (the
     layer's pool buffers, the new tokens' K/V already stored), kv_slots [bs, >= max seq_len] slot
     rows, qo_start [bs] first row of each request in q, prefix_lens / extend_lens [bs];
-    max_extend_len: the largest extend_lens (sizes the grid) -> out [T, H, D]."""
+    max_extend_len: the largest extend_lens (sizes the grid); sinks: float32 [H] or None -> out [T,
+    H, D]."""
     bs = prefix_lens.shape[0]
     heads, d = q.shape[1], q.shape[2]
     kv_heads = k_buf.shape[1]
@@ -184,7 +191,7 @@ def extend_attention(
     bm, bn, warps, stages = _blocks(d)
     bm, bn = block_m or bm, block_n or bn
     use_mask = custom_mask is not None
-    dummy = kv_slots  # stands in for the mask pointers when there is no mask
+    dummy = kv_slots  # stands in for the mask and sink pointers when there are none
     grid = (bs, heads, triton.cdiv(max_extend_len, bm))
     _extend_kernel[grid](
         q,
@@ -201,6 +208,7 @@ def extend_attention(
         float(sm_scale),
         float(logit_cap or 1.0),
         int(window or 0),
+        dummy if sinks is None else sinks,
         q.stride(0),
         q.stride(1),
         out.stride(0),
@@ -216,6 +224,7 @@ def extend_attention(
         BLOCK_N=bn,
         HAS_CAP=bool(logit_cap),
         HAS_WINDOW=window is not None,
+        HAS_SINKS=sinks is not None,
         USE_CUSTOM_MASK=use_mask,
         F32_DOT=dot_in_f32(q.dtype),
         num_warps=warps,

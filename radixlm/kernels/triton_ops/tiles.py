@@ -1,6 +1,7 @@
 """The tile-level pieces the kernels share (@triton.jit helpers, inlined where they are called): the
 two dot-product paths, flash attention's online-softmax step over a tile of keys read from the KV
-pool by slot, and a rows-times-weights GEMM tile (MoE's grouped GEMM, LoRA's segments)."""
+pool by slot, its attention-sink step, and a rows-times-weights GEMM tile (MoE's grouped GEMM,
+LoRA's segments)."""
 
 from __future__ import annotations
 
@@ -70,6 +71,16 @@ def attend_tile(
         other=0.0,
     )
     return m_new, l_i, acc * alpha[:, None] + dot(p.to(q.dtype), v, F32_DOT)
+
+
+@triton.jit
+def add_sink(Sinks, h, m_i, l_i, acc):
+    """Attention sinks: head h's sink logit joins the running max and denominator of the rows
+    (after the last tile; it adds no value, so acc is only rescaled)."""
+    sink = tl.load(Sinks + h).to(tl.float32)
+    m_new = tl.maximum(m_i, sink)
+    alpha = tl.exp(m_i - m_new)
+    return m_new, l_i * alpha + tl.exp(sink - m_new), acc * alpha[:, None]
 
 
 @triton.jit

@@ -82,9 +82,11 @@ class LlamaAttention(nn.Module):
         scaling: float | None = None,
         logit_cap: float = 0.0,
         norm_cls: type[RMSNorm] = RMSNorm,
+        sinks: bool = False,
     ):
-        """scaling (None: head_dim ** -0.5), logit_cap and norm_cls (of the q/k norms) are the knobs
-        other families turn (Gemma: query_pre_attn_scalar, attn_logit_softcapping, GemmaRMSNorm)."""
+        """scaling (None: head_dim ** -0.5), logit_cap, norm_cls (of the q/k norms) and sinks are
+        the knobs other families turn (Gemma: query_pre_attn_scalar, attn_logit_softcapping,
+        GemmaRMSNorm; gpt-oss: attention sinks, held by self.attn)."""
         super().__init__()
         total_heads = config.num_attention_heads
         total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
@@ -118,6 +120,7 @@ class LlamaAttention(nn.Module):
             layer_id,
             logit_cap=logit_cap,
             sliding_window_size=get_sliding_window(config, layer_id),
+            sinks=sinks,
         )
 
     def forward(
@@ -352,6 +355,10 @@ class LlamaForCausalLM(nn.Module):
         quantized tensor for anything else would be dequantized again)."""
         owner, kind, _ = self._owner_of(name)
         return kind == "weight" and hasattr(owner, "set_quantized")
+
+    def module_of(self, name: str) -> nn.Module | None:
+        """The module that takes HF tensor `name` (the fused layer of q/k/v, gate/up), or None."""
+        return self._owner_of(name)[0]
 
     def tp_slice(self, name: str) -> TensorSlice | None:
         """The part of checkpoint tensor `name` this tensor-parallel rank holds (None: all of

@@ -29,9 +29,11 @@ class AttentionBackendSpec:
     shared_prefix: bool = True  # torch: decode reads a prefix shared by a group of requests once
     mirror_bytes: int = 0  # torch: budget of the dense decode KV copy (0: off)
     # The model's attention features (radix_attention.attention_features): the window of its
-    # windowed layers (None: none), its largest attention logit soft-cap (0: none).
+    # windowed layers (None: none), its largest attention logit soft-cap (0: none), whether some
+    # layer has attention sinks.
     sliding_window_size: int | None = None
     logit_cap: float = 0.0
+    sinks: bool = False
     # Multi-head latent attention (DeepSeek-V2/V3): the pool holds one latent per token
     # (cache/mla_pool.py); only backends built for it (mla_backend.py) run such a model.
     mla: bool = False

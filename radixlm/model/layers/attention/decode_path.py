@@ -118,14 +118,15 @@ def window_mask(seq_lens: torch.Tensor, max_len: int, window: int) -> torch.Tens
 def decode_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, layer: RadixAttention
 ) -> torch.Tensor:
-    """decode_sdpa, or for a layer with a logit cap the explicit soft-capped attention (same
+    """decode_sdpa, or for a layer with a logit cap or sinks the explicit attention (same
     shapes)."""
-    if not layer.logit_cap:
+    if not layer.logit_cap and layer.sinks is None:
         return decode_sdpa(q, k, v, mask, layer.scaling)
     bs, heads, d = q.shape
     kvh = k.shape[1]
+    sinks = None if layer.sinks is None else layer.sinks.view(kvh, heads // kvh, 1)
     o = softcap_attention(
-        q.view(bs, kvh, heads // kvh, d), k, v, mask, layer.scaling, layer.logit_cap
+        q.view(bs, kvh, heads // kvh, d), k, v, mask, layer.scaling, layer.logit_cap, sinks
     )
     return o.reshape(bs, heads, d)
 

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 def supported(spec: AttentionBackendSpec) -> str | None:
     if not spec.mla:
         return "runs multi-head latent attention models (DeepSeek-V2/V3) only"
-    if spec.sliding_window_size is not None or spec.logit_cap:
-        return "no sliding window or logit soft-capping"
+    if spec.sliding_window_size is not None or spec.logit_cap or spec.sinks:
+        return "no sliding window, logit soft-capping or attention sinks"
     return None
 
 

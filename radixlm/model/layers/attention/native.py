@@ -40,6 +40,8 @@ def supported(spec: AttentionBackendSpec) -> str | None:
         return "the native attention kernel has no sliding-window attention"
     if spec.logit_cap:
         return "the native attention kernel has no attention logit soft-capping"
+    if spec.sinks:
+        return "the native attention kernel has no attention sinks"
     if spec.device.type != "cpu" or spec.dtype != torch.float32:
         return "the native attention kernel runs float32 models on CPU"
     if spec.head_dim % 8 or spec.head_dim > MAX_HEAD_DIM:

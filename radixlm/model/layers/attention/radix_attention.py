@@ -3,17 +3,20 @@
 It stores the new tokens' K/V in the pool and hands the attention to the batch's backend
 (forward_batch.attn_backend, set by whoever builds the ForwardBatch: ModelRunner.prepare).
 
-Two per-layer properties (SGLang's names) change what a query sees:
+Three per-layer properties (SGLang's names) change what a query sees:
 - sliding_window_size: a query at position p attends keys at positions > p - window (HF's
   sliding_window_overlay: the window counts the query itself); None: every earlier key.
 - logit_cap: scores become cap * tanh(scores / cap) before the mask and softmax (Gemma 2); 0: off.
+- sinks: attention sinks (gpt-oss), a learned logit per query head that joins each row's softmax
+  denominator and has no value: a query may give part of its attention to nothing. The layer owns
+  them as a float32 parameter [heads] (this rank's heads); None: off.
 The KV pool keeps every token either way (windowed layers read only part of it).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 from torch import nn
@@ -32,6 +35,7 @@ class RadixAttention(nn.Module):
         layer_id: int,
         logit_cap: float = 0.0,
         sliding_window_size: int | None = None,
+        sinks: bool = False,
     ):
         super().__init__()
         if sliding_window_size is not None and sliding_window_size <= 0:
@@ -42,6 +46,12 @@ class RadixAttention(nn.Module):
         self.scaling, self.layer_id = scaling, layer_id
         self.logit_cap = float(logit_cap or 0.0)
         self.sliding_window_size = sliding_window_size
+        # float32 whatever the model's dtype: HF adds them to float32 scores.
+        self.sinks = (
+            nn.Parameter(torch.empty(num_heads, dtype=torch.float32), requires_grad=False)
+            if sinks
+            else None
+        )
 
     def forward(self, q, k, v, forward_batch: ForwardBatch) -> torch.Tensor:
         """q: [T, heads * D], k/v: [T, kv_heads * D] -> [T, heads * D]."""
@@ -59,18 +69,26 @@ class RadixAttention(nn.Module):
         return o.reshape(-1, self.num_heads * self.head_dim)
 
 
-def attention_features(layers: Iterable[nn.Module]) -> tuple[int | None, float]:
-    """(the sliding window of the windowed layers or None, the largest logit cap or 0) of a model's
-    modules: what a backend must support to run it (AttentionBackendSpec). Every windowed layer of
-    a supported model has the same window; a backend builds its window masks once per batch."""
-    windows, cap = set(), 0.0
+class AttentionFeatures(NamedTuple):
+    """What a backend must support to run a model (AttentionBackendSpec)."""
+
+    sliding_window_size: int | None  # the windowed layers' window; None: no windowed layer
+    logit_cap: float  # the largest logit cap; 0: none
+    sinks: bool  # some layer has attention sinks
+
+
+def attention_features(layers: Iterable[nn.Module]) -> AttentionFeatures:
+    """The attention features of a model's modules. Every windowed layer of a supported model has
+    the same window; a backend builds its window masks once per batch."""
+    windows, cap, sinks = set(), 0.0, False
     for m in layers:
         if isinstance(m, RadixAttention):
             if m.sliding_window_size is not None:
                 windows.add(m.sliding_window_size)
             cap = max(cap, m.logit_cap)
+            sinks = sinks or m.sinks is not None
     if len(windows) > 1:
         raise ValueError(
             f"layers with different sliding windows {sorted(windows)} are not supported"
         )
-    return (windows.pop() if windows else None), cap
+    return AttentionFeatures(windows.pop() if windows else None, cap, sinks)

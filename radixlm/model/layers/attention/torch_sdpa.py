@@ -6,9 +6,10 @@ that plans it (decode_path.py): shared-prefix decode (requests sharing a cached 
 once per group), the decode KV mirror (a dense copy of the decoding requests' KV), the plain gather
 from the pool. The flags the backend is built with choose which paths it has.
 
-A model with sliding-window layers or attention logit soft-capping (AttentionBackendSpec) gets the
-window in its masks and the soft-capped layers an explicit softmax (softcap.py); its decode
-batches all take the gather path (the shared-prefix and mirror paths know neither feature).
+A model with sliding-window layers, attention logit soft-capping or attention sinks
+(AttentionBackendSpec) gets the window in its masks and the soft-capped or sink layers an explicit
+softmax (softcap.py); its decode batches all take the gather path (the shared-prefix and mirror
+paths know none of these features).
 """
 
 from __future__ import annotations
@@ -69,12 +70,13 @@ def build_decode_paths(
     mirror_bytes: int = 0,
     sliding_window_size: int | None = None,
     logit_cap: float = 0.0,
+    sinks: bool = False,
 ) -> list[DecodePath]:
     """The decode paths the flags enable, in the order they are tried; the gather serves any batch.
-    The kept shared-prefix K/V and the mirror share the mirror's byte budget. A model with a window
-    or a logit cap takes the gather path only."""
+    The kept shared-prefix K/V and the mirror share the mirror's byte budget. A model with a window,
+    a logit cap or sinks takes the gather path only."""
     paths: list[DecodePath] = []
-    plain = sliding_window_size is None and not logit_cap
+    plain = sliding_window_size is None and not logit_cap and not sinks
     if shared_prefix and plain:
         paths.append(SharedPrefixDecodePath(max_kept_bytes=mirror_bytes))
     if mirror_bytes > 0 and plain:
@@ -92,10 +94,12 @@ class TorchSDPABackend(AttentionBackend):
         mirror_bytes: int = 0,
         sliding_window_size: int | None = None,
         logit_cap: float = 0.0,
+        sinks: bool = False,
     ):
         self.sliding_window_size, self.logit_cap = sliding_window_size, logit_cap
+        self.sinks = sinks
         self.decode_paths = build_decode_paths(
-            shared_prefix, mirror_bytes, sliding_window_size, logit_cap
+            shared_prefix, mirror_bytes, sliding_window_size, logit_cap, sinks
         )
 
     @classmethod
@@ -105,18 +109,21 @@ class TorchSDPABackend(AttentionBackend):
             mirror_bytes=spec.mirror_bytes,
             sliding_window_size=spec.sliding_window_size,
             logit_cap=spec.logit_cap,
+            sinks=spec.sinks,
         )
 
     def _check_layer(self, layer) -> None:
         # A layer feature the backend was not built for would be silently ignored by its
         # masks/paths.
-        if layer.sliding_window_size not in (None, self.sliding_window_size) or (
-            layer.logit_cap and not self.logit_cap
+        if (
+            layer.sliding_window_size not in (None, self.sliding_window_size)
+            or (layer.logit_cap and not self.logit_cap)
+            or (layer.sinks is not None and not self.sinks)
         ):
             raise ValueError(
                 f"layer {layer.layer_id} (sliding_window_size {layer.sliding_window_size},"
-                f" logit_cap {layer.logit_cap}) needs a TorchSDPABackend built for them"
-                " (TorchSDPABackend.for_spec)"
+                f" logit_cap {layer.logit_cap}, sinks {layer.sinks is not None}) needs a"
+                " TorchSDPABackend built for them (TorchSDPABackend.for_spec)"
             )
 
     def reset(self) -> None:
@@ -232,7 +239,7 @@ class TorchSDPABackend(AttentionBackend):
                 if layer.sliding_window_size is not None and r.window_mask is not None
                 else r.mask
             )
-            if layer.logit_cap:
+            if layer.logit_cap or layer.sinks is not None:
                 out[s:e] = self._softcap_extend(q[s:e], ki, vi, mask, layer)
                 continue
             o = F.scaled_dot_product_attention(
@@ -256,6 +263,7 @@ class TorchSDPABackend(AttentionBackend):
         if mask is None:
             mask = torch.ones(n, n, dtype=torch.bool, device=q.device).tril_()
         qg = q.transpose(0, 1).reshape(kvh, heads // kvh, n, d)  # each KV head's query heads
+        sinks = None if layer.sinks is None else layer.sinks.view(kvh, heads // kvh, 1, 1)
         o = softcap_attention(
             qg,
             k.transpose(0, 1).unsqueeze(1),
@@ -263,6 +271,7 @@ class TorchSDPABackend(AttentionBackend):
             mask,
             layer.scaling,
             layer.logit_cap,
+            sinks,
         )
         return o.reshape(heads, n, d).transpose(0, 1)
 

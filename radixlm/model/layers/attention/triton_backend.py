@@ -4,8 +4,8 @@ on CUDA.
 Every batch shape reads K/V straight from the pool by slot: EXTEND, MIXED (its decodes are extends
 of one token) and TARGET_VERIFY through the extend kernel, DECODE through split-KV decode with the
 shared-prefix pass (a prefix held by a group of requests read once per group; off with
---disable-shared-prefix-attention and for models with a sliding window). Sliding windows and logit
-soft-capping are kernel options, per layer.
+--disable-shared-prefix-attention and for models with a sliding window). Sliding windows, logit
+soft-capping and attention sinks are kernel options, per layer.
 
 Metadata is built at launch on the scheduler thread from host lists (no device sync): the batch's
 req_to_token rows are copied then (kv_slots), so under overlap the forward never reads rows the
@@ -147,6 +147,7 @@ class TritonAttnBackend(AttentionBackend):
             layer.sliding_window_size,
             md.custom_mask,
             md.mask_start,
+            sinks=layer.sinks,
         )
 
     def forward_decode(self, q, k, v, layer, forward_batch):
@@ -168,4 +169,5 @@ class TritonAttnBackend(AttentionBackend):
             layer.sliding_window_size,
             md.prefix,
             md.num_prefix_splits,
+            sinks=layer.sinks,
         )

@@ -1,0 +1,61 @@
+"""gpt-oss (GptOssForCausalLM): the Llama graph with biases on q/k/v/o, attention sinks (a learned
+logit per query head in each softmax's denominator: RadixAttention's `sinks`), sliding-window and
+full-attention layers alternating as config.layer_types says (get_sliding_window), one RoPE (YaRN
+in the released models) for every layer, and a mixture of experts in every layer
+(gpt_oss_moe.py: a biased router, biased experts with a clamped SwiGLU).
+
+Weights: HF safetensors in float (bfloat16 / float32); the released checkpoints' MXFP4 experts are
+not read yet (load_weights names their *_blocks / *_scales tensors as unknown).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import nn
+
+from radixlm.model.layers.norm import RMSNorm
+from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
+from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
+from radixlm.model.models.gpt_oss_moe import GptOssSparseMoeBlock
+from radixlm.model.models.llama import LlamaAttention, LlamaForCausalLM, LlamaModel, get_head_dim
+from radixlm.model.models.moe import MoeDecoderLayer
+from radixlm.model.pp_stage import pp_stage
+
+
+def gpt_oss_layer(config: Any, layer_id: int, rotary_emb: RotaryEmbedding) -> nn.Module:
+    attn = LlamaAttention(config, layer_id, rotary_emb, qkv_bias=True, qk_norm=False, sinks=True)
+    if attn.num_heads != config.num_attention_heads:
+        # The experts are not split yet and the sinks not sliced per rank.
+        raise ValueError("gpt-oss runs with tp_size 1")
+    return MoeDecoderLayer(config, attn, GptOssSparseMoeBlock(config))
+
+
+class GptOssModel(LlamaModel):
+    """LlamaModel's forward (pre-norms, fused add + norm) over gpt-oss layers."""
+
+    def __init__(self, config: Any):
+        nn.Module.__init__(self)
+        self.pp = pp = pp_stage(config.num_hidden_layers)
+        if pp.size > 1:
+            raise ValueError("pp_size > 1 runs the Llama-family models, not gpt-oss yet")
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.rotary_emb = rotary_emb = get_rope(get_head_dim(config), config)
+        self.layers = nn.ModuleList(
+            gpt_oss_layer(config, i, rotary_emb) for i in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.hidden_size = config.hidden_size
+        self.use_fused_layers = False  # the one-op fused decoder has no MoE block
+        self._fused = False
+
+
+class GptOssForCausalLM(LlamaForCausalLM):
+    def build_model(self, config: Any) -> nn.Module:
+        return GptOssModel(config)
+
+    def _map_name(self, name: str) -> tuple[str, int | None]:
+        # The sinks are read by the attention op (RadixAttention.sinks), which holds them.
+        if name.endswith(".self_attn.sinks"):
+            return name.replace(".self_attn.sinks", ".self_attn.attn.sinks"), None
+        return super()._map_name(name)

@@ -1,0 +1,91 @@
+"""gpt-oss's mixture of experts (HF GptOssMLP): a router with a bias, softmax over the top-k
+logits, and experts with biases and a clamped SwiGLU. SparseMoeBlock's fused paths have neither
+the biases nor this activation, so the experts run here in torch, one matmul per expert touched.
+
+Parameters keep HF's names and layouts (x @ W, not W.T): gate_up_proj [E, hidden, 2 * inter]
+with gate and up interleaved by column (gate = [..., ::2], up = [..., 1::2]), down_proj
+[E, inter, hidden]; a GGUF's separate gate / up experts are interleaved into it at load.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
+    """HF GptOssExperts._apply_gate: (up + 1) * gate * sigmoid(alpha * gate), gate clamped above
+    and up on both sides at limit."""
+    gate, up = gate_up[..., ::2], gate_up[..., 1::2]
+    gate = gate.clamp(max=limit)
+    up = up.clamp(min=-limit, max=limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * alpha))
+
+
+class GptOssTopKRouter(nn.Module):
+    def __init__(self, hidden_size: int, num_experts: int, top_k: int):
+        super().__init__()
+        self.top_k = top_k
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size), requires_grad=False)
+        self.bias = nn.Parameter(torch.empty(num_experts), requires_grad=False)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, hidden] -> (weights float32 [T, k], expert ids [T, k]): a softmax over the top-k
+        logits (torch.topk as HF: ties break alike)."""
+        top, ids = torch.topk(F.linear(x, self.weight, self.bias), self.top_k, dim=-1)
+        return torch.softmax(top, dim=-1, dtype=torch.float32), ids
+
+
+class GptOssExperts(nn.Module):
+    def __init__(self, config: Any):
+        super().__init__()
+        n, hidden, inter = config.num_local_experts, config.hidden_size, config.intermediate_size
+        empty = lambda *shape: nn.Parameter(torch.empty(*shape), requires_grad=False)
+        self.gate_up_proj = empty(n, hidden, 2 * inter)
+        self.gate_up_proj_bias = empty(n, 2 * inter)
+        self.down_proj = empty(n, inter, hidden)
+        self.down_proj_bias = empty(n, hidden)
+        # Older configs name only the limit; the alpha of the released models is fixed.
+        self.alpha = float(getattr(config, "swiglu_alpha", 1.702))
+        self.limit = float(getattr(config, "swiglu_limit", 7.0))
+
+    def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """x [T, hidden], weights / ids [T, k] -> [T, hidden]. One matmul pair per expert touched,
+        over its tokens; then each token sums its k rows in slot order (its output does not depend
+        on which other tokens share its experts)."""
+        T, k = ids.shape
+        flat = ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0]).tolist()
+        rows = x.new_empty(T * k, x.shape[-1])  # each (token, slot) pair's expert output
+        start = 0
+        for e, n in enumerate(counts):
+            if n == 0:
+                continue
+            pairs = order[start : start + n]
+            start += n
+            h = x.index_select(0, pairs // k) @ self.gate_up_proj[e] + self.gate_up_proj_bias[e]
+            h = clamped_swiglu(h, self.alpha, self.limit)
+            h = h @ self.down_proj[e] + self.down_proj_bias[e]
+            rows.index_copy_(0, pairs, h)
+        rows, weights = rows.view(T, k, -1), weights.to(x.dtype)
+        out = weights[:, 0, None] * rows[:, 0]
+        for j in range(1, k):
+            out = out + weights[:, j, None] * rows[:, j]
+        return out
+
+
+class GptOssSparseMoeBlock(nn.Module):
+    def __init__(self, config: Any):
+        super().__init__()
+        self.router = GptOssTopKRouter(
+            config.hidden_size, config.num_local_experts, config.num_experts_per_tok
+        )
+        self.experts = GptOssExperts(config)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.router(x)
+        return self.experts(x, weights, ids)

@@ -1,0 +1,129 @@
+"""A pre-quantized HF checkpoint's `quantization_config` (config.json), parsed: AWQ (AutoAWQ's GEMM
+layout) and GPTQ (AutoGPTQ / GPTQModel) are read and repacked into the native CPU formats at load
+(model/awq_gptq.py); anything else is refused at start-up in one line naming the scheme and field.
+
+As vLLM and SGLang do, the checkpoint's own quant_method selects the method when --quantization is
+not given; naming another one for such a checkpoint is refused (its weights are not float).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# quant_method values read here; the rest of a checkpoint's quantization_config names are refused.
+CHECKPOINT_METHODS = ("awq", "gptq")
+
+
+@dataclass(frozen=True)
+class CheckpointQuant:
+    """What the loader needs of a supported quantization_config."""
+
+    method: str  # "awq" or "gptq"
+    bits: int  # 4 (AWQ, GPTQ) or 8 (GPTQ)
+    group_size: int  # input rows per scale; -1: one scale per output row (per channel)
+    desc_act: bool  # GPTQ act-order: g_idx not sorted, the input is permuted at run time
+    sym: bool
+    # GPTQ v1 (AutoGPTQ, GPTQModel's "gptq") stores each zero minus 1; v2 ("gptq_v2") stores it.
+    zero_offset: int
+
+    @property
+    def pack(self) -> int:
+        """Values per int32."""
+        return 32 // self.bits
+
+
+def _refuse(method: str, field: str, value: Any, supported: str) -> ValueError:
+    return ValueError(
+        f"quantization_config quant_method {method!r}: {field} {value!r} is not supported"
+        f" ({supported})"
+    )
+
+
+def _group_size(method: str, value: Any) -> int:
+    # Blocks of 32 values carry one scale (formats.py): a group must be whole blocks.
+    size = int(value)
+    if size != -1 and (size <= 0 or size % 32):
+        raise _refuse(method, "group_size", value, "a multiple of 32, or -1 per channel")
+    return size
+
+
+def _parse_awq(cfg: dict) -> CheckpointQuant:
+    version = str(cfg.get("version", "gemm")).lower()
+    if version != "gemm":
+        raise _refuse("awq", "version", version, "gemm")
+    bits = int(cfg.get("bits", cfg.get("w_bit", 4)))
+    if bits != 4:
+        raise _refuse("awq", "bits", bits, "4")
+    if not cfg.get("zero_point", True):
+        raise _refuse("awq", "zero_point", False, "true")
+    group = _group_size("awq", cfg.get("group_size", cfg.get("q_group_size", 128)))
+    return CheckpointQuant("awq", bits, group, desc_act=False, sym=False, zero_offset=0)
+
+
+def _parse_gptq(cfg: dict) -> CheckpointQuant:
+    bits = int(cfg.get("bits", 4))
+    if bits not in (4, 8):
+        raise _refuse("gptq", "bits", bits, "4 or 8")
+    fmt = str(cfg.get("checkpoint_format", "gptq")).lower()
+    if fmt not in ("gptq", "gptq_v2"):
+        raise _refuse("gptq", "checkpoint_format", fmt, "gptq or gptq_v2")
+    if cfg.get("is_marlin_format"):
+        raise _refuse("gptq", "is_marlin_format", True, "false")
+    if cfg.get("dynamic"):  # GPTQModel's per-module overrides (bits, group size per layer)
+        raise _refuse("gptq", "dynamic", "per-module overrides", "none")
+    sym = bool(cfg.get("sym", True))
+    if bits == 8 and not sym:  # (q - z) spans 9 bits: no int8 block format holds it
+        raise _refuse("gptq", "sym", False, "true with bits 8")
+    return CheckpointQuant(
+        "gptq",
+        bits,
+        _group_size("gptq", cfg.get("group_size", 128)),
+        desc_act=bool(cfg.get("desc_act", False)),
+        sym=sym,
+        zero_offset=1 if fmt == "gptq" else 0,
+    )
+
+
+def parse_quantization_config(cfg: dict | None) -> CheckpointQuant | None:
+    """The parsed config, None for a checkpoint without one; ValueError for a scheme or field this
+    loader does not read (named in the message)."""
+    if not cfg:
+        return None
+    method = str(cfg.get("quant_method", "")).lower()
+    if method == "awq":
+        return _parse_awq(cfg)
+    if method == "gptq":
+        return _parse_gptq(cfg)
+    raise ValueError(
+        f"quantization_config quant_method {method!r} is not supported (pre-quantized"
+        f" checkpoints: {', '.join(CHECKPOINT_METHODS)})"
+    )
+
+
+def checkpoint_quant(config: Any) -> CheckpointQuant | None:
+    """The parsed quantization_config of a transformers config (a dict or an object with
+    to_dict())."""
+    cfg = getattr(config, "quantization_config", None)
+    if cfg is not None and not isinstance(cfg, dict):
+        cfg = cfg.to_dict()
+    return parse_quantization_config(cfg)
+
+
+def resolve_checkpoint_quantization(quantization: str | None, quant: CheckpointQuant | None) -> str:
+    """--quantization for a HF directory given its parsed config: the checkpoint's own method when
+    unset; a mismatch either way is refused (one line)."""
+    if quant is None:
+        if quantization in CHECKPOINT_METHODS:
+            raise ValueError(
+                f"--quantization {quantization} reads a pre-quantized checkpoint; this one has no"
+                " quantization_config"
+            )
+        return quantization or "none"
+    if quantization not in (None, quant.method):
+        raise ValueError(
+            f"--quantization {quantization}: the checkpoint is quantized with quant_method"
+            f" {quant.method!r} (its weights are not float); leave --quantization unset or pass"
+            f" {quant.method}"
+        )
+    return quant.method

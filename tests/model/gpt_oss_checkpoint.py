@@ -1,0 +1,126 @@
+"""A tiny random float32 gpt-oss checkpoint (HF GptOssForCausalLM) for the model and kernel tests:
+4 layers alternating sliding (window WINDOW) and full attention, 4 heads over 2 KV heads of 16
+dims, 4 experts top-2, YaRN RoPE as the released models configure it (truncate False), and sinks
+drawn N(0, 1) (HF's init draws them at the initializer's 0.02, where ignoring them would hardly
+show), the same weights as llama.cpp's converter writes them to GGUF, and the logits check both
+attention backends' tests run on it."""
+
+from __future__ import annotations
+
+import random
+
+import torch
+import transformers
+
+from tests.model.helpers import PoolHarness, hf_logits
+from tests.model.hybrid_checkpoints import _add_vocab
+from tests.model.windowed_checkpoints import VOCAB, WINDOW, checkpoint
+
+ATOL = 1e-4  # float32, as tests/model/test_logits.py
+
+ROPE = {
+    "rope_type": "yarn",
+    "rope_theta": 150_000.0,
+    "factor": 2.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "truncate": False,
+    "original_max_position_embeddings": 128,
+}
+
+
+def _draw_sinks(hf: transformers.PreTrainedModel) -> None:
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.sinks.copy_(torch.randn(layer.self_attn.sinks.shape, generator=g))
+
+
+def gpt_oss_checkpoint(path: str) -> transformers.PreTrainedModel:
+    """The model saved at path with the tiny tokenizer; returns transformers' model."""
+    return checkpoint(
+        "GptOssConfig",
+        "GptOssForCausalLM",
+        path,
+        init=_draw_sinks,
+        sliding_window=WINDOW,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        head_dim=16,
+        rope_parameters=dict(ROPE),
+    )
+
+
+def check_logits(h: PoolHarness, hf: transformers.PreTrainedModel, decodes: int = 12) -> None:
+    """A prompt of 18 tokens prefilled, `decodes` tokens decoded one by one, and a second request
+    extending over the first one's cached prefix: every row's logits are transformers'. Every step
+    crosses the window."""
+    rng = random.Random(3)
+    ids = [rng.randrange(10, VOCAB) for _ in range(18 + decodes)]
+    ref = hf_logits(hf, ids)
+    a = h.new_request()
+    rows = [h.extend([a], [ids[:18]])[0]]
+    rows += [h.decode([a], [t]) for t in ids[18:]]
+    diff = (torch.cat(rows).cpu() - ref).abs().max().item()
+    assert diff < ATOL, f"prefill + decode: max|diff| {diff:.2e}"
+    tail = [rng.randrange(10, VOCAB) for _ in range(9)]
+    b = h.new_request(share_prefix_of=a, prefix_len=16)
+    got = h.extend([b], [tail])[0].cpu()
+    diff = (got - hf_logits(hf, ids[:16] + tail)[16:]).abs().max().item()
+    assert diff < ATOL, f"extend over a shared prefix: max|diff| {diff:.2e}"
+
+
+def write_gguf(hf: transformers.PreTrainedModel, tokenizer_dir: str, path: str) -> str:
+    """hf as llama.cpp's converter writes it (float32; convert_hf_to_gguf.py GptOssModel): gate and
+    up experts de-interleaved into ffn_gate_exps / ffn_up_exps [E, inter, hidden] with split
+    biases, down transposed to [E, hidden, inter], the sinks as attn_sinks.weight."""
+    import gguf
+
+    cfg = hf.config
+    arch = gguf.MODEL_ARCH.GPT_OSS
+    w = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_freq_base(ROPE["rope_theta"])
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(ROPE["factor"])
+    w.add_rope_scaling_orig_ctx_len(ROPE["original_max_position_embeddings"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_expert_count(cfg.num_local_experts)
+    w.add_expert_used_count(cfg.num_experts_per_tok)
+    w.add_sliding_window(cfg.sliding_window)
+    w.add_expert_feed_forward_length(cfg.intermediate_size)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    _add_vocab(w, tokenizer_dir, cfg.vocab_size, "qwen2")
+    names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
+    for name, t in hf.state_dict().items():
+        a = t.float()
+        if ".mlp.experts." in name:
+            blk = "blk." + name.split(".")[2]
+            if name.endswith("gate_up_proj_bias"):
+                w.add_tensor(f"{blk}.ffn_gate_exps.bias", a[..., ::2].numpy().copy())
+                w.add_tensor(f"{blk}.ffn_up_exps.bias", a[..., 1::2].numpy().copy())
+            elif name.endswith("gate_up_proj"):
+                a = a.transpose(-1, -2)
+                w.add_tensor(f"{blk}.ffn_gate_exps.weight", a[:, ::2].numpy().copy())
+                w.add_tensor(f"{blk}.ffn_up_exps.weight", a[:, 1::2].numpy().copy())
+            elif name.endswith("down_proj_bias"):
+                w.add_tensor(f"{blk}.ffn_down_exps.bias", a.numpy().copy())
+            else:
+                w.add_tensor(f"{blk}.ffn_down_exps.weight", a.transpose(-1, -2).numpy().copy())
+            continue
+        if name.endswith(".sinks"):
+            name += ".weight"
+        w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), a.numpy().copy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
