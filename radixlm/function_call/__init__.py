@@ -17,11 +17,12 @@ A format also says how a grammar may force one of its calls (`fmt.structure_info
 begin / end / trigger of an xgrammar structural tag; `structural_tag(fmt, tools)` for all of a
 request's tools), and which of its markers are special tokens the detokenizer must keep
 (`fmt.special_markers`). tool_choice "required" and named functions use the JSON_ARRAY format
-with `tool_choice_schema` instead, as SGLang does.
+with `tool_choice_schema` instead, as SGLang does; a format that `forces_own_calls` (gpt-oss's
+harmony) gets one call in its own syntax (`forced_call_tag`).
 """  # noqa: E501 (diagrams and command lines kept whole)
 
 from radixlm.function_call.block import ToolCallFormat
-from radixlm.function_call.constraints import structural_tag, tool_choice_schema
+from radixlm.function_call.constraints import forced_call_tag, structural_tag, tool_choice_schema
 from radixlm.function_call.core_types import (
     ArgsDelta,
     CallStart,
@@ -48,6 +49,7 @@ __all__ = [
     "ToolEvent",
     "ToolParseResult",
     "detect_tool_call_parser",
+    "forced_call_tag",
     "get_tool_call_format",
     "parse_tool_calls",
     "structural_tag",

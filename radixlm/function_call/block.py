@@ -56,6 +56,9 @@ class ToolCallFormat(ABC):
     # Markers that are special tokens in the model's vocabulary: the detokenizer must keep them
     # (skip_special_tokens=False) or the parser never sees the call.
     special_markers: tuple[str, ...] = ()
+    # tool_choice "required" / named force a call in this format's own syntax (forced_call_tag)
+    # rather than SGLang's JSON array of calls (the default, whatever the family).
+    forces_own_calls: bool = False
 
     @abstractmethod
     def open_block(self, trigger: str) -> Block:

@@ -1,7 +1,8 @@
 """What a grammar needs to force tool calls (built here, compiled by radixlm/constrained later):
 
 - tool_choice "required" or a named function: a JSON schema over the array of calls that the
-  JSON_ARRAY format reads back (SGLang's get_json_schema_constraint), whatever the model family;
+  JSON_ARRAY format reads back (SGLang's get_json_schema_constraint), whatever the model family,
+  except a format that `forces_own_calls` (harmony): one call in its own syntax (forced_call_tag);
 - tool_choice "auto": an xgrammar structural tag in SGLang's form ({"structures": [{begin,
   schema, end}], "triggers": [...]}, what the xgrammar backend's dispatch_structural_tag takes):
   free text until the model writes a trigger, then the format's begin, arguments valid for the
@@ -84,3 +85,36 @@ def tool_choice_schema(
     if defs:
         schema["$defs"] = defs
     return schema
+
+
+def forced_call_tag(fmt: ToolCallFormat, tools: Sequence[Mapping]) -> dict | None:
+    """For a format that forces_own_calls: xgrammar's structural tag ({"type": "structural_tag",
+    "format": ...}) for exactly one call of one of `tools` (the named one's, or any for
+    "required"), from its begin to the end of its JSON arguments. The format's end is left to the
+    model: after the grammar only stop tokens may come, and harmony's end (<|call|>) is one."""
+    if not fmt.forces_own_calls:
+        return None
+    calls = []
+    for f in _functions(tools):
+        info = fmt.structure_info(f["name"])
+        if info is None:
+            return None
+        calls.append(
+            {
+                "type": "sequence",
+                "elements": [
+                    {"type": "const_string", "value": info.begin},
+                    {
+                        "type": "json_schema",
+                        "json_schema": f.get("parameters") or _ANY_OBJECT,
+                        # one whitespace at most between tokens (", " and ": " as json.dumps):
+                        # a weak model cannot loop on whitespace (the backend's any_whitespace)
+                        "max_whitespace_cnt": 1,
+                    },
+                ],
+            }
+        )
+    if not calls:
+        return None
+    one = calls[0] if len(calls) == 1 else {"type": "or", "elements": calls}
+    return {"type": "structural_tag", "format": one}

@@ -7,6 +7,7 @@ template shows no format we parse (no tools at all, as SmolLM2's).
 from __future__ import annotations
 
 from radixlm.function_call.deepseek import CALLS_BEGIN, FENCE_OPEN
+from radixlm.function_call.harmony import CHANNEL as HARMONY_CHANNEL
 from radixlm.function_call.hermes import BEGIN as TOOL_CALL_TAG
 from radixlm.function_call.llama3 import PYTHON_TAG
 from radixlm.function_call.mistral import TOOL_CALLS
@@ -18,6 +19,8 @@ def detect_tool_call_parser(template: str | None) -> str | None:
     if not template:
         return None
     t = template
+    if HARMONY_CHANNEL in t:
+        return "gpt-oss"  # harmony (gpt-oss): calls are commentary-channel messages
     if CALLS_BEGIN in t or "tool▁calls▁begin" in t:
         # V3 writes "function<｜tool▁sep｜>name\n```json\n..."; V3.1 "name<｜tool▁sep｜>{...}".
         return "deepseekv3" if FENCE_OPEN in t else "deepseekv31"

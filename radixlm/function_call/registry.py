@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from radixlm.function_call.block import ToolCallFormat
 from radixlm.function_call.deepseek import DeepSeekFormat
+from radixlm.function_call.harmony import HarmonyFormat
 from radixlm.function_call.hermes import HermesFormat
 from radixlm.function_call.json_array import JsonArrayFormat
 from radixlm.function_call.llama3 import Llama3Format
@@ -23,6 +24,7 @@ JSON_ARRAY = "json_array"
 TOOL_CALL_PARSER_REGISTRY = Registry[Callable[[], ToolCallFormat], None]("tool-call parser")
 TOOL_CALL_PARSER_REGISTRY.register("deepseekv3", DeepSeekFormat)
 TOOL_CALL_PARSER_REGISTRY.register("deepseekv31", functools.partial(DeepSeekFormat, v31=True))
+TOOL_CALL_PARSER_REGISTRY.register("gpt-oss", HarmonyFormat)  # harmony's commentary channel
 TOOL_CALL_PARSER_REGISTRY.register("hermes", functools.partial(HermesFormat, "hermes"))
 TOOL_CALL_PARSER_REGISTRY.register("llama3", Llama3Format)
 TOOL_CALL_PARSER_REGISTRY.register("mistral", MistralFormat)

@@ -245,6 +245,9 @@ class ToolCallStream:
         return raw[1:]
 
     def _close_block(self) -> None:
+        if self._live is not None:  # a started call its section ended without (harmony drops it)
+            self._broken.append(self._live[1])
+            self._live = None
         self._block = None
         self._after_call = self._block_calls > 0
         self._at_start = False

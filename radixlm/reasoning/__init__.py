@@ -6,7 +6,7 @@ block split from the answer, the same for a whole output and for a stream of del
 
     r = parse_reasoning(fmt, text, forced)            # r.reasoning (None: no block), r.content
 
-    s = ReasoningStream(fmt, forced)
+    s = reasoning_stream(fmt, forced)                 # ReasoningStream, or HarmonyStream (gpt-oss)
     d = s.feed(delta)                                 # d.reasoning, d.content, d.closed_now
     ... s.finish(); s.result                          # the same ReasoningResult, assembled
 
@@ -18,23 +18,24 @@ marker a budget forces to close it.
 from radixlm.reasoning.formats import (
     REASONING_PARSERS,
     ReasoningFormat,
+    detect_reasoning_parser,
     get_reasoning_format,
     template_opens_thinking,
 )
-from radixlm.reasoning.stream import (
-    ReasoningDelta,
-    ReasoningResult,
-    ReasoningStream,
-    parse_reasoning,
-)
+from radixlm.reasoning.harmony import HarmonyStream
+from radixlm.reasoning.split import parse_reasoning, reasoning_stream
+from radixlm.reasoning.stream import ReasoningDelta, ReasoningResult, ReasoningStream
 
 __all__ = [
     "REASONING_PARSERS",
+    "HarmonyStream",
     "ReasoningDelta",
     "ReasoningFormat",
     "ReasoningResult",
     "ReasoningStream",
+    "detect_reasoning_parser",
     "get_reasoning_format",
     "parse_reasoning",
+    "reasoning_stream",
     "template_opens_thinking",
 ]

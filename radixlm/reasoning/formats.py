@@ -27,11 +27,16 @@ class ReasoningFormat:
     on_by_default: bool = True  # with a switch: thinking when the key is absent
     by_effort: bool = False  # thinking when reasoning_effort is set and not "none" (Mistral)
     opens_in_prompt: bool = True  # a thinking request's output starts inside the block
+    # gpt-oss's harmony: reasoning is a channel of messages (reasoning/harmony.py), not a block
+    # the prompt opens or a budget can close; its control tokens are special tokens.
+    harmony: bool = False
 
     def thinks(
         self, chat_template_kwargs: Mapping | None = None, reasoning_effort: str | None = None
     ) -> bool:
         """Whether this request thinks (SGLang's _get_reasoning_from_request)."""
+        if self.harmony:
+            return False  # no think block to start inside (reasoning_effort goes to the template)
         if self.by_effort:
             return reasoning_effort is not None and reasoning_effort != "none"
         if self.switch is None:
@@ -54,6 +59,17 @@ REASONING_PARSER_REGISTRY.register("deepseek-r1", ReasoningFormat("deepseek-r1")
 # DeepSeek-V3.1, a hybrid.
 REASONING_PARSER_REGISTRY.register(
     "deepseek-v3", ReasoningFormat("deepseek-v3", switch="thinking", on_by_default=False)
+)
+# gpt-oss: the analysis channel (start / end: its message, for the engine's think markers).
+REASONING_PARSER_REGISTRY.register(
+    "gpt-oss",
+    ReasoningFormat(
+        "gpt-oss",
+        start="<|channel|>analysis<|message|>",
+        end="<|end|>",
+        opens_in_prompt=False,
+        harmony=True,
+    ),
 )
 REASONING_PARSER_REGISTRY.register(
     "glm45", ReasoningFormat("glm45", tool_start="<tool_call>", **_QWEN3)
@@ -92,6 +108,12 @@ def get_reasoning_format(name: str) -> ReasoningFormat:
 # A generation prompt that ends with "<think>\n": the template opens the block itself (Qwen3
 # Thinking-2507, QwQ, DeepSeek-R1-0528). In the Jinja source the newline may be escaped.
 _OPENS_THINK = re.compile(r"(<\|im_start\|>assistant|<｜Assistant｜>)(\\n|\n)?<think>(\\n|\n)")
+
+
+def detect_reasoning_parser(template: str | None) -> str | None:
+    """The --reasoning-parser a chat template needs without the flag: gpt-oss for a harmony
+    template (its channels are the output's structure, not an option), else None."""
+    return "gpt-oss" if isinstance(template, str) and "<|channel|>" in template else None
 
 
 def template_opens_thinking(template: str | None) -> bool:

@@ -170,11 +170,3 @@ class ReasoningStream:
         if c:
             self._content.append(c)
         return ReasoningDelta(r, c, self.closed and not was_closed)
-
-
-def parse_reasoning(fmt: ReasoningFormat, text: str, forced: bool = False) -> ReasoningResult:
-    """A whole output at once (a non-streaming response)."""
-    stream = ReasoningStream(fmt, forced)
-    stream.feed(text)
-    stream.finish()
-    return stream.result

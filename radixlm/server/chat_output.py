@@ -21,7 +21,7 @@ from radixlm.function_call import (
     ToolCallStream,
     parse_tool_calls,
 )
-from radixlm.reasoning import ReasoningFormat, ReasoningStream, parse_reasoning
+from radixlm.reasoning import ReasoningFormat, parse_reasoning, reasoning_stream
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ class ChoiceStream:
     def __init__(self, spec: OutputSpec) -> None:
         self.spec = spec
         self.reasoning = (
-            ReasoningStream(spec.reasoning, spec.forced) if spec.reasoning is not None else None
+            reasoning_stream(spec.reasoning, spec.forced) if spec.reasoning is not None else None
         )
         self.tools = ToolCallStream(spec.tools, spec.names) if spec.tools is not None else None
         self.has_calls = False

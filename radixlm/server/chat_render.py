@@ -54,6 +54,10 @@ def render_chat(
             "the request's own fields decide them)",
             param="chat_template_kwargs",
         )
+    if req.reasoning_effort is not None:
+        # OpenAI's field, a template variable as SGLang and vLLM pass it (gpt-oss's "Reasoning:
+        # low|medium|high"); chat_template_kwargs' own value wins.
+        kwargs.setdefault("reasoning_effort", req.reasoning_effort)
     messages = [m.for_template() for m in req.messages]
     if plan is not None:
         messages, tools = template_inputs(

@@ -4,7 +4,8 @@
 - the tools the template sees (SGLang's: none for tool_choice "none", the named one only for a
   named choice) and the history with JSON-string arguments turned into the objects templates read;
 - the constraint: "required" / named force a JSON array of calls by the tools' schemas
-  (tool_choice_schema, SGLang's way, read back by the json_array format); "auto" gets the
+  (tool_choice_schema, SGLang's way, read back by the json_array format), or, for a format
+  that forces_own_calls (gpt-oss's harmony), one call in its own syntax; "auto" gets the
   parser's structural tag, so a call the model opens is finished by the function's schema;
 - the format the output is parsed with (chat_output.py does the parsing).
 """
@@ -20,6 +21,7 @@ from radixlm.constrained.schema_check import json_schema_error
 from radixlm.function_call import (
     JSON_ARRAY,
     ToolCallFormat,
+    forced_call_tag,
     get_tool_call_format,
     structural_tag,
     tool_choice_schema,
@@ -174,6 +176,7 @@ def plan_tools(req: ChatCompletionRequest, setup: ToolSetup) -> ToolPlan:
     if kind == "none" or not names:
         return ToolPlan("none", None, (), single, None, history)
     own = [f for f in _OWN_CONSTRAINTS if getattr(req, f) is not None]
+    fmt = get_tool_call_format(setup.parser) if setup.parser else None
     if kind != "auto":
         if own:
             raise _bad(
@@ -181,31 +184,33 @@ def plan_tools(req: ChatCompletionRequest, setup: ToolSetup) -> ToolPlan:
                 f"{', '.join(own)}",
                 "tool_choice",
             )
-        try:  # single: maxItems 1
-            req.json_schema = json.dumps(tool_choice_schema(tools, req.tool_choice, not single))
-        except ValueError as e:  # two tools' schemas define the same $defs name differently
-            raise _bad(str(e), "tools") from None
         chosen = [t for t in tools if t["function"]["name"] == named] if named else tools
-        return ToolPlan(
-            kind,
-            get_tool_call_format(JSON_ARRAY),
-            tuple([named] if named else names),
-            single,
-            chosen,
-            history,
-        )
-    fmt = get_tool_call_format(setup.parser) if setup.parser else None
+        own_call = forced_call_tag(fmt, chosen) if fmt is not None else None
+        if own_call is not None:  # harmony: one call in the model's own syntax
+            req.structural_tag = json.dumps(own_call)
+            single = True
+        else:
+            fmt = get_tool_call_format(JSON_ARRAY)
+            try:  # single: maxItems 1
+                req.json_schema = json.dumps(tool_choice_schema(tools, req.tool_choice, not single))
+            except ValueError as e:  # two tools' schemas define the same $defs name differently
+                raise _bad(str(e), "tools") from None
+        _keep_markers(req, fmt)
+        return ToolPlan(kind, fmt, tuple([named] if named else names), single, chosen, history)
     if fmt is not None and not own:
         tag = structural_tag(fmt, tools)
         if tag is not None:
             req.structural_tag = json.dumps(
                 {"structures": tag["structures"], "triggers": tag["triggers"]}
             )
-    if fmt is not None and fmt.special_markers and req.skip_special_tokens is None:
-        req.skip_special_tokens = (
-            False  # the detokenizer must keep the markers (SGLang does the same)
-        )
+    _keep_markers(req, fmt)
     return ToolPlan("auto", fmt, tuple(names), single, tools, history)
+
+
+def _keep_markers(req: ChatCompletionRequest, fmt: ToolCallFormat | None) -> None:
+    """The detokenizer must keep a format's special-token markers (SGLang does the same)."""
+    if fmt is not None and fmt.special_markers and req.skip_special_tokens is None:
+        req.skip_special_tokens = False
 
 
 def template_inputs(

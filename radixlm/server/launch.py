@@ -129,6 +129,7 @@ def launch_server(server_args: ServerArgs) -> None:
     from radixlm.engine.chat_templates import apply_chat_template_option
     from radixlm.http_access import AccessConfig, install_access, parse_origins
     from radixlm.model.loader import default_model_path, load_tokenizer
+    from radixlm.reasoning import detect_reasoning_parser
     from radixlm.server.api_common import ServerState, served_model_name
     from radixlm.server.fim import fim_tokens
     from radixlm.server.http_server import create_app
@@ -149,6 +150,8 @@ def launch_server(server_args: ServerArgs) -> None:
     # The templates are checked here, before the model loads: a bad one is one error line.
     apply_chat_template_option(tokenizer, server_args.chat_template)
     fim_tokens(tokenizer, server_args.completion_template)
+    if server_args.reasoning_parser is None:  # a harmony template: gpt-oss's channels, unasked
+        server_args.reasoning_parser = detect_reasoning_parser(tokenizer.chat_template)
     tools_line = agent_setup_line(
         tokenizer, server_args
     )  # before the model loads: a bad parser is one error

@@ -30,6 +30,15 @@ def thinking_params(state: ServerState, req) -> dict:
             )
         return {}
     fmt = get_reasoning_format(parser)
+    if fmt.harmony:  # gpt-oss: reasoning is a channel (reasoning/harmony.py), not a block
+        if given:
+            f = next(iter(given))
+            raise HTTPError(
+                400, f"{f}: gpt-oss's reasoning is a harmony channel, no budget closes it", param=f
+            )
+        # the channel split reads harmony's control tokens, special tokens all
+        keep = getattr(req, "skip_special_tokens", None) is None
+        return {"skip_special_tokens": False} if keep else {}
     if not fmt.thinks(req.chat_template_kwargs, getattr(req, "reasoning_effort", None)):
         return {}
     return {

@@ -369,6 +369,31 @@ CASES = [
         "",
         (("get_weather", {"location": "Tokyo"}), ("get_weather", {"location": "Paris"})),
     ),
+    # gpt-oss's harmony calls as the harmony reasoning split hands them on (reasoning/harmony.py):
+    # <|call|> is a stop token, so usually absent; " json" is the glue the chat template writes.
+    Case(
+        "gpt-oss",
+        "gpt-oss",
+        "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+        '{"location": "Tokyo"}<|call|>',
+        "",
+        (("get_weather", {"location": "Tokyo"}),),
+    ),
+    Case(
+        "gpt-oss-preamble-first",
+        "gpt-oss",
+        "Checking.<|channel|>commentary to=functions.get_stock_fundamentals <|constrain|>json"
+        '<|message|>{"symbol": "NVDA"}',
+        "Checking.",
+        (("get_stock_fundamentals", {"symbol": "NVDA"}),),
+    ),
+    Case(
+        "gpt-oss-template-glue",
+        "gpt-oss",
+        "<|channel|>commentary to=functions.list_files json<|message|>{}<|call|>",
+        "",
+        (("list_files", {}),),
+    ),
     # The JSON array that tool_choice "required" forces (SGLang's schema: name + parameters).
     Case(
         "json-array",

@@ -17,8 +17,10 @@ from radixlm.reasoning import (
     ReasoningStream,
     get_reasoning_format,
     parse_reasoning,
+    reasoning_stream,
     template_opens_thinking,
 )
+from radixlm.reasoning.harmony import CONTROL_TOKENS
 from tests.parsers.splits import byte_splits, every_split, random_splits, sglang_registry_keys
 
 ANSWER = "The answer is 4."
@@ -204,14 +206,19 @@ def test_random_outputs(parser):
         "[",
         "▷",
     ]
+    if fmt.harmony:  # gpt-oss: every control token and channel (tests/parsers/test_harmony_parser)
+        pieces += [*CONTROL_TOKENS, "analysis", "final", " to=functions.f", "commentary", "{}"]
     for _ in range(200):
         text = "".join(rng.choice(pieces) for _ in range(rng.randint(0, 10)))
         for forced in (False, True):
             expected = parse_reasoning(fmt, text, forced)
-            if not forced and expected.reasoning is None:
+            if fmt.harmony:  # no control token leaks (a call's header is the tool parser's)
+                leaked = [t for t in CONTROL_TOKENS if t in (expected.reasoning or "")]
+                assert not leaked, (text, expected)
+            elif not forced and expected.reasoning is None:
                 assert expected.content == text
             for cut in random_splits(text, rng, 2):
-                stream = ReasoningStream(fmt, forced)
+                stream = reasoning_stream(fmt, forced)
                 for p in cut:
                     stream.feed(p)
                 stream.finish()

@@ -26,8 +26,10 @@ ALL = [*TOOL_CALL_PARSERS, "json_array"]
 def _check(fmt, text, rng, cuttings=3):
     """The properties every output has, whatever it is."""
     expected = parse_tool_calls(fmt, text, TOOLS, rand=random.Random(0))
-    if not expected.calls and not expected.dropped:
-        assert expected.content == text  # nothing was a call: the text as it was
+    # nothing was a call: the text as it was (harmony drops a bad call message, function_call/
+    # harmony.py: its header is control tokens)
+    if not expected.calls and not expected.dropped and fmt.name != "gpt-oss":
+        assert expected.content == text
     for call in expected.calls:
         assert isinstance(json.loads(call.arguments), dict)
     for pieces in random_splits(text, rng, cuttings):
