@@ -112,28 +112,19 @@ def test_torch_backend_is_built_from_the_spec():
 
 
 @pytest.mark.parametrize(
-    "feature,why",
-    [
-        (
-            dict(sliding_window_size=8),
-            "the native attention kernel has no sliding-window attention",
-        ),
-        (dict(logit_cap=50.0), "the native attention kernel has no attention logit soft-capping"),
-    ],
+    "feature", [dict(sliding_window_size=8), dict(logit_cap=50.0), dict(sinks=True)], ids=str
 )
-def test_sliding_window_and_logit_cap_need_torch(kernel_ops, feature, why):
-    """A model with windowed or soft-capped layers: native says why not, auto picks torch (built for
-    them: the gather decode path alone, which knows the window), naming native raises the reason."""
+def test_windows_caps_and_sinks_run_native(kernel_ops, feature):
+    """A model with windowed, soft-capped or sink layers: auto picks native (the kernel takes each
+    layer's features per call); the torch backend asked for is built for them (the gather decode
+    path alone, which knows the window)."""
     s = spec(mirror_bytes=1 << 20, **feature)
-    backend = create_attention_backend(None, s)
+    assert type(create_attention_backend(None, s)) is NativeCPUBackend
+    backend = create_attention_backend("torch", s)
     assert type(backend) is TorchSDPABackend
     assert [type(p) for p in backend.decode_paths] == [GatherDecodePath]
     assert backend.decode_paths[0].sliding_window_size == s.sliding_window_size
     assert (backend.sliding_window_size, backend.logit_cap) == (s.sliding_window_size, s.logit_cap)
-    with pytest.raises(ValueError, match=f"^attention_backend native: {why}$"):
-        create_attention_backend("native", s)
-    with pytest.raises(ValueError, match=f"^decode_attention_backend native: {why}$"):
-        create_attention_backend(None, s, decode="native")
 
 
 def test_kv_dtype_other_than_the_model_dtype_needs_native(kernel_ops):

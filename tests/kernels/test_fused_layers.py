@@ -68,3 +68,19 @@ def test_fused_layers_take_mixed_format_projections(kernel_ops, tmp_path, qkv_bi
             assert model.model._fused and model.model._fused.seg_counts[:4] == [2, 1, 1, 1]
     (e1, d1), (e2, d2) = runs
     assert all(torch.equal(x, y) for x, y in zip(e1, e2)) and torch.equal(d1, d2)
+
+
+@pytest.mark.parametrize("feature", ["sliding_window_size", "logit_cap", "sinks"])
+def test_fused_layers_leave_windows_caps_and_sinks_to_the_layers(kernel_ops, tmp_path, feature):
+    """The op's attention has none of the three: a model with any layer using one runs its Python
+    layers (whose native attention takes them per call)."""
+    from tests.model.test_gguf_mixed_quants import _mixed_model
+
+    path, _ = _mixed_model(tmp_path)
+    stack = load_model(path).model.model
+    assert stack._fused_layers()
+    attn = stack.layers[-1].self_attn.attn
+    value = {"sliding_window_size": 8, "logit_cap": 30.0}.get(feature)
+    setattr(attn, feature, value if value else torch.nn.Parameter(torch.zeros(attn.num_heads)))
+    stack._fused = None
+    assert not stack._fused_layers()

@@ -120,12 +120,13 @@ def run(backend, kv, r2t, reqs, q, window=None) -> torch.Tensor:
 
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("kv_dtype", [torch.float32, torch.float16])
-def test_native_tree_attention_equals_dense_reference(kernel_ops, seed, kv_dtype):
+@pytest.mark.parametrize("window", [None, 7])
+def test_native_tree_attention_equals_dense_reference(kernel_ops, seed, kv_dtype, window):
     kv, r2t, reqs, q = build_batch(seed, kv_dtype)
     assert any(not TreeMask.from_parents([p], torch.device("cpu")).is_causal(0) for _, _, p in reqs)
-    got = run(NativeCPUBackend(), kv, r2t, reqs, q)
+    got = run(NativeCPUBackend(), kv, r2t, reqs, q, window)
     torch.testing.assert_close(
-        got.double(), dense_reference(kv, r2t, reqs, q, D**-0.5), atol=2e-5, rtol=1e-5
+        got.double(), dense_reference(kv, r2t, reqs, q, D**-0.5, window), atol=2e-5, rtol=1e-5
     )
 
 
@@ -139,11 +140,13 @@ def test_torch_tree_attention_equals_dense_reference(seed, window):
     torch.testing.assert_close(got.double(), ref, atol=2e-5, rtol=1e-5)
 
 
-def test_native_tree_node_is_bitwise_its_decode_step(kernel_ops):
+@pytest.mark.parametrize("window", [None, 7])
+def test_native_tree_node_is_bitwise_its_decode_step(kernel_ops, window):
     """Each node's output equals, bit for bit, a DECODE batch whose request row holds the node's
-    prefix and path at consecutive columns (what plain decoding along that path reads)."""
+    prefix and path at consecutive columns (what plain decoding along that path reads); under a
+    window too (a node's key list index is its key's position)."""
     kv, r2t, reqs, q = build_batch(11, torch.float16)
-    got = run(NativeCPUBackend(), kv, r2t, reqs, q)
+    got = run(NativeCPUBackend(), kv, r2t, reqs, q, window)
     dec_rows, dec_lens = [], []
     for row, prefix, parents in reqs:
         slots = r2t.req_to_token[row]
@@ -174,7 +177,6 @@ def test_native_tree_node_is_bitwise_its_decode_step(kernel_ops):
     backend = NativeCPUBackend()
     fb.attn_backend = backend
     backend.init_forward_metadata(fb)
-    decoded = backend.forward_decode(
-        q, None, None, RadixAttention(HEADS, D, D**-0.5, KV_HEADS, 0), fb
-    )
+    layer = RadixAttention(HEADS, D, D**-0.5, KV_HEADS, 0, sliding_window_size=window)
+    decoded = backend.forward_decode(q, None, None, layer, fb)
     assert n == q.shape[0] and torch.equal(decoded, got)

@@ -3,8 +3,8 @@ window, Gemma 2 (alternating local/global layers, attention and final soft-caps)
 norms, a RoPE per layer type), tiny random models with a window shorter than the prompts. Loaded
 from safetensors (save_pretrained) and from a GGUF written the way llama.cpp's converter writes
 it (Gemma norms stored as 1 + w, fixed layer patterns, q/k permuted for llama), our logits must be
-transformers' (fp32), through prefill, chunked extend and batched decode over the KV pool, and 32
-greedy tokens must be HF generate's."""
+transformers' (fp32), through prefill, chunked extend and batched decode over the KV pool, on the
+torch and the native attention backend, and 32 greedy tokens must be HF generate's."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import pytest
 import torch
 import transformers
 
+from radixlm.model.layers.attention import NativeCPUBackend
 from radixlm.model.loader import load_model
 from tests.model.helpers import SMALL, PoolHarness, hf_logits, randomize
 from tests.model.test_gguf_archs import add_hf_tensors, write_and_close
@@ -196,12 +197,14 @@ def test_windowed_layers_are_windowed(models):
     assert windows == expect and WINDOW in windows and (None in windows) == name.startswith("gemma")
 
 
-def test_logits_prefill_chunked_extend_and_decode(models):
+@pytest.mark.parametrize("backend", ["torch", "native"])
+def test_logits_prefill_chunked_extend_and_decode(models, backend):
     """Prompts longer than the window: one prefill, one extend in two chunks (the second over the
     first's KV), then batched decode steps; every position's logits are HF's for the whole sequence.
     """
     name, hf, loaded = models
-    h = PoolHarness(loaded.model, loaded.hf_config, seed=3)
+    attn = NativeCPUBackend() if backend == "native" else None  # None: the harness's torch SDPA
+    h = PoolHarness(loaded.model, loaded.hf_config, seed=3, attn_backend=attn)
     steps = 4
     seqs = _prompts([21 + steps, 13 + steps], seed=4)
     refs = [hf_logits(hf, s) for s in seqs]
@@ -239,9 +242,9 @@ def test_greedy_32_tokens_match_hf_generate(models):
     assert out == ref, f"{name}: greedy tokens differ from HF generate"
 
 
-def test_runner_picks_torch_and_refuses_native(tmp_path):
-    """ModelRunner tells the backends the model's window and cap: auto builds the torch backend for
-    them; asking for native is a ValueError naming why."""
+def test_runner_picks_native_and_tells_torch(tmp_path):
+    """Auto builds the native backend on CPU (it takes each layer's window and cap per call); asked
+    for, the torch backend is built with the model's window and cap."""
     from radixlm.model.layers.attention import TorchSDPABackend
     from radixlm.model.runner import ModelRunner
     from radixlm.model.runner_config import ModelRunnerConfig
@@ -258,15 +261,7 @@ def test_runner_picks_torch_and_refuses_native(tmp_path):
         max_running_requests=4,
         num_threads=torch.get_num_threads(),
     )
-    runner = ModelRunner(ModelRunnerConfig(**common))
-    backend = runner.attn_backend
+    assert type(ModelRunner(ModelRunnerConfig(**common)).attn_backend) is NativeCPUBackend
+    backend = ModelRunner(ModelRunnerConfig(attention_backend="torch", **common)).attn_backend
     assert type(backend) is TorchSDPABackend
     assert (backend.sliding_window_size, backend.logit_cap) == (WINDOW, 3.0)
-    with pytest.raises(
-        ValueError,
-        match=(
-            "^attention_backend native: the native attention kernel has no "
-            "sliding-window attention$"
-        ),
-    ):
-        ModelRunner(ModelRunnerConfig(attention_backend="native", **common))

@@ -3,16 +3,19 @@ biases on q/k/v/o, sliding and full layers alternating, YaRN RoPE, a biased top-
 biased experts with the clamped SwiGLU. Logits equal transformers' through the pools (prefill,
 decode, an extend over a shared prefix), and radixlm's greedy tokens are HF's (near-tie rule)
 alone, batched and in prefill chunks smaller than the prompt; every prompt and answer crosses the
-window."""
+window. Auto runs it on the native attention kernel on CPU; the pools' logits are checked on both
+the native and the torch backend."""
 
 from __future__ import annotations
-
-import dataclasses
 
 import pytest
 import torch
 
-from radixlm.model.layers.attention import AttentionBackendSpec, attention_features
+from radixlm.model.layers.attention import (
+    AttentionBackendSpec,
+    NativeCPUBackend,
+    attention_features,
+)
 from radixlm.model.layers.attention.registry import resolve_attention_backend
 from radixlm.model.loader import load_model, load_tokenizer
 from tests.model.gpt_oss_checkpoint import check_logits, gpt_oss_checkpoint, write_gguf
@@ -44,14 +47,15 @@ def test_layers_windows_and_sinks_as_hf(gpt_oss):
         sliding_window_size=WINDOW,
         sinks=True,
     )
-    assert resolve_attention_backend(None, spec) == "torch"  # auto on CPU
-    with pytest.raises(ValueError, match="no attention sinks"):  # even without the window
-        resolve_attention_backend("native", dataclasses.replace(spec, sliding_window_size=None))
+    assert resolve_attention_backend(None, spec) == "native"  # auto on CPU: windows and sinks
+    assert resolve_attention_backend("torch", spec) == "torch"
 
 
-def test_logits_match_hf_through_the_pools(gpt_oss):
+@pytest.mark.parametrize("backend", ["torch", "native"])
+def test_logits_match_hf_through_the_pools(gpt_oss, backend):
     _, hf, loaded = gpt_oss
-    check_logits(PoolHarness(loaded.model, hf.config), hf)
+    attn = NativeCPUBackend() if backend == "native" else None  # None: the harness's torch SDPA
+    check_logits(PoolHarness(loaded.model, hf.config, attn_backend=attn), hf)
 
 
 def test_safetensors_greedy_matches_hf(gpt_oss):

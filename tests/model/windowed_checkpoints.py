@@ -149,14 +149,16 @@ def _references(hf) -> tuple[list[list[int]], list[tuple]]:
     return _REFS[hf]
 
 
-def check_greedy(model_path: str, hf, label: str) -> None:
+def check_greedy(model_path: str, hf, label: str, attention_backend: str | None = None) -> None:
     """Prompts of 5 to 45 tokens (all but the first longer than the window and the chunk), each
-    alone and then all batched: radixlm's greedy tokens are HF's."""
+    alone and then all batched: radixlm's greedy tokens are HF's. attention_backend None: auto
+    (the native kernel on CPU)."""
     prompts, refs = _references(hf)
     sp = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
     with Engine(
         model_path=model_path,
         quantization="none",
+        attention_backend=attention_backend,
         enable_invariant_checks=True,
         chunked_prefill_size=CHUNK,
         log_level="warning",

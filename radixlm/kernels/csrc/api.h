@@ -30,5 +30,7 @@ void kv_store_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& loc, 
 void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                          const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,
                          const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
-                         const at::Tensor& q_start, double scale, at::Tensor& out, const AttentionPlan* plan = nullptr);
+                         const at::Tensor& q_start, double scale, at::Tensor& out, const AttentionPlan* plan = nullptr,
+                         int64_t window = 0, const c10::optional<at::Tensor>& sinks = c10::nullopt,
+                         double logit_cap = 0.0);
 }  // namespace radixlm::api

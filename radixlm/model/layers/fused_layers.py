@@ -5,8 +5,8 @@ qkv holds Q4_K q/k beside a Q6_K v) and the attention backend runs it for the
 batch (AttentionBackend.runs_fused_layers: the op reads the native backend's metadata): a
 bs-1 step is ~400 small ops, and Python plus torch's dispatcher cost ~10 ms of it. The op calls the
 same kernels as the Python layers in the same order, so outputs are bitwise the same; anything it
-does not cover (Qwen3's q/k norms, float projections or segments, biases outside qkv) keeps the
-Python path.
+does not cover (Qwen3's q/k norms, windows, soft-caps, sinks, float projections or segments,
+biases outside qkv) keeps the Python path.
 """
 
 from __future__ import annotations
@@ -109,8 +109,12 @@ def build_fused_layers(model: DecoderStack) -> FusedLayers | None:
         attn, mlp = layer.self_attn, layer.mlp
         projs = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
         segments = [_segments(p) for p in projs]
+        ra = attn.attn  # the op's attention has no window, soft-cap or sinks
         if (
             attn.qk_norm
+            or ra.sliding_window_size is not None
+            or ra.logit_cap
+            or ra.sinks is not None
             or any(s is None for s in segments)
             or any(p.bias is not None for p in projs[1:])
         ):

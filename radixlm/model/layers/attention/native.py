@@ -14,6 +14,10 @@ itself (tree_key_rows), in position order. That list is exactly the one a decode
 place on its path reads, so the kernel (keys in fixed blocks by list position) gives a node bitwise
 the decode step's result; a mask applied inside the kernel's blocks would instead shift the
 ancestors' block and lane positions, and with them the sums' rounding.
+
+A layer's sliding window, logit soft-cap and sinks go to the kernel per call. The window is a range
+of key positions per query ([p - window + 1, p]); since a node's key list index is its key's
+position (tree_key_rows), tree verify reads the same window as the decode step.
 """
 
 from __future__ import annotations
@@ -33,15 +37,10 @@ MAX_HEAD_DIM = 256
 
 
 def supported(spec: AttentionBackendSpec) -> str | None:
-    """None where NativeCPUBackend runs spec, else why not (it reads every KV dtype)."""
+    """None where NativeCPUBackend runs spec, else why not (it reads every KV dtype, and runs
+    sliding windows, logit soft-caps and attention sinks per layer)."""
     from radixlm.kernels import build
 
-    if spec.sliding_window_size is not None:
-        return "the native attention kernel has no sliding-window attention"
-    if spec.logit_cap:
-        return "the native attention kernel has no attention logit soft-capping"
-    if spec.sinks:
-        return "the native attention kernel has no attention sinks"
     if spec.device.type != "cpu" or spec.dtype != torch.float32:
         return "the native attention kernel runs float32 models on CPU"
     if spec.head_dim % 8 or spec.head_dim > MAX_HEAD_DIM:
@@ -117,6 +116,9 @@ class NativeCPUBackend(AttentionBackend):
             md.seq_lens,
             md.q_start,
             layer.scaling,
+            layer.sliding_window_size or 0,
+            layer.sinks,
+            layer.logit_cap,
         )
 
     forward_decode = forward_extend
