@@ -5,7 +5,8 @@ qwen3, phi3, olmo2 with a sliding window (OLMo 3), gemma2 and gemma3 (gguf_gemma
 fixes by architecture instead of writing it),
 the MoE ones (gguf_moe.py, gguf_deepseek.py) and the hybrid qwen35, qwen35moe, qwen3next
 (gguf_qwen35.py: the converter's transformations undone, its tiled V-head order kept), nemotron_h
-and lfm2 (gguf_hybrid_ssm.py), gpt-oss (gguf_gpt_oss.py).
+and lfm2 (gguf_hybrid_ssm.py), granitehybrid and falcon-h1 (gguf_mamba2_hybrid.py), gpt-oss
+(gguf_gpt_oss.py).
 With keep_quantized, 2-D weights in a format the native kernels read
 (radixlm.kernels.formats.FORMATS: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K,
 Q6_K, IQ4_XS, F16, BF16) stay as stored, F32 ones are plain float32, and any other type is refused
@@ -27,8 +28,15 @@ import torch
 
 from radixlm.model.gguf_deepseek import DEEPSEEK2_TENSOR_NAMES, deepseek2_config
 from radixlm.model.gguf_gemma import GEMMA_ARCHS, gemma_config_kwargs, layer_types
+from radixlm.model.gguf_glm4moe import GLM4MOE_TENSOR_NAMES, glm4moe_config
 from radixlm.model.gguf_gpt_oss import GPT_OSS_ARCHITECTURES, gpt_oss_config, gpt_oss_weights
 from radixlm.model.gguf_hybrid_ssm import SSM_ARCHITECTURES, ssm_config, ssm_weights
+from radixlm.model.gguf_mamba2_hybrid import (
+    MAMBA2_HYBRID_ARCHITECTURES,
+    falcon_h1_config,
+    granite_hybrid_config,
+    mamba2_hybrid_weights,
+)
 from radixlm.model.gguf_moe import (
     MIXTRAL,
     MOE_ARCHITECTURES,
@@ -56,11 +64,13 @@ GGUF_ARCHITECTURES = {
     **MOE_ARCHITECTURES,
     **QWEN35_ARCHITECTURES,
     **SSM_ARCHITECTURES,
+    **MAMBA2_HYBRID_ARCHITECTURES,
     **GPT_OSS_ARCHITECTURES,
     "deepseek2": (
         "DeepseekV2ForCausalLM",
         "DeepseekV2Config",
     ),  # V3 when its gating is sigmoid (gguf_deepseek.py)
+    "glm4moe": ("Glm4MoeForCausalLM", "Glm4MoeConfig"),  # gguf_glm4moe.py
 }
 # A llama file with a sliding window is a Mistral (llama.cpp writes Mistral as llama).
 _MISTRAL = ("MistralForCausalLM", "MistralConfig")
@@ -119,6 +129,7 @@ _ARCH_TENSOR_NAMES = {
         ffn_up="model.layers.{}.mlp.gate_up_proj",
     ),
     "deepseek2": DEEPSEEK2_TENSOR_NAMES,
+    "glm4moe": GLM4MOE_TENSOR_NAMES,
 }
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _TOP_RE = re.compile(r"^(\w+)\.(weight|bias)$")
@@ -227,10 +238,16 @@ def gguf_config(reader):
         kw = _olmo3_config(reader, kw)
     if arch == "deepseek2":
         hf_arch, config_cls, kw = deepseek2_config(reader, kw)
+    if arch == "glm4moe":
+        kw = glm4moe_config(reader, kw)
     if arch in QWEN35_ARCHITECTURES:
         kw = qwen35_config(reader, arch, kw)
     if arch in SSM_ARCHITECTURES:
         kw = ssm_config(reader, arch, kw)
+    if arch == "granitehybrid":
+        kw = granite_hybrid_config(reader, kw)
+    if arch == "falcon-h1":
+        kw = falcon_h1_config(reader, kw)
     if arch in GPT_OSS_ARCHITECTURES:
         kw = gpt_oss_config(reader, kw)
     config = getattr(transformers, config_cls)(**kw)
@@ -375,6 +392,9 @@ def gguf_weights(
         return
     if arch in SSM_ARCHITECTURES:  # Mamba-2 / short-conv tensors reshaped (gguf_hybrid_ssm.py)
         yield from ssm_weights(reader, config, read, slicer, keep)
+        return
+    if arch in MAMBA2_HYBRID_ARCHITECTURES:  # the same Mamba-2 tensors (gguf_mamba2_hybrid.py)
+        yield from mamba2_hybrid_weights(reader, config, read, slicer, keep)
         return
     if arch in GPT_OSS_ARCHITECTURES:  # experts re-interleaved, sinks renamed (gguf_gpt_oss.py)
         yield from gpt_oss_weights(reader, config, read, slicer, keep)

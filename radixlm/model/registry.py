@@ -19,6 +19,7 @@ MODEL_REGISTRY.register(
 )
 MODEL_REGISTRY.register("Gemma2ForCausalLM", "radixlm.model.models.gemma2:Gemma2ForCausalLM")
 MODEL_REGISTRY.register("Gemma3ForCausalLM", "radixlm.model.models.gemma3:Gemma3ForCausalLM")
+MODEL_REGISTRY.register("Glm4MoeForCausalLM", "radixlm.model.models.glm4_moe:Glm4MoeForCausalLM")
 MODEL_REGISTRY.register("GptOssForCausalLM", "radixlm.model.models.gpt_oss:GptOssForCausalLM")
 MODEL_REGISTRY.register("LlamaForCausalLM", "radixlm.model.models.llama:LlamaForCausalLM")
 MODEL_REGISTRY.register("MistralForCausalLM", "radixlm.model.models.llama:MistralForCausalLM")
@@ -45,6 +46,11 @@ MODEL_REGISTRY.register(
     "NemotronHForCausalLM", "radixlm.model.models.nemotron_h:NemotronHForCausalLM"
 )
 MODEL_REGISTRY.register("Lfm2ForCausalLM", "radixlm.model.models.lfm2:Lfm2ForCausalLM")
+MODEL_REGISTRY.register(
+    "GraniteMoeHybridForCausalLM",
+    "radixlm.model.models.granite_hybrid:GraniteMoeHybridForCausalLM",
+)
+MODEL_REGISTRY.register("FalconH1ForCausalLM", "radixlm.model.models.falcon_h1:FalconH1ForCausalLM")
 # Mixtures of experts (models/moe_families.py).
 MODEL_REGISTRY.register(
     "MixtralForCausalLM", "radixlm.model.models.moe_families:MixtralForCausalLM"

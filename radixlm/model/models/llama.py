@@ -83,15 +83,18 @@ class LlamaAttention(nn.Module):
         logit_cap: float = 0.0,
         norm_cls: type[RMSNorm] = RMSNorm,
         sinks: bool = False,
+        o_bias: bool | None = None,
     ):
-        """scaling (None: head_dim ** -0.5), logit_cap, norm_cls (of the q/k norms) and sinks are
-        the knobs other families turn (Gemma: query_pre_attn_scalar, attn_logit_softcapping,
-        GemmaRMSNorm; gpt-oss: attention sinks, held by self.attn)."""
+        """scaling (None: head_dim ** -0.5), logit_cap, norm_cls (of the q/k norms), sinks and
+        o_bias (None: config.attention_bias) are the knobs other families turn (Gemma:
+        query_pre_attn_scalar, attn_logit_softcapping, GemmaRMSNorm; gpt-oss: attention sinks,
+        held by self.attn; GLM-4.5: q/k/v bias without an o_proj bias)."""
         super().__init__()
         total_heads = config.num_attention_heads
         total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
         self.head_dim = get_head_dim(config)
-        o_bias = bool(getattr(config, "attention_bias", False))
+        if o_bias is None:
+            o_bias = bool(getattr(config, "attention_bias", False))
         # This tensor-parallel rank's heads (all of them with tp_size 1).
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size, self.head_dim, total_heads, total_kv_heads, bias=qkv_bias or o_bias

@@ -94,9 +94,13 @@ class Mamba2Mixer(nn.Module):
             StateSpec("ssm", (d.num_heads, d.head_dim, d.state_size), ssm_dtype),
         ]
 
+    def project(self, hidden: torch.Tensor) -> torch.Tensor:
+        """-> [gate z | conv channels xBC | dt] (Falcon-H1 scales its input and each part)."""
+        return self.in_proj(hidden)
+
     def forward(self, hidden: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         d = self.dims
-        gate, xbc, dt = self.in_proj(hidden).split(
+        gate, xbc, dt = self.project(hidden).split(
             [d.intermediate, d.conv_dim, d.num_heads], dim=-1
         )
         # HF's chunked (prompt) path clamps dt; its one-token path does not: clamped here always,
