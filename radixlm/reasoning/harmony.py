@@ -24,6 +24,7 @@ from __future__ import annotations
 import re
 
 from radixlm.reasoning.formats import ReasoningFormat
+from radixlm.reasoning.markers import scan_char
 from radixlm.reasoning.stream import ReasoningDelta, ReasoningResult
 
 START, END, MESSAGE, CHANNEL = "<|start|>", "<|end|>", "<|message|>", "<|channel|>"
@@ -92,18 +93,9 @@ class HarmonyStream:
 
     # ------------------------------------------------------------------ the character machine
     def _char(self, c: str) -> None:
-        p = self._pending + c
-        while p:
-            if p in CONTROL_TOKENS:
-                self._pending = ""
-                self._marker(p)
-                return
-            if any(t.startswith(p) for t in CONTROL_TOKENS):
-                self._pending = p
-                return
-            self._plain(p[0])
-            p = p[1:]
-        self._pending = ""
+        self._pending = scan_char(
+            self._pending, c, lambda: CONTROL_TOKENS, self._marker, self._plain
+        )
 
     def _plain(self, ch: str) -> None:
         if self.state == _HEADER:

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixlm.reasoning.formats import ReasoningFormat
+from radixlm.reasoning.markers import scan_char
 
 _WS = frozenset(" \t\n\r")
 
@@ -111,19 +112,7 @@ class ReasoningStream:
                 return
             if self.state != _REASON:
                 return  # the reasoning's or the content's leading whitespace
-        p = self._pending + c
-        while p:
-            markers = self._markers()
-            if p in markers:
-                self._pending = ""
-                self._marker(p)
-                return
-            if any(m.startswith(p) for m in markers):
-                self._pending = p
-                return
-            self._plain(p[0])
-            p = p[1:]
-        self._pending = ""
+        self._pending = scan_char(self._pending, c, self._markers, self._marker, self._plain)
 
     def _marker(self, m: str) -> None:
         if m == self.fmt.start:

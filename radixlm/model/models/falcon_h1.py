@@ -37,24 +37,6 @@ from radixlm.model.models.hybrid import HybridForCausalLM
 from radixlm.model.models.llama import get_head_dim
 
 
-def falcon_h1_mamba_dims(config: Any) -> Mamba2Dims:
-    if config.hidden_act != "silu":  # the mixer's conv activation is HF's hidden_act
-        raise ValueError(f"Falcon-H1 hidden_act {config.hidden_act!r}: radixlm runs silu")
-    limit = tuple(config.time_step_limit or (0.0, float("inf")))
-    return Mamba2Dims(
-        hidden_size=config.hidden_size,
-        num_heads=config.mamba_n_heads,
-        head_dim=config.mamba_d_head,
-        n_groups=config.mamba_n_groups,
-        state_size=config.mamba_d_state,
-        conv_kernel=config.mamba_d_conv,
-        conv_bias=bool(config.mamba_conv_bias),
-        proj_bias=bool(config.mamba_proj_bias),
-        eps=config.rms_norm_eps,
-        dt_limit=(float(limit[0]), float(limit[1])),
-    )
-
-
 def mup_vector(config: Any, d: Mamba2Dims) -> torch.Tensor:
     """HF's compute_mup_vector: one multiplier per in_proj output part (z, x, B, C, dt)."""
     gn = d.n_groups * d.state_size
@@ -82,7 +64,7 @@ class NormThenGate(GroupedGatedRMSNorm):
 
 class FalconH1Mixer(Mamba2Mixer):
     def __init__(self, config: Any, state_layer_id: int):
-        super().__init__(falcon_h1_mamba_dims(config), state_layer_id)
+        super().__init__(Mamba2Dims.from_mamba_config(config, "Falcon-H1"), state_layer_id)
         d = self.dims
         self.ssm_in_multiplier = float(config.ssm_in_multiplier)
         self.register_buffer("mup_vector", mup_vector(config, d), persistent=False)

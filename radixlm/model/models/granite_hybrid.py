@@ -52,24 +52,6 @@ _MOE_NAMES = (
 _SHARED_INPUT = re.compile(r"\.shared_mlp\.input_linear\.weight$")
 
 
-def granite_mamba_dims(config: Any) -> Mamba2Dims:
-    if config.hidden_act != "silu":  # the mixer's conv activation is HF's hidden_act
-        raise ValueError(f"Granite-4.0-H hidden_act {config.hidden_act!r}: radixlm runs silu")
-    limit = tuple(config.time_step_limit or (0.0, float("inf")))
-    return Mamba2Dims(
-        hidden_size=config.hidden_size,
-        num_heads=config.mamba_n_heads,
-        head_dim=config.mamba_d_head,
-        n_groups=config.mamba_n_groups,
-        state_size=config.mamba_d_state,
-        conv_kernel=config.mamba_d_conv,
-        conv_bias=bool(config.mamba_conv_bias),
-        proj_bias=bool(config.mamba_proj_bias),
-        eps=config.rms_norm_eps,
-        dt_limit=(float(limit[0]), float(limit[1])),
-    )
-
-
 class GraniteHybridAttention(nn.Module):
     def __init__(self, config: Any, kv_layer_id: int, rotary_emb: RotaryEmbedding | None):
         super().__init__()
@@ -99,7 +81,7 @@ class GraniteHybridDecoderLayer(nn.Module):
         super().__init__()
         self.is_linear = layer_type == "linear_attention"
         if self.is_linear:
-            self.mamba = Mamba2Mixer(granite_mamba_dims(config), index)
+            self.mamba = Mamba2Mixer(Mamba2Dims.from_mamba_config(config, "Granite-4.0-H"), index)
         else:
             self.self_attn = GraniteHybridAttention(config, index, rotary)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)

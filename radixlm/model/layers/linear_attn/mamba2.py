@@ -11,6 +11,7 @@ norm, out_proj). The state: conv [K - 1, intermediate + 2 * n_groups * state_siz
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +38,25 @@ class Mamba2Dims:
     eps: float
     # dt is clamped to this range after the softplus (HF's time_step_limit as the mixer sets it)
     dt_limit: tuple[float, float] = (0.0, float("inf"))
+
+    @classmethod
+    def from_mamba_config(cls, config: Any, family: str) -> Mamba2Dims:
+        """The dims as Granite-4.0-H's and Falcon-H1's configs name them (mamba_n_heads, ...)."""
+        if config.hidden_act != "silu":  # the mixer's conv activation is HF's hidden_act
+            raise ValueError(f"{family} hidden_act {config.hidden_act!r}: radixlm runs silu")
+        limit = tuple(config.time_step_limit or (0.0, float("inf")))
+        return cls(
+            hidden_size=config.hidden_size,
+            num_heads=config.mamba_n_heads,
+            head_dim=config.mamba_d_head,
+            n_groups=config.mamba_n_groups,
+            state_size=config.mamba_d_state,
+            conv_kernel=config.mamba_d_conv,
+            conv_bias=bool(config.mamba_conv_bias),
+            proj_bias=bool(config.mamba_proj_bias),
+            eps=config.rms_norm_eps,
+            dt_limit=(float(limit[0]), float(limit[1])),
+        )
 
     @property
     def intermediate(self) -> int:
