@@ -209,6 +209,23 @@ def _lfm2_shapes(config) -> dict[str, tuple[int, ...]]:
     }
 
 
+def ssm_tensor(t, base: str, suffix: str, name: str, s: TensorSlice | None) -> Any:
+    """A recurrent layer's tensor as HF holds it (A_log from the file's -exp(A_log); D and the
+    gated norm flat; a conv [C, K] as [C, 1, K]; float32 always), or None for any other tensor."""
+    from radixlm.model.gguf_shard import read_tensor
+
+    if base == "ssm_a":
+        a = read_tensor(t, None, None, name).double().reshape(-1)
+        if not bool((a < 0).all()):
+            raise ValueError(f"{t.name} ({name}): ssm_a must be -exp(A_log) < 0")
+        return _cut(torch.log(-a).float(), s, name)
+    if base in ("ssm_d", "ssm_norm"):  # [H, 1], [groups, intermediate / groups]
+        return _cut(read_tensor(t, None, None, name).reshape(-1), s, name)
+    if base in ("ssm_conv1d", "shortconv.conv") and suffix == "weight":
+        return _cut(read_tensor(t, None, None, name), s, name).unsqueeze(1)
+    return None
+
+
 def ssm_weights(
     reader,
     config,
@@ -218,7 +235,6 @@ def ssm_weights(
 ) -> Iterator[tuple[str, Any]]:
     """(HF name, tensor) for every tensor of the file, as gguf_loader.gguf_weights yields them.
     read(t, name, slice): gguf_loader's reader of one tensor (quantized or float32 as asked)."""
-    from radixlm.model.gguf_shard import read_tensor
 
     arch = _field(reader, "general.architecture")
     nemotron = arch == "nemotron_h"
@@ -261,16 +277,9 @@ def ssm_weights(
         if keep is not None and not keep(name):
             continue
         s = slicer(name) if slicer is not None else None
-        if base == "ssm_a":
-            a = read_tensor(t, None, None, name).double().reshape(-1)
-            if not bool((a < 0).all()):
-                raise ValueError(f"{t.name} ({name}): ssm_a must be -exp(A_log) < 0")
-            yield name, _cut(torch.log(-a).float(), s, name)
-        elif base in ("ssm_d", "ssm_norm"):  # [H, 1], [groups, intermediate / groups]
-            yield name, _cut(read_tensor(t, None, None, name).reshape(-1), s, name)
-        elif base in ("ssm_conv1d", "shortconv.conv") and suffix == "weight":
-            w = read_tensor(t, None, None, name)  # [C, K] float32 always: HF's is [C, 1, K]
-            yield name, _cut(w, s, name).unsqueeze(1)
+        ssm = ssm_tensor(t, base, suffix, name, s)
+        if ssm is not None:
+            yield name, ssm
         elif nemotron and base in ("attn_q", "attn_k") and suffix == "weight":
             yield name, _cut(_unpermuted(read(t, name, None), config, base, name), s, name)
         else:

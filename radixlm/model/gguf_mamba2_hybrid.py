@@ -29,9 +29,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
-
-from radixlm.model.gguf_hybrid_ssm import _TENSOR_RE, _field, _has_tensor, _need, _per_layer
+from radixlm.model.gguf_hybrid_ssm import (
+    _TENSOR_RE,
+    _field,
+    _has_tensor,
+    _need,
+    _per_layer,
+    ssm_tensor,
+)
 from radixlm.model.gguf_qwen35 import _cut
 from radixlm.model.tp_shard import Slicer, TensorSlice
 
@@ -159,7 +164,6 @@ def mamba2_hybrid_weights(
     keep: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, Any]]:
     """(HF name, tensor) for every tensor of the file, as gguf_loader.gguf_weights yields them."""
-    from radixlm.model.gguf_shard import read_tensor
 
     granite = _field(reader, "general.architecture") == ARCH
     layer_names, top = (_LAYER, _TOP) if granite else (_FALCON_H1_LAYER, _FALCON_H1_TOP)
@@ -184,15 +188,9 @@ def mamba2_hybrid_weights(
         if keep is not None and not keep(name):
             continue
         s = slicer(name) if slicer is not None else None
-        if base == "ssm_a":
-            a = read_tensor(t, None, None, name).double().reshape(-1)
-            if not bool((a < 0).all()):
-                raise ValueError(f"{t.name} ({name}): ssm_a must be -exp(A_log) < 0")
-            yield name, _cut(torch.log(-a).float(), s, name)
-        elif base in ("ssm_d", "ssm_norm"):  # [H, 1], [groups, inner / groups]
-            yield name, _cut(read_tensor(t, None, None, name).reshape(-1), s, name)
-        elif base == "ssm_conv1d" and suffix == "weight":  # [C, K]; HF's is [C, 1, K]
-            yield name, _cut(read_tensor(t, None, None, name), s, name).unsqueeze(1)
+        ssm = ssm_tensor(t, base, suffix, name, s)
+        if ssm is not None:
+            yield name, ssm
         elif granite and base in ("attn_q", "attn_k"):
             heads = config.num_attention_heads if base == "attn_q" else config.num_key_value_heads
             yield name, _cut(_unpermuted(read(t, name, None), heads), s, name)
