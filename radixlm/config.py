@@ -77,6 +77,11 @@ class ServerArgs:
     # Inside a prompt's prefill, keep a state snapshot every this many tokens (a prompt that
     # branches off a long cached one resumes at the last snapshot before the branch).
     mamba_track_interval: int = 256
+    # Models with sliding-window layers (model/swa_memory.py): their KV in a second slot space of
+    # swa_full_tokens_ratio x the full layers' slots, a running request keeping only its window
+    # of it (SGLang's hybrid SWA memory; disable_hybrid_swa_memory: one slot space for all layers).
+    swa_full_tokens_ratio: float = 0.8
+    disable_hybrid_swa_memory: bool = False
     chunked_prefill_size: int = 2048  # -1 disables chunking
     max_prefill_tokens: int = 4096  # new tokens per extend batch
     new_token_ratio: float = (

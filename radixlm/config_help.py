@@ -76,6 +76,13 @@ HELPS = {
     "linear_attn_backend": (
         "kernels of the recurrent layers: auto, native (CPU), triton (CUDA) or torch"
     ),
+    "swa_full_tokens_ratio": (
+        "models with sliding-window layers: their KV slots per full-attention KV slot (SGLang's"
+        " default 0.8)"
+    ),
+    "disable_hybrid_swa_memory": (
+        "keep every layer's KV in one pool, sliding-window layers included (windows stay a mask)"
+    ),
     "mamba_track_interval": (
         "hybrid models: keep a state snapshot every N prompt tokens, so a prompt branching inside a"
         " cached one resumes near the branch"

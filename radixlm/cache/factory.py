@@ -79,6 +79,18 @@ def create_hierarchical_mamba_cache(
     return create_hi_mamba_radix_cache(hicache, pool, state_pool)
 
 
+@PREFIX_CACHE_REGISTRY.register("swa")
+def create_swa_radix_cache(
+    pool: TokenToKVPool,
+    hicache: HiCacheConfig | None,
+    model_key: ModelKey,
+    state_pool: MambaPool | None,
+) -> BasePrefixCache:
+    from radixlm.cache.swa_radix_cache import SWARadixCache
+
+    return SWARadixCache(pool, pool.window)
+
+
 @PREFIX_CACHE_REGISTRY.register("none")
 def create_no_prefix_cache(
     pool: TokenToKVPool,
@@ -92,11 +104,15 @@ def create_no_prefix_cache(
 
 
 def prefix_cache_kind(
-    disable_radix_cache: bool, hicache: HiCacheConfig | None, hybrid: bool = False
+    disable_radix_cache: bool,
+    hicache: HiCacheConfig | None,
+    hybrid: bool = False,
+    swa: bool = False,
 ) -> str:
     """--enable-hierarchical-cache (a HiCacheConfig), else --disable-radix-cache, else radix; for
-    a hybrid model the kinds whose trees hold state snapshots. The one place a hybrid's storage
-    tier is refused."""
+    a hybrid model the kinds whose trees hold state snapshots, for a pool with windowed-layer slots
+    (swa_pool.py; never with the hierarchical cache) the tree that tracks them. The one place a
+    hybrid's storage tier is refused."""
     if hicache is not None:
         if not hybrid:
             return "hierarchical"
@@ -105,7 +121,7 @@ def prefix_cache_kind(
         return "hierarchical-mamba"
     if disable_radix_cache:
         return "none"
-    return "mamba" if hybrid else "radix"
+    return "mamba" if hybrid else "swa" if swa else "radix"
 
 
 def create_prefix_cache(
@@ -117,5 +133,6 @@ def create_prefix_cache(
 ) -> BasePrefixCache:
     """model_key(stored dtype): what stored KV depends on (the hierarchical cache's storage
     asks); state_pool: a hybrid model's (None: attention only)."""
-    kind = prefix_cache_kind(disable_radix_cache, hicache, state_pool is not None)
+    swa = getattr(pool, "window", 0) > 0  # an SWATokenToKVPool
+    kind = prefix_cache_kind(disable_radix_cache, hicache, state_pool is not None, swa)
     return PREFIX_CACHE_REGISTRY.get(kind)(pool, hicache, model_key, state_pool)

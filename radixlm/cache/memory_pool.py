@@ -7,6 +7,7 @@ somewhere harmless to go.
 from __future__ import annotations
 
 import logging
+from collections.abc import Collection
 
 import torch
 
@@ -76,9 +77,10 @@ class TokenToKVPool:
         head_dim: int,
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
-        layers: range | None = None,
+        layers: Collection[int] | None = None,
     ):
-        """layers: the layer ids this pool holds KV for (a pipeline stage's; None: all). The others
+        """layers: the layer ids this pool holds KV for (a pipeline stage's, or the full or windowed
+        layers of SWATokenToKVPool; None: all). The others
         get empty placeholders (no KV heads), so layer ids stay global."""
         self.size = size
         self.num_layers = num_layers
@@ -88,21 +90,24 @@ class TokenToKVPool:
         self.v_head_dim = head_dim  # V's width per head (0 in an MLA latent pool: mla_pool.py)
         self.dtype = dtype
         self.device = torch.device(device)
-        shape = (size + 1, num_kv_heads, head_dim)
-        shape_of = lambda i: shape if i in self.layers else (size + 1, 0, head_dim)
-        self.k_buffer = [self._buffer(shape_of(i)) for i in range(num_layers)]
-        self.v_buffer = [self._buffer(shape_of(i)) for i in range(num_layers)]
-        self.k_scale_buffer: list[torch.Tensor] | None = None
-        self.v_scale_buffer: list[torch.Tensor] | None = None
-        if dtype == torch.int8:
-            self.k_scale_buffer = [
-                torch.zeros(shape_of(i)[:2], device=device) for i in range(num_layers)
-            ]
-            self.v_scale_buffer = [
-                torch.zeros(shape_of(i)[:2], device=device) for i in range(num_layers)
-            ]
+        self._alloc_buffers()
         self._native = None  # the native kv_store op, looked up at the first write
         self.clear()
+
+    def _alloc_buffers(self) -> None:
+        """K/V (and int8 scale) buffers of this pool's layers; the others get empty placeholders (no
+        KV heads), so layer ids stay global."""
+        shape = (self.size + 1, self.num_kv_heads, self.head_dim)
+        shape_of = lambda i: shape if i in self.layers else (self.size + 1, 0, self.head_dim)
+        self.k_buffer = [self._buffer(shape_of(i)) for i in range(self.num_layers)]
+        self.v_buffer = [self._buffer(shape_of(i)) for i in range(self.num_layers)]
+        self.k_scale_buffer: list[torch.Tensor] | None = None
+        self.v_scale_buffer: list[torch.Tensor] | None = None
+        if self.dtype == torch.int8:
+            scales = lambda: [
+                torch.zeros(shape_of(i)[:2], device=self.device) for i in range(self.num_layers)
+            ]
+            self.k_scale_buffer, self.v_scale_buffer = scales(), scales()
 
     def _buffer(self, shape: tuple[int, int, int]) -> torch.Tensor:
         """[slots, kv_heads, head_dim]. On CPU stored head-major (a view of [kv_heads, slots,
@@ -160,6 +165,11 @@ class TokenToKVPool:
         self._free_list.free(indices)
         self.free_epoch += 1
 
+    def check(self) -> str | None:
+        """What is wrong with the pool's own bookkeeping beyond slot ownership (a second slot
+        space: swa_pool.py), or None."""
+        return None
+
     # --- data ----------------------------------------------------------------
     def set_kv_buffer(
         self, layer_id: int, loc: torch.Tensor, k: torch.Tensor, v: torch.Tensor
@@ -207,13 +217,4 @@ class TokenToKVPool:
             self.k_scale_buffer = self.v_scale_buffer = [empty[:, :, 0]] * self.num_layers
 
     def resume_memory(self) -> None:
-        shape = (self.size + 1, self.num_kv_heads, self.head_dim)
-        self.k_buffer = [self._buffer(shape) for _ in range(self.num_layers)]
-        self.v_buffer = [self._buffer(shape) for _ in range(self.num_layers)]
-        if self.k_scale_buffer is not None:
-            self.k_scale_buffer = [
-                torch.zeros(shape[:2], device=self.device) for _ in range(self.num_layers)
-            ]
-            self.v_scale_buffer = [
-                torch.zeros(shape[:2], device=self.device) for _ in range(self.num_layers)
-            ]
+        self._alloc_buffers()

@@ -30,6 +30,7 @@ from radixlm.model.pp_stage import pp_stage
 from radixlm.model.quant_methods import quant_method
 from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.model.state_memory import StateMemory
+from radixlm.model.swa_memory import SWAMemory, model_refusal
 from radixlm.model.tree_mask import TreeMask
 from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.utils import host_threads, keep_freed_memory_in_heap
@@ -114,6 +115,13 @@ class ModelRunner:
             prefill=config.prefill_attention_backend,
             decode=config.decode_attention_backend,
         )
+        # Sliding-window layers in their own, smaller slot space (None: one pool for all layers).
+        self.swa_memory = SWAMemory.of(
+            self.model,
+            self.sliding_window_size,
+            config.swa_full_tokens_ratio,
+            config.swa_memory_off or model_refusal(self),
+        )
         self.max_total_num_tokens = self._kv_capacity()
         model_ctx = config.context_length or self.loaded.context_len
         # A lone request must always fit in the pool, so the context never exceeds it.
@@ -123,12 +131,23 @@ class ModelRunner:
         self.req_to_token_pool = ReqToTokenPool(
             self.max_running_requests + 1, self.context_len + 4, device=self.device
         )
-        self.token_to_kv_pool = self.kv_layout.create_pool(
-            self.max_total_num_tokens,
-            self.num_kv_layers,
-            self.kv_dtype,
-            self.device,
-            layers=self.pp.layers if self.state_memory is None else None,
+        self.token_to_kv_pool = (
+            self.kv_layout.create_pool(
+                self.max_total_num_tokens,
+                self.num_kv_layers,
+                self.kv_dtype,
+                self.device,
+                layers=self.pp.layers if self.state_memory is None else None,
+            )
+            if self.swa_memory is None
+            else self.swa_memory.create_pool(
+                self.max_total_num_tokens,
+                self.num_kv_layers,
+                self.num_kv_heads,
+                self.head_dim,
+                self.kv_dtype,
+                self.device,
+            )
         )
         self.sampler = Sampler()
         # Who reads the target's hidden states (an EAGLE draft head; NoHiddenCapture: nobody).
@@ -148,7 +167,7 @@ class ModelRunner:
             )
         )
         logger.info(
-            "KV cache: %d tokens, %.1f MiB (%s, %d layers x %d kv heads x %d dims); context %d;"
+            "KV cache: %d tokens, %.1f MiB (%s, %d layers x %d kv heads x %d dims)%s; context %d;"
             " attention: %r",
             self.max_total_num_tokens,
             self.token_to_kv_pool.total_bytes / 2**20,
@@ -156,6 +175,7 @@ class ModelRunner:
             self.num_kv_layers,
             self.num_kv_heads,
             self.head_dim,
+            SWAMemory.describe(self.swa_memory, self.token_to_kv_pool),
             self.context_len,
             self.attn_backend,
         )
@@ -237,6 +257,10 @@ class ModelRunner:
         return max(256, int(kv_share(int(self.config.kv_memory_gb * 2**30)) // per_token))
 
     def _kv_bytes_per_token(self) -> int:
+        if self.swa_memory is not None:
+            return self.swa_memory.bytes_per_token(
+                self.num_kv_layers, self.num_kv_heads, self.head_dim, self.kv_dtype
+            )
         layers = len(self.pp.layers) if self.state_memory is None else self.num_kv_layers
         return self.kv_layout.bytes_per_token(layers, self.kv_dtype)
 

@@ -10,6 +10,7 @@ import torch
 from radixlm.lora.config import LoRAConfig
 from radixlm.model.layers.attention.registry import check_attention_backend_name
 from radixlm.model.quant_methods import QUANTIZATIONS, refusal
+from radixlm.model.swa_memory import server_refusal as swa_server_refusal
 
 if TYPE_CHECKING:
     from radixlm.config import ServerArgs
@@ -70,6 +71,10 @@ class ModelRunnerConfig:
     mamba_full_memory_ratio: float = 0.9
     mamba_ssm_dtype: str = "float32"
     linear_attn_backend: str = "auto"
+    # Sliding-window layers' own slot space (model/swa_memory.py): its size per full slot, and
+    # why the server's options keep one slot space (None: they allow two).
+    swa_full_tokens_ratio: float = 0.8
+    swa_memory_off: str | None = None
     disable_shared_prefix_attention: bool = False
     max_running_requests: int = 64
     context_length: int | None = None  # None: the model's own (capped by the pool either way)
@@ -145,6 +150,8 @@ class ModelRunnerConfig:
                 f"mamba_ssm_dtype {self.mamba_ssm_dtype!r}: choose from"
                 f" {', '.join(MAMBA_SSM_DTYPES)}"
             )
+        if not self.swa_full_tokens_ratio > 0:
+            raise ValueError(f"swa_full_tokens_ratio must be > 0, got {self.swa_full_tokens_ratio}")
         if self.decode_kv_mirror_bytes < 0:
             raise ValueError(
                 f"decode_kv_mirror_bytes must be >= 0, got {self.decode_kv_mirror_bytes}"
@@ -190,6 +197,8 @@ class ModelRunnerConfig:
             mamba_full_memory_ratio=args.mamba_full_memory_ratio,
             mamba_ssm_dtype=args.mamba_ssm_dtype,
             linear_attn_backend=args.linear_attn_backend,
+            swa_full_tokens_ratio=args.swa_full_tokens_ratio,
+            swa_memory_off=swa_server_refusal(args),
         )
 
     def resolved_dtype(self) -> torch.dtype:

@@ -124,6 +124,7 @@ class ScheduleBatch:
         total = (
             sum(c.length for c in self.chunks) + len(self.decode_reqs) + sum(map(len, self.drafts))
         )
+        cache_manager.windows.trim(self.reqs)  # before the allocation: what windows left
         out_loc = cache_manager.alloc_kv(total)
         assert out_loc is not None, "admission and retraction must leave room for the step"
         r2t = cache_manager.req_to_token_pool.req_to_token

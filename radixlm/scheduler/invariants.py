@@ -131,6 +131,9 @@ def check_invariants(
     tier_error = tree.check()
     if tier_error:
         _fail(f"hierarchical cache: {tier_error}")
+    pool_error = pool.check() or cm.windows.check(holders)
+    if pool_error:
+        _fail(pool_error)
 
     _check_state_slots(cm, holders)
     free_rows = rows.free_slots

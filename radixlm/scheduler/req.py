@@ -97,6 +97,11 @@ class Req:
     # steps launched so far, and the snapshot slots a launched step fills for it: (position, slot).
     state_len: int = 0
     state_tracks: list = field(default_factory=list)
+    # A model with sliding-window layers (scheduler/kv/window_tracker.py): own positions below
+    # swa_trimmed_len gave back their windowed-layer KV; swa_pins: the positions [start, end) of
+    # the tree's slots this request's window reads (pinned), or None.
+    swa_trimmed_len: int = 0
+    swa_pins: tuple[int, int] | None = None
 
     status: ReqStatus = ReqStatus.NEW
     finished_reason: FinishReason | None = None

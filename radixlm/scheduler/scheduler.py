@@ -407,6 +407,7 @@ class Scheduler:
             "req_slots_total": self.runner.req_to_token_pool.size,
             "req_slots_free": self.runner.req_to_token_pool.available_size(),
             **self.cache_manager.states.info(),  # a hybrid model's state pool
+            **self.cache_manager.windows.info(),  # a sliding-window model's own slot space
             "num_running": len(q.running) + len(q.prefilling),
             "num_waiting": len(q.waiting) + len(q.grammar_pending),
             **self.stats.as_dict(),

@@ -36,8 +36,9 @@ def _draw_sinks(hf: transformers.PreTrainedModel) -> None:
             layer.self_attn.sinks.copy_(torch.randn(layer.self_attn.sinks.shape, generator=g))
 
 
-def gpt_oss_checkpoint(path: str) -> transformers.PreTrainedModel:
-    """The model saved at path with the tiny tokenizer; returns transformers' model."""
+def gpt_oss_checkpoint(path: str, **config) -> transformers.PreTrainedModel:
+    """The model saved at path with the tiny tokenizer; returns transformers' model. config:
+    overrides of the tiny config."""
     return checkpoint(
         "GptOssConfig",
         "GptOssForCausalLM",
@@ -48,6 +49,7 @@ def gpt_oss_checkpoint(path: str) -> transformers.PreTrainedModel:
         num_experts_per_tok=2,
         head_dim=16,
         rope_parameters=dict(ROPE),
+        **config,
     )
 
 

@@ -45,12 +45,11 @@ def checkpoint(
     draws the family's own parameters after randomize (before saving)."""
     tok = tiny_tokenizer()
     cfg = getattr(transformers, config_cls)(
-        **TINY,
+        **{**TINY, **config},
         vocab_size=len(tok),
         eos_token_id=tok.eos_token_id,
         pad_token_id=tok.pad_token_id,
         bos_token_id=None,  # the families' defaults are ids of their own vocabularies
-        **config,
     )
     cfg.architectures = [architecture]
     torch.manual_seed(0)
@@ -126,11 +125,11 @@ def write_gguf(hf, tokenizer_dir: str, path: str, arch: str) -> str:
     return path
 
 
-def _reference(hf, ids: list[int]) -> tuple:
-    """(ids, HF's greedy tokens, HF's logits along them)."""
+def reference(hf, ids: list[int], new: int = NEW) -> tuple:
+    """(ids, HF's `new` greedy tokens, HF's logits along them)."""
     with torch.no_grad():
         out = hf.generate(
-            torch.tensor([ids]), max_new_tokens=NEW, do_sample=False, eos_token_id=None
+            torch.tensor([ids]), max_new_tokens=new, do_sample=False, eos_token_id=None
         )
         gen = out[0, len(ids) :].tolist()
         logits = hf(torch.tensor([ids + gen])).logits[0, len(ids) - 1 :]
@@ -145,7 +144,7 @@ def _references(hf) -> tuple[list[list[int]], list[tuple]]:
     if hf not in _REFS:
         rng = random.Random(7)
         prompts = [[rng.randrange(10, VOCAB) for _ in range(n)] for n in (5, 20, 45, 33)]
-        _REFS[hf] = prompts, [_reference(hf, p) for p in prompts]
+        _REFS[hf] = prompts, [reference(hf, p) for p in prompts]
     return _REFS[hf]
 
 

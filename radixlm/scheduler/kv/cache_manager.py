@@ -40,6 +40,11 @@ from radixlm.cache.base_prefix_cache import BasePrefixCache, MatchResult
 from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
 from radixlm.cache.tree_node import TreeNode
 from radixlm.scheduler.kv.state_tracker import BaseStateTracker, NoStateTracker
+from radixlm.scheduler.kv.window_tracker import (
+    BaseWindowTracker,
+    NoWindowTracker,
+    create_window_tracker,
+)
 from radixlm.scheduler.req import Req
 
 
@@ -50,12 +55,16 @@ class CacheManager:
         token_to_kv_pool: TokenToKVPool,
         tree_cache: BasePrefixCache,
         states: BaseStateTracker | None = None,
+        windows: BaseWindowTracker | None = None,
     ):
         self.req_to_token_pool = req_to_token_pool
         self.token_to_kv_pool = token_to_kv_pool
         self.tree_cache = tree_cache
         # A hybrid model's recurrent states, moved along (state_tracker.py); the no-op otherwise.
         self.states = states or NoStateTracker()
+        # The windowed layers' KV of a sliding-window model (window_tracker.py); the no-op
+        # otherwise.
+        self.windows = windows or NoWindowTracker()
 
     @staticmethod
     def create(
@@ -63,16 +72,22 @@ class CacheManager:
         token_to_kv_pool: TokenToKVPool,
         tree_cache: BasePrefixCache,
         states: BaseStateTracker | None = None,
+        windows: BaseWindowTracker | None = None,
     ) -> CacheManager:
         """The manager for this cache: one that hands KV to the tree, or keeps it with the
         request."""
         cls = CacheManager if tree_cache.shares_prefixes else NoCacheManager
-        return cls(req_to_token_pool, token_to_kv_pool, tree_cache, states)
+        # The windowed layers' tracker the pool needs (no-op unless it has their own slots).
+        windows = windows or create_window_tracker(token_to_kv_pool, req_to_token_pool, tree_cache)
+        return cls(req_to_token_pool, token_to_kv_pool, tree_cache, states, windows)
 
     # --- budget -----------------------------------------------------------------
     def kv_room(self) -> int:
-        """KV slots an allocation can get: free ones plus evictable radix-tree leaves."""
-        return self.token_to_kv_pool.available_size() + self.tree_cache.evictable_size()
+        """KV slots an allocation can get: free ones plus evictable radix-tree leaves (and no more
+        than the windowed layers' slot space can get)."""
+        room = self.token_to_kv_pool.available_size() + self.tree_cache.evictable_size()
+        swa = self.windows.room()
+        return room if swa is None else min(room, swa)
 
     # --- admission --------------------------------------------------------------
     def match(self, req: Req) -> MatchResult:
@@ -102,12 +117,14 @@ class CacheManager:
         req.req_pool_idx, req.last_node = idx, node
         req.cache_protected_len = req.kv_committed_len = req.kv_allocated_len = n
         self.states.on_assign(req, node)
+        self.windows.on_assign(req)
 
     def alloc_kv(self, need: int) -> torch.Tensor | None:
         """`need` free KV slots, evicting unlocked radix-tree leaves if the pool is short."""
         short = need - self.token_to_kv_pool.available_size()
         if short > 0:
             self.tree_cache.evict(short)
+        self.windows.make_room(need)
         return self.token_to_kv_pool.alloc(need)
 
     # --- request <-> tree -------------------------------------------------------
@@ -130,6 +147,8 @@ class CacheManager:
             # [0, shared) was in the tree already: [0, protected) is ours through the lock, and
             # [protected, shared) another request inserted meanwhile, so our copies are duplicates.
             assert shared >= protected, (req.rid, shared, protected)
+            if shared > protected:
+                self.windows.adopt_duplicates(req, key, protected, shared)
             pool.free(row[protected:shared].clone())
             if not finished:
                 # No eviction runs between the insert and this lookup, so it is a full match; the
@@ -143,6 +162,7 @@ class CacheManager:
                 tree.dec_lock_ref(req.last_node)
                 req.last_node, req.cache_protected_len = node, committed
                 protected = committed
+                self.windows.on_cached(req, committed)
             self.states.on_cached(req, committed)
         if finished:
             self.states.on_release(req)
@@ -151,6 +171,7 @@ class CacheManager:
     def _leave(self, req: Req, own_from: int) -> None:
         """req gives up its row: its own slots from own_from on go to the free list, the lock
         goes."""
+        self.windows.on_release(req)
         row = self.req_to_token_pool.req_to_token[req.req_pool_idx]
         self.token_to_kv_pool.free(row[own_from : req.kv_allocated_len].clone())
         self.tree_cache.dec_lock_ref(req.last_node)

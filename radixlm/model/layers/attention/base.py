@@ -53,6 +53,10 @@ class AttentionBackend(ABC):
     # Whether forward_extend honours forward_batch.tree_mask for the model it was built for; a
     # backend that cannot says False and the scheduler drafts chains only.
     supports_tree_mask = True
+    # Whether a windowed layer's KV is read through SWATokenToKVPool.translate (cache/swa_pool.py:
+    # the windowed layers' own slot space); a backend that reads one slot space says False and the
+    # runner keeps every layer's KV in it.
+    reads_swa_pool = False
 
     @abstractmethod
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:

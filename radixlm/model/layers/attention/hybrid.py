@@ -22,6 +22,10 @@ class HybridAttnBackend(AttentionBackend):
         self.decode_backend = decode_backend
 
     @property
+    def reads_swa_pool(self) -> bool:
+        return self.prefill_backend.reads_swa_pool and self.decode_backend.reads_swa_pool
+
+    @property
     def supports_tree_mask(self) -> bool:  # verify batches are extend-shaped: the prefill backend's
         return self.prefill_backend.supports_tree_mask
 

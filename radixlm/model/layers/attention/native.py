@@ -15,7 +15,10 @@ place on its path reads, so the kernel (keys in fixed blocks by list position) g
 the decode step's result; a mask applied inside the kernel's blocks would instead shift the
 ancestors' block and lane positions, and with them the sums' rounding.
 
-A layer's sliding window, logit soft-cap and sinks go to the kernel per call. The window is a range
+A layer's sliding window, logit soft-cap and sinks go to the kernel per call. Over an
+SWATokenToKVPool (cache/swa_pool.py) a windowed layer reads its own slot space: the rows translated
+once per batch; keys before a query's window may map to no slot (0, the dummy), which the kernel
+gives no weight. The window is a range
 of key positions per query ([p - window + 1, p]); since a node's key list index is its key's
 position (tree_key_rows), tree verify reads the same window as the decode step.
 """
@@ -58,9 +61,13 @@ class NativeMetadata:
         torch.Tensor
     )  # [bs, max seq_len] int64: each request's req_to_token row, copied at launch
     rows: torch.Tensor  # [bs] int64: 0..bs-1, the row of each request in kv_slots
+    # kv_slots in the windowed layers' slot space (SWATokenToKVPool.translate); None: one space.
+    swa_kv_slots: torch.Tensor | None = None
 
 
 class NativeCPUBackend(AttentionBackend):
+    reads_swa_pool = True
+
     def __init__(self):
         from radixlm.kernels.ops import ops
 
@@ -91,27 +98,32 @@ class NativeCPUBackend(AttentionBackend):
         req_to_token = fb.req_to_token_pool.req_to_token
         kv_slots = req_to_token[fb.req_pool_indices, : max(seq_lens, default=0)]
         if fb.tree_mask is not None:
-            fb.attn_metadata = tree_key_rows(kv_slots, seq_lens, q_start, fb.tree_mask)
-            return
-        fb.attn_metadata = NativeMetadata(
-            q_start=q_start,
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
-            kv_slots=kv_slots,
-            rows=rows,
-        )
+            md = tree_key_rows(kv_slots, seq_lens, q_start, fb.tree_mask)
+        else:
+            md = NativeMetadata(
+                q_start=q_start,
+                seq_lens=torch.tensor(seq_lens, dtype=torch.int64),
+                kv_slots=kv_slots,
+                rows=rows,
+            )
+        translate = getattr(fb.token_to_kv_pool, "translate", None)
+        if translate is not None:  # read at launch, as the rows are
+            md.swa_kv_slots = translate(md.kv_slots)
+        fb.attn_metadata = md
 
     def forward_extend(self, q, k, v, layer, forward_batch):
         md: NativeMetadata = forward_batch.attn_metadata
         pool = forward_batch.token_to_kv_pool
         k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
         k_scale, v_scale = pool.get_kv_scales(layer.layer_id)
+        swa = md.swa_kv_slots is not None and pool.is_swa_layer(layer.layer_id)
         return self.ops.paged_attention(
             q,
             k_buf,
             v_buf,
             k_scale,
             v_scale,
-            md.kv_slots,
+            md.swa_kv_slots if swa else md.kv_slots,
             md.rows,
             md.seq_lens,
             md.q_start,
