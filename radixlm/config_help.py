@@ -49,9 +49,9 @@ HELPS = {
         "weights: gguf (a GGUF's own quantization, its default), none (dequantize to --dtype, the"
         " default for other checkpoints), int8, q4_0, q8_0, q4_k (quantize at load), f16, bf16"
         " (16-bit weights): these run the native CPU kernels; fp8 (CUDA only: each linear layer's"
-        " weight in FP8 with a scale per output row, bf16 activations, a Triton GEMM); awq, gptq (a"
-        " pre-quantized checkpoint's own 4- / 8-bit weights, repacked for the native CPU kernels;"
-        " its config.json's quantization_config selects them)"
+        " weight in FP8 with a scale per output row, bf16 activations, a Triton GEMM); awq, gptq,"
+        " mxfp4 (a pre-quantized checkpoint's own 4- / 8-bit weights, or gpt-oss's MXFP4 experts,"
+        " repacked for the native CPU kernels; its config.json's quantization_config selects them)"
     ),
     "kv_cache_dtype": (
         "KV cache element type (auto: float16 for quantized weights on the native CPU kernels, else"

@@ -56,6 +56,7 @@ FORMATS = {
         QuantFormat("iq4_xs", 14, 256, 136),
         QuantFormat("f16", 15, 1, 2),
         QuantFormat("bf16", 16, 1, 2),
+        QuantFormat("mxfp4", 19, 32, 17),  # gpt-oss's experts (OCP MX FP4: e2m1, e8m0 per 32)
     )
 }
 # Formats whose kernels take fp32 activations as they are (csrc/float16_gemm.cpp); the others

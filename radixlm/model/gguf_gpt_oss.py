@@ -9,8 +9,10 @@ llama.cpp's NEOX RoPE). Config: what llama.cpp fixes for the arch instead of wri
 and full layers alternating from layer 0 (its swa pattern 2), YaRN without truncating the
 correction range (the released models' `truncate: false`), swiglu alpha 1.702 and limit 7.
 
-Expert weights are dequantized to float32 whatever the file's type (the experts run in torch:
-models/gpt_oss_moe.py); the other tensors load as gguf_loader reads any architecture's.
+Quantized expert weights (MXFP4 in the released files) stay in their blocks, as ExpertWeights with
+gate and up rows interleaved (models/gpt_oss_moe.py runs them on the native kernels), unless float
+weights were asked (--quantization none: float32, as HF's columns); the other tensors load as
+gguf_loader reads any architecture's.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 
 import torch
 
-from radixlm.model.gguf_moe import read_experts
+from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.tp_shard import Slicer, TensorSlice
 
 GPT_OSS_ARCHITECTURES = {"gpt-oss": ("GptOssForCausalLM", "GptOssConfig")}
@@ -89,6 +91,13 @@ def _interleave(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
     return torch.stack((gate, up), dim=-1).flatten(-2)
 
 
+def _interleave_rows(gate: torch.Tensor, up: torch.Tensor, like: ExpertWeights) -> ExpertWeights:
+    """Quantized gate / up rows [E, inter, row_bytes] -> one ExpertWeights of 2 * inter rows, gate
+    at even and up at odd rows (each row's blocks move whole: exact)."""
+    data = torch.stack((gate, up), dim=2).flatten(1, 2).contiguous()
+    return ExpertWeights(data, like.fmt, 2 * gate.shape[1], like.cols)
+
+
 def gpt_oss_weights(
     reader,
     config,
@@ -125,9 +134,23 @@ def gpt_oss_weights(
         if base not in _EXPERTS:
             yield name, read(t, name, s)
             continue
-        # The experts run in float (no kernel takes their biases and activation): a quantized
-        # file's experts (MXFP4 in the released GGUFs) are dequantized here, whatever was asked.
-        w = _float(read_experts(t, False, s, name) if t.data.ndim == 3 else read(t, name, s))
+        w = read(t, name, s)
+        if isinstance(w, ExpertWeights) and w.quantized:
+            # Kept in their blocks (MXFP4 in the released GGUFs): gpt_oss_moe's set_quantized,
+            # [E, rows, ...] as stored, gate and up rows interleaved as HF's columns are.
+            if base == "ffn_down_exps":
+                yield name, w
+            elif base == "ffn_gate_up_exps":
+                yield name, _interleave_rows(*w.data.chunk(2, dim=1), w)
+            else:
+                pair = halves.setdefault((int(layer), suffix), {})
+                pair[base] = w
+                if len(pair) == 2:
+                    del halves[(int(layer), suffix)]
+                    gate, up = pair["ffn_gate_exps"], pair["ffn_up_exps"]
+                    yield name, _interleave_rows(gate.data, up.data, gate)
+            continue
+        w = _float(w)
         if suffix == "weight":  # ggml's [E, rows, cols]: HF multiplies x @ W, so [E, cols, rows]
             w = w.transpose(1, 2)
         if base == "ffn_down_exps":

@@ -1,6 +1,7 @@
 """A pre-quantized HF checkpoint's `quantization_config` (config.json), parsed: AWQ (AutoAWQ's GEMM
 layout) and GPTQ (AutoGPTQ / GPTQModel) are read and repacked into the native CPU formats at load
-(model/awq_gptq.py); anything else is refused at start-up in one line naming the scheme and field.
+(model/awq_gptq.py), gpt-oss's MXFP4 experts too (model/mxfp4_checkpoint.py); anything else is
+refused at start-up in one line naming the scheme and field.
 
 As vLLM and SGLang do, the checkpoint's own quant_method selects the method when --quantization is
 not given; naming another one for such a checkpoint is refused (its weights are not float).
@@ -12,15 +13,15 @@ from dataclasses import dataclass
 from typing import Any
 
 # quant_method values read here; the rest of a checkpoint's quantization_config names are refused.
-CHECKPOINT_METHODS = ("awq", "gptq")
+CHECKPOINT_METHODS = ("awq", "gptq", "mxfp4")
 
 
 @dataclass(frozen=True)
 class CheckpointQuant:
     """What the loader needs of a supported quantization_config."""
 
-    method: str  # "awq" or "gptq"
-    bits: int  # 4 (AWQ, GPTQ) or 8 (GPTQ)
+    method: str  # "awq", "gptq" or "mxfp4"
+    bits: int  # 4 (AWQ, GPTQ, MXFP4) or 8 (GPTQ)
     group_size: int  # input rows per scale; -1: one scale per output row (per channel)
     desc_act: bool  # GPTQ act-order: g_idx not sorted, the input is permuted at run time
     sym: bool
@@ -95,6 +96,8 @@ def parse_quantization_config(cfg: dict | None) -> CheckpointQuant | None:
         return _parse_awq(cfg)
     if method == "gptq":
         return _parse_gptq(cfg)
+    if method == "mxfp4":  # e2m1 values with an e8m0 exponent per 32: nothing else to choose
+        return CheckpointQuant("mxfp4", 4, 32, desc_act=False, sym=True, zero_offset=0)
     raise ValueError(
         f"quantization_config quant_method {method!r} is not supported (pre-quantized"
         f" checkpoints: {', '.join(CHECKPOINT_METHODS)})"

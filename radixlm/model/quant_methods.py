@@ -13,6 +13,8 @@ value (vLLM's and SGLang's QuantizationConfig / LinearMethod split, at this proj
 - `awq`, `gptq` (awq_gptq.CheckpointMethod): a pre-quantized checkpoint's own packed 4- / 8-bit
   weights, repacked into the native formats at load; CPU only (refused elsewhere at start-up). The
   checkpoint's config.json selects it.
+- `mxfp4` (mxfp4_checkpoint.Mxfp4Method): gpt-oss's released checkpoints, their experts' MXFP4
+  blocks repacked into GGML's MXFP4 layout for the native kernel; CPU only, selected by config.json.
 """
 
 from __future__ import annotations
@@ -170,6 +172,7 @@ QUANTIZATION_REGISTRY.register("fp8", Fp8Method())
 # Pre-quantized checkpoints, selected by their config.json's quantization_config (loader.py).
 QUANTIZATION_REGISTRY.register("awq", "radixlm.model.awq_gptq:AWQ")
 QUANTIZATION_REGISTRY.register("gptq", "radixlm.model.awq_gptq:GPTQ")
+QUANTIZATION_REGISTRY.register("mxfp4", "radixlm.model.mxfp4_checkpoint:MXFP4")
 QUANTIZATIONS = ("none", *QUANTIZATION_REGISTRY.names())
 
 

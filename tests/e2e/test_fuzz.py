@@ -39,8 +39,8 @@ SERVER_ARGS = (
 # ones drawn together from this budget; its coverage phase adds deterministic boundary cases on
 # top (several hundred for /generate and the OpenAI routes, a few for the others). Seeded and
 # derandomized: the same cases on every run. 20 (it was 50, then 30): the generation in the test
-# process is most of one of the suite's largest tests, and the coverage phase's boundary cases do not
-# depend on it.
+# process is most of one of the suite's largest tests, and the coverage phase's boundary cases do
+# not depend on it.
 MAX_EXAMPLES = 20
 SEED = 16
 # What an error body must not show: a stack trace or a path on the server.

@@ -72,11 +72,24 @@ def check_logits(h: PoolHarness, hf: transformers.PreTrainedModel, decodes: int 
     assert diff < ATOL, f"extend over a shared prefix: max|diff| {diff:.2e}"
 
 
-def write_gguf(hf: transformers.PreTrainedModel, tokenizer_dir: str, path: str) -> str:
+def write_gguf(
+    hf: transformers.PreTrainedModel, tokenizer_dir: str, path: str, experts: str | None = None
+) -> str:
     """hf as llama.cpp's converter writes it (float32; convert_hf_to_gguf.py GptOssModel): gate and
     up experts de-interleaved into ffn_gate_exps / ffn_up_exps [E, inter, hidden] with split
-    biases, down transposed to [E, hidden, inter], the sinks as attn_sinks.weight."""
+    biases, down transposed to [E, hidden, inter], the sinks as attn_sinks.weight. experts: a GGML
+    type name for the three expert weights (MXFP4 as the released GGUFs store them), quantized by
+    gguf.quants; None: float32."""
     import gguf
+    from gguf.quants import quantize
+
+    def expert(w: gguf.GGUFWriter, name: str, a: torch.Tensor) -> None:
+        a = a.contiguous().numpy()
+        if experts is None:
+            w.add_tensor(name, a.copy())
+            return
+        qtype = gguf.GGMLQuantizationType[experts]
+        w.add_tensor(name, quantize(a, qtype), raw_dtype=qtype)
 
     cfg = hf.config
     arch = gguf.MODEL_ARCH.GPT_OSS
@@ -111,12 +124,12 @@ def write_gguf(hf: transformers.PreTrainedModel, tokenizer_dir: str, path: str) 
                 w.add_tensor(f"{blk}.ffn_up_exps.bias", a[..., 1::2].numpy().copy())
             elif name.endswith("gate_up_proj"):
                 a = a.transpose(-1, -2)
-                w.add_tensor(f"{blk}.ffn_gate_exps.weight", a[:, ::2].numpy().copy())
-                w.add_tensor(f"{blk}.ffn_up_exps.weight", a[:, 1::2].numpy().copy())
+                expert(w, f"{blk}.ffn_gate_exps.weight", a[:, ::2])
+                expert(w, f"{blk}.ffn_up_exps.weight", a[:, 1::2])
             elif name.endswith("down_proj_bias"):
                 w.add_tensor(f"{blk}.ffn_down_exps.bias", a.numpy().copy())
             else:
-                w.add_tensor(f"{blk}.ffn_down_exps.weight", a.transpose(-1, -2).numpy().copy())
+                expert(w, f"{blk}.ffn_down_exps.weight", a.transpose(-1, -2))
             continue
         if name.endswith(".sinks"):
             name += ".weight"

@@ -1,4 +1,4 @@
-// Linear kernels for the rest of the common GGUF weight types: Q5_0, Q5_1, IQ4_NL (32-value
+// Linear kernels for the rest of the common GGUF weight types: Q5_0, Q5_1, IQ4_NL, MXFP4 (32-value
 // blocks, tiled by gemm32) and Q5_K, Q3_K, Q2_K, IQ4_XS (256-value super-blocks, by gemm<K>).
 // Layouts and value formulas are gguf.quants' dequantizers (= llama.cpp's ggml-common.h); each
 // block is unpacked to bytes once and dotted with the int8 activations by integer multiply-adds.
@@ -10,6 +10,19 @@ namespace {
 // IQ4_NL / IQ4_XS: a nibble indexes this non-uniform table (int8).
 alignas(16) constexpr int8_t kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
                                                   1,    13,   25,  38,  53,  69,  89,  113};
+
+// MXFP4 (gpt-oss's experts): a nibble is an e2m1 value, here doubled to an exact int8 (ggml's
+// kvalues_mxfp4); the block's e8m0 exponent then scales by 2^(e - 128) (the halving undoes the
+// doubling).
+alignas(16) constexpr int8_t kvalues_mxfp4[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+
+// ggml's GGML_E8M0_TO_FP32_HALF: 2^(e - 128) as float bits (e < 2: a subnormal).
+static inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
 
 // 16 bytes of nibbles -> 32 bytes 0..15: low nibbles are values 0..15, high nibbles 16..31.
 static inline __m256i nibbles32(const uint8_t* p) {
@@ -62,6 +75,18 @@ struct FIQ4_NL {
   static inline __m256i unpack(const uint8_t* blk, float& dw, float& off) {
     dw = fp16(blk), off = 0.0f;
     return _mm256_shuffle_epi8(iq4_table(), nibbles32(blk + 2));
+  }
+  static inline float row_scale(const uint8_t*) { return 1.0f; }
+};
+
+// MXFP4: IQ4_NL's layout with a one-byte exponent for the fp16 scale and the e2m1 table.
+struct FMXFP4 {
+  static constexpr int64_t bytes = 17, header = 0;
+  static constexpr bool is_signed = true, has_offset = false;
+  static inline __m256i unpack(const uint8_t* blk, float& dw, float& off) {
+    dw = e8m0_half(blk[0]), off = 0.0f;
+    const __m256i table = _mm256_broadcastsi128_si256(_mm_load_si128((const __m128i*)kvalues_mxfp4));
+    return _mm256_shuffle_epi8(table, nibbles32(blk + 1));
   }
   static inline float row_scale(const uint8_t*) { return 1.0f; }
 };
@@ -251,6 +276,17 @@ void dequant_iq4_nl(const uint8_t* w, int64_t K, float* y) {
   }
 }
 
+void dequant_mxfp4(const uint8_t* w, int64_t K, float* y) {
+  for (int64_t b = 0; b < K / 32; ++b) {
+    const uint8_t* blk = w + b * 17;
+    const float d = e8m0_half(blk[0]);
+    for (int i = 0; i < 16; ++i) {
+      y[b * 32 + i] = d * (float)kvalues_mxfp4[blk[1 + i] & 0xF];
+      y[b * 32 + 16 + i] = d * (float)kvalues_mxfp4[blk[1 + i] >> 4];
+    }
+  }
+}
+
 void dequant_q5_k(const uint8_t* w, int64_t K, float* y) {
   for (int64_t b = 0; b < K / 256; ++b) {
     const uint8_t* blk = w + b * 176;
@@ -322,6 +358,7 @@ bool gemm_gguf(int64_t fmt, const uint8_t* W, int64_t rb, int64_t N, const QAct&
     case FMT_Q5_0: gemm32<FQ5<false>>(W, rb, N, a, M, out, ld, bias); return true;
     case FMT_Q5_1: gemm32<FQ5<true>>(W, rb, N, a, M, out, ld, bias); return true;
     case FMT_IQ4_NL: gemm32<FIQ4_NL>(W, rb, N, a, M, out, ld, bias); return true;
+    case FMT_MXFP4: gemm32<FMXFP4>(W, rb, N, a, M, out, ld, bias); return true;
     case FMT_Q5_K: gemm<KQ5_K>(W, rb, N, a, M, out, ld, bias); return true;
     case FMT_Q3_K: gemm<KQ3_K>(W, rb, N, a, M, out, ld, bias); return true;
     case FMT_Q2_K: gemm<KQ2_K>(W, rb, N, a, M, out, ld, bias); return true;
@@ -335,6 +372,7 @@ bool dequant_row_gguf(int64_t fmt, const uint8_t* w, int64_t K, float* y) {
     case FMT_Q5_0: dequant_q5(false, w, K, y); return true;
     case FMT_Q5_1: dequant_q5(true, w, K, y); return true;
     case FMT_IQ4_NL: dequant_iq4_nl(w, K, y); return true;
+    case FMT_MXFP4: dequant_mxfp4(w, K, y); return true;
     case FMT_Q5_K: dequant_q5_k(w, K, y); return true;
     case FMT_Q3_K: dequant_q3_k(w, K, y); return true;
     case FMT_Q2_K: dequant_q2_k(w, K, y); return true;

@@ -5,7 +5,8 @@ in the released models) for every layer, and a mixture of experts in every layer
 (gpt_oss_moe.py: a biased router, biased experts with a clamped SwiGLU).
 
 Weights: HF safetensors in float (bfloat16 / float32); the released checkpoints' MXFP4 experts are
-not read yet (load_weights names their *_blocks / *_scales tensors as unknown).
+not read yet (load_weights names their *_blocks / *_scales tensors as unknown). A GGUF's quantized
+experts (MXFP4 in llama.cpp's files) stay quantized (gpt_oss_moe.py: set_quantized).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from torch import nn
 
+from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
@@ -53,6 +55,25 @@ class GptOssModel(LlamaModel):
 class GptOssForCausalLM(LlamaForCausalLM):
     def build_model(self, config: Any) -> nn.Module:
         return GptOssModel(config)
+
+    def load_weights(self, weights) -> None:
+        self._quantized_experts: set[str] = set()
+        super().load_weights(self._take_quantized_experts(weights))
+
+    def _take_quantized_experts(self, weights):
+        """Quantized experts go to their module's blocks; everything else on to load_weights."""
+        for name, tensor in weights:
+            if isinstance(tensor, ExpertWeights) and tensor.quantized:
+                owner, kind = name.rsplit(".", 1)
+                self.get_submodule(owner).set_quantized(kind, tensor)
+                self._quantized_experts.add(name)
+            else:
+                yield name, tensor
+
+    def _num_shards(self, param_name: str) -> int:
+        if param_name in getattr(self, "_quantized_experts", ()):
+            return 0  # loaded as blocks (set_quantized), not into the float parameter
+        return super()._num_shards(param_name)
 
     def _map_name(self, name: str) -> tuple[str, int | None]:
         # The sinks are read by the attention op (RadixAttention.sinks), which holds them.

@@ -5,6 +5,10 @@ the biases nor this activation, so the experts run here in torch, one matmul per
 Parameters keep HF's names and layouts (x @ W, not W.T): gate_up_proj [E, hidden, 2 * inter]
 with gate and up interleaved by column (gate = [..., ::2], up = [..., 1::2]), down_proj
 [E, inter, hidden]; a GGUF's separate gate / up experts are interleaved into it at load.
+
+A quantized GGUF's experts (MXFP4 in the released files, or any format the kernels read) stay in
+their blocks instead (`set_quantized`: ExpertWeights, gate and up rows interleaved the same way) and
+each expert touched runs the native quantized linear kernel with its bias, never a float copy.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from radixlm.model.layers.moe.experts import ExpertWeights
 
 
 def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
@@ -51,6 +57,22 @@ class GptOssExperts(nn.Module):
         # Older configs name only the limit; the alpha of the released models is fixed.
         self.alpha = float(getattr(config, "swiglu_alpha", 1.702))
         self.limit = float(getattr(config, "swiglu_limit", 7.0))
+        # Quantized experts (set_quantized): None while the float parameters hold them.
+        self.quantized: dict[str, ExpertWeights] = {}
+
+    def set_quantized(self, name: str, w: ExpertWeights) -> None:
+        """name: gate_up_proj (gate / up rows interleaved) or down_proj; the float one goes."""
+        self.quantized[name] = w
+        getattr(self, name).data = torch.empty(0)
+
+    def _project(self, name: str, e: int, x: torch.Tensor) -> torch.Tensor:
+        bias = getattr(self, name + "_bias")[e]
+        w = self.quantized.get(name)
+        if w is None:
+            return x @ getattr(self, name)[e] + bias
+        from radixlm.kernels.ops import ops
+
+        return ops().qlinear(x.float().contiguous(), w.data[e], w.fmt.kernel_id, bias.float())
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [T, hidden], weights / ids [T, k] -> [T, hidden]. One matmul pair per expert touched,
@@ -67,10 +89,9 @@ class GptOssExperts(nn.Module):
                 continue
             pairs = order[start : start + n]
             start += n
-            h = x.index_select(0, pairs // k) @ self.gate_up_proj[e] + self.gate_up_proj_bias[e]
-            h = clamped_swiglu(h, self.alpha, self.limit)
-            h = h @ self.down_proj[e] + self.down_proj_bias[e]
-            rows.index_copy_(0, pairs, h)
+            h = self._project("gate_up_proj", e, x.index_select(0, pairs // k))
+            h = self._project("down_proj", e, clamped_swiglu(h, self.alpha, self.limit))
+            rows.index_copy_(0, pairs, h.to(rows.dtype))
         rows, weights = rows.view(T, k, -1), weights.to(x.dtype)
         out = weights[:, 0, None] * rows[:, 0]
         for j in range(1, k):
