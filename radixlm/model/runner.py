@@ -103,7 +103,7 @@ class ModelRunner:
         # Per-layer attention features a backend must support (sliding windows, logit soft-capping,
         # attention sinks).
         self.attn_features = attention_features(self.model.modules())
-        self.sliding_window_size, self.logit_cap, _ = self.attn_features
+        self.sliding_window_size, self.logit_cap = self.attn_features[:2]
         self.kv_dtype = self._kv_dtype()
         # A hybrid model's recurrent states (model/state_memory.py; None: attention only): its KV
         # pool holds the full-attention layers only.
@@ -202,6 +202,7 @@ class ModelRunner:
             sliding_window_size=self.sliding_window_size,
             logit_cap=self.logit_cap,
             sinks=self.attn_features.sinks,
+            attention_chunk_size=self.attn_features.attention_chunk_size,
             mla=self.kv_layout.mla,
         )
 

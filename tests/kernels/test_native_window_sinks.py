@@ -1,6 +1,7 @@
-"""The native paged attention's per-layer features (sliding window, attention sinks, logit
-soft-cap) against softcap.py's explicit attention in float64 with a window mask, and their batch
-invariance: a windowed query's output is bitwise the same however the batch is cut."""
+"""The native paged attention's per-layer features (sliding window, Llama 4's attention chunk,
+attention sinks, logit soft-cap) against softcap.py's explicit attention in float64 with a window
+(or chunk) mask, and their batch invariance: a windowed query's output is bitwise the same however
+the batch is cut."""
 
 import pytest
 import torch
@@ -11,7 +12,7 @@ from tests.kernels.test_attention import RTOL, Layout, SharedLayout
 DTYPES = [torch.float32, torch.float16, torch.int8]
 
 
-def run(ops, lay, q, reqs, q_lens, scale, window=0, sinks=None, cap=0.0):
+def run(ops, lay, q, reqs, q_lens, scale, window=0, sinks=None, cap=0.0, chunk=0):
     q_start = torch.zeros(len(reqs) + 1, dtype=torch.int64)
     q_start[1:] = torch.tensor(q_lens).cumsum(0)
     kb, vb = lay.pool.get_kv_buffer(0)
@@ -30,17 +31,21 @@ def run(ops, lay, q, reqs, q_lens, scale, window=0, sinks=None, cap=0.0):
         window,
         sinks,
         cap,
+        chunk,
     )
 
 
-def reference(q, k, v, scale, window, sinks, cap):
+def reference(q, k, v, scale, window, sinks, cap, chunk=0):
     """q [n, Hq, D]: the last n positions of a sequence with k/v [L, kvh, D]; HF's window (a
-    query at p sees keys > p - window), in float64."""
+    query at p sees keys > p - window) or Llama 4's chunk (keys of p's chunk of `chunk`
+    positions), in float64."""
     n, L, hq, kvh = q.shape[0], k.shape[0], q.shape[1], k.shape[1]
     pos, keys = torch.arange(L - n, L)[:, None], torch.arange(L)[None, :]
     mask = keys <= pos
     if window:
         mask &= keys > pos - window
+    if chunk:
+        mask &= keys // chunk == pos // chunk
     g = hq // kvh
     qh = q.double().view(n, kvh, g, -1).permute(1, 2, 0, 3).reshape(kvh, g * n, -1)
     kh, vh = k.double().transpose(0, 1), v.double().transpose(0, 1)
@@ -77,6 +82,9 @@ FEATURES = {
     "window+sinks": dict(window=33, sinks=True, cap=0.0),
     "softcap": dict(window=0, sinks=False, cap=3.0),
     "all": dict(window=20, sinks=True, cap=5.0),
+    "chunk": dict(window=0, sinks=False, cap=0.0, chunk=32),
+    "chunk-small": dict(window=0, sinks=False, cap=0.0, chunk=7),
+    "chunk+sinks+softcap": dict(window=0, sinks=True, cap=4.0, chunk=24),
 }
 
 
@@ -91,8 +99,11 @@ def test_matches_reference(kernel_ops, dtype, name):
     q = torch.randn(sum(q_lens), 4, 64, generator=lay.g) * 2
     sinks = torch.randn(4, generator=lay.g) * 3 if f["sinks"] else None
     scale = 64**-0.5
-    out = run(kernel_ops, lay, q, range(len(lens)), q_lens, scale, f["window"], sinks, f["cap"])
-    check(lay, out, q, q_lens, scale, window=f["window"], sinks=sinks, cap=f["cap"])
+    chunk = f.get("chunk", 0)
+    out = run(
+        kernel_ops, lay, q, range(len(lens)), q_lens, scale, f["window"], sinks, f["cap"], chunk
+    )
+    check(lay, out, q, q_lens, scale, window=f["window"], sinks=sinks, cap=f["cap"], chunk=chunk)
 
 
 @pytest.mark.parametrize("window", [1, 31, 32, 33, 70])
@@ -116,18 +127,20 @@ def test_shared_prefixes_windowed(kernel_ops, window):
         off += n
 
 
-@pytest.mark.parametrize("window", [1, 20, 32, 45, 150])
+@pytest.mark.parametrize(
+    "window, chunk", [(1, 0), (20, 0), (32, 0), (45, 0), (150, 0), (0, 32), (0, 45)]
+)
 @pytest.mark.parametrize("cap", [0.0, 4.0])
-def test_windowed_batch_invariant(kernel_ops, window, cap):
+def test_windowed_batch_invariant(kernel_ops, window, chunk, cap):
     """One extend of 150 tokens, chunks of any size, decode steps (each of the last 40 queries
-    alone), and beside other requests: bitwise equal."""
+    alone), and beside other requests: bitwise equal (a window, or Llama 4's attention chunk)."""
     lay = Layout([150, 90, 13], 2, 64, torch.float32, seed=7)
     q_all = torch.randn(150, 4, 64, generator=lay.g)
     sinks = torch.randn(4, generator=lay.g)
     scale = 0.125
 
     def go(q, reqs, q_lens):
-        return run(kernel_ops, lay, q, reqs, q_lens, scale, window, sinks, cap)
+        return run(kernel_ops, lay, q, reqs, q_lens, scale, window, sinks, cap, chunk)
 
     full = go(q_all, [0], [150])
     for n in (2, 31, 32, 33, 100):
@@ -158,3 +171,26 @@ def test_bad_sinks(kernel_ops):
         run(kernel_ops, lay, q, [0], [1], 0.125, 0, torch.zeros(3))
     with pytest.raises(RuntimeError, match="window"):
         run(kernel_ops, lay, q, [0], [1], 0.125, -1)
+    with pytest.raises(RuntimeError, match="a window or a chunk"):
+        run(kernel_ops, lay, q, [0], [1], 0.125, 4, None, 0.0, 8)
+
+
+def test_chunked_layers_run_on_the_native_backend_only():
+    """Llama 4's chunked layers reach the spec (attention_features); auto picks native on CPU and
+    the backends without chunked attention refuse it by name."""
+    from radixlm.model.layers.attention import AttentionBackendSpec, attention_features
+    from radixlm.model.layers.attention.radix_attention import RadixAttention
+    from radixlm.model.layers.attention.registry import resolve_attention_backend
+
+    layers = [RadixAttention(4, 64, 0.125, 2, i, attention_chunk_size=8192) for i in range(3)]
+    layers.append(RadixAttention(4, 64, 0.125, 2, 3))  # a NoPE global layer: no chunk
+    features = attention_features(layers)
+    assert features.attention_chunk_size == 8192 and features.sliding_window_size is None
+    spec = AttentionBackendSpec(
+        64, torch.float32, torch.float32, torch.device("cpu"), attention_chunk_size=8192
+    )
+    assert resolve_attention_backend(None, spec) == "native"
+    with pytest.raises(ValueError, match="chunked attention"):
+        resolve_attention_backend("torch", spec)
+    with pytest.raises(ValueError, match="window or an attention chunk"):
+        RadixAttention(4, 64, 0.125, 2, 0, sliding_window_size=8, attention_chunk_size=8)

@@ -43,7 +43,7 @@ class PoolHarness:
         if (
             attn_backend is None
         ):  # built for the model's sliding windows and logit caps, as ModelRunner does
-            window, cap, sinks = attention_features(model.modules())
+            window, cap, sinks, _ = attention_features(model.modules())
             attn_backend = TorchSDPABackend(sliding_window_size=window, logit_cap=cap, sinks=sinks)
         self.attn_backend = attn_backend
         self.device = torch.device(device)

@@ -38,7 +38,7 @@ def test_layers_windows_and_sinks_as_hf(gpt_oss):
         assert torch.equal(ours.self_attn.attn.sinks, theirs.self_attn.sinks)
         assert ours.self_attn.attn.sinks.dtype == torch.float32
     features = attention_features(loaded.model.modules())
-    assert features == (WINDOW, 0.0, True)
+    assert features == (WINDOW, 0.0, True, None)
     spec = AttentionBackendSpec(
         head_dim=16,
         dtype=torch.float32,

@@ -44,7 +44,7 @@ def test_layers_are_windowed_as_hf(olmo3):
     windows = [l.self_attn.attn.sliding_window_size for l in loaded.model.model.layers]
     assert hf.config.layer_types == ["sliding_attention"] * 3 + ["full_attention"]
     assert windows == [WINDOW] * 3 + [None]
-    window, cap, sinks = attention_features(loaded.model.modules())
+    window, cap, sinks, _ = attention_features(loaded.model.modules())
     spec = AttentionBackendSpec(
         head_dim=loaded.model.model.layers[0].self_attn.attn.head_dim,
         dtype=torch.float32,

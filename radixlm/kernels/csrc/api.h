@@ -32,5 +32,5 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at:
                          const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
                          const at::Tensor& q_start, double scale, at::Tensor& out, const AttentionPlan* plan = nullptr,
                          int64_t window = 0, const c10::optional<at::Tensor>& sinks = c10::nullopt,
-                         double logit_cap = 0.0);
+                         double logit_cap = 0.0, int64_t chunk = 0);
 }  // namespace radixlm::api

@@ -9,7 +9,8 @@
 //
 // Per-layer features, each a function of the query's position alone, so invariance holds: a sliding
 // window (the query at p reads keys [p - window + 1, p]; the blocks stay anchored at 0 and the
-// keys before the window weigh exactly 0 in their lanes, as keys past p do), a logit soft-cap
+// keys before the window weigh exactly 0 in their lanes, as keys past p do), chunked attention
+// (Llama 4: keys [p - p % chunk, p], a window that restarts at each chunk), a logit soft-cap
 // (cap * tanh(score / cap), per score) and attention sinks (a head's extra logit joins the
 // denominator at the end, like triton_ops/tiles.py add_sink).
 #include "api.h"
@@ -37,6 +38,7 @@ struct Args {
   int64_t slots;
   float scale;
   int64_t window;      // 0: every earlier key
+  int64_t chunk;       // 0: none; else keys from the start of the query's chunk only
   const float* sinks;  // [Hq] or null
   float cap;           // 0: no soft-cap
 };
@@ -235,7 +237,8 @@ void run_unit(const Args& A, const Pool& K, const Pool& V, const std::vector<Ite
         for (int64_t g = 0; g < G; ++g) {
           Q.q.push_back(A.q + (A.x.qs[w.b] + w.row0 + r) * A.q_row_stride + (h * G + g) * D);
           Q.pos.push_back(first_pos + r);
-          Q.lo.push_back(A.window > 0 ? std::max<int64_t>(0, first_pos + r - A.window + 1) : 0);
+          const int64_t p = first_pos + r;
+          Q.lo.push_back(A.chunk > 0 ? p - p % A.chunk : A.window > 0 ? std::max<int64_t>(0, p - A.window + 1) : 0);
         }
     }
   const int64_t nq = Q.q.size(), per_head = nq / (u.h1 - u.h0);
@@ -302,12 +305,12 @@ void run_unit(const Args& A, const Pool& K, const Pool& V, const std::vector<Ite
 // q_start[b] .. q_start[b+1] at positions seq_lens[b] - n_b ... seq_lens[b] - 1 and keys at slots
 // req_to_token[req_pool_indices[b], 0 .. seq_lens[b]). plan: made by plan_attention for these
 // index tensors (the layers op makes one per forward), or null to make one here. The layer's
-// features: window (0: none), sinks (float32 [Hq] or none), logit_cap (0: none).
+// features: window (0: none), sinks (float32 [Hq] or none), logit_cap (0: none), chunk (0: none).
 void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,
                          const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,
                          const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
                          const at::Tensor& q_start, double scale, at::Tensor& out, const AttentionPlan* plan,
-                         int64_t window, const c10::optional<at::Tensor>& sinks, double logit_cap) {
+                         int64_t window, const c10::optional<at::Tensor>& sinks, double logit_cap, int64_t chunk) {
   TORCH_CHECK(q.dtype() == at::kFloat && q.dim() == 3 && q.stride(2) == 1 && q.stride(1) == q.size(2),
               "paged_attention: q must be float32 [tokens, heads, head_dim] with contiguous heads");
   const int64_t T = q.size(0), Hq = q.size(1), D = q.size(2);
@@ -319,7 +322,8 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at:
               ") must match, be a multiple of 8 and at most ", MAXD);
   TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "paged_attention: ", Hq, " query heads over ", Hkv, " KV heads");
   const int64_t G = Hq / Hkv;
-  TORCH_CHECK(window >= 0 && logit_cap >= 0, "paged_attention: window and logit_cap must not be negative");
+  TORCH_CHECK(window >= 0 && logit_cap >= 0 && chunk >= 0, "paged_attention: window, logit_cap and chunk must not be negative");
+  TORCH_CHECK(window == 0 || chunk == 0, "paged_attention: a window or a chunk, not both");
   TORCH_CHECK(!sinks || (sinks->dtype() == at::kFloat && sinks->is_contiguous() && sinks->device().is_cpu() &&
                          sinks->numel() == Hq),
               "paged_attention: sinks must be float32 [", Hq, "] on CPU");
@@ -333,7 +337,7 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at:
   TORCH_CHECK(plan->T == T, "paged_attention: q_start must run from 0 to the number of tokens");
   const Index x{req_to_token.data_ptr<int64_t>(), req_pool_indices.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(),
                 q_start.data_ptr<int64_t>(), plan->B, req_to_token.size(1), req_to_token.size(0)};
-  const Args A{q.data_ptr<float>(), q.stride(0), Hq, G, D, out.data_ptr<float>(), x, slots, (float)scale, window,
+  const Args A{q.data_ptr<float>(), q.stride(0), Hq, G, D, out.data_ptr<float>(), x, slots, (float)scale, window, chunk,
                sinks ? sinks->data_ptr<float>() : nullptr, (float)logit_cap};
   const std::vector<Unit>& units = plan->units;
   std::atomic<int64_t> next{0};
@@ -356,10 +360,10 @@ at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const a
                            const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,
                            const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
                            const at::Tensor& q_start, double scale, int64_t window,
-                           const c10::optional<at::Tensor>& sinks, double logit_cap) {
+                           const c10::optional<at::Tensor>& sinks, double logit_cap, int64_t chunk) {
   auto out = at::empty(q.sizes(), q.options().memory_format(at::MemoryFormat::Contiguous));
   paged_attention_out(q, k_buf, v_buf, k_scale, v_scale, req_to_token, req_pool_indices, seq_lens, q_start, scale, out,
-                      nullptr, window, sinks, logit_cap);
+                      nullptr, window, sinks, logit_cap, chunk);
   return out;
 }
 
@@ -370,16 +374,16 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at:
                          const c10::optional<at::Tensor>& k_scale, const c10::optional<at::Tensor>& v_scale,
                          const at::Tensor& req_to_token, const at::Tensor& req_pool_indices, const at::Tensor& seq_lens,
                          const at::Tensor& q_start, double scale, at::Tensor& out, const AttentionPlan* plan,
-                         int64_t window, const c10::optional<at::Tensor>& sinks, double logit_cap) {
+                         int64_t window, const c10::optional<at::Tensor>& sinks, double logit_cap, int64_t chunk) {
   radixlm::paged_attention_out(q, k_buf, v_buf, k_scale, v_scale, req_to_token, req_pool_indices, seq_lens, q_start,
-                               scale, out, plan, window, sinks, logit_cap);
+                               scale, out, plan, window, sinks, logit_cap, chunk);
 }
 }  // namespace api
 
 TORCH_LIBRARY_FRAGMENT(radixlm, m) {
   m.def("paged_attention(Tensor q, Tensor k_buf, Tensor v_buf, Tensor? k_scale, Tensor? v_scale, Tensor req_to_token, "
         "Tensor req_pool_indices, Tensor seq_lens, Tensor q_start, float scale, int window=0, Tensor? sinks=None, "
-        "float logit_cap=0.) -> Tensor");
+        "float logit_cap=0., int chunk=0) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixlm, CPU, m) { m.impl("paged_attention", &paged_attention); }

@@ -113,6 +113,7 @@ def build_fused_layers(model: DecoderStack) -> FusedLayers | None:
         if (
             attn.qk_norm
             or ra.sliding_window_size is not None
+            or ra.attention_chunk_size is not None
             or ra.logit_cap
             or ra.sinks is not None
             or any(s is None for s in segments)

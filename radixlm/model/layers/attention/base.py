@@ -34,6 +34,7 @@ class AttentionBackendSpec:
     sliding_window_size: int | None = None
     logit_cap: float = 0.0
     sinks: bool = False
+    attention_chunk_size: int | None = None  # Llama 4's chunked layers (the native kernel only)
     # Multi-head latent attention (DeepSeek-V2/V3): the pool holds one latent per token
     # (cache/mla_pool.py); only backends built for it (mla_backend.py) run such a model.
     mla: bool = False

@@ -32,6 +32,8 @@ def supported(spec: AttentionBackendSpec) -> str | None:
         return "runs multi-head latent attention models (DeepSeek-V2/V3) only"
     if spec.sliding_window_size is not None or spec.logit_cap or spec.sinks:
         return "no sliding window, logit soft-capping or attention sinks"
+    if spec.attention_chunk_size is not None:
+        return "no chunked attention"
     return None
 
 

@@ -15,12 +15,12 @@ place on its path reads, so the kernel (keys in fixed blocks by list position) g
 the decode step's result; a mask applied inside the kernel's blocks would instead shift the
 ancestors' block and lane positions, and with them the sums' rounding.
 
-A layer's sliding window, logit soft-cap and sinks go to the kernel per call. Over an
-SWATokenToKVPool (cache/swa_pool.py) a windowed layer reads its own slot space: the rows translated
-once per batch; keys before a query's window may map to no slot (0, the dummy), which the kernel
-gives no weight. The window is a range
-of key positions per query ([p - window + 1, p]); since a node's key list index is its key's
-position (tree_key_rows), tree verify reads the same window as the decode step.
+A layer's sliding window (or Llama 4's attention chunk), logit soft-cap and sinks go to the kernel
+per call. Over an SWATokenToKVPool (cache/swa_pool.py) a windowed layer reads its own slot space:
+the rows translated once per batch; keys before a query's window may map to no slot (0, the dummy),
+which the kernel gives no weight. The window is a range of key positions per query ([p - window +
+1, p], or [p - p % chunk, p]); since a node's key list index is its key's position (tree_key_rows),
+tree verify reads the same window as the decode step.
 """
 
 from __future__ import annotations
@@ -131,6 +131,7 @@ class NativeCPUBackend(AttentionBackend):
             layer.sliding_window_size or 0,
             layer.sinks,
             layer.logit_cap,
+            layer.attention_chunk_size or 0,
         )
 
     forward_decode = forward_extend

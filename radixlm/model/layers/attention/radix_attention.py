@@ -10,6 +10,8 @@ Three per-layer properties (SGLang's names) change what a query sees:
 - sinks: attention sinks (gpt-oss), a learned logit per query head that joins each row's softmax
   denominator and has no value: a query may give part of its attention to nothing. The layer owns
   them as a float32 parameter [heads] (this rank's heads); None: off.
+- attention_chunk_size: Llama 4's chunked attention, a query at position p attends keys of its own
+  chunk only ([p - p % chunk, p]: a window that restarts at each chunk boundary); None: off.
 The KV pool keeps every token either way (windowed layers read only part of it).
 """
 
@@ -36,12 +38,18 @@ class RadixAttention(nn.Module):
         logit_cap: float = 0.0,
         sliding_window_size: int | None = None,
         sinks: bool = False,
+        attention_chunk_size: int | None = None,
     ):
         super().__init__()
-        if sliding_window_size is not None and sliding_window_size <= 0:
-            raise ValueError(
-                f"sliding_window_size must be positive or None, got {sliding_window_size}"
-            )
+        for name, value in (
+            ("sliding_window_size", sliding_window_size),
+            ("attention_chunk_size", attention_chunk_size),
+        ):
+            if value is not None and value <= 0:
+                raise ValueError(f"{name} must be positive or None, got {value}")
+        if sliding_window_size is not None and attention_chunk_size is not None:
+            raise ValueError("a layer has a sliding window or an attention chunk, not both")
+        self.attention_chunk_size = attention_chunk_size
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scaling, self.layer_id = scaling, layer_id
         self.logit_cap = float(logit_cap or 0.0)
@@ -75,20 +83,24 @@ class AttentionFeatures(NamedTuple):
     sliding_window_size: int | None  # the windowed layers' window; None: no windowed layer
     logit_cap: float  # the largest logit cap; 0: none
     sinks: bool  # some layer has attention sinks
+    attention_chunk_size: int | None = None  # the chunked layers' chunk (Llama 4); None: none
 
 
 def attention_features(layers: Iterable[nn.Module]) -> AttentionFeatures:
     """The attention features of a model's modules. Every windowed layer of a supported model has
     the same window; a backend builds its window masks once per batch."""
-    windows, cap, sinks = set(), 0.0, False
+    windows, chunks, cap, sinks = set(), set(), 0.0, False
     for m in layers:
         if isinstance(m, RadixAttention):
             if m.sliding_window_size is not None:
                 windows.add(m.sliding_window_size)
+            if m.attention_chunk_size is not None:
+                chunks.add(m.attention_chunk_size)
             cap = max(cap, m.logit_cap)
             sinks = sinks or m.sinks is not None
-    if len(windows) > 1:
-        raise ValueError(
-            f"layers with different sliding windows {sorted(windows)} are not supported"
-        )
-    return AttentionFeatures(windows.pop() if windows else None, cap, sinks)
+    for kind, sizes in (("sliding windows", windows), ("attention chunks", chunks)):
+        if len(sizes) > 1:
+            raise ValueError(f"layers with different {kind} {sorted(sizes)} are not supported")
+    return AttentionFeatures(
+        windows.pop() if windows else None, cap, sinks, chunks.pop() if chunks else None
+    )

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 def supported(spec: AttentionBackendSpec) -> str | None:
     """None where TorchSDPABackend runs spec, else why not: SDPA reads K/V in the queries' dtype."""
+    if spec.attention_chunk_size is not None:
+        return "no chunked attention (Llama 4's: the native backend runs it)"
     if spec.kv_dtype != spec.dtype:
         return (
             f"kv_cache_dtype {str(spec.kv_dtype).replace('torch.', '')} differs from the model"

@@ -50,6 +50,8 @@ def supported(spec: AttentionBackendSpec) -> str | None:
         )
     if spec.dtype not in KV_DTYPES:
         return f"dtype {spec.dtype}: the Triton kernels run float models"
+    if spec.attention_chunk_size is not None:
+        return "no chunked attention (Llama 4's: the native backend runs it)"
     if spec.head_dim > MAX_HEAD_DIM or spec.head_dim < 16:
         return f"head_dim {spec.head_dim} is outside the Triton kernels' 16..{MAX_HEAD_DIM}"
     return None
