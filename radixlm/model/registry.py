@@ -22,6 +22,7 @@ MODEL_REGISTRY.register("Gemma3ForCausalLM", "radixlm.model.models.gemma3:Gemma3
 MODEL_REGISTRY.register("Glm4MoeForCausalLM", "radixlm.model.models.glm4_moe:Glm4MoeForCausalLM")
 MODEL_REGISTRY.register("GptOssForCausalLM", "radixlm.model.models.gpt_oss:GptOssForCausalLM")
 MODEL_REGISTRY.register("LlamaForCausalLM", "radixlm.model.models.llama:LlamaForCausalLM")
+MODEL_REGISTRY.register("Llama4ForCausalLM", "radixlm.model.models.llama4:Llama4ForCausalLM")
 MODEL_REGISTRY.register("MistralForCausalLM", "radixlm.model.models.llama:MistralForCausalLM")
 MODEL_REGISTRY.register("Olmo3ForCausalLM", "radixlm.model.models.olmo3:Olmo3ForCausalLM")
 MODEL_REGISTRY.register("Phi3ForCausalLM", "radixlm.model.models.phi3:Phi3ForCausalLM")
