@@ -23,6 +23,9 @@ MODEL_REGISTRY.register("Glm4MoeForCausalLM", "radixlm.model.models.glm4_moe:Glm
 MODEL_REGISTRY.register("GptOssForCausalLM", "radixlm.model.models.gpt_oss:GptOssForCausalLM")
 MODEL_REGISTRY.register("LlamaForCausalLM", "radixlm.model.models.llama:LlamaForCausalLM")
 MODEL_REGISTRY.register("Llama4ForCausalLM", "radixlm.model.models.llama4:Llama4ForCausalLM")
+MODEL_REGISTRY.register(  # Scout / Maverick as released: their text model (images not yet)
+    "Llama4ForConditionalGeneration", "radixlm.model.models.llama4:Llama4ForCausalLM"
+)
 MODEL_REGISTRY.register("MistralForCausalLM", "radixlm.model.models.llama:MistralForCausalLM")
 MODEL_REGISTRY.register("Olmo3ForCausalLM", "radixlm.model.models.olmo3:Olmo3ForCausalLM")
 MODEL_REGISTRY.register("Phi3ForCausalLM", "radixlm.model.models.phi3:Phi3ForCausalLM")

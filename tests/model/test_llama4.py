@@ -53,3 +53,34 @@ def test_layers_are_llama4s(llama4):
 def test_safetensors_greedy_matches_hf(llama4):
     path, hf = llama4
     check_greedy(path, hf, "llama4")
+
+
+def test_the_released_multimodal_layout_serves_its_text_model(llama4, tmp_path):
+    """Scout / Maverick ship as Llama4ForConditionalGeneration: the same language model under
+    `language_model.` beside a vision tower, which the text model skips."""
+    import shutil
+    from pathlib import Path
+
+    import transformers
+
+    path, hf = llama4
+    vision = dict(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=28,
+        patch_size=14,
+        vision_output_dim=32,
+        projector_input_dim=32,
+        projector_output_dim=32,
+    )
+    cfg = transformers.Llama4Config(text_config=hf.config.to_dict(), vision_config=vision)
+    mm = transformers.Llama4ForConditionalGeneration(cfg)  # float32: the default dtype
+    mm.language_model.load_state_dict(hf.state_dict())
+    out = tmp_path / "mm"
+    mm.save_pretrained(out)
+    for f in Path(path).iterdir():  # the tiny tokenizer
+        if f.name.startswith(("tokenizer", "special_tokens")):
+            shutil.copy(f, out / f.name)
+    check_greedy(str(out), hf, "llama4 multimodal checkpoint")

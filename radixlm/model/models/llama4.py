@@ -14,8 +14,9 @@ The Llama graph (pre-norm, fused residual) with:
   every token, ungated; the other layers a dense MLP of intermediate_size_mlp.
 
 Weights: HF safetensors (feed_forward.* read as mlp.*; the experts' stacked gate_up_proj [E, hidden,
-2 * inter] with gate then up, down_proj [E, inter, hidden]). Not yet: the multimodal checkpoints
-(Llama4ForConditionalGeneration), GGUF, tp / pp above 1.
+2 * inter] with gate then up, down_proj [E, inter, hidden]), of the text model or of the released
+multimodal checkpoints (Llama4ForConditionalGeneration: the language model under `language_model.`,
+its vision tower and projector skipped; text in, text out). Not yet: images, GGUF, tp / pp above 1.
 """
 
 from __future__ import annotations
@@ -95,6 +96,11 @@ class Llama4MoeBlock(SparseMoeBlock):
 
 class Llama4ForCausalLM(MoeForCausalLM):
     attention_cls = Llama4Attention
+    # A Llama4ForConditionalGeneration checkpoint's parts this text model does not run.
+    SKIPPED_PREFIXES = ("vision_model.", "multi_modal_projector.")
+
+    def __init__(self, config: Any):
+        super().__init__(config.get_text_config())
 
     def build_model(self, config: Any) -> nn.Module:
         if config.num_experts_per_tok != 1:
@@ -130,6 +136,9 @@ class Llama4ForCausalLM(MoeForCausalLM):
         head_dim = get_head_dim(cfg)
         heads = {"q_proj": cfg.num_attention_heads, "k_proj": cfg.num_key_value_heads}
         for name, t in weights:
+            if name.startswith(self.SKIPPED_PREFIXES):
+                continue
+            name = name.removeprefix("language_model.")  # a ConditionalGeneration checkpoint
             name = name.replace(".feed_forward.", ".mlp.")
             name = name.replace(".mlp.router.", ".mlp.gate.")
             name = name.replace(".mlp.shared_expert.", ".mlp.llama4_shared_expert.")
