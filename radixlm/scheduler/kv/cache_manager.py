@@ -29,7 +29,9 @@ Moves (all on the scheduler thread):
                   the request's allocated but uncommitted slots -> free list (rejected drafts)
 
 With the radix cache disabled (NoPrefixCache) nothing moves to a tree: NoCacheManager keeps a
-request's whole range its own until it leaves.
+request's whole range its own until it leaves. Beside the slots move a hybrid model's recurrent
+states (`states`: state_tracker.py) and a sliding-window model's windowed-layer slots (`windows`:
+window_tracker.py), each told of every move above by its no-op or real tracker.
 """  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
