@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: benchmarks/ is on the path, the repo root is not
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.model_shapes import SHAPES, HybridShape, Shape  # noqa: E402 (after the sys.path insert above)
+from benchmarks.model_shapes import SHAPES, GptOssShape, HybridShape, Shape  # noqa: E402 (after the sys.path insert above)
 
 DIRECT_TYPES = ("f16", "q8_0", "q4_0")
 # --type -> llama-quantize's type name
@@ -81,8 +81,10 @@ def tensor_type(name: str, dims: tuple[int, ...], shape: Shape, type_name: str):
     import gguf
 
     T = gguf.GGMLQuantizationType
-    if len(dims) == 1 or name.endswith(F32_MATRICES):
+    if len(dims) == 1 or name.endswith(F32_MATRICES) or name.endswith(".bias"):
         return T.F32
+    if isinstance(shape, GptOssShape) and len(dims) == 3:
+        return T.MXFP4  # the released GGUFs' experts, whatever the rest
     if type_name == "q4_0" and name == _output_name(shape):
         return T.Q8_0
     return {"f16": T.F16, "q8_0": T.Q8_0, "q4_0": T.Q4_0}[type_name]
@@ -184,6 +186,8 @@ def _random_tensor(p: TensorPlan, rng: np.random.Generator, std: float) -> np.nd
     cols = p.shape[-1]
     rows = math.prod(p.shape[:-1])
     T = gguf.GGMLQuantizationType
+    if p.ggml_type == T.MXFP4:
+        return _random_mxfp4(rows, cols, rng, std)
     plain = {T.F16: np.float16, T.F32: np.float32}.get(p.ggml_type)
     out = np.empty((rows, cols) if plain else (rows, p.nbytes // rows), dtype=plain or np.uint8)
     step = max(1, CHUNK_VALUES // cols)
@@ -191,6 +195,21 @@ def _random_tensor(p: TensorPlan, rng: np.random.Generator, std: float) -> np.nd
         chunk = rng.standard_normal((min(step, rows - r), cols), dtype=np.float32) * np.float32(std)
         out[r : r + len(chunk)] = chunk if plain else quantize(chunk, p.ggml_type)
     return out
+
+
+def _random_mxfp4(rows: int, cols: int, rng: np.random.Generator, std: float) -> np.ndarray:
+    """MXFP4 blocks written directly (gguf's quantizer would take hours on 20B values): uniform
+    random e2m1 codes under one exponent per block whose scale gives values of about `std` (the
+    doubled codes' root mean square is sqrt(34.25))."""
+    blocks = cols // 32
+    exponent = 128 + round(math.log2(std / math.sqrt(34.25)))  # 2^(e - 128) scales the codes
+    out = np.empty((rows, blocks, 17), dtype=np.uint8)
+    step = max(1, CHUNK_VALUES // cols)
+    for r in range(0, rows, step):
+        n = min(step, rows - r)
+        out[r : r + n, :, 0] = exponent
+        out[r : r + n, :, 1:] = rng.integers(0, 256, (n, blocks, 16), dtype=np.uint8)
+    return out.reshape(rows, blocks * 17)
 
 
 def write_random_gguf(
@@ -231,6 +250,8 @@ def write_random_gguf(
         _add_hybrid_keys(w, shape)
     else:
         w.add_rope_dimension_count(shape.head_dim)
+    if isinstance(shape, GptOssShape):
+        _add_gpt_oss_keys(w, shape)
     w.add_key_length(shape.head_dim)
     w.add_value_length(shape.head_dim)
     w.add_rope_freq_base(shape.rope_theta)
@@ -253,6 +274,20 @@ def write_random_gguf(
         if len(p.shape) == 2 and log:
             log(f"  {i + 1}/{len(tensors)} {p.name} {p.ggml_type.name} {list(p.shape)}")
     w.close()
+
+
+def _add_gpt_oss_keys(w, shape: GptOssShape) -> None:
+    """The keys convert_hf_to_gguf's GptOssModel adds (gguf_gpt_oss.py reads them back): experts,
+    the window (every other layer from layer 0, llama.cpp's fixed pattern) and YaRN."""
+    import gguf
+
+    w.add_expert_count(shape.experts)
+    w.add_expert_used_count(shape.experts_used)
+    w.add_expert_feed_forward_length(shape.intermediate)
+    w.add_sliding_window(shape.sliding_window)
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(shape.yarn_factor)
+    w.add_rope_scaling_orig_ctx_len(shape.yarn_original_context)
 
 
 def _add_hybrid_keys(w, shape: HybridShape) -> None:

@@ -152,6 +152,47 @@ class HybridShape(Shape):
         return out
 
 
+@dataclass(frozen=True)
+class GptOssShape(Shape):
+    """gpt-oss (llama.cpp arch `gpt-oss`): q/k/v/o biases and attention sinks, a window on every
+    other layer (layer 0 first), a biased router and biased experts whose weights are MXFP4, as the
+    released GGUFs store them. `intermediate` is an expert's (there is no dense MLP)."""
+
+    experts: int = 32
+    experts_used: int = 4
+    sliding_window: int = 128
+    yarn_factor: float = 32.0
+    yarn_original_context: int = 4096
+
+    def tensors(self) -> list[tuple[str, tuple[int, ...]]]:
+        h, e, f = self.hidden, self.experts, self.intermediate
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        out = [("token_embd.weight", (self.vocab, h))]
+        for i in range(self.layers):
+            b = f"blk.{i}."
+            out.append((b + "attn_norm.weight", (h,)))
+            for name, rows in (("attn_q", q), ("attn_k", kv), ("attn_v", kv)):
+                out += [(b + name + ".weight", (rows, h)), (b + name + ".bias", (rows,))]
+            out += [
+                (b + "attn_output.weight", (h, q)),
+                (b + "attn_output.bias", (h,)),
+                (b + "attn_sinks.weight", (self.heads,)),
+                (b + "post_attention_norm.weight", (h,)),
+                (b + "ffn_gate_inp.weight", (e, h)),
+                (b + "ffn_gate_inp.bias", (e,)),
+                (b + "ffn_gate_exps.weight", (e, f, h)),
+                (b + "ffn_gate_exps.bias", (e, f)),
+                (b + "ffn_up_exps.weight", (e, f, h)),
+                (b + "ffn_up_exps.bias", (e, f)),
+                (b + "ffn_down_exps.weight", (e, h, f)),
+                (b + "ffn_down_exps.bias", (e, h)),
+            ]
+        out.append(("output_norm.weight", (h,)))
+        if not self.tied:
+            out.append(("output.weight", (self.vocab, h)))
+        return out
+
+
 # Llama 3.1 / 3.2's rope_scaling (the same in every Llama 3.x config.json).
 _LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -213,6 +254,23 @@ SHAPES = {
         rms_eps=1e-5,
         context=8192,
     ),
+    # openai/gpt-oss-20b config.json (experts_per_token 4, sliding_window 128, YaRN factor 32 over
+    # 4096): 20,914,757,184 parameters (its model card's 21B).
+    "gpt-oss-20b": GptOssShape(
+        "gpt-oss",
+        "openai/gpt-oss-20b config.json",
+        hidden=2880,
+        layers=24,
+        heads=64,
+        kv_heads=8,
+        head_dim=64,
+        intermediate=2880,
+        vocab=201088,
+        tied=False,
+        rope_theta=150000.0,
+        rms_eps=1e-5,
+        context=131072,
+    ),
     # Tests: the smallest files with each feature (llama3 rope + tied; qkv bias + untied). Columns
     # are multiples of 32 for the block formats; the vocab just above the SmolLM2 tokenizer's 49152.
     "tiny": Shape(
@@ -246,6 +304,25 @@ SHAPES = {
         rms_eps=1e-6,
         context=4096,
         qkv_bias=True,
+    ),
+    "tiny-gpt-oss": GptOssShape(
+        "gpt-oss",
+        "test shape",
+        hidden=64,
+        layers=2,
+        heads=4,
+        kv_heads=2,
+        head_dim=16,
+        intermediate=64,
+        vocab=49216,
+        tied=False,
+        rope_theta=150000.0,
+        rms_eps=1e-5,
+        context=4096,
+        experts=4,
+        experts_used=2,
+        sliding_window=8,
+        yarn_original_context=256,
     ),
     # Qwen/Qwen3.5-0.8B config.json text_config (as given in the task brief, which quotes it):
     # 24 layers, 3 Gated DeltaNet : 1 gated attention. Text model only (the vision tower is not

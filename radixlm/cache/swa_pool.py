@@ -61,8 +61,10 @@ class SWATokenToKVPool:
     def total_bytes(self) -> int:
         return self.full.total_bytes + self.swa.total_bytes
 
+    bytes_per_token = staticmethod(TokenToKVPool.bytes_per_token)  # a token in every layer
+
     @staticmethod
-    def bytes_per_token(
+    def split_bytes_per_token(
         num_full_layers: int,
         num_swa_layers: int,
         swa_ratio: float,

@@ -104,7 +104,7 @@ class SWAMemory:
     ) -> int:
         """Bytes per full slot, with its share of the windowed layers' slots."""
         n_swa = len(self.layers)
-        per = SWATokenToKVPool.bytes_per_token(
+        per = SWATokenToKVPool.split_bytes_per_token(
             num_layers - n_swa, n_swa, self.ratio, num_kv_heads, head_dim, dtype
         )
         return max(1, int(per + 0.5))

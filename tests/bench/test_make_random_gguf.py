@@ -15,7 +15,12 @@ from benchmarks import make_random_gguf as mrg
 from benchmarks.model_shapes import SHAPES
 
 # The real models' parameter counts (their model cards: 1.24B, 1.54B, 8.03B).
-REAL_PARAMS = {"llama-3.2-1b": 1.24e9, "qwen2.5-1.5b": 1.54e9, "llama-3-8b": 8.03e9}
+REAL_PARAMS = {
+    "llama-3.2-1b": 1.24e9,
+    "qwen2.5-1.5b": 1.54e9,
+    "llama-3-8b": 8.03e9,
+    "gpt-oss-20b": 20.91e9,  # the model card's 21B (3.6B active)
+}
 
 
 @pytest.mark.parametrize("name", list(REAL_PARAMS))
@@ -287,3 +292,34 @@ def test_tiny_qwen35_file_loads(shape_name, type_name, tmp_path):
         assert c.shared_expert_intermediate_size == 64
     a_log = dict(loaded.model.named_parameters())["model.layers.0.linear_attn.A_log"].detach()
     assert torch.all((a_log >= 0) & (a_log <= math.log(16.0) + 1e-6))  # ssm_a = -U(1, 16)
+
+
+def test_tiny_gpt_oss_file_loads_with_mxfp4_experts(tmp_path):
+    """The gpt-oss shapes: MXFP4 experts as the released GGUFs store them (random blocks written
+    directly), biases and sinks F32, the rest in the asked type; radixlm reads the config back,
+    keeps the experts in their MXFP4 blocks (values of about the asked spread) and generates."""
+    from radixlm import Engine
+    from radixlm.model.gguf_loader import open_gguf
+    from radixlm.model.loader import load_model
+
+    s = SHAPES["tiny-gpt-oss"]
+    path = str(tmp_path / "tiny-gpt-oss.gguf")
+    mrg.make(path, "tiny-gpt-oss", "q8_0", log=None)
+    types = {t.name: t.tensor_type.name for t in open_gguf(path).tensors}
+    assert types == {p.name: p.ggml_type.name for p in mrg.plan(s, "q8_0")}
+    assert types["blk.0.ffn_gate_exps.weight"] == "MXFP4" and types["blk.0.attn_q.weight"] == "Q8_0"
+    assert types["blk.0.ffn_gate_exps.bias"] == types["blk.0.attn_sinks.weight"] == "F32"
+
+    loaded = load_model(path)
+    c = loaded.hf_config
+    assert loaded.architecture == "GptOssForCausalLM"
+    assert (c.num_local_experts, c.num_experts_per_tok, c.sliding_window) == (4, 2, 8)
+    assert c.layer_types == ["sliding_attention", "full_attention"]
+    assert c.rope_parameters["rope_type"] == "yarn" and c.rope_parameters["factor"] == 32.0
+    experts = loaded.model.model.layers[1].mlp.experts.quantized
+    assert experts["gate_up_proj"].fmt.name == experts["down_proj"].fmt.name == "mxfp4"
+    spread = float(experts["down_proj"].dequantize().std())
+    assert 0.01 < spread < 0.04, spread
+    with Engine(model_path=path, log_level="warning", enable_invariant_checks=True) as e:
+        out = e.generate("Hello", {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
+    assert len(out["output_ids"]) == 8

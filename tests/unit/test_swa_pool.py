@@ -94,3 +94,17 @@ def test_evict_swa_spares_pinned_slots_and_keeps_full_kv():
     assert tree.total_size() == 20  # the full layers' KV stays
     pool.unpin(slots[-W:])
     assert pool.check() is None
+
+
+def test_bytes_per_token_is_the_pool_interface():
+    """Callers price a token in every layer through any pool (one_batch's roofline, the decode
+    mirror); the split figure is the sizing's."""
+    from radixlm.cache.memory_pool import TokenToKVPool
+
+    pool = _pool()
+    args = (pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.dtype, pool.v_head_dim)
+    assert pool.bytes_per_token(*args) == TokenToKVPool.bytes_per_token(*args)
+    per_layer = TokenToKVPool.bytes_per_token(1, 2, 8, torch.float32)
+    assert (
+        SWATokenToKVPool.split_bytes_per_token(2, 2, 0.25, 2, 8, torch.float32) == 2.5 * per_layer
+    )
