@@ -79,8 +79,10 @@ def _assert_hf_greedy(ref, prompts: list[list[int]], outs: list[list[int]]) -> N
     """HF's greedy tokens up to a near-tie of the int8 activation grid; near-ties end a comparison
     early, so most tokens must still have been compared."""
     matched = 0
+    assert len(outs) == len(prompts)
     for p, got in zip(prompts, outs):
         _, gen, logits = reference(ref, p, NEW)
+        assert len(got) == len(gen) == NEW, (len(got), len(gen))
         for k, (a, b) in enumerate(zip(got, gen)):
             if a != b:
                 top2 = torch.topk(logits[k], 2).values

@@ -143,3 +143,30 @@ def test_too_few_windowed_slots_is_refused_at_start_up(model):
     path, _ = model
     with pytest.raises(Exception, match="swa_full_tokens_ratio 0.1: 10 windowed-layer KV slots"):
         _engine(path, max_total_tokens=100, swa_full_tokens_ratio=0.1)
+
+
+def test_aborts_disconnects_and_bad_input_leak_nothing(model):
+    """Under a small pool: a stream aborted by id past its window, a stream its client leaves, and
+    a prompt longer than the context (refused by name); then HF's tokens again and every slot of
+    both spaces free."""
+    path, hf = model
+    with _engine(path, max_total_tokens=200, swa_full_tokens_ratio=0.5) as engine:
+        sp = {**SP, "max_new_tokens": 150}
+        seen = 0
+        for chunk in engine.generate(
+            input_ids=_ids(30, 20), sampling_params=sp, stream=True, rid="a"
+        ):
+            seen = len(chunk["output_ids"])
+            if seen >= 3 * WINDOW:
+                engine.abort_request("a")
+        assert 3 * WINDOW <= seen < 150
+        stream = engine.generate(input_ids=_ids(31, 20), sampling_params=sp, stream=True)
+        for chunk in stream:
+            if len(chunk["output_ids"]) >= 2 * WINDOW:
+                break
+        stream.close()  # the client leaves mid-answer
+        with pytest.raises(Exception, match="context"):
+            _gen(engine, _ids(32, 400), 4)
+        ids = _ids(33, 25)
+        _check(_gen(engine, ids, 16), hf, ids, 16, "after the failures")
+        _assert_all_free(engine)
