@@ -7,7 +7,7 @@ somewhere harmless to go.
 from __future__ import annotations
 
 import logging
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Sequence
 
 import torch
 
@@ -78,13 +78,18 @@ class TokenToKVPool:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         layers: Collection[int] | None = None,
+        layer_shapes: Sequence[tuple[int, int]] | None = None,
     ):
         """layers: the layer ids this pool holds KV for (a pipeline stage's, or the full or windowed
         layers of SWATokenToKVPool; None: all). The others
-        get empty placeholders (no KV heads), so layer ids stay global."""
+        get empty placeholders (no KV heads), so layer ids stay global.
+        layer_shapes: per layer id (kv_heads, head_dim) where layers differ (Gemma 4's 512-dim
+        global and 256-dim sliding heads; 0 heads: a layer that reads another's KV); None:
+        num_kv_heads x head_dim everywhere (the widest of layer_shapes otherwise)."""
         self.size = size
         self.num_layers = num_layers
         self.layers = range(num_layers) if layers is None else layers
+        self.layer_shapes = None if layer_shapes is None else tuple(layer_shapes)
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.v_head_dim = head_dim  # V's width per head (0 in an MLA latent pool: mla_pool.py)
@@ -97,8 +102,11 @@ class TokenToKVPool:
     def _alloc_buffers(self) -> None:
         """K/V (and int8 scale) buffers of this pool's layers; the others get empty placeholders (no
         KV heads), so layer ids stay global."""
-        shape = (self.size + 1, self.num_kv_heads, self.head_dim)
-        shape_of = lambda i: shape if i in self.layers else (self.size + 1, 0, self.head_dim)
+
+        def shape_of(i: int) -> tuple[int, int, int]:
+            heads, dim = self.layer_shape(i)
+            return (self.size + 1, heads if i in self.layers else 0, dim)
+
         self.k_buffer = [self._buffer(shape_of(i)) for i in range(self.num_layers)]
         self.v_buffer = [self._buffer(shape_of(i)) for i in range(self.num_layers)]
         self.k_scale_buffer: list[torch.Tensor] | None = None
@@ -118,6 +126,12 @@ class TokenToKVPool:
             return torch.zeros(shape, dtype=self.dtype, device=self.device)
         return untouched_zeros((shape[1], shape[0], shape[2]), self.dtype).permute(1, 0, 2)
 
+    def layer_shape(self, layer_id: int) -> tuple[int, int]:
+        """(kv_heads, head_dim) of layer layer_id's K and V."""
+        if self.layer_shapes is None:
+            return self.num_kv_heads, self.head_dim
+        return self.layer_shapes[layer_id]
+
     @staticmethod
     def bytes_per_token(
         num_layers: int,
@@ -131,11 +145,15 @@ class TokenToKVPool:
         v_dim = head_dim if v_head_dim is None else v_head_dim
         return num_layers * num_kv_heads * ((head_dim + v_dim) * elem + 2 * scales)
 
+    @staticmethod
+    def shaped_bytes_per_token(layer_shapes: Iterable[tuple[int, int]], dtype: torch.dtype) -> int:
+        """bytes_per_token of layers each of its own (kv_heads, head_dim)."""
+        return sum(TokenToKVPool.bytes_per_token(1, h, d, dtype) for h, d in layer_shapes)
+
     @property
     def total_bytes(self) -> int:
-        return self.bytes_per_token(
-            len(self.layers), self.num_kv_heads, self.head_dim, self.dtype
-        ) * (self.size + 1)
+        per = self.shaped_bytes_per_token((self.layer_shape(i) for i in self.layers), self.dtype)
+        return per * (self.size + 1)
 
     # --- allocator -------------------------------------------------------
     def clear(self) -> None:
@@ -181,8 +199,9 @@ class TokenToKVPool:
             # The native op on CPU float32, the Triton kernel on CUDA (float KV only), else torch's
             # indexing.
             cuda_int8 = k.device.type == "cuda" and self.dtype == torch.int8
+            dims = {self.layer_shape(i)[1] for i in self.layers}
             self._native = (
-                fused_ops(k) if self.head_dim % 8 == 0 and not cuda_int8 else None
+                fused_ops(k) if all(d % 8 == 0 for d in dims) and not cuda_int8 else None
             ) or False
             if self.dtype == torch.int8 and not self._native:
                 raise RuntimeError("an int8 KV cache needs the native CPU kernels (float32 on CPU)")

@@ -16,7 +16,7 @@ request), or is on `swa`'s free list.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import torch
 
@@ -38,15 +38,32 @@ class SWATokenToKVPool:
         dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
         window: int = 0,
+        layer_shapes: Sequence[tuple[int, int]] | None = None,
     ):
+        """layer_shapes: per layer id (kv_heads, head_dim) where they differ (TokenToKVPool)."""
         self.swa_layer_ids = frozenset(swa_layers)
         full_layers = [i for i in range(num_layers) if i not in self.swa_layer_ids]
         self.full = TokenToKVPool(
-            size, num_layers, num_kv_heads, head_dim, dtype, device, layers=full_layers
+            size,
+            num_layers,
+            num_kv_heads,
+            head_dim,
+            dtype,
+            device,
+            layers=full_layers,
+            layer_shapes=layer_shapes,
         )
         self.swa = TokenToKVPool(
-            swa_size, num_layers, num_kv_heads, head_dim, dtype, device, layers=self.swa_layer_ids
+            swa_size,
+            num_layers,
+            num_kv_heads,
+            head_dim,
+            dtype,
+            device,
+            layers=self.swa_layer_ids,
+            layer_shapes=layer_shapes,
         )
+        self.layer_shapes = self.full.layer_shapes
         self.size, self.swa_size, self.window = size, swa_size, window
         self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
         self.v_head_dim, self.dtype, self.device = head_dim, dtype, self.full.device
@@ -71,8 +88,15 @@ class SWATokenToKVPool:
         num_kv_heads: int,
         head_dim: int,
         dtype: torch.dtype,
+        layer_shapes: Sequence[tuple[int, int]] | None = None,
+        swa_layers: Collection[int] = (),
     ) -> float:
-        """Bytes per full slot: its full layers' KV plus swa_ratio of a swa slot's."""
+        """Bytes per full slot: its full layers' KV plus swa_ratio of a swa slot's (with
+        layer_shapes: each layer's own, swa_layers naming the windowed ones)."""
+        if layer_shapes is not None:
+            per = [TokenToKVPool.bytes_per_token(1, h, d, dtype) for h, d in layer_shapes]
+            swa = sum(b for i, b in enumerate(per) if i in swa_layers)
+            return sum(per) - swa + swa_ratio * swa
         per_layer = TokenToKVPool.bytes_per_token(1, num_kv_heads, head_dim, dtype)
         return per_layer * (num_full_layers + swa_ratio * num_swa_layers)
 

@@ -25,6 +25,10 @@ class KVLayout:
     # MLA only: what ordinary multi-head caching of the same model would hold per layer and token
     # (heads x (qk_head_dim + v_head_dim) elements), for the start-up report.
     mha_elems_per_layer: int = 0
+    # Per layer id (kv_heads, head_dim) where the layers' shapes differ (Gemma 4: 512-dim global
+    # heads beside 256-dim sliding ones; 0 heads: a layer that reads another layer's KV); None:
+    # num_kv_heads x head_dim everywhere (then the widest).
+    layer_shapes: tuple[tuple[int, int], ...] | None = None
 
     @property
     def mla(self) -> bool:
@@ -35,6 +39,8 @@ class KVLayout:
             return MLATokenToKVPool.latent_bytes_per_token(
                 num_layers, self.kv_lora_rank, self.qk_rope_head_dim, dtype
             )
+        if self.layer_shapes is not None:  # (a pipeline stage's share: such models run pp 1)
+            return TokenToKVPool.shaped_bytes_per_token(self.layer_shapes, dtype)
         return TokenToKVPool.bytes_per_token(num_layers, self.num_kv_heads, self.head_dim, dtype)
 
     def mha_bytes_per_token(self, num_layers: int, dtype: torch.dtype) -> int:
@@ -56,12 +62,23 @@ class KVLayout:
                 size, num_layers, self.kv_lora_rank, self.qk_rope_head_dim, dtype, device, layers
             )
         return TokenToKVPool(
-            size, num_layers, self.num_kv_heads, self.head_dim, dtype, device, layers=layers
+            size,
+            num_layers,
+            self.num_kv_heads,
+            self.head_dim,
+            dtype,
+            device,
+            layers=layers,
+            layer_shapes=self.layer_shapes,
         )
 
 
 def kv_layout(model: nn.Module, hf_config: Any) -> KVLayout:
     attn = next(m for m in model.modules() if isinstance(m, RadixAttention))
+    shapes = layer_shapes(model, hf_config.num_hidden_layers)
+    if shapes is not None:
+        heads, dim = max(h for h, _ in shapes), max(d for _, d in shapes)
+        return KVLayout(heads, dim, layer_shapes=shapes)
     if isinstance(attn, MLAAttention):
         return KVLayout(
             1,
@@ -75,3 +92,18 @@ def kv_layout(model: nn.Module, hf_config: Any) -> KVLayout:
         or hf_config.hidden_size // hf_config.num_attention_heads
     )
     return KVLayout(attn.num_kv_heads, head_dim)
+
+
+def layer_shapes(model: nn.Module, num_layers: int) -> tuple[tuple[int, int], ...] | None:
+    """Each layer id's (kv_heads, head_dim) where the model's attention layers differ in shape or
+    some layers keep no KV of their own (`model.kv_shared_layers`: they read an earlier layer's,
+    which their RadixAttention.layer_id names); None where every layer keeps the same shape."""
+    shapes: dict[int, tuple[int, int]] = {}
+    for m in model.modules():
+        if isinstance(m, RadixAttention) and not isinstance(m, MLAAttention):
+            shapes[m.layer_id] = (m.num_kv_heads, m.head_dim)
+    shared = getattr(model, "kv_shared_layers", ())
+    if not shapes or (len(set(shapes.values())) == 1 and not shared):
+        return None
+    dim = max(d for _, d in shapes.values())
+    return tuple(shapes.get(i, (0, dim)) for i in range(num_layers))

@@ -48,9 +48,11 @@ def summary(
     parts = [architecture]
     if experts:
         shared = getattr(hf_config, "n_shared_experts", None)
+        top_k = getattr(hf_config, "num_experts_per_tok", None) or getattr(
+            hf_config, "top_k_experts", None
+        )  # (Gemma 4's name)
         parts.append(
-            f"{experts} routed experts, top-{hf_config.num_experts_per_tok}"
-            + (f", {shared} shared" if shared else "")
+            f"{experts} routed experts, top-{top_k}" + (f", {shared} shared" if shared else "")
         )
     parts.append(f"params {_count(total)} total, {_count(active)} active")
     per_token = layout.bytes_per_token(num_layers, kv_dtype)

@@ -19,6 +19,10 @@ MODEL_REGISTRY.register(
 )
 MODEL_REGISTRY.register("Gemma2ForCausalLM", "radixlm.model.models.gemma2:Gemma2ForCausalLM")
 MODEL_REGISTRY.register("Gemma3ForCausalLM", "radixlm.model.models.gemma3:Gemma3ForCausalLM")
+MODEL_REGISTRY.register("Gemma4ForCausalLM", "radixlm.model.models.gemma4:Gemma4ForCausalLM")
+MODEL_REGISTRY.register(
+    "Gemma4ForConditionalGeneration", "radixlm.model.models.gemma4:Gemma4ForCausalLM"
+)
 MODEL_REGISTRY.register("Glm4MoeForCausalLM", "radixlm.model.models.glm4_moe:Glm4MoeForCausalLM")
 MODEL_REGISTRY.register("GptOssForCausalLM", "radixlm.model.models.gpt_oss:GptOssForCausalLM")
 MODEL_REGISTRY.register("LlamaForCausalLM", "radixlm.model.models.llama:LlamaForCausalLM")

@@ -30,7 +30,7 @@ from radixlm.model.pp_stage import pp_stage
 from radixlm.model.quant_methods import quant_method
 from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.model.state_memory import StateMemory
-from radixlm.model.swa_memory import SWAMemory, model_refusal
+from radixlm.model.swa_memory import SWAMemory, check_kv_shapes, model_refusal
 from radixlm.model.tree_mask import TreeMask
 from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.utils import host_threads, keep_freed_memory_in_heap
@@ -122,6 +122,7 @@ class ModelRunner:
             config.swa_full_tokens_ratio,
             config.swa_memory_off or model_refusal(self),
         )
+        check_kv_shapes(self)
         self.max_total_num_tokens = self._kv_capacity()
         model_ctx = config.context_length or self.loaded.context_len
         # A lone request must always fit in the pool, so the context never exceeds it.
@@ -147,6 +148,7 @@ class ModelRunner:
                 self.head_dim,
                 self.kv_dtype,
                 self.device,
+                self.kv_layout.layer_shapes,
             )
         )
         self.sampler = Sampler()
@@ -259,9 +261,8 @@ class ModelRunner:
 
     def _kv_bytes_per_token(self) -> int:
         if self.swa_memory is not None:
-            return self.swa_memory.bytes_per_token(
-                self.num_kv_layers, self.num_kv_heads, self.head_dim, self.kv_dtype
-            )
+            memory, layout = self.swa_memory, self.kv_layout
+            return memory.bytes_per_token(self.num_kv_layers, layout, self.kv_dtype)
         layers = len(self.pp.layers) if self.state_memory is None else self.num_kv_layers
         return self.kv_layout.bytes_per_token(layers, self.kv_dtype)
 

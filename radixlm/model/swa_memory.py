@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from radixlm.cache.swa_pool import SWATokenToKVPool
+from radixlm.model.kv_layout import KVLayout
 from radixlm.model.layers.attention.radix_attention import RadixAttention
 
 logger = logging.getLogger(__name__)
@@ -58,6 +59,26 @@ def model_refusal(runner) -> str | None:
     return None
 
 
+def check_kv_shapes(runner) -> None:
+    """Refuses (ValueError) a model whose layers keep KV of different shapes (KVLayout.layer_shapes:
+    Gemma 4) with options that read the pool as one shape: the parts of the server that read one
+    slot space, and every backend but the native CPU one."""
+    if runner.kv_layout.layer_shapes is None:
+        return
+    why = runner.config.swa_memory_off
+    if why == "--disable-hybrid-swa-memory":
+        why = None
+    if why is None and not runner.attn_backend.reads_swa_pool:
+        why = f"the {runner.attn_backend!r} attention backend reads one KV shape"
+    if why is None and (runner.config.enable_torch_compile or runner.device.type == "cuda"):
+        why = "decode graphs capture one KV shape"
+    if why is not None:
+        raise ValueError(
+            f"{runner.loaded.architecture} keeps KV of different shapes per layer, which this"
+            f" server cannot hold yet: {why}"
+        )
+
+
 @dataclass(frozen=True)
 class SWAMemory:
     """The windowed layers of a model whose pool gives them their own slots, and the ratio."""
@@ -99,13 +120,18 @@ class SWAMemory:
             )
         return swa
 
-    def bytes_per_token(
-        self, num_layers: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
-    ) -> int:
+    def bytes_per_token(self, num_layers: int, layout: KVLayout, dtype: torch.dtype) -> int:
         """Bytes per full slot, with its share of the windowed layers' slots."""
         n_swa = len(self.layers)
         per = SWATokenToKVPool.split_bytes_per_token(
-            num_layers - n_swa, n_swa, self.ratio, num_kv_heads, head_dim, dtype
+            num_layers - n_swa,
+            n_swa,
+            self.ratio,
+            layout.num_kv_heads,
+            layout.head_dim,
+            dtype,
+            layout.layer_shapes,
+            self.layers,
         )
         return max(1, int(per + 0.5))
 
@@ -117,6 +143,7 @@ class SWAMemory:
         head_dim: int,
         dtype: torch.dtype,
         device: str | torch.device,
+        layer_shapes: tuple[tuple[int, int], ...] | None = None,
     ) -> SWATokenToKVPool:
         return SWATokenToKVPool(
             size,
@@ -128,4 +155,5 @@ class SWAMemory:
             dtype,
             device,
             window=self.window,
+            layer_shapes=layer_shapes,
         )

@@ -97,7 +97,7 @@ def check_against_sdpa(lay, out, q, q_lens, scale, alone_ops=None) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("kvh,g,d", [(3, 3, 64), (2, 1, 128), (1, 4, 16)])
+@pytest.mark.parametrize("kvh,g,d", [(3, 3, 64), (2, 1, 128), (1, 4, 16), (1, 2, 512)])
 def test_paged_attention_matches_sdpa(kernel_ops, dtype, kvh, g, d):
     lens = [1, 7, 33, 64, 95, 200]
     lay = Layout(lens, kvh, d, dtype, seed=kvh * 100 + d)

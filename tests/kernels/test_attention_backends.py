@@ -63,12 +63,12 @@ def test_auto_picks_native_on_cpu_float32(kernel_ops):
     assert type(create_attention_backend(None, spec(kv_dtype=torch.int8))) is NativeCPUBackend
 
 
-@pytest.mark.parametrize("where", ["bfloat16", "head_dim 12", "head_dim 512"])
+@pytest.mark.parametrize("where", ["bfloat16", "head_dim 12", "head_dim 520"])
 def test_auto_picks_torch_where_native_does_not_apply(kernel_ops, where):
     s = {
         "bfloat16": spec(dtype=torch.bfloat16),
         "head_dim 12": spec(head_dim=12),
-        "head_dim 512": spec(head_dim=512),
+        "head_dim 520": spec(head_dim=520),
     }[where]
     backend = create_attention_backend(None, s)
     assert type(backend) is TorchSDPABackend

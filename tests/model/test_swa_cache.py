@@ -12,6 +12,7 @@ import pytest
 
 from radixlm import Engine
 from tests.e2e.test_default_model_greedy import assert_greedy_equal
+from tests.model.gemma4_checkpoint import DENSE, gemma4_checkpoint
 from tests.model.gpt_oss_checkpoint import gpt_oss_checkpoint
 from tests.model.windowed_checkpoints import VOCAB, WINDOW, reference
 
@@ -22,6 +23,15 @@ SP = {"temperature": 0, "ignore_eos": True}
 def model(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("gpt_oss_swa"))
     return path, gpt_oss_checkpoint(path, max_position_embeddings=1024)
+
+
+@pytest.fixture(scope="module", params=["gpt-oss", "gemma4"])
+def any_model(request, tmp_path_factory):
+    """gpt-oss (one KV shape), and Gemma 4 (per-layer shapes, layers reading others' KV)."""
+    if request.param == "gpt-oss":
+        return request.getfixturevalue("model")
+    path = str(tmp_path_factory.mktemp("gemma4_swa"))
+    return path, gemma4_checkpoint(path, max_position_embeddings=1024, **DENSE)
 
 
 def _ids(seed: int, n: int) -> list[int]:
@@ -69,10 +79,10 @@ def test_a_long_context_runs_in_a_few_windows_of_slots(model):
         _assert_all_free(engine)
 
 
-def test_cached_prefixes_stay_reusable(model):
+def test_cached_prefixes_stay_reusable(any_model):
     """A second turn reuses the first turn's whole prompt; a prompt sharing the first 512 tokens
     of a cached 700-token one reuses at least 256 of them; HF's tokens for each."""
-    path, hf = model
+    path, hf = any_model
     with _engine(path, max_total_tokens=2048) as engine:
         turn1 = _ids(2, 40)
         out1 = _gen(engine, turn1, 24)
@@ -91,11 +101,11 @@ def test_cached_prefixes_stay_reusable(model):
         _assert_all_free(engine)
 
 
-def test_eviction_through_a_small_pool(model):
+def test_eviction_through_a_small_pool(any_model):
     """Prompts that share prefixes, alone and batched, through a pool that holds about two of them
     (and half as many windowed-layer slots): full and windowed evictions between them; HF's
     tokens, and every slot of both spaces free at the end."""
-    path, hf = model
+    path, hf = any_model
     stem = _ids(6, 30)
     prompts = [stem + _ids(10 + i, 20 + 7 * i) for i in range(4)] + [_ids(20, 45)]
     with _engine(

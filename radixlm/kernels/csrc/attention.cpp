@@ -27,7 +27,7 @@ namespace radixlm {
 namespace {
 using namespace kv;
 
-constexpr int MAXD = 256;
+constexpr int MAXD = 512;  // Gemma 4 global layers: 512
 constexpr int64_t PF_BLOCKS_AHEAD = 4;  // blocks of K/V asked for ahead of use (into L2: into L1 they evict the block in use)
 
 struct Args {

@@ -3,7 +3,8 @@
 The inverse frequencies follow transformers' `modeling_rope_utils` op for op, so
 cos/sin are bit-identical to the reference. Supported `rope_type`s: default,
 linear, llama3, yarn, dynamic (which equals default for every position
-below `max_position_embeddings`, and radixlm never runs past that), and longrope
+below `max_position_embeddings`, and radixlm never runs past that), proportional (Gemma 4's global
+layers: a partial rotation whose frequencies keep the whole head's spacing), and longrope
 (Phi-3's; "su" in older configs), whose factor set depends on the sequence's length
 (LongRopeRotaryEmbedding). Qwen2-VL's M-RoPE (`mrope_section`: three positions per token) is
 MRotaryEmbedding.
@@ -22,7 +23,15 @@ from radixlm.kernels.ops import fused_ops
 if TYPE_CHECKING:
     from radixlm.model.forward_batch import ForwardBatch
 
-SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "yarn", "longrope")
+SUPPORTED_ROPE_TYPES = (
+    "default",
+    "linear",
+    "dynamic",
+    "llama3",
+    "yarn",
+    "longrope",
+    "proportional",
+)
 LONGROPE_TYPES = ("longrope", "su")  # "su": the name in Phi-3's first configs
 
 
@@ -74,11 +83,22 @@ def compute_inv_freq(
         return torch.where(is_medium, smoothed, inv_freq_llama), 1.0
     if rope_type == "yarn":
         return _yarn_inv_freq(params, base, dim, max_position)
+    if rope_type == "proportional":  # Gemma 4's global layers
+        return _proportional_inv_freq(params, base, dim), 1.0
     if rope_type in LONGROPE_TYPES:
         return _longrope_inv_freq(params, base, dim, max_position, seq_len)
     raise ValueError(
         f"unsupported rope_type {rope_type!r}; supported: {', '.join(SUPPORTED_ROPE_TYPES)}"
     )
+
+
+def _proportional_inv_freq(params: dict, base: float, dim: int) -> torch.Tensor:
+    """The first partial_rotary_factor of the frequencies at the whole head's spacing, the rest 0
+    (those dimensions do not rotate): the rotation spans the whole head (rotary_dim = head_dim)."""
+    angles = int(params.get("partial_rotary_factor", 1.0) * dim // 2)
+    exps = torch.arange(0, 2 * angles, 2, dtype=torch.int64).to(torch.float) / dim
+    inv_freq = torch.cat((1.0 / (base**exps), torch.zeros(dim // 2 - angles)))
+    return inv_freq / params.get("factor", 1.0)
 
 
 def _yarn_inv_freq(
@@ -159,7 +179,10 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, head_dim: int, max_position: int, params: dict):
         super().__init__()
         self.head_dim = head_dim
-        self.rotary_dim = int(head_dim * params.get("partial_rotary_factor", 1.0))
+        partial = params.get("partial_rotary_factor", 1.0)
+        if params["rope_type"] == "proportional":  # (partial in its frequencies, not its width)
+            partial = 1.0
+        self.rotary_dim = int(head_dim * partial)
         self.register_buffer(
             "cos_sin_cache", self._build_cache(params, max_position), persistent=False
         )

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from radixlm.model.forward_batch import ForwardBatch
     from radixlm.model.tree_mask import TreeMask
 
-MAX_HEAD_DIM = 256
+MAX_HEAD_DIM = 512  # (Gemma 4 global layers)
 
 
 def supported(spec: AttentionBackendSpec) -> str | None:

@@ -61,14 +61,18 @@ class RadixAttention(nn.Module):
             else None
         )
 
-    def forward(self, q, k, v, forward_batch: ForwardBatch) -> torch.Tensor:
-        """q: [T, heads * D], k/v: [T, kv_heads * D] -> [T, heads * D]."""
+    def forward(
+        self, q, k, v, forward_batch: ForwardBatch, save_kv_cache: bool = True
+    ) -> torch.Tensor:
+        """q: [T, heads * D], k/v: [T, kv_heads * D] -> [T, heads * D]. save_kv_cache False: k/v
+        are already in the pool at layer_id (a layer reading an earlier layer's KV: Gemma 4)."""
         q = q.view(-1, self.num_heads, self.head_dim)
         k = k.view(-1, self.num_kv_heads, self.head_dim)
         v = v.view(-1, self.num_kv_heads, self.head_dim)
-        forward_batch.token_to_kv_pool.set_kv_buffer(
-            self.layer_id, forward_batch.out_cache_loc, k, v
-        )
+        if save_kv_cache:
+            forward_batch.token_to_kv_pool.set_kv_buffer(
+                self.layer_id, forward_batch.out_cache_loc, k, v
+            )
         backend = forward_batch.attn_backend
         if forward_batch.forward_mode.is_decode():
             o = backend.forward_decode(q, k, v, self, forward_batch)
