@@ -6,7 +6,7 @@ fixes by architecture instead of writing it),
 the MoE ones (gguf_moe.py, gguf_deepseek.py) and the hybrid qwen35, qwen35moe, qwen3next
 (gguf_qwen35.py: the converter's transformations undone, its tiled V-head order kept), nemotron_h
 and lfm2 (gguf_hybrid_ssm.py), granitehybrid and falcon-h1 (gguf_mamba2_hybrid.py), gpt-oss
-(gguf_gpt_oss.py).
+(gguf_gpt_oss.py), gemma4 (gguf_gemma4.py).
 With keep_quantized, 2-D weights in a format the native kernels read
 (radixlm.kernels.formats.FORMATS: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K,
 Q6_K, IQ4_XS, F16, BF16) stay as stored, F32 ones are plain float32, and any other type is refused
@@ -28,6 +28,7 @@ import torch
 
 from radixlm.model.gguf_deepseek import DEEPSEEK2_TENSOR_NAMES, deepseek2_config
 from radixlm.model.gguf_gemma import GEMMA_ARCHS, gemma_config_kwargs, layer_types
+from radixlm.model.gguf_gemma4 import GEMMA4_ARCHITECTURES, gemma4_config, gemma4_weights
 from radixlm.model.gguf_glm4moe import GLM4MOE_TENSOR_NAMES, glm4moe_config
 from radixlm.model.gguf_gpt_oss import GPT_OSS_ARCHITECTURES, gpt_oss_config, gpt_oss_weights
 from radixlm.model.gguf_hybrid_ssm import SSM_ARCHITECTURES, ssm_config, ssm_weights
@@ -66,6 +67,7 @@ GGUF_ARCHITECTURES = {
     **SSM_ARCHITECTURES,
     **MAMBA2_HYBRID_ARCHITECTURES,
     **GPT_OSS_ARCHITECTURES,
+    **GEMMA4_ARCHITECTURES,
     "deepseek2": (
         "DeepseekV2ForCausalLM",
         "DeepseekV2Config",
@@ -250,6 +252,8 @@ def gguf_config(reader):
         kw = falcon_h1_config(reader, kw)
     if arch in GPT_OSS_ARCHITECTURES:
         kw = gpt_oss_config(reader, kw)
+    if arch in GEMMA4_ARCHITECTURES:
+        kw = gemma4_config(reader, kw)
     config = getattr(transformers, config_cls)(**kw)
     config.architectures = [hf_arch]
     return config
@@ -267,7 +271,8 @@ def _rope_scaling(reader, arch: str, kw: dict) -> dict | None:
             out["original_max_position_embeddings"] = int(orig)
         return out
     freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
-    if freqs is not None:  # Llama 3.1+: llama.cpp bakes llama3 scaling into per-frequency factors
+    if freqs is not None and arch not in GEMMA4_ARCHITECTURES:  # (gemma4: its proportional RoPE)
+        # Llama 3.1+: llama.cpp bakes llama3 scaling into per-frequency factors
         return _llama3_from_rope_freqs(np.asarray(freqs.data, dtype=np.float32), kw)
     return None
 
@@ -398,6 +403,9 @@ def gguf_weights(
         return
     if arch in GPT_OSS_ARCHITECTURES:  # experts re-interleaved, sinks renamed (gguf_gpt_oss.py)
         yield from gpt_oss_weights(reader, config, read, slicer, keep)
+        return
+    if arch in GEMMA4_ARCHITECTURES:  # per-layer shapes, scales renamed (gguf_gemma4.py)
+        yield from gemma4_weights(reader, config, read, slicer, keep)
         return
     permute = arch in ("llama", "smollm3")  # the converters that permute q/k (LlamaModel's)
     norm_offset = arch in GEMMA_ARCHS  # llama.cpp stores Gemma's norm weights as 1 + w

@@ -392,6 +392,7 @@ def load_tokenizer(path: str | None = None):
     Converting a GGUF vocabulary takes seconds, so the result is saved once under
     tokenizer_cache_dir() and later loads read that (~0.1 s).
     """
+    from huggingface_hub.errors import StrictDataclassError
     from transformers import AutoTokenizer
 
     path = os.path.abspath(path or default_model_path())
@@ -408,9 +409,10 @@ def load_tokenizer(path: str | None = None):
         tokenizer = AutoTokenizer.from_pretrained(
             os.path.dirname(path), gguf_file=os.path.basename(path)
         )
-    except (ValueError, TypeError) as e:
+    except (ValueError, TypeError, StrictDataclassError) as e:
         # transformers reads the vocabulary but not this architecture's config: olmoe (refused),
-        # gpt-oss (its parser of the YaRN keys fails, a TypeError under numpy 2).
+        # gpt-oss (its parser of the YaRN keys fails, a TypeError under numpy 2), gemma4 (its
+        # per-layer arrays fail the config's field types).
         if isinstance(e, ValueError) and "is not supported yet" not in str(e):
             raise
         from transformers import PreTrainedTokenizerFast

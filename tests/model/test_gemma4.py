@@ -7,13 +7,16 @@ batched and in prefill chunks, through the pool's two slot spaces of per-layer s
 
 from __future__ import annotations
 
+import random
+
 import pytest
+import torch
 
 from radixlm import Engine
 from radixlm.model.loader import load_model
 from tests.e2e.test_default_model_greedy import assert_greedy_equal
-from tests.model.gemma4_checkpoint import DENSE, MOE, gemma4_checkpoint
-from tests.model.windowed_checkpoints import NEW, WINDOW, _references, check_greedy
+from tests.model.gemma4_checkpoint import DENSE, MOE, gemma4_checkpoint, write_gemma4_gguf
+from tests.model.windowed_checkpoints import NEW, VOCAB, WINDOW, _references, check_greedy
 
 
 @pytest.fixture(scope="module")
@@ -80,3 +83,41 @@ def test_what_cannot_hold_per_layer_shapes_is_refused(dense, options, why):
     path, _ = dense
     with pytest.raises(Exception, match=f"keeps KV of different shapes per layer.*{why}"):
         Engine(model_path=path, quantization="none", log_level="warning", **options)
+
+
+@pytest.mark.parametrize("layout", ["dense", "moe"])
+def test_gguf_greedy_matches_hf(layout, request, tmp_path):
+    """The same weights as llama.cpp's converter writes them: HF's tokens."""
+    path, hf = request.getfixturevalue(layout)
+    gguf_path = write_gemma4_gguf(hf, path, str(tmp_path / f"gemma4-{layout}.gguf"))
+    check_greedy(gguf_path, hf, f"gemma4 {layout} gguf")
+
+
+@pytest.mark.parametrize("layout", ["dense", "moe"])
+def test_q8_0_gguf_agrees_with_hf_top1(layout, request, tmp_path):
+    """A Q8_0 file (its weights kept quantized, the native kernels): top-1 agreement >= 95% with
+    HF holding the file's dequantized weights, along HF's own greedy text."""
+    from tests.hybrid.test_hybrid_gguf import hf_holding
+
+    path, hf = request.getfixturevalue(layout)
+    q8 = write_gemma4_gguf(hf, path, str(tmp_path / f"gemma4-{layout}-q8_0.gguf"), "q8_0")
+    hf_q8 = hf_holding(hf, q8)
+    rng, agree, total = random.Random(4), 0, 0
+    with Engine(model_path=q8, enable_invariant_checks=True, log_level="warning") as engine:
+        for _ in range(2):
+            start = torch.tensor([[rng.randrange(10, VOCAB) for _ in range(40)]])
+            with torch.no_grad():
+                ids = hf.generate(start, max_new_tokens=120, do_sample=False)[0]
+                theirs = hf_q8(ids[None]).logits[0, :-1].argmax(-1).tolist()
+            out = engine.generate(
+                input_ids=ids.tolist(),
+                sampling_params={"max_new_tokens": 0},
+                return_logprob=True,
+                logprob_start_len=0,
+                top_logprobs_num=1,
+            )
+            ours = [row[0][1] for row in out["meta_info"]["input_top_logprobs"][1:]]
+            assert len(ours) == len(theirs)
+            agree += sum(a == b for a, b in zip(ours, theirs))
+            total += len(theirs)
+    assert agree / total >= 0.95, f"gemma4 {layout} Q8_0: top-1 agreement {agree}/{total}"
