@@ -37,7 +37,13 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: benchmarks/ is on the path, the repo root is not
     sys.path.insert(0, str(ROOT))
 
-from benchmarks.model_shapes import SHAPES, GptOssShape, HybridShape, Shape  # noqa: E402 (after the sys.path insert above)
+from benchmarks.model_shapes import (  # noqa: E402 (after the sys.path insert above)
+    SHAPES,
+    Gemma4Shape,
+    GptOssShape,
+    HybridShape,
+    Shape,
+)
 
 DIRECT_TYPES = ("f16", "q8_0", "q4_0")
 # --type -> llama-quantize's type name
@@ -95,10 +101,9 @@ def plan(shape: Shape, type_name: str) -> list[TensorPlan]:
     import gguf
 
     out = []
-    if shape.llama3_rope:
-        out.append(
-            TensorPlan("rope_freqs.weight", (shape.head_dim // 2,), gguf.GGMLQuantizationType.F32)
-        )
+    if shape.llama3_rope or isinstance(shape, Gemma4Shape):
+        half = (shape.global_head_dim if isinstance(shape, Gemma4Shape) else shape.head_dim) // 2
+        out.append(TensorPlan("rope_freqs.weight", (half,), gguf.GGMLQuantizationType.F32))
     out += [TensorPlan(n, d, tensor_type(n, d, shape, type_name)) for n, d in shape.tensors()]
     return out
 
@@ -242,18 +247,21 @@ def write_random_gguf(
     w.add_context_length(shape.context)
     w.add_embedding_length(shape.hidden)
     w.add_block_count(shape.layers)
-    if shape.intermediate:  # the MoE hybrid has no dense MLP (nor the key)
-        w.add_feed_forward_length(shape.intermediate)
     w.add_head_count(shape.heads)
-    w.add_head_count_kv(shape.kv_heads)
+    if isinstance(shape, Gemma4Shape):  # per-layer widths and heads, two head sizes
+        shape.add_keys(w)
+    else:
+        if shape.intermediate:  # the MoE hybrid has no dense MLP (nor the key)
+            w.add_feed_forward_length(shape.intermediate)
+        w.add_head_count_kv(shape.kv_heads)
+        w.add_key_length(shape.head_dim)
+        w.add_value_length(shape.head_dim)
     if isinstance(shape, HybridShape):
         _add_hybrid_keys(w, shape)
-    else:
+    elif not isinstance(shape, Gemma4Shape):
         w.add_rope_dimension_count(shape.head_dim)
     if isinstance(shape, GptOssShape):
         _add_gpt_oss_keys(w, shape)
-    w.add_key_length(shape.head_dim)
-    w.add_value_length(shape.head_dim)
     w.add_rope_freq_base(shape.rope_theta)
     w.add_layer_norm_rms_eps(shape.rms_eps)
     w.add_vocab_size(shape.vocab)
@@ -266,7 +274,9 @@ def write_random_gguf(
     w.write_ti_data_to_file()
     # q/k rows are not permuted as the converter would: for random weights it changes nothing.
     for i, p in enumerate(tensors):
-        if p.name == "rope_freqs.weight":
+        if p.name == "rope_freqs.weight" and isinstance(shape, Gemma4Shape):
+            data = shape.rope_freqs()
+        elif p.name == "rope_freqs.weight":
             data = llama3_rope_freqs(shape.rope_theta, shape.head_dim, shape.llama3_rope)
         else:  # a generator per tensor: the same seed gives the same tensor whatever the chunking
             data = _random_tensor(p, np.random.default_rng([seed, i]), std)

@@ -193,6 +193,8 @@ class GptOssShape(Shape):
         return out
 
 
+from benchmarks.gemma4_shape import Gemma4Shape  # noqa: E402 (it subclasses Shape, defined above)
+
 # Llama 3.1 / 3.2's rope_scaling (the same in every Llama 3.x config.json).
 _LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -429,5 +431,50 @@ SHAPES = {
         experts_used=2,
         expert_intermediate=32,
         shared_expert_intermediate=64,
+    ),
+    # google/gemma-4-E2B-it config.json text_config (its figures as public code quotes them):
+    # hidden 1536, 35 layers (4 sliding : 1 global), 8 heads over 1 KV head of 256 (global: 512),
+    # MLP 6144 (12288 on the 20 KV-shared layers), per-layer inputs of 256, vocab 262144, tied.
+    "gemma-4-e2b": Gemma4Shape(
+        "gemma4",
+        "google/gemma-4-E2B-it config.json text_config",
+        hidden=1536,
+        layers=35,
+        heads=8,
+        kv_heads=1,
+        head_dim=256,
+        intermediate=6144,
+        vocab=262144,
+        tied=True,
+        rope_theta=1_000_000.0,
+        rms_eps=1e-6,
+        context=131072,
+        kv_shared_layers=20,
+        double_wide=True,
+    ),
+    # Tests: every Gemma 4 feature (shared KV, K = V, double-wide, per-layer inputs) in 6 layers
+    # (the last global, as HF requires).
+    "tiny-gemma4": Gemma4Shape(
+        "gemma4",
+        "test shape",
+        hidden=64,
+        layers=6,
+        heads=4,
+        kv_heads=2,
+        head_dim=32,
+        intermediate=128,
+        vocab=49216,
+        tied=True,
+        rope_theta=1_000_000.0,
+        rms_eps=1e-6,
+        context=4096,
+        global_head_dim=64,
+        global_kv_heads=1,
+        sliding_window=8,
+        swa_period=2,
+        kv_shared_layers=2,
+        ple_dim=32,
+        double_wide=True,
+        k_eq_v=True,
     ),
 }

@@ -101,7 +101,12 @@ def layer_shapes(model: nn.Module, num_layers: int) -> tuple[tuple[int, int], ..
     shapes: dict[int, tuple[int, int]] = {}
     for m in model.modules():
         if isinstance(m, RadixAttention) and not isinstance(m, MLAAttention):
-            shapes[m.layer_id] = (m.num_kv_heads, m.head_dim)
+            shape = (m.num_kv_heads, m.head_dim)
+            if shapes.setdefault(m.layer_id, shape) != shape:
+                raise ValueError(
+                    f"layers reading layer {m.layer_id}'s KV disagree on its shape (kv heads,"
+                    f" head dim): {shapes[m.layer_id]} and {shape}"
+                )
     shared = getattr(model, "kv_shared_layers", ())
     if not shapes or (len(set(shapes.values())) == 1 and not shared):
         return None

@@ -323,3 +323,39 @@ def test_tiny_gpt_oss_file_loads_with_mxfp4_experts(tmp_path):
     with Engine(model_path=path, log_level="warning", enable_invariant_checks=True) as e:
         out = e.generate("Hello", {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
     assert len(out["output_ids"]) == 8
+
+
+def test_gemma4_e2b_shape():
+    """google/gemma-4-E2B-it's text model: 4.63B parameters of which 2.35B per-layer embeddings
+    (looked up, never multiplied: the name's "effective 2B" counts them out), 35 layers of which 7
+    global (the last among them), 20 reading earlier layers' KV."""
+    s = SHAPES["gemma-4-e2b"]
+    ple = s.vocab * s.ple_dim * s.layers
+    assert (s.num_params(), ple) == (4_628_569_379, 2_348_810_240)
+    assert sum(s.is_global(i) for i in range(s.layers)) == 7 and s.is_global(s.layers - 1)
+    assert sum(s.is_shared(i) for i in range(s.layers)) == 20
+
+
+def test_tiny_gemma4_file_loads(tmp_path):
+    """The gemma4 shapes as llama.cpp's converter writes them: radixlm reads the per-layer head
+    sizes, KV heads and widths, the pattern, the shared layers and the proportional RoPE back,
+    keeps the matrices quantized and generates (window 8: the answer crosses it)."""
+    from radixlm import Engine
+    from radixlm.model.kv_layout import kv_layout
+    from radixlm.model.loader import load_model
+
+    path = str(tmp_path / "tiny-gemma4.gguf")
+    mrg.make(path, "tiny-gemma4", "q8_0", log=None)
+    loaded = load_model(path)
+    c = loaded.hf_config
+    assert loaded.architecture == "Gemma4ForCausalLM"
+    assert c.layer_types == ["sliding_attention", "full_attention"] * 3
+    assert (c.num_kv_shared_layers, c.sliding_window, c.attention_k_eq_v) == (2, 8, True)
+    assert c.use_double_wide_mlp and c.intermediate_size == 128
+    assert c.rope_parameters["full_attention"]["partial_rotary_factor"] == 0.25
+    layout = kv_layout(loaded.model, c)
+    assert layout.layer_shapes == ((2, 32), (1, 64), (2, 32), (1, 64), (0, 64), (0, 64))
+    assert loaded.model.model.layers[0].mlp.gate_up_proj.qweight is not None
+    with Engine(model_path=path, log_level="warning", enable_invariant_checks=True) as e:
+        out = e.generate("Hello", {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True})
+    assert len(out["output_ids"]) == 12
