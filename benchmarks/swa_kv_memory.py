@@ -11,9 +11,12 @@ and full attention) shrunk to one 8-dim KV head per layer, so the 32k prefill ta
 counts depend on the layout, the window and the chunk only. The bytes are then those slot counts
 times each real shape's per-layer KV bytes (float16 KV, what quantized GGUF weights run with on
 CPU), against the same context in one slot space: gpt-oss-20b (24 layers, 8 KV heads x 64 dims,
-window 128, alternating), gpt-oss-120b (36 layers, same), and Gemma 4's default text config (30
+window 128, alternating), gpt-oss-120b (36 layers, same), Gemma 4's default text config (30
 layers, 4 KV heads, 256 dims on the 25 sliding layers of window 512 and 512 dims on the 5 global
-ones: its own run, with that window).
+ones: its own run, with that window), and Gemma 4 E2B, run as a random Gemma 4 of its layout (35
+layers, 4 sliding : 1 global, the last 20 reading earlier layers' KV, so 15 keep any) shrunk the
+same way: its bytes are its 12 sliding layers' 1 x 256 and 3 global layers' 1 x 512, against
+those 15 layers keeping every token.
 """
 
 from __future__ import annotations
@@ -43,24 +46,55 @@ class Layout:
     kv_heads: int
     swa_head_dim: int
     full_head_dim: int
+    kv_shared: int = 0  # the last layers that keep no KV (Gemma 4's shared-KV layers)
+    family: str = "gpt-oss"  # the random model run for the slot counts: gpt-oss or gemma4
 
     def layer_bytes(self, head_dim: int) -> int:
         return 2 * self.kv_heads * head_dim * 2  # K and V, float16
 
+    def _holding(self) -> range:
+        return range(self.num_layers - self.kv_shared)  # the layers that keep KV
+
     @property
     def full_layers(self) -> int:
-        return self.num_layers // self.pattern
+        return sum((i + 1) % self.pattern == 0 for i in self._holding())
 
     @property
     def swa_layers(self) -> int:
-        return self.num_layers - self.full_layers
+        return len(self._holding()) - self.full_layers
 
 
 LAYOUTS = [
     Layout("gpt-oss-20b", 128, 2, 24, 8, 64, 64),
     Layout("gpt-oss-120b", 128, 2, 36, 8, 64, 64),
     Layout("gemma-4 (default text config)", 512, 6, 30, 4, 256, 512),
+    Layout("gemma-4-e2b", 512, 5, 35, 1, 256, 512, kv_shared=20, family="gemma4"),
 ]
+
+
+def _gemma4(path: str, lay: Layout, context: int) -> None:
+    """A random Gemma 4 of the layout's layers, pattern and shared layers, 8-dim KV heads."""
+    from tests.model.gemma4_checkpoint import gemma4_checkpoint
+
+    gemma4_checkpoint(
+        path,
+        hidden_size=16,
+        intermediate_size=16,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        num_global_key_value_heads=1,
+        head_dim=8,
+        global_head_dim=16,
+        hidden_size_per_layer_input=0,
+        num_hidden_layers=lay.num_layers,
+        num_kv_shared_layers=lay.kv_shared,
+        sliding_window=lay.window,
+        layer_types=[
+            "full_attention" if (i + 1) % lay.pattern == 0 else "sliding_attention"
+            for i in range(lay.num_layers)
+        ],
+        max_position_embeddings=context + CHUNK,
+    )
 
 
 def _model(path: str, window: int, pattern: int, context: int) -> None:
@@ -98,14 +132,17 @@ def _model(path: str, window: int, pattern: int, context: int) -> None:
     tok.save_pretrained(path)
 
 
-def run(window: int, pattern: int, context: int) -> tuple[int, int, float]:
+def run(lay: Layout, context: int) -> tuple[int, int, float]:
     """Serve one request of `context` tokens: (full slots, windowed-layer slots, seconds)."""
     from radixlm import Engine
 
     size = context + 64  # the context and what admission reserves for its answer
-    swa = CHUNK + 2 * window
+    swa = CHUNK + 2 * lay.window
     with tempfile.TemporaryDirectory() as path:
-        _model(path, window, pattern, context)
+        if lay.family == "gemma4":
+            _gemma4(path, lay, context)
+        else:
+            _model(path, lay.window, lay.pattern, context)
         rng = random.Random(0)
         ids = [rng.randrange(10, 800) for _ in range(context - NEW)]
         with Engine(
@@ -135,15 +172,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--context", type=int, default=32768)
     args = ap.parse_args()
-    runs: dict[tuple[int, int], tuple[int, int, float]] = {}
+    runs: dict[tuple, tuple[int, int, float]] = {}
     print(
         "| shape | window | full slots | windowed slots | KV bytes/token | every layer global |"
         " ratio | run |\n|---|---|---|---|---|---|---|---|"
     )
     for lay in LAYOUTS:
-        key = (lay.window, lay.pattern)
+        key = (lay.window, lay.pattern, lay.family)
         if key not in runs:
-            runs[key] = run(lay.window, lay.pattern, args.context)
+            runs[key] = run(lay, args.context)
         full, swa, seconds = runs[key]
         full_b = lay.full_layers * lay.layer_bytes(lay.full_head_dim)
         swa_b = lay.swa_layers * lay.layer_bytes(lay.swa_head_dim)
