@@ -8,7 +8,8 @@ attention.shared_kv_layers, and the proportional RoPE of the global layers as a 
 tensor (1 for the rotating frequencies, 1e30 for the others) under rope.dimension_count = the
 whole head. Norms are stored as HF's (Gemma 4's are x * w: no 1 + w offset), the layer scalars as
 `layer_output_scale`, the router's input scale as `ffn_gate_inp.scale` and its per-expert scale as
-`ffn_down_exps.scale`; experts keep HF's [E, 2I, H] / [E, H, I] layouts. A layer whose V is K's
+`ffn_down_exps.scale`; experts keep HF's [E, 2I, H] / [E, H, I] layouts (yielded as ExpertWeights:
+block-quantized ones stay in their blocks, models/gemma4_moe.py). A layer whose V is K's
 projection (attention_k_eq_v) has no attn_v.
 """
 
@@ -21,7 +22,6 @@ from typing import Any
 import numpy as np
 
 from radixlm.model.gguf_gemma import layer_types
-from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.tp_shard import Slicer, TensorSlice
 
 GEMMA4_ARCHITECTURES = {"gemma4": ("Gemma4ForCausalLM", "Gemma4TextConfig")}
@@ -180,8 +180,6 @@ def gemma4_weights(
         if keep is not None and not keep(name):
             continue
         w = read(t, name, slicer(name) if slicer is not None else None)
-        if isinstance(w, ExpertWeights):  # the experts run in float (models/gemma4_moe.py)
-            w = w.dequantize().float() if w.quantized else w.data
         if name.endswith("layer_scalar"):
             w = w.reshape(1)
         yield name, w

@@ -29,6 +29,7 @@ from torch import nn
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.attention.radix_attention import RadixAttention
 from radixlm.model.layers.linear import Linear
+from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.parallel_linear import (
     MergedColumnParallelLinear,
@@ -247,7 +248,13 @@ class Gemma4ForCausalLM(Gemma2ForCausalLM):
         return [i for i, s in enumerate(self.model.kv_source) if s != i]
 
     def load_weights(self, weights) -> None:
+        self._quantized_experts: set[str] = set()
         super().load_weights(self._hf_names(weights))
+
+    def _num_shards(self, param_name: str) -> int:
+        if param_name in getattr(self, "_quantized_experts", ()):
+            return 0  # loaded as blocks (Gemma4MoeBlock.set_quantized), not into the parameter
+        return super()._num_shards(param_name)
 
     def _hf_names(self, weights):
         shared = set(self.kv_shared_layers)
@@ -260,5 +267,13 @@ class Gemma4ForCausalLM(Gemma2ForCausalLM):
                 ("k_proj", "v_proj", "k_norm", "v_norm")
             ):
                 if int(name.split(".")[2]) in shared:  # computed nowhere (HF ignores them too)
+                    continue
+            if isinstance(t, ExpertWeights):  # a GGUF's experts
+                if not t.quantized:
+                    t = t.data
+                else:  # kept in their blocks
+                    owner, _, kind = name.rpartition(".")
+                    self.get_submodule(owner).set_quantized(kind, t)
+                    self._quantized_experts.add(name)
                     continue
             yield name, t

@@ -4,8 +4,9 @@ The router RMS-normalizes the layer's residual stream (no weight), scales it by 
 and hidden ** -0.5, and takes the top-k of a softmax over the experts, renormalized to sum to 1 and
 then multiplied by a learned per-expert scale. Each expert is a GELU-tanh gated MLP (HF's
 `experts.gate_up_proj` [E, 2I, H] and `experts.down_proj` [E, H, I], multiplied as rows W x).
-The fused MoE paths run SiLU experts only, so these run in torch, one matmul pair per expert
-touched.
+The fused MoE paths run SiLU experts only, so these run here, one matmul pair per expert touched:
+float weights through torch, a GGUF's block-quantized experts (`set_quantized`: ExpertWeights in
+their blocks, never a float copy) through the native quantized linear kernel.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.model.layers.linear import Linear
+from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.layers.norm import RMSNorm
 
 
@@ -46,8 +48,24 @@ class Gemma4MoeBlock(nn.Module):
         super().__init__()
         e, h, i = config.num_experts, config.hidden_size, config.moe_intermediate_size
         self.router = Gemma4Router(config)
+        self.num_experts = e
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h), requires_grad=False)
         self.down_proj = nn.Parameter(torch.empty(e, h, i), requires_grad=False)
+        self.quantized: dict[str, ExpertWeights] = {}  # set_quantized's, by parameter name
+
+    def set_quantized(self, name: str, w: ExpertWeights) -> None:
+        """name: gate_up_proj or down_proj, kept in its blocks; the float parameter goes."""
+        self.quantized[name] = w
+        getattr(self, name).data = torch.empty(0)
+
+    def _project(self, name: str, e: int, x: torch.Tensor) -> torch.Tensor:
+        w = self.quantized.get(name)
+        if w is None:
+            return F.linear(x, getattr(self, name)[e])
+        from radixlm.kernels.ops import ops
+
+        out = ops().qlinear(x.float().contiguous(), w.data[e], w.fmt.kernel_id, None)
+        return out.to(x.dtype)
 
     def forward(self, residual: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """residual: what the router reads; x: the experts' (normed) input; both [T, H]."""
@@ -55,7 +73,7 @@ class Gemma4MoeBlock(nn.Module):
         out = torch.zeros_like(x)
         flat = ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0]).tolist()
+        counts = torch.bincount(flat, minlength=self.num_experts).tolist()
         k, start = ids.shape[1], 0
         for expert, n in enumerate(counts):
             if n == 0:
@@ -63,8 +81,8 @@ class Gemma4MoeBlock(nn.Module):
             pairs = order[start : start + n]
             start += n
             tokens = pairs // k
-            gate, up = F.linear(x[tokens], self.gate_up_proj[expert]).chunk(2, dim=-1)
-            y = F.linear(F.gelu(gate, approximate="tanh") * up, self.down_proj[expert])
+            gate, up = self._project("gate_up_proj", expert, x[tokens]).chunk(2, dim=-1)
+            y = self._project("down_proj", expert, F.gelu(gate, approximate="tanh") * up)
             y = y * weights.reshape(-1)[pairs, None].to(y.dtype)
             out.index_add_(0, tokens, y)
         return out
