@@ -71,6 +71,7 @@ INTERLEAVED = {
     "q8_0": QuantFormat("q8_0x8", 7, 32, 272, group=8),
     "q4_k": QuantFormat("q4_kx8", 17, 256, 1184, group=8),  # scales unpacked to bytes: +2.8%
     "q6_k": QuantFormat("q6_kx8", 18, 256, 1680, group=8),
+    "mxfp4": QuantFormat("mxfp4x8", 20, 32, 136, group=8),  # the row-major blocks' own size
 }
 # What --quantization can make from float weights at load (f16 / bf16: keep 16-bit weights, on the
 # native kernels).

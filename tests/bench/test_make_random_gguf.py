@@ -317,7 +317,7 @@ def test_tiny_gpt_oss_file_loads_with_mxfp4_experts(tmp_path):
     assert c.layer_types == ["sliding_attention", "full_attention"]
     assert c.rope_parameters["rope_type"] == "yarn" and c.rope_parameters["factor"] == 32.0
     experts = loaded.model.model.layers[1].mlp.experts.quantized
-    assert experts["gate_up_proj"].fmt.name == experts["down_proj"].fmt.name == "mxfp4"
+    assert experts["gate_up_proj"].fmt.name == experts["down_proj"].fmt.name == "mxfp4x8"
     spread = float(experts["down_proj"].dequantize().std())
     assert 0.01 < spread < 0.04, spread
     with Engine(model_path=path, log_level="warning", enable_invariant_checks=True) as e:

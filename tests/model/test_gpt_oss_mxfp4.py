@@ -57,7 +57,7 @@ def test_experts_stay_mxfp4_and_decode_to_the_file(mxfp4):
         ex = layer.mlp.experts
         assert ex.gate_up_proj.numel() == 0 and ex.down_proj.numel() == 0  # no float copy
         gate_up, down = ex.quantized["gate_up_proj"], ex.quantized["down_proj"]
-        assert gate_up.fmt.name == "mxfp4" and down.fmt.name == "mxfp4"
+        assert gate_up.fmt.name == "mxfp4x8" and down.fmt.name == "mxfp4x8"  # (8 rows interleaved)
         want = ref.model.layers[i].mlp.experts
         assert torch.equal(gate_up.dequantize(), want.gate_up_proj.transpose(1, 2)), i
         assert torch.equal(down.dequantize(), want.down_proj.transpose(1, 2)), i
@@ -159,7 +159,7 @@ def test_hf_mxfp4_checkpoint_loads_in_its_blocks(hf_mxfp4):
     loaded = load_model(path)  # quant_method mxfp4 selects the method
     for i, layer in enumerate(loaded.model.model.layers):
         ex = layer.mlp.experts
-        assert ex.quantized["gate_up_proj"].fmt.name == "mxfp4" and ex.gate_up_proj.numel() == 0
+        assert ex.quantized["gate_up_proj"].fmt.name == "mxfp4x8" and ex.gate_up_proj.numel() == 0
         want = ref.model.layers[i].mlp.experts
         assert torch.equal(ex.quantized["gate_up_proj"].dequantize(), want.gate_up_proj.mT), i
         assert torch.equal(ex.quantized["down_proj"].dequantize(), want.down_proj.mT), i

@@ -71,7 +71,7 @@ struct Acts {
     at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) quantize_row(src(r), qp + r * K, dp + r * (K / 32), sp + r * (K / 32), K);
     });
-    if (fmt == FMT_Q6KX8) {
+    if (fmt == FMT_Q6KX8 || fmt == FMT_MXFP4X8) {
       s16.resize(R * (K / 32));
       act_sums16(view(0), 0, R, s16.data());
     }

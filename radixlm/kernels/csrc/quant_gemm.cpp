@@ -136,6 +136,7 @@ void gemm_quantized(int64_t fmt, const uint8_t* W, int64_t rb, int64_t N, const 
     case FMT_I8: gemm32<FI8>(W, rb, N, a, M, o, ld, bp); break;
     case FMT_Q4X8:
     case FMT_Q8X8:
+    case FMT_MXFP4X8:
     case FMT_Q4KX8:
     case FMT_Q6KX8: gemm_x8(fmt, W, rb, N, a, M, o, ld, bp); break;
     default: TORCH_CHECK(gemm_gguf(fmt, W, rb, N, a, M, o, ld, bp), "unknown quantized format id ", fmt);

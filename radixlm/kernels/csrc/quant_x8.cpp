@@ -38,6 +38,17 @@ struct Avx2Dot {
     s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[3], bcast32(aq + 28)));
     return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
   }
+  // Unsigned values up to 24 (MXFP4 offset by 12): 4 maddubs stay within 4 x 2 x 24 x 127 = 24384
+  // in 16 bits, then madd widens each half.
+  static inline __m256i u24(const __m256i* lo, const __m256i* hi, const int8_t* aq) {
+    __m256i s0 = _mm256_maddubs_epi16(lo[0], bcast32(aq)), s1 = _mm256_maddubs_epi16(hi[0], bcast32(aq + 16));
+    for (int i = 1; i < 4; ++i) {
+      s0 = _mm256_add_epi16(s0, _mm256_maddubs_epi16(lo[i], bcast32(aq + 4 * i)));
+      s1 = _mm256_add_epi16(s1, _mm256_maddubs_epi16(hi[i], bcast32(aq + 16 + 4 * i)));
+    }
+    const __m256i one = _mm256_set1_epi16(1);
+    return _mm256_add_epi32(_mm256_madd_epi16(s0, one), _mm256_madd_epi16(s1, one));
+  }
   static inline __m256i q8(const __m256i* w, const int8_t* aq) {
     __m256i s = _mm256_setzero_si256();
     for (int i = 0; i < 8; ++i) {
@@ -121,17 +132,18 @@ void act_sums16(const QAct& a, int64_t m0, int64_t m1, int32_t* out) {
 
 void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64_t M, float* out,
              int64_t ldo, const float* bias) {
-  if (fmt == FMT_Q6KX8 && a.sum16 == nullptr) {  // a caller may have made them once for many calls
-    const std::vector<int32_t> s16 = sums16(a, M);
+  if ((fmt == FMT_Q6KX8 || fmt == FMT_MXFP4X8) && a.sum16 == nullptr) {  // (a caller may have
+    const std::vector<int32_t> s16 = sums16(a, M);                         // made them for many calls)
     QAct with = a;
     with.sum16 = s16.data();
-    gemm<X8Kind::Q6K>(W, group_bytes, N, with, M, out, ldo, bias);
+    gemm_x8(fmt, W, group_bytes, N, with, M, out, ldo, bias);
     return;
   }
   switch (fmt) {
     case FMT_Q6KX8: gemm<X8Kind::Q6K>(W, group_bytes, N, a, M, out, ldo, bias); break;
     case FMT_Q4X8: gemm<X8Kind::Q4>(W, group_bytes, N, a, M, out, ldo, bias); break;
     case FMT_Q8X8: gemm<X8Kind::Q8>(W, group_bytes, N, a, M, out, ldo, bias); break;
+    case FMT_MXFP4X8: gemm<X8Kind::MXFP4>(W, group_bytes, N, a, M, out, ldo, bias); break;
     default: gemm<X8Kind::Q4K>(W, group_bytes, N, a, M, out, ldo, bias); break;
   }
 }
@@ -145,7 +157,20 @@ void dequant_row_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t 
   const int64_t r = row % 8;
   for (int64_t b = 0; b < K / 32; ++b) {
     float* yb = y + 32 * b;
-    if (fmt == FMT_Q4X8) {
+    if (fmt == FMT_MXFP4X8) {
+      static const int8_t values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+      const uint8_t* blk = g + b * 136;
+      const uint8_t e = blk[r];
+      const uint32_t bits = e < 2 ? 0x00200000u << e : (uint32_t)(e - 1) << 23;
+      float d;
+      std::memcpy(&d, &bits, 4);
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 4; ++j) {
+          const uint8_t q = blk[8 + 32 * i + 4 * r + j];
+          yb[4 * i + j] = d * values[q & 0xF];
+          yb[16 + 4 * i + j] = d * values[q >> 4];
+        }
+    } else if (fmt == FMT_Q4X8) {
       const uint8_t* blk = g + b * 160;
       const float d = fp16(blk + 2 * r), mn = fp16(blk + 16 + 2 * r);
       for (int i = 0; i < 4; ++i)
@@ -163,16 +188,19 @@ void dequant_row_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t 
   }
 }
 
-// [N, row_bytes] GGUF blocks (Q4_0, Q4_1 or Q8_0) -> [N / 8, blocks * group block bytes]. Q4_0's
-// offset -8 d becomes Q4_1's m (exact in fp16: a power-of-two multiple).
+// [N, row_bytes] GGUF blocks (Q4_0, Q4_1, Q8_0 or MXFP4) -> [N / 8, blocks * group block bytes].
+// Q4_0's offset -8 d becomes Q4_1's m (exact in fp16: a power-of-two multiple); MXFP4 keeps its
+// exponent bytes and nibbles as they are.
 at::Tensor repack_x8(const at::Tensor& w, int64_t fmt, int64_t cols) {
   if (fmt == FMT_Q4_K || fmt == FMT_Q6_K) return repack_kx8(w, fmt, cols);
-  TORCH_CHECK(fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_Q8_0, "repack_x8: Q4_0, Q4_1, Q8_0, Q4_K or Q6_K weights, got format ", fmt);
+  TORCH_CHECK(fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_Q8_0 || fmt == FMT_MXFP4,
+              "repack_x8: Q4_0, Q4_1, Q8_0, MXFP4, Q4_K or Q6_K weights, got format ", fmt);
   TORCH_CHECK(w.dtype() == at::kByte && w.dim() == 2 && w.is_contiguous() && w.size(1) == fmt_row_bytes(fmt, cols),
               "repack_x8: contiguous uint8 [rows, row_bytes] in the format");
   TORCH_CHECK(cols % 32 == 0 && w.size(0) % 8 == 0, "repack_x8: rows must be a multiple of 8 (got ", w.size(0), ")");
   const int64_t N = w.size(0), nb = cols / 32, src_bytes = fmt_block_bytes(fmt);
-  const int64_t packed = fmt == FMT_Q8_0 ? FMT_Q8X8 : FMT_Q4X8, gb = fmt_block_bytes(packed);
+  const int64_t packed = fmt == FMT_Q8_0 ? FMT_Q8X8 : fmt == FMT_MXFP4 ? FMT_MXFP4X8 : FMT_Q4X8;
+  const int64_t gb = fmt_block_bytes(packed);
   auto out = at::empty({N / 8, nb * gb}, w.options());
   const uint8_t* src = w.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
@@ -186,6 +214,11 @@ at::Tensor repack_x8(const at::Tensor& w, int64_t fmt, int64_t cols) {
           if (packed == FMT_Q8X8) {
             std::memcpy(o + 2 * r, blk, 2);
             for (int i = 0; i < 8; ++i) std::memcpy(o + 16 + 32 * i + 4 * r, blk + 2 + 4 * i, 4);
+            continue;
+          }
+          if (packed == FMT_MXFP4X8) {
+            o[r] = blk[0];
+            for (int i = 0; i < 4; ++i) std::memcpy(o + 8 + 32 * i + 4 * r, blk + 1 + 4 * i, 4);
             continue;
           }
           const uint8_t* qs = blk + (fmt == FMT_Q4_1 ? 4 : 2);

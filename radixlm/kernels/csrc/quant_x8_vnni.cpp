@@ -20,6 +20,8 @@ struct VnniDot {
     }
     return _mm256_add_epi32(s0, s1);
   }
+  // Unsigned values up to 24 (MXFP4 offset by 12): vpdpbusd's int32 sums cannot overflow.
+  static inline __m256i u24(const __m256i* lo, const __m256i* hi, const int8_t* aq) { return q4(lo, hi, aq); }
   // Signed x signed through the sign trick: |w| (unsigned) times a carrying w's sign.
   static inline __m256i q8(const __m256i* w, const int8_t* aq) {
     __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
@@ -50,6 +52,7 @@ void x8_group_rows_vnni(X8Kind kind, const uint8_t* g, const QAct& a, int64_t m0
     case X8Kind::Q8: group_rows<VnniDot, X8Kind::Q8>(g, a, m0, m1, out, ldo, bv); break;
     case X8Kind::Q4K: group_rows<VnniDot, X8Kind::Q4K>(g, a, m0, m1, out, ldo, bv); break;
     case X8Kind::Q6K: group_rows<VnniDot, X8Kind::Q6K>(g, a, m0, m1, out, ldo, bv); break;
+    case X8Kind::MXFP4: group_rows<VnniDot, X8Kind::MXFP4>(g, a, m0, m1, out, ldo, bv); break;
   }
 }
 

@@ -19,7 +19,7 @@
 namespace radixlm {
 
 // The interleaved layouts, by tile kind (outside the anonymous namespace: both ISAs' files name it).
-enum class X8Kind { Q4, Q8, Q4K, Q6K };
+enum class X8Kind { Q4, Q8, Q4K, Q6K, MXFP4 };
 
 namespace {
 
@@ -80,6 +80,48 @@ inline void tile_q8x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, i
 constexpr int64_t PF_AHEAD = 4096;
 inline void prefetch_span(const uint8_t* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch((const char*)(p + PF_AHEAD + o), _MM_HINT_T0);
+}
+
+// MXFP4X8: a block is e[8] (e8m0 exponents) and 4 chunks of 32 bytes laid out as Q4X8's; a nibble
+// indexes the e2m1 values doubled to exact int8 (-12..12, ggml's kvalues_mxfp4), looked up here
+// with 12 added (0..24: unsigned, so the byte dot needs no sign fix-up), and the activation block's
+// integer sum times 12 taken back: the same exact int32 dot as the signed values', then 2^(e-128)
+// (the halving undoes the doubling: exact in fp32) scales the block. 136 bytes per 8 x 32 values:
+// the row-major blocks' own size.
+inline __m256 e8m0_halves8(const uint8_t* p) {
+  const __m256i e = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+  const __m256i normal = _mm256_slli_epi32(_mm256_sub_epi32(e, _mm256_set1_epi32(1)), 23);
+  const __m256i tiny = _mm256_sllv_epi32(_mm256_set1_epi32(0x00200000), e);  // e < 2: subnormal
+  const __m256i use_tiny = _mm256_cmpgt_epi32(_mm256_set1_epi32(2), e);
+  return _mm256_castsi256_ps(_mm256_blendv_epi8(normal, tiny, use_tiny));
+}
+
+template <class Dot, int RM>
+inline void tile_mxfp4x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const __m256i table = _mm256_setr_epi8(12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0,
+                                         12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0);
+  const __m256i twelve = _mm256_set1_epi16(12);
+  __m256 acc[RM];
+  for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const uint8_t* blk = g + b * 136;
+    if constexpr (RM <= 2) prefetch_span(blk, 136);
+    const __m256 dw = e8m0_halves8(blk);
+    __m256i lo[4], hi[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m256i raw = _mm256_loadu_si256((const __m256i*)(blk + 8 + 32 * i));
+      lo[i] = _mm256_shuffle_epi8(table, _mm256_and_si256(raw, m4));
+      hi[i] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+    }
+    for (int m = 0; m < RM; ++m) {
+      // 12 x (the block's two 16-value sums), as int32 in every lane
+      const __m256i off = _mm256_madd_epi16(twelve, _mm256_set1_epi32(a.sum16row(m0 + m)[b]));
+      const __m256i isum = _mm256_sub_epi32(Dot::u24(lo, hi, a.qrow(m0 + m) + b * 32), off);
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw, _mm256_set1_ps(a.drow(m0 + m)[b])), acc[m]);
+    }
+  }
+  for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
 }
 
 inline __m256 u8x8_to_ps(const uint8_t* p) {
@@ -192,6 +234,8 @@ inline void tile_x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, int
     tile_q8x8<Dot, RM>(g, a, m0, out, ldo, bias);
   } else if constexpr (Kind == X8Kind::Q4K) {
     tile_q4kx8<Dot, RM>(g, a, m0, out, ldo, bias);
+  } else if constexpr (Kind == X8Kind::MXFP4) {
+    tile_mxfp4x8<Dot, RM>(g, a, m0, out, ldo, bias);
   } else {
     tile_q6kx8<Dot, RM>(g, a, m0, out, ldo, bias);
   }

@@ -54,8 +54,9 @@ class Gemma4MoeBlock(nn.Module):
         self.quantized: dict[str, ExpertWeights] = {}  # set_quantized's, by parameter name
 
     def set_quantized(self, name: str, w: ExpertWeights) -> None:
-        """name: gate_up_proj or down_proj, kept in its blocks; the float parameter goes."""
-        self.quantized[name] = w
+        """name: gate_up_proj or down_proj, kept in its blocks (8 rows interleaved where the format
+        has such a layout); the float parameter goes."""
+        self.quantized[name] = w.interleaved()
         getattr(self, name).data = torch.empty(0)
 
     def _project(self, name: str, e: int, x: torch.Tensor) -> torch.Tensor:

@@ -61,8 +61,9 @@ class GptOssExperts(nn.Module):
         self.quantized: dict[str, ExpertWeights] = {}
 
     def set_quantized(self, name: str, w: ExpertWeights) -> None:
-        """name: gate_up_proj (gate / up rows interleaved) or down_proj; the float one goes."""
-        self.quantized[name] = w
+        """name: gate_up_proj (gate / up rows interleaved) or down_proj; the float one goes. Kept
+        in the kernels' 8-row interleaved layout where the format has one (MXFP4 does)."""
+        self.quantized[name] = w.interleaved()
         getattr(self, name).data = torch.empty(0)
 
     def _project(self, name: str, e: int, x: torch.Tensor) -> torch.Tensor:
