@@ -77,22 +77,25 @@ class GptOssExperts(nn.Module):
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x [T, hidden], weights / ids [T, k] -> [T, hidden]. One matmul pair per expert touched,
-        over its tokens; then each token sums its k rows in slot order (its output does not depend
+        over its tokens (grouped on the host: one read of the ids, no sort); the activation of all
+        of them at once; then each token sums its k rows in slot order (its output does not depend
         on which other tokens share its experts)."""
         T, k = ids.shape
-        flat = ids.reshape(-1)
-        order = torch.argsort(flat, stable=True)
-        counts = torch.bincount(flat, minlength=self.gate_up_proj.shape[0]).tolist()
+        groups: dict[int, list[int]] = {}
+        for pair, e in enumerate(ids.reshape(-1).tolist()):
+            groups.setdefault(e, []).append(pair)
+        order = [(e, torch.tensor(pairs)) for e, pairs in groups.items()]
+        gate_up = [
+            self._project("gate_up_proj", e, x if T == 1 else x.index_select(0, pairs // k))
+            for e, pairs in order
+        ]
+        sizes = [len(p) for _, p in order]
+        h = clamped_swiglu(
+            torch.cat(gate_up) if len(gate_up) > 1 else gate_up[0], self.alpha, self.limit
+        )
         rows = x.new_empty(T * k, x.shape[-1])  # each (token, slot) pair's expert output
-        start = 0
-        for e, n in enumerate(counts):
-            if n == 0:
-                continue
-            pairs = order[start : start + n]
-            start += n
-            h = self._project("gate_up_proj", e, x.index_select(0, pairs // k))
-            h = self._project("down_proj", e, clamped_swiglu(h, self.alpha, self.limit))
-            rows.index_copy_(0, pairs, h.to(rows.dtype))
+        for (e, pairs), part in zip(order, h.split(sizes)):
+            rows.index_copy_(0, pairs, self._project("down_proj", e, part).to(rows.dtype))
         rows, weights = rows.view(T, k, -1), weights.to(x.dtype)
         out = weights[:, 0, None] * rows[:, 0]
         for j in range(1, k):
