@@ -280,18 +280,27 @@ def matmul_reference(runner, bs: int, repeats: int = 20) -> dict:
     return {"linear_flops": flops, "matmul_only_ms": statistics.median(times[2:]) * 1e3}
 
 
-def expert_shares(model, bs: int) -> dict[str, float]:
-    """Parameter name -> the share of it a step of bs tokens reads: a mixture's experts, routed
-    top-k of E uniformly (random weights), are touched E (1 - (1 - k/E)^bs) at a time."""
+def expert_shares(model, bs: int) -> tuple[dict[str, float], float]:
+    """(parameter name -> the share of it a step of bs tokens reads, the bytes read of experts held
+    outside parameters): a mixture's experts, routed top-k of E uniformly (random weights), are
+    touched E (1 - (1 - k/E)^bs) at a time. SparseMoeBlock's w13 / w2, and the families' own
+    expert modules (`routed` = (E, k): their direct parameters, and the blocks they keep in
+    `quantized`)."""
     from radixlm.model.layers.moe.moe_block import SparseMoeBlock
 
-    shares = {}
+    shares, held = {}, 0.0
     for name, mod in model.named_modules():
         if isinstance(mod, SparseMoeBlock):
             e, k = mod.spec.num_experts, mod.spec.top_k
             for which in ("w13_weight", "w2_weight"):
                 shares[f"{name}.{which}"] = 1 - (1 - k / e) ** bs
-    return shares
+        elif getattr(mod, "routed", None):
+            e, k = mod.routed
+            share = 1 - (1 - k / e) ** bs
+            for which, _ in mod.named_parameters(recurse=False):
+                shares[f"{name}.{which}"] = share
+            held += share * sum(w.data.nbytes for w in getattr(mod, "quantized", {}).values())
+    return shares, held
 
 
 def bytes_per_step(runner, bs: int, context: float) -> int:
@@ -308,8 +317,8 @@ def bytes_per_step(runner, bs: int, context: float) -> int:
         q = getattr(mod, "qweight", None)
         if q is not None and (tied or not isinstance(mod, VocabEmbedding)):
             total += q.nbytes
-    shares = expert_shares(model, bs)
-    total += sum(
+    shares, held = expert_shares(model, bs)
+    total += held + sum(
         p.nbytes * shares.get(n, 1.0)
         for n, p in model.named_parameters()
         if tied or "embed" not in n

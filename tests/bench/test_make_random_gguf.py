@@ -320,6 +320,22 @@ def test_tiny_gpt_oss_file_loads_with_mxfp4_experts(tmp_path):
     assert experts["gate_up_proj"].fmt.name == experts["down_proj"].fmt.name == "mxfp4x8"
     spread = float(experts["down_proj"].dequantize().std())
     assert 0.01 < spread < 0.04, spread
+    # bench one-batch prices a step's experts (the blocks held outside parameters, and their
+    # biases) by the share routed: top-2 of 4, so one token reads half of them and a large batch all.
+    from types import SimpleNamespace
+
+    from radixlm.bench.one_batch import bytes_per_step
+
+    pool = SimpleNamespace(
+        bytes_per_token=lambda *a: 0, num_layers=0, num_kv_heads=0, head_dim=0, dtype=None
+    )
+    pool.v_head_dim = 0
+    runner = SimpleNamespace(model=loaded.model, token_to_kv_pool=pool)
+    experts = [layer.mlp.experts for layer in loaded.model.model.layers]
+    held = sum(w.data.nbytes for ex in experts for w in ex.quantized.values())
+    held += sum(ex.gate_up_proj_bias.nbytes + ex.down_proj_bias.nbytes for ex in experts)
+    one, many = bytes_per_step(runner, 1, 0), bytes_per_step(runner, 10_000, 0)
+    assert many - one == pytest.approx(held / 2)
     with Engine(model_path=path, log_level="warning", enable_invariant_checks=True) as e:
         out = e.generate("Hello", {"max_new_tokens": 8, "temperature": 0, "ignore_eos": True})
     assert len(out["output_ids"]) == 8

@@ -52,6 +52,7 @@ class Gemma4MoeBlock(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h), requires_grad=False)
         self.down_proj = nn.Parameter(torch.empty(e, h, i), requires_grad=False)
         self.quantized: dict[str, ExpertWeights] = {}  # set_quantized's, by parameter name
+        self.routed = (e, config.top_k_experts)  # (what bench one-batch prices a step at)
 
     def set_quantized(self, name: str, w: ExpertWeights) -> None:
         """name: gate_up_proj or down_proj, kept in its blocks (8 rows interleaved where the format

@@ -59,6 +59,7 @@ class GptOssExperts(nn.Module):
         self.limit = float(getattr(config, "swiglu_limit", 7.0))
         # Quantized experts (set_quantized): None while the float parameters hold them.
         self.quantized: dict[str, ExpertWeights] = {}
+        self.routed = (n, config.num_experts_per_tok)  # (what bench one-batch prices a step at)
 
     def set_quantized(self, name: str, w: ExpertWeights) -> None:
         """name: gate_up_proj (gate / up rows interleaved) or down_proj; the float one goes. Kept
