@@ -321,7 +321,7 @@ def test_tiny_gpt_oss_file_loads_with_mxfp4_experts(tmp_path):
     spread = float(experts["down_proj"].dequantize().std())
     assert 0.01 < spread < 0.04, spread
     # bench one-batch prices a step's experts (the blocks held outside parameters, and their
-    # biases) by the share routed: top-2 of 4, so one token reads half of them and a large batch all.
+    # biases) by the share routed: top-2 of 4, so one token reads half of them, a large batch all.
     from types import SimpleNamespace
 
     from radixlm.bench.one_batch import bytes_per_step
