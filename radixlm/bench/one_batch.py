@@ -236,21 +236,35 @@ def _profile(runner, prompts, args, bs: int, prefixes) -> str:
     return stem
 
 
-def linear_weights(model) -> list:
-    """The weights a decode step multiplies by: every 2-D parameter but the embedding lookup,
-    plus the embedding itself when it is tied to the LM head, and the matrices layers hold in
-    another form (quantized, FP8: WeightMatrix)."""
+def lookups(model) -> set[str]:
+    """Module names of the embedding tables a step only looks rows up in: every one but the table
+    tied to the LM head (the token embedding of a tied model), e.g. Gemma 4's per-layer inputs."""
     from radixlm.model.layers.linear import VocabEmbedding
+
+    tied = not any("lm_head" in n for n, _ in model.named_modules())
+    return {
+        n
+        for n, m in model.named_modules()
+        if isinstance(m, VocabEmbedding) and not (tied and n.endswith("model.embed_tokens"))
+    }
+
+
+def _looked_up(name: str, tables: set[str]) -> bool:
+    return name.rpartition(".")[0] in tables
+
+
+def linear_weights(model) -> list:
+    """The weights a decode step multiplies by: every 2-D parameter but the embedding lookups
+    (the embedding itself counts when it is tied to the LM head), and the matrices layers hold in
+    another form (quantized, FP8: WeightMatrix)."""
     from radixlm.model.layers.quantized import WeightMatrix
 
-    named = [(n, p) for n, p in model.named_parameters() if p.dim() == 2]
-    tied = not any("lm_head" in n for n, _ in model.named_modules())
-    weights = [p for n, p in named if tied or "embed" not in n]
+    tables = lookups(model)
+    weights = [p for n, p in model.named_parameters() if p.dim() == 2 and not _looked_up(n, tables)]
     return weights + [
         m.qweight
-        for m in model.modules()
-        if isinstance(getattr(m, "qweight", None), WeightMatrix)
-        and (tied or not isinstance(m, VocabEmbedding))
+        for n, m in model.named_modules()
+        if isinstance(getattr(m, "qweight", None), WeightMatrix) and n not in tables
     ]
 
 
@@ -308,20 +322,18 @@ def bytes_per_step(runner, bs: int, context: float) -> int:
     weights with their scales: WeightMatrix.nbytes; the embedding table only when it is the tied
     LM head; a mixture's experts as far as the step routes to them: expert_shares) and the K/V of
     `context` tokens per request. A hybrid's recurrent states are left out (state_step_bytes)."""
-    from radixlm.model.layers.linear import VocabEmbedding
-
     model = runner.model
-    tied = not any("lm_head" in n for n, _ in model.named_modules())
+    tables = lookups(model)
     total = 0
-    for mod in model.modules():
+    for name, mod in model.named_modules():
         q = getattr(mod, "qweight", None)
-        if q is not None and (tied or not isinstance(mod, VocabEmbedding)):
+        if q is not None and name not in tables:
             total += q.nbytes
     shares, held = expert_shares(model, bs)
     total += held + sum(
         p.nbytes * shares.get(n, 1.0)
         for n, p in model.named_parameters()
-        if tied or "embed" not in n
+        if not _looked_up(n, tables)
     )
     pool = runner.token_to_kv_pool
     per_token = pool.bytes_per_token(
