@@ -249,10 +249,6 @@ def lookups(model) -> set[str]:
     }
 
 
-def _looked_up(name: str, tables: set[str]) -> bool:
-    return name.rpartition(".")[0] in tables
-
-
 def linear_weights(model) -> list:
     """The weights a decode step multiplies by: every 2-D parameter but the embedding lookups
     (the embedding itself counts when it is tied to the LM head), and the matrices layers hold in
@@ -260,7 +256,8 @@ def linear_weights(model) -> list:
     from radixlm.model.layers.quantized import WeightMatrix
 
     tables = lookups(model)
-    weights = [p for n, p in model.named_parameters() if p.dim() == 2 and not _looked_up(n, tables)]
+    owner = lambda n: n.rpartition(".")[0]
+    weights = [p for n, p in model.named_parameters() if p.dim() == 2 and owner(n) not in tables]
     return weights + [
         m.qweight
         for n, m in model.named_modules()
@@ -333,7 +330,7 @@ def bytes_per_step(runner, bs: int, context: float) -> int:
     total += held + sum(
         p.nbytes * shares.get(n, 1.0)
         for n, p in model.named_parameters()
-        if not _looked_up(n, tables)
+        if n.rpartition(".")[0] not in tables
     )
     pool = runner.token_to_kv_pool
     per_token = pool.bytes_per_token(
