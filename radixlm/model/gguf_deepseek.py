@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixlm.model.gguf_fields import field
+
 DEEPSEEK2_TENSOR_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -53,15 +55,10 @@ DEEPSEEK2_TENSOR_NAMES = {
 SIGMOID_GATING = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
 
 
-def _field(reader, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
 def deepseek2_config(reader, kw: dict) -> tuple[str, str, dict]:
     """(HF architectures name, transformers config class, kwargs) of a deepseek2 GGUF; kw holds
     the common keys gguf_config read already."""
-    f = lambda key, default=None: _field(reader, f"deepseek2.{key}", default)
+    f = lambda key, default=None: field(reader, f"deepseek2.{key}", default)
     rope = int(f("rope.dimension_count"))
     key_len = f("attention.key_length_mla") or f("attention.key_length")
     value_len = f("attention.value_length_mla") or f("attention.value_length")

@@ -6,7 +6,7 @@ hidden / heads for the 27B models, known by their layer count)."""
 
 from __future__ import annotations
 
-from typing import Any
+from radixlm.model.gguf_fields import field
 
 GEMMA_ARCHS = ("gemma2", "gemma3")
 _SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "olmo2": 4}  # olmo2: OLMo 3 (gguf_loader._olmo3_config)
@@ -14,16 +14,11 @@ _LAYERS_27B = {"gemma2": 46, "gemma3": 62}
 _DEFAULT_WINDOW = {"gemma2": 4096}  # llama.cpp's default where a Gemma 2 file has none
 
 
-def _field(reader, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
 def layer_types(reader, arch: str, n_layers: int) -> list[str]:
     """Per layer, sliding_attention or full_attention: the file's sliding_window_pattern where a
     newer converter wrote one (a flag per layer, or a period), else llama.cpp's fixed period
     (layer il is local when il % n < n - 1, as HF's (il + 1) % n != 0)."""
-    pattern = _field(reader, f"{arch}.attention.sliding_window_pattern")
+    pattern = field(reader, f"{arch}.attention.sliding_window_pattern")
     if isinstance(pattern, list):
         local = [bool(p) for p in pattern]
     else:
@@ -36,7 +31,7 @@ def gemma_config_kwargs(reader, arch: str, kw: dict) -> dict:
     """kw (the keys every architecture shares) completed for a Gemma config class."""
     kw = dict(kw)
     n_layers, head_dim = kw["num_hidden_layers"], kw.get("head_dim")
-    window = _field(reader, f"{arch}.attention.sliding_window", _DEFAULT_WINDOW.get(arch))
+    window = field(reader, f"{arch}.attention.sliding_window", _DEFAULT_WINDOW.get(arch))
     if window is None:
         raise ValueError(f"{arch} GGUF without {arch}.attention.sliding_window")
     kw["sliding_window"] = int(window)
@@ -47,7 +42,7 @@ def gemma_config_kwargs(reader, arch: str, kw: dict) -> dict:
     else:
         kw["query_pre_attn_scalar"] = head_dim or kw["hidden_size"] // kw["num_attention_heads"]
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        value = _field(reader, f"{arch}.{key}")
+        value = field(reader, f"{arch}.{key}")
         if value is not None:
             kw[key] = float(value)
         elif arch == "gemma3":
@@ -58,7 +53,7 @@ def gemma_config_kwargs(reader, arch: str, kw: dict) -> dict:
         # Global layers: the file's base (rope_theta) and scaling; local ones: 10000 unless written.
         full = dict(kw.pop("rope_scaling", None) or {"rope_type": "default"})
         full["rope_theta"] = float(kw.pop("rope_theta", 1_000_000.0))
-        local_base = _field(reader, f"{arch}.rope.freq_base_swa", 10_000.0)
+        local_base = field(reader, f"{arch}.rope.freq_base_swa", 10_000.0)
         kw["rope_parameters"] = {
             "full_attention": full,
             "sliding_attention": {"rope_type": "default", "rope_theta": float(local_base)},

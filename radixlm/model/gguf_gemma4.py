@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from radixlm.model.gguf_fields import field
 from radixlm.model.gguf_gemma import layer_types
 from radixlm.model.tp_shard import Slicer, TensorSlice
 
@@ -65,11 +66,6 @@ _LAYER = {
 _TENSOR_RE = re.compile(r"^(?:blk\.(\d+)\.)?(\w+)\.(weight|bias|scale)$")
 
 
-def _field(reader, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
 def _per_layer(value: Any, n: int) -> list:
     return list(value) if isinstance(value, list) else [value] * n
 
@@ -81,16 +77,16 @@ def gemma4_config(reader, kw: dict) -> dict:
     tensors = {t.name: t for t in reader.tensors}
     types = layer_types(reader, _ARCH, n)
     full = [i for i in range(n) if types[i] == "full_attention"]
-    shared = int(_field(reader, f"{_ARCH}.attention.shared_kv_layers", 0) or 0)
-    window = _field(reader, f"{_ARCH}.attention.sliding_window")
+    shared = int(field(reader, f"{_ARCH}.attention.shared_kv_layers", 0) or 0)
+    window = field(reader, f"{_ARCH}.attention.sliding_window")
     if window is None:
         raise ValueError(f"a {_ARCH} GGUF without {_ARCH}.attention.sliding_window")
-    head_dim = _field(reader, f"{_ARCH}.attention.key_length_swa")
-    global_dim = _field(reader, f"{_ARCH}.attention.key_length")
+    head_dim = field(reader, f"{_ARCH}.attention.key_length_swa")
+    global_dim = field(reader, f"{_ARCH}.attention.key_length")
     if head_dim is None or global_dim is None:
         raise ValueError(f"a {_ARCH} GGUF without attention.key_length and key_length_swa")
-    kv = _per_layer(_field(reader, f"{_ARCH}.attention.head_count_kv"), n)
-    ffn = _per_layer(_field(reader, f"{_ARCH}.feed_forward_length"), n)
+    kv = _per_layer(field(reader, f"{_ARCH}.attention.head_count_kv"), n)
+    ffn = _per_layer(field(reader, f"{_ARCH}.feed_forward_length"), n)
     sliding_kv = [kv[i] for i in range(n) if i not in full] or kv
     own = [i for i in full if i < n - shared]
     kw.update(
@@ -104,9 +100,9 @@ def gemma4_config(reader, kw: dict) -> dict:
         attention_k_eq_v=bool(own) and all(f"blk.{i}.attn_v.weight" not in tensors for i in own),
         hidden_activation="gelu_pytorch_tanh",
         hidden_size_per_layer_input=int(
-            _field(reader, f"{_ARCH}.embedding_length_per_layer_input", 0) or 0
+            field(reader, f"{_ARCH}.embedding_length_per_layer_input", 0) or 0
         ),
-        final_logit_softcapping=_field(reader, f"{_ARCH}.final_logit_softcapping"),
+        final_logit_softcapping=field(reader, f"{_ARCH}.final_logit_softcapping"),
         # Each full layer's shape (HF derives it from global_head_dim and, for V = K models only,
         # num_global_key_value_heads: the file's per-layer heads say it for every model).
         per_layer_config={
@@ -116,13 +112,13 @@ def gemma4_config(reader, kw: dict) -> dict:
     ple = tensors.get("per_layer_token_embd.weight")
     if ple is not None:  # (the converter trims token_embd to the tokenizer, not this one)
         kw["vocab_size_per_layer_input"] = int(ple.data.shape[0])
-    experts = _field(reader, f"{_ARCH}.expert_count")
+    experts = field(reader, f"{_ARCH}.expert_count")
     if experts:
         kw.update(
             enable_moe_block=True,
             num_experts=int(experts),
-            top_k_experts=int(_field(reader, f"{_ARCH}.expert_used_count")),
-            moe_intermediate_size=int(_field(reader, f"{_ARCH}.expert_feed_forward_length")),
+            top_k_experts=int(field(reader, f"{_ARCH}.expert_used_count")),
+            moe_intermediate_size=int(field(reader, f"{_ARCH}.expert_feed_forward_length")),
         )
     kw.pop("rope_scaling", None)
     kw["rope_parameters"] = {
@@ -133,7 +129,7 @@ def gemma4_config(reader, kw: dict) -> dict:
         },
         "sliding_attention": {
             "rope_type": "default",
-            "rope_theta": float(_field(reader, f"{_ARCH}.rope.freq_base_swa", 10_000.0)),
+            "rope_theta": float(field(reader, f"{_ARCH}.rope.freq_base_swa", 10_000.0)),
         },
     }
     return kw

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from radixlm.model.gguf_fields import field
 from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.tp_shard import Slicer, TensorSlice
 
@@ -42,25 +43,20 @@ _EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_gate_up_exps", "ffn_down_exps")
 _TENSOR_RE = re.compile(r"^(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)$")
 
 
-def _field(reader, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
 def gpt_oss_config(reader, kw: dict) -> dict:
     """kw (the keys every architecture shares) completed for GptOssConfig."""
     kw = dict(kw)
     arch = "gpt-oss"
-    kw["num_local_experts"] = int(_field(reader, f"{arch}.expert_count"))
-    kw["num_experts_per_tok"] = int(_field(reader, f"{arch}.expert_used_count"))
-    expert_ffn = _field(reader, f"{arch}.expert_feed_forward_length")
+    kw["num_local_experts"] = int(field(reader, f"{arch}.expert_count"))
+    kw["num_experts_per_tok"] = int(field(reader, f"{arch}.expert_used_count"))
+    expert_ffn = field(reader, f"{arch}.expert_feed_forward_length")
     if expert_ffn is not None:
         kw["intermediate_size"] = int(expert_ffn)
-    window = _field(reader, f"{arch}.attention.sliding_window")
+    window = field(reader, f"{arch}.attention.sliding_window")
     if window is None:
         raise ValueError(f"a {arch} GGUF without {arch}.attention.sliding_window")
     kw["sliding_window"] = int(window)
-    pattern = _field(reader, f"{arch}.attention.sliding_window_pattern")
+    pattern = field(reader, f"{arch}.attention.sliding_window_pattern")
     n = int(kw["num_hidden_layers"])
     local = (
         [bool(p) for p in pattern] if isinstance(pattern, list) else [i % 2 == 0 for i in range(n)]
@@ -73,8 +69,8 @@ def gpt_oss_config(reader, kw: dict) -> dict:
             rope_type="yarn",
             factor=scaling["factor"],
             original_max_position_embeddings=scaling.get("original_max_position_embeddings", 4096),
-            beta_fast=float(_field(reader, f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
-            beta_slow=float(_field(reader, f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
+            beta_fast=float(field(reader, f"{arch}.rope.scaling.yarn_beta_fast", 32.0)),
+            beta_slow=float(field(reader, f"{arch}.rope.scaling.yarn_beta_slow", 1.0)),
             truncate=False,
         )
     kw["rope_parameters"] = rope

@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from radixlm.model.gguf_fields import field
 from radixlm.model.gguf_qwen35 import _cut
 from radixlm.model.tp_shard import Slicer, TensorSlice
 
@@ -98,13 +99,8 @@ _SIZES_FROM = {
 _TENSOR_RE = re.compile(r"^(?:blk\.(\d+)\.)?([\w.]+?)(?:\.(weight|bias))?$")
 
 
-def _field(reader, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
 def _per_layer(reader, arch: str, key: str, n_layers: int) -> list[int]:
-    value = _field(reader, f"{arch}.{key}")
+    value = field(reader, f"{arch}.{key}")
     if not isinstance(value, list) or len(value) != n_layers:
         raise ValueError(
             f"{arch} GGUF: {arch}.{key} must list one value per layer ({n_layers}), got {value!r}"
@@ -114,7 +110,7 @@ def _per_layer(reader, arch: str, key: str, n_layers: int) -> list[int]:
 
 
 def _need(reader, arch: str, key: str) -> Any:
-    value = _field(reader, f"{arch}.{key}")
+    value = field(reader, f"{arch}.{key}")
     if value is None:
         raise ValueError(f"{arch} GGUF without {arch}.{key}")
     return value
@@ -129,9 +125,9 @@ def ssm_config(reader, arch: str, kw: dict) -> dict:
     shares (gguf_config read them already; per-layer lists became their max)."""
     n = int(kw["num_hidden_layers"])
     kv = _per_layer(reader, arch, "attention.head_count_kv", n)
-    eps = _field(reader, f"{arch}.attention.layer_norm_rms_epsilon")
+    eps = field(reader, f"{arch}.attention.layer_norm_rms_epsilon")
     if eps is None:
-        eps = _field(reader, f"{arch}.attention.layer_norm_epsilon", 1e-5)
+        eps = field(reader, f"{arch}.attention.layer_norm_epsilon", 1e-5)
     out = {
         k: v
         for k, v in kw.items()
@@ -164,7 +160,7 @@ def ssm_config(reader, arch: str, kw: dict) -> dict:
         layers_block_type=[
             "full_attention" if h else "mlp" if f else "linear_attention" for h, f in zip(kv, ff)
         ],
-        head_dim=int(_field(reader, f"{arch}.attention.key_length") or kw.get("head_dim")),
+        head_dim=int(field(reader, f"{arch}.attention.key_length") or kw.get("head_dim")),
         layer_norm_epsilon=float(eps),
         mamba_num_heads=heads,
         mamba_head_dim=inner // heads,
@@ -236,7 +232,7 @@ def ssm_weights(
     """(HF name, tensor) for every tensor of the file, as gguf_loader.gguf_weights yields them.
     read(t, name, slice): gguf_loader's reader of one tensor (quantized or float32 as asked)."""
 
-    arch = _field(reader, "general.architecture")
+    arch = field(reader, "general.architecture")
     nemotron = arch == "nemotron_h"
     types = list(config.layer_types)
     state_type = "linear_attention" if nemotron else "conv"

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from radixlm.model.gguf_deepseek import DEEPSEEK2_TENSOR_NAMES, deepseek2_config
+from radixlm.model.gguf_fields import field
 from radixlm.model.gguf_gemma import GEMMA_ARCHS, gemma_config_kwargs, layer_types
 from radixlm.model.gguf_gemma4 import GEMMA4_ARCHITECTURES, gemma4_config, gemma4_weights
 from radixlm.model.gguf_glm4moe import GLM4MOE_TENSOR_NAMES, glm4moe_config
@@ -180,11 +181,6 @@ def open_gguf(path: str):
             return gguf.GGUFReader(path)
     except Exception as e:  # truncated or corrupt file
         raise ValueError(f"cannot read GGUF file {path}: {type(e).__name__}: {e}") from e
-
-
-def field(reader, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
 
 
 def gguf_architecture(reader) -> str:

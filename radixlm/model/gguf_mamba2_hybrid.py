@@ -29,9 +29,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from radixlm.model.gguf_fields import field
 from radixlm.model.gguf_hybrid_ssm import (
     _TENSOR_RE,
-    _field,
     _has_tensor,
     _need,
     _per_layer,
@@ -104,7 +104,7 @@ def _mamba2_sizes(reader, a: str) -> dict:
 def falcon_h1_config(reader, kw: dict) -> dict:
     """The HF config kwargs of a falcon-h1 GGUF (multipliers folded: HF's defaults of 1)."""
     out = {k: v for k, v in kw.items() if k not in ("rope_theta", "rope_scaling", "rms_norm_eps")}
-    eps = _field(reader, f"{FALCON_H1}.attention.layer_norm_rms_epsilon", 1e-5)
+    eps = field(reader, f"{FALCON_H1}.attention.layer_norm_rms_epsilon", 1e-5)
     sizes = _mamba2_sizes(reader, FALCON_H1)
     out.update(
         sizes,
@@ -131,19 +131,19 @@ def granite_hybrid_config(reader, kw: dict) -> dict:
     inner, hidden = sizes["mamba_n_heads"] * sizes["mamba_d_head"], int(kw["hidden_size"])
     if inner % hidden:
         raise ValueError(f"{a} GGUF: ssm.inner_size {inner} is no multiple of {hidden}")
-    rope = bool(_field(reader, f"{a}.rope.scaling.finetuned", False))
+    rope = bool(field(reader, f"{a}.rope.scaling.finetuned", False))
     out = {k: v for k, v in kw.items() if k not in ("head_dim", "rope_theta", "rope_scaling")}
     out.update(
         layer_types=["full_attention" if h else "linear_attention" for h in kv],
-        num_local_experts=int(_field(reader, f"{a}.expert_count", 0) or 0),
-        num_experts_per_tok=int(_field(reader, f"{a}.expert_used_count", 0) or 0),
+        num_local_experts=int(field(reader, f"{a}.expert_count", 0) or 0),
+        num_experts_per_tok=int(field(reader, f"{a}.expert_used_count", 0) or 0),
         shared_intermediate_size=int(
-            _field(reader, f"{a}.expert_shared_feed_forward_length") or kw["intermediate_size"]
+            field(reader, f"{a}.expert_shared_feed_forward_length") or kw["intermediate_size"]
         ),
-        embedding_multiplier=float(_field(reader, f"{a}.embedding_scale", 1.0)),
-        attention_multiplier=float(_field(reader, f"{a}.attention.scale", 1.0)),
-        residual_multiplier=float(_field(reader, f"{a}.residual_scale", 1.0)),
-        logits_scaling=float(_field(reader, f"{a}.logit_scale", 1.0)),
+        embedding_multiplier=float(field(reader, f"{a}.embedding_scale", 1.0)),
+        attention_multiplier=float(field(reader, f"{a}.attention.scale", 1.0)),
+        residual_multiplier=float(field(reader, f"{a}.residual_scale", 1.0)),
+        logits_scaling=float(field(reader, f"{a}.logit_scale", 1.0)),
         position_embedding_type="rope" if rope else None,
         mamba_expand=inner // hidden,
         **sizes,
@@ -165,7 +165,7 @@ def mamba2_hybrid_weights(
 ) -> Iterator[tuple[str, Any]]:
     """(HF name, tensor) for every tensor of the file, as gguf_loader.gguf_weights yields them."""
 
-    granite = _field(reader, "general.architecture") == ARCH
+    granite = field(reader, "general.architecture") == ARCH
     layer_names, top = (_LAYER, _TOP) if granite else (_FALCON_H1_LAYER, _FALCON_H1_TOP)
     for t in reader.tensors:
         m = _TENSOR_RE.match(t.name)

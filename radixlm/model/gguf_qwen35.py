@@ -42,6 +42,7 @@ from typing import Any
 
 import torch
 
+from radixlm.model.gguf_fields import field
 from radixlm.model.gguf_moe import MOE_TENSOR_NAMES
 from radixlm.model.tp_shard import Slicer, TensorSlice, slice_tensor
 
@@ -89,22 +90,17 @@ _SPARSE_RE = re.compile(r"^blk\.(\d+)\.ffn_gate_inp\.weight$")
 _warned: set[str] = set()
 
 
-def _field(reader, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
-
-
 def qwen35_config(reader, arch: str, kw: dict) -> dict:
     """The HF config kwargs of a qwen35 / qwen35moe / qwen3next GGUF; kw holds the keys every
     architecture shares (gguf_config read them already)."""
 
     def need(key: str) -> Any:
-        value = _field(reader, f"{arch}.{key}")
+        value = field(reader, f"{arch}.{key}")
         if value is None:
             raise ValueError(f"{arch} GGUF without {arch}.{key}")
         return value
 
-    f = lambda key, default=None: _field(reader, f"{arch}.{key}", default)
+    f = lambda key, default=None: field(reader, f"{arch}.{key}", default)
     out = {k: v for k, v in kw.items() if k not in ("head_dim", "rope_theta", "rope_scaling")}
     # block_count counts the appended MTP blocks (_Qwen35MtpMixin); HF's layers are the others.
     n_layers = int(kw["num_hidden_layers"]) - int(f("nextn_predict_layers", 0))
@@ -207,7 +203,7 @@ def qwen35_weights(
     read(t, name, slice): gguf_loader's reader of one tensor (quantized or float32 as asked)."""
     from radixlm.model.gguf_shard import read_tensor
 
-    arch = _field(reader, "general.architecture")
+    arch = field(reader, "general.architecture")
     dims = _Dims(config)
     n_layers = config.num_hidden_layers
     pending: dict[str, tuple[str, Any]] = {}  # qwen3next's in_proj_qkvz: the half read first
