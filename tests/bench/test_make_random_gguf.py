@@ -371,7 +371,9 @@ def test_tiny_gemma4_file_loads(tmp_path):
     assert c.rope_parameters["full_attention"]["partial_rotary_factor"] == 0.25
     layout = kv_layout(loaded.model, c)
     assert layout.layer_shapes == ((2, 32), (1, 64), (2, 32), (1, 64), (0, 64), (0, 64))
-    assert loaded.model.model.layers[0].mlp.gate_up_proj.qweight is not None
+    layer0 = loaded.model.model.layers[0]
+    assert layer0.mlp.gate_up_proj.qweight.formats == ["q8_0x8"]  # kept in its blocks
+    assert layer0.self_attn.qkv_proj.qweight.formats == ["q8_0x8"]
     with Engine(model_path=path, log_level="warning", enable_invariant_checks=True) as e:
         out = e.generate("Hello", {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True})
     assert len(out["output_ids"]) == 12
