@@ -49,6 +49,16 @@ class RMSNorm(nn.Module):
         return self.weight
 
 
+class UnscaledRMSNorm(RMSNorm):
+    """RMS normalization without a learned weight (Gemma 4's v norm and router norm): the scale is
+    fixed at 1 and nothing is loaded for it."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6):
+        super().__init__(hidden_size, eps)
+        del self.weight
+        self.register_buffer("weight", torch.ones(hidden_size), persistent=False)
+
+
 class OffsetRMSNorm(RMSNorm):
     """x * (1 + w) computed as HF's Gemma / Qwen3.5 norms do it (float32 statistics, 1 + w in
     float32), with the weight stored as HF stores it (w, initialized at 0): the fused kernels

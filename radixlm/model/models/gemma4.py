@@ -30,7 +30,7 @@ from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.attention.radix_attention import RadixAttention
 from radixlm.model.layers.linear import Linear
 from radixlm.model.layers.moe.experts import ExpertWeights
-from radixlm.model.layers.norm import RMSNorm
+from radixlm.model.layers.norm import RMSNorm, UnscaledRMSNorm
 from radixlm.model.layers.parallel_linear import (
     MergedColumnParallelLinear,
     RowParallelLinear,
@@ -80,15 +80,6 @@ def kv_source_layers(config: Any) -> list[int]:
             )
         source[i] = own[-1]
     return source
-
-
-class UnscaledRMSNorm(RMSNorm):
-    """RMS normalization without a learned weight (Gemma 4's v norm): scale fixed at 1."""
-
-    def __init__(self, dim: int, eps: float):
-        super().__init__(dim, eps)
-        del self.weight
-        self.register_buffer("weight", torch.ones(dim), persistent=False)
 
 
 def _per_head(norm: RMSNorm, x: torch.Tensor, head_dim: int) -> torch.Tensor:

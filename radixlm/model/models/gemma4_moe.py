@@ -19,7 +19,7 @@ from torch import nn
 
 from radixlm.model.layers.linear import Linear
 from radixlm.model.layers.moe.experts import ExpertWeights
-from radixlm.model.layers.norm import RMSNorm
+from radixlm.model.layers.norm import UnscaledRMSNorm
 
 
 class Gemma4Router(nn.Module):
@@ -27,9 +27,7 @@ class Gemma4Router(nn.Module):
         super().__init__()
         hidden, experts = config.hidden_size, config.num_experts
         self.top_k = config.top_k_experts
-        self.norm = RMSNorm(hidden, config.rms_norm_eps)
-        del self.norm.weight
-        self.norm.register_buffer("weight", torch.ones(hidden), persistent=False)
+        self.norm = UnscaledRMSNorm(hidden, config.rms_norm_eps)
         self.proj = Linear(hidden, experts)
         self.scale = nn.Parameter(torch.ones(hidden), requires_grad=False)
         self.per_expert_scale = nn.Parameter(torch.ones(experts), requires_grad=False)
