@@ -38,28 +38,10 @@ if [ -n "${GPU_CHECK_DRY:-}" ]; then
   [ -d "$TOK" ] || TOK=$($PY -c "from radixlm.model.loader import default_model_path as d; print(d())")
 fi
 
-left() { echo $((BUDGET - ($(date +%s) - START))); }
-
-# step NAME TIMEOUT LOG CMD...: runs CMD under `timeout` if TIMEOUT seconds are left, appending to LOG.
-step() {
-  local name=$1 limit=$2 log=$3
-  shift 3
-  if [ "$(left)" -lt "$limit" ]; then
-    echo "$name: skipped ($(left) s left, needs $limit)" | tee -a "$OUT/steps.txt"
-    return
-  fi
-  local t0=$(date +%s)
-  echo "=== $name: $*" >> "$OUT/$log"
-  timeout --kill-after=10 "$limit" "$@" >> "$OUT/$log" 2>&1
-  local rc=$?
-  echo "$name: exit $rc in $(( $(date +%s) - t0 )) s" | tee -a "$OUT/steps.txt"
-}
+. benchmarks/gpu_lib.sh
 
 # --- install ---------------------------------------------------------------------------------------
-[ -n "${GPU_CHECK_DRY:-}" ] || bash benchmarks/gpu_install.sh "$OUT"
-export PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-$PY -c "import radixlm, xgrammar, fastapi, zmq, gguf; print('imports ok', radixlm.__file__)" >> "$OUT/env.log" 2>&1
-echo "install: done in $(( $(date +%s) - START )) s" | tee -a "$OUT/steps.txt"
+install
 
 # --- (a) the CUDA tests, (b) one-batch on the goal's shape, then the kernels compiled -----------------
 PT="-m pytest -q -rs -p no:cacheprovider --timeout 150"

@@ -79,12 +79,13 @@ def quantized_vs_float(rows: list[dict]) -> list[str]:
 
 def offline_table(rows: list[dict]) -> list[str]:
     out = [
-        f"{'overlap':<9}{'workload':<10}{'out tok/s':>10}{'decode steps':>13}"
+        f"{'build':<34}{'overlap':<9}{'workload':<10}{'out tok/s':>10}{'decode steps':>13}"
         f"{'outside forward':>16}"
     ]
     for r in rows:
         out.append(
-            f"{str(r.get('overlap_schedule')):<9}{r.get('workload', ''):<10}"
+            f"{r.get('build', ''):<34}{str(r.get('overlap_schedule')):<9}"
+            f"{r.get('workload', ''):<10}"
             f"{_fmt(r.get('output_throughput'), '.0f'):>10}{r.get('decode_steps', 0):>13}"
             f"{_fmt(r.get('decode_outside_forward'), '.2%'):>16}"
         )

@@ -15,12 +15,14 @@ that sees every torch call the code under it makes and tells *device* tensors fr
 - host: what a factory made without a `device=` (torch.tensor(list), torch.arange(n)), and the
   results of ops on host tensors alone.
 
-It raises on a sync-causing call whose tensor is a device one, and on an op that mixes a host
-tensor (other than a 0-d scalar, which CUDA accepts) with device tensors. Triton's interpreter
-(which copies a kernel's arguments to numpy and back) runs unguarded. Limits: on a CPU the model's
-device is `cpu`, so an explicit `device="cpu"` literal reads as the device (the repository is
-grepped for those instead: tests/triton/test_no_host_sync.py), and data-dependent Python control
-flow on host lists is not a sync and is not seen.
+It raises on a sync-causing call whose tensor is a device one, on a blocking host-to-device copy
+(`torch.tensor(data, device=)`, `host.to(device)` without non_blocking: on CUDA the stream is
+synchronized before it, so a step built while another runs would wait for it), and on an op that
+mixes a host tensor (other than a 0-d scalar, which CUDA accepts) with device tensors. Triton's
+interpreter (which copies a kernel's arguments to numpy and back) runs unguarded. Limits: on a CPU
+the model's device is `cpu`, so an explicit `device="cpu"` literal reads as the device (the
+repository is grepped for those instead: tests/triton/test_no_host_sync.py), and data-dependent
+Python control flow on host lists is not a sync and is not seen.
 """
 
 from __future__ import annotations
@@ -78,6 +80,8 @@ FACTORIES = {
     torch.eye,
     torch.empty_strided,
 }
+# Factories that copy their data argument: given device= and host data, a blocking copy on CUDA.
+COPIES = {torch.tensor, torch.as_tensor}
 PASSTHROUGH = {
     T.__setstate__,
     T.__reduce_ex__,
@@ -149,6 +153,15 @@ class DeviceGuard(TorchFunctionMode):
                 "repeat_interleave of tensor repeats without output_size: a host sync on CUDA"
             )
         if func in FACTORIES:
+            if (
+                func in COPIES
+                and kwargs.get("device") is not None
+                and not _data_on_device(self, args)
+            ):
+                raise DeviceSyncError(
+                    f"{name}(host data, device=...): a blocking copy (on CUDA the stream waits for "
+                    "the GPU first); radixlm.model.host_copy.to_device copies without the wait"
+                )
             out = func(*args, **kwargs)
             if kwargs.get("device") is None and not _data_on_device(self, args):
                 self._mark_host(out)
@@ -188,6 +201,12 @@ class DeviceGuard(TorchFunctionMode):
         if self.is_host(
             src
         ):  # host -> device: a copy on CUDA (here a new tensor, so src stays host)
+            if not kwargs.get("non_blocking"):
+                raise DeviceSyncError(
+                    "host.to(device) without non_blocking=True: a blocking copy (on CUDA the "
+                    "stream waits for the GPU first); radixlm.model.host_copy.to_device copies "
+                    "without it"
+                )
             out = out.clone() if out is src else out
             self._mark_device(out)
         return out

@@ -260,7 +260,11 @@ def _mask_table(device: torch.device, dtype: torch.dtype) -> torch.Tensor:
     table = _MASK_TABLES.get((device, dtype))
     if table is None:
         bits = (torch.arange(256).unsqueeze(-1) >> torch.arange(8)) & 1
-        table = torch.where(bits.bool(), float("inf"), float("-inf")).to(device=device, dtype=dtype)
+        table = torch.where(bits.bool(), float("inf"), float("-inf")).to(
+            device=device,
+            dtype=dtype,
+            non_blocking=True,  # made once: never a step's wait
+        )
         _MASK_TABLES[(device, dtype)] = table
     return table
 

@@ -22,6 +22,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import signal
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -114,7 +115,8 @@ def fork_context():
     HTTP server runs): the fork context, PRELOAD imported here first, so that every child inherits
     it and nothing is imported twice (a fork server imports it all again: seconds of CPU a start).
     None where another Python thread runs (a fork copies the locks it may hold, logging's among
-    them) or the platform cannot fork: then child_context(). Native pools of numerical libraries
+    them), where this process has used CUDA (a forked child cannot) or the platform cannot fork:
+    then child_context(). Native pools of numerical libraries
     are not counted: OpenBLAS's (numpy's) stops and restarts around a fork (pthread_atfork), and
     torch's OpenMP pool does not exist yet in a process that has run no torch op."""
     import importlib
@@ -122,6 +124,9 @@ def fork_context():
 
     if "fork" not in mp.get_all_start_methods() or threading.active_count() != 1:
         return None
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return None  # a forked child cannot use CUDA once its parent has
     importlib.import_module(PRELOAD)
     return mp.get_context("fork")
 

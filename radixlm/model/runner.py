@@ -14,6 +14,7 @@ from radixlm.model.compiled_decode import EagerDecode, create_decode_graphs
 from radixlm.model.cuda_graph_runner import create_cuda_graphs
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.hidden_capture import HiddenCapture, NoHiddenCapture
+from radixlm.model.host_copy import to_device
 from radixlm.model.kv_budget import available_memory_bytes, fraction_kv_budget
 from radixlm.model.kv_layout import kv_layout
 from radixlm.model.layers.attention import (
@@ -283,7 +284,7 @@ class ModelRunner:
         """The forward of a step: tensors on the device, the attention metadata and the sampler's
         tensors, built now (the scheduler calls it at launch, possibly while another step runs:
         the backend copies what it reads of the request rows)."""
-        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)
+        as_tensor = lambda xs: to_device(xs, torch.int64, self.device)
         extend = b.forward_mode.is_extend()
         fb = ForwardBatch(
             forward_mode=b.forward_mode,
@@ -292,7 +293,7 @@ class ModelRunner:
             positions=as_tensor(b.positions),
             req_pool_indices=as_tensor(b.req_pool_indices),
             seq_lens=as_tensor(b.seq_lens),
-            out_cache_loc=b.out_cache_loc.to(self.device),
+            out_cache_loc=to_device(b.out_cache_loc, torch.int64, self.device),
             req_to_token_pool=self.req_to_token_pool,
             token_to_kv_pool=self.token_to_kv_pool,
             seq_lens_cpu=b.seq_lens,
@@ -418,7 +419,9 @@ class ModelRunner:
         ends = torch.tensor(ext, dtype=torch.int64).cumsum(0) - 1
         starts = fb.extend_logprob_start_lens_cpu
         if not starts or all(s is None for s in starts):
-            logits = self.model.compute_logits(hidden[ends.to(hidden.device)]).float()
+            logits = self.model.compute_logits(
+                hidden[to_device(ends, torch.int64, hidden.device)]
+            ).float()
             return LogitsOutput(next_token_logits=logits)
         # Prompt logprobs: compute logits of every needed row in one matmul.
         rows, spans, offset = [], [], 0
@@ -432,7 +435,8 @@ class ModelRunner:
             rows.append(torch.arange(offset + first, offset + n))
             spans.append(n - first)
             offset += n
-        logits = self.model.compute_logits(hidden[torch.cat(rows).to(hidden.device)]).float()
+        rows = to_device(torch.cat(rows), torch.int64, hidden.device)
+        logits = self.model.compute_logits(hidden[rows]).float()
         parts = list(torch.split(logits, spans))
         next_logits = torch.stack([p[-1] for p in parts])
         if fb.forward_mode.is_verify():

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.model.host_copy import to_device
+
 NO_PARENT = -1  # a new token whose parent is the prefix (a request's first new token)
 
 
@@ -46,7 +48,12 @@ class TreeMask:
             if blocks
             else torch.zeros(0, dtype=torch.bool)
         )
-        return cls(flat.to(device), indptr.to(device), blocks, [tuple(p) for p in parents])
+        return cls(
+            to_device(flat, torch.bool, device),
+            to_device(indptr, torch.int64, device),
+            blocks,
+            [tuple(p) for p in parents],
+        )
 
     def is_causal(self, b: int) -> bool:
         """Request b's new tokens form a chain (its block is the causal one)."""

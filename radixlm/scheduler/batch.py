@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.model.forward_batch import ForwardMode
+from radixlm.model.host_copy import to_device
 from radixlm.model.layers.sampler import SamplingRow
 from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.scheduler.req import Req
@@ -204,11 +205,9 @@ class ScheduleBatch:
             r.forward_passes += 1
             decode_pos.append(p)
         if self.decode_reqs:
-            rows = torch.tensor(
-                [r.req_pool_idx for r in self.decode_reqs], dtype=torch.int64, device=r2t.device
-            )
-            pos = torch.tensor(decode_pos, dtype=torch.int64, device=r2t.device)
-            r2t[rows, pos] = out_loc.to(r2t.device)
+            rows = to_device([r.req_pool_idx for r in self.decode_reqs], torch.int64, r2t.device)
+            pos = to_device(decode_pos, torch.int64, r2t.device)
+            r2t[rows, pos] = to_device(out_loc, torch.int64, r2t.device)
             positions.extend(decode_pos)
             seq_lens.extend(p + 1 for p in decode_pos)
             prefix_lens.extend(decode_pos)
@@ -227,7 +226,9 @@ class ScheduleBatch:
             p, n = r.kv_allocated_len, 1 + len(draft)
             tok = self._next_input(r)
             assert tok >= 0, "a verify step never follows a step in flight"
-            r2t[r.req_pool_idx, p : p + n] = out_loc[pt : pt + n].to(r2t.device)
+            r2t[r.req_pool_idx, p : p + n] = to_device(
+                out_loc[pt : pt + n], torch.int64, r2t.device
+            )
             pt += n
             r.kv_allocated_len = p + n
             r.forward_passes += 1

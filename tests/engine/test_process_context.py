@@ -20,3 +20,23 @@ def test_the_preloads_do_not_import_triton():
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.strip() == "[]", r.stdout
     assert not any(p.startswith("TRITON") for p in process_context._IMPORT_TIME_ENV)
+
+
+def test_no_fork_once_this_process_has_used_cuda():
+    """A child forked from a process that initialized CUDA cannot use it ("Cannot re-initialize
+    CUDA in forked subprocess", seen on the H200 when an Engine started in a pytest worker that had
+    run a CUDA test): the launcher then takes the fork server or spawn instead. In a fresh
+    interpreter (fork_context also refuses a process running other threads, as pytest's may)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _NO_FORK_AFTER_CUDA], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0 and out.stdout.split() == ["fork", "None"], out.stderr
+
+
+_NO_FORK_AFTER_CUDA = """
+import torch
+from radixlm.engine import process_context
+print(process_context.fork_context().get_start_method())
+torch.cuda.is_initialized = lambda: True
+print(process_context.fork_context())
+"""

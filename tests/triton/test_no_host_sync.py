@@ -140,6 +140,63 @@ def test_steps_never_wait_for_the_device(runner, triton_device):
     ]
 
 
+def test_overlap_steps_queue_without_waiting(runner, triton_device):
+    """The overlap executor's decode steps: building step N+1 while N is queued, resolving N+1's
+    inputs from N's future slots, storing the sampled ids and starting their copy to the host all
+    run without a wait (on CUDA the worker queues N+1 behind N); the ids are read once the guard is
+    gone, and equal those of the same steps run one after the other."""
+    from radixlm.cache.no_prefix_cache import NoPrefixCache
+    from radixlm.scheduler.batch import PrefillChunk, ScheduleBatch
+    from radixlm.scheduler.decoding.spec_decoding import NoSpeculation
+    from radixlm.scheduler.execution.executor import InlineExecutor, OverlapExecutor
+    from radixlm.scheduler.kv.cache_manager import CacheManager
+    from radixlm.scheduler.req import Req
+
+    no_grammar = type("NoGrammar", (), {"mask": staticmethod(lambda batch, lg: (lg, {}))})()
+    sp = SamplingParams(max_new_tokens=8, temperature=0.0, ignore_eos=True)
+
+    def three_steps(executor_cls, guarded: bool) -> list[list[int]]:
+        tree = NoPrefixCache()
+        cm = CacheManager.create(runner.req_to_token_pool, runner.token_to_kv_pool, tree)
+        ex = executor_cls(runner, cm, no_grammar, NoSpeculation())
+        reqs = []
+        for i, n in enumerate((5, 9)):
+            r = Req(rid=str(i), origin_input_ids=list(range(3, 3 + n)), sampling_params=sp)
+            cm.assign(r, torch.empty(0, dtype=torch.int64), tree.root_node)
+            reqs.append(r)
+
+        def take(launched):
+            ids = launched.result.result().wait().next_ids
+            for r, tok in zip(reqs, ids):
+                r.output_ids.append(tok)
+                r.kv_committed_len = r.kv_allocated_len
+            return ids
+
+        chunks = [PrefillChunk.plan(r, r.seqlen) for r in reqs]
+        out = [take(ex.launch(ScheduleBatch(ForwardMode.EXTEND, chunks=chunks)))]
+        decode = lambda: ScheduleBatch(ForwardMode.DECODE, decode_reqs=reqs)
+        try:
+            if not guarded:
+                out += [take(ex.launch(decode())), take(ex.launch(decode()))]
+                return out
+            for r in reqs:
+                r.future_slot = None
+            with device_guard(triton_device) as guard:
+                a = ex.launch(decode())
+                a.result.result()  # queued, its ids not read back
+                b = ex.launch(decode())  # built while a is in flight: a's future slots
+                b.result.result()
+            assert guard.calls > 50, "the guard saw both steps"  # 100 on CUDA (graph replays)
+            assert b.worker_batch.input_ids == [-(s + 1) for s in a.future_slots]
+            assert a.result.result().seconds > 0
+            out += [take(a), take(b)]
+            return out
+        finally:
+            ex.shutdown()
+
+    assert three_steps(OverlapExecutor, True) == three_steps(InlineExecutor, False)
+
+
 def test_moe_layer_on_the_triton_path_never_waits(triton_device):
     """A MoE block whose experts take the Triton grouped GEMM (CUDA's path): routing, the expert
     load count and the sorted pairs stay on the device."""
@@ -185,6 +242,7 @@ ALLOWED = {
     "cache/memory_pool.py": [],
     "lora/delta.py": [],
     "scheduler/batch.py": [],
+    "model/host_copy.py": ["pin_memory=True"],  # HostCopy's CUDA branch
     "scheduler/execution/overlap.py": [],
     "scheduler/execution/executor.py": [],
     **{

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixlm.model.host_copy import to_device
 from radixlm.model.layers.sampler_extras import ExtraSampling
 from radixlm.sampling_params import SamplingParams
 
@@ -73,7 +74,7 @@ class SamplingBatchInfo:
         greedy = [p.is_greedy for p in params]
         temps = [1.0 if g else p.temperature for p, g in zip(params, greedy)]
         top_ks = [vocab_size if p.top_k == -1 else min(p.top_k, vocab_size) for p in params]
-        f = lambda xs, dt=torch.float32: torch.tensor(xs, dtype=dt, device=device)
+        f = lambda xs, dt=torch.float32: to_device(xs, dt, device)
 
         freq = [p.frequency_penalty for p in params]
         pres = [p.presence_penalty for p in params]
@@ -85,13 +86,13 @@ class SamplingBatchInfo:
             counts = torch.zeros((bs, vocab_size), dtype=torch.float32, device=device)
             for i, ids in enumerate(output_ids):
                 if ids:
-                    idx = torch.tensor(ids, dtype=torch.int64, device=device)
+                    idx = f(ids, torch.int64)
                     counts[i].scatter_add_(0, idx, torch.ones_like(idx, dtype=torch.float32))
         if use_rep:
             seen = counts > 0
             for i, ids in enumerate(prompt_ids):
                 if rep[i] != 1.0 and ids:
-                    seen[i, torch.tensor(ids, dtype=torch.int64, device=device)] = True
+                    seen[i, f(ids, torch.int64)] = True
         extras = None
         if any(p.uses_extra_samplers for p in params):
             extras = ExtraSampling.build(
@@ -106,15 +107,11 @@ class SamplingBatchInfo:
             vocab_mask = torch.zeros((bs, vocab_size), dtype=torch.float32, device=device)
             for i, p in enumerate(params):
                 if p.logit_bias:
-                    ids = torch.tensor(
-                        [int(t) for t in p.logit_bias], dtype=torch.int64, device=device
-                    )
+                    ids = f([int(t) for t in p.logit_bias], torch.int64)
                     vocab_mask[i, ids] = f([float(b) for b in p.logit_bias.values()])
             for i, ids in enumerate(banned_ids):
                 if ids:
-                    vocab_mask[i, torch.tensor(ids, dtype=torch.int64, device=device)] = float(
-                        "-inf"
-                    )
+                    vocab_mask[i, f(ids, torch.int64)] = float("-inf")
             if extras is not None:
                 extras.fill_mask(vocab_mask)
         return cls(
@@ -122,7 +119,7 @@ class SamplingBatchInfo:
             top_ps=f([p.top_p for p in params]),
             top_ks=f(top_ks, torch.int64),
             min_ps=f([p.min_p for p in params]),
-            greedy=torch.tensor(greedy, dtype=torch.bool, device=device),
+            greedy=f(greedy, torch.bool),
             is_all_greedy=all(greedy),
             need_top_p=any(p.top_p < 1.0 and not g for p, g in zip(params, greedy)),
             need_top_k=any(k < vocab_size and not g for k, g in zip(top_ks, greedy)),
@@ -169,7 +166,7 @@ def _exponential_noise(
     if len(seeded) < bs:
         u.uniform_()
     for i in seeded:  # per-request CPU generators: the same draws on any device
-        u[i] = torch.rand(vocab, generator=gens[i]).to(device)
+        u[i] = to_device(torch.rand(vocab, generator=gens[i]), torch.float32, device)
     return -torch.log(u.clamp_(min=1e-20))
 
 

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.model.host_copy import to_device
 from radixlm.model.layers.moe.experts import ExpertWeights
 
 
@@ -85,7 +86,7 @@ class GptOssExperts(nn.Module):
         groups: dict[int, list[int]] = {}
         for pair, e in enumerate(ids.reshape(-1).tolist()):
             groups.setdefault(e, []).append(pair)
-        order = [(e, torch.tensor(pairs)) for e, pairs in groups.items()]
+        order = [(e, to_device(pairs, torch.int64, x.device)) for e, pairs in groups.items()]
         gate_up = [
             self._project("gate_up_proj", e, x if T == 1 else x.index_select(0, pairs // k))
             for e, pairs in order

@@ -15,6 +15,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import torch
 
 from radixlm.model.forward_batch import ForwardBatch
+from radixlm.model.host_copy import HostCopy
 from radixlm.model.runner import ModelRunner
 from radixlm.scheduler.batch import ScheduleBatch
 from radixlm.scheduler.decoding.grammar_manager import GrammarManager
@@ -22,6 +23,7 @@ from radixlm.scheduler.decoding.spec_decoding import BaseSpeculation
 from radixlm.scheduler.execution.overlap import (
     FutureTokenMap,
     LaunchedBatch,
+    StepClock,
     StepOutput,
     can_overlap,
 )
@@ -78,19 +80,17 @@ class BaseExecutor(ABC):
     def run_step(
         self, batch: ScheduleBatch, fb: ForwardBatch, slots: list[int] | None, has_future: bool
     ) -> StepOutput:
-        t0 = time.perf_counter()
+        clock = StepClock(self.runner.device)
         self._resolve_inputs(fb, has_future)
         out = self.runner.forward(fb)
         logits, errors = self.grammar.mask(batch, out.next_token_logits)
         next_ids = self.runner.sample(fb, logits)
         self._store_outputs(slots, next_ids)
-        next_ids = next_ids.tolist()
-        verified = (
-            self.spec.verify(batch, out.row_logits, next_ids, errors)
-            if batch.forward_mode.is_verify()
-            else None
-        )
-        return StepOutput(out, next_ids, time.perf_counter() - t0, errors, verified)
+        # Not read back here: on CUDA the worker queues the next step while this one runs.
+        res = StepOutput(out, HostCopy(next_ids), clock.stop(), errors)
+        if batch.forward_mode.is_verify():
+            res.verified = self.spec.verify(batch, out.row_logits, res.next_ids, errors)
+        return res
 
     @abstractmethod
     def _resolve_inputs(self, fb: ForwardBatch, has_future: bool) -> None:
@@ -219,9 +219,7 @@ class OverlapExecutor(BaseExecutor):
 
     def _store_outputs(self, slots: list[int] | None, next_ids: torch.Tensor) -> None:
         if slots is not None:
-            self.future_map.store(
-                torch.tensor(slots, dtype=torch.int64, device=next_ids.device), next_ids
-            )
+            self.future_map.store(slots, next_ids)
 
     def keep_in_flight(self, launched: LaunchedBatch) -> bool:
         batch = launched.batch

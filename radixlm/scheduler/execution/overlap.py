@@ -15,11 +15,13 @@ overlapped: the scheduler then waits for N first.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 import torch
 
+from radixlm.model.host_copy import HostCopy, to_device
 from radixlm.model.runner import LogitsOutput
 from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.scheduler.batch import ScheduleBatch
@@ -55,8 +57,8 @@ class FutureTokenMap:
         future = input_ids < 0
         return torch.where(future, self.ids[(-input_ids - 1).clamp(min=0)], input_ids)
 
-    def store(self, slots: torch.Tensor, next_ids: torch.Tensor) -> None:
-        self.ids[slots] = next_ids
+    def store(self, slots: list[int], next_ids: torch.Tensor) -> None:
+        self.ids[to_device(slots, torch.int64, self.ids.device)] = next_ids
 
 
 def can_overlap(reqs: list[Req], context_len: int) -> bool:
@@ -83,18 +85,60 @@ def can_overlap(reqs: list[Req], context_len: int) -> bool:
     return True
 
 
+class StepClock:
+    """A step's forward + sampling time. On CUDA two events on the stream bound it: the worker
+    thread queues a step and goes on without waiting for the GPU, so only the GPU can time it.
+    Elsewhere the wall clock of the thread that ran it."""
+
+    def __init__(self, device: torch.device):
+        self._events = device.type == "cuda"
+        if self._events:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._start = time.perf_counter()
+
+    def stop(self) -> StepClock:
+        if self._events:
+            self._end = torch.cuda.Event(enable_timing=True)
+            self._end.record()
+        else:
+            self._end = time.perf_counter()
+        return self
+
+    def seconds(self) -> float:
+        if self._events:
+            self._end.synchronize()
+            return self._start.elapsed_time(self._end) / 1e3
+        return self._end - self._start
+
+
 @dataclass
 class StepOutput:
-    """What the worker returns for one launched batch."""
+    """What the worker returns for one launched batch: its sampled ids may still be on their way
+    to the host (read them through next_ids, which waits)."""
 
     logits: LogitsOutput
-    next_ids: list[int]
-    seconds: float  # forward + sampling on the worker
+    ids: HostCopy
+    clock: StepClock
     # Rows whose grammar mask could not be filled: that request fails, the others go on.
     row_errors: dict[int, str] = field(default_factory=dict)
     # TARGET_VERIFY: per request, what the step emits (accepted draft nodes' tokens + the model's
     # token) and the accepted nodes.
     verified: list[Acceptance] | None = None
+
+    def wait(self) -> StepOutput:
+        """Wait until the step's ids are on the host (a failure on the device raises here)."""
+        self.ids.tolist()
+        return self
+
+    @property
+    def next_ids(self) -> list[int]:
+        return self.ids.tolist()
+
+    @property
+    def seconds(self) -> float:
+        return self.clock.seconds()
 
 
 @dataclass

@@ -67,7 +67,7 @@ class ResultProcessor:
 
     def process(self, launched: LaunchedBatch) -> None:
         try:
-            res: StepOutput = launched.result.result()
+            res: StepOutput = launched.result.result().wait()
         except Exception as e:
             self.fail_batch(launched, e)
             return

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.kernels import triton_ops
+from radixlm.model.host_copy import to_device
 from radixlm.model.layers.attention.base import AttentionBackend, AttentionBackendSpec
 
 if TYPE_CHECKING:
@@ -101,7 +102,7 @@ class TritonAttnBackend(AttentionBackend):
             md.kv_start = torch.zeros(fb.batch_size, dtype=torch.int64, device=self.device)
         else:
             ext = fb.extend_seq_lens_cpu
-            as_t = lambda xs: torch.tensor(xs, dtype=torch.int64, device=self.device)
+            as_t = lambda xs: to_device(xs, torch.int64, self.device)
             starts = [0]
             for n in ext[:-1]:
                 starts.append(starts[-1] + n)
