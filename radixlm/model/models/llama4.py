@@ -150,7 +150,12 @@ class Llama4ForCausalLM(MoeForCausalLM):
             yield name, t
 
 
-def _to_rotate_half(w: torch.Tensor, n_heads: int, head_dim: int) -> torch.Tensor:
-    """q / k projection rows of each head from interleaved pairs (2i, 2i + 1) to (i, i + D/2)."""
+def _to_rotate_half(w, n_heads: int, head_dim: int):
+    """q / k projection rows of each head from interleaved pairs (2i, 2i + 1) to (i, i + D/2); a
+    GGUF's quantized rows move whole (their blocks run along the input)."""
+    from radixlm.model.layers.quantized import QuantizedTensor
+
     order = torch.cat([torch.arange(0, head_dim, 2), torch.arange(1, head_dim, 2)])
-    return w.view(n_heads, head_dim, -1)[:, order].reshape(w.shape).contiguous()
+    rows = w.data if isinstance(w, QuantizedTensor) else w
+    out = rows.view(n_heads, head_dim, -1)[:, order].reshape(rows.shape).contiguous()
+    return QuantizedTensor(out, w.fmt, w.cols) if isinstance(w, QuantizedTensor) else out
