@@ -39,8 +39,14 @@ _IGNORED_WHEN_EMPTY = {
     "custom_logit_processor",
     "return_hidden_states",
     "data_parallel_rank",
-    "log_metrics",
+    # sent by SGLang's gateway (sglang-router) on every request, off unless a client sets them
+    "background",
+    "return_bytes",
+    "return_entropy",
 }
+# SGLang request fields accepted at any value and ignored: they change nothing radixlm returns
+# (the gateway forwards `model` as null, and SGLang's logging switches, on every request).
+_ACCEPTED_AND_IGNORED = {"model", "no_logs", "log_metrics"}
 _GENERATE_FIELDS = {f.name for f in dataclasses.fields(GenerateReqInput)}
 
 
@@ -105,7 +111,8 @@ def _generate_schema() -> dict:
 def parse_generate_body(body: Any) -> GenerateReqInput:
     if not isinstance(body, dict):
         raise HTTPError(400, "the request body must be a JSON object")
-    unknown = sorted(k for k in body if k not in _GENERATE_FIELDS and k not in _IGNORED_WHEN_EMPTY)
+    known = _GENERATE_FIELDS | _IGNORED_WHEN_EMPTY | _ACCEPTED_AND_IGNORED
+    unknown = sorted(k for k in body if k not in known)
     unsupported = sorted(
         k for k in body if k in _IGNORED_WHEN_EMPTY and body[k] not in (None, False, [], {}, "")
     )

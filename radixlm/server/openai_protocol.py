@@ -209,6 +209,15 @@ class _Common(SGLangExtras, ExtraSamplers):
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None
+    # SGLang's, sent by its gateway (sglang-router) on every request: accepted off only.
+    return_hidden_states: bool | None = None
+
+    @field_validator("return_hidden_states")
+    @classmethod
+    def _no_hidden_states(cls, v):
+        if v:
+            raise ValueError("return_hidden_states is not supported (only false)")
+        return v
 
     @field_validator("logit_bias")
     @classmethod
@@ -293,6 +302,9 @@ class ChatCompletionRequest(_Common):
     # SGLang's: false keeps the think block in content (--reasoning-parser); OpenAI's effort
     # switches Mistral's.
     separate_reasoning: bool | None = None
+    # SGLang's (its gateway sends true): reasoning_content streams as it is generated; false (all of
+    # it in one chunk) is not supported.
+    stream_reasoning: bool | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high"] | None = None
     # The last message continued (no end of turn; HF's continue_final_message), or a new assistant
     # turn opened (add_generation_prompt; default: unless continuing), as vLLM and SGLang name them.
@@ -307,6 +319,13 @@ class ChatCompletionRequest(_Common):
     store: bool | None = None
     metadata: dict | None = None
     service_tier: str | None = None
+
+    @field_validator("stream_reasoning")
+    @classmethod
+    def _streamed_reasoning(cls, v):
+        if v is False:
+            raise ValueError("stream_reasoning false is not supported (reasoning streams as made)")
+        return v
 
 
 def parse_request(cls: type[BaseModel], body: Any):
