@@ -3,15 +3,19 @@ front of two radixlm servers, unchanged (issue 65): what it forwards is accepted
 request object: `model: null`, `log_metrics`, `no_logs`, `return_bytes`, `return_entropy`,
 `background`, `return_hidden_states`; `stream_reasoning` and `max_completion_tokens` on chat), so
 /generate and the openai client's chat, plain and streamed, answer a worker's own greedy tokens; its
-cache-aware policy finds the workers' cached prefixes more often than round robin; and with one
-worker killed, once the gateway's health check has seen it, every request still answers 200."""
+cache-aware policy finds the workers' cached prefixes more often than round robin; with one worker
+killed, once the gateway's health check has seen it, every request still answers 200; and in its PD
+mode over a radixlm prefill and decode server (their bootstrap port), chat plain and streamed, a
+long prompt and a JSON-schema request answer an ordinary server's greedy tokens."""
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 import time
 
+import jsonschema
 import openai
 import pytest
 import requests
@@ -25,7 +29,9 @@ def worker(model_dir: str) -> ServerProcess:
     return ServerProcess("--model-path", model_dir, "--num-threads", "1", "--kv-memory-gb", "0.05")
 
 
-def gateway(urls: list[str], policy: str) -> ServerProcess:
+def gateway(urls: list[str], policy: str, *workers: str) -> ServerProcess:
+    """The gateway over urls (regular mode), or over `workers` (its PD mode's arguments)."""
+
     def cmd(port):
         return [
             sys.executable,
@@ -35,8 +41,7 @@ def gateway(urls: list[str], policy: str) -> ServerProcess:
             "127.0.0.1",
             "--port",
             str(port),
-            "--worker-urls",
-            *urls,
+            *(["--worker-urls", *urls] if urls else workers),
             "--policy",
             policy,
             "--prometheus-port",
@@ -158,3 +163,56 @@ def test_a_killed_worker_is_routed_around(workers):
             assert generate(gw.url, body)["output_ids"] == want
     finally:
         gw.stop()
+
+
+def test_pd_mode_over_a_prefill_and_a_decode_server(workers, tiny_model_dir):
+    bootstrap = free_port()
+    prefill = ServerProcess(
+        "--model-path",
+        tiny_model_dir,
+        "--num-threads",
+        "1",
+        "--disaggregation-mode",
+        "prefill",
+        "--disaggregation-bootstrap-port",
+        str(bootstrap),
+    )
+    decode = ServerProcess(
+        "--model-path", tiny_model_dir, "--num-threads", "1", "--disaggregation-mode", "decode"
+    )
+    pd = ["--pd-disaggregation", "--prefill", prefill.url, str(bootstrap), "--decode", decode.url]
+    gw = gateway([], "round_robin", *pd)
+    try:
+        plain = workers[0].url
+        long_prompt = " ".join(f"word{i}" for i in range(220))  # ~840 of the 1,024 positions
+        body = {"text": long_prompt, "sampling_params": GREEDY}
+        out = generate(gw.url, body)
+        assert out["meta_info"]["prompt_tokens"] > 600
+        assert out["output_ids"] == generate(plain, body)["output_ids"]
+        schema = {
+            "type": "object",
+            # bounded: the tiny random model's answer closes well inside max_tokens
+            "properties": {
+                "name": {"type": "string", "maxLength": 6},
+                "age": {"type": "integer", "minimum": 0, "maximum": 99},
+            },
+            "required": ["name", "age"],
+        }
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": schema}}
+        theirs = openai.OpenAI(base_url=gw.url + "/v1", api_key="x")
+        ours = openai.OpenAI(base_url=plain + "/v1", api_key="x")
+        for messages, extra in (
+            ([{"role": "user", "content": "Name three colors."}], {}),
+            ([{"role": "user", "content": "A person as JSON."}], {"response_format": fmt}),
+        ):
+            kw = dict(model="default", messages=messages, max_tokens=40, temperature=0, **extra)
+            want = ours.chat.completions.create(**kw).choices[0].message.content
+            assert theirs.chat.completions.create(**kw).choices[0].message.content == want
+            stream = theirs.chat.completions.create(**kw, stream=True)
+            assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == want
+            if extra:
+                jsonschema.validate(json.loads(want), schema)
+    finally:
+        gw.stop()
+        prefill.stop()
+        decode.stop()
