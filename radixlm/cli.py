@@ -171,8 +171,6 @@ def _starts_engine(argv: list[str]) -> bool:
 
 
 def main(argv=None) -> int:
-    from radixlm.config import ServerArgs
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if _starts_engine(argv):
         from radixlm.engine.process_context import start_fork_server
@@ -180,6 +178,27 @@ def main(argv=None) -> int:
         # Its imports (torch, transformers) then overlap the parser's (the option choices import
         # torch) and the tokenizer's: a second earlier to /health.
         start_fork_server()
+    try:
+        args = parse_args(argv)
+    except ValueError as e:  # a refused flag or value, a bad config file: one line, no traceback
+        print(f"radixlm: error: {e}", file=sys.stderr)
+        return 2
+    if args.command in ("generate", "bench") and getattr(args, "log_level", None) == "info":
+        args.log_level = (  # keep the answer readable; --log-level info shows the engine log
+            "warning"
+        )
+    try:
+        return args.func(args)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"radixlm: error: {e}", file=sys.stderr)
+        return 2
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    """The command line as `main` reads it, without running it (a manifest's container command is
+    checked with it): ValueError for a refused flag or value, SystemExit for an unknown one."""
+    from radixlm.config import ServerArgs
+
     choices = option_choices()
     parser = argparse.ArgumentParser(prog="radixlm")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -257,23 +276,11 @@ def main(argv=None) -> int:
     from radixlm.sglang_compat import check_sglang_flags, install_sglang_flags
 
     install_sglang_flags(parser, argv)
-    try:
-        args = parser.parse_args(expand_config_file(parser, argv))
-        check_sglang_flags(args)
-    except ValueError as e:  # a refused flag or value, a bad config file: one line, no traceback
-        print(f"radixlm: error: {e}", file=sys.stderr)
-        return 2
+    args = parser.parse_args(expand_config_file(parser, argv))
+    check_sglang_flags(args)
     if getattr(args, "model_path_alias", None):
         args.model_path = args.model_path_alias
-    if args.command in ("generate", "bench") and getattr(args, "log_level", None) == "info":
-        args.log_level = (  # keep the answer readable; --log-level info shows the engine log
-            "warning"
-        )
-    try:
-        return args.func(args)
-    except (ValueError, FileNotFoundError) as e:
-        print(f"radixlm: error: {e}", file=sys.stderr)
-        return 2
+    return args
 
 
 if __name__ == "__main__":
