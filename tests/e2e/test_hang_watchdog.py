@@ -118,3 +118,47 @@ def test_hung_scheduler_restart_on_failure_serves_again_with_the_same_outputs(ti
         assert s.proc.poll() is None
     finally:
         stop_leaving_nothing(s)
+
+
+def test_a_frozen_tp_rank_turns_health_503_and_the_group_exits(tiny_model_dir):
+    """One rank of a TP group frozen (SIGSTOP: a stuck collective, a kernel that never returns):
+    a request then waits on rank 0, whose loop blocks on the frozen peer; within the watchdog
+    timeout /health answers 503 (a gateway routes away), the request fails with a 503, and the
+    whole process group exits non-zero with no rank left behind."""
+    s = ServerProcess(
+        "--model-path", tiny_model_dir, "--tp-size", "2", "--watchdog-timeout", str(TIMEOUT), *TINY
+    )
+    kids = psutil.Process(s.proc.pid).children(recursive=True)
+    rank1 = None
+    try:
+        rank0 = requests.get(s.url + "/get_server_info", timeout=10).json()["scheduler_pid"]
+        ranks = [p for p in kids if p.name().startswith("scheduler") and p.pid != rank0]
+        assert len(ranks) == 1, [(p.pid, p.name()) for p in kids]
+        rank1 = ranks[0].pid
+        out = {}
+        _plain(s.url, out)  # the group serves first
+        assert out["r"].status_code == 200, out["r"]
+        os.kill(rank1, signal.SIGSTOP)
+        plain = {}
+        thread = threading.Thread(target=_plain, args=(s.url, plain))
+        sent = time.monotonic()
+        thread.start()
+        assert wait_until(lambda: health_status(s.url) == 503, TIMEOUT + INTERVAL + SLACK), (
+            "/health did not turn 503"
+        )
+        health_503_after = time.monotonic() - sent
+        thread.join(timeout=10)
+        assert not thread.is_alive(), "the in-flight request hung"
+        r = plain["r"]
+        assert isinstance(r, requests.Response) and r.status_code == 503, r
+        assert s.proc.wait(timeout=30) == 1
+        # rank 0 is the one whose loop stalled (blocked on its frozen peer)
+        assert "radixlm: error: the scheduler rank 0 process" in s.output()
+        assert "hung" in s.output()
+        _, alive = psutil.wait_procs(kids, timeout=15)
+        assert not alive, [p.pid for p in alive]
+        print(f"TP rank 1 frozen: /health 503 {health_503_after:.2f} s after the request came")
+    finally:
+        if rank1 is not None and psutil.pid_exists(rank1):
+            os.kill(rank1, signal.SIGCONT)
+        s.stop()
