@@ -22,6 +22,7 @@ STORAGE_BACKEND_REGISTRY = Registry[Callable[..., Any], None](
     "hicache storage backend", unknown="unknown hicache storage backend {name!r} (known: {choices})"
 )
 STORAGE_BACKEND_REGISTRY.register("file", "radixlm.cache.storage:HiCacheFile")
+STORAGE_BACKEND_REGISTRY.register("mooncake", "radixlm.cache.storage_mooncake:HiCacheMooncake")
 STORAGE_KEY_ENV = "RADIXLM_HICACHE_STORAGE_KEY"  # the key without putting it on a command line
 MIN_KEY_CHARS = 16
 

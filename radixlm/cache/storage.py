@@ -107,6 +107,25 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return hashlib.sha256(json.dumps([vocab, tokenizer.all_special_tokens]).encode()).hexdigest()
 
 
+def chunk_name(secret: bytes, key: str) -> str:
+    """A chunk's name in storage: an HMAC of its key (it tells nothing of the prompt)."""
+    return hmac.new(secret, b"radixlm-kv-name\0" + key.encode(), hashlib.sha256).hexdigest()
+
+
+def report_once(reported: set[str], stats, counter: str, message: str) -> None:
+    """Count a backend's failure; log the first of each kind (planted chunks must not flood the
+    log: the counters in /get_server_info and /metrics say how many)."""
+    if counter not in reported:
+        reported.add(counter)
+        logger.warning(
+            "hicache: %s (further ones are counted in %s, logged at debug level)", message, counter
+        )
+    else:
+        logger.debug("hicache: %s", message)
+    if stats is not None:
+        stats.count(counter)
+
+
 class HiCacheStorage(ABC):
     """L3 backend interface (SGLang's HiCacheStorage shape): values are whole chunks, each of
     `layout` (what get returns is checked against it again before it reaches the tree)."""
@@ -185,10 +204,7 @@ class HiCacheFile(HiCacheStorage):
         return self.usage.cached
 
     def name(self, key: str) -> str:
-        return (
-            hmac.new(self.secret, b"radixlm-kv-name\0" + key.encode(), hashlib.sha256).hexdigest()
-            + SUFFIX
-        )
+        return chunk_name(self.secret, key) + SUFFIX
 
     def path(self, key: str) -> str:
         return os.path.join(self.dir, self.name(key))
@@ -316,19 +332,7 @@ class HiCacheFile(HiCacheStorage):
             os.close(fd)
 
     def _report(self, counter: str, message: str) -> None:
-        """Count a failure; log the first of each kind (a directory of planted files must not flood
-        the log: the counters in /get_server_info and /metrics say how many)."""
-        if counter not in self._reported:
-            self._reported.add(counter)
-            logger.warning(
-                "hicache: %s (further ones are counted in %s, logged at debug level)",
-                message,
-                counter,
-            )
-        else:
-            logger.debug("hicache: %s", message)
-        if self.stats is not None:
-            self.stats.count(counter)
+        report_once(self._reported, self.stats, counter, message)
 
     def close(self) -> None:
         """Give up the owner id (a server started next in this process may take it)."""
