@@ -114,6 +114,76 @@ def restart(args) -> dict:
     return {"bench": "restart", "prefix_len": args.prefix_len, "reps": rows, "median": med}
 
 
+def shared(args) -> dict:
+    """Two servers sharing a Mooncake Store (--hicache-storage-backend mooncake, a local master):
+    per rep, B's TTFT on a document neither has seen (recomputed), then A answers another document
+    (written through to the store) and B's TTFT on it (its prefix read from Mooncake)."""
+    from radixlm.bench.mooncake_master import MooncakeMaster
+
+    rng = random.Random(args.seed)
+    master = MooncakeMaster(segment_bytes=1 << 30)
+    tiers = [
+        "--enable-hierarchical-cache",
+        "--hicache-storage-backend",
+        "mooncake",
+        "--hicache-storage-chunk-size",
+        str(args.chunk),
+        *args.hicache_args.split(),
+    ]
+    env = master.env("bench-storage-key-" + "0" * 16)
+    servers = []
+    try:
+        a = ServerProcess(
+            *_model(args), "--max-total-tokens", str(args.max_total_tokens), *tiers, env=env
+        )
+        servers.append(a)
+        b = ServerProcess(
+            *_model(args), "--max-total-tokens", str(args.max_total_tokens), *tiers, env=env
+        )
+        servers.append(b)
+        doc = lambda: [rng.randrange(100, 40000) for _ in range(args.prefix_len)]
+        q = lambda: [rng.randrange(100, 40000) for _ in range(24)]
+        ttft(a.url, q())
+        ttft(b.url, q())
+        rows = []
+        for rep in range(args.reps):
+            recompute = ttft(b.url, doc() + q())
+            d = doc()
+            written = _hicache_info(a.url)["l3_chunks_written"]
+            ttft(a.url, d + q())
+            deadline = time.time() + 120
+            while (
+                _hicache_info(a.url)["l3_chunks_written"] < written + len(d) // args.chunk
+                and time.time() < deadline
+            ):
+                time.sleep(0.2)
+            before = _hicache_info(b.url)["l3_hit_tokens"]
+            from_store = ttft(b.url, d + q())
+            hit = _hicache_info(b.url)["l3_hit_tokens"] - before
+            row = {
+                "rep": rep,
+                "recompute_s": recompute,
+                "from_mooncake_s": from_store,
+                "speedup": recompute / from_store,
+                "l3_hit_tokens": hit,
+            }
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        for s in servers:
+            s.stop()
+        master.kill()
+    med = {
+        k: statistics.median(r[k] for r in rows)
+        for k in ("recompute_s", "from_mooncake_s", "speedup")
+    }
+    return {"bench": "shared", "prefix_len": args.prefix_len, "reps": rows, "median": med}
+
+
+def _model(args) -> list[str]:
+    return ["--model-path", args.model_path] if args.model_path else []
+
+
 def gsp(args) -> dict:
     from radixlm.bench.serving import add_args, run
 
@@ -160,7 +230,7 @@ def main(argv=None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    p.add_argument("bench", choices=["restart", "gsp"])
+    p.add_argument("bench", choices=["restart", "shared", "gsp"])
     p.add_argument("--model-path", default=None, help="default: the embedded SmolLM2-135M-Instruct")
     p.add_argument(
         "--max-total-tokens", type=int, default=8192, help="the KV pool (L1) of every server"
@@ -181,7 +251,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--output-file", default=None, help="append the result as one JSON line")
     args = p.parse_args(argv)
-    res = restart(args) if args.bench == "restart" else gsp(args)
+    res = {"restart": restart, "shared": shared, "gsp": gsp}[args.bench](args)
     print(json.dumps({k: v for k, v in res.items() if k != "reps"}, indent=1))
     if args.output_file:
         with open(args.output_file, "a") as f:

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import time
 
 import pytest
 import requests
 import torch
 
-from radixlm.server.process import ServerProcess, free_port
+from radixlm.bench.mooncake_master import MooncakeMaster
+from radixlm.server.process import ServerProcess
 
 
 def mooncake_missing() -> str | None:
@@ -45,58 +45,16 @@ KEY = "mooncake-storage-key-0123"
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
 
 
-class Master:
-    def __init__(self):
-        self.rpc, self.http, self.metrics = free_port(), free_port(), free_port()
-        self.proc = None
-        self.start()
-
-    def start(self):
-        self.proc = subprocess.Popen(
-            [
-                "mooncake_master",
-                "--enable_http_metadata_server=1",
-                f"--rpc_port={self.rpc}",
-                f"--http_metadata_server_port={self.http}",
-                f"--metrics_port={self.metrics}",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        deadline = time.time() + 30
-        while time.time() < deadline:
-            try:
-                requests.get(f"http://127.0.0.1:{self.http}/metadata?key=x", timeout=1)
-                return
-            except requests.ConnectionError:
-                time.sleep(0.2)
-        raise TimeoutError("mooncake_master did not start")
-
-    def kill(self):
-        self.proc.kill()
-        self.proc.wait()
-
-    def env(self) -> dict[str, str]:
-        return {
-            "MOONCAKE_MASTER": f"127.0.0.1:{self.rpc}",
-            "MOONCAKE_TE_META_DATA_SERVER": f"http://127.0.0.1:{self.http}/metadata",
-            "MOONCAKE_PROTOCOL": "tcp",
-            "MOONCAKE_GLOBAL_SEGMENT_SIZE": str(64 << 20),
-            "MOONCAKE_LOCAL_BUFFER_SIZE": str(16 << 20),
-            "RADIXLM_HICACHE_STORAGE_KEY": KEY,
-        }
-
-
 @pytest.fixture
 def master():
     """A master per test: a stopped server's segment stays registered in its master until the
     client's lease runs out, and chunks placed there meanwhile fail to store."""
-    m = Master()
+    m = MooncakeMaster()
     yield m
     m.kill()
 
 
-def serve(model: str, master: Master) -> ServerProcess:
+def serve(model: str, master: MooncakeMaster) -> ServerProcess:
     return ServerProcess(
         "--model-path",
         model,
@@ -110,7 +68,7 @@ def serve(model: str, master: Master) -> ServerProcess:
         "--hicache-storage-chunk-size",
         str(CHUNK),
         "--enable-invariant-checks",
-        env=master.env(),
+        env=master.env(KEY),
     )
 
 
@@ -176,7 +134,7 @@ def test_forged_chunks_are_misses(master, monkeypatch):
     from radixlm.cache.storage_codec import ChunkLayout
     from radixlm.cache.storage_mooncake import HiCacheMooncake
 
-    for k, v in master.env().items():
+    for k, v in master.env(KEY).items():
         monkeypatch.setenv(k, v)
 
     class Stats:
