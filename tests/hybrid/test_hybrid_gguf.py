@@ -19,6 +19,7 @@ from radixlm import Engine
 from tests.e2e.test_default_model_greedy import assert_greedy_equal
 from tests.hybrid.conftest import HYBRIDS
 from tests.model.hybrid_checkpoints import write_gguf
+from tests.model.top1_agreement import top1_agreement
 
 NEW = 10
 VOCAB = 800
@@ -118,26 +119,5 @@ def test_q8_0_gguf_agrees_with_hf_top1(arch, hybrid_checkpoint_dir, tmp_path):
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     q8 = write_gguf(hf, path, str(tmp_path / "q8_0.gguf"), qtype="q8_0")
     hf_q8 = hf_holding(hf, q8)
-    rng = random.Random(4)
-    seqs = []
-    with torch.no_grad():
-        for _ in range(2):  # HF's greedy continuation of a random start: text the model "likes"
-            start = [rng.randrange(10, VOCAB) for _ in range(40)]
-            seqs.append(hf.generate(torch.tensor([start]), max_new_tokens=160, do_sample=False)[0])
-    agree = total = 0
-    with Engine(model_path=q8, enable_invariant_checks=True, log_level="warning") as engine:
-        for ids in seqs:
-            out = engine.generate(
-                input_ids=ids.tolist(),
-                sampling_params={"max_new_tokens": 0},
-                return_logprob=True,
-                logprob_start_len=0,
-                top_logprobs_num=1,
-            )
-            ours = [row[0][1] for row in out["meta_info"]["input_top_logprobs"][1:]]
-            with torch.no_grad():
-                theirs = hf_q8(ids[None]).logits[0, :-1].argmax(-1).tolist()
-            assert len(ours) == len(theirs)
-            agree += sum(a == b for a, b in zip(ours, theirs))
-            total += len(theirs)
+    agree, total = top1_agreement(q8, hf, hf_q8, VOCAB, new_tokens=160)
     assert agree / total >= 0.95, f"{arch} Q8_0: top-1 agreement {agree}/{total}"

@@ -7,10 +7,7 @@ batched and in prefill chunks, through the pool's two slot spaces of per-layer s
 
 from __future__ import annotations
 
-import random
-
 import pytest
-import torch
 
 from radixlm import Engine
 from radixlm.model.loader import load_model
@@ -98,26 +95,10 @@ def test_q8_0_gguf_agrees_with_hf_top1(layout, request, tmp_path):
     """A Q8_0 file (its weights kept quantized, the native kernels): top-1 agreement >= 95% with
     HF holding the file's dequantized weights, along HF's own greedy text."""
     from tests.hybrid.test_hybrid_gguf import hf_holding
+    from tests.model.top1_agreement import top1_agreement
 
     path, hf = request.getfixturevalue(layout)
     q8 = write_gemma4_gguf(hf, path, str(tmp_path / f"gemma4-{layout}-q8_0.gguf"), "q8_0")
     hf_q8 = hf_holding(hf, q8)
-    rng, agree, total = random.Random(4), 0, 0
-    with Engine(model_path=q8, enable_invariant_checks=True, log_level="warning") as engine:
-        for _ in range(2):
-            start = torch.tensor([[rng.randrange(10, VOCAB) for _ in range(40)]])
-            with torch.no_grad():
-                ids = hf.generate(start, max_new_tokens=120, do_sample=False)[0]
-                theirs = hf_q8(ids[None]).logits[0, :-1].argmax(-1).tolist()
-            out = engine.generate(
-                input_ids=ids.tolist(),
-                sampling_params={"max_new_tokens": 0},
-                return_logprob=True,
-                logprob_start_len=0,
-                top_logprobs_num=1,
-            )
-            ours = [row[0][1] for row in out["meta_info"]["input_top_logprobs"][1:]]
-            assert len(ours) == len(theirs)
-            agree += sum(a == b for a, b in zip(ours, theirs))
-            total += len(theirs)
+    agree, total = top1_agreement(q8, hf, hf_q8, VOCAB, new_tokens=120)
     assert agree / total >= 0.95, f"gemma4 {layout} Q8_0: top-1 agreement {agree}/{total}"

@@ -195,12 +195,11 @@ def test_q8_0_gguf_keeps_its_blocks_and_agrees_with_hf_top1(llama4_as_llama_cpp,
     """A Q8_0 file: q / k rows reordered in their blocks, the experts kept quantized; top-1
     agreement >= 95% with HF holding the file's dequantized weights, along HF's greedy text."""
     import copy
-    import random
 
     import torch
 
-    from radixlm import Engine
     from radixlm.model import gguf_loader
+    from tests.model.top1_agreement import top1_agreement
 
     path, hf = llama4_as_llama_cpp
     q8 = write_llama4_gguf(hf, path, str(tmp_path / "llama4-q8_0.gguf"), "q8_0")
@@ -226,22 +225,5 @@ def test_q8_0_gguf_keeps_its_blocks_and_agrees_with_hf_top1(llama4_as_llama_cpp,
             state[name] = weights[ours]
     held.load_state_dict(state)
     held.eval()
-    rng, agree, total = random.Random(4), 0, 0
-    with Engine(model_path=q8, enable_invariant_checks=True, log_level="warning") as engine:
-        for _ in range(2):
-            start = torch.tensor([[rng.randrange(10, 800) for _ in range(40)]])
-            with torch.no_grad():
-                ids = hf.generate(start, max_new_tokens=80, do_sample=False)[0]
-                theirs = held(ids[None]).logits[0, :-1].argmax(-1).tolist()
-            out = engine.generate(
-                input_ids=ids.tolist(),
-                sampling_params={"max_new_tokens": 0},
-                return_logprob=True,
-                logprob_start_len=0,
-                top_logprobs_num=1,
-            )
-            ours = [row[0][1] for row in out["meta_info"]["input_top_logprobs"][1:]]
-            assert len(ours) == len(theirs)
-            agree += sum(a == b for a, b in zip(ours, theirs))
-            total += len(theirs)
+    agree, total = top1_agreement(q8, hf, held, 800, new_tokens=80)
     assert agree / total >= 0.95, f"llama4 Q8_0: top-1 agreement {agree}/{total}"
