@@ -14,6 +14,18 @@ from radixlm.model.loader import load_model
 from tests.model.windowed_checkpoints import check_greedy, checkpoint
 
 CHUNK = 8
+TINY_LLAMA4 = dict(
+    head_dim=16,
+    intermediate_size=64,  # an expert's
+    intermediate_size_mlp=128,  # the dense layers'
+    num_local_experts=4,
+    num_experts_per_tok=1,
+    interleave_moe_layer_step=2,  # MoE in layers 1 and 3, dense in 0 and 2
+    use_qk_norm=True,
+    attn_temperature_tuning=True,
+    attn_scale=0.1,
+    tie_word_embeddings=False,
+)
 
 
 @pytest.fixture(scope="module")
@@ -23,18 +35,9 @@ def llama4(tmp_path_factory):
         "Llama4TextConfig",
         "Llama4ForCausalLM",
         path,
-        head_dim=16,
-        intermediate_size=64,  # an expert's
-        intermediate_size_mlp=128,  # the dense layers'
-        num_local_experts=4,
-        num_experts_per_tok=1,
-        interleave_moe_layer_step=2,  # MoE in layers 1 and 3, dense in 0 and 2
+        **TINY_LLAMA4,
         attention_chunk_size=CHUNK,
-        use_qk_norm=True,
-        attn_temperature_tuning=True,
         floor_scale=4,
-        attn_scale=0.1,
-        tie_word_embeddings=False,
     )
     return path, hf
 
@@ -148,18 +151,9 @@ def llama4_as_llama_cpp(tmp_path_factory):
         "Llama4TextConfig",
         "Llama4ForCausalLM",
         path,
-        head_dim=16,
-        intermediate_size=64,
-        intermediate_size_mlp=128,
-        num_local_experts=4,
-        num_experts_per_tok=1,
-        interleave_moe_layer_step=2,
+        **TINY_LLAMA4,
         attention_chunk_size=8192,
-        use_qk_norm=True,
-        attn_temperature_tuning=True,
         floor_scale=8192,
-        attn_scale=0.1,
-        tie_word_embeddings=False,
     )
     return path, hf
 
