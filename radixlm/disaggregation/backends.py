@@ -15,9 +15,10 @@ The AuxRecord always follows the KV over the same ZMQ connection (so it arrives 
 - fake: nothing moves (warm-up, SGLang's fake backend): the decode side decodes on whatever its
   slots hold.
 
-A GPU-cluster backend (Mooncake, NIXL) is one more class: prepare_pool registers the pool's memory
-with the transfer engine and returns its descriptor (TransferDest carries it), write() issues one
-RDMA write per layer from the prefill pool's slots to the descriptor's slots (docs/disaggregation.md).
+- mooncake (mooncake_backend.py): Mooncake's transfer engine (TCP here, RDMA where present): the
+  decode side registers its pool's memory and advertises where each layer lives (MooncakePool, in
+  TransferDest); the prefill side writes each layer's slots there, one batch of writes per layer.
+  NIXL would be one more such class.
 """  # noqa: E501 (diagrams and command lines kept whole)
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ from collections.abc import Callable
 
 import torch
 
-from radixlm.disaggregation.protocol import KVLayerChunk, KVLayout, ShmPool, TransferDest
+from radixlm.disaggregation.config import TRANSFER_BACKEND_REGISTRY
+from radixlm.disaggregation.protocol import (
+    KVLayerChunk,
+    KVLayout,
+    MooncakePool,
+    ShmPool,
+    TransferDest,
+)
 
 # Debug/test hook: seconds to sleep after each layer is written (lets a test kill a peer
 # mid-transfer).
@@ -47,7 +55,7 @@ def _layer_delay() -> float:
 class TransferBackend:
     name = "base"
 
-    def prepare_pool(self, pool) -> ShmPool | None:
+    def prepare_pool(self, pool) -> ShmPool | MooncakePool | None:
         return None
 
     def write(
@@ -119,19 +127,20 @@ class ShmBackend(TransferBackend):
         return ShmPool(path, slots)
 
     def write(self, dest, pool, src_slots, push) -> int:
-        if dest.shm is None:
+        shm = dest.remote_pool
+        if not isinstance(shm, ShmPool):
             raise RuntimeError(
                 "the decode server advertised no shared-memory pool (is it running"
                 " --disaggregation-transfer-backend shm on this host?)"
             )
-        if dest.shm.path not in self._maps:
-            fd = os.open(dest.shm.path, os.O_RDWR)
+        if shm.path not in self._maps:
+            fd = os.open(shm.path, os.O_RDWR)
             try:
-                mm = mmap.mmap(fd, _file_bytes(dest.layout, dest.shm.slots))
+                mm = mmap.mmap(fd, _file_bytes(dest.layout, shm.slots))
             finally:
                 os.close(fd)
-            self._maps[dest.shm.path] = (mm, *_views(mm, dest.layout, dest.shm.slots))
-        _, ks, vs = self._maps[dest.shm.path]
+            self._maps[shm.path] = (mm, *_views(mm, dest.layout, shm.slots))
+        _, ks, vs = self._maps[shm.path]
         dst = torch.tensor(dest.dst_slots, dtype=torch.int64)
         moved, delay = 0, _layer_delay()
         for layer in range(pool.num_layers):
@@ -145,7 +154,7 @@ class ShmBackend(TransferBackend):
 
 
 def make_backend(name: str) -> TransferBackend:
-    return {"tcp": TcpBackend, "shm": ShmBackend, "fake": FakeBackend}[name]()
+    return TRANSFER_BACKEND_REGISTRY.get(name)()
 
 
 def _bytes(t: torch.Tensor):

@@ -3,12 +3,14 @@ the checks of a request's bootstrap fields."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
 from radixlm.config import ServerArgs
 from radixlm.ipc import BootstrapInfo
+from radixlm.registry import Registry
 
 
 class DisaggregationMode(Enum):
@@ -18,7 +20,16 @@ class DisaggregationMode(Enum):
 
 
 DISAGGREGATION_MODES = tuple(m.value for m in DisaggregationMode)
-TRANSFER_BACKENDS = ("tcp", "shm", "fake")
+# --disaggregation-transfer-backend: each entry a backends.py TransferBackend class, made with no
+# arguments on both sides (its module imported only when chosen: Mooncake's package is optional).
+TRANSFER_BACKEND_REGISTRY = Registry[Callable[..., Any], None]("PD transfer backend")
+TRANSFER_BACKEND_REGISTRY.register("tcp", "radixlm.disaggregation.backends:TcpBackend")
+TRANSFER_BACKEND_REGISTRY.register("shm", "radixlm.disaggregation.backends:ShmBackend")
+TRANSFER_BACKEND_REGISTRY.register(
+    "mooncake", "radixlm.disaggregation.mooncake_backend:MooncakeBackend"
+)
+TRANSFER_BACKEND_REGISTRY.register("fake", "radixlm.disaggregation.backends:FakeBackend")
+TRANSFER_BACKENDS = tuple(TRANSFER_BACKEND_REGISTRY.names())
 
 
 @dataclass(frozen=True)
@@ -36,8 +47,8 @@ class DisaggregationConfig:
         if self.transfer_backend not in TRANSFER_BACKENDS:
             raise ValueError(
                 f"disaggregation_transfer_backend must be one of {', '.join(TRANSFER_BACKENDS)},"
-                f" got {self.transfer_backend!r} (Mooncake and NIXL are GPU-cluster backends:"
-                " docs/disaggregation.md says how they plug in)"
+                f" got {self.transfer_backend!r} (NIXL is a GPU-cluster backend:"
+                " docs/disaggregation.md says how one plugs in)"
             )
         if not 0 < self.bootstrap_port < 65536:
             raise ValueError(

@@ -43,7 +43,8 @@ class DecodeTransfer:
         self.config = config
         self.pool = pool
         self.backend = make_backend(config.transfer_backend)
-        self.shm = self.backend.prepare_pool(pool)  # before any KV is written: the pool may move
+        # Before any KV is written: the pool may move (shm) or be registered (mooncake).
+        self.remote_pool = self.backend.prepare_pool(pool)
         self.layout = KVLayout.of(pool)
         self.ctx = zmq.Context.instance()
         self.lock = threading.Lock()
@@ -150,7 +151,7 @@ class DecodeTransfer:
         with self.lock:
             self._rooms[room] = dst_slots
         dest = TransferDest(
-            room, self.endpoint, "", dst_slots.tolist(), prefix_len, self.layout, self.shm
+            room, self.endpoint, "", dst_slots.tolist(), prefix_len, self.layout, self.remote_pool
         )
         self._out.put(("send", route["endpoint"], dest))
 
@@ -183,7 +184,7 @@ class DecodeTransfer:
             return {
                 "mode": "decode",
                 "backend": self.backend.name,
-                "shm_pool": self.shm.path if self.shm else None,
+                "shm_pool": getattr(self.remote_pool, "path", None),
                 "rooms_in_flight": len(self._rooms),
                 **{
                     k: self.stats[k]

@@ -62,6 +62,19 @@ class ShmPool:
 
 
 @dataclass(frozen=True)
+class MooncakePool:
+    """A decode server's KV pool registered with Mooncake's transfer engine (the mooncake backend):
+    the engine session to write to and, per layer, where K and V start in that server's memory and
+    the byte strides of a slot and of a KV head in them (a row of head_dim values is contiguous)."""
+
+    session: str  # "host:rpc_port" of the decode rank's transfer engine
+    k_addrs: list[int]
+    v_addrs: list[int]
+    slot_stride: int
+    head_stride: int
+
+
+@dataclass(frozen=True)
 class TransferDest:
     room: int
     decode_endpoint: str  # the decode rank's data socket (ZMQ PULL)
@@ -69,7 +82,7 @@ class TransferDest:
     dst_slots: list[int]  # the decode pool's slots for prompt positions prefix_len ..
     prefix_len: int  # prompt tokens the decode server already holds (its radix cache)
     layout: KVLayout
-    shm: ShmPool | None = None
+    remote_pool: ShmPool | MooncakePool | None = None  # where a backend writes without a socket
 
 
 @dataclass(frozen=True)

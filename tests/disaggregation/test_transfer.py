@@ -15,6 +15,7 @@ from radixlm.disaggregation.prefill_transfer import PrefillTransfer
 from radixlm.disaggregation.protocol import AuxRecord, KVPoll
 from radixlm.ipc import BootstrapInfo
 from radixlm.server.process import free_port
+from tests.mooncake import requires_mooncake
 
 
 def until(fn, timeout=10.0):
@@ -47,7 +48,9 @@ def pair(backend, src, dst):
     return p, d, BootstrapInfo("127.0.0.1", port, 12345)
 
 
-@pytest.mark.parametrize("backend", ["tcp", "shm", "fake"])
+@pytest.mark.parametrize(
+    "backend", ["tcp", "shm", pytest.param("mooncake", marks=requires_mooncake), "fake"]
+)
 def test_a_room_moves_slot_for_slot(backend):
     src, dst = pools()
     p, d, info = pair(backend, src, dst)

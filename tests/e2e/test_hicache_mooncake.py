@@ -7,8 +7,6 @@ answering 200, and once it is back they store and share chunks again."""
 
 from __future__ import annotations
 
-import os
-import shutil
 import time
 
 import pytest
@@ -17,26 +15,9 @@ import torch
 
 from radixlm.bench.mooncake_master import MooncakeMaster
 from radixlm.server.process import ServerProcess
+from tests.mooncake import requires_mooncake
 
-
-def mooncake_missing() -> str | None:
-    """Why Mooncake cannot run here, or None."""
-    if shutil.which("mooncake_master") is None:
-        return "no mooncake_master (pip install -e '.[test]')"
-    try:
-        from mooncake.store import MooncakeDistributedStore  # noqa: F401
-    except ImportError as e:  # its shared libraries: Debian's libibverbs1 librdmacm1 libnuma1
-        return f"Mooncake's client does not load ({e}; .ci/run installs its Debian libraries)"
-    return None
-
-
-# Skipped (with the reason) where Mooncake cannot load, unless RADIXLM_REQUIRE_MOONCAKE=1 (.ci/run
-# sets it, as it installs the libraries): there a missing library fails the tests by name.
-_WHY = mooncake_missing()
-pytestmark = pytest.mark.skipif(
-    _WHY is not None and os.environ.get("RADIXLM_REQUIRE_MOONCAKE") != "1",
-    reason=f"Mooncake unavailable: {_WHY}",
-)
+pytestmark = requires_mooncake
 
 CHUNK = 16
 N_CHUNKS = 6
