@@ -154,3 +154,21 @@ def test_forged_chunks_are_misses(master, monkeypatch):
     finally:
         ours.close()
         theirs.close()
+
+
+def test_what_it_needs_is_named(monkeypatch):
+    """No storage key, no MOONCAKE_MASTER, a bad size: one line naming what is missing."""
+    from radixlm.cache.storage_codec import ChunkLayout
+    from radixlm.cache.storage_mooncake import HiCacheMooncake
+
+    layout = ChunkLayout(2, 2, 8, torch.float16, 4, 8)
+    for k in ("MOONCAKE_MASTER", "MOONCAKE_GLOBAL_SEGMENT_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    with pytest.raises(ValueError, match="storage key"):
+        HiCacheMooncake("", "m", layout, storage_key=None)
+    with pytest.raises(ValueError, match="MOONCAKE_MASTER"):
+        HiCacheMooncake("", "m", layout, storage_key=KEY)
+    monkeypatch.setenv("MOONCAKE_MASTER", "127.0.0.1:1")
+    monkeypatch.setenv("MOONCAKE_GLOBAL_SEGMENT_SIZE", "lots")
+    with pytest.raises(ValueError, match="MOONCAKE_GLOBAL_SEGMENT_SIZE"):
+        HiCacheMooncake("", "m", layout, storage_key=KEY)
