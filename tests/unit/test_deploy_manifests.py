@@ -15,9 +15,13 @@ import json
 import pathlib
 import re
 import shlex
+import shutil
+import subprocess
 
 import pytest
 import yaml
+
+from tests.mooncake import requires_mooncake
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "deploy"
 OVERLAYS = sorted(p.parent for p in (ROOT / "k8s" / "overlays").glob("*/kustomization.yaml"))
@@ -84,6 +88,7 @@ def test_overlay_renders_valid_objects_whose_commands_parse(overlay):
     assert "Deployment" in kinds and ("StatefulSet" in kinds or "LeaderWorkerSet" in kinds)
     gateway_args = None
     worker_pods = []
+    mooncake_ports: dict[str, int] = {}
     for doc in docs:
         if doc["kind"] == "LeaderWorkerSet":
             assert doc["apiVersion"] == "leaderworkerset.x-k8s.io/v1"
@@ -99,6 +104,9 @@ def test_overlay_renders_valid_objects_whose_commands_parse(overlay):
             for c in spec["containers"]:
                 if c.get("command", [])[:3] == ["python", "-m", "sglang_router.launch_router"]:
                     gateway_args = parse_router_args(c["args"])
+                    continue
+                if c.get("command") == ["mooncake_master"]:
+                    mooncake_ports.update(mooncake_master_ports(c["args"]))
                     continue
                 assert "command" not in c and c["args"][0] == "serve", c  # the image's radixlm
                 args = radixlm_args(c, size)
@@ -121,6 +129,52 @@ def test_overlay_renders_valid_objects_whose_commands_parse(overlay):
         assert all(labels.get(k) == v for k, v in selector.items()), (selector, labels)
         assert gateway_args.service_discovery_port == args.port
         assert args.port in [p["containerPort"] for p in container["ports"]]
+        if args.hicache_storage_backend == "mooncake":  # the master's Service, at its ports
+            env = {e["name"]: e for e in container["env"]}
+            service = next(
+                d for d in docs if d["kind"] == "Service" and "mooncake" in d["metadata"]["name"]
+            )
+            ports = {p["name"]: p["port"] for p in service["spec"]["ports"]}
+            name = service["metadata"]["name"]
+            assert env["MOONCAKE_MASTER"]["value"] == f"{name}:{ports['rpc']}"
+            assert ports["rpc"] == mooncake_ports["rpc_port"]
+            meta = f"http://{name}:{ports['metadata']}/metadata"
+            assert env["MOONCAKE_TE_META_DATA_SERVER"]["value"] == meta
+            assert ports["metadata"] == mooncake_ports["http_metadata_server_port"]
+            assert env["RADIXLM_HICACHE_STORAGE_KEY"]["valueFrom"]["secretKeyRef"]
+
+
+def mooncake_master_ports(argv: list[str]) -> dict[str, int]:
+    """The ports among mooncake_master's --flag=value arguments."""
+    flags = dict(a.removeprefix("--").partition("=")[::2] for a in argv)
+    return {f: int(v) for f, v in flags.items() if f.endswith("port")}
+
+
+@requires_mooncake
+def test_mooncake_masters_flags_are_its_own():
+    """Every --flag of a mooncake_master container is one the binary knows (its gflags --help)."""
+    out = subprocess.run(
+        [shutil.which("mooncake_master") or "mooncake_master", "--help"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        timeout=60,
+    ).stdout
+    known = set(re.findall(r"^\s+-(\w+) \(", out, re.M))
+    assert "rpc_port" in known, out[-2000:]
+    masters = [
+        c
+        for overlay in OVERLAYS
+        for doc in render(overlay)
+        for spec in pod_specs(doc)
+        for c in spec["containers"]
+        if c.get("command") == ["mooncake_master"]
+    ]
+    assert masters
+    for c in masters:
+        for a in c["args"]:
+            flag = a.removeprefix("--").partition("=")[0]
+            assert flag in known, f"mooncake_master has no --{flag}"
 
 
 def test_dockerfile_command_parses_and_pins_are_the_projects():
