@@ -47,12 +47,13 @@ def _hicache_info(url: str) -> dict:
     return requests.get(url + "/get_server_info", timeout=30).json()["internal_state"]["hicache"]
 
 
-def _server(extra: list[str], args) -> ServerProcess:
+def _server(extra: list[str], args, env: dict[str, str] | None = None) -> ServerProcess:
     return ServerProcess(
         *(["--model-path", args.model_path] if args.model_path else []),
         "--max-total-tokens",
         str(args.max_total_tokens),
         *extra,
+        env=env,
     )
 
 
@@ -133,14 +134,9 @@ def shared(args) -> dict:
     env = master.env("bench-storage-key-" + "0" * 16)
     servers = []
     try:
-        a = ServerProcess(
-            *_model(args), "--max-total-tokens", str(args.max_total_tokens), *tiers, env=env
-        )
-        servers.append(a)
-        b = ServerProcess(
-            *_model(args), "--max-total-tokens", str(args.max_total_tokens), *tiers, env=env
-        )
-        servers.append(b)
+        for _ in range(2):
+            servers.append(_server(tiers, args, env))
+        a, b = servers
         doc = lambda: [rng.randrange(100, 40000) for _ in range(args.prefix_len)]
         q = lambda: [rng.randrange(100, 40000) for _ in range(24)]
         ttft(a.url, q())
@@ -178,10 +174,6 @@ def shared(args) -> dict:
         for k in ("recompute_s", "from_mooncake_s", "speedup")
     }
     return {"bench": "shared", "prefix_len": args.prefix_len, "reps": rows, "median": med}
-
-
-def _model(args) -> list[str]:
-    return ["--model-path", args.model_path] if args.model_path else []
 
 
 def gsp(args) -> dict:

@@ -42,10 +42,11 @@ ENV_DEFAULTS = {
 }
 
 
-def mooncake_env(environ=os.environ) -> dict[str, str]:
-    """The MOONCAKE_* settings, defaults filled in; ValueError naming what is missing or bad."""
+def mooncake_env(environ=os.environ, store: bool = True) -> dict[str, str]:
+    """The MOONCAKE_* settings, defaults filled in (SGLang's names; PD's transfer engine reads the
+    same ones, store=False: no master); ValueError naming what is missing or bad."""
     env = {k: environ.get(k, v) for k, v in ENV_DEFAULTS.items()}
-    if not env["MOONCAKE_MASTER"]:
+    if store and not env["MOONCAKE_MASTER"]:
         raise ValueError(
             "hicache_storage_backend mooncake needs MOONCAKE_MASTER (the master's HOST:PORT)"
         )

@@ -16,11 +16,11 @@ segment descriptors directly), MOONCAKE_PROTOCOL (tcp, rdma), MOONCAKE_DEVICE (R
 
 from __future__ import annotations
 
-import os
 import time
 
 import torch
 
+from radixlm.cache.storage_mooncake import mooncake_env
 from radixlm.disaggregation.backends import TransferBackend, _layer_delay
 from radixlm.disaggregation.protocol import MooncakePool
 
@@ -33,13 +33,14 @@ def _engine():
             "disaggregation_transfer_backend mooncake needs Mooncake's Python package"
             f" (pip install mooncake-transfer-engine-non-cuda, or its CUDA build): {e}"
         ) from None
+    env = mooncake_env(store=False)
     engine = TransferEngine()
-    host = os.environ.get("MOONCAKE_LOCAL_HOSTNAME", "127.0.0.1")
+    host = env["MOONCAKE_LOCAL_HOSTNAME"]
     rc = engine.initialize(
         host,
-        os.environ.get("MOONCAKE_TE_META_DATA_SERVER", "P2PHANDSHAKE"),
-        os.environ.get("MOONCAKE_PROTOCOL", "tcp"),
-        os.environ.get("MOONCAKE_DEVICE", ""),
+        env["MOONCAKE_TE_META_DATA_SERVER"],
+        env["MOONCAKE_PROTOCOL"],
+        env["MOONCAKE_DEVICE"],
     )
     if rc != 0:
         raise ValueError(

@@ -167,6 +167,7 @@ def test_overlap_steps_queue_without_waiting(runner, triton_device):
 
         def take(launched):
             ids = launched.result.result().wait().next_ids
+            assert len(ids) == len(reqs)
             for r, tok in zip(reqs, ids):
                 r.output_ids.append(tok)
                 r.kv_committed_len = r.kv_allocated_len
