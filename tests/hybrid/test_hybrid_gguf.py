@@ -4,9 +4,12 @@ in prefill chunks smaller than the prompt; Q8_0 files run on the native kernels 
 top-1 token at >= 95% of the positions of long prompts (teacher-forced on HF's own greedy text).
 
 The Q8_0 reference is HF's model holding the file's (dequantized) weights, so the test bounds what
-the kernels add (activations rounded to their int8 grid), not the file's own rounding. It runs on
-the dense hybrids: the tiny mixtures of experts (4 experts, top 2) agree at 87-92% (measured; 100%
-with float activations: the int8 ones move near-tie routings), an open point of docs/hybrid.md."""
+the kernels add (activations rounded to their int8 grid, as llama.cpp's), not the file's own
+rounding. The mixtures of experts run it on checkpoints with GPT-2's scaled residual init
+(hybrid_checkpoints.hf_model): with HF's, their untied random LM heads leave top-1 margins of ~1.5
+(the tied dense ones ~9) and the random blocks amplify the int8 rounding to 10-14% of the last
+hidden state, so the file agrees at 87% under llama-server itself as under radixlm (docs/hybrid.md).
+"""
 
 from __future__ import annotations
 
@@ -18,13 +21,12 @@ import torch
 from radixlm import Engine
 from tests.e2e.test_default_model_greedy import assert_greedy_equal
 from tests.hybrid.conftest import HYBRIDS
-from tests.model.hybrid_checkpoints import write_gguf
+from tests.model.hybrid_checkpoints import hybrid_checkpoint, tiny_tokenizer, write_gguf
 from tests.model.top1_agreement import top1_agreement
 
 NEW = 10
 VOCAB = 800
 MOE = ("qwen35moe", "qwen3next")
-DENSE = [a for a in HYBRIDS if a not in MOE]
 
 
 @pytest.fixture(scope="module", params=HYBRIDS)
@@ -111,11 +113,16 @@ def _grouped_v_heads(weights: dict, c) -> None:
             weights[name] = t[:, idx(hv)]
 
 
-@pytest.mark.parametrize("arch", DENSE)
+@pytest.mark.parametrize("arch", HYBRIDS)
 def test_q8_0_gguf_agrees_with_hf_top1(arch, hybrid_checkpoint_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    path = hybrid_checkpoint_dir(arch)
+    if arch in MOE:
+        path, _ = hybrid_checkpoint(
+            arch, str(tmp_path / "hf"), tiny_tokenizer(), scaled_residual=True
+        )
+    else:
+        path = hybrid_checkpoint_dir(arch)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     q8 = write_gguf(hf, path, str(tmp_path / "q8_0.gguf"), qtype="q8_0")
     hf_q8 = hf_holding(hf, q8)
