@@ -57,11 +57,18 @@ FORMATS = {
         QuantFormat("f16", 15, 1, 2),
         QuantFormat("bf16", 16, 1, 2),
         QuantFormat("mxfp4", 19, 32, 17),  # gpt-oss's experts (OCP MX FP4: e2m1, e8m0 per 32)
+        # FP8 checkpoints' e4m3 weights: per 128 values a float32 scale (times 256: the kernel
+        # widens a byte to a half of 2^-8 its value), then the 128 bytes as stored.
+        QuantFormat("fp8_e4m3", 21, 128, 132),
     )
 }
-# Formats whose kernels take fp32 activations as they are (csrc/float16_gemm.cpp); the others
-# quantize each activation row to int8 per 32 values first.
+# Formats whose kernels take fp32 activations as they are (csrc/float16_gemm.cpp, with FP8); the
+# others quantize each activation row to int8 per 32 values first.
 FLOAT16 = ("f16", "bf16")
+FLOAT_ACTIVATIONS = (*FLOAT16, "fp8_e4m3")
+FP8_BLOCK = 128
+# The formats a GGUF file stores (the rest are made at load: int8, fp8_e4m3).
+GGUF_FORMATS = tuple(n for n in FORMATS if n not in ("int8", "fp8_e4m3"))
 # The 8-row interleaved layouts (csrc/quant_x8.cpp) the loader repacks these formats into when a
 # matrix has a multiple of 8 rows: one integer multiply-add then serves 8 rows (2-2.7x the row-major
 # kernels, docs/benchmarks.md). Q4_0 shares Q4_1's kernel (its offset -8 d becomes the min).
@@ -90,6 +97,11 @@ def quantize(w: torch.Tensor, name: str) -> torch.Tensor:
     if not fmt.supports(w.shape[1]):
         raise ValueError(f"{name} needs columns in multiples of {fmt.block}, got {w.shape[1]}")
     w = w.detach().float().cpu()
+    if name == "fp8_e4m3":  # absmax per 128 values onto e4m3's +-448
+        scale = w.reshape(w.shape[0], -1, FP8_BLOCK).abs().amax(-1) / 448.0
+        scale = torch.where(scale > 0, scale, 1.0)
+        q = (w.reshape(w.shape[0], -1, FP8_BLOCK) / scale[..., None]).to(torch.float8_e4m3fn)
+        return fp8_rows(q.reshape(w.shape), scale)
     if name in FLOAT16:  # round to nearest even, as gguf's converters do
         return (
             w.to(torch.float16 if name == "f16" else torch.bfloat16).view(torch.uint8).contiguous()
@@ -113,9 +125,28 @@ def quantize(w: torch.Tensor, name: str) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(gguf_quantize(w.numpy(), fmt.ggml_type)))
 
 
+def fp8_rows(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """e4m3 weights [rows, cols] and their float32 scales [rows, cols / 128] -> fp8_e4m3 rows
+    (the values x = scale * q as HF's dequantization computes them, bit for bit)."""
+    rows, cols = q.shape
+    if cols % FP8_BLOCK or scale.shape != (rows, cols // FP8_BLOCK):
+        raise ValueError(
+            f"fp8_e4m3 needs columns in multiples of {FP8_BLOCK} and a scale per {FP8_BLOCK}"
+            f" values: weight {tuple(q.shape)}, scales {tuple(scale.shape)}"
+        )
+    scaled = (scale.float() * 256.0).contiguous().view(torch.uint8).reshape(rows, -1, 4)
+    values = q.contiguous().view(torch.uint8).reshape(rows, -1, FP8_BLOCK)
+    return torch.cat((scaled, values), dim=-1).reshape(rows, -1).contiguous()
+
+
 def dequantize_reference(q: torch.Tensor, name: str, cols: int) -> torch.Tensor:
     """The reference the kernels are tested against: gguf's numpy dequantizers (int8: scale * q;
-    f16 / bf16: torch's exact widening)."""
+    f16 / bf16: torch's exact widening; fp8_e4m3: torch's e4m3 times the scale)."""
+    if name == "fp8_e4m3":
+        blocks = q.reshape(q.shape[0], -1, 4 + FP8_BLOCK)
+        scale = blocks[..., :4].contiguous().view(torch.float32) / 256.0
+        values = blocks[..., 4:].contiguous().view(torch.float8_e4m3fn).float()
+        return (values * scale).reshape(-1, cols)
     if name in FLOAT16:
         return (
             q.contiguous()

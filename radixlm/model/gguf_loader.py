@@ -432,7 +432,7 @@ def _read(t, name: str, s: TensorSlice | None, keep_quantized: bool) -> Any:
     keep_quantized (ValueError for a 2-D type with no kernel other than F32), else float32."""
     from gguf import GGMLQuantizationType
 
-    from radixlm.kernels.formats import FORMATS, format_of_ggml
+    from radixlm.kernels.formats import GGUF_FORMATS, format_of_ggml
     from radixlm.model.gguf_moe import read_experts
     from radixlm.model.gguf_shard import read_tensor
 
@@ -447,7 +447,7 @@ def _read(t, name: str, s: TensorSlice | None, keep_quantized: bool) -> Any:
     ):
         raise ValueError(
             f"{t.name} ({name}): GGUF type {t.tensor_type.name} has no native kernel in radixlm"
-            f" (supported: {', '.join(f.upper() for f in FORMATS if f != 'int8')}, F32);"
+            f" (supported: {', '.join(f.upper() for f in GGUF_FORMATS)}, F32);"
             " --quantization none loads it dequantized to float32"
         )
     return read_tensor(t, fmt, s, name)

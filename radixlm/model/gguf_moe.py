@@ -83,7 +83,7 @@ def read_experts(t, keep_quantized: bool, s: TensorSlice | None, name: str) -> A
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    from radixlm.kernels.formats import FORMATS, format_of_ggml
+    from radixlm.kernels.formats import GGUF_FORMATS, format_of_ggml
     from radixlm.model.layers.moe.experts import ExpertWeights
 
     if s is not None and s.dim != 0:
@@ -101,7 +101,7 @@ def read_experts(t, keep_quantized: bool, s: TensorSlice | None, name: str) -> A
     if keep_quantized and fmt is None and t.tensor_type != GGMLQuantizationType.F32:
         raise ValueError(
             f"{t.name} ({name}): GGUF type {t.tensor_type.name} has no native kernel in radixlm "
-            f"(supported: {', '.join(f.upper() for f in FORMATS if f != 'int8')}, F32); "
+            f"(supported: {', '.join(f.upper() for f in GGUF_FORMATS)}, F32); "
             "--quantization none loads it dequantized to float32"
         )
     if fmt is not None:

@@ -1,7 +1,8 @@
 """A pre-quantized HF checkpoint's `quantization_config` (config.json), parsed: AWQ (AutoAWQ's GEMM
 layout) and GPTQ (AutoGPTQ / GPTQModel) are read and repacked into the native CPU formats at load
-(model/awq_gptq.py), gpt-oss's MXFP4 experts too (model/mxfp4_checkpoint.py); anything else is
-refused at start-up in one line naming the scheme and field.
+(model/awq_gptq.py), gpt-oss's MXFP4 experts too (model/mxfp4_checkpoint.py), llm-compressor's FP8
+(compressed-tensors, float-quantized: model/fp8_checkpoint.py); anything else is refused at
+start-up in one line naming the scheme and field.
 
 As vLLM and SGLang do, the checkpoint's own quant_method selects the method when --quantization is
 not given; naming another one for such a checkpoint is refused (its weights are not float).
@@ -9,24 +10,29 @@ not given; naming another one for such a checkpoint is refused (its weights are 
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any
 
 # quant_method values read here; the rest of a checkpoint's quantization_config names are refused.
-CHECKPOINT_METHODS = ("awq", "gptq", "mxfp4")
+CHECKPOINT_METHODS = ("awq", "gptq", "mxfp4", "compressed-tensors")
 
 
 @dataclass(frozen=True)
 class CheckpointQuant:
     """What the loader needs of a supported quantization_config."""
 
-    method: str  # "awq", "gptq" or "mxfp4"
+    method: str  # one of CHECKPOINT_METHODS
     bits: int  # 4 (AWQ, GPTQ, MXFP4) or 8 (GPTQ)
     group_size: int  # input rows per scale; -1: one scale per output row (per channel)
     desc_act: bool  # GPTQ act-order: g_idx not sorted, the input is permuted at run time
     sym: bool
     # GPTQ v1 (AutoGPTQ, GPTQModel's "gptq") stores each zero minus 1; v2 ("gptq_v2") stores it.
     zero_offset: int
+    # compressed-tensors FP8: how weight_scale is laid out ("channel", "block", "tensor"), and a
+    # block's [rows, cols].
+    strategy: str = ""
+    block: tuple[int, int] = (0, 0)
 
     @property
     def pack(self) -> int:
@@ -86,6 +92,40 @@ def _parse_gptq(cfg: dict) -> CheckpointQuant:
     )
 
 
+def _parse_compressed_tensors(cfg: dict) -> CheckpointQuant:
+    method = "compressed-tensors"
+    fmt = str(cfg.get("format", "")).lower()
+    if fmt not in ("float-quantized", "naive-quantized"):
+        raise _refuse(method, "format", fmt, "float-quantized: FP8 weights")
+    if cfg.get("kv_cache_scheme"):
+        raise _refuse(method, "kv_cache_scheme", "FP8 KV scales", "none")
+    if cfg.get("sparsity_config"):
+        raise _refuse(method, "sparsity_config", "sparse weights", "none")
+    groups = cfg.get("config_groups") or {}
+    schemes = {json_key(g.get("weights")) for g in groups.values()}
+    if len(schemes) != 1:
+        raise _refuse(method, "config_groups", f"{len(schemes)} weight schemes", "one")
+    w = next(iter(groups.values())).get("weights") or {}
+    fp8 = (("type", "float"), ("num_bits", 8), ("symmetric", True), ("dynamic", False))
+    for field, want in fp8:
+        if w.get(field, want) != want:
+            raise _refuse(method, f"weights.{field}", w.get(field), f"{want}: FP8 e4m3 weights")
+    strategy = str(w.get("strategy", "tensor")).lower()
+    block = (0, 0)
+    if strategy == "block":
+        bn, bk = (int(v) for v in w.get("block_structure") or (0, 0))
+        if bn <= 0 or bk <= 0 or bk % 128:
+            raise _refuse(method, "block_structure", [bn, bk], "[n, k] with k a multiple of 128")
+        block = (bn, bk)
+    elif strategy not in ("channel", "tensor"):
+        raise _refuse(method, "weights.strategy", strategy, "channel, block or tensor")
+    return CheckpointQuant(method, 8, -1, False, True, 0, strategy=strategy, block=block)
+
+
+def json_key(value: object) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
 def parse_quantization_config(cfg: dict | None) -> CheckpointQuant | None:
     """The parsed config, None for a checkpoint without one; ValueError for a scheme or field this
     loader does not read (named in the message)."""
@@ -98,6 +138,8 @@ def parse_quantization_config(cfg: dict | None) -> CheckpointQuant | None:
         return _parse_gptq(cfg)
     if method == "mxfp4":  # e2m1 values with an e8m0 exponent per 32: nothing else to choose
         return CheckpointQuant("mxfp4", 4, 32, desc_act=False, sym=True, zero_offset=0)
+    if method == "compressed-tensors":
+        return _parse_compressed_tensors(cfg)
     raise ValueError(
         f"quantization_config quant_method {method!r} is not supported (pre-quantized"
         f" checkpoints: {', '.join(CHECKPOINT_METHODS)})"

@@ -15,6 +15,9 @@ value (vLLM's and SGLang's QuantizationConfig / LinearMethod split, at this proj
   checkpoint's config.json selects it.
 - `mxfp4` (mxfp4_checkpoint.Mxfp4Method): gpt-oss's released checkpoints, their experts' MXFP4
   blocks repacked into GGML's MXFP4 layout for the native kernel; CPU only, selected by config.json.
+- `compressed-tensors` (fp8_checkpoint.CompressedTensorsMethod): llm-compressor's FP8 checkpoints,
+  their e4m3 weights kept as they are for the native FP8 kernel (float32 activations); CPU only,
+  selected by config.json.
 """
 
 from __future__ import annotations
@@ -173,6 +176,9 @@ QUANTIZATION_REGISTRY.register("fp8", Fp8Method())
 QUANTIZATION_REGISTRY.register("awq", "radixlm.model.awq_gptq:AWQ")
 QUANTIZATION_REGISTRY.register("gptq", "radixlm.model.awq_gptq:GPTQ")
 QUANTIZATION_REGISTRY.register("mxfp4", "radixlm.model.mxfp4_checkpoint:MXFP4")
+QUANTIZATION_REGISTRY.register(
+    "compressed-tensors", "radixlm.model.fp8_checkpoint:COMPRESSED_TENSORS"
+)
 QUANTIZATIONS = ("none", *QUANTIZATION_REGISTRY.names())
 
 

@@ -45,7 +45,7 @@ def dims(name: str) -> tuple[int, int]:
     """(hidden, intermediate): blocks of the format; 16-bit floats off the 8-value vector widths."""
     if name in FLOAT16:
         return 70, 36
-    return (256, 256) if FORMATS[name].block == 256 else (64, 96)
+    return (256, 256) if FORMATS[name].block >= 128 else (64, 96)
 
 
 def make_experts(

@@ -11,11 +11,20 @@ F16 / BF16 keep activations in fp32: their one reference is the widened weight t
 import pytest
 import torch
 
-from radixlm.kernels.formats import FLOAT16, FORMATS, INTERLEAVED, dequantize_reference, quantize
+from radixlm.kernels.formats import (
+    FLOAT16,
+    FLOAT_ACTIVATIONS,
+    FORMATS,
+    GGUF_FORMATS,
+    INTERLEAVED,
+    dequantize_reference,
+    fp8_rows,
+    quantize,
+)
 from radixlm.model.layers.quantized import QuantizedMatrix, QuantizedTensor
 
 EXACT_RTOL = 1e-5  # vs the exact reference, relative to sum |x_i w_i|
-BLOCK_FORMATS = [n for n in FORMATS if n not in FLOAT16]  # int8 activations
+BLOCK_FORMATS = [n for n in FORMATS if n not in FLOAT_ACTIVATIONS]  # int8 activations
 
 
 # Formats gguf has no quantizer for: where each block's fp16 scales sit (byte offset, how many).
@@ -255,9 +264,9 @@ def test_block_formats_match_gguf_sizes():
     such tensors as they are)."""
     import gguf
 
-    for name, fmt in FORMATS.items():
-        if name != "int8":
-            assert gguf.GGML_QUANT_SIZES[fmt.ggml_type] == (fmt.block, fmt.block_bytes), name
+    for name in GGUF_FORMATS:
+        fmt = FORMATS[name]
+        assert gguf.GGML_QUANT_SIZES[fmt.ggml_type] == (fmt.block, fmt.block_bytes), name
 
 
 def test_bad_weights_are_refused_by_name(kernel_ops):
@@ -389,3 +398,36 @@ def test_float16_embedding_and_lm_head(kernel_ops, name):
         (logits.reshape(-1, vocab).double() - ref).abs()
         <= float_dot_bound(h.reshape(-1, hidden), w_ref)
     ).all()
+
+
+def test_fp8_widening_is_exact_over_all_bit_patterns(kernel_ops):
+    """Every finite e4m3 byte (subnormals, +-448, -0) times its block's scale, as torch's e4m3 ->
+    float32 times the scale computes it, bit for bit: in dequantize and in the kernel's chunks."""
+    finite = torch.tensor([b for b in range(256) if b & 0x7F != 0x7F], dtype=torch.uint8)
+    q = finite.repeat(2)[:256].view(torch.float8_e4m3fn).reshape(2, 128)
+    for scale in (1.0, 3.0e-5, 0.0123, 7.5):
+        w = fp8_rows(q, torch.full((2, 1), scale))
+        ref = q.float() * torch.tensor(scale, dtype=torch.float32)
+        assert torch.equal(dequantize_reference(w, "fp8_e4m3", 128), ref)
+        assert torch.equal(kernel_ops.dequantize(w, FORMATS["fp8_e4m3"].kernel_id, 128), ref)
+        eye = torch.eye(128)  # qlinear of the identity: each weight alone through the FMA chain
+        out = kernel_ops.qlinear(eye, w, FORMATS["fp8_e4m3"].kernel_id, None)
+        assert torch.equal(out, ref.T), f"scale {scale}"
+
+
+def test_fp8_qlinear_matches_fp64_reference(kernel_ops):
+    """FP8 e4m3 weights with a float32 scale per 128 values (per channel and 128 x 128 blocks
+    alike): qlinear on fp32 activations is the float64 product of x and the dequantized weight
+    within fp32 accumulation (the weight's one rounding is its own product q * s, exact as HF's)."""
+    g = torch.Generator().manual_seed(40)
+    fid = FORMATS["fp8_e4m3"].kernel_id
+    for m, n, k in [(1, 37, 128), (1, 64, 4096), (3, 9, 256), (4, 130, 384), (13, 33, 512)]:
+        w = quantize(torch.randn(n, k, generator=g), "fp8_e4m3")
+        assert w.shape == (n, k // 128 * 132) and w.dtype == torch.uint8
+        w_ref = dequantize_reference(w, "fp8_e4m3", k)
+        x, bias = torch.randn(m, k, generator=g), torch.randn(n, generator=g)
+        y = kernel_ops.qlinear(x, w, fid, bias)
+        ref = x.double() @ w_ref.double().T + bias.double()
+        assert ((y.double() - ref).abs() <= float_dot_bound(x, w_ref, bias)).all(), f"{m}x{k}x{n}"
+    with pytest.raises(ValueError, match="multiples of 128"):
+        fp8_rows(torch.zeros(2, 96).to(torch.float8_e4m3fn), torch.ones(2, 1))

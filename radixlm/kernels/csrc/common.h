@@ -36,6 +36,7 @@ enum Fmt : int64_t {
   FMT_Q6KX8 = 18,  // per 256 values: 1680 bytes (Q6_K's 8 x 210)
   FMT_MXFP4 = 19,  // 32 values: e8m0 e, nibbles[16] (quant_gguf.cpp)   x = 2^(e-128)*kvalues[q] (e2m1 x 2)
   FMT_MXFP4X8 = 20,  // per 32 values: e8m0 e[8], 4 x (8 rows x 4 nibble bytes) (x8_tiles.h)
+  FMT_FP8 = 21,  // 128 values: fp32 256 s, e4m3 q[128] (float16_gemm.cpp)   x = 256 s * (q as a half)
 };
 
 inline bool fmt_is_x8(int64_t f) {
@@ -44,7 +45,8 @@ inline bool fmt_is_x8(int64_t f) {
 // Weight rows per stored row: 8 for the interleaved formats.
 inline int64_t fmt_group(int64_t f) { return fmt_is_x8(f) ? 8 : 1; }
 
-inline bool fmt_is_float16(int64_t f) { return f == FMT_F16 || f == FMT_BF16; }
+// Formats multiplied by fp32 activations as they are (float16_gemm.cpp); the rest round them to int8.
+inline bool fmt_is_float16(int64_t f) { return f == FMT_F16 || f == FMT_BF16 || f == FMT_FP8; }
 
 inline int64_t fmt_block(int64_t f) {
   switch (f) {
@@ -58,6 +60,7 @@ inline int64_t fmt_block(int64_t f) {
     case FMT_IQ4_XS:
     case FMT_Q4KX8:
     case FMT_Q6KX8: return 256;
+    case FMT_FP8: return 128;
     default: return 32;
   }
 }
@@ -84,6 +87,7 @@ inline int64_t fmt_block_bytes(int64_t f) {
     case FMT_Q6KX8: return 1680;
     case FMT_F16:
     case FMT_BF16: return 2;
+    case FMT_FP8: return 132;
   }
   TORCH_CHECK(false, "unknown quantized format id ", f);
 }
