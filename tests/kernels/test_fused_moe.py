@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixlm.kernels.formats import FLOAT16, FORMATS, INTERLEAVED
+from radixlm.kernels.formats import FLOAT16, FLOAT_ACTIVATIONS, FORMATS, INTERLEAVED
 from radixlm.model.layers.moe import native
 from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.layers.moe.fused_moe import _PATHS, fused_experts, fused_experts_torch
@@ -91,12 +91,13 @@ def block_max(v: torch.Tensor) -> torch.Tensor:
 def naive_reference(kernel_ops, x, tw, ti, w13: ExpertWeights, w2: ExpertWeights):
     """The (token, slot) loop in float64 on the dequantized weights, with the activations rounded to
     int8 as the kernels round them (quantize_act per row: x for gate / up, the SiLU output for down;
-    16-bit float weights keep fp32 activations), and a bound on the op's distance to it: float32
+    16-bit and FP8 float weights keep fp32 activations), and a bound on the op's distance to it: float32
     rounding, 1e-5 of each dot's sum of |terms| (test_quant_gemm's EXACT_RTOL), through SiLU
     (|silu'| <= 1.1); and where that error could move the op's SiLU output across an int8 rounding
     boundary (or its block scale), the step it would cost. Returns (reference, bound)."""
     W13, W2 = w13.dequantize().double(), w2.dequantize().double()
-    int8_13, int8_2 = w13.fmt.name not in FLOAT16, w2.fmt.name not in FLOAT16
+    int8_13 = w13.fmt.name not in FLOAT_ACTIVATIONS
+    int8_2 = w2.fmt.name not in FLOAT_ACTIVATIONS
     I = w2.cols
     out = torch.zeros(x.shape, dtype=torch.float64)
     bound = torch.zeros_like(out)
