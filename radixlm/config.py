@@ -191,6 +191,7 @@ class ServerArgs:
     # The stored chunks' MAC key (and their names'); None: $RADIXLM_HICACHE_STORAGE_KEY, else a
     # random key kept 0600 in the directory (.key). Not shown by /get_server_info.
     hicache_storage_key: str | None = dataclasses.field(default=None, repr=False)
+    hicache_storage_backend_extra_config: str | None = None  # a JSON object (mooncake's settings)
 
     # LoRA adapters (radixlm/lora/, docs/lora.md; SGLang's flags): many peft adapters on one base,
     # mixed in a batch.

@@ -234,6 +234,11 @@ HELPS = {
         " file names; default: $RADIXLM_HICACHE_STORAGE_KEY, else a random key created 0600 in"
         " --hicache-storage-dir/.key (servers sharing the directory share it)"
     ),
+    "hicache_storage_backend_extra_config": (
+        "JSON object of the backend's settings (mooncake: master_server_address, metadata_server,"
+        " protocol, device_name, local_hostname, global_segment_size, local_buffer_size), read"
+        " before SGLANG_HICACHE_MOONCAKE_CONFIG_PATH's file and the MOONCAKE_* variables"
+    ),
     "enable_lora": (
         "serve LoRA adapters (peft format) on the base model: requests name theirs (/generate "
         "lora_path, OpenAI model BASE:ADAPTER); implied by --lora-paths"

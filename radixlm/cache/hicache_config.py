@@ -23,6 +23,7 @@ STORAGE_BACKEND_REGISTRY = Registry[Callable[..., Any], None](
 )
 STORAGE_BACKEND_REGISTRY.register("file", "radixlm.cache.storage:HiCacheFile")
 STORAGE_BACKEND_REGISTRY.register("mooncake", "radixlm.cache.storage_mooncake:HiCacheMooncake")
+EXTRA_CONFIG = ("mooncake",)  # the backends that take --hicache-storage-backend-extra-config
 STORAGE_KEY_ENV = "RADIXLM_HICACHE_STORAGE_KEY"  # the key without putting it on a command line
 MIN_KEY_CHARS = 16
 
@@ -38,6 +39,8 @@ class HiCacheConfig:
     storage_size_gb: float = 16.0  # 0: unbounded
     storage_chunk_size: int = 64  # tokens per stored chunk
     storage_key: str | None = field(default=None, repr=False)  # None: the directory's key file
+    # --hicache-storage-backend-extra-config's JSON object, for backends that read one (mooncake).
+    storage_extra_config: dict | None = None
 
     def __post_init__(self):
         def bad(field: str, why: str):
@@ -64,6 +67,11 @@ class HiCacheConfig:
         if self.storage_key is not None and len(self.storage_key) < MIN_KEY_CHARS:
             # The value itself stays out of the message (it is a secret, however weak).
             raise ValueError(f"hicache_storage_key must have at least {MIN_KEY_CHARS} characters")
+        if self.storage_extra_config is not None and self.storage_backend not in EXTRA_CONFIG:
+            raise ValueError(
+                "hicache_storage_backend_extra_config is read by the"
+                f" {', '.join(EXTRA_CONFIG)} backend, not {self.storage_backend!r}"
+            )
 
     @classmethod
     def from_server_args(cls, args: ServerArgs) -> HiCacheConfig | None:
@@ -81,6 +89,7 @@ class HiCacheConfig:
             args.hicache_storage_key
             or (args.hicache_storage_backend and os.environ.get(STORAGE_KEY_ENV))
             or None,
+            extra_config(args.hicache_storage_backend_extra_config),
         )
         if not args.enable_hierarchical_cache:
             if args.hicache_storage_backend is not None:
@@ -94,6 +103,23 @@ class HiCacheConfig:
                 "enable_hierarchical_cache needs the radix cache (drop --disable-radix-cache)"
             )
         return config
+
+
+def extra_config(option: str | None) -> dict | None:
+    """--hicache-storage-backend-extra-config: a JSON object (SGLang's), None when unset."""
+    if not option:
+        return None
+    import json
+
+    try:
+        value = json.loads(option)
+    except ValueError as e:
+        raise ValueError(f"hicache_storage_backend_extra_config is not JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(
+            f"hicache_storage_backend_extra_config must be a JSON object, got {option!r}"
+        )
+    return value
 
 
 def storage_dir(option: str | None) -> str:

@@ -440,6 +440,7 @@ def create_hiradix_cache(
             int(config.storage_size_gb * 2**30),
             stats,
             config.storage_key,
+            config.storage_extra_config,
         )
         storage = StorageTier(backend, key, config.storage_chunk_size, stats)
     logger.info(

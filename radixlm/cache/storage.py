@@ -364,9 +364,15 @@ def create_storage(
     max_bytes: int,
     stats=None,
     storage_key: str | None = None,
+    extra_config: dict | None = None,
 ) -> HiCacheStorage | None:
-    """The --hicache-storage-backend called `backend` (None: no L3)."""
+    """The --hicache-storage-backend called `backend` (None: no L3); extra_config (SGLang's
+    --hicache-storage-backend-extra-config) goes to a backend that reads one."""
     if backend is None:
         return None
     factory = STORAGE_BACKEND_REGISTRY.get(backend)
+    if extra_config:
+        return factory(
+            directory, model_key_, layout, max_bytes, stats, storage_key, extra_config=extra_config
+        )
     return factory(directory, model_key_, layout, max_bytes, stats, storage_key)

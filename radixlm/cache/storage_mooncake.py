@@ -1,20 +1,24 @@
 """`--hicache-storage-backend mooncake`: the hierarchical cache's L3 in a Mooncake Store, SGLang's
 main shared KV pool, so that servers of the same model read each other's chunks.
 
-Configured as SGLang configures it, by environment: MOONCAKE_MASTER (the master's HOST:PORT),
-MOONCAKE_TE_META_DATA_SERVER (the transfer engine's metadata server, `http://HOST:PORT/metadata`
-for the master's own, or `P2PHANDSHAKE`), MOONCAKE_PROTOCOL (`tcp`, `rdma`), MOONCAKE_DEVICE (RDMA
-devices), MOONCAKE_LOCAL_HOSTNAME, MOONCAKE_GLOBAL_SEGMENT_SIZE (bytes this server lends to the
-pool) and MOONCAKE_LOCAL_BUFFER_SIZE. Each chunk is stored as the file backend writes it
-(storage_codec.py: a header and a MAC over the model key, the chunk key and its tokens, with the
-storage key) under a name that is an HMAC of its chunk key, so the store learns nothing of the
-prompts, and a chunk that is missing, truncated, forged or of another model is a miss (counted in
-`corrupt_chunks`; removed where the store allows it, replaced when the chunk is stored again).
-The servers sharing a store must share the storage key (--hicache-storage-key or
+Configured as SGLang configures it, in its order: --hicache-storage-backend-extra-config's JSON when
+it names `master_server_address` (its keys: `master_server_address`, `metadata_server`, `protocol`,
+`device_name`, `local_hostname`, `global_segment_size`, `local_buffer_size`; sizes in bytes or as
+"4gb"; a key left out takes its default, not the environment's), else the JSON file
+SGLANG_HICACHE_MOONCAKE_CONFIG_PATH names (the same keys), else the environment: MOONCAKE_MASTER
+(the master's HOST:PORT), MOONCAKE_TE_META_DATA_SERVER (the transfer engine's metadata server,
+`http://HOST:PORT/metadata` for the master's own, or `P2PHANDSHAKE`), MOONCAKE_PROTOCOL (`tcp`,
+`rdma`), MOONCAKE_DEVICE (RDMA devices), MOONCAKE_LOCAL_HOSTNAME, MOONCAKE_GLOBAL_SEGMENT_SIZE
+(bytes this server lends to the pool) and MOONCAKE_LOCAL_BUFFER_SIZE. Each chunk is stored as the
+file backend writes it (storage_codec.py: a header and a MAC over the model key, the chunk key and
+its tokens, with the storage key) under a name that is an HMAC of its chunk key, so the store learns
+nothing of the prompts, and a chunk that is missing, truncated, forged or of another model is a miss
+(counted in `corrupt_chunks`; removed where the store allows it, replaced when the chunk is stored
+again). The servers sharing a store must share the storage key (--hicache-storage-key or
 RADIXLM_HICACHE_STORAGE_KEY): there is no directory to keep one in. A master that is gone makes
 every call a miss or an unstored chunk (counted, logged once), never a failed request: once a call
-finds it gone, the L3 is skipped for DOWN_SECONDS before it is asked again (without the master a
-get or put waits some 4 s in the client), and the servers store and share again once it is back.
+finds it gone, the L3 is skipped for DOWN_SECONDS before it is asked again (without the master a get
+or put waits some 4 s in the client), and the servers store and share again once it is back.
 """
 
 from __future__ import annotations
@@ -42,18 +46,86 @@ ENV_DEFAULTS = {
 }
 
 
-def mooncake_env(environ=os.environ, store: bool = True) -> dict[str, str]:
-    """The MOONCAKE_* settings, defaults filled in (SGLang's names; PD's transfer engine reads the
-    same ones, store=False: no master); ValueError naming what is missing or bad."""
-    env = {k: environ.get(k, v) for k, v in ENV_DEFAULTS.items()}
+# SGLang's config keys (extra config, config file) and the variable each stands for.
+CONFIG_KEYS = {
+    "master_server_address": "MOONCAKE_MASTER",
+    "metadata_server": "MOONCAKE_TE_META_DATA_SERVER",
+    "protocol": "MOONCAKE_PROTOCOL",
+    "device_name": "MOONCAKE_DEVICE",
+    "local_hostname": "MOONCAKE_LOCAL_HOSTNAME",
+    "global_segment_size": "MOONCAKE_GLOBAL_SEGMENT_SIZE",
+    "local_buffer_size": "MOONCAKE_LOCAL_BUFFER_SIZE",
+}
+CONFIG_PATH_ENV = "SGLANG_HICACHE_MOONCAKE_CONFIG_PATH"
+SIZES = ("MOONCAKE_GLOBAL_SEGMENT_SIZE", "MOONCAKE_LOCAL_BUFFER_SIZE")
+
+
+def mooncake_env(
+    environ=os.environ, store: bool = True, extra_config: dict | None = None
+) -> dict[str, str]:
+    """The MOONCAKE_* settings, defaults filled in (SGLang's names and order: the extra config, the
+    config file, the environment; PD's transfer engine reads the environment's, store=False: no
+    master); ValueError naming what is missing or bad."""
+    if extra_config and extra_config.get("master_server_address") is not None:
+        env = _from_config(extra_config, "hicache_storage_backend_extra_config")
+    elif store and environ.get(CONFIG_PATH_ENV):
+        env = _from_config(_read_config_file(environ[CONFIG_PATH_ENV]), CONFIG_PATH_ENV)
+    else:
+        if extra_config:
+            raise ValueError(
+                "hicache_storage_backend_extra_config: master_server_address is required"
+                " (SGLang reads the extra config only with it)"
+            )
+        env = {k: environ.get(k, v) for k, v in ENV_DEFAULTS.items()}
     if store and not env["MOONCAKE_MASTER"]:
         raise ValueError(
             "hicache_storage_backend mooncake needs MOONCAKE_MASTER (the master's HOST:PORT)"
         )
-    for k in ("MOONCAKE_GLOBAL_SEGMENT_SIZE", "MOONCAKE_LOCAL_BUFFER_SIZE"):
+    for k in SIZES:
         if not env[k].isdigit() or int(env[k]) <= 0:
             raise ValueError(f"{k} must be a positive number of bytes, got {env[k]!r}")
     return env
+
+
+def _from_config(config: dict, where: str) -> dict[str, str]:
+    unknown = sorted(set(config) - set(CONFIG_KEYS))
+    if unknown:
+        raise ValueError(
+            f"{where}: unknown key {unknown[0]!r} (radixlm reads {', '.join(CONFIG_KEYS)})"
+        )
+    env = dict(ENV_DEFAULTS)
+    for key, var in CONFIG_KEYS.items():
+        if key in config:
+            value = config[key]
+            if var in SIZES:
+                value = _size(value, f"{where}: {key}")
+            elif not isinstance(value, str):
+                raise ValueError(f"{where}: {key} must be a string, got {value!r}")
+            env[var] = str(value)
+    return env
+
+
+def _size(value, what: str) -> int:
+    """Bytes, as SGLang reads global_segment_size: an integer, or a string of one or of "<n>gb"."""
+    text = str(value).strip().lower() if isinstance(value, (int, str)) else ""
+    scale = 2**30 if text.endswith("gb") else 1
+    digits = text.removesuffix("gb").strip()
+    if isinstance(value, bool) or not digits.isdigit() or int(digits) <= 0:
+        raise ValueError(f"{what} must be a positive number of bytes or '<n>gb', got {value!r}")
+    return int(digits) * scale
+
+
+def _read_config_file(path: str) -> dict:
+    import json
+
+    try:
+        with open(path) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{CONFIG_PATH_ENV}: cannot read {path!r} as JSON: {e}") from None
+    if not isinstance(config, dict):
+        raise ValueError(f"{CONFIG_PATH_ENV}: {path!r} must hold a JSON object")
+    return config
 
 
 class HiCacheMooncake(HiCacheStorage):
@@ -65,6 +137,7 @@ class HiCacheMooncake(HiCacheStorage):
         max_bytes: int = 0,  # (the pool's size is what the servers lend it: MOONCAKE_*_SIZE)
         stats=None,
         storage_key: str | None = None,
+        extra_config: dict | None = None,
     ):
         if storage_key is None:
             raise ValueError(
@@ -72,7 +145,7 @@ class HiCacheMooncake(HiCacheStorage):
                 " (--hicache-storage-key or RADIXLM_HICACHE_STORAGE_KEY): they verify each"
                 " other's chunks with it"
             )
-        env = mooncake_env()
+        env = mooncake_env(extra_config=extra_config)
         try:
             from mooncake.store import MooncakeDistributedStore
         except ImportError as e:

@@ -3,10 +3,13 @@ against a real `mooncake_master` over TCP (PyPI's mooncake-transfer-engine-non-c
 libibverbs1 librdmacm1 libnuma1, which .ci/run installs): a prompt answered by one server is read
 from the store by another that never saw it, with the same tokens; chunks forged under their names
 (garbage, another storage key's, truncated) are misses; with the master killed both servers keep
-answering 200, and once it is back they store and share chunks again."""
+answering 200, and once it is back they store and share chunks again. One of the two servers reads
+its settings from --hicache-storage-backend-extra-config (SGLang's JSON), the other from the
+MOONCAKE_* variables."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -14,6 +17,7 @@ import requests
 import torch
 
 from radixlm.bench.mooncake_master import MooncakeMaster
+from radixlm.cache.storage_mooncake import CONFIG_KEYS
 from radixlm.server.process import ServerProcess
 from tests.mooncake import requires_mooncake
 
@@ -35,7 +39,14 @@ def master():
     m.kill()
 
 
-def serve(model: str, master: MooncakeMaster) -> ServerProcess:
+def serve(model: str, master: MooncakeMaster, extra_config: bool = False) -> ServerProcess:
+    """A server of the store, configured by the MOONCAKE_* variables, or by SGLang's
+    --hicache-storage-backend-extra-config (its keys, the variables unset)."""
+    env, flags = master.env(KEY), []
+    if extra_config:
+        config = {key: env.pop(var) for key, var in CONFIG_KEYS.items() if var in env}
+        flags = ["--hicache-storage-backend-extra-config", json.dumps(config)]
+        env.update({var: "" for var in CONFIG_KEYS.values()})  # none left to fall back on
     return ServerProcess(
         "--model-path",
         model,
@@ -49,7 +60,8 @@ def serve(model: str, master: MooncakeMaster) -> ServerProcess:
         "--hicache-storage-chunk-size",
         str(CHUNK),
         "--enable-invariant-checks",
-        env=master.env(KEY),
+        *flags,
+        env=env,
     )
 
 
@@ -73,7 +85,7 @@ def wait_stored(url: str, n: int) -> None:
 
 
 def test_servers_share_chunks_and_survive_the_master(tiny_model_dir, master):
-    a, b = serve(tiny_model_dir, master), serve(tiny_model_dir, master)
+    a, b = serve(tiny_model_dir, master), serve(tiny_model_dir, master, extra_config=True)
     try:
         ref = generate(a.url, IDS)
         assert ref["meta_info"]["cached_tokens"] == 0
