@@ -26,7 +26,7 @@ from radixlm.model.layers.attention import (
 from radixlm.model.layers.rotary import MRotaryEmbedding
 from radixlm.model.layers.sampler import Sampler, SamplingBatchInfo
 from radixlm.model.mrope import mrope_positions
-from radixlm.model.pooler import Pooler, read_pooling_type
+from radixlm.model.pooler import Pooler
 from radixlm.model.pp_stage import pp_stage
 from radixlm.model.quant_methods import quant_method
 from radixlm.model.runner_config import ModelRunnerConfig
@@ -76,12 +76,14 @@ class ModelRunner:
             device=self.device,
             quantization=config.quantization,
             is_embedding=config.is_embedding,
+            overrides=config.model_overrides,
         )
         self.model = self.loaded.model
-        # --is-embedding: extends return pooled hidden states (no lm_head, no sampling).
-        self.pooler = (
-            Pooler(read_pooling_type(self.loaded.model_path)) if config.is_embedding else None
-        )
+        # --is-embedding: extends return pooled hidden states (no lm_head, no sampling); a
+        # cross-encoder's, its classifier's logits.
+        self.pooler = Pooler.of(self.model, self.loaded.model_path) if config.is_embedding else None
+        # An encoder (model/models/bert.py) never decodes and reads each prompt whole.
+        self.encoder_only = bool(getattr(self.model, "encoder_only", False))
         cfg = self.loaded.hf_config
         self.hf_config = cfg
         self.modalities = tuple(
@@ -163,6 +165,8 @@ class ModelRunner:
         self.decode_graphs = (
             EagerDecode("a hybrid model's state layers run eagerly")
             if self.state_pool is not None
+            else EagerDecode("an encoder never decodes")
+            if self.encoder_only
             else create_cuda_graphs(self, config)
             if self.device.type == "cuda"
             else create_decode_graphs(
