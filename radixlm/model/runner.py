@@ -79,11 +79,9 @@ class ModelRunner:
             overrides=config.model_overrides,
         )
         self.model = self.loaded.model
-        # --is-embedding: extends return pooled hidden states (no lm_head, no sampling); a
-        # cross-encoder's, its classifier's logits.
+        # --is-embedding: pooled hidden states (a cross-encoder: its classifier's logits).
         self.pooler = Pooler.of(self.model, self.loaded.model_path) if config.is_embedding else None
-        # An encoder (model/models/bert.py) never decodes and reads each prompt whole.
-        self.encoder_only = bool(getattr(self.model, "encoder_only", False))
+        self.encoder_only = bool(getattr(self.model, "encoder_only", False))  # models/bert.py
         cfg = self.loaded.hf_config
         self.hf_config = cfg
         self.modalities = tuple(
@@ -160,8 +158,7 @@ class ModelRunner:
         # --enable-lora: the adapters and their batched delta on the target layers (NoLoRA: none).
         self.lora = create_lora_runtime(config.lora, self.model, self.dtype, self.device)
         # Decode steps through graphs: CUDA graphs on CUDA (--disable-cuda-graph: none),
-        # torch.compile on CPU with
-        # --enable-torch-compile (EagerDecode: none).
+        # torch.compile on CPU with --enable-torch-compile (EagerDecode: none, or an encoder).
         self.decode_graphs = (
             EagerDecode("a hybrid model's state layers run eagerly")
             if self.state_pool is not None

@@ -59,7 +59,9 @@ def documents_text(documents: Any) -> list[str]:
     """Each document's text: a string, or an object with a string `text` (Cohere v2, Jina)."""
     if not isinstance(documents, list) or not documents:
         raise HTTPError(
-            400, "documents must be a non-empty list of strings or {text} objects", "documents"
+            400,
+            "documents must be a non-empty list of strings or {text} objects",
+            param="documents",
         )
     texts = []
     for i, d in enumerate(documents):
@@ -68,7 +70,7 @@ def documents_text(documents: Any) -> list[str]:
             raise HTTPError(
                 400,
                 f'documents[{i}] must be a string or an object {{"text": string}}',
-                f"documents[{i}]",
+                param=f"documents[{i}]",
             )
         texts.append(text)
     return texts
@@ -88,7 +90,9 @@ async def rerank_route(request: Request):
     cap = state.server_args.max_client_batch_size
     if len(docs) > cap:
         raise HTTPError(
-            400, f"{len(docs)} documents, more than --max-client-batch-size {cap}", "documents"
+            400,
+            f"{len(docs)} documents, more than --max-client-batch-size {cap}",
+            param="documents",
         )
     check_queue(state, 2 * len(docs), "documents")  # a yes/no reranker: a sequence per label
     try:

@@ -121,6 +121,16 @@ def hf_cross_encoder_logits(path: str, query: str, documents: list[str]) -> list
         return model(**batch).logits[:, 0].tolist()
 
 
+# The Qwen3-Reranker model card's template.
+CARD_PREFIX = (
+    "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query"
+    ' and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
+    "<|im_start|>user\n"
+)
+CARD_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
+CARD_INSTRUCTION = "Given a web search query, retrieve relevant passages that answer the query"
+
+
 def hf_qwen3_reranker_scores(
     path: str, query: str, documents: list[str], instruction: str | None = None
 ) -> list[float]:
@@ -130,15 +140,7 @@ def hf_qwen3_reranker_scores(
 
     tok = AutoTokenizer.from_pretrained(path, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    prefix = (
-        "<|im_start|>system\nJudge whether the Document meets the requirements based on the Query"
-        ' and the Instruct provided. Note that the answer can only be "yes" or "no".<|im_end|>\n'
-        "<|im_start|>user\n"
-    )
-    suffix = "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-    instruction = instruction or (
-        "Given a web search query, retrieve relevant passages that answer the query"
-    )
+    prefix, suffix, instruction = CARD_PREFIX, CARD_SUFFIX, instruction or CARD_INSTRUCTION
     pairs = [f"<Instruct>: {instruction}\n<Query>: {query}\n<Document>: {d}" for d in documents]
     prefix_ids = tok.encode(prefix, add_special_tokens=False)
     suffix_ids = tok.encode(suffix, add_special_tokens=False)
