@@ -63,6 +63,11 @@ class RerankerSpec:
 def reranker_spec(config: Any, architecture: str) -> RerankerSpec | None:
     """The model's reranker kind (module docstring); None: not a reranker."""
     if architecture in CROSS_ENCODERS:
+        if int(getattr(config, "num_labels", 1)) != 1:
+            raise ValueError(
+                f"{architecture} with num_labels {config.num_labels}: a cross-encoder reranker"
+                " scores with one label"
+            )
         return RerankerSpec(CROSS_ENCODER)
     tokens = getattr(config, "classifier_from_token", None)
     if tokens is None:

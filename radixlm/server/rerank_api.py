@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from radixlm.engine.rerank import RerankError, rerank
 from radixlm.engine.scoring import ScoreError
+from radixlm.model.reranker import YES_NO
 from radixlm.server.api_common import (
     HTTPError,
     check_queue,
@@ -51,8 +52,6 @@ class RerankRequest(BaseModel):
     return_documents: bool = False  # Cohere's default
     instruct: str | None = Field(None, min_length=1)
     raw_scores: bool = False
-    # Cohere's, accepted for its clients: radixlm refuses a pair past the context instead.
-    max_tokens_per_doc: int | None = Field(None, ge=1)
 
 
 def documents_text(documents: Any) -> list[str]:
@@ -94,7 +93,9 @@ async def rerank_route(request: Request):
             f"{len(docs)} documents, more than --max-client-batch-size {cap}",
             param="documents",
         )
-    check_queue(state, 2 * len(docs), "documents")  # a yes/no reranker: a sequence per label
+    kind = (state.scheduler_info.get("reranker") or {}).get("kind")
+    per_doc = 2 if kind == YES_NO else 1  # a yes/no reranker: a sequence per label token
+    check_queue(state, per_doc * len(docs), "documents")
     try:
         res = await run_until_disconnect(
             request,
