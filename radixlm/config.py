@@ -136,6 +136,9 @@ class ServerArgs:
     is_embedding: bool = (
         False  # SGLang's: serve an embedding model (/v1/embeddings, /encode; model/pooler.py)
     )
+    # SGLang's: a JSON object merged into the model's HF config before it is built (vLLM's
+    # --hf-overrides): e.g. vLLM's keys that declare a Qwen3-Reranker (model/reranker.py).
+    json_model_override_args: str = "{}"
 
     # Speculative decoding (radixlm/speculative/): drafts verified in one forward, outputs
     # unchanged.

@@ -45,6 +45,12 @@ HELPS = {
         " hidden states (pooling from its sentence-transformers config or GGUF, else last-token);"
         " the generation routes answer 400"
     ),
+    "json_model_override_args": (
+        "a JSON object merged into the model's config before it is built (vLLM's --hf-overrides);"
+        ' e.g. \'{"architectures": ["Qwen3ForSequenceClassification"], "classifier_from_token":'
+        ' ["no", "yes"], "is_original_qwen3_reranker": true}\' serves a Qwen3-Reranker on'
+        " /v1/rerank"
+    ),
     "quantization": (
         "weights: gguf (a GGUF's own quantization, its default), none (dequantize to --dtype, the"
         " default for other checkpoints), int8, q4_0, q8_0, q4_k (quantize at load), f16, bf16"

@@ -114,6 +114,11 @@ async def embed(
             "with --is-embedding",
             param=None,
         )
+    if (tm.scheduler_info.get("reranker") or {}).get("kind") == "cross_encoder":
+        raise EmbeddingError(
+            "this server serves a cross-encoder reranker: its scores come from /v1/rerank",
+            param=None,
+        )
     hidden = tm.scheduler_info.get("hidden_size")
     if dimensions is not None and dimensions != hidden:  # no served model declares Matryoshka sizes
         raise EmbeddingError(

@@ -19,6 +19,7 @@ from radixlm.engine.launcher import (
     stop_processes,
     watch_processes,
 )
+from radixlm.engine.rerank import RerankResult, rerank
 from radixlm.engine.rl_control import (
     get_weights_request,
     memory_request,
@@ -239,6 +240,11 @@ class Engine:
                 self.tokenizer_manager, query, items, label_token_ids, apply_softmax, item_first
             )
         )
+
+    def rerank(self, query: str, documents: list[str], instruct: str | None = None) -> RerankResult:
+        """Each document's relevance to the query on a reranker model (engine/rerank.py):
+        `.scores()` in the documents' order; a RerankError (ValueError) names a bad argument."""
+        return self._run(rerank(self.tokenizer_manager, query, documents, instruct))
 
     def encode(self, prompt: Any) -> dict | list[dict]:
         """SGLang's Engine.encode (an engine made with is_embedding=True): {"embedding",

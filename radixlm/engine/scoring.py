@@ -31,6 +31,7 @@ class ScoreError(ValueError):
 class ScoreResult:
     scores: list[list[float]]  # per item, in the order of label_token_ids
     prompt_tokens: int  # query + item tokens over all items (each counted once)
+    cached_tokens: int = 0  # of the sequences' tokens, how many the prefix cache held
 
 
 def _is_ids(x: Any) -> bool:
@@ -141,4 +142,5 @@ async def score_request(
             for k in range(len(prompts))
         ],
         used,
+        sum(o["meta_info"].get("cached_tokens", 0) for o in outs),
     )

@@ -74,7 +74,10 @@ class KVLayout:
 
 
 def kv_layout(model: nn.Module, hf_config: Any) -> KVLayout:
-    attn = next(m for m in model.modules() if isinstance(m, RadixAttention))
+    attn = next((m for m in model.modules() if isinstance(m, RadixAttention)), None)
+    if attn is None:  # an encoder (model/models/bert.py): keeps no KV; a pool of its heads' shape
+        heads = hf_config.num_attention_heads
+        return KVLayout(heads, hf_config.hidden_size // heads)
     shapes = layer_shapes(model, hf_config.num_hidden_layers)
     if shapes is not None:
         heads, dim = max(h for h, _ in shapes), max(d for _, d in shapes)

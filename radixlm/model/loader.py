@@ -18,7 +18,7 @@ import os
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +35,7 @@ from radixlm.model.quant_checkpoint import (
 )
 from radixlm.model.quant_methods import QUANTIZATION_REGISTRY, quant_method
 from radixlm.model.registry import resolve_architecture
+from radixlm.model.reranker import RerankerSpec, apply_overrides, reranker_spec
 from radixlm.model.tp_shard import Slicer, slice_tensor
 
 logger = logging.getLogger(__name__)
@@ -61,6 +62,7 @@ class LoadedModel:
     sampling_defaults: dict | None = (
         None  # the model's recommended sampling (model/sampling_defaults.py)
     )
+    reranker: RerankerSpec | None = None  # /v1/rerank's kind of model (model/reranker.py)
 
 
 def default_model_path() -> str:
@@ -269,10 +271,12 @@ def load_model(
     device: str = "cpu",
     quantization: str | None = None,
     is_embedding: bool = False,
+    overrides: Mapping[str, Any] | None = None,
 ) -> LoadedModel:
     """Build our model for `path` (default: the SmolLM2 GGUF) and fill its weights.
     quantization: see ServerArgs.quantization (None: float weights). is_embedding: no lm_head (an
-    embedding checkpoint has none, or one never read), tensor names with or without `model.`."""
+    embedding checkpoint has none, or one never read), tensor names with or without `model.`.
+    overrides: --json-model-override-args, merged into the HF config (model/reranker.py)."""
     t0 = time.perf_counter()
     memory.return_large_frees_to_os()
     path = os.path.abspath(path or default_model_path())
@@ -282,11 +286,13 @@ def load_model(
     defaults = None
     if kind == "config":
         config = _json_config(path)
+        apply_overrides(config, overrides or {})
         architecture, model_cls = resolve_architecture(getattr(config, "architectures", None))
         chat_template, eos_ids = None, _as_id_list(getattr(config, "eos_token_id", None))
     elif is_gguf:
         reader = gguf_loader.open_gguf(path)
         config = gguf_loader.gguf_config(reader)
+        apply_overrides(config, overrides or {})
         architecture, model_cls = resolve_architecture(config.architectures)
         chat_template, eos_ids = (
             gguf_loader.gguf_chat_template(reader),
@@ -297,6 +303,7 @@ def load_model(
         from transformers import AutoConfig
 
         config = AutoConfig.from_pretrained(path)
+        apply_overrides(config, overrides or {})
         architecture, model_cls = resolve_architecture(getattr(config, "architectures", None))
         files = _safetensors_files(path)
         chat_template, eos_ids = _dir_chat_template(path), _dir_eos_token_ids(path, config)
@@ -305,7 +312,14 @@ def load_model(
         quantization, is_gguf, device, checkpoint_quant(config) if kind == "dir" else None
     )
     method = quant_method(quant)  # None: float weights
-    if is_embedding:
+    reranker = reranker_spec(config, architecture)
+    encoder = getattr(model_cls, "encoder_only", False)
+    if encoder and not is_embedding:
+        raise ValueError(
+            f"{architecture} is a cross-encoder (no generation): serve it with --is-embedding, as"
+            " SGLang does; /v1/rerank scores with it"
+        )
+    if is_embedding and not encoder:
         config.tie_word_embeddings = (
             True  # builds no lm_head; a checkpoint's lm_head.weight is skipped
         )
@@ -330,13 +344,15 @@ def load_model(
             if hasattr(module, "finish_loading"):
                 module.finish_loading()
     else:
-        if is_embedding:
+        if is_embedding and not encoder:
             weights = _with_model_prefix(weights)
         if method is not None:
             weights = method.while_loading(weights, model)
         model.load_weights(weights)
     if method is not None:
         method.after_loading(model)
+    if encoder and kind == "dir":  # its pairs' segments split at the tokenizer's [SEP]
+        model.sep_token_id = load_tokenizer(path).sep_token_id
     model.eval()
     seconds = time.perf_counter() - t0
     weights = reader = (
@@ -364,12 +380,13 @@ def load_model(
         tokenizer_path=path,
         chat_template=chat_template,
         eos_token_ids=eos_ids,
-        context_len=_context_len(config.get_text_config()),
+        context_len=getattr(model, "max_tokens", None) or _context_len(config.get_text_config()),
         load_seconds=seconds,
         weight_bytes=held,
         resident_bytes=resident,
         quantization=quant,
         sampling_defaults=defaults,
+        reranker=reranker,
     )
 
 

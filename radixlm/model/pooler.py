@@ -10,12 +10,16 @@ A request's prompt may run in several chunks (chunked prefill) and, for last-tok
 a cached prefix: each forward returns a per-request *partial* (`Pooler.partial`), the scheduler
 folds the partials (`fold`) and ends with `finish`. Mean and cls need every token's hidden state,
 so those requests take nothing from the prefix cache (`needs_all_tokens`).
+
+A cross-encoder (model/models/bert.py) pools its first token through its classifier (`head`): the
+"embedding" is then the raw logits [num_labels], never normalized (engine/rerank.py reads them).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -81,6 +85,15 @@ def read_pooling_type(model_path: str) -> PoolingType:
 @dataclass(frozen=True)
 class Pooler:
     pooling_type: PoolingType
+    # A classifier over the pooled rows ([bs, hidden] -> [bs, num_labels]); None: the embedding.
+    head: Callable[[torch.Tensor], torch.Tensor] | None = None
+
+    @classmethod
+    def of(cls, model: torch.nn.Module, model_path: str) -> Pooler:
+        """An encoder's classifier over its first token, else the model's pooling (above)."""
+        if getattr(model, "encoder_only", False):
+            return cls(PoolingType.CLS, head=model.classify)
+        return cls(read_pooling_type(model_path))
 
     @property
     def needs_all_tokens(self) -> bool:
@@ -93,7 +106,8 @@ class Pooler:
         if self.pooling_type is PoolingType.LAST:
             return hidden[(ends - 1).to(hidden.device)].float()
         if self.pooling_type is PoolingType.CLS:
-            return hidden[(ends - torch.tensor(extend_lens)).to(hidden.device)].float()
+            rows = hidden[(ends - torch.tensor(extend_lens)).to(hidden.device)]
+            return (rows if self.head is None else self.head(rows)).float()
         return torch.stack([part.float().sum(0) for part in torch.split(hidden, extend_lens)])
 
     def fold(self, acc: torch.Tensor | None, part: torch.Tensor) -> torch.Tensor:
@@ -108,4 +122,6 @@ class Pooler:
 
     def finish(self, acc: torch.Tensor, num_tokens: int) -> list[float]:
         vec = acc / num_tokens if self.pooling_type is PoolingType.MEAN else acc
+        if self.head is not None:  # a classifier's logits, as they are
+            return vec.float().tolist()
         return torch.nn.functional.normalize(vec.double(), dim=-1).float().tolist()

@@ -86,6 +86,14 @@ MODEL_REGISTRY.register(
     "Qwen2_5_VLForConditionalGeneration",
     "radixlm.model.models.qwen2_vl:Qwen2_5_VLForConditionalGeneration",
 )
+# Cross-encoders (rerankers, --is-embedding; model/reranker.py).
+MODEL_REGISTRY.register(
+    "BertForSequenceClassification", "radixlm.model.models.bert:BertForSequenceClassification"
+)
+MODEL_REGISTRY.register(
+    "XLMRobertaForSequenceClassification",
+    "radixlm.model.models.bert:XLMRobertaForSequenceClassification",
+)
 # Base-model checkpoints (no lm_head): embedding models, served with --is-embedding.
 MODEL_REGISTRY.register("LlamaModel", "radixlm.model.models.llama:LlamaForCausalLM")
 MODEL_REGISTRY.register("Qwen2Model", "radixlm.model.models.qwen2:Qwen2ForCausalLM")

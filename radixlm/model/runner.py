@@ -26,7 +26,7 @@ from radixlm.model.layers.attention import (
 from radixlm.model.layers.rotary import MRotaryEmbedding
 from radixlm.model.layers.sampler import Sampler, SamplingBatchInfo
 from radixlm.model.mrope import mrope_positions
-from radixlm.model.pooler import Pooler, read_pooling_type
+from radixlm.model.pooler import Pooler
 from radixlm.model.pp_stage import pp_stage
 from radixlm.model.quant_methods import quant_method
 from radixlm.model.runner_config import ModelRunnerConfig
@@ -76,12 +76,12 @@ class ModelRunner:
             device=self.device,
             quantization=config.quantization,
             is_embedding=config.is_embedding,
+            overrides=config.model_overrides,
         )
         self.model = self.loaded.model
-        # --is-embedding: extends return pooled hidden states (no lm_head, no sampling).
-        self.pooler = (
-            Pooler(read_pooling_type(self.loaded.model_path)) if config.is_embedding else None
-        )
+        # --is-embedding: pooled hidden states (a cross-encoder: its classifier's logits).
+        self.pooler = Pooler.of(self.model, self.loaded.model_path) if config.is_embedding else None
+        self.encoder_only = bool(getattr(self.model, "encoder_only", False))  # models/bert.py
         cfg = self.loaded.hf_config
         self.hf_config = cfg
         self.modalities = tuple(
@@ -158,11 +158,12 @@ class ModelRunner:
         # --enable-lora: the adapters and their batched delta on the target layers (NoLoRA: none).
         self.lora = create_lora_runtime(config.lora, self.model, self.dtype, self.device)
         # Decode steps through graphs: CUDA graphs on CUDA (--disable-cuda-graph: none),
-        # torch.compile on CPU with
-        # --enable-torch-compile (EagerDecode: none).
+        # torch.compile on CPU with --enable-torch-compile (EagerDecode: none, or an encoder).
         self.decode_graphs = (
             EagerDecode("a hybrid model's state layers run eagerly")
             if self.state_pool is not None
+            else EagerDecode("an encoder never decodes")
+            if self.encoder_only
             else create_cuda_graphs(self, config)
             if self.device.type == "cuda"
             else create_decode_graphs(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -10,6 +11,7 @@ import torch
 from radixlm.lora.config import LoRAConfig
 from radixlm.model.layers.attention.registry import check_attention_backend_name
 from radixlm.model.quant_methods import QUANTIZATIONS, refusal
+from radixlm.model.reranker import parse_overrides
 from radixlm.model.swa_memory import server_refusal as swa_server_refusal
 
 if TYPE_CHECKING:
@@ -93,6 +95,8 @@ class ModelRunnerConfig:
     # An embedding model (--is-embedding): extends return pooled hidden states, never logits
     # (model/pooler.py).
     is_embedding: bool = False
+    # --json-model-override-args: merged into the HF config before the model is built.
+    model_overrides: dict = dataclasses.field(default_factory=dict)
     # Pipeline: most requests in one decode micro-batch (None: pp_size micro-batches; pp_micro.py).
     pp_max_micro_batch_size: int | None = None
     lora: LoRAConfig | None = None  # --enable-lora (radixlm/lora/); None: off
@@ -190,6 +194,7 @@ class ModelRunnerConfig:
             cuda_graph_bs=None if args.cuda_graph_bs is None else tuple(args.cuda_graph_bs),
             disable_cuda_graph=args.disable_cuda_graph,
             is_embedding=args.is_embedding,
+            model_overrides=parse_overrides(args.json_model_override_args),
             pp_max_micro_batch_size=args.pp_max_micro_batch_size,
             lora=LoRAConfig.from_server_args(args),
             mm_cache_size_mb=args.mm_cache_size_mb,

@@ -126,6 +126,7 @@ def load_checkpoint(
             device=runner.device,
             quantization=cfg.quantization,
             is_embedding=cfg.is_embedding,
+            overrides=cfg.model_overrides,
         )
     except (
         MemoryError

@@ -157,9 +157,8 @@ class Scheduler:
             config.new_token_ratio, config.min_new_token_ratio, config.new_token_ratio_decay
         )
         self.policy = SchedulePolicy(config.schedule_policy, self.tree_cache, config.random_seed)
-        limits = PrefillLimits(
-            runner.max_running_requests, config.max_prefill_tokens, config.chunk_size
-        )
+        chunk = None if runner.encoder_only else config.chunk_size  # an encoder reads them whole
+        limits = PrefillLimits(runner.max_running_requests, config.max_prefill_tokens, chunk)
         fold = create_prefill_fold(config, self.spec)
         self.prefill = PrefillManager(
             queues, cm, self.policy, limits, ratio, stats, runner.lora, fold
@@ -386,6 +385,7 @@ class Scheduler:
             "architecture": r.loaded.architecture,
             "is_embedding": r.pooler is not None,
             "pooling": r.pooler.pooling_type.value if r.pooler is not None else None,
+            "reranker": r.loaded.reranker and r.loaded.reranker.info(),  # model/reranker.py
             "hidden_size": r.hf_config.hidden_size,
             "model_path": r.loaded.model_path,
             "eos_token_ids": sorted(r.loaded.eos_token_ids),

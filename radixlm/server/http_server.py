@@ -45,6 +45,7 @@ from radixlm.server.observability_api import (
     router as observability_router,
 )
 from radixlm.server.openai_api import router as openai_router
+from radixlm.server.rerank_api import router as rerank_router
 from radixlm.server.responses_api import router as responses_router
 from radixlm.server.rl_api import RL_ADMIN_PATHS
 from radixlm.server.rl_api import router as rl_router
@@ -294,6 +295,7 @@ def create_app(state_factory) -> FastAPI:
     app.include_router(openai_router)
     app.include_router(observability_router)
     app.include_router(score_router)
+    app.include_router(rerank_router)
     app.include_router(embedding_router)
     app.include_router(infill_router)
     app.include_router(rl_router)

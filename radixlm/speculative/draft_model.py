@@ -54,6 +54,7 @@ def draft_runner_config(
         # The decode KV mirror trusts a row's KV below its length never to change; the draft
         # rewrites positions (rejected drafts are recomputed as the target's tokens).
         decode_kv_mirror_bytes=0,
+        model_overrides={},  # --json-model-override-args names the target's config, not the draft's
     )
 
 
