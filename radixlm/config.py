@@ -222,6 +222,9 @@ class ServerArgs:
     # tokens of completions' suffix and /infill (server/fim.py); None: the tokenizer's own.
     chat_template: str | None = None
     completion_template: str | None = None
+    # llama-server's --slot-save-path: where /slots/{id}?action=save|restore keep slot files
+    # (server/llama_api.py); None: slot files are refused.
+    slot_save_path: str | None = None
     # Agents (docs/agents.md): how tool calls are read out of chat output; None: detected from the
     # template.
     tool_call_parser: str | None = None

@@ -206,6 +206,10 @@ HELPS = {
         " the chat template, else hermes's <tool_call> format, described to the model in a system"
         " message"
     ),
+    "slot_save_path": (
+        "llama-server's flag: the directory where POST /slots/{id}?action=save writes a slot's"
+        " cached prompt (token ids and KV) and action=restore reads it back; default: refused"
+    ),
     "completion_template": (
         "the fill-in-the-middle tokens of completions' suffix and /infill: star_coder, qwen_coder,"
         " deepseek_coder, or SGLang's JSON file; default: found in the tokenizer by their spellings"

@@ -265,6 +265,28 @@ class LoRAUpdateReqOutput:
     adapter: dict | None = None  # load: {lora_name, lora_path, pinned, uid}
 
 
+# --- llama-server's slot files (/slots/{id}?action=save|restore; scheduler/control/slot_files.py)
+@dataclass
+class SlotSaveReq:
+    path: str  # under --slot-save-path, checked by the HTTP side
+    token_ids: list[int]  # the slot's last prompt: its cached prefix is saved
+    cache_namespace: str | None = None
+
+
+@dataclass
+class SlotRestoreReq:
+    path: str
+
+
+@dataclass
+class SlotFileReqOutput:
+    success: bool
+    message: str = ""
+    n_tokens: int = 0  # saved or restored
+    n_bytes: int = 0  # the file's size
+    token_ids: list[int] | None = None  # restore: the file's tokens
+
+
 @dataclass
 class BindSessionReq:
     """Request `rid` (sent next) is a turn of session `session_id`: when it finishes, its KV stays

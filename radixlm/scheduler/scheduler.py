@@ -7,8 +7,7 @@ batch runs: inline or overlapped), result_processor.py (tokens, stops, logprobs)
 (the end of a request), output_streamer.py (news for the detokenizer). A feature that may be off
 is a component with a no-op twin, both implementing its interface; optional_components.py picks
 which one runs. A request's lifecycle is its ReqStatus (req.py), which names the container of
-req_queues.py that holds it.
-See docs/architecture.md, "Request flow" and "KV ownership".
+req_queues.py that holds it. See docs/architecture.md, "Request flow" and "KV ownership".
 """
 
 from __future__ import annotations
@@ -50,6 +49,7 @@ from radixlm.scheduler.config import SchedulerConfig
 from radixlm.scheduler.control.dashboard_probe import DashboardProbe
 from radixlm.scheduler.control.lora_admin import LORA_MESSAGES, LORA_REPLIES, handle_lora_message
 from radixlm.scheduler.control.profiler import Profiler
+from radixlm.scheduler.control.slot_files import SLOT_MESSAGES, SLOT_REPLIES, handle_slot_message
 from radixlm.scheduler.control.weight_control import WEIGHT_CONTROL_REPLIES, WeightControl
 from radixlm.scheduler.decoding.grammar_manager import GrammarManager
 from radixlm.scheduler.execution.overlap import follows_up
@@ -91,6 +91,7 @@ _CONTROL_REPLIES = {
     ProfileReq: ProfileReqOutput,
     **WEIGHT_CONTROL_REPLIES,
     **LORA_REPLIES,
+    **SLOT_REPLIES,
     DashboardSnapshotReq: DashboardSnapshotReqOutput,
 }
 
@@ -190,8 +191,7 @@ class Scheduler:
         )
         self.checks = create_invariant_checks(config, sync, cm, queues, self.sessions.nodes)
         self.profiler = Profiler(stats, runner.device.type)  # /start_profile, /stop_profile
-        # /dashboard/stream, on request only
-        self.dashboard = DashboardProbe(self.tree_cache, self.internal_state)
+        self.dashboard = DashboardProbe(self.tree_cache, self.internal_state)  # /dashboard/stream
         # Pause / continue, weight updates, memory release (SGLang's RL calls; weight_control.py).
         self.control = WeightControl(
             runner,
@@ -206,8 +206,7 @@ class Scheduler:
             self._process_in_flight,
             lambda: self.is_idle() and dp.all_idle(),
         )
-        # PD disaggregation (pd/mode.py): NoDisaggregation unless --disaggregation-mode
-        # prefill|decode.
+        # PD disaggregation (pd/mode.py): NoDisaggregation unless --disaggregation-mode P|D.
         self.pd = create_pd_mode(
             config.disaggregation,
             PDContext(
@@ -330,6 +329,8 @@ class Scheduler:
                 self.control.handle(msg)
             elif isinstance(msg, LORA_MESSAGES):
                 self.io.reply(handle_lora_message(self.runner.lora, msg))
+            elif isinstance(msg, SLOT_MESSAGES):  # llama-server's slot files
+                self.io.reply(handle_slot_message(msg, self.cache_manager, self._model_key))
             elif isinstance(msg, SESSION_MESSAGES):
                 self.sessions.handle(msg)
             else:
@@ -420,8 +421,7 @@ class Scheduler:
             **self.runner.pp_info(),  # --pp-size: decode micro-batches and prefill pieces run
             **expert_load_info(self.runner.model),  # MoE: tokens routed per expert per layer
             **self.dashboard.info(),
-            # a vision model: encoder runs, images encoded, encoder-cache hits
-            **self.runner.mm_info(),
+            **self.runner.mm_info(),  # a vision model: encoder runs, images, encoder-cache hits
             **self.pd.info(),  # --disaggregation-mode: transfers, bytes, checksums
             # --enable-dp-attention: this rank, its idle forwards, rank 0's dispatch
             **self.dp.info(),

@@ -36,6 +36,8 @@ from radixlm.server.dashboard_api import router as dashboard_router
 from radixlm.server.embedding_api import router as embedding_router
 from radixlm.server.generate_api import router as generate_router
 from radixlm.server.infill_api import router as infill_router
+from radixlm.server.llama_api import llama_tokenize
+from radixlm.server.llama_api import router as llama_router
 from radixlm.server.lora_api import LORA_ADMIN_PATHS
 from radixlm.server.lora_api import router as lora_router
 from radixlm.server.observability_api import (
@@ -136,7 +138,7 @@ async def server_info(request: Request):
 # --------------------------------------------------------------------- admin
 # Routes only the admin may call (AccessMiddleware); /abort_request's abort-all part is checked in
 # the route.
-ADMIN_PATHS = ("/flush_cache", *RL_ADMIN_PATHS, *LORA_ADMIN_PATHS)
+ADMIN_PATHS = ("/flush_cache", "/slots", *RL_ADMIN_PATHS, *LORA_ADMIN_PATHS)
 
 
 @router.post("/flush_cache")  # POST only: a GET is what a page's <img> or link can send
@@ -177,8 +179,12 @@ _TEXTS = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "str
     ),
 )
 async def tokenize(request: Request):
+    """radixlm's {text} -> {tokens, count, max_model_len}, or llama-server's {content, add_special,
+    parse_special, with_pieces} -> {tokens} (told apart by the field content)."""
     body = await read_json(request)
     s = srv(request)
+    if isinstance(body, dict) and "content" in body and "text" not in body:
+        return await llama_tokenize(s, body)
     text = body.get("text", body.get("prompt")) if isinstance(body, dict) else None
     texts = [text] if isinstance(text, str) else text
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
@@ -225,7 +231,8 @@ async def detokenize(request: Request):
             param="tokens",
         )
     tm = s.tokenizer_manager
-    return {"text": await tm.tokenizer_pool.run(tm.tokenizer.decode, toks, what="detokenizing")}
+    text = await tm.tokenizer_pool.run(tm.tokenizer.decode, toks, what="detokenizing")
+    return {"text": text, "content": text}  # radixlm's field and llama-server's
 
 
 async def _tokenize_texts(s: ServerState, texts: list[str]) -> list[list[int]]:
@@ -298,6 +305,7 @@ def create_app(state_factory) -> FastAPI:
     app.include_router(rerank_router)
     app.include_router(embedding_router)
     app.include_router(infill_router)
+    app.include_router(llama_router)
     app.include_router(rl_router)
     app.include_router(session_router)
     app.include_router(lora_router)
