@@ -5,7 +5,8 @@ loaded loads on first use; beyond --models-max loaded (or loading) models the le
 idle one unloads first. A model with requests in flight never unloads under them: when every
 loaded model is busy, the least recently used one is marked draining (it takes no new request and
 unloads once its last one ends), so a model waiting for room is not starved by a busy one.
-Requests for a model that is loading (or waiting for room) wait, up to --model-load-timeout.
+Requests for a model that is loading (or waiting for room) wait, up to --model-load-timeout; the
+models load in the order their requests came.
 
 States: unloaded -> loading -> loaded -> unloading -> unloaded; a load that fails leaves `failed`
 (with the reason; the next request tries again)."""
@@ -50,6 +51,10 @@ class PooledModel:
     in_flight: int = 0
     last_used: float = 0.0
     draining: bool = False
+    waiters: set = field(default_factory=set)  # the requests waiting for this model
+    # While draining: the requests that were already waiting when the drain began; they still get
+    # the model (it may have just loaded for them), later ones wait for its next load.
+    admitted: set = field(default_factory=set)
     error: str | None = None
     loads: int = 0  # how many times it was started
     load_started: float = 0.0
@@ -98,6 +103,9 @@ class ModelPool:
         self.client: httpx.AsyncClient | None = None  # for the children's /health
         self._changed = asyncio.Condition()
         self._closing = False
+        # Every waiting request -> its model, oldest first: loads go in this order (a request that
+        # came later does not take the next free slot from one that has waited longer).
+        self._queue: dict[object, PooledModel] = {}
 
     def names(self) -> list[str]:
         return list(self.models)
@@ -113,37 +121,56 @@ class ModelPool:
         m = self.get(name)
         deadline = time.monotonic() + self.load_timeout
         tried = False  # a failure seen after this request's own try ends it
+        me = object()
         async with self._changed:
-            while True:
-                if self._closing:
-                    raise ModelUnavailable("the server is shutting down")
-                if m.state == LOADED and not m.draining:
-                    m.in_flight += 1
-                    m.last_used = time.monotonic()
-                    return m
-                if m.state == FAILED and tried:
-                    raise ModelUnavailable(f"model {name!r} failed to load: {m.error}")
-                if m.state in (UNLOADED, FAILED) and self._make_room(m):
-                    self._begin_load(m)
-                tried = tried or m.state == LOADING
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise ModelUnavailable(
-                        f"model {name!r} is not loaded after {self.load_timeout:g} s"
-                        f" (--model-load-timeout; it is {m.state})"
-                    )
-                try:
-                    await asyncio.wait_for(self._changed.wait(), left)
-                except TimeoutError:
-                    pass
+            m.waiters.add(me)
+            self._queue[me] = m
+            try:
+                while True:
+                    if self._closing:
+                        raise ModelUnavailable("the server is shutting down")
+                    if m.state == LOADED and (not m.draining or me in m.admitted):
+                        m.admitted.discard(me)
+                        m.in_flight += 1
+                        m.last_used = time.monotonic()
+                        return m
+                    if m.state == FAILED and tried:
+                        raise ModelUnavailable(f"model {name!r} failed to load: {m.error}")
+                    if m is self._next_to_load() and self._make_room(m):
+                        self._begin_load(m)
+                    tried = tried or m.state == LOADING
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise ModelUnavailable(
+                            f"model {name!r} is not loaded after {self.load_timeout:g} s"
+                            f" (--model-load-timeout; it is {m.state})"
+                        )
+                    try:
+                        await asyncio.wait_for(self._changed.wait(), left)
+                    except TimeoutError:
+                        pass
+            finally:
+                m.waiters.discard(me)
+                del self._queue[me]
+                if me in m.admitted:  # gone without its turn (timed out, or its client left)
+                    m.admitted.discard(me)
+                    self._unload_if_drained(m)
+                self._changed.notify_all()  # the next in line may be the one to load now
 
     async def release(self, m: PooledModel) -> None:
         async with self._changed:
             m.in_flight -= 1
             m.last_used = time.monotonic()
-            if m.in_flight == 0 and m.draining and m.state == LOADED:
-                self._begin_unload(m, "drained")
+            self._unload_if_drained(m)
             self._changed.notify_all()
+
+    def _next_to_load(self) -> PooledModel | None:
+        """The model of the longest-waiting request whose model is not loaded nor loading."""
+        return next((m for m in self._queue.values() if m.state in (UNLOADED, FAILED)), None)
+
+    def _unload_if_drained(self, m: PooledModel) -> None:
+        if m.state == LOADED and m.draining and m.in_flight == 0 and not m.admitted:
+            self._begin_unload(m, "drained")
 
     def _make_room(self, wanted: PooledModel) -> bool:
         """True when `wanted` may start loading now; else an unload (of the least recently used
@@ -157,16 +184,19 @@ class ModelPool:
         loaded = sorted((m for m in used if m.state == LOADED), key=lambda m: m.last_used)
         if not loaded:
             return False  # every slot is loading: wait for one to finish
-        idle = [m for m in loaded if m.in_flight == 0]
+        # Idle: nothing in flight and nobody waiting (a model that has just loaded for its waiters
+        # is not idle yet).
+        idle = [m for m in loaded if m.in_flight == 0 and not m.waiters]
         victim = (idle or loaded)[0]
         if idle:
             self._begin_unload(victim, f"least recently used; room for {wanted.name}")
         else:
-            victim.draining = True
+            victim.draining, victim.admitted = True, set(victim.waiters)
             logger.info(
-                "model %s draining (%d request(s) in flight) to make room for %s",
+                "model %s draining (%d request(s) in flight, %d waiting) to make room for %s",
                 victim.name,
                 victim.in_flight,
+                len(victim.admitted),
                 wanted.name,
             )
         return False
@@ -185,7 +215,7 @@ class ModelPool:
         self._spawn(m, self._load(m, m.child))
 
     def _begin_unload(self, m: PooledModel, why: str) -> None:
-        m.state, m.draining = UNLOADING, False
+        m.state, m.draining, m.admitted = UNLOADING, False, set()
         self._spawn(m, self._unload(m, why))
 
     async def _load(self, m: PooledModel, child: ModelChild) -> None:
@@ -213,7 +243,7 @@ class ModelPool:
         await child.proc.wait()
         async with self._changed:
             if m.child is child and m.state == LOADED:
-                m.state, m.child, m.draining = FAILED, None, False
+                m.state, m.child, m.draining, m.admitted = FAILED, None, False, set()
                 m.error = child.failure()
                 logger.error("model %s: %s", m.name, m.error)
                 child.kill_group()
@@ -248,7 +278,7 @@ class ModelPool:
             if m.state != LOADED:
                 return m.state
             if m.in_flight:
-                m.draining = True
+                m.draining, m.admitted = True, set()
                 return "draining"
             self._begin_unload(m, "asked")
             return UNLOADING
