@@ -35,12 +35,13 @@ FRONT_OPTIONS = {
 }
 
 
-class ModelPathAction(argparse.Action):
+class ModelPathAction(argparse._StoreAction):
     """--model-path (and --model): the last one is `model_path`, as always; all of them, in
-    order, are `model_paths` (several: many models behind one server)."""
+    order, are `model_paths` (several: many models behind one server). A store action still (what
+    SGLang's --config merger accepts for a scalar option)."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        setattr(namespace, self.dest, values)
+        super().__call__(parser, namespace, values, option_string)
         namespace.model_paths = [*(getattr(namespace, "model_paths", None) or []), values]
 
 
