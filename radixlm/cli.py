@@ -72,6 +72,7 @@ def cmd_generate(args) -> int:
 def cmd_serve(args) -> int:
     from radixlm.config import ServerArgs
     from radixlm.http_access import ADMIN_API_KEY_ENV, API_KEY_ENV, key_from_env
+    from radixlm.router.model_front_launch import is_multi_model
     from radixlm.server.launch import launch_server
 
     server_args = ServerArgs.from_cli_args(args)
@@ -79,6 +80,8 @@ def cmd_serve(args) -> int:
     # `ps`.
     server_args.api_key = key_from_env(server_args.api_key, API_KEY_ENV)
     server_args.admin_api_key = key_from_env(server_args.admin_api_key, ADMIN_API_KEY_ENV)
+    if is_multi_model(args):
+        return _serve_models(args, server_args)
     server_args = _local_model_paths(server_args)
     if server_args.node_rank > 0:  # this node's tensor-parallel ranks only: node 0 serves HTTP
         from radixlm.engine.node import run_node
@@ -92,6 +95,29 @@ def cmd_serve(args) -> int:
         launch_dp(server_args)
     else:
         launch_server(server_args)
+    return 0
+
+
+def _serve_models(args, server_args) -> int:
+    """Several models behind one server: a child `serve` per model, loaded on demand
+    (radixlm/router/model_front.py). The engine options are checked here once, with no model."""
+    import dataclasses
+
+    from radixlm.cache.hicache_config import STORAGE_KEY_ENV
+    from radixlm.engine.launcher import check_server_args
+    from radixlm.router.model_front_launch import check_front_args, model_specs, run_model_front
+
+    check_front_args(server_args)
+    check_server_args(dataclasses.replace(server_args, model_path=None))
+    specs = model_specs(args)
+    key = server_args.hicache_storage_key
+    run_model_front(
+        server_args,
+        specs,
+        args.models_max,
+        args.model_load_timeout,
+        {STORAGE_KEY_ENV: key} if key else {},
+    )
     return 0
 
 
@@ -216,10 +242,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     serve = sub.add_parser(
         "serve", help="serve the native (SGLang-compatible) and OpenAI-compatible HTTP APIs"
     )
+    from radixlm.router.model_front_launch import ModelPathAction, add_multi_model_args
+
     serve.add_argument(
-        "--model", dest="model_path_alias", default=None, help="alias of --model-path"
+        "--model",
+        dest="model_path_alias",
+        default=None,
+        action=ModelPathAction,
+        help="alias of --model-path",
     )
-    ServerArgs.add_cli_args(serve, choices)
+    # --model-path repeated: several models behind one server (--models-dir too).
+    ServerArgs.add_cli_args(serve, choices, actions={"model_path": ModelPathAction})
+    add_multi_model_args(serve)
     serve.set_defaults(func=cmd_serve)
     router = sub.add_parser(
         "router", help="one endpoint in front of several radixlm servers (cache-aware routing)"

@@ -367,10 +367,13 @@ class ServerArgs:
     # --- CLI -------------------------------------------------------------------
     @staticmethod
     def add_cli_args(
-        parser: argparse.ArgumentParser, choices: Mapping[str, Sequence[str]] = MappingProxyType({})
+        parser: argparse.ArgumentParser,
+        choices: Mapping[str, Sequence[str]] = MappingProxyType({}),
+        actions: Mapping[str, type[argparse.Action]] = MappingProxyType({}),
     ) -> None:
         """A flag per field; choices: field -> its allowed values (from the component that owns
-        it)."""
+        it); actions: field -> its argparse action, where not the plain one (`serve`'s repeatable
+        --model-path)."""
         helps = HELPS
         for f in dataclasses.fields(ServerArgs):
             flag = "--" + f.name.replace("_", "-")
@@ -390,6 +393,8 @@ class ServerArgs:
             kw.update(type=typ.get(base, str), default=default, help=helps.get(f.name))
             if f.name in choices:
                 kw["choices"] = tuple(choices[f.name])
+            if f.name in actions:
+                kw["action"] = actions[f.name]
             flags = [
                 flag,
                 *_ALIASES.get(f.name, ()),

@@ -172,11 +172,13 @@ def radixlm_parser() -> argparse.ArgumentParser:
     """`radixlm serve`'s options (ServerArgs, --model, SGLang's table flags, --config)."""
     from radixlm.cli import option_choices
     from radixlm.config import ServerArgs
+    from radixlm.router.model_front_launch import ModelPathAction, add_multi_model_args
     from radixlm.sglang_compat import install_sglang_flags
 
     parser = argparse.ArgumentParser(prog="radixlm serve")
-    parser.add_argument("--model", dest="model_path_alias")
-    ServerArgs.add_cli_args(parser, option_choices())
+    parser.add_argument("--model", dest="model_path_alias", action=ModelPathAction)
+    ServerArgs.add_cli_args(parser, option_choices(), actions={"model_path": ModelPathAction})
+    add_multi_model_args(parser)
     install_sglang_flags(parser)
     return parser
 

@@ -35,15 +35,16 @@ def set_process_name(name: str) -> None:
     libc.prctl(PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
 
 
-def kill_itself_when_parent_died() -> None:
-    """Linux: get SIGKILL when the parent dies, so no child outlives a crashed launcher."""
+def kill_itself_when_parent_died(sig: int = signal.SIGKILL) -> None:
+    """Linux: get `sig` when the parent dies, so no child outlives a crashed launcher (SIGTERM: a
+    server that stops its own children first)."""
     if sys.platform != "linux":
         return
     PR_SET_PDEATHSIG = 1
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    libc.prctl(PR_SET_PDEATHSIG, sig)
     if os.getppid() == 1:  # the parent already died before prctl
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), sig)
 
 
 def core_shares(n: int, cores: list[int]) -> list[list[int]]:

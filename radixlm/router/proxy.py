@@ -30,7 +30,7 @@ HOP_HEADERS = {
     "content-encoding",
 }
 # A browser's headers stay here: a worker would take them for a cross-origin call of its own.
-_BROWSER_HEADERS = {
+BROWSER_HEADERS = {
     "origin",
     "referer",
     "cookie",
@@ -63,7 +63,7 @@ def request_headers(state: RouterState, request: Request) -> dict:
     h = {
         k: v
         for k, v in request.headers.items()
-        if k.lower() not in HOP_HEADERS | _BROWSER_HEADERS | {"host", "authorization", "x-api-key"}
+        if k.lower() not in HOP_HEADERS | BROWSER_HEADERS | {"host", "authorization", "x-api-key"}
     }
     h.update(state.registry.headers)
     return h
