@@ -80,7 +80,7 @@ class OllamaStream:
             delta = choice.get("delta") or {}
             content = delta.get("content") or choice.get("text") or ""
             thinking = delta.get("reasoning_content") or ""
-            lps = (choice.get("logprobs") or {}).get("content") if self.chat else None
+            lps = (choice.get("logprobs") or {}).get("content")  # a chat chunk's entries
             for call in delta.get("tool_calls") or []:
                 self._call_piece(call)
             if content or thinking or lps:

@@ -98,6 +98,11 @@ def test_models_list_show_ps_version(server, client, oai, served, name):
     assert running[0].context_length == card.model_extra["max_model_len"]
     assert running[0].size == listed[0].size > 0 and running[0].size_vram > running[0].size
     assert requests.get(server.url + "/api/version", timeout=30).json() == {"version": __version__}
+    # Nothing to generate: Ollama's answer for loading the model.
+    loaded = requests.post(
+        server.url + "/api/chat", json={"model": name, "messages": []}, timeout=30
+    ).json()
+    assert loaded["done"] and loaded["done_reason"] == "load" and loaded["model"] == name
     with pytest.raises(ollama.ResponseError) as e:
         client.show("llama3.2:latest")
     assert e.value.status_code == 404 and e.value.error == "model 'llama3.2:latest' not found"
@@ -165,6 +170,19 @@ def test_chat_plain_and_streamed_equal_chat_route(server, client, name):
     assert "".join(p.message.content for p in parts) == got.message.content
     last = parts[-1]
     assert last.done_reason == got.done_reason and last.eval_count == got.eval_count
+    # logprobs: the chat route's entries, in Ollama's shape.
+    ref_lp, _ = chat_route(server, messages, max_tokens=4, logprobs=True, top_logprobs=2)
+    lp = client.chat(
+        model=name,
+        messages=messages,
+        options={"temperature": 0, "num_predict": 4},
+        logprobs=True,
+        top_logprobs=2,
+    ).logprobs
+    assert [(e.token, e.logprob, [(t.token, t.logprob) for t in e.top_logprobs]) for e in lp] == [
+        (e["token"], e["logprob"], [(t["token"], t["logprob"]) for t in e["top_logprobs"]])
+        for e in ref_lp["logprobs"]["content"]
+    ]
 
 
 def test_format_schema_and_json(client, name):
