@@ -28,10 +28,12 @@ def anthropic_error(kind: str, message: str) -> dict:
 def error_json_for(
     path: str, status: int, message: str, kind: str = "invalid_request_error", param=None
 ) -> JSONResponse:
-    """An error in the shape of the API the path belongs to: Anthropic's for /v1/messages, else
-    error_json's."""
+    """An error in the shape of the API the path belongs to: Anthropic's for /v1/messages, Ollama's
+    ({"error": message}) under /api/, else error_json's."""
     if path == "/v1/messages" or path.startswith("/v1/messages/"):
         return JSONResponse(anthropic_error(kind, message), status_code=status)
+    if path.startswith("/api/"):
+        return JSONResponse({"error": message}, status_code=status)
     return error_json(status, message, kind, param)
 
 

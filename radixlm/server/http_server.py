@@ -46,6 +46,7 @@ from radixlm.server.observability_api import (
 from radixlm.server.observability_api import (
     router as observability_router,
 )
+from radixlm.server.ollama_api import router as ollama_router
 from radixlm.server.openai_api import router as openai_router
 from radixlm.server.rerank_api import router as rerank_router
 from radixlm.server.responses_api import router as responses_router
@@ -311,6 +312,7 @@ def create_app(state_factory) -> FastAPI:
     app.include_router(lora_router)
     app.include_router(anthropic_router)
     app.include_router(responses_router)
+    app.include_router(ollama_router)
     app.include_router(dashboard_router)
 
     @app.exception_handler(HTTPError)

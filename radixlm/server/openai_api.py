@@ -296,8 +296,14 @@ async def _chunks(
 # ------------------------------------------------------------ completions
 @router.post("/v1/completions", openapi_extra=json_body(CompletionRequest.model_json_schema()))
 async def completions(request: Request):
-    state = srv(request)
     req: CompletionRequest = parse_body(CompletionRequest, await read_json(request))
+    return _respond(await open_completion(request, req))
+
+
+async def open_completion(request: Request, req: CompletionRequest):
+    """The completions pipeline for a parsed request, as open_chat is the chat one (Ollama's raw
+    and fill-in-the-middle /api/generate run through it)."""
+    state = srv(request)
     requested = _requested(state, req.model)
     model = requested.name
     if req.suffix and req.echo:
@@ -365,7 +371,7 @@ async def completions(request: Request):
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
         prompt_ids=ids if req.return_token_ids else None,
     )
-    return _respond(await _open(request, job))
+    return await _open(request, job)
 
 
 # -------------------------------------------------------- chat completions
@@ -377,11 +383,18 @@ async def chat_completions(request: Request):
     return _respond(await open_chat(request, req))
 
 
-async def open_chat(request: Request, req: ChatCompletionRequest):
+async def open_chat(
+    request: Request,
+    req: ChatCompletionRequest,
+    prompt_prefix: list[int] | None = None,
+    token_ids: bool = False,
+):
     """The chat pipeline for a parsed request: the chat.completion body (a dict), or, streaming, an
     async iterator of chat.completion.chunk bodies (see _open). Other APIs' routes (Anthropic's
-    Messages, OpenAI's Responses) translate their request into a ChatCompletionRequest and shape
-    what this returns."""
+    Messages, OpenAI's Responses, Ollama's) translate their request into a ChatCompletionRequest
+    and shape what this returns. For Ollama's generate `context`: prompt_prefix, token ids put
+    before the rendered prompt; token_ids, the prompt's and the output's ids in the answer (a
+    stream's in its finishing chunk)."""
     state = srv(request)
     requested = _requested(state, req.model)
     model = requested.name
@@ -413,6 +426,10 @@ async def open_chat(request: Request, req: ChatCompletionRequest):
             render_chat, state, req, plan, what="rendering the chat template"
         )
     )
+    if prompt_prefix:
+        if images:
+            raise HTTPError(400, "context cannot be combined with images", param="context")
+        ids = [*prompt_prefix, *ids]
     _check_length(state, [ids], "messages")
     ctx = state.scheduler_info["context_len"]
     max_tokens = (
@@ -454,7 +471,7 @@ async def open_chat(request: Request, req: ChatCompletionRequest):
         obj=obj,
         logprobs=bool(req.logprobs),
         include_usage=bool(req.stream_options and req.stream_options.include_usage),
-        prompt_ids=[ids] if req.return_token_ids else None,
+        prompt_ids=[ids] if req.return_token_ids or token_ids else None,
         output=output_spec(req, plan, state.server_args.reasoning_parser, tok.chat_template),
     )
     return await _open(request, job)

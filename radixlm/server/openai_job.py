@@ -146,6 +146,13 @@ def stream_chunks(job: Job, idx: int, out: dict, st: Sent) -> list[dict]:
             else:
                 lp, st.offset = completion_logprobs(toks, tops, st.offset)
     st.started = True
+    # The ids on the finishing chunk: for internal callers only (the route refuses
+    # return_token_ids with stream); Ollama's generate `context` is built from them.
+    ids = (
+        {"token_ids": out["output_ids"], "prompt_token_ids": job.prompt_ids[idx // job.n]}
+        if reason and job.prompt_ids is not None
+        else {}
+    )
     if job.chat:
         if job.output.active:
             st.shaper = st.shaper or ChoiceStream(job.output)
@@ -174,6 +181,7 @@ def stream_chunks(job: Job, idx: int, out: dict, st: Sent) -> list[dict]:
                     "logprobs": None,
                     "finish_reason": reason,
                     "matched_stop": matched,
+                    **ids,
                 }
             )
     elif delta or lp or reason:
@@ -184,6 +192,7 @@ def stream_chunks(job: Job, idx: int, out: dict, st: Sent) -> list[dict]:
                 "logprobs": lp,
                 "finish_reason": reason,
                 "matched_stop": matched,
+                **ids,
             }
         )
     return [job.body([c]) for c in chunks]

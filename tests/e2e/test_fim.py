@@ -4,6 +4,7 @@ greedy what /generate answers on those ids, and refuse a model without FIM token
 
 import json
 
+import ollama
 import openai
 import pytest
 import requests
@@ -131,6 +132,27 @@ def test_completions_suffix_is_the_fim_layout(fim_server, tok):
         model=model, prompt=PREFIX, suffix="", max_tokens=1, extra_body={"return_token_ids": True}
     )
     assert plain.choices[0].model_extra["prompt_token_ids"] == tok.encode(PREFIX)
+
+
+def test_ollama_generate_suffix_is_the_fim_layout(fim_server, tok):
+    """Ollama's /api/generate with `suffix` (the official `ollama` client): /generate's greedy
+    answer on the FIM layout's ids, the prompt counted as that layout."""
+    want = [
+        special(tok, "<fim_prefix>"),
+        *enc(tok, PREFIX),
+        special(tok, "<fim_suffix>"),
+        *enc(tok, SUFFIX),
+        special(tok, "<fim_middle>"),
+    ]
+    ref = generate(fim_server, want, max_new_tokens=8)
+    client = ollama.Client(host=fim_server.url, timeout=120)
+    model = client.list().models[0].model
+    assert "insert" in client.show(model).capabilities
+    got = client.generate(
+        model=model, prompt=PREFIX, suffix=SUFFIX, options={"temperature": 0, "num_predict": 8}
+    )
+    assert got.response == ref["text"] and got.prompt_eval_count == len(want)
+    assert got.eval_count == len(ref["output_ids"])
 
 
 def test_infill_is_llama_servers_layout(fim_server, tok):

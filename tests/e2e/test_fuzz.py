@@ -124,6 +124,28 @@ def check_anthropic_stream(text: str) -> None:
         )
 
 
+def check_ollama_error(status: int, text: str, sent: str = "") -> None:
+    """Ollama's API (/api/*) answers errors in its shape: {"error": message}."""
+    body = json.loads(text)
+    assert isinstance(body, dict) and set(body) == {"error"}, text[:500]
+    assert isinstance(body["error"], str) and body["error"].strip(), text[:500]
+    for marker in LEAKS:
+        assert marker not in text or marker in sent, f"{marker!r} in an error body: {text[:500]}"
+
+
+def check_ollama_stream(text: str) -> None:
+    """Ollama's NDJSON stream ends with its done object, or with an error object that is not a
+    server error."""
+    objs = [json.loads(line) for line in text.split("\n") if line.strip()]
+    assert objs, f"an empty stream: {text[-500:]}"
+    last = objs[-1]
+    if "error" in last:
+        assert "internal server error" not in last["error"], f"server error in a stream: {last}"
+    else:
+        assert last.get("done") is True and "done_reason" in last, text[-500:]
+    assert all(o.get("done") is False for o in objs[:-1]), text[-500:]
+
+
 def check_no_internal_failure(outs) -> None:
     """A native response (or streamed chunk) whose request the engine failed: a 200 status line,
     but finish_reason says abort with a 5xx status (an exception in the scheduler)."""
@@ -170,12 +192,14 @@ def error_shape(ctx, response, case):
     """schemathesis check: every 4xx has the error shape; every stream is well formed."""
     sent = f"{case.body!r} {case.path_parameters!r} {case.query!r}"
     anthropic = case.operation.path.startswith("/v1/messages")
+    ollama = case.operation.path.startswith("/api/")
     if 400 <= response.status_code < 500:
-        (check_anthropic_error if anthropic else check_error_body)(
-            response.status_code, response.text, sent
-        )
+        check = check_ollama_error if ollama else check_error_body
+        (check_anthropic_error if anthropic else check)(response.status_code, response.text, sent)
     ctype = response.headers.get("content-type", [""])[0]
-    if ctype.startswith("text/event-stream"):
+    if ctype.startswith("application/x-ndjson"):
+        check_ollama_stream(response.text)
+    elif ctype.startswith("text/event-stream"):
         if anthropic:
             check_anthropic_stream(response.text)
         elif case.operation.path == "/v1/responses":
@@ -231,6 +255,15 @@ def cap_body(case, profile_dir: str) -> None:
         _cap(body, "n", MAX_N)
     elif case.operation.path == "/v1/responses":
         _cap(body, "max_output_tokens", MAX_NEW, set_missing=True)
+    elif case.operation.path in ("/api/chat", "/api/generate"):
+        # Ollama's default num_predict is -1: to the end of the context.
+        if body.get("options") is None:
+            body["options"] = {}
+        if isinstance(body["options"], dict):
+            opts = body["options"]
+            if opts.get("num_predict") in (None, -1, -2):  # -2: fill the context
+                opts["num_predict"] = MAX_NEW
+            _cap(opts, "num_predict", MAX_NEW)
 
 
 @pytest.fixture(scope="module")
