@@ -6,7 +6,10 @@ init (softplus(dt_bias) in [1e-3, 0.1]), the router's e_score_correction_bias no
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import re
 
 import torch
 import transformers
@@ -82,3 +85,35 @@ def checkpoint(path: str, tokenizer, **changes):
     hf.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path, hf
+
+
+def as_moonshot_checkpoint(path: str) -> None:
+    """Rewrite the saved directory as Moonshot's checkpoints are (what llama.cpp's converter
+    reads): config.json's layer types as linear_attn_config's 1-based full_attn_layers /
+    kda_layers, the dense MLPs as first_k_dense_replace (transformers reads both forms alike), and
+    the dense MLPs' tensors under mlp. (save_pretrained renames every .mlp. to .block_sparse_moe.,
+    reversing its load-time mapping, the dense layers' too)."""
+    from safetensors.torch import load_file, save_file
+
+    weights = os.path.join(path, "model.safetensors")
+    state = load_file(weights)
+    dense = re.compile(r"\.block_sparse_moe\.(gate|up|down)_proj\.")
+    state = {dense.sub(r".mlp.\1_proj.", n): t for n, t in state.items()}
+    save_file(state, weights, metadata={"format": "pt"})
+    file = os.path.join(path, "config.json")
+    with open(file) as f:
+        cfg = json.load(f)
+    types, mlps = cfg.pop("layer_types"), cfg.pop("mlp_layer_types")
+    dense = mlps.index("sparse") if "sparse" in mlps else len(mlps)
+    assert all(m == "sparse" for m in mlps[dense:]), "dense layers must lead"
+    cfg["first_k_dense_replace"] = dense
+    cfg["linear_attn_config"] = {
+        "full_attn_layers": [i + 1 for i, t in enumerate(types) if t == "full_attention"],
+        "kda_layers": [i + 1 for i, t in enumerate(types) if t == "linear_attention"],
+        "head_dim": cfg.pop("linear_head_dim"),
+        "num_heads": cfg.pop("linear_num_heads"),
+        "short_conv_kernel_size": cfg.pop("linear_conv_kernel_dim"),
+    }
+    cfg["moe_router_activation_func"] = "sigmoid"
+    with open(file, "w") as f:
+        json.dump(cfg, f, indent=2)

@@ -12,8 +12,10 @@ import random
 import pytest
 from safetensors.torch import save_file
 
+from tests.e2e.test_default_model_greedy import assert_greedy_equal
 from tests.hybrid import kimi_linear_checkpoint as kc
 from tests.hybrid import mamba_hybrid_checkpoints as mh
+from tests.hybrid.kimi_linear_gguf_writer import write_kimi_linear_gguf
 from tests.model.hybrid_checkpoints import tiny_tokenizer
 
 
@@ -47,3 +49,21 @@ def test_other_switches_and_in_memory_names_equal_hf(tmp_path):
     with mh.engine(path) as engine:
         ids = mh.tokens(random.Random(3), 230)
         mh.assert_prompt_logprobs(engine, hf, ids, "kimi-linear in-memory names")
+
+
+def test_float_gguf_equals_hf(tmp_path):
+    """llama.cpp's kimi-linear file (float32) of a checkpoint in Moonshot's form (which radixlm
+    also reads as an HF directory): HF's log-probs, and its greedy tokens."""
+    src = str(tmp_path / "hf")
+    # one expert group: the converter does not read Moonshot's num_expert_group
+    _, hf = kc.checkpoint(src, tiny_tokenizer(), n_group=1, topk_group=1)
+    kc.as_moonshot_checkpoint(src)
+    ids = mh.tokens(random.Random(4), 230)
+    with mh.engine(src) as engine:
+        mh.assert_prompt_logprobs(engine, hf, ids, "kimi-linear Moonshot checkpoint")
+    gguf_path = write_kimi_linear_gguf(src, str(tmp_path / "kimi-linear-f32.gguf"))
+    with mh.engine(gguf_path) as engine:
+        mh.assert_prompt_logprobs(engine, hf, ids, "kimi-linear GGUF")
+        sp = {"max_new_tokens": mh.NEW, "temperature": 0}
+        out = engine.generate(input_ids=ids, sampling_params=sp)
+        assert_greedy_equal(out["output_ids"], mh.reference(hf)(ids), "kimi-linear GGUF greedy")
