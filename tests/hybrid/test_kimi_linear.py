@@ -1,8 +1,9 @@
 """Kimi-Linear (KimiLinearForCausalLM: KDA, MLA without RoPE, DeepSeek-V3 MoE) against HF
 transformers in float32: each prompt token's log-prob, prefilled in 100-token chunks through the
-KV (latent) and state pools. A second checkpoint covers the other switches: MLA's q LoRA, a
-full-attention first layer, every MLP sparse with both groups eligible, and transformers'
-in-memory tensor names (one conv1d, forget_gate.*, stacked experts) instead of Moonshot's.
+KV (latent) and state pools, from a checkpoint as Moonshot releases theirs and from llama.cpp's
+GGUF of it. A second checkpoint covers the other switches: MLA's q LoRA, a full-attention first
+layer, every MLP sparse over two expert groups, and transformers' in-memory tensor names (one
+conv1d, forget_gate.*, stacked experts) in the layout save_pretrained gives the rest.
 Greedy tokens alone / batched / chunked and prefix reuse: tests/hybrid/test_hybrid_engine.py."""
 
 from __future__ import annotations
@@ -21,7 +22,12 @@ from tests.model.hybrid_checkpoints import tiny_tokenizer
 
 @pytest.fixture(scope="module")
 def kimi(tmp_path_factory):
-    path, hf = kc.checkpoint(str(tmp_path_factory.mktemp("kimi_linear")), tiny_tokenizer())
+    """A checkpoint in Moonshot's form (its config.json and tensor names, as released), one expert
+    group (as released: llama.cpp's converter does not read Moonshot's num_expert_group, so its
+    GGUF must not need one); grouped routing runs in test_hybrid_engine.py's checkpoint."""
+    path = str(tmp_path_factory.mktemp("kimi_linear"))
+    _, hf = kc.checkpoint(path, tiny_tokenizer(), n_group=1, topk_group=1)
+    kc.as_moonshot_checkpoint(path)
     with mh.engine(path) as engine:
         yield engine, hf, path
 
@@ -51,18 +57,13 @@ def test_other_switches_and_in_memory_names_equal_hf(tmp_path):
         mh.assert_prompt_logprobs(engine, hf, ids, "kimi-linear in-memory names")
 
 
-def test_float_gguf_equals_hf(tmp_path):
-    """llama.cpp's kimi-linear file (float32) of a checkpoint in Moonshot's form (which radixlm
-    also reads as an HF directory): HF's log-probs, and its greedy tokens."""
-    src = str(tmp_path / "hf")
-    # one expert group: the converter does not read Moonshot's num_expert_group
-    _, hf = kc.checkpoint(src, tiny_tokenizer(), n_group=1, topk_group=1)
-    kc.as_moonshot_checkpoint(src)
-    ids = mh.tokens(random.Random(4), 230)
-    with mh.engine(src) as engine:
-        mh.assert_prompt_logprobs(engine, hf, ids, "kimi-linear Moonshot checkpoint")
+def test_float_gguf_equals_hf(kimi, tmp_path):
+    """llama.cpp's kimi-linear file (float32) of the same checkpoint, written as its converter
+    writes it: HF's log-probs, and its greedy tokens."""
+    _, hf, src = kimi
     gguf_path = write_kimi_linear_gguf(src, str(tmp_path / "kimi-linear-f32.gguf"))
     with mh.engine(gguf_path) as engine:
+        ids = mh.tokens(random.Random(4), 230)
         mh.assert_prompt_logprobs(engine, hf, ids, "kimi-linear GGUF")
         sp = {"max_new_tokens": mh.NEW, "temperature": 0}
         out = engine.generate(input_ids=ids, sampling_params=sp)
