@@ -6,7 +6,8 @@ fixes by architecture instead of writing it),
 the MoE ones (gguf_moe.py, gguf_deepseek.py) and the hybrid qwen35, qwen35moe, qwen3next
 (gguf_qwen35.py: the converter's transformations undone, its tiled V-head order kept), nemotron_h
 and lfm2 (gguf_hybrid_ssm.py), granitehybrid and falcon-h1 (gguf_mamba2_hybrid.py), gpt-oss
-(gguf_gpt_oss.py), gemma4 (gguf_gemma4.py), llama4 (gguf_llama4.py).
+(gguf_gpt_oss.py), gemma4 (gguf_gemma4.py), llama4 (gguf_llama4.py), kimi-linear
+(gguf_kimi_linear.py).
 With keep_quantized, 2-D weights in a format the native kernels read
 (radixlm.kernels.formats.FORMATS: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, Q2_K, Q3_K, Q4_K, Q5_K,
 Q6_K, IQ4_XS, F16, BF16) stay as stored, F32 ones are plain float32, and any other type is refused
@@ -33,6 +34,11 @@ from radixlm.model.gguf_gemma4 import GEMMA4_ARCHITECTURES, gemma4_config, gemma
 from radixlm.model.gguf_glm4moe import GLM4MOE_TENSOR_NAMES, glm4moe_config
 from radixlm.model.gguf_gpt_oss import GPT_OSS_ARCHITECTURES, gpt_oss_config, gpt_oss_weights
 from radixlm.model.gguf_hybrid_ssm import SSM_ARCHITECTURES, ssm_config, ssm_weights
+from radixlm.model.gguf_kimi_linear import (
+    KIMI_LINEAR_ARCHITECTURES,
+    kimi_linear_config,
+    kimi_linear_weights,
+)
 from radixlm.model.gguf_llama4 import LLAMA4_ARCHITECTURES, llama4_config
 from radixlm.model.gguf_mamba2_hybrid import (
     MAMBA2_HYBRID_ARCHITECTURES,
@@ -71,6 +77,7 @@ GGUF_ARCHITECTURES = {
     **GPT_OSS_ARCHITECTURES,
     **GEMMA4_ARCHITECTURES,
     **LLAMA4_ARCHITECTURES,
+    **KIMI_LINEAR_ARCHITECTURES,
     "deepseek2": (
         "DeepseekV2ForCausalLM",
         "DeepseekV2Config",
@@ -254,6 +261,8 @@ def gguf_config(reader):
         kw = gemma4_config(reader, kw)
     if arch in LLAMA4_ARCHITECTURES:
         kw = llama4_config(reader, kw)
+    if arch in KIMI_LINEAR_ARCHITECTURES:
+        kw = kimi_linear_config(reader, kw)
     config = getattr(transformers, config_cls)(**kw)
     config.architectures = [hf_arch]
     return config
@@ -406,6 +415,9 @@ def gguf_weights(
         return
     if arch in GEMMA4_ARCHITECTURES:  # per-layer shapes, scales renamed (gguf_gemma4.py)
         yield from gemma4_weights(reader, config, read, slicer, keep)
+        return
+    if arch in KIMI_LINEAR_ARCHITECTURES:  # KDA's A, convs and dt_bias (gguf_kimi_linear.py)
+        yield from kimi_linear_weights(reader, config, read, slicer, keep)
         return
     permute = arch in ("llama", "smollm3")  # the converters that permute q/k (LlamaModel's)
     norm_offset = arch in GEMMA_ARCHS  # llama.cpp stores Gemma's norm weights as 1 + w

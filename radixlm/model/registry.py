@@ -59,6 +59,9 @@ MODEL_REGISTRY.register(
     "radixlm.model.models.granite_hybrid:GraniteMoeHybridForCausalLM",
 )
 MODEL_REGISTRY.register("FalconH1ForCausalLM", "radixlm.model.models.falcon_h1:FalconH1ForCausalLM")
+MODEL_REGISTRY.register(
+    "KimiLinearForCausalLM", "radixlm.model.models.kimi_linear:KimiLinearForCausalLM"
+)
 # Mixtures of experts (models/moe_families.py).
 MODEL_REGISTRY.register(
     "MixtralForCausalLM", "radixlm.model.models.moe_families:MixtralForCausalLM"

@@ -14,14 +14,14 @@ import torch
 
 from radixlm import Engine
 from tests.e2e.test_default_model_greedy import assert_greedy_equal
-from tests.hybrid.conftest import HYBRIDS
+from tests.hybrid.conftest import ENGINE_HYBRIDS
 
 NEW = 10
 VOCAB = 800  # the tiny tokenizer's ordinary tokens (its specials come after)
 SP = {"max_new_tokens": NEW, "temperature": 0}
 
 
-@pytest.fixture(scope="module", params=list(HYBRIDS))
+@pytest.fixture(scope="module", params=list(ENGINE_HYBRIDS))
 def hybrid(request, hybrid_checkpoint_dir):
     from transformers import AutoModelForCausalLM
 

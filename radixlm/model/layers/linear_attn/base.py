@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from radixlm.model.layers.linear_attn.kda_rule import kda_batch
 from radixlm.registry import Registry
 
 
@@ -103,6 +104,27 @@ class LinearAttnBackend(ABC):
         if tiled and repeat > 1:  # [T, Hk, D] -> [T, Hv, D], head h = key head h % Hk
             q, k = q.repeat(1, repeat, 1), k.repeat(1, repeat, 1)
         return self.gated_delta_rule(q, k, v, g, beta, ssm_state, rows, seq_lens)
+
+    def kimi_delta_rule(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        g: torch.Tensor,
+        beta: torch.Tensor,
+        ssm_state: torch.Tensor,
+        rows: torch.Tensor,
+        seq_lens: list[int],
+    ) -> torch.Tensor:
+        """Kimi Delta Attention (Kimi-Linear): gated_delta_rule with a log decay per key channel,
+        per token t and head h:
+            S = diag(exp(g[t, h])) S
+            S = S + k_t (beta[t, h] * (v_t - S^T k_t))^T
+            o_t = S^T q_t
+        q, k [T, H, Dk] (l2-normalized, q scaled); v [T, H, Dv]; g [T, H, Dk] float32 (<= 0);
+        beta [T, H]; ssm_state [slots, H, Dk, Dv]. -> o [T, H, Dv] in v's dtype, computed in
+        float32. Torch's on every backend (kda_rule.py): no native or Triton kernel yet."""
+        return kda_batch(q, k, v, g, beta, ssm_state, rows, seq_lens)
 
     def gated_rmsnorm(
         self, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
