@@ -98,6 +98,7 @@ def write_tiny_qwen35vl(path: str, base_tokenizer_path: str, moe: bool = False) 
         image_mean=[0.5, 0.5, 0.5],
         image_std=[0.5, 0.5, 0.5],
     ).save_pretrained(path)
+    tok.chat_template = QWEN_CHAT_TEMPLATE  # the tokenizer's (text-only chats) is the processor's
     tok.save_pretrained(path)
     with open(f"{path}/chat_template.json", "w") as f:
         json.dump({"chat_template": QWEN_CHAT_TEMPLATE}, f)
