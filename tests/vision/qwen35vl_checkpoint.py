@@ -4,7 +4,9 @@ preprocessor_config.json (Qwen2VLImageProcessor: patch 4, merge 2, 8 px per deco
 tokenizer with Qwen's vision tokens and chat_template.json. Its decoder is hybrid (3 Gated DeltaNet
 layers, then gated attention) with interleaved M-RoPE over half of each head (rotary 16 dims,
 mrope_section 2, 3, 3: interleaved and sectioned layouts differ in every part); its vision tower a
-2-layer Qwen3.5 ViT with a learned 8x8 position grid (resampled to each image's grid)."""
+2-layer Qwen3.5 ViT with a learned 8x8 position grid (resampled to each image's grid). The dense
+one ties its LM head to the embeddings (by the top level's tie_word_embeddings, as transformers
+reads it), the MoE one does not."""
 
 from __future__ import annotations
 
@@ -73,7 +75,7 @@ def write_tiny_qwen35vl(path: str, base_tokenizer_path: str, moe: bool = False) 
         video_token_id=ids["<|video_pad|>"],
         vision_start_token_id=ids["<|vision_start|>"],
         vision_end_token_id=ids["<|vision_end|>"],
-        tie_word_embeddings=False,
+        tie_word_embeddings=not moe,  # as Qwen3.5-0.8B .. 9B (tied) and the MoEs (not)
     )
     torch.manual_seed(0)
     model = getattr(transformers, f"{name}ForConditionalGeneration")(cfg).float().eval()
