@@ -20,18 +20,29 @@ from radixlm.mm_inputs import MultimodalInputs, MultimodalItem, content_hash, pa
 logger = logging.getLogger(__name__)
 
 
+# model_type -> the processor transformers builds for it, as (module, class), when that processor
+# needs its video processor (torchvision): radixlm builds it for images only (_image_processor).
+IMAGE_ONLY_PROCESSORS = {
+    "qwen2_vl": ("qwen2_vl.processing_qwen2_vl", "Qwen2VLProcessor"),
+    "qwen2_5_vl": ("qwen2_vl.processing_qwen2_vl", "Qwen2VLProcessor"),
+    "qwen3_5": ("qwen3_vl.processing_qwen3_vl", "Qwen3VLProcessor"),
+    "qwen3_5_moe": ("qwen3_vl.processing_qwen3_vl", "Qwen3VLProcessor"),
+}
+
+
 def load_hf_processor(model_path: str):
-    """The model's HF processor: AutoProcessor's, except for Qwen2-VL / Qwen2.5-VL, whose processors
-    need their video processor (torchvision): the same processor for images only
-    (_ImageQwen2VLProcessor).
+    """The model's HF processor: AutoProcessor's, except for Qwen2-VL / Qwen2.5-VL / Qwen3.5, whose
+    processors need their video processor (torchvision): the same processor for images only, with
+    the PIL image processor.
     """
     from transformers import AutoConfig, AutoProcessor
 
-    if AutoConfig.from_pretrained(model_path).model_type not in ("qwen2_vl", "qwen2_5_vl"):
+    known = IMAGE_ONLY_PROCESSORS.get(AutoConfig.from_pretrained(model_path).model_type)
+    if known is None:
         return AutoProcessor.from_pretrained(model_path)
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
-    proc = _image_qwen2vl_processor().from_pretrained(model_path)
+    proc = _image_processor(*known).from_pretrained(model_path)
     if not isinstance(
         proc.image_processor, Qwen2VLImageProcessorPil
     ):  # the fast one may differ in the last bits
@@ -39,17 +50,20 @@ def load_hf_processor(model_path: str):
     return proc
 
 
-def _image_qwen2vl_processor() -> type:
-    from transformers.models.qwen2_vl.processing_qwen2_vl import Qwen2VLProcessor
+def _image_processor(module: str, name: str) -> type:
+    import importlib
 
-    class _ImageQwen2VLProcessor(Qwen2VLProcessor):
-        """Qwen2VLProcessor without its video processor: transformers' text expansion (each
+    base = getattr(importlib.import_module(f"transformers.models.{module}"), name)
+
+    class ImageOnly(base):
+        """The processor without its video processor: transformers' text expansion (each
         <|image_pad|> into its grid's tokens) and image processor, unchanged."""
 
         def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
             super().__init__(image_processor, tokenizer, chat_template=chat_template, **kwargs)
 
-    return _ImageQwen2VLProcessor
+    ImageOnly.__name__ = ImageOnly.__qualname__ = f"_ImageOnly{name}"
+    return ImageOnly
 
 
 @dataclass

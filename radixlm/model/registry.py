@@ -38,14 +38,16 @@ MODEL_REGISTRY.register("Qwen3ForCausalLM", "radixlm.model.models.qwen3:Qwen3For
 MODEL_REGISTRY.register("SmolLM3ForCausalLM", "radixlm.model.models.smollm3:SmolLM3ForCausalLM")
 # Hybrids: linear-attention layers with a recurrent state beside full attention (docs/hybrid.md).
 MODEL_REGISTRY.register("Qwen3_5ForCausalLM", "radixlm.model.models.qwen3_5:Qwen3_5ForCausalLM")
-MODEL_REGISTRY.register(
-    "Qwen3_5ForConditionalGeneration", "radixlm.model.models.qwen3_5:Qwen3_5ForCausalLM"
+MODEL_REGISTRY.register(  # images in: docs/vision.md
+    "Qwen3_5ForConditionalGeneration",
+    "radixlm.model.models.qwen3_5_vl:Qwen3_5VLForConditionalGeneration",
 )
 MODEL_REGISTRY.register(
     "Qwen3_5MoeForCausalLM", "radixlm.model.models.qwen3_next:Qwen3_5MoeForCausalLM"
 )
 MODEL_REGISTRY.register(
-    "Qwen3_5MoeForConditionalGeneration", "radixlm.model.models.qwen3_next:Qwen3_5MoeForCausalLM"
+    "Qwen3_5MoeForConditionalGeneration",
+    "radixlm.model.models.qwen3_5_vl:Qwen3_5VLForConditionalGeneration",
 )
 MODEL_REGISTRY.register(
     "Qwen3NextForCausalLM", "radixlm.model.models.qwen3_next:Qwen3NextForCausalLM"

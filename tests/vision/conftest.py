@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from tests.vision.checkpoints import png_bytes, write_tiny_llava, write_tiny_qwen2vl
+from tests.vision.qwen35vl_checkpoint import write_tiny_qwen35vl
 
 
 @pytest.fixture(scope="session")
@@ -31,8 +32,8 @@ def tiny_qwen2vl_dir(tmp_path_factory, tokenizer_dir):
 
 
 def load_hf_qwen(path: str, cls_name: str):
-    """transformers' model and Qwen2VLProcessor's own code (without its video processor, as the
-    server)."""
+    """transformers' model and its processor's own code (Qwen2VLProcessor, Qwen3VLProcessor) without
+    its video processor, as the server builds it."""
     import transformers
 
     from radixlm.engine.mm_processor import load_hf_processor
@@ -45,6 +46,16 @@ def load_hf_qwen(path: str, cls_name: str):
 @pytest.fixture(scope="session")
 def hf_qwen2vl(tiny_qwen2vl_dir):
     return load_hf_qwen(tiny_qwen2vl_dir, "Qwen2VLForConditionalGeneration")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen35vl_dir(tmp_path_factory, tokenizer_dir):
+    return write_tiny_qwen35vl(str(tmp_path_factory.mktemp("tiny-qwen35vl")), tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_qwen35vl(tiny_qwen35vl_dir):
+    return load_hf_qwen(tiny_qwen35vl_dir, "Qwen3_5ForConditionalGeneration")
 
 
 @pytest.fixture(scope="session")

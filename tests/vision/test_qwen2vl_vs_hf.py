@@ -40,7 +40,7 @@ def hf_reference(hf, text, images, n=N):
 
     model, proc = hf
     pil = [Image.open(io.BytesIO(png_bytes(s, size))).convert("RGB") for s, size in images]
-    inputs = proc(text=text, images=pil, return_tensors="pt")
+    inputs = proc(text=text, images=pil or None, return_tensors="pt")  # none: text alone
     with torch.no_grad():
         out = model.generate(
             **inputs,

@@ -266,7 +266,9 @@ class LongRopeRotaryEmbedding(RotaryEmbedding):
 class MRotaryEmbedding(RotaryEmbedding):
     """M-RoPE (Qwen2-VL): three positions per token (temporal, height, width: model/mrope.py, in
     ForwardBatch.mrope_positions); the rotary frequencies split into `mrope_section` parts, part i
-    turning with position i % 3 (transformers' recomposition). A batch without images has none:
+    turning with position i % 3 (transformers' recomposition). `mrope_interleaved` (Qwen3-VL,
+    Qwen3.5): frequency j turns with height where j % 3 == 1 and j < 3 * section[1], with width
+    where j % 3 == 2 and j < 3 * section[2], else with time. A batch without images has none:
     its three positions are equal, which is plain RoPE at the token's position."""
 
     def __init__(self, head_dim: int, max_position: int, params: dict):
@@ -277,7 +279,12 @@ class MRotaryEmbedding(RotaryEmbedding):
                 f"mrope_section {section} must add up to half the rotary dims"
                 f" ({self.rotary_dim // 2})"
             )
-        which = torch.tensor([i % 3 for i, n in enumerate(section) for _ in range(n)])
+        if params.get("mrope_interleaved"):
+            which = torch.zeros(self.rotary_dim // 2, dtype=torch.int64)
+            for axis in (1, 2):
+                which[axis : 3 * section[axis] : 3] = axis
+        else:
+            which = torch.tensor([i % 3 for i, n in enumerate(section) for _ in range(n)])
         self.register_buffer(
             "column_position", torch.cat([which, which]), persistent=False
         )  # cos | sin

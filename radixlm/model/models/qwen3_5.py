@@ -7,8 +7,7 @@ first partial_rotary_factor of each head). Norms multiply by 1 + w (OffsetRMSNor
 Only the full-attention layers keep KV: they are numbered among themselves for the KV pool
 (`num_kv_layers`), the state layers among themselves for the state pool (`state_specs`).
 Qwen3.5's text positions are M-RoPE's with the three sections equal: plain RoPE over the rotary
-dims. Images are not wired to this decoder yet: the vision tower's weights are skipped and the
-model takes text only.
+dims. Under images (qwen3_5_vl.py: MROPE) the decoder turns by interleaved M-RoPE.
 """
 
 from __future__ import annotations
@@ -29,17 +28,23 @@ from radixlm.model.layers.parallel_linear import (
     VocabParallelEmbedding,
 )
 from radixlm.model.layers.quantized import QuantizedTensor
-from radixlm.model.layers.rotary import RotaryEmbedding, rope_parameters
+from radixlm.model.layers.rotary import MRotaryEmbedding, RotaryEmbedding, rope_parameters
 from radixlm.model.models.hybrid import HybridForCausalLM, build_layers, hybrid_layer_types
 from radixlm.model.models.llama import LlamaMLP
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 
 
-def text_rope(head_dim: int, config: Any) -> RotaryEmbedding:
-    """RoPE over the first partial_rotary_factor of each head (M-RoPE with equal sections is
-    plain RoPE for text)."""
-    params = {k: v for k, v in rope_parameters(config).items() if k not in ("mrope_section",)}
+def text_rope(head_dim: int, config: Any, mrope: bool = False) -> RotaryEmbedding:
+    """RoPE over the first partial_rotary_factor of each head (M-RoPE with equal positions is
+    plain RoPE for text). mrope: M-RoPE (images), interleaved whatever the config says, as
+    transformers' Qwen3_5TextRotaryEmbedding always recomposes (its default sections too)."""
+    params = rope_parameters(config)
+    if mrope:
+        params.setdefault("mrope_section", [11, 11, 10])
+        params["mrope_interleaved"] = True
+        return MRotaryEmbedding(head_dim, config.max_position_embeddings, params)
+    params.pop("mrope_section", None)
     params.pop("mrope_interleaved", None)
     return RotaryEmbedding(head_dim, config.max_position_embeddings, params)
 
@@ -112,12 +117,15 @@ class Qwen3_5DecoderLayer(nn.Module):
 
 
 class Qwen3_5Model(nn.Module):
-    def __init__(self, config: Any, build_mlp: Callable[[Any, int], nn.Module]):
-        """build_mlp(config, layer index): each layer's MLP (dense, or a mixture of experts)."""
+    def __init__(
+        self, config: Any, build_mlp: Callable[[Any, int], nn.Module], mrope: bool = False
+    ):
+        """build_mlp(config, layer index): each layer's MLP (dense, or a mixture of experts);
+        mrope: positions by M-RoPE (the decoder of a model with images)."""
         super().__init__()
         self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.rotary_emb = rotary = text_rope(config.head_dim, config)
+        self.rotary_emb = rotary = text_rope(config.head_dim, config, mrope)
         self.layers, self.num_kv_layers = build_layers(
             self.layer_types,
             lambda i, t, n: Qwen3_5DecoderLayer(config, t, n, rotary, build_mlp(config, i)),
@@ -150,12 +158,13 @@ class Qwen3_5ForCausalLM(HybridForCausalLM):
     # Checkpoint parts this text model does not run: the multi-token-prediction head, the vision
     # tower of a Qwen3_5ForConditionalGeneration checkpoint.
     SKIPPED_PREFIXES = ("mtp.", "model.visual.", "visual.")
+    MROPE = False  # the decoder of Qwen3_5ForConditionalGeneration turns by M-RoPE (qwen3_5_vl.py)
 
     def __init__(self, config: Any):
         super().__init__(config.get_text_config())
 
     def build_hybrid_model(self, config: Any) -> nn.Module:
-        return Qwen3_5Model(config, self.build_mlp)
+        return Qwen3_5Model(config, self.build_mlp, self.MROPE)
 
     def build_mlp(self, config: Any, layer_id: int) -> nn.Module:
         return LlamaMLP(config.hidden_size, config.intermediate_size)
