@@ -415,6 +415,16 @@ def test_fp8_widening_is_exact_over_all_bit_patterns(kernel_ops):
         assert torch.equal(out, ref.T), f"scale {scale}"
 
 
+def fp8_dot_bound(x, w, bias):
+    """float_dot_bound's for the FP8 kernel's order: a product passes through at most the 16 FMAs
+    of its 128-value block's chain, the FMA of that chain by the block's scale (x (q s) is
+    computed as (x q) s: one more rounding against the reference's rounded weight), the K / 128
+    block FMAs into the row's sum, 3 hsum adds and the bias add."""
+    n = 16 + 1 + x.shape[1] // 128 + 3 + 1 + 1
+    mag = x.abs().double() @ w.abs().double().T + bias.abs().double()
+    return 1.01 * n * 2.0**-24 * mag
+
+
 def test_fp8_qlinear_matches_fp64_reference(kernel_ops):
     """FP8 e4m3 weights with a float32 scale per 128 values (per channel and 128 x 128 blocks
     alike): qlinear on fp32 activations is the float64 product of x and the dequantized weight
@@ -428,6 +438,6 @@ def test_fp8_qlinear_matches_fp64_reference(kernel_ops):
         x, bias = torch.randn(m, k, generator=g), torch.randn(n, generator=g)
         y = kernel_ops.qlinear(x, w, fid, bias)
         ref = x.double() @ w_ref.double().T + bias.double()
-        assert ((y.double() - ref).abs() <= float_dot_bound(x, w_ref, bias)).all(), f"{m}x{k}x{n}"
+        assert ((y.double() - ref).abs() <= fp8_dot_bound(x, w_ref, bias)).all(), f"{m}x{k}x{n}"
     with pytest.raises(ValueError, match="multiples of 128"):
         fp8_rows(torch.zeros(2, 96).to(torch.float8_e4m3fn), torch.ones(2, 1))

@@ -25,14 +25,19 @@ static inline const uint8_t* fp8_at(const uint8_t* row, int64_t k) {
   return row + k / FP8_BLOCK * FP8_BLOCK_BYTES + 4 + k % FP8_BLOCK;
 }
 
+// 8 e4m3 bytes as floats of 2^-8 their value: each byte in a 16-bit lane's high half (b << 8:
+// sign at bit 15, magnitude at 8..14), shifted right arithmetically by one (magnitude at 7..13:
+// a half's exponent and mantissa) with the sign's copy at bit 14 cleared, then F16C.
+static inline __m256 fp8_halves(const uint8_t* p) {
+  const __m128i h = _mm_unpacklo_epi8(_mm_setzero_si128(), _mm_loadl_epi64((const __m128i*)p));
+  return _mm256_cvtph_ps(_mm_and_si128(_mm_srai_epi16(h, 1), _mm_set1_epi16((short)0xBFFF)));
+}
+
 // Weights k .. k + 7 of a stored row (a chunk never crosses an FP8 block: blocks are 8-aligned).
 template <W T>
 static inline __m256 widen8(const uint8_t* row, int64_t k) {
   if constexpr (T == W::FP8) {
-    const __m128i h = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i*)fp8_at(row, k)));
-    const __m128i sign = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x80)), 8);
-    const __m128i mag = _mm_slli_epi16(_mm_and_si128(h, _mm_set1_epi16(0x7F)), 7);
-    return _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(sign, mag)), _mm256_set1_ps(fp8_scale(row, k)));
+    return _mm256_mul_ps(fp8_halves(fp8_at(row, k)), _mm256_set1_ps(fp8_scale(row, k)));
   } else {
     const __m128i h = _mm_loadu_si128((const __m128i*)(row + 2 * k));
     if constexpr (T == W::BF16) {
@@ -77,6 +82,30 @@ void tile16(const uint8_t* W, int64_t rb, int64_t n0, const float* x, int64_t ld
   for (int n = 0; n < RN; ++n) w[n] = W + (n0 + n) * rb;
   for (int m = 0; m < RM; ++m) xr[m] = x + (m0 + m) * ldx;
   int64_t k = 0;
+  if constexpr (T == W::FP8) {
+    // Per 128-value block: an FMA chain over its 16 chunks of x times the unscaled bytes, then
+    // one FMA of that by the block's scale into the row's sum (a multiply per chunk saved).
+    for (; k < K; k += FP8_BLOCK) {
+      __m256 part[RM][RN], sv[RN];
+      const uint8_t* q[RN];
+      for (int n = 0; n < RN; ++n) {
+        sv[n] = _mm256_set1_ps(fp8_scale(w[n], k));
+        q[n] = fp8_at(w[n], k);
+      }
+      for (int m = 0; m < RM; ++m)
+        for (int n = 0; n < RN; ++n) part[m][n] = _mm256_setzero_ps();
+      for (int j = 0; j < FP8_BLOCK; j += 8) {
+        __m256 wv[RN];
+        for (int n = 0; n < RN; ++n) wv[n] = fp8_halves(q[n] + j);
+        for (int m = 0; m < RM; ++m) {
+          const __m256 xv = _mm256_loadu_ps(xr[m] + k + j);
+          for (int n = 0; n < RN; ++n) part[m][n] = _mm256_fmadd_ps(xv, wv[n], part[m][n]);
+        }
+      }
+      for (int m = 0; m < RM; ++m)
+        for (int n = 0; n < RN; ++n) acc[m][n] = _mm256_fmadd_ps(part[m][n], sv[n], acc[m][n]);
+    }
+  }
   for (; k + 8 <= K; k += 8) {
     __m256 wv[RN];
     for (int n = 0; n < RN; ++n) wv[n] = widen8<T>(w[n], k);
