@@ -6,7 +6,8 @@ Every POST route is routed by its JSON body's `model` field (OpenAI, Anthropic, 
 native APIs alike, whatever routes the children serve) and relayed byte for byte, streams chunk
 by chunk; a GET with `?model=NAME` goes to that model. The front answers the listings itself:
 /v1/models and /models (OpenAI's list, each model's state in `status`, as llama-server's router
-shows it), /api/tags and /api/ps (Ollama's), and llama-server's /models/load and /models/unload.
+shows it), /api/tags, /api/ps and /api/version (Ollama's), and llama-server's /models/load and
+/models/unload.
 An unknown model is a 404 naming the choices."""
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from radixlm.router.model_pool import (
     UnknownModel,
 )
 from radixlm.router.proxy import BROWSER_HEADERS, HOP_HEADERS, read_body
+from radixlm.version import __version__
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +116,10 @@ def create_model_front_app(pool: ModelPool, args: FrontArgs) -> FastAPI:
     @app.get("/api/tags")
     async def tags():
         return {"models": [_ollama_entry(m) for m in pool.models.values()]}
+
+    @app.get("/api/version")  # Ollama's clients ask it first: the front's own, as each child's
+    async def version():
+        return {"version": __version__}
 
     @app.get("/api/ps")
     async def running():

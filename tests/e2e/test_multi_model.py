@@ -127,6 +127,18 @@ def test_alternating_requests_get_their_own_models_tokens_and_swap(front, refs, 
     chunks = list(stream)
     assert len(chunks) > 1 and {c.model for c in chunks} == {"qwen-b"}
     assert "".join(c.choices[0].text for c in chunks) == b_text
+    # Ollama's client through the front: its version, and a raw generate routed by its model
+    # field to the loaded qwen-b, the OpenAI completion's text for the same prompt.
+    import ollama
+
+    from radixlm.version import __version__
+
+    assert requests.get(front.url + "/api/version", timeout=10).json() == {"version": __version__}
+    want = client.completions.create(model="qwen-b", prompt="a b c", max_tokens=N, temperature=0)
+    got = ollama.Client(host=front.url).generate(
+        model="qwen-b", prompt="a b c", raw=True, options={"temperature": 0, "num_predict": N}
+    )
+    assert want.choices[0].text and got.response == want.choices[0].text and got.model == "qwen-b"
     st = model_states(front.url)
     assert (st["llama-a"]["value"], st["llama-a"]["loads"]) == ("unloaded", 1)
     assert (st["qwen-b"]["value"], st["qwen-b"]["loads"]) == ("loaded", 1)
