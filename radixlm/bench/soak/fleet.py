@@ -25,6 +25,14 @@ from radixlm.bench.soak.runner import soak
 
 # What the gateway itself answers a batch of texts on /generate (its request type takes one text).
 GATEWAY_BATCH_REFUSAL = 422
+# The gateway's Prometheus series kept as figures: its retries, per-worker errors and routing.
+GATEWAY_SERIES = (
+    "smg_worker_retries_total",
+    "smg_worker_retries_exhausted_total",
+    "smg_worker_errors_total",
+    "smg_worker_selection_total",
+    "smg_router_upstream_responses_total",
+)
 
 
 @dataclasses.dataclass
@@ -52,6 +60,7 @@ class Fleet:
         self.master = MooncakeMaster()
         self.workers: list = []
         self.gateway = None
+        self.prometheus_port = None
         try:
             for i in range(2):
                 args = [
@@ -91,6 +100,7 @@ class Fleet:
     def _gateway_command(self, port: int) -> list[str]:
         from radixlm.server.process import free_port
 
+        self.prometheus_port = free_port()
         return [
             sys.executable,
             "-m",
@@ -104,7 +114,7 @@ class Fleet:
             "--policy",
             self.cfg.policy,
             "--prometheus-port",
-            str(free_port()),
+            str(self.prometheus_port),
             # its own health check every second; one failure marks a worker unhealthy
             "--health-check-interval-secs",
             "1",
@@ -125,6 +135,21 @@ class Fleet:
                 return
             time.sleep(0.3)
         raise TimeoutError(f"the gateway did not list the workers healthy in {timeout:.0f} s")
+
+    def gateway_metrics(self) -> dict[str, float]:
+        """GATEWAY_SERIES' samples (series with labels -> value); empty when unreadable."""
+        import requests
+
+        try:
+            text = requests.get(f"http://127.0.0.1:{self.prometheus_port}/metrics", timeout=10).text
+        except requests.RequestException:
+            return {}
+        out = {}
+        for line in text.splitlines():
+            if line.startswith(GATEWAY_SERIES):
+                series, _, value = line.rpartition(" ")
+                out[series] = float(value)
+        return out
 
     def alive(self) -> dict[str, bool]:
         procs = {f"worker {i}": w.proc for i, w in enumerate(self.workers)}
@@ -172,6 +197,7 @@ def run_fleet(
             soak(fleet.gateway.url, cfg, log=log, side=side, servers=fleet.worker_urls)
         )
         alive = fleet.alive()
+        gateway_metrics = fleet.gateway_metrics()
     except BaseException:
         for name, p in (("gateway", fleet.gateway), ("worker 0", fleet.workers[0])):
             print(f"{name} log (tail):\n{p.output()[-3000:]}", file=sys.stderr)
@@ -183,6 +209,7 @@ def run_fleet(
         "alive_at_end": alive,
         "exit_codes": codes,
         "dumps": fleet.dir,
+        "gateway_metrics": gateway_metrics,
     }
     summary["checks"]["fleet_alive"] = all(alive.values())
     summary["ok"] = all(summary["checks"].values())

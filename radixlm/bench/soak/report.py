@@ -235,6 +235,8 @@ def format_summary(s: dict) -> str:
         lines.append(f"mismatch: {json.dumps(m)[:600]}")
     if "chaos" in s:
         lines.append("chaos: " + json.dumps({k: v for k, v in s["chaos"].items() if k != "checks"}))
+    if "fleet" in s:
+        lines.append("fleet: " + json.dumps(s["fleet"]))
     if "hostile" in s:
         lines.append(
             "hostile: " + json.dumps({k: v for k, v in s["hostile"].items() if k != "checks"})
