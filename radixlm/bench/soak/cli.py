@@ -4,6 +4,7 @@ greedy outputs equal a quiet run's (docs/reliability.md, "Soak").
 
     python benchmarks/soak.py --server-args "--max-total-tokens 3000 --enable-invariant-checks"
     python benchmarks/soak.py --url http://127.0.0.1:30000
+    python benchmarks/soak.py --fleet --hostile --server-args "--model-path M --quantization q8_0"
 
 The workload and the checks: radixlm/bench/soak/__init__.py. Exit status 0 when every check passed.
 """

@@ -151,6 +151,22 @@ class Fleet:
                 out[series] = float(value)
         return out
 
+    def l3_stats(self) -> dict[str, dict]:
+        """Each worker's L3 counters (since its engine started: the frozen one's since its
+        restart): shared chunks read and written, and the store's failures."""
+        import requests
+
+        keys = ("l3_hit_tokens", "l3_chunks_written", "read_errors", "write_errors")
+        out = {}
+        for i, url in enumerate(self.worker_urls):
+            try:
+                info = requests.get(url + "/get_server_info", timeout=30).json()
+                hicache = info["internal_state"]["hicache"]
+                out[f"worker {i}"] = {k: hicache.get(k) for k in keys}
+            except (requests.RequestException, ValueError, KeyError) as e:
+                out[f"worker {i}"] = {"error": f"{type(e).__name__}: {e}"[:200]}
+        return out
+
     def alive(self) -> dict[str, bool]:
         procs = {f"worker {i}": w.proc for i, w in enumerate(self.workers)}
         procs["gateway"] = self.gateway.proc
@@ -197,7 +213,7 @@ def run_fleet(
             soak(fleet.gateway.url, cfg, log=log, side=side, servers=fleet.worker_urls)
         )
         alive = fleet.alive()
-        gateway_metrics = fleet.gateway_metrics()
+        gateway_metrics, l3 = fleet.gateway_metrics(), fleet.l3_stats()
     except BaseException:
         for name, p in (("gateway", fleet.gateway), ("worker 0", fleet.workers[0])):
             print(f"{name} log (tail):\n{p.output()[-3000:]}", file=sys.stderr)
@@ -210,6 +226,7 @@ def run_fleet(
         "exit_codes": codes,
         "dumps": fleet.dir,
         "gateway_metrics": gateway_metrics,
+        "l3": l3,
     }
     summary["checks"]["fleet_alive"] = all(alive.values())
     summary["ok"] = all(summary["checks"].values())
