@@ -120,6 +120,11 @@ class Fleet:
             "1",
             "--health-failure-threshold",
             "1",
+            # its circuit breaker opens on a worker's 10 failures (the frozen worker's 503s) for
+            # 60 s by default, keeping the restarted worker out long after its health check
+            # passes; the health check already takes a dead worker out
+            "--cb-timeout-duration-secs",
+            "5",
             "--log-level",
             "warn",
         ]
@@ -151,9 +156,10 @@ class Fleet:
                 out[series] = float(value)
         return out
 
-    def l3_stats(self) -> dict[str, dict]:
-        """Each worker's L3 counters (since its engine started: the frozen one's since its
-        restart): shared chunks read and written, and the store's failures."""
+    def worker_stats(self) -> dict[str, dict]:
+        """Each worker's engine restarts and, since its engine started (the frozen one's: since
+        its restart), the tokens it generated and its L3 counters: shared chunks read and
+        written, and the store's failures."""
         import requests
 
         keys = ("l3_hit_tokens", "l3_chunks_written", "read_errors", "write_errors")
@@ -161,8 +167,12 @@ class Fleet:
         for i, url in enumerate(self.worker_urls):
             try:
                 info = requests.get(url + "/get_server_info", timeout=30).json()
-                hicache = info["internal_state"]["hicache"]
-                out[f"worker {i}"] = {k: hicache.get(k) for k in keys}
+                state = info["internal_state"]
+                out[f"worker {i}"] = {
+                    "engine_restarts": info["engine_restarts"],
+                    "generated_tokens": state["generated_tokens"],
+                    **{k: state["hicache"].get(k) for k in keys},
+                }
             except (requests.RequestException, ValueError, KeyError) as e:
                 out[f"worker {i}"] = {"error": f"{type(e).__name__}: {e}"[:200]}
         return out
@@ -213,7 +223,7 @@ def run_fleet(
             soak(fleet.gateway.url, cfg, log=log, side=side, servers=fleet.worker_urls)
         )
         alive = fleet.alive()
-        gateway_metrics, l3 = fleet.gateway_metrics(), fleet.l3_stats()
+        gateway_metrics, stats = fleet.gateway_metrics(), fleet.worker_stats()
     except BaseException:
         for name, p in (("gateway", fleet.gateway), ("worker 0", fleet.workers[0])):
             print(f"{name} log (tail):\n{p.output()[-3000:]}", file=sys.stderr)
@@ -226,9 +236,14 @@ def run_fleet(
         "exit_codes": codes,
         "dumps": fleet.dir,
         "gateway_metrics": gateway_metrics,
-        "l3": l3,
+        "worker_stats": stats,
     }
     summary["checks"]["fleet_alive"] = all(alive.values())
+    # the frozen worker's engine restarted once (or, without restarts, exited); the other never
+    # did: a watchdog timeout under the longest loop step would restart it
+    summary["checks"]["fleet_restarts"] = stats["worker 0"].get("engine_restarts") == 0 and (
+        stats["worker 1"].get("engine_restarts") == 1 if fleet_cfg.restart_on_failure else True
+    )
     summary["ok"] = all(summary["checks"].values())
     if not summary["ok"]:
         summary["server_log_tail"] = "\n".join(
