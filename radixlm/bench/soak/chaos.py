@@ -25,7 +25,6 @@ import dataclasses
 import glob
 import json
 import os
-import signal
 import time
 
 # A loaded 2-core machine: the watchdog thread's tick (--watchdog-interval, 0.5 s) and the probe's
@@ -57,6 +56,7 @@ class ChaosLoad:
         self.kill_master = kill_master  # callable: kills the Mooncake master
         self.t_load = self.t_freeze = self.t_kill = self.t_gateway_unhealthy = None
         self.frozen_pid: int | None = None
+        self._frozen_proc = None  # its psutil.Process
         self.probes: list[list] = [[] for _ in cfg.worker_urls]  # (sent, received, status)
         self.lost: list[dict] = []
         self.unexplained: list[dict] = []
@@ -87,21 +87,32 @@ class ChaosLoad:
                     self.probes[i] = results.recv()
             for p in procs:
                 await asyncio.to_thread(p.join, 30)
-            if self.frozen_pid is not None:  # the watchdog killed it; if not, let it go now
-                try:
-                    os.kill(self.frozen_pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            self._release_frozen()
+
+    def _release_frozen(self) -> None:
+        """The watchdog killed the frozen scheduler; if it did not, kill it now (the very process
+        frozen, not another one that got its pid since)."""
+        import psutil
+
+        if self.frozen_pid is None or self._frozen_proc is None:
+            return
+        try:
+            if self._frozen_proc.is_running():  # compares the start time too
+                self._frozen_proc.kill()
+        except psutil.Error:
+            pass
 
     async def _chaos(self, client, stop: asyncio.Event) -> None:
         import httpx
+        import psutil
 
         frozen = self.cfg.worker_urls[1]
         if not await _sleep_until(stop, self.t_load + self.cfg.freeze_at):
             return
         self.frozen_pid = (await client.get(frozen + "/get_server_info")).json()["scheduler_pid"]
+        self._frozen_proc = psutil.Process(self.frozen_pid)
         self.t_freeze = time.time()
-        os.kill(self.frozen_pid, signal.SIGSTOP)
+        self._frozen_proc.suspend()  # SIGSTOP
         if self.cfg.gateway_url:
             await self._gateway_marks(client, frozen, stop)
         if not await _sleep_until(stop, self.t_load + self.cfg.kill_master_at):
