@@ -8,6 +8,10 @@ runs it on a tiny model).
     python benchmarks/soak.py --server-args "--max-total-tokens 3000 --enable-invariant-checks" \\
         --num-requests 1000 --concurrency 64 --seed 0 --request-timeout 900 --output soak.json
     python benchmarks/soak.py --url http://127.0.0.1:30000 --num-requests 200
+    python benchmarks/soak.py --fleet --hostile --server-args "--model-path M --quantization q8_0"
+
+--fleet: the load through sglang-router over two workers sharing a Mooncake master, one worker's
+scheduler frozen and the master killed mid-run (docs/reliability.md, "Fleet under chaos").
 
 Exit status 0 when every check passed, 1 otherwise.
 """

@@ -4,6 +4,7 @@ greedy outputs equal a quiet run's (docs/reliability.md, "Soak").
 
     python benchmarks/soak.py --server-args "--max-total-tokens 3000 --enable-invariant-checks"
     python benchmarks/soak.py --url http://127.0.0.1:30000
+    python benchmarks/soak.py --fleet --hostile --server-args "--model-path M --quantization q8_0"
 
 config.py    SoakConfig: the workload's mix, the bounds of the checks
 workload.py  the seeded request mix (SoakRequest) and its fitting to the server's context
@@ -11,6 +12,8 @@ client.py    one request sent, disconnected on plan, its answer folded into a So
 checks.py    what is wrong with an answer, what the server still holds after the load
 runner.py    the load, the drain, the flush, the quiet replay; run() starts a server when asked
 hostile.py   attackers and a /health prober alongside the load (issue 35's findings; --hostile)
+fleet.py     --fleet: a Mooncake master, two workers sharing it, sglang-router over them
+chaos.py     the fleet's chaos: a worker's scheduler frozen, the master killed, /health probed
 report.py    the checks' verdicts and the figures (summarize), their text (format_summary)
 cli.py       the command line (benchmarks/soak.py)
 

@@ -4,6 +4,7 @@ greedy outputs equal a quiet run's (docs/reliability.md, "Soak").
 
     python benchmarks/soak.py --server-args "--max-total-tokens 3000 --enable-invariant-checks"
     python benchmarks/soak.py --url http://127.0.0.1:30000
+    python benchmarks/soak.py --fleet --hostile --server-args "--model-path M --quantization q8_0"
 
 The workload and the checks: radixlm/bench/soak/__init__.py. Exit status 0 when every check passed.
 """
@@ -18,6 +19,7 @@ import sys
 import time
 
 from radixlm.bench.soak.config import SoakConfig
+from radixlm.bench.soak.fleet import FleetConfig, run_fleet
 from radixlm.bench.soak.hostile import HostileConfig, HostileLoad
 from radixlm.bench.soak.report import format_summary
 from radixlm.bench.soak.runner import run
@@ -97,6 +99,35 @@ def parser() -> argparse.ArgumentParser:
         "--forge-dir",
         help="with --hostile: the server's --hicache-storage-dir, whose files get forged",
     )
+    f = p.add_argument_group(
+        "fleet",
+        "--fleet: a Mooncake master, two workers sharing it (each started with --server-args),"
+        " sglang-router over them; the load goes through the router while worker 1's scheduler is"
+        " frozen and then the master killed (fleet.py, chaos.py)",
+    )
+    f.add_argument("--fleet", action="store_true")
+    fd = FleetConfig([])
+    f.add_argument(
+        "--watchdog-timeout",
+        type=float,
+        default=fd.watchdog_timeout,
+        help=(
+            "the workers' (s); above the longest loop step (a first constrained request loads the"
+            " scheduler's tokenizer and grammar backend: ~2.5 s on a busy 2-core machine)"
+        ),
+    )
+    f.add_argument(
+        "--no-restart-on-failure",
+        action="store_true",
+        help="the frozen worker exits instead of starting a new engine",
+    )
+    f.add_argument("--freeze-at", type=float, default=fd.freeze_at, help="seconds into the load")
+    f.add_argument(
+        "--kill-master-at",
+        type=float,
+        default=fd.kill_master_at,
+        help="seconds into the load (not before the frozen worker is back)",
+    )
     p.add_argument("--output", help="write the JSON summary here")
     p.add_argument("--requests-output", help="write one JSON line per request here")
     return p
@@ -125,8 +156,21 @@ def main(argv: list[str] | None = None) -> int:
     a = parser().parse_args(argv)
     cfg = config_from_args(a)
     t0 = time.time()
-    side = [HostileLoad(HostileConfig(forge_dir=a.forge_dir, seed=a.seed))] if a.hostile else []
-    summary = run(a.url, cfg, shlex.split(a.server_args) if a.server_args else None, side=side)
+    hostile = HostileConfig(forge_dir=a.forge_dir, seed=a.seed) if a.hostile else None
+    server_args = shlex.split(a.server_args) if a.server_args else None
+    if a.fleet:
+        if server_args is None:
+            raise SystemExit("--fleet starts its workers: give --server-args, not --url")
+        fleet = FleetConfig(
+            server_args,
+            watchdog_timeout=a.watchdog_timeout,
+            restart_on_failure=not a.no_restart_on_failure,
+            freeze_at=a.freeze_at,
+            kill_master_at=a.kill_master_at,
+        )
+        summary = run_fleet(cfg, fleet, hostile)
+    else:
+        summary = run(a.url, cfg, server_args, side=[HostileLoad(hostile)] if hostile else [])
     results = summary.pop("_results")
     summary["command"] = " ".join(
         shlex.quote(x) for x in (sys.argv if argv is None else ["soak.py", *argv])

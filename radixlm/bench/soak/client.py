@@ -20,6 +20,7 @@ class SoakResult:
     status: Any = None  # HTTP status, or "disconnected", "hang", "transport_error"
     http_status: int | None = None
     latency: float = 0.0
+    started: float = 0.0  # wall-clock time (time.time()) it was sent: placed against chaos events
     disconnected: bool = False
     disconnect_phase: str | None = None  # before_response, before_first_event, mid_stream, body
     disconnect_delay: float | None = None  # a timed disconnect's delay (s)
@@ -172,7 +173,7 @@ async def run_request(
     max_delay: the latest moment (s) of a timed disconnect."""
     import httpx
 
-    res = SoakResult(req.idx, req.kind)
+    res = SoakResult(req.idx, req.kind, started=time.time())
     t0 = time.perf_counter()
 
     async def go():

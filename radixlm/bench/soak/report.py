@@ -47,6 +47,8 @@ class SoakRun:
     after: AfterLoad
     health: int | None  # /health's status at the end
     alive: bool
+    # failed requests a side load's checks account for (e.g. in flight on a frozen worker)
+    excused: set[int] = dataclasses.field(default_factory=set)
 
 
 def _pct(xs: list[float], p: float) -> float | None:
@@ -79,8 +81,9 @@ def summarize(run: SoakRun) -> dict:
     flush_ok, mismatches, replay_s, post_error = a.flush_ok, a.mismatches, a.replay_s, a.post_error
     by_idx = {q.idx: q for q in reqs}
     res = [results[q.idx] for q in reqs]
-    bad_status = [r for r in res if not r.disconnected and r.status not in cfg.allowed_statuses]
-    fivexx = [r for r in res if isinstance(r.status, int) and r.status >= 500]
+    counted = [r for r in res if r.idx not in run.excused]
+    bad_status = [r for r in counted if not r.disconnected and r.status not in cfg.allowed_statuses]
+    fivexx = [r for r in counted if isinstance(r.status, int) and r.status >= 500]
     hangs = [r for r in res if r.status == "hang" or r.latency > cfg.request_timeout]
     output_bad = {
         r.idx: p
@@ -134,6 +137,7 @@ def summarize(run: SoakRun) -> dict:
         "latency_max_all_s": max((r.latency for r in res), default=None),
         "duration_s": round(duration, 1),
         "requests_per_s": round(len(res) / duration, 2),
+        "excused": sorted(run.excused),
         "bad_status": [
             {"idx": r.idx, "kind": r.kind, "status": r.status, "error": r.error} for r in bad_status
         ][:20],
@@ -229,6 +233,10 @@ def format_summary(s: dict) -> str:
         lines.append(f"output problems ({s['num_output_problems']}): {s['output_problems']}")
     for m in s["mismatches"]:
         lines.append(f"mismatch: {json.dumps(m)[:600]}")
+    if "chaos" in s:
+        lines.append("chaos: " + json.dumps({k: v for k, v in s["chaos"].items() if k != "checks"}))
+    if "fleet" in s:
+        lines.append("fleet: " + json.dumps(s["fleet"]))
     if "hostile" in s:
         lines.append(
             "hostile: " + json.dumps({k: v for k, v in s["hostile"].items() if k != "checks"})

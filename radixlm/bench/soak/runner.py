@@ -17,11 +17,26 @@ from radixlm.bench.soak.report import AfterLoad, SoakRun, summarize
 from radixlm.bench.soak.workload import SoakRequest, build_workload, fit_workload, offered_load
 
 
-async def soak(url: str, cfg: SoakConfig, log=print, proc=None, side: Sequence = ()) -> dict:
+async def soak(
+    url: str,
+    cfg: SoakConfig,
+    log=print,
+    proc=None,
+    side: Sequence = (),
+    servers: Sequence[str] = (),
+) -> dict:
     """Run the soak against the server at `url` (`proc`: its process when the caller started it),
     with the `side` loads (e.g. hostile.HostileLoad) running while the normal requests do; returns
-    the summary (summary["ok"]: every check passed, the side loads' included)."""
+    the summary (summary["ok"]: every check passed, the side loads' included).
+
+    `servers`: when `url` is a gateway, the servers behind it: the server's own routes (its pool and
+    context in /get_server_info, /tokenize, the drain and leak checks, /flush_cache, /health) go to
+    each of them, the load and the replay to `url`. A side load with `excused(reqs, results)` names
+    the failed requests its own checks account for (fleet.py: those in flight on a frozen worker);
+    the status checks leave those out."""
     import httpx
+
+    servers = list(servers) or [url]
 
     limits = httpx.Limits(
         max_connections=cfg.concurrency + 8, max_keepalive_connections=cfg.concurrency + 8
@@ -29,11 +44,11 @@ async def soak(url: str, cfg: SoakConfig, log=print, proc=None, side: Sequence =
     async with httpx.AsyncClient(
         timeout=httpx.Timeout(None, connect=30.0), limits=limits
     ) as client:
-        info = (await client.get(url + "/get_server_info")).json()
+        info = (await client.get(servers[0] + "/get_server_info")).json()
         pool = info["max_total_num_tokens"]
         incremental = bool(info.get("incremental_streaming_output"))
         reqs = build_workload(cfg)
-        await fit_workload(client, url, reqs, info["context_len"])
+        await fit_workload(client, servers[0], reqs, info["context_len"])
         load = offered_load(reqs, cfg.concurrency)
         log(
             f"soak: {len(reqs)} requests, concurrency {cfg.concurrency}, offered load {load:.0f} KV"
@@ -47,15 +62,22 @@ async def soak(url: str, cfg: SoakConfig, log=print, proc=None, side: Sequence =
         finally:
             stop.set()
             await asyncio.gather(*sides)
-        after = await _after_load(client, url, reqs, results, cfg, incremental, log)
-        try:
-            health = (await client.get(url + "/health")).status_code
-        except httpx.HTTPError:
-            health = None
+        after = await _after_load(client, url, servers, reqs, results, cfg, incremental, log)
+        health = None
+        for u in dict.fromkeys([url, *servers]):  # each must answer 200; else the first failure
+            try:
+                health = (await client.get(u + "/health")).status_code
+            except httpx.HTTPError:
+                health = None
+            if health != 200:
+                break
     alive = health == 200 and (proc is None or proc.poll() is None)
-    summary = summarize(
-        SoakRun(cfg, reqs, results, pool, load, stats0, duration, after, health, alive)
-    )
+    excused = set()
+    for s in side:
+        if hasattr(s, "excused"):
+            excused |= s.excused(reqs, results)
+    run = SoakRun(cfg, reqs, results, pool, load, stats0, duration, after, health, alive, excused)
+    summary = summarize(run)
     for s in side:
         summary[s.name] = s.summary()
         summary["checks"].update({f"{s.name}_{k}": v for k, v in summary[s.name]["checks"].items()})
@@ -100,6 +122,7 @@ async def _load(
 async def _after_load(
     client,
     url: str,
+    servers: list[str],
     reqs: list[SoakRequest],
     results: dict[int, SoakResult],
     cfg: SoakConfig,
@@ -119,14 +142,15 @@ async def _after_load(
         ]
     )
     try:
-        out.leaks, after, out.drain_s = await drain(client, url, cfg.drain_timeout)
-        out.state = after["internal_state"]
-        flush = await client.post(url + "/flush_cache")
-        flushed = (await client.get(url + "/get_server_info")).json()["internal_state"]
-        out.flush_ok = (
-            flush.status_code == 200
-            and flushed["available_kv_tokens"] == flushed["max_total_num_tokens"]
-        )
+        out.leaks, out.state, out.drain_s = await _drain_all(client, servers, cfg.drain_timeout)
+        out.flush_ok = True
+        for server in servers:
+            flush = await client.post(server + "/flush_cache")
+            flushed = (await client.get(server + "/get_server_info")).json()["internal_state"]
+            out.flush_ok &= (
+                flush.status_code == 200
+                and flushed["available_kv_tokens"] == flushed["max_total_num_tokens"]
+            )
         if cfg.replay:
             t1 = time.perf_counter()
             for k, i in enumerate(out.greedy):
@@ -147,11 +171,23 @@ async def _after_load(
                 if (k + 1) % max(1, len(out.greedy) // 5) == 0:
                     log(f"  replayed {k + 1}/{len(out.greedy)} greedy requests")
             out.replay_s = time.perf_counter() - t1
-        out.leaks_end, _, _ = await drain(client, url, cfg.drain_timeout)
+        out.leaks_end, _, _ = await _drain_all(client, servers, cfg.drain_timeout)
     except (httpx.HTTPError, KeyError, ValueError) as e:  # the server died, or answers 503
         out.post_error = f"{type(e).__name__}: {e}"[:300]
         log(f"the server failed after the load: {out.post_error}")
     return out
+
+
+async def _drain_all(client, servers: list[str], timeout: float) -> tuple[list[str], dict, float]:
+    """drain() on each server: (leaks, each named by its server when there are several; the first
+    server's internal_state; seconds waited in all)."""
+    leaks, state, waited = [], {}, 0.0
+    for server in servers:
+        bad, info, s = await drain(client, server, timeout)
+        leaks += [f"{server}: {b}" if len(servers) > 1 else b for b in bad]
+        state = state or info["internal_state"]
+        waited += s
+    return leaks, state, waited
 
 
 def run(

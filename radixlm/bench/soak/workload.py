@@ -190,7 +190,8 @@ def build_workload(cfg: SoakConfig) -> list[SoakRequest]:
             if api == "completions":
                 body["prompt"] = f"{context}\n\n{question}\n"
                 if constraint == "json":
-                    body["json_schema"] = cval
+                    # a string: SGLang's type for the field, the gateway's too (radixlm takes both)
+                    body["json_schema"] = json.dumps(cval)
                 elif constraint == "regex":
                     body["regex"] = cval
                 if logprobs:
@@ -243,7 +244,12 @@ CHAT_TEMPLATE_TOKENS = (
 
 async def fit_workload(client, url: str, reqs: list[SoakRequest], context_len: int) -> None:
     """Count each prompt's tokens (the server's /tokenize) and trim max_new_tokens so that every
-    request fits the context (prompt + max_new_tokens < context)."""
+    request fits the context (prompt + max_new_tokens < context); name the served model in the
+    OpenAI requests, as OpenAI's clients do (SGLang's gateway refuses a completion without one)."""
+    model = (await client.get(url + "/v1/models")).json()["data"][0]["id"]
+    for q in reqs:
+        if q.api != "native":
+            q.body["model"] = model
     counts = []
     for i in range(0, len(reqs), TOKENIZE_BATCH):  # within the server's --max-client-batch-size
         r = await client.post(
