@@ -43,6 +43,7 @@ OPTIONS = dict(
     mamba_ssm_dtype="bfloat16",
     linear_attn_backend="torch",
     swa_full_tokens_ratio=0.3,
+    json_model_override_args='{"rope_theta": 5.0}',
 )
 
 
@@ -56,14 +57,17 @@ def test_from_server_args_maps_every_field():
         ):  # built from the LoRA flags, which refuse tp_size > 1: tests/lora/test_lora_flags.py
             continue
         # decode_kv_mirror_bytes comes from decode_kv_mirror_gb, memory_share from tp_size / nnodes,
-        # swa_memory_off from the options that keep one slot space (below)
-        if f.name not in ("decode_kv_mirror_bytes", "memory_share", "swa_memory_off"):
+        # swa_memory_off from the options that keep one slot space, model_overrides from
+        # json_model_override_args (below)
+        derived = ("decode_kv_mirror_bytes", "memory_share", "swa_memory_off", "model_overrides")
+        if f.name not in derived:
             want = getattr(args, f.name)  # a list flag is a tuple in the (frozen) config
             assert getattr(config, f.name) == (tuple(want) if isinstance(want, list) else want), (
                 f.name
             )
         assert getattr(config, f.name) != getattr(default, f.name), f"{f.name}: OPTIONS must set it"
     assert config.decode_kv_mirror_bytes == 2**29
+    assert config.model_overrides == {"rope_theta": 5.0}
     assert config.memory_share == 2
     assert "ranks" in config.swa_memory_off  # tp_size 4: one slot space
 
@@ -114,7 +118,7 @@ def test_frozen():
             "q3_k",
             (
                 "quantization must be one of none, gguf, int8, q4_0, q8_0, q4_k, f16, bf16, fp8,"
-                " awq, gptq, mxfp4, got 'q3_k'"
+                " awq, gptq, mxfp4, compressed-tensors, got 'q3_k'"
             ),
         ),
         (
