@@ -11,9 +11,10 @@ a reranker model (model/reranker.py says which models are):
   cache. The score is p("yes") of the softmax over the label tokens' logits at the last position
   (engine/scoring.py reads them); its raw score the log-odds logit(yes) - logit(no).
 
-relevance_score: sigmoid(raw) by default, a probability in both kinds (sentence-transformers'
-CrossEncoder default for one label, Cohere's and Jina's range); raw_scores (TEI's field) gives
-the raw score (llama-server's).
+relevance_score by default, as HF transformers and llama-server score each kind: a cross-encoder's
+logit as it is (the model's output; llama-server's rank pooling), a yes/no scorer's p("yes") =
+sigmoid(log-odds) (the model card's; llama-server's softmax over the labels). raw_scores (TEI's
+field) gives the raw score of both: the logit, the log-odds.
 """
 
 from __future__ import annotations
@@ -52,9 +53,12 @@ class RerankResult:
     raw_scores: list[float]  # per document, in the request's order
     prompt_tokens: int  # the pairs' tokens, each pair counted once
     cached_tokens: int  # of the tokens computed, how many the prefix cache held
+    log_odds: bool = False  # a yes/no scorer's: its score is the probability sigmoid(raw)
 
     def scores(self, raw: bool = False) -> list[float]:
-        return list(self.raw_scores) if raw else [_sigmoid(s) for s in self.raw_scores]
+        if raw or not self.log_odds:
+            return list(self.raw_scores)
+        return [_sigmoid(s) for s in self.raw_scores]
 
 
 def _sigmoid(x: float) -> float:
@@ -146,4 +150,4 @@ async def rerank(
     res = await score_request(tm, head, tails, labels, apply_softmax=True, admit=admit)
     tiny = 1e-300  # a probability that underflowed: the log-odds stay finite
     raw = [math.log(max(s[1], tiny)) - math.log(max(s[0], tiny)) for s in res.scores]
-    return RerankResult(raw, res.prompt_tokens, res.cached_tokens)
+    return RerankResult(raw, res.prompt_tokens, res.cached_tokens, log_odds=True)

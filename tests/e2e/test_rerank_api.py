@@ -1,7 +1,7 @@
 """/v1/rerank (and /rerank) over HTTP on tiny random rerankers of both kinds, against HF
 transformers in float32: a Qwen3 causal LM declared a Qwen3-Reranker with vLLM's overrides
 (--json-model-override-args; p("yes") as the model card computes it), a BERT cross-encoder
-(--is-embedding; sigmoid of its logit, or the logit with raw_scores). Also: top_n,
+(--is-embedding; its logit, as HF's model and llama-server give it). Also: top_n,
 return_documents, the query's prefix reused from the radix cache across documents, 400s naming
 the field, and a model that is no reranker."""
 
@@ -138,9 +138,8 @@ def test_bert_cross_encoder_orders_as_hf(bert_server, bert_dir):
     assert r.status_code == 200, r.text
     results = r.json()["results"]
     assert [x["index"] for x in results] == _order(logits)
-    for x in results:
-        sigmoid = 1 / (1 + math.exp(-logits[x["index"]]))
-        assert x["relevance_score"] == pytest.approx(sigmoid, abs=TOL)
+    for x in results:  # the classifier's logit, as HF's model gives it (and llama-server)
+        assert x["relevance_score"] == pytest.approx(logits[x["index"]], abs=TOL)
         assert x["document"] == {"text": DOCUMENTS[x["index"]]}
     raw = _rerank(bert_server, query=QUERY, documents=DOCUMENTS, raw_scores=True).json()
     assert {x["index"]: x["relevance_score"] for x in raw["results"]} == pytest.approx(
