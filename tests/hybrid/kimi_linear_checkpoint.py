@@ -15,6 +15,7 @@ import torch
 import transformers
 
 from tests.model.helpers import randomize
+from tests.model.hybrid_checkpoints import RESIDUAL_WRITERS
 
 ARCH = "kimi-linear"  # llama.cpp's name
 CONFIG = dict(
@@ -48,7 +49,8 @@ CONFIG = dict(
 )
 
 
-def hf_model(tokenizer, seed: int = 0, **changes):
+def hf_model(tokenizer, seed: int = 0, scaled_residual: bool = False, **changes):
+    """scaled_residual: GPT-2's init of the residual writers (hybrid_checkpoints.hf_model)."""
     cfg = transformers.KimiLinearConfig(
         **{
             **CONFIG,
@@ -75,6 +77,8 @@ def hf_model(tokenizer, seed: int = 0, **changes):
                 p.copy_(0.1 * torch.randn(p.shape, generator=g))
             if name == "lm_head.weight":  # logits of a real model's spread: top-1 far from ties
                 p.mul_(8)
+            if scaled_residual and name.endswith(RESIDUAL_WRITERS):
+                p.mul_((2 * cfg.num_hidden_layers) ** -0.5)
             p.copy_(p.bfloat16().float())
     return hf.eval()
 

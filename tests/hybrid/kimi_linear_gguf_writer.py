@@ -17,7 +17,10 @@ from tests.model.hybrid_checkpoints import _add_vocab, _stored
 ARCH = "kimi-linear"
 
 
-def write_kimi_linear_gguf(src: str, path: str) -> str:
+def write_kimi_linear_gguf(src: str, path: str, qtype: str = "f32") -> str:
+    """The file at path, its tensors as the converter's --outtype qtype ("f32" or "q8_0") stores
+    them (tests/model/hybrid_checkpoints._stored: the converter's F32 list, F16 for rows that are
+    no multiple of 32)."""
     import gguf
     from safetensors.torch import load_file
 
@@ -41,7 +44,8 @@ def write_kimi_linear_gguf(src: str, path: str) -> str:
     if hp.get("topk_group") is not None:
         w.add_expert_group_used_count(hp["topk_group"])
     w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)  # moe_router_activation_func
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    ftype = {"f32": gguf.LlamaFileType.ALL_F32, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[qtype]
+    w.add_file_type(ftype)
     # KimiLinearModel.set_gguf_parameters
     w.add_vocab_size(hp["vocab_size"])
     w.add_head_count_kv([1 if i + 1 in la["full_attn_layers"] else 0 for i in range(n)])
@@ -69,7 +73,7 @@ def write_kimi_linear_gguf(src: str, path: str) -> str:
             name = name.replace("e_score_correction_bias", "e_score_correction.bias")
         new = name if name.startswith("blk.") else tmap.get_name(name, (".weight", ".bias"))
         assert new is not None, f"the converter cannot map {name}"
-        raw, kind = _stored(new, t.float(), gguf.LlamaFileType.ALL_F32, arch)
+        raw, kind = _stored(new, t.float(), ftype, arch)
         w.add_tensor(new, raw, raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -109,3 +113,43 @@ def _modified(state: dict, hp: dict):
             yield name.replace("kv_b_proj", "v_b_proj"), v_b
             continue
         yield name, t
+
+
+def dequantized_as_stored(hf):
+    """A copy of hf holding the weights a Q8_0 file of it stores, dequantized (the reference of the
+    quantized file, bit for bit: radixlm with float activations answers it exactly): each matrix
+    in Q8_0 blocks along its rows as stored, or float16 where a stored row is no multiple of 32;
+    the converter's float32 tensors (norms, convolutions, the router, biases) as they are. MLA's
+    kv_b_proj is stored split: k_b transposed per head ([rank, nope]), v_b as is."""
+    import copy
+
+    held = copy.deepcopy(hf)
+    c = held.config
+    with torch.no_grad():
+        for name, p in held.named_parameters():
+            if p.dim() < 2 or "conv1d" in name or name.endswith("mlp.gate.weight"):
+                continue
+            if name.endswith("kv_b_proj.weight"):
+                nope = c.qk_nope_head_dim
+                w = p.view(c.num_attention_heads, nope + c.v_head_dim, -1)
+                k_b = _round_trip(w[:, :nope].transpose(1, 2).contiguous()).transpose(1, 2)
+                v_b = _round_trip(w[:, nope:].contiguous())
+                p.copy_(torch.cat([k_b, v_b], dim=1).reshape(p.shape))
+            else:
+                p.copy_(_round_trip(p))
+    return held.eval()
+
+
+def _round_trip(t: torch.Tensor) -> torch.Tensor:
+    """t as a Q8_0 row (F16 where a row is no multiple of 32) stores it, back to float32."""
+    import gguf
+    import numpy as np
+    from gguf.quants import dequantize, quantize
+
+    a = t.detach().float().numpy()
+    if a.shape[-1] % 32:
+        return torch.from_numpy(a.astype(np.float16).astype(np.float32))
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    return torch.from_numpy(np.array(dequantize(quantize(a, q8), q8), dtype=np.float32)).reshape(
+        t.shape
+    )

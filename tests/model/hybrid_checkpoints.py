@@ -419,7 +419,15 @@ def _stored(name: str, t: torch.Tensor, ftype, model_arch) -> tuple[np.ndarray, 
         key in gguf.MODEL_TENSORS[model_arch]
         and bid is not None
         and name == gguf.TENSOR_NAMES[key].format(bid=bid) + ".weight"
-        for key in (T.FFN_GATE_INP, T.FFN_GATE_INP_SHEXP, T.SSM_CONV1D, T.SHORTCONV_CONV)
+        for key in (
+            T.FFN_GATE_INP,
+            T.FFN_GATE_INP_SHEXP,
+            T.SSM_CONV1D,
+            T.SHORTCONV_CONV,
+            T.SSM_CONV1D_Q,  # Kimi's KDA convolutions
+            T.SSM_CONV1D_K,
+            T.SSM_CONV1D_V,
+        )
     )
     if data.ndim <= 1 or name.endswith("_norm.weight") or not name.endswith(".weight"):
         qtype = Q.F32
