@@ -12,7 +12,12 @@ import os
 
 import torch
 
-from tests.model.hybrid_checkpoints import _add_vocab, _stored
+from tests.model.hybrid_checkpoints import (
+    _add_vocab,
+    _stored,
+    dequantized_as_q8_0,
+    q8_0_round_trip,
+)
 
 ARCH = "kimi-linear"
 
@@ -116,40 +121,18 @@ def _modified(state: dict, hp: dict):
 
 
 def dequantized_as_stored(hf):
-    """A copy of hf holding the weights a Q8_0 file of it stores, dequantized (the reference of the
-    quantized file, bit for bit: radixlm with float activations answers it exactly): each matrix
-    in Q8_0 blocks along its rows as stored, or float16 where a stored row is no multiple of 32;
-    the converter's float32 tensors (norms, convolutions, the router, biases) as they are. MLA's
-    kv_b_proj is stored split: k_b transposed per head ([rank, nope]), v_b as is."""
-    import copy
-
-    held = copy.deepcopy(hf)
+    """A copy of hf holding the weights its Q8_0 file stores, dequantized (the reference of the
+    quantized file, bit for bit: radixlm with float activations answers it exactly):
+    hybrid_checkpoints.dequantized_as_q8_0, the router kept float32 as the converter keeps it, and
+    MLA's kv_b_proj rounded as stored: split, k_b transposed per head ([rank, nope]), v_b as is."""
+    held = dequantized_as_q8_0(hf, kept_float=("mlp.gate.weight",))
     c = held.config
     with torch.no_grad():
-        for name, p in held.named_parameters():
-            if p.dim() < 2 or "conv1d" in name or name.endswith("mlp.gate.weight"):
-                continue
+        for (name, p), (_, src) in zip(held.named_parameters(), hf.named_parameters()):
             if name.endswith("kv_b_proj.weight"):
                 nope = c.qk_nope_head_dim
-                w = p.view(c.num_attention_heads, nope + c.v_head_dim, -1)
-                k_b = _round_trip(w[:, :nope].transpose(1, 2).contiguous()).transpose(1, 2)
-                v_b = _round_trip(w[:, nope:].contiguous())
+                w = src.view(c.num_attention_heads, nope + c.v_head_dim, -1)
+                k_b = q8_0_round_trip(w[:, :nope].transpose(1, 2).contiguous()).transpose(1, 2)
+                v_b = q8_0_round_trip(w[:, nope:].contiguous())
                 p.copy_(torch.cat([k_b, v_b], dim=1).reshape(p.shape))
-            else:
-                p.copy_(_round_trip(p))
-    return held.eval()
-
-
-def _round_trip(t: torch.Tensor) -> torch.Tensor:
-    """t as a Q8_0 row (F16 where a row is no multiple of 32) stores it, back to float32."""
-    import gguf
-    import numpy as np
-    from gguf.quants import dequantize, quantize
-
-    a = t.detach().float().numpy()
-    if a.shape[-1] % 32:
-        return torch.from_numpy(a.astype(np.float16).astype(np.float32))
-    q8 = gguf.GGMLQuantizationType.Q8_0
-    return torch.from_numpy(np.array(dequantize(quantize(a, q8), q8), dtype=np.float32)).reshape(
-        t.shape
-    )
+    return held

@@ -36,7 +36,9 @@ def _permute(w: torch.Tensor, n_head: int, n_head_kv: int | None) -> torch.Tenso
     )
 
 
-def write_granite_gguf(src: str, path: str) -> str:
+def write_granite_gguf(src: str, path: str, qtype: str = "f32") -> str:
+    """The granitehybrid file of src, its tensors as the converter's --outtype qtype ("f32" or
+    "q8_0") stores them (hybrid_checkpoints._stored)."""
     import gguf
     from safetensors.torch import load_file
 
@@ -64,7 +66,8 @@ def write_granite_gguf(src: str, path: str) -> str:
     w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
     w.add_expert_count(hp["num_local_experts"])
     w.add_expert_used_count(hp["num_experts_per_tok"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    ftype = {"f32": gguf.LlamaFileType.ALL_F32, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[qtype]
+    w.add_file_type(ftype)
     # LlamaModel, GraniteModel, GraniteMoeModel
     w.add_vocab_size(vocab)
     w.add_rope_dimension_count(hidden // heads)
@@ -86,7 +89,7 @@ def write_granite_gguf(src: str, path: str) -> str:
     tmap = gguf.get_tensor_name_map(arch, n)
     for name, t in load_file(os.path.join(src, "model.safetensors")).items():
         for new_name, data in _converted(name, t.float(), hp, ssm, has_experts, tmap):
-            raw, kind = _stored(new_name, data, gguf.LlamaFileType.ALL_F32, arch)
+            raw, kind = _stored(new_name, data, ftype, arch)
             w.add_tensor(new_name, raw, raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()

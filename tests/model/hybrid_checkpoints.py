@@ -487,3 +487,31 @@ def save_tokenizer(path: str, tokenizer=None) -> str:
     os.makedirs(path, exist_ok=True)
     (tokenizer or tiny_tokenizer()).save_pretrained(path)
     return path
+
+
+def dequantized_as_q8_0(hf, kept_float: tuple[str, ...] = ()):
+    """A copy of hf holding the weights a Q8_0 file of it stores, dequantized: every matrix in Q8_0
+    blocks along its rows (as stored: the converter's transforms permute or stack rows, never
+    mix them), float16 where a row is no multiple of 32; vectors, convolutions and the names
+    ending in `kept_float` (the converter's float32 tensors: the router) as they are."""
+    import copy
+
+    held = copy.deepcopy(hf)
+    with torch.no_grad():
+        for name, p in held.named_parameters():
+            if p.dim() >= 2 and "conv1d" not in name and not name.endswith(kept_float):
+                p.copy_(q8_0_round_trip(p))
+    return held.eval()
+
+
+def q8_0_round_trip(t: torch.Tensor) -> torch.Tensor:
+    """t as a Q8_0 file's rows store it (F16 where a row is no multiple of 32), back to float32."""
+    import gguf
+    from gguf.quants import dequantize, quantize
+
+    a = t.detach().float().numpy()
+    if a.shape[-1] % 32:
+        return torch.from_numpy(a.astype(np.float16).astype(np.float32))
+    q8 = gguf.GGMLQuantizationType.Q8_0
+    out = np.array(dequantize(quantize(a, q8), q8), dtype=np.float32)
+    return torch.from_numpy(out).reshape(t.shape)
