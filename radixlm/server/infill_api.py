@@ -38,6 +38,7 @@ from radixlm.server.api_common import (
 )
 from radixlm.server.fanout import admit_to_queue, check_fanout
 from radixlm.server.fim import FimTokens, fim_tokens, no_fim_message, psm_ids, repo_context_ids
+from radixlm.server.llama_protocol import finished_fields
 
 N_BATCH = 2048  # llama-server's default --batch-size, which sizes its infill budget
 _TEXT = {
@@ -234,31 +235,15 @@ class _Infill:
         self.state, self.req, self.ids = state, req, ids
 
     def final(self, out: dict, content: str, tokens: list[int]) -> dict:
-        meta = out["meta_info"]
-        fr = meta["finish_reason"] or {}
-        matched = fr.get("matched")
-        stop_type = {"length": "limit", "stop": "word" if isinstance(matched, str) else "eos"}.get(
-            fr.get("type"), "none"
-        )
         tok = self.state.tokenizer_manager.tokenizer
+        shown = tokens if self.req.return_tokens or self.req.stream else []
         return {
-            "index": 0,
-            "content": content,
-            "tokens": tokens if self.req.return_tokens or self.req.stream else [],
-            "stop": True,
+            **finished_fields(
+                self.ids, out, content, shown, tok.decode(self.ids), self.state.context_len
+            ),
             "model": (
                 self.req.model
                 or served_model_name(self.state.server_args, self.state.scheduler_info)
-            ),
-            "prompt": tok.decode(self.ids),
-            "stop_type": stop_type,
-            "stopping_word": matched if isinstance(matched, str) else "",
-            "tokens_predicted": meta["completion_tokens"],
-            "tokens_evaluated": meta["prompt_tokens"],
-            "tokens_cached": meta.get("cached_tokens", 0),
-            "truncated": (
-                stop_type == "limit"
-                and len(self.ids) + meta["completion_tokens"] >= self.state.context_len
             ),
         }
 

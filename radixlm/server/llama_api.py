@@ -33,7 +33,12 @@ from radixlm.server.api_common import (
     stream_error_event,
 )
 from radixlm.server.fanout import admit_to_queue, check_fanout
-from radixlm.server.llama_protocol import CompletionRequest, generation_settings, sampling_params
+from radixlm.server.llama_protocol import (
+    CompletionRequest,
+    finished_fields,
+    generation_settings,
+    sampling_params,
+)
 from radixlm.server.llama_slots import Slot, SlotTable, slot_file_path
 from radixlm.version import __version__
 
@@ -210,30 +215,15 @@ class _Completion:
 
     def final(self, out: dict, content: str, tokens: list[int], probs_from: int) -> dict:
         meta = out["meta_info"]
-        fr = meta["finish_reason"] or {}
-        matched = fr.get("matched")
-        stop_type = {"length": "limit", "stop": "word" if isinstance(matched, str) else "eos"}.get(
-            fr.get("type"), "none"
-        )
+        shown = tokens if self.req.return_tokens or self.req.stream else []
         res = {
-            "index": 0,
-            "content": content,
-            "tokens": tokens if self.req.return_tokens or self.req.stream else [],
-            "id_slot": self.slot.id,
-            "stop": True,
-            "model": _model(self.state, self.req),
-            "tokens_predicted": meta["completion_tokens"],
-            "tokens_evaluated": meta["prompt_tokens"],
-            "generation_settings": self.slot.params,
-            "prompt": self.tok.decode(self.ids),
-            "has_new_line": "\n" in out["text"],
-            "truncated": (
-                stop_type == "limit"
-                and len(self.ids) + meta["completion_tokens"] >= self.state.context_len
+            **finished_fields(
+                self.ids, out, content, shown, self.tok.decode(self.ids), self.state.context_len
             ),
-            "stop_type": stop_type,
-            "stopping_word": matched if isinstance(matched, str) else "",
-            "tokens_cached": meta.get("cached_tokens", 0),
+            "id_slot": self.slot.id,
+            "model": _model(self.state, self.req),
+            "generation_settings": self.slot.params,
+            "has_new_line": "\n" in out["text"],
             "timings": self.timings(meta),
         }
         if self.req.n_probs and len(meta.get("output_token_logprobs") or []) > probs_from:

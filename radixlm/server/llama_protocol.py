@@ -146,3 +146,31 @@ def generation_settings(sp: dict, defaults: dict, n_ctx: int, extra: dict) -> di
     out["stop"] = [eff.stop] if isinstance(eff.stop, str) else list(eff.stop or [])
     out["grammar"] = sp.get("ebnf", "")
     return {"n_ctx": n_ctx, **out, **extra}
+
+
+def finished_fields(
+    prompt_ids: list[int], out: dict, content: str, tokens: list[int], text: str, context_len: int
+) -> dict:
+    """The fields of llama-server's last /completion (and /infill) answer that come from the
+    finished request: its content and tokens, the prompt as text, why it stopped, the counts."""
+    meta = out["meta_info"]
+    fr = meta["finish_reason"] or {}
+    matched = fr.get("matched")
+    stop_type = {"length": "limit", "stop": "word" if isinstance(matched, str) else "eos"}.get(
+        fr.get("type"), "none"
+    )
+    return {
+        "index": 0,
+        "content": content,
+        "tokens": tokens,
+        "stop": True,
+        "prompt": text,
+        "stop_type": stop_type,
+        "stopping_word": matched if isinstance(matched, str) else "",
+        "tokens_predicted": meta["completion_tokens"],
+        "tokens_evaluated": meta["prompt_tokens"],
+        "tokens_cached": meta.get("cached_tokens", 0),
+        "truncated": (
+            stop_type == "limit" and len(prompt_ids) + meta["completion_tokens"] >= context_len
+        ),
+    }
