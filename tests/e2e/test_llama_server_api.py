@@ -161,7 +161,7 @@ def test_n_probs_match_generate_logprobs(url):
     ref = generate(url, PROMPT, 6, return_logprob=True, top_logprobs_num=3)["meta_info"]
     out = completion(url, prompt=PROMPT, temperature=0, n_predict=6, n_probs=3)
     probs = out["completion_probabilities"]
-    assert len(probs) == 6
+    assert len(probs) == len(ref["output_token_logprobs"]) == len(ref["output_top_logprobs"]) == 6
     for p, (lp, tid, _), top in zip(
         probs, ref["output_token_logprobs"], ref["output_top_logprobs"]
     ):
