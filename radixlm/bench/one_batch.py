@@ -295,8 +295,7 @@ def expert_shares(model, bs: int) -> tuple[dict[str, float], float]:
     """(parameter name -> the share of it a step of bs tokens reads, the bytes read of experts held
     outside parameters): a mixture's experts, routed top-k of E uniformly (random weights), are
     touched E (1 - (1 - k/E)^bs) at a time. SparseMoeBlock's w13 / w2, and the families' own
-    expert modules (`routed` = (E, k): their direct parameters, and the blocks they keep in
-    `quantized`)."""
+    (`routed` = (E, k): their direct parameters, the blocks in `quantized` / `fused`)."""
     from radixlm.model.layers.moe.moe_block import SparseMoeBlock
 
     shares, held = {}, 0.0
@@ -310,7 +309,8 @@ def expert_shares(model, bs: int) -> tuple[dict[str, float], float]:
             share = 1 - (1 - k / e) ** bs
             for which, _ in mod.named_parameters(recurse=False):
                 shares[f"{name}.{which}"] = share
-            held += share * sum(w.data.nbytes for w in getattr(mod, "quantized", {}).values())
+            blocks = [*getattr(mod, "quantized", {}).values(), *getattr(mod, "fused", {}).values()]
+            held += share * sum(w.data.nbytes for w in blocks)
     return shares, held
 
 

@@ -90,7 +90,7 @@ def _register_fakes() -> None:
     def paged_attention_fake(q, *args):
         return torch.empty_like(q, memory_format=torch.contiguous_format)
 
-    def fused_moe_fake(hidden, topk_ids, topk_weights, w13, w13_fmt, w2, w2_fmt):
+    def fused_moe_fake(hidden, topk_ids, topk_weights, w13, w13_fmt, w2, w2_fmt, *args, **kwargs):
         return torch.empty_like(hidden, memory_format=torch.contiguous_format)
 
     def recurrence_fake(x, *args):  # the linear-attention ops: the output has x's (or v's) shape

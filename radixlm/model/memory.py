@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 
+import torch
 from torch import nn
 
 M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter
@@ -40,11 +41,31 @@ def weight_bytes(model: nn.Module) -> int:
             seen.add(ptr)
             total += t.untyped_storage().nbytes()
     for m in model.modules():
-        for v in vars(m).values():
+        # (nn.Module's own dicts are underscored: _parameters, _buffers, _modules, hooks)
+        attrs = [v for k, v in vars(m).items() if not (k.startswith("_") and isinstance(v, dict))]
+        for v in _held(attrs):
             if isinstance(v, WeightMatrix) and id(v) not in seen:
                 seen.add(id(v))
                 total += v.nbytes
+            elif isinstance(v, torch.Tensor) and v.untyped_storage().data_ptr() not in seen:
+                seen.add(v.untyped_storage().data_ptr())
+                total += v.untyped_storage().nbytes()
     return total
+
+
+def _held(values, in_dict: bool = False):
+    """Quantized matrices and stacked experts' blocks a module holds outside its parameters, as
+    attributes or in dicts of weights (gpt-oss's experts: `quantized`, `fused` with its biases)."""
+    from radixlm.model.layers.moe.experts import ExpertWeights
+    from radixlm.model.layers.quantized import WeightMatrix
+
+    for v in values:
+        if isinstance(v, dict):
+            yield from _held(v.values(), in_dict=True)
+        elif isinstance(v, ExpertWeights):
+            yield v.data
+        elif isinstance(v, WeightMatrix) or (in_dict and isinstance(v, torch.Tensor)):
+            yield v
 
 
 def resident_bytes() -> int:

@@ -316,9 +316,9 @@ def test_tiny_gpt_oss_file_loads_with_mxfp4_experts(tmp_path):
     assert (c.num_local_experts, c.num_experts_per_tok, c.sliding_window) == (4, 2, 8)
     assert c.layer_types == ["sliding_attention", "full_attention"]
     assert c.rope_parameters["rope_type"] == "yarn" and c.rope_parameters["factor"] == 32.0
-    experts = loaded.model.model.layers[1].mlp.experts.quantized
-    assert experts["gate_up_proj"].fmt.name == experts["down_proj"].fmt.name == "mxfp4x8"
-    spread = float(experts["down_proj"].dequantize().std())
+    experts = loaded.model.model.layers[1].mlp.experts.fused  # laid out for the fused op
+    assert experts["w13"].fmt.name == experts["w2"].fmt.name == "mxfp4x8"
+    spread = float(experts["w2"].dequantize().std())
     assert 0.01 < spread < 0.04, spread
     # bench one-batch prices a step's experts (the blocks held outside parameters, and their
     # biases) by the share routed: top-2 of 4, so one token reads half of them, a large batch all.
@@ -332,7 +332,7 @@ def test_tiny_gpt_oss_file_loads_with_mxfp4_experts(tmp_path):
     pool.v_head_dim = 0
     runner = SimpleNamespace(model=loaded.model, token_to_kv_pool=pool)
     experts = [layer.mlp.experts for layer in loaded.model.model.layers]
-    held = sum(w.data.nbytes for ex in experts for w in ex.quantized.values())
+    held = sum(w.data.nbytes for ex in experts for w in ex.fused.values())
     held += sum(ex.gate_up_proj_bias.nbytes + ex.down_proj_bias.nbytes for ex in experts)
     one, many = bytes_per_step(runner, 1, 0), bytes_per_step(runner, 10_000, 0)
     assert many - one == pytest.approx(held / 2)

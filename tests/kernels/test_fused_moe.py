@@ -88,13 +88,17 @@ def block_max(v: torch.Tensor) -> torch.Tensor:
     return per_value(v.view(v.shape[0], -1, 32).amax(-1))
 
 
-def naive_reference(kernel_ops, x, tw, ti, w13: ExpertWeights, w2: ExpertWeights):
+def naive_reference(
+    kernel_ops, x, tw, ti, w13: ExpertWeights, w2: ExpertWeights, b13=None, b2=None, swiglu=None
+):
     """The (token, slot) loop in float64 on the dequantized weights, with the activations rounded to
     int8 as the kernels round them (quantize_act per row: x for gate / up, the SiLU output for down;
     16-bit and FP8 float weights keep fp32 activations), and a bound on the op's distance to it: float32
     rounding, 1e-5 of each dot's sum of |terms| (test_quant_gemm's EXACT_RTOL), through SiLU
     (|silu'| <= 1.1); and where that error could move the op's SiLU output across an int8 rounding
-    boundary (or its block scale), the step it would cost. Returns (reference, bound)."""
+    boundary (or its block scale), the step it would cost. b13 / b2: per-expert biases; swiglu:
+    (alpha, limit) of gpt-oss's clamped SwiGLU in place of SiLU (its slope in g at most
+    (|u| + 1) (1 + alpha |g| / 4)). Returns (reference, bound)."""
     W13, W2 = w13.dequantize().double(), w2.dequantize().double()
     int8_13 = w13.fmt.name not in FLOAT_ACTIVATIONS
     int8_2 = w2.fmt.name not in FLOAT_ACTIVATIONS
@@ -112,10 +116,21 @@ def naive_reference(kernel_ops, x, tw, ti, w13: ExpertWeights, w2: ExpertWeights
         xe = xe.double()
         gu = xe @ W13[e].T
         dgu = 1e-5 * (xe.abs() @ W13[e].abs().T)
+        if b13 is not None:
+            gu = gu + b13[e].double()
+            dgu = dgu + 1e-6 * gu.abs()
         g, u, dg, du = gu[:, :I], gu[:, I:], dgu[:, :I], dgu[:, I:]
-        s = F.silu(g)
-        a = s * u
-        da = 1.1 * dg * u.abs() + (s.abs() + 1.1 * dg) * du + 1e-6 * a.abs()
+        if swiglu is None:
+            s = F.silu(g)
+            a = s * u
+            da = 1.1 * dg * u.abs() + (s.abs() + 1.1 * dg) * du + 1e-6 * a.abs()
+        else:
+            alpha, limit = swiglu
+            g, u = g.clamp(max=limit), u.clamp(-limit, limit)
+            s = g * torch.sigmoid(alpha * g)
+            a = (u + 1) * s
+            slope = 1 + alpha * (g.abs() + dg) / 4
+            da = slope * dg * (u.abs() + 1 + du) + s.abs() * du + 1e-6 * a.abs()
         if int8_2:
             q, d, _ = kernel_ops.quantize_act(a.float())
             step = per_value(d)
@@ -127,6 +142,9 @@ def naive_reference(kernel_ops, x, tw, ti, w13: ExpertWeights, w2: ExpertWeights
             a, da = q.double() * step, q.double().abs() * dstep + near * step
         y = a @ W2[e].T
         dy = da @ W2[e].abs().T + 1e-5 * (a.abs() @ W2[e].abs().T)
+        if b2 is not None:
+            y = y + b2[e].double()
+            dy = dy + 1e-6 * y.abs()
         out.index_add_(0, tokens, we * y)
         bound.index_add_(0, tokens, we.abs() * dy + 1e-6 * (we * y).abs())
     return out, bound
@@ -152,6 +170,36 @@ def test_op_equals_the_torch_path_and_the_naive_loop(kernel_ops, name, interleav
             f"T={T} k={k}: {(err - bound).max():.3g} past the bound (max |ref|"
             f" {naive.abs().max():.3g})"
         )
+
+
+@pytest.mark.parametrize(
+    "name,interleave", [("mxfp4", True), ("mxfp4", False), ("q8_0", True), ("bf16", False)]
+)
+def test_gpt_oss_swiglu_with_biases_is_the_naive_loop(kernel_ops, name, interleave):
+    """activation "swiglu" with b13 / b2 (gpt-oss's experts, SGLang's fused_experts options):
+    within the naive loop's bound; a limit below the gates' range makes the clamps matter."""
+    g = torch.Generator().manual_seed(7 + IDS.index(f"{name}{'x8' if interleave else ''}"))
+    w13, w2 = make_experts(name, interleave, g)
+    H, I = w13.cols, w2.cols
+    b13, b2 = torch.randn(E, 2 * I, generator=g), torch.randn(E, H, generator=g)
+    for T, k, hot in ROUTINGS[1:4]:
+        x = torch.randn(T, H, generator=g)
+        tw, ti = routing(T, k, hot, g)
+        gates = max(
+            (x @ w13.dequantize()[e, :I].T + b13[e, :I]).abs().max().item() for e in range(E)
+        )
+        alpha, limit = 1.702, gates / 4  # a quarter of the range: some gates and ups clamped
+        args = (w13.data, w13.fmt.kernel_id, w2.data, w2.fmt.kernel_id, b13, b2, "swiglu")
+        out = kernel_ops.fused_moe(x, ti, tw, *args, alpha, limit)
+        naive, bound = naive_reference(
+            kernel_ops, x, tw, ti, w13, w2, b13, b2, swiglu=(alpha, limit)
+        )
+        err = (out.double() - naive).abs()
+        assert naive.abs().max() > 0 and (err <= bound).all(), (
+            f"T={T} k={k}: {(err - bound).max():.3g} past the bound"
+        )
+        silu = naive_reference(kernel_ops, x, tw, ti, w13, w2, b13, b2)[0]
+        assert (out.double() - silu).abs().max() > 10 * bound.max()  # not SiLU's answer
 
 
 @pytest.mark.parametrize("name,interleave", LAYOUTS, ids=IDS)
@@ -264,6 +312,12 @@ def test_bad_inputs_are_refused_by_name(kernel_ops):
         kernel_ops.fused_moe(x, ti, tw, w13.data, fid, w2.data[:, :, :-2].contiguous(), fid)
     with pytest.raises(RuntimeError, match="hidden"):
         kernel_ops.fused_moe(x.double(), ti, tw, w13.data, fid, w2.data, fid)
+    with pytest.raises(RuntimeError, match="activation must be 'silu' or 'swiglu', got 'gelu'"):
+        kernel_ops.fused_moe(x, ti, tw, w13.data, fid, w2.data, fid, None, None, "gelu")
+    with pytest.raises(RuntimeError, match="b13 must be float32"):
+        kernel_ops.fused_moe(x, ti, tw, w13.data, fid, w2.data, fid, torch.zeros(E, 3))
+    with pytest.raises(RuntimeError, match="b2 must be float32"):
+        kernel_ops.fused_moe(x, ti, tw, w13.data, fid, w2.data, fid, None, torch.zeros(E, 3))
 
 
 # At T = 1 with k = 2, every other expert's pages are unreadable (mprotect PROT_NONE): reading any

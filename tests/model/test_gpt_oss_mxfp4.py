@@ -54,13 +54,21 @@ def test_experts_stay_mxfp4_and_decode_to_the_file(mxfp4):
     gguf_path, _, ref = mxfp4
     loaded = load_model(gguf_path)
     for i, layer in enumerate(loaded.model.model.layers):
-        ex = layer.mlp.experts
-        assert ex.gate_up_proj.numel() == 0 and ex.down_proj.numel() == 0  # no float copy
-        gate_up, down = ex.quantized["gate_up_proj"], ex.quantized["down_proj"]
-        assert gate_up.fmt.name == "mxfp4x8" and down.fmt.name == "mxfp4x8"  # (8 rows interleaved)
-        want = ref.model.layers[i].mlp.experts
-        assert torch.equal(gate_up.dequantize(), want.gate_up_proj.transpose(1, 2)), i
-        assert torch.equal(down.dequantize(), want.down_proj.transpose(1, 2)), i
+        _assert_experts_are(layer.mlp.experts, ref.model.layers[i].mlp.experts)
+
+
+def _assert_experts_are(ex, want) -> None:
+    """The loaded experts hold no float copy and are laid out for the native fused_moe op (w13 =
+    [gate; up] rows, 8 rows interleaved, MXFP4 blocks), decoding to HF's `want` exactly."""
+    assert ex.gate_up_proj.numel() == 0 and ex.down_proj.numel() == 0
+    w13, w2 = ex.fused["w13"], ex.fused["w2"]
+    assert w13.fmt.name == "mxfp4x8" and w2.fmt.name == "mxfp4x8"
+    gate_up = want.gate_up_proj.transpose(1, 2)  # [E, 2I, H], rows gate, up, gate, ...
+    assert torch.equal(w13.dequantize(), torch.cat((gate_up[:, ::2], gate_up[:, 1::2]), 1))
+    assert torch.equal(w2.dequantize(), want.down_proj.transpose(1, 2))
+    bias = want.gate_up_proj_bias
+    assert torch.equal(ex.fused_bias["b13"], torch.cat((bias[:, ::2], bias[:, 1::2]), 1))
+    assert torch.equal(ex.fused_bias["b2"], want.down_proj_bias)
 
 
 def test_greedy_tokens_are_hf_on_the_dequantized_experts(mxfp4):
@@ -158,13 +166,13 @@ def test_hf_mxfp4_checkpoint_loads_in_its_blocks(hf_mxfp4):
     path, ref = hf_mxfp4
     loaded = load_model(path)  # quant_method mxfp4 selects the method
     for i, layer in enumerate(loaded.model.model.layers):
-        ex = layer.mlp.experts
-        assert ex.quantized["gate_up_proj"].fmt.name == "mxfp4x8" and ex.gate_up_proj.numel() == 0
-        want = ref.model.layers[i].mlp.experts
-        assert torch.equal(ex.quantized["gate_up_proj"].dequantize(), want.gate_up_proj.mT), i
-        assert torch.equal(ex.quantized["down_proj"].dequantize(), want.down_proj.mT), i
+        _assert_experts_are(layer.mlp.experts, ref.model.layers[i].mlp.experts)
     file_bytes = os.path.getsize(os.path.join(path, "model.safetensors"))
-    assert loaded.weight_bytes <= 1.2 * file_bytes, (loaded.weight_bytes, file_bytes)
+    experts = sum(
+        sum(w.data.numel() for w in (layer.mlp.experts.fused["w13"], layer.mlp.experts.fused["w2"]))
+        for layer in loaded.model.model.layers
+    )
+    assert experts <= loaded.weight_bytes <= 1.2 * file_bytes, (experts, loaded.weight_bytes)
 
 
 def test_hf_mxfp4_greedy_tokens_are_hf(hf_mxfp4):

@@ -85,12 +85,13 @@ struct Acts {
 };
 
 // out[m, j] = act row m0 + m . weight row r0 + j of expert e, for m < M, j < n.
+// bias: the n values of rows r0.. (nullptr: none).
 void expert_matmul(const Experts& w, int64_t e, int64_t r0, int64_t n, const Acts& a, int64_t m0, int64_t M, float* out,
-                   int64_t ldo) {
+                   int64_t ldo, const float* bias) {
   if (fmt_is_float16(w.fmt)) {
-    gemm_float16(w.fmt, w.at(e, r0), w.row_bytes, n, a.x.data_ptr<float>() + m0 * a.K, a.K, M, a.K, out, ldo, nullptr);
+    gemm_float16(w.fmt, w.at(e, r0), w.row_bytes, n, a.x.data_ptr<float>() + m0 * a.K, a.K, M, a.K, out, ldo, bias);
   } else {
-    gemm_quantized(w.fmt, w.at(e, r0), w.row_bytes, n, a.view(m0), M, out, ldo, nullptr);
+    gemm_quantized(w.fmt, w.at(e, r0), w.row_bytes, n, a.view(m0), M, out, ldo, bias);
   }
 }
 
@@ -104,6 +105,27 @@ void silu_mul(const float* g, const float* u, float* o, int64_t i0, int64_t i1, 
     _mm256_storeu_ps(o + i, _mm256_mul_ps(sv, _mm256_loadu_ps(u + i)));
   }
   for (; i < i1; ++i) o[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+}
+
+// gpt-oss's clamped SwiGLU (HF GptOssExperts._apply_gate, SGLang's activation "swiglu"): gate clamped
+// above and up on both sides at limit, then (up + 1) * gate * sigmoid(alpha * gate); columns
+// [i0, i1) as silu_mul, the vector / scalar split by column alike.
+void swiglu_clamp_mul(const float* g, const float* u, float* o, int64_t i0, int64_t i1, int64_t I, float alpha,
+                      float limit) {
+  const __m256 one = _mm256_set1_ps(1.0f), lim = _mm256_set1_ps(limit), nlim = _mm256_set1_ps(-limit);
+  const __m256 av = _mm256_set1_ps(alpha);
+  int64_t i = i0;
+  for (; i + 8 <= i1 && i + 8 <= I; i += 8) {
+    const __m256 gv = _mm256_min_ps(_mm256_loadu_ps(g + i), lim);
+    const __m256 uv = _mm256_min_ps(_mm256_max_ps(_mm256_loadu_ps(u + i), nlim), lim);
+    const __m256 e = exp8(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(gv, av)));
+    const __m256 glu = _mm256_div_ps(gv, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_add_ps(uv, one), glu));
+  }
+  for (; i < i1; ++i) {
+    const float gi = std::min(g[i], limit), ui = std::min(std::max(u[i], -limit), limit);
+    o[i] = (ui + 1.0f) * (gi / (1.0f + std::exp(-gi * alpha)));
+  }
 }
 
 // Tasks 0..n-1 on ATen's threads, each taken from a shared counter (tasks differ in cost).
@@ -124,8 +146,13 @@ int64_t block_rows(int64_t rows, int64_t active) {
   return std::max<int64_t>(16, std::min(b, (rows + 7) / 8 * 8));
 }
 
+// Optional per-expert biases (b13 [E, 2I] in w13's row order, b2 [E, H]) and the activation: "silu"
+// (SiLU(gate) * up) or "swiglu" (gpt-oss's clamped one, with alpha and limit), as SGLang's
+// fused_experts takes them (b1, b2, activation, gemm1_alpha, gemm1_limit).
 at::Tensor fused_moe(const at::Tensor& hidden_, const at::Tensor& topk_ids_, const at::Tensor& topk_weights_,
-                     const at::Tensor& w13_, int64_t w13_fmt, const at::Tensor& w2_, int64_t w2_fmt) {
+                     const at::Tensor& w13_, int64_t w13_fmt, const at::Tensor& w2_, int64_t w2_fmt,
+                     const c10::optional<at::Tensor>& b13_, const c10::optional<at::Tensor>& b2_,
+                     c10::string_view activation, double alpha, double limit) {
   TORCH_CHECK(hidden_.dtype() == at::kFloat && hidden_.dim() == 2, "fused_moe: hidden must be float32 [tokens, hidden]");
   const at::Tensor hidden = hidden_.contiguous();
   const int64_t T = hidden.size(0), H = hidden.size(1);
@@ -141,6 +168,22 @@ at::Tensor fused_moe(const at::Tensor& hidden_, const at::Tensor& topk_ids_, con
   TORCH_CHECK(!fmt_is_x8(w13_fmt) || I % 8 == 0, "fused_moe: interleaved w13 needs gate and up rows in multiples of 8");
   const Experts w13 = check_experts(w13_, w13_fmt, H, "w13"), w2 = check_experts(w2_, w2_fmt, I, "w2");
   TORCH_CHECK(w2.rows == H, "fused_moe: w2 has ", w2.rows, " rows per expert, hidden size is ", H);
+  TORCH_CHECK(activation == "silu" || activation == "swiglu", "fused_moe: activation must be 'silu' or 'swiglu', got '",
+              std::string(activation), "'");
+  const bool swiglu = activation == "swiglu";
+  at::Tensor b13, b2;
+  if (b13_) {
+    b13 = b13_->contiguous();
+    TORCH_CHECK(b13.dtype() == at::kFloat && b13.dim() == 2 && b13.size(0) == E && b13.size(1) == I2,
+                "fused_moe: b13 must be float32 [experts, 2 * intermediate] = [", E, ", ", I2, "]");
+  }
+  if (b2_) {
+    b2 = b2_->contiguous();
+    TORCH_CHECK(b2.dtype() == at::kFloat && b2.dim() == 2 && b2.size(0) == E && b2.size(1) == H,
+                "fused_moe: b2 must be float32 [experts, hidden] = [", E, ", ", H, "]");
+  }
+  const float* b13p = b13.defined() ? b13.data_ptr<float>() : nullptr;
+  const float* b2p = b2.defined() ? b2.data_ptr<float>() : nullptr;
   at::Tensor out = at::zeros({T, H}, hidden.options());
   if (T == 0 || k == 0) return out;
 
@@ -176,9 +219,15 @@ at::Tensor fused_moe(const at::Tensor& hidden_, const at::Tensor& topk_ids_, con
   run_tasks(active * nbi, [&](int64_t task) {
     const int64_t e = experts[task / nbi], i0 = (task % nbi) * bi, n = std::min(bi, I - i0);
     const int64_t m0 = start[e], M = start[e + 1] - m0;
-    expert_matmul(w13, e, i0, n, x, m0, M, gup + m0 * I2 + i0, I2);
-    expert_matmul(w13, e, I + i0, n, x, m0, M, gup + m0 * I2 + I + i0, I2);
-    for (int64_t m = m0; m < m0 + M; ++m) silu_mul(gup + m * I2, gup + m * I2 + I, actp + m * I, i0, i0 + n, I);
+    const float* bg = b13p ? b13p + e * I2 + i0 : nullptr;
+    expert_matmul(w13, e, i0, n, x, m0, M, gup + m0 * I2 + i0, I2, bg);
+    expert_matmul(w13, e, I + i0, n, x, m0, M, gup + m0 * I2 + I + i0, I2, bg ? bg + I : nullptr);
+    for (int64_t m = m0; m < m0 + M; ++m) {
+      if (swiglu)
+        swiglu_clamp_mul(gup + m * I2, gup + m * I2 + I, actp + m * I, i0, i0 + n, I, float(alpha), float(limit));
+      else
+        silu_mul(gup + m * I2, gup + m * I2 + I, actp + m * I, i0, i0 + n, I);
+    }
   });
 
   // down, per block of hidden columns.
@@ -190,7 +239,7 @@ at::Tensor fused_moe(const at::Tensor& hidden_, const at::Tensor& topk_ids_, con
   run_tasks(active * nbh, [&](int64_t task) {
     const int64_t e = experts[task / nbh], h0 = (task % nbh) * bh;
     const int64_t m0 = start[e], M = start[e + 1] - m0;
-    expert_matmul(w2, e, h0, std::min(bh, H - h0), a, m0, M, yp + m0 * H + h0, H);
+    expert_matmul(w2, e, h0, std::min(bh, H - h0), a, m0, M, yp + m0 * H + h0, H, b2p ? b2p + e * H + h0 : nullptr);
   });
 
   // Each token: its rows times their weights, summed in slot order (mul, then add: two roundings).
@@ -220,13 +269,14 @@ at::Tensor fused_moe(const at::Tensor& hidden_, const at::Tensor& topk_ids_, con
 namespace api {
 at::Tensor fused_moe(const at::Tensor& hidden, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
                      const at::Tensor& w13, int64_t w13_fmt, const at::Tensor& w2, int64_t w2_fmt) {
-  return radixlm::fused_moe(hidden, topk_ids, topk_weights, w13, w13_fmt, w2, w2_fmt);
+  return radixlm::fused_moe(hidden, topk_ids, topk_weights, w13, w13_fmt, w2, w2_fmt, c10::nullopt, c10::nullopt, "silu",
+                            0.0, 0.0);
 }
 }  // namespace api
 
 TORCH_LIBRARY_FRAGMENT(radixlm, m) {
   m.def("fused_moe(Tensor hidden, Tensor topk_ids, Tensor topk_weights, Tensor w13, int w13_fmt, Tensor w2, "
-        "int w2_fmt) -> Tensor");
+        "int w2_fmt, Tensor? b13=None, Tensor? b2=None, str activation='silu', float alpha=0., float limit=0.) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(radixlm, CPU, m) { m.impl("fused_moe", &fused_moe); }

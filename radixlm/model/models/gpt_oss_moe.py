@@ -7,8 +7,11 @@ with gate and up interleaved by column (gate = [..., ::2], up = [..., 1::2]), do
 [E, inter, hidden]; a GGUF's separate gate / up experts are interleaved into it at load.
 
 A quantized GGUF's experts (MXFP4 in the released files, or any format the kernels read) stay in
-their blocks instead (`set_quantized`: ExpertWeights, gate and up rows interleaved the same way) and
-each expert touched runs the native quantized linear kernel with its bias, never a float copy.
+their blocks instead (`set_quantized`: ExpertWeights, gate and up rows interleaved the same way),
+never a float copy. On the CPU, `finish_loading` lays them out for the native fused_moe op (w13 =
+[gate; up] rows, with the biases and the clamped SwiGLU: one op per layer instead of two matmuls per
+expert and the activation's ~20 small ops); elsewhere each expert touched runs the quantized linear
+kernel with its bias.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.model.host_copy import to_device
+from radixlm.model.layers.moe import native
 from radixlm.model.layers.moe.experts import ExpertWeights
 
 
@@ -58,15 +62,44 @@ class GptOssExperts(nn.Module):
         # Older configs name only the limit; the alpha of the released models is fixed.
         self.alpha = float(getattr(config, "swiglu_alpha", 1.702))
         self.limit = float(getattr(config, "swiglu_limit", 7.0))
-        # Quantized experts (set_quantized): None while the float parameters hold them.
+        # Quantized experts (set_quantized): empty while the float parameters hold them.
         self.quantized: dict[str, ExpertWeights] = {}
+        # The native op's layout of them (finish_loading): w13 = [gate; up] rows and w2, and
+        # their biases b13 (in w13's row order) and b2.
+        self.fused: dict[str, ExpertWeights] = {}
+        self.fused_bias: dict[str, torch.Tensor] = {}
+        self._laid_out = True  # False from set_quantized until finish_loading
         self.routed = (n, config.num_experts_per_tok)  # (what bench one-batch prices a step at)
 
     def set_quantized(self, name: str, w: ExpertWeights) -> None:
-        """name: gate_up_proj (gate / up rows interleaved) or down_proj; the float one goes. Kept
-        in the kernels' 8-row interleaved layout where the format has one (MXFP4 does)."""
-        self.quantized[name] = w.interleaved()
+        """name: gate_up_proj (gate / up rows interleaved) or down_proj, row-major blocks as
+        loaded; the float one goes. finish_loading lays them out for the kernels."""
+        self.quantized[name] = w
+        self._laid_out, self.fused = False, {}
         getattr(self, name).data = torch.empty(0)
+
+    def finish_loading(self) -> None:
+        """After load_weights: the quantized experts move into the native op's layout where it
+        runs them (rows permuted and 8-row interleaved: the same blocks), else into the kernels'
+        interleaved layout for one matmul per expert; the biases follow each load."""
+        if self.quantized and not self._laid_out:
+            gate_up, down = self.quantized.get("gate_up_proj"), self.quantized.get("down_proj")
+            both = gate_up is not None and down is not None
+            if both and native.supports(gate_up.data.device, gate_up, down):
+                self.fused = {
+                    "w13": _gate_rows_first(gate_up).interleaved(2),
+                    "w2": down.interleaved(),
+                }
+                self.quantized = {}
+            else:
+                self.quantized = {n: w.interleaved() for n, w in self.quantized.items()}
+            self._laid_out = True
+        if self.fused:
+            b = self.gate_up_proj_bias.float()
+            self.fused_bias = {
+                "b13": torch.cat((b[:, ::2], b[:, 1::2]), dim=1).contiguous(),
+                "b2": self.down_proj_bias.float().contiguous(),
+            }
 
     def _project(self, name: str, e: int, x: torch.Tensor) -> torch.Tensor:
         bias = getattr(self, name + "_bias")[e]
@@ -82,6 +115,20 @@ class GptOssExperts(nn.Module):
         over its tokens (grouped on the host: one read of the ids, no sort); the activation of all
         of them at once; then each token sums its k rows in slot order (its output does not depend
         on which other tokens share its experts)."""
+        if self.fused:
+            f, b = self.fused, self.fused_bias
+            return native.run_with(
+                x,
+                weights,
+                ids,
+                f["w13"],
+                f["w2"],
+                b["b13"],
+                b["b2"],
+                "swiglu",
+                self.alpha,
+                self.limit,
+            )
         T, k = ids.shape
         groups: dict[int, list[int]] = {}
         for pair, e in enumerate(ids.reshape(-1).tolist()):
@@ -116,3 +163,13 @@ class GptOssSparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.router(x)
         return self.experts(x, weights, ids)
+
+
+def _gate_rows_first(gate_up: ExpertWeights) -> ExpertWeights:
+    """gate_up's rows (gate, up, gate, ... as HF's columns) reordered to [all gate; all up], the
+    fused op's w13 (row-major blocks: one stored row per weight row)."""
+    rows = torch.arange(gate_up.rows)
+    order = torch.cat((rows[::2], rows[1::2]))
+    return ExpertWeights(
+        gate_up.data[:, order].contiguous(), gate_up.fmt, gate_up.rows, gate_up.cols
+    )

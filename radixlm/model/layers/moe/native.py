@@ -38,6 +38,23 @@ def run(
     w13: ExpertWeights,
     w2: ExpertWeights,
 ) -> torch.Tensor:
+    return run_with(hidden, topk_weights, topk_ids, w13, w2)
+
+
+def run_with(
+    hidden: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    w13: ExpertWeights,
+    w2: ExpertWeights,
+    b13: torch.Tensor | None = None,
+    b2: torch.Tensor | None = None,
+    activation: str = "silu",
+    alpha: float = 0.0,
+    limit: float = 0.0,
+) -> torch.Tensor:
+    """run, with SGLang's fused_experts options: per-expert biases b13 [E, 2I] ([gate; up] as
+    w13's rows) and b2 [E, H], activation "silu" or "swiglu" (gpt-oss's, clamped at limit)."""
     from radixlm.kernels.ops import ops
 
     x = hidden.reshape(-1, hidden.shape[-1]).float().contiguous()
@@ -52,6 +69,11 @@ def run(
             w13.fmt.kernel_id,
             w2.data,
             w2.fmt.kernel_id,
+            b13,
+            b2,
+            activation,
+            alpha,
+            limit,
         )
         for s in range(0, max(x.shape[0], 1), MAX_TOKENS)
     ]  # one call when empty
