@@ -7,7 +7,6 @@ It reads what the converter reads: config.json and the saved safetensors (input_
 output_linear / router.layer names). Granite's own configs name the layers "mamba" / "attention";
 transformers 5.x's save_pretrained writes "linear_attention" / "full_attention": both are read.
 Keys the converter writes twice (head_count_kv, context_length) are written once, the later value.
-Float32 files only (gguf cannot write the experts' Q8_0 here without the converter's type rules).
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ import os
 
 import torch
 
-from tests.model.hybrid_checkpoints import _add_vocab, _stored
+from tests.model.hybrid_checkpoints import _add_vocab, _stored, dequantized_as_q8_0
 
 
 def _hparams(src: str) -> dict:
@@ -140,30 +139,84 @@ def _converted(name: str, t: torch.Tensor, hp: dict, ssm: list[int], has_experts
     yield new_name, t
 
 
-# FalconH1Model.modify_tensors: the multiplier folded into each tensor, by the first name part found
-_FALCON_H1_SCALES = (
-    ("down_proj", lambda hp: hp["mlp_multipliers"][1]),
-    ("gate_proj", lambda hp: hp["mlp_multipliers"][0]),
-    ("k_proj", lambda hp: hp["key_multiplier"] * hp["attention_in_multiplier"]),
-    ("q_proj", lambda hp: hp["attention_in_multiplier"]),
-    ("v_proj", lambda hp: hp["attention_in_multiplier"]),
-    ("o_proj", lambda hp: hp["attention_out_multiplier"]),
-    ("out_proj", lambda hp: hp["ssm_out_multiplier"]),
-    ("in_proj", lambda hp: hp["ssm_in_multiplier"]),
-    ("lm_head", lambda hp: hp["lm_head_multiplier"]),
-    ("embed_tokens", lambda hp: hp["embedding_multiplier"]),
+# FalconH1Model.modify_tensors: the multipliers folded into each tensor, by the first name part
+# found, one float32 product after the other in the converter's order (what it rounds next)
+_FALCON_H1_FACTORS = (
+    ("down_proj", lambda hp: [hp["mlp_multipliers"][1]]),
+    ("gate_proj", lambda hp: [hp["mlp_multipliers"][0]]),
+    ("k_proj", lambda hp: [hp["key_multiplier"], hp["attention_in_multiplier"]]),
+    ("q_proj", lambda hp: [hp["attention_in_multiplier"]]),
+    ("v_proj", lambda hp: [hp["attention_in_multiplier"]]),
+    ("o_proj", lambda hp: [hp["attention_out_multiplier"]]),
+    ("out_proj", lambda hp: [hp["ssm_out_multiplier"]]),
+    ("in_proj", lambda hp: [hp["ssm_in_multiplier"]]),
+    ("lm_head", lambda hp: [hp["lm_head_multiplier"]]),
+    ("embed_tokens", lambda hp: [hp["embedding_multiplier"]]),
+)
+# the multipliers HF applies at run time that the file holds in its weights (HF's defaults: 1)
+FALCON_H1_MULTIPLIERS = (
+    "embedding_multiplier",
+    "lm_head_multiplier",
+    "key_multiplier",
+    "attention_in_multiplier",
+    "attention_out_multiplier",
+    "ssm_in_multiplier",
+    "ssm_out_multiplier",
+    "ssm_multipliers",
+    "mlp_multipliers",
 )
 
 
-def write_falcon_h1_gguf(src: str, path: str) -> str:
-    """The falcon-h1 file of a FalconH1ForCausalLM directory (float32). head_dim: the config's, or
-    hidden / heads (transformers 5.x does not save one; Falcon's own configs do)."""
+def falcon_h1_folded(name: str, t: torch.Tensor, hp: dict) -> torch.Tensor:
+    """HF tensor `name` of a FalconH1ForCausalLM (float32) with its muP multipliers folded in, as
+    FalconH1Model.modify_tensors folds them: a new tensor; in_proj's rows (z, x, B, C, dt) then
+    times ssm_multipliers part by part."""
+    for factor in next((f(hp) for part, f in _FALCON_H1_FACTORS if part in name), []):
+        t = t * factor
+    if "in_proj" in name:
+        d, gs = hp["mamba_d_ssm"], hp["mamba_n_groups"] * hp["mamba_d_state"]
+        bounds = [0, d, 2 * d, 2 * d + gs, 2 * d + 2 * gs, t.shape[0]]
+        for k, factor in enumerate(hp["ssm_multipliers"]):
+            t[bounds[k] : bounds[k + 1]] *= factor
+    return t
+
+
+def falcon_h1_as_stored(hf, qtype: str = "q8_0"):
+    """HF FalconH1ForCausalLM holding what write_falcon_h1_gguf(qtype) stores: every multiplier
+    folded into the weights (falcon_h1_folded) and set to 1 in the config, as the file's loader
+    reads it; then each weight rounded as the file stores it (hybrid_checkpoints.
+    dequantized_as_q8_0: the converter's fold comes before its rounding)."""
+    import copy
+
+    import transformers
+
+    hp = hf.config.to_dict()
+    cfg = copy.deepcopy(hf.config)
+    for key in FALCON_H1_MULTIPLIERS:
+        ones = [1.0] * len(hp[key]) if isinstance(hp[key], list) else 1.0
+        setattr(cfg, key, ones)
+    held = transformers.FalconH1ForCausalLM(cfg).to(torch.float32)
+    with torch.no_grad():
+        state = {n: falcon_h1_folded(n, t.float(), hp) for n, t in hf.state_dict().items()}
+    held.load_state_dict(state)
+    if qtype == "f32":
+        return held.eval()
+    if qtype != "q8_0":
+        raise ValueError(f"falcon_h1_as_stored: qtype {qtype!r} is not f32 or q8_0")
+    return dequantized_as_q8_0(held)
+
+
+def write_falcon_h1_gguf(src: str, path: str, qtype: str = "f32") -> str:
+    """The falcon-h1 file of a FalconH1ForCausalLM directory, its tensors as the converter's
+    --outtype qtype ("f32" or "q8_0") stores them (hybrid_checkpoints._stored). head_dim: the
+    config's, or hidden / heads (transformers 5.x does not save one; Falcon's own configs do)."""
     import gguf
     from safetensors.torch import load_file
 
     hp = _hparams(src)
     n, hidden, heads = hp["num_hidden_layers"], hp["hidden_size"], hp["num_attention_heads"]
     d_inner = hp["mamba_d_ssm"]
+    ftype = {"f32": gguf.LlamaFileType.ALL_F32, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[qtype]
     w = gguf.GGUFWriter(path, "falcon-h1")
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name("tiny-falcon-h1")
@@ -179,7 +232,7 @@ def write_falcon_h1_gguf(src: str, path: str) -> str:
     w.add_ssm_time_step_rank(d_inner // hp["mamba_d_head"])
     w.add_ssm_group_count(hp["mamba_n_groups"])
     w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    w.add_file_type(ftype)
     w.add_vocab_size(hp["vocab_size"])
     w.add_head_count_kv(hp["num_key_value_heads"])
     w.add_key_length(hp.get("head_dim") or hidden // heads)
@@ -189,7 +242,6 @@ def write_falcon_h1_gguf(src: str, path: str) -> str:
     _add_vocab(w, src, hp["vocab_size"], "qwen2")  # _set_vocab_gpt2: not padded
     arch = gguf.MODEL_ARCH.FALCON_H1
     tmap = gguf.get_tensor_name_map(arch, n)
-    gs = hp["mamba_n_groups"] * hp["mamba_d_state"]
     for name, t in load_file(os.path.join(src, "model.safetensors")).items():
         t = t.float()
         if name.endswith(".dt_bias"):  # Mamba2Model.filter_tensors
@@ -204,17 +256,7 @@ def write_falcon_h1_gguf(src: str, path: str) -> str:
             t = t.reshape((hp["mamba_n_groups"], d_inner // hp["mamba_n_groups"]))
         if name.endswith(".A_log"):
             t = -torch.exp(t)
-        scale = next((f(hp) for part, f in _FALCON_H1_SCALES if part in name), None)
-        if scale is not None:
-            t = t * scale
-        if "in_proj" in name:  # the mup vector over the rows: z, x, B, C, dt
-            m = hp["ssm_multipliers"]
-            for k, (a, b) in enumerate(
-                [(0, d_inner), (d_inner, 2 * d_inner), (2 * d_inner, 2 * d_inner + gs)]
-                + [(2 * d_inner + gs, 2 * d_inner + 2 * gs), (2 * d_inner + 2 * gs, t.shape[0])]
-            ):
-                t[a:b] *= m[k]
-        raw, kind = _stored(new_name, t, gguf.LlamaFileType.ALL_F32, arch)
+        raw, kind = _stored(new_name, falcon_h1_folded(name, t, hp), ftype, arch)
         w.add_tensor(new_name, raw, raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
