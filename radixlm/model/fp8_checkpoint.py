@@ -15,7 +15,10 @@ float8_e4m3fn [out, in], beside its scales.
 The weights stay e4m3 on the native CPU kernel (kernels/formats.py: fp8_e4m3, a float32 scale per
 128 values beside the bytes as stored), so the held model is the file's size plus 3%; the scale
 each 128 values take is the checkpoint's own, so x = q * s is what HF's dequantization computes,
-bit for bit.
+bit for bit. An MoE's experts (one tensor per expert in the file) are laid out the same way into
+one [E, rows, bytes] stack per projection as they stream in, handed over whole where the model
+takes such stacks (MoeForCausalLM.expert_stack), and the fused MoE op reads them as they are; any
+other MoE's FP8 experts are refused by name.
 
 Activations stay float32 whatever the config says (dynamic per-token or per-group and static FP8
 activations are what a GPU's FP8 GEMM needs; on the CPU the weight is the one rounding), so a
@@ -37,6 +40,7 @@ from torch import nn
 from radixlm.kernels.formats import FORMATS, FP8_BLOCK, fp8_rows
 from radixlm.model import quant_checkpoint
 from radixlm.model.awq_gptq import CheckpointMethod
+from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.quant_checkpoint import CheckpointQuant
 
@@ -65,6 +69,7 @@ class Fp8CheckpointMethod(CheckpointMethod):
     def _repacked(self, weights: Iterator, model: nn.Module, quant: CheckpointQuant) -> Iterator:
         layout = Fp8Layer(quant.strategy, quant.block)
         pending: dict[str, dict[str, torch.Tensor]] = {}
+        stacks: dict[str, _ExpertStack] = {}  # an MoE's experts, until each has come in
         count, seconds = 0, 0.0
         for name, tensor in weights:
             prefix, _, kind = name.rpartition(".")
@@ -82,11 +87,15 @@ class Fp8CheckpointMethod(CheckpointMethod):
             parts[kind] = tensor
             if len(parts) == 2:
                 t0 = time.perf_counter()
-                yield prefix + ".weight", self._layer(prefix, pending.pop(prefix), model, layout)
+                done = self._layer_or_stack(prefix, pending.pop(prefix), model, layout, stacks)
                 seconds, count = seconds + time.perf_counter() - t0, count + 1
+                if done is not None:
+                    yield done
         for prefix, parts in pending.items():
             missing = " or ".join(self.scales) if "weight" in parts else "weight"
             raise ValueError(f"{prefix}: {self.name} FP8 checkpoint lacks its {missing}")
+        for name, stack in stacks.items():
+            raise ValueError(f"{name}: FP8 checkpoint lacks experts {stack.missing()[:8]}")
         logger.info(
             "kept %d FP8 matrices (%s scales) as e4m3 on the native kernels in %.2f s",
             count,
@@ -94,10 +103,30 @@ class Fp8CheckpointMethod(CheckpointMethod):
             seconds,
         )
 
-    def _layer(self, prefix: str, parts: dict, model, layout: Fp8Layer) -> QuantizedTensor:
+    def _layer_or_stack(
+        self, prefix: str, parts: dict, model, layout: Fp8Layer, stacks: dict
+    ) -> tuple[str, QuantizedTensor | ExpertWeights] | None:
+        """A layer's matrix; or one expert's, kept until its projection's stack of all experts is
+        whole (the fused MoE kernel reads fp8_e4m3 experts as they are), then the stack."""
         name = prefix + ".weight"
-        if not model.takes_quantized(name):
-            raise ValueError(f"{name}: FP8 weights for a layer the kernels do not multiply")
+        expert = model.expert_stack(name) if hasattr(model, "expert_stack") else None
+        if expert is None:
+            if ".experts." in name and not model.takes_quantized(name):
+                raise ValueError(
+                    f"{name}: FP8 experts are not supported for {type(model).__name__} (its MoE"
+                    " layers take float or GGUF experts)"
+                )
+            if not model.takes_quantized(name):
+                raise ValueError(f"{name}: FP8 weights for a layer the kernels do not multiply")
+            return name, self._layer(name, parts, layout)
+        stack_name, e, count = expert
+        matrix = self._layer(name, parts, layout)
+        stack = stacks.setdefault(stack_name, _ExpertStack(count, *matrix.shape))
+        return (
+            (stack_name, stacks.pop(stack_name).weights()) if stack.put(e, matrix, name) else None
+        )
+
+    def _layer(self, name: str, parts: dict, layout: Fp8Layer) -> QuantizedTensor:
         q = parts["weight"]
         if q.dim() != 2:
             raise ValueError(f"{name}: FP8 weight must be 2-D, got {tuple(q.shape)}")
@@ -116,6 +145,32 @@ class Fp8CheckpointMethod(CheckpointMethod):
 
     def after_loading(self, model: nn.Module) -> None:
         pass
+
+
+class _ExpertStack:
+    """All experts' fp8_e4m3 rows of one projection, filled expert by expert: [E, rows, bytes]."""
+
+    def __init__(self, count: int, rows: int, cols: int):
+        self.fmt = FORMATS["fp8_e4m3"]
+        self.rows, self.cols = rows, cols
+        self.data = torch.empty(count, rows, self.fmt.row_bytes(cols), dtype=torch.uint8)
+        self.filled = torch.zeros(count, dtype=torch.bool)
+
+    def put(self, e: int, matrix: QuantizedTensor, name: str) -> bool:
+        """Expert e's matrix in; True once every expert's is."""
+        if matrix.shape != (self.rows, self.cols):
+            raise ValueError(
+                f"{name}: {list(matrix.shape)}, other experts [{self.rows}, {self.cols}]"
+            )
+        self.data[e] = matrix.data
+        self.filled[e] = True
+        return bool(self.filled.all())
+
+    def missing(self) -> list[int]:
+        return (~self.filled).nonzero().flatten().tolist()
+
+    def weights(self) -> ExpertWeights:
+        return ExpertWeights(self.data, self.fmt, self.rows, self.cols)
 
 
 def block_scales(
