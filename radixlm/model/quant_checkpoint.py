@@ -1,7 +1,8 @@
 """A pre-quantized HF checkpoint's `quantization_config` (config.json), parsed: AWQ (AutoAWQ's GEMM
 layout) and GPTQ (AutoGPTQ / GPTQModel) are read and repacked into the native CPU formats at load
-(model/awq_gptq.py), gpt-oss's MXFP4 experts too (model/mxfp4_checkpoint.py), llm-compressor's FP8
-(compressed-tensors, float-quantized: model/fp8_checkpoint.py); anything else is refused at
+(model/awq_gptq.py), gpt-oss's MXFP4 experts too (model/mxfp4_checkpoint.py), FP8 in
+llm-compressor's layout (compressed-tensors, float-quantized) and in DeepSeek's / transformers'
+FineGrainedFP8 one (quant_method fp8: model/fp8_checkpoint.py); anything else is refused at
 start-up in one line naming the scheme and field.
 
 As vLLM and SGLang do, the checkpoint's own quant_method selects the method when --quantization is
@@ -11,11 +12,20 @@ not given; naming another one for such a checkpoint is refused (its weights are 
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 from typing import Any
 
-# quant_method values read here; the rest of a checkpoint's quantization_config names are refused.
-CHECKPOINT_METHODS = ("awq", "gptq", "mxfp4", "compressed-tensors")
+# quant_method "fp8" loads as `fp8_serialized` (SGLang's is_checkpoint_fp8_serialized): radixlm's
+# `--quantization fp8` is also the CUDA method that quantizes float weights at load, so the
+# checkpoint's loader needs a name of its own; `--quantization fp8` still selects it for such a
+# checkpoint, as in SGLang (resolve_checkpoint_quantization).
+FP8_SERIALIZED = "fp8_serialized"
+# The --quantization values (quant_methods' registry names) that read a pre-quantized checkpoint;
+# the rest of a checkpoint's quant_method names are refused.
+CHECKPOINT_METHODS = ("awq", "gptq", "mxfp4", "compressed-tensors", FP8_SERIALIZED)
+# A loader's config.json quant_method where the two names differ.
+QUANT_METHOD_OF = {FP8_SERIALIZED: "fp8"}
 
 
 @dataclass(frozen=True)
@@ -29,8 +39,8 @@ class CheckpointQuant:
     sym: bool
     # GPTQ v1 (AutoGPTQ, GPTQModel's "gptq") stores each zero minus 1; v2 ("gptq_v2") stores it.
     zero_offset: int
-    # compressed-tensors FP8: how weight_scale is laid out ("channel", "block", "tensor"), and a
-    # block's [rows, cols].
+    # FP8: how the weight scale is laid out ("channel", "block", "tensor"), and a block's
+    # [rows, cols].
     strategy: str = ""
     block: tuple[int, int] = (0, 0)
 
@@ -38,6 +48,11 @@ class CheckpointQuant:
     def pack(self) -> int:
         """Values per int32."""
         return 32 // self.bits
+
+    @property
+    def quant_method(self) -> str:
+        """config.json's name of the method (SGLang's --quantization value for it)."""
+        return QUANT_METHOD_OF.get(self.method, self.method)
 
 
 def _refuse(method: str, field: str, value: Any, supported: str) -> ValueError:
@@ -122,6 +137,42 @@ def _parse_compressed_tensors(cfg: dict) -> CheckpointQuant:
     return CheckpointQuant(method, 8, -1, False, True, 0, strategy=strategy, block=block)
 
 
+def _parse_fp8(cfg: dict) -> CheckpointQuant:
+    """transformers' FineGrainedFP8Config, SGLang's and vLLM's Fp8Config, serialized: e4m3 weights,
+    with weight_block_size a float32 `weight_scale_inv` per [bn, bk] block (the multiplier: w = q *
+    scale_inv, transformers' Fp8Dequantize), without it one scale per tensor (`weight_scale`,
+    vLLM's and SGLang's; transformers' `weight_scale_inv`)."""
+    method = "fp8"
+    fmt = str(cfg.get("fmt") or "e4m3").lower()
+    if fmt != "e4m3":  # DeepSeek's config spells it; e5m2 weights have no kernel here
+        raise _refuse(method, "fmt", fmt, "e4m3")
+    scheme = str(cfg.get("activation_scheme") or "dynamic").lower()
+    if scheme not in ("dynamic", "static"):
+        raise _refuse(method, "activation_scheme", scheme, "dynamic or static")
+    for field, supported in (
+        ("kv_cache_quant_algo", "none: FP8 KV scales"),
+        ("modules_to_convert", "none: FP8 embeddings"),
+    ):
+        if cfg.get(field):
+            raise _refuse(method, field, cfg[field], supported)
+    if str(cfg.get("expert_dtype") or "fp8").lower() != "fp8":
+        raise _refuse(method, "expert_dtype", cfg["expert_dtype"], "fp8")
+    if str(cfg.get("scale_fmt") or "float").lower() not in ("float", "ue8m0"):
+        raise _refuse(method, "scale_fmt", cfg["scale_fmt"], "float or ue8m0")
+    size = cfg.get("weight_block_size")
+    if size is None:
+        return CheckpointQuant(FP8_SERIALIZED, 8, -1, False, True, 0, strategy="tensor")
+    if scheme != "dynamic":  # as SGLang's Fp8Config: block scales come with dynamic activations
+        raise _refuse(method, "activation_scheme", scheme, "dynamic with weight_block_size")
+    try:
+        bn, bk = (int(v) for v in size)
+    except (TypeError, ValueError):
+        bn = bk = 0
+    if bn <= 0 or bk <= 0 or bk % 128:
+        raise _refuse(method, "weight_block_size", size, "[n, k] with k a multiple of 128")
+    return CheckpointQuant(FP8_SERIALIZED, 8, -1, False, True, 0, strategy="block", block=(bn, bk))
+
+
 def json_key(value: object) -> str:
     return json.dumps(value, sort_keys=True)
 
@@ -140,9 +191,12 @@ def parse_quantization_config(cfg: dict | None) -> CheckpointQuant | None:
         return CheckpointQuant("mxfp4", 4, 32, desc_act=False, sym=True, zero_offset=0)
     if method == "compressed-tensors":
         return _parse_compressed_tensors(cfg)
+    if method == "fp8":
+        return _parse_fp8(cfg)
+    names = (QUANT_METHOD_OF.get(m, m) for m in CHECKPOINT_METHODS)
     raise ValueError(
         f"quantization_config quant_method {method!r} is not supported (pre-quantized"
-        f" checkpoints: {', '.join(CHECKPOINT_METHODS)})"
+        f" checkpoints: {', '.join(names)})"
     )
 
 
@@ -155,6 +209,21 @@ def checkpoint_quant(config: Any) -> CheckpointQuant | None:
     return parse_quantization_config(cfg)
 
 
+def declared_quant_method(model_path: str | None) -> str | None:
+    """The quant_method a local model directory's config.json names (None: none, or no such
+    directory): read before anything loads, to tell `--quantization fp8` for an FP8 checkpoint from
+    the CUDA method (quant_methods.refusal)."""
+    path = os.path.join(model_path or "", "config.json")
+    if not model_path or not os.path.isfile(path):
+        return None
+    try:
+        with open(path) as f:
+            cfg = json.load(f).get("quantization_config") or {}
+    except (OSError, ValueError, AttributeError):
+        return None  # the loader names what is wrong with the file
+    return str(cfg.get("quant_method", "")).lower() or None
+
+
 def resolve_checkpoint_quantization(quantization: str | None, quant: CheckpointQuant | None) -> str:
     """--quantization for a HF directory given its parsed config: the checkpoint's own method when
     unset; a mismatch either way is refused (one line)."""
@@ -165,10 +234,10 @@ def resolve_checkpoint_quantization(quantization: str | None, quant: CheckpointQ
                 " quantization_config"
             )
         return quantization or "none"
-    if quantization not in (None, quant.method):
+    if quantization not in (None, quant.method, quant.quant_method):
         raise ValueError(
             f"--quantization {quantization}: the checkpoint is quantized with quant_method"
-            f" {quant.method!r} (its weights are not float); leave --quantization unset or pass"
-            f" {quant.method}"
+            f" {quant.quant_method!r} (its weights are not float); leave --quantization unset or"
+            f" pass {quant.quant_method}"
         )
     return quant.method

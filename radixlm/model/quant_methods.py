@@ -15,9 +15,11 @@ value (vLLM's and SGLang's QuantizationConfig / LinearMethod split, at this proj
   checkpoint's config.json selects it.
 - `mxfp4` (mxfp4_checkpoint.Mxfp4Method): gpt-oss's released checkpoints, their experts' MXFP4
   blocks repacked into GGML's MXFP4 layout for the native kernel; CPU only, selected by config.json.
-- `compressed-tensors` (fp8_checkpoint.CompressedTensorsMethod): llm-compressor's FP8 checkpoints,
-  their e4m3 weights kept as they are for the native FP8 kernel (float32 activations); CPU only,
-  selected by config.json.
+- `compressed-tensors`, `fp8_serialized` (fp8_checkpoint.Fp8CheckpointMethod): FP8 checkpoints,
+  llm-compressor's and DeepSeek's / transformers' FineGrainedFP8 (quant_method fp8), their e4m3
+  weights kept as they are for the native FP8 kernel (float32 activations); CPU only, selected by
+  config.json. `--quantization fp8` selects `fp8_serialized` for a checkpoint whose quant_method is
+  fp8 (SGLang's reading of it), the CUDA method for float weights.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import torch
 from torch import nn
 
 from radixlm.kernels.formats import FORMATS, QUANTIZE_AT_LOAD
+from radixlm.model.quant_checkpoint import FP8_SERIALIZED, QUANT_METHOD_OF, declared_quant_method
 from radixlm.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -179,6 +182,7 @@ QUANTIZATION_REGISTRY.register("mxfp4", "radixlm.model.mxfp4_checkpoint:MXFP4")
 QUANTIZATION_REGISTRY.register(
     "compressed-tensors", "radixlm.model.fp8_checkpoint:COMPRESSED_TENSORS"
 )
+QUANTIZATION_REGISTRY.register(FP8_SERIALIZED, "radixlm.model.fp8_checkpoint:FP8_SERIALIZED")
 QUANTIZATIONS = ("none", *QUANTIZATION_REGISTRY.names())
 
 
@@ -189,11 +193,20 @@ def quant_method(quantization: str | None) -> QuantMethod | None:
     return QUANTIZATION_REGISTRY.get(quantization)
 
 
-def refusal(quantization: str | None, device: str | torch.device) -> str | None:
+def refusal(
+    quantization: str | None, device: str | torch.device, model_path: str | None = None
+) -> str | None:
     """Why --quantization cannot start on `device` (one line), or None: only a method that is
-    refused elsewhere (fp8 off CUDA) is; the native formats fall back to float at load."""
+    refused elsewhere (fp8 off CUDA) is; the native formats fall back to float at load. A value
+    that also names a local checkpoint's own quant_method (fp8 for an FP8 checkpoint) is left to
+    the loader, which selects the checkpoint's method (quant_checkpoint.py)."""
     method = quant_method(quantization) if quantization in (None, *QUANTIZATIONS) else None
     if method is None or not method.refused_elsewhere:
         return None
     why = method.unavailable_reason(torch.device(device))
-    return None if why is None else f"--quantization {quantization} {why}"
+    if why is None:
+        return None
+    declared = declared_quant_method(model_path)
+    if declared == quantization and declared in QUANT_METHOD_OF.values():
+        return None
+    return f"--quantization {quantization} {why}"

@@ -108,7 +108,8 @@ class ModelRunnerConfig:
         _check_choice("dtype", self.dtype, DTYPES)
         _check_choice("quantization", self.quantization, QUANTIZATIONS, optional=True)
         if self.device in ("cpu", "cuda") or self.device.startswith("cuda:"):
-            why = refusal(self.quantization, self.device)  # at start-up, in one line
+            # At start-up, in one line.
+            why = refusal(self.quantization, self.device, self.model_path)
             if why:
                 raise ValueError(why)
         _check_choice("kv_cache_dtype", self.kv_cache_dtype, KV_CACHE_DTYPES)

@@ -47,11 +47,21 @@ def fp8_quantize(w: torch.Tensor, strategy: str) -> tuple[torch.Tensor, torch.Te
     return q, scale, q.float() * full
 
 
-def write_checkpoint(path: str, arch: str, strategy: str, seed: int = 0):
+def write_checkpoint(
+    path: str,
+    arch: str,
+    strategy: str,
+    seed: int = 0,
+    shape: dict = SHAPE,
+    scale_name: str = "weight_scale",
+    config: dict | None = None,
+):
     """The checkpoint at path (bf16 beside the e4m3 weights, as llm-compressor saves) and HF's
-    float32 model on its dequantized weights (the reference)."""
+    float32 model on its dequantized weights (the reference). scale_name and config (the
+    quantization_config; default compressed-tensors') write the other layouts of the same values
+    (test_fp8_serialized.py); a per-tensor layer also gets a static activation scale."""
     cls = {"llama": transformers.LlamaConfig, "qwen3": transformers.Qwen3Config}[arch]
-    cfg = cls(**SHAPE)
+    cfg = cls(**shape)
     cfg.architectures = [cls.__name__.replace("Config", "ForCausalLM")]
     torch.manual_seed(seed)
     hf = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval()
@@ -66,7 +76,7 @@ def write_checkpoint(path: str, arch: str, strategy: str, seed: int = 0):
                 tensors[name] = p.detach().bfloat16()
                 continue
             q, scale, deq = fp8_quantize(p.detach(), strategy)
-            tensors[name], tensors[prefix + ".weight_scale"] = q, scale
+            tensors[name], tensors[prefix + "." + scale_name] = q, scale
             if strategy == "tensor":  # a static scheme's activation scale, read past on the CPU
                 tensors[prefix + ".input_scale"] = torch.ones(1)
             p.copy_(deq)
@@ -75,7 +85,7 @@ def write_checkpoint(path: str, arch: str, strategy: str, seed: int = 0):
     os.makedirs(path, exist_ok=True)
     save_file(tensors, os.path.join(path, "model.safetensors"))
     d = cfg.to_dict()
-    d["quantization_config"] = quantization_config(strategy)
+    d["quantization_config"] = config or quantization_config(strategy)
     with open(os.path.join(path, "config.json"), "w") as f:
         json.dump(d, f)
     return hf, tensors
@@ -120,6 +130,13 @@ def checkpoints(tmp_path_factory, native_kernels_built):
 def test_checkpoint_loads_fp8_and_generates_hf_greedy(checkpoints, key):
     path, hf, tensors, loaded = checkpoints(key)
     assert loaded.quantization == "compressed-tensors"  # from config.json alone
+    assert_fp8_model_is_hf(path, hf, tensors, loaded, key)
+
+
+def assert_fp8_model_is_hf(path: str, hf, tensors: dict, loaded, label: str, shape=SHAPE) -> None:
+    """Every linear layer held as e4m3 (never float), each the checkpoint's dequantized weight
+    exactly, within 1.04x the file's FP8 bytes and the model within 1.2x the file; HF's greedy
+    tokens through prefill and decode."""
     for m in _matrices(loaded):
         assert m.weight is None, "a float weight is held"
         assert isinstance(m.qweight, QuantizedMatrix) and m.qweight.formats == ["fp8_e4m3"]
@@ -143,9 +160,9 @@ def test_checkpoint_loads_fp8_and_generates_hf_greedy(checkpoints, key):
     assert loaded.weight_bytes <= 1.2 * file_bytes, (loaded.weight_bytes, file_bytes)
     gen = torch.Generator().manual_seed(5)
     for n in (5, 12, 30):
-        prompt = torch.randint(3, SHAPE["vocab_size"], (n,), generator=gen).tolist()
+        prompt = torch.randint(3, shape["vocab_size"], (n,), generator=gen).tolist()
         ref, logits = _reference(hf, prompt)
-        assert_greedy_equal(_greedy_radixlm(loaded, prompt), (prompt, ref, logits), f"{key} #{n}")
+        assert_greedy_equal(_greedy_radixlm(loaded, prompt), (prompt, ref, logits), f"{label} #{n}")
 
 
 def test_engine_serves_an_fp8_checkpoint_from_its_config(checkpoints):

@@ -118,7 +118,7 @@ def test_frozen():
             "q3_k",
             (
                 "quantization must be one of none, gguf, int8, q4_0, q8_0, q4_k, f16, bf16, fp8,"
-                " awq, gptq, mxfp4, compressed-tensors, got 'q3_k'"
+                " awq, gptq, mxfp4, compressed-tensors, fp8_serialized, got 'q3_k'"
             ),
         ),
         (

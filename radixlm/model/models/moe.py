@@ -194,6 +194,21 @@ class MoeForCausalLM(LlamaForCausalLM):
         # (SparseMoeBlock.quantize_weights).
         return False if self._expert_target(name) else super().takes_quantized(name)
 
+    def expert_stack(self, name: str) -> tuple[str, int, int] | None:
+        """For one expert's matrix (HF name `...experts.<e>.<proj>.weight`): the name all experts'
+        stacked tensor takes here, e and the number of experts; None for any other tensor. A loader
+        that keeps experts quantized in a format of its own stacks them (model/fp8_checkpoint.py):
+        load_expert dequantizes one expert's matrix, never a stack."""
+        hit = self._expert_target(name)
+        if hit is None or hit[2] is None:
+            return None
+        block, proj, expert = hit
+        return (
+            f"model.layers.{block.layer_id}.mlp.experts.{proj}_proj",
+            expert,
+            block.spec.num_experts,
+        )
+
     def tp_slice(self, name: str) -> TensorSlice | None:
         hit = self._expert_target(name)
         if hit is None:
