@@ -119,6 +119,7 @@ def _register_fakes() -> None:
         ("causal_conv1d", recurrence_fake),
         ("gated_delta_rule", gated_delta_rule_fake),
         ("gated_delta_rule_gated", gated_delta_rule_fake),
+        ("kimi_delta_rule", gated_delta_rule_fake),
         ("gated_rmsnorm", gated_rmsnorm_fake),
         ("ssd_update", recurrence_fake),
     ):

@@ -1,13 +1,15 @@
 """The triton linear-attention backend (kernels/triton_ops/linear_attn.py) against the float64
-reference of tests/kernels/test_linear_attn.py: the same batches (decode and extends mixed, rows out
-of order, GVA, SSD groups, strided inputs, a bfloat16 state, rows outside the batch untouched), at
-smaller sizes where the interpreter is slow."""
+references of tests/kernels/test_linear_attn.py and test_kda.py: the same batches (decode and
+extends mixed, rows out of order, GVA, SSD groups, KDA's fast-decaying channels, strided inputs, a
+bfloat16 state, rows outside the batch untouched), at smaller sizes where the interpreter is
+slow."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from tests.kernels.test_kda import check_kda
 from tests.kernels.test_linear_attn import DECODE, check_conv, check_gdr, check_ssd
 from tests.triton.conftest import requires_triton
 
@@ -45,6 +47,17 @@ def test_gated_delta_rule(backend, triton_device, seq_lens, rows, state_dtype):
     check_gdr(
         backend, seq_lens, rows, triton_device, state_dtype=state_dtype, hk=1, hv=2, dk=16, dv=40
     )
+
+
+@BATCHES
+@STATE_DTYPES
+def test_kimi_delta_rule(backend, triton_device, seq_lens, rows, state_dtype):
+    check_kda(backend, seq_lens, rows, triton_device, state_dtype=state_dtype, h=2, dk=16, dv=40)
+
+
+def test_kimi_delta_rule_sizes_off_the_blocks(backend, triton_device):
+    """A key dim and value columns short of their blocks (masked lanes), a float16 state."""
+    check_kda(backend, [4, 1], [3, 8], triton_device, h=1, dk=12, dv=36, state_dtype=torch.float16)
 
 
 @BATCHES

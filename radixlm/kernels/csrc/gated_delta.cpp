@@ -22,15 +22,12 @@ namespace {
 //   S = e S + k d^T,  d = beta (v - e S^T k);  o = S^T q = e S^T q + (k . q) d
 // a comes from the previous token's update pass (acc) or, for a request's first token, from a pass
 // of its own; the update pass also makes the next token's a, so a token reads the block once.
-// `fetch`: the block is not in cache yet; its rows are ld apart, which the hardware prefetcher
-// follows poorly, so rows PF_ROWS ahead are asked for.
+// `fetch`: the block is not in cache yet (recurrent.h: PF_ROWS).
 struct GdrTok {
   const float *k, *q, *v;
   float e, beta, kq;
   float* o;
 };
-
-constexpr int64_t PF_ROWS = 8;
 
 void gdr_step_avx2(float* S, int64_t ld, int64_t Dk, const GdrTok& cur, const GdrTok* next, float* acc, bool first,
                    bool fetch) {
@@ -112,20 +109,6 @@ __attribute__((target("avx512f"))) void gdr_step_avx512(float* S, int64_t ld, in
     for (int j = 0; j < NV; ++j) ak[j] = _mm512_fmadd_ps(sv[j], nk, ak[j]), aq[j] = _mm512_fmadd_ps(sv[j], nq, aq[j]);
   }
   for (int j = 0; next && j < NV; ++j) _mm512_storeu_ps(acc + 16 * j, ak[j]), _mm512_storeu_ps(acc + W + 16 * j, aq[j]);
-}
-
-// AVX-512 where the CPU has it (libgcc's check includes the OS saving its state), unless
-// RADIXLM_KERNEL_ISA=avx2; linear_attn_isa() switches at run time (tests compare the two).
-bool avx512_supported() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f");
-}
-bool& use_avx512() {
-  static bool on = [] {
-    const char* env = std::getenv("RADIXLM_KERNEL_ISA");
-    return avx512_supported() && !(env && std::string(env) == "avx2");
-  }();
-  return on;
 }
 
 struct Gdr {
@@ -225,7 +208,7 @@ at::Tensor gated_delta_rule(const at::Tensor& q, const at::Tensor& k, const at::
   return gated_delta_rule_run(q, k, v, g, beta, ssm_state, rows, seq_lens, false);
 }
 
-// The ISA the gated delta rule's step uses ("avx512" or "avx2"); `isa` non-empty switches first.
+// The ISA the delta rules' steps use ("avx512" or "avx2"); `isa` non-empty switches first.
 std::string linear_attn_isa(const std::string& isa) {
   if (!isa.empty()) {
     TORCH_CHECK(isa == "avx2" || isa == "avx512", "linear_attn_isa: isa must be 'avx2' or 'avx512', got '", isa, "'");

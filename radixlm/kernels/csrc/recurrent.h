@@ -1,11 +1,12 @@
 // The recurrences of hybrid models' state layers (model/layers/linear_attn/base.py states the math
-// and the layouts): the causal conv1d with its state and Mamba-2's SSD update (recurrent.cpp) and
-// the gated delta rule (Gated DeltaNet, gated_delta.cpp), over a varlen batch whose states live in a
-// pool at `rows`. This header holds what both files use: the state types and their conversions, the
+// and the layouts): the causal conv1d with its state and Mamba-2's SSD update (recurrent.cpp), the
+// gated delta rule (Gated DeltaNet, gated_delta.cpp) and its per-channel-decay form (Kimi Delta
+// Attention, kda.cpp), over a varlen batch whose states live in a pool at `rows`. This header holds
+// what the files use: the state types and their conversions, the
 // inputs' and states' checks, the batch's bookkeeping and the work loop.
 //
 // The work is split by (request, head, block of state columns or rows): each block is independent
-// of the others (a gated delta rule column depends only on its own column of the state; an SSD row
+// of the others (a delta rule's column depends only on its own column of the state; an SSD row
 // only on its own row). A block is advanced over the request's tokens while it stays in L1 (in place
 // for a float32 decode step, which so streams the state once; else through a float32 copy, so a
 // bfloat16 or float16 state rounds once per call, at the end). Blocks go to ATen's threads from a
@@ -16,6 +17,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdlib>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -161,6 +163,25 @@ inline void run_items(int64_t n, bool parallel, const F& f) {
     for (int64_t i = next.fetch_add(1); i < n; i = next.fetch_add(1)) f(i, scratch);
   });
 }
+
+// The delta rules' token steps (gated_delta.cpp, kda.cpp) in AVX-512 where the CPU has it
+// (libgcc's check includes the OS saving its state), unless RADIXLM_KERNEL_ISA=avx2;
+// linear_attn_isa() switches at run time (tests compare the two). Inline: one flag for both files.
+inline bool avx512_supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f");
+}
+inline bool& use_avx512() {
+  static bool on = [] {
+    const char* env = std::getenv("RADIXLM_KERNEL_ISA");
+    return avx512_supported() && !(env && std::string(env) == "avx2");
+  }();
+  return on;
+}
+
+// A state block not in cache yet has rows a state row apart, which the hardware prefetcher follows
+// poorly: the delta rules' first pass asks for the rows this far ahead.
+inline constexpr int64_t PF_ROWS = 8;
 
 inline constexpr int64_t SERIAL_WORK = 1 << 15;  // multiply-adds below which a call runs on one thread
 

@@ -1,10 +1,10 @@
 """The recurrences of hybrid models' state layers (model/layers/linear_attn/base.py states the math
-and the layouts): the causal conv1d with its state, the gated delta rule and Mamba-2's SSD update,
-over a varlen batch (request i's tokens [cu_seqlens[i], cu_seqlens[i + 1]), its state at
-rows[i]).
+and the layouts): the causal conv1d with its state, the gated delta rule, its form with a decay per
+key channel (Kimi Delta Attention) and Mamba-2's SSD update, over a varlen batch (request i's tokens
+[cu_seqlens[i], cu_seqlens[i + 1]), its state at rows[i]).
 
 One kernel per operation serves decode and extend alike: a program owns one request's block of the
-state (the conv's channel block; a gated delta rule head's block of value columns, which depend
+state (the conv's channel block; a delta rule head's block of value columns, which depend
 only on their own columns of the state; an SSD head's block of rows), holds it in registers in
 float32 while it walks the request's tokens in order, and stores it back once in the state's dtype.
 """
@@ -143,6 +143,64 @@ def _gated_delta_rule_kernel(
 
 
 @triton.jit
+def _kimi_delta_rule_kernel(
+    Q,
+    K,
+    V,
+    G,
+    Beta,
+    State,
+    O,
+    Rows,
+    Cu,
+    Dk,
+    Dv,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_gt,
+    stride_gh,
+    stride_bt,
+    stride_bh,
+    stride_ss,
+    stride_sh,
+    stride_ot,
+    stride_oh,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    """Program (request, head, block of value columns), per token, the gated delta rule with a
+    decay per key channel (Kimi Delta Attention): S = diag(exp(g)) S;  S += k (beta (v - S^T
+    k))^T;  o = S^T q."""
+    r = tl.program_id(0)
+    h = tl.program_id(1)
+    start = tl.load(Cu + r)
+    end = tl.load(Cu + r + 1)
+    ks = tl.arange(0, BLOCK_K)
+    vs = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    km = ks < Dk
+    vm = vs < Dv
+    sp = State + tl.load(Rows + r) * stride_ss + h * stride_sh + ks[:, None] * Dv + vs[None, :]
+    sm = km[:, None] & vm[None, :]
+    s = tl.load(sp, mask=sm, other=0.0).to(tl.float32)
+    for t in range(start, end):
+        q = tl.load(Q + t * stride_qt + h * stride_qh + ks, mask=km, other=0.0).to(tl.float32)
+        k = tl.load(K + t * stride_kt + h * stride_kh + ks, mask=km, other=0.0).to(tl.float32)
+        v = tl.load(V + t * stride_vt + h * stride_vh + vs, mask=vm, other=0.0).to(tl.float32)
+        g = tl.load(G + t * stride_gt + h * stride_gh + ks, mask=km, other=0.0).to(tl.float32)
+        beta = tl.load(Beta + t * stride_bt + h * stride_bh).to(tl.float32)
+        s = s * tl.exp(g)[:, None]
+        delta = (v - tl.sum(s * k[:, None], 0)) * beta
+        s = s + k[:, None] * delta[None, :]
+        o = tl.sum(s * q[:, None], 0)
+        tl.store(O + t * stride_ot + h * stride_oh + vs, o.to(O.dtype.element_ty), mask=vm)
+    tl.store(sp, s.to(State.dtype.element_ty), mask=sm)
+
+
+@triton.jit
 def _ssd_kernel(
     X,
     DT,
@@ -270,6 +328,51 @@ def gated_delta_rule(q, k, v, g, beta, ssm_state, rows, cu_seqlens):
         dk,
         dv,
         hv // hk,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        g.stride(0),
+        g.stride(1),
+        beta.stride(0),
+        beta.stride(1),
+        ssm_state.stride(0),
+        ssm_state.stride(1),
+        o.stride(0),
+        o.stride(1),
+        BLOCK_K=next_pow2(dk),
+        BLOCK_V=block_v,
+        num_warps=4,
+    )
+    return o
+
+
+def kimi_delta_rule(q, k, v, g, beta, ssm_state, rows, cu_seqlens):
+    """q, k, g [T, H, Dk]; v [T, H, Dv]; beta [T, H]; ssm_state [slots, H, Dk, Dv] (in place at
+    rows). -> o [T, H, Dv] in v's dtype."""
+    q, k, v, g = _unit_last(q), _unit_last(k), _unit_last(v), _unit_last(g)
+    t, h, dk = q.shape
+    dv = v.shape[2]
+    _check_state(ssm_state, (h, dk, dv), "kimi_delta_rule ssm_state")
+    o = torch.empty(t, h, dv, dtype=v.dtype, device=v.device)
+    bs = rows.shape[0]
+    if bs == 0:
+        return o
+    block_v = min(32, next_pow2(dv))
+    _kimi_delta_rule_kernel[(bs, h, triton.cdiv(dv, block_v))](
+        q,
+        k,
+        v,
+        g,
+        beta,
+        ssm_state,
+        o,
+        rows,
+        cu_seqlens,
+        dk,
+        dv,
         q.stride(0),
         q.stride(1),
         k.stride(0),

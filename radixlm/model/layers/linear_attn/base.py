@@ -123,7 +123,7 @@ class LinearAttnBackend(ABC):
             o_t = S^T q_t
         q, k [T, H, Dk] (l2-normalized, q scaled); v [T, H, Dv]; g [T, H, Dk] float32 (<= 0);
         beta [T, H]; ssm_state [slots, H, Dk, Dv]. -> o [T, H, Dv] in v's dtype, computed in
-        float32. Torch's on every backend (kda_rule.py): no native or Triton kernel yet."""
+        float32. This default is torch's (kda_rule.py); native and triton run their kernels."""
         return kda_batch(q, k, v, g, beta, ssm_state, rows, seq_lens)
 
     def gated_rmsnorm(

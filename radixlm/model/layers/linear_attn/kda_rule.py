@@ -6,8 +6,9 @@ key channel (a diagonal gate) instead of one scalar per head. Per token t and he
     o_t = S^T q_t
 
 A decode step runs the one-token update for the whole batch at once; an extend runs
-chunk-parallel per request (kda_chunked). No native CPU or Triton kernel yet: every backend runs
-these (LinearAttnBackend.kimi_delta_rule).
+chunk-parallel per request (kda_chunked). The torch backend's (LinearAttnBackend.kimi_delta_rule's
+default); native and triton run kernels of their own (kernels/csrc/kda.cpp,
+kernels/triton_ops/linear_attn.py).
 """
 
 from __future__ import annotations

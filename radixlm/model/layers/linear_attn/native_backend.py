@@ -1,5 +1,5 @@
-"""The recurrences as native CPU kernels (kernels/csrc/recurrent.cpp, gated_delta.cpp and
-gdn_fused.cpp: torch.ops.radixlm).
+"""The recurrences as native CPU kernels (kernels/csrc/recurrent.cpp, gated_delta.cpp,
+gdn_fused.cpp and kda.cpp: torch.ops.radixlm).
 
 One op per call for the whole batch, decode and extend alike: the kernels work per (request,
 head, block of the state), so a decode step streams each state once and an extend runs token by
@@ -60,6 +60,12 @@ class NativeLinearAttnBackend(LinearAttnBackend):
             rows,
             list(seq_lens),
             bool(tiled),
+        )
+        return o.to(v.dtype)
+
+    def kimi_delta_rule(self, q, k, v, g, beta, ssm_state, rows, seq_lens):
+        o = self._ops.kimi_delta_rule(
+            _f32(q), _f32(k), _f32(v), _f32(g), _f32(beta), ssm_state, rows, list(seq_lens)
         )
         return o.to(v.dtype)
 

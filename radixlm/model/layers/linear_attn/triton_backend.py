@@ -52,6 +52,11 @@ class TritonLinearAttnBackend(LinearAttnBackend):
             q, k, v, g, beta, ssm_state, _rows(rows, v.device), _cu_seqlens(seq_lens, v.device)
         )
 
+    def kimi_delta_rule(self, q, k, v, g, beta, ssm_state, rows, seq_lens):
+        return self._k.kimi_delta_rule(
+            q, k, v, g, beta, ssm_state, _rows(rows, v.device), _cu_seqlens(seq_lens, v.device)
+        )
+
     def ssd(self, x, dt, a, b, c, ssm_state, rows, seq_lens):
         return self._k.ssd_update(
             x, dt, a, b, c, ssm_state, _rows(rows, x.device), _cu_seqlens(seq_lens, x.device)
