@@ -193,19 +193,25 @@ def write_checkpoint(path: str, case: Case, seed: int = 0):
     return hf, tensors
 
 
-@pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory, native_kernels_built):
-    assert native_kernels_built, "the native kernels failed to build"
+def checkpoint_cache(tmp_path_factory, write):
+    """key -> (path, hf, tensors, loaded model), each written by write(path, key) and loaded once
+    per module."""
     made: dict[str, tuple] = {}
 
     def get(key: str):
         if key not in made:
             path = str(tmp_path_factory.mktemp(key))
-            hf, tensors = write_checkpoint(path, CASES[key])
+            hf, tensors = write(path, key)
             made[key] = path, hf, tensors, load_model(path)
         return made[key]
 
     return get
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory, native_kernels_built):
+    assert native_kernels_built, "the native kernels failed to build"
+    return checkpoint_cache(tmp_path_factory, lambda path, key: write_checkpoint(path, CASES[key]))
 
 
 # ----------------------------------------------------------------------------- loading and running

@@ -18,7 +18,14 @@ from radixlm.model.loader import load_model
 from radixlm.model.quant_checkpoint import parse_quantization_config
 from tests.e2e.test_default_model_greedy import assert_greedy_equal
 from tests.model.helpers import randomize
-from tests.model.test_awq_gptq import LINEARS, SHAPE, _greedy_radixlm, _matrices, _reference
+from tests.model.test_awq_gptq import (
+    LINEARS,
+    SHAPE,
+    _greedy_radixlm,
+    _matrices,
+    _reference,
+    checkpoint_cache,
+)
 
 E4M3_MAX = 448.0
 CASES = {  # key: (architecture, strategy)
@@ -114,16 +121,7 @@ def quantization_config(strategy: str) -> dict:
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory, native_kernels_built):
     assert native_kernels_built, "the native kernels failed to build"
-    made: dict[str, tuple] = {}
-
-    def get(key: str):
-        if key not in made:
-            path = str(tmp_path_factory.mktemp(key))
-            hf, tensors = write_checkpoint(path, *CASES[key])
-            made[key] = path, hf, tensors, load_model(path)
-        return made[key]
-
-    return get
+    return checkpoint_cache(tmp_path_factory, lambda path, key: write_checkpoint(path, *CASES[key]))
 
 
 @pytest.mark.parametrize("key", list(CASES))

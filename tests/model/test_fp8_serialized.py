@@ -21,7 +21,7 @@ from radixlm.model.quant_methods import refusal
 from radixlm.model.runner_config import ModelRunnerConfig
 from tests.e2e.test_default_model_greedy import assert_greedy_equal
 from tests.model.moe_checkpoints import hf_model
-from tests.model.test_awq_gptq import LINEARS, _greedy_radixlm, _reference
+from tests.model.test_awq_gptq import LINEARS, _greedy_radixlm, _reference, checkpoint_cache
 from tests.model.test_fp8_checkpoint import assert_fp8_model_is_hf, fp8_quantize, write_checkpoint
 
 # 6 heads of 64 (q: 384 rows) and 3 KV heads (k, v: 192 rows, a 128-row block and a partial one);
@@ -70,16 +70,7 @@ def write_fp8(path: str, key: str):
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory, native_kernels_built):
     assert native_kernels_built, "the native kernels failed to build"
-    made: dict[str, tuple] = {}
-
-    def get(key: str):
-        if key not in made:
-            path = str(tmp_path_factory.mktemp(key))
-            hf, tensors = write_fp8(path, key)
-            made[key] = path, hf, tensors, load_model(path)
-        return made[key]
-
-    return get
+    return checkpoint_cache(tmp_path_factory, lambda path, key: write_fp8(path, key))
 
 
 @pytest.mark.parametrize("key", list(CASES))
