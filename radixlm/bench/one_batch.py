@@ -19,8 +19,9 @@ import dataclasses
 import json
 import os
 import statistics
-import time
 
+from radixlm.bench.device_rates import DeviceTimer as _Timer
+from radixlm.bench.device_rates import read_rate_gbps
 from radixlm.bench.workloads import random_prompts
 
 
@@ -76,17 +77,6 @@ def sized_server_args(args, server_args):
     )
 
 
-class _Timer:
-    def __init__(self, device):
-        import torch
-
-        self.sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-
-    def now(self) -> float:
-        self.sync()
-        return time.perf_counter()
-
-
 def _forward(runner, batch, cm):
     """(forward batch, logits output) of a ScheduleBatch; the attention metadata is built in the
     runner's prepare, inside the caller's forward timing (as the model's own forward built it)."""
@@ -106,6 +96,7 @@ def run_once(
     from radixlm.sampling_params import SamplingParams
     from radixlm.scheduler.batch import PrefillChunk, ScheduleBatch
     from radixlm.scheduler.kv.cache_manager import CacheManager
+    from radixlm.scheduler.kv.state_tracker import create_state_tracker
     from radixlm.scheduler.req import Req
 
     need = sum(len(p) + output_len for p in prompts) + sum(map(len, prefixes))
@@ -120,7 +111,8 @@ def run_once(
         )
     sp = SamplingParams(max_new_tokens=output_len, temperature=0.0, ignore_eos=True)
     tree = NoPrefixCache()  # no radix tree: prefixes are shared by hand
-    cm = CacheManager.create(runner.req_to_token_pool, runner.token_to_kv_pool, tree)
+    states = create_state_tracker(runner.state_pool, tree, 0)  # a hybrid's: from zero states
+    cm = CacheManager.create(runner.req_to_token_pool, runner.token_to_kv_pool, tree, states)
     timer = _Timer(runner.device)
 
     def new_req(rid: str, ids: list[int], cached=None) -> Req:
@@ -345,41 +337,6 @@ def state_step_bytes(runner, bs: int) -> int:
     return 0 if pool is None else 2 * bs * pool.state_bytes
 
 
-def read_rate_gbps(device, nbytes: int = 256 * 2**20, repeats: int = 7) -> float:
-    """The machine's plain read rate (a sum over a buffer far larger than the caches), GB/s. On CUDA
-    the device-to-device copy rate instead (copy_rate_gbps): what HBM sustains, the usual roofline.
-    """
-    import torch
-
-    if torch.device(device).type == "cuda":
-        return copy_rate_gbps(device)
-    x = torch.ones(nbytes // 4, device=device)
-    timer = _Timer(torch.device(device))
-    times = []
-    for _ in range(repeats):
-        t0 = timer.now()
-        x.sum()
-        times.append(timer.now() - t0)
-    return nbytes / statistics.median(times) / 1e9
-
-
-def copy_rate_gbps(device, nbytes: int = 2**30, repeats: int = 10) -> float:
-    """A device-to-device copy of nbytes, counting the bytes read and written (GB/s): ~4.3 TB/s on
-    an H200 (measured by others on the lent machines), against its 4.8 TB/s nominal."""
-    import torch
-
-    src = torch.ones(nbytes // 4, device=device)
-    dst = torch.empty_like(src)
-    timer = _Timer(torch.device(device))
-    dst.copy_(src)
-    times = []
-    for _ in range(repeats):
-        t0 = timer.now()
-        dst.copy_(src)
-        times.append(timer.now() - t0)
-    return 2 * nbytes / statistics.median(times) / 1e9
-
-
 def run(args, server_args) -> list[dict]:
     """One result per batch size; each carries its greedy tokens under 'output_ids'."""
     from radixlm.model.runner import ModelRunner
@@ -391,6 +348,8 @@ def run(args, server_args) -> list[dict]:
         raise ValueError("--shared-prefix-len must be >= 0 and --num-groups >= 1")
     runner = ModelRunner(ModelRunnerConfig.from_server_args(sized_server_args(args, server_args)))
     prefixes = []
+    if args.shared_prefix_len and runner.state_pool is not None:
+        raise ValueError("--shared-prefix-len: a hybrid model's prefix states are not carried over")
     if args.shared_prefix_len:
         prefixes = [
             r.input_ids

@@ -114,6 +114,7 @@ def _register_fakes() -> None:
         ("paged_attention", paged_attention_fake),
         ("kv_store_", inplace_fake),
         ("llama_layers", llama_layers_fake),
+        ("qwen3_5_layers", llama_layers_fake),
         ("fused_moe", fused_moe_fake),
         ("lora_delta_", inplace_fake),
         ("causal_conv1d", recurrence_fake),

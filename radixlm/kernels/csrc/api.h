@@ -33,4 +33,12 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at:
                          const at::Tensor& q_start, double scale, at::Tensor& out, const AttentionPlan* plan = nullptr,
                          int64_t window = 0, const c10::optional<at::Tensor>& sinks = c10::nullopt,
                          double logit_cap = 0.0, int64_t chunk = 0);
+// The hybrid models' state layers (recurrent.cpp, gdn_fused.cpp): the conv's state and the gated
+// delta rule's are advanced in place at slots `rows`, seq_lens new tokens per request.
+at::Tensor causal_conv1d(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                         at::Tensor& conv_state, const at::Tensor& rows, at::IntArrayRef seq_lens, bool silu);
+at::Tensor gated_delta_rule_gated(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
+                                  const at::Tensor& b, const at::Tensor& a_log, const at::Tensor& dt_bias,
+                                  at::Tensor& ssm_state, const at::Tensor& rows, at::IntArrayRef seq_lens, bool tiled);
+at::Tensor gated_rmsnorm(const at::Tensor& x, const at::Tensor& z, const at::Tensor& weight, double eps);
 }  // namespace radixlm::api

@@ -130,4 +130,15 @@ TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
 }
 
 }  // namespace linear_attn
+
+namespace api {
+at::Tensor gated_delta_rule_gated(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
+                                  const at::Tensor& b, const at::Tensor& a_log, const at::Tensor& dt_bias,
+                                  at::Tensor& ssm_state, const at::Tensor& rows, at::IntArrayRef seq_lens, bool tiled) {
+  return linear_attn::gated_delta_rule_gated(q, k, v, a, b, a_log, dt_bias, ssm_state, rows, seq_lens, tiled);
+}
+at::Tensor gated_rmsnorm(const at::Tensor& x, const at::Tensor& z, const at::Tensor& weight, double eps) {
+  return linear_attn::gated_rmsnorm(x, z, weight, eps);
+}
+}  // namespace api
 }  // namespace radixlm

@@ -239,4 +239,11 @@ TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
 }
 
 }  // namespace linear_attn
+
+namespace api {
+at::Tensor causal_conv1d(const at::Tensor& x, const at::Tensor& weight, const c10::optional<at::Tensor>& bias,
+                         at::Tensor& conv_state, const at::Tensor& rows, at::IntArrayRef seq_lens, bool silu) {
+  return linear_attn::causal_conv1d(x, weight, bias, conv_state, rows, seq_lens, silu);
+}
+}  // namespace api
 }  // namespace radixlm

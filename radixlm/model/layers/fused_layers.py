@@ -79,7 +79,7 @@ class FusedLayers:
         return part
 
 
-def _segments(linear) -> list[tuple[torch.Tensor, int]] | None:
+def quantized_segments(linear) -> list[tuple[torch.Tensor, int]] | None:
     """(blocks, format id) per segment, or None when the projection is not all quantized (in the
     native formats: FP8 runs a Triton GEMM)."""
     q = linear.qweight
@@ -108,7 +108,7 @@ def build_fused_layers(model: DecoderStack) -> FusedLayers | None:
         fmt_starts.append(len(fmts))
         attn, mlp = layer.self_attn, layer.mlp
         projs = [attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj]
-        segments = [_segments(p) for p in projs]
+        segments = [quantized_segments(p) for p in projs]
         ra = attn.attn  # the op's attention has no window, soft-cap or sinks
         if (
             attn.qk_norm

@@ -1,0 +1,107 @@
+"""The one-op Qwen3.5 decoder stack (model/layers/fused_qwen3_5_layers.py) against the Python layers
+it replaces, on a quantized GGUF of the tiny Qwen3.5: bitwise the same logits in a batched prefill
+of uneven prompts and the decode steps after it (which read the prompts' KV and states)."""
+
+from __future__ import annotations
+
+import random
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from radixlm.bench.one_batch import run_once
+from tests.model.hybrid_checkpoints import write_gguf
+
+
+@pytest.fixture(scope="module")
+def runner(hybrid_checkpoint_dir, tmp_path_factory):
+    """A ModelRunner on the tiny Qwen3.5 as Q8_0, each Gated DeltaNet layer's attn_gate as Q4_0 (its
+    in_proj_qkvz then has two segments, as a Q4_K_M file's Q6_K qkv beside its Q4_K gate)."""
+    from transformers import AutoModelForCausalLM
+
+    from radixlm import kernels
+    from radixlm.model.runner import ModelRunner
+    from radixlm.model.runner_config import ModelRunnerConfig
+
+    assert kernels.available(), f"native kernels: {kernels.unavailable_reason()}"
+    path = hybrid_checkpoint_dir("qwen35")
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    overrides = {}
+    for i, kind in enumerate(hf.config.layer_types):
+        if kind == "linear_attention":
+            z = hf.model.layers[i].linear_attn.in_proj_z.weight.detach().numpy()
+            q4 = gguf.quants.quantize(np.ascontiguousarray(z), gguf.GGMLQuantizationType.Q4_0)
+            overrides[f"blk.{i}.attn_gate.weight"] = (q4, gguf.GGMLQuantizationType.Q4_0)
+    out = tmp_path_factory.mktemp("qwen35-fused") / "q8_0.gguf"
+    model_path = write_gguf(hf, path, str(out), qtype="q8_0", overrides=overrides)
+    threads = torch.get_num_threads()
+    try:
+        yield ModelRunner(
+            ModelRunnerConfig(
+                model_path=model_path,
+                num_threads=2,
+                max_total_tokens=2048,
+                max_running_requests=4,
+            )
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _logits_of(runner, prompts, output_len) -> tuple[list, list]:
+    """Every forward's next-token logits (the batched prefill, each decode step) and the tokens."""
+    seen = []
+    forward = runner.forward
+
+    def recording(fb):
+        out = forward(fb)
+        seen.append(out.next_token_logits.clone())
+        return out
+
+    runner.forward = recording
+    try:
+        out = run_once(runner, prompts, output_len)
+    finally:
+        del runner.forward
+    return seen, out["output_ids"]
+
+
+def test_fused_qwen3_5_layers_equal_python_layers(runner):
+    stack = runner.model.model
+    rng = random.Random(7)
+    vocab = runner.vocab_size
+    prompts = [[rng.randrange(10, vocab) for _ in range(n)] for n in (37, 5, 70)]
+    runs = []
+    for fused in (True, False):
+        stack.use_fused_layers, stack._fused = fused, None
+        # a batch of three, then one alone (other state rows and KV slots)
+        runs.append((_logits_of(runner, prompts, 6), _logits_of(runner, prompts[1:2], 4)))
+        if fused:
+            f = stack._fused
+            assert f, "the quantized Qwen3.5 should take the fused path"
+            assert f.seg_counts[:4] == [2, 1, 1, 1], "in_proj_qkvz: Q8_0 qkv beside a Q4_0 gate"
+            assert sum(f.layer_is_linear) == 3 and len(f.layer_is_linear) == 4
+    stack.use_fused_layers, stack._fused = True, None
+    for (a, a_ids), (b, b_ids) in zip(*runs):
+        assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+        assert a_ids == b_ids
+
+
+def test_fused_qwen3_5_layers_leave_state_snapshots_to_the_layers(runner):
+    """A forward that keeps a state after some of its tokens cuts the recurrence there: the Python
+    layers run it (runs_fused), and the op any other."""
+    from radixlm.model.layers.fused_qwen3_5_layers import runs_fused
+
+    class Batch:
+        linear_attn_backend = runner.linear_attn_backend
+        uses_lora = False
+        attn_backend = runner.attn_backend
+        attn_metadata = None
+        state_tracks = [[], []]
+
+    fb = Batch()
+    assert runs_fused(fb)
+    fb.state_tracks = [[], [(3, 1)]]
+    assert not runs_fused(fb)
