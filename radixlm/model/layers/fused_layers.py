@@ -175,12 +175,6 @@ def run_fused_layers(
 
     end = len(f.seg_counts) // 4 if end is None else end
     f = f.layers(start, end)
-    pool, md = fb.token_to_kv_pool, fb.attn_metadata
-    scales = (
-        ([], [])
-        if pool.k_scale_buffer is None
-        else (pool.k_scale_buffer[start:end], pool.v_scale_buffer[start:end])
-    )
     residual = torch.empty_like(hidden)
     out = ops().llama_layers(
         hidden,
@@ -191,15 +185,7 @@ def run_fused_layers(
         f.fmts,
         f.seg_counts,
         f.qkv_bias,
-        pool.k_buffer[start:end],
-        pool.v_buffer[start:end],
-        scales[0],
-        scales[1],
-        fb.out_cache_loc,
-        md.kv_slots,
-        md.rows,
-        md.seq_lens,
-        md.q_start,
+        *kv_and_metadata(fb, start, end),
         f.num_heads,
         f.num_kv_heads,
         f.head_dim,
@@ -207,3 +193,26 @@ def run_fused_layers(
         f.scaling,
     )
     return out, residual
+
+
+def kv_and_metadata(fb: ForwardBatch, start: int = 0, end: int | None = None) -> tuple:
+    """The fused ops' KV arguments for KV layers [start, end) and the batch's attention metadata
+    (the native backend's): k_bufs, v_bufs, k_scales, v_scales (empty: none), out_cache_loc,
+    kv_slots, rows, seq_lens, q_start."""
+    pool, md = fb.token_to_kv_pool, fb.attn_metadata
+    layers = slice(start, end)
+    scales = (
+        ([], [])
+        if pool.k_scale_buffer is None
+        else (pool.k_scale_buffer[layers], pool.v_scale_buffer[layers])
+    )
+    return (
+        pool.k_buffer[layers],
+        pool.v_buffer[layers],
+        *scales,
+        fb.out_cache_loc,
+        md.kv_slots,
+        md.rows,
+        md.seq_lens,
+        md.q_start,
+    )

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from radixlm.model.layers.fused_layers import quantized_segments
+from radixlm.model.layers.fused_layers import kv_and_metadata, quantized_segments
 from radixlm.model.layers.rotary import MRotaryEmbedding
 
 if TYPE_CHECKING:
@@ -161,9 +161,7 @@ def run_fused_qwen3_5_layers(
     from radixlm.kernels.ops import ops
     from radixlm.model.layers.linear_attn.segments import request_lens
 
-    pool, md, states = fb.token_to_kv_pool, fb.attn_metadata, fb.state_pool
-    layers = [states.layer(i) for i in f.state_layer_ids]
-    scales = ([], []) if pool.k_scale_buffer is None else (pool.k_scale_buffer, pool.v_scale_buffer)
+    layers = [fb.state_pool.layer(i) for i in f.state_layer_ids]
     residual = torch.empty_like(hidden)
     out = ops().qwen3_5_layers(
         hidden,
@@ -178,15 +176,7 @@ def run_fused_qwen3_5_layers(
         [s["ssm"] for s in layers],
         fb.req_pool_indices,
         request_lens(fb),
-        pool.k_buffer,
-        pool.v_buffer,
-        scales[0],
-        scales[1],
-        fb.out_cache_loc,
-        md.kv_slots,
-        md.rows,
-        md.seq_lens,
-        md.q_start,
+        *kv_and_metadata(fb),
         f.dims,
         f.eps,
         f.scaling,
