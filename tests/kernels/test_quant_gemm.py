@@ -283,15 +283,21 @@ def test_bad_weights_are_refused_by_name(kernel_ops):
 
 @pytest.mark.parametrize("fmt", list(INTERLEAVED))
 def test_vnni_tiles_equal_avx2_tiles_bitwise(kernel_ops, fmt):
-    """With AVX-512 VNNI the interleaved kernels take vpdpbusd tiles of up to 8 rows; the integer
-    block dots are exact either way, so every output must be bitwise the AVX2 tiles' (a server's
-    greedy outputs must not depend on the CPU it runs on), at every row count and tile remainder."""
-    if kernel_ops.qlinear_isa() != "avx512vnni":
+    """With AVX-512 VNNI the interleaved kernels take vpdpbusd tiles of up to 8 rows, and with VBMI
+    too MXFP4's tiles look their values up by vpermb; the integer block dots are exact either way,
+    so every output must be bitwise the AVX2 tiles' (a server's greedy outputs must not depend on
+    the CPU it runs on), at every row count and tile remainder."""
+    best = kernel_ops.qlinear_isa()
+    if best == "avx2":
         # Without VNNI only the AVX2 tiles exist: asking for the others is refused, by name.
         with pytest.raises(RuntimeError, match="no AVX-512 VNNI"):
             kernel_ops.qlinear_isa("avx512vnni")
         assert kernel_ops.qlinear_isa("avx2") == "avx2"
         return
+    isas = ["avx512vnni", "avx512vbmi"][: 1 + (best == "avx512vbmi")]
+    if best == "avx512vnni":  # a VNNI CPU without VBMI (Cascade Lake): refused by name
+        with pytest.raises(RuntimeError, match="no AVX-512 VBMI"):
+            kernel_ops.qlinear_isa("avx512vbmi")
     g = torch.Generator().manual_seed(7)
     k = 1536  # 48 blocks: offsets over several 8-block strides
     mat = QuantizedMatrix([QuantizedTensor(random_quantized(fmt, 72, k, g), FORMATS[fmt], k)])
@@ -302,11 +308,12 @@ def test_vnni_tiles_equal_avx2_tiles_bitwise(kernel_ops, fmt):
         for m in (1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 16, 17, 31, 64, 65, 83):
             kernel_ops.qlinear_isa("avx2")
             ref = kernel_ops.qlinear(x[:m], w, fid, bias)
-            kernel_ops.qlinear_isa("avx512vnni")
-            assert torch.equal(kernel_ops.qlinear(x[:m], w, fid, bias), ref), f"{m} rows"
+            for isa in isas:
+                kernel_ops.qlinear_isa(isa)
+                assert torch.equal(kernel_ops.qlinear(x[:m], w, fid, bias), ref), f"{isa}, {m} rows"
     finally:
-        kernel_ops.qlinear_isa("avx512vnni")
-    with pytest.raises(RuntimeError, match="must be 'avx2' or 'avx512vnni'"):
+        kernel_ops.qlinear_isa(best)
+    with pytest.raises(RuntimeError, match="must be 'avx2', 'avx512vnni' or 'avx512vbmi'"):
         kernel_ops.qlinear_isa("sse2")
 
 

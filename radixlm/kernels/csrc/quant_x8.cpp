@@ -21,11 +21,14 @@ namespace radixlm {
 
 void x8_group_rows_vnni(X8Kind kind, const uint8_t* g, const QAct& a, int64_t m0, int64_t m1, float* out, int64_t ldo,
                         const float* bias8);
+void x8_group_rows_vbmi_mxfp4(const uint8_t* g, const QAct& a, int64_t m0, int64_t m1, float* out, int64_t ldo,
+                              const float* bias8);
 
 namespace {
 
 struct Avx2Dot {
   static constexpr int RM = 4;
+  static inline __m256 e8m0_halves8(const uint8_t* p) { return radixlm::e8m0_halves8(p); }
   static inline __m256i q4(const __m256i* lo, const __m256i* hi, const int8_t* aq) {
     // 16-bit partial sums: 8 x (2 x 15 x 127) stays below 32767.
     __m256i s = _mm256_maddubs_epi16(lo[0], bcast32(aq));
@@ -71,18 +74,26 @@ struct Avx2Dot {
 };
 
 // Which tiles run: VNNI where the CPU has it (libgcc's check includes the OS saving the AVX-512
-// state), unless RADIXLM_KERNEL_ISA=avx2 asks for the baseline; qlinear_isa() switches at run time.
+// state), and for MXFP4 VBMI's lookups where it has that too; RADIXLM_KERNEL_ISA=avx2 (or
+// avx512vnni) asks for less; qlinear_isa() switches at run time.
+enum class Isa { AVX2 = 0, VNNI = 1, VBMI = 2 };
 bool vnni_supported() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
          __builtin_cpu_supports("avx512bw");
 }
-bool& use_vnni() {
-  static bool on = [] {
+bool vbmi_supported() { return vnni_supported() && __builtin_cpu_supports("avx512vbmi"); }
+Isa best_isa() { return vbmi_supported() ? Isa::VBMI : vnni_supported() ? Isa::VNNI : Isa::AVX2; }
+Isa& isa_level() {
+  static Isa level = [] {
     const char* env = std::getenv("RADIXLM_KERNEL_ISA");
-    return vnni_supported() && !(env && std::string(env) == "avx2");
+    const std::string want = env ? env : "";
+    const Isa best = best_isa();
+    if (want == "avx2") return Isa::AVX2;
+    if (want == "avx512vnni" && best != Isa::AVX2) return Isa::VNNI;
+    return best;
   }();
-  return on;
+  return level;
 }
 
 // Rows of M in blocks that stay in L2 while a thread's weight groups pass over them.
@@ -92,7 +103,7 @@ template <X8Kind Kind>
 void gemm(const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64_t M, float* out,
           int64_t ldo, const float* bias) {
   const int64_t groups = N / 8;
-  const bool vnni = use_vnni();
+  const Isa isa = isa_level();
   const int64_t grain = std::max<int64_t>(1, groups / (4 * at::get_num_threads()));
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
     for (int64_t mb = 0; mb < M; mb += M_BLOCK) {
@@ -100,7 +111,11 @@ void gemm(const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64
       for (int64_t g = g0; g < g1; ++g) {
         const uint8_t* gw = W + g * group_bytes;
         float* o = out + 8 * g;
-        if (vnni) {
+        if (Kind == X8Kind::MXFP4 && isa == Isa::VBMI) {
+          x8_group_rows_vbmi_mxfp4(gw, a, mb, me, o, ldo, bias ? bias + 8 * g : nullptr);
+          continue;
+        }
+        if (isa != Isa::AVX2) {
           x8_group_rows_vnni(Kind, gw, a, mb, me, o, ldo, bias ? bias + 8 * g : nullptr);
           continue;
         }
@@ -238,15 +253,19 @@ at::Tensor repack_x8(const at::Tensor& w, int64_t fmt, int64_t cols) {
   return out;
 }
 
-// The ISA the interleaved kernels use ("avx512vnni" or "avx2"); `isa` non-empty switches first
-// (tests compare the two; an ISA the CPU lacks is refused).
+// The ISA the interleaved kernels use ("avx512vbmi": VNNI's tiles with VBMI's MXFP4 lookups,
+// "avx512vnni" or "avx2"); `isa` non-empty switches first (tests compare them; an ISA the CPU
+// lacks is refused).
 std::string qlinear_isa(const std::string& isa) {
+  static const char* names[] = {"avx2", "avx512vnni", "avx512vbmi"};
   if (!isa.empty()) {
-    TORCH_CHECK(isa == "avx2" || isa == "avx512vnni", "qlinear_isa: isa must be 'avx2' or 'avx512vnni', got '", isa, "'");
+    TORCH_CHECK(isa == "avx2" || isa == "avx512vnni" || isa == "avx512vbmi",
+                "qlinear_isa: isa must be 'avx2', 'avx512vnni' or 'avx512vbmi', got '", isa, "'");
     TORCH_CHECK(isa == "avx2" || vnni_supported(), "qlinear_isa: this CPU has no AVX-512 VNNI");
-    use_vnni() = isa == "avx512vnni";
+    TORCH_CHECK(isa != "avx512vbmi" || vbmi_supported(), "qlinear_isa: this CPU has no AVX-512 VBMI");
+    isa_level() = isa == "avx2" ? Isa::AVX2 : isa == "avx512vnni" ? Isa::VNNI : Isa::VBMI;
   }
-  return use_vnni() ? "avx512vnni" : "avx2";
+  return names[(int)isa_level()];
 }
 
 TORCH_LIBRARY_FRAGMENT(radixlm, m) {

@@ -107,12 +107,17 @@ inline void tile_mxfp4x8(const uint8_t* g, const QAct& a, int64_t m0, float* out
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* blk = g + b * 136;
     if constexpr (RM <= 2) prefetch_span(blk, 136);
-    const __m256 dw = e8m0_halves8(blk);
+    const __m256 dw = Dot::e8m0_halves8(blk);
     __m256i lo[4], hi[4];
     for (int i = 0; i < 4; ++i) {
       const __m256i raw = _mm256_loadu_si256((const __m256i*)(blk + 8 + 32 * i));
-      lo[i] = _mm256_shuffle_epi8(table, _mm256_and_si256(raw, m4));
-      hi[i] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+      if constexpr (requires { Dot::VBMI_LOOKUP; }) {  // 5-bit indices into the table twice over
+        lo[i] = _mm256_permutexvar_epi8(raw, table);
+        hi[i] = _mm256_permutexvar_epi8(_mm256_srli_epi16(raw, 4), table);
+      } else {
+        lo[i] = _mm256_shuffle_epi8(table, _mm256_and_si256(raw, m4));
+        hi[i] = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+      }
     }
     for (int m = 0; m < RM; ++m) {
       // 12 x (the block's two 16-value sums), as int32 in every lane
