@@ -1,9 +1,11 @@
-// Every decoder layer of a dense Qwen3.5 (Gated DeltaNet layers and gated full attention, a SwiGLU
-// MLP after each) in one op, for CPU batches whose projections are quantized matrices. At batch 1
+// Every decoder layer of a Qwen3.5 (Gated DeltaNet layers and gated full attention, each followed by a
+// SwiGLU MLP or Qwen3.5-MoE's sparse block) in one op, for CPU batches whose projections are
+// quantized matrices. At batch 1
 // the Python layers cost ~1,500 torch calls a step; here they are C++ calls. As layers.cpp does for
 // the Llama family, it calls exactly the kernels the Python layers call (model/models/qwen3_5.py,
-// model/layers/linear_attn/gated_delta_net.py with the native linear-attention backend), in the
-// same order on the same shapes, so its results are bitwise theirs.
+// model/layers/linear_attn/gated_delta_net.py with the native linear-attention backend,
+// model/layers/moe/moe_block.py with the native experts), in the same order on the same shapes, so
+// its results are bitwise theirs.
 #include "api.h"
 
 namespace radixlm {
@@ -13,8 +15,13 @@ namespace qwen3_5 {  // named: the unity build puts this file beside others' ano
 // down; an attention layer's qkv, o, gate_up, down. Before its segments, a linear-attention layer's
 // weights are: input norm, post norm, in_proj_ba (float32), conv weight [C, K], A_log, dt_bias, the
 // gated norm's weight; an attention layer's: input norm, post norm, q norm, k norm (the norms'
-// scales: 1 + w).
-constexpr int64_t PROJS = 4, LINEAR_TENSORS = 7, ATTN_TENSORS = 4;
+// scales: 1 + w). A sparse MLP (mlp_is_moe) adds the router [E, H], the experts' w13 and w2 blocks
+// and the shared expert's gate [1, H] (float32), its gate_up and down being the layer's last two
+// projections (the shared expert's); moe_ints per sparse layer: w13's and w2's formats, top k,
+// renormalize.
+constexpr int64_t PROJS = 4, LINEAR_TENSORS = 7, ATTN_TENSORS = 4, MOE_TENSORS = 4, MOE_INTS = 4;
+// moe/native.py's MAX_TOKENS: the experts' op runs on slices of this many tokens.
+constexpr int64_t MOE_MAX_TOKENS = 1024;
 
 // dims: attention heads, KV heads, head dim; key heads, value heads, key head dim, value head dim;
 // value heads read key heads tiled (1) or grouped (0).
@@ -58,9 +65,38 @@ at::Tensor float_linear(const at::Tensor& x, const at::Tensor& w) {
   return at::linear(x, w);
 }
 
+// SparseMoeBlock.forward: softmax top-k routing (topk.py), the expert load counted, the experts'
+// native op, the shared expert scaled by its sigmoid gate.
+at::Tensor sparse_moe(Stack& s, const at::Tensor& x, at::Tensor& expert_load, const int64_t* ints) {
+  const at::Tensor& router = s.take();
+  const at::Tensor& w13 = s.take();
+  const at::Tensor& w2 = s.take();
+  const at::Tensor& shared_gate = s.take();
+  const int64_t T = x.size(0), k = ints[2];
+  at::Tensor probs = at::softmax(at::linear(x, router), -1, at::kFloat);
+  auto [weights, ids] = at::topk(probs, k, -1);
+  if (ints[3]) weights = weights / weights.sum(-1, true);
+  const at::Tensor flat = ids.reshape(-1);
+  expert_load.scatter_add_(0, flat, at::ones_like(flat));
+  const at::Tensor xs = x.reshape({-1, x.size(1)}).to(at::kFloat).contiguous();
+  const at::Tensor ids2 = ids.reshape({T, k}), w2d = weights.reshape({T, k}).to(at::kFloat);
+  std::vector<at::Tensor> parts;
+  for (int64_t a = 0; a < std::max<int64_t>(T, 1); a += MOE_MAX_TOKENS) {
+    const int64_t n = std::min(MOE_MAX_TOKENS, T - a);
+    parts.push_back(api::fused_moe(xs.narrow(0, a, n), ids2.narrow(0, a, n), w2d.narrow(0, a, n), w13, ints[0], w2,
+                                   ints[1]));
+  }
+  at::Tensor out = parts.size() == 1 ? parts[0] : at::cat(parts);
+  out = out.view(x.sizes());
+  at::Tensor gate = at::sigmoid(at::linear(x, shared_gate));
+  at::Tensor shared = s.linear(api::silu_and_mul(s.linear(x)));
+  return out + gate * shared;
+}
+
 at::Tensor qwen3_5_layers(const at::Tensor& hidden_in, at::Tensor& residual, const at::Tensor& positions,
                           const at::Tensor& cos_sin, at::TensorList weights, at::IntArrayRef fmts,
-                          at::IntArrayRef seg_counts, at::IntArrayRef layer_is_linear, at::TensorList conv_states,
+                          at::IntArrayRef seg_counts, at::IntArrayRef layer_is_linear, at::IntArrayRef mlp_is_moe,
+                          at::TensorList expert_loads, at::IntArrayRef moe_ints, at::TensorList conv_states,
                           at::TensorList ssm_states, const at::Tensor& state_rows, at::IntArrayRef state_lens,
                           at::TensorList k_bufs, at::TensorList v_bufs, at::TensorList k_scales,
                           at::TensorList v_scales, const at::Tensor& out_cache_loc, const at::Tensor& kv_slots,
@@ -68,7 +104,12 @@ at::Tensor qwen3_5_layers(const at::Tensor& hidden_in, at::Tensor& residual, con
                           at::IntArrayRef dims, double eps, double scaling) {
   const int64_t L = layer_is_linear.size();
   int64_t linear_layers = 0, segments = 0;
+  int64_t moe_layers = 0;
   for (int64_t f : layer_is_linear) linear_layers += f != 0;
+  TORCH_CHECK((int64_t)mlp_is_moe.size() == L, "qwen3_5_layers: an MLP kind per layer");
+  for (int64_t f : mlp_is_moe) moe_layers += f != 0;
+  TORCH_CHECK((int64_t)expert_loads.size() == moe_layers && (int64_t)moe_ints.size() == moe_layers * MOE_INTS,
+              "qwen3_5_layers: an expert load and ", MOE_INTS, " ints per sparse MLP");
   for (int64_t c : seg_counts) {
     TORCH_CHECK(c >= 1, "qwen3_5_layers: a projection needs a segment");
     segments += c;
@@ -76,7 +117,8 @@ at::Tensor qwen3_5_layers(const at::Tensor& hidden_in, at::Tensor& residual, con
   const int64_t attn_layers = L - linear_layers;
   TORCH_CHECK(dims.size() == DIMS, "qwen3_5_layers: ", DIMS, " dims");
   TORCH_CHECK((int64_t)seg_counts.size() == L * PROJS && (int64_t)fmts.size() == segments &&
-                  (int64_t)weights.size() == linear_layers * LINEAR_TENSORS + attn_layers * ATTN_TENSORS + segments,
+                  (int64_t)weights.size() ==
+                      linear_layers * LINEAR_TENSORS + attn_layers * ATTN_TENSORS + moe_layers * MOE_TENSORS + segments,
               "qwen3_5_layers: ", PROJS, " segment counts per layer, a format per segment, the layers' tensors");
   TORCH_CHECK((int64_t)conv_states.size() == linear_layers && (int64_t)ssm_states.size() == linear_layers &&
                   (int64_t)k_bufs.size() == attn_layers && v_bufs.size() == k_bufs.size() &&
@@ -95,7 +137,7 @@ at::Tensor qwen3_5_layers(const at::Tensor& hidden_in, at::Tensor& residual, con
   const auto plan =
       attn_layers ? plan_attention(kv_slots, rows, seq_lens, q_start, kvh, nh / kvh) : nullptr;
   at::Tensor hidden = hidden_in.contiguous();
-  for (int64_t i = 0, li = 0, ai = 0; i < L; ++i) {
+  for (int64_t i = 0, li = 0, ai = 0, mi = 0; i < L; ++i) {
     const at::Tensor& input_norm = s.take();
     const at::Tensor& post_norm = s.take();
     if (i == 0) {  // the stream starts as the embedding (the Python layer keeps it as its residual)
@@ -142,8 +184,14 @@ at::Tensor qwen3_5_layers(const at::Tensor& hidden_in, at::Tensor& residual, con
       ++ai;
     }
     api::add_rmsnorm_(hidden, residual, post_norm, eps);
-    at::Tensor gate_up = s.linear(hidden);
-    hidden = s.linear(api::silu_and_mul(gate_up));
+    if (mlp_is_moe[i]) {
+      at::Tensor load = expert_loads[mi];
+      hidden = sparse_moe(s, hidden, load, moe_ints.data() + MOE_INTS * mi);
+      ++mi;
+    } else {
+      at::Tensor gate_up = s.linear(hidden);
+      hidden = s.linear(api::silu_and_mul(gate_up));
+    }
   }
   return hidden;
 }
@@ -152,7 +200,8 @@ at::Tensor qwen3_5_layers(const at::Tensor& hidden_in, at::Tensor& residual, con
 
 TORCH_LIBRARY_FRAGMENT(radixlm, m) {
   m.def("qwen3_5_layers(Tensor hidden, Tensor(a!) residual, Tensor positions, Tensor cos_sin, Tensor[] weights, "
-        "int[] fmts, int[] seg_counts, int[] layer_is_linear, Tensor(b!)[] conv_states, Tensor(c!)[] ssm_states, "
+        "int[] fmts, int[] seg_counts, int[] layer_is_linear, int[] mlp_is_moe, Tensor(h!)[] expert_loads, "
+        "int[] moe_ints, Tensor(b!)[] conv_states, Tensor(c!)[] ssm_states, "
         "Tensor state_rows, int[] state_lens, Tensor(d!)[] k_bufs, Tensor(e!)[] v_bufs, Tensor(f!)[] k_scales, "
         "Tensor(g!)[] v_scales, Tensor out_cache_loc, Tensor kv_slots, Tensor rows, Tensor seq_lens, Tensor q_start, "
         "int[] dims, float eps, float scaling) -> Tensor");

@@ -1,13 +1,15 @@
-"""All decoder layers of a dense Qwen3.5 in one native op (radixlm/kernels/csrc/qwen3_5_layers.cpp),
-as fused_layers.py does for the Llama family: a bs-1 step of the 0.8B shape is ~1,500 small torch
-calls through Python (18 Gated DeltaNet layers, 6 gated attention layers), a few milliseconds of
-a ~27 ms step. The op calls the kernels the Python layers call, in their order, so outputs are
-bitwise the same.
+"""All decoder layers of a Qwen3.5 (dense, MoE, and Qwen3-Next, whose layers are the same) in one
+native op (radixlm/kernels/csrc/qwen3_5_layers.cpp), as fused_layers.py does for the Llama family:
+a bs-1 step of the 0.8B shape is ~1,500 small torch calls through Python (18 Gated DeltaNet
+layers, 6 gated attention layers), a few milliseconds of a ~27 ms step. The op calls the kernels
+the Python layers call, in their order, so outputs are bitwise the same.
 
 It applies on CPU in float32 when every projection is quantized (in_proj_ba excepted: the model
-keeps it float, FLOAT_WEIGHTS), the MLPs are dense, the linear-attention backend is the native one
-and the attention backend's metadata is the op's; a forward that must take state snapshots inside
-its tokens (ForwardBatch.state_tracks) runs the Python layers, which cut the recurrence there.
+keeps it float, FLOAT_WEIGHTS), each MLP is dense or Qwen3.5-MoE's sparse block on the native
+experts op with a quantized shared expert (one rank's experts), the linear-attention backend is
+the native one and the attention backend's metadata is the op's; a forward that must take state
+snapshots inside its tokens (ForwardBatch.state_tracks) runs the Python layers, which cut the
+recurrence there.
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ class FusedQwen3_5Layers:
     fmts: list[int]  # per segment
     seg_counts: list[int]  # per layer: 4 projections
     layer_is_linear: list[int]
+    mlp_is_moe: list[int]
+    expert_loads: list[torch.Tensor]  # of the sparse MLPs, counted in place
+    moe_ints: list[int]  # per sparse MLP: w13's and w2's formats, top k, renormalize
     state_layer_ids: list[int]  # of the linear-attention layers, in order
     cos_sin: torch.Tensor
     dims: list[
@@ -40,12 +45,37 @@ class FusedQwen3_5Layers:
 
 
 def _dense_mlp_segments(mlp: Any, dense_mlp: type) -> list | None:
-    if type(mlp) is not dense_mlp:  # a mixture of experts: the Python layers
+    if type(mlp) is not dense_mlp:
         return None
     projs = [mlp.gate_up_proj, mlp.down_proj]
     if any(p.bias is not None for p in projs):
         return None
     return [quantized_segments(p) for p in projs]
+
+
+def _sparse_mlp(block: Any, dense_mlp: type) -> tuple[list, list, list] | None:
+    """(tensors, the shared expert's segments, moe ints) of a SparseMoeBlock the op runs as its
+    Python forward does: one rank's experts on the native op, a quantized shared expert."""
+    from radixlm.model.layers.moe import native
+    from radixlm.model.layers.moe.expert_dispatch import LocalExperts
+    from radixlm.model.layers.moe.moe_block import SparseMoeBlock
+
+    if type(block) is not SparseMoeBlock or block.ep_size != 1:
+        return None
+    if type(block.dispatch) is not LocalExperts or block.shared_expert is None:
+        return None
+    if block.w13 is None:
+        block._views()
+    shared = _dense_mlp_segments(block.shared_expert, dense_mlp)
+    gates = (block.gate.weight, block.shared_expert_gate.weight)
+    if block._experts is not native.run or shared is None:
+        return None
+    if any(g.dtype != torch.float32 for g in gates) or block.expert_load.dtype != torch.int64:
+        return None
+    tensors = [gates[0], block.w13.data, block.w2.data, gates[1]]
+    spec = block.spec
+    ints = [block.w13.fmt.kernel_id, block.w2.fmt.kernel_id, spec.top_k, int(spec.renormalize)]
+    return tensors, shared, ints
 
 
 def _linear_layer(layer: Any, eps: set) -> tuple[list, list] | None:
@@ -104,24 +134,36 @@ def build_fused_qwen3_5_layers(model: Any, dense_mlp: type) -> FusedQwen3_5Layer
     ):
         return None
     weights, fmts, counts, kinds, state_ids = [], [], [], [], []
+    moe_kinds, expert_loads, moe_ints = [], [], []
     eps: set = set()
     attn = gdn = None
+
+    def add_segments(segments: list) -> None:
+        for segs in segments:
+            weights.extend(w for w, _ in segs)
+            fmts.extend(f for _, f in segs)
+            counts.append(len(segs))
+
     for layer in layers:
         part = _linear_layer(layer, eps) if layer.is_linear else _attention_layer(layer, eps)
-        mlp = _dense_mlp_segments(layer.mlp, dense_mlp)
-        if part is None or mlp is None:
+        dense = _dense_mlp_segments(layer.mlp, dense_mlp)
+        sparse = None if dense is not None else _sparse_mlp(layer.mlp, dense_mlp)
+        if part is None or (dense is None and sparse is None):
             return None
         tensors, segments = part
-        segments = segments + mlp
-        if any(s is None for s in segments):
+        mlp_segments = dense if dense is not None else sparse[1]
+        if any(s is None for s in segments + mlp_segments):
             return None
         norms = (layer.input_layernorm, layer.post_attention_layernorm)
         eps.update(n.variance_epsilon for n in norms)
         weights += [n.kernel_scale() for n in norms] + tensors
-        for segs in segments:
-            weights += [w for w, _ in segs]
-            fmts += [f for _, f in segs]
-            counts.append(len(segs))
+        add_segments(segments)
+        if sparse is not None:  # the router, the experts, the shared gate: before the shared expert
+            weights += sparse[0]
+            moe_ints += sparse[2]
+            expert_loads.append(layer.mlp.expert_load)
+        moe_kinds.append(int(sparse is not None))
+        add_segments(mlp_segments)
         kinds.append(int(layer.is_linear))
         if layer.is_linear:
             gdn = layer.linear_attn
@@ -134,8 +176,8 @@ def build_fused_qwen3_5_layers(model: Any, dense_mlp: type) -> FusedQwen3_5Layer
     dims = [attn.num_heads, attn.num_kv_heads, attn.head_dim]
     dims += [gdn.num_k_heads, gdn.num_v_heads, gdn.head_k_dim, gdn.head_v_dim, int(gdn.tiled)]
     return FusedQwen3_5Layers(
-        weights, fmts, counts, kinds, state_ids, rope.cos_sin_cache, dims, eps.pop(),
-        attn.attn.scaling,
+        weights, fmts, counts, kinds, moe_kinds, expert_loads, moe_ints, state_ids,
+        rope.cos_sin_cache, dims, eps.pop(), attn.attn.scaling,
     )  # fmt: skip
 
 
@@ -172,6 +214,9 @@ def run_fused_qwen3_5_layers(
         f.fmts,
         f.seg_counts,
         f.layer_is_linear,
+        f.mlp_is_moe,
+        f.expert_loads,
+        f.moe_ints,
         [s["conv"] for s in layers],
         [s["ssm"] for s in layers],
         fb.req_pool_indices,
