@@ -52,3 +52,28 @@ def copy_rate_gbps(device, nbytes: int = 2**30, repeats: int = 10) -> float:
         dst.copy_(src)
         times.append(timer.now() - t0)
     return 2 * nbytes / statistics.median(times) / 1e9
+
+
+def tensors_read_rate_gbps(tensors, min_bytes: int = 8 * 2**20, repeats: int = 3) -> float | None:
+    """The rate these tensors' own memory reads at (GB/s, CPU): each of at least min_bytes streamed
+    once per repeat (an int64 max: no float assists on random bits), its fastest pass kept, total
+    bytes over total time. On this VM class one buffer's pages can read 2x faster than another's, so
+    a step's weights are measured where they are, not on a fresh buffer. None: no such tensor."""
+    import torch
+
+    total_bytes, total_s = 0, 0.0
+    for t in tensors:
+        n = t.numel() * t.element_size()
+        if n < min_bytes or n % 8 or not t.is_contiguous() or t.device.type != "cpu":
+            continue
+        try:
+            flat = t.reshape(-1).view(torch.uint8).view(torch.int64)
+        except RuntimeError:  # a view at an offset an int64 view cannot take
+            continue
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            flat.max()
+            best = min(best, time.perf_counter() - t0)
+        total_bytes, total_s = total_bytes + n, total_s + best
+    return total_bytes / total_s / 1e9 if total_bytes else None

@@ -21,7 +21,7 @@ import os
 import statistics
 
 from radixlm.bench.device_rates import DeviceTimer as _Timer
-from radixlm.bench.device_rates import read_rate_gbps
+from radixlm.bench.device_rates import read_rate_gbps, tensors_read_rate_gbps
 from radixlm.bench.workloads import random_prompts
 
 
@@ -386,12 +386,21 @@ def run(args, server_args) -> list[dict]:
                 (len(prefixes[0]) if prefixes else 0) + args.input_len + (args.output_len - 1) / 2,
             )
             rate = read_rate_gbps(runner.device)
+            step_s = res["decode_median_ms"] / 1e3
             res.update(
                 step_bytes_mb=step_bytes / 1e6,
                 state_bytes_mb=state_step_bytes(runner, bs) / 1e6,
                 read_gbps=rate,
-                roofline_share=step_bytes / (rate * 1e9) / (res["decode_median_ms"] / 1e3),
+                roofline_share=step_bytes / (rate * 1e9) / step_s,
             )
+            if runner.device.type == "cpu":  # the weights' own pages' rate (device_rates.py)
+                from radixlm.model.memory import weight_tensors
+
+                own = tensors_read_rate_gbps(weight_tensors(runner.model))
+                if own:
+                    res.update(
+                        weights_read_gbps=own, roofline_share_own=step_bytes / own / 1e9 / step_s
+                    )
         if res.get("forward_median_ms") and linear_weights(runner.model):
             ref = matmul_reference(runner, bs)
             res.update(ref)
@@ -421,6 +430,8 @@ COLUMNS = (
     ("state_bytes_mb", "state MB", "{:.1f}"),  # read + written, outside MB/step and the roofline
     ("read_gbps", "mem GB/s", "{:.1f}"),  # CPU: a read; CUDA: a copy (read + write)
     ("roofline_share", "of roofline", "{:.0%}"),
+    ("weights_read_gbps", "weights GB/s", "{:.1f}"),  # the weights' own memory, read alone
+    ("roofline_share_own", "of their rate", "{:.0%}"),
 )
 
 

@@ -53,6 +53,33 @@ def weight_bytes(model: nn.Module) -> int:
     return total
 
 
+def weight_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """The tensors holding the model's weights, each storage once: parameters, the quantized
+    matrices' blocks (float segments too) and stacked experts held outside parameters."""
+    from radixlm.model.layers.quantized import QuantizedMatrix, QuantizedTensor
+
+    seen: set[int] = set()
+    out = []
+
+    def add(t: torch.Tensor) -> None:
+        if t.untyped_storage().data_ptr() not in seen:
+            seen.add(t.untyped_storage().data_ptr())
+            out.append(t)
+
+    for t in model.parameters():
+        add(t)
+    for m in model.modules():
+        attrs = [v for k, v in vars(m).items() if not (k.startswith("_") and isinstance(v, dict))]
+        for v in _held(attrs):
+            if isinstance(v, torch.Tensor):
+                add(v)
+            elif isinstance(v, QuantizedMatrix):
+                for seg in v.segments:
+                    w = seg.weight
+                    add(w.data if isinstance(w, QuantizedTensor) else w)
+    return out
+
+
 def _held(values, in_dict: bool = False):
     """Quantized matrices and stacked experts' blocks a module holds outside its parameters, as
     attributes or in dicts of weights (gpt-oss's experts: `quantized`, `fused` with its biases)."""
