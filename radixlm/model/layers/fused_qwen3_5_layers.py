@@ -37,9 +37,8 @@ class FusedQwen3_5Layers:
     moe_ints: list[int]  # per sparse MLP: w13's and w2's formats, top k, renormalize
     state_layer_ids: list[int]  # of the linear-attention layers, in order
     cos_sin: torch.Tensor
-    dims: list[
-        int
-    ]  # heads, KV heads, head dim, key heads, value heads, key / value head dims, tiled
+    # heads, KV heads, head dim, key heads, value heads, key / value head dims, tiled
+    dims: list[int]
     eps: float
     scaling: float
 
