@@ -43,7 +43,11 @@ from radixlm.cache.hicache_io import HiCacheStats
 from radixlm.cache.hiradix_cache import HiRadixCache, _alloc, host_kv_size, host_slots
 from radixlm.cache.host_pool import HostKVPool, host_dtype_for
 from radixlm.cache.host_state_pool import HostStatePool
-from radixlm.cache.mamba_radix_cache import MambaRadixCache, snapshot_evictable
+from radixlm.cache.mamba_radix_cache import (
+    MambaRadixCache,
+    evictable_snapshots,
+    snapshot_evictable,
+)
 from radixlm.cache.radix_cache import RadixCache
 from radixlm.cache.tree_node import TreeNode, empty_indices, state_lru, touch, touch_state
 from radixlm.radix_walk import walk
@@ -160,15 +164,15 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
         if not path:
             return MatchResult(empty_indices(), self.root_node)
         touch_state(path[-1])
+        path[-1].state_from_answer = False  # a prompt continues it (MambaRadixCache._match)
         self._count_hits(path[-1], [])
         return MatchResult(torch.cat([n.value for n in path]), path[-1])
 
     # --- snapshots down ------------------------------------------------------------
-    def evict_states(self, n: int) -> int:
-        """Move up to n evictable device snapshots (snapshot_evictable) to the host, least
-        recently used first (the nodes keep their KV)."""
-        heap = [x for x in self.all_nodes() if x.state is not None and snapshot_evictable(x)]
-        nodes = heapq.nsmallest(n, heap, key=state_lru)
+    def evict_states(self, n: int, superseded_only: bool = False) -> int:
+        """Move up to n evictable device snapshots (snapshot_evictable) to the host in eviction
+        order (snapshot_order; the nodes keep their KV)."""
+        nodes = evictable_snapshots(self.all_nodes(), n, superseded_only)
         for node in nodes:
             self._stash_state(node)
         return len(nodes)

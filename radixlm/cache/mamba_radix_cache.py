@@ -15,14 +15,14 @@ snapshot hold KV nothing can reuse alone, so eviction takes them before leaves w
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
 import torch
 
 from radixlm.cache.base_prefix_cache import MatchResult, PrefixKey
 from radixlm.cache.radix_cache import RadixCache
-from radixlm.cache.tree_node import TreeNode, empty_indices, state_lru, touch, touch_state
+from radixlm.cache.tree_node import TreeNode, empty_indices, touch, touch_state
 from radixlm.radix_walk import walk
 
 if TYPE_CHECKING:
@@ -51,6 +51,7 @@ class MambaRadixCache(RadixCache):
         if best is not self.root_node:
             n = path.index(best) + 1
             touch_state(best)
+            best.state_from_answer = False  # a prompt continues that answer
         touch(self.root_node)
         for node in path[:n]:
             touch(node)
@@ -60,36 +61,45 @@ class MambaRadixCache(RadixCache):
         return RadixCache._match(self, key, split=False)
 
     # --- snapshots ---------------------------------------------------------------
-    def attach_state(self, key: PrefixKey, alloc: Callable[[], int | None]) -> int | None:
+    def attach_state(
+        self, key: PrefixKey, alloc: Callable[[], int | None], from_answer: bool = False
+    ) -> int | None:
         """Give the node ending at key (in the tree: just inserted) a snapshot slot from alloc(),
-        splitting its edge if key ends inside it. -> the slot, or None when the node has a snapshot
-        already or no slot was left (nothing changes then)."""
+        splitting its edge if key ends inside it; from_answer: the states after a finished answer
+        (TreeNode.state_from_answer). -> the slot, or None when the node has a snapshot already or
+        no slot was left (nothing changes then)."""
         at = self.locate(key)
         assert at is not None, "attach_state of a key the tree does not hold"
         node, m = at
         if m < len(node.key):
             node = self._split_node(node, m)
-        if node is self.root_node or node.state is not None:
+        if node is self.root_node:
+            return None
+        # Ranked below the prompts' snapshots until a prompt continues it, unless this path
+        # already continued an earlier answer: a client that sends its answers back as they were.
+        from_answer = from_answer and not continues_an_answer(node)
+        node.ends_answer |= from_answer
+        if node.state is not None:
             return None
         slot = alloc()
         if slot is not None:
             node.state = slot
+            node.state_from_answer = from_answer
             touch_state(node)
         return slot
 
-    def alloc_state(self) -> int | None:
-        """A free snapshot slot, evicting the least recently used evictable snapshot if none
-        is."""
+    def alloc_state(self, superseded_only: bool = False) -> int | None:
+        """A free snapshot slot, evicting the first evictable snapshot in eviction order
+        (snapshot_order) if none is; superseded_only: evicting only a superseded one."""
         if not self.state_pool.available_snapshots():
-            self.evict_states(1)
+            self.evict_states(1, superseded_only)
         return self.state_pool.alloc_snapshot()
 
-    def evict_states(self, n: int) -> int:
-        """Drop up to n evictable snapshots (snapshot_evictable), least recently used first (the
-        nodes keep their KV)."""
-        heap = [x for x in self.all_nodes() if x.state is not None and snapshot_evictable(x)]
+    def evict_states(self, n: int, superseded_only: bool = False) -> int:
+        """Drop up to n evictable snapshots (snapshot_evictable) in eviction order (the nodes
+        keep their KV)."""
         dropped = 0
-        for node in heapq.nsmallest(n, heap, key=state_lru):
+        for node in evictable_snapshots(self.all_nodes(), n, superseded_only):
             self.state_pool.free_snapshot(node.state)
             node.state = None
             dropped += 1
@@ -140,3 +150,43 @@ def snapshot_evictable(node: TreeNode) -> bool:
     reuse of the slot) and never reads the others, which a chat's running turns would otherwise
     keep from eviction while the waiting conversations' answers were evicted."""
     return node.lock_ref == sum(c.lock_ref for c in node.children.values())
+
+
+def superseded(node: TreeNode) -> bool:
+    """Whether a deeper snapshot on node's unbranched path down, taken in a prompt (or matched
+    by one), stands in for node's: every longer match reaching it ends there instead (an
+    interval's snapshot inside a prompt, the one a token before the prompt's end, a chat turn's
+    answer that the next turn continued). A branch below node makes it a shared prefix's; an
+    answer's snapshot below supersedes nothing until a prompt continues it (a next turn whose
+    text re-tokenizes otherwise diverges inside the answer and resumes at its prompt's end)."""
+    x = node
+    while len(x.children) == 1:
+        (x,) = x.children.values()
+        if x.state is not None or getattr(x, "host_state", None) is not None:
+            return not x.state_from_answer
+    return False
+
+
+def continues_an_answer(node: TreeNode) -> bool:
+    """Whether a finished answer ends above node on its path (TreeNode.ends_answer)."""
+    x = node.parent
+    while x is not None:
+        if x.ends_answer:
+            return True
+        x = x.parent
+    return False
+
+
+def snapshot_order(node: TreeNode) -> tuple[int, int, int]:
+    """The order snapshots leave in: superseded ones (a token or an answer more to recompute if
+    one is needed after all), then answers no prompt continued yet (their prompt's snapshot keeps
+    all but the answer), then the rest; each kind least recently taken or matched first."""
+    kind = 0 if superseded(node) else 1 if node.state_from_answer else 2
+    return kind, node.state_access_time, node.id
+
+
+def evictable_snapshots(nodes: Iterable[TreeNode], n: int, superseded_only: bool) -> list[TreeNode]:
+    """Up to n device snapshots to evict, in snapshot_order."""
+    heap = [x for x in nodes if x.state is not None and snapshot_evictable(x)]
+    picked = heapq.nsmallest(n, heap, key=snapshot_order)
+    return [x for x in picked if superseded(x)] if superseded_only else picked

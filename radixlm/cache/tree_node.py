@@ -49,6 +49,13 @@ class TreeNode:
         # When that snapshot was taken or ended a match (touch_state): a path's other snapshots,
         # which a match passes through (touch), age for snapshot eviction.
         self.state_access_time = 0
+        # Whether that snapshot was taken after a finished answer (the state tracker's release)
+        # and no prompt's match has ended at it since: the next turn's text may re-tokenize the
+        # answer otherwise, so it ranks below the prompts' snapshots for eviction.
+        self.state_from_answer = False
+        # Whether a finished answer ended here (kept when the snapshot goes): a later answer
+        # below it is on a path whose client sent an answer back as it was.
+        self.ends_answer = False
         # The hierarchical cache of a hybrid model (hi_mamba_radix_cache.py) only: the host slot
         # (HostStatePool) of a copy of that snapshot; None: none on the host.
         self.host_state: int | None = None

@@ -131,3 +131,115 @@ def test_a_row_copied_out_then_cleared_in_one_batch_keeps_the_copy():
     states.layer(0)["ssm"][0] = 5.0
     states.apply_copies([(0, 2), (ZERO, 0)])
     assert torch.all(states.layer(0)["ssm"][2] == 5) and torch.all(states.layer(0)["ssm"][0] == 0)
+
+
+def test_superseded_snapshots_go_first():
+    """An interval's snapshot and the one a token before a prompt's end are superseded by the
+    prompt's end below them (every longer match ends there): they go before any other, however
+    recently taken."""
+    tree, kv_pool, states = make(snapshots=4)
+    insert(tree, kv_pool, [50, 51])
+    other = tree.attach_state(K([50, 51]), tree.alloc_state)  # the oldest
+    insert(tree, kv_pool, range(10))
+    interval = tree.attach_state(K(range(4)), tree.alloc_state)
+    before_end = tree.attach_state(K(range(9)), tree.alloc_state)
+    end = tree.attach_state(K(range(10)), tree.alloc_state)
+    insert(tree, kv_pool, [60, 61])
+    assert tree.attach_state(K([60, 61]), tree.alloc_state) == interval
+    insert(tree, kv_pool, [70, 71])
+    assert tree.attach_state(K([70, 71]), tree.alloc_state) == before_end
+    insert(tree, kv_pool, [80, 81])
+    assert tree.attach_state(K([80, 81]), tree.alloc_state) == other  # then least recently used
+    assert tree.match_prefix(K([*range(10), 5])).last_node.state == end
+
+
+def test_an_answer_ranks_below_the_prompts_until_a_prompt_continues_it():
+    """A finished answer's snapshot goes before the prompts' (a next turn whose text re-tokenizes
+    the answer otherwise resumes at its prompt's end, which must stay), and it supersedes nothing
+    until a match ends at it; then its prompt's snapshot is the superseded one."""
+    tree, kv_pool, states = make(snapshots=3)
+    insert(tree, kv_pool, [50, 51])
+    older = tree.attach_state(K([50, 51]), tree.alloc_state)
+    insert(tree, kv_pool, range(10))
+    prompt = tree.attach_state(K(range(6)), tree.alloc_state)
+    answer = tree.attach_state(K(range(10)), tree.alloc_state, from_answer=True)
+    insert(tree, kv_pool, [60, 61])
+    assert tree.attach_state(K([60, 61]), tree.alloc_state) == answer
+    # the text of the next turn diverged inside the answer: it resumes at the prompt's end
+    assert tree.match_prefix(K([*range(7), 99])).last_node.state == prompt
+    assert tree.match_prefix(K([50, 51])).last_node.state == older
+
+    tree, kv_pool, states = make(snapshots=3)
+    insert(tree, kv_pool, [50, 51])
+    older = tree.attach_state(K([50, 51]), tree.alloc_state)
+    insert(tree, kv_pool, range(10))
+    prompt = tree.attach_state(K(range(6)), tree.alloc_state)
+    answer = tree.attach_state(K(range(10)), tree.alloc_state, from_answer=True)
+    assert tree.match_prefix(K([*range(10), 99])).last_node.state == answer  # continued
+    insert(tree, kv_pool, [60, 61])
+    assert tree.attach_state(K([60, 61]), tree.alloc_state) == prompt
+    insert(tree, kv_pool, [70, 71])
+    assert tree.attach_state(K([70, 71]), tree.alloc_state) == older
+
+
+def test_an_answer_on_a_path_that_continued_one_ranks_as_a_prompt():
+    """Once a conversation's turn continued an earlier answer (its client sends answers back as
+    they were), its next answer's snapshot is kept like a prompt's."""
+    tree, kv_pool, states = make(snapshots=3)
+    insert(tree, kv_pool, range(20))
+    turn1 = tree.attach_state(K(range(10)), tree.alloc_state, from_answer=True)
+    insert(tree, kv_pool, [50, 51])
+    older = tree.attach_state(K([50, 51]), tree.alloc_state)
+    turn2 = tree.attach_state(K(range(14)), tree.alloc_state)  # turn 2's prompt, past turn 1
+    # turn 1's answer is superseded by turn 2's prompt below it
+    assert tree.attach_state(K(range(20)), tree.alloc_state, from_answer=True) == turn1
+    insert(tree, kv_pool, [60, 61])
+    # turn 2's prompt is superseded by its answer (ranked as a prompt's: it supersedes)
+    assert tree.attach_state(K([60, 61]), tree.alloc_state) == turn2
+    insert(tree, kv_pool, [70, 71])
+    # then the least recently used, the older prompt: not turn 2's answer, as an answer
+    # nothing continued would have been
+    assert tree.attach_state(K([70, 71]), tree.alloc_state) == older
+    assert tree.match_prefix(K([*range(20), 7])).last_node.state == turn1
+
+
+def test_an_interval_snapshot_displaces_only_superseded_ones():
+    """Tracks inside a prompt (alloc_state(superseded_only=True)) never evict a whole prefix
+    another request may resume at, only snapshots a deeper one stands in for."""
+    tree, kv_pool, states = make(snapshots=3)
+    insert(tree, kv_pool, [50, 51])
+    insert(tree, kv_pool, [60, 61, 62])
+    kept = [tree.attach_state(K(k), tree.alloc_state) for k in ([50, 51], [60, 61])]
+    end = tree.attach_state(K([60, 61, 62]), tree.alloc_state)
+    assert states.available_snapshots() == 0
+    assert tree.alloc_state(superseded_only=True) == kept[1]  # [60, 61]: under [60, 61, 62]'s
+    assert tree.alloc_state(superseded_only=True) is None  # the rest are whole prefixes
+    assert tree.match_prefix(K([50, 51])).last_node.state == kept[0]
+    assert tree.match_prefix(K([60, 61, 62])).last_node.state == end
+
+
+def test_a_prompt_takes_its_end_snapshots_before_its_intervals():
+    """Slots short: a prefill's tracks go to the prompt's end and the token before it (what a next
+    turn or a retry resumes at); its interval points get none rather than evict a whole prefix."""
+    from types import SimpleNamespace
+
+    from radixlm.scheduler.kv.state_tracker import StateTracker
+
+    tree, kv_pool, states = make(snapshots=3)
+    for k in ([50, 51], [60, 61], [70, 71]):
+        insert(tree, kv_pool, k)
+        tree.attach_state(K(k), tree.alloc_state)
+    tracker = StateTracker(states, tree, track_interval=256)
+    req = SimpleNamespace(rid=1, state_len=0, state_tracks=[])
+    chunk = SimpleNamespace(req=req, start=0, end=600, is_last=True)
+    _, tracks = tracker.plan_step([chunk], [])
+    assert [p for p, _ in req.state_tracks] == [599, 600]
+    assert [off for off, _ in tracks[0]] == [599, 600]
+    assert tree.snapshot_count() == 1  # the two least recently used prefixes made room
+    # with room, the intervals come too, in order
+    states.free_snapshot(tracks[0][0][1])
+    states.free_snapshot(tracks[0][1][1])
+    req2 = SimpleNamespace(rid=2, state_len=0, state_tracks=[])
+    tree.evict_states(1)
+    _, tracks = tracker.plan_step([SimpleNamespace(req=req2, start=0, end=600, is_last=True)], [])
+    assert [p for p, _ in req2.state_tracks] == [512, 599, 600]

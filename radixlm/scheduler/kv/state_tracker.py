@@ -123,12 +123,14 @@ class StateTracker(BaseStateTracker):
             r = c.req
             assert r.state_len == c.start, (r.rid, r.state_len, c.start)
             mine = []
-            for p in self._track_points(c.start, c.end, c.is_last):
-                slot = self.tree.alloc_state() if self.keeps else None
-                if slot is None:
-                    break  # no slot left: fewer snapshots, never a stall
-                mine.append((p - c.start, slot))
-                r.state_tracks.append((p, slot))
+            for p, ends_prompt in self._track_points(c.start, c.end, c.is_last):
+                # An interval's snapshot, soon superseded by the prompt's end below it, may only
+                # displace superseded ones: never a whole prefix that another request may reuse.
+                slot = self.tree.alloc_state(superseded_only=not ends_prompt)
+                if slot is not None:  # no slot left: fewer snapshots, never a stall
+                    mine.append((p - c.start, slot))
+            mine.sort()
+            r.state_tracks += [(c.start + off, slot) for off, slot in mine]
             tracks.append(mine)
             r.state_len = c.end
         for r in decode_reqs:
@@ -136,17 +138,23 @@ class StateTracker(BaseStateTracker):
             tracks.append([])
         return self.pool.take_copies(), tracks if any(tracks) else None
 
-    def _track_points(self, start: int, end: int, is_last: bool) -> list[int]:
+    def _track_points(self, start: int, end: int, is_last: bool) -> list[tuple[int, bool]]:
+        """(position, whether it ends the prompt), the prompt's end first: when the slots run
+        short, the points a next turn or a retry resumes at win over the intervals."""
         if not self.keeps:
             return []
-        step = self.track_interval
-        points = set(range((start // step + 1) * step, end + 1, step)) if step > 0 else set()
+        points = []
         if is_last:
             # The prompt's end, for what continues it (the next turn of a chat), and one token
             # before: the same prompt again (a retry, n > 1's copies) must compute its last token
             # for the logits, and text appended to it may merge into its last token.
-            points |= {end} | ({end - 1} if end - 1 > start else set())
-        return sorted(points)
+            points = [(end, True)] + ([(end - 1, True)] if end - 1 > start else [])
+        step = self.track_interval
+        if step > 0:
+            taken = {p for p, _ in points}
+            inside = range((start // step + 1) * step, end + 1, step)
+            points += [(p, False) for p in reversed(inside) if p not in taken]
+        return points
 
     def takes_in_flight_token(self, req: Req) -> bool:
         # Else no answer that stops at EOS under overlap leaves a snapshot: its next turn would
@@ -170,7 +178,9 @@ class StateTracker(BaseStateTracker):
         req.state_tracks = []
         n = req.kv_committed_len
         if self.keeps and n and req.state_len == n == req.kv_allocated_len:
-            slot = self.tree.attach_state(req.prefix_key(n), self.tree.alloc_state)
+            slot = self.tree.attach_state(
+                req.prefix_key(n), self.tree.alloc_state, from_answer=True
+            )
             if slot is not None:
                 self.pool.queue_copy(req.req_pool_idx, slot)
 
