@@ -97,6 +97,9 @@ class Req:
     # steps launched so far, and the snapshot slots a launched step fills for it: (position, slot).
     state_len: int = 0
     state_tracks: list = field(default_factory=list)
+    # Where its tokens leave the tree's KV past its match's snapshot (a prefix another request
+    # shares): its prefill keeps a snapshot there too. None: nowhere worth one.
+    state_branch: int | None = None
     # A model with sliding-window layers (scheduler/kv/window_tracker.py): own positions below
     # swa_trimmed_len gave back their windowed-layer KV; swa_pins: the positions [start, end) of
     # the tree's slots this request's window reads (pinned), or None.

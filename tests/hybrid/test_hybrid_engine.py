@@ -91,6 +91,13 @@ def test_prefix_reuse_ends_at_state_snapshots(hybrid):
     out = engine.generate(input_ids=branch, sampling_params=SP)
     assert_greedy_equal(out["output_ids"], ref(branch), f"{name} branch")
     assert out["meta_info"]["cached_tokens"] >= 256  # the snapshot at 512 (--mamba-track-interval)
+    # A prompt that leaves the tree's KV past its match's snapshot (600 tokens of turn 1 there)
+    # keeps a snapshot where it leaves: the next prompt sharing those 600 resumes at them.
+    for i in range(2):
+        fork = turn1[1][:600] + _tokens(rng, 30)
+        out = engine.generate(input_ids=fork, sampling_params=SP)
+        assert_greedy_equal(out["output_ids"], ref(fork), f"{name} fork #{i}")
+        assert out["meta_info"]["cached_tokens"] == (512 if i == 0 else 600)
 
     # Unrelated long prompts through the small pool evict KV and snapshots; answers stay HF's.
     # 6 x 500 tokens after ~2,000: past the 4,096 KV slots and the 12 snapshot slots

@@ -230,7 +230,7 @@ def test_a_prompt_takes_its_end_snapshots_before_its_intervals():
         insert(tree, kv_pool, k)
         tree.attach_state(K(k), tree.alloc_state)
     tracker = StateTracker(states, tree, track_interval=256)
-    req = SimpleNamespace(rid=1, state_len=0, state_tracks=[])
+    req = SimpleNamespace(rid=1, state_len=0, state_tracks=[], state_branch=None)
     chunk = SimpleNamespace(req=req, start=0, end=600, is_last=True)
     _, tracks = tracker.plan_step([chunk], [])
     assert [p for p, _ in req.state_tracks] == [599, 600]
@@ -239,7 +239,7 @@ def test_a_prompt_takes_its_end_snapshots_before_its_intervals():
     # with room, the intervals come too, in order
     states.free_snapshot(tracks[0][0][1])
     states.free_snapshot(tracks[0][1][1])
-    req2 = SimpleNamespace(rid=2, state_len=0, state_tracks=[])
+    req2 = SimpleNamespace(rid=2, state_len=0, state_tracks=[], state_branch=None)
     tree.evict_states(1)
     _, tracks = tracker.plan_step([SimpleNamespace(req=req2, start=0, end=600, is_last=True)], [])
     assert [p for p, _ in req2.state_tracks] == [512, 599, 600]

@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from radixlm.cache.tree_node import TreeNode
     from radixlm.scheduler.req import Req
 
+# Tokens a snapshot where a prompt leaves the tree's KV must save over its match's own.
+BRANCH_MIN = 32
+
 StepStates = tuple[list[tuple[int, int]], list[list[tuple[int, int]]] | None]
 
 
@@ -116,6 +119,17 @@ class StateTracker(BaseStateTracker):
         self.pool.queue_copy(src, req.req_pool_idx)
         req.state_len = req.kv_committed_len
         req.state_tracks = []
+        # The tree's KV may run on past the match's snapshot (another prompt's, without one
+        # where they part): a snapshot where this one leaves it serves the next prompt sharing
+        # that prefix, as a group of questions over one long context.
+        req.state_branch = None
+        if self.keeps:
+            m = self.tree.kv_match(req.prefix_key(req.seqlen))
+            shared = len(m.indices)
+            # a branch: the tree's KV goes on past `shared` elsewhere (not merely ends there)
+            parts = m.last_node.children or shared < depth(m.last_node)
+            if parts and req.state_len + BRANCH_MIN <= shared < req.seqlen - 1:
+                req.state_branch = shared
 
     def plan_step(self, chunks: list, decode_reqs: list[Req]) -> StepStates:
         tracks: list[list[tuple[int, int]]] = []
@@ -123,7 +137,7 @@ class StateTracker(BaseStateTracker):
             r = c.req
             assert r.state_len == c.start, (r.rid, r.state_len, c.start)
             mine = []
-            for p, ends_prompt in self._track_points(c.start, c.end, c.is_last):
+            for p, ends_prompt in self._track_points(c.start, c.end, c.is_last, r.state_branch):
                 # An interval's snapshot, soon superseded by the prompt's end below it, may only
                 # displace superseded ones: never a whole prefix that another request may reuse.
                 slot = self.tree.alloc_state(superseded_only=not ends_prompt)
@@ -138,9 +152,12 @@ class StateTracker(BaseStateTracker):
             tracks.append([])
         return self.pool.take_copies(), tracks if any(tracks) else None
 
-    def _track_points(self, start: int, end: int, is_last: bool) -> list[tuple[int, bool]]:
-        """(position, whether it ends the prompt), the prompt's end first: when the slots run
-        short, the points a next turn or a retry resumes at win over the intervals."""
+    def _track_points(
+        self, start: int, end: int, is_last: bool, branch: int | None
+    ) -> list[tuple[int, bool]]:
+        """(position, whether it may displace any snapshot: the prompt's end points, which a
+        next turn or a retry resumes at, and the branch point; the intervals may displace only
+        superseded ones), in that order of worth, deepest interval first."""
         if not self.keeps:
             return []
         points = []
@@ -149,6 +166,8 @@ class StateTracker(BaseStateTracker):
             # before: the same prompt again (a retry, n > 1's copies) must compute its last token
             # for the logits, and text appended to it may merge into its last token.
             points = [(end, True)] + ([(end - 1, True)] if end - 1 > start else [])
+        if branch is not None and start < branch <= end and branch not in dict(points):
+            points.append((branch, True))  # two prompts share it: a group's context
         step = self.track_interval
         if step > 0:
             taken = {p for p, _ in points}
@@ -212,6 +231,15 @@ class StateTracker(BaseStateTracker):
         for r in holders:
             slots += [s for _, s in r.state_tracks]
         return slots
+
+
+def depth(node: TreeNode) -> int:
+    """Tokens from the root to node's end."""
+    n = 0
+    while node.parent is not None:
+        n += len(node.key)
+        node = node.parent
+    return n
 
 
 def create_state_tracker(
