@@ -153,28 +153,29 @@ def test_superseded_snapshots_go_first():
     assert tree.match_prefix(K([*range(10), 5])).last_node.state == end
 
 
-def test_an_answer_ranks_below_the_prompts_until_a_prompt_continues_it():
-    """A finished answer's snapshot goes before the prompts' (a next turn whose text re-tokenizes
-    the answer otherwise resumes at its prompt's end, which must stay), and it supersedes nothing
-    until a match ends at it; then its prompt's snapshot is the superseded one."""
+def _prompt_then_answer():
+    """3 snapshot slots: an older prompt's, then a prompt (6 tokens) and its answer (to 10)."""
     tree, kv_pool, states = make(snapshots=3)
     insert(tree, kv_pool, [50, 51])
     older = tree.attach_state(K([50, 51]), tree.alloc_state)
     insert(tree, kv_pool, range(10))
     prompt = tree.attach_state(K(range(6)), tree.alloc_state)
     answer = tree.attach_state(K(range(10)), tree.alloc_state, from_answer=True)
+    return tree, kv_pool, (older, prompt, answer)
+
+
+def test_an_answer_ranks_below_the_prompts_until_a_prompt_continues_it():
+    """A finished answer's snapshot goes before the prompts' (a next turn whose text re-tokenizes
+    the answer otherwise resumes at its prompt's end, which must stay), and it supersedes nothing
+    until a match ends at it; then its prompt's snapshot is the superseded one."""
+    tree, kv_pool, (older, prompt, answer) = _prompt_then_answer()
     insert(tree, kv_pool, [60, 61])
     assert tree.attach_state(K([60, 61]), tree.alloc_state) == answer
     # the text of the next turn diverged inside the answer: it resumes at the prompt's end
     assert tree.match_prefix(K([*range(7), 99])).last_node.state == prompt
     assert tree.match_prefix(K([50, 51])).last_node.state == older
 
-    tree, kv_pool, states = make(snapshots=3)
-    insert(tree, kv_pool, [50, 51])
-    older = tree.attach_state(K([50, 51]), tree.alloc_state)
-    insert(tree, kv_pool, range(10))
-    prompt = tree.attach_state(K(range(6)), tree.alloc_state)
-    answer = tree.attach_state(K(range(10)), tree.alloc_state, from_answer=True)
+    tree, kv_pool, (older, prompt, answer) = _prompt_then_answer()
     assert tree.match_prefix(K([*range(10), 99])).last_node.state == answer  # continued
     insert(tree, kv_pool, [60, 61])
     assert tree.attach_state(K([60, 61]), tree.alloc_state) == prompt
