@@ -8,7 +8,8 @@ longest cached prefix that ends at a snapshot (the root: the empty prefix, zero 
 attention KV past it is recomputed with the rest of the request (and freed as a duplicate when the
 request inserts it). Snapshots enter through `attach_state` (the scheduler's state tracker:
 scheduler/kv/state_tracker.py) and leave with their node, or alone when the snapshot slots run
-short (`evict_states`: least recently used first, except where a lock ends). Leaves without a
+short (`evict_states`, in `snapshot_order`: superseded snapshots, then answers no prompt continued,
+then the rest, each least recently used first; never where a lock ends). Leaves without a
 snapshot hold KV nothing can reuse alone, so eviction takes them before leaves with one.
 """
 

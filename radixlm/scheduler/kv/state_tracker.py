@@ -10,8 +10,9 @@ may still be writing:
     admission   the matched prefix ends at a snapshot (or at the root): copy it (or zeros) into
                 the row; `Req.state_len` (tokens the row's state has absorbed) = the prefix's
     a step      state_len grows by the request's new tokens; in a prompt's prefill the forward
-                keeps the state every --mamba-track-interval positions and at the prompt's end
-                (and one token before it) in fresh snapshot slots (ModelWorkerBatch.state_tracks),
+                keeps the state every --mamba-track-interval positions, at the prompt's end (and
+                one token before it) and where it leaves the tree's KV at a branch (admission's
+                `Req.state_branch`) in fresh snapshot slots (ModelWorkerBatch.state_tracks),
                 owned by the request (`Req.state_tracks`) until its result is processed
     cache_req   the tracks the committed KV covers go to their tree nodes (MambaRadixCache's
                 attach_state; a node with a snapshot already keeps its own, the slot is freed)
