@@ -317,6 +317,33 @@ def test_vnni_tiles_equal_avx2_tiles_bitwise(kernel_ops, fmt):
         kernel_ops.qlinear_isa("sse2")
 
 
+def test_single_row_q8_tiles_equal_avx2_at_block_tails_and_zero_blocks(kernel_ops):
+    """One activation row takes Q8's 512-bit tile where the CPU has AVX-512 (csrc/x8_row1_zmm.h),
+    which recovers each block's integer sum from the activation scales, 8 blocks at a time: a
+    block count that is not a multiple of 8, all-zero blocks (scale 0), tiny and huge activations
+    must all give the AVX2 tiles' bits."""
+    best = kernel_ops.qlinear_isa()
+    if best == "avx2":
+        pytest.skip("no AVX-512 VNNI on this CPU: only the AVX2 tiles exist")
+    g = torch.Generator().manual_seed(11)
+    k = 1504  # 47 blocks: a tail past the 8-block strides
+    mat = QuantizedMatrix([QuantizedTensor(random_quantized("q8_0", 24, k, g), FORMATS["q8_0"], k)])
+    w, fid = mat._single
+    x = torch.randn(4, k, generator=g)
+    x[1, 64:160] = 0.0  # whole blocks of zeros
+    x[2] *= 3e-37  # subnormal activation scales (and blocks below 127 / FLT_MAX: zeros)
+    x[3] *= 1e30
+    try:
+        for row in x:
+            kernel_ops.qlinear_isa("avx2")
+            ref = kernel_ops.qlinear(row[None], w, fid, None)
+            assert ref.isfinite().all()
+            kernel_ops.qlinear_isa(best)
+            assert torch.equal(kernel_ops.qlinear(row[None], w, fid, None), ref)
+    finally:
+        kernel_ops.qlinear_isa(best)
+
+
 # (activation rows M, weight rows, in_features): K below, at and past the 8-value chunks with
 # ragged tails; M over the 1 x 4 (decode) and 4 x 2 tiles' remainders.
 FLOAT16_SHAPES = [

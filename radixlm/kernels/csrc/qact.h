@@ -4,6 +4,8 @@
 #include "api.h"
 #include "qact_view.h"
 
+#include <cmath>
+
 namespace radixlm {
 
 inline void quantize_row(const float* x, int8_t* q, float* d, float* s, int64_t K) {
@@ -17,8 +19,12 @@ inline void quantize_row(const float* x, int8_t* q, float* d, float* s, int64_t 
       amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[i]));
     }
     const float m = hmax(amax);
-    const float db = m / 127.0f;
-    const __m256 id = _mm256_set1_ps(m > 0.0f ? 127.0f / m : 0.0f);
+    // A max below 127 / FLT_MAX (~3.7e-37) has no finite 127 / m: such a block quantizes as an
+    // all-zero one (an infinite factor made garbage integers); NaN and inf still propagate.
+    const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+    const bool tiny = std::isinf(inv);
+    const float db = tiny ? 0.0f : m / 127.0f;
+    const __m256 id = _mm256_set1_ps(tiny ? 0.0f : inv);
     __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(v[0], id));  // round to nearest even
     __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(v[1], id));
     __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(v[2], id));

@@ -261,7 +261,15 @@ inline void group_rows(const uint8_t* g, const QAct& a, int64_t m0, int64_t m1, 
   switch (m1 - m) {
     case 3: tile_x8<Dot, Kind, 3>(g, a, m, out, ldo, bias); break;
     case 2: tile_x8<Dot, Kind, 2>(g, a, m, out, ldo, bias); break;
-    case 1: tile_x8<Dot, Kind, 1>(g, a, m, out, ldo, bias); break;
+    case 1:
+      if constexpr (requires { Dot::template HAS_ROW1<Kind>; }) {
+        if constexpr (Dot::template HAS_ROW1<Kind>) {
+          Dot::template row1<Kind>(g, a, m, out + m * ldo, bias);
+          break;
+        }
+      }
+      tile_x8<Dot, Kind, 1>(g, a, m, out, ldo, bias);
+      break;
     default: break;
   }
 }

@@ -1,0 +1,75 @@
+// One activation row against one group of 8 interleaved Q8X8 weight rows with 512-bit vectors:
+// the decode case (M = 1), where a GEMV turns compute-bound on two cores at this machine's faster
+// read rate (~60 GB/s). A 32-byte chunk holds 4 values of each of the 8 rows; a 512-bit register
+// holds two chunks, and vpermd builds the matching activations (chunk i's 4 bytes in the low 8
+// lanes, chunk i + 1's in the high 8) from one 32-byte load, where the 256-bit tiles broadcast 4
+// bytes per chunk. The two halves' int32 sums fold into the 8 rows' lanes before the float steps,
+// so every integer is the 256-bit tiles' own and every float step is theirs in order: bitwise the
+// same results (x8_tiles.h's batch and ISA invariance hold).
+//
+// It also drops the sign trick (|w| times a carrying w's sign, 3 instructions per chunk): w xor
+// 0x80 is w + 128 unsigned, so vpdpbusd gives sum(w a) + 128 sum(a), and the block's sum(a) is
+// exact from the activations' own scales (s = d * sum(q), qact.h: |sum(q)| < 2^12, so s / d
+// rounds back to it).
+//
+// Only for the files compiled with AVX-512 (x8_vnni_dot.h includes it); internal linkage.
+#pragma once
+#include "x8_tiles.h"
+
+#include <cmath>
+
+namespace radixlm {
+namespace {
+
+// Lanes 0-7 <- 32-bit word 2j of x, lanes 8-15 <- word 2j + 1.
+inline __m512i pair_index(int j) {
+  return _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm512_set1_epi32(2 * j));
+}
+
+// The 8 lanes of rows 0-7: a register's two halves added (exact int32).
+inline __m256i fold_halves(__m512i s) {
+  return _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
+}
+
+// 128 * sum(q) of blocks [b, b + n), n <= 8, from s / d (a zero block has d = s = 0).
+inline void block_sums128(const float* s, const float* d, int64_t n, int32_t* out) {
+  if (n == 8) {
+    const __m256 dv = _mm256_loadu_ps(d);
+    const __m256i v = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(s), dv));
+    const __m256i nonzero = _mm256_castps_si256(_mm256_cmp_ps(dv, _mm256_setzero_ps(), _CMP_NEQ_OQ));
+    _mm256_storeu_si256((__m256i*)out, _mm256_slli_epi32(_mm256_and_si256(v, nonzero), 7));
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) out[i] = d[i] != 0.0f ? 128 * (int32_t)std::lrint(s[i] / d[i]) : 0;
+}
+
+// The block's 8 row dots of its 32 activation bytes x (signed) with 4 registers of unsigned
+// weight bytes (two chunks each).
+inline __m256i dot_u4(const __m512i* w, const int8_t* x) {
+  const __m512i ax = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)x));
+  __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_permutexvar_epi32(pair_index(0), ax));
+  __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], _mm512_permutexvar_epi32(pair_index(1), ax));
+  s0 = _mm512_dpbusd_epi32(s0, w[2], _mm512_permutexvar_epi32(pair_index(2), ax));
+  s1 = _mm512_dpbusd_epi32(s1, w[3], _mm512_permutexvar_epi32(pair_index(3), ax));
+  return fold_halves(_mm512_add_epi32(s0, s1));
+}
+
+inline void row1_q8x8(const uint8_t* g, const QAct& a, int64_t m, float* out, __m256 bias) {
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  const int8_t* aq = a.qrow(m);
+  const float *da = a.drow(m), *sa = a.srow(m);
+  alignas(32) int32_t offset[8];
+  __m256 acc = _mm256_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    if ((b & 7) == 0) block_sums128(sa + b, da + b, std::min<int64_t>(8, a.nb - b), offset);
+    const uint8_t* blk = g + b * 272;
+    __m512i w[4];
+    for (int j = 0; j < 4; ++j) w[j] = _mm512_xor_si512(_mm512_loadu_si512(blk + 16 + 64 * j), flip);
+    const __m256i isum = _mm256_sub_epi32(dot_u4(w, aq + 32 * b), _mm256_set1_epi32(offset[b & 7]));
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(scales8(blk), _mm256_set1_ps(da[b])), acc);
+  }
+  _mm256_storeu_ps(out, _mm256_add_ps(acc, bias));
+}
+
+}  // namespace
+}  // namespace radixlm
