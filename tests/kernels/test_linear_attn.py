@@ -240,6 +240,12 @@ def test_gated_delta_rule(backend, seq_lens, rows, state_dtype):
     check_gdr(backend, seq_lens, rows, state_dtype=state_dtype)
 
 
+def test_gated_delta_rule_decode_whole_rows(backend):
+    """A decode batch over float32 states whose value heads are a multiple of 128 wide takes
+    128-column blocks (a head's whole rows) on AVX-512."""
+    check_gdr(backend, [1, 1, 1, 1], [5, 2, 3, 7], dv=256)
+
+
 @BATCHES
 @STATE_DTYPES
 def test_ssd(backend, seq_lens, rows, state_dtype):
@@ -254,8 +260,10 @@ def test_causal_conv1d_float16_state(backend):
     check_conv(backend, [5, 1], [0, 6], state_dtype=torch.float16, c=24)
 
 
-def test_native_isas_agree_bit_for_bit(kernel_ops):
-    """The gated delta rule's AVX-512 step (64 columns) runs lane for lane the AVX2 step's (32)."""
+@pytest.mark.parametrize("lens,rows,dv", [(*MIXED, 80), (*DECODE, 256)], ids=["mixed", "decode"])
+def test_native_isas_agree_bit_for_bit(kernel_ops, lens, rows, dv):
+    """The gated delta rule's AVX-512 step (64 columns, 128 in a decode batch) runs lane for lane
+    the AVX2 step's (32)."""
     from radixlm.model.layers.linear_attn.native_backend import NativeLinearAttnBackend
 
     before = kernel_ops.linear_attn_isa()
@@ -265,13 +273,13 @@ def test_native_isas_agree_bit_for_bit(kernel_ops):
         # A CPU without AVX-512: asking for it is refused and the AVX2 step stays the one run.
         assert before == kernel_ops.linear_attn_isa() == "avx2"
         return
-    backend, rows = NativeLinearAttnBackend(), torch.tensor(MIXED[1])
+    backend, rows = NativeLinearAttnBackend(), torch.tensor(rows)
     outs = []
     try:
         for isa in ("avx512", "avx2"):
             kernel_ops.linear_attn_isa(isa)
-            case = gdr_case(5, MIXED[0], dv=80)
-            outs.append((backend.gated_delta_rule(**case, rows=rows, seq_lens=MIXED[0]), case))
+            case = gdr_case(5, lens, dv=dv)
+            outs.append((backend.gated_delta_rule(**case, rows=rows, seq_lens=lens), case))
     finally:
         kernel_ops.linear_attn_isa(before)
     assert torch.equal(outs[0][0], outs[1][0])

@@ -71,10 +71,11 @@ void gdr_step_avx2(float* S, int64_t ld, int64_t Dk, const GdrTok& cur, const Gd
   for (int j = 0; next && j < NV; ++j) _mm256_storeu_ps(acc + 8 * j, ak[j]), _mm256_storeu_ps(acc + W + 8 * j, aq[j]);
 }
 
-// The same over 64 columns with AVX-512 (lane for lane the same operations as the AVX2 form).
+// The same over 16 NV columns with AVX-512 (lane for lane the same operations as the AVX2 form).
+template <int NV>
 __attribute__((target("avx512f"))) void gdr_step_avx512(float* S, int64_t ld, int64_t Dk, const GdrTok& cur,
                                                          const GdrTok* next, float* acc, bool first, bool fetch) {
-  constexpr int NV = 4, W = 16 * NV;
+  constexpr int W = 16 * NV;
   __m512 ak[NV], aq[NV], d[NV];
   for (int j = 0; j < NV; ++j) {
     ak[j] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + 16 * j);
@@ -150,7 +151,7 @@ void gdr_block(const Gdr& A, const Batch& B, int64_t r, int64_t h, int64_t c0, i
     std::fill(v + w, v + W, 0.0f);
   }
   // A token's values and outputs: in place, or through zero-padded buffers of W (a partial block).
-  float acc[2 * 64];
+  float acc[2 * 128];
   auto token = [&](int64_t t) {
     const float *k = A.k.at(t, hk), *q = A.q.at(t, hk);
     float kq = 0.0f;
@@ -190,8 +191,13 @@ at::Tensor gated_delta_rule_run(const at::Tensor& q, const at::Tensor& k, const 
               input(beta, T, Hv, 0, "gated_delta_rule beta"), o.data_ptr<float>(), (char*)ssm_state.data_ptr(),
               ssm_state.stride(0) * type_size(st), st, Hk, Hv, Dk, Dv, tiled};
   const bool wide = use_avx512();
-  const int64_t W = wide ? 64 : 32, nb = (Dv + W - 1) / W, per_req = Hv * nb;
-  const GdrStep step = wide ? gdr_step_avx512 : gdr_step_avx2;
+  // A decode batch (a token per request) over float32 states takes a head's whole rows of 128
+  // columns per block: its state streams contiguously, where blocks of 64 read half of each row,
+  // and the op runs ~1.5x faster from memory. (More tokens: 64, whose registers hold the next
+  // token's sums too.)
+  const bool decode = st == SType::F32 && std::all_of(B.len.begin(), B.len.end(), [](int64_t n) { return n <= 1; });
+  const int64_t W = !wide ? 32 : decode && Dv % 128 == 0 ? 128 : 64, nb = (Dv + W - 1) / W, per_req = Hv * nb;
+  const GdrStep step = !wide ? gdr_step_avx2 : W == 128 ? gdr_step_avx512<8> : gdr_step_avx512<4>;
   const int64_t n = (int64_t)B.rows.size() * per_req;
   run_items(n, (T + 1) * Hv * Dk * Dv > SERIAL_WORK, [&](int64_t i, std::vector<float>& scratch) {
     const int64_t r = B.order[i / per_req], h = i % per_req / nb, c0 = i % nb * W;
