@@ -20,7 +20,7 @@ inline void quantize_row(const float* x, int8_t* q, float* d, float* s, int64_t 
     }
     const float m = hmax(amax);
     // A max below 127 / FLT_MAX (~3.7e-37) has no finite 127 / m: such a block quantizes as an
-    // all-zero one (an infinite factor made garbage integers); NaN and inf still propagate.
+    // all-zero one (an infinite factor made garbage integers). Non-finite inputs are as before.
     const float inv = m > 0.0f ? 127.0f / m : 0.0f;
     const bool tiny = std::isinf(inv);
     const float db = tiny ? 0.0f : m / 127.0f;

@@ -10,7 +10,7 @@
 // It also drops the sign trick (|w| times a carrying w's sign, 3 instructions per chunk): w xor
 // 0x80 is w + 128 unsigned, so vpdpbusd gives sum(w a) + 128 sum(a), and the block's sum(a) is
 // exact from the activations' own scales (s = d * sum(q), qact.h: |sum(q)| < 2^12, so s / d
-// rounds back to it).
+// rounds back to it; for finite activations, whose q lie in [-127, 127]).
 //
 // Only for the files compiled with AVX-512 (x8_vnni_dot.h includes it); internal linkage.
 #pragma once
@@ -31,16 +31,17 @@ inline __m256i fold_halves(__m512i s) {
   return _mm256_add_epi32(_mm512_castsi512_si256(s), _mm512_extracti64x4_epi64(s, 1));
 }
 
-// 128 * sum(q) of blocks [b, b + n), n <= 8, from s / d (a zero block has d = s = 0).
+// 128 * sum(q) of blocks [b, b + n), n <= 8, from s / d (a zero block has d = s = 0). A block with
+// a non-finite input has no meaningful integers on any path; d > 0 keeps the cast defined.
 inline void block_sums128(const float* s, const float* d, int64_t n, int32_t* out) {
   if (n == 8) {
     const __m256 dv = _mm256_loadu_ps(d);
     const __m256i v = _mm256_cvtps_epi32(_mm256_div_ps(_mm256_loadu_ps(s), dv));
-    const __m256i nonzero = _mm256_castps_si256(_mm256_cmp_ps(dv, _mm256_setzero_ps(), _CMP_NEQ_OQ));
-    _mm256_storeu_si256((__m256i*)out, _mm256_slli_epi32(_mm256_and_si256(v, nonzero), 7));
+    const __m256i positive = _mm256_castps_si256(_mm256_cmp_ps(dv, _mm256_setzero_ps(), _CMP_GT_OQ));
+    _mm256_storeu_si256((__m256i*)out, _mm256_slli_epi32(_mm256_and_si256(v, positive), 7));
     return;
   }
-  for (int64_t i = 0; i < n; ++i) out[i] = d[i] != 0.0f ? 128 * (int32_t)std::lrint(s[i] / d[i]) : 0;
+  for (int64_t i = 0; i < n; ++i) out[i] = d[i] > 0.0f ? 128 * (int32_t)std::lrint(s[i] / d[i]) : 0;
 }
 
 // The block's 8 row dots of its 32 activation bytes x (signed) with 4 registers of unsigned
