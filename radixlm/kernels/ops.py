@@ -93,6 +93,9 @@ def _register_fakes() -> None:
     def fused_moe_fake(hidden, topk_ids, topk_weights, w13, w13_fmt, w2, w2_fmt, *args, **kwargs):
         return torch.empty_like(hidden, memory_format=torch.contiguous_format)
 
+    def router_gemm_fake(x, w, bias=None):
+        return x.new_empty(x.shape[0], w.shape[0])
+
     def recurrence_fake(x, *args):  # the linear-attention ops: the output has x's (or v's) shape
         return x.new_empty(x.shape)
 
@@ -116,6 +119,7 @@ def _register_fakes() -> None:
         ("llama_layers", llama_layers_fake),
         ("qwen3_5_layers", llama_layers_fake),
         ("fused_moe", fused_moe_fake),
+        ("router_gemm", router_gemm_fake),
         ("lora_delta_", inplace_fake),
         ("causal_conv1d", recurrence_fake),
         ("gated_delta_rule", gated_delta_rule_fake),

@@ -20,6 +20,8 @@ void qlinear_out(const at::Tensor& x, const at::Tensor& w, int64_t fmt, const c1
 // The experts of a MoE layer after routing (moe.cpp): hidden [T, H], topk ids / weights [T, k].
 at::Tensor fused_moe(const at::Tensor& hidden, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
                      const at::Tensor& w13, int64_t w13_fmt, const at::Tensor& w2, int64_t w2_fmt);
+// A router's float32 logits x [T, H] . w [E, H]^T (router_gemm.cpp).
+at::Tensor router_gemm(const at::Tensor& x, const at::Tensor& w);
 at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& w, double eps);
 void add_rmsnorm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& w, double eps);
 at::Tensor silu_and_mul(const at::Tensor& x);

@@ -65,6 +65,13 @@ at::Tensor float_linear(const at::Tensor& x, const at::Tensor& w) {
   return at::linear(x, w);
 }
 
+// RouterGate.forward (layers/moe/router_gemm.py): the native router_gemm up to its
+// ROUTER_GEMM_MAX_ROWS tokens, MKL above.
+constexpr int64_t ROUTER_GEMM_MAX_ROWS = 8;
+at::Tensor router_linear(const at::Tensor& x, const at::Tensor& w) {
+  return x.size(0) <= ROUTER_GEMM_MAX_ROWS ? api::router_gemm(x, w) : at::linear(x, w);
+}
+
 // SparseMoeBlock.forward: softmax top-k routing (topk.py), the expert load counted, the experts'
 // native op, the shared expert scaled by its sigmoid gate.
 at::Tensor sparse_moe(Stack& s, const at::Tensor& x, at::Tensor& expert_load, const int64_t* ints) {
@@ -73,7 +80,7 @@ at::Tensor sparse_moe(Stack& s, const at::Tensor& x, at::Tensor& expert_load, co
   const at::Tensor& w2 = s.take();
   const at::Tensor& shared_gate = s.take();
   const int64_t T = x.size(0), k = ints[2];
-  at::Tensor probs = at::softmax(at::linear(x, router), -1, at::kFloat);
+  at::Tensor probs = at::softmax(router_linear(x, router), -1, at::kFloat);
   auto [weights, ids] = at::topk(probs, k, -1);
   if (ints[3]) weights = weights / weights.sum(-1, true);
   const at::Tensor flat = ids.reshape(-1);
@@ -88,7 +95,7 @@ at::Tensor sparse_moe(Stack& s, const at::Tensor& x, at::Tensor& expert_load, co
   }
   at::Tensor out = parts.size() == 1 ? parts[0] : at::cat(parts);
   out = out.view(x.sizes());
-  at::Tensor gate = at::sigmoid(at::linear(x, shared_gate));
+  at::Tensor gate = at::sigmoid(router_linear(x, shared_gate));
   at::Tensor shared = s.linear(api::silu_and_mul(s.linear(x)));
   return out + gate * shared;
 }

@@ -19,12 +19,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from radixlm.model.host_copy import to_device
 from radixlm.model.layers.moe import native
 from radixlm.model.layers.moe.experts import ExpertWeights
+from radixlm.model.layers.moe.router_gemm import router_logits
 
 
 def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:
@@ -46,7 +46,7 @@ class GptOssTopKRouter(nn.Module):
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [T, hidden] -> (weights float32 [T, k], expert ids [T, k]): a softmax over the top-k
         logits (torch.topk as HF: ties break alike)."""
-        top, ids = torch.topk(F.linear(x, self.weight, self.bias), self.top_k, dim=-1)
+        top, ids = torch.topk(router_logits(x, self.weight, self.bias), self.top_k, dim=-1)
         return torch.softmax(top, dim=-1, dtype=torch.float32), ids
 
 

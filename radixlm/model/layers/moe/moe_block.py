@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from radixlm.distributed.parallel_state import GroupCoordinator, get_ep_group
 from radixlm.model.layers.moe.expert_dispatch import LocalExperts, expert_dispatch, local_share
 from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.layers.moe.fused_moe import ExpertsFn, experts_path
+from radixlm.model.layers.moe.router_gemm import router_logits
 from radixlm.model.layers.moe.topk import TopKRouting
 from radixlm.model.tp_shard import divide
 
@@ -54,7 +54,7 @@ class RouterGate(nn.Module):
         self.weight = nn.Parameter(torch.empty(out_features, hidden_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return router_logits(x, self.weight)
 
 
 class SparseMoeBlock(nn.Module):
