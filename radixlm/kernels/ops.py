@@ -96,6 +96,9 @@ def _register_fakes() -> None:
     def router_gemm_fake(x, w, bias=None):
         return x.new_empty(x.shape[0], w.shape[0])
 
+    def argmax_rows_fake(logits):
+        return logits.new_empty(logits.shape[0], dtype=torch.int64)
+
     def recurrence_fake(x, *args):  # the linear-attention ops: the output has x's (or v's) shape
         return x.new_empty(x.shape)
 
@@ -120,6 +123,7 @@ def _register_fakes() -> None:
         ("qwen3_5_layers", llama_layers_fake),
         ("fused_moe", fused_moe_fake),
         ("router_gemm", router_gemm_fake),
+        ("argmax_rows", argmax_rows_fake),
         ("lora_delta_", inplace_fake),
         ("causal_conv1d", recurrence_fake),
         ("gated_delta_rule", gated_delta_rule_fake),
