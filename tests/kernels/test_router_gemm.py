@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.model.layers.moe.moe_block import RouterGate
-from radixlm.model.layers.moe.router_gemm import ROUTER_GEMM_MAX_ROWS, router_logits
+from radixlm.model.layers.router_gemm import ROUTER_GEMM_MAX_ROWS, router_logits
 
 # float32 dots of up to ~3k terms against float64: reassociation only, relative to the dot's
 # magnitude; a wrong row, column or tail is O(1).

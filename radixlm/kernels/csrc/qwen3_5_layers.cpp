@@ -53,23 +53,25 @@ struct Stack {
   const at::Tensor& take() { return weights[next_w++]; }
 };
 
-// A float32 weight as layers/linear.py's linear(): 9..15 rows go through MKL padded to 16 (its GEMM
-// is slow there), so the padded product is what the Python layer computes.
+// RouterGate.forward (layers/router_gemm.py): the native router_gemm up to its
+// ROUTER_GEMM_MAX_ROWS tokens, MKL above.
+constexpr int64_t ROUTER_GEMM_MAX_ROWS = 8;
+at::Tensor router_linear(const at::Tensor& x, const at::Tensor& w) {
+  return x.size(0) <= ROUTER_GEMM_MAX_ROWS ? api::router_gemm(x, w) : at::linear(x, w);
+}
+
+// GatedDeltaNet's in_proj_ba (float32), as its _ba(): the native router_gemm up to
+// ROUTER_GEMM_MAX_ROWS tokens, else layers/linear.py's linear(): 9..15 rows go through MKL padded
+// to 16 (its GEMM is slow there), so the padded product is what the Python layer computes.
 at::Tensor float_linear(const at::Tensor& x, const at::Tensor& w) {
   const int64_t m = x.size(0);
+  if (m <= ROUTER_GEMM_MAX_ROWS) return api::router_gemm(x, w);
   if (m >= 9 && m < 16) {
     at::Tensor padded = at::zeros({16, x.size(1)}, x.options());
     padded.narrow(0, 0, m).copy_(x);
     return at::linear(padded, w).narrow(0, 0, m);
   }
   return at::linear(x, w);
-}
-
-// RouterGate.forward (layers/moe/router_gemm.py): the native router_gemm up to its
-// ROUTER_GEMM_MAX_ROWS tokens, MKL above.
-constexpr int64_t ROUTER_GEMM_MAX_ROWS = 8;
-at::Tensor router_linear(const at::Tensor& x, const at::Tensor& w) {
-  return x.size(0) <= ROUTER_GEMM_MAX_ROWS ? api::router_gemm(x, w) : at::linear(x, w);
 }
 
 // SparseMoeBlock.forward: softmax top-k routing (topk.py), the expert load counted, the experts'

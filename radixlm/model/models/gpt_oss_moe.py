@@ -24,7 +24,7 @@ from torch import nn
 from radixlm.model.host_copy import to_device
 from radixlm.model.layers.moe import native
 from radixlm.model.layers.moe.experts import ExpertWeights
-from radixlm.model.layers.moe.router_gemm import router_logits
+from radixlm.model.layers.router_gemm import router_logits
 
 
 def clamped_swiglu(gate_up: torch.Tensor, alpha: float, limit: float) -> torch.Tensor:

@@ -25,6 +25,7 @@ from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.linear_attn.base import LinearAttnBackend
 from radixlm.model.layers.linear_attn.segments import run_state_layer
 from radixlm.model.layers.parallel_linear import MergedColumnParallelLinear, RowParallelLinear
+from radixlm.model.layers.router_gemm import ROUTER_GEMM_MAX_ROWS, router_logits
 
 
 class GatedRMSNorm(nn.Module):
@@ -79,12 +80,20 @@ class GatedDeltaNet(nn.Module):
     def forward(self, hidden: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         n = hidden.shape[0]
         mixed, z = self.in_proj_qkvz(hidden).split([self.conv_dim, self.value_dim], dim=-1)
-        b, a = self.in_proj_ba(hidden).split([self.num_v_heads] * 2, dim=-1)
+        b, a = self._ba(hidden).split([self.num_v_heads] * 2, dim=-1)
         recurrence = lambda inputs, rows, lens: self._recurrence(fb, inputs, rows, lens)
         o = run_state_layer(fb, self.state_layer_id, [mixed, a, b], recurrence)
         z = z.reshape(n, self.num_v_heads, self.head_v_dim)
         o = self.norm(o, z, fb.linear_attn_backend)
         return self.out_proj(o.reshape(n, self.value_dim))
+
+    def _ba(self, hidden: torch.Tensor) -> torch.Tensor:
+        """in_proj_ba: a float32 [2 Hv, hidden] matrix, a router's size: a decode batch takes the
+        native router_gemm (MKL's GEMV runs it on one thread), as qwen3_5_layers.cpp does."""
+        p = self.in_proj_ba
+        if p.qweight is None and p.bias is None and hidden.shape[0] <= ROUTER_GEMM_MAX_ROWS:
+            return router_logits(hidden, p.weight)
+        return p(hidden)
 
     def _recurrence(
         self, fb: ForwardBatch, inputs: list[torch.Tensor], rows: torch.Tensor, lens: list[int]

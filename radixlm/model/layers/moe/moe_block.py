@@ -31,8 +31,8 @@ from radixlm.distributed.parallel_state import GroupCoordinator, get_ep_group
 from radixlm.model.layers.moe.expert_dispatch import LocalExperts, expert_dispatch, local_share
 from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.layers.moe.fused_moe import ExpertsFn, experts_path
-from radixlm.model.layers.moe.router_gemm import router_logits
 from radixlm.model.layers.moe.topk import TopKRouting
+from radixlm.model.layers.router_gemm import router_logits
 from radixlm.model.tp_shard import divide
 
 

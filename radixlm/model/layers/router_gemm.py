@@ -1,9 +1,10 @@
 """A router's logits: x [T, hidden] times its float32 matrix [experts, hidden] (plus gpt-oss's
-bias). A decode batch on the CPU takes the native router_gemm (kernels/csrc/router_gemm.cpp: the
-matrix's rows over the threads, where MKL's GEMV runs these sizes on one; each logit in a fixed
-order, so a token's logits do not depend on its batch); larger batches, other devices and the
-torch path take F.linear. The one-op decoder stacks (qwen3_5_layers.cpp) switch at the same
-ROUTER_GEMM_MAX_ROWS, so their routes are bitwise these."""
+bias), and other float32 matrices of a router's size (Gated DeltaNet's in_proj_ba). A decode
+batch on the CPU takes the native router_gemm (kernels/csrc/router_gemm.cpp: the matrix's rows
+over the threads, where MKL's GEMV runs these sizes on one; each logit in a fixed order, so a
+token's logits do not depend on its batch); larger batches, other devices and the torch path take
+F.linear. The one-op decoder stacks (qwen3_5_layers.cpp) switch at the same ROUTER_GEMM_MAX_ROWS,
+so their results are bitwise these."""
 
 from __future__ import annotations
 
