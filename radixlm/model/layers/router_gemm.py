@@ -21,7 +21,8 @@ ROUTER_GEMM_MAX_ROWS = 8
 def router_logits(
     x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    if x.dim() == 2 and x.shape[0] <= ROUTER_GEMM_MAX_ROWS and weight.dtype == torch.float32:
+    floats = weight.dtype == torch.float32 and (bias is None or bias.dtype == torch.float32)
+    if x.dim() == 2 and x.shape[0] <= ROUTER_GEMM_MAX_ROWS and floats:
         ops = cpu_float_ops(x)
         if ops is not None and weight.device.type == "cpu":
             return ops.router_gemm(x, weight, bias)
