@@ -121,6 +121,7 @@ def _register_fakes() -> None:
         ("kv_store_", inplace_fake),
         ("llama_layers", llama_layers_fake),
         ("qwen3_5_layers", llama_layers_fake),
+        ("gpt_oss_layers", llama_layers_fake),
         ("fused_moe", fused_moe_fake),
         ("router_gemm", router_gemm_fake),
         ("argmax_rows", argmax_rows_fake),

@@ -315,10 +315,10 @@ def test_fused_layers_follow_the_phase_backend(
     kernel_ops, default_model, monkeypatch, prefill, decode
 ):
     """The model runs the native fused layers exactly for the batches the native backend runs."""
-    from radixlm.model.models import llama
+    from radixlm.model.layers.fused_layers import FusedLayers
 
     fused = Counter()
-    real = llama.run_fused_layers
+    real = FusedLayers.run
 
     def counted(
         f, hidden, positions, fb, *layers
@@ -326,7 +326,7 @@ def test_fused_layers_follow_the_phase_backend(
         fused.update([fb.forward_mode])
         return real(f, hidden, positions, fb, *layers)
 
-    monkeypatch.setattr(llama, "run_fused_layers", counted)
+    monkeypatch.setattr(FusedLayers, "run", counted)
     head_dim = default_model.hf_config.hidden_size // default_model.hf_config.num_attention_heads
     s = spec(head_dim=head_dim)
     hybrid = create_attention_backend(None, s, prefill=prefill, decode=decode)

@@ -73,23 +73,31 @@ def check_logits(h: PoolHarness, hf: transformers.PreTrainedModel, decodes: int 
 
 
 def write_gguf(
-    hf: transformers.PreTrainedModel, tokenizer_dir: str, path: str, experts: str | None = None
+    hf: transformers.PreTrainedModel,
+    tokenizer_dir: str,
+    path: str,
+    experts: str | None = None,
+    attention: str | None = None,
 ) -> str:
     """hf as llama.cpp's converter writes it (float32; convert_hf_to_gguf.py GptOssModel): gate and
     up experts de-interleaved into ffn_gate_exps / ffn_up_exps [E, inter, hidden] with split
     biases, down transposed to [E, hidden, inter], the sinks as attn_sinks.weight. experts: a GGML
     type name for the three expert weights (MXFP4 as the released GGUFs store them), quantized by
-    gguf.quants; None: float32."""
+    gguf.quants; None: float32. attention: the same for the q/k/v/o matrices (Q8_0 as the released
+    GGUFs store them)."""
     import gguf
     from gguf.quants import quantize
 
-    def expert(w: gguf.GGUFWriter, name: str, a: torch.Tensor) -> None:
+    def add(w: gguf.GGUFWriter, name: str, a: torch.Tensor, qtype_name: str | None) -> None:
         a = a.contiguous().numpy()
-        if experts is None:
+        if qtype_name is None:
             w.add_tensor(name, a.copy())
             return
-        qtype = gguf.GGMLQuantizationType[experts]
+        qtype = gguf.GGMLQuantizationType[qtype_name]
         w.add_tensor(name, quantize(a, qtype), raw_dtype=qtype)
+
+    def expert(w: gguf.GGUFWriter, name: str, a: torch.Tensor) -> None:
+        add(w, name, a, experts)
 
     cfg = hf.config
     arch = gguf.MODEL_ARCH.GPT_OSS
@@ -133,7 +141,9 @@ def write_gguf(
             continue
         if name.endswith(".sinks"):
             name += ".weight"
-        w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), a.numpy().copy())
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        projection = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight")
+        add(w, gguf_name, a, attention if gguf_name.endswith(projection) else None)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -18,10 +18,15 @@ namespace radixlm::api {
 void qlinear_out(const at::Tensor& x, const at::Tensor& w, int64_t fmt, const c10::optional<at::Tensor>& bias,
                  at::Tensor& out);
 // The experts of a MoE layer after routing (moe.cpp): hidden [T, H], topk ids / weights [T, k].
+// SGLang's options: per-expert biases b13 [E, 2I] and b2 [E, H], activation "silu" or "swiglu"
+// (gpt-oss's, clamped at limit).
 at::Tensor fused_moe(const at::Tensor& hidden, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
-                     const at::Tensor& w13, int64_t w13_fmt, const at::Tensor& w2, int64_t w2_fmt);
-// A router's float32 logits x [T, H] . w [E, H]^T (router_gemm.cpp).
-at::Tensor router_gemm(const at::Tensor& x, const at::Tensor& w);
+                     const at::Tensor& w13, int64_t w13_fmt, const at::Tensor& w2, int64_t w2_fmt,
+                     const c10::optional<at::Tensor>& b13 = c10::nullopt,
+                     const c10::optional<at::Tensor>& b2 = c10::nullopt, c10::string_view activation = "silu",
+                     double alpha = 0.0, double limit = 0.0);
+// A router's float32 logits x [T, H] . w [E, H]^T (+ bias [E]) (router_gemm.cpp).
+at::Tensor router_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias = c10::nullopt);
 at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& w, double eps);
 void add_rmsnorm_(at::Tensor& x, at::Tensor& residual, const at::Tensor& w, double eps);
 at::Tensor silu_and_mul(const at::Tensor& x);

@@ -268,9 +268,10 @@ at::Tensor fused_moe(const at::Tensor& hidden_, const at::Tensor& topk_ids_, con
 
 namespace api {
 at::Tensor fused_moe(const at::Tensor& hidden, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
-                     const at::Tensor& w13, int64_t w13_fmt, const at::Tensor& w2, int64_t w2_fmt) {
-  return radixlm::fused_moe(hidden, topk_ids, topk_weights, w13, w13_fmt, w2, w2_fmt, c10::nullopt, c10::nullopt, "silu",
-                            0.0, 0.0);
+                     const at::Tensor& w13, int64_t w13_fmt, const at::Tensor& w2, int64_t w2_fmt,
+                     const c10::optional<at::Tensor>& b13, const c10::optional<at::Tensor>& b2,
+                     c10::string_view activation, double alpha, double limit) {
+  return radixlm::fused_moe(hidden, topk_ids, topk_weights, w13, w13_fmt, w2, w2_fmt, b13, b2, activation, alpha, limit);
 }
 }  // namespace api
 

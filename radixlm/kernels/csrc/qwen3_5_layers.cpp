@@ -6,7 +6,7 @@
 // model/layers/linear_attn/gated_delta_net.py with the native linear-attention backend,
 // model/layers/moe/moe_block.py with the native experts), in the same order on the same shapes, so
 // its results are bitwise theirs.
-#include "api.h"
+#include "layer_stack.h"
 
 namespace radixlm {
 namespace qwen3_5 {  // named: the unity build puts this file beside others' anonymous helpers
@@ -20,45 +20,14 @@ namespace qwen3_5 {  // named: the unity build puts this file beside others' ano
 // projections (the shared expert's); moe_ints per sparse layer: w13's and w2's formats, top k,
 // renormalize.
 constexpr int64_t PROJS = 4, LINEAR_TENSORS = 7, ATTN_TENSORS = 4, MOE_TENSORS = 4, MOE_INTS = 4;
-// moe/native.py's MAX_TOKENS: the experts' op runs on slices of this many tokens.
-constexpr int64_t MOE_MAX_TOKENS = 1024;
 
 // dims: attention heads, KV heads, head dim; key heads, value heads, key head dim, value head dim;
 // value heads read key heads tiled (1) or grouped (0).
 constexpr int64_t DIMS = 8;
 
-struct Stack {
-  at::TensorList weights;
-  at::IntArrayRef fmts, seg_counts;
-  int64_t next_w = 0, next_fmt = 0, next_count = 0;  // cursors, advanced layer by layer
-
-  // One projection: its segments side by side in the output's columns (QuantizedMatrix.matmul's
-  // order and operations).
-  at::Tensor linear(const at::Tensor& x) {
-    const int64_t count = seg_counts[next_count++];
-    int64_t out_rows = 0;
-    for (int64_t j = 0; j < count; ++j) out_rows += weights[next_w + j].size(0) * fmt_group(fmts[next_fmt + j]);
-    at::Tensor out = at::empty({x.size(0), out_rows}, x.options());
-    for (int64_t j = 0, start = 0; j < count; ++j) {
-      const at::Tensor& w = weights[next_w + j];
-      const int64_t fmt = fmts[next_fmt + j], n = w.size(0) * fmt_group(fmt);
-      at::Tensor view = count == 1 ? out : out.narrow(1, start, n);
-      api::qlinear_out(x, w, fmt, c10::nullopt, view);
-      start += n;
-    }
-    next_w += count;
-    next_fmt += count;
-    return out;
-  }
-  const at::Tensor& take() { return weights[next_w++]; }
-};
-
-// RouterGate.forward (layers/router_gemm.py): the native router_gemm up to its
-// ROUTER_GEMM_MAX_ROWS tokens, MKL above.
-constexpr int64_t ROUTER_GEMM_MAX_ROWS = 8;
-at::Tensor router_linear(const at::Tensor& x, const at::Tensor& w) {
-  return x.size(0) <= ROUTER_GEMM_MAX_ROWS ? api::router_gemm(x, w) : at::linear(x, w);
-}
+using layer_stack::ROUTER_GEMM_MAX_ROWS;
+using layer_stack::router_linear;
+using layer_stack::Stack;
 
 // GatedDeltaNet's in_proj_ba (float32), as its _ba(): the native router_gemm up to
 // ROUTER_GEMM_MAX_ROWS tokens, else layers/linear.py's linear(): 9..15 rows go through MKL padded
@@ -81,22 +50,13 @@ at::Tensor sparse_moe(Stack& s, const at::Tensor& x, at::Tensor& expert_load, co
   const at::Tensor& w13 = s.take();
   const at::Tensor& w2 = s.take();
   const at::Tensor& shared_gate = s.take();
-  const int64_t T = x.size(0), k = ints[2];
+  const int64_t k = ints[2];
   at::Tensor probs = at::softmax(router_linear(x, router), -1, at::kFloat);
   auto [weights, ids] = at::topk(probs, k, -1);
   if (ints[3]) weights = weights / weights.sum(-1, true);
   const at::Tensor flat = ids.reshape(-1);
   expert_load.scatter_add_(0, flat, at::ones_like(flat));
-  const at::Tensor xs = x.reshape({-1, x.size(1)}).to(at::kFloat).contiguous();
-  const at::Tensor ids2 = ids.reshape({T, k}), w2d = weights.reshape({T, k}).to(at::kFloat);
-  std::vector<at::Tensor> parts;
-  for (int64_t a = 0; a < std::max<int64_t>(T, 1); a += MOE_MAX_TOKENS) {
-    const int64_t n = std::min(MOE_MAX_TOKENS, T - a);
-    parts.push_back(api::fused_moe(xs.narrow(0, a, n), ids2.narrow(0, a, n), w2d.narrow(0, a, n), w13, ints[0], w2,
-                                   ints[1]));
-  }
-  at::Tensor out = parts.size() == 1 ? parts[0] : at::cat(parts);
-  out = out.view(x.sizes());
+  at::Tensor out = layer_stack::routed_experts(x, ids, weights, w13, ints[0], w2, ints[1]);
   at::Tensor gate = at::sigmoid(router_linear(x, shared_gate));
   at::Tensor shared = s.linear(api::silu_and_mul(s.linear(x)));
   return out + gate * shared;

@@ -79,7 +79,9 @@ at::Tensor router_gemm(const at::Tensor& x_, const at::Tensor& w_, const c10::op
 }  // namespace router
 
 namespace api {
-at::Tensor router_gemm(const at::Tensor& x, const at::Tensor& w) { return router::router_gemm(x, w, c10::nullopt); }
+at::Tensor router_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
+  return router::router_gemm(x, w, bias);
+}
 }  // namespace api
 
 TORCH_LIBRARY_FRAGMENT(radixlm, m) { m.def("router_gemm(Tensor x, Tensor w, Tensor? bias=None) -> Tensor"); }

@@ -78,6 +78,18 @@ class FusedLayers:
             )
         return part
 
+    def run(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        fb: ForwardBatch,
+        start: int = 0,
+        end: int | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """run_fused_layers on these arguments (the interface LlamaModel.forward calls, which
+        fused_gpt_oss_layers.FusedGptOssLayers implements too)."""
+        return run_fused_layers(self, hidden, positions, fb, start, end)
+
 
 def quantized_segments(linear) -> list[tuple[torch.Tensor, int]] | None:
     """(blocks, format id) per segment, or None when the projection is not all quantized (in the

@@ -15,6 +15,7 @@ from typing import Any
 
 from torch import nn
 
+from radixlm.model.layers.fused_gpt_oss_layers import build_fused_gpt_oss_layers
 from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
@@ -48,8 +49,17 @@ class GptOssModel(LlamaModel):
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.hidden_size = config.hidden_size
-        self.use_fused_layers = False  # the one-op fused decoder has no MoE block
-        self._fused = False
+        # All layers in one native op where it applies (layers/fused_gpt_oss_layers.py); False:
+        # never. Its arguments are built at the first forward (None: not yet, False: n/a).
+        self.use_fused_layers = True
+        self._fused = None
+
+    def _fused_layers(self):
+        if not self.use_fused_layers:
+            return None
+        if self._fused is None:
+            self._fused = build_fused_gpt_oss_layers(self) or False
+        return self._fused
 
 
 class GptOssForCausalLM(LlamaForCausalLM):

@@ -16,7 +16,7 @@ from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.hidden_capture import HiddenCapture, NoHiddenCapture, layer_segments
 from radixlm.model.layers.activation import SiluAndMul
 from radixlm.model.layers.attention import RadixAttention
-from radixlm.model.layers.fused_layers import build_fused_layers, run_fused_layers
+from radixlm.model.layers.fused_layers import build_fused_layers
 from radixlm.model.layers.linear import MergedLinear
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.parallel_linear import (
@@ -243,9 +243,7 @@ class LlamaModel(nn.Module):
                 if fused:
                     hidden, residual = stream, None
             if fused:
-                hidden, residual = run_fused_layers(
-                    fused, hidden, positions, forward_batch, start, end
-                )
+                hidden, residual = fused.run(hidden, positions, forward_batch, start, end)
             else:
                 for i in range(start, end):
                     hidden, residual = self.layers[i](positions, hidden, forward_batch, residual)
