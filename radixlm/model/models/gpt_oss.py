@@ -54,12 +54,8 @@ class GptOssModel(LlamaModel):
         self.use_fused_layers = True
         self._fused = None
 
-    def _fused_layers(self):
-        if not self.use_fused_layers:
-            return None
-        if self._fused is None:
-            self._fused = build_fused_gpt_oss_layers(self) or False
-        return self._fused
+    def _build_fused_layers(self):
+        return build_fused_gpt_oss_layers(self)
 
 
 class GptOssForCausalLM(LlamaForCausalLM):

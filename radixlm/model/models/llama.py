@@ -261,8 +261,13 @@ class LlamaModel(nn.Module):
         if not self.use_fused_layers:
             return None
         if self._fused is None:
-            self._fused = build_fused_layers(self) or False
+            self._fused = self._build_fused_layers() or False
         return self._fused
+
+    def _build_fused_layers(self):
+        """The one-op stack's arguments (None: it does not apply); families with their own op
+        override it."""
+        return build_fused_layers(self)
 
 
 class LlamaForCausalLM(nn.Module):
