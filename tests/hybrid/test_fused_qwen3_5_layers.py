@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from radixlm.bench.one_batch import run_once
+from tests.model.helpers import logits_of_run
 from tests.model.hybrid_checkpoints import write_gguf
 
 
@@ -55,24 +55,6 @@ def runner(request, hybrid_checkpoint_dir, tmp_path_factory):
         torch.set_num_threads(threads)
 
 
-def _logits_of(runner, prompts, output_len) -> tuple[list, list]:
-    """Every forward's next-token logits (the batched prefill, each decode step) and the tokens."""
-    seen = []
-    forward = runner.forward
-
-    def recording(fb):
-        out = forward(fb)
-        seen.append(out.next_token_logits.clone())
-        return out
-
-    runner.forward = recording
-    try:
-        out = run_once(runner, prompts, output_len)
-    finally:
-        del runner.forward
-    return seen, out["output_ids"]
-
-
 def test_fused_qwen3_5_layers_equal_python_layers(runner):
     arch, runner = runner
     stack = runner.model.model
@@ -86,7 +68,7 @@ def test_fused_qwen3_5_layers_equal_python_layers(runner):
         before = [x.clone() for x in loads]
         stack.use_fused_layers, stack._fused = fused, None
         # a batch of three, then one alone (other state rows and KV slots)
-        runs.append((_logits_of(runner, prompts, 6), _logits_of(runner, prompts[1:2], 4)))
+        runs.append((logits_of_run(runner, prompts, 6), logits_of_run(runner, prompts[1:2], 4)))
         counted.append([x - b for x, b in zip(loads, before)])
         if fused:
             f = stack._fused

@@ -226,3 +226,24 @@ def check_trees(h: PoolHarness, hf, vocab: int, seed: int) -> None:
             ref = hf_logits(hf, prompt + path[::-1])[-1]
             diff = (rows[r].cpu() - ref).abs().max().item()
             assert diff < 1e-4, f"node {r}: max|diff| {diff:.2e}"
+
+
+def logits_of_run(runner, prompts: list[list[int]], output_len: int) -> tuple[list, list]:
+    """bench one-batch's run_once on a ModelRunner, recording every forward's next-token logits (the
+    batched prefill, each decode step); -> (those logits, the output tokens)."""
+    from radixlm.bench.one_batch import run_once
+
+    seen = []
+    forward = runner.forward
+
+    def recording(fb):
+        out = forward(fb)
+        seen.append(out.next_token_logits.clone())
+        return out
+
+    runner.forward = recording
+    try:
+        out = run_once(runner, prompts, output_len)
+    finally:
+        del runner.forward
+    return seen, out["output_ids"]

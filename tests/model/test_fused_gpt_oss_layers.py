@@ -11,9 +11,9 @@ import random
 import pytest
 import torch
 
-from radixlm.bench.one_batch import run_once
 from radixlm.model.hidden_capture import NoHiddenCapture
 from tests.model.gpt_oss_checkpoint import gpt_oss_checkpoint, write_gguf
+from tests.model.helpers import logits_of_run
 from tests.model.windowed_checkpoints import VOCAB
 
 
@@ -49,24 +49,6 @@ def runner(request, gguf_path):
         torch.set_num_threads(threads)
 
 
-def _logits_of(runner, prompts, output_len) -> tuple[list, list]:
-    """Every forward's next-token logits (the batched prefill, each decode step) and the tokens."""
-    seen = []
-    forward = runner.forward
-
-    def recording(fb):
-        out = forward(fb)
-        seen.append(out.next_token_logits.clone())
-        return out
-
-    runner.forward = recording
-    try:
-        out = run_once(runner, prompts, output_len)
-    finally:
-        del runner.forward
-    return seen, out["output_ids"]
-
-
 class _Recorder:
     def __init__(self, aux_layers):
         self.aux_layers = aux_layers
@@ -92,7 +74,9 @@ def test_fused_gpt_oss_layers_equal_python_layers(runner):
             runner.set_hidden_capture(_Recorder(capture) if capture else NoHiddenCapture())
             try:
                 # a batch of three, then one alone (other KV slots)
-                runs.append((_logits_of(runner, prompts, 12), _logits_of(runner, prompts[1:2], 10)))
+                runs.append(
+                    (logits_of_run(runner, prompts, 12), logits_of_run(runner, prompts[1:2], 10))
+                )
             finally:
                 runner.set_hidden_capture(NoHiddenCapture())
             if fused:

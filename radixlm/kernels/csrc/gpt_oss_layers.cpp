@@ -78,12 +78,7 @@ at::Tensor gpt_oss_layers(const at::Tensor& hidden_in, at::Tensor& residual, con
     const at::Tensor& qkv_bias = s.take();
     const at::Tensor& o_bias = s.take();
     const at::Tensor& sinks = s.take();
-    if (i == 0) {  // the stream starts as the embedding (the Python layer keeps it as its residual)
-      residual.copy_(hidden);
-      hidden = api::rmsnorm(residual, input_norm, eps);
-    } else {
-      api::add_rmsnorm_(hidden, residual, input_norm, eps);
-    }
+    layer_stack::input_norm(i, hidden, residual, input_norm, eps);
     // LlamaAttention.forward and RadixAttention.forward (set_kv_buffer, then the native backend)
     at::Tensor qkv = s.linear(hidden, qkv_bias);
     at::Tensor q = qkv.narrow(1, 0, qs), k = qkv.narrow(1, qs, kvs), v = qkv.narrow(1, qs + kvs, kvs);

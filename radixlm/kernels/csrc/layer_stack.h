@@ -38,6 +38,17 @@ struct Stack {
   const at::Tensor& take() { return weights[next_w++]; }
 };
 
+// The input norm of layer i: layer 0's stream starts as the embedding (the Python layers keep it as
+// their residual), later layers add their input to the residual first.
+inline void input_norm(int64_t i, at::Tensor& hidden, at::Tensor& residual, const at::Tensor& w, double eps) {
+  if (i == 0) {
+    residual.copy_(hidden);
+    hidden = api::rmsnorm(residual, w, eps);
+  } else {
+    api::add_rmsnorm_(hidden, residual, w, eps);
+  }
+}
+
 // layers/router_gemm.py's router_logits: the native router_gemm up to ROUTER_GEMM_MAX_ROWS tokens,
 // MKL (F.linear) above.
 constexpr int64_t ROUTER_GEMM_MAX_ROWS = 8;

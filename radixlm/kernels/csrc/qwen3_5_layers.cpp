@@ -109,12 +109,7 @@ at::Tensor qwen3_5_layers(const at::Tensor& hidden_in, at::Tensor& residual, con
   for (int64_t i = 0, li = 0, ai = 0, mi = 0; i < L; ++i) {
     const at::Tensor& input_norm = s.take();
     const at::Tensor& post_norm = s.take();
-    if (i == 0) {  // the stream starts as the embedding (the Python layer keeps it as its residual)
-      residual.copy_(hidden);
-      hidden = api::rmsnorm(residual, input_norm, eps);
-    } else {
-      api::add_rmsnorm_(hidden, residual, input_norm, eps);
-    }
+    layer_stack::input_norm(i, hidden, residual, input_norm, eps);
     if (layer_is_linear[i]) {  // GatedDeltaNet.forward and _recurrence
       const at::Tensor& ba_w = s.take();
       const at::Tensor& conv_w = s.take();

@@ -16,8 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from radixlm.model.layers.fused_layers import quantized_segments
-from radixlm.model.layers.rotary import MRotaryEmbedding
+from radixlm.model.layers.fused_layers import quantized_segments, stack_rope_applies
 
 if TYPE_CHECKING:
     from radixlm.model.forward_batch import ForwardBatch
@@ -142,17 +141,10 @@ def _layer(layer: Any, eps: set) -> _Layer | None:
 
 def build_fused_gpt_oss_layers(model: Any) -> FusedGptOssLayers | None:
     """The op's arguments for a GptOssModel (models/gpt_oss.py), or None where it does not apply."""
-    from radixlm.kernels.ops import cpu_float_ops
-
+    if not stack_rope_applies(model):
+        return None
     layers = list(model.layers)
     rope = model.rotary_emb
-    if (
-        not layers
-        or cpu_float_ops(model.norm.weight) is None
-        or isinstance(rope, MRotaryEmbedding)
-        or rope.cos_sin_cache.dtype != torch.float32
-    ):
-        return None
     eps: set = set()
     parts = []
     for layer in layers:

@@ -12,7 +12,7 @@ biases outside qkv) keeps the Python path.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 from torch import nn
@@ -100,6 +100,20 @@ def quantized_segments(linear) -> list[tuple[torch.Tensor, int]] | None:
     ):
         return None
     return [(s.weight.data, s.weight.fmt.kernel_id) for s in q.segments]
+
+
+def stack_rope_applies(model: Any) -> bool:
+    """Whether a hybrid or MoE stack's one-op path can take this model at all: layers, float32 on
+    the CPU kernels, one RoPE table of float32 rows by position (no M-RoPE)."""
+    from radixlm.kernels.ops import cpu_float_ops
+
+    rope = model.rotary_emb
+    return bool(
+        len(model.layers)
+        and cpu_float_ops(model.norm.weight) is not None
+        and not isinstance(rope, MRotaryEmbedding)
+        and rope.cos_sin_cache.dtype == torch.float32
+    )
 
 
 def build_fused_layers(model: DecoderStack) -> FusedLayers | None:

@@ -19,8 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from radixlm.model.layers.fused_layers import kv_and_metadata, quantized_segments
-from radixlm.model.layers.rotary import MRotaryEmbedding
+from radixlm.model.layers.fused_layers import (
+    kv_and_metadata,
+    quantized_segments,
+    stack_rope_applies,
+)
 
 if TYPE_CHECKING:
     from radixlm.model.forward_batch import ForwardBatch
@@ -121,17 +124,10 @@ def build_fused_qwen3_5_layers(model: Any, dense_mlp: type) -> FusedQwen3_5Layer
     """The op's arguments for a Qwen3_5Model (models/qwen3_5.py), or None where it does not apply.
     dense_mlp: the MLP class the op runs (gate_up_proj, SiLU and mul, down_proj: models/llama.py's
     LlamaMLP, passed in: layers never import models)."""
-    from radixlm.kernels.ops import cpu_float_ops
-
+    if not stack_rope_applies(model):
+        return None
     layers = list(model.layers)
     rope = model.rotary_emb
-    if (
-        not layers
-        or cpu_float_ops(model.norm.weight) is None
-        or isinstance(rope, MRotaryEmbedding)
-        or rope.cos_sin_cache.dtype != torch.float32
-    ):
-        return None
     weights, fmts, counts, kinds, state_ids = [], [], [], [], []
     moe_kinds, expert_loads, moe_ints = [], [], []
     eps: set = set()
