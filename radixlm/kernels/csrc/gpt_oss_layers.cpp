@@ -1,7 +1,7 @@
 // Every decoder layer of gpt-oss in one op, for CPU batches whose attention projections are quantized
 // matrices and whose experts run on the native experts' op (MXFP4 in the released GGUFs). At batch 1
-// the Python layers cost ~0.3 ms a layer in calls (24 layers: ~8 ms of a ~60 ms step on 2 cores);
-// here they are C++ calls. As layers.cpp does for the Llama family, it calls exactly the kernels the
+// the Python layers are ~40 torch calls a layer (a 24-layer cut-down shape: 9.49 -> 6.03 ms a step
+// as one op, docs/benchmarks.md); here they are C++ calls. As layers.cpp does for the Llama family, it calls exactly the kernels the
 // Python layers call (models/gpt_oss.py's LlamaAttention with sinks and windows on the native
 // attention backend, models/gpt_oss_moe.py's router and fused experts), in the same order on the
 // same shapes, so its results are bitwise theirs.

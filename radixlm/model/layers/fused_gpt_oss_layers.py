@@ -1,7 +1,7 @@
 """All decoder layers of gpt-oss in one native op (radixlm/kernels/csrc/gpt_oss_layers.cpp), as
 fused_layers.py does for the Llama family: a bs-1 step of the 20B shape is ~24 x 40 torch calls
-through Python, ~8 ms of a ~60 ms step on 2 cores. The op calls the kernels the Python layers
-call, in their order, so outputs are bitwise the same.
+through Python (as one op: 0.82x the step in paired runs, docs/benchmarks.md). The op calls the
+kernels the Python layers call, in their order, so outputs are bitwise the same.
 
 It applies on CPU in float32 when every attention projection is quantized (biases kept), the
 experts run on the native experts' op (GptOssExperts.fused: MXFP4 in the released GGUFs), the
