@@ -20,7 +20,8 @@ def runner(request, hybrid_checkpoint_dir, tmp_path_factory):
     """A ModelRunner on the tiny model as Q8_0, each Gated DeltaNet layer's attn_gate as Q4_0 in the
     Qwen3.5s (their in_proj_qkvz then has two segments, as a Q4_K_M file's Q6_K qkv beside its Q4_K
     gate). The mixtures' sparse MLPs (routing, the experts' op, the shared expert) run in the op
-    too."""
+    too, the shared expert inside the experts' op; Qwen3.5-MoE's shared up as Q4_0 (its gate_up then
+    has two segments in two formats)."""
     from transformers import AutoModelForCausalLM
 
     from radixlm import kernels
@@ -36,6 +37,10 @@ def runner(request, hybrid_checkpoint_dir, tmp_path_factory):
             z = hf.model.layers[i].linear_attn.in_proj_z.weight.detach().numpy()
             q4 = gguf.quants.quantize(np.ascontiguousarray(z), gguf.GGMLQuantizationType.Q4_0)
             overrides[f"blk.{i}.attn_gate.weight"] = (q4, gguf.GGMLQuantizationType.Q4_0)
+        if request.param == "qwen35moe":
+            up = hf.model.layers[i].mlp.shared_expert.up_proj.weight.detach().numpy()
+            q4 = gguf.quants.quantize(np.ascontiguousarray(up), gguf.GGMLQuantizationType.Q4_0)
+            overrides[f"blk.{i}.ffn_up_shexp.weight"] = (q4, gguf.GGMLQuantizationType.Q4_0)
     out = tmp_path_factory.mktemp(f"{request.param}-fused") / "q8_0.gguf"
     model_path = write_gguf(hf, path, str(out), qtype="q8_0", overrides=overrides)
     threads = torch.get_num_threads()
@@ -79,6 +84,8 @@ def test_fused_qwen3_5_layers_equal_python_layers(runner):
             ) == len(loads)
             if arch == "qwen35":
                 assert f.seg_counts[:4] == [2, 1, 1, 1], "in_proj_qkvz: Q8_0 qkv beside a Q4_0 gate"
+            if arch == "qwen35moe":
+                assert f.seg_counts[:4] == [2, 1, 2, 1], "the shared gate_up: Q8_0 beside Q4_0"
     stack.use_fused_layers, stack._fused = True, None
     for (a, a_ids), (b, b_ids) in zip(*runs):
         assert len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))

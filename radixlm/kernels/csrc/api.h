@@ -25,6 +25,20 @@ at::Tensor fused_moe(const at::Tensor& hidden, const at::Tensor& topk_ids, const
                      const c10::optional<at::Tensor>& b13 = c10::nullopt,
                      const c10::optional<at::Tensor>& b2 = c10::nullopt, c10::string_view activation = "silu",
                      double alpha = 0.0, double limit = 0.0);
+// A shared expert (Qwen2-MoE's) run inside fused_moe's task pools: gate_up's quantized segments
+// (2-D, consecutive rows of [gate; up]) and down; the tokens' sigmoid gates [T] scale its rows,
+// added after the routed ones (`out + gate * shared`). shared_expert_joins: whether the segments
+// can (formats not mixed float / int8 blocks, interleaved rows in whole 8-row groups).
+struct SharedExpertWeights {
+  at::TensorList gate_up;
+  at::IntArrayRef gate_up_fmts;
+  at::Tensor down;
+  int64_t down_fmt;
+};
+bool shared_expert_joins(const SharedExpertWeights& w, int64_t hidden);
+at::Tensor fused_moe_shared(const at::Tensor& hidden, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                            const at::Tensor& w13, int64_t w13_fmt, const at::Tensor& w2, int64_t w2_fmt,
+                            const SharedExpertWeights& shared, const at::Tensor& shared_gate);
 // A router's float32 logits x [T, H] . w [E, H]^T (+ bias [E]) (router_gemm.cpp).
 at::Tensor router_gemm(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias = c10::nullopt);
 at::Tensor rmsnorm(const at::Tensor& x, const at::Tensor& w, double eps);

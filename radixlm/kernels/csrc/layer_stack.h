@@ -5,6 +5,7 @@
 #include "api.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 namespace radixlm {
@@ -36,6 +37,19 @@ struct Stack {
     return out;
   }
   const at::Tensor& take() { return weights[next_w++]; }
+  // Projection `ahead` (0: the next) as its segments and formats, the cursors left where they are.
+  std::pair<at::TensorList, at::IntArrayRef> peek(int64_t ahead = 0) const {
+    int64_t w = next_w, c = next_count;
+    for (; c < next_count + ahead; ++c) w += seg_counts[c];
+    const int64_t f = next_fmt + (w - next_w);
+    return {weights.slice(w, seg_counts[c]), fmts.slice(f, seg_counts[c])};
+  }
+  void skip(int64_t projections) {
+    for (int64_t j = 0; j < projections; ++j) {
+      next_w += seg_counts[next_count];
+      next_fmt += seg_counts[next_count++];
+    }
+  }
 };
 
 // The input norm of layer i: layer 0's stream starts as the embedding (the Python layers keep it as
@@ -58,21 +72,26 @@ inline at::Tensor router_linear(const at::Tensor& x, const at::Tensor& w,
 }
 
 // moe/native.py's run_with: the experts' op on slices of MOE_MAX_TOKENS tokens (its MAX_TOKENS),
-// float32 activations and weights, the slices' outputs concatenated.
+// float32 activations and weights, the slices' outputs concatenated. With a shared expert (and its
+// tokens' gates [T]) it runs in the same op (api::fused_moe_shared).
 constexpr int64_t MOE_MAX_TOKENS = 1024;
 inline at::Tensor routed_experts(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& weights,
                                  const at::Tensor& w13, int64_t w13_fmt, const at::Tensor& w2, int64_t w2_fmt,
                                  const c10::optional<at::Tensor>& b13 = c10::nullopt,
                                  const c10::optional<at::Tensor>& b2 = c10::nullopt,
-                                 c10::string_view activation = "silu", double alpha = 0.0, double limit = 0.0) {
+                                 c10::string_view activation = "silu", double alpha = 0.0, double limit = 0.0,
+                                 const api::SharedExpertWeights* shared = nullptr,
+                                 const at::Tensor& shared_gate = {}) {
   const int64_t T = x.size(0), k = ids.size(-1);
   const at::Tensor xs = x.reshape({-1, x.size(-1)}).to(at::kFloat).contiguous();
   const at::Tensor ids2 = ids.reshape({T, k}), w2d = weights.reshape({T, k}).to(at::kFloat);
   std::vector<at::Tensor> parts;
   for (int64_t a = 0; a < std::max<int64_t>(T, 1); a += MOE_MAX_TOKENS) {
     const int64_t n = std::min(MOE_MAX_TOKENS, T - a);
-    parts.push_back(api::fused_moe(xs.narrow(0, a, n), ids2.narrow(0, a, n), w2d.narrow(0, a, n), w13, w13_fmt, w2,
-                                   w2_fmt, b13, b2, activation, alpha, limit));
+    const at::Tensor xa = xs.narrow(0, a, n), ia = ids2.narrow(0, a, n), wa = w2d.narrow(0, a, n);
+    parts.push_back(shared ? api::fused_moe_shared(xa, ia, wa, w13, w13_fmt, w2, w2_fmt, *shared,
+                                                   shared_gate.narrow(0, a, n).contiguous())
+                           : api::fused_moe(xa, ia, wa, w13, w13_fmt, w2, w2_fmt, b13, b2, activation, alpha, limit));
   }
   at::Tensor out = parts.size() == 1 ? parts[0] : at::cat(parts);
   return out.view(x.sizes());

@@ -14,6 +14,7 @@
 // SiLU's vector / scalar split depends on the column only (blocks start at multiples of 8), and a
 // token sums its k rows in slot order. So a token's output is bitwise the same alone or in any
 // batch, like the dense path's (model/layers/quantized.py).
+#include "api.h"
 #include "qact.h"
 #include "quant_rows.h"
 
@@ -146,13 +147,154 @@ int64_t block_rows(int64_t rows, int64_t active) {
   return std::max<int64_t>(16, std::min(b, (rows + 7) / 8 * 8));
 }
 
+// The shared expert (Qwen2-MoE's, Qwen3.5-MoE's): a dense SwiGLU MLP every token runs, its output
+// scaled by the token's gate and added after the routed rows (SparseMoeBlock's
+// `out + sigmoid(gate) * shared`: mul, then add). Its matmuls join the routed experts' task pools,
+// so its weights stream on both threads beside theirs rather than as GEMVs of their own.
+struct Shared {
+  std::vector<Experts> gate_up;  // the projection's segments: consecutive rows of [gate; up]
+  std::vector<int64_t> starts;   // each segment's first row, then 2 * I
+  Experts down;
+  int64_t act_fmt;    // a gate_up segment's format: float rows or int8 blocks, Q6_KX8's sums
+  const float* gate;  // [T]: the tokens' sigmoid gates
+  int64_t I;
+};
+
+// out[m, j] = act row m . row r0 + j of a projection in segments, for m < M, j < n.
+void segments_matmul(const std::vector<Experts>& segs, const std::vector<int64_t>& starts, int64_t r0, int64_t n,
+                     const Acts& a, int64_t M, float* out, int64_t ldo) {
+  for (size_t j = 0; j < segs.size(); ++j) {
+    const int64_t lo = std::max(r0, starts[j]), hi = std::min(r0 + n, starts[j + 1]);
+    if (lo < hi) expert_matmul(segs[j], 0, lo - starts[j], hi - lo, a, 0, M, out + (lo - r0), ldo, nullptr);
+  }
+}
+
+// o[h] = o[h] + w * y[h] (two roundings, as torch's `o + w * y`).
+void add_scaled(float* o, const float* y, float w, int64_t H) {
+  const __m256 wv = _mm256_set1_ps(w);
+  int64_t h = 0;
+  for (; h + 8 <= H; h += 8)
+    _mm256_storeu_ps(o + h, _mm256_add_ps(_mm256_loadu_ps(o + h), _mm256_mul_ps(wv, _mm256_loadu_ps(y + h))));
+  for (; h < H; ++h) o[h] = o[h] + w * y[h];
+}
+
+// The activation for columns [i0, i1) of the rows [m0, m1) of gate;up pairs (width 2I) into act (width I).
+struct Activation {
+  bool swiglu;
+  float alpha, limit;
+  void operator()(const float* gu, float* act, int64_t m0, int64_t m1, int64_t i0, int64_t i1, int64_t I) const {
+    for (int64_t m = m0; m < m1; ++m) {
+      const float *g = gu + m * 2 * I, *u = g + I;
+      if (swiglu)
+        swiglu_clamp_mul(g, u, act + m * I, i0, i1, I, alpha, limit);
+      else
+        silu_mul(g, u, act + m * I, i0, i1, I);
+    }
+  }
+};
+
+// fused_moe's work after its checks: the routed (token, slot) pairs and, when given, every token's
+// shared-expert row, through w13, the activation and w2; then each token's sum.
+at::Tensor run_experts(const at::Tensor& hidden, const at::Tensor& ids, const at::Tensor& tw, const Experts& w13,
+                       const Experts& w2, int64_t E, const float* b13p, const float* b2p, const Activation& activate,
+                       const Shared* sh) {
+  const int64_t T = hidden.size(0), H = hidden.size(1), k = ids.size(1), I2 = w13.rows, I = I2 / 2;
+  at::Tensor out = at::zeros({T, H}, hidden.options());
+  if (T == 0 || (k == 0 && !sh)) return out;
+
+  // Group the (token, slot) pairs by expert, in flat order within an expert: row_of[t * k + j] is
+  // the pair's row in the gathered buffers, -1 for id -1 (an expert another rank holds).
+  const int64_t* ip = ids.data_ptr<int64_t>();
+  std::vector<int64_t> count(E + 1, 0), row_of(T * k, -1);
+  for (int64_t i = 0; i < T * k; ++i) {
+    TORCH_CHECK(ip[i] >= -1 && ip[i] < E, "fused_moe: topk_ids value ", ip[i], " out of range [0, ", E, ") (or -1: skipped)");
+    if (ip[i] >= 0) ++count[ip[i] + 1];
+  }
+  std::vector<int64_t> start(E + 1, 0);
+  for (int64_t e = 0; e < E; ++e) start[e + 1] = start[e] + count[e + 1];
+  const int64_t R = start[E];
+  if (R == 0 && !sh) return out;
+  std::vector<int64_t> fill(start.begin(), start.end() - 1), token_of(R);
+  for (int64_t i = 0; i < T * k; ++i)
+    if (ip[i] >= 0) token_of[row_of[i] = fill[ip[i]]++] = i / k;
+  std::vector<int64_t> experts;  // those touched, most rows first (their tasks are the longest)
+  for (int64_t e = 0; e < E; ++e)
+    if (start[e + 1] > start[e]) experts.push_back(e);
+  std::stable_sort(experts.begin(), experts.end(),
+                   [&](int64_t a, int64_t b) { return start[a + 1] - start[a] > start[b + 1] - start[b]; });
+  const int64_t active = experts.size(), units = active + (sh ? 1 : 0);
+  const int64_t Is = sh ? sh->I : 0;
+
+  // gate and up for a block of intermediate columns, then the activation into act. The shared
+  // expert's blocks (all T rows: the heaviest) come first.
+  const float* hp = hidden.data_ptr<float>();
+  Acts x, xs;
+  x.make(w13.fmt, R, H, [&](int64_t r) { return hp + token_of[r] * H; }, hidden.options());
+  if (sh) xs.make(sh->act_fmt, T, H, [&](int64_t r) { return hp + r * H; }, hidden.options());
+  at::Tensor gu = at::empty({R, I2}, hidden.options()), act = at::empty({R, I}, hidden.options());
+  at::Tensor sgu = at::empty({sh ? T : 0, 2 * Is}, hidden.options()), sact = at::empty({sh ? T : 0, Is}, hidden.options());
+  float *gup = gu.data_ptr<float>(), *actp = act.data_ptr<float>();
+  float *sgup = sgu.data_ptr<float>(), *sactp = sact.data_ptr<float>();
+  const int64_t bi = block_rows(I, units), nbi = (I + bi - 1) / bi;
+  const int64_t bs = sh ? block_rows(Is, units) : 1, nbs = sh ? (Is + bs - 1) / bs : 0;
+  run_tasks(nbs + active * nbi, [&](int64_t task) {
+    if (task < nbs) {
+      const int64_t i0 = task * bs, n = std::min(bs, Is - i0);
+      segments_matmul(sh->gate_up, sh->starts, i0, n, xs, T, sgup + i0, 2 * Is);
+      segments_matmul(sh->gate_up, sh->starts, Is + i0, n, xs, T, sgup + Is + i0, 2 * Is);
+      Activation{false, 0.0f, 0.0f}(sgup, sactp, 0, T, i0, i0 + n, Is);
+      return;
+    }
+    task -= nbs;
+    const int64_t e = experts[task / nbi], i0 = (task % nbi) * bi, n = std::min(bi, I - i0);
+    const int64_t m0 = start[e], M = start[e + 1] - m0;
+    const float* bg = b13p ? b13p + e * I2 + i0 : nullptr;
+    expert_matmul(w13, e, i0, n, x, m0, M, gup + m0 * I2 + i0, I2, bg);
+    expert_matmul(w13, e, I + i0, n, x, m0, M, gup + m0 * I2 + I + i0, I2, bg ? bg + I : nullptr);
+    activate(gup, actp, m0, m0 + M, i0, i0 + n, I);
+  });
+
+  // down, per block of hidden columns.
+  Acts a, as;
+  a.make(w2.fmt, R, I, [&](int64_t r) { return actp + r * I; }, hidden.options());
+  if (sh) as.make(sh->down.fmt, T, Is, [&](int64_t r) { return sactp + r * Is; }, hidden.options());
+  at::Tensor y = at::empty({R, H}, hidden.options()), sy = at::empty({sh ? T : 0, H}, hidden.options());
+  float *yp = y.data_ptr<float>(), *syp = sy.data_ptr<float>();
+  const int64_t bh = block_rows(H, units), nbh = (H + bh - 1) / bh, nbsh = sh ? nbh : 0;
+  run_tasks(nbsh + active * nbh, [&](int64_t task) {
+    if (task < nbsh) {
+      const int64_t h0 = task * bh;
+      expert_matmul(sh->down, 0, h0, std::min(bh, H - h0), as, 0, T, syp + h0, H, nullptr);
+      return;
+    }
+    task -= nbsh;
+    const int64_t e = experts[task / nbh], h0 = (task % nbh) * bh;
+    const int64_t m0 = start[e], M = start[e + 1] - m0;
+    expert_matmul(w2, e, h0, std::min(bh, H - h0), a, m0, M, yp + m0 * H + h0, H, b2p ? b2p + e * H + h0 : nullptr);
+  });
+
+  // Each token: its rows times their weights, summed in slot order, then its gated shared row.
+  const float* wp = tw.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t r = row_of[t * k + j];
+        if (r >= 0) add_scaled(op + t * H, yp + r * H, wp[t * k + j], H);
+      }
+      if (sh) add_scaled(op + t * H, syp + t * H, sh->gate[t], H);
+    }
+  });
+  return out;
+}
+
 // Optional per-expert biases (b13 [E, 2I] in w13's row order, b2 [E, H]) and the activation: "silu"
 // (SiLU(gate) * up) or "swiglu" (gpt-oss's clamped one, with alpha and limit), as SGLang's
 // fused_experts takes them (b1, b2, activation, gemm1_alpha, gemm1_limit).
 at::Tensor fused_moe(const at::Tensor& hidden_, const at::Tensor& topk_ids_, const at::Tensor& topk_weights_,
                      const at::Tensor& w13_, int64_t w13_fmt, const at::Tensor& w2_, int64_t w2_fmt,
                      const c10::optional<at::Tensor>& b13_, const c10::optional<at::Tensor>& b2_,
-                     c10::string_view activation, double alpha, double limit) {
+                     c10::string_view activation, double alpha, double limit, const Shared* shared = nullptr) {
   TORCH_CHECK(hidden_.dtype() == at::kFloat && hidden_.dim() == 2, "fused_moe: hidden must be float32 [tokens, hidden]");
   const at::Tensor hidden = hidden_.contiguous();
   const int64_t T = hidden.size(0), H = hidden.size(1);
@@ -161,7 +303,6 @@ at::Tensor fused_moe(const at::Tensor& hidden_, const at::Tensor& topk_ids_, con
   TORCH_CHECK(topk_weights_.dtype() == at::kFloat && topk_weights_.sizes() == topk_ids_.sizes(),
               "fused_moe: topk_weights must be float32 shaped like topk_ids");
   const at::Tensor ids = topk_ids_.to(at::kLong).contiguous(), tw = topk_weights_.contiguous();
-  const int64_t k = ids.size(1);
   TORCH_CHECK(w13_.dim() == 3 && w2_.dim() == 3 && w13_.size(0) == w2_.size(0), "fused_moe: w13 and w2 must be [experts, ...] with the same experts");
   const int64_t E = w13_.size(0), I2 = w13_.size(1) * fmt_group(w13_fmt), I = I2 / 2;
   TORCH_CHECK(I2 % 2 == 0, "fused_moe: w13 must have an even number of rows (gate; up), got ", I2);
@@ -170,7 +311,6 @@ at::Tensor fused_moe(const at::Tensor& hidden_, const at::Tensor& topk_ids_, con
   TORCH_CHECK(w2.rows == H, "fused_moe: w2 has ", w2.rows, " rows per expert, hidden size is ", H);
   TORCH_CHECK(activation == "silu" || activation == "swiglu", "fused_moe: activation must be 'silu' or 'swiglu', got '",
               std::string(activation), "'");
-  const bool swiglu = activation == "swiglu";
   at::Tensor b13, b2;
   if (b13_) {
     b13 = b13_->contiguous();
@@ -184,89 +324,56 @@ at::Tensor fused_moe(const at::Tensor& hidden_, const at::Tensor& topk_ids_, con
   }
   const float* b13p = b13.defined() ? b13.data_ptr<float>() : nullptr;
   const float* b2p = b2.defined() ? b2.data_ptr<float>() : nullptr;
-  at::Tensor out = at::zeros({T, H}, hidden.options());
-  if (T == 0 || k == 0) return out;
+  const Activation activate{activation == "swiglu", float(alpha), float(limit)};
+  return run_experts(hidden, ids, tw, w13, w2, E, b13p, b2p, activate, shared);
+}
 
-  // Group the (token, slot) pairs by expert, in flat order within an expert: row_of[t * k + j] is
-  // the pair's row in the gathered buffers, -1 for id -1 (an expert another rank holds).
-  const int64_t* ip = ids.data_ptr<int64_t>();
-  std::vector<int64_t> count(E + 1, 0), row_of(T * k, -1);
-  for (int64_t i = 0; i < T * k; ++i) {
-    TORCH_CHECK(ip[i] >= -1 && ip[i] < E, "fused_moe: topk_ids value ", ip[i], " out of range [0, ", E, ") (or -1: skipped)");
-    if (ip[i] >= 0) ++count[ip[i] + 1];
+// The shared expert's weights as run_experts takes them, or nullopt where they cannot join the
+// routed tasks bitwise as the dense layers compute them: float and int8-block segments mixed, or
+// interleaved rows whose 8-row groups a task's block would split.
+c10::optional<Shared> shared_of(const api::SharedExpertWeights& w, int64_t H, const float* gate) {
+  const int64_t n = w.gate_up.size();
+  if (n == 0 || (int64_t)w.gate_up_fmts.size() != n || w.down.dim() != 2) return c10::nullopt;
+  Shared sh{{}, {0}, {}, w.gate_up_fmts[0], gate, 0};
+  bool any_x8 = fmt_is_x8(w.down_fmt), any_float = false, any_int = false;
+  for (int64_t j = 0; j < n; ++j) {
+    const at::Tensor& seg = w.gate_up[j];
+    const int64_t fmt = w.gate_up_fmts[j];
+    if (seg.dim() != 2) return c10::nullopt;
+    sh.gate_up.push_back(check_experts(seg.unsqueeze(0), fmt, H, "the shared expert's gate_up"));
+    sh.starts.push_back(sh.starts.back() + sh.gate_up.back().rows);
+    any_x8 |= fmt_is_x8(fmt);
+    (fmt_is_float16(fmt) ? any_float : any_int) = true;
+    if (fmt == FMT_Q6KX8 || fmt == FMT_MXFP4X8) sh.act_fmt = fmt;  // its activations carry the 16-value sums
   }
-  std::vector<int64_t> start(E + 1, 0);
-  for (int64_t e = 0; e < E; ++e) start[e + 1] = start[e] + count[e + 1];
-  const int64_t R = start[E];
-  if (R == 0) return out;
-  std::vector<int64_t> fill(start.begin(), start.end() - 1), token_of(R);
-  for (int64_t i = 0; i < T * k; ++i)
-    if (ip[i] >= 0) token_of[row_of[i] = fill[ip[i]]++] = i / k;
-  std::vector<int64_t> experts;  // those touched, most rows first (their tasks are the longest)
-  for (int64_t e = 0; e < E; ++e)
-    if (start[e + 1] > start[e]) experts.push_back(e);
-  std::stable_sort(experts.begin(), experts.end(),
-                   [&](int64_t a, int64_t b) { return start[a + 1] - start[a] > start[b + 1] - start[b]; });
-  const int64_t active = experts.size();
-
-  // gate and up for a block of intermediate columns, then SiLU * mul into act.
-  const float* hp = hidden.data_ptr<float>();
-  Acts x;
-  x.make(w13_fmt, R, H, [&](int64_t r) { return hp + token_of[r] * H; }, hidden.options());
-  at::Tensor gu = at::empty({R, I2}, hidden.options()), act = at::empty({R, I}, hidden.options());
-  float *gup = gu.data_ptr<float>(), *actp = act.data_ptr<float>();
-  const int64_t bi = block_rows(I, active), nbi = (I + bi - 1) / bi;
-  run_tasks(active * nbi, [&](int64_t task) {
-    const int64_t e = experts[task / nbi], i0 = (task % nbi) * bi, n = std::min(bi, I - i0);
-    const int64_t m0 = start[e], M = start[e + 1] - m0;
-    const float* bg = b13p ? b13p + e * I2 + i0 : nullptr;
-    expert_matmul(w13, e, i0, n, x, m0, M, gup + m0 * I2 + i0, I2, bg);
-    expert_matmul(w13, e, I + i0, n, x, m0, M, gup + m0 * I2 + I + i0, I2, bg ? bg + I : nullptr);
-    for (int64_t m = m0; m < m0 + M; ++m) {
-      if (swiglu)
-        swiglu_clamp_mul(gup + m * I2, gup + m * I2 + I, actp + m * I, i0, i0 + n, I, float(alpha), float(limit));
-      else
-        silu_mul(gup + m * I2, gup + m * I2 + I, actp + m * I, i0, i0 + n, I);
-    }
-  });
-
-  // down, per block of hidden columns.
-  Acts a;
-  a.make(w2_fmt, R, I, [&](int64_t r) { return actp + r * I; }, hidden.options());
-  at::Tensor y = at::empty({R, H}, hidden.options());
-  float* yp = y.data_ptr<float>();
-  const int64_t bh = block_rows(H, active), nbh = (H + bh - 1) / bh;
-  run_tasks(active * nbh, [&](int64_t task) {
-    const int64_t e = experts[task / nbh], h0 = (task % nbh) * bh;
-    const int64_t m0 = start[e], M = start[e + 1] - m0;
-    expert_matmul(w2, e, h0, std::min(bh, H - h0), a, m0, M, yp + m0 * H + h0, H, b2p ? b2p + e * H + h0 : nullptr);
-  });
-
-  // Each token: its rows times their weights, summed in slot order (mul, then add: two roundings).
-  const float* wp = tw.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  at::parallel_for(0, T, 16, [&](int64_t t0, int64_t t1) {
-    for (int64_t t = t0; t < t1; ++t) {
-      float* o = op + t * H;
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t r = row_of[t * k + j];
-        if (r < 0) continue;
-        const float wt = wp[t * k + j];
-        const float* yr = yp + r * H;
-        const __m256 wv = _mm256_set1_ps(wt);
-        int64_t h = 0;
-        for (; h + 8 <= H; h += 8)
-          _mm256_storeu_ps(o + h, _mm256_add_ps(_mm256_loadu_ps(o + h), _mm256_mul_ps(wv, _mm256_loadu_ps(yr + h))));
-        for (; h < H; ++h) o[h] = o[h] + wt * yr[h];
-      }
-    }
-  });
-  return out;
+  const int64_t rows = sh.starts.back();
+  sh.I = rows / 2;
+  if (rows % 2 || (any_float && any_int)) return c10::nullopt;
+  if (any_x8 && (sh.I % 8 || std::any_of(sh.starts.begin(), sh.starts.end(), [](int64_t r) { return r % 8; })))
+    return c10::nullopt;
+  sh.down = check_experts(w.down.unsqueeze(0), w.down_fmt, sh.I, "the shared expert's down");
+  if (sh.down.rows != H) return c10::nullopt;
+  return sh;
 }
 
 }  // namespace
 
 namespace api {
+bool shared_expert_joins(const SharedExpertWeights& w, int64_t hidden) {
+  return shared_of(w, hidden, nullptr).has_value();
+}
+
+at::Tensor fused_moe_shared(const at::Tensor& hidden, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
+                            const at::Tensor& w13, int64_t w13_fmt, const at::Tensor& w2, int64_t w2_fmt,
+                            const SharedExpertWeights& shared, const at::Tensor& shared_gate) {
+  TORCH_CHECK(shared_gate.dtype() == at::kFloat && shared_gate.numel() == hidden.size(0) && shared_gate.is_contiguous(),
+              "fused_moe_shared: shared_gate must be float32 with a value per token");
+  const c10::optional<Shared> sh = shared_of(shared, hidden.size(1), shared_gate.data_ptr<float>());
+  TORCH_CHECK(sh, "fused_moe_shared: the shared expert's segments cannot join the experts' tasks (shared_expert_joins)");
+  return radixlm::fused_moe(hidden, topk_ids, topk_weights, w13, w13_fmt, w2, w2_fmt, c10::nullopt, c10::nullopt,
+                            "silu", 0.0, 0.0, &*sh);
+}
+
 at::Tensor fused_moe(const at::Tensor& hidden, const at::Tensor& topk_ids, const at::Tensor& topk_weights,
                      const at::Tensor& w13, int64_t w13_fmt, const at::Tensor& w2, int64_t w2_fmt,
                      const c10::optional<at::Tensor>& b13, const c10::optional<at::Tensor>& b2,
@@ -280,6 +387,6 @@ TORCH_LIBRARY_FRAGMENT(radixlm, m) {
         "int w2_fmt, Tensor? b13=None, Tensor? b2=None, str activation='silu', float alpha=0., float limit=0.) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(radixlm, CPU, m) { m.impl("fused_moe", &fused_moe); }
+TORCH_LIBRARY_IMPL(radixlm, CPU, m) { m.impl("fused_moe", &api::fused_moe); }
 
 }  // namespace radixlm

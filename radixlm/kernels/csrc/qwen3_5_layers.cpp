@@ -44,7 +44,9 @@ at::Tensor float_linear(const at::Tensor& x, const at::Tensor& w) {
 }
 
 // SparseMoeBlock.forward: softmax top-k routing (topk.py), the expert load counted, the experts'
-// native op, the shared expert scaled by its sigmoid gate.
+// native op, the shared expert scaled by its sigmoid gate: inside the experts' op where its
+// segments can join their tasks (the same kernels on the same rows, the same mul-then-add), else
+// as the dense layers run it.
 at::Tensor sparse_moe(Stack& s, const at::Tensor& x, at::Tensor& expert_load, const int64_t* ints) {
   const at::Tensor& router = s.take();
   const at::Tensor& w13 = s.take();
@@ -56,8 +58,18 @@ at::Tensor sparse_moe(Stack& s, const at::Tensor& x, at::Tensor& expert_load, co
   if (ints[3]) weights = weights / weights.sum(-1, true);
   const at::Tensor flat = ids.reshape(-1);
   expert_load.scatter_add_(0, flat, at::ones_like(flat));
-  at::Tensor out = layer_stack::routed_experts(x, ids, weights, w13, ints[0], w2, ints[1]);
   at::Tensor gate = at::sigmoid(router_linear(x, shared_gate));
+  const auto [gate_up, gate_up_fmts] = s.peek(0);
+  const auto [down, down_fmt] = s.peek(1);
+  if (down.size() == 1) {
+    const api::SharedExpertWeights shared{gate_up, gate_up_fmts, down[0], down_fmt[0]};
+    if (api::shared_expert_joins(shared, x.size(1))) {
+      s.skip(2);
+      return layer_stack::routed_experts(x, ids, weights, w13, ints[0], w2, ints[1], c10::nullopt, c10::nullopt,
+                                         "silu", 0.0, 0.0, &shared, gate.reshape(-1).contiguous());
+    }
+  }
+  at::Tensor out = layer_stack::routed_experts(x, ids, weights, w13, ints[0], w2, ints[1]);
   at::Tensor shared = s.linear(api::silu_and_mul(s.linear(x)));
   return out + gate * shared;
 }

@@ -6,10 +6,10 @@ the Python layers call, in their order, so outputs are bitwise the same.
 
 It applies on CPU in float32 when every projection is quantized (in_proj_ba excepted: the model
 keeps it float, FLOAT_WEIGHTS), each MLP is dense or Qwen3.5-MoE's sparse block on the native
-experts op with a quantized shared expert (one rank's experts), the linear-attention backend is
-the native one and the attention backend's metadata is the op's; a forward that must take state
-snapshots inside its tokens (ForwardBatch.state_tracks) runs the Python layers, which cut the
-recurrence there.
+experts op with a quantized shared expert (one rank's experts; the op runs the shared expert
+inside the experts' op, moe.cpp), the linear-attention backend is the native one and the attention
+backend's metadata is the op's; a forward that must take state snapshots inside its tokens
+(ForwardBatch.state_tracks) runs the Python layers, which cut the recurrence there.
 """
 
 from __future__ import annotations
