@@ -147,6 +147,11 @@ int64_t block_rows(int64_t rows, int64_t active) {
   return std::max<int64_t>(16, std::min(b, (rows + 7) / 8 * 8));
 }
 
+// Rows in `pieces` blocks of whole 8-row groups (16 at least, as block_rows).
+int64_t piece_rows(int64_t rows, int64_t pieces) {
+  return std::max<int64_t>(16, (rows + 8 * pieces - 1) / (8 * pieces) * 8);
+}
+
 // The shared expert (Qwen2-MoE's, Qwen3.5-MoE's): a dense SwiGLU MLP every token runs, its output
 // scaled by the token's gate and added after the routed rows (SparseMoeBlock's
 // `out + sigmoid(gate) * shared`: mul, then add). Its matmuls join the routed experts' task pools,
@@ -225,8 +230,7 @@ at::Tensor run_experts(const at::Tensor& hidden, const at::Tensor& ids, const at
   const int64_t active = experts.size(), units = active + (sh ? 1 : 0);
   const int64_t Is = sh ? sh->I : 0;
 
-  // gate and up for a block of intermediate columns, then the activation into act. The shared
-  // expert's blocks (all T rows: the heaviest) come first.
+  // gate and up for a block of intermediate columns, then the activation into act.
   const float* hp = hidden.data_ptr<float>();
   Acts x, xs;
   x.make(w13.fmt, R, H, [&](int64_t r) { return hp + token_of[r] * H; }, hidden.options());
@@ -235,17 +239,23 @@ at::Tensor run_experts(const at::Tensor& hidden, const at::Tensor& ids, const at
   at::Tensor sgu = at::empty({sh ? T : 0, 2 * Is}, hidden.options()), sact = at::empty({sh ? T : 0, Is}, hidden.options());
   float *gup = gu.data_ptr<float>(), *actp = act.data_ptr<float>();
   float *sgup = sgu.data_ptr<float>(), *sactp = sact.data_ptr<float>();
-  const int64_t bi = block_rows(I, units), nbi = (I + bi - 1) / bi;
-  const int64_t bs = sh ? block_rows(Is, units) : 1, nbs = sh ? (Is + bs - 1) / bs : 0;
+  // Tasks heaviest first. At decode every expert has the same rows, so the shared expert goes
+  // last, in a piece per thread: after the routed experts' tasks it evens the threads out.
+  const int64_t threads = at::get_num_threads();
+  const bool shared_last = sh && (active == 0 || T <= start[experts[0] + 1] - start[experts[0]]);
+  const int64_t routed_units = std::max<int64_t>(1, shared_last ? active : units);  // (none: the shared alone)
+  const int64_t bi = block_rows(I, routed_units), nbi = (I + bi - 1) / bi;
+  const int64_t bs = !sh ? 1 : shared_last ? piece_rows(Is, threads) : block_rows(Is, units);
+  const int64_t nbs = sh ? (Is + bs - 1) / bs : 0, first = shared_last ? active * nbi : 0;
   run_tasks(nbs + active * nbi, [&](int64_t task) {
-    if (task < nbs) {
-      const int64_t i0 = task * bs, n = std::min(bs, Is - i0);
+    if (task >= first && task < first + nbs) {
+      const int64_t i0 = (task - first) * bs, n = std::min(bs, Is - i0);
       segments_matmul(sh->gate_up, sh->starts, i0, n, xs, T, sgup + i0, 2 * Is);
       segments_matmul(sh->gate_up, sh->starts, Is + i0, n, xs, T, sgup + Is + i0, 2 * Is);
       Activation{false, 0.0f, 0.0f}(sgup, sactp, 0, T, i0, i0 + n, Is);
       return;
     }
-    task -= nbs;
+    if (task >= first) task -= nbs;
     const int64_t e = experts[task / nbi], i0 = (task % nbi) * bi, n = std::min(bi, I - i0);
     const int64_t m0 = start[e], M = start[e + 1] - m0;
     const float* bg = b13p ? b13p + e * I2 + i0 : nullptr;
@@ -260,14 +270,16 @@ at::Tensor run_experts(const at::Tensor& hidden, const at::Tensor& ids, const at
   if (sh) as.make(sh->down.fmt, T, Is, [&](int64_t r) { return sactp + r * Is; }, hidden.options());
   at::Tensor y = at::empty({R, H}, hidden.options()), sy = at::empty({sh ? T : 0, H}, hidden.options());
   float *yp = y.data_ptr<float>(), *syp = sy.data_ptr<float>();
-  const int64_t bh = block_rows(H, units), nbh = (H + bh - 1) / bh, nbsh = sh ? nbh : 0;
+  const int64_t bh = block_rows(H, routed_units), nbh = (H + bh - 1) / bh;
+  const int64_t bsh = !sh ? 1 : shared_last ? piece_rows(H, threads) : bh;
+  const int64_t nbsh = sh ? (H + bsh - 1) / bsh : 0, first2 = shared_last ? active * nbh : 0;
   run_tasks(nbsh + active * nbh, [&](int64_t task) {
-    if (task < nbsh) {
-      const int64_t h0 = task * bh;
-      expert_matmul(sh->down, 0, h0, std::min(bh, H - h0), as, 0, T, syp + h0, H, nullptr);
+    if (task >= first2 && task < first2 + nbsh) {
+      const int64_t h0 = (task - first2) * bsh;
+      expert_matmul(sh->down, 0, h0, std::min(bsh, H - h0), as, 0, T, syp + h0, H, nullptr);
       return;
     }
-    task -= nbsh;
+    if (task >= first2) task -= nbsh;
     const int64_t e = experts[task / nbh], h0 = (task % nbh) * bh;
     const int64_t m0 = start[e], M = start[e + 1] - m0;
     expert_matmul(w2, e, h0, std::min(bh, H - h0), a, m0, M, yp + m0 * H + h0, H, b2p ? b2p + e * H + h0 : nullptr);
