@@ -147,9 +147,20 @@ int64_t block_rows(int64_t rows, int64_t active) {
   return std::max<int64_t>(16, std::min(b, (rows + 7) / 8 * 8));
 }
 
-// Rows in `pieces` blocks of whole 8-row groups (16 at least, as block_rows).
-int64_t piece_rows(int64_t rows, int64_t pieces) {
-  return std::max<int64_t>(16, (rows + 8 * pieces - 1) / (8 * pieces) * 8);
+// Where a phase's shared-expert tasks sit among its routed ones: `count` blocks of `rows` from
+// task `first` (0: before the routed tasks; their number: after them).
+struct SharedTasks {
+  int64_t first = 0, count = 0, rows = 1;
+  bool has(int64_t task) const { return task >= first && task < first + count; }
+  int64_t routed(int64_t task) const { return task >= first ? task - count : task; }  // its routed index
+};
+
+// The shared expert's tasks over its `total` rows: last, a piece per thread (whole 8-row groups, 16
+// rows at least, as block_rows), or first in blocks of `block` rows.
+SharedTasks shared_tasks(bool last, int64_t total, int64_t block, int64_t routed_tasks) {
+  const int64_t pieces = at::get_num_threads();
+  const int64_t rows = last ? std::max<int64_t>(16, (total + 8 * pieces - 1) / (8 * pieces) * 8) : block;
+  return SharedTasks{last ? routed_tasks : 0, (total + rows - 1) / rows, rows};
 }
 
 // The shared expert (Qwen2-MoE's, Qwen3.5-MoE's): a dense SwiGLU MLP every token runs, its output
@@ -241,21 +252,19 @@ at::Tensor run_experts(const at::Tensor& hidden, const at::Tensor& ids, const at
   float *sgup = sgu.data_ptr<float>(), *sactp = sact.data_ptr<float>();
   // Tasks heaviest first. At decode every expert has the same rows, so the shared expert goes
   // last, in a piece per thread: after the routed experts' tasks it evens the threads out.
-  const int64_t threads = at::get_num_threads();
   const bool shared_last = sh && (active == 0 || T <= start[experts[0] + 1] - start[experts[0]]);
   const int64_t routed_units = std::max<int64_t>(1, shared_last ? active : units);  // (none: the shared alone)
   const int64_t bi = block_rows(I, routed_units), nbi = (I + bi - 1) / bi;
-  const int64_t bs = !sh ? 1 : shared_last ? piece_rows(Is, threads) : block_rows(Is, units);
-  const int64_t nbs = sh ? (Is + bs - 1) / bs : 0, first = shared_last ? active * nbi : 0;
-  run_tasks(nbs + active * nbi, [&](int64_t task) {
-    if (task >= first && task < first + nbs) {
-      const int64_t i0 = (task - first) * bs, n = std::min(bs, Is - i0);
+  const SharedTasks s1 = sh ? shared_tasks(shared_last, Is, block_rows(Is, units), active * nbi) : SharedTasks{};
+  run_tasks(s1.count + active * nbi, [&](int64_t task) {
+    if (s1.has(task)) {
+      const int64_t i0 = (task - s1.first) * s1.rows, n = std::min(s1.rows, Is - i0);
       segments_matmul(sh->gate_up, sh->starts, i0, n, xs, T, sgup + i0, 2 * Is);
       segments_matmul(sh->gate_up, sh->starts, Is + i0, n, xs, T, sgup + Is + i0, 2 * Is);
       Activation{false, 0.0f, 0.0f}(sgup, sactp, 0, T, i0, i0 + n, Is);
       return;
     }
-    if (task >= first) task -= nbs;
+    task = s1.routed(task);
     const int64_t e = experts[task / nbi], i0 = (task % nbi) * bi, n = std::min(bi, I - i0);
     const int64_t m0 = start[e], M = start[e + 1] - m0;
     const float* bg = b13p ? b13p + e * I2 + i0 : nullptr;
@@ -271,15 +280,14 @@ at::Tensor run_experts(const at::Tensor& hidden, const at::Tensor& ids, const at
   at::Tensor y = at::empty({R, H}, hidden.options()), sy = at::empty({sh ? T : 0, H}, hidden.options());
   float *yp = y.data_ptr<float>(), *syp = sy.data_ptr<float>();
   const int64_t bh = block_rows(H, routed_units), nbh = (H + bh - 1) / bh;
-  const int64_t bsh = !sh ? 1 : shared_last ? piece_rows(H, threads) : bh;
-  const int64_t nbsh = sh ? (H + bsh - 1) / bsh : 0, first2 = shared_last ? active * nbh : 0;
-  run_tasks(nbsh + active * nbh, [&](int64_t task) {
-    if (task >= first2 && task < first2 + nbsh) {
-      const int64_t h0 = (task - first2) * bsh;
-      expert_matmul(sh->down, 0, h0, std::min(bsh, H - h0), as, 0, T, syp + h0, H, nullptr);
+  const SharedTasks s2 = sh ? shared_tasks(shared_last, H, bh, active * nbh) : SharedTasks{};
+  run_tasks(s2.count + active * nbh, [&](int64_t task) {
+    if (s2.has(task)) {
+      const int64_t h0 = (task - s2.first) * s2.rows;
+      expert_matmul(sh->down, 0, h0, std::min(s2.rows, H - h0), as, 0, T, syp + h0, H, nullptr);
       return;
     }
-    if (task >= first2) task -= nbsh;
+    task = s2.routed(task);
     const int64_t e = experts[task / nbh], h0 = (task % nbh) * bh;
     const int64_t m0 = start[e], M = start[e + 1] - m0;
     expert_matmul(w2, e, h0, std::min(bh, H - h0), a, m0, M, yp + m0 * H + h0, H, b2p ? b2p + e * H + h0 : nullptr);
