@@ -347,6 +347,44 @@ def test_single_row_q8_tiles_equal_avx2_at_block_tails_and_zero_blocks(kernel_op
         kernel_ops.qlinear_isa(best)
 
 
+@pytest.mark.parametrize("fmt", list(INTERLEAVED))
+def test_single_row_group_pairs_equal_avx2(kernel_ops, fmt):
+    """At the VBMI level (with GFNI) one activation row takes 512-bit kernels that read two weight
+    groups at a time (csrc/quant_x8_pair.cpp; an odd group left to the tiles): every output must
+    be the AVX2 tiles' bits, with and without a bias, over group counts that leave a single group
+    on a thread, zero blocks, tiny and huge activations."""
+    best = kernel_ops.qlinear_isa()
+    if best != "avx512vbmi":
+        # No pair kernels on this CPU: asking for their level is refused, by name.
+        with pytest.raises(RuntimeError, match="no AVX-512"):
+            kernel_ops.qlinear_isa("avx512vbmi")
+        return
+    g = torch.Generator().manual_seed(12)
+    # K-quants: 5 super-blocks; the others 47 blocks of 32 (a tail past Q8's 8-block strides)
+    k = 1280 if FORMATS[fmt].block == 256 else 1504
+    x = torch.randn(4, k, generator=g)
+    x[1, 256:320] = 0.0  # whole blocks of zeros
+    x[2] *= 3e-37
+    x[3] *= 1e30
+    try:
+        for rows in (8, 16, 24, 88):  # 1, 2, 3 and 11 groups
+            mat = QuantizedMatrix(
+                [QuantizedTensor(random_quantized(fmt, rows, k, g), FORMATS[fmt], k)]
+            )
+            w, fid = mat._single
+            bias = torch.randn(rows, generator=g)
+            for row in x:
+                for b in (None, bias):
+                    kernel_ops.qlinear_isa("avx2")
+                    ref = kernel_ops.qlinear(row[None], w, fid, b)
+                    assert ref.isfinite().all()
+                    kernel_ops.qlinear_isa(best)
+                    got = kernel_ops.qlinear(row[None], w, fid, b)
+                    assert torch.equal(got, ref), f"{rows} rows, bias {b is not None}"
+    finally:
+        kernel_ops.qlinear_isa(best)
+
+
 # (activation rows M, weight rows, in_features): K below, at and past the 8-value chunks with
 # ragged tails; M over the 1 x 4 (decode) and 4 x 2 tiles' remainders.
 FLOAT16_SHAPES = [

@@ -23,6 +23,8 @@ void x8_group_rows_vnni(X8Kind kind, const uint8_t* g, const QAct& a, int64_t m0
                         const float* bias8);
 void x8_group_rows_vbmi_mxfp4(const uint8_t* g, const QAct& a, int64_t m0, int64_t m1, float* out, int64_t ldo,
                               const float* bias8);
+void x8_pair_rows_vbmi(X8Kind kind, const uint8_t* g, int64_t group_bytes, const QAct& a, int64_t m, float* out,
+                       const float* bias16);
 
 namespace {
 
@@ -74,15 +76,19 @@ struct Avx2Dot {
 };
 
 // Which tiles run: VNNI where the CPU has it (libgcc's check includes the OS saving the AVX-512
-// state), and for MXFP4 VBMI's lookups where it has that too; RADIXLM_KERNEL_ISA=avx2 (or
-// avx512vnni) asks for less; qlinear_isa() switches at run time.
+// state), and where it has VBMI and GFNI too MXFP4's lookups and the K-quants' decode rows two
+// groups at a time (quant_x8_pair.cpp); RADIXLM_KERNEL_ISA=avx2 (or avx512vnni) asks for less;
+// qlinear_isa() switches at run time.
 enum class Isa { AVX2 = 0, VNNI = 1, VBMI = 2 };
 bool vnni_supported() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
          __builtin_cpu_supports("avx512bw");
 }
-bool vbmi_supported() { return vnni_supported() && __builtin_cpu_supports("avx512vbmi"); }
+// The VBMI level also takes GFNI (quant_x8_pair.cpp): every CPU with VBMI so far has it.
+bool vbmi_supported() {
+  return vnni_supported() && __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni");
+}
 Isa best_isa() { return vbmi_supported() ? Isa::VBMI : vnni_supported() ? Isa::VNNI : Isa::AVX2; }
 Isa& isa_level() {
   static Isa level = [] {
@@ -106,6 +112,10 @@ void gemm(const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64
   const Isa isa = isa_level();
   const int64_t grain = std::max<int64_t>(1, groups / (4 * at::get_num_threads()));
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
+    if (M == 1 && isa == Isa::VBMI) {  // decode: groups in pairs
+      for (; g0 + 2 <= g1; g0 += 2)
+        x8_pair_rows_vbmi(Kind, W + g0 * group_bytes, group_bytes, a, 0, out + 8 * g0, bias ? bias + 8 * g0 : nullptr);
+    }
     for (int64_t mb = 0; mb < M; mb += M_BLOCK) {
       const int64_t me = std::min(M, mb + M_BLOCK);
       for (int64_t g = g0; g < g1; ++g) {

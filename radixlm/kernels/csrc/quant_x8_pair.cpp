@@ -1,0 +1,255 @@
+// One activation row (decode, M = 1) against two groups of 8 interleaved K-quant rows at once, in
+// 512-bit registers: Q4_KX8 and Q6_KX8, whose 256-bit tiles (x8_tiles.h) turn compute-bound on two
+// cores once memory reads faster than ~35 GB/s. Three savings, each keeping every integer and
+// every float step of the tiles, so the results are bitwise theirs (batch and ISA invariance hold):
+//  - a register holds two 32-byte chunks of one group, and the activations are permuted to match
+//    (x8_row1_zmm.h), once per block for both groups: half the byte dots and masks;
+//  - the two groups' 16 rows share one float register (group g in the low 8 lanes, g + 1 in the
+//    high): each of the tiles' per-lane steps (convert, scale products, FMA) runs once for both,
+//    and two accumulator chains hide each other's FMA latency;
+//  - Q6_K: GFNI's bit-matrix multiply moves a chunk's 2 top bits into place in one instruction
+//    (shift + mask before), and its -32 offset is taken off each 16-value dot before the scale
+//    (sc (dot - 32 S) = sc dot - 32 sc S: the same int32), from sums made once per block.
+// Compiled for this ISA alone (quant_x8.cpp calls it at the VBMI level, which requires GFNI).
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,avx512vbmi,gfni")
+#include "x8_row1_zmm.h"
+
+namespace radixlm {
+namespace {
+
+// [x.lo + x.hi | y.lo + y.hi]: two 8-lane folds (exact int32) in one register.
+inline __m512i fold_pair(__m512i x, __m512i y) {
+  return _mm512_add_epi32(_mm512_shuffle_i64x2(x, y, 0x44), _mm512_shuffle_i64x2(x, y, 0xEE));
+}
+
+inline __m512 cat8(__m256 lo, __m256 hi) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+
+// 8 bytes at p0 and 8 at p1 as 16 floats.
+inline __m512 u8x16_to_ps(const uint8_t* p0, const uint8_t* p1) {
+  const __m128i v = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)p0), _mm_loadl_epi64((const __m128i*)p1));
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+}
+
+// The 16 outputs plus the bias, as the tiles add it (a zero vector without one).
+inline void store16(__m512 acc, const float* bias16, float* out) {
+  const __m256 lo = _mm512_castps512_ps256(acc), hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+  _mm256_storeu_ps(out, _mm256_add_ps(lo, bias16 ? _mm256_loadu_ps(bias16) : _mm256_setzero_ps()));
+  _mm256_storeu_ps(out + 8, _mm256_add_ps(hi, bias16 ? _mm256_loadu_ps(bias16 + 8) : _mm256_setzero_ps()));
+}
+
+// Block b's 32 activation bytes as the 4 registers matching chunk pairs (2j, 2j + 1).
+inline void permuted_act(const int8_t* x, __m512i* ap) {
+  const __m512i ax = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)x));
+  for (int j = 0; j < 4; ++j) ap[j] = _mm512_permutexvar_epi32(pair_index(j), ax);
+}
+
+// The byte dots of 4 registers of weights (two chunks each) with the permuted activations: the
+// two chunk halves not yet added.
+inline __m512i dot4(const __m512i* w, const __m512i* ap) {
+  __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], ap[0]);
+  __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], ap[1]);
+  s0 = _mm512_dpbusd_epi32(s0, w[2], ap[2]);
+  s1 = _mm512_dpbusd_epi32(s1, w[3], ap[3]);
+  return _mm512_add_epi32(s0, s1);
+}
+
+// tile_q4x8's sequence per lane: acc = fma(dot, d d_a, acc) + m s_a, block by block. Chunk pairs
+// (0, 1), (2, 3) hold values 0..7, 8..15 in their low nibbles and 16.., 24.. in their high ones.
+void pair_q4x8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* out, const float* bias16) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const int8_t* aq = a.qrow(m);
+  const float *da = a.drow(m), *sa = a.srow(m);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const uint8_t* b0 = g + b * 160;
+    const uint8_t* b1 = b0 + gb;
+    __m512i ap[4];
+    permuted_act(aq + 32 * b, ap);
+    __m512i s[2];
+    for (int k = 0; k < 2; ++k) {
+      const uint8_t* blk = k ? b1 : b0;
+      const __m512i r0 = _mm512_loadu_si512(blk + 32), r1 = _mm512_loadu_si512(blk + 96);
+      const __m512i w[4] = {_mm512_and_si512(r0, m4), _mm512_and_si512(r1, m4),
+                            _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4), _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4)};
+      s[k] = dot4(w, ap);
+    }
+    const __m512 dw = cat8(scales8(b0), scales8(b1)), mw = cat8(scales8(b0 + 16), scales8(b1 + 16));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fold_pair(s[0], s[1])), _mm512_mul_ps(dw, _mm512_set1_ps(da[b])), acc);
+    acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(sa[b]), acc);
+  }
+  store16(acc, bias16, out);
+}
+
+// row1_q8x8's sequence per lane (x8_row1_zmm.h: the weights xor 0x80 as unsigned bytes, 128 sum(q)
+// taken back): acc = fma(dot, d d_a, acc), block by block.
+void pair_q8x8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* out, const float* bias16) {
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  const int8_t* aq = a.qrow(m);
+  const float *da = a.drow(m), *sa = a.srow(m);
+  alignas(32) int32_t offset[8];
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    if ((b & 7) == 0) block_sums128(sa + b, da + b, std::min<int64_t>(8, a.nb - b), offset);
+    const uint8_t* b0 = g + b * 272;
+    const uint8_t* b1 = b0 + gb;
+    __m512i ap[4];
+    permuted_act(aq + 32 * b, ap);
+    __m512i s[2];
+    for (int k = 0; k < 2; ++k) {
+      __m512i w[4];
+      for (int j = 0; j < 4; ++j) w[j] = _mm512_xor_si512(_mm512_loadu_si512((k ? b1 : b0) + 16 + 64 * j), flip);
+      s[k] = dot4(w, ap);
+    }
+    const __m512i isum = _mm512_sub_epi32(fold_pair(s[0], s[1]), _mm512_set1_epi32(offset[b & 7]));
+    const __m512 dw = cat8(scales8(b0), scales8(b1));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(da[b])), acc);
+  }
+  store16(acc, bias16, out);
+}
+
+// tile_mxfp4x8's sequence per lane with VBMI's lookups (vpermb over 6-bit indices: the 16 values
+// offset by 12, four times over, so no nibble needs masking): isum = dot - 12 (S_lo + S_hi),
+// acc = fma(isum, 2^(e - 128) d_a, acc).
+void pair_mxfp4x8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* out, const float* bias16) {
+  alignas(64) static constexpr int8_t values[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+  const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)values));
+  const __m512i twelve = _mm512_set1_epi16(12);
+  const int8_t* aq = a.qrow(m);
+  const float* da = a.drow(m);
+  const int32_t* s16 = a.sum16row(m);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const uint8_t* b0 = g + b * 136;
+    const uint8_t* b1 = b0 + gb;
+    prefetch_span(b0, 136);
+    prefetch_span(b1, 136);
+    __m512i ap[4];
+    permuted_act(aq + 32 * b, ap);
+    __m512i s[2];
+    for (int k = 0; k < 2; ++k) {
+      const uint8_t* blk = k ? b1 : b0;
+      const __m512i r0 = _mm512_loadu_si512(blk + 8), r1 = _mm512_loadu_si512(blk + 72);
+      const __m512i w[4] = {_mm512_permutexvar_epi8(r0, table), _mm512_permutexvar_epi8(r1, table),
+                            _mm512_permutexvar_epi8(_mm512_srli_epi16(r0, 4), table),
+                            _mm512_permutexvar_epi8(_mm512_srli_epi16(r1, 4), table)};
+      s[k] = dot4(w, ap);
+    }
+    const __m512i off = _mm512_madd_epi16(twelve, _mm512_set1_epi32(s16[b]));
+    const __m512i isum = _mm512_sub_epi32(fold_pair(s[0], s[1]), off);
+    const __m512 e = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+        _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)b0), _mm_loadl_epi64((const __m128i*)b1))));
+    const __m512 dw = _mm512_scalef_ps(_mm512_set1_ps(1.0f), _mm512_sub_ps(e, _mm512_set1_ps(128.0f)));
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(da[b])), acc);
+  }
+  store16(acc, bias16, out);
+}
+
+// tile_q4kx8's sequence per lane: acc = fma(dot, d sc d_a, acc) - dmin mn s_a, sub-block by sub-block.
+void pair_q4kx8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* out, const float* bias16) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const int8_t* aq = a.qrow(m);
+  const float *da = a.drow(m), *sa = a.srow(m);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
+    const uint8_t* b0 = g + sb * Q4KX8_BYTES;
+    const uint8_t* b1 = b0 + gb;
+    prefetch_span(b0, Q4KX8_BYTES);  // both groups, at the tiles' distance ahead
+    prefetch_span(b1, Q4KX8_BYTES);
+    const __m512 d = cat8(scales8(b0), scales8(b1)), dmin = cat8(scales8(b0 + 16), scales8(b1 + 16));
+    for (int p = 0; p < 4; ++p) {
+      __m512i lo[2][4], hi[2][4];
+      for (int k = 0; k < 2; ++k) {
+        const uint8_t* qs = (k ? b1 : b0) + 160 + 256 * p;
+        for (int j = 0; j < 4; ++j) {
+          const __m512i raw = _mm512_loadu_si512(qs + 64 * j);
+          lo[k][j] = _mm512_and_si512(raw, m4);
+          hi[k][j] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+        }
+      }
+      for (int h = 0; h < 2; ++h) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high)
+        const int s = 2 * p + h;
+        const int64_t b = 8 * sb + s;
+        __m512i ap[4];
+        permuted_act(aq + 32 * b, ap);
+        const __m512i isum = fold_pair(dot4(h ? hi[0] : lo[0], ap), dot4(h ? hi[1] : lo[1], ap));
+        const __m512 dsc = _mm512_mul_ps(d, u8x16_to_ps(b0 + 32 + 8 * s, b1 + 32 + 8 * s));
+        const __m512 dmn = _mm512_mul_ps(dmin, u8x16_to_ps(b0 + 96 + 8 * s, b1 + 96 + 8 * s));
+        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dsc, _mm512_set1_ps(da[b])), acc);
+        acc = _mm512_fnmadd_ps(dmn, _mm512_set1_ps(sa[b]), acc);
+      }
+    }
+  }
+  store16(acc, bias16, out);
+}
+
+// The GF(2) matrix (per 64-bit lane) that sends bits 2i, 2i + 1 of each byte to bits 4, 5 and
+// clears the rest: result bit t is the parity of (matrix byte 7 - t) & x.
+constexpr uint64_t top_bits_matrix(int i) { return ((1ull << (2 * i)) << 24) | ((1ull << (2 * i + 1)) << 16); }
+
+// tile_q6kx8's sequence per lane: isum = sc_lo (dot_lo - 32 S_lo) + sc_hi (dot_hi - 32 S_hi) (exact),
+// acc = fma(isum, d d_a, acc), 32 values at a time.
+void pair_q6kx8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* out, const float* bias16) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  const __m512i top01 = _mm512_setr_epi64(top_bits_matrix(0), top_bits_matrix(0), top_bits_matrix(0), top_bits_matrix(0),
+                                          top_bits_matrix(1), top_bits_matrix(1), top_bits_matrix(1), top_bits_matrix(1));
+  const __m512i top23 = _mm512_setr_epi64(top_bits_matrix(2), top_bits_matrix(2), top_bits_matrix(2), top_bits_matrix(2),
+                                          top_bits_matrix(3), top_bits_matrix(3), top_bits_matrix(3), top_bits_matrix(3));
+  const int8_t* aq = a.qrow(m);
+  const float* da = a.drow(m);
+  const int32_t* s16 = a.sum16row(m);
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
+    const uint8_t* b0 = g + sb * Q6KX8_BYTES;
+    const uint8_t* b1 = b0 + gb;
+    prefetch_span(b0, Q6KX8_BYTES);
+    prefetch_span(b1, Q6KX8_BYTES);
+    const __m512 d = cat8(scales8(b0), scales8(b1));
+    for (int j = 0; j < 8; ++j) {
+      const int64_t b = 8 * sb + j;
+      // chunks (0, 1) and (2, 3) take activation words 0..3 (values 0..15), chunks 4..7 words 4..7
+      __m512i ap[4];
+      permuted_act(aq + 32 * b, ap);
+      const int32_t pair = s16[b];  // the two 16-value sums, as int16 halves
+      const __m512i s32 = _mm512_slli_epi32(
+          _mm512_inserti64x4(_mm512_set1_epi32((int16_t)(pair & 0xFFFF)), _mm256_set1_epi32((int16_t)(pair >> 16)), 1), 5);
+      __m512i prod[2];
+      for (int k = 0; k < 2; ++k) {
+        const uint8_t* blk = k ? b1 : b0;
+        const uint8_t* qb = blk + 144 + 192 * j;
+        const __m512i n01 = _mm512_loadu_si512(qb), n23 = _mm512_loadu_si512(qb + 64);
+        const __m512i h0 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(qb + 128)));
+        const __m512i h1 = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i*)(qb + 160)));
+        // (n & 0x0F) | top: ternary-logic 0xEA is (A & B) | C
+        const __m512i w[4] = {
+            _mm512_ternarylogic_epi64(n01, m4, _mm512_gf2p8affine_epi64_epi8(h0, top01, 0), 0xEA),
+            _mm512_ternarylogic_epi64(n23, m4, _mm512_gf2p8affine_epi64_epi8(h0, top23, 0), 0xEA),
+            _mm512_ternarylogic_epi64(_mm512_srli_epi16(n01, 4), m4, _mm512_gf2p8affine_epi64_epi8(h1, top01, 0), 0xEA),
+            _mm512_ternarylogic_epi64(_mm512_srli_epi16(n23, 4), m4, _mm512_gf2p8affine_epi64_epi8(h1, top23, 0), 0xEA)};
+        const __m512i lo = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], ap[0]), w[1], ap[1]);
+        const __m512i hi = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w[2], ap[2]), w[3], ap[3]);
+        const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(blk + 16 + 16 * j)));
+        prod[k] = _mm512_mullo_epi32(_mm512_sub_epi32(fold_pair(lo, hi), s32), sc);  // [lo rows | hi rows]
+      }
+      const __m512i isum = fold_pair(prod[0], prod[1]);
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(da[b])), acc);
+    }
+  }
+  store16(acc, bias16, out);
+}
+
+}  // namespace
+
+void x8_pair_rows_vbmi(X8Kind kind, const uint8_t* g, int64_t group_bytes, const QAct& a, int64_t m, float* out,
+                       const float* bias16) {
+  switch (kind) {
+    case X8Kind::Q4: pair_q4x8(g, group_bytes, a, m, out, bias16); break;
+    case X8Kind::Q8: pair_q8x8(g, group_bytes, a, m, out, bias16); break;
+    case X8Kind::Q4K: pair_q4kx8(g, group_bytes, a, m, out, bias16); break;
+    case X8Kind::Q6K: pair_q6kx8(g, group_bytes, a, m, out, bias16); break;
+    case X8Kind::MXFP4: pair_mxfp4x8(g, group_bytes, a, m, out, bias16); break;
+  }
+}
+
+}  // namespace radixlm
