@@ -55,93 +55,70 @@ inline __m512i dot4(const __m512i* w, const __m512i* ap) {
   return _mm512_add_epi32(s0, s1);
 }
 
-// tile_q4x8's sequence per lane: acc = fma(dot, d d_a, acc) + m s_a, block by block. Chunk pairs
-// (0, 1), (2, 3) hold values 0..7, 8..15 in their low nibbles and 16.., 24.. in their high ones.
-void pair_q4x8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* out, const float* bias16) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  const int8_t* aq = a.qrow(m);
-  const float *da = a.drow(m), *sa = a.srow(m);
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t b = 0; b < a.nb; ++b) {
-    const uint8_t* b0 = g + b * 160;
-    const uint8_t* b1 = b0 + gb;
-    __m512i ap[4];
-    permuted_act(aq + 32 * b, ap);
-    __m512i s[2];
-    for (int k = 0; k < 2; ++k) {
-      const uint8_t* blk = k ? b1 : b0;
-      const __m512i r0 = _mm512_loadu_si512(blk + 32), r1 = _mm512_loadu_si512(blk + 96);
-      const __m512i w[4] = {_mm512_and_si512(r0, m4), _mm512_and_si512(r1, m4),
-                            _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4), _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4)};
-      s[k] = dot4(w, ap);
-    }
-    const __m512 dw = cat8(scales8(b0), scales8(b1)), mw = cat8(scales8(b0 + 16), scales8(b1 + 16));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fold_pair(s[0], s[1])), _mm512_mul_ps(dw, _mm512_set1_ps(da[b])), acc);
-    acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(sa[b]), acc);
+// A 32-value block's 4 registers of unsigned weight bytes, chunk pairs (0, 1) and (2, 3), low then
+// high values: Q4X8's nibbles (values 0..7, 8..15 low, 16.., 24.. high); Q8X8's int8 xor 0x80
+// (w + 128, x8_row1_zmm.h); MXFP4X8's nibbles looked up by VBMI's vpermb over 6-bit indices (the
+// 16 values offset by 12, four times over, so no nibble needs masking).
+template <X8Kind K>
+inline void block_weights(const uint8_t* blk, __m512i* w) {
+  if constexpr (K == X8Kind::Q8) {
+    for (int j = 0; j < 4; ++j) w[j] = _mm512_xor_si512(_mm512_loadu_si512(blk + 16 + 64 * j), _mm512_set1_epi8((char)0x80));
+  } else if constexpr (K == X8Kind::Q4) {
+    const __m512i m4 = _mm512_set1_epi8(0x0F);
+    const __m512i r0 = _mm512_loadu_si512(blk + 32), r1 = _mm512_loadu_si512(blk + 96);
+    w[0] = _mm512_and_si512(r0, m4);
+    w[1] = _mm512_and_si512(r1, m4);
+    w[2] = _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4);
+    w[3] = _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4);
+  } else {
+    alignas(16) static constexpr int8_t values[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+    const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)values));
+    const __m512i r0 = _mm512_loadu_si512(blk + 8), r1 = _mm512_loadu_si512(blk + 72);
+    w[0] = _mm512_permutexvar_epi8(r0, table);
+    w[1] = _mm512_permutexvar_epi8(r1, table);
+    w[2] = _mm512_permutexvar_epi8(_mm512_srli_epi16(r0, 4), table);
+    w[3] = _mm512_permutexvar_epi8(_mm512_srli_epi16(r1, 4), table);
   }
-  store16(acc, bias16, out);
 }
 
-// row1_q8x8's sequence per lane (x8_row1_zmm.h: the weights xor 0x80 as unsigned bytes, 128 sum(q)
-// taken back): acc = fma(dot, d d_a, acc), block by block.
-void pair_q8x8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* out, const float* bias16) {
-  const __m512i flip = _mm512_set1_epi8((char)0x80);
+// The 32-value block formats, each lane in its tile's sequence, block by block:
+//  Q4X8 (tile_q4x8):      acc = fma(dot, d d_a, acc) + m s_a;
+//  Q8X8 (row1_q8x8):      acc = fma(dot - 128 sum(q), d d_a, acc);
+//  MXFP4X8 (tile_mxfp4x8): acc = fma(dot - 12 (S_lo + S_hi), 2^(e - 128) d_a, acc).
+template <X8Kind K>
+void pair_blocks32(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* out, const float* bias16) {
+  constexpr int64_t BYTES = K == X8Kind::Q4 ? 160 : K == X8Kind::Q8 ? 272 : 136;
   const int8_t* aq = a.qrow(m);
   const float *da = a.drow(m), *sa = a.srow(m);
   alignas(32) int32_t offset[8];
   __m512 acc = _mm512_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b) {
-    if ((b & 7) == 0) block_sums128(sa + b, da + b, std::min<int64_t>(8, a.nb - b), offset);
-    const uint8_t* b0 = g + b * 272;
+    const uint8_t* b0 = g + b * BYTES;
     const uint8_t* b1 = b0 + gb;
-    __m512i ap[4];
-    permuted_act(aq + 32 * b, ap);
-    __m512i s[2];
-    for (int k = 0; k < 2; ++k) {
-      __m512i w[4];
-      for (int j = 0; j < 4; ++j) w[j] = _mm512_xor_si512(_mm512_loadu_si512((k ? b1 : b0) + 16 + 64 * j), flip);
-      s[k] = dot4(w, ap);
+    if constexpr (K == X8Kind::MXFP4) {  // as the tile does
+      prefetch_span(b0, BYTES);
+      prefetch_span(b1, BYTES);
     }
-    const __m512i isum = _mm512_sub_epi32(fold_pair(s[0], s[1]), _mm512_set1_epi32(offset[b & 7]));
-    const __m512 dw = cat8(scales8(b0), scales8(b1));
-    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(da[b])), acc);
-  }
-  store16(acc, bias16, out);
-}
-
-// tile_mxfp4x8's sequence per lane with VBMI's lookups (vpermb over 6-bit indices: the 16 values
-// offset by 12, four times over, so no nibble needs masking): isum = dot - 12 (S_lo + S_hi),
-// acc = fma(isum, 2^(e - 128) d_a, acc).
-void pair_mxfp4x8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* out, const float* bias16) {
-  alignas(64) static constexpr int8_t values[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
-  const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)values));
-  const __m512i twelve = _mm512_set1_epi16(12);
-  const int8_t* aq = a.qrow(m);
-  const float* da = a.drow(m);
-  const int32_t* s16 = a.sum16row(m);
-  __m512 acc = _mm512_setzero_ps();
-  for (int64_t b = 0; b < a.nb; ++b) {
-    const uint8_t* b0 = g + b * 136;
-    const uint8_t* b1 = b0 + gb;
-    prefetch_span(b0, 136);
-    prefetch_span(b1, 136);
-    __m512i ap[4];
+    __m512i ap[4], w0[4], w1[4];
     permuted_act(aq + 32 * b, ap);
-    __m512i s[2];
-    for (int k = 0; k < 2; ++k) {
-      const uint8_t* blk = k ? b1 : b0;
-      const __m512i r0 = _mm512_loadu_si512(blk + 8), r1 = _mm512_loadu_si512(blk + 72);
-      const __m512i w[4] = {_mm512_permutexvar_epi8(r0, table), _mm512_permutexvar_epi8(r1, table),
-                            _mm512_permutexvar_epi8(_mm512_srli_epi16(r0, 4), table),
-                            _mm512_permutexvar_epi8(_mm512_srli_epi16(r1, 4), table)};
-      s[k] = dot4(w, ap);
+    block_weights<K>(b0, w0);
+    block_weights<K>(b1, w1);
+    __m512i isum = fold_pair(dot4(w0, ap), dot4(w1, ap));
+    __m512 dw;
+    if constexpr (K == X8Kind::MXFP4) {
+      isum = _mm512_sub_epi32(isum, _mm512_madd_epi16(_mm512_set1_epi16(12), _mm512_set1_epi32(a.sum16row(m)[b])));
+      const __m512 e = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+          _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)b0), _mm_loadl_epi64((const __m128i*)b1))));
+      dw = _mm512_scalef_ps(_mm512_set1_ps(1.0f), _mm512_sub_ps(e, _mm512_set1_ps(128.0f)));
+    } else {
+      if constexpr (K == X8Kind::Q8) {
+        if ((b & 7) == 0) block_sums128(sa + b, da + b, std::min<int64_t>(8, a.nb - b), offset);
+        isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(offset[b & 7]));
+      }
+      dw = cat8(scales8(b0), scales8(b1));
     }
-    const __m512i off = _mm512_madd_epi16(twelve, _mm512_set1_epi32(s16[b]));
-    const __m512i isum = _mm512_sub_epi32(fold_pair(s[0], s[1]), off);
-    const __m512 e = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-        _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)b0), _mm_loadl_epi64((const __m128i*)b1))));
-    const __m512 dw = _mm512_scalef_ps(_mm512_set1_ps(1.0f), _mm512_sub_ps(e, _mm512_set1_ps(128.0f)));
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(da[b])), acc);
+    if constexpr (K == X8Kind::Q4) acc = _mm512_fmadd_ps(cat8(scales8(b0 + 16), scales8(b1 + 16)), _mm512_set1_ps(sa[b]), acc);
   }
   store16(acc, bias16, out);
 }
@@ -244,11 +221,11 @@ void pair_q6kx8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* o
 void x8_pair_rows_vbmi(X8Kind kind, const uint8_t* g, int64_t group_bytes, const QAct& a, int64_t m, float* out,
                        const float* bias16) {
   switch (kind) {
-    case X8Kind::Q4: pair_q4x8(g, group_bytes, a, m, out, bias16); break;
-    case X8Kind::Q8: pair_q8x8(g, group_bytes, a, m, out, bias16); break;
+    case X8Kind::Q4: pair_blocks32<X8Kind::Q4>(g, group_bytes, a, m, out, bias16); break;
+    case X8Kind::Q8: pair_blocks32<X8Kind::Q8>(g, group_bytes, a, m, out, bias16); break;
     case X8Kind::Q4K: pair_q4kx8(g, group_bytes, a, m, out, bias16); break;
     case X8Kind::Q6K: pair_q6kx8(g, group_bytes, a, m, out, bias16); break;
-    case X8Kind::MXFP4: pair_mxfp4x8(g, group_bytes, a, m, out, bias16); break;
+    case X8Kind::MXFP4: pair_blocks32<X8Kind::MXFP4>(g, group_bytes, a, m, out, bias16); break;
   }
 }
 
