@@ -76,8 +76,8 @@ struct Avx2Dot {
 };
 
 // Which tiles run: VNNI where the CPU has it (libgcc's check includes the OS saving the AVX-512
-// state), and where it has VBMI and GFNI too MXFP4's lookups and the K-quants' decode rows two
-// groups at a time (quant_x8_pair.cpp); RADIXLM_KERNEL_ISA=avx2 (or avx512vnni) asks for less;
+// state), and where it has VBMI and GFNI too MXFP4's lookups and decode rows two weight groups
+// at a time (quant_x8_pair.cpp); RADIXLM_KERNEL_ISA=avx2 (or avx512vnni) asks for less;
 // qlinear_isa() switches at run time.
 enum class Isa { AVX2 = 0, VNNI = 1, VBMI = 2 };
 bool vnni_supported() {

@@ -1,7 +1,8 @@
-// One activation row (decode, M = 1) against two groups of 8 interleaved K-quant rows at once, in
-// 512-bit registers: Q4_KX8 and Q6_KX8, whose 256-bit tiles (x8_tiles.h) turn compute-bound on two
-// cores once memory reads faster than ~35 GB/s. Three savings, each keeping every integer and
-// every float step of the tiles, so the results are bitwise theirs (batch and ISA invariance hold):
+// One activation row (decode, M = 1) against two groups of 8 interleaved weight rows at once, in
+// 512-bit registers, for every interleaved format (Q4X8, Q8X8, MXFP4X8, Q4_KX8, Q6_KX8), whose
+// 256-bit tiles (x8_tiles.h) turn compute-bound on two cores once memory reads faster than ~35
+// GB/s. The savings keep every integer and every float step of the tiles, so the results are
+// bitwise theirs (batch and ISA invariance hold):
 //  - a register holds two 32-byte chunks of one group, and the activations are permuted to match
 //    (x8_row1_zmm.h), once per block for both groups: half the byte dots and masks;
 //  - the two groups' 16 rows share one float register (group g in the low 8 lanes, g + 1 in the
