@@ -1,0 +1,114 @@
+"""The quantized kernels' ISA levels (AVX2 tiles, AVX-512 VNNI tiles, VBMI + GFNI: MXFP4's lookups
+and the decode rows' two-group kernels) give bitwise the same outputs: a server's greedy tokens must
+not depend on the CPU it runs on (csrc/quant_x8*.cpp)."""
+
+import pytest
+import torch
+
+from radixlm.kernels.formats import FORMATS, INTERLEAVED
+from radixlm.model.layers.quantized import QuantizedMatrix, QuantizedTensor
+from tests.kernels.test_quant_gemm import random_quantized
+
+
+@pytest.mark.parametrize("fmt", list(INTERLEAVED))
+def test_vnni_tiles_equal_avx2_tiles_bitwise(kernel_ops, fmt):
+    """With AVX-512 VNNI the interleaved kernels take vpdpbusd tiles of up to 8 rows, and with VBMI
+    too MXFP4's tiles look their values up by vpermb; the integer block dots are exact either way,
+    so every output must be bitwise the AVX2 tiles' (a server's greedy outputs must not depend on
+    the CPU it runs on), at every row count and tile remainder."""
+    best = kernel_ops.qlinear_isa()
+    if best == "avx2":
+        # Without VNNI only the AVX2 tiles exist: asking for the others is refused, by name.
+        with pytest.raises(RuntimeError, match="no AVX-512 VNNI"):
+            kernel_ops.qlinear_isa("avx512vnni")
+        assert kernel_ops.qlinear_isa("avx2") == "avx2"
+        return
+    isas = ["avx512vnni", "avx512vbmi"][: 1 + (best == "avx512vbmi")]
+    if best == "avx512vnni":  # a VNNI CPU without VBMI (Cascade Lake): refused by name
+        with pytest.raises(RuntimeError, match="no AVX-512 VBMI"):
+            kernel_ops.qlinear_isa("avx512vbmi")
+    g = torch.Generator().manual_seed(7)
+    k = 1536  # 48 blocks: offsets over several 8-block strides
+    mat = QuantizedMatrix([QuantizedTensor(random_quantized(fmt, 72, k, g), FORMATS[fmt], k)])
+    assert mat.formats[0].endswith("x8")
+    w, fid = mat._single
+    x, bias = torch.randn(83, k, generator=g), torch.randn(72, generator=g)
+    try:
+        for m in (1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 16, 17, 31, 64, 65, 83):
+            kernel_ops.qlinear_isa("avx2")
+            ref = kernel_ops.qlinear(x[:m], w, fid, bias)
+            for isa in isas:
+                kernel_ops.qlinear_isa(isa)
+                assert torch.equal(kernel_ops.qlinear(x[:m], w, fid, bias), ref), f"{isa}, {m} rows"
+    finally:
+        kernel_ops.qlinear_isa(best)
+    with pytest.raises(RuntimeError, match="must be 'avx2', 'avx512vnni' or 'avx512vbmi'"):
+        kernel_ops.qlinear_isa("sse2")
+
+
+def test_single_row_q8_tiles_equal_avx2_at_block_tails_and_zero_blocks(kernel_ops):
+    """One activation row takes Q8's 512-bit tile where the CPU has AVX-512 (csrc/x8_row1_zmm.h),
+    which recovers each block's integer sum from the activation scales, 8 blocks at a time: a
+    block count that is not a multiple of 8, all-zero blocks (scale 0), tiny and huge activations
+    must all give the AVX2 tiles' bits."""
+    best = kernel_ops.qlinear_isa()
+    if best == "avx2":
+        # Without VNNI no 512-bit tile exists: asking for it is refused, by name.
+        with pytest.raises(RuntimeError, match="no AVX-512 VNNI"):
+            kernel_ops.qlinear_isa("avx512vnni")
+        return
+    g = torch.Generator().manual_seed(11)
+    k = 1504  # 47 blocks: a tail past the 8-block strides
+    mat = QuantizedMatrix([QuantizedTensor(random_quantized("q8_0", 24, k, g), FORMATS["q8_0"], k)])
+    w, fid = mat._single
+    x = torch.randn(4, k, generator=g)
+    x[1, 64:160] = 0.0  # whole blocks of zeros
+    x[2] *= 3e-37  # subnormal activation scales (and blocks below 127 / FLT_MAX: zeros)
+    x[3] *= 1e30
+    try:
+        for row in x:
+            kernel_ops.qlinear_isa("avx2")
+            ref = kernel_ops.qlinear(row[None], w, fid, None)
+            assert ref.isfinite().all()
+            kernel_ops.qlinear_isa(best)
+            assert torch.equal(kernel_ops.qlinear(row[None], w, fid, None), ref)
+    finally:
+        kernel_ops.qlinear_isa(best)
+
+
+@pytest.mark.parametrize("fmt", list(INTERLEAVED))
+def test_single_row_group_pairs_equal_avx2(kernel_ops, fmt):
+    """At the VBMI level (with GFNI) one activation row takes 512-bit kernels that read two weight
+    groups at a time (csrc/quant_x8_pair.cpp; an odd group left to the tiles): every output must
+    be the AVX2 tiles' bits, with and without a bias, over group counts that leave a single group
+    on a thread, zero blocks, tiny and huge activations."""
+    best = kernel_ops.qlinear_isa()
+    if best != "avx512vbmi":
+        # No pair kernels on this CPU: asking for their level is refused, by name.
+        with pytest.raises(RuntimeError, match="no AVX-512"):
+            kernel_ops.qlinear_isa("avx512vbmi")
+        return
+    g = torch.Generator().manual_seed(12)
+    # K-quants: 5 super-blocks; the others 47 blocks of 32 (a tail past Q8's 8-block strides)
+    k = 1280 if FORMATS[fmt].block == 256 else 1504
+    x = torch.randn(4, k, generator=g)
+    x[1, 256:320] = 0.0  # whole blocks of zeros
+    x[2] *= 3e-37
+    x[3] *= 1e30
+    try:
+        for rows in (8, 16, 24, 88):  # 1, 2, 3 and 11 groups
+            mat = QuantizedMatrix(
+                [QuantizedTensor(random_quantized(fmt, rows, k, g), FORMATS[fmt], k)]
+            )
+            w, fid = mat._single
+            bias = torch.randn(rows, generator=g)
+            for row in x:
+                for b in (None, bias):
+                    kernel_ops.qlinear_isa("avx2")
+                    ref = kernel_ops.qlinear(row[None], w, fid, b)
+                    assert ref.isfinite().all()
+                    kernel_ops.qlinear_isa(best)
+                    got = kernel_ops.qlinear(row[None], w, fid, b)
+                    assert torch.equal(got, ref), f"{rows} rows, bias {b is not None}"
+    finally:
+        kernel_ops.qlinear_isa(best)
