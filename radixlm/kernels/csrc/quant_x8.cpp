@@ -85,7 +85,7 @@ bool vnni_supported() {
   return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
          __builtin_cpu_supports("avx512bw");
 }
-// The VBMI level also takes GFNI (quant_x8_pair.cpp): every CPU with VBMI so far has it.
+// The VBMI level also takes GFNI (quant_x8_pair.cpp): every CPU with VNNI and VBMI has it.
 bool vbmi_supported() {
   return vnni_supported() && __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni");
 }
