@@ -40,22 +40,6 @@ inline void store16(__m512 acc, const float* bias16, float* out) {
   _mm256_storeu_ps(out + 8, _mm256_add_ps(hi, bias16 ? _mm256_loadu_ps(bias16 + 8) : _mm256_setzero_ps()));
 }
 
-// Block b's 32 activation bytes as the 4 registers matching chunk pairs (2j, 2j + 1).
-inline void permuted_act(const int8_t* x, __m512i* ap) {
-  const __m512i ax = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)x));
-  for (int j = 0; j < 4; ++j) ap[j] = _mm512_permutexvar_epi32(pair_index(j), ax);
-}
-
-// The byte dots of 4 registers of weights (two chunks each) with the permuted activations: the
-// two chunk halves not yet added.
-inline __m512i dot4(const __m512i* w, const __m512i* ap) {
-  __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], ap[0]);
-  __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], ap[1]);
-  s0 = _mm512_dpbusd_epi32(s0, w[2], ap[2]);
-  s1 = _mm512_dpbusd_epi32(s1, w[3], ap[3]);
-  return _mm512_add_epi32(s0, s1);
-}
-
 // A 32-value block's 4 registers of unsigned weight bytes, chunk pairs (0, 1) and (2, 3), low then
 // high values: Q4X8's nibbles (values 0..7, 8..15 low, 16.., 24.. high); Q8X8's int8 xor 0x80
 // (w + 128, x8_row1_zmm.h); MXFP4X8's nibbles looked up by VBMI's vpermb over 6-bit indices (the

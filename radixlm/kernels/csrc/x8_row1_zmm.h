@@ -44,15 +44,28 @@ inline void block_sums128(const float* s, const float* d, int64_t n, int32_t* ou
   for (int64_t i = 0; i < n; ++i) out[i] = d[i] > 0.0f ? 128 * (int32_t)std::lrint(s[i] / d[i]) : 0;
 }
 
+// Block b's 32 activation bytes as the 4 registers matching chunk pairs (2j, 2j + 1).
+inline void permuted_act(const int8_t* x, __m512i* ap) {
+  const __m512i ax = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)x));
+  for (int j = 0; j < 4; ++j) ap[j] = _mm512_permutexvar_epi32(pair_index(j), ax);
+}
+
+// The byte dots of 4 registers of unsigned weight bytes (two chunks each) with the permuted
+// activations: the two chunk halves not yet added.
+inline __m512i dot4(const __m512i* w, const __m512i* ap) {
+  __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], ap[0]);
+  __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], ap[1]);
+  s0 = _mm512_dpbusd_epi32(s0, w[2], ap[2]);
+  s1 = _mm512_dpbusd_epi32(s1, w[3], ap[3]);
+  return _mm512_add_epi32(s0, s1);
+}
+
 // The block's 8 row dots of its 32 activation bytes x (signed) with 4 registers of unsigned
 // weight bytes (two chunks each).
 inline __m256i dot_u4(const __m512i* w, const int8_t* x) {
-  const __m512i ax = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)x));
-  __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], _mm512_permutexvar_epi32(pair_index(0), ax));
-  __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], _mm512_permutexvar_epi32(pair_index(1), ax));
-  s0 = _mm512_dpbusd_epi32(s0, w[2], _mm512_permutexvar_epi32(pair_index(2), ax));
-  s1 = _mm512_dpbusd_epi32(s1, w[3], _mm512_permutexvar_epi32(pair_index(3), ax));
-  return fold_halves(_mm512_add_epi32(s0, s1));
+  __m512i ap[4];
+  permuted_act(x, ap);
+  return fold_halves(dot4(w, ap));
 }
 
 inline void row1_q8x8(const uint8_t* g, const QAct& a, int64_t m, float* out, __m256 bias) {
