@@ -104,21 +104,39 @@ def workloads(scale: float) -> list[Workload]:
             ),
             ">= 1.2x llama-server",
         ),
-        # Prefill of one 512-token prompt at a time (1 output token): input tokens per second.
-        Workload(
-            "prefill-512",
-            dict(
-                dataset="random",
-                num_prompts=n(8),
-                random_input_len=512,
-                random_output_len=1,
-                random_range_ratio=1.0,
-                max_concurrency=1,
-            ),
-            ">= 1.0x llama-server",
-            metric="input_throughput",
+        # Prefill of one prompt at a time (1 output token): input tokens per second. 512 tokens
+        # is a chat turn; 4,096 and 16,384 an agent's first turn (tools, instructions, files).
+        *(
+            Workload(
+                f"prefill-{length}",
+                dict(
+                    dataset="random",
+                    num_prompts=n(count),
+                    random_input_len=length,
+                    random_output_len=1,
+                    random_range_ratio=1.0,
+                    max_concurrency=1,
+                ),
+                target,
+                metric="input_throughput",
+            )
+            for length, count, target in (
+                (512, 8, ">= 1.5x llama-server"),
+                (4096, 4, ">= 1.3x llama-server"),
+                (16384, 2, "TTFT and input tok/s against llama-server"),
+            )
         ),
     ]
+
+
+def slot_context(loads: list[Workload]) -> int:
+    """Tokens each of llama-server's 8 slots must hold: a gsp prompt (1,120 tokens) with margin,
+    or the longest prompt of the workloads plus its output."""
+    need = max(
+        (w.args.get("random_input_len", 0) + w.args.get("random_output_len", 0) for w in loads),
+        default=0,
+    )
+    return max(2048, need + 64)
 
 
 # Each system's own API, for the workloads that send token ids (Workload.native).
@@ -139,8 +157,8 @@ def bench_args(
     return args
 
 
-def llama_server(binary: str, gguf: str, threads: int) -> ServerProcess:
-    # 8 slots, each with room for a gsp prompt (1,120 tokens) plus margin.
+def llama_server(binary: str, gguf: str, threads: int, per_slot: int = 2048) -> ServerProcess:
+    # 8 slots (-c is split between them), each holding per_slot tokens (slot_context).
     return ServerProcess(
         command=lambda port: [
             binary,
@@ -149,7 +167,7 @@ def llama_server(binary: str, gguf: str, threads: int) -> ServerProcess:
             "-np",
             "8",
             "-c",
-            "16384",
+            str(8 * per_slot),
             "-t",
             str(threads),
             "--host",
@@ -309,7 +327,7 @@ def main() -> int:
         "radixlm-no-cache": lambda: ServerProcess(
             "--model-path", gguf, "--disable-radix-cache", *extra, timeout=900
         ),
-        "llama-server": lambda: llama_server(a.llama_server, gguf, a.threads),
+        "llama-server": lambda: llama_server(a.llama_server, gguf, a.threads, slot_context(loads)),
     }
     results = {}
     for name in a.systems.split(","):

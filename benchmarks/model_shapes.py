@@ -222,6 +222,25 @@ SHAPES = {
         context=131072,
         llama3_rope=_LLAMA3_ROPE,
     ),
+    # Qwen/Qwen2.5-0.5B-Instruct config.json: 494,032,768 parameters (head_dim = 896 / 14). Its
+    # 896 columns are no multiple of 256: llama-quantize's Q4_K_M falls back to Q5_0 / Q8_0 for
+    # those matrices, as in the released Q4_K_M file (a mixed-type file, like a real one).
+    "qwen2.5-0.5b": Shape(
+        "qwen2",
+        "Qwen/Qwen2.5-0.5B-Instruct config.json",
+        hidden=896,
+        layers=24,
+        heads=14,
+        kv_heads=2,
+        head_dim=64,
+        intermediate=4864,
+        vocab=151936,
+        tied=True,
+        rope_theta=1000000.0,
+        rms_eps=1e-6,
+        context=32768,
+        qkv_bias=True,
+    ),
     # Qwen/Qwen2.5-1.5B-Instruct config.json: 1,543,714,304 parameters (head_dim = 1536 / 12).
     "qwen2.5-1.5b": Shape(
         "qwen2",

@@ -285,6 +285,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     quality_bench.add_args(quality)
     ServerArgs.add_cli_args(quality, choices)
     quality.set_defaults(func=lambda a: quality_bench.main(a, ServerArgs.from_cli_args(a)))
+    limits = bench_sub.add_parser(
+        "limits", help="this machine's read rate, compute peaks per ISA and kernel levels"
+    )
+    from radixlm.bench import limits as limits_bench
+
+    limits_bench.add_args(limits)
+    limits.set_defaults(func=limits_bench.main)
     one_batch = bench_sub.add_parser(
         "one-batch", help="one static batch on the ModelRunner: prefill and decode steps"
     )

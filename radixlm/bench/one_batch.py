@@ -22,6 +22,14 @@ import statistics
 
 from radixlm.bench.device_rates import DeviceTimer as _Timer
 from radixlm.bench.device_rates import read_rate_gbps, tensors_read_rate_gbps
+from radixlm.bench.rooflines import (
+    bytes_per_step,
+    compute_peak,
+    linear_weights,
+    matmul_reference,
+    prefill_ops,
+    state_step_bytes,
+)
 from radixlm.bench.workloads import random_prompts
 
 
@@ -228,115 +236,6 @@ def _profile(runner, prompts, args, bs: int, prefixes) -> str:
     return stem
 
 
-def lookups(model) -> set[str]:
-    """Module names of the embedding tables a step only looks rows up in: every one but the table
-    tied to the LM head (the token embedding of a tied model), e.g. Gemma 4's per-layer inputs."""
-    from radixlm.model.layers.linear import VocabEmbedding
-
-    tied = not any("lm_head" in n for n, _ in model.named_modules())
-    return {
-        n
-        for n, m in model.named_modules()
-        if isinstance(m, VocabEmbedding) and not (tied and n.endswith("model.embed_tokens"))
-    }
-
-
-def linear_weights(model) -> list:
-    """The weights a decode step multiplies by: every 2-D parameter but the embedding lookups
-    (the embedding itself counts when it is tied to the LM head), and the matrices layers hold in
-    another form (quantized, FP8: WeightMatrix)."""
-    from radixlm.model.layers.quantized import WeightMatrix
-
-    tables = lookups(model)
-    owner = lambda n: n.rpartition(".")[0]
-    weights = [p for n, p in model.named_parameters() if p.dim() == 2 and owner(n) not in tables]
-    return weights + [
-        m.qweight
-        for n, m in model.named_modules()
-        if isinstance(getattr(m, "qweight", None), WeightMatrix) and n not in tables
-    ]
-
-
-def matmul_reference(runner, bs: int, repeats: int = 20) -> dict:
-    """The same matrix products as one decode step's linear layers, run back to back with nothing
-    else: the machine's matmul rate at the model's shapes (what a step could reach); a held matrix
-    (quantized, FP8) multiplies by its own kernel."""
-    import torch
-    import torch.nn.functional as F
-
-    timer = _Timer(runner.device)
-    products = [
-        (w.shape[0], w.shape[1], w.dtype, lambda x, w=w: F.linear(x, w))
-        if isinstance(w, torch.Tensor)
-        else (w.rows, w.cols, runner.dtype, w.matmul)
-        for w in linear_weights(runner.model)
-    ]
-    xs = {(k, dt): torch.randn(bs, k, dtype=dt, device=runner.device) for _, k, dt, _ in products}
-    flops = sum(2 * bs * n * k for n, k, _, _ in products)
-    times = []
-    with torch.inference_mode():
-        for _ in range(repeats + 2):
-            t0 = timer.now()
-            for _, k, dt, product in products:
-                product(xs[k, dt])
-            times.append(timer.now() - t0)
-    return {"linear_flops": flops, "matmul_only_ms": statistics.median(times[2:]) * 1e3}
-
-
-def expert_shares(model, bs: int) -> tuple[dict[str, float], float]:
-    """(parameter name -> the share of it a step of bs tokens reads, the bytes read of experts held
-    outside parameters): a mixture's experts, routed top-k of E uniformly (random weights), are
-    touched E (1 - (1 - k/E)^bs) at a time. SparseMoeBlock's w13 / w2, and the families' own
-    (`routed` = (E, k): their direct parameters, the blocks in `quantized` / `fused`)."""
-    from radixlm.model.layers.moe.moe_block import SparseMoeBlock
-
-    shares, held = {}, 0.0
-    for name, mod in model.named_modules():
-        if isinstance(mod, SparseMoeBlock):
-            e, k = mod.spec.num_experts, mod.spec.top_k
-            for which in ("w13_weight", "w2_weight"):
-                shares[f"{name}.{which}"] = 1 - (1 - k / e) ** bs
-        elif getattr(mod, "routed", None):
-            e, k = mod.routed
-            share = 1 - (1 - k / e) ** bs
-            for which, _ in mod.named_parameters(recurse=False):
-                shares[f"{name}.{which}"] = share
-            blocks = [*getattr(mod, "quantized", {}).values(), *getattr(mod, "fused", {}).values()]
-            held += share * sum(w.data.nbytes for w in blocks)
-    return shares, held
-
-
-def bytes_per_step(runner, bs: int, context: float) -> int:
-    """What one decode step must read: every weight as stored (quantized blocks as they are, FP8
-    weights with their scales: WeightMatrix.nbytes; the embedding table only when it is the tied
-    LM head; a mixture's experts as far as the step routes to them: expert_shares) and the K/V of
-    `context` tokens per request. A hybrid's recurrent states are left out (state_step_bytes)."""
-    model = runner.model
-    tables = lookups(model)
-    total = 0
-    for name, mod in model.named_modules():
-        q = getattr(mod, "qweight", None)
-        if q is not None and name not in tables:
-            total += q.nbytes
-    shares, held = expert_shares(model, bs)
-    total += held + sum(
-        p.nbytes * shares.get(n, 1.0)
-        for n, p in model.named_parameters()
-        if n.rpartition(".")[0] not in tables
-    )
-    pool = runner.token_to_kv_pool
-    per_token = pool.bytes_per_token(
-        pool.num_layers, pool.num_kv_heads, pool.head_dim, pool.dtype, pool.v_head_dim
-    )
-    return int(total + bs * context * per_token)
-
-
-def state_step_bytes(runner, bs: int) -> int:
-    """A hybrid's recurrent states a decode step reads and writes back (0 without state layers)."""
-    pool = getattr(runner, "state_pool", None)
-    return 0 if pool is None else 2 * bs * pool.state_bytes
-
-
 def run(args, server_args) -> list[dict]:
     """One result per batch size; each carries its greedy tokens under 'output_ids'."""
     from radixlm.model.runner import ModelRunner
@@ -357,6 +256,7 @@ def run(args, server_args) -> list[dict]:
                 args.num_groups, args.shared_prefix_len, 1, runner.vocab_size, seed=args.seed + 1
             )
         ]
+    peak = compute_peak(runner)
     results = []
     for bs in args.batch_size:
         reqs = random_prompts(
@@ -378,6 +278,14 @@ def run(args, server_args) -> list[dict]:
             vocab_size=runner.vocab_size,
             output_ids=t["output_ids"],
         )
+        if peak:  # the compute roofline: the prefill's products at the CPU's peak rate
+            ops = prefill_ops(runner, bs, args.input_len)
+            res.update(
+                peak_kind=peak[0],
+                peak_tops=peak[1] / 1e12,
+                prefill_tops=ops / res["prefill_latency_s"] / 1e12,
+                prefill_peak_share=ops / res["prefill_latency_s"] / peak[1],
+            )
         if res.get("decode_median_ms"):
             # The bandwidth roofline: the step's bytes at the machine's read rate, against the step.
             step_bytes = bytes_per_step(
@@ -404,6 +312,10 @@ def run(args, server_args) -> list[dict]:
         if res.get("forward_median_ms") and linear_weights(runner.model):
             ref = matmul_reference(runner, bs)
             res.update(ref)
+            if peak:
+                res["decode_peak_share"] = (
+                    ref["linear_flops"] / (res["decode_median_ms"] / 1e3) / peak[1]
+                )
             res["model_gflops"] = ref["linear_flops"] / res["forward_median_ms"] / 1e6
             res["matmul_gflops"] = ref["linear_flops"] / ref["matmul_only_ms"] / 1e6
             res["share_of_matmul_rate"] = ref["matmul_only_ms"] / res["forward_median_ms"]
@@ -417,6 +329,8 @@ COLUMNS = (
     ("batch_size", "bs", "{}"),
     ("prefill_latency_s", "prefill s", "{:.3f}"),
     ("prefill_throughput", "prefill tok/s", "{:.1f}"),
+    ("prefill_tops", "prefill TOPS", "{:.3f}"),  # its linear layers' ops (bench/limits.py)
+    ("prefill_peak_share", "of peak", "{:.0%}"),  # ... against the CPU's peak (peak_kind)
     ("decode_median_ms", "step p50 ms", "{:.2f}"),
     ("decode_p90_ms", "step p90 ms", "{:.2f}"),
     ("decode_throughput", "decode tok/s", "{:.1f}"),
@@ -432,6 +346,7 @@ COLUMNS = (
     ("roofline_share", "of roofline", "{:.0%}"),
     ("weights_read_gbps", "weights GB/s", "{:.1f}"),  # the weights' own memory, read alone
     ("roofline_share_own", "of their rate", "{:.0%}"),
+    ("decode_peak_share", "step of peak", "{:.1%}"),  # the step's products at the peak rate
 )
 
 
@@ -460,6 +375,8 @@ def main(args, server_args) -> int:
         f" {r0['dtype']}{weights}, {r0['model']}"
     )
     print(format_table(results))
+    if r0.get("peak_kind"):
+        print(f"peak: {r0['peak_kind']} {r0['peak_tops']:.3f} TOPS (radixlm bench limits)")
     for r in results:
         if r.get("profile"):
             print(f"profile: {r['profile']}.trace.json and .txt")

@@ -75,6 +75,9 @@ GGUF_FORMATS = tuple(n for n in FORMATS if n not in ("int8", "fp8_e4m3"))
 INTERLEAVED = {
     "q4_0": QuantFormat("q4_0x8", 6, 32, 160, group=8),
     "q4_1": QuantFormat("q4_1x8", 6, 32, 160, group=8),
+    # Q4X8's nibbles plus a plane of fifth bits (Q5_0's offset -16 d becomes the min, as Q4_0's)
+    "q5_0": QuantFormat("q5_0x8", 22, 32, 192, group=8),
+    "q5_1": QuantFormat("q5_1x8", 22, 32, 192, group=8),
     "q8_0": QuantFormat("q8_0x8", 7, 32, 272, group=8),
     "q4_k": QuantFormat("q4_kx8", 17, 256, 1184, group=8),  # scales unpacked to bytes: +2.8%
     "q6_k": QuantFormat("q6_kx8", 18, 256, 1680, group=8),

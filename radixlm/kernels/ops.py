@@ -18,6 +18,9 @@ def ops():
         if not build.load():
             raise RuntimeError(f"radixlm native kernels unavailable: {build.unavailable_reason()}")
         _register_fakes()
+        from radixlm.kernels import calibrate
+
+        calibrate.ensure(build.build_dir())  # the fastest level of each kernel on this machine
         _ops = torch.ops.radixlm
     return _ops
 

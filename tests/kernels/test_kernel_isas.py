@@ -16,7 +16,7 @@ def test_vnni_tiles_equal_avx2_tiles_bitwise(kernel_ops, fmt):
     too MXFP4's tiles look their values up by vpermb; the integer block dots are exact either way,
     so every output must be bitwise the AVX2 tiles' (a server's greedy outputs must not depend on
     the CPU it runs on), at every row count and tile remainder."""
-    best = kernel_ops.qlinear_isa()
+    saved, best = kernel_ops.qlinear_levels(), kernel_ops.qlinear_isas()[-1]
     if best == "avx2":
         # Without VNNI only the AVX2 tiles exist: asking for the others is refused, by name.
         with pytest.raises(RuntimeError, match="no AVX-512 VNNI"):
@@ -41,7 +41,7 @@ def test_vnni_tiles_equal_avx2_tiles_bitwise(kernel_ops, fmt):
                 kernel_ops.qlinear_isa(isa)
                 assert torch.equal(kernel_ops.qlinear(x[:m], w, fid, bias), ref), f"{isa}, {m} rows"
     finally:
-        kernel_ops.qlinear_isa(best)
+        kernel_ops.qlinear_levels(*saved)
     with pytest.raises(RuntimeError, match="must be 'avx2', 'avx512vnni' or 'avx512vbmi'"):
         kernel_ops.qlinear_isa("sse2")
 
@@ -51,7 +51,7 @@ def test_single_row_q8_tiles_equal_avx2_at_block_tails_and_zero_blocks(kernel_op
     which recovers each block's integer sum from the activation scales, 8 blocks at a time: a
     block count that is not a multiple of 8, all-zero blocks (scale 0), tiny and huge activations
     must all give the AVX2 tiles' bits."""
-    best = kernel_ops.qlinear_isa()
+    saved, best = kernel_ops.qlinear_levels(), kernel_ops.qlinear_isas()[-1]
     if best == "avx2":
         # Without VNNI no 512-bit tile exists: asking for it is refused, by name.
         with pytest.raises(RuntimeError, match="no AVX-512 VNNI"):
@@ -73,7 +73,7 @@ def test_single_row_q8_tiles_equal_avx2_at_block_tails_and_zero_blocks(kernel_op
             kernel_ops.qlinear_isa(best)
             assert torch.equal(kernel_ops.qlinear(row[None], w, fid, None), ref)
     finally:
-        kernel_ops.qlinear_isa(best)
+        kernel_ops.qlinear_levels(*saved)
 
 
 @pytest.mark.parametrize("fmt", list(INTERLEAVED))
@@ -82,7 +82,7 @@ def test_single_row_group_pairs_equal_avx2(kernel_ops, fmt):
     groups at a time (csrc/quant_x8_pair.cpp; an odd group left to the tiles): every output must
     be the AVX2 tiles' bits, with and without a bias, over group counts that leave a single group
     on a thread, zero blocks, tiny and huge activations."""
-    best = kernel_ops.qlinear_isa()
+    saved, best = kernel_ops.qlinear_levels(), kernel_ops.qlinear_isas()[-1]
     if best != "avx512vbmi":
         # No pair kernels on this CPU: asking for their level is refused, by name.
         with pytest.raises(RuntimeError, match="no AVX-512"):
@@ -111,4 +111,4 @@ def test_single_row_group_pairs_equal_avx2(kernel_ops, fmt):
                     got = kernel_ops.qlinear(row[None], w, fid, b)
                     assert torch.equal(got, ref), f"{rows} rows, bias {b is not None}"
     finally:
-        kernel_ops.qlinear_isa(best)
+        kernel_ops.qlinear_levels(*saved)

@@ -71,4 +71,15 @@ def test_one_batch_runs_a_random_weight_model(tmp_path):
             weights + r["batch_size"] * 9.5 * kv_per_token, rel=1e-9
         )
         assert r["read_gbps"] > 0 and r["roofline_share"] > 0
+        # The compute roofline: a float32 model's products against the CPU's fp32 FMA peak;
+        # the prefill's operations are every prompt token through every matrix but the LM head
+        # (untied here: the last token only).
+        assert r["peak_kind"].startswith("fp32") and r["peak_tops"] > 0
+        head = 1024 * SMALL["hidden_size"]  # write_config's vocabulary
+        matrices = sum(
+            p.numel() for n, p in model.named_parameters() if p.dim() == 2 and "embed" not in n
+        )
+        ops = 2 * r["batch_size"] * (8 * (matrices - head) + head)
+        assert r["prefill_tops"] * 1e12 * r["prefill_latency_s"] == pytest.approx(ops, rel=1e-9)
+        assert 0 < r["prefill_peak_share"] < 1 and 0 < r["decode_peak_share"] < 1
     one_batch.format_table(results)

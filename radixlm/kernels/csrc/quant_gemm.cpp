@@ -135,6 +135,7 @@ void gemm_quantized(int64_t fmt, const uint8_t* W, int64_t rb, int64_t N, const 
     case FMT_Q6_K: gemm<KQ6_K>(W, rb, N, a, M, o, ld, bp); break;
     case FMT_I8: gemm32<FI8>(W, rb, N, a, M, o, ld, bp); break;
     case FMT_Q4X8:
+    case FMT_Q5X8:
     case FMT_Q8X8:
     case FMT_MXFP4X8:
     case FMT_Q4KX8:

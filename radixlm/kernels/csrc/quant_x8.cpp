@@ -1,4 +1,4 @@
-// Quantized linear layers on weights repacked 8 rows at a time (Q4_0 / Q4_1 -> Q4X8, Q8_0 -> Q8X8,
+// Quantized linear layers on weights repacked 8 rows at a time (Q4_0 / Q4_1 -> Q4X8, Q5_0 / Q5_1 -> Q5X8, Q8_0 -> Q8X8,
 // Q4_K -> Q4_KX8, Q6_K -> Q6_KX8; the K-quants' repacking is in quant_kx8.cpp).
 //
 // Row-major blocks cost a horizontal sum and a scale broadcast per row and block; interleaving 8
@@ -25,6 +25,8 @@ void x8_group_rows_vbmi_mxfp4(const uint8_t* g, const QAct& a, int64_t m0, int64
                               const float* bias8);
 void x8_pair_rows_vbmi(X8Kind kind, const uint8_t* g, int64_t group_bytes, const QAct& a, int64_t m, float* out,
                        const float* bias16);
+void x8_pair_tiles_vbmi(X8Kind kind, const uint8_t* g, int64_t group_bytes, const QAct& a, int64_t m0, int64_t m1,
+                        float* out, int64_t ldo, const float* bias16);
 
 namespace {
 
@@ -43,6 +45,9 @@ struct Avx2Dot {
     s = _mm256_add_epi16(s, _mm256_maddubs_epi16(hi[3], bcast32(aq + 28)));
     return _mm256_madd_epi16(s, _mm256_set1_epi16(1));
   }
+  // Q5's values (0..31): two chains of 4 maddubs, as u24's, stay within 4 x 2 x 31 x 127 = 31496.
+  static inline __m256i q5(const __m256i* lo, const __m256i* hi, const int8_t* aq) { return u24(lo, hi, aq); }
+  static inline __m256i fifth_bits(const uint8_t* p) { return fifth_bits_avx2(p); }
   // Unsigned values up to 24 (MXFP4 offset by 12): 4 maddubs stay within 4 x 2 x 24 x 127 = 24384
   // in 16 bits, then madd widens each half.
   static inline __m256i u24(const __m256i* lo, const __m256i* hi, const int8_t* aq) {
@@ -77,8 +82,11 @@ struct Avx2Dot {
 
 // Which tiles run: VNNI where the CPU has it (libgcc's check includes the OS saving the AVX-512
 // state), and where it has VBMI and GFNI too MXFP4's lookups and decode rows two weight groups
-// at a time (quant_x8_pair.cpp); RADIXLM_KERNEL_ISA=avx2 (or avx512vnni) asks for less;
-// qlinear_isa() switches at run time.
+// at a time (quant_x8_pair.cpp). Every level gives the same bits, so the level is a speed choice
+// only, made twice: for one activation row (decode) and for more. The widest level is not the
+// fastest everywhere (Zen 4 splits 512-bit work in two), so kernels/calibrate.py times the
+// levels on the machine and sets them through qlinear_levels(); RADIXLM_KERNEL_ISA=avx2 (or
+// avx512vnni) caps both, and the calibration keeps to that cap.
 enum class Isa { AVX2 = 0, VNNI = 1, VBMI = 2 };
 bool vnni_supported() {
   __builtin_cpu_init();
@@ -90,16 +98,17 @@ bool vbmi_supported() {
   return vnni_supported() && __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni");
 }
 Isa best_isa() { return vbmi_supported() ? Isa::VBMI : vnni_supported() ? Isa::VNNI : Isa::AVX2; }
-Isa& isa_level() {
-  static Isa level = [] {
-    const char* env = std::getenv("RADIXLM_KERNEL_ISA");
-    const std::string want = env ? env : "";
-    const Isa best = best_isa();
-    if (want == "avx2") return Isa::AVX2;
-    if (want == "avx512vnni" && best != Isa::AVX2) return Isa::VNNI;
-    return best;
-  }();
-  return level;
+Isa initial_isa() {
+  const char* env = std::getenv("RADIXLM_KERNEL_ISA");
+  const std::string want = env ? env : "";
+  const Isa best = best_isa();
+  if (want == "avx2") return Isa::AVX2;
+  if (want == "avx512vnni" && best != Isa::AVX2) return Isa::VNNI;
+  return best;
+}
+Isa& isa_level(bool one_row) {
+  static Isa decode = initial_isa(), batch = initial_isa();
+  return one_row ? decode : batch;
 }
 
 // Rows of M in blocks that stay in L2 while a thread's weight groups pass over them.
@@ -109,12 +118,21 @@ template <X8Kind Kind>
 void gemm(const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64_t M, float* out,
           int64_t ldo, const float* bias) {
   const int64_t groups = N / 8;
-  const Isa isa = isa_level();
+  const Isa isa = isa_level(M == 1);
   const int64_t grain = std::max<int64_t>(1, groups / (4 * at::get_num_threads()));
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
-    if (M == 1 && isa == Isa::VBMI) {  // decode: groups in pairs
-      for (; g0 + 2 <= g1; g0 += 2)
-        x8_pair_rows_vbmi(Kind, W + g0 * group_bytes, group_bytes, a, 0, out + 8 * g0, bias ? bias + 8 * g0 : nullptr);
+    if (isa == Isa::VBMI) {  // groups in pairs, in 512-bit registers (an odd one left to the tiles)
+      const int64_t paired = g0 + (g1 - g0) / 2 * 2;
+      for (int64_t mb = 0; mb < M; mb += M_BLOCK)
+        for (int64_t g = g0; g < paired; g += 2) {
+          const uint8_t* gw = W + g * group_bytes;
+          const float* b16 = bias ? bias + 8 * g : nullptr;
+          if (M == 1)  // decode: the one-row kernels
+            x8_pair_rows_vbmi(Kind, gw, group_bytes, a, 0, out + 8 * g, b16);
+          else
+            x8_pair_tiles_vbmi(Kind, gw, group_bytes, a, mb, std::min(M, mb + M_BLOCK), out + 8 * g, ldo, b16);
+        }
+      g0 = paired;
     }
     for (int64_t mb = 0; mb < M; mb += M_BLOCK) {
       const int64_t me = std::min(M, mb + M_BLOCK);
@@ -157,7 +175,9 @@ void act_sums16(const QAct& a, int64_t m0, int64_t m1, int32_t* out) {
 
 void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64_t M, float* out,
              int64_t ldo, const float* bias) {
-  if ((fmt == FMT_Q6KX8 || fmt == FMT_MXFP4X8) && a.sum16 == nullptr) {  // (a caller may have
+  // Q6_KX8 and MXFP4X8 take the 16-value sums, and Q8X8's 512-bit tiles the block sums made of them
+  const bool sums = fmt == FMT_Q6KX8 || fmt == FMT_MXFP4X8 || (fmt == FMT_Q8X8 && M > 1 && isa_level(false) == Isa::VBMI);
+  if (sums && a.sum16 == nullptr) {  // (a caller may have
     const std::vector<int32_t> s16 = sums16(a, M);                         // made them for many calls)
     QAct with = a;
     with.sum16 = s16.data();
@@ -167,6 +187,7 @@ void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, cons
   switch (fmt) {
     case FMT_Q6KX8: gemm<X8Kind::Q6K>(W, group_bytes, N, a, M, out, ldo, bias); break;
     case FMT_Q4X8: gemm<X8Kind::Q4>(W, group_bytes, N, a, M, out, ldo, bias); break;
+    case FMT_Q5X8: gemm<X8Kind::Q5>(W, group_bytes, N, a, M, out, ldo, bias); break;
     case FMT_Q8X8: gemm<X8Kind::Q8>(W, group_bytes, N, a, M, out, ldo, bias); break;
     case FMT_MXFP4X8: gemm<X8Kind::MXFP4>(W, group_bytes, N, a, M, out, ldo, bias); break;
     default: gemm<X8Kind::Q4K>(W, group_bytes, N, a, M, out, ldo, bias); break;
@@ -195,14 +216,18 @@ void dequant_row_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t 
           yb[4 * i + j] = d * values[q & 0xF];
           yb[16 + 4 * i + j] = d * values[q >> 4];
         }
-    } else if (fmt == FMT_Q4X8) {
-      const uint8_t* blk = g + b * 160;
+    } else if (fmt == FMT_Q4X8 || fmt == FMT_Q5X8) {
+      const bool q5 = fmt == FMT_Q5X8;
+      const uint8_t* blk = g + b * (q5 ? 192 : 160);
       const float d = fp16(blk + 2 * r), mn = fp16(blk + 16 + 2 * r);
       for (int i = 0; i < 4; ++i)
         for (int j = 0; j < 4; ++j) {
           const uint8_t q = blk[32 + 32 * i + 4 * r + j];
-          yb[4 * i + j] = d * (q & 0xF) + mn;
-          yb[16 + 4 * i + j] = d * (q >> 4) + mn;
+          const int bit = 4 * r + j;  // in words i (low values) and 4 + i (high)
+          const int lo5 = q5 ? (blk[160 + 4 * i + bit / 8] >> (bit % 8) & 1) << 4 : 0;
+          const int hi5 = q5 ? (blk[176 + 4 * i + bit / 8] >> (bit % 8) & 1) << 4 : 0;
+          yb[4 * i + j] = d * ((q & 0xF) | lo5) + mn;
+          yb[16 + 4 * i + j] = d * ((q >> 4) | hi5) + mn;
         }
     } else {
       const uint8_t* blk = g + b * 272;
@@ -218,15 +243,17 @@ void dequant_row_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t 
 // exponent bytes and nibbles as they are.
 at::Tensor repack_x8(const at::Tensor& w, int64_t fmt, int64_t cols) {
   if (fmt == FMT_Q4_K || fmt == FMT_Q6_K) return repack_kx8(w, fmt, cols);
-  TORCH_CHECK(fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_Q8_0 || fmt == FMT_MXFP4,
-              "repack_x8: Q4_0, Q4_1, Q8_0, MXFP4, Q4_K or Q6_K weights, got format ", fmt);
+  TORCH_CHECK(fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_Q8_0 || fmt == FMT_MXFP4 || fmt == FMT_Q5_0 ||
+                  fmt == FMT_Q5_1,
+              "repack_x8: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, MXFP4, Q4_K or Q6_K weights, got format ", fmt);
   TORCH_CHECK(w.dtype() == at::kByte && w.dim() == 2 && w.is_contiguous() && w.size(1) == fmt_row_bytes(fmt, cols),
               "repack_x8: contiguous uint8 [rows, row_bytes] in the format");
   TORCH_CHECK(cols % 32 == 0 && w.size(0) % 8 == 0, "repack_x8: rows must be a multiple of 8 (got ", w.size(0), ")");
   const int64_t N = w.size(0), nb = cols / 32, src_bytes = fmt_block_bytes(fmt);
-  const int64_t packed = fmt == FMT_Q8_0 ? FMT_Q8X8 : fmt == FMT_MXFP4 ? FMT_MXFP4X8 : FMT_Q4X8;
+  const bool q5 = fmt == FMT_Q5_0 || fmt == FMT_Q5_1;
+  const int64_t packed = fmt == FMT_Q8_0 ? FMT_Q8X8 : fmt == FMT_MXFP4 ? FMT_MXFP4X8 : q5 ? FMT_Q5X8 : FMT_Q4X8;
   const int64_t gb = fmt_block_bytes(packed);
-  auto out = at::empty({N / 8, nb * gb}, w.options());
+  auto out = q5 ? at::zeros({N / 8, nb * gb}, w.options()) : at::empty({N / 8, nb * gb}, w.options());
   const uint8_t* src = w.data_ptr<uint8_t>();
   uint8_t* dst = out.data_ptr<uint8_t>();
   const int64_t rb = w.size(1);
@@ -246,41 +273,73 @@ at::Tensor repack_x8(const at::Tensor& w, int64_t fmt, int64_t cols) {
             for (int i = 0; i < 4; ++i) std::memcpy(o + 8 + 32 * i + 4 * r, blk + 1 + 4 * i, 4);
             continue;
           }
-          const uint8_t* qs = blk + (fmt == FMT_Q4_1 ? 4 : 2);
+          const bool has_min = fmt == FMT_Q4_1 || fmt == FMT_Q5_1;
+          const uint8_t* qs = blk + 2 + (has_min ? 2 : 0) + (q5 ? 4 : 0);
           std::memcpy(o + 2 * r, blk, 2);
-          if (fmt == FMT_Q4_1) {
+          if (has_min) {
             std::memcpy(o + 16 + 2 * r, blk + 2, 2);
-          } else {
-            const float m = -8.0f * fp16(blk);
-            TORCH_CHECK(std::isfinite(m) || !std::isfinite(fp16(blk)), "repack_x8: Q4_0 scale too large for fp16 offset");
+          } else {  // Q4_0's offset -8 d, Q5_0's -16 d: exact in fp16 (a power-of-two multiple)
+            const float m = (q5 ? -16.0f : -8.0f) * fp16(blk);
+            TORCH_CHECK(std::isfinite(m) || !std::isfinite(fp16(blk)), "repack_x8: Q4_0 / Q5_0 scale too large for fp16 offset");
             const uint16_t h = _cvtss_sh(m, _MM_FROUND_TO_NEAREST_INT);
             std::memcpy(o + 16 + 2 * r, &h, 2);
           }
           for (int i = 0; i < 4; ++i) std::memcpy(o + 32 + 32 * i + 4 * r, qs + 4 * i, 4);
+          if (q5) {  // qh bit v is value v's fifth bit: values 4i + j (word i) and 16 + 4i + j (word 4 + i)
+            uint32_t qh;
+            std::memcpy(&qh, blk + 2 + (has_min ? 2 : 0), 4);
+            for (int i = 0; i < 4; ++i) {
+              for (int k = 0; k < 2; ++k) {  // the words start zero (at::zeros)
+                uint32_t word;
+                std::memcpy(&word, o + 160 + 16 * k + 4 * i, 4);
+                word |= (qh >> (16 * k + 4 * i) & 0xF) << (4 * r);
+                std::memcpy(o + 160 + 16 * k + 4 * i, &word, 4);
+              }
+            }
+          }
         }
       }
   });
   return out;
 }
 
-// The ISA the interleaved kernels use ("avx512vbmi": VNNI's tiles with VBMI's MXFP4 lookups,
-// "avx512vnni" or "avx2"); `isa` non-empty switches first (tests compare them; an ISA the CPU
-// lacks is refused).
+const char* const kIsaNames[] = {"avx2", "avx512vnni", "avx512vbmi"};
+
+Isa parse_isa(const std::string& isa, const char* op) {
+  TORCH_CHECK(isa == "avx2" || isa == "avx512vnni" || isa == "avx512vbmi", op,
+              ": isa must be 'avx2', 'avx512vnni' or 'avx512vbmi', got '", isa, "'");
+  TORCH_CHECK(isa == "avx2" || vnni_supported(), op, ": this CPU has no AVX-512 VNNI");
+  TORCH_CHECK(isa != "avx512vbmi" || vbmi_supported(), op, ": this CPU has no AVX-512 VBMI");
+  return isa == "avx2" ? Isa::AVX2 : isa == "avx512vnni" ? Isa::VNNI : Isa::VBMI;
+}
+
+// The ISA the interleaved kernels use for more than one row ("avx512vbmi": VNNI's tiles with
+// VBMI's MXFP4 lookups, "avx512vnni" or "avx2"); `isa` non-empty sets both levels first (tests
+// compare them; an ISA the CPU lacks is refused).
 std::string qlinear_isa(const std::string& isa) {
-  static const char* names[] = {"avx2", "avx512vnni", "avx512vbmi"};
-  if (!isa.empty()) {
-    TORCH_CHECK(isa == "avx2" || isa == "avx512vnni" || isa == "avx512vbmi",
-                "qlinear_isa: isa must be 'avx2', 'avx512vnni' or 'avx512vbmi', got '", isa, "'");
-    TORCH_CHECK(isa == "avx2" || vnni_supported(), "qlinear_isa: this CPU has no AVX-512 VNNI");
-    TORCH_CHECK(isa != "avx512vbmi" || vbmi_supported(), "qlinear_isa: this CPU has no AVX-512 VBMI");
-    isa_level() = isa == "avx2" ? Isa::AVX2 : isa == "avx512vnni" ? Isa::VNNI : Isa::VBMI;
-  }
-  return names[(int)isa_level()];
+  if (!isa.empty()) isa_level(true) = isa_level(false) = parse_isa(isa, "qlinear_isa");
+  return kIsaNames[(int)isa_level(false)];
+}
+
+// [decode level, batch level]; each non-empty argument sets its level first.
+std::vector<std::string> qlinear_levels(const std::string& decode, const std::string& batch) {
+  if (!decode.empty()) isa_level(true) = parse_isa(decode, "qlinear_levels");
+  if (!batch.empty()) isa_level(false) = parse_isa(batch, "qlinear_levels");
+  return {kIsaNames[(int)isa_level(true)], kIsaNames[(int)isa_level(false)]};
+}
+
+// The levels this CPU can run, narrowest first, within RADIXLM_KERNEL_ISA's cap.
+std::vector<std::string> qlinear_isas() {
+  std::vector<std::string> out;
+  for (int i = 0; i <= (int)initial_isa(); ++i) out.push_back(kIsaNames[i]);
+  return out;
 }
 
 TORCH_LIBRARY_FRAGMENT(radixlm, m) {
   m.def("repack_x8(Tensor w, int fmt, int cols) -> Tensor");
   m.def("qlinear_isa(str isa=\"\") -> str", &qlinear_isa);
+  m.def("qlinear_levels(str decode=\"\", str batch=\"\") -> str[]", &qlinear_levels);
+  m.def("qlinear_isas() -> str[]", &qlinear_isas);
 }
 
 TORCH_LIBRARY_IMPL(radixlm, CPU, m) {

@@ -1,5 +1,5 @@
 // One activation row (decode, M = 1) against two groups of 8 interleaved weight rows at once, in
-// 512-bit registers, for every interleaved format (Q4X8, Q8X8, MXFP4X8, Q4_KX8, Q6_KX8), whose
+// 512-bit registers, for every interleaved format (Q4X8, Q5X8, Q8X8, MXFP4X8, Q4_KX8, Q6_KX8), whose
 // 256-bit tiles (x8_tiles.h) turn compute-bound on two cores once memory reads faster than ~35
 // GB/s. The savings keep every integer and every float step of the tiles, so the results are
 // bitwise theirs (batch and ISA invariance hold):
@@ -23,23 +23,6 @@ inline __m512i fold_pair(__m512i x, __m512i y) {
   return _mm512_add_epi32(_mm512_shuffle_i64x2(x, y, 0x44), _mm512_shuffle_i64x2(x, y, 0xEE));
 }
 
-inline __m512 cat8(__m256 lo, __m256 hi) {
-  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
-}
-
-// 8 bytes at p0 and 8 at p1 as 16 floats.
-inline __m512 u8x16_to_ps(const uint8_t* p0, const uint8_t* p1) {
-  const __m128i v = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)p0), _mm_loadl_epi64((const __m128i*)p1));
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
-}
-
-// The 16 outputs plus the bias, as the tiles add it (a zero vector without one).
-inline void store16(__m512 acc, const float* bias16, float* out) {
-  const __m256 lo = _mm512_castps512_ps256(acc), hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
-  _mm256_storeu_ps(out, _mm256_add_ps(lo, bias16 ? _mm256_loadu_ps(bias16) : _mm256_setzero_ps()));
-  _mm256_storeu_ps(out + 8, _mm256_add_ps(hi, bias16 ? _mm256_loadu_ps(bias16 + 8) : _mm256_setzero_ps()));
-}
-
 // A 32-value block's 4 registers of unsigned weight bytes, chunk pairs (0, 1) and (2, 3), low then
 // high values: Q4X8's nibbles (values 0..7, 8..15 low, 16.., 24.. high); Q8X8's int8 xor 0x80
 // (w + 128, x8_row1_zmm.h); MXFP4X8's nibbles looked up by VBMI's vpermb over 6-bit indices (the
@@ -48,13 +31,21 @@ template <X8Kind K>
 inline void block_weights(const uint8_t* blk, __m512i* w) {
   if constexpr (K == X8Kind::Q8) {
     for (int j = 0; j < 4; ++j) w[j] = _mm512_xor_si512(_mm512_loadu_si512(blk + 16 + 64 * j), _mm512_set1_epi8((char)0x80));
-  } else if constexpr (K == X8Kind::Q4) {
+  } else if constexpr (K == X8Kind::Q4 || K == X8Kind::Q5) {
     const __m512i m4 = _mm512_set1_epi8(0x0F);
     const __m512i r0 = _mm512_loadu_si512(blk + 32), r1 = _mm512_loadu_si512(blk + 96);
     w[0] = _mm512_and_si512(r0, m4);
     w[1] = _mm512_and_si512(r1, m4);
     w[2] = _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4);
     w[3] = _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4);
+    if constexpr (K == X8Kind::Q5) {  // register j's two chunks take fifth-bit words 2j, 2j + 1
+      const __m512i sixteen = _mm512_set1_epi8(0x10);
+      for (int j = 0; j < 4; ++j) {
+        uint64_t bits;
+        std::memcpy(&bits, blk + 160 + 8 * j, 8);
+        w[j] = _mm512_or_si512(w[j], _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), sixteen));
+      }
+    }
   } else {
     alignas(16) static constexpr int8_t values[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
     const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)values));
@@ -67,12 +58,12 @@ inline void block_weights(const uint8_t* blk, __m512i* w) {
 }
 
 // The 32-value block formats, each lane in its tile's sequence, block by block:
-//  Q4X8 (tile_q4x8):      acc = fma(dot, d d_a, acc) + m s_a;
+//  Q4X8, Q5X8 (tile_q4x8): acc = fma(dot, d d_a, acc) + m s_a;
 //  Q8X8 (row1_q8x8):      acc = fma(dot - 128 sum(q), d d_a, acc);
 //  MXFP4X8 (tile_mxfp4x8): acc = fma(dot - 12 (S_lo + S_hi), 2^(e - 128) d_a, acc).
 template <X8Kind K>
 void pair_blocks32(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* out, const float* bias16) {
-  constexpr int64_t BYTES = K == X8Kind::Q4 ? 160 : K == X8Kind::Q8 ? 272 : 136;
+  constexpr int64_t BYTES = K == X8Kind::Q4 ? 160 : K == X8Kind::Q5 ? 192 : K == X8Kind::Q8 ? 272 : 136;
   const int8_t* aq = a.qrow(m);
   const float *da = a.drow(m), *sa = a.srow(m);
   alignas(32) int32_t offset[8];
@@ -103,7 +94,7 @@ void pair_blocks32(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float
       dw = cat8(scales8(b0), scales8(b1));
     }
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(da[b])), acc);
-    if constexpr (K == X8Kind::Q4) acc = _mm512_fmadd_ps(cat8(scales8(b0 + 16), scales8(b1 + 16)), _mm512_set1_ps(sa[b]), acc);
+    if constexpr (K == X8Kind::Q4 || K == X8Kind::Q5) acc = _mm512_fmadd_ps(cat8(scales8(b0 + 16), scales8(b1 + 16)), _mm512_set1_ps(sa[b]), acc);
   }
   store16(acc, bias16, out);
 }
@@ -207,6 +198,7 @@ void x8_pair_rows_vbmi(X8Kind kind, const uint8_t* g, int64_t group_bytes, const
                        const float* bias16) {
   switch (kind) {
     case X8Kind::Q4: pair_blocks32<X8Kind::Q4>(g, group_bytes, a, m, out, bias16); break;
+    case X8Kind::Q5: pair_blocks32<X8Kind::Q5>(g, group_bytes, a, m, out, bias16); break;
     case X8Kind::Q8: pair_blocks32<X8Kind::Q8>(g, group_bytes, a, m, out, bias16); break;
     case X8Kind::Q4K: pair_q4kx8(g, group_bytes, a, m, out, bias16); break;
     case X8Kind::Q6K: pair_q6kx8(g, group_bytes, a, m, out, bias16); break;

@@ -44,6 +44,25 @@ inline void block_sums128(const float* s, const float* d, int64_t n, int32_t* ou
   for (int64_t i = 0; i < n; ++i) out[i] = d[i] > 0.0f ? 128 * (int32_t)std::lrint(s[i] / d[i]) : 0;
 }
 
+// The two-group kernels' float layout (quant_x8_pair.cpp, quant_x8_pair_tiles.cpp): group g's 8
+// rows in the low lanes, group g + 1's in the high ones.
+inline __m512 cat8(__m256 lo, __m256 hi) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+
+// 8 bytes at p0 and 8 at p1 as 16 floats.
+inline __m512 u8x16_to_ps(const uint8_t* p0, const uint8_t* p1) {
+  const __m128i v = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)p0), _mm_loadl_epi64((const __m128i*)p1));
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+}
+
+// The 16 outputs plus the bias, as the tiles add it (a zero vector without one).
+inline void store16(__m512 acc, const float* bias16, float* out) {
+  const __m256 lo = _mm512_castps512_ps256(acc), hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(acc), 1));
+  _mm256_storeu_ps(out, _mm256_add_ps(lo, bias16 ? _mm256_loadu_ps(bias16) : _mm256_setzero_ps()));
+  _mm256_storeu_ps(out + 8, _mm256_add_ps(hi, bias16 ? _mm256_loadu_ps(bias16 + 8) : _mm256_setzero_ps()));
+}
+
 // Block b's 32 activation bytes as the 4 registers matching chunk pairs (2j, 2j + 1).
 inline void permuted_act(const int8_t* x, __m512i* ap) {
   const __m512i ax = _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)x));

@@ -19,7 +19,7 @@
 namespace radixlm {
 
 // The interleaved layouts, by tile kind (outside the anonymous namespace: both ISAs' files name it).
-enum class X8Kind { Q4, Q8, Q4K, Q6K, MXFP4 };
+enum class X8Kind { Q4, Q8, Q4K, Q6K, MXFP4, Q5 };
 
 namespace {
 
@@ -31,24 +31,53 @@ inline __m256i bcast32(const int8_t* p) {
 
 inline __m256 scales8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
 
+// Software prefetch PF_AHEAD bytes past the super-block a small tile starts (the next groups follow
+// contiguously): in decode, where one or two rows stream the weights from memory, the next blocks'
+// loads then overlap the dots (K-quant tiles at M = 1: +5-18% GB/s on cold weights, docs/benchmarks.md).
+constexpr int64_t PF_AHEAD = 4096;
+inline void prefetch_span(const uint8_t* p, int64_t bytes) {
+  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch((const char*)(p + PF_AHEAD + o), _MM_HINT_T0);
+}
+
+// 32 bytes from 32 bits: byte k is 0x10 where bit k of the word at p is set (a Q5 value's fifth
+// bit), with AVX2: each byte takes its word byte, tests its bit, and keeps 0x10.
+inline __m256i fifth_bits_avx2(const uint8_t* p) {
+  int32_t w;
+  std::memcpy(&w, p, 4);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(w), _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2,
+                                             3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(0x8040201008040201LL);
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
 // RM activation rows x one group of 8 weight rows, Q4X8: a block is d[8], m[8] (fp16) and 4 chunks
 // of 32 bytes; chunk i, lane r = row r's GGUF nibble bytes 4i..4i+3 (values 4i.. low, 16+4i.. high).
-template <class Dot, int RM>
+// Q5X8 (Q5_0 with m = -16 d, Q5_1) adds 8 words of fifth bits: word i for chunk i's low values,
+// word 4 + i for its high ones, bit 4r + j for lane r's byte j; its values (0..31) take Dot::q5,
+// whose partial sums have room for them, and every float step is Q4X8's.
+template <class Dot, int RM, bool Q5 = false>
 inline void tile_q4x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
+  constexpr int64_t BYTES = Q5 ? 192 : 160;
   __m256 acc[RM];
   for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b) {
-    const uint8_t* blk = g + b * 160;
+    const uint8_t* blk = g + b * BYTES;
     const __m256 dw = scales8(blk), mw = scales8(blk + 16);
     __m256i lo[4], hi[4];
     for (int i = 0; i < 4; ++i) {
       const __m256i raw = _mm256_loadu_si256((const __m256i*)(blk + 32 + 32 * i));
       lo[i] = _mm256_and_si256(raw, m4);
       hi[i] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+      if constexpr (Q5) {
+        lo[i] = _mm256_or_si256(lo[i], Dot::fifth_bits(blk + 160 + 4 * i));
+        hi[i] = _mm256_or_si256(hi[i], Dot::fifth_bits(blk + 176 + 4 * i));
+      }
     }
     for (int m = 0; m < RM; ++m) {
-      const __m256 p = _mm256_cvtepi32_ps(Dot::q4(lo, hi, a.qrow(m0 + m) + b * 32));
+      const int8_t* aq = a.qrow(m0 + m) + b * 32;
+      const __m256 p = _mm256_cvtepi32_ps(Q5 ? Dot::q5(lo, hi, aq) : Dot::q4(lo, hi, aq));
       acc[m] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_set1_ps(a.drow(m0 + m)[b])), acc[m]);
       acc[m] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.srow(m0 + m)[b]), acc[m]);
     }
@@ -72,14 +101,6 @@ inline void tile_q8x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, i
     }
   }
   for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
-}
-
-// Software prefetch PF_AHEAD bytes past the super-block a small tile starts (the next groups follow
-// contiguously): in decode, where one or two rows stream the weights from memory, the next blocks'
-// loads then overlap the dots (K-quant tiles at M = 1: +5-18% GB/s on cold weights, docs/benchmarks.md).
-constexpr int64_t PF_AHEAD = 4096;
-inline void prefetch_span(const uint8_t* p, int64_t bytes) {
-  for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch((const char*)(p + PF_AHEAD + o), _MM_HINT_T0);
 }
 
 // MXFP4X8: a block is e[8] (e8m0 exponents) and 4 chunks of 32 bytes laid out as Q4X8's; a nibble
@@ -235,6 +256,8 @@ template <class Dot, X8Kind Kind, int RM>
 inline void tile_x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
   if constexpr (Kind == X8Kind::Q4) {
     tile_q4x8<Dot, RM>(g, a, m0, out, ldo, bias);
+  } else if constexpr (Kind == X8Kind::Q5) {
+    tile_q4x8<Dot, RM, true>(g, a, m0, out, ldo, bias);
   } else if constexpr (Kind == X8Kind::Q8) {
     tile_q8x8<Dot, RM>(g, a, m0, out, ldo, bias);
   } else if constexpr (Kind == X8Kind::Q4K) {

@@ -27,8 +27,15 @@ struct VnniDot {
     const __m256 e = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)));
     return _mm256_scalef_ps(_mm256_set1_ps(1.0f), _mm256_sub_ps(e, _mm256_set1_ps(128.0f)));
   }
-  // Unsigned values up to 24 (MXFP4 offset by 12): vpdpbusd's int32 sums cannot overflow.
+  // Unsigned values up to 24 (MXFP4 offset by 12) or 31 (Q5): vpdpbusd's int32 sums cannot overflow.
   static inline __m256i u24(const __m256i* lo, const __m256i* hi, const int8_t* aq) { return q4(lo, hi, aq); }
+  static inline __m256i q5(const __m256i* lo, const __m256i* hi, const int8_t* aq) { return q4(lo, hi, aq); }
+  // Q5's fifth bits as 0x10 bytes: the word is a byte mask.
+  static inline __m256i fifth_bits(const uint8_t* p) {
+    uint32_t w;
+    std::memcpy(&w, p, 4);
+    return _mm256_maskz_mov_epi8(_cvtu32_mask32(w), _mm256_set1_epi8(0x10));
+  }
   // Signed x signed through the sign trick: |w| (unsigned) times a carrying w's sign.
   static inline __m256i q8(const __m256i* w, const int8_t* aq) {
     __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();

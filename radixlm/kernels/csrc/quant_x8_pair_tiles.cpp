@@ -1,0 +1,264 @@
+// Several activation rows (prefill, batches) against two groups of 8 interleaved weight rows at
+// once, in 512-bit registers: the tiles of x8_tiles.h with group g's rows in the low 8 lanes and
+// group g + 1's in the high 8 (quant_x8_pair.cpp's layout for one row). A weight register holds
+// the same 32-byte chunk of both groups, so a row's 4 activation bytes of that chunk broadcast to
+// all 16 lanes: per row and block, half the 256-bit tiles' byte dots, converts, scale products and
+// FMAs, and no permute or fold (which the one-row kernels pay to read two chunks of one group).
+// Every integer is the 256-bit tiles' (exact int32 sums in any order) and each lane's float steps
+// are theirs in order, so the results are bitwise theirs: batch and ISA invariance hold.
+// Q8X8 drops the sign trick as row1_q8x8 does: (w xor 0x80) dot a = w dot a + 128 sum(a), the
+// block's sum(a) exact from the activations' 16-value sums (QAct::sum16, made by gemm_x8).
+// Compiled for this ISA alone (quant_x8.cpp calls it at the VBMI level).
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,avx512vbmi,gfni")
+#include "x8_row1_zmm.h"
+
+namespace radixlm {
+namespace {
+
+// [32 bytes at p0 | 32 bytes at p1]: the same chunk of both groups.
+inline __m512i join(const uint8_t* p0, const uint8_t* p1) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)p0)),
+                            _mm256_loadu_si256((const __m256i*)p1), 1);
+}
+
+inline __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// The two 16-value sums of a row's block (int16 halves of QAct::sum16) added: the block's sum.
+inline int32_t block_sum(const QAct& a, int64_t m, int64_t b) {
+  const int32_t pair = a.sum16row(m)[b];
+  return (int16_t)(pair & 0xFFFF) + (int16_t)(pair >> 16);
+}
+
+// Q4X8, Q5X8 and MXFP4X8 (32 values a block): per lane acc = fma(dot, d d_a, acc) + m s_a (Q4, Q5),
+// acc = fma(dot - 12 (S_lo + S_hi), 2^(e - 128) d_a, acc) (MXFP4), as tile_q4x8 / tile_mxfp4x8.
+template <X8Kind K, int RM>
+void tile_nibbles(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo,
+                  const float* bias16) {
+  constexpr int64_t BYTES = K == X8Kind::Q4 ? 160 : K == X8Kind::Q5 ? 192 : 136;
+  constexpr int64_t QS = K == X8Kind::MXFP4 ? 8 : 32;  // the first nibble chunk
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  alignas(16) static constexpr int8_t values[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+  const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)values));
+  __m512 acc[RM];
+  for (int m = 0; m < RM; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const uint8_t* b0 = g + b * BYTES;
+    const uint8_t* b1 = b0 + gb;
+    __m512i lo[4], hi[4];
+    for (int i = 0; i < 4; ++i) {
+      const __m512i raw = join(b0 + QS + 32 * i, b1 + QS + 32 * i);
+      if constexpr (K == X8Kind::MXFP4) {  // the table repeats every 16 bytes: no masking
+        lo[i] = _mm512_permutexvar_epi8(raw, table);
+        hi[i] = _mm512_permutexvar_epi8(_mm512_srli_epi16(raw, 4), table);
+      } else {
+        lo[i] = _mm512_and_si512(raw, m4);
+        hi[i] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+      }
+      if constexpr (K == X8Kind::Q5) {  // chunk i's fifth-bit words: group 0's bits 0-31, group 1's 32-63
+        const __m512i sixteen = _mm512_set1_epi8(0x10);
+        uint32_t l0, l1, h0, h1;
+        std::memcpy(&l0, b0 + 160 + 4 * i, 4);
+        std::memcpy(&l1, b1 + 160 + 4 * i, 4);
+        std::memcpy(&h0, b0 + 176 + 4 * i, 4);
+        std::memcpy(&h1, b1 + 176 + 4 * i, 4);
+        lo[i] = _mm512_or_si512(lo[i], _mm512_maskz_mov_epi8(_cvtu64_mask64(l0 | (uint64_t)l1 << 32), sixteen));
+        hi[i] = _mm512_or_si512(hi[i], _mm512_maskz_mov_epi8(_cvtu64_mask64(h0 | (uint64_t)h1 << 32), sixteen));
+      }
+    }
+    __m512 dw, mw;
+    if constexpr (K == X8Kind::MXFP4) {
+      const __m512 e = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+          _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)b0), _mm_loadl_epi64((const __m128i*)b1))));
+      dw = _mm512_scalef_ps(_mm512_set1_ps(1.0f), _mm512_sub_ps(e, _mm512_set1_ps(128.0f)));
+    } else {
+      dw = cat8(scales8(b0), scales8(b1));
+      mw = cat8(scales8(b0 + 16), scales8(b1 + 16));
+    }
+    for (int m = 0; m < RM; ++m) {
+      const int8_t* aq = a.qrow(m0 + m) + 32 * b;
+      __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], bcast4(aq));
+      __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], bcast4(aq + 16));
+      for (int i = 1; i < 4; ++i) {
+        s0 = _mm512_dpbusd_epi32(s0, lo[i], bcast4(aq + 4 * i));
+        s1 = _mm512_dpbusd_epi32(s1, hi[i], bcast4(aq + 16 + 4 * i));
+      }
+      __m512i isum = _mm512_add_epi32(s0, s1);
+      if constexpr (K == X8Kind::MXFP4)
+        isum = _mm512_sub_epi32(isum, _mm512_madd_epi16(_mm512_set1_epi16(12), _mm512_set1_epi32(a.sum16row(m0 + m)[b])));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(a.drow(m0 + m)[b])), acc[m]);
+      if constexpr (K != X8Kind::MXFP4) acc[m] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.srow(m0 + m)[b]), acc[m]);
+    }
+  }
+  for (int m = 0; m < RM; ++m) store16(acc[m], bias16, out + (m0 + m) * ldo);
+}
+
+// Q8X8: per lane acc = fma(dot, d d_a, acc), the dot taken as (w xor 0x80) dot a - 128 sum(a).
+template <int RM>
+void tile_q8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo, const float* bias16) {
+  const __m512i flip = _mm512_set1_epi8((char)0x80);
+  __m512 acc[RM];
+  for (int m = 0; m < RM; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < a.nb; ++b) {
+    const uint8_t* b0 = g + b * 272;
+    const uint8_t* b1 = b0 + gb;
+    __m512i w[8];
+    for (int i = 0; i < 8; ++i) w[i] = _mm512_xor_si512(join(b0 + 16 + 32 * i, b1 + 16 + 32 * i), flip);
+    const __m512 dw = cat8(scales8(b0), scales8(b1));
+    for (int m = 0; m < RM; ++m) {
+      const int8_t* aq = a.qrow(m0 + m) + 32 * b;
+      __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast4(aq));
+      __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bcast4(aq + 4));
+      for (int i = 2; i < 8; i += 2) {
+        s0 = _mm512_dpbusd_epi32(s0, w[i], bcast4(aq + 4 * i));
+        s1 = _mm512_dpbusd_epi32(s1, w[i + 1], bcast4(aq + 4 * i + 4));
+      }
+      const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(128 * block_sum(a, m0 + m, b)));
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(a.drow(m0 + m)[b])), acc[m]);
+    }
+  }
+  for (int m = 0; m < RM; ++m) store16(acc[m], bias16, out + (m0 + m) * ldo);
+}
+
+// Q4_KX8: per lane, sub-block by sub-block, acc = fma(dot, d sc d_a, acc) - dmin mn s_a (tile_q4kx8).
+template <int RM>
+void tile_q4k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo, const float* bias16) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[RM];
+  for (int m = 0; m < RM; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
+    const uint8_t* b0 = g + sb * Q4KX8_BYTES;
+    const uint8_t* b1 = b0 + gb;
+    const __m512 d = cat8(scales8(b0), scales8(b1)), dmin = cat8(scales8(b0 + 16), scales8(b1 + 16));
+    for (int s = 0; s < 8; ++s) {
+      const int64_t qs = 160 + 256 * (s / 2);
+      __m512i w[8];
+      for (int i = 0; i < 8; ++i) {
+        const __m512i raw = join(b0 + qs + 32 * i, b1 + qs + 32 * i);
+        w[i] = _mm512_and_si512(s & 1 ? _mm512_srli_epi16(raw, 4) : raw, m4);
+      }
+      const __m512 dsc = _mm512_mul_ps(d, u8x16_to_ps(b0 + 32 + 8 * s, b1 + 32 + 8 * s));
+      const __m512 dmn = _mm512_mul_ps(dmin, u8x16_to_ps(b0 + 96 + 8 * s, b1 + 96 + 8 * s));
+      const int64_t b = 8 * sb + s;
+      for (int m = 0; m < RM; ++m) {
+        const int8_t* aq = a.qrow(m0 + m) + 32 * b;
+        __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast4(aq));
+        __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[4], bcast4(aq + 16));
+        for (int i = 1; i < 4; ++i) {
+          s0 = _mm512_dpbusd_epi32(s0, w[i], bcast4(aq + 4 * i));
+          s1 = _mm512_dpbusd_epi32(s1, w[4 + i], bcast4(aq + 16 + 4 * i));
+        }
+        const __m512 p = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+        acc[m] = _mm512_fmadd_ps(p, _mm512_mul_ps(dsc, _mm512_set1_ps(a.drow(m0 + m)[b])), acc[m]);
+        acc[m] = _mm512_fnmadd_ps(dmn, _mm512_set1_ps(a.srow(m0 + m)[b]), acc[m]);
+      }
+    }
+  }
+  for (int m = 0; m < RM; ++m) store16(acc[m], bias16, out + (m0 + m) * ldo);
+}
+
+// Bits 4..5 of each byte <- chunk I's 2 bits of h (at 2I..2I+1), as x8_tiles.h's q6_top.
+template <int I>
+inline __m512i q6_top(__m512i h) {
+  const __m512i m = _mm512_set1_epi8(0x30);
+  if constexpr (I == 0) return _mm512_and_si512(_mm512_slli_epi16(h, 4), m);
+  if constexpr (I == 1) return _mm512_and_si512(_mm512_slli_epi16(h, 2), m);
+  if constexpr (I == 2) return _mm512_and_si512(h, m);
+  if constexpr (I == 3) return _mm512_and_si512(_mm512_srli_epi16(h, 2), m);
+}
+
+// [sc[r] | sc[8 + r] as int16 halves] for both groups' 8 rows: what madd pairs with the 16-value sums.
+inline __m512i q6_pairs(const int8_t* s0, const int8_t* s1) {
+  const auto pairs8 = [](const int8_t* sl) {
+    const __m128i l16 = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)sl));
+    const __m128i h16 = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)(sl + 8)));
+    return _mm256_set_m128i(_mm_unpackhi_epi16(l16, h16), _mm_unpacklo_epi16(l16, h16));
+  };
+  return _mm512_inserti64x4(_mm512_castsi256_si512(pairs8(s0)), pairs8(s1), 1);
+}
+
+// 8 scale bytes of each group as 16 int32 lanes.
+inline __m512i scales16(const int8_t* s0, const int8_t* s1) {
+  return _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)s0), _mm_loadl_epi64((const __m128i*)s1)));
+}
+
+// Q6_KX8, 32 values at a time: isum = sc_lo dot_lo + sc_hi dot_hi - 32 (sc_lo S_lo + sc_hi S_hi),
+// acc = fma(isum, d d_a, acc) (tile_q6kx8 with VNNI's int32 products).
+template <int RM>
+void tile_q6k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo, const float* bias16) {
+  const __m512i m4 = _mm512_set1_epi8(0x0F);
+  __m512 acc[RM];
+  for (int m = 0; m < RM; ++m) acc[m] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
+    const uint8_t* b0 = g + sb * Q6KX8_BYTES;
+    const uint8_t* b1 = b0 + gb;
+    const __m512 d = cat8(scales8(b0), scales8(b1));
+    for (int j = 0; j < 8; ++j) {
+      const int64_t qb = 144 + 192 * j;
+      const __m512i h0 = join(b0 + qb + 128, b1 + qb + 128), h1 = join(b0 + qb + 160, b1 + qb + 160);
+      const __m512i n0 = join(b0 + qb, b1 + qb), n1 = join(b0 + qb + 32, b1 + qb + 32);
+      const __m512i n2 = join(b0 + qb + 64, b1 + qb + 64), n3 = join(b0 + qb + 96, b1 + qb + 96);
+      __m512i q[8];
+      q[0] = _mm512_or_si512(_mm512_and_si512(n0, m4), q6_top<0>(h0));
+      q[1] = _mm512_or_si512(_mm512_and_si512(n1, m4), q6_top<1>(h0));
+      q[2] = _mm512_or_si512(_mm512_and_si512(n2, m4), q6_top<2>(h0));
+      q[3] = _mm512_or_si512(_mm512_and_si512(n3, m4), q6_top<3>(h0));
+      q[4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n0, 4), m4), q6_top<0>(h1));
+      q[5] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n1, 4), m4), q6_top<1>(h1));
+      q[6] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n2, 4), m4), q6_top<2>(h1));
+      q[7] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n3, 4), m4), q6_top<3>(h1));
+      const int8_t* s0 = (const int8_t*)(b0 + 16 + 16 * j);
+      const int8_t* s1 = (const int8_t*)(b1 + 16 + 16 * j);
+      const __m512i slo = scales16(s0, s1), shi = scales16(s0 + 8, s1 + 8), pair = q6_pairs(s0, s1);
+      const int64_t b = 8 * sb + j;
+      for (int m = 0; m < RM; ++m) {
+        const int8_t* aq = a.qrow(m0 + m) + 32 * b;
+        __m512i l0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], bcast4(aq));
+        __m512i l1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[1], bcast4(aq + 4));
+        __m512i u0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[4], bcast4(aq + 16));
+        __m512i u1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[5], bcast4(aq + 20));
+        l0 = _mm512_dpbusd_epi32(l0, q[2], bcast4(aq + 8));
+        l1 = _mm512_dpbusd_epi32(l1, q[3], bcast4(aq + 12));
+        u0 = _mm512_dpbusd_epi32(u0, q[6], bcast4(aq + 24));
+        u1 = _mm512_dpbusd_epi32(u1, q[7], bcast4(aq + 28));
+        const __m512i dots = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_add_epi32(l0, l1), slo),
+                                              _mm512_mullo_epi32(_mm512_add_epi32(u0, u1), shi));
+        const __m512i off = _mm512_madd_epi16(pair, _mm512_set1_epi32(a.sum16row(m0 + m)[b]));
+        const __m512i isum = _mm512_sub_epi32(dots, _mm512_slli_epi32(off, 5));
+        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(a.drow(m0 + m)[b])), acc[m]);
+      }
+    }
+  }
+  for (int m = 0; m < RM; ++m) store16(acc[m], bias16, out + (m0 + m) * ldo);
+}
+
+template <int RM>
+void tile(X8Kind kind, const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo,
+          const float* bias16) {
+  switch (kind) {
+    case X8Kind::Q4: tile_nibbles<X8Kind::Q4, RM>(g, gb, a, m0, out, ldo, bias16); break;
+    case X8Kind::Q5: tile_nibbles<X8Kind::Q5, RM>(g, gb, a, m0, out, ldo, bias16); break;
+    case X8Kind::MXFP4: tile_nibbles<X8Kind::MXFP4, RM>(g, gb, a, m0, out, ldo, bias16); break;
+    case X8Kind::Q8: tile_q8<RM>(g, gb, a, m0, out, ldo, bias16); break;
+    case X8Kind::Q4K: tile_q4k<RM>(g, gb, a, m0, out, ldo, bias16); break;
+    case X8Kind::Q6K: tile_q6k<RM>(g, gb, a, m0, out, ldo, bias16); break;
+  }
+}
+
+}  // namespace
+
+// Rows [m0, m1) against groups g and g + 1 (group_bytes apart), in tiles of 8, 4, 2 and 1 rows.
+// Q8X8, Q6_KX8 and MXFP4X8 need QAct::sum16.
+void x8_pair_tiles_vbmi(X8Kind kind, const uint8_t* g, int64_t group_bytes, const QAct& a, int64_t m0, int64_t m1,
+                        float* out, int64_t ldo, const float* bias16) {
+  int64_t m = m0;
+  for (; m + 8 <= m1; m += 8) tile<8>(kind, g, group_bytes, a, m, out, ldo, bias16);
+  if (m + 4 <= m1) tile<4>(kind, g, group_bytes, a, m, out, ldo, bias16), m += 4;
+  if (m + 2 <= m1) tile<2>(kind, g, group_bytes, a, m, out, ldo, bias16), m += 2;
+  if (m < m1) tile<1>(kind, g, group_bytes, a, m, out, ldo, bias16);
+}
+
+}  // namespace radixlm
