@@ -112,3 +112,39 @@ def test_single_row_group_pairs_equal_avx2(kernel_ops, fmt):
                     assert torch.equal(got, ref), f"{rows} rows, bias {b is not None}"
     finally:
         kernel_ops.qlinear_levels(*saved)
+
+
+@pytest.mark.parametrize("fmt", list(INTERLEAVED))
+def test_row_tiles_over_group_pairs_equal_avx2(kernel_ops, fmt):
+    """At the VBMI level more than one activation row takes 512-bit tiles over two weight groups
+    at once (csrc/quant_x8_pair_tiles.cpp: a chunk of both groups per register, the activations
+    broadcast; Q8 through w xor 0x80 and the activations' exact block sums): every output must be
+    the AVX2 tiles' bits, in tiles of 8, 4, 2 and 1 rows, with zero blocks, tiny and huge rows."""
+    saved, best = kernel_ops.qlinear_levels(), kernel_ops.qlinear_isas()[-1]
+    if best != "avx512vbmi":
+        with pytest.raises(RuntimeError, match="no AVX-512"):
+            kernel_ops.qlinear_levels("", "avx512vbmi")
+        return
+    g = torch.Generator().manual_seed(13)
+    k = 1280 if FORMATS[fmt].block == 256 else 1504
+    x = torch.randn(23, k, generator=g)
+    x[1, 256:320] = 0.0  # whole blocks of zeros
+    x[2] *= 3e-37
+    x[3] *= 1e30
+    x[5] = 0.0
+    try:
+        for rows in (16, 24, 40):  # 2, 3 and 5 groups: pairs and an odd group left to the tiles
+            mat = QuantizedMatrix(
+                [QuantizedTensor(random_quantized(fmt, rows, k, g), FORMATS[fmt], k)]
+            )
+            w, fid = mat._single
+            bias = torch.randn(rows, generator=g)
+            for m in (2, 3, 7, 8, 15, 23):
+                for b in (None, bias):
+                    kernel_ops.qlinear_levels("avx2", "avx2")
+                    ref = kernel_ops.qlinear(x[:m], w, fid, b)
+                    kernel_ops.qlinear_levels("avx2", "avx512vbmi")
+                    got = kernel_ops.qlinear(x[:m], w, fid, b)
+                    assert torch.equal(got, ref), f"{rows} rows, {m} activation rows"
+    finally:
+        kernel_ops.qlinear_levels(*saved)

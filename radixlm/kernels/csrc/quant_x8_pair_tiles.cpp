@@ -4,8 +4,9 @@
 // the same 32-byte chunk of both groups, so a row's 4 activation bytes of that chunk broadcast to
 // all 16 lanes: per row and block, half the 256-bit tiles' byte dots, converts, scale products and
 // FMAs, and no permute or fold (which the one-row kernels pay to read two chunks of one group).
-// Every integer is the 256-bit tiles' (exact int32 sums in any order) and each lane's float steps
-// are theirs in order, so the results are bitwise theirs: batch and ISA invariance hold.
+// Every integer is the 256-bit tiles' (exact int32 sums in any order: one chain per row, whose
+// latency the tile's other rows hide) and each lane's float steps are theirs in order, so the
+// results are bitwise theirs: batch and ISA invariance hold.
 // Q8X8 drops the sign trick as row1_q8x8 does: (w xor 0x80) dot a = w dot a + 128 sum(a), the
 // block's sum(a) exact from the activations' 16-value sums (QAct::sum16, made by gemm_x8).
 // Compiled for this ISA alone (quant_x8.cpp calls it at the VBMI level).
@@ -80,13 +81,9 @@ void tile_nibbles(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float
     }
     for (int m = 0; m < RM; ++m) {
       const int8_t* aq = a.qrow(m0 + m) + 32 * b;
-      __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], bcast4(aq));
-      __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], bcast4(aq + 16));
-      for (int i = 1; i < 4; ++i) {
-        s0 = _mm512_dpbusd_epi32(s0, lo[i], bcast4(aq + 4 * i));
-        s1 = _mm512_dpbusd_epi32(s1, hi[i], bcast4(aq + 16 + 4 * i));
-      }
-      __m512i isum = _mm512_add_epi32(s0, s1);
+      __m512i isum = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], bcast4(aq));
+      for (int i = 1; i < 4; ++i) isum = _mm512_dpbusd_epi32(isum, lo[i], bcast4(aq + 4 * i));
+      for (int i = 0; i < 4; ++i) isum = _mm512_dpbusd_epi32(isum, hi[i], bcast4(aq + 16 + 4 * i));
       if constexpr (K == X8Kind::MXFP4)
         isum = _mm512_sub_epi32(isum, _mm512_madd_epi16(_mm512_set1_epi16(12), _mm512_set1_epi32(a.sum16row(m0 + m)[b])));
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(a.drow(m0 + m)[b])), acc[m]);
@@ -110,13 +107,8 @@ void tile_q8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out
     const __m512 dw = cat8(scales8(b0), scales8(b1));
     for (int m = 0; m < RM; ++m) {
       const int8_t* aq = a.qrow(m0 + m) + 32 * b;
-      __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast4(aq));
-      __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bcast4(aq + 4));
-      for (int i = 2; i < 8; i += 2) {
-        s0 = _mm512_dpbusd_epi32(s0, w[i], bcast4(aq + 4 * i));
-        s1 = _mm512_dpbusd_epi32(s1, w[i + 1], bcast4(aq + 4 * i + 4));
-      }
-      const __m512i isum = _mm512_sub_epi32(_mm512_add_epi32(s0, s1), _mm512_set1_epi32(128 * block_sum(a, m0 + m, b)));
+      __m512i isum = _mm512_set1_epi32(-128 * block_sum(a, m0 + m, b));  // the chain starts at the offset
+      for (int i = 0; i < 8; ++i) isum = _mm512_dpbusd_epi32(isum, w[i], bcast4(aq + 4 * i));
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(a.drow(m0 + m)[b])), acc[m]);
     }
   }
@@ -145,13 +137,9 @@ void tile_q4k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* ou
       const int64_t b = 8 * sb + s;
       for (int m = 0; m < RM; ++m) {
         const int8_t* aq = a.qrow(m0 + m) + 32 * b;
-        __m512i s0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast4(aq));
-        __m512i s1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[4], bcast4(aq + 16));
-        for (int i = 1; i < 4; ++i) {
-          s0 = _mm512_dpbusd_epi32(s0, w[i], bcast4(aq + 4 * i));
-          s1 = _mm512_dpbusd_epi32(s1, w[4 + i], bcast4(aq + 16 + 4 * i));
-        }
-        const __m512 p = _mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1));
+        __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[0], bcast4(aq));
+        for (int i = 1; i < 8; ++i) dot = _mm512_dpbusd_epi32(dot, w[i], bcast4(aq + 4 * i));
+        const __m512 p = _mm512_cvtepi32_ps(dot);
         acc[m] = _mm512_fmadd_ps(p, _mm512_mul_ps(dsc, _mm512_set1_ps(a.drow(m0 + m)[b])), acc[m]);
         acc[m] = _mm512_fnmadd_ps(dmn, _mm512_set1_ps(a.srow(m0 + m)[b]), acc[m]);
       }
@@ -216,16 +204,13 @@ void tile_q6k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* ou
       const int64_t b = 8 * sb + j;
       for (int m = 0; m < RM; ++m) {
         const int8_t* aq = a.qrow(m0 + m) + 32 * b;
-        __m512i l0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], bcast4(aq));
-        __m512i l1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[1], bcast4(aq + 4));
-        __m512i u0 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[4], bcast4(aq + 16));
-        __m512i u1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[5], bcast4(aq + 20));
-        l0 = _mm512_dpbusd_epi32(l0, q[2], bcast4(aq + 8));
-        l1 = _mm512_dpbusd_epi32(l1, q[3], bcast4(aq + 12));
-        u0 = _mm512_dpbusd_epi32(u0, q[6], bcast4(aq + 24));
-        u1 = _mm512_dpbusd_epi32(u1, q[7], bcast4(aq + 28));
-        const __m512i dots = _mm512_add_epi32(_mm512_mullo_epi32(_mm512_add_epi32(l0, l1), slo),
-                                              _mm512_mullo_epi32(_mm512_add_epi32(u0, u1), shi));
+        __m512i lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], bcast4(aq));
+        __m512i hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[4], bcast4(aq + 16));
+        for (int i = 1; i < 4; ++i) {
+          lo = _mm512_dpbusd_epi32(lo, q[i], bcast4(aq + 4 * i));
+          hi = _mm512_dpbusd_epi32(hi, q[4 + i], bcast4(aq + 16 + 4 * i));
+        }
+        const __m512i dots = _mm512_add_epi32(_mm512_mullo_epi32(lo, slo), _mm512_mullo_epi32(hi, shi));
         const __m512i off = _mm512_madd_epi16(pair, _mm512_set1_epi32(a.sum16row(m0 + m)[b]));
         const __m512i isum = _mm512_sub_epi32(dots, _mm512_slli_epi32(off, 5));
         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(a.drow(m0 + m)[b])), acc[m]);
