@@ -19,14 +19,19 @@ class DeviceTimer:
         return time.perf_counter()
 
 
-def read_rate_gbps(device, nbytes: int = 256 * 2**20, repeats: int = 7) -> float:
-    """The machine's plain read rate (a sum over a buffer far larger than the caches), GB/s. On CUDA
-    the device-to-device copy rate instead (copy_rate_gbps): what HBM sustains, the usual roofline.
+def read_rate_gbps(device, nbytes: int | None = None, repeats: int = 7) -> float:
+    """The machine's plain read rate (a sum over a buffer far larger than the caches: 256 MiB, or
+    twice the last-level cache where that is larger, e.g. a 260 MiB L3), GB/s. On CUDA the
+    device-to-device copy rate instead (copy_rate_gbps): what HBM sustains, the usual roofline.
     """
     import torch
 
     if torch.device(device).type == "cuda":
         return copy_rate_gbps(device)
+    if nbytes is None:
+        from radixlm.bench.limits import llc_bytes
+
+        nbytes = max(256 * 2**20, 2 * llc_bytes())
     x = torch.ones(nbytes // 4, device=device)
     timer = DeviceTimer(torch.device(device))
     times = []

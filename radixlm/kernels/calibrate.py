@@ -4,8 +4,9 @@ Every level of the quantized kernels (AVX2 tiles, AVX-512 VNNI tiles, the VBMI l
 groups at a time) and of the delta rules' steps (AVX2, AVX-512) gives bitwise the same results
 (tests/kernels/test_kernel_isas.py), so the level is a speed choice only, and the widest is not the
 fastest everywhere: on a Zen 4 the VBMI level's decode GEMVs ran 1.6x slower than VNNI's (Zen 4
-splits 512-bit work in two), on an Intel Xeon faster. After the kernels load, each level is timed on
-weights of a decode step's shape (~30 MB: past the L2, like a model's), for one activation row
+splits 512-bit work in two), on an Intel Xeon faster. When the ops are first used (kernels/ops.py),
+each level is timed on weights of a decode step's shape (~30 MB: past the L2, like a model's), for
+one activation row
 (decode), for 8 and 64 rows (batches, prefill tiles) and for a decode batch of the delta rule; the
 fastest is kept per use and cached beside the built kernels, per CPU model and thread count, so
 later starts read it (~1 s once). `RADIXLM_KERNEL_ISA` still forces a level (nothing is measured);

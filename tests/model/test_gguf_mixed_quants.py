@@ -129,7 +129,7 @@ def test_mixed_quant_file_runs_in_its_own_types(tmp_path):
     # Each matrix in the file's types, interleaved where the format has a layout; shards of two
     # types side by side in one fused layer.
     assert layers[0].self_attn.qkv_proj.qweight.formats == ["q4_kx8", "q6_kx8"]
-    assert layers[1].self_attn.qkv_proj.qweight.formats == ["q4_kx8", "q5_0"]
+    assert layers[1].self_attn.qkv_proj.qweight.formats == ["q4_kx8", "q5_0x8"]
     assert layers[0].mlp.gate_up_proj.qweight.formats == ["q4_kx8"]
     assert layers[1].mlp.down_proj.qweight.formats == ["q8_0x8"]
     assert quant.model.lm_head.qweight.formats == ["q6_kx8"]
