@@ -76,7 +76,7 @@ def record(pid: int, out: str) -> subprocess.Popen:
     proc = subprocess.Popen(
         ["perf", "record", "-F", "1999", "-e", "cpu-clock", "-p", str(pid), "-o", out, "-q"],
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # never read: a pipe could fill and stall perf
     )
     time.sleep(0.5)  # perf attaches to every thread before the measured work starts
     return proc

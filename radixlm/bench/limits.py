@@ -37,12 +37,6 @@ class Limits:
     peaks: dict[str, float] = field(default_factory=dict)  # kind -> operations per second
     amx: str = "absent"
 
-    def int8_peak(self) -> tuple[str, float]:
-        """The fastest integer dot product level and its ops/s."""
-        int8 = {k: v for k, v in self.peaks.items() if k.startswith("int8")}
-        best = max(int8, key=int8.get)
-        return best, int8[best]
-
 
 def add_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=None, help="default: torch's thread count")
@@ -111,6 +105,13 @@ def peak(kind: str, seconds: float = 0.15, repeats: int = 3) -> float:
     return max(ops().compute_peak(kind, iters) for _ in range(repeats))
 
 
+def peaks(prefix: str = "") -> dict[str, float]:
+    """Operations per second of every loop kind the CPU has whose name starts with `prefix`
+    ("int8", "fp32" or all)."""
+    flags = cpu_flags()
+    return {k: peak(k) for k, flag, _ in PEAK_KINDS if k.startswith(prefix) and flag in flags}
+
+
 def measure(threads: int | None = None, read_mib: int | None = None) -> Limits:
     import torch
 
@@ -121,10 +122,8 @@ def measure(threads: int | None = None, read_mib: int | None = None) -> Limits:
     llc = llc_bytes()
     nbytes = (read_mib * 2**20) if read_mib else max(2 * llc, 512 * 2**20)
     med, best = read_rate(nbytes)
-    flags = cpu_flags()
-    peaks = {k: peak(k) for k, flag, _ in PEAK_KINDS if flag in flags}
     amx = "absent"
-    if {"amx_tile", "amx_int8"} <= flags:
+    if {"amx_tile", "amx_int8"} <= cpu_flags():
         amx = "present (not measured: radixlm has no AMX kernel yet)"
     return Limits(
         cpu=cpu_name(),
@@ -133,7 +132,7 @@ def measure(threads: int | None = None, read_mib: int | None = None) -> Limits:
         read_bytes=nbytes,
         read_gbps=med,
         read_gbps_best=best,
-        peaks=peaks,
+        peaks=peaks(),
         amx=amx,
     )
 

@@ -151,12 +151,6 @@ def compute_peak(runner) -> tuple[str, float] | None:
         return None
     from radixlm.bench import limits
 
-    flags = limits.cpu_flags()
     int8 = runner.loaded.quantization not in ("none", None)
-    kinds = [
-        k
-        for k, flag, _ in limits.PEAK_KINDS
-        if k.startswith("int8" if int8 else "fp32") and flag in flags
-    ]
-    rates = {k: limits.peak(k) for k in kinds}
+    rates = limits.peaks("int8" if int8 else "fp32")
     return max(rates.items(), key=lambda kv: kv[1]) if rates else None
