@@ -63,7 +63,6 @@ class ModelRunner:
         self.dtype = config.resolved_dtype()
         if self.device.type == "cpu":
             torch.set_num_threads(config.num_threads or host_threads())
-            keep_freed_memory_in_heap()
         torch.manual_seed(config.random_seed)
         # --mem-fraction-static sizes the pool from what the weights leave (SGLang's before / after
         # reading).
@@ -78,6 +77,10 @@ class ModelRunner:
             is_embedding=config.is_embedding,
             overrides=config.model_overrides,
         )
+        if self.device.type == "cpu":
+            # after the load: it hands large frees back to the OS while it copies (model/memory.py),
+            # which a forward's activations must not do (each would re-fault its pages)
+            keep_freed_memory_in_heap()
         self.model = self.loaded.model
         # --is-embedding: pooled hidden states (a cross-encoder: its classifier's logits).
         self.pooler = Pooler.of(self.model, self.loaded.model_path) if config.is_embedding else None
