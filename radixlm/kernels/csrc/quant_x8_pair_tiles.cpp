@@ -179,24 +179,15 @@ inline __m512i q6_top(__m512i h) {
   if constexpr (I == 3) return _mm512_and_si512(_mm512_srli_epi16(h, 2), m);
 }
 
-// [sc[r] | sc[8 + r] as int16 halves] for both groups' 8 rows: what madd pairs with the 16-value sums.
-inline __m512i q6_pairs(const int8_t* s0, const int8_t* s1) {
-  const auto pairs8 = [](const int8_t* sl) {
-    const __m128i l16 = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)sl));
-    const __m128i h16 = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)(sl + 8)));
-    return _mm256_set_m128i(_mm_unpackhi_epi16(l16, h16), _mm_unpacklo_epi16(l16, h16));
-  };
-  return _mm512_inserti64x4(_mm512_castsi256_si512(pairs8(s0)), pairs8(s1), 1);
-}
-
 // 8 scale bytes of each group as 16 int32 lanes.
 inline __m512i scales16(const int8_t* s0, const int8_t* s1) {
   return _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)s0), _mm_loadl_epi64((const __m128i*)s1)));
 }
 
-// Q6_KX8, 32 values at a time: isum = sc_lo dot_lo + sc_hi dot_hi - 32 (sc_lo S_lo + sc_hi S_hi),
-// acc = fma(isum, d d_a, acc) (tile_q6kx8 with VNNI's int32 products). The two 16-value dots are
-// the pass's chains (parked apart); the scales apply in the second pass.
+// Q6_KX8, 32 values at a time: isum = sc_lo (dot_lo - 32 S_lo) + sc_hi (dot_hi - 32 S_hi), the same
+// integer as tile_q6kx8's sc_lo dot_lo + sc_hi dot_hi - 32 (sc_lo S_lo + sc_hi S_hi) (exact), then
+// acc = fma(isum, d d_a, acc). The two 16-value dots are the first pass's chains, each started at
+// its offset and parked apart; the scales apply in the second pass.
 template <int RM>
 void tile_q6k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo, const float* bias16) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
@@ -224,8 +215,9 @@ void tile_q6k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* ou
       const int64_t b = 8 * sb + j;
       for (int m = 0; m < RM; ++m) {
         const int8_t* aq = a.qrow(m0 + m) + 32 * b;
-        __m512i lo = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[0], bcast4(aq));
-        __m512i hi = _mm512_dpbusd_epi32(_mm512_setzero_si512(), q[4], bcast4(aq + 16));
+        const int32_t pair = a.sum16row(m0 + m)[b];
+        __m512i lo = _mm512_dpbusd_epi32(_mm512_set1_epi32(-32 * (int16_t)(pair & 0xFFFF)), q[0], bcast4(aq));
+        __m512i hi = _mm512_dpbusd_epi32(_mm512_set1_epi32(-32 * (int16_t)(pair >> 16)), q[4], bcast4(aq + 16));
         for (int i = 1; i < 4; ++i) {
           lo = _mm512_dpbusd_epi32(lo, q[i], bcast4(aq + 4 * i));
           hi = _mm512_dpbusd_epi32(hi, q[4 + i], bcast4(aq + 16 + 4 * i));
@@ -235,11 +227,9 @@ void tile_q6k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* ou
       }
       const int8_t* s0 = (const int8_t*)(b0 + 16 + 16 * j);
       const int8_t* s1 = (const int8_t*)(b1 + 16 + 16 * j);
-      const __m512i slo = scales16(s0, s1), shi = scales16(s0 + 8, s1 + 8), pair = q6_pairs(s0, s1);
+      const __m512i slo = scales16(s0, s1), shi = scales16(s0 + 8, s1 + 8);
       for (int m = 0; m < RM; ++m) {
-        const __m512i dots = _mm512_add_epi32(_mm512_mullo_epi32(lo_dots.get(m), slo), _mm512_mullo_epi32(hi_dots.get(m), shi));
-        const __m512i off = _mm512_madd_epi16(pair, _mm512_set1_epi32(a.sum16row(m0 + m)[b]));
-        const __m512i isum = _mm512_sub_epi32(dots, _mm512_slli_epi32(off, 5));
+        const __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(lo_dots.get(m), slo), _mm512_mullo_epi32(hi_dots.get(m), shi));
         acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(a.drow(m0 + m)[b])), acc[m]);
       }
     }
