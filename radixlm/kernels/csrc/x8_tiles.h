@@ -190,6 +190,41 @@ inline void tile_q4kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, 
   for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
 }
 
+// tile_q4kx8 for 16 rows at a time (the AVX2 level), each sub-block in two passes: every row's int32 dots parked in
+// L1, then every row's float steps on accumulators kept in L1 too (16 rows' would not fit the 16
+// registers beside the weights). The same integers and float steps in the same order: bitwise
+// tile_q4kx8's; a weight chunk's unpacking serves 16 rows instead of 4 (AVX2: +11% here).
+template <class Dot>
+inline void tile_q4kx8_wide(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
+  constexpr int RM = 16;
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  alignas(32) float acc[RM][8];
+  alignas(32) int32_t dots[RM][8];
+  for (int m = 0; m < RM; ++m) _mm256_store_ps(acc[m], _mm256_setzero_ps());
+  for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
+    const uint8_t* blk = g + sb * Q4KX8_BYTES;
+    const __m256 d = scales8(blk), dmin = scales8(blk + 16);
+    for (int s = 0; s < 8; ++s) {
+      const uint8_t* qs = blk + 160 + 256 * (s / 2);
+      __m256i w[8];
+      for (int i = 0; i < 8; ++i) {
+        const __m256i raw = _mm256_loadu_si256((const __m256i*)(qs + 32 * i));
+        w[i] = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(raw, 4) : raw, m4);
+      }
+      const int64_t b = 8 * sb + s;
+      for (int m = 0; m < RM; ++m) _mm256_store_si256((__m256i*)dots[m], Dot::q4(w, w + 4, a.qrow(m0 + m) + b * 32));
+      const __m256 dsc = _mm256_mul_ps(d, u8x8_to_ps(blk + 32 + 8 * s));
+      const __m256 dmn = _mm256_mul_ps(dmin, u8x8_to_ps(blk + 96 + 8 * s));
+      for (int m = 0; m < RM; ++m) {
+        const __m256 p = _mm256_cvtepi32_ps(_mm256_load_si256((const __m256i*)dots[m]));
+        __m256 x = _mm256_fmadd_ps(p, _mm256_mul_ps(dsc, _mm256_set1_ps(a.drow(m0 + m)[b])), _mm256_load_ps(acc[m]));
+        _mm256_store_ps(acc[m], _mm256_fnmadd_ps(dmn, _mm256_set1_ps(a.srow(m0 + m)[b]), x));
+      }
+    }
+  }
+  for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(_mm256_load_ps(acc[m]), bias));
+}
+
 // Q6_KX8, per 256 values (1680 bytes): d[8] (fp16), sc[16 sub-blocks][8 rows] (int8), then 8 x 192
 // bytes, one per 32 values: 4 nibble chunks (chunk i, lane r: row r's values 4i..4i+3 in the low
 // nibbles, 16+4i..16+4i+3 in the high ones), then 2 chunks of the values' top 2 bits (h0 for values
@@ -274,6 +309,8 @@ template <class Dot, X8Kind Kind>
 inline void group_rows(const uint8_t* g, const QAct& a, int64_t m0, int64_t m1, float* out, int64_t ldo, __m256 bias) {
   constexpr int R = Dot::RM;
   int64_t m = m0;
+  if constexpr (Kind == X8Kind::Q4K && R < 8)  // AVX2's 16 registers (VNNI's 32 hold 8 rows' tiles)
+    for (; m + 16 <= m1; m += 16) tile_q4kx8_wide<Dot>(g, a, m, out, ldo, bias);
   for (; m + R <= m1; m += R) tile_x8<Dot, Kind, R>(g, a, m, out, ldo, bias);
   if constexpr (R > 4) {
     if (m + 4 <= m1) {
