@@ -3,6 +3,8 @@ is one of the levels the CPU runs, stored once and read back, set per use (one a
 more rows, the delta rule), overridden by RADIXLM_KERNEL_ISA; and `radixlm bench limits` measures
 the machine's read rate and compute peaks with the native loops (kernels/csrc/peaks.cpp)."""
 
+import json
+import os
 import time
 
 import pytest
@@ -50,6 +52,41 @@ def test_the_faster_level_is_kept_whatever_its_width():
     assert calibrate._pick(timings) == "avx512vnni"
 
 
+def test_levels_within_the_tie_keep_the_wider():
+    """Within TIE of each other the wider level stays (a model's streaming step favours it where
+    ~30 MB of cached weights cannot tell them apart); past it the faster one wins."""
+    tie, pick = calibrate.TIE, calibrate._pick
+    assert pick({"avx2": 100.0, "avx512vnni": 100.0, "avx512vbmi": 100.0}) == "avx512vbmi"
+    near, far = 100.0 * (1 - tie / 2), 100.0 * (1 - 2 * tie)
+    assert pick({"avx2": 130.0, "avx512vnni": near, "avx512vbmi": 100.0}) == "avx512vbmi"
+    assert pick({"avx2": 130.0, "avx512vnni": far, "avx512vbmi": 100.0}) == "avx512vnni"
+    # each narrower level must beat the one kept so far, not only the widest
+    just_faster = far * (1 - tie / 2)
+    assert pick({"avx2": just_faster, "avx512vnni": far, "avx512vbmi": 100.0}) == "avx512vnni"
+    assert pick({"avx2": 1.0, "avx512": 1.0}) == "avx512"
+
+
+def test_a_stored_calibration_is_chosen_again_by_the_current_rule(calibration_dir):
+    """A file written under an older rule (the fastest by any margin) is read with today's."""
+    timings = {
+        "decode": {"avx2": 2075.0, "avx512vnni": 1911.0, "avx512vbmi": 1912.0},
+        "batch": {"avx2": 22626.0, "avx512vnni": 17240.0, "avx512vbmi": 11026.0},
+        "linear_attn": {"avx2": 2057.0, "avx512": 926.0},
+    }
+    entry = {
+        "decode": "avx512vnni",
+        "batch": "avx512vbmi",
+        "linear_attn": "avx512",
+        "threads": torch.get_num_threads(),
+        "cpu": calibrate.cpu_name(),
+        "timings": timings,
+    }
+    with open(os.path.join(calibration_dir, calibrate.FILE), "w") as f:
+        json.dump({calibrate._key(): entry}, f)
+    cal = calibrate.cached(calibration_dir)
+    assert (cal.decode, cal.batch, cal.linear_attn) == ("avx512vbmi", "avx512vbmi", "avx512")
+
+
 def test_calibration_measures_every_level_stores_and_applies_it(
     kernel_ops, levels_kept, calibration_dir, monkeypatch
 ):
@@ -61,8 +98,8 @@ def test_calibration_measures_every_level_stores_and_applies_it(
     for use in ("decode", "batch_8", "batch_64", "batch"):
         assert set(cal.timings[use]) == set(isas)
         assert all(0 < us < float("inf") for us in cal.timings[use].values())
-    assert cal.decode == min(cal.timings["decode"], key=cal.timings["decode"].get)
-    assert cal.batch == min(cal.timings["batch"], key=cal.timings["batch"].get)
+    assert cal.decode == calibrate._pick(cal.timings["decode"])
+    assert cal.batch == calibrate._pick(cal.timings["batch"])
     # Measuring left the levels as they were; the stored one is read back without measuring.
     kernel_ops.qlinear_levels("avx2", "avx2")
     monkeypatch.setattr(calibrate, "measure", lambda: pytest.fail("measured again"))
