@@ -3,7 +3,9 @@
 Loading makes large short-lived copies (a tensor read from the file, stacked shards, the repacked
 layout): with glibc's default the threshold for serving large allocations by mmap grows after the
 first frees, so later copies come from the heap and stay resident after they are freed. A fixed
-threshold hands every large block back to the OS when it is freed.
+threshold hands every large block back to the OS when it is freed. For the load only: a CPU
+ModelRunner sets the serving policy after it (utils.keep_freed_memory_in_heap), or every forward
+would fault its activations' pages afresh.
 """
 
 from __future__ import annotations
