@@ -77,9 +77,7 @@ class ModelRunner:
             is_embedding=config.is_embedding,
             overrides=config.model_overrides,
         )
-        if self.device.type == "cpu":
-            # after the load: it hands large frees back to the OS while it copies (model/memory.py),
-            # which a forward's activations must not do (each would re-fault its pages)
+        if self.device.type == "cpu":  # after the load, whose own policy suits only its copies
             keep_freed_memory_in_heap()
         self.model = self.loaded.model
         # --is-embedding: pooled hidden states (a cross-encoder: its classifier's logits).
@@ -87,18 +85,15 @@ class ModelRunner:
         self.encoder_only = bool(getattr(self.model, "encoder_only", False))  # models/bert.py
         cfg = self.loaded.hf_config
         self.hf_config = cfg
-        self.modalities = tuple(
-            getattr(self.model, "modalities", ("text",))
-        )  # a vision model's: text, image
+        self.modalities = tuple(getattr(self.model, "modalities", ("text",)))  # text, image
         # Qwen2-VL: three positions per token where images are (model/mrope.py), built per step.
         self.uses_mrope = any(isinstance(m, MRotaryEmbedding) for m in self.model.modules())
         if hasattr(self.model, "encoder_cache"):  # its LRU of encoder outputs (model/mm_embed.py)
             self.model.encoder_cache.max_bytes = config.mm_cache_size_mb * 2**20
         self.vocab_size = cfg.vocab_size
         self.num_layers = cfg.num_hidden_layers
-        self.pp = pp_stage(
-            self.num_layers
-        )  # a pipeline stage holds (and keeps KV for) its layers only
+        # a pipeline stage holds (and keeps KV for) its layers only
+        self.pp = pp_stage(self.num_layers)
         self.pp_micro_batches = self.pp_prefill_pieces = 0  # parts run (pp_micro.py)
         # This rank's KV heads (tensor parallelism splits or replicates them; all of them with tp
         # 1). (An MLA model's pool holds one latent per token instead: model/kv_layout.py.)

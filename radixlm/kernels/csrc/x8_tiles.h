@@ -161,9 +161,18 @@ inline __m256 u8x8_to_ps(const uint8_t* p) {
 // are exact in fp32, so each row sees the Q4X8 sequence: acc = fma(dot, d*sc*d_a, acc) - dmin*mn*s_a.
 constexpr int64_t Q4KX8_BYTES = 1184;
 
+// Sub-block s's 8 chunks of a Q4_KX8 super-block (even s: the low nibbles, odd: the high ones).
+inline void q4kx8_nibbles(const uint8_t* blk, int s, __m256i* w) {
+  const __m256i m4 = _mm256_set1_epi8(0x0F);
+  const uint8_t* qs = blk + 160 + 256 * (s / 2);
+  for (int i = 0; i < 8; ++i) {
+    const __m256i raw = _mm256_loadu_si256((const __m256i*)(qs + 32 * i));
+    w[i] = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(raw, 4) : raw, m4);
+  }
+}
+
 template <class Dot, int RM>
 inline void tile_q4kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
   __m256 acc[RM];
   for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
@@ -171,12 +180,8 @@ inline void tile_q4kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, 
     if constexpr (RM <= 2) prefetch_span(blk, Q4KX8_BYTES);
     const __m256 d = scales8(blk), dmin = scales8(blk + 16);
     for (int s = 0; s < 8; ++s) {
-      const uint8_t* qs = blk + 160 + 256 * (s / 2);
       __m256i w[8];
-      for (int i = 0; i < 8; ++i) {
-        const __m256i raw = _mm256_loadu_si256((const __m256i*)(qs + 32 * i));
-        w[i] = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(raw, 4) : raw, m4);
-      }
+      q4kx8_nibbles(blk, s, w);
       const __m256 dsc = _mm256_mul_ps(d, u8x8_to_ps(blk + 32 + 8 * s));
       const __m256 dmn = _mm256_mul_ps(dmin, u8x8_to_ps(blk + 96 + 8 * s));
       const int64_t b = 8 * sb + s;
@@ -190,14 +195,13 @@ inline void tile_q4kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, 
   for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
 }
 
-// tile_q4kx8 for 16 rows at a time (the AVX2 level), each sub-block in two passes: every row's int32 dots parked in
-// L1, then every row's float steps on accumulators kept in L1 too (16 rows' would not fit the 16
-// registers beside the weights). The same integers and float steps in the same order: bitwise
+// tile_q4kx8 for 16 rows at a time (the AVX2 level), each sub-block in two passes: every row's
+// int32 dots parked in L1, then every row's float steps on accumulators kept in L1 too (16 rows'
+// would not fit the 16 registers beside the weights). The same integers and float steps in the same order: bitwise
 // tile_q4kx8's; a weight chunk's unpacking serves 16 rows instead of 4 (AVX2: +11% here).
 template <class Dot>
 inline void tile_q4kx8_wide(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
   constexpr int RM = 16;
-  const __m256i m4 = _mm256_set1_epi8(0x0F);
   alignas(32) float acc[RM][8];
   alignas(32) int32_t dots[RM][8];
   for (int m = 0; m < RM; ++m) _mm256_store_ps(acc[m], _mm256_setzero_ps());
@@ -205,12 +209,8 @@ inline void tile_q4kx8_wide(const uint8_t* g, const QAct& a, int64_t m0, float* 
     const uint8_t* blk = g + sb * Q4KX8_BYTES;
     const __m256 d = scales8(blk), dmin = scales8(blk + 16);
     for (int s = 0; s < 8; ++s) {
-      const uint8_t* qs = blk + 160 + 256 * (s / 2);
       __m256i w[8];
-      for (int i = 0; i < 8; ++i) {
-        const __m256i raw = _mm256_loadu_si256((const __m256i*)(qs + 32 * i));
-        w[i] = _mm256_and_si256(s & 1 ? _mm256_srli_epi16(raw, 4) : raw, m4);
-      }
+      q4kx8_nibbles(blk, s, w);
       const int64_t b = 8 * sb + s;
       for (int m = 0; m < RM; ++m) _mm256_store_si256((__m256i*)dots[m], Dot::q4(w, w + 4, a.qrow(m0 + m) + b * 32));
       const __m256 dsc = _mm256_mul_ps(d, u8x8_to_ps(blk + 32 + 8 * s));
