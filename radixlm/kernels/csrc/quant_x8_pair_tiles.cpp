@@ -4,9 +4,9 @@
 // the same 32-byte chunk of both groups, so a row's 4 activation bytes of that chunk broadcast to
 // all 16 lanes: per row and block, half the 256-bit tiles' byte dots, converts, scale products and
 // FMAs, and no permute or fold (which the one-row kernels pay to read two chunks of one group).
-// Every integer is the 256-bit tiles' (exact int32 sums in any order: one chain per row, whose
-// latency the tile's other rows hide) and each lane's float steps are theirs in order, so the
-// results are bitwise theirs: batch and ISA invariance hold.
+// Every integer is the 256-bit tiles' (exact int32 sums in any order: two chains per row here) and
+// each lane's float steps are theirs in order, so the results are bitwise theirs: batch and ISA
+// invariance hold.
 // Q8X8 drops the sign trick as row1_q8x8 does: (w xor 0x80) dot a = w dot a + 128 sum(a), the
 // block's sum(a) exact from the activations' 16-value sums (QAct::sum16, made by gemm_x8).
 // Compiled for this ISA alone (quant_x8.cpp calls it at the VBMI level).
@@ -254,7 +254,7 @@ void tile(X8Kind kind, const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, 
 
 // Rows [m0, m1) against groups g and g + 1 (group_bytes apart), in tiles of 16, 8, 4, 2 and 1 rows:
 // a weight chunk's unpacking is shared by the tile's rows, and 16 rows' accumulators still fit the
-// 32 registers (Q6_KX8's scales spill to the stack, read back as memory operands).
+// 32 registers beside the 8 weight chunks.
 // Q8X8, Q6_KX8 and MXFP4X8 need QAct::sum16.
 void x8_pair_tiles_vbmi(X8Kind kind, const uint8_t* g, int64_t group_bytes, const QAct& a, int64_t m0, int64_t m1,
                         float* out, int64_t ldo, const float* bias16) {

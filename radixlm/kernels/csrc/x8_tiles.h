@@ -197,8 +197,8 @@ inline void tile_q4kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, 
 
 // tile_q4kx8 for 16 rows at a time (the AVX2 level), each sub-block in two passes: every row's
 // int32 dots parked in L1, then every row's float steps on accumulators kept in L1 too (16 rows'
-// would not fit the 16 registers beside the weights). The same integers and float steps in the same order: bitwise
-// tile_q4kx8's; a weight chunk's unpacking serves 16 rows instead of 4 (AVX2: +11% here).
+// would not fit the 16 registers beside the weights). The same integers and float steps in the
+// same order: bitwise tile_q4kx8's; a chunk's unpacking serves 16 rows instead of 4 (AVX2: +11%).
 template <class Dot>
 inline void tile_q4kx8_wide(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
   constexpr int RM = 16;
