@@ -30,6 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.model.decoder_stack import DecoderStack, decoder_stack_of
 from radixlm.model.forward_batch import ForwardBatch, ForwardMode
 from radixlm.model.layers.attention.native import NativeCPUBackend, NativeMetadata
 from radixlm.model.static_decode import (
@@ -63,8 +64,8 @@ def why_not_compiled(runner: RunnerView) -> str | None:
     why = why_not_graphed(model)
     if why is not None:
         return why
-    stack = getattr(model, "model", None)
-    if stack is not None and getattr(stack, "use_fused_layers", False) and stack._fused_layers():
+    stack = decoder_stack_of(model)
+    if isinstance(stack, DecoderStack) and stack.fused_layers():
         return (
             "the native fused decoder op already runs every layer in one call (nothing left for "
             "torch.compile to save; docs/benchmarks.md)"

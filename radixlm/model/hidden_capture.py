@@ -4,10 +4,10 @@ computes them anyway (no extra pass).
 An EAGLE draft head (speculative/eagle.py) reads the target's hidden states: EAGLE's the final
 hidden state (after the last norm) of every token the target computes, EAGLE-3's the residual
 stream entering three of its layers (low, middle, high). The runner holds one capture component
-and hands it every forward's final hidden states (`on_forward`); a Llama-family model records the
-stream before each of `aux_layers` (`record_layer`) as it runs its layers in segments cut there
-(models/llama.py). NoHiddenCapture, the default, asks for nothing: the model runs its layers in
-one segment and nothing is recorded.
+and hands it every forward's final hidden states (`on_forward`); every model's decoder stack
+records the stream before each of `aux_layers` (`record_layer`) as it runs its layers in segments
+cut there (model/decoder_stack.py). NoHiddenCapture, the default, asks for nothing: the model runs
+its layers in one segment and nothing is recorded.
 """
 
 from __future__ import annotations

@@ -47,17 +47,25 @@ class PPStage:
         return self.rank == self.size - 1
 
     def recv(
-        self, num_tokens: int, hidden_size: int, dtype: torch.dtype, device: torch.device
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The previous stage's (hidden, residual), [num_tokens, hidden_size] each."""
-        buf = torch.empty((2, num_tokens, hidden_size), dtype=dtype, device=device)
+        self,
+        num_tokens: int,
+        hidden_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+        residual: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The previous stage's (hidden, residual), [num_tokens, hidden_size] each (residual
+        False: a stack whose layers carry no residual sends hidden only, and None comes back)."""
+        buf = torch.empty(
+            (2 if residual else 1, num_tokens, hidden_size), dtype=dtype, device=device
+        )
         if num_tokens:
             self.comm.recv(buf, self.rank - 1)
-        return buf[0], buf[1]
+        return buf[0], (buf[1] if residual else None)
 
-    def send(self, hidden: torch.Tensor, residual: torch.Tensor) -> None:
+    def send(self, hidden: torch.Tensor, residual: torch.Tensor | None) -> None:
         if hidden.shape[0]:
-            t = torch.stack((hidden, residual))
+            t = hidden[None].contiguous() if residual is None else torch.stack((hidden, residual))
             self.pending.append((self.comm.isend(t, self.rank + 1), t))
 
     def wait_sends(self) -> None:

@@ -12,6 +12,7 @@ from radixlm.lora.runtime import create_lora_runtime
 from radixlm.model import model_summary, pp_micro
 from radixlm.model.compiled_decode import EagerDecode, create_decode_graphs
 from radixlm.model.cuda_graph_runner import create_cuda_graphs
+from radixlm.model.decoder_stack import DecoderStack, decoder_stack_of
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.hidden_capture import HiddenCapture, NoHiddenCapture
 from radixlm.model.host_copy import to_device
@@ -319,20 +320,20 @@ class ModelRunner:
 
     def set_hidden_capture(self, capture: HiddenCapture) -> None:
         """Hand every forward's hidden states to `capture` from now on (and the residual stream
-        entering its aux_layers: a Llama-family model records them)."""
-        decoder = getattr(self.model, "model", None)
+        entering its aux_layers: the model's decoder stack records them)."""
+        decoder = decoder_stack_of(self.model)
         if capture.aux_layers:
-            if not hasattr(decoder, "hidden_capture"):
+            if not isinstance(decoder, DecoderStack):
                 raise ValueError(
-                    f"{self.loaded.architecture}: only Llama-family models record the hidden states"
-                    " of inner layers (EAGLE-3's features)"
+                    f"{self.loaded.architecture}: the hidden states of inner layers (EAGLE-3's"
+                    " features) are recorded by a decoder stack, which this model has not"
                 )
             bad = [i for i in capture.aux_layers if not 0 <= i < self.num_layers]
             if bad:
                 raise ValueError(
                     f"aux hidden-state layers {bad} outside the target's {self.num_layers} layers"
                 )
-        if hasattr(decoder, "hidden_capture"):
+        if isinstance(decoder, DecoderStack):
             decoder.hidden_capture = capture
         self.hidden_capture = capture
         if not isinstance(capture, NoHiddenCapture) and not isinstance(

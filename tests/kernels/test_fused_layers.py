@@ -78,9 +78,9 @@ def test_fused_layers_leave_windows_caps_and_sinks_to_the_layers(kernel_ops, tmp
 
     path, _ = _mixed_model(tmp_path)
     stack = load_model(path).model.model
-    assert stack._fused_layers()
+    assert stack.fused_layers()
     attn = stack.layers[-1].self_attn.attn
     value = {"sliding_window_size": 8, "logit_cap": 30.0}.get(feature)
     setattr(attn, feature, value if value else torch.nn.Parameter(torch.zeros(attn.num_heads)))
     stack._fused = None
-    assert not stack._fused_layers()
+    assert not stack.fused_layers()

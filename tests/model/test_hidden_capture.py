@@ -92,7 +92,7 @@ def test_layer_segments():
 
 def test_segmented_capture_changes_nothing_and_matches_the_python_layers(runner):
     decoder = runner.model.model
-    assert decoder._fused_layers(), "the default model runs its layers as one native op"
+    assert decoder.fused_layers(), "the default model runs its layers as one native op"
     plain = prefill_and_decode(runner)
     fused = Recorder((2, 15, 27))  # SGLang's default EAGLE-3 layers of a 30-layer model
     runner.set_hidden_capture(fused)

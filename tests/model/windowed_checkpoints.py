@@ -148,10 +148,12 @@ def _references(hf) -> tuple[list[list[int]], list[tuple]]:
     return _REFS[hf]
 
 
-def check_greedy(model_path: str, hf, label: str, attention_backend: str | None = None) -> None:
+def check_greedy(
+    model_path: str, hf, label: str, attention_backend: str | None = None, **engine_args
+) -> None:
     """Prompts of 5 to 45 tokens (all but the first longer than the window and the chunk), each
     alone and then all batched: radixlm's greedy tokens are HF's. attention_backend None: auto
-    (the native kernel on CPU)."""
+    (the native kernel on CPU); engine_args: more of the Engine's options (pp_size)."""
     prompts, refs = _references(hf)
     sp = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
     with Engine(
@@ -161,6 +163,7 @@ def check_greedy(model_path: str, hf, label: str, attention_backend: str | None 
         enable_invariant_checks=True,
         chunked_prefill_size=CHUNK,
         log_level="warning",
+        **engine_args,
     ) as engine:
         for i, p in enumerate(prompts):
             assert engine.flush_cache()

@@ -54,6 +54,9 @@ class FusedGptOssLayers:
             )
         return got
 
+    def runs(self, fb: ForwardBatch, segments: list[tuple[int, int]]) -> bool:
+        return fb.attn_backend.runs_fused_layers(fb)
+
     def run(
         self,
         hidden: torch.Tensor,

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from radixlm.model.forward_batch import ForwardBatch
 
 
-class DecoderStack(Protocol):
+class LlamaLayersView(Protocol):
     """What the builder reads of a Llama-family model (models/llama.py: LlamaModel), typed here so
     this module never imports the model."""
 
@@ -78,6 +78,10 @@ class FusedLayers:
             )
         return part
 
+    def runs(self, fb: ForwardBatch, segments: list[tuple[int, int]]) -> bool:
+        """The op reads the native backend's metadata (decoder_stack.FusedStack)."""
+        return fb.attn_backend.runs_fused_layers(fb)
+
     def run(
         self,
         hidden: torch.Tensor,
@@ -86,8 +90,7 @@ class FusedLayers:
         start: int = 0,
         end: int | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """run_fused_layers on these arguments (the interface LlamaModel.forward calls, which
-        fused_gpt_oss_layers.FusedGptOssLayers implements too)."""
+        """run_fused_layers on these arguments (decoder_stack.FusedStack)."""
         return run_fused_layers(self, hidden, positions, fb, start, end)
 
 
@@ -116,7 +119,7 @@ def stack_rope_applies(model: Any) -> bool:
     )
 
 
-def build_fused_layers(model: DecoderStack) -> FusedLayers | None:
+def build_fused_layers(model: LlamaLayersView) -> FusedLayers | None:
     """The op's arguments for this model, or None where it does not apply."""
     from radixlm.kernels.ops import cpu_float_ops
 

@@ -45,6 +45,15 @@ class FusedQwen3_5Layers:
     eps: float
     scaling: float
 
+    def runs(self, fb: ForwardBatch, segments: list[tuple[int, int]]) -> bool:
+        """The whole stack at once (decoder_stack.FusedStack), where runs_fused allows."""
+        return len(segments) == 1 and runs_fused(fb)
+
+    def run(
+        self, hidden: torch.Tensor, positions: torch.Tensor, fb: ForwardBatch, start: int, end: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        return run_fused_qwen3_5_layers(self, hidden, positions, fb)
+
 
 def _dense_mlp_segments(mlp: Any, dense_mlp: type) -> list | None:
     if type(mlp) is not dense_mlp:

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from radixlm.distributed.parallel_state import get_tp_group
+from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.attention.mla_attention import MLAAttention
 from radixlm.model.layers.linear import Linear
@@ -41,7 +42,6 @@ from radixlm.model.models.deepseek_moe import (
 )
 from radixlm.model.models.llama import LlamaForCausalLM, LlamaMLP
 from radixlm.model.models.moe import MoeDecoderLayer
-from radixlm.model.pp_stage import pp_stage
 
 
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -149,37 +149,27 @@ class DeepseekV2DecoderLayer(MoeDecoderLayer):
         super().__init__(config, attn, mlp)
 
 
-class DeepseekV2Model(nn.Module):
+class DeepseekV2Model(DecoderStack):
     def __init__(self, config: Any, v3: bool):
         super().__init__()
-        if pp_stage(config.num_hidden_layers).size > 1 or get_tp_group().world_size > 1:
+        pp = self.init_stack(config, fused=False)
+        if pp.size > 1 or get_tp_group().world_size > 1:
             raise ValueError(
                 "DeepSeek-V2/V3 run with tp_size 1 and pp_size 1 for now (or over several ranks"
                 " with --enable-dp-attention --dp-size N --tp-size N, and --ep-size N to split the"
                 " experts)"
             )
-        self.dispatch = (
-            expert_dispatch()
-        )  # one for every MoE layer (DP attention: per-forward counts)
+        self.dispatch = expert_dispatch()  # one for every MoE layer (DP attention: per forward)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.rotary_emb = get_rope(config.qk_rope_head_dim, config)
-        self.layers = nn.ModuleList(
-            DeepseekV2DecoderLayer(config, i, self.rotary_emb, v3, self.dispatch)
-            for i in range(config.num_hidden_layers)
+        self.layers = self.stage_layers(
+            config.num_hidden_layers,
+            lambda i: DeepseekV2DecoderLayer(config, i, self.rotary_emb, v3, self.dispatch),
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
     def forward_idle(self) -> None:
-        forward_idle(self.dispatch, [layer.mlp for layer in self.layers], self.norm.weight.dtype)
-
-    def forward(self, input_ids, positions, forward_batch: ForwardBatch) -> torch.Tensor:
-        self.dispatch.begin(input_ids.shape[0])
-        forward_batch.attn_backend.begin_forward(forward_batch)
-        hidden, residual = self.embed_tokens(input_ids), None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, forward_batch, residual)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
+        forward_idle(self.dispatch, [layer.mlp for layer in self.layers], self.stream_dtype())
 
 
 _EXPERT = re.compile(r"^(.*\.mlp\.experts)\.(\d+)\.(gate_proj|up_proj|down_proj)\.weight$")

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.attention import RadixAttention
 from radixlm.model.layers.linear_attn.mamba2 import GroupedGatedRMSNorm, Mamba2Dims, Mamba2Mixer
@@ -145,9 +146,10 @@ class FalconH1DecoderLayer(nn.Module):
         return self.feed_forward(hidden), residual
 
 
-class FalconH1Model(nn.Module):
+class FalconH1Model(DecoderStack):
     def __init__(self, config: Any):
         super().__init__()
+        self.init_stack(config, fused=False)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.embedding_multiplier = float(config.embedding_multiplier)
         self.rotary_emb = rotary = get_rope(get_head_dim(config), config)
@@ -157,16 +159,13 @@ class FalconH1Model(nn.Module):
         self.num_kv_layers = config.num_hidden_layers  # every layer attends
         self.final_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, input_ids, positions, fb: ForwardBatch, input_embeds=None):
-        fb.attn_backend.begin_forward(fb)
+    def embed(self, input_ids, input_embeds):
         if input_embeds is None:  # HF scales only the embeddings it looks up itself
-            input_embeds = self.embed_tokens(input_ids) * self.embedding_multiplier
-        positions = self.rotary_emb.cache_rows(positions, fb)
-        hidden, residual = input_embeds, None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, fb, residual)
-        hidden, _ = self.final_layernorm(hidden, residual)
-        return hidden
+            return self.embed_tokens(input_ids) * self.embedding_multiplier
+        return input_embeds
+
+    def final_norm(self, hidden, residual):
+        return self.final_layernorm(hidden, residual)[0]
 
 
 class FalconH1ForCausalLM(HybridForCausalLM):

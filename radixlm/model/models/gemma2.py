@@ -15,13 +15,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from radixlm.model.forward_batch import ForwardBatch
+from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.layers.activation import GeluAndMul
 from radixlm.model.layers.norm import GemmaRMSNorm
 from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
 from radixlm.model.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, get_head_dim
-from radixlm.model.pp_stage import pp_stage
 
 # HF hidden_activation -> F.gelu's approximate
 _GELU = {"gelu_pytorch_tanh": "tanh", "gelu_new": "tanh", "gelu": "none"}
@@ -72,37 +71,32 @@ class Gemma2DecoderLayer(nn.Module):
         return self.post_feedforward_layernorm(self.mlp(hidden)), residual
 
 
-class Gemma2Model(nn.Module):
+class Gemma2Model(DecoderStack):
     def __init__(self, config: Any, rotary_embs: list[RotaryEmbedding], qk_norm: bool = False):
         """rotary_embs: each layer's RoPE (shared objects: one cos/sin cache per kind)."""
         super().__init__()
-        if pp_stage(config.num_hidden_layers).size > 1:
-            raise ValueError(
-                "pp_size > 1 runs the Llama-family models (Llama, Mistral, Qwen2/3, Phi-3), not"
-                " Gemma 2/3 yet"
-            )
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.init_stack(config, fused=False)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.embed_tokens = self.on_first(
+            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
+        )
         # HF multiplies by sqrt(hidden) cast to the weights' dtype (Gemma2TextScaledWordEmbedding).
         self.register_buffer(
             "normalizer",
             torch.tensor(math.sqrt(config.hidden_size), dtype=torch.float32),
             persistent=False,
         )
-        self.layers = nn.ModuleList(
-            Gemma2DecoderLayer(config, i, rotary_embs[i], qk_norm)
-            for i in range(config.num_hidden_layers)
+        self.layers = self.stage_layers(
+            config.num_hidden_layers,
+            lambda i: Gemma2DecoderLayer(config, i, rotary_embs[i], qk_norm),
         )
-        self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = self.on_last(lambda: GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps))
 
-    def forward(self, input_ids, positions, forward_batch: ForwardBatch) -> torch.Tensor:
-        forward_batch.attn_backend.begin_forward(forward_batch)
+    def embed(self, input_ids, input_embeds):
+        if input_embeds is not None:  # scaled where they were looked up (HF likewise)
+            return input_embeds
         hidden = self.embed_tokens(input_ids)
-        hidden = hidden * self.normalizer.to(hidden.dtype)
-        residual = None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, forward_batch, residual)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
+        return hidden * self.normalizer.to(hidden.dtype)
 
 
 class Gemma2ForCausalLM(LlamaForCausalLM):

@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.attention.radix_attention import RadixAttention
 from radixlm.model.layers.linear import Linear
@@ -178,9 +179,16 @@ class Gemma4DecoderLayer(nn.Module):
         return hidden * self.layer_scalar
 
 
-class Gemma4Model(nn.Module):
+class Gemma4Model(DecoderStack):
+    residual_stream = False
+
     def __init__(self, config: Any):
         super().__init__()
+        if self.init_stack(config, fused=False).size > 1:
+            raise ValueError(
+                "Gemma 4 runs with pp_size 1: its per-layer inputs come from the first stage's"
+                " embeddings and its shared-KV layers read K/V computed earlier in the forward"
+            )
         n, hidden = config.num_hidden_layers, config.hidden_size
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, hidden)
         self.normalizer = math.sqrt(hidden)  # HF: sqrt(hidden) in the weights' dtype
@@ -215,15 +223,20 @@ class Gemma4Model(nn.Module):
         proj = self.per_layer_projection_norm(proj.reshape(-1, p)).view(-1, n, p)
         return (proj + own.view(-1, n, p)) * (2.0**-0.5)
 
-    def forward(self, input_ids, positions, forward_batch: ForwardBatch) -> torch.Tensor:
-        forward_batch.attn_backend.begin_forward(forward_batch)
+    def embed(self, input_ids, input_embeds):
         hidden = self.embed_tokens(input_ids)
         hidden = hidden * torch.tensor(self.normalizer, dtype=hidden.dtype)
-        ple = self.per_layer_inputs(input_ids, hidden) if self.ple_dim else None
-        shared_kv: dict = {}
-        for i, layer in enumerate(self.layers):
-            layer_input = ple[:, i] if ple is not None else None
-            hidden = layer(positions, hidden, forward_batch, layer_input, shared_kv)
+        # per forward: the per-layer inputs, and the K/V the shared layers read
+        self._ple = self.per_layer_inputs(input_ids, hidden) if self.ple_dim else None
+        self._shared_kv: dict = {}
+        return hidden
+
+    def run_layer(self, i, positions, hidden, fb, residual):
+        layer_input = self._ple[:, i] if self._ple is not None else None
+        return self.layers[i](positions, hidden, fb, layer_input, self._shared_kv), None
+
+    def final_norm(self, hidden, residual):
+        self._ple, self._shared_kv = None, {}  # (this forward's, not kept past it)
         return self.norm(hidden)
 
 

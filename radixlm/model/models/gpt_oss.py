@@ -15,15 +15,15 @@ from typing import Any
 
 from torch import nn
 
+from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.layers.fused_gpt_oss_layers import build_fused_gpt_oss_layers
 from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
 from radixlm.model.models.gpt_oss_moe import GptOssSparseMoeBlock
-from radixlm.model.models.llama import LlamaAttention, LlamaForCausalLM, LlamaModel, get_head_dim
+from radixlm.model.models.llama import LlamaAttention, LlamaForCausalLM, get_head_dim
 from radixlm.model.models.moe import MoeDecoderLayer
-from radixlm.model.pp_stage import pp_stage
 
 
 def gpt_oss_layer(config: Any, layer_id: int, rotary_emb: RotaryEmbedding) -> nn.Module:
@@ -34,27 +34,23 @@ def gpt_oss_layer(config: Any, layer_id: int, rotary_emb: RotaryEmbedding) -> nn
     return MoeDecoderLayer(config, attn, GptOssSparseMoeBlock(config))
 
 
-class GptOssModel(LlamaModel):
-    """LlamaModel's forward (pre-norms, fused add + norm) over gpt-oss layers."""
+class GptOssModel(DecoderStack):
+    """The Llama graph (pre-norms, fused add + norm) over gpt-oss layers."""
 
     def __init__(self, config: Any):
-        nn.Module.__init__(self)
-        self.pp = pp = pp_stage(config.num_hidden_layers)
-        if pp.size > 1:
-            raise ValueError("pp_size > 1 runs the Llama-family models, not gpt-oss yet")
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.rotary_emb = rotary_emb = get_rope(get_head_dim(config), config)
-        self.layers = nn.ModuleList(
-            gpt_oss_layer(config, i, rotary_emb) for i in range(config.num_hidden_layers)
+        super().__init__()
+        self.init_stack(config)
+        self.embed_tokens = self.on_first(
+            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         )
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        self.hidden_size = config.hidden_size
-        # All layers in one native op where it applies (layers/fused_gpt_oss_layers.py); False:
-        # never. Its arguments are built at the first forward (None: not yet, False: n/a).
-        self.use_fused_layers = True
-        self._fused = None
+        self.rotary_emb = rotary_emb = get_rope(get_head_dim(config), config)
+        self.layers = self.stage_layers(
+            config.num_hidden_layers, lambda i: gpt_oss_layer(config, i, rotary_emb)
+        )
+        self.norm = self.on_last(lambda: RMSNorm(config.hidden_size, eps=config.rms_norm_eps))
 
-    def _build_fused_layers(self):
+    def build_fused(self):
+        """All layers in one native op where it applies (layers/fused_gpt_oss_layers.py)."""
         return build_fused_gpt_oss_layers(self)
 
 

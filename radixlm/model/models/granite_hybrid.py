@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.attention import RadixAttention
 from radixlm.model.layers.linear_attn.mamba2 import Mamba2Dims, Mamba2Mixer
@@ -117,9 +118,10 @@ class GraniteHybridDecoderLayer(nn.Module):
         return out * self.residual_multiplier, residual
 
 
-class GraniteHybridModel(nn.Module):
+class GraniteHybridModel(DecoderStack):
     def __init__(self, config: Any, dispatch):
         super().__init__()
+        self.init_stack(config, fused=False)
         self.dispatch = dispatch
         self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
@@ -132,21 +134,11 @@ class GraniteHybridModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, input_ids, positions, fb: ForwardBatch, input_embeds=None):
-        self.dispatch.begin(input_ids.shape[0])  # DP attention: the ranks' token counts
-        fb.attn_backend.begin_forward(fb)
-        hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
-        hidden = hidden * self.embedding_multiplier
-        if self.rotary_emb is not None:
-            positions = self.rotary_emb.cache_rows(positions, fb)
-        residual = None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, fb, residual)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
+    def embed(self, input_ids, input_embeds):
+        return super().embed(input_ids, input_embeds) * self.embedding_multiplier
 
     def forward_idle(self) -> None:
-        forward_idle(self.dispatch, [layer.mlp for layer in self.layers], self.norm.weight.dtype)
+        forward_idle(self.dispatch, [layer.mlp for layer in self.layers], self.stream_dtype())
 
 
 class GraniteMoeHybridForCausalLM(HybridForCausalLM, MoeForCausalLM):

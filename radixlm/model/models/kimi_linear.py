@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.linear_attn.kimi_delta_attention import KimiDeltaAttention
 from radixlm.model.layers.moe.expert_dispatch import expert_dispatch, forward_idle
@@ -90,9 +91,10 @@ class KimiLinearDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class KimiLinearModel(nn.Module):
+class KimiLinearModel(DecoderStack):
     def __init__(self, config: Any):
         super().__init__()
+        self.init_stack(config, fused=False)
         self.dispatch = expert_dispatch()  # one for every MoE layer
         self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
         mlp_types = list(config.mlp_layer_types)
@@ -113,18 +115,8 @@ class KimiLinearModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
-    def forward(self, input_ids, positions, fb: ForwardBatch, input_embeds=None):
-        self.dispatch.begin(input_ids.shape[0])
-        fb.attn_backend.begin_forward(fb)
-        hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
-        residual = None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, fb, residual)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
-
     def forward_idle(self) -> None:
-        forward_idle(self.dispatch, [layer.mlp for layer in self.layers], self.norm.weight.dtype)
+        forward_idle(self.dispatch, [layer.mlp for layer in self.layers], self.stream_dtype())
 
 
 class KimiLinearForCausalLM(HybridForCausalLM, DeepseekV2ForCausalLM):

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.attention import RadixAttention
 from radixlm.model.layers.linear_attn.short_conv import ShortConv
@@ -103,9 +104,10 @@ class Lfm2DecoderLayer(nn.Module):
         return self.feed_forward(hidden), residual
 
 
-class Lfm2Model(nn.Module):
+class Lfm2Model(DecoderStack):
     def __init__(self, config: Any):
         super().__init__()
+        self.init_stack(config, fused=False)
         self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.rotary_emb = rotary = get_rope(get_head_dim(config), config)
@@ -114,15 +116,8 @@ class Lfm2Model(nn.Module):
         )
         self.embedding_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
 
-    def forward(self, input_ids, positions, fb: ForwardBatch, input_embeds=None):
-        fb.attn_backend.begin_forward(fb)
-        hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
-        positions = self.rotary_emb.cache_rows(positions, fb)
-        residual = None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, fb, residual)
-        hidden, _ = self.embedding_norm(hidden, residual)
-        return hidden
+    def final_norm(self, hidden, residual):
+        return self.embedding_norm(hidden, residual)[0]
 
 
 class Lfm2ForCausalLM(HybridForCausalLM):

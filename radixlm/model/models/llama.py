@@ -12,8 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.forward_batch import ForwardBatch
-from radixlm.model.hidden_capture import HiddenCapture, NoHiddenCapture, layer_segments
 from radixlm.model.layers.activation import SiluAndMul
 from radixlm.model.layers.attention import RadixAttention
 from radixlm.model.layers.fused_layers import build_fused_layers
@@ -160,113 +160,25 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class LlamaModel(nn.Module):
-    # Who reads the residual stream entering some layers (EAGLE-3's draft head:
-    # model/hidden_capture.py);
-    # the runner installs one, NoHiddenCapture reads nothing and the layers run in one segment.
-    hidden_capture: HiddenCapture = NoHiddenCapture()
-
+class LlamaModel(DecoderStack):
     def __init__(self, config: Any, qkv_bias: bool = False, qk_norm: bool = False):
         super().__init__()
         # A pipeline stage builds its layers only: the embedding on the first stage (and on the last
-        # when the LM head is tied to it), the final norm on the last (pp_stage.py).
-        self.pp = pp = pp_stage(config.num_hidden_layers)
+        # when the LM head is tied to it), the final norm on the last (decoder_stack.py).
+        self.init_stack(config)
         tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.embed_tokens = (
-            VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-            if pp.is_first or (tied and pp.is_last)
-            else PPMissingLayer()
+        self.embed_tokens = self.on_first(
+            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
         )
         self.rotary_emb = rotary_emb = get_rope(get_head_dim(config), config)
-        self.layers = nn.ModuleList(
-            (
-                LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, qk_norm)
-                if i in pp.layers
-                else PPMissingLayer()
-            )
-            for i in range(config.num_hidden_layers)
+        self.layers = self.stage_layers(
+            config.num_hidden_layers,
+            lambda i: LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, qk_norm),
         )
-        self.norm = (
-            RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if pp.is_last else PPMissingLayer()
-        )
-        self.hidden_size = config.hidden_size
-        # All layers in one native op where it applies (model/layers/fused_layers.py); False: never.
-        self.use_fused_layers = pp.size == 1
-        self._fused: Any = (
-            None  # its arguments, built at the first forward (None: not yet, False: n/a)
-        )
+        self.norm = self.on_last(lambda: RMSNorm(config.hidden_size, eps=config.rms_norm_eps))
 
-    def forward(
-        self,
-        input_ids,
-        positions,
-        forward_batch: ForwardBatch,
-        input_embeds: torch.Tensor | None = None,
-    ) -> torch.Tensor | None:
-        """-> the final hidden states (None on a pipeline stage before the last: it sent them on).
-        input_embeds: the embeddings to start from instead of input_ids' (images:
-        model/mm_embed.py).
-        """
-        backend = forward_batch.attn_backend
-        backend.begin_forward(forward_batch)
-        pp = self.pp
-        if pp.is_first:
-            hidden, residual = (
-                self.embed_tokens(input_ids) if input_embeds is None else input_embeds,
-                None,
-            )
-        else:
-            hidden, residual = pp.recv(
-                input_ids.shape[0], self.hidden_size, self._stream_dtype(), input_ids.device
-            )
-        positions = self.rotary_emb.cache_rows(
-            positions, forward_batch
-        )  # longrope: its table per request
-        # The fused op runs the base weights only: a batch with LoRA tokens takes the layers (and
-        # their hooks).
-        fused = (
-            self._fused_layers()
-            if hidden.shape[0]
-            and not forward_batch.uses_lora
-            and backend.runs_fused_layers(forward_batch)
-            else None
-        )
-        capture = self.hidden_capture
-        for start, end in layer_segments(pp.layers, capture.aux_layers):
-            if start in capture.aux_layers:
-                stream = (
-                    hidden.clone() if residual is None else hidden + residual
-                )  # layer 0 keeps the embedding as its residual
-                capture.record_layer(start, stream)
-                # the op starts its segment from the stream: bitwise its add + norm
-                # (fused_layers.py)
-                if fused:
-                    hidden, residual = stream, None
-            if fused:
-                hidden, residual = fused.run(hidden, positions, forward_batch, start, end)
-            else:
-                for i in range(start, end):
-                    hidden, residual = self.layers[i](positions, hidden, forward_batch, residual)
-        if not pp.is_last:
-            pp.send(hidden, residual)
-            return None
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
-
-    def _stream_dtype(self) -> torch.dtype:
-        """The dtype of the residual stream (the layers' weights)."""
-        return self.layers[self.pp.layers.start].input_layernorm.weight.dtype
-
-    def _fused_layers(self):
-        if not self.use_fused_layers:
-            return None
-        if self._fused is None:
-            self._fused = self._build_fused_layers() or False
-        return self._fused
-
-    def _build_fused_layers(self):
-        """The one-op stack's arguments (None: it does not apply); families with their own op
-        override it."""
+    def build_fused(self):
+        """All layers in one native op where it applies (model/layers/fused_layers.py)."""
         return build_fused_layers(self)
 
 

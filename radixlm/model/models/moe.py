@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.layers.moe.expert_dispatch import LocalExperts, expert_dispatch, forward_idle
 from radixlm.model.layers.moe.moe_block import MoeSpec, SparseMoeBlock
 from radixlm.model.layers.norm import RMSNorm
@@ -28,10 +29,8 @@ from radixlm.model.models.llama import (
     LlamaDecoderLayer,
     LlamaForCausalLM,
     LlamaMLP,
-    LlamaModel,
     get_head_dim,
 )
-from radixlm.model.pp_stage import PPMissingLayer, pp_stage
 from radixlm.model.tp_shard import TensorSlice
 
 _EXPERT_RE = re.compile(
@@ -56,42 +55,29 @@ class MoeDecoderLayer(LlamaDecoderLayer):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
 
 
-class MoeModel(LlamaModel):
-    """LlamaModel (its forward, pipeline stages) whose layers the family builds."""
+class MoeModel(DecoderStack):
+    """The Llama graph (pre-norms, fused add + norm) over the family's layers."""
 
     def __init__(self, config: Any, family: MoeForCausalLM):
-        nn.Module.__init__(self)
+        super().__init__()
+        # the one-op fused decoder has no MoE block
+        self.init_stack(config, fused=False)
         self.dispatch = family.expert_dispatch
-        self.pp = pp = pp_stage(config.num_hidden_layers)
         tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.embed_tokens = (
-            VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-            if pp.is_first or (tied and pp.is_last)
-            else PPMissingLayer()
+        self.embed_tokens = self.on_first(
+            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
         )
         self.rotary_emb = rotary_emb = get_rope(get_head_dim(config), config)
-        self.layers = nn.ModuleList(
-            family.build_layer(config, i, rotary_emb) if i in pp.layers else PPMissingLayer()
-            for i in range(config.num_hidden_layers)
+        self.layers = self.stage_layers(
+            config.num_hidden_layers, lambda i: family.build_layer(config, i, rotary_emb)
         )
-        self.norm = (
-            RMSNorm(config.hidden_size, eps=config.rms_norm_eps) if pp.is_last else PPMissingLayer()
-        )
-        self.hidden_size = config.hidden_size
-        self.use_fused_layers = False  # the one-op fused decoder has no MoE block
-        self._fused = False
-
-    def forward(self, input_ids, positions, forward_batch, input_embeds=None):
-        self.dispatch.begin(
-            input_ids.shape[0]
-        )  # DP attention: the ranks' token counts, once per forward
-        return super().forward(input_ids, positions, forward_batch, input_embeds)
+        self.norm = self.on_last(lambda: RMSNorm(config.hidden_size, eps=config.rms_norm_eps))
 
     def forward_idle(self) -> None:
         forward_idle(
             self.dispatch,
             [getattr(layer, "mlp", None) for layer in self.layers],
-            self.norm.weight.dtype,
+            self.stream_dtype(),
         )
 
 

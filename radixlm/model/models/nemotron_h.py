@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.attention import RadixAttention
 from radixlm.model.layers.linear_attn.mamba2 import Mamba2Dims, Mamba2Mixer
@@ -112,7 +113,7 @@ class NemotronHBlock(nn.Module):
     def state_layer(self) -> Mamba2Mixer | None:
         return self.mixer if self.block_type == "linear_attention" else None
 
-    def forward(self, hidden, fb: ForwardBatch, residual):
+    def forward(self, positions, hidden, fb: ForwardBatch, residual):
         # The residual stream rides along (fused add + norm): x + mixer(norm(x)) per block.
         if residual is None:
             residual, hidden = hidden, self.norm(hidden)
@@ -121,9 +122,10 @@ class NemotronHBlock(nn.Module):
         return self.mixer(hidden, fb), residual
 
 
-class NemotronHModel(nn.Module):
+class NemotronHModel(DecoderStack):
     def __init__(self, config: Any):
         super().__init__()
+        self.init_stack(config, fused=False)
         self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
         self.embeddings = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.layers, self.num_kv_layers = build_layers(
@@ -131,14 +133,11 @@ class NemotronHModel(nn.Module):
         )
         self.norm_f = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
 
-    def forward(self, input_ids, positions, fb: ForwardBatch, input_embeds=None):
-        fb.attn_backend.begin_forward(fb)
-        hidden = self.embeddings(input_ids) if input_embeds is None else input_embeds
-        residual = None
-        for layer in self.layers:
-            hidden, residual = layer(hidden, fb, residual)
-        hidden, _ = self.norm_f(hidden, residual)
-        return hidden
+    def embed(self, input_ids, input_embeds):
+        return self.embeddings(input_ids) if input_embeds is None else input_embeds
+
+    def final_norm(self, hidden, residual):
+        return self.norm_f(hidden, residual)[0]
 
 
 class NemotronHForCausalLM(HybridForCausalLM):

@@ -14,13 +14,13 @@ from typing import Any
 import torch
 from torch import nn
 
+from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
 from radixlm.model.layers.rotary import RotaryEmbedding
 from radixlm.model.models.gemma3 import rope_params_of
 from radixlm.model.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, get_head_dim
-from radixlm.model.pp_stage import pp_stage
 
 
 class Olmo3Attention(LlamaAttention):
@@ -50,35 +50,34 @@ class Olmo3DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=eps)
         self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps=eps)
 
-    def forward(self, positions, hidden, forward_batch):
+    def forward(self, positions, hidden, forward_batch, residual=None):
+        """Post-norms added to the stream here: no residual rides along (-> (stream, None))."""
         hidden = hidden + self.post_attention_layernorm(
             self.self_attn(positions, hidden, forward_batch)
         )
-        return hidden + self.post_feedforward_layernorm(self.mlp(hidden))
+        return hidden + self.post_feedforward_layernorm(self.mlp(hidden)), None
 
 
-class Olmo3Model(nn.Module):
+class Olmo3Model(DecoderStack):
+    residual_stream = False
+
     def __init__(self, config: Any):
         super().__init__()
-        if pp_stage(config.num_hidden_layers).size > 1:
-            raise ValueError("pp_size > 1 runs the Llama-family models, not Olmo3 yet")
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.init_stack(config, fused=False)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.embed_tokens = self.on_first(
+            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
+        )
         head_dim, max_pos = get_head_dim(config), config.max_position_embeddings
         ropes = {
             t: RotaryEmbedding(head_dim, max_pos, rope_params_of(config, t))
             for t in set(config.layer_types)
         }
-        self.layers = nn.ModuleList(
-            Olmo3DecoderLayer(config, i, ropes[t]) for i, t in enumerate(config.layer_types)
+        self.layers = self.stage_layers(
+            config.num_hidden_layers,
+            lambda i: Olmo3DecoderLayer(config, i, ropes[config.layer_types[i]]),
         )
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-
-    def forward(self, input_ids, positions, forward_batch: ForwardBatch) -> torch.Tensor:
-        forward_batch.attn_backend.begin_forward(forward_batch)
-        hidden = self.embed_tokens(input_ids)
-        for layer in self.layers:
-            hidden = layer(positions, hidden, forward_batch)
-        return self.norm(hidden)
+        self.norm = self.on_last(lambda: RMSNorm(config.hidden_size, eps=config.rms_norm_eps))
 
 
 class Olmo3ForCausalLM(LlamaForCausalLM):

@@ -18,12 +18,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.attention import RadixAttention
 from radixlm.model.layers.fused_qwen3_5_layers import (
     build_fused_qwen3_5_layers,
-    run_fused_qwen3_5_layers,
-    runs_fused,
 )
 from radixlm.model.layers.linear_attn.gated_delta_net import GatedDeltaNet
 from radixlm.model.layers.norm import OffsetRMSNorm
@@ -121,13 +120,15 @@ class Qwen3_5DecoderLayer(nn.Module):
         return self.mlp(hidden), residual
 
 
-class Qwen3_5Model(nn.Module):
+class Qwen3_5Model(DecoderStack):
     def __init__(
         self, config: Any, build_mlp: Callable[[Any, int], nn.Module], mrope: bool = False
     ):
         """build_mlp(config, layer index): each layer's MLP (dense, or a mixture of experts);
         mrope: positions by M-RoPE (the decoder of a model with images)."""
         super().__init__()
+        # All layers in one native op where it applies (layers/fused_qwen3_5_layers.py).
+        self.init_stack(config)
         self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.rotary_emb = rotary = text_rope(config.head_dim, config, mrope)
@@ -136,31 +137,9 @@ class Qwen3_5Model(nn.Module):
             lambda i, t, n: Qwen3_5DecoderLayer(config, t, n, rotary, build_mlp(config, i)),
         )
         self.norm = OffsetRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
-        # All layers in one native op where it applies (layers/fused_qwen3_5_layers.py); False:
-        # never. Its arguments are built at the first forward (None: not yet, False: n/a).
-        self.use_fused_layers = True
-        self._fused: Any = None
 
-    def forward(self, input_ids, positions, fb: ForwardBatch, input_embeds=None):
-        fb.attn_backend.begin_forward(fb)
-        hidden = self.embed_tokens(input_ids) if input_embeds is None else input_embeds
-        positions = self.rotary_emb.cache_rows(positions, fb)
-        fused = self._fused_layers() if hidden.shape[0] and runs_fused(fb) else None
-        if fused:
-            hidden, residual = run_fused_qwen3_5_layers(fused, hidden, positions, fb)
-        else:
-            residual = None
-            for layer in self.layers:
-                hidden, residual = layer(positions, hidden, fb, residual)
-        hidden, _ = self.norm(hidden, residual)
-        return hidden
-
-    def _fused_layers(self):
-        if not self.use_fused_layers:
-            return None
-        if self._fused is None:
-            self._fused = build_fused_qwen3_5_layers(self, LlamaMLP) or False
-        return self._fused
+    def build_fused(self):
+        return build_fused_qwen3_5_layers(self, LlamaMLP)
 
 
 class Qwen3_5ForCausalLM(HybridForCausalLM):
