@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 
 from radixlm.ipc import GenerateReqInput
-from radixlm.sampling_params import SamplingParams, SamplingParamsError
 from radixlm.server.api_common import (
     HTTPError,
     ServerState,
@@ -35,42 +34,46 @@ from radixlm.server.openai_protocol import (
     RequestError,
     response_format_constraint,
 )
+from radixlm.server.sampling_builder import ClientNames, build_sampling_params
 from radixlm.server.thinking_params import thinking_params
 from radixlm.server.tool_template import tool_setup
 
-# Request fields copied verbatim into sampling_params when given.
-_SAMPLING_FIELDS = (
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "seed",
-    "stop",
-    "stop_token_ids",
-    "ignore_eos",
-    "skip_special_tokens",
-    "spaces_between_special_tokens",
-    "no_stop_trim",
-    "regex",
-    "json_schema",
-    "ebnf",
-    "structural_tag",
-    "stop_regex",
-    "logit_bias",
-    "typical_p",
-    "bad_words",
-    "allowed_token_ids",
-    "dry_multiplier",
-    "dry_base",
-    "dry_allowed_length",
-    "dry_penalty_last_n",
-    "dry_sequence_breakers",
-    "xtc_probability",
-    "xtc_threshold",
-)
+# Request fields copied verbatim into sampling_params when given (the same names).
+_SAMPLING_FIELDS = {
+    name: name
+    for name in (
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "seed",
+        "stop",
+        "stop_token_ids",
+        "ignore_eos",
+        "skip_special_tokens",
+        "spaces_between_special_tokens",
+        "no_stop_trim",
+        "regex",
+        "json_schema",
+        "ebnf",
+        "structural_tag",
+        "stop_regex",
+        "logit_bias",
+        "typical_p",
+        "bad_words",
+        "allowed_token_ids",
+        "dry_multiplier",
+        "dry_base",
+        "dry_allowed_length",
+        "dry_penalty_last_n",
+        "dry_sequence_breakers",
+        "xtc_probability",
+        "xtc_threshold",
+    )
+}
 
 
 def _sampling_params(
@@ -102,10 +105,6 @@ def _sampling_params(
             f"{field} must be <= {limits.max_top_logprobs_num} (--max-top-logprobs-num), got {top}",
             param=field,
         )
-    sp = {"max_new_tokens": max_new_tokens, "n": req.n or 1}
-    sp.update({k: getattr(req, k) for k in _SAMPLING_FIELDS if getattr(req, k) is not None})
-    if req.min_tokens is not None:
-        sp["min_new_tokens"] = req.min_tokens
     if req.stream_options is not None and not req.stream:
         raise HTTPError(
             400, "stream_options is only allowed when stream is true", param="stream_options"
@@ -114,14 +113,14 @@ def _sampling_params(
         raise HTTPError(
             400, "return_token_ids is supported without stream only", param="return_token_ids"
         )
-    try:  # validate here so that a stream fails with a 400 before it starts
-        SamplingParams.from_dict(dict(sp)).verify(state.scheduler_info["vocab_size"])
-    except SamplingParamsError as e:
-        # Name the fields as the client sent them, not the native names.
-        msg = str(e).replace("max_new_tokens", max_field).replace("min_new_tokens", "min_tokens")
-        field = msg.split()[0].removeprefix("sampling_params.")
-        raise HTTPError(400, msg.replace("sampling_params.", ""), param=field) from None
-    return sp
+    return build_sampling_params(
+        req,
+        _SAMPLING_FIELDS,
+        state.scheduler_info["vocab_size"],
+        ClientNames({"max_new_tokens": max_field, "min_new_tokens": "min_tokens"}, every_name=True),
+        first={"max_new_tokens": max_new_tokens, "n": req.n or 1},
+        then={} if req.min_tokens is None else {"min_new_tokens": req.min_tokens},
+    )
 
 
 def _check_length(state: ServerState, prompts: list[list[int]], field: str) -> None:
