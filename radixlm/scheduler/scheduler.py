@@ -16,7 +16,8 @@ import faulthandler
 import logging
 import os
 import signal
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from radixlm.cache.base_prefix_cache import FLUSH_LEVELS
 from radixlm.cache.factory import create_prefix_cache
@@ -313,28 +314,7 @@ class Scheduler:
 
     def handle(self, msg) -> None:
         try:
-            if isinstance(msg, TokenizedGenerateReqInput):
-                self.control.add(self.pd.on_add(msg))  # held back while a weight update waits
-            elif isinstance(msg, AbortReq):
-                self.control.abort(msg.rid)
-            elif isinstance(msg, FlushCacheReq):
-                self.io.reply(self.flush_cache(msg.level))
-            elif isinstance(msg, GetInternalStateReq):
-                self.io.reply(GetInternalStateReqOutput(self.internal_state()))
-            elif isinstance(msg, ProfileReq):
-                self.io.reply(self.profiler.handle(msg))
-            elif isinstance(msg, DashboardSnapshotReq):
-                self.io.reply(self.dashboard.handle(msg))
-            elif type(msg) in WEIGHT_CONTROL_REPLIES:
-                self.control.handle(msg)
-            elif isinstance(msg, LORA_MESSAGES):
-                self.io.reply(handle_lora_message(self.runner.lora, msg))
-            elif isinstance(msg, SLOT_MESSAGES):  # llama-server's slot files
-                self.io.reply(handle_slot_message(msg, self.cache_manager, self._model_key))
-            elif isinstance(msg, SESSION_MESSAGES):
-                self.sessions.handle(msg)
-            else:
-                logger.error("unknown message %r", type(msg))
+            _HANDLERS.get(type(msg), _unknown)(self, msg)
         except InvariantError:
             raise
         except Exception as e:
@@ -431,6 +411,26 @@ class Scheduler:
         from radixlm.cache.storage import model_key, tokenizer_fingerprint
 
         return model_key(self.runner, tokenizer_fingerprint(self.tokenizer.get()), stored_dtype)
+
+
+# What handles each message (a group of types: one entry each; a new request is held back while a
+# weight update waits). A control call's handler replies: its caller waits for the answer.
+_HANDLERS: dict[type, Callable[[Scheduler, Any], None]] = {
+    TokenizedGenerateReqInput: lambda s, m: s.control.add(s.pd.on_add(m)),
+    AbortReq: lambda s, m: s.control.abort(m.rid),
+    FlushCacheReq: lambda s, m: s.io.reply(s.flush_cache(m.level)),
+    GetInternalStateReq: lambda s, _: s.io.reply(GetInternalStateReqOutput(s.internal_state())),
+    ProfileReq: lambda s, m: s.io.reply(s.profiler.handle(m)),
+    DashboardSnapshotReq: lambda s, m: s.io.reply(s.dashboard.handle(m)),
+    **dict.fromkeys(WEIGHT_CONTROL_REPLIES, lambda s, m: s.control.handle(m)),
+    **dict.fromkeys(LORA_MESSAGES, lambda s, m: s.io.reply(handle_lora_message(s.runner.lora, m))),
+    **dict.fromkeys(  # llama-server's slot files
+        SLOT_MESSAGES,
+        lambda s, m: s.io.reply(handle_slot_message(m, s.cache_manager, s._model_key)),
+    ),
+    **dict.fromkeys(SESSION_MESSAGES, lambda s, m: s.sessions.handle(m)),
+}
+_unknown = lambda s, m: logger.error("unknown message %r", type(m))
 
 
 def _load_tokenizer(path: str):

@@ -1,7 +1,7 @@
 """Anthropic's Messages API: POST /v1/messages and POST /v1/messages/count_tokens.
 
 An adapter over the OpenAI chat pipeline: the request becomes a ChatCompletionRequest
-(anthropic_protocol.py), openai_api.open_chat runs it, and its body or chunk stream becomes an
+(anthropic_protocol.py), chat_pipeline.open_chat runs it, and its body or chunk stream becomes an
 Anthropic message or event stream (anthropic_convert.py). Every error, the ones the chat pipeline
 raises included, is answered in Anthropic's shape ({"type": "error", "error": {type, message}});
 after a stream started, as an `error` event. The key may come as `x-api-key` (http_access.py).
@@ -22,8 +22,9 @@ from radixlm.http_common import anthropic_error
 from radixlm.server.anthropic_convert import StreamConverter, error_type, message_from_chat
 from radixlm.server.anthropic_protocol import CountTokensRequest, MessagesRequest, chat_body
 from radixlm.server.api_common import HTTPError, json_body, parse_body, read_json, srv
+from radixlm.server.chat_pipeline import open_chat
 from radixlm.server.chat_render import render_chat
-from radixlm.server.openai_api import _requested_model, open_chat
+from radixlm.server.model_names import requested_model
 from radixlm.server.openai_protocol import ChatCompletionRequest, RequestError
 
 logger = logging.getLogger(__name__)
@@ -120,7 +121,7 @@ async def count_tokens(request: Request):
         req: CountTokensRequest = parse_body(CountTokensRequest, await read_json(request))
         chat = _chat_request(request, req)
         state = srv(request)
-        _requested_model(state, chat.model)  # the same model check as /v1/messages
+        requested_model(state, chat.model)  # the same model check as /v1/messages
         ids = await state.tokenizer_manager.tokenizer_pool.run(
             render_chat, state, chat, what="rendering the chat template"
         )

@@ -1,5 +1,5 @@
 """Anthropic's Messages API requests (POST /v1/messages, /v1/messages/count_tokens) and their
-translation into the OpenAI chat request the chat pipeline runs (openai_api.open_chat).
+translation into the OpenAI chat request the chat pipeline runs (chat_pipeline.open_chat).
 
 The models are strict (an unknown or mistyped field is a 400 naming it, as Anthropic answers);
 content blocks are checked by hand so that a bad block is named by its path

@@ -21,7 +21,7 @@ from radixlm.server.api_common import (
     srv,
 )
 from radixlm.server.fanout import admit_to_queue
-from radixlm.server.openai_api import _requested_model
+from radixlm.server.model_names import requested_model
 
 _IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}}
 _INPUT = {
@@ -65,7 +65,7 @@ class EncodeRequest(BaseModel):
 router = APIRouter()
 
 
-async def _encode(
+async def encode_inputs(
     request: Request, inp: Any, dimensions: int | None, rid: Any = None, field: str = "input"
 ):
     state = srv(request)
@@ -102,8 +102,8 @@ def _base64(vec: list[float]) -> str:
 @router.post("/v1/embeddings", openapi_extra=json_body(EmbeddingRequest.model_json_schema()))
 async def embeddings(request: Request):
     req = parse_body(EmbeddingRequest, await read_json(request))
-    model = _requested_model(srv(request), req.model)
-    res = await _encode(request, req.input, req.dimensions)
+    model = requested_model(srv(request), req.model).name
+    res = await encode_inputs(request, req.input, req.dimensions)
     as_b64 = req.encoding_format == "base64"
     return {
         "object": "list",
@@ -123,7 +123,7 @@ async def encode(request: Request):
         raise HTTPError(400, "exactly one of text or input_ids must be given", param="text")
     field = "text" if req.text is not None else "input_ids"
     inp = req.text if req.text is not None else req.input_ids
-    res = await _encode(request, inp, req.dimensions, req.rid, field)
+    res = await encode_inputs(request, inp, req.dimensions, req.rid, field)
     outs = [{"embedding": e, "meta_info": m} for e, m in zip(res.embeddings, res.meta_infos)]
     single = isinstance(inp, str) or (
         isinstance(inp, list) and bool(inp) and isinstance(inp[0], int)

@@ -21,7 +21,6 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixlm.ipc import GenerateReqInput
-from radixlm.sampling_params import SamplingParams, SamplingParamsError
 from radixlm.server.api_common import (
     STREAM_ERRORS,
     HTTPError,
@@ -39,6 +38,7 @@ from radixlm.server.api_common import (
 from radixlm.server.fanout import admit_to_queue, check_fanout
 from radixlm.server.fim import FimTokens, fim_tokens, no_fim_message, psm_ids, repo_context_ids
 from radixlm.server.llama_protocol import finished_fields
+from radixlm.server.sampling_builder import ClientNames, build_sampling_params
 
 N_BATCH = 2048  # llama-server's default --batch-size, which sizes its infill budget
 _TEXT = {
@@ -102,6 +102,7 @@ _NATIVE = {
     "frequency_penalty": "frequency_penalty",
     "repeat_penalty": "repetition_penalty",
 }
+_CLIENT_NAMES = ClientNames({v: k for k, v in _NATIVE.items()} | {"max_new_tokens": "n_predict"})
 
 
 def _mixed(encode, value: Any, field: str) -> list[int]:
@@ -138,27 +139,17 @@ def infill_prompt(tok, fim: FimTokens, req: InfillRequest, ctx: int, n_predict: 
 
 def _sampling(state: ServerState, req: InfillRequest, fim: FimTokens, prompt_len: int) -> dict:
     room = state.context_len - prompt_len
-    sp = {"max_new_tokens": room if req.n_predict < 0 else min(req.n_predict, room)}
-    sp.update(
-        {native: getattr(req, k) for k, native in _NATIVE.items() if getattr(req, k) is not None}
+    then = {"stop": req.stop} if req.stop else {}
+    if fim.end_of_generation:  # llama.cpp ends at a FIM pad / repo / file separator token
+        then["stop_token_ids"] = fim.end_of_generation
+    return build_sampling_params(
+        req,
+        _NATIVE,
+        state.scheduler_info["vocab_size"],
+        _CLIENT_NAMES,
+        first={"max_new_tokens": room if req.n_predict < 0 else min(req.n_predict, room)},
+        then=then,
     )
-    if req.stop:
-        sp["stop"] = req.stop
-    if (
-        fim.end_of_generation
-    ):  # llama.cpp ends generation at a FIM pad / repo / file separator token
-        sp["stop_token_ids"] = fim.end_of_generation
-    try:
-        SamplingParams.from_dict(dict(sp)).verify(state.scheduler_info["vocab_size"])
-    except SamplingParamsError as e:
-        names = {v: k for k, v in _NATIVE.items()} | {"max_new_tokens": "n_predict"}
-        field = str(e).split()[0].removeprefix("sampling_params.")
-        raise HTTPError(
-            400,
-            str(e).replace("sampling_params.", "").replace(field, names.get(field, field)),
-            param=names.get(field, field),
-        ) from None
-    return sp
 
 
 router = APIRouter()

@@ -12,8 +12,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixlm.constrained.gbnf import GBNFError, check_gbnf
-from radixlm.sampling_params import SamplingParams, SamplingParamsError
+from radixlm.sampling_params import SamplingParams
 from radixlm.server.api_common import HTTPError
+from radixlm.server.sampling_builder import ClientNames, build_sampling_params
 
 _PROMPT = {
     "anyOf": [
@@ -108,31 +109,26 @@ def _llama_value(name: str, v: Any) -> Any:
 def sampling_params(req: CompletionRequest, room: int, vocab_size: int) -> dict:
     """The request's SGLang sampling parameters (only what it set); `room`: the context left after
     the prompt. A refused value is a 400 naming llama-server's field."""
-    sp: dict[str, Any] = {"max_new_tokens": room if req.n_predict < 0 else min(req.n_predict, room)}
-    for field, native in NATIVE.items():
-        v = getattr(req, field)
-        if v is not None and _llama_value(field, v) is not None:
-            sp[native] = _llama_value(field, v)
-    if req.stop:
-        sp["stop"] = req.stop
+    then: dict[str, Any] = {"stop": req.stop} if req.stop else {}
     if req.grammar is not None and req.json_schema is not None:
         raise HTTPError(400, "give either grammar or json_schema, not both", param="grammar")
     if req.grammar:
         try:
-            sp["ebnf"] = check_gbnf(req.grammar)
+            then["ebnf"] = check_gbnf(req.grammar)
         except GBNFError as e:
             msg = f"grammar is not a valid GBNF grammar: {e}"
             raise HTTPError(400, msg, param="grammar") from None
     if req.json_schema is not None:
-        sp["json_schema"] = json.dumps(req.json_schema)
-    try:
-        SamplingParams.from_dict(dict(sp)).verify(vocab_size)
-    except SamplingParamsError as e:
-        field = str(e).split()[0].removeprefix("sampling_params.")
-        name = _LLAMA_NAME.get(field, field)
-        msg = str(e).replace("sampling_params.", "").replace(field, name, 1)
-        raise HTTPError(400, msg, param=name) from None
-    return sp
+        then["json_schema"] = json.dumps(req.json_schema)
+    return build_sampling_params(
+        req,
+        NATIVE,
+        vocab_size,
+        ClientNames(_LLAMA_NAME),
+        first={"max_new_tokens": room if req.n_predict < 0 else min(req.n_predict, room)},
+        then=then,
+        value=_llama_value,
+    )
 
 
 def generation_settings(sp: dict, defaults: dict, n_ctx: int, extra: dict) -> dict:

@@ -2,12 +2,12 @@
 /api/ps, /api/version (docs/openai_api.md, "Ollama's API").
 
 An adapter over the OpenAI pipelines, as anthropic_api.py is: /api/chat and templated
-/api/generate become a ChatCompletionRequest for openai_api.open_chat (a generate prompt as one
+/api/generate become a ChatCompletionRequest for chat_pipeline.open_chat (a generate prompt as one
 user message after its `system`, `context` ids before the rendered prompt); raw and
 fill-in-the-middle (`suffix`) generate become a completions request on the prompt's token ids for
-openai_api.open_completion. Both always run as streams, which ollama_convert.py turns into Ollama's
-NDJSON objects, or collects into one answer for stream false (as Ollama's server does). Every
-error is Ollama's {"error": "..."}; after a stream started, as an object of the stream.
+chat_pipeline.open_completion. Both always run as streams, which ollama_convert.py turns into
+Ollama's NDJSON objects, or collects into one answer for stream false (as Ollama's server does).
+Every error is Ollama's {"error": "..."}; after a stream started, as an object of the stream.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from radixlm.server.api_common import (
     run_until_disconnect,
     srv,
 )
-from radixlm.server.embedding_api import _encode
+from radixlm.server.chat_pipeline import open_chat, open_completion
+from radixlm.server.embedding_api import encode_inputs
 from radixlm.server.fim import fim_prompt_ids
 from radixlm.server.ollama_convert import OllamaStream, collect, now_iso
 from radixlm.server.ollama_models import resolve_model, running, show, tags
@@ -48,7 +49,6 @@ from radixlm.server.ollama_protocol import (
     chat_messages,
     sampling,
 )
-from radixlm.server.openai_api import open_chat, open_completion
 from radixlm.server.openai_protocol import (
     ANY_JSON_OBJECT,
     ChatCompletionRequest,
@@ -300,7 +300,7 @@ async def embed(request: Request):
             raise HTTPError(400, "input must be a string or a list of strings", param="input")
         if texts == []:  # Ollama answers an empty list with no embeddings
             return JSONResponse({"model": req.model, "embeddings": []})
-        res = await _encode(request, texts, req.dimensions)
+        res = await encode_inputs(request, texts, req.dimensions)
         return JSONResponse(
             {
                 "model": req.model,
@@ -325,7 +325,7 @@ async def embeddings(request: Request):
         _check_options(state, req.options)
         if not req.prompt:
             return JSONResponse({"embedding": []})
-        res = await _encode(request, req.prompt, None, field="prompt")
+        res = await encode_inputs(request, req.prompt, None, field="prompt")
         return JSONResponse({"embedding": res.embeddings[0]})
 
     return await _answer(request, handle)

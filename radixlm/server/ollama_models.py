@@ -5,8 +5,8 @@
 Ollama names models `name:tag` with the tag defaulting to "latest"; the served model is listed as
 its served name (--served-model-name, else the model's path) with ":latest", and a request may
 name it with or without the tag, or by the model's path or directory name, as /v1/models' checks
-accept (openai_api._known_names). A loaded LoRA adapter is a model of its own name. Anything else
-is Ollama's 404 "model 'x' not found" (vLLM's strict check, not SGLang's any-name default: an
+accept (model_names.known_model_names). A loaded LoRA adapter is a model of its own name. Anything
+else is Ollama's 404 "model 'x' not found" (vLLM's strict check, not SGLang's any-name default: an
 Ollama client picks models from /api/tags and expects a wrong name to fail).
 """
 
@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 
 from radixlm.server.api_common import HTTPError, ServerState, served_model_name
 from radixlm.server.fim import fim_tokens
-from radixlm.server.openai_api import _known_names
+from radixlm.server.model_names import known_model_names
 from radixlm.server.tool_template import tool_setup
 
 LATEST = ":latest"
@@ -27,7 +27,7 @@ LATEST = ":latest"
 def resolve_model(state: ServerState, name: str) -> str:
     """The model (or LoRA adapter) name the OpenAI pipelines take for the Ollama `model`; a 404 in
     Ollama's words when the server does not serve it."""
-    known = _known_names(state)
+    known = known_model_names(state)
     adapters = state.tokenizer_manager.lora.adapter_names()
     for candidate in (name, name.removesuffix(LATEST)):
         if candidate in known:

@@ -1,5 +1,5 @@
 """Ollama's API requests (/api/chat, /api/generate, /api/show, /api/embed, /api/embeddings) and
-their translation into the OpenAI requests radixlm's pipelines run (openai_api.open_chat and
+their translation into the OpenAI requests radixlm's pipelines run (chat_pipeline.open_chat and
 open_completion).
 
 The models accept every field Ollama's own server defines (api/types.go) and refuse others, and

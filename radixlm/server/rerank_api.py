@@ -32,7 +32,7 @@ from radixlm.server.api_common import (
     srv,
 )
 from radixlm.server.fanout import admit_to_queue
-from radixlm.server.openai_api import _requested_model
+from radixlm.server.model_names import requested_model
 
 _DOCUMENT = {
     "anyOf": [
@@ -84,7 +84,7 @@ router = APIRouter()
 async def rerank_route(request: Request):
     state = srv(request)
     req = parse_body(RerankRequest, await read_json(request))
-    model = _requested_model(state, req.model)
+    model = requested_model(state, req.model).name
     docs = documents_text(req.documents)
     cap = state.server_args.max_client_batch_size
     if len(docs) > cap:

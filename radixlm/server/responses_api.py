@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 
 from radixlm.engine.tokenizer_manager import EngineDeadError, InternalRequestError
 from radixlm.server.api_common import HTTPError, json_body, parse_body, read_json, srv
-from radixlm.server.openai_api import open_chat
+from radixlm.server.chat_pipeline import open_chat
 from radixlm.server.openai_protocol import ChatCompletionRequest, RequestError
 from radixlm.server.responses_output import (
     EventStream,

@@ -194,3 +194,12 @@ def test_a_control_call_that_raises_in_the_scheduler_is_answered(tiny_model_dir,
     assert s.io.replies == [
         ControlFailed(GetInternalStateReqOutput)
     ]  # its caller does not wait forever
+
+
+def test_every_control_call_has_a_handler_and_an_unknown_message_is_logged(tiny_model_dir, caplog):
+    from radixlm.scheduler.scheduler import _CONTROL_REPLIES, _HANDLERS
+
+    assert set(_CONTROL_REPLIES) <= set(_HANDLERS)  # a call without one would wait forever
+    s = make_scheduler(tiny_model_dir)
+    s.handle(object())
+    assert "unknown message <class 'object'>" in caplog.text and s.io.replies == []

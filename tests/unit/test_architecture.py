@@ -1,7 +1,8 @@
 """The architecture as tests: the import contracts of pyproject.toml ([tool.importlinter]: the
 layers, the leaves, the independent router, no cycle between siblings), no import cycle between
 modules, no module past 500 lines and no class past 400 (radixlm/ only) counting the radixlm mixins
-it inherits, no mixin that only one class uses, and no class that subclasses a null object.
+it inherits, no mixin that only one class uses, no class that subclasses a null object, and no
+private name of a radixlm.server module imported by another module.
 TYPE_CHECKING and lazy (function-level) imports count like any other: a cycle through them is
 still a cycle to untangle.
 
@@ -305,6 +306,24 @@ def null_object_subclasses(package_dir: Path) -> list[str]:
     return out
 
 
+def private_imports(package_dir: Path, source_prefix: str) -> list[str]:
+    """`from M import _name` where M is a module under `source_prefix` and not the importer itself:
+    one module reaching into another's private names (an adapter into another adapter's helpers)
+    instead of a shared module with public ones."""
+    out = []
+    for path in sorted(package_dir.rglob("*.py")):
+        rel = path.relative_to(package_dir).as_posix()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom) or node.level or not node.module:
+                continue
+            if node.module != source_prefix and not node.module.startswith(source_prefix + "."):
+                continue
+            for a in node.names:
+                if a.name.startswith("_") and not a.name.startswith("__"):
+                    out.append(f"{rel}:{node.lineno}: from {node.module} import {a.name}")
+    return out
+
+
 # ----------------------------------------------------------------------------- radixlm
 def test_import_contracts_are_kept():
     r = lint_imports(ROOT, ROOT / "pyproject.toml")
@@ -399,6 +418,13 @@ def test_no_class_subclasses_a_null_object():
 
 
 # ----------------------------------------------------------------------------- the checkers checked
+def test_no_adapter_imports_a_private_name_of_another_server_module():
+    """The APIs' routes share public helpers (server/chat_pipeline.py, model_names.py, ...), never
+    another adapter's private ones."""
+    found = private_imports(ROOT / PACKAGE, f"{PACKAGE}.server")
+    assert not found, "private names imported from another module:\n" + "\n".join(found)
+
+
 def write_package(root: Path, name: str, modules: dict[str, str]) -> None:
     pkg = root / name
     pkg.mkdir(parents=True, exist_ok=True)
@@ -635,3 +661,24 @@ def test_null_object_check(tmp_path):
         },
     )
     assert null_object_subclasses(tmp_path / name) == []
+
+
+def test_private_import_finder_sees_them(tmp_path):
+    name = "archfixture_private"
+    write_package(
+        tmp_path,
+        name,
+        {
+            "server": "",
+            "a": f"""
+                from {name}.server import _helper, public
+                from {name}.other import _fine  # not under the prefix
+                from {name}.server import __version__
+            """,
+        },
+    )
+    assert private_imports(tmp_path / name, f"{name}.server") == [
+        f"a.py:2: from {name}.server import _helper"
+    ]
+    write_package(tmp_path, name, {"a": f"from {name}.server import public\n"})
+    assert private_imports(tmp_path / name, f"{name}.server") == []
