@@ -143,7 +143,8 @@ def _tokenizer_fields(tokenizer_gguf: str) -> tuple[tuple[str, Any, Any, Any], .
     gguf's reader spends ~5 s of Python on a 49k-token vocab, and the tests write many files."""
     import gguf
 
-    from radixlm.model.gguf_loader import field, open_gguf
+    from radixlm.model.gguf.fields import field
+    from radixlm.model.gguf.reader import open_gguf
 
     reader = open_gguf(tokenizer_gguf)
     if field(reader, "tokenizer.ggml.model") != "gpt2":

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixlm.model.gguf_fields import field
+from radixlm.model.gguf.fields import field
 
 DEEPSEEK2_TENSOR_NAMES = {
     "token_embd": "model.embed_tokens",

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from radixlm.model.gguf_fields import field
-from radixlm.model.gguf_gemma import layer_types
+from radixlm.model.gguf.archs.gemma import layer_types
+from radixlm.model.gguf.fields import field
 from radixlm.model.tp_shard import Slicer, TensorSlice
 
 GEMMA4_ARCHITECTURES = {"gemma4": ("Gemma4ForCausalLM", "Gemma4TextConfig")}

@@ -14,7 +14,7 @@ The tensors take the llama names (ffn_*_exps as ExpertWeights, *_shexp as the sh
 
 from __future__ import annotations
 
-from radixlm.model.gguf_fields import field
+from radixlm.model.gguf.fields import field
 
 LLAMA4_ARCHITECTURES = {"llama4": ("Llama4ForCausalLM", "Llama4TextConfig")}
 _ARCH = "llama4"

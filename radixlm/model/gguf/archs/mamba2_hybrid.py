@@ -29,15 +29,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from radixlm.model.gguf_fields import field
-from radixlm.model.gguf_hybrid_ssm import (
+from radixlm.model.gguf.archs.hybrid_ssm import (
     _TENSOR_RE,
     _has_tensor,
     _need,
     _per_layer,
     ssm_tensor,
 )
-from radixlm.model.gguf_qwen35 import _cut
+from radixlm.model.gguf.archs.qwen35 import _cut
+from radixlm.model.gguf.fields import field
 from radixlm.model.tp_shard import Slicer, TensorSlice
 
 ARCH = "granitehybrid"

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from radixlm.model.gguf_fields import field
+from radixlm.model.gguf.fields import field
 from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.tp_shard import Slicer, TensorSlice
 

@@ -42,8 +42,8 @@ from typing import Any
 
 import torch
 
-from radixlm.model.gguf_fields import field
-from radixlm.model.gguf_moe import MOE_TENSOR_NAMES
+from radixlm.model.gguf.archs.moe import MOE_TENSOR_NAMES
+from radixlm.model.gguf.fields import field
 from radixlm.model.tp_shard import Slicer, TensorSlice, slice_tensor
 
 logger = logging.getLogger(__name__)
@@ -201,7 +201,7 @@ def qwen35_weights(
 ) -> Iterator[tuple[str, Any]]:
     """(HF name, tensor) for every tensor of the file's HF layers, as gguf_weights yields them.
     read(t, name, slice): gguf_loader's reader of one tensor (quantized or float32 as asked)."""
-    from radixlm.model.gguf_shard import read_tensor
+    from radixlm.model.gguf.shard import read_tensor
 
     arch = field(reader, "general.architecture")
     dims = _Dims(config)

@@ -6,7 +6,7 @@ hidden / heads for the 27B models, known by their layer count)."""
 
 from __future__ import annotations
 
-from radixlm.model.gguf_fields import field
+from radixlm.model.gguf.fields import field
 
 GEMMA_ARCHS = ("gemma2", "gemma3")
 _SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "olmo2": 4}  # olmo2: OLMo 3 (gguf_loader._olmo3_config)

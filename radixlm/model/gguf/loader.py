@@ -27,36 +27,34 @@ from typing import Any
 import numpy as np
 import torch
 
-from radixlm.model.gguf_deepseek import DEEPSEEK2_TENSOR_NAMES, deepseek2_config
-from radixlm.model.gguf_fields import field
-from radixlm.model.gguf_gemma import GEMMA_ARCHS, gemma_config_kwargs, layer_types
-from radixlm.model.gguf_gemma4 import GEMMA4_ARCHITECTURES, gemma4_config, gemma4_weights
-from radixlm.model.gguf_glm4moe import GLM4MOE_TENSOR_NAMES, glm4moe_config
-from radixlm.model.gguf_gpt_oss import GPT_OSS_ARCHITECTURES, gpt_oss_config, gpt_oss_weights
-from radixlm.model.gguf_hybrid_ssm import SSM_ARCHITECTURES, ssm_config, ssm_weights
-from radixlm.model.gguf_kimi_linear import (
+from radixlm.model.gguf.archs.deepseek import DEEPSEEK2_TENSOR_NAMES, deepseek2_config
+from radixlm.model.gguf.archs.gemma import GEMMA_ARCHS, gemma_config_kwargs, layer_types
+from radixlm.model.gguf.archs.gemma4 import GEMMA4_ARCHITECTURES, gemma4_config, gemma4_weights
+from radixlm.model.gguf.archs.glm4moe import GLM4MOE_TENSOR_NAMES, glm4moe_config
+from radixlm.model.gguf.archs.gpt_oss import GPT_OSS_ARCHITECTURES, gpt_oss_config, gpt_oss_weights
+from radixlm.model.gguf.archs.hybrid_ssm import SSM_ARCHITECTURES, ssm_config, ssm_weights
+from radixlm.model.gguf.archs.kimi_linear import (
     KIMI_LINEAR_ARCHITECTURES,
     kimi_linear_config,
     kimi_linear_weights,
 )
-from radixlm.model.gguf_llama4 import LLAMA4_ARCHITECTURES, llama4_config
-from radixlm.model.gguf_mamba2_hybrid import (
+from radixlm.model.gguf.archs.llama4 import LLAMA4_ARCHITECTURES, llama4_config
+from radixlm.model.gguf.archs.mamba2_hybrid import (
     MAMBA2_HYBRID_ARCHITECTURES,
     falcon_h1_config,
     granite_hybrid_config,
     mamba2_hybrid_weights,
 )
-from radixlm.model.gguf_moe import (
+from radixlm.model.gguf.archs.moe import (
     MIXTRAL,
     MOE_ARCHITECTURES,
     MOE_TENSOR_NAMES,
     has_experts,
     moe_config_kwargs,
 )
-from radixlm.model.gguf_qwen35 import QWEN35_ARCHITECTURES, qwen35_config, qwen35_weights
+from radixlm.model.gguf.archs.qwen35 import QWEN35_ARCHITECTURES, qwen35_config, qwen35_weights
+from radixlm.model.gguf.fields import field
 from radixlm.model.tp_shard import Slicer, TensorSlice
-
-GGUF_MAGIC = b"GGUF"
 
 # general.architecture -> (HF architectures name, transformers config class name)
 GGUF_ARCHITECTURES = {
@@ -145,51 +143,6 @@ _ARCH_TENSOR_NAMES = {
 }
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
 _TOP_RE = re.compile(r"^(\w+)\.(weight|bias)$")
-
-
-@functools.cache
-def _fast_reader_class():
-    import gguf
-
-    class FastGGUFReader(gguf.GGUFReader):
-        """GGUFReader whose field parsing slices a plain ndarray view of the file instead
-        of the np.memmap itself: a memmap slice costs ~10 us of subclass bookkeeping,
-        and a vocabulary is ~100k slices (2.1 s -> 0.7 s for SmolLM2). Same bytes, same API."""
-
-        def _get(self, offset, dtype, count=1, override_order=None):
-            plain = self.__dict__.get("_plain")
-            if plain is None:
-                plain = self._plain = self.data.view(np.ndarray)
-            count = int(count)
-            arr = plain[offset : offset + np.dtype(dtype).itemsize * count].view(dtype=dtype)[
-                :count
-            ]
-            return arr.view(
-                arr.dtype.newbyteorder(
-                    self.byte_order if override_order is None else override_order
-                )
-            )
-
-    return FastGGUFReader
-
-
-def open_gguf(path: str):
-    """A gguf.GGUFReader, or a ValueError naming the file if it is not a readable GGUF."""
-    import gguf
-
-    with open(path, "rb") as f:
-        magic = f.read(4)
-    if magic != GGUF_MAGIC:
-        raise ValueError(
-            f"{path} is not a GGUF file (expected magic {GGUF_MAGIC!r}, found {magic!r})"
-        )
-    try:
-        try:
-            return _fast_reader_class()(path)
-        except (AttributeError, TypeError):  # gguf internals changed: take the stock reader
-            return gguf.GGUFReader(path)
-    except Exception as e:  # truncated or corrupt file
-        raise ValueError(f"cannot read GGUF file {path}: {type(e).__name__}: {e}") from e
 
 
 def gguf_architecture(reader) -> str:
@@ -445,8 +398,8 @@ def _read(t, name: str, s: TensorSlice | None, keep_quantized: bool) -> Any:
     from gguf import GGMLQuantizationType
 
     from radixlm.kernels.formats import GGUF_FORMATS, format_of_ggml
-    from radixlm.model.gguf_moe import read_experts
-    from radixlm.model.gguf_shard import read_tensor
+    from radixlm.model.gguf.archs.moe import read_experts
+    from radixlm.model.gguf.shard import read_tensor
 
     if t.data.ndim == 3:
         return read_experts(t, keep_quantized, s, name)

@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
-from radixlm.model.gguf_deepseek import DEEPSEEK2_TENSOR_NAMES, SIGMOID_GATING
-from radixlm.model.gguf_fields import field
+from radixlm.model.gguf.archs.deepseek import DEEPSEEK2_TENSOR_NAMES, SIGMOID_GATING
+from radixlm.model.gguf.fields import field
 from radixlm.model.tp_shard import Slicer, TensorSlice
 
 ARCH = "kimi-linear"

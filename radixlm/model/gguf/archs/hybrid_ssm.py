@@ -33,8 +33,8 @@ from typing import Any
 
 import torch
 
-from radixlm.model.gguf_fields import field
-from radixlm.model.gguf_qwen35 import _cut
+from radixlm.model.gguf.archs.qwen35 import _cut
+from radixlm.model.gguf.fields import field
 from radixlm.model.tp_shard import Slicer, TensorSlice
 
 # general.architecture -> (HF architectures name, transformers config class name)
@@ -208,7 +208,7 @@ def _lfm2_shapes(config) -> dict[str, tuple[int, ...]]:
 def ssm_tensor(t, base: str, suffix: str, name: str, s: TensorSlice | None) -> Any:
     """A recurrent layer's tensor as HF holds it (A_log from the file's -exp(A_log); D and the
     gated norm flat; a conv [C, K] as [C, 1, K]; float32 always), or None for any other tensor."""
-    from radixlm.model.gguf_shard import read_tensor
+    from radixlm.model.gguf.shard import read_tensor
 
     if base == "ssm_a":
         a = read_tensor(t, None, None, name).double().reshape(-1)

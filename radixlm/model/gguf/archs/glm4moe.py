@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixlm.model.gguf_deepseek import DEEPSEEK2_TENSOR_NAMES
+from radixlm.model.gguf.archs.deepseek import DEEPSEEK2_TENSOR_NAMES
 
 GLM4MOE_TENSOR_NAMES = dict(
     DEEPSEEK2_TENSOR_NAMES,
