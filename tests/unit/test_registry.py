@@ -115,6 +115,7 @@ def test_importing_the_registry_imports_no_torch():
 # ----------------------------------------------------------------------------- radixlm's registries
 RADIXLM_REGISTRIES = [
     ("radixlm.model.registry", "MODEL_REGISTRY"),
+    ("radixlm.model.gguf.registry", "GGUF_ARCHITECTURE_REGISTRY"),
     ("radixlm.model.layers.attention.registry", "ATTENTION_BACKEND_REGISTRY"),
     ("radixlm.cache.factory", "PREFIX_CACHE_REGISTRY"),
     ("radixlm.cache.hicache_config", "STORAGE_BACKEND_REGISTRY"),
