@@ -34,13 +34,13 @@ from radixlm.model.gguf.loader import (
 )
 from radixlm.model.gguf.reader import GGUF_MAGIC, open_gguf
 from radixlm.model.pp_stage import stage_owns
-from radixlm.model.quant_checkpoint import (
+from radixlm.model.quant.checkpoint import (
     CHECKPOINT_METHODS,
     CheckpointQuant,
     checkpoint_quant,
     resolve_checkpoint_quantization,
 )
-from radixlm.model.quant_methods import QUANTIZATION_REGISTRY, quant_method
+from radixlm.model.quant.methods import QUANTIZATION_REGISTRY, quant_method
 from radixlm.model.registry import resolve_architecture
 from radixlm.model.reranker import RerankerSpec, apply_overrides, reranker_spec
 from radixlm.model.tp_shard import Slicer, slice_tensor

@@ -16,11 +16,11 @@ import torch
 import transformers
 
 from radixlm.kernels.formats import dequantize_reference
-from radixlm.model.awq_gptq_repack import AWQ_ORDER, repack, unpack_awq, unpack_gptq
 from radixlm.model.layers.attention.native import NativeCPUBackend
 from radixlm.model.layers.permuted_matrix import PermutedInputMatrix
 from radixlm.model.layers.quantized import QuantizedMatrix
 from radixlm.model.loader import load_model
+from radixlm.model.quant.awq_gptq_repack import AWQ_ORDER, repack, unpack_awq, unpack_gptq
 from tests.model.helpers import PoolHarness, randomize
 from tests.model.test_gguf_mixed_quants import _int8_grid
 

@@ -15,7 +15,7 @@ import transformers
 
 from radixlm.model.layers.quantized import QuantizedMatrix
 from radixlm.model.loader import load_model
-from radixlm.model.quant_checkpoint import parse_quantization_config
+from radixlm.model.quant.checkpoint import parse_quantization_config
 from tests.e2e.test_default_model_greedy import assert_greedy_equal
 from tests.model.helpers import randomize
 from tests.model.test_awq_gptq import (

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from radixlm.model.loader import load_model
-from radixlm.model.quant_checkpoint import parse_quantization_config
-from radixlm.model.quant_methods import refusal
+from radixlm.model.quant.checkpoint import parse_quantization_config
+from radixlm.model.quant.methods import refusal
 from radixlm.model.runner_config import ModelRunnerConfig
 from tests.e2e.test_default_model_greedy import assert_greedy_equal
 from tests.model.moe_checkpoints import hf_model

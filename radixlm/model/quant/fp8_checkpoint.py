@@ -38,11 +38,11 @@ import torch
 from torch import nn
 
 from radixlm.kernels.formats import FORMATS, FP8_BLOCK, fp8_rows
-from radixlm.model import quant_checkpoint
-from radixlm.model.awq_gptq import CheckpointMethod
 from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.layers.quantized import QuantizedTensor
-from radixlm.model.quant_checkpoint import CheckpointQuant
+from radixlm.model.quant import checkpoint as quant_checkpoint
+from radixlm.model.quant.awq_gptq import CheckpointMethod
+from radixlm.model.quant.checkpoint import CheckpointQuant
 
 logger = logging.getLogger(__name__)
 

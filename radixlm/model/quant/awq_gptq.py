@@ -19,9 +19,9 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from radixlm.model.awq_gptq_repack import default_g_idx, repack, unpack_awq, unpack_gptq
-from radixlm.model.quant_checkpoint import CheckpointQuant, checkpoint_quant
-from radixlm.model.quant_methods import QuantMethod, native_unavailable_reason
+from radixlm.model.quant.awq_gptq_repack import default_g_idx, repack, unpack_awq, unpack_gptq
+from radixlm.model.quant.checkpoint import CheckpointQuant, checkpoint_quant
+from radixlm.model.quant.methods import QuantMethod, native_unavailable_reason
 
 logger = logging.getLogger(__name__)
 

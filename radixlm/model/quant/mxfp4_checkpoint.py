@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from radixlm.kernels.formats import FORMATS
-from radixlm.model.awq_gptq import CheckpointMethod
 from radixlm.model.layers.moe.experts import ExpertWeights
-from radixlm.model.quant_checkpoint import CheckpointQuant
+from radixlm.model.quant.awq_gptq import CheckpointMethod
+from radixlm.model.quant.checkpoint import CheckpointQuant
 
 logger = logging.getLogger(__name__)
 
