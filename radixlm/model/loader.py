@@ -245,7 +245,7 @@ def resolve_quantization(
     quantization: str | None, is_gguf: bool, device, checkpoint: CheckpointQuant | None = None
 ) -> str:
     """What the weights will run in: "none" (float), "gguf" (the file's own block formats), a
-    method that quantizes at load (model/quant_methods.py) or a pre-quantized checkpoint's own
+    method that quantizes at load (model/quant/methods.py) or a pre-quantized checkpoint's own
     (awq, gptq: `checkpoint`, its parsed quantization_config). Unset: a GGUF runs in its own
     quantization (like llama.cpp), a pre-quantized checkpoint in its own, anything else in float. A
     method that cannot run on `device` is refused (fp8 off CUDA, awq / gptq off the native CPU

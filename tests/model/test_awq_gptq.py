@@ -1,4 +1,4 @@
-"""Pre-quantized AWQ and GPTQ checkpoints (model/awq_gptq.py): tiny Llama / Qwen2 / Qwen3 models
+"""Pre-quantized AWQ and GPTQ checkpoints (quant/awq_gptq.py): tiny Llama / Qwen2 / Qwen3 models
 quantized here and packed as AutoAWQ (GEMM) and AutoGPTQ (v1) write them, selected by their
 config.json alone, held in the native block formats (never float), and generating HF's greedy
 tokens (float32 on the dequantized weights; near-tie rule) through prefill and decode. Each

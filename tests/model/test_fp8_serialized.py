@@ -1,5 +1,5 @@
 """FP8 checkpoints in DeepSeek's / transformers' FineGrainedFP8 layout (quant_method "fp8":
-model/fp8_checkpoint.py): tiny Llama / Qwen3 models quantized here as those releases store them
+quant/fp8_checkpoint.py): tiny Llama / Qwen3 models quantized here as those releases store them
 (e4m3 weights; `weight_scale_inv` per 128 x 128 block, the last block of k/v's 192 rows partial; or
 one scale per tensor, vLLM's / SGLang's `weight_scale` with a static `input_scale`, or
 transformers' scalar `weight_scale_inv`), the LM head left 16-bit; and a tiny Qwen3-MoE whose

@@ -126,6 +126,7 @@ RADIXLM_REGISTRIES = [
     ("radixlm.function_call.registry", "TOOL_CALL_PARSER_REGISTRY"),
     ("radixlm.reasoning.formats", "REASONING_PARSER_REGISTRY"),
     ("radixlm.model.quant.methods", "QUANTIZATION_REGISTRY"),
+    ("radixlm.model.quant.checkpoint", "CHECKPOINT_PARSER_REGISTRY"),
     ("radixlm.model.layers.linear_attn", "LINEAR_ATTN_BACKEND_REGISTRY"),
 ]
 

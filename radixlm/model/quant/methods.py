@@ -199,7 +199,7 @@ def refusal(
     """Why --quantization cannot start on `device` (one line), or None: only a method that is
     refused elsewhere (fp8 off CUDA) is; the native formats fall back to float at load. A value
     that also names a local checkpoint's own quant_method (fp8 for an FP8 checkpoint) is left to
-    the loader, which selects the checkpoint's method (quant_checkpoint.py)."""
+    the loader, which selects the checkpoint's method (checkpoint.py)."""
     method = quant_method(quantization) if quantization in (None, *QUANTIZATIONS) else None
     if method is None or not method.refused_elsewhere:
         return None

@@ -36,6 +36,11 @@ def to_ggml_blocks(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     return torch.cat((scales.unsqueeze(-1), qs), dim=-1).flatten(-2).contiguous()
 
 
+def parse_mxfp4(cfg: dict) -> CheckpointQuant:
+    """e2m1 values with an e8m0 exponent per 32: nothing in the config to choose."""
+    return CheckpointQuant("mxfp4", 4, 32, desc_act=False, sym=True, zero_offset=0)
+
+
 class Mxfp4Method(CheckpointMethod):
     """The checkpoint's own method, selected by its config.json (CheckpointMethod's checks): the
     experts' MXFP4 blocks kept, on the native kernels (refused where they cannot run)."""
