@@ -91,7 +91,7 @@ class Gemma4Shape(Shape):
         return np.array([1.0] * rotating + [1e30] * (half - rotating), dtype=np.float32)
 
     def add_keys(self, w) -> None:
-        """The keys conversion/gemma.py's Gemma4Model writes (gguf_gemma4.py reads them back)."""
+        """The keys conversion/gemma.py's Gemma4Model writes (gguf/archs/gemma4.py reads them)."""
         n = self.layers
         w.add_feed_forward_length([self.ffn(i) for i in range(n)])
         kv = [self.layer_kv(i)[0] for i in range(n)]

@@ -143,7 +143,8 @@ def _tokenizer_fields(tokenizer_gguf: str) -> tuple[tuple[str, Any, Any, Any], .
     gguf's reader spends ~5 s of Python on a 49k-token vocab, and the tests write many files."""
     import gguf
 
-    from radixlm.model.gguf_loader import field, open_gguf
+    from radixlm.model.gguf.fields import field
+    from radixlm.model.gguf.reader import open_gguf
 
     reader = open_gguf(tokenizer_gguf)
     if field(reader, "tokenizer.ggml.model") != "gpt2":
@@ -287,8 +288,8 @@ def write_random_gguf(
 
 
 def _add_gpt_oss_keys(w, shape: GptOssShape) -> None:
-    """The keys convert_hf_to_gguf's GptOssModel adds (gguf_gpt_oss.py reads them back): experts,
-    the window (every other layer from layer 0, llama.cpp's fixed pattern) and YaRN."""
+    """The keys convert_hf_to_gguf's GptOssModel adds (gguf/archs/gpt_oss.py reads them back):
+    experts, the window (every other layer from layer 0, llama.cpp's fixed pattern) and YaRN."""
     import gguf
 
     w.add_expert_count(shape.experts)
@@ -302,7 +303,7 @@ def _add_gpt_oss_keys(w, shape: GptOssShape) -> None:
 
 def _add_hybrid_keys(w, shape: HybridShape) -> None:
     """The keys convert_hf_to_gguf adds for Qwen3.5 (Qwen2MoeModel's expert sizes,
-    Qwen3NextModel's ssm.* and interval, _Qwen35MRopeMixin's sections), as gguf_qwen35.py and
+    Qwen3NextModel's ssm.* and interval, _Qwen35MRopeMixin's sections), as gguf/archs/qwen35.py and
     llama.cpp's loader read them; no nextn_predict_layers (no MTP block is written)."""
     if shape.experts:
         w.add_expert_count(shape.experts)

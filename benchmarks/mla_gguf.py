@@ -106,7 +106,7 @@ def write_gguf(path: str, cfg, type_name: str, seed: int = 0, std: float = 0.02)
     import gguf
 
     from benchmarks.make_random_gguf import TensorPlan, _copy_tokenizer, _random_tensor
-    from radixlm.model.gguf_deepseek import write_deepseek2_metadata
+    from radixlm.model.gguf.archs.deepseek import write_deepseek2_metadata
     from radixlm.model.loader import default_model_path
 
     T = gguf.GGMLQuantizationType

@@ -152,7 +152,7 @@ def option_choices() -> dict[str, tuple[str, ...]]:
     from radixlm.lora.config import EVICTION_POLICIES, LORA_BACKENDS
     from radixlm.model.layers.attention import ATTENTION_BACKEND_REGISTRY
     from radixlm.model.layers.linear_attn import LINEAR_ATTN_BACKEND_REGISTRY
-    from radixlm.model.quant_methods import QUANTIZATIONS
+    from radixlm.model.quant.methods import QUANTIZATIONS
     from radixlm.model.runner_config import DTYPES, KV_CACHE_DTYPES, MAMBA_SSM_DTYPES
     from radixlm.model.sampling_defaults import SAMPLING_DEFAULTS_MODES
     from radixlm.reasoning.formats import REASONING_PARSER_REGISTRY

@@ -43,8 +43,8 @@ class ServerArgs:
     # Weights: None = "gguf" for a GGUF file (its own block formats through the native CPU kernels,
     # like llama.cpp), else "none"; "none" dequantizes to `dtype` (the HF-equality reference);
     # int8 (per output channel) / q4_0 / q8_0 quantize at load (CPU; float on CUDA); fp8: FP8
-    # weights with a scale per output row on CUDA, a Triton GEMM (model/quant_methods.py), or an
-    # FP8 checkpoint's own weights (quant_method fp8, on the CPU: model/quant_checkpoint.py).
+    # weights with a scale per output row on CUDA, a Triton GEMM (model/quant/methods.py), or an
+    # FP8 checkpoint's own weights (quant_method fp8, on the CPU: model/quant/checkpoint.py).
     quantization: str | None = None
     # KV cache element type; auto = float16 for quantized weights on the native CPU kernels (like
     # llama.cpp), else the model dtype. int8 keeps a float32 scale per token and head.

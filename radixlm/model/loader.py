@@ -25,15 +25,22 @@ from typing import Any
 import torch
 from torch import nn
 
-from radixlm.model import gguf_loader, memory, sampling_defaults
+from radixlm.model import memory, sampling_defaults
+from radixlm.model.gguf.loader import (
+    gguf_chat_template,
+    gguf_config,
+    gguf_eos_token_ids,
+    gguf_weights,
+)
+from radixlm.model.gguf.reader import GGUF_MAGIC, open_gguf
 from radixlm.model.pp_stage import stage_owns
-from radixlm.model.quant_checkpoint import (
+from radixlm.model.quant.checkpoint import (
     CHECKPOINT_METHODS,
     CheckpointQuant,
     checkpoint_quant,
     resolve_checkpoint_quantization,
 )
-from radixlm.model.quant_methods import QUANTIZATION_REGISTRY, quant_method
+from radixlm.model.quant.methods import QUANTIZATION_REGISTRY, quant_method
 from radixlm.model.registry import resolve_architecture
 from radixlm.model.reranker import RerankerSpec, apply_overrides, reranker_spec
 from radixlm.model.tp_shard import Slicer, slice_tensor
@@ -94,7 +101,7 @@ def _model_kind(path: str) -> str:
         return "config"
     with open(path, "rb") as f:
         magic = f.read(4)
-    if magic != gguf_loader.GGUF_MAGIC:
+    if magic != GGUF_MAGIC:
         raise ValueError(
             f"model file {path!r} is not a GGUF file (magic {magic!r}); expected {expected}"
         )
@@ -105,7 +112,7 @@ def load_model_config(path: str):
     """The transformers config of a HF directory or a GGUF file."""
     kind = _model_kind(path)
     if kind == "gguf":
-        return gguf_loader.gguf_config(gguf_loader.open_gguf(path))
+        return gguf_config(open_gguf(path))
     if kind == "config":
         return _json_config(path)
     from transformers import AutoConfig
@@ -238,7 +245,7 @@ def resolve_quantization(
     quantization: str | None, is_gguf: bool, device, checkpoint: CheckpointQuant | None = None
 ) -> str:
     """What the weights will run in: "none" (float), "gguf" (the file's own block formats), a
-    method that quantizes at load (model/quant_methods.py) or a pre-quantized checkpoint's own
+    method that quantizes at load (model/quant/methods.py) or a pre-quantized checkpoint's own
     (awq, gptq: `checkpoint`, its parsed quantization_config). Unset: a GGUF runs in its own
     quantization (like llama.cpp), a pre-quantized checkpoint in its own, anything else in float. A
     method that cannot run on `device` is refused (fp8 off CUDA, awq / gptq off the native CPU
@@ -290,13 +297,13 @@ def load_model(
         architecture, model_cls = resolve_architecture(getattr(config, "architectures", None))
         chat_template, eos_ids = None, _as_id_list(getattr(config, "eos_token_id", None))
     elif is_gguf:
-        reader = gguf_loader.open_gguf(path)
-        config = gguf_loader.gguf_config(reader)
+        reader = open_gguf(path)
+        config = gguf_config(reader)
         apply_overrides(config, overrides or {})
         architecture, model_cls = resolve_architecture(config.architectures)
         chat_template, eos_ids = (
-            gguf_loader.gguf_chat_template(reader),
-            gguf_loader.gguf_eos_token_ids(reader),
+            gguf_chat_template(reader),
+            gguf_eos_token_ids(reader),
         )
         defaults = sampling_defaults.from_gguf(reader)
     else:
@@ -330,9 +337,7 @@ def load_model(
     slicer = model.tp_slice if _is_sharded(model) else None
     keep = functools.partial(stage_owns, model)  # a pipeline stage loads its own layers only
     weights = (
-        gguf_loader.gguf_weights(
-            reader, config, keep_quantized=quant == "gguf", slicer=slicer, keep=keep
-        )
+        gguf_weights(reader, config, keep_quantized=quant == "gguf", slicer=slicer, keep=keep)
         if is_gguf
         else None
         if files is None
@@ -438,7 +443,7 @@ def load_tokenizer(path: str | None = None):
             os.path.dirname(path), gguf_file=os.path.basename(path)
         )
     if not getattr(tokenizer, "chat_template", None):
-        tokenizer.chat_template = gguf_loader.gguf_chat_template(gguf_loader.open_gguf(path))
+        tokenizer.chat_template = gguf_chat_template(open_gguf(path))
     try:  # save to a temp dir, then rename: concurrent processes never see half a cache
         os.makedirs(os.path.dirname(cache), exist_ok=True)
         tmp = tempfile.mkdtemp(dir=os.path.dirname(cache))

@@ -62,10 +62,12 @@ def _sentence_transformers_pooling(model_dir: str) -> PoolingType | None:
 
 
 def _gguf_pooling(path: str) -> PoolingType | None:
-    from radixlm.model import gguf_loader
+    from radixlm.model.gguf.fields import field
+    from radixlm.model.gguf.loader import gguf_architecture
+    from radixlm.model.gguf.reader import open_gguf
 
-    reader = gguf_loader.open_gguf(path)
-    value = gguf_loader.field(reader, f"{gguf_loader.gguf_architecture(reader)}.pooling_type")
+    reader = open_gguf(path)
+    value = field(reader, f"{gguf_architecture(reader)}.pooling_type")
     if value is None or int(value) == 0:  # 0: llama.cpp's "none"
         return None
     if int(value) not in _GGUF_TYPES:

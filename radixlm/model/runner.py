@@ -29,7 +29,7 @@ from radixlm.model.layers.sampler import Sampler, SamplingBatchInfo
 from radixlm.model.mrope import mrope_positions
 from radixlm.model.pooler import Pooler
 from radixlm.model.pp_stage import pp_stage
-from radixlm.model.quant_methods import quant_method
+from radixlm.model.quant.methods import quant_method
 from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.model.state_memory import StateMemory
 from radixlm.model.swa_memory import SWAMemory, check_kv_shapes, model_refusal

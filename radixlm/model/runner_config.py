@@ -10,7 +10,7 @@ import torch
 
 from radixlm.lora.config import LoRAConfig
 from radixlm.model.layers.attention.registry import check_attention_backend_name
-from radixlm.model.quant_methods import QUANTIZATIONS, refusal
+from radixlm.model.quant.methods import QUANTIZATIONS, refusal
 from radixlm.model.reranker import parse_overrides
 from radixlm.model.swa_memory import server_refusal as swa_server_refusal
 

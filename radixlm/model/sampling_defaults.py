@@ -14,7 +14,7 @@ import logging
 import os
 from typing import Any
 
-from radixlm.model.gguf_loader import field
+from radixlm.model.gguf.fields import field
 from radixlm.sampling_params import SamplingParams, SamplingParamsError
 
 logger = logging.getLogger(__name__)

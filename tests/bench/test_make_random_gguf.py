@@ -52,7 +52,7 @@ def test_llama_3_2_1b_plan(capsys):
 
 def test_llama3_rope_freqs_match_the_loader():
     # The loader recovers HF's rope_scaling from these factors and refuses anything else.
-    from radixlm.model.gguf_loader import _llama3_from_rope_freqs
+    from radixlm.model.gguf.loader import _llama3_from_rope_freqs
 
     s = SHAPES["llama-3.2-1b"]
     factors = mrg.llama3_rope_freqs(s.rope_theta, s.head_dim, s.llama3_rope)
@@ -67,7 +67,7 @@ def test_llama3_rope_freqs_match_the_loader():
 )
 def test_tiny_file_loads(shape_name, type_name, tmp_path):
     from radixlm import kernels
-    from radixlm.model.gguf_loader import open_gguf
+    from radixlm.model.gguf.reader import open_gguf
     from radixlm.model.loader import load_model, load_tokenizer
 
     s = SHAPES[shape_name]
@@ -175,7 +175,7 @@ def _fake_llama_quantize(tmp_path) -> str:
 
 @pytest.mark.parametrize("intermediate", [None, "q8_0"])
 def test_llama_quantize_call(intermediate, tmp_path):
-    from radixlm.model.gguf_loader import open_gguf
+    from radixlm.model.gguf.reader import open_gguf
 
     out = str(tmp_path / "tiny.q4_k_m.gguf")
     mrg.make(
@@ -236,7 +236,8 @@ def test_qwen35_real_shapes(name, capsys):
 def test_tiny_qwen35_file_loads(shape_name, type_name, tmp_path):
     import torch
 
-    from radixlm.model.gguf_loader import field, open_gguf
+    from radixlm.model.gguf.fields import field
+    from radixlm.model.gguf.reader import open_gguf
     from radixlm.model.loader import load_model
 
     s = SHAPES[shape_name]
@@ -299,7 +300,7 @@ def test_tiny_gpt_oss_file_loads_with_mxfp4_experts(tmp_path):
     directly), biases and sinks F32, the rest in the asked type; radixlm reads the config back,
     keeps the experts in their MXFP4 blocks (values of about the asked spread) and generates."""
     from radixlm import Engine
-    from radixlm.model.gguf_loader import open_gguf
+    from radixlm.model.gguf.reader import open_gguf
     from radixlm.model.loader import load_model
 
     s = SHAPES["tiny-gpt-oss"]

@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from radixlm.kernels.triton_ops import INTERPRET_ENV
-from radixlm.model.quant_methods import refusal as quantization_refusal
+from radixlm.model.quant.methods import refusal as quantization_refusal
 from radixlm.server.process import ServerProcess
 from radixlm.sglang_flags import COMBINATIONS, VALUE_RULES, Kind, all_specs
 from tests.forked_servers import run_cli

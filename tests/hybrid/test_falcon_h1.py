@@ -79,13 +79,14 @@ def test_gguf_weights_equal_the_folded_rounded_checkpoint(falcon, tmp_path, qtyp
     weight with its multipliers folded in, then rounded as the file stores it
     (falcon_h1_as_stored), under the names the model loads: the fold's rows (in_proj's z / x / B /
     C / dt parts) and the rounding blocks line up with the weights they scale."""
-    from radixlm.model import gguf_loader
+    from radixlm.model.gguf.loader import gguf_config, gguf_weights
+    from radixlm.model.gguf.reader import open_gguf
     from radixlm.model.layers.quantized import QuantizedTensor
 
     _, hf, _, path = falcon
-    reader = gguf_loader.open_gguf(write_falcon_h1_gguf(path, str(tmp_path / "h1.gguf"), qtype))
-    config = gguf_loader.gguf_config(reader)
-    got = dict(gguf_loader.gguf_weights(reader, config, keep_quantized=True))
+    reader = open_gguf(write_falcon_h1_gguf(path, str(tmp_path / "h1.gguf"), qtype))
+    config = gguf_config(reader)
+    got = dict(gguf_weights(reader, config, keep_quantized=True))
     want = falcon_h1_as_stored(hf, qtype).state_dict()
     assert sorted(got) == sorted(want)
     quantized = 0

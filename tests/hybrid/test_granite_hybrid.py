@@ -77,11 +77,12 @@ def test_gguf_weights_equal_the_checkpoint(granite, tmp_path):
     RoPE a wrong permutation would not show in the logits), under the names the model loads."""
     from safetensors.torch import load_file
 
-    from radixlm.model import gguf_loader
+    from radixlm.model.gguf.loader import gguf_config, gguf_weights
+    from radixlm.model.gguf.reader import open_gguf
 
     path = granite[3]
-    reader = gguf_loader.open_gguf(write_granite_gguf(path, str(tmp_path / "f32.gguf")))
-    got = dict(gguf_loader.gguf_weights(reader, gguf_loader.gguf_config(reader)))
+    reader = open_gguf(write_granite_gguf(path, str(tmp_path / "f32.gguf")))
+    got = dict(gguf_weights(reader, gguf_config(reader)))
     want = {}
     for name, t in load_file(f"{path}/model.safetensors").items():
         base, _, _ = name.rpartition(".block_sparse_moe.")

@@ -71,11 +71,12 @@ def hf_holding(hf, gguf_path: str):
     loader keeps tiled put back in HF's grouped order)."""
     import copy
 
-    from radixlm.model import gguf_loader
+    from radixlm.model.gguf.loader import gguf_config, gguf_weights
+    from radixlm.model.gguf.reader import open_gguf
 
-    reader = gguf_loader.open_gguf(gguf_path)
-    config = gguf_loader.gguf_config(reader)
-    weights = dict(gguf_loader.gguf_weights(reader, config))
+    reader = open_gguf(gguf_path)
+    config = gguf_config(reader)
+    weights = dict(gguf_weights(reader, config))
     if getattr(config, "linear_value_heads_tiled", False):
         _grouped_v_heads(weights, config)
     for name in [n for n in weights if n.endswith(".mlp.experts.gate_proj.weight")]:

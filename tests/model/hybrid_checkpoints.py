@@ -466,7 +466,7 @@ def _mtp_block(hp: dict, n: int) -> dict:
 
 def expected_weights(hf) -> dict[str, torch.Tensor]:
     """hf's state dict under the names radixlm's GGUF loader yields: HF's own, but the stacked
-    experts as gguf_loader names a GGUF's (mlp.experts.{gate,up,down}_proj.weight, [E, rows, cols];
+    experts as gguf/loader names a GGUF's (mlp.experts.{gate,up,down}_proj.weight, [E, rows, cols];
     radixlm's MoE models take both) and no lm_head when it is tied."""
     out = {}
     for name, t in hf.state_dict().items():

@@ -1,4 +1,4 @@
-"""Pre-quantized AWQ and GPTQ checkpoints (model/awq_gptq.py): tiny Llama / Qwen2 / Qwen3 models
+"""Pre-quantized AWQ and GPTQ checkpoints (quant/awq_gptq.py): tiny Llama / Qwen2 / Qwen3 models
 quantized here and packed as AutoAWQ (GEMM) and AutoGPTQ (v1) write them, selected by their
 config.json alone, held in the native block formats (never float), and generating HF's greedy
 tokens (float32 on the dequantized weights; near-tie rule) through prefill and decode. Each
@@ -16,11 +16,11 @@ import torch
 import transformers
 
 from radixlm.kernels.formats import dequantize_reference
-from radixlm.model.awq_gptq_repack import AWQ_ORDER, repack, unpack_awq, unpack_gptq
 from radixlm.model.layers.attention.native import NativeCPUBackend
 from radixlm.model.layers.permuted_matrix import PermutedInputMatrix
 from radixlm.model.layers.quantized import QuantizedMatrix
 from radixlm.model.loader import load_model
+from radixlm.model.quant.awq_gptq_repack import AWQ_ORDER, repack, unpack_awq, unpack_gptq
 from tests.model.helpers import PoolHarness, randomize
 from tests.model.test_gguf_mixed_quants import _int8_grid
 

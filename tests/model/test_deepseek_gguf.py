@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from radixlm.model.gguf_deepseek import write_deepseek2_metadata
+from radixlm.model.gguf.archs.deepseek import write_deepseek2_metadata
 from radixlm.model.loader import load_model
 from tests.model.deepseek_refs import MLAHarness, make_hf
 from tests.model.helpers import hf_logits

@@ -1,4 +1,4 @@
-"""FP8 checkpoints in llm-compressor's compressed-tensors layout (model/fp8_checkpoint.py): tiny
+"""FP8 checkpoints in llm-compressor's compressed-tensors layout (quant/fp8_checkpoint.py): tiny
 Llama / Qwen3 models quantized here as its FP8 schemes write them (e4m3 weights, weight_scale per
 channel, per 128 x 128 block or per tensor; the LM head ignored, the rest 16-bit), selected by their
 config.json alone, held as e4m3 (never float) within 1.2x the file, and generating HF's greedy
@@ -15,7 +15,7 @@ import transformers
 
 from radixlm.model.layers.quantized import QuantizedMatrix
 from radixlm.model.loader import load_model
-from radixlm.model.quant_checkpoint import parse_quantization_config
+from radixlm.model.quant.checkpoint import parse_quantization_config
 from tests.e2e.test_default_model_greedy import assert_greedy_equal
 from tests.model.helpers import randomize
 from tests.model.test_awq_gptq import (

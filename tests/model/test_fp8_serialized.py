@@ -1,5 +1,5 @@
 """FP8 checkpoints in DeepSeek's / transformers' FineGrainedFP8 layout (quant_method "fp8":
-model/fp8_checkpoint.py): tiny Llama / Qwen3 models quantized here as those releases store them
+quant/fp8_checkpoint.py): tiny Llama / Qwen3 models quantized here as those releases store them
 (e4m3 weights; `weight_scale_inv` per 128 x 128 block, the last block of k/v's 192 rows partial; or
 one scale per tensor, vLLM's / SGLang's `weight_scale` with a static `input_scale`, or
 transformers' scalar `weight_scale_inv`), the LM head left 16-bit; and a tiny Qwen3-MoE whose
@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from radixlm.model.loader import load_model
-from radixlm.model.quant_checkpoint import parse_quantization_config
-from radixlm.model.quant_methods import refusal
+from radixlm.model.quant.checkpoint import parse_quantization_config
+from radixlm.model.quant.methods import refusal
 from radixlm.model.runner_config import ModelRunnerConfig
 from tests.e2e.test_default_model_greedy import assert_greedy_equal
 from tests.model.moe_checkpoints import hf_model

@@ -9,7 +9,8 @@ import torch
 import transformers
 
 from radixlm.kernels.formats import FORMATS
-from radixlm.model.gguf_loader import gguf_weights, open_gguf
+from radixlm.model.gguf.loader import gguf_weights
+from radixlm.model.gguf.reader import open_gguf
 from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.loader import load_model
 from tests.model.helpers import SMALL, PoolHarness, hf_logits, randomize

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from radixlm.kernels.formats import dequantize_reference
-from radixlm.model.gguf_loader import gguf_config, gguf_weights, open_gguf
+from radixlm.model.gguf.loader import gguf_config, gguf_weights
+from radixlm.model.gguf.reader import open_gguf
 from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.models.lfm2 import lfm2_ff_dim
 from tests.model.hybrid_checkpoints import (

@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from radixlm.kernels.formats import dequantize_reference
-from radixlm.model import gguf_qwen35
-from radixlm.model.gguf_loader import gguf_config, gguf_weights, open_gguf
+from radixlm.model.gguf.archs import qwen35 as gguf_qwen35
+from radixlm.model.gguf.loader import gguf_config, gguf_weights
+from radixlm.model.gguf.reader import open_gguf
 from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.tp_shard import TensorSlice
@@ -180,7 +181,7 @@ def test_q8_0_within_quantization_error(arch, models, tokenizer_dir, tmp_path, c
     path = write_gguf(hf, tokenizer_dir, str(tmp_path / "m.gguf"), qtype="q8_0")
     want = _file_order(arch, hf, expected_weights(hf))
     _, floats = _load(path)
-    with caplog.at_level(logging.WARNING, logger="radixlm.model.gguf_qwen35"):
+    with caplog.at_level(logging.WARNING, logger="radixlm.model.gguf.archs.qwen35"):
         _, kept = _load(path, keep_quantized=True)
     assert sorted(floats) == sorted(want) == sorted(kept)
     for name, ref in want.items():
@@ -200,7 +201,7 @@ def test_tiled_out_proj_keeps_the_file_blocks(arch, models, tokenizer_dir, tmp_p
     32-value blocks, as Dv=128 in Q4_K's 256): no requantization, no warning."""
     hf = models[arch]
     path = write_gguf(hf, tokenizer_dir, str(tmp_path / "m.gguf"), qtype="q8_0")
-    with caplog.at_level(logging.WARNING, logger="radixlm.model.gguf_qwen35"):
+    with caplog.at_level(logging.WARNING, logger="radixlm.model.gguf.archs.qwen35"):
         config, kept = _load(path, keep_quantized=True)
     assert config.linear_value_heads_tiled
     stored = {t.name: t for t in open_gguf(path).tensors}
@@ -240,7 +241,7 @@ def test_qwen3next_qkvz_halves_of_two_types(models, tokenizer_dir, tmp_path, cap
         qtype="q8_0",
         overrides={"blk.0.attn_gate.weight": (f16, gguf.GGMLQuantizationType.F16)},
     )
-    with caplog.at_level(logging.WARNING, logger="radixlm.model.gguf_qwen35"):
+    with caplog.at_level(logging.WARNING, logger="radixlm.model.gguf.archs.qwen35"):
         _, kept = _load(path, keep_quantized=True)
     w = kept["model.layers.0.linear_attn.in_proj_qkvz.weight"]
     assert isinstance(w, QuantizedTensor) and w.fmt.name == "q8_0"

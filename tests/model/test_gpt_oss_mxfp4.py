@@ -186,7 +186,7 @@ def test_hf_mxfp4_greedy_tokens_are_hf(hf_mxfp4):
 
 
 def test_a_scheme_we_do_not_read_is_refused_by_name():
-    from radixlm.model.quant_checkpoint import parse_quantization_config
+    from radixlm.model.quant.checkpoint import parse_quantization_config
 
     with pytest.raises(ValueError, match="quant_method 'bitsandbytes' is not supported"):
         parse_quantization_config({"quant_method": "bitsandbytes"})

@@ -159,11 +159,12 @@ def llama4_as_llama_cpp(tmp_path_factory):
 
 
 def test_gguf_config_is_llama_cpps_llama4(llama4_as_llama_cpp, tmp_path):
-    from radixlm.model import gguf_loader
+    from radixlm.model.gguf.loader import gguf_config
+    from radixlm.model.gguf.reader import open_gguf
 
     path, hf = llama4_as_llama_cpp
     f = write_llama4_gguf(hf, path, str(tmp_path / "llama4.gguf"))
-    cfg = gguf_loader.gguf_config(gguf_loader.open_gguf(f))
+    cfg = gguf_config(open_gguf(f))
     assert cfg.architectures == ["Llama4ForCausalLM"]
     for key in (
         "intermediate_size",
@@ -192,7 +193,8 @@ def test_q8_0_gguf_keeps_its_blocks_and_agrees_with_hf_top1(llama4_as_llama_cpp,
 
     import torch
 
-    from radixlm.model import gguf_loader
+    from radixlm.model.gguf.loader import gguf_config, gguf_weights
+    from radixlm.model.gguf.reader import open_gguf
     from tests.model.top1_agreement import top1_agreement
 
     path, hf = llama4_as_llama_cpp
@@ -201,8 +203,8 @@ def test_q8_0_gguf_keeps_its_blocks_and_agrees_with_hf_top1(llama4_as_llama_cpp,
     layers = loaded.model.model.layers
     assert layers[0].self_attn.qkv_proj.qweight.formats == ["q8_0x8"]  # kept in its blocks
     assert layers[1].mlp.w13.quantized and layers[1].mlp.w2.quantized  # the experts too
-    reader = gguf_loader.open_gguf(q8)
-    weights = dict(gguf_loader.gguf_weights(reader, gguf_loader.gguf_config(reader)))
+    reader = open_gguf(q8)
+    weights = dict(gguf_weights(reader, gguf_config(reader)))
     held = copy.deepcopy(hf)
     state = held.state_dict()
     for name in list(state):

@@ -57,7 +57,7 @@ def _size(path: str) -> int:
 
 def test_bf16_checkpoint_quantized_to_q4_k_at_load(tmp_path, caplog):
     path, _, cfg = _bf16_checkpoint(tmp_path, "llama", tie=False, vocab=500)
-    with caplog.at_level(logging.INFO, logger="radixlm.model.quant_methods"):
+    with caplog.at_level(logging.INFO, logger="radixlm.model.quant.methods"):
         quant = load_model(path, quantization="q4_k")
     assert quant.quantization == "q4_k"
     assert "quantized 16 matrices to q4_k in" in caplog.text  # 7 per layer, embedding, lm_head

@@ -115,6 +115,7 @@ def test_importing_the_registry_imports_no_torch():
 # ----------------------------------------------------------------------------- radixlm's registries
 RADIXLM_REGISTRIES = [
     ("radixlm.model.registry", "MODEL_REGISTRY"),
+    ("radixlm.model.gguf.registry", "GGUF_ARCHITECTURE_REGISTRY"),
     ("radixlm.model.layers.attention.registry", "ATTENTION_BACKEND_REGISTRY"),
     ("radixlm.cache.factory", "PREFIX_CACHE_REGISTRY"),
     ("radixlm.cache.hicache_config", "STORAGE_BACKEND_REGISTRY"),
@@ -124,7 +125,8 @@ RADIXLM_REGISTRIES = [
     ("radixlm.constrained", "GRAMMAR_BACKEND_REGISTRY"),
     ("radixlm.function_call.registry", "TOOL_CALL_PARSER_REGISTRY"),
     ("radixlm.reasoning.formats", "REASONING_PARSER_REGISTRY"),
-    ("radixlm.model.quant_methods", "QUANTIZATION_REGISTRY"),
+    ("radixlm.model.quant.methods", "QUANTIZATION_REGISTRY"),
+    ("radixlm.model.quant.checkpoint", "CHECKPOINT_PARSER_REGISTRY"),
     ("radixlm.model.layers.linear_attn", "LINEAR_ATTN_BACKEND_REGISTRY"),
 ]
 

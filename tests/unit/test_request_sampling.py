@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from radixlm.engine.request_sampling import RequestSampling
-from radixlm.model import gguf_loader, sampling_defaults
+from radixlm.model import sampling_defaults
+from radixlm.model.gguf.reader import open_gguf
 from radixlm.sampling_params import DRY_SEQUENCE_BREAKERS, SamplingParams, SamplingParamsError
 from tests.sampler_refs import vllm_bad_word_forms
 
@@ -192,7 +193,7 @@ def test_gguf_sampling_metadata_keys(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    assert sampling_defaults.from_gguf(gguf_loader.open_gguf(path)) == {
+    assert sampling_defaults.from_gguf(open_gguf(path)) == {
         "temperature": 0.7,
         "top_k": 40,
         "top_p": 0.95,

@@ -5,7 +5,7 @@ A fused layer holds several HF projections stacked along the output dim
 `load_shard` copies one HF tensor into its slice; the loader calls it.
 A weight held in another form replaces the float parameter (`weight` becomes None, `qweight`
 multiplies): the native CPU kernels' blocks the loader hands over (layers/quantized.py) or what a
---quantization method makes of the loaded weight (model/quant_methods.py: FP8's is
+--quantization method makes of the loaded weight (model/quant/methods.py: FP8's is
 layers/fp8_linear.py).
 """
 

@@ -83,7 +83,7 @@ class OffsetRMSNorm(RMSNorm):
 
 class GemmaRMSNorm(RMSNorm):
     """Gemma's RMSNorm: x * (1 + w), all in float32, cast back at the end (HF's Gemma2RMSNorm; the
-    weights are stored as offsets from 1, llama.cpp's GGUF adds the 1 in: gguf_loader takes it off).
+    weights are stored as offsets from 1, llama.cpp's GGUF adds the 1 in: gguf/loader takes it off).
     Same calling convention as RMSNorm; always the torch ops (the native kernel multiplies by w)."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):

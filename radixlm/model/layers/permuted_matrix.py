@@ -1,4 +1,4 @@
-"""A weight stored with its input columns permuted (GPTQ act-order, model/awq_gptq_repack.py): the
+"""A weight stored with its input columns permuted (GPTQ act-order, quant/awq_gptq_repack.py): the
 quantization groups of such a checkpoint are scattered over the input, so the loader sorts the
 columns by group to make each 32-value block one group's, and the activation is gathered the same
 way before the product: x @ W.T = x[:, perm] @ W[:, perm].T (as vLLM's act-order kernels do).

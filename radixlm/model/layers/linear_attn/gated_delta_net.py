@@ -6,7 +6,7 @@ in_proj_qkvz and in_proj_b / in_proj_a -> in_proj_ba (one matmul each; the model
 fills the parts). The state: conv [K - 1, key_dim * 2 + value_dim] and ssm [Hv, Dk, Dv].
 
 Value head h reads key head h // (Hv // Hk) (HF's grouped order), or, where
-config.linear_value_heads_tiled (llama.cpp's Qwen3.5 GGUFs, gguf_qwen35.py), key head h % Hk:
+config.linear_value_heads_tiled (llama.cpp's Qwen3.5 GGUFs, gguf/archs/qwen35.py), key head h % Hk:
 the backend's gated_delta_rule_gated takes the order as `tiled` (its torch default repeats q and
 k to Hv heads in that order; the native kernel indexes them). Every other
 per-value-head tensor (z, a, b, A_log, dt_bias, the V channels, out_proj's columns) is in the

@@ -23,12 +23,10 @@ from typing import Any
 
 import torch
 
-from radixlm.model.gguf_deepseek import DEEPSEEK2_TENSOR_NAMES, SIGMOID_GATING
-from radixlm.model.gguf_fields import field
+from radixlm.model.gguf.archs.deepseek import DEEPSEEK2_TENSOR_NAMES, SIGMOID_GATING
+from radixlm.model.gguf.fields import field
+from radixlm.model.gguf.spec import GGUFArchitecture, HFModel
 from radixlm.model.tp_shard import Slicer, TensorSlice
-
-ARCH = "kimi-linear"
-KIMI_LINEAR_ARCHITECTURES = {ARCH: ("KimiLinearForCausalLM", "KimiLinearConfig")}
 
 _KDA = "model.layers.{}.self_attn."
 KIMI_LINEAR_TENSOR_NAMES = {
@@ -50,12 +48,13 @@ KIMI_LINEAR_TENSOR_NAMES = {
 _TENSOR_RE = re.compile(r"^blk\.(\d+)\.(\w+?)(?:\.(weight|bias))?$|^(\w+)\.(weight)$")
 
 
-def kimi_linear_config(reader, kw: dict) -> dict:
-    """KimiLinearConfig kwargs of a kimi-linear GGUF; kw holds the common keys gguf_config read."""
-    f = lambda key, default=None: field(reader, f"{ARCH}.{key}", default)
+def kimi_linear_config(reader, arch: str, kw: dict) -> dict:
+    """KimiLinearConfig kwargs of a kimi-linear GGUF; kw holds the keys every architecture
+    shares."""
+    f = lambda key, default=None: field(reader, f"{arch}.{key}", default)
     if f("expert_gating_func") != SIGMOID_GATING:
         raise ValueError(
-            f"{ARCH}: expert_gating_func {f('expert_gating_func')}: Kimi-Linear routes by sigmoid"
+            f"{arch}: expert_gating_func {f('expert_gating_func')}: Kimi-Linear routes by sigmoid"
         )
     kv_heads = f("attention.head_count_kv")
     n = kw["num_hidden_layers"]
@@ -95,7 +94,7 @@ def kimi_linear_weights(
     slicer: Slicer | None = None,
     keep: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, Any]]:
-    """(HF name, tensor) for every tensor of the file, as gguf_loader.gguf_weights yields them."""
+    """(HF name, tensor) for every tensor of the file, as loader.gguf_weights yields them."""
     for t in reader.tensors:
         m = _TENSOR_RE.match(t.name)
         if m is None:
@@ -124,3 +123,10 @@ def kimi_linear_weights(
 def _dense(w) -> torch.Tensor:
     """A small tensor as float32 (a 3-D one comes back as experts' blocks)."""
     return (w.dequantize() if hasattr(w, "dequantize") else w).float()
+
+
+KIMI_LINEAR = GGUFArchitecture(
+    HFModel("KimiLinearForCausalLM", "KimiLinearConfig"),
+    config=kimi_linear_config,
+    weights=kimi_linear_weights,
+)

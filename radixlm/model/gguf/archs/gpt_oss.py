@@ -12,7 +12,7 @@ correction range (the released models' `truncate: false`), swiglu alpha 1.702 an
 Quantized expert weights (MXFP4 in the released files) stay in their blocks, as ExpertWeights with
 gate and up rows interleaved (models/gpt_oss_moe.py runs them on the native kernels), unless float
 weights were asked (--quantization none: float32, as HF's columns); the other tensors load as
-gguf_loader reads any architecture's.
+the loader reads any architecture's.
 """
 
 from __future__ import annotations
@@ -23,11 +23,10 @@ from typing import Any
 
 import torch
 
-from radixlm.model.gguf_fields import field
+from radixlm.model.gguf.fields import field
+from radixlm.model.gguf.spec import GGUFArchitecture, HFModel
 from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.tp_shard import Slicer, TensorSlice
-
-GPT_OSS_ARCHITECTURES = {"gpt-oss": ("GptOssForCausalLM", "GptOssConfig")}
 
 _TOP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _LAYER = {
@@ -43,10 +42,9 @@ _EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_gate_up_exps", "ffn_down_exps")
 _TENSOR_RE = re.compile(r"^(?:blk\.(\d+)\.)?(\w+)\.(weight|bias)$")
 
 
-def gpt_oss_config(reader, kw: dict) -> dict:
+def gpt_oss_config(reader, arch: str, kw: dict) -> dict:
     """kw (the keys every architecture shares) completed for GptOssConfig."""
     kw = dict(kw)
-    arch = "gpt-oss"
     kw["num_local_experts"] = int(field(reader, f"{arch}.expert_count"))
     kw["num_experts_per_tok"] = int(field(reader, f"{arch}.expert_used_count"))
     expert_ffn = field(reader, f"{arch}.expert_feed_forward_length")
@@ -101,8 +99,8 @@ def gpt_oss_weights(
     slicer: Slicer | None = None,
     keep: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, Any]]:
-    """(HF name, tensor) for every tensor of the file, as gguf_weights yields them. read(t, name,
-    slice): gguf_loader's reader of one tensor (quantized or float32 as asked)."""
+    """(HF name, tensor) for every tensor of the file, as loader.gguf_weights yields them.
+    read(t, name, slice): the loader's reader of one tensor (quantized or float32 as asked)."""
     halves: dict[tuple[int, str], dict[str, torch.Tensor]] = {}  # (layer, weight|bias): gate / up
     for t in reader.tensors:
         m = _TENSOR_RE.match(t.name)
@@ -161,3 +159,8 @@ def gpt_oss_weights(
                 yield name, _interleave(pair["ffn_gate_exps"], pair["ffn_up_exps"]).contiguous()
     if halves:
         raise ValueError(f"gpt-oss GGUF: experts' gate or up missing in layers {sorted(halves)}")
+
+
+GPT_OSS = GGUFArchitecture(
+    HFModel("GptOssForCausalLM", "GptOssConfig"), config=gpt_oss_config, weights=gpt_oss_weights
+)

@@ -19,9 +19,9 @@ import torch
 from torch import nn
 
 from radixlm.kernels.formats import FORMATS
-from radixlm.model.awq_gptq import CheckpointMethod
 from radixlm.model.layers.moe.experts import ExpertWeights
-from radixlm.model.quant_checkpoint import CheckpointQuant
+from radixlm.model.quant.awq_gptq import CheckpointMethod
+from radixlm.model.quant.checkpoint import CheckpointQuant
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +34,11 @@ def to_ggml_blocks(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     values = torch.stack((lo, hi), dim=-1).flatten(-2)  # [..., G, 32] in order
     qs = values[..., :16] | (values[..., 16:] << 4)
     return torch.cat((scales.unsqueeze(-1), qs), dim=-1).flatten(-2).contiguous()
+
+
+def parse_mxfp4(cfg: dict) -> CheckpointQuant:
+    """e2m1 values with an e8m0 exponent per 32: nothing in the config to choose."""
+    return CheckpointQuant("mxfp4", 4, 32, desc_act=False, sym=True, zero_offset=0)
 
 
 class Mxfp4Method(CheckpointMethod):

@@ -2,29 +2,18 @@
 logit soft-caps, the global layers' RoPE) and what llama.cpp fixes by architecture instead
 (src/llama-model.cpp): the local/global layer pattern (Gemma 2: every 2nd layer global, Gemma 3:
 every 6th), the local layers' RoPE base (10000), and the attention scale (head_dim ** -0.5, but
-hidden / heads for the 27B models, known by their layer count)."""
+hidden / heads for the 27B models, known by their layer count). Its tensors: the sandwich norms
+(ffn_norm is the norm before the MLP, the post norms have their own names), and every norm weight
+stored as 1 + w, which GemmaRMSNorm adds back (the loader takes the 1 off)."""
 
 from __future__ import annotations
 
-from radixlm.model.gguf_fields import field
+from radixlm.model.gguf.fields import field, layer_types
+from radixlm.model.gguf.spec import TENSOR_NAMES, GGUFArchitecture, HFModel
 
-GEMMA_ARCHS = ("gemma2", "gemma3")
-_SWA_PATTERN = {"gemma2": 2, "gemma3": 6, "olmo2": 4}  # olmo2: OLMo 3 (gguf_loader._olmo3_config)
+_SWA_PATTERN = {"gemma2": 2, "gemma3": 6}
 _LAYERS_27B = {"gemma2": 46, "gemma3": 62}
 _DEFAULT_WINDOW = {"gemma2": 4096}  # llama.cpp's default where a Gemma 2 file has none
-
-
-def layer_types(reader, arch: str, n_layers: int) -> list[str]:
-    """Per layer, sliding_attention or full_attention: the file's sliding_window_pattern where a
-    newer converter wrote one (a flag per layer, or a period), else llama.cpp's fixed period
-    (layer il is local when il % n < n - 1, as HF's (il + 1) % n != 0)."""
-    pattern = field(reader, f"{arch}.attention.sliding_window_pattern")
-    if isinstance(pattern, list):
-        local = [bool(p) for p in pattern]
-    else:
-        n = int(pattern or _SWA_PATTERN[arch])
-        local = [il % n < n - 1 for il in range(n_layers)]
-    return ["sliding_attention" if is_local else "full_attention" for is_local in local]
 
 
 def gemma_config_kwargs(reader, arch: str, kw: dict) -> dict:
@@ -35,7 +24,7 @@ def gemma_config_kwargs(reader, arch: str, kw: dict) -> dict:
     if window is None:
         raise ValueError(f"{arch} GGUF without {arch}.attention.sliding_window")
     kw["sliding_window"] = int(window)
-    kw["layer_types"] = layer_types(reader, arch, n_layers)
+    kw["layer_types"] = layer_types(reader, arch, n_layers, _SWA_PATTERN[arch])
     kw["hidden_activation"] = "gelu_pytorch_tanh"
     if n_layers == _LAYERS_27B[arch]:
         kw["query_pre_attn_scalar"] = kw["hidden_size"] // kw["num_attention_heads"]
@@ -59,3 +48,23 @@ def gemma_config_kwargs(reader, arch: str, kw: dict) -> dict:
             "sliding_attention": {"rope_type": "default", "rope_theta": float(local_base)},
         }
     return kw
+
+
+GEMMA_TENSOR_NAMES = dict(
+    TENSOR_NAMES,
+    ffn_norm="model.layers.{}.pre_feedforward_layernorm",
+    post_attention_norm="model.layers.{}.post_attention_layernorm",
+    post_ffw_norm="model.layers.{}.post_feedforward_layernorm",
+)
+GEMMA2 = GGUFArchitecture(
+    HFModel("Gemma2ForCausalLM", "Gemma2Config"),
+    config=gemma_config_kwargs,
+    tensor_names=GEMMA_TENSOR_NAMES,
+    norm_offset=True,
+)
+GEMMA3 = GGUFArchitecture(
+    HFModel("Gemma3ForCausalLM", "Gemma3TextConfig"),
+    config=gemma_config_kwargs,
+    tensor_names=GEMMA_TENSOR_NAMES,
+    norm_offset=True,
+)

@@ -2,8 +2,9 @@
 GraniteMoeHybridForCausalLM) and `falcon-h1` (FalconH1ForCausalLM): the HF config from their
 metadata, their tensors back under the names granite_hybrid.py / falcon_h1.py load, in HF's layout.
 
-Both store the Mamba-2 tensors as nemotron_h's (gguf_hybrid_ssm.py): ssm_a = -exp(A_log) [H, 1],
-ssm_d [H, 1], conv [C, K], the grouped norm [groups, inner / groups], dt_bias as ssm_dt.bias.
+Both store the Mamba-2 tensors as nemotron_h's (archs/hybrid_ssm.py; read by tensors.ssm_tensor):
+ssm_a = -exp(A_log) [H, 1], ssm_d [H, 1], conv [C, K], the grouped norm [groups, inner / groups],
+dt_bias as ssm_dt.bias.
 
 granitehybrid: what the converter (conversion/granite.py GraniteHybridModel over Mamba2Model and
 GraniteMoeModel) changes, undone here:
@@ -29,23 +30,13 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from radixlm.model.gguf_fields import field
-from radixlm.model.gguf_hybrid_ssm import (
-    _TENSOR_RE,
-    _has_tensor,
-    _need,
-    _per_layer,
-    ssm_tensor,
-)
-from radixlm.model.gguf_qwen35 import _cut
+from radixlm.model.gguf.fields import field, has_tensor, per_layer, required
+from radixlm.model.gguf.shard import cut
+from radixlm.model.gguf.spec import GGUFArchitecture, HFModel
+from radixlm.model.gguf.tensors import SSM_TENSOR_RE, ssm_tensor, unpermute
 from radixlm.model.tp_shard import Slicer, TensorSlice
 
-ARCH = "granitehybrid"
-FALCON_H1 = "falcon-h1"
-MAMBA2_HYBRID_ARCHITECTURES = {
-    ARCH: ("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig"),
-    FALCON_H1: ("FalconH1ForCausalLM", "FalconH1Config"),
-}
+GRANITE = "granitehybrid"
 
 _LAYER = {
     "attn_norm": "input_layernorm",
@@ -85,35 +76,35 @@ _FALCON_H1_TOP = {**_TOP, "output_norm": "model.final_layernorm"}
 
 
 def _mamba2_sizes(reader, a: str) -> dict:
-    heads = int(_need(reader, a, "ssm.time_step_rank"))
-    inner = int(_need(reader, a, "ssm.inner_size"))
+    heads = int(required(reader, a, "ssm.time_step_rank"))
+    inner = int(required(reader, a, "ssm.inner_size"))
     if inner % heads:
         raise ValueError(f"{a} GGUF: ssm.inner_size {inner} is not a multiple of {heads} heads")
     return dict(
         mamba_n_heads=heads,
         mamba_d_head=inner // heads,
-        mamba_n_groups=int(_need(reader, a, "ssm.group_count")),
-        mamba_d_state=int(_need(reader, a, "ssm.state_size")),
-        mamba_d_conv=int(_need(reader, a, "ssm.conv_kernel")),
-        mamba_conv_bias=_has_tensor(reader, ".ssm_conv1d.bias"),
-        mamba_proj_bias=_has_tensor(reader, ".ssm_in.bias"),
-        attention_bias=_has_tensor(reader, ".attn_q.bias"),
+        mamba_n_groups=int(required(reader, a, "ssm.group_count")),
+        mamba_d_state=int(required(reader, a, "ssm.state_size")),
+        mamba_d_conv=int(required(reader, a, "ssm.conv_kernel")),
+        mamba_conv_bias=has_tensor(reader, ".ssm_conv1d.bias"),
+        mamba_proj_bias=has_tensor(reader, ".ssm_in.bias"),
+        attention_bias=has_tensor(reader, ".attn_q.bias"),
     )
 
 
-def falcon_h1_config(reader, kw: dict) -> dict:
+def falcon_h1_config(reader, arch: str, kw: dict) -> dict:
     """The HF config kwargs of a falcon-h1 GGUF (multipliers folded: HF's defaults of 1)."""
     out = {k: v for k, v in kw.items() if k not in ("rope_theta", "rope_scaling", "rms_norm_eps")}
-    eps = field(reader, f"{FALCON_H1}.attention.layer_norm_rms_epsilon", 1e-5)
-    sizes = _mamba2_sizes(reader, FALCON_H1)
+    eps = field(reader, f"{arch}.attention.layer_norm_rms_epsilon", 1e-5)
+    sizes = _mamba2_sizes(reader, arch)
     out.update(
         sizes,
         rms_norm_eps=float(eps),
         mamba_d_ssm=sizes["mamba_n_heads"] * sizes["mamba_d_head"],
-        mamba_rms_norm=_has_tensor(reader, ".ssm_norm.weight"),
+        mamba_rms_norm=has_tensor(reader, ".ssm_norm.weight"),
         mamba_norm_before_gate=False,
-        projectors_bias=_has_tensor(reader, ".ssm_out.bias"),
-        mlp_bias=_has_tensor(reader, ".ffn_up.bias"),
+        projectors_bias=has_tensor(reader, ".ssm_out.bias"),
+        mlp_bias=has_tensor(reader, ".ffn_up.bias"),
         rope_parameters={
             "rope_type": "default",
             "rope_theta": float(kw.get("rope_theta", 10_000.0)),
@@ -122,11 +113,11 @@ def falcon_h1_config(reader, kw: dict) -> dict:
     return out
 
 
-def granite_hybrid_config(reader, kw: dict) -> dict:
+def granite_hybrid_config(reader, arch: str, kw: dict) -> dict:
     """The HF config kwargs of a granitehybrid GGUF; kw holds the keys every architecture shares."""
-    a = ARCH
+    a = arch
     n = int(kw["num_hidden_layers"])
-    kv = _per_layer(reader, a, "attention.head_count_kv", n)
+    kv = per_layer(reader, a, "attention.head_count_kv", n)
     sizes = _mamba2_sizes(reader, a)
     inner, hidden = sizes["mamba_n_heads"] * sizes["mamba_d_head"], int(kw["hidden_size"])
     if inner % hidden:
@@ -163,12 +154,12 @@ def mamba2_hybrid_weights(
     slicer: Slicer | None = None,
     keep: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, Any]]:
-    """(HF name, tensor) for every tensor of the file, as gguf_loader.gguf_weights yields them."""
+    """(HF name, tensor) for every tensor of the file, as loader.gguf_weights yields them."""
 
-    granite = field(reader, "general.architecture") == ARCH
+    granite = field(reader, "general.architecture") == GRANITE
     layer_names, top = (_LAYER, _TOP) if granite else (_FALCON_H1_LAYER, _FALCON_H1_TOP)
     for t in reader.tensors:
-        m = _TENSOR_RE.match(t.name)
+        m = SSM_TENSOR_RE.match(t.name)
         if m is None:
             continue
         layer, base, suffix = m.group(1), m.group(2), m.group(3)
@@ -193,19 +184,18 @@ def mamba2_hybrid_weights(
             yield name, ssm
         elif granite and base in ("attn_q", "attn_k"):
             heads = config.num_attention_heads if base == "attn_q" else config.num_key_value_heads
-            yield name, _cut(_unpermuted(read(t, name, None), heads), s, name)
+            yield name, cut(unpermute(read(t, name, None), heads), s, name)
         else:
             yield name, read(t, name, s)
 
 
-def _unpermuted(w, heads: int):
-    """LlamaModel.permute undone (each head's rows [2, D / 2] back to [D / 2, 2]); a quantized
-    matrix moves whole rows; a bias alike."""
-    from radixlm.model.layers.quantized import QuantizedTensor
-
-    data = w.data if isinstance(w, QuantizedTensor) else w
-    rows, rest = data.shape[0], data.shape[1:]
-    data = data.reshape(heads, rows // heads // 2, 2, *rest).transpose(1, 2).reshape(rows, *rest)
-    if isinstance(w, QuantizedTensor):
-        return QuantizedTensor(data.contiguous(), w.fmt, w.cols)
-    return data.contiguous()
+GRANITEHYBRID = GGUFArchitecture(
+    HFModel("GraniteMoeHybridForCausalLM", "GraniteMoeHybridConfig"),
+    config=granite_hybrid_config,
+    weights=mamba2_hybrid_weights,
+)
+FALCON_H1 = GGUFArchitecture(
+    HFModel("FalconH1ForCausalLM", "FalconH1Config"),
+    config=falcon_h1_config,
+    weights=mamba2_hybrid_weights,
+)

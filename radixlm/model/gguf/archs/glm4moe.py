@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixlm.model.gguf_deepseek import DEEPSEEK2_TENSOR_NAMES
+from radixlm.model.gguf.archs.deepseek import DEEPSEEK2_TENSOR_NAMES
+from radixlm.model.gguf.spec import GGUFArchitecture, HFModel
 
 GLM4MOE_TENSOR_NAMES = dict(
     DEEPSEEK2_TENSOR_NAMES,
@@ -30,11 +31,11 @@ GLM4MOE_TENSOR_NAMES = dict(
 )
 
 
-def glm4moe_config(reader, kw: dict) -> dict:
-    """Glm4MoeConfig kwargs of a glm4moe GGUF; kw holds the common keys gguf_config read already."""
+def glm4moe_config(reader, arch: str, kw: dict) -> dict:
+    """Glm4MoeConfig kwargs of a glm4moe GGUF; kw holds the keys every architecture shares."""
 
     def f(key: str, default: Any = None) -> Any:
-        field = reader.fields.get(f"glm4moe.{key}")
+        field = reader.fields.get(f"{arch}.{key}")
         return default if field is None else field.contents()
 
     if kw.get("rope_scaling"):
@@ -64,3 +65,10 @@ def glm4moe_config(reader, kw: dict) -> dict:
         },
     )
     return out
+
+
+GLM4MOE = GGUFArchitecture(
+    HFModel("Glm4MoeForCausalLM", "Glm4MoeConfig"),
+    config=glm4moe_config,
+    tensor_names=GLM4MOE_TENSOR_NAMES,
+)

@@ -21,12 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from radixlm.model.gguf_fields import field
-from radixlm.model.gguf_gemma import layer_types
+from radixlm.model.gguf.fields import field, layer_types
+from radixlm.model.gguf.spec import GGUFArchitecture, HFModel
 from radixlm.model.tp_shard import Slicer, TensorSlice
-
-GEMMA4_ARCHITECTURES = {"gemma4": ("Gemma4ForCausalLM", "Gemma4TextConfig")}
-_ARCH = "gemma4"
 
 _TOP = {
     "token_embd": "model.embed_tokens",
@@ -70,23 +67,23 @@ def _per_layer(value: Any, n: int) -> list:
     return list(value) if isinstance(value, list) else [value] * n
 
 
-def gemma4_config(reader, kw: dict) -> dict:
+def gemma4_config(reader, arch: str, kw: dict) -> dict:
     """kw (the keys every architecture shares) completed for Gemma4TextConfig."""
     kw = dict(kw)
     n = int(kw["num_hidden_layers"])
     tensors = {t.name: t for t in reader.tensors}
-    types = layer_types(reader, _ARCH, n)
+    types = layer_types(reader, arch, n)
     full = [i for i in range(n) if types[i] == "full_attention"]
-    shared = int(field(reader, f"{_ARCH}.attention.shared_kv_layers", 0) or 0)
-    window = field(reader, f"{_ARCH}.attention.sliding_window")
+    shared = int(field(reader, f"{arch}.attention.shared_kv_layers", 0) or 0)
+    window = field(reader, f"{arch}.attention.sliding_window")
     if window is None:
-        raise ValueError(f"a {_ARCH} GGUF without {_ARCH}.attention.sliding_window")
-    head_dim = field(reader, f"{_ARCH}.attention.key_length_swa")
-    global_dim = field(reader, f"{_ARCH}.attention.key_length")
+        raise ValueError(f"a {arch} GGUF without {arch}.attention.sliding_window")
+    head_dim = field(reader, f"{arch}.attention.key_length_swa")
+    global_dim = field(reader, f"{arch}.attention.key_length")
     if head_dim is None or global_dim is None:
-        raise ValueError(f"a {_ARCH} GGUF without attention.key_length and key_length_swa")
-    kv = _per_layer(field(reader, f"{_ARCH}.attention.head_count_kv"), n)
-    ffn = _per_layer(field(reader, f"{_ARCH}.feed_forward_length"), n)
+        raise ValueError(f"a {arch} GGUF without attention.key_length and key_length_swa")
+    kv = _per_layer(field(reader, f"{arch}.attention.head_count_kv"), n)
+    ffn = _per_layer(field(reader, f"{arch}.feed_forward_length"), n)
     sliding_kv = [kv[i] for i in range(n) if i not in full] or kv
     own = [i for i in full if i < n - shared]
     kw.update(
@@ -100,9 +97,9 @@ def gemma4_config(reader, kw: dict) -> dict:
         attention_k_eq_v=bool(own) and all(f"blk.{i}.attn_v.weight" not in tensors for i in own),
         hidden_activation="gelu_pytorch_tanh",
         hidden_size_per_layer_input=int(
-            field(reader, f"{_ARCH}.embedding_length_per_layer_input", 0) or 0
+            field(reader, f"{arch}.embedding_length_per_layer_input", 0) or 0
         ),
-        final_logit_softcapping=field(reader, f"{_ARCH}.final_logit_softcapping"),
+        final_logit_softcapping=field(reader, f"{arch}.final_logit_softcapping"),
         # Each full layer's shape (HF derives it from global_head_dim and, for V = K models only,
         # num_global_key_value_heads: the file's per-layer heads say it for every model).
         per_layer_config={
@@ -112,13 +109,13 @@ def gemma4_config(reader, kw: dict) -> dict:
     ple = tensors.get("per_layer_token_embd.weight")
     if ple is not None:  # (the converter trims token_embd to the tokenizer, not this one)
         kw["vocab_size_per_layer_input"] = int(ple.data.shape[0])
-    experts = field(reader, f"{_ARCH}.expert_count")
+    experts = field(reader, f"{arch}.expert_count")
     if experts:
         kw.update(
             enable_moe_block=True,
             num_experts=int(experts),
-            top_k_experts=int(field(reader, f"{_ARCH}.expert_used_count")),
-            moe_intermediate_size=int(field(reader, f"{_ARCH}.expert_feed_forward_length")),
+            top_k_experts=int(field(reader, f"{arch}.expert_used_count")),
+            moe_intermediate_size=int(field(reader, f"{arch}.expert_feed_forward_length")),
         )
     kw.pop("rope_scaling", None)
     kw["rope_parameters"] = {
@@ -129,7 +126,7 @@ def gemma4_config(reader, kw: dict) -> dict:
         },
         "sliding_attention": {
             "rope_type": "default",
-            "rope_theta": float(field(reader, f"{_ARCH}.rope.freq_base_swa", 10_000.0)),
+            "rope_theta": float(field(reader, f"{arch}.rope.freq_base_swa", 10_000.0)),
         },
     }
     return kw
@@ -156,7 +153,7 @@ def gemma4_weights(
     slicer: Slicer | None = None,
     keep: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, Any]]:
-    """(HF name, tensor) for every tensor of the file, as gguf_weights yields them."""
+    """(HF name, tensor) for every tensor of the file, as loader.gguf_weights yields them."""
     for t in reader.tensors:
         m = _TENSOR_RE.match(t.name)
         if m is None:
@@ -179,3 +176,11 @@ def gemma4_weights(
         if name.endswith("layer_scalar"):
             w = w.reshape(1)
         yield name, w
+
+
+GEMMA4 = GGUFArchitecture(
+    HFModel("Gemma4ForCausalLM", "Gemma4TextConfig"),
+    config=gemma4_config,
+    weights=gemma4_weights,
+    llama3_rope_freqs=False,  # its rope_freqs are the global layers' proportional RoPE
+)

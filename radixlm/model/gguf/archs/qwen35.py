@@ -42,18 +42,13 @@ from typing import Any
 
 import torch
 
-from radixlm.model.gguf_fields import field
-from radixlm.model.gguf_moe import MOE_TENSOR_NAMES
-from radixlm.model.tp_shard import Slicer, TensorSlice, slice_tensor
+from radixlm.model.gguf.fields import field
+from radixlm.model.gguf.shard import cut
+from radixlm.model.gguf.spec import EXPERT_TENSOR_NAMES, GGUFArchitecture, HFModel
+from radixlm.model.tp_shard import Slicer, TensorSlice
 
 logger = logging.getLogger(__name__)
 
-# general.architecture -> (HF architectures name, transformers config class name)
-QWEN35_ARCHITECTURES = {
-    "qwen35": ("Qwen3_5ForCausalLM", "Qwen3_5TextConfig"),
-    "qwen35moe": ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig"),
-    "qwen3next": ("Qwen3NextForCausalLM", "Qwen3NextConfig"),
-}
 _MROPE = ("qwen35", "qwen35moe")  # llama.cpp: LLAMA_ROPE_TYPE_IMROPE; qwen3next: NEOX, no sections
 
 # llama.cpp name in a layer (with its suffix where HF's differs) -> HF name in model.layers.{}
@@ -82,7 +77,7 @@ _LAYER_NAMES = {
     "ffn_down": "mlp.down_proj",
     # the converter's --fuse-gate-up-exps: [E, 2I, H], gate rows then up rows, as HF's gate_up_proj
     "ffn_gate_up_exps": "mlp.experts.gate_up_proj",
-    **{k: v.removeprefix("model.layers.{}.") for k, v in MOE_TENSOR_NAMES.items()},
+    **{k: v.removeprefix("model.layers.{}.") for k, v in EXPERT_TENSOR_NAMES.items()},
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _TENSOR_RE = re.compile(r"^(?:blk\.(\d+)\.)?(\w+)(?:\.(weight|bias))?$")
@@ -92,7 +87,7 @@ _warned: set[str] = set()
 
 def qwen35_config(reader, arch: str, kw: dict) -> dict:
     """The HF config kwargs of a qwen35 / qwen35moe / qwen3next GGUF; kw holds the keys every
-    architecture shares (gguf_config read them already)."""
+    architecture shares (loader.gguf_config read them already)."""
 
     def need(key: str) -> Any:
         value = field(reader, f"{arch}.{key}")
@@ -199,9 +194,10 @@ def qwen35_weights(
     slicer: Slicer | None = None,
     keep: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, Any]]:
-    """(HF name, tensor) for every tensor of the file's HF layers, as gguf_weights yields them.
-    read(t, name, slice): gguf_loader's reader of one tensor (quantized or float32 as asked)."""
-    from radixlm.model.gguf_shard import read_tensor
+    """(HF name, tensor) for every tensor of the file's HF layers, as loader.gguf_weights yields
+    them. read(t, name, slice): the loader's reader of one tensor (quantized or float32 as asked).
+    """
+    from radixlm.model.gguf.shard import read_tensor
 
     arch = field(reader, "general.architecture")
     dims = _Dims(config)
@@ -243,9 +239,9 @@ def qwen35_weights(
             a = read(t, name, None).double()
             if not bool((a < 0).all()):
                 raise ValueError(f"{t.name} ({name}): ssm_a must be -exp(A_log) < 0")
-            yield name, _cut(torch.log(-a).float(), s, name)
+            yield name, cut(torch.log(-a).float(), s, name)
         elif base == "ssm_conv1d":  # [C, K] as float32 always: HF's is [C, 1, K]
-            yield name, _cut(read_tensor(t, None, None, name), s, name).unsqueeze(1)
+            yield name, cut(read_tensor(t, None, None, name), s, name).unsqueeze(1)
         elif arch == "qwen3next" and base in ("attn_qkv", "attn_gate"):  # split in_proj_qkvz
             other = "attn_gate" if base == "attn_qkv" else "attn_qkv"
             part = read(t, name, None)
@@ -254,7 +250,7 @@ def qwen35_weights(
                 continue
             parts = {base: part, other: pending.pop(name)[1]}
             w = _cat_rows(parts["attn_qkv"], parts["attn_gate"], name)
-            yield name, _cut(_permute_rows(w, dims.qkvz()), s, name)
+            yield name, cut(_permute_rows(w, dims.qkvz()), s, name)
         else:
             yield name, read(t, name, s)
     if pending:
@@ -324,21 +320,12 @@ def _requantized(w: torch.Tensor, name: str, why: str):
     return w if target == "f32" else QuantizedTensor.quantize(w, target)
 
 
-def _cut(w, s: TensorSlice | None, name: str):
-    """This rank's slice of a tensor read whole (transformed, or joined from two)."""
-    from radixlm.model.layers.quantized import QuantizedTensor
+def _entry(architecture: str, config_class: str) -> GGUFArchitecture:
+    return GGUFArchitecture(
+        HFModel(architecture, config_class), config=qwen35_config, weights=qwen35_weights
+    )
 
-    if s is None:
-        return w
-    if not isinstance(w, QuantizedTensor):
-        return slice_tensor(w, s).contiguous()
-    if s.dim == 0:
-        return QuantizedTensor(slice_tensor(w.data, s).contiguous(), w.fmt, w.cols)
-    block, nbytes = w.fmt.block, w.fmt.block_bytes
-    if any(a % block or n % block for a, n in s.ranges):
-        raise ValueError(
-            f"{name}: a tensor-parallel cut at columns {s.ranges} splits its"
-            f" {w.fmt.name.upper()} blocks"
-        )
-    cuts = [w.data[:, a // block * nbytes : (a + n) // block * nbytes] for a, n in s.ranges]
-    return QuantizedTensor(torch.cat(cuts, 1).contiguous(), w.fmt, s.size)
+
+QWEN35 = _entry("Qwen3_5ForCausalLM", "Qwen3_5TextConfig")
+QWEN35MOE = _entry("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig")
+QWEN3NEXT = _entry("Qwen3NextForCausalLM", "Qwen3NextConfig")

@@ -14,10 +14,9 @@ The tensors take the llama names (ffn_*_exps as ExpertWeights, *_shexp as the sh
 
 from __future__ import annotations
 
-from radixlm.model.gguf_fields import field
+from radixlm.model.gguf.fields import field
+from radixlm.model.gguf.spec import GGUFArchitecture, HFModel
 
-LLAMA4_ARCHITECTURES = {"llama4": ("Llama4ForCausalLM", "Llama4TextConfig")}
-_ARCH = "llama4"
 # llama.cpp's fixed values for Scout and Maverick (src/models/llama4.cpp).
 CHUNK = 8192
 NO_ROPE_INTERVAL = 4
@@ -26,19 +25,19 @@ TEMPERATURE_SCALE = 0.1
 MAVERICK_EXPERTS = 128  # the one without q/k norms
 
 
-def llama4_config(reader, kw: dict) -> dict:
+def llama4_config(reader, arch: str, kw: dict) -> dict:
     """kw (the dense keys already read) with Llama 4's own, under HF's names."""
     out = dict(kw)
-    experts = int(field(reader, f"{_ARCH}.expert_count", 0))
+    experts = int(field(reader, f"{arch}.expert_count", 0))
     if not experts:
         raise ValueError("llama4 GGUF without experts (expert_count 0): llama.cpp refuses it too")
     out["intermediate_size_mlp"] = out.pop("intermediate_size")
-    out["intermediate_size"] = int(field(reader, f"{_ARCH}.expert_feed_forward_length"))
+    out["intermediate_size"] = int(field(reader, f"{arch}.expert_feed_forward_length"))
     out["num_local_experts"] = experts
-    out["num_experts_per_tok"] = int(field(reader, f"{_ARCH}.expert_used_count", 1))
-    out["interleave_moe_layer_step"] = int(field(reader, f"{_ARCH}.interleave_moe_layer_step"))
+    out["num_experts_per_tok"] = int(field(reader, f"{arch}.expert_used_count", 1))
+    out["interleave_moe_layer_step"] = int(field(reader, f"{arch}.interleave_moe_layer_step"))
     n = int(out["num_hidden_layers"])
-    chunked = field(reader, f"{_ARCH}.attention.sliding_window") != 0
+    chunked = field(reader, f"{arch}.attention.sliding_window") != 0
     out["attention_chunk_size"] = CHUNK if chunked else None
     interval = NO_ROPE_INTERVAL if chunked else n + 1
     out["no_rope_layers"] = [int((i + 1) % interval != 0) for i in range(n)]
@@ -47,3 +46,6 @@ def llama4_config(reader, kw: dict) -> dict:
     out["attn_scale"] = TEMPERATURE_SCALE
     out["use_qk_norm"] = experts != MAVERICK_EXPERTS
     return out
+
+
+LLAMA4 = GGUFArchitecture(HFModel("Llama4ForCausalLM", "Llama4TextConfig"), config=llama4_config)

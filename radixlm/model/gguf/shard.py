@@ -108,3 +108,23 @@ def _requantized(w: torch.Tensor, name: str, fmt_name: str, bad: list) -> Any:
     if not target.supports(w.shape[1]):
         return w
     return QuantizedTensor.quantize(w, REQUANT_FORMAT)
+
+
+def cut(w, s: TensorSlice | None, name: str):
+    """This rank's slice of a tensor read whole (transformed, or joined from two)."""
+    from radixlm.model.layers.quantized import QuantizedTensor
+
+    if s is None:
+        return w
+    if not isinstance(w, QuantizedTensor):
+        return slice_tensor(w, s).contiguous()
+    if s.dim == 0:
+        return QuantizedTensor(slice_tensor(w.data, s).contiguous(), w.fmt, w.cols)
+    block, nbytes = w.fmt.block, w.fmt.block_bytes
+    if any(a % block or n % block for a, n in s.ranges):
+        raise ValueError(
+            f"{name}: a tensor-parallel cut at columns {s.ranges} splits its"
+            f" {w.fmt.name.upper()} blocks"
+        )
+    cuts = [w.data[:, a // block * nbytes : (a + n) // block * nbytes] for a, n in s.ranges]
+    return QuantizedTensor(torch.cat(cuts, 1).contiguous(), w.fmt, s.size)

@@ -38,16 +38,87 @@ import torch
 from torch import nn
 
 from radixlm.kernels.formats import FORMATS, FP8_BLOCK, fp8_rows
-from radixlm.model import quant_checkpoint
-from radixlm.model.awq_gptq import CheckpointMethod
 from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.layers.quantized import QuantizedTensor
-from radixlm.model.quant_checkpoint import CheckpointQuant
+from radixlm.model.quant import checkpoint as quant_checkpoint
+from radixlm.model.quant.awq_gptq import CheckpointMethod
+from radixlm.model.quant.checkpoint import CheckpointQuant, json_key, refuse
 
 logger = logging.getLogger(__name__)
 
 # Static activation scales (vLLM's and SGLang's name, transformers'): activations stay float here.
 SKIPPED = ("input_scale", "activation_scale")
+
+
+def parse_compressed_tensors(cfg: dict) -> CheckpointQuant:
+    """llm-compressor's quantization_config: one FP8 weight scheme, per channel, block or tensor."""
+    method = "compressed-tensors"
+    fmt = str(cfg.get("format", "")).lower()
+    if fmt not in ("float-quantized", "naive-quantized"):
+        raise refuse(method, "format", fmt, "float-quantized: FP8 weights")
+    if cfg.get("kv_cache_scheme"):
+        raise refuse(method, "kv_cache_scheme", "FP8 KV scales", "none")
+    if cfg.get("sparsity_config"):
+        raise refuse(method, "sparsity_config", "sparse weights", "none")
+    groups = cfg.get("config_groups") or {}
+    schemes = {json_key(g.get("weights")) for g in groups.values()}
+    if len(schemes) != 1:
+        raise refuse(method, "config_groups", f"{len(schemes)} weight schemes", "one")
+    w = next(iter(groups.values())).get("weights") or {}
+    fp8 = (("type", "float"), ("num_bits", 8), ("symmetric", True), ("dynamic", False))
+    for field, want in fp8:
+        if w.get(field, want) != want:
+            raise refuse(method, f"weights.{field}", w.get(field), f"{want}: FP8 e4m3 weights")
+    strategy = str(w.get("strategy", "tensor")).lower()
+    block = (0, 0)
+    if strategy == "block":
+        bn, bk = (int(v) for v in w.get("block_structure") or (0, 0))
+        if bn <= 0 or bk <= 0 or bk % 128:
+            raise refuse(method, "block_structure", [bn, bk], "[n, k] with k a multiple of 128")
+        block = (bn, bk)
+    elif strategy not in ("channel", "tensor"):
+        raise refuse(method, "weights.strategy", strategy, "channel, block or tensor")
+    return CheckpointQuant(method, 8, -1, False, True, 0, strategy=strategy, block=block)
+
+
+def parse_fp8(cfg: dict) -> CheckpointQuant:
+    """transformers' FineGrainedFP8Config, SGLang's and vLLM's Fp8Config, serialized: e4m3 weights,
+    with weight_block_size a float32 `weight_scale_inv` per [bn, bk] block (the multiplier: w = q *
+    scale_inv, transformers' Fp8Dequantize), without it one scale per tensor (`weight_scale`,
+    vLLM's and SGLang's; transformers' `weight_scale_inv`)."""
+    method = "fp8"
+    fmt = str(cfg.get("fmt") or "e4m3").lower()
+    if fmt != "e4m3":  # DeepSeek's config spells it; e5m2 weights have no kernel here
+        raise refuse(method, "fmt", fmt, "e4m3")
+    scheme = str(cfg.get("activation_scheme") or "dynamic").lower()
+    if scheme not in ("dynamic", "static"):
+        raise refuse(method, "activation_scheme", scheme, "dynamic or static")
+    for field, supported in (
+        ("kv_cache_quant_algo", "none: FP8 KV scales"),
+        ("modules_to_convert", "none: FP8 embeddings"),
+    ):
+        if cfg.get(field):
+            raise refuse(method, field, cfg[field], supported)
+    if str(cfg.get("expert_dtype") or "fp8").lower() != "fp8":
+        raise refuse(method, "expert_dtype", cfg["expert_dtype"], "fp8")
+    if str(cfg.get("scale_fmt") or "float").lower() not in ("float", "ue8m0"):
+        raise refuse(method, "scale_fmt", cfg["scale_fmt"], "float or ue8m0")
+    size = cfg.get("weight_block_size")
+    if size is None:
+        return CheckpointQuant(
+            quant_checkpoint.FP8_SERIALIZED, 8, -1, False, True, 0, strategy="tensor"
+        )
+    if scheme != "dynamic":  # as SGLang's Fp8Config: block scales come with dynamic activations
+        raise refuse(method, "activation_scheme", scheme, "dynamic with weight_block_size")
+    try:
+        bn, bk = (int(v) for v in size)
+    except (TypeError, ValueError):
+        bn = bk = 0
+    if bn <= 0 or bk <= 0 or bk % 128:
+        raise refuse(method, "weight_block_size", size, "[n, k] with k a multiple of 128")
+    return CheckpointQuant(
+        quant_checkpoint.FP8_SERIALIZED, 8, -1, False, True, 0, strategy="block", block=(bn, bk)
+    )
 
 
 @dataclass(frozen=True)

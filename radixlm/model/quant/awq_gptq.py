@@ -1,6 +1,7 @@
-"""`awq` and `gptq`: pre-quantized HF checkpoints (model/quant_checkpoint.py parses their config)
-run on the native CPU kernels, each linear layer's packed tensors (qweight, qzeros, scales, g_idx)
-repacked into GGUF blocks as they stream in (model/awq_gptq_repack.py): never widened to float.
+"""`awq` and `gptq`: pre-quantized HF checkpoints (their quantization_config parsed here, registered
+in quant/checkpoint.py) run on the native CPU kernels, each linear layer's packed tensors (qweight,
+qzeros, scales, g_idx) repacked into GGUF blocks as they stream in (quant/awq_gptq_repack.py):
+never widened to float.
 
 The loader sees `<layer>.weight` as a QuantizedTensor, as from a GGUF, so fused layers stack their
 shards' blocks as usual. Act-order layers also get their input permutation once loaded
@@ -19,14 +20,53 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
-from radixlm.model.awq_gptq_repack import default_g_idx, repack, unpack_awq, unpack_gptq
-from radixlm.model.quant_checkpoint import CheckpointQuant, checkpoint_quant
-from radixlm.model.quant_methods import QuantMethod, native_unavailable_reason
+from radixlm.model.quant.awq_gptq_repack import default_g_idx, repack, unpack_awq, unpack_gptq
+from radixlm.model.quant.checkpoint import CheckpointQuant, checkpoint_quant, group_size, refuse
+from radixlm.model.quant.methods import QuantMethod, native_unavailable_reason
 
 logger = logging.getLogger(__name__)
 
 PACKED = ("qweight", "qzeros", "scales", "g_idx")
 _NEEDED = frozenset(PACKED[:3])
+
+
+def parse_awq(cfg: dict) -> CheckpointQuant:
+    """AutoAWQ's quantization_config: the GEMM layout, 4 bits with zero points."""
+    version = str(cfg.get("version", "gemm")).lower()
+    if version != "gemm":
+        raise refuse("awq", "version", version, "gemm")
+    bits = int(cfg.get("bits", cfg.get("w_bit", 4)))
+    if bits != 4:
+        raise refuse("awq", "bits", bits, "4")
+    if not cfg.get("zero_point", True):
+        raise refuse("awq", "zero_point", False, "true")
+    group = group_size("awq", cfg.get("group_size", cfg.get("q_group_size", 128)))
+    return CheckpointQuant("awq", bits, group, desc_act=False, sym=False, zero_offset=0)
+
+
+def parse_gptq(cfg: dict) -> CheckpointQuant:
+    """AutoGPTQ's / GPTQModel's quantization_config: 4 or 8 bits, v1 or v2 zeros, act-order."""
+    bits = int(cfg.get("bits", 4))
+    if bits not in (4, 8):
+        raise refuse("gptq", "bits", bits, "4 or 8")
+    fmt = str(cfg.get("checkpoint_format", "gptq")).lower()
+    if fmt not in ("gptq", "gptq_v2"):
+        raise refuse("gptq", "checkpoint_format", fmt, "gptq or gptq_v2")
+    if cfg.get("is_marlin_format"):
+        raise refuse("gptq", "is_marlin_format", True, "false")
+    if cfg.get("dynamic"):  # GPTQModel's per-module overrides (bits, group size per layer)
+        raise refuse("gptq", "dynamic", "per-module overrides", "none")
+    sym = bool(cfg.get("sym", True))
+    if bits == 8 and not sym:  # (q - z) spans 9 bits: no int8 block format holds it
+        raise refuse("gptq", "sym", False, "true with bits 8")
+    return CheckpointQuant(
+        "gptq",
+        bits,
+        group_size("gptq", cfg.get("group_size", 128)),
+        desc_act=bool(cfg.get("desc_act", False)),
+        sym=sym,
+        zero_offset=1 if fmt == "gptq" else 0,
+    )
 
 
 class CheckpointMethod(QuantMethod):

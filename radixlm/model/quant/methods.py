@@ -33,7 +33,7 @@ import torch
 from torch import nn
 
 from radixlm.kernels.formats import FORMATS, QUANTIZE_AT_LOAD
-from radixlm.model.quant_checkpoint import FP8_SERIALIZED, QUANT_METHOD_OF, declared_quant_method
+from radixlm.model.quant.checkpoint import FP8_SERIALIZED, QUANT_METHOD_OF, declared_quant_method
 from radixlm.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -176,13 +176,13 @@ for _name in QUANTIZE_AT_LOAD:
     QUANTIZATION_REGISTRY.register(_name, NativeMethod(_name))
 QUANTIZATION_REGISTRY.register("fp8", Fp8Method())
 # Pre-quantized checkpoints, selected by their config.json's quantization_config (loader.py).
-QUANTIZATION_REGISTRY.register("awq", "radixlm.model.awq_gptq:AWQ")
-QUANTIZATION_REGISTRY.register("gptq", "radixlm.model.awq_gptq:GPTQ")
-QUANTIZATION_REGISTRY.register("mxfp4", "radixlm.model.mxfp4_checkpoint:MXFP4")
+QUANTIZATION_REGISTRY.register("awq", "radixlm.model.quant.awq_gptq:AWQ")
+QUANTIZATION_REGISTRY.register("gptq", "radixlm.model.quant.awq_gptq:GPTQ")
+QUANTIZATION_REGISTRY.register("mxfp4", "radixlm.model.quant.mxfp4_checkpoint:MXFP4")
 QUANTIZATION_REGISTRY.register(
-    "compressed-tensors", "radixlm.model.fp8_checkpoint:COMPRESSED_TENSORS"
+    "compressed-tensors", "radixlm.model.quant.fp8_checkpoint:COMPRESSED_TENSORS"
 )
-QUANTIZATION_REGISTRY.register(FP8_SERIALIZED, "radixlm.model.fp8_checkpoint:FP8_SERIALIZED")
+QUANTIZATION_REGISTRY.register(FP8_SERIALIZED, "radixlm.model.quant.fp8_checkpoint:FP8_SERIALIZED")
 QUANTIZATIONS = ("none", *QUANTIZATION_REGISTRY.names())
 
 
@@ -199,7 +199,7 @@ def refusal(
     """Why --quantization cannot start on `device` (one line), or None: only a method that is
     refused elsewhere (fp8 off CUDA) is; the native formats fall back to float at load. A value
     that also names a local checkpoint's own quant_method (fp8 for an FP8 checkpoint) is left to
-    the loader, which selects the checkpoint's method (quant_checkpoint.py)."""
+    the loader, which selects the checkpoint's method (checkpoint.py)."""
     method = quant_method(quantization) if quantization in (None, *QUANTIZATIONS) else None
     if method is None or not method.refused_elsewhere:
         return None

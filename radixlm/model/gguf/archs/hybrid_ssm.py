@@ -27,21 +27,14 @@ HF's final `embedding_norm` is token_embd_norm.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import torch
-
-from radixlm.model.gguf_fields import field
-from radixlm.model.gguf_qwen35 import _cut
+from radixlm.model.gguf.fields import field, has_tensor, per_layer, required
+from radixlm.model.gguf.shard import cut
+from radixlm.model.gguf.spec import GGUFArchitecture, HFModel
+from radixlm.model.gguf.tensors import SSM_TENSOR_RE, ssm_tensor, unpermute
 from radixlm.model.tp_shard import Slicer, TensorSlice
-
-# general.architecture -> (HF architectures name, transformers config class name)
-SSM_ARCHITECTURES = {
-    "nemotron_h": ("NemotronHForCausalLM", "NemotronHConfig"),
-    "lfm2": ("Lfm2ForCausalLM", "Lfm2Config"),
-}
 
 # llama.cpp name in a layer -> HF name in model.layers.{}; None: by the layer's type (below)
 _NEMOTRON_H_LAYER = {
@@ -96,35 +89,13 @@ _SIZES_FROM = {
     "nemotron_h": "embedding_length and the ssm.* sizes",
     "lfm2": "embedding_length and shortconv.l_cache",
 }
-_TENSOR_RE = re.compile(r"^(?:blk\.(\d+)\.)?([\w.]+?)(?:\.(weight|bias))?$")
-
-
-def _per_layer(reader, arch: str, key: str, n_layers: int) -> list[int]:
-    value = field(reader, f"{arch}.{key}")
-    if not isinstance(value, list) or len(value) != n_layers:
-        raise ValueError(
-            f"{arch} GGUF: {arch}.{key} must list one value per layer ({n_layers}), got {value!r}"
-            " (the layer types are read from it)"
-        )
-    return [int(v) for v in value]
-
-
-def _need(reader, arch: str, key: str) -> Any:
-    value = field(reader, f"{arch}.{key}")
-    if value is None:
-        raise ValueError(f"{arch} GGUF without {arch}.{key}")
-    return value
-
-
-def _has_tensor(reader, suffix: str) -> bool:
-    return any(t.name.endswith(suffix) for t in reader.tensors)
 
 
 def ssm_config(reader, arch: str, kw: dict) -> dict:
     """The HF config kwargs of a nemotron_h / lfm2 GGUF; kw holds the keys every architecture
-    shares (gguf_config read them already; per-layer lists became their max)."""
+    shares (loader.gguf_config read them already; per-layer lists became their max)."""
     n = int(kw["num_hidden_layers"])
-    kv = _per_layer(reader, arch, "attention.head_count_kv", n)
+    kv = per_layer(reader, arch, "attention.head_count_kv", n)
     eps = field(reader, f"{arch}.attention.layer_norm_rms_epsilon")
     if eps is None:
         eps = field(reader, f"{arch}.attention.layer_norm_epsilon", 1e-5)
@@ -140,8 +111,8 @@ def ssm_config(reader, arch: str, kw: dict) -> dict:
         out.update(
             num_hidden_layers=n,
             layer_types=["full_attention" if h else "conv" for h in kv],
-            conv_L_cache=int(_need(reader, arch, "shortconv.l_cache")),
-            conv_bias=_has_tensor(reader, ".shortconv.in_proj.bias"),
+            conv_L_cache=int(required(reader, arch, "shortconv.l_cache")),
+            conv_bias=has_tensor(reader, ".shortconv.in_proj.bias"),
             norm_eps=float(eps),
             block_auto_adjust_ff_dim=False,  # feed_forward_length is the MLP's width already
             rope_parameters={
@@ -150,9 +121,9 @@ def ssm_config(reader, arch: str, kw: dict) -> dict:
             },
         )
         return out
-    ff = _per_layer(reader, arch, "feed_forward_length", n)
-    heads = int(_need(reader, arch, "ssm.time_step_rank"))
-    inner = int(_need(reader, arch, "ssm.inner_size"))
+    ff = per_layer(reader, arch, "feed_forward_length", n)
+    heads = int(required(reader, arch, "ssm.time_step_rank"))
+    inner = int(required(reader, arch, "ssm.inner_size"))
     if inner % heads:
         raise ValueError(f"{arch} GGUF: ssm.inner_size {inner} is not a multiple of {heads} heads")
     out.update(
@@ -164,12 +135,12 @@ def ssm_config(reader, arch: str, kw: dict) -> dict:
         layer_norm_epsilon=float(eps),
         mamba_num_heads=heads,
         mamba_head_dim=inner // heads,
-        n_groups=int(_need(reader, arch, "ssm.group_count")),
-        ssm_state_size=int(_need(reader, arch, "ssm.state_size")),
-        conv_kernel=int(_need(reader, arch, "ssm.conv_kernel")),
-        use_conv_bias=_has_tensor(reader, ".ssm_conv1d.bias"),
-        use_bias=_has_tensor(reader, ".ssm_in.bias"),
-        mlp_bias=_has_tensor(reader, ".ffn_up.bias"),
+        n_groups=int(required(reader, arch, "ssm.group_count")),
+        ssm_state_size=int(required(reader, arch, "ssm.state_size")),
+        conv_kernel=int(required(reader, arch, "ssm.conv_kernel")),
+        use_conv_bias=has_tensor(reader, ".ssm_conv1d.bias"),
+        use_bias=has_tensor(reader, ".ssm_in.bias"),
+        mlp_bias=has_tensor(reader, ".ffn_up.bias"),
     )
     return out
 
@@ -205,23 +176,6 @@ def _lfm2_shapes(config) -> dict[str, tuple[int, ...]]:
     }
 
 
-def ssm_tensor(t, base: str, suffix: str, name: str, s: TensorSlice | None) -> Any:
-    """A recurrent layer's tensor as HF holds it (A_log from the file's -exp(A_log); D and the
-    gated norm flat; a conv [C, K] as [C, 1, K]; float32 always), or None for any other tensor."""
-    from radixlm.model.gguf_shard import read_tensor
-
-    if base == "ssm_a":
-        a = read_tensor(t, None, None, name).double().reshape(-1)
-        if not bool((a < 0).all()):
-            raise ValueError(f"{t.name} ({name}): ssm_a must be -exp(A_log) < 0")
-        return _cut(torch.log(-a).float(), s, name)
-    if base in ("ssm_d", "ssm_norm"):  # [H, 1], [groups, intermediate / groups]
-        return _cut(read_tensor(t, None, None, name).reshape(-1), s, name)
-    if base in ("ssm_conv1d", "shortconv.conv") and suffix == "weight":
-        return _cut(read_tensor(t, None, None, name), s, name).unsqueeze(1)
-    return None
-
-
 def ssm_weights(
     reader,
     config,
@@ -229,8 +183,8 @@ def ssm_weights(
     slicer: Slicer | None = None,
     keep: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, Any]]:
-    """(HF name, tensor) for every tensor of the file, as gguf_loader.gguf_weights yields them.
-    read(t, name, slice): gguf_loader's reader of one tensor (quantized or float32 as asked)."""
+    """(HF name, tensor) for every tensor of the file, as loader.gguf_weights yields them.
+    read(t, name, slice): the loader's reader of one tensor (quantized or float32 as asked)."""
 
     arch = field(reader, "general.architecture")
     nemotron = arch == "nemotron_h"
@@ -239,7 +193,7 @@ def ssm_weights(
     shapes = _nemotron_h_shapes(config) if nemotron else _lfm2_shapes(config)
     layer_names, top = _LAYER[arch], _TOP[arch]
     for t in reader.tensors:
-        m = _TENSOR_RE.match(t.name)
+        m = SSM_TENSOR_RE.match(t.name)
         if m is None:
             continue
         layer, base, suffix = m.group(1), m.group(2), m.group(3)
@@ -277,24 +231,29 @@ def ssm_weights(
         if ssm is not None:
             yield name, ssm
         elif nemotron and base in ("attn_q", "attn_k") and suffix == "weight":
-            yield name, _cut(_unpermuted(read(t, name, None), config, base, name), s, name)
+            yield name, cut(_unpermuted(read(t, name, None), config, base, name), s, name)
         else:
             yield name, read(t, name, s)
 
 
 def _unpermuted(w, config, base: str, name: str):
-    """LlamaModel.permute undone: q over the attention heads, k over the KV heads (each head's
-    rows [2, D / 2] interleaved back to [D / 2, 2]); a quantized matrix moves whole rows."""
+    """LlamaModel.permute undone: q over the attention heads, k over the KV heads."""
     from radixlm.model.layers.quantized import QuantizedTensor
 
     heads = config.num_attention_heads if base == "attn_q" else config.num_key_value_heads
-    data = w.data if isinstance(w, QuantizedTensor) else w
-    rows = data.shape[0]
+    rows = (w.data if isinstance(w, QuantizedTensor) else w).shape[0]
     if rows != heads * config.head_dim:
         raise ValueError(
             f"{name}: {rows} rows for {heads} heads of head_dim {config.head_dim} (key_length)"
         )
-    data = data.reshape(heads, rows // heads // 2, 2, -1).transpose(1, 2).reshape(rows, -1)
-    if isinstance(w, QuantizedTensor):
-        return QuantizedTensor(data.contiguous(), w.fmt, w.cols)
-    return data.contiguous()
+    return unpermute(w, heads)
+
+
+def _entry(architecture: str, config_class: str) -> GGUFArchitecture:
+    return GGUFArchitecture(
+        HFModel(architecture, config_class), config=ssm_config, weights=ssm_weights
+    )
+
+
+NEMOTRON_H = _entry("NemotronHForCausalLM", "NemotronHConfig")
+LFM2 = _entry("Lfm2ForCausalLM", "Lfm2Config")

@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixlm.model.gguf_fields import field
+from radixlm.model.gguf.fields import field
+from radixlm.model.gguf.spec import GGUFArchitecture, HFModel, Variant
 
 DEEPSEEK2_TENSOR_NAMES = {
     "token_embd": "model.embed_tokens",
@@ -55,14 +56,19 @@ DEEPSEEK2_TENSOR_NAMES = {
 SIGMOID_GATING = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
 
 
-def deepseek2_config(reader, kw: dict) -> tuple[str, str, dict]:
-    """(HF architectures name, transformers config class, kwargs) of a deepseek2 GGUF; kw holds
-    the common keys gguf_config read already."""
-    f = lambda key, default=None: field(reader, f"deepseek2.{key}", default)
+def is_v3(reader, arch: str) -> bool:
+    """V3's router (sigmoid gating), else V2's (softmax)."""
+    return field(reader, f"{arch}.expert_gating_func") == SIGMOID_GATING
+
+
+def deepseek2_config(reader, arch: str, kw: dict) -> dict:
+    """DeepseekV2Config / DeepseekV3Config kwargs of a deepseek2 GGUF; kw holds the keys every
+    architecture shares."""
+    f = lambda key, default=None: field(reader, f"{arch}.{key}", default)
     rope = int(f("rope.dimension_count"))
     key_len = f("attention.key_length_mla") or f("attention.key_length")
     value_len = f("attention.value_length_mla") or f("attention.value_length")
-    v3 = f("expert_gating_func") == SIGMOID_GATING
+    v3 = is_v3(reader, arch)
     n_group = int(f("expert_group_count") or 1)
     out = {k: v for k, v in kw.items() if k not in ("head_dim", "num_key_value_heads")}
     out.update(
@@ -100,9 +106,15 @@ def deepseek2_config(reader, kw: dict) -> tuple[str, str, dict]:
             params["original_max_position_embeddings"] = rs["original_max_position_embeddings"]
     out.pop("rope_theta", None)
     out["rope_parameters"] = params
-    if v3:
-        return "DeepseekV3ForCausalLM", "DeepseekV3Config", out
-    return "DeepseekV2ForCausalLM", "DeepseekV2Config", out
+    return out
+
+
+DEEPSEEK2 = GGUFArchitecture(
+    HFModel("DeepseekV2ForCausalLM", "DeepseekV2Config"),
+    config=deepseek2_config,
+    variants=(Variant(HFModel("DeepseekV3ForCausalLM", "DeepseekV3Config"), is_v3),),
+    tensor_names=DEEPSEEK2_TENSOR_NAMES,
+)
 
 
 def write_deepseek2_metadata(writer, cfg: Any) -> None:

@@ -1,0 +1,52 @@
+"""The GGUF architectures radixlm reads: llama.cpp's `general.architecture` -> the
+GGUFArchitecture (spec.py) of its family's module in archs/, imported at the first file that names
+it. The names' order is the one the unknown-architecture error lists them in.
+
+llama (SmolLM2, Llama 2/3, Mistral, Mixtral), smollm3, qwen2, qwen3, phi3, olmo2 with a sliding
+window (OLMo 3), gemma2 and gemma3 (what llama.cpp fixes by architecture instead of writing it),
+the MoE ones (moe.py, deepseek.py, glm4moe.py), the hybrid qwen35, qwen35moe, qwen3next (the
+converter's transformations undone, its tiled V-head order kept), nemotron_h and lfm2
+(hybrid_ssm.py), granitehybrid and falcon-h1 (mamba2_hybrid.py), gpt-oss, gemma4, llama4,
+kimi-linear.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from radixlm.registry import Registry
+
+if TYPE_CHECKING:
+    from radixlm.model.gguf.spec import GGUFArchitecture
+
+GGUF_ARCHITECTURE_REGISTRY: Registry[GGUFArchitecture, None] = Registry(
+    "GGUF architecture", unknown="unsupported GGUF architecture {name!r}; radixlm reads: {choices}"
+)
+_ARCHS = "radixlm.model.gguf.archs"
+for _name, _target in [
+    ("llama", "llama:LLAMA"),
+    ("qwen2", "qwen:QWEN2"),
+    ("qwen3", "qwen:QWEN3"),
+    ("smollm3", "llama:SMOLLM3"),
+    ("olmo2", "olmo:OLMO2"),
+    ("phi3", "phi3:PHI3"),
+    ("gemma2", "gemma:GEMMA2"),
+    ("gemma3", "gemma:GEMMA3"),
+    ("qwen2moe", "moe:QWEN2MOE"),
+    ("qwen3moe", "moe:QWEN3MOE"),
+    ("olmoe", "moe:OLMOE"),
+    ("qwen35", "qwen35:QWEN35"),
+    ("qwen35moe", "qwen35:QWEN35MOE"),
+    ("qwen3next", "qwen35:QWEN3NEXT"),
+    ("nemotron_h", "hybrid_ssm:NEMOTRON_H"),
+    ("lfm2", "hybrid_ssm:LFM2"),
+    ("granitehybrid", "mamba2_hybrid:GRANITEHYBRID"),
+    ("falcon-h1", "mamba2_hybrid:FALCON_H1"),
+    ("gpt-oss", "gpt_oss:GPT_OSS"),
+    ("gemma4", "gemma4:GEMMA4"),
+    ("llama4", "llama4:LLAMA4"),
+    ("kimi-linear", "kimi_linear:KIMI_LINEAR"),
+    ("deepseek2", "deepseek:DEEPSEEK2"),  # V3 when its gating is sigmoid
+    ("glm4moe", "glm4moe:GLM4MOE"),
+]:
+    GGUF_ARCHITECTURE_REGISTRY.register(_name, f"{_ARCHS}.{_target}")
