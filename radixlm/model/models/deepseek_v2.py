@@ -215,8 +215,8 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """The Llama loader (its checks, quantized tensors) for everything but the routed experts,
         whose tensors go into their stacked parameters here. Also read: GGUF's 3-D expert tensors
-        and kv_b_proj split per head (gguf_deepseek.py). V3's multi-token-prediction layers (past
-        num_hidden_layers) are skipped."""
+        and kv_b_proj split per head (gguf/archs/deepseek.py). V3's multi-token-prediction layers
+        (past num_hidden_layers) are skipped."""
         n = self.config.num_hidden_layers
         filled: dict[str, set] = {}
         split_kv_b: dict[str, dict[str, torch.Tensor]] = {}  # GGUF's attn_k_b / attn_v_b, per layer
@@ -247,7 +247,7 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
                 m = _EXPERT_PROJ.match(name)
                 if m and isinstance(
                     tensor, ExpertWeights
-                ):  # GGUF's 3-D blocks (gguf_moe.py); kept float here
+                ):  # GGUF's 3-D blocks (gguf/archs/moe.py); kept float here
                     tensor = tensor.dequantize()
                 if (
                     m and tensor.dim() == 3

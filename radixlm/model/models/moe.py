@@ -183,7 +183,7 @@ class MoeForCausalLM(LlamaForCausalLM):
     def expert_stack(self, name: str) -> tuple[str, int, int] | None:
         """For one expert's matrix (HF name `...experts.<e>.<proj>.weight`): the name all experts'
         stacked tensor takes here, e and the number of experts; None for any other tensor. A loader
-        that keeps experts quantized in a format of its own stacks them (model/fp8_checkpoint.py):
+        that keeps experts quantized in a format of its own stacks them (quant/fp8_checkpoint.py):
         load_expert dequantizes one expert's matrix, never a stack."""
         hit = self._expert_target(name)
         if hit is None or hit[2] is None:
