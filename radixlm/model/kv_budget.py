@@ -1,4 +1,4 @@
-"""The KV pool's budget in bytes from SGLang's --mem-fraction-static (ModelRunner._kv_capacity).
+"""The KV pool's budget in bytes from SGLang's --mem-fraction-static (stage_kv_capacity).
 
 SGLang sizes its pool as `memory available after the weights load - (1 - F) x memory available
 before` (model_runner_kv_cache_mixin.profile_max_num_token), and on a CPU it reads "available" as
@@ -10,6 +10,7 @@ everything else. The pool's pages are committed as they are first written (memor
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import torch
 
@@ -44,3 +45,32 @@ def fraction_kv_budget(fraction: float, before: int, after: int, share: int = 1)
         f" (1/{share} of it on this rank)" if share > 1 else "",
     )
     return int(budget)
+
+
+def stage_kv_capacity(
+    config: Any, per_token: int, state_memory: Any, memory_before: int, device: torch.device
+) -> int:
+    """KV tokens this rank's pool holds (before the pipeline stages agree on the smallest).
+    config: the ModelRunnerConfig; state_memory: a hybrid's StateMemory (None: attention only),
+    which takes its share of the budget."""
+    # (a hybrid's stage without attention layers keeps no KV: the other stages decide)
+    per_token = per_token or 1
+    kv_share = (lambda b: b) if state_memory is None else state_memory.kv_share
+    if config.mem_fraction_static:  # SGLang's sizing; --max-total-tokens caps it, as in SGLang
+        budget = fraction_kv_budget(
+            config.mem_fraction_static,
+            memory_before,
+            available_memory_bytes(device),
+            config.memory_share,
+        )
+        budget = kv_share(budget)
+        tokens = min(budget // per_token, config.max_total_tokens or budget)
+        if tokens < 1:
+            raise ValueError(
+                f"mem_fraction_static {config.mem_fraction_static}: {budget} bytes hold no"
+                f" token's KV ({per_token} bytes)"
+            )
+        return tokens
+    if config.max_total_tokens:
+        return config.max_total_tokens
+    return max(256, int(kv_share(int(config.kv_memory_gb * 2**30)) // per_token))

@@ -73,6 +73,12 @@ class KVLayout:
         )
 
 
+def held_kv_layers(model: nn.Module) -> list[int]:
+    """The KV-pool layer ids this model's attention writes (a pipeline stage's share of a hybrid,
+    whose attention layers are numbered among themselves)."""
+    return sorted({m.layer_id for m in model.modules() if isinstance(m, RadixAttention)})
+
+
 def kv_layout(model: nn.Module, hf_config: Any) -> KVLayout:
     attn = next((m for m in model.modules() if isinstance(m, RadixAttention)), None)
     if attn is None:  # an encoder (model/models/bert.py): keeps no KV; a pool of its heads' shape

@@ -335,7 +335,7 @@ def load_model(
             config
         )  # a tensor-parallel rank builds its shard (parallel_state's tp group)
     slicer = model.tp_slice if _is_sharded(model) else None
-    keep = functools.partial(stage_owns, model)  # a pipeline stage loads its own layers only
+    keep = functools.partial(_stage_owns, model)  # a pipeline stage loads its own layers only
     weights = (
         gguf_weights(reader, config, keep_quantized=quant == "gguf", slicer=slicer, keep=keep)
         if is_gguf
@@ -455,3 +455,13 @@ def load_tokenizer(path: str | None = None):
     except OSError as e:
         logger.warning("cannot cache tokenizer at %s: %s", cache, e)
     return tokenizer
+
+
+def _stage_owns(model: torch.nn.Module, name: str) -> bool:
+    """Whether checkpoint tensor `name` lies in this pipeline stage's modules, after the model's
+    own renaming (Nemotron-H's backbone.*, a ConditionalGeneration's language_model.*)."""
+    from radixlm.model.models.llama import LlamaForCausalLM
+
+    if isinstance(model, LlamaForCausalLM):
+        name = model.param_name(name)
+    return stage_owns(model, name)

@@ -16,8 +16,8 @@ from radixlm.model.decoder_stack import DecoderStack, decoder_stack_of
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.hidden_capture import HiddenCapture, NoHiddenCapture
 from radixlm.model.host_copy import to_device
-from radixlm.model.kv_budget import available_memory_bytes, fraction_kv_budget
-from radixlm.model.kv_layout import kv_layout
+from radixlm.model.kv_budget import available_memory_bytes, stage_kv_capacity
+from radixlm.model.kv_layout import held_kv_layers, kv_layout
 from radixlm.model.layers.attention import (
     AttentionBackendSpec,
     attention_features,
@@ -138,7 +138,7 @@ class ModelRunner:
                 self.num_kv_layers,
                 self.kv_dtype,
                 self.device,
-                layers=self.pp.layers if self.state_memory is None else None,
+                layers=self._kv_pool_layers(),
             )
             if self.swa_memory is None
             else self.swa_memory.create_pool(
@@ -189,7 +189,7 @@ class ModelRunner:
                 self.model,
                 cfg,
                 self.kv_layout,
-                len(self.pp.layers) if self.state_memory is None else self.num_kv_layers,
+                len(self._kv_pool_layers() or range(self.num_kv_layers)),
                 self.kv_dtype,
             ),
         )
@@ -234,38 +234,30 @@ class ModelRunner:
     def _kv_capacity(self) -> int:
         # The stages' pools hold the same slots (the scheduler's slot indices are the same on every
         # stage), each sized by its own layers: the smallest count wins.
-        return self.pp.agree_min(self._stage_kv_capacity())
-
-    def _stage_kv_capacity(self) -> int:
-        per_token = self._kv_bytes_per_token()
-        kv_share = (lambda b: b) if self.state_memory is None else self.state_memory.kv_share
-        if (
-            self.config.mem_fraction_static
-        ):  # SGLang's sizing; --max-total-tokens caps it, as in SGLang
-            budget = fraction_kv_budget(
-                self.config.mem_fraction_static,
+        return self.pp.agree_min(
+            stage_kv_capacity(
+                self.config,
+                self._kv_bytes_per_token(),
+                self.state_memory,
                 self._memory_before_load,
-                available_memory_bytes(self.device),
-                self.config.memory_share,
+                self.device,
             )
-            budget = kv_share(budget)
-            tokens = min(budget // per_token, self.config.max_total_tokens or budget)
-            if tokens < 1:
-                raise ValueError(
-                    f"mem_fraction_static {self.config.mem_fraction_static}: {budget} bytes hold no"
-                    f" token's KV ({per_token} bytes)"
-                )
-            return tokens
-        if self.config.max_total_tokens:
-            return self.config.max_total_tokens
-        return max(256, int(kv_share(int(self.config.kv_memory_gb * 2**30)) // per_token))
+        )
 
     def _kv_bytes_per_token(self) -> int:
         if self.swa_memory is not None:
             memory, layout = self.swa_memory, self.kv_layout
             return memory.bytes_per_token(self.num_kv_layers, layout, self.kv_dtype)
-        layers = len(self.pp.layers) if self.state_memory is None else self.num_kv_layers
-        return self.kv_layout.bytes_per_token(layers, self.kv_dtype)
+        layers = self._kv_pool_layers()
+        count = self.num_kv_layers if layers is None else len(layers)
+        return self.kv_layout.bytes_per_token(count, self.kv_dtype)
+
+    def _kv_pool_layers(self):
+        """The KV layers this rank's pool holds (None: all): a stage's layers, or for a hybrid
+        (its attention layers numbered among themselves) those its attention writes."""
+        if self.state_memory is None:
+            return self.pp.layers
+        return held_kv_layers(self.model) if self.pp.size > 1 else None
 
     def _create_state_pool(self):
         """(the state pool, the recurrences' kernels), (None, None) without state layers; caps
@@ -276,7 +268,7 @@ class ModelRunner:
 
         kv_bytes = self.max_total_num_tokens * self._kv_bytes_per_token()
         pool, self.max_running_requests = self.state_memory.create_pool(
-            kv_bytes, self.max_running_requests, self.device
+            kv_bytes, self.max_running_requests, self.device, self.pp.agree_min
         )
         return pool, create_linear_attn_backend(self.config.linear_attn_backend, self.device)
 

@@ -13,6 +13,7 @@ capped to half of them (the other half keeps snapshots), and the log says so.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -62,6 +63,10 @@ class StateMemory:
         cfg = self.config
         if cfg.max_mamba_cache_size is not None:
             return cfg.max_mamba_cache_size
+        if not self.per_state or not kv_bytes:
+            # a pipeline stage without state layers, or without attention layers (its share is
+            # that of no KV): the other stages decide
+            return 1 << 30
         ratio = cfg.mamba_full_memory_ratio
         share = kv_bytes * ratio
         if cfg.max_total_tokens and not cfg.mem_fraction_static:
@@ -71,10 +76,15 @@ class StateMemory:
         return max(2, int(share // self.per_state))
 
     def create_pool(
-        self, kv_bytes: int, max_running_requests: int, device: torch.device
+        self,
+        kv_bytes: int,
+        max_running_requests: int,
+        device: torch.device,
+        agree: Callable[[int], int] = lambda n: n,
     ) -> tuple[MambaPool, int]:
-        """(the pool, the running requests it allows)."""
-        slots = self.slots(kv_bytes)
+        """(the pool, the running requests it allows). agree: the smallest of every pipeline
+        stage's slot count (the stages' pools hold the same slots, each of its own layers)."""
+        slots = agree(self.slots(kv_bytes))
         running = max_running_requests
         if slots < 2 * (running + 1):
             running = max(1, slots // 2 - 1)

@@ -1,8 +1,11 @@
 """Pipeline parallelism through the one decoder stack (model/decoder_stack.py) for the families
 that used to refuse it: at --pp-size 2 a windowed Gemma 2, a post-norm OLMo 3 (whose layers carry
-no residual: the stages hand over the stream alone), gpt-oss (sinks, windows and experts) and a
-Qwen3-MoE give HF's greedy tokens (near-tie rule) alone, batched and in prefill chunks smaller
-than the prompt. The families that still refuse it say why in one line."""
+no residual: the stages hand over the stream alone), gpt-oss (sinks, windows and experts), a
+Qwen3-MoE, DeepSeek-V2 (MLA's latent pool per stage), GLM-4.5 and every hybrid (Qwen3.5 dense and
+MoE, Qwen3-Next, Nemotron-H, LFM2, Granite-4.0-H, Falcon-H1, Kimi Linear: each stage's KV pool
+holds its attention layers and its state pool its recurrent layers, the same slots on every
+stage) give HF's greedy tokens (near-tie rule) alone, batched and in prefill chunks smaller than
+the prompt. Gemma 4 still refuses it, saying why in one line."""
 
 from __future__ import annotations
 
@@ -51,7 +54,75 @@ def _qwen3_moe(path):
     return hf
 
 
-FAMILIES = {"gemma2": _gemma2, "olmo3": _olmo3, "gpt-oss": _gpt_oss, "qwen3-moe": _qwen3_moe}
+def _deepseek_v2(path):
+    import torch
+    import transformers
+
+    from tests.model.deepseek_refs import CONFIGS
+    from tests.model.helpers import randomize
+
+    tok = tiny_tokenizer()
+    cfg = CONFIGS["v2"]()
+    cfg.vocab_size, cfg.eos_token_id = len(tok), tok.eos_token_id
+    cfg.architectures = ["DeepseekV2ForCausalLM"]
+    torch.manual_seed(0)
+    hf = transformers.AutoModelForCausalLM.from_config(
+        cfg, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    randomize(hf)
+    with torch.no_grad():
+        hf.lm_head.weight.mul_(8)  # logits of a real model's spread: choices far from ties
+    hf.save_pretrained(path)
+    tok.save_pretrained(path)
+    return hf
+
+
+def _glm4_moe(path):
+    from tests.model.glm4_moe_checkpoints import checkpoint as glm_checkpoint
+
+    return glm_checkpoint(path)
+
+
+def _hybrid(arch):
+    def make(path):
+        from tests.model.hybrid_checkpoints import hybrid_checkpoint
+
+        return hybrid_checkpoint(arch, path)[1]
+
+    return make
+
+
+def _mamba_hybrid(arch):
+    def make(path):
+        from tests.hybrid import mamba_hybrid_checkpoints as mh
+
+        return mh.checkpoint(arch, path, tiny_tokenizer())[1]
+
+    return make
+
+
+def _kimi(path):
+    from tests.hybrid import kimi_linear_checkpoint as kc
+
+    return kc.checkpoint(path, tiny_tokenizer(), n_group=1, topk_group=1)[1]
+
+
+FAMILIES = {
+    "gemma2": _gemma2,
+    "olmo3": _olmo3,
+    "gpt-oss": _gpt_oss,
+    "qwen3-moe": _qwen3_moe,
+    "deepseek-v2": _deepseek_v2,
+    "glm4-moe": _glm4_moe,
+    "qwen3_5": _hybrid("qwen35"),
+    "qwen3_5-moe": _hybrid("qwen35moe"),
+    "qwen3-next": _hybrid("qwen3next"),
+    "nemotron-h": _hybrid("nemotron_h"),
+    "lfm2": _hybrid("lfm2"),
+    "granite-4.0-h": _mamba_hybrid("GraniteMoeHybridForCausalLM"),
+    "falcon-h1": _mamba_hybrid("FalconH1ForCausalLM"),
+    "kimi-linear": _kimi,
+}
 
 
 @pytest.mark.parametrize("family", FAMILIES)

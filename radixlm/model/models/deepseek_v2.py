@@ -152,21 +152,23 @@ class DeepseekV2DecoderLayer(MoeDecoderLayer):
 class DeepseekV2Model(DecoderStack):
     def __init__(self, config: Any, v3: bool):
         super().__init__()
-        pp = self.init_stack(config, fused=False)
-        if pp.size > 1 or get_tp_group().world_size > 1:
+        self.init_stack(config, fused=False)
+        if get_tp_group().world_size > 1:
             raise ValueError(
-                "DeepSeek-V2/V3 run with tp_size 1 and pp_size 1 for now (or over several ranks"
-                " with --enable-dp-attention --dp-size N --tp-size N, and --ep-size N to split the"
-                " experts)"
+                "DeepSeek-V2/V3 run with tp_size 1 for now (or over several ranks with"
+                " --enable-dp-attention --dp-size N --tp-size N, and --ep-size N to split the"
+                " experts; or in pipeline stages, --pp-size N)"
             )
         self.dispatch = expert_dispatch()  # one for every MoE layer (DP attention: per forward)
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = self.on_first(
+            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        )
         self.rotary_emb = get_rope(config.qk_rope_head_dim, config)
         self.layers = self.stage_layers(
             config.num_hidden_layers,
             lambda i: DeepseekV2DecoderLayer(config, i, self.rotary_emb, v3, self.dispatch),
         )
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = self.on_last(lambda: RMSNorm(config.hidden_size, eps=config.rms_norm_eps))
 
     def forward_idle(self) -> None:
         forward_idle(self.dispatch, [layer.mlp for layer in self.layers], self.stream_dtype())

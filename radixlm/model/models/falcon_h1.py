@@ -150,14 +150,19 @@ class FalconH1Model(DecoderStack):
     def __init__(self, config: Any):
         super().__init__()
         self.init_stack(config, fused=False)
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.embed_tokens = self.on_first(
+            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
+        )
         self.embedding_multiplier = float(config.embedding_multiplier)
         self.rotary_emb = rotary = get_rope(get_head_dim(config), config)
-        self.layers = nn.ModuleList(
-            FalconH1DecoderLayer(config, i, rotary) for i in range(config.num_hidden_layers)
+        self.layers = self.stage_layers(
+            config.num_hidden_layers, lambda i: FalconH1DecoderLayer(config, i, rotary)
         )
         self.num_kv_layers = config.num_hidden_layers  # every layer attends
-        self.final_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.final_layernorm = self.on_last(
+            lambda: RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        )
 
     def embed(self, input_ids, input_embeds):
         if input_embeds is None:  # HF scales only the embeddings it looks up itself

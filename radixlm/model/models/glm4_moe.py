@@ -26,7 +26,6 @@ from radixlm.model.models.deepseek_moe import DeepseekMoE, is_moe_layer
 from radixlm.model.models.deepseek_v2 import DeepseekV3ForCausalLM
 from radixlm.model.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP
 from radixlm.model.models.moe import MoeDecoderLayer, MoeModel
-from radixlm.model.pp_stage import pp_stage
 
 
 class Glm4MoeForCausalLM(DeepseekV3ForCausalLM):
@@ -37,11 +36,11 @@ class Glm4MoeForCausalLM(DeepseekV3ForCausalLM):
     def build_model(self, config: Any) -> nn.Module:
         # DeepseekExperts hold whole experts (no tensor-parallel slices): the layouts DeepSeek
         # runs in (deepseek_v2.DeepseekV2Model) are the ones that hold.
-        if pp_stage(config.num_hidden_layers).size > 1 or get_tp_group().world_size > 1:
+        if get_tp_group().world_size > 1:
             raise ValueError(
-                "GLM-4.5 runs with tp_size 1 and pp_size 1 for now (or over several ranks with"
+                "GLM-4.5 runs with tp_size 1 for now (or over several ranks with"
                 " --enable-dp-attention --dp-size N --tp-size N, and --ep-size N to split the"
-                " experts)"
+                " experts; or in pipeline stages, --pp-size N)"
             )
         self.expert_dispatch = expert_dispatch()  # one for every MoE layer
         return MoeModel(config, self)

@@ -124,15 +124,19 @@ class GraniteHybridModel(DecoderStack):
         self.init_stack(config, fused=False)
         self.dispatch = dispatch
         self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.embed_tokens = self.on_first(
+            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
+        )
         self.embedding_multiplier = float(config.embedding_multiplier)
         use_rope = getattr(config, "position_embedding_type", None) == "rope"
         self.rotary_emb = get_rope(get_head_dim(config), config) if use_rope else None
         self.layers, self.num_kv_layers = build_layers(
             self.layer_types,
             lambda i, t, n: GraniteHybridDecoderLayer(config, t, n, self.rotary_emb, dispatch, i),
+            self.pp.layers,
         )
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = self.on_last(lambda: RMSNorm(config.hidden_size, eps=config.rms_norm_eps))
 
     def embed(self, input_ids, input_embeds):
         return super().embed(input_ids, input_embeds) * self.embedding_multiplier

@@ -13,7 +13,7 @@ from torch import nn
 
 from radixlm.cache.state_pool import StateSpec
 from radixlm.model.models.llama import LlamaForCausalLM
-from radixlm.model.pp_stage import pp_stage
+from radixlm.model.pp_stage import PPMissingLayer
 
 FULL_ATTENTION = "full_attention"
 
@@ -35,14 +35,16 @@ def hybrid_layer_types(config: Any, known: tuple[str, ...]) -> list[str]:
 
 
 def build_layers(
-    types: list[str], build: Callable[[int, str, int], nn.Module]
+    types: list[str], build: Callable[[int, str, int], nn.Module], stage: range | None = None
 ) -> tuple[nn.ModuleList, int]:
-    """build(layer id, its type, its number among its type) for each layer -> (the layers, how
-    many are full attention: the KV pool's layers)."""
+    """build(layer id, its type, its number among its type) for each layer of `stage` (None: all;
+    the others PPMissingLayer, numbered all the same) -> (the layers, how many are full
+    attention: the KV pool's layers, over every stage)."""
     counts: dict[str, int] = {}
-    layers = []
+    layers: list[nn.Module] = []
     for i, t in enumerate(types):
-        layers.append(build(i, t, counts.get(t, 0)))
+        held = stage is None or i in stage
+        layers.append(build(i, t, counts.get(t, 0)) if held else PPMissingLayer())
         counts[t] = counts.get(t, 0) + 1
     return nn.ModuleList(layers), counts.get(FULL_ATTENTION, 0)
 
@@ -56,8 +58,6 @@ class HybridForCausalLM(LlamaForCausalLM):
     SKIPPED_PREFIXES: tuple[str, ...] = ()
 
     def build_model(self, config: Any) -> nn.Module:
-        if pp_stage(config.num_hidden_layers).size > 1:
-            raise ValueError("pipeline parallelism does not split hybrid models yet")
         return self.build_hybrid_model(config)
 
     def build_hybrid_model(self, config: Any) -> nn.Module:
@@ -68,9 +68,14 @@ class HybridForCausalLM(LlamaForCausalLM):
         return self.model.num_kv_layers
 
     def state_specs(self, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> list[list[StateSpec]]:
-        """Per state layer, in order, the tensors of its per-request state."""
-        states = (layer.state_layer() for layer in self.model.layers)
-        return [s.state_specs(conv_dtype, ssm_dtype) for s in states if s is not None]
+        """Per state layer, in order, the tensors of its per-request state; a pipeline stage's
+        pool holds its own layers' only (the others' lists empty: no tensors, the same ids)."""
+        by_id = {}
+        for layer in self.model.layers:
+            state = None if isinstance(layer, PPMissingLayer) else layer.state_layer()
+            if state is not None:
+                by_id[state.state_layer_id] = state.state_specs(conv_dtype, ssm_dtype)
+        return [by_id.get(i, []) for i in range(max(by_id, default=-1) + 1)]
 
     def load_weights(self, weights) -> None:
         super().load_weights((n, t) for n, t in weights if not n.startswith(self.SKIPPED_PREFIXES))

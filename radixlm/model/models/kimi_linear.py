@@ -109,11 +109,16 @@ class KimiLinearModel(DecoderStack):
             shared_mlp = LlamaMLP(config.hidden_size, shared) if shared else None
             return DeepseekMoE(moe, True, shared_mlp, self.dispatch)
 
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers, self.num_kv_layers = build_layers(
-            self.layer_types, lambda i, t, n: KimiLinearDecoderLayer(config, t, n, mlp(i))
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.embed_tokens = self.on_first(
+            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
         )
-        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.layers, self.num_kv_layers = build_layers(
+            self.layer_types,
+            lambda i, t, n: KimiLinearDecoderLayer(config, t, n, mlp(i)),
+            self.pp.layers,
+        )
+        self.norm = self.on_last(lambda: RMSNorm(config.hidden_size, eps=config.rms_norm_eps))
 
     def forward_idle(self) -> None:
         forward_idle(self.dispatch, [layer.mlp for layer in self.layers], self.stream_dtype())

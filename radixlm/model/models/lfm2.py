@@ -109,12 +109,15 @@ class Lfm2Model(DecoderStack):
         super().__init__()
         self.init_stack(config, fused=False)
         self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.embed_tokens = self.on_first(
+            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
+        )
         self.rotary_emb = rotary = get_rope(get_head_dim(config), config)
         self.layers, self.num_kv_layers = build_layers(
-            self.layer_types, lambda i, t, n: Lfm2DecoderLayer(config, t, n, rotary)
+            self.layer_types, lambda i, t, n: Lfm2DecoderLayer(config, t, n, rotary), self.pp.layers
         )
-        self.embedding_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
+        self.embedding_norm = self.on_last(lambda: RMSNorm(config.hidden_size, eps=config.norm_eps))
 
     def final_norm(self, hidden, residual):
         return self.embedding_norm(hidden, residual)[0]

@@ -274,6 +274,10 @@ class LlamaForCausalLM(nn.Module):
         owner, kind, _ = self._owner_of(name)
         return kind == "weight" and hasattr(owner, "set_quantized")
 
+    def param_name(self, name: str) -> str:
+        """The parameter checkpoint tensor `name` fills (its fused parameter's, for q/k/v)."""
+        return self._map_name(name)[0]
+
     def module_of(self, name: str) -> nn.Module | None:
         """The module that takes HF tensor `name` (the fused layer of q/k/v, gate/up), or None."""
         return self._owner_of(name)[0]

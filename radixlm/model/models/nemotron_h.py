@@ -127,11 +127,16 @@ class NemotronHModel(DecoderStack):
         super().__init__()
         self.init_stack(config, fused=False)
         self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
-        self.embeddings = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
-        self.layers, self.num_kv_layers = build_layers(
-            self.layer_types, lambda i, t, n: NemotronHBlock(config, t, n)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.embeddings = self.on_first(
+            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
         )
-        self.norm_f = RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        self.layers, self.num_kv_layers = build_layers(
+            self.layer_types, lambda i, t, n: NemotronHBlock(config, t, n), self.pp.layers
+        )
+        self.norm_f = self.on_last(
+            lambda: RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
+        )
 
     def embed(self, input_ids, input_embeds):
         return self.embeddings(input_ids) if input_embeds is None else input_embeds

@@ -130,13 +130,17 @@ class Qwen3_5Model(DecoderStack):
         # All layers in one native op where it applies (layers/fused_qwen3_5_layers.py).
         self.init_stack(config)
         self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        self.embed_tokens = self.on_first(
+            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
+        )
         self.rotary_emb = rotary = text_rope(config.head_dim, config, mrope)
         self.layers, self.num_kv_layers = build_layers(
             self.layer_types,
             lambda i, t, n: Qwen3_5DecoderLayer(config, t, n, rotary, build_mlp(config, i)),
+            self.pp.layers,
         )
-        self.norm = OffsetRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm = self.on_last(lambda: OffsetRMSNorm(config.hidden_size, eps=config.rms_norm_eps))
 
     def build_fused(self):
         return build_fused_qwen3_5_layers(self, LlamaMLP)
