@@ -31,6 +31,7 @@ MODEL_REGISTRY.register(  # Scout / Maverick as released: their text model (imag
     "Llama4ForConditionalGeneration", "radixlm.model.models.llama4:Llama4ForCausalLM"
 )
 MODEL_REGISTRY.register("MistralForCausalLM", "radixlm.model.models.llama:MistralForCausalLM")
+MODEL_REGISTRY.register("Olmo2ForCausalLM", "radixlm.model.models.olmo2:Olmo2ForCausalLM")
 MODEL_REGISTRY.register("Olmo3ForCausalLM", "radixlm.model.models.olmo3:Olmo3ForCausalLM")
 MODEL_REGISTRY.register("Phi3ForCausalLM", "radixlm.model.models.phi3:Phi3ForCausalLM")
 MODEL_REGISTRY.register("Qwen2ForCausalLM", "radixlm.model.models.qwen2:Qwen2ForCausalLM")

@@ -104,7 +104,7 @@ def write_gguf(hf, tokenizer_dir: str, path: str, arch: str) -> str:
     if arch == "smollm3":  # LlamaModel.set_gguf_parameters
         w.add_vocab_size(cfg.vocab_size)
         w.add_rope_dimension_count(head_dim)
-    if arch == "olmo2":  # Olmo2Model.set_gguf_parameters
+    if arch == "olmo2" and getattr(cfg, "sliding_window", None):  # Olmo2Model's (OLMo 3)
         w.add_sliding_window(cfg.sliding_window)
         w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
     _add_vocab(w, tokenizer_dir, cfg.vocab_size, "qwen2")
