@@ -388,8 +388,9 @@ def host_kv_size(
 ) -> tuple[int, int]:
     """(L2's tokens, its bytes per token): `share` of --hicache-size's bytes (the rest holds a
     hybrid model's state snapshots), else --hicache-ratio x L1's tokens."""
-    per_token = TokenToKVPool.bytes_per_token(
-        pool.num_layers, pool.num_kv_heads, pool.head_dim, dtype, pool.v_head_dim
+    v_dim = None if pool.v_head_dim else 0  # K's width, or no V (an MLA latent pool)
+    per_token = sum(  # the layers L1 holds, each of its own shape (HostKVPool mirrors them)
+        TokenToKVPool.bytes_per_token(1, *pool.layer_shape(i), dtype, v_dim) for i in pool.layers
     )
     return host_slots(config, per_token, pool.size, share, "token"), per_token
 
@@ -423,6 +424,11 @@ def create_hiradix_cache(
     size, per_token = host_kv_size(config, pool, dtype)
     stats, storage = HiCacheStats(), NoStorageTier()
     if config.storage_backend is not None:
+        if pool.layer_shapes is not None:
+            raise ValueError(
+                "hicache_storage_backend: this model keeps KV of a shape per layer, which the"
+                " storage tier's chunks cannot hold yet (the host tier can: drop the backend)"
+            )
         key = model_key(dtype)
         layout = ChunkLayout(
             pool.num_layers,

@@ -31,22 +31,22 @@ class HostKVPool:
         self.size = size
         self.dtype = dtype
         self.num_layers = device_pool.num_layers
-        held = (
-            device_pool.layers
-        )  # a pipeline stage's layers: the others' buffers are empty, as in L1
-        shapes = [
-            (size + 1, device_pool.num_kv_heads if i in held else 0, device_pool.head_dim)
-            for i in range(self.num_layers)
-        ]
-        v_dim = device_pool.v_head_dim  # 0 for an MLA latent pool: no V
+        held = device_pool.layers  # a pipeline stage's: the others' buffers are empty, as in L1
+        # per layer (kv heads, head dim) as L1 keeps them (Gemma 4's differ per layer)
+        dims = [device_pool.layer_shape(i) if i in held else (0, 0) for i in range(self.num_layers)]
+        shapes = [(size + 1, heads, dim) for heads, dim in dims]
+        mla = device_pool.v_head_dim == 0  # an MLA latent pool: no V
         self.k_buffer = [torch.zeros(shape, dtype=dtype) for shape in shapes]
-        self.v_buffer = [torch.zeros((*shape[:2], v_dim), dtype=dtype) for shape in shapes]
+        self.v_buffer = [
+            torch.zeros(shape if not mla else (*shape[:2], 0), dtype=dtype) for shape in shapes
+        ]
         self.k_scale_buffer = self.v_scale_buffer = None
         if dtype == torch.int8:
             self.k_scale_buffer = [torch.zeros(shape[:2]) for shape in shapes]
             self.v_scale_buffer = [torch.zeros(shape[:2]) for shape in shapes]
-        self.bytes_per_token = TokenToKVPool.bytes_per_token(
-            len(held), device_pool.num_kv_heads, device_pool.head_dim, dtype, v_dim
+        self.bytes_per_token = sum(
+            TokenToKVPool.bytes_per_token(1, heads, dim, dtype, 0 if mla else None)
+            for heads, dim in dims
         )
         self.clear()
 

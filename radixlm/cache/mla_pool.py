@@ -36,6 +36,7 @@ class MLATokenToKVPool(TokenToKVPool):
         self.size, self.num_layers = size, num_layers
         self.layers = range(num_layers) if layers is None else layers
         self.num_kv_heads, self.head_dim, self.v_head_dim = 1, kv_lora_rank + qk_rope_head_dim, 0
+        self.layer_shapes = None  # one latent per token in every layer
         self.dtype, self.device = dtype, torch.device(device)
         self.k_scale_buffer = self.v_scale_buffer = None
         self._allocate()

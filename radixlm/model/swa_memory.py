@@ -28,13 +28,16 @@ def swa_layer_ids(model: nn.Module) -> list[int]:
     )
 
 
+HICACHE_ONE_SLOT_SPACE = "the hierarchical cache's tiers copy one slot space"
+
+
 def server_refusal(args) -> str | None:
     """Why the server's options keep one slot space (None: they allow two). args: ServerArgs."""
     if args.disable_hybrid_swa_memory:
         return "--disable-hybrid-swa-memory"
     for field, why in (
         ("speculative_algorithm", "speculative decoding verifies drafts over one slot space"),
-        ("enable_hierarchical_cache", "the hierarchical cache's tiers copy one slot space"),
+        ("enable_hierarchical_cache", HICACHE_ONE_SLOT_SPACE),
     ):
         if getattr(args, field, None):
             return why
@@ -62,12 +65,13 @@ def model_refusal(runner) -> str | None:
 def check_kv_shapes(runner) -> None:
     """Refuses (ValueError) a model whose layers keep KV of different shapes (KVLayout.layer_shapes:
     Gemma 4) with options that read the pool as one shape: the parts of the server that read one
-    slot space, and every backend but the native CPU one."""
+    slot space (but the hierarchical cache's host tier, which keeps each layer's shape), and every
+    backend but the native CPU one."""
     if runner.kv_layout.layer_shapes is None:
         return
     why = runner.config.swa_memory_off
-    if why == "--disable-hybrid-swa-memory":
-        why = None
+    if why in ("--disable-hybrid-swa-memory", HICACHE_ONE_SLOT_SPACE):
+        why = None  # one slot space of per-layer shapes: the host tier mirrors them (host_pool.py)
     if why is None and not runner.attn_backend.reads_swa_pool:
         why = f"the {runner.attn_backend!r} attention backend reads one KV shape"
     if why is None and (runner.config.enable_torch_compile or runner.device.type == "cuda"):
