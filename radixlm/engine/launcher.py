@@ -93,9 +93,8 @@ def _check_pipeline(server_args: ServerArgs, dist: DistConfig) -> None:
     if os.path.exists(
         path
     ):  # a hub id is resolved later (the ranks check again as they build the model)
-        layer_counts(
-            load_model_config(path).num_hidden_layers, dist.pp_size, dist.pp_layer_partition
-        )
+        text = load_model_config(path).get_text_config()  # a model with images: its decoder's
+        layer_counts(text.num_hidden_layers, dist.pp_size, dist.pp_layer_partition)
 
 
 def launch_engine_processes(

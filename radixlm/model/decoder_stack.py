@@ -77,6 +77,15 @@ class DecoderStack(nn.Module):
         to it)."""
         return build() if self.pp.is_first or (tied and self.pp.is_last) else PPMissingLayer()
 
+    def stage_embedding(self, config: Any) -> nn.Module:
+        """The token embedding where this stage needs it (on_first; the LM head's when tied)."""
+        from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
+
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        return self.on_first(
+            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
+        )
+
     def on_last(self, build: Callable[[], nn.Module]) -> nn.Module:
         """A module of the last stage (the final norm)."""
         return build() if self.pp.is_last else PPMissingLayer()

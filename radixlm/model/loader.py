@@ -461,7 +461,8 @@ def _stage_owns(model: torch.nn.Module, name: str) -> bool:
     """Whether checkpoint tensor `name` lies in this pipeline stage's modules, after the model's
     own renaming (Nemotron-H's backbone.*, a ConditionalGeneration's language_model.*)."""
     from radixlm.model.models.llama import LlamaForCausalLM
+    from radixlm.model.models.llava import LlavaForConditionalGeneration
 
-    if isinstance(model, LlamaForCausalLM):
+    if isinstance(model, (LlamaForCausalLM, LlavaForConditionalGeneration)):
         name = model.param_name(name)
     return stage_owns(model, name)

@@ -47,7 +47,7 @@ def _churn(engine: Engine) -> tuple[list[int], dict]:
     """A 150-token prompt, then 8 unrelated ones of 100 (past the device pool's 600 tokens), then
     the prompt's continuation: (the continuation, its output)."""
     rng = random.Random(7)
-    tokens = lambda n: [rng.randrange(10, VOCAB) for _ in range(n)]  # noqa: E731
+    tokens = lambda n: [rng.randrange(10, VOCAB) for _ in range(n)]
     first = tokens(150)
     one = engine.generate(input_ids=first, sampling_params=SP)
     for other in [tokens(100) for _ in range(8)]:

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import transformers
 
 from radixlm.model.decoder_stack import DecoderStack, decoder_stack_of
-from tests.model.helpers import randomize
 from tests.model.hybrid_checkpoints import hybrid_checkpoint, tiny_tokenizer
 from tests.model.windowed_checkpoints import WINDOW, checkpoint
 
@@ -52,20 +50,7 @@ def _mla(path):
 
 
 def _llama(path):
-    cfg = transformers.LlamaConfig(
-        vocab_size=400,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-        tie_word_embeddings=False,
-    )
-    torch.manual_seed(0)
-    hf = transformers.LlamaForCausalLM(cfg).eval()
-    randomize(hf)
-    return _saved(hf, path), hf
+    return str(path), checkpoint("LlamaConfig", "LlamaForCausalLM", str(path))
 
 
 def _windowed(config_cls, arch, **kw):

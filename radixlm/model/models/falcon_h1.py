@@ -31,7 +31,6 @@ from radixlm.model.layers.parallel_linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
-    VocabParallelEmbedding,
 )
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
 from radixlm.model.models.hybrid import HybridForCausalLM
@@ -150,10 +149,7 @@ class FalconH1Model(DecoderStack):
     def __init__(self, config: Any):
         super().__init__()
         self.init_stack(config, fused=False)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.embed_tokens = self.on_first(
-            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
-        )
+        self.embed_tokens = self.stage_embedding(config)
         self.embedding_multiplier = float(config.embedding_multiplier)
         self.rotary_emb = rotary = get_rope(get_head_dim(config), config)
         self.layers = self.stage_layers(

@@ -18,7 +18,6 @@ from torch import nn
 from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.layers.activation import GeluAndMul
 from radixlm.model.layers.norm import GemmaRMSNorm
-from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
 from radixlm.model.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, get_head_dim
 
@@ -76,10 +75,7 @@ class Gemma2Model(DecoderStack):
         """rotary_embs: each layer's RoPE (shared objects: one cos/sin cache per kind)."""
         super().__init__()
         self.init_stack(config, fused=False)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.embed_tokens = self.on_first(
-            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
-        )
+        self.embed_tokens = self.stage_embedding(config)
         # HF multiplies by sqrt(hidden) cast to the weights' dtype (Gemma2TextScaledWordEmbedding).
         self.register_buffer(
             "normalizer",

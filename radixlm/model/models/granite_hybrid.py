@@ -32,7 +32,6 @@ from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.parallel_linear import (
     QKVParallelLinear,
     RowParallelLinear,
-    VocabParallelEmbedding,
 )
 from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
@@ -124,10 +123,7 @@ class GraniteHybridModel(DecoderStack):
         self.init_stack(config, fused=False)
         self.dispatch = dispatch
         self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.embed_tokens = self.on_first(
-            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
-        )
+        self.embed_tokens = self.stage_embedding(config)
         self.embedding_multiplier = float(config.embedding_multiplier)
         use_rope = getattr(config, "position_embedding_type", None) == "rope"
         self.rotary_emb = get_rope(get_head_dim(config), config) if use_rope else None

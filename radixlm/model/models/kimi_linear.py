@@ -27,7 +27,6 @@ from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.linear_attn.kimi_delta_attention import KimiDeltaAttention
 from radixlm.model.layers.moe.expert_dispatch import expert_dispatch, forward_idle
 from radixlm.model.layers.norm import RMSNorm
-from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
 from radixlm.model.models.deepseek_moe import DeepseekMoE
 from radixlm.model.models.deepseek_v2 import DeepseekV2Attention, DeepseekV2ForCausalLM
 from radixlm.model.models.hybrid import HybridForCausalLM, build_layers, hybrid_layer_types
@@ -109,10 +108,7 @@ class KimiLinearModel(DecoderStack):
             shared_mlp = LlamaMLP(config.hidden_size, shared) if shared else None
             return DeepseekMoE(moe, True, shared_mlp, self.dispatch)
 
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.embed_tokens = self.on_first(
-            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
-        )
+        self.embed_tokens = self.stage_embedding(config)
         self.layers, self.num_kv_layers = build_layers(
             self.layer_types,
             lambda i, t, n: KimiLinearDecoderLayer(config, t, n, mlp(i)),

@@ -24,7 +24,6 @@ from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.parallel_linear import (
     QKVParallelLinear,
     RowParallelLinear,
-    VocabParallelEmbedding,
 )
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
 from radixlm.model.models.hybrid import HybridForCausalLM, build_layers, hybrid_layer_types
@@ -109,10 +108,7 @@ class Lfm2Model(DecoderStack):
         super().__init__()
         self.init_stack(config, fused=False)
         self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.embed_tokens = self.on_first(
-            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
-        )
+        self.embed_tokens = self.stage_embedding(config)
         self.rotary_emb = rotary = get_rope(get_head_dim(config), config)
         self.layers, self.num_kv_layers = build_layers(
             self.layer_types, lambda i, t, n: Lfm2DecoderLayer(config, t, n, rotary), self.pp.layers

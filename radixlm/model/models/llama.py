@@ -24,7 +24,6 @@ from radixlm.model.layers.parallel_linear import (
     ParallelLMHead,
     QKVParallelLinear,
     RowParallelLinear,
-    VocabParallelEmbedding,
 )
 from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
@@ -166,10 +165,7 @@ class LlamaModel(DecoderStack):
         # A pipeline stage builds its layers only: the embedding on the first stage (and on the last
         # when the LM head is tied to it), the final norm on the last (decoder_stack.py).
         self.init_stack(config)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.embed_tokens = self.on_first(
-            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
-        )
+        self.embed_tokens = self.stage_embedding(config)
         self.rotary_emb = rotary_emb = get_rope(get_head_dim(config), config)
         self.layers = self.stage_layers(
             config.num_hidden_layers,

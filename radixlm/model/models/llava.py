@@ -70,12 +70,10 @@ class LlavaForConditionalGeneration(nn.Module):
                 f"({', '.join(self.TEXT_MODELS)})"
             )
         self.language_model = self.TEXT_MODELS[text.model_type](text)
-        if self.language_model.pp.size > 1 or any(
-            (getattr(m, "tp_size", 1) or 1) > 1 for m in self.language_model.modules()
-        ):
+        if any((getattr(m, "tp_size", 1) or 1) > 1 for m in self.language_model.modules()):
             raise ValueError(
-                f"{type(self).__name__} runs with --tp-size 1 and --pp-size 1 (the image embeddings"
-                " enter on one rank)"
+                f"{type(self).__name__} runs with --tp-size 1 (the image embeddings enter on one"
+                " rank; pipeline stages work)"
             )
         self.vocab_size = text.vocab_size
         self.encoder_cache = EncoderCache(DEFAULT_ENCODER_CACHE_BYTES)
@@ -100,6 +98,8 @@ class LlavaForConditionalGeneration(nn.Module):
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         lm = self.language_model
+        if not lm.model.pp.is_first:  # the images entered on the first stage
+            return lm.model(input_ids, positions, forward_batch)
         embeds = embed_with_images(
             forward_batch,
             input_ids,
@@ -132,6 +132,14 @@ class LlavaForConditionalGeneration(nn.Module):
                 name = new + name[len(old) :]
         if name.startswith("lm_head."):
             name = "language_model." + name
+        return name
+
+    def param_name(self, name: str) -> str:
+        """The parameter checkpoint tensor `name` fills (the decoder's after its own renaming)."""
+        name = self._map_name(name)
+        if name.startswith("language_model."):
+            inner = name[len("language_model.") :]
+            return "language_model." + self.language_model.param_name(inner)
         return name
 
     @torch.no_grad()

@@ -22,7 +22,6 @@ from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.layers.moe.expert_dispatch import LocalExperts, expert_dispatch, forward_idle
 from radixlm.model.layers.moe.moe_block import MoeSpec, SparseMoeBlock
 from radixlm.model.layers.norm import RMSNorm
-from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
 from radixlm.model.models.llama import (
     LlamaAttention,
@@ -63,10 +62,7 @@ class MoeModel(DecoderStack):
         # the one-op fused decoder has no MoE block
         self.init_stack(config, fused=False)
         self.dispatch = family.expert_dispatch
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.embed_tokens = self.on_first(
-            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
-        )
+        self.embed_tokens = self.stage_embedding(config)
         self.rotary_emb = rotary_emb = get_rope(get_head_dim(config), config)
         self.layers = self.stage_layers(
             config.num_hidden_layers, lambda i: family.build_layer(config, i, rotary_emb)

@@ -27,7 +27,6 @@ from radixlm.model.layers.parallel_linear import (
     ColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
-    VocabParallelEmbedding,
 )
 from radixlm.model.models.hybrid import HybridForCausalLM, build_layers, hybrid_layer_types
 from radixlm.model.models.llama import get_head_dim
@@ -127,10 +126,7 @@ class NemotronHModel(DecoderStack):
         super().__init__()
         self.init_stack(config, fused=False)
         self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.embeddings = self.on_first(
-            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
-        )
+        self.embeddings = self.stage_embedding(config)
         self.layers, self.num_kv_layers = build_layers(
             self.layer_types, lambda i, t, n: NemotronHBlock(config, t, n), self.pp.layers
         )

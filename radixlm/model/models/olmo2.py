@@ -10,7 +10,6 @@ from torch import nn
 
 from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.layers.norm import RMSNorm
-from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
 from radixlm.model.layers.rotary import get_rope
 from radixlm.model.models.llama import LlamaForCausalLM, get_head_dim
 from radixlm.model.models.olmo3 import Olmo3DecoderLayer
@@ -22,10 +21,7 @@ class Olmo2Model(DecoderStack):
     def __init__(self, config: Any):
         super().__init__()
         self.init_stack(config, fused=False)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.embed_tokens = self.on_first(
-            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
-        )
+        self.embed_tokens = self.stage_embedding(config)
         rope = get_rope(get_head_dim(config), config)
         self.layers = self.stage_layers(
             config.num_hidden_layers, lambda i: Olmo3DecoderLayer(config, i, rope)

@@ -17,7 +17,6 @@ from torch import nn
 from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.norm import RMSNorm
-from radixlm.model.layers.parallel_linear import VocabParallelEmbedding
 from radixlm.model.layers.rotary import RotaryEmbedding
 from radixlm.model.models.gemma3 import rope_params_of
 from radixlm.model.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, get_head_dim
@@ -64,10 +63,7 @@ class Olmo3Model(DecoderStack):
     def __init__(self, config: Any):
         super().__init__()
         self.init_stack(config, fused=False)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.embed_tokens = self.on_first(
-            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
-        )
+        self.embed_tokens = self.stage_embedding(config)
         head_dim, max_pos = get_head_dim(config), config.max_position_embeddings
         ropes = {
             t: RotaryEmbedding(head_dim, max_pos, rope_params_of(config, t))

@@ -29,7 +29,6 @@ from radixlm.model.layers.norm import OffsetRMSNorm
 from radixlm.model.layers.parallel_linear import (
     MergedColumnParallelLinear,
     RowParallelLinear,
-    VocabParallelEmbedding,
 )
 from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.layers.rotary import MRotaryEmbedding, RotaryEmbedding, rope_parameters
@@ -130,10 +129,7 @@ class Qwen3_5Model(DecoderStack):
         # All layers in one native op where it applies (layers/fused_qwen3_5_layers.py).
         self.init_stack(config)
         self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
-        tied = bool(getattr(config, "tie_word_embeddings", False))
-        self.embed_tokens = self.on_first(
-            lambda: VocabParallelEmbedding(config.vocab_size, config.hidden_size), tied
-        )
+        self.embed_tokens = self.stage_embedding(config)
         self.rotary_emb = rotary = text_rope(config.head_dim, config, mrope)
         self.layers, self.num_kv_layers = build_layers(
             self.layer_types,
