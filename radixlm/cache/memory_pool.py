@@ -69,6 +69,11 @@ class TokenToKVPool:
     token and head (k_scale_buffer / v_scale_buffer [size + 1, kv_heads]). Writes convert; on CPU
     the native kv_store op does it in one pass (int8 needs it)."""
 
+    # The windowed layers' window, in tokens: 0 here, every layer keeps every token; a pool with
+    # windowed-layer slots of their own (SWATokenToKVPool) sets it, and the prefix cache and the
+    # scheduler's WindowTracker follow it.
+    window: int = 0
+
     def __init__(
         self,
         size: int,
