@@ -166,7 +166,7 @@ def superseded(node: TreeNode) -> bool:
     x = node
     while len(x.children) == 1:
         (x,) = x.children.values()
-        if x.state is not None or getattr(x, "host_state", None) is not None:
+        if x.state is not None or x.host_state is not None:
             return not x.state_from_answer
     return False
 
