@@ -60,6 +60,9 @@ class CacheCapabilities:
     trackers (scheduler/kv/state_tracker.py, window_tracker.py) by these, not by probing for the
     methods that go with them."""
 
+    # KV shared between requests at all (False: --disable-radix-cache's NoPrefixCache): ordering
+    # by shared prefixes, jump-forward, session pins and radix drafts need it.
+    shares_prefixes: bool = True
     # A hybrid model's state snapshots at tree nodes (MambaRadixCache: attach_state, alloc_state,
     # state_slots): only such a tree makes the StateTracker's snapshots serve later matches.
     keeps_state_snapshots: bool = False
@@ -69,9 +72,6 @@ class CacheCapabilities:
 
 
 class BasePrefixCache(ABC):
-    # Whether the cache shares KV between requests at all (a scheduling policy that orders by
-    # shared prefixes, jump-forward and radix drafts need it to).
-    shares_prefixes: bool = True
     root_node: TreeNode
 
     @abstractmethod

@@ -174,7 +174,7 @@ def test_every_cache_declares_its_capabilities():
         CacheCapabilities(tracks_windows=True),
     )
     expected = {
-        "NoPrefixCache": CacheCapabilities(),
+        "NoPrefixCache": CacheCapabilities(shares_prefixes=False),
         "RadixCache": CacheCapabilities(),
         "HiRadixCache": CacheCapabilities(),
         "MambaRadixCache": snapshots,
