@@ -5,6 +5,9 @@ Implementations: RadixCache (radix_cache.py: a radix tree over the KV pool), HiR
 (hiradix_cache.py: the same tree over three tiers) and NoPrefixCache (no_prefix_cache.py:
 --disable-radix-cache, nothing is shared). A cache knows token ids and KV slot tensors, never a
 request: moving KV between a request and the cache is scheduler/kv/cache_manager.py's job.
+
+What a cache can do beyond this interface it declares in `capabilities()` (CacheCapabilities); the
+scheduler asks that, never whether a method exists (tests/unit/test_cache_contract.py).
 """
 
 from __future__ import annotations
@@ -51,11 +54,29 @@ class MatchResult(NamedTuple):
     last_node: TreeNode  # where the match ends: what a request locks to keep the prefix
 
 
-class BasePrefixCache(ABC):
-    # Whether the cache shares KV between requests at all (a scheduling policy that orders by
-    # shared prefixes, jump-forward and radix drafts need it to).
+@dataclass(frozen=True)
+class CacheCapabilities:
+    """What a prefix cache does beyond BasePrefixCache's methods: the scheduler picks its partner
+    trackers (scheduler/kv/state_tracker.py, window_tracker.py) by these, not by probing for the
+    methods that go with them."""
+
+    # KV shared between requests at all (False: --disable-radix-cache's NoPrefixCache): ordering
+    # by shared prefixes, jump-forward, session pins and radix drafts need it.
     shares_prefixes: bool = True
+    # A hybrid model's state snapshots at tree nodes (MambaRadixCache: attach_state, alloc_state,
+    # state_slots): only such a tree makes the StateTracker's snapshots serve later matches.
+    keeps_state_snapshots: bool = False
+    # The windowed layers' KV, evictable apart from the full layers' (SWARadixCache: evict_swa,
+    # swa_evictable_size): the WindowTracker counts and evicts it when the swa slots run short.
+    tracks_windows: bool = False
+
+
+class BasePrefixCache(ABC):
     root_node: TreeNode
+
+    @abstractmethod
+    def capabilities(self) -> CacheCapabilities:
+        """What this cache does beyond the methods below (the same for its whole life)."""
 
     # --- lookup / insert ---------------------------------------------------------
     @abstractmethod

@@ -133,6 +133,6 @@ def create_prefix_cache(
 ) -> BasePrefixCache:
     """model_key(stored dtype): what stored KV depends on (the hierarchical cache's storage
     asks); state_pool: a hybrid model's (None: attention only)."""
-    swa = getattr(pool, "window", 0) > 0  # an SWATokenToKVPool
+    swa = pool.window > 0  # an SWATokenToKVPool
     kind = prefix_cache_kind(disable_radix_cache, hicache, state_pool is not None, swa)
     return PREFIX_CACHE_REGISTRY.get(kind)(pool, hicache, model_key, state_pool)

@@ -38,7 +38,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.cache.base_prefix_cache import MatchResult, PrefixKey
+from radixlm.cache.base_prefix_cache import CacheCapabilities, MatchResult, PrefixKey
 from radixlm.cache.hicache_io import HiCacheStats
 from radixlm.cache.hiradix_cache import HiRadixCache, _alloc, host_kv_size, host_slots
 from radixlm.cache.host_pool import HostKVPool, host_dtype_for
@@ -77,6 +77,9 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
         self.host_states = host_states
         state_pool.host = host_states  # queued host copies run in MambaPool.apply_copies
         HiRadixCache.__init__(self, token_to_kv_pool, host_pool, write_policy, None, stats)
+
+    def capabilities(self) -> CacheCapabilities:
+        return CacheCapabilities(keeps_state_snapshots=True)  # a host tier of them too
 
     def reset(self) -> None:
         super().reset()

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.cache.base_prefix_cache import MatchResult, PrefixKey
+from radixlm.cache.base_prefix_cache import CacheCapabilities, MatchResult, PrefixKey
 from radixlm.cache.radix_cache import RadixCache
 from radixlm.cache.tree_node import TreeNode, empty_indices, touch, touch_state
 from radixlm.radix_walk import walk
@@ -35,6 +35,9 @@ class MambaRadixCache(RadixCache):
     def __init__(self, token_to_kv_pool: TokenToKVPool, state_pool: MambaPool):
         self.state_pool = state_pool
         super().__init__(token_to_kv_pool)
+
+    def capabilities(self) -> CacheCapabilities:
+        return CacheCapabilities(keeps_state_snapshots=True)
 
     # --- lookup ------------------------------------------------------------------
     def _match(self, key: PrefixKey, split: bool) -> MatchResult:
@@ -163,7 +166,7 @@ def superseded(node: TreeNode) -> bool:
     x = node
     while len(x.children) == 1:
         (x,) = x.children.values()
-        if x.state is not None or getattr(x, "host_state", None) is not None:
+        if x.state is not None or x.host_state is not None:
             return not x.state_from_answer
     return False
 

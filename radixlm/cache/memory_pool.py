@@ -28,8 +28,9 @@ def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
     nbytes = max(1, math.prod(shape) * torch.empty((), dtype=dtype).element_size())
     buf = mmap.mmap(-1, nbytes)
-    if os.environ.get("THP_MEM_ALLOC_ENABLE") == "1" and hasattr(mmap, "MADV_HUGEPAGE"):
-        buf.madvise(mmap.MADV_HUGEPAGE)
+    huge = getattr(mmap, "MADV_HUGEPAGE", None)  # Linux only
+    if os.environ.get("THP_MEM_ALLOC_ENABLE") == "1" and huge is not None:
+        buf.madvise(huge)
     return torch.frombuffer(buf, dtype=torch.uint8).view(dtype)[: math.prod(shape)].view(shape)
 
 
@@ -68,6 +69,13 @@ class TokenToKVPool:
     dtype is the element type stored: the model's, a 16-bit float, or int8 with a float32 scale per
     token and head (k_scale_buffer / v_scale_buffer [size + 1, kv_heads]). Writes convert; on CPU
     the native kv_store op does it in one pass (int8 needs it)."""
+
+    # The windowed layers' window, in tokens: 0 here, every layer keeps every token; a pool with
+    # windowed-layer slots of their own (SWATokenToKVPool) sets it, and the prefix cache and the
+    # scheduler's WindowTracker follow it.
+    window: int = 0
+    # Bumped whenever slots are freed: copies of KV read earlier are stale only after that.
+    free_epoch: int = 0
 
     def __init__(
         self,
@@ -160,8 +168,7 @@ class TokenToKVPool:
         self._free_list = SlotFreeList(
             torch.arange(1, self.size + 1, dtype=torch.int64, device=self.device)
         )
-        # Bumped whenever slots are freed: copies of KV read earlier are stale only after that.
-        self.free_epoch = getattr(self, "free_epoch", 0) + 1
+        self.free_epoch += 1
 
     @property
     def free_slots(self) -> torch.Tensor:

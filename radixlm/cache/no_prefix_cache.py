@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.cache.base_prefix_cache import BasePrefixCache, MatchResult, PrefixKey
+from radixlm.cache.base_prefix_cache import (
+    BasePrefixCache,
+    CacheCapabilities,
+    MatchResult,
+    PrefixKey,
+)
 from radixlm.cache.tree_node import TreeNode, empty_indices
 
 
 class NoPrefixCache(BasePrefixCache):
-    shares_prefixes = False
-
     def __init__(self) -> None:
         self.root_node = TreeNode()
         self.root_node.lock_ref = 1  # as a tree's root: never evicted, never counted
+
+    def capabilities(self) -> CacheCapabilities:
+        return CacheCapabilities(shares_prefixes=False)
 
     def match_prefix(self, key: PrefixKey) -> MatchResult:
         return MatchResult(empty_indices(), self.root_node)

@@ -24,7 +24,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.cache.base_prefix_cache import BasePrefixCache, MatchResult, PrefixKey
+from radixlm.cache.base_prefix_cache import (
+    BasePrefixCache,
+    CacheCapabilities,
+    MatchResult,
+    PrefixKey,
+)
 from radixlm.cache.tree_node import TreeNode, empty_indices, touch
 from radixlm.radix_walk import walk
 
@@ -36,6 +41,9 @@ class RadixCache(BasePrefixCache):
     def __init__(self, token_to_kv_pool: TokenToKVPool):
         self.token_to_kv_pool = token_to_kv_pool
         self.reset()
+
+    def capabilities(self) -> CacheCapabilities:
+        return CacheCapabilities()  # HiRadixCache's too: its tiers are its own business
 
     def reset(self) -> None:
         """Drop the whole tree. Slots are not freed here: the caller clears the pools."""

@@ -143,6 +143,11 @@ class HiCacheStorage(ABC):
     def set(self, key: str, token_ids: list[int], data: KVData) -> bool:
         """Store a chunk; False when it could not be written (the backend reports why)."""
 
+    @property
+    def bytes(self) -> int | None:
+        """The stored chunks' bytes (l3_bytes); None: a backend that does not count them."""
+        return None
+
     def clear(self) -> None:
         """Remove every chunk (of this server, where servers share the storage)."""
 

@@ -198,4 +198,4 @@ class StorageTier(BaseStorageTier):
         self.backend.close()
 
     def info(self) -> dict:
-        return {"l3_bytes": getattr(self.backend, "bytes", None)}
+        return {"l3_bytes": self.backend.bytes}

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.cache.base_prefix_cache import MatchResult, PrefixKey
+from radixlm.cache.base_prefix_cache import CacheCapabilities, MatchResult, PrefixKey
 from radixlm.cache.radix_cache import RadixCache
 
 if TYPE_CHECKING:
@@ -32,6 +32,9 @@ class SWARadixCache(RadixCache):
     def __init__(self, token_to_kv_pool: SWATokenToKVPool, window: int):
         self.window = window
         super().__init__(token_to_kv_pool)
+
+    def capabilities(self) -> CacheCapabilities:
+        return CacheCapabilities(tracks_windows=True)
 
     # --- lookup ------------------------------------------------------------------
     def _match(self, key: PrefixKey, split: bool) -> MatchResult:

@@ -98,7 +98,7 @@ def create_jump_forward(
 ) -> BaseJumpForward:
     """JumpForward where a prefix cache takes the jumped request back, unless
     --disable-jump-forward."""
-    if cache_manager.tree_cache.shares_prefixes and not config.disable_jump_forward:
+    if cache_manager.tree_cache.capabilities().shares_prefixes and not config.disable_jump_forward:
         return JumpForward(queues, cache_manager, tokenizer, stats, context_len, executor)
     return NoJumpForward()
 

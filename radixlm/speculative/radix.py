@@ -44,7 +44,7 @@ class RadixDraftSource(PerRequestDraftSource):
         suffix_index: SuffixIndex | None = None,
         lookup: NgramDraftSource | None = None,
     ):
-        if not tree_cache.shares_prefixes:
+        if not tree_cache.capabilities().shares_prefixes:
             raise ValueError(
                 "speculative_algorithm radix drafts from the radix cache: it is disabled"
             )

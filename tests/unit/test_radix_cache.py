@@ -238,7 +238,7 @@ def test_disabled_mode_caches_nothing():
     cache = NoPrefixCache()
     with pytest.raises(TypeError):  # the cache manager keeps a request's KV itself (NoCacheManager)
         cache.insert(K([1, 2, 3]), t([1, 2, 3]))
-    assert cache.total_size() == 0 and not cache.shares_prefixes
+    assert cache.total_size() == 0 and not cache.capabilities().shares_prefixes
     for lookup in (cache.match_prefix, cache.peek_prefix):
         values, node = lookup(K([1, 2, 3]))
         assert values.numel() == 0 and node is cache.root_node

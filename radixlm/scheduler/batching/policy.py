@@ -67,7 +67,7 @@ class SchedulePolicy:
         Returns the cached prefix length found per request (by id) when the policy looked."""
         name = self.policy
         if is_cache_aware(name) and (
-            not self.tree_cache.shares_prefixes or len(queue) > LPM_MAX_QUEUE
+            not self.tree_cache.capabilities().shares_prefixes or len(queue) > LPM_MAX_QUEUE
         ):
             name = "fcfs"
         lookup = Lookup()

@@ -57,9 +57,8 @@ class PrefillManager:
         self.fold = (
             fold  # speculative decoding: one-token prefills join the decode step (prefill_fold.py)
         )
-        self.dedup_in_batch = (
-            is_cache_aware(policy.policy) and cache_manager.tree_cache.shares_prefixes
-        )
+        shares = cache_manager.tree_cache.capabilities().shares_prefixes
+        self.dedup_in_batch = is_cache_aware(policy.policy) and shares
 
     def schedule(self) -> ScheduleBatch | None:
         """The next extend batch, or None when nothing can be admitted now."""

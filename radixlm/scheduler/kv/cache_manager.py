@@ -78,7 +78,7 @@ class CacheManager:
     ) -> CacheManager:
         """The manager for this cache: one that hands KV to the tree, or keeps it with the
         request."""
-        cls = CacheManager if tree_cache.shares_prefixes else NoCacheManager
+        cls = CacheManager if tree_cache.capabilities().shares_prefixes else NoCacheManager
         # The windowed layers' tracker the pool needs (no-op unless it has their own slots).
         windows = windows or create_window_tracker(token_to_kv_pool, req_to_token_pool, tree_cache)
         return cls(req_to_token_pool, token_to_kv_pool, tree_cache, states, windows)

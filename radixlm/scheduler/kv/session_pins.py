@@ -155,6 +155,6 @@ class NoSessionPins(BaseSessionPins):
 
 def create_session_pins(cache_manager: CacheManager) -> BaseSessionPins:
     """SessionPins where the cache shares prefixes (a radix tree), else NoSessionPins."""
-    if cache_manager.tree_cache.shares_prefixes:
+    if cache_manager.tree_cache.capabilities().shares_prefixes:
         return SessionPins(cache_manager)
     return NoSessionPins()

@@ -111,7 +111,7 @@ class StateTracker(BaseStateTracker):
         self.pool = state_pool
         self.tree = tree
         # Snapshots serve later matches only through a tree that keeps them.
-        self.keeps = hasattr(tree, "attach_state")
+        self.keeps = tree.capabilities().keeps_state_snapshots
         self.track_interval = track_interval
 
     def on_assign(self, req: Req, node: TreeNode) -> None:

@@ -30,7 +30,7 @@ from radixlm.cache.base_prefix_cache import PrefixKey
 
 if TYPE_CHECKING:
     from radixlm.cache.base_prefix_cache import BasePrefixCache
-    from radixlm.cache.memory_pool import ReqToTokenPool
+    from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
     from radixlm.cache.swa_pool import SWATokenToKVPool
     from radixlm.scheduler.req import Req
 
@@ -105,7 +105,7 @@ class WindowTracker(BaseWindowTracker):
     ):
         self.pool, self.rows, self.tree, self.window = pool, rows, tree, window
         # Only a tree that tracks windowed KV (SWARadixCache) can give some back.
-        self.tree_swa = hasattr(tree, "evict_swa")
+        self.tree_swa = tree.capabilities().tracks_windows
 
     def _row(self, req: Req) -> torch.Tensor:
         return self.rows.req_to_token[req.req_pool_idx]
@@ -175,7 +175,9 @@ class WindowTracker(BaseWindowTracker):
         }
 
 
-def create_window_tracker(pool, rows: ReqToTokenPool, tree: BasePrefixCache) -> BaseWindowTracker:
+def create_window_tracker(
+    pool: TokenToKVPool, rows: ReqToTokenPool, tree: BasePrefixCache
+) -> BaseWindowTracker:
     """WindowTracker over a pool with windowed-layer slots (SWATokenToKVPool), else the no-op."""
-    window = getattr(pool, "window", 0)
+    window = pool.window  # TokenToKVPool.window: 0 unless the pool has them
     return WindowTracker(pool, rows, tree, window) if window else NoWindowTracker()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
@@ -31,6 +32,14 @@ from radixlm.scheduler.parallel.tp_sync import BaseStepSync, TPStepSync
 
 # (poll timeout in ms this rank would wait for a message, requests it holds, their tokens)
 RankState = Callable[[], tuple[int, int, int]]
+
+
+@runtime_checkable
+class IdleForward(Protocol):
+    """A model whose rank can join the MoE layers' collectives without a batch (the MoE models:
+    DeepSeek-V2/V3, Qwen2/3-MoE, Mixtral, OLMoE)."""
+
+    def forward_idle(self) -> None: ...
 
 
 class DPForwardFailed(RuntimeError):
@@ -94,7 +103,7 @@ class DPAttentionStep(BaseDPAttention):
         self.idle_forwards = 0
 
     def attach(self, model: nn.Module, state: RankState, kv_tokens: int) -> None:
-        if not hasattr(model, "forward_idle"):
+        if not isinstance(model, IdleForward):
             raise ValueError(
                 "enable_dp_attention needs a mixture-of-experts model (DeepSeek-V2/V3,"
                 f" Qwen2/3-MoE, Mixtral, OLMoE); {type(model).__name__} is not one: serve it with"
