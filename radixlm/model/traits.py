@@ -17,6 +17,7 @@ from torch import nn
 
 if TYPE_CHECKING:
     from radixlm.model.mm_embed import EncoderCache
+    from radixlm.model.tp_shard import TensorSlice
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,13 @@ class HoldsQuantized(Protocol):
     `weight`)."""
 
     qweight: Any
+
+
+@runtime_checkable
+class SlicesForTP(Protocol):
+    """A layer that says which part of a checkpoint tensor this tensor-parallel rank holds."""
+
+    def tp_slice(self, kind: str, shard: int | None) -> TensorSlice | None: ...
 
 
 @runtime_checkable

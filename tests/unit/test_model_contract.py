@@ -117,3 +117,39 @@ def test_every_registered_model_is_a_served_model():
     for name in names:
         cls = MODEL_REGISTRY.get(name)
         assert issubclass(cls, ServedModel), name
+
+
+def test_traits_agree_with_what_each_class_defines():
+    """A family that gains `forward_idle`, `state_specs`, `kv_shared_layers` or `takes_quantized`
+    declares it in its traits (the runner reads only those). Each class's traits() runs on a bare
+    instance holding the few attributes the families read."""
+    from types import SimpleNamespace
+
+    from torch import nn
+
+    from radixlm.model.registry import MODEL_REGISTRY
+
+    for name in MODEL_REGISTRY.names():
+        cls = MODEL_REGISTRY.get(name)
+        model = cls.__new__(cls)
+        nn.Module.__init__(model)
+        model.tie_word_embeddings = False
+        model.encoder_cache = None
+        model.config = SimpleNamespace(max_position_embeddings=16)
+        inner = SimpleNamespace(num_kv_layers=2, kv_source=[0, 1, 1])
+        object.__setattr__(model, "model", inner)
+        object.__setattr__(model, "language_model", inner)
+        traits = model.traits()
+        assert (
+            traits.supports_forward_idle,
+            traits.is_hybrid,
+            bool(traits.kv_shared_layers),
+            traits.loads_quantized_weights,
+            traits.modalities != ("text",),
+        ) == (
+            hasattr(cls, "forward_idle"),
+            hasattr(cls, "state_specs"),
+            hasattr(cls, "kv_shared_layers"),
+            hasattr(cls, "takes_quantized"),
+            hasattr(cls, "encode_images"),
+        ), name

@@ -30,7 +30,13 @@ from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
 from radixlm.model.pp_stage import PPMissingLayer, pp_stage
 from radixlm.model.tp_shard import TensorSlice
-from radixlm.model.traits import FinishesLoading, ModelTraits, ServedModel, TakesQuantized
+from radixlm.model.traits import (
+    FinishesLoading,
+    ModelTraits,
+    ServedModel,
+    SlicesForTP,
+    TakesQuantized,
+)
 
 
 def get_head_dim(config: Any) -> int:
@@ -297,7 +303,7 @@ class LlamaForCausalLM(ServedModel):
         """The part of checkpoint tensor `name` this tensor-parallel rank holds (None: all of
         it)."""
         owner, kind, shard = self._owner_of(name)
-        return owner.tp_slice(kind, shard) if hasattr(owner, "tp_slice") else None
+        return owner.tp_slice(kind, shard) if isinstance(owner, SlicesForTP) else None
 
     def _owner_of(self, name: str) -> tuple[nn.Module | None, str, int | None]:
         """(the module that takes HF tensor `name`, its parameter name, shard); no module for a tied

@@ -19,7 +19,7 @@ from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.mm_embed import EncoderCache, embed_with_images
 from radixlm.model.models.llama import LlamaForCausalLM, MistralForCausalLM
 from radixlm.model.models.qwen2 import Qwen2ForCausalLM
-from radixlm.model.traits import ModelTraits, ServedModel
+from radixlm.model.traits import ModelTraits, ServedModel, tp_sharded
 
 TEXT_MODELS = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM}
 DEFAULT_ENCODER_CACHE_BYTES = 64 * 2**20
@@ -74,9 +74,7 @@ class LlavaForConditionalGeneration(ServedModel):
                 f"({', '.join(self.TEXT_MODELS)})"
             )
         self.language_model = self.TEXT_MODELS[text.model_type](text)
-        if self.language_model.pp.size > 1 or any(
-            (getattr(m, "tp_size", 1) or 1) > 1 for m in self.language_model.modules()
-        ):
+        if self.language_model.pp.size > 1 or tp_sharded(self.language_model):
             raise ValueError(
                 f"{type(self).__name__} runs with --tp-size 1 and --pp-size 1 (the image embeddings"
                 " enter on one rank)"
