@@ -116,7 +116,7 @@ def layer_shapes(model: nn.Module, num_layers: int) -> tuple[tuple[int, int], ..
                     f"layers reading layer {m.layer_id}'s KV disagree on its shape (kv heads,"
                     f" head dim): {shapes[m.layer_id]} and {shape}"
                 )
-    shared = getattr(model, "kv_shared_layers", ())
+    shared = model.traits().kv_shared_layers
     if not shapes or (len(set(shapes.values())) == 1 and not shared):
         return None
     dim = max(d for _, d in shapes.values())

@@ -44,6 +44,7 @@ from radixlm.model.quant.methods import QUANTIZATION_REGISTRY, quant_method
 from radixlm.model.registry import resolve_architecture
 from radixlm.model.reranker import RerankerSpec, apply_overrides, reranker_spec
 from radixlm.model.tp_shard import Slicer, slice_tensor
+from radixlm.model.traits import FinishesLoading, ServedModel, tp_sharded
 
 logger = logging.getLogger(__name__)
 
@@ -235,12 +236,6 @@ def _default_dtype(dtype: torch.dtype):
         torch.set_default_dtype(old)
 
 
-def _is_sharded(model: nn.Module) -> bool:
-    return any(
-        (getattr(m, "tp_size", 1) or 1) > 1 for m in model.modules()
-    )  # HF modules inside hold tp_size None
-
-
 def resolve_quantization(
     quantization: str | None, is_gguf: bool, device, checkpoint: CheckpointQuant | None = None
 ) -> str:
@@ -320,7 +315,7 @@ def load_model(
     )
     method = quant_method(quant)  # None: float weights
     reranker = reranker_spec(config, architecture)
-    encoder = getattr(model_cls, "encoder_only", False)
+    encoder = model_cls.encoder_only
     if encoder and not is_embedding:
         raise ValueError(
             f"{architecture} is a cross-encoder (no generation): serve it with --is-embedding, as"
@@ -334,7 +329,7 @@ def load_model(
         model = model_cls(
             config
         )  # a tensor-parallel rank builds its shard (parallel_state's tp group)
-    slicer = model.tp_slice if _is_sharded(model) else None
+    slicer = model.tp_slice if tp_sharded(model) else None
     keep = functools.partial(_stage_owns, model)  # a pipeline stage loads its own layers only
     weights = (
         gguf_weights(reader, config, keep_quantized=quant == "gguf", slicer=slicer, keep=keep)
@@ -346,7 +341,7 @@ def load_model(
     if weights is None:
         fill_random_weights(model)
         for module in model.modules():
-            if hasattr(module, "finish_loading"):
+            if isinstance(module, FinishesLoading):
                 module.finish_loading()
     else:
         if is_embedding and not encoder:
@@ -385,7 +380,7 @@ def load_model(
         tokenizer_path=path,
         chat_template=chat_template,
         eos_token_ids=eos_ids,
-        context_len=getattr(model, "max_tokens", None) or _context_len(config.get_text_config()),
+        context_len=model.traits().context_len or _context_len(config.get_text_config()),
         load_seconds=seconds,
         weight_bytes=held,
         resident_bytes=resident,
@@ -460,9 +455,6 @@ def load_tokenizer(path: str | None = None):
 def _stage_owns(model: torch.nn.Module, name: str) -> bool:
     """Whether checkpoint tensor `name` lies in this pipeline stage's modules, after the model's
     own renaming (Nemotron-H's backbone.*, a ConditionalGeneration's language_model.*)."""
-    from radixlm.model.models.llama import LlamaForCausalLM
-    from radixlm.model.models.llava import LlavaForConditionalGeneration
-
-    if isinstance(model, (LlamaForCausalLM, LlavaForConditionalGeneration)):
+    if isinstance(model, ServedModel):
         name = model.param_name(name)
     return stage_owns(model, name)

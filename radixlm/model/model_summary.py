@@ -3,12 +3,28 @@ parameters, and the KV cache's bytes per token (against ordinary per-head cachin
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
 
 from radixlm.model.kv_layout import KVLayout
+
+
+@runtime_checkable
+class _MoELayer(Protocol):
+    routing: Any  # its top_k
+    experts: Any
+
+
+@runtime_checkable
+class _Experts(Protocol):
+    num_experts: int
+
+
+@runtime_checkable
+class _EPExperts(Protocol):
+    num_local: int  # the experts this rank holds (--ep-size)
 
 
 def parameter_counts(model: nn.Module) -> tuple[int, int]:
@@ -19,11 +35,14 @@ def parameter_counts(model: nn.Module) -> tuple[int, int]:
     total = float(sum(p.numel() for p in model.parameters()))
     inactive = 0.0
     for m in model.modules():
-        routing, experts = getattr(m, "routing", None), getattr(m, "experts", None)
-        if routing is None or experts is None or not hasattr(experts, "num_experts"):
+        if not isinstance(m, _MoELayer) or m.routing is None:
+            continue
+        routing, experts = m.routing, m.experts
+        if not isinstance(experts, _Experts):
             continue
         held = sum(p.numel() for p in experts.parameters())
-        n = held * experts.num_experts / getattr(experts, "num_local", experts.num_experts)
+        local = experts.num_local if isinstance(experts, _EPExperts) else experts.num_experts
+        n = held * experts.num_experts / local
         total += n - held
         inactive += n * (1 - routing.top_k / experts.num_experts)
     return int(total), int(total - inactive)

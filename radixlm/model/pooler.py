@@ -93,7 +93,7 @@ class Pooler:
     @classmethod
     def of(cls, model: torch.nn.Module, model_path: str) -> Pooler:
         """An encoder's classifier over its first token, else the model's pooling (above)."""
-        if getattr(model, "encoder_only", False):
+        if model.traits().encoder_only:
             return cls(PoolingType.CLS, head=model.classify)
         return cls(read_pooling_type(model_path))
 

@@ -83,14 +83,15 @@ class ModelRunner:
         self.model = self.loaded.model
         # --is-embedding: pooled hidden states (a cross-encoder: its classifier's logits).
         self.pooler = Pooler.of(self.model, self.loaded.model_path) if config.is_embedding else None
-        self.encoder_only = bool(getattr(self.model, "encoder_only", False))  # models/bert.py
+        traits = self.model.traits()  # what the model is (model/traits.py)
+        self.encoder_only = traits.encoder_only  # models/bert.py
         cfg = self.loaded.hf_config
         self.hf_config = cfg
-        self.modalities = tuple(getattr(self.model, "modalities", ("text",)))  # text, image
+        self.modalities = traits.modalities  # text, image
         # Qwen2-VL: three positions per token where images are (model/mrope.py), built per step.
         self.uses_mrope = any(isinstance(m, MRotaryEmbedding) for m in self.model.modules())
-        if hasattr(self.model, "encoder_cache"):  # its LRU of encoder outputs (model/mm_embed.py)
-            self.model.encoder_cache.max_bytes = config.mm_cache_size_mb * 2**20
+        if traits.encoder_cache is not None:  # its LRU of encoder outputs (model/mm_embed.py)
+            traits.encoder_cache.max_bytes = config.mm_cache_size_mb * 2**20
         self.vocab_size = cfg.vocab_size
         self.num_layers = cfg.num_hidden_layers
         # a pipeline stage holds (and keeps KV for) its layers only
@@ -108,7 +109,7 @@ class ModelRunner:
         # A hybrid model's recurrent states (model/state_memory.py; None: attention only): its KV
         # pool holds the full-attention layers only.
         self.state_memory = StateMemory.of(self.model, config, self.dtype)
-        self.num_kv_layers = getattr(self.model, "num_kv_layers", self.num_layers)
+        self.num_kv_layers = traits.num_kv_layers or self.num_layers
         self.attn_backend = create_attention_backend(
             config.attention_backend,
             self._attn_spec(self.kv_dtype),
@@ -364,7 +365,7 @@ class ModelRunner:
 
     def mm_info(self) -> dict:
         """A vision model's encoder counters (runs, images, cache hits) for the internal state."""
-        cache = getattr(self.model, "encoder_cache", None)
+        cache = self.model.traits().encoder_cache
         return cache.info() if cache is not None else {}
 
     def pp_info(self) -> dict:

@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 
 def is_hybrid(model: nn.Module) -> bool:
-    return hasattr(model, "state_specs")
+    return model.traits().is_hybrid
 
 
 @dataclass

@@ -15,10 +15,12 @@ from typing import Any, Protocol
 
 import torch
 
+from radixlm.model.decoder_stack import decoder_stack_of
 from radixlm.model.forward_batch import ForwardBatch, ForwardMode
 from radixlm.model.layers.attention.base import AttentionBackend
 from radixlm.model.layers.attention.hybrid import HybridAttnBackend
 from radixlm.model.layers.rotary import MRotaryEmbedding, RotaryEmbedding
+from radixlm.model.traits import tp_sharded
 
 
 class RunnerView(Protocol):
@@ -43,16 +45,17 @@ def decode_backend_of(backend: AttentionBackend, cls: type) -> AttentionBackend 
 
 def why_not_graphed(model: torch.nn.Module) -> str | None:
     """None where the model's decode forward can be captured whole, else why not."""
-    if any(getattr(m, "tp_size", 1) > 1 for m in model.modules()):
+    if tp_sharded(model):
         return "tensor parallelism all-reduces inside the layers (not traced)"
-    if getattr(getattr(model, "pp", None), "size", 1) > 1:
+    stack = decoder_stack_of(model)  # None: an encoder
+    if stack is not None and stack.pp.size > 1:
         return (
             "a pipeline stage hands its activations to the next stage inside the forward (not"
             " traced)"
         )
     if any(isinstance(m, MRotaryEmbedding) for m in model.modules()):
         return "M-RoPE positions (Qwen2-VL) come from each request's images at every step"
-    rotary = getattr(getattr(model, "model", None), "rotary_emb", None)
+    rotary = stack.rotary_emb if stack is not None else None
     if rotary is not None and type(rotary).cache_rows is not RotaryEmbedding.cache_rows:
         return (
             "longrope picks each request's rotary table from its length (a per-step Python"

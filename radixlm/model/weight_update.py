@@ -24,6 +24,7 @@ from radixlm.model.layers.attention import attention_features
 from radixlm.model.loader import LoadedModel, _model_kind, load_model, load_model_config
 from radixlm.model.registry import resolve_architecture
 from radixlm.model.tp_shard import TensorSlice
+from radixlm.model.traits import HoldsQuantized, ModelTraits
 
 if TYPE_CHECKING:
     from radixlm.model.runner import ModelRunner
@@ -155,10 +156,13 @@ def install(runner: ModelRunner, loaded: LoadedModel) -> None:
 class ReleasedModel:
     """The runner's model while its weights are released: any use is a clear error (the scheduler
     runs no batch then), and introspection finds nothing: /get_server_info's per-model figures (MoE
-    expert load, a vision encoder's cache) read as absent, via modules() and getattr's default."""
+    expert load, a vision encoder's cache) read as absent, via modules() and traits()."""
 
     def modules(self):
         return iter(())
+
+    def traits(self) -> ModelTraits:
+        return ModelTraits()
 
     def __getattr__(self, name: str):
         raise AttributeError(
@@ -183,19 +187,19 @@ def resume_weights(runner: ModelRunner) -> None:
 def weight_by_name(model: torch.nn.Module, name: str) -> tuple[torch.Tensor, TensorSlice | None]:
     """(this rank's part of checkpoint tensor `name` as float32 on the CPU, the slice of the full
     tensor it is; None: all of it). KeyError for a name the model does not hold."""
-    if getattr(model, "tie_word_embeddings", False) and name == "lm_head.weight":
+    if model.traits().tie_word_embeddings and name == "lm_head.weight":
         name = "model.embed_tokens.weight"  # tied: one tensor (as SGLang answers)
     owner, kind, shard = model._owner_of(name)  # the module that took this tensor at load
     if owner is None:
         raise KeyError(name)
-    quantized = getattr(owner, "qweight", None) if kind == "weight" else None
+    quantized = owner.qweight if kind == "weight" and isinstance(owner, HoldsQuantized) else None
     value = quantized.dequantize() if quantized is not None else getattr(owner, kind, None)
     if not isinstance(value, torch.Tensor):
         raise KeyError(name)
     if shard is not None:
         start, size = owner.offsets[shard], owner.output_sizes[shard]
         value = value[start : start + size]
-    part = model.tp_slice(name) if hasattr(model, "tp_slice") else None
+    part = model.tp_slice(name)
     return value.detach().to("cpu", torch.float32).contiguous(), part
 
 

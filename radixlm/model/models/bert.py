@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.model.forward_batch import ForwardBatch
+from radixlm.model.traits import ModelTraits, ServedModel
 
 _ACTIVATIONS = {
     "gelu": lambda x: F.gelu(x),
@@ -122,7 +123,7 @@ class _EncoderModel(nn.Module):
         return x
 
 
-class _CrossEncoder(nn.Module):
+class _CrossEncoder(ServedModel):
     """What both families share: the encoder under `prefix`, the forward, the weight loading."""
 
     prefix = ""  # the encoder's name in the checkpoint (bert / roberta)
@@ -142,6 +143,9 @@ class _CrossEncoder(nn.Module):
         # The tokenizer's [SEP] / </s> id: the runner sets it from the tokenizer (a BERT config
         # does not carry it); it splits a pair into its two segments.
         self.sep_token_id: int | None = None
+
+    def traits(self) -> ModelTraits:
+        return ModelTraits(encoder_only=True, context_len=self.max_tokens)
 
     @property
     def max_tokens(self) -> int:

@@ -16,6 +16,7 @@ are skipped at load, as SGLang does without speculative decoding.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Iterable
@@ -42,6 +43,7 @@ from radixlm.model.models.deepseek_moe import (
 )
 from radixlm.model.models.llama import LlamaForCausalLM, LlamaMLP
 from radixlm.model.models.moe import MoeDecoderLayer
+from radixlm.model.traits import ModelTraits
 
 
 def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -192,6 +194,9 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
     def forward_idle(self) -> None:
         """DP attention: this rank has no batch while another has (expert_dispatch.forward_idle)."""
         self.model.forward_idle()
+
+    def traits(self) -> ModelTraits:
+        return dataclasses.replace(super().traits(), supports_forward_idle=True)
 
     def _map_name(self, name: str) -> tuple[str, int | None]:
         m = _EXPERT.match(name)

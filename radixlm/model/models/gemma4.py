@@ -19,6 +19,7 @@ What differs from Gemma 3:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -42,6 +43,7 @@ from radixlm.model.models.gemma2 import Gemma2ForCausalLM, gemma_act
 from radixlm.model.models.gemma3 import LAYER_TYPES, rope_params_of
 from radixlm.model.models.gemma4_moe import Gemma4MoeBlock
 from radixlm.model.models.llama import LlamaMLP, get_sliding_window
+from radixlm.model.traits import ModelTraits
 
 # Checkpoint tensors radixlm does not run (the vision and audio towers of the multimodal release).
 SKIPPED_PREFIXES = (
@@ -245,6 +247,9 @@ class Gemma4ForCausalLM(Gemma2ForCausalLM):
 
     def build_model(self, config: Any) -> nn.Module:
         return Gemma4Model(config)
+
+    def traits(self) -> ModelTraits:
+        return dataclasses.replace(super().traits(), kv_shared_layers=tuple(self.kv_shared_layers))
 
     @property
     def kv_shared_layers(self) -> list[int]:

@@ -5,6 +5,7 @@ layer), the checks of layer_types, and the model-level answers the runner asks a
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -14,6 +15,7 @@ from torch import nn
 from radixlm.cache.state_pool import StateSpec
 from radixlm.model.models.llama import LlamaForCausalLM
 from radixlm.model.pp_stage import PPMissingLayer
+from radixlm.model.traits import ModelTraits
 
 FULL_ATTENTION = "full_attention"
 
@@ -62,6 +64,11 @@ class HybridForCausalLM(LlamaForCausalLM):
 
     def build_hybrid_model(self, config: Any) -> nn.Module:
         raise NotImplementedError
+
+    def traits(self) -> ModelTraits:
+        return dataclasses.replace(
+            super().traits(), num_kv_layers=self.num_kv_layers, is_hybrid=True
+        )
 
     @property
     def num_kv_layers(self) -> int:

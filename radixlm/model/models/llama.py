@@ -29,6 +29,13 @@ from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
 from radixlm.model.pp_stage import PPMissingLayer, pp_stage
 from radixlm.model.tp_shard import TensorSlice
+from radixlm.model.traits import (
+    FinishesLoading,
+    ModelTraits,
+    ServedModel,
+    SlicesForTP,
+    TakesQuantized,
+)
 
 
 def get_head_dim(config: Any) -> int:
@@ -178,7 +185,7 @@ class LlamaModel(DecoderStack):
         return build_fused_layers(self)
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(ServedModel):
     # Knobs the Qwen subclasses turn.
     qkv_bias = False
     qk_norm = False
@@ -203,6 +210,11 @@ class LlamaForCausalLM(nn.Module):
                 if self.pp.is_last
                 else PPMissingLayer()
             )
+
+    def traits(self) -> ModelTraits:
+        return ModelTraits(
+            loads_quantized_weights=True, tie_word_embeddings=self.tie_word_embeddings
+        )
 
     def build_model(self, config: Any) -> nn.Module:
         """The decoder stack (families with another layer structure override it)."""
@@ -242,7 +254,7 @@ class LlamaForCausalLM(nn.Module):
                     )
                 if isinstance(tensor, QuantizedTensor):
                     owner = self.get_submodule(target.rsplit(".", 1)[0])
-                    if hasattr(owner, "set_quantized") and target.endswith(".weight"):
+                    if isinstance(owner, TakesQuantized) and target.endswith(".weight"):
                         owner.set_quantized([tensor])
                     else:  # not a matrix the kernels multiply by
                         param.data = tensor.dequantize().to(device=param.device, dtype=param.dtype)
@@ -255,7 +267,7 @@ class LlamaForCausalLM(nn.Module):
                 self.get_submodule(target.rsplit(".", 1)[0]).load_shard(param, tensor, shard)
             loaded.setdefault(target, set()).add(shard or 0)
         for module in self.modules():
-            if hasattr(module, "finish_loading"):
+            if isinstance(module, FinishesLoading):
                 module.finish_loading()
         missing = [n for n in params if len(loaded.get(n, ())) < self._num_shards(n)]
         if unknown or missing:
@@ -268,7 +280,7 @@ class LlamaForCausalLM(nn.Module):
         """Whether load_weights puts the HF tensor `name` in a matrix the kernels multiply by (a
         quantized tensor for anything else would be dequantized again)."""
         owner, kind, _ = self._owner_of(name)
-        return kind == "weight" and hasattr(owner, "set_quantized")
+        return kind == "weight" and isinstance(owner, TakesQuantized)
 
     def param_name(self, name: str) -> str:
         """The parameter checkpoint tensor `name` fills (its fused parameter's, for q/k/v)."""
@@ -278,11 +290,16 @@ class LlamaForCausalLM(nn.Module):
         """The module that takes HF tensor `name` (the fused layer of q/k/v, gate/up), or None."""
         return self._owner_of(name)[0]
 
+    def expert_stack(self, name: str) -> tuple[str, int, int] | None:
+        """Where an expert's checkpoint tensor `name` goes in its projection's stack of experts
+        (MoE families); None: not an expert's."""
+        return None
+
     def tp_slice(self, name: str) -> TensorSlice | None:
         """The part of checkpoint tensor `name` this tensor-parallel rank holds (None: all of
         it)."""
         owner, kind, shard = self._owner_of(name)
-        return owner.tp_slice(kind, shard) if hasattr(owner, "tp_slice") else None
+        return owner.tp_slice(kind, shard) if isinstance(owner, SlicesForTP) else None
 
     def _owner_of(self, name: str) -> tuple[nn.Module | None, str, int | None]:
         """(the module that takes HF tensor `name`, its parameter name, shard); no module for a tied

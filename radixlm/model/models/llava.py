@@ -19,6 +19,7 @@ from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.mm_embed import EncoderCache, embed_with_images
 from radixlm.model.models.llama import LlamaForCausalLM, MistralForCausalLM
 from radixlm.model.models.qwen2 import Qwen2ForCausalLM
+from radixlm.model.traits import ModelTraits, ServedModel, tp_sharded
 
 TEXT_MODELS = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM}
 DEFAULT_ENCODER_CACHE_BYTES = 64 * 2**20
@@ -42,7 +43,7 @@ class LlavaProjector(nn.Module):
         return self.linear_2(self.act(self.linear_1(x)))
 
 
-class LlavaForConditionalGeneration(nn.Module):
+class LlavaForConditionalGeneration(ServedModel):
     modalities = ("text", "image")
     TEXT_MODELS = TEXT_MODELS  # the decoders a family takes, by the text config's model_type
 
@@ -60,6 +61,9 @@ class LlavaForConditionalGeneration(nn.Module):
         self.vision_tower = getattr(tower, "vision_model", tower)  # transformers < 5 nests it
         self.multi_modal_projector = LlavaProjector(config)
 
+    def traits(self) -> ModelTraits:
+        return ModelTraits(modalities=self.modalities, encoder_cache=self.encoder_cache)
+
     def _build_text(self, config: Any) -> None:
         """The decoder (radixlm's), the vocabulary and the encoder cache."""
         self.config = config
@@ -70,7 +74,7 @@ class LlavaForConditionalGeneration(nn.Module):
                 f"({', '.join(self.TEXT_MODELS)})"
             )
         self.language_model = self.TEXT_MODELS[text.model_type](text)
-        if any((getattr(m, "tp_size", 1) or 1) > 1 for m in self.language_model.modules()):
+        if tp_sharded(self.language_model):
             raise ValueError(
                 f"{type(self).__name__} runs with --tp-size 1 (the image embeddings enter on one"
                 " rank; pipeline stages work)"

@@ -11,6 +11,7 @@ Checkpoint names accepted for the experts (all normalized to `model.layers.L.mlp
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -31,6 +32,7 @@ from radixlm.model.models.llama import (
     get_head_dim,
 )
 from radixlm.model.tp_shard import TensorSlice
+from radixlm.model.traits import ModelTraits
 
 _EXPERT_RE = re.compile(
     r"^model\.layers\.(\d+)\.mlp\.experts\.(?:(\d+)\.)?(gate_up|gate|up|down)_proj(?:\.weight)?$"
@@ -92,6 +94,9 @@ class MoeForCausalLM(LlamaForCausalLM):
     def forward_idle(self) -> None:
         """DP attention: this rank has no batch while another has (expert_dispatch.forward_idle)."""
         self.model.forward_idle()
+
+    def traits(self) -> ModelTraits:
+        return dataclasses.replace(super().traits(), supports_forward_idle=True)
 
     # -- what a family says -------------------------------------------------------------------
     def moe_spec(self, config: Any) -> MoeSpec:

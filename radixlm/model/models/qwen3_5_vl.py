@@ -14,6 +14,7 @@ and state_specs for its decoder.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -25,6 +26,7 @@ from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.models.qwen2_vl import Qwen2VLForConditionalGeneration
 from radixlm.model.models.qwen3_5 import Qwen3_5ForCausalLM
 from radixlm.model.models.qwen3_next import Qwen3_5MoeForCausalLM
+from radixlm.model.traits import ModelTraits
 
 
 class Qwen3_5TextForImages(Qwen3_5ForCausalLM):
@@ -64,6 +66,11 @@ class Qwen3_5VLForConditionalGeneration(Qwen2VLForConditionalGeneration):
         from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
 
         return Qwen3_5VisionModel
+
+    def traits(self) -> ModelTraits:
+        return dataclasses.replace(
+            super().traits(), num_kv_layers=self.num_kv_layers, is_hybrid=True
+        )
 
     @property
     def num_kv_layers(self) -> int:

@@ -23,6 +23,7 @@ from torch import nn
 from radixlm.model.quant.awq_gptq_repack import default_g_idx, repack, unpack_awq, unpack_gptq
 from radixlm.model.quant.checkpoint import CheckpointQuant, checkpoint_quant, group_size, refuse
 from radixlm.model.quant.methods import QuantMethod, native_unavailable_reason
+from radixlm.model.traits import tp_sharded
 
 logger = logging.getLogger(__name__)
 
@@ -87,12 +88,12 @@ class CheckpointMethod(QuantMethod):
         return native_unavailable_reason(device)
 
     def while_loading(self, weights, model):
-        quant = checkpoint_quant(getattr(model, "config", None))
+        quant = checkpoint_quant(model.config)
         if quant is None or quant.method != self.name:
             raise ValueError(f"--quantization {self.name}: the checkpoint is not {self.name}")
-        if not hasattr(model, "takes_quantized"):
+        if not model.traits().loads_quantized_weights:
             raise ValueError(f"{type(model).__name__} does not take {self.name} weights")
-        if any((getattr(m, "tp_size", 1) or 1) > 1 for m in model.modules()):
+        if tp_sharded(model):
             raise ValueError(f"{self.name} checkpoints are not supported with tensor parallelism")
         return self._repacked(weights, model, quant)
 
@@ -164,7 +165,7 @@ class CheckpointMethod(QuantMethod):
     def _keep_perm(self, model, name: str, perm: torch.Tensor | None) -> None:
         """Records the layer's input permutation (None: none) on the module that takes it; the
         shards of a fused layer must agree."""
-        owner = model.module_of(name) if hasattr(model, "module_of") else None
+        owner = model.module_of(name)
         if owner is None:
             if perm is not None:
                 raise ValueError(f"{name}: act-order (desc_act) is not supported for this layer")

@@ -180,7 +180,7 @@ class Fp8CheckpointMethod(CheckpointMethod):
         """A layer's matrix; or one expert's, kept until its projection's stack of all experts is
         whole (the fused MoE kernel reads fp8_e4m3 experts as they are), then the stack."""
         name = prefix + ".weight"
-        expert = model.expert_stack(name) if hasattr(model, "expert_stack") else None
+        expert = model.expert_stack(name)
         if expert is None:
             if ".experts." in name and not model.takes_quantized(name):
                 raise ValueError(

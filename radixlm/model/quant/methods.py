@@ -34,6 +34,7 @@ from torch import nn
 
 from radixlm.kernels.formats import FORMATS, QUANTIZE_AT_LOAD
 from radixlm.model.quant.checkpoint import FP8_SERIALIZED, QUANT_METHOD_OF, declared_quant_method
+from radixlm.model.traits import QuantizesWeights
 from radixlm.registry import Registry
 
 logger = logging.getLogger(__name__)
@@ -119,7 +120,7 @@ class NativeMethod(QuantMethod):
         skipped = quantize_module_weights(model, self.name)
         # MoE experts: quantized per expert (layers/moe/moe_block.py).
         for module in model.modules():
-            if hasattr(module, "quantize_weights"):
+            if isinstance(module, QuantizesWeights):
                 module.quantize_weights(self.name)
         if skipped:
             logger.warning(

@@ -121,8 +121,9 @@ def kimi_linear_weights(
 
 
 def _dense(w) -> torch.Tensor:
-    """A small tensor as float32 (a 3-D one comes back as experts' blocks)."""
-    return (w.dequantize() if hasattr(w, "dequantize") else w).float()
+    """A small tensor as float32 (a 3-D one comes back as experts' blocks; a float tensor's
+    dequantize() is itself)."""
+    return w.dequantize().float()
 
 
 KIMI_LINEAR = GGUFArchitecture(
