@@ -8,8 +8,10 @@ routed experts WITHOUT a gate (down(relu2(up x)), HF's NemotronHExperts), one sh
 The experts are held stacked (up [experts, intermediate, hidden], down [experts, hidden,
 intermediate]), filled from NVIDIA's per-expert tensors (`mixer.experts.E.up_proj.weight`),
 transformers 5's stacked ones (`mixer.experts.up_proj`) or a GGUF's 3-D blocks, which stay
-quantized (ExpertWeights; each expert's matmul through the native qlinear). They run one matmul per
-expert touched (fused_moe.py's torch path, its op order: a token sums its k rows in slot order).
+quantized (ExpertWeights; each expert's matmul through the native qlinear). On CUDA float experts
+run the Triton grouped GEMM (kernels/triton_ops/fused_moe.py, gateless_experts_triton: no host
+sync, so CUDA graphs capture it); elsewhere one matmul per expert touched (fused_moe.py's torch
+path, its op order: a token sums its k rows in slot order).
 With --ep-size N a rank holds experts [r * E / N, (r + 1) * E / N) (layers/moe/expert_dispatch.py).
 The latent projections of Nemotron 3 Super (moe_latent_size) are refused by name.
 """
@@ -42,6 +44,14 @@ def _linear(x: torch.Tensor, w: ExpertWeights, e: int) -> torch.Tensor:
     return out.to(x.dtype)
 
 
+def _triton(device: torch.device) -> bool:
+    """The Triton grouped GEMM on CUDA (no host sync: CUDA graphs capture it); else the
+    per-expert loop."""
+    from radixlm.kernels import triton_ops
+
+    return device.type == "cuda" and triton_ops.available(device)
+
+
 class NemotronHExperts(nn.Module):
     """This rank's routed experts, stacked; called with local expert ids."""
 
@@ -62,7 +72,8 @@ class NemotronHExperts(nn.Module):
         self.down_proj = nn.Parameter(
             torch.empty(n, hidden_size, intermediate_size), requires_grad=False
         )
-        self._quantized: dict[str, ExpertWeights] = {}  # a GGUF's blocks, as stored
+        self._quantized: dict[str, ExpertWeights] = {}  # a GGUF's blocks, until finish_loading
+        self._fmts: dict[str, Any] = {}  # up_proj / down_proj -> QuantFormat of quantized ones
         self._loaded: set[tuple[str, int]] = set()
 
     def _shape(self, proj: str) -> tuple[int, int]:
@@ -117,19 +128,32 @@ class NemotronHExperts(nn.Module):
         ]
 
     def finish_loading(self) -> None:
+        """The quantized blocks become the parameters (they move with the model)."""
         for proj, w in self._quantized.items():
             setattr(self, proj, nn.Parameter(w.data, requires_grad=False))
+            self._fmts[proj] = w.fmt
+        self._quantized.clear()
 
     def _weights(self, proj: str) -> ExpertWeights:
         rows, cols = self._shape(proj)
-        w = self._quantized.get(proj)
-        return w if w is not None else ExpertWeights(getattr(self, proj).data, None, rows, cols)
+        return ExpertWeights(getattr(self, proj).data, self._fmts.get(proj), rows, cols)
 
     def forward(
         self, hidden: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
     ) -> torch.Tensor:
         """hidden [T, H], weights / local ids [T, k] -> [T, H]."""
         up, down = self._weights("up_proj"), self._weights("down_proj")
+        if not up.quantized and not down.quantized and _triton(hidden.device):
+            from radixlm.kernels.triton_ops.fused_moe import gateless_experts_triton
+
+            return gateless_experts_triton(
+                hidden,
+                topk_weights,
+                topk_ids,
+                up.data.to(hidden.dtype),
+                down.data.to(hidden.dtype),
+                self.act_fn,
+            )
         T, k = topk_ids.shape
         flat = topk_ids.reshape(-1)
         order = torch.argsort(flat, stable=True)
