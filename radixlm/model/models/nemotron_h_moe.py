@@ -10,9 +10,11 @@ intermediate]), filled from NVIDIA's per-expert tensors (`mixer.experts.E.up_pro
 transformers 5's stacked ones (`mixer.experts.up_proj`) or a GGUF's 3-D blocks, which stay
 quantized (ExpertWeights; each expert's matmul through the native qlinear). On CUDA float experts
 run the Triton grouped GEMM (kernels/triton_ops/fused_moe.py, gateless_experts_triton: no host
-sync, so CUDA graphs capture it); elsewhere one matmul per expert touched (fused_moe.py's torch
+sync); elsewhere one matmul per expert touched (fused_moe.py's torch
 path, its op order: a token sums its k rows in slot order).
-With --ep-size N a rank holds experts [r * E / N, (r + 1) * E / N) (layers/moe/expert_dispatch.py).
+Split over N expert-parallel ranks, rank r holds experts [r * E / N, (r + 1) * E / N)
+(layers/moe/expert_dispatch.py); the hybrids refuse tensor parallelism for now, so no server
+starts one so (untested).
 The latent projections of Nemotron 3 Super (moe_latent_size) are refused by name.
 """
 
@@ -45,8 +47,7 @@ def _linear(x: torch.Tensor, w: ExpertWeights, e: int) -> torch.Tensor:
 
 
 def _triton(device: torch.device) -> bool:
-    """The Triton grouped GEMM on CUDA (no host sync: CUDA graphs capture it); else the
-    per-expert loop."""
+    """The Triton grouped GEMM on CUDA (no host sync); else the per-expert loop."""
     from radixlm.kernels import triton_ops
 
     return device.type == "cuda" and triton_ops.available(device)
