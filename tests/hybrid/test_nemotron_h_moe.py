@@ -8,7 +8,9 @@ e_score_correction_bias, norm_topk_prob, routed_scaling_factor 2.5.
 And llama.cpp's nemotron_h_moe GGUF, written as its converter writes it
 (tests/model/ssm_gguf_writer.py): float32 answers HF's greedy tokens; Q8_0 agrees with HF holding
 the file's weights at >= 95% of top-1 positions. The converter does not write topk_group (llama.cpp
-routes without groups), so these checkpoints have one group, as Nemotron-3 Nano has."""
+routes without groups), so these checkpoints have one group, as Nemotron-3 Nano has. Nemotron 3
+Super's latent projections (moe_latent_size: the routed experts in a smaller space) from HF's
+checkpoint and from the GGUF."""
 
 from __future__ import annotations
 
@@ -108,3 +110,19 @@ def test_q8_0_gguf_agrees_with_hf_top1(tmp_path):
     q8 = write_gguf(hf, path, str(tmp_path / "q8_0.gguf"), qtype="q8_0")
     agree, total = top1_agreement(q8, hf, hf_holding(hf, q8), mh.VOCAB, new_tokens=160)
     assert agree / total >= 0.95, f"nemotron_h_moe Q8_0: top-1 agreement {agree}/{total}"
+
+
+def test_latent_experts_equal_hf(tmp_path):
+    """moe_latent_size 32 (hidden 64): the prompt's log-probs from the HF checkpoint, and the float
+    GGUF's greedy tokens (ffn_latent_down / ffn_latent_up)."""
+    path, hf = checkpoint(str(tmp_path / "hf"), tiny_tokenizer(), moe_latent_size=32)
+    rng = random.Random(6)
+    with mh.engine(path) as engine:
+        mh.assert_prompt_logprobs(engine, hf, mh.tokens(rng, 150), "nemotron-h latent moe")
+    f32 = write_gguf(hf, path, str(tmp_path / "f32.gguf"))
+    p = mh.tokens(rng, 120)
+    with mh.engine(f32) as engine:
+        out = engine.generate(
+            input_ids=p, sampling_params={"max_new_tokens": mh.NEW, "temperature": 0}
+        )
+    assert_greedy_equal(out["output_ids"], mh.reference(hf)(p), "nemotron_h_moe latent GGUF")

@@ -81,6 +81,8 @@ def add_hparams(w, hp: dict, arch: str, ftype) -> None:
         w.add_expert_weights_norm(hp["norm_topk_prob"])
         w.add_expert_weights_scale(hp["routed_scaling_factor"])
         w.add_expert_group_count(hp["n_group"])
+        if hp.get("moe_latent_size") is not None:
+            w.add_moe_latent_size(hp["moe_latent_size"])
 
 
 def _lfm2_hparams(w, hp: dict, ftype) -> None:

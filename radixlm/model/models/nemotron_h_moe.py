@@ -15,7 +15,8 @@ path, its op order: a token sums its k rows in slot order).
 Split over N expert-parallel ranks, rank r holds experts [r * E / N, (r + 1) * E / N)
 (layers/moe/expert_dispatch.py); the hybrids refuse tensor parallelism for now, so no server
 starts one so (untested).
-The latent projections of Nemotron 3 Super (moe_latent_size) are refused by name.
+Nemotron 3 Super's moe_latent_size: the routed experts between fc1_latent_proj (hidden -> latent)
+and fc2_latent_proj (latent -> hidden), in the latent space.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from radixlm.distributed.parallel_state import get_ep_group
+from radixlm.model.layers.linear import Linear
 from radixlm.model.layers.moe.deepseek_routing import DeepseekRouting, TopkMethod
 from radixlm.model.layers.moe.expert_dispatch import LocalExperts, local_share
 from radixlm.model.layers.moe.experts import ExpertWeights
@@ -184,12 +186,13 @@ class NemotronHExperts(nn.Module):
 class NemotronHMoE(nn.Module):
     def __init__(self, config: Any, shared_experts: nn.Module, act, dispatch: LocalExperts):
         super().__init__()
-        if getattr(config, "moe_latent_size", None) is not None:
-            raise ValueError(
-                "moe_latent_size (Nemotron 3 Super's latent expert projections): radixlm runs"
-                " Nemotron-H's MoE blocks without them for now"
-            )
         self.dispatch = dispatch
+        latent = getattr(config, "moe_latent_size", None)
+        bias = bool(getattr(config, "mlp_bias", False))
+        # Nemotron 3 Super: the routed experts run in a smaller space (the router and the shared
+        # expert on the block's input)
+        self.fc1_latent_proj = Linear(config.hidden_size, latent, bias) if latent else None
+        self.fc2_latent_proj = Linear(latent, config.hidden_size, bias) if latent else None
         self.routing = DeepseekRouting(
             num_experts=config.n_routed_experts,
             top_k=config.num_experts_per_tok,
@@ -201,7 +204,7 @@ class NemotronHMoE(nn.Module):
         )
         self.gate = DeepseekGate(config.n_routed_experts, config.hidden_size, has_bias=True)
         self.experts = NemotronHExperts(
-            config.n_routed_experts, config.hidden_size, config.moe_intermediate_size, act
+            config.n_routed_experts, latent or config.hidden_size, config.moe_intermediate_size, act
         )
         self.shared_experts = shared_experts
 
@@ -209,7 +212,10 @@ class NemotronHMoE(nn.Module):
         weights, ids = self.routing.select(self.gate(hidden), self.gate.e_score_correction_bias)
         if self.routing.top_k == 1 and self.routing.norm_topk_prob:  # HF normalizes one too
             weights = weights / (weights + 1e-20)
-        out = self.dispatch.run(hidden, weights, ids, self.experts.run)
+        x = hidden if self.fc1_latent_proj is None else self.fc1_latent_proj(hidden)
+        out = self.dispatch.run(x, weights, ids, self.experts.run)
+        if self.fc2_latent_proj is not None:
+            out = self.fc2_latent_proj(out)
         return out + self.shared_experts(hidden, fb)
 
     def idle(self, dtype: torch.dtype) -> None:

@@ -27,7 +27,7 @@ nemotron_h_moe: what the converter writes for a config with num_experts_per_tok 
   moe_shared_expert_intermediate_size, n_shared_experts, norm_topk_prob, routed_scaling_factor,
   n_group; topk_group is not written (llama.cpp routes with sigmoid + exp_probs_b over all experts,
   no groups), so every group is eligible (topk_group = n_group), as llama.cpp runs it;
-  moe_latent_size (Nemotron 3 Super) when present;
+  moe_latent_size (Nemotron 3 Super) when present, its projections ffn_latent_down / ffn_latent_up;
 - the per-expert tensors are stacked: ffn_up_exps / ffn_down_exps [experts, rows, cols] (up and
   down only: the experts have no gate), the router ffn_gate_inp (kept F32), its
   e_score_correction_bias exp_probs_b.bias, the shared expert ffn_up_shexp / ffn_down_shexp;
@@ -74,6 +74,8 @@ _NEMOTRON_H_MOE_LAYER = {
     "ffn_down_exps": "mixer.experts.down_proj",
     "ffn_up_shexp": "mixer.shared_experts.up_proj",
     "ffn_down_shexp": "mixer.shared_experts.down_proj",
+    "ffn_latent_down": "mixer.fc1_latent_proj",  # Nemotron 3 Super (moe_latent_size)
+    "ffn_latent_up": "mixer.fc2_latent_proj",
 }
 _LFM2_LAYER = {
     "attn_norm": "operator_norm",
