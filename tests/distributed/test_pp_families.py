@@ -2,10 +2,10 @@
 that used to refuse it: at --pp-size 2 a windowed Gemma 2, a post-norm OLMo 3 (whose layers carry
 no residual: the stages hand over the stream alone), gpt-oss (sinks, windows and experts), a
 Qwen3-MoE, DeepSeek-V2 (MLA's latent pool per stage), GLM-4.5 and every hybrid (Qwen3.5 dense and
-MoE, Qwen3-Next, Nemotron-H, LFM2, Granite-4.0-H, Falcon-H1, Kimi Linear: each stage's KV pool
-holds its attention layers and its state pool its recurrent layers, the same slots on every
-stage) give HF's greedy tokens (near-tie rule) alone, batched and in prefill chunks smaller than
-the prompt. Gemma 4 still refuses it, saying why in one line."""
+MoE, Qwen3-Next, Nemotron-H with and without its MoE blocks, LFM2, Granite-4.0-H, Falcon-H1, Kimi
+Linear: each stage's KV pool holds its attention layers and its state pool its recurrent layers,
+the same slots on every stage) give HF's greedy tokens (near-tie rule) alone, batched and in
+prefill chunks smaller than the prompt. Gemma 4 still refuses it, saying why in one line."""
 
 from __future__ import annotations
 
@@ -101,6 +101,12 @@ def _mamba_hybrid(arch):
     return make
 
 
+def _nemotron_h_moe(path):
+    from tests.hybrid.test_nemotron_h_moe import checkpoint as moe_checkpoint
+
+    return moe_checkpoint(path, tiny_tokenizer(), n_group=4, topk_group=2)[1]
+
+
 def _kimi(path):
     from tests.hybrid import kimi_linear_checkpoint as kc
 
@@ -118,6 +124,7 @@ FAMILIES = {
     "qwen3_5-moe": _hybrid("qwen35moe"),
     "qwen3-next": _hybrid("qwen3next"),
     "nemotron-h": _hybrid("nemotron_h"),
+    "nemotron-h-moe": _nemotron_h_moe,
     "lfm2": _hybrid("lfm2"),
     "granite-4.0-h": _mamba_hybrid("GraniteMoeHybridForCausalLM"),
     "falcon-h1": _mamba_hybrid("FalconH1ForCausalLM"),

@@ -84,6 +84,9 @@ def hf_holding(hf, gguf_path: str):
         gate, up = weights.pop(name), weights.pop(base + "up_proj.weight")
         weights[base + "gate_up_proj"] = torch.cat([gate, up], dim=1)
         weights[base + "down_proj"] = weights.pop(base + "down_proj.weight")
+    gateless = (".mixer.experts.up_proj.weight", ".mixer.experts.down_proj.weight")
+    for name in [n for n in weights if n.endswith(gateless)]:  # Nemotron-H's: HF's stacked names
+        weights[name.removesuffix(".weight")] = weights.pop(name)
     held = copy.deepcopy(hf)
     state = held.state_dict()
     missing = set(state) - set(weights) - {"lm_head.weight"}  # tied

@@ -228,6 +228,8 @@ def write_gguf(
         hf = transformers.AutoModelForCausalLM.from_pretrained(hf, dtype=torch.float32)
     cfg = hf.config
     arch = next(a for a, c in ARCHITECTURES.items() if c == cfg.architectures[0])
+    if ssm_gguf_writer.is_moe(cfg):  # NemotronHModel: nemotron_h_moe
+        arch = "nemotron_h_moe"
     ssm = arch in ssm_gguf_writer.SSM_ARCHS
     # the converter's hparams: AutoConfig.from_pretrained(dir).to_dict()
     hp = ssm_gguf_writer.hparams(cfg) if ssm else cfg.to_dict()
@@ -241,7 +243,7 @@ def write_gguf(
         _add_hparams(w, hp, arch, ftype, mtp_layers)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     _add_vocab(w, tokenizer_dir, hp["vocab_size"], "qwen35" if arch in _MROPE_ARCHS else "qwen2")
-    if arch == "nemotron_h":  # NemotronHModel.set_vocab: its tokenizer adds a BOS
+    if arch.startswith("nemotron_h"):  # NemotronHModel.set_vocab: its tokenizer adds a BOS
         w.add_add_bos_token(True)
     model_arch = getattr(gguf.MODEL_ARCH, arch.upper())
     n_blocks = hp["num_hidden_layers"] + mtp_layers

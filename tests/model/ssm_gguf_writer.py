@@ -7,15 +7,24 @@ and lfm2 (conversion/lfm2.py LFM2Model).
 The converter reads its hparams as transformers 4.x gives them (llama.cpp pins transformers < 5): a
 dense Nemotron-H config carries hybrid_override_pattern as a string ("M-*" ...) and no MoE fields,
 so it is nemotron_h (not nemotron_h_moe) with its '-' layers as MLPs; hparams() builds that view
-from the 5.x config. Keys the converter writes twice (TextModel's, then the subclass's) are written
-once, with the later value.
+from the 5.x config. A config with MoE blocks ("moe", pattern letter E; NVIDIA's carry
+num_experts_per_tok) is nemotron_h_moe: its E layers are the "MLP" layers (feed_forward_length
+moe_intermediate_size there), the expert keys are written, and the experts stacked into
+ffn_up_exps / ffn_down_exps (5.x's stacked mixer.experts.up_proj is NVIDIA's per-expert
+tensors stacked, as the converter stacks them). Keys the converter writes twice (TextModel's,
+then the subclass's) are written once, with the later value.
 """
 
 from __future__ import annotations
 
 import torch
 
-SSM_ARCHS = ("nemotron_h", "lfm2")
+SSM_ARCHS = ("nemotron_h", "nemotron_h_moe", "lfm2")
+_MOE_KEYS = ("num_experts_per_tok", "n_routed_experts", "n_group")
+
+
+def is_moe(cfg) -> bool:
+    return cfg.model_type == "nemotron_h" and "moe" in cfg.layers_block_type
 
 
 def hparams(cfg) -> dict:
@@ -23,7 +32,7 @@ def hparams(cfg) -> dict:
     hp = cfg.to_dict()
     if cfg.model_type == "nemotron_h":
         hp["hybrid_override_pattern"] = cfg.hybrid_override_pattern
-        for key in ("layers_block_type", "num_experts_per_tok", "n_routed_experts", "n_group"):
+        for key in ("layers_block_type", *(() if is_moe(cfg) else _MOE_KEYS)):
             hp.pop(key, None)
         hp["num_hidden_layers"] = len(hp["hybrid_override_pattern"])
     return hp
@@ -35,7 +44,8 @@ def add_hparams(w, hp: dict, arch: str, ftype) -> None:
     pattern = hp["hybrid_override_pattern"]
     n = len(pattern)
     attn = [i for i, c in enumerate(pattern) if c == "*"]
-    mlp = [i for i, c in enumerate(pattern) if c == "-"]
+    moe = arch == "nemotron_h_moe"
+    mlp = [i for i, c in enumerate(pattern) if c == ("E" if moe else "-")]
     head_dim = hp["head_dim"]  # GraniteModel pops it; NemotronHModel kept it aside
     # TextModel.set_gguf_parameters
     w.add_block_count(n)
@@ -60,7 +70,19 @@ def add_hparams(w, hp: dict, arch: str, ftype) -> None:
     # NemotronHModel.set_gguf_parameters
     w.add_key_length(head_dim)
     w.add_value_length(head_dim)
-    w.add_feed_forward_length([hp["intermediate_size"] if i in mlp else 0 for i in range(n)])
+    ff = hp["moe_intermediate_size" if moe else "intermediate_size"]
+    w.add_feed_forward_length([ff if i in mlp else 0 for i in range(n)])
+    if moe:
+        w.add_expert_used_count(hp["num_experts_per_tok"])
+        w.add_expert_feed_forward_length(hp["moe_intermediate_size"])
+        w.add_expert_shared_feed_forward_length(hp["moe_shared_expert_intermediate_size"])
+        w.add_expert_count(hp["n_routed_experts"])
+        w.add_expert_shared_count(hp["n_shared_experts"])
+        w.add_expert_weights_norm(hp["norm_topk_prob"])
+        w.add_expert_weights_scale(hp["routed_scaling_factor"])
+        w.add_expert_group_count(hp["n_group"])
+        if hp.get("moe_latent_size") is not None:
+            w.add_moe_latent_size(hp["moe_latent_size"])
 
 
 def _lfm2_hparams(w, hp: dict, ftype) -> None:
@@ -101,7 +123,7 @@ def _permute(w: torch.Tensor, n_head: int, n_head_kv: int | None) -> torch.Tenso
 
 def converted(state: dict, hp: dict, arch: str, tensor_map):
     """(llama.cpp name, float32 tensor) of each HF tensor, as modify_tensors yields them."""
-    if arch == "nemotron_h":
+    if arch.startswith("nemotron_h"):
         pattern = hp["hybrid_override_pattern"]
         d_inner = hp["mamba_num_heads"] * hp["mamba_head_dim"]
     for name, t in state.items():
@@ -119,6 +141,11 @@ def converted(state: dict, hp: dict, arch: str, tensor_map):
         parts = name.split(".")
         bid = int(parts[2]) if parts[1] == "layers" else None
         kind = pattern[bid] if bid is not None else None
+        if kind == "E":  # NemotronHModel.modify_tensors (is_moe), then ModelBase's renaming
+            if name.endswith(("mixer.experts.up_proj", "mixer.experts.down_proj")):
+                proj = name.rpartition(".")[2]  # the per-expert tensors, stacked
+                name = f"model.layers.{bid}.mlp.experts.{proj}.weight"
+            name = name.replace("e_score_correction_bias", "e_score_correction.bias")
         if kind == "M":  # Mamba2Model.modify_tensors
             if name.endswith(".dt_bias"):
                 name = name.rpartition(".dt_bias")[0] + ".dt_proj.bias"

@@ -1,6 +1,6 @@
 """The element-wise kernels (kernels/triton_ops/elementwise.py) against the layers' own torch code,
-the fused MoE grouped GEMM against fused_experts_torch, and LoRA's segmented shrink / expand against
-the gather path of lora/delta.py."""
+the fused MoE grouped GEMM against fused_experts_torch (and its gateless form against Nemotron-H's
+experts), and LoRA's segmented shrink / expand against the gather path of lora/delta.py."""
 
 from __future__ import annotations
 
@@ -163,3 +163,33 @@ def test_lora_segmented_delta_equals_the_gather_path(triton_device, dtype):
     assert_close(got.cpu(), want, dtype, "lora delta")
     seg.begin([-1, -1], [3, 1], triton_device)
     assert not seg.active  # a batch of base-model requests runs no kernel
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gateless_experts_grouped_gemm(triton_device, dtype):
+    """Nemotron-H's experts without a gate (down(relu²(up x))) through the grouped GEMM, against
+    NemotronHExperts' per-expert loop in float32 (one expert chosen by nobody)."""
+    from radixlm.kernels.triton_ops.fused_moe import gateless_experts_triton
+    from radixlm.model.models.nemotron_h import mlp_activation
+    from radixlm.model.models.nemotron_h_moe import NemotronHExperts
+
+    g = torch.Generator().manual_seed(5)
+    t, h, inter, e, k = 9, 48, 40, 6, 2
+    x = rand(g, t, h, dtype=dtype)
+    up, down = (
+        rand(g, e, inter, h, dtype=dtype, scale=0.2),
+        rand(g, e, h, inter, dtype=dtype, scale=0.2),
+    )
+    logits = torch.randn(t, e, generator=g)
+    logits[:, 5] = -1e9  # expert 5: nobody's
+    weights, ids = torch.sigmoid(logits).topk(k, -1)
+    act = mlp_activation(type("Config", (), {"mlp_hidden_act": "relu2"})())
+    experts = NemotronHExperts(e, h, inter, act)
+    experts.load("up_proj", None, up.float())
+    experts.load("down_proj", None, down.float())
+    ref = experts(x.float(), weights, ids)
+    dev = triton_device
+    got = gateless_experts_triton(
+        x.to(dev), weights.to(dev), ids.to(dev), up.to(dev), down.to(dev), act
+    )
+    assert_close(got.cpu(), ref, dtype, "gateless experts")

@@ -33,6 +33,7 @@ ARCHITECTURES = (
     "qwen35moe",
     "qwen3next",
     "nemotron_h",
+    "nemotron_h_moe",
     "lfm2",
     "granitehybrid",
     "falcon-h1",

@@ -215,3 +215,36 @@ def fused_experts_triton(
         pair_weights=topk_weights.reshape(-1).float(),
     )
     return down.view(t, top_k, -1).sum(1)
+
+
+def gateless_experts_triton(
+    hidden: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    up: torch.Tensor,
+    down: torch.Tensor,
+    act,
+) -> torch.Tensor:
+    """Experts without a gate (Nemotron-H's: down(act(up x))): hidden [T, H], topk_weights /
+    topk_ids [T, k], up [E, I, H], down [E, H, I] (float, the hidden's dtype), act an element-wise
+    torch function (relu²) -> [T, H]. The grouped GEMM above, the activation between its two calls.
+    """
+    t, top_k = topk_ids.shape
+    num_experts, inter = up.shape[0], up.shape[1]
+    block_m = _blocks(inter, hidden.shape[1])[0]
+    sorted_pairs, block_expert = moe_align(topk_ids, num_experts, block_m)
+    h = torch.zeros((t * top_k, inter), dtype=hidden.dtype, device=hidden.device)
+    moe_gemm(hidden, up, h, sorted_pairs, block_expert, top_k, False, block_m)
+    out = torch.zeros((t * top_k, down.shape[1]), dtype=hidden.dtype, device=hidden.device)
+    moe_gemm(
+        act(h),
+        down,
+        out,
+        sorted_pairs,
+        block_expert,
+        top_k,
+        True,
+        block_m,
+        pair_weights=topk_weights.reshape(-1).float(),
+    )
+    return out.view(t, top_k, -1).sum(1)

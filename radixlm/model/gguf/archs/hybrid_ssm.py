@@ -1,6 +1,6 @@
-"""llama.cpp's hybrid architectures with Mamba-2 or short-conv layers: `nemotron_h`
-(NemotronHForCausalLM) and `lfm2` (Lfm2ForCausalLM): the HF config from their metadata, and their
-tensors back under HF's names in HF's layout.
+"""llama.cpp's hybrid architectures with Mamba-2 or short-conv layers: `nemotron_h` and
+`nemotron_h_moe` (NemotronHForCausalLM) and `lfm2` (Lfm2ForCausalLM): the HF config from their
+metadata, and their tensors back under HF's names in HF's layout.
 
 nemotron_h: what the converter (conversion/nemotron.py NemotronHModel, over conversion/granite.py
 GraniteHybridModel, conversion/mamba.py Mamba2Model, conversion/llama.py LlamaModel) changes:
@@ -18,7 +18,20 @@ GraniteHybridModel, conversion/mamba.py Mamba2Model, conversion/llama.py LlamaMo
 - head_dim is written as attention.key_length (rope.dimension_count is hidden / heads), the
   context length as 2**20 (GraniteHybridModel: no RoPE), and the norms' epsilon as
   attention.layer_norm_epsilon unless the config names it rms_norm_eps (then the RMS key);
-- the multi-token-prediction head (nemotron_h_moe only) and the MoE blocks are not this arch.
+nemotron_h_moe: what the converter writes for a config with num_experts_per_tok (MoE blocks, E):
+- the E layers are its "MLP" layers: feed_forward_length is moe_intermediate_size there, so a
+  layer with feed_forward_length > 0 is read as a MoE block (a dense '-' layer has no place in it);
+- expert_count, expert_used_count, expert_feed_forward_length, expert_shared_feed_forward_length,
+  expert_shared_count, expert_weights_norm, expert_weights_scale and expert_group_count are
+  n_routed_experts, num_experts_per_tok, moe_intermediate_size,
+  moe_shared_expert_intermediate_size, n_shared_experts, norm_topk_prob, routed_scaling_factor,
+  n_group; topk_group is not written (llama.cpp routes with sigmoid + exp_probs_b over all experts,
+  no groups), so every group is eligible (topk_group = n_group), as llama.cpp runs it;
+  moe_latent_size (Nemotron 3 Super) when present, its projections ffn_latent_down / ffn_latent_up;
+- the per-expert tensors are stacked: ffn_up_exps / ffn_down_exps [experts, rows, cols] (up and
+  down only: the experts have no gate), the router ffn_gate_inp (kept F32), its
+  e_score_correction_bias exp_probs_b.bias, the shared expert ffn_up_shexp / ffn_down_shexp;
+- the multi-token-prediction block the converter appends (blocks past the pattern's) is skipped.
 lfm2 (conversion/lfm2.py LFM2Model): `conv.conv.weight` [C, 1, L] squeezed to [C, L]; the layer
 types from attention.head_count_kv (0: a conv layer, as llama.cpp reads them); the MLP width
 written already adjusted (HF's block_auto_adjust_ff_dim), so it is read with the adjustment off;
@@ -53,6 +66,17 @@ _NEMOTRON_H_LAYER = {
     "ffn_up": "mixer.up_proj",
     "ffn_down": "mixer.down_proj",
 }
+_NEMOTRON_H_MOE_LAYER = {
+    **_NEMOTRON_H_LAYER,
+    "ffn_gate_inp": "mixer.gate",
+    "exp_probs_b": "mixer.gate",  # only its bias: mixer.gate.e_score_correction_bias
+    "ffn_up_exps": "mixer.experts.up_proj",
+    "ffn_down_exps": "mixer.experts.down_proj",
+    "ffn_up_shexp": "mixer.shared_experts.up_proj",
+    "ffn_down_shexp": "mixer.shared_experts.down_proj",
+    "ffn_latent_down": "mixer.fc1_latent_proj",  # Nemotron 3 Super (moe_latent_size)
+    "ffn_latent_up": "mixer.fc2_latent_proj",
+}
 _LFM2_LAYER = {
     "attn_norm": "operator_norm",
     "ffn_norm": "ffn_norm",
@@ -78,15 +102,22 @@ _TOP = {
         "output_norm": "model.embedding_norm",
     },
 }
-_LAYER = {"nemotron_h": _NEMOTRON_H_LAYER, "lfm2": _LFM2_LAYER}
+_TOP["nemotron_h_moe"] = _TOP["nemotron_h"]
+_LAYER = {
+    "nemotron_h": _NEMOTRON_H_LAYER,
+    "nemotron_h_moe": _NEMOTRON_H_MOE_LAYER,
+    "lfm2": _LFM2_LAYER,
+}
 # The tensors of a layer type (the others in that layer are a ValueError naming them).
 _STATE_TENSORS = {
     "nemotron_h": {k for k in _NEMOTRON_H_LAYER if k.startswith("ssm_")},
+    "nemotron_h_moe": {k for k in _NEMOTRON_H_LAYER if k.startswith("ssm_")},
     "lfm2": {k for k in _LFM2_LAYER if k.startswith("shortconv.")},
 }
 # Where the metadata gives a state tensor's sizes (named when a tensor's shape disagrees).
 _SIZES_FROM = {
     "nemotron_h": "embedding_length and the ssm.* sizes",
+    "nemotron_h_moe": "embedding_length and the ssm.* sizes",
     "lfm2": "embedding_length and shortconv.l_cache",
 }
 
@@ -122,6 +153,7 @@ def ssm_config(reader, arch: str, kw: dict) -> dict:
         )
         return out
     ff = per_layer(reader, arch, "feed_forward_length", n)
+    ff_type = "moe" if arch == "nemotron_h_moe" else "mlp"  # what a layer with n_ff > 0 is
     heads = int(required(reader, arch, "ssm.time_step_rank"))
     inner = int(required(reader, arch, "ssm.inner_size"))
     if inner % heads:
@@ -129,7 +161,7 @@ def ssm_config(reader, arch: str, kw: dict) -> dict:
     out.update(
         # llama.cpp: attention where n_head_kv > 0, an MLP where n_ff > 0, else recurrent
         layers_block_type=[
-            "full_attention" if h else "mlp" if f else "linear_attention" for h, f in zip(kv, ff)
+            "full_attention" if h else ff_type if f else "linear_attention" for h, f in zip(kv, ff)
         ],
         head_dim=int(field(reader, f"{arch}.attention.key_length") or kw.get("head_dim")),
         layer_norm_epsilon=float(eps),
@@ -142,7 +174,35 @@ def ssm_config(reader, arch: str, kw: dict) -> dict:
         use_bias=has_tensor(reader, ".ssm_in.bias"),
         mlp_bias=has_tensor(reader, ".ffn_up.bias"),
     )
+    if arch == "nemotron_h_moe":
+        out.update(_moe_config(reader, arch))
     return out
+
+
+def _moe_config(reader, arch: str) -> dict:
+    """The MoE blocks' HF keys (the module docstring says which GGUF key each is)."""
+    f = lambda key, default=None: field(reader, f"{arch}.{key}", default)
+
+    def one(key: str) -> int:
+        value = required(reader, arch, key)
+        values = {int(v) for v in value if v} if isinstance(value, list) else {int(value)}
+        if len(values) != 1:  # NVIDIA's Puzzle models: a size per layer
+            raise ValueError(f"{arch} GGUF: {arch}.{key} differs between layers ({value})")
+        return values.pop()
+
+    n_group = int(f("expert_group_count") or 1)
+    return dict(
+        n_routed_experts=one("expert_count"),
+        num_experts_per_tok=one("expert_used_count"),
+        moe_intermediate_size=one("expert_feed_forward_length"),
+        moe_shared_expert_intermediate_size=one("expert_shared_feed_forward_length"),
+        n_shared_experts=int(f("expert_shared_count", 1)),
+        norm_topk_prob=bool(f("expert_weights_norm", False)),
+        routed_scaling_factor=float(f("expert_weights_scale", 1.0)),
+        n_group=n_group,
+        topk_group=int(f("expert_group_used_count") or n_group),
+        moe_latent_size=f("moe_latent_size") or None,
+    )
 
 
 def _nemotron_h_shapes(config) -> dict[str, tuple[int, ...]]:
@@ -187,7 +247,7 @@ def ssm_weights(
     read(t, name, slice): the loader's reader of one tensor (quantized or float32 as asked)."""
 
     arch = field(reader, "general.architecture")
-    nemotron = arch == "nemotron_h"
+    nemotron = arch.startswith("nemotron_h")
     types = list(config.layer_types)
     state_type = "linear_attention" if nemotron else "conv"
     shapes = _nemotron_h_shapes(config) if nemotron else _lfm2_shapes(config)
@@ -211,6 +271,8 @@ def ssm_weights(
             name = f"model.layers.{il}.{layer_names[base]}" + (f".{suffix}" if suffix else "")
             if base == "ssm_dt":
                 name = f"model.layers.{il}.mixer.dt_bias"
+            elif base == "exp_probs_b":
+                name = f"model.layers.{il}.mixer.gate.e_score_correction_bias"
             if base in _STATE_TENSORS[arch]:
                 if types[il] != state_type:
                     raise ValueError(
@@ -256,4 +318,5 @@ def _entry(architecture: str, config_class: str) -> GGUFArchitecture:
 
 
 NEMOTRON_H = _entry("NemotronHForCausalLM", "NemotronHConfig")
+NEMOTRON_H_MOE = NEMOTRON_H
 LFM2 = _entry("Lfm2ForCausalLM", "Lfm2Config")
