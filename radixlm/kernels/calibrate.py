@@ -9,7 +9,8 @@ each level is timed on weights of a decode step's shape (~30 MB: past the L2, li
 one activation row (decode), for 8 and 64 rows (batches, prefill tiles) and for a decode batch of
 the delta rule; the fastest is kept per use (of levels within 3% of each other, the wider) and
 cached beside the built kernels, per CPU model and thread count, so later starts read it (~1 s
-once).
+once). A machine busier than its CPUs (the load average) is not timed: the flags' widest level
+runs until a quieter start measures.
 `RADIXLM_KERNEL_ISA` still forces a level (nothing is measured); `RADIXLM_KERNEL_CALIBRATE=0` keeps
 the widest level the flags allow, `=1` measures again;
 `radixlm bench limits --recalibrate` measures again and prints the figures.
@@ -270,14 +271,27 @@ def calibrate(directory: str, force: bool = False) -> Calibration:
         return cal
 
 
+def busy() -> str | None:
+    """Why this machine is too busy to time kernels on (None: it is not): more runnable work over
+    the last minute than this process has CPUs."""
+    load, cpus = os.getloadavg()[0], len(os.sched_getaffinity(0))
+    return f"the machine is busy (load {load:.1f} on {cpus} CPUs)" if load > cpus else None
+
+
 def ensure(directory: str) -> Calibration | None:
     """After the kernels load from `directory`: apply the calibrated levels, unless
     RADIXLM_KERNEL_ISA forces one or RADIXLM_KERNEL_CALIBRATE=0 keeps the flags' widest. Never
     raises: a failure keeps the flags' levels (the same results, maybe slower) with one warning."""
     if os.environ.get(ISA_ENV) or os.environ.get(CALIBRATE_ENV) == "0":
         return None
+    force = os.environ.get(CALIBRATE_ENV) == "1"
+    if not force and cached(directory) is None and (why := busy()) is not None:
+        # Timings taken beside other work pick wrong levels, and they would be kept: measure at a
+        # quieter start instead (=1 or `radixlm bench limits --recalibrate` measure anyway).
+        logger.info("radixlm: %s: the CPU flags' kernel levels until a quieter start", why)
+        return None
     try:
-        cal = calibrate(directory, force=os.environ.get(CALIBRATE_ENV) == "1")
+        cal = calibrate(directory, force=force)
         apply(cal)
         return cal
     except Exception as e:  # an unwritable cache, an op refused: the flags' levels stay

@@ -136,8 +136,34 @@ def test_a_calibration_failure_keeps_the_levels(
         raise RuntimeError("boom")
 
     monkeypatch.setattr(calibrate, "measure", broken)
+    monkeypatch.setattr(calibrate, "busy", lambda: None)  # (a quiet machine: it measures)
     assert calibrate.ensure(calibration_dir) is None
     assert kernel_ops.qlinear_levels() == before
+
+
+def test_a_busy_machine_is_not_timed_and_nothing_is_stored(
+    kernel_ops, levels_kept, calibration_dir, monkeypatch
+):
+    """Timings taken beside other work would pick wrong levels and be kept: a machine busier than
+    its CPUs keeps the flags' levels until a quieter start; a stored calibration still applies,
+    and RADIXLM_KERNEL_CALIBRATE=1 measures anyway."""
+    kernel_ops.qlinear_levels("avx2", "avx2")
+    monkeypatch.setattr(calibrate, "measure", lambda: pytest.fail("measured on a busy machine"))
+    cpus = len(os.sched_getaffinity(0))
+    monkeypatch.setattr(calibrate.os, "getloadavg", lambda: (cpus + 1.5, 0.0, 0.0))
+    assert calibrate.busy() == f"the machine is busy (load {cpus + 1.5:.1f} on {cpus} CPUs)"
+    assert calibrate.ensure(calibration_dir) is None
+    assert kernel_ops.qlinear_levels() == ["avx2", "avx2"]
+    assert not os.path.exists(os.path.join(calibration_dir, calibrate.FILE))
+    stored = calibrate.Calibration("avx2", "avx2", "avx2", 1, "x", {})
+    monkeypatch.setattr(calibrate, "cached", lambda directory: stored)
+    assert calibrate.ensure(calibration_dir) == stored
+    fresh = calibrate.Calibration("avx2", "avx2", "avx2", 2, "y", {"decode": {"avx2": 1.0}})
+    monkeypatch.setattr(calibrate, "measure", lambda: fresh)
+    monkeypatch.setenv(calibrate.CALIBRATE_ENV, "1")
+    assert calibrate.ensure(calibration_dir) == fresh
+    monkeypatch.setattr(calibrate.os, "getloadavg", lambda: (cpus - 0.5, 0.0, 0.0))
+    assert calibrate.busy() is None
 
 
 def test_compute_peaks(kernel_ops):
