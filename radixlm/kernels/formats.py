@@ -63,7 +63,7 @@ FORMATS = {
     )
 }
 # Formats whose kernels take fp32 activations as they are (csrc/float16_gemm.cpp, with FP8); the
-# others quantize each activation row to int8 per 32 values first.
+# others quantize each activation row to int8 per 32 values first (K_ACTIVATIONS: per 256).
 FLOAT16 = ("f16", "bf16")
 FLOAT_ACTIVATIONS = (*FLOAT16, "fp8_e4m3")
 FP8_BLOCK = 128
@@ -83,6 +83,10 @@ INTERLEAVED = {
     "q6_k": QuantFormat("q6_kx8", 18, 256, 1680, group=8),
     "mxfp4": QuantFormat("mxfp4x8", 20, 32, 136, group=8),  # the row-major blocks' own size
 }
+# The interleaved K-quants' kernels take llama.cpp's Q8_K activations instead (csrc/qact.h:
+# quantize_row_k, one scale per 256 values): a super-block's 8 sub-block dots add up in int32 and
+# take one float step (docs/benchmarks.md, issue 88).
+K_ACTIVATIONS = ("q4_kx8", "q6_kx8")
 # What --quantization can make from float weights at load (f16 / bf16: keep 16-bit weights, on the
 # native kernels).
 QUANTIZE_AT_LOAD = ("int8", "q4_0", "q8_0", "q4_k", "f16", "bf16")

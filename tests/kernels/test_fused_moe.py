@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from radixlm.kernels.formats import FLOAT16, FLOAT_ACTIVATIONS, FORMATS, INTERLEAVED
+from radixlm.kernels.formats import FLOAT16, FLOAT_ACTIVATIONS, FORMATS, INTERLEAVED, K_ACTIVATIONS
 from radixlm.model.layers.moe import native
 from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.layers.moe.fused_moe import _PATHS, fused_experts, fused_experts_torch
@@ -79,20 +79,28 @@ def op(kernel_ops, x, tw, ti, w13, w2):
     return kernel_ops.fused_moe(x, ti, tw, w13.data, w13.fmt.kernel_id, w2.data, w2.fmt.kernel_id)
 
 
-def per_value(blocks: torch.Tensor) -> torch.Tensor:
-    """[n, K / 32] per-block values -> [n, K]."""
-    return blocks.double().repeat_interleave(32, dim=1)
+def per_value(blocks: torch.Tensor, block: int = 32) -> torch.Tensor:
+    """[n, K / block] per-block values -> [n, K]."""
+    return blocks.double().repeat_interleave(block, dim=1)
 
 
-def block_max(v: torch.Tensor) -> torch.Tensor:
-    return per_value(v.view(v.shape[0], -1, 32).amax(-1))
+def block_max(v: torch.Tensor, block: int = 32) -> torch.Tensor:
+    return per_value(v.view(v.shape[0], -1, block).amax(-1), block)
+
+
+def act_quantizer(kernel_ops, w: ExpertWeights):
+    """How the op rounds a matmul's input for these weights: (quantize fn, values per scale)."""
+    if w.fmt.name in K_ACTIVATIONS:  # Q8_K activations: one scale per 256 values
+        return (lambda x: kernel_ops.quantize_act_k(x)[:2]), 256
+    return (lambda x: kernel_ops.quantize_act(x)[:2]), 32
 
 
 def naive_reference(
     kernel_ops, x, tw, ti, w13: ExpertWeights, w2: ExpertWeights, b13=None, b2=None, swiglu=None
 ):
     """The (token, slot) loop in float64 on the dequantized weights, with the activations rounded to
-    int8 as the kernels round them (quantize_act per row: x for gate / up, the SiLU output for down;
+    int8 as the kernels round them (quantize_act, or quantize_act_k for K_ACTIVATIONS, per row: x for
+    gate / up, the SiLU output for down;
     16-bit and FP8 float weights keep fp32 activations), and a bound on the op's distance to it: float32
     rounding, 1e-5 of each dot's sum of |terms| (test_quant_gemm's EXACT_RTOL), through SiLU
     (|silu'| <= 1.1); and where that error could move the op's SiLU output across an int8 rounding
@@ -102,6 +110,8 @@ def naive_reference(
     W13, W2 = w13.dequantize().double(), w2.dequantize().double()
     int8_13 = w13.fmt.name not in FLOAT_ACTIVATIONS
     int8_2 = w2.fmt.name not in FLOAT_ACTIVATIONS
+    quant13, block13 = act_quantizer(kernel_ops, w13)
+    quant2, block2 = act_quantizer(kernel_ops, w2)
     I = w2.cols
     out = torch.zeros(x.shape, dtype=torch.float64)
     bound = torch.zeros_like(out)
@@ -111,8 +121,8 @@ def naive_reference(
             continue
         xe, we = x[tokens], tw[tokens, slots].double()[:, None]
         if int8_13:
-            q, d, _ = kernel_ops.quantize_act(xe)
-            xe = q.double() * per_value(d)
+            q, d = quant13(xe)
+            xe = q.double() * per_value(d, block13)
         xe = xe.double()
         gu = xe @ W13[e].T
         dgu = 1e-5 * (xe.abs() @ W13[e].abs().T)
@@ -132,9 +142,9 @@ def naive_reference(
             slope = 1 + alpha * (g.abs() + dg) / 4
             da = slope * dg * (u.abs() + 1 + du) + s.abs() * du + 1e-6 * a.abs()
         if int8_2:
-            q, d, _ = kernel_ops.quantize_act(a.float())
-            step = per_value(d)
-            dstep = block_max(da) / 127 * 1.01  # the op's block scale moves at most this
+            q, d = quant2(a.float())
+            step = per_value(d, block2)
+            dstep = block_max(da, block2) / 127 * 1.01  # the op's block scale moves at most this
             ratio = a.float().double() / step.clamp_min(1e-30)
             near = (ratio - ratio.floor() - 0.5).abs() * step <= 2 * (
                 da + ratio.abs() * dstep

@@ -17,6 +17,7 @@ from radixlm.kernels.formats import (
     FORMATS,
     GGUF_FORMATS,
     INTERLEAVED,
+    K_ACTIVATIONS,
     dequantize_reference,
     fp8_rows,
     quantize,
@@ -24,6 +25,7 @@ from radixlm.kernels.formats import (
 from radixlm.model.layers.quantized import QuantizedMatrix, QuantizedTensor
 
 EXACT_RTOL = 1e-5  # vs the exact reference, relative to sum |x_i w_i|
+K_ACTIVATION_IDS = {f.kernel_id for f in INTERLEAVED.values() if f.name in K_ACTIVATIONS}
 BLOCK_FORMATS = [n for n in FORMATS if n not in FLOAT_ACTIVATIONS]  # int8 activations
 
 
@@ -55,10 +57,21 @@ def random_quantized(name: str, rows: int, cols: int, g: torch.Generator) -> tor
     return quantize(torch.randn(rows, cols, generator=g), name)
 
 
-def exact_reference(kernel_ops, x, w_ref):
-    q, d, _ = kernel_ops.quantize_act(x)
-    xa = (q.float().view(x.shape[0], -1, 32) * d[:, :, None]).view_as(x)
-    return xa @ w_ref.T
+def act_grid(kernel_ops, x, kernel_id=None):
+    """x on the kernel's int8 grid and each value's step: per 32 values, or per 256 for the formats
+    that take Q8_K activations (K_ACTIVATIONS)."""
+    if kernel_id in K_ACTIVATION_IDS:
+        q, d, _ = kernel_ops.quantize_act_k(x)
+        block = 256
+    else:
+        q, d, _ = kernel_ops.quantize_act(x)
+        block = 32
+    xa = (q.float().view(x.shape[0], -1, block) * d[:, :, None]).view_as(x)
+    return xa, d.repeat_interleave(block, dim=1)
+
+
+def exact_reference(kernel_ops, x, w_ref, kernel_id=None):
+    return act_grid(kernel_ops, x, kernel_id)[0] @ w_ref.T
 
 
 def dot_err(y, ref, x, w):
@@ -66,10 +79,8 @@ def dot_err(y, ref, x, w):
     return ((y - ref).abs() / (x.abs() @ w.abs().T).clamp_min(1e-30)).max().item()
 
 
-def act_q8_bound(kernel_ops, x, w):
-    _, d, _ = kernel_ops.quantize_act(x)
-    half_step = (d / 2).repeat_interleave(32, dim=1)
-    return half_step @ w.abs().T
+def act_q8_bound(kernel_ops, x, w, kernel_id=None):
+    return (act_grid(kernel_ops, x, kernel_id)[1] / 2) @ w.abs().T
 
 
 def check_kernel(kernel_ops, w, kernel_id, w_ref, m, g, label):
@@ -83,10 +94,12 @@ def check_kernel(kernel_ops, w, kernel_id, w_ref, m, g, label):
     bias = torch.randn(n, generator=g)
     y = kernel_ops.qlinear(x, w, kernel_id, bias)
     assert y.shape == (m, n)
-    e_exact = dot_err(y - bias, exact_reference(kernel_ops, x, w_ref), x, w_ref)
+    e_exact = dot_err(y - bias, exact_reference(kernel_ops, x, w_ref, kernel_id), x, w_ref)
     assert e_exact < EXACT_RTOL, f"{label} {m}x{k}x{n}: {e_exact:.2e} vs the exact reference"
     err_fp32 = (y - (x @ w_ref.T + bias)).abs()
-    bound = act_q8_bound(kernel_ops, x, w_ref) * (1 + 1e-4) + EXACT_RTOL * (x.abs() @ w_ref.abs().T)
+    bound = act_q8_bound(kernel_ops, x, w_ref, kernel_id) * (1 + 1e-4) + EXACT_RTOL * (
+        x.abs() @ w_ref.abs().T
+    )
     assert (err_fp32 <= bound).all(), f"{label} {m}x{k}x{n}: beyond the 8-bit activation bound"
 
 
@@ -179,6 +192,24 @@ def test_quantize_act_rounds_to_nearest(kernel_ops):
     assert q.view(6, 3, 32)[2, 0].abs().sum() == 0 and d[2, 0] == 0
 
 
+def test_quantize_act_k_rounds_to_nearest(kernel_ops):
+    """Q8_K activations: one scale per 256 values, round to nearest, and each 32 values' two
+    16-value sums packed as int16 halves (low: values 0..15)."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5, 768, generator=g) * torch.tensor([1e-3, 1, 10, 100, 0.5])[:, None]
+    x[2, :256] = 0  # an all-zero super-block: scale 0, values 0
+    x[3, 300] = 5e3  # an outlier sets its super-block's step alone
+    q, d, s16 = kernel_ops.quantize_act_k(x)
+    blocks = x.view(5, 3, 256)
+    assert torch.allclose(d, blocks.abs().amax(-1) / 127, rtol=1e-6, atol=0)
+    recon = q.float().view(5, 3, 256) * d[:, :, None]
+    assert ((recon - blocks).abs() <= d[:, :, None] * 0.5 * (1 + 1e-5)).all()
+    halves = q.view(5, 24, 2, 16).sum(-1, dtype=torch.int32)
+    assert torch.equal(s16 & 0xFFFF, halves[..., 0] & 0xFFFF)
+    assert torch.equal(s16 >> 16, halves[..., 1])
+    assert q.view(5, 3, 256)[2, 0].abs().sum() == 0 and d[2, 0] == 0
+
+
 def test_qlinear_out_writes_a_column_slice(kernel_ops):
     g = torch.Generator().manual_seed(2)
     w = quantize(torch.randn(24, 64, generator=g), "q8_0")
@@ -217,9 +248,11 @@ def test_mixed_format_matrix(kernel_ops, rows):
     x = torch.randn(rows, k, generator=g)
     bias = torch.randn(46, generator=g)
     y = mat.matmul(x, bias)
-    # Quantized shards see int8-grid activations at every batch size; the float shard never does.
-    xq = exact_reference(kernel_ops, x, torch.eye(k))
-    ref = torch.cat([xq @ w_ref[:41].T, x @ w_ref[41:].T], dim=1) + bias
+    # Quantized shards see int8-grid activations at every batch size (per 256 values for Q4_KX8,
+    # per 32 for the row-major Q6_K); the float shard never does.
+    xk = act_grid(kernel_ops, x, INTERLEAVED["q4_k"].kernel_id)[0]
+    xq = act_grid(kernel_ops, x)[0]
+    ref = torch.cat([xk @ w_ref[:32].T, xq @ w_ref[32:41].T, x @ w_ref[41:].T], dim=1) + bias
     assert dot_err(y - bias, ref - bias, x, w_ref) < EXACT_RTOL
     ids = torch.tensor([[0, 45], [21, 33]])
     assert torch.equal(mat.embedding(ids), w_ref[ids])

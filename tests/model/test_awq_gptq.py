@@ -22,7 +22,7 @@ from radixlm.model.layers.quantized import QuantizedMatrix
 from radixlm.model.loader import load_model
 from radixlm.model.quant.awq_gptq_repack import AWQ_ORDER, repack, unpack_awq, unpack_gptq
 from tests.model.helpers import PoolHarness, randomize
-from tests.model.test_gguf_mixed_quants import _int8_grid
+from tests.model.test_gguf_mixed_quants import on_kernel_grids
 
 LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 SHAPE = dict(
@@ -318,7 +318,7 @@ def test_each_matrix_is_the_checkpoints_product(checkpoints, key):
         w = m.qweight
         if isinstance(w, PermutedInputMatrix):
             x, w = x[:, w.perm], w.inner
-        want = _int8_grid(None, (x,))[0] @ w.dequantize().T
+        want = on_kernel_grids(w, x, w.dequantize())
         if m.bias is not None:
             want += m.bias
         rel = (out - want).abs().max().item() / want.abs().max().item()

@@ -2,8 +2,9 @@
 differ in type) runs on the native kernels in the file's own types: nothing is widened to float
 (weights held <= 1.3x the file), each matrix holds exactly the file's values (dequantized bitwise
 equal to the --quantization none load, itself checked against HF in test_gguf_archs), and the
-logits are that float model's once each linear layer's input is rounded to the kernels' int8 grid
-(the exact reference: the kernels' integer dots are exact, only float32 summation order differs)."""
+logits are that float model's once each linear layer's input is rounded to its kernels' int8 grid
+(per 32 values, or per 256 for the interleaved K-quants; the exact reference: the kernels' integer
+dots are exact, only float32 summation order differs)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ import numpy as np
 import torch
 import transformers
 
-from radixlm.kernels.formats import FORMATS, dequantize_reference, quantize
+from radixlm.kernels.formats import FORMATS, K_ACTIVATIONS, dequantize_reference, quantize
 from radixlm.kernels.ops import ops
+from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.loader import load_model
 from tests.kernels.test_quant_gemm import random_quantized
 from tests.model.helpers import PoolHarness, randomize
@@ -156,9 +158,10 @@ def test_mixed_quant_file_runs_in_its_own_types(tmp_path):
         0, cfg.vocab_size, (40,), generator=torch.Generator().manual_seed(3)
     ).tolist()
     got = _logits(quant, ids)
+    quantized = dict(quant.model.named_modules())
     for name, module in flat.model.named_modules():
         if name == "lm_head" or name.endswith(("qkv_proj", "o_proj", "gate_up_proj", "down_proj")):
-            module.register_forward_pre_hook(_int8_grid)
+            module.register_forward_hook(_on_kernel_grids(quantized[name].qweight))
     want = _logits(flat, ids)
     scale = want.abs().max().item()
     rel = (got - want).abs().max().item() / scale
@@ -172,11 +175,36 @@ def _logits(loaded, ids: list[int]) -> torch.Tensor:
     return h.extend([h.new_request()], [ids])[0]
 
 
-def _int8_grid(module, args):
-    """Forward pre-hook: the input rounded as the kernels round activations (int8 per 32 values)."""
-    x = args[0]
+def _int8_grid(x: torch.Tensor, fmt: str) -> torch.Tensor:
+    """x rounded as a format's kernel rounds activations: int8 per 32 values, or per 256 for the
+    formats that take Q8_K activations."""
+    if fmt in K_ACTIVATIONS:
+        q, d, _ = ops().quantize_act_k(x)
+        block = 256
+    else:
+        q, d, _ = ops().quantize_act(x)
+        block = 32
+    return (q.float().view(x.shape[0], -1, block) * d[:, :, None]).view(x.shape)
+
+
+def on_kernel_grids(qmatrix, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x @ weight.T with each row segment of the quantized matrix `qmatrix` taking x on that
+    segment's kernel grid (fused shards of two types round their input differently)."""
     flat = x.reshape(-1, x.shape[-1]).float().contiguous()
-    q, d, _ = ops().quantize_act(flat)
-    return ((q.float().view(flat.shape[0], -1, 32) * d[:, :, None]).view(x.shape),) + tuple(
-        args[1:]
-    )
+    parts = [
+        (_int8_grid(flat, seg.weight.fmt.name) if isinstance(seg.weight, QuantizedTensor) else flat)
+        @ weight[seg.start : seg.start + seg.rows].T
+        for seg in qmatrix.segments
+    ]
+    return torch.cat(parts, dim=-1).view(*x.shape[:-1], -1)
+
+
+def _on_kernel_grids(qmatrix):
+    """Forward hook for a float layer: its output as on_kernel_grids makes it."""
+
+    def hook(module, args, out):
+        y = on_kernel_grids(qmatrix, args[0], module.weight)
+        bias = getattr(module, "bias", None)
+        return y if bias is None else y + bias
+
+    return hook

@@ -15,7 +15,7 @@ import transformers
 from radixlm.kernels.formats import dequantize_reference, quantize
 from radixlm.model.loader import load_model
 from tests.model.helpers import hf_logits, randomize
-from tests.model.test_gguf_mixed_quants import REL_TOL, _int8_grid, _logits
+from tests.model.test_gguf_mixed_quants import REL_TOL, _logits, on_kernel_grids
 
 MATRICES = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
 
@@ -115,9 +115,9 @@ def test_bf16_checkpoint_quantized_to_q4_k_at_load(tmp_path, caplog):
             ]
         ]
     )
-    floats = dict(flat.model.named_modules())
+    floats, quants = dict(flat.model.named_modules()), dict(quant.model.named_modules())
     for name, x, out in seen:
-        want = _int8_grid(None, (x,))[0] @ floats[name].weight.T
+        want = on_kernel_grids(quants[name].qweight, x, floats[name].weight)
         rel = (out - want).abs().max().item() / want.abs().max().item()
         assert rel < REL_TOL, (name, rel)
     assert got.shape == (len(ids), cfg.vocab_size) and torch.isfinite(got).all()

@@ -49,8 +49,9 @@ Experts check_experts(const at::Tensor& w, int64_t fmt, int64_t cols, const char
 // The gathered input rows of one matmul: fp32 as they are (16-bit float weights) or int8 blocks.
 struct Acts {
   at::Tensor x, q, d, s;
-  std::vector<int32_t> s16;  // Q6_KX8's 16-value sums, made once for all the tasks
+  std::vector<int32_t> s16;  // the 16-value sums (MXFP4X8, the K-quants'), made once for all the tasks
   int64_t K = 0;
+  bool per256 = false;
 
   // Rows src(r) for r < R; int8 blocks when fmt takes them.
   template <class Src>
@@ -65,6 +66,17 @@ struct Acts {
       return;
     }
     q = at::empty({R, K}, opt.dtype(at::kChar));
+    if (fmt_takes_k_acts(fmt)) {  // Q8_K-style (QAct::per256), the 16-value sums with them
+      per256 = true;
+      d = at::empty({R, K / 256}, opt);
+      s16.resize(R * (K / 32));
+      int8_t* qp = q.data_ptr<int8_t>();
+      float* dp = d.data_ptr<float>();
+      at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) quantize_row_k(src(r), qp + r * K, dp + r * (K / 256), s16.data() + r * (K / 32), K);
+      });
+      return;
+    }
     d = at::empty({R, K / 32}, opt);
     s = at::empty({R, K / 32}, opt);
     int8_t* qp = q.data_ptr<int8_t>();
@@ -72,7 +84,7 @@ struct Acts {
     at::parallel_for(0, R, 16, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) quantize_row(src(r), qp + r * K, dp + r * (K / 32), sp + r * (K / 32), K);
     });
-    if (fmt == FMT_Q6KX8 || fmt == FMT_MXFP4X8) {
+    if (fmt == FMT_MXFP4X8) {
       s16.resize(R * (K / 32));
       act_sums16(view(0), 0, R, s16.data());
     }
@@ -80,6 +92,8 @@ struct Acts {
 
   QAct view(int64_t m0) const {
     const int64_t nb = K / 32;
+    if (per256)
+      return QAct{q.data_ptr<int8_t>() + m0 * K, d.data_ptr<float>() + m0 * (nb / 8), nullptr, K, nb, s16.data() + m0 * nb, true};
     return QAct{q.data_ptr<int8_t>() + m0 * K, d.data_ptr<float>() + m0 * nb, s.data_ptr<float>() + m0 * nb, K, nb,
                 s16.empty() ? nullptr : s16.data() + m0 * nb};
   }

@@ -40,6 +40,41 @@ inline void quantize_row(const float* x, int8_t* q, float* d, float* s, int64_t 
   }
 }
 
+// Q8_K-style activations (QAct::per256): per 256 values q = round(x / d), d = max|x| / 127 (the
+// same rounding and tiny-max rule as quantize_row's), and per 32 the two 16-value integer sums
+// as int16 halves of one int32 (low: values 0..15), as act_sums16 packs them.
+inline void quantize_row_k(const float* x, int8_t* q, float* d, int32_t* s16, int64_t K) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t sb = 0; sb < K / 256; ++sb) {
+    const float* xs = x + sb * 256;
+    __m256 amax = _mm256_setzero_ps();
+    for (int i = 0; i < 32; ++i) amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, _mm256_loadu_ps(xs + 8 * i)));
+    const float m = hmax(amax);
+    const float inv = m > 0.0f ? 127.0f / m : 0.0f;
+    const bool tiny = std::isinf(inv);
+    d[sb] = tiny ? 0.0f : m / 127.0f;
+    const __m256 id = _mm256_set1_ps(tiny ? 0.0f : inv);
+    for (int b = 0; b < 8; ++b) {
+      const float* xb = xs + 32 * b;
+      __m256i i0 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb), id));  // round to nearest even
+      __m256i i1 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 8), id));
+      __m256i i2 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 16), id));
+      __m256i i3 = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 24), id));
+      const int32_t lo = (int32_t)hsum(_mm256_cvtepi32_ps(_mm256_add_epi32(i0, i1)));  // |sum| <= 2032: exact
+      const int32_t hi = (int32_t)hsum(_mm256_cvtepi32_ps(_mm256_add_epi32(i2, i3)));
+      s16[sb * 8 + b] = (int32_t)(((uint32_t)(uint16_t)(int16_t)hi << 16) | (uint16_t)(int16_t)lo);
+      i0 = _mm256_packs_epi32(i0, i1);
+      i2 = _mm256_packs_epi32(i2, i3);
+      i0 = _mm256_packs_epi16(i0, i2);
+      i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256((__m256i*)(q + sb * 256 + 32 * b), i0);
+    }
+  }
+}
+
+// Whether a format's kernels take QAct::per256 activations (the rest: per 32).
+inline bool fmt_takes_k_acts(int64_t fmt) { return fmt == FMT_Q4KX8 || fmt == FMT_Q6KX8; }
+
 // 8-row interleaved formats (quant_x8.cpp): repacked at load from Q4_0 / Q4_1 / Q8_0.
 at::Tensor repack_x8(const at::Tensor& w, int64_t fmt, int64_t cols);
 void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64_t M, float* out,

@@ -7,6 +7,10 @@
 namespace radixlm {
 
 // Activations quantized per 32 values: q = round(x / d), d = max|x| / 127, s = d * sum(q).
+// Or, for the interleaved K-quants (Q4_KX8, Q6_KX8: `per256`), llama.cpp's Q8_K: one d per 256
+// values (d = max|x| / 127 over them, at d + m * nb / 8), no s, and sum16 always made: a
+// super-block's 8 sub-block dots then add up in int32 and take one float step, where per-32
+// scales cost four (convert, scale product, FMA, the min's FMA) per sub-block and row.
 struct QAct {
   const int8_t* q;
   const float* d;
@@ -15,10 +19,12 @@ struct QAct {
   // Per 32 values, the integer sums of q's two halves as a pair of int16 (low: values 0..15) in one
   // int32: made only where a kernel needs them (Q6_KX8 folds its -32 offset in through them).
   const int32_t* sum16 = nullptr;
+  bool per256 = false;
   const int8_t* qrow(int64_t m) const { return q + m * K; }
   const float* drow(int64_t m) const { return d + m * nb; }
   const float* srow(int64_t m) const { return s + m * nb; }
   const int32_t* sum16row(int64_t m) const { return sum16 + m * nb; }
+  const float* d256row(int64_t m) const { return d + m * (nb / 8); }
 };
 
 }  // namespace radixlm

@@ -170,6 +170,25 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act(const at::Tensor& x_
   return {q, d, s};
 }
 
+// QAct::per256 activations: (q [M, K], d [M, K / 256], the 16-value sums [M, K / 32] as int32).
+std::tuple<at::Tensor, at::Tensor, at::Tensor> quantize_act_k(const at::Tensor& x_) {
+  TORCH_CHECK(x_.dtype() == at::kFloat && x_.dim() == 2, "quantize_act_k: float32 [rows, cols]");
+  const at::Tensor x = x_.contiguous();
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(K % 256 == 0, "quantize_act_k: cols must be a multiple of 256");
+  auto q = at::empty({M, K}, x.options().dtype(at::kChar));
+  auto d = at::empty({M, K / 256}, x.options());
+  auto s16 = at::empty({M, K / 32}, x.options().dtype(at::kInt));
+  const float* xp = x.data_ptr<float>();
+  int8_t* qp = q.data_ptr<int8_t>();
+  float* dp = d.data_ptr<float>();
+  int32_t* sp = s16.data_ptr<int32_t>();
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m) quantize_row_k(xp + m * K, qp + m * K, dp + m * (K / 256), sp + m * (K / 32), K);
+  });
+  return {q, d, s16};
+}
+
 void qlinear_out(const at::Tensor& x_, const at::Tensor& w, int64_t fmt, const c10::optional<at::Tensor>& bias,
                  at::Tensor& out) {
   TORCH_CHECK(x_.dtype() == at::kFloat && x_.dim() == 2, "qlinear: x must be float32 [rows, in_features]");
@@ -192,6 +211,12 @@ void qlinear_out(const at::Tensor& x_, const at::Tensor& w, int64_t fmt, const c
     return;
   }
   TORCH_CHECK(K / 32 <= MAX_BLOCKS, "qlinear: in_features ", K, " above ", MAX_BLOCKS * 32);
+  if (fmt_takes_k_acts(fmt)) {
+    auto [q, d, s16] = quantize_act_k(x_);
+    QAct a{q.data_ptr<int8_t>(), d.data_ptr<float>(), nullptr, K, K / 32, s16.data_ptr<int32_t>(), true};
+    gemm_quantized(fmt, w.data_ptr<uint8_t>(), w.size(1), N, a, M, out.data_ptr<float>(), out.stride(0), bp);
+    return;
+  }
   auto [q, d, s] = quantize_act(x_);
   QAct a{q.data_ptr<int8_t>(), d.data_ptr<float>(), s.data_ptr<float>(), K, K / 32};
   gemm_quantized(fmt, w.data_ptr<uint8_t>(), w.size(1), N, a, M, out.data_ptr<float>(), out.stride(0), bp);
@@ -326,6 +351,7 @@ void qlinear_out(const at::Tensor& x, const at::Tensor& w, int64_t fmt, const c1
 
 TORCH_LIBRARY_FRAGMENT(radixlm, m) {
   m.def("quantize_act(Tensor x) -> (Tensor, Tensor, Tensor)");
+  m.def("quantize_act_k(Tensor x) -> (Tensor, Tensor, Tensor)");
   m.def("qlinear(Tensor x, Tensor w, int fmt, Tensor? bias=None) -> Tensor");
   m.def("qlinear_out(Tensor x, Tensor w, int fmt, Tensor? bias, Tensor(a!) out) -> ()");
   m.def("dequantize(Tensor w, int fmt, int cols) -> Tensor");
@@ -334,6 +360,7 @@ TORCH_LIBRARY_FRAGMENT(radixlm, m) {
 
 TORCH_LIBRARY_IMPL(radixlm, CPU, m) {
   m.impl("quantize_act", &quantize_act);
+  m.impl("quantize_act_k", &quantize_act_k);
   m.impl("qlinear", &qlinear);
   m.impl("qlinear_out", &qlinear_out);
   m.impl("dequantize", &dequantize);

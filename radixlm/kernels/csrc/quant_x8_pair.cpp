@@ -99,18 +99,18 @@ void pair_blocks32(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float
   store16(acc, bias16, out);
 }
 
-// tile_q4kx8's sequence per lane: acc = fma(dot, d sc d_a, acc) - dmin mn s_a, sub-block by sub-block.
+// tile_q4kx8's sequence per lane: per super-block isum = sum_s sc_s dot_s, msum = sum_s mn_s S_s, then
+// q4k_step16 (acc = fma(isum, d d_a, acc) - msum dmin d_a).
 void pair_q4kx8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* out, const float* bias16) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const int8_t* aq = a.qrow(m);
-  const float *da = a.drow(m), *sa = a.srow(m);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* b0 = g + sb * Q4KX8_BYTES;
     const uint8_t* b1 = b0 + gb;
     prefetch_span(b0, Q4KX8_BYTES);  // both groups, at the tiles' distance ahead
     prefetch_span(b1, Q4KX8_BYTES);
-    const __m512 d = cat8(scales8(b0), scales8(b1)), dmin = cat8(scales8(b0 + 16), scales8(b1 + 16));
+    __m512i isum = _mm512_setzero_si512();
     for (int p = 0; p < 4; ++p) {
       __m512i lo[2][4], hi[2][4];
       for (int k = 0; k < 2; ++k) {
@@ -123,16 +123,16 @@ void pair_q4kx8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* o
       }
       for (int h = 0; h < 2; ++h) {  // sub-blocks 2p (low nibbles) and 2p + 1 (high)
         const int s = 2 * p + h;
-        const int64_t b = 8 * sb + s;
         __m512i ap[4];
-        permuted_act(aq + 32 * b, ap);
-        const __m512i isum = fold_pair(dot4(h ? hi[0] : lo[0], ap), dot4(h ? hi[1] : lo[1], ap));
-        const __m512 dsc = _mm512_mul_ps(d, u8x16_to_ps(b0 + 32 + 8 * s, b1 + 32 + 8 * s));
-        const __m512 dmn = _mm512_mul_ps(dmin, u8x16_to_ps(b0 + 96 + 8 * s, b1 + 96 + 8 * s));
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dsc, _mm512_set1_ps(da[b])), acc);
-        acc = _mm512_fnmadd_ps(dmn, _mm512_set1_ps(sa[b]), acc);
+        permuted_act(aq + 32 * (8 * sb + s), ap);
+        const __m512i dot = fold_pair(dot4(h ? hi[0] : lo[0], ap), dot4(h ? hi[1] : lo[1], ap));
+        isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(dot, u8x16_to_epi32(b0 + 32 + 8 * s, b1 + 32 + 8 * s)));
       }
     }
+    __m512i mn16[8];
+    for (int s = 0; s < 8; ++s) mn16[s] = u8x16_pairs16(b0 + 96 + 8 * s, b1 + 96 + 8 * s);
+    const __m512 d = cat8(scales8(b0), scales8(b1)), dmin = cat8(scales8(b0 + 16), scales8(b1 + 16));
+    acc = q4k_step16(acc, isum, q4k_min_sum16(mn16, a.sum16row(m) + 8 * sb), d, dmin, a.d256row(m)[sb]);
   }
   store16(acc, bias16, out);
 }
@@ -141,8 +141,8 @@ void pair_q4kx8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* o
 // clears the rest: result bit t is the parity of (matrix byte 7 - t) & x.
 constexpr uint64_t top_bits_matrix(int i) { return ((1ull << (2 * i)) << 24) | ((1ull << (2 * i + 1)) << 16); }
 
-// tile_q6kx8's sequence per lane: isum = sc_lo (dot_lo - 32 S_lo) + sc_hi (dot_hi - 32 S_hi) (exact),
-// acc = fma(isum, d d_a, acc), 32 values at a time.
+// tile_q6kx8's sequence per lane: isum += sc_lo (dot_lo - 32 S_lo) + sc_hi (dot_hi - 32 S_hi) (exact)
+// 32 values at a time, then per super-block acc = fma(isum, d d_a, acc).
 void pair_q6kx8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* out, const float* bias16) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   const __m512i top01 = _mm512_setr_epi64(top_bits_matrix(0), top_bits_matrix(0), top_bits_matrix(0), top_bits_matrix(0),
@@ -150,7 +150,6 @@ void pair_q6kx8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* o
   const __m512i top23 = _mm512_setr_epi64(top_bits_matrix(2), top_bits_matrix(2), top_bits_matrix(2), top_bits_matrix(2),
                                           top_bits_matrix(3), top_bits_matrix(3), top_bits_matrix(3), top_bits_matrix(3));
   const int8_t* aq = a.qrow(m);
-  const float* da = a.drow(m);
   const int32_t* s16 = a.sum16row(m);
   __m512 acc = _mm512_setzero_ps();
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
@@ -159,6 +158,7 @@ void pair_q6kx8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* o
     prefetch_span(b0, Q6KX8_BYTES);
     prefetch_span(b1, Q6KX8_BYTES);
     const __m512 d = cat8(scales8(b0), scales8(b1));
+    __m512i isum = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
       const int64_t b = 8 * sb + j;
       // chunks (0, 1) and (2, 3) take activation words 0..3 (values 0..15), chunks 4..7 words 4..7
@@ -185,9 +185,9 @@ void pair_q6kx8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* o
         const __m512i sc = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(blk + 16 + 16 * j)));
         prod[k] = _mm512_mullo_epi32(_mm512_sub_epi32(fold_pair(lo, hi), s32), sc);  // [lo rows | hi rows]
       }
-      const __m512i isum = fold_pair(prod[0], prod[1]);
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(da[b])), acc);
+      isum = _mm512_add_epi32(isum, fold_pair(prod[0], prod[1]));
     }
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(a.d256row(m)[sb])), acc);
   }
   store16(acc, bias16, out);
 }

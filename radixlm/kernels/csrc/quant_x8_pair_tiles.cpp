@@ -138,17 +138,19 @@ void tile_q8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out
   for (int m = 0; m < RM; ++m) store16(acc[m], bias16, out + (m0 + m) * ldo);
 }
 
-// Q4_KX8: per lane, sub-block by sub-block, acc = fma(dot, d sc d_a, acc) - dmin mn s_a (tile_q4kx8).
+// Q4_KX8 (Q8_K activations): per lane and super-block, isum = sum_s sc_s dot_s and msum = sum_s mn_s S_s
+// in int32, then tile_q4kx8's q4k_step: acc = fma(isum, d d_a, acc) - msum dmin d_a. The rows' int32
+// sums stay in L1 (16 rows' beside 16 accumulators and 8 weight chunks would not fit the registers).
 template <int RM>
 void tile_q4k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo, const float* bias16) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   __m512 acc[RM];
   for (int m = 0; m < RM; ++m) acc[m] = _mm512_setzero_ps();
-  BlockDots<RM> dots;
+  BlockDots<RM> isum;
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* b0 = g + sb * Q4KX8_BYTES;
     const uint8_t* b1 = b0 + gb;
-    const __m512 d = cat8(scales8(b0), scales8(b1)), dmin = cat8(scales8(b0 + 16), scales8(b1 + 16));
+    for (int m = 0; m < RM; ++m) isum.put(m, _mm512_setzero_si512());
     for (int s = 0; s < 8; ++s) {
       const int64_t qs = 160 + 256 * (s / 2);
       const int64_t b = 8 * sb + s;
@@ -157,14 +159,15 @@ void tile_q4k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* ou
         const __m512i raw = join(b0 + qs + 32 * i, b1 + qs + 32 * i);
         w[i] = _mm512_and_si512(s & 1 ? _mm512_srli_epi16(raw, 4) : raw, m4);
       }
-      for (int m = 0; m < RM; ++m) dots.put(m, dot8(w, a.qrow(m0 + m) + 32 * b, _mm512_setzero_si512()));
-      const __m512 dsc = _mm512_mul_ps(d, u8x16_to_ps(b0 + 32 + 8 * s, b1 + 32 + 8 * s));
-      const __m512 dmn = _mm512_mul_ps(dmin, u8x16_to_ps(b0 + 96 + 8 * s, b1 + 96 + 8 * s));
-      for (int m = 0; m < RM; ++m) {
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots.get(m)), _mm512_mul_ps(dsc, _mm512_set1_ps(a.drow(m0 + m)[b])), acc[m]);
-        acc[m] = _mm512_fnmadd_ps(dmn, _mm512_set1_ps(a.srow(m0 + m)[b]), acc[m]);
-      }
+      const __m512i sc = u8x16_to_epi32(b0 + 32 + 8 * s, b1 + 32 + 8 * s);
+      for (int m = 0; m < RM; ++m)
+        isum.put(m, _mm512_add_epi32(isum.get(m), _mm512_mullo_epi32(dot8(w, a.qrow(m0 + m) + 32 * b, _mm512_setzero_si512()), sc)));
     }
+    __m512i mn16[8];
+    for (int s = 0; s < 8; ++s) mn16[s] = u8x16_pairs16(b0 + 96 + 8 * s, b1 + 96 + 8 * s);
+    const __m512 d = cat8(scales8(b0), scales8(b1)), dmin = cat8(scales8(b0 + 16), scales8(b1 + 16));
+    for (int m = 0; m < RM; ++m)
+      acc[m] = q4k_step16(acc[m], isum.get(m), q4k_min_sum16(mn16, a.sum16row(m0 + m) + 8 * sb), d, dmin, a.d256row(m0 + m)[sb]);
   }
   for (int m = 0; m < RM; ++m) store16(acc[m], bias16, out + (m0 + m) * ldo);
 }
@@ -184,20 +187,21 @@ inline __m512i scales16(const int8_t* s0, const int8_t* s1) {
   return _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)s0), _mm_loadl_epi64((const __m128i*)s1)));
 }
 
-// Q6_KX8, 32 values at a time: isum = sc_lo (dot_lo - 32 S_lo) + sc_hi (dot_hi - 32 S_hi), the same
-// integer as tile_q6kx8's sc_lo dot_lo + sc_hi dot_hi - 32 (sc_lo S_lo + sc_hi S_hi) (exact), then
-// acc = fma(isum, d d_a, acc). The two 16-value dots are the first pass's chains, each started at
-// its offset and parked apart; the scales apply in the second pass.
+// Q6_KX8, 32 values at a time: isum += sc_lo (dot_lo - 32 S_lo) + sc_hi (dot_hi - 32 S_hi), the same
+// integer as tile_q6kx8's sc_lo dot_lo + sc_hi dot_hi - 32 (sc_lo S_lo + sc_hi S_hi) (exact), then per
+// super-block acc = fma(isum, d d_a, acc). The two 16-value dots are the first pass's chains, each
+// started at its offset and parked apart; the scales apply in the second pass.
 template <int RM>
 void tile_q6k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo, const float* bias16) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   __m512 acc[RM];
   for (int m = 0; m < RM; ++m) acc[m] = _mm512_setzero_ps();
-  BlockDots<RM> lo_dots, hi_dots;
+  BlockDots<RM> lo_dots, hi_dots, isum;
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* b0 = g + sb * Q6KX8_BYTES;
     const uint8_t* b1 = b0 + gb;
     const __m512 d = cat8(scales8(b0), scales8(b1));
+    for (int m = 0; m < RM; ++m) isum.put(m, _mm512_setzero_si512());
     for (int j = 0; j < 8; ++j) {
       const int64_t qb = 144 + 192 * j;
       const __m512i h0 = join(b0 + qb + 128, b1 + qb + 128), h1 = join(b0 + qb + 160, b1 + qb + 160);
@@ -229,10 +233,12 @@ void tile_q6k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* ou
       const int8_t* s1 = (const int8_t*)(b1 + 16 + 16 * j);
       const __m512i slo = scales16(s0, s1), shi = scales16(s0 + 8, s1 + 8);
       for (int m = 0; m < RM; ++m) {
-        const __m512i isum = _mm512_add_epi32(_mm512_mullo_epi32(lo_dots.get(m), slo), _mm512_mullo_epi32(hi_dots.get(m), shi));
-        acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, _mm512_set1_ps(a.drow(m0 + m)[b])), acc[m]);
+        const __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(lo_dots.get(m), slo), _mm512_mullo_epi32(hi_dots.get(m), shi));
+        isum.put(m, _mm512_add_epi32(isum.get(m), x));
       }
     }
+    for (int m = 0; m < RM; ++m)
+      acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum.get(m)), _mm512_mul_ps(d, _mm512_set1_ps(a.d256row(m0 + m)[sb])), acc[m]);
   }
   for (int m = 0; m < RM; ++m) store16(acc[m], bias16, out + (m0 + m) * ldo);
 }
@@ -255,7 +261,7 @@ void tile(X8Kind kind, const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, 
 // Rows [m0, m1) against groups g and g + 1 (group_bytes apart), in tiles of 16, 8, 4, 2 and 1 rows:
 // a weight chunk's unpacking is shared by the tile's rows, and 16 rows' accumulators still fit the
 // 32 registers beside the 8 weight chunks.
-// Q8X8, Q6_KX8 and MXFP4X8 need QAct::sum16.
+// Q8X8, MXFP4X8 and the K-quants need QAct::sum16 (the K-quants: QAct::per256 activations).
 void x8_pair_tiles_vbmi(X8Kind kind, const uint8_t* g, int64_t group_bytes, const QAct& a, int64_t m0, int64_t m1,
                         float* out, int64_t ldo, const float* bias16) {
   int64_t m = m0;

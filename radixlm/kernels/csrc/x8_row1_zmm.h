@@ -50,10 +50,26 @@ inline __m512 cat8(__m256 lo, __m256 hi) {
   return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
 }
 
-// 8 bytes at p0 and 8 at p1 as 16 floats.
-inline __m512 u8x16_to_ps(const uint8_t* p0, const uint8_t* p1) {
-  const __m128i v = _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)p0), _mm_loadl_epi64((const __m128i*)p1));
-  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v));
+// 8 bytes at p0 and 8 at p1 as 16 int32 lanes; and with each byte in both 16-bit halves (u8_pairs16).
+inline __m512i u8x16_to_epi32(const uint8_t* p0, const uint8_t* p1) {
+  return _mm512_cvtepu8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)p0), _mm_loadl_epi64((const __m128i*)p1)));
+}
+inline __m512i u8x16_pairs16(const uint8_t* p0, const uint8_t* p1) {
+  const __m512i s = u8x16_to_epi32(p0, p1);
+  return _mm512_or_si512(s, _mm512_slli_epi32(s, 16));
+}
+
+// x8_tiles.h's q4k_min_sum and q4k_step for the two-group layout: every lane's integers and float
+// steps are theirs.
+inline __m512i q4k_min_sum16(const __m512i* mn16, const int32_t* s16) {
+  __m512i t = _mm512_madd_epi16(mn16[0], _mm512_set1_epi32(s16[0]));
+  for (int s = 1; s < 8; ++s) t = _mm512_add_epi32(t, _mm512_madd_epi16(mn16[s], _mm512_set1_epi32(s16[s])));
+  return t;
+}
+inline __m512 q4k_step16(__m512 acc, __m512i isum, __m512i msum, __m512 d, __m512 dmin, float da) {
+  const __m512 vda = _mm512_set1_ps(da);
+  acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(d, vda), acc);
+  return _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum), _mm512_mul_ps(dmin, vda), acc);
 }
 
 // The 16 outputs plus the bias, as the tiles add it (a zero vector without one).

@@ -150,15 +150,11 @@ inline void tile_mxfp4x8(const uint8_t* g, const QAct& a, int64_t m0, float* out
   for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
 }
 
-inline __m256 u8x8_to_ps(const uint8_t* p) {
-  return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p)));
-}
-
 // Q4_KX8, per 256 values (1184 bytes): d[8], dmin[8] (fp16), then the 6-bit sub-block scales and mins
 // as bytes, sc[8 sub-blocks][8 rows] and mn[8][8], then 4 x 256 bytes of nibbles: pair p, chunk i,
 // lane r = row r's GGUF qs bytes 32p + 4i..4i+3 (low nibbles: sub-block 2p's values 4i..4i+3, high:
-// sub-block 2p+1's). A 32-value sub-block is then one Q4X8 block whose scale d*sc and min dmin*mn
-// are exact in fp32, so each row sees the Q4X8 sequence: acc = fma(dot, d*sc*d_a, acc) - dmin*mn*s_a.
+// sub-block 2p+1's). With Q8_K activations (one d_a per 256 values) a row's super-block is
+// d d_a sum_s sc_s dot_s - dmin d_a sum_s mn_s S_s: two int32 sums and one float step (q4k_step).
 constexpr int64_t Q4KX8_BYTES = 1184;
 
 // Sub-block s's 8 chunks of a Q4_KX8 super-block (even s: the low nibbles, odd: the high ones).
@@ -171,6 +167,32 @@ inline void q4kx8_nibbles(const uint8_t* blk, int s, __m256i* w) {
   }
 }
 
+// 8 unsigned bytes as 8 int32 lanes, each byte in both 16-bit halves: madd_epi16 against a lane
+// of two int16 sums then gives byte x (lo + hi).
+inline __m256i u8_pairs16(const uint8_t* p) {
+  const __m256i s = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)p));
+  return _mm256_or_si256(s, _mm256_slli_epi32(s, 16));
+}
+
+// A super-block's min term per lane, sum_s mn_s S_s (S_s: sub-block s's activation sum, the two
+// 16-value sums of s16[s]), exact in int32; mn16[s]: sub-block s's 8 rows' mins (u8_pairs16).
+inline __m256i q4k_min_sum(const __m256i* mn16, const int32_t* s16) {
+  __m256i t = _mm256_madd_epi16(mn16[0], _mm256_set1_epi32(s16[0]));
+  for (int s = 1; s < 8; ++s) t = _mm256_add_epi32(t, _mm256_madd_epi16(mn16[s], _mm256_set1_epi32(s16[s])));
+  return t;
+}
+
+// A Q4_KX8 super-block's float steps for one row (Q8_K activations, one d_a per 256 values):
+// acc = fma(isum, d d_a, acc) - msum dmin d_a, isum = sum_s sc_s dot_s. Every kernel of Q4_KX8
+// (these tiles, quant_x8_pair*.cpp) takes these steps per lane in this order.
+inline __m256 q4k_step(__m256 acc, __m256i isum, __m256i msum, __m256 d, __m256 dmin, float da) {
+  const __m256 vda = _mm256_set1_ps(da);
+  acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, vda), acc);
+  return _mm256_fnmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_mul_ps(dmin, vda), acc);
+}
+
+// Per super-block and row: the 8 sub-blocks' dots times their scales summed in int32 (Dot::q4k,
+// |isum| <= 8 x 63 x 32 x 15 x 127 < 2^25), the mins' sum beside them, then q4k_step.
 template <class Dot, int RM>
 inline void tile_q4kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
   __m256 acc[RM];
@@ -178,48 +200,54 @@ inline void tile_q4kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, 
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* blk = g + sb * Q4KX8_BYTES;
     if constexpr (RM <= 2) prefetch_span(blk, Q4KX8_BYTES);
-    const __m256 d = scales8(blk), dmin = scales8(blk + 16);
+    __m256i isum[RM];
+    for (int m = 0; m < RM; ++m) isum[m] = _mm256_setzero_si256();
     for (int s = 0; s < 8; ++s) {
       __m256i w[8];
       q4kx8_nibbles(blk, s, w);
-      const __m256 dsc = _mm256_mul_ps(d, u8x8_to_ps(blk + 32 + 8 * s));
-      const __m256 dmn = _mm256_mul_ps(dmin, u8x8_to_ps(blk + 96 + 8 * s));
-      const int64_t b = 8 * sb + s;
-      for (int m = 0; m < RM; ++m) {
-        const __m256 p = _mm256_cvtepi32_ps(Dot::q4(w, w + 4, a.qrow(m0 + m) + b * 32));
-        acc[m] = _mm256_fmadd_ps(p, _mm256_mul_ps(dsc, _mm256_set1_ps(a.drow(m0 + m)[b])), acc[m]);
-        acc[m] = _mm256_fnmadd_ps(dmn, _mm256_set1_ps(a.srow(m0 + m)[b]), acc[m]);
-      }
+      const __m256i sc = Dot::k_scale(blk + 32 + 8 * s);
+      for (int m = 0; m < RM; ++m)
+        isum[m] = _mm256_add_epi32(isum[m], Dot::q4k(w, a.qrow(m0 + m) + (8 * sb + s) * 32, sc));
     }
+    __m256i mn16[8];
+    for (int s = 0; s < 8; ++s) mn16[s] = u8_pairs16(blk + 96 + 8 * s);
+    const __m256 d = scales8(blk), dmin = scales8(blk + 16);
+    for (int m = 0; m < RM; ++m)
+      acc[m] = q4k_step(acc[m], isum[m], q4k_min_sum(mn16, a.sum16row(m0 + m) + 8 * sb), d, dmin, a.d256row(m0 + m)[sb]);
   }
   for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
 }
 
-// tile_q4kx8 for 16 rows at a time (the AVX2 level), each sub-block in two passes: every row's
-// int32 dots parked in L1, then every row's float steps on accumulators kept in L1 too (16 rows'
-// would not fit the 16 registers beside the weights). The same integers and float steps in the
-// same order: bitwise tile_q4kx8's; a chunk's unpacking serves 16 rows instead of 4 (AVX2: +11%).
+// tile_q4kx8 for 16 rows at a time (the AVX2 level): a chunk's unpacking serves 16 rows instead of
+// 4, with the rows' int32 sums and accumulators kept in L1 (16 rows' would not fit the 16
+// registers beside the weights). The same integers and float steps: bitwise tile_q4kx8's.
 template <class Dot>
 inline void tile_q4kx8_wide(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
   constexpr int RM = 16;
   alignas(32) float acc[RM][8];
-  alignas(32) int32_t dots[RM][8];
+  alignas(32) int32_t isum[RM][8];
   for (int m = 0; m < RM; ++m) _mm256_store_ps(acc[m], _mm256_setzero_ps());
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* blk = g + sb * Q4KX8_BYTES;
-    const __m256 d = scales8(blk), dmin = scales8(blk + 16);
+    for (int m = 0; m < RM; ++m) _mm256_store_si256((__m256i*)isum[m], _mm256_setzero_si256());
     for (int s = 0; s < 8; ++s) {
       __m256i w[8];
       q4kx8_nibbles(blk, s, w);
+      const __m256i sc = Dot::k_scale(blk + 32 + 8 * s);
       const int64_t b = 8 * sb + s;
-      for (int m = 0; m < RM; ++m) _mm256_store_si256((__m256i*)dots[m], Dot::q4(w, w + 4, a.qrow(m0 + m) + b * 32));
-      const __m256 dsc = _mm256_mul_ps(d, u8x8_to_ps(blk + 32 + 8 * s));
-      const __m256 dmn = _mm256_mul_ps(dmin, u8x8_to_ps(blk + 96 + 8 * s));
       for (int m = 0; m < RM; ++m) {
-        const __m256 p = _mm256_cvtepi32_ps(_mm256_load_si256((const __m256i*)dots[m]));
-        __m256 x = _mm256_fmadd_ps(p, _mm256_mul_ps(dsc, _mm256_set1_ps(a.drow(m0 + m)[b])), _mm256_load_ps(acc[m]));
-        _mm256_store_ps(acc[m], _mm256_fnmadd_ps(dmn, _mm256_set1_ps(a.srow(m0 + m)[b]), x));
+        const __m256i x = _mm256_add_epi32(_mm256_load_si256((const __m256i*)isum[m]), Dot::q4k(w, a.qrow(m0 + m) + b * 32, sc));
+        _mm256_store_si256((__m256i*)isum[m], x);
       }
+    }
+    __m256i mn16[8];
+    for (int s = 0; s < 8; ++s) mn16[s] = u8_pairs16(blk + 96 + 8 * s);
+    const __m256 d = scales8(blk), dmin = scales8(blk + 16);
+    for (int m = 0; m < RM; ++m) {
+      const __m256i x = _mm256_load_si256((const __m256i*)isum[m]);
+      const __m256 y = q4k_step(_mm256_load_ps(acc[m]), x, q4k_min_sum(mn16, a.sum16row(m0 + m) + 8 * sb), d, dmin,
+                                a.d256row(m0 + m)[sb]);
+      _mm256_store_ps(acc[m], y);
     }
   }
   for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(_mm256_load_ps(acc[m]), bias));
@@ -231,7 +259,7 @@ inline void tile_q4kx8_wide(const uint8_t* g, const QAct& a, int64_t m0, float* 
 // 0..15, h1 for 16..31; bits 2i..2i+1 of a byte belong to chunk i). The 6-bit q (0..63) are dotted
 // unsigned (Dot::q6: times the sub-block's scale), and the -32 offset folds in once per 32 values
 // through the activations' 16-value sums: isum = sc_lo dot_lo + sc_hi dot_hi - 32 (sc_lo S_lo + sc_hi S_hi),
-// exact in int32 and in its float (|isum| <= 2 x 128 x 16 x 32 x 127 < 2^24).
+// exact in int32; a super-block's 8 such sums add up in int32 and take one float step with its d_a.
 constexpr int64_t Q6KX8_BYTES = 1680;
 
 // Bits 4..5 of each byte <- chunk i's 2 bits of h (at 2i..2i+1); bits crossing bytes are masked off.
@@ -254,6 +282,8 @@ inline void tile_q6kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, 
     if constexpr (RM <= 2) prefetch_span(blk, Q6KX8_BYTES);
     const __m256 d = scales8(blk);
     const int8_t* sc = (const int8_t*)(blk + 16);
+    __m256i isum[RM];  // the super-block's 8 blocks, exact: |isum| <= 8 x 2 x 128 x 16 x 32 x 127 < 2^28
+    for (int m = 0; m < RM; ++m) isum[m] = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
       const uint8_t* qb = blk + 144 + 192 * j;
       const __m256i h0 = _mm256_loadu_si256((const __m256i*)(qb + 128));
@@ -278,11 +308,13 @@ inline void tile_q6kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, 
       for (int m = 0; m < RM; ++m) {
         const int8_t* aq = a.qrow(m0 + m) + b * 32;
         const __m256i off = _mm256_madd_epi16(pair, _mm256_set1_epi32(a.sum16row(m0 + m)[b]));
-        const __m256i isum = _mm256_sub_epi32(_mm256_add_epi32(Dot::q6(q, aq, slo), Dot::q6(q + 4, aq + 16, shi)),
-                                              _mm256_slli_epi32(off, 5));
-        acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(d, _mm256_set1_ps(a.drow(m0 + m)[b])), acc[m]);
+        const __m256i x = _mm256_sub_epi32(_mm256_add_epi32(Dot::q6(q, aq, slo), Dot::q6(q + 4, aq + 16, shi)),
+                                           _mm256_slli_epi32(off, 5));
+        isum[m] = _mm256_add_epi32(isum[m], x);
       }
     }
+    for (int m = 0; m < RM; ++m)
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_mul_ps(d, _mm256_set1_ps(a.d256row(m0 + m)[sb])), acc[m]);
   }
   for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
 }

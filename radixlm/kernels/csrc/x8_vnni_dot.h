@@ -21,6 +21,11 @@ struct VnniDot {
     }
     return _mm256_add_epi32(s0, s1);
   }
+  // Q4_KX8: the sub-block's dot times its scale (int32 lanes; exact, as the AVX2 madd's).
+  static inline __m256i k_scale(const uint8_t* sc) { return _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)sc)); }
+  static inline __m256i q4k(const __m256i* w, const int8_t* aq, __m256i scale) {
+    return _mm256_mullo_epi32(q4(w, w + 4, aq), scale);
+  }
   // MXFP4's 8 e8m0 scales halved, 2^(e - 128), by vscalefps: exact, subnormals included (e < 2),
   // so the same floats as x8_tiles.h's integer construction in 4 instructions instead of 7.
   static inline __m256 e8m0_halves8(const uint8_t* p) {
