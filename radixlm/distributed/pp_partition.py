@@ -25,9 +25,15 @@ def parse_partition(text: str | None) -> tuple[int, ...] | None:
 
 
 def layer_counts(
-    num_layers: int, pp_size: int, partition: tuple[int, ...] | None = None
+    num_layers: int,
+    pp_size: int,
+    partition: tuple[int, ...] | None = None,
+    last_from: int | None = None,
 ) -> tuple[int, ...]:
-    """Layers per stage; a ValueError naming both numbers when they cannot be split."""
+    """Layers per stage; a ValueError naming both numbers when they cannot be split. last_from: the
+    first of the layers the last stage must hold (Gemma 4's KV-sharing layers and the layers whose
+    KV they read: a stage cannot read KV another stage wrote); None: any split. By default the
+    stages before the last then split the layers before it."""
     if pp_size > num_layers:
         raise ValueError(
             f"pp_size {pp_size} is larger than the model's {num_layers} layers (each stage needs"
@@ -39,7 +45,26 @@ def layer_counts(
                 f"pp_layer_partition {','.join(map(str, partition))} must have pp_size {pp_size} "
                 f"entries summing to the model's {num_layers} layers"
             )
-        return partition
+        counts = partition
+    else:
+        counts = _even(num_layers, pp_size)
+    if last_from is None or pp_size == 1 or num_layers - counts[-1] <= last_from:
+        return counts
+    tail = f"layers {last_from}-{num_layers - 1} share KV and stay on the last stage"
+    if partition is not None:
+        raise ValueError(
+            f"pp_layer_partition {','.join(map(str, partition))} (pp_size {pp_size}) splits the"
+            f" model's KV-sharing layers: {tail}, at least {num_layers - last_from} layers"
+        )
+    if last_from < pp_size - 1:
+        raise ValueError(
+            f"pp_size {pp_size} is too large for this model: {tail}, which leaves {last_from}"
+            f" layers for the other {pp_size - 1} stages (each needs one)"
+        )
+    return _even(last_from, pp_size - 1) + (num_layers - last_from,)
+
+
+def _even(num_layers: int, pp_size: int) -> tuple[int, ...]:
     counts = [num_layers // pp_size] * pp_size
     for i in range(2, num_layers % pp_size + 2):
         counts[-i] += 1

@@ -49,10 +49,11 @@ class DecoderStack(nn.Module):
     # with a fused add + norm); False: each layer returns the whole stream (and None).
     residual_stream: bool = True
 
-    def init_stack(self, config: Any, fused: bool = True) -> PPStage:
+    def init_stack(self, config: Any, fused: bool = True, last_from: int | None = None) -> PPStage:
         """This stage's share of the layers (every layer with one stage); fused: whether the family
-        has a one-op native decoder to try (build_fused). Call before building modules."""
-        self.pp = pp = pp_stage(config.num_hidden_layers)
+        has a one-op native decoder to try (build_fused); last_from: the first of the layers the
+        last stage must hold (pp_partition.layer_counts). Call before building modules."""
+        self.pp = pp = pp_stage(config.num_hidden_layers, last_from)
         self.hidden_size = config.hidden_size
         # (Set here, not as class attributes: nn.Module keeps submodules apart, and a class
         # attribute would hide them.) The experts' dispatch of an MoE family (DP attention: every

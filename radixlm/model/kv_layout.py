@@ -39,7 +39,7 @@ class KVLayout:
             return MLATokenToKVPool.latent_bytes_per_token(
                 num_layers, self.kv_lora_rank, self.qk_rope_head_dim, dtype
             )
-        if self.layer_shapes is not None:  # (a pipeline stage's share: such models run pp 1)
+        if self.layer_shapes is not None:  # (a pipeline stage's: the others' layers hold 0 heads)
             return TokenToKVPool.shaped_bytes_per_token(self.layer_shapes, dtype)
         return TokenToKVPool.bytes_per_token(num_layers, self.num_kv_heads, self.head_dim, dtype)
 

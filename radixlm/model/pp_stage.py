@@ -88,12 +88,13 @@ class PPStage:
         return int(self.cpu_comm.all_gather(torch.tensor([value], dtype=torch.int64), dim=0).min())
 
 
-def pp_stage(num_layers: int) -> PPStage:
+def pp_stage(num_layers: int, last_from: int | None = None) -> PPStage:
     """This process's stage for a model of num_layers layers (one stage holding all of them when
-    no pipeline was set up); a ValueError naming both numbers when they cannot be split."""
+    no pipeline was set up); a ValueError naming both numbers when they cannot be split. last_from:
+    the first of the layers the last stage must hold (pp_partition.layer_counts)."""
     state = get_parallel_state()
     pp = state.pp
-    counts = layer_counts(num_layers, pp.world_size, state.pp_layer_partition)
+    counts = layer_counts(num_layers, pp.world_size, state.pp_layer_partition, last_from)
     layers = stage_layers(counts, pp.rank_in_group)
     if pp.world_size == 1:
         return PPStage(0, 1, layers)

@@ -94,8 +94,10 @@ class ModelRunner:
             traits.encoder_cache.max_bytes = config.mm_cache_size_mb * 2**20
         self.vocab_size = cfg.vocab_size
         self.num_layers = cfg.num_hidden_layers
-        # a pipeline stage holds (and keeps KV for) its layers only
-        self.pp = pp_stage(self.num_layers)
+        # a pipeline stage holds (and keeps KV for) its layers only: those its decoder stack built
+        # (a family may split them its own way: Gemma 4's KV-sharing layers stay together)
+        stack = decoder_stack_of(self.model)
+        self.pp = stack.pp if stack is not None and stack.pp.size > 1 else pp_stage(self.num_layers)
         self.pp_micro_batches = self.pp_prefill_pieces = 0  # parts run (pp_micro.py)
         # This rank's KV heads (tensor parallelism splits or replicates them; all of them with tp
         # 1). (An MLA model's pool holds one latent per token instead: model/kv_layout.py.)

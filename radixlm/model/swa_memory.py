@@ -29,6 +29,7 @@ def swa_layer_ids(model: nn.Module) -> list[int]:
 
 
 HICACHE_ONE_SLOT_SPACE = "the hierarchical cache's tiers copy one slot space"
+PP_ONE_SLOT_SPACE = "pp ranks are not built for a second slot space yet"
 
 
 def server_refusal(args) -> str | None:
@@ -43,8 +44,10 @@ def server_refusal(args) -> str | None:
             return why
     if getattr(args, "disaggregation_mode", "null") not in (None, "null"):
         return "PD disaggregation transfers one slot space"
-    if max(args.tp_size, args.pp_size, args.dp_size) > 1:
+    if max(args.tp_size, args.dp_size) > 1:
         return "tp, pp and dp ranks are not built for a second slot space yet"
+    if args.pp_size > 1:
+        return PP_ONE_SLOT_SPACE
     return None
 
 
@@ -70,8 +73,10 @@ def check_kv_shapes(runner) -> None:
     if runner.kv_layout.layer_shapes is None:
         return
     why = runner.config.swa_memory_off
-    if why in ("--disable-hybrid-swa-memory", HICACHE_ONE_SLOT_SPACE):
-        why = None  # one slot space of per-layer shapes: the host tier mirrors them (host_pool.py)
+    if why in ("--disable-hybrid-swa-memory", HICACHE_ONE_SLOT_SPACE, PP_ONE_SLOT_SPACE):
+        # one slot space of per-layer shapes: the host tier mirrors them (host_pool.py), and a
+        # pipeline stage's pool holds its own layers' shapes
+        why = None
     if why is None and not runner.attn_backend.reads_swa_pool:
         why = f"the {runner.attn_backend!r} attention backend reads one KV shape"
     if why is None and (runner.config.enable_torch_compile or runner.device.type == "cuda"):

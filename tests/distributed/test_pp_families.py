@@ -4,8 +4,10 @@ no residual: the stages hand over the stream alone), gpt-oss (sinks, windows and
 Qwen3-MoE, DeepSeek-V2 (MLA's latent pool per stage), GLM-4.5 and every hybrid (Qwen3.5 dense and
 MoE, Qwen3-Next, Nemotron-H with and without its MoE blocks, LFM2, Granite-4.0-H, Falcon-H1, Kimi
 Linear: each stage's KV pool holds its attention layers and its state pool its recurrent layers,
-the same slots on every stage) give HF's greedy tokens (near-tie rule) alone, batched and in
-prefill chunks smaller than the prompt. Gemma 4 still refuses it, saying why in one line."""
+the same slots on every stage) and Gemma 4 dense and MoE (each stage computes the per-layer inputs
+from the ids; the KV-sharing layers stay on the stage of the layers whose KV they read) give HF's
+greedy tokens (near-tie rule) alone, batched and in prefill chunks smaller than the prompt. A
+partition that would split Gemma 4's KV-sharing layers is refused, naming pp_size."""
 
 from __future__ import annotations
 
@@ -83,6 +85,15 @@ def _glm4_moe(path):
     return glm_checkpoint(path)
 
 
+def _gemma4(layout):
+    def make(path):
+        from tests.model import gemma4_checkpoint as g4
+
+        return g4.gemma4_checkpoint(path, **getattr(g4, layout))
+
+    return make
+
+
 def _hybrid(arch):
     def make(path):
         from tests.model.hybrid_checkpoints import hybrid_checkpoint
@@ -129,6 +140,8 @@ FAMILIES = {
     "granite-4.0-h": _mamba_hybrid("GraniteMoeHybridForCausalLM"),
     "falcon-h1": _mamba_hybrid("FalconH1ForCausalLM"),
     "kimi-linear": _kimi,
+    "gemma4": _gemma4("DENSE"),
+    "gemma4-moe": _gemma4("MOE"),
 }
 
 
@@ -139,12 +152,41 @@ def test_pp2_gives_hf_greedy(family, tmp_path):
     check_greedy(path, hf, f"{family} pp=2", pp_size=2)
 
 
-def test_pp_refusals_name_the_reason(tmp_path):
+def test_gemma4_split_keeps_kv_sharing_layers_together():
+    """The last stage holds the KV-sharing layers and the layers whose KV they read; the stages
+    before it split the rest evenly (an even split where it already keeps them together)."""
+    from types import SimpleNamespace
+
+    from radixlm.distributed.pp_partition import layer_counts
+    from radixlm.model.models.gemma4 import kv_source_layers
+
+    assert layer_counts(6, 2, last_from=2) == (2, 4)  # the tiny checkpoint: 4 and 5 read 2 and 3
+    assert layer_counts(6, 2, last_from=3) == (3, 3)
+    assert layer_counts(6, 3, last_from=2) == (1, 1, 4)
+    assert layer_counts(6, 2, (1, 5), last_from=2) == (1, 5)
+    # E2B's shape: 35 layers, every fifth global, the last 20 reading layers 13 and 14's KV
+    e2b = SimpleNamespace(
+        num_hidden_layers=35,
+        num_kv_shared_layers=20,
+        layer_types=(["sliding_attention"] * 4 + ["full_attention"]) * 7,
+    )
+    source = kv_source_layers(e2b)
+    last_from = min(s for i, s in enumerate(source) if s != i)
+    assert (last_from, set(source[15:])) == (13, {13, 14})
+    assert layer_counts(35, 2, last_from=last_from) == (13, 22)
+    assert layer_counts(35, 4, last_from=last_from) == (4, 5, 4, 22)
+    with pytest.raises(ValueError, match=r"pp_layer_partition 3,3 \(pp_size 2\) splits"):
+        layer_counts(6, 2, (3, 3), last_from=2)
+    with pytest.raises(ValueError, match="pp_size 4 is too large for this model: layers 2-5"):
+        layer_counts(6, 4, last_from=2)
+
+
+def test_gemma4_partition_splitting_kv_sharing_is_refused(tmp_path):
     from radixlm import Engine
     from tests.conftest import engine_args
     from tests.model.gemma4_checkpoint import DENSE, gemma4_checkpoint
 
     path = str(tmp_path / "gemma4")
     gemma4_checkpoint(path, **DENSE)
-    with pytest.raises(ValueError, match="Gemma 4 runs with pp_size 1: its per-layer inputs"):
-        Engine(path, **engine_args(quantization="none", pp_size=2))
+    with pytest.raises(ValueError, match=r"pp_layer_partition 3,3 \(pp_size 2\) splits the"):
+        Engine(path, **engine_args(quantization="none", pp_size=2, pp_layer_partition="3,3"))

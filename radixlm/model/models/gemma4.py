@@ -186,13 +186,20 @@ class Gemma4Model(DecoderStack):
 
     def __init__(self, config: Any):
         super().__init__()
-        if self.init_stack(config, fused=False).size > 1:
-            raise ValueError(
-                "Gemma 4 runs with pp_size 1: its per-layer inputs come from the first stage's"
-                " embeddings and its shared-KV layers read K/V computed earlier in the forward"
-            )
+        self.kv_source = kv_source_layers(config)
+        # A stage reads only the KV it wrote: the shared layers stay on the stage of the layers
+        # whose KV they read (the last one, from the first such layer on).
+        shared = [s for i, s in enumerate(self.kv_source) if s != i]
+        self.init_stack(config, fused=False, last_from=min(shared) if shared else None)
         n, hidden = config.num_hidden_layers, config.hidden_size
-        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, hidden)
+        self.ple_dim = getattr(config, "hidden_size_per_layer_input", 0) or 0
+        # Each stage computes the per-layer inputs from the token ids itself (the same ops on the
+        # same weights: bitwise the first stage's), so only the stream crosses between stages.
+        self.embed_tokens = (
+            VocabParallelEmbedding(config.vocab_size, hidden)
+            if self.ple_dim
+            else self.stage_embedding(config)
+        )
         self.normalizer = math.sqrt(hidden)  # HF: sqrt(hidden) in the weights' dtype
         max_pos = config.max_position_embeddings
         ropes = {}
@@ -200,13 +207,13 @@ class Gemma4Model(DecoderStack):
             if t in config.layer_types:
                 dim = layer_shape(config, config.layer_types.index(t))[1]
                 ropes[t] = RotaryEmbedding(dim, max_pos, rope_params_of(config, t))
-        self.kv_source = kv_source_layers(config)
-        self.layers = nn.ModuleList(
-            Gemma4DecoderLayer(config, i, ropes[config.layer_types[i]], self.kv_source[i])
-            for i in range(n)
+        self.layers = self.stage_layers(
+            n,
+            lambda i: Gemma4DecoderLayer(
+                config, i, ropes[config.layer_types[i]], self.kv_source[i]
+            ),
         )
-        self.norm = RMSNorm(hidden, config.rms_norm_eps)
-        self.ple_dim = getattr(config, "hidden_size_per_layer_input", 0) or 0
+        self.norm = self.on_last(lambda: RMSNorm(hidden, config.rms_norm_eps))
         if self.ple_dim:
             self.embed_tokens_per_layer = VocabParallelEmbedding(
                 config.vocab_size_per_layer_input, n * self.ple_dim
@@ -228,10 +235,18 @@ class Gemma4Model(DecoderStack):
     def embed(self, input_ids, input_embeds):
         hidden = self.embed_tokens(input_ids)
         hidden = hidden * torch.tensor(self.normalizer, dtype=hidden.dtype)
-        # per forward: the per-layer inputs, and the K/V the shared layers read
         self._ple = self.per_layer_inputs(input_ids, hidden) if self.ple_dim else None
-        self._shared_kv: dict = {}
         return hidden
+
+    def prepare(self, input_ids, positions, fb):
+        # per forward: the per-layer inputs (a later stage embeds the ids for them), and the K/V
+        # the shared layers read
+        if not self.pp.is_first:
+            self._ple = None
+            if self.ple_dim:
+                self.embed(input_ids, None)
+        self._shared_kv: dict = {}
+        return super().prepare(input_ids, positions, fb)
 
     def run_layer(self, i, positions, hidden, fb, residual):
         layer_input = self._ple[:, i] if self._ple is not None else None
