@@ -218,12 +218,11 @@ inline void tile_q4kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, 
   for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
 }
 
-// tile_q4kx8 for 16 rows at a time (the AVX2 level): a chunk's unpacking serves 16 rows instead of
-// 4, with the rows' int32 sums and accumulators kept in L1 (16 rows' would not fit the 16
+// tile_q4kx8 for 8 or 16 rows at a time (the AVX2 level): a chunk's unpacking serves them all
+// instead of 4, with the rows' int32 sums and accumulators kept in L1 (they would not fit the 16
 // registers beside the weights). The same integers and float steps: bitwise tile_q4kx8's.
-template <class Dot>
+template <class Dot, int RM>
 inline void tile_q4kx8_wide(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
-  constexpr int RM = 16;
   alignas(32) float acc[RM][8];
   alignas(32) int32_t isum[RM][8];
   for (int m = 0; m < RM; ++m) _mm256_store_ps(acc[m], _mm256_setzero_ps());
@@ -341,8 +340,14 @@ template <class Dot, X8Kind Kind>
 inline void group_rows(const uint8_t* g, const QAct& a, int64_t m0, int64_t m1, float* out, int64_t ldo, __m256 bias) {
   constexpr int R = Dot::RM;
   int64_t m = m0;
-  if constexpr (Kind == X8Kind::Q4K && R < 8)  // AVX2's 16 registers (VNNI's 32 hold 8 rows' tiles)
-    for (; m + 16 <= m1; m += 16) tile_q4kx8_wide<Dot>(g, a, m, out, ldo, bias);
+  if constexpr (Kind == X8Kind::Q4K && R < 8) {  // AVX2's 16 registers (VNNI's 32 hold 8 rows' tiles)
+    for (; m + 16 <= m1; m += 16) tile_q4kx8_wide<Dot, 16>(g, a, m, out, ldo, bias);
+    if (m + 8 <= m1) tile_q4kx8_wide<Dot, 8>(g, a, m, out, ldo, bias), m += 8;
+  }
+  if constexpr (Kind == X8Kind::Q6K && R < 8) {  // the same for Q6_K: its unpacking costs more
+    for (; m + 16 <= m1; m += 16) tile_q6kx8<Dot, 16>(g, a, m, out, ldo, bias);
+    if (m + 8 <= m1) tile_q6kx8<Dot, 8>(g, a, m, out, ldo, bias), m += 8;
+  }
   for (; m + R <= m1; m += R) tile_x8<Dot, Kind, R>(g, a, m, out, ldo, bias);
   if constexpr (R > 4) {
     if (m + 4 <= m1) {
