@@ -13,7 +13,7 @@ scheduler asks that, never whether a method exists (tests/unit/test_cache_contra
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -21,6 +21,7 @@ import torch
 
 if TYPE_CHECKING:
     from radixlm.cache.hicache_io import Prefetch
+    from radixlm.cache.payloads import CachePart
     from radixlm.cache.tree_node import TreeNode
 
 FLUSH_LEVELS = (
@@ -70,6 +71,12 @@ class CacheCapabilities:
     # swa_evictable_size): the WindowTracker counts and evicts it when the swa slots run short.
     tracks_windows: bool = False
 
+    @classmethod
+    def of(cls, parts: Iterable[type[CachePart]], **fixed: bool) -> CacheCapabilities:
+        """What a cache made of `parts` (payloads.py) can do: each part's CACHE_CAPABILITY."""
+        declared = {p.CACHE_CAPABILITY: True for p in parts if p.CACHE_CAPABILITY is not None}
+        return cls(**declared, **fixed)
+
 
 class BasePrefixCache(ABC):
     root_node: TreeNode
@@ -89,6 +96,10 @@ class BasePrefixCache(ABC):
     def peek_prefix(self, key: PrefixKey) -> MatchResult:
         """A lookup for ordering only: the tree's shape is left as it is (the node may extend past
         the match) and no tier moves."""
+
+    def snapshot_slot(self, node: TreeNode) -> int | None:
+        """The state-pool slot of node's device snapshot (keeps_state_snapshots); None: none."""
+        return None
 
     def kv_match(self, key: PrefixKey) -> MatchResult:
         """Where the KV of a just-inserted key ends (the cache manager repoints a request's row at

@@ -3,8 +3,9 @@ and L2 tiers of KV, and MambaRadixCache's state snapshots, which get a host tier
 (HostStatePool, host_state_pool.py). No storage tier (L3): snapshots have none, so
 --hicache-storage-backend is refused for hybrids (factory.py: prefix_cache_kind).
 
-A node may carry `state` (a device snapshot slot of the MambaPool) and/or `host_state` (a host
-snapshot slot), both the state layers' states after the node's last token. A device snapshot is
+A node's snapshot payload (payloads.StateSnapshot) may hold `slot` (a device snapshot slot of the
+MambaPool) and/or `host_slot` (a host snapshot slot), both the state layers' states after the
+node's last token. A device snapshot is
 only on a node in L1; a host snapshot on any node of the tree.
 
     down  a device snapshot that leaves (evict_states' LRU, or its node evicted from L1 into L2)
@@ -38,7 +39,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.cache.base_prefix_cache import CacheCapabilities, MatchResult, PrefixKey
+from radixlm.cache.base_prefix_cache import MatchResult, PrefixKey
 from radixlm.cache.hicache_io import HiCacheStats
 from radixlm.cache.hiradix_cache import HiRadixCache, _alloc, host_kv_size, host_slots
 from radixlm.cache.host_pool import HostKVPool, host_dtype_for
@@ -48,6 +49,7 @@ from radixlm.cache.mamba_radix_cache import (
     evictable_snapshots,
     snapshot_evictable,
 )
+from radixlm.cache.payloads import HostSlots, StateSnapshot
 from radixlm.cache.radix_cache import RadixCache
 from radixlm.cache.tree_node import TreeNode, empty_indices, state_lru, touch, touch_state
 from radixlm.radix_walk import walk
@@ -78,8 +80,7 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
         state_pool.host = host_states  # queued host copies run in MambaPool.apply_copies
         HiRadixCache.__init__(self, token_to_kv_pool, host_pool, write_policy, None, stats)
 
-    def capabilities(self) -> CacheCapabilities:
-        return CacheCapabilities(keeps_state_snapshots=True)  # a host tier of them too
+    PARTS = (HostSlots, StateSnapshot)  # a host tier of the snapshots too: no other capability
 
     def reset(self) -> None:
         super().reset()
@@ -97,7 +98,7 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
         loadable = True  # until bringing a host snapshot back found no room
         for i in range(len(path) - 1, -1, -1):
             node = path[i]
-            if node.state is None:
+            if node.snapshot.slot is None:
                 if not (loadable and self._readable(node)):
                     continue
                 loadable = self._load(path[: i + 1])
@@ -108,9 +109,9 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
 
     def _readable(self, node: TreeNode) -> bool:
         """node's host snapshot, if any, has been written and is intact (a damaged one goes)."""
-        if node.host_state is None:
+        if node.snapshot.host_slot is None:
             return False
-        ok = self.host_states.verify(node.host_state)
+        ok = self.host_states.verify(node.snapshot.host_slot)
         if ok is False:
             self._free_host_state(node)
             self.stats.count("state_corrupt")
@@ -131,7 +132,7 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
         t0 = time.perf_counter()
         pinned = [*host_nodes, target] if target.value is not None else host_nodes
         for n in pinned:  # eviction below must keep these in L2 and the target's snapshot
-            n.host_lock += 1
+            n.host.lock += 1
         if l1_end is not None:
             self.inc_lock_ref(l1_end)  # and the L1 part, device snapshots included
         slots = slot = None
@@ -143,14 +144,14 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
             if l1_end is not None:
                 self.dec_lock_ref(l1_end)
             for n in pinned:
-                n.host_lock -= 1
+                n.host.lock -= 1
         if slot is None:
             if slots is not None and need:
                 self.token_to_kv_pool.free(slots)
             return False
         self._load_nodes(host_nodes, slots)
-        target.state = slot
-        self.state_pool.queue_copy(self.state_pool.host_index(target.host_state), slot)
+        target.snapshot.slot = slot
+        self.state_pool.queue_copy(self.state_pool.host_index(target.snapshot.host_slot), slot)
         self.stats.count("state_l2_loads")
         moved = need * self.host_pool.bytes_per_token + self.state_pool.state_bytes
         self.stats.count("bytes_l2_to_l1", moved)
@@ -167,7 +168,7 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
         if not path:
             return MatchResult(empty_indices(), self.root_node)
         touch_state(path[-1])
-        path[-1].state_from_answer = False  # a prompt continues it (MambaRadixCache._match)
+        path[-1].snapshot.from_answer = False  # a prompt continues it (MambaRadixCache._match)
         self._count_hits(path[-1], [])
         return MatchResult(torch.cat([n.value for n in path]), path[-1])
 
@@ -183,17 +184,17 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
     def _stash_state(self, node: TreeNode) -> None:
         """node's device snapshot leaves the device: backed up to the host first (write-back)
         unless a copy is there; dropped without host room."""
-        if node.host_state is None:
+        if node.snapshot.host_slot is None:
             h = self._alloc_host_state()
             if h is None:
                 self.stats.count("state_dropped")
             else:  # queued before the slot is freed: read before anything reuses it
-                self.state_pool.queue_copy(node.state, self.state_pool.host_index(h))
-                node.host_state = h
+                self.state_pool.queue_copy(node.snapshot.slot, self.state_pool.host_index(h))
+                node.snapshot.host_slot = h
                 self.stats.count("state_l1_to_l2")
                 self.stats.count("bytes_l1_to_l2", self.state_pool.state_bytes)
-        self.state_pool.free_snapshot(node.state)
-        node.state = None
+        self.state_pool.free_snapshot(node.snapshot.slot)
+        node.snapshot.slot = None
 
     def _alloc_host_state(self) -> int | None:
         if not self.host_states.available():
@@ -206,7 +207,7 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
         heap = [
             x
             for x in self.all_nodes()
-            if x.host_state is not None and snapshot_evictable(x) and x.host_lock == 0
+            if x.snapshot.host_slot is not None and snapshot_evictable(x) and x.host.lock == 0
         ]
         nodes = heapq.nsmallest(n, heap, key=state_lru)
         for node in nodes:
@@ -215,33 +216,33 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
         return len(nodes)
 
     def _free_host_state(self, node: TreeNode) -> None:
-        self.host_states.free(node.host_state)
-        node.host_state = None
+        self.host_states.free(node.snapshot.host_slot)
+        node.snapshot.host_slot = None
 
     def _evict_node(self, node: TreeNode) -> None:
         """L1 eviction: the snapshot goes down with the node when the node stays (its KV in L2)."""
-        if node.state is not None:
-            stays = node.host_value is not None or (
+        if node.snapshot.slot is not None:
+            stays = node.host.value is not None or (
                 self.write_policy != "write_through_selective" and self._backup(node)
             )
             if stays:
                 self._stash_state(node)
             else:
-                self.state_pool.free_snapshot(node.state)
-                node.state = None
+                self.state_pool.free_snapshot(node.snapshot.slot)
+                node.snapshot.slot = None
         HiRadixCache._evict_node(self, node)
 
     def _drop_subtree(self, node: TreeNode) -> None:
         stack = [node]
         while stack:
             n = stack.pop()
-            if n.host_state is not None:
+            if n.snapshot.host_slot is not None:
                 self._free_host_state(n)
             stack.extend(n.children.values())
         super()._drop_subtree(node)
 
     def _unlink(self, node: TreeNode) -> None:  # an L2-only leaf leaving the tree (evict_host)
-        if node.host_state is not None:
+        if node.snapshot.host_slot is not None:
             self._free_host_state(node)
         RadixCache._unlink(node)
 
@@ -258,7 +259,7 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
         self.state_pool.apply_copies(self.state_pool.take_copies())
 
     def host_snapshot_count(self) -> int:
-        return sum(1 for n in self.all_nodes() if n.host_state is not None)
+        return sum(1 for n in self.all_nodes() if n.snapshot.host_slot is not None)
 
     def check(self) -> str | None:
         """HiRadixCache's tier invariants, and: device snapshots only in L1, every host snapshot
@@ -269,10 +270,10 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
         hs = self.host_states
         owners = [*hs.free_slots, *hs.deferred]
         for n in self.all_nodes():
-            if n.state is not None and n.value is None:
+            if n.snapshot.slot is not None and n.value is None:
                 return f"{n} keeps a device snapshot outside L1"
-            if n.host_state is not None:
-                owners.append(n.host_state)
+            if n.snapshot.host_slot is not None:
+                owners.append(n.snapshot.host_slot)
         if sorted(owners) != list(range(hs.size)):
             return (
                 f"host snapshot slots without exactly one owner ({len(owners)} owners of"

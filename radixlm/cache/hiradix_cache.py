@@ -1,7 +1,7 @@
 """HiRadixCache: the radix tree over three tiers of KV (SGLang's HiCache, on a CPU engine).
 
     L1  the device pool the model reads (TokenToKVPool), node.value
-    L2  a larger host pool, maybe more compact (HostKVPool), node.host_value
+    L2  a larger host pool, maybe more compact (HostKVPool), node.host.value
     L3  a storage tier (storage_tier.py) of fixed-size chunks keyed by a hash chain from the model
         key; it outlives the process
 
@@ -39,6 +39,7 @@ from radixlm.cache.hicache_io import HiCacheStats, Prefetch
 from radixlm.cache.host_pool import HostKVPool
 from radixlm.cache.kv_data import KVData
 from radixlm.cache.memory_pool import TokenToKVPool
+from radixlm.cache.payloads import HostSlots
 from radixlm.cache.radix_cache import RadixCache
 from radixlm.cache.storage_tier import BaseStorageTier, NoStorageTier
 from radixlm.cache.tree_node import TreeNode, touch
@@ -54,6 +55,8 @@ SELECTIVE_HITS = 2
 
 
 class HiRadixCache(RadixCache):
+    PARTS = (HostSlots,)
+
     def __init__(
         self,
         token_to_kv_pool: TokenToKVPool,
@@ -91,14 +94,14 @@ class HiRadixCache(RadixCache):
             return MatchResult(indices, node)
         t0 = time.perf_counter()
         for h in host_nodes:
-            h.host_lock += 1  # L1 eviction below may need L2 room: keep these
+            h.host.lock += 1  # L1 eviction below may need L2 room: keep these
         self.inc_lock_ref(node)  # and keep the L1 prefix
         try:
             slots = _alloc(self.token_to_kv_pool, self.evict, need)
         finally:
             self.dec_lock_ref(node)
             for h in host_nodes:
-                h.host_lock -= 1
+                h.host.lock -= 1
         if slots is None:
             return MatchResult(indices, node)
         self._load_nodes(host_nodes, slots)
@@ -114,7 +117,7 @@ class HiRadixCache(RadixCache):
         for h in host_nodes:
             n = len(h.key)
             h.value = slots[off : off + n]
-            self.host_pool.load_into(self.token_to_kv_pool, h.host_value, h.value)
+            self.host_pool.load_into(self.token_to_kv_pool, h.host.value, h.value)
             self.evictable_size_ += n
             off += n
 
@@ -135,10 +138,10 @@ class HiRadixCache(RadixCache):
             return
         hot = None
         for n in host_nodes:
-            n.hit_count += 1
+            n.host.hits += 1
         while node is not self.root_node:
-            node.hit_count += 1
-            if node.hit_count >= SELECTIVE_HITS and node.host_value is None:
+            node.host.hits += 1
+            if node.host.hits >= SELECTIVE_HITS and node.host.value is None:
                 self._backup(node)
                 hot = hot or node
             node = node.parent
@@ -170,11 +173,11 @@ class HiRadixCache(RadixCache):
         new = len(ids) - pos
         if pos < start or new <= 0:
             return 0
-        node.host_lock += 1  # host eviction for room must not drop the node we hang below
+        node.host.lock += 1  # host eviction for room must not drop the node we hang below
         try:
             host = self._alloc_host(new)
         finally:
-            node.host_lock -= 1
+            node.host.lock -= 1
         if host is None:
             return 0
         at = start  # token position of the chunk's first token
@@ -189,22 +192,22 @@ class HiRadixCache(RadixCache):
                 )
                 self.host_pool.set(host[lo - pos : hi - pos], part)
             at = hi
-        leaf = TreeNode(ids[pos:], None, key.namespace)
-        leaf.value, leaf.host_value, leaf.parent = None, host, node
+        leaf = TreeNode(ids[pos:], None, key.namespace, self.PARTS)
+        leaf.value, leaf.host.value, leaf.parent = None, host, node
         node.children[leaf.lookup_key()] = leaf
         return new
 
     # --- L1 eviction: down to L2 -------------------------------------------------
     def _evict_node(self, node: TreeNode) -> None:
         n = len(node.value)
-        if node.host_value is None and self.write_policy != "write_through_selective":
+        if node.host.value is None and self.write_policy != "write_through_selective":
             self._backup(
                 node
             )  # write_back (write_through backed it up at insert, unless L2 was full)
         self.token_to_kv_pool.free(node.value)
         self.evictable_size_ -= n
         node.value = None
-        if node.host_value is not None:
+        if node.host.value is not None:
             self.stats.count("l1_evicted_tokens", n)
         else:
             self._drop_subtree(node)
@@ -215,10 +218,10 @@ class HiRadixCache(RadixCache):
         stack = [node]
         while stack:
             n = stack.pop()
-            assert n.value is None and n.host_lock == 0, n
-            if n.host_value is not None:
-                self.host_pool.free(n.host_value)
-                n.host_value = None
+            assert n.value is None and n.host.lock == 0, n
+            if n.host.value is not None:
+                self.host_pool.free(n.host.value)
+                n.host.value = None
             self.stats.count("dropped_tokens", len(n.key))
             stack.extend(n.children.values())
             n.parent = None
@@ -226,17 +229,17 @@ class HiRadixCache(RadixCache):
     # --- L2 -------------------------------------------------------------------------
     def _backup(self, node: TreeNode) -> bool:
         """Copy an L1 node's KV to L2 (if not there yet). False: no room in L2."""
-        if node.host_value is not None:
+        if node.host.value is not None:
             return True
-        node.host_lock += 1
+        node.host.lock += 1
         try:
             host = self._alloc_host(len(node.value))
         finally:
-            node.host_lock -= 1
+            node.host.lock -= 1
         if host is None:
             return False
         self.host_pool.backup_from(self.token_to_kv_pool, node.value, host)
-        node.host_value = host
+        node.host.value = host
         self.stats.count("bytes_l1_to_l2", len(host) * self.host_pool.bytes_per_token)
         return True
 
@@ -248,7 +251,7 @@ class HiRadixCache(RadixCache):
         L3 first under write_back) and backups of L1 nodes (the node stays, in L1 only)."""
 
         def candidate(n: TreeNode) -> bool:
-            if n.host_value is None or n.host_lock > 0:
+            if n.host.value is None or n.host.lock > 0:
                 return False
             return n.value is not None or not n.children
 
@@ -259,11 +262,11 @@ class HiRadixCache(RadixCache):
             node = heapq.heappop(heap)
             if not candidate(node) or node.parent is None:
                 continue
-            n = len(node.host_value)
+            n = len(node.host.value)
             if node.value is None and self.write_policy == "write_back":
                 self._store_path(node)
-            self.host_pool.free(node.host_value)
-            node.host_value = None
+            self.host_pool.free(node.host.value)
+            node.host.value = None
             freed += n
             self.stats.count("l2_evicted_tokens", n)
             if node.value is None:  # L2-only leaf: it leaves the tree
@@ -304,7 +307,7 @@ class HiRadixCache(RadixCache):
                         )
                     )
                 else:
-                    parts.append(self.host_pool.get(n.host_value[a - pos : b - pos]))
+                    parts.append(self.host_pool.get(n.host.value[a - pos : b - pos]))
             pos += len(n.key)
             if pos >= hi:
                 break
@@ -342,14 +345,14 @@ class HiRadixCache(RadixCache):
         for n in self.all_nodes():
             if n.value is not None and n.parent is not self.root_node and n.parent.value is None:
                 return f"{n} is in L1 below an L2-only node"
-            if n.value is None and (n.host_value is None or n.lock_ref):
+            if n.value is None and (n.host.value is None or n.lock_ref):
                 return f"{n} is in no tier or locked outside L1"
-            if n.host_lock:
+            if n.host.lock:
                 return f"{n} pinned in L2 outside a load"
-            if n.host_value is not None:
-                if len(n.host_value) != len(n.key):
-                    return f"{n}: {len(n.host_value)} L2 slots for {len(n.key)} tokens"
-                parts.append(n.host_value)
+            if n.host.value is not None:
+                if len(n.host.value) != len(n.key):
+                    return f"{n}: {len(n.host.value)} L2 slots for {len(n.key)} tokens"
+                parts.append(n.host.value)
         counts = torch.bincount(torch.cat(parts), minlength=self.host_pool.size + 1)
         if (
             counts[0] != 0

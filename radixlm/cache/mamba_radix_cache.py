@@ -2,8 +2,9 @@
 (SGLang's name).
 
 A hybrid model's prefix is reusable only where its state layers' states after that prefix were
-kept: the attention KV of a longer match is no use without them. A node's `state` is a snapshot
-slot of the MambaPool holding the states after the node's last token. `match_prefix` returns the
+kept: the attention KV of a longer match is no use without them. A node's snapshot payload
+(payloads.StateSnapshot) has the slot of the MambaPool holding the states after the node's last
+token. `match_prefix` returns the
 longest cached prefix that ends at a snapshot (the root: the empty prefix, zero states); the
 attention KV past it is recomputed with the rest of the request (and freed as a duplicate when the
 request inserts it). Snapshots enter through `attach_state` (the scheduler's state tracker:
@@ -21,7 +22,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.cache.base_prefix_cache import CacheCapabilities, MatchResult, PrefixKey
+from radixlm.cache.base_prefix_cache import MatchResult, PrefixKey
+from radixlm.cache.payloads import StateSnapshot
 from radixlm.cache.radix_cache import RadixCache
 from radixlm.cache.tree_node import TreeNode, empty_indices, touch, touch_state
 from radixlm.radix_walk import walk
@@ -36,8 +38,7 @@ class MambaRadixCache(RadixCache):
         self.state_pool = state_pool
         super().__init__(token_to_kv_pool)
 
-    def capabilities(self) -> CacheCapabilities:
-        return CacheCapabilities(keeps_state_snapshots=True)
+    PARTS = (StateSnapshot,)
 
     # --- lookup ------------------------------------------------------------------
     def _match(self, key: PrefixKey, split: bool) -> MatchResult:
@@ -49,13 +50,13 @@ class MambaRadixCache(RadixCache):
                 break
             path.append(child)
             values.append(child.value)
-            if child.state is not None:
+            if child.snapshot.slot is not None:
                 best = child
         n = 0
         if best is not self.root_node:
             n = path.index(best) + 1
             touch_state(best)
-            best.state_from_answer = False  # a prompt continues that answer
+            best.snapshot.from_answer = False  # a prompt continues that answer
         touch(self.root_node)
         for node in path[:n]:
             touch(node)
@@ -65,12 +66,15 @@ class MambaRadixCache(RadixCache):
         return RadixCache._match(self, key, split=False)
 
     # --- snapshots ---------------------------------------------------------------
+    def snapshot_slot(self, node: TreeNode) -> int | None:
+        return node.snapshot.slot
+
     def attach_state(
         self, key: PrefixKey, alloc: Callable[[], int | None], from_answer: bool = False
     ) -> int | None:
         """Give the node ending at key (in the tree: just inserted) a snapshot slot from alloc(),
         splitting its edge if key ends inside it; from_answer: the states after a finished answer
-        (TreeNode.state_from_answer). -> the slot, or None when the node has a snapshot already or
+        (StateSnapshot.from_answer). -> the slot, or None when the node has a snapshot already or
         no slot was left (nothing changes then)."""
         at = self.locate(key)
         assert at is not None, "attach_state of a key the tree does not hold"
@@ -82,13 +86,13 @@ class MambaRadixCache(RadixCache):
         # Ranked below the prompts' snapshots until a prompt continues it, unless this path
         # already continued an earlier answer: a client that sends its answers back as they were.
         from_answer = from_answer and not continues_an_answer(node)
-        node.ends_answer |= from_answer
-        if node.state is not None:
+        node.snapshot.ends_answer |= from_answer
+        if node.snapshot.slot is not None:
             return None
         slot = alloc()
         if slot is not None:
-            node.state = slot
-            node.state_from_answer = from_answer
+            node.snapshot.slot = slot
+            node.snapshot.from_answer = from_answer
             touch_state(node)
         return slot
 
@@ -104,20 +108,20 @@ class MambaRadixCache(RadixCache):
         keep their KV)."""
         dropped = 0
         for node in evictable_snapshots(self.all_nodes(), n, superseded_only):
-            self.state_pool.free_snapshot(node.state)
-            node.state = None
+            self.state_pool.free_snapshot(node.snapshot.slot)
+            node.snapshot.slot = None
             dropped += 1
         return dropped
 
     def snapshot_count(self) -> int:
-        return sum(1 for n in self.all_nodes() if n.state is not None)
+        return sum(1 for n in self.all_nodes() if n.snapshot.slot is not None)
 
     # --- eviction ----------------------------------------------------------------
     def evict(self, num_tokens: int) -> int:
         """RadixCache's LRU eviction of unlocked leaves, leaves without a snapshot first."""
         if num_tokens <= 0:
             return 0
-        order = lambda n: (n.state is not None, n.last_access_time, n.id)
+        order = lambda n: (n.snapshot.slot is not None, n.last_access_time, n.id)
         heap = [(order(n), n) for n in self.all_nodes() if self.evictable(n)]
         heapq.heapify(heap)
         evicted = 0
@@ -133,9 +137,9 @@ class MambaRadixCache(RadixCache):
         return evicted
 
     def _evict_node(self, node: TreeNode) -> None:
-        if node.state is not None:
-            self.state_pool.free_snapshot(node.state)
-            node.state = None
+        if node.snapshot.slot is not None:
+            self.state_pool.free_snapshot(node.snapshot.slot)
+            node.snapshot.slot = None
         super()._evict_node(node)
 
     def flush(self, level: str = "l1") -> None:
@@ -144,7 +148,7 @@ class MambaRadixCache(RadixCache):
 
     # --- introspection -------------------------------------------------------------
     def state_slots(self) -> list[int]:
-        return [n.state for n in self.all_nodes() if n.state is not None]
+        return [n.snapshot.slot for n in self.all_nodes() if n.snapshot.slot is not None]
 
 
 def snapshot_evictable(node: TreeNode) -> bool:
@@ -166,16 +170,16 @@ def superseded(node: TreeNode) -> bool:
     x = node
     while len(x.children) == 1:
         (x,) = x.children.values()
-        if x.state is not None or x.host_state is not None:
-            return not x.state_from_answer
+        if x.snapshot.held():
+            return not x.snapshot.from_answer
     return False
 
 
 def continues_an_answer(node: TreeNode) -> bool:
-    """Whether a finished answer ends above node on its path (TreeNode.ends_answer)."""
+    """Whether a finished answer ends above node on its path (StateSnapshot.ends_answer)."""
     x = node.parent
     while x is not None:
-        if x.ends_answer:
+        if x.snapshot.ends_answer:
             return True
         x = x.parent
     return False
@@ -185,12 +189,12 @@ def snapshot_order(node: TreeNode) -> tuple[int, int, int]:
     """The order snapshots leave in: superseded ones (a token or an answer more to recompute if
     one is needed after all), then answers no prompt continued yet (their prompt's snapshot keeps
     all but the answer), then the rest; each kind least recently taken or matched first."""
-    kind = 0 if superseded(node) else 1 if node.state_from_answer else 2
-    return kind, node.state_access_time, node.id
+    kind = 0 if superseded(node) else 1 if node.snapshot.from_answer else 2
+    return kind, node.snapshot.access_time, node.id
 
 
 def evictable_snapshots(nodes: Iterable[TreeNode], n: int, superseded_only: bool) -> list[TreeNode]:
     """Up to n device snapshots to evict, in snapshot_order."""
-    heap = [x for x in nodes if x.state is not None and snapshot_evictable(x)]
+    heap = [x for x in nodes if x.snapshot.slot is not None and snapshot_evictable(x)]
     picked = heapq.nsmallest(n, heap, key=snapshot_order)
     return [x for x in picked if superseded(x)] if superseded_only else picked

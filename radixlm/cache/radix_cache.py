@@ -12,7 +12,8 @@ total_size at all times.
 
 The descent is radix_walk.walk, shared with every tree of the project. HiRadixCache
 (hiradix_cache.py) reuses this tree whole and fills in three hooks: _on_inserted (write-through),
-_evict_node (keep a backed-up node in host memory) and match_prefix's load of lower tiers.
+_evict_node (keep a backed-up node in host memory) and match_prefix's load of lower tiers. What a
+variant keeps per node is a payload of one of its PARTS (payloads.py), never a field of its own.
 See docs/architecture.md, "KV ownership".
 """
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Hashable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
@@ -35,6 +36,7 @@ from radixlm.radix_walk import walk
 
 if TYPE_CHECKING:
     from radixlm.cache.memory_pool import TokenToKVPool
+    from radixlm.cache.payloads import CachePart
 
 
 class RadixCache(BasePrefixCache):
@@ -42,12 +44,15 @@ class RadixCache(BasePrefixCache):
         self.token_to_kv_pool = token_to_kv_pool
         self.reset()
 
+    # The parts beyond the plain tree (payloads.py): its nodes' payloads, its capabilities.
+    PARTS: ClassVar[tuple[type[CachePart], ...]] = ()
+
     def capabilities(self) -> CacheCapabilities:
-        return CacheCapabilities()  # HiRadixCache's too: its tiers are its own business
+        return CacheCapabilities.of(self.PARTS)
 
     def reset(self) -> None:
         """Drop the whole tree. Slots are not freed here: the caller clears the pools."""
-        self.root_node = TreeNode()
+        self.root_node = TreeNode(parts=self.PARTS)
         # The root is never evicted and locking stops below it; a permanent ref keeps
         # it out of every "lock_ref == 0" test.
         self.root_node.lock_ref = 1
@@ -109,7 +114,7 @@ class RadixCache(BasePrefixCache):
                 shared += m
             node, end = child, pos + m
         if end < len(ids):  # nothing cached past this point: the rest is a new (unlocked) leaf
-            leaf = TreeNode(ids[end:], value[end:].clone(), key.namespace)
+            leaf = TreeNode(ids[end:], value[end:].clone(), key.namespace, self.PARTS)
             leaf.insert_count = 1
             leaf.parent = node
             node.children[leaf.lookup_key()] = leaf
@@ -167,20 +172,12 @@ class RadixCache(BasePrefixCache):
         upper.parent = child.parent
         upper.lock_ref = child.lock_ref
         upper.last_access_time = child.last_access_time
-        upper.host_lock, upper.hit_count, upper.insert_count = (
-            child.host_lock,
-            child.hit_count,
-            child.insert_count,
-        )
+        upper.insert_count = child.insert_count
         if child.value is not None:
             upper.value, child.value = child.value[:split_len], child.value[split_len:]
         else:
             upper.value = None
-        if child.host_value is not None:
-            upper.host_value, child.host_value = (
-                child.host_value[:split_len],
-                child.host_value[split_len:],
-            )
+        child.split_payloads(upper, split_len)
         upper.parent.children[upper.lookup_key()] = upper
         child.key = child.key[split_len:]
         child.parent = upper

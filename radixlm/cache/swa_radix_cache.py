@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.cache.base_prefix_cache import CacheCapabilities, MatchResult, PrefixKey
+from radixlm.cache.base_prefix_cache import MatchResult, PrefixKey
+from radixlm.cache.payloads import WindowedKV
 from radixlm.cache.radix_cache import RadixCache
 
 if TYPE_CHECKING:
@@ -33,8 +34,7 @@ class SWARadixCache(RadixCache):
         self.window = window
         super().__init__(token_to_kv_pool)
 
-    def capabilities(self) -> CacheCapabilities:
-        return CacheCapabilities(tracks_windows=True)
+    PARTS = (WindowedKV,)
 
     # --- lookup ------------------------------------------------------------------
     def _match(self, key: PrefixKey, split: bool) -> MatchResult:

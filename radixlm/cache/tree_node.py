@@ -1,5 +1,6 @@
 """TreeNode: a node of the KV cache's radix trees (radix_cache.py, hiradix_cache.py,
-mamba_radix_cache.py, hi_mamba_radix_cache.py)."""
+mamba_radix_cache.py, hi_mamba_radix_cache.py, swa_radix_cache.py): the tree's own fields, and a
+payload slot per part of the cache that keeps something per node (payloads.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import itertools
 from collections.abc import Hashable
 
 import torch
+
+from radixlm.cache.payloads import CachePart, HostSlots, StateSnapshot
 
 # A global logical clock: strictly increasing, so LRU order is deterministic (two
 # nodes touched in one match never tie the way time.monotonic() readings can).
@@ -17,7 +20,24 @@ def empty_indices() -> torch.Tensor:
     return torch.empty((0,), dtype=torch.int64)
 
 
+# The payload slots of TreeNode, one per CachePart that keeps something per node (NODE_SLOT).
+PAYLOAD_SLOTS = ("host", "snapshot")
+
+
 class TreeNode:
+    # Slots: a field no part declares cannot be set by mistake (a variant's old field name).
+    __slots__ = (
+        "id",
+        "children",
+        "parent",
+        "key",
+        "value",
+        "namespace",
+        "lock_ref",
+        "last_access_time",
+        "insert_count",
+        *PAYLOAD_SLOTS,
+    )
     _ids = itertools.count()
 
     def __init__(
@@ -25,40 +45,33 @@ class TreeNode:
         key: list[int] | None = None,
         value: torch.Tensor | None = None,
         namespace: Hashable | None = None,
+        parts: tuple[type[CachePart], ...] = (),
     ) -> None:
         self.id = next(TreeNode._ids)
         self.children: dict[Hashable, TreeNode] = {}  # keyed by lookup_key() of the child
         self.parent: TreeNode | None = None
         self.key: list[int] = key if key is not None else []
-        # KV slots in the pool (L1); None: the KV left L1 (hierarchical cache: it is in host_value).
+        # KV slots in the pool (L1); None: the KV left L1 (hierarchical cache: it is in host.value).
         self.value: torch.Tensor | None = value if value is not None else empty_indices()
         self.namespace = namespace
         self.lock_ref = 0
         self.last_access_time = next(_clock)
-        # Hierarchical cache (hiradix_cache.py) only: host_value its slots in the host pool (L2);
-        # host_lock pins it there during a load; hit_count drives write_through_selective.
-        self.host_value: torch.Tensor | None = None
-        self.host_lock = 0
-        self.hit_count = 0
         # Inserts that passed through this node (each request inserts its prompt after prefill and
         # prompt + output when it finishes): how often this branch was taken, radix drafts' weight.
         self.insert_count = 0
-        # A hybrid model's cache (mamba_radix_cache.py) only: the state-pool slot holding the state
-        # layers' states after this node's last token; None: no snapshot here.
-        self.state: int | None = None
-        # When that snapshot was taken or ended a match (touch_state): a path's other snapshots,
-        # which a match passes through (touch), age for snapshot eviction.
-        self.state_access_time = 0
-        # Whether that snapshot was taken after a finished answer (the state tracker's release)
-        # and no prompt's match has ended at it since: the next turn's text may re-tokenize the
-        # answer otherwise, so it ranks below the prompts' snapshots for eviction.
-        self.state_from_answer = False
-        # Whether a finished answer ended here (kept when the snapshot goes): a later answer
-        # below it is on a path whose client sent an answer back as it was.
-        self.ends_answer = False
-        # The hierarchical cache of a hybrid model (hi_mamba_radix_cache.py) only: the host slot
-        # (HostStatePool) of a copy of that snapshot; None: none on the host.
-        self.host_state: int | None = None
+        # The payloads of the tree's parts (payloads.py), None where the tree has no such part.
+        self.host: HostSlots | None = None
+        self.snapshot: StateSnapshot | None = None
+        for part in parts:
+            if part.NODE_SLOT is not None:
+                setattr(self, part.NODE_SLOT, part())
+
+    def split_payloads(self, upper: TreeNode, split_len: int) -> None:
+        """Give upper, the node cut from this one's first split_len tokens, its payloads."""
+        for slot in PAYLOAD_SLOTS:
+            part = getattr(self, slot)
+            if part is not None:
+                setattr(upper, slot, part.split(split_len))
 
     def lookup_key(self) -> Hashable:
         """The key of this node in its parent's children: its first token (and its namespace)."""
@@ -79,9 +92,9 @@ def touch(node: TreeNode) -> None:
 
 
 def touch_state(node: TreeNode) -> None:
-    node.state_access_time = next(_clock)
+    node.snapshot.access_time = next(_clock)
 
 
 def state_lru(node: TreeNode) -> tuple[int, int]:
     """The order snapshots are evicted in: least recently taken or matched first."""
-    return node.state_access_time, node.id
+    return node.snapshot.access_time, node.id

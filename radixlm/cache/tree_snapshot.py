@@ -69,7 +69,7 @@ def tree_snapshot(
                     children=len(n.children),
                     tier="l1" if n.value is not None else "l2",
                     namespaced=n.namespace is not None,
-                    snapshot=n.state is not None or n.host_state is not None,
+                    snapshot=n.snapshot is not None and n.snapshot.held(),
                     token_ids=list(n.key[:MAX_IDS_PER_NODE]) if with_token_ids else None,
                 )
             )

@@ -30,6 +30,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 SCOPE = ("radixlm/scheduler", "radixlm/cache")
@@ -160,15 +161,9 @@ def test_probe_finder_walks_the_scope(tmp_path):
 # ----------------------------------------------------------------------------- the declarations
 def test_every_cache_declares_its_capabilities():
     """Each cache kind the factory builds says what it does; a new kind must be added here."""
-    from radixlm.cache.base_prefix_cache import BasePrefixCache, CacheCapabilities
+    from radixlm.cache.base_prefix_cache import CacheCapabilities
 
-    for mod in pkgutil.iter_modules([str(ROOT / "radixlm/cache")]):
-        importlib.import_module(f"radixlm.cache.{mod.name}")
-    kinds, todo = {}, [BasePrefixCache]
-    while todo:
-        for sub in todo.pop().__subclasses__():
-            kinds[sub.__name__] = sub
-            todo.append(sub)
+    kinds = cache_kinds()
     snapshots, windows = (
         CacheCapabilities(keeps_state_snapshots=True),
         CacheCapabilities(tracks_windows=True),
@@ -185,3 +180,73 @@ def test_every_cache_declares_its_capabilities():
     for name, cls in kinds.items():
         # object.__new__: a declaration depends on the kind, not on a built pool
         assert cls.capabilities(object.__new__(cls)) == expected[name], name
+
+
+# ----------------------------------------------------------------------------- the parts
+def cache_kinds() -> dict[str, type]:
+    from radixlm.cache.base_prefix_cache import BasePrefixCache
+
+    for mod in pkgutil.iter_modules([str(ROOT / "radixlm/cache")]):
+        importlib.import_module(f"radixlm.cache.{mod.name}")
+    kinds, todo = {}, [BasePrefixCache]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            kinds[sub.__name__] = sub
+            todo.append(sub)
+    return kinds
+
+
+def test_parts_declare_the_capabilities():
+    """A tree's capabilities are what its parts declare (payloads.py), and each part names a
+    real CacheCapabilities field and a real TreeNode payload slot."""
+    from dataclasses import fields
+
+    from radixlm.cache.base_prefix_cache import CacheCapabilities
+    from radixlm.cache.payloads import CachePart, HostSlots, StateSnapshot, WindowedKV
+    from radixlm.cache.tree_node import PAYLOAD_SLOTS
+
+    assert {p.__name__: (p.NODE_SLOT, p.CACHE_CAPABILITY) for p in CachePart.__subclasses__()} == {
+        "HostSlots": ("host", None),
+        "StateSnapshot": ("snapshot", "keeps_state_snapshots"),
+        "WindowedKV": (None, "tracks_windows"),
+    }
+    flags = {f.name for f in fields(CacheCapabilities)}
+    for part in (HostSlots, StateSnapshot, WindowedKV):
+        assert part.CACHE_CAPABILITY is None or part.CACHE_CAPABILITY in flags
+        assert part.NODE_SLOT is None or part.NODE_SLOT in PAYLOAD_SLOTS
+    expected = {
+        "RadixCache": (),
+        "HiRadixCache": (HostSlots,),
+        "MambaRadixCache": (StateSnapshot,),
+        "HiMambaRadixCache": (HostSlots, StateSnapshot),
+        "SWARadixCache": (WindowedKV,),
+    }
+    for name, cls in cache_kinds().items():
+        if name in expected:
+            assert cls.PARTS == expected[name], name
+            assert cls.capabilities(object.__new__(cls)) == CacheCapabilities.of(cls.PARTS), name
+
+
+def test_nodes_carry_only_their_trees_payloads():
+    """A plain tree's nodes have no variant fields; a variant's nodes (root, leaves, split halves)
+    each get their own payload of every part; the old variant-only fields are gone."""
+    from radixlm.cache.payloads import HostSlots, StateSnapshot
+    from radixlm.cache.tree_node import TreeNode
+
+    plain = TreeNode([1, 2, 3])
+    assert plain.host is None and plain.snapshot is None
+    for old in ("host_value", "host_lock", "hit_count", "state", "host_state", "ends_answer"):
+        with pytest.raises(AttributeError):
+            setattr(plain, old, 1)
+    both = TreeNode([1, 2, 3], parts=(HostSlots, StateSnapshot))
+    assert isinstance(both.host, HostSlots) and isinstance(both.snapshot, StateSnapshot)
+    assert TreeNode(parts=(HostSlots,)).host is not both.host
+    both.host.value, both.host.lock, both.host.hits = torch.arange(3), 1, 2
+    both.snapshot.slot, both.snapshot.host_slot, both.snapshot.ends_answer = 4, 5, True
+    upper = TreeNode([1])
+    both.split_payloads(upper, 1)
+    assert upper.host.value.tolist() == [0] and both.host.value.tolist() == [1, 2]
+    assert (upper.host.lock, upper.host.hits) == (1, 2)
+    # the snapshot is after the edge's last token: it stays with the lower half
+    assert not upper.snapshot.held() and not upper.snapshot.ends_answer
+    assert (both.snapshot.slot, both.snapshot.host_slot) == (4, 5)

@@ -97,18 +97,18 @@ def test_snapshots_go_to_the_host_and_come_back_with_the_same_tensors():
     for first in (10, 20):  # two more snapshots: a's, the least recently used, goes down
         insert(tree, kv_pool, [first, first + 1])
         snapshot(tree, states, [first, first + 1], float(first))
-    assert node.state is None and node.host_state is not None
+    assert node.snapshot.slot is None and node.snapshot.host_slot is not None
     forward(states)  # the backup ran before the slot's reuse was written
     assert tree.stats.state_l1_to_l2 == 1
     assert len(tree.peek_prefix(K([*a, 99])).indices) == 0  # not on the device any more
 
     m = tree.match_prefix(K([*a, 99]))
-    assert len(m.indices) == 6 and m.last_node is node and node.state is not None
+    assert len(m.indices) == 6 and m.last_node is node and node.snapshot.slot is not None
     forward(states)
-    for got, exp in zip(read(states, node.state), want):
+    for got, exp in zip(read(states, node.snapshot.slot), want):
         assert torch.equal(got, exp)
     assert tree.stats.state_l2_loads == 1 and tree.stats.state_corrupt == 0
-    assert node.host_state is not None  # the host copy stays (no second backup needed)
+    assert node.snapshot.host_slot is not None  # the host copy stays (no second backup needed)
     assert tree.check() is None
 
 
@@ -121,14 +121,14 @@ def test_a_node_evicted_to_l2_brings_its_kv_and_snapshot_back():
     snapshot(tree, states, a, 7.0)
     insert(tree, kv_pool, range(30, 42))  # 12 more tokens in a pool of 16: a goes to L2
     node = tree.locate(K(a))[0]
-    assert node.value is None and node.host_value is not None
-    assert node.state is None and node.host_state is not None
+    assert node.value is None and node.host.value is not None
+    assert node.snapshot.slot is None and node.snapshot.host_slot is not None
     forward(states)
     m = tree.match_prefix(K([*a, 99]))
     assert len(m.indices) == 10 and m.last_node is node
     assert torch.equal(kv_pool.k_buffer[0][m.indices].flatten(), torch.arange(10.0))
     forward(states)
-    assert all(torch.all(t == 7.0) for t in read(states, node.state))
+    assert all(torch.all(t == 7.0) for t in read(states, node.snapshot.slot))
     assert tree.stats.l2_hit_tokens == 10 and tree.stats.state_l2_loads == 1
     assert tree.check() is None
 
@@ -144,15 +144,15 @@ def test_a_corrupt_host_snapshot_is_a_miss_for_its_part_of_the_prefix():
         snapshot(tree, states, [first, first + 1], float(first))
     forward(states)
     deep = tree.locate(K(a))[0]
-    assert deep.state is None and deep.host_state is not None
-    tree.host_states.buffers[1]["ssm"][deep.host_state, 0, 1, 0] += 1.0  # one damaged value
+    assert deep.snapshot.slot is None and deep.snapshot.host_slot is not None
+    tree.host_states.buffers[1]["ssm"][deep.snapshot.host_slot, 0, 1, 0] += 1.0  # one damaged value
 
     m = tree.match_prefix(K([*a, 99]))
     assert len(m.indices) == 3  # the shallower snapshot, from the host as well
     forward(states)
-    assert all(torch.all(t == 3.0) for t in read(states, m.last_node.state))
+    assert all(torch.all(t == 3.0) for t in read(states, m.last_node.snapshot.slot))
     assert tree.stats.state_corrupt == 1 and tree.stats.state_l2_loads == 1
-    assert deep.host_state is None  # dropped, its slot free again (the check counts it)
+    assert deep.snapshot.host_slot is None  # dropped, its slot free again (the check counts it)
     assert tree.check() is None
 
 
@@ -165,7 +165,10 @@ def test_a_snapshot_not_yet_backed_up_is_not_read():
     insert(tree, kv_pool, [5, 6])
     snapshot(tree, states, [5, 6], 5.0)  # [1, 2]'s snapshot: backup queued
     node = tree.locate(K([1, 2]))[0]
-    assert node.host_state is not None and tree.host_states.verify(node.host_state) is None
+    assert (
+        node.snapshot.host_slot is not None
+        and tree.host_states.verify(node.snapshot.host_slot) is None
+    )
     assert len(tree.match_prefix(K([1, 2, 3])).indices) == 0
     tree._evict_host_states(1)  # freed with its backup queued: held back
     assert tree.host_states.available() == 0 and tree.check() is None
@@ -187,20 +190,22 @@ def test_a_full_host_drops_its_least_recently_used_unlocked_snapshots():
     snapshot(tree, states, seqs[3], 40.0)  # 30 goes down: 20's host copy makes room
     forward(states)
     assert tree.stats.state_l2_evicted == 1
-    assert node_of(seqs[1]).host_state is None
-    assert locked.host_state is not None
+    assert node_of(seqs[1]).snapshot.host_slot is None
+    assert locked.snapshot.host_slot is not None
     tree.dec_lock_ref(locked)
     insert(tree, kv_pool, seqs[4])
     snapshot(tree, states, seqs[4], 50.0)  # 40 goes down: now 10's host copy goes
-    assert locked.host_state is None and tree.stats.state_l2_evicted == 2
-    where = [(n.state is not None, n.host_state is not None) for n in map(node_of, seqs)]
+    assert locked.snapshot.host_slot is None and tree.stats.state_l2_evicted == 2
+    where = [
+        (n.snapshot.slot is not None, n.snapshot.host_slot is not None) for n in map(node_of, seqs)
+    ]
     assert where == [(False, False), (False, False), (False, True), (False, True), (True, False)]
     forward(states)
     for s, n in ((seqs[0], 0), (seqs[3], 2)):
         m = tree.match_prefix(K([*s, 0]))
         assert len(m.indices) == n, s
     forward(states)
-    assert all(torch.all(t == 40.0) for t in read(states, m.last_node.state))
+    assert all(torch.all(t == 40.0) for t in read(states, m.last_node.snapshot.slot))
     assert tree.check() is None
 
 
@@ -236,11 +241,11 @@ def test_a_mixed_workload_hands_out_only_right_states_and_leaks_nothing(seed, po
         elif op < 0.6:
             m = tree.match_prefix(K(seq))
             n = len(m.indices)
-            assert (m.last_node.state is not None) == (n > 0)
+            assert (m.last_node.snapshot.slot is not None) == (n > 0)
             forward(states)
             if n:
                 want = value(seq[:n])
-                got = read(states, m.last_node.state)
+                got = read(states, m.last_node.snapshot.slot)
                 assert all(torch.all(t == torch.tensor(want).to(t.dtype)) for t in got), seq
                 if rng.random() < 0.5:
                     tree.inc_lock_ref(m.last_node)
@@ -251,10 +256,10 @@ def test_a_mixed_workload_hands_out_only_right_states_and_leaks_nothing(seed, po
             tree.evict(rng.randint(1, 10))
         elif op < 0.85:
             forward(states)
-            used = [n for n in tree.all_nodes() if n.host_state is not None]
+            used = [n for n in tree.all_nodes() if n.snapshot.host_slot is not None]
             if used:  # damage one host copy: the next match through it must not use it
                 n = rng.choice(used)
-                tree.host_states.buffers[0]["conv"][n.host_state] += 1.0
+                tree.host_states.buffers[0]["conv"][n.snapshot.host_slot] += 1.0
         else:
             forward(states)
         _owners_ok(tree, states, [])
@@ -281,7 +286,7 @@ def test_flush_l1_keeps_snapshots_on_the_host():
     m = tree.match_prefix(K([1, 2, 3, 4]))
     assert len(m.indices) == 3
     forward(states)
-    assert all(torch.all(t == 4.0) for t in read(states, m.last_node.state))
+    assert all(torch.all(t == 4.0) for t in read(states, m.last_node.snapshot.slot))
 
 
 def test_the_factory_chooses_it_and_splits_the_host_budget():

@@ -38,7 +38,7 @@ def test_match_stops_at_the_deepest_snapshot():
     slot = tree.attach_state(K(range(6)), states.alloc_snapshot)  # splits the edge at 6
     assert slot == states.rows  # the first snapshot slot, past the request rows
     m = tree.match_prefix(K([*range(10), 99]))
-    assert len(m.indices) == 6 and m.last_node.state == slot
+    assert len(m.indices) == 6 and m.last_node.snapshot.slot == slot
     # the full KV is still there for the cache manager
     assert len(tree.kv_match(K(range(10))).indices) == 10
     # a second snapshot at the same place keeps the first
@@ -74,7 +74,7 @@ def test_snapshot_slots_recycle_least_recently_used_unlocked_first():
     insert(tree, kv_pool, [40, 41])
     # [30, 31]'s slot (unlocked), not the locked node's, though that one is older
     assert tree.attach_state(K([40, 41]), tree.alloc_state) == slots[20]
-    assert locked.state == slots[10]
+    assert locked.snapshot.slot == slots[10]
 
 
 def test_a_lock_pins_only_its_own_node_snapshot_not_its_ancestors():
@@ -92,9 +92,9 @@ def test_a_lock_pins_only_its_own_node_snapshot_not_its_ancestors():
     # every slot taken: the least recently used evictable one is A's turn 1 (locked only as an
     # ancestor), not B's answer, nor A's running node (where the lock ends)
     assert tree.attach_state(K([60, 61]), tree.alloc_state) == old_turn
-    assert running.state == a_now
+    assert running.snapshot.slot == a_now
     m = tree.match_prefix(K([50, 51]))
-    assert len(m.indices) == 2 and m.last_node.state == b_answer
+    assert len(m.indices) == 2 and m.last_node.snapshot.slot == b_answer
 
 
 def test_a_match_passing_through_does_not_refresh_a_snapshot():
@@ -109,7 +109,7 @@ def test_a_match_passing_through_does_not_refresh_a_snapshot():
     insert(tree, kv_pool, [70, 71])
     assert tree.attach_state(K([70, 71]), tree.alloc_state) == shallow
     m = tree.match_prefix(K([50, 51]))
-    assert len(m.indices) == 2 and m.last_node.state == other
+    assert len(m.indices) == 2 and m.last_node.snapshot.slot == other
     assert len(tree.match_prefix(K(range(6))).indices) == 6
 
 
@@ -150,7 +150,7 @@ def test_superseded_snapshots_go_first():
     assert tree.attach_state(K([70, 71]), tree.alloc_state) == before_end
     insert(tree, kv_pool, [80, 81])
     assert tree.attach_state(K([80, 81]), tree.alloc_state) == other  # then least recently used
-    assert tree.match_prefix(K([*range(10), 5])).last_node.state == end
+    assert tree.match_prefix(K([*range(10), 5])).last_node.snapshot.slot == end
 
 
 def _prompt_then_answer():
@@ -172,11 +172,11 @@ def test_an_answer_ranks_below_the_prompts_until_a_prompt_continues_it():
     insert(tree, kv_pool, [60, 61])
     assert tree.attach_state(K([60, 61]), tree.alloc_state) == answer
     # the text of the next turn diverged inside the answer: it resumes at the prompt's end
-    assert tree.match_prefix(K([*range(7), 99])).last_node.state == prompt
-    assert tree.match_prefix(K([50, 51])).last_node.state == older
+    assert tree.match_prefix(K([*range(7), 99])).last_node.snapshot.slot == prompt
+    assert tree.match_prefix(K([50, 51])).last_node.snapshot.slot == older
 
     tree, kv_pool, (older, prompt, answer) = _prompt_then_answer()
-    assert tree.match_prefix(K([*range(10), 99])).last_node.state == answer  # continued
+    assert tree.match_prefix(K([*range(10), 99])).last_node.snapshot.slot == answer  # continued
     insert(tree, kv_pool, [60, 61])
     assert tree.attach_state(K([60, 61]), tree.alloc_state) == prompt
     insert(tree, kv_pool, [70, 71])
@@ -201,7 +201,7 @@ def test_an_answer_on_a_path_that_continued_one_ranks_as_a_prompt():
     # then the least recently used, the older prompt: not turn 2's answer, as an answer
     # nothing continued would have been
     assert tree.attach_state(K([70, 71]), tree.alloc_state) == older
-    assert tree.match_prefix(K([*range(20), 7])).last_node.state == turn1
+    assert tree.match_prefix(K([*range(20), 7])).last_node.snapshot.slot == turn1
 
 
 def test_an_interval_snapshot_displaces_only_superseded_ones():
@@ -215,8 +215,8 @@ def test_an_interval_snapshot_displaces_only_superseded_ones():
     assert states.available_snapshots() == 0
     assert tree.alloc_state(superseded_only=True) == kept[1]  # [60, 61]: under [60, 61, 62]'s
     assert tree.alloc_state(superseded_only=True) is None  # the rest are whole prefixes
-    assert tree.match_prefix(K([50, 51])).last_node.state == kept[0]
-    assert tree.match_prefix(K([60, 61, 62])).last_node.state == end
+    assert tree.match_prefix(K([50, 51])).last_node.snapshot.slot == kept[0]
+    assert tree.match_prefix(K([60, 61, 62])).last_node.snapshot.slot == end
 
 
 def test_a_prompt_takes_its_end_snapshots_before_its_intervals():

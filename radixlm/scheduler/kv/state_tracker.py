@@ -115,7 +115,8 @@ class StateTracker(BaseStateTracker):
         self.track_interval = track_interval
 
     def on_assign(self, req: Req, node: TreeNode) -> None:
-        src = node.state if node.state is not None else ZERO
+        slot = self.tree.snapshot_slot(node)
+        src = slot if slot is not None else ZERO
         assert src != ZERO or node is self.tree.root_node, "a match ends at a snapshot"
         self.pool.queue_copy(src, req.req_pool_idx)
         req.state_len = req.kv_committed_len
