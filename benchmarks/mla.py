@@ -111,8 +111,8 @@ def main() -> None:
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    from radixlm.model.kv_layout import kv_layout
     from radixlm.model.loader import load_model
+    from radixlm.model.memory.kv_layout import kv_layout
 
     cfg = {
         **V2_LITE,

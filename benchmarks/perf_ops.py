@@ -137,8 +137,8 @@ def profile_radixlm(a) -> str:
     from radixlm.bench.one_batch import run_once, sized_server_args
     from radixlm.bench.workloads import random_prompts
     from radixlm.config import ServerArgs
-    from radixlm.model.runner import ModelRunner
-    from radixlm.model.runner_config import ModelRunnerConfig
+    from radixlm.model.executor.runner import ModelRunner
+    from radixlm.model.executor.runner_config import ModelRunnerConfig
 
     decode = a.phase == "decode"
     input_len, output_len = (a.input_len, a.output_len) if decode else (a.input_len, 1)

@@ -1,5 +1,5 @@
 """KV bytes per token of a long context for a model with sliding-window layers (issue 64): the
-windowed layers' own slot space (model/swa_memory.py) beside "every layer global".
+windowed layers' own slot space (model/memory/swa_memory.py) beside "every layer global".
 
     python benchmarks/swa_kv_memory.py --context 32768
 

@@ -50,10 +50,10 @@ def main() -> None:
 
     from radixlm.bench import one_batch
     from radixlm.bench.workloads import random_prompts
-    from radixlm.model import compiled_decode
+    from radixlm.model.executor import compiled_decode
+    from radixlm.model.executor.runner import ModelRunner
+    from radixlm.model.executor.runner_config import ModelRunnerConfig
     from radixlm.model.models import llama
-    from radixlm.model.runner import ModelRunner
-    from radixlm.model.runner_config import ModelRunnerConfig
 
     torch._inductor.config.freezing = args.freezing
     if args.force:

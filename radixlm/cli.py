@@ -150,10 +150,10 @@ def option_choices() -> dict[str, tuple[str, ...]]:
     from radixlm.engine.request_log import LOG_REQUESTS_FORMATS, LOG_REQUESTS_LEVELS
     from radixlm.function_call.registry import TOOL_CALL_PARSER_REGISTRY
     from radixlm.lora.config import EVICTION_POLICIES, LORA_BACKENDS
+    from radixlm.model.executor.runner_config import DTYPES, KV_CACHE_DTYPES, MAMBA_SSM_DTYPES
     from radixlm.model.layers.attention import ATTENTION_BACKEND_REGISTRY
     from radixlm.model.layers.linear_attn import LINEAR_ATTN_BACKEND_REGISTRY
     from radixlm.model.quant.methods import QUANTIZATIONS
-    from radixlm.model.runner_config import DTYPES, KV_CACHE_DTYPES, MAMBA_SSM_DTYPES
     from radixlm.model.sampling_defaults import SAMPLING_DEFAULTS_MODES
     from radixlm.reasoning.formats import REASONING_PARSER_REGISTRY
     from radixlm.scheduler.batching.policy import SCHEDULE_POLICY_REGISTRY

@@ -60,7 +60,7 @@ class ServerArgs:
     max_total_tokens: int | None = None  # KV pool size in tokens; default from kv_memory_gb
     kv_memory_gb: float = 1.0  # KV budget when max_total_tokens is not given
     # SGLang's: the KV pool from RAM available after the weights load, less (1 - F) x RAM available
-    # before (model/kv_budget.py); max_total_tokens caps it. None: kv_memory_gb.
+    # before (model/memory/kv_budget.py); max_total_tokens caps it. None: kv_memory_gb.
     mem_fraction_static: float | None = None
     # Dense copy of the decoding requests' KV (model/layers/attention/decode_kv_mirror.py), on top
     # of the pool; None: 1 GiB on CPU (where it saves the per-step gather), 0 (off) on CUDA.
@@ -78,7 +78,7 @@ class ServerArgs:
     # Inside a prompt's prefill, keep a state snapshot every this many tokens (a prompt that
     # branches off a long cached one resumes at the last snapshot before the branch).
     mamba_track_interval: int = 256
-    # Models with sliding-window layers (model/swa_memory.py): their KV in a second slot space of
+    # Sliding-window layers (model/memory/swa_memory.py): their KV in a second slot space of
     # swa_full_tokens_ratio x the full layers' slots, a running request keeping only its window
     # of it (SGLang's hybrid SWA memory; disable_hybrid_swa_memory: one slot space for all layers).
     swa_full_tokens_ratio: float = 0.8
@@ -126,11 +126,11 @@ class ServerArgs:
     disable_overlap_schedule: bool = False
     enable_overlap_schedule: bool = False  # turn it on on CPU too
     random_seed: int = 42
-    enable_torch_compile: bool = False  # SGLang's: compile decode steps (model/compiled_decode.py)
+    enable_torch_compile: bool = False  # SGLang's: compiled decode (executor/compiled_decode.py)
     torch_compile_max_bs: int = 32  # SGLang's default
-    # CUDA graphs of decode steps (model/cuda_graph_runner.py), SGLang's flags: on CUDA, for batches
-    # of up to cuda_graph_max_bs requests (None: min(256, max_running_requests)), padded up to a
-    # captured size; cuda_graph_bs: the batch sizes captured (None: SGLang's list up to the max).
+    # Decode steps' CUDA graphs (model/executor/cuda_graph_runner.py), SGLang's flags: on CUDA, for
+    # batches of up to cuda_graph_max_bs requests (None: min(256, max_running_requests)), padded up
+    # to a captured size; cuda_graph_bs: the batch sizes captured (None: SGLang's list to the max).
     cuda_graph_max_bs: int | None = None
     cuda_graph_bs: list[int] | None = None
     disable_cuda_graph: bool = False

@@ -31,7 +31,7 @@ class MultimodalItem:
         default_factory=dict
     )  # model-specific processor outputs (image_sizes, grids)
     # The span as the decoder's grid of tokens (temporal, height, width; their product is `length`):
-    # M-RoPE positions (Qwen2-VL, model/mrope.py). None: a flat run (LLaVA, Idefics3).
+    # M-RoPE positions (Qwen2-VL, model/executor/mrope.py). None: a flat run (LLaVA, Idefics3).
     grid: tuple[int, int, int] | None = None
 
     def __post_init__(self):

@@ -91,8 +91,8 @@ def keep_freed_memory_in_heap() -> bool:
     By default glibc serves big allocations (a prefill's activations: MBs each) with fresh mmaps
     and trims freed heap memory, so every forward re-faults its activations page by page: ~20%
     of a 1,024-token CPU prefill (docs/benchmarks.md). Call it after loading: the loader sets
-    glibc's threshold for its own copies (model/memory.py). Returns False where it does not apply
-    (not glibc)."""
+    glibc's threshold for its own copies (model/memory/weight_memory.py). Returns False where it
+    does not apply (not glibc)."""
     try:
         libc = ctypes.CDLL("libc.so.6")
         return bool(

@@ -238,8 +238,8 @@ def _profile(runner, prompts, args, bs: int, prefixes) -> str:
 
 def run(args, server_args) -> list[dict]:
     """One result per batch size; each carries its greedy tokens under 'output_ids'."""
-    from radixlm.model.runner import ModelRunner
-    from radixlm.model.runner_config import ModelRunnerConfig
+    from radixlm.model.executor.runner import ModelRunner
+    from radixlm.model.executor.runner_config import ModelRunnerConfig
 
     if args.input_len < 1 or args.output_len < 1:
         raise ValueError("--input-len and --output-len must be at least 1")
@@ -302,7 +302,7 @@ def run(args, server_args) -> list[dict]:
                 roofline_share=step_bytes / (rate * 1e9) / step_s,
             )
             if runner.device.type == "cpu":  # the weights' own pages' rate (device_rates.py)
-                from radixlm.model.memory import weight_tensors
+                from radixlm.model.memory.weight_memory import weight_tensors
 
                 own = tensors_read_rate_gbps(weight_tensors(runner.model))
                 if own:

@@ -80,8 +80,8 @@ class ForwardBatch:
     # Per request, its images (MultimodalInputs or None; empty: none in the batch): the model embeds
     # the parts of their spans this extend covers (model/mm_embed.py).
     mm_inputs: list = field(default_factory=list)
-    # [3, num_tokens]: M-RoPE positions (temporal, height, width; model/mrope.py) of an M-RoPE
-    # model's step where a request has images; None: none (plain RoPE at `positions`).
+    # [3, num_tokens]: M-RoPE positions (temporal, height, width; model/executor/mrope.py) of an
+    # M-RoPE model's step where a request has images; None: none (plain RoPE at `positions`).
     mrope_positions: torch.Tensor | None = None
     # TARGET_VERIFY of draft trees: which new tokens each new token attends (model/tree_mask.py);
     # None: causal (every other batch, and a verify batch of chains). Every backend honours it.

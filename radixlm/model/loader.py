@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from radixlm.model import memory, sampling_defaults
+from radixlm.model import sampling_defaults
 from radixlm.model.gguf.loader import (
     gguf_chat_template,
     gguf_config,
@@ -33,6 +33,7 @@ from radixlm.model.gguf.loader import (
     gguf_weights,
 )
 from radixlm.model.gguf.reader import GGUF_MAGIC, open_gguf
+from radixlm.model.memory import weight_memory
 from radixlm.model.pp_stage import stage_owns
 from radixlm.model.quant.checkpoint import (
     CHECKPOINT_METHODS,
@@ -280,7 +281,7 @@ def load_model(
     embedding checkpoint has none, or one never read), tensor names with or without `model.`.
     overrides: --json-model-override-args, merged into the HF config (model/reranker.py)."""
     t0 = time.perf_counter()
-    memory.return_large_frees_to_os()
+    weight_memory.return_large_frees_to_os()
     path = os.path.abspath(path or default_model_path())
     kind = _model_kind(path)
     is_gguf = kind == "gguf"
@@ -359,17 +360,18 @@ def load_model(
         None  # the file's views and the loading generator's last tensor: not resident
     )
     gc.collect()
-    held, resident = memory.weight_bytes(model), memory.resident_bytes()
-    file_note = f" (file {memory.gib(os.path.getsize(path))})" if os.path.isfile(path) else ""
+    held, resident = weight_memory.weight_bytes(model), weight_memory.resident_bytes()
+    file_size = os.path.getsize(path) if os.path.isfile(path) else None
+    file_note = "" if file_size is None else f" (file {weight_memory.gib(file_size)})"
     logger.info(
         "loaded %s (%s, weights: %s) in %.2f s: weights %s%s, resident %s",
         path,
         architecture,
         quant,
         seconds,
-        memory.gib(held),
+        weight_memory.gib(held),
         file_note,
-        memory.gib(resident),
+        weight_memory.gib(resident),
     )
     return LoadedModel(
         model=model,

@@ -8,7 +8,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import nn
 
-from radixlm.model.kv_layout import KVLayout
+from radixlm.model.memory.kv_layout import KVLayout
 
 
 @runtime_checkable

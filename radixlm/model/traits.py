@@ -1,5 +1,5 @@
-"""What a model is, typed: the contract between a model and the runner (model/runner.py and its
-helpers: the loader, the memory pools, the quantization methods, the pooler, ...).
+"""What a model is, typed: the contract between a model and the runner (model/executor/runner.py
+and its helpers: the loader, the memory pools, the quantization methods, the pooler, ...).
 
 Every served model class derives from `ServedModel` and answers `traits()` with a `ModelTraits`;
 the runner reads those fields instead of probing the model for optional attributes by name.
@@ -33,7 +33,7 @@ class ModelTraits:
     # themselves); None: every layer.
     num_kv_layers: int | None = None
     # Whether some layers keep a recurrent state per request (linear attention, Mamba: a hybrid;
-    # its `state_specs` gives their shapes: model/state_memory.py).
+    # its `state_specs` gives their shapes: model/memory/state_memory.py).
     is_hybrid: bool = False
     # Layers that compute no K/V and read an earlier layer's (Gemma 4's last layers).
     kv_shared_layers: tuple[int, ...] = ()

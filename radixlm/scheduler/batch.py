@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixlm.model.executor.worker_batch import ModelWorkerBatch
 from radixlm.model.forward_batch import ForwardMode
 from radixlm.model.host_copy import to_device
 from radixlm.model.layers.sampler import SamplingRow
-from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.scheduler.req import Req
 from radixlm.speculative.draft_tree import DraftTree
 

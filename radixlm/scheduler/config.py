@@ -10,7 +10,7 @@ from radixlm.cache.hicache_config import HiCacheConfig
 from radixlm.config import ServerArgs
 from radixlm.constrained import GRAMMAR_BACKEND_REGISTRY
 from radixlm.disaggregation.config import DisaggregationConfig
-from radixlm.model.runner_config import ModelRunnerConfig
+from radixlm.model.executor.runner_config import ModelRunnerConfig
 from radixlm.scheduler.batching.policy import SCHEDULE_POLICY_REGISTRY
 from radixlm.scheduler.parallel.dp_dispatch import LOAD_BALANCE_METHODS
 from radixlm.speculative.config import SpeculativeConfig

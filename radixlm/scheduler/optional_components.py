@@ -21,7 +21,7 @@ from collections.abc import Callable, Iterable
 from radixlm.cache.base_prefix_cache import BasePrefixCache
 from radixlm.cache.tree_node import TreeNode
 from radixlm.disaggregation.config import DisaggregationMode
-from radixlm.model.runner import ModelRunner
+from radixlm.model.executor.runner import ModelRunner
 from radixlm.scheduler.config import SchedulerConfig
 from radixlm.scheduler.decoding.grammar_manager import GrammarManager
 from radixlm.scheduler.decoding.prefill_fold import BasePrefillFold, NoPrefillFold

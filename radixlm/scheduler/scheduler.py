@@ -38,8 +38,8 @@ from radixlm.ipc import (
     ProfileReqOutput,
     TokenizedGenerateReqInput,
 )
+from radixlm.model.executor.runner import ModelRunner
 from radixlm.model.layers.moe.moe_block import expert_load_info
-from radixlm.model.runner import ModelRunner
 from radixlm.sampling_params import brief_repr
 from radixlm.scheduler.batching.admission import NewTokenRatio
 from radixlm.scheduler.batching.decode_manager import DecodeManager

@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.errors import InvariantError
+from radixlm.model.executor.runner_config import ModelRunnerConfig
+from radixlm.model.executor.worker_batch import ModelWorkerBatch
 from radixlm.model.forward_batch import ForwardMode
-from radixlm.model.runner_config import ModelRunnerConfig
-from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.speculative.draft_source import DraftReq, DraftSourceBase
 from radixlm.speculative.draft_tree import CHAIN, TreeShape
 from radixlm.utils import common_prefix_len
@@ -87,7 +87,7 @@ class DraftModelSource(DraftSourceBase):
         kv_tokens: int,
         target_vocab_size: int,
     ):
-        from radixlm.model.runner import ModelRunner
+        from radixlm.model.executor.runner import ModelRunner
 
         self.runner = ModelRunner(draft_runner_config(target, config.draft_model_path, kv_tokens))
         if self.runner.vocab_size != target_vocab_size:

@@ -24,8 +24,8 @@ from radixlm.speculative.draft_tree import CHAIN, DraftTree, TreeShape
 
 if TYPE_CHECKING:
     from radixlm.cache.base_prefix_cache import BasePrefixCache
-    from radixlm.model.runner import ModelRunner
-    from radixlm.model.runner_config import ModelRunnerConfig
+    from radixlm.model.executor.runner import ModelRunner
+    from radixlm.model.executor.runner_config import ModelRunnerConfig
 
 Draft = Sequence[int] | DraftTree  # a chain, or a tree
 

@@ -39,7 +39,7 @@ from radixlm.speculative.eagle_vocab import DraftVocab, own_vocab, target_vocab
 from radixlm.utils import common_prefix_len
 
 if TYPE_CHECKING:
-    from radixlm.model.runner import ModelRunner
+    from radixlm.model.executor.runner import ModelRunner
     from radixlm.speculative.config import SpeculativeConfig
 
 logger = logging.getLogger(__name__)

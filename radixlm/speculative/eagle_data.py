@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
+from radixlm.model.executor.worker_batch import ModelWorkerBatch
 from radixlm.model.forward_batch import ForwardMode
-from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.speculative.eagle_capture import EagleCapture
 
 

@@ -129,8 +129,8 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _target_runner(args):
-    from radixlm.model.runner import ModelRunner
-    from radixlm.model.runner_config import ModelRunnerConfig
+    from radixlm.model.executor.runner import ModelRunner
+    from radixlm.model.executor.runner_config import ModelRunnerConfig
 
     tokens = args.batch_size * (args.max_new_tokens + MAX_PROMPT_TOKENS)
     return ModelRunner(

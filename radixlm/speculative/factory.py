@@ -8,12 +8,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from radixlm.cache.base_prefix_cache import BasePrefixCache
-from radixlm.model.runner_config import ModelRunnerConfig
+from radixlm.model.executor.runner_config import ModelRunnerConfig
 from radixlm.speculative.config import DRAFT_SOURCE_REGISTRY, SpeculativeConfig
 from radixlm.speculative.draft_source import DraftSource, DraftTarget
 
 if TYPE_CHECKING:
-    from radixlm.model.runner import ModelRunner
+    from radixlm.model.executor.runner import ModelRunner
 
 
 def create_draft_source(

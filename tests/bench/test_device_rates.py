@@ -1,10 +1,10 @@
 """The benchmarks' read rates (bench/device_rates.py) and the weight tensors they read
-(model/memory.py: weight_tensors)."""
+(model/memory/weight_memory.py: weight_tensors)."""
 
 import torch
 
 from radixlm.bench.device_rates import tensors_read_rate_gbps
-from radixlm.model.memory import weight_bytes, weight_tensors
+from radixlm.model.memory.weight_memory import weight_bytes, weight_tensors
 
 
 def test_tensors_read_rate_reads_the_large_tensors_only():

@@ -358,8 +358,8 @@ def test_tiny_gemma4_file_loads(tmp_path):
     sizes, KV heads and widths, the pattern, the shared layers and the proportional RoPE back,
     keeps the matrices quantized and generates (window 8: the answer crosses it)."""
     from radixlm import Engine
-    from radixlm.model.kv_layout import kv_layout
     from radixlm.model.loader import load_model
+    from radixlm.model.memory.kv_layout import kv_layout
 
     path = str(tmp_path / "tiny-gemma4.gguf")
     mrg.make(path, "tiny-gemma4", "q8_0", log=None)

@@ -6,16 +6,16 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.model.compiled_decode import EagerDecode
-from radixlm.model.cuda_graph_runner import CudaGraphDecode
+from radixlm.model.executor.compiled_decode import EagerDecode
+from radixlm.model.executor.cuda_graph_runner import CudaGraphDecode
 from tests.gpu.conftest import CUDA
 
 pytestmark = CUDA
 
 
 def _runner(path, **kw):
-    from radixlm.model.runner import ModelRunner
-    from radixlm.model.runner_config import ModelRunnerConfig
+    from radixlm.model.executor.runner import ModelRunner
+    from radixlm.model.executor.runner_config import ModelRunnerConfig
 
     return ModelRunner(
         ModelRunnerConfig(

@@ -25,8 +25,8 @@ def runner(request, hybrid_checkpoint_dir, tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     from radixlm import kernels
-    from radixlm.model.runner import ModelRunner
-    from radixlm.model.runner_config import ModelRunnerConfig
+    from radixlm.model.executor.runner import ModelRunner
+    from radixlm.model.executor.runner_config import ModelRunnerConfig
 
     assert kernels.available(), f"native kernels: {kernels.unavailable_reason()}"
     path = hybrid_checkpoint_dir(request.param)

@@ -346,8 +346,8 @@ def test_fused_layers_follow_the_phase_backend(
 
 
 def make_runner(path: str, **options):
-    from radixlm.model.runner import ModelRunner
-    from radixlm.model.runner_config import ModelRunnerConfig
+    from radixlm.model.executor.runner import ModelRunner
+    from radixlm.model.executor.runner_config import ModelRunnerConfig
 
     threads = torch.get_num_threads()  # the runner sets the process's torch threads; give them back
     try:
@@ -368,7 +368,7 @@ def greedy(
     runner, prompts: list[list[int]], steps: int
 ) -> tuple[list[list[int]], list[torch.Tensor]]:
     """Prefill prompts in one batch, then `steps` greedy decode steps, straight on the runner."""
-    from radixlm.model.worker_batch import ModelWorkerBatch
+    from radixlm.model.executor.worker_batch import ModelWorkerBatch
 
     rows = [runner.req_to_token_pool.alloc() for _ in prompts]
     seqs, logits = [list(p) for p in prompts], []

@@ -7,8 +7,8 @@ import pytest
 import torch
 import transformers
 
-from radixlm.model.kv_layout import kv_layout
 from radixlm.model.layers.attention.mla_backend import MLABackend
+from radixlm.model.memory.kv_layout import kv_layout
 from tests.model.helpers import PoolHarness
 
 COMMON = dict(

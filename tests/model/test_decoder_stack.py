@@ -101,8 +101,8 @@ FAMILIES = {
 @pytest.mark.parametrize("family", FAMILIES)
 def test_capture_is_hf_hidden_states(family, tmp_path):
     from radixlm.bench.one_batch import run_once
-    from radixlm.model.runner import ModelRunner
-    from radixlm.model.runner_config import ModelRunnerConfig
+    from radixlm.model.executor.runner import ModelRunner
+    from radixlm.model.executor.runner_config import ModelRunnerConfig
 
     path, hf = FAMILIES[family](tmp_path / family)
     threads = torch.get_num_threads()

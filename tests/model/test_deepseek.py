@@ -102,7 +102,7 @@ def test_greedy_matches_generate_alone_and_batched(models):
 
 
 def test_startup_summary_reports_mla_bytes(models):
-    from radixlm.model.kv_layout import kv_layout
+    from radixlm.model.memory.kv_layout import kv_layout
     from radixlm.model.model_summary import parameter_counts, summary
 
     name, hf, loaded = models

@@ -15,10 +15,10 @@ import os
 import pytest
 import torch
 
+from radixlm.model.executor.runner_config import ModelRunnerConfig
 from radixlm.model.loader import load_model
 from radixlm.model.quant.checkpoint import parse_quantization_config
 from radixlm.model.quant.methods import refusal
-from radixlm.model.runner_config import ModelRunnerConfig
 from tests.e2e.test_default_model_greedy import assert_greedy_equal
 from tests.model.moe_checkpoints import hf_model
 from tests.model.test_awq_gptq import LINEARS, _greedy_radixlm, _reference, checkpoint_cache

@@ -27,8 +27,8 @@ def gguf_path(tmp_path_factory):
 @pytest.fixture(scope="module", params=["two pools", "one pool"])
 def runner(request, gguf_path):
     from radixlm import kernels
-    from radixlm.model.runner import ModelRunner
-    from radixlm.model.runner_config import ModelRunnerConfig
+    from radixlm.model.executor.runner import ModelRunner
+    from radixlm.model.executor.runner_config import ModelRunnerConfig
 
     assert kernels.available(), f"native kernels: {kernels.unavailable_reason()}"
     threads = torch.get_num_threads()

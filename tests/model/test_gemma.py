@@ -245,9 +245,9 @@ def test_greedy_32_tokens_match_hf_generate(models):
 def test_runner_picks_native_and_tells_torch(tmp_path):
     """Auto builds the native backend on CPU (it takes each layer's window and cap per call); asked
     for, the torch backend is built with the model's window and cap."""
+    from radixlm.model.executor.runner import ModelRunner
+    from radixlm.model.executor.runner_config import ModelRunnerConfig
     from radixlm.model.layers.attention import TorchSDPABackend
-    from radixlm.model.runner import ModelRunner
-    from radixlm.model.runner_config import ModelRunnerConfig
 
     cfg_cls, kw, _ = CASES["gemma2"]
     config = getattr(transformers, cfg_cls)(**kw)

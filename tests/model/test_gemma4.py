@@ -37,7 +37,7 @@ def test_layers_and_kv_shapes(dense):
     assert [a.layer_id for a in attns] == [0, 1, 2, 3, 2, 3]
     assert [a.head_dim for a in attns] == [16, 32] * 3
     assert [a.sliding_window_size for a in attns] == [WINDOW, None] * 3
-    from radixlm.model.kv_layout import kv_layout
+    from radixlm.model.memory.kv_layout import kv_layout
 
     layout = kv_layout(loaded.model, loaded.hf_config)
     assert layout.layer_shapes == ((2, 16), (1, 32), (2, 16), (1, 32), (0, 32), (0, 32))

@@ -6,9 +6,9 @@ the final hidden states are those the logits come from."""
 import pytest
 import torch
 
+from radixlm.model.executor.worker_batch import ModelWorkerBatch
 from radixlm.model.forward_batch import ForwardMode
 from radixlm.model.hidden_capture import NoHiddenCapture, layer_segments
-from radixlm.model.worker_batch import ModelWorkerBatch
 
 PROMPT = list(range(1000, 1037))
 
@@ -27,8 +27,8 @@ class Recorder:
 
 @pytest.fixture(scope="module")
 def runner(default_model_path):
-    from radixlm.model.runner import ModelRunner
-    from radixlm.model.runner_config import ModelRunnerConfig
+    from radixlm.model.executor.runner import ModelRunner
+    from radixlm.model.executor.runner_config import ModelRunnerConfig
 
     threads = torch.get_num_threads()
     try:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from radixlm.config import ServerArgs
-from radixlm.model.runner_config import ModelRunnerConfig
+from radixlm.model.executor.runner_config import ModelRunnerConfig
 
 # A value other than ModelRunnerConfig's default for every field ServerArgs sets.
 OPTIONS = dict(

@@ -1,7 +1,8 @@
 """glibc's allocation policy around a CPU ModelRunner's load: the load hands its large frees back
-to the OS (model/memory.py), and serving afterwards keeps freed memory in the heap, so a forward's
-activations (MBs each) reuse pages instead of faulting fresh ones every step (utils.py). The load
-used to set its policy after the runner had set the serving one, and every prefill re-faulted."""
+to the OS (model/memory/weight_memory.py), and serving afterwards keeps freed memory in the heap,
+so a forward's activations (MBs each) reuse pages instead of faulting fresh ones every step
+(utils.py). The load used to set its policy after the runner had set the serving one, and every
+prefill re-faulted."""
 
 import ctypes
 
@@ -38,8 +39,8 @@ def test_activations_after_load_come_from_the_heap(default_model_path):
         mmapped_bytes()
     except (OSError, AttributeError):
         pytest.fail("glibc >= 2.33 (mallinfo2) is what radixlm's CPU images run on")
-    from radixlm.model.runner import ModelRunner
-    from radixlm.model.runner_config import ModelRunnerConfig
+    from radixlm.model.executor.runner import ModelRunner
+    from radixlm.model.executor.runner_config import ModelRunnerConfig
 
     threads = torch.get_num_threads()
     try:

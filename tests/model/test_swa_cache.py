@@ -134,7 +134,7 @@ def test_sglang_flags_reach_the_runner():
     import argparse
 
     from radixlm.config import ServerArgs
-    from radixlm.model.runner_config import ModelRunnerConfig
+    from radixlm.model.executor.runner_config import ModelRunnerConfig
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)

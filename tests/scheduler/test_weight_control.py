@@ -15,7 +15,7 @@ from radixlm.ipc import (
     UpdateWeightFromDiskReqInput,
     UpdateWeightFromDiskReqOutput,
 )
-from radixlm.model import weight_update
+from radixlm.model.executor import weight_update
 from radixlm.sampling_params import SamplingParams
 from tests.checkpoints import tiny_like
 from tests.scheduler.harness import Driver, Result, assert_idle_memory_ok, hf_greedy, make_scheduler

@@ -8,8 +8,8 @@ import torch
 from radixlm import Engine
 from radixlm.config import ServerArgs
 from radixlm.engine.launcher import check_server_args
+from radixlm.model.executor.runner_config import ModelRunnerConfig
 from radixlm.model.loader import load_model_config
-from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.sampling_params import SamplingParams
 from radixlm.scheduler.req import Req
 from radixlm.speculative.config import SpeculativeConfig
@@ -337,7 +337,7 @@ def test_draft_runner_config_is_the_targets_for_another_model(tiny_model_dir, ot
     no decode KV mirror (the draft rewrites positions below a row's length)."""
     import dataclasses
 
-    from radixlm.model.runner_config import ModelRunnerConfig
+    from radixlm.model.executor.runner_config import ModelRunnerConfig
     from radixlm.speculative.draft_model import draft_runner_config
 
     args = ServerArgs(

@@ -13,7 +13,7 @@ from radixlm.cache.memory_pool import TokenToKVPool
 from radixlm.cache.radix_cache import RadixCache
 from radixlm.config import ServerArgs
 from radixlm.ipc import FinishAbort, FinishStop
-from radixlm.model.runner_config import ModelRunnerConfig
+from radixlm.model.executor.runner_config import ModelRunnerConfig
 from radixlm.sampling_params import SamplingParams
 from radixlm.scheduler.req import Req
 from radixlm.speculative.config import SpeculativeConfig

@@ -206,7 +206,7 @@ def test_one_batch_counts_the_fp8_weights_as_held(tmp_path, triton_device, monke
 
 
 def test_fp8_is_refused_off_cuda_in_one_line(monkeypatch):
-    from radixlm.model.runner_config import ModelRunnerConfig
+    from radixlm.model.executor.runner_config import ModelRunnerConfig
 
     line = (
         "--quantization fp8 is CUDA-only (a Triton GEMM): the Triton kernels run on CUDA (on CPU"

@@ -1,22 +1,22 @@
-"""CUDA graphs' logic without CUDA: CudaGraphDecode (model/cuda_graph_runner.py) with each captured
-graph replaced by a replay that runs the model eagerly on the static batch, on CPU with the Triton
-backend in the interpreter. A decode batch of 3 (two requests sharing a 40-slot prefix) goes through
-the static buffers padded up to 4 (padded rows on the dummy slot 0, the group pass found on the
-static slot rows) and gives the logits of the same step run eagerly. The batch sizes captured come
-from --cuda-graph-bs / --cuda-graph-max-bs (graph_batch_sizes). The capture itself is tests/gpu's
-(test_cuda_graph_replay_equals_eager_decode)."""
+"""CUDA graphs' logic without CUDA: CudaGraphDecode (model/executor/cuda_graph_runner.py) with each
+captured graph replaced by a replay that runs the model eagerly on the static batch, on CPU with the
+Triton backend in the interpreter. A decode batch of 3 (two requests sharing a 40-slot prefix) goes
+through the static buffers padded up to 4 (padded rows on the dummy slot 0, the group pass found on
+the static slot rows) and gives the logits of the same step run eagerly. The batch sizes captured
+come from --cuda-graph-bs / --cuda-graph-max-bs (graph_batch_sizes). The capture itself is
+tests/gpu's (test_cuda_graph_replay_equals_eager_decode)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from radixlm.model import cuda_graph_runner
-from radixlm.model.cuda_graph_runner import CudaGraphDecode, NoCudaGraph, graph_batch_sizes
+from radixlm.model.executor import cuda_graph_runner
+from radixlm.model.executor.cuda_graph_runner import CudaGraphDecode, NoCudaGraph, graph_batch_sizes
+from radixlm.model.executor.runner import ModelRunner
+from radixlm.model.executor.runner_config import ModelRunnerConfig
+from radixlm.model.executor.static_decode import decode_logits
 from radixlm.model.forward_batch import ForwardMode
-from radixlm.model.runner import ModelRunner
-from radixlm.model.runner_config import ModelRunnerConfig
-from radixlm.model.static_decode import decode_logits
 from radixlm.sampling_params import SamplingParams
 from tests.model.helpers import SMALL, save_random_llama
 from tests.triton.conftest import requires_triton

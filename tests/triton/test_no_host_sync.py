@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from radixlm.constrained.base_grammar_backend import BaseGrammarBackend
+from radixlm.model.executor.runner import ModelRunner
+from radixlm.model.executor.runner_config import ModelRunnerConfig
 from radixlm.model.forward_batch import ForwardMode
 from radixlm.model.layers.moe.moe_block import MoeSpec, SparseMoeBlock
-from radixlm.model.runner import ModelRunner
-from radixlm.model.runner_config import ModelRunnerConfig
 from radixlm.sampling_params import SamplingParams
 from radixlm.speculative.draft_tree import ROOT, DraftTree
 from tests.device_guard import device_guard
@@ -227,7 +227,7 @@ CPU_ONLY = re.compile(
     r"\.item\(\)|bincount"
 )
 ALLOWED = {
-    "model/runner.py": [
+    "model/executor/runner.py": [
         "torch.set_num_threads(config.num_threads"
     ],  # inside `if self.device.type == "cpu"`
     "model/layers/moe/fused_moe.py": [
@@ -238,8 +238,8 @@ ALLOWED = {
     "model/layers/sampler_extras.py": [],
     "model/layers/moe/triton.py": [],
     "model/layers/attention/triton_backend.py": [],
-    "model/cuda_graph_runner.py": [],
-    "model/static_decode.py": [],
+    "model/executor/cuda_graph_runner.py": [],
+    "model/executor/static_decode.py": [],
     "cache/memory_pool.py": [],
     "lora/delta.py": [],
     "scheduler/batch.py": [],

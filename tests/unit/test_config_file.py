@@ -98,7 +98,8 @@ def test_sglang_keys_of_every_kind(tmp_path, monkeypatch, capsys):
         False,
         "ngram",
     )
-    assert args.cuda_graph_bs == [1, 2, 4]  # radixlm's own flag (model/cuda_graph_runner.py)
+    # radixlm's own flag (model/executor/cuda_graph_runner.py)
+    assert args.cuda_graph_bs == [1, 2, 4]
     assert ns.__dict__["sglang:piecewise-cuda-graph-tokens"] == ["1", "2", "4"]
     assert sum("--disable-cuda-graph-padding ignored" in line for line in err) == 1
     path = write(tmp_path, "enable-pdmux: true\n", "pdmux.yaml")

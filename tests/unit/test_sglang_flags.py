@@ -170,7 +170,7 @@ def test_refusal_and_inert_lines(monkeypatch, capsys):
     assert any("--piecewise-cuda-graph-tokens 8 ignored" in line for line in err)
     assert any("--attention-context-parallel-size 1: accepted" in line for line in err)
     # SGLang's CUDA-graph switches radixlm implements are its own flags
-    # (model/cuda_graph_runner.py).
+    # (model/executor/cuda_graph_runner.py).
     rc, err, seen = run(
         ["--disable-cuda-graph", "--cuda-graph-max-bs", "8", "--cuda-graph-bs", "1", "8"],
         monkeypatch,

@@ -1,4 +1,4 @@
-"""M-RoPE against transformers: the three positions of every token (model/mrope.py) equal
+"""M-RoPE against transformers: the three positions of every token (model/executor/mrope.py) equal
 Qwen2VLModel.get_rope_index's for random layouts of text and images of any grid, over the whole
 prompt, any range of it (a chunk, a cache hit's remainder) and any set of indices (a verify step);
 tokens after the prompt sit at index + delta (HF's rope_deltas); MRotaryEmbedding rotates q and k as
@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from radixlm.mm_inputs import MultimodalInputs, MultimodalItem
+from radixlm.model.executor.mrope import mrope_delta, mrope_positions, request_positions
+from radixlm.model.executor.worker_batch import ModelWorkerBatch
 from radixlm.model.forward_batch import ForwardMode
-from radixlm.model.mrope import mrope_delta, mrope_positions, request_positions
-from radixlm.model.worker_batch import ModelWorkerBatch
 
 IMAGE = 5  # the image token id in these layouts
 

@@ -1,8 +1,8 @@
-"""Qwen2-VL (and Qwen2.5-VL) against HF transformers on tiny random checkpoints (model/mrope.py's
-M-RoPE, dynamic resolution: images of different sizes have different grids): greedy tokens and their
-logprobs to 1e-4, one image and several, in a batch, with chunked prefill cutting every image span,
-after radix-cache hits (the whole image, and generated tokens of an earlier turn), through
-retraction, and through speculative verification."""
+"""Qwen2-VL (and Qwen2.5-VL) against HF transformers on tiny random checkpoints
+(model/executor/mrope.py's M-RoPE, dynamic resolution: images of different sizes have different
+grids): greedy tokens and their logprobs to 1e-4, one image and several, in a batch, with chunked
+prefill cutting every image span, after radix-cache hits (the whole image, and generated tokens of
+an earlier turn), through retraction, and through speculative verification."""
 
 import io
 

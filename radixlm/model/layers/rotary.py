@@ -264,12 +264,13 @@ class LongRopeRotaryEmbedding(RotaryEmbedding):
 
 
 class MRotaryEmbedding(RotaryEmbedding):
-    """M-RoPE (Qwen2-VL): three positions per token (temporal, height, width: model/mrope.py, in
-    ForwardBatch.mrope_positions); the rotary frequencies split into `mrope_section` parts, part i
-    turning with position i % 3 (transformers' recomposition). `mrope_interleaved` (Qwen3-VL,
-    Qwen3.5): frequency j turns with height where j % 3 == 1 and j < 3 * section[1], with width
-    where j % 3 == 2 and j < 3 * section[2], else with time. A batch without images has none:
-    its three positions are equal, which is plain RoPE at the token's position."""
+    """M-RoPE (Qwen2-VL): three positions per token (temporal, height, width:
+    model/executor/mrope.py, in ForwardBatch.mrope_positions); the rotary frequencies split into
+    `mrope_section` parts, part i turning with position i % 3 (transformers' recomposition).
+    `mrope_interleaved` (Qwen3-VL, Qwen3.5): frequency j turns with height where j % 3 == 1 and j <
+    3 * section[1], with width where j % 3 == 2 and j < 3 * section[2], else with time. A batch
+    without images has none: its three positions are equal, which is plain RoPE at the token's
+    position."""
 
     def __init__(self, head_dim: int, max_position: int, params: dict):
         super().__init__(head_dim, max_position, params)

@@ -2,7 +2,7 @@
 Qwen2_5_VLForConditionalGeneration): a ViT at dynamic resolution (each image its own grid of
 patches, `temporal_patch_size` frames per patch, 2-D rotary; Qwen2.5-VL: window attention outside
 its full-attention blocks), a patch merger (spatial_merge_size^2 patches -> one token), and a Qwen2
-decoder with M-RoPE (three positions per token: model/mrope.py, MRotaryEmbedding).
+decoder with M-RoPE (three positions per token: model/executor/mrope.py, MRotaryEmbedding).
 
 The vision tower is transformers' (the checkpoint's weights): one forward per step for all the
 images the step needs, whatever their sizes (one packed sequence, attention within each image). The

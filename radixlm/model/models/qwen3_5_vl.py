@@ -7,7 +7,8 @@ qwen3_next.py), which turns by interleaved M-RoPE.
 Everything between them is Qwen2-VL's path (qwen2_vl.py): the processor's grid per image, pad
 values from the image's content (so the hybrid prefix cache's snapshots, keyed on the same token
 ids, never serve another image), the encoder cache, M-RoPE positions from each image's grid
-(model/mrope.py: transformers' Qwen3_5Model.get_rope_index places images as Qwen2-VL's does).
+(model/executor/mrope.py: transformers' Qwen3_5Model.get_rope_index places images as Qwen2-VL's
+does).
 The decoder's recurrent state layers make this model hybrid: it answers the runner's num_kv_layers
 and state_specs for its decoder.
 """

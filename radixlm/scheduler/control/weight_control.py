@@ -37,8 +37,8 @@ from radixlm.ipc import (
     UpdateWeightFromDiskReqOutput,
     WeightControlReqOutput,
 )
-from radixlm.model import weight_update
-from radixlm.model.runner import ModelRunner
+from radixlm.model.executor import weight_update
+from radixlm.model.executor.runner import ModelRunner
 from radixlm.scheduler.intake import RequestIntake
 from radixlm.scheduler.kv.cache_manager import CacheManager
 from radixlm.scheduler.parallel.tp_sync import BaseStepSync

@@ -14,9 +14,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import torch
 
+from radixlm.model.executor.runner import ModelRunner
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.host_copy import HostCopy
-from radixlm.model.runner import ModelRunner
 from radixlm.scheduler.batch import ScheduleBatch
 from radixlm.scheduler.decoding.grammar_manager import GrammarManager
 from radixlm.scheduler.decoding.spec_decoding import BaseSpeculation

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from radixlm.model.executor.runner import LogitsOutput
+from radixlm.model.executor.worker_batch import ModelWorkerBatch
 from radixlm.model.host_copy import HostCopy, to_device
-from radixlm.model.runner import LogitsOutput
-from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.scheduler.batch import ScheduleBatch
 from radixlm.scheduler.req import Req
 from radixlm.speculative.verify import Acceptance

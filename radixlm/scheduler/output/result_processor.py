@@ -16,7 +16,7 @@ import torch
 
 from radixlm.constrained.base_grammar_backend import BaseGrammarBackend
 from radixlm.ipc import FinishLength
-from radixlm.model.runner import LogitsOutput, ModelRunner
+from radixlm.model.executor.runner import LogitsOutput, ModelRunner
 from radixlm.scheduler.batch import PrefillChunk
 from radixlm.scheduler.decoding.spec_decoding import BaseSpeculation
 from radixlm.scheduler.execution.executor import BaseExecutor

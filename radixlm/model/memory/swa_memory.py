@@ -13,8 +13,8 @@ import torch
 from torch import nn
 
 from radixlm.cache.swa_pool import SWATokenToKVPool
-from radixlm.model.kv_layout import KVLayout
 from radixlm.model.layers.attention.radix_attention import RadixAttention
+from radixlm.model.memory.kv_layout import KVLayout
 
 logger = logging.getLogger(__name__)
 

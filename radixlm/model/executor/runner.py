@@ -9,15 +9,17 @@ import torch
 
 from radixlm.cache.memory_pool import ReqToTokenPool
 from radixlm.lora.runtime import create_lora_runtime
-from radixlm.model import model_summary, pp_micro
-from radixlm.model.compiled_decode import EagerDecode, create_decode_graphs
-from radixlm.model.cuda_graph_runner import create_cuda_graphs
+from radixlm.model import model_summary
 from radixlm.model.decoder_stack import DecoderStack, decoder_stack_of
+from radixlm.model.executor import pp_micro
+from radixlm.model.executor.compiled_decode import EagerDecode, create_decode_graphs
+from radixlm.model.executor.cuda_graph_runner import create_cuda_graphs
+from radixlm.model.executor.mrope import mrope_positions
+from radixlm.model.executor.runner_config import ModelRunnerConfig
+from radixlm.model.executor.worker_batch import ModelWorkerBatch
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.hidden_capture import HiddenCapture, NoHiddenCapture
 from radixlm.model.host_copy import to_device
-from radixlm.model.kv_budget import available_memory_bytes, stage_kv_capacity
-from radixlm.model.kv_layout import held_kv_layers, kv_layout
 from radixlm.model.layers.attention import (
     AttentionBackendSpec,
     attention_features,
@@ -26,15 +28,14 @@ from radixlm.model.layers.attention import (
 )
 from radixlm.model.layers.rotary import MRotaryEmbedding
 from radixlm.model.layers.sampler import Sampler, SamplingBatchInfo
-from radixlm.model.mrope import mrope_positions
+from radixlm.model.memory.kv_budget import available_memory_bytes, stage_kv_capacity
+from radixlm.model.memory.kv_layout import held_kv_layers, kv_layout
+from radixlm.model.memory.state_memory import StateMemory
+from radixlm.model.memory.swa_memory import SWAMemory, check_kv_shapes, model_refusal
 from radixlm.model.pooler import Pooler
 from radixlm.model.pp_stage import pp_stage
 from radixlm.model.quant.methods import quant_method
-from radixlm.model.runner_config import ModelRunnerConfig
-from radixlm.model.state_memory import StateMemory
-from radixlm.model.swa_memory import SWAMemory, check_kv_shapes, model_refusal
 from radixlm.model.tree_mask import TreeMask
-from radixlm.model.worker_batch import ModelWorkerBatch
 from radixlm.utils import host_threads, keep_freed_memory_in_heap
 
 logger = logging.getLogger(__name__)
@@ -88,7 +89,8 @@ class ModelRunner:
         cfg = self.loaded.hf_config
         self.hf_config = cfg
         self.modalities = traits.modalities  # text, image
-        # Qwen2-VL: three positions per token where images are (model/mrope.py), built per step.
+        # Qwen2-VL: three positions per token where images are (model/executor/mrope.py), built per
+        # step.
         self.uses_mrope = any(isinstance(m, MRotaryEmbedding) for m in self.model.modules())
         if traits.encoder_cache is not None:  # its LRU of encoder outputs (model/mm_embed.py)
             traits.encoder_cache.max_bytes = config.mm_cache_size_mb * 2**20
@@ -100,7 +102,7 @@ class ModelRunner:
         self.pp = stack.pp if stack is not None and stack.pp.size > 1 else pp_stage(self.num_layers)
         self.pp_micro_batches = self.pp_prefill_pieces = 0  # parts run (pp_micro.py)
         # This rank's KV heads (tensor parallelism splits or replicates them; all of them with tp
-        # 1). (An MLA model's pool holds one latent per token instead: model/kv_layout.py.)
+        # 1). (An MLA model's pool holds one latent per token instead: model/memory/kv_layout.py.)
         self.kv_layout = kv_layout(self.model, cfg)
         self.num_kv_heads, self.head_dim = self.kv_layout.num_kv_heads, self.kv_layout.head_dim
         # Per-layer attention features a backend must support (sliding windows, logit soft-capping,
@@ -108,8 +110,8 @@ class ModelRunner:
         self.attn_features = attention_features(self.model.modules())
         self.sliding_window_size, self.logit_cap = self.attn_features[:2]
         self.kv_dtype = self._kv_dtype()
-        # A hybrid model's recurrent states (model/state_memory.py; None: attention only): its KV
-        # pool holds the full-attention layers only.
+        # A hybrid model's recurrent states (model/memory/state_memory.py; None: attention only):
+        # its KV pool holds the full-attention layers only.
         self.state_memory = StateMemory.of(self.model, config, self.dtype)
         self.num_kv_layers = traits.num_kv_layers or self.num_layers
         self.attn_backend = create_attention_backend(

@@ -30,19 +30,19 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from radixlm.model.compiled_decode import EagerDecode, compile_batch_sizes
-from radixlm.model.forward_batch import ForwardBatch, ForwardMode
-from radixlm.model.layers.attention.triton_backend import TritonAttnBackend, TritonMetadata
-from radixlm.model.static_decode import (
+from radixlm.model.executor.compiled_decode import EagerDecode, compile_batch_sizes
+from radixlm.model.executor.static_decode import (
     RunnerView,
     StaticDecodeInputs,
     decode_backend_of,
     decode_logits,
     why_not_graphed,
 )
+from radixlm.model.forward_batch import ForwardBatch, ForwardMode
+from radixlm.model.layers.attention.triton_backend import TritonAttnBackend, TritonMetadata
 
 if TYPE_CHECKING:
-    from radixlm.model.runner_config import ModelRunnerConfig
+    from radixlm.model.executor.runner_config import ModelRunnerConfig
 
 logger = logging.getLogger(__name__)
 

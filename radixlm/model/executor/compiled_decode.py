@@ -31,15 +31,15 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.model.decoder_stack import DecoderStack, decoder_stack_of
-from radixlm.model.forward_batch import ForwardBatch, ForwardMode
-from radixlm.model.layers.attention.native import NativeCPUBackend, NativeMetadata
-from radixlm.model.static_decode import (
+from radixlm.model.executor.static_decode import (
     RunnerView,
     StaticDecodeInputs,
     decode_backend_of,
     decode_logits,
     why_not_graphed,
 )
+from radixlm.model.forward_batch import ForwardBatch, ForwardMode
+from radixlm.model.layers.attention.native import NativeCPUBackend, NativeMetadata
 
 logger = logging.getLogger(__name__)
 

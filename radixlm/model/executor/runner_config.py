@@ -10,9 +10,9 @@ import torch
 
 from radixlm.lora.config import LoRAConfig
 from radixlm.model.layers.attention.registry import check_attention_backend_name
+from radixlm.model.memory.swa_memory import server_refusal as swa_server_refusal
 from radixlm.model.quant.methods import QUANTIZATIONS, refusal
 from radixlm.model.reranker import parse_overrides
-from radixlm.model.swa_memory import server_refusal as swa_server_refusal
 
 if TYPE_CHECKING:
     from radixlm.config import ServerArgs
@@ -61,8 +61,8 @@ class ModelRunnerConfig:
     decode_attention_backend: str | None = None
     max_total_tokens: int | None = None  # KV pool size in tokens; None: from kv_memory_gb
     kv_memory_gb: float = 1.0
-    # SGLang's sizing from available memory (model/kv_budget.py), capped by max_total_tokens; None:
-    # kv_memory_gb.
+    # SGLang's sizing from available memory (model/memory/kv_budget.py), capped by
+    # max_total_tokens; None: kv_memory_gb.
     mem_fraction_static: float | None = None
     memory_share: int = 1  # ranks on this host that split the memory (tp ranks per node)
     # The torch backend's dense decode KV copy (0: off). from_server_args resolves ServerArgs'
@@ -73,8 +73,8 @@ class ModelRunnerConfig:
     mamba_full_memory_ratio: float = 0.9
     mamba_ssm_dtype: str = "float32"
     linear_attn_backend: str = "auto"
-    # Sliding-window layers' own slot space (model/swa_memory.py): its size per full slot, and
-    # why the server's options keep one slot space (None: they allow two).
+    # Sliding-window layers' own slot space (model/memory/swa_memory.py): its size per full slot,
+    # and why the server's options keep one slot space (None: they allow two).
     swa_full_tokens_ratio: float = 0.8
     swa_memory_off: str | None = None
     disable_shared_prefix_attention: bool = False
@@ -83,11 +83,11 @@ class ModelRunnerConfig:
     num_threads: int | None = None  # CPU: torch intra-op threads; None: all cores
     random_seed: int = 42
     # Decode steps of up to torch_compile_max_bs requests through torch.compile
-    # (model/compiled_decode.py).
+    # (model/executor/compiled_decode.py).
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 32
     # CUDA: decode steps of up to cuda_graph_max_bs requests replayed from CUDA graphs
-    # (model/cuda_graph_runner.py; None: min(256, max_running_requests)).
+    # (model/executor/cuda_graph_runner.py; None: min(256, max_running_requests)).
     cuda_graph_max_bs: int | None = None
     # The batch sizes captured (--cuda-graph-bs; None: SGLang's list up to the max).
     cuda_graph_bs: tuple[int, ...] | None = None
@@ -218,3 +218,7 @@ class ModelRunnerConfig:
         if self.kv_cache_dtype == "auto":
             return self.resolved_dtype()
         return TORCH_DTYPES[self.kv_cache_dtype]
+
+    def resolved_mamba_ssm_dtype(self) -> torch.dtype:
+        """A hybrid model's recurrent states' dtype (memory/state_memory.py)."""
+        return TORCH_DTYPES[self.mamba_ssm_dtype]

@@ -15,12 +15,12 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
 
 from radixlm.cache.state_pool import MambaPool, StateSpec
-from radixlm.model.runner_config import TORCH_DTYPES, ModelRunnerConfig
 
 logger = logging.getLogger(__name__)
 
@@ -32,15 +32,15 @@ def is_hybrid(model: nn.Module) -> bool:
 @dataclass
 class StateMemory:
     specs: list[list[StateSpec]]
-    config: ModelRunnerConfig
+    config: Any  # the ModelRunnerConfig (typed by use: the executor sits above memory sizing)
 
     @classmethod
-    def of(cls, model: nn.Module, config: ModelRunnerConfig, dtype: torch.dtype):
+    def of(cls, model: nn.Module, config: Any, dtype: torch.dtype):
         """The model's state layout (None: no state layers). Conv windows keep the model dtype;
-        the recurrent states --mamba-ssm-dtype."""
+        the recurrent states --mamba-ssm-dtype. config: the ModelRunnerConfig."""
         if not is_hybrid(model):
             return None
-        return cls(model.state_specs(dtype, TORCH_DTYPES[config.mamba_ssm_dtype]), config)
+        return cls(model.state_specs(dtype, config.resolved_mamba_ssm_dtype()), config)
 
     @property
     def per_state(self) -> int:

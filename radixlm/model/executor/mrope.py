@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from radixlm.mm_inputs import MultimodalInputs, MultimodalItem
-from radixlm.model.worker_batch import ModelWorkerBatch
+from radixlm.model.executor.worker_batch import ModelWorkerBatch
 
 
 def _gridded(mm: MultimodalInputs) -> list[MultimodalItem]:

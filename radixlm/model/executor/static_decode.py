@@ -24,7 +24,7 @@ from radixlm.model.traits import tp_sharded
 
 
 class RunnerView(Protocol):
-    """What the graphs read of model/runner.py: ModelRunner (typed here: the runner imports
+    """What the graphs read of model/executor/runner.py: ModelRunner (typed here: the runner imports
     them)."""
 
     model: torch.nn.Module

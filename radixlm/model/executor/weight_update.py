@@ -27,7 +27,7 @@ from radixlm.model.tp_shard import TensorSlice
 from radixlm.model.traits import HoldsQuantized, ModelTraits
 
 if TYPE_CHECKING:
-    from radixlm.model.runner import ModelRunner
+    from radixlm.model.executor.runner import ModelRunner
 
 logger = logging.getLogger(__name__)
 
