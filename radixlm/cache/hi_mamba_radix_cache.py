@@ -1,5 +1,6 @@
-"""HiMambaRadixCache: the hierarchical cache of a hybrid model (SGLang's name): HiRadixCache's L1
-and L2 tiers of KV, and MambaRadixCache's state snapshots, which get a host tier of their own
+"""HiMambaRadixCache: the hierarchical cache of a hybrid model (SGLang's name): the tree
+(radix_cache.py) composed with the HostTier (host_tier.py: L1 and L2 tiers of KV) and HostSnapshots,
+this module's snapshot part: MambaRadixCache's DeviceSnapshots with a host tier of their own
 (HostStatePool, host_state_pool.py). No storage tier (L3): snapshots have none, so
 --hicache-storage-backend is refused for hybrids (factory.py: prefix_cache_kind).
 
@@ -27,7 +28,7 @@ shallower snapshot: a miss for that part of the prefix, never a wrong state.
 Every state copy, host ones included, is queued in the MambaPool's copy queue and runs on the
 forward's thread in order (state_pool.py), so the scheduler never reads a device snapshot a
 queued copy has yet to write. kv_match (the cache manager's KV-only match) and peek_prefix are
-MambaRadixCache's, on L1.
+DeviceSnapshots', on L1.
 """
 
 from __future__ import annotations
@@ -41,11 +42,12 @@ import torch
 
 from radixlm.cache.base_prefix_cache import MatchResult, PrefixKey
 from radixlm.cache.hicache_io import HiCacheStats
-from radixlm.cache.hiradix_cache import HiRadixCache, _alloc, host_kv_size, host_slots
+from radixlm.cache.hiradix_cache import HiRadixCache, host_kv_size, host_slots
 from radixlm.cache.host_pool import HostKVPool, host_dtype_for
 from radixlm.cache.host_state_pool import HostStatePool
+from radixlm.cache.host_tier import HostTier, alloc_from
 from radixlm.cache.mamba_radix_cache import (
-    MambaRadixCache,
+    DeviceSnapshots,
     evictable_snapshots,
     snapshot_evictable,
 )
@@ -62,9 +64,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
-    """MambaRadixCache's snapshots (attach_state, alloc_state, kv_match, eviction order) over
-    HiRadixCache's tiers (insert's write-through, L2 eviction)."""
+class HiMambaRadixCache(HiRadixCache):
+    """The tree with a HostTier (HiRadixCache) and HostSnapshots."""
+
+    PARTS = (HostSlots, StateSnapshot)  # a host tier of the snapshots too: no other capability
 
     def __init__(
         self,
@@ -75,23 +78,49 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
         write_policy: str = "write_through",
         stats: HiCacheStats | None = None,
     ):
-        self.state_pool = state_pool
+        snapshots = HostSnapshots(state_pool, host_states)
+        super().__init__(token_to_kv_pool, host_pool, write_policy, None, stats, snapshots)
+        self.host_snapshots = snapshots
+
+    @property
+    def state_pool(self) -> MambaPool:
+        return self.host_snapshots.state_pool
+
+    @property
+    def host_states(self) -> HostStatePool:
+        return self.host_snapshots.host_states
+
+    def host_snapshot_count(self) -> int:
+        return self.host_snapshots.host_snapshot_count()
+
+    def _evict_host_states(self, n: int) -> int:
+        return self.host_snapshots.evict_host_states(n)
+
+
+class HostSnapshots(DeviceSnapshots):
+    """DeviceSnapshots with host copies (node.snapshot.host_slot), over a HostTier."""
+
+    def __init__(self, state_pool: MambaPool, host_states: HostStatePool):
+        super().__init__(state_pool)
         self.host_states = host_states
         state_pool.host = host_states  # queued host copies run in MambaPool.apply_copies
-        HiRadixCache.__init__(self, token_to_kv_pool, host_pool, write_policy, None, stats)
 
-    PARTS = (HostSlots, StateSnapshot)  # a host tier of the snapshots too: no other capability
+    def bind(self, tree: RadixCache) -> None:
+        assert isinstance(tree.tier, HostTier), "host snapshots follow their nodes into L2"
+        self.tree, self.tier = tree, tree.tier
 
     def reset(self) -> None:
-        super().reset()
         self.host_states.clear()
 
     # --- admission ---------------------------------------------------------------
-    def match_prefix(self, key: PrefixKey) -> MatchResult:
+    def match(self, key: PrefixKey, admit: bool) -> MatchResult:
+        if not admit:  # peek_prefix: on L1, nothing moves
+            return super().match(key, admit)
+        root = self.tree.root_node
         if not key.token_ids:
-            return MatchResult(empty_indices(), self.root_node)
+            return MatchResult(empty_indices(), root)
         path = []  # fully matched nodes, any tier (a snapshot ends its node: no split)
-        for child, _, m in walk(self.root_node, key.token_ids, child_key=key.child_key):
+        for child, _, m in walk(root, key.token_ids, child_key=key.child_key):
             if m < len(child.key):
                 break
             path.append(child)
@@ -114,17 +143,18 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
         ok = self.host_states.verify(node.snapshot.host_slot)
         if ok is False:
             self._free_host_state(node)
-            self.stats.count("state_corrupt")
+            self.tier.stats.count("state_corrupt")
             logger.warning(
                 "hicache: a host state snapshot failed its checksum; dropped, its prefix is"
                 " recomputed (%d so far)",
-                self.stats.state_corrupt,
+                self.tier.stats.state_corrupt,
             )
         return bool(ok)
 
     def _load(self, path: list[TreeNode]) -> bool:
         """Bring path (ending at a node whose snapshot is on the host only) into L1 and its
         snapshot onto the device. False, with nothing changed but eviction, without room."""
+        tree, tier, stats = self.tree, self.tier, self.tier.stats
         target = path[-1]
         host_nodes = [n for n in path if n.value is None]  # a suffix: L1 is prefix-closed
         l1_end = path[len(path) - len(host_nodes) - 1] if len(host_nodes) < len(path) else None
@@ -134,49 +164,50 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
         for n in pinned:  # eviction below must keep these in L2 and the target's snapshot
             n.host.lock += 1
         if l1_end is not None:
-            self.inc_lock_ref(l1_end)  # and the L1 part, device snapshots included
+            tree.inc_lock_ref(l1_end)  # and the L1 part, device snapshots included
         slots = slot = None
         try:
-            slots = _alloc(self.token_to_kv_pool, self.evict, need) if need else empty_indices()
+            pool = tree.token_to_kv_pool
+            slots = alloc_from(pool, tree.evict, need) if need else empty_indices()
             if slots is not None:
-                slot = self.alloc_state()
+                slot = self.alloc_state(False)
         finally:
             if l1_end is not None:
-                self.dec_lock_ref(l1_end)
+                tree.dec_lock_ref(l1_end)
             for n in pinned:
                 n.host.lock -= 1
         if slot is None:
             if slots is not None and need:
-                self.token_to_kv_pool.free(slots)
+                tree.token_to_kv_pool.free(slots)
             return False
-        self._load_nodes(host_nodes, slots)
+        tier.load_nodes(host_nodes, slots)
         target.snapshot.slot = slot
         self.state_pool.queue_copy(self.state_pool.host_index(target.snapshot.host_slot), slot)
-        self.stats.count("state_l2_loads")
-        moved = need * self.host_pool.bytes_per_token + self.state_pool.state_bytes
-        self.stats.count("bytes_l2_to_l1", moved)
+        stats.count("state_l2_loads")
+        moved = need * tier.host_pool.bytes_per_token + self.state_pool.state_bytes
+        stats.count("bytes_l2_to_l1", moved)
         if need:
-            self.stats.count("l2_hit_tokens", need)
-            self.stats.count("l2_loads")
-        self.stats.count("l2_load_seconds", time.perf_counter() - t0)
+            stats.count("l2_hit_tokens", need)
+            stats.count("l2_loads")
+        stats.count("l2_load_seconds", time.perf_counter() - t0)
         return True
 
     def _use(self, path: list[TreeNode]) -> MatchResult:
-        touch(self.root_node)
+        touch(self.tree.root_node)
         for n in path:
             touch(n)
         if not path:
-            return MatchResult(empty_indices(), self.root_node)
+            return MatchResult(empty_indices(), self.tree.root_node)
         touch_state(path[-1])
-        path[-1].snapshot.from_answer = False  # a prompt continues it (MambaRadixCache._match)
-        self._count_hits(path[-1], [])
+        path[-1].snapshot.from_answer = False  # a prompt continues it (DeviceSnapshots.match)
+        self.tier.count_hits(path[-1], [])
         return MatchResult(torch.cat([n.value for n in path]), path[-1])
 
     # --- snapshots down ------------------------------------------------------------
-    def evict_states(self, n: int, superseded_only: bool = False) -> int:
+    def evict_states(self, n: int, superseded_only: bool) -> int:
         """Move up to n evictable device snapshots (snapshot_evictable) to the host in eviction
         order (snapshot_order; the nodes keep their KV)."""
-        nodes = evictable_snapshots(self.all_nodes(), n, superseded_only)
+        nodes = evictable_snapshots(self.tree.all_nodes(), n, superseded_only)
         for node in nodes:
             self._stash_state(node)
         return len(nodes)
@@ -186,72 +217,61 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
         unless a copy is there; dropped without host room."""
         if node.snapshot.host_slot is None:
             h = self._alloc_host_state()
+            stats = self.tier.stats
             if h is None:
-                self.stats.count("state_dropped")
+                stats.count("state_dropped")
             else:  # queued before the slot is freed: read before anything reuses it
                 self.state_pool.queue_copy(node.snapshot.slot, self.state_pool.host_index(h))
                 node.snapshot.host_slot = h
-                self.stats.count("state_l1_to_l2")
-                self.stats.count("bytes_l1_to_l2", self.state_pool.state_bytes)
-        self.state_pool.free_snapshot(node.snapshot.slot)
-        node.snapshot.slot = None
+                stats.count("state_l1_to_l2")
+                stats.count("bytes_l1_to_l2", self.state_pool.state_bytes)
+        self._free_state(node)
 
     def _alloc_host_state(self) -> int | None:
         if not self.host_states.available():
-            self._evict_host_states(1)
+            self.evict_host_states(1)
         return self.host_states.alloc()
 
-    def _evict_host_states(self, n: int) -> int:
+    def evict_host_states(self, n: int) -> int:
         """Drop up to n host snapshots of evictable (snapshot_evictable), unpinned nodes, least
         recently used first."""
         heap = [
             x
-            for x in self.all_nodes()
+            for x in self.tree.all_nodes()
             if x.snapshot.host_slot is not None and snapshot_evictable(x) and x.host.lock == 0
         ]
         nodes = heapq.nsmallest(n, heap, key=state_lru)
         for node in nodes:
             self._free_host_state(node)
-            self.stats.count("state_l2_evicted")
+            self.tier.stats.count("state_l2_evicted")
         return len(nodes)
 
     def _free_host_state(self, node: TreeNode) -> None:
         self.host_states.free(node.snapshot.host_slot)
         node.snapshot.host_slot = None
 
-    def _evict_node(self, node: TreeNode) -> None:
-        """L1 eviction: the snapshot goes down with the node when the node stays (its KV in L2)."""
+    # --- the tree's hooks --------------------------------------------------------------
+    def leave_l1(self, node: TreeNode) -> None:
+        """The snapshot goes down with the node when the node stays (its KV in L2)."""
         if node.snapshot.slot is not None:
             stays = node.host.value is not None or (
-                self.write_policy != "write_through_selective" and self._backup(node)
+                self.tier.write_policy != "write_through_selective" and self.tier.backup(node)
             )
             if stays:
                 self._stash_state(node)
             else:
-                self.state_pool.free_snapshot(node.snapshot.slot)
-                node.snapshot.slot = None
-        HiRadixCache._evict_node(self, node)
+                self._free_state(node)
 
-    def _drop_subtree(self, node: TreeNode) -> None:
-        stack = [node]
-        while stack:
-            n = stack.pop()
-            if n.snapshot.host_slot is not None:
-                self._free_host_state(n)
-            stack.extend(n.children.values())
-        super()._drop_subtree(node)
-
-    def _unlink(self, node: TreeNode) -> None:  # an L2-only leaf leaving the tree (evict_host)
+    def leave_tree(self, node: TreeNode) -> None:
         if node.snapshot.host_slot is not None:
             self._free_host_state(node)
-        RadixCache._unlink(node)
 
-    # --- flush, introspection ----------------------------------------------------
-    def flush(self, level: str = "l1") -> None:
-        """As HiRadixCache's; the queued copies run here (idle: no forward in flight), so the
-        snapshots moved down are on the host when it returns."""
+    def before_flush(self) -> None:
+        """The queued copies run here (idle: no forward in flight), so the snapshots moved down
+        by the flush are on the host when it returns."""
         self._settle()
-        HiRadixCache.flush(self, level)
+
+    def after_flush(self) -> None:
         self._settle()
         self.state_pool.clear()
 
@@ -259,17 +279,14 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
         self.state_pool.apply_copies(self.state_pool.take_copies())
 
     def host_snapshot_count(self) -> int:
-        return sum(1 for n in self.all_nodes() if n.snapshot.host_slot is not None)
+        return sum(1 for n in self.tree.all_nodes() if n.snapshot.host_slot is not None)
 
     def check(self) -> str | None:
-        """HiRadixCache's tier invariants, and: device snapshots only in L1, every host snapshot
-        slot free, held back or on exactly one node."""
-        error = HiRadixCache.check(self)
-        if error:
-            return error
+        """Device snapshots only in L1, every host snapshot slot free, held back or on exactly one
+        node (the tier's invariants are checked first)."""
         hs = self.host_states
         owners = [*hs.free_slots, *hs.deferred]
-        for n in self.all_nodes():
+        for n in self.tree.all_nodes():
             if n.snapshot.slot is not None and n.value is None:
                 return f"{n} keeps a device snapshot outside L1"
             if n.snapshot.host_slot is not None:
@@ -283,7 +300,6 @@ class HiMambaRadixCache(MambaRadixCache, HiRadixCache):
 
     def info(self) -> dict:
         return {
-            **HiRadixCache.info(self),
             "l2_state_slots": self.host_states.size,
             "l2_state_slots_used": self.host_states.size - self.host_states.available(),
         }

@@ -1,5 +1,6 @@
 """MambaRadixCache: the radix tree of a hybrid model, whose nodes may carry state snapshots
-(SGLang's name).
+(SGLang's name): the tree (radix_cache.py) composed with DeviceSnapshots, this module's snapshot
+part (tree_parts.SnapshotPart), and the device-only tier.
 
 A hybrid model's prefix is reusable only where its state layers' states after that prefix were
 kept: the attention KV of a longer match is no use without them. A node's snapshot payload
@@ -26,6 +27,7 @@ from radixlm.cache.base_prefix_cache import MatchResult, PrefixKey
 from radixlm.cache.payloads import StateSnapshot
 from radixlm.cache.radix_cache import RadixCache
 from radixlm.cache.tree_node import TreeNode, empty_indices, touch, touch_state
+from radixlm.cache.tree_parts import SnapshotPart
 from radixlm.radix_walk import walk
 
 if TYPE_CHECKING:
@@ -34,18 +36,39 @@ if TYPE_CHECKING:
 
 
 class MambaRadixCache(RadixCache):
-    def __init__(self, token_to_kv_pool: TokenToKVPool, state_pool: MambaPool):
-        self.state_pool = state_pool
-        super().__init__(token_to_kv_pool)
+    """The tree with DeviceSnapshots over the device-only tier."""
 
     PARTS = (StateSnapshot,)
 
+    def __init__(self, token_to_kv_pool: TokenToKVPool, state_pool: MambaPool):
+        super().__init__(token_to_kv_pool, snapshots=DeviceSnapshots(state_pool))
+
+    @property
+    def state_pool(self) -> MambaPool:
+        return self.snapshots.state_pool
+
+
+class DeviceSnapshots(SnapshotPart):
+    """Snapshots in the MambaPool's snapshot slots (node.snapshot.slot)."""
+
+    PAYLOAD = StateSnapshot
+
+    def __init__(self, state_pool: MambaPool):
+        self.state_pool = state_pool
+
+    def bind(self, tree: RadixCache) -> None:
+        self.tree = tree
+
+    def reset(self) -> None:
+        pass
+
     # --- lookup ------------------------------------------------------------------
-    def _match(self, key: PrefixKey, split: bool) -> MatchResult:
+    def match(self, key: PrefixKey, admit: bool) -> MatchResult:
         """The deepest fully matched node with a snapshot (no split needed: a snapshot ends its
         node); only the path up to it counts as used."""
-        best, path, values = self.root_node, [], []
-        for child, _, m in walk(self.root_node, key.token_ids, child_key=key.child_key):
+        root = self.tree.root_node
+        best, path, values = root, [], []
+        for child, _, m in walk(root, key.token_ids, child_key=key.child_key):
             if m < len(child.key) or child.value is None:
                 break
             path.append(child)
@@ -53,35 +76,32 @@ class MambaRadixCache(RadixCache):
             if child.snapshot.slot is not None:
                 best = child
         n = 0
-        if best is not self.root_node:
+        if best is not root:
             n = path.index(best) + 1
             touch_state(best)
             best.snapshot.from_answer = False  # a prompt continues that answer
-        touch(self.root_node)
+        touch(root)
         for node in path[:n]:
             touch(node)
         return MatchResult(torch.cat(values[:n]) if n else empty_indices(), best)
-
-    def kv_match(self, key: PrefixKey) -> MatchResult:
-        return RadixCache._match(self, key, split=False)
 
     # --- snapshots ---------------------------------------------------------------
     def snapshot_slot(self, node: TreeNode) -> int | None:
         return node.snapshot.slot
 
     def attach_state(
-        self, key: PrefixKey, alloc: Callable[[], int | None], from_answer: bool = False
+        self, key: PrefixKey, alloc: Callable[[], int | None], from_answer: bool
     ) -> int | None:
         """Give the node ending at key (in the tree: just inserted) a snapshot slot from alloc(),
         splitting its edge if key ends inside it; from_answer: the states after a finished answer
         (StateSnapshot.from_answer). -> the slot, or None when the node has a snapshot already or
         no slot was left (nothing changes then)."""
-        at = self.locate(key)
+        at = self.tree.locate(key)
         assert at is not None, "attach_state of a key the tree does not hold"
         node, m = at
         if m < len(node.key):
-            node = self._split_node(node, m)
-        if node is self.root_node:
+            node = self.tree._split_node(node, m)
+        if node is self.tree.root_node:
             return None
         # Ranked below the prompts' snapshots until a prompt continues it, unless this path
         # already continued an earlier answer: a client that sends its answers back as they were.
@@ -96,59 +116,55 @@ class MambaRadixCache(RadixCache):
             touch_state(node)
         return slot
 
-    def alloc_state(self, superseded_only: bool = False) -> int | None:
+    def alloc_state(self, superseded_only: bool) -> int | None:
         """A free snapshot slot, evicting the first evictable snapshot in eviction order
         (snapshot_order) if none is; superseded_only: evicting only a superseded one."""
         if not self.state_pool.available_snapshots():
             self.evict_states(1, superseded_only)
         return self.state_pool.alloc_snapshot()
 
-    def evict_states(self, n: int, superseded_only: bool = False) -> int:
+    def evict_states(self, n: int, superseded_only: bool) -> int:
         """Drop up to n evictable snapshots (snapshot_evictable) in eviction order (the nodes
         keep their KV)."""
         dropped = 0
-        for node in evictable_snapshots(self.all_nodes(), n, superseded_only):
-            self.state_pool.free_snapshot(node.snapshot.slot)
-            node.snapshot.slot = None
+        for node in evictable_snapshots(self.tree.all_nodes(), n, superseded_only):
+            self._free_state(node)
             dropped += 1
         return dropped
 
+    def _free_state(self, node: TreeNode) -> None:
+        self.state_pool.free_snapshot(node.snapshot.slot)
+        node.snapshot.slot = None
+
     def snapshot_count(self) -> int:
-        return sum(1 for n in self.all_nodes() if n.snapshot.slot is not None)
+        return sum(1 for n in self.tree.all_nodes() if n.snapshot.slot is not None)
 
-    # --- eviction ----------------------------------------------------------------
-    def evict(self, num_tokens: int) -> int:
-        """RadixCache's LRU eviction of unlocked leaves, leaves without a snapshot first."""
-        if num_tokens <= 0:
-            return 0
-        order = lambda n: (n.snapshot.slot is not None, n.last_access_time, n.id)
-        heap = [(order(n), n) for n in self.all_nodes() if self.evictable(n)]
-        heapq.heapify(heap)
-        evicted = 0
-        while evicted < num_tokens and heap:
-            _, node = heapq.heappop(heap)
-            if not self.evictable(node):
-                continue
-            parent = node.parent
-            evicted += len(node.value)
-            self._evict_node(node)
-            if parent is not self.root_node and self.evictable(parent):
-                heapq.heappush(heap, (order(parent), parent))
-        return evicted
+    def state_slots(self) -> list[int]:
+        return [n.snapshot.slot for n in self.tree.all_nodes() if n.snapshot.slot is not None]
 
-    def _evict_node(self, node: TreeNode) -> None:
+    # --- the tree's eviction and flush -----------------------------------------------
+    def evict_order(self, node: TreeNode) -> tuple[bool, int, int]:
+        """Leaves without a snapshot first, each kind least recently used first."""
+        return node.snapshot.slot is not None, node.last_access_time, node.id
+
+    def leave_l1(self, node: TreeNode) -> None:
         if node.snapshot.slot is not None:
-            self.state_pool.free_snapshot(node.snapshot.slot)
-            node.snapshot.slot = None
-        super()._evict_node(node)
+            self._free_state(node)
 
-    def flush(self, level: str = "l1") -> None:
-        super().flush(level)
+    def leave_tree(self, node: TreeNode) -> None:
+        pass  # its device snapshot left with its KV (leave_l1)
+
+    def before_flush(self) -> None:
+        pass
+
+    def after_flush(self) -> None:
         self.state_pool.clear()
 
-    # --- introspection -------------------------------------------------------------
-    def state_slots(self) -> list[int]:
-        return [n.snapshot.slot for n in self.all_nodes() if n.snapshot.slot is not None]
+    def check(self) -> str | None:
+        return None
+
+    def info(self) -> dict:
+        return {}
 
 
 def snapshot_evictable(node: TreeNode) -> bool:

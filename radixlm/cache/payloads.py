@@ -3,7 +3,8 @@ state snapshots, windowed layers' KV. Each part declares the capability it gives
 (CACHE_CAPABILITY: a CacheCapabilities field, which the scheduler asks); a part that keeps
 something per node has a payload, in its own TreeNode slot (NODE_SLOT), so the nodes of a tree
 without that part carry none of its fields. A cache lists its parts in PARTS; its nodes get a
-fresh payload of each (TreeNode(parts=...)), and its capabilities are CacheCapabilities.of(PARTS).
+fresh payload of each (TreeNode(parts=...)), and its capabilities are CacheCapabilities.of(PARTS);
+the part objects a tree is composed with (tree_parts.py) name the payload they keep (PAYLOAD).
 See docs/architecture.md, "Add a cache payload".
 """
 
@@ -29,7 +30,7 @@ class CachePart:
 
 @dataclass(eq=False)
 class HostSlots(CachePart):
-    """The host tier's part of a node (hiradix_cache.py: L2). Its tiers are the cache's own
+    """The host tier's part of a node (host_tier.py: L2). Its tiers are the cache's own
     business: the scheduler needs no capability for them."""
 
     NODE_SLOT: ClassVar[str] = "host"

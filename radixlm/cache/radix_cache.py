@@ -10,11 +10,15 @@ since a request needs every ancestor too). Everything else is evictable, leaves 
 recently used first. Accounting is kept incrementally: evictable_size + protected_size ==
 total_size at all times.
 
-The descent is radix_walk.walk, shared with every tree of the project. HiRadixCache
-(hiradix_cache.py) reuses this tree whole and fills in three hooks: _on_inserted (write-through),
-_evict_node (keep a backed-up node in host memory) and match_prefix's load of lower tiers. What a
-variant keeps per node is a payload of one of its PARTS (payloads.py), never a field of its own.
-See docs/architecture.md, "KV ownership".
+The descent is radix_walk.walk, shared with every tree of the project. The tree is composed with
+two parts (tree_parts.py) whose hooks it calls: a tier policy (DeviceOnlyTier here; HostTier:
+HiRadixCache's host memory and storage) for what happens after an L1 match, after an insert and
+when a node leaves L1; and state snapshots (NoSnapshots here; DeviceSnapshots, HostSnapshots: a
+hybrid model's) for where a match may end, which leaves go first and what a node leaving L1 or
+the tree does with its snapshot. The named caches (HiRadixCache, MambaRadixCache,
+HiMambaRadixCache) are this tree with their parts. What a part keeps per node is a payload of one
+of the tree's PARTS (payloads.py), never a field of its own. See docs/architecture.md,
+"KV ownership".
 """
 
 from __future__ import annotations
@@ -32,16 +36,32 @@ from radixlm.cache.base_prefix_cache import (
     PrefixKey,
 )
 from radixlm.cache.tree_node import TreeNode, empty_indices, touch
+from radixlm.cache.tree_parts import CacheTier, SnapshotPart
 from radixlm.radix_walk import walk
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from radixlm.cache.hicache_io import Prefetch
     from radixlm.cache.memory_pool import TokenToKVPool
     from radixlm.cache.payloads import CachePart
 
 
 class RadixCache(BasePrefixCache):
-    def __init__(self, token_to_kv_pool: TokenToKVPool):
+    def __init__(
+        self,
+        token_to_kv_pool: TokenToKVPool,
+        tier: CacheTier | None = None,
+        snapshots: SnapshotPart | None = None,
+    ):
         self.token_to_kv_pool = token_to_kv_pool
+        self.tier = DeviceOnlyTier() if tier is None else tier
+        self.snapshots = NoSnapshots() if snapshots is None else snapshots
+        # The nodes carry the payloads of exactly the parts that use them.
+        payloads = {self.tier.PAYLOAD, self.snapshots.PAYLOAD} - {None}
+        assert payloads == {p for p in self.PARTS if p.NODE_SLOT}, (self.PARTS, payloads)
+        self.tier.bind(self)
+        self.snapshots.bind(self)
         self.reset()
 
     # The parts beyond the plain tree (payloads.py): its nodes' payloads, its capabilities.
@@ -58,19 +78,26 @@ class RadixCache(BasePrefixCache):
         self.root_node.lock_ref = 1
         self.evictable_size_ = 0
         self.protected_size_ = 0
+        self.tier.reset()
+        self.snapshots.reset()
 
     # --- lookup / insert ---------------------------------------------------------
     def match_prefix(self, key: PrefixKey) -> MatchResult:
         """Longest cached prefix of key: its KV indices and the node where it ends. A match that
-        stops inside an edge splits that node, so the node ends exactly at the match."""
-        return self._match(key, split=True)
+        stops inside an edge splits that node, so the node ends exactly at the match. Where it may
+        end and what comes back from lower tiers: the snapshot part's and the tier's hooks."""
+        return self.snapshots.match(key, admit=True)
 
     def peek_prefix(self, key: PrefixKey) -> MatchResult:
-        """As match_prefix without splitting: the node is the deepest one the match reached, which
-        may extend past the match."""
-        return self._match(key, split=False)
+        """As match_prefix without splitting or loading: the node is the deepest one the match
+        reached, which may extend past the match."""
+        return self.snapshots.match(key, admit=False)
+
+    def kv_match(self, key: PrefixKey) -> MatchResult:
+        return RadixCache._match(self, key, split=False)
 
     def _match(self, key: PrefixKey, split: bool) -> MatchResult:
+        """The match in L1 alone."""
         node = self.root_node
         if not key.token_ids:
             return MatchResult(empty_indices(), node)
@@ -122,11 +149,8 @@ class RadixCache(BasePrefixCache):
             new_nodes.append(leaf)
             node = leaf
         if new_nodes:
-            self._on_inserted(new_nodes, node)
+            self.tier.on_inserted(new_nodes, node)
         return shared
-
-    def _on_inserted(self, new_nodes: list[TreeNode], last: TreeNode) -> None:
-        """Hook: new_nodes (in path order, ending at last) just took KV slots."""
 
     def locate(self, key: PrefixKey, node: TreeNode | None = None) -> tuple[TreeNode, int] | None:
         """Where key (read from node, default the root) ends in the tree: (n, m), the key ending m
@@ -185,8 +209,11 @@ class RadixCache(BasePrefixCache):
         return upper
 
     def flush(self, level: str = "l1") -> None:
-        """Drop the whole tree (idle only; the caller clears the pools)."""
-        self.reset()
+        """Empty the cache (idle only; the caller clears the pools): the tier's flush, with the
+        snapshot part's work around it."""
+        self.snapshots.before_flush()
+        self.tier.flush(level)
+        self.snapshots.after_flush()
 
     # --- eviction and locking ----------------------------------------------------
     @staticmethod
@@ -199,14 +226,16 @@ class RadixCache(BasePrefixCache):
         )
 
     def evict(self, num_tokens: int) -> int:
-        """Free LRU evictable nodes until num_tokens are freed or nothing is evictable."""
+        """Free evictable nodes in the snapshot part's order (least recently used first) until
+        num_tokens are freed or nothing is evictable."""
         if num_tokens <= 0:
             return 0
-        heap = [n for n in self.all_nodes() if self.evictable(n)]
+        order = self.snapshots.evict_order
+        heap = [(order(n), n) for n in self.all_nodes() if self.evictable(n)]
         heapq.heapify(heap)
         evicted = 0
         while evicted < num_tokens and heap:
-            node = heapq.heappop(heap)
+            _, node = heapq.heappop(heap)
             if not self.evictable(node):  # changed since it was pushed
                 continue
             parent = node.parent
@@ -214,17 +243,21 @@ class RadixCache(BasePrefixCache):
             self._evict_node(node)
             # A parent left without an L1 child and unlocked is now evictable itself.
             if parent is not self.root_node and self.evictable(parent):
-                heapq.heappush(heap, parent)
+                heapq.heappush(heap, (order(parent), parent))
         return evicted
 
     def _evict_node(self, node: TreeNode) -> None:
-        """Free an evictable node's slots; it leaves the tree (HiRadixCache may keep it in L2)."""
+        """An evictable node leaves L1: its snapshot first, then its KV (the tier's call)."""
+        self.snapshots.leave_l1(node)
+        self.tier.evict_node(node)
+
+    def _free_l1(self, node: TreeNode) -> None:
         self.token_to_kv_pool.free(node.value)
         self.evictable_size_ -= len(node.value)
-        self._unlink(node)
 
-    @staticmethod
-    def _unlink(node: TreeNode) -> None:
+    def _unlink(self, node: TreeNode) -> None:
+        """node leaves the tree (its snapshot part told first)."""
+        self.snapshots.leave_tree(node)
         del node.parent.children[node.lookup_key()]
         node.parent = None
 
@@ -278,6 +311,48 @@ class RadixCache(BasePrefixCache):
             stack.extend(node.children.values())
         return nodes
 
+    # --- the parts' calls (tree_parts.py) ------------------------------------------
+    def snapshot_slot(self, node: TreeNode) -> int | None:
+        return self.snapshots.snapshot_slot(node)
+
+    def attach_state(
+        self, key: PrefixKey, alloc: Callable[[], int | None], from_answer: bool = False
+    ) -> int | None:
+        return self.snapshots.attach_state(key, alloc, from_answer)
+
+    def alloc_state(self, superseded_only: bool = False) -> int | None:
+        return self.snapshots.alloc_state(superseded_only)
+
+    def evict_states(self, n: int, superseded_only: bool = False) -> int:
+        return self.snapshots.evict_states(n, superseded_only)
+
+    def snapshot_count(self) -> int:
+        return self.snapshots.snapshot_count()
+
+    def state_slots(self) -> list[int]:
+        return self.snapshots.state_slots()
+
+    def start_prefetch(self, key: PrefixKey) -> Prefetch | None:
+        return self.tier.start_prefetch(key)
+
+    def has_prefetches(self) -> bool:
+        return self.tier.has_prefetches()
+
+    def poll_prefetches(self) -> None:
+        self.tier.poll_prefetches()
+
+    def check(self) -> str | None:
+        return self.tier.check() or self.snapshots.check()
+
+    def info(self) -> dict:
+        return {**self.tier.info(), **self.snapshots.info()}
+
+    def wait_writes(self, timeout: float | None = None) -> bool:
+        return self.tier.wait_writes(timeout)
+
+    def close(self) -> None:
+        self.tier.close()
+
     def pretty_print(self) -> None:
         def visit(node: TreeNode, indent: int) -> None:
             for child in node.children.values():
@@ -290,3 +365,102 @@ class RadixCache(BasePrefixCache):
             f"total={self.total_size()} evictable={self.evictable_size()}"
             f" protected={self.protected_size()}"
         )
+
+
+class DeviceOnlyTier(CacheTier):
+    """No tier below the device pool: KV that leaves L1 leaves the tree."""
+
+    def bind(self, tree: RadixCache) -> None:
+        self.tree = tree
+
+    def reset(self) -> None:
+        pass
+
+    def extend_match(self, key: PrefixKey, l1: MatchResult) -> MatchResult:
+        return l1
+
+    def on_inserted(self, new_nodes: list[TreeNode], last: TreeNode) -> None:
+        pass
+
+    def evict_node(self, node: TreeNode) -> None:
+        self.tree._free_l1(node)
+        self.tree._unlink(node)
+
+    def flush(self, level: str) -> None:
+        self.tree.reset()  # drop the whole tree
+
+    def check(self) -> str | None:
+        return None
+
+    def info(self) -> dict:
+        return {}
+
+    def start_prefetch(self, key: PrefixKey) -> Prefetch | None:
+        return None
+
+    def has_prefetches(self) -> bool:
+        return False
+
+    def poll_prefetches(self) -> None:
+        pass
+
+    def wait_writes(self, timeout: float | None) -> bool:
+        return True
+
+    def close(self) -> None:
+        pass
+
+
+class NoSnapshots(SnapshotPart):
+    """No state snapshots: a match ends where the tree's KV does; the state calls find none."""
+
+    def bind(self, tree: RadixCache) -> None:
+        self.tree = tree
+
+    def reset(self) -> None:
+        pass
+
+    def match(self, key: PrefixKey, admit: bool) -> MatchResult:
+        l1 = self.tree._match(key, split=admit)
+        return self.tree.tier.extend_match(key, l1) if admit else l1
+
+    def evict_order(self, node: TreeNode) -> int:
+        return node.last_access_time
+
+    def leave_l1(self, node: TreeNode) -> None:
+        pass
+
+    def leave_tree(self, node: TreeNode) -> None:
+        pass
+
+    def before_flush(self) -> None:
+        pass
+
+    def after_flush(self) -> None:
+        pass
+
+    def check(self) -> str | None:
+        return None
+
+    def info(self) -> dict:
+        return {}
+
+    def snapshot_slot(self, node: TreeNode) -> int | None:
+        return None
+
+    def attach_state(
+        self, key: PrefixKey, alloc: Callable[[], int | None], from_answer: bool
+    ) -> int | None:
+        return None
+
+    def alloc_state(self, superseded_only: bool) -> int | None:
+        return None
+
+    def evict_states(self, n: int, superseded_only: bool) -> int:
+        return 0
+
+    def snapshot_count(self) -> int:
+        return 0
+
+    def state_slots(self) -> list[int]:
+        return []

@@ -3,7 +3,7 @@ request's chunks back into L2.
 
 The KV of a token sequence is stored in chunks of `chunk_size` tokens at fixed positions, keyed by
 a hash chain from the model key (and the prefix's namespace); storage.py holds the backends,
-hicache_io.py the background threads. HiRadixCache (hiradix_cache.py) decides when; this tier
+hicache_io.py the background threads. HostTier (host_tier.py) decides when; this tier
 knows how (BaseStorageTier: what it asks). NoStorageTier is the tier of a hierarchical cache without
 --hicache-storage-backend.
 """

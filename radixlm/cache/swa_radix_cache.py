@@ -46,9 +46,6 @@ class SWARadixCache(RadixCache):
             return full
         return RadixCache._match(self, PrefixKey(key.token_ids[:n], key.namespace), split)
 
-    def kv_match(self, key: PrefixKey) -> MatchResult:
-        return RadixCache._match(self, key, split=False)
-
     def usable_len(self, slots: torch.Tensor) -> int:
         """The longest l <= len(slots) whose last `window` slots (all of them when fewer) keep
         their windowed KV: a continuation's queries read no earlier key of a windowed layer."""

@@ -1,6 +1,6 @@
-"""TreeNode: a node of the KV cache's radix trees (radix_cache.py, hiradix_cache.py,
-mamba_radix_cache.py, hi_mamba_radix_cache.py, swa_radix_cache.py): the tree's own fields, and a
-payload slot per part of the cache that keeps something per node (payloads.py)."""
+"""TreeNode: a node of the KV cache's radix tree (radix_cache.py, and the caches composed from it:
+hiradix_cache.py, mamba_radix_cache.py, hi_mamba_radix_cache.py, swa_radix_cache.py): the tree's
+own fields, and a payload slot per part of the cache that keeps something per node (payloads.py)."""
 
 from __future__ import annotations
 
