@@ -193,16 +193,15 @@ inline __m512i scales16(const int8_t* s0, const int8_t* s1) {
   return _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)s0), _mm_loadl_epi64((const __m128i*)s1)));
 }
 
-// Q6_KX8, 32 values at a time: isum += sc_lo (dot_lo - 32 S_lo) + sc_hi (dot_hi - 32 S_hi), the same
-// integer as tile_q6kx8's sc_lo dot_lo + sc_hi dot_hi - 32 (sc_lo S_lo + sc_hi S_hi) (exact), then per
-// super-block acc = fma(isum, d d_a, acc). The two 16-value dots are the first pass's chains, each
-// started at its offset and parked apart; the scales apply in the second pass.
+// Q6_KX8, 32 values at a time: isum += sc_lo dot_lo + sc_hi dot_hi - 32 (sc_lo S_lo + sc_hi S_hi), tile_q6kx8's
+// integer (exact), then per super-block acc = fma(isum, d d_a, acc). The low half's dots are parked
+// while the high half's chains run.
 template <int RM>
 void tile_q6k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo, const float* bias16) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   __m512 acc[RM];
   for (int m = 0; m < RM; ++m) acc[m] = _mm512_setzero_ps();
-  BlockDots<RM> lo_dots, hi_dots, isum;
+  BlockDots<RM> lo_dots, isum;
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* b0 = g + sb * Q6KX8_BYTES;
     const uint8_t* b1 = b0 + gb;
@@ -224,19 +223,23 @@ void tile_q6k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* ou
       q[7] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n3, 4), m4), q6_top<3>(h1));
       const int64_t b = 8 * sb + j;
       const int8_t* ap = a.panel_block(m0, b);
-      __m512i dots[RM];  // the low 16 values' chains, then the high ones', each started at its offset
-      for (int m = 0; m < RM; ++m) dots[m] = _mm512_set1_epi32(-32 * (int16_t)(a.sum16row(m0 + m)[b] & 0xFFFF));
+      __m512i dots[RM];  // the low 16 values' chains, then the high ones'
+      for (int m = 0; m < RM; ++m) dots[m] = _mm512_setzero_si512();
       dots_rows<RM>(q, 4, ap, dots);
       for (int m = 0; m < RM; ++m) lo_dots.put(m, dots[m]);
-      for (int m = 0; m < RM; ++m) dots[m] = _mm512_set1_epi32(-32 * (int16_t)(a.sum16row(m0 + m)[b] >> 16));
+      for (int m = 0; m < RM; ++m) dots[m] = _mm512_setzero_si512();
       dots_rows<RM>(q + 4, 4, ap + 16, dots);
-      for (int m = 0; m < RM; ++m) hi_dots.put(m, dots[m]);
       const int8_t* s0 = (const int8_t*)(b0 + 16 + 16 * j);
       const int8_t* s1 = (const int8_t*)(b1 + 16 + 16 * j);
       const __m512i slo = scales16(s0, s1), shi = scales16(s0 + 8, s1 + 8);
+      // The offsets' term, -32 (sc_lo S_lo + sc_hi S_hi): (-32 sc_lo, -32 sc_hi) as int16 pairs
+      // against QAct::sum16's (S_lo, S_hi), one vpdpwssd per row.
+      const __m512i neg32 = _mm512_set1_epi32(-32);
+      const __m512i off = _mm512_or_si512(_mm512_and_si512(_mm512_mullo_epi32(slo, neg32), _mm512_set1_epi32(0xFFFF)),
+                                          _mm512_slli_epi32(_mm512_mullo_epi32(shi, neg32), 16));
       for (int m = 0; m < RM; ++m) {
-        const __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(lo_dots.get(m), slo), _mm512_mullo_epi32(hi_dots.get(m), shi));
-        isum.put(m, _mm512_add_epi32(isum.get(m), x));
+        const __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(lo_dots.get(m), slo), _mm512_mullo_epi32(dots[m], shi));
+        isum.put(m, _mm512_dpwssd_epi32(_mm512_add_epi32(isum.get(m), x), off, _mm512_set1_epi32(a.sum16row(m0 + m)[b])));
       }
     }
     for (int m = 0; m < RM; ++m)
