@@ -128,7 +128,7 @@ def resolve_architecture(architectures: list[str] | None) -> tuple[str, type[nn.
     raise ValueError(
         f"unsupported model architecture {arch}; the closest radixlm serves:"
         f" {closest_architecture(arch, supported_architectures())} (full list:"
-        " docs/models.md#coverage)"
+        " `radixlm models` or docs/models.md#coverage)"
     )
 
 

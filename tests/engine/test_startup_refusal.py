@@ -34,7 +34,7 @@ def test_an_unsupported_architecture_is_refused_naming_the_closest(tiny_model_di
 # (tests/e2e/test_startup_refusals.py reads these too)
 UNSUPPORTED = (
     r"unsupported model architecture Glm4vForConditionalGeneration; the closest radixlm serves:"
-    r" Glm4\w+ \(full list: docs/models\.md#coverage\)"
+    r" Glm4\w+ \(full list: `radixlm models` or docs/models\.md#coverage\)"
 )
 
 

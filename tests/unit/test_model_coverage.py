@@ -114,6 +114,18 @@ def test_an_unsupported_architecture_is_one_line_naming_the_closest():
     assert "\n" not in message and len(message) < 200
     assert message.startswith("unsupported model architecture Glm4vForConditionalGeneration; the")
     assert " the closest radixlm serves: Glm4" in message
-    assert message.endswith("(full list: docs/models.md#coverage)")
+    assert message.endswith("(full list: `radixlm models` or docs/models.md#coverage)")
     with pytest.raises(ValueError, match="names no architecture"):
         resolve_architecture(None)
+
+
+def test_radixlm_models_lists_every_architecture_with_its_gguf_ones(capsys):
+    from radixlm.cli import main
+    from radixlm.model.registry import supported_architectures
+
+    assert main(["models"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines] == supported_architectures()
+    assert "LlamaForCausalLM gguf:llama" in lines and "MistralForCausalLM gguf:llama" in lines
+    assert "DeepseekV3ForCausalLM gguf:deepseek2" in lines
+    assert "LlavaForConditionalGeneration" in lines  # HF only
