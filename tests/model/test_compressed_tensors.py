@@ -8,6 +8,7 @@ rows' near-tie rule, test_awq_gptq.py's) through prefill and decode."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from dataclasses import dataclass
@@ -253,3 +254,51 @@ def test_a_scale_of_the_wrong_shape_is_refused_by_name(checkpoints, tmp_path):
         (tmp_path / "config.json").write_text(f.read())
     with pytest.raises(ValueError, match=r"down_proj.weight: weight_scale \(128, 3\)"):
         load_model(str(tmp_path))
+
+
+def test_an_act_order_checkpoint_permutes_its_input(checkpoints, tmp_path):
+    """actorder "group" (GPTQ's act-order; compressed-tensors before 0.20 wrote it): each layer's
+    `weight_g_idx` maps its input columns to groups out of order. Made here from the library's
+    W4A16 g64 checkpoint by permuting each input's columns (one permutation per input: q/k/v and
+    gate/up share theirs), the codes repacked with the library's own pack_to_int32; HF's model
+    holds the permuted dequantized weights."""
+    from compressed_tensors.compressors.pack_quantized.helpers import (
+        pack_to_int32,
+        unpack_from_int32,
+    )
+    from safetensors.torch import save_file
+
+    from radixlm.model.layers.permuted_matrix import PermutedInputMatrix
+    from radixlm.model.loader import load_model
+
+    path, hf, tensors, _ = checkpoints("w4a16-g64")
+    hf = copy.deepcopy(hf)  # the module's reference stays the unpermuted model's
+    gen, perms = torch.Generator().manual_seed(3), {}
+    state = {k: v.clone() for k, v in hf.state_dict().items()}
+    out = dict(tensors)
+    for name, packed in tensors.items():
+        prefix, _, kind = name.rpartition(".")
+        if kind != "weight_packed":
+            continue
+        shape = tensors[prefix + ".weight_shape"]
+        key = (prefix.rsplit(".", 1)[0], prefix.endswith(("o_proj", "down_proj")))
+        perm = perms.setdefault(key, torch.randperm(int(shape[1]), generator=gen))
+        q = unpack_from_int32(packed, 4, torch.Size(shape.tolist()))
+        out[name] = pack_to_int32(q[:, perm].contiguous(), 4)
+        out[prefix + ".weight_g_idx"] = (perm // 64).to(torch.int32)
+        state[prefix + ".weight"] = state[prefix + ".weight"][:, perm]
+    hf.load_state_dict(state)
+    save_file(out, tmp_path / "model.safetensors")
+    with open(os.path.join(path, "config.json")) as f:
+        cfg = json.load(f)
+    cfg["quantization_config"]["config_groups"]["group_0"]["weights"]["actorder"] = "group"
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    loaded = load_model(str(tmp_path))
+    for m in _matrices(loaded):
+        assert isinstance(m.qweight, PermutedInputMatrix) and m.qweight.inner.formats == ["q4_0x8"]
+    matched, gen = 0, torch.Generator().manual_seed(5)
+    for n in (7, 20):
+        prompt = torch.randint(3, SHAPE["vocab_size"], (n,), generator=gen).tolist()
+        ref, logits = _reference(hf, prompt)
+        matched += _greedy_matches(_greedy_radixlm(loaded, prompt), ref, logits, f"act-order #{n}")
+    assert matched >= NEW, matched
