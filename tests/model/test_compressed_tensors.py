@@ -38,6 +38,7 @@ from tests.model.test_gguf_mixed_quants import on_kernel_grids
 class Case:
     preset: str  # compressed-tensors' preset scheme
     weights: tuple = ()  # overrides of its weight args
+    acts: tuple = ()  # and of its input activations' (W8A8)
     arch: str = "llama"
     fmt: str = "q4_0x8"  # what the native kernels hold
     file_format: str = "pack-quantized"
@@ -52,6 +53,14 @@ CASES = {
     ),
     "w8a16-g128": Case("W8A16", fmt="q8_0x8"),
     "w8a8": Case("W8A8", arch="qwen3", fmt="q8_0x8", file_format="int-quantized"),
+    # One weight scale per tensor and static activation scales (input_scale, read past).
+    "w8a8-static-tensor": Case(
+        "W8A8",
+        (("strategy", "tensor"),),
+        (("strategy", "tensor"), ("dynamic", False)),
+        fmt="q8_0x8",
+        file_format="int-quantized",
+    ),
 }
 
 
@@ -79,6 +88,8 @@ def write_checkpoint(path: str, case: Case, seed: int = 0):
     model = model.to(torch.bfloat16)  # as llm-compressor's inputs are
     preset = dict(PRESET_SCHEMES[case.preset])
     preset["weights"] = args = preset["weights"].model_copy(update=dict(case.weights))
+    if case.acts:
+        preset["input_activations"] = preset["input_activations"].model_copy(update=dict(case.acts))
     scheme = QuantizationScheme(targets=["Linear"], **preset)
     apply_quantization_config(
         model, QuantizationConfig(config_groups={"group_0": scheme}, ignore=["lm_head"])
@@ -87,12 +98,18 @@ def write_checkpoint(path: str, case: Case, seed: int = 0):
         for module in model.modules():
             if hasattr(module, "weight_scale"):
                 w = module.weight.float()
-                per = args.group_size if args.strategy == "group" else w.shape[1]
-                w = w.reshape(w.shape[0], -1, per)
-                scale, zero = calculate_qparams(w.amin(-1), w.amax(-1), args)
+                if args.strategy == "tensor":
+                    lo, hi = w.amin(), w.amax()
+                else:
+                    per = args.group_size if args.strategy == "group" else w.shape[1]
+                    w = w.reshape(len(w), -1, per)
+                    lo, hi = w.amin(-1), w.amax(-1)
+                scale, zero = calculate_qparams(lo, hi, args)
                 module.weight_scale.copy_(scale)
                 if hasattr(module, "weight_zero_point"):
                     module.weight_zero_point.copy_(zero.round())
+                if hasattr(module, "input_scale"):  # a static scale: unused on the CPU
+                    module.input_scale.fill_(0.05)
     compressor = ModelCompressor.from_pretrained_model(model)
     compressor.compress_model(model)
     model.save_pretrained(path)
@@ -158,7 +175,7 @@ def test_checkpoint_loads_in_its_bit_width_and_generates_hf_greedy(checkpoints, 
         assert m.weight is None and m.qweight.formats == ["bf16"]
     file_bytes = os.path.getsize(os.path.join(path, "model.safetensors"))
     assert loaded.weight_bytes <= 1.2 * file_bytes, (loaded.weight_bytes, file_bytes)
-    gen, matched, lengths = torch.Generator().manual_seed(5), 0, (5, 12, 30)
+    gen, matched, lengths = torch.Generator().manual_seed(5), 0, (6, 24)
     for n in lengths:
         prompt = torch.randint(3, SHAPE["vocab_size"], (n,), generator=gen).tolist()
         ref, logits = _reference(hf, prompt)
