@@ -94,14 +94,15 @@ def _int_scheme(w: dict, fmt: str) -> CheckpointQuant:
         field = "scale_dtype" if w.get("scale_dtype") else "zp_dtype"
         raise refuse(METHOD, f"weights.{field}", w[field], "none")
     actorder = str(w.get("actorder") or "none").lower()
-    if actorder not in ("none", "false", "group", "dynamic", "weight", "static"):
+    # compressed-tensors' aliases: dynamic and true are group, static is weight.
+    if actorder not in ("none", "false", "true", "group", "dynamic", "weight", "static"):
         raise refuse(METHOD, "weights.actorder", actorder, "group, weight or none")
     group = group_size(METHOD, w.get("group_size")) if strategy == "group" else -1
     return CheckpointQuant(
         METHOD,
         bits,
         group,
-        desc_act=actorder in ("group", "dynamic"),  # a weight_g_idx per layer
+        desc_act=actorder in ("group", "dynamic", "true"),  # a weight_g_idx per layer
         sym=sym,
         zero_offset=0,
         strategy=strategy,
