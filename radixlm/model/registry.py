@@ -110,6 +110,7 @@ MODEL_REGISTRY.register("Qwen2Model", "radixlm.model.models.qwen2:Qwen2ForCausal
 MODEL_REGISTRY.register(
     "MiniMaxM2ForCausalLM", "radixlm.model.models.minimax_m2:MiniMaxM2ForCausalLM"
 )
+MODEL_REGISTRY.register("Dots1ForCausalLM", "radixlm.model.models.dots1:Dots1ForCausalLM")
 
 
 def supported_architectures() -> list[str]:

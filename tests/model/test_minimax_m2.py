@@ -90,4 +90,5 @@ def test_q8_0_gguf_agrees_with_hf_top1(minimax, tmp_path):
     path, hf = minimax
     q8 = write_moe_gguf(hf, FAMILY, path, str(tmp_path / "q8_0.gguf"), "q8_0")
     agree, total = top1_agreement(q8, hf, hf_holding(hf, q8), VOCAB, new_tokens=120)
+    print(f"{FAMILY} Q8_0 top-1 agreement {agree}/{total}")
     assert agree / total >= 0.95, f"{FAMILY} Q8_0: top-1 agreement {agree}/{total}"

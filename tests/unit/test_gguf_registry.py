@@ -44,6 +44,7 @@ ARCHITECTURES = (
     "deepseek2",
     "glm4moe",
     "minimax-m2",
+    "dots1",
 )
 
 

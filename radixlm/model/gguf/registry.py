@@ -50,5 +50,6 @@ for _name, _target in [
     ("deepseek2", "deepseek:DEEPSEEK2"),  # V3 when its gating is sigmoid
     ("glm4moe", "glm4moe:GLM4MOE"),
     ("minimax-m2", "minimax_m2:MINIMAX_M2"),
+    ("dots1", "dots1:DOTS1"),
 ]:
     GGUF_ARCHITECTURE_REGISTRY.register(_name, f"{_ARCHS}.{_target}")
