@@ -111,6 +111,9 @@ MODEL_REGISTRY.register(
     "MiniMaxM2ForCausalLM", "radixlm.model.models.minimax_m2:MiniMaxM2ForCausalLM"
 )
 MODEL_REGISTRY.register("Dots1ForCausalLM", "radixlm.model.models.dots1:Dots1ForCausalLM")
+MODEL_REGISTRY.register(
+    "HunYuanMoEV1ForCausalLM", "radixlm.model.models.hunyuan_moe:HunYuanMoEV1ForCausalLM"
+)
 
 
 def supported_architectures() -> list[str]:

@@ -17,8 +17,8 @@ from radixlm.model.layers.moe.deepseek_routing import TopkMethod
 from radixlm.model.loader import load_model
 from radixlm.model.models.deepseek_moe import DeepseekMoE
 from radixlm.model.models.moe_families import OlmoeAttention
+from tests.model.moe_family_checkpoints import hf_holding, moe_checkpoint, write_moe_gguf
 from tests.model.radix_cache_checks import check_cached_prefixes, check_eviction
-from tests.model.sigmoid_moe_checkpoints import hf_holding, moe_checkpoint, write_moe_gguf
 from tests.model.top1_agreement import top1_agreement
 from tests.model.windowed_checkpoints import VOCAB, check_greedy
 

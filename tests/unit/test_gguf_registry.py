@@ -45,6 +45,7 @@ ARCHITECTURES = (
     "glm4moe",
     "minimax-m2",
     "dots1",
+    "hunyuan-moe",
 )
 
 

@@ -51,5 +51,6 @@ for _name, _target in [
     ("glm4moe", "glm4moe:GLM4MOE"),
     ("minimax-m2", "minimax_m2:MINIMAX_M2"),
     ("dots1", "dots1:DOTS1"),
+    ("hunyuan-moe", "hunyuan_moe:HUNYUAN_MOE"),
 ]:
     GGUF_ARCHITECTURE_REGISTRY.register(_name, f"{_ARCHS}.{_target}")

@@ -1,7 +1,8 @@
-"""Tiny random float32 checkpoints of the sigmoid-routed MoE families of issue 90 (MiniMax-M2,
-dots.llm1) for tests/model/test_sigmoid_moe.py: transformers' model saved beside the tiny BPE
-tokenizer (windowed_checkpoints.checkpoint), the router's correction bias drawn so that it
-changes choices, and the same weights as llama.cpp's converter writes them (float32 or Q8_0)."""
+"""Tiny random float32 checkpoints of the MoE families of issue 90 (MiniMax-M2, dots.llm1,
+Hunyuan-A13B) for tests/model/test_minimax_m2.py, test_dots1.py, test_hunyuan_moe.py:
+transformers' model saved beside the tiny BPE tokenizer (windowed_checkpoints.checkpoint), the
+router's correction bias drawn so that it changes choices, and the same weights as llama.cpp's
+converter writes them (float32 or Q8_0)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,27 @@ FAMILIES = {
             max_position_embeddings=1024,
         ),
     ),
+    "hunyuan_moe": (
+        "HunYuanMoEV1Config",
+        "HunYuanMoEV1ForCausalLM",
+        "hunyuan-moe",
+        dict(
+            num_hidden_layers=2,
+            intermediate_size=32,  # the experts' and the shared MLP's width
+            head_dim=16,
+            num_experts=8,
+            moe_topk=3,
+            attention_bias=True,
+            # the released NTK-alpha RoPE (HF: ntk_alpha)
+            rope_parameters={
+                "rope_type": "dynamic",
+                "alpha": 1000.0,
+                "factor": 1.0,
+                "rope_theta": 10000.0,
+            },
+            max_position_embeddings=1024,
+        ),
+    ),
 }
 
 
@@ -79,12 +101,21 @@ def write_moe_gguf(hf, family: str, path: str, out: str, qtype: str = "f32") -> 
     w = gguf.GGUFWriter(out, arch)
     w.add_type(gguf.GGUFType.MODEL)
     w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
+    dynamic = cfg.rope_parameters["rope_type"] == "dynamic"
+    w.add_context_length(256 * 1024 if dynamic else cfg.max_position_embeddings)  # HunYuan's
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    rope = cfg.rope_parameters
+    if dynamic:  # HunYuanMoEModel: the NTK-alpha base, no scaling
+        dim = cfg.hidden_size // cfg.num_attention_heads
+        w.add_rope_freq_base(rope["rope_theta"] * rope["alpha"] ** (dim / (dim - 2)))
+        w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+        w.add_rope_scaling_factor(1)
+        w.add_rope_scaling_orig_ctx_len(256 * 1024)
+    else:
+        w.add_rope_freq_base(rope["rope_theta"])
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_expert_used_count(cfg.num_experts_per_tok)
     if family == "minimax_m2":
@@ -94,6 +125,13 @@ def write_moe_gguf(hf, family: str, path: str, out: str, qtype: str = "f32") -> 
         w.add_value_length(head_dim)
         w.add_expert_feed_forward_length(cfg.intermediate_size)
         w.add_rope_dimension_count(cfg.rotary_dim)
+    elif family == "hunyuan_moe":  # (the converter's own tokenizer and bos override left out)
+        w.add_expert_count(cfg.num_experts)
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
+        w.add_expert_shared_feed_forward_length(cfg.intermediate_size)
+        w.add_expert_feed_forward_length(cfg.intermediate_size)  # moe_intermediate_size[0]
+        w.add_expert_shared_count(1)  # num_shared_expert[0]
     else:
         w.add_expert_count(cfg.n_routed_experts)
         w.add_expert_group_count(cfg.n_group)
@@ -132,6 +170,15 @@ def _converter_tensors(file: str):
         yield f"{base}.{proj}.weight", torch.stack([per_expert[e] for e in sorted(per_expert)])
 
 
+# radixlm's loader names -> HunYuan's (HunYuanMoEV1's modules are named apart from the others')
+_HF_NAMES = (
+    (".self_attn.q_norm.", ".self_attn.query_layernorm."),
+    (".self_attn.k_norm.", ".self_attn.key_layernorm."),
+    (".mlp.gate.weight", ".mlp.gate.wg.weight"),
+    (".mlp.shared_experts.", ".mlp.shared_mlp."),
+)
+
+
 def hf_holding(hf, gguf_path: str):
     """A copy of hf with the weights of gguf_path as radixlm's GGUF loader reads them (dequantized
     to float32; experts stacked back into HF's gate_up_proj / down_proj, the correction bias
@@ -159,6 +206,11 @@ def hf_holding(hf, gguf_path: str):
             if n in state
         )
         weights[target] = bias
+    for name in [n for n in weights if n not in state]:  # HunYuan's own names
+        hf_name = name
+        for ours, theirs in _HF_NAMES:
+            hf_name = hf_name.replace(ours, theirs)
+        weights[hf_name] = weights.pop(name)
     missing = set(state) - set(weights)
     assert not missing, sorted(missing)[:8]
     held.load_state_dict(weights)
