@@ -36,6 +36,8 @@ END = "<!-- END coverage table -->"
 # class of an architecture transformers does not have (remote code).
 _CONFIG_FIXES: dict[str, dict[str, Any]] = {
     "DeepseekV2ForCausalLM": {"num_experts_per_tok": 6},  # the default leaves the top-k unset
+    # the default leaves the experts unset; dots.llm1's
+    "Dots1ForCausalLM": {"n_routed_experts": 128, "n_shared_experts": 2, "num_experts_per_tok": 6},
     # the default has no attention layer; Granite-4.0-H's have one in ten or so
     "GraniteMoeHybridForCausalLM": {
         "num_hidden_layers": 4,

@@ -107,6 +107,13 @@ MODEL_REGISTRY.register(
 # Base-model checkpoints (no lm_head): embedding models, served with --is-embedding.
 MODEL_REGISTRY.register("LlamaModel", "radixlm.model.models.llama:LlamaForCausalLM")
 MODEL_REGISTRY.register("Qwen2Model", "radixlm.model.models.qwen2:Qwen2ForCausalLM")
+MODEL_REGISTRY.register(
+    "MiniMaxM2ForCausalLM", "radixlm.model.models.minimax_m2:MiniMaxM2ForCausalLM"
+)
+MODEL_REGISTRY.register("Dots1ForCausalLM", "radixlm.model.models.dots1:Dots1ForCausalLM")
+MODEL_REGISTRY.register(
+    "HunYuanMoEV1ForCausalLM", "radixlm.model.models.hunyuan_moe:HunYuanMoEV1ForCausalLM"
+)
 
 
 def supported_architectures() -> list[str]:

@@ -43,6 +43,9 @@ ARCHITECTURES = (
     "kimi-linear",
     "deepseek2",
     "glm4moe",
+    "minimax-m2",
+    "dots1",
+    "hunyuan-moe",
 )
 
 

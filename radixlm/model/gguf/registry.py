@@ -49,5 +49,8 @@ for _name, _target in [
     ("kimi-linear", "kimi_linear:KIMI_LINEAR"),
     ("deepseek2", "deepseek:DEEPSEEK2"),  # V3 when its gating is sigmoid
     ("glm4moe", "glm4moe:GLM4MOE"),
+    ("minimax-m2", "minimax_m2:MINIMAX_M2"),
+    ("dots1", "dots1:DOTS1"),
+    ("hunyuan-moe", "hunyuan_moe:HUNYUAN_MOE"),
 ]:
     GGUF_ARCHITECTURE_REGISTRY.register(_name, f"{_ARCHS}.{_target}")
