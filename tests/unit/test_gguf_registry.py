@@ -43,6 +43,7 @@ ARCHITECTURES = (
     "kimi-linear",
     "deepseek2",
     "glm4moe",
+    "mistral3",
 )
 
 

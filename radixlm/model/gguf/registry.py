@@ -51,3 +51,5 @@ for _name, _target in [
     ("glm4moe", "glm4moe:GLM4MOE"),
 ]:
     GGUF_ARCHITECTURE_REGISTRY.register(_name, f"{_ARCHS}.{_target}")
+# Issue 90: Mistral 3's text model (Mistral3ForConditionalGeneration's language model).
+GGUF_ARCHITECTURE_REGISTRY.register("mistral3", f"{_ARCHS}.llama:MISTRAL3")

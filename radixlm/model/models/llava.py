@@ -82,6 +82,10 @@ class LlavaForConditionalGeneration(ServedModel):
         self.vocab_size = text.vocab_size
         self.encoder_cache = EncoderCache(DEFAULT_ENCODER_CACHE_BYTES)
 
+    def embed_text(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The text tokens' input embeddings in an extend with images (the decoder's lookup)."""
+        return self.language_model.model.embed_tokens(input_ids)
+
     def encode_images(self, items: list[MultimodalItem]) -> list[torch.Tensor]:
         """One batch through the vision tower and the projector: per image, [tokens, hidden]."""
         dev = self.multi_modal_projector.linear_1.weight.device
@@ -107,7 +111,7 @@ class LlavaForConditionalGeneration(ServedModel):
         embeds = embed_with_images(
             forward_batch,
             input_ids,
-            lm.model.embed_tokens,
+            self.embed_text,
             self.vocab_size,
             self.encoder_cache,
             self.encode_images,
