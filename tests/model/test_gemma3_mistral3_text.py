@@ -105,9 +105,12 @@ def _checkpoint(name: str, tmp_path_factory) -> tuple[str, str, transformers.Pre
     return name, path, _text_model(mm, text_cls)
 
 
-def write_text_gguf(hf, tokenizer_dir: str, path: str, arch: str, qtype: str = "f32") -> str:
+def write_text_gguf(
+    hf, tokenizer_dir: str, path: str, arch: str, qtype: str = "f32", ministral3: bool = False
+) -> str:
     """hf's weights as convert_hf_to_gguf.py writes the language model of the multimodal checkpoint
-    (conversion/gemma.py Gemma3Model, conversion/mistral3.py Mistral3Model), --outtype qtype."""
+    (conversion/gemma.py Gemma3Model, conversion/mistral3.py Mistral3Model), --outtype qtype.
+    ministral3: with the attention temperature scale a Ministral 3 file has."""
     import gguf
 
     cfg = hf.config
@@ -135,6 +138,8 @@ def write_text_gguf(hf, tokenizer_dir: str, path: str, arch: str, qtype: str = "
         w.add_rope_freq_base(rope["rope_theta"])
         w.add_vocab_size(cfg.vocab_size)
         w.add_rope_dimension_count(cfg.head_dim)
+        if ministral3:
+            w.add_attn_temperature_scale(0.1)
     _add_vocab(w, tokenizer_dir, cfg.vocab_size, "qwen2")
     names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
     for name, t in hf.state_dict().items():
@@ -170,6 +175,43 @@ def test_gguf_greedy_matches_hf(family, tmp_path):
     check_greedy(gguf_path, hf, f"{name} gguf")
 
 
+def test_ministral3_gguf_is_refused_by_its_key(tmp_path):
+    """llama.cpp writes Ministral 3 as mistral3 too, with Llama 4's attention scaling: refused."""
+    tok = tiny_tokenizer()
+    tok.save_pretrained(tmp_path)
+    cfg = transformers.MistralConfig(**dict(FAMILIES["mistral3"][3], vocab_size=len(tok)))
+    hf = transformers.MistralForCausalLM(cfg).eval()
+    bad = write_text_gguf(hf, str(tmp_path), str(tmp_path / "m.gguf"), "mistral3", ministral3=True)
+    with pytest.raises(ValueError, match="mistral3.attention.temperature_scale"):
+        load_model(bad)
+
+
+@pytest.mark.parametrize(
+    "name, change, field",
+    [
+        ("gemma3", {"text_config": {"use_bidirectional_attention": True}}, "use_bidirectional"),
+        ("gemma3", {"mm_tokens_per_image": 3}, "mm_tokens_per_image"),
+        ("gemma3", {"vision_config": {"model_type": "clip_vision_model"}}, "vision_config"),
+        ("mistral3", {"text_config": {"model_type": "qwen2"}}, "text_config.model_type"),
+        ("mistral3", {"vision_config": {"model_type": "siglip_vision_model"}}, "vision_config"),
+    ],
+)
+def test_unsupported_variants_are_refused_naming_the_field(name, change, field, tmp_path):
+    """A config.json (random weights) of each unsupported variant: one ValueError naming it."""
+    import json
+
+    cfg_cls, arch, _, text, vision, extra = FAMILIES[name]
+    cfg = getattr(transformers, cfg_cls)(
+        text_config=dict(text, vocab_size=64), vision_config=dict(VISION, **vision), **extra
+    ).to_dict()
+    for key, value in change.items():
+        cfg[key] = {**cfg[key], **value} if isinstance(value, dict) else value
+    cfg["architectures"] = [arch]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match=field):
+        load_model(str(tmp_path / "config.json"))
+
+
 def test_q8_0_gguf_agrees_with_hf_top1(family, tmp_path):
     from tests.hybrid.test_hybrid_gguf import hf_holding
     from tests.model.top1_agreement import top1_agreement
@@ -177,6 +219,7 @@ def test_q8_0_gguf_agrees_with_hf_top1(family, tmp_path):
     name, path, hf = family
     q8 = write_text_gguf(hf, path, str(tmp_path / f"{name}-q8_0.gguf"), name, "q8_0")
     agree, total = top1_agreement(q8, hf, hf_holding(hf, q8), VOCAB, new_tokens=80)
+    print(f"{name} Q8_0: top-1 agreement {agree}/{total}")
     assert agree / total >= 0.95, f"{name} Q8_0: top-1 agreement {agree}/{total}"
 
 

@@ -70,7 +70,8 @@ class LlavaForConditionalGeneration(ServedModel):
         text = config.text_config
         if text.model_type not in self.TEXT_MODELS:
             raise ValueError(
-                f"{type(self).__name__} with a {text.model_type!r} decoder is not supported "
+                f"text_config.model_type {text.model_type!r}: {type(self).__name__} with that"
+                " decoder is not supported "
                 f"({', '.join(self.TEXT_MODELS)})"
             )
         self.language_model = self.TEXT_MODELS[text.model_type](text)
