@@ -34,7 +34,9 @@ def plan(fb: ForwardBatch, stages: int, max_size: int | None) -> list[ForwardBat
         return split_decode(fb, parts) if parts > 1 else None
     single = fb.forward_mode == ForwardMode.EXTEND and fb.batch_size == 1
     # Gemma 3's image tokens attend each other both ways: a piece must not cut an image.
-    whole_images = bool(fb.mm_inputs) and getattr(fb.mm_inputs[0], "bidirectional", False)
+    whole_images = (
+        bool(fb.mm_inputs) and fb.mm_inputs[0] is not None and fb.mm_inputs[0].bidirectional
+    )
     if (
         single
         and not whole_images
