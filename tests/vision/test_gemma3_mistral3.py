@@ -47,8 +47,9 @@ def server(family):
     s.stop()
 
 
-def rendered(hf, n_images: int, text: str) -> str:
-    content = [{"type": "image"}] * n_images + [{"type": "text", "text": text}]
+def rendered(hf, n_images: int, text: str, before: str = "") -> str:
+    content = [{"type": "text", "text": before}] if before else []
+    content += [{"type": "image"}] * n_images + [{"type": "text", "text": text}]
     return hf[1].apply_chat_template(
         [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True
     )
@@ -184,3 +185,26 @@ def test_a_chunk_never_ends_inside_a_bidirectional_image():
     for ext, take, want in cases:
         assert whole_spans(req(True), ext, take) == want, (ext, take)
         assert whole_spans(req(False), ext, take) == take
+
+
+def test_pp2_matches_hf(family):
+    """--pp-size 2: the first stage embeds the images; a prompt's prefill splits into pieces
+    between the stages, never inside a Gemma 3 image (pp_micro.py). HF's tokens."""
+    from PIL import Image
+
+    from radixlm import Engine
+    from tests.conftest import engine_args
+
+    _, path, hf = family
+    images = [(41, SIZES[0]), (42, SIZES[1])]
+    pics = [Image.open(io.BytesIO(png_bytes(s, size))).convert("RGB") for s, size in images]
+    for k in range(64):  # a prompt whose middle (where the pieces meet) is inside an image
+        text = rendered(hf, 2, "which is brighter?", before="look " * k)
+        ids = hf[1](text=text, images=pics, return_tensors="pt")["input_ids"][0].tolist()
+        if ids[len(ids) // 2 - 1] == ids[len(ids) // 2] == hf[0].config.image_token_id:
+            break
+    else:
+        raise AssertionError("no prompt puts the pieces' boundary inside an image")
+    with Engine(path, **engine_args(pp_size=2, chunked_prefill_size=256)) as engine:
+        out = engine.generate(text, SP, image_data=[data_url(s, size) for s, size in images])
+    assert out["output_ids"] == hf_generate(hf, text, images)[0]
