@@ -173,3 +173,14 @@ def closest_architecture(arch: str, supported: Iterable[str]) -> str:
 
 def get_model_class(architecture: str) -> type[nn.Module]:
     return resolve_architecture([architecture])[1]
+
+
+# Issue 90: the multimodal checkpoints of Gemma 3 and Mistral 3 (docs/vision.md).
+MODEL_REGISTRY.register(
+    "Gemma3ForConditionalGeneration",
+    "radixlm.model.models.gemma3_mm:Gemma3ForConditionalGeneration",
+)
+MODEL_REGISTRY.register(
+    "Mistral3ForConditionalGeneration",
+    "radixlm.model.models.mistral3_mm:Mistral3ForConditionalGeneration",
+)

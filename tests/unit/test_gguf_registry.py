@@ -46,6 +46,7 @@ ARCHITECTURES = (
     "minimax-m2",
     "dots1",
     "hunyuan-moe",
+    "mistral3",
 )
 
 

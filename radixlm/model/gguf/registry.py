@@ -54,3 +54,5 @@ for _name, _target in [
     ("hunyuan-moe", "hunyuan_moe:HUNYUAN_MOE"),
 ]:
     GGUF_ARCHITECTURE_REGISTRY.register(_name, f"{_ARCHS}.{_target}")
+# Issue 90: Mistral 3's text model (Mistral3ForConditionalGeneration's language model).
+GGUF_ARCHITECTURE_REGISTRY.register("mistral3", f"{_ARCHS}.llama:MISTRAL3")
