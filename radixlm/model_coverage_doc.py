@@ -38,6 +38,12 @@ _CONFIG_FIXES: dict[str, dict[str, Any]] = {
     "DeepseekV2ForCausalLM": {"num_experts_per_tok": 6},  # the default leaves the top-k unset
     # the default leaves the experts unset; dots.llm1's
     "Dots1ForCausalLM": {"n_routed_experts": 128, "n_shared_experts": 2, "num_experts_per_tok": 6},
+    # the causal-LM mapping also names it under gemma3_text, whose config has no vision part
+    # and the default vision tower (224 / 16) does not pool to 256 tokens (released: 896 / 14)
+    "Gemma3ForConditionalGeneration": {
+        "model_type": "gemma3",
+        "vision_config": {"model_type": "siglip_vision_model", "image_size": 896, "patch_size": 14},
+    },
     # the default has no attention layer; Granite-4.0-H's have one in ten or so
     "GraniteMoeHybridForCausalLM": {
         "num_hidden_layers": 4,
