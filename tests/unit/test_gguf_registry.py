@@ -43,6 +43,8 @@ ARCHITECTURES = (
     "kimi-linear",
     "deepseek2",
     "glm4moe",
+    "granite",
+    "granitemoe",
 )
 
 

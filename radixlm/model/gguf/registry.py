@@ -49,5 +49,7 @@ for _name, _target in [
     ("kimi-linear", "kimi_linear:KIMI_LINEAR"),
     ("deepseek2", "deepseek:DEEPSEEK2"),  # V3 when its gating is sigmoid
     ("glm4moe", "glm4moe:GLM4MOE"),
+    ("granite", "granite:GRANITE"),
+    ("granitemoe", "granite:GRANITE_MOE"),
 ]:
     GGUF_ARCHITECTURE_REGISTRY.register(_name, f"{_ARCHS}.{_target}")
