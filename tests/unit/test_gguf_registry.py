@@ -43,8 +43,10 @@ ARCHITECTURES = (
     "kimi-linear",
     "deepseek2",
     "glm4moe",
+    "glm4",
     "granite",
     "granitemoe",
+    "cohere2",
 )
 
 

@@ -49,7 +49,9 @@ for _name, _target in [
     ("kimi-linear", "kimi_linear:KIMI_LINEAR"),
     ("deepseek2", "deepseek:DEEPSEEK2"),  # V3 when its gating is sigmoid
     ("glm4moe", "glm4moe:GLM4MOE"),
+    ("glm4", "glm4:GLM4"),
     ("granite", "granite:GRANITE"),
     ("granitemoe", "granite:GRANITE_MOE"),
+    ("cohere2", "cohere2:COHERE2"),
 ]:
     GGUF_ARCHITECTURE_REGISTRY.register(_name, f"{_ARCHS}.{_target}")
