@@ -7,7 +7,7 @@ window (OLMo 3), gemma2 and gemma3 (what llama.cpp fixes by architecture instead
 the MoE ones (moe.py, deepseek.py, glm4moe.py), the hybrid qwen35, qwen35moe, qwen3next (the
 converter's transformations undone, its tiled V-head order kept), nemotron_h, nemotron_h_moe
 and lfm2 (hybrid_ssm.py), granitehybrid and falcon-h1 (mamba2_hybrid.py), gpt-oss, gemma4, llama4,
-kimi-linear.
+kimi-linear; glm4, granite and granitemoe, cohere2.
 """
 
 from __future__ import annotations
