@@ -1,8 +1,11 @@
 """GLM-4, Granite, GraniteMoe and Cohere2 as llama.cpp's converter (conversion/glm.py,
 granite.py, command_r.py) writes them: TextModel's header plus each model class's own keys, its
-tensor transforms (LlamaModel.permute of q / k for the Granites, GraniteMoeModel's split of the
-experts' input_linear, Cohere2Model's zero biases dropped) and its --outtype: "f32", or "q8_0"
-(hybrid_checkpoints._stored: matrices in Q8_0, the router, norms and vectors float32)."""
+tensor transforms (LlamaModel.permute of q / k rows and biases for the Granites,
+GraniteMoeModel's split of the experts' input_linear, Cohere2Model's zero biases dropped) and its
+--outtype: "f32", or "q8_0" (hybrid_checkpoints._stored: matrices in Q8_0, the router, norms and
+vectors float32); or "q4_k_m", llama-quantize's Q4_K_M in the types radixlm can write: Q4_K for
+the matrices, the ones it gives more bits (attn_v, ffn_down, output) in Q8_0 where llama.cpp
+picks Q6_K (which gguf cannot write)."""
 
 from __future__ import annotations
 
@@ -18,7 +21,12 @@ ARCHS = {
     "granitemoe": gguf.MODEL_ARCH.GRANITE_MOE,
     "cohere2": gguf.MODEL_ARCH.COHERE2,
 }
-FTYPES = {"f32": gguf.LlamaFileType.ALL_F32, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}
+FTYPES = {
+    "f32": gguf.LlamaFileType.ALL_F32,
+    "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0,
+    "q4_k_m": gguf.LlamaFileType.MOSTLY_Q4_K_M,
+}
+MORE_BITS = ("attn_v.weight", "ffn_down.weight", "ffn_down_exps.weight", "output.weight")
 
 
 def _header(w, cfg, arch: str, ftype) -> None:
@@ -66,9 +74,9 @@ def _header(w, cfg, arch: str, ftype) -> None:
 
 def _converted(name: str, a: np.ndarray, cfg, arch: str):
     """(HF-side name the tensor map reads, data) after the model class's modify_tensors."""
-    if arch in ("granite", "granitemoe") and name.endswith("q_proj.weight"):
+    if arch in ("granite", "granitemoe") and name.endswith(("q_proj.weight", "q_proj.bias")):
         return [(name, _permute(a, cfg.num_attention_heads))]
-    if arch in ("granite", "granitemoe") and name.endswith("k_proj.weight"):
+    if arch in ("granite", "granitemoe") and name.endswith(("k_proj.weight", "k_proj.bias")):
         return [(name, _permute(a, cfg.num_key_value_heads))]
     if name.endswith(("block_sparse_moe.input_linear.weight", "experts.gate_up_proj")):
         base = name[: name.index("block_sparse_moe.")]
@@ -91,6 +99,7 @@ def write_gguf(hf, tokenizer_dir: str, path: str, arch: str, qtype: str = "f32")
     """hf's weights as the converter writes them for `arch` (ARCHS) with --outtype qtype."""
     cfg = hf.config
     ftype = FTYPES[qtype]
+    stored = ftype if qtype == "f32" else FTYPES["q8_0"]  # q4_k_m: Q4_K where Q8_0 would be
     w = gguf.GGUFWriter(path, arch)
     _header(w, cfg, arch, ftype)
     _add_vocab(w, tokenizer_dir, cfg.vocab_size, "qwen2")
@@ -101,7 +110,9 @@ def write_gguf(hf, tokenizer_dir: str, path: str, arch: str, qtype: str = "f32")
         for hf_name, a in _converted(name, t.float().numpy().copy(), cfg, arch):
             new_name = names.get_name(hf_name, try_suffixes=(".weight", ".bias"))
             assert new_name is not None, f"the converter cannot map {hf_name}"
-            raw, kind = _stored(new_name, _torch(a), ftype, ARCHS[arch])
+            raw, kind = _stored(new_name, _torch(a), stored, ARCHS[arch])
+            if qtype == "q4_k_m" and kind == gguf.GGMLQuantizationType.Q8_0:
+                raw, kind = _q4_k_m(new_name, a, raw, kind)
             w.add_tensor(new_name, raw, raw_dtype=kind)
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -110,7 +121,43 @@ def write_gguf(hf, tokenizer_dir: str, path: str, arch: str, qtype: str = "f32")
     return path
 
 
+def _q4_k_m(name: str, a: np.ndarray, raw: np.ndarray, kind):
+    """Q4_K for a matrix Q8_0 would store, unless it gets more bits or its rows do not fill
+    256-value blocks."""
+    import torch
+
+    from radixlm.kernels.formats import quantize
+
+    if name.endswith(MORE_BITS) or a.shape[-1] % 256:
+        return raw, kind
+    rows = a.reshape(-1, a.shape[-1])
+    q = quantize(torch.from_numpy(np.ascontiguousarray(rows)), "q4_k").numpy()
+    return q.reshape(*a.shape[:-1], q.shape[-1]), gguf.GGMLQuantizationType.Q4_K
+
+
 def _torch(a: np.ndarray):
     import torch
 
     return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def file_weights(path: str) -> dict:
+    """The file's tensors as radixlm's loader yields them in float32 (its names are HF's, but for
+    stacked experts and the router: gguf/spec.EXPERT_TENSOR_NAMES), every transform undone."""
+    from radixlm.model.gguf.loader import gguf_config, gguf_weights
+    from radixlm.model.gguf.reader import open_gguf
+
+    reader = open_gguf(path)
+    return dict(gguf_weights(reader, gguf_config(reader)))
+
+
+def assert_file_holds(hf, path: str) -> None:
+    """A float32 file read back holds hf's weights exactly, under hf's names (a q / k permutation
+    left in place would not always show in the greedy tokens)."""
+    import torch
+
+    got = file_weights(path)
+    want = {n: t for n, t in hf.state_dict().items() if n != "lm_head.weight" or n in got}
+    assert sorted(got) == sorted(want)
+    for name, t in want.items():
+        assert torch.equal(got[name].float(), t.float()), name

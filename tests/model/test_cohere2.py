@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from tests.model.cache_checks import check_greedy_and_cache, check_greedy_and_evictions
-from tests.model.converter_gguf import write_gguf
+from tests.model.converter_gguf import assert_file_holds, write_gguf
 from tests.model.windowed_checkpoints import VOCAB, WINDOW, checkpoint
 
 
@@ -41,6 +41,7 @@ def test_gguf_greedy_and_evictions(cohere2, tmp_path):
     layers' space halved)."""
     path, hf = cohere2
     gguf_path = write_gguf(hf, path, str(tmp_path / "f32.gguf"), "cohere2")
+    assert_file_holds(hf, gguf_path)  # every weight read back exactly
     check_greedy_and_evictions(gguf_path, hf, "cohere2 gguf", swa_full_tokens_ratio=0.5)
 
 

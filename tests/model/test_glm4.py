@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tests.model.cache_checks import check_greedy_and_cache, check_greedy_and_evictions
-from tests.model.converter_gguf import write_gguf
+from tests.model.converter_gguf import assert_file_holds, write_gguf
 from tests.model.windowed_checkpoints import VOCAB, checkpoint
 
 
@@ -38,6 +38,7 @@ def test_gguf_greedy_and_evictions(glm4, tmp_path):
     """The converter's float32 file: HF's tokens, also through a small pool."""
     path, hf = glm4
     gguf_path = write_gguf(hf, path, str(tmp_path / "f32.gguf"), "glm4")
+    assert_file_holds(hf, gguf_path)  # every weight read back exactly
     check_greedy_and_evictions(gguf_path, hf, "glm4 gguf")
 
 

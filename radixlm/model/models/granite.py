@@ -23,7 +23,7 @@ from radixlm.model.layers.moe.expert_dispatch import expert_dispatch, forward_id
 from radixlm.model.layers.moe.moe_block import MoeSpec, SparseMoeBlock
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
-from radixlm.model.models.granite_hybrid import _MOE_NAMES
+from radixlm.model.models.granite_hybrid import GRANITE_MOE_NAMES
 from radixlm.model.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, get_head_dim
 from radixlm.model.models.moe import MoeDecoderLayer, MoeForCausalLM
 
@@ -124,7 +124,7 @@ class GraniteMoeForCausalLM(MoeForCausalLM):
         return super().compute_logits(hidden_states) / float(self.config.logits_scaling)
 
     def _normalized(self, name: str) -> str:
-        for old, new in _MOE_NAMES:
+        for old, new in GRANITE_MOE_NAMES:
             if old in name:
                 return name.replace(old, new)
         return super()._normalized(name)
