@@ -41,6 +41,12 @@ MODEL_REGISTRY.register("Phi3ForCausalLM", "radixlm.model.models.phi3:Phi3ForCau
 MODEL_REGISTRY.register("Qwen2ForCausalLM", "radixlm.model.models.qwen2:Qwen2ForCausalLM")
 MODEL_REGISTRY.register("Qwen3ForCausalLM", "radixlm.model.models.qwen3:Qwen3ForCausalLM")
 MODEL_REGISTRY.register("SmolLM3ForCausalLM", "radixlm.model.models.smollm3:SmolLM3ForCausalLM")
+MODEL_REGISTRY.register("Glm4ForCausalLM", "radixlm.model.models.glm4:Glm4ForCausalLM")
+MODEL_REGISTRY.register("GraniteForCausalLM", "radixlm.model.models.granite:GraniteForCausalLM")
+MODEL_REGISTRY.register(
+    "GraniteMoeForCausalLM", "radixlm.model.models.granite:GraniteMoeForCausalLM"
+)
+MODEL_REGISTRY.register("Cohere2ForCausalLM", "radixlm.model.models.cohere2:Cohere2ForCausalLM")
 # Hybrids: linear-attention layers with a recurrent state beside full attention (docs/hybrid.md).
 MODEL_REGISTRY.register("Qwen3_5ForCausalLM", "radixlm.model.models.qwen3_5:Qwen3_5ForCausalLM")
 MODEL_REGISTRY.register(  # images in: docs/vision.md

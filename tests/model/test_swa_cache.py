@@ -12,6 +12,10 @@ import pytest
 
 from radixlm import Engine
 from tests.e2e.test_default_model_greedy import assert_greedy_equal
+from tests.model.cache_checks import (
+    check_cached_prefixes_stay_reusable,
+    check_eviction_through_a_small_pool,
+)
 from tests.model.gemma4_checkpoint import DENSE, gemma4_checkpoint
 from tests.model.gpt_oss_checkpoint import gpt_oss_checkpoint
 from tests.model.windowed_checkpoints import VOCAB, WINDOW, reference
@@ -81,24 +85,11 @@ def test_a_long_context_runs_in_a_few_windows_of_slots(model):
 
 def test_cached_prefixes_stay_reusable(any_model):
     """A second turn reuses the first turn's whole prompt; a prompt sharing the first 512 tokens
-    of a cached 700-token one reuses at least 256 of them; HF's tokens for each."""
+    of a cached 700-token one reuses at least 256 of them; HF's tokens for each
+    (cache_checks.py, which every family's tests run)."""
     path, hf = any_model
     with _engine(path, max_total_tokens=2048) as engine:
-        turn1 = _ids(2, 40)
-        out1 = _gen(engine, turn1, 24)
-        _check(out1, hf, turn1, 24, "turn 1")
-        turn2 = turn1 + out1["output_ids"] + _ids(3, 12)
-        out2 = _gen(engine, turn2, 16)
-        assert out2["meta_info"]["cached_tokens"] >= len(turn1)
-        _check(out2, hf, turn2, 16, "turn 2")
-
-        long = _ids(4, 700)
-        _check(_gen(engine, long, 4), hf, long, 4, "700 tokens")
-        branch = long[:512] + _ids(5, 60)
-        out = _gen(engine, branch, 12)
-        assert out["meta_info"]["cached_tokens"] >= 256
-        _check(out, hf, branch, 12, "branch at 512")
-        _assert_all_free(engine)
+        check_cached_prefixes_stay_reusable(engine, hf)
 
 
 def test_eviction_through_a_small_pool(any_model):
@@ -106,18 +97,7 @@ def test_eviction_through_a_small_pool(any_model):
     (and half as many windowed-layer slots): full and windowed evictions between them; HF's
     tokens, and every slot of both spaces free at the end."""
     path, hf = any_model
-    stem = _ids(6, 30)
-    prompts = [stem + _ids(10 + i, 20 + 7 * i) for i in range(4)] + [_ids(20, 45)]
-    with _engine(
-        path, max_total_tokens=200, swa_full_tokens_ratio=0.5, chunked_prefill_size=32
-    ) as engine:
-        for rnd in range(2):
-            for i, p in enumerate(prompts):
-                _check(_gen(engine, p, 16), hf, p, 16, f"round {rnd} #{i}")
-        outs = engine.generate(input_ids=prompts[:3], sampling_params={**SP, "max_new_tokens": 16})
-        for i, out in enumerate(outs):
-            _check(out, hf, prompts[i], 16, f"batched #{i}")
-        _assert_all_free(engine)
+    check_eviction_through_a_small_pool(path, hf, swa_full_tokens_ratio=0.5)
 
 
 def test_one_slot_space_when_disabled(model):

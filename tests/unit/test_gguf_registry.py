@@ -47,6 +47,10 @@ ARCHITECTURES = (
     "dots1",
     "hunyuan-moe",
     "mistral3",
+    "glm4",
+    "granite",
+    "granitemoe",
+    "cohere2",
 )
 
 

@@ -7,7 +7,7 @@ window (OLMo 3), gemma2 and gemma3 (what llama.cpp fixes by architecture instead
 the MoE ones (moe.py, deepseek.py, glm4moe.py), the hybrid qwen35, qwen35moe, qwen3next (the
 converter's transformations undone, its tiled V-head order kept), nemotron_h, nemotron_h_moe
 and lfm2 (hybrid_ssm.py), granitehybrid and falcon-h1 (mamba2_hybrid.py), gpt-oss, gemma4, llama4,
-kimi-linear.
+kimi-linear; glm4, granite and granitemoe, cohere2.
 """
 
 from __future__ import annotations
@@ -52,6 +52,10 @@ for _name, _target in [
     ("minimax-m2", "minimax_m2:MINIMAX_M2"),
     ("dots1", "dots1:DOTS1"),
     ("hunyuan-moe", "hunyuan_moe:HUNYUAN_MOE"),
+    ("glm4", "glm4:GLM4"),
+    ("granite", "granite:GRANITE"),
+    ("granitemoe", "granite:GRANITE_MOE"),
+    ("cohere2", "cohere2:COHERE2"),
 ]:
     GGUF_ARCHITECTURE_REGISTRY.register(_name, f"{_ARCHS}.{_target}")
 # Issue 90: Mistral 3's text model (Mistral3ForConditionalGeneration's language model).

@@ -102,3 +102,19 @@ class GemmaRMSNorm(RMSNorm):
             return self._norm(x)
         x = x + residual
         return self._norm(x), x
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm without a bias, as HF's CohereLayerNorm computes it: float32 mean and variance,
+    the weight applied in float32, cast back at the end (Command R / R7B)."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        centered = x32 - x32.mean(-1, keepdim=True)
+        x32 = centered * torch.rsqrt(centered.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (self.weight.float() * x32).to(x.dtype)

@@ -322,3 +322,25 @@ def get_rope(head_dim: int, config: Any) -> RotaryEmbedding:
     if params.get("mrope_section"):
         cls = MRotaryEmbedding
     return cls(head_dim, config.max_position_embeddings, params)
+
+
+def interleaved_to_rotate_half(w, head_dim: int, rotary_dim: int | None = None):
+    """q / k projection rows (a weight or a bias) of each head from RoPE's interleaved pairs
+    (2i, 2i + 1) over its first rotary_dim dims (None: all of them) to the rotate_half order
+    (i, i + rotary_dim / 2) RotaryEmbedding applies (GLM-4, Cohere: HF rotates interleaved pairs).
+    q and k move alike, so every score is unchanged; a quantized matrix moves whole rows (its
+    blocks run along the input)."""
+    from radixlm.model.layers.quantized import QuantizedTensor
+
+    rotary_dim = rotary_dim or head_dim
+    order = torch.cat(
+        [
+            torch.arange(0, rotary_dim, 2),
+            torch.arange(1, rotary_dim, 2),
+            torch.arange(rotary_dim, head_dim),
+        ]
+    )
+    rows = w.data if isinstance(w, QuantizedTensor) else w
+    heads = rows.shape[0] // head_dim
+    out = rows.reshape(heads, head_dim, -1)[:, order].reshape(rows.shape).contiguous()
+    return QuantizedTensor(out, w.fmt, w.cols) if isinstance(w, QuantizedTensor) else out

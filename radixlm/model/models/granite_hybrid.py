@@ -42,7 +42,7 @@ from radixlm.model.models.moe import MoeForCausalLM
 LAYER_TYPES = ("linear_attention", "full_attention")
 
 # Checkpoint name -> the name MoeForCausalLM's expert loading reads (`mlp` is the SparseMoeBlock).
-_MOE_NAMES = (
+GRANITE_MOE_NAMES = (
     (".block_sparse_moe.input_linear.weight", ".mlp.experts.gate_up_proj"),
     (".block_sparse_moe.output_linear.weight", ".mlp.experts.down_proj"),
     (".block_sparse_moe.router.layer.weight", ".mlp.gate.weight"),
@@ -170,7 +170,7 @@ class GraniteMoeHybridForCausalLM(HybridForCausalLM, MoeForCausalLM):
         ]
 
     def _normalized(self, name: str) -> str:
-        for old, new in _MOE_NAMES:
+        for old, new in GRANITE_MOE_NAMES:
             if old in name:
                 return name.replace(old, new)
         return name.replace(".shared_mlp.output_linear.", ".shared_mlp.down_proj.")
