@@ -78,6 +78,12 @@ def check_cached_prefixes_stay_reusable(e: Engine, hf, label: str = "") -> None:
     assert_all_free(e)
 
 
+def check_cached_prefixes(path: str, hf, label: str = "", **engine_args) -> None:
+    """check_cached_prefixes_stay_reusable in an engine of its own (a pool of 2048 tokens)."""
+    with engine(path, max_total_tokens=2048, **engine_args) as e:
+        check_cached_prefixes_stay_reusable(e, hf, label)
+
+
 def check_evictions(e: Engine, hf, label: str = "") -> None:
     """In a running engine whose pool holds about two of these prompts (max_total_tokens 200; a
     windowed model's windowed-layer slots halved by swa_full_tokens_ratio=0.5): prompts that
