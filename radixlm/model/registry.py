@@ -103,6 +103,18 @@ MODEL_REGISTRY.register(
 # Base-model checkpoints (no lm_head): embedding models, served with --is-embedding.
 MODEL_REGISTRY.register("LlamaModel", "radixlm.model.models.llama:LlamaForCausalLM")
 MODEL_REGISTRY.register("Qwen2Model", "radixlm.model.models.qwen2:Qwen2ForCausalLM")
+# Issue 90 (i90-text-b): EXAONE 4.0, Seed-OSS, Apertus, Arcee AFM, Ministral 3, ERNIE 4.5,
+# Hunyuan dense.
+for _arch, _module in [
+    ("Exaone4ForCausalLM", "exaone4"),
+    ("SeedOssForCausalLM", "seed_oss"),
+    ("ApertusForCausalLM", "arcee"),
+    ("ArceeForCausalLM", "arcee"),
+    ("Ministral3ForCausalLM", "ministral3"),
+    ("Ernie4_5ForCausalLM", "ernie4_5"),
+    ("HunYuanDenseV1ForCausalLM", "hunyuan"),
+]:
+    MODEL_REGISTRY.register(_arch, f"radixlm.model.models.{_module}:{_arch}")
 
 
 def supported_architectures() -> list[str]:

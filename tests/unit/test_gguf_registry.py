@@ -43,6 +43,13 @@ ARCHITECTURES = (
     "kimi-linear",
     "deepseek2",
     "glm4moe",
+    "exaone4",
+    "seed_oss",
+    "apertus",
+    "arcee",
+    "mistral3",
+    "ernie4_5",
+    "hunyuan-dense",
 )
 
 

@@ -49,5 +49,12 @@ for _name, _target in [
     ("kimi-linear", "kimi_linear:KIMI_LINEAR"),
     ("deepseek2", "deepseek:DEEPSEEK2"),  # V3 when its gating is sigmoid
     ("glm4moe", "glm4moe:GLM4MOE"),
+    ("exaone4", "llama_variants:EXAONE4"),
+    ("seed_oss", "llama_variants:SEED_OSS"),
+    ("apertus", "llama_variants:APERTUS"),
+    ("arcee", "llama_variants:ARCEE"),
+    ("mistral3", "llama_variants:MISTRAL3"),
+    ("ernie4_5", "llama_variants:ERNIE4_5"),
+    ("hunyuan-dense", "llama_variants:HUNYUAN_DENSE"),
 ]:
     GGUF_ARCHITECTURE_REGISTRY.register(_name, f"{_ARCHS}.{_target}")
