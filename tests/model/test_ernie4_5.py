@@ -13,6 +13,7 @@ from tests.model.family_checks import (
     check_gguf_greedy,
     check_quantized_top1,
     family_checkpoint,
+    with_config,
 )
 from tests.model.windowed_checkpoints import check_greedy
 
@@ -38,3 +39,9 @@ def test_radix_cache_stays_exact(ernie):
 def test_quantized_gguf_top1(ernie, tmp_path):
     path, hf = ernie
     check_quantized_top1(path, hf, tmp_path, "ernie4_5", "ernie4_5", qtypes=("q8_0", "q4_k_m"))
+
+
+def test_other_activation_refused_by_field(ernie, tmp_path):
+    path, _ = ernie
+    with pytest.raises(ValueError, match="Ernie4_5ForCausalLM hidden_act 'gelu'"):
+        load_model(with_config(path, tmp_path, hidden_act="gelu"))

@@ -13,6 +13,7 @@ from tests.model.family_checks import (
     check_gguf_greedy,
     check_quantized_top1,
     family_checkpoint,
+    with_config,
 )
 from tests.model.windowed_checkpoints import check_greedy
 
@@ -68,3 +69,9 @@ def test_radix_cache_stays_exact(hunyuan):
 def test_quantized_gguf_top1(hunyuan, tmp_path):
     path, hf = hunyuan
     check_quantized_top1(path, hf, tmp_path, "hunyuan-dense", "hunyuan", header, hparams)
+
+
+def test_other_activation_refused_by_field(hunyuan, tmp_path):
+    path, _ = hunyuan
+    with pytest.raises(ValueError, match="HunYuanDenseV1ForCausalLM hidden_act 'gelu'"):
+        load_model(with_config(path, tmp_path, hidden_act="gelu"))

@@ -12,6 +12,7 @@ from tests.model.family_checks import (
     check_gguf_greedy,
     check_quantized_top1,
     family_checkpoint,
+    with_config,
 )
 from tests.model.windowed_checkpoints import check_greedy
 
@@ -45,3 +46,9 @@ def test_radix_cache_stays_exact(seed_oss):
 def test_quantized_gguf_top1(seed_oss, tmp_path):
     path, hf = seed_oss
     check_quantized_top1(path, hf, tmp_path, "seed_oss", "seed_oss")
+
+
+def test_other_activation_refused_by_field(seed_oss, tmp_path):
+    path, _ = seed_oss
+    with pytest.raises(ValueError, match="SeedOssForCausalLM hidden_act 'gelu'"):
+        load_model(with_config(path, tmp_path, hidden_act="gelu"))
