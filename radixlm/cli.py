@@ -138,6 +138,21 @@ def cmd_router(args) -> int:
     return 0
 
 
+def cmd_models(args) -> int:
+    """The architectures radixlm serves (a config.json's `architectures`), each with the GGUF
+    architectures (llama.cpp's `general.architecture`) it reads as that model."""
+    from radixlm.model.registry import supported_architectures
+    from radixlm.model_coverage_doc import gguf_archs_by_hf
+
+    gguf = gguf_archs_by_hf()
+    lines = [
+        arch + "".join(f" gguf:{g}" for g in gguf.get(arch, []))
+        for arch in supported_architectures()
+    ]
+    sys.stdout.write("\n".join(lines) + "\n")  # one write: `| head` closes no pipe mid-list
+    return 0
+
+
 def option_choices() -> dict[str, tuple[str, ...]]:
     """ServerArgs field -> its allowed values, from the component that owns each list."""
     from radixlm.cache.hicache_config import (
@@ -255,6 +270,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     ServerArgs.add_cli_args(serve, choices, actions={"model_path": ModelPathAction})
     add_multi_model_args(serve)
     serve.set_defaults(func=cmd_serve)
+    models = sub.add_parser(
+        "models", help="the model architectures radixlm serves, and the GGUF ones it reads"
+    )
+    models.set_defaults(func=cmd_models)
     router = sub.add_parser(
         "router", help="one endpoint in front of several radixlm servers (cache-aware routing)"
     )

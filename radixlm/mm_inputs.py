@@ -48,6 +48,9 @@ class MultimodalItem:
 @dataclass(frozen=True, eq=False)
 class MultimodalInputs:
     items: tuple[MultimodalItem, ...]
+    # The tokens of one item's span attend each other both ways (Gemma 3); prefill chunks never
+    # cut such a span (model/layers/attention/bidirectional.py).
+    bidirectional: bool = False
 
     def overlapping(self, start: int, end: int) -> list[MultimodalItem]:
         """The items whose span meets the token range [start, end) (a prefill chunk's)."""

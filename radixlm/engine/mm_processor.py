@@ -37,7 +37,10 @@ def load_hf_processor(model_path: str):
     """
     from transformers import AutoConfig, AutoProcessor
 
-    known = IMAGE_ONLY_PROCESSORS.get(AutoConfig.from_pretrained(model_path).model_type)
+    model_type = AutoConfig.from_pretrained(model_path).model_type
+    if model_type == "mistral3":
+        return _pixtral_processor(model_path)
+    known = IMAGE_ONLY_PROCESSORS.get(model_type)
     if known is None:
         return AutoProcessor.from_pretrained(model_path)
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
@@ -47,6 +50,30 @@ def load_hf_processor(model_path: str):
         proc.image_processor, Qwen2VLImageProcessorPil
     ):  # the fast one may differ in the last bits
         proc.image_processor = Qwen2VLImageProcessorPil.from_pretrained(model_path)
+    return proc
+
+
+def _pixtral_processor(model_path: str):
+    """Mistral 3's PixtralProcessor with the PIL image processor. Its module imports the
+    torchvision image processor's module for one helper (the token count of a size), which the PIL
+    module has too: without torchvision that import is given the PIL module's helper."""
+    import sys
+    import types
+
+    from transformers.models.pixtral import image_processing_pil_pixtral as pil
+
+    name = "transformers.models.pixtral.image_processing_pixtral"
+    try:
+        import transformers.models.pixtral.image_processing_pixtral  # noqa: F401
+    except ImportError:  # no torchvision
+        shim = types.ModuleType(name)
+        shim.get_resize_output_image_size = pil.get_resize_output_image_size
+        sys.modules[name] = shim
+    from transformers.models.pixtral.processing_pixtral import PixtralProcessor
+
+    proc = PixtralProcessor.from_pretrained(model_path)
+    if not isinstance(proc.image_processor, pil.PixtralImageProcessorPil):
+        proc.image_processor = pil.PixtralImageProcessorPil.from_pretrained(model_path)
     return proc
 
 
@@ -77,11 +104,17 @@ class _Unit:
 
 
 class MultimodalProcessor:
-    def __init__(self, model_path: str, vocab_size: int, media: MediaConfig):
+    def __init__(
+        self, model_path: str, vocab_size: int, media: MediaConfig, bidirectional: bool = False
+    ):
         self.processor = load_hf_processor(model_path)
         tok = self.processor.tokenizer
-        self.image_token: str = self.processor.image_token
+        self.image_token: str = self.processor.image_token  # what the prompt holds per image
         self.image_token_id: int = tok.convert_tokens_to_ids(self.image_token)
+        self.span_token_ids = _span_token_ids(self.processor, self.image_token_id)
+        # Pixtral (Mistral 3): each image its own size, laid out as rows with break tokens.
+        self.pixtral = hasattr(self.processor, "image_break_token_id")
+        self.bidirectional = bidirectional  # the model's (ModelTraits.bidirectional_images)
         self.vocab_size = vocab_size
         self.media = media
         # Idefics3 / SmolVLM take each prompt's images as one list (a batch of one sample).
@@ -113,10 +146,19 @@ class MultimodalProcessor:
                 f"{field}: the model's image processor refused the image(s): {e}"
             ) from None
         ids = out["input_ids"][0].tolist()
-        units = self._grid_units(out) if "image_grid_thw" in out else _padded_units(out)
-        spans = _image_spans(ids, self.image_token_id, [u.length for u in units])
+        if "image_grid_thw" in out:
+            units = self._grid_units(out)
+        elif self.pixtral:
+            units = self._sized_units(out)
+        else:
+            units = _padded_units(out)
+        spans = _image_spans(ids, self.span_token_ids, [u.length for u in units])
         items = []
         for u, (start, length) in zip(units, spans):
+            if self.pixtral:  # the layout's own ids: the encoder embeds the breaks between rows
+                import torch
+
+                u.extra["span_ids"] = torch.tensor(ids[start : start + length])
             h = content_hash(
                 u.pixel_values.numpy().tobytes()
                 + b"".join(t.numpy().tobytes() for t in u.extra.values())
@@ -132,7 +174,7 @@ class MultimodalProcessor:
                     grid=u.grid,
                 )
             )
-        return ids, MultimodalInputs(tuple(items))
+        return ids, MultimodalInputs(tuple(items), bidirectional=self.bidirectional)
 
     def _grid_units(self, out) -> list[_Unit]:
         """Qwen2-VL: the images' patches packed in one [patches, dim] tensor, image_grid_thw giving
@@ -151,6 +193,37 @@ class MultimodalProcessor:
             )
             start += t * h * w
         return units
+
+    def _sized_units(self, out) -> list[_Unit]:
+        """Pixtral: pixel values padded to the largest image, image_sizes giving each one's (h, w):
+        each image cropped to its own size; rows of w / k [IMG] tokens plus a break, h / k rows
+        (k = patch_size * spatial_merge_size)."""
+        import torch
+
+        k = self.processor.patch_size * self.processor.spatial_merge_size
+        units = []
+        for px, size in zip(out["pixel_values"], out["image_sizes"]):
+            h, w = (int(x) for x in size)
+            units.append(
+                _Unit(
+                    px[:, :h, :w].contiguous(),
+                    {"image_sizes": torch.tensor([h, w])},
+                    (h // k) * (w // k + 1),
+                )
+            )
+        return units
+
+
+def _span_token_ids(processor, image_token_id: int) -> list[int]:
+    """The ids an image's span is made of in the processed prompt: the prompt's image token, except
+    for Gemma 3 (its <start_of_image> expands around a run of <image_soft_token>: the span is that
+    run) and Pixtral (rows of [IMG], each closed by [IMG_BREAK], the last by [IMG_END])."""
+    tok = processor.tokenizer
+    if hasattr(processor, "full_image_sequence"):
+        return [tok.convert_tokens_to_ids(tok.image_token)]
+    if hasattr(processor, "image_break_token_id"):
+        return list(processor.image_token_ids)
+    return [image_token_id]
 
 
 def _padded_units(out) -> list[_Unit]:
@@ -172,12 +245,14 @@ def _padded_units(out) -> list[_Unit]:
     ]
 
 
-def _image_spans(ids: list[int], token_id: int, lengths: list[int | None]) -> list[tuple[int, int]]:
+def _image_spans(
+    ids: list[int], token_ids: list[int], lengths: list[int | None]
+) -> list[tuple[int, int]]:
     """(start, length) of each unit's placeholder run. Units placed side by side make one run, cut
     by the units' lengths where known, else evenly (every unit of a request then has the same count:
     LLaVA's images, Idefics3's tiles)."""
     arr = np.asarray(ids)
-    pos = np.flatnonzero(arr == token_id)
+    pos = np.flatnonzero(np.isin(arr, token_ids))
     n_units = len(lengths)
     if (
         len(pos) == 0
@@ -249,7 +324,11 @@ def processor_of(tm) -> MultimodalProcessor:
     same one twice is harmless)."""
     proc = getattr(tm, "mm_processor", None)
     if proc is None:
+        info = tm.scheduler_info
         proc = tm.mm_processor = MultimodalProcessor(
-            tm.scheduler_info["model_path"], tm.vocab_size, tm.config.media
+            info["model_path"],
+            tm.vocab_size,
+            tm.config.media,
+            bidirectional=info.get("bidirectional_images", False),
         )
     return proc

@@ -3,6 +3,10 @@ module is imported when a checkpoint names its architecture, not at start-up."""
 
 from __future__ import annotations
 
+import difflib
+import os
+import re
+from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from radixlm.registry import Registry
@@ -103,6 +107,13 @@ MODEL_REGISTRY.register(
 # Base-model checkpoints (no lm_head): embedding models, served with --is-embedding.
 MODEL_REGISTRY.register("LlamaModel", "radixlm.model.models.llama:LlamaForCausalLM")
 MODEL_REGISTRY.register("Qwen2Model", "radixlm.model.models.qwen2:Qwen2ForCausalLM")
+MODEL_REGISTRY.register(
+    "MiniMaxM2ForCausalLM", "radixlm.model.models.minimax_m2:MiniMaxM2ForCausalLM"
+)
+MODEL_REGISTRY.register("Dots1ForCausalLM", "radixlm.model.models.dots1:Dots1ForCausalLM")
+MODEL_REGISTRY.register(
+    "HunYuanMoEV1ForCausalLM", "radixlm.model.models.hunyuan_moe:HunYuanMoEV1ForCausalLM"
+)
 # Issue 90 (i90-text-b): EXAONE 4.0, Seed-OSS, Apertus, Arcee AFM, Ministral 3, ERNIE 4.5,
 # Hunyuan dense.
 for _arch, _module in [
@@ -122,15 +133,66 @@ def supported_architectures() -> list[str]:
 
 
 def resolve_architecture(architectures: list[str] | None) -> tuple[str, type[nn.Module]]:
-    """The first of a config's `architectures` that radixlm implements."""
+    """The first of a config's `architectures` that radixlm implements; else a one-line
+    ValueError naming the first and the closest architecture radixlm serves."""
     for arch in architectures or []:
         if arch in MODEL_REGISTRY:
             return arch, MODEL_REGISTRY.get(arch)
+    if not architectures:
+        raise ValueError(
+            "the model's config.json names no architecture (`architectures`); radixlm reads the"
+            " model class from it (supported: docs/models.md#coverage)"
+        )
+    arch = architectures[0]
     raise ValueError(
-        f"unsupported model architecture {architectures}; radixlm supports:"
-        f" {', '.join(supported_architectures())}"
+        f"unsupported model architecture {arch}; the closest radixlm serves:"
+        f" {closest_architecture(arch, supported_architectures())} (full list:"
+        " `radixlm models` or docs/models.md#coverage)"
     )
+
+
+def _family(arch: str) -> str:
+    """The family part of an architecture's name: before its head (`ForCausalLM`,
+    `ForConditionalGeneration`, `Model`, ...), lower-cased, without underscores."""
+    return re.sub(r"(For[A-Z]\w*|LMHeadModel|Model)$", "", arch).replace("_", "").lower()
+
+
+# Families whose nearest relative radixlm serves is not in their name: state-space models -> a
+# Mamba-2 hybrid.
+_RELATIVES = {
+    prefix: "GraniteMoeHybridForCausalLM"
+    for prefix in ("mamba", "falconmamba", "bamba", "zamba", "jamba")
+}
+
+
+def closest_architecture(arch: str, supported: Iterable[str]) -> str:
+    """The supported architecture most like `arch`: a relative of its family where names do not
+    tell (_RELATIVES), else the longest family prefix it shares (`Glm4vForConditionalGeneration`
+    -> `Glm4MoeForCausalLM`), then the most alike whole name (difflib's ratio:
+    `Qwen3VLForConditionalGeneration` -> `Qwen3_5ForConditionalGeneration`)."""
+    family = _family(arch)
+    supported = sorted(supported)
+    relative = next((r for p, r in _RELATIVES.items() if family.startswith(p)), None)
+    if relative in supported:
+        return relative
+
+    def likeness(name: str) -> tuple[int, float]:
+        shared = len(os.path.commonprefix([family, _family(name)]))
+        return shared, difflib.SequenceMatcher(None, arch, name).ratio()
+
+    return max(supported, key=likeness)
 
 
 def get_model_class(architecture: str) -> type[nn.Module]:
     return resolve_architecture([architecture])[1]
+
+
+# Issue 90: the multimodal checkpoints of Gemma 3 and Mistral 3 (docs/vision.md).
+MODEL_REGISTRY.register(
+    "Gemma3ForConditionalGeneration",
+    "radixlm.model.models.gemma3_mm:Gemma3ForConditionalGeneration",
+)
+MODEL_REGISTRY.register(
+    "Mistral3ForConditionalGeneration",
+    "radixlm.model.models.mistral3_mm:Mistral3ForConditionalGeneration",
+)

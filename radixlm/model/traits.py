@@ -39,6 +39,10 @@ class ModelTraits:
     kv_shared_layers: tuple[int, ...] = ()
     # Its LRU of image-encoder outputs (model/mm_embed.py); None: no image encoder.
     encoder_cache: EncoderCache | None = None
+    # Whether the tokens of one image attend each other both ways (Gemma 3): its requests' image
+    # spans say so (MultimodalInputs.bidirectional), prefill chunks never cut a span, and only the
+    # attention backends that honour it (supports_bidirectional_spans) run the model.
+    bidirectional_images: bool = False
     # Whether it can join the other DP-attention ranks' MoE collectives with no tokens of its own
     # (`forward_idle`).
     supports_forward_idle: bool = False

@@ -375,6 +375,7 @@ class Scheduler:
             "lora_enabled": bool(r.config.lora),
             "lora_adapters": r.lora.adapters_info(),
             "modalities": list(r.modalities),
+            "bidirectional_images": r.bidirectional_images,
         }
 
     def internal_state(self) -> dict:

@@ -4,9 +4,11 @@ the option, exit code 2, no traceback (issue 62). A crash while loading is no re
 stays in the log and the exit code is 1. Every command here fails at start-up, on the tiny model."""
 
 import os
+import re
 import shutil
 
 from radixlm.server.process import free_port
+from tests.engine.test_startup_refusal import UNSUPPORTED, unsupported_checkpoint
 from tests.forked_servers import cli_popen
 
 TRITON = "attention_backend triton: the Triton kernels run on CUDA"
@@ -76,3 +78,8 @@ def test_a_crash_while_loading_keeps_its_traceback(tiny_model_dir, tmp_path):
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 1, err
     assert "ERROR scheduler failed to start\nTraceback" in err and "SafetensorError" in err, err
+
+
+def test_an_unsupported_architecture_is_one_line(tiny_model_dir, tmp_path):
+    why = _refusal(_serve("--model-path", unsupported_checkpoint(tiny_model_dir, tmp_path)))
+    assert re.fullmatch(UNSUPPORTED, why), why

@@ -187,7 +187,9 @@ def _config(**weights) -> dict:
 @pytest.mark.parametrize(
     "config, named",
     [
-        (dict(quantization_config("channel"), format="pack-quantized"), "format 'pack-quantized'"),
+        # pack-quantized: integer weights (quant/compressed_tensors.py), not FP8 ones
+        (dict(quantization_config("channel"), format="pack-quantized"), "weights.type 'float'"),
+        (dict(quantization_config("channel"), format="nvfp4-pack-quantized"), "format 'nvfp4"),
         (_config(type="int"), "weights.type 'int'"),
         (_config(num_bits=4), "weights.num_bits 4"),
         (_config(strategy="group", group_size=128), "weights.strategy 'group'"),

@@ -43,13 +43,16 @@ ARCHITECTURES = (
     "kimi-linear",
     "deepseek2",
     "glm4moe",
+    "minimax-m2",
+    "dots1",
+    "hunyuan-moe",
     "exaone4",
     "seed_oss",
     "apertus",
     "arcee",
-    "mistral3",
     "ernie4_5",
     "hunyuan-dense",
+    "mistral3",
 )
 
 

@@ -20,11 +20,17 @@ struct QAct {
   // int32: made only where a kernel needs them (Q6_KX8 folds its -32 offset in through them).
   const int32_t* sum16 = nullptr;
   bool per256 = false;
+  // The 512-bit tiles' copy of q (gemm_x8 makes it): panels of 16 rows, each 32-value block's bytes
+  // of the panel's rows side by side, so a tile's rows lie at fixed offsets from one pointer (16 row
+  // pointers would not fit the general registers beside the loop's own).
+  const int8_t* panels = nullptr;
   const int8_t* qrow(int64_t m) const { return q + m * K; }
   const float* drow(int64_t m) const { return d + m * nb; }
   const float* srow(int64_t m) const { return s + m * nb; }
   const int32_t* sum16row(int64_t m) const { return sum16 + m * nb; }
   const float* d256row(int64_t m) const { return d + m * (nb / 8); }
+  // Row m's block b in the panels; row m + r's lies 32 r bytes on while m + r stays in m's panel.
+  const int8_t* panel_block(int64_t m, int64_t b) const { return panels + (m >> 4) * 16 * K + b * 512 + (m & 15) * 32; }
 };
 
 }  // namespace radixlm

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdlib>
 #include <string>
 #include <vector>
@@ -181,6 +182,17 @@ void act_sums16(const QAct& a, int64_t m0, int64_t m1, int32_t* out) {
     }
 }
 
+// QAct::panels of rows [0, M): the last panel's missing rows zero (tiles never read them).
+std::vector<int8_t> make_panels(const QAct& a, int64_t M) {
+  std::vector<int8_t> p((M + 15) / 16 * 16 * a.K, 0);
+  at::parallel_for(0, M, 16, [&](int64_t m0, int64_t m1) {
+    for (int64_t m = m0; m < m1; ++m)
+      for (int64_t b = 0; b < a.nb; ++b)
+        std::memcpy(p.data() + (m >> 4) * 16 * a.K + b * 512 + (m & 15) * 32, a.qrow(m) + 32 * b, 32);
+  });
+  return p;
+}
+
 void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64_t M, float* out,
              int64_t ldo, const float* bias) {
   // The K-quants take Q8_K-style activations (qact.h: quantize_row_k, sums included)
@@ -192,6 +204,13 @@ void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, cons
     const std::vector<int32_t> s16 = sums16(a, M);                         // made them for many calls)
     QAct with = a;
     with.sum16 = s16.data();
+    gemm_x8(fmt, W, group_bytes, N, with, M, out, ldo, bias);
+    return;
+  }
+  if (M > 1 && isa_level(false) == Isa::VBMI && a.panels == nullptr) {  // the 512-bit tiles' copy
+    const std::vector<int8_t> panels = make_panels(a, M);
+    QAct with = a;
+    with.panels = panels.data();
     gemm_x8(fmt, W, group_bytes, N, with, M, out, ldo, bias);
     return;
   }

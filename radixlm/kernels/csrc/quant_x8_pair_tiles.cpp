@@ -4,7 +4,8 @@
 // the same 32-byte chunk of both groups, so a row's 4 activation bytes of that chunk broadcast to
 // all 16 lanes: per row and block, half the 256-bit tiles' byte dots, converts, scale products and
 // FMAs, and no permute or fold (which the one-row kernels pay to read two chunks of one group).
-// Every integer is the 256-bit tiles' (exact int32 sums in any order: two chains per row here) and
+// Every integer is the 256-bit tiles' (exact int32 sums in any order: the rows' chains interleaved
+// here) and
 // each lane's float steps are theirs in order, so the results are bitwise theirs: batch and ISA
 // invariance hold.
 // Q8X8 drops the sign trick as row1_q8x8 does: (w xor 0x80) dot a = w dot a + 128 sum(a), the
@@ -34,17 +35,16 @@ inline int32_t block_sum(const QAct& a, int64_t m, int64_t b) {
   return (int16_t)(pair & 0xFFFF) + (int16_t)(pair >> 16);
 }
 
-// A block's 8 chunks (w[i] pairs with the row's activation bytes 4i..4i+3) dotted with one row,
-// from `start`, in two chains (even and odd chunks) added at the end: half the latency of one
-// chain, so fewer dots wait in the scheduler for their predecessor (+13% for Q4_KX8 here).
-inline __m512i dot8(const __m512i* w, const int8_t* aq, __m512i start) {
-  __m512i d0 = _mm512_dpbusd_epi32(start, w[0], bcast4(aq));
-  __m512i d1 = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[1], bcast4(aq + 4));
-  for (int i = 2; i < 8; i += 2) {
-    d0 = _mm512_dpbusd_epi32(d0, w[i], bcast4(aq + 4 * i));
-    d1 = _mm512_dpbusd_epi32(d1, w[i + 1], bcast4(aq + 4 * i + 4));
-  }
-  return _mm512_add_epi32(d0, d1);
+// The tile's rows' byte dots of n chunks (w[i] pairs with each row's activation bytes 4i..4i+3,
+// ap = the first row's block in QAct::panels) added to dots[]: chunk-major, so the RM rows' chains
+// interleave and each vpdpbusd's predecessor issued RM instructions earlier (one row's chain after
+// another stalls on the dot's latency: +40% here for Q4_KX8 with 16 rows).
+template <int RM>
+inline void dots_rows(const __m512i* w, int n, const int8_t* ap, __m512i* dots) {
+#pragma GCC unroll 8
+  for (int i = 0; i < n; ++i)
+#pragma GCC unroll 16
+    for (int m = 0; m < RM; ++m) dots[m] = _mm512_dpbusd_epi32(dots[m], w[i], bcast4(ap + 32 * m + 4 * i));
 }
 
 // A tile's rows' int32 dots of one block, parked in L1 between the two passes of a block: first
@@ -94,11 +94,13 @@ void tile_nibbles(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float
         w[4 + i] = _mm512_or_si512(w[4 + i], _mm512_maskz_mov_epi8(_cvtu64_mask64(h0 | (uint64_t)h1 << 32), sixteen));
       }
     }
+    __m512i isum[RM];
+    for (int m = 0; m < RM; ++m) isum[m] = _mm512_setzero_si512();
+    dots_rows<RM>(w, 8, a.panel_block(m0, b), isum);
     for (int m = 0; m < RM; ++m) {
-      __m512i isum = dot8(w, a.qrow(m0 + m) + 32 * b, _mm512_setzero_si512());
       if constexpr (K == X8Kind::MXFP4)
-        isum = _mm512_sub_epi32(isum, _mm512_madd_epi16(_mm512_set1_epi16(12), _mm512_set1_epi32(a.sum16row(m0 + m)[b])));
-      dots.put(m, isum);
+        isum[m] = _mm512_sub_epi32(isum[m], _mm512_madd_epi16(_mm512_set1_epi16(12), _mm512_set1_epi32(a.sum16row(m0 + m)[b])));
+      dots.put(m, isum[m]);
     }
     __m512 dw, mw;
     if constexpr (K == X8Kind::MXFP4) {
@@ -129,8 +131,10 @@ void tile_q8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out
     const uint8_t* b1 = b0 + gb;
     __m512i w[8];
     for (int i = 0; i < 8; ++i) w[i] = _mm512_xor_si512(join(b0 + 16 + 32 * i, b1 + 16 + 32 * i), flip);
-    for (int m = 0; m < RM; ++m)  // the chain starts at the offset
-      dots.put(m, dot8(w, a.qrow(m0 + m) + 32 * b, _mm512_set1_epi32(-128 * block_sum(a, m0 + m, b))));
+    __m512i isum[RM];
+    for (int m = 0; m < RM; ++m) isum[m] = _mm512_set1_epi32(-128 * block_sum(a, m0 + m, b));  // the chains start at the offset
+    dots_rows<RM>(w, 8, a.panel_block(m0, b), isum);
+    for (int m = 0; m < RM; ++m) dots.put(m, isum[m]);
     const __m512 dw = cat8(scales8(b0), scales8(b1));
     for (int m = 0; m < RM; ++m)
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots.get(m)), _mm512_mul_ps(dw, _mm512_set1_ps(a.drow(m0 + m)[b])), acc[m]);
@@ -160,8 +164,10 @@ void tile_q4k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* ou
         w[i] = _mm512_and_si512(s & 1 ? _mm512_srli_epi16(raw, 4) : raw, m4);
       }
       const __m512i sc = u8x16_to_epi32(b0 + 32 + 8 * s, b1 + 32 + 8 * s);
-      for (int m = 0; m < RM; ++m)
-        isum.put(m, _mm512_add_epi32(isum.get(m), _mm512_mullo_epi32(dot8(w, a.qrow(m0 + m) + 32 * b, _mm512_setzero_si512()), sc)));
+      __m512i dots[RM];
+      for (int m = 0; m < RM; ++m) dots[m] = _mm512_setzero_si512();
+      dots_rows<RM>(w, 8, a.panel_block(m0, b), dots);
+      for (int m = 0; m < RM; ++m) isum.put(m, _mm512_add_epi32(isum.get(m), _mm512_mullo_epi32(dots[m], sc)));
     }
     __m512i mn16[8];
     for (int s = 0; s < 8; ++s) mn16[s] = u8x16_pairs16(b0 + 96 + 8 * s, b1 + 96 + 8 * s);
@@ -187,16 +193,15 @@ inline __m512i scales16(const int8_t* s0, const int8_t* s1) {
   return _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)s0), _mm_loadl_epi64((const __m128i*)s1)));
 }
 
-// Q6_KX8, 32 values at a time: isum += sc_lo (dot_lo - 32 S_lo) + sc_hi (dot_hi - 32 S_hi), the same
-// integer as tile_q6kx8's sc_lo dot_lo + sc_hi dot_hi - 32 (sc_lo S_lo + sc_hi S_hi) (exact), then per
-// super-block acc = fma(isum, d d_a, acc). The two 16-value dots are the first pass's chains, each
-// started at its offset and parked apart; the scales apply in the second pass.
+// Q6_KX8, 32 values at a time: isum += sc_lo dot_lo + sc_hi dot_hi - 32 (sc_lo S_lo + sc_hi S_hi), tile_q6kx8's
+// integer (exact), then per super-block acc = fma(isum, d d_a, acc). The low half's dots are parked
+// while the high half's chains run.
 template <int RM>
 void tile_q6k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo, const float* bias16) {
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   __m512 acc[RM];
   for (int m = 0; m < RM; ++m) acc[m] = _mm512_setzero_ps();
-  BlockDots<RM> lo_dots, hi_dots, isum;
+  BlockDots<RM> lo_dots, isum;
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* b0 = g + sb * Q6KX8_BYTES;
     const uint8_t* b1 = b0 + gb;
@@ -217,24 +222,24 @@ void tile_q6k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* ou
       q[6] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n2, 4), m4), q6_top<2>(h1));
       q[7] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n3, 4), m4), q6_top<3>(h1));
       const int64_t b = 8 * sb + j;
-      for (int m = 0; m < RM; ++m) {
-        const int8_t* aq = a.qrow(m0 + m) + 32 * b;
-        const int32_t pair = a.sum16row(m0 + m)[b];
-        __m512i lo = _mm512_dpbusd_epi32(_mm512_set1_epi32(-32 * (int16_t)(pair & 0xFFFF)), q[0], bcast4(aq));
-        __m512i hi = _mm512_dpbusd_epi32(_mm512_set1_epi32(-32 * (int16_t)(pair >> 16)), q[4], bcast4(aq + 16));
-        for (int i = 1; i < 4; ++i) {
-          lo = _mm512_dpbusd_epi32(lo, q[i], bcast4(aq + 4 * i));
-          hi = _mm512_dpbusd_epi32(hi, q[4 + i], bcast4(aq + 16 + 4 * i));
-        }
-        lo_dots.put(m, lo);
-        hi_dots.put(m, hi);
-      }
+      const int8_t* ap = a.panel_block(m0, b);
+      __m512i dots[RM];  // the low 16 values' chains, then the high ones'
+      for (int m = 0; m < RM; ++m) dots[m] = _mm512_setzero_si512();
+      dots_rows<RM>(q, 4, ap, dots);
+      for (int m = 0; m < RM; ++m) lo_dots.put(m, dots[m]);
+      for (int m = 0; m < RM; ++m) dots[m] = _mm512_setzero_si512();
+      dots_rows<RM>(q + 4, 4, ap + 16, dots);
       const int8_t* s0 = (const int8_t*)(b0 + 16 + 16 * j);
       const int8_t* s1 = (const int8_t*)(b1 + 16 + 16 * j);
       const __m512i slo = scales16(s0, s1), shi = scales16(s0 + 8, s1 + 8);
+      // The offsets' term, -32 (sc_lo S_lo + sc_hi S_hi): (-32 sc_lo, -32 sc_hi) as int16 pairs
+      // against QAct::sum16's (S_lo, S_hi), one vpdpwssd per row.
+      const __m512i neg32 = _mm512_set1_epi32(-32);
+      const __m512i off = _mm512_or_si512(_mm512_and_si512(_mm512_mullo_epi32(slo, neg32), _mm512_set1_epi32(0xFFFF)),
+                                          _mm512_slli_epi32(_mm512_mullo_epi32(shi, neg32), 16));
       for (int m = 0; m < RM; ++m) {
-        const __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(lo_dots.get(m), slo), _mm512_mullo_epi32(hi_dots.get(m), shi));
-        isum.put(m, _mm512_add_epi32(isum.get(m), x));
+        const __m512i x = _mm512_add_epi32(_mm512_mullo_epi32(lo_dots.get(m), slo), _mm512_mullo_epi32(dots[m], shi));
+        isum.put(m, _mm512_dpwssd_epi32(_mm512_add_epi32(isum.get(m), x), off, _mm512_set1_epi32(a.sum16row(m0 + m)[b])));
       }
     }
     for (int m = 0; m < RM; ++m)
@@ -261,7 +266,8 @@ void tile(X8Kind kind, const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, 
 // Rows [m0, m1) against groups g and g + 1 (group_bytes apart), in tiles of 16, 8, 4, 2 and 1 rows:
 // a weight chunk's unpacking is shared by the tile's rows, and 16 rows' accumulators still fit the
 // 32 registers beside the 8 weight chunks.
-// Q8X8, MXFP4X8 and the K-quants need QAct::sum16 (the K-quants: QAct::per256 activations).
+// Q8X8, MXFP4X8 and the K-quants need QAct::sum16 (the K-quants: QAct::per256 activations); every
+// format QAct::panels, and m0 a multiple of 16 (a tile never crosses a panel).
 void x8_pair_tiles_vbmi(X8Kind kind, const uint8_t* g, int64_t group_bytes, const QAct& a, int64_t m0, int64_t m1,
                         float* out, int64_t ldo, const float* bias16) {
   int64_t m = m0;

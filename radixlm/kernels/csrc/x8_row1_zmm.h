@@ -60,10 +60,10 @@ inline __m512i u8x16_pairs16(const uint8_t* p0, const uint8_t* p1) {
 }
 
 // x8_tiles.h's q4k_min_sum and q4k_step for the two-group layout: every lane's integers and float
-// steps are theirs.
+// steps are theirs (vpdpwssd: the madd and the add in one instruction, the same int32 sums).
 inline __m512i q4k_min_sum16(const __m512i* mn16, const int32_t* s16) {
   __m512i t = _mm512_madd_epi16(mn16[0], _mm512_set1_epi32(s16[0]));
-  for (int s = 1; s < 8; ++s) t = _mm512_add_epi32(t, _mm512_madd_epi16(mn16[s], _mm512_set1_epi32(s16[s])));
+  for (int s = 1; s < 8; ++s) t = _mm512_dpwssd_epi32(t, mn16[s], _mm512_set1_epi32(s16[s]));
   return t;
 }
 inline __m512 q4k_step16(__m512 acc, __m512i isum, __m512i msum, __m512 d, __m512 dmin, float da) {

@@ -33,8 +33,13 @@ def plan(fb: ForwardBatch, stages: int, max_size: int | None) -> list[ForwardBat
         parts = micro_batch_count(fb.batch_size, stages, max_size)
         return split_decode(fb, parts) if parts > 1 else None
     single = fb.forward_mode == ForwardMode.EXTEND and fb.batch_size == 1
+    # Gemma 3's image tokens attend each other both ways: a piece must not cut an image.
+    whole_images = (
+        bool(fb.mm_inputs) and fb.mm_inputs[0] is not None and fb.mm_inputs[0].bidirectional
+    )
     if (
         single
+        and not whole_images
         and not any(fb.extend_logprob_start_lens_cpu or ())
         and fb.num_tokens >= stages * MIN_PIECE_TOKENS
     ):

@@ -120,6 +120,12 @@ class ModelRunner:
             prefill=config.prefill_attention_backend,
             decode=config.decode_attention_backend,
         )
+        self.bidirectional_images = traits.bidirectional_images  # Gemma 3 (models/gemma3_mm.py)
+        if self.bidirectional_images and not self.attn_backend.supports_bidirectional_spans:
+            raise ValueError(
+                f"--attention-backend: {type(self.attn_backend).__name__} cannot let an image's"
+                " tokens attend each other both ways (Gemma 3); use native (CPU) or torch"
+            )
         # Sliding-window layers in their own, smaller slot space (None: one pool for all layers).
         self.swa_memory = SWAMemory.of(
             self.model,

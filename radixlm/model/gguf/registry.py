@@ -49,12 +49,17 @@ for _name, _target in [
     ("kimi-linear", "kimi_linear:KIMI_LINEAR"),
     ("deepseek2", "deepseek:DEEPSEEK2"),  # V3 when its gating is sigmoid
     ("glm4moe", "glm4moe:GLM4MOE"),
+    ("minimax-m2", "minimax_m2:MINIMAX_M2"),
+    ("dots1", "dots1:DOTS1"),
+    ("hunyuan-moe", "hunyuan_moe:HUNYUAN_MOE"),
     ("exaone4", "llama_variants:EXAONE4"),
     ("seed_oss", "llama_variants:SEED_OSS"),
     ("apertus", "llama_variants:APERTUS"),
     ("arcee", "llama_variants:ARCEE"),
-    ("mistral3", "llama_variants:MISTRAL3"),
     ("ernie4_5", "llama_variants:ERNIE4_5"),
     ("hunyuan-dense", "llama_variants:HUNYUAN_DENSE"),
 ]:
     GGUF_ARCHITECTURE_REGISTRY.register(_name, f"{_ARCHS}.{_target}")
+# Issue 90: Mistral 3's text model (Mistral3ForConditionalGeneration's language model) and
+# Ministral 3 (Ministral3ForCausalLM), which llama.cpp writes under the same name.
+GGUF_ARCHITECTURE_REGISTRY.register("mistral3", f"{_ARCHS}.llama_variants:MISTRAL3")

@@ -47,15 +47,7 @@ class Glm4MoeForCausalLM(DeepseekV3ForCausalLM):
 
     def build_layer(self, config: Any, layer_id: int, rotary_emb: RotaryEmbedding) -> nn.Module:
         """MoeModel's per-layer hook: Llama attention, then a dense MLP or DeepSeek's MoE."""
-        bias = bool(getattr(config, "attention_bias", False))
-        attn = LlamaAttention(
-            config,
-            layer_id,
-            rotary_emb,
-            qkv_bias=bias,
-            qk_norm=bool(getattr(config, "use_qk_norm", False)),
-            o_bias=False,
-        )
+        attn = self.build_attention(config, layer_id, rotary_emb)
         if is_moe_layer(config, layer_id):
             shared = (
                 LlamaMLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts)
@@ -66,3 +58,15 @@ class Glm4MoeForCausalLM(DeepseekV3ForCausalLM):
         else:
             mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
         return MoeDecoderLayer(config, attn, mlp)
+
+    def build_attention(self, config: Any, layer_id: int, rotary_emb: RotaryEmbedding) -> nn.Module:
+        """GLM's: q/k/v bias when attention_bias (never on o_proj), q/k norms when use_qk_norm.
+        Families on this stack with another attention (dots1.py) override it."""
+        return LlamaAttention(
+            config,
+            layer_id,
+            rotary_emb,
+            qkv_bias=bool(getattr(config, "attention_bias", False)),
+            qk_norm=bool(getattr(config, "use_qk_norm", False)),
+            o_bias=False,
+        )

@@ -70,7 +70,8 @@ class LlavaForConditionalGeneration(ServedModel):
         text = config.text_config
         if text.model_type not in self.TEXT_MODELS:
             raise ValueError(
-                f"{type(self).__name__} with a {text.model_type!r} decoder is not supported "
+                f"text_config.model_type {text.model_type!r}: {type(self).__name__} with that"
+                " decoder is not supported "
                 f"({', '.join(self.TEXT_MODELS)})"
             )
         self.language_model = self.TEXT_MODELS[text.model_type](text)
@@ -81,6 +82,10 @@ class LlavaForConditionalGeneration(ServedModel):
             )
         self.vocab_size = text.vocab_size
         self.encoder_cache = EncoderCache(DEFAULT_ENCODER_CACHE_BYTES)
+
+    def embed_text(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The text tokens' input embeddings in an extend with images (the decoder's lookup)."""
+        return self.language_model.model.embed_tokens(input_ids)
 
     def encode_images(self, items: list[MultimodalItem]) -> list[torch.Tensor]:
         """One batch through the vision tower and the projector: per image, [tokens, hidden]."""
@@ -107,7 +112,7 @@ class LlavaForConditionalGeneration(ServedModel):
         embeds = embed_with_images(
             forward_batch,
             input_ids,
-            lm.model.embed_tokens,
+            self.embed_text,
             self.vocab_size,
             self.encoder_cache,
             self.encode_images,

@@ -26,7 +26,7 @@ AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 BLOCK = 32
 
 
-def _unpack_last(packed: torch.Tensor, bits: int, order=None) -> torch.Tensor:
+def unpack_int32(packed: torch.Tensor, bits: int, order=None) -> torch.Tensor:
     """int32 [..., n] -> uint8 [..., n, 32/bits]: value j of each int32 (from bit bits*j) at
     position order[j] (default j). One value plane at a time: a byte per value, never an int32."""
     per, mask = 32 // bits, (1 << bits) - 1
@@ -39,8 +39,8 @@ def _unpack_last(packed: torch.Tensor, bits: int, order=None) -> torch.Tensor:
 
 def unpack_awq(qweight: torch.Tensor, qzeros: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """AWQ GEMM -> (q uint8 [out, in], z int32 [groups, out])."""
-    q = _unpack_last(qweight, 4, AWQ_ORDER).reshape(qweight.shape[0], -1)
-    z = _unpack_last(qzeros, 4, AWQ_ORDER).reshape(qzeros.shape[0], -1)
+    q = unpack_int32(qweight, 4, AWQ_ORDER).reshape(qweight.shape[0], -1)
+    z = unpack_int32(qzeros, 4, AWQ_ORDER).reshape(qzeros.shape[0], -1)
     return q.T.contiguous(), z.to(torch.int32)
 
 
@@ -49,8 +49,8 @@ def unpack_gptq(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """GPTQ -> (q uint8 [out, in], z int32 [groups, out]); zero_offset 1 for v1 checkpoints."""
     # qweight [in*bits/32, out]: the values of one int32 are consecutive input rows.
-    q = _unpack_last(qweight.T, bits).reshape(qweight.shape[1], -1)
-    z = _unpack_last(qzeros, bits).reshape(qzeros.shape[0], -1).to(torch.int32) + zero_offset
+    q = unpack_int32(qweight.T, bits).reshape(qweight.shape[1], -1)
+    z = unpack_int32(qzeros, bits).reshape(qzeros.shape[0], -1).to(torch.int32) + zero_offset
     return q, z
 
 

@@ -1,9 +1,10 @@
 """A pre-quantized HF checkpoint's `quantization_config` (config.json), parsed by the parser its
 quant_method registers (CHECKPOINT_PARSER_REGISTRY), in its method's module: AWQ (AutoAWQ's GEMM
 layout) and GPTQ (AutoGPTQ / GPTQModel) are read and repacked into the native CPU formats at load
-(quant/awq_gptq.py), gpt-oss's MXFP4 experts too (quant/mxfp4_checkpoint.py), FP8 in
-llm-compressor's layout (compressed-tensors, float-quantized) and in DeepSeek's / transformers'
-FineGrainedFP8 one (quant_method fp8: quant/fp8_checkpoint.py); anything else is refused at
+(quant/awq_gptq.py), gpt-oss's MXFP4 experts too (quant/mxfp4_checkpoint.py), llm-compressor's
+integer formats (compressed-tensors pack-quantized and int-quantized: quant/compressed_tensors.py),
+FP8 in its float-quantized layout and in DeepSeek's / transformers' FineGrainedFP8 one
+(quant_method fp8: quant/fp8_checkpoint.py); anything else is refused at
 start-up in one line naming the scheme and field.
 
 As vLLM and SGLang do, the checkpoint's own quant_method selects the method when --quantization is
@@ -47,6 +48,8 @@ class CheckpointQuant:
     # [rows, cols].
     strategy: str = ""
     block: tuple[int, int] = (0, 0)
+    # compressed-tensors: the weights' format (float-quantized, pack-quantized, int-quantized...).
+    fmt: str = ""
 
     @property
     def pack(self) -> int:
@@ -87,7 +90,7 @@ CHECKPOINT_PARSER_REGISTRY.register("awq", "radixlm.model.quant.awq_gptq:parse_a
 CHECKPOINT_PARSER_REGISTRY.register("gptq", "radixlm.model.quant.awq_gptq:parse_gptq")
 CHECKPOINT_PARSER_REGISTRY.register("mxfp4", "radixlm.model.quant.mxfp4_checkpoint:parse_mxfp4")
 CHECKPOINT_PARSER_REGISTRY.register(
-    "compressed-tensors", "radixlm.model.quant.fp8_checkpoint:parse_compressed_tensors"
+    "compressed-tensors", "radixlm.model.quant.compressed_tensors:parse_compressed_tensors"
 )
 CHECKPOINT_PARSER_REGISTRY.register("fp8", "radixlm.model.quant.fp8_checkpoint:parse_fp8")
 

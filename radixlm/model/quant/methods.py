@@ -15,7 +15,10 @@ value (vLLM's and SGLang's QuantizationConfig / LinearMethod split, at this proj
   checkpoint's config.json selects it.
 - `mxfp4` (mxfp4_checkpoint.Mxfp4Method): gpt-oss's released checkpoints, their experts' MXFP4
   blocks repacked into GGML's MXFP4 layout for the native kernel; CPU only, selected by config.json.
-- `compressed-tensors`, `fp8_serialized` (fp8_checkpoint.Fp8CheckpointMethod): FP8 checkpoints,
+- `compressed-tensors` (compressed_tensors.CompressedTensorsMethod): llm-compressor's checkpoints,
+  its integer formats (pack-quantized W4A16 / W8A16, int-quantized W8A8) repacked into the native
+  formats at load as AWQ / GPTQ are, its FP8 one as below; CPU only, selected by config.json.
+- `compressed-tensors` FP8, `fp8_serialized` (fp8_checkpoint.Fp8CheckpointMethod): FP8 checkpoints,
   llm-compressor's and DeepSeek's / transformers' FineGrainedFP8 (quant_method fp8), their e4m3
   weights kept as they are for the native FP8 kernel (float32 activations); CPU only, selected by
   config.json. `--quantization fp8` selects `fp8_serialized` for a checkpoint whose quant_method is
@@ -181,7 +184,7 @@ QUANTIZATION_REGISTRY.register("awq", "radixlm.model.quant.awq_gptq:AWQ")
 QUANTIZATION_REGISTRY.register("gptq", "radixlm.model.quant.awq_gptq:GPTQ")
 QUANTIZATION_REGISTRY.register("mxfp4", "radixlm.model.quant.mxfp4_checkpoint:MXFP4")
 QUANTIZATION_REGISTRY.register(
-    "compressed-tensors", "radixlm.model.quant.fp8_checkpoint:COMPRESSED_TENSORS"
+    "compressed-tensors", "radixlm.model.quant.compressed_tensors:COMPRESSED_TENSORS"
 )
 QUANTIZATION_REGISTRY.register(FP8_SERIALIZED, "radixlm.model.quant.fp8_checkpoint:FP8_SERIALIZED")
 QUANTIZATIONS = ("none", *QUANTIZATION_REGISTRY.names())

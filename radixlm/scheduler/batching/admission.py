@@ -107,12 +107,15 @@ class PrefillAdder:
         take = min(ext, limit)
         if take < ext and not chunking:
             return 0, 0
+        take = whole_spans(req, ext, take)
         need = take if take < ext else take + reserve_for(req, self.new_token_ratio)
         first = self.nothing_running and not self.chunks
         if need > self.rem_total_tokens:
             # Progress first: with nothing running, admit what fits (a chunk, or the whole prompt).
             if first and chunking:
-                take = need = min(take, self.rem_total_tokens)
+                fits = min(take, self.rem_total_tokens)
+                kept = whole_spans(req, ext, fits)  # an image span that does not fit waits
+                take = need = kept if kept <= fits else 0
             elif not (first and ext <= self.rem_total_tokens):
                 take = 0
         return max(take, 0), need
@@ -126,6 +129,21 @@ class PrefillAdder:
         self.rem_input_tokens -= take
         if self.rem_chunk_tokens is not None:
             self.rem_chunk_tokens -= take
+
+
+def whole_spans(req: Req, ext: int, take: int) -> int:
+    """`take` of req's last `ext` tokens, moved so that the chunk does not end inside an image span
+    whose tokens attend each other both ways (Gemma 3: its queries need the whole image's keys):
+    back to the span's start, or on to its end when the chunk starts inside or at it."""
+    mm = req.mm_inputs
+    if take >= ext or take <= 0 or mm is None or not mm.bidirectional:
+        return take
+    start = req.seqlen - ext
+    end = start + take
+    for it in mm.items:
+        if it.offset < end < it.end:
+            return it.offset - start if it.offset > start else it.end - start
+    return take
 
 
 def shares_prefix_in_batch(req: Req, admitted: list[Req], prefix_len: Callable[[], int]) -> bool:

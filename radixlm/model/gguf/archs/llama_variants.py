@@ -74,8 +74,8 @@ def mistral3_config(reader, arch: str, kw: dict) -> dict:
     rope = kw["rope_parameters"]
     if rope["rope_type"] != "yarn":
         raise ValueError(
-            f"{arch} GGUF with a temperature scale and rope type {rope['rope_type']!r}"
-            " (Ministral 3's is yarn)"
+            f"{arch}.attention.temperature_scale with rope type {rope['rope_type']!r}: Ministral"
+            " 3's attention temperature comes with YaRN (rope.scaling.type yarn)"
         )
     for key, default in (("beta_fast", 32.0), ("beta_slow", 1.0)):
         rope[key] = float(field(reader, f"{arch}.rope.scaling.yarn_{key}", default))

@@ -54,6 +54,9 @@ class AttentionBackend(ABC):
     # Whether forward_extend honours forward_batch.tree_mask for the model it was built for; a
     # backend that cannot says False and the scheduler drafts chains only.
     supports_tree_mask = True
+    # Whether forward_extend lets the tokens of one image span attend each other both ways where
+    # the request's MultimodalInputs.bidirectional says so (Gemma 3; bidirectional.py).
+    supports_bidirectional_spans = False
     # Whether a windowed layer's KV is read through SWATokenToKVPool.translate (cache/swa_pool.py:
     # the windowed layers' own slot space); a backend that reads one slot space says False and the
     # runner keeps every layer's KV in it.

@@ -29,6 +29,10 @@ class HybridAttnBackend(AttentionBackend):
     def supports_tree_mask(self) -> bool:  # verify batches are extend-shaped: the prefill backend's
         return self.prefill_backend.supports_tree_mask
 
+    @property
+    def supports_bidirectional_spans(self) -> bool:  # images come in extends only
+        return self.prefill_backend.supports_bidirectional_spans
+
     def _select_backend(self, forward_batch: ForwardBatch) -> AttentionBackend:
         # EXTEND, MIXED and TARGET_VERIFY are extend-shaped: several queries per request.
         return (

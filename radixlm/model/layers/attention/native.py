@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.model.layers.attention.base import AttentionBackend, AttentionBackendSpec
+from radixlm.model.layers.attention.bidirectional import BidiQueries, bidirectional_spans
 
 if TYPE_CHECKING:
     from radixlm.model.forward_batch import ForwardBatch
@@ -63,10 +64,13 @@ class NativeMetadata:
     rows: torch.Tensor  # [bs] int64: 0..bs-1, the row of each request in kv_slots
     # kv_slots in the windowed layers' slot space (SWATokenToKVPool.translate); None: one space.
     swa_kv_slots: torch.Tensor | None = None
+    # Image queries that see their whole image (Gemma 3: bidirectional.py); None: none.
+    bidi: BidiQueries | None = None
 
 
 class NativeCPUBackend(AttentionBackend):
     reads_swa_pool = True
+    supports_bidirectional_spans = True
 
     def __init__(self):
         from radixlm.kernels.ops import ops
@@ -109,6 +113,8 @@ class NativeCPUBackend(AttentionBackend):
         translate = getattr(fb.token_to_kv_pool, "translate", None)
         if translate is not None:  # read at launch, as the rows are
             md.swa_kv_slots = translate(md.kv_slots)
+        if fb.mm_inputs:
+            md.bidi = BidiQueries.of(bidirectional_spans(fb))
         fb.attn_metadata = md
 
     def forward_extend(self, q, k, v, layer, forward_batch):
@@ -117,13 +123,14 @@ class NativeCPUBackend(AttentionBackend):
         k_buf, v_buf = pool.get_kv_buffer(layer.layer_id)
         k_scale, v_scale = pool.get_kv_scales(layer.layer_id)
         swa = md.swa_kv_slots is not None and pool.is_swa_layer(layer.layer_id)
-        return self.ops.paged_attention(
+        slots = md.swa_kv_slots if swa else md.kv_slots
+        out = self.ops.paged_attention(
             q,
             k_buf,
             v_buf,
             k_scale,
             v_scale,
-            md.swa_kv_slots if swa else md.kv_slots,
+            slots,
             md.rows,
             md.seq_lens,
             md.q_start,
@@ -133,6 +140,14 @@ class NativeCPUBackend(AttentionBackend):
             layer.logit_cap,
             layer.attention_chunk_size or 0,
         )
+        bd = md.bidi
+        if bd is not None:  # the image queries again, each over the keys to its image's end
+            table, rows, lens = bd.keys(slots, layer.sliding_window_size or 0)
+            out[bd.rows] = self.ops.paged_attention(
+                q[bd.rows], k_buf, v_buf, k_scale, v_scale, table, rows, lens, bd.q_start,
+                layer.scaling, 0, layer.sinks, layer.logit_cap, 0,
+            )  # fmt: skip
+        return out
 
     forward_decode = forward_extend
 

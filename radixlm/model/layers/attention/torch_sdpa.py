@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.model.layers.attention.base import AttentionBackend, AttentionBackendSpec
+from radixlm.model.layers.attention.bidirectional import add_to_mask, bidirectional_spans
 from radixlm.model.layers.attention.decode_kv_mirror_path import DecodeKVMirrorPath
 from radixlm.model.layers.attention.decode_path import (
     DecodeBatch,
@@ -89,6 +90,8 @@ def build_decode_paths(
 
 class TorchSDPABackend(AttentionBackend):
     """SDPA per extend request, one decode path per decode batch (see the module docstring)."""
+
+    supports_bidirectional_spans = True
 
     def __init__(
         self,
@@ -161,11 +164,17 @@ class TorchSDPABackend(AttentionBackend):
             req_to_token[fb.req_pool_indices[:n_ext], : max(seq_lens)] if any(prefix_lens) else None
         )
         window, tree = self.sliding_window_size, fb.tree_mask
+        spans = bidirectional_spans(fb) if fb.mm_inputs else []
         start = 0
         for i, (p, e) in enumerate(zip(prefix_lens, extend_lens)):
             req = _ExtendReq(start, e, None if p == 0 else rows[i, : p + e], None)
+            own = [s for s in spans if s.req == i]
             if tree is not None and not tree.is_causal(i):
                 req.mask, req.window_mask = tree.extend_masks(i, p, window, device)
+            elif own:  # images whose tokens attend each other both ways (Gemma 3)
+                pos_k = torch.arange(p + e, device=device)
+                causal = pos_k[None, :] <= torch.arange(p, p + e, device=device)[:, None]
+                req.mask, req.window_mask = add_to_mask(causal, own, p, window)
             elif p or (window is not None and p + e > window):
                 pos_k = torch.arange(p + e, device=device)
                 pos_q = torch.arange(p, p + e, device=device)
