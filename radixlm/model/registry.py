@@ -120,6 +120,18 @@ MODEL_REGISTRY.register("Dots1ForCausalLM", "radixlm.model.models.dots1:Dots1For
 MODEL_REGISTRY.register(
     "HunYuanMoEV1ForCausalLM", "radixlm.model.models.hunyuan_moe:HunYuanMoEV1ForCausalLM"
 )
+# Issue 90 (i90-text-b): EXAONE 4.0, Seed-OSS, Apertus, Arcee AFM, Ministral 3, ERNIE 4.5,
+# Hunyuan dense.
+for _arch, _module in [
+    ("Exaone4ForCausalLM", "exaone4"),
+    ("SeedOssForCausalLM", "seed_oss"),
+    ("ApertusForCausalLM", "arcee"),
+    ("ArceeForCausalLM", "arcee"),
+    ("Ministral3ForCausalLM", "ministral3"),
+    ("Ernie4_5ForCausalLM", "ernie4_5"),
+    ("HunYuanDenseV1ForCausalLM", "hunyuan"),
+]:
+    MODEL_REGISTRY.register(_arch, f"radixlm.model.models.{_module}:{_arch}")
 
 
 def supported_architectures() -> list[str]:

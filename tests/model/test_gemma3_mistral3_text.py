@@ -176,7 +176,9 @@ def test_gguf_greedy_matches_hf(family, tmp_path):
 
 
 def test_ministral3_gguf_is_refused_by_its_key(tmp_path):
-    """llama.cpp writes Ministral 3 as mistral3 too, with Llama 4's attention scaling: refused."""
+    """llama.cpp writes Ministral 3 as mistral3 too, with Llama 4's attention scaling and YaRN
+    (read as Ministral3ForCausalLM: tests/model/test_ministral3.py); the scaling without YaRN is
+    refused by its key."""
     tok = tiny_tokenizer()
     tok.save_pretrained(tmp_path)
     cfg = transformers.MistralConfig(**dict(FAMILIES["mistral3"][3], vocab_size=len(tok)))

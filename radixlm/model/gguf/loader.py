@@ -142,11 +142,11 @@ def gguf_weights(
     is read from the file (shard.py). keep (a pipeline stage): the HF names read at all."""
     spec = GGUF_ARCHITECTURE_REGISTRY.get(field(reader, "general.architecture"))
     read = functools.partial(read_weight, keep_quantized=keep_quantized)
-    weights = spec.weights or functools.partial(_named_weights, spec=spec)
+    weights = spec.weights or functools.partial(named_weights, spec=spec)
     yield from weights(reader, config, read, slicer, keep)
 
 
-def _named_weights(
+def named_weights(
     reader,
     config,
     read: TensorReader,

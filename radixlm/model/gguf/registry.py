@@ -56,7 +56,14 @@ for _name, _target in [
     ("granite", "granite:GRANITE"),
     ("granitemoe", "granite:GRANITE_MOE"),
     ("cohere2", "cohere2:COHERE2"),
+    ("exaone4", "llama_variants:EXAONE4"),
+    ("seed_oss", "llama_variants:SEED_OSS"),
+    ("apertus", "llama_variants:APERTUS"),
+    ("arcee", "llama_variants:ARCEE"),
+    ("ernie4_5", "llama_variants:ERNIE4_5"),
+    ("hunyuan-dense", "llama_variants:HUNYUAN_DENSE"),
 ]:
     GGUF_ARCHITECTURE_REGISTRY.register(_name, f"{_ARCHS}.{_target}")
-# Issue 90: Mistral 3's text model (Mistral3ForConditionalGeneration's language model).
-GGUF_ARCHITECTURE_REGISTRY.register("mistral3", f"{_ARCHS}.llama:MISTRAL3")
+# Issue 90: Mistral 3's text model (Mistral3ForConditionalGeneration's language model) and
+# Ministral 3 (Ministral3ForCausalLM), which llama.cpp writes under the same name.
+GGUF_ARCHITECTURE_REGISTRY.register("mistral3", f"{_ARCHS}.llama_variants:MISTRAL3")

@@ -6,7 +6,7 @@ which `load_weights` fills from the HF tensors (stacked_params_mapping).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -20,6 +20,7 @@ from radixlm.model.layers.fused_layers import build_fused_layers
 from radixlm.model.layers.linear import MergedLinear
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.parallel_linear import (
+    ColumnParallelLinear,
     MergedColumnParallelLinear,
     ParallelLMHead,
     QKVParallelLinear,
@@ -99,11 +100,12 @@ class LlamaAttention(nn.Module):
         total_heads = config.num_attention_heads
         total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
         self.head_dim = get_head_dim(config)
-        if o_bias is None:
+        if o_bias is None:  # Llama's attention_bias: q/k/v and o alike
             o_bias = bool(getattr(config, "attention_bias", False))
+            qkv_bias = qkv_bias or o_bias
         # This tensor-parallel rank's heads (all of them with tp_size 1).
         self.qkv_proj = QKVParallelLinear(
-            config.hidden_size, self.head_dim, total_heads, total_kv_heads, bias=qkv_bias or o_bias
+            config.hidden_size, self.head_dim, total_heads, total_kv_heads, bias=qkv_bias
         )
         self.num_heads, self.num_kv_heads = self.qkv_proj.num_heads, self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = (
@@ -143,13 +145,38 @@ class LlamaAttention(nn.Module):
         return self.o_proj(self.attn(q, k, v, forward_batch))
 
 
+class GatelessMLP(nn.Module):
+    """down(act(up(x))): an MLP without a gate (Arcee's ReLU², Apertus' xIELU)."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, act_fn: nn.Module, bias: bool):
+        super().__init__()
+        self.up_proj = ColumnParallelLinear(hidden_size, intermediate_size, bias=bias)
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, bias=bias, what="intermediate_size"
+        )
+        self.act_fn = act_fn
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.up_proj(x)))
+
+
 class LlamaDecoderLayer(nn.Module):
     def __init__(
-        self, config: Any, layer_id: int, rotary_emb: RotaryEmbedding, qkv_bias: bool, qk_norm: bool
+        self,
+        config: Any,
+        layer_id: int,
+        rotary_emb: RotaryEmbedding,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        self_attn: nn.Module | None = None,
+        mlp: nn.Module | None = None,
     ):
+        """self_attn, mlp: a family's own blocks in Llama's pre-norm layer (default: Llama's)."""
         super().__init__()
-        self.self_attn = LlamaAttention(config, layer_id, rotary_emb, qkv_bias, qk_norm)
-        self.mlp = LlamaMLP(
+        self.self_attn = self_attn or LlamaAttention(
+            config, layer_id, rotary_emb, qkv_bias, qk_norm
+        )
+        self.mlp = mlp or LlamaMLP(
             config.hidden_size, config.intermediate_size, bool(getattr(config, "mlp_bias", False))
         )
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -167,7 +194,14 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(DecoderStack):
-    def __init__(self, config: Any, qkv_bias: bool = False, qk_norm: bool = False):
+    def __init__(
+        self,
+        config: Any,
+        qkv_bias: bool = False,
+        qk_norm: bool = False,
+        build_layer: Callable[[int, RotaryEmbedding], nn.Module] | None = None,
+    ):
+        """build_layer(layer id, the shared RoPE): a family's layer (default: Llama's)."""
         super().__init__()
         # A pipeline stage builds its layers only: the embedding on the first stage (and on the last
         # when the LM head is tied to it), the final norm on the last (decoder_stack.py).
@@ -176,7 +210,11 @@ class LlamaModel(DecoderStack):
         self.rotary_emb = rotary_emb = get_rope(get_head_dim(config), config)
         self.layers = self.stage_layers(
             config.num_hidden_layers,
-            lambda i: LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, qk_norm),
+            lambda i: (
+                build_layer(i, rotary_emb)
+                if build_layer is not None
+                else LlamaDecoderLayer(config, i, rotary_emb, qkv_bias, qk_norm)
+            ),
         )
         self.norm = self.on_last(lambda: RMSNorm(config.hidden_size, eps=config.rms_norm_eps))
 

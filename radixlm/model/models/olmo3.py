@@ -41,10 +41,18 @@ class Olmo3Attention(LlamaAttention):
 
 
 class Olmo3DecoderLayer(nn.Module):
-    def __init__(self, config: Any, layer_id: int, rotary_emb: RotaryEmbedding):
+    def __init__(
+        self,
+        config: Any,
+        layer_id: int,
+        rotary_emb: RotaryEmbedding,
+        self_attn: nn.Module | None = None,
+    ):
+        """self_attn: another family's attention in these post-norm layers (EXAONE 4's per-head
+        q/k norms); default OLMo's."""
         super().__init__()
         eps = config.rms_norm_eps
-        self.self_attn = Olmo3Attention(config, layer_id, rotary_emb)
+        self.self_attn = self_attn or Olmo3Attention(config, layer_id, rotary_emb)
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=eps)
         self.post_feedforward_layernorm = RMSNorm(config.hidden_size, eps=eps)

@@ -36,19 +36,3 @@ LLAMA = GGUFArchitecture(
     unpermute_qk=True,
 )
 SMOLLM3 = GGUFArchitecture(HFModel("SmolLM3ForCausalLM", "SmolLM3Config"), unpermute_qk=True)
-
-
-def mistral3_config(reader, arch: str, kw: dict) -> dict:
-    """Mistral 3's text model (Mistral Small 3.x): llama's keys. llama.cpp writes Ministral 3 under
-    the same name with YaRN and an attention temperature scale, which this model has not."""
-    if field(reader, f"{arch}.attention.temperature_scale") is not None:
-        raise ValueError(
-            f"{arch}.attention.temperature_scale: a Ministral 3 GGUF (Llama 4 attention scaling)"
-            " is not supported; Mistral Small 3.x's mistral3 GGUF is"
-        )
-    return llama_config(reader, arch, kw)
-
-
-# convert_hf_to_gguf.py's Mistral3Model (Mistral3ForConditionalGeneration's language model: the
-# vision tower goes to the mmproj file) writes LlamaModel's layout under the name mistral3.
-MISTRAL3 = GGUFArchitecture(MISTRAL, config=mistral3_config, unpermute_qk=True)
