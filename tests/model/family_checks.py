@@ -2,7 +2,7 @@
 family (hidden 256, so that Q4_K's 256-value blocks fill the rows): HF's greedy tokens from the
 safetensors and from the GGUF llama.cpp's converter writes (windowed_checkpoints.check_greedy:
 alone, batched, prefill chunks smaller than the prompts), the radix cache exact
-(family_cache_checks.py), and quantized GGUFs (Q8_0, a Q4_K_M-like mix) with top-1 agreement >=
+(cache_checks.py), and quantized GGUFs (Q8_0, a Q4_K_M-like mix) with top-1 agreement >=
 95% with HF holding the file's dequantized weights (top1_agreement.py)."""
 
 from __future__ import annotations
