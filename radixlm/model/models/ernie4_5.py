@@ -13,8 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from radixlm.model.gguf.tensors import unpermute
-from radixlm.model.layers.quantized import QuantizedTensor
+from radixlm.model.layers.rotary import interleaved_to_rotate_half
 from radixlm.model.models.llama import (
     LlamaAttention,
     LlamaDecoderLayer,
@@ -24,13 +23,6 @@ from radixlm.model.models.llama import (
     get_head_dim,
 )
 from radixlm.model.models.seed_oss import check_silu
-
-
-def halves_order(w: Any, head_dim: int) -> Any:
-    """q / k rows (weight or bias, float or quantized: whole rows move) of interleaved-pair RoPE
-    in rotate-half order, head by head (a tensor-parallel slice holds whole heads)."""
-    rows = (w.data if isinstance(w, QuantizedTensor) else w).shape[0]
-    return unpermute(w, rows // head_dim)
 
 
 class Ernie4_5ForCausalLM(LlamaForCausalLM):
@@ -52,7 +44,7 @@ class Ernie4_5ForCausalLM(LlamaForCausalLM):
         def reordered():
             for name, tensor in weights:
                 if ".self_attn.q_proj." in name or ".self_attn.k_proj." in name:
-                    tensor = halves_order(tensor, head_dim)
+                    tensor = interleaved_to_rotate_half(tensor, head_dim)
                 yield name, tensor
 
         super().load_weights(reordered())
