@@ -61,6 +61,22 @@ def is_v3(reader, arch: str) -> bool:
     return field(reader, f"{arch}.expert_gating_func") == SIGMOID_GATING
 
 
+def deepseek_moe_fields(f, norm_topk_default: bool) -> dict:
+    """The DeepSeek-style MoE keys llama.cpp writes (deepseek2, glm4moe, dots1) as HF config
+    kwargs; f(key, default) reads `{arch}.{key}`."""
+    return dict(
+        moe_intermediate_size=int(f("expert_feed_forward_length", 0)),
+        n_routed_experts=int(f("expert_count", 0)),
+        num_experts_per_tok=int(f("expert_used_count", 0)),
+        n_shared_experts=int(f("expert_shared_count", 0)),
+        first_k_dense_replace=int(f("leading_dense_block_count", 0)),
+        routed_scaling_factor=float(f("expert_weights_scale", 1.0)),
+        norm_topk_prob=bool(f("expert_weights_norm", norm_topk_default)),
+        n_group=int(f("expert_group_count") or 1),
+        topk_group=int(f("expert_group_used_count") or 1),
+    )
+
+
 def deepseek2_config(reader, arch: str, kw: dict) -> dict:
     """DeepseekV2Config / DeepseekV3Config kwargs of a deepseek2 GGUF; kw holds the keys every
     architecture shares."""
@@ -78,15 +94,7 @@ def deepseek2_config(reader, arch: str, kw: dict) -> dict:
         qk_rope_head_dim=rope,
         qk_nope_head_dim=int(key_len) - rope,
         v_head_dim=int(value_len),
-        moe_intermediate_size=int(f("expert_feed_forward_length", 0)),
-        n_routed_experts=int(f("expert_count", 0)),
-        num_experts_per_tok=int(f("expert_used_count", 0)),
-        n_shared_experts=int(f("expert_shared_count", 0)),
-        first_k_dense_replace=int(f("leading_dense_block_count", 0)),
-        routed_scaling_factor=float(f("expert_weights_scale", 1.0)),
-        norm_topk_prob=bool(f("expert_weights_norm", False)),
-        n_group=n_group,
-        topk_group=int(f("expert_group_used_count") or 1),
+        **deepseek_moe_fields(f, norm_topk_default=False),
     )
     if not v3:
         out["topk_method"] = "group_limited_greedy" if n_group > 1 else "greedy"

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from radixlm.model.gguf.archs.deepseek import deepseek_moe_fields
 from radixlm.model.gguf.archs.glm4moe import GLM4MOE_TENSOR_NAMES
 from radixlm.model.gguf.spec import GGUFArchitecture, HFModel
 
@@ -31,15 +32,7 @@ def dots1_config(reader, arch: str, kw: dict) -> dict:
     out = {k: v for k, v in kw.items() if k not in ("rope_theta", "rope_scaling")}
     out.update(
         attention_bias="blk.0.attn_q.bias" in names,
-        moe_intermediate_size=int(f("expert_feed_forward_length", 0)),
-        n_routed_experts=int(f("expert_count", 0)),
-        num_experts_per_tok=int(f("expert_used_count", 0)),
-        n_shared_experts=int(f("expert_shared_count", 0)),
-        first_k_dense_replace=int(f("leading_dense_block_count", 0)),
-        routed_scaling_factor=float(f("expert_weights_scale", 1.0)),
-        norm_topk_prob=bool(f("expert_weights_norm", False)),
-        n_group=int(f("expert_group_count") or 1),
-        topk_group=int(f("expert_group_used_count") or 1),
+        **deepseek_moe_fields(f, norm_topk_default=False),
         rope_parameters={"rope_type": "default", "rope_theta": float(kw.get("rope_theta", 1e4))},
     )
     return out

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from radixlm.model.gguf.archs.deepseek import DEEPSEEK2_TENSOR_NAMES
+from radixlm.model.gguf.archs.deepseek import DEEPSEEK2_TENSOR_NAMES, deepseek_moe_fields
 from radixlm.model.gguf.spec import GGUFArchitecture, HFModel
 
 GLM4MOE_TENSOR_NAMES = dict(
@@ -49,15 +49,7 @@ def glm4moe_config(reader, arch: str, kw: dict) -> dict:
         num_nextn_predict_layers=nextn,
         attention_bias="blk.0.attn_q.bias" in names,
         use_qk_norm="blk.0.attn_q_norm.weight" in names,
-        moe_intermediate_size=int(f("expert_feed_forward_length", 0)),
-        n_routed_experts=int(f("expert_count", 0)),
-        num_experts_per_tok=int(f("expert_used_count", 0)),
-        n_shared_experts=int(f("expert_shared_count", 0)),
-        first_k_dense_replace=int(f("leading_dense_block_count", 0)),
-        routed_scaling_factor=float(f("expert_weights_scale", 1.0)),
-        norm_topk_prob=bool(f("expert_weights_norm", True)),
-        n_group=int(f("expert_group_count") or 1),
-        topk_group=int(f("expert_group_used_count") or 1),
+        **deepseek_moe_fields(f, norm_topk_default=True),
         rope_parameters={
             "rope_type": "default",
             "rope_theta": float(kw.get("rope_theta", 10000.0)),
