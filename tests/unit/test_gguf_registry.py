@@ -46,6 +46,10 @@ ARCHITECTURES = (
     "minimax-m2",
     "dots1",
     "hunyuan-moe",
+    "glm4",
+    "granite",
+    "granitemoe",
+    "cohere2",
     "exaone4",
     "seed_oss",
     "apertus",
@@ -53,10 +57,6 @@ ARCHITECTURES = (
     "ernie4_5",
     "hunyuan-dense",
     "mistral3",
-    "glm4",
-    "granite",
-    "granitemoe",
-    "cohere2",
 )
 
 
