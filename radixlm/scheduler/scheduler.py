@@ -404,8 +404,7 @@ class Scheduler:
             **self.dashboard.info(),
             **self.runner.mm_info(),  # a vision model: encoder runs, images, encoder-cache hits
             **self.pd.info(),  # --disaggregation-mode: transfers, bytes, checksums
-            # --enable-dp-attention: this rank, its idle forwards, rank 0's dispatch
-            **self.dp.info(),
+            **self.dp.info(),  # --enable-dp-attention: this rank, idle forwards, rank 0's dispatch
         }
 
     def _model_key(self, stored_dtype) -> str:
