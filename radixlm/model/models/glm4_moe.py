@@ -15,8 +15,10 @@ loader, which also reads every expert layout: per expert, transformers 5's stack
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
+import torch
 from torch import nn
 
 from radixlm.distributed.parallel_state import get_tp_group
@@ -32,6 +34,19 @@ class Glm4MoeForCausalLM(DeepseekV3ForCausalLM):
     # Llama's fused q/k/v and gate/up (DeepSeek's MLA keeps its projections apart).
     stacked_params_mapping = LlamaForCausalLM.stacked_params_mapping
     expert_dispatch: LocalExperts
+    # (compiled pattern, replacement) applied to each checkpoint name before loading: a family
+    # on this stack whose checkpoint names differ (MiniMax-M2, Hunyuan-MoE)
+    weight_renames: tuple = ()
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        def renamed():
+            for name, tensor in weights:
+                for pattern, new in self.weight_renames:
+                    name = pattern.sub(new, name)
+                yield name, tensor
+
+        super().load_weights(renamed() if self.weight_renames else weights)
 
     def build_model(self, config: Any) -> nn.Module:
         # DeepseekExperts hold whole experts (no tensor-parallel slices): the layouts DeepSeek

@@ -18,7 +18,6 @@ attention (use_cla) and MLA (use_mla) are refused.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any
 
@@ -108,6 +107,8 @@ class HunYuanAttention(LlamaAttention):
 
 
 class HunYuanMoEV1ForCausalLM(Glm4MoeForCausalLM):
+    weight_renames = _RENAMES
+
     def build_model(self, config: Any) -> nn.Module:
         check_hunyuan_moe_config(config)
         resolve_ntk_alpha(config)
@@ -121,13 +122,3 @@ class HunYuanMoEV1ForCausalLM(Glm4MoeForCausalLM):
         shared = LlamaMLP(config.hidden_size, config.intermediate_size)
         mlp = DeepseekMoE(routing_config(config), False, shared, self.expert_dispatch)
         return MoeDecoderLayer(config, attn, mlp)
-
-    @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        def renamed():
-            for name, tensor in weights:
-                for pattern, new in _RENAMES:
-                    name = pattern.sub(new, name)
-                yield name, tensor
-
-        super().load_weights(renamed())

@@ -18,11 +18,9 @@ in-memory `mlp.{gate.weight, e_score_correction_bias, experts.gate_up_proj/down_
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from types import SimpleNamespace
 from typing import Any
 
-import torch
 from torch import nn
 
 from radixlm.model.layers.rotary import RotaryEmbedding
@@ -73,6 +71,8 @@ def routing_config(config: Any) -> SimpleNamespace:
 
 
 class MiniMaxM2ForCausalLM(Glm4MoeForCausalLM):
+    weight_renames = _RENAMES
+
     def build_model(self, config: Any) -> nn.Module:
         check_minimax_m2_config(config)
         return super().build_model(config)
@@ -81,13 +81,3 @@ class MiniMaxM2ForCausalLM(Glm4MoeForCausalLM):
         attn = OlmoeAttention(config, layer_id, rotary_emb, qkv_bias=False, qk_norm=False)
         mlp = DeepseekMoE(routing_config(config), True, None, self.expert_dispatch)
         return MoeDecoderLayer(config, attn, mlp)
-
-    @torch.no_grad()
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        def renamed():
-            for name, tensor in weights:
-                for pattern, new in _RENAMES:
-                    name = pattern.sub(new, name)
-                yield name, tensor
-
-        super().load_weights(renamed())
