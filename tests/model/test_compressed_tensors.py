@@ -219,6 +219,7 @@ def test_engine_serves_a_w4a16_checkpoint_from_its_config(checkpoints):
     sp = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
     with Engine(model_path=path, log_level="warning", enable_invariant_checks=True) as engine:
         outs = engine.generate(input_ids=prompts, sampling_params=sp)
+    assert len(outs) == len(prompts)
     for prompt, out in zip(prompts, outs):
         ref, logits = _reference(hf, prompt)
         assert _greedy_matches(out["output_ids"], ref, logits, "engine") >= NEW // 2

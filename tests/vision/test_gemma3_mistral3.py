@@ -133,6 +133,7 @@ def test_batch_tokens_and_logprobs_match_hf(family, server):
         },
     )
     assert r.status_code == 200, r.text
+    assert len(r.json()) == len(cases)
     for out, text, (_, imgs) in zip(r.json(), texts, cases):
         tokens, logprobs, _ = hf_generate(hf, text, imgs)
         assert out["output_ids"] == tokens
@@ -140,6 +141,7 @@ def test_batch_tokens_and_logprobs_match_hf(family, server):
             assert abs(lp - logprobs[step][tid].item()) < 1e-4, step
         if name == "gemma3":  # the bidirectional image block changes what HF computes
             causal = hf_generate(hf, text, imgs, causal=True)[1]
+            assert len(causal) == len(logprobs)
             assert max((a - b).abs().max().item() for a, b in zip(causal, logprobs)) > 1e-3
 
 
@@ -160,6 +162,7 @@ def test_torch_backend_matches_hf(family):
             image_data=[[data_url(s, size) for s, size in imgs] for _, imgs in cases],
             return_logprob=True,
         )
+    assert len(outs) == len(cases)
     for out, text, (_, imgs) in zip(outs, texts, cases):
         tokens, logprobs, _ = hf_generate(hf, text, imgs)
         assert out["output_ids"] == tokens
