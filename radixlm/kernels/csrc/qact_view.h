@@ -24,11 +24,16 @@ struct QAct {
   // of the panel's rows side by side, so a tile's rows lie at fixed offsets from one pointer (16 row
   // pointers would not fit the general registers beside the loop's own).
   const int8_t* panels = nullptr;
+  // Per row, the 32-value blocks' integer sums (the two halves of sum16 added, |S| <= 4064) in
+  // int16 pairs of adjacent blocks, (S_2p, S_2p+1): Q4_KX8's 256-bit tiles take a super-block's min
+  // term in 4 madds instead of 8 (gemm_x8 makes them where those tiles run more than one row).
+  const int32_t* sum32p = nullptr;
   const int8_t* qrow(int64_t m) const { return q + m * K; }
   const float* drow(int64_t m) const { return d + m * nb; }
   const float* srow(int64_t m) const { return s + m * nb; }
   const int32_t* sum16row(int64_t m) const { return sum16 + m * nb; }
   const float* d256row(int64_t m) const { return d + m * (nb / 8); }
+  const int32_t* sum32prow(int64_t m) const { return sum32p + m * (nb / 2); }
   // Row m's block b in the panels; row m + r's lies 32 r bytes on while m + r stays in m's panel.
   const int8_t* panel_block(int64_t m, int64_t b) const { return panels + (m >> 4) * 16 * K + b * 512 + (m & 15) * 32; }
 };

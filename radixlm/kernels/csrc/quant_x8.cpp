@@ -78,9 +78,10 @@ struct Avx2Dot {
   }
   // Q6_K: the scale times the dot of 16 unsigned 6-bit values with the activations, exact: two
   // maddubs stay within 2 x 2 x 63 x 127 = 32004 in 16 bits, then madd applies the scale.
-  static inline __m256i q6_scale(const int8_t* sc) {  // lane r: row r's scale in both 16-bit halves
-    const __m256i s = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)sc));
-    return _mm256_or_si256(_mm256_and_si256(s, _mm256_set1_epi32(0xFFFF)), _mm256_slli_epi32(s, 16));
+  // Lane r: row r's scale (sign-extended int32 lanes) in both 16-bit halves: one byte shuffle.
+  static inline __m256i q6_scale(__m256i sc32) {
+    return _mm256_shuffle_epi8(sc32, _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5,
+                                                      4, 5, 8, 9, 8, 9, 12, 13, 12, 13));
   }
   static inline __m256i q6(const __m256i* q, const int8_t* aq, __m256i scale) {
     const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(q[0], bcast32(aq)), _mm256_maddubs_epi16(q[1], bcast32(aq + 4)));
@@ -182,6 +183,20 @@ void act_sums16(const QAct& a, int64_t m0, int64_t m1, int32_t* out) {
     }
 }
 
+// QAct::sum32p of rows [0, M): each block's two 16-value sums added, adjacent blocks paired.
+static std::vector<int32_t> sum32_pairs(const QAct& a, int64_t M) {
+  std::vector<int32_t> p(M * (a.nb / 2));
+  for (int64_t m = 0; m < M; ++m) {
+    const int32_t* s16 = a.sum16row(m);
+    for (int64_t b = 0; b < a.nb; b += 2) {
+      const int32_t s0 = (int16_t)(s16[b] & 0xFFFF) + (int16_t)(s16[b] >> 16);
+      const int32_t s1 = (int16_t)(s16[b + 1] & 0xFFFF) + (int16_t)(s16[b + 1] >> 16);
+      p[m * (a.nb / 2) + b / 2] = (int32_t)(((uint32_t)(uint16_t)(int16_t)s1 << 16) | (uint16_t)(int16_t)s0);
+    }
+  }
+  return p;
+}
+
 // QAct::panels of rows [0, M): the last panel's missing rows zero (tiles never read them).
 std::vector<int8_t> make_panels(const QAct& a, int64_t M) {
   std::vector<int8_t> p((M + 15) / 16 * 16 * a.K, 0);
@@ -211,6 +226,13 @@ void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, cons
     const std::vector<int8_t> panels = make_panels(a, M);
     QAct with = a;
     with.panels = panels.data();
+    gemm_x8(fmt, W, group_bytes, N, with, M, out, ldo, bias);
+    return;
+  }
+  if (fmt == FMT_Q4KX8 && M > 1 && isa_level(false) != Isa::VBMI && a.sum32p == nullptr) {  // the 256-bit
+    const std::vector<int32_t> pairs = sum32_pairs(a, M);                                     // tiles' mins
+    QAct with = a;
+    with.sum32p = pairs.data();
     gemm_x8(fmt, W, group_bytes, N, with, M, out, ldo, bias);
     return;
   }

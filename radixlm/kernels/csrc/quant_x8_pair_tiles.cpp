@@ -29,6 +29,13 @@ inline __m512i bcast4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
+// Few rows (a decode batch) stream the weights from memory: both groups' next blocks are fetched
+// ahead while these dots run (batch 8, cold weights: -10-38% per matrix at the 256-bit level).
+inline void prefetch_pair(const uint8_t* b0, const uint8_t* b1, int64_t bytes) {
+  prefetch_span(b0, bytes);
+  prefetch_span(b1, bytes);
+}
+
 // The two 16-value sums of a row's block (int16 halves of QAct::sum16) added: the block's sum.
 inline int32_t block_sum(const QAct& a, int64_t m, int64_t b) {
   const int32_t pair = a.sum16row(m)[b];
@@ -73,6 +80,7 @@ void tile_nibbles(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* b0 = g + b * BYTES;
     const uint8_t* b1 = b0 + gb;
+    if constexpr (RM <= 8) prefetch_pair(b0, b1, BYTES);
     __m512i w[8];  // chunk i's low nibbles (values 4i..) at i, its high ones (16 + 4i..) at 4 + i
     for (int i = 0; i < 4; ++i) {
       const __m512i raw = join(b0 + QS + 32 * i, b1 + QS + 32 * i);
@@ -129,6 +137,7 @@ void tile_q8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* b0 = g + b * 272;
     const uint8_t* b1 = b0 + gb;
+    if constexpr (RM <= 8) prefetch_pair(b0, b1, 272);
     __m512i w[8];
     for (int i = 0; i < 8; ++i) w[i] = _mm512_xor_si512(join(b0 + 16 + 32 * i, b1 + 16 + 32 * i), flip);
     __m512i isum[RM];
@@ -154,6 +163,7 @@ void tile_q4k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* ou
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* b0 = g + sb * Q4KX8_BYTES;
     const uint8_t* b1 = b0 + gb;
+    if constexpr (RM <= 8) prefetch_pair(b0, b1, Q4KX8_BYTES);
     for (int m = 0; m < RM; ++m) isum.put(m, _mm512_setzero_si512());
     for (int s = 0; s < 8; ++s) {
       const int64_t qs = 160 + 256 * (s / 2);
@@ -205,6 +215,7 @@ void tile_q6k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* ou
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* b0 = g + sb * Q6KX8_BYTES;
     const uint8_t* b1 = b0 + gb;
+    if constexpr (RM <= 8) prefetch_pair(b0, b1, Q6KX8_BYTES);
     const __m512 d = cat8(scales8(b0), scales8(b1));
     for (int m = 0; m < RM; ++m) isum.put(m, _mm512_setzero_si512());
     for (int j = 0; j < 8; ++j) {

@@ -31,9 +31,10 @@ inline __m256i bcast32(const int8_t* p) {
 
 inline __m256 scales8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
 
-// Software prefetch PF_AHEAD bytes past the super-block a small tile starts (the next groups follow
-// contiguously): in decode, where one or two rows stream the weights from memory, the next blocks'
-// loads then overlap the dots (K-quant tiles at M = 1: +5-18% GB/s on cold weights, docs/benchmarks.md).
+// Software prefetch PF_AHEAD bytes past the block a tile of at most 8 rows starts (the next groups
+// follow contiguously): in decode, where one row or a batch streams the weights from memory, the next
+// blocks' loads then overlap the dots (K-quant tiles at M = 1: +5-18% GB/s on cold weights; at M = 8:
+// -10-38% time per matrix, docs/benchmarks.md). 16-row tiles (prefill) reuse each block enough.
 constexpr int64_t PF_AHEAD = 4096;
 inline void prefetch_span(const uint8_t* p, int64_t bytes) {
   for (int64_t o = 0; o < bytes; o += 64) _mm_prefetch((const char*)(p + PF_AHEAD + o), _MM_HINT_T0);
@@ -64,6 +65,7 @@ inline void tile_q4x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, i
   for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* blk = g + b * BYTES;
+    if constexpr (RM <= 8) prefetch_span(blk, BYTES);
     const __m256 dw = scales8(blk), mw = scales8(blk + 16);
     __m256i lo[4], hi[4];
     for (int i = 0; i < 4; ++i) {
@@ -92,6 +94,7 @@ inline void tile_q8x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, i
   for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* blk = g + b * 272;
+    if constexpr (RM <= 8) prefetch_span(blk, 272);
     const __m256 dw = scales8(blk);
     __m256i w[8];
     for (int i = 0; i < 8; ++i) w[i] = _mm256_loadu_si256((const __m256i*)(blk + 16 + 32 * i));
@@ -127,7 +130,7 @@ inline void tile_mxfp4x8(const uint8_t* g, const QAct& a, int64_t m0, float* out
   for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* blk = g + b * 136;
-    if constexpr (RM <= 2) prefetch_span(blk, 136);
+    if constexpr (RM <= 8) prefetch_span(blk, 136);
     const __m256 dw = Dot::e8m0_halves8(blk);
     __m256i lo[4], hi[4];
     for (int i = 0; i < 4; ++i) {
@@ -182,6 +185,37 @@ inline __m256i q4k_min_sum(const __m256i* mn16, const int32_t* s16) {
   return t;
 }
 
+// The same sum from pairs: mnp[p] lane r = (mn_2p, mn_2p+1) as int16 halves, s32p[p] = QAct::sum32p's
+// (S_2p, S_2p+1): 4 madds instead of 8, the same int32 (every term exact).
+inline void q4k_min_pairs(const uint8_t* blk, __m256i* mnp) {
+  for (int p = 0; p < 4; ++p)
+    mnp[p] = _mm256_or_si256(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(blk + 96 + 16 * p))),
+                             _mm256_slli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i*)(blk + 104 + 16 * p))), 16));
+}
+inline __m256i q4k_min_sum_pairs(const __m256i* mnp, const int32_t* s32p) {
+  const __m256i t01 = _mm256_add_epi32(_mm256_madd_epi16(mnp[0], _mm256_set1_epi32(s32p[0])),
+                                       _mm256_madd_epi16(mnp[1], _mm256_set1_epi32(s32p[1])));
+  const __m256i t23 = _mm256_add_epi32(_mm256_madd_epi16(mnp[2], _mm256_set1_epi32(s32p[2])),
+                                       _mm256_madd_epi16(mnp[3], _mm256_set1_epi32(s32p[3])));
+  return _mm256_add_epi32(t01, t23);
+}
+
+// A Q4_KX8 super-block's min term for row m: from QAct::sum32p where gemm_x8 made them.
+struct Q4kMins {
+  __m256i v[8];
+  bool pairs;
+  Q4kMins(const uint8_t* blk, const QAct& a) : pairs(a.sum32p != nullptr) {
+    if (pairs) {
+      q4k_min_pairs(blk, v);
+    } else {
+      for (int s = 0; s < 8; ++s) v[s] = u8_pairs16(blk + 96 + 8 * s);
+    }
+  }
+  __m256i sum(const QAct& a, int64_t m, int64_t sb) const {
+    return pairs ? q4k_min_sum_pairs(v, a.sum32prow(m) + 4 * sb) : q4k_min_sum(v, a.sum16row(m) + 8 * sb);
+  }
+};
+
 // A Q4_KX8 super-block's float steps for one row (Q8_K activations, one d_a per 256 values):
 // acc = fma(isum, d d_a, acc) - msum dmin d_a, isum = sum_s sc_s dot_s. Every kernel of Q4_KX8
 // (these tiles, quant_x8_pair*.cpp) takes these steps per lane in this order.
@@ -199,7 +233,7 @@ inline void tile_q4kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, 
   for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* blk = g + sb * Q4KX8_BYTES;
-    if constexpr (RM <= 2) prefetch_span(blk, Q4KX8_BYTES);
+    if constexpr (RM <= 8) prefetch_span(blk, Q4KX8_BYTES);
     __m256i isum[RM];
     for (int m = 0; m < RM; ++m) isum[m] = _mm256_setzero_si256();
     for (int s = 0; s < 8; ++s) {
@@ -209,11 +243,10 @@ inline void tile_q4kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, 
       for (int m = 0; m < RM; ++m)
         isum[m] = _mm256_add_epi32(isum[m], Dot::q4k(w, a.qrow(m0 + m) + (8 * sb + s) * 32, sc));
     }
-    __m256i mn16[8];
-    for (int s = 0; s < 8; ++s) mn16[s] = u8_pairs16(blk + 96 + 8 * s);
+    const Q4kMins mins(blk, a);
     const __m256 d = scales8(blk), dmin = scales8(blk + 16);
     for (int m = 0; m < RM; ++m)
-      acc[m] = q4k_step(acc[m], isum[m], q4k_min_sum(mn16, a.sum16row(m0 + m) + 8 * sb), d, dmin, a.d256row(m0 + m)[sb]);
+      acc[m] = q4k_step(acc[m], isum[m], mins.sum(a, m0 + m, sb), d, dmin, a.d256row(m0 + m)[sb]);
   }
   for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
 }
@@ -228,6 +261,7 @@ inline void tile_q4kx8_wide(const uint8_t* g, const QAct& a, int64_t m0, float* 
   for (int m = 0; m < RM; ++m) _mm256_store_ps(acc[m], _mm256_setzero_ps());
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* blk = g + sb * Q4KX8_BYTES;
+    if constexpr (RM <= 8) prefetch_span(blk, Q4KX8_BYTES);
     for (int m = 0; m < RM; ++m) _mm256_store_si256((__m256i*)isum[m], _mm256_setzero_si256());
     for (int s = 0; s < 8; ++s) {
       __m256i w[8];
@@ -239,13 +273,11 @@ inline void tile_q4kx8_wide(const uint8_t* g, const QAct& a, int64_t m0, float* 
         _mm256_store_si256((__m256i*)isum[m], x);
       }
     }
-    __m256i mn16[8];
-    for (int s = 0; s < 8; ++s) mn16[s] = u8_pairs16(blk + 96 + 8 * s);
+    const Q4kMins mins(blk, a);
     const __m256 d = scales8(blk), dmin = scales8(blk + 16);
     for (int m = 0; m < RM; ++m) {
       const __m256i x = _mm256_load_si256((const __m256i*)isum[m]);
-      const __m256 y = q4k_step(_mm256_load_ps(acc[m]), x, q4k_min_sum(mn16, a.sum16row(m0 + m) + 8 * sb), d, dmin,
-                                a.d256row(m0 + m)[sb]);
+      const __m256 y = q4k_step(_mm256_load_ps(acc[m]), x, mins.sum(a, m0 + m, sb), d, dmin, a.d256row(m0 + m)[sb]);
       _mm256_store_ps(acc[m], y);
     }
   }
@@ -278,11 +310,13 @@ inline void tile_q6kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, 
   for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
     const uint8_t* blk = g + sb * Q6KX8_BYTES;
-    if constexpr (RM <= 2) prefetch_span(blk, Q6KX8_BYTES);
+    if constexpr (RM <= 8) prefetch_span(blk, Q6KX8_BYTES);
     const __m256 d = scales8(blk);
     const int8_t* sc = (const int8_t*)(blk + 16);
-    __m256i isum[RM];  // the super-block's 8 blocks, exact: |isum| <= 8 x 2 x 128 x 16 x 32 x 127 < 2^28
-    for (int m = 0; m < RM; ++m) isum[m] = _mm256_setzero_si256();
+    // The super-block's 8 blocks' unsigned dots and their offsets' sums, apart until its end (one
+    // shift and subtraction per row, not per block), exact: each below 8 x 2 x 128 x 16 x 63 x 127 < 2^29.
+    __m256i isum[RM], off[RM];
+    for (int m = 0; m < RM; ++m) isum[m] = off[m] = _mm256_setzero_si256();
     for (int j = 0; j < 8; ++j) {
       const uint8_t* qb = blk + 144 + 192 * j;
       const __m256i h0 = _mm256_loadu_si256((const __m256i*)(qb + 128));
@@ -299,21 +333,21 @@ inline void tile_q6kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, 
       q[6] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n2, 4), m4), q6_top<2>(h1));
       q[7] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n3, 4), m4), q6_top<3>(h1));
       const int8_t* sl = sc + 16 * j;  // sub-blocks 2j (values 0..15) and 2j+1, 8 rows each
-      const __m256i slo = Dot::q6_scale(sl), shi = Dot::q6_scale(sl + 8);
-      const __m128i l16 = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)sl));
-      const __m128i h16 = _mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i*)(sl + 8)));
-      const __m256i pair = _mm256_set_m128i(_mm_unpackhi_epi16(l16, h16), _mm_unpacklo_epi16(l16, h16));
+      const __m256i lo32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)sl));
+      const __m256i hi32 = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)(sl + 8)));
+      const __m256i slo = Dot::q6_scale(lo32), shi = Dot::q6_scale(hi32);
+      const __m256i pair = _mm256_blend_epi16(lo32, _mm256_slli_epi32(hi32, 16), 0xAA);  // lane r: (lo_r, hi_r)
       const int64_t b = 8 * sb + j;
       for (int m = 0; m < RM; ++m) {
         const int8_t* aq = a.qrow(m0 + m) + b * 32;
-        const __m256i off = _mm256_madd_epi16(pair, _mm256_set1_epi32(a.sum16row(m0 + m)[b]));
-        const __m256i x = _mm256_sub_epi32(_mm256_add_epi32(Dot::q6(q, aq, slo), Dot::q6(q + 4, aq + 16, shi)),
-                                           _mm256_slli_epi32(off, 5));
-        isum[m] = _mm256_add_epi32(isum[m], x);
+        off[m] = _mm256_add_epi32(off[m], _mm256_madd_epi16(pair, _mm256_set1_epi32(a.sum16row(m0 + m)[b])));
+        isum[m] = _mm256_add_epi32(_mm256_add_epi32(isum[m], Dot::q6(q, aq, slo)), Dot::q6(q + 4, aq + 16, shi));
       }
     }
-    for (int m = 0; m < RM; ++m)
-      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[m]), _mm256_mul_ps(d, _mm256_set1_ps(a.d256row(m0 + m)[sb])), acc[m]);
+    for (int m = 0; m < RM; ++m) {
+      const __m256i x = _mm256_sub_epi32(isum[m], _mm256_slli_epi32(off[m], 5));
+      acc[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(x), _mm256_mul_ps(d, _mm256_set1_ps(a.d256row(m0 + m)[sb])), acc[m]);
+    }
   }
   for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
 }

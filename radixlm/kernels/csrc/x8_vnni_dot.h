@@ -51,7 +51,7 @@ struct VnniDot {
     return _mm256_add_epi32(s0, s1);
   }
   // Q6_K: the same integers as the AVX2 tiles' maddubs + madd (quant_x8.cpp), in int32 throughout.
-  static inline __m256i q6_scale(const int8_t* sc) { return _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)sc)); }
+  static inline __m256i q6_scale(__m256i sc32) { return sc32; }  // the int32 scales as they are
   static inline __m256i q6(const __m256i* q, const int8_t* aq, __m256i scale) {
     __m256i s0 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q[0], bcast32(aq));
     __m256i s1 = _mm256_dpbusd_epi32(_mm256_setzero_si256(), q[1], bcast32(aq + 4));
