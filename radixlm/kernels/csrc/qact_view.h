@@ -25,8 +25,8 @@ struct QAct {
   // pointers would not fit the general registers beside the loop's own).
   const int8_t* panels = nullptr;
   // Per row, the 32-value blocks' integer sums (the two halves of sum16 added, |S| <= 4064) in
-  // int16 pairs of adjacent blocks, (S_2p, S_2p+1): Q4_KX8's 256-bit tiles take a super-block's min
-  // term in 4 madds instead of 8 (gemm_x8 makes them where those tiles run more than one row).
+  // int16 pairs of adjacent blocks, (S_2p, S_2p+1): Q4_KX8's tiles take a super-block's min term in
+  // 4 madds instead of 8 (gemm_x8 makes them for more than one row).
   const int32_t* sum32p = nullptr;
   const int8_t* qrow(int64_t m) const { return q + m * K; }
   const float* drow(int64_t m) const { return d + m * nb; }

@@ -229,8 +229,8 @@ void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, cons
     gemm_x8(fmt, W, group_bytes, N, with, M, out, ldo, bias);
     return;
   }
-  if (fmt == FMT_Q4KX8 && M > 1 && isa_level(false) != Isa::VBMI && a.sum32p == nullptr) {  // the 256-bit
-    const std::vector<int32_t> pairs = sum32_pairs(a, M);                                     // tiles' mins
+  if (fmt == FMT_Q4KX8 && M > 1 && a.sum32p == nullptr) {  // the tiles' mins in half the madds
+    const std::vector<int32_t> pairs = sum32_pairs(a, M);
     QAct with = a;
     with.sum32p = pairs.data();
     gemm_x8(fmt, W, group_bytes, N, with, M, out, ldo, bias);

@@ -151,6 +151,29 @@ void tile_q8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out
   for (int m = 0; m < RM; ++m) store16(acc[m], bias16, out + (m0 + m) * ldo);
 }
 
+// A super-block's min term per lane for both groups: from QAct::sum32p's block-sum pairs where
+// gemm_x8 made them (4 vpdpwssd: lane = (mn_2p, mn_2p+1)), else q4k_min_sum16's 8; the same int32.
+struct Q4kMins16 {
+  __m512i v[8];
+  bool pairs;
+  Q4kMins16(const uint8_t* b0, const uint8_t* b1, const QAct& a) : pairs(a.sum32p != nullptr) {
+    if (pairs) {
+      for (int p = 0; p < 4; ++p)
+        v[p] = _mm512_or_si512(u8x16_to_epi32(b0 + 96 + 16 * p, b1 + 96 + 16 * p),
+                               _mm512_slli_epi32(u8x16_to_epi32(b0 + 104 + 16 * p, b1 + 104 + 16 * p), 16));
+    } else {
+      for (int s = 0; s < 8; ++s) v[s] = u8x16_pairs16(b0 + 96 + 8 * s, b1 + 96 + 8 * s);
+    }
+  }
+  __m512i sum(const QAct& a, int64_t m, int64_t sb) const {
+    if (!pairs) return q4k_min_sum16(v, a.sum16row(m) + 8 * sb);
+    const int32_t* p = a.sum32prow(m) + 4 * sb;
+    __m512i t = _mm512_madd_epi16(v[0], _mm512_set1_epi32(p[0]));
+    for (int i = 1; i < 4; ++i) t = _mm512_dpwssd_epi32(t, v[i], _mm512_set1_epi32(p[i]));
+    return t;
+  }
+};
+
 // Q4_KX8 (Q8_K activations): per lane and super-block, isum = sum_s sc_s dot_s and msum = sum_s mn_s S_s
 // in int32, then tile_q4kx8's q4k_step: acc = fma(isum, d d_a, acc) - msum dmin d_a. The rows' int32
 // sums stay in L1 (16 rows' beside 16 accumulators and 8 weight chunks would not fit the registers).
@@ -173,17 +196,21 @@ void tile_q4k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* ou
         const __m512i raw = join(b0 + qs + 32 * i, b1 + qs + 32 * i);
         w[i] = _mm512_and_si512(s & 1 ? _mm512_srli_epi16(raw, 4) : raw, m4);
       }
+      // Each half's dots (16 values: |dot| <= 16 x 15 x 127 < 2^15) fit the low int16 of its lane, so
+      // vpdpwssd against (sc, 0) adds sc x dot: one instruction where vpmulld (two) and an add ran.
       const __m512i sc = u8x16_to_epi32(b0 + 32 + 8 * s, b1 + 32 + 8 * s);
-      __m512i dots[RM];
-      for (int m = 0; m < RM; ++m) dots[m] = _mm512_setzero_si512();
-      dots_rows<RM>(w, 8, a.panel_block(m0, b), dots);
-      for (int m = 0; m < RM; ++m) isum.put(m, _mm512_add_epi32(isum.get(m), _mm512_mullo_epi32(dots[m], sc)));
+      const int8_t* ap = a.panel_block(m0, b);
+      for (int half = 0; half < 2; ++half) {
+        __m512i dots[RM];
+        for (int m = 0; m < RM; ++m) dots[m] = _mm512_setzero_si512();
+        dots_rows<RM>(w + 4 * half, 4, ap + 16 * half, dots);
+        for (int m = 0; m < RM; ++m) isum.put(m, _mm512_dpwssd_epi32(isum.get(m), dots[m], sc));
+      }
     }
-    __m512i mn16[8];
-    for (int s = 0; s < 8; ++s) mn16[s] = u8x16_pairs16(b0 + 96 + 8 * s, b1 + 96 + 8 * s);
+    const Q4kMins16 mins(b0, b1, a);
     const __m512 d = cat8(scales8(b0), scales8(b1)), dmin = cat8(scales8(b0 + 16), scales8(b1 + 16));
     for (int m = 0; m < RM; ++m)
-      acc[m] = q4k_step16(acc[m], isum.get(m), q4k_min_sum16(mn16, a.sum16row(m0 + m) + 8 * sb), d, dmin, a.d256row(m0 + m)[sb]);
+      acc[m] = q4k_step16(acc[m], isum.get(m), mins.sum(a, m0 + m, sb), d, dmin, a.d256row(m0 + m)[sb]);
   }
   for (int m = 0; m < RM; ++m) store16(acc[m], bias16, out + (m0 + m) * ldo);
 }
