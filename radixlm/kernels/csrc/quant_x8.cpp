@@ -68,10 +68,11 @@ struct Avx2Dot {
     for (int i = 1; i < 8; ++i) s = _mm256_add_epi16(s, _mm256_maddubs_epi16(w[i], bcast32(aq + 4 * i)));
     return _mm256_madd_epi16(s, scale);
   }
-  static inline __m256i q8(const __m256i* w, const int8_t* aq) {
+  // |w| (wabs: the tile's, shared by its rows) times a carrying w's sign (w: the chunks in memory).
+  static inline __m256i q8(const __m256i* wabs, const uint8_t* w, const int8_t* aq) {
     __m256i s = _mm256_setzero_si256();
     for (int i = 0; i < 8; ++i) {
-      const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(w[i], w[i]), _mm256_sign_epi8(bcast32(aq + 4 * i), w[i]));
+      const __m256i p = _mm256_maddubs_epi16(wabs[i], _mm256_sign_epi8(bcast32(aq + 4 * i), load32(w + 32 * i)));
       s = _mm256_add_epi32(s, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));
     }
     return s;

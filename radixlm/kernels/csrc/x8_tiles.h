@@ -29,6 +29,8 @@ inline __m256i bcast32(const int8_t* p) {
   return _mm256_set1_epi32(v);
 }
 
+inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
+
 inline __m256 scales8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
 
 // Software prefetch PF_AHEAD bytes past the block a tile of at most 8 rows starts (the next groups
@@ -57,12 +59,33 @@ inline __m256i fifth_bits_avx2(const uint8_t* p) {
 // Q5X8 (Q5_0 with m = -16 d, Q5_1) adds 8 words of fifth bits: word i for chunk i's low values,
 // word 4 + i for its high ones, bit 4r + j for lane r's byte j; its values (0..31) take Dot::q5,
 // whose partial sums have room for them, and every float step is Q4X8's.
+// A tile's rows' float accumulators: in registers, or in L1 where the tile takes more rows than the
+// Dot's registers hold beside the weights (8 or 16 rows at the AVX2 level: each block's unpacking then
+// serves them all, where 4-row tiles repeated it; Q5X8's fifth bits cost ~50 operations a block).
+template <int RM, bool InL1>
+struct TileAcc {
+  __m256 v[RM];
+  TileAcc() {
+    for (int m = 0; m < RM; ++m) v[m] = _mm256_setzero_ps();
+  }
+  __m256 get(int m) const { return v[m]; }
+  void put(int m, __m256 x) { v[m] = x; }
+};
+template <int RM>
+struct TileAcc<RM, true> {
+  alignas(32) float v[RM][8];
+  TileAcc() {
+    for (int m = 0; m < RM; ++m) _mm256_store_ps(v[m], _mm256_setzero_ps());
+  }
+  __m256 get(int m) const { return _mm256_load_ps(v[m]); }
+  void put(int m, __m256 x) { _mm256_store_ps(v[m], x); }
+};
+
 template <class Dot, int RM, bool Q5 = false>
 inline void tile_q4x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
   constexpr int64_t BYTES = Q5 ? 192 : 160;
-  __m256 acc[RM];
-  for (int m = 0; m < RM; ++m) acc[m] = _mm256_setzero_ps();
+  TileAcc<RM, (RM > Dot::RM)> acc;
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* blk = g + b * BYTES;
     if constexpr (RM <= 8) prefetch_span(blk, BYTES);
@@ -80,11 +103,11 @@ inline void tile_q4x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, i
     for (int m = 0; m < RM; ++m) {
       const int8_t* aq = a.qrow(m0 + m) + b * 32;
       const __m256 p = _mm256_cvtepi32_ps(Q5 ? Dot::q5(lo, hi, aq) : Dot::q4(lo, hi, aq));
-      acc[m] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_set1_ps(a.drow(m0 + m)[b])), acc[m]);
-      acc[m] = _mm256_fmadd_ps(mw, _mm256_set1_ps(a.srow(m0 + m)[b]), acc[m]);
+      __m256 x = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_set1_ps(a.drow(m0 + m)[b])), acc.get(m));
+      acc.put(m, _mm256_fmadd_ps(mw, _mm256_set1_ps(a.srow(m0 + m)[b]), x));
     }
   }
-  for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc[m], bias));
+  for (int m = 0; m < RM; ++m) _mm256_storeu_ps(out + (m0 + m) * ldo, _mm256_add_ps(acc.get(m), bias));
 }
 
 // Q8X8: a block is d[8] (fp16) and 8 chunks of 32 bytes; chunk i, lane r = row r's int8 values 4i..4i+3.
@@ -96,10 +119,10 @@ inline void tile_q8x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, i
     const uint8_t* blk = g + b * 272;
     if constexpr (RM <= 8) prefetch_span(blk, 272);
     const __m256 dw = scales8(blk);
-    __m256i w[8];
-    for (int i = 0; i < 8; ++i) w[i] = _mm256_loadu_si256((const __m256i*)(blk + 16 + 32 * i));
+    __m256i wabs[8];  // |w| once for the tile's rows (the signs are read from the block per row)
+    for (int i = 0; i < 8; ++i) wabs[i] = _mm256_abs_epi8(load32(blk + 16 + 32 * i));
     for (int m = 0; m < RM; ++m) {
-      const __m256 p = _mm256_cvtepi32_ps(Dot::q8(w, a.qrow(m0 + m) + b * 32));
+      const __m256 p = _mm256_cvtepi32_ps(Dot::q8(wabs, blk + 16, a.qrow(m0 + m) + b * 32));
       acc[m] = _mm256_fmadd_ps(p, _mm256_mul_ps(dw, _mm256_set1_ps(a.drow(m0 + m)[b])), acc[m]);
     }
   }
@@ -377,6 +400,10 @@ inline void group_rows(const uint8_t* g, const QAct& a, int64_t m0, int64_t m1, 
   if constexpr (Kind == X8Kind::Q4K && R < 8) {  // AVX2's 16 registers (VNNI's 32 hold 8 rows' tiles)
     for (; m + 16 <= m1; m += 16) tile_q4kx8_wide<Dot, 16>(g, a, m, out, ldo, bias);
     if (m + 8 <= m1) tile_q4kx8_wide<Dot, 8>(g, a, m, out, ldo, bias), m += 8;
+  }
+  if constexpr ((Kind == X8Kind::Q4 || Kind == X8Kind::Q5) && R < 8) {  // the same, accumulators in L1
+    for (; m + 16 <= m1; m += 16) tile_q4x8<Dot, 16, Kind == X8Kind::Q5>(g, a, m, out, ldo, bias);
+    if (m + 8 <= m1) tile_q4x8<Dot, 8, Kind == X8Kind::Q5>(g, a, m, out, ldo, bias), m += 8;
   }
   if constexpr (Kind == X8Kind::Q6K && R < 8) {  // the same for Q6_K: its unpacking costs more
     for (; m + 16 <= m1; m += 16) tile_q6kx8<Dot, 16>(g, a, m, out, ldo, bias);

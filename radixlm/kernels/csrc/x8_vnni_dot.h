@@ -41,12 +41,13 @@ struct VnniDot {
     std::memcpy(&w, p, 4);
     return _mm256_maskz_mov_epi8(_cvtu32_mask32(w), _mm256_set1_epi8(0x10));
   }
-  // Signed x signed through the sign trick: |w| (unsigned) times a carrying w's sign.
-  static inline __m256i q8(const __m256i* w, const int8_t* aq) {
+  // Signed x signed through the sign trick: |w| (wabs, the tile's, shared by its rows) times a
+  // carrying w's sign (w: the block's 8 chunks in memory).
+  static inline __m256i q8(const __m256i* wabs, const uint8_t* w, const int8_t* aq) {
     __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
     for (int i = 0; i < 8; i += 2) {
-      s0 = _mm256_dpbusd_epi32(s0, _mm256_abs_epi8(w[i]), _mm256_sign_epi8(bcast32(aq + 4 * i), w[i]));
-      s1 = _mm256_dpbusd_epi32(s1, _mm256_abs_epi8(w[i + 1]), _mm256_sign_epi8(bcast32(aq + 4 * i + 4), w[i + 1]));
+      s0 = _mm256_dpbusd_epi32(s0, wabs[i], _mm256_sign_epi8(bcast32(aq + 4 * i), load32(w + 32 * i)));
+      s1 = _mm256_dpbusd_epi32(s1, wabs[i + 1], _mm256_sign_epi8(bcast32(aq + 4 * i + 4), load32(w + 32 * i + 32)));
     }
     return _mm256_add_epi32(s0, s1);
   }
