@@ -196,6 +196,7 @@ class ServerArgs:
     # random key kept 0600 in the directory (.key). Not shown by /get_server_info.
     hicache_storage_key: str | None = dataclasses.field(default=None, repr=False)
     hicache_storage_backend_extra_config: str | None = None  # a JSON object (mooncake's settings)
+    kv_events_config: str | None = None  # SGLang's JSON: KV events for routers (cache/kv_events.py)
 
     # LoRA adapters (radixlm/lora/, docs/lora.md; SGLang's flags): many peft adapters on one base,
     # mixed in a batch.

@@ -249,6 +249,11 @@ HELPS = {
         " protocol, device_name, local_hostname, global_segment_size, local_buffer_size), read"
         " before SGLANG_HICACHE_MOONCAKE_CONFIG_PATH's file and the MOONCAKE_* variables"
     ),
+    "kv_events_config": (
+        "publish the radix tree's KV events for cache-aware routers, SGLang's JSON: {\"publisher\":"
+        ' "zmq", "endpoint": "tcp://*:5557", "topic": "", "replay_endpoint": null, "buffer_steps",'
+        ' "hwm", "max_queue_size"} (docs/fleet.md, "KV events")'
+    ),
     "enable_lora": (
         "serve LoRA adapters (peft format) on the base model: requests name theirs (/generate "
         "lora_path, OpenAI model BASE:ADAPTER); implied by --lora-paths"
