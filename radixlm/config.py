@@ -99,6 +99,7 @@ class ServerArgs:
     # openai: not
     sampling_defaults: str = "model"
     reasoning_parser: str | None = None  # SGLang's: the think block's format (radixlm/reasoning)
+    disable_billing_header_normalization: bool = False  # /v1/messages: server/billing_header.py
 
     # Scheduling
     schedule_policy: str = "lpm"

@@ -197,6 +197,11 @@ HELPS = {
         " (max_thinking_tokens), grammars that apply after the thinking, and the chat answer's"
         " reasoning_content"
     ),
+    "disable_billing_header_normalization": (
+        "send Claude Code's x-anthropic-billing-header line to the model as it came: its cch and"
+        " version fingerprint change every request, so each turn re-prefills the whole prompt"
+        " (default: those two values fixed, docs/agents.md)"
+    ),
     "chat_template": (
         "the chat template: a Jinja file, SGLang's JSON conversation file, or a built-in name "
         "(chatml, gemma-it, llama-2, llama-4, mistral, vicuna_v1.1); default: the tokenizer's own"
