@@ -347,3 +347,75 @@ def requests(rng: random.Random) -> list[dict]:
             }
         )
     return out
+
+
+# --- Codex (/v1/responses) ------------------------------------------------------------------
+# Codex CLI's request shape (codex-rs ResponsesApiRequest): model, instructions (its long system
+# prompt), input items, function tools (flat: type, name, description, strict, parameters),
+# tool_choice "auto", parallel_tool_calls, reasoning {effort, summary}, store, stream: true,
+# include, prompt_cache_key. Continued here with previous_response_id: each request sends only
+# the turn's new items (the recorded reasoning item, function calls and their outputs, a user
+# message).
+CODEX_TOOLS = [
+    {
+        "type": "function",
+        "name": t["name"].lower(),
+        "description": t["description"],
+        "strict": False,
+        "parameters": {k: v for k, v in t["input_schema"].items() if k != "$schema"},
+    }
+    for t in TOOLS
+]
+
+
+def _call(call_id: str, name: str, arguments: str) -> dict:
+    return {"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments}
+
+
+def _output(call_id: str, output: str) -> dict:
+    return {"type": "function_call_output", "call_id": call_id, "output": output}
+
+
+def _user(text: str) -> dict:
+    return {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+
+
+_REASONING = {"type": "reasoning", "summary": [], "encrypted_content": None}
+CODEX_TURNS: list[list[dict]] = [
+    [_user("Why does test_parse fail? Fix it.")],
+    [
+        {**_REASONING, "id": "rs_1"},
+        _call("call_1", "grep", '{"pattern": "def test_parse"}'),
+        _output("call_1", "tests/test_config.py"),
+    ],
+    [
+        _call("call_2", "read", '{"file_path": "/home/dev/project/tests/test_config.py"}'),
+        _output("call_2", "from project.config import parse\n\ndef test_parse():\n    ..."),
+    ],
+    [
+        {**_REASONING, "id": "rs_3"},
+        _call("call_3", "bash", '{"command": "python -m pytest tests/test_config.py -q"}'),
+        _output("call_3", "E   AssertionError: assert {'a': '1'} == {'a': 1}\n1 failed"),
+    ],
+    [
+        _call("call_4", "edit", '{"file_path": "config.py", "old_string": "a", "new_string": "b"}'),
+        _output("call_4", "The file config.py has been updated."),
+    ],
+    [_user("Thanks. Now run the whole suite.")],
+]
+
+
+def codex_request(turn: list[dict], previous: str | None) -> dict:
+    return {
+        "instructions": INSTRUCTIONS,
+        "input": turn,
+        "tools": CODEX_TOOLS,
+        "tool_choice": "auto",
+        "parallel_tool_calls": False,
+        "reasoning": {"effort": "medium", "summary": "auto"},
+        "store": True,
+        "stream": True,
+        "include": ["reasoning.encrypted_content"],
+        "prompt_cache_key": "0199a1f4-codex-session",
+        **({"previous_response_id": previous} if previous else {}),
+    }

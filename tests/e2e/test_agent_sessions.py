@@ -11,11 +11,12 @@ from __future__ import annotations
 import random
 
 import anthropic
+import openai
 import pytest
 import requests
 
 from radixlm.server.process import ServerProcess
-from tests.e2e.claude_code_session import TOOLS, system_blocks
+from tests.e2e.claude_code_session import CODEX_TURNS, codex_request, system_blocks
 from tests.e2e.claude_code_session import requests as session_requests
 
 KEY = "agent-session-key-0123456789"
@@ -36,10 +37,11 @@ def client(server: ServerProcess) -> anthropic.Anthropic:
     return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=120)
 
 
-def replay(claude: anthropic.Anthropic, seed: int) -> list[tuple[int, int]]:
-    """Each request of the session, streamed as Claude Code sends it: (prompt, cache read)."""
+def replay(claude: anthropic.Anthropic, seed: int, turns: int = 6) -> list[tuple[int, int]]:
+    """The session's first `turns` requests, streamed as Claude Code sends them: (prompt, cache
+    read) each."""
     out = []
-    for body in session_requests(random.Random(seed)):
+    for body in session_requests(random.Random(seed))[:turns]:
         with claude.messages.stream(
             model="claude-sonnet-4-5", max_tokens=4, extra_body={"temperature": 0}, **body
         ) as stream:
@@ -60,7 +62,7 @@ def test_claude_code_session_reads_each_previous_prompt_from_the_cache(server):
 def test_without_normalization_the_rotating_line_costs_the_prefix(server):
     off = start("--disable-billing-header-normalization")
     try:
-        turns = replay(client(off), seed=2)
+        turns = replay(client(off), seed=2, turns=3)  # each turn re-prefills: three show it
     finally:
         off.stop()
     reads = [read / prev for (prev, _), (_, read) in zip(turns, turns[1:])]
@@ -73,7 +75,7 @@ def test_malformed_billing_line_and_cache_control_are_served_unchanged(server):
     """Lines not of the billing shape are not normalized (two requests differing in such a line
     share only the tokens before it); odd cache_control values are accepted as ever (200)."""
     claude = client(server)
-    base = dict(model="claude-sonnet-4-5", max_tokens=2, tools=TOOLS, extra_body={"temperature": 0})
+    base = dict(model="claude-sonnet-4-5", max_tokens=2, extra_body={"temperature": 0})
     user = [{"role": "user", "content": "hi"}]
     head = "x-anthropic-billing-header: cc_version=2.1.177.01c"
     for line, variant in (
@@ -101,3 +103,26 @@ def test_malformed_billing_line_and_cache_control_are_served_unchanged(server):
             timeout=120,
         )
         assert r.status_code == 200, r.text
+
+
+def test_codex_session_through_responses_reads_each_previous_prompt_from_the_cache(server):
+    """Codex's shape through /v1/responses (the `openai` client, streamed, function tools,
+    reasoning items), continued with previous_response_id: each turn reads >= 95% of the previous
+    turn's prompt from the cache."""
+    oai = openai.OpenAI(base_url=server.url + "/v1", api_key=KEY, max_retries=0, timeout=120)
+    previous, turns = None, []
+    for turn in CODEX_TURNS:
+        stream = oai.responses.create(
+            model="gpt-5-codex", max_output_tokens=4, **codex_request(turn, previous)
+        )
+        # max_output_tokens cuts the answer: the stream ends with response.incomplete.
+        done = [e for e in stream if e.type in ("response.completed", "response.incomplete")]
+        assert len(done) == 1
+        response = done[0].response
+        previous = response.id
+        u = response.usage
+        turns.append((u.input_tokens, u.input_tokens_details.cached_tokens))
+    print("codex: (prompt, cached) per turn:", turns)
+    assert turns[0][0] > 1200
+    for (prev, _), (prompt, read) in zip(turns, turns[1:]):
+        assert prompt > prev and read >= 0.95 * prev, turns
