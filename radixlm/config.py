@@ -99,6 +99,7 @@ class ServerArgs:
     # openai: not
     sampling_defaults: str = "model"
     reasoning_parser: str | None = None  # SGLang's: the think block's format (radixlm/reasoning)
+    disable_billing_header_normalization: bool = False  # /v1/messages: server/billing_header.py
 
     # Scheduling
     schedule_policy: str = "lpm"
@@ -196,6 +197,7 @@ class ServerArgs:
     # random key kept 0600 in the directory (.key). Not shown by /get_server_info.
     hicache_storage_key: str | None = dataclasses.field(default=None, repr=False)
     hicache_storage_backend_extra_config: str | None = None  # a JSON object (mooncake's settings)
+    kv_events_config: str | None = None  # SGLang's JSON: KV events for routers (cache/kv_events.py)
 
     # LoRA adapters (radixlm/lora/, docs/lora.md; SGLang's flags): many peft adapters on one base,
     # mixed in a batch.

@@ -197,6 +197,11 @@ HELPS = {
         " (max_thinking_tokens), grammars that apply after the thinking, and the chat answer's"
         " reasoning_content"
     ),
+    "disable_billing_header_normalization": (
+        "send Claude Code's x-anthropic-billing-header line to the model as it came: its cch and"
+        " version fingerprint change every request, so each turn re-prefills the whole prompt"
+        " (default: those two values fixed, docs/agents.md)"
+    ),
     "chat_template": (
         "the chat template: a Jinja file, SGLang's JSON conversation file, or a built-in name "
         "(chatml, gemma-it, llama-2, llama-4, mistral, vicuna_v1.1); default: the tokenizer's own"
@@ -248,6 +253,11 @@ HELPS = {
         "JSON object of the backend's settings (mooncake: master_server_address, metadata_server,"
         " protocol, device_name, local_hostname, global_segment_size, local_buffer_size), read"
         " before SGLANG_HICACHE_MOONCAKE_CONFIG_PATH's file and the MOONCAKE_* variables"
+    ),
+    "kv_events_config": (
+        "publish the radix tree's KV events for cache-aware routers, SGLang's JSON: {\"publisher\":"
+        ' "zmq", "endpoint": "tcp://*:5557", "topic": "", "replay_endpoint": null, "buffer_steps",'
+        ' "hwm", "max_queue_size"} (docs/fleet.md, "KV events")'
     ),
     "enable_lora": (
         "serve LoRA adapters (peft format) on the base model: requests name theirs (/generate "

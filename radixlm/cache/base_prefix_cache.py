@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 
+from radixlm.cache.kv_events import NO_KV_EVENTS, KVEventSink
+
 if TYPE_CHECKING:
     from radixlm.cache.hicache_io import Prefetch
     from radixlm.cache.payloads import CachePart
@@ -80,6 +82,12 @@ class CacheCapabilities:
 
 class BasePrefixCache(ABC):
     root_node: TreeNode
+    # Where the tree reports its blocks' moves (kv_events.py; --kv-events-config).
+    events: KVEventSink = NO_KV_EVENTS
+
+    def set_kv_events(self, sink: KVEventSink) -> None:
+        """Report KV events to sink from now on (set once, at start-up, on an empty cache)."""
+        self.events = sink
 
     @abstractmethod
     def capabilities(self) -> CacheCapabilities:

@@ -38,6 +38,7 @@ from radixlm.cache.base_prefix_cache import MatchResult, PrefixKey
 from radixlm.cache.hicache_io import HiCacheStats, Prefetch
 from radixlm.cache.host_pool import HostKVPool
 from radixlm.cache.kv_data import KVData
+from radixlm.cache.kv_events import MEDIUM_CPU, MEDIUM_GPU
 from radixlm.cache.payloads import HostSlots
 from radixlm.cache.storage_tier import BaseStorageTier, NoStorageTier
 from radixlm.cache.tree_node import TreeNode, touch
@@ -118,6 +119,7 @@ class HostTier(CacheTier):
             self.host_pool.load_into(tree.token_to_kv_pool, h.host.value, h.value)
             tree.evictable_size_ += n
             off += n
+        tree.events.stored(host_nodes, MEDIUM_GPU)
 
     def _host_continuation(self, node: TreeNode, key: PrefixKey, pos: int) -> list[TreeNode]:
         """The L2-only nodes below node along key[pos:] (the last one split to end at the match)."""
@@ -199,6 +201,7 @@ class HostTier(CacheTier):
         leaf = TreeNode(ids[pos:], None, key.namespace, tree.PARTS)
         leaf.value, leaf.host.value, leaf.parent = None, host, node
         node.children[leaf.lookup_key()] = leaf
+        tree.events.stored([leaf], MEDIUM_CPU)
         return new
 
     # --- L1 eviction: down to L2 -------------------------------------------------
@@ -217,19 +220,31 @@ class HostTier(CacheTier):
 
     def _drop_subtree(self, node: TreeNode) -> None:
         """Remove an L1-evicted node without a backup and its L2-only subtree from the tree."""
+        events, stack = self.tree.events, [node]
+        for n in self._subtree(node):  # while still linked: their block hashes need the path
+            if n.host.value is not None:
+                events.removed(n, MEDIUM_CPU)
         self.tree._unlink(node)  # tells the snapshot part about node; the loop about the rest
-        stack = [node]
         while stack:
             n = stack.pop()
             assert n.value is None and n.host.lock == 0, n
             if n is not node:
                 self.tree.snapshots.leave_tree(n)
+                events.forget(n)
             if n.host.value is not None:
                 self.host_pool.free(n.host.value)
                 n.host.value = None
             self.stats.count("dropped_tokens", len(n.key))
             stack.extend(n.children.values())
             n.parent = None
+
+    @staticmethod
+    def _subtree(node: TreeNode) -> list[TreeNode]:
+        out, stack = [], [node]
+        while stack:
+            out.append(stack.pop())
+            stack.extend(out[-1].children.values())
+        return out
 
     # --- L2 -------------------------------------------------------------------------
     def backup(self, node: TreeNode) -> bool:
@@ -245,6 +260,7 @@ class HostTier(CacheTier):
             return False
         self.host_pool.backup_from(self.tree.token_to_kv_pool, node.value, host)
         node.host.value = host
+        self.tree.events.stored([node], MEDIUM_CPU)
         self.stats.count("bytes_l1_to_l2", len(host) * self.host_pool.bytes_per_token)
         return True
 
@@ -271,6 +287,7 @@ class HostTier(CacheTier):
             n = len(node.host.value)
             if node.value is None and self.write_policy == "write_back":
                 self._store_path(node)
+            tree.events.removed(node, MEDIUM_CPU)
             self.host_pool.free(node.host.value)
             node.host.value = None
             freed += n

@@ -35,6 +35,7 @@ from radixlm.cache.base_prefix_cache import (
     MatchResult,
     PrefixKey,
 )
+from radixlm.cache.kv_events import MEDIUM_GPU
 from radixlm.cache.tree_node import TreeNode, empty_indices, touch
 from radixlm.cache.tree_parts import CacheTier, SnapshotPart
 from radixlm.radix_walk import walk
@@ -80,6 +81,7 @@ class RadixCache(BasePrefixCache):
         self.protected_size_ = 0
         self.tier.reset()
         self.snapshots.reset()
+        self.events.cleared()
 
     # --- lookup / insert ---------------------------------------------------------
     def match_prefix(self, key: PrefixKey) -> MatchResult:
@@ -149,6 +151,7 @@ class RadixCache(BasePrefixCache):
             new_nodes.append(leaf)
             node = leaf
         if new_nodes:
+            self.events.stored(new_nodes, MEDIUM_GPU)
             self.tier.on_inserted(new_nodes, node)
         return shared
 
@@ -248,6 +251,7 @@ class RadixCache(BasePrefixCache):
 
     def _evict_node(self, node: TreeNode) -> None:
         """An evictable node leaves L1: its snapshot first, then its KV (the tier's call)."""
+        self.events.removed(node, MEDIUM_GPU)
         self.snapshots.leave_l1(node)
         self.tier.evict_node(node)
 
@@ -260,6 +264,7 @@ class RadixCache(BasePrefixCache):
         self.snapshots.leave_tree(node)
         del node.parent.children[node.lookup_key()]
         node.parent = None
+        self.events.forget(node)
 
     def inc_lock_ref(self, node: TreeNode) -> int:
         delta = 0

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from radixlm.cache.hicache_config import HiCacheConfig
+from radixlm.cache.kv_events_config import KVEventsConfig
 from radixlm.config import ServerArgs
 from radixlm.constrained import GRAMMAR_BACKEND_REGISTRY
 from radixlm.disaggregation.config import DisaggregationConfig
@@ -46,6 +47,7 @@ class SchedulerConfig:
         DisaggregationConfig()
     )  # PD: this server's role (default: both)
     load_balance_method: str = "auto"  # DP attention: which rank a request goes to (dp_dispatch.py)
+    kv_events: KVEventsConfig | None = None  # --kv-events-config; None: no events published
 
     def __post_init__(self):
         if self.schedule_policy not in SCHEDULE_POLICY_REGISTRY:
@@ -94,6 +96,12 @@ class SchedulerConfig:
         # DP attention: every rank's forward of a step is launched after the step's exchange
         # (parallel/dp_attention.py).
         overlap = overlap and not args.enable_dp_attention
+        kv_events = KVEventsConfig.from_cli(args.kv_events_config)
+        if kv_events is not None and args.enable_dp_attention:
+            raise ValueError(
+                "--kv-events-config with --enable-dp-attention: not yet (each attention rank's"
+                " tree would need its own publisher)"
+            )
         return cls(
             runner=runner,
             hicache=HiCacheConfig.from_server_args(args),
@@ -120,4 +128,5 @@ class SchedulerConfig:
             log_level=args.log_level,
             disaggregation=disaggregation,
             load_balance_method=args.load_balance_method,
+            kv_events=kv_events,
         )

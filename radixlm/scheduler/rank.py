@@ -54,6 +54,8 @@ def join_tp_group(
     if spec.dist.enable_dp_attention:
         return (config, *_dp_attention(comm, port_args, config))
     # Every rank (each stage of a pipeline too) runs the same Scheduler on the messages rank 0 got.
+    if state.world_rank != 0:  # the ranks' trees are the same: rank 0 alone publishes their events
+        config = dataclasses.replace(config, kv_events=None)
     io = TPSchedulerIO(comm, SchedulerIO(port_args) if state.world_rank == 0 else None)
     return config, io, TPStepSync(comm), NoDPAttention()
 

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from radixlm.cache.base_prefix_cache import FLUSH_LEVELS
 from radixlm.cache.factory import create_prefix_cache
+from radixlm.cache.kv_event_publisher import create_kv_event_publisher
 from radixlm.config import PortArgs
 from radixlm.distributed.rank import beat
 from radixlm.errors import start_failure_report
@@ -126,6 +127,8 @@ class Scheduler:
             self._model_key,
             runner.state_pool,
         )
+        self.kv_events = create_kv_event_publisher(config.kv_events)  # --kv-events-config
+        self.tree_cache.set_kv_events(self.kv_events.sink)
         self.cache_manager = cm = CacheManager.create(
             runner.req_to_token_pool,
             runner.token_to_kv_pool,
@@ -169,9 +172,7 @@ class Scheduler:
             queues, cm, self.finisher, self.spec, ratio, stats, self.context_len, executor.in_flight
         )
         # Mixed chunk: new requests' prefill and the running requests' decode step in one forward.
-        self.mix = (
-            self.decode.mix_with_running if config.enable_mixed_chunk else (lambda prefill: prefill)
-        )
+        self.mix = self.decode.mix_with_running if config.enable_mixed_chunk else (lambda p: p)
         jump = create_jump_forward(
             config, queues, cm, self.tokenizer, stats, self.context_len, executor
         )
@@ -266,9 +267,7 @@ class Scheduler:
             self.step_behind(prev)
         else:
             batch = self.next_batch()
-            self.dp.join(
-                batch is not None
-            )  # DP attention: a rank without a batch joins the others' forward
+            self.dp.join(batch is not None)  # DP attention: a rank without one joins the forward
             if batch:
                 launched = self.executor.launch(batch)
                 self.dp.check(launched)
@@ -279,6 +278,7 @@ class Scheduler:
         self.control.try_update()
         self.checks.after_step()
         self.profiler.after_step()
+        self.kv_events.after_step()  # the tree's block events of this step, as one batch
 
     def next_batch(self):
         if self.control.holds_generation():  # paused, or memory released: only aborts are answered

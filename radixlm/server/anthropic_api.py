@@ -58,9 +58,9 @@ async def _answer(request: Request, handle):
 
 
 def _chat_request(request: Request, req: CountTokensRequest) -> ChatCompletionRequest:
-    return parse_body(
-        ChatCompletionRequest, chat_body(req, srv(request).server_args.reasoning_parser)
-    )
+    args = srv(request).server_args
+    body = chat_body(req, args.reasoning_parser, not args.disable_billing_header_normalization)
+    return parse_body(ChatCompletionRequest, body)
 
 
 @router.post("/v1/messages", openapi_extra=json_body(MessagesRequest.model_json_schema()))

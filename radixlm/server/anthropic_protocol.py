@@ -8,7 +8,8 @@ system -> a system message; tool_use blocks -> the assistant's tool_calls; tool_
 `tool` messages; tools -> OpenAI function tools; tool_choice auto / any / tool / none -> auto /
 required / a named function / none; stop_sequences -> stop. Earlier turns' thinking blocks are
 dropped (Anthropic strips them from the context too); cache_control is accepted and ignored (the
-radix cache reuses every shared prefix without being asked).
+radix cache reuses every shared prefix without being asked). Claude Code's billing line, the one
+volatile field of its prompts, is normalized in the system prompt (billing_header.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from radixlm.reasoning import get_reasoning_format
+from radixlm.server.billing_header import normalize_billing_header
 from radixlm.server.openai_protocol import RequestError
 
 
@@ -81,11 +83,12 @@ def _check_block(block: Any, where: str) -> str:
     return block["type"]
 
 
-def system_text(system: str | list[dict] | None) -> str | None:
+def system_text(system: str | list[dict] | None, normalize_billing: bool = False) -> str | None:
     """The system prompt: a string, or text blocks joined with newlines (as vLLM joins text
-    parts)."""
+    parts); normalize_billing: each block's leading Claude Code billing line normalized."""
+    fix = normalize_billing_header if normalize_billing else (lambda text: text)
     if system is None or isinstance(system, str):
-        return system or None
+        return fix(system) if system else None
     parts = []
     for j, block in enumerate(system):
         where = f"system.{j}"
@@ -93,7 +96,7 @@ def system_text(system: str | list[dict] | None) -> str | None:
             raise RequestError(
                 f"{where}: the system prompt takes text blocks only, got {block['type']!r}", where
             )
-        parts.append(_text_of(block, where))
+        parts.append(fix(_text_of(block, where)))
     return "\n".join(parts) or None
 
 
@@ -272,11 +275,14 @@ def _thinking(req: CountTokensRequest, reasoning_parser: str | None) -> dict:
     return out
 
 
-def chat_body(req: CountTokensRequest, reasoning_parser: str | None = None) -> dict:
+def chat_body(
+    req: CountTokensRequest, reasoning_parser: str | None = None, normalize_billing: bool = True
+) -> dict:
     """The OpenAI chat request (a dict for ChatCompletionRequest) that asks what `req` asks, on a
-    server with that --reasoning-parser."""
+    server with that --reasoning-parser (normalize_billing: not
+    --disable-billing-header-normalization)."""
     messages: list[dict] = []
-    system = system_text(req.system)
+    system = system_text(req.system, normalize_billing)
     if system is not None:
         messages.append({"role": "system", "content": system})
     prior_tool_ids: set[str] = set()

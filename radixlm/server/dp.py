@@ -16,6 +16,7 @@ import signal
 import sys
 
 from radixlm.cache.hicache_config import STORAGE_KEY_ENV
+from radixlm.cache.kv_events_config import kv_events_for_rank
 from radixlm.config import ServerArgs
 from radixlm.engine.launcher import check_server_args
 from radixlm.http_access import ADMIN_API_KEY_ENV, API_KEY_ENV, parse_origins
@@ -63,6 +64,8 @@ def launch_dp(server_args: ServerArgs) -> None:
         for k, share in enumerate(shares):
             # With --tp-size each server's ranks split its share (num_threads is per rank).
             threads = server_args.num_threads or max(1, len(share) // server_args.tp_size)
+            if server_args.kv_events_config:  # each server publishes on ports of its own
+                options["kv_events_config"] = kv_events_for_rank(server_args.kv_events_config, k)
             argv = ServerArgs.to_cli_argv(**options, num_threads=threads)
             workers.append(ServerProcess(*argv, cpus=share, name=f"dp worker {k}", env=worker_env))
             print(

@@ -77,12 +77,16 @@ def check_supported(req: ResponsesRequest) -> None:
             "truncation 'auto' is not supported: a prompt longer than the context is a 400",
             "truncation",
         )
-    if req.include:
-        raise RequestError(
-            f"include {req.include[0]!r} is not supported (no encrypted reasoning or output"
-            " logprobs)",
-            "include",
-        )
+    # Codex asks for reasoning.encrypted_content on every request to a reasoning model, to resend
+    # the reasoning items later: accepted, the items come back as they are (their text in the
+    # clear, no encrypted_content) and reasoning items in the input are dropped anyway.
+    for value in req.include or []:
+        if value != "reasoning.encrypted_content":
+            raise RequestError(
+                f"include {value!r} is not supported (only reasoning.encrypted_content, which"
+                " changes nothing: no output logprobs or other extras)",
+                "include",
+            )
 
 
 # ------------------------------------------------------------------ tools

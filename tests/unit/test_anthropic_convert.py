@@ -411,3 +411,59 @@ def test_thinking_translation():
             "qwen3",
         )
     assert e.value.param == "thinking.budget_tokens"
+
+
+# Claude Code's billing line (server/billing_header.py): the shapes its issue threads show.
+BILLING = [
+    (
+        "x-anthropic-billing-header: cc_version=2.1.177.01c; cc_entrypoint=cli; cch=36ee5;",
+        "x-anthropic-billing-header: cc_version=2.1.177.000; cc_entrypoint=cli; cch=00000;",
+    ),
+    (  # joined with the identity line in one block (a proxy's merge)
+        "x-anthropic-billing-header: cc_version=2.1.100.7b4; cc_entrypoint=sdk-cli; cch=eb6c6;"
+        "\nYou are Claude Code",
+        "x-anthropic-billing-header: cc_version=2.1.100.000; cc_entrypoint=sdk-cli; cch=00000;"
+        "\nYou are Claude Code",
+    ),
+    (  # no fingerprint on the version: only cch changes
+        "x-anthropic-billing-header: cc_version=2.1.29; cch=abcde;",
+        "x-anthropic-billing-header: cc_version=2.1.29; cch=00000;",
+    ),
+]
+UNCHANGED = [
+    "x-anthropic-billing-header: cc_version=2.1.177.01c cc_entrypoint=cli cch=36ee5",  # no ;
+    "x-anthropic-billing-header: cch=zz9x1;",  # not hex
+    "x-anthropic-billing-header: garbage",
+    "You are Claude Code. x-anthropic-billing-header: cch=36ee5;",  # not at the start
+    "x-anthropic-billing-header: cch=36ee5; trailing words",  # not the whole line
+]
+
+
+@pytest.mark.parametrize("line, normalized", BILLING)
+def test_billing_line_is_normalized(line, normalized):
+    from radixlm.server.billing_header import normalize_billing_header
+
+    assert normalize_billing_header(line) == normalized
+
+
+@pytest.mark.parametrize("line", UNCHANGED)
+def test_other_lines_are_left_as_they_came(line):
+    from radixlm.server.billing_header import normalize_billing_header
+
+    assert normalize_billing_header(line) == line
+
+
+def test_chat_body_normalizes_only_system_blocks_and_only_when_asked():
+    line, normalized = BILLING[0]
+    req = MessagesRequest(
+        model="m",
+        max_tokens=4,
+        system=[{"type": "text", "text": line}, {"type": "text", "text": "Be brief."}],
+        messages=[{"role": "user", "content": line}],  # a user's text is never rewritten
+    )
+    on, off = chat_body(req)["messages"], chat_body(req, normalize_billing=False)["messages"]
+    assert on[0] == {"role": "system", "content": normalized + "\nBe brief."}
+    assert off[0] == {"role": "system", "content": line + "\nBe brief."}
+    assert on[1] == off[1] == {"role": "user", "content": line}
+    one = MessagesRequest(model="m", max_tokens=4, system=line, messages=[req.messages[0]])
+    assert chat_body(one)["messages"][0]["content"] == normalized

@@ -347,3 +347,15 @@ def test_store_bounds_ttl_and_owners():
     assert off.get("x", "a") is None
     with pytest.raises(ValueError):
         ResponseStore(capacity=1, ttl=0)
+
+
+def test_codex_include_of_encrypted_reasoning_is_accepted_and_others_refused():
+    """Codex sends include ["reasoning.encrypted_content"] to reasoning models: served; any other
+    include value is a 400 naming it."""
+    ok = ResponsesRequest(input="hi", include=["reasoning.encrypted_content"])
+    body, _ = chat_request_body(ok, [])
+    assert body["messages"] == [{"role": "user", "content": "hi"}]
+    bad = ResponsesRequest(input="hi", include=["message.output_text.logprobs"])
+    with pytest.raises(RequestError) as e:
+        chat_request_body(bad, [])
+    assert "message.output_text.logprobs" in str(e.value)
