@@ -6,7 +6,9 @@ with the head kept (block_count counting it, `nextn_predict_layers`, `blk.N.next
 
 transparent=True zeroes the NextN layer's residual writers (o_proj, the experts' and shared
 experts' down_proj): the layer passes its input through, so a fit of eh_proj and the norms
-(MtpHead.fit_parameters) is exact gradient descent."""
+(MtpHead.fit_parameters) is exact gradient descent; and scales the decoder's own by 0.1, so that
+each greedy token depends mostly on the one before (as EAGLE's test target, conftest.py's
+hot_model_dir): answers a head of one projection can learn in seconds."""
 
 from __future__ import annotations
 
@@ -81,6 +83,10 @@ def checkpoint(path: str, family: str, transparent: bool = False, seed: int = 0)
     randomize(full)
     with torch.no_grad():
         full.lm_head.weight.mul_(8)  # a real model's logit spread: greedy choices far from ties
+        if transparent:
+            for name, p in full.named_parameters():
+                if name.endswith(RESIDUAL_WRITERS) and f".{LAYERS}." not in name:
+                    p.mul_(0.1)
     state = full.state_dict()
     cfg.num_hidden_layers = LAYERS
     cfg.architectures = [type(full).__name__]

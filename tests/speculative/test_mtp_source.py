@@ -44,8 +44,17 @@ def _prompts(lengths, seed):
 
 def _run(path, rounds, **spec):
     """Each round's requests submitted together (prompt, max_new_tokens), run to the end; -> every
-    request's output ids, cached tokens, and the speculation counters."""
-    d = Driver(make_scheduler(path, max_running_requests=8, chunked_prefill_size=32, **spec))
+    request's output ids, cached tokens, and the speculation counters. The KV invariants are
+    checked after every step of the speculative run."""
+    d = Driver(
+        make_scheduler(
+            path,
+            max_running_requests=8,
+            chunked_prefill_size=32,
+            enable_invariant_checks=bool(spec),
+            **spec,
+        )
+    )
     outs, cached = [], []
     for reqs in rounds:
         rids = [d.submit(p, max_new_tokens=n, temperature=0, ignore_eos=True) for p, n in reqs]
@@ -59,16 +68,16 @@ def _run(path, rounds, **spec):
 @pytest.mark.parametrize("family,fmt", CASES, ids=[f"{f}-{m}" for f, m in CASES])
 def test_greedy_outputs_exact(family_dirs, family, fmt):
     """Round 1: one request alone; round 2: 8 concurrent requests of 3..90 prompt tokens (the
-    longest prefilled in 32-token chunks), 9..30 new tokens; round 3: a request sharing 40 tokens of
+    longest prefilled in 32-token chunks), 5..19 new tokens; round 3: a request sharing 40 tokens of
     a round-2 prompt, which the radix cache hands over (the head's KV of those positions with
     it)."""
     path = family_dirs[family][fmt == "gguf"]
     long = _prompts([90], seed=3)[0]
     batch = _prompts([3, 11, 25, 7, 40, 17, 5], seed=4) + [long]
     rounds = [
-        [(_prompts([9], seed=2)[0], 24)],
-        [(p, 9 + 3 * i) for i, p in enumerate(batch)],
-        [(long[:40] + _prompts([6], seed=5)[0], 20)],
+        [(_prompts([9], seed=2)[0], 12)],
+        [(p, 5 + 2 * i) for i, p in enumerate(batch)],
+        [(long[:40] + _prompts([6], seed=5)[0], 10)],
     ]
     plain, _, _ = _run(path, rounds)
     spec, cached, st = _run(
@@ -78,7 +87,7 @@ def test_greedy_outputs_exact(family_dirs, family, fmt):
     assert all(len(o) == n for o, (_, n) in zip(spec, [r for rs in rounds for r in rs]))
     assert cached[-1] >= 32  # the shared prefix came from the cache
     # the random head drafts every step and is almost never right: verification alone keeps it exact
-    assert st["spec_verify_steps"] > 20 and st["spec_draft_tokens"] > 60, st
+    assert st["spec_verify_steps"] > 20 and st["spec_draft_tokens"] > 50, st
     assert st["spec_accepted_tokens"] <= 0.1 * st["spec_draft_tokens"], st
 
 
