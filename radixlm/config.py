@@ -145,7 +145,7 @@ class ServerArgs:
     # Speculative decoding (radixlm/speculative/): drafts verified in one forward, outputs
     # unchanged.
     speculative_algorithm: str | None = (
-        None  # ngram, radix, draft-model, eagle or eagle3; None: off
+        None  # ngram, radix, draft-model, eagle, eagle3 or nextn; None: off
     )
     # Most draft tokens per request and step (the controller picks fewer where they do not pay);
     # None: the algorithm's default (64 for radix, 16 for the others).

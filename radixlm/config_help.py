@@ -98,7 +98,8 @@ HELPS = {
         "draft tokens to verify in one forward: ngram (prompt lookup over the request's own text),"
         " radix (continuations in the radix cache), draft-model (greedy decoding of"
         " --speculative-draft-model-path), eagle / eagle3 (an EAGLE / EAGLE-3 draft head on the"
-        " target's hidden states; SGLang's EAGLE / EAGLE3); outputs stay those of plain decoding"
+        " target's hidden states; SGLang's EAGLE / EAGLE3), nextn (the model's own"
+        " multi-token-prediction layer, SGLang's NEXTN); outputs stay those of plain decoding"
     ),
     "speculative_draft_model_path": (
         "draft-model: the draft model (HF directory or GGUF file), smaller than the target, with"

@@ -33,6 +33,8 @@ class DraftSourceInfo:
     num_draft_tokens: int = NUM_DRAFT_TOKENS  # when --speculative-num-draft-tokens is not given
     draft_model_path: str | None = None  # what --speculative-draft-model-path names (None: unused)
     eagle: bool = False  # a draft head on the target's hidden states (speculative/eagle.py)
+    mtp: bool = False  # ... the model's own multi-token-prediction layer (mtp_checkpoint.py)
+    num_steps: int | None = None  # tree levels when --speculative-num-steps is not given
 
 
 # --speculative-algorithm, a source per name. topk: the lookups have several recorded continuations
@@ -66,6 +68,14 @@ _EAGLE = DraftSourceInfo(
 )
 DRAFT_SOURCE_REGISTRY.register("eagle", "radixlm.speculative.factory:create_eagle_source", _EAGLE)
 DRAFT_SOURCE_REGISTRY.register("eagle3", "radixlm.speculative.factory:create_eagle_source", _EAGLE)
+# SGLang's NEXTN: the model's own MTP / NextN layer drafts, through the EAGLE source. Its
+# defaults are SGLang's for the models that carry one (auto_choose_speculative_params: 3 steps,
+# top-1, 4 draft tokens).
+DRAFT_SOURCE_REGISTRY.register(
+    "nextn",
+    "radixlm.speculative.factory:create_eagle_source",
+    DraftSourceInfo(topk=1, num_draft_tokens=4, eagle=True, mtp=True, num_steps=3),
+)
 
 
 def _path_users() -> str:
@@ -110,6 +120,10 @@ class SpeculativeConfig:
     def is_eagle(self) -> bool:
         return self.source_info.eagle
 
+    @property
+    def is_mtp(self) -> bool:
+        return self.source_info.mtp
+
     def __post_init__(self):
         def bad(field: str, why: str):
             raise ValueError(f"speculative_{field} {why}, got {getattr(self, field)!r}")
@@ -144,7 +158,12 @@ class SpeculativeConfig:
             bad("draft_kv_tokens", "must be positive")
         if self.eagle_topk is not None and self.eagle_topk < 1:
             bad("eagle_topk", "must be >= 1")
-        if self.eagle_topk is not None and self.eagle_topk > 1 and self.source_info.topk == 1:
+        if (
+            self.eagle_topk is not None
+            and self.eagle_topk > 1
+            and self.source_info.topk == 1
+            and not self.is_eagle
+        ):
             bad(
                 "eagle_topk",
                 f"must be 1 for speculative_algorithm {self.algorithm} (it drafts chains)",
@@ -155,7 +174,8 @@ class SpeculativeConfig:
     @property
     def tree_shape(self) -> TreeShape:
         """The widest and deepest draft trees (the controller narrows them per step)."""
-        depth = self.num_steps or (EAGLE_NUM_STEPS if self.is_eagle else self.num_draft_tokens)
+        eagle_steps = self.source_info.num_steps or EAGLE_NUM_STEPS
+        depth = self.num_steps or (eagle_steps if self.is_eagle else self.num_draft_tokens)
         return TreeShape(self.eagle_topk or self.source_info.topk, depth)
 
     @classmethod
@@ -169,14 +189,17 @@ class SpeculativeConfig:
                         " got speculative_algorithm None"
                     )
             return None
-        source = DRAFT_SOURCE_REGISTRY.meta(args.speculative_algorithm)  # an unknown name: raises
+        algorithm = args.speculative_algorithm
+        if algorithm == "eagle" and not args.speculative_draft_model_path and _has_mtp(args):
+            algorithm = "nextn"  # SGLang's EAGLE on a model with its own heads drafts with them
+        source = DRAFT_SOURCE_REGISTRY.meta(algorithm)  # an unknown name: raises
         if source.eagle:
             _check_eagle_args(args)
         num_draft_tokens = args.speculative_num_draft_tokens
         if num_draft_tokens is None:
             num_draft_tokens = source.num_draft_tokens
         return cls(
-            args.speculative_algorithm,
+            algorithm,
             num_draft_tokens,
             args.speculative_draft_policy,
             args.speculative_ngram_min_match_window_size,
@@ -190,6 +213,19 @@ class SpeculativeConfig:
             args.speculative_num_steps,
             args.speculative_token_map,
         )
+
+
+def _has_mtp(args: ServerArgs) -> bool:
+    """Whether the model's config announces multi-token-prediction layers (its header only)."""
+    from radixlm.model.loader import load_model_config
+
+    if not args.model_path:
+        return False  # the default model has none
+    try:
+        config = load_model_config(args.model_path)
+    except (OSError, ValueError):
+        return False  # the model's own loading names what is wrong with it
+    return bool(getattr(config, "num_nextn_predict_layers", 0))
 
 
 def _check_eagle_args(args: ServerArgs) -> None:

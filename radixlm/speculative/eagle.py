@@ -1,4 +1,5 @@
-"""Drafts from an EAGLE / EAGLE-3 head (SGLang's EAGLE and EAGLE3 speculative algorithms).
+"""Drafts from an EAGLE / EAGLE-3 head (SGLang's EAGLE and EAGLE3 speculative algorithms), or
+from the model's own multi-token-prediction layer (SGLang's NEXTN: mtp_head.py, the same contract).
 
 The head (eagle_head.py) predicts the target's next hidden state from the target's own hidden
 states, which the runner hands over from every forward (EagleCapture: no extra pass). Position t of
@@ -87,9 +88,14 @@ class EagleDraftSource(DraftSourceBase):
     def __init__(self, config: SpeculativeConfig, runner: ModelRunner):
         kind = config.algorithm
         target, hidden_size = runner.model, runner.hf_config.hidden_size
-        self.head = load_eagle_head(
-            config.draft_model_path, kind, runner.vocab_size, hidden_size
-        ).to(runner.device)
+        if config.is_mtp:  # the model's own MTP layer (mtp_head.py), loaded from its file
+            from radixlm.speculative.mtp_checkpoint import load_mtp_head
+
+            self.head = load_mtp_head(runner, kind)
+        else:
+            self.head = load_eagle_head(
+                config.draft_model_path, kind, runner.vocab_size, hidden_size
+            ).to(runner.device)
         cfg = self.head.cfg
         # Beside quantized target weights (the native kernels) the head runs in Q8_0 too: a draft
         # step reads all its weights for a row or two, and reads a quarter of float32's bytes then.

@@ -16,6 +16,10 @@ model.safetensors, architectures LlamaForCausalLMEagle: SGLang loads it too) wit
    published files are rewritten then), so --resume continues where it stopped.
 The head starts as the identity on the target's hidden state (fc = [0 | I], the layer's output
 projections zero): it first predicts "the same state again", and learns the step from there.
+
+The same loop fits a model's own multi-token-prediction head (Trainer(..., head=MtpHead), its
+fit_parameters: eh_proj and the norms around the family's layer) to the model's answers; its
+output is already the normed state the target's LM head reads, compared as EAGLE's is.
 """
 
 from __future__ import annotations
@@ -88,6 +92,12 @@ def add_args(p: argparse.ArgumentParser) -> None:
         default=None,
         help="stop after this many optimizer steps (a smoke run)",
     )
+    p.add_argument(
+        "--mtp",
+        action="store_true",
+        help="fit the model's own multi-token-prediction head instead (eh_proj and its norms;"
+        " written to OUTPUT/mtp_fit.safetensors under the checkpoint's names)",
+    )
     p.add_argument("--num-threads", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
 
@@ -119,7 +129,12 @@ def main(args: argparse.Namespace) -> int:
         raise ValueError(f"--resume: no checkpoint in {args.output!r}")
     runner = _target_runner(args)
     samples, seconds = _data(args, runner)
-    trainer = Trainer(args, runner, samples)
+    head = None
+    if getattr(args, "mtp", False):
+        from radixlm.speculative.mtp_checkpoint import load_mtp_head
+
+        head = load_mtp_head(runner, "nextn")
+    trainer = Trainer(args, runner, samples, head)
     trainer.state.data_seconds = seconds
     if args.resume:
         trainer.load(ckpt_file)
@@ -205,7 +220,8 @@ def _answer_rows(s: Sample) -> int:
 
 
 class Trainer:
-    def __init__(self, args, runner, samples: list[Sample]):
+    def __init__(self, args, runner, samples: list[Sample], head: torch.nn.Module | None = None):
+        """head: an MtpHead to fit (its fit_parameters); None: a new EAGLE head."""
         self.args = args
         self.runner = runner
         cfg = runner.hf_config
@@ -227,11 +243,16 @@ class Trainer:
                 runner.model, self.vocab_ids, self.hidden
             )  # [columns, hidden]
         torch.manual_seed(args.seed)
-        self.head = EagleHead(EagleHeadConfig.for_target(cfg, "eagle"))
-        self._identity_init()
-        self.opt = torch.optim.AdamW(
-            self.head.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0
-        )
+        if head is None:
+            self.head = EagleHead(EagleHeadConfig.for_target(cfg, "eagle"))
+            self._identity_init()
+            params = list(self.head.parameters())
+        else:
+            self.head, params = head, head.fit_parameters()
+            for p in params:
+                p.requires_grad_(True)
+        self.params = params
+        self.opt = torch.optim.AdamW(params, lr=args.lr, betas=(0.9, 0.95), weight_decay=0.0)
         self.batches = self._schedule()
         self.state = TrainState(total_steps=len(self.batches))
 
@@ -342,7 +363,7 @@ class Trainer:
                     loss, _, _ = self._sample_loss(s, noise=True)
                     (loss / rows).backward()
                     loss_sum += float(loss.detach())
-                torch.nn.utils.clip_grad_norm_(self.head.parameters(), 0.5)
+                torch.nn.utils.clip_grad_norm_(self.params, 0.5)
                 self.opt.step()
                 st.step += 1
                 st.seconds += time.perf_counter() - t0
@@ -356,7 +377,12 @@ class Trainer:
 
     def save(self) -> None:
         out = self.args.output
-        save_eagle_head(self.head, out, {})
+        if getattr(self.head.cfg, "kind", None) == "nextn":
+            from radixlm.speculative.mtp_train import save_mtp_fit
+
+            save_mtp_fit(self.head, os.path.join(out, "mtp_fit.safetensors"))
+        else:
+            save_eagle_head(self.head, out, {})
         save_token_map(self.vocab_ids, os.path.join(out, "token_map.pt"))
         tmp = os.path.join(out, "checkpoint.pt.tmp")
         torch.save(

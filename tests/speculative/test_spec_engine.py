@@ -304,24 +304,30 @@ def test_sampling_distribution_unchanged(tiny_model_dir, algorithm):
     times pooled).
     Fixed draft policy: at this batch size the adaptive one would rightly draft little, and this
     test is about the verifier."""
+    check_sampling_distribution(tiny_model_dir, algorithm, LOOPY[0])
+
+
+def check_sampling_distribution(model_dir, algorithm, prompt, n=1536):
+    """test_sampling_distribution_unchanged's check, for any model and draft source (the MTP
+    heads': test_mtp_fit.py)."""
     from collections import Counter
 
     from tests.scheduler.harness import Driver, make_scheduler
 
     chi2_contingency = pytest.importorskip("scipy.stats").chi2_contingency
-    n, sp = 1536, {"max_new_tokens": 3, "temperature": 1.0, "top_k": 4, "ignore_eos": True}
+    sp = {"max_new_tokens": 3, "temperature": 1.0, "top_k": 4, "ignore_eos": True}
     draws = {}
     for spec in (None, algorithm):
         d = Driver(
             make_scheduler(
-                tiny_model_dir,
+                model_dir,
                 speculative_algorithm=spec,
                 max_running_requests=64,
                 enable_invariant_checks=False,
                 speculative_draft_policy="fixed",
             )
         )
-        rids = [d.submit(LOOPY[0], **sp) for _ in range(n)]
+        rids = [d.submit(prompt, **sp) for _ in range(n)]
         while not d.idle():
             d.step()
         draws[spec] = Counter(tuple(d.results[r].output_ids) for r in rids)

@@ -39,7 +39,7 @@ _CONFIG_KEYS = {
     "vocab_size": "vocab_size",
 }
 
-_BLOCK_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+_BLOCK_RE = re.compile(r"^blk\.(\d+)\.([\w.]+)\.(weight|bias)$")  # `nextn.eh_proj` too
 _TOP_RE = re.compile(r"^(\w+)\.(weight|bias)$")
 
 

@@ -11,7 +11,11 @@ What the converter (convert_hf_to_gguf.py, DeepseekV2Model) writes and how it is
 - YaRN's `rope.scaling.yarn_log_multiplier` is 0.1 * mscale_all_dim (DeepSeek's mscale equals it);
 - the experts are 3-D (`ffn_gate_exps` [experts, rows, cols]), kv_b_proj is `attn_kv_b` and/or its
   per-head split `attn_k_b` ([heads, kv_lora_rank, qk_nope], transposed) and `attn_v_b`
-  ([heads, v_head_dim, kv_lora_rank]); DeepseekV2ForCausalLM.load_weights takes these names.
+  ([heads, v_head_dim, kv_lora_rank]); DeepseekV2ForCausalLM.load_weights takes these names;
+- the multi-token-prediction layers, where a file keeps them (`nextn_predict_layers`; the converter
+  writes them so for deepseek32 and glm4moe, its deepseek2 class drops them today), are counted in
+  block_count and stored last with their `blk.N.nextn.*` tensors: num_hidden_layers is the
+  difference (the target skips them, speculative/mtp_checkpoint.py loads them).
 RoPE is llama.cpp's NORM (adjacent pairs), which is DeepSeek's interleaved layout: no permutation.
 """
 
@@ -51,6 +55,13 @@ DEEPSEEK2_TENSOR_NAMES = {
     "ffn_gate_shexp": "model.layers.{}.mlp.shared_experts.gate_proj",
     "ffn_up_shexp": "model.layers.{}.mlp.shared_experts.up_proj",
     "ffn_down_shexp": "model.layers.{}.mlp.shared_experts.down_proj",
+    # the multi-token-prediction layers' own tensors (speculative/mtp_checkpoint.py reads them)
+    "nextn.eh_proj": "model.layers.{}.eh_proj",
+    "nextn.enorm": "model.layers.{}.enorm",
+    "nextn.hnorm": "model.layers.{}.hnorm",
+    "nextn.shared_head_norm": "model.layers.{}.shared_head.norm",
+    "nextn.shared_head_head": "model.layers.{}.shared_head.head",
+    "nextn.embed_tokens": "model.layers.{}.embed_tokens",
 }
 
 SIGMOID_GATING = 2  # llama.cpp's LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
@@ -85,10 +96,13 @@ def deepseek2_config(reader, arch: str, kw: dict) -> dict:
     key_len = f("attention.key_length_mla") or f("attention.key_length")
     value_len = f("attention.value_length_mla") or f("attention.value_length")
     v3 = is_v3(reader, arch)
+    nextn = int(f("nextn_predict_layers", 0))
     n_group = int(f("expert_group_count") or 1)
     out = {k: v for k, v in kw.items() if k not in ("head_dim", "num_key_value_heads")}
     out.update(
         num_key_value_heads=kw["num_attention_heads"],
+        num_hidden_layers=int(kw["num_hidden_layers"]) - nextn,
+        num_nextn_predict_layers=nextn,
         q_lora_rank=f("attention.q_lora_rank") or None,
         kv_lora_rank=int(f("attention.kv_lora_rank")),
         qk_rope_head_dim=rope,
@@ -125,12 +139,13 @@ DEEPSEEK2 = GGUFArchitecture(
 )
 
 
-def write_deepseek2_metadata(writer, cfg: Any) -> None:
+def write_deepseek2_metadata(writer, cfg: Any, nextn_layers: int = 0) -> None:
     """The deepseek2 keys of a DeepseekV2Config / DeepseekV3Config (or anything with its fields) on
     a gguf.GGUFWriter, as convert_hf_to_gguf.py writes them (MLA's MQA-ized key/value lengths, head
     dims in the *_mla keys), so that radixlm and llama.cpp read the file alike. q_lora_rank is
     written 0 when there is none: llama.cpp takes its absence for V2-Lite only by the layer count.
-    """
+    nextn_layers: multi-token-prediction layers the file keeps after the decoder's (counted in
+    block_count, nextn_predict_layers written when any)."""
     a = "deepseek2"
     v3 = cfg.architectures[0] == "DeepseekV3ForCausalLM"
     rope = cfg.qk_rope_head_dim
@@ -138,7 +153,7 @@ def write_deepseek2_metadata(writer, cfg: Any) -> None:
         ("context_length", cfg.max_position_embeddings),
         ("embedding_length", cfg.hidden_size),
         ("feed_forward_length", cfg.intermediate_size),
-        ("block_count", cfg.num_hidden_layers),
+        ("block_count", cfg.num_hidden_layers + nextn_layers),
         ("attention.head_count", cfg.num_attention_heads),
         ("attention.head_count_kv", 1),
         ("rope.dimension_count", rope),
@@ -159,6 +174,8 @@ def write_deepseek2_metadata(writer, cfg: Any) -> None:
         ("expert_group_used_count", cfg.topk_group or 1),
     ]:
         writer.add_uint32(f"{a}.{key}", value)
+    if nextn_layers:
+        writer.add_uint32(f"{a}.nextn_predict_layers", nextn_layers)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
     rp = cfg.rope_parameters
     writer.add_float32(f"{a}.rope.freq_base", rp["rope_theta"])

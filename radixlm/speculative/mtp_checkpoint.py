@@ -1,0 +1,247 @@
+"""Loading a model's multi-token-prediction layer (MtpHead, mtp_head.py) from the target's own file.
+
+Where the heads are (num_nextn_predict_layers of them, stored after the decoder's layers):
+- HF safetensors: `model.layers.{num_hidden_layers + i}.{enorm, hnorm, eh_proj, shared_head.norm,
+  shared_head.head, embed_tokens}` plus that layer's own attention / MoE tensors (DeepSeek-V3,
+  Kimi-K2, GLM-4.5);
+- GGUF, as llama.cpp's converter writes them: `blk.N.nextn.{eh_proj, enorm, hnorm,
+  shared_head_norm, shared_head_head, embed_tokens}` plus blk.N's layer tensors, block_count
+  counting them and `<arch>.nextn_predict_layers` saying how many (gguf/archs/*: the same HF names).
+
+The layer is built by the family's entry in MTP_FAMILY_REGISTRY (the target's layer class at index
+num_hidden_layers) and loaded by the target class's own load_weights through a shell holding just
+that layer at `model.layers.{num_hidden_layers}`: the checkpoint's names, expert layouts, GGUF
+quant types and --quantization apply as they do to the target. The head's embedding and LM head
+are the target's (as SGLang's NEXTN shares them): the file's copies are checked against the
+target's shape and dropped. Only the first head drafts (SGLang's NEXTN reuses it for every step).
+"""
+
+from __future__ import annotations
+
+import copy
+import glob
+import os
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from radixlm.registry import Registry
+from radixlm.speculative.mtp_head import HeadAttention, LatentHeadAttention, MtpHead, MtpHeadConfig
+
+if TYPE_CHECKING:
+    from radixlm.model.executor.runner import ModelRunner
+
+# (target model, its HF config, the layer's index) -> (the decoder layer, its attention stand-in)
+MtpLayerBuilder = Callable[[nn.Module, Any, int], tuple[nn.Module, nn.Module]]
+
+
+@dataclass(frozen=True)
+class MtpFamily:
+    """What a family's head differs in: its norms (Qwen's multiply by 1 + w) and its HF names
+    (Qwen3.5 / Qwen3-Next: `mtp.*`, renamed to the NextN names at load)."""
+
+    offset_norms: bool = False
+    qwen_names: bool = False
+
+
+MTP_FAMILY_REGISTRY = Registry[MtpLayerBuilder, MtpFamily](
+    "multi-token-prediction family",
+    unknown="{name}: radixlm does not load its multi-token-prediction layers (it loads: {choices})",
+)
+
+_SHARED = ("embed_tokens.weight", "shared_head.head.weight")  # the target's, in SGLang's NEXTN
+
+
+def build_deepseek_layer(target: nn.Module, config: Any, index: int):
+    from radixlm.model.models.deepseek_v2 import DeepseekV2DecoderLayer
+
+    model = target.model
+    layer = DeepseekV2DecoderLayer(config, index, model.rotary_emb, target.v3, model.dispatch)
+    attention = LatentHeadAttention(layer.self_attn.attn)
+    layer.self_attn.attn = attention
+    return layer, attention
+
+
+def build_glm4_moe_layer(target: nn.Module, config: Any, index: int):
+    layer = target.build_layer(config, index, target.model.rotary_emb)
+    a = layer.self_attn
+    attention = HeadAttention(a.num_heads, a.num_kv_heads, a.head_dim)
+    a.attn = attention
+    return layer, attention
+
+
+def build_qwen3_5_layer(target: nn.Module, config: Any, index: int):
+    """Qwen3.5 / Qwen3-Next's `mtp.layers.0`: a full-attention layer (gated attention, q/k norms,
+    partial RoPE) over the family's MLP or MoE."""
+    from radixlm.model.models.qwen3_5 import Qwen3_5DecoderLayer
+
+    mlp = target.build_mlp(config, index)
+    layer = Qwen3_5DecoderLayer(config, "full_attention", 0, target.model.rotary_emb, mlp)
+    a = layer.self_attn
+    attention = HeadAttention(a.num_heads, a.num_kv_heads, a.head_dim)
+    a.attn = attention
+    return layer, attention
+
+
+# Kimi-K2's checkpoints name themselves DeepseekV3ForCausalLM: the same entry.
+MTP_FAMILY_REGISTRY.register("DeepseekV3ForCausalLM", build_deepseek_layer, MtpFamily())
+MTP_FAMILY_REGISTRY.register("Glm4MoeForCausalLM", build_glm4_moe_layer, MtpFamily())
+_QWEN = MtpFamily(offset_norms=True, qwen_names=True)
+for _arch in (
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3NextForCausalLM",
+):
+    MTP_FAMILY_REGISTRY.register(_arch, build_qwen3_5_layer, _QWEN)
+
+# Qwen's `mtp.*` names -> the NextN names (after `mtp.layers.0.` -> the layer's own)
+_QWEN_RENAMES = {
+    "fc.weight": "eh_proj.weight",
+    "pre_fc_norm_embedding.weight": "enorm.weight",
+    "pre_fc_norm_hidden.weight": "hnorm.weight",
+    "norm.weight": "shared_head.norm.weight",
+}
+
+
+def num_mtp_layers(config: Any) -> int:
+    """DeepSeek / GLM / a GGUF: num_nextn_predict_layers; Qwen3.5 / Qwen3-Next's config.json:
+    mtp_num_hidden_layers."""
+    for key in ("num_nextn_predict_layers", "mtp_num_hidden_layers"):
+        n = int(getattr(config, key, 0) or 0)
+        if n:
+            return n
+    return 0
+
+
+def load_mtp_head(runner: ModelRunner, algorithm: str) -> MtpHead:
+    """The target's first MTP layer as a draft head, on the target's device and dtype."""
+    loaded, config = runner.loaded, runner.hf_config
+    n_mtp = num_mtp_layers(config)
+    if n_mtp == 0:
+        raise ValueError(
+            f"speculative_algorithm {algorithm}: {loaded.architecture} at {loaded.model_path!r} has"
+            f" no multi-token-prediction layers (num_nextn_predict_layers {n_mtp})"
+        )
+    build = MTP_FAMILY_REGISTRY.get(loaded.architecture)
+    family = MTP_FAMILY_REGISTRY.meta(loaded.architecture)
+    index, h = config.num_hidden_layers, config.hidden_size
+    from radixlm.model.loader import _default_dtype
+
+    with torch.device(runner.device), _default_dtype(runner.dtype):
+        layer, attention = build(runner.model, config, index)
+        _add_nextn_modules(layer, h, config.rms_norm_eps, family.offset_norms)
+    shell = _shell(runner.model, config, index, layer)
+    weights = _head_weights(loaded, config, index, family.qwen_names)
+    weights = _checked(weights, index, runner.vocab_size, h)
+    from radixlm.model.quant.methods import quant_method
+
+    method = quant_method(loaded.quantization)
+    if method is not None:
+        weights = method.while_loading(weights, shell)
+    shell.load_weights(weights)
+    if method is not None:
+        method.after_loading(shell)
+    kv_heads, head_dim = attention.kv_shape
+    cfg = MtpHeadConfig(
+        "nextn", loaded.architecture, index, h, runner.vocab_size, kv_heads, head_dim
+    )
+    return MtpHead(cfg, layer, attention).eval()
+
+
+def _add_nextn_modules(layer: nn.Module, hidden: int, eps: float, offset_norms: bool) -> None:
+    from radixlm.model.layers.linear import Linear
+    from radixlm.model.layers.norm import OffsetRMSNorm, RMSNorm
+
+    norm = OffsetRMSNorm if offset_norms else RMSNorm
+    layer.enorm = norm(hidden, eps)
+    layer.hnorm = norm(hidden, eps)
+    layer.eh_proj = Linear(2 * hidden, hidden, bias=False)
+    layer.shared_head = nn.Module()
+    layer.shared_head.norm = norm(hidden, eps)
+
+
+def _shell(target: nn.Module, config: Any, index: int, layer: nn.Module) -> nn.Module:
+    """An instance of the target's class holding `layer` alone, at model.layers.{index}: its
+    load_weights (names, expert layouts, quantized tensors, the missing / unknown checks) loads it.
+    """
+    cls = type(target)
+    shell = cls.__new__(cls)
+    nn.Module.__init__(shell)
+    shell.config = copy.copy(config)
+    shell.config.num_hidden_layers = index + 1  # the target's loader skips layers past its own
+    shell.tie_word_embeddings = False
+    shell.model = nn.Module()
+    shell.model.layers = nn.ModuleList([nn.Module() for _ in range(index)] + [layer])
+    return shell
+
+
+def _head_weights(loaded, config, index: int, qwen_names: bool) -> Iterator[tuple[str, Any]]:
+    prefix = f"model.layers.{index}."
+    keep = lambda name: name.startswith(prefix)
+    path = loaded.model_path
+    if qwen_names and not os.path.isfile(path):
+        yield from _qwen_mtp_weights(path, prefix)
+        return
+    if os.path.isfile(path):  # a GGUF
+        from radixlm.model.gguf.loader import gguf_weights
+        from radixlm.model.gguf.reader import open_gguf
+
+        yield from gguf_weights(
+            open_gguf(path), config, keep_quantized=loaded.quantization == "gguf", keep=keep
+        )
+        return
+    from safetensors import safe_open
+
+    for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name in filter(keep, f.keys()):
+                yield name, f.get_tensor(name)
+
+
+def _qwen_mtp_weights(path: str, prefix: str) -> Iterator[tuple[str, Any]]:
+    """Qwen3.5 / Qwen3-Next's first `mtp.*` head under the NextN names of model.layers.{n}."""
+    from safetensors import safe_open
+
+    for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
+        with safe_open(file, framework="pt", device="cpu") as f:
+            for name in f.keys():
+                if not name.startswith("mtp."):
+                    continue
+                rest = name.removeprefix("mtp.")
+                if rest.startswith("layers."):
+                    i, _, rest = rest.removeprefix("layers.").partition(".")
+                    if i != "0":
+                        continue  # later heads: only the first drafts
+                else:
+                    rest = _QWEN_RENAMES.get(rest, rest)
+                yield prefix + rest, f.get_tensor(name)
+
+
+def _checked(
+    weights: Iterable[tuple[str, Any]], index: int, vocab: int, hidden: int
+) -> Iterator[tuple[str, Any]]:
+    """The layer's tensors; the file's own embedding / LM head copies checked against the target's
+    [vocab, hidden] and dropped. No tensor at all: the file lacks the layer its config announces."""
+    seen = False
+    for name, t in weights:
+        seen = True
+        if name.endswith(_SHARED):
+            if tuple(t.shape) != (vocab, hidden):
+                raise ValueError(
+                    f"{name}: expected shape ({vocab}, {hidden}) (the target's vocabulary x hidden"
+                    f" size), got {tuple(t.shape)}"
+                )
+            continue
+        yield name, t
+    if not seen:
+        raise ValueError(
+            "the checkpoint has no tensors of its multi-token-prediction layer"
+            f" model.layers.{index}"
+            " (num_nextn_predict_layers says it has one: converted without it, e.g. llama.cpp's"
+            " --no-mtp?)"
+        )
