@@ -279,7 +279,11 @@ class ModelRunner:
 
         kv_bytes = self.max_total_num_tokens * self._kv_bytes_per_token()
         pool, self.max_running_requests = self.state_memory.create_pool(
-            kv_bytes, self.max_running_requests, self.device, self.pp.agree_min
+            kv_bytes,
+            self.max_running_requests,
+            self.device,
+            self.pp.agree_min,
+            self.config.spec_draft_tokens,
         )
         return pool, create_linear_attn_backend(self.config.linear_attn_backend, self.device)
 
@@ -314,6 +318,7 @@ class ModelRunner:
             state_pool=self.state_pool,
             state_copies=b.state_copies,
             state_tracks=b.state_tracks,
+            state_drafts=b.state_drafts,
             linear_attn_backend=self.linear_attn_backend,
         )
         if b.sampling:
