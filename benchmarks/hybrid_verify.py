@@ -8,7 +8,8 @@ Per k, the median forward time of:
   decode         a plain decode step (1 row)
   verify levels  what radixlm runs (model/layers/linear_attn/draft_states.py): the state layers
                  advance level by level, the state after each draft node kept in a draft slot
-  verify flat    the same rows as one extend (the state layers run once over the k + 1 tokens):
+  verify flat    the same rows as one extend (the state layers run once over the k + 1 tokens;
+                 "python": in the Python layers, as the levels run, else maybe the one-op stack):
                  a snapshot-and-recompute design's verify step, which leaves the state after
                  every draft token and so needs...
   recompute      ...a forward of the accepted tokens from the snapshot when a draft is rejected
@@ -63,9 +64,10 @@ def main() -> None:
     hybrid_checkpoint("qwen35", path, tiny_tokenizer(), **SHAPE)
     prompt = [random.Random(0).randrange(10, 800) for _ in range(200)]
     opts = dict(enable_invariant_checks=False, num_threads=a.num_threads, quantization="none")
+    decode: list[float] = []
     for k in [int(x) for x in a.k.split(",")]:
         times: dict[str, list[float]] = collections.defaultdict(list)
-        flat = [False]
+        flat = [0]
         spec = make_scheduler(
             path,
             speculative_algorithm="radix",
@@ -79,9 +81,11 @@ def main() -> None:
         def timed(fb, forward=forward, times=times, flat=flat):
             name = "extend"
             if fb.forward_mode.is_verify():
-                name = "verify flat" if flat[0] else "verify levels"
+                name = ["verify levels", "verify flat", "verify flat python"][flat[0]]
                 if flat[0]:
                     fb.state_drafts = None  # timing only: the states are not kept exact
+                if flat[0] == 2:  # a track that copies nothing: the Python layers, one call
+                    fb.state_tracks = [[(0, 0)]] * fb.batch_size
             elif fb.forward_mode.is_decode():
                 name = "decode"
             t = time.perf_counter()
@@ -94,10 +98,25 @@ def main() -> None:
         sp = {"max_new_tokens": (k + 1) * a.repeat, "temperature": 0, "ignore_eos": True}
         d.submit(prompt, **sp)  # records the answer (decode and verify steps of what it drafts)
         d.run()
-        for f in (False, True):
+        for f in (0, 1, 2):
             flat[0] = f
             d.submit(prompt, **sp)
             d.run()
+        if not decode:  # plain decode steps, once
+            plain = make_scheduler(path, **opts)
+            run = plain.runner.forward
+
+            def timed_decode(fb, run=run):
+                t = time.perf_counter()
+                out = run(fb)
+                if fb.forward_mode.is_decode():
+                    decode.append(time.perf_counter() - t)
+                return out
+
+            plain.runner.forward = timed_decode
+            pd = Driver(plain)
+            pd.submit(prompt, **sp)
+            pd.run()
         pool = spec.runner.state_pool
         snap = []
         for _ in range(a.repeat):
@@ -105,10 +124,10 @@ def main() -> None:
             pool.apply_copies([(0, pool.rows)])
             snap.append(time.perf_counter() - t)
         med = {n: statistics.median(v) * 1e3 for n, v in times.items() if len(v) >= 3}
-        dec = med.get("decode 1")
+        med = {n: ms for n, ms in med.items() if n.startswith("verify")}
         print(f"k={k}: " + ", ".join(f"{n}: {ms:.2f} ms" for n, ms in sorted(med.items())))
         print(f"  snapshot copy: {statistics.median(snap) * 1e3:.2f} ms", end="")
-        print(f"; decode 1 row: {dec:.2f} ms" if dec else "")
+        print(f"; decode (1 row): {statistics.median(decode) * 1e3:.2f} ms")
 
 
 if __name__ == "__main__":

@@ -279,11 +279,7 @@ class ModelRunner:
 
         kv_bytes = self.max_total_num_tokens * self._kv_bytes_per_token()
         pool, self.max_running_requests = self.state_memory.create_pool(
-            kv_bytes,
-            self.max_running_requests,
-            self.device,
-            self.pp.agree_min,
-            self.config.spec_draft_tokens,
+            kv_bytes, self.max_running_requests, self.device, self.pp.agree_min
         )
         return pool, create_linear_attn_backend(self.config.linear_attn_backend, self.device)
 
@@ -312,9 +308,7 @@ class ModelRunner:
             lora_ids=b.lora_ids,
             mm_inputs=b.mm_inputs,
             mrope_positions=mrope_positions(b, self.device) if self.uses_mrope else None,
-            tree_mask=(
-                TreeMask.from_parents(b.tree_parents, self.device) if b.tree_parents else None
-            ),
+            tree_mask=b.tree_parents and TreeMask.from_parents(b.tree_parents, self.device),
             state_pool=self.state_pool,
             state_copies=b.state_copies,
             state_tracks=b.state_tracks,

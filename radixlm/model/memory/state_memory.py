@@ -81,13 +81,12 @@ class StateMemory:
         max_running_requests: int,
         device: torch.device,
         agree: Callable[[int], int] = lambda n: n,
-        drafts_per_request: int = 0,
     ) -> tuple[MambaPool, int]:
         """(the pool, the running requests it allows). agree: the smallest of every pipeline
         stage's slot count (the stages' pools hold the same slots, each of its own layers).
-        drafts_per_request: speculative decoding's most draft tokens per request and step; the
-        verify step keeps a state per draft node, in draft slots taken from the snapshots' share
-        (at most half of it: a step drafts fewer nodes where they run out)."""
+        Under speculative decoding (config.spec_draft_tokens draft tokens per request and step)
+        a verify step keeps a state per draft node, in draft slots taken from the snapshots'
+        share (at most half of it: a step drafts fewer nodes where they run out)."""
         slots = agree(self.slots(kv_bytes))
         running = max_running_requests
         if slots < 2 * (running + 1):
@@ -100,7 +99,7 @@ class StateMemory:
                 running,
             )
         rows = running + 1
-        drafts = min(drafts_per_request * running, (slots - rows) // 2)
+        drafts = min(self.config.spec_draft_tokens * running, (slots - rows) // 2)
         pool = MambaPool(self.specs, rows, slots - rows - drafts, device, drafts)
         logger.info(
             "state pool: %d slots x %.2f MiB (%d request rows, %d snapshots, %d draft), %.1f MiB",
