@@ -10,6 +10,11 @@ state layer's tensors over one slot index space:
                                    of the prefix cache (cache/mamba_radix_cache.py) or, between the
                                    step that wrote one and the processing of its result, by the
                                    request that asked for it
+    .. + drafts - 1                draft slots (speculative decoding only): a verify step keeps the
+                                   state after each draft-tree node in one of them, so that the
+                                   accepted path's last state becomes the request's
+                                   (model/layers/linear_attn/draft_states.py); owned by the request
+                                   from the step's launch to the processing of its result
 
     rows + snapshots + h           host snapshot h (the hierarchical cache's HostStatePool,
                                    cache/host_state_pool.py, when one is attached as `host`)
@@ -61,12 +66,13 @@ class MambaPool:
         rows: int,
         snapshots: int,
         device: str | torch.device = "cpu",
+        drafts: int = 0,
     ):
         """layer_specs: per state layer (in the model's order), its state tensors."""
         self.layer_specs = layer_specs
-        self.rows, self.snapshots = rows, snapshots
+        self.rows, self.snapshots, self.drafts = rows, snapshots, drafts
         self.device = torch.device(device)
-        slots = rows + snapshots
+        slots = rows + snapshots + drafts
         self.buffers: list[dict[str, torch.Tensor]] = [
             {
                 s.name: torch.zeros((slots, *s.shape), dtype=s.dtype, device=self.device)
@@ -87,7 +93,7 @@ class MambaPool:
 
     @property
     def num_slots(self) -> int:
-        return self.rows + self.snapshots
+        return self.rows + self.snapshots + self.drafts
 
     @property
     def total_bytes(self) -> int:
@@ -103,7 +109,9 @@ class MambaPool:
     # --- snapshot slots ----------------------------------------------------------
     def clear(self) -> None:
         """Every snapshot slot free, no copy queued (the scheduler is idle)."""
-        self.free_snapshots: list[int] = list(range(self.rows, self.num_slots))
+        first_draft = self.rows + self.snapshots
+        self.free_snapshots: list[int] = list(range(self.rows, first_draft))
+        self.free_drafts: list[int] = list(range(first_draft, self.num_slots))
         self.pending: list[tuple[int, int]] = []
 
     def available_snapshots(self) -> int:
@@ -115,6 +123,18 @@ class MambaPool:
     def free_snapshot(self, slot: int) -> None:
         assert self.rows <= slot < self.rows + self.snapshots, slot
         self.free_snapshots.append(slot)
+
+    # --- draft slots ---------------------------------------------------------------
+    def alloc_drafts(self, n: int) -> list[int]:
+        """n draft slots (the scheduler bounds a step's draft nodes by self.drafts)."""
+        assert n <= len(self.free_drafts), (n, len(self.free_drafts))
+        taken, self.free_drafts = self.free_drafts[:n], self.free_drafts[n:]
+        return taken
+
+    def release_drafts(self, slots: list[int]) -> None:
+        first = self.rows + self.snapshots
+        assert all(first <= s < self.num_slots for s in slots), slots
+        self.free_drafts += slots
 
     # --- the copy queue (the scheduler's thread) ---------------------------------
     def queue_copy(self, src: int, dst: int) -> None:

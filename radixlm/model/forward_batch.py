@@ -94,6 +94,10 @@ class ForwardBatch:
     state_pool: MambaPool | None = None
     state_copies: list[tuple[int, int]] = field(default_factory=list)
     state_tracks: list[list[tuple[int, int]]] | None = None
+    # TARGET_VERIFY on a hybrid: per request, (a draft slot per draft node, each node's parent
+    # node, -1: the root), the state after each node kept in its slot
+    # (model/layers/linear_attn/draft_states.py); None: no drafts.
+    state_drafts: list[tuple[list[int], list[int]]] | None = None
     # The kernels of the state layers (model/layers/linear_attn/).
     linear_attn_backend: Any = None
 

@@ -161,7 +161,9 @@ class ScheduleBatch:
             self._prepare_decode(
                 r2t, out_loc[pt:], input_ids, positions, prefix_lens, ext_lens, seq_lens, lp_starts
             )
-        state_copies, state_tracks = cache_manager.states.plan_step(self.chunks, self.decode_reqs)
+        state_copies, state_tracks, state_drafts = cache_manager.states.plan_step(
+            self.chunks, self.decode_reqs, self.drafts if self.forward_mode.is_verify() else None
+        )
         return ModelWorkerBatch(
             self.forward_mode,
             input_ids,
@@ -181,6 +183,7 @@ class ScheduleBatch:
             tree_parents=tree_parents,
             state_copies=state_copies,
             state_tracks=state_tracks,
+            state_drafts=state_drafts,
         )
 
     @staticmethod

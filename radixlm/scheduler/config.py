@@ -4,6 +4,7 @@ process, so a bad option is an error in the caller's process, naming the option)
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from radixlm.cache.hicache_config import HiCacheConfig
@@ -82,6 +83,8 @@ class SchedulerConfig:
             raise ValueError("chunked_prefill_size must be positive or -1 (off)")
         speculative = SpeculativeConfig.from_server_args(args)
         runner = ModelRunnerConfig.from_server_args(args)
+        if speculative is not None:  # a hybrid's verify steps keep a state per draft node
+            runner = dataclasses.replace(runner, spec_draft_tokens=speculative.num_draft_tokens)
         # Overlap scheduling is on by default on CUDA only: on a CPU the forward already uses every
         # core, and the scheduler's ~1% of a step is not worth the GIL contention. Off with
         # speculative decoding: a verify step's inputs are the previous step's outputs.

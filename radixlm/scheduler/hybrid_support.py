@@ -11,8 +11,9 @@ from radixlm.scheduler.config import SchedulerConfig
 def hybrid_refusal(config: SchedulerConfig, architecture: str) -> str | None:
     """None, or why this server cannot run the hybrid `architecture` with these options."""
     why = None
-    if config.speculative is not None:
-        why = "speculative decoding: a rejected draft would advance the recurrent state"
+    spec = config.speculative
+    if spec is not None and spec.is_eagle:
+        why = "EAGLE heads: not verified on recurrent state yet (ngram, radix, draft-model run)"
     elif config.disaggregation.mode != DisaggregationMode.NULL:
         why = "PD disaggregation: the recurrent state does not travel with the KV yet"
     elif config.runner.lora is not None:

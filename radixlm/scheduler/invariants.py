@@ -149,7 +149,8 @@ def _check_state_slots(cm: CacheManager, holders: list[Req]) -> None:
         return
     pool = cm.states.pool
     counts = Counter(owned)
-    wrong = [s for s in range(pool.rows, pool.rows + pool.snapshots) if counts.pop(s, 0) != 1]
+    # snapshot slots, then draft slots (speculative decoding)
+    wrong = [s for s in range(pool.rows, pool.num_slots) if counts.pop(s, 0) != 1]
     if wrong or counts:
         _fail(
             f"state snapshot slots without exactly one owner: {wrong[:8]}"

@@ -65,7 +65,9 @@ def create_speculation(
         shape = TreeShape(1, shape.depth)
     controller = SpecController(source, spec.num_draft_tokens, spec.draft_policy, shape)
     controller.costs = AgreedStepCosts(controller.costs, sync)  # draft lengths alike on every rank
-    return SpecDecoding(controller, grammar)
+    pool = runner.state_pool
+    room = None if pool is None else lambda: len(pool.free_drafts)
+    return SpecDecoding(controller, grammar, room)
 
 
 def create_executor(

@@ -97,6 +97,8 @@ class Req:
     # steps launched so far, and the snapshot slots a launched step fills for it: (position, slot).
     state_len: int = 0
     state_tracks: list = field(default_factory=list)
+    # Speculative decoding: the draft slots its verify step in flight keeps node states in.
+    state_draft_slots: list = field(default_factory=list)
     # Where its tokens leave the tree's KV past its match's snapshot (a prefix another request
     # shares): its prefill keeps a snapshot there too. None: nowhere worth one.
     state_branch: int | None = None

@@ -55,6 +55,7 @@ def draft_runner_config(
         # rewrites positions (rejected drafts are recomputed as the target's tokens).
         decode_kv_mirror_bytes=0,
         model_overrides={},  # --json-model-override-args names the target's config, not the draft's
+        spec_draft_tokens=0,
     )
 
 
@@ -90,6 +91,11 @@ class DraftModelSource(DraftSourceBase):
         from radixlm.model.executor.runner import ModelRunner
 
         self.runner = ModelRunner(draft_runner_config(target, config.draft_model_path, kv_tokens))
+        if self.runner.state_pool is not None:  # its rows roll back by truncating their KV
+            raise ValueError(
+                f"speculative_draft_model_path {config.draft_model_path!r}: a hybrid model"
+                " (recurrent state layers) cannot draft: a rejected draft would stay in its state"
+            )
         if self.runner.vocab_size != target_vocab_size:
             raise ValueError(
                 f"speculative_draft_model_path {config.draft_model_path!r}: vocab size"

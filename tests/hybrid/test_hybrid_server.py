@@ -87,7 +87,7 @@ def test_generate_turn_two_answers_hf_tokens(server, qwen3_5):
 @pytest.mark.parametrize(
     "flags, says",
     [
-        (["--speculative-algorithm", "ngram"], "speculative decoding"),
+        (["--speculative-algorithm", "draft-model"], "a hybrid model (recurrent state layers)"),
         (
             ["--enable-hierarchical-cache", "--hicache-storage-backend", "file"],
             "--hicache-storage-backend: a hybrid model's state snapshots have no storage tier",
@@ -95,6 +95,8 @@ def test_generate_turn_two_answers_hf_tokens(server, qwen3_5):
     ],
 )
 def test_refused_options_say_why_in_one_line(qwen3_5, flags, says):
+    if "draft-model" in flags:  # the hybrid as its own draft model
+        flags = [*flags, "--speculative-draft-model-path", qwen3_5]
     proc = run_cli(["serve", "--model-path", qwen3_5, "--port", "1", *TINY_SERVE, *flags])
     assert proc.returncode != 0
     assert says in proc.stderr, proc.stderr[-2000:]

@@ -233,7 +233,7 @@ def test_a_prompt_takes_its_end_snapshots_before_its_intervals():
     tracker = StateTracker(states, tree, track_interval=256)
     req = SimpleNamespace(rid=1, state_len=0, state_tracks=[], state_branch=None)
     chunk = SimpleNamespace(req=req, start=0, end=600, is_last=True)
-    _, tracks = tracker.plan_step([chunk], [])
+    _, tracks, _ = tracker.plan_step([chunk], [], None)
     assert [p for p, _ in req.state_tracks] == [599, 600]
     assert [off for off, _ in tracks[0]] == [599, 600]
     assert tree.snapshot_count() == 1  # the two least recently used prefixes made room
@@ -242,5 +242,7 @@ def test_a_prompt_takes_its_end_snapshots_before_its_intervals():
     states.free_snapshot(tracks[0][1][1])
     req2 = SimpleNamespace(rid=2, state_len=0, state_tracks=[], state_branch=None)
     tree.evict_states(1)
-    _, tracks = tracker.plan_step([SimpleNamespace(req=req2, start=0, end=600, is_last=True)], [])
+    _, tracks, _ = tracker.plan_step(
+        [SimpleNamespace(req=req2, start=0, end=600, is_last=True)], [], None
+    )
     assert [p for p, _ in req2.state_tracks] == [512, 599, 600]

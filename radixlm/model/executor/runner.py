@@ -308,12 +308,11 @@ class ModelRunner:
             lora_ids=b.lora_ids,
             mm_inputs=b.mm_inputs,
             mrope_positions=mrope_positions(b, self.device) if self.uses_mrope else None,
-            tree_mask=(
-                TreeMask.from_parents(b.tree_parents, self.device) if b.tree_parents else None
-            ),
+            tree_mask=b.tree_parents and TreeMask.from_parents(b.tree_parents, self.device),
             state_pool=self.state_pool,
             state_copies=b.state_copies,
             state_tracks=b.state_tracks,
+            state_drafts=b.state_drafts,
             linear_attn_backend=self.linear_attn_backend,
         )
         if b.sampling:

@@ -73,6 +73,9 @@ class ModelRunnerConfig:
     mamba_full_memory_ratio: float = 0.9
     mamba_ssm_dtype: str = "float32"
     linear_attn_backend: str = "auto"
+    # Speculative decoding's most draft tokens per request and step (0: none): a hybrid's state
+    # pool keeps draft slots for them (memory/state_memory.py). SchedulerConfig sets it.
+    spec_draft_tokens: int = 0
     # Sliding-window layers' own slot space (model/memory/swa_memory.py): its size per full slot,
     # and why the server's options keep one slot space (None: they allow two).
     swa_full_tokens_ratio: float = 0.8

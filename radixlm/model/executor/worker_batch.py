@@ -46,6 +46,9 @@ class ModelWorkerBatch:
     # applied before the forward, in order; per request, (new tokens, snapshot slot) to keep.
     state_copies: list[tuple[int, int]] = field(default_factory=list)
     state_tracks: list[list[tuple[int, int]]] | None = None
+    # TARGET_VERIFY on a hybrid (ForwardBatch.state_drafts): per request, a draft slot per node
+    # and each node's parent node.
+    state_drafts: list[tuple[list[int], list[int]]] | None = None
 
     @property
     def batch_size(self) -> int:

@@ -187,13 +187,14 @@ def build_fused_qwen3_5_layers(model: Any, dense_mlp: type) -> FusedQwen3_5Layer
 
 def runs_fused(fb: ForwardBatch) -> bool:
     """Whether this batch's layers can run as the op: the native recurrences and attention
-    metadata, no state snapshot inside the forward's tokens, no LoRA."""
+    metadata, no state snapshot inside the forward's tokens, no draft tree, no LoRA."""
     from radixlm.model.layers.linear_attn.native_backend import NativeLinearAttnBackend
 
     tracks = fb.state_tracks
     return (
         isinstance(fb.linear_attn_backend, NativeLinearAttnBackend)
         and not (tracks and any(tracks))
+        and fb.state_drafts is None  # draft trees run level by level (draft_states.py)
         and not fb.uses_lora
         and fb.attn_backend.runs_fused_layers(fb)
         and getattr(fb.attn_metadata, "swa_kv_slots", None) is None

@@ -83,7 +83,10 @@ class StateMemory:
         agree: Callable[[int], int] = lambda n: n,
     ) -> tuple[MambaPool, int]:
         """(the pool, the running requests it allows). agree: the smallest of every pipeline
-        stage's slot count (the stages' pools hold the same slots, each of its own layers)."""
+        stage's slot count (the stages' pools hold the same slots, each of its own layers).
+        Under speculative decoding (config.spec_draft_tokens draft tokens per request and step)
+        a verify step keeps a state per draft node, in draft slots taken from the snapshots'
+        share (at most half of it: a step drafts fewer nodes where they run out)."""
         slots = agree(self.slots(kv_bytes))
         running = max_running_requests
         if slots < 2 * (running + 1):
@@ -96,13 +99,15 @@ class StateMemory:
                 running,
             )
         rows = running + 1
-        pool = MambaPool(self.specs, rows, slots - rows, device)
+        drafts = min(self.config.spec_draft_tokens * running, (slots - rows) // 2)
+        pool = MambaPool(self.specs, rows, slots - rows - drafts, device, drafts)
         logger.info(
-            "state pool: %d slots x %.2f MiB (%d request rows, %d snapshots), %.1f MiB",
+            "state pool: %d slots x %.2f MiB (%d request rows, %d snapshots, %d draft), %.1f MiB",
             slots,
             self.per_state / 2**20,
             rows,
-            slots - rows,
+            slots - rows - drafts,
+            drafts,
             pool.total_bytes / 2**20,
         )
         return pool, running

@@ -10,6 +10,7 @@ worker thread, and keeps the controller's books.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 
 import torch
 
@@ -114,11 +115,21 @@ class NoSpeculation(BaseSpeculation):
 
 
 class SpecDecoding(BaseSpeculation):
-    def __init__(self, controller: SpecController, grammar: GrammarManager):
+    def __init__(
+        self,
+        controller: SpecController,
+        grammar: GrammarManager,
+        state_room: Callable[[], int] | None = None,
+    ):
         self.controller = controller
         self.grammar = grammar
+        # A hybrid's free draft slots (one per draft node: cache/state_pool.py); None: no state
+        # layers.
+        self.state_room = state_room
 
     def decode_batch(self, running: list[Req], spare_slots: int, context_len: int) -> ScheduleBatch:
+        if self.state_room is not None:
+            spare_slots = min(spare_slots, self.state_room())
         drafts = self.controller.propose(running, spare_slots, context_len)
         if any(drafts):
             return ScheduleBatch(

@@ -14,10 +14,15 @@ may still be writing:
                 one token before it) and where it leaves the tree's KV at a branch (admission's
                 `Req.state_branch`) in fresh snapshot slots (ModelWorkerBatch.state_tracks),
                 owned by the request (`Req.state_tracks`) until its result is processed
+    verify      (speculative decoding) the root advances the row; each draft node's state is kept
+                in a draft slot (ModelWorkerBatch.state_drafts, `Req.state_draft_slots`); once
+                accepted, the last accepted node's slot is copied into the row and state_len is
+                the root's and the accepted nodes' (on_verified): a rejected draft never advances
+                the row
     cache_req   the tracks the committed KV covers go to their tree nodes (MambaRadixCache's
                 attach_state; a node with a snapshot already keeps its own, the slot is freed)
-    release     if the row's state is exactly the committed KV's (state_len == committed ==
-                allocated: no step in flight, nothing re-tokenized), it is copied into a snapshot
+    release     if the row's state is exactly the committed KV's (state_len == committed: no
+                step in flight, nothing re-tokenized), it is copied into a snapshot
                 at the node ending there; tracks never processed are freed
 
 Attention-only models get NoStateTracker, its no-op sibling.
@@ -39,7 +44,11 @@ if TYPE_CHECKING:
 # Tokens a snapshot where a prompt leaves the tree's KV must save over its match's own.
 BRANCH_MIN = 32
 
-StepStates = tuple[list[tuple[int, int]], list[list[tuple[int, int]]] | None]
+StepStates = tuple[
+    list[tuple[int, int]],
+    list[list[tuple[int, int]]] | None,
+    list[tuple[list[int], list[int]]] | None,
+]
 
 
 class BaseStateTracker(ABC):
@@ -50,9 +59,14 @@ class BaseStateTracker(ABC):
         """req was admitted with the prefix ending at node."""
 
     @abstractmethod
-    def plan_step(self, chunks: list, decode_reqs: list[Req]) -> StepStates:
+    def plan_step(self, chunks: list, decode_reqs: list[Req], drafts: list | None) -> StepStates:
         """A step's state moves: chunks (batch.py's PrefillChunks: req, start, end, is_last) and
-        the decode requests, in batch order."""
+        the decode requests, in batch order; drafts: a verify step's DraftTree per decode request.
+        -> (copies, snapshot tracks, draft states)."""
+
+    def on_verified(self, req: Req, path: list[int], kept: int) -> None:
+        """req's verify step is processed: its root and the first `kept` nodes of `path` (the
+        accepted nodes, in order) are the tokens its state now holds."""
 
     def takes_in_flight_token(self, req: Req) -> bool:
         """req finishes while a step of it is still in flight (the overlap scheduler's, which ran
@@ -87,8 +101,8 @@ class NoStateTracker(BaseStateTracker):
     def on_assign(self, req: Req, node: TreeNode) -> None:
         pass
 
-    def plan_step(self, chunks: list, decode_reqs: list[Req]) -> StepStates:
-        return [], None
+    def plan_step(self, chunks: list, decode_reqs: list[Req], drafts: list | None) -> StepStates:
+        return [], None, None
 
     def on_cached(self, req: Req, committed: int) -> None:
         pass
@@ -133,7 +147,7 @@ class StateTracker(BaseStateTracker):
             if parts and req.state_len + BRANCH_MIN <= shared < req.seqlen - 1:
                 req.state_branch = shared
 
-    def plan_step(self, chunks: list, decode_reqs: list[Req]) -> StepStates:
+    def plan_step(self, chunks: list, decode_reqs: list[Req], drafts: list | None) -> StepStates:
         tracks: list[list[tuple[int, int]]] = []
         for c in chunks:
             r = c.req
@@ -152,7 +166,23 @@ class StateTracker(BaseStateTracker):
         for r in decode_reqs:
             r.state_len += 1
             tracks.append([])
-        return self.pool.take_copies(), tracks if any(tracks) else None
+        states = None
+        if drafts is not None:
+            states = []
+            for r, d in zip(decode_reqs, drafts):
+                assert not r.state_draft_slots, (r.rid, r.state_draft_slots)
+                r.state_draft_slots = self.pool.alloc_drafts(len(d))
+                r.state_len += len(d)  # the row's state: the root's, until on_verified
+                states.append((r.state_draft_slots, list(d.parents)))
+        return self.pool.take_copies(), tracks if any(tracks) else None, states
+
+    def on_verified(self, req: Req, path: list[int], kept: int) -> None:
+        slots, req.state_draft_slots = req.state_draft_slots, []
+        if kept:
+            self.pool.queue_copy(slots[path[kept - 1]], req.req_pool_idx)
+        # the row holds the root's state (and the accepted path's, once the copy runs)
+        req.state_len += kept - len(slots)
+        self.pool.release_drafts(slots)
 
     def _track_points(
         self, start: int, end: int, is_last: bool, branch: int | None
@@ -197,8 +227,14 @@ class StateTracker(BaseStateTracker):
         for _, slot in req.state_tracks:
             self.pool.free_snapshot(slot)
         req.state_tracks = []
+        if req.state_draft_slots:  # a verify step's result never processed (a failed step)
+            self.pool.release_drafts(req.state_draft_slots)
+            req.state_len = -1  # its row's state is no prefix's: no snapshot below
+            req.state_draft_slots = []
         n = req.kv_committed_len
-        if self.keeps and n and req.state_len == n == req.kv_allocated_len:
+        # The KV past n may be a verify step's rejected nodes (freed with the row), never a step
+        # in flight: that one counts in state_len.
+        if self.keeps and n and req.state_len == n <= req.kv_allocated_len:
             slot = self.tree.attach_state(
                 req.prefix_key(n), self.tree.alloc_state, from_answer=True
             )
@@ -232,7 +268,7 @@ class StateTracker(BaseStateTracker):
             slots += self.tree.state_slots()
         for r in holders:
             slots += [s for _, s in r.state_tracks]
-        return slots
+        return slots + self.pool.free_drafts + [s for r in holders for s in r.state_draft_slots]
 
 
 def depth(node: TreeNode) -> int:

@@ -221,6 +221,8 @@ class ResultProcessor:
             len(path), appended
         )  # drafts the model agreed with, before any stop
         kept = min(len(path), appended)
+        # A hybrid's state: the root's and the nodes whose tokens were committed after it.
+        self.cache_manager.states.on_verified(req, path, min(len(path), max(appended - 1, 0)))
         self.spec.on_verified(req, tree, path, kept, [row0] + [row0 + 1 + n for n in path[:kept]])
         if not req.finished():
             self.cache_manager.free_uncommitted(req)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 import torch
 
 from radixlm.model.forward_batch import ForwardBatch
+from radixlm.model.layers.linear_attn.draft_states import run_draft_levels
 
 # (per-token inputs of a sub-batch, their state rows, their new tokens per request) -> outputs
 Recurrence = Callable[[list[torch.Tensor], torch.Tensor, list[int]], torch.Tensor]
@@ -29,6 +30,8 @@ def request_lens(fb: ForwardBatch) -> list[int]:
 def run_state_layer(
     fb: ForwardBatch, state_layer_id: int, inputs: list[torch.Tensor], fn: Recurrence
 ) -> torch.Tensor:
+    if fb.state_drafts is not None:
+        return run_draft_levels(fb, state_layer_id, inputs, fn)
     rows = fb.req_pool_indices
     lens = request_lens(fb)
     tracks = fb.state_tracks
