@@ -106,8 +106,12 @@ def test_fused_qwen3_5_layers_leave_state_snapshots_to_the_layers(runner):
         attn_backend = runner.attn_backend
         attn_metadata = None
         state_tracks = [[], []]
+        state_drafts = None
 
     fb = Batch()
     assert runs_fused(fb)
+    fb.state_drafts = [([0, 0], [5, 6])]  # a verify step's draft tree: run level by level
+    assert not runs_fused(fb)
+    fb.state_drafts = None
     fb.state_tracks = [[], [(3, 1)]]
     assert not runs_fused(fb)
