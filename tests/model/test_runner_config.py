@@ -52,9 +52,10 @@ def test_from_server_args_maps_every_field():
     config = ModelRunnerConfig.from_server_args(args)
     default = ModelRunnerConfig()
     for f in dataclasses.fields(ModelRunnerConfig):
-        if (
-            f.name == "lora"
-        ):  # built from the LoRA flags, which refuse tp_size > 1: tests/lora/test_lora_flags.py
+        # lora: built from the LoRA flags, which refuse tp_size > 1 (tests/lora/test_lora_flags.py);
+        # spec_draft_tokens: set by SchedulerConfig from the speculative options (the hybrids'
+        # draft-state slots: tests/hybrid/test_hybrid_speculative.py)
+        if f.name in ("lora", "spec_draft_tokens"):
             continue
         # decode_kv_mirror_bytes comes from decode_kv_mirror_gb, memory_share from tp_size / nnodes,
         # swa_memory_off from the options that keep one slot space, model_overrides from
