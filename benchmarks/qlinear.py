@@ -32,11 +32,16 @@ from radixlm.model.layers.quantized import QuantizedMatrix, QuantizedTensor  # n
 KINDS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 
 
-def pick_tensors(path: str) -> list:
+def pick_tensors(path: str, names: list[str] | None = None) -> list:
     import gguf
 
     reader = gguf.GGUFReader(path)
     by_name = {t.name: t for t in reader.tensors}
+    if names:
+        missing = [n for n in names if n not in by_name]
+        if missing:
+            raise SystemExit(f"--tensor: not in {path}: {', '.join(missing)}")
+        return [by_name[n] for n in names]
     chosen = [by_name[f"blk.0.{k}.weight"] for k in KINDS if f"blk.0.{k}.weight" in by_name]
     chosen.append(by_name.get("output.weight") or by_name["token_embd.weight"])
     return chosen
@@ -64,6 +69,9 @@ def main() -> None:
         "--cold", action="store_true", help="rotate over copies of each weight (memory, not cache)"
     )
     p.add_argument("--cold-mb", type=float, default=512.0)
+    p.add_argument(
+        "--tensor", nargs="+", help="these GGUF tensors only (default: one layer's and the LM head)"
+    )
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     print(
@@ -72,7 +80,7 @@ def main() -> None:
         + " |"
     )
     print("|---" * (4 + len(a.rows)) + "|")
-    for t in pick_tensors(a.gguf):
+    for t in pick_tensors(a.gguf, a.tensor):
         fmt = format_of_ggml(t.tensor_type)
         rows, cols = int(t.shape[1]), int(t.shape[0])
         data = torch.from_numpy(
