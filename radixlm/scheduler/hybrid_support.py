@@ -12,8 +12,10 @@ def hybrid_refusal(config: SchedulerConfig, architecture: str) -> str | None:
     """None, or why this server cannot run the hybrid `architecture` with these options."""
     why = None
     spec = config.speculative
-    if spec is not None and spec.is_eagle:
-        why = "EAGLE heads: not verified on recurrent state yet (ngram, radix, draft-model run)"
+    if spec is not None and spec.is_eagle and not spec.is_mtp:
+        why = (
+            "EAGLE heads: not verified on recurrent state yet (nextn, ngram, radix, draft-model do)"
+        )
     elif config.disaggregation.mode != DisaggregationMode.NULL:
         why = "PD disaggregation: the recurrent state does not travel with the KV yet"
     elif config.runner.lora is not None:

@@ -2,55 +2,25 @@
 with an MTP block (mtp.fc, mtp.pre_fc_norm_embedding / _hidden, mtp.layers.0.* a full-attention
 layer, mtp.norm), its rows equal a reference built from transformers' own Qwen3.5 modules (the
 1 + w RMSNorms, the gated full-attention decoder layer) over the target's hidden states. The hybrids
-do not speculate yet (scheduler/hybrid_support.py): this is the head alone, ready for them."""
+draft with it (test_mtp_hybrid.py); this is the head alone against the reference."""
 
 from __future__ import annotations
 
-import json
-import os
-
 import torch
-from safetensors.torch import save_file
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5RMSNorm
 
 from radixlm.model.executor.runner import ModelRunner
 from radixlm.model.executor.runner_config import ModelRunnerConfig
 from radixlm.speculative.eagle_head import causal_attend
 from radixlm.speculative.mtp_checkpoint import load_mtp_head
-from tests.model.hybrid_checkpoints import hybrid_checkpoint
+from tests.speculative.qwen35_mtp_checkpoint import qwen35_mtp_checkpoint
 
 ATOL = 1e-4
 
 
-def _mtp_tensors(hf, g) -> dict[str, torch.Tensor]:
-    """An MTP block: a full-attention layer's shapes (drawn afresh), the fusion and its norms."""
-    cfg = hf.config
-    full = cfg.layer_types.index("full_attention")
-    h = cfg.hidden_size
-    out = {
-        "mtp.fc.weight": torch.randn(h, 2 * h, generator=g) * (2 * h) ** -0.5,
-        "mtp.pre_fc_norm_embedding.weight": 0.2 * torch.randn(h, generator=g),
-        "mtp.pre_fc_norm_hidden.weight": 0.2 * torch.randn(h, generator=g),
-        "mtp.norm.weight": 0.2 * torch.randn(h, generator=g),
-    }
-    for name, t in hf.state_dict().items():
-        if name.startswith(f"model.layers.{full}."):
-            rest = name.removeprefix(f"model.layers.{full}.")
-            scale = 0.2 if "norm" in rest else t.shape[-1] ** -0.5
-            out[f"mtp.layers.0.{rest}"] = torch.randn(t.shape, generator=g) * scale
-    return out
-
-
 def test_qwen3_5_mtp_head_matches_transformers_modules(tmp_path):
-    path, hf = hybrid_checkpoint("qwen35", str(tmp_path))
+    path, hf, mtp = qwen35_mtp_checkpoint(str(tmp_path))
     cfg = hf.config
-    mtp = _mtp_tensors(hf, torch.Generator().manual_seed(5))
-    save_file(mtp, os.path.join(path, "mtp.safetensors"), metadata={"format": "pt"})
-    with open(os.path.join(path, "config.json")) as f:
-        d = json.load(f)
-    d["mtp_num_hidden_layers"] = 1
-    with open(os.path.join(path, "config.json"), "w") as f:
-        json.dump(d, f)
     runner = ModelRunner(
         ModelRunnerConfig(model_path=path, max_total_tokens=256, max_running_requests=2)
     )

@@ -1,0 +1,46 @@
+"""A tiny Qwen3.5 checkpoint with an `mtp.*` block (mtp.fc, mtp.pre_fc_norm_embedding / _hidden,
+mtp.layers.0.* a full-attention layer of the family, mtp.norm) the way the published checkpoints
+carry it: in the safetensors beside the model's, announced by `mtp_num_hidden_layers`."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from safetensors.torch import save_file
+
+from tests.model.hybrid_checkpoints import hybrid_checkpoint
+
+
+def mtp_tensors(hf, g: torch.Generator) -> dict[str, torch.Tensor]:
+    """An MTP block: a full-attention layer's shapes (drawn afresh), the fusion and its norms."""
+    cfg = hf.config
+    full = cfg.layer_types.index("full_attention")
+    h = cfg.hidden_size
+    out = {
+        "mtp.fc.weight": torch.randn(h, 2 * h, generator=g) * (2 * h) ** -0.5,
+        "mtp.pre_fc_norm_embedding.weight": 0.2 * torch.randn(h, generator=g),
+        "mtp.pre_fc_norm_hidden.weight": 0.2 * torch.randn(h, generator=g),
+        "mtp.norm.weight": 0.2 * torch.randn(h, generator=g),
+    }
+    for name, t in hf.state_dict().items():
+        if name.startswith(f"model.layers.{full}."):
+            rest = name.removeprefix(f"model.layers.{full}.")
+            scale = 0.2 if "norm" in rest else t.shape[-1] ** -0.5
+            out[f"mtp.layers.0.{rest}"] = torch.randn(t.shape, generator=g) * scale
+    return out
+
+
+def qwen35_mtp_checkpoint(path: str, tokenizer=None, seed: int = 5, **changes):
+    """(path, hf model, the MTP tensors): the model saved by hybrid_checkpoint, its MTP block in
+    mtp.safetensors and mtp_num_hidden_layers = 1 in its config."""
+    path, hf = hybrid_checkpoint("qwen35", path, tokenizer, **changes)
+    mtp = mtp_tensors(hf, torch.Generator().manual_seed(seed))
+    save_file(mtp, os.path.join(path, "mtp.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(path, "config.json")) as f:
+        d = json.load(f)
+    d["mtp_num_hidden_layers"] = 1
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(d, f)
+    return path, hf, mtp

@@ -1,0 +1,80 @@
+"""A hybrid's own multi-token-prediction head drafts (`--speculative-algorithm nextn` on Qwen3.5's
+`mtp.*` block): greedy tokens exactly those of speculation off, token for token, alone, 8 requests
+of different lengths at once in prefill chunks, a second turn after its cached first, and a branch
+inside a cached prompt resumed at its state snapshot; the head drafts every step (a random head's
+drafts are rejected: the rows keep their roots' states) and the KV / state invariants hold after
+every step (the harness checks them). EAGLE heads trained for a model stay refused on hybrids."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from tests.model.hybrid_checkpoints import tiny_tokenizer
+from tests.scheduler.harness import Driver, make_scheduler
+from tests.speculative.qwen35_mtp_checkpoint import qwen35_mtp_checkpoint
+
+NEW = 10
+GREEDY = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
+# 64-token chunks and a snapshot every 64 prompt tokens (a branch resumes inside a cached prompt).
+POOL = dict(
+    max_total_tokens=2048,
+    max_mamba_cache_size=64,
+    chunked_prefill_size=64,
+    mamba_track_interval=64,
+    max_running_requests=8,
+)
+
+
+@pytest.fixture(scope="module")
+def mtp_dir(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("qwen35-mtp"))
+    qwen35_mtp_checkpoint(path, tiny_tokenizer(), max_position_embeddings=2048)
+    return path
+
+
+def _tokens(rng: random.Random, n: int) -> list[int]:
+    return [rng.randrange(10, 800) for _ in range(n)]
+
+
+def _run(d: Driver, prompts: list[list[int]], together: bool) -> tuple[list[list[int]], int]:
+    """Outputs, and the prompt tokens the last request found cached."""
+    rids = []
+    for p in prompts:
+        rids.append(d.submit(p, **GREEDY))
+        if not together:
+            d.run()
+    d.run()
+    return [d.results[r].output_ids for r in rids], d.results[rids[-1]].cached_tokens
+
+
+def _workload(d: Driver) -> dict:
+    rng = random.Random(3)
+    out = {"alone": _run(d, [_tokens(rng, 6), _tokens(rng, 40)], together=False)[0]}
+    batch = [_tokens(rng, 8 + 19 * i) for i in range(8)]  # 8 to 141 tokens, in 64-token chunks
+    out["batch"] = _run(d, batch, together=True)[0]
+    turn1 = _tokens(rng, 40)
+    (first,), _ = _run(d, [turn1], together=False)
+    out["turns"], out["turn2_cached"] = _run(d, [turn1 + first + _tokens(rng, 7)], together=False)
+    long = _tokens(rng, 140)
+    out["branch"], out["branch_cached"] = _run(d, [long, long[:100] + _tokens(rng, 20)], False)
+    return out
+
+
+def test_nextn_on_a_hybrid_gives_the_plain_greedy_tokens(mtp_dir):
+    plain = _workload(Driver(make_scheduler(mtp_dir, **POOL)))
+    d = Driver(make_scheduler(mtp_dir, speculative_algorithm="nextn", **POOL))
+    head = d.s.spec.controller.source.head  # the checkpoint's own MTP block drafts
+    assert type(head).__name__ == "MtpHead" and head.cfg.layer_index == 4
+    spec = _workload(d)
+    assert spec == plain
+    assert plain["turn2_cached"] >= 40 + NEW - 1 and plain["branch_cached"] >= 64
+    info = d.s.spec.info()
+    # every decode step of every request drafted with the head and verified the drafts
+    assert info["spec_verify_steps"] > 0 and info["spec_draft_tokens"] >= info["spec_verify_steps"]
+
+
+def test_trained_eagle_heads_stay_refused_on_hybrids(mtp_dir):
+    with pytest.raises(ValueError, match=r"a hybrid model\) is not served with EAGLE heads"):
+        make_scheduler(mtp_dir, speculative_algorithm="eagle", speculative_draft_model_path=mtp_dir)
