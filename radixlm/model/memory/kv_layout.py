@@ -81,6 +81,8 @@ def held_kv_layers(model: nn.Module) -> list[int]:
 
 def kv_layout(model: nn.Module, hf_config: Any) -> KVLayout:
     attn = next((m for m in model.modules() if isinstance(m, RadixAttention)), None)
+    if attn is None and model.traits().num_kv_layers == 0:
+        return KVLayout(0, 0)  # a state-space model (models/mamba.py): token slots without KV
     if attn is None:  # an encoder (model/models/bert.py): keeps no KV; a pool of its heads' shape
         heads = hf_config.num_attention_heads
         return KVLayout(heads, hf_config.hidden_size // heads)
