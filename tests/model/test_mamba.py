@@ -5,7 +5,7 @@ prompt (near-tie rule), the radix cache exact with the mixers' state snapshots
 (tests/model/cache_checks.py: no layer keeps KV), the same weights as llama.cpp's converter writes
 them (`mamba2`) answering alike through a small pool, and configs radixlm cannot run refused by
 name. And Mamba-1's selective
-scan, chunked, against its token-by-token statement in float64."""
+scan, blocked, against its token-by-token statement in float64."""
 
 from __future__ import annotations
 
@@ -93,26 +93,36 @@ def test_unsupported_configs_are_refused_by_name(architecture, change, field):
         MODEL_REGISTRY.get(architecture)(cfg)
 
 
-def test_selective_scan_chunked_equals_recurrent_float64():
-    """Mamba-1's scan (selective_scan.py): chunk-parallel (several chunks, a ragged last one, a
-    state entering) equals the token-by-token recurrence in float64, outputs and final state; the
-    batch entry point (a decode step, an extend of two requests) writes the states it reads."""
+def _scan_token_by_token(x, dt, a, b, c, state):
+    """Mamba-1's scan as written (selective_scan.py's docstring), one token at a time."""
+    out = []
+    for t in range(x.shape[0]):
+        state.mul_((dt[t, :, None] * a).exp()).add_((dt[t] * x[t])[:, None] * b[t][None, :])
+        out.append(state @ c[t])
+    return torch.stack(out)
+
+
+def test_selective_scan_equals_its_statement_float64():
+    """Mamba-1's scan (selective_scan.py): the blocked recurrence (several blocks, a ragged last
+    one, a state entering) equals the token-by-token statement in float64, outputs and final
+    state; the batch entry point (a decode step, an extend of two requests) writes the states it
+    reads."""
     from radixlm.model.layers.linear_attn.selective_scan import (
+        BLOCK,
         selective_scan_batch,
-        selective_scan_chunked,
         selective_scan_recurrent,
     )
 
     g = torch.Generator().manual_seed(0)
-    n, d, s = 75, 24, 8
+    n, d, s = BLOCK + 11, 24, 8
     f64 = dict(dtype=torch.float64)
     x, b, c = (torch.randn(n, k, generator=g, **f64) for k in (d, s, s))
     dt = torch.rand(n, d, generator=g, **f64) * 0.3
     a = -(torch.rand(d, s, generator=g, **f64) * 15 + 1)
     s0 = torch.randn(d, s, generator=g, **f64)
     want_state, got_state = s0.clone(), s0.clone()
-    want = selective_scan_recurrent(x, dt, a, b, c, want_state)
-    got = selective_scan_chunked(x, dt, a, b, c, got_state)
+    want = _scan_token_by_token(x, dt, a, b, c, want_state)
+    got = selective_scan_recurrent(x, dt, a, b, c, got_state)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(got_state, want_state, rtol=1e-12, atol=1e-12)
 
@@ -122,8 +132,8 @@ def test_selective_scan_chunked_equals_recurrent_float64():
     y = selective_scan_batch(x[:40], dt[:40], a, b[:40], c[:40], pool, rows, [30, 10])
     want = torch.cat(
         [
-            selective_scan_recurrent(x[:30], dt[:30], a, b[:30], c[:30], ref[2]),
-            selective_scan_recurrent(x[30:40], dt[30:40], a, b[30:40], c[30:40], ref[0]),
+            _scan_token_by_token(x[:30], dt[:30], a, b[:30], c[:30], ref[2]),
+            _scan_token_by_token(x[30:40], dt[30:40], a, b[30:40], c[30:40], ref[0]),
         ]
     )
     torch.testing.assert_close(y, want, rtol=1e-12, atol=1e-12)
@@ -131,8 +141,8 @@ def test_selective_scan_chunked_equals_recurrent_float64():
     y = selective_scan_batch(x[40:42], dt[40:42], a, b[40:42], c[40:42], pool, rows, [1, 1])
     step = torch.stack(
         [
-            selective_scan_recurrent(x[40:41], dt[40:41], a, b[40:41], c[40:41], ref[2])[0],
-            selective_scan_recurrent(x[41:42], dt[41:42], a, b[41:42], c[41:42], ref[0])[0],
+            _scan_token_by_token(x[40:41], dt[40:41], a, b[40:41], c[40:41], ref[2])[0],
+            _scan_token_by_token(x[41:42], dt[41:42], a, b[41:42], c[41:42], ref[0])[0],
         ]
     )
     torch.testing.assert_close(y, step, rtol=1e-12, atol=1e-12)
