@@ -28,11 +28,7 @@ from radixlm.model.layers.attention import (
 )
 from radixlm.model.layers.rotary import MRotaryEmbedding
 from radixlm.model.layers.sampler import Sampler, SamplingBatchInfo
-from radixlm.model.memory.kv_budget import (
-    NO_KV_TOKEN_SLOT_BYTES,
-    available_memory_bytes,
-    stage_kv_capacity,
-)
+from radixlm.model.memory.kv_budget import available_memory_bytes, stage_kv_capacity
 from radixlm.model.memory.kv_layout import held_kv_layers, kv_layout
 from radixlm.model.memory.state_memory import StateMemory
 from radixlm.model.memory.swa_memory import SWAMemory, check_kv_shapes, model_refusal
@@ -117,10 +113,8 @@ class ModelRunner:
         # A hybrid model's recurrent states (model/memory/state_memory.py; None: attention only):
         # its KV pool holds the full-attention layers only.
         self.state_memory = StateMemory.of(self.model, config, self.dtype)
-        # (0: a state-space model without attention, whose pool only numbers the token slots)
-        self.num_kv_layers = (
-            self.num_layers if traits.num_kv_layers is None else traits.num_kv_layers
-        )
+        kv_layers = traits.num_kv_layers  # (0: a state-space model: the pool numbers slots only)
+        self.num_kv_layers = self.num_layers if kv_layers is None else kv_layers
         self.attn_backend = create_attention_backend(
             config.attention_backend,
             self._attn_spec(self.kv_dtype),
@@ -263,8 +257,6 @@ class ModelRunner:
         )
 
     def _kv_bytes_per_token(self) -> int:
-        if self.num_kv_layers == 0:  # a state-space model: what a token slot costs beside no KV
-            return NO_KV_TOKEN_SLOT_BYTES
         if self.swa_memory is not None:
             memory, layout = self.swa_memory, self.kv_layout
             return memory.bytes_per_token(self.num_kv_layers, layout, self.kv_dtype)

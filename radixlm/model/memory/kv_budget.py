@@ -47,12 +47,6 @@ def fraction_kv_budget(fraction: float, before: int, after: int, share: int = 1)
     return int(budget)
 
 
-# A model without KV (a state-space model: models/mamba.py) still numbers its tokens' slots for the
-# radix tree; each costs its free-list entry and its request-row and tree indices, about this much.
-# It sizes the slot count (and the states' share of the budget) as KV bytes per token would.
-NO_KV_TOKEN_SLOT_BYTES = 256
-
-
 def stage_kv_capacity(
     config: Any, per_token: int, state_memory: Any, memory_before: int, device: torch.device
 ) -> int:
