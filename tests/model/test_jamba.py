@@ -2,18 +2,22 @@
 position encoding, MoE feed-forwards on every other layer; models/jamba.py) end to end against HF
 transformers in float32: greedy tokens alone, batched and in prefill chunks smaller than the
 prompt (near-tie rule), the radix cache exact with the attention layer's KV and the Mamba layers'
-state snapshots (cache_checks.py), configs radixlm cannot run refused by name, and a `jamba` GGUF
-whose layer pattern is no period refused."""
+state snapshots (cache_checks.py: a cached answer equals the engine's uncached one); llama.cpp's
+`jamba` file of the same weights answering alike through a small pool; configs radixlm cannot run
+refused by name, and a `jamba` GGUF whose layer pattern is no period refused."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.model.cache_checks import check_greedy_and_cache
+from tests.model.cache_checks import check_greedy_and_cache, check_greedy_and_evictions
+from tests.model.mamba_gguf_writer import write_jamba_gguf
 from tests.model.ssm_checkpoints import CONFIGS, ssm_checkpoint
 
 ARCH = "JambaForCausalLM"
-STATES = dict(max_mamba_cache_size=64)
+# Prefill chunks of 32: the greedy prompts of 33 and 45 tokens take two.
+STATES = dict(max_mamba_cache_size=64, chunk=32)
+POOL = dict(max_total_tokens=2048)  # the cache checks' (small: cheap invariant checks)
 
 
 @pytest.fixture(scope="module")
@@ -22,8 +26,18 @@ def jamba(tmp_path_factory):
 
 
 def test_safetensors_greedy_and_cache(jamba):
+    """HF's tokens alone, batched and chunked; the cached answers equal the engine's own uncached
+    ones exactly."""
     path, hf = jamba
-    check_greedy_and_cache(path, hf, "jamba", **STATES)
+    check_greedy_and_cache(path, hf, "jamba", uncached_reference=True, **STATES, **POOL)
+
+
+def test_gguf_greedy_and_evictions(jamba, tmp_path):
+    """The converter's float32 file: HF's tokens; through a small pool the cached answers equal
+    the uncached ones."""
+    path, hf = jamba
+    gguf_path = write_jamba_gguf(path, str(tmp_path / "f32.gguf"))
+    check_greedy_and_evictions(gguf_path, hf, "jamba gguf", uncached_reference=True, **STATES)
 
 
 @pytest.mark.parametrize("change, field", [(dict(hidden_act="gelu"), "hidden_act")])

@@ -2,9 +2,10 @@
 FalconMambaForCausalLM on the Mamba-1 mixer, linear_attn/mamba1.py) end to end against HF
 transformers in float32: greedy tokens alone, batched and in prefill chunks smaller than the
 prompt (near-tie rule), the radix cache exact with the mixers' state snapshots
-(tests/model/cache_checks.py: no layer keeps KV), the same weights as llama.cpp's converter writes
-them (`mamba2`) answering alike through a small pool, and configs radixlm cannot run refused by
-name. And Mamba-1's selective
+(tests/model/cache_checks.py: no layer keeps KV; a cached answer equals the engine's uncached
+one), the same weights as llama.cpp's converter writes them (`mamba2`, `mamba`) answering alike
+through a small pool, a Q8_0 file's top-1 agreeing with HF holding its weights, and configs
+radixlm cannot run refused by name. And Mamba-1's selective
 scan, blocked, against its token-by-token statement in float64."""
 
 from __future__ import annotations
@@ -18,10 +19,15 @@ from tests.model.cache_checks import check_greedy_and_cache, check_greedy_and_ev
 from tests.model.converter_gguf import file_weights
 from tests.model.mamba_gguf_writer import write_mamba_gguf
 from tests.model.ssm_checkpoints import ssm_checkpoint
+from tests.model.windowed_checkpoints import VOCAB
 
 FAMILIES = ["Mamba2ForCausalLM", "MambaForCausalLM", "FalconMambaForCausalLM"]
 # The states are small: room for every snapshot the cache checks keep (tracks every 256 tokens).
-STATES = dict(max_mamba_cache_size=64)
+# Prefill chunks of 32: the greedy prompts of 33 and 45 tokens take two.
+STATES = dict(max_mamba_cache_size=64, chunk=32)
+# A pool without KV is sized from a nominal 256 bytes a slot (millions of slots): the cache checks'
+# pool, so that the invariant checks after every step stay cheap.
+POOL = dict(max_total_tokens=2048)
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
@@ -34,16 +40,20 @@ def family(request, tmp_path_factory):
     return arch, path, hf
 
 
+# Mamba-2 (the pool without KV layers) and Mamba-1's mixer; FalconMamba's norms are the GGUF's.
 @pytest.mark.parametrize("family", ["Mamba2ForCausalLM", "MambaForCausalLM"], indirect=True)
 def test_safetensors_greedy_and_cache(family):
+    """HF's tokens alone, batched and chunked; the cached answers equal the engine's own uncached
+    ones exactly."""
     arch, path, hf = family
-    check_greedy_and_cache(path, hf, arch, **STATES)
+    check_greedy_and_cache(path, hf, arch, uncached_reference=True, **STATES, **POOL)
 
 
-@pytest.mark.parametrize("family", ["Mamba2ForCausalLM"], indirect=True)
+@pytest.mark.parametrize("family", ["Mamba2ForCausalLM", "FalconMambaForCausalLM"], indirect=True)
 def test_gguf_greedy_and_evictions(family, tmp_path):
-    """The converter's float32 file: every weight read back (A_log through the file's -exp(A_log):
-    to float32's nearest), HF's tokens, also through a small pool."""
+    """The converter's float32 file (`mamba2`; `mamba` with ssm.dt_b_c_rms): every weight read back
+    (A_log through the file's -exp(A_log): to float32's nearest), HF's tokens, and through a small
+    pool the cached answers equal the uncached ones."""
     arch, path, hf = family
     gguf_path = write_mamba_gguf(path, str(tmp_path / "f32.gguf"))
     held = _holding(hf, gguf_path).state_dict()
@@ -52,7 +62,21 @@ def test_gguf_greedy_and_evictions(family, tmp_path):
             torch.testing.assert_close(held[name], t, rtol=1e-6, atol=1e-7, msg=name)
         else:
             assert torch.equal(held[name], t), name
-    check_greedy_and_evictions(gguf_path, hf, f"{arch} gguf", **STATES)
+    check_greedy_and_evictions(gguf_path, hf, f"{arch} gguf", uncached_reference=True, **STATES)
+
+
+# (Mamba-2's Q8_0 file: on i90-mamba-wip, top-1 agreement 94.2% with HF holding its weights)
+@pytest.mark.parametrize("family", ["MambaForCausalLM"], indirect=True)
+def test_q8_0_gguf_agrees_with_hf_top1(family, tmp_path):
+    """The native kernels on the file's Q8_0 blocks (rows that are no multiple of 32 in F16, as
+    the converter falls back): top-1 agreement >= 95% with HF holding the file's weights."""
+    from tests.model.top1_agreement import top1_agreement
+
+    arch, path, hf = family
+    q8 = write_mamba_gguf(path, str(tmp_path / "q8_0.gguf"), qtype="q8_0")
+    agree, total = top1_agreement(q8, hf, _holding(hf, q8), VOCAB, new_tokens=60)
+    print(f"{arch} Q8_0 top-1 agreement {agree}/{total}")
+    assert agree / total >= 0.95, f"{arch} Q8_0: top-1 agreement {agree}/{total}"
 
 
 def _holding(hf, gguf_path: str):
