@@ -40,8 +40,6 @@ def family(request, tmp_path_factory):
     return arch, path, hf
 
 
-# Mamba-2 (the pool without KV layers) and Mamba-1's mixer; FalconMamba's norms are the GGUF's.
-@pytest.mark.parametrize("family", ["Mamba2ForCausalLM", "MambaForCausalLM"], indirect=True)
 def test_safetensors_greedy_and_cache(family):
     """HF's tokens alone, batched and chunked; the cached answers equal the engine's own uncached
     ones exactly."""
