@@ -88,7 +88,7 @@ def assert_all_free(e: Engine) -> None:
 def check_cached_prefixes_stay_reusable(e: Engine, hf, label: str = "") -> None:
     """In a running engine (a pool of >= 2048 tokens): a second turn reuses the first turn's
     whole prompt; a prompt sharing the first 512 tokens of a cached 700-token one reuses at least
-    256 of them; HF's tokens for each."""
+    256 of them; HF's tokens for each (hf: HF's model, or an Uncached whose answers they equal)."""
     turn1 = ids(2, 40)
     out1 = generate(e, turn1, 24)
     check(out1, hf, turn1, 24, f"{label} turn 1")
@@ -115,8 +115,8 @@ def check_cached_prefixes(path: str, hf, label: str = "", **engine_args) -> None
 def check_evictions(e: Engine, hf, label: str = "") -> None:
     """In a running engine whose pool holds about two of these prompts (max_total_tokens 200; a
     windowed model's windowed-layer slots halved by swa_full_tokens_ratio=0.5): prompts that
-    share prefixes, alone and batched, evicting each other; HF's tokens, and every slot free at
-    the end."""
+    share prefixes, alone and batched, evicting each other; HF's tokens (or an Uncached's), and
+    every slot free at the end."""
     stem = ids(6, 30)
     prompts = [stem + ids(10 + i, 20 + 7 * i) for i in range(4)] + [ids(20, 45)]
     for rnd in range(2):
