@@ -202,3 +202,11 @@ MODEL_REGISTRY.register(
     "Mistral3ForConditionalGeneration",
     "radixlm.model.models.mistral3_mm:Mistral3ForConditionalGeneration",
 )
+# Issue 90: the state-space models (models/mamba.py) and Bamba (models/bamba.py).
+MODEL_REGISTRY.register("Mamba2ForCausalLM", "radixlm.model.models.mamba:Mamba2ForCausalLM")
+MODEL_REGISTRY.register("MambaForCausalLM", "radixlm.model.models.mamba:MambaForCausalLM")
+MODEL_REGISTRY.register(
+    "FalconMambaForCausalLM", "radixlm.model.models.mamba:FalconMambaForCausalLM"
+)
+MODEL_REGISTRY.register("BambaForCausalLM", "radixlm.model.models.bamba:BambaForCausalLM")
+MODEL_REGISTRY.register("JambaForCausalLM", "radixlm.model.models.jamba:JambaForCausalLM")

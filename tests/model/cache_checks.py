@@ -3,7 +3,8 @@ written for the window-aware cache, tests/model/test_swa_cache.py): a second tur
 one's prompt, a branch at 512 of a cached 700-token prompt reuses at least 256 tokens, and after
 evictions through a small pool the answers are still HF's greedy tokens (near-tie rule), with the
 scheduler's invariant checks after every step and every slot free at the end. The model needs
-max_position_embeddings >= 1024; a windowed model's checks cover its windowed-layer slots too."""
+max_position_embeddings >= 1024; a windowed model's checks cover its windowed-layer slots too.
+The reference is HF's greedy tokens, or the engine's own answer outside the cache (Uncached)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,34 @@ def generate(e: Engine, prompt: list[int], n: int) -> dict:
 _REFS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
+class Uncached:
+    """The engine's own answer to the same prompt outside the radix cache (a cache_salt of its
+    own: no prefix shared), which a cached answer must equal exactly: the reference of the cache
+    checks where HF's is slow to compute (the state-space families; their HF agreement is
+    check_greedy's)."""
+
+    def __init__(self, e: Engine):
+        self.e, self.answers, self.count = e, {}, 0
+
+    def answer(self, prompt: list[int], n: int) -> list[int]:
+        key = (tuple(prompt), n)
+        if key not in self.answers:
+            self.count += 1
+            out = self.e.generate(
+                input_ids=prompt,
+                sampling_params={**SP, "max_new_tokens": n},
+                cache_salt=f"uncached-{self.count}",
+            )
+            assert out["meta_info"]["cached_tokens"] == 0
+            self.answers[key] = out["output_ids"]
+        return self.answers[key]
+
+
 def check(out: dict, hf, prompt: list[int], n: int, label: str) -> None:
+    """out is the reference's answer: hf's greedy tokens (near-tie rule), or an Uncached's."""
+    if isinstance(hf, Uncached):
+        assert out["output_ids"] == hf.answer(prompt, n), f"{label}: cached != uncached"
+        return
     refs = _REFS.setdefault(hf, {})
     key = (tuple(prompt), n)
     if key not in refs:
@@ -60,7 +88,7 @@ def assert_all_free(e: Engine) -> None:
 def check_cached_prefixes_stay_reusable(e: Engine, hf, label: str = "") -> None:
     """In a running engine (a pool of >= 2048 tokens): a second turn reuses the first turn's
     whole prompt; a prompt sharing the first 512 tokens of a cached 700-token one reuses at least
-    256 of them; HF's tokens for each."""
+    256 of them; HF's tokens for each (hf: HF's model, or an Uncached whose answers they equal)."""
     turn1 = ids(2, 40)
     out1 = generate(e, turn1, 24)
     check(out1, hf, turn1, 24, f"{label} turn 1")
@@ -87,8 +115,8 @@ def check_cached_prefixes(path: str, hf, label: str = "", **engine_args) -> None
 def check_evictions(e: Engine, hf, label: str = "") -> None:
     """In a running engine whose pool holds about two of these prompts (max_total_tokens 200; a
     windowed model's windowed-layer slots halved by swa_full_tokens_ratio=0.5): prompts that
-    share prefixes, alone and batched, evicting each other; HF's tokens, and every slot free at
-    the end."""
+    share prefixes, alone and batched, evicting each other; HF's tokens (or an Uncached's), and
+    every slot free at the end."""
     stem = ids(6, 30)
     prompts = [stem + ids(10 + i, 20 + 7 * i) for i in range(4)] + [ids(20, 45)]
     for rnd in range(2):
@@ -123,21 +151,29 @@ def check_greedy(e: Engine, hf, label: str) -> None:
         assert_greedy_equal(out["output_ids"], refs[i], f"{label} batched #{i}")
 
 
-def check_greedy_and_cache(path: str, hf, label: str, **engine_args) -> None:
+def check_greedy_and_cache(
+    path: str, hf, label: str, uncached_reference: bool = False, chunk: int = 0, **engine_args
+) -> None:
     """A family's checkpoint in one engine: check_greedy, then
-    check_cached_prefixes_stay_reusable."""
+    check_cached_prefixes_stay_reusable against HF or (uncached_reference) the engine's own
+    Uncached answers."""
     from tests.model.windowed_checkpoints import CHUNK
 
-    with engine(path, chunked_prefill_size=CHUNK, **engine_args) as e:
+    with engine(path, chunked_prefill_size=chunk or CHUNK, **engine_args) as e:
         check_greedy(e, hf, label)
-        check_cached_prefixes_stay_reusable(e, hf, label)
+        check_cached_prefixes_stay_reusable(e, Uncached(e) if uncached_reference else hf, label)
 
 
-def check_greedy_and_evictions(path: str, hf, label: str, **engine_args) -> None:
+def check_greedy_and_evictions(
+    path: str, hf, label: str, uncached_reference: bool = False, chunk: int = 0, **engine_args
+) -> None:
     """A family's other file (its GGUF) in one engine with a pool of 200 tokens: check_greedy,
-    then check_evictions (engine_args: swa_full_tokens_ratio=0.5 for a windowed model)."""
+    then check_evictions against HF or the engine's own Uncached answers (engine_args:
+    swa_full_tokens_ratio=0.5 for a windowed model)."""
     from tests.model.windowed_checkpoints import CHUNK
 
-    with engine(path, max_total_tokens=200, chunked_prefill_size=CHUNK, **engine_args) as e:
+    with engine(
+        path, max_total_tokens=200, chunked_prefill_size=chunk or CHUNK, **engine_args
+    ) as e:
         check_greedy(e, hf, label)
-        check_evictions(e, hf, label)
+        check_evictions(e, Uncached(e) if uncached_reference else hf, label)

@@ -57,6 +57,9 @@ ARCHITECTURES = (
     "ernie4_5",
     "hunyuan-dense",
     "mistral3",
+    "mamba2",
+    "mamba",
+    "jamba",
 )
 
 

@@ -113,7 +113,8 @@ class ModelRunner:
         # A hybrid model's recurrent states (model/memory/state_memory.py; None: attention only):
         # its KV pool holds the full-attention layers only.
         self.state_memory = StateMemory.of(self.model, config, self.dtype)
-        self.num_kv_layers = traits.num_kv_layers or self.num_layers
+        kv_layers = traits.num_kv_layers  # (0: a state-space model: the pool numbers slots only)
+        self.num_kv_layers = self.num_layers if kv_layers is None else kv_layers
         self.attn_backend = create_attention_backend(
             config.attention_backend,
             self._attn_spec(self.kv_dtype),

@@ -67,3 +67,7 @@ for _name, _target in [
 # Issue 90: Mistral 3's text model (Mistral3ForConditionalGeneration's language model) and
 # Ministral 3 (Ministral3ForCausalLM), which llama.cpp writes under the same name.
 GGUF_ARCHITECTURE_REGISTRY.register("mistral3", f"{_ARCHS}.llama_variants:MISTRAL3")
+# Issue 90: the pure state-space models (archs/mamba.py).
+GGUF_ARCHITECTURE_REGISTRY.register("mamba2", f"{_ARCHS}.mamba:MAMBA2")
+GGUF_ARCHITECTURE_REGISTRY.register("mamba", f"{_ARCHS}.mamba:MAMBA")
+GGUF_ARCHITECTURE_REGISTRY.register("jamba", f"{_ARCHS}.mamba:JAMBA")

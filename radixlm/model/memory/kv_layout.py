@@ -15,6 +15,11 @@ from radixlm.cache.mla_pool import MLATokenToKVPool
 from radixlm.model.layers.attention.mla_attention import MLAAttention
 from radixlm.model.layers.attention.radix_attention import RadixAttention
 
+# A model without KV (a state-space model: models/mamba.py) still numbers its tokens' slots for the
+# radix tree; each costs its free-list entry and its request-row and tree indices, about this much.
+# It sizes the slot count (and the states' share of the budget) as KV bytes per token would.
+NO_KV_TOKEN_SLOT_BYTES = 256
+
 
 @dataclass(frozen=True)
 class KVLayout:
@@ -35,6 +40,8 @@ class KVLayout:
         return self.kv_lora_rank > 0
 
     def bytes_per_token(self, num_layers: int, dtype: torch.dtype) -> int:
+        if self.num_kv_heads == 0:  # no KV at all (kv_layout's state-space model)
+            return NO_KV_TOKEN_SLOT_BYTES
         if self.mla:
             return MLATokenToKVPool.latent_bytes_per_token(
                 num_layers, self.kv_lora_rank, self.qk_rope_head_dim, dtype
@@ -81,6 +88,8 @@ def held_kv_layers(model: nn.Module) -> list[int]:
 
 def kv_layout(model: nn.Module, hf_config: Any) -> KVLayout:
     attn = next((m for m in model.modules() if isinstance(m, RadixAttention)), None)
+    if attn is None and model.traits().num_kv_layers == 0:
+        return KVLayout(0, 0)  # a state-space model (models/mamba.py): token slots without KV
     if attn is None:  # an encoder (model/models/bert.py): keeps no KV; a pool of its heads' shape
         heads = hf_config.num_attention_heads
         return KVLayout(heads, hf_config.hidden_size // heads)

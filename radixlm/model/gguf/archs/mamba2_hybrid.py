@@ -11,6 +11,9 @@ GraniteMoeModel) changes, undone here:
 - the layer types are not written: attention where attention.head_count_kv's entry is > 0, else
   Mamba-2 (as llama.cpp reads them);
 - the muP multipliers are attention.scale, embedding_scale, residual_scale and logit_scale;
+- Bamba (BambaForCausalLM) is written as granitehybrid too: RoPE on (over rope.dimension_count
+  of each head: Bamba's first half), no experts, no multipliers (no attention.scale: llama.cpp's
+  1 / sqrt(head_dim)), its feed_forward as the dense ffn_gate / ffn_up / ffn_down;
 - RoPE is written as rope.scaling.finetuned (false for the hybrid models: no RoPE; the context
   length is then 2**20);
 - the attention's q / k rows permuted as for llama's RoPE (undo_permute), RoPE or not;
@@ -120,6 +123,7 @@ def granite_hybrid_config(reader, arch: str, kw: dict) -> dict:
     kv = per_layer(reader, a, "attention.head_count_kv", n)
     sizes = _mamba2_sizes(reader, a)
     inner, hidden = sizes["mamba_n_heads"] * sizes["mamba_d_head"], int(kw["hidden_size"])
+    heads = int(kw["num_attention_heads"])
     if inner % hidden:
         raise ValueError(f"{a} GGUF: ssm.inner_size {inner} is no multiple of {hidden}")
     rope = bool(field(reader, f"{a}.rope.scaling.finetuned", False))
@@ -132,7 +136,10 @@ def granite_hybrid_config(reader, arch: str, kw: dict) -> dict:
             field(reader, f"{a}.expert_shared_feed_forward_length") or kw["intermediate_size"]
         ),
         embedding_multiplier=float(field(reader, f"{a}.embedding_scale", 1.0)),
-        attention_multiplier=float(field(reader, f"{a}.attention.scale", 1.0)),
+        # Bamba's file has none: llama.cpp's 1 / sqrt(head_dim) then
+        attention_multiplier=float(
+            field(reader, f"{a}.attention.scale") or (hidden // heads) ** -0.5
+        ),
         residual_multiplier=float(field(reader, f"{a}.residual_scale", 1.0)),
         logits_scaling=float(field(reader, f"{a}.logit_scale", 1.0)),
         position_embedding_type="rope" if rope else None,
@@ -142,6 +149,9 @@ def granite_hybrid_config(reader, arch: str, kw: dict) -> dict:
     if rope:
         theta = float(kw.get("rope_theta", 10_000.0))
         out["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
+        rope_dim = field(reader, f"{a}.rope.dimension_count")
+        if rope_dim and int(rope_dim) != hidden // heads:  # Bamba's: half of each head
+            out["rope_parameters"]["partial_rotary_factor"] = int(rope_dim) / (hidden // heads)
     if not out["num_local_experts"]:  # HF's dense layers: the shared MLP's width
         out["shared_intermediate_size"] = int(kw["intermediate_size"])
     return out

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from radixlm.model.layers.linear_attn.kda_rule import kda_batch
+from radixlm.model.layers.linear_attn.selective_scan import selective_scan_batch
 from radixlm.registry import Registry
 
 
@@ -125,6 +126,25 @@ class LinearAttnBackend(ABC):
         beta [T, H]; ssm_state [slots, H, Dk, Dv]. -> o [T, H, Dv] in v's dtype, computed in
         float32. This default is torch's (kda_rule.py); native and triton run their kernels."""
         return kda_batch(q, k, v, g, beta, ssm_state, rows, seq_lens)
+
+    def selective_scan(
+        self,
+        x: torch.Tensor,
+        dt: torch.Tensor,
+        a: torch.Tensor,
+        b: torch.Tensor,
+        c: torch.Tensor,
+        ssm_state: torch.Tensor,
+        rows: torch.Tensor,
+        seq_lens: list[int],
+    ) -> torch.Tensor:
+        """Mamba-1's selective scan, per token t and channel d:
+            S[d] = exp(dt[t, d] * a[d]) * S[d] + dt[t, d] * x[t, d] * b_t
+            y[t, d] = S[d] . c_t
+        x [T, D]; dt [T, D] float32 (after softplus); a [D, N] float32 (< 0); b, c [T, N];
+        ssm_state [slots, D, N]. -> y [T, D] in x's dtype (without the D skip and the gate),
+        computed in float32. This default is torch's (selective_scan.py) on every backend."""
+        return selective_scan_batch(x, dt, a, b, c, ssm_state, rows, seq_lens)
 
     def gated_rmsnorm(
         self, x: torch.Tensor, z: torch.Tensor, weight: torch.Tensor, eps: float
