@@ -108,6 +108,12 @@ _QWEN_RENAMES = {
 }
 
 
+def qwen_name(nextn_name: str) -> str:
+    """A NextN module's tensor in Qwen's `mtp.*` names (the inverse of _QWEN_RENAMES)."""
+    back = {v: k for k, v in _QWEN_RENAMES.items()}
+    return "mtp." + back[nextn_name]
+
+
 def num_mtp_layers(config: Any) -> int:
     """DeepSeek / GLM / a GGUF: num_nextn_predict_layers; Qwen3.5 / Qwen3-Next's config.json:
     mtp_num_hidden_layers."""

@@ -14,10 +14,14 @@ FIT_NAMES = ("eh_proj.weight", "enorm.weight", "hnorm.weight", "shared_head.norm
 
 
 def fitted_tensors(head: MtpHead) -> dict[str, torch.Tensor]:
-    """The fit_parameters as `model.layers.{index}.*` tensors (float32)."""
+    """The fit_parameters (float32) under the checkpoint's names: `model.layers.{index}.*`, or
+    Qwen3.5 / Qwen3-Next's `mtp.*` (their first head's)."""
+    from radixlm.speculative.mtp_checkpoint import MTP_FAMILY_REGISTRY, qwen_name
+
+    qwen = MTP_FAMILY_REGISTRY.meta(head.cfg.architecture).qwen_names
     prefix = f"model.layers.{head.cfg.layer_index}."
     return {
-        prefix + name: p.detach().float().contiguous().cpu()
+        (qwen_name(name) if qwen else prefix + name): p.detach().float().contiguous().cpu()
         for name, p in zip(FIT_NAMES, head.fit_parameters())
     }
 

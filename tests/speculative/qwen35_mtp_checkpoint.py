@@ -10,7 +10,7 @@ import os
 import torch
 from safetensors.torch import save_file
 
-from tests.model.hybrid_checkpoints import hybrid_checkpoint
+from tests.model.hybrid_checkpoints import RESIDUAL_WRITERS, hybrid_checkpoint
 
 
 def mtp_tensors(hf, g: torch.Generator) -> dict[str, torch.Tensor]:
@@ -32,11 +32,29 @@ def mtp_tensors(hf, g: torch.Generator) -> dict[str, torch.Tensor]:
     return out
 
 
-def qwen35_mtp_checkpoint(path: str, tokenizer=None, seed: int = 5, **changes):
+def qwen35_mtp_checkpoint(
+    path: str, tokenizer=None, seed: int = 5, transparent: bool = False, **changes
+):
     """(path, hf model, the MTP tensors): the model saved by hybrid_checkpoint, its MTP block in
-    mtp.safetensors and mtp_num_hidden_layers = 1 in its config."""
+    mtp.safetensors and mtp_num_hidden_layers = 1 in its config.
+
+    transparent (as mtp_checkpoints.py's): the MTP layer's residual writers zero (the layer passes
+    its input through, so fitting mtp.fc and the norms is exact gradient descent) and the model's
+    own scaled by 0.1, so each greedy token depends mostly on the one before: answers a head of one
+    projection learns in seconds."""
+    if transparent:
+        changes["scaled_residual"] = True
     path, hf = hybrid_checkpoint("qwen35", path, tokenizer, **changes)
     mtp = mtp_tensors(hf, torch.Generator().manual_seed(seed))
+    if transparent:
+        with torch.no_grad():
+            for name, t in mtp.items():
+                if name.endswith(RESIDUAL_WRITERS):
+                    t.zero_()
+            for name, p in hf.named_parameters():
+                if name.endswith(RESIDUAL_WRITERS):
+                    p.mul_(0.1)
+        hf.save_pretrained(path)
     save_file(mtp, os.path.join(path, "mtp.safetensors"), metadata={"format": "pt"})
     with open(os.path.join(path, "config.json")) as f:
         d = json.load(f)

@@ -3,16 +3,26 @@
 of different lengths at once in prefill chunks, a second turn after its cached first, and a branch
 inside a cached prompt resumed at its state snapshot; the head drafts every step (a random head's
 drafts are rejected: the rows keep their roots' states) and the KV / state invariants hold after
-every step (the harness checks them). EAGLE heads trained for a model stay refused on hybrids."""
+every step (the harness checks them). Fitted to the model's own answers (`train-eagle --mtp`, which
+writes the `mtp.*` names back), the head's drafts are accepted (> 0.5 by the Engine's counters and
+each answer's meta_info) and the outputs stay exact. EAGLE heads trained for a model stay refused
+on hybrids."""
 
 from __future__ import annotations
 
+import os
 import random
 
 import pytest
 
+from radixlm import Engine
+from radixlm.cli import main
+from radixlm.speculative.eagle_prompts import default_prompts
+from radixlm.speculative.mtp_train import install_mtp_fit
+from tests.conftest import engine_args
 from tests.model.hybrid_checkpoints import tiny_tokenizer
 from tests.scheduler.harness import Driver, make_scheduler
+from tests.speculative.conftest import train_args
 from tests.speculative.qwen35_mtp_checkpoint import qwen35_mtp_checkpoint
 
 NEW = 10
@@ -78,3 +88,44 @@ def test_nextn_on_a_hybrid_gives_the_plain_greedy_tokens(mtp_dir):
 def test_trained_eagle_heads_stay_refused_on_hybrids(mtp_dir):
     with pytest.raises(ValueError, match=r"a hybrid model\) is not served with EAGLE heads"):
         make_scheduler(mtp_dir, speculative_algorithm="eagle", speculative_draft_model_path=mtp_dir)
+
+
+@pytest.fixture(scope="module")
+def fitted_dir(tmp_path_factory):
+    path = str(tmp_path_factory.mktemp("qwen35-mtp-fitted"))
+    qwen35_mtp_checkpoint(path, tiny_tokenizer(), transparent=True, max_position_embeddings=2048)
+    out = str(tmp_path_factory.mktemp("qwen35-mtp-fit-out"))
+    assert main(train_args(path, out, "--mtp", "--epochs", "40", "--save-every", "1000")) == 0
+    install_mtp_fit(os.path.join(out, "mtp_fit.safetensors"), path)
+    return path
+
+
+def test_fitted_head_drafts_are_accepted_exactly(fitted_dir):
+    d = Driver(make_scheduler(fitted_dir))
+    tok = d.s.tokenizer.get()
+    prompts = [
+        tok.encode(
+            tok.apply_chat_template(
+                [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
+            )
+        )
+        for p in default_prompts(6, seed=9)
+    ]
+    plain, _ = _run(d, prompts, together=True)
+    steps = 2
+    sp = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
+    with Engine(
+        fitted_dir,
+        **engine_args(
+            speculative_algorithm="nextn",
+            speculative_draft_policy="fixed",
+            speculative_num_steps=steps,
+        ),
+    ) as e:
+        outs = e.generate(input_ids=prompts, sampling_params=sp)
+        st = e.get_internal_state()
+    assert [o["output_ids"][:NEW] for o in outs] == plain
+    assert st["spec_accepted_tokens"] / st["spec_draft_tokens"] > 0.5, st
+    meta = [o["meta_info"] for o in outs]
+    drafted = sum(steps * m["spec_verify_ct"] for m in meta)  # at most; fewer near the end
+    assert sum(m["spec_accepted_tokens"] for m in meta) / drafted > 0.5, meta
