@@ -4,11 +4,15 @@ as the first system block, cache_control marks, its tools, tool_use / tool_resul
 streaming; tests/e2e/claude_code_session.py). With the billing line normalized (the default),
 every turn after the first reads >= 95% of the previous turn's prompt from the cache; with
 --disable-billing-header-normalization the rotating line costs what it costs (printed, and far
-below). A malformed billing line or cache_control is served unchanged, never a 5xx."""
+below). A malformed billing line or cache_control is served unchanged, never a 5xx. Served by the
+tiny Llama (the default model's tokenizer and template, a 4k context), one server per module and
+one with the normalization off."""
 
 from __future__ import annotations
 
+import json
 import random
+import shutil
 
 import anthropic
 import openai
@@ -16,19 +20,35 @@ import pytest
 import requests
 
 from radixlm.server.process import ServerProcess
+from tests.conftest import TINY_SERVE
 from tests.e2e.claude_code_session import CODEX_TURNS, codex_request, system_blocks
 from tests.e2e.claude_code_session import requests as session_requests
 
 KEY = "agent-session-key-0123456789"
 
 
-def start(*flags: str) -> ServerProcess:
-    return ServerProcess("--enable-invariant-checks", *flags, env={"RADIXLM_API_KEY": KEY})
+@pytest.fixture(scope="module")
+def model_dir(tiny_model_dir, tmp_path_factory) -> str:
+    """The tiny Llama (the default model's tokenizer and chat template) with a 4k context: the
+    sessions' prompts are ~2k tokens. What the tests count, cache reads, does not depend on the
+    model's weights; prefilling them on the default model would be most of the module's time."""
+    path = tmp_path_factory.mktemp("tiny-4k")
+    shutil.copytree(tiny_model_dir, path, dirs_exist_ok=True)
+    config = json.loads((path / "config.json").read_text())
+    config["max_position_embeddings"] = 4096
+    (path / "config.json").write_text(json.dumps(config))
+    return str(path)
+
+
+def start(model_dir: str, *flags: str) -> ServerProcess:
+    return ServerProcess(
+        "--model-path", model_dir, *TINY_SERVE, *flags, env={"RADIXLM_API_KEY": KEY}
+    )
 
 
 @pytest.fixture(scope="module")
-def server():
-    s = start()
+def server(model_dir):
+    s = start(model_dir)
     yield s
     s.stop()
 
@@ -59,8 +79,8 @@ def test_claude_code_session_reads_each_previous_prompt_from_the_cache(server):
         assert prompt > prev and read >= 0.95 * prev, turns
 
 
-def test_without_normalization_the_rotating_line_costs_the_prefix(server):
-    off = start("--disable-billing-header-normalization")
+def test_without_normalization_the_rotating_line_costs_the_prefix(model_dir):
+    off = start(model_dir, "--disable-billing-header-normalization")
     try:
         turns = replay(client(off), seed=2, turns=3)  # each turn re-prefills: three show it
     finally:

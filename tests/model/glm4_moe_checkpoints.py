@@ -5,10 +5,10 @@ a `glm4moe` GGUF."""
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import transformers
 
+from tests.model.gguf_moe_writer import add_glm4moe_header, add_stacked_moe_tensors
 from tests.model.helpers import randomize
 from tests.model.hybrid_checkpoints import _add_vocab, tiny_tokenizer
 from tests.model.test_gguf_archs import write_and_close
@@ -88,55 +88,20 @@ def _add_mtp_layer(path: str, hf) -> None:
 
 
 def write_gguf(hf, tokenizer_dir: str, path: str) -> str:
-    """hf as convert_hf_to_gguf.py's Glm4MoeModel writes it (float32): block_count counting the
-    MTP layer, rope.dimension_count the rotated part of a head, sigmoid gating, the experts stacked
-    per projection (ffn_{gate,up,down}_exps), e_score_correction_bias as exp_probs_b.bias, no q/k
-    permutation (NEOX RoPE). expert_group_count / _used_count are written too: this model's
-    n_group is 2 (GLM-4.5's is 1, for which the converter writes none)."""
+    """hf as convert_hf_to_gguf.py's Glm4MoeModel writes it (float32; gguf_moe_writer.py):
+    block_count counting the MTP layer, the experts stacked per projection
+    (ffn_{gate,up,down}_exps), e_score_correction_bias as exp_probs_b.bias, no q/k permutation
+    (NEOX RoPE)."""
     import gguf
 
     cfg = hf.config
     nextn = cfg.num_nextn_predict_layers
     w = gguf.GGUFWriter(path, "glm4moe")
-    w.add_type(gguf.GGUFType.MODEL)
-    w.add_block_count(cfg.num_hidden_layers + nextn)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_vocab_size(cfg.vocab_size)
-    w.add_expert_count(cfg.n_routed_experts)
-    w.add_expert_used_count(cfg.num_experts_per_tok)
-    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
-    w.add_expert_shared_count(cfg.n_shared_experts)
-    w.add_leading_dense_block_count(cfg.first_k_dense_replace)
-    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-    w.add_expert_weights_scale(cfg.routed_scaling_factor)
-    w.add_expert_weights_norm(cfg.norm_topk_prob)
-    w.add_expert_group_count(cfg.n_group)
-    w.add_expert_group_used_count(cfg.topk_group)
-    w.add_nextn_predict_layers(nextn)
+    add_glm4moe_header(w, cfg, nextn)
     _add_vocab(w, tokenizer_dir, cfg.vocab_size, "qwen2")
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GLM4_MOE, cfg.num_hidden_layers + nextn)
-    for name, t in {**hf.state_dict(), **_mtp_tensors(hf)}.items():
-        a = t.float().numpy().copy()
-        if name.endswith(".mlp.experts.gate_up_proj"):  # [E, 2I, H]: gate and up stored apart
-            inter = a.shape[1] // 2
-            for part, rows in (("gate", a[:, :inter]), ("up", a[:, inter:])):
-                gname = name.replace("gate_up_proj", f"{part}_proj") + ".weight"
-                w.add_tensor(_gguf_name(names, gname), np.ascontiguousarray(rows))
-            continue
-        if name.endswith(".mlp.experts.down_proj"):
-            name += ".weight"
-        name = name.replace("e_score_correction_bias", "e_score_correction.bias")
-        w.add_tensor(_gguf_name(names, name), a)
+    state = {**hf.state_dict(), **_mtp_tensors(hf)}
+    add_stacked_moe_tensors(w, state, lambda name: _gguf_name(names, name))
     write_and_close(w)
     return path
 

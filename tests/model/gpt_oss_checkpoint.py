@@ -12,8 +12,10 @@ import random
 import torch
 import transformers
 
+from tests.model.gguf_moe_writer import add_text_header
 from tests.model.helpers import PoolHarness, hf_logits
 from tests.model.hybrid_checkpoints import _add_vocab
+from tests.model.test_gguf_archs import write_and_close
 from tests.model.windowed_checkpoints import VOCAB, WINDOW, checkpoint
 
 ATOL = 1e-4  # float32, as tests/model/test_logits.py
@@ -102,25 +104,15 @@ def write_gguf(
     cfg = hf.config
     arch = gguf.MODEL_ARCH.GPT_OSS
     w = gguf.GGUFWriter(path, gguf.MODEL_ARCH_NAMES[arch])
-    w.add_type(gguf.GGUFType.MODEL)
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
+    add_text_header(w, cfg, cfg.num_hidden_layers)
     w.add_rope_freq_base(ROPE["rope_theta"])
     w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
     w.add_rope_scaling_factor(ROPE["factor"])
     w.add_rope_scaling_orig_ctx_len(ROPE["original_max_position_embeddings"])
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_expert_count(cfg.num_local_experts)
     w.add_expert_used_count(cfg.num_experts_per_tok)
     w.add_sliding_window(cfg.sliding_window)
     w.add_expert_feed_forward_length(cfg.intermediate_size)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
     _add_vocab(w, tokenizer_dir, cfg.vocab_size, "qwen2")
     names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers)
     for name, t in hf.state_dict().items():
@@ -144,8 +136,5 @@ def write_gguf(
         gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
         projection = ("attn_q.weight", "attn_k.weight", "attn_v.weight", "attn_output.weight")
         add(w, gguf_name, a, attention if gguf_name.endswith(projection) else None)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    write_and_close(w)
     return path

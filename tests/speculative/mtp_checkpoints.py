@@ -12,12 +12,13 @@ hot_model_dir): answers a head of one projection can learn in seconds."""
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import transformers
 
+from tests.model.gguf_moe_writer import add_glm4moe_header, add_stacked_moe_tensors
 from tests.model.helpers import randomize
 from tests.model.hybrid_checkpoints import _add_vocab, tiny_tokenizer
+from tests.model.test_gguf_archs import write_and_close
 
 COMMON = dict(
     hidden_size=64,
@@ -123,7 +124,6 @@ def write_gguf(path: str, hf, mtp: dict, tokenizer_dir: str) -> str:
     import gguf
 
     cfg = hf.config
-    state = {**hf.state_dict(), **mtp}
     if isinstance(hf, transformers.DeepseekV3ForCausalLM):
         from radixlm.model.gguf.archs.deepseek import write_deepseek2_metadata
 
@@ -132,57 +132,13 @@ def write_gguf(path: str, hf, mtp: dict, tokenizer_dir: str) -> str:
         arch = gguf.MODEL_ARCH.DEEPSEEK2
     else:
         w = gguf.GGUFWriter(path, "glm4moe")
-        _glm4moe_header(w, cfg)
+        add_glm4moe_header(w, cfg, nextn=1)
         arch = gguf.MODEL_ARCH.GLM4_MOE
     _add_vocab(w, tokenizer_dir, cfg.vocab_size, "qwen2")
     names = gguf.get_tensor_name_map(arch, cfg.num_hidden_layers + 1)
-    for name, t in state.items():
-        a = t.float().numpy().copy()
-        if name.endswith(".mlp.experts.gate_up_proj"):  # [E, 2I, H]: gate and up stored apart
-            inter = a.shape[1] // 2
-            for part, rows in (("gate", a[:, :inter]), ("up", a[:, inter:])):
-                gname = name.replace("gate_up_proj", f"{part}_proj") + ".weight"
-                w.add_tensor(_name(names, gname), np.ascontiguousarray(rows))
-            continue
-        if name.endswith(".mlp.experts.down_proj"):
-            name += ".weight"
-        name = name.replace("e_score_correction_bias", "e_score_correction.bias")
-        w.add_tensor(_name(names, name), a)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    add_stacked_moe_tensors(w, {**hf.state_dict(), **mtp}, lambda name: _name(names, name))
+    write_and_close(w)
     return path
-
-
-def _glm4moe_header(w, cfg) -> None:
-    import gguf
-
-    w.add_type(gguf.GGUFType.MODEL)
-    w.add_block_count(cfg.num_hidden_layers + 1)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
-    w.add_rope_dimension_count(int(cfg.head_dim * cfg.rope_parameters["partial_rotary_factor"]))
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    w.add_vocab_size(cfg.vocab_size)
-    w.add_expert_count(cfg.n_routed_experts)
-    w.add_expert_used_count(cfg.num_experts_per_tok)
-    w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
-    w.add_expert_shared_count(cfg.n_shared_experts)
-    w.add_leading_dense_block_count(cfg.first_k_dense_replace)
-    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
-    w.add_expert_weights_scale(cfg.routed_scaling_factor)
-    w.add_expert_weights_norm(cfg.norm_topk_prob)
-    w.add_expert_group_count(cfg.n_group)
-    w.add_expert_group_used_count(cfg.topk_group)
-    w.add_nextn_predict_layers(1)
 
 
 # The converter's names for the NextN tensors (gguf-py's NEXTN_* entries).

@@ -12,6 +12,7 @@ import pytest
 
 from radixlm import Engine
 from radixlm.cli import main
+from radixlm.model.loader import load_tokenizer
 from radixlm.speculative.eagle_prompts import default_prompts
 from radixlm.speculative.mtp_train import install_mtp_fit
 from tests.conftest import engine_args
@@ -24,6 +25,8 @@ from tests.speculative.test_spec_engine import check_sampling_distribution
 # deeper levels read the head's own output, which it is not trained on (measured at 3 levels: 0.48
 # of drafted tokens accepted, the first level's 0.97 held-out accuracy diluted).
 STEPS = 2
+# The in-process schedulers' KV pool (6 requests of ~60 tokens), not the default 1 GB one.
+POOL_TOKENS = 4096
 
 
 @pytest.fixture(scope="module")
@@ -37,8 +40,7 @@ def fitted_dir(tmp_path_factory):
 
 
 def _chat_prompts(path, n, seed):
-    d = Driver(make_scheduler(path))
-    tok = d.s.tokenizer.get()
+    tok = load_tokenizer(path)
     return [
         tok.encode(
             tok.apply_chat_template(
@@ -51,7 +53,7 @@ def _chat_prompts(path, n, seed):
 
 def test_fitted_head_accepts_most_drafts_exactly(fitted_dir):
     prompts = _chat_prompts(fitted_dir, 6, seed=9)
-    d = Driver(make_scheduler(fitted_dir))
+    d = Driver(make_scheduler(fitted_dir, max_total_tokens=POOL_TOKENS))
     rids = [d.submit(p, max_new_tokens=32, temperature=0, ignore_eos=True) for p in prompts]
     while not d.idle():
         d.step()

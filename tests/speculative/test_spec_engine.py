@@ -202,7 +202,10 @@ def test_a_folded_request_aborted_before_its_first_step(tiny_model_dir):
     for spec in (None, "radix"):
         d = Driver(
             make_scheduler(
-                tiny_model_dir, speculative_algorithm=spec, speculative_draft_policy="fixed"
+                tiny_model_dir,
+                speculative_algorithm=spec,
+                speculative_draft_policy="fixed",
+                max_total_tokens=1024,  # the invariant checks walk the pool every step
             )
         )
         d.submit(LOOPY[2], rid="first", **GREEDY)
@@ -295,8 +298,39 @@ def test_abort_and_stream_with_drafts(tiny_engine, radix_engine):
     assert st["available_kv_tokens"] + st["evictable_tokens"] == st["max_total_num_tokens"]
 
 
+@pytest.fixture(scope="module")
+def small_vocab_dir(tmp_path_factory):
+    """The tiny Llama's shape (conftest.py's tiny_model_dir) over the tiny BPE tokenizer, ~900
+    tokens rather than SmolLM2's 49k: verifying a sampled draft tree walks the vocabulary per
+    request and node, most of the sampling test's time at 49k; the rejection sampler's path is the
+    same at any vocabulary size."""
+    import transformers
+
+    from tests.model.hybrid_checkpoints import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    cfg = transformers.LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=tok.eos_token_id,
+        initializer_range=0.25,
+    )
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("tiny-llama-small-vocab")
+    transformers.LlamaForCausalLM(cfg).eval().save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
 @pytest.mark.parametrize("algorithm", ["radix"])
-def test_sampling_distribution_unchanged(tiny_model_dir, algorithm):
+def test_sampling_distribution_unchanged(small_vocab_dir, algorithm):
     """Many draws of 3 tokens at one fixed context (temperature 1, top-k 4: few outcomes, so drafts
     from earlier draws often match): the joint frequencies of the 3 tokens (verify steps emit them
     all: the cached prompt's last token is a verify step's root, prefill_fold.py) with speculation
@@ -304,12 +338,13 @@ def test_sampling_distribution_unchanged(tiny_model_dir, algorithm):
     times pooled).
     Fixed draft policy: at this batch size the adaptive one would rightly draft little, and this
     test is about the verifier."""
-    check_sampling_distribution(tiny_model_dir, algorithm, LOOPY[0])
+    check_sampling_distribution(small_vocab_dir, algorithm, LOOPY[0])
 
 
 def check_sampling_distribution(model_dir, algorithm, prompt, n=1536):
     """test_sampling_distribution_unchanged's check, for any model and draft source (the MTP
-    heads': test_mtp_fit.py)."""
+    heads': test_mtp_fit.py). The pool holds 64 requests of the prompt (shared) and 3 tokens each:
+    8k tokens, not the default 1 GB (an MTP head's own KV pool is allocated at its size)."""
     from collections import Counter
 
     from tests.scheduler.harness import Driver, make_scheduler
@@ -323,6 +358,7 @@ def check_sampling_distribution(model_dir, algorithm, prompt, n=1536):
                 model_dir,
                 speculative_algorithm=spec,
                 max_running_requests=64,
+                max_total_tokens=8192,
                 enable_invariant_checks=False,
                 speculative_draft_policy="fixed",
             )
