@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from tests.model.helpers import randomize
-from tests.model.hybrid_checkpoints import tiny_tokenizer
+from tests.model.hybrid_checkpoints import RESIDUAL_WRITERS, tiny_tokenizer
 
 _MAMBA2 = dict(
     hidden_size=64,
@@ -76,8 +76,15 @@ CONFIGS = {
 }
 
 
-def ssm_checkpoint(architecture: str, path: str, seed: int = 0, **changes):
-    """(path, HF model): a random float32 model of `architecture` saved at path."""
+def ssm_checkpoint(
+    architecture: str, path: str, seed: int = 0, scaled_residual: bool = False, **changes
+):
+    """(path, HF model): a random float32 model of `architecture` saved at path.
+
+    scaled_residual: the residual writers scaled by 1 / sqrt(2 layers) (GPT-2's init, as
+    hybrid_checkpoints.hf_model's), so each block adds a small update to the stream: the quantized
+    files' top-1 checks need it (without it the random model amplifies an activation's Q8_0
+    rounding through its layers until top-1 flips where no trained model's would)."""
     tok = tiny_tokenizer()
     config_cls, base = CONFIGS[architecture]
     cfg = getattr(transformers, config_cls)(
@@ -103,6 +110,8 @@ def ssm_checkpoint(architecture: str, path: str, seed: int = 0, **changes):
                 p.copy_(torch.empty(p.shape).uniform_(-3, -1, generator=g))
             if name == "lm_head.weight" and not cfg.tie_word_embeddings:
                 p.mul_(8)
+            if scaled_residual and name.endswith(RESIDUAL_WRITERS):
+                p.mul_((2 * cfg.num_hidden_layers) ** -0.5)
             p.copy_(p.bfloat16().float())
     hf.eval().save_pretrained(path)
     tok.save_pretrained(path)

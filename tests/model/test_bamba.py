@@ -12,6 +12,7 @@ import pytest
 from tests.model.bamba_gguf_writer import write_bamba_gguf
 from tests.model.cache_checks import check_greedy_and_cache, check_greedy_and_evictions
 from tests.model.ssm_checkpoints import CONFIGS, ssm_checkpoint
+from tests.model.windowed_checkpoints import VOCAB
 
 ARCH = "BambaForCausalLM"
 # Prefill chunks of 32: the greedy prompts of 33 and 45 tokens take two.
@@ -37,6 +38,20 @@ def test_gguf_greedy_and_evictions(bamba, tmp_path):
     path, hf = bamba
     gguf_path = write_bamba_gguf(path, str(tmp_path / "f32.gguf"))
     check_greedy_and_evictions(gguf_path, hf, "bamba gguf", uncached_reference=True, **STATES)
+
+
+def test_q8_0_gguf_agrees_with_hf_top1(tmp_path):
+    """The native kernels on the file's Q8_0 blocks: top-1 agreement >= 95% with HF holding the
+    file's weights (the convolutions float32, as the converter keeps them),
+    on a checkpoint with GPT-2's residual init (ssm_checkpoint's scaled_residual)."""
+    from tests.model.hybrid_checkpoints import dequantized_as_q8_0
+    from tests.model.top1_agreement import top1_agreement
+
+    path, hf = ssm_checkpoint(ARCH, str(tmp_path / "hf"), scaled_residual=True)
+    q8 = write_bamba_gguf(path, str(tmp_path / "q8_0.gguf"), qtype="q8_0")
+    agree, total = top1_agreement(q8, hf, dequantized_as_q8_0(hf), VOCAB, new_tokens=60)
+    print(f"bamba Q8_0 top-1 agreement {agree}/{total}")
+    assert agree / total >= 0.95, f"bamba Q8_0: top-1 agreement {agree}/{total}"
 
 
 @pytest.mark.parametrize(

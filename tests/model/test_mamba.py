@@ -63,14 +63,16 @@ def test_gguf_greedy_and_evictions(family, tmp_path):
     check_greedy_and_evictions(gguf_path, hf, f"{arch} gguf", uncached_reference=True, **STATES)
 
 
-# (Mamba-2's Q8_0 file: on i90-mamba-wip, top-1 agreement 94.2% with HF holding its weights)
-@pytest.mark.parametrize("family", ["MambaForCausalLM"], indirect=True)
-def test_q8_0_gguf_agrees_with_hf_top1(family, tmp_path):
+# Mamba-2's Q8_0 file agrees 141/149 (94.6%; 179/190 without the scaled residual): left open, its
+# dt through exp(dt A) with A up to 16 flips top-1 under activation rounding (docs/models.md).
+@pytest.mark.parametrize("arch", ["MambaForCausalLM"])
+def test_q8_0_gguf_agrees_with_hf_top1(arch, tmp_path):
     """The native kernels on the file's Q8_0 blocks (rows that are no multiple of 32 in F16, as
-    the converter falls back): top-1 agreement >= 95% with HF holding the file's weights."""
+    the converter falls back): top-1 agreement >= 95% with HF holding the file's weights, on a
+    checkpoint with GPT-2's residual init (ssm_checkpoint's scaled_residual)."""
     from tests.model.top1_agreement import top1_agreement
 
-    arch, path, hf = family
+    path, hf = ssm_checkpoint(arch, str(tmp_path / "hf"), scaled_residual=True)
     q8 = write_mamba_gguf(path, str(tmp_path / "q8_0.gguf"), qtype="q8_0")
     agree, total = top1_agreement(q8, hf, _holding(hf, q8), VOCAB, new_tokens=60)
     print(f"{arch} Q8_0 top-1 agreement {agree}/{total}")
