@@ -19,13 +19,20 @@ from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.linear_attn.mamba2 import Mamba2Dims, Mamba2Mixer
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.rotary import get_rope
-from radixlm.model.models.hybrid import HybridForCausalLM, build_layers, hybrid_layer_types
+from radixlm.model.models.hybrid import (
+    HybridDecoderLayer,
+    HybridForCausalLM,
+    build_layers,
+    hybrid_layer_types,
+)
 from radixlm.model.models.llama import LlamaAttention, LlamaMLP, get_head_dim
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 
 
-class BambaDecoderLayer(nn.Module):
+class BambaDecoderLayer(HybridDecoderLayer):
+    POST_NORM = "pre_ff_layernorm"
+
     def __init__(self, config: Any, layer_type: str, index: int, rotary):
         """index: the layer's number among the layers of its type (its KV or state layer)."""
         super().__init__()
@@ -44,15 +51,7 @@ class BambaDecoderLayer(nn.Module):
         return self.mamba if self.is_linear else None
 
     def forward(self, positions, hidden, fb: ForwardBatch, residual):
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        if self.is_linear:
-            hidden = self.mamba(hidden, fb)
-        else:
-            hidden = self.self_attn(positions, hidden, fb)
-        hidden, residual = self.pre_ff_layernorm(hidden, residual)
+        hidden, residual = self.mix(positions, hidden, fb, residual)
         return self.feed_forward(hidden), residual
 
 

@@ -35,7 +35,12 @@ from radixlm.model.layers.parallel_linear import (
 )
 from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
-from radixlm.model.models.hybrid import HybridForCausalLM, build_layers, hybrid_layer_types
+from radixlm.model.models.hybrid import (
+    HybridDecoderLayer,
+    HybridForCausalLM,
+    build_layers,
+    hybrid_layer_types,
+)
 from radixlm.model.models.llama import LlamaMLP, get_head_dim
 from radixlm.model.models.moe import MoeForCausalLM
 
@@ -75,7 +80,7 @@ class GraniteHybridAttention(nn.Module):
         return self.o_proj(self.attn(q.contiguous(), k.contiguous(), v.contiguous(), fb))
 
 
-class GraniteHybridDecoderLayer(nn.Module):
+class GraniteHybridDecoderLayer(HybridDecoderLayer):
     def __init__(self, config: Any, layer_type: str, index: int, rotary, dispatch, layer_id: int):
         """index: the layer's number among the layers of its type (its KV or state layer)."""
         super().__init__()
@@ -100,17 +105,7 @@ class GraniteHybridDecoderLayer(nn.Module):
 
     def forward(self, positions, hidden, fb: ForwardBatch, residual):
         # The residual stream rides along: the fused add + norm adds the scaled sublayer output.
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        if self.is_linear:
-            hidden = self.mamba(hidden, fb)
-        else:
-            hidden = self.self_attn(positions, hidden, fb)
-        hidden, residual = self.post_attention_layernorm(
-            hidden * self.residual_multiplier, residual
-        )
+        hidden, residual = self.mix(positions, hidden, fb, residual, self.residual_multiplier)
         out = self.shared_mlp(hidden)
         if self.mlp is not None:
             out = self.mlp(hidden) + out

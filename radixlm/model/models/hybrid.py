@@ -1,6 +1,7 @@
-"""What the hybrid families share (qwen3_5.py, nemotron_h.py, lfm2.py): layers numbered among
-their own type (an attention layer's number is its KV-pool layer, a state layer's its state-pool
-layer), the checks of layer_types, and the model-level answers the runner asks a hybrid for
+"""What the hybrid families share (qwen3_5.py, nemotron_h.py, lfm2.py, bamba.py, ...): layers
+numbered among their own type (an attention layer's number is its KV-pool layer, a state layer's its
+state-pool layer), the checks of layer_types, the layers' norm / mixer / norm half
+(HybridDecoderLayer), and the model-level answers the runner asks a hybrid for
 (`num_kv_layers`, `state_specs`)."""
 
 from __future__ import annotations
@@ -49,6 +50,31 @@ def build_layers(
         layers.append(build(i, t, counts.get(t, 0)) if held else PPMissingLayer())
         counts[t] = counts.get(t, 0) + 1
     return nn.ModuleList(layers), counts.get(FULL_ATTENTION, 0)
+
+
+class HybridDecoderLayer(nn.Module):
+    """A hybrid decoder layer: a recurrent token mixer (`state_layer()`, taking (hidden, fb)) or
+    attention (`self_attn`, taking (positions, hidden, fb)), between a pre-norm and a post-norm
+    whose checkpoint names the family sets (INPUT_NORM, POST_NORM). `mix` runs that half; the
+    family's forward adds its MLP."""
+
+    INPUT_NORM = "input_layernorm"
+    POST_NORM = "post_attention_layernorm"
+
+    def state_layer(self) -> nn.Module | None:
+        raise NotImplementedError
+
+    def mix(self, positions, hidden, fb, residual, scale: float | None = None):
+        """(add +) pre-norm, the mixer, then the fused add + post-norm -> (the MLP's input, the
+        residual); `scale` multiplies the mixer's output first (Granite's residual_multiplier)."""
+        input_norm, post_norm = getattr(self, self.INPUT_NORM), getattr(self, self.POST_NORM)
+        if residual is None:
+            residual, hidden = hidden, input_norm(hidden)
+        else:
+            hidden, residual = input_norm(hidden, residual)
+        mixer = self.state_layer()
+        hidden = mixer(hidden, fb) if mixer is not None else self.self_attn(positions, hidden, fb)
+        return post_norm(hidden if scale is None else hidden * scale, residual)
 
 
 class HybridForCausalLM(LlamaForCausalLM):

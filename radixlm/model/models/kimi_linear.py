@@ -29,7 +29,12 @@ from radixlm.model.layers.moe.expert_dispatch import expert_dispatch, forward_id
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.models.deepseek_moe import DeepseekMoE
 from radixlm.model.models.deepseek_v2 import DeepseekV2Attention, DeepseekV2ForCausalLM
-from radixlm.model.models.hybrid import HybridForCausalLM, build_layers, hybrid_layer_types
+from radixlm.model.models.hybrid import (
+    HybridDecoderLayer,
+    HybridForCausalLM,
+    build_layers,
+    hybrid_layer_types,
+)
 from radixlm.model.models.llama import LlamaMLP
 from radixlm.model.models.smollm3 import NoRope
 
@@ -60,7 +65,7 @@ def moe_config(config: Any) -> SimpleNamespace:
     )
 
 
-class KimiLinearDecoderLayer(nn.Module):
+class KimiLinearDecoderLayer(HybridDecoderLayer):
     def __init__(self, config: Any, layer_type: str, index: int, mlp: nn.Module):
         """index: the layer's number among the layers of its type (its KV or state layer)."""
         super().__init__()
@@ -78,15 +83,7 @@ class KimiLinearDecoderLayer(nn.Module):
         return self.self_attn if self.is_linear else None
 
     def forward(self, positions, hidden, fb: ForwardBatch, residual):
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        if self.is_linear:
-            hidden = self.self_attn(hidden, fb)
-        else:
-            hidden = self.self_attn(positions, hidden, fb)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        hidden, residual = self.mix(positions, hidden, fb, residual)
         return self.mlp(hidden), residual
 
 

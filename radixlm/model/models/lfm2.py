@@ -26,7 +26,12 @@ from radixlm.model.layers.parallel_linear import (
     RowParallelLinear,
 )
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
-from radixlm.model.models.hybrid import HybridForCausalLM, build_layers, hybrid_layer_types
+from radixlm.model.models.hybrid import (
+    HybridDecoderLayer,
+    HybridForCausalLM,
+    build_layers,
+    hybrid_layer_types,
+)
 from radixlm.model.models.llama import LlamaMLP, get_head_dim
 
 LAYER_TYPES = ("conv", "full_attention")
@@ -72,7 +77,10 @@ class Lfm2Attention(nn.Module):
         return self.out_proj(self.attn(q, k, v.contiguous(), fb))
 
 
-class Lfm2DecoderLayer(nn.Module):
+class Lfm2DecoderLayer(HybridDecoderLayer):
+    INPUT_NORM = "operator_norm"
+    POST_NORM = "ffn_norm"
+
     def __init__(self, config: Any, layer_type: str, index: int, rotary_emb: RotaryEmbedding):
         """index: the layer's number among the layers of its type (its KV or state layer)."""
         super().__init__()
@@ -91,15 +99,7 @@ class Lfm2DecoderLayer(nn.Module):
         return self.conv if self.is_linear else None
 
     def forward(self, positions, hidden, fb: ForwardBatch, residual):
-        if residual is None:
-            residual, hidden = hidden, self.operator_norm(hidden)
-        else:
-            hidden, residual = self.operator_norm(hidden, residual)
-        if self.is_linear:
-            hidden = self.conv(hidden, fb)
-        else:
-            hidden = self.self_attn(positions, hidden, fb)
-        hidden, residual = self.ffn_norm(hidden, residual)
+        hidden, residual = self.mix(positions, hidden, fb, residual)
         return self.feed_forward(hidden), residual
 
 

@@ -32,7 +32,12 @@ from radixlm.model.layers.parallel_linear import (
 )
 from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.layers.rotary import MRotaryEmbedding, RotaryEmbedding, rope_parameters
-from radixlm.model.models.hybrid import HybridForCausalLM, build_layers, hybrid_layer_types
+from radixlm.model.models.hybrid import (
+    HybridDecoderLayer,
+    HybridForCausalLM,
+    build_layers,
+    hybrid_layer_types,
+)
 from radixlm.model.models.llama import LlamaMLP
 
 LAYER_TYPES = ("linear_attention", "full_attention")
@@ -83,7 +88,7 @@ class Qwen3_5Attention(nn.Module):
         return self.o_proj(out)
 
 
-class Qwen3_5DecoderLayer(nn.Module):
+class Qwen3_5DecoderLayer(HybridDecoderLayer):
     def __init__(
         self,
         config: Any,
@@ -107,15 +112,7 @@ class Qwen3_5DecoderLayer(nn.Module):
         return self.linear_attn if self.is_linear else None
 
     def forward(self, positions, hidden, fb: ForwardBatch, residual):
-        if residual is None:
-            residual, hidden = hidden, self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
-        if self.is_linear:
-            hidden = self.linear_attn(hidden, fb)
-        else:
-            hidden = self.self_attn(positions, hidden, fb)
-        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        hidden, residual = self.mix(positions, hidden, fb, residual)
         return self.mlp(hidden), residual
 
 
