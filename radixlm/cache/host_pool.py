@@ -3,7 +3,7 @@
 Token-granular like TokenToKVPool (slot 0 unused), per-layer [slots, kv_heads, head_dim] buffers.
 Its element type may be more compact than L1's: a float32 L1 is kept as float16 by default (half
 the bytes; a restored prefix then differs from a recomputed one by float16 rounding, ~1e-3
-relative). An int8 L1 is kept as int8 with its scales (exact).
+relative). An int8 or int4 L1 is kept as it is with its scales (exact).
 """
 
 from __future__ import annotations
@@ -11,16 +11,17 @@ from __future__ import annotations
 import torch
 
 from radixlm.cache.kv_data import KVData, copy_slots, gather, scatter
-from radixlm.cache.memory_pool import TokenToKVPool
+from radixlm.cache.memory_pool import TokenToKVPool, scaled_kv, stored_dim
 from radixlm.cache.slot_free_list import SlotFreeList
 
 
 def host_dtype_for(device_dtype: torch.dtype, option: str) -> torch.dtype:
     """The L2/L3 element type for an L1 of `device_dtype` (`--hicache-dtype`)."""
-    if device_dtype == torch.int8:
-        if option not in ("auto", "int8"):
-            raise ValueError("hicache_dtype: an int8 KV cache is kept as int8 (use auto)")
-        return torch.int8
+    if scaled_kv(device_dtype):
+        name = "int8" if device_dtype == torch.int8 else "int4"
+        if option not in ("auto", name):
+            raise ValueError(f"hicache_dtype: an {name} KV cache is kept as {name} (use auto)")
+        return device_dtype
     if option == "auto":
         return torch.float16 if device_dtype == torch.float32 else device_dtype
     return getattr(torch, option)
@@ -34,14 +35,14 @@ class HostKVPool:
         held = device_pool.layers  # a pipeline stage's: the others' buffers are empty, as in L1
         # per layer (kv heads, head dim) as L1 keeps them (Gemma 4's differ per layer)
         dims = [device_pool.layer_shape(i) if i in held else (0, 0) for i in range(self.num_layers)]
-        shapes = [(size + 1, heads, dim) for heads, dim in dims]
+        shapes = [(size + 1, heads, stored_dim(dim, dtype)) for heads, dim in dims]
         mla = device_pool.v_head_dim == 0  # an MLA latent pool: no V
         self.k_buffer = [torch.zeros(shape, dtype=dtype) for shape in shapes]
         self.v_buffer = [
             torch.zeros(shape if not mla else (*shape[:2], 0), dtype=dtype) for shape in shapes
         ]
         self.k_scale_buffer = self.v_scale_buffer = None
-        if dtype == torch.int8:
+        if scaled_kv(dtype):
             self.k_scale_buffer = [torch.zeros(shape[:2]) for shape in shapes]
             self.v_scale_buffer = [torch.zeros(shape[:2]) for shape in shapes]
         self.bytes_per_token = sum(

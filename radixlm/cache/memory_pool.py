@@ -15,6 +15,25 @@ from radixlm.cache.slot_free_list import SlotFreeList
 
 logger = logging.getLogger(__name__)
 
+# The int4 KV cache's storage: two 4-bit values a byte (uint8), Hadamard-turned per head and scaled
+# per token and head by the native kv_store (kernels/csrc/kv_pool.h).
+INT4_KV = torch.uint8
+
+
+def scaled_kv(dtype: torch.dtype) -> bool:
+    """int8 and int4 pools keep a float32 scale per token and head beside the values."""
+    return dtype in (torch.int8, INT4_KV)
+
+
+def kv_dtype_name(dtype: torch.dtype) -> str:
+    """--kv-cache-dtype's name of a pool element type."""
+    return "int4" if dtype == INT4_KV else str(dtype).replace("torch.", "")
+
+
+def stored_dim(head_dim: int, dtype: torch.dtype) -> int:
+    """Elements a head's row of `head_dim` values takes in a pool of `dtype` (int4: bytes)."""
+    return head_dim // 2 if dtype == INT4_KV else head_dim
+
 
 def untouched_zeros(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     """CPU zeros in fresh anonymous pages, which the OS commits when they are first written: a pool
@@ -66,9 +85,10 @@ class ReqToTokenPool:
 class TokenToKVPool:
     """Per-layer K and V buffers of shape [size + 1, kv_heads, head_dim] plus a free list.
 
-    dtype is the element type stored: the model's, a 16-bit float, or int8 with a float32 scale per
-    token and head (k_scale_buffer / v_scale_buffer [size + 1, kv_heads]). Writes convert; on CPU
-    the native kv_store op does it in one pass (int8 needs it)."""
+    dtype is the element type stored: the model's, a 16-bit float, or int8 / int4 (INT4_KV: rows of
+    head_dim / 2 bytes) with a float32 scale per token and head (k_scale_buffer / v_scale_buffer
+    [size + 1, kv_heads]). Writes convert; on CPU the native kv_store op does it in one pass (int8
+    and int4 need it)."""
 
     # The windowed layers' window, in tokens: 0 here, every layer keeps every token; a pool with
     # windowed-layer slots of their own (SWATokenToKVPool) sets it, and the prefix cache and the
@@ -103,6 +123,13 @@ class TokenToKVPool:
         self.v_head_dim = head_dim  # V's width per head (0 in an MLA latent pool: mla_pool.py)
         self.dtype = dtype
         self.device = torch.device(device)
+        if dtype == INT4_KV:  # the Hadamard turn runs over a power-of-two row
+            dims = sorted({self.layer_shape(i)[1] for i in self.layers})
+            if any(d & (d - 1) or d > 512 for d in dims):
+                raise ValueError(
+                    f"kv_cache_dtype int4 needs a power-of-two head_dim of at most 512 (its"
+                    f" Hadamard turn); this model's attention has head_dim {dims}"
+                )
         self._alloc_buffers()
         self._native = None  # the native kv_store op, looked up at the first write
         self.clear()
@@ -113,13 +140,13 @@ class TokenToKVPool:
 
         def shape_of(i: int) -> tuple[int, int, int]:
             heads, dim = self.layer_shape(i)
-            return (self.size + 1, heads if i in self.layers else 0, dim)
+            return (self.size + 1, heads if i in self.layers else 0, stored_dim(dim, self.dtype))
 
         self.k_buffer = [self._buffer(shape_of(i)) for i in range(self.num_layers)]
         self.v_buffer = [self._buffer(shape_of(i)) for i in range(self.num_layers)]
         self.k_scale_buffer: list[torch.Tensor] | None = None
         self.v_scale_buffer: list[torch.Tensor] | None = None
-        if self.dtype == torch.int8:
+        if scaled_kv(self.dtype):
             scales = lambda: [
                 torch.zeros(shape_of(i)[:2], device=self.device) for i in range(self.num_layers)
             ]
@@ -149,9 +176,10 @@ class TokenToKVPool:
         v_head_dim: int | None = None,
     ) -> int:
         elem = torch.tensor([], dtype=dtype).element_size()
-        scales = 4 if dtype == torch.int8 else 0  # one float32 per token and head
+        scales = 4 if scaled_kv(dtype) else 0  # one float32 per token and head
         v_dim = head_dim if v_head_dim is None else v_head_dim
-        return num_layers * num_kv_heads * ((head_dim + v_dim) * elem + 2 * scales)
+        row = (stored_dim(head_dim, dtype) + stored_dim(v_dim, dtype)) * elem
+        return num_layers * num_kv_heads * (row + 2 * scales)
 
     @staticmethod
     def shaped_bytes_per_token(layer_shapes: Iterable[tuple[int, int]], dtype: torch.dtype) -> int:
@@ -205,13 +233,15 @@ class TokenToKVPool:
 
             # The native op on CPU float32, the Triton kernel on CUDA (float KV only), else torch's
             # indexing.
-            cuda_int8 = k.device.type == "cuda" and self.dtype == torch.int8
+            cuda_int = k.device.type == "cuda" and scaled_kv(self.dtype)
             dims = {self.layer_shape(i)[1] for i in self.layers}
             self._native = (
-                fused_ops(k) if all(d % 8 == 0 for d in dims) and not cuda_int8 else None
+                fused_ops(k) if all(d % 8 == 0 for d in dims) and not cuda_int else None
             ) or False
-            if self.dtype == torch.int8 and not self._native:
-                raise RuntimeError("an int8 KV cache needs the native CPU kernels (float32 on CPU)")
+            if scaled_kv(self.dtype) and not self._native:
+                raise RuntimeError(
+                    "an int8 / int4 KV cache needs the native CPU kernels (float32 on CPU)"
+                )
         if self._native:
             scales = self.get_kv_scales(layer_id)
             self._native.kv_store_(
@@ -225,7 +255,7 @@ class TokenToKVPool:
         return self.k_buffer[layer_id], self.v_buffer[layer_id]
 
     def get_kv_scales(self, layer_id: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """int8 pools: the per-token, per-head scales of K and V; else (None, None)."""
+        """int8 / int4 pools: the per-token, per-head scales of K and V; else (None, None)."""
         if self.k_scale_buffer is None:
             return None, None
         return self.k_scale_buffer[layer_id], self.v_scale_buffer[layer_id]

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.cache.memory_pool import TokenToKVPool
+from radixlm.cache.memory_pool import TokenToKVPool, scaled_kv
 
 
 class MLATokenToKVPool(TokenToKVPool):
@@ -27,10 +27,10 @@ class MLATokenToKVPool(TokenToKVPool):
         device: str | torch.device = "cpu",
         layers: range | None = None,
     ):
-        if dtype == torch.int8:
+        if scaled_kv(dtype):
             raise ValueError(
-                "kv_cache_dtype int8 is not supported with an MLA (latent) KV cache; use auto, "
-                "float16 or bfloat16"
+                f"kv_cache_dtype {'int8' if dtype == torch.int8 else 'int4'} is not supported with"
+                " an MLA (latent) KV cache; use auto, float16 or bfloat16"
             )
         self.kv_lora_rank, self.qk_rope_head_dim = kv_lora_rank, qk_rope_head_dim
         self.size, self.num_layers = size, num_layers

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from radixlm.cache.kv_data import KVData
+from radixlm.cache.memory_pool import scaled_kv, stored_dim
 
 MAGIC = b"RLMKV002"
 MAC_LEN = 32
@@ -37,7 +38,7 @@ class StorageError(Exception):
 @dataclass(frozen=True)
 class ChunkLayout:
     """The shape every stored chunk of a server has: its pool's geometry, the stored element type
-    (int8 comes with float32 scales) and the chunk size in tokens."""
+    (int8 and int4 come with float32 scales) and the chunk size in tokens."""
 
     num_layers: int
     num_kv_heads: int
@@ -48,11 +49,13 @@ class ChunkLayout:
 
     @property
     def scales(self) -> bool:
-        return self.dtype == torch.int8
+        return scaled_kv(self.dtype)
 
     def tensors(self) -> list[tuple[list[int], torch.dtype]]:
-        kv = [self.num_layers, self.tokens, self.num_kv_heads, self.head_dim]
-        v = kv[:3] + [self.head_dim if self.v_head_dim is None else self.v_head_dim]
+        rows = [self.num_layers, self.tokens, self.num_kv_heads]
+        kv = rows + [stored_dim(self.head_dim, self.dtype)]
+        v_dim = self.head_dim if self.v_head_dim is None else self.v_head_dim
+        v = kv[:3] + [stored_dim(v_dim, self.dtype)]
         out = [(kv, self.dtype), (v, self.dtype)]
         return out + [(kv[:3], torch.float32)] * 2 if self.scales else out
 

@@ -102,7 +102,29 @@ def test_default_model_int8_kv_quality(kernel_ops):
     assert abs(r["ppl_ratio"] - 1) < 0.02, r
 
 
-@pytest.mark.parametrize("kv_dtype", ["float32", "int8"])
+def test_default_model_int4_kv_quality(kernel_ops):
+    """Q4_1 weights and an int4 KV cache (Hadamard-turned rows, a scale per token and head) vs
+    fp32 weights and KV: within 10% perplexity (measured 8.4%; int8's 0.3%), greedy continuations
+    still starting the same."""
+    from radixlm.bench.quality import compare
+
+    r = compare(
+        ServerArgs(
+            kv_cache_dtype="int4",
+            num_threads=2,
+            kv_memory_gb=0.05,
+            enable_invariant_checks=True,
+            log_level="warning",
+        ),
+        num_prompts=2,
+        max_new_tokens=8,
+    )
+    print(r)
+    assert abs(r["ppl_ratio"] - 1) < 0.10, r
+    assert r["mean_agreeing_prefix"] > 0.2, r
+
+
+@pytest.mark.parametrize("kv_dtype", ["float32", "int8", "int4"])
 def test_default_model_is_batch_invariant(kernel_ops, kv_dtype):
     """The default model in its own quantization (the default) gives bitwise the same logits for a
     position however the work is cut: one extend, chunks, a decode step, beside other requests,
@@ -110,6 +132,7 @@ def test_default_model_is_batch_invariant(kernel_ops, kv_dtype):
     last-bit difference would grow into a different token."""
     import torch
 
+    from radixlm.model.executor.runner_config import TORCH_DTYPES
     from radixlm.model.layers.attention import NativeCPUBackend
     from radixlm.model.loader import load_model
     from tests.model.helpers import PoolHarness
@@ -118,7 +141,10 @@ def test_default_model_is_batch_invariant(kernel_ops, kv_dtype):
     lm = load_model(None)
     assert lm.quantization == "gguf"
     h = PoolHarness(
-        lm.model, lm.hf_config, attn_backend=NativeCPUBackend(), kv_dtype=getattr(torch, kv_dtype)
+        lm.model,
+        lm.hf_config,
+        attn_backend=NativeCPUBackend(),
+        kv_dtype=TORCH_DTYPES[kv_dtype],
     )
     g = torch.Generator().manual_seed(5)
     ids = torch.randint(100, 40000, (70,), generator=g).tolist()

@@ -125,7 +125,7 @@ def test_frozen():
         (
             "kv_cache_dtype",
             "fp8",
-            "kv_cache_dtype must be one of auto, float32, float16, bfloat16, int8, got 'fp8'",
+            "kv_cache_dtype must be one of auto, float32, float16, bfloat16, int8, int4, got 'fp8'",
         ),
         (
             "dtype",

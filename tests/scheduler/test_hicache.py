@@ -85,6 +85,7 @@ def finish_writes(d: Driver) -> None:
         ("float16", "auto", EXACT_TOL),
         ("bfloat16", "auto", EXACT_TOL),
         ("int8", "auto", EXACT_TOL),
+        ("int4", "auto", EXACT_TOL),
     ],
 )
 def test_restored_prefix_equals_recompute_every_kv_dtype(

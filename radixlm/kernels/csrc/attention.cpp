@@ -1,5 +1,6 @@
 // Attention straight over the paged KV pool (slots listed by req_to_token), for decode and
-// extend alike, over every KV element type (fp32, fp16, bf16, int8 + per-token scale).
+// extend alike, over every KV element type (fp32, fp16, bf16, int8 / int4 + per-token scale; int4's
+// rows are Hadamard-turned: the queries are turned the same way and the outputs back, kv_pool.h).
 //
 // Batch invariance: a query's result depends only on its position and the K/V it attends, never on
 // how the batch was cut (one extend, chunks, decode steps, other requests beside it). Keys go in
@@ -52,7 +53,7 @@ inline void load_block(const Args& A, const Pool& K, const Pool& V, const int64_
     TORCH_CHECK(slot >= 0 && slot < A.slots, "paged_attention: KV slot ", slot, " out of range");
     kp[j] = K.at(slot, h);
     vp[j] = V.at(slot, h);
-    if constexpr (T == KV_I8) ksc[j] = K.scale_at(slot, h), vsc[j] = V.scale_at(slot, h);
+    if constexpr (scaled(T)) ksc[j] = K.scale_at(slot, h), vsc[j] = V.scale_at(slot, h);
   }
 }
 
@@ -103,7 +104,7 @@ inline void scores4(const float* const* q, const void* const* kp, const float* k
   for (int t = 0; t < NQ; ++t) {
     const __m256 u = _mm256_hadd_ps(_mm256_hadd_ps(a[t][0], a[t][1]), _mm256_hadd_ps(a[t][2], a[t][3]));
     __m128 r = _mm_add_ps(_mm256_castps256_ps128(u), _mm256_extractf128_ps(u, 1));
-    if constexpr (T == KV_I8) r = _mm_mul_ps(r, _mm_loadu_ps(ksc + j));
+    if constexpr (scaled(T)) r = _mm_mul_ps(r, _mm_loadu_ps(ksc + j));
     _mm_storeu_ps(s + t * KB + j, _mm_mul_ps(r, sc));
   }
 }
@@ -120,7 +121,7 @@ inline void pv_chunk(float* const* o, const float* alpha, const float* p, const 
   }
   for (int64_t j = 0; j < n; ++j) {
     __m256 pj[NQ];
-    for (int t = 0; t < NQ; ++t) pj[t] = _mm256_set1_ps(T == KV_I8 ? p[t * KB + j] * vsc[j] : p[t * KB + j]);
+    for (int t = 0; t < NQ; ++t) pj[t] = _mm256_set1_ps(scaled(T) ? p[t * KB + j] * vsc[j] : p[t * KB + j]);
     for (int c = 0; c < NC; ++c) {
       const __m256 vv = ld8<T>(vp[j], c0 + 8 * c);
       for (int t = 0; t < NQ; ++t) acc[t][c] = _mm256_fmadd_ps(pj[t], vv, acc[t][c]);
@@ -251,7 +252,7 @@ void run_unit(const Args& A, const Pool& K, const Pool& V, const std::vector<Ite
   const void* kp[KB];
   const void* vp[KB];
   const int64_t* shared_row = A.x.slots_of(items[u.i0].b);
-  const int64_t row_bytes = D * (T == KV_F32 ? 4 : T == KV_I8 ? 1 : 2);
+  const int64_t row_bytes = T == KV_I4 ? D / 2 : D * (T == KV_F32 ? 4 : T == KV_I8 ? 1 : 2);
   const int64_t shared_keys = u.shared * KB;
   // A window: the blocks before every query's window are skipped (no-ops for all of them).
   auto first_block = [&](int64_t lo) { return lo / KB * KB; };
@@ -318,8 +319,9 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at:
   const Pool K = make_pool(k_buf, k_scale, "k_buf"), V = make_pool(v_buf, v_scale, "v_buf");
   TORCH_CHECK(K.type == V.type && k_buf.sizes() == v_buf.sizes(), "paged_attention: k_buf and v_buf differ");
   const int64_t Hkv = k_buf.size(1), slots = k_buf.size(0);
-  TORCH_CHECK(k_buf.size(2) == D && D % 8 == 0 && D <= MAXD, "paged_attention: head_dim ", D, " (pool ", k_buf.size(2),
+  TORCH_CHECK(row_dim(k_buf) == D && D % 8 == 0 && D <= MAXD, "paged_attention: head_dim ", D, " (pool ", row_dim(k_buf),
               ") must match, be a multiple of 8 and at most ", MAXD);
+  TORCH_CHECK(K.type != KV_I4 || (D & (D - 1)) == 0, "paged_attention: an int4 KV cache needs a power-of-two head_dim, got ", D);
   TORCH_CHECK(Hkv > 0 && Hq % Hkv == 0, "paged_attention: ", Hq, " query heads over ", Hkv, " KV heads");
   const int64_t G = Hq / Hkv;
   TORCH_CHECK(window >= 0 && logit_cap >= 0 && chunk >= 0, "paged_attention: window, logit_cap and chunk must not be negative");
@@ -337,7 +339,17 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at:
   TORCH_CHECK(plan->T == T, "paged_attention: q_start must run from 0 to the number of tokens");
   const Index x{req_to_token.data_ptr<int64_t>(), req_pool_indices.data_ptr<int64_t>(), seq_lens.data_ptr<int64_t>(),
                 q_start.data_ptr<int64_t>(), plan->B, req_to_token.size(1), req_to_token.size(0)};
-  const Args A{q.data_ptr<float>(), q.stride(0), Hq, G, D, out.data_ptr<float>(), x, slots, (float)scale, window, chunk,
+  at::Tensor q_turned;  // int4: the queries in the keys' turned basis
+  if (K.type == KV_I4) {
+    q_turned = q.contiguous().clone();
+    float* qt = q_turned.data_ptr<float>();
+    at::parallel_for(0, T * Hq, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) hadamard_(qt + r * D, D);
+    });
+  }
+  const float* q_rows = K.type == KV_I4 ? q_turned.data_ptr<float>() : q.data_ptr<float>();
+  const int64_t q_stride = K.type == KV_I4 ? Hq * D : q.stride(0);
+  const Args A{q_rows, q_stride, Hq, G, D, out.data_ptr<float>(), x, slots, (float)scale, window, chunk,
                sinks ? sinks->data_ptr<float>() : nullptr, (float)logit_cap};
   const std::vector<Unit>& units = plan->units;
   std::atomic<int64_t> next{0};
@@ -351,9 +363,16 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at:
         case KV_F16: run_unit<KV_F16>(A, K, V, plan->items, units[u], ws, Q); break;
         case KV_BF16: run_unit<KV_BF16>(A, K, V, plan->items, units[u], ws, Q); break;
         case KV_I8: run_unit<KV_I8>(A, K, V, plan->items, units[u], ws, Q); break;
+        case KV_I4: run_unit<KV_I4>(A, K, V, plan->items, units[u], ws, Q); break;
       }
     }
   });
+  if (K.type == KV_I4) {  // the outputs back from the values' turned basis
+    float* o = out.data_ptr<float>();
+    at::parallel_for(0, T * Hq, 16, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) hadamard_(o + r * D, D);
+    });
+  }
 }
 
 at::Tensor paged_attention(const at::Tensor& q, const at::Tensor& k_buf, const at::Tensor& v_buf,

@@ -1,5 +1,6 @@
 // The KV write: float32 K/V of new tokens into the pool's slots, converted to its element type
-// (fp32, fp16, bf16, int8 with a per-token, per-head scale).
+// (fp32, fp16, bf16, int8 / int4 with a per-token, per-head scale; int4 turned by kv_pool.h's
+// Hadamard transform first).
 #include "api.h"
 #include "kv_pool.h"
 
@@ -9,7 +10,10 @@ namespace radixlm {
 namespace {
 using namespace kv;
 
-// fp32 head vector -> the pool's element type (round to nearest even; int8: scale = max|x| / 127).
+// fp32 head vector -> the pool's element type (round to nearest even; int8: scale = max|x| / 127;
+// int4: of the turned vector, scale = max|x| / 7, values -7..7 as two's complement nibbles).
+constexpr int64_t MAX_I4_DIM = 512;
+
 inline void from_f32(KVType t, const float* x, void* dst, float* scale, int64_t D) {
   switch (t) {
     case KV_F32:
@@ -47,6 +51,22 @@ inline void from_f32(KVType t, const float* x, void* dst, float* scale, int64_t 
       }
       break;
     }
+    case KV_I4: {
+      alignas(32) float y[MAX_I4_DIM];
+      std::memcpy(y, x, D * 4);
+      hadamard_(y, D);
+      float m = 0.0f;
+      for (int64_t i = 0; i < D; ++i) m = std::max(m, std::fabs(y[i]));
+      *scale = m / 7.0f;
+      const float inv = m > 0.0f ? 7.0f / m : 0.0f;
+      uint8_t* o = (uint8_t*)dst;
+      for (int64_t i = 0; i < D; i += 2) {
+        const int lo = std::max(-7, std::min(7, (int)std::nearbyint(y[i] * inv)));
+        const int hi = std::max(-7, std::min(7, (int)std::nearbyint(y[i + 1] * inv)));
+        o[i / 2] = (uint8_t)((lo & 15) | ((hi & 15) << 4));  // two's complement nibbles
+      }
+      break;
+    }
   }
 }
 
@@ -59,8 +79,10 @@ void kv_store_(const at::Tensor& k, const at::Tensor& v, const at::Tensor& loc_,
   TORCH_CHECK(k.sizes() == v.sizes(), "kv_store: k and v shapes differ");
   const Pool K = make_pool(k_buf, k_scale, "k_buf"), V = make_pool(v_buf, v_scale, "v_buf");
   const int64_t T = k.size(0), H = k.size(1), D = k.size(2), slots = k_buf.size(0);
-  TORCH_CHECK(k_buf.size(1) == H && k_buf.size(2) == D && v_buf.sizes() == k_buf.sizes() && D % 8 == 0,
+  TORCH_CHECK(k_buf.size(1) == H && row_dim(k_buf) == D && v_buf.sizes() == k_buf.sizes() && K.type == V.type && D % 8 == 0,
               "kv_store: pool shape [", slots, ", ", k_buf.size(1), ", ", k_buf.size(2), "] does not fit k [", T, ", ", H, ", ", D, "]");
+  TORCH_CHECK(K.type != KV_I4 || ((D & (D - 1)) == 0 && D <= MAX_I4_DIM),
+              "kv_store: an int4 KV cache needs a power-of-two head_dim of at most ", MAX_I4_DIM, ", got ", D);
   const at::Tensor loc = loc_.to(at::kLong).contiguous();
   TORCH_CHECK(loc.numel() == T, "kv_store: ", loc.numel(), " slots for ", T, " tokens");
   const int64_t* lp = loc.data_ptr<int64_t>();

@@ -102,7 +102,7 @@ at::Tensor mla_decode(const at::Tensor& q, const at::Tensor& buf, const at::Tens
               "mla_decode: kv_indices must be int64 [B, L], contiguous");
   TORCH_CHECK(lens.dtype() == at::kLong && lens.numel() == B && lens.is_contiguous(), "mla_decode: lens must be int64 [B]");
   const KVType type = kv_type(buf.view({buf.size(0), 1, D}));
-  TORCH_CHECK(type != KV_I8, "mla_decode: an int8 latent pool is not supported");
+  TORCH_CHECK(!scaled(type), "mla_decode: an int8 / int4 latent pool is not supported");
   const int64_t L = kv_indices.size(1), slots = buf.size(0);
   const int64_t* idx = kv_indices.data_ptr<int64_t>();
   const int64_t* ln = lens.data_ptr<int64_t>();

@@ -26,10 +26,12 @@ TORCH_DTYPES = {
     "half": torch.float16,
     "bfloat16": torch.bfloat16,
     "int8": torch.int8,
+    "int4": torch.uint8,  # two 4-bit values a byte (cache/memory_pool.py INT4_KV)
 }
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float")
-# int8 keeps a float32 scale per token and head (memory_pool.TokenToKVPool).
-KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8")
+# int8 and int4 keep a float32 scale per token and head (memory_pool.TokenToKVPool); int4's rows
+# are Hadamard-turned per head before rounding (kernels/csrc/kv_pool.h).
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "int8", "int4")
 # A hybrid model's recurrent state (SGLang's --mamba-ssm-dtype values).
 MAMBA_SSM_DTYPES = ("float32", "bfloat16", "float16")
 

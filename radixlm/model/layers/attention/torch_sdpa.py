@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
+from radixlm.cache.memory_pool import kv_dtype_name
 from radixlm.model.layers.attention.base import AttentionBackend, AttentionBackendSpec
 from radixlm.model.layers.attention.bidirectional import add_to_mask, bidirectional_spans
 from radixlm.model.layers.attention.decode_kv_mirror_path import DecodeKVMirrorPath
@@ -43,7 +44,7 @@ def supported(spec: AttentionBackendSpec) -> str | None:
         return "no chunked attention (Llama 4's: the native backend runs it)"
     if spec.kv_dtype != spec.dtype:
         return (
-            f"kv_cache_dtype {str(spec.kv_dtype).replace('torch.', '')} differs from the model"
+            f"kv_cache_dtype {kv_dtype_name(spec.kv_dtype)} differs from the model"
             " dtype and needs the native attention backend"
         )
     return None

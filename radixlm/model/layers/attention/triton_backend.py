@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from radixlm.cache.memory_pool import kv_dtype_name
 from radixlm.kernels import triton_ops
 from radixlm.model.host_copy import to_device
 from radixlm.model.layers.attention.base import AttentionBackend, AttentionBackendSpec
@@ -45,10 +46,7 @@ def supported(spec: AttentionBackendSpec) -> str | None:
     if why is not None:
         return why
     if spec.kv_dtype not in KV_DTYPES:
-        return (
-            f"kv_cache_dtype {str(spec.kv_dtype).replace('torch.', '')}: the Triton kernels read"
-            " float KV"
-        )
+        return f"kv_cache_dtype {kv_dtype_name(spec.kv_dtype)}: the Triton kernels read float KV"
     if spec.dtype not in KV_DTYPES:
         return f"dtype {spec.dtype}: the Triton kernels run float models"
     if spec.attention_chunk_size is not None:
