@@ -44,14 +44,16 @@ POOL = dict(
 # Where the model and its head come from: Qwen3.5's HF directory, the Q8_0 GGUF of it (the head's
 # matrices kept in Q8_0 blocks), Qwen3-Next's and Qwen3.5-MoE's directories (their MTP layers'
 # MLPs mixtures of experts, as the models'; Qwen3-Next's config announces no head: its tensors do).
-# Qwen3.5-MoE's head is built and drafts as Qwen3-Next's (the same layer class over the same MoE)
-# and costs ~15 s: `pytest -m extended` runs it.
-EXTENDED = pytest.mark.extended(reason="the same MTP layer and MoE as the qwen3next case")
+# Qwen3.5-MoE's head is built and drafts as Qwen3-Next's (the same layer class over the same MoE),
+# Qwen3-Next's GGUF loads through the same qwen35.py code as Qwen3.5's (its experts as the model's)
+# and each costs ~15 s: `pytest -m extended` runs them.
+EXTENDED = pytest.mark.extended(reason="the same MTP layer, MoE and GGUF code as the default cases")
 SOURCES = [
     pytest.param("qwen35", id="qwen35-hf"),
     pytest.param("qwen35-gguf", id="qwen35-gguf-q8_0"),
     pytest.param("qwen3next", id="qwen3next-hf"),
     pytest.param("qwen35moe", id="qwen35moe-hf", marks=EXTENDED),
+    pytest.param("qwen3next-gguf", id="qwen3next-gguf-q8_0", marks=EXTENDED),
 ]
 
 
@@ -69,9 +71,10 @@ def mtp_model(request, mtp_dir, tmp_path_factory):
         return mtp_dir
     if request.param == "qwen35-gguf":
         return mtp_gguf(mtp_dir, str(tmp_path_factory.mktemp("qwen35-gguf") / "m.gguf"), "q8_0")
-    path = str(tmp_path_factory.mktemp(f"{request.param}-mtp"))
-    qwen35_mtp_checkpoint(path, tiny_tokenizer(), arch=request.param, max_position_embeddings=2048)
-    return path
+    arch, _, fmt = request.param.partition("-")
+    path = str(tmp_path_factory.mktemp(f"{arch}-mtp"))
+    qwen35_mtp_checkpoint(path, tiny_tokenizer(), arch=arch, max_position_embeddings=2048)
+    return mtp_gguf(path, os.path.join(path, "m.gguf"), "q8_0") if fmt == "gguf" else path
 
 
 def _tokens(rng: random.Random, n: int) -> list[int]:
@@ -110,7 +113,8 @@ def test_nextn_on_a_hybrid_gives_the_plain_greedy_tokens(mtp_model):
     assert type(head).__name__ == "MtpHead" and head.cfg.layer_index == 4
     if mtp_model.endswith(".gguf"):  # in the file's own quantization
         ly = head.layer
-        for linear in (ly.eh_proj, ly.self_attn.qkv_proj, ly.self_attn.o_proj, ly.mlp.down_proj):
+        mlp = [ly.mlp.down_proj] if hasattr(ly.mlp, "down_proj") else []  # dense (MoE: experts)
+        for linear in [ly.eh_proj, ly.self_attn.qkv_proj, ly.self_attn.o_proj, *mlp]:
             assert linear.qweight is not None and linear.weight is None
     spec = _workload(d)
     assert spec == plain
