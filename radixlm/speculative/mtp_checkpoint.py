@@ -4,9 +4,12 @@ Where the heads are (num_nextn_predict_layers of them, stored after the decoder'
 - HF safetensors: `model.layers.{num_hidden_layers + i}.{enorm, hnorm, eh_proj, shared_head.norm,
   shared_head.head, embed_tokens}` plus that layer's own attention / MoE tensors (DeepSeek-V3,
   Kimi-K2, GLM-4.5);
+- Qwen3.5 / Qwen3.5-MoE / Qwen3-Next safetensors: `mtp.fc`, `mtp.pre_fc_norm_{embedding,hidden}`,
+  `mtp.norm` and `mtp.layers.0.*`, renamed to those names (_QWEN_RENAMES);
 - GGUF, as llama.cpp's converter writes them: `blk.N.nextn.{eh_proj, enorm, hnorm,
   shared_head_norm, shared_head_head, embed_tokens}` plus blk.N's layer tensors, block_count
-  counting them and `<arch>.nextn_predict_layers` saying how many (gguf/archs/*: the same HF names).
+  counting them and `<arch>.nextn_predict_layers` saying how many (gguf/archs/*: the same HF names;
+  qwen35.py's reads blocks up to the config's num_hidden_layers, so it is given index + 1).
 
 The layer is built by the family's entry in MTP_FAMILY_REGISTRY (the target's layer class at index
 num_hidden_layers) and loaded by the target class's own load_weights through a shell holding just
@@ -114,20 +117,29 @@ def qwen_name(nextn_name: str) -> str:
     return "mtp." + back[nextn_name]
 
 
-def num_mtp_layers(config: Any) -> int:
-    """DeepSeek / GLM / a GGUF: num_nextn_predict_layers; Qwen3.5 / Qwen3-Next's config.json:
-    mtp_num_hidden_layers."""
+def num_mtp_layers(config: Any, path: str | None = None) -> int:
+    """DeepSeek / GLM / a GGUF: num_nextn_predict_layers; Qwen3.5's config.json:
+    mtp_num_hidden_layers; Qwen3-Next's config has neither (llama.cpp's converter counts its
+    checkpoint's `mtp.layers.{i}` instead, and so does this for a directory `path`)."""
     for key in ("num_nextn_predict_layers", "mtp_num_hidden_layers"):
         n = int(getattr(config, key, 0) or 0)
         if n:
             return n
-    return 0
+    if path is None or not os.path.isdir(path):
+        return 0
+    from safetensors import safe_open
+
+    layers = set()
+    for file in glob.glob(os.path.join(path, "*.safetensors")):
+        with safe_open(file, framework="pt") as f:  # the header only
+            layers.update(n.split(".")[2] for n in f.keys() if n.startswith("mtp.layers."))
+    return len(layers)
 
 
 def load_mtp_head(runner: ModelRunner, algorithm: str) -> MtpHead:
     """The target's first MTP layer as a draft head, on the target's device and dtype."""
     loaded, config = runner.loaded, runner.hf_config
-    n_mtp = num_mtp_layers(config)
+    n_mtp = num_mtp_layers(config, loaded.model_path)
     if n_mtp == 0:
         raise ValueError(
             f"speculative_algorithm {algorithm}: {loaded.architecture} at {loaded.model_path!r} has"
@@ -197,8 +209,11 @@ def _head_weights(loaded, config, index: int, qwen_names: bool) -> Iterator[tupl
         from radixlm.model.gguf.loader import gguf_weights
         from radixlm.model.gguf.reader import open_gguf
 
+        # the layers through the head's: a file's archs read no block past num_hidden_layers
+        longer = copy.copy(config)
+        longer.num_hidden_layers = index + 1
         yield from gguf_weights(
-            open_gguf(path), config, keep_quantized=loaded.quantization == "gguf", keep=keep
+            open_gguf(path), longer, keep_quantized=loaded.quantization == "gguf", keep=keep
         )
         return
     from safetensors import safe_open

@@ -216,12 +216,15 @@ def write_gguf(
     legacy_qkvz: bool = False,
     mtp_layers: int = 0,
     overrides: dict | None = None,
+    mtp: dict | None = None,
 ) -> str:
     """hf (a model of ARCHITECTURES, or a directory holding one) as llama.cpp's converter writes
     it, with --outtype qtype ("f32" or "q8_0"; gguf cannot quantize Q4_K, so no such option).
     legacy_qkvz: Qwen3-Next's in_proj_qkvz kept whole as ssm_in (older converters). mtp_layers: a
-    random MTP block appended as _Qwen35MtpMixin does (Qwen3.5's nextn layers). overrides: llama.cpp
-    name -> float32 array, or (bytes, GGMLQuantizationType), written instead."""
+    random MTP block appended as _QwenMtpMixin does (Qwen3.5's nextn layers). mtp: the checkpoint's
+    own `mtp.*` tensors (qwen35_mtp_checkpoint.mtp_tensors), converted as _QwenMtpMixin does (its
+    renames, then the layer's own transforms). overrides: llama.cpp name -> float32 array, or
+    (bytes, GGMLQuantizationType), written instead."""
     import gguf
 
     if isinstance(hf, str):
@@ -233,6 +236,10 @@ def write_gguf(
     ssm = arch in ssm_gguf_writer.SSM_ARCHS
     # the converter's hparams: AutoConfig.from_pretrained(dir).to_dict()
     hp = ssm_gguf_writer.hparams(cfg) if ssm else cfg.to_dict()
+    state = hf.state_dict()
+    if mtp:
+        state = {**state, **mtp_renamed(mtp, hp["num_hidden_layers"])}
+        mtp_layers = 1 + max(int(n.split(".")[2]) for n in mtp if n.startswith("mtp.layers."))
     ftype = {"f32": gguf.LlamaFileType.ALL_F32, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[qtype]
     w = gguf.GGUFWriter(path, arch)
     w.add_type(gguf.GGUFType.MODEL)
@@ -251,8 +258,8 @@ def write_gguf(
     if ssm:
         tensors = dict(ssm_gguf_writer.converted(hf.state_dict(), hp, arch, tensor_map))
     else:
-        tensors = dict(_converted(hf.state_dict(), hp, arch, tensor_map, legacy_qkvz))
-    if mtp_layers:
+        tensors = dict(_converted(state, hp, arch, tensor_map, legacy_qkvz))
+    if mtp_layers and not mtp:
         tensors.update(_mtp_block(hp, mtp_layers))
     for name, data in tensors.items():
         if overrides and name in overrides:
@@ -305,11 +312,10 @@ def _add_hparams(w, hp: dict, arch: str, ftype, mtp_layers: int) -> None:
     w.add_full_attention_interval(hp.get("full_attention_interval", 4))
     rope_dim = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
     w.add_rope_dimension_count(int(rope_dim * hp.get("partial_rotary_factor", 0.25)))
-    if arch != "qwen3next":
-        if "mrope_section" not in rope:  # _Qwen35MRopeMixin
-            w.add_rope_dimension_sections([11, 11, 10, 0])
-        if mtp_layers:  # _Qwen35MtpMixin
-            w.add_nextn_predict_layers(mtp_layers)
+    if arch != "qwen3next" and "mrope_section" not in rope:  # _Qwen35MRopeMixin
+        w.add_rope_dimension_sections([11, 11, 10, 0])
+    if mtp_layers:  # _QwenMtpMixin (Qwen3-Next's too)
+        w.add_nextn_predict_layers(mtp_layers)
 
 
 def _add_vocab(w, tokenizer_dir: str, vocab_size: int, pre: str) -> None:
@@ -404,9 +410,49 @@ def _converted(state: dict, hp: dict, arch: str, tensor_map, legacy_qkvz: bool):
             continue
         if name.endswith("mlp.experts.down_proj"):
             name += ".weight"
-        new_name = tensor_map.get_name(name, try_suffixes=(".weight", ".bias"))
+        new_name = tensor_map.get_name(name, try_suffixes=(".weight", ".bias")) or _nextn_name(name)
         assert new_name is not None, f"the converter cannot map {name}"
         yield new_name, t
+
+
+# _QwenMtpMixin.filter_tensors: mtp.* (but mtp.layers.i.*) -> these of model.layers.{n}
+_MTP_REMAP = {
+    "fc": "eh_proj",
+    "pre_fc_norm_embedding": "enorm",
+    "pre_fc_norm_hidden": "hnorm",
+    "norm": "shared_head.norm",
+}
+# the gguf-py tensor map's NEXTN_* entries (model.layers.{bid}.X -> blk.{bid}.nextn.Y), which the
+# gguf installed here lacks for the qwen35 architectures (the peer tree's has them)
+_NEXTN = {
+    "eh_proj": "NEXTN_EH_PROJ",
+    "enorm": "NEXTN_ENORM",
+    "hnorm": "NEXTN_HNORM",
+    "shared_head.norm": "NEXTN_SHARED_HEAD_NORM",
+}
+
+
+def mtp_renamed(mtp: dict, n_layers: int) -> dict:
+    """The `mtp.*` tensors under the names _QwenMtpMixin.filter_tensors gives them."""
+    out = {}
+    for name, t in mtp.items():
+        parts = name.split(".", 3)
+        if len(parts) == 4 and parts[1] == "layers":
+            out[f"model.layers.{n_layers + int(parts[2])}.{parts[3]}"] = t
+        else:
+            out[f"model.layers.{n_layers}.{_MTP_REMAP[parts[1]]}.{parts[2]}"] = t
+    return out
+
+
+def _nextn_name(name: str) -> str | None:
+    import gguf
+
+    parts = name.split(".")  # model.layers.{bid}.<module>.weight
+    key = _NEXTN.get(".".join(parts[3:-1]))
+    if parts[:2] != ["model", "layers"] or key is None:
+        return None
+    tensor = getattr(gguf.MODEL_TENSOR, key)
+    return gguf.TENSOR_NAMES[tensor].format(bid=parts[2]) + "." + parts[-1]
 
 
 def _stored(name: str, t: torch.Tensor, ftype, model_arch) -> tuple[np.ndarray, object]:

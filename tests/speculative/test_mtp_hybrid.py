@@ -1,12 +1,14 @@
-"""A hybrid's own multi-token-prediction head drafts (`--speculative-algorithm nextn` on Qwen3.5's
-`mtp.*` block): greedy tokens exactly those of speculation off, token for token, alone, 8 requests
-of different lengths at once in prefill chunks, a second turn after its cached first, and a branch
-inside a cached prompt resumed at its state snapshot; the head drafts every step (a random head's
-drafts are rejected: the rows keep their roots' states) and the KV / state invariants hold after
-every step (the harness checks them). Fitted to the model's own answers (`train-eagle --mtp`, which
-writes the `mtp.*` names back), the head's drafts are accepted (> 0.5 by the Engine's counters and
-each answer's meta_info) and the outputs stay exact. EAGLE heads trained for a model stay refused
-on hybrids."""
+"""A hybrid's own multi-token-prediction head drafts (`--speculative-algorithm nextn` on the `mtp.*`
+block of Qwen3.5, Qwen3.5-MoE and Qwen3-Next, and on Qwen3.5's from the Q8_0 GGUF llama.cpp's
+converter writes with the head kept): greedy tokens exactly those of speculation off, token for
+token, alone, 8 requests of different lengths at once in prefill chunks, a second turn after its
+cached first, and a branch inside a cached prompt resumed at its state snapshot; the head drafts
+every step (a random head's drafts are rejected: the rows keep their roots' states) and the KV /
+state invariants hold after every step (the harness checks them). Fitted to the model's own answers
+(`train-eagle --mtp`, which writes the `mtp.*` names back), the head's drafts are accepted (> 0.5 by
+the Engine's counters and each answer's meta_info), from the safetensors and from the Q8_0 GGUF of
+them, and the outputs stay exact; at temperature 1 its drafts keep the target's distribution
+(rejection sampling). EAGLE heads trained for a model stay refused on hybrids."""
 
 from __future__ import annotations
 
@@ -17,13 +19,15 @@ import pytest
 
 from radixlm import Engine
 from radixlm.cli import main
+from radixlm.model.loader import load_tokenizer
 from radixlm.speculative.eagle_prompts import default_prompts
 from radixlm.speculative.mtp_train import install_mtp_fit
 from tests.conftest import engine_args
 from tests.model.hybrid_checkpoints import tiny_tokenizer
 from tests.scheduler.harness import Driver, make_scheduler
 from tests.speculative.conftest import train_args
-from tests.speculative.qwen35_mtp_checkpoint import qwen35_mtp_checkpoint
+from tests.speculative.qwen35_mtp_checkpoint import mtp_gguf, qwen35_mtp_checkpoint
+from tests.speculative.test_spec_engine import check_sampling_distribution
 
 NEW = 10
 GREEDY = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
@@ -37,11 +41,40 @@ POOL = dict(
 )
 
 
+# Where the model and its head come from: Qwen3.5's HF directory, the Q8_0 GGUF of it (the head's
+# matrices kept in Q8_0 blocks), Qwen3-Next's and Qwen3.5-MoE's directories (their MTP layers'
+# MLPs mixtures of experts, as the models'; Qwen3-Next's config announces no head: its tensors do).
+# Qwen3.5-MoE's head is built and drafts as Qwen3-Next's (the same layer class over the same MoE),
+# Qwen3-Next's GGUF loads through the same qwen35.py code as Qwen3.5's (its experts as the model's)
+# and each costs ~15 s: `pytest -m extended` runs them.
+EXTENDED = pytest.mark.extended(reason="the same MTP layer, MoE and GGUF code as the default cases")
+SOURCES = [
+    pytest.param("qwen35", id="qwen35-hf"),
+    pytest.param("qwen35-gguf", id="qwen35-gguf-q8_0"),
+    pytest.param("qwen3next", id="qwen3next-hf"),
+    pytest.param("qwen35moe", id="qwen35moe-hf", marks=EXTENDED),
+    pytest.param("qwen3next-gguf", id="qwen3next-gguf-q8_0", marks=EXTENDED),
+]
+
+
 @pytest.fixture(scope="module")
 def mtp_dir(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("qwen35-mtp"))
     qwen35_mtp_checkpoint(path, tiny_tokenizer(), max_position_embeddings=2048)
     return path
+
+
+@pytest.fixture(scope="module")
+def mtp_model(request, mtp_dir, tmp_path_factory):
+    """The model path of a SOURCES entry."""
+    if request.param == "qwen35":
+        return mtp_dir
+    if request.param == "qwen35-gguf":
+        return mtp_gguf(mtp_dir, str(tmp_path_factory.mktemp("qwen35-gguf") / "m.gguf"), "q8_0")
+    arch, _, fmt = request.param.partition("-")
+    path = str(tmp_path_factory.mktemp(f"{arch}-mtp"))
+    qwen35_mtp_checkpoint(path, tiny_tokenizer(), arch=arch, max_position_embeddings=2048)
+    return mtp_gguf(path, os.path.join(path, "m.gguf"), "q8_0") if fmt == "gguf" else path
 
 
 def _tokens(rng: random.Random, n: int) -> list[int]:
@@ -72,11 +105,17 @@ def _workload(d: Driver) -> dict:
     return out
 
 
-def test_nextn_on_a_hybrid_gives_the_plain_greedy_tokens(mtp_dir):
-    plain = _workload(Driver(make_scheduler(mtp_dir, **POOL)))
-    d = Driver(make_scheduler(mtp_dir, speculative_algorithm="nextn", **POOL))
+@pytest.mark.parametrize("mtp_model", SOURCES, indirect=True)
+def test_nextn_on_a_hybrid_gives_the_plain_greedy_tokens(mtp_model):
+    plain = _workload(Driver(make_scheduler(mtp_model, **POOL)))
+    d = Driver(make_scheduler(mtp_model, speculative_algorithm="nextn", **POOL))
     head = d.s.spec.controller.source.head  # the checkpoint's own MTP block drafts
     assert type(head).__name__ == "MtpHead" and head.cfg.layer_index == 4
+    if mtp_model.endswith(".gguf"):  # in the file's own quantization
+        ly = head.layer
+        mlp = [ly.mlp.down_proj] if hasattr(ly.mlp, "down_proj") else []  # dense (MoE: experts)
+        for linear in [ly.eh_proj, ly.self_attn.qkv_proj, ly.self_attn.o_proj, *mlp]:
+            assert linear.qweight is not None and linear.weight is None
     spec = _workload(d)
     assert spec == plain
     assert plain["turn2_cached"] >= 40 + NEW - 1 and plain["branch_cached"] >= 64
@@ -100,24 +139,31 @@ def fitted_dir(tmp_path_factory):
     return path
 
 
-def test_fitted_head_drafts_are_accepted_exactly(fitted_dir):
-    d = Driver(make_scheduler(fitted_dir))
-    tok = d.s.tokenizer.get()
-    prompts = [
+def _chat_prompts(tok, n: int, seed: int) -> list[list[int]]:
+    return [
         tok.encode(
             tok.apply_chat_template(
                 [{"role": "user", "content": p}], tokenize=False, add_generation_prompt=True
             )
         )
-        for p in default_prompts(6, seed=9)
+        for p in default_prompts(n, seed=seed)
     ]
+
+
+@pytest.mark.parametrize("source", ["hf", "gguf-q8_0"])
+def test_fitted_head_drafts_are_accepted_exactly(fitted_dir, source, tmp_path):
+    """From the directory, and from its Q8_0 GGUF (target and head in Q8_0 blocks, plain decoding
+    of that file the reference): `--model-path X.gguf --speculative-algorithm nextn`."""
+    path = fitted_dir if source == "hf" else mtp_gguf(fitted_dir, str(tmp_path / "f.gguf"), "q8_0")
+    d = Driver(make_scheduler(path))
+    prompts = _chat_prompts(d.s.tokenizer.get(), 6, seed=9)
     sp = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
     rids = [d.submit(p, **sp) for p in prompts]
     d.run()
     plain = [d.results[r].output_ids for r in rids]
     steps = 2
     with Engine(
-        fitted_dir,
+        path,
         **engine_args(
             speculative_algorithm="nextn",
             speculative_draft_policy="fixed",
@@ -131,3 +177,13 @@ def test_fitted_head_drafts_are_accepted_exactly(fitted_dir):
     meta = [o["meta_info"] for o in outs]
     drafted = sum(steps * m["spec_verify_ct"] for m in meta)  # at most; fewer near the end
     assert sum(m["spec_accepted_tokens"] for m in meta) / drafted > 0.5, meta
+
+
+def test_sampling_distribution_unchanged(fitted_dir):
+    """Top-k 4 on the hybrid: the fitted head's drafts accepted or rejected by rejection sampling
+    (some of each, each rejected draft's state dropped), the 3-token outcomes' frequencies match
+    plain sampling's. Temperature 24: this model's top logit stands ~36 above the next three
+    (hybrid_checkpoints' LM head x8, the transparent layers), so temperature 1 is greedy; at 24 the
+    top 4 are ~0.61 / 0.13 / 0.13 / 0.13 at every step."""
+    prompt = _chat_prompts(load_tokenizer(fitted_dir), 1, seed=4)[0]
+    check_sampling_distribution(fitted_dir, "nextn", prompt, n=768, temperature=24.0)

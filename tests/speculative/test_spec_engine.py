@@ -341,16 +341,17 @@ def test_sampling_distribution_unchanged(small_vocab_dir, algorithm):
     check_sampling_distribution(small_vocab_dir, algorithm, LOOPY[0])
 
 
-def check_sampling_distribution(model_dir, algorithm, prompt, n=1536):
+def check_sampling_distribution(model_dir, algorithm, prompt, n=1536, temperature=1.0):
     """test_sampling_distribution_unchanged's check, for any model and draft source (the MTP
-    heads': test_mtp_fit.py). The pool holds 64 requests of the prompt (shared) and 3 tokens each:
-    8k tokens, not the default 1 GB (an MTP head's own KV pool is allocated at its size)."""
+    heads': test_mtp_fit.py, test_mtp_hybrid.py). The pool holds 64 requests of the prompt (shared)
+    and 3 tokens each: 8k tokens, not the default 1 GB (an MTP head's own KV pool is allocated at
+    its size). temperature: where a model's logits are so far apart that temperature 1 is greedy."""
     from collections import Counter
 
     from tests.scheduler.harness import Driver, make_scheduler
 
     chi2_contingency = pytest.importorskip("scipy.stats").chi2_contingency
-    sp = {"max_new_tokens": 3, "temperature": 1.0, "top_k": 4, "ignore_eos": True}
+    sp = {"max_new_tokens": 3, "temperature": temperature, "top_k": 4, "ignore_eos": True}
     draws = {}
     for spec in (None, algorithm):
         d = Driver(

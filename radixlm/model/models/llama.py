@@ -302,7 +302,10 @@ class LlamaForCausalLM(ServedModel):
                 # empty param: halves the memory written at load, where page faults dominate.
                 param.data = tensor.to(device=param.device, dtype=param.dtype).contiguous()
             else:
-                self.get_submodule(target.rsplit(".", 1)[0]).load_shard(param, tensor, shard)
+                try:
+                    self.get_submodule(target.rsplit(".", 1)[0]).load_shard(param, tensor, shard)
+                except ValueError as e:  # name the checkpoint's tensor, not the fused shard
+                    raise ValueError(f"{name}: {e}") from None
             loaded.setdefault(target, set()).add(shard or 0)
         for module in self.modules():
             if isinstance(module, FinishesLoading):

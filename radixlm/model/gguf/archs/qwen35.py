@@ -18,8 +18,13 @@ _LinearAttentionVReorderBase, _Qwen35MRopeMixin, _Qwen35MtpMixin) changes, undon
   (attn_q, n_embd_head_k * n_head * 2 rows in llama.cpp's loader), so nothing to undo;
 - `rope.dimension_count` is int(head_dim * partial_rotary_factor); qwen35/qwen35moe also write the
   M-RoPE sections (llama.cpp runs them interleaved, as HF's `mrope_interleaved`);
-- Qwen3.5's MTP block is appended after HF's layers (block_count counts its nextn_predict_layers):
-  skipped, HF's CausalLM has none.
+- the MTP block (_QwenMtpMixin: Qwen3.5, Qwen3.5-MoE, Qwen3-Next) is appended after HF's layers
+  (block_count counts its nextn_predict_layers): `mtp.layers.0.*` as a full-attention block
+  `blk.N.*` (N = HF's num_hidden_layers), mtp.fc / pre_fc_norm_embedding / pre_fc_norm_hidden /
+  norm as `blk.N.nextn.{eh_proj, enorm, hnorm, shared_head_norm}`, its norms stored as 1 + w too;
+  no embedding or LM head of its own (the model's are shared). The target skips it (config's
+  num_hidden_layers); speculative/mtp_checkpoint.py reads it under the NextN names of
+  model.layers.N with a config one layer longer (layers past layer_types are the MTP blocks).
 
 Kept as the file has it, NOT undone: qwen35/qwen35moe where linear_num_key_heads !=
 linear_num_value_heads (`_LinearAttentionVReorderBase.modify_tensors`) store the V heads in ggml's
@@ -78,9 +83,16 @@ _LAYER_NAMES = {
     # the converter's --fuse-gate-up-exps: [E, 2I, H], gate rows then up rows, as HF's gate_up_proj
     "ffn_gate_up_exps": "mlp.experts.gate_up_proj",
     **{k: v.removeprefix("model.layers.{}.") for k, v in EXPERT_TENSOR_NAMES.items()},
+    # the MTP block's own (_QwenMtpMixin's renames of mtp.fc, mtp.pre_fc_norm_*, mtp.norm)
+    "nextn.eh_proj": "eh_proj",
+    "nextn.enorm": "enorm",
+    "nextn.hnorm": "hnorm",
+    "nextn.shared_head_norm": "shared_head.norm",
+    "nextn.embed_tokens": "embed_tokens",
+    "nextn.shared_head_head": "shared_head.head",
 }
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
-_TENSOR_RE = re.compile(r"^(?:blk\.(\d+)\.)?(\w+)(?:\.(weight|bias))?$")
+_TENSOR_RE = re.compile(r"^(?:blk\.(\d+)\.)?((?:nextn\.)?\w+)(?:\.(weight|bias))?$")
 _SPARSE_RE = re.compile(r"^blk\.(\d+)\.ffn_gate_inp\.weight$")
 _warned: set[str] = set()
 
@@ -131,6 +143,8 @@ def qwen35_config(reader, arch: str, kw: dict) -> dict:
         sections = f("rope.dimension_sections") or [11, 11, 10, 0]  # the converter's default
         rope.update(mrope_section=[int(s) for s in sections[:3]], mrope_interleaved=True)
     out["rope_parameters"] = rope
+    if nextn := int(f("nextn_predict_layers", 0)):  # speculative/mtp_checkpoint.py reads it
+        out["num_nextn_predict_layers"] = nextn
     if arch != "qwen35":
         out.update(
             num_experts=int(need("expert_count")),
@@ -157,7 +171,10 @@ class _Dims:
         self.r = self.nv // self.nk  # value heads per key head
         self.qk = 2 * self.nk * self.hk  # the q and k rows (and conv channels)
         self.v = self.nv * self.hv
+        # the MTP blocks past layer_types (a config one layer longer: mtp_checkpoint.py's) are
+        # full-attention layers (the converter's recurrent_layers marks them so)
         self.full = [t == "full_attention" for t in c.layer_types]
+        self.full += [True] * (c.num_hidden_layers - len(self.full))
         self.shapes = {
             "attn_qkv": (self.qk + self.v, self.hidden),
             "attn_gate": (self.v, self.hidden),
@@ -194,8 +211,9 @@ def qwen35_weights(
     slicer: Slicer | None = None,
     keep: Callable[[str], bool] | None = None,
 ) -> Iterator[tuple[str, Any]]:
-    """(HF name, tensor) for every tensor of the file's HF layers, as loader.gguf_weights yields
-    them. read(t, name, slice): the loader's reader of one tensor (quantized or float32 as asked).
+    """(HF name, tensor) for every tensor of the file's first config.num_hidden_layers blocks, as
+    loader.gguf_weights yields them (an MTP block among them under its NextN names). read(t, name,
+    slice): the loader's reader of one tensor (quantized or float32 as asked).
     """
     from radixlm.model.gguf.shard import read_tensor
 
@@ -215,7 +233,7 @@ def qwen35_weights(
             name = f"{_TOP_NAMES[base]}.{suffix}"
         else:
             il = int(layer)
-            if il >= n_layers or key not in _LAYER_NAMES:  # the MTP block(s), unknown tensors
+            if il >= n_layers or key not in _LAYER_NAMES:  # the MTP block(s) past the config's
                 continue
             tail = _LAYER_NAMES[key]
             if arch == "qwen3next" and base in ("attn_qkv", "attn_gate"):
