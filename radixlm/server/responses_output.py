@@ -15,6 +15,8 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+from radixlm.server import responses_custom_tools as custom_tools
+
 
 def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
@@ -84,9 +86,10 @@ def status_of(finish_reason: str | None) -> tuple[str, dict | None]:
     return "completed", None
 
 
-def output_items(message: dict) -> list[dict]:
-    """A chat.completion's message as output items. A message item comes whenever there is text or
-    no call at all, so output_text always has something to read."""
+def output_items(message: dict, custom: set[str] = frozenset()) -> list[dict]:
+    """A chat.completion's message as output items (calls of the `custom` tools as
+    custom_tool_call items). A message item comes whenever there is text or no call at all, so
+    output_text always has something to read."""
     items = []
     if message.get("reasoning_content"):
         items.append(reasoning_item(new_id("rs"), message["reasoning_content"]))
@@ -94,9 +97,13 @@ def output_items(message: dict) -> list[dict]:
     if message.get("content") or not calls:
         items.append(message_item(new_id("msg"), message.get("content") or ""))
     for c in calls:
-        items.append(
-            call_item(new_id("fc"), c["id"], c["function"]["name"], c["function"]["arguments"])
-        )
+        name, args = c["function"]["name"], c["function"]["arguments"]
+        if name in custom:
+            items.append(
+                custom_tools.custom_item(new_id("ctc"), c["id"], name, custom_tools.input_of(args))
+            )
+        else:
+            items.append(call_item(new_id("fc"), c["id"], name, args))
     return items
 
 
@@ -104,13 +111,15 @@ def assistant_message(items: list[dict]) -> dict:
     """The output items as the assistant message a continuation renders after this turn."""
     text = "".join(p["text"] for it in items if it["type"] == "message" for p in it["content"])
     calls = [
-        {
+        custom_tools.input_call(it, "output")
+        if it["type"] == "custom_tool_call"
+        else {
             "id": it["call_id"],
             "type": "function",
             "function": {"name": it["name"], "arguments": it["arguments"]},
         }
         for it in items
-        if it["type"] == "function_call"
+        if it["type"] in ("function_call", "custom_tool_call")
     ]
     return {"role": "assistant", "content": text, **({"tool_calls": calls} if calls else {})}
 
@@ -150,14 +159,15 @@ def response_body(shell: Shell, chat: dict) -> dict:
     """A non-streamed chat.completion as the Response."""
     choice = chat["choices"][0]
     status, incomplete = status_of(choice["finish_reason"])
-    return shell.body(status, output_items(choice["message"]), usage(chat.get("usage")), incomplete)
+    items = output_items(choice["message"], custom_tools.custom_names(shell.request.get("tools")))
+    return shell.body(status, items, usage(chat.get("usage")), incomplete)
 
 
 @dataclasses.dataclass
 class _Open:
     """The output item a stream is writing."""
 
-    kind: str  # reasoning | message | function_call
+    kind: str  # reasoning | message | function_call | custom_tool_call
     index: int  # its output_index
     item: dict
     text: str = ""
@@ -170,6 +180,7 @@ class EventStream:
 
     def __init__(self, shell: Shell):
         self.shell = shell
+        self.custom = custom_tools.custom_names(shell.request.get("tools"))
         self.seq = 0
         self.output: list[dict] = []
         self.open: _Open | None = None
@@ -257,19 +268,20 @@ class EventStream:
         evs = []
         fn = tc.get("function") or {}
         idx = tc.get("index", 0)
-        if self.open is None or self.open.kind != "function_call" or self.open.tool_index != idx:
-            item = call_item(
-                new_id("fc"),
-                tc.get("id") or new_id("call"),
-                fn.get("name") or "",
-                "",
-                "in_progress",
-            )
-            evs += self._begin("function_call", item, tool_index=idx)
+        if self.open is None or self.open.kind == "message" or self.open.tool_index != idx:
+            call_id, name = tc.get("id") or new_id("call"), fn.get("name") or ""
+            if name in self.custom:  # its input is sent whole when the call ends
+                item = custom_tools.custom_item(new_id("ctc"), call_id, name, "")
+                evs += self._begin("custom_tool_call", item, tool_index=idx)
+            else:
+                item = call_item(new_id("fc"), call_id, name, "", "in_progress")
+                evs += self._begin("function_call", item, tool_index=idx)
         o = self.open
         if fn.get("name") and not o.item["name"]:
             o.item["name"] = fn["name"]
-        if fn.get("arguments"):
+        if o.kind == "custom_tool_call":
+            o.text += fn.get("arguments") or ""
+        elif fn.get("arguments"):
             o.text += fn["arguments"]
             evs.append(
                 self._ev(
@@ -318,6 +330,17 @@ class EventStream:
                     text=o.text,
                 )
             )
+        elif o.kind == "custom_tool_call":
+            o.item["input"] = text = custom_tools.input_of(o.text)
+            for kind, field in (("delta", "delta"), ("done", "input")):
+                evs.append(
+                    self._ev(
+                        f"response.custom_tool_call_input.{kind}",
+                        item_id=iid,
+                        output_index=o.index,
+                        **{field: text},
+                    )
+                )
         else:
             o.item["arguments"] = o.text
             evs.append(
@@ -329,7 +352,8 @@ class EventStream:
                     arguments=o.text,
                 )
             )
-        o.item["status"] = "completed"
+        if "status" in o.item:
+            o.item["status"] = "completed"
         evs.append(self._ev("response.output_item.done", output_index=o.index, item=o.item))
         return evs
 

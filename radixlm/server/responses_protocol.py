@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from radixlm.server import responses_custom_tools as custom_tools
 from radixlm.server.openai_protocol import ExtraSamplers, RequestError, SGLangExtras, StreamOptions
 
 # Content part types that carry text, by the role they may appear in.
@@ -91,15 +92,19 @@ def check_supported(req: ResponsesRequest) -> None:
 
 # ------------------------------------------------------------------ tools
 def chat_tools(tools: list[dict] | None) -> list[dict] | None:
-    """Responses' flat function tools ({type, name, parameters, strict}) as chat's nested ones."""
+    """Responses' flat function tools ({type, name, parameters, strict}) as chat's nested ones;
+    custom (free-form) tools as functions of one string (responses_custom_tools.py)."""
     if tools is None:
         return None
     out = []
     for i, t in enumerate(tools):
+        if isinstance(t, dict) and t.get("type") == "custom":
+            out.append(custom_tools.function_tool(t, i))
+            continue
         if not isinstance(t, dict) or t.get("type") != "function":
             got = t.get("type") if isinstance(t, dict) else t
             raise RequestError(
-                f"tools[{i}]: only function tools are supported, got type {got!r}",
+                f"tools[{i}]: only function and custom tools are supported, got type {got!r}",
                 f"tools.{i}.type",
             )
         if not isinstance(t.get("name"), str) or not t["name"]:
@@ -117,6 +122,9 @@ def chat_tool_choice(choice: Any) -> Any:
     {name}}."""
     if choice is None or choice in ("none", "auto", "required"):
         return choice
+    custom = custom_tools.tool_choice(choice)
+    if custom is not None:
+        return custom
     if (
         isinstance(choice, dict)
         and choice.get("type") == "function"
@@ -124,7 +132,8 @@ def chat_tool_choice(choice: Any) -> Any:
     ):
         return {"type": "function", "function": {"name": choice["name"]}}
     raise RequestError(
-        "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\", \"name\": ...}",
+        "tool_choice must be 'none', 'auto', 'required' or {\"type\": \"function\" | \"custom\","
+        ' "name": ...}',
         "tool_choice",
     )
 
@@ -179,8 +188,9 @@ def _text(content: Any, where: str) -> str:
 def chat_messages(items: Any, history: list[dict]) -> list[dict]:
     """Input items (after `history`, the stored conversation of previous_response_id) as chat
     messages: messages by role, consecutive function_call items as one assistant message with
-    tool_calls (joined to the assistant message just before them), function_call_output items as
-    tool messages. Reasoning items are dropped: templates render no earlier turn's thinking."""
+    tool_calls (joined to the assistant message just before them; custom_tool_call items alike),
+    function_call_output (and custom_tool_call_output) items as tool messages. Reasoning items are
+    dropped: templates render no earlier turn's thinking."""
     if isinstance(items, str):
         return [{"role": "user", "content": items}]
     if not isinstance(items, list):
@@ -205,28 +215,29 @@ def chat_messages(items: Any, history: list[dict]) -> list[dict]:
                     "content": _text(item.get("content"), f"{where}.content"),
                 }
             )
-        elif kind == "function_call":
-            for k in ("call_id", "name", "arguments"):
-                if not isinstance(item.get(k), str):
-                    raise RequestError(
-                        f"{where} (function_call) needs a string {k}", f"{where}.{k}"
-                    )
-            call = {
-                "id": item["call_id"],
-                "type": "function",
-                "function": {"name": item["name"], "arguments": item["arguments"]},
-            }
+        elif kind in ("function_call", "custom_tool_call"):
+            if kind == "custom_tool_call":
+                call = custom_tools.input_call(item, where)
+            else:
+                for k in ("call_id", "name", "arguments"):
+                    if not isinstance(item.get(k), str):
+                        raise RequestError(
+                            f"{where} (function_call) needs a string {k}", f"{where}.{k}"
+                        )
+                call = {
+                    "id": item["call_id"],
+                    "type": "function",
+                    "function": {"name": item["name"], "arguments": item["arguments"]},
+                }
             calls.add(item["call_id"])
             last = out[-1] if out else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)
             else:
                 out.append({"role": "assistant", "content": "", "tool_calls": [call]})
-        elif kind == "function_call_output":
+        elif kind in ("function_call_output", "custom_tool_call_output"):
             if not isinstance(item.get("call_id"), str):
-                raise RequestError(
-                    f"{where} (function_call_output) needs a string call_id", f"{where}.call_id"
-                )
+                raise RequestError(f"{where} ({kind}) needs a string call_id", f"{where}.call_id")
             if item["call_id"] not in calls:
                 raise RequestError(
                     f"{where}.call_id {item['call_id']!r} answers no earlier function_call",
@@ -242,7 +253,7 @@ def chat_messages(items: Any, history: list[dict]) -> list[dict]:
         elif kind != "reasoning":
             raise RequestError(
                 f"{where}: input item type {kind!r} is not supported (message, function_call, "
-                "function_call_output, reasoning)",
+                "function_call_output, custom_tool_call, custom_tool_call_output, reasoning)",
                 f"{where}.type",
             )
     return out

@@ -309,3 +309,44 @@ def test_function_tool_required_gives_a_valid_call_and_continues(client):
         input=[{"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}],
     )
     assert r2.usage.input_tokens_details.cached_tokens >= r.usage.input_tokens
+
+
+def test_custom_tool_gives_free_form_input_and_continues(client):
+    """A custom (free-form) tool, as Codex's apply_patch is declared: the forced call comes back
+    as a custom_tool_call whose input is text (streamed alike), and its output continues the
+    conversation from the cache."""
+    tools = [
+        {
+            "type": "custom",
+            "name": "apply_patch",
+            "description": "Apply a patch to the repository's files.",
+        }
+    ]
+    kw = dict(
+        model="m",
+        input="Add a file hello.txt that says hi.",
+        tools=tools,
+        tool_choice={"type": "custom", "name": "apply_patch"},
+        temperature=0,
+        max_output_tokens=60,
+    )
+    r = client.responses.create(**kw)
+    calls = [it for it in r.output if it.type == "custom_tool_call"]
+    assert calls and all(c.name == "apply_patch" and isinstance(c.input, str) for c in calls)
+    assert not [it for it in r.output if it.type == "function_call"]
+    events = list(client.responses.create(stream=True, store=False, **kw))
+    streamed = [it for it in events[-1].response.output if it.type == "custom_tool_call"]
+    assert [c.input for c in streamed] == [c.input for c in calls]
+    assert [e.input for e in events if e.type == "response.custom_tool_call_input.done"] == [
+        c.input for c in calls
+    ]
+    r2 = client.responses.create(
+        model="m",
+        previous_response_id=r.id,
+        tools=tools,
+        temperature=0,
+        max_output_tokens=8,
+        tool_choice="auto",
+        input=[{"type": "custom_tool_call_output", "call_id": calls[0].call_id, "output": "Done"}],
+    )
+    assert r2.usage.input_tokens_details.cached_tokens >= r.usage.input_tokens

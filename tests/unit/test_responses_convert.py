@@ -266,6 +266,24 @@ def test_input_items_become_chat_messages():
             "text.format.schema",
         ),
         ({"input": "hi", "text": {"format": {"type": "yaml"}}}, "text.format.type"),
+        (
+            {
+                "input": "hi",
+                "tools": [
+                    {
+                        "type": "custom",
+                        "name": "apply_patch",
+                        "format": {"type": "grammar", "syntax": "lark", "definition": "start: /x/"},
+                    }
+                ],
+            },
+            "tools.0.format",
+        ),
+        ({"input": "hi", "tools": [{"type": "custom"}]}, "tools.0.name"),
+        (
+            {"input": [{"type": "custom_tool_call", "call_id": "c", "name": "apply_patch"}]},
+            "input.0.input",
+        ),
         ({"input": "hi", "background": True}, "background"),
         ({"input": "hi", "truncation": "auto"}, "truncation"),
         ({"input": []}, "input"),
@@ -359,3 +377,77 @@ def test_codex_include_of_encrypted_reasoning_is_accepted_and_others_refused():
     with pytest.raises(RequestError) as e:
         chat_request_body(bad, [])
     assert "message.output_text.logprobs" in str(e.value)
+
+
+PATCH = '*** Begin Patch\n*** Add File: a.txt\n+hello "world"\n*** End Patch'
+
+
+def custom_shell() -> Shell:
+    tools = [
+        {"type": "custom", "name": "apply_patch", "description": "Edit files."},
+        {"type": "function", "name": "get_weather", "parameters": {"type": "object"}},
+    ]
+    req = ResponsesRequest.model_validate({"input": "hi", "tools": tools})
+    return Shell("resp_2", "m", echo_fields(req, tools, None))
+
+
+def test_custom_tools_round_trip_as_openai_defines_them():
+    """A custom (free-form) tool: a function of one string `input` for the template; its call a
+    custom_tool_call item with that text (body and stream alike, both valid openai types); the
+    item back in the next request renders the same function call."""
+    body, _ = chat_request_body(custom_shell_request(), [])
+    fn = body["tools"][0]["function"]
+    assert fn["name"] == "apply_patch" and fn["parameters"]["required"] == ["input"]
+    assert fn["description"].startswith("Edit files.")
+    assert body["tool_choice"] == {"type": "function", "function": {"name": "apply_patch"}}
+    calls = [
+        {
+            "id": "call_p",
+            "type": "function",
+            "function": {"name": "apply_patch", "arguments": json.dumps({"input": PATCH})},
+        },
+        CALLS[0] | {"function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+    ]
+    message = {"role": "assistant", "content": "", "tool_calls": calls}
+    resp = Response.model_validate(response_body(custom_shell(), chat_body(message, "tool_calls")))
+    custom = [it for it in resp.output if it.type == "custom_tool_call"]
+    assert [(c.call_id, c.name, c.input) for c in custom] == [("call_p", "apply_patch", PATCH)]
+    assert [it.type for it in resp.output] == ["custom_tool_call", "function_call"]
+
+    es = EventStream(custom_shell())
+    events = es.start()
+    for c in chunks_of(message, "tool_calls"):
+        events += es.chunk(c)
+    events += es.finish()
+    parsed = [EVENT.validate_python(e) for e in events]
+    final = parsed[-1].response
+    assert strip_ids(final.model_dump()["output"]) == strip_ids(resp.model_dump()["output"])
+    deltas = [e.delta for e in parsed if e.type == "response.custom_tool_call_input.delta"]
+    done = [e.input for e in parsed if e.type == "response.custom_tool_call_input.done"]
+    assert "".join(deltas) == PATCH and done == [PATCH]
+    fc_id = next(it.id for it in final.output if it.type == "function_call")
+    assert {e.item_id for e in parsed if e.type.startswith("response.function_call_arg")} == {fc_id}
+
+    back = assistant_message(resp.model_dump()["output"])
+    assert back["tool_calls"][0] == calls[0]
+    items = [
+        {"type": "custom_tool_call", "call_id": "call_p", "name": "apply_patch", "input": PATCH},
+        {"type": "custom_tool_call_output", "call_id": "call_p", "output": "Done!"},
+    ]
+    assert chat_messages(items, []) == [
+        {"role": "assistant", "content": "", "tool_calls": calls[:1]},
+        {"role": "tool", "tool_call_id": "call_p", "content": "Done!"},
+    ]
+
+
+def custom_shell_request() -> ResponsesRequest:
+    return ResponsesRequest.model_validate(
+        {
+            "input": "Add a file.",
+            "tools": [
+                {"type": "custom", "name": "apply_patch", "description": "Edit files.",
+                 "format": {"type": "text"}},
+            ],
+            "tool_choice": {"type": "custom", "name": "apply_patch"},
+        }
+    )  # fmt: skip
