@@ -26,9 +26,8 @@ IDS = ["one", "two-sizes"]
 
 
 @pytest.fixture(scope="module")
-def dense(tmp_path_factory, tokenizer_dir):
-    path = write_tiny_qwen3vl(str(tmp_path_factory.mktemp("tiny-qwen3vl")), tokenizer_dir)
-    return path, load_hf_qwen(path, "Qwen3VLForConditionalGeneration")
+def dense(tiny_qwen3vl_dir, hf_qwen3vl):
+    return tiny_qwen3vl_dir, hf_qwen3vl
 
 
 @pytest.fixture(scope="module")
