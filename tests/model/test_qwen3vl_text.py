@@ -1,7 +1,8 @@
 """The text path of Qwen3-VL's and Qwen3-VL-MoE's checkpoints (Qwen3VLForConditionalGeneration,
 Qwen3VLMoeForConditionalGeneration: model.language_model.*, a nested text_config, interleaved
-M-RoPE, the MoE's experts stacked transposed on disk): a tiny random float32 checkpoint gives the
-HF model's greedy tokens on text alone, batched and in prefill chunks smaller than the prompt; the
+M-RoPE, the MoE's experts stacked): a tiny random float32 checkpoint gives the HF model's greedy
+tokens on text alone, batched and in prefill chunks smaller than the prompt, and the radix cache
+stays exact (a second turn, a branch of a long cached prompt, evictions through a small pool); the
 text model as llama.cpp's converter writes it (`qwen3vl` / `qwen3vlmoe`: Qwen3's tensors, the
 experts split into ffn_{gate,up,down}_exps, plus rope.dimension_sections and n_deepstack_layers)
 answers alike, and a Q8_0 file agrees with HF holding its dequantized weights on >= 95% of top-1
@@ -16,9 +17,10 @@ import torch
 import transformers
 
 from radixlm.model.loader import load_model
+from tests.model.cache_checks import check_greedy_and_cache, check_greedy_and_evictions
 from tests.model.helpers import randomize
 from tests.model.hybrid_checkpoints import _add_vocab, _stored, tiny_tokenizer
-from tests.model.windowed_checkpoints import VOCAB, check_greedy
+from tests.model.windowed_checkpoints import VOCAB
 from tests.vision.qwen3vl_checkpoint import tiny_qwen3vl_config
 
 ARCHS = {
@@ -129,17 +131,20 @@ def write_text_gguf(hf, tokenizer_dir: str, path: str, qtype: str = "f32", secti
     return path
 
 
-def test_safetensors_greedy_matches_hf(family):
+def test_safetensors_greedy_and_cache_match_hf(family):
+    """Alone, batched, in chunks; then turn 2 reuses turn 1, a branch at 512 of a cached 700-token
+    prompt reuses >= 256 (cache_checks.py)."""
     moe, path, hf = family
     assert load_model(path).architecture == ARCHS[moe][0]
-    check_greedy(path, hf, f"{ARCHS[moe][0]}, text")
+    check_greedy_and_cache(path, hf, f"{ARCHS[moe][0]}, text")
 
 
-def test_gguf_greedy_matches_hf(family, tmp_path):
+def test_gguf_greedy_and_evictions_match_hf(family, tmp_path):
+    """The converter's layout: alone, batched, in chunks; then evictions through a small pool."""
     moe, path, hf = family
     gguf_path = write_text_gguf(hf, path, str(tmp_path / f"{ARCHS[moe][1]}.gguf"))
     assert load_model(gguf_path).architecture == ARCHS[moe][2]
-    check_greedy(gguf_path, hf, f"{ARCHS[moe][1]} gguf")
+    check_greedy_and_evictions(gguf_path, hf, f"{ARCHS[moe][1]} gguf")
 
 
 def test_q8_0_gguf_agrees_with_hf_top1(family, tmp_path):

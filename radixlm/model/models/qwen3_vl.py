@@ -142,11 +142,7 @@ class Qwen3VLForConditionalGeneration(Qwen2VLForConditionalGeneration):
     def encode_images(self, items: list[MultimodalItem]) -> list[torch.Tensor]:
         """Per image, [its grid's tokens, hidden * (1 + DeepStack layers)]: the merger's embedding,
         then each DeepStack merger's features."""
-        weight = self.visual.patch_embed.proj.weight
-        pixels = torch.cat([it.pixel_values for it in items]).to(
-            device=weight.device, dtype=weight.dtype
-        )
-        grids = torch.stack([it.extra["image_grid_thw"] for it in items]).to(weight.device)
+        pixels, grids = self.tower_inputs(items)
         out = self.visual(pixels, grid_thw=grids)
         merged = torch.cat([out.pooler_output, *out.deepstack_features], dim=-1)
         return list(torch.split(merged, [it.length for it in items]))
