@@ -6,7 +6,8 @@ stays exact (a second turn, a branch of a long cached prompt, evictions through 
 text model as llama.cpp's converter writes it (`qwen3vl` / `qwen3vlmoe`: Qwen3's tensors, the
 experts split into ffn_{gate,up,down}_exps, plus rope.dimension_sections and n_deepstack_layers)
 answers alike, and a Q8_0 file agrees with HF holding its dequantized weights on >= 95% of top-1
-tokens; a file whose sections do not fill half the head is refused by the key. Images:
+tokens; a file whose sections do not fill half the head, or with more DeepStack layers than
+decoder layers, is refused by the key. Images:
 tests/vision/test_qwen3vl_vs_hf.py."""
 
 from __future__ import annotations
@@ -72,7 +73,9 @@ def _text_state(hf) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_text_gguf(hf, tokenizer_dir: str, path: str, qtype: str = "f32", sections=None) -> str:
+def write_text_gguf(
+    hf, tokenizer_dir: str, path: str, qtype: str = "f32", sections=None, deepstack=None
+) -> str:
     """hf's language model as convert_hf_to_gguf.py writes it (conversion/qwen3vl.py
     Qwen3VLTextModel / Qwen3VLMoeTextModel over Qwen3Model / Qwen3MoeModel), --outtype qtype."""
     import gguf
@@ -104,7 +107,9 @@ def write_text_gguf(hf, tokenizer_dir: str, path: str, qtype: str = "f32", secti
     if moe:  # Qwen2MoeModel
         w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
     # Qwen3VLTextModel / Qwen3VLMoeTextModel
-    w.add_num_deepstack_layers(len(hf.config.vision_config.deepstack_visual_indexes))
+    if deepstack is None:
+        deepstack = len(hf.config.vision_config.deepstack_visual_indexes)
+    w.add_num_deepstack_layers(deepstack)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     _add_vocab(w, tokenizer_dir, cfg.vocab_size, "qwen2")
     names = gguf.get_tensor_name_map(model_arch, cfg.num_hidden_layers)
@@ -178,9 +183,30 @@ def _text_model(hf, text_cls: str):
     return text
 
 
-def test_gguf_sections_must_fill_half_the_head(family, tmp_path):
+@pytest.mark.parametrize(
+    "bad, key",
+    [
+        (dict(sections=[8, 4, 2, 0]), "rope.dimension_sections"),  # 14 of the head's 16 pairs
+        (dict(deepstack=4), "n_deepstack_layers"),  # past the 3 decoder layers
+    ],
+)
+def test_gguf_bad_keys_are_refused_by_name(family, tmp_path, bad, key):
     moe, path, hf = family
-    bad = write_text_gguf(hf, path, str(tmp_path / "bad.gguf"), sections=[8, 4, 2, 0])
-    arch = ARCHS[moe][1]
-    with pytest.raises(ValueError, match=rf"{arch}\.rope\.dimension_sections"):
-        load_model(bad)
+    file = write_text_gguf(hf, path, str(tmp_path / "bad.gguf"), **bad)
+    with pytest.raises(ValueError, match=rf"{ARCHS[moe][1]}\.{key}"):
+        load_model(file)
+
+
+def test_more_deepstack_layers_than_decoder_layers_is_refused(family, tmp_path):
+    """A config.json (random weights) whose vision tower feeds more decoder layers than there are:
+    one ValueError naming the field."""
+    import json
+
+    moe, path, _ = family
+    with open(f"{path}/config.json") as f:
+        cfg = json.load(f)
+    cfg["vision_config"]["deepstack_visual_indexes"] = [0, 1, 2, 3]
+    cfg["vision_config"]["depth"] = 4
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="deepstack_visual_indexes"):
+        load_model(str(tmp_path / "config.json"))

@@ -43,8 +43,10 @@ class DeepStack:
 class DeepStackLayers:
     """A decoder stack's run_layer that adds this forward's DeepStack features after each of the
     first layers (mixed into DecoderStack families: the dense and the MoE Qwen3-VL decoders).
-    The stream after the layer is HF's (residual + output) and goes on without a separate
-    residual, so the next layer's norm reads it whole."""
+
+    At an image row the stream becomes transformers' (residual + output) + feature, held whole in
+    the residual with a zero output beside it (the next layer's add, or a pipeline stage's hand-over
+    of both, gives it back bitwise); every other row keeps its (output, residual) pair."""
 
     deepstack: DeepStack | None = None  # set by the model with images around one forward
 
@@ -53,6 +55,9 @@ class DeepStackLayers:
         ds = self.deepstack
         if ds is None or i >= ds.num_layers:
             return hidden, residual
-        stream = hidden if residual is None else residual + hidden
-        stream[ds.rows] += ds.features[i].to(stream.dtype)
-        return stream, None
+        rows, feature = ds.rows, ds.features[i].to(hidden.dtype)
+        if residual is None:  # a stack whose layers return the whole stream
+            return hidden.index_put((rows,), hidden[rows] + feature), None
+        stream = (residual[rows] + hidden[rows]) + feature
+        residual = residual.index_put((rows,), stream)
+        return hidden.index_put((rows,), torch.zeros_like(stream)), residual
