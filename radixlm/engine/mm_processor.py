@@ -27,13 +27,15 @@ IMAGE_ONLY_PROCESSORS = {
     "qwen2_5_vl": ("qwen2_vl.processing_qwen2_vl", "Qwen2VLProcessor"),
     "qwen3_5": ("qwen3_vl.processing_qwen3_vl", "Qwen3VLProcessor"),
     "qwen3_5_moe": ("qwen3_vl.processing_qwen3_vl", "Qwen3VLProcessor"),
+    "qwen3_vl": ("qwen3_vl.processing_qwen3_vl", "Qwen3VLProcessor"),
+    "qwen3_vl_moe": ("qwen3_vl.processing_qwen3_vl", "Qwen3VLProcessor"),
 }
 
 
 def load_hf_processor(model_path: str):
-    """The model's HF processor: AutoProcessor's, except for Qwen2-VL / Qwen2.5-VL / Qwen3.5, whose
-    processors need their video processor (torchvision): the same processor for images only, with
-    the PIL image processor.
+    """The model's HF processor: AutoProcessor's, except for Qwen2-VL / Qwen2.5-VL / Qwen3.5 /
+    Qwen3-VL, whose processors need their video processor (torchvision): the same processor for
+    images only, with the PIL image processor.
     """
     from transformers import AutoConfig, AutoProcessor
 

@@ -86,17 +86,12 @@ class EncoderCache:
         }
 
 
-def embed_with_images(
-    fb: ForwardBatch,
-    input_ids: torch.Tensor,
-    embed: Callable[[torch.Tensor], torch.Tensor],
-    vocab_size: int,
-    cache: EncoderCache,
-    encode: EncodeFn,
-) -> torch.Tensor | None:
-    """The input embeddings of an extend whose requests have images (None: no image in the batch:
-    the model embeds its ids as usual). Pad values (ids >= vocab_size) embed as token 0 first, then
-    their rows get the image's."""
+def image_pieces(
+    fb: ForwardBatch, cache: EncoderCache, encode: EncodeFn
+) -> list[tuple[int, torch.Tensor]] | None:
+    """The pieces of image spans an extend covers: (its first row in the batch, the rows of its
+    image's encoder output it takes), encoding the images the cache lacks. None: no image span
+    here (or no extend)."""
     if not fb.mm_inputs or not fb.forward_mode.is_extend():
         return None
     needs = []  # (first row in the batch, item, first row of the item's embedding, end row)
@@ -111,8 +106,25 @@ def embed_with_images(
         row += n
     if not needs:
         return None
-    hidden = embed(input_ids.masked_fill(input_ids >= vocab_size, 0))
     feats = cache.get_or_encode([it for _, it, _, _ in needs], encode)
-    for start, it, a, b in needs:
-        hidden[start : start + b - a] = feats[it.hash][a:b].to(hidden.dtype)
+    return [(start, feats[it.hash][a:b]) for start, it, a, b in needs]
+
+
+def embed_with_images(
+    fb: ForwardBatch,
+    input_ids: torch.Tensor,
+    embed: Callable[[torch.Tensor], torch.Tensor],
+    vocab_size: int,
+    cache: EncoderCache,
+    encode: EncodeFn,
+) -> torch.Tensor | None:
+    """The input embeddings of an extend whose requests have images (None: no image in the batch:
+    the model embeds its ids as usual). Pad values (ids >= vocab_size) embed as token 0 first, then
+    their rows get the image's."""
+    pieces = image_pieces(fb, cache, encode)
+    if pieces is None:
+        return None
+    hidden = embed(input_ids.masked_fill(input_ids >= vocab_size, 0))
+    for start, rows in pieces:
+        hidden[start : start + rows.shape[0]] = rows.to(hidden.dtype)
     return hidden

@@ -210,3 +210,12 @@ MODEL_REGISTRY.register(
 )
 MODEL_REGISTRY.register("BambaForCausalLM", "radixlm.model.models.bamba:BambaForCausalLM")
 MODEL_REGISTRY.register("JambaForCausalLM", "radixlm.model.models.jamba:JambaForCausalLM")
+# Issue 90: Qwen3-VL and Qwen3-VL-MoE (models/qwen3_vl.py: interleaved M-RoPE, DeepStack).
+MODEL_REGISTRY.register(
+    "Qwen3VLForConditionalGeneration",
+    "radixlm.model.models.qwen3_vl:Qwen3VLForConditionalGeneration",
+)
+MODEL_REGISTRY.register(
+    "Qwen3VLMoeForConditionalGeneration",
+    "radixlm.model.models.qwen3_vl:Qwen3VLForConditionalGeneration",
+)

@@ -60,6 +60,8 @@ ARCHITECTURES = (
     "mamba2",
     "mamba",
     "jamba",
+    "qwen3vl",
+    "qwen3vlmoe",
 )
 
 

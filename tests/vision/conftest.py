@@ -70,3 +70,15 @@ def hf_llava(tiny_llava_dir):
 
 def data_url(seed: int, size=(40, 36)) -> str:
     return "data:image/png;base64," + base64.b64encode(png_bytes(seed, size)).decode()
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3vl_dir(tmp_path_factory, tokenizer_dir):
+    from tests.vision.qwen3vl_checkpoint import write_tiny_qwen3vl
+
+    return write_tiny_qwen3vl(str(tmp_path_factory.mktemp("tiny-qwen3vl")), tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_qwen3vl(tiny_qwen3vl_dir):
+    return load_hf_qwen(tiny_qwen3vl_dir, "Qwen3VLForConditionalGeneration")

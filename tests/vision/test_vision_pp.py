@@ -1,8 +1,9 @@
 """Models with images in pipeline stages (--pp-size 2): the first stage embeds the images (the
 vision tower and the projector), the later ones take the stream. LLaVA, Qwen2-VL (M-RoPE
-positions on every stage) and Qwen3.5-VL (a hybrid decoder: its attention KV and recurrent states
-split between the stages) answer HF's greedy tokens, one image and two, in prefill chunks that cut
-the image spans."""
+positions on every stage), Qwen3.5-VL (a hybrid decoder: its attention KV and recurrent states
+split between the stages) and Qwen3-VL (its DeepStack layers on the first stage, which hands the
+stream on with the features added) answer HF's greedy tokens, one image and two, in prefill
+chunks that cut the image spans."""
 
 from __future__ import annotations
 
@@ -31,7 +32,7 @@ def test_llava_pp2_matches_hf(tiny_llava_dir, hf_llava):
             assert_greedy_equal(out["output_ids"], (None, tokens[:N], logprobs), f"llava {seeds}")
 
 
-@pytest.mark.parametrize("model", ["qwen2vl", "qwen35vl"])
+@pytest.mark.parametrize("model", ["qwen2vl", "qwen35vl", "qwen3vl"])
 def test_qwen_vl_pp2_matches_hf(model, request):
     path = request.getfixturevalue(f"tiny_{model}_dir")
     hf = request.getfixturevalue(f"hf_{model}")

@@ -71,3 +71,6 @@ GGUF_ARCHITECTURE_REGISTRY.register("mistral3", f"{_ARCHS}.llama_variants:MISTRA
 GGUF_ARCHITECTURE_REGISTRY.register("mamba2", f"{_ARCHS}.mamba:MAMBA2")
 GGUF_ARCHITECTURE_REGISTRY.register("mamba", f"{_ARCHS}.mamba:MAMBA")
 GGUF_ARCHITECTURE_REGISTRY.register("jamba", f"{_ARCHS}.mamba:JAMBA")
+# Issue 90: Qwen3-VL's and Qwen3-VL-MoE's text models (archs/qwen.py; the mmproj file not read).
+GGUF_ARCHITECTURE_REGISTRY.register("qwen3vl", f"{_ARCHS}.qwen:QWEN3VL")
+GGUF_ARCHITECTURE_REGISTRY.register("qwen3vlmoe", f"{_ARCHS}.qwen:QWEN3VLMOE")

@@ -48,14 +48,19 @@ class Qwen2VLForConditionalGeneration(LlavaForConditionalGeneration):
 
         return Qwen2VisionTransformerPretrainedModel
 
-    def encode_images(self, items: list[MultimodalItem]) -> list[torch.Tensor]:
-        """The images' patches packed into one sequence through the tower and the merger: per image,
-        [its grid's tokens, hidden]."""
+    def tower_inputs(self, items: list[MultimodalItem]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The images' patches packed into one sequence, and their grids: the tower's inputs."""
         weight = self.visual.patch_embed.proj.weight
         pixels = torch.cat([it.pixel_values for it in items]).to(
             device=weight.device, dtype=weight.dtype
         )
         grids = torch.stack([it.extra["image_grid_thw"] for it in items]).to(weight.device)
+        return pixels, grids
+
+    def encode_images(self, items: list[MultimodalItem]) -> list[torch.Tensor]:
+        """The images through the tower and the merger in one sequence: per image, [its grid's
+        tokens, hidden]."""
+        pixels, grids = self.tower_inputs(items)
         merged = self.visual(pixels, grid_thw=grids).pooler_output
         return list(torch.split(merged, [it.length for it in items]))
 

@@ -15,7 +15,13 @@ from typing import Any
 
 from radixlm.model.gguf.spec import GGUFArchitecture, HFModel
 
-_RENORMALIZE = {"qwen2moe": False, "qwen3moe": True, "olmoe": False, "llama": True}
+_RENORMALIZE = {
+    "qwen2moe": False,
+    "qwen3moe": True,
+    "olmoe": False,
+    "llama": True,
+    "qwen3vlmoe": True,  # Qwen3-VL-MoE's text model (archs/qwen.py)
+}
 _ROUTER_RE = re.compile(r"^blk\.(\d+)\.ffn_gate_inp\.weight$")
 
 
