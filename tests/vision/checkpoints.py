@@ -5,6 +5,7 @@ and saved as a HF directory: the reference every vision test compares against.""
 from __future__ import annotations
 
 import io
+import json
 
 import numpy as np
 import torch
@@ -297,3 +298,23 @@ def write_tiny_qwen2vl(
     with open(f"{path}/chat_template.json", "w") as f:
         json.dump({"chat_template": QWEN_CHAT_TEMPLATE}, f)
     return path
+
+
+def save_qwen_vl_files(path: str, tok) -> None:
+    """The image processor, tokenizer and chat template a tiny Qwen3-VL / Qwen3.5-VL directory
+    holds beside its weights (Qwen2-VL's processor, 16 x 16 to 64 x 64 pixel images)."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    Qwen2VLImageProcessorPil(
+        patch_size=QWEN_PATCH,
+        merge_size=QWEN_MERGE,
+        temporal_patch_size=2,
+        min_pixels=16 * 16,
+        max_pixels=64 * 64,
+        image_mean=[0.5, 0.5, 0.5],
+        image_std=[0.5, 0.5, 0.5],
+    ).save_pretrained(path)
+    tok.chat_template = QWEN_CHAT_TEMPLATE  # the tokenizer's (text-only chats) is the processor's
+    tok.save_pretrained(path)
+    with open(f"{path}/chat_template.json", "w") as f:
+        json.dump({"chat_template": QWEN_CHAT_TEMPLATE}, f)

@@ -12,11 +12,14 @@ transformers reads it), the MoE one does not and has a dense layer (mlp_only_lay
 
 from __future__ import annotations
 
-import json
-
 import torch
 
-from tests.vision.checkpoints import QWEN_CHAT_TEMPLATE, QWEN_MERGE, QWEN_PATCH, QWEN_TOKENS
+from tests.vision.checkpoints import (
+    QWEN_MERGE,
+    QWEN_PATCH,
+    QWEN_TOKENS,
+    save_qwen_vl_files,
+)
 
 TEXT = dict(
     hidden_size=64,
@@ -83,7 +86,6 @@ def _released_expert_layout(path: str) -> None:
 def write_tiny_qwen3vl(path: str, base_tokenizer_path: str, moe: bool = False) -> str:
     import transformers
     from transformers import AutoTokenizer
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     tok = AutoTokenizer.from_pretrained(base_tokenizer_path)
     tok.add_special_tokens({"additional_special_tokens": QWEN_TOKENS})
@@ -102,17 +104,5 @@ def write_tiny_qwen3vl(path: str, base_tokenizer_path: str, moe: bool = False) -
     model.save_pretrained(path)
     if moe:
         _released_expert_layout(path)
-    Qwen2VLImageProcessorPil(
-        patch_size=QWEN_PATCH,
-        merge_size=QWEN_MERGE,
-        temporal_patch_size=2,
-        min_pixels=16 * 16,
-        max_pixels=64 * 64,
-        image_mean=[0.5, 0.5, 0.5],
-        image_std=[0.5, 0.5, 0.5],
-    ).save_pretrained(path)
-    tok.chat_template = QWEN_CHAT_TEMPLATE  # the tokenizer's (text-only chats) is the processor's
-    tok.save_pretrained(path)
-    with open(f"{path}/chat_template.json", "w") as f:
-        json.dump({"chat_template": QWEN_CHAT_TEMPLATE}, f)
+    save_qwen_vl_files(path, tok)
     return path
