@@ -19,34 +19,20 @@ from torch import nn
 from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.linear_attn.mamba1 import Mamba1Dims, Mamba1Mixer
-from radixlm.model.layers.linear_attn.mamba2 import Mamba2Dims, Mamba2Mixer
+from radixlm.model.layers.linear_attn.mamba2 import MAMBA2_NAMES, Mamba2Dims, Mamba2Mixer
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.models.hybrid import HybridForCausalLM
 
 
 def mamba2_dims(config: Any) -> Mamba2Dims:
     """HF Mamba2Config's names; what radixlm cannot run refused by field."""
-    if config.hidden_act != "silu":  # the conv's activation
-        raise ValueError(f"Mamba-2 hidden_act {config.hidden_act!r}: radixlm runs silu")
     inner = int(config.expand * config.hidden_size)
     if inner != config.num_heads * config.head_dim:
         raise ValueError(
             f"Mamba-2 expand * hidden_size ({inner}) must equal num_heads * head_dim"
             f" ({config.num_heads * config.head_dim})"
         )
-    limit = tuple(config.time_step_limit or (0.0, float("inf")))
-    return Mamba2Dims(
-        hidden_size=config.hidden_size,
-        num_heads=config.num_heads,
-        head_dim=config.head_dim,
-        n_groups=config.n_groups,
-        state_size=config.state_size,
-        conv_kernel=config.conv_kernel,
-        conv_bias=bool(config.use_conv_bias),
-        proj_bias=bool(config.use_bias),
-        eps=config.layer_norm_epsilon,
-        dt_limit=(float(limit[0]), float(limit[1])),
-    )
+    return Mamba2Dims.from_config(config, MAMBA2_NAMES, "Mamba-2")
 
 
 def mamba1_dims(config: Any, family: str, bcdt_rms: bool = False) -> Mamba1Dims:

@@ -25,7 +25,7 @@ from torch import nn
 from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.attention import RadixAttention
-from radixlm.model.layers.linear_attn.mamba2 import Mamba2Dims, Mamba2Mixer
+from radixlm.model.layers.linear_attn.mamba2 import NEMOTRON_H_NAMES, Mamba2Dims, Mamba2Mixer
 from radixlm.model.layers.moe.expert_dispatch import expert_dispatch, forward_idle
 from radixlm.model.layers.norm import RMSNorm
 from radixlm.model.layers.parallel_linear import (
@@ -52,19 +52,7 @@ _ACTIVATIONS = {
 
 
 def nemotron_h_mamba_dims(config: Any) -> Mamba2Dims:
-    return Mamba2Dims(
-        hidden_size=config.hidden_size,
-        num_heads=config.mamba_num_heads,
-        head_dim=config.mamba_head_dim,
-        n_groups=config.n_groups,
-        state_size=config.ssm_state_size,
-        conv_kernel=config.conv_kernel,
-        conv_bias=bool(config.use_conv_bias),
-        proj_bias=bool(getattr(config, "use_bias", False)),
-        eps=config.layer_norm_epsilon,
-        # NemotronHMamba2Mixer's own limit, whatever config.time_step_limit says
-        dt_limit=(float(config.time_step_min), float("inf")),
-    )
+    return Mamba2Dims.from_config(config, NEMOTRON_H_NAMES, "Nemotron-H")
 
 
 class NemotronHAttention(nn.Module):

@@ -24,6 +24,36 @@ from radixlm.model.layers.parallel_linear import ColumnParallelLinear, RowParall
 
 
 @dataclass(frozen=True)
+class Mamba2Names:
+    """The config fields a family names a Mamba-2 mixer's sizes by."""
+
+    num_heads: str
+    head_dim: str
+    n_groups: str
+    state_size: str
+    conv_kernel: str
+    conv_bias: str
+    proj_bias: str  # absent means no bias
+    eps: str
+    act: str = "hidden_act"  # the conv's activation (Nemotron-H names its own)
+    dt_min_only: bool = False  # dt clamped below at time_step_min only (Nemotron-H's mixer)
+
+
+MAMBA2_NAMES = Mamba2Names(  # HF Mamba2Config
+    "num_heads", "head_dim", "n_groups", "state_size", "conv_kernel", "use_conv_bias", "use_bias",
+    "layer_norm_epsilon",
+)  # fmt: skip
+HYBRID_NAMES = Mamba2Names(  # Granite-4.0-H, Bamba, Falcon-H1
+    "mamba_n_heads", "mamba_d_head", "mamba_n_groups", "mamba_d_state", "mamba_d_conv",
+    "mamba_conv_bias", "mamba_proj_bias", "rms_norm_eps",
+)  # fmt: skip
+NEMOTRON_H_NAMES = Mamba2Names(
+    "mamba_num_heads", "mamba_head_dim", "n_groups", "ssm_state_size", "conv_kernel",
+    "use_conv_bias", "use_bias", "layer_norm_epsilon", act="mamba_hidden_act", dt_min_only=True,
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
 class Mamba2Dims:
     """A Mamba-2 mixer's sizes and switches (each family names them in its config)."""
 
@@ -40,23 +70,34 @@ class Mamba2Dims:
     dt_limit: tuple[float, float] = (0.0, float("inf"))
 
     @classmethod
-    def from_mamba_config(cls, config: Any, family: str) -> Mamba2Dims:
-        """The dims as Granite-4.0-H's and Falcon-H1's configs name them (mamba_n_heads, ...)."""
-        if config.hidden_act != "silu":  # the mixer's conv activation is HF's hidden_act
-            raise ValueError(f"{family} hidden_act {config.hidden_act!r}: radixlm runs silu")
-        limit = tuple(config.time_step_limit or (0.0, float("inf")))
+    def from_config(cls, config: Any, names: Mamba2Names, family: str) -> Mamba2Dims:
+        """The dims as a family's config names them (MAMBA2_NAMES, HYBRID_NAMES, NEMOTRON_H_NAMES);
+        the conv's activation, which radixlm runs as silu only."""
+        act = getattr(config, names.act, "silu")
+        if act != "silu":
+            raise ValueError(f"{family} {names.act} {act!r}: radixlm runs silu")
+        if names.dt_min_only:  # NemotronHMamba2Mixer's own limit, whatever time_step_limit says
+            limit = (config.time_step_min, float("inf"))
+        else:
+            limit = tuple(config.time_step_limit or (0.0, float("inf")))
+        get = lambda field: getattr(config, getattr(names, field))
         return cls(
             hidden_size=config.hidden_size,
-            num_heads=config.mamba_n_heads,
-            head_dim=config.mamba_d_head,
-            n_groups=config.mamba_n_groups,
-            state_size=config.mamba_d_state,
-            conv_kernel=config.mamba_d_conv,
-            conv_bias=bool(config.mamba_conv_bias),
-            proj_bias=bool(config.mamba_proj_bias),
-            eps=config.rms_norm_eps,
+            num_heads=get("num_heads"),
+            head_dim=get("head_dim"),
+            n_groups=get("n_groups"),
+            state_size=get("state_size"),
+            conv_kernel=get("conv_kernel"),
+            conv_bias=bool(get("conv_bias")),
+            proj_bias=bool(getattr(config, names.proj_bias, False)),
+            eps=get("eps"),
             dt_limit=(float(limit[0]), float(limit[1])),
         )
+
+    @classmethod
+    def from_mamba_config(cls, config: Any, family: str) -> Mamba2Dims:
+        """The dims as Granite-4.0-H's, Bamba's and Falcon-H1's configs name them."""
+        return cls.from_config(config, HYBRID_NAMES, family)
 
     @property
     def intermediate(self) -> int:
