@@ -103,3 +103,10 @@ def test_pool_bytes_and_refusals():
     assert pool.k_buffer[0].shape == (17, 2, 32) and pool.get_kv_scales(0)[0].shape == (17, 2)
     with pytest.raises(ValueError, match=r"int4 needs a power-of-two head_dim .* head_dim \[80\]"):
         TokenToKVPool(16, 2, 2, 80, dtype=INT4_KV)
+
+
+def test_mla_latent_pool_refuses_int4():
+    from radixlm.cache.mla_pool import MLATokenToKVPool
+
+    with pytest.raises(ValueError, match="kv_cache_dtype int4 is not supported with an MLA"):
+        MLATokenToKVPool(16, 2, kv_lora_rank=32, qk_rope_head_dim=16, dtype=INT4_KV)
