@@ -11,14 +11,14 @@ from __future__ import annotations
 import torch
 
 from radixlm.cache.kv_data import KVData, copy_slots, gather, scatter
-from radixlm.cache.memory_pool import TokenToKVPool, scaled_kv, stored_dim
+from radixlm.cache.memory_pool import TokenToKVPool, kv_dtype_name, scaled_kv, stored_dim
 from radixlm.cache.slot_free_list import SlotFreeList
 
 
 def host_dtype_for(device_dtype: torch.dtype, option: str) -> torch.dtype:
     """The L2/L3 element type for an L1 of `device_dtype` (`--hicache-dtype`)."""
     if scaled_kv(device_dtype):
-        name = "int8" if device_dtype == torch.int8 else "int4"
+        name = kv_dtype_name(device_dtype)
         if option not in ("auto", name):
             raise ValueError(f"hicache_dtype: an {name} KV cache is kept as {name} (use auto)")
         return device_dtype

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from radixlm.cache.memory_pool import TokenToKVPool, scaled_kv
+from radixlm.cache.memory_pool import TokenToKVPool, kv_dtype_name, scaled_kv
 
 
 class MLATokenToKVPool(TokenToKVPool):
@@ -29,7 +29,7 @@ class MLATokenToKVPool(TokenToKVPool):
     ):
         if scaled_kv(dtype):
             raise ValueError(
-                f"kv_cache_dtype {'int8' if dtype == torch.int8 else 'int4'} is not supported with"
+                f"kv_cache_dtype {kv_dtype_name(dtype)} is not supported with"
                 " an MLA (latent) KV cache; use auto, float16 or bfloat16"
             )
         self.kv_lora_rank, self.qk_rope_head_dim = kv_lora_rank, qk_rope_head_dim

@@ -341,7 +341,7 @@ void paged_attention_out(const at::Tensor& q, const at::Tensor& k_buf, const at:
                 q_start.data_ptr<int64_t>(), plan->B, req_to_token.size(1), req_to_token.size(0)};
   at::Tensor q_turned;  // int4: the queries in the keys' turned basis
   if (K.type == KV_I4) {
-    q_turned = q.contiguous().clone();
+    q_turned = q.clone(at::MemoryFormat::Contiguous);  // one copy, turned in place
     float* qt = q_turned.data_ptr<float>();
     at::parallel_for(0, T * Hq, 16, [&](int64_t r0, int64_t r1) {
       for (int64_t r = r0; r < r1; ++r) hadamard_(qt + r * D, D);
