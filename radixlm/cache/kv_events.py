@@ -1,5 +1,6 @@
 """KV events: what the radix tree tells cache-aware routers about its blocks (SGLang's
---kv-events-config contract; the schema is kv_event_schema.py, the sockets kv_event_publisher.py).
+--kv-events-config contract; the schema is radixlm/kv_event_schema.py, the block hashes
+radixlm/kv_block_hash.py, the sockets kv_event_publisher.py).
 
 The tree (radix_cache.py, host_tier.py) calls a KVEventSink where its KV changes tier; the sink is
 injected (BasePrefixCache.set_kv_events), NoKVEvents when publishing is off. Per medium, a block
@@ -27,10 +28,10 @@ What is not published: a hybrid model's state snapshots (a match may end only at
 
 from __future__ import annotations
 
-import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Hashable
 from typing import TYPE_CHECKING
+
+from radixlm.kv_block_hash import chain_digests, int64_of, namespace_seed
 
 if TYPE_CHECKING:
     from radixlm.cache.tree_node import TreeNode
@@ -87,35 +88,13 @@ class NoKVEvents(KVEventSink):
 NO_KV_EVENTS = NoKVEvents()
 
 
-def int64_of(digest: bytes) -> int:
-    """SGLang's hash_str_to_int64: the digest's first 8 bytes, big-endian, signed."""
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
-def chain_digests(token_ids: list[int], prior: bytes) -> list[bytes]:
-    """SHA-256 digests of consecutive one-token pages, each over the previous digest and the
-    page's token (SGLang's get_hash_str with page size 1)."""
-    out = []
-    for t in token_ids:
-        prior = hashlib.sha256(prior + t.to_bytes(4, "little")).digest()
-        out.append(prior)
-    return out
-
-
-def namespace_seed(namespace: Hashable | None) -> bytes:
-    """Where a prefix's chain starts: nothing (SGLang's chain) in the common namespace."""
-    if namespace is None:
-        return b""
-    return hashlib.sha256(repr(namespace).encode()).digest()
-
-
 class KVEventRecorder(KVEventSink):
     """Publishing on: events as SGLang's structs (kv_event_schema.py), with each node's block
     hashes kept while it is in the tree (node id -> (edge length, int64 hashes, last digest); a
     split node's length no longer matches, so its halves are rehashed from their parent)."""
 
     def __init__(self) -> None:
-        from radixlm.cache import kv_event_schema as schema
+        from radixlm import kv_event_schema as schema
 
         self.schema = schema
         self.events: list = []

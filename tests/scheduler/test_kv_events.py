@@ -283,7 +283,7 @@ def test_host_tier_moves_are_per_medium_events():
     dec = msgspec.msgpack.Decoder(type=KVEventBatch)
 
     def sync():
-        from radixlm.cache import kv_event_schema
+        from radixlm import kv_event_schema
 
         batch = kv_event_schema.KVEventBatch(ts=time.time(), events=rec.take())
         mirror.apply(dec.decode(enc.encode(batch)))
