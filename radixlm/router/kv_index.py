@@ -3,7 +3,9 @@ the subscriber that feeds this is kv_events.py): per worker the live block hashe
 pool (medium GPU), built from BlockStored / BlockRemoved / AllBlocksCleared alone.
 
 A block hash names a whole prefix (SGLang's chained hashes, kv_block_hash.py), so a request's
-cached prefix on a worker is the run of its own chain that the worker holds, from the start.
+cached prefix on a worker is the run of its own chain that the worker holds, from the start. A
+hybrid model's worker also publishes its state snapshots (medium GPU_STATE: cache/kv_events.py);
+its prefix is reusable only up to the deepest snapshot on that run, as its match_prefix is.
 
 A worker's view is *synced* while it is known to be complete: from its publisher's first batch
 (seq 0), after a replay that filled a gap, and after any AllBlocksCleared (nothing held before it
@@ -22,11 +24,14 @@ from dataclasses import dataclass, field
 from radixlm.kv_block_hash import block_hashes
 
 MEDIUM = "GPU"  # the tier a match reuses without a copy (SGLang's name for the KV pool)
+STATE_MEDIUM = "GPU_STATE"  # a hybrid's device state snapshots
 
 
 @dataclass
 class WorkerView:
     blocks: set[int] = field(default_factory=set)
+    states: set[int] = field(default_factory=set)  # blocks a device state snapshot ends
+    hybrid: bool = False  # it published a snapshot: matches end at snapshots
     synced: bool = True  # complete as far as the events tell (see the module docstring)
     seq: int = -1  # the last batch applied
     ts: float = 0.0  # its timestamp
@@ -38,6 +43,7 @@ class WorkerView:
         return {
             "synced": self.synced,
             "blocks": len(self.blocks),
+            "state_snapshots": len(self.states) if self.hybrid else None,
             "seq": self.seq,
             "batches": self.batches,
             "gaps": self.gaps,
@@ -76,6 +82,7 @@ class KvEventIndex:
         with self._lock:
             v = self.views.setdefault(worker, WorkerView())
             v.blocks.clear()
+            v.states.clear()
             v.synced, v.seq, v.restarts = True, -1, v.restarts + 1
 
     def lost(self, worker: str, seq: int) -> None:
@@ -92,13 +99,19 @@ class KvEventIndex:
                 kind = type(e).__name__
                 if kind == "AllBlocksCleared":
                     v.blocks.clear()
+                    v.states.clear()
                     v.synced = True
-                elif e.medium not in (MEDIUM, None):
+                    continue
+                if e.medium == STATE_MEDIUM:
+                    held, v.hybrid = v.states, True
+                elif e.medium in (MEDIUM, None):
+                    held = v.blocks
+                else:
                     continue  # host copies: a match there costs a load, not counted here
-                elif kind == "BlockStored":
-                    v.blocks.update(e.block_hashes)
+                if kind == "BlockStored":
+                    held.update(e.block_hashes)
                 elif kind == "BlockRemoved":
-                    v.blocks.difference_update(e.block_hashes)
+                    held.difference_update(e.block_hashes)
             v.seq, v.ts, v.batches = seq, batch.ts, v.batches + 1
 
     # -- routing -----------------------------------------------------------------------------
@@ -115,6 +128,8 @@ class KvEventIndex:
                 n = 0
                 while n < len(chain) and chain[n] in v.blocks:
                     n += 1
+                while v.hybrid and n and chain[n - 1] not in v.states:
+                    n -= 1  # a hybrid resumes at its deepest snapshot within the run
                 out[w] = n
         return out
 
