@@ -13,7 +13,9 @@ matters). A batch that skips sequence numbers the replay cannot supply leaves th
 (unsynced: the policy falls back to its text tree for that worker) until the next
 AllBlocksCleared. A publisher that starts again (a worker restarted: its seq back at or below what
 was seen, with a later timestamp) means an empty cache: the view is cleared. A batch at or below
-the last seq with an older timestamp is a replayed duplicate and skipped.
+the last seq with an older timestamp is a replayed duplicate and skipped. A worker the health
+checks found down is *suspect*: unsynced until its next batch tells whether it restarted (the view
+cleared) or not (the view resumes).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ class WorkerView:
     states: set[int] = field(default_factory=set)  # blocks a device state snapshot ends
     hybrid: bool = False  # it published a snapshot: matches end at snapshots
     synced: bool = True  # complete as far as the events tell (see the module docstring)
+    suspect: bool = False  # found down: unsynced until its next batch
     seq: int = -1  # the last batch applied
     ts: float = 0.0  # its timestamp
     batches: int = 0
@@ -64,6 +67,14 @@ class KvEventIndex:
         v = self.views.get(worker)
         return v is not None and v.synced
 
+    def suspect(self, worker: str) -> None:
+        """The worker was found down: it may come back restarted, its cache empty, before it
+        publishes anything."""
+        with self._lock:
+            v = self.views.get(worker)
+            if v is not None and v.synced:
+                v.synced, v.suspect = False, True
+
     def drop(self, worker: str) -> None:
         """A worker removed or found dead: its cache is unknown until its events say more."""
         with self._lock:
@@ -83,18 +94,20 @@ class KvEventIndex:
             v = self.views.setdefault(worker, WorkerView())
             v.blocks.clear()
             v.states.clear()
-            v.synced, v.seq, v.restarts = True, -1, v.restarts + 1
+            v.synced, v.suspect, v.seq, v.restarts = True, False, -1, v.restarts + 1
 
     def lost(self, worker: str, seq: int) -> None:
         """Batches before seq are gone for good: the view is incomplete from here."""
         with self._lock:
             v = self.views.setdefault(worker, WorkerView())
-            v.synced, v.seq, v.gaps = False, seq - 1, v.gaps + 1
+            v.synced, v.suspect, v.seq, v.gaps = False, False, seq - 1, v.gaps + 1
 
     def apply(self, worker: str, seq: int, batch) -> None:
         """One KVEventBatch (kv_event_schema.py), in order."""
         with self._lock:
             v = self.views.setdefault(worker, WorkerView())
+            if v.suspect:  # the batch after its last one: the same publisher, not restarted
+                v.synced, v.suspect = True, False
             for e in batch.events:
                 kind = type(e).__name__
                 if kind == "AllBlocksCleared":

@@ -194,6 +194,8 @@ class CacheAwarePolicy(Policy):
     def remove_worker(self, worker):
         with self._lock:
             self.tree.remove_tenant(worker)
+        if self.kv_index is not None:
+            self.kv_index.suspect(worker)
 
     def maintain(self):
         now = self._clock()

@@ -124,10 +124,19 @@ def test_a_restarted_publisher_clears_the_view(tmp_path, router_side):
     w.insert(q)
     wait_seq(index, W, 1)
     assert set(chain(p)) <= index.view(W).blocks
-    w.publisher.shutdown()  # the worker restarts: a new tree, a new publisher from seq 0
+    # Found down by a health check, then its next batch: the same publisher, the view resumes.
+    policy = CacheAwarePolicy(kv_index=index)
+    policy.remove_worker(W)
+    assert not index.synced(W) and index.matched_tokens(p, [W]) == {}
+    w.insert(q + [9])
+    wait_seq(index, W, 2)
+    assert index.synced(W) and index.view(W).blocks == set(tree_blocks(w.tree))
+    policy.remove_worker(W)  # down again: this time it restarts, a new tree and seq 0
+    w.publisher.shutdown()
     time.sleep(0.05)
     w2 = Worker(endpoint)
     time.sleep(0.5)  # the router's socket reconnects to the new one
+    assert not index.synced(W)  # nothing heard yet: its old blocks are not trusted
     w2.insert(s)
     wait_seq(index, W, 0)
     view = index.view(W)
