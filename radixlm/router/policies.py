@@ -138,8 +138,7 @@ class CacheAwarePolicy(Policy):
         self._clock = clock or time.monotonic
         self._last_eviction = self._clock()
         self.decisions = {"imbalanced": 0, "cache_hit": 0, "cache_miss": 0}
-        if kv_index is not None:
-            self.decisions["kv_events_hit"] = 0  # of the hits, those the events decided
+        self.kv_events_hits = 0  # of the cache hits, those the workers' events decided
 
     @classmethod
     def create(cls, config, seed):
@@ -163,8 +162,7 @@ class CacheAwarePolicy(Policy):
                 if best > self.config.cache_threshold:
                     holders = [w for w in workers if shares.get(w) == best]
                     choice, kind = least_loaded(holders, loads), "cache_hit"
-                    if choice in by_events:
-                        self.decisions["kv_events_hit"] += 1
+                    self.kv_events_hits += choice in by_events
                 else:
                     choice, kind = least_loaded(workers, loads), "cache_miss"
             self.decisions[kind] += 1

@@ -260,6 +260,7 @@ def router_info(state: RouterState) -> dict:
         "route_ms_p50": round(1e3 * rs[len(rs) // 2], 4) if rs else None,
         # --kv-events: per worker its publisher and what the router's view of it holds
         "kv_events": state.kv.stats() if state.kv is not None else None,
+        "kv_events_hits": getattr(state.policy, "kv_events_hits", 0),
     }
 
 

@@ -63,7 +63,7 @@ def published(hybrid_checkpoint_dir, tmp_path_factory):
     index = KvEventIndex()
     router = KvEventSubscriber(index)
     router.subscribe(W, (endpoint, "kv@hybrid", None))
-    time.sleep(0.4)  # both subscriptions take hold (ZMQ's slow joiner)
+    time.sleep(1.0)  # both subscriptions take hold (ZMQ's slow joiner)
     yield d, sub, index
     router.shutdown()
     d.s.kv_events.shutdown()
@@ -135,7 +135,9 @@ def test_snapshots_are_published_and_routed_on(published):
     assert d.s.flush_cache().success
     d.step()
     assert [type(e) for e in sub.drain()] == [AllBlocksCleared]
+    deadline = time.monotonic() + 5
     while index.view(W).seq != sub.seq:
+        assert time.monotonic() < deadline, index.stats()
         time.sleep(0.02)
     assert sub.mirror.blocks == {}
     assert index.view(W).states == set() and index.view(W).blocks == set()

@@ -74,7 +74,7 @@ def test_missed_batches_are_replayed(tmp_path, router_side):
     w.insert(q)  # batches 0 and 1: out before the router subscribed
     time.sleep(0.2)
     sub.subscribe(W, (f"ipc://{tmp_path / 'pub'}", "", f"ipc://{tmp_path / 'replay'}"))
-    time.sleep(0.3)  # the subscription takes hold (ZMQ's slow joiner)
+    time.sleep(1.0)  # the subscription takes hold (ZMQ's slow joiner; a loaded machine)
     w.insert(s)  # batch 2: the first the router sees, after a gap it fills by replay
     wait_seq(index, W, 2)
     view = index.view(W)
@@ -92,7 +92,7 @@ def test_unreplayable_gap_falls_back_to_the_text_tree_until_cleared(tmp_path, ro
     w.insert(p)
     time.sleep(0.2)
     sub.subscribe(W, (endpoint, "", None))
-    time.sleep(0.3)
+    time.sleep(1.0)
     w.insert(q)
     wait_seq(index, W, 1)
     assert not index.view(W).synced and index.view(W).gaps == 1
@@ -109,7 +109,7 @@ def test_unreplayable_gap_falls_back_to_the_text_tree_until_cleared(tmp_path, ro
     assert index.view(W).synced and index.view(W).blocks == set(tree_blocks(w.tree))
     policy = CacheAwarePolicy(kv_index=index)  # (the first one's text tree now has p on OTHER)
     assert policy.select([OTHER, W], {}, routing_text("/generate", body), p + [7]) == W
-    assert policy.decisions["kv_events_hit"] == 1
+    assert policy.kv_events_hits == 1
     w.publisher.shutdown()
 
 
@@ -118,7 +118,7 @@ def test_a_restarted_publisher_clears_the_view(tmp_path, router_side):
     endpoint = f"ipc://{tmp_path / 'pub'}"
     w = Worker(endpoint)
     sub.subscribe(W, (endpoint, "", None))
-    time.sleep(0.3)
+    time.sleep(1.0)
     p, q, s = prompts(3)
     w.insert(p)
     w.insert(q)
@@ -135,7 +135,7 @@ def test_a_restarted_publisher_clears_the_view(tmp_path, router_side):
     w.publisher.shutdown()
     time.sleep(0.05)
     w2 = Worker(endpoint)
-    time.sleep(0.5)  # the router's socket reconnects to the new one
+    time.sleep(1.0)  # the router's socket reconnects to the new one
     assert not index.synced(W)  # nothing heard yet: its old blocks are not trusted
     w2.insert(s)
     wait_seq(index, W, 0)

@@ -1,10 +1,10 @@
 """`radixlm router --kv-events` in front of two tiny-model servers that publish KV events
-(--kv-events-config): the router routes on what the workers' caches hold, as their events say,
-where its text tree would guess otherwise. The test subscribes to the same publishers with
-SGLang's schema (tests/scheduler/test_kv_events.py's subscriber) and checks each step against the
-events actually received: a prompt prefilled on worker A directly draws a request sharing it to A
-(ids and text), a flush of A (AllBlocksCleared) and an eviction on A (BlockRemoved) send it where
-the blocks still are."""
+(--kv-events-config) and one that does not: the router routes on what the workers' caches hold,
+as their events say, where its text tree would guess otherwise. The test subscribes to the same
+publishers with SGLang's schema (tests/scheduler/test_kv_events.py's subscriber) and checks each
+step against the events actually received: a prompt prefilled on worker A directly draws a
+request sharing it to A (ids and text), a flush of A (AllBlocksCleared) and an eviction on A
+(BlockRemoved) send it where the blocks still are."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import time
 import pytest
 import requests
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 
 from radixlm.router.policies import CacheAwarePolicy
 from radixlm.router.routing_text import routing_text
@@ -24,16 +25,9 @@ from tests.scheduler.test_kv_events import AllBlocksCleared, BlockRemoved, Subsc
 A_POOL = 900  # worker A's KV tokens: a few prompts evict older ones
 
 
-def worker(model_dir, config: dict, *extra: str) -> ServerProcess:
-    return ServerProcess(
-        "--model-path",
-        model_dir,
-        "--num-threads",
-        "1",
-        "--kv-events-config",
-        json.dumps(config),
-        *extra,
-    )
+def worker(model_dir, config: dict | None, *extra: str) -> ServerProcess:
+    events = ("--kv-events-config", json.dumps(config)) if config else ()
+    return ServerProcess("--model-path", model_dir, "--num-threads", "1", *events, *extra)
 
 
 def router(urls: list[str]) -> ServerProcess:
@@ -68,14 +62,16 @@ def fleet(tiny_model_dir, tmp_path_factory):
     a = worker(tiny_model_dir, a_cfg, "--max-total-tokens", str(A_POOL))
     b = worker(tiny_model_dir, b_cfg, "--kv-memory-gb", "0.05")
     subs = {"a": Subscriber(a_cfg["endpoint"], "kv@a"), "b": Subscriber(b_cfg["endpoint"], "kv@b")}
+    c = worker(tiny_model_dir, None, "--kv-memory-gb", "0.05")  # publishes nothing
     # B first: with nothing known, cache_aware's tie (least loaded, first listed) is B.
-    r = router([b.url, a.url])
-    time.sleep(0.5)  # ZMQ's slow joiner: the router's and the test's subscriptions take hold
-    r.endpoints = {a.url: a_cfg["endpoint"], b.url: b_cfg["endpoint"]}
+    r = router([b.url, a.url, c.url])
+    time.sleep(1.0)  # ZMQ's slow joiner: the router's and the test's subscriptions take hold
+    r.endpoints = {a.url: a_cfg["endpoint"], b.url: b_cfg["endpoint"], c.url: "none"}
+    r.no_events = c.url
     yield r, a, b, subs
     r.stop()
-    a.stop()
-    b.stop()
+    for w in (a, b, c):
+        w.stop()
     for s in subs.values():
         s.sock.close(linger=0)
 
@@ -126,9 +122,11 @@ def ids_body(ids: list[int], n: int = 2) -> dict:
 
 def test_router_follows_the_workers_kv_events(fleet):
     r, a, b, subs = fleet
-    # The router found each worker's publisher through its /get_server_info.
+    # The router found each worker's publisher through its /get_server_info; C has none: no
+    # view, so the policy routes it on the text tree.
     view = router_view(r)["kv_events"]
     assert {u: v["endpoint"] for u, v in view.items()} == r.endpoints
+    assert [u for u, v in view.items() if "synced" not in v] == [r.no_events]
     g = torch.Generator().manual_seed(0)
     p = torch.randint(100, 4000, (160,), generator=g).tolist()
 
@@ -141,7 +139,7 @@ def test_router_follows_the_workers_kv_events(fleet):
     assert guess == b.url  # the text tree has never seen P: it would pick B
     out = via_router(r, req, a, subs["a"])
     assert out["meta_info"]["cached_tokens"] >= len(p)
-    assert router_view(r)["decisions"]["kv_events_hit"] == 1
+    assert router_view(r)["kv_events_hits"] == 1
 
     # Text: the router has the worker tokenize it, and matches the ids against the events.
     doc = "Rivers carve canyons over long ages, and bridges cross them. " * 8
@@ -183,3 +181,12 @@ def test_router_follows_the_workers_kv_events(fleet):
     for w in (a, b):
         v = router_view(r)["kv_events"][w.url]
         assert v["gaps"] == 0 and v["restarts"] == 0 and v["synced"]
+    # /metrics: the hits the events decided, each worker's live blocks as the subscriber has them.
+    samples = {
+        (s.name, s.labels.get("worker")): s.value
+        for fam in text_string_to_metric_families(requests.get(r.url + "/metrics", timeout=10).text)
+        for s in fam.samples
+    }
+    assert samples[("radixlm_router:kv_events_hits_total", None)] == 5
+    for w, sub in ((a, subs["a"]), (b, subs["b"])):
+        assert samples[("radixlm_router:kv_events_blocks", w.url)] == len(sub.mirror.live())
