@@ -46,6 +46,7 @@ from radixlm.cache.hiradix_cache import HiRadixCache, host_kv_size, host_slots
 from radixlm.cache.host_pool import HostKVPool, host_dtype_for
 from radixlm.cache.host_state_pool import HostStatePool
 from radixlm.cache.host_tier import HostTier, alloc_from
+from radixlm.cache.kv_events import MEDIUM_CPU_STATE, MEDIUM_GPU_STATE
 from radixlm.cache.mamba_radix_cache import (
     DeviceSnapshots,
     evictable_snapshots,
@@ -182,6 +183,7 @@ class HostSnapshots(DeviceSnapshots):
             return False
         tier.load_nodes(host_nodes, slots)
         target.snapshot.slot = slot
+        tree.events.snapshot_stored(target, MEDIUM_GPU_STATE)
         self.state_pool.queue_copy(self.state_pool.host_index(target.snapshot.host_slot), slot)
         stats.count("state_l2_loads")
         moved = need * tier.host_pool.bytes_per_token + self.state_pool.state_bytes
@@ -223,6 +225,7 @@ class HostSnapshots(DeviceSnapshots):
             else:  # queued before the slot is freed: read before anything reuses it
                 self.state_pool.queue_copy(node.snapshot.slot, self.state_pool.host_index(h))
                 node.snapshot.host_slot = h
+                self.tree.events.snapshot_stored(node, MEDIUM_CPU_STATE)
                 stats.count("state_l1_to_l2")
                 stats.count("bytes_l1_to_l2", self.state_pool.state_bytes)
         self._free_state(node)
@@ -247,6 +250,7 @@ class HostSnapshots(DeviceSnapshots):
         return len(nodes)
 
     def _free_host_state(self, node: TreeNode) -> None:
+        self.tree.events.snapshot_removed(node, MEDIUM_CPU_STATE)
         self.host_states.free(node.snapshot.host_slot)
         node.snapshot.host_slot = None
 

@@ -66,7 +66,7 @@ class ZmqEventPublisher(EventPublisher):
         import msgspec
         import zmq
 
-        from radixlm.cache import kv_event_schema
+        from radixlm import kv_event_schema
 
         self.sink = KVEventRecorder()
         self.dp_rank = dp_rank

@@ -1,5 +1,6 @@
 """KV events: what the radix tree tells cache-aware routers about its blocks (SGLang's
---kv-events-config contract; the schema is kv_event_schema.py, the sockets kv_event_publisher.py).
+--kv-events-config contract; the schema is radixlm/kv_event_schema.py, the block hashes
+radixlm/kv_block_hash.py, the sockets kv_event_publisher.py).
 
 The tree (radix_cache.py, host_tier.py) calls a KVEventSink where its KV changes tier; the sink is
 injected (BasePrefixCache.set_kv_events), NoKVEvents when publishing is off. Per medium, a block
@@ -21,22 +22,38 @@ each) after the previous page's digest, the event carrying the digest's first 8 
 int64 (hash_str_to_int64). A prefix in a namespace (a LoRA adapter's, a tenant's) starts its chain
 from a digest of the namespace, so equal tokens in two namespaces are different blocks.
 
-What is not published: a hybrid model's state snapshots (a match may end only at one; SGLang
-0.5.10 publishes none for its hybrid trees either) and a sliding-window layer's slots.
+A hybrid model's state snapshots (a match may end only at one) are blocks of media of their own,
+the snapshot's position named as its KV is (SGLang 0.5.10's hybrid trees publish nothing at all;
+its schema's `medium` is a free string, so its subscribers decode these unchanged and one that
+indexes per medium keeps them apart):
+
+    BlockStored  GPU_STATE   a node takes a device snapshot (the states after its last token):
+                 block_hashes [the hash of that token's block], token_ids [the token],
+                 parent_block_hash the block before it (a GPU-medium block, not a state)
+    BlockRemoved GPU_STATE   the device snapshot is dropped (snapshot eviction, its node
+                             evicted, or moved down to the host)
+    BlockStored / BlockRemoved CPU_PINNED_STATE   the same for a host copy (the hierarchical
+                             cache of a hybrid)
+
+A router reuses a hybrid worker's prefix only up to its deepest GPU_STATE block along the request
+(what match_prefix returns); a node split moves no snapshot (it stays with the last token), so it
+sends nothing. Not published: a sliding-window layer's slots.
 """
 
 from __future__ import annotations
 
-import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Hashable
 from typing import TYPE_CHECKING
+
+from radixlm.kv_block_hash import chain_digests, int64_of, namespace_seed
 
 if TYPE_CHECKING:
     from radixlm.cache.tree_node import TreeNode
 
 MEDIUM_GPU = "GPU"  # L1, the KV pool (SGLang's name for it, on a CPU engine too)
 MEDIUM_CPU = "CPU_PINNED"  # L2, the hierarchical cache's host pool
+MEDIUM_GPU_STATE = "GPU_STATE"  # a hybrid's device state snapshots (the MambaPool's)
+MEDIUM_CPU_STATE = "CPU_PINNED_STATE"  # their host copies (HostStatePool)
 BLOCK_SIZE = 1  # tokens per block: the tree's page size
 
 
@@ -51,6 +68,14 @@ class KVEventSink(ABC):
     @abstractmethod
     def removed(self, node: TreeNode, medium: str) -> None:
         """node's KV is about to leave medium (the node is still linked)."""
+
+    @abstractmethod
+    def snapshot_stored(self, node: TreeNode, medium: str) -> None:
+        """node now holds a state snapshot in medium (MEDIUM_GPU_STATE / MEDIUM_CPU_STATE)."""
+
+    @abstractmethod
+    def snapshot_removed(self, node: TreeNode, medium: str) -> None:
+        """node's snapshot is about to leave medium."""
 
     @abstractmethod
     def cleared(self) -> None:
@@ -74,6 +99,12 @@ class NoKVEvents(KVEventSink):
     def removed(self, node: TreeNode, medium: str) -> None:
         pass
 
+    def snapshot_stored(self, node: TreeNode, medium: str) -> None:
+        pass
+
+    def snapshot_removed(self, node: TreeNode, medium: str) -> None:
+        pass
+
     def cleared(self) -> None:
         pass
 
@@ -87,35 +118,13 @@ class NoKVEvents(KVEventSink):
 NO_KV_EVENTS = NoKVEvents()
 
 
-def int64_of(digest: bytes) -> int:
-    """SGLang's hash_str_to_int64: the digest's first 8 bytes, big-endian, signed."""
-    return int.from_bytes(digest[:8], "big", signed=True)
-
-
-def chain_digests(token_ids: list[int], prior: bytes) -> list[bytes]:
-    """SHA-256 digests of consecutive one-token pages, each over the previous digest and the
-    page's token (SGLang's get_hash_str with page size 1)."""
-    out = []
-    for t in token_ids:
-        prior = hashlib.sha256(prior + t.to_bytes(4, "little")).digest()
-        out.append(prior)
-    return out
-
-
-def namespace_seed(namespace: Hashable | None) -> bytes:
-    """Where a prefix's chain starts: nothing (SGLang's chain) in the common namespace."""
-    if namespace is None:
-        return b""
-    return hashlib.sha256(repr(namespace).encode()).digest()
-
-
 class KVEventRecorder(KVEventSink):
     """Publishing on: events as SGLang's structs (kv_event_schema.py), with each node's block
     hashes kept while it is in the tree (node id -> (edge length, int64 hashes, last digest); a
     split node's length no longer matches, so its halves are rehashed from their parent)."""
 
     def __init__(self) -> None:
-        from radixlm.cache import kv_event_schema as schema
+        from radixlm import kv_event_schema as schema
 
         self.schema = schema
         self.events: list = []
@@ -159,6 +168,25 @@ class KVEventRecorder(KVEventSink):
     def removed(self, node: TreeNode, medium: str) -> None:
         self.events.append(
             self.schema.BlockRemoved(block_hashes=list(self.hashes(node)), medium=medium)
+        )
+
+    def snapshot_stored(self, node: TreeNode, medium: str) -> None:
+        hashes = self.hashes(node)
+        parent = hashes[-2] if len(hashes) > 1 else self._parent_hash(node)
+        self.events.append(
+            self.schema.BlockStored(
+                block_hashes=[hashes[-1]],
+                parent_block_hash=parent,
+                token_ids=[node.key[-1]],
+                block_size=BLOCK_SIZE,
+                lora_id=None,
+                medium=medium,
+            )
+        )
+
+    def snapshot_removed(self, node: TreeNode, medium: str) -> None:
+        self.events.append(
+            self.schema.BlockRemoved(block_hashes=[self.hashes(node)[-1]], medium=medium)
         )
 
     def cleared(self) -> None:

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from radixlm.cache.base_prefix_cache import MatchResult, PrefixKey
+from radixlm.cache.kv_events import MEDIUM_GPU_STATE
 from radixlm.cache.payloads import StateSnapshot
 from radixlm.cache.radix_cache import RadixCache
 from radixlm.cache.tree_node import TreeNode, empty_indices, touch, touch_state
@@ -114,6 +115,7 @@ class DeviceSnapshots(SnapshotPart):
             node.snapshot.slot = slot
             node.snapshot.from_answer = from_answer
             touch_state(node)
+            self.tree.events.snapshot_stored(node, MEDIUM_GPU_STATE)
         return slot
 
     def alloc_state(self, superseded_only: bool) -> int | None:
@@ -133,6 +135,7 @@ class DeviceSnapshots(SnapshotPart):
         return dropped
 
     def _free_state(self, node: TreeNode) -> None:
+        self.tree.events.snapshot_removed(node, MEDIUM_GPU_STATE)
         self.state_pool.free_snapshot(node.snapshot.slot)
         node.snapshot.slot = None
 

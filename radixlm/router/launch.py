@@ -106,6 +106,15 @@ def add_router_args(p: argparse.ArgumentParser) -> None:
         default=c.balance_rel_threshold,
         help="... when max is also above min times this",
     )
+    p.add_argument(
+        "--kv-events",
+        action="store_true",
+        help=(
+            "cache_aware routes on the workers' KV events (their --kv-events-config publishers,"
+            " found through /get_server_info) instead of guessing; workers without events are"
+            " still routed on the text tree"
+        ),
+    )
     p.add_argument("--eviction-interval-secs", type=float, default=c.eviction_interval_secs)
     p.add_argument(
         "--max-tree-size",
@@ -173,6 +182,7 @@ def router_args_from_cli(a: argparse.Namespace) -> RouterArgs:
             a.eviction_interval_secs,
             a.max_tree_size,
         ),
+        kv_events=_kv_events_arg(a),
         health=HealthConfig(
             a.health_check_interval_secs,
             a.health_check_timeout_secs,
@@ -188,6 +198,12 @@ def router_args_from_cli(a: argparse.Namespace) -> RouterArgs:
         prefill_policy=a.prefill_policy,
         decode_policy=a.decode_policy,
     )
+
+
+def _kv_events_arg(a: argparse.Namespace) -> bool:
+    if a.kv_events and (a.policy != "cache_aware" or a.pd_disaggregation):
+        raise SystemExit("--kv-events needs --policy cache_aware, without --pd-disaggregation")
+    return a.kv_events
 
 
 def _prefill_arg(values: list[str]) -> tuple[str, int | None]:

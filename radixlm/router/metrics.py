@@ -78,6 +78,20 @@ class _Collector:
             for tenant, chars in st.policy.tree.tenant_chars.items():
                 tree.add_metric([tenant], chars)
             yield tree
+        if st.kv is not None:
+            yield CounterMetricFamily(
+                "radixlm_router:kv_events_hits",
+                "Cache hits decided by the workers' KV events (--kv-events)",
+                value=st.policy.kv_events_hits,
+            )
+            blocks = GaugeMetricFamily(
+                "radixlm_router:kv_events_blocks",
+                "Live KV blocks per worker, as its KV events say (--kv-events)",
+                labels=["worker"],
+            )
+            for worker, view in st.kv.index.stats().items():
+                blocks.add_metric([worker], view["blocks"])
+            yield blocks
         yield from _worker_cache_metrics(st.worker_cache)
         rs = sorted(st.route_seconds)
         yield GaugeMetricFamily(

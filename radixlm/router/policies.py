@@ -7,6 +7,12 @@ cache_aware is SGLang's router policy with its fixes: when the load is imbalance
 otherwise the worker holding the longest cached prefix if it covers more than cache_threshold of
 the text, else the least loaded worker (not the one with the smallest tree: that sends every miss
 to a worker that may be overloaded). The chosen worker then becomes a tenant of the text.
+
+With a KvEventIndex (`radixlm router --kv-events`: kv_index.py, fed by the workers' KV events) and
+the request's token ids, a worker whose events are in sync is matched on what its cache holds
+(tokens of the request's chain of block hashes) instead of on the text the router sent it; the
+others (no publisher, events missed) on the text tree as before. Each worker's share is its own
+match over the request's length; the best share above cache_threshold wins, load breaking ties.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import time
 from dataclasses import dataclass
 
 from radixlm.registry import Registry
+from radixlm.router.kv_index import KvEventIndex
 from radixlm.router.tree import ApproxRadixTree
 
 
@@ -51,7 +58,14 @@ class Policy:
         policy takes what it uses)."""
         return cls()
 
-    def select(self, workers: list[str], loads: dict[str, int], text: str) -> str:
+    def select(
+        self,
+        workers: list[str],
+        loads: dict[str, int],
+        text: str,
+        tokens: list[int] | None = None,
+    ) -> str:
+        """`tokens`: the request's token ids where the router knows them (for --kv-events)."""
         raise NotImplementedError
 
     def remove_worker(self, worker: str) -> None:
@@ -68,7 +82,7 @@ class RoundRobinPolicy(Policy):
         self._next = 0
         self._lock = threading.Lock()
 
-    def select(self, workers, loads, text):
+    def select(self, workers, loads, text, tokens=None):
         with self._lock:
             w = workers[self._next % len(workers)]
             self._next += 1
@@ -85,7 +99,7 @@ class RandomPolicy(Policy):
     def create(cls, config, seed):
         return cls(seed)
 
-    def select(self, workers, loads, text):
+    def select(self, workers, loads, text, tokens=None):
         return self._rng.choice(workers)
 
 
@@ -101,7 +115,7 @@ class PowerOfTwoPolicy(Policy):
     def create(cls, config, seed):
         return cls(seed)
 
-    def select(self, workers, loads, text):
+    def select(self, workers, loads, text, tokens=None):
         if len(workers) == 1:
             return workers[0]
         a, b = self._rng.sample(workers, 2)
@@ -111,13 +125,20 @@ class PowerOfTwoPolicy(Policy):
 class CacheAwarePolicy(Policy):
     name = "cache_aware"
 
-    def __init__(self, config: CacheAwareConfig | None = None, clock=None):
+    def __init__(
+        self,
+        config: CacheAwareConfig | None = None,
+        clock=None,
+        kv_index: KvEventIndex | None = None,
+    ):
         self.config = config or CacheAwareConfig()
         self.tree = ApproxRadixTree()
+        self.kv_index = kv_index
         self._lock = threading.Lock()
         self._clock = clock or time.monotonic
         self._last_eviction = self._clock()
         self.decisions = {"imbalanced": 0, "cache_hit": 0, "cache_miss": 0}
+        self.kv_events_hits = 0  # of the cache hits, those the workers' events decided
 
     @classmethod
     def create(cls, config, seed):
@@ -131,24 +152,48 @@ class CacheAwarePolicy(Policy):
             and hi > lo * self.config.balance_rel_threshold
         )
 
-    def select(self, workers, loads, text):
+    def select(self, workers, loads, text, tokens=None):
         with self._lock:
             if self.is_imbalanced(workers, loads):
                 choice, kind = least_loaded(workers, loads), "imbalanced"
             else:
-                matched, tenants = self.tree.prefix_match(text, self._clock())
-                holders = [w for w in workers if w in tenants]
-                if holders and text and matched / len(text) > self.config.cache_threshold:
+                shares, by_events = self._shares(workers, text, tokens)
+                best = max(shares.values(), default=0.0)
+                if best > self.config.cache_threshold:
+                    holders = [w for w in workers if shares.get(w) == best]
                     choice, kind = least_loaded(holders, loads), "cache_hit"
+                    self.kv_events_hits += choice in by_events
                 else:
                     choice, kind = least_loaded(workers, loads), "cache_miss"
             self.decisions[kind] += 1
             self.tree.insert(text, choice, self._clock())
             return choice
 
+    def _shares(
+        self, workers: list[str], text: str, tokens: list[int] | None
+    ) -> tuple[dict[str, float], set[str]]:
+        """Each worker's cached share of the request, and the workers whose share came from
+        their events."""
+        matched = {}
+        if self.kv_index is not None and tokens:
+            matched = self.kv_index.matched_tokens(tokens, workers)
+        shares = {w: n / len(tokens) for w, n in matched.items()}
+        rest = [w for w in workers if w not in matched]
+        if rest and text:
+            chars, tenants = self.tree.prefix_match(text, self._clock())
+            deepest = [w for w in rest if w in tenants]
+            for w in deepest:
+                shares[w] = chars / len(text)
+            if chars and not deepest:  # the deepest match is elsewhere: how far each one goes
+                for w in rest:
+                    shares[w] = self.tree.prefix_match_tenant(text, w) / len(text)
+        return shares, set(matched)
+
     def remove_worker(self, worker):
         with self._lock:
             self.tree.remove_tenant(worker)
+        if self.kv_index is not None:
+            self.kv_index.suspect(worker)
 
     def maintain(self):
         now = self._clock()

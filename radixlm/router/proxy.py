@@ -76,6 +76,7 @@ async def forward(
     raw: bytes,
     text: str,
     pinned: str | None = None,
+    tokens: list[int] | None = None,
 ) -> Response:
     """Send the request to a picked worker; on a failure before any answer, to another one. A
     `pinned` request (a session's turn) goes to that worker only: its state lives nowhere else."""
@@ -88,7 +89,7 @@ async def forward(
         if attempt:
             await asyncio.sleep(state.args.retry_backoff * 2 ** (attempt - 1))
         url = (
-            state.pick(text)
+            state.pick(text, tokens)
             if pinned is None
             else pinned
             if pinned in state.registry.healthy()

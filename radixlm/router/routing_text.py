@@ -82,3 +82,39 @@ def _text(path: str, body: dict) -> str:
         ids = body["input_ids"]
         return _prompt_text(ids[0] if ids and isinstance(ids[0], list) else ids)
     return ""
+
+
+def _ids(p: Any) -> list[int] | None:
+    if isinstance(p, list) and p and isinstance(p[0], list):
+        p = p[0]  # a batch: its first prompt, as for the text
+    if isinstance(p, list) and p and all(isinstance(x, int) and not isinstance(x, bool) for x in p):
+        return p
+    return None
+
+
+def routing_tokens(path: str, body: Any) -> list[int] | None:
+    """The token ids a worker will cache for the request when the body gives them (native
+    `input_ids`, a completions `prompt` of ids); None otherwise, and for a request in a cache
+    namespace of its own (a `cache_salt`, a LoRA adapter): its blocks hash from the namespace,
+    which the router cannot spell."""
+    if not isinstance(body, dict) or body.get("cache_salt") or body.get("lora_path"):
+        return None
+    if path == "/generate":
+        return _ids(body.get("input_ids"))
+    if path == "/v1/completions":
+        return _ids(body.get("prompt"))
+    return None
+
+
+def tokenizable_text(path: str, body: Any) -> str | None:
+    """The prompt text a worker's /tokenize turns into the ids it caches (native `text`, a
+    completions `prompt` string); None where the worker renders more around it (chat templates)
+    or the request is in a namespace of its own."""
+    if not isinstance(body, dict) or body.get("cache_salt") or body.get("lora_path"):
+        return None
+    p = body.get("text") if path == "/generate" else body.get("prompt")
+    if path not in ("/generate", "/v1/completions"):
+        return None
+    if isinstance(p, list) and p and isinstance(p[0], str):
+        p = p[0]
+    return p if isinstance(p, str) and p else None

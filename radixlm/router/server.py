@@ -76,9 +76,16 @@ def create_router_app(args: RouterArgs, policy: Policy | None = None) -> FastAPI
             asyncio.ensure_future(state.registry.run_health_checks(state.client)),
             asyncio.ensure_future(_maintain(state)),
         ]
+        if state.kv is not None:
+            state.kv.start()
+            await state.kv.discover(state.registry, state.client)
+            discovery = state.kv.run_discovery(state.registry, state.client)
+            tasks.append(asyncio.ensure_future(discovery))
         yield
         for t in tasks:
             t.cancel()
+        if state.kv is not None:
+            state.kv.shutdown()
         await state.client.aclose()
 
     app = FastAPI(title="radixlm router", lifespan=lifespan)
@@ -106,7 +113,13 @@ def create_router_app(args: RouterArgs, policy: Policy | None = None) -> FastAPI
             raw, body = await read_body(request, args.max_request_body_bytes)
             sid = session_id_of(body) if path == "/generate" else None
             if sid is None:
-                return await forward(state, request, path, raw, routing_text(path, body))
+                tokens = (
+                    await state.kv.tokens(state.registry, state.client, path, body)
+                    if state.kv
+                    else None
+                )
+                text = routing_text(path, body)
+                return await forward(state, request, path, raw, text, tokens=tokens)
             home = state.sessions.home(sid, client_owner(presented_key(request.headers)))
             if home is None:
                 return error_json(
@@ -245,6 +258,9 @@ def router_info(state: RouterState) -> dict:
         "workers": [w.as_dict() for w in state.registry.workers.values()],
         "decisions": getattr(state.policy, "decisions", {}),
         "route_ms_p50": round(1e3 * rs[len(rs) // 2], 4) if rs else None,
+        # --kv-events: per worker its publisher and what the router's view of it holds
+        "kv_events": state.kv.stats() if state.kv is not None else None,
+        "kv_events_hits": getattr(state.policy, "kv_events_hits", 0),
     }
 
 

@@ -10,8 +10,9 @@ from dataclasses import dataclass, field
 import httpx
 
 from radixlm.router.affinity import SessionAffinity
+from radixlm.router.kv_routing import KvEventsRouting
 from radixlm.router.metrics import RouterMetrics
-from radixlm.router.policies import CacheAwareConfig, Policy, make_policy
+from radixlm.router.policies import CacheAwareConfig, CacheAwarePolicy, Policy, make_policy
 from radixlm.router.workers import HealthConfig, WorkerRegistry
 
 
@@ -35,6 +36,7 @@ class RouterArgs:
     connect_timeout: float = 5.0  # seconds to connect to a worker
     request_timeout: float = 1800.0  # seconds a worker may stay silent (no byte) on a request
     cache_aware: CacheAwareConfig = field(default_factory=CacheAwareConfig)
+    kv_events: bool = False  # cache_aware routes on the workers' KV events (kv_routing.py)
     health: HealthConfig = field(default_factory=HealthConfig)
     max_retries: int = 3  # other workers tried for a request whose worker failed before answering
     retry_backoff: float = 0.05  # seconds before the first retry, doubled for each further one
@@ -51,6 +53,9 @@ class RouterArgs:
 class RouterState:
     def __init__(self, args: RouterArgs, policy: Policy | None = None):
         self.args = args
+        self.kv = KvEventsRouting() if args.kv_events else None
+        if policy is None and self.kv is not None:
+            policy = CacheAwarePolicy(args.cache_aware, kv_index=self.kv.index)
         self.policy = policy or make_policy(args.policy, args.cache_aware)
         headers = {"Authorization": f"Bearer {args.worker_api_key}"} if args.worker_api_key else {}
         self.registry = WorkerRegistry(
@@ -76,11 +81,11 @@ class RouterState:
         self.metrics = RouterMetrics(self)
         self.sessions = SessionAffinity()
 
-    def pick(self, text: str) -> str | None:
+    def pick(self, text: str, tokens: list[int] | None = None) -> str | None:
         workers = self.registry.healthy()
         if not workers:
             return None
         t = time.perf_counter()
-        url = self.policy.select(workers, self.registry.loads(), text)
+        url = self.policy.select(workers, self.registry.loads(), text, tokens)
         self.route_seconds.append(time.perf_counter() - t)
         return url

@@ -78,7 +78,9 @@ def hash_str_to_int64(hash_str: str) -> int:
 # --- the subscriber -------------------------------------------------------------------------
 class Mirror:
     """A router's view: the live blocks per medium, built from the events alone. An event that
-    contradicts it (a block stored twice, a removed block never stored) fails the test."""
+    contradicts it (a block stored twice, a removed block never stored) fails the test. A state
+    snapshot (medium GPU_STATE / CPU_PINNED_STATE: radixlm's hybrids) is one block whose own hash
+    and parent are blocks of its KV medium (GPU / CPU_PINNED)."""
 
     def __init__(self):
         self.blocks: dict[str, dict[int, tuple[int | None, int]]] = {}  # medium -> hash -> ...
@@ -93,7 +95,10 @@ class Mirror:
                 live = self.blocks.setdefault(e.medium, {})
                 assert e.block_size == 1 and len(e.token_ids) == len(e.block_hashes), e
                 parent = e.parent_block_hash
-                assert parent is None or parent in live, f"{e}: parent not stored"
+                kv = self.kv_of(e.medium)
+                assert parent is None or parent in kv, f"{e}: parent not stored"
+                if e.medium.endswith("_STATE"):
+                    assert len(e.block_hashes) == 1 and e.block_hashes[0] in kv, e
                 for h, t in zip(e.block_hashes, e.token_ids, strict=True):
                     assert h not in live, f"block {h} stored twice in {e.medium}"
                     live[h] = (parent, t)
@@ -106,6 +111,15 @@ class Mirror:
 
     def live(self, medium: str = "GPU") -> dict[int, tuple[int | None, int]]:
         return self.blocks.get(medium, {})
+
+    def kv_of(self, medium: str) -> dict:
+        """The KV blocks a block of medium stands on: a device snapshot's are on the device (it
+        lives only on a node in L1); a host snapshot's node may have its KV in either tier."""
+        if medium == "GPU_STATE":
+            return self.live("GPU")
+        if medium == "CPU_PINNED_STATE":
+            return {**self.live("GPU"), **self.live("CPU_PINNED")}
+        return self.live(medium)
 
 
 class Subscriber:
@@ -283,7 +297,7 @@ def test_host_tier_moves_are_per_medium_events():
     dec = msgspec.msgpack.Decoder(type=KVEventBatch)
 
     def sync():
-        from radixlm.cache import kv_event_schema
+        from radixlm import kv_event_schema
 
         batch = kv_event_schema.KVEventBatch(ts=time.time(), events=rec.take())
         mirror.apply(dec.decode(enc.encode(batch)))

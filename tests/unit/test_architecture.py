@@ -377,6 +377,8 @@ def test_contracts_are_the_designed_ones():
         "radixlm.mm_inputs",
         "radixlm.config_help",
         "radixlm.registry",
+        "radixlm.kv_event_schema",
+        "radixlm.kv_block_hash",
     }
     assert packages <= set(contracts["leaves"]["forbidden_modules"])
     assert contracts["router"]["source_modules"] == ["radixlm.router"]

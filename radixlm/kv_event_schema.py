@@ -4,7 +4,9 @@ router, Dynamo, llm-d) decodes radixlm's messages. msgspec structs encoded as ms
 (array_like); an event is tagged with its class name (tag=True: ["BlockStored", ...]); trailing
 fields equal to their defaults are left out (omit_defaults), as SGLang's are.
 
-Imported only when publishing is on (msgspec is needed then and only then)."""
+A leaf: the scheduler's publisher (cache/kv_event_publisher.py) encodes with it and the router's
+subscriber (router/kv_events.py) decodes with it. Imported only where events are published or
+subscribed to (msgspec is needed then and only then)."""
 
 from __future__ import annotations
 
