@@ -21,7 +21,9 @@ num_hidden_layers) and loaded by the target class's own load_weights through a s
 that layer at `model.layers.{num_hidden_layers}`: the checkpoint's names, expert layouts, GGUF
 quant types and --quantization apply as they do to the target. The head's embedding and LM head
 are the target's (as SGLang's NEXTN shares them): the file's copies are checked against the
-target's shape and dropped. Only the first head drafts (SGLang's NEXTN reuses it for every step).
+target's shape and dropped. Where a family's layers are whole heads (DeepSeek-V3, GLM-4.5) and the
+file has several, they chain (draft step k runs head k, llama.cpp's chained MTP heads); else the
+first head drafts every step (SGLang's NEXTN).
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ class MtpFamily:
     None for both: the file names the head model.layers.{num_hidden_layers}.* already."""
 
     offset_norms: bool = False
+    chained: bool = False  # num_nextn_predict_layers > 1: each a whole head, draft step k runs k
     from_mtp: Callable[[str, nn.Module], str | None] | None = None
     to_mtp: Callable[[str, nn.Module], str] | None = None
 
@@ -164,8 +167,8 @@ def nemotron_h_to_mtp(nextn_name: str, layer: nn.Module) -> str:
 
 
 # Kimi-K2's checkpoints name themselves DeepseekV3ForCausalLM: the same entry.
-MTP_FAMILY_REGISTRY.register("DeepseekV3ForCausalLM", build_deepseek_layer, MtpFamily())
-MTP_FAMILY_REGISTRY.register("Glm4MoeForCausalLM", build_glm4_moe_layer, MtpFamily())
+MTP_FAMILY_REGISTRY.register("DeepseekV3ForCausalLM", build_deepseek_layer, MtpFamily(chained=True))
+MTP_FAMILY_REGISTRY.register("Glm4MoeForCausalLM", build_glm4_moe_layer, MtpFamily(chained=True))
 MTP_FAMILY_REGISTRY.register(
     "NemotronHForCausalLM",
     build_nemotron_h_layer,
@@ -202,7 +205,8 @@ def num_mtp_layers(config: Any, path: str | None = None) -> int:
 
 
 def load_mtp_head(runner: ModelRunner, algorithm: str) -> MtpHead:
-    """The target's first MTP layer as a draft head, on the target's device and dtype."""
+    """The target's MTP layers as a draft head, on the target's device and dtype: all of them
+    where the family chains them (DeepSeek-V3, GLM-4.5), else the first."""
     loaded, config = runner.loaded, runner.hf_config
     n_mtp = num_mtp_layers(config, loaded.model_path)
     if n_mtp == 0:
@@ -213,13 +217,18 @@ def load_mtp_head(runner: ModelRunner, algorithm: str) -> MtpHead:
     build = MTP_FAMILY_REGISTRY.get(loaded.architecture)
     family = MTP_FAMILY_REGISTRY.meta(loaded.architecture)
     index, h = config.num_hidden_layers, config.hidden_size
+    n_heads = n_mtp if family.chained else 1
     from radixlm.model.loader import _default_dtype
 
+    layers, attentions = [], []
     with torch.device(runner.device), _default_dtype(runner.dtype):
-        layer, attention = build(runner.model, config, index)
-        _add_nextn_modules(layer, h, _norm_eps(config), family.offset_norms)
-    shell = _shell(runner.model, config, index, layer)
-    weights = _head_weights(loaded, config, index, family, layer)
+        for i in range(n_heads):
+            layer, attention = build(runner.model, config, index + i)
+            _add_nextn_modules(layer, h, _norm_eps(config), family.offset_norms)
+            layers.append(layer)
+            attentions.append(attention)
+    shell = _shell(runner.model, config, index, layers)
+    weights = _head_weights(loaded, config, index, family, layers)
     weights = _checked(weights, index, runner.vocab_size, h)
     from radixlm.model.quant.methods import quant_method
 
@@ -231,9 +240,9 @@ def load_mtp_head(runner: ModelRunner, algorithm: str) -> MtpHead:
         method.after_loading(shell)
     kv_heads, head_dim = attention.kv_shape
     cfg = MtpHeadConfig(
-        "nextn", loaded.architecture, index, h, runner.vocab_size, kv_heads, head_dim
+        "nextn", loaded.architecture, index, h, runner.vocab_size, kv_heads, head_dim, n_heads
     )
-    return MtpHead(cfg, layer, attention).eval()
+    return MtpHead(cfg, layers, attentions).eval()
 
 
 def _norm_eps(config: Any) -> float:
@@ -253,27 +262,29 @@ def _add_nextn_modules(layer: nn.Module, hidden: int, eps: float, offset_norms: 
     layer.shared_head.norm = norm(hidden, eps)
 
 
-def _shell(target: nn.Module, config: Any, index: int, layer: nn.Module) -> nn.Module:
-    """An instance of the target's class holding `layer` alone, at model.layers.{index}: its
-    load_weights (names, expert layouts, quantized tensors, the missing / unknown checks) loads it.
-    """
+def _shell(target: nn.Module, config: Any, index: int, layers: list[nn.Module]) -> nn.Module:
+    """An instance of the target's class holding `layers` alone, from model.layers.{index}: its
+    load_weights (names, expert layouts, quantized tensors, the missing / unknown checks) loads
+    them."""
     cls = type(target)
     shell = cls.__new__(cls)
     nn.Module.__init__(shell)
     shell.config = copy.copy(config)
-    shell.config.num_hidden_layers = index + 1  # the target's loader skips layers past its own
+    # the target's loader skips layers past its own
+    shell.config.num_hidden_layers = index + len(layers)
     shell.tie_word_embeddings = False
     shell.model = nn.Module()
-    shell.model.layers = nn.ModuleList([nn.Module() for _ in range(index)] + [layer])
+    shell.model.layers = nn.ModuleList([nn.Module() for _ in range(index)] + list(layers))
     return shell
 
 
 def _head_weights(
-    loaded, config, index: int, family: MtpFamily, layer: nn.Module
+    loaded, config, index: int, family: MtpFamily, layers: list[nn.Module]
 ) -> Iterator[tuple[str, Any]]:
-    """The first head's tensors under model.layers.{index}.* (a family's `mtp.*` names renamed)."""
+    """The heads' tensors under model.layers.{index + i}.* (a family's `mtp.*` names renamed)."""
     prefix = f"model.layers.{index}."
-    keep = lambda name: name.startswith(prefix) or (family.mtp_names and name.startswith("mtp."))
+    heads = range(index, index + len(layers))
+    keep = lambda name: _layer_of(name) in heads or (family.mtp_names and name.startswith("mtp."))
     path = loaded.model_path
     if os.path.isfile(path):  # a GGUF
         from radixlm.model.gguf.loader import gguf_weights
@@ -281,7 +292,7 @@ def _head_weights(
 
         # the layers through the head's: a file's archs read no block past num_hidden_layers
         longer = copy.copy(config)
-        longer.num_hidden_layers = index + 1
+        longer.num_hidden_layers = index + len(layers)
         weights = gguf_weights(
             open_gguf(path), longer, keep_quantized=loaded.quantization == "gguf", keep=keep
         )
@@ -289,11 +300,18 @@ def _head_weights(
         weights = _safetensors(path, keep)
     for name, t in weights:
         if name.startswith("mtp."):
-            name = family.from_mtp(name, layer)
+            name = family.from_mtp(name, layers[0])
             if name is None:
                 continue  # a later head's
             name = prefix + name
         yield name, t
+
+
+def _layer_of(name: str) -> int | None:
+    parts = name.split(".", 3)
+    if parts[:2] == ["model", "layers"] and len(parts) > 2 and parts[2].isdecimal():
+        return int(parts[2])
+    return None
 
 
 def _safetensors(path: str, keep: Callable[[str], bool]) -> Iterator[tuple[str, Any]]:
