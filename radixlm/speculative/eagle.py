@@ -133,6 +133,8 @@ class EagleDraftSource(DraftSourceBase):
             0  # catch-up rows whose target features were not captured (zeros instead)
         )
         self._states: dict[str, _State] = {}
+        # chained MTP heads (mtp_head.py): level k runs head k, each with its own KV layer
+        self.chained = getattr(self.head, "num_chained", 1)
         logger.info(
             "%s, up to %d levels x top-%d, weights %s; head KV %.1f MiB (%s)",
             head_summary(self.head, token_map),
@@ -153,6 +155,8 @@ class EagleDraftSource(DraftSourceBase):
         out: list[Draft] = [[] for _ in reqs]
         self.topk = max(1, min(shape.width, self.max_shape.width))
         depth = max(1, min(shape.depth, self.max_shape.depth))
+        if self.chained > 1:  # one level per head (llama.cpp caps its drafts there too)
+            depth = min(depth, self.chained)
         work = [
             (i, w)
             for i, (r, k) in enumerate(zip(reqs, ks))
@@ -240,22 +244,24 @@ class EagleDraftSource(DraftSourceBase):
     def _draft(self, work: list[_Work]) -> list[DraftTree]:
         attn = ProposalAttention(self.kv_pool, self.head.cfg.head_dim**-0.5)
         for w in work:
-            w.kv = attn.add_request(
-                w.prefix_slots, w.tokens, w.ids.numel(), self.topk * max(w.depth - 1, 0)
-            )
+            levels = max(w.depth - 1, 0)
+            # chained heads recompute a node's ancestors under each level's head
+            nodes = levels * (levels + 1) // 2 if self.chained > 1 else levels
+            w.kv = attn.add_request(w.prefix_slots, w.tokens, w.ids.numel(), self.topk * nodes)
         # 1. catch-up: every request's new rows in one forward; the last row of each is its root.
         attn.set_batch(
             [(w.kv, w.ids.numel(), None) for w in work],
             [w.slots for w in work],
             [torch.stack([w.positions, w.ids], dim=1) for w in work],
         )
-        logit_h, next_h = self.head(
+        rows_in = (
             self.embed(torch.cat([w.ids for w in work])).float(),
             torch.cat([w.hidden for w in work]),
             torch.cat([w.positions for w in work]),
-            attn,
-            from_target=True,
         )
+        logit_h, next_h = self.head(*rows_in, attn, from_target=True)
+        for h in range(1, self.chained):  # every chained head's KV of these rows, from the target's
+            self.head(*rows_in, attn, from_target=True, head=h)
         ends = torch.tensor([w.ids.numel() for w in work]).cumsum(0) - 1
         self._expand(work, [None] * len(work), logit_h[ends], next_h[ends])
         # 2. levels 2..depth: the head on each request's frontier.
@@ -263,6 +269,9 @@ class EagleDraftSource(DraftSourceBase):
             active = [w for w in work if w.depth >= level and w.frontier]
             if not active:
                 break
+            if self.chained > 1:
+                self._chained_level(attn, active, level)
+                continue
             parts, ids, hidden, positions, rows = [], [], [], [], []
             for w in active:
                 base = w.kv.used
@@ -289,6 +298,41 @@ class EagleDraftSource(DraftSourceBase):
             )
             self._expand(active, rows, logit_h, next_h)
         return [self._tree(w) for w in work]
+
+    def _chained_level(self, attn: ProposalAttention, active: list[_Work], level: int) -> None:
+        """Level `level` under head level - 1 (its own KV layer): its frontier's paths from the
+        root run again under this head (each node from its stored inputs: its token, the state
+        its parent's row gave), as llama.cpp's chained heads re-add the draft before each step;
+        only the frontier's rows expand."""
+        head = level - 1
+        parts, ids, hidden, positions, rows, keep = [], [], [], [], [], []
+        for w in active:
+            paths = {a for n in w.frontier for a in self._ancestors(w, n)}
+            order = sorted(paths, key=lambda n: w.nodes[n].depth) + list(w.frontier)
+            entry = {n: w.kv.used + i for i, n in enumerate(order)}
+            parts.append(
+                (w.kv, len(order), [[entry[a] for a in self._ancestors(w, n)] for n in order])
+            )
+            for n in order:
+                node = w.nodes[n]
+                ids.append(node.token)
+                hidden.append(node.hidden)
+                positions.append(int(w.positions[-1]) + node.depth)  # depth d: d after the root
+            keep.extend(range(len(ids) - len(w.frontier), len(ids)))
+            rows.append(list(w.frontier))
+        empty = torch.empty(0, dtype=torch.int64)
+        attn.set_batch(parts, [empty] * len(active), last_layer=head)
+        device = self.kv_pool.k[0].device
+        logit_h, next_h = self.head(
+            self.embed(torch.tensor(ids, device=device)).float(),
+            torch.stack(hidden),
+            torch.tensor(positions, device=device),
+            attn,
+            from_target=False,
+            head=head,
+        )
+        keep = torch.tensor(keep, device=device)
+        self._expand(active, rows, logit_h[keep], next_h[keep])
 
     def _expand(
         self, work: list[_Work], parents: list, logit_h: torch.Tensor, next_h: torch.Tensor

@@ -79,6 +79,7 @@ class ProposalAttention:
         # beyond the prefix and catch-up rows (None: causal over the catch-up rows).
         self._batch: list[tuple[RequestKV, int, int, list]] = []
         self._slots: list[torch.Tensor] = []
+        self._last_layer = len(pool.k) - 1  # the layer after which the batch's entries are used
 
     def add_request(
         self, prefix_slots: torch.Tensor, tokens: torch.Tensor, catch_up: int, max_nodes: int
@@ -108,10 +109,14 @@ class ProposalAttention:
         parts: list[tuple[RequestKV, int, list]],
         slots: list[torch.Tensor],
         tags: list[torch.Tensor] | None = None,
+        last_layer: int | None = None,
     ) -> None:
-        """parts: per request (its KV, rows in this batch, per row the tree nodes it sees or None
+        """parts: per request (its KV, rows in this batch, per row the entries it sees or None
         for catch-up rows); slots: per request the pool slots its rows' K/V go to (catch-up rows),
-        else empty, and tags: per request the (position, next token) of each of those rows."""
+        else empty, and tags: per request the (position, next token) of each of those rows.
+        last_layer: the last layer this batch runs (chained heads run one layer each, the catch-up
+        all of them in turn); default the head's last."""
+        self._last_layer = len(self.pool.k) - 1 if last_layer is None else last_layer
         self._batch, start = [], 0
         for r, n, sees in parts:
             self._batch.append((r, start, n, sees))
@@ -161,6 +166,6 @@ class ProposalAttention:
             out[start : start + n] = (
                 att.view(kvh, heads // kvh, n, dim).permute(2, 0, 1, 3).reshape(n, heads * dim)
             )
-            if layer == len(self.pool.k) - 1:
+            if layer == self._last_layer:
                 r.used = keys
         return out

@@ -6,6 +6,11 @@ Where the heads are (num_nextn_predict_layers of them, stored after the decoder'
   Kimi-K2, GLM-4.5);
 - Qwen3.5 / Qwen3.5-MoE / Qwen3-Next safetensors: `mtp.fc`, `mtp.pre_fc_norm_{embedding,hidden}`,
   `mtp.norm` and `mtp.layers.0.*`, renamed to those names (_QWEN_RENAMES);
+- Nemotron-3 safetensors: `mtp.layers.{i}.*` one block each of mtp_layers_block_type (an attention
+  block, a MoE block), the first holding enorm / hnorm / eh_proj, the last final_layernorm (the
+  shared_head.norm); the blocks become `blocks.{i}.*` of models/nemotron_h_mtp.py's layer. Its GGUF
+  (nemotron_h_moe, the block folded into one blk.N) reads back under the same `mtp.layers.*` names
+  (gguf/archs/hybrid_ssm.py), so both take the same renames (MtpFamily.from_mtp);
 - GGUF, as llama.cpp's converter writes them: `blk.N.nextn.{eh_proj, enorm, hnorm,
   shared_head_norm, shared_head_head, embed_tokens}` plus blk.N's layer tensors, block_count
   counting them and `<arch>.nextn_predict_layers` saying how many (gguf/archs/*: the same HF names;
@@ -16,7 +21,9 @@ num_hidden_layers) and loaded by the target class's own load_weights through a s
 that layer at `model.layers.{num_hidden_layers}`: the checkpoint's names, expert layouts, GGUF
 quant types and --quantization apply as they do to the target. The head's embedding and LM head
 are the target's (as SGLang's NEXTN shares them): the file's copies are checked against the
-target's shape and dropped. Only the first head drafts (SGLang's NEXTN reuses it for every step).
+target's shape and dropped. Where a family's layers are whole heads (DeepSeek-V3, GLM-4.5) and the
+file has several, they chain (draft step k runs head k, llama.cpp's chained MTP heads); else the
+first head drafts every step (SGLang's NEXTN).
 """
 
 from __future__ import annotations
@@ -43,11 +50,21 @@ MtpLayerBuilder = Callable[[nn.Module, Any, int], tuple[nn.Module, nn.Module]]
 
 @dataclass(frozen=True)
 class MtpFamily:
-    """What a family's head differs in: its norms (Qwen's multiply by 1 + w) and its HF names
-    (Qwen3.5 / Qwen3-Next: `mtp.*`, renamed to the NextN names at load)."""
+    """What a family's head differs in: its norms (Qwen's multiply by 1 + w) and its HF names.
+
+    from_mtp(name, layer): a checkpoint's `mtp.*` tensor -> its name in the head's built layer (the
+    NextN names: eh_proj, enorm, hnorm, shared_head.norm, then the layer's own), or None (another
+    head's); to_mtp(nextn name, layer): back (a fitted head written under the file's names).
+    None for both: the file names the head model.layers.{num_hidden_layers}.* already."""
 
     offset_norms: bool = False
-    qwen_names: bool = False
+    chained: bool = False  # num_nextn_predict_layers > 1: each a whole head, draft step k runs k
+    from_mtp: Callable[[str, nn.Module], str | None] | None = None
+    to_mtp: Callable[[str, nn.Module], str] | None = None
+
+    @property
+    def mtp_names(self) -> bool:
+        return self.from_mtp is not None
 
 
 MTP_FAMILY_REGISTRY = Registry[MtpLayerBuilder, MtpFamily](
@@ -89,18 +106,17 @@ def build_qwen3_5_layer(target: nn.Module, config: Any, index: int):
     return layer, attention
 
 
-# Kimi-K2's checkpoints name themselves DeepseekV3ForCausalLM: the same entry.
-MTP_FAMILY_REGISTRY.register("DeepseekV3ForCausalLM", build_deepseek_layer, MtpFamily())
-MTP_FAMILY_REGISTRY.register("Glm4MoeForCausalLM", build_glm4_moe_layer, MtpFamily())
-_QWEN = MtpFamily(offset_norms=True, qwen_names=True)
-for _arch in (
-    "Qwen3_5ForCausalLM",
-    "Qwen3_5ForConditionalGeneration",
-    "Qwen3_5MoeForCausalLM",
-    "Qwen3_5MoeForConditionalGeneration",
-    "Qwen3NextForCausalLM",
-):
-    MTP_FAMILY_REGISTRY.register(_arch, build_qwen3_5_layer, _QWEN)
+def build_nemotron_h_layer(target: nn.Module, config: Any, index: int):
+    """Nemotron-3's MTP blocks (mtp_layers_block_type: an attention block, then MoE / MLP)."""
+    from radixlm.model.layers.moe.expert_dispatch import expert_dispatch
+    from radixlm.model.models.nemotron_h_mtp import NemotronHMtpLayer
+
+    layer = NemotronHMtpLayer(config, target.model.dispatch or expert_dispatch())
+    a = layer.attention_block.mixer
+    attention = HeadAttention(a.num_heads, a.num_kv_heads, a.head_dim)
+    a.attn = attention
+    return layer, attention
+
 
 # Qwen's `mtp.*` names -> the NextN names (after `mtp.layers.0.` -> the layer's own)
 _QWEN_RENAMES = {
@@ -111,10 +127,62 @@ _QWEN_RENAMES = {
 }
 
 
-def qwen_name(nextn_name: str) -> str:
-    """A NextN module's tensor in Qwen's `mtp.*` names (the inverse of _QWEN_RENAMES)."""
+def qwen_from_mtp(name: str, layer: nn.Module) -> str | None:
+    """Qwen3.5 / Qwen3-Next: mtp.fc / pre_fc_norm_* / norm, and the first head's mtp.layers.0.*."""
+    rest = name.removeprefix("mtp.")
+    if rest.startswith("layers."):
+        i, _, rest = rest.removeprefix("layers.").partition(".")
+        return rest if i == "0" else None  # later heads: only the first drafts
+    return _QWEN_RENAMES.get(rest, rest)
+
+
+def qwen_to_mtp(nextn_name: str, layer: nn.Module) -> str:
     back = {v: k for k, v in _QWEN_RENAMES.items()}
     return "mtp." + back[nextn_name]
+
+
+_NEMOTRON_FUSION = ("enorm.weight", "hnorm.weight", "eh_proj.weight")
+
+
+def nemotron_h_from_mtp(name: str, layer: nn.Module) -> str | None:
+    """Nemotron-3: mtp.layers.{i}.* the i-th block of mtp_layers_block_type (the first head's);
+    the first block's enorm / hnorm / eh_proj and the last one's final_layernorm are the NextN
+    modules."""
+    n = len(layer.blocks)
+    i, _, rest = name.removeprefix("mtp.layers.").partition(".")
+    if not i.isdecimal() or int(i) >= n:
+        return None  # a later head's blocks
+    if rest in _NEMOTRON_FUSION:
+        return rest
+    if rest == "final_layernorm.weight":
+        return "shared_head.norm.weight"
+    return f"blocks.{i}.{rest}"
+
+
+def nemotron_h_to_mtp(nextn_name: str, layer: nn.Module) -> str:
+    if nextn_name in _NEMOTRON_FUSION:
+        return f"mtp.layers.0.{nextn_name}"
+    assert nextn_name == "shared_head.norm.weight", nextn_name
+    return f"mtp.layers.{len(layer.blocks) - 1}.final_layernorm.weight"
+
+
+# Kimi-K2's checkpoints name themselves DeepseekV3ForCausalLM: the same entry.
+MTP_FAMILY_REGISTRY.register("DeepseekV3ForCausalLM", build_deepseek_layer, MtpFamily(chained=True))
+MTP_FAMILY_REGISTRY.register("Glm4MoeForCausalLM", build_glm4_moe_layer, MtpFamily(chained=True))
+MTP_FAMILY_REGISTRY.register(
+    "NemotronHForCausalLM",
+    build_nemotron_h_layer,
+    MtpFamily(from_mtp=nemotron_h_from_mtp, to_mtp=nemotron_h_to_mtp),
+)
+_QWEN = MtpFamily(offset_norms=True, from_mtp=qwen_from_mtp, to_mtp=qwen_to_mtp)
+for _arch in (
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5MoeForConditionalGeneration",
+    "Qwen3NextForCausalLM",
+):
+    MTP_FAMILY_REGISTRY.register(_arch, build_qwen3_5_layer, _QWEN)
 
 
 def num_mtp_layers(config: Any, path: str | None = None) -> int:
@@ -137,7 +205,8 @@ def num_mtp_layers(config: Any, path: str | None = None) -> int:
 
 
 def load_mtp_head(runner: ModelRunner, algorithm: str) -> MtpHead:
-    """The target's first MTP layer as a draft head, on the target's device and dtype."""
+    """The target's MTP layers as a draft head, on the target's device and dtype: all of them
+    where the family chains them (DeepSeek-V3, GLM-4.5), else the first."""
     loaded, config = runner.loaded, runner.hf_config
     n_mtp = num_mtp_layers(config, loaded.model_path)
     if n_mtp == 0:
@@ -148,13 +217,18 @@ def load_mtp_head(runner: ModelRunner, algorithm: str) -> MtpHead:
     build = MTP_FAMILY_REGISTRY.get(loaded.architecture)
     family = MTP_FAMILY_REGISTRY.meta(loaded.architecture)
     index, h = config.num_hidden_layers, config.hidden_size
+    n_heads = n_mtp if family.chained else 1
     from radixlm.model.loader import _default_dtype
 
+    layers, attentions = [], []
     with torch.device(runner.device), _default_dtype(runner.dtype):
-        layer, attention = build(runner.model, config, index)
-        _add_nextn_modules(layer, h, config.rms_norm_eps, family.offset_norms)
-    shell = _shell(runner.model, config, index, layer)
-    weights = _head_weights(loaded, config, index, family.qwen_names)
+        for i in range(n_heads):
+            layer, attention = build(runner.model, config, index + i)
+            _add_nextn_modules(layer, h, _norm_eps(config), family.offset_norms)
+            layers.append(layer)
+            attentions.append(attention)
+    shell = _shell(runner.model, config, index, layers)
+    weights = _head_weights(loaded, config, index, family, layers)
     weights = _checked(weights, index, runner.vocab_size, h)
     from radixlm.model.quant.methods import quant_method
 
@@ -166,9 +240,14 @@ def load_mtp_head(runner: ModelRunner, algorithm: str) -> MtpHead:
         method.after_loading(shell)
     kv_heads, head_dim = attention.kv_shape
     cfg = MtpHeadConfig(
-        "nextn", loaded.architecture, index, h, runner.vocab_size, kv_heads, head_dim
+        "nextn", loaded.architecture, index, h, runner.vocab_size, kv_heads, head_dim, n_heads
     )
-    return MtpHead(cfg, layer, attention).eval()
+    return MtpHead(cfg, layers, attentions).eval()
+
+
+def _norm_eps(config: Any) -> float:
+    eps = getattr(config, "rms_norm_eps", None)
+    return float(config.layer_norm_epsilon if eps is None else eps)  # Nemotron-H: the latter
 
 
 def _add_nextn_modules(layer: nn.Module, hidden: int, eps: float, offset_norms: bool) -> None:
@@ -183,64 +262,65 @@ def _add_nextn_modules(layer: nn.Module, hidden: int, eps: float, offset_norms: 
     layer.shared_head.norm = norm(hidden, eps)
 
 
-def _shell(target: nn.Module, config: Any, index: int, layer: nn.Module) -> nn.Module:
-    """An instance of the target's class holding `layer` alone, at model.layers.{index}: its
-    load_weights (names, expert layouts, quantized tensors, the missing / unknown checks) loads it.
-    """
+def _shell(target: nn.Module, config: Any, index: int, layers: list[nn.Module]) -> nn.Module:
+    """An instance of the target's class holding `layers` alone, from model.layers.{index}: its
+    load_weights (names, expert layouts, quantized tensors, the missing / unknown checks) loads
+    them."""
     cls = type(target)
     shell = cls.__new__(cls)
     nn.Module.__init__(shell)
     shell.config = copy.copy(config)
-    shell.config.num_hidden_layers = index + 1  # the target's loader skips layers past its own
+    # the target's loader skips layers past its own
+    shell.config.num_hidden_layers = index + len(layers)
     shell.tie_word_embeddings = False
     shell.model = nn.Module()
-    shell.model.layers = nn.ModuleList([nn.Module() for _ in range(index)] + [layer])
+    shell.model.layers = nn.ModuleList([nn.Module() for _ in range(index)] + list(layers))
     return shell
 
 
-def _head_weights(loaded, config, index: int, qwen_names: bool) -> Iterator[tuple[str, Any]]:
+def _head_weights(
+    loaded, config, index: int, family: MtpFamily, layers: list[nn.Module]
+) -> Iterator[tuple[str, Any]]:
+    """The heads' tensors under model.layers.{index + i}.* (a family's `mtp.*` names renamed)."""
     prefix = f"model.layers.{index}."
-    keep = lambda name: name.startswith(prefix)
+    heads = range(index, index + len(layers))
+    keep = lambda name: _layer_of(name) in heads or (family.mtp_names and name.startswith("mtp."))
     path = loaded.model_path
-    if qwen_names and not os.path.isfile(path):
-        yield from _qwen_mtp_weights(path, prefix)
-        return
     if os.path.isfile(path):  # a GGUF
         from radixlm.model.gguf.loader import gguf_weights
         from radixlm.model.gguf.reader import open_gguf
 
         # the layers through the head's: a file's archs read no block past num_hidden_layers
         longer = copy.copy(config)
-        longer.num_hidden_layers = index + 1
-        yield from gguf_weights(
+        longer.num_hidden_layers = index + len(layers)
+        weights = gguf_weights(
             open_gguf(path), longer, keep_quantized=loaded.quantization == "gguf", keep=keep
         )
-        return
+    else:
+        weights = _safetensors(path, keep)
+    for name, t in weights:
+        if name.startswith("mtp."):
+            name = family.from_mtp(name, layers[0])
+            if name is None:
+                continue  # a later head's
+            name = prefix + name
+        yield name, t
+
+
+def _layer_of(name: str) -> int | None:
+    parts = name.split(".", 3)
+    if parts[:2] == ["model", "layers"] and len(parts) > 2 and parts[2].isdecimal():
+        return int(parts[2])
+    return None
+
+
+def _safetensors(path: str, keep: Callable[[str], bool]) -> Iterator[tuple[str, Any]]:
     from safetensors import safe_open
 
     for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
         with safe_open(file, framework="pt", device="cpu") as f:
             for name in filter(keep, f.keys()):
                 yield name, f.get_tensor(name)
-
-
-def _qwen_mtp_weights(path: str, prefix: str) -> Iterator[tuple[str, Any]]:
-    """Qwen3.5 / Qwen3-Next's first `mtp.*` head under the NextN names of model.layers.{n}."""
-    from safetensors import safe_open
-
-    for file in sorted(glob.glob(os.path.join(path, "*.safetensors"))):
-        with safe_open(file, framework="pt", device="cpu") as f:
-            for name in f.keys():
-                if not name.startswith("mtp."):
-                    continue
-                rest = name.removeprefix("mtp.")
-                if rest.startswith("layers."):
-                    i, _, rest = rest.removeprefix("layers.").partition(".")
-                    if i != "0":
-                        continue  # later heads: only the first drafts
-                else:
-                    rest = _QWEN_RENAMES.get(rest, rest)
-                yield prefix + rest, f.get_tensor(name)
 
 
 def _checked(

@@ -11,7 +11,9 @@ what EagleCapture keeps) and the embedding of the token at t + 1:
     out = shared_head.norm(y)  ->  shared_head.head (or the target's LM head): the token at t + 2
 
 `out` is also the hidden state the next draft step reads (SGLang reuses the one head for
---speculative-num-steps levels, feeding it its own normed output).
+--speculative-num-steps levels, feeding it its own normed output; where a checkpoint has several
+whole heads, DeepSeek-V3's / GLM's num_nextn_predict_layers > 1, step k runs head k instead, on
+its own KV layer: llama.cpp's chained heads, eagle.py).
 
 The decoder layer is the target family's own class (model/models/*), built for layer index
 num_hidden_layers, with its weights in the file's own quantization; only its attention op is
@@ -56,6 +58,7 @@ class HeadAttention(nn.Module):
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.attend: Attend | None = None
+        self.kv_layer = 0  # chained heads: head i's KV is the draft pool's layer i
 
     @property
     def kv_shape(self) -> tuple[int, int]:
@@ -67,7 +70,7 @@ class HeadAttention(nn.Module):
             q.reshape(-1, self.num_heads, d).contiguous(),
             k.reshape(-1, self.num_kv_heads, d).contiguous(),
             v.reshape(-1, self.num_kv_heads, d).contiguous(),
-            0,
+            self.kv_layer,
         )
 
 
@@ -82,6 +85,7 @@ class LatentHeadAttention(nn.Module):
         super().__init__()
         self.mla = [mla]  # not a submodule: it holds no weights and keeps its own name
         self.attend: Attend | None = None
+        self.kv_layer = 0
         self.entry_dim = mla.kv_lora_rank + mla.qk_rope_head_dim
         self.q_scale = mla.scaling * math.sqrt(self.entry_dim)
 
@@ -98,21 +102,35 @@ class LatentHeadAttention(nn.Module):
         qq = (torch.cat((q_lat, q_pe.float()), dim=-1) * self.q_scale).contiguous()
         k = latent.float().reshape(-1, 1, self.entry_dim).contiguous()
         v = torch.cat((k[..., :rank], torch.zeros_like(k[..., rank:])), dim=-1)
-        o = self.attend(qq, k, v, 0).view(-1, heads, self.entry_dim)[..., :rank]
+        o = self.attend(qq, k, v, self.kv_layer).view(-1, heads, self.entry_dim)[..., :rank]
         return torch.einsum("thr,hvr->thv", o, w_uv.float()).reshape(-1, heads * mla.v_head_dim)
 
 
 class MtpHead(nn.Module):
-    """layer: the family's decoder layer, carrying the NextN modules under the checkpoint's names
-    (enorm, hnorm, eh_proj, shared_head.norm, and shared_head.head / embed_tokens when the file has
-    its own), so it loads as `model.layers.{layer_index}` of the target's class (mtp_checkpoint.py).
+    """layers: the family's decoder layer per chained head (one, or num_nextn_predict_layers where
+    the family chains them: draft step k runs head k, as llama.cpp's chained MTP heads), each
+    carrying the NextN modules under the checkpoint's names (enorm, hnorm, eh_proj,
+    shared_head.norm, and shared_head.head / embed_tokens when the file has its own), so it loads as
+    `model.layers.{layer_index + i}` of the target's class (mtp_checkpoint.py).
     """
 
-    def __init__(self, cfg: MtpHeadConfig, layer: nn.Module, attention: nn.Module):
+    def __init__(self, cfg: MtpHeadConfig, layers: list[nn.Module], attentions: list[nn.Module]):
         super().__init__()
         self.cfg = cfg
-        self.layer = layer
-        self.attention = [attention]  # HeadAttention / LatentHeadAttention inside layer.self_attn
+        self.layers = nn.ModuleList(layers)
+        # HeadAttention / LatentHeadAttention inside each layer's attention, head i's on KV layer i
+        self.attention = list(attentions)
+        for i, a in enumerate(self.attention):
+            a.kv_layer = i
+
+    @property
+    def layer(self) -> nn.Module:
+        """The first head: the one a single-head model has, and what fitting trains."""
+        return self.layers[0]
+
+    @property
+    def num_chained(self) -> int:
+        return len(self.layers)
 
     @property
     def own_vocab(self) -> bool:
@@ -146,11 +164,13 @@ class MtpHead(nn.Module):
         positions: torch.Tensor,
         attend: Attend,
         from_target: bool,
+        head: int = 0,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """EagleHead.forward's contract: -> (logit_hidden, next_hidden), both shared_head.norm's
-        output (the next step reads the head's own normed state, as SGLang's NEXTN does)."""
-        ly = self.layer
-        self.attention[0].attend = attend
+        output (the next step reads the head's own normed state, as SGLang's NEXTN does); head:
+        which chained head runs."""
+        ly = self.layers[head]
+        self.attention[head].attend = attend
         training = torch.is_grad_enabled() and ly.eh_proj.weight.requires_grad
         if training:  # torch ops only: the fused norms and matmuls have no backward
             x = F.linear(

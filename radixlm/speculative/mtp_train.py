@@ -15,13 +15,14 @@ FIT_NAMES = ("eh_proj.weight", "enorm.weight", "hnorm.weight", "shared_head.norm
 
 def fitted_tensors(head: MtpHead) -> dict[str, torch.Tensor]:
     """The fit_parameters (float32) under the checkpoint's names: `model.layers.{index}.*`, or
-    Qwen3.5 / Qwen3-Next's `mtp.*` (their first head's)."""
-    from radixlm.speculative.mtp_checkpoint import MTP_FAMILY_REGISTRY, qwen_name
+    the family's `mtp.*` (Qwen3.5 / Qwen3-Next, Nemotron-3: their first head's)."""
+    from radixlm.speculative.mtp_checkpoint import MTP_FAMILY_REGISTRY
 
-    qwen = MTP_FAMILY_REGISTRY.meta(head.cfg.architecture).qwen_names
+    family = MTP_FAMILY_REGISTRY.meta(head.cfg.architecture)
     prefix = f"model.layers.{head.cfg.layer_index}."
+    named = lambda name: family.to_mtp(name, head.layer) if family.mtp_names else prefix + name
     return {
-        (qwen_name(name) if qwen else prefix + name): p.detach().float().contiguous().cpu()
+        named(name): p.detach().float().contiguous().cpu()
         for name, p in zip(FIT_NAMES, head.fit_parameters())
     }
 

@@ -223,7 +223,8 @@ def write_gguf(
     legacy_qkvz: Qwen3-Next's in_proj_qkvz kept whole as ssm_in (older converters). mtp_layers: a
     random MTP block appended as _QwenMtpMixin does (Qwen3.5's nextn layers). mtp: the checkpoint's
     own `mtp.*` tensors (qwen35_mtp_checkpoint.mtp_tensors), converted as _QwenMtpMixin does (its
-    renames, then the layer's own transforms). overrides: llama.cpp name -> float32 array, or
+    renames, then the layer's own transforms), or Nemotron-3's (nemotron_mtp_checkpoint) as
+    NemotronHModel does. overrides: llama.cpp name -> float32 array, or
     (bytes, GGMLQuantizationType), written instead."""
     import gguf
 
@@ -237,7 +238,9 @@ def write_gguf(
     # the converter's hparams: AutoConfig.from_pretrained(dir).to_dict()
     hp = ssm_gguf_writer.hparams(cfg) if ssm else cfg.to_dict()
     state = hf.state_dict()
-    if mtp:
+    if mtp and ssm:  # Nemotron-3's block: NemotronHModel folds it into one (ssm_gguf_writer)
+        mtp_layers = 1
+    elif mtp:
         state = {**state, **mtp_renamed(mtp, hp["num_hidden_layers"])}
         mtp_layers = 1 + max(int(n.split(".")[2]) for n in mtp if n.startswith("mtp.layers."))
     ftype = {"f32": gguf.LlamaFileType.ALL_F32, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[qtype]
@@ -245,7 +248,7 @@ def write_gguf(
     w.add_type(gguf.GGUFType.MODEL)
     w.add_name(f"tiny-{arch}")
     if ssm:
-        ssm_gguf_writer.add_hparams(w, hp, arch, ftype)
+        ssm_gguf_writer.add_hparams(w, hp, arch, ftype, mtp_layers)
     else:
         _add_hparams(w, hp, arch, ftype, mtp_layers)
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
@@ -257,6 +260,8 @@ def write_gguf(
     tensor_map = gguf.get_tensor_name_map(model_arch, n_blocks)
     if ssm:
         tensors = dict(ssm_gguf_writer.converted(hf.state_dict(), hp, arch, tensor_map))
+        if mtp:
+            tensors.update(ssm_gguf_writer.converted_mtp(mtp, hp))
     else:
         tensors = dict(_converted(state, hp, arch, tensor_map, legacy_qkvz))
     if mtp_layers and not mtp:

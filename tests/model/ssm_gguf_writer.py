@@ -38,14 +38,17 @@ def hparams(cfg) -> dict:
     return hp
 
 
-def add_hparams(w, hp: dict, arch: str, ftype) -> None:
+def add_hparams(w, hp: dict, arch: str, ftype, mtp_layers: int = 0) -> None:
+    """mtp_layers 1: NemotronHModel.__init__ with num_nextn_predict_layers 1 (MoE models): the MTP
+    block appended as block n, counted as an attention and an MLP layer both."""
     if arch == "lfm2":
         return _lfm2_hparams(w, hp, ftype)
     pattern = hp["hybrid_override_pattern"]
-    n = len(pattern)
-    attn = [i for i, c in enumerate(pattern) if c == "*"]
+    n = len(pattern) + mtp_layers
+    attn = [i for i, c in enumerate(pattern) if c == "*"] + list(range(len(pattern), n))
     moe = arch == "nemotron_h_moe"
     mlp = [i for i, c in enumerate(pattern) if c == ("E" if moe else "-")]
+    mlp += list(range(len(pattern), n))
     head_dim = hp["head_dim"]  # GraniteModel pops it; NemotronHModel kept it aside
     # TextModel.set_gguf_parameters
     w.add_block_count(n)
@@ -83,6 +86,8 @@ def add_hparams(w, hp: dict, arch: str, ftype) -> None:
         w.add_expert_group_count(hp["n_group"])
         if hp.get("moe_latent_size") is not None:
             w.add_moe_latent_size(hp["moe_latent_size"])
+    if mtp_layers:
+        w.add_nextn_predict_layers(hp["num_nextn_predict_layers"])
 
 
 def _lfm2_hparams(w, hp: dict, ftype) -> None:
@@ -169,3 +174,46 @@ def converted(state: dict, hp: dict, arch: str, tensor_map):
         new_name = tensor_map.get_name(name, try_suffixes=(".weight", ".bias"))
         assert new_name is not None, f"the converter cannot map {name}"
         yield new_name, t
+
+
+# NemotronHModel._MTP_SPECIAL_RENAMES, then the tensor map's names for the folded block
+_MTP_NAMES = {
+    "mtp.layers.0.enorm.weight": "nextn.enorm.weight",
+    "mtp.layers.0.hnorm.weight": "nextn.hnorm.weight",
+    "mtp.layers.0.eh_proj.weight": "nextn.eh_proj.weight",
+    "mtp.layers.0.norm.weight": "attn_norm.weight",
+    "mtp.layers.0.mixer.q_proj.weight": "attn_q.weight",
+    "mtp.layers.0.mixer.k_proj.weight": "attn_k.weight",
+    "mtp.layers.0.mixer.v_proj.weight": "attn_v.weight",
+    "mtp.layers.0.mixer.o_proj.weight": "attn_output.weight",
+    "mtp.layers.1.norm.weight": "post_attention_norm.weight",
+    "mtp.layers.1.mixer.gate.weight": "ffn_gate_inp.weight",
+    "mtp.layers.1.mixer.gate.e_score_correction_bias": "exp_probs_b.bias",
+    "mtp.layers.1.mixer.shared_experts.up_proj.weight": "ffn_up_shexp.weight",
+    "mtp.layers.1.mixer.shared_experts.down_proj.weight": "ffn_down_shexp.weight",
+    "mtp.layers.1.final_layernorm.weight": "nextn.shared_head_norm.weight",
+}
+
+
+def converted_mtp(mtp: dict, hp: dict):
+    """(llama.cpp name, float32 tensor) of Nemotron-3's `mtp.layers.{0,1}.*` as
+    NemotronHModel.modify_tensors writes them: folded into block n (the pattern's length), q / k
+    permuted as LlamaModel's (the attention's names end in q_proj / k_proj), the per-expert
+    tensors stacked into ffn_up_exps / ffn_down_exps."""
+    bid = len(hp["hybrid_override_pattern"])
+    n_head, n_kv = hp["num_attention_heads"], hp["num_key_value_heads"]
+    experts: dict[str, dict[int, torch.Tensor]] = {}
+    for name, t in mtp.items():
+        t = t.detach().float().clone()
+        parts = name.split(".")
+        if parts[3:5] == ["mixer", "experts"]:
+            experts.setdefault(parts[6], {})[int(parts[5])] = t
+            continue
+        if name.endswith("q_proj.weight"):
+            t = _permute(t, n_head, n_head)
+        elif name.endswith("k_proj.weight"):
+            t = _permute(t, n_head, n_kv)
+        yield f"blk.{bid}.{_MTP_NAMES[name]}", t
+    for proj, by_id in experts.items():
+        kind = "up" if proj == "up_proj" else "down"
+        yield f"blk.{bid}.ffn_{kind}_exps.weight", torch.stack([by_id[j] for j in sorted(by_id)])

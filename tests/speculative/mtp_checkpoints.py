@@ -67,14 +67,16 @@ LAYERS = 2  # the decoder's; the NextN layer is model.layers.2
 RESIDUAL_WRITERS = ("self_attn.o_proj.weight", "down_proj", "down_proj.weight")
 
 
-def checkpoint(path: str, family: str, transparent: bool = False, seed: int = 0):
-    """The HF model (without its NextN layer: transformers does not run it) and the NextN layer's
-    tensors under the checkpoint's names; both saved at path with the tokenizer."""
+def checkpoint(path: str, family: str, transparent: bool = False, seed: int = 0, nextn: int = 1):
+    """The HF model (without its NextN layers: transformers does not run them) and the NextN
+    layers' tensors under the checkpoint's names; both saved at path with the tokenizer. nextn:
+    how many (num_nextn_predict_layers; DeepSeek-V3's / GLM's chained heads when > 1)."""
     from safetensors.torch import save_file
 
     tok = tiny_tokenizer()
     cfg = FAMILIES[family](len(tok), tok.eos_token_id)
-    cfg.num_hidden_layers = LAYERS + 1  # built with the NextN layer's decoder part, then split off
+    cfg.num_nextn_predict_layers = nextn
+    cfg.num_hidden_layers = LAYERS + nextn  # built with the NextN layers' decoder part, split off
     torch.manual_seed(seed)
     full = (
         transformers.DeepseekV3ForCausalLM(cfg)
@@ -86,24 +88,32 @@ def checkpoint(path: str, family: str, transparent: bool = False, seed: int = 0)
         full.lm_head.weight.mul_(8)  # a real model's logit spread: greedy choices far from ties
         if transparent:
             for name, p in full.named_parameters():
-                if name.endswith(RESIDUAL_WRITERS) and f".{LAYERS}." not in name:
+                if name.endswith(RESIDUAL_WRITERS) and _layer(name) < LAYERS:
                     p.mul_(0.1)
     state = full.state_dict()
     cfg.num_hidden_layers = LAYERS
     cfg.architectures = [type(full).__name__]
     hf = type(full)(cfg).float().eval()
-    hf.load_state_dict(
-        {k: v for k, v in state.items() if not k.startswith(f"model.layers.{LAYERS}.")}
-    )
+    hf.load_state_dict({k: v for k, v in state.items() if _layer(k) < LAYERS})
     hf.save_pretrained(path)
     tok.save_pretrained(path)
-    mtp = mtp_tensors(state, cfg, transparent, seed)
+    mtp = {}
+    for i in range(nextn):
+        mtp.update(mtp_tensors(state, cfg, transparent, seed + 31 * i, LAYERS + i))
     save_file(mtp, f"{path}/mtp.safetensors", metadata={"format": "pt"})
     return hf, mtp
 
 
-def mtp_tensors(state: dict, cfg, transparent: bool, seed: int) -> dict[str, torch.Tensor]:
-    n, h = LAYERS, cfg.hidden_size
+def _layer(name: str) -> int:
+    """The decoder layer a tensor belongs to (-1: none)."""
+    parts = name.split(".")
+    return int(parts[2]) if parts[:2] == ["model", "layers"] else -1
+
+
+def mtp_tensors(
+    state: dict, cfg, transparent: bool, seed: int, n: int = LAYERS
+) -> dict[str, torch.Tensor]:
+    h = cfg.hidden_size
     p = f"model.layers.{n}."
     g = torch.Generator().manual_seed(seed + 7)
     out = {k: v.clone().contiguous() for k, v in state.items() if k.startswith(p)}

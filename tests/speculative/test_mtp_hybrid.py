@@ -8,7 +8,9 @@ state invariants hold after every step (the harness checks them). Fitted to the 
 (`train-eagle --mtp`, which writes the `mtp.*` names back), the head's drafts are accepted (> 0.5 by
 the Engine's counters and each answer's meta_info), from the safetensors and from the Q8_0 GGUF of
 them, and the outputs stay exact; at temperature 1 its drafts keep the target's distribution
-(rejection sampling). EAGLE heads trained for a model stay refused on hybrids."""
+(rejection sampling). With the fitted head, a regex-constrained answer, logprobs (top 2) and n = 2
+are speculation off's too; LoRA with nextn is refused at start-up (as with any draft source), and
+EAGLE heads trained for a model stay refused on hybrids."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import os
 import random
 
 import pytest
+import torch
 
 from radixlm import Engine
 from radixlm.cli import main
@@ -187,3 +190,44 @@ def test_sampling_distribution_unchanged(fitted_dir):
     top 4 are ~0.61 / 0.13 / 0.13 / 0.13 at every step."""
     prompt = _chat_prompts(load_tokenizer(fitted_dir), 1, seed=4)[0]
     check_sampling_distribution(fitted_dir, "nextn", prompt, n=768, temperature=24.0)
+
+
+def test_structured_output_logprobs_and_n_with_the_fitted_head(fitted_dir):
+    """What a request may ask beside drafting, on the hybrid with the fitted head (its drafts
+    accepted in each case): a regex that forces a token the head never drafts (the tree is cut
+    there, the masked rows verify), logprobs with the top 2 (the verify rows' log-softmax is the
+    decode step's), and n = 2: token for token speculation off's."""
+    prompts = _chat_prompts(load_tokenizer(fitted_dir), 4, seed=9)
+    sp = {"max_new_tokens": 20, "temperature": 0, "ignore_eos": True}
+    cases = {
+        "regex": dict(sampling_params=dict(sp, regex="\n{3}x\n{5,14}", ignore_eos=False)),
+        "logprobs": dict(sampling_params=sp, return_logprob=True, top_logprobs_num=2),
+        "n": dict(sampling_params=dict(sp, n=2)),
+    }
+    outs = {}
+    nextn = dict(speculative_algorithm="nextn", speculative_draft_policy="fixed")
+    for spec in ({}, dict(nextn, speculative_num_steps=2)):
+        with Engine(fitted_dir, **engine_args(**spec)) as e:
+            for name, kw in cases.items():
+                outs[name, bool(spec)] = e.generate(input_ids=prompts, **kw)
+    for name in cases:
+        plain, spec = outs[name, False], outs[name, True]
+        assert [o["output_ids"] for o in spec] == [o["output_ids"] for o in plain], name
+        assert sum(o["meta_info"]["spec_accepted_tokens"] for o in spec) > 0, name
+    assert len(outs["n", True]) == 2 * len(prompts)
+    assert all(o["text"].startswith("\n\n\nx\n") for o in outs["regex", True])
+    for p, q in zip(outs["logprobs", False], outs["logprobs", True]):
+        a, b = p["meta_info"], q["meta_info"]
+        assert [t[1] for t in a["output_token_logprobs"]] == [
+            t[1] for t in b["output_token_logprobs"]
+        ]
+        lp_a = torch.tensor([t[0] for t in a["output_token_logprobs"]])
+        lp_b = torch.tensor([t[0] for t in b["output_token_logprobs"]])
+        assert torch.allclose(lp_a, lp_b, atol=1e-5, rtol=0), (lp_a - lp_b).abs().max()
+        tops = lambda m: [[t[1] for t in pos] for pos in m["output_top_logprobs"]]
+        assert tops(a) == tops(b)
+
+
+def test_lora_with_nextn_is_refused_in_one_line(mtp_dir):
+    with pytest.raises(ValueError, match=r"^enable_lora does not work with speculative_algorithm"):
+        make_scheduler(mtp_dir, speculative_algorithm="nextn", enable_lora=True)

@@ -8,7 +8,7 @@ its own pre-norm and residual: x + mixer(norm(x)); the final norm is norm_f.
 Only the attention layers keep KV (numbered among themselves for the KV pool, `num_kv_layers`);
 the Mamba layers are numbered among themselves for the state pool (`state_specs`). Checkpoints name
 the decoder `backbone.` (NVIDIA's, and what transformers writes); the multi-token-prediction head
-(mtp.) is skipped.
+(mtp.) is skipped here: it loads as a draft head (nemotron_h_mtp.py, speculative/mtp_checkpoint.py).
 """
 
 from __future__ import annotations
@@ -143,6 +143,11 @@ class NemotronHModel(DecoderStack):
         self.norm_f = self.on_last(
             lambda: RMSNorm(config.hidden_size, eps=config.layer_norm_epsilon)
         )
+
+    @property
+    def embed_tokens(self) -> nn.Module:
+        """The name draft heads read the target's embedding by (speculative/eagle.py)."""
+        return self.embeddings
 
     def embed(self, input_ids, input_embeds):
         return self.embeddings(input_ids) if input_embeds is None else input_embeds

@@ -31,7 +31,15 @@ nemotron_h_moe: what the converter writes for a config with num_experts_per_tok 
 - the per-expert tensors are stacked: ffn_up_exps / ffn_down_exps [experts, rows, cols] (up and
   down only: the experts have no gate), the router ffn_gate_inp (kept F32), its
   e_score_correction_bias exp_probs_b.bias, the shared expert ffn_up_shexp / ffn_down_shexp;
-- the multi-token-prediction block the converter appends (blocks past the pattern's) is skipped.
+- the multi-token-prediction block (Nemotron-3's `mtp.layers.0` attention + `mtp.layers.1` MoE,
+  num_nextn_predict_layers 1) is folded into one block appended after the pattern's (block_count
+  counts it, `nextn_predict_layers` says so, its head_count_kv and feed_forward_length entries
+  both set): mtp.layers.0's enorm / hnorm / eh_proj as nextn.*, its norm attn_norm, its attention
+  attn_q / k / v / output (q / k permuted as the other attention layers'); mtp.layers.1's norm as
+  post_attention_norm, its MoE as the MoE blocks', its final_layernorm as
+  nextn.shared_head_norm. Read back under those `mtp.layers.*` names (_MTP_BLOCK), which the
+  target skips and speculative/mtp_checkpoint.py loads as the head; the config gets
+  num_nextn_predict_layers and mtp_layers_block_type [full_attention, moe].
 lfm2 (conversion/lfm2.py LFM2Model): `conv.conv.weight` [C, 1, L] squeezed to [C, L]; the layer
 types from attention.head_count_kv (0: a conv layer, as llama.cpp reads them); the MLP width
 written already adjusted (HF's block_auto_adjust_ff_dim), so it is read with the adjustment off;
@@ -76,6 +84,21 @@ _NEMOTRON_H_MOE_LAYER = {
     "ffn_down_shexp": "mixer.shared_experts.down_proj",
     "ffn_latent_down": "mixer.fc1_latent_proj",  # Nemotron 3 Super (moe_latent_size)
     "ffn_latent_up": "mixer.fc2_latent_proj",
+}
+# nemotron_h_moe's folded MTP block: llama.cpp name -> (HF `mtp.layers.{i}`, its tensor there)
+_MTP_BLOCK = {
+    "nextn.enorm": (0, "enorm"),
+    "nextn.hnorm": (0, "hnorm"),
+    "nextn.eh_proj": (0, "eh_proj"),
+    "attn_norm": (0, "norm"),
+    **{
+        k: (0, v)
+        for k, v in _NEMOTRON_H_LAYER.items()
+        if k.startswith("attn_") and k != "attn_norm"
+    },
+    "post_attention_norm": (1, "norm"),
+    **{k: (1, v) for k, v in _NEMOTRON_H_MOE_LAYER.items() if k.startswith(("ffn_", "exp_"))},
+    "nextn.shared_head_norm": (1, "final_layernorm"),
 }
 _LFM2_LAYER = {
     "attn_norm": "operator_norm",
@@ -125,8 +148,10 @@ _SIZES_FROM = {
 def ssm_config(reader, arch: str, kw: dict) -> dict:
     """The HF config kwargs of a nemotron_h / lfm2 GGUF; kw holds the keys every architecture
     shares (loader.gguf_config read them already; per-layer lists became their max)."""
-    n = int(kw["num_hidden_layers"])
-    kv = per_layer(reader, arch, "attention.head_count_kv", n)
+    n_all = int(kw["num_hidden_layers"])  # block_count: the MTP block too (nemotron_h_moe)
+    nextn = int(field(reader, f"{arch}.nextn_predict_layers", 0) or 0)
+    n = n_all - nextn
+    kv = per_layer(reader, arch, "attention.head_count_kv", n_all)[:n]
     eps = field(reader, f"{arch}.attention.layer_norm_rms_epsilon")
     if eps is None:
         eps = field(reader, f"{arch}.attention.layer_norm_epsilon", 1e-5)
@@ -152,7 +177,7 @@ def ssm_config(reader, arch: str, kw: dict) -> dict:
             },
         )
         return out
-    ff = per_layer(reader, arch, "feed_forward_length", n)
+    ff = per_layer(reader, arch, "feed_forward_length", n_all)[:n]
     ff_type = "moe" if arch == "nemotron_h_moe" else "mlp"  # what a layer with n_ff > 0 is
     heads = int(required(reader, arch, "ssm.time_step_rank"))
     inner = int(required(reader, arch, "ssm.inner_size"))
@@ -176,6 +201,8 @@ def ssm_config(reader, arch: str, kw: dict) -> dict:
     )
     if arch == "nemotron_h_moe":
         out.update(_moe_config(reader, arch))
+    if nextn:  # the converter folds Nemotron-3's attention + MoE MTP block into one
+        out.update(num_nextn_predict_layers=nextn, mtp_layers_block_type=["full_attention", "moe"])
     return out
 
 
@@ -266,13 +293,20 @@ def ssm_weights(
                 continue  # rope_freqs and the like
         else:
             il = int(layer)
-            if il >= len(types) or base not in layer_names:
+            if il >= len(types):
+                if keep is None or il > len(types) or base not in _MTP_BLOCK:
+                    continue  # the head's loader asks for them by name; only the first block
+                i, hf = _MTP_BLOCK[base]
+                prefix = f"mtp.layers.{i}."
+            elif base not in layer_names:
                 continue
-            name = f"model.layers.{il}.{layer_names[base]}" + (f".{suffix}" if suffix else "")
+            else:
+                prefix, hf = f"model.layers.{il}.", layer_names[base]
+            name = prefix + hf + (f".{suffix}" if suffix else "")
             if base == "ssm_dt":
-                name = f"model.layers.{il}.mixer.dt_bias"
+                name = prefix + "mixer.dt_bias"
             elif base == "exp_probs_b":
-                name = f"model.layers.{il}.mixer.gate.e_score_correction_bias"
+                name = prefix + "mixer.gate.e_score_correction_bias"
             if base in _STATE_TENSORS[arch]:
                 if types[il] != state_type:
                     raise ValueError(
