@@ -67,6 +67,7 @@ MODEL_REGISTRY.register(
     "NemotronHForCausalLM", "radixlm.model.models.nemotron_h:NemotronHForCausalLM"
 )
 MODEL_REGISTRY.register("Lfm2ForCausalLM", "radixlm.model.models.lfm2:Lfm2ForCausalLM")
+MODEL_REGISTRY.register("Lfm2MoeForCausalLM", "radixlm.model.models.lfm2_moe:Lfm2MoeForCausalLM")
 MODEL_REGISTRY.register(
     "GraniteMoeHybridForCausalLM",
     "radixlm.model.models.granite_hybrid:GraniteMoeHybridForCausalLM",

@@ -35,6 +35,7 @@ ARCHITECTURES = (
     "nemotron_h",
     "nemotron_h_moe",
     "lfm2",
+    "lfm2moe",
     "granitehybrid",
     "falcon-h1",
     "gpt-oss",
