@@ -130,6 +130,7 @@ for _arch, _module in [
     ("ArceeForCausalLM", "arcee"),
     ("Ministral3ForCausalLM", "ministral3"),
     ("Ernie4_5ForCausalLM", "ernie4_5"),
+    ("Ernie4_5_MoeForCausalLM", "ernie4_5_moe"),
     ("HunYuanDenseV1ForCausalLM", "hunyuan"),
 ]:
     MODEL_REGISTRY.register(_arch, f"radixlm.model.models.{_module}:{_arch}")

@@ -56,6 +56,7 @@ ARCHITECTURES = (
     "apertus",
     "arcee",
     "ernie4_5",
+    "ernie4_5-moe",
     "hunyuan-dense",
     "mistral3",
     "mamba2",

@@ -7,7 +7,7 @@ window (OLMo 3), gemma2 and gemma3 (what llama.cpp fixes by architecture instead
 the MoE ones (moe.py, deepseek.py, glm4moe.py), the hybrid qwen35, qwen35moe, qwen3next (the
 converter's transformations undone, its tiled V-head order kept), nemotron_h, nemotron_h_moe,
 lfm2 and lfm2moe (hybrid_ssm.py), granitehybrid and falcon-h1 (mamba2_hybrid.py), gpt-oss,
-gemma4, llama4, kimi-linear; glm4, granite and granitemoe, cohere2.
+gemma4, llama4, kimi-linear; glm4, granite and granitemoe, cohere2; ernie4_5-moe (ernie.py).
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ for _name, _target in [
     ("apertus", "llama_variants:APERTUS"),
     ("arcee", "llama_variants:ARCEE"),
     ("ernie4_5", "llama_variants:ERNIE4_5"),
+    ("ernie4_5-moe", "ernie:ERNIE4_5_MOE"),
     ("hunyuan-dense", "llama_variants:HUNYUAN_DENSE"),
 ]:
     GGUF_ARCHITECTURE_REGISTRY.register(_name, f"{_ARCHS}.{_target}")

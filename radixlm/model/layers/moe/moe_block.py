@@ -269,7 +269,8 @@ class SparseMoeBlock(nn.Module):
 class BiasedMoeBlock(SparseMoeBlock):
     """A block whose router picks experts by score + a per-expert bias (topk.BiasedTopKRouting:
     LFM2-MoE, ERNIE 4.5 MoE). `expert_bias` [experts] float32, as HF keeps it; None when the
-    config has none (the choice then on the scores alone)."""
+    config has none (the choice then on the scores alone). shared_experts: always-on experts
+    (ERNIE's), ungated, added to the routed ones' output."""
 
     def __init__(
         self,
@@ -278,15 +279,21 @@ class BiasedMoeBlock(SparseMoeBlock):
         layer_id: int,
         routing: BiasedTopKRouting,
         has_bias: bool = True,
+        shared_experts: nn.Module | None = None,
         dispatch: LocalExperts | None = None,
     ):
         super().__init__(hidden_size, spec, layer_id, dispatch=dispatch)
         self.routing = routing
         bias = torch.zeros(spec.num_experts, dtype=torch.float32) if has_bias else None
         self.expert_bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.shared_experts = shared_experts
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.routing.select(self.gate(x), self.expert_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        return out if self.shared_experts is None else out + self.shared_experts(x)
 
 
 def expert_load_info(model: nn.Module) -> dict:
