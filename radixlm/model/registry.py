@@ -96,6 +96,10 @@ MODEL_REGISTRY.register(
     "radixlm.model.models.idefics3:Idefics3ForConditionalGeneration",
 )
 MODEL_REGISTRY.register(
+    "SmolVLMForConditionalGeneration",
+    "radixlm.model.models.smolvlm:SmolVLMForConditionalGeneration",
+)
+MODEL_REGISTRY.register(
     "Qwen2VLForConditionalGeneration",
     "radixlm.model.models.qwen2_vl:Qwen2VLForConditionalGeneration",
 )
