@@ -49,6 +49,14 @@ _CONFIG_FIXES: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 4,
         "layer_types": ["linear_attention"] * 3 + ["full_attention"],
     },
+    # the default has no layer_types (HF's model cannot be built from it either); LFM2-8B-A1B's
+    # kind: 24 layers, attention in 6 of them
+    "Lfm2MoeForCausalLM": {
+        "num_hidden_layers": 24,
+        "layer_types": [
+            "full_attention" if i in (2, 6, 10, 14, 18, 21) else "conv" for i in range(24)
+        ],
+    },
 }
 
 

@@ -42,6 +42,8 @@ def load_hf_processor(model_path: str):
     model_type = AutoConfig.from_pretrained(model_path).model_type
     if model_type == "mistral3":
         return _pixtral_processor(model_path)
+    if model_type == "smolvlm":
+        return _smolvlm_processor(model_path)
     known = IMAGE_ONLY_PROCESSORS.get(model_type)
     if known is None:
         return AutoProcessor.from_pretrained(model_path)
@@ -79,6 +81,39 @@ def _pixtral_processor(model_path: str):
     return proc
 
 
+def _smolvlm_processor(model_path: str):
+    """SmolVLM's processor for images only (its video processor needs torchvision), with the PIL
+    image processor."""
+    from transformers.models.smolvlm.image_processing_pil_smolvlm import SmolVLMImageProcessorPil
+
+    proc = smolvlm_image_only().from_pretrained(model_path)
+    if not isinstance(proc.image_processor, SmolVLMImageProcessorPil):
+        proc.image_processor = SmolVLMImageProcessorPil.from_pretrained(model_path)
+    return proc
+
+
+def smolvlm_image_only() -> type:
+    """SmolVLMProcessor without its video processor. Its video prompt alone writes a frame count in
+    words (num2words), which the processor demands at construction: without the package, that
+    function is one that refuses videos (radixlm serves none); image prompts never call it."""
+    from transformers.models.smolvlm import processing_smolvlm as smol
+
+    if smol.num2words is None:
+
+        def num2words(n):
+            raise ImportError("SmolVLM's video prompts need num2words; radixlm serves images only")
+
+        smol.num2words = num2words
+    base = _image_processor("smolvlm.processing_smolvlm", "SmolVLMProcessor")
+
+    class SmolVLMImageOnly(base):
+        # image_seq_len named, so that from_pretrained passes the saved value on
+        def __init__(self, image_processor=None, tokenizer=None, image_seq_len=169, **kwargs):
+            super().__init__(image_processor, tokenizer, image_seq_len=image_seq_len, **kwargs)
+
+    return SmolVLMImageOnly
+
+
 def _image_processor(module: str, name: str) -> type:
     import importlib
 
@@ -89,7 +124,13 @@ def _image_processor(module: str, name: str) -> type:
         <|image_pad|> into its grid's tokens) and image processor, unchanged."""
 
         def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-            super().__init__(image_processor, tokenizer, chat_template=chat_template, **kwargs)
+            super().__init__(
+                image_processor,
+                tokenizer,
+                video_processor=None,
+                chat_template=chat_template,
+                **kwargs,
+            )
 
     ImageOnly.__name__ = ImageOnly.__qualname__ = f"_ImageOnly{name}"
     return ImageOnly

@@ -67,6 +67,7 @@ MODEL_REGISTRY.register(
     "NemotronHForCausalLM", "radixlm.model.models.nemotron_h:NemotronHForCausalLM"
 )
 MODEL_REGISTRY.register("Lfm2ForCausalLM", "radixlm.model.models.lfm2:Lfm2ForCausalLM")
+MODEL_REGISTRY.register("Lfm2MoeForCausalLM", "radixlm.model.models.lfm2_moe:Lfm2MoeForCausalLM")
 MODEL_REGISTRY.register(
     "GraniteMoeHybridForCausalLM",
     "radixlm.model.models.granite_hybrid:GraniteMoeHybridForCausalLM",
@@ -93,6 +94,10 @@ MODEL_REGISTRY.register(
 MODEL_REGISTRY.register(
     "Idefics3ForConditionalGeneration",
     "radixlm.model.models.idefics3:Idefics3ForConditionalGeneration",
+)
+MODEL_REGISTRY.register(
+    "SmolVLMForConditionalGeneration",
+    "radixlm.model.models.smolvlm:SmolVLMForConditionalGeneration",
 )
 MODEL_REGISTRY.register(
     "Qwen2VLForConditionalGeneration",
@@ -129,6 +134,7 @@ for _arch, _module in [
     ("ArceeForCausalLM", "arcee"),
     ("Ministral3ForCausalLM", "ministral3"),
     ("Ernie4_5ForCausalLM", "ernie4_5"),
+    ("Ernie4_5_MoeForCausalLM", "ernie4_5_moe"),
     ("HunYuanDenseV1ForCausalLM", "hunyuan"),
 ]:
     MODEL_REGISTRY.register(_arch, f"radixlm.model.models.{_module}:{_arch}")

@@ -79,7 +79,9 @@ def hf_holding(hf, gguf_path: str):
     weights = dict(gguf_weights(reader, config))
     if getattr(config, "linear_value_heads_tiled", False):
         _grouped_v_heads(weights, config)
-    for name in [n for n in weights if n.endswith(".mlp.experts.gate_proj.weight")]:
+    # the stacked experts: under `mlp`, or `feed_forward` (LFM2-MoE's)
+    stacked = (".mlp.experts.gate_proj.weight", ".feed_forward.experts.gate_proj.weight")
+    for name in [n for n in weights if n.endswith(stacked)]:
         base = name.removesuffix("gate_proj.weight")
         gate, up = weights.pop(name), weights.pop(base + "up_proj.weight")
         weights[base + "gate_up_proj"] = torch.cat([gate, up], dim=1)

@@ -1,7 +1,8 @@
 """Tiny random-weight hybrid checkpoints for the tests: HF Qwen3_5ForCausalLM,
 Qwen3_5MoeForCausalLM and Qwen3NextForCausalLM (Gated DeltaNet + full attention; hidden 64, 4
 layers: linear, linear, linear, full), NemotronHForCausalLM (Mamba-2, attention and MLP blocks:
-M - * M - M) and Lfm2ForCausalLM (short conv + attention: conv, full, conv, conv); float32, saved as
+M - * M - M), Lfm2ForCausalLM (short conv + attention: conv, full, conv, conv) and
+Lfm2MoeForCausalLM (LFM2's layers, a dense MLP in layer 0 and MoEs after); float32, saved as
 safetensors directories with a small Qwen-style BPE tokenizer, and the same weights as the GGUF
 file llama.cpp's converter writes (Nemotron-H's and LFM2's: tests/model/ssm_gguf_writer.py).
 
@@ -35,6 +36,7 @@ ARCHITECTURES = {  # llama.cpp arch -> HF class
     "qwen3next": "Qwen3NextForCausalLM",
     "nemotron_h": "NemotronHForCausalLM",
     "lfm2": "Lfm2ForCausalLM",
+    "lfm2moe": "Lfm2MoeForCausalLM",
 }
 _CONFIG_CLASSES = {
     "qwen35": "Qwen3_5TextConfig",
@@ -42,6 +44,7 @@ _CONFIG_CLASSES = {
     "qwen3next": "Qwen3NextConfig",
     "nemotron_h": "NemotronHConfig",
     "lfm2": "Lfm2Config",
+    "lfm2moe": "Lfm2MoeConfig",
 }
 _MROPE = {  # Qwen3.5 checkpoints carry interleaved M-RoPE sections (of the rotary half: 8 / 2)
     "rope_type": "default",
@@ -122,6 +125,21 @@ CONFIGS = {
         conv_L_cache=3,
         max_position_embeddings=512,
     ),
+    # 8 sigmoid-routed experts (top 2) after one dense layer; the expert_bias drawn (hf_model)
+    "lfm2moe": dict(
+        hidden_size=64,
+        num_hidden_layers=4,
+        layer_types=["conv", "full_attention", "conv", "conv"],
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        num_dense_layers=1,
+        num_experts=8,
+        num_experts_per_tok=2,
+        conv_L_cache=3,
+        max_position_embeddings=512,
+    ),
 }
 
 
@@ -148,7 +166,13 @@ OFFSET_NORMS = ("qwen35", "qwen35moe", "qwen3next")
 
 # The projections that write into the residual stream (attention's, the linear layers', the MLPs'
 # and the experts' outputs).
-RESIDUAL_WRITERS = ("o_proj.weight", "out_proj.weight", "down_proj.weight", "experts.down_proj")
+RESIDUAL_WRITERS = (
+    "o_proj.weight",
+    "out_proj.weight",
+    "down_proj.weight",
+    "experts.down_proj",
+    "feed_forward.w2.weight",  # LFM2's
+)
 
 
 def hf_model(arch: str, tokenizer, seed: int = 0, scaled_residual: bool = False, **changes):
@@ -196,6 +220,10 @@ def hf_model(arch: str, tokenizer, seed: int = 0, scaled_residual: bool = False,
             if scaled_residual and name.endswith(RESIDUAL_WRITERS):
                 p.mul_((2 * cfg.num_hidden_layers) ** -0.5)
             p.copy_(p.bfloat16().float())
+        for name, b in hf.named_buffers():
+            if name.endswith("feed_forward.expert_bias"):  # LFM2-MoE's (HF leaves it at 0)
+                # of the sigmoid scores' spread, so that it changes some choices
+                b.copy_((0.1 * torch.randn(b.shape, generator=g)).bfloat16().float())
     return hf.eval()
 
 
@@ -525,11 +553,11 @@ def expected_weights(hf) -> dict[str, torch.Tensor]:
     for name, t in hf.state_dict().items():
         if name == "lm_head.weight" and hf.config.tie_word_embeddings:
             continue
-        if name.endswith("mlp.experts.gate_up_proj"):
+        if name.endswith(("mlp.experts.gate_up_proj", "feed_forward.experts.gate_up_proj")):
             n_ff = t.shape[1] // 2
             out[name.replace("gate_up_proj", "gate_proj.weight")] = t[:, :n_ff]
             out[name.replace("gate_up_proj", "up_proj.weight")] = t[:, n_ff:]
-        elif name.endswith("mlp.experts.down_proj"):
+        elif name.endswith(("mlp.experts.down_proj", "feed_forward.experts.down_proj")):
             out[name + ".weight"] = t
         else:
             out[name] = t

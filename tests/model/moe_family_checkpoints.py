@@ -1,5 +1,6 @@
 """Tiny random float32 checkpoints of the MoE families of issue 90 (MiniMax-M2, dots.llm1,
-Hunyuan-A13B) for tests/model/test_minimax_m2.py, test_dots1.py, test_hunyuan_moe.py:
+Hunyuan-A13B, ERNIE 4.5 MoE) for tests/model/test_minimax_m2.py, test_dots1.py,
+test_hunyuan_moe.py, test_ernie4_5_moe.py:
 transformers' model saved beside the tiny BPE tokenizer (windowed_checkpoints.checkpoint), the
 router's correction bias drawn so that it changes choices, and the same weights as llama.cpp's
 converter writes them (float32 or Q8_0)."""
@@ -71,6 +72,24 @@ FAMILIES = {
             max_position_embeddings=1024,
         ),
     ),
+    # layer 0 dense, 1 and 2 MoE (8 experts, top 3) with one shared expert; the converter's
+    # shared width, intermediate_size / num_key_value_heads, is moe_intermediate_size here as in
+    # Baidu's models
+    "ernie4_5_moe": (
+        "Ernie4_5_MoeConfig",
+        "Ernie4_5_MoeForCausalLM",
+        "ernie4_5-moe",
+        dict(
+            num_hidden_layers=3,
+            intermediate_size=64,
+            moe_intermediate_size=32,
+            moe_num_experts=8,
+            moe_k=3,
+            moe_num_shared_experts=1,
+            moe_layer_start_index=1,
+            max_position_embeddings=1024,
+        ),
+    ),
 }
 
 
@@ -82,16 +101,28 @@ def _draw_correction_bias(hf) -> None:
                 buf.copy_(0.3 * torch.randn(buf.shape, generator=g))
 
 
+def _draw_ernie_bias(hf) -> None:
+    """ERNIE's bias is a parameter (randomize drew it at 0.2, past the softmax scores' ~1/8):
+    drawn of the scores' spread, so that it changes some choices without making them all."""
+    g = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for name, p in hf.named_parameters():
+            if name.endswith("e_score_correction_bias"):
+                p.copy_(0.05 * torch.randn(p.shape, generator=g))
+
+
 def moe_checkpoint(family: str, path: str):
     config_cls, architecture, _, config = FAMILIES[family]
-    return checkpoint(config_cls, architecture, path, init=_draw_correction_bias, **config)
+    init = _draw_ernie_bias if family == "ernie4_5_moe" else _draw_correction_bias
+    return checkpoint(config_cls, architecture, path, init=init, **config)
 
 
 def write_moe_gguf(hf, family: str, path: str, out: str, qtype: str = "f32") -> str:
     """The checkpoint at path as convert_hf_to_gguf.py writes it (--outtype f32 or q8_0):
     TextModel's header plus the family's keys (conversion/minimax.py MiniMaxM2Model,
-    conversion/dots1.py Dots1Model), the experts stacked per projection, e_score_correction_bias
-    as exp_probs_b.bias, no q/k permutation (NEOX RoPE)."""
+    conversion/dots1.py Dots1Model, conversion/ernie.py Ernie4_5MoeModel), the experts stacked
+    per projection, e_score_correction_bias as exp_probs_b.bias, no q/k permutation (NEOX RoPE;
+    ERNIE's rows as HF has them)."""
     import gguf
 
     cfg, arch = hf.config, FAMILIES[family][2]
@@ -125,6 +156,13 @@ def write_moe_gguf(hf, family: str, path: str, out: str, qtype: str = "f32") -> 
         w.add_value_length(head_dim)
         w.add_expert_feed_forward_length(cfg.intermediate_size)
         w.add_rope_dimension_count(cfg.rotary_dim)
+    elif family == "ernie4_5_moe":  # Ernie4_5MoeModel.set_gguf_parameters
+        w.add_expert_count(cfg.moe_num_experts)
+        w.add_interleave_moe_layer_step(cfg.moe_layer_interval)
+        w.add_leading_dense_block_count(cfg.moe_layer_start_index)
+        w.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+        w.add_expert_shared_count(cfg.moe_num_shared_experts)
+        w.add_expert_shared_feed_forward_length(cfg.intermediate_size // cfg.num_key_value_heads)
     elif family == "hunyuan_moe":  # (the converter's own tokenizer and bos override left out)
         w.add_expert_count(cfg.num_experts)
         w.add_key_length(head_dim)
@@ -199,18 +237,16 @@ def hf_holding(hf, gguf_path: str):
     state = held.state_dict()
     for name in [n for n in weights if n.endswith("e_score_correction.bias")]:
         bias = weights.pop(name)
-        layer = name.removesuffix("gate.e_score_correction.bias")
-        target = next(
-            n
-            for n in (f"{layer}gate.e_score_correction_bias", f"{layer}e_score_correction_bias")
-            if n in state
-        )
-        weights[target] = bias
+        mlp = name.split(".mlp.")[0] + ".mlp."  # the bias's HF name and shape in that layer
+        target = next(n for n in state if n.startswith(mlp) and n.endswith("correction_bias"))
+        weights[target] = bias.reshape(state[target].shape)
     for name in [n for n in weights if n not in state]:  # HunYuan's own names
         hf_name = name
         for ours, theirs in _HF_NAMES:
             hf_name = hf_name.replace(ours, theirs)
         weights[hf_name] = weights.pop(name)
+    if hf.config.tie_word_embeddings:  # ERNIE's: the file has no output.weight
+        weights.setdefault("lm_head.weight", weights["model.embed_tokens.weight"])
     missing = set(state) - set(weights)
     assert not missing, sorted(missing)[:8]
     held.load_state_dict(weights)

@@ -2,7 +2,8 @@
 (without radixlm's loader) for tests/model/hybrid_checkpoints.py's write_gguf: nemotron_h
 (conversion/nemotron.py NemotronHModel over conversion/granite.py GraniteHybridModel,
 conversion/mamba.py Mamba2Model, conversion/llama.py LlamaModel and conversion/base.py TextModel)
-and lfm2 (conversion/lfm2.py LFM2Model).
+lfm2 (conversion/lfm2.py LFM2Model) and lfm2moe (LFM2MoeModel: its experts, saved per expert,
+stacked per layer; 5.x's in-memory gate_up_proj is those w1 then w3 stacked, so it is split back).
 
 The converter reads its hparams as transformers 4.x gives them (llama.cpp pins transformers < 5): a
 dense Nemotron-H config carries hybrid_override_pattern as a string ("M-*" ...) and no MoE fields,
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-SSM_ARCHS = ("nemotron_h", "nemotron_h_moe", "lfm2")
+SSM_ARCHS = ("nemotron_h", "nemotron_h_moe", "lfm2", "lfm2moe")
 _MOE_KEYS = ("num_experts_per_tok", "n_routed_experts", "n_group")
 
 
@@ -43,6 +44,8 @@ def add_hparams(w, hp: dict, arch: str, ftype, mtp_layers: int = 0) -> None:
     block appended as block n, counted as an attention and an MLP layer both."""
     if arch == "lfm2":
         return _lfm2_hparams(w, hp, ftype)
+    if arch == "lfm2moe":
+        return _lfm2moe_hparams(w, hp, ftype)
     pattern = hp["hybrid_override_pattern"]
     n = len(pattern) + mtp_layers
     attn = [i for i, c in enumerate(pattern) if c == "*"] + list(range(len(pattern), n))
@@ -115,6 +118,42 @@ def _lfm2_hparams(w, hp: dict, ftype) -> None:
     w.add_feed_forward_length(ff)
 
 
+def _lfm2moe_hparams(w, hp: dict, ftype) -> None:
+    import gguf
+
+    # TextModel.set_gguf_parameters over LFM2MoeModel's per-layer head_count_kv (full_attention
+    # layers only); rope_type "default" writes no scaling keys, only the base
+    kv = [hp["num_key_value_heads"] if t == "full_attention" else 0 for t in hp["layer_types"]]
+    w.add_block_count(hp["num_hidden_layers"])
+    w.add_context_length(hp["max_position_embeddings"])
+    w.add_embedding_length(hp["hidden_size"])
+    w.add_feed_forward_length(hp["intermediate_size"])
+    w.add_head_count(hp["num_attention_heads"])
+    w.add_head_count_kv(kv)
+    w.add_rope_freq_base(hp["rope_parameters"]["rope_theta"])
+    w.add_layer_norm_rms_eps(hp["norm_eps"])
+    w.add_expert_count(hp["num_experts"])
+    w.add_expert_used_count(hp["num_experts_per_tok"])
+    w.add_file_type(ftype)
+    # LFM2MoeModel.set_gguf_parameters
+    w.add_expert_feed_forward_length(hp["moe_intermediate_size"])
+    w.add_leading_dense_block_count(hp["num_dense_layers"])
+    w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+    w.add_vocab_size(hp["vocab_size"])
+    w.add_shortconv_l_cache(hp["conv_L_cache"])
+
+
+def _lfm2moe_experts(name: str, t: torch.Tensor, bid: int):
+    """LFM2MoeModel.modify_tensors' stacked experts (its names without `model.`), or None."""
+    base = f"layers.{bid}.feed_forward.experts"
+    if name.endswith(".feed_forward.experts.gate_up_proj"):
+        n_ff = t.shape[1] // 2
+        return [(f"{base}.w1.weight", t[:, :n_ff]), (f"{base}.w3.weight", t[:, n_ff:])]
+    if name.endswith(".feed_forward.experts.down_proj"):
+        return [(f"{base}.w2.weight", t)]
+    return None
+
+
 def _permute(w: torch.Tensor, n_head: int, n_head_kv: int | None) -> torch.Tensor:
     # conversion/llama.py LlamaModel.permute, verbatim in effect
     if n_head_kv is not None and n_head != n_head_kv:
@@ -135,10 +174,17 @@ def converted(state: dict, hp: dict, arch: str, tensor_map):
         if name == "lm_head.weight" and hp["tie_word_embeddings"]:
             continue  # save_pretrained leaves the tied head out
         t = t.detach().float().clone()
-        if arch == "lfm2":  # LFM2Model.modify_tensors
+        if arch.startswith("lfm2"):  # LFM2Model / LFM2MoeModel.modify_tensors
             if "conv.conv" in name:
                 t = t.squeeze(1)
-            yield tensor_map.get_name(name, try_suffixes=(".weight", ".bias")), t
+            if name.endswith(".expert_bias"):  # LFM2MoeModel.filter_tensors
+                name += ".bias"
+            bid = int(name.split(".")[2]) if name.startswith("model.layers.") else None
+            experts = _lfm2moe_experts(name, t, bid) if bid is not None else None
+            for hf_name, data in experts or [(name, t)]:
+                new_name = tensor_map.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+                assert new_name is not None, f"the converter cannot map {hf_name}"
+                yield new_name, data.contiguous()
             continue
         # the names transformers' save_pretrained writes (NVIDIA's too): backbone.*
         if name.startswith("model."):

@@ -1,10 +1,12 @@
-"""llama.cpp's hybrid architectures nemotron_h and lfm2 read back into HF's config and tensors:
+"""llama.cpp's hybrid architectures nemotron_h, lfm2 and lfm2moe read back into HF's config and
+tensors:
 tiny random HF checkpoints written as GGUF the way llama.cpp's converter writes them
 (tests/model/ssm_gguf_writer.py: Nemotron-H's A_log as -exp [H, 1], D [H, 1], dt_bias renamed,
 conv1d squeezed, the grouped norm reshaped [groups, width], q/k rows permuted for llama's RoPE, the
 layer pattern only in per-layer head_count_kv / feed_forward_length; LFM2's conv squeezed and its
-MLP width written adjusted) must load (gguf_config + gguf_weights) as exactly HF's config fields
-and tensors; Q8_0 files within Q8_0's error, their matrices kept as stored blocks."""
+MLP width written adjusted; LFM2-MoE's experts stacked, its expert_bias as exp_probs_b) must load
+(gguf_config + gguf_weights) as exactly HF's config fields and tensors; Q8_0 files within Q8_0's
+error, their matrices kept as stored blocks (the experts' too), the routers float32."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 from radixlm.kernels.formats import dequantize_reference
 from radixlm.model.gguf.loader import gguf_config, gguf_weights
 from radixlm.model.gguf.reader import open_gguf
+from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.layers.quantized import QuantizedTensor
 from radixlm.model.models.lfm2 import lfm2_ff_dim
 from tests.model.hybrid_checkpoints import (
@@ -26,7 +29,7 @@ from tests.model.hybrid_checkpoints import (
     write_gguf,
 )
 
-ARCHS = ["nemotron_h", "lfm2"]
+ARCHS = ["nemotron_h", "lfm2", "lfm2moe"]
 _SHARED_FIELDS = (
     "hidden_size",
     "num_attention_heads",
@@ -51,6 +54,19 @@ _FIELDS = {
         "time_step_min",
     ),
     "lfm2": ("conv_L_cache", "conv_bias", "max_position_embeddings"),
+    "lfm2moe": (
+        "conv_L_cache",
+        "conv_bias",
+        "max_position_embeddings",
+        "intermediate_size",
+        "moe_intermediate_size",
+        "num_dense_layers",
+        "num_experts",
+        "num_experts_per_tok",
+        "use_expert_bias",
+        "norm_topk_prob",
+        "routed_scaling_factor",
+    ),
 }
 
 
@@ -77,6 +93,8 @@ def _load(path: str, keep_quantized: bool = False):
 
 
 def _float(w) -> torch.Tensor:
+    if isinstance(w, ExpertWeights):
+        return w.dequantize()
     if isinstance(w, QuantizedTensor):
         return dequantize_reference(w.data, w.fmt.name, w.cols).reshape(-1, w.cols).float()
     return w
@@ -102,7 +120,8 @@ def test_config_matches_hf(arch, models, tokenizer_dir, tmp_path):
         assert config.layer_norm_epsilon == pytest.approx(ref.layer_norm_epsilon)
         assert config.max_position_embeddings == 2**20  # GraniteHybridModel's, without RoPE
     else:
-        assert lfm2_ff_dim(config) == lfm2_ff_dim(ref) == 96
+        if arch == "lfm2":
+            assert lfm2_ff_dim(config) == lfm2_ff_dim(ref) == 96
         assert config.norm_eps == pytest.approx(ref.norm_eps)
         for key in ("rope_type", "rope_theta"):
             assert config.rope_parameters[key] == ref.rope_parameters[key], key
@@ -142,8 +161,12 @@ def test_q8_0_within_quantization_error(arch, models, tokenizer_dir, tmp_path):
         assert w.shape == ref.shape == q.shape, name
         assert ((w - ref).abs() <= _q8_tolerance(ref)).all(), name
         assert torch.equal(q, w), name  # the kept blocks are the file's, moved whole
-        if ref.dim() == 2:  # every matrix: Q8_0 blocks as stored
-            assert isinstance(kept[name], QuantizedTensor), name
+        if name.endswith("feed_forward.gate.weight"):  # the router: float32, as the converter
+            assert not isinstance(kept[name], QuantizedTensor), name
+            assert torch.equal(w, ref), name
+        elif ref.dim() == 2 or ".experts." in name:  # every matrix, the experts' stacks too:
+            # Q8_0 blocks as stored
+            assert isinstance(kept[name], QuantizedTensor | ExpertWeights), name
             assert kept[name].fmt.name == "q8_0", name
         else:  # norms, biases, conv weights, A_log, D: float32
             assert not isinstance(kept[name], QuantizedTensor), name
@@ -159,6 +182,7 @@ _BAD_SHAPES = [
     ("nemotron_h", "blk.0.ssm_in.weight", (199, 64)),
     ("lfm2", "blk.2.shortconv.conv.weight", (64, 4)),
     ("lfm2", "blk.0.shortconv.in_proj.weight", (128, 64)),
+    ("lfm2moe", "blk.3.shortconv.conv.weight", (64, 4)),
 ]
 
 

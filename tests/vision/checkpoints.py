@@ -118,19 +118,20 @@ def png_bytes(seed: int, size: tuple[int, int] = (40, 36)) -> bytes:
     return buf.getvalue()
 
 
-def write_tiny_idefics3(path: str, base_tokenizer_path: str) -> str:
+def write_tiny_idefics3(path: str, base_tokenizer_path: str, family: str = "Idefics3") -> str:
     """A tiny Idefics3 (SmolVLM's architecture): 2-layer SigLIP at 32 px (patch 8, pixel shuffle 2:
-    4 tokens
-    per tile), images up to 64 px split into 32 px tiles plus the whole image, a 2-layer Llama."""
-    from transformers import (
-        AutoTokenizer,
-        Idefics3Config,
-        Idefics3ForConditionalGeneration,
-        Idefics3Processor,
-        Idefics3VisionConfig,
-        LlamaConfig,
+    4 tokens per tile), images up to 64 px split into 32 px tiles plus the whole image, a 2-layer
+    Llama. family "SmolVLM": the same written by transformers' SmolVLM classes, with SmolVLM's
+    processor (saved without a video processor: that one needs torchvision)."""
+    import importlib
+
+    import transformers
+    from transformers import AutoTokenizer, LlamaConfig
+
+    module = importlib.import_module(
+        f"transformers.models.{family.lower()}.image_processing_pil_{family.lower()}"
     )
-    from transformers.models.idefics3.image_processing_pil_idefics3 import Idefics3ImageProcessorPil
+    image_processor_cls = getattr(module, f"{family}ImageProcessorPil")
 
     tok = AutoTokenizer.from_pretrained(base_tokenizer_path)
     tok.add_special_tokens(
@@ -155,7 +156,7 @@ def write_tiny_idefics3(path: str, base_tokenizer_path: str) -> str:
         bos_token_id=1,
         eos_token_id=2,
     )
-    vision = Idefics3VisionConfig(
+    vision = getattr(transformers, f"{family}VisionConfig")(
         hidden_size=32,
         intermediate_size=64,
         num_hidden_layers=2,
@@ -163,25 +164,39 @@ def write_tiny_idefics3(path: str, base_tokenizer_path: str) -> str:
         image_size=IMAGE_SIZE,
         patch_size=PATCH,
     )
-    cfg = Idefics3Config(
+    cfg = getattr(transformers, f"{family}Config")(
         vision_config=vision.to_dict(),
         text_config=text.to_dict(),
         scale_factor=2,
         image_token_id=tok.convert_tokens_to_ids("<image>"),
     )
     torch.manual_seed(0)
-    model = Idefics3ForConditionalGeneration(cfg).eval()
+    model = getattr(transformers, f"{family}ForConditionalGeneration")(cfg).eval()
     with torch.no_grad():  # peaked logits: greedy choices far from ties
         for name, p in model.named_parameters():
             if p.dim() >= 2:
                 p.normal_(0.0, 0.25 if "text_model" in name or "lm_head" in name else 0.2)
     model.save_pretrained(path)
-    ip = Idefics3ImageProcessorPil(
+    ip = image_processor_cls(
         size={"longest_edge": 2 * IMAGE_SIZE},
         max_image_size={"longest_edge": IMAGE_SIZE},
         do_image_splitting=True,
     )
-    Idefics3Processor(image_processor=ip, tokenizer=tok, image_seq_len=4).save_pretrained(path)
+    if family == "SmolVLM":
+        from radixlm.engine.mm_processor import smolvlm_image_only
+
+        processor_cls = smolvlm_image_only()
+    else:
+        processor_cls = transformers.Idefics3Processor
+    processor_cls(image_processor=ip, tokenizer=tok, image_seq_len=4).save_pretrained(path)
+    if family == "SmolVLM":  # the class name SmolVLMProcessor itself saves
+        import json
+
+        with open(f"{path}/processor_config.json") as f:
+            saved = json.load(f)
+        saved.update(processor_class="SmolVLMProcessor")
+        with open(f"{path}/processor_config.json", "w") as f:
+            json.dump(saved, f, indent=2)
     return path
 
 

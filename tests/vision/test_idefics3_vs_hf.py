@@ -1,6 +1,8 @@
-"""Idefics3 / SmolVLM's architecture against HF transformers on a tiny random checkpoint: images
-split into tiles plus the whole image (each tile its own placeholder run and cache item), greedy
-tokens and their logprobs to 1e-4, one image and two, chunked prefill cutting the runs."""
+"""Idefics3 and SmolVLM (Idefics3's architecture under transformers' SmolVLM classes and
+processor) against HF transformers on a tiny random checkpoint of each: images split into tiles
+plus the whole image (each tile its own placeholder run and cache item), greedy tokens and their
+logprobs to 1e-4, one image and two, chunked prefill cutting the runs; the same image asked again
+served from the radix cache past its span, a different one not."""
 
 import io
 
@@ -15,23 +17,27 @@ from tests.vision.conftest import data_url
 N = 32
 
 
-@pytest.fixture(scope="module")
-def idefics3_dir(tmp_path_factory, default_model_path):
+@pytest.fixture(scope="module", params=["Idefics3", "SmolVLM"])
+def idefics3_dir(request, tmp_path_factory, default_model_path):
     from radixlm.model.loader import load_tokenizer
 
     tok_dir = tmp_path_factory.mktemp("tok")
     load_tokenizer(default_model_path).save_pretrained(tok_dir)
-    return write_tiny_idefics3(str(tmp_path_factory.mktemp("tiny-idefics3")), str(tok_dir))
+    out = str(tmp_path_factory.mktemp(f"tiny-{request.param.lower()}"))
+    return write_tiny_idefics3(out, str(tok_dir), request.param)
 
 
 @pytest.fixture(scope="module")
 def hf(idefics3_dir):
-    from transformers import AutoProcessor, Idefics3ForConditionalGeneration
+    """transformers' model of the checkpoint's class, and the processor radixlm loads (the same
+    transformers processor; SmolVLM's without its video part, which needs torchvision)."""
+    import transformers
 
-    return (
-        Idefics3ForConditionalGeneration.from_pretrained(idefics3_dir, dtype=torch.float32).eval(),
-        AutoProcessor.from_pretrained(idefics3_dir),
-    )
+    from radixlm.engine.mm_processor import load_hf_processor
+
+    arch = transformers.AutoConfig.from_pretrained(idefics3_dir).architectures[0]
+    model = getattr(transformers, arch).from_pretrained(idefics3_dir, dtype=torch.float32)
+    return model.eval(), load_hf_processor(idefics3_dir)
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +94,18 @@ def test_greedy_and_logprobs_match_hf(engine, hf, text, seeds, size):
         assert abs(lp - logprobs[step][tid].item()) < 1e-4, step
         for lp_k, tid_k, _ in top:
             assert abs(lp_k - logprobs[step][tid_k].item()) < 1e-4, step
+
+
+def test_same_image_again_is_served_from_the_cache(engine):
+    text = "User: <image> what is this?\nAssistant:"
+    sp = {"max_new_tokens": 4, "temperature": 0}
+    assert engine.flush_cache()
+    first = engine.generate(text, sp, image_data=[data_url(5, (50, 40))])
+    again = engine.generate(text, sp, image_data=[data_url(5, (50, 40))])
+    other = engine.generate(text, sp, image_data=[data_url(6, (50, 40))])
+    assert again["output_ids"] == first["output_ids"]
+    prompt = first["meta_info"]["prompt_tokens"]
+    assert first["meta_info"]["cached_tokens"] == 0
+    assert again["meta_info"]["cached_tokens"] == prompt - 1  # past the image's span
+    # the text before the image only ("User: " and the image's opening tokens)
+    assert other["meta_info"]["cached_tokens"] < 8

@@ -5,9 +5,9 @@ it. The names' order is the one the unknown-architecture error lists them in.
 llama (SmolLM2, Llama 2/3, Mistral, Mixtral), smollm3, qwen2, qwen3, phi3, olmo2 with a sliding
 window (OLMo 3), gemma2 and gemma3 (what llama.cpp fixes by architecture instead of writing it),
 the MoE ones (moe.py, deepseek.py, glm4moe.py), the hybrid qwen35, qwen35moe, qwen3next (the
-converter's transformations undone, its tiled V-head order kept), nemotron_h, nemotron_h_moe
-and lfm2 (hybrid_ssm.py), granitehybrid and falcon-h1 (mamba2_hybrid.py), gpt-oss, gemma4, llama4,
-kimi-linear; glm4, granite and granitemoe, cohere2.
+converter's transformations undone, its tiled V-head order kept), nemotron_h, nemotron_h_moe,
+lfm2 and lfm2moe (hybrid_ssm.py), granitehybrid and falcon-h1 (mamba2_hybrid.py), gpt-oss,
+gemma4, llama4, kimi-linear; glm4, granite and granitemoe, cohere2; ernie4_5-moe (ernie.py).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ for _name, _target in [
     ("nemotron_h", "hybrid_ssm:NEMOTRON_H"),
     ("nemotron_h_moe", "hybrid_ssm:NEMOTRON_H_MOE"),
     ("lfm2", "hybrid_ssm:LFM2"),
+    ("lfm2moe", "hybrid_ssm:LFM2MOE"),
     ("granitehybrid", "mamba2_hybrid:GRANITEHYBRID"),
     ("falcon-h1", "mamba2_hybrid:FALCON_H1"),
     ("gpt-oss", "gpt_oss:GPT_OSS"),
@@ -61,6 +62,7 @@ for _name, _target in [
     ("apertus", "llama_variants:APERTUS"),
     ("arcee", "llama_variants:ARCEE"),
     ("ernie4_5", "llama_variants:ERNIE4_5"),
+    ("ernie4_5-moe", "ernie:ERNIE4_5_MOE"),
     ("hunyuan-dense", "llama_variants:HUNYUAN_DENSE"),
 ]:
     GGUF_ARCHITECTURE_REGISTRY.register(_name, f"{_ARCHS}.{_target}")

@@ -7,7 +7,7 @@ HF rows as they are (its ernie4_5 graph rotates pairs), so a GGUF loads the same
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -39,12 +39,12 @@ class Ernie4_5ForCausalLM(LlamaForCausalLM):
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
-        head_dim = get_head_dim(self.config)
+        super().load_weights(reordered_qk(weights, get_head_dim(self.config)))
 
-        def reordered():
-            for name, tensor in weights:
-                if ".self_attn.q_proj." in name or ".self_attn.k_proj." in name:
-                    tensor = interleaved_to_rotate_half(tensor, head_dim)
-                yield name, tensor
 
-        super().load_weights(reordered())
+def reordered_qk(weights: Iterable[tuple[str, Any]], head_dim: int) -> Iterator[tuple[str, Any]]:
+    """The checkpoint's tensors with q / k rows (weights and biases) in rotate-half order."""
+    for name, tensor in weights:
+        if ".self_attn.q_proj." in name or ".self_attn.k_proj." in name:
+            tensor = interleaved_to_rotate_half(tensor, head_dim)
+        yield name, tensor

@@ -27,14 +27,20 @@ class Idefics3ForConditionalGeneration(LlavaForConditionalGeneration):
 
     def __init__(self, config: Any):
         nn.Module.__init__(self)
+        encoder_cls, connector_cls = self.tower_classes()
+        self._build_text(config)
+        self.vision_model = encoder_cls._from_config(config.vision_config)
+        self.connector = connector_cls(config)
+
+    @staticmethod
+    def tower_classes() -> tuple[type, type]:
+        """transformers' (vision encoder, connector) classes of the family."""
         from transformers.models.idefics3.modeling_idefics3 import (
             Idefics3Connector,
             Idefics3VisionTransformer,
         )
 
-        self._build_text(config)
-        self.vision_model = Idefics3VisionTransformer._from_config(config.vision_config)
-        self.connector = Idefics3Connector(config)
+        return Idefics3VisionTransformer, Idefics3Connector
 
     def encode_images(self, items: list[MultimodalItem]) -> list[torch.Tensor]:
         """One batch of tiles through SigLIP and the connector: per tile, [image_seq_len,

@@ -80,9 +80,18 @@ class Lfm2Attention(nn.Module):
 class Lfm2DecoderLayer(HybridDecoderLayer):
     INPUT_NORM = "operator_norm"
     POST_NORM = "ffn_norm"
+    FFN = "feed_forward"  # the feed-forward's name (LFM2-MoE's layers hold it as `mlp`)
 
-    def __init__(self, config: Any, layer_type: str, index: int, rotary_emb: RotaryEmbedding):
-        """index: the layer's number among the layers of its type (its KV or state layer)."""
+    def __init__(
+        self,
+        config: Any,
+        layer_type: str,
+        index: int,
+        rotary_emb: RotaryEmbedding,
+        ffn: nn.Module | None = None,
+    ):
+        """index: the layer's number among the layers of its type (its KV or state layer); ffn:
+        the feed-forward (default LFM2's SwiGLU MLP)."""
         super().__init__()
         self.is_linear = layer_type == "conv"
         if self.is_linear:
@@ -91,7 +100,7 @@ class Lfm2DecoderLayer(HybridDecoderLayer):
             )
         else:
             self.self_attn = Lfm2Attention(config, index, rotary_emb)
-        self.feed_forward = LlamaMLP(config.hidden_size, lfm2_ff_dim(config))
+        setattr(self, self.FFN, ffn or LlamaMLP(config.hidden_size, lfm2_ff_dim(config)))
         self.operator_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
         self.ffn_norm = RMSNorm(config.hidden_size, eps=config.norm_eps)
 
@@ -100,18 +109,21 @@ class Lfm2DecoderLayer(HybridDecoderLayer):
 
     def forward(self, positions, hidden, fb: ForwardBatch, residual):
         hidden, residual = self.mix(positions, hidden, fb, residual)
-        return self.feed_forward(hidden), residual
+        return getattr(self, self.FFN)(hidden), residual
 
 
 class Lfm2Model(DecoderStack):
-    def __init__(self, config: Any):
+    def __init__(self, config: Any, layer_cls: type[Lfm2DecoderLayer] = Lfm2DecoderLayer, ffn=None):
+        """ffn(layer id) -> the layer's feed-forward, or None for LFM2's MLP."""
         super().__init__()
         self.init_stack(config, fused=False)
         self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
         self.embed_tokens = self.stage_embedding(config)
         self.rotary_emb = rotary = get_rope(get_head_dim(config), config)
         self.layers, self.num_kv_layers = build_layers(
-            self.layer_types, lambda i, t, n: Lfm2DecoderLayer(config, t, n, rotary), self.pp.layers
+            self.layer_types,
+            lambda i, t, n: layer_cls(config, t, n, rotary, ffn(i) if ffn else None),
+            self.pp.layers,
         )
         self.embedding_norm = self.on_last(lambda: RMSNorm(config.hidden_size, eps=config.norm_eps))
 

@@ -1,6 +1,7 @@
 """llama.cpp's hybrid architectures with Mamba-2 or short-conv layers: `nemotron_h` and
-`nemotron_h_moe` (NemotronHForCausalLM) and `lfm2` (Lfm2ForCausalLM): the HF config from their
-metadata, and their tensors back under HF's names in HF's layout.
+`nemotron_h_moe` (NemotronHForCausalLM), `lfm2` (Lfm2ForCausalLM) and `lfm2moe`
+(Lfm2MoeForCausalLM): the HF config from their metadata, and their tensors back under HF's names in
+HF's layout.
 
 nemotron_h: what the converter (conversion/nemotron.py NemotronHModel, over conversion/granite.py
 GraniteHybridModel, conversion/mamba.py Mamba2Model, conversion/llama.py LlamaModel) changes:
@@ -44,6 +45,14 @@ lfm2 (conversion/lfm2.py LFM2Model): `conv.conv.weight` [C, 1, L] squeezed to [C
 types from attention.head_count_kv (0: a conv layer, as llama.cpp reads them); the MLP width
 written already adjusted (HF's block_auto_adjust_ff_dim), so it is read with the adjustment off;
 HF's final `embedding_norm` is token_embd_norm.
+lfm2moe (conversion/lfm2.py LFM2MoeModel): LFM2's layers and keys (feed_forward_length is
+intermediate_size as it is: LFM2-MoE's dense MLPs have no adjustment), leading_dense_block_count
+(num_dense_layers), expert_count / expert_used_count / expert_feed_forward_length, the experts
+stacked per layer into ffn_{gate,up,down}_exps, the router ffn_gate_inp (F32), expert_bias as
+exp_probs_b.bias. The converter writes neither norm_topk_prob nor routed_scaling_factor, and
+llama.cpp's graph always renormalizes and scales by expert_weights_scale only where written: read
+as norm_topk_prob true and that scale (else 1.0), as llama.cpp runs the file (LiquidAI's released
+configs have exactly these); its expert_gating_func must be sigmoid.
 """
 
 from __future__ import annotations
@@ -116,6 +125,19 @@ _LFM2_LAYER = {
     "ffn_up": "feed_forward.w3",
     "ffn_down": "feed_forward.w2",
 }
+_LFM2MOE_LAYER = {
+    **_LFM2_LAYER,
+    "ffn_gate_inp": "feed_forward.gate",
+    "ffn_gate_exps": "feed_forward.experts.gate_proj",  # stacked: MoeForCausalLM takes them
+    "ffn_up_exps": "feed_forward.experts.up_proj",
+    "ffn_down_exps": "feed_forward.experts.down_proj",
+    "exp_probs_b": "feed_forward.expert_bias",  # only its bias (below)
+}
+# The HF name of a layer's exp_probs_b.bias (the choice's per-expert bias).
+_EXP_PROBS_B = {
+    "nemotron_h_moe": "mixer.gate.e_score_correction_bias",
+    "lfm2moe": "feed_forward.expert_bias",
+}
 _TOP = {
     "nemotron_h": {"token_embd": "model.embeddings", "output_norm": "model.norm_f"},
     # HF's final norm is embedding_norm; older llama.cpp files may call it output_norm
@@ -126,10 +148,12 @@ _TOP = {
     },
 }
 _TOP["nemotron_h_moe"] = _TOP["nemotron_h"]
+_TOP["lfm2moe"] = _TOP["lfm2"]
 _LAYER = {
     "nemotron_h": _NEMOTRON_H_LAYER,
     "nemotron_h_moe": _NEMOTRON_H_MOE_LAYER,
     "lfm2": _LFM2_LAYER,
+    "lfm2moe": _LFM2MOE_LAYER,
 }
 # The tensors of a layer type (the others in that layer are a ValueError naming them).
 _STATE_TENSORS = {
@@ -137,12 +161,14 @@ _STATE_TENSORS = {
     "nemotron_h_moe": {k for k in _NEMOTRON_H_LAYER if k.startswith("ssm_")},
     "lfm2": {k for k in _LFM2_LAYER if k.startswith("shortconv.")},
 }
+_STATE_TENSORS["lfm2moe"] = _STATE_TENSORS["lfm2"]
 # Where the metadata gives a state tensor's sizes (named when a tensor's shape disagrees).
 _SIZES_FROM = {
     "nemotron_h": "embedding_length and the ssm.* sizes",
     "nemotron_h_moe": "embedding_length and the ssm.* sizes",
     "lfm2": "embedding_length and shortconv.l_cache",
 }
+_SIZES_FROM["lfm2moe"] = _SIZES_FROM["lfm2"]
 
 
 def ssm_config(reader, arch: str, kw: dict) -> dict:
@@ -160,7 +186,7 @@ def ssm_config(reader, arch: str, kw: dict) -> dict:
         for k, v in kw.items()
         if k not in ("rms_norm_eps", "rope_theta", "rope_scaling", "num_hidden_layers", "head_dim")
     }
-    if arch == "lfm2":
+    if arch in ("lfm2", "lfm2moe"):
         head_dim = kw.get("head_dim")
         if head_dim and head_dim != kw["hidden_size"] // kw["num_attention_heads"]:
             out["head_dim"] = head_dim  # HF's Lfm2Attention takes a config's head_dim too
@@ -170,12 +196,15 @@ def ssm_config(reader, arch: str, kw: dict) -> dict:
             conv_L_cache=int(required(reader, arch, "shortconv.l_cache")),
             conv_bias=has_tensor(reader, ".shortconv.in_proj.bias"),
             norm_eps=float(eps),
-            block_auto_adjust_ff_dim=False,  # feed_forward_length is the MLP's width already
             rope_parameters={
                 "rope_type": "default",
                 "rope_theta": float(kw.get("rope_theta", 1_000_000.0)),
             },
         )
+        if arch == "lfm2":
+            out["block_auto_adjust_ff_dim"] = False  # feed_forward_length is the MLP's width
+        else:
+            out.update(_lfm2moe_config(reader, arch))
         return out
     ff = per_layer(reader, arch, "feed_forward_length", n_all)[:n]
     ff_type = "moe" if arch == "nemotron_h_moe" else "mlp"  # what a layer with n_ff > 0 is
@@ -229,6 +258,22 @@ def _moe_config(reader, arch: str) -> dict:
         n_group=n_group,
         topk_group=int(f("expert_group_used_count") or n_group),
         moe_latent_size=f("moe_latent_size") or None,
+    )
+
+
+def _lfm2moe_config(reader, arch: str) -> dict:
+    """LFM2-MoE's expert keys (the module docstring says how llama.cpp runs them)."""
+    gating = field(reader, f"{arch}.expert_gating_func")
+    if gating != 2:  # LLAMA_EXPERT_GATING_FUNC_TYPE_SIGMOID
+        raise ValueError(f"{arch} GGUF: {arch}.expert_gating_func {gating!r}: only sigmoid (2)")
+    return dict(
+        num_experts=int(required(reader, arch, "expert_count")),
+        num_experts_per_tok=int(required(reader, arch, "expert_used_count")),
+        moe_intermediate_size=int(required(reader, arch, "expert_feed_forward_length")),
+        num_dense_layers=int(field(reader, f"{arch}.leading_dense_block_count", 0)),
+        use_expert_bias=True,  # llama.cpp requires exp_probs_b in every MoE layer
+        norm_topk_prob=True,
+        routed_scaling_factor=float(field(reader, f"{arch}.expert_weights_scale") or 1.0),
     )
 
 
@@ -306,7 +351,7 @@ def ssm_weights(
             if base == "ssm_dt":
                 name = prefix + "mixer.dt_bias"
             elif base == "exp_probs_b":
-                name = prefix + "mixer.gate.e_score_correction_bias"
+                name = prefix + _EXP_PROBS_B[arch]
             if base in _STATE_TENSORS[arch]:
                 if types[il] != state_type:
                     raise ValueError(
@@ -354,3 +399,4 @@ def _entry(architecture: str, config_class: str) -> GGUFArchitecture:
 NEMOTRON_H = _entry("NemotronHForCausalLM", "NemotronHConfig")
 NEMOTRON_H_MOE = NEMOTRON_H
 LFM2 = _entry("Lfm2ForCausalLM", "Lfm2Config")
+LFM2MOE = _entry("Lfm2MoeForCausalLM", "Lfm2MoeConfig")

@@ -31,7 +31,7 @@ from radixlm.distributed.parallel_state import GroupCoordinator, get_ep_group
 from radixlm.model.layers.moe.expert_dispatch import LocalExperts, expert_dispatch, local_share
 from radixlm.model.layers.moe.experts import ExpertWeights
 from radixlm.model.layers.moe.fused_moe import ExpertsFn, experts_path
-from radixlm.model.layers.moe.topk import TopKRouting
+from radixlm.model.layers.moe.topk import BiasedTopKRouting, TopKRouting
 from radixlm.model.layers.router_gemm import router_logits
 from radixlm.model.tp_shard import divide
 
@@ -234,13 +234,17 @@ class SparseMoeBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.w13 is None:
             self._views()
-        weights, ids = self.routing.select(self.gate(x))
+        weights, ids = self.route(x)
         flat = ids.reshape(-1)
         self.expert_load.scatter_add_(0, flat, torch.ones_like(flat))
         out = self._routed(x, weights, ids)
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [T, hidden] -> (weights float32 [T, k], expert ids int64 [T, k])."""
+        return self.routing.select(self.gate(x))
 
     def _routed(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         return self.dispatch.run(x, weights, ids, self._local_experts)
@@ -260,6 +264,36 @@ class SparseMoeBlock(nn.Module):
         if self.w13 is None:
             self._views()
         self.dispatch.run_empty(self.hidden_size, self.spec.top_k, dtype, self._local_experts)
+
+
+class BiasedMoeBlock(SparseMoeBlock):
+    """A block whose router picks experts by score + a per-expert bias (topk.BiasedTopKRouting:
+    LFM2-MoE, ERNIE 4.5 MoE). `expert_bias` [experts] float32, as HF keeps it; None when the
+    config has none (the choice then on the scores alone). shared_experts: always-on experts
+    (ERNIE's), ungated, added to the routed ones' output."""
+
+    def __init__(
+        self,
+        hidden_size: int,
+        spec: MoeSpec,
+        layer_id: int,
+        routing: BiasedTopKRouting,
+        has_bias: bool = True,
+        shared_experts: nn.Module | None = None,
+        dispatch: LocalExperts | None = None,
+    ):
+        super().__init__(hidden_size, spec, layer_id, dispatch=dispatch)
+        self.routing = routing
+        bias = torch.zeros(spec.num_experts, dtype=torch.float32) if has_bias else None
+        self.expert_bias = None if bias is None else nn.Parameter(bias, requires_grad=False)
+        self.shared_experts = shared_experts
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.routing.select(self.gate(x), self.expert_bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = super().forward(x)
+        return out if self.shared_experts is None else out + self.shared_experts(x)
 
 
 def expert_load_info(model: nn.Module) -> dict:
