@@ -23,14 +23,12 @@ import pytest
 import torch
 from transformers.models.nemotron_h.modeling_nemotron_h import NemotronHBlock, NemotronHRMSNorm
 
-from radixlm import Engine
 from radixlm.cli import main
 from radixlm.model.executor.runner import ModelRunner
 from radixlm.model.executor.runner_config import ModelRunnerConfig
 from radixlm.speculative.eagle_head import causal_attend
 from radixlm.speculative.mtp_checkpoint import load_mtp_head
 from radixlm.speculative.mtp_train import install_mtp_fit
-from tests.conftest import engine_args
 from tests.model.hybrid_checkpoints import tiny_tokenizer
 from tests.scheduler.harness import Driver, make_scheduler
 from tests.speculative.conftest import train_args
@@ -40,7 +38,7 @@ from tests.speculative.nemotron_mtp_checkpoint import (
     nemotron_mtp_checkpoint,
     stacked_block,
 )
-from tests.speculative.test_mtp_hybrid import POOL, _chat_prompts, _workload
+from tests.speculative.test_mtp_hybrid import POOL, _workload, assert_fitted_head_accepted_exactly
 
 ATOL = 1e-4
 
@@ -134,28 +132,7 @@ def fitted_dir(tmp_path_factory):
 
 
 def test_fitted_head_drafts_are_accepted_exactly(fitted_dir):
-    d = Driver(make_scheduler(fitted_dir))
-    prompts = _chat_prompts(d.s.tokenizer.get(), 6, seed=9)
-    sp = {"max_new_tokens": 32, "temperature": 0, "ignore_eos": True}
-    rids = [d.submit(p, **sp) for p in prompts]
-    d.run()
-    plain = [d.results[r].output_ids for r in rids]
-    steps = 2
-    with Engine(
-        fitted_dir,
-        **engine_args(
-            speculative_algorithm="nextn",
-            speculative_draft_policy="fixed",
-            speculative_num_steps=steps,
-        ),
-    ) as e:
-        outs = e.generate(input_ids=prompts, sampling_params=sp)
-        st = e.get_internal_state()
-    assert [o["output_ids"] for o in outs] == plain
-    assert st["spec_accepted_tokens"] / st["spec_draft_tokens"] > 0.5, st
-    meta = [o["meta_info"] for o in outs]
-    drafted = sum(steps * m["spec_verify_ct"] for m in meta)  # at most; fewer near the end
-    assert sum(m["spec_accepted_tokens"] for m in meta) / drafted > 0.5, meta
+    assert_fitted_head_accepted_exactly(fitted_dir)
 
 
 def test_heads_that_do_not_fit_are_refused(model_dir, tmp_path):
