@@ -3,6 +3,7 @@ import base64
 import pytest
 import torch
 
+from tests.hf_float64 import from_pretrained_float64
 from tests.vision.checkpoints import png_bytes, write_tiny_llava, write_tiny_qwen2vl
 from tests.vision.qwen35vl_checkpoint import write_tiny_qwen35vl
 
@@ -31,16 +32,20 @@ def tiny_qwen2vl_dir(tmp_path_factory, tokenizer_dir):
     return write_tiny_qwen2vl(str(tmp_path_factory.mktemp("tiny-qwen2vl")), tokenizer_dir)
 
 
-def load_hf_qwen(path: str, cls_name: str):
+def load_hf_qwen(path: str, cls_name: str, float64: bool = False):
     """transformers' model and its processor's own code (Qwen2VLProcessor, Qwen3VLProcessor) without
-    its video processor, as the server builds it."""
+    its video processor, as the server builds it. float64: the exact reference
+    (tests/hf_float64.py)."""
     import transformers
 
     from radixlm.engine.mm_processor import load_hf_processor
 
-    return getattr(transformers, cls_name).from_pretrained(
-        path, dtype=torch.float32
-    ).eval(), load_hf_processor(path)
+    cls = getattr(transformers, cls_name)
+    if float64:
+        model = from_pretrained_float64(cls, path)
+    else:
+        model = cls.from_pretrained(path, dtype=torch.float32).eval()
+    return model, load_hf_processor(path)
 
 
 @pytest.fixture(scope="session")
@@ -55,7 +60,7 @@ def tiny_qwen35vl_dir(tmp_path_factory, tokenizer_dir):
 
 @pytest.fixture(scope="session")
 def hf_qwen35vl(tiny_qwen35vl_dir):
-    return load_hf_qwen(tiny_qwen35vl_dir, "Qwen3_5ForConditionalGeneration")
+    return load_hf_qwen(tiny_qwen35vl_dir, "Qwen3_5ForConditionalGeneration", float64=True)
 
 
 @pytest.fixture(scope="session")

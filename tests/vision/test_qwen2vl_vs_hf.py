@@ -52,7 +52,7 @@ def hf_reference(hf, text, images, n=N):
             pad_token_id=0,
         )
     tokens = out.sequences[0, inputs["input_ids"].shape[1] :].tolist()
-    return inputs, tokens, [torch.log_softmax(s[0].float(), -1) for s in out.scores]
+    return inputs, tokens, [torch.log_softmax(s[0].double(), -1) for s in out.scores]
 
 
 def urls(images):

@@ -1,10 +1,11 @@
 """Qwen3.5 with images (Qwen3_5ForConditionalGeneration, and Qwen3_5MoeForConditionalGeneration)
 against HF transformers on tiny random checkpoints, through the Engine: greedy tokens (the
-near-tie rule) and their logprobs to 1e-4 for one image, two images of different sizes (their own
-grids) and text alone, with chunked prefill cutting every image span; the same prompt again
-resumes from the hybrid prefix cache's snapshot past its images, with the same answer. The
-logprobs are what tells interleaved M-RoPE from a sectioned or a plain one (the tiny model's greedy
-tokens do not)."""
+near-tie rule) and their logprobs to 1e-4 of transformers' code evaluated in float64
+(tests/hf_float64.py; in float32 transformers is itself up to 1.2e-4 from that on an AVX2-only
+CPU) for one image, two images of different sizes (their own grids) and text alone, with chunked
+prefill cutting every image span; the same prompt again resumes from the hybrid prefix cache's
+snapshot past its images, with the same answer. The logprobs are what tells interleaved M-RoPE
+from a sectioned or a plain one (the tiny model's greedy tokens do not)."""
 
 import pytest
 
@@ -75,7 +76,7 @@ def test_moe_matches_hf(tmp_path_factory, tokenizer_dir):
     path = write_tiny_qwen35vl(
         str(tmp_path_factory.mktemp("tiny-qwen35vl-moe")), tokenizer_dir, True
     )
-    hf = load_hf_qwen(path, "Qwen3_5MoeForConditionalGeneration")
+    hf = load_hf_qwen(path, "Qwen3_5MoeForConditionalGeneration", float64=True)
     text, images = CASES[1]
     _, tokens, logprobs = hf_reference(hf, text, images, N)
     with Engine(path, **engine_args(chunked_prefill_size=8, max_prefill_tokens=8)) as e:
