@@ -36,10 +36,17 @@ def pytest_configure(config):
     forked_servers.install()
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
 def pytest_collection_modifyitems(config, items):
-    """The longest files first (tests/durations.py), so parallel workers finish together."""
+    """The cases tests/extended_cases.py lists are marked extended; the longest files first
+    (tests/durations.py), so parallel workers finish together."""
     from tests import durations
+    from tests.extended_cases import extended_reason
 
+    for item in items:
+        reason = extended_reason(item.nodeid)
+        if reason is not None:
+            item.add_marker(pytest.mark.extended(reason=reason))
     durations.order_longest_first(items, durations.load())
 
 

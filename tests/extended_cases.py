@@ -1,0 +1,154 @@
+"""The cases of the default run's larger matrices that move to the extended tier (`pytest -m
+extended`), each with why its representatives suffice. The tests themselves stay as they are;
+conftest.py marks these by node id before `-m` deselects. What decided the list: CI's budget (30
+minutes) on an AVX2-only 2-core machine, where the default run took 37 minutes (tests/README.md,
+Durations), and which cases repeat a code path another default case already runs.
+
+A key is a node id, or a node id without its parameters (every case of that test)."""
+
+from __future__ import annotations
+
+_PP = "the pipeline split is the same for every family past its layer kinds: qwen3_5 (gated delta"
+_PP += " + attention), qwen3-moe (MoE), deepseek-v2 (MLA), gemma2 (windows), nemotron-h (Mamba-2)"
+_PP += " and falcon-h1 (parallel hybrid) stay"
+_Q8 = "the Q8_0 kernels are every family's; this family's GGUF names and layout are proven by its"
+_Q8 += " float GGUF test, which stays"
+_RADIX = "plain grouped-query attention: the radix cache's exactness over it is tested by the"
+_RADIX += " default model's and the windowed / latent families' cases"
+_SPEC = "the same drafter and verifier on another tiny family: one family per drafter stays"
+
+EXTENDED: dict[str, str] = {
+    **{
+        f"tests/distributed/test_pp_families.py::test_pp2_gives_hf_greedy[{f}]": _PP
+        for f in (
+            "lfm2",
+            "kimi-linear",
+            "gpt-oss",
+            "qwen3-next",
+            "qwen3_5-moe",
+            "olmo3",
+            "glm4-moe",
+            "nemotron-h-moe",
+            "granite-4.0-h",
+            "gemma4",
+            "gemma4-moe",
+        )
+    },
+    **{
+        f"tests/{path}::test_q8_0_gguf_agrees_with_hf_top1": _Q8
+        for path in (
+            "hybrid/test_falcon_h1.py",
+            "hybrid/test_nemotron_h_moe.py",
+            "hybrid/test_granite_hybrid.py",
+            "hybrid/test_kimi_linear.py",
+            "model/test_hunyuan_moe.py",
+            "model/test_dots1.py",
+            "model/test_bamba.py",
+            "model/test_jamba.py",
+            "model/test_minimax_m2.py",
+            "model/test_cohere2.py",
+        )
+    },
+    **{
+        f"tests/hybrid/test_hybrid_gguf.py::test_q8_0_gguf_agrees_with_hf_top1[{f}]": _Q8
+        for f in ("qwen35moe", "qwen3next", "lfm2moe")
+    },
+    **{
+        f"tests/model/{path}::test_radix_cache_stays_exact": _RADIX
+        for path in (
+            "test_hunyuan.py",
+            "test_hunyuan_moe.py",
+            "test_dots1.py",
+            "test_seed_oss.py",
+            "test_ernie4_5.py",
+            "test_ernie4_5_moe.py",
+            "test_minimax_m2.py",
+            "test_ministral3.py",
+        )
+    },
+    "tests/model/test_arcee.py::test_radix_cache_stays_exact[apertus]": _RADIX,
+    **{
+        "tests/speculative/test_spec_engine.py::"
+        f"test_greedy_outputs_equal_plain_decoding[{c}]": _SPEC
+        for c in ("ngram-qwen2-16", "radix-qwen3-16", "ngram-qwen3-16")
+    },
+    "tests/speculative/test_spec_engine.py::test_default_model_greedy_equal[ngram]": (
+        "n-gram drafting on the default model: the radix drafter's case runs the same verifier"
+        " there, and n-gram drafts stay on the tiny families"
+    ),
+    "tests/distributed/test_tp_models.py::test_tp_greedy_and_logits_match_tp1[2]": (
+        "TP=3 splits the heads unevenly and stays; TP=2 is the even split of test_tp_serving.py"
+    ),
+    "tests/distributed/test_moe_ep.py::test_ep_greedy_and_logits_match_single_process[1]": (
+        "expert parallelism over 2 ranks stays"
+    ),
+    **{
+        f"tests/bench/test_make_random_gguf.py::test_tiny_file_loads[{c}]": (
+            "the writer's other types: the Q4_0 cases stay, and the f16 / Q8_0 writers are the"
+            " gguf library's, loaded by every family's GGUF tests"
+        )
+        for c in ("tiny-f16", "tiny-q8_0")
+    },
+    "tests/engine/test_policies_and_processes.py::test_no_orphan_processes[exit]": (
+        "a normal exit: every test's engine ends so; SIGKILL and SIGINT stay"
+    ),
+    "tests/kernels/test_fallback_and_quality.py::test_default_model_low_bit_kv_quality"
+    "[int8-0.02]": (
+        "int4 KV (the tighter case for quality) stays; int8 KV's exactness after a restore is in"
+        " tests/scheduler/test_hicache.py"
+    ),
+    "tests/scheduler/test_randomized.py::test_randomized_scheduler_speculative[ngram]": (
+        "the randomized scheduler with the radix drafter stays: the same verify and retraction"
+        " paths"
+    ),
+    "tests/speculative/test_grammar_drafts.py::"
+    "test_constrained_requests_draft_and_equal_plain_decoding[ngram]": (
+        "grammar-constrained drafts from the radix drafter stay: the same constrained verifier"
+    ),
+    **{
+        f"tests/triton/test_attention_kernels.py::{t}[{c}]": (
+            "the interpreter runs the same kernel: every shape in one dtype, every dtype in one"
+            " shape stay"
+        )
+        for t in (
+            "test_decode_split_kv_with_shared_prefixes",
+            "test_extend_over_a_prefix_in_the_pool",
+        )
+        for c in ("2-2-dtype1", "2-2-dtype2", "8-1-dtype1", "8-1-dtype2")
+    },
+    **{
+        f"tests/speculative/{path}::{t}[eagle3]": (
+            "EAGLE-3's head drafting exactly as ranked stays (test_eagle_source's"
+            " test_drafts_equal_the_heads_own_ranking_from_scratch); the verify path is EAGLE's"
+        )
+        for path, t in (
+            ("test_eagle_default_model.py", "test_random_heads_keep_greedy_outputs"),
+            ("test_eagle_source.py", "test_engine_greedy_outputs_equal_plain_decoding"),
+        )
+    },
+    **{
+        f"tests/hybrid/test_hybrid_engine.py::test_prefix_reuse_ends_at_state_snapshots[{f}]": (
+            "the snapshot rule is the state pool's: qwen35, nemotron_h, kimi-linear and lfm2 stay"
+        )
+        for f in ("qwen3next", "qwen35moe", "lfm2moe")
+    },
+    **{
+        "tests/scheduler/test_hicache.py::"
+        f"test_restored_prefix_equals_recompute_every_kv_dtype[{c}]": (
+            "one KV dtype per storage width: float32, int4 and the lossy float32 case stay"
+        )
+        for c in ("int8-auto-0.0001", "bfloat16-auto-0.0001", "float16-auto-0.0001")
+    },
+    "tests/scheduler/test_hicache.py::test_eviction_pressure_and_chunked_prefill"
+    "[write_through_selective]": "write-through and write-back stay",
+    **{
+        f"tests/vision/test_vision_pp.py::test_qwen_vl_pp2_matches_hf[{f}]": (
+            "the vision tower on the first stage is the same for every Qwen-VL; qwen35vl stays"
+        )
+        for f in ("qwen2vl", "qwen3vl")
+    },
+}
+
+
+def extended_reason(nodeid: str) -> str | None:
+    return EXTENDED.get(nodeid) or EXTENDED.get(nodeid.split("[", 1)[0])
