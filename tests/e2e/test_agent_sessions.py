@@ -63,7 +63,7 @@ def replay(claude: anthropic.Anthropic, seed: int, turns: int = 6) -> list[tuple
     out = []
     for body in session_requests(random.Random(seed))[:turns]:
         with claude.messages.stream(
-            model="claude-sonnet-4-5", max_tokens=4, extra_body={"temperature": 0}, **body
+            model="claude-sonnet-5-5", max_tokens=4, extra_body={"temperature": 0}, **body
         ) as stream:
             final = stream.get_final_message()
         u = final.usage
@@ -95,7 +95,7 @@ def test_malformed_billing_line_and_cache_control_are_served_unchanged(server):
     """Lines not of the billing shape are not normalized (two requests differing in such a line
     share only the tokens before it); odd cache_control values are accepted as ever (200)."""
     claude = client(server)
-    base = dict(model="claude-sonnet-4-5", max_tokens=2, extra_body={"temperature": 0})
+    base = dict(model="claude-sonnet-5-5", max_tokens=2, extra_body={"temperature": 0})
     user = [{"role": "user", "content": "hi"}]
     head = "x-anthropic-billing-header: cc_version=2.1.177.01c"
     for line, variant in (
