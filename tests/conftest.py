@@ -5,7 +5,20 @@ import asyncio
 import os
 
 import pytest
-import torch
+
+# Under pytest-xdist (pyproject's addopts) more workers than cores share the machine: torch work
+# runs on one thread per process, the test's own (the HF references) and that of the servers and
+# engines it starts without --num-threads (their default: OMP_NUM_THREADS, utils.host_threads),
+# rather than OpenMP threads spin-waiting for a core another worker holds. Those that ask for two
+# threads wait passively (OMP_WAIT_POLICY): a spinning thread burns the core its partner needs (a
+# scheduler test with two threads took 2.7x the CPU spinning). Set before torch is imported (OpenMP
+# reads it when torch loads it) and before any engine's fork server starts (it imports torch under
+# this environment).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import torch  # after the environment above
 
 # Without a GPU the Triton kernels run only in Triton's interpreter, and @triton.jit decides between
 # interpreting and compiling when a function is decorated: triton's own library (tl.sum, tl.cdiv,
@@ -19,13 +32,7 @@ if not torch.cuda.is_available():
         pass
 
 
-# Under pytest-xdist (pyproject's addopts) more workers than cores share the machine: torch work
-# runs on one thread per process, the test's own (the HF references) and that of the servers and
-# engines it starts without --num-threads (their default: OMP_NUM_THREADS, utils.host_threads),
-# rather than OpenMP threads spin-waiting for a core another worker holds. Set before any engine's
-# fork server starts (it imports torch under this environment).
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
