@@ -48,7 +48,7 @@ def causal_attention(q, k, v, scale):
     return torch.einsum("hqk,khd->qhd", torch.softmax(s, -1), v)
 
 
-# The candidate scales of kv_store.cpp's i4_scale: the largest-magnitude value at -8, shrunk by each.
+# kv_store.cpp's i4_scale candidates: the largest-magnitude value at -8, then shrunk by each.
 SHRINK = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7, 0.65)
 
 
