@@ -86,7 +86,8 @@ def test_default_model_quantized_quality(kernel_ops):
 @pytest.mark.parametrize("kv_dtype,bound", [("int8", 0.02), ("int4", 0.10)])
 def test_default_model_low_bit_kv_quality(kernel_ops, kv_dtype, bound):
     """Q4_1 weights and an int8 KV cache (per-token scales: within 2%) or an int4 one
-    (Hadamard-turned rows, a scale per token and head: within 10%, measured 8.4%) vs fp32 weights
+    (Hadamard-turned rows, a scale per token and head: within 10%, measured 7.8%; 8.4% with the
+    plain max / 7 scale) vs fp32 weights
     and KV; greedy continuations still start the same."""
     from radixlm.bench.quality import compare
 
