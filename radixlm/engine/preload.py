@@ -2,6 +2,8 @@
 fork from (process_context.py). Third-party modules only: a radixlm module imported here would
 read its environment at the server's start, not at the child's."""
 
+import gc
+
 import torch
 import torch.utils.cpp_extension  # noqa: F401 (loads the native kernels)
 import transformers
@@ -20,6 +22,4 @@ from transformers import (  # noqa: F401
 # Everything imported so far lives as long as the process: out of the collector's reach (gc.freeze),
 # so a child's collections do not walk (and, forked, copy on write) the hundreds of thousands of
 # objects these imports made; load_model's gc.collect in a scheduler child took ~0.2 s of them.
-import gc  # noqa: E402
-
 gc.freeze()
