@@ -285,8 +285,8 @@ def api_schema(fuzz_server):
 # Filters go on the lazy schema: schemathesis replaces a fixture schema's own filters with these.
 # Admin actions that stop generation until their counterpart is called (docs/rl.md): fuzzed, the
 # server would hold every later request. test_weight_update_server.py covers their bad input.
-# PUT /generate is POST /generate's handler under SGLang's second method (test_serving.py sends
-# one): its ~730 cases would repeat POST's.
+# PUT /generate is POST /generate's handler under SGLang's second method
+# (test_put_generate_is_post_generate sends it): its ~730 cases would repeat POST's.
 fuzz_schema = (
     schemathesis.pytest.from_fixture("api_schema")
     .exclude(path=["/pause_generation", "/release_memory_occupation"])

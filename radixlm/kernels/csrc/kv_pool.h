@@ -1,10 +1,10 @@
 // The paged KV pool as the native ops see it: element types, per-slot/per-head rows with any
 // strides (CPU pools are stored head-major), int8 / int4 scales, and loading 8 values as fp32.
-// int4 (a uint8 buffer of head_dim / 2 bytes per row): 4-bit values (-8..7, kv_store's scale) of K and V turned by
-// a normalized Hadamard transform per head first (kv_store), so an outlier channel spreads over the
-// row before rounding; attention turns the queries the same way and its outputs back (the
-// transform is orthogonal and its own inverse), so scores and outputs are those of the unrotated
-// vectors up to rounding.
+// int4 (a uint8 buffer of head_dim / 2 bytes per row): 4-bit values (-8..7, kv_store's scale) of K
+// and V turned by a normalized Hadamard transform per head first (kv_store), so an outlier channel
+// spreads over the row before rounding; attention turns the queries the same way and its outputs
+// back (the transform is orthogonal and its own inverse), so scores and outputs are those of the
+// unrotated vectors up to rounding.
 #pragma once
 #include "common.h"
 

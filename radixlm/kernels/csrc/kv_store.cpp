@@ -41,9 +41,8 @@ inline float i4_scale(const float* y, int64_t D) {
   for (int64_t i = 0; i < D; ++i)
     if (std::fabs(y[i]) > std::fabs(m)) m = y[i];
   if (m == 0.0f) return 0.0f;
-  float best = m / -8.0f, best_e = i4_sq_error(y, D, best);
+  float best = 0.0f, best_e = INFINITY;
   for (const float f : I4_SHRINK) {
-    if (f == 1.0f) continue;
     const float s = m / -8.0f * f, e = i4_sq_error(y, D, s);
     if (e < best_e) best = s, best_e = e;
   }
