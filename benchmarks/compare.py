@@ -28,6 +28,7 @@ from datetime import datetime
 from pathlib import Path
 
 from radixlm.bench import serving
+from radixlm.bench.rooflines import gguf_step_costs
 from radixlm.model.loader import default_model_path
 from radixlm.server.process import ServerProcess
 
@@ -290,6 +291,57 @@ def table(results: dict, loads: list[Workload]) -> str:
     return "\n".join(lines)
 
 
+def machine_limits(threads: int) -> dict:
+    """`radixlm bench limits` in this (otherwise idle) process: the fresh-buffer read rate and the
+    integer peak of the level the kernels run (RADIXLM_KERNEL_ISA=avx2 holds it to AVX2's)."""
+    from radixlm.bench import limits
+
+    lim = limits.measure(threads)
+    int8 = {k: v for k, v in lim.peaks.items() if k.startswith("int8")}
+    if os.environ.get("RADIXLM_KERNEL_ISA") == "avx2":
+        int8 = {k: v for k, v in int8.items() if k == "int8_avx2"}
+    kind, peak = max(int8.items(), key=lambda kv: kv[1])
+    print(f"   limits: read {lim.read_gbps:.1f} GB/s, {kind} {peak / 1e12:.3f} TOPS", flush=True)
+    return {"cpu": lim.cpu, "read_gbps": lim.read_gbps, "int8_kind": kind, "int8_ops": peak}
+
+
+def limits_table(results: dict, loads: list[Workload], around: dict, gguf: str) -> str:
+    """Each system's single-stream decode as a share of the read rate (the file's bytes a step
+    reads / TPOT p50) and each prefill as a share of the integer peak, against the mean of the
+    readings taken just before and just after that system ran."""
+    costs = gguf_step_costs(gguf)
+    lines = [
+        f"Against the machine's limits ({around[next(iter(around))][0]['cpu']}; a decode step"
+        f" reads {costs.decode_bytes / 1e6:.0f} MB, a prompt token costs"
+        f" {costs.prefill_ops / 1e9:.2f} G integer ops):",
+        "",
+        "| system | read GB/s (before / after) | int8 peak TOPS (before / after) | workload |"
+        " achieved | share of the limit |",
+        "|---|---|---|---|---|---|",
+    ]
+    for system, (before, after) in around.items():
+        read = (before["read_gbps"] + after["read_gbps"]) / 2
+        peak = (before["int8_ops"] + after["int8_ops"]) / 2
+        head = (
+            f"| {system} | {before['read_gbps']:.1f} / {after['read_gbps']:.1f} |"
+            f" {before['int8_ops'] / 1e12:.3f} / {after['int8_ops'] / 1e12:.3f} |"
+        )
+        for w in loads:
+            m = results[system].get(w.name)
+            if not m:
+                continue
+            if w.name == "single-stream" and m.get("p50_tpot_ms"):
+                gbps = costs.decode_bytes / (m["p50_tpot_ms"] / 1e3) / 1e9
+                lines.append(f"{head} {w.name} | {gbps:.1f} GB/s | {gbps / read:.0%} |")
+            elif w.metric == "input_throughput":
+                ops = (
+                    m["input_throughput"] * costs.prefill_ops
+                    + m["request_throughput"] * costs.head_ops
+                )
+                lines.append(f"{head} {w.name} | {ops / 1e12:.3f} TOPS | {ops / peak:.0%} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -313,6 +365,13 @@ def main() -> int:
     p.add_argument(
         "--offline", action="store_true", help="also radixlm Engine vs HF transformers generate"
     )
+    p.add_argument(
+        "--limits",
+        action="store_true",
+        help="measure the machine's read rate and integer peak (`radixlm bench limits`) before"
+        " the first system and after each, and hold each system's single-stream TPOT and"
+        " prefills against the readings around it",
+    )
     p.add_argument("--output", default=None, help="write all results as JSON")
     p.add_argument(
         "--write-docs", action="store_true", help="append the tables to docs/benchmarks.md"
@@ -330,12 +389,19 @@ def main() -> int:
         "llama-server": lambda: llama_server(a.llama_server, gguf, a.threads, slot_context(loads)),
     }
     results = {}
+    readings = [machine_limits(a.threads)] if a.limits else []
+    around = {}
     for name in a.systems.split(","):
         if name == "llama-server" and not a.llama_server:
             print("skipping llama-server (no --llama-server)")
             continue
         results[name] = run_system(name, starters[name], loads, gguf)
+        if a.limits:
+            readings.append(machine_limits(a.threads))
+            around[name] = readings[-2:]
     md = table(results, loads)
+    if a.limits:
+        md += "\n\n" + limits_table(results, loads, around, gguf)
     offline = offline_compare(gguf, 16, 200, 64) if a.offline else None
     if offline:
         md += (
@@ -348,7 +414,11 @@ def main() -> int:
     print(md)
     if a.output:
         Path(a.output).write_text(
-            json.dumps({"results": results, "offline": offline}, indent=1, default=str)
+            json.dumps(
+                {"results": results, "offline": offline, "limits": readings},
+                indent=1,
+                default=str,
+            )
         )
     if a.write_docs:
         cmd = "python benchmarks/compare.py " + shlex.join(sys.argv[1:])

@@ -6,6 +6,7 @@ operations of a prefill's linear layers, the same products run alone, and the CP
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 from radixlm.bench.device_rates import DeviceTimer as _Timer
 
@@ -154,3 +155,46 @@ def compute_peak(runner) -> tuple[str, float] | None:
     int8 = runner.loaded.quantization not in ("none", None)
     rates = limits.peaks("int8" if int8 else "fp32")
     return max(rates.items(), key=lambda kv: kv[1]) if rates else None
+
+
+@dataclass(frozen=True)
+class GGUFStepCosts:
+    """What serving a GGUF costs per token, from its tensors alone (no model built), so that two
+    engines serving the same file are held to the same limits."""
+
+    decode_bytes: int  # a decode step of one request: weights as stored, routed experts only
+    prefill_ops: float  # integer ops (2 per multiply-add) per prompt token, LM head aside
+    head_ops: float  # the LM head's, once per prompt (its last token)
+
+
+def gguf_step_costs(path: str) -> GGUFStepCosts:
+    """The bytes a decode step reads and the operations a prompt token costs, counted from a GGUF's
+    tensor table: the token embedding is a lookup unless it is the tied LM head (no
+    `output.weight`); a mixture's expert tensors (`*_exps`) count at expert_used_count /
+    expert_count. K/V and recurrent states are left out (at a few hundred tokens a few MB)."""
+    from radixlm.model.gguf.reader import open_gguf
+
+    reader = open_gguf(path)
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+
+    def meta(key: str, default: int) -> int:
+        f = reader.fields.get(f"{arch}.{key}")
+        return int(f.parts[-1][0]) if f is not None else default
+
+    routed = meta("expert_used_count", 1) / max(meta("expert_count", 1), 1)
+    names = {t.name for t in reader.tensors}
+    tied = "output.weight" not in names
+    step = ops = head = 0.0
+    for t in reader.tensors:
+        if len(t.shape) < 2:  # norms and biases
+            step += t.n_bytes
+            continue
+        values = float(t.n_elements)
+        share = routed if "_exps" in t.name else 1.0
+        if t.name == "output.weight" or (tied and t.name == "token_embd.weight"):
+            step += t.n_bytes
+            head += 2 * values
+        elif t.name != "token_embd.weight":
+            step += t.n_bytes * share
+            ops += 2 * values * share
+    return GGUFStepCosts(decode_bytes=int(step), prefill_ops=ops, head_ops=head)

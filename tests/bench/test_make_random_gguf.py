@@ -378,3 +378,31 @@ def test_tiny_gemma4_file_loads(tmp_path):
     with Engine(model_path=path, log_level="warning", enable_invariant_checks=True) as e:
         out = e.generate("Hello", {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True})
     assert len(out["output_ids"]) == 12
+
+
+@pytest.mark.parametrize(
+    "shape_name,type_name", [("tiny", "q8_0"), ("tiny-qwen2", "f16"), ("tiny-gpt-oss", "q8_0")]
+)
+def test_gguf_step_costs_match_the_loaded_model(shape_name, type_name, tmp_path):
+    """compare.py --limits prices both engines' steps from the GGUF's tensor table alone; it must
+    agree with what bench one-batch counts on the model radixlm builds from the same file: the
+    bytes one decode step reads (a mixture's experts at the routed share: top-2 of 4) and, for the
+    dense shapes, a prefill's operations."""
+    from types import SimpleNamespace
+
+    from radixlm.bench.one_batch import bytes_per_step
+    from radixlm.bench.rooflines import gguf_step_costs, prefill_ops
+    from radixlm.model.loader import load_model
+
+    path = str(tmp_path / f"{shape_name}.gguf")
+    mrg.make(path, shape_name, type_name, log=None)
+    costs = gguf_step_costs(path)
+    pool = SimpleNamespace(
+        bytes_per_token=lambda *a: 0, num_layers=0, num_kv_heads=0, head_dim=0, dtype=None
+    )
+    pool.v_head_dim = 0
+    runner = SimpleNamespace(model=load_model(path).model, token_to_kv_pool=pool)
+    # the loader drops a few bytes of 1-D tables it computes itself (tiny's rope factors)
+    assert costs.decode_bytes == pytest.approx(bytes_per_step(runner, 1, 0), rel=1e-4)
+    if shape_name != "tiny-gpt-oss":  # one-batch's prefill count leaves a mixture's experts out
+        assert costs.prefill_ops * 100 + costs.head_ops == prefill_ops(runner, 1, 100)

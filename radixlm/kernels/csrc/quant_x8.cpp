@@ -9,6 +9,7 @@
 // The tiles are in x8_tiles.h; with AVX-512 VNNI the CPU's own byte dot product serves them
 // (quant_x8_vnni.cpp), with the same integers and so the same results.
 #include "qact.h"
+#include "x8_row1_ymm.h"
 #include "x8_tiles.h"
 
 #include <algorithm>
@@ -88,6 +89,13 @@ struct Avx2Dot {
     const __m256i s01 = _mm256_add_epi16(_mm256_maddubs_epi16(q[0], bcast32(aq)), _mm256_maddubs_epi16(q[1], bcast32(aq + 4)));
     const __m256i s23 = _mm256_add_epi16(_mm256_maddubs_epi16(q[2], bcast32(aq + 8)), _mm256_maddubs_epi16(q[3], bcast32(aq + 12)));
     return _mm256_add_epi32(_mm256_madd_epi16(s01, scale), _mm256_madd_epi16(s23, scale));
+  }
+  // One activation row where x8_row1_ymm.h has a kernel (group_rows asks).
+  template <X8Kind K>
+  static constexpr bool HAS_ROW1 = K == X8Kind::Q4K;
+  template <X8Kind K>
+  static inline void row1(const uint8_t* g, const QAct& a, int64_t m, float* out, __m256 bias) {
+    row1_q4kx8_ymm(g, a, m, out, bias);
   }
 };
 
