@@ -230,6 +230,8 @@ def served(arch: str) -> Served:
     chunked = sum(m.attention_chunk_size is not None for m in layers)
     if not layers:
         kind = ""
+    elif any(isinstance(m, MLAAttention) and m.index_head_dim for m in layers):
+        kind = "MLA latent + indexer keys"  # DeepSeek-V3.2's sparse attention
     elif any(isinstance(m, MLAAttention) for m in layers):
         kind = "MLA latent"
     elif windowed == len(layers):

@@ -21,6 +21,9 @@ MODEL_REGISTRY.register(
 MODEL_REGISTRY.register(
     "DeepseekV3ForCausalLM", "radixlm.model.models.deepseek_v2:DeepseekV3ForCausalLM"
 )
+MODEL_REGISTRY.register(
+    "DeepseekV32ForCausalLM", "radixlm.model.models.deepseek_v32:DeepseekV32ForCausalLM"
+)
 MODEL_REGISTRY.register("Gemma2ForCausalLM", "radixlm.model.models.gemma2:Gemma2ForCausalLM")
 MODEL_REGISTRY.register("Gemma3ForCausalLM", "radixlm.model.models.gemma3:Gemma3ForCausalLM")
 MODEL_REGISTRY.register("Gemma4ForCausalLM", "radixlm.model.models.gemma4:Gemma4ForCausalLM")

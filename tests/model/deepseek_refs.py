@@ -1,5 +1,5 @@
-"""Tiny random DeepSeek-V2 / V3 models for the MLA tests, and a pool harness with the latent pool
-and the MLA backend (the layout ModelRunner picks for them)."""
+"""Tiny random DeepSeek-V2 / V3 / V3.2 models for the MLA tests, and a pool harness with the
+latent pool and the MLA backend (the layout ModelRunner picks for them)."""
 
 from __future__ import annotations
 
@@ -67,11 +67,32 @@ CONFIGS = {
         routed_scaling_factor=2.5,
     ),
 }
+# V3.2 (DeepSeek Sparse Attention): V3's model with an indexer whose top-k (12) is well below the
+# tests' prompts, so the selection prunes; 8 indexer heads make exact ties of the relu'd scores
+# (every head negative) rare.
+SPARSE_CONFIGS = {
+    "v32": lambda: transformers.DeepseekV32Config(
+        **COMMON,
+        q_lora_rank=24,
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        index_topk=12,
+        index_head_dim=16,
+        index_n_heads=8,
+    ),
+}
+ARCHITECTURES = {
+    "v2": "DeepseekV2ForCausalLM",
+    "v3": "DeepseekV3ForCausalLM",
+    "v32": "DeepseekV32ForCausalLM",
+}
 
 
 def make_hf(name: str):
-    cfg = CONFIGS[name]()
-    cfg.architectures = ["DeepseekV2ForCausalLM" if name == "v2" else "DeepseekV3ForCausalLM"]
+    cfg = {**CONFIGS, **SPARSE_CONFIGS}[name]()
+    cfg.architectures = [ARCHITECTURES[name]]
     torch.manual_seed(0)
     hf = transformers.AutoModelForCausalLM.from_config(
         cfg, dtype=torch.float32, attn_implementation="eager"

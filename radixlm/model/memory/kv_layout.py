@@ -34,6 +34,7 @@ class KVLayout:
     # heads beside 256-dim sliding ones; 0 heads: a layer that reads another layer's KV); None:
     # num_kv_heads x head_dim everywhere (then the widest).
     layer_shapes: tuple[tuple[int, int], ...] | None = None
+    index_head_dim: int = 0  # DeepSeek-V3.2: the NSA indexer's key, kept in the latent's row
 
     @property
     def mla(self) -> bool:
@@ -44,7 +45,7 @@ class KVLayout:
             return NO_KV_TOKEN_SLOT_BYTES
         if self.mla:
             return MLATokenToKVPool.latent_bytes_per_token(
-                num_layers, self.kv_lora_rank, self.qk_rope_head_dim, dtype
+                num_layers, self.kv_lora_rank, self.qk_rope_head_dim + self.index_head_dim, dtype
             )
         if self.layer_shapes is not None:  # (a pipeline stage's: the others' layers hold 0 heads)
             return TokenToKVPool.shaped_bytes_per_token(self.layer_shapes, dtype)
@@ -66,7 +67,14 @@ class KVLayout:
     ) -> TokenToKVPool:
         if self.mla:
             return MLATokenToKVPool(
-                size, num_layers, self.kv_lora_rank, self.qk_rope_head_dim, dtype, device, layers
+                size,
+                num_layers,
+                self.kv_lora_rank,
+                self.qk_rope_head_dim,
+                dtype,
+                device,
+                layers,
+                self.index_head_dim,
             )
         return TokenToKVPool(
             size,
@@ -104,6 +112,7 @@ def kv_layout(model: nn.Module, hf_config: Any) -> KVLayout:
             attn.kv_lora_rank,
             attn.qk_rope_head_dim,
             attn.num_heads * (attn.qk_head_dim + attn.v_head_dim),
+            index_head_dim=attn.index_head_dim,
         )
     head_dim = (
         getattr(hf_config, "head_dim", None)

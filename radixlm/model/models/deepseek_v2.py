@@ -82,7 +82,10 @@ class DeepseekV2Attention(nn.Module):
         self.kv_b_proj = Linear(self.kv_lora_rank, self.num_heads * (self.nope + self.v_head_dim))
         self.o_proj = Linear(self.num_heads * self.v_head_dim, hidden, bias=bias)
         self.rotary_emb, self.interleaved_rope = rotary_emb, interleaved_rope
-        self.attn = MLAAttention(
+        self.attn = self.build_attn(config, layer_id)
+
+    def build_attn(self, config: Any, layer_id: int) -> MLAAttention:
+        return MLAAttention(
             self.num_heads,
             self.nope,
             self.rope,
@@ -135,10 +138,16 @@ class DeepseekV2DecoderLayer(MoeDecoderLayer):
     MLP."""
 
     def __init__(
-        self, config: Any, layer_id: int, rotary_emb: nn.Module, v3: bool, dispatch: LocalExperts
+        self,
+        config: Any,
+        layer_id: int,
+        rotary_emb: nn.Module,
+        v3: bool,
+        dispatch: LocalExperts,
+        attn_cls: type[DeepseekV2Attention] = DeepseekV2Attention,
     ):
         interleaved = bool(getattr(config, "rope_interleave", True)) if v3 else True
-        attn = DeepseekV2Attention(config, layer_id, rotary_emb, interleaved)
+        attn = attn_cls(config, layer_id, rotary_emb, interleaved)
         if is_moe_layer(config, layer_id):
             shared = (
                 LlamaMLP(config.hidden_size, config.moe_intermediate_size * config.n_shared_experts)
@@ -152,6 +161,8 @@ class DeepseekV2DecoderLayer(MoeDecoderLayer):
 
 
 class DeepseekV2Model(DecoderStack):
+    attn_cls = DeepseekV2Attention  # V3.2: its sparse attention (deepseek_v32.py)
+
     def __init__(self, config: Any, v3: bool):
         super().__init__()
         self.init_stack(config, fused=False)
@@ -168,7 +179,9 @@ class DeepseekV2Model(DecoderStack):
         self.rotary_emb = get_rope(config.qk_rope_head_dim, config)
         self.layers = self.stage_layers(
             config.num_hidden_layers,
-            lambda i: DeepseekV2DecoderLayer(config, i, self.rotary_emb, v3, self.dispatch),
+            lambda i: DeepseekV2DecoderLayer(
+                config, i, self.rotary_emb, v3, self.dispatch, self.attn_cls
+            ),
         )
         self.norm = self.on_last(lambda: RMSNorm(config.hidden_size, eps=config.rms_norm_eps))
 

@@ -28,6 +28,8 @@ if TYPE_CHECKING:
 
 
 class MLAAttention(RadixAttention):
+    index_head_dim = 0  # the NSA indexer's key kept beside the latent (nsa_attention.py)
+
     def __init__(
         self,
         num_heads: int,

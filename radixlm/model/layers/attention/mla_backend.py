@@ -10,6 +10,9 @@ FlashMLA / Triton MLA backends' roles, on CPU).
   the latent output goes back through W_UV: no per-head K/V is ever built and each request's
   latents are read once for all heads (the native `mla_decode` op where it loads; a batched torch
   gather otherwise). `absorb=False` decodes by decompression instead (the benchmark's baseline).
+- Sparse (DeepSeek-V3.2's NSA, attention/nsa_attention.py): the same paths, each query restricted
+  to the cached tokens its indexer kept (`keep`, over the rows init_forward_metadata built), the
+  decode in torch (the native op attends every token).
 """
 
 from __future__ import annotations
@@ -58,6 +61,15 @@ class MLAMetadata:
     decode_lens_cpu: list[int] = field(default_factory=list)
 
 
+@dataclass
+class SparseKeep:
+    """Which cached tokens each query may attend (True: kept), over MLAMetadata's rows: per extend
+    request [length, prefix + length], and the decode rows' [rows, max_len]."""
+
+    extend: list[torch.Tensor]
+    decode: torch.Tensor | None = None
+
+
 def decompress(layer: MLAAttention, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """latent [S, kv_lora_rank + rope] -> (k [S, heads, qk_head_dim], v [S, heads, v_head_dim])."""
     r, heads = layer.kv_lora_rank, layer.num_heads
@@ -77,12 +89,15 @@ def absorbed_decode_torch(
     lens: torch.Tensor,
     kv_lora_rank: int,
     scaling: float,
+    keep: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q_lat [B, heads, D] (D = kv_lora_rank + rope) over each row's latents -> o_lat [B, heads,
-    kv_lora_rank]."""
+    kv_lora_rank]; keep [B, L]: only those tokens (NSA)."""
     lat = latent_buf[kv_indices].to(q_lat.dtype)  # [B, L, D]: once per request, for every head
     scores = torch.einsum("bhd,bld->bhl", q_lat, lat).float() * scaling
     valid = torch.arange(kv_indices.shape[1], device=lens.device)[None, :] < lens[:, None]
+    if keep is not None:
+        valid = valid & keep
     p = scores.masked_fill(~valid[:, None, :], float("-inf")).softmax(dim=-1).to(q_lat.dtype)
     return torch.einsum("bhl,blr->bhr", p, lat[..., :kv_lora_rank])
 
@@ -128,25 +143,33 @@ class MLABackend(AttentionBackend):
             start += e
 
     def forward_extend(
-        self, q, k, v, layer: MLAAttention, forward_batch: ForwardBatch
+        self,
+        q,
+        k,
+        v,
+        layer: MLAAttention,
+        forward_batch: ForwardBatch,
+        keep: SparseKeep | None = None,
     ) -> torch.Tensor:
         md = forward_batch.attn_metadata
         latent_buf = forward_batch.token_to_kv_pool.get_latent_buffer(layer.layer_id)
         out = q.new_empty(q.shape[0], layer.num_heads, layer.v_head_dim)
         if forward_batch.num_decode:  # MIXED: the last num_decode rows are decode queries
             t = q.shape[0] - forward_batch.num_decode
-            out[t:] = self._decode_rows(q[t:], layer, md, latent_buf)
-        for r in md.extend:
+            out[t:] = self._decode_rows(q[t:], layer, md, latent_buf, keep)
+        for i, r in enumerate(md.extend):
             s, e = r.start, r.start + r.length
             latent = k[s:e, 0] if r.prefix == 0 else latent_buf[r.kv_indices]
             ki, vi = decompress(layer, latent)
             mask = r.tree_mask
-            if mask is None and r.prefix:
+            if mask is None and (r.prefix or keep is not None):
                 pos_k = torch.arange(r.prefix + r.length, device=q.device)
                 mask = (
                     pos_k[None, :]
                     <= torch.arange(r.prefix, r.prefix + r.length, device=q.device)[:, None]
                 )
+            if keep is not None:
+                mask = mask & keep.extend[i]
             o = F.scaled_dot_product_attention(
                 q[s:e].transpose(0, 1),
                 ki.transpose(0, 1),
@@ -159,31 +182,43 @@ class MLABackend(AttentionBackend):
         return out
 
     def forward_decode(
-        self, q, k, v, layer: MLAAttention, forward_batch: ForwardBatch
+        self,
+        q,
+        k,
+        v,
+        layer: MLAAttention,
+        forward_batch: ForwardBatch,
+        keep: SparseKeep | None = None,
     ) -> torch.Tensor:
         md = forward_batch.attn_metadata
         if md.decode_indices is None:  # empty batch
             return q.new_empty(0, layer.num_heads, layer.v_head_dim)
         return self._decode_rows(
-            q, layer, md, forward_batch.token_to_kv_pool.get_latent_buffer(layer.layer_id)
+            q, layer, md, forward_batch.token_to_kv_pool.get_latent_buffer(layer.layer_id), keep
         )
 
     def _decode_rows(
-        self, q: torch.Tensor, layer: MLAAttention, md: MLAMetadata, latent_buf: torch.Tensor
+        self,
+        q: torch.Tensor,
+        layer: MLAAttention,
+        md: MLAMetadata,
+        latent_buf: torch.Tensor,
+        keep: SparseKeep | None = None,
     ) -> torch.Tensor:
         """q [B, heads, qk_head_dim] of one-token rows -> [B, heads, v_head_dim]."""
+        rows = None if keep is None else keep.decode
         if not self.absorb:
-            return self._decompressed_decode(q, layer, md, latent_buf)
+            return self._decompressed_decode(q, layer, md, latent_buf, rows)
         w_uk, w_uv = layer.kv_b_per_head()
         q_nope, q_pe = q.split([layer.qk_nope_head_dim, layer.qk_rope_head_dim], dim=-1)
         q_lat = torch.cat((torch.einsum("bhn,hnr->bhr", q_nope, w_uk.to(q.dtype)), q_pe), dim=-1)
-        o_lat = self._attend_latent(q_lat.contiguous(), latent_buf, md, layer)
+        o_lat = self._attend_latent(q_lat.contiguous(), latent_buf, md, layer, rows)
         return torch.einsum("bhr,hvr->bhv", o_lat, w_uv.to(q.dtype))
 
     def _attend_latent(
-        self, q_lat, latent_buf, md: MLAMetadata, layer: MLAAttention
+        self, q_lat, latent_buf, md: MLAMetadata, layer: MLAAttention, keep=None
     ) -> torch.Tensor:
-        if self.native:
+        if self.native and keep is None:  # the op attends every token
             from radixlm.model.layers.attention.mla_native import mla_decode_native
 
             o = mla_decode_native(
@@ -197,11 +232,19 @@ class MLABackend(AttentionBackend):
             if o is not None:
                 return o
         return absorbed_decode_torch(
-            q_lat, latent_buf, md.decode_indices, md.decode_lens, layer.kv_lora_rank, layer.scaling
+            q_lat,
+            latent_buf,
+            md.decode_indices,
+            md.decode_lens,
+            layer.kv_lora_rank,
+            layer.scaling,
+            keep,
         )
 
     @staticmethod
-    def _decompressed_decode(q, layer: MLAAttention, md: MLAMetadata, latent_buf) -> torch.Tensor:
+    def _decompressed_decode(
+        q, layer: MLAAttention, md: MLAMetadata, latent_buf, keep=None
+    ) -> torch.Tensor:
         out = q.new_empty(q.shape[0], layer.num_heads, layer.v_head_dim)
         for i, n in enumerate(md.decode_lens_cpu):
             ki, vi = decompress(layer, latent_buf[md.decode_indices[i, :n]])
@@ -209,6 +252,7 @@ class MLABackend(AttentionBackend):
                 q[i : i + 1].transpose(0, 1),
                 ki.transpose(0, 1),
                 vi.transpose(0, 1),
+                attn_mask=None if keep is None else keep[i, :n],
                 scale=layer.scaling,
             )
             out[i] = o[:, 0]

@@ -1,0 +1,212 @@
+"""DeepseekV32ForCausalLM (DeepSeek Sparse Attention) against transformers on a tiny random
+checkpoint (fp32) whose indexer keeps 12 tokens, well below the prompts: over the latent pool with
+the indexer's keys beside each latent (harness), and through the Engine: a prompt decoding past
+the top-k, a batch of lengths, a chunked prefill, a second turn from the radix cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import transformers
+
+from radixlm import Engine
+from radixlm.cache.mla_pool import MLATokenToKVPool
+from radixlm.model.loader import load_model
+from tests.conftest import engine_args
+from tests.model.deepseek_refs import MLAHarness, make_hf, save_hf
+from tests.model.helpers import hf_logits
+
+ATOL = 1e-4  # test_deepseek.py's
+TOPK = 12
+NEW = 24
+SP = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    hf, cfg = make_hf("v32")
+    assert cfg.index_topk == TOPK
+    path = tmp_path_factory.mktemp("deepseek-v32")
+    hf.save_pretrained(path)
+    loaded = load_model(str(path))
+    assert loaded.architecture == "DeepseekV32ForCausalLM"
+    return hf, loaded
+
+
+def _prompts(lengths, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 256, (n,), generator=g).tolist() for n in lengths]
+
+
+def _dense_twin(hf):
+    """HF's DeepSeek-V3 with the same weights (its indexers dropped): dense attention."""
+    cfg = transformers.DeepseekV3Config(
+        **{
+            k: getattr(hf.config, k)
+            for k in (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "moe_intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "n_shared_experts",
+                "n_routed_experts",
+                "num_experts_per_tok",
+                "kv_lora_rank",
+                "q_lora_rank",
+                "qk_rope_head_dim",
+                "v_head_dim",
+                "qk_nope_head_dim",
+                "first_k_dense_replace",
+                "max_position_embeddings",
+                "rms_norm_eps",
+                "n_group",
+                "topk_group",
+                "norm_topk_prob",
+                "routed_scaling_factor",
+                "tie_word_embeddings",
+            )
+        }
+    )
+    dense = transformers.AutoModelForCausalLM.from_config(
+        cfg, dtype=torch.float32, attn_implementation="eager"
+    ).eval()
+    state = {k: v for k, v in hf.state_dict().items() if ".indexer." not in k}
+    missing, unexpected = dense.load_state_dict(state, strict=False)
+    assert not missing and not unexpected, (missing, unexpected)
+    return dense
+
+
+def test_pool_keeps_the_indexer_key_beside_the_latent(models):
+    hf, loaded = models
+    cfg = loaded.hf_config
+    h = MLAHarness(loaded.model, cfg)
+    assert isinstance(h.kv_pool, MLATokenToKVPool)
+    assert h.kv_pool.head_dim == cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim
+    assert h.kv_pool.get_index_k_buffer(0).shape[-1] == cfg.index_head_dim
+
+
+def test_logits_prefill_shared_prefix_and_decode(models):
+    """One extend batch (prompts of 9 to 40 tokens), a request extending the second one's cached
+    20 tokens (their indexer keys read from the pool, not recomputed), then two decode steps: every
+    row equals transformers' logits; the selection prunes (HF with every token kept differs)."""
+    hf, loaded = models
+    h = MLAHarness(loaded.model, loaded.hf_config)
+    seqs = _prompts([9, 33, 40], seed=5)
+    reqs = [h.new_request() for _ in seqs]
+    outs = h.extend(reqs, [s[:-2] for s in seqs])
+    shared = h.new_request(share_prefix_of=reqs[1], prefix_len=20)
+    tail = _prompts([15], seed=6)[0]
+    seqs.append(seqs[1][:20] + tail)
+    reqs.append(shared)
+    outs.append(torch.cat([torch.zeros(20, outs[0].shape[1]), h.extend([shared], [tail[:-2]])[0]]))
+    for step in (2, 1):
+        dec = h.decode(reqs, [s[-step] for s in seqs])
+        outs = [torch.cat([o, d[None]]) for o, d in zip(outs, dec)]
+    for i, (s, o) in enumerate(zip(seqs, outs)):
+        ref = hf_logits(hf, s)
+        lo = 20 if i == 3 else 0
+        diff = (o[lo:] - ref[lo:]).abs().max().item()
+        assert ref.abs().max() > 1.0
+        assert diff < ATOL, f"request {i}: max|diff| {diff:.2e}"
+    dense = hf_logits(_dense_twin(hf), seqs[2])
+    assert (dense[TOPK:] - hf_logits(hf, seqs[2])[TOPK:]).abs().max() > 1e-2
+    assert (dense[:TOPK] - hf_logits(hf, seqs[2])[:TOPK]).abs().max() < ATOL
+
+
+def test_shorter_than_topk_equals_dense_attention(models):
+    """A 9-token prompt and 3 decode steps (12 tokens, the top-k): every token is kept, so the
+    logits are HF's dense DeepSeek-V3's with the same weights."""
+    hf, loaded = models
+    seq = _prompts([TOPK], seed=8)[0]
+    h = MLAHarness(loaded.model, loaded.hf_config)
+    (req,) = [h.new_request()]
+    out = h.extend([req], [seq[:-3]])[0]
+    for t in seq[-3:]:
+        out = torch.cat([out, h.decode([req], [t])])
+    ref = hf_logits(_dense_twin(hf), seq)
+    assert (out - ref).abs().max().item() < ATOL
+
+
+# --- through the Engine ---------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory, default_model_path):
+    return save_hf("v32", tmp_path_factory.mktemp("deepseek-v32-engine"), default_model_path)
+
+
+def _reference(hf, ids: list[int], new: int = NEW) -> tuple[list[int], torch.Tensor]:
+    """HF's greedy tokens and the log-probabilities of every position of ids + them."""
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False)
+        gen = out[0, len(ids) :].tolist()
+        logp = torch.log_softmax(hf(out).logits[0].float(), -1)
+    return gen, logp
+
+
+def _assert_matches(out: dict, ids: list[int], ref: tuple, label: str) -> None:
+    gen, logp = ref
+    assert out["output_ids"] == gen, label
+    lps = out["meta_info"]["output_token_logprobs"]
+    got = torch.tensor([lp for lp, _, _ in lps])
+    want = torch.tensor([logp[len(ids) - 1 + k, t].item() for k, t in enumerate(gen)])
+    assert (got - want).abs().max().item() < ATOL, label
+
+
+@pytest.fixture(scope="module")
+def engine(checkpoint):
+    path, hf, cfg = checkpoint
+    with Engine(path, **engine_args()) as e:
+        yield e
+
+
+def test_long_prompt_decodes_past_topk_and_batch(engine, checkpoint):
+    """A 40-token prompt alone (24 tokens decoded, every step pruned to 12), then prompts of 5 to
+    44 tokens in one batch: HF's greedy tokens and log-probabilities."""
+    path, hf, cfg = checkpoint
+    assert engine.scheduler_info["architecture"] == "DeepseekV32ForCausalLM"
+    prompts = _prompts([40, 5, 17, 30, 44], seed=9)
+    refs = [_reference(hf, p) for p in prompts]
+    out = engine.generate(input_ids=prompts[0], sampling_params=SP, return_logprob=True)
+    _assert_matches(out, prompts[0], refs[0], "alone")
+    assert engine.flush_cache()
+    outs = engine.generate(input_ids=prompts[1:], sampling_params=SP, return_logprob=True)
+    for i, o in enumerate(outs):
+        _assert_matches(o, prompts[1 + i], refs[1 + i], f"batched #{i}")
+
+
+def test_second_turn_from_the_radix_cache(engine, checkpoint):
+    """A second turn (the first's prompt and answer, then 7 new tokens) starts from the tree:
+    cached tokens > 0, and HF's tokens on the whole sequence."""
+    path, hf, cfg = checkpoint
+    assert engine.flush_cache()
+    first = _prompts([30], seed=10)[0]
+    out = engine.generate(input_ids=first, sampling_params=SP)
+    second = first + out["output_ids"] + _prompts([7], seed=11)[0]
+    ref = _reference(hf, second)
+    out = engine.generate(input_ids=second, sampling_params=SP, return_logprob=True)
+    assert out["meta_info"]["cached_tokens"] >= len(first)
+    _assert_matches(out, second, ref, "second turn")
+
+
+def test_chunked_prefill(checkpoint):
+    """Prefill in chunks of 8 tokens: each chunk's queries rank the earlier chunks' indexer keys
+    from the pool."""
+    path, hf, cfg = checkpoint
+    prompts = _prompts([44, 27], seed=12)
+    refs = [_reference(hf, p) for p in prompts]
+    with Engine(path, **engine_args(chunked_prefill_size=8)) as e:
+        for p, ref in zip(prompts, refs):
+            out = e.generate(input_ids=p, sampling_params=SP, return_logprob=True)
+            _assert_matches(out, p, ref, f"chunked {len(p)}")
