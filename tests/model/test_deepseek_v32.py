@@ -13,7 +13,7 @@ from radixlm import Engine
 from radixlm.cache.mla_pool import MLATokenToKVPool
 from radixlm.model.loader import load_model
 from tests.conftest import engine_args
-from tests.model.deepseek_refs import MLAHarness, make_hf, save_hf
+from tests.model.deepseek_refs import SPARSE_CONFIGS, MLAHarness, make_hf, save_hf
 from tests.model.helpers import hf_logits
 
 ATOL = 1e-4  # test_deepseek.py's
@@ -210,3 +210,21 @@ def test_chunked_prefill(checkpoint):
         for p, ref in zip(prompts, refs):
             out = e.generate(input_ids=p, sampling_params=SP, return_logprob=True)
             _assert_matches(out, p, ref, f"chunked {len(p)}")
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("index_topk", 0), ("index_head_dim", None), ("index_n_heads", -1), ("q_lora_rank", None)],
+)
+def test_bad_config_is_refused_by_field(field, value):
+    """A config.json's bad value (HF's own class would refuse some itself): an error naming it."""
+    from types import SimpleNamespace
+
+    from radixlm.model.models.deepseek_v32 import check_config
+
+    good = SPARSE_CONFIGS["v32"]().to_dict()
+    check_config(SimpleNamespace(**good))
+    with pytest.raises(ValueError, match=field):
+        check_config(SimpleNamespace(**{**good, field: value}))
+    with pytest.raises(ValueError, match="index_head_dim"):
+        check_config(SimpleNamespace(**{**good, "index_head_dim": good["qk_rope_head_dim"] - 2}))
