@@ -42,6 +42,11 @@ _LAYER_NAMES = {
     "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
     "mlp.shared_experts.up_proj": "ffn_up_shexp",
     "mlp.shared_experts.down_proj": "ffn_down_shexp",
+    # V3.2's indexer (deepseek32)
+    "self_attn.indexer.wq_b": "indexer.attn_q_b",
+    "self_attn.indexer.wk": "indexer.attn_k",
+    "self_attn.indexer.k_norm": "indexer.k_norm",
+    "self_attn.indexer.weights_proj": "indexer.proj",
 }
 _TOP = {
     "model.embed_tokens.weight": "token_embd.weight",
@@ -74,7 +79,8 @@ def _hf_state(hf) -> dict[str, np.ndarray]:
 def write_deepseek2_gguf(path: str, hf, cfg, split_kv_b: bool, qtype=None) -> None:
     import gguf
 
-    w = gguf.GGUFWriter(path, "deepseek2")
+    v32 = cfg.architectures[0] == "DeepseekV32ForCausalLM"
+    w = gguf.GGUFWriter(path, "deepseek32" if v32 else "deepseek2")
     write_deepseek2_metadata(w, cfg)
 
     def add(name, arr):

@@ -149,7 +149,13 @@ def checkpoint(tmp_path_factory, default_model_path):
 def _reference(hf, ids: list[int], new: int = NEW) -> tuple[list[int], torch.Tensor]:
     """HF's greedy tokens and the log-probabilities of every position of ids + them."""
     with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=new, do_sample=False)
+        out = hf.generate(
+            torch.tensor([ids]),
+            max_new_tokens=new,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
         gen = out[0, len(ids) :].tolist()
         logp = torch.log_softmax(hf(out).logits[0].float(), -1)
     return gen, logp
@@ -228,3 +234,37 @@ def test_bad_config_is_refused_by_field(field, value):
         check_config(SimpleNamespace(**{**good, field: value}))
     with pytest.raises(ValueError, match="index_head_dim"):
         check_config(SimpleNamespace(**{**good, "index_head_dim": good["qk_rope_head_dim"] - 2}))
+
+
+# --- from GGUF ------------------------------------------------------------------------------------
+
+
+def test_gguf_deepseek32_logits_and_greedy(models, tmp_path):
+    """llama.cpp's `deepseek32` file (the converter's DeepseekV32Model: deepseek2's layout, kv_b
+    split per head, the indexer's tensors and keys): logits within 1e-4 of transformers on prompts
+    past the top-k, and 24 greedy tokens of HF's."""
+    from tests.model import test_deepseek_gguf as dsgguf
+
+    hf, _ = models
+    path = str(tmp_path / "v32.gguf")
+    dsgguf.write_deepseek2_gguf(path, hf, hf.config, split_kv_b=True)
+    loaded = load_model(path)
+    assert loaded.architecture == "DeepseekV32ForCausalLM"
+    c = loaded.hf_config
+    for key in ("index_topk", "index_head_dim", "index_n_heads", "q_lora_rank", "n_group"):
+        assert getattr(c, key) == getattr(hf.config, key), key
+    h = MLAHarness(loaded.model, c)
+    seqs = _prompts([11, 40], seed=13)
+    reqs = [h.new_request() for _ in seqs]
+    outs = h.extend(reqs, [s[:-1] for s in seqs])
+    dec = h.decode(reqs, [s[-1] for s in seqs])
+    for s, o, d in zip(seqs, outs, dec):
+        assert (torch.cat([o, d[None]]) - hf_logits(hf, s)).abs().max().item() < ATOL
+    prompt = _prompts([30], seed=14)[0]
+    gen, _ = _reference(hf, prompt)
+    h = MLAHarness(loaded.model, c)
+    r = h.new_request()
+    toks = [int(h.extend([r], [prompt])[0][-1].argmax())]
+    for _ in range(NEW - 1):
+        toks.append(int(h.decode([r], [toks[-1]])[0].argmax()))
+    assert toks == gen

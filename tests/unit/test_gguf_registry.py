@@ -43,6 +43,7 @@ ARCHITECTURES = (
     "llama4",
     "kimi-linear",
     "deepseek2",
+    "deepseek32",
     "glm4moe",
     "minimax-m2",
     "dots1",

@@ -49,6 +49,7 @@ for _name, _target in [
     ("llama4", "llama4:LLAMA4"),
     ("kimi-linear", "kimi_linear:KIMI_LINEAR"),
     ("deepseek2", "deepseek:DEEPSEEK2"),  # V3 when its gating is sigmoid
+    ("deepseek32", "deepseek:DEEPSEEK32"),
     ("glm4moe", "glm4moe:GLM4MOE"),
     ("minimax-m2", "minimax_m2:MINIMAX_M2"),
     ("dots1", "dots1:DOTS1"),

@@ -17,13 +17,17 @@ What the converter (convert_hf_to_gguf.py, DeepseekV2Model) writes and how it is
   block_count and stored last with their `blk.N.nextn.*` tensors: num_hidden_layers is the
   difference (the target skips them, speculative/mtp_checkpoint.py loads them).
 RoPE is llama.cpp's NORM (adjacent pairs), which is DeepSeek's interleaved layout: no permutation.
+
+`deepseek32` (DeepSeek-V3.2, the converter's DeepseekV32Model) is the same layout plus each layer's
+sparse-attention indexer (`indexer.attn_q_b`, `indexer.attn_k`, `indexer.k_norm`, `indexer.proj`)
+and its `attention.indexer.head_count` / `key_length` / `top_k`; its router is always V3's.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from radixlm.model.gguf.fields import field
+from radixlm.model.gguf.fields import field, required
 from radixlm.model.gguf.spec import GGUFArchitecture, HFModel, Variant
 
 DEEPSEEK2_TENSOR_NAMES = {
@@ -138,6 +142,33 @@ DEEPSEEK2 = GGUFArchitecture(
     tensor_names=DEEPSEEK2_TENSOR_NAMES,
 )
 
+DEEPSEEK32_TENSOR_NAMES = {
+    **DEEPSEEK2_TENSOR_NAMES,
+    "indexer.attn_q_b": "model.layers.{}.self_attn.indexer.wq_b",
+    "indexer.attn_k": "model.layers.{}.self_attn.indexer.wk",
+    "indexer.k_norm": "model.layers.{}.self_attn.indexer.k_norm",
+    "indexer.proj": "model.layers.{}.self_attn.indexer.weights_proj",
+}
+
+
+def deepseek32_config(reader, arch: str, kw: dict) -> dict:
+    """DeepseekV32Config kwargs of a deepseek32 GGUF: deepseek2's and the indexer's."""
+    out = deepseek2_config(reader, arch, kw)
+    out.pop("topk_method", None)  # V3.2's router is V3's whatever the gating key says
+    out.update(
+        index_n_heads=int(required(reader, arch, "attention.indexer.head_count")),
+        index_head_dim=int(required(reader, arch, "attention.indexer.key_length")),
+        index_topk=int(required(reader, arch, "attention.indexer.top_k")),
+    )
+    return out
+
+
+DEEPSEEK32 = GGUFArchitecture(
+    HFModel("DeepseekV32ForCausalLM", "DeepseekV32Config"),
+    config=deepseek32_config,
+    tensor_names=DEEPSEEK32_TENSOR_NAMES,
+)
+
 
 def write_deepseek2_metadata(writer, cfg: Any, nextn_layers: int = 0) -> None:
     """The deepseek2 keys of a DeepseekV2Config / DeepseekV3Config (or anything with its fields) on
@@ -146,8 +177,9 @@ def write_deepseek2_metadata(writer, cfg: Any, nextn_layers: int = 0) -> None:
     written 0 when there is none: llama.cpp takes its absence for V2-Lite only by the layer count.
     nextn_layers: multi-token-prediction layers the file keeps after the decoder's (counted in
     block_count, nextn_predict_layers written when any)."""
-    a = "deepseek2"
-    v3 = cfg.architectures[0] == "DeepseekV3ForCausalLM"
+    v32 = cfg.architectures[0] == "DeepseekV32ForCausalLM"  # deepseek32: the indexer's keys too
+    a = "deepseek32" if v32 else "deepseek2"
+    v3 = v32 or cfg.architectures[0] == "DeepseekV3ForCausalLM"
     rope = cfg.qk_rope_head_dim
     for key, value in [
         ("context_length", cfg.max_position_embeddings),
@@ -176,6 +208,10 @@ def write_deepseek2_metadata(writer, cfg: Any, nextn_layers: int = 0) -> None:
         writer.add_uint32(f"{a}.{key}", value)
     if nextn_layers:
         writer.add_uint32(f"{a}.nextn_predict_layers", nextn_layers)
+    if v32:
+        writer.add_uint32(f"{a}.attention.indexer.head_count", cfg.index_n_heads)
+        writer.add_uint32(f"{a}.attention.indexer.key_length", cfg.index_head_dim)
+        writer.add_uint32(f"{a}.attention.indexer.top_k", cfg.index_topk)
     writer.add_float32(f"{a}.attention.layer_norm_rms_epsilon", cfg.rms_norm_eps)
     rp = cfg.rope_parameters
     writer.add_float32(f"{a}.rope.freq_base", rp["rope_theta"])
