@@ -268,3 +268,21 @@ def test_gguf_deepseek32_logits_and_greedy(models, tmp_path):
     for _ in range(NEW - 1):
         toks.append(int(h.decode([r], [toks[-1]])[0].argmax()))
     assert toks == gen
+
+
+def test_scores_in_query_blocks_select_the_same(monkeypatch):
+    """A long prefill scores its queries in blocks (SCORE_BLOCK_ELEMS): blocks of 3 rows keep the
+    same tokens as one block, shared keys or per-query ones."""
+    from radixlm.model.layers.attention import nsa_indexer
+
+    g = torch.Generator().manual_seed(3)
+    s, heads, d, length = 10, 4, 16, 30
+    q, keys = torch.randn(s, heads, d, generator=g), torch.randn(length, d, generator=g)
+    w = torch.randn(s, heads, generator=g)
+    visible = torch.arange(length)[None, :] <= torch.arange(20, 20 + s)[:, None]
+    whole = nsa_indexer.select_topk(q, w, keys, visible, TOPK)
+    assert whole.sum(-1).tolist() == [TOPK] * s
+    monkeypatch.setattr(nsa_indexer, "SCORE_BLOCK_ELEMS", 3 * heads * length)
+    assert torch.equal(nsa_indexer.select_topk(q, w, keys, visible, TOPK), whole)
+    per_query = keys.expand(s, -1, -1)
+    assert torch.equal(nsa_indexer.select_topk(q, w, per_query, visible, TOPK), whole)

@@ -87,7 +87,7 @@ class NSAAttention(MLAAttention):
                 select_topk(
                     index.q[s:e],
                     index.weights[s:e],
-                    keys[r.kv_indices][None],
+                    keys[r.kv_indices],
                     visible,
                     self.index_topk,
                 )

@@ -56,6 +56,11 @@ class NSAIndexer(nn.Module):
         return IndexerOutput(q, k, weights)
 
 
+# Scores per block of queries at most this many float32 elements ([rows, heads, tokens]): a long
+# prefill's whole score tensor would be prompt² x heads.
+SCORE_BLOCK_ELEMS = 1 << 24
+
+
 def select_topk(
     q: torch.Tensor,
     weights: torch.Tensor,
@@ -66,14 +71,20 @@ def select_topk(
     """The tokens each query attends (HF's rule: top `topk` of the visible ones by the indexer's
     score, torch.topk's order among ties; all visible ones when fewer).
 
-    q [S, heads, D], weights [S, heads], keys [S or 1, L, D] (per query or shared), visible [S, L]
-    bool -> keep [S, L] bool."""
-    keys = keys.float().expand(q.shape[0], -1, -1)
-    scores = torch.matmul(q.float(), keys.transpose(-1, -2)) * q.shape[-1] ** -0.5  # [S, heads, L]
-    scores = F.relu(scores)
-    index = torch.matmul(weights.unsqueeze(-2), scores).squeeze(-2)  # [S, L]
-    # Hidden tokens score HF's additive mask (the dtype's minimum): below every visible one.
-    index = index.masked_fill(~visible, torch.finfo(index.dtype).min)
-    picked = index.topk(min(topk, index.shape[-1]), dim=-1).indices
-    keep = torch.zeros_like(visible).scatter_(-1, picked, True)
+    q [S, heads, D], weights [S, heads], keys [L, D] (shared) or [S, L, D] (per query), visible
+    [S, L] bool -> keep [S, L] bool."""
+    s, heads = q.shape[:2]
+    length = visible.shape[-1]
+    keep = torch.zeros_like(visible)
+    step = max(1, SCORE_BLOCK_ELEMS // max(1, heads * length))
+    for a in range(0, s, step):
+        b = min(s, a + step)
+        k = keys if keys.dim() == 2 else keys[a:b]
+        scores = torch.matmul(q[a:b].float(), k.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
+        scores = F.relu(scores)  # [rows, heads, L]
+        index = torch.matmul(weights[a:b].unsqueeze(-2), scores).squeeze(-2)  # [rows, L]
+        # Hidden tokens score HF's additive mask (the dtype's minimum): below every visible one.
+        index = index.masked_fill(~visible[a:b], torch.finfo(index.dtype).min)
+        picked = index.topk(min(topk, length), dim=-1).indices
+        keep[a:b].scatter_(-1, picked, True)
     return keep & visible
