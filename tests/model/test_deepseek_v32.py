@@ -286,3 +286,52 @@ def test_scores_in_query_blocks_select_the_same(monkeypatch):
     assert torch.equal(nsa_indexer.select_topk(q, w, keys, visible, TOPK), whole)
     per_query = keys.expand(s, -1, -1)
     assert torch.equal(nsa_indexer.select_topk(q, w, per_query, visible, TOPK), whole)
+
+
+def test_hierarchical_cache_and_retraction_carry_the_indexer_keys(checkpoint, tmp_path):
+    """A document's latents and indexer keys (one pool row) go to L2 and L3 and come back after
+    the pool is flushed and after a restart; a retracted request re-prefills from the tree: every
+    output is HF's."""
+    from tests.scheduler.harness import Driver, assert_idle_memory_ok, make_scheduler
+
+    path, hf, _ = checkpoint
+    g = torch.Generator().manual_seed(15)
+    doc = torch.randint(3, 256, (64,), generator=g).tolist()
+    ps = [doc + torch.randint(3, 256, (10,), generator=g).tolist() for _ in range(2)]
+    ref = _reference(hf, ps[1], 8)[0]
+    sp = dict(max_new_tokens=8, temperature=0, ignore_eos=True)
+    opts = dict(
+        enable_hierarchical_cache=True,
+        max_total_tokens=600,
+        hicache_dtype="float32",
+        hicache_storage_backend="file",
+        hicache_storage_dir=str(tmp_path),
+        hicache_storage_chunk_size=32,
+    )
+    d = Driver(make_scheduler(path, **opts))
+    d.submit(ps[0], "a", **sp)
+    d.run()
+    d.s.tree_cache.storage_tier.wait_writes()
+    assert d.s.flush_cache("l1").success
+    d.submit(ps[1], "b", **sp)
+    d.run()
+    assert d.results["b"].output_ids == ref and d.results["b"].cached_tokens == 64
+    assert d.s.tree_cache.stats.l2_hit_tokens >= 64
+    assert_idle_memory_ok(d.s)
+    d.s.tree_cache.close()
+    d2 = Driver(make_scheduler(path, **opts))  # a restart: L3 only
+    d2.submit(ps[1], "c", **sp)
+    d2.run()
+    assert d2.results["c"].output_ids == ref and d2.s.tree_cache.stats.l3_hit_tokens == 64
+    d2.s.tree_cache.close()
+
+    r_ids, a_ids = (torch.randint(3, 256, (n,), generator=g).tolist() for n in (20, 110))
+    d3 = Driver(make_scheduler(path, chunked_prefill_size=32, max_total_tokens=120))
+    d3.submit(r_ids, "R", max_new_tokens=90, temperature=0, ignore_eos=True)
+    d3.step()
+    d3.submit(a_ids, "A", max_new_tokens=1, temperature=0, ignore_eos=True)
+    d3.run()
+    assert d3.s.stats.num_retracted >= 1
+    assert d3.results["R"].output_ids == _reference(hf, r_ids, 90)[0]
+    assert d3.results["A"].output_ids == _reference(hf, a_ids, 1)[0]
+    assert_idle_memory_ok(d3.s)
