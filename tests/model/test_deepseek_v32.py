@@ -335,3 +335,22 @@ def test_hierarchical_cache_and_retraction_carry_the_indexer_keys(checkpoint, tm
     assert d3.results["R"].output_ids == _reference(hf, r_ids, 90)[0]
     assert d3.results["A"].output_ids == _reference(hf, a_ids, 1)[0]
     assert_idle_memory_ok(d3.s)
+
+
+def test_mixed_chunk_prefill_beside_decode(checkpoint):
+    """--enable-mixed-chunk: a 40-token prompt's prefill in the same forward as a running
+    request's decode rows (each part ranks its own tokens): both get HF's tokens."""
+    from tests.scheduler.harness import Driver, assert_idle_memory_ok, make_scheduler
+
+    path, hf, _ = checkpoint
+    r_ids, a_ids = _prompts([20, 40], seed=16)
+    d = Driver(make_scheduler(path, enable_mixed_chunk=True, max_total_tokens=600))
+    d.submit(r_ids, "R", max_new_tokens=30, temperature=0, ignore_eos=True)
+    d.step()
+    d.step()
+    d.submit(a_ids, "A", max_new_tokens=8, temperature=0, ignore_eos=True)
+    d.run()
+    assert d.s.stats.mixed_steps >= 1
+    assert d.results["R"].output_ids == _reference(hf, r_ids, 30)[0]
+    assert d.results["A"].output_ids == _reference(hf, a_ids, 8)[0]
+    assert_idle_memory_ok(d.s)

@@ -52,7 +52,7 @@ class NSAAttention(MLAAttention):
         q: torch.Tensor,
         latent: torch.Tensor,
         forward_batch: ForwardBatch,
-        index: IndexerOutput | None = None,
+        index: IndexerOutput,
     ) -> torch.Tensor:  # type: ignore[override]
         """q [T, heads, qk_head_dim], latent [T, kv_lora_rank + rope], index: this layer's
         indexer output for the same tokens -> [T, heads * v_head_dim]."""
