@@ -67,11 +67,13 @@ CONFIGS = {
         routed_scaling_factor=2.5,
     ),
 }
+
+
 # V3.2 (DeepSeek Sparse Attention): V3's model with an indexer whose top-k (12) is well below the
 # tests' prompts, so the selection prunes; 8 indexer heads make exact ties of the relu'd scores
 # (every head negative) rare.
-SPARSE_CONFIGS = {
-    "v32": lambda: transformers.DeepseekV32Config(
+def _v32(**kw):
+    return transformers.DeepseekV32Config(
         **COMMON,
         q_lora_rank=24,
         n_group=4,
@@ -81,12 +83,17 @@ SPARSE_CONFIGS = {
         index_topk=12,
         index_head_dim=16,
         index_n_heads=8,
-    ),
-}
+        **kw,
+    )
+
+
+# v32-yarn: V3.2's released RoPE, whose tables the indexer's rotate-half RoPE reads too.
+SPARSE_CONFIGS = {"v32": _v32, "v32-yarn": lambda: _v32(rope_parameters=YARN)}
 ARCHITECTURES = {
     "v2": "DeepseekV2ForCausalLM",
     "v3": "DeepseekV3ForCausalLM",
     "v32": "DeepseekV32ForCausalLM",
+    "v32-yarn": "DeepseekV32ForCausalLM",
 }
 
 

@@ -30,11 +30,11 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-@pytest.fixture(scope="module")
-def models(tmp_path_factory):
-    hf, cfg = make_hf("v32")
+@pytest.fixture(scope="module", params=list(SPARSE_CONFIGS))
+def models(request, tmp_path_factory):
+    hf, cfg = make_hf(request.param)
     assert cfg.index_topk == TOPK
-    path = tmp_path_factory.mktemp("deepseek-v32")
+    path = tmp_path_factory.mktemp(f"deepseek-{request.param}")
     hf.save_pretrained(path)
     loaded = load_model(str(path))
     assert loaded.architecture == "DeepseekV32ForCausalLM"
@@ -75,6 +75,7 @@ def _dense_twin(hf):
                 "norm_topk_prob",
                 "routed_scaling_factor",
                 "tie_word_embeddings",
+                "rope_parameters",
             )
         }
     )
