@@ -78,9 +78,10 @@ def summary(
     kv = f"KV {per_token} bytes/token"
     if layout.mla:
         mha = layout.mha_bytes_per_token(num_layers, kv_dtype)
+        index = f" + indexer key {layout.index_head_dim}" if layout.index_head_dim else ""
         kv += (
-            f" (MLA latent {layout.kv_lora_rank}+{layout.qk_rope_head_dim}; MHA would be {mha}, "
-            f"{100 * (1 - per_token / mha):.1f}% less)"
+            f" (MLA latent {layout.kv_lora_rank}+{layout.qk_rope_head_dim}{index}; MHA would be"
+            f" {mha}, {100 * (1 - per_token / mha):.1f}% less)"
         )
     parts.append(kv)
     return "; ".join(parts)

@@ -89,12 +89,22 @@ def _dense_twin(hf):
 
 
 def test_pool_keeps_the_indexer_key_beside_the_latent(models):
+    from radixlm.model.memory.kv_layout import kv_layout
+    from radixlm.model.model_summary import summary
+
     hf, loaded = models
     cfg = loaded.hf_config
     h = MLAHarness(loaded.model, cfg)
     assert isinstance(h.kv_pool, MLATokenToKVPool)
-    assert h.kv_pool.head_dim == cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim
+    row = cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim
+    assert h.kv_pool.head_dim == row
     assert h.kv_pool.get_index_k_buffer(0).shape[-1] == cfg.index_head_dim
+    assert h.kv_pool.get_latent_buffer(0).shape[-1] == cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    layout = kv_layout(loaded.model, cfg)
+    L = cfg.num_hidden_layers
+    assert layout.bytes_per_token(L, torch.float32) == L * row * 4
+    line = summary(loaded.architecture, loaded.model, cfg, layout, L, torch.float32)
+    assert f"MLA latent 32+8 + indexer key {cfg.index_head_dim}" in line
 
 
 def test_logits_prefill_shared_prefix_and_decode(models):
@@ -182,7 +192,13 @@ def test_long_prompt_decodes_past_topk_and_batch(engine, checkpoint):
     """A 40-token prompt alone (24 tokens decoded, every step pruned to 12), then prompts of 5 to
     44 tokens in one batch: HF's greedy tokens and log-probabilities."""
     path, hf, cfg = checkpoint
-    assert engine.scheduler_info["architecture"] == "DeepseekV32ForCausalLM"
+    info = engine.scheduler_info
+    assert info["architecture"] == "DeepseekV32ForCausalLM"
+    row = cfg.kv_lora_rank + cfg.qk_rope_head_dim + cfg.index_head_dim  # the indexer's key too
+    assert (
+        info["kv_cache_bytes"]
+        == (info["max_total_num_tokens"] + 1) * cfg.num_hidden_layers * row * 4
+    )
     prompts = _prompts([40, 5, 17, 30, 44], seed=9)
     refs = [_reference(hf, p) for p in prompts]
     out = engine.generate(input_ids=prompts[0], sampling_params=SP, return_logprob=True)
