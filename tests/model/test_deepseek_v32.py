@@ -107,12 +107,13 @@ def test_pool_keeps_the_indexer_key_beside_the_latent(models):
     assert f"MLA latent 32+8 + indexer key {cfg.index_head_dim}" in line
 
 
-def test_logits_prefill_shared_prefix_and_decode(models):
+@pytest.mark.parametrize("absorb", [True, False], ids=["absorbed-decode", "decompressed-decode"])
+def test_logits_prefill_shared_prefix_and_decode(models, absorb):
     """One extend batch (prompts of 9 to 40 tokens), a request extending the second one's cached
     20 tokens (their indexer keys read from the pool, not recomputed), then two decode steps: every
     row equals transformers' logits; the selection prunes (HF with every token kept differs)."""
     hf, loaded = models
-    h = MLAHarness(loaded.model, loaded.hf_config)
+    h = MLAHarness(loaded.model, loaded.hf_config, absorb=absorb)
     seqs = _prompts([9, 33, 40], seed=5)
     reqs = [h.new_request() for _ in seqs]
     outs = h.extend(reqs, [s[:-2] for s in seqs])
