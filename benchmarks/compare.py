@@ -400,7 +400,7 @@ def main() -> int:
             readings.append(machine_limits(a.threads))
             around[name] = readings[-2:]
     md = table(results, loads)
-    if a.limits:
+    if around:
         md += "\n\n" + limits_table(results, loads, around, gguf)
     offline = offline_compare(gguf, 16, 200, 64) if a.offline else None
     if offline:
