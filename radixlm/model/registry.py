@@ -125,6 +125,9 @@ MODEL_REGISTRY.register(
     "MiniMaxM2ForCausalLM", "radixlm.model.models.minimax_m2:MiniMaxM2ForCausalLM"
 )
 MODEL_REGISTRY.register("Dots1ForCausalLM", "radixlm.model.models.dots1:Dots1ForCausalLM")
+MODEL_REGISTRY.register(  # zero-computation experts beside MLA (models/longcat_flash.py)
+    "LongcatFlashForCausalLM", "radixlm.model.models.longcat_flash:LongcatFlashForCausalLM"
+)
 MODEL_REGISTRY.register(
     "HunYuanMoEV1ForCausalLM", "radixlm.model.models.hunyuan_moe:HunYuanMoEV1ForCausalLM"
 )
