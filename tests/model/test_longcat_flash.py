@@ -12,7 +12,7 @@ from radixlm import Engine
 from radixlm.model.layers.moe.zero_experts import zero_experts_compute
 from radixlm.model.loader import load_model
 from tests.conftest import engine_args
-from tests.model.deepseek_refs import MLAHarness, one_thread  # noqa: F401 (a fixture)
+from tests.model.deepseek_refs import YARN, MLAHarness, one_thread  # noqa: F401 (a fixture)
 from tests.model.helpers import hf_logits
 from tests.model.longcat_refs import CONFIG, make_hf, routed_ids, save_hf
 
@@ -72,6 +72,46 @@ def test_logits_prefill_shared_prefix_and_decode(models, absorb):
         assert ref.abs().max() > 1.0
         diff = (o[lo:] - ref[lo:]).abs().max().item()
         assert diff < ATOL, f"request {i}: max|diff| {diff:.2e}"
+
+
+def _check_logits(hf, model, config, seqs) -> None:
+    """A prefill of seqs but their last tokens, then one decode step: transformers' logits."""
+    h = MLAHarness(model, config)
+    reqs = [h.new_request() for _ in seqs]
+    outs = h.extend(reqs, [s[:-1] for s in seqs])
+    dec = h.decode(reqs, [s[-1] for s in seqs])
+    for s, o, d in zip(seqs, outs, dec):
+        diff = (torch.cat([o, d[None]]) - hf_logits(hf, s)).abs().max().item()
+        assert diff < ATOL, f"{len(s)} tokens: max|diff| {diff:.2e}"
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"rope_parameters": YARN},
+        # HF's router multiplies by classifier.weight alone: the (random) bias loads, unused
+        {"router_bias": True},
+    ],
+    ids=["yarn", "router-bias"],
+)
+def test_config_variants(overrides, tmp_path):
+    hf, _ = make_hf(**overrides)
+    hf.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path))
+    _check_logits(hf, loaded.model, loaded.hf_config, _prompts([9, 40], seed=7))
+
+
+def test_stacked_experts_as_transformers_holds_them(models):
+    """transformers' in-memory names (mlp.experts.gate_up_proj over real + zero experts,
+    down_proj over the real ones) load too: the zero experts' rows are dropped."""
+    hf, loaded = models
+    for layer in loaded.model.model.layers:
+        layer.mlp.experts.w13.data.zero_()
+        layer.mlp.experts.w2.data.zero_()
+    state = hf.state_dict()
+    assert state["model.layers.0.mlp.experts.gate_up_proj"].shape[0] == REAL + 2
+    loaded.model.load_weights(list(state.items()))
+    _check_logits(hf, loaded.model, loaded.hf_config, _prompts([25], seed=8))
 
 
 def test_zero_experts_never_reach_the_fused_experts(models, monkeypatch):
