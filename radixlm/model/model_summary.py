@@ -70,8 +70,11 @@ def summary(
         top_k = getattr(hf_config, "num_experts_per_tok", None) or getattr(
             hf_config, "top_k_experts", None
         )  # (Gemma 4's name)
+        zero = getattr(hf_config, "zero_expert_num", None)  # LongCat-Flash's identity experts
         parts.append(
-            f"{experts} routed experts, top-{top_k}" + (f", {shared} shared" if shared else "")
+            f"{experts} routed experts, top-{top_k}"
+            + (f", {shared} shared" if shared else "")
+            + (f", {zero} zero-computation" if zero else "")
         )
     parts.append(f"params {_count(total)} total, {_count(active)} active")
     per_token = layout.bytes_per_token(num_layers, kv_dtype)

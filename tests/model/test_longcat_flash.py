@@ -37,6 +37,23 @@ def models(tmp_path_factory):
     return hf, loaded
 
 
+def test_summary_names_the_zero_experts(models):
+    from radixlm.model.memory.kv_layout import kv_layout
+    from radixlm.model.model_summary import parameter_counts, summary
+
+    _, loaded = models
+    cfg = loaded.hf_config
+    layout = kv_layout(loaded.model, cfg)
+    line = summary(loaded.architecture, loaded.model, cfg, layout, 4, torch.float32)
+    assert "4 routed experts, top-2, 2 zero-computation" in line
+    assert "MLA latent 32+8" in line
+    total, active = parameter_counts(loaded.model)
+    experts = sum(
+        p.numel() for layer in loaded.model.model.layers for p in layer.mlp.experts.parameters()
+    )
+    assert total - active == experts // 2  # top-2 of 4 real experts at most
+
+
 def test_tokens_do_reach_zero_experts(models):
     """HF's routers send some slots to zero experts, some tokens to no real expert at all."""
     hf, _ = models

@@ -150,6 +150,8 @@ class LongcatFlashMoE(nn.Module):
             config.n_routed_experts, config.hidden_size, config.expert_ffn_hidden_size
         )
         self.dispatch, self.top_k = dispatch, config.moe_topk
+        # the start-up summary's active parameters: at most top_k real experts a token
+        self.routing = self.router.routing
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         weights, ids = self.router(hidden)
