@@ -252,6 +252,7 @@ def test_chunked_prefill(checkpoint):
         ("qk_head_dim", 20),
         ("hidden_act", "gelu"),
         ("zero_expert_type", "const"),
+        ("mla_scale_kv_lora", False),
     ],
 )
 def test_bad_config_is_refused_by_field(field, value):

@@ -69,6 +69,10 @@ def check_config(config: Any) -> None:
     kind = getattr(config, "zero_expert_type", None) or "identity"  # Meituan's own configs name it
     if kind != "identity":
         raise ValueError(f"{ARCH}: zero_expert_type {kind!r}: radixlm runs 'identity' (HF's only)")
+    for field in ("mla_scale_q_lora", "mla_scale_kv_lora"):
+        # Meituan's configs carry these switches, HF always scales: a false one is ambiguous
+        if getattr(config, field, True) is False:
+            raise ValueError(f"{ARCH}: {field} false: HF's LongCat-Flash always scales")
     act = getattr(config, "hidden_act", "silu")
     if act != "silu":
         raise ValueError(f"{ARCH}: hidden_act {act!r}: radixlm runs 'silu'")
