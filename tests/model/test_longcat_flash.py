@@ -1,7 +1,8 @@
 """LongcatFlashForCausalLM against transformers on a tiny random checkpoint (fp32, 2 layers of two
 MLA sub-layers each, 4 real experts + 2 zero-computation experts, top-2, so tokens are routed to
 zero experts): logits over the latent pool (harness), and through the Engine: a prompt alone, a
-batch of lengths, a chunked prefill, a second turn from the radix cache."""
+batch of lengths, a chunked prefill, a second turn from the radix cache, DP attention with the
+experts split over 2 ranks."""
 
 from __future__ import annotations
 
@@ -237,6 +238,22 @@ def test_chunked_prefill(checkpoint):
         for p, ref in zip(prompts, refs):
             out = e.generate(input_ids=p, sampling_params=SP, return_logprob=True)
             _assert_matches(out, p, ref, f"chunked {len(p)}")
+
+
+def test_dp_attention_with_the_experts_split(checkpoint):
+    """--enable-dp-attention --dp-size 2 --tp-size 2 --ep-size 2: a request on each rank, each
+    rank's tokens gathered through the other's real experts (zero experts stay on their own rank),
+    the shorter one's rank idling through the other's decode steps: HF's greedy tokens."""
+    path, hf, cfg = checkpoint
+    a, b = _prompts([30, 12], seed=21)
+    refs = [_reference(hf, p, n)[0] for p, n in ((a, 12), (b, 4))]
+    sps = [dict(SP, max_new_tokens=n) for n in (12, 4)]
+    args = engine_args(tp_size=2, dp_size=2, enable_dp_attention=True, ep_size=2)
+    with Engine(path, **args) as e:
+        outs = e.generate(input_ids=[a, b], sampling_params=sps)
+        ranks = e.get_internal_state()["dp_ranks"]
+    assert [o["output_ids"] for o in outs] == refs
+    assert sorted(r["prompt_tokens"] for r in ranks) == [len(b), len(a)]  # one on each rank
 
 
 @pytest.mark.parametrize(
