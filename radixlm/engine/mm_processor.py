@@ -44,6 +44,8 @@ def load_hf_processor(model_path: str):
         return _pixtral_processor(model_path)
     if model_type == "smolvlm":
         return _smolvlm_processor(model_path)
+    if model_type == "internvl":
+        return _internvl_processor(model_path)
     known = IMAGE_ONLY_PROCESSORS.get(model_type)
     if known is None:
         return AutoProcessor.from_pretrained(model_path)
@@ -90,6 +92,33 @@ def _smolvlm_processor(model_path: str):
     if not isinstance(proc.image_processor, SmolVLMImageProcessorPil):
         proc.image_processor = SmolVLMImageProcessorPil.from_pretrained(model_path)
     return proc
+
+
+def _internvl_processor(model_path: str):
+    """InternVL's processor for images only (its video processor needs torchvision), with the PIL
+    image processor (GotOcr2's: the same tiles and thumbnail as the torchvision one)."""
+    from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import (
+        GotOcr2ImageProcessorPil,
+    )
+
+    proc = internvl_image_only().from_pretrained(model_path)
+    if not isinstance(proc.image_processor, GotOcr2ImageProcessorPil):
+        proc.image_processor = GotOcr2ImageProcessorPil.from_pretrained(model_path)
+    return proc
+
+
+def internvl_image_only() -> type:
+    """InternVLProcessor without its video processor."""
+    base = _image_processor("internvl.processing_internvl", "InternVLProcessor")
+
+    class InternVLImageOnly(base):
+        # image_seq_length named, so that from_pretrained passes the saved value on
+        def __init__(self, image_processor=None, tokenizer=None, image_seq_length=256, **kwargs):
+            super().__init__(
+                image_processor, tokenizer, image_seq_length=image_seq_length, **kwargs
+            )
+
+    return InternVLImageOnly
 
 
 def smolvlm_image_only() -> type:

@@ -103,6 +103,10 @@ MODEL_REGISTRY.register(
     "radixlm.model.models.smolvlm:SmolVLMForConditionalGeneration",
 )
 MODEL_REGISTRY.register(
+    "InternVLForConditionalGeneration",
+    "radixlm.model.models.internvl:InternVLForConditionalGeneration",
+)
+MODEL_REGISTRY.register(
     "Qwen2VLForConditionalGeneration",
     "radixlm.model.models.qwen2_vl:Qwen2VLForConditionalGeneration",
 )
