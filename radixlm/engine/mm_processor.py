@@ -46,6 +46,8 @@ def load_hf_processor(model_path: str):
         return _smolvlm_processor(model_path)
     if model_type == "internvl":
         return _internvl_processor(model_path)
+    if model_type == "llava_onevision":
+        return _onevision_processor(model_path)
     known = IMAGE_ONLY_PROCESSORS.get(model_type)
     if known is None:
         return AutoProcessor.from_pretrained(model_path)
@@ -121,6 +123,50 @@ def internvl_image_only() -> type:
     return InternVLImageOnly
 
 
+def _onevision_processor(model_path: str):
+    """LLaVA-OneVision's processor for images only (its video processor needs torchvision), with
+    the PIL image processor."""
+    from transformers.models.llava_onevision.image_processing_pil_llava_onevision import (
+        LlavaOnevisionImageProcessorPil as Pil,
+    )
+
+    proc = onevision_image_only().from_pretrained(model_path)
+    if not isinstance(proc.image_processor, Pil):
+        proc.image_processor = Pil.from_pretrained(model_path)
+    return proc
+
+
+def onevision_image_only() -> type:
+    """LlavaOnevisionProcessor without its video processor."""
+    base = _image_processor("llava_onevision.processing_llava_onevision", "LlavaOnevisionProcessor")
+
+    class LlavaOnevisionImageOnly(base):
+        # A prompt's images as one sample: with two or more, HF's OneVision encodes each image
+        # whole (no anyres grid), as its chat template's processing does.
+        nested_images = True
+
+        # named, so that from_pretrained passes the saved values on
+        def __init__(
+            self,
+            image_processor=None,
+            tokenizer=None,
+            num_image_tokens=None,
+            vision_feature_select_strategy=None,
+            vision_aspect_ratio="anyres_max_9",
+            **kwargs,
+        ):
+            super().__init__(
+                image_processor,
+                tokenizer,
+                num_image_tokens=num_image_tokens,
+                vision_feature_select_strategy=vision_feature_select_strategy,
+                vision_aspect_ratio=vision_aspect_ratio,
+                **kwargs,
+            )
+
+    return LlavaOnevisionImageOnly
+
+
 def smolvlm_image_only() -> type:
     """SmolVLMProcessor without its video processor. Its video prompt alone writes a frame count in
     words (num2words), which the processor demands at construction: without the package, that
@@ -190,7 +236,10 @@ class MultimodalProcessor:
         self.vocab_size = vocab_size
         self.media = media
         # Idefics3 / SmolVLM take each prompt's images as one list (a batch of one sample).
-        self.nested = type(self.processor).__name__ in ("Idefics3Processor", "SmolVLMProcessor")
+        self.nested = type(self.processor).__name__ in (
+            "Idefics3Processor",
+            "SmolVLMProcessor",
+        ) or getattr(self.processor, "nested_images", False)
 
     def load_image(self, source: str, field: str):
         return load_image(source, field, self.media)
@@ -222,6 +271,8 @@ class MultimodalProcessor:
             units = self._grid_units(out)
         elif self.pixtral:
             units = self._sized_units(out)
+        elif "batch_num_images" in out:
+            units = self._anyres_units(out)
         else:
             units = _padded_units(out)
         spans = _image_spans(ids, self.span_token_ids, [u.length for u in units])
@@ -281,6 +332,26 @@ class MultimodalProcessor:
                     px[:, :h, :w].contiguous(),
                     {"image_sizes": torch.tensor([h, w])},
                     (h // k) * (w // k + 1),
+                )
+            )
+        return units
+
+    def _anyres_units(self, out) -> list[_Unit]:
+        """LLaVA-OneVision: one unit per image, its patches (the whole image, then its anyres
+        grid's; an image among several: the whole image alone) and its size; its token count is
+        the one the processor's own expansion writes (replace_image_token)."""
+        sizes, px = out["image_sizes"], out["pixel_values"]
+        whole = {"batch_num_images": out["batch_num_images"].tolist(), "image_sizes": sizes}
+        whole["pixel_values"] = px
+        single = whole["batch_num_images"] == [1]
+        units = []
+        for i in range(len(sizes)):
+            n = len(self.processor.replace_image_token(whole, i)) // len(self.image_token)
+            units.append(
+                _Unit(
+                    (px[i] if single else px[i, :1]).contiguous(),
+                    {"image_sizes": sizes[i].clone()},
+                    n,
                 )
             )
         return units

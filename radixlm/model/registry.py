@@ -107,6 +107,10 @@ MODEL_REGISTRY.register(
     "radixlm.model.models.internvl:InternVLForConditionalGeneration",
 )
 MODEL_REGISTRY.register(
+    "LlavaOnevisionForConditionalGeneration",
+    "radixlm.model.models.llava_onevision:LlavaOnevisionForConditionalGeneration",
+)
+MODEL_REGISTRY.register(
     "Qwen2VLForConditionalGeneration",
     "radixlm.model.models.qwen2_vl:Qwen2VLForConditionalGeneration",
 )

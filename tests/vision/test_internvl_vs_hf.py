@@ -116,7 +116,7 @@ def test_same_image_again_is_served_from_the_cache(engine):
 @pytest.mark.parametrize(
     "images,why",
     [
-        (["data:image/png;base64,%%%notbase64"], "image_data[0]"),
+        (["data:image/png;base64,%%%notbase64"], "image_data[0]: not valid base64"),
         ([data_url(1), data_url(2)], "image_data: 2 image(s) given but the prompt has 1"),
     ],
     ids=["bad-base64", "count"],
