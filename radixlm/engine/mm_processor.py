@@ -114,10 +114,21 @@ def internvl_image_only() -> type:
     base = _image_processor("internvl.processing_internvl", "InternVLProcessor")
 
     class InternVLImageOnly(base):
-        # image_seq_length named, so that from_pretrained passes the saved value on
-        def __init__(self, image_processor=None, tokenizer=None, image_seq_length=256, **kwargs):
+        # named, so that from_pretrained passes the saved values on
+        def __init__(
+            self,
+            image_processor=None,
+            tokenizer=None,
+            image_seq_length=256,
+            chat_template=None,
+            **kwargs,
+        ):
             super().__init__(
-                image_processor, tokenizer, image_seq_length=image_seq_length, **kwargs
+                image_processor,
+                tokenizer,
+                image_seq_length=image_seq_length,
+                chat_template=chat_template,
+                **kwargs,
             )
 
     return InternVLImageOnly
@@ -153,6 +164,7 @@ def onevision_image_only() -> type:
             num_image_tokens=None,
             vision_feature_select_strategy=None,
             vision_aspect_ratio="anyres_max_9",
+            chat_template=None,
             **kwargs,
         ):
             super().__init__(
@@ -161,6 +173,7 @@ def onevision_image_only() -> type:
                 num_image_tokens=num_image_tokens,
                 vision_feature_select_strategy=vision_feature_select_strategy,
                 vision_aspect_ratio=vision_aspect_ratio,
+                chat_template=chat_template,
                 **kwargs,
             )
 

@@ -80,20 +80,19 @@ def write_tiny_internvl(path: str, base_tokenizer_path: str, text_type: str = "q
             elif "lambda" in name or "norm" in name:  # layer scale and norms away from 0.1 / 1
                 p.uniform_(0.5, 1.5)
     model.save_pretrained(path)
+    tok.chat_template = CHAT_TEMPLATE  # the processor's too (text-only chats use the tokenizer's)
     ip = GotOcr2ImageProcessorPil(
         size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
         crop_to_patches=True,
         min_patches=1,
         max_patches=4,
     )
-    internvl_image_only()(image_processor=ip, tokenizer=tok, image_seq_length=SEQ).save_pretrained(
-        path
-    )
+    internvl_image_only()(
+        image_processor=ip, tokenizer=tok, image_seq_length=SEQ, chat_template=CHAT_TEMPLATE
+    ).save_pretrained(path)
     with open(f"{path}/processor_config.json") as f:
         saved = json.load(f)
     saved.update(processor_class="InternVLProcessor")  # the class name InternVL's own saves
     with open(f"{path}/processor_config.json", "w") as f:
         json.dump(saved, f, indent=2)
-    with open(f"{path}/chat_template.json", "w") as f:
-        json.dump({"chat_template": CHAT_TEMPLATE}, f)
     return path

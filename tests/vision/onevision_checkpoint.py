@@ -72,6 +72,7 @@ def write_tiny_onevision(path: str, base_tokenizer_path: str) -> str:
                 p.normal_(0.0, 0.25 if "language_model" in name or "lm_head" in name else 0.2)
         model.model.image_newline.normal_(0.0, 1.0)
     model.save_pretrained(path)
+    tok.chat_template = CHAT_TEMPLATE  # the processor's too (text-only chats use the tokenizer's)
     ip = LlavaOnevisionImageProcessorPil(
         size={"height": IMAGE_SIZE, "width": IMAGE_SIZE}, image_grid_pinpoints=PINPOINTS
     )
@@ -81,12 +82,11 @@ def write_tiny_onevision(path: str, base_tokenizer_path: str) -> str:
         num_image_tokens=(IMAGE_SIZE // PATCH) ** 2,
         vision_feature_select_strategy="full",
         vision_aspect_ratio="anyres_max_2",
+        chat_template=CHAT_TEMPLATE,
     ).save_pretrained(path)
     with open(f"{path}/processor_config.json") as f:
         saved = json.load(f)
     saved.update(processor_class="LlavaOnevisionProcessor")  # the class name its own saves
     with open(f"{path}/processor_config.json", "w") as f:
         json.dump(saved, f, indent=2)
-    with open(f"{path}/chat_template.json", "w") as f:
-        json.dump({"chat_template": CHAT_TEMPLATE}, f)
     return path
