@@ -1,7 +1,7 @@
 """InternVL and LLaVA-OneVision through the server and the OpenAI client (chunks of 8 tokens): chat
 messages with one image and two, laid out by the processor's chat template, give HF's greedy
 tokens; the same image asked again is encoded once and comes from the cache; a malformed image is
-a 400 naming its field, and the server keeps serving."""
+a 400 naming its field, and the server keeps serving; a video is a 400."""
 
 from __future__ import annotations
 
@@ -89,3 +89,18 @@ def test_malformed_image_is_a_400_naming_the_field(family, server, client):
     assert "not a decodable image" in e.value.message
     assert e.value.param == "messages[0].content[1].image_url.url"
     assert chat(client, messages(data_url(1), "still there?")).choices[0].message.content
+
+
+def test_video_is_refused(family, server, client):
+    """Videos are not served (their processors need torchvision): a video part or video_data is a
+    400 that says so."""
+    video = {"type": "video_url", "video_url": {"url": "data:video/mp4;base64,AAAA"}}
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, [{"role": "user", "content": [video, {"type": "text", "text": "x"}]}])
+    assert "'video_url' is not supported" in e.value.message
+    r = requests.post(
+        server.url + "/generate",
+        timeout=60,
+        json={"text": "x", "video_data": ["data:video/mp4;base64,AAAA"], "sampling_params": {}},
+    )
+    assert r.status_code == 400 and "video_data" in r.text
