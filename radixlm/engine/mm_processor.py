@@ -195,9 +195,22 @@ def smolvlm_image_only() -> type:
     base = _image_processor("smolvlm.processing_smolvlm", "SmolVLMProcessor")
 
     class SmolVLMImageOnly(base):
-        # image_seq_len named, so that from_pretrained passes the saved value on
-        def __init__(self, image_processor=None, tokenizer=None, image_seq_len=169, **kwargs):
-            super().__init__(image_processor, tokenizer, image_seq_len=image_seq_len, **kwargs)
+        # named, so that from_pretrained passes the saved values on (the chat template too)
+        def __init__(
+            self,
+            image_processor=None,
+            tokenizer=None,
+            image_seq_len=169,
+            chat_template=None,
+            **kwargs,
+        ):
+            super().__init__(
+                image_processor,
+                tokenizer,
+                image_seq_len=image_seq_len,
+                chat_template=chat_template,
+                **kwargs,
+            )
 
     return SmolVLMImageOnly
 

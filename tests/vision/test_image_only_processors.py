@@ -1,0 +1,42 @@
+"""The processors radixlm builds for images only (their video processors need torchvision) keep
+what a checkpoint saved: the chat template (the chat route renders image parts with it) and the
+family's own settings."""
+
+import pytest
+
+from tests.vision.checkpoints import write_tiny_idefics3
+from tests.vision.internvl_checkpoint import CHAT_TEMPLATE, write_tiny_internvl
+from tests.vision.onevision_checkpoint import write_tiny_onevision
+
+
+def _smolvlm(path, tok):
+    from radixlm.engine.mm_processor import load_hf_processor, smolvlm_image_only
+
+    write_tiny_idefics3(path, tok, "SmolVLM")
+    proc = load_hf_processor(path)
+    smolvlm_image_only()(
+        image_processor=proc.image_processor,
+        tokenizer=proc.tokenizer,
+        image_seq_len=4,
+        chat_template=CHAT_TEMPLATE,
+    ).save_pretrained(path)
+    return path
+
+
+@pytest.mark.parametrize(
+    "write,settings",
+    [
+        (write_tiny_internvl, {"image_seq_length": 4}),
+        (write_tiny_onevision, {"num_image_tokens": 16, "vision_aspect_ratio": "anyres_max_2"}),
+        (_smolvlm, {"image_seq_len": 4}),
+    ],
+    ids=["internvl", "onevision", "smolvlm"],
+)
+def test_saved_chat_template_and_settings_are_kept(tmp_path, tokenizer_dir, write, settings):
+    from radixlm.engine.mm_processor import load_hf_processor
+
+    proc = load_hf_processor(write(str(tmp_path), tokenizer_dir))
+    assert proc.chat_template is not None and "<|im_start|>" in proc.chat_template
+    assert getattr(proc, "video_processor", None) is None
+    for key, value in settings.items():
+        assert getattr(proc, key) == value, key
