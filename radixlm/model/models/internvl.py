@@ -63,10 +63,11 @@ class InternVLForConditionalGeneration(LlavaForConditionalGeneration):
                 f"vision_config.model_type {vision.model_type!r}: InternVL takes its InternViT"
                 " tower (internvl_vision)"
             )
-        if config.vision_feature_select_strategy not in ("default", "full"):
+        if config.vision_feature_select_strategy != "default":
+            # with the CLS token kept the patch grid is not square: HF cannot run it either
             raise ValueError(
                 f"vision_feature_select_strategy {config.vision_feature_select_strategy!r}:"
-                " 'default' or 'full'"
+                " InternVL drops the CLS token ('default')"
             )
         if not isinstance(config.vision_feature_layer, int):
             raise ValueError("InternVL takes one vision_feature_layer (an int), as HF does")
@@ -84,8 +85,7 @@ class InternVLForConditionalGeneration(LlavaForConditionalGeneration):
         layer = self.config.vision_feature_layer
         out = self.vision_tower(pixel_values=pixels, output_hidden_states=layer != -1)
         feats = out.last_hidden_state if layer == -1 else out.hidden_states[layer]
-        if self.config.vision_feature_select_strategy == "default":
-            feats = feats[:, 1:]  # the CLS token is no image token
+        feats = feats[:, 1:]  # the CLS token is no image token ("default", checked at load)
         b, n, c = feats.shape
         side = int(n**0.5)
         feats = pixel_shuffle(feats.reshape(b, side, side, c), self.config.downsample_ratio)

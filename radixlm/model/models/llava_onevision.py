@@ -44,6 +44,14 @@ class LlavaOnevisionForConditionalGeneration(LlavaForConditionalGeneration):
                 f"vision_config.model_type {vision.model_type!r}: LLaVA-OneVision takes a SigLIP"
                 " (or CLIP) tower"
             )
+        # the patch grid must stay square: SigLIP has no CLS token to drop, CLIP's must go (HF
+        # cannot lay out either otherwise)
+        strategy = "full" if vision.model_type == "siglip_vision_model" else "default"
+        if config.vision_feature_select_strategy != strategy:
+            raise ValueError(
+                f"vision_feature_select_strategy {config.vision_feature_select_strategy!r}: a"
+                f" {vision.model_type} tower takes {strategy!r}"
+            )
         if not config.vision_aspect_ratio.startswith("anyres_max_"):
             raise ValueError(
                 f"vision_aspect_ratio {config.vision_aspect_ratio!r}:"
