@@ -183,7 +183,7 @@ def write_tiny_idefics3(path: str, base_tokenizer_path: str, family: str = "Idef
         do_image_splitting=True,
     )
     if family == "SmolVLM":
-        from radixlm.engine.mm_processor import smolvlm_image_only
+        from radixlm.engine.hf_processors import smolvlm_image_only
 
         processor_cls = smolvlm_image_only()
     else:

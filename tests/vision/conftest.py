@@ -38,7 +38,7 @@ def load_hf_qwen(path: str, cls_name: str, float64: bool = False):
     (tests/hf_float64.py)."""
     import transformers
 
-    from radixlm.engine.mm_processor import load_hf_processor
+    from radixlm.engine.hf_processors import load_hf_processor
 
     cls = getattr(transformers, cls_name)
     if float64:

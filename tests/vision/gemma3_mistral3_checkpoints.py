@@ -129,7 +129,7 @@ def write_tiny_mistral3(path: str, base_tokenizer_path: str) -> str:
     )
     from transformers.models.pixtral.image_processing_pil_pixtral import PixtralImageProcessorPil
 
-    from radixlm.engine.mm_processor import load_hf_processor
+    from radixlm.engine.hf_processors import load_hf_processor
 
     tok = AutoTokenizer.from_pretrained(base_tokenizer_path)
     tok.add_special_tokens({"additional_special_tokens": MISTRAL3_TOKENS})

@@ -37,7 +37,7 @@ def write_tiny_internvl(path: str, base_tokenizer_path: str, text_type: str = "q
         GotOcr2ImageProcessorPil,
     )
 
-    from radixlm.engine.mm_processor import internvl_image_only
+    from radixlm.engine.hf_processors import internvl_image_only
 
     tok = AutoTokenizer.from_pretrained(base_tokenizer_path, extra_special_tokens=TOKENS)
     text_cls = {"qwen2": transformers.Qwen2Config, "qwen3": transformers.Qwen3Config}[text_type]

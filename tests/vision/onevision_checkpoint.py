@@ -31,7 +31,7 @@ def write_tiny_onevision(path: str, base_tokenizer_path: str) -> str:
         LlavaOnevisionImageProcessorPil,
     )
 
-    from radixlm.engine.mm_processor import onevision_image_only
+    from radixlm.engine.hf_processors import onevision_image_only
 
     tok = AutoTokenizer.from_pretrained(base_tokenizer_path)
     tok.add_special_tokens({"additional_special_tokens": ["<image>", "<video>"]})

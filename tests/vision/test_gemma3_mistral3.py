@@ -32,7 +32,7 @@ FAMILIES = {
 def family(request, tmp_path_factory, tokenizer_dir):
     import transformers
 
-    from radixlm.engine.mm_processor import load_hf_processor
+    from radixlm.engine.hf_processors import load_hf_processor
 
     write, arch = FAMILIES[request.param]
     path = write(str(tmp_path_factory.mktemp(request.param)), tokenizer_dir)

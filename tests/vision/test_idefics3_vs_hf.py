@@ -33,7 +33,7 @@ def hf(idefics3_dir):
     transformers processor; SmolVLM's without its video part, which needs torchvision)."""
     import transformers
 
-    from radixlm.engine.mm_processor import load_hf_processor
+    from radixlm.engine.hf_processors import load_hf_processor
 
     arch = transformers.AutoConfig.from_pretrained(idefics3_dir).architectures[0]
     model = getattr(transformers, arch).from_pretrained(idefics3_dir, dtype=torch.float32)

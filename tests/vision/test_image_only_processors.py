@@ -10,7 +10,7 @@ from tests.vision.onevision_checkpoint import write_tiny_onevision
 
 
 def _smolvlm(path, tok):
-    from radixlm.engine.mm_processor import load_hf_processor, smolvlm_image_only
+    from radixlm.engine.hf_processors import load_hf_processor, smolvlm_image_only
 
     write_tiny_idefics3(path, tok, "SmolVLM")
     proc = load_hf_processor(path)
@@ -33,7 +33,7 @@ def _smolvlm(path, tok):
     ids=["internvl", "onevision", "smolvlm"],
 )
 def test_saved_chat_template_and_settings_are_kept(tmp_path, tokenizer_dir, write, settings):
-    from radixlm.engine.mm_processor import load_hf_processor
+    from radixlm.engine.hf_processors import load_hf_processor
 
     proc = load_hf_processor(write(str(tmp_path), tokenizer_dir))
     assert proc.chat_template is not None and "<|im_start|>" in proc.chat_template

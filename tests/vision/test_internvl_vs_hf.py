@@ -34,7 +34,7 @@ def hf(internvl_dir):
     processor, which needs torchvision)."""
     from transformers import InternVLForConditionalGeneration
 
-    from radixlm.engine.mm_processor import load_hf_processor
+    from radixlm.engine.hf_processors import load_hf_processor
 
     model = InternVLForConditionalGeneration.from_pretrained(internvl_dir, dtype=torch.float32)
     return model.eval(), load_hf_processor(internvl_dir)

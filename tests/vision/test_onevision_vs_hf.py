@@ -33,7 +33,7 @@ def hf(onevision_dir):
     video processor, which needs torchvision)."""
     from transformers import LlavaOnevisionForConditionalGeneration
 
-    from radixlm.engine.mm_processor import load_hf_processor
+    from radixlm.engine.hf_processors import load_hf_processor
 
     model = LlavaOnevisionForConditionalGeneration.from_pretrained(
         onevision_dir, dtype=torch.float32

@@ -2,7 +2,7 @@
 Idefics3's architecture (idefics3.py: a SigLIP encoder, the pixel-shuffle connector, a Llama
 decoder; the same checkpoint names) under transformers' SmolVLM classes. SmolVLM's processor lays
 out each image as Idefics3's does (tiles with <row_r_col_c>, then <global-img>), through its own
-class, loaded for images only (engine/mm_processor.py: its video processor needs torchvision);
+class, loaded for images only (engine/hf_processors.py: its video processor needs torchvision);
 video input is not served.
 """
 
