@@ -118,6 +118,18 @@ def png_bytes(seed: int, size: tuple[int, int] = (40, 36)) -> bytes:
     return buf.getvalue()
 
 
+def assert_matches_hf(out: dict, tokens: list[int], logprobs) -> None:
+    """An Engine output (return_logprob, top_logprobs_num) against HF's greedy tokens and each
+    step's log-softmax: the tokens equal, every reported logprob within 1e-4."""
+    assert out["output_ids"] == tokens
+    for step, ((lp, tid, _), top) in enumerate(
+        zip(out["meta_info"]["output_token_logprobs"], out["meta_info"]["output_top_logprobs"])
+    ):
+        assert abs(lp - logprobs[step][tid].item()) < 1e-4, step
+        for lp_k, tid_k, _ in top:
+            assert abs(lp_k - logprobs[step][tid_k].item()) < 1e-4, step
+
+
 def write_tiny_idefics3(path: str, base_tokenizer_path: str, family: str = "Idefics3") -> str:
     """A tiny Idefics3 (SmolVLM's architecture): 2-layer SigLIP at 32 px (patch 8, pixel shuffle 2:
     4 tokens per tile), images up to 64 px split into 32 px tiles plus the whole image, a 2-layer

@@ -11,7 +11,7 @@ import torch
 
 from radixlm import Engine
 from tests.conftest import engine_args
-from tests.vision.checkpoints import png_bytes, write_tiny_idefics3
+from tests.vision.checkpoints import assert_matches_hf, png_bytes, write_tiny_idefics3
 from tests.vision.conftest import data_url
 
 N = 32
@@ -87,13 +87,7 @@ def test_greedy_and_logprobs_match_hf(engine, hf, text, seeds, size):
         return_logprob=True,
         top_logprobs_num=5,
     )
-    assert out["output_ids"] == tokens
-    for step, ((lp, tid, _), top) in enumerate(
-        zip(out["meta_info"]["output_token_logprobs"], out["meta_info"]["output_top_logprobs"])
-    ):
-        assert abs(lp - logprobs[step][tid].item()) < 1e-4, step
-        for lp_k, tid_k, _ in top:
-            assert abs(lp_k - logprobs[step][tid_k].item()) < 1e-4, step
+    assert_matches_hf(out, tokens, logprobs)
 
 
 def test_same_image_again_is_served_from_the_cache(engine):
