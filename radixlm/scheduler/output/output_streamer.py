@@ -1,9 +1,9 @@
 """OutputStreamer: each request's news for the detokenizer, sent as one BatchTokenIDOut per step.
 
 A request's chunk carries its new token ids (and logprobs) since the last one: when it finished,
-or, streaming, every stream_interval tokens. Chunks carry the detokenization options too; the
-stop strings and patterns only in a request's first chunk (the detokenizer keeps them with its
-decode state).
+or, streaming, its first token at once and then every stream_interval tokens (SGLang's rule).
+Chunks carry the detokenization options too; the stop strings and patterns only in a request's
+first chunk (the detokenizer keeps them with its decode state).
 A stream leaves out the last hold_back(req) tokens until the request finishes: jump-forward may
 still re-tokenize them (scheduler/output/jump_forward.py), and what was sent never changes.
 """
@@ -34,13 +34,14 @@ class OutputStreamer:
             else max(len(req.output_ids) - self.hold_back(req), 0)
         )
         new = req.output_ids[req.sent_output_len : end]
-        if not req.finished() and len(new) < (
-            req.sampling_params.stream_interval or self.stream_interval
-        ):
+        first = req.sent_output_len == 0
+        # SGLang's rule: the first token at once, then every stream_interval tokens (its
+        # `len(output_ids) % interval == 1`), so a larger interval never delays the TTFT.
+        interval = req.sampling_params.stream_interval or self.stream_interval
+        if not req.finished() and len(new) < (1 if first else interval):
             return
         # The stop options go with the first chunk only: the detokenizer keeps them with the
         # request's decode state (up to 16 strings and 16 patterns, not re-sent per token).
-        first = req.sent_output_len == 0
         req.sent_output_len = end
         sp = req.sampling_params
         chunk = ReqOutputChunk(
