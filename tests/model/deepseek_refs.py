@@ -173,3 +173,38 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+# The Engine-vs-HF comparison the MLA families' tests share (DeepSeek-V3.2, LongCat-Flash).
+ENGINE_ATOL = 1e-4  # test_deepseek.py's
+ENGINE_NEW = 24
+
+
+def random_prompts(lengths, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 256, (n,), generator=g).tolist() for n in lengths]
+
+
+def hf_reference(hf, ids: list[int], new: int = ENGINE_NEW) -> tuple[list[int], torch.Tensor]:
+    """HF's greedy tokens and the log-probabilities of every position of ids + them."""
+    with torch.no_grad():
+        out = hf.generate(
+            torch.tensor([ids]),
+            max_new_tokens=new,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+        gen = out[0, len(ids) :].tolist()
+        logp = torch.log_softmax(hf(out).logits[0].float(), -1)
+    return gen, logp
+
+
+def assert_matches_hf(out: dict, ids: list[int], ref: tuple, label: str) -> None:
+    gen, logp = ref
+    assert out["output_ids"] == gen, label
+    lps = out["meta_info"]["output_token_logprobs"]
+    assert len(lps) == len(gen), label
+    got = torch.tensor([lp for lp, _, _ in lps])
+    want = torch.tensor([logp[len(ids) - 1 + k, t].item() for k, t in enumerate(gen)])
+    assert (got - want).abs().max().item() < ENGINE_ATOL, label

@@ -14,6 +14,9 @@ from radixlm.cache.mla_pool import MLATokenToKVPool
 from radixlm.model.loader import load_model
 from tests.conftest import engine_args
 from tests.model.deepseek_refs import SPARSE_CONFIGS, MLAHarness, make_hf, save_hf
+from tests.model.deepseek_refs import assert_matches_hf as _assert_matches
+from tests.model.deepseek_refs import hf_reference as _reference
+from tests.model.deepseek_refs import random_prompts as _prompts
 from tests.model.helpers import hf_logits
 
 ATOL = 1e-4  # test_deepseek.py's
@@ -39,11 +42,6 @@ def models(request, tmp_path_factory):
     loaded = load_model(str(path))
     assert loaded.architecture == "DeepseekV32ForCausalLM"
     return hf, loaded
-
-
-def _prompts(lengths, seed):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 256, (n,), generator=g).tolist() for n in lengths]
 
 
 def _dense_twin(hf):
@@ -156,30 +154,6 @@ def test_shorter_than_topk_equals_dense_attention(models):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, default_model_path):
     return save_hf("v32", tmp_path_factory.mktemp("deepseek-v32-engine"), default_model_path)
-
-
-def _reference(hf, ids: list[int], new: int = NEW) -> tuple[list[int], torch.Tensor]:
-    """HF's greedy tokens and the log-probabilities of every position of ids + them."""
-    with torch.no_grad():
-        out = hf.generate(
-            torch.tensor([ids]),
-            max_new_tokens=new,
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-        gen = out[0, len(ids) :].tolist()
-        logp = torch.log_softmax(hf(out).logits[0].float(), -1)
-    return gen, logp
-
-
-def _assert_matches(out: dict, ids: list[int], ref: tuple, label: str) -> None:
-    gen, logp = ref
-    assert out["output_ids"] == gen, label
-    lps = out["meta_info"]["output_token_logprobs"]
-    got = torch.tensor([lp for lp, _, _ in lps])
-    want = torch.tensor([logp[len(ids) - 1 + k, t].item() for k, t in enumerate(gen)])
-    assert (got - want).abs().max().item() < ATOL, label
 
 
 @pytest.fixture(scope="module")

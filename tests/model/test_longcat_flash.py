@@ -14,6 +14,9 @@ from radixlm.model.layers.moe.zero_experts import zero_experts_compute
 from radixlm.model.loader import load_model
 from tests.conftest import engine_args
 from tests.model.deepseek_refs import YARN, MLAHarness, one_thread  # noqa: F401 (a fixture)
+from tests.model.deepseek_refs import assert_matches_hf as _assert_matches
+from tests.model.deepseek_refs import hf_reference as _reference
+from tests.model.deepseek_refs import random_prompts as _prompts
 from tests.model.helpers import hf_logits
 from tests.model.longcat_refs import CONFIG, make_hf, routed_ids, save_hf
 
@@ -21,11 +24,6 @@ ATOL = 1e-4  # test_deepseek.py's
 NEW = 24
 SP = {"max_new_tokens": NEW, "temperature": 0, "ignore_eos": True}
 REAL = CONFIG["n_routed_experts"]
-
-
-def _prompts(lengths, seed):
-    g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 256, (n,), generator=g).tolist() for n in lengths]
 
 
 @pytest.fixture(scope="module")
@@ -166,26 +164,6 @@ def test_zero_experts_never_reach_the_fused_experts(models, monkeypatch):
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory, default_model_path):
     return save_hf(tmp_path_factory.mktemp("longcat-flash-engine"), default_model_path)
-
-
-def _reference(hf, ids: list[int], new: int = NEW) -> tuple[list[int], torch.Tensor]:
-    """HF's greedy tokens and the log-probabilities of every position of ids + them."""
-    with torch.no_grad():
-        out = hf.generate(
-            torch.tensor([ids]), max_new_tokens=new, do_sample=False, eos_token_id=None
-        )
-        gen = out[0, len(ids) :].tolist()
-        logp = torch.log_softmax(hf(out).logits[0].float(), -1)
-    return gen, logp
-
-
-def _assert_matches(out: dict, ids: list[int], ref: tuple, label: str) -> None:
-    gen, logp = ref
-    assert out["output_ids"] == gen, label
-    lps = out["meta_info"]["output_token_logprobs"]
-    got = torch.tensor([lp for lp, _, _ in lps])
-    want = torch.tensor([logp[len(ids) - 1 + k, t].item() for k, t in enumerate(gen)])
-    assert (got - want).abs().max().item() < ATOL, label
 
 
 @pytest.fixture(scope="module")
