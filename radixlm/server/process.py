@@ -107,7 +107,7 @@ class ServerProcess:
             try:
                 if requests.get(self.url + "/health", timeout=1).status_code == 200:
                     return
-            except requests.ConnectionError:
+            except requests.RequestException:  # not listening yet, or too busy to answer in 1 s
                 pass
             time.sleep(0.3)
         self.stop()
