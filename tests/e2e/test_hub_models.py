@@ -115,11 +115,27 @@ def test_gguf_repo_quant_tag_picks_that_file(hf_home):
     assert [o["output_ids"] for o in got] == [o["output_ids"] for o in want]
 
 
-def serve_error(env: dict, *args: str, notices: tuple[str, ...] = ()) -> str:
+# `python -m radixlm.cli` with huggingface_hub's backoff not sleeping (its retries still run): an
+# unreachable Hub otherwise costs its 1 + 2 + 4 + 8 + 8 s of waiting per request.
+NO_BACKOFF_SLEEP = (
+    "import sys, time, types, runpy; import huggingface_hub.utils._http as h;"
+    " h.time = types.SimpleNamespace(**{n: getattr(time, n) for n in dir(time)"
+    " if not n.startswith('__')}); h.time.sleep = lambda s: None;"
+    " runpy.run_module('radixlm.cli', run_name='__main__', alter_sys=True)"
+)
+
+
+def serve_error(
+    env: dict, *args: str, notices: tuple[str, ...] = (), backoff_sleeps: bool = True
+) -> str:
     """`radixlm serve ARGS` that must fail before starting anything: its one error line (stderr
     holds nothing else but huggingface_hub's lines containing one of `notices`)."""
+    python = [
+        sys.executable,
+        *(["-m", "radixlm.cli"] if backoff_sleeps else ["-c", NO_BACKOFF_SLEEP]),
+    ]
     p = subprocess.run(
-        [sys.executable, "-m", "radixlm.cli", "serve", *args],
+        [*python, "serve", *args],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
@@ -190,6 +206,7 @@ def test_online_failures_are_one_clear_error(hf_home):
         "--model-path",
         "org/absent-model",
         notices=("thrown while requesting", "Retrying in"),
+        backoff_sleeps=False,
     )
     assert "could not be downloaded (ConnectError" in line and "HF_HUB_OFFLINE=1" in line
 
