@@ -152,6 +152,12 @@ EXTENDED: dict[str, str] = {
     },
     "tests/scheduler/test_hicache.py::test_eviction_pressure_and_chunked_prefill"
     "[write_through_selective]": "write-through and write-back stay",
+    "tests/e2e/test_sglang_launch_commands.py::test_sglang_launch_command"
+    "[--enable-torch-compile]": (
+        "compiling on the CPU is most of this case's time: compiled decode equals eager in"
+        " tests/engine/test_torch_compile.py, and the flag's parsing is the flag table's, checked"
+        " for every flag by tests/unit/test_sglang_flags.py"
+    ),
     **{
         f"tests/vision/test_vision_pp.py::test_qwen_vl_pp2_matches_hf[{f}]": (
             "the vision tower on the first stage is the same for every Qwen-VL; qwen35vl stays"
