@@ -1,6 +1,7 @@
 """The model's HF processor for images: AutoProcessor's, or, where transformers' processor needs its
 video processor (torchvision, absent here), the same processor built for images only, with the PIL
-image processor (Qwen2-VL / Qwen3-VL / Qwen3.5, Pixtral, SmolVLM, InternVL, LLaVA-OneVision).
+image processor (Qwen2-VL / Qwen3-VL / Qwen3.5, Pixtral, SmolVLM, InternVL, LLaVA-OneVision;
+Kimi-K2.5, whose PIL image processor is radixlm's: engine/kimi_k25_image.py).
 engine/mm_processor.py runs it over a prompt's images.
 """
 
@@ -34,6 +35,8 @@ def load_hf_processor(model_path: str):
         return _internvl_processor(model_path)
     if model_type == "llava_onevision":
         return _onevision_processor(model_path)
+    if model_type == "kimi_k25":
+        return kimi_k25_image_only().from_pretrained(model_path)
     known = IMAGE_ONLY_PROCESSORS.get(model_type)
     if known is None:
         return AutoProcessor.from_pretrained(model_path)
@@ -164,6 +167,28 @@ def onevision_image_only() -> type:
             )
 
     return LlavaOnevisionImageOnly
+
+
+def kimi_k25_image_only() -> type:
+    """Kimi_K25Processor without its video processor (torchvision), with radixlm's PIL image
+    processor (engine/kimi_k25_image.py: transformers has only a torchvision one, so
+    AutoImageProcessor cannot build it here): its text expansion (each <|media_pad|> into its
+    grid's tokens) is transformers'."""
+    from radixlm.engine.kimi_k25_image import Kimi_K25ImageProcessorPil
+
+    base = _image_processor("kimi_k25.processing_kimi_k25", "Kimi_K25Processor")
+
+    class Kimi_K25ImageOnly(base):
+        @classmethod
+        def _get_arguments_from_pretrained(cls, path, processor_dict=None, **kwargs):
+            from transformers import AutoTokenizer
+
+            return [
+                Kimi_K25ImageProcessorPil.from_pretrained(path),
+                AutoTokenizer.from_pretrained(path),
+            ]
+
+    return Kimi_K25ImageOnly
 
 
 def smolvlm_image_only() -> type:

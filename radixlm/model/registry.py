@@ -110,6 +110,10 @@ MODEL_REGISTRY.register(
     "LlavaOnevisionForConditionalGeneration",
     "radixlm.model.models.llava_onevision:LlavaOnevisionForConditionalGeneration",
 )
+MODEL_REGISTRY.register(  # a DeepSeek-V3 decoder under MoonViT (transformers' layout)
+    "Kimi_K25ForConditionalGeneration",
+    "radixlm.model.models.kimi_k25:Kimi_K25ForConditionalGeneration",
+)
 MODEL_REGISTRY.register(
     "Qwen2VLForConditionalGeneration",
     "radixlm.model.models.qwen2_vl:Qwen2VLForConditionalGeneration",

@@ -6,6 +6,7 @@ import pytest
 
 from tests.vision.checkpoints import write_tiny_idefics3
 from tests.vision.internvl_checkpoint import CHAT_TEMPLATE, write_tiny_internvl
+from tests.vision.kimi_k25_checkpoint import write_tiny_kimi_k25
 from tests.vision.onevision_checkpoint import write_tiny_onevision
 
 
@@ -29,8 +30,9 @@ def _smolvlm(path, tok):
         (write_tiny_internvl, {"image_seq_length": 4}),
         (write_tiny_onevision, {"num_image_tokens": 16, "vision_aspect_ratio": "anyres_max_2"}),
         (_smolvlm, {"image_seq_len": 4}),
+        (write_tiny_kimi_k25, {"image_token": "<|media_pad|>"}),
     ],
-    ids=["internvl", "onevision", "smolvlm"],
+    ids=["internvl", "onevision", "smolvlm", "kimi_k25"],
 )
 def test_saved_chat_template_and_settings_are_kept(tmp_path, tokenizer_dir, write, settings):
     from radixlm.engine.hf_processors import load_hf_processor

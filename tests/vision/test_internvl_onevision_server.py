@@ -1,7 +1,7 @@
-"""InternVL and LLaVA-OneVision through the server and the OpenAI client (chunks of 8 tokens): chat
-messages with one image and two, laid out by the processor's chat template, give HF's greedy
-tokens; the same image asked again is encoded once and comes from the cache; a malformed image is
-a 400 naming its field, and the server keeps serving; a video is a 400."""
+"""InternVL, LLaVA-OneVision and Kimi-K2.5 through the server and the OpenAI client (chunks of 8
+tokens): chat messages with one image and two, laid out by the processor's chat template, give
+HF's greedy tokens; the same image asked again is encoded once and comes from the cache; a
+malformed image is a 400 naming its field, and the server keeps serving; a video is a 400."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import torch
 from tests.vision.checkpoints import png_bytes
 from tests.vision.conftest import data_url
 from tests.vision.internvl_checkpoint import write_tiny_internvl
+from tests.vision.kimi_k25_checkpoint import write_tiny_kimi_k25
 from tests.vision.onevision_checkpoint import write_tiny_onevision
 from tests.vision.test_vision_server import N, chat, client, encoder, messages, vision_server  # noqa: F401
 
@@ -22,6 +23,7 @@ from tests.vision.test_vision_server import N, chat, client, encoder, messages, 
 FAMILIES = {
     "internvl": (write_tiny_internvl, "InternVLForConditionalGeneration", False),
     "onevision": (write_tiny_onevision, "LlavaOnevisionForConditionalGeneration", True),
+    "kimi_k25": (write_tiny_kimi_k25, "Kimi_K25ForConditionalGeneration", False),
 }
 
 
