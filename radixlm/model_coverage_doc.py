@@ -49,6 +49,8 @@ _CONFIG_FIXES: dict[str, dict[str, Any]] = {
         "num_hidden_layers": 4,
         "layer_types": ["linear_attention"] * 3 + ["full_attention"],
     },
+    # the released config.json's name (its remote code's class) for transformers' kimi_k25
+    "KimiK25ForConditionalGeneration": {"model_type": "kimi_k25"},
     # the default has no layer_types (HF's model cannot be built from it either); LFM2-8B-A1B's
     # kind: 24 layers, attention in 6 of them
     "Lfm2MoeForCausalLM": {

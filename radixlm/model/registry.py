@@ -114,6 +114,10 @@ MODEL_REGISTRY.register(  # a DeepSeek-V3 decoder under MoonViT (transformers' l
     "Kimi_K25ForConditionalGeneration",
     "radixlm.model.models.kimi_k25:Kimi_K25ForConditionalGeneration",
 )
+MODEL_REGISTRY.register(  # the name the released config.json gives (its remote code's class)
+    "KimiK25ForConditionalGeneration",
+    "radixlm.model.models.kimi_k25:Kimi_K25ForConditionalGeneration",
+)
 MODEL_REGISTRY.register(
     "Qwen2VLForConditionalGeneration",
     "radixlm.model.models.qwen2_vl:Qwen2VLForConditionalGeneration",

@@ -10,6 +10,7 @@ Kimi_K25ImageProcessor (torchvision only: run here with its resize and pad on PI
 from __future__ import annotations
 
 import io
+import os
 import re
 import sys
 import types
@@ -239,6 +240,25 @@ def test_transformers_module_names_load_too(kimi_dir, hf, tmp_path):
     assert released.keys() == renamed.keys()
     for name, p in released.items():
         assert torch.equal(p, renamed[name]), name
+
+
+def test_released_architecture_name_loads_the_same_model(kimi_dir, tmp_path):
+    """moonshotai's config.json names its remote code's class, KimiK25ForConditionalGeneration
+    (model_type kimi_k25, which transformers reads): served as transformers' class."""
+    import json
+    import shutil
+
+    from radixlm.model.loader import load_model
+
+    for name in os.listdir(kimi_dir):
+        shutil.copy(f"{kimi_dir}/{name}", tmp_path / name)
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["architectures"] = ["KimiK25ForConditionalGeneration"]
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    released = dict(load_model(kimi_dir).model.named_parameters())
+    renamed = dict(load_model(str(tmp_path)).model.named_parameters())
+    assert released.keys() == renamed.keys()
+    assert all(torch.equal(p, renamed[n]) for n, p in released.items())
 
 
 def _hf_image_processor(monkeypatch):
