@@ -34,6 +34,9 @@ EXTENDED: dict[str, str] = {
             "gemma4-moe",
         )
     },
+    # 75 s on a 2-core machine: Zamba2's own path (a later stage embedding the tokens for its
+    # shared blocks) is short beside the pipeline split falcon-h1 and nemotron-h keep in the run
+    "tests/distributed/test_pp_families.py::test_pp2_gives_hf_greedy[zamba2]": _PP,
     **{
         f"tests/{path}::test_q8_0_gguf_agrees_with_hf_top1": _Q8
         for path in (

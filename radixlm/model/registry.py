@@ -192,10 +192,13 @@ def _family(arch: str) -> str:
 
 
 # Families whose nearest relative radixlm serves is not in their name: state-space models -> a
-# Mamba-2 hybrid.
+# Mamba-2 hybrid (Zamba, Zamba2's predecessor: Zamba2).
 _RELATIVES = {
-    prefix: "GraniteMoeHybridForCausalLM"
-    for prefix in ("mamba", "falconmamba", "bamba", "zamba", "jamba")
+    **{
+        prefix: "GraniteMoeHybridForCausalLM"
+        for prefix in ("mamba", "falconmamba", "bamba", "jamba")
+    },
+    "zamba": "Zamba2ForCausalLM",
 }
 
 
@@ -238,6 +241,8 @@ MODEL_REGISTRY.register(
 )
 MODEL_REGISTRY.register("BambaForCausalLM", "radixlm.model.models.bamba:BambaForCausalLM")
 MODEL_REGISTRY.register("JambaForCausalLM", "radixlm.model.models.jamba:JambaForCausalLM")
+# Mamba-2 layers with shared attention blocks (models/zamba2.py).
+MODEL_REGISTRY.register("Zamba2ForCausalLM", "radixlm.model.models.zamba2:Zamba2ForCausalLM")
 # Issue 90: Qwen3-VL and Qwen3-VL-MoE (models/qwen3_vl.py: interleaved M-RoPE, DeepStack).
 MODEL_REGISTRY.register(
     "Qwen3VLForConditionalGeneration",

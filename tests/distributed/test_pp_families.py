@@ -3,11 +3,11 @@ that used to refuse it: at --pp-size 2 a windowed Gemma 2, a post-norm OLMo 3 (w
 no residual: the stages hand over the stream alone), gpt-oss (sinks, windows and experts), a
 Qwen3-MoE, DeepSeek-V2 (MLA's latent pool per stage), GLM-4.5 and every hybrid (Qwen3.5 dense and
 MoE, Qwen3-Next, Nemotron-H with and without its MoE blocks, LFM2, Granite-4.0-H, Falcon-H1, Kimi
-Linear: each stage's KV pool holds its attention layers and its state pool its recurrent layers,
-the same slots on every stage) and Gemma 4 dense and MoE (each stage computes the per-layer inputs
-from the ids; the KV-sharing layers stay on the stage of the layers whose KV they read) give HF's
-greedy tokens (near-tie rule) alone, batched and in prefill chunks smaller than the prompt. A
-partition that would split Gemma 4's KV-sharing layers is refused, naming pp_size."""
+Linear, Zamba2: each stage's KV pool holds its attention layers and its state pool its recurrent
+layers, the same slots on every stage) and Gemma 4 dense and MoE (each stage computes the
+per-layer inputs from the ids; the KV-sharing layers stay on the stage of the layers whose KV they
+read) give HF's greedy tokens (near-tie rule) alone, batched and in prefill chunks smaller than the
+prompt. A partition that would split Gemma 4's KV-sharing layers is refused, naming pp_size."""
 
 from __future__ import annotations
 
@@ -139,6 +139,8 @@ FAMILIES = {
     "lfm2": _hybrid("lfm2"),
     "granite-4.0-h": _mamba_hybrid("GraniteMoeHybridForCausalLM"),
     "falcon-h1": _mamba_hybrid("FalconH1ForCausalLM"),
+    # every stage running a shared block embeds the tokens itself (the block's input)
+    "zamba2": _mamba_hybrid("Zamba2ForCausalLM"),
     "kimi-linear": _kimi,
     "gemma4": _gemma4("DENSE"),
     "gemma4-moe": _gemma4("MOE"),

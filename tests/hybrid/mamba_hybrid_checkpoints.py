@@ -1,8 +1,9 @@
-"""Tiny random-weight checkpoints of the Mamba-2 hybrids with muP-style multipliers: HF
-GraniteMoeHybridForCausalLM (Granite-4.0-H) and FalconH1ForCausalLM; float32, saved with the tiny
-tokenizer of tests/model/hybrid_checkpoints.py, weights drawn as hf_model draws them there (norms
-around 1, A_log = log(U(1, 16)), dt_bias so dt = softplus(dt + dt_bias) stays small, bf16-rounded).
-Every multiplier is set away from 1 so a missing one shows in the logits.
+"""Tiny random-weight checkpoints of the Mamba-2 hybrids: HF GraniteMoeHybridForCausalLM
+(Granite-4.0-H) and FalconH1ForCausalLM, with muP-style multipliers, and Zamba2ForCausalLM (shared
+attention blocks); float32, saved with the tiny tokenizer of tests/model/hybrid_checkpoints.py,
+weights drawn as hf_model draws them there (norms around 1, A_log = log(U(1, 16)), dt_bias so
+dt = softplus(dt + dt_bias) stays small, bf16-rounded). Every multiplier is set away from 1 so a
+missing one shows in the logits.
 
 And the checks their tests share: the Engine they run in (small pools, 100-token prefill chunks,
 invariant checks), HF's greedy reference, a prompt's log-probs against HF's."""
@@ -17,6 +18,7 @@ import transformers
 from radixlm import Engine
 from tests.e2e.test_default_model_greedy import assert_greedy_equal
 from tests.model.helpers import randomize
+from tests.model.hybrid_checkpoints import RESIDUAL_WRITERS
 
 NEW = 10
 VOCAB = 800  # the tiny tokenizer's ordinary tokens
@@ -71,15 +73,41 @@ CONFIGS = {
         max_position_embeddings=2048,
         tie_word_embeddings=False,
     ),
+    # Mamba-2 layers, three of them hybrid (shared blocks 0, 1, 0: block 0 runs twice with its
+    # own adapters and KV each time); attention adapters on q / k / v, RoPE, the gelu MLP.
+    "Zamba2ForCausalLM": dict(
+        hidden_size=64,
+        num_hidden_layers=5,
+        num_attention_heads=4,  # head_dim 2 * 64 / 4 = 32
+        num_key_value_heads=4,  # the k / v adapters need every head (HF's own constraint)
+        layers_block_type=["linear_attention", "hybrid", "linear_attention", "hybrid", "hybrid"],
+        intermediate_size=96,
+        n_mamba_heads=8,  # head_dim 2 * 64 / 8 = 16
+        mamba_ngroups=2,
+        mamba_d_state=16,
+        mamba_d_conv=4,
+        num_mem_blocks=2,
+        use_shared_attention_adapter=True,
+        adapter_rank=8,
+        use_mem_rope=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,  # HF ties the shared blocks only with it (models/zamba2.py)
+    ),
 }
 _CONFIG_CLASSES = {
     "GraniteMoeHybridForCausalLM": "GraniteMoeHybridConfig",
     "FalconH1ForCausalLM": "FalconH1Config",
+    "Zamba2ForCausalLM": "Zamba2Config",
 }
 
 
-def hf_model(arch: str, tokenizer, seed: int = 0, **changes):
-    """A random float32 HF model of `arch` sized for `tokenizer`."""
+def hf_model(arch: str, tokenizer, seed: int = 0, scaled_residual: bool = False, **changes):
+    """A random float32 HF model of `arch` sized for `tokenizer`. scaled_residual: the residual
+    writers (and Zamba2's `linear`, which writes its shared block's output into the Mamba layer's
+    input) times 1 / sqrt(2 layers), GPT-2's init (tests/model/ssm_checkpoints.py): without it
+    the tiny Zamba2's own float32 rounding moves a log-prob by 3e-4 from its float64 value, past
+    ATOL; with it, by 3e-5."""
     cfg = getattr(transformers, _CONFIG_CLASSES[arch])(
         **{
             **CONFIGS[arch],
@@ -102,6 +130,8 @@ def hf_model(arch: str, tokenizer, seed: int = 0, **changes):
                 p.copy_(torch.empty(p.shape).uniform_(-3, -1, generator=g))
             if name == "lm_head.weight":  # logits of a real model's spread: top-1 far from ties
                 p.mul_(8)
+            if scaled_residual and name.endswith((*RESIDUAL_WRITERS, ".linear.weight")):
+                p.mul_((2 * cfg.num_hidden_layers) ** -0.5)
             p.copy_(p.bfloat16().float())
     return hf.eval()
 
