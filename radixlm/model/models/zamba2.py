@@ -33,6 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from radixlm.distributed.parallel_state import get_tp_group
 from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.forward_batch import ForwardBatch
 from radixlm.model.layers.activation import GeluAndMul, SiluAndMul
@@ -243,6 +244,8 @@ class Zamba2Model(DecoderStack):
         super().__init__()
         pp = self.init_stack(config, fused=False)
         check_config(config)
+        if get_tp_group().world_size > 1:  # Mamba2Mixer's in_proj parts would split unevenly
+            raise ValueError("Zamba2 runs with tp_size 1: its Mamba-2 mixers are not split")
         self.layer_types = hybrid_layer_types(config, LAYER_TYPES)
         self.hybrid_layers = [i for i, t in enumerate(self.layer_types) if t == "hybrid"]
         self.num_kv_layers = len(self.hybrid_layers)
