@@ -44,6 +44,11 @@ _CONFIG_FIXES: dict[str, dict[str, Any]] = {
         "model_type": "gemma3",
         "vision_config": {"model_type": "siglip_vision_model", "image_size": 896, "patch_size": 14},
     },
+    # the defaults rotate whole heads (or 42-dim ones), which transformers' own M-RoPE sections
+    # [8, 12, 12] do not fill; the released GLM-4.1V / 4.6V / 4.5V rotate half of 128
+    "Glm4vForConditionalGeneration": {"text_config": {"partial_rotary_factor": 0.5}},
+    "Glm46VForConditionalGeneration": {"text_config": {"partial_rotary_factor": 0.5}},
+    "Glm4vMoeForConditionalGeneration": {"text_config": {"head_dim": 128}},
     # the default has no attention layer; Granite-4.0-H's have one in ten or so
     "GraniteMoeHybridForCausalLM": {
         "num_hidden_layers": 4,

@@ -16,14 +16,25 @@ IMAGE_ONLY_PROCESSORS = {
     "qwen3_5_moe": ("qwen3_vl.processing_qwen3_vl", "Qwen3VLProcessor"),
     "qwen3_vl": ("qwen3_vl.processing_qwen3_vl", "Qwen3VLProcessor"),
     "qwen3_vl_moe": ("qwen3_vl.processing_qwen3_vl", "Qwen3VLProcessor"),
+    "glm4v": ("glm4v.processing_glm4v", "Glm4vProcessor"),
+    "glm4v_moe": ("glm4v.processing_glm4v", "Glm4vProcessor"),
+    "glm46v": ("glm46v.processing_glm46v", "Glm46VProcessor"),
+}
+# model_type -> its PIL image processor, as (module, class), where it is not Qwen2-VL's
+PIL_IMAGE_PROCESSORS = {
+    "glm4v": ("glm4v.image_processing_pil_glm4v", "Glm4vImageProcessorPil"),
+    "glm4v_moe": ("glm4v.image_processing_pil_glm4v", "Glm4vImageProcessorPil"),
+    "glm46v": ("glm46v.image_processing_pil_glm46v", "Glm46VImageProcessorPil"),
 }
 
 
 def load_hf_processor(model_path: str):
     """The model's HF processor: AutoProcessor's, except for Qwen2-VL / Qwen2.5-VL / Qwen3.5 /
-    Qwen3-VL, whose processors need their video processor (torchvision): the same processor for
-    images only, with the PIL image processor.
+    Qwen3-VL / GLM-4V, whose processors need their video processor (torchvision): the same
+    processor for images only, with the PIL image processor.
     """
+    import importlib
+
     from transformers import AutoConfig, AutoProcessor
 
     model_type = AutoConfig.from_pretrained(model_path).model_type
@@ -40,13 +51,13 @@ def load_hf_processor(model_path: str):
     known = IMAGE_ONLY_PROCESSORS.get(model_type)
     if known is None:
         return AutoProcessor.from_pretrained(model_path)
-    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
-
+    module, name = PIL_IMAGE_PROCESSORS.get(
+        model_type, ("qwen2_vl.image_processing_pil_qwen2_vl", "Qwen2VLImageProcessorPil")
+    )
+    pil = getattr(importlib.import_module(f"transformers.models.{module}"), name)
     proc = _image_processor(*known).from_pretrained(model_path)
-    if not isinstance(
-        proc.image_processor, Qwen2VLImageProcessorPil
-    ):  # the fast one may differ in the last bits
-        proc.image_processor = Qwen2VLImageProcessorPil.from_pretrained(model_path)
+    if not isinstance(proc.image_processor, pil):  # the fast one may differ in the last bits
+        proc.image_processor = pil.from_pretrained(model_path)
     return proc
 
 

@@ -252,3 +252,10 @@ MODEL_REGISTRY.register(
     "Qwen3VLMoeForConditionalGeneration",
     "radixlm.model.models.qwen3_vl:Qwen3VLForConditionalGeneration",
 )
+# GLM-4.1V-Thinking, GLM-4.5V, GLM-4.6V (models/glm4v.py: GLM-4's / GLM-4.5's decoder with M-RoPE).
+for _arch in (
+    "Glm4vForConditionalGeneration",
+    "Glm4vMoeForConditionalGeneration",
+    "Glm46VForConditionalGeneration",
+):
+    MODEL_REGISTRY.register(_arch, "radixlm.model.models.glm4v:Glm4vForConditionalGeneration")

@@ -23,7 +23,7 @@ def test_a_scheduler_refusal_is_a_startup_refusal_error(tiny_model_dir):
 
 
 def test_an_unsupported_architecture_is_refused_naming_the_closest(tiny_model_dir, tmp_path):
-    """A checkpoint of an architecture radixlm does not serve (GLM-4.1V's name on the tiny Llama):
+    """A checkpoint of an architecture radixlm does not serve (GLM-OCR's name on the tiny Llama):
     one line naming it and the closest one radixlm serves, not the whole list."""
     path = unsupported_checkpoint(tiny_model_dir, tmp_path)
     with pytest.raises(ValueError) as refused:
@@ -33,14 +33,14 @@ def test_an_unsupported_architecture_is_refused_naming_the_closest(tiny_model_di
 
 # (tests/e2e/test_startup_refusals.py reads these too)
 UNSUPPORTED = (
-    r"unsupported model architecture Glm4vForConditionalGeneration; the closest radixlm serves:"
+    r"unsupported model architecture GlmOcrForConditionalGeneration; the closest radixlm serves:"
     r" Glm4\w+ \(full list: `radixlm models` or docs/models\.md#coverage\)"
 )
 
 
 def unsupported_checkpoint(tiny_model_dir, tmp_path) -> str:
-    path = shutil.copytree(tiny_model_dir, tmp_path / "glm4v")
+    path = shutil.copytree(tiny_model_dir, tmp_path / "glmocr")
     config = json.loads((path / "config.json").read_text())
-    config["architectures"] = ["Glm4vForConditionalGeneration"]
+    config["architectures"] = ["GlmOcrForConditionalGeneration"]
     (path / "config.json").write_text(json.dumps(config))
     return str(path)

@@ -109,10 +109,10 @@ def test_the_closest_architecture(arch, closest):
 
 def test_an_unsupported_architecture_is_one_line_naming_the_closest():
     with pytest.raises(ValueError) as refused:
-        resolve_architecture(["Glm4vForConditionalGeneration"])
+        resolve_architecture(["GlmOcrForConditionalGeneration"])
     message = str(refused.value)
     assert "\n" not in message and len(message) < 200
-    assert message.startswith("unsupported model architecture Glm4vForConditionalGeneration; the")
+    assert message.startswith("unsupported model architecture GlmOcrForConditionalGeneration; the")
     assert " the closest radixlm serves: Glm4" in message
     assert message.endswith("(full list: `radixlm models` or docs/models.md#coverage)")
     with pytest.raises(ValueError, match="names no architecture"):

@@ -87,3 +87,15 @@ def tiny_qwen3vl_dir(tmp_path_factory, tokenizer_dir):
 @pytest.fixture(scope="session")
 def hf_qwen3vl(tiny_qwen3vl_dir):
     return load_hf_qwen(tiny_qwen3vl_dir, "Qwen3VLForConditionalGeneration")
+
+
+@pytest.fixture(scope="session")
+def tiny_glm4v_dir(tmp_path_factory, tokenizer_dir):
+    from tests.vision.glm4v_checkpoint import write_tiny_glm4v
+
+    return write_tiny_glm4v(str(tmp_path_factory.mktemp("tiny-glm4v")), tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def hf_glm4v(tiny_glm4v_dir):
+    return load_hf_qwen(tiny_glm4v_dir, "Glm4vForConditionalGeneration")

@@ -9,6 +9,9 @@ The Llama graph (pre-norm, the residual stream riding along) with:
   the rotate_half order RotaryEmbedding applies (rotary.interleaved_to_rotate_half);
 - the MLP's gate and up stored as one mlp.gate_up_proj ([gate; up] rows), cut at load into the
   fused layer's shards (quantized GGUF rows too).
+
+M-RoPE sections in the config are refused here (a text-only GLM-4 has no images to place); GLM-4V's
+decoder (glm4v.py: Glm4vTextForCausalLM) is this one with them, and q/k/v always biased.
 """
 
 from __future__ import annotations
@@ -27,14 +30,14 @@ from radixlm.model.models.llama import LlamaAttention, LlamaForCausalLM, LlamaML
 
 
 class Glm4DecoderLayer(nn.Module):
-    def __init__(self, config: Any, layer_id: int, rotary_emb: RotaryEmbedding):
+    def __init__(self, config: Any, layer_id: int, rotary_emb: RotaryEmbedding, qkv_bias: bool):
         super().__init__()
         eps, hidden = config.rms_norm_eps, config.hidden_size
         self.self_attn = LlamaAttention(
             config,
             layer_id,
             rotary_emb,
-            qkv_bias=bool(getattr(config, "attention_bias", False)),
+            qkv_bias=qkv_bias,
             qk_norm=False,
             o_bias=False,
         )
@@ -55,13 +58,13 @@ class Glm4DecoderLayer(nn.Module):
 
 
 class Glm4Model(DecoderStack):
-    def __init__(self, config: Any):
+    def __init__(self, config: Any, qkv_bias: bool):
         super().__init__()
         self.init_stack(config, fused=False)  # the one-op native decoder has no post-norms
         self.embed_tokens = self.stage_embedding(config)
         self.rotary_emb = rope = get_rope(get_head_dim(config), config)
         self.layers = self.stage_layers(
-            config.num_hidden_layers, lambda i: Glm4DecoderLayer(config, i, rope)
+            config.num_hidden_layers, lambda i: Glm4DecoderLayer(config, i, rope, qkv_bias)
         )
         self.norm = self.on_last(lambda: RMSNorm(config.hidden_size, eps=config.rms_norm_eps))
 
@@ -70,11 +73,22 @@ class Glm4ForCausalLM(LlamaForCausalLM):
     def build_model(self, config: Any) -> nn.Module:
         act = getattr(config, "hidden_act", "silu")
         if act != "silu":  # the MLP is SiluAndMul
-            raise ValueError(f"Glm4ForCausalLM: hidden_act {act!r} is not supported (silu)")
+            raise ValueError(f"{type(self).__name__}: hidden_act {act!r} is not supported (silu)")
+        self.check_rope(config)
+        return Glm4Model(config, self.qkv_bias(config))
+
+    def check_rope(self, config: Any) -> None:
+        """A text-only GLM-4 has no images to place: M-RoPE sections are refused (GLM-4V's
+        decoder, glm4v.py, takes them)."""
         params = getattr(config, "rope_parameters", None) or {}
         if params.get("mrope_section"):  # GLM-4V's text model: M-RoPE positions
-            raise ValueError("Glm4ForCausalLM: rope_parameters.mrope_section is not supported")
-        return Glm4Model(config)
+            raise ValueError(
+                "Glm4ForCausalLM: rope_parameters.mrope_section is not supported (GLM-4V's M-RoPE"
+                " is Glm4vForConditionalGeneration's)"
+            )
+
+    def qkv_bias(self, config: Any) -> bool:
+        return bool(getattr(config, "attention_bias", False))
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         super().load_weights(self._hf_layout(weights))
