@@ -126,3 +126,40 @@ def test_text_config_model_type_is_named():
 
     with pytest.raises(ValueError, match="text_config.model_type"):
         Glm4vForConditionalGeneration(cfg)
+
+
+def test_moe_experts_per_expert_or_stacked_and_mtp_layers_skipped():
+    """GLM-4.5V's released files hold each expert apart (mlp.experts.<e>.gate_proj / up_proj /
+    down_proj), transformers' save_pretrained stacks them: both load to the same weights; a layer
+    past num_hidden_layers (the multi-token-prediction layer GLM-4.5's checkpoints carry) is
+    skipped."""
+    from radixlm.model.models.glm4v import Glm4vForConditionalGeneration
+
+    cfg = tiny_glm4v_config("moe", 64, _ids(64))
+    torch.manual_seed(0)
+    hf = transformers.Glm4vMoeForConditionalGeneration(cfg).float().eval()
+    randomize(hf)
+    stacked = dict(hf.state_dict())
+    apart = {}
+    for name, t in stacked.items():
+        if name.endswith(".mlp.experts.gate_up_proj"):
+            inter = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                apart[name.replace("gate_up_proj", f"{e}.gate_proj.weight")] = t[e, :inter]
+                apart[name.replace("gate_up_proj", f"{e}.up_proj.weight")] = t[e, inter:]
+        elif name.endswith(".mlp.experts.down_proj"):
+            for e in range(t.shape[0]):
+                apart[name.replace("down_proj", f"{e}.down_proj.weight")] = t[e]
+        else:
+            apart[name] = t
+    mtp = f"model.language_model.layers.{cfg.text_config.num_hidden_layers}."
+    apart[mtp + "eh_proj.weight"] = torch.zeros(128, 256)
+    apart[mtp + "self_attn.q_proj.weight"] = torch.zeros(128, 128)
+    models = []
+    for weights in (stacked, apart):
+        m = Glm4vForConditionalGeneration(cfg)
+        m.load_weights(list(weights.items()))
+        models.append(dict(m.named_parameters()))
+    assert models[0].keys() == models[1].keys()
+    for name, p in models[0].items():
+        assert torch.equal(p, models[1][name]), name

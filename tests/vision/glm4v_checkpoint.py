@@ -7,10 +7,12 @@ kind "glm4v": Glm4vForConditionalGeneration (GLM-4.1V-Thinking) with GLM-4's den
 (glm4v_text: sandwich norms, q/k/v biases, interleaved rotary pairs); "glm46v":
 Glm46VForConditionalGeneration with the same decoder (transformers' default glm4v_text); "moe":
 Glm4vMoeForConditionalGeneration (GLM-4.5V) with GLM-4.5's MoE decoder (a dense first layer, then
-4 routed experts, top 2, and a shared one). Each decoder turns by M-RoPE over half of its 32-dim
-heads (partial_rotary_factor 0.5: 8 frequencies in sections 4, 2, 2); the vision tower is 2 blocks
-of GLM-4V's ViT (hidden 32, 4 heads) with a learned 8x8 position grid resampled to each image's
-grid, a conv downsample and the patch merger.
+4 routed experts, top 2, and a shared one); "glm46v-moe": Glm46VForConditionalGeneration over that
+MoE decoder and GLM-4.5V's tower (glm4v_moe_text / glm4v_moe_vision: GLM-4.6V, 106B-A12B, is a
+MoE). Each decoder turns by M-RoPE over half of its 32-dim heads (partial_rotary_factor 0.5: 8
+frequencies in sections 4, 2, 2); the vision tower is 2 blocks of GLM-4V's ViT (hidden 32, 4 heads)
+with a learned 8x8 position grid resampled to each image's grid, a conv downsample and the patch
+merger.
 """
 
 from __future__ import annotations
@@ -41,6 +43,8 @@ ARCHS = {
     "glm46v": ("Glm46VConfig", "Glm46VForConditionalGeneration"),
     "moe": ("Glm4vMoeConfig", "Glm4vMoeForConditionalGeneration"),
 }
+# GLM-4.6V as released: Glm46VForConditionalGeneration over GLM-4.5V's MoE decoder and tower
+GLM46V_MOE = ("Glm46VConfig", "Glm46VForConditionalGeneration")
 TEXT = dict(
     hidden_size=128,
     intermediate_size=96,
@@ -85,13 +89,15 @@ def tiny_glm4v_config(kind: str, vocab_size: int, ids: dict[str, int], **text_co
     import transformers
 
     text = dict(TEXT, vocab_size=vocab_size, bos_token_id=1, eos_token_id=2)
-    if kind == "moe":
+    if kind in ("moe", "glm46v-moe"):
         text.update(MOE)
     text.update(text_config)
     vision = dict(VISION, out_hidden_size=text["hidden_size"])
     if kind == "glm46v":
         text["model_type"], vision["model_type"] = "glm4v_text", "glm4v_vision"
-    return getattr(transformers, ARCHS[kind][0])(
+    if kind == "glm46v-moe":
+        text["model_type"], vision["model_type"] = "glm4v_moe_text", "glm4v_moe_vision"
+    return getattr(transformers, {**ARCHS, "glm46v-moe": GLM46V_MOE}[kind][0])(
         text_config=text,
         vision_config=vision,
         image_token_id=ids["<|image|>"],
@@ -127,7 +133,7 @@ def write_tiny_glm4v(path: str, base_tokenizer_path: str, kind: str = "glm4v") -
     ids = {t: tok.convert_tokens_to_ids(t) for t in GLM_TOKENS}
     cfg = tiny_glm4v_config(kind, len(tok), ids)
     torch.manual_seed(0)
-    model = getattr(transformers, ARCHS[kind][1])(cfg).float().eval()
+    model = getattr(transformers, {**ARCHS, "glm46v-moe": GLM46V_MOE}[kind][1])(cfg).float().eval()
     randomize(model)
     model.save_pretrained(path)
     Glm4vImageProcessorPil(

@@ -14,7 +14,7 @@ import pytest
 from radixlm import Engine
 from tests.conftest import engine_args
 from tests.vision.conftest import load_hf_qwen
-from tests.vision.glm4v_checkpoint import ARCHS, IMG, write_tiny_glm4v
+from tests.vision.glm4v_checkpoint import ARCHS, GLM46V_MOE, IMG, write_tiny_glm4v
 from tests.vision.test_qwen2vl_vs_hf import hf_reference as _hf_reference
 from tests.vision.test_qwen2vl_vs_hf import urls
 from tests.vision.test_qwen35vl_vs_hf import SP, check_against_hf, generate
@@ -101,3 +101,17 @@ def test_second_turn_hits_into_the_first_answer(family):
     out = generate(engine, turn2, images, return_logprob=True)
     assert out["meta_info"]["cached_tokens"] > inputs["input_ids"].shape[1] + 4  # into the answer
     check_against_hf(out, tokens2, logprobs2, f"{kind} turn 2")
+
+
+def test_glm46v_over_the_moe_decoder_matches_hf(tmp_path_factory, tokenizer_dir):
+    """Glm46VForConditionalGeneration whose text and vision configs are GLM-4.5V's
+    (glm4v_moe_text, glm4v_moe_vision: GLM-4.6V is a MoE), two images in one prompt."""
+    path = write_tiny_glm4v(
+        str(tmp_path_factory.mktemp("tiny-glm46v-moe")), tokenizer_dir, "glm46v-moe"
+    )
+    hf = load_hf_qwen(path, GLM46V_MOE[1])
+    text, images = CASES[2]
+    _, tokens, logprobs = hf_reference(hf, text, images, N)
+    with Engine(path, **engine_args(chunked_prefill_size=8, max_prefill_tokens=8)) as e:
+        out = generate(e, text, images, return_logprob=True)
+    check_against_hf(out, tokens, logprobs, "glm46v over the MoE decoder")
