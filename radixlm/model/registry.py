@@ -26,6 +26,10 @@ MODEL_REGISTRY.register(
 )
 MODEL_REGISTRY.register("Gemma2ForCausalLM", "radixlm.model.models.gemma2:Gemma2ForCausalLM")
 MODEL_REGISTRY.register("Gemma3ForCausalLM", "radixlm.model.models.gemma3:Gemma3ForCausalLM")
+MODEL_REGISTRY.register("Gemma3nForCausalLM", "radixlm.model.models.gemma3n:Gemma3nForCausalLM")
+MODEL_REGISTRY.register(  # the text model (the vision and audio towers are not run)
+    "Gemma3nForConditionalGeneration", "radixlm.model.models.gemma3n:Gemma3nForCausalLM"
+)
 MODEL_REGISTRY.register("Gemma4ForCausalLM", "radixlm.model.models.gemma4:Gemma4ForCausalLM")
 MODEL_REGISTRY.register(
     "Gemma4ForConditionalGeneration", "radixlm.model.models.gemma4:Gemma4ForCausalLM"

@@ -6,8 +6,9 @@ MoE, Qwen3-Next, Nemotron-H with and without its MoE blocks, LFM2, Granite-4.0-H
 Linear, Zamba2: each stage's KV pool holds its attention layers and its state pool its recurrent
 layers, the same slots on every stage) and Gemma 4 dense and MoE (each stage computes the
 per-layer inputs from the ids; the KV-sharing layers stay on the stage of the layers whose KV they
-read) give HF's greedy tokens (near-tie rule) alone, batched and in prefill chunks smaller than the
-prompt. A partition that would split Gemma 4's KV-sharing layers is refused, naming pp_size."""
+read) and Gemma 3n (the same, its AltUp copies handed over flattened) give HF's greedy tokens
+(near-tie rule) alone, batched and in prefill chunks smaller than the prompt. A partition that would
+split Gemma 4's KV-sharing layers is refused, naming pp_size."""
 
 from __future__ import annotations
 
@@ -94,6 +95,12 @@ def _gemma4(layout):
     return make
 
 
+def _gemma3n(path):
+    from tests.model.gemma3n_checkpoint import gemma3n_checkpoint
+
+    return gemma3n_checkpoint(path, tie_word_embeddings=False)
+
+
 def _hybrid(arch):
     def make(path):
         from tests.model.hybrid_checkpoints import hybrid_checkpoint
@@ -144,6 +151,7 @@ FAMILIES = {
     "kimi-linear": _kimi,
     "gemma4": _gemma4("DENSE"),
     "gemma4-moe": _gemma4("MOE"),
+    "gemma3n": _gemma3n,
 }
 
 

@@ -260,6 +260,10 @@ class Gemma4Model(DecoderStack):
 class Gemma4ForCausalLM(Gemma2ForCausalLM):
     stacked_params_mapping = Gemma2ForCausalLM.stacked_params_mapping
 
+    def __init__(self, config: Any):
+        # a ConditionalGeneration's config nests the text model's (text_config)
+        super().__init__(config.get_text_config())
+
     def build_model(self, config: Any) -> nn.Module:
         return Gemma4Model(config)
 
@@ -270,6 +274,10 @@ class Gemma4ForCausalLM(Gemma2ForCausalLM):
     def kv_shared_layers(self) -> list[int]:
         """The layers that keep no KV of their own (kv_layout.layer_shapes)."""
         return [i for i, s in enumerate(self.model.kv_source) if s != i]
+
+    def param_name(self, name: str) -> str:
+        # (a pipeline stage picks its tensors by this name: a ConditionalGeneration's too)
+        return super().param_name(name.replace("model.language_model.", "model.", 1))
 
     def load_weights(self, weights) -> None:
         self._quantized_experts: set[str] = set()
