@@ -32,6 +32,7 @@ EXTENDED: dict[str, str] = {
             "granite-4.0-h",
             "gemma4",
             "gemma4-moe",
+            "gemma3n",
         )
     },
     # 75 s on a 2-core machine: Zamba2's own path (a later stage embedding the tokens for its
@@ -50,6 +51,7 @@ EXTENDED: dict[str, str] = {
             "model/test_jamba.py",
             "model/test_minimax_m2.py",
             "model/test_cohere2.py",
+            "model/test_gemma3n.py",
         )
     },
     **{

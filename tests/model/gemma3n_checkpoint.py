@@ -68,10 +68,15 @@ def text_config(tok, **overrides) -> transformers.Gemma3nTextConfig:
     )
 
 
-def gemma3n_checkpoint(path: str, **overrides) -> transformers.PreTrainedModel:
+def gemma3n_checkpoint(
+    path: str, full_ple_table: bool = False, **overrides
+) -> transformers.PreTrainedModel:
     """The checkpoint saved at path with the tiny tokenizer; returns HF's Gemma3nForCausalLM of the
-    same text weights."""
+    same text weights. full_ple_table: a per-layer table of the whole vocabulary (where the GGUF's,
+    padded with zeros by the converter, reads as HF's)."""
     tok = tiny_tokenizer()
+    if full_ple_table:
+        overrides["vocab_size_per_layer_input"] = len(tok)
     cfg = text_config(tok, **overrides)
     cfg.architectures = ["Gemma3nForCausalLM"]
     torch.manual_seed(0)
@@ -104,3 +109,85 @@ def gemma3n_checkpoint(path: str, **overrides) -> transformers.PreTrainedModel:
     full.save_pretrained(path)
     tok.save_pretrained(path)
     return hf
+
+
+def write_gemma3n_gguf(
+    hf: transformers.PreTrainedModel, tokenizer_dir: str, path: str, qtype: str = "f32"
+) -> str:
+    """hf as llama.cpp's converter writes it, --outtype qtype ("f32", or "q8_0" by its per-tensor
+    type rules: hybrid_checkpoints._stored) (conversion/gemma.py Gemma3NModel on
+    Gemma3Model and TextModel): per-layer widths as an array, the sliding layers' RoPE base as
+    freq_base_swa, the layer pattern as flags, each layer's std multiplier
+    (Normal(0, 1).icdf(sparsity), -inf where dense) as activation_sparsity_scale, the AltUp
+    projections stacked, the per-layer table padded with zero rows to the vocabulary, the `_scale`
+    vector named .weight, norms as they are; and the shared layers' k / v projections a release
+    carries (random here: radixlm must skip them)."""
+    import gguf
+
+    from tests.model.hybrid_checkpoints import _add_vocab, _stored
+
+    cfg = hf.config
+    ftype = {"f32": gguf.LlamaFileType.ALL_F32, "q8_0": gguf.LlamaFileType.MOSTLY_Q8_0}[qtype]
+
+    def add(gname: str, t: torch.Tensor) -> None:
+        data, dtype = _stored(gname, t.float(), ftype, gguf.MODEL_ARCH.GEMMA3N)
+        w.add_tensor(gname, data, raw_dtype=dtype)
+
+    n, arch = cfg.num_hidden_layers, "gemma3n"
+    w = gguf.GGUFWriter(path, arch)
+    w.add_type(gguf.GGUFType.MODEL)
+    w.add_block_count(n)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(list(cfg.intermediate_size))
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(cfg.rope_parameters["full_attention"]["rope_theta"])
+    w.add_rope_freq_base_swa(cfg.rope_parameters["sliding_attention"]["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_file_type(ftype)
+    w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    w.add_sliding_window(cfg.sliding_window)
+    w.add_altup_active_idx(cfg.altup_active_idx)
+    w.add_altup_num_inputs(cfg.altup_num_inputs)
+    w.add_embedding_length_per_layer_input(cfg.hidden_size_per_layer_input)
+    w.add_shared_kv_layers(cfg.num_kv_shared_layers)
+    normal = torch.distributions.normal.Normal(0, 1)
+    w.add_activation_sparsity_scale(
+        [
+            normal.icdf(torch.tensor(s, dtype=torch.float32)).item()
+            for s in cfg.activation_sparsity_pattern
+        ]
+    )
+    w.add_sliding_window_pattern([t == "sliding_attention" for t in cfg.layer_types])
+    _add_vocab(w, tokenizer_dir, cfg.vocab_size, "qwen2")
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3N, n)
+    state = hf.state_dict()
+    stacked = {"altup_projections": "altup_proj", "altup_unembed_projections": "altup_unembd_proj"}
+    for part, gname in stacked.items():
+        mats = [state.pop(f"model.{part}.{i}.weight") for i in range(cfg.altup_num_inputs - 1)]
+        add(f"{gname}.weight", torch.stack(mats))
+    g = torch.Generator().manual_seed(6)
+    kv = cfg.num_key_value_heads * cfg.head_dim
+    for i, mode in enumerate(cfg.kv_sharing_modes):
+        if mode == "reuse":
+            for part in ("attn_k", "attn_v"):
+                add(f"blk.{i}.{part}.weight", torch.randn(kv, cfg.hidden_size, generator=g))
+    for name, t in state.items():
+        if cfg.tie_word_embeddings and name == "lm_head.weight":
+            continue
+        if name == "model.embed_tokens_per_layer.weight" and t.shape[0] < cfg.vocab_size:
+            t = torch.cat([t, t.new_zeros(cfg.vocab_size - t.shape[0], t.shape[1])])
+        if name.endswith("_scale"):
+            name += ".weight"  # (the converter's filter_tensors)
+        gname = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if gname is None:
+            raise KeyError(f"no GGUF name for {name}")
+        add(gname, t)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path

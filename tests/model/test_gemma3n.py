@@ -15,6 +15,7 @@ import torch
 
 from radixlm import Engine
 from radixlm.model.loader import load_model
+from tests.model.cache_checks import ids
 from tests.model.gemma3n_checkpoint import gemma3n_checkpoint
 from tests.model.windowed_checkpoints import CHUNK, NEW, WINDOW, _references, reference
 
@@ -24,8 +25,11 @@ LOGPROB_ATOL = 1e-4  # float32 on both sides (test_deepseek.py's)
 
 @pytest.fixture(scope="module")
 def ckpt(tmp_path_factory):
+    """A head of its own and a per-layer table of the whole vocabulary (the GGUF tests': the
+    converter pads a smaller one with zeros, which llama.cpp and radixlm read where HF reads its
+    row 0; the released layout's smaller table is test_tied_head_as_released's)."""
     path = str(tmp_path_factory.mktemp("gemma3n"))
-    return path, gemma3n_checkpoint(path, tie_word_embeddings=False)
+    return path, gemma3n_checkpoint(path, full_ple_table=True, tie_word_embeddings=False)
 
 
 @pytest.fixture(scope="module")
@@ -91,10 +95,12 @@ def test_second_turn_from_the_radix_cache(engine, ckpt):
 
 
 def test_tied_head_as_released(tmp_path):
-    """The releases' tied head (no lm_head tensor in the file): HF's tokens and log-probs."""
+    """The releases' tied head (no lm_head tensor in the file) and a per-layer table smaller than
+    the vocabulary (the prompt's ids past it read row 0): HF's tokens and log-probs."""
     hf = gemma3n_checkpoint(str(tmp_path))
     assert hf.config.tie_word_embeddings
-    prompt = _references(hf)[0][2]
+    prompt = ids(8, 45)
+    assert max(prompt) >= hf.config.vocab_size_per_layer_input
     with Engine(model_path=str(tmp_path), quantization="none", log_level="warning") as e:
         out = e.generate(input_ids=prompt, sampling_params=SP, return_logprob=True)
     assert_hf(out, reference(hf, prompt), "tied")
@@ -174,3 +180,32 @@ def test_a_backend_reading_one_kv_shape_is_refused(ckpt):
     path, _ = ckpt
     with pytest.raises(Exception, match="keeps KV of different shapes per layer"):
         Engine(model_path=path, quantization="none", log_level="warning", attention_backend="torch")
+
+
+def test_gguf_greedy_matches_hf(ckpt, tmp_path):
+    """The text model as llama.cpp's converter writes it: HF's tokens alone, batched and in
+    prefill chunks; the converter's std multipliers taken as they are."""
+    from tests.model.gemma3n_checkpoint import write_gemma3n_gguf
+    from tests.model.windowed_checkpoints import check_greedy
+
+    path, hf = ckpt
+    gguf_path = write_gemma3n_gguf(hf, path, str(tmp_path / "gemma3n.gguf"))
+    loaded = load_model(gguf_path, quantization="none")
+    assert loaded.architecture == "Gemma3nForCausalLM"
+    mults = [layer.mlp.std_multiplier for layer in loaded.model.model.layers]
+    assert mults[1] is None and mults[4] is None and mults[0] == pytest.approx(1.6448536)
+    check_greedy(gguf_path, hf, "gemma3n gguf")
+
+
+def test_q8_0_gguf_agrees_with_hf_top1(ckpt, tmp_path):
+    """A Q8_0 file (its matrices kept quantized, the native kernels): top-1 agreement >= 95% with
+    HF holding the file's dequantized weights, along HF's own greedy text."""
+    from tests.hybrid.test_hybrid_gguf import hf_holding
+    from tests.model.gemma3n_checkpoint import write_gemma3n_gguf
+    from tests.model.top1_agreement import top1_agreement
+    from tests.model.windowed_checkpoints import VOCAB
+
+    path, hf = ckpt
+    q8 = write_gemma3n_gguf(hf, path, str(tmp_path / "gemma3n-q8_0.gguf"), "q8_0")
+    agree, total = top1_agreement(q8, hf, hf_holding(hf, q8), VOCAB, new_tokens=120)
+    assert agree / total >= 0.95, f"gemma3n Q8_0: top-1 agreement {agree}/{total}"

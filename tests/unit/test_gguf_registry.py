@@ -39,6 +39,7 @@ ARCHITECTURES = (
     "granitehybrid",
     "falcon-h1",
     "gpt-oss",
+    "gemma3n",
     "gemma4",
     "llama4",
     "kimi-linear",

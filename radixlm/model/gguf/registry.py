@@ -7,7 +7,8 @@ window (OLMo 3), gemma2 and gemma3 (what llama.cpp fixes by architecture instead
 the MoE ones (moe.py, deepseek.py, glm4moe.py), the hybrid qwen35, qwen35moe, qwen3next (the
 converter's transformations undone, its tiled V-head order kept), nemotron_h, nemotron_h_moe,
 lfm2 and lfm2moe (hybrid_ssm.py), granitehybrid and falcon-h1 (mamba2_hybrid.py), gpt-oss,
-gemma4, llama4, kimi-linear; glm4, granite and granitemoe, cohere2; ernie4_5-moe (ernie.py).
+gemma3n, gemma4, llama4, kimi-linear; glm4, granite and granitemoe, cohere2; ernie4_5-moe
+(ernie.py).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ for _name, _target in [
     ("granitehybrid", "mamba2_hybrid:GRANITEHYBRID"),
     ("falcon-h1", "mamba2_hybrid:FALCON_H1"),
     ("gpt-oss", "gpt_oss:GPT_OSS"),
+    ("gemma3n", "gemma3n:GEMMA3N"),
     ("gemma4", "gemma4:GEMMA4"),
     ("llama4", "llama4:LLAMA4"),
     ("kimi-linear", "kimi_linear:KIMI_LINEAR"),

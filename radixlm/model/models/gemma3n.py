@@ -101,10 +101,14 @@ class Gemma3nMLP(nn.Module):
         self.act_fn = gemma_act(config)
         sparsity = float(_per_layer(config.activation_sparsity_pattern or 0.0, layer_id))
         # HF: Normal(0, 1).icdf(s) in float32 (erfinv(2s - 1) * sqrt(2), computed alike here on
-        # the CPU: the model may be built on the meta device), cast to the activations' dtype
+        # the CPU: the model may be built on the meta device), cast to the activations' dtype. A
+        # GGUF gives the converter's multipliers themselves (activation_sparsity_scale).
         s = torch.tensor(sparsity, dtype=torch.float32, device="cpu")
-        icdf = torch.erfinv(2 * s - 1) * math.sqrt(2)
-        self.std_multiplier = float(icdf) if sparsity > 0 else None
+        icdf = float(torch.erfinv(2 * s - 1) * math.sqrt(2))
+        scales = getattr(config, "activation_sparsity_scale", None)
+        if scales is not None:
+            icdf = float(scales[layer_id])
+        self.std_multiplier = icdf if sparsity > 0 else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate_up = self.gate_up_proj(x)

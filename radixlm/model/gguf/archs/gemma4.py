@@ -33,7 +33,7 @@ _TOP = {
     "per_layer_model_proj": "model.per_layer_model_projection",
     "per_layer_proj_norm": "model.per_layer_projection_norm",
 }
-_LAYER = {
+LAYER_NAMES = {
     "attn_norm": "input_layernorm",
     "attn_q": "self_attn.q_proj",
     "attn_k": "self_attn.k_proj",
@@ -164,8 +164,8 @@ def gemma4_weights(
                 continue  # rope_freqs: read into the config
             name = f"{_TOP[base]}.{suffix}"
         else:
-            hf = _LAYER.get(f"{base}.{suffix}") or (
-                f"{_LAYER[base]}.{suffix}" if base in _LAYER else None
+            hf = LAYER_NAMES.get(f"{base}.{suffix}") or (
+                f"{LAYER_NAMES[base]}.{suffix}" if base in LAYER_NAMES else None
             )
             if hf is None:
                 continue
