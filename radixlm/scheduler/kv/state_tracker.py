@@ -153,7 +153,8 @@ class StateTracker(BaseStateTracker):
             r = c.req
             assert r.state_len == c.start, (r.rid, r.state_len, c.start)
             mine = []
-            for p, ends_prompt in self._track_points(c.start, c.end, c.is_last, r.state_branch):
+            points = self._track_points(c.start, c.end, c.is_last, r.state_branch, r.seqlen)
+            for p, ends_prompt in points:
                 # An interval's snapshot, soon superseded by the prompt's end below it, may only
                 # displace superseded ones: never a whole prefix that another request may reuse.
                 slot = self.tree.alloc_state(superseded_only=not ends_prompt)
@@ -185,7 +186,7 @@ class StateTracker(BaseStateTracker):
         self.pool.release_drafts(slots)
 
     def _track_points(
-        self, start: int, end: int, is_last: bool, branch: int | None
+        self, start: int, end: int, is_last: bool, branch: int | None, seqlen: int
     ) -> list[tuple[int, bool]]:
         """(position, whether it may displace any snapshot: the prompt's end points, which a
         next turn or a retry resumes at, and the branch point; the intervals may displace only
@@ -198,6 +199,8 @@ class StateTracker(BaseStateTracker):
             # before: the same prompt again (a retry, n > 1's copies) must compute its last token
             # for the logits, and text appended to it may merge into its last token.
             points = [(end, True)] + ([(end - 1, True)] if end - 1 > start else [])
+        elif end == seqlen - 1:  # the last chunk is the last token alone: one before it is here
+            points = [(end, True)]
         if branch is not None and start < branch <= end and branch not in dict(points):
             points.append((branch, True))  # two prompts share it: a group's context
         step = self.track_interval
