@@ -1,7 +1,8 @@
 """The model's HF processor for images: AutoProcessor's, or, where transformers' processor needs its
 video processor (torchvision, absent here), the same processor built for images only, with the PIL
 image processor (Qwen2-VL / Qwen3-VL / Qwen3.5, Pixtral, SmolVLM, InternVL, LLaVA-OneVision;
-Kimi-K2.5, whose PIL image processor is radixlm's: engine/kimi_k25_image.py).
+Kimi-K2.5, whose PIL image processor is radixlm's: engine/kimi_k25_image.py; LFM2-VL, whose only
+image processor is a torchvision one: radixlm's, engine/lfm2_vl_image.py).
 engine/mm_processor.py runs it over a prompt's images.
 """
 
@@ -48,6 +49,8 @@ def load_hf_processor(model_path: str):
         return _onevision_processor(model_path)
     if model_type == "kimi_k25":
         return kimi_k25_image_only().from_pretrained(model_path)
+    if model_type == "lfm2_vl":
+        return lfm2_vl_processor().from_pretrained(model_path)
     known = IMAGE_ONLY_PROCESSORS.get(model_type)
     if known is None:
         return AutoProcessor.from_pretrained(model_path)
@@ -235,6 +238,23 @@ def smolvlm_image_only() -> type:
             )
 
     return SmolVLMImageOnly
+
+
+def lfm2_vl_processor() -> type:
+    """Lfm2VlProcessor (transformers' text expansion: <|image_start|>, a <|img_row_r_col_c|> and
+    its run per tile, <|img_thumbnail|> and its run, <|image_end|>) with radixlm's image processor
+    (engine/lfm2_vl_image.py): transformers' only one needs torchvision."""
+    from transformers import AutoTokenizer
+    from transformers.models.lfm2_vl.processing_lfm2_vl import Lfm2VlProcessor
+
+    from radixlm.engine.lfm2_vl_image import Lfm2VlImageProcessorNoTorchvision as Images
+
+    class Lfm2VlImageOnly(Lfm2VlProcessor):
+        @classmethod
+        def _get_arguments_from_pretrained(cls, path, processor_dict=None, **kwargs):
+            return [Images.from_pretrained(path), AutoTokenizer.from_pretrained(path)]
+
+    return Lfm2VlImageOnly
 
 
 def _image_processor(module: str, name: str) -> type:

@@ -83,6 +83,8 @@ class MultimodalProcessor:
             units = self._sized_units(out)
         elif "batch_num_images" in out:
             units = self._anyres_units(out)
+        elif "spatial_shapes" in out:
+            units = self._naflex_units(out)
         else:
             units = _padded_units(out)
         spans = _image_spans(ids, self.span_token_ids, [u.length for u in units])
@@ -162,6 +164,25 @@ class MultimodalProcessor:
                     (px[i] if single else px[i, :1]).contiguous(),
                     {"image_sizes": sizes[i].clone()},
                     n,
+                )
+            )
+        return units
+
+    def _naflex_units(self, out) -> list[_Unit]:
+        """LFM2-VL (SigLIP2 NaFlex): one unit per tile and thumbnail, its patch rows without the
+        padding and its spatial shape (rows, columns of patches); downsample_factor^2 patches
+        make one token."""
+        import torch
+
+        f = self.processor.image_processor.downsample_factor
+        units = []
+        for px, shape in zip(out["pixel_values"], out["spatial_shapes"]):
+            h, w = (int(x) for x in shape)
+            units.append(
+                _Unit(
+                    px[: h * w].contiguous(),
+                    {"spatial_shapes": torch.tensor([h, w])},
+                    (h // f) * (w // f),
                 )
             )
         return units

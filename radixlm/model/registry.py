@@ -111,6 +111,10 @@ MODEL_REGISTRY.register(
     "radixlm.model.models.internvl:InternVLForConditionalGeneration",
 )
 MODEL_REGISTRY.register(
+    "Lfm2VlForConditionalGeneration",
+    "radixlm.model.models.lfm2_vl:Lfm2VlForConditionalGeneration",
+)
+MODEL_REGISTRY.register(
     "LlavaOnevisionForConditionalGeneration",
     "radixlm.model.models.llava_onevision:LlavaOnevisionForConditionalGeneration",
 )

@@ -1,6 +1,7 @@
-"""The processors radixlm builds for images only (their video processors need torchvision) keep
-what a checkpoint saved: the chat template (the chat route renders image parts with it) and the
-family's own settings; GLM-4V's image processor is transformers' PIL one."""
+"""The processors radixlm builds for images only (their video processors, and LFM2-VL's image
+processor, need torchvision) keep what a checkpoint saved: the chat template (the chat route
+renders image parts with it) and the family's own settings; GLM-4V's image processor is
+transformers' PIL one."""
 
 import pytest
 
@@ -8,6 +9,7 @@ from tests.vision.checkpoints import write_tiny_idefics3
 from tests.vision.glm4v_checkpoint import write_tiny_glm4v
 from tests.vision.internvl_checkpoint import CHAT_TEMPLATE, write_tiny_internvl
 from tests.vision.kimi_k25_checkpoint import write_tiny_kimi_k25
+from tests.vision.lfm2vl_checkpoint import write_tiny_lfm2vl
 from tests.vision.onevision_checkpoint import write_tiny_onevision
 
 
@@ -33,8 +35,9 @@ def _smolvlm(path, tok):
         (_smolvlm, {"image_seq_len": 4}),
         (write_tiny_kimi_k25, {"image_token": "<|media_pad|>"}),
         (write_tiny_glm4v, {"image_token": "<|image|>"}),
+        (write_tiny_lfm2vl, {"image_token": "<image>"}),
     ],
-    ids=["internvl", "onevision", "smolvlm", "kimi_k25", "glm4v"],
+    ids=["internvl", "onevision", "smolvlm", "kimi_k25", "glm4v", "lfm2vl"],
 )
 def test_saved_chat_template_and_settings_are_kept(tmp_path, tokenizer_dir, write, settings):
     from radixlm.engine.hf_processors import load_hf_processor

@@ -1,4 +1,4 @@
-"""InternVL, LLaVA-OneVision and Kimi-K2.5 through the server and the OpenAI client (chunks of 8
+"""InternVL, LLaVA-OneVision, Kimi-K2.5 and LFM2-VL through the server and the OpenAI client (chunks of 8
 tokens): chat messages with one image and two, laid out by the processor's chat template, give
 HF's greedy tokens; the same image asked again is encoded once and comes from the cache; a
 malformed image is a 400 naming its field, and the server keeps serving; a video is a 400."""
@@ -16,14 +16,17 @@ from tests.vision.checkpoints import png_bytes
 from tests.vision.conftest import data_url
 from tests.vision.internvl_checkpoint import write_tiny_internvl
 from tests.vision.kimi_k25_checkpoint import write_tiny_kimi_k25
+from tests.vision.lfm2vl_checkpoint import write_tiny_lfm2vl
 from tests.vision.onevision_checkpoint import write_tiny_onevision
 from tests.vision.test_vision_server import N, chat, client, encoder, messages, vision_server  # noqa: F401
 
-# name -> (writer, HF class, whether HF's processor takes a prompt's images as one sample)
+# name -> (writer, HF class, whether HF's processor takes a prompt's images as one sample, the
+# items a 64 x 64 image makes: InternVL's and LFM2-VL's 2x2 tiles + the thumbnail)
 FAMILIES = {
-    "internvl": (write_tiny_internvl, "InternVLForConditionalGeneration", False),
-    "onevision": (write_tiny_onevision, "LlavaOnevisionForConditionalGeneration", True),
-    "kimi_k25": (write_tiny_kimi_k25, "Kimi_K25ForConditionalGeneration", False),
+    "internvl": (write_tiny_internvl, "InternVLForConditionalGeneration", False, 5),
+    "onevision": (write_tiny_onevision, "LlavaOnevisionForConditionalGeneration", True, 1),
+    "kimi_k25": (write_tiny_kimi_k25, "Kimi_K25ForConditionalGeneration", False, 1),
+    "lfm2vl": (write_tiny_lfm2vl, "Lfm2VlForConditionalGeneration", False, 5),
 }
 
 
@@ -33,10 +36,10 @@ def family(request, tmp_path_factory, tokenizer_dir):
 
     from radixlm.engine.hf_processors import load_hf_processor
 
-    write, arch, nested = FAMILIES[request.param]
+    write, arch, nested, items = FAMILIES[request.param]
     path = write(str(tmp_path_factory.mktemp(request.param)), tokenizer_dir)
     model = getattr(transformers, arch).from_pretrained(path, dtype=torch.float32).eval()
-    return path, (model, load_hf_processor(path), nested)
+    return path, (model, load_hf_processor(path), nested), items
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +67,7 @@ def hf_tokens(hf, images: list, text: str) -> list[int]:
 
 
 def test_chat_with_images_matches_hf(family, server, client):
-    _, hf = family
+    _, hf, _ = family
     for images in ([(1, (70, 40))], [(2, (40, 36)), (3, (30, 90))]):
         out = chat(client, messages(*[data_url(s, size) for s, size in images], "what is it?"))
         assert out.choices[0].model_extra["token_ids"] == hf_tokens(hf, images, "what is it?")
@@ -76,8 +79,7 @@ def test_repeated_image_is_encoded_once(family, server, client):
     before = encoder(server)
     first, second = chat(client, msgs), chat(client, msgs)
     assert second.usage.prompt_tokens_details.cached_tokens == first.usage.prompt_tokens - 1
-    items = 5 if "internvl" in family[0] else 1  # InternVL: 2x2 tiles + the thumbnail
-    assert encoder(server)["mm_images_encoded"] - before["mm_images_encoded"] == items
+    assert encoder(server)["mm_images_encoded"] - before["mm_images_encoded"] == family[2]
     assert first.choices[0].model_extra["token_ids"] == second.choices[0].model_extra["token_ids"]
 
 
