@@ -231,7 +231,7 @@ def test_a_prompt_takes_its_end_snapshots_before_its_intervals():
         insert(tree, kv_pool, k)
         tree.attach_state(K(k), tree.alloc_state)
     tracker = StateTracker(states, tree, track_interval=256)
-    req = SimpleNamespace(rid=1, state_len=0, state_tracks=[], state_branch=None)
+    req = SimpleNamespace(rid=1, state_len=0, state_tracks=[], state_branch=None, seqlen=600)
     chunk = SimpleNamespace(req=req, start=0, end=600, is_last=True)
     _, tracks, _ = tracker.plan_step([chunk], [], None)
     assert [p for p, _ in req.state_tracks] == [599, 600]
@@ -240,7 +240,7 @@ def test_a_prompt_takes_its_end_snapshots_before_its_intervals():
     # with room, the intervals come too, in order
     states.free_snapshot(tracks[0][0][1])
     states.free_snapshot(tracks[0][1][1])
-    req2 = SimpleNamespace(rid=2, state_len=0, state_tracks=[], state_branch=None)
+    req2 = SimpleNamespace(rid=2, state_len=0, state_tracks=[], state_branch=None, seqlen=600)
     tree.evict_states(1)
     _, tracks, _ = tracker.plan_step(
         [SimpleNamespace(req=req2, start=0, end=600, is_last=True)], [], None
