@@ -1,7 +1,8 @@
-"""InternVL, LLaVA-OneVision, Kimi-K2.5 and LFM2-VL through the server and the OpenAI client (chunks of 8
-tokens): chat messages with one image and two, laid out by the processor's chat template, give
-HF's greedy tokens; the same image asked again is encoded once and comes from the cache; a
-malformed image is a 400 naming its field, and the server keeps serving; a video is a 400."""
+"""InternVL, LLaVA-OneVision, Kimi-K2.5 and LFM2-VL through the server and the OpenAI client
+(chunks of 8 tokens): chat messages with one image and two, laid out by the processor's chat
+template, give HF's greedy tokens; the same image asked again is encoded once and comes from the
+cache; a malformed image is a 400 naming its field, and the server keeps serving; a video is a
+400."""
 
 from __future__ import annotations
 
