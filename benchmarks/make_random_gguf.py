@@ -39,6 +39,7 @@ if str(ROOT) not in sys.path:  # run as a script: benchmarks/ is on the path, th
 
 from benchmarks.model_shapes import (  # noqa: E402 (after the sys.path insert above)
     SHAPES,
+    Gemma3Shape,
     Gemma4Shape,
     GptOssShape,
     HybridShape,
@@ -249,7 +250,7 @@ def write_random_gguf(
     w.add_embedding_length(shape.hidden)
     w.add_block_count(shape.layers)
     w.add_head_count(shape.heads)
-    if isinstance(shape, Gemma4Shape):  # per-layer widths and heads, two head sizes
+    if isinstance(shape, (Gemma3Shape, Gemma4Shape)):  # the Gemma converters' own keys
         shape.add_keys(w)
     else:
         if shape.intermediate:  # the MoE hybrid has no dense MLP (nor the key)

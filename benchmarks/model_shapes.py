@@ -193,6 +193,7 @@ class GptOssShape(Shape):
         return out
 
 
+from benchmarks.gemma3_shape import Gemma3Shape  # noqa: E402 (it subclasses Shape, defined above)
 from benchmarks.gemma4_shape import Gemma4Shape  # noqa: E402 (it subclasses Shape, defined above)
 
 # Llama 3.1 / 3.2's rope_scaling (the same in every Llama 3.x config.json).
@@ -274,6 +275,42 @@ SHAPES = {
         rope_theta=500000.0,
         rms_eps=1e-5,
         context=8192,
+    ),
+    # google/gemma-3-4b-it config.json's text_config (every 6th layer global, linear RoPE scaling
+    # 8 on the global layers): the text model, 3.88 B parameters.
+    "gemma-3-4b": Gemma3Shape(
+        "gemma3",
+        "google/gemma-3-4b-it config.json (text_config)",
+        hidden=2560,
+        layers=34,
+        heads=8,
+        kv_heads=4,
+        head_dim=256,
+        intermediate=10240,
+        vocab=262208,
+        tied=True,
+        rope_theta=1_000_000.0,
+        rms_eps=1e-6,
+        context=131072,
+        sliding_window=1024,
+        rope_linear_factor=8.0,
+    ),
+    # mistralai/Mistral-Small-3.1-24B-Instruct-2503 config.json's text_config (Mistral Small 3.1 /
+    # 3.2, Magistral Small and Devstral Small share it; llama.cpp writes the text model as `llama`).
+    "mistral-small-24b": Shape(
+        "llama",
+        "mistralai/Mistral-Small-3.1-24B-Instruct-2503 config.json (text_config)",
+        hidden=5120,
+        layers=40,
+        heads=32,
+        kv_heads=8,
+        head_dim=128,
+        intermediate=32768,
+        vocab=131072,
+        tied=False,
+        rope_theta=1000000000.0,
+        rms_eps=1e-5,
+        context=131072,
     ),
     # openai/gpt-oss-20b config.json (experts_per_token 4, sliding_window 128, YaRN factor 32 over
     # 4096): 20,914,757,184 parameters (its model card's 21B).

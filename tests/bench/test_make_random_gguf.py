@@ -20,6 +20,8 @@ REAL_PARAMS = {
     "qwen2.5-1.5b": 1.54e9,
     "llama-3-8b": 8.03e9,
     "gpt-oss-20b": 20.91e9,  # the model card's 21B (3.6B active)
+    "mistral-small-24b": 23.57e9,  # the 24B model card's text model (24.0B with its vision tower)
+    "gemma-3-4b": 3.88e9,  # gemma-3-4b-it's text model (4.3B with its SigLIP tower)
 }
 
 
