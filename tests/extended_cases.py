@@ -164,6 +164,50 @@ EXTENDED: dict[str, str] = {
         " for every flag by tests/unit/test_sglang_flags.py"
     ),
     **{
+        f"tests/vision/test_internvl_onevision_server.py::{t}[{f}]": (
+            "the chat route's images are the same code for every LLaVA-style family: InternVL's and"
+            " OneVision's server cases stay; the family's HF comparison runs through the Engine in"
+            " its own file"
+        )
+        for t in (
+            "test_chat_with_images_matches_hf",
+            "test_repeated_image_is_encoded_once",
+            "test_malformed_image_is_a_400_naming_the_field",
+            "test_video_is_refused",
+        )
+        for f in ("kimi_k25", "lfm2vl")
+    },
+    **{
+        f"tests/vision/{path}::{t}[whole{c}]": (
+            "the same prompts prefilled whole: the chunked cases (chunks of 8, cut through the"
+            " images) stay, and whole-prompt prefill is every family's"
+        )
+        for path, t, cases in (
+            (
+                "test_kimi_k25.py",
+                "test_greedy_and_logprobs_match_hf",
+                ("-text", "-one-image", "-two-images"),
+            ),
+            (
+                "test_lfm2_vl_vs_hf.py",
+                "test_greedy_and_logprobs_match_hf",
+                ("-text", "-one-image", "-two-images"),
+            ),
+            ("test_kimi_k25.py", "test_text_alone_and_batched", ("",)),
+            ("test_kimi_k25.py", "test_text_second_turn_from_the_radix_cache", ("",)),
+            ("test_lfm2_vl_vs_hf.py", "test_text_batched_and_second_turn_from_the_cache", ("",)),
+        )
+        for c in cases
+    },
+    **{
+        "tests/vision/test_glm4v_vs_hf.py::test_greedy_and_logprobs_match_hf_and_the_cache_serves"
+        f"_the_images[glm46v-{c}]": (
+            "GLM-4.6V's dense text is GLM-4.1V's decoder and tower: its processor stays (the"
+            " text-only case) and GLM-4.6V over the MoE decoder has its own test"
+        )
+        for c in ("one", "two-sizes", "same-twice")
+    },
+    **{
         f"tests/vision/test_vision_pp.py::test_qwen_vl_pp2_matches_hf[{f}]": (
             "the vision tower on the first stage is the same for every Qwen-VL; qwen35vl stays"
         )
