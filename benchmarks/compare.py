@@ -182,14 +182,15 @@ def llama_server(binary: str, gguf: str, threads: int, per_slot: int = 2048) -> 
     )
 
 
-def run_system(name: str, start, loads: list[Workload], gguf: str) -> dict:
+def run_system(name: str, start, loads: list[Workload], tokenizer: str) -> dict:
+    """tokenizer: what builds the prompts and counts tokens (the served file's, or --tokenizer)."""
     server = start()
     results = {}
     try:
         for w in loads:
             print(f"== {name} / {w.name}", flush=True)
             backend = NATIVE_BACKENDS[name] if w.native else "openai"
-            res = serving.run(bench_args(server.url, w.args, gguf, backend))
+            res = serving.run(bench_args(server.url, w.args, tokenizer, backend))
             res.pop("outputs", None)
             results[w.name] = res
             print(
@@ -372,6 +373,12 @@ def main() -> int:
         " the first system and after each, and hold each system's single-stream TPOT and"
         " prefills against the readings around it",
     )
+    p.add_argument(
+        "--tokenizer",
+        help="the client's tokenizer (a GGUF or HF directory; default: the served file's), for a"
+        " random file whose vocabulary transformers cannot read under its architecture (give"
+        " radixlm the same with --radixlm-args '--tokenizer-path ...')",
+    )
     p.add_argument("--output", default=None, help="write all results as JSON")
     p.add_argument(
         "--write-docs", action="store_true", help="append the tables to docs/benchmarks.md"
@@ -395,7 +402,7 @@ def main() -> int:
         if name == "llama-server" and not a.llama_server:
             print("skipping llama-server (no --llama-server)")
             continue
-        results[name] = run_system(name, starters[name], loads, gguf)
+        results[name] = run_system(name, starters[name], loads, a.tokenizer or gguf)
         if a.limits:
             readings.append(machine_limits(a.threads))
             around[name] = readings[-2:]
