@@ -118,6 +118,31 @@ def png_bytes(seed: int, size: tuple[int, int] = (40, 36)) -> bytes:
     return buf.getvalue()
 
 
+def hf_greedy(hf, text: str, images, n: int, one_sample: bool = False):
+    """HF's greedy continuation of `text` with the images [(seed, size)] drawn by png_bytes: (its n
+    tokens, their log-softmax rows). hf: (model, processor). one_sample: the prompt's images passed
+    as one sample, as HF's chat-template processing passes them (LLaVA-OneVision)."""
+    from PIL import Image
+
+    model, proc = hf
+    pil = [Image.open(io.BytesIO(png_bytes(s, size))).convert("RGB") for s, size in images]
+    batch = [pil] if one_sample else pil
+    inputs = proc(text=text, images=batch if pil else None, return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(
+            **inputs,
+            max_new_tokens=n,
+            do_sample=False,
+            output_scores=True,
+            return_dict_in_generate=True,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
+    return out.sequences[0, inputs["input_ids"].shape[1] :].tolist(), [
+        torch.log_softmax(s[0].float(), -1) for s in out.scores
+    ]
+
+
 def assert_matches_hf(out: dict, tokens: list[int], logprobs) -> None:
     """An Engine output (return_logprob, top_logprobs_num) against HF's greedy tokens and each
     step's log-softmax: the tokens equal, every reported logprob within 1e-4."""

@@ -5,7 +5,6 @@ of different tilings, each with chunked prefill cutting the tiles' runs and with
 asked again served from the radix cache past its span; a malformed image refused naming the
 field."""
 
-import io
 import re
 
 import pytest
@@ -13,7 +12,7 @@ import torch
 
 from radixlm import Engine
 from tests.conftest import engine_args
-from tests.vision.checkpoints import assert_matches_hf, png_bytes
+from tests.vision.checkpoints import assert_matches_hf, hf_greedy
 from tests.vision.conftest import data_url
 from tests.vision.internvl_checkpoint import write_tiny_internvl
 
@@ -51,24 +50,7 @@ def engine(request, internvl_dir):
 
 
 def hf_reference(hf, text, images):
-    from PIL import Image
-
-    model, proc = hf
-    pil = [Image.open(io.BytesIO(png_bytes(s, size))).convert("RGB") for s, size in images]
-    inputs = proc(text=text, images=pil or None, return_tensors="pt")
-    with torch.no_grad():
-        out = model.generate(
-            **inputs,
-            max_new_tokens=N,
-            do_sample=False,
-            output_scores=True,
-            return_dict_in_generate=True,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return out.sequences[0, inputs["input_ids"].shape[1] :].tolist(), [
-        torch.log_softmax(s[0].float(), -1) for s in out.scores
-    ]
+    return hf_greedy(hf, text, images, N)
 
 
 CASES = [

@@ -24,7 +24,7 @@ from tests.conftest import engine_args
 from tests.model.deepseek_refs import assert_matches_hf as assert_text_matches
 from tests.model.deepseek_refs import hf_reference as text_reference
 from tests.model.deepseek_refs import random_prompts
-from tests.vision.checkpoints import assert_matches_hf, png_bytes
+from tests.vision.checkpoints import assert_matches_hf, hf_greedy, png_bytes
 from tests.vision.conftest import data_url
 from tests.vision.kimi_k25_checkpoint import IMAGE, write_tiny_kimi_k25
 
@@ -91,24 +91,7 @@ def test_text_second_turn_from_the_radix_cache(engine, hf):
 
 
 def hf_reference(hf, text, images):
-    from PIL import Image
-
-    model, proc = hf
-    pil = [Image.open(io.BytesIO(png_bytes(s, size))).convert("RGB") for s, size in images]
-    inputs = proc(text=text, images=pil or None, return_tensors="pt")
-    with torch.no_grad():
-        out = model.generate(
-            **inputs,
-            max_new_tokens=N,
-            do_sample=False,
-            output_scores=True,
-            return_dict_in_generate=True,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return out.sequences[0, inputs["input_ids"].shape[1] :].tolist(), [
-        torch.log_softmax(s[0].float(), -1) for s in out.scores
-    ]
+    return hf_greedy(hf, text, images, N)
 
 
 CASES = [
