@@ -93,12 +93,15 @@ def hf_image_processor_cls():
     import transformers.image_utils as image_utils
     from transformers.image_utils import PILImageResampling as R
 
-    if HF_MODULE in sys.modules or importlib.util.find_spec("torchvision") is not None:
-        pytest.skip("torchvision present: transformers' processor runs as it is elsewhere")
+    if importlib.util.find_spec("torchvision") is not None:  # transformers' own, as it runs
+        yield importlib.import_module(HF_MODULE).Lfm2VlImageProcessor
+        return
     mods = _torchvision_stand_in()
     mode = mods["torchvision.transforms.v2.functional"].InterpolationMode
     mapping = {R.NEAREST: mode.NEAREST, R.BILINEAR: mode.BILINEAR, R.BICUBIC: mode.BICUBIC}
     with pytest.MonkeyPatch.context() as mp:
+        # imported earlier (without the stand-in): imported again under it, the old one restored
+        mp.delitem(sys.modules, HF_MODULE, raising=False)
         for name, mod in mods.items():
             mp.setitem(sys.modules, name, mod)
         mp.setattr(backends, "tvF", mods["torchvision.transforms.v2.functional"], raising=False)
