@@ -15,17 +15,15 @@ image.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 from torch import nn
 
-from radixlm.cache.state_pool import StateSpec
 from radixlm.mm_inputs import MultimodalItem
+from radixlm.model.models.hybrid_vlm import HybridTextMixin
 from radixlm.model.models.lfm2 import Lfm2ForCausalLM
 from radixlm.model.models.llava import LlavaForConditionalGeneration
-from radixlm.model.traits import ModelTraits
 
 
 def check_config(config: Any) -> None:
@@ -58,7 +56,7 @@ def check_config(config: Any) -> None:
         )
 
 
-class Lfm2VlForConditionalGeneration(LlavaForConditionalGeneration):
+class Lfm2VlForConditionalGeneration(HybridTextMixin, LlavaForConditionalGeneration):
     TEXT_MODELS = {"lfm2": Lfm2ForCausalLM}
     NAME_MAP = (
         ("model.language_model.", "language_model.model."),
@@ -77,18 +75,6 @@ class Lfm2VlForConditionalGeneration(LlavaForConditionalGeneration):
         self._build_text(config)
         self.vision_tower = Siglip2VisionModel(config.vision_config)
         self.multi_modal_projector = Lfm2VlMultiModalProjector(config)
-
-    def traits(self) -> ModelTraits:
-        return dataclasses.replace(
-            super().traits(), num_kv_layers=self.num_kv_layers, is_hybrid=True
-        )
-
-    @property
-    def num_kv_layers(self) -> int:
-        return self.language_model.num_kv_layers
-
-    def state_specs(self, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> list[list[StateSpec]]:
-        return self.language_model.state_specs(conv_dtype, ssm_dtype)
 
     def encode_images(self, items: list[MultimodalItem]) -> list[torch.Tensor]:
         """One batch of tiles through SigLIP2 (patch rows padded to the batch's longest, masked)

@@ -15,19 +15,17 @@ and state_specs for its decoder.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import nn
 
-from radixlm.cache.state_pool import StateSpec
 from radixlm.model.forward_batch import ForwardBatch
+from radixlm.model.models.hybrid_vlm import HybridTextMixin
 from radixlm.model.models.qwen2_vl import Qwen2VLForConditionalGeneration
 from radixlm.model.models.qwen3_5 import Qwen3_5ForCausalLM
 from radixlm.model.models.qwen3_next import Qwen3_5MoeForCausalLM
-from radixlm.model.traits import ModelTraits
 
 
 class Qwen3_5TextForImages(Qwen3_5ForCausalLM):
@@ -38,7 +36,7 @@ class Qwen3_5MoeTextForImages(Qwen3_5MoeForCausalLM):
     MROPE = True
 
 
-class Qwen3_5VLForConditionalGeneration(Qwen2VLForConditionalGeneration):
+class Qwen3_5VLForConditionalGeneration(HybridTextMixin, Qwen2VLForConditionalGeneration):
     TEXT_MODELS = {
         "qwen3_5_text": Qwen3_5TextForImages,
         "qwen3_5_moe_text": Qwen3_5MoeTextForImages,
@@ -67,18 +65,6 @@ class Qwen3_5VLForConditionalGeneration(Qwen2VLForConditionalGeneration):
         from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5VisionModel
 
         return Qwen3_5VisionModel
-
-    def traits(self) -> ModelTraits:
-        return dataclasses.replace(
-            super().traits(), num_kv_layers=self.num_kv_layers, is_hybrid=True
-        )
-
-    @property
-    def num_kv_layers(self) -> int:
-        return self.language_model.num_kv_layers
-
-    def state_specs(self, conv_dtype: torch.dtype, ssm_dtype: torch.dtype) -> list[list[StateSpec]]:
-        return self.language_model.state_specs(conv_dtype, ssm_dtype)
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch: ForwardBatch
