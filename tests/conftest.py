@@ -2,6 +2,7 @@
 (fast engine tests that still exercise every scheduler path)."""
 
 import asyncio
+import logging
 import os
 
 import pytest
@@ -67,6 +68,20 @@ def no_event_loop_left_running():
     except RuntimeError:  # none running: as it should be
         return
     pytest.fail("this module left an asyncio event loop running")
+
+
+@pytest.fixture(autouse=True)
+def root_logger_restored():
+    """An in-process Engine configures logging as a server does (root at INFO, a handler on the
+    stderr pytest captured and later closes): put the root logger back after the test, so a later
+    test on the worker neither captures other libraries' INFO lines nor logs to a closed stream."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    yield
+    for handler in root.handlers[:]:
+        if handler not in handlers and not type(handler).__module__.startswith("_pytest"):
+            root.removeHandler(handler)
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session", autouse=True)
