@@ -35,6 +35,24 @@ EXTENDED: dict[str, str] = {
             "gemma3n",
         )
     },
+    # 32 s: test_serve_dp_two_is_one_endpoint (it stays) serves --dp 2 --tp-size 2 and asserts
+    # this test's checks (a TP group per replica, requests spread, TP=1's greedy tokens)
+    "tests/distributed/test_tp_serving.py::test_dp2_tp2_router_sees_one_worker_per_replica": (
+        "tests/router/test_dp.py serves --dp 2 --tp-size 2 with these checks"
+    ),
+    # 47 s: the hostile soak (which stays) runs the same workload with attackers alongside and
+    # asserts every check of this one on it
+    "tests/e2e/test_soak.py::test_soak_tiny": (
+        "test_hostile_soak_tiny runs this workload (overloaded pool, every kind, disconnects,"
+        " greedy replay) with attackers alongside and asserts every one of its checks"
+    ),
+    # 120 s on a 2-core machine (two default-model engines, one at TP=3): the same options over
+    # TP run on the tiny Llama at TP=2 (its case stays), and the default model's TP=3 sharding is
+    # compared with TP=1 in test_tp_models.py (its quantized case stays)
+    "tests/distributed/test_tp_engine.py::test_tp_matches_tp1[default-3]": (
+        "the engine's options over TP are the tiny Llama's TP=2 case; the default model's TP=3"
+        " sharding is test_tp_models.py's quantized case"
+    ),
     # 75 s on a 2-core machine: Zamba2's own path (a later stage embedding the tokens for its
     # shared blocks) is short beside the pipeline split falcon-h1 and nemotron-h keep in the run
     "tests/distributed/test_pp_families.py::test_pp2_gives_hf_greedy[zamba2]": _PP,

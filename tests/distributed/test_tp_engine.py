@@ -1,9 +1,9 @@
-"""Tensor-parallel engines end to end (gloo, one thread per rank): the default model (9 heads / 3 KV
-heads) at TP=3 in float32 gives TP=1's greedy outputs with the radix cache, chunked prefill, mixed
-chunks and structured output, and with speculative decoding over the hierarchical cache (KV evicted
-to L2 and loaded back); every step's state digest is compared across the ranks
-(--enable-invariant-checks). A TP size that does not divide the heads is a start-up error naming
-both numbers."""
+"""Tensor-parallel engines end to end (gloo, one thread per rank): the tiny Llama (4 heads / 2 KV
+heads) at TP=2 and the default model (9 heads / 3 KV heads) at TP=3, in float32, give TP=1's greedy
+outputs with the radix cache, chunked prefill, mixed chunks and structured output, and with
+speculative decoding over the hierarchical cache (KV evicted to L2 and loaded back); every step's
+state digest is compared across the ranks (--enable-invariant-checks). A TP size that does not
+divide the heads is a start-up error naming both numbers."""
 
 from __future__ import annotations
 
@@ -44,23 +44,25 @@ OPTIONS = dict(
 )
 
 
-def _run(tp: int, default_model_path: str) -> dict:
+def _run(tp: int, model_path: str) -> dict:
     kw = engine_args(quantization="none", **OPTIONS)
     if tp > 1:
         kw["tp_size"] = tp
-    with Engine(default_model_path, **kw) as e:
+    with Engine(model_path, **kw) as e:
         assert e.scheduler_info["tp_size"] == tp
         out = {"plain": [o["output_ids"] for o in e.generate(PROMPTS, GREEDY)]}
         # again: now from the radix cache (or, under memory pressure, L2)
         out["again"] = [o["output_ids"] for o in e.generate(PROMPTS, GREEDY)]
-        sp = dict(GREEDY, max_new_tokens=48, json_schema=json.dumps(SCHEMA))
+        sp = dict(GREEDY, max_new_tokens=64, json_schema=json.dumps(SCHEMA))  # long integers
         out["json"] = e.generate("Describe a person as JSON:", sp)["text"]
     return out
 
 
-def test_default_model_tp3_matches_tp1(default_model_path):
-    ref = _run(1, default_model_path)
-    got = _run(3, default_model_path)
+@pytest.mark.parametrize("model,tp", [("tiny", 2), ("default", 3)])
+def test_tp_matches_tp1(model, tp, request):
+    path = request.getfixturevalue("tiny_model_dir" if model == "tiny" else "default_model_path")
+    ref = _run(1, path)
+    got = _run(tp, path)
     assert got["plain"] == ref["plain"]
     assert got["again"] == ref["again"] == ref["plain"]
     assert got["json"] == ref["json"]

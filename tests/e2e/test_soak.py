@@ -23,6 +23,23 @@ POOL = 750
 INVARIANT = ["--quantization", "q8_0"]
 
 
+def _assert_soaked(s: dict, cfg: SoakConfig, report: str) -> None:
+    assert s["ok"], report
+    # The workload is what the soak claims: overloaded pool, every kind, disconnects, a replay.
+    assert 7 <= s["offered_load_ratio"] <= 15, report
+    kinds = {
+        f"{api}/{mode}" for api in ("native", "completions", "chat") for mode in ("plain", "stream")
+    }
+    assert set(s["by_kind_status"]) == kinds, report
+    for f in ("n>1", "json", "regex", "logprobs", "long", "short", "greedy", "sampled"):
+        assert s["features"].get(f, 0) >= 10, (f, report)
+    assert 0.1 * cfg.num_requests <= s["disconnects"] <= 0.3 * cfg.num_requests, report
+    assert len(s["disconnect_phases"]) >= 2, report  # before the answer and mid-stream
+    assert s["greedy_replayed"] >= 50 and s["greedy_mismatches"] == 0, report
+    # Alive until stopped; then SIGTERM's clean exit (128 + 15), not an engine failure's code.
+    assert s["server_alive_at_end"] and s["server_exit_code"] in (0, 143), report
+
+
 def test_soak_tiny(tiny_model_dir):
     cfg = SoakConfig(
         num_requests=200,
@@ -49,20 +66,7 @@ def test_soak_tiny(tiny_model_dir):
     s.pop("_results")
     report = format_summary(s)
     print(report)  # pytest -s shows the figures
-    assert s["ok"], report
-    # The workload is what the soak claims: overloaded pool, every kind, disconnects, a replay.
-    assert 7 <= s["offered_load_ratio"] <= 15, report
-    kinds = {
-        f"{api}/{mode}" for api in ("native", "completions", "chat") for mode in ("plain", "stream")
-    }
-    assert set(s["by_kind_status"]) == kinds, report
-    for f in ("n>1", "json", "regex", "logprobs", "long", "short", "greedy", "sampled"):
-        assert s["features"].get(f, 0) >= 10, (f, report)
-    assert 0.1 * cfg.num_requests <= s["disconnects"] <= 0.3 * cfg.num_requests, report
-    assert len(s["disconnect_phases"]) >= 2, report  # before the answer and mid-stream
-    assert s["greedy_replayed"] >= 50 and s["greedy_mismatches"] == 0, report
-    # Alive until stopped; then SIGTERM's clean exit (128 + 15), not an engine failure's code.
-    assert s["server_alive_at_end"] and s["server_exit_code"] in (0, 143), report
+    _assert_soaked(s, cfg, report)
 
 
 def test_soak_checks_catch_failures():
@@ -155,10 +159,10 @@ def test_hostile_soak_tiny(tiny_model_dir, tmp_path):
     attack is refused (or, the ReDoS, stopped), and the normal requests pass every soak check (no
     5xx, outputs, no leaks, invariants, greedy replay)."""
     cfg = SoakConfig(
-        num_requests=120,
-        concurrency=24,
+        num_requests=160,
+        concurrency=40,
         seed=3,
-        disconnect_rate=0.1,
+        disconnect_rate=0.2,
         request_timeout=120.0,
         max_new_tokens=(4, 24),
         short_words=(3, 30),
@@ -167,12 +171,11 @@ def test_hostile_soak_tiny(tiny_model_dir, tmp_path):
     )
     s, report = _hostile(tiny_model_dir, tmp_path, cfg, interval=1.0)
     print(report)
-    assert s["ok"], report
+    _assert_soaked(s, cfg, report)  # the plain soak's checks of its workload too
     h = s["hostile"]
     assert h["health_probes"] >= 10 and h["health_max_s"] <= 2.0, report
     assert all(sum(v.values()) >= 2 for v in h["attacks"].values()), report
     assert sum(h["forged"].values()) >= 3, report
-    assert s["greedy_replayed"] >= 20 and s["greedy_mismatches"] == 0, report
 
 
 @pytest.mark.soak

@@ -1,9 +1,11 @@
 """`radixlm serve --dp 2`: one command, one endpoint (the router in front of two servers), every
 API through it, the language's RuntimeEndpoint and the openai client unchanged, and a clean stop
-of every process."""
+of every process. Each replica is a TP group of 2 (`--dp 2 --tp-size 2`): the router sees one worker
+per replica, spreads concurrent requests over both and they answer with TP=1's greedy tokens."""
 
 import json
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 import openai
 import psutil
@@ -30,10 +32,19 @@ def chat_then_number(s):
     s += sgl.assistant(sgl.gen("n", dtype=int, max_tokens=4))
 
 
-def test_serve_dp_two_is_one_endpoint(tiny_model_dir):
+PROMPTS = [f"{p} (take {k})" for k in range(2) for p in ("The capital of France is", "def fib(n):")]
+GREEDY = {"max_new_tokens": 12, "temperature": 0, "ignore_eos": True}
+
+
+def test_serve_dp_two_is_one_endpoint(tiny_model_dir, tiny_engine):
+    want = [o["output_ids"] for o in tiny_engine.generate(PROMPTS, GREEDY)]  # TP=1, no router
     srv = ServerProcess(
         "--dp",
         "2",
+        "--tp-size",
+        "2",
+        "--num-threads",
+        "1",
         "--model-path",
         tiny_model_dir,
         "--kv-memory-gb",
@@ -81,9 +92,21 @@ def test_serve_dp_two_is_one_endpoint(tiny_model_dir):
             state["hello"], str
         )  # dtype=int: an integer's text
         info = requests.get(srv.url + "/get_server_info", headers=auth, timeout=10).json()
-        assert len(info["workers"]) == 2 and all(
-            v["status"] == 200 for v in info["workers"].values()
-        )
+        assert sorted(info["workers"]) == sorted(w["url"] for w in workers)
+        assert all(v["status"] == 200 for v in info["workers"].values())
+        assert [v["body"]["tp_size"] for v in info["workers"].values()] == [2, 2]
+        # sent together, the requests spread over both replicas (least loaded)
+        one = {"sampling_params": GREEDY}
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            got = pool.map(
+                lambda text: requests.post(
+                    srv.url + "/generate", json={**one, "text": text}, headers=auth, timeout=120
+                ).json()["output_ids"],
+                PROMPTS,
+            )
+        assert list(got) == want
+        workers = requests.get(srv.url + "/list_workers", headers=auth, timeout=5).json()["workers"]
+        assert len(workers) == 2 and all(w["routed"] >= 1 for w in workers), workers
     finally:
         code = srv.stop()
     assert code is not None
