@@ -98,13 +98,16 @@ def test_fused_qwen3_5_layers_leave_state_snapshots_to_the_layers(runner):
     runner = runner[1]
     """A forward that keeps a state after some of its tokens cuts the recurrence there: the Python
     layers run it (runs_fused), and the op any other."""
+    from radixlm.model.layers.attention.native import NativeMetadata
     from radixlm.model.layers.fused_qwen3_5_layers import runs_fused
+
+    empty = torch.zeros(0, dtype=torch.int64)
 
     class Batch:
         linear_attn_backend = runner.linear_attn_backend
         uses_lora = False
         attn_backend = runner.attn_backend
-        attn_metadata = None
+        attn_metadata = NativeMetadata(empty, empty, empty.view(0, 0), empty)
         state_tracks = [[], []]
         state_drafts = None
 

@@ -8,6 +8,7 @@ import random
 import torch
 
 from radixlm.cache.memory_pool import ReqToTokenPool, TokenToKVPool
+from radixlm.cache.swa_pool import SWATokenToKVPool
 from radixlm.model.forward_batch import ForwardBatch, ForwardMode
 from radixlm.model.layers.attention import RadixAttention, TorchSDPABackend, attention_features
 from radixlm.model.models.llama import get_head_dim
@@ -38,7 +39,10 @@ class PoolHarness:
         attn_backend=None,
         kv_dtype: torch.dtype = torch.float32,
         device: str | torch.device = "cpu",
+        swa_layers: list[int] | None = None,
     ):
+        """swa_layers: the windowed layers' KV in a slot space of their own (SWATokenToKVPool, as
+        the server's hybrid SWA memory keeps them), as many slots as the full layers'."""
         self.model = model
         if (
             attn_backend is None
@@ -48,21 +52,26 @@ class PoolHarness:
         self.attn_backend = attn_backend
         self.device = torch.device(device)
         self.req_pool = ReqToTokenPool(max_reqs, max_context, device=self.device)
-        self.kv_pool = TokenToKVPool(
-            kv_size,
-            config.num_hidden_layers,
-            # the model's own KV heads (a tensor-parallel rank's share), as ModelRunner sizes them
+        # the model's own KV heads (a tensor-parallel rank's share), as ModelRunner sizes them
+        shape = (
             next(m.num_kv_heads for m in model.modules() if isinstance(m, RadixAttention)),
             get_head_dim(config),
             kv_dtype,
             self.device,
         )
+        if swa_layers is None:
+            self.kv_pool = TokenToKVPool(kv_size, config.num_hidden_layers, *shape)
+            spaces = [self.kv_pool]
+        else:
+            self.kv_pool = SWATokenToKVPool(
+                kv_size, kv_size, config.num_hidden_layers, swa_layers, *shape
+            )
+            spaces = [self.kv_pool.full, self.kv_pool.swa]
         # Hand out KV slots in a scrambled order so no test passes by accident of
         # contiguous, position-ordered slots.
         g = torch.Generator().manual_seed(seed)
-        self.kv_pool.free_slots = self.kv_pool.free_slots[
-            torch.randperm(kv_size, generator=g).to(self.device)
-        ]
+        for pool in spaces:
+            pool.free_slots = pool.free_slots[torch.randperm(kv_size, generator=g).to(self.device)]
         self.lens: dict[int, int] = {}  # request slot -> tokens whose K/V are in the pool
 
     def new_request(self, share_prefix_of: int | None = None, prefix_len: int = 0) -> int:

@@ -168,7 +168,7 @@ def named_weights(
         elif spec.unpermute_qk and ".self_attn.k_proj." in name:
             w = _unpermute_rows(w, config.num_key_value_heads, full_rows)
         elif spec.norm_offset and name.endswith("norm.weight"):
-            w = w - 1  # exact for the stored fl(1 + w): GemmaRMSNorm adds the 1 back
+            w = w - 1  # exact for the stored fl(1 + w): OffsetRMSNorm adds the 1 back
         yield name, w
 
 

@@ -61,8 +61,9 @@ class UnscaledRMSNorm(RMSNorm):
 
 class OffsetRMSNorm(RMSNorm):
     """x * (1 + w) computed as HF's Gemma / Qwen3.5 norms do it (float32 statistics, 1 + w in
-    float32), with the weight stored as HF stores it (w, initialized at 0): the fused kernels
-    multiply by `scale` = 1 + w, refreshed whenever weights are loaded (finish_loading)."""
+    float32), with the weight stored as HF stores it (w, initialized at 0; llama.cpp's GGUF adds
+    the 1 in: gguf/loader takes it off): the fused kernels multiply by `scale` = 1 + w, refreshed
+    whenever weights are loaded (finish_loading)."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6):
         super().__init__(hidden_size, eps)
@@ -79,29 +80,6 @@ class OffsetRMSNorm(RMSNorm):
         x32 = x.float()
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
         return (x32 * (1.0 + self.weight.float())).to(x.dtype)
-
-
-class GemmaRMSNorm(RMSNorm):
-    """Gemma's RMSNorm: x * (1 + w), all in float32, cast back at the end (HF's Gemma2RMSNorm; the
-    weights are stored as offsets from 1, llama.cpp's GGUF adds the 1 in: gguf/loader takes it off).
-    Same calling convention as RMSNorm; always the torch ops (the native kernel multiplies by w)."""
-
-    def __init__(self, hidden_size: int, eps: float = 1e-6):
-        super().__init__(hidden_size, eps)
-        nn.init.zeros_(self.weight)
-
-    def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
-
-    def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            return self._norm(x)
-        x = x + residual
-        return self._norm(x), x
 
 
 class LayerNorm(nn.Module):

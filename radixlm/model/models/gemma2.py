@@ -1,10 +1,12 @@
 """Gemma 2: the Llama attention and MLP with Gemma's knobs, in a sandwich-norm decoder layer.
 
-What differs from Llama: embeddings scaled by sqrt(hidden) (in the model dtype, as HF), GemmaRMSNorm
-(x * (1 + w) in float32), a norm before and after both attention and MLP, a GELU-tanh gated MLP,
+What differs from Llama: embeddings scaled by sqrt(hidden) (in the model dtype, as HF), Gemma's
+RMSNorm (x * (1 + w) in float32: OffsetRMSNorm), a norm before and after both attention and MLP,
+a GELU-tanh gated MLP,
 query_pre_attn_scalar ** -0.5 as the attention scale, attention and final logit soft-capping,
 and sliding-window (local) layers alternating with global ones (config.layer_types). Gemma 3
-(gemma3.py) turns two more knobs: q/k norms and a RoPE per layer type.
+(gemma3.py) turns two more knobs: q/k norms and a RoPE per layer type. The layers run as one native
+op where their projections are quantized (layers/fused_layers.py, with its sandwich norms).
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from torch import nn
 
 from radixlm.model.decoder_stack import DecoderStack
 from radixlm.model.layers.activation import GeluAndMul
-from radixlm.model.layers.norm import GemmaRMSNorm
+from radixlm.model.layers.fused_layers import build_fused_layers
+from radixlm.model.layers.norm import OffsetRMSNorm
 from radixlm.model.layers.rotary import RotaryEmbedding, get_rope
 from radixlm.model.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, get_head_dim
 
@@ -50,13 +53,13 @@ class Gemma2DecoderLayer(nn.Module):
             qk_norm=qk_norm,
             scaling=config.query_pre_attn_scalar**-0.5,
             logit_cap=getattr(config, "attn_logit_softcapping", None) or 0.0,
-            norm_cls=GemmaRMSNorm,
+            norm_cls=OffsetRMSNorm,
         )
         self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size, act_fn=gemma_act(config))
-        self.input_layernorm = GemmaRMSNorm(config.hidden_size, eps=eps)
-        self.post_attention_layernorm = GemmaRMSNorm(config.hidden_size, eps=eps)
-        self.pre_feedforward_layernorm = GemmaRMSNorm(config.hidden_size, eps=eps)
-        self.post_feedforward_layernorm = GemmaRMSNorm(config.hidden_size, eps=eps)
+        self.input_layernorm = OffsetRMSNorm(config.hidden_size, eps=eps)
+        self.post_attention_layernorm = OffsetRMSNorm(config.hidden_size, eps=eps)
+        self.pre_feedforward_layernorm = OffsetRMSNorm(config.hidden_size, eps=eps)
+        self.post_feedforward_layernorm = OffsetRMSNorm(config.hidden_size, eps=eps)
 
     def forward(self, positions, hidden, forward_batch, residual):
         # The residual stream rides along as in Llama; the post norms apply to the branch outputs
@@ -74,7 +77,7 @@ class Gemma2Model(DecoderStack):
     def __init__(self, config: Any, rotary_embs: list[RotaryEmbedding], qk_norm: bool = False):
         """rotary_embs: each layer's RoPE (shared objects: one cos/sin cache per kind)."""
         super().__init__()
-        self.init_stack(config, fused=False)
+        self.init_stack(config)
         self.embed_tokens = self.stage_embedding(config)
         # HF multiplies by sqrt(hidden) cast to the weights' dtype (Gemma2TextScaledWordEmbedding).
         self.register_buffer(
@@ -86,7 +89,12 @@ class Gemma2Model(DecoderStack):
             config.num_hidden_layers,
             lambda i: Gemma2DecoderLayer(config, i, rotary_embs[i], qk_norm),
         )
-        self.norm = self.on_last(lambda: GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps))
+        self.norm = self.on_last(lambda: OffsetRMSNorm(config.hidden_size, eps=config.rms_norm_eps))
+
+    def build_fused(self):
+        """All layers in one native op where it applies (model/layers/fused_layers.py)."""
+        forwards = (Gemma2DecoderLayer.forward, LlamaAttention.forward, LlamaMLP.forward)
+        return build_fused_layers(self, forwards, sandwich=True)
 
     def embed(self, input_ids, input_embeds):
         if input_embeds is not None:  # scaled where they were looked up (HF likewise)

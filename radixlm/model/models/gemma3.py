@@ -1,5 +1,5 @@
 """Gemma 3 (text: Gemma3ForCausalLM / Gemma3TextConfig): the Gemma 2 graph with q/k norms
-(GemmaRMSNorm over each head, before RoPE) and a RoPE per layer type: local (sliding) layers
+(OffsetRMSNorm over each head, before RoPE) and a RoPE per layer type: local (sliding) layers
 rotate with rope_local_base_freq, global ones with rope_theta and the rope scaling. Gemma 3 has
 no attention logit soft-capping (its config says None)."""
 

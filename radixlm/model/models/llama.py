@@ -94,7 +94,7 @@ class LlamaAttention(nn.Module):
     ):
         """scaling (None: head_dim ** -0.5), logit_cap, norm_cls (of the q/k norms), sinks and
         o_bias (None: config.attention_bias) are the knobs other families turn (Gemma:
-        query_pre_attn_scalar, attn_logit_softcapping, GemmaRMSNorm; gpt-oss: attention sinks,
+        query_pre_attn_scalar, attn_logit_softcapping, OffsetRMSNorm; gpt-oss: attention sinks,
         held by self.attn; GLM-4.5: q/k/v bias without an o_proj bias)."""
         super().__init__()
         total_heads = config.num_attention_heads
@@ -138,9 +138,9 @@ class LlamaAttention(nn.Module):
         self, positions: torch.Tensor, hidden: torch.Tensor, forward_batch: ForwardBatch
     ) -> torch.Tensor:
         q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.qk_norm:
-            q = self.q_norm(q.reshape(-1, self.num_heads, self.head_dim)).view(-1, self.q_size)
-            k = self.k_norm(k.reshape(-1, self.num_kv_heads, self.head_dim)).view(-1, self.kv_size)
+        if self.qk_norm:  # each head a row: the norms' fused kernel, as the one-op stack runs it
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view(-1, self.q_size)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view(-1, self.kv_size)
         q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v, forward_batch))
 
@@ -220,7 +220,9 @@ class LlamaModel(DecoderStack):
 
     def build_fused(self):
         """All layers in one native op where it applies (model/layers/fused_layers.py)."""
-        return build_fused_layers(self)
+        return build_fused_layers(
+            self, (LlamaDecoderLayer.forward, LlamaAttention.forward, LlamaMLP.forward)
+        )
 
 
 class LlamaForCausalLM(ServedModel):

@@ -52,6 +52,5 @@ class Ministral3ForCausalLM(LlamaForCausalLM):
             attn = Ministral3Attention(config, i, rope)
             return LlamaDecoderLayer(config, i, rope, self_attn=attn)
 
-        model = LlamaModel(config, build_layer=layer)
-        model.use_fused_layers = False  # the one-op decoder has no attention temperature
-        return model
+        # (the one-op decoder has no attention temperature: it takes LlamaAttention's layers only)
+        return LlamaModel(config, build_layer=layer)

@@ -4,7 +4,7 @@ logit soft-caps, the global layers' RoPE) and what llama.cpp fixes by architectu
 every 6th), the local layers' RoPE base (10000), and the attention scale (head_dim ** -0.5, but
 hidden / heads for the 27B models, known by their layer count). Its tensors: the sandwich norms
 (ffn_norm is the norm before the MLP, the post norms have their own names), and every norm weight
-stored as 1 + w, which GemmaRMSNorm adds back (the loader takes the 1 off)."""
+stored as 1 + w, which OffsetRMSNorm adds back (the loader takes the 1 off)."""
 
 from __future__ import annotations
 

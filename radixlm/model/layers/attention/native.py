@@ -152,7 +152,9 @@ class NativeCPUBackend(AttentionBackend):
     forward_decode = forward_extend
 
     def runs_fused_layers(self, forward_batch: ForwardBatch) -> bool:
-        return True  # every batch's metadata is the op's (NativeMetadata)
+        # Every batch's metadata is the ops' (NativeMetadata), but image queries that see their
+        # whole image (a second attention pass) are the layers' alone.
+        return forward_batch.attn_metadata.bidi is None
 
 
 def tree_key_rows(
