@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from radixlm.model.layers.fused_layers import quantized_segments, stack_rope_applies
+from radixlm.model.layers.fused_layers import LayerKV, quantized_segments, stack_rope_applies
 
 if TYPE_CHECKING:
     from radixlm.model.forward_batch import ForwardBatch
@@ -71,15 +71,12 @@ class FusedGptOssLayers:
 
         end = len(self.layers) if end is None else end
         pool, md = fb.token_to_kv_pool, fb.attn_metadata
-        kv = [pool.get_kv_buffer(i) for i in range(start, end)]
-        scales = [pool.get_kv_scales(i) for i in range(start, end)]
-        k_scales = [s[0] for s in scales] if scales and scales[0][0] is not None else []
-        v_scales = [s[1] for s in scales] if k_scales else []
+        kv = LayerKV.of(fb, start, end)
         # As RadixAttention and the native backend decide per layer: the windowed pool's slots
         # where the pool has one and keeps this layer's KV there.
-        swa_slots = getattr(md, "swa_kv_slots", None)
+        swa_slots = kv.swa_kv_slots
         in_swa = [int(swa_slots is not None and pool.is_swa_layer(i)) for i in range(start, end)]
-        swa_loc = pool.translate(fb.out_cache_loc) if any(in_swa) else fb.out_cache_loc
+        swa_loc = kv.swa_out_cache_loc if any(in_swa) else fb.out_cache_loc
         residual = torch.empty_like(hidden)
         out = ops().gpt_oss_layers(
             hidden,
@@ -88,10 +85,10 @@ class FusedGptOssLayers:
             self.cos_sin,
             *self.args(start, end),
             in_swa,
-            [k for k, _ in kv],
-            [v for _, v in kv],
-            k_scales,
-            v_scales,
+            kv.k_bufs,
+            kv.v_bufs,
+            kv.k_scales,
+            kv.v_scales,
             fb.out_cache_loc,
             swa_loc,
             md.kv_slots,

@@ -330,20 +330,16 @@ class LayerKV:
 
 
 def kv_and_metadata(fb: ForwardBatch, start: int = 0, end: int | None = None) -> tuple:
-    """The fused ops' KV arguments for KV layers [start, end) and the batch's attention metadata
-    (the native backend's): k_bufs, v_bufs, k_scales, v_scales (empty: none), out_cache_loc,
-    kv_slots, rows, seq_lens, q_start."""
-    pool, md = fb.token_to_kv_pool, fb.attn_metadata
-    layers = slice(start, end)
-    scales = (
-        ([], [])
-        if pool.k_scale_buffer is None
-        else (pool.k_scale_buffer[layers], pool.v_scale_buffer[layers])
-    )
+    """The fused ops' KV arguments for KV layers [start, end) of a pool with one slot space and the
+    batch's attention metadata (the native backend's): k_bufs, v_bufs, k_scales, v_scales (empty:
+    none), out_cache_loc, kv_slots, rows, seq_lens, q_start."""
+    md = fb.attn_metadata
+    kv = LayerKV.of(fb, start, fb.token_to_kv_pool.num_layers if end is None else end)
     return (
-        pool.k_buffer[layers],
-        pool.v_buffer[layers],
-        *scales,
+        kv.k_bufs,
+        kv.v_bufs,
+        kv.k_scales,
+        kv.v_scales,
         fb.out_cache_loc,
         md.kv_slots,
         md.rows,
