@@ -68,43 +68,46 @@ def test_compiled_decode_equals_eager_on_the_float_path(tiny_model_dir, capfd):
 
 
 @pytest.fixture(scope="module")
-def tiny_qwen3_dir(tmp_path_factory, default_model_path):
-    """A 2-layer Qwen3 (q/k norms: no fused native op, its layers run in Python) with SmolLM2's
-    tokenizer."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+def tiny_granite_dir(tmp_path_factory, default_model_path):
+    """A 2-layer Granite (its multipliers: no fused native op, its layers run in Python) with
+    SmolLM2's tokenizer."""
+    from transformers import GraniteConfig, GraniteForCausalLM
 
     from radixlm.model.loader import load_tokenizer
 
-    path = tmp_path_factory.mktemp("tiny-qwen3")
+    path = tmp_path_factory.mktemp("tiny-granite")
     tok = load_tokenizer(default_model_path)
-    cfg = Qwen3Config(
+    cfg = GraniteConfig(
         vocab_size=len(tok),
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=16,
         max_position_embeddings=1024,
         tie_word_embeddings=True,
         bos_token_id=1,
         eos_token_id=2,
         initializer_range=0.25,
+        embedding_multiplier=2.0,
+        residual_multiplier=0.5,
+        attention_multiplier=0.25,
+        logits_scaling=2.0,
     )
     torch.manual_seed(0)
-    Qwen3ForCausalLM(cfg).eval().save_pretrained(path)
+    GraniteForCausalLM(cfg).eval().save_pretrained(path)
     tok.save_pretrained(path)
     return str(path)
 
 
-def test_compiled_decode_equals_eager_on_a_quantized_path(tiny_qwen3_dir, capfd):
+def test_compiled_decode_equals_eager_on_a_quantized_path(tiny_granite_dir, capfd):
     """q8_0 weights (GGUF's block format, through the native quantized kernels) on a model the fused
     op does not cover: its decode steps compile, with the eager engine's outputs."""
     rng = random.Random(1)
     prompts = [[rng.randrange(3, 40000) for _ in range(n)] for n in (6, 11)]
-    eager, _ = _run(tiny_qwen3_dir, prompts, quantization="q8_0")
+    eager, _ = _run(tiny_granite_dir, prompts, quantization="q8_0")
     compiled, state = _run(
-        tiny_qwen3_dir,
+        tiny_granite_dir,
         prompts,
         quantization="q8_0",
         enable_torch_compile=True,

@@ -282,10 +282,10 @@ def test_checkpoint_loads_quantized_and_generates_hf_greedy(checkpoints, key):
         assert m.weight is None and m.qweight.formats == ["f16"]
     file_bytes = os.path.getsize(os.path.join(path, "model.safetensors"))
     assert loaded.weight_bytes <= 1.2 * file_bytes, (loaded.weight_bytes, file_bytes)
-    # The one-op fused decoder (native backend, CPU) takes the plain layouts; act-order's gathered
-    # input keeps the Python layers, as do Qwen3's q/k norms.
+    # The one-op fused decoder (native backend, CPU) takes the plain layouts (with Qwen3's q/k
+    # norms); act-order's gathered input keeps the Python layers.
     fused = bool(loaded.model.model.fused_layers())
-    assert fused == (not case.desc_act and case.arch != "qwen3"), fused
+    assert fused == (not case.desc_act), fused
     # Generation: prefill, then decode steps one token at a time.
     gen, matched, lengths = torch.Generator().manual_seed(5), 0, (5, 12, 20, 30)
     for n in lengths:
