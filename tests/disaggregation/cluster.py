@@ -27,21 +27,30 @@ def server(model_dir, *extra, env=None):
 
 
 def prefill(model_dir, backend="tcp", *extra, env=None):
-    port = free_port()
-    s = server(
-        model_dir,
-        "--disaggregation-mode",
-        "prefill",
-        "--disaggregation-transfer-backend",
-        backend,
-        "--disaggregation-bootstrap-port",
-        str(port),
-        "--disaggregation-debug-checksum",
-        *extra,
-        env=env,
-    )
-    s.bootstrap_port = port
-    return s
+    # The bootstrap port is picked free here and bound by the server's scheduler a few seconds
+    # later: another worker's server or an outgoing connection can take it in between (a fresh
+    # clone's run hit it once), so a start that fails on that port tries another.
+    for attempt in range(3):
+        port = free_port()
+        try:
+            s = server(
+                model_dir,
+                "--disaggregation-mode",
+                "prefill",
+                "--disaggregation-transfer-backend",
+                backend,
+                "--disaggregation-bootstrap-port",
+                str(port),
+                "--disaggregation-debug-checksum",
+                *extra,
+                env=env,
+            )
+        except RuntimeError as e:
+            if "Address already in use" not in str(e) or attempt == 2:
+                raise
+            continue
+        s.bootstrap_port = port
+        return s
 
 
 def decode(model_dir, backend="tcp", *extra):
