@@ -4,14 +4,12 @@ plus the whole image (each tile its own placeholder run and cache item), greedy 
 logprobs to 1e-4, one image and two, chunked prefill cutting the runs; the same image asked again
 served from the radix cache past its span, a different one not."""
 
-import io
-
 import pytest
 import torch
 
 from radixlm import Engine
 from tests.conftest import engine_args
-from tests.vision.checkpoints import assert_matches_hf, png_bytes, write_tiny_idefics3
+from tests.vision.checkpoints import assert_matches_hf, hf_greedy, write_tiny_idefics3
 from tests.vision.conftest import data_url
 
 N = 32
@@ -46,27 +44,6 @@ def engine(idefics3_dir):
         yield e
 
 
-def hf_reference(hf, text, seeds, size):
-    from PIL import Image
-
-    model, proc = hf
-    images = [Image.open(io.BytesIO(png_bytes(s, size))).convert("RGB") for s in seeds]
-    inputs = proc(text=text, images=[images], return_tensors="pt")
-    with torch.no_grad():
-        out = model.generate(
-            **inputs,
-            max_new_tokens=N,
-            do_sample=False,
-            output_scores=True,
-            return_dict_in_generate=True,
-            eos_token_id=None,
-            pad_token_id=0,
-        )
-    return out.sequences[0, inputs["input_ids"].shape[1] :].tolist(), [
-        torch.log_softmax(s[0].float(), -1) for s in out.scores
-    ]
-
-
 @pytest.mark.parametrize(
     "text,seeds,size",
     [
@@ -79,7 +56,7 @@ def hf_reference(hf, text, seeds, size):
     ],
 )
 def test_greedy_and_logprobs_match_hf(engine, hf, text, seeds, size):
-    tokens, logprobs = hf_reference(hf, text, seeds, size)
+    tokens, logprobs = hf_greedy(hf, text, [(s, size) for s in seeds], N, one_sample=True)
     out = engine.generate(
         text,
         {"max_new_tokens": N, "temperature": 0, "ignore_eos": True},
