@@ -30,10 +30,12 @@ def calibration_dir(tmp_path, monkeypatch):
 
 def test_decode_and_batch_levels_are_set_apart(kernel_ops, levels_kept):
     isas = kernel_ops.qlinear_isas()
-    assert isas[0] == "avx2" and isas == ["avx2", "avx512vnni", "avx512vbmi"][: len(isas)]
+    assert isas[0] == "avx2" and isas == ["avx2", "avx512vnni", "avx512vbmi", "amx"][: len(isas)]
     assert kernel_ops.qlinear_levels("avx2", isas[-1]) == ["avx2", isas[-1]]
     assert kernel_ops.qlinear_levels("", "avx2") == ["avx2", "avx2"]
-    assert kernel_ops.qlinear_levels(isas[-1], "") == [isas[-1], "avx2"]
+    # AMX is a level for more than one row: asked for one row, it runs (and says) VBMI's kernels
+    one_row = "avx512vbmi" if isas[-1] == "amx" else isas[-1]
+    assert kernel_ops.qlinear_levels(isas[-1], "") == [one_row, "avx2"]
     # qlinear_isa sets both and answers the batch level.
     assert kernel_ops.qlinear_isa("avx2") == "avx2"
     assert kernel_ops.qlinear_levels() == ["avx2", "avx2"]
@@ -95,7 +97,8 @@ def test_calibration_measures_every_level_stores_and_applies_it(
     assert cal.decode in isas and cal.batch in isas
     assert cal.linear_attn in calibrate.linear_attn_levels()
     assert cal.threads == torch.get_num_threads() and cal.cpu == calibrate.cpu_name()
-    for use in ("decode", "batch_8", "batch_64", "batch"):
+    assert set(cal.timings["decode"]) == set(isas) - {"amx"}
+    for use in ("batch_8", "batch_64", "batch"):
         assert set(cal.timings[use]) == set(isas)
         assert all(0 < us < float("inf") for us in cal.timings[use].values())
     assert cal.decode == calibrate._pick(cal.timings["decode"])

@@ -23,7 +23,7 @@ def test_vnni_tiles_equal_avx2_tiles_bitwise(kernel_ops, fmt):
             kernel_ops.qlinear_isa("avx512vnni")
         assert kernel_ops.qlinear_isa("avx2") == "avx2"
         return
-    isas = ["avx512vnni", "avx512vbmi"][: 1 + (best == "avx512vbmi")]
+    isas = ["avx512vnni", "avx512vbmi", "amx"][: kernel_ops.qlinear_isas().index(best)]
     if best == "avx512vnni":  # a VNNI CPU without VBMI (Cascade Lake): refused by name
         with pytest.raises(RuntimeError, match="no AVX-512 VBMI"):
             kernel_ops.qlinear_isa("avx512vbmi")
@@ -42,7 +42,7 @@ def test_vnni_tiles_equal_avx2_tiles_bitwise(kernel_ops, fmt):
                 assert torch.equal(kernel_ops.qlinear(x[:m], w, fid, bias), ref), f"{isa}, {m} rows"
     finally:
         kernel_ops.qlinear_levels(*saved)
-    with pytest.raises(RuntimeError, match="must be 'avx2', 'avx512vnni' or 'avx512vbmi'"):
+    with pytest.raises(RuntimeError, match="must be 'avx2', 'avx512vnni', 'avx512vbmi' or 'amx'"):
         kernel_ops.qlinear_isa("sse2")
 
 
@@ -83,7 +83,7 @@ def test_single_row_group_pairs_equal_avx2(kernel_ops, fmt):
     be the AVX2 tiles' bits, with and without a bias, over group counts that leave a single group
     on a thread, zero blocks, tiny and huge activations."""
     saved, best = kernel_ops.qlinear_levels(), kernel_ops.qlinear_isas()[-1]
-    if best != "avx512vbmi":
+    if best not in ("avx512vbmi", "amx"):
         # No pair kernels on this CPU: asking for their level is refused, by name.
         with pytest.raises(RuntimeError, match="no AVX-512"):
             kernel_ops.qlinear_isa("avx512vbmi")
@@ -118,16 +118,22 @@ def test_single_row_group_pairs_equal_avx2(kernel_ops, fmt):
 def test_row_tiles_over_group_pairs_equal_avx2(kernel_ops, fmt):
     """At the VBMI level more than one activation row takes 512-bit tiles over two weight groups
     at once (csrc/quant_x8_pair_tiles.cpp: a chunk of both groups per register, the activations
-    broadcast; Q8 through w xor 0x80 and the activations' exact block sums): every output must be
-    the AVX2 tiles' bits, in tiles of 8, 4, 2 and 1 rows, with zero blocks, tiny and huge rows."""
-    saved, best = kernel_ops.qlinear_levels(), kernel_ops.qlinear_isas()[-1]
-    if best != "avx512vbmi":
+    broadcast; Q8 through w xor 0x80 and the activations' exact block sums), and at the AMX level
+    16 rows at a time take tile multiplies for the block dots (csrc/quant_x8_amx.cpp, Q8 signed,
+    Q6_K in half blocks): every output must be the AVX2 tiles' bits, in tiles of 16, 8, 4, 2 and
+    1 rows, with zero blocks, tiny and huge rows."""
+    saved, isas = kernel_ops.qlinear_levels(), kernel_ops.qlinear_isas()
+    levels = [lv for lv in ("avx512vbmi", "amx") if lv in isas]
+    if not levels:
         with pytest.raises(RuntimeError, match="no AVX-512"):
             kernel_ops.qlinear_levels("", "avx512vbmi")
         return
+    if "amx" not in isas:  # refused by name where the CPU or its OS gives none
+        with pytest.raises(RuntimeError, match="no AMX-INT8"):
+            kernel_ops.qlinear_levels("", "amx")
     g = torch.Generator().manual_seed(13)
     k = 1280 if FORMATS[fmt].block == 256 else 1504
-    x = torch.randn(23, k, generator=g)
+    x = torch.randn(40, k, generator=g)
     x[1, 256:320] = 0.0  # whole blocks of zeros
     x[2] *= 3e-37
     x[3] *= 1e30
@@ -139,12 +145,13 @@ def test_row_tiles_over_group_pairs_equal_avx2(kernel_ops, fmt):
             )
             w, fid = mat._single
             bias = torch.randn(rows, generator=g)
-            for m in (2, 3, 7, 8, 15, 23):
+            for m in (2, 3, 7, 8, 15, 16, 23, 32, 40):
                 for b in (None, bias):
                     kernel_ops.qlinear_levels("avx2", "avx2")
                     ref = kernel_ops.qlinear(x[:m], w, fid, b)
-                    kernel_ops.qlinear_levels("avx2", "avx512vbmi")
-                    got = kernel_ops.qlinear(x[:m], w, fid, b)
-                    assert torch.equal(got, ref), f"{rows} rows, {m} activation rows"
+                    for lv in levels:
+                        kernel_ops.qlinear_levels("avx2", lv)
+                        got = kernel_ops.qlinear(x[:m], w, fid, b)
+                        assert torch.equal(got, ref), f"{lv}: {rows} rows, {m} activation rows"
     finally:
         kernel_ops.qlinear_levels(*saved)

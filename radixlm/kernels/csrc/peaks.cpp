@@ -14,6 +14,8 @@ namespace radixlm {
 float peak_loop_vnni512(int64_t iters);  // peaks_avx512.cpp
 float peak_loop_fma512(int64_t iters);
 float peak_loop_avxvnni(int64_t iters);  // peaks_avxvnni.cpp
+float peak_loop_amx(int64_t iters);      // peaks_amx.cpp
+bool amx_supported();                    // quant_x8.cpp (asks Linux for the tile state once)
 
 namespace peaks {
 
@@ -56,8 +58,8 @@ float loop_fma256(int64_t iters) {
 
 }  // namespace peaks
 
-// Operations per second of `kind` ("int8_avx2", "int8_avxvnni", "int8_avx512vnni", "fp32_avx2",
-// "fp32_avx512") with every ATen thread running `iters` iterations at once; refused by name when
+// Operations per second of `kind` ("int8_avx2", "int8_avxvnni", "int8_avx512vnni", "int8_amx",
+// "fp32_avx2", "fp32_avx512") with every ATen thread running `iters` iterations at once; refused by name when
 // the CPU lacks the ISA.
 double compute_peak(const std::string& kind, int64_t iters) {
   using namespace peaks;
@@ -71,11 +73,14 @@ double compute_peak(const std::string& kind, int64_t iters) {
   } else if (kind == "int8_avx512vnni") {
     TORCH_CHECK(RADIXLM_HAS("avx512vnni") && RADIXLM_HAS("avx512bw") && RADIXLM_HAS("avx512vl"), "compute_peak: this CPU has no AVX-512 VNNI");
     loop = peak_loop_vnni512, ops = kChains * 64 * 2;
+  } else if (kind == "int8_amx") {
+    TORCH_CHECK(amx_supported(), "compute_peak: this CPU has no AMX-INT8 (or its OS does not give it)");
+    loop = peak_loop_amx, ops = 4.0 * 16 * 16 * 64 * 2;
   } else if (kind == "fp32_avx512") {
     TORCH_CHECK(RADIXLM_HAS("avx512f"), "compute_peak: this CPU has no AVX-512");
     loop = peak_loop_fma512, ops = kChains * 16 * 2;
   }
-  TORCH_CHECK(loop != nullptr, "compute_peak: kind must be int8_avx2, int8_avxvnni, int8_avx512vnni, fp32_avx2 or ",
+  TORCH_CHECK(loop != nullptr, "compute_peak: kind must be int8_avx2, int8_avxvnni, int8_avx512vnni, int8_amx, fp32_avx2 or ",
               "fp32_avx512, got '", kind, "'");
   TORCH_CHECK(iters > 0, "compute_peak: iters must be positive, got ", iters);
   const int64_t threads = at::get_num_threads();

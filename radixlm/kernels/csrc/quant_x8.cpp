@@ -12,6 +12,10 @@
 #include "x8_row1_ymm.h"
 #include "x8_tiles.h"
 
+#include <cpuid.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -29,6 +33,27 @@ void x8_pair_rows_vbmi(X8Kind kind, const uint8_t* g, int64_t group_bytes, const
                        const float* bias16);
 void x8_pair_tiles_vbmi(X8Kind kind, const uint8_t* g, int64_t group_bytes, const QAct& a, int64_t m0, int64_t m1,
                         float* out, int64_t ldo, const float* bias16);
+void x8_pair_tiles_amx(X8Kind kind, const uint8_t* g, int64_t group_bytes, const QAct& a, int64_t m0, int64_t m1,
+                       float* out, int64_t ldo, const float* bias16);
+
+// AMX-INT8, and Linux's permission for this process's tile data (asked once, as llama.cpp's and
+// oneDNN's AMX paths ask: arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
+bool amx_supported() {
+  static const bool ok = [] {
+    __builtin_cpu_init();  // the VBMI level's kernels run beside the tiles
+    const bool vbmi = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi") &&
+                      __builtin_cpu_supports("gfni");
+    unsigned a, b, c, d;  // CPUID.7.0:EDX bit 24 AMX-TILE, bit 25 AMX-INT8
+    if (!vbmi || !__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1) || !((d >> 25) & 1)) return false;
+#ifdef __linux__
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+#else
+    return false;
+#endif
+  }();
+  return ok;
+}
 
 namespace {
 
@@ -105,8 +130,10 @@ struct Avx2Dot {
 // only, made twice: for one activation row (decode) and for more. The widest level is not the
 // fastest everywhere (Zen 4 splits 512-bit work in two), so kernels/calibrate.py times the
 // levels on the machine and sets them through qlinear_levels(); RADIXLM_KERNEL_ISA=avx2 (or
-// avx512vnni) caps both, and the calibration keeps to that cap.
-enum class Isa { AVX2 = 0, VNNI = 1, VBMI = 2 };
+// avx512vnni, avx512vbmi) caps both, and the calibration keeps to that cap. AMX (the VBMI level
+// with the prefill tiles' block dots on tile multiplies, quant_x8_amx.cpp) is a level for more
+// than one row only: one row runs VBMI's kernels under it.
+enum class Isa { AVX2 = 0, VNNI = 1, VBMI = 2, AMX = 3 };
 bool vnni_supported() {
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
@@ -116,17 +143,20 @@ bool vnni_supported() {
 bool vbmi_supported() {
   return vnni_supported() && __builtin_cpu_supports("avx512vbmi") && __builtin_cpu_supports("gfni");
 }
-Isa best_isa() { return vbmi_supported() ? Isa::VBMI : vnni_supported() ? Isa::VNNI : Isa::AVX2; }
+Isa best_isa() {
+  return amx_supported() ? Isa::AMX : vbmi_supported() ? Isa::VBMI : vnni_supported() ? Isa::VNNI : Isa::AVX2;
+}
 Isa initial_isa() {
   const char* env = std::getenv("RADIXLM_KERNEL_ISA");
   const std::string want = env ? env : "";
   const Isa best = best_isa();
   if (want == "avx2") return Isa::AVX2;
   if (want == "avx512vnni" && best != Isa::AVX2) return Isa::VNNI;
+  if (want == "avx512vbmi" && best >= Isa::VBMI) return Isa::VBMI;
   return best;
 }
 Isa& isa_level(bool one_row) {
-  static Isa decode = initial_isa(), batch = initial_isa();
+  static Isa decode = std::min(initial_isa(), Isa::VBMI), batch = initial_isa();
   return one_row ? decode : batch;
 }
 
@@ -140,14 +170,18 @@ void gemm(const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64
   const Isa isa = isa_level(M == 1);
   const int64_t grain = std::max<int64_t>(1, groups / (4 * at::get_num_threads()));
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
-    if (isa == Isa::VBMI) {  // groups in pairs, in 512-bit registers (an odd one left to the tiles)
+    if (isa >= Isa::VBMI) {  // groups in pairs, in 512-bit registers (an odd one left to the tiles)
       const int64_t paired = g0 + (g1 - g0) / 2 * 2;
-      for (int64_t mb = 0; mb < M; mb += M_BLOCK)
+      // AMX makes a pair's weight tiles once per row block (quant_x8_amx.cpp): longer blocks share them more
+      const int64_t m_block = isa == Isa::AMX ? 4 * M_BLOCK : M_BLOCK;
+      for (int64_t mb = 0; mb < M; mb += m_block)
         for (int64_t g = g0; g < paired; g += 2) {
           const uint8_t* gw = W + g * group_bytes;
           const float* b16 = bias ? bias + 8 * g : nullptr;
           if (M == 1)  // decode: the one-row kernels
             x8_pair_rows_vbmi(Kind, gw, group_bytes, a, 0, out + 8 * g, b16);
+          else if (isa == Isa::AMX)
+            x8_pair_tiles_amx(Kind, gw, group_bytes, a, mb, std::min(M, mb + m_block), out + 8 * g, ldo, b16);
           else
             x8_pair_tiles_vbmi(Kind, gw, group_bytes, a, mb, std::min(M, mb + M_BLOCK), out + 8 * g, ldo, b16);
         }
@@ -158,7 +192,7 @@ void gemm(const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64
       for (int64_t g = g0; g < g1; ++g) {
         const uint8_t* gw = W + g * group_bytes;
         float* o = out + 8 * g;
-        if (Kind == X8Kind::MXFP4 && isa == Isa::VBMI) {
+        if (Kind == X8Kind::MXFP4 && isa >= Isa::VBMI) {
           x8_group_rows_vbmi_mxfp4(gw, a, mb, me, o, ldo, bias ? bias + 8 * g : nullptr);
           continue;
         }
@@ -223,7 +257,7 @@ void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, cons
   TORCH_CHECK(a.per256 == fmt_takes_k_acts(fmt) && (!a.per256 || a.sum16 != nullptr),
               "interleaved format ", fmt, ": activations quantized ", a.per256 ? "per 256" : "per 32", " do not fit it");
   // MXFP4X8 takes the 16-value sums, and Q8X8's 512-bit tiles the block sums made of them
-  const bool sums = fmt == FMT_MXFP4X8 || (fmt == FMT_Q8X8 && M > 1 && isa_level(false) == Isa::VBMI);
+  const bool sums = fmt == FMT_MXFP4X8 || (fmt == FMT_Q8X8 && M > 1 && isa_level(false) >= Isa::VBMI);
   if (sums && a.sum16 == nullptr) {  // (a caller may have
     const std::vector<int32_t> s16 = sums16(a, M);                         // made them for many calls)
     QAct with = a;
@@ -231,7 +265,7 @@ void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, cons
     gemm_x8(fmt, W, group_bytes, N, with, M, out, ldo, bias);
     return;
   }
-  if (M > 1 && isa_level(false) == Isa::VBMI && a.panels == nullptr) {  // the 512-bit tiles' copy
+  if (M > 1 && isa_level(false) >= Isa::VBMI && a.panels == nullptr) {  // the 512-bit tiles' copy
     const std::vector<int8_t> panels = make_panels(a, M);
     QAct with = a;
     with.panels = panels.data();
@@ -364,27 +398,28 @@ at::Tensor repack_x8(const at::Tensor& w, int64_t fmt, int64_t cols) {
   return out;
 }
 
-const char* const kIsaNames[] = {"avx2", "avx512vnni", "avx512vbmi"};
+const char* const kIsaNames[] = {"avx2", "avx512vnni", "avx512vbmi", "amx"};
 
 Isa parse_isa(const std::string& isa, const char* op) {
-  TORCH_CHECK(isa == "avx2" || isa == "avx512vnni" || isa == "avx512vbmi", op,
-              ": isa must be 'avx2', 'avx512vnni' or 'avx512vbmi', got '", isa, "'");
+  TORCH_CHECK(isa == "avx2" || isa == "avx512vnni" || isa == "avx512vbmi" || isa == "amx", op,
+              ": isa must be 'avx2', 'avx512vnni', 'avx512vbmi' or 'amx', got '", isa, "'");
   TORCH_CHECK(isa == "avx2" || vnni_supported(), op, ": this CPU has no AVX-512 VNNI");
-  TORCH_CHECK(isa != "avx512vbmi" || vbmi_supported(), op, ": this CPU has no AVX-512 VBMI");
-  return isa == "avx2" ? Isa::AVX2 : isa == "avx512vnni" ? Isa::VNNI : Isa::VBMI;
+  TORCH_CHECK(isa == "avx2" || isa == "avx512vnni" || vbmi_supported(), op, ": this CPU has no AVX-512 VBMI");
+  TORCH_CHECK(isa != "amx" || amx_supported(), op, ": this CPU has no AMX-INT8 (or its OS does not give it)");
+  return isa == "avx2" ? Isa::AVX2 : isa == "avx512vnni" ? Isa::VNNI : isa == "avx512vbmi" ? Isa::VBMI : Isa::AMX;
 }
 
 // The ISA the interleaved kernels use for more than one row ("avx512vbmi": VNNI's tiles with
 // VBMI's MXFP4 lookups, "avx512vnni" or "avx2"); `isa` non-empty sets both levels first (tests
 // compare them; an ISA the CPU lacks is refused).
 std::string qlinear_isa(const std::string& isa) {
-  if (!isa.empty()) isa_level(true) = isa_level(false) = parse_isa(isa, "qlinear_isa");
+  if (!isa.empty()) isa_level(false) = parse_isa(isa, "qlinear_isa"), isa_level(true) = std::min(isa_level(false), Isa::VBMI);
   return kIsaNames[(int)isa_level(false)];
 }
 
 // [decode level, batch level]; each non-empty argument sets its level first.
 std::vector<std::string> qlinear_levels(const std::string& decode, const std::string& batch) {
-  if (!decode.empty()) isa_level(true) = parse_isa(decode, "qlinear_levels");
+  if (!decode.empty()) isa_level(true) = std::min(parse_isa(decode, "qlinear_levels"), Isa::VBMI);
   if (!batch.empty()) isa_level(false) = parse_isa(batch, "qlinear_levels");
   return {kIsaNames[(int)isa_level(true)], kIsaNames[(int)isa_level(false)]};
 }

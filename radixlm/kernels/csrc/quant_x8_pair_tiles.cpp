@@ -12,30 +12,10 @@
 // block's sum(a) exact from the activations' 16-value sums (QAct::sum16, made by gemm_x8).
 // Compiled for this ISA alone (quant_x8.cpp calls it at the VBMI level).
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,avx512vbmi,gfni")
-#include "x8_row1_zmm.h"
+#include "x8_pair_zmm.h"
 
 namespace radixlm {
 namespace {
-
-// [32 bytes at p0 | 32 bytes at p1]: the same chunk of both groups.
-inline __m512i join(const uint8_t* p0, const uint8_t* p1) {
-  return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)p0)),
-                            _mm256_loadu_si256((const __m256i*)p1), 1);
-}
-
-
-// Few rows (a decode batch) stream the weights from memory: both groups' next blocks are fetched
-// ahead while these dots run (batch 8, cold weights: -10-38% per matrix at the 256-bit level).
-inline void prefetch_pair(const uint8_t* b0, const uint8_t* b1, int64_t bytes) {
-  prefetch_span(b0, bytes);
-  prefetch_span(b1, bytes);
-}
-
-// The two 16-value sums of a row's block (int16 halves of QAct::sum16) added: the block's sum.
-inline int32_t block_sum(const QAct& a, int64_t m, int64_t b) {
-  const int32_t pair = a.sum16row(m)[b];
-  return (int16_t)(pair & 0xFFFF) + (int16_t)(pair >> 16);
-}
 
 // vpdpbusd with the activations' 4 bytes as an embedded broadcast: one fused instruction where
 // vpbroadcastd + vpdpbusd took two (GCC 12 does not fold the broadcast).
@@ -56,26 +36,12 @@ inline void dots_rows(const __m512i* w, int n, const int8_t* ap, __m512i* dots) 
     for (int m = 0; m < RM; ++m) dots[m] = dpbusd_bcst(dots[m], w[i], ap + 32 * m + 4 * i);
 }
 
-// A tile's rows' int32 dots of one block, parked in L1 between the two passes of a block: first
-// every row's dots, then every row's float steps, so the float steps of all rows issue back to
-// back instead of each row's waiting at the end of its own dot chain (+6% with 16 rows).
-template <int RM>
-struct BlockDots {
-  alignas(64) int32_t v[RM][16];
-  void put(int m, __m512i x) { _mm512_store_si512(v[m], x); }
-  __m512i get(int m) const { return _mm512_load_si512(v[m]); }
-};
-
 // Q4X8, Q5X8 and MXFP4X8 (32 values a block): per lane acc = fma(dot, d d_a, acc) + m s_a (Q4, Q5),
 // acc = fma(dot - 12 (S_lo + S_hi), 2^(e - 128) d_a, acc) (MXFP4), as tile_q4x8 / tile_mxfp4x8.
 template <X8Kind K, int RM>
 void tile_nibbles(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo,
                   const float* bias16) {
-  constexpr int64_t BYTES = K == X8Kind::Q4 ? 160 : K == X8Kind::Q5 ? 192 : 136;
-  constexpr int64_t QS = K == X8Kind::MXFP4 ? 8 : 32;  // the first nibble chunk
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
-  alignas(16) static constexpr int8_t values[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
-  const __m512i table = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i*)values));
+  constexpr int64_t BYTES = nibble_block_bytes(K);
   __m512 acc[RM];
   for (int m = 0; m < RM; ++m) acc[m] = _mm512_setzero_ps();
   BlockDots<RM> dots;
@@ -83,27 +49,8 @@ void tile_nibbles(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float
     const uint8_t* b0 = g + b * BYTES;
     const uint8_t* b1 = b0 + gb;
     if constexpr (RM <= 8) prefetch_pair(b0, b1, BYTES);
-    __m512i w[8];  // chunk i's low nibbles (values 4i..) at i, its high ones (16 + 4i..) at 4 + i
-    for (int i = 0; i < 4; ++i) {
-      const __m512i raw = join(b0 + QS + 32 * i, b1 + QS + 32 * i);
-      if constexpr (K == X8Kind::MXFP4) {  // the table repeats every 16 bytes: no masking
-        w[i] = _mm512_permutexvar_epi8(raw, table);
-        w[4 + i] = _mm512_permutexvar_epi8(_mm512_srli_epi16(raw, 4), table);
-      } else {
-        w[i] = _mm512_and_si512(raw, m4);
-        w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-      }
-      if constexpr (K == X8Kind::Q5) {  // chunk i's fifth-bit words: group 0's bits 0-31, group 1's 32-63
-        const __m512i sixteen = _mm512_set1_epi8(0x10);
-        uint32_t l0, l1, h0, h1;
-        std::memcpy(&l0, b0 + 160 + 4 * i, 4);
-        std::memcpy(&l1, b1 + 160 + 4 * i, 4);
-        std::memcpy(&h0, b0 + 176 + 4 * i, 4);
-        std::memcpy(&h1, b1 + 176 + 4 * i, 4);
-        w[i] = _mm512_or_si512(w[i], _mm512_maskz_mov_epi8(_cvtu64_mask64(l0 | (uint64_t)l1 << 32), sixteen));
-        w[4 + i] = _mm512_or_si512(w[4 + i], _mm512_maskz_mov_epi8(_cvtu64_mask64(h0 | (uint64_t)h1 << 32), sixteen));
-      }
-    }
+    __m512i w[8];
+    nibble_chunks<K>(b0, b1, w);
     __m512i isum[RM];
     for (int m = 0; m < RM; ++m) isum[m] = _mm512_setzero_si512();
     dots_rows<RM>(w, 8, a.panel_block(m0, b), isum);
@@ -153,29 +100,6 @@ void tile_q8(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out
   for (int m = 0; m < RM; ++m) store16(acc[m], bias16, out + (m0 + m) * ldo);
 }
 
-// A super-block's min term per lane for both groups: from QAct::sum32p's block-sum pairs where
-// gemm_x8 made them (4 vpdpwssd: lane = (mn_2p, mn_2p+1)), else q4k_min_sum16's 8; the same int32.
-struct Q4kMins16 {
-  __m512i v[8];
-  bool pairs;
-  Q4kMins16(const uint8_t* b0, const uint8_t* b1, const QAct& a) : pairs(a.sum32p != nullptr) {
-    if (pairs) {
-      for (int p = 0; p < 4; ++p)
-        v[p] = _mm512_or_si512(u8x16_to_epi32(b0 + 96 + 16 * p, b1 + 96 + 16 * p),
-                               _mm512_slli_epi32(u8x16_to_epi32(b0 + 104 + 16 * p, b1 + 104 + 16 * p), 16));
-    } else {
-      for (int s = 0; s < 8; ++s) v[s] = u8x16_pairs16(b0 + 96 + 8 * s, b1 + 96 + 8 * s);
-    }
-  }
-  __m512i sum(const QAct& a, int64_t m, int64_t sb) const {
-    if (!pairs) return q4k_min_sum16(v, a.sum16row(m) + 8 * sb);
-    const int32_t* p = a.sum32prow(m) + 4 * sb;
-    __m512i t = _mm512_madd_epi16(v[0], _mm512_set1_epi32(p[0]));
-    for (int i = 1; i < 4; ++i) t = _mm512_dpwssd_epi32(t, v[i], _mm512_set1_epi32(p[i]));
-    return t;
-  }
-};
-
 // One row of q4k_half8: t = its 4 chunks' dots (activation bytes at ap + 32 M), is_M += t x sc.
 #define RADIXLM_Q4K_ROW(M)                                          \
   "vpxord %[t], %[t], %[t]\n\t"                                     \
@@ -206,7 +130,6 @@ inline void q4k_half8(__m512i* is, const __m512i* w, __m512i sc, const int8_t* a
 // super-block).
 template <int RM>
 void tile_q4k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo, const float* bias16) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
   alignas(64) float acc[RM][16];
   for (int m = 0; m < RM; ++m) _mm512_store_ps(acc[m], _mm512_setzero_ps());
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
@@ -226,10 +149,7 @@ void tile_q4k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* ou
 #pragma GCC unroll 2
       for (int half = 0; half < 2; ++half) {
         __m512i w[4];
-        for (int i = 0; i < 4; ++i) {
-          const __m512i raw = join(b0 + qs + 32 * (4 * half + i), b1 + qs + 32 * (4 * half + i));
-          w[i] = _mm512_and_si512(s & 1 ? _mm512_srli_epi16(raw, 4) : raw, m4);
-        }
+        q4k_half_chunks(b0 + qs, b1 + qs, s & 1, half, w);
         if constexpr (RM % 8 == 0) {
 #pragma GCC unroll 2
           for (int m = 0; m < RM; m += 8) q4k_half8(isum + m, w, sc, ap + 32 * m + 16 * half);
@@ -287,27 +207,11 @@ inline void q6k_block8(__m512i* is, const __m512i* q, __m512i slo, __m512i shi, 
 }
 #undef RADIXLM_Q6K_ROW
 
-// Bits 4..5 of each byte <- chunk I's 2 bits of h (at 2I..2I+1), as x8_tiles.h's q6_top.
-template <int I>
-inline __m512i q6_top(__m512i h) {
-  const __m512i m = _mm512_set1_epi8(0x30);
-  if constexpr (I == 0) return _mm512_and_si512(_mm512_slli_epi16(h, 4), m);
-  if constexpr (I == 1) return _mm512_and_si512(_mm512_slli_epi16(h, 2), m);
-  if constexpr (I == 2) return _mm512_and_si512(h, m);
-  if constexpr (I == 3) return _mm512_and_si512(_mm512_srli_epi16(h, 2), m);
-}
-
-// 8 scale bytes of each group as 16 int32 lanes.
-inline __m512i scales16(const int8_t* s0, const int8_t* s1) {
-  return _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)s0), _mm_loadl_epi64((const __m128i*)s1)));
-}
-
 // Q6_KX8, 32 values at a time: isum += sc_lo dot_lo + sc_hi dot_hi - 32 (sc_lo S_lo + sc_hi S_hi), tile_q6kx8's
 // integer (exact), then per super-block acc = fma(isum, d d_a, acc). As tile_q4k: the rows' int32 sums
 // in registers through the super-block, the float accumulators in L1.
 template <int RM>
 void tile_q6k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo, const float* bias16) {
-  const __m512i m4 = _mm512_set1_epi8(0x0F);
   alignas(64) float acc[RM][16];
   for (int m = 0; m < RM; ++m) _mm512_store_ps(acc[m], _mm512_setzero_ps());
   for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
@@ -319,18 +223,8 @@ void tile_q6k(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float* ou
     for (int m = 0; m < RM; ++m) isum[m] = _mm512_setzero_si512();
     for (int j = 0; j < 8; ++j) {
       const int64_t qb = 144 + 192 * j;
-      const __m512i h0 = join(b0 + qb + 128, b1 + qb + 128), h1 = join(b0 + qb + 160, b1 + qb + 160);
-      const __m512i n0 = join(b0 + qb, b1 + qb), n1 = join(b0 + qb + 32, b1 + qb + 32);
-      const __m512i n2 = join(b0 + qb + 64, b1 + qb + 64), n3 = join(b0 + qb + 96, b1 + qb + 96);
       __m512i q[8];
-      q[0] = _mm512_or_si512(_mm512_and_si512(n0, m4), q6_top<0>(h0));
-      q[1] = _mm512_or_si512(_mm512_and_si512(n1, m4), q6_top<1>(h0));
-      q[2] = _mm512_or_si512(_mm512_and_si512(n2, m4), q6_top<2>(h0));
-      q[3] = _mm512_or_si512(_mm512_and_si512(n3, m4), q6_top<3>(h0));
-      q[4] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n0, 4), m4), q6_top<0>(h1));
-      q[5] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n1, 4), m4), q6_top<1>(h1));
-      q[6] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n2, 4), m4), q6_top<2>(h1));
-      q[7] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(n3, 4), m4), q6_top<3>(h1));
+      q6k_chunks(b0 + qb, b1 + qb, q);
       const int64_t b = 8 * sb + j;
       const int8_t* ap = a.panel_block(m0, b);
       const int8_t* s0 = (const int8_t*)(b0 + 16 + 16 * j);

@@ -1,0 +1,227 @@
+// Prefill tiles on AMX (Intel Sapphire Rapids and later): 16 or 32 activation rows against two groups
+// 8 interleaved weight rows (quant_x8_pair_tiles.cpp's layout), with each 32-value block's 16 x 16
+// int32 dots made by one tile multiply instead of 8 vpdpbusd a row. A block's 8 weight registers
+// (both groups' chunk i side by side: 16 columns of 4 bytes) are exactly the rows of an AMX B tile,
+// and QAct::panels holds a tile's 16 activation rows of a block 32 bytes apart: an A tile. The
+// dots land in L1 (tilestored) where the VNNI tiles park them (BlockDots), and every integer and
+// float step after them is the VNNI tiles' own, in the same order: bitwise their results (batch
+// and ISA invariance hold). Q8X8 takes the signed dot (tdpbssd) where VNNI needs the sign trick:
+// the same integer.
+//
+// Tiles: A 0 and 1 (two panels: 32 rows share each block's weight tile), B 2, C 4 and 5 or 6 and 7
+// (the blocks alternate, so one block's multiplies run while the previous block's steps read its
+// dots). Rows past the last 32 take one panel; past the last 16 the VNNI tiles. Q6_KX8 stays on
+// the VNNI tiles: its two half-block multiplies (each half has its own scale) measured 0.96x them.
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,avx512vbmi,gfni,amx-tile,amx-int8")
+#include "x8_pair_zmm.h"
+
+#include <type_traits>
+#include <vector>
+
+namespace radixlm {
+
+void x8_pair_tiles_vbmi(X8Kind kind, const uint8_t* g, int64_t group_bytes, const QAct& a, int64_t m0, int64_t m1,
+                        float* out, int64_t ldo, const float* bias16);
+
+namespace {
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {32, 32, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 8, 8, 16, 16, 16, 16};
+};
+
+inline void load_config() {
+  // Static: GCC 12 does not see ldtilecfg read its operand and drops the stores to a local config
+  // (llama.cpp's AMX build crashed on this here, its tiles left unconfigured).
+  static const TileConfig cfg;
+  _tile_loadconfig(&cfg);
+}
+
+// Block b's multiplies into slot S's C tiles (4 + 2S, 5 + 2S): C_r = A_r . B for the R panels
+// (panel r's rows at a.panel_block(m0 + 16 r, b)). The slots alternate, so block b + 1's multiplies run while block b's steps read its
+// dots. GCC's tile intrinsics paste their tile numbers into the instruction text: literals.
+#define RADIXLM_AMX_ISSUE(C0, C1)                                      \
+  _tile_loadd(2, bt, 64);                                              \
+  _tile_loadd(0, a.panel_block(m0, b), 32);                            \
+  if constexpr (R == 2) _tile_loadd(1, a.panel_block(m0 + 16, b), 32); \
+  _tile_zero(C0);                                                      \
+  if constexpr (R == 2) _tile_zero(C1);                                \
+  if constexpr (SIGNED) {                                              \
+    _tile_dpbssd(C0, 0, 2);                                            \
+    if constexpr (R == 2) _tile_dpbssd(C1, 1, 2);                      \
+  } else {                                                             \
+    _tile_dpbsud(C0, 0, 2);                                            \
+    if constexpr (R == 2) _tile_dpbsud(C1, 1, 2);                      \
+  }
+template <int S, int R, bool SIGNED>
+inline void issue(const QAct& a, int64_t m0, int64_t b, const uint8_t* bt) {
+  if constexpr (S == 0) {
+    RADIXLM_AMX_ISSUE(4, 5)
+  } else {
+    RADIXLM_AMX_ISSUE(6, 7)
+  }
+}
+#undef RADIXLM_AMX_ISSUE
+
+template <int S, bool TWO>
+inline void collect(BlockDots<16>* dots) {
+  if constexpr (S == 0) {
+    _tile_stored(4, dots[0].v, 64);
+    if constexpr (TWO) _tile_stored(5, dots[1].v, 64);
+  } else {
+    _tile_stored(6, dots[0].v, 64);
+    if constexpr (TWO) _tile_stored(7, dots[1].v, 64);
+  }
+}
+
+// Every block's multiplies, one block ahead of steps(b, dots) (dots[r]: panel r's). bt:
+// unpack_pair's tiles, 512 bytes a block.
+template <int R, bool SIGNED, class Steps>
+inline void for_blocks(const QAct& a, int64_t m0, const uint8_t* bt, Steps steps) {
+  constexpr bool TWO = R == 2;
+  BlockDots<16> dots[2];
+  issue<0, R, SIGNED>(a, m0, 0, bt);
+  for (int64_t b = 0; b < a.nb; ++b) {
+    if (b & 1) {
+      if (b + 1 < a.nb) issue<0, R, SIGNED>(a, m0, b + 1, bt + 512 * (b + 1));
+      collect<1, TWO>(dots);
+    } else {
+      if (b + 1 < a.nb) issue<1, R, SIGNED>(a, m0, b + 1, bt + 512 * (b + 1));
+      collect<0, TWO>(dots);
+    }
+    steps(b, dots);
+  }
+}
+
+// Block b's 8 weight registers of a 32-value format (the K-quants: sub-block b % 8).
+template <X8Kind K>
+inline void block_chunks(const uint8_t* g, int64_t gb, int64_t b, __m512i* w) {
+  if constexpr (K == X8Kind::Q8) {
+    const uint8_t* b0 = g + b * 272;
+    for (int i = 0; i < 8; ++i) w[i] = join(b0 + 16 + 32 * i, b0 + gb + 16 + 32 * i);
+  } else if constexpr (K == X8Kind::Q4K) {
+    const int64_t sb = b / 8, s = b % 8, qs = sb * Q4KX8_BYTES + 160 + 256 * (s / 2);
+    q4k_half_chunks(g + qs, g + gb + qs, s & 1, 0, w);
+    q4k_half_chunks(g + qs, g + gb + qs, s & 1, 1, w + 4);
+  } else {
+    const uint8_t* b0 = g + b * nibble_block_bytes(K);
+    nibble_chunks<K>(b0, b0 + gb, w);
+  }
+}
+
+// Every block's weight tile of the pair (its 8 B rows, 512 bytes a block), made once for all the
+// row panels: a tile load right after the vector stores that made it waits for them to reach the
+// cache (52-58 ns a block against 17 from an earlier-made tile on this Xeon), and the unpacking is
+// shared.
+template <X8Kind K>
+const uint8_t* unpack_pair(const uint8_t* g, int64_t gb, int64_t nb) {
+  static thread_local std::vector<__m512i> buf;
+  if ((int64_t)buf.size() < nb * 8) buf.resize(nb * 8);
+  for (int64_t b = 0; b < nb; ++b) block_chunks<K>(g, gb, b, buf.data() + 8 * b);
+  const uint8_t* out = (const uint8_t*)buf.data();
+  return out;
+}
+
+// Q4X8, Q5X8, MXFP4X8 and Q8X8 over 16 R rows: quant_x8_pair_tiles.cpp's tile_nibbles / tile_q8
+// float steps, the accumulators in L1.
+template <X8Kind K, int R>
+void tile_blocks(const uint8_t* g, const uint8_t* bt, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo, const float* bias16) {
+  constexpr int64_t BYTES = K == X8Kind::Q8 ? 272 : nibble_block_bytes(K);
+  alignas(64) float acc[16 * R][16];
+  for (int m = 0; m < 16 * R; ++m) _mm512_store_ps(acc[m], _mm512_setzero_ps());
+  for_blocks<R, K == X8Kind::Q8>(a, m0, bt, [&](int64_t b, BlockDots<16>* dots) {
+    const uint8_t* b0 = g + b * BYTES;
+    const uint8_t* b1 = b0 + gb;
+    __m512 dw, mw;
+    if constexpr (K == X8Kind::MXFP4) {
+      const __m512 e = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+          _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)b0), _mm_loadl_epi64((const __m128i*)b1))));
+      dw = _mm512_scalef_ps(_mm512_set1_ps(1.0f), _mm512_sub_ps(e, _mm512_set1_ps(128.0f)));
+    } else {
+      dw = cat8(scales8(b0), scales8(b1));
+      if constexpr (K != X8Kind::Q8) mw = cat8(scales8(b0 + 16), scales8(b1 + 16));
+    }
+#pragma GCC unroll 16
+    for (int m = 0; m < 16 * R; ++m) {
+      __m512i dot = dots[m / 16].get(m % 16);
+      if constexpr (K == X8Kind::MXFP4)
+        dot = _mm512_sub_epi32(dot, _mm512_madd_epi16(_mm512_set1_epi16(12), _mm512_set1_epi32(a.sum16row(m0 + m)[b])));
+      __m512 x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(a.drow(m0 + m)[b])),
+                                 _mm512_load_ps(acc[m]));
+      if constexpr (K == X8Kind::Q4 || K == X8Kind::Q5) x = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.srow(m0 + m)[b]), x);
+      _mm512_store_ps(acc[m], x);
+    }
+  });
+  for (int m = 0; m < 16 * R; ++m) store16(_mm512_load_ps(acc[m]), bias16, out + (m0 + m) * ldo);
+}
+
+// Q4_KX8: isum = sum_s sc_s dot_s per super-block (exact int32, as the VNNI tiles' vpdpwssd pairs
+// make it), then tile_q4k's mins and float step.
+template <int R>
+void tile_q4k(const uint8_t* g, const uint8_t* bt, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo,
+              const float* bias16) {
+  alignas(64) float acc[16 * R][16];
+  alignas(64) int32_t isum[16 * R][16];
+  for (int m = 0; m < 16 * R; ++m) _mm512_store_ps(acc[m], _mm512_setzero_ps());
+  for_blocks<R, false>(a, m0, bt, [&](int64_t b, BlockDots<16>* dots) {
+    const int64_t sb = b / 8, s = b % 8;
+    const uint8_t* b0 = g + sb * Q4KX8_BYTES;
+    const uint8_t* b1 = b0 + gb;
+    const __m512i sc = u8x16_to_epi32(b0 + 32 + 8 * s, b1 + 32 + 8 * s);
+#pragma GCC unroll 16
+    for (int m = 0; m < 16 * R; ++m) {
+      const __m512i t = _mm512_mullo_epi32(dots[m / 16].get(m % 16), sc);
+      _mm512_store_si512(isum[m], s ? _mm512_add_epi32(_mm512_load_si512(isum[m]), t) : t);
+    }
+    if (s != 7) return;
+    const Q4kMins16 mins(b0, b1, a);
+    const __m512 d = cat8(scales8(b0), scales8(b1)), dmin = cat8(scales8(b0 + 16), scales8(b1 + 16));
+#pragma GCC unroll 16
+    for (int m = 0; m < 16 * R; ++m)
+      _mm512_store_ps(acc[m], q4k_step16(_mm512_load_ps(acc[m]), _mm512_load_si512(isum[m]), mins.sum(a, m0 + m, sb),
+                                         d, dmin, a.d256row(m0 + m)[sb]));
+  });
+  for (int m = 0; m < 16 * R; ++m) store16(_mm512_load_ps(acc[m]), bias16, out + (m0 + m) * ldo);
+}
+
+// Rows [m0, m1) (m1 - m0 >= 16) of the pair: its weight tiles made once, then 32 rows at a time.
+template <X8Kind K>
+int64_t panels(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, int64_t m1, float* out, int64_t ldo,
+               const float* bias16) {
+  const uint8_t* bt = unpack_pair<K>(g, gb, a.nb);
+  auto run = [&](auto r, int64_t m) {
+    constexpr int R = decltype(r)::value;
+    if constexpr (K == X8Kind::Q4K)
+      tile_q4k<R>(g, bt, gb, a, m, out, ldo, bias16);
+    else
+      tile_blocks<K, R>(g, bt, gb, a, m, out, ldo, bias16);
+  };
+  int64_t m = m0;
+  for (; m + 32 <= m1; m += 32) run(std::integral_constant<int, 2>(), m);
+  if (m + 16 <= m1) run(std::integral_constant<int, 1>(), m), m += 16;
+  return m;
+}
+
+}  // namespace
+
+// x8_pair_tiles_vbmi's contract (QAct::panels, m0 a multiple of 16), 32 or 16 rows at a time on AMX.
+void x8_pair_tiles_amx(X8Kind kind, const uint8_t* g, int64_t group_bytes, const QAct& a, int64_t m0, int64_t m1,
+                       float* out, int64_t ldo, const float* bias16) {
+  int64_t m = m0;
+  if (m + 16 <= m1) {
+    load_config();
+    switch (kind) {
+      case X8Kind::Q4: m = panels<X8Kind::Q4>(g, group_bytes, a, m0, m1, out, ldo, bias16); break;
+      case X8Kind::Q5: m = panels<X8Kind::Q5>(g, group_bytes, a, m0, m1, out, ldo, bias16); break;
+      case X8Kind::MXFP4: m = panels<X8Kind::MXFP4>(g, group_bytes, a, m0, m1, out, ldo, bias16); break;
+      case X8Kind::Q8: m = panels<X8Kind::Q8>(g, group_bytes, a, m0, m1, out, ldo, bias16); break;
+      case X8Kind::Q4K: m = panels<X8Kind::Q4K>(g, group_bytes, a, m0, m1, out, ldo, bias16); break;
+      case X8Kind::Q6K: break;  // its AMX tiles (two half-block multiplies) measured 0.96x the VNNI tiles
+    }
+    _tile_release();  // other code on this thread (oneDNN) configures its own; a context switch then saves less
+  }
+  if (m < m1) x8_pair_tiles_vbmi(kind, g, group_bytes, a, m, m1, out, ldo, bias16);
+}
+
+}  // namespace radixlm
