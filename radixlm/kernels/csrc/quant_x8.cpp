@@ -172,8 +172,11 @@ void gemm(const uint8_t* W, int64_t group_bytes, int64_t N, const QAct& a, int64
   at::parallel_for(0, groups, grain, [&](int64_t g0, int64_t g1) {
     if (isa >= Isa::VBMI) {  // groups in pairs, in 512-bit registers (an odd one left to the tiles)
       const int64_t paired = g0 + (g1 - g0) / 2 * 2;
-      // AMX makes a pair's weight tiles once per row block (quant_x8_amx.cpp): longer blocks share them more
-      const int64_t m_block = isa == Isa::AMX ? 4 * M_BLOCK : M_BLOCK;
+      // AMX makes a pair's weight tiles once per row block (quant_x8_amx.cpp): longer blocks share
+      // them more, as long as the block's activations (rows x K bytes) stay within half an L2
+      const int64_t m_block = isa == Isa::AMX && Kind != X8Kind::Q6K
+                                  ? std::clamp<int64_t>((int64_t{1} << 19) / a.K / 32 * 32, M_BLOCK, 4 * M_BLOCK)
+                                  : M_BLOCK;
       for (int64_t mb = 0; mb < M; mb += m_block)
         for (int64_t g = g0; g < paired; g += 2) {
           const uint8_t* gw = W + g * group_bytes;
