@@ -43,7 +43,9 @@ DECODE_WEIGHTS = (
     ("q4_0", 2048, 2048),
     ("mxfp4", 2048, 2048),
 )
-BATCH_ROWS = (8, 64)
+# Rows of the batch level's timings: a decode batch, a chunk, a prefill (AMX's tiles differ from
+# VBMI's only at 16 rows and more, and share their weight tiles over up to 256).
+BATCH_ROWS = (8, 64, 256)
 # Offsets and counts of the fp16 scales inside each format's GGUF block (random bytes elsewhere).
 _FP16_SCALES = {"q4_k": (0, 2), "q6_k": (208, 1), "q8_0": (0, 1), "q4_0": (0, 1)}
 

@@ -98,7 +98,7 @@ def test_calibration_measures_every_level_stores_and_applies_it(
     assert cal.linear_attn in calibrate.linear_attn_levels()
     assert cal.threads == torch.get_num_threads() and cal.cpu == calibrate.cpu_name()
     assert set(cal.timings["decode"]) == set(isas) - {"amx"}
-    for use in ("batch_8", "batch_64", "batch"):
+    for use in ("batch_8", "batch_64", "batch_256", "batch"):
         assert set(cal.timings[use]) == set(isas)
         assert all(0 < us < float("inf") for us in cal.timings[use].values())
     assert cal.decode == calibrate._pick(cal.timings["decode"])

@@ -30,12 +30,22 @@ struct alignas(64) TileConfig {
   uint16_t colsb[16] = {32, 32, 64, 64, 64, 64, 64, 64};
   uint8_t rows[16] = {16, 16, 8, 8, 16, 16, 16, 16};
 };
+// Q4_KX8's: A tiles of 64 activation bytes (two sub-blocks) against B tiles of 16 rows.
+struct alignas(64) WideTileConfig {
+  uint8_t palette = 1, start_row = 0, reserved[14] = {};
+  uint16_t colsb[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
 
-inline void load_config() {
+inline void load_config(bool wide) {
   // Static: GCC 12 does not see ldtilecfg read its operand and drops the stores to a local config
   // (llama.cpp's AMX build crashed on this here, its tiles left unconfigured).
   static const TileConfig cfg;
-  _tile_loadconfig(&cfg);
+  static const WideTileConfig wide_cfg;
+  if (wide)
+    _tile_loadconfig(&wide_cfg);
+  else
+    _tile_loadconfig(&cfg);
 }
 
 // Block b's multiplies into slot S's C tiles (4 + 2S, 5 + 2S): C_r = A_r . B for the R panels
@@ -119,8 +129,42 @@ const uint8_t* unpack_pair(const uint8_t* g, int64_t gb, int64_t nb) {
   static thread_local std::vector<__m512i> buf;
   if ((int64_t)buf.size() < nb * 8) buf.resize(nb * 8);
   for (int64_t b = 0; b < nb; ++b) block_chunks<K>(g, gb, b, buf.data() + 8 * b);
-  const uint8_t* out = (const uint8_t*)buf.data();
-  return out;
+  return (const uint8_t*)buf.data();
+}
+
+// Bytes q (0..15) times v (0..7, one per byte): q v <= 105, a u8.
+inline __m512i mul_u3(__m512i q, __m512i v) {
+  const __m512i q2 = _mm512_add_epi8(q, q), q4 = _mm512_add_epi8(q2, q2);
+  const __m512i r = _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(v, _mm512_set1_epi8(1)), q);
+  return _mm512_add_epi8(_mm512_add_epi8(r, _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(v, _mm512_set1_epi8(2)), q2)),
+                         _mm512_maskz_mov_epi8(_mm512_test_epi8_mask(v, _mm512_set1_epi8(4)), q4));
+}
+
+// Q4_KX8's weight tiles with each sub-block's 6-bit scale folded in, split so every byte stays a
+// u8: lo = q (sc & 7) and hi = q (sc >> 3) (nb blocks of 512 bytes each, hi after lo), so
+// sum_s sc_s dot_s = C(lo) + 8 C(hi) over a whole super-block: the tile unit adds the sub-blocks
+// up, where per sub-block tiles stored each dot and multiplied it by its scale in vector registers.
+const uint8_t* unpack_q4k_scaled(const uint8_t* g, int64_t gb, int64_t nb) {
+  static thread_local std::vector<__m512i> buf;
+  if ((int64_t)buf.size() < nb * 16) buf.resize(nb * 16);
+  __m512i* lo = buf.data();
+  __m512i* hi = lo + 8 * nb;
+  const __m512i spread = _mm512_set1_epi32(0x01010101);
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t sb = b / 8, s = b % 8;
+    const uint8_t* b0 = g + sb * Q4KX8_BYTES;
+    // each column's scale in all 4 bytes of its lane
+    const __m512i sc = _mm512_mullo_epi32(u8x16_to_epi32(b0 + 32 + 8 * s, b0 + gb + 32 + 8 * s), spread);
+    const __m512i sc_lo = _mm512_and_si512(sc, _mm512_set1_epi8(7));
+    const __m512i sc_hi = _mm512_and_si512(_mm512_srli_epi16(sc, 3), _mm512_set1_epi8(7));
+    __m512i w[8];
+    block_chunks<X8Kind::Q4K>(g, gb, b, w);
+    for (int i = 0; i < 8; ++i) {
+      lo[8 * b + i] = mul_u3(w[i], sc_lo);
+      hi[8 * b + i] = mul_u3(w[i], sc_hi);
+    }
+  }
+  return (const uint8_t*)buf.data();
 }
 
 // Q4X8, Q5X8, MXFP4X8 and Q8X8 over 16 R rows: quant_x8_pair_tiles.cpp's tile_nibbles / tile_q8
@@ -156,40 +200,66 @@ void tile_blocks(const uint8_t* g, const uint8_t* bt, int64_t gb, const QAct& a,
   for (int m = 0; m < 16 * R; ++m) store16(_mm512_load_ps(acc[m]), bias16, out + (m0 + m) * ldo);
 }
 
-// Q4_KX8: isum = sum_s sc_s dot_s per super-block (exact int32, as the VNNI tiles' vpdpwssd pairs
-// make it), then tile_q4k's mins and float step.
+// Q4_KX8: isum = sum_s sc_s dot_s per super-block = C(lo) + 8 C(hi) (unpack_q4k_scaled), four
+// 64-byte multiplies of each into the same C tiles; the same exact int32 as the VNNI tiles' vpdpwssd
+// pairs, then tile_q4k's mins and float step. A tiles come from the row-major activations (64
+// contiguous bytes a row: two sub-blocks), 16 R rows.
+#define RADIXLM_Q4K_MULS                                          \
+  for (int kk = 0; kk < 4; ++kk) {                                \
+    const int64_t b = 8 * sb + 2 * kk;                            \
+    _tile_loadd(2, lo + 512 * b, 64);                             \
+    _tile_loadd(3, hi + 512 * b, 64);                             \
+    _tile_loadd(0, a.qrow(m0) + 32 * b, a.K);                     \
+    if constexpr (R == 2) _tile_loadd(1, a.qrow(m0 + 16) + 32 * b, a.K); \
+    _tile_dpbsud(4, 0, 2);                                        \
+    _tile_dpbsud(5, 0, 3);                                        \
+    if constexpr (R == 2) {                                       \
+      _tile_dpbsud(6, 1, 2);                                      \
+      _tile_dpbsud(7, 1, 3);                                      \
+    }                                                             \
+  }
 template <int R>
-void tile_q4k(const uint8_t* g, const uint8_t* bt, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo,
+void tile_q4k(const uint8_t* g, const uint8_t* lo, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo,
               const float* bias16) {
+  const uint8_t* hi = lo + 512 * a.nb;
   alignas(64) float acc[16 * R][16];
-  alignas(64) int32_t isum[16 * R][16];
+  BlockDots<16> dots[2 * R];  // panel r's C(lo) at 2r, C(hi) at 2r + 1
   for (int m = 0; m < 16 * R; ++m) _mm512_store_ps(acc[m], _mm512_setzero_ps());
-  for_blocks<R, false>(a, m0, bt, [&](int64_t b, BlockDots<16>* dots) {
-    const int64_t sb = b / 8, s = b % 8;
+  for (int64_t sb = 0; sb < a.nb / 8; ++sb) {
+    _tile_zero(4);
+    _tile_zero(5);
+    if constexpr (R == 2) {
+      _tile_zero(6);
+      _tile_zero(7);
+    }
+    RADIXLM_Q4K_MULS
+    _tile_stored(4, dots[0].v, 64);
+    _tile_stored(5, dots[1].v, 64);
+    if constexpr (R == 2) {
+      _tile_stored(6, dots[2].v, 64);
+      _tile_stored(7, dots[3].v, 64);
+    }
     const uint8_t* b0 = g + sb * Q4KX8_BYTES;
     const uint8_t* b1 = b0 + gb;
-    const __m512i sc = u8x16_to_epi32(b0 + 32 + 8 * s, b1 + 32 + 8 * s);
-#pragma GCC unroll 16
-    for (int m = 0; m < 16 * R; ++m) {
-      const __m512i t = _mm512_mullo_epi32(dots[m / 16].get(m % 16), sc);
-      _mm512_store_si512(isum[m], s ? _mm512_add_epi32(_mm512_load_si512(isum[m]), t) : t);
-    }
-    if (s != 7) return;
     const Q4kMins16 mins(b0, b1, a);
     const __m512 d = cat8(scales8(b0), scales8(b1)), dmin = cat8(scales8(b0 + 16), scales8(b1 + 16));
 #pragma GCC unroll 16
-    for (int m = 0; m < 16 * R; ++m)
-      _mm512_store_ps(acc[m], q4k_step16(_mm512_load_ps(acc[m]), _mm512_load_si512(isum[m]), mins.sum(a, m0 + m, sb),
-                                         d, dmin, a.d256row(m0 + m)[sb]));
-  });
+    for (int m = 0; m < 16 * R; ++m) {
+      const BlockDots<16>* p = dots + 2 * (m / 16);
+      const __m512i isum = _mm512_add_epi32(p[0].get(m % 16), _mm512_slli_epi32(p[1].get(m % 16), 3));
+      _mm512_store_ps(acc[m], q4k_step16(_mm512_load_ps(acc[m]), isum, mins.sum(a, m0 + m, sb), d, dmin,
+                                         a.d256row(m0 + m)[sb]));
+    }
+  }
   for (int m = 0; m < 16 * R; ++m) store16(_mm512_load_ps(acc[m]), bias16, out + (m0 + m) * ldo);
 }
+#undef RADIXLM_Q4K_MULS
 
 // Rows [m0, m1) (m1 - m0 >= 16) of the pair: its weight tiles made once, then 32 rows at a time.
 template <X8Kind K>
 int64_t panels(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, int64_t m1, float* out, int64_t ldo,
                const float* bias16) {
-  const uint8_t* bt = unpack_pair<K>(g, gb, a.nb);
+  const uint8_t* bt = K == X8Kind::Q4K ? unpack_q4k_scaled(g, gb, a.nb) : unpack_pair<K>(g, gb, a.nb);
   auto run = [&](auto r, int64_t m) {
     constexpr int R = decltype(r)::value;
     if constexpr (K == X8Kind::Q4K)
@@ -210,7 +280,7 @@ void x8_pair_tiles_amx(X8Kind kind, const uint8_t* g, int64_t group_bytes, const
                        float* out, int64_t ldo, const float* bias16) {
   int64_t m = m0;
   if (m + 16 <= m1) {
-    load_config();
+    load_config(kind == X8Kind::Q4K);
     switch (kind) {
       case X8Kind::Q4: m = panels<X8Kind::Q4>(g, group_bytes, a, m0, m1, out, ldo, bias16); break;
       case X8Kind::Q5: m = panels<X8Kind::Q5>(g, group_bytes, a, m0, m1, out, ldo, bias16); break;
