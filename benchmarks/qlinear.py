@@ -8,6 +8,10 @@ Weights go through the loader's own path (QuantizedMatrix: interleaved where the
 layout for it), so the figures are the engine's. Medians over --repeat calls after a warm-up.
 --cold: each call reads another copy of the weight, --cold-mb of copies in all, so the weights come
 from memory as in a model's step (a warm matrix sits in the last-level cache).
+--levels: the kernel levels to set side by side (e.g. `avx512vbmi amx`), alternated call by call so
+a VM's phase moves them alike; each cell then gives every level's time and the first ÷ the last.
+
+    python benchmarks/qlinear.py FILE --rows 64 512 --levels avx512vbmi amx
 """
 
 from __future__ import annotations
@@ -47,6 +51,26 @@ def pick_tensors(path: str, names: list[str] | None = None) -> list:
     return chosen
 
 
+def median_us_levels(fn, repeat: int, levels: list[str]) -> dict[str, float]:
+    """Median microseconds of fn at each kernel level (both uses set), alternating call by call."""
+    ops = torch.ops.radixlm
+    saved = list(ops.qlinear_levels())
+    times = {lv: [] for lv in levels}
+    try:
+        for lv in levels:  # warm each
+            ops.qlinear_isa(lv)
+            fn()
+        for _ in range(repeat):
+            for lv in levels:
+                ops.qlinear_isa(lv)
+                t = time.perf_counter()
+                fn()
+                times[lv].append(time.perf_counter() - t)
+    finally:
+        ops.qlinear_levels(*saved)
+    return {lv: statistics.median(ts) * 1e6 for lv, ts in times.items()}
+
+
 def median_us(fn, repeat: int) -> float:
     fn()
     times = []
@@ -72,6 +96,7 @@ def main() -> None:
     p.add_argument(
         "--tensor", nargs="+", help="these GGUF tensors only (default: one layer's and the LM head)"
     )
+    p.add_argument("--levels", nargs="+", help="kernel levels side by side (qlinear_isas())")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     print(
@@ -96,10 +121,16 @@ def main() -> None:
         for m in a.rows:
             x = torch.randn(m, cols)
             turn = iter(range(1 << 62))
-            us = median_us(
-                lambda: copies[next(turn) % len(copies)].matmul(x),
-                a.repeat if m <= 64 else max(3, a.repeat // 4),
-            )
+            call = lambda: copies[next(turn) % len(copies)].matmul(x)
+            repeat = a.repeat if m <= 64 else max(3, a.repeat // 4)
+            if a.levels:
+                us = median_us_levels(call, repeat, a.levels)
+                cells.append(
+                    " / ".join(f"{lv} {t:.0f}" for lv, t in us.items())
+                    + f" ({us[a.levels[0]] / us[a.levels[-1]]:.2f}x)"
+                )
+                continue
+            us = median_us(call, repeat)
             cells.append(f"{us:.0f} ({mb * 1e6 / us / 1e3:.1f}, {m * rows * cols / us / 1e3:.0f})")
         print(
             f"| {t.name} | {'+'.join(mat.formats)} | {rows} x {cols} | {mb:.1f} | "
