@@ -71,10 +71,11 @@ void pair_blocks32(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* b0 = g + b * BYTES;
     const uint8_t* b1 = b0 + gb;
-    if constexpr (K == X8Kind::MXFP4) {  // as the tile does
-      prefetch_span(b0, BYTES);
-      prefetch_span(b1, BYTES);
-    }
+    // Both groups' next blocks fetched ahead, as the tiles do: one row streams the weights, and
+    // without it this Intel Xeon (AMX, 2026-12-01) read Q4X8 at 15-16 GB/s and Q8X8 at 20 against
+    // 18-22 and 23-25 with it (benchmarks/qlinear.py --cold, alternating builds).
+    prefetch_span(b0, BYTES);
+    prefetch_span(b1, BYTES);
     __m512i ap[4], w0[4], w1[4];
     permuted_act(aq + 32 * b, ap);
     block_weights<K>(b0, w0);
