@@ -416,7 +416,10 @@ Isa parse_isa(const std::string& isa, const char* op) {
 // VBMI's MXFP4 lookups, "avx512vnni" or "avx2"); `isa` non-empty sets both levels first (tests
 // compare them; an ISA the CPU lacks is refused).
 std::string qlinear_isa(const std::string& isa) {
-  if (!isa.empty()) isa_level(false) = parse_isa(isa, "qlinear_isa"), isa_level(true) = std::min(isa_level(false), Isa::VBMI);
+  if (!isa.empty()) {
+    isa_level(false) = parse_isa(isa, "qlinear_isa");
+    isa_level(true) = std::min(isa_level(false), Isa::VBMI);  // AMX is a batch level
+  }
   return kIsaNames[(int)isa_level(false)];
 }
 

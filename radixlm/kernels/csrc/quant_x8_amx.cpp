@@ -10,7 +10,8 @@
 //
 // Tiles: A 0 and 1 (two panels: 32 rows share each block's weight tile), B 2, C 4 and 5 or 6 and 7
 // (the blocks alternate, so one block's multiplies run while the previous block's steps read its
-// dots). Rows past the last 32 take one panel; past the last 16 the VNNI tiles. Q6_KX8 stays on
+// dots); Q4_KX8: 64-byte A tiles from the row-major activations, B 2 and 3 (its scaled halves), C
+// 4 to 7. Rows past the last 32 take one panel; past the last 16 the VNNI tiles. Q6_KX8 stays on
 // the VNNI tiles: its two half-block multiplies (each half has its own scale) measured 0.96x them.
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,avx512vbmi,gfni,amx-tile,amx-int8")
 #include "x8_pair_zmm.h"
@@ -49,8 +50,9 @@ inline void load_config(bool wide) {
 }
 
 // Block b's multiplies into slot S's C tiles (4 + 2S, 5 + 2S): C_r = A_r . B for the R panels
-// (panel r's rows at a.panel_block(m0 + 16 r, b)). The slots alternate, so block b + 1's multiplies run while block b's steps read its
-// dots. GCC's tile intrinsics paste their tile numbers into the instruction text: literals.
+// (panel r's rows at a.panel_block(m0 + 16 r, b)). The slots alternate, so block b + 1's
+// multiplies run while block b's steps read its dots. GCC's tile intrinsics paste their tile
+// numbers into the instruction text: literals.
 #define RADIXLM_AMX_ISSUE(C0, C1)                                      \
   _tile_loadd(2, bt, 64);                                              \
   _tile_loadd(0, a.panel_block(m0, b), 32);                            \
@@ -170,7 +172,8 @@ const uint8_t* unpack_q4k_scaled(const uint8_t* g, int64_t gb, int64_t nb) {
 // Q4X8, Q5X8, MXFP4X8 and Q8X8 over 16 R rows: quant_x8_pair_tiles.cpp's tile_nibbles / tile_q8
 // float steps, the accumulators in L1.
 template <X8Kind K, int R>
-void tile_blocks(const uint8_t* g, const uint8_t* bt, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo, const float* bias16) {
+void tile_blocks(const uint8_t* g, const uint8_t* bt, int64_t gb, const QAct& a, int64_t m0, float* out, int64_t ldo,
+                 const float* bias16) {
   constexpr int64_t BYTES = K == X8Kind::Q8 ? 272 : nibble_block_bytes(K);
   alignas(64) float acc[16 * R][16];
   for (int m = 0; m < 16 * R; ++m) _mm512_store_ps(acc[m], _mm512_setzero_ps());
@@ -178,14 +181,7 @@ void tile_blocks(const uint8_t* g, const uint8_t* bt, int64_t gb, const QAct& a,
     const uint8_t* b0 = g + b * BYTES;
     const uint8_t* b1 = b0 + gb;
     __m512 dw, mw;
-    if constexpr (K == X8Kind::MXFP4) {
-      const __m512 e = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-          _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)b0), _mm_loadl_epi64((const __m128i*)b1))));
-      dw = _mm512_scalef_ps(_mm512_set1_ps(1.0f), _mm512_sub_ps(e, _mm512_set1_ps(128.0f)));
-    } else {
-      dw = cat8(scales8(b0), scales8(b1));
-      if constexpr (K != X8Kind::Q8) mw = cat8(scales8(b0 + 16), scales8(b1 + 16));
-    }
+    block_scales16<K>(b0, b1, dw, mw);
 #pragma GCC unroll 16
     for (int m = 0; m < 16 * R; ++m) {
       __m512i dot = dots[m / 16].get(m % 16);

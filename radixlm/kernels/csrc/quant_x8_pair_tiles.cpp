@@ -60,14 +60,7 @@ void tile_nibbles(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, float
       dots.put(m, isum[m]);
     }
     __m512 dw, mw;
-    if constexpr (K == X8Kind::MXFP4) {
-      const __m512 e = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
-          _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)b0), _mm_loadl_epi64((const __m128i*)b1))));
-      dw = _mm512_scalef_ps(_mm512_set1_ps(1.0f), _mm512_sub_ps(e, _mm512_set1_ps(128.0f)));
-    } else {
-      dw = cat8(scales8(b0), scales8(b1));
-      mw = cat8(scales8(b0 + 16), scales8(b1 + 16));
-    }
+    block_scales16<K>(b0, b1, dw, mw);
     for (int m = 0; m < RM; ++m) {
       acc[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots.get(m)), _mm512_mul_ps(dw, _mm512_set1_ps(a.drow(m0 + m)[b])), acc[m]);
       if constexpr (K != X8Kind::MXFP4) acc[m] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.srow(m0 + m)[b]), acc[m]);

@@ -118,6 +118,19 @@ inline void q4k_half_chunks(const uint8_t* q0, const uint8_t* q1, bool high, int
   }
 }
 
+// A 32-value block's weight scales for both groups: d (MXFP4: 2^(e - 128)) and, for Q4X8 / Q5X8, m.
+template <X8Kind K>
+inline void block_scales16(const uint8_t* b0, const uint8_t* b1, __m512& dw, __m512& mw) {
+  if constexpr (K == X8Kind::MXFP4) {
+    const __m512 e = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
+        _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)b0), _mm_loadl_epi64((const __m128i*)b1))));
+    dw = _mm512_scalef_ps(_mm512_set1_ps(1.0f), _mm512_sub_ps(e, _mm512_set1_ps(128.0f)));
+  } else {
+    dw = cat8(scales8(b0), scales8(b1));
+    if constexpr (K == X8Kind::Q4 || K == X8Kind::Q5) mw = cat8(scales8(b0 + 16), scales8(b1 + 16));
+  }
+}
+
 // A Q6_KX8 block's 8 weight registers (values 0..63, both groups; the block's bytes at p0 / p1):
 // the low 16 values' 4 chunks, then the high 16 values'.
 inline void q6k_chunks(const uint8_t* p0, const uint8_t* p1, __m512i* q) {
