@@ -5,12 +5,14 @@ groups at a time) and of the delta rules' steps (AVX2, AVX-512) gives bitwise th
 (tests/kernels/test_kernel_isas.py), so the level is a speed choice only, and the widest is not the
 fastest everywhere: on a Zen 4 the VBMI level's decode GEMVs ran 1.6x slower than VNNI's (Zen 4
 splits 512-bit work in two), on an Intel Xeon faster. When the ops are first used (kernels/ops.py),
-each level is timed on weights of a decode step's shape (~30 MB: past the L2, like a model's), for
-one activation row (decode), for 8 and 64 rows (batches, prefill tiles) and for a decode batch of
-the delta rule; the fastest is kept per use (of levels within 3% of each other, the wider) and
-cached beside the built kernels, per CPU model and thread count, so later starts read it (~1 s
-once). A machine busier than its CPUs (the load average) is not timed: the flags' widest level
-runs until a quieter start measures.
+each level is timed on weights of a decode step's shape (~30 MB: past the L2, like a model's; one
+row reads copies of them past twice the last-level cache, so it streams from memory as a model's
+step does: a 300 MB L3 held them all on an Intel Xeon, and its decode timings measured the cache),
+for one activation row (decode), for 8, 64 and 256 rows (batches, prefill tiles) and for a decode
+batch of the delta rule; the fastest is kept per use (of levels within 3% of each other, the
+wider) and cached beside the built kernels, per CPU model and thread count, so later starts read
+it (a few seconds, once). A machine busier than its CPUs (the load average) is not timed: the
+flags' widest level runs until a quieter start measures.
 `RADIXLM_KERNEL_ISA` still forces a level (nothing is measured); `RADIXLM_KERNEL_CALIBRATE=0` keeps
 the widest level the flags allow, `=1` measures again;
 `radixlm bench limits --recalibrate` measures again and prints the figures.
@@ -160,10 +162,18 @@ def measure(rounds: int = 7) -> Calibration:
         for cols in {c for _, _, c in DECODE_WEIGHTS}
     }
 
+    # One row streams its weights: copies past twice the last-level cache, each call another set.
+    from radixlm.bench.limits import llc_bytes
+
+    total = sum(w.numel() * w.element_size() for w, _ in weights)
+    copies = max(1, min(32, -(-2 * llc_bytes() // total)))
+    sets = [weights] + [[(w.clone(), fid) for w, fid in weights] for _ in range(copies - 1)]
+
     def gemms(m: int, repeats: int):
         def run():
-            for _ in range(repeats):
-                for (w, fid), (_, _, cols) in zip(weights, DECODE_WEIGHTS):
+            for r in range(repeats):
+                ws = sets[r % len(sets)] if m == 1 else weights
+                for (w, fid), (_, _, cols) in zip(ws, DECODE_WEIGHTS):
                     ops.qlinear(xs[m, cols], w, fid, None)
 
         return run
@@ -175,7 +185,7 @@ def measure(rounds: int = 7) -> Calibration:
         timings["decode"] = _fastest(
             [lv for lv in levels if lv != "amx"],
             lambda lv: ops.qlinear_levels(lv, ""),
-            gemms(1, 3),
+            gemms(1, max(3, copies)),
             rounds,
         )
         batch = {lv: 0.0 for lv in levels}
