@@ -1,13 +1,22 @@
 // The AMX loop of the compute peaks (peaks.cpp): tile multiplies of int8 (tdpbssd, 16 x 64 bytes
 // against 16 x 64: 16,384 byte products each) into four independent accumulator tiles. Compiled
 // for AMX here only and called when the CPU and the OS give it (quant_x8.cpp: amx_supported).
+#if (defined(__clang__) && __clang_major__ >= 11) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
+#define RADIXLM_AMX 1
 #pragma GCC target("amx-tile,amx-int8")
+#else
+#pragma GCC target("avx2")  // a compiler without AMX (before GCC 11 / clang 11): never called
+#endif
 #include <immintrin.h>
 
 #include <cstdint>
 #include <cstring>
 
 namespace radixlm {
+
+#ifndef RADIXLM_AMX
+float peak_loop_amx(int64_t) { return 0.0f; }
+#else
 
 namespace {
 struct alignas(64) PeakTiles {
@@ -45,5 +54,7 @@ float peak_loop_amx(int64_t iters) {
   _tile_release();
   return (float)c[0];
 }
+
+#endif  // RADIXLM_AMX
 
 }  // namespace radixlm

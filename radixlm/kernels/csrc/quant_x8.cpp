@@ -36,10 +36,13 @@ void x8_pair_tiles_vbmi(X8Kind kind, const uint8_t* g, int64_t group_bytes, cons
 void x8_pair_tiles_amx(X8Kind kind, const uint8_t* g, int64_t group_bytes, const QAct& a, int64_t m0, int64_t m1,
                        float* out, int64_t ldo, const float* bias16);
 
+bool amx_compiled();  // quant_x8_amx.cpp: false where the compiler knows no AMX
+
 // AMX-INT8, and Linux's permission for this process's tile data (asked once, as llama.cpp's and
 // oneDNN's AMX paths ask: arch_prctl ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA).
 bool amx_supported() {
   static const bool ok = [] {
+    if (!amx_compiled()) return false;
     __builtin_cpu_init();  // the VBMI level's kernels run beside the tiles
     const bool vbmi = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") &&
                       __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vbmi") &&

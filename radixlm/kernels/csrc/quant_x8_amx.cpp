@@ -13,7 +13,15 @@
 // dots); Q4_KX8: 64-byte A tiles from the row-major activations, B 2 and 3 (its scaled halves), C
 // 4 to 7. Rows past the last 32 take one panel; past the last 16 the VNNI tiles. Q6_KX8 stays on
 // the VNNI tiles: its two half-block multiplies (each half has its own scale) measured 0.96x them.
+//
+// Compilers before GCC 11 / clang 11 know no AMX: there this file forwards to the VNNI tiles and
+// amx_compiled() is false (the level is then never offered).
+#if (defined(__clang__) && __clang_major__ >= 11) || (!defined(__clang__) && defined(__GNUC__) && __GNUC__ >= 11)
+#define RADIXLM_AMX 1
 #pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,avx512vbmi,gfni,amx-tile,amx-int8")
+#else
+#pragma GCC target("avx512f,avx512vl,avx512bw,avx512vnni,avx512vbmi,gfni")
+#endif
 #include "x8_pair_zmm.h"
 
 #include <type_traits>
@@ -23,6 +31,15 @@ namespace radixlm {
 
 void x8_pair_tiles_vbmi(X8Kind kind, const uint8_t* g, int64_t group_bytes, const QAct& a, int64_t m0, int64_t m1,
                         float* out, int64_t ldo, const float* bias16);
+
+#ifndef RADIXLM_AMX
+bool amx_compiled() { return false; }
+void x8_pair_tiles_amx(X8Kind kind, const uint8_t* g, int64_t group_bytes, const QAct& a, int64_t m0, int64_t m1,
+                       float* out, int64_t ldo, const float* bias16) {
+  x8_pair_tiles_vbmi(kind, g, group_bytes, a, m0, m1, out, ldo, bias16);
+}
+#else
+bool amx_compiled() { return true; }
 
 namespace {
 
@@ -289,5 +306,7 @@ void x8_pair_tiles_amx(X8Kind kind, const uint8_t* g, int64_t group_bytes, const
   }
   if (m < m1) x8_pair_tiles_vbmi(kind, g, group_bytes, a, m, m1, out, ldo, bias16);
 }
+
+#endif  // RADIXLM_AMX
 
 }  // namespace radixlm
