@@ -9,7 +9,6 @@ for each kernel level (kernels/calibrate.py; --recalibrate measures again and st
 from __future__ import annotations
 
 import argparse
-import glob
 import json
 import os
 import statistics
@@ -65,17 +64,10 @@ def cpu_flags() -> set[str]:
 
 
 def llc_bytes() -> int:
-    """The largest cache sysfs reports for CPU 0 (the last level), bytes."""
-    best = 0
-    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
-        try:
-            with open(path) as f:
-                text = f.read().strip()
-        except OSError:
-            continue
-        unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
-        best = max(best, int(text.rstrip("KMG")) * unit)
-    return best
+    """The last-level cache, bytes (kernels/calibrate.py's, imported late: torch comes with it)."""
+    from radixlm.kernels.calibrate import llc_bytes as last_level
+
+    return last_level()
 
 
 def read_rate(nbytes: int, repeats: int = 7) -> tuple[float, float]:

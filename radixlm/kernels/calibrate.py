@@ -21,6 +21,7 @@ the widest level the flags allow, `=1` measures again;
 from __future__ import annotations
 
 import fcntl
+import glob
 import hashlib
 import json
 import logging
@@ -83,6 +84,20 @@ def linear_attn_levels() -> list[str]:
         return ["avx2"]
     finally:
         _ops().linear_attn_isa(before)
+
+
+def llc_bytes() -> int:
+    """The largest cache sysfs reports for CPU 0 (the last level), bytes."""
+    best = 0
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        unit = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        best = max(best, int(text.rstrip("KMG")) * unit)
+    return best
 
 
 def cpu_name() -> str:
@@ -163,8 +178,6 @@ def measure(rounds: int = 7) -> Calibration:
     }
 
     # One row streams its weights: copies past twice the last-level cache, each call another set.
-    from radixlm.bench.limits import llc_bytes
-
     total = sum(w.numel() * w.element_size() for w, _ in weights)
     copies = max(1, min(32, -(-2 * llc_bytes() // total)))
     sets = [weights] + [[(w.clone(), fid) for w, fid in weights] for _ in range(copies - 1)]
