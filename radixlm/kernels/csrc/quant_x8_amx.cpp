@@ -292,7 +292,8 @@ int64_t panels(const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, int64_t 
 void x8_pair_tiles_amx(X8Kind kind, const uint8_t* g, int64_t group_bytes, const QAct& a, int64_t m0, int64_t m1,
                        float* out, int64_t ldo, const float* bias16) {
   int64_t m = m0;
-  if (m + 16 <= m1) {
+  // Q6_K stays on the VNNI tiles: its AMX tiles (two half-block multiplies) measured 0.96x them
+  if (m + 16 <= m1 && kind != X8Kind::Q6K) {
     load_config(kind == X8Kind::Q4K);
     switch (kind) {
       case X8Kind::Q4: m = panels<X8Kind::Q4>(g, group_bytes, a, m0, m1, out, ldo, bias16); break;
@@ -300,7 +301,7 @@ void x8_pair_tiles_amx(X8Kind kind, const uint8_t* g, int64_t group_bytes, const
       case X8Kind::MXFP4: m = panels<X8Kind::MXFP4>(g, group_bytes, a, m0, m1, out, ldo, bias16); break;
       case X8Kind::Q8: m = panels<X8Kind::Q8>(g, group_bytes, a, m0, m1, out, ldo, bias16); break;
       case X8Kind::Q4K: m = panels<X8Kind::Q4K>(g, group_bytes, a, m0, m1, out, ldo, bias16); break;
-      case X8Kind::Q6K: break;  // its AMX tiles (two half-block multiplies) measured 0.96x the VNNI tiles
+      case X8Kind::Q6K: break;  // not reached
     }
     _tile_release();  // other code on this thread (oneDNN) configures its own; a context switch then saves less
   }
