@@ -155,3 +155,41 @@ def test_row_tiles_over_group_pairs_equal_avx2(kernel_ops, fmt):
                         assert torch.equal(got, ref), f"{lv}: {rows} rows, {m} activation rows"
     finally:
         kernel_ops.qlinear_levels(*saved)
+
+
+@pytest.mark.parametrize(
+    ("sym", "asym", "offset"), [("q4_0", "q4_1", -8.0), ("q5_0", "q5_1", -16.0)]
+)
+def test_min_less_layouts_equal_the_stored_min_layout_bitwise(kernel_ops, sym, asym, offset):
+    """Q4_0 / Q5_0 interleave at their row-major size (no m stored: the kernels make -8 d / -16 d
+    from d). The same weights written as Q4_1 / Q5_1 blocks with m = -8 d / -16 d (exact in fp16)
+    take the stored-min layout: every ISA level must give bitwise its outputs, one row and tiles
+    alike."""
+    g = torch.Generator().manual_seed(11)
+    k, n = 1024, 48
+    w = random_quantized(sym, n, k, g)
+    blocks = w.view(n, k // 32, FORMATS[sym].block_bytes)
+    d = blocks[..., :2].contiguous().view(torch.float16)
+    m = (d.float() * offset).half()
+    assert torch.equal(m.float(), d.float() * offset)  # exact: a power-of-two multiple
+    with_min = torch.cat([blocks[..., :2], m.view(torch.uint8), blocks[..., 2:]], dim=-1)
+    w_min = with_min.reshape(n, -1).contiguous()
+    sym_p = kernel_ops.repack_x8(w, FORMATS[sym].kernel_id, k)
+    asym_p = kernel_ops.repack_x8(w_min, FORMATS[asym].kernel_id, k)
+    assert sym_p.shape[1] == 8 * FORMATS[sym].row_bytes(k) < asym_p.shape[1]  # 8 rows' own blocks
+    x, bias = torch.randn(40, k, generator=g), torch.randn(n, generator=g)
+    saved = kernel_ops.qlinear_levels()
+    try:
+        for isa in kernel_ops.qlinear_isas():
+            kernel_ops.qlinear_isa(isa)
+            for rows in (1, 3, 8, 17, 40):
+                got = kernel_ops.qlinear(x[:rows], sym_p, INTERLEAVED[sym].kernel_id, bias)
+                want = kernel_ops.qlinear(x[:rows], asym_p, INTERLEAVED[asym].kernel_id, bias)
+                assert torch.equal(got, want), f"{isa}, {rows} rows"
+    finally:
+        kernel_ops.qlinear_levels(*saved)
+    rows = torch.arange(n)
+    assert torch.equal(
+        kernel_ops.dequantize_rows(sym_p, INTERLEAVED[sym].kernel_id, k, rows),
+        kernel_ops.dequantize_rows(asym_p, INTERLEAVED[asym].kernel_id, k, rows),
+    )

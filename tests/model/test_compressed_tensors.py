@@ -165,12 +165,14 @@ def test_checkpoint_loads_in_its_bit_width_and_generates_hf_greedy(checkpoints, 
             tol = 0 if case.fmt != "q4_1x8" else 1e-3 * want.abs().max().item()
             assert (mine.qweight.dequantize() - want).abs().max().item() <= tol, (key, i)
     # Resident weights in their own bit width: the 8-row interleaved blocks the loader keeps hold
-    # 5 bits a 4-bit weight (Q4_0 shares Q4_1's x8 layout: scale and min per 32) and 8.5 bits an
-    # 8-bit one, against the file's 4 + 16/128 (g128) to 4 + 20/64 (g64 with zeros) and 8 + 16/in
-    # bits; the whole model within 1.2x the file (the embeddings and the LM head stay bf16).
+    # 4.5 bits a symmetric 4-bit weight (Q4_0X8: a scale per 32), 5 an asymmetric one (Q4_1X8: scale
+    # and min) and 8.5 bits an 8-bit one, against the file's 4 + 16/128 (g128) to 4 + 20/64 (g64
+    # with zeros) and 8 + 16/in bits; the whole model within 1.2x the file (the embeddings and the
+    # LM head stay bf16).
     count = sum(m.qweight.rows * m.qweight.cols for m in _matrices(loaded))
     held = sum(m.qweight.nbytes for m in _matrices(loaded))
-    assert 8 * held / count == (8.5 if case.fmt == "q8_0x8" else 5.0), (held, count)
+    bits = {"q8_0x8": 8.5, "q4_1x8": 5.0, "q4_0x8": 4.5}[case.fmt]
+    assert 8 * held / count == bits, (held, count)
     for m in (loaded.model.model.embed_tokens, loaded.model.lm_head):
         assert m.weight is None and m.qweight.formats == ["bf16"]
     file_bytes = os.path.getsize(os.path.join(path, "model.safetensors"))

@@ -38,10 +38,15 @@ enum Fmt : int64_t {
   FMT_MXFP4X8 = 20,  // per 32 values: e8m0 e[8], 4 x (8 rows x 4 nibble bytes) (x8_tiles.h)
   FMT_FP8 = 21,  // 128 values: fp32 256 s, e4m3 q[128] (float16_gemm.cpp)   x = 256 s * (q as a half)
   FMT_Q5X8 = 22,  // per 32 values: Q4X8's 160 bytes, then 8 x 32 fifth bits (x8_tiles.h)   x = d*q + m
+  // Q4_0 / Q5_0 interleaved without m (the kernels make m = -8 d / -16 d from d): 144 / 176 bytes
+  // per 8 x 32 values, the row-major blocks' own size.
+  FMT_Q4_0X8 = 23,  // per 32 values: fp16 d[8], 4 x (8 rows x 4 nibble bytes)              x = d*(q-8)
+  FMT_Q5_0X8 = 24,  // per 32 values: Q4_0X8's 144 bytes, then 8 x 32 fifth bits            x = d*(q-16)
 };
 
 inline bool fmt_is_x8(int64_t f) {
-  return f == FMT_Q4X8 || f == FMT_Q8X8 || f == FMT_Q4KX8 || f == FMT_Q6KX8 || f == FMT_MXFP4X8 || f == FMT_Q5X8;
+  return f == FMT_Q4X8 || f == FMT_Q8X8 || f == FMT_Q4KX8 || f == FMT_Q6KX8 || f == FMT_MXFP4X8 || f == FMT_Q5X8 ||
+         f == FMT_Q4_0X8 || f == FMT_Q5_0X8;
 }
 // Weight rows per stored row: 8 for the interleaved formats.
 inline int64_t fmt_group(int64_t f) { return fmt_is_x8(f) ? 8 : 1; }
@@ -85,6 +90,8 @@ inline int64_t fmt_block_bytes(int64_t f) {
     case FMT_MXFP4: return 17;
     case FMT_MXFP4X8: return 136;
     case FMT_Q5X8: return 192;
+    case FMT_Q4_0X8: return 144;
+    case FMT_Q5_0X8: return 176;
     case FMT_Q4KX8: return 1184;
     case FMT_Q6KX8: return 1680;
     case FMT_F16:

@@ -136,6 +136,8 @@ void gemm_quantized(int64_t fmt, const uint8_t* W, int64_t rb, int64_t N, const 
     case FMT_I8: gemm32<FI8>(W, rb, N, a, M, o, ld, bp); break;
     case FMT_Q4X8:
     case FMT_Q5X8:
+    case FMT_Q4_0X8:
+    case FMT_Q5_0X8:
     case FMT_Q8X8:
     case FMT_MXFP4X8:
     case FMT_Q4KX8:

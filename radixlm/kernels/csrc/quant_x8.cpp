@@ -289,6 +289,8 @@ void gemm_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t N, cons
     case FMT_Q6KX8: gemm<X8Kind::Q6K>(W, group_bytes, N, a, M, out, ldo, bias); break;
     case FMT_Q4X8: gemm<X8Kind::Q4>(W, group_bytes, N, a, M, out, ldo, bias); break;
     case FMT_Q5X8: gemm<X8Kind::Q5>(W, group_bytes, N, a, M, out, ldo, bias); break;
+    case FMT_Q4_0X8: gemm<X8Kind::Q4_0>(W, group_bytes, N, a, M, out, ldo, bias); break;
+    case FMT_Q5_0X8: gemm<X8Kind::Q5_0>(W, group_bytes, N, a, M, out, ldo, bias); break;
     case FMT_Q8X8: gemm<X8Kind::Q8>(W, group_bytes, N, a, M, out, ldo, bias); break;
     case FMT_MXFP4X8: gemm<X8Kind::MXFP4>(W, group_bytes, N, a, M, out, ldo, bias); break;
     default: gemm<X8Kind::Q4K>(W, group_bytes, N, a, M, out, ldo, bias); break;
@@ -317,16 +319,17 @@ void dequant_row_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t 
           yb[4 * i + j] = d * values[q & 0xF];
           yb[16 + 4 * i + j] = d * values[q >> 4];
         }
-    } else if (fmt == FMT_Q4X8 || fmt == FMT_Q5X8) {
-      const bool q5 = fmt == FMT_Q5X8;
-      const uint8_t* blk = g + b * (q5 ? 192 : 160);
-      const float d = fp16(blk + 2 * r), mn = fp16(blk + 16 + 2 * r);
+    } else if (fmt == FMT_Q4X8 || fmt == FMT_Q5X8 || fmt == FMT_Q4_0X8 || fmt == FMT_Q5_0X8) {
+      const bool q5 = fmt == FMT_Q5X8 || fmt == FMT_Q5_0X8, has_min = fmt == FMT_Q4X8 || fmt == FMT_Q5X8;
+      const int64_t qs = has_min ? 32 : 16;  // the nibbles follow d[8] (and m[8])
+      const uint8_t* blk = g + b * fmt_block_bytes(fmt);
+      const float d = fp16(blk + 2 * r), mn = has_min ? fp16(blk + 16 + 2 * r) : (q5 ? -16.0f : -8.0f) * d;
       for (int i = 0; i < 4; ++i)
         for (int j = 0; j < 4; ++j) {
-          const uint8_t q = blk[32 + 32 * i + 4 * r + j];
+          const uint8_t q = blk[qs + 32 * i + 4 * r + j];
           const int bit = 4 * r + j;  // in words i (low values) and 4 + i (high)
-          const int lo5 = q5 ? (blk[160 + 4 * i + bit / 8] >> (bit % 8) & 1) << 4 : 0;
-          const int hi5 = q5 ? (blk[176 + 4 * i + bit / 8] >> (bit % 8) & 1) << 4 : 0;
+          const int lo5 = q5 ? (blk[qs + 128 + 4 * i + bit / 8] >> (bit % 8) & 1) << 4 : 0;
+          const int hi5 = q5 ? (blk[qs + 144 + 4 * i + bit / 8] >> (bit % 8) & 1) << 4 : 0;
           yb[4 * i + j] = d * ((q & 0xF) | lo5) + mn;
           yb[16 + 4 * i + j] = d * ((q >> 4) | hi5) + mn;
         }
@@ -339,9 +342,9 @@ void dequant_row_x8(int64_t fmt, const uint8_t* W, int64_t group_bytes, int64_t 
   }
 }
 
-// [N, row_bytes] GGUF blocks (Q4_0, Q4_1, Q8_0 or MXFP4) -> [N / 8, blocks * group block bytes].
-// Q4_0's offset -8 d becomes Q4_1's m (exact in fp16: a power-of-two multiple); MXFP4 keeps its
-// exponent bytes and nibbles as they are.
+// [N, row_bytes] GGUF blocks (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 or MXFP4) -> [N / 8, blocks * group block
+// bytes]. Q4_0 / Q5_0 keep only d (Q4_0X8, Q5_0X8: the kernels make their offsets -8 d, -16 d);
+// MXFP4 keeps its exponent bytes and nibbles as they are.
 at::Tensor repack_x8(const at::Tensor& w, int64_t fmt, int64_t cols) {
   if (fmt == FMT_Q4_K || fmt == FMT_Q6_K) return repack_kx8(w, fmt, cols);
   TORCH_CHECK(fmt == FMT_Q4_0 || fmt == FMT_Q4_1 || fmt == FMT_Q8_0 || fmt == FMT_MXFP4 || fmt == FMT_Q5_0 ||
@@ -352,7 +355,12 @@ at::Tensor repack_x8(const at::Tensor& w, int64_t fmt, int64_t cols) {
   TORCH_CHECK(cols % 32 == 0 && w.size(0) % 8 == 0, "repack_x8: rows must be a multiple of 8 (got ", w.size(0), ")");
   const int64_t N = w.size(0), nb = cols / 32, src_bytes = fmt_block_bytes(fmt);
   const bool q5 = fmt == FMT_Q5_0 || fmt == FMT_Q5_1;
-  const int64_t packed = fmt == FMT_Q8_0 ? FMT_Q8X8 : fmt == FMT_MXFP4 ? FMT_MXFP4X8 : q5 ? FMT_Q5X8 : FMT_Q4X8;
+  const bool has_min = fmt == FMT_Q4_1 || fmt == FMT_Q5_1;
+  const int64_t packed = fmt == FMT_Q8_0    ? FMT_Q8X8
+                         : fmt == FMT_MXFP4 ? FMT_MXFP4X8
+                         : q5               ? (has_min ? FMT_Q5X8 : FMT_Q5_0X8)
+                                            : (has_min ? FMT_Q4X8 : FMT_Q4_0X8);
+  const int64_t qs_at = has_min ? 32 : 16;  // the nibble chunks, after d[8] (and m[8])
   const int64_t gb = fmt_block_bytes(packed);
   auto out = q5 ? at::zeros({N / 8, nb * gb}, w.options()) : at::empty({N / 8, nb * gb}, w.options());
   const uint8_t* src = w.data_ptr<uint8_t>();
@@ -374,27 +382,19 @@ at::Tensor repack_x8(const at::Tensor& w, int64_t fmt, int64_t cols) {
             for (int i = 0; i < 4; ++i) std::memcpy(o + 8 + 32 * i + 4 * r, blk + 1 + 4 * i, 4);
             continue;
           }
-          const bool has_min = fmt == FMT_Q4_1 || fmt == FMT_Q5_1;
           const uint8_t* qs = blk + 2 + (has_min ? 2 : 0) + (q5 ? 4 : 0);
           std::memcpy(o + 2 * r, blk, 2);
-          if (has_min) {
-            std::memcpy(o + 16 + 2 * r, blk + 2, 2);
-          } else {  // Q4_0's offset -8 d, Q5_0's -16 d: exact in fp16 (a power-of-two multiple)
-            const float m = (q5 ? -16.0f : -8.0f) * fp16(blk);
-            TORCH_CHECK(std::isfinite(m) || !std::isfinite(fp16(blk)), "repack_x8: Q4_0 / Q5_0 scale too large for fp16 offset");
-            const uint16_t h = _cvtss_sh(m, _MM_FROUND_TO_NEAREST_INT);
-            std::memcpy(o + 16 + 2 * r, &h, 2);
-          }
-          for (int i = 0; i < 4; ++i) std::memcpy(o + 32 + 32 * i + 4 * r, qs + 4 * i, 4);
+          if (has_min) std::memcpy(o + 16 + 2 * r, blk + 2, 2);
+          for (int i = 0; i < 4; ++i) std::memcpy(o + qs_at + 32 * i + 4 * r, qs + 4 * i, 4);
           if (q5) {  // qh bit v is value v's fifth bit: values 4i + j (word i) and 16 + 4i + j (word 4 + i)
             uint32_t qh;
             std::memcpy(&qh, blk + 2 + (has_min ? 2 : 0), 4);
             for (int i = 0; i < 4; ++i) {
               for (int k = 0; k < 2; ++k) {  // the words start zero (at::zeros)
                 uint32_t word;
-                std::memcpy(&word, o + 160 + 16 * k + 4 * i, 4);
+                std::memcpy(&word, o + qs_at + 128 + 16 * k + 4 * i, 4);
                 word |= (qh >> (16 * k + 4 * i) & 0xF) << (4 * r);
-                std::memcpy(o + 160 + 16 * k + 4 * i, &word, 4);
+                std::memcpy(o + qs_at + 128 + 16 * k + 4 * i, &word, 4);
               }
             }
           }

@@ -206,7 +206,7 @@ void tile_blocks(const uint8_t* g, const uint8_t* bt, int64_t gb, const QAct& a,
         dot = _mm512_sub_epi32(dot, _mm512_madd_epi16(_mm512_set1_epi16(12), _mm512_set1_epi32(a.sum16row(m0 + m)[b])));
       __m512 x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(dw, _mm512_set1_ps(a.drow(m0 + m)[b])),
                                  _mm512_load_ps(acc[m]));
-      if constexpr (K == X8Kind::Q4 || K == X8Kind::Q5) x = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.srow(m0 + m)[b]), x);
+      if constexpr (x8_q4_like(K)) x = _mm512_fmadd_ps(mw, _mm512_set1_ps(a.srow(m0 + m)[b]), x);
       _mm512_store_ps(acc[m], x);
     }
   });
@@ -298,6 +298,8 @@ void x8_pair_tiles_amx(X8Kind kind, const uint8_t* g, int64_t group_bytes, const
     switch (kind) {
       case X8Kind::Q4: m = panels<X8Kind::Q4>(g, group_bytes, a, m0, m1, out, ldo, bias16); break;
       case X8Kind::Q5: m = panels<X8Kind::Q5>(g, group_bytes, a, m0, m1, out, ldo, bias16); break;
+      case X8Kind::Q4_0: m = panels<X8Kind::Q4_0>(g, group_bytes, a, m0, m1, out, ldo, bias16); break;
+      case X8Kind::Q5_0: m = panels<X8Kind::Q5_0>(g, group_bytes, a, m0, m1, out, ldo, bias16); break;
       case X8Kind::MXFP4: m = panels<X8Kind::MXFP4>(g, group_bytes, a, m0, m1, out, ldo, bias16); break;
       case X8Kind::Q8: m = panels<X8Kind::Q8>(g, group_bytes, a, m0, m1, out, ldo, bias16); break;
       case X8Kind::Q4K: m = panels<X8Kind::Q4K>(g, group_bytes, a, m0, m1, out, ldo, bias16); break;

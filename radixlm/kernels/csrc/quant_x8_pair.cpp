@@ -31,18 +31,19 @@ template <X8Kind K>
 inline void block_weights(const uint8_t* blk, __m512i* w) {
   if constexpr (K == X8Kind::Q8) {
     for (int j = 0; j < 4; ++j) w[j] = _mm512_xor_si512(_mm512_loadu_si512(blk + 16 + 64 * j), _mm512_set1_epi8((char)0x80));
-  } else if constexpr (K == X8Kind::Q4 || K == X8Kind::Q5) {
+  } else if constexpr (x8_q4_like(K)) {
+    constexpr int64_t QS = x8_qs(K);
     const __m512i m4 = _mm512_set1_epi8(0x0F);
-    const __m512i r0 = _mm512_loadu_si512(blk + 32), r1 = _mm512_loadu_si512(blk + 96);
+    const __m512i r0 = _mm512_loadu_si512(blk + QS), r1 = _mm512_loadu_si512(blk + QS + 64);
     w[0] = _mm512_and_si512(r0, m4);
     w[1] = _mm512_and_si512(r1, m4);
     w[2] = _mm512_and_si512(_mm512_srli_epi16(r0, 4), m4);
     w[3] = _mm512_and_si512(_mm512_srli_epi16(r1, 4), m4);
-    if constexpr (K == X8Kind::Q5) {  // register j's two chunks take fifth-bit words 2j, 2j + 1
+    if constexpr (x8_fifth_bits(K)) {  // register j's two chunks take fifth-bit words 2j, 2j + 1
       const __m512i sixteen = _mm512_set1_epi8(0x10);
       for (int j = 0; j < 4; ++j) {
         uint64_t bits;
-        std::memcpy(&bits, blk + 160 + 8 * j, 8);
+        std::memcpy(&bits, blk + QS + 128 + 8 * j, 8);
         w[j] = _mm512_or_si512(w[j], _mm512_maskz_mov_epi8(_cvtu64_mask64(bits), sixteen));
       }
     }
@@ -58,12 +59,12 @@ inline void block_weights(const uint8_t* blk, __m512i* w) {
 }
 
 // The 32-value block formats, each lane in its tile's sequence, block by block:
-//  Q4X8, Q5X8 (tile_q4x8): acc = fma(dot, d d_a, acc) + m s_a;
+//  Q4X8, Q5X8, Q4_0X8, Q5_0X8 (tile_q4x8): acc = fma(dot, d d_a, acc) + m s_a;
 //  Q8X8 (row1_q8x8):      acc = fma(dot - 128 sum(q), d d_a, acc);
 //  MXFP4X8 (tile_mxfp4x8): acc = fma(dot - 12 (S_lo + S_hi), 2^(e - 128) d_a, acc).
 template <X8Kind K>
 void pair_blocks32(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float* out, const float* bias16) {
-  constexpr int64_t BYTES = K == X8Kind::Q4 ? 160 : K == X8Kind::Q5 ? 192 : K == X8Kind::Q8 ? 272 : 136;
+  constexpr int64_t BYTES = K == X8Kind::Q8 ? 272 : nibble_block_bytes(K);
   const int8_t* aq = a.qrow(m);
   const float *da = a.drow(m), *sa = a.srow(m);
   alignas(32) int32_t offset[8];
@@ -81,7 +82,7 @@ void pair_blocks32(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float
     block_weights<K>(b0, w0);
     block_weights<K>(b1, w1);
     __m512i isum = fold_pair(dot4(w0, ap), dot4(w1, ap));
-    __m512 dw;
+    __m512 dw, mw;
     if constexpr (K == X8Kind::MXFP4) {
       isum = _mm512_sub_epi32(isum, _mm512_madd_epi16(_mm512_set1_epi16(12), _mm512_set1_epi32(a.sum16row(m)[b])));
       const __m512 e = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(
@@ -92,10 +93,12 @@ void pair_blocks32(const uint8_t* g, int64_t gb, const QAct& a, int64_t m, float
         if ((b & 7) == 0) block_sums128(sa + b, da + b, std::min<int64_t>(8, a.nb - b), offset);
         isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(offset[b & 7]));
       }
-      dw = cat8(scales8(b0), scales8(b1));
+      const __m256 d0 = scales8(b0), d1 = scales8(b1);
+      dw = cat8(d0, d1);
+      if constexpr (x8_q4_like(K)) mw = cat8(mins8<K>(b0, d0), mins8<K>(b1, d1));
     }
     acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, _mm512_set1_ps(da[b])), acc);
-    if constexpr (K == X8Kind::Q4 || K == X8Kind::Q5) acc = _mm512_fmadd_ps(cat8(scales8(b0 + 16), scales8(b1 + 16)), _mm512_set1_ps(sa[b]), acc);
+    if constexpr (x8_q4_like(K)) acc = _mm512_fmadd_ps(mw, _mm512_set1_ps(sa[b]), acc);
   }
   store16(acc, bias16, out);
 }
@@ -200,6 +203,8 @@ void x8_pair_rows_vbmi(X8Kind kind, const uint8_t* g, int64_t group_bytes, const
   switch (kind) {
     case X8Kind::Q4: pair_blocks32<X8Kind::Q4>(g, group_bytes, a, m, out, bias16); break;
     case X8Kind::Q5: pair_blocks32<X8Kind::Q5>(g, group_bytes, a, m, out, bias16); break;
+    case X8Kind::Q4_0: pair_blocks32<X8Kind::Q4_0>(g, group_bytes, a, m, out, bias16); break;
+    case X8Kind::Q5_0: pair_blocks32<X8Kind::Q5_0>(g, group_bytes, a, m, out, bias16); break;
     case X8Kind::Q8: pair_blocks32<X8Kind::Q8>(g, group_bytes, a, m, out, bias16); break;
     case X8Kind::Q4K: pair_q4kx8(g, group_bytes, a, m, out, bias16); break;
     case X8Kind::Q6K: pair_q6kx8(g, group_bytes, a, m, out, bias16); break;

@@ -259,6 +259,8 @@ void tile(X8Kind kind, const uint8_t* g, int64_t gb, const QAct& a, int64_t m0, 
   switch (kind) {
     case X8Kind::Q4: tile_nibbles<X8Kind::Q4, RM>(g, gb, a, m0, out, ldo, bias16); break;
     case X8Kind::Q5: tile_nibbles<X8Kind::Q5, RM>(g, gb, a, m0, out, ldo, bias16); break;
+    case X8Kind::Q4_0: tile_nibbles<X8Kind::Q4_0, RM>(g, gb, a, m0, out, ldo, bias16); break;
+    case X8Kind::Q5_0: tile_nibbles<X8Kind::Q5_0, RM>(g, gb, a, m0, out, ldo, bias16); break;
     case X8Kind::MXFP4: tile_nibbles<X8Kind::MXFP4, RM>(g, gb, a, m0, out, ldo, bias16); break;
     case X8Kind::Q8: tile_q8<RM>(g, gb, a, m0, out, ldo, bias16); break;
     case X8Kind::Q4K: tile_q4k<RM>(g, gb, a, m0, out, ldo, bias16); break;

@@ -24,6 +24,8 @@ void x8_group_rows_vnni(X8Kind kind, const uint8_t* g, const QAct& a, int64_t m0
   switch (kind) {
     case X8Kind::Q4: rows_vnni<X8Kind::Q4>(g, a, m0, m1, out, ldo, bv); break;
     case X8Kind::Q5: rows_vnni<X8Kind::Q5>(g, a, m0, m1, out, ldo, bv); break;
+    case X8Kind::Q4_0: rows_vnni<X8Kind::Q4_0>(g, a, m0, m1, out, ldo, bv); break;
+    case X8Kind::Q5_0: rows_vnni<X8Kind::Q5_0>(g, a, m0, m1, out, ldo, bv); break;
     case X8Kind::Q8: rows_vnni<X8Kind::Q8>(g, a, m0, m1, out, ldo, bv); break;
     case X8Kind::Q4K: rows_vnni<X8Kind::Q4K>(g, a, m0, m1, out, ldo, bv); break;
     case X8Kind::Q6K: rows_vnni<X8Kind::Q6K>(g, a, m0, m1, out, ldo, bv); break;

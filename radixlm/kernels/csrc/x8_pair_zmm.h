@@ -74,15 +74,12 @@ inline __m512i scales16(const int8_t* s0, const int8_t* s1) {
   return _mm512_cvtepi8_epi32(_mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)s0), _mm_loadl_epi64((const __m128i*)s1)));
 }
 
-// A nibble format's block bytes (Q4X8, Q5X8, MXFP4X8).
-constexpr int64_t nibble_block_bytes(X8Kind k) { return k == X8Kind::Q4 ? 160 : k == X8Kind::Q5 ? 192 : 136; }
-
 // A nibble block's 8 weight registers (both groups): chunk i's low nibbles (values 4i..) at i, its
 // high ones (16 + 4i..) at 4 + i; unsigned bytes (Q5 with its fifth bit, MXFP4 looked up and
 // offset by 12).
 template <X8Kind K>
 inline void nibble_chunks(const uint8_t* b0, const uint8_t* b1, __m512i* w) {
-  constexpr int64_t QS = K == X8Kind::MXFP4 ? 8 : 32;  // the first nibble chunk
+  constexpr int64_t QS = x8_qs(K);  // the first nibble chunk
   const __m512i m4 = _mm512_set1_epi8(0x0F);
   alignas(16) static constexpr int8_t values[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
   for (int i = 0; i < 4; ++i) {
@@ -95,13 +92,13 @@ inline void nibble_chunks(const uint8_t* b0, const uint8_t* b1, __m512i* w) {
       w[i] = _mm512_and_si512(raw, m4);
       w[4 + i] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
     }
-    if constexpr (K == X8Kind::Q5) {  // chunk i's fifth-bit words: group 0's bits 0-31, group 1's 32-63
+    if constexpr (x8_fifth_bits(K)) {  // chunk i's fifth-bit words: group 0's bits 0-31, group 1's 32-63
       const __m512i sixteen = _mm512_set1_epi8(0x10);
       uint32_t l0, l1, h0, h1;
-      std::memcpy(&l0, b0 + 160 + 4 * i, 4);
-      std::memcpy(&l1, b1 + 160 + 4 * i, 4);
-      std::memcpy(&h0, b0 + 176 + 4 * i, 4);
-      std::memcpy(&h1, b1 + 176 + 4 * i, 4);
+      std::memcpy(&l0, b0 + QS + 128 + 4 * i, 4);
+      std::memcpy(&l1, b1 + QS + 128 + 4 * i, 4);
+      std::memcpy(&h0, b0 + QS + 144 + 4 * i, 4);
+      std::memcpy(&h1, b1 + QS + 144 + 4 * i, 4);
       w[i] = _mm512_or_si512(w[i], _mm512_maskz_mov_epi8(_cvtu64_mask64(l0 | (uint64_t)l1 << 32), sixteen));
       w[4 + i] = _mm512_or_si512(w[4 + i], _mm512_maskz_mov_epi8(_cvtu64_mask64(h0 | (uint64_t)h1 << 32), sixteen));
     }
@@ -118,7 +115,8 @@ inline void q4k_half_chunks(const uint8_t* q0, const uint8_t* q1, bool high, int
   }
 }
 
-// A 32-value block's weight scales for both groups: d (MXFP4: 2^(e - 128)) and, for Q4X8 / Q5X8, m.
+// A 32-value block's weight scales for both groups: d (MXFP4: 2^(e - 128)) and, for the Q4 / Q5
+// layouts, m (mins8's: stored, or the offset times d).
 template <X8Kind K>
 inline void block_scales16(const uint8_t* b0, const uint8_t* b1, __m512& dw, __m512& mw) {
   if constexpr (K == X8Kind::MXFP4) {
@@ -126,8 +124,9 @@ inline void block_scales16(const uint8_t* b0, const uint8_t* b1, __m512& dw, __m
         _mm_unpacklo_epi64(_mm_loadl_epi64((const __m128i*)b0), _mm_loadl_epi64((const __m128i*)b1))));
     dw = _mm512_scalef_ps(_mm512_set1_ps(1.0f), _mm512_sub_ps(e, _mm512_set1_ps(128.0f)));
   } else {
-    dw = cat8(scales8(b0), scales8(b1));
-    if constexpr (K == X8Kind::Q4 || K == X8Kind::Q5) mw = cat8(scales8(b0 + 16), scales8(b1 + 16));
+    const __m256 d0 = scales8(b0), d1 = scales8(b1);
+    dw = cat8(d0, d1);
+    if constexpr (x8_q4_like(K)) mw = cat8(mins8<K>(b0, d0), mins8<K>(b1, d1));
   }
 }
 

@@ -19,7 +19,20 @@
 namespace radixlm {
 
 // The interleaved layouts, by tile kind (outside the anonymous namespace: both ISAs' files name it).
-enum class X8Kind { Q4, Q8, Q4K, Q6K, MXFP4, Q5 };
+// Q4 / Q5: Q4_1 / Q5_1 (x = d q + m, m stored); Q4_0 / Q5_0: their offsets -8 d / -16 d, which are
+// not stored but made from d (exact: a power-of-two multiple), 16 bytes less per 8 x 32 values.
+enum class X8Kind { Q4, Q8, Q4K, Q6K, MXFP4, Q5, Q4_0, Q5_0 };
+
+// The 32-value nibble layouts (Q4X8, Q5X8 and the min-less Q4_0X8, Q5_0X8): d[8] (fp16), m[8] where
+// stored, 4 nibble chunks of 32 bytes, then (Q5) 8 words of fifth bits.
+constexpr bool x8_q4_like(X8Kind k) { return k == X8Kind::Q4 || k == X8Kind::Q5 || k == X8Kind::Q4_0 || k == X8Kind::Q5_0; }
+constexpr bool x8_fifth_bits(X8Kind k) { return k == X8Kind::Q5 || k == X8Kind::Q5_0; }
+// The offset that stands for m in the min-less layouts (0: m is stored).
+constexpr float x8_offset(X8Kind k) { return k == X8Kind::Q4_0 ? -8.0f : k == X8Kind::Q5_0 ? -16.0f : 0.0f; }
+// Where a block's nibble chunks start (MXFP4X8: after its 8 exponent bytes).
+constexpr int64_t x8_qs(X8Kind k) { return k == X8Kind::MXFP4 ? 8 : x8_offset(k) != 0.0f ? 16 : 32; }
+// A nibble format's block bytes (Q4X8 160, Q5X8 192, Q4_0X8 144, Q5_0X8 176, MXFP4X8 136).
+constexpr int64_t nibble_block_bytes(X8Kind k) { return x8_qs(k) + 128 + (x8_fifth_bits(k) ? 32 : 0); }
 
 namespace {
 
@@ -32,6 +45,16 @@ inline __m256i bcast32(const int8_t* p) {
 inline __m256i load32(const uint8_t* p) { return _mm256_loadu_si256((const __m256i*)p); }
 
 inline __m256 scales8(const uint8_t* p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p)); }
+
+// A nibble block's m for 8 rows: stored after d, or the offset times d (the same floats as the
+// fp16 m Q4X8 stored for Q4_0 before: -8 d is exact in fp16 and in fp32).
+template <X8Kind K>
+inline __m256 mins8(const uint8_t* blk, __m256 dw) {
+  if constexpr (x8_offset(K) != 0.0f)
+    return _mm256_mul_ps(dw, _mm256_set1_ps(x8_offset(K)));
+  else
+    return scales8(blk + 16);
+}
 
 // Software prefetch PF_AHEAD bytes past the block a tile of at most 8 rows starts (the next groups
 // follow contiguously): in decode, where one row or a batch streams the weights from memory, the next
@@ -56,7 +79,7 @@ inline __m256i fifth_bits_avx2(const uint8_t* p) {
 
 // RM activation rows x one group of 8 weight rows, Q4X8: a block is d[8], m[8] (fp16) and 4 chunks
 // of 32 bytes; chunk i, lane r = row r's GGUF nibble bytes 4i..4i+3 (values 4i.. low, 16+4i.. high).
-// Q5X8 (Q5_0 with m = -16 d, Q5_1) adds 8 words of fifth bits: word i for chunk i's low values,
+// Q4_0X8 is the same without m (mins8 makes it). Q5X8 (Q5_1; Q5_0X8 without m) adds 8 words of fifth bits: word i for chunk i's low values,
 // word 4 + i for its high ones, bit 4r + j for lane r's byte j; its values (0..31) take Dot::q5,
 // whose partial sums have room for them, and every float step is Q4X8's.
 // A tile's rows' float accumulators: in registers, or in L1 where the tile takes more rows than the
@@ -81,23 +104,24 @@ struct TileAcc<RM, true> {
   void put(int m, __m256 x) { _mm256_store_ps(v[m], x); }
 };
 
-template <class Dot, int RM, bool Q5 = false>
+template <class Dot, int RM, X8Kind K>
 inline void tile_q4x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
   const __m256i m4 = _mm256_set1_epi8(0x0F);
-  constexpr int64_t BYTES = Q5 ? 192 : 160;
+  constexpr bool Q5 = x8_fifth_bits(K);
+  constexpr int64_t BYTES = nibble_block_bytes(K), QS = x8_qs(K);
   TileAcc<RM, (RM > Dot::RM)> acc;
   for (int64_t b = 0; b < a.nb; ++b) {
     const uint8_t* blk = g + b * BYTES;
     if constexpr (RM <= 8) prefetch_span(blk, BYTES);
-    const __m256 dw = scales8(blk), mw = scales8(blk + 16);
+    const __m256 dw = scales8(blk), mw = mins8<K>(blk, dw);
     __m256i lo[4], hi[4];
     for (int i = 0; i < 4; ++i) {
-      const __m256i raw = _mm256_loadu_si256((const __m256i*)(blk + 32 + 32 * i));
+      const __m256i raw = _mm256_loadu_si256((const __m256i*)(blk + QS + 32 * i));
       lo[i] = _mm256_and_si256(raw, m4);
       hi[i] = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
       if constexpr (Q5) {
-        lo[i] = _mm256_or_si256(lo[i], Dot::fifth_bits(blk + 160 + 4 * i));
-        hi[i] = _mm256_or_si256(hi[i], Dot::fifth_bits(blk + 176 + 4 * i));
+        lo[i] = _mm256_or_si256(lo[i], Dot::fifth_bits(blk + QS + 128 + 4 * i));
+        hi[i] = _mm256_or_si256(hi[i], Dot::fifth_bits(blk + QS + 144 + 4 * i));
       }
     }
     for (int m = 0; m < RM; ++m) {
@@ -377,10 +401,8 @@ inline void tile_q6kx8(const uint8_t* g, const QAct& a, int64_t m0, float* out, 
 
 template <class Dot, X8Kind Kind, int RM>
 inline void tile_x8(const uint8_t* g, const QAct& a, int64_t m0, float* out, int64_t ldo, __m256 bias) {
-  if constexpr (Kind == X8Kind::Q4) {
-    tile_q4x8<Dot, RM>(g, a, m0, out, ldo, bias);
-  } else if constexpr (Kind == X8Kind::Q5) {
-    tile_q4x8<Dot, RM, true>(g, a, m0, out, ldo, bias);
+  if constexpr (x8_q4_like(Kind)) {
+    tile_q4x8<Dot, RM, Kind>(g, a, m0, out, ldo, bias);
   } else if constexpr (Kind == X8Kind::Q8) {
     tile_q8x8<Dot, RM>(g, a, m0, out, ldo, bias);
   } else if constexpr (Kind == X8Kind::Q4K) {
@@ -401,9 +423,9 @@ inline void group_rows(const uint8_t* g, const QAct& a, int64_t m0, int64_t m1, 
     for (; m + 16 <= m1; m += 16) tile_q4kx8_wide<Dot, 16>(g, a, m, out, ldo, bias);
     if (m + 8 <= m1) tile_q4kx8_wide<Dot, 8>(g, a, m, out, ldo, bias), m += 8;
   }
-  if constexpr ((Kind == X8Kind::Q4 || Kind == X8Kind::Q5) && R < 8) {  // the same, accumulators in L1
-    for (; m + 16 <= m1; m += 16) tile_q4x8<Dot, 16, Kind == X8Kind::Q5>(g, a, m, out, ldo, bias);
-    if (m + 8 <= m1) tile_q4x8<Dot, 8, Kind == X8Kind::Q5>(g, a, m, out, ldo, bias), m += 8;
+  if constexpr (x8_q4_like(Kind) && R < 8) {  // the same, accumulators in L1
+    for (; m + 16 <= m1; m += 16) tile_q4x8<Dot, 16, Kind>(g, a, m, out, ldo, bias);
+    if (m + 8 <= m1) tile_q4x8<Dot, 8, Kind>(g, a, m, out, ldo, bias), m += 8;
   }
   if constexpr (Kind == X8Kind::Q6K && R < 8) {  // the same for Q6_K: its unpacking costs more
     for (; m + 16 <= m1; m += 16) tile_q6kx8<Dot, 16>(g, a, m, out, ldo, bias);
