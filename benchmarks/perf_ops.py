@@ -34,13 +34,13 @@ KINDS = (
         "threads waiting (barriers, spins)",
         r"libgomp|gomp_|GOMP_|blas_thread_server|do_spin|ggml_barrier|sched_yield|futex|omp_.*barrier|do_wait",
     ),
-    # radixlm's tiles by X8Kind (0 Q4, 1 Q8, 2 Q4_K, 3 Q6_K, 4 MXFP4, 5 Q5) or by name
+    # radixlm's tiles by X8Kind (0 Q4, 1 Q8, 2 Q4_K, 3 Q6_K, 4 MXFP4, 5 Q5, 6 Q4_0, 7 Q5_0)
     ("GEMV/GEMM Q4_K", r"q4_?k|X8Kind\)2"),
     ("GEMV/GEMM Q6_K", r"q6_?k|X8Kind\)3"),
     ("GEMV/GEMM Q5_K", r"q5_?k"),
-    ("GEMV/GEMM Q5_0/Q5_1", r"q5_[01]|FQ5|X8Kind\)5|tile_q4x8<.*true>"),
+    ("GEMV/GEMM Q5_0/Q5_1", r"q5_[01]|FQ5|X8Kind\)[57]"),
     ("GEMV/GEMM Q8_0", r"q8_0|X8Kind\)1|q8x8|row1_q8|FQ8"),
-    ("GEMV/GEMM Q4_0/Q4_1", r"q4_[01]|X8Kind\)0|q4x8|FQ4"),
+    ("GEMV/GEMM Q4_0/Q4_1", r"q4_[01]|X8Kind\)[06]|q4x8|FQ4"),
     ("GEMV/GEMM MXFP4", r"mxfp4|X8Kind\)4"),
     ("GEMV/GEMM other formats", r"gemm_gguf|iq4|q3_?k|q2_?k|float16_gemm|f16_gemm|bf16"),
     ("activation quantization", r"quantize_act|quantize_row_q8|act_sums16|from_float"),
