@@ -79,8 +79,8 @@ inline __m256i fifth_bits_avx2(const uint8_t* p) {
 
 // RM activation rows x one group of 8 weight rows, Q4X8: a block is d[8], m[8] (fp16) and 4 chunks
 // of 32 bytes; chunk i, lane r = row r's GGUF nibble bytes 4i..4i+3 (values 4i.. low, 16+4i.. high).
-// Q4_0X8 is the same without m (mins8 makes it). Q5X8 (Q5_1; Q5_0X8 without m) adds 8 words of fifth bits: word i for chunk i's low values,
-// word 4 + i for its high ones, bit 4r + j for lane r's byte j; its values (0..31) take Dot::q5,
+// Q4_0X8 is the same without m (mins8 makes it). Q5X8 (Q5_1; Q5_0X8 without m) adds 8 words of
+// fifth bits: word i for chunk i's low values, word 4 + i for its high ones, bit 4r + j for lane r's byte j; its values (0..31) take Dot::q5,
 // whose partial sums have room for them, and every float step is Q4X8's.
 // A tile's rows' float accumulators: in registers, or in L1 where the tile takes more rows than the
 // Dot's registers hold beside the weights (8 or 16 rows at the AVX2 level: each block's unpacking then
